@@ -1,0 +1,39 @@
+"""flambeau: the PyTorch 2 system written in Python.
+
+`import flambeau as torch` gives PyTorch's API: tensors with autograd on cpu (NumPy), cuda
+(CuPy) and meta devices, every operator declared once in `flambeau._ops` and run through one
+dispatcher (`flambeau._dispatch`). See DESIGN.md in the repository for the map.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+import numpy as _np
+
+from . import _state
+
+# PyTorch computes 1/0, log(-1), overflow silently (inf/nan); so do we, without NumPy's warnings.
+_np.seterr(divide="ignore", invalid="ignore", over="ignore", under="ignore")
+from ._dtype import (dtype, bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32,  # noqa: F401,A004
+                     float64, complex64, complex128, uint16, uint32, uint64, float8_e4m3fn, float8_e5m2,
+                     promote_types)
+from ._dtype import float32 as float, float64 as double, float16 as half, int16 as short  # noqa: A001,F401
+from ._dtype import int32 as int, int64 as long, complex64 as cfloat, complex128 as cdouble  # noqa: A001,F401
+from ._device import device  # noqa: F401
+from ._tensor import (Tensor, Size, is_tensor, strided, sparse_coo, contiguous_format,  # noqa: F401
+                      channels_last, channels_last_3d, preserve_format, memory_format)
+from . import _ops
+from ._ops import EXPORTS as _EXPORTS
+from . import autograd  # noqa: F401
+from .autograd import no_grad, enable_grad, set_grad_enabled, inference_mode, is_grad_enabled  # noqa: F401
+from .autograd.grad_mode import is_inference_mode_enabled  # noqa: F401
+from . import _dispatch
+from .autograd import graph as _graph
+
+_dispatch._graph = _graph
+autograd.Variable = Tensor
+globals().update(_EXPORTS)
+_ops.install()
+from . import cuda  # noqa: F401,E402
+from .random import manual_seed, seed, initial_seed, Generator, get_rng_state, set_rng_state, default_generator  # noqa: F401,E402
+from ._api import *  # noqa: F401,F403,E402

@@ -1,0 +1,86 @@
+"""Devices: `device('cpu')`, `device('cuda:0')`, `device('meta')`, and the default-device state."""
+from __future__ import annotations
+
+_KNOWN = {"cpu", "cuda", "meta"}
+
+
+class device:
+    __slots__ = ("type", "index", "_prev")
+
+    def __new__(cls, type, index=None):
+        if isinstance(type, device):
+            if index is not None:
+                raise TypeError("device(): type (device) cannot be combined with an index")
+            return type
+        if isinstance(type, int) and index is None:
+            type, index = "cuda", type
+        if not isinstance(type, str):
+            raise TypeError(f"device() received an invalid combination of arguments - got ({type.__class__.__name__})")
+        s = type
+        if ":" in s:
+            if index is not None:
+                raise RuntimeError(f"type (string) must not include an index because index was passed explicitly: {s}")
+            s, _, idx = s.partition(":")
+            if not idx.isdigit():
+                raise RuntimeError(f"Invalid device string: '{type}'")
+            index = int(idx)
+        if s not in _KNOWN:
+            raise RuntimeError(
+                f"Expected one of cpu, cuda, meta device type at start of device string: {type}")
+        self = object.__new__(cls)
+        object.__setattr__(self, "type", s)
+        object.__setattr__(self, "index", index)
+        return self
+
+    def __setattr__(self, k, v):
+        if k == "_prev":
+            object.__setattr__(self, k, v)
+            return
+        raise AttributeError("device objects are immutable")
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            other = device(other)
+        return isinstance(other, device) and self.type == other.type and self.index == other.index
+
+    def __hash__(self):
+        return hash((self.type, self.index))
+
+    def __repr__(self):
+        if self.index is None:
+            return f"device(type='{self.type}')"
+        return f"device(type='{self.type}', index={self.index})"
+
+    def __str__(self):
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    # `with flambeau.device('meta'):` sets the default device for factories
+    def __enter__(self):
+        from . import _state
+        self._prev = _state.default_device
+        _state.default_device = self
+        return self
+
+    def __exit__(self, *exc):
+        from . import _state
+        _state.default_device = self._prev
+        return False
+
+    def __reduce__(self):
+        return (device, (self.type, self.index))
+
+
+CPU = device("cpu")
+META = device("meta")
+
+
+def canonical(d) -> device:
+    """The device a tensor actually lives on ('cuda' means the current cuda device)."""
+    if d is None:
+        return CPU
+    if not isinstance(d, device):
+        d = device(d)
+    if d.type == "cuda" and d.index is None:
+        from . import cuda
+        return device("cuda", cuda.current_device())
+    return d

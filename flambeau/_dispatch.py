@@ -1,0 +1,339 @@
+"""The dispatcher: every operator call passes through `dispatch(op, args, kwargs)`.
+
+Layers, top first:
+  1. the mode stack (`_state.modes`): the innermost mode's `__torch_dispatch__` sees the call with
+     itself popped, so calling the op again inside it goes to the next layer (vmap batching,
+     functionalization, proxy tracing, fake tensors and user modes are all modes);
+  2. autograd: when grad mode is on and an input requires grad, a graph node is recorded
+     (`flambeau.autograd.graph.record`);
+  3. the device backend: the op's kernel over the device's array namespace (NumPy, CuPy), or its
+     meta function on `meta` tensors.
+In-place ops (`add_`) run their functional op and copy the result into `self`; `out=` likewise.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _state
+from . import _dtype as D
+from ._tensor import Tensor
+from ._backends import MetaArray, get as _backend, contiguous_strides
+from ._device import canonical, CPU
+
+_ndarray = np.ndarray
+_graph = None          # flambeau.autograd.graph, bound at import of flambeau
+
+
+def dispatch(op, args, kwargs):
+    if _state.modes:
+        return _to_mode(op, args, kwargs)
+    if kwargs and "out" in kwargs:
+        return _with_out(op, args, kwargs)
+    if op.is_inplace:
+        return _inplace(op, args, kwargs)
+    return _call(op, args, kwargs, True)
+
+
+def _to_mode(op, args, kwargs):
+    mode = _state.modes.pop()
+    try:
+        types = tuple({type(t) for t in flat_tensors(args, kwargs)})
+        return mode.__torch_dispatch__(op, types, args, kwargs or {})
+    finally:
+        _state.modes.append(mode)
+
+
+def redispatch_below_modes(op, args, kwargs):
+    """Run an op skipping the whole mode stack (what a mode calls to reach autograd + backend)."""
+    saved = _state.modes[:]
+    _state.modes.clear()
+    try:
+        return dispatch(op, args, kwargs)
+    finally:
+        _state.modes[:] = saved
+
+
+def flat_tensors(args, kwargs=None):
+    out = []
+    for a in args:
+        if isinstance(a, Tensor):
+            out.append(a)
+        elif type(a) in (list, tuple):
+            out.extend(x for x in a if isinstance(x, Tensor))
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, Tensor):
+                out.append(a)
+            elif type(a) in (list, tuple):
+                out.extend(x for x in a if isinstance(x, Tensor))
+    return out
+
+
+def _device_mismatch(op, d1, d2):
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                        f"{d1} and {d2}! (when checking argument for {op.__name__})")
+
+
+def _scan(op, args, kwargs):
+    """Find the device and autograd needs; return (uargs, ukwargs, device, requires_grad, fw)."""
+    dev = None
+    cpu_scalar_dev = None
+    rg = False
+    fw = False
+    uargs = list(args)
+    tensors = []
+    for i, a in enumerate(args):
+        if isinstance(a, Tensor):
+            tensors.append(a)
+            uargs[i] = a._data
+        elif type(a) in (list, tuple) and a:
+            if any(isinstance(x, Tensor) for x in a):
+                tensors.extend(x for x in a if isinstance(x, Tensor))
+                uargs[i] = type(a)(x._data if isinstance(x, Tensor) else x for x in a)
+    ukwargs = kwargs
+    if kwargs:
+        ukwargs = dict(kwargs)
+        for k, a in kwargs.items():
+            if isinstance(a, Tensor):
+                tensors.append(a)
+                ukwargs[k] = a._data
+            elif type(a) in (list, tuple) and a and any(isinstance(x, Tensor) for x in a):
+                tensors.extend(x for x in a if isinstance(x, Tensor))
+                ukwargs[k] = type(a)(x._data if isinstance(x, Tensor) else x for x in a)
+    for t in tensors:
+        d = t._device
+        if dev is None:
+            dev = d
+        elif d is not dev and d != dev:
+            # a 0-dim cpu tensor may join a cuda op (PyTorch's cpu-scalar rule)
+            if d.type == "cpu" and t._data.ndim == 0:
+                cpu_scalar_dev = True
+            elif dev.type == "cpu" and any(x._device is dev and x._data.ndim == 0 for x in tensors) and \
+                    all(x._device == d or x._data.ndim == 0 for x in tensors):
+                dev = d
+                cpu_scalar_dev = True
+            else:
+                raise _device_mismatch(op, dev, d)
+        if t._requires_grad:
+            rg = True
+        if t._fw_grad is not None:
+            fw = True
+    if cpu_scalar_dev:
+        uargs, ukwargs = _cpu_scalars_to_values(args, kwargs, uargs, ukwargs, dev)
+    return uargs, ukwargs, dev, rg, fw
+
+
+def _cpu_scalars_to_values(args, kwargs, uargs, ukwargs, dev):
+    def conv(a, u):
+        if isinstance(a, Tensor) and a._device != dev and a._data.ndim == 0:
+            return a._data[()]
+        return u
+    uargs = [conv(a, u) for a, u in zip(args, uargs)]
+    if kwargs:
+        ukwargs = {k: conv(kwargs[k], u) for k, u in ukwargs.items()}
+    return uargs, ukwargs
+
+
+def _factory_device(op, args, kwargs):
+    try:
+        bound = op.bind(*args, **kwargs)
+        names = [a.name for a in op._schema.args]
+        d = bound[names.index("device")] if "device" in names else None
+    except TypeError:
+        d = kwargs.get("device") if kwargs else None
+    if d is None:
+        d = _state.default_device
+    return canonical(d)
+
+
+def _call(op, args, kwargs, record):
+    uargs, ukwargs, dev, rg, fw = _scan(op, args, kwargs)
+    if dev is None:
+        dev = _factory_device(op, args, kwargs)
+    if dev.type == "meta" or (op.out_device is not None and op.out_device(*args, **(kwargs or {})).type == "meta"):
+        out = _meta_call(op, args, kwargs, dev if op.out_device is None else op.out_device(*args, **(kwargs or {})))
+    else:
+        if op.kernel is None:
+            raise NotImplementedError(f"Could not run 'aten::{op.name}' with arguments from the "
+                                      f"'{dev.type.upper()}' backend: it has no kernel.")
+        r = op.kernel(_backend(dev.type).xp, *uargs, **(ukwargs or {}))
+        out = _wrap(r, dev if op.out_device is None else op.out_device(*args, **(kwargs or {})))
+    if op.return_type is not None and type(out) is tuple:
+        out = op.return_type(*out)
+    if op.is_view:
+        _mark_views(args[0] if args else kwargs["self"], out)
+    if record and (rg or fw):
+        if rg and _state.grad_enabled and op.derivative is not None:
+            _graph.record(op, args, kwargs, out)
+        elif rg and _state.grad_enabled and op.derivative is None and not _nondiff(op):
+            _graph.record_not_implemented(op, args, kwargs, out)
+        if fw and _state.fwd_grad_enabled:
+            from .autograd import forward_ad
+            forward_ad.propagate(op, args, kwargs, out)
+    return out
+
+
+def _nondiff(op):
+    return "nondifferentiable" in op.tags
+
+
+def _wrap(r, dev):
+    t = type(r)
+    if t is _ndarray:
+        return Tensor._make(r, dev)
+    if t is tuple or t is list:
+        return t(_wrap(x, dev) for x in r)
+    if isinstance(r, np.generic):
+        return Tensor._make(np.asarray(r), dev)
+    if r is None or isinstance(r, (int, float, bool, Tensor)):
+        return r
+    if hasattr(r, "__cuda_array_interface__") or type(r).__name__ == "ndarray":
+        return Tensor._make(r, dev)
+    return r
+
+
+def _mark_views(base, out):
+    b = base._base if base._base is not None else base
+    if isinstance(out, Tensor):
+        out._base = b
+        out._version = base._version
+    elif isinstance(out, (tuple, list)):
+        for o in out:
+            _mark_views(base, o)
+
+
+def _meta_call(op, args, kwargs, dev):
+    if op.meta is None:
+        raise NotImplementedError(f"Could not run 'aten::{op.name}' with arguments from the 'Meta' "
+                                  f"backend: {op.name} has no meta function (its output shape depends on data).")
+    spec = op.meta(*args, **(kwargs or {}))
+    return spec_to_meta(spec, dev)
+
+
+def spec_to_meta(spec, dev):
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(spec_to_meta(s, dev) for s in spec)
+    if spec is None:
+        return None
+    return Tensor._make(MetaArray(spec.shape, spec.dtype.np, spec.strides, spec.offset), dev, spec.dtype)
+
+
+# ---- in-place and out= ------------------------------------------------------------------
+_CAST_NAMES = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int",
+               "int64": "Long", "float16": "Half", "bfloat16": "BFloat16", "float32": "Float",
+               "float64": "Double", "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
+
+
+def type_name(dt) -> str:
+    return _CAST_NAMES.get(dt.name, dt.name)
+
+
+def can_cast(src, dst) -> bool:
+    """PyTorch's canCast: no complex->real, float->integral, or non-bool->bool."""
+    if src.category == 3 and dst.category != 3:
+        return False
+    if src.category == 2 and dst.category < 2:
+        return False
+    if src.category != 0 and dst.category == 0:
+        return False
+    return True
+
+
+def _check_no_internal_overlap(t: Tensor):
+    a = t._data
+    if type(a) is MetaArray or a.size == 0:
+        return
+    for s, st in zip(a.shape, a.strides):
+        if st == 0 and s > 1:
+            raise RuntimeError("unsupported operation: more than one element of the written-to tensor "
+                               "refers to a single memory location. Please clone() the tensor before "
+                               "performing the operation.")
+
+
+def check_inplace_autograd(self: Tensor):
+    if not _state.grad_enabled:
+        return
+    if self._requires_grad and self.grad_fn is None:
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+    b = self._base
+    if b is not None and b._requires_grad and b.grad_fn is None:
+        raise RuntimeError("a view of a leaf Variable that requires grad is being used in an in-place operation.")
+
+
+def write_into(self: Tensor, res: Tensor, opname: str):
+    """Copy `res` into `self` with PyTorch's in-place dtype and shape rules."""
+    if not can_cast(res._dtype, self._dtype):
+        raise RuntimeError(f"result type {type_name(res._dtype)} can't be cast to the desired output type "
+                           f"{type_name(self._dtype)}")
+    if res._data.shape != self._data.shape:
+        raise RuntimeError(f"output with shape {list(self._data.shape)} doesn't match the broadcast shape "
+                           f"{list(res._data.shape)}")
+    _check_no_internal_overlap(self)
+    if self._device.type != "meta":
+        if res._device != self._device:
+            raise _device_mismatch(opname, self._device, res._device)
+        dst = self._data
+        src = res._data
+        if dst.dtype != src.dtype:
+            src = src.astype(dst.dtype)
+        dst[...] = src
+    self._version[0] += 1
+
+
+def _inplace(op, args, kwargs):
+    self = args[0] if args else kwargs["self"]
+    if not isinstance(self, Tensor):
+        raise TypeError(f"{op.__name__}(): argument 'self' must be Tensor, not {type(self).__name__}")
+    f = op.functional
+    check_inplace_autograd(self)
+    rg = _state.grad_enabled and any(t._requires_grad for t in flat_tensors(args, kwargs))
+    fw = any(t._fw_grad is not None for t in flat_tensors(args, kwargs))
+    orig = None
+    if rg and "self" in f.saved_names:
+        orig = self.detach().clone() if self._device.type != "meta" else self.detach()
+        orig.grad_fn, orig._output_nr, orig._requires_grad = self.grad_fn, self._output_nr, self._requires_grad
+    res = _call(f, args, kwargs, False)
+    if fw:
+        from .autograd import forward_ad
+        forward_ad.propagate(f, args, kwargs, res)
+    write_into(self, res, op.__name__)
+    if fw:
+        self._fw_grad = res._fw_grad
+    if rg:
+        if orig is not None:
+            args = (orig,) + tuple(args[1:]) if args else args
+        _graph.record_inplace(f, args, kwargs, self)
+    return self
+
+
+def _with_out(op, args, kwargs):
+    kwargs = dict(kwargs)
+    out = kwargs.pop("out")
+    if out is None:
+        return dispatch(op, args, kwargs)
+    if _state.grad_enabled and any(t._requires_grad for t in flat_tensors(args, kwargs)):
+        raise RuntimeError(f"{op.__name__}(): functions with out=... arguments don't support automatic "
+                           "differentiation, but one of the arguments requires grad.")
+    res = dispatch(op, args, kwargs)
+    if isinstance(out, (tuple, list)):
+        for o, r in zip(out, res):
+            resize_out(o, r)
+        return type(res)(*out) if hasattr(res, "_fields") else tuple(out)
+    resize_out(out, res)
+    return out
+
+
+def resize_out(out: Tensor, res: Tensor):
+    if out._data.shape != res._data.shape:
+        if out.numel() != 0:
+            import warnings
+            warnings.warn(f"An output with one or more elements was resized since it had shape "
+                          f"{list(out.shape)}, which does not match the required output shape "
+                          f"{list(res.shape)}. This behavior is deprecated.", UserWarning)
+        xp = _backend(out._device.type).xp
+        out._data = xp.empty(res._data.shape, dtype=out._data.dtype) if xp else \
+            MetaArray(res._data.shape, out._data.dtype)
+    if out._dtype is not res._dtype and not can_cast(res._dtype, out._dtype):
+        raise RuntimeError(f"result type {type_name(res._dtype)} can't be cast to the desired output "
+                           f"type {type_name(out._dtype)}")
+    write_into(out, res, "out")

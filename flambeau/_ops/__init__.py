@@ -1,0 +1,91 @@
+"""All operator declarations. Importing this package registers every op, exports the public
+functions and attaches Tensor methods and Python operators (`+`, `@`, `[]`, ...)."""
+from __future__ import annotations
+
+from . import _registry
+from ._registry import OPS, EXPORTS, METHODS, Op, defop, export, TensorSpec  # noqa: F401
+from . import creation, pointwise, reduction, views, linalg  # noqa: F401
+from . import indexing, shape, random_ops, nn_ops, norm_loss, activation  # noqa: F401
+from .._tensor import Tensor
+
+
+def _fn(name):
+    def call(*args, **kwargs):
+        return EXPORTS[name](*args, **kwargs)
+    return call
+
+
+def _rev(name):
+    def call(self, other):
+        from .creation import tensor
+        if not isinstance(other, Tensor):
+            other = tensor(other, dtype=_scalar_dtype(other, self), device=self.device)
+        return EXPORTS[name](other, self)
+    return call
+
+
+def _scalar_dtype(x, t):
+    from .._dtype import scalar_dtype
+    from .. import _state
+    return scalar_dtype(x, _state.default_dtype)
+
+
+def _meth(name):
+    def call(self, *args, **kwargs):
+        return METHODS[name](self, *args, **kwargs)
+    call.__name__ = name
+    return call
+
+
+def _iop(name):
+    def call(self, other):
+        return METHODS[name](self, other)
+    return call
+
+
+_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "truediv": "div", "floordiv": "floor_divide",
+           "mod": "remainder", "pow": "pow", "matmul": "matmul", "and": "bitwise_and",
+           "or": "bitwise_or", "xor": "bitwise_xor", "lshift": "bitwise_left_shift",
+           "rshift": "bitwise_right_shift"}
+_COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
+
+
+def _binary_dunder(opname):
+    def call(self, other):
+        try:
+            f = EXPORTS[opname]
+        except KeyError:
+            return NotImplemented
+        if not isinstance(other, (Tensor, int, float, complex, bool)) and not hasattr(other, "dtype"):
+            return NotImplemented
+        return f(self, other)
+    return call
+
+
+def install() -> None:
+    for name, fn in METHODS.items():
+        if name.startswith("__"):
+            setattr(Tensor, name, fn)
+        else:
+            setattr(Tensor, name, _method(fn))
+    for dunder, opname in _BINARY.items():
+        setattr(Tensor, f"__{dunder}__", _binary_dunder(opname))
+        setattr(Tensor, f"__r{dunder}__", _rev(opname))
+        if opname + "_" in METHODS:
+            setattr(Tensor, f"__i{dunder}__", _iop(opname + "_"))
+    for dunder, opname in _COMPARE.items():
+        setattr(Tensor, f"__{dunder}__", _binary_dunder(opname))
+    Tensor.__hash__ = lambda self: id(self)
+    Tensor.__neg__ = lambda self: EXPORTS["neg"](self)
+    Tensor.__pos__ = lambda self: self
+    Tensor.__abs__ = lambda self: EXPORTS["abs"](self)
+    Tensor.__invert__ = lambda self: EXPORTS["bitwise_not"](self)
+
+
+def _method(fn):
+    if isinstance(fn, Op):
+        def m(self, *args, **kwargs):
+            return fn(self, *args, **kwargs)
+        m.__name__ = fn.__name__
+        return m
+    return fn

@@ -1,0 +1,481 @@
+"""View and shape operators: view/reshape, transpose/permute, expand, squeeze/unsqueeze, narrow,
+select, slicing, diagonal, unfold, as_strided, split/chunk/unbind, flatten/unflatten, movedim,
+plus clone/contiguous and dtype/device conversion (`_to_copy`, `Tensor.to`).
+
+View ops return arrays sharing memory with their input (NumPy/CuPy strided views); the dispatcher
+marks the output as a view (shared version counter, `_base`) because the schema says `Tensor(a)`.
+Their meta functions compute strides the way PyTorch does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _dtype as D
+from .. import _state
+from .._tensor import Tensor
+from .._device import canonical
+from .._backends import MetaArray, contiguous_strides, get as backend
+from ._registry import defop, export, TensorSpec
+from ._helpers import wrap_dim
+
+
+def infer_size(shape, numel):
+    shape = list(shape)
+    neg = [i for i, s in enumerate(shape) if s == -1]
+    if len(neg) > 1:
+        raise RuntimeError("only one dimension can be inferred")
+    known = 1
+    for s in shape:
+        if s != -1:
+            if s < 0:
+                raise RuntimeError(f"invalid shape dimension {s}")
+            known *= s
+    if neg:
+        if known == 0 or numel % known:
+            raise RuntimeError(f"shape '{_fmt(shape)}' is invalid for input of size {numel}")
+        shape[neg[0]] = numel // known
+    elif known != numel:
+        raise RuntimeError(f"shape '{_fmt(shape)}' is invalid for input of size {numel}")
+    return tuple(shape)
+
+
+def _fmt(shape):
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def view_strides(oldshape, oldstride, newshape):
+    """PyTorch's computeStride: strides of a view with `newshape`, or None when impossible."""
+    if not oldshape:
+        return tuple(1 for _ in newshape)
+    numel = 1
+    for s in oldshape:
+        numel *= s
+    if numel == 0:
+        return contiguous_strides(newshape) if tuple(oldshape) != tuple(newshape) else tuple(oldstride)
+    newstride = [0] * len(newshape)
+    view_d = len(newshape) - 1
+    chunk_base_stride = oldstride[-1]
+    tensor_numel = 1
+    view_numel = 1
+    for tensor_d in range(len(oldshape) - 1, -1, -1):
+        tensor_numel *= oldshape[tensor_d]
+        if tensor_d == 0 or (oldshape[tensor_d - 1] != 1 and
+                             oldstride[tensor_d - 1] != tensor_numel * chunk_base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or newshape[view_d] == 1):
+                newstride[view_d] = view_numel * chunk_base_stride
+                view_numel *= newshape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if tensor_d > 0:
+                chunk_base_stride = oldstride[tensor_d - 1]
+                tensor_numel = 1
+                view_numel = 1
+    if view_d != -1:
+        return None
+    return tuple(newstride)
+
+
+def _size_args(size):
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        return tuple(size[0])
+    return tuple(size)
+
+
+@defop("view(Tensor(a) self, SymInt[] size) -> Tensor(a)", function=False)
+def _view(xp, self, size):
+    shape = infer_size(size, self.size)
+    if type(self) is np.ndarray:
+        try:
+            return np.reshape(self, shape, copy=False)
+        except ValueError:
+            pass
+    else:
+        st = view_strides(self.shape, [s // self.itemsize for s in self.strides], shape)
+        if st is not None:
+            return xp.lib.stride_tricks.as_strided(self, shape, [s * self.itemsize for s in st])
+    raise RuntimeError("view size is not compatible with input tensor's size and stride (at least one "
+                       "dimension spans across two contiguous subspaces). Use .reshape(...) instead.")
+
+
+@_view.def_meta
+def _(self, size):
+    shape = infer_size(size, self.numel())
+    st = view_strides(self.shape, self.stride(), shape)
+    if st is None:
+        raise RuntimeError("view size is not compatible with input tensor's size and stride (at least one "
+                           "dimension spans across two contiguous subspaces). Use .reshape(...) instead.")
+    return TensorSpec(shape, self.dtype, st, self.storage_offset())
+
+
+@_view.def_derivative
+def _(grad, self_meta):
+    return grad.reshape(self_meta.shape)
+
+
+@export("view", method=True, function=False)
+def view(self, *size, dtype=None):
+    if len(size) == 1 and isinstance(size[0], D.dtype):
+        return view_dtype(self, size[0])
+    if dtype is not None:
+        return view_dtype(self, dtype)
+    return _view(self, _size_args(size))
+
+
+def view_dtype(self, dtype):
+    if dtype.itemsize != self.dtype.itemsize:
+        raise RuntimeError("view(dtype) with a different element size is only supported for contiguous "
+                           "last dimensions; use .to(dtype)")
+    t = Tensor._make(self._data.view(dtype.np), self.device, dtype)
+    t._base = self._base if self._base is not None else self
+    t._version = self._version
+    return t
+
+
+@export("reshape", method=True)
+def reshape(self, *shape):
+    shape = _size_args(shape)
+    new = infer_size(shape, self.numel())
+    if view_strides(self.shape, self.stride(), new) is not None:
+        return _view(self, new)
+    return _view(self.clone(memory_format=_contig()), new)
+
+
+def _contig():
+    from .._tensor import contiguous_format
+    return contiguous_format
+
+
+@export("view_as", method=True, function=False)
+def view_as(self, other):
+    return _view(self, tuple(other.shape))
+
+
+@export("reshape_as", method=True, function=False)
+def reshape_as(self, other):
+    return reshape(self, tuple(other.shape))
+
+
+@defop("transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)", method=True)
+def transpose(xp, self, dim0, dim1):
+    n = self.ndim
+    return xp.swapaxes(self, wrap_dim(dim0, n), wrap_dim(dim1, n)) if n else self.view()
+
+
+@transpose.def_meta
+def _(self, dim0, dim1):
+    n = self.ndim
+    d0, d1 = wrap_dim(dim0, n), wrap_dim(dim1, n)
+    shape, st = list(self.shape), list(self.stride())
+    if n:
+        shape[d0], shape[d1] = shape[d1], shape[d0]
+        st[d0], st[d1] = st[d1], st[d0]
+    return TensorSpec(shape, self.dtype, st, self.storage_offset())
+
+
+@transpose.def_derivative
+def _(grad, dim0, dim1):
+    return grad.transpose(dim0, dim1)
+
+
+@defop("permute(Tensor(a) self, int[] dims) -> Tensor(a)", function=False)
+def _permute(xp, self, dims):
+    return xp.transpose(self, _perm(dims, self.ndim))
+
+
+def _perm(dims, n):
+    if len(dims) != n:
+        raise RuntimeError(f"permute(sparse_coo): number of dimensions in the tensor input does not match "
+                           f"the length of the desired ordering of dimensions i.e. input.dim() = {n} is not "
+                           f"equal to len(dims) = {len(dims)}")
+    p = tuple(wrap_dim(d, n) for d in dims)
+    if len(set(p)) != n:
+        raise RuntimeError("permute(): duplicate dims are not allowed.")
+    return p
+
+
+@_permute.def_meta
+def _(self, dims):
+    p = _perm(dims, self.ndim)
+    return TensorSpec([self.shape[i] for i in p], self.dtype, [self.stride()[i] for i in p],
+                      self.storage_offset())
+
+
+@_permute.def_derivative
+def _(grad, dims):
+    p = _perm(dims, grad.ndim)
+    inv = [0] * len(p)
+    for i, d in enumerate(p):
+        inv[d] = i
+    return grad.permute(inv)
+
+
+@export("permute", method=True)
+def permute(self, *dims):
+    return _permute(self, _size_args(dims))
+
+
+def expand_shape(shape, size):
+    size = list(size)
+    if len(size) < len(shape):
+        raise RuntimeError(f"expand(torch.FloatTensor{{{list(shape)}}}, size={size}): the number of sizes "
+                           f"provided ({len(size)}) must be greater or equal to the number of dimensions in "
+                           f"the tensor ({len(shape)})")
+    off = len(size) - len(shape)
+    out = []
+    for i, s in enumerate(size):
+        if i < off:
+            if s < 0:
+                raise RuntimeError(f"The expanded size of the tensor ({s}) isn't allowed in a leading, "
+                                   "non-existing dimension 0")
+            out.append(s)
+        else:
+            old = shape[i - off]
+            if s == -1:
+                s = old
+            elif old != 1 and s != old:
+                raise RuntimeError(f"The expanded size of the tensor ({s}) must match the existing size "
+                                   f"({old}) at non-singleton dimension {i}.  Target sizes: {size}.  Tensor "
+                                   f"sizes: {list(shape)}")
+            out.append(s)
+    return tuple(out)
+
+
+def expand_strides(shape, strides, new):
+    off = len(new) - len(shape)
+    return tuple(0 if i < off or (shape[i - off] == 1 and new[i] != 1) else strides[i - off]
+                 for i in range(len(new)))
+
+
+@defop("expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)", function=False)
+def _expand(xp, self, size, *, implicit=False):
+    new = expand_shape(self.shape, size)
+    it = self.itemsize
+    st = expand_strides(self.shape, [s // it for s in self.strides], new)
+    return xp.lib.stride_tricks.as_strided(self, new, [s * it for s in st])
+
+
+@_expand.def_meta
+def _(self, size, *, implicit=False):
+    new = expand_shape(self.shape, size)
+    return TensorSpec(new, self.dtype, expand_strides(self.shape, self.stride(), new), self.storage_offset())
+
+
+@_expand.def_derivative
+def _(grad, self_meta):
+    return grad.sum_to_size(self_meta.shape)
+
+
+@export("expand", method=True, function=False)
+def expand(self, *size, implicit=False):
+    return _expand(self, _size_args(size), implicit=implicit)
+
+
+@export("expand_as", method=True, function=False)
+def expand_as(self, other):
+    return _expand(self, tuple(other.shape))
+
+
+@export("sum_to_size", method=True, function=False)
+def sum_to_size(self, *size):
+    shape = _size_args(size)
+    if tuple(self.shape) == tuple(shape):
+        return self
+    nd = self.ndim - len(shape)
+    dims = tuple(range(nd)) + tuple(nd + i for i, s in enumerate(shape) if s == 1 and self.shape[nd + i] != 1)
+    r = self.sum(dims, keepdim=True) if dims else self
+    return r.reshape(shape) if nd else r
+
+
+@defop("clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", method=True)
+def clone(xp, self, *, memory_format=None):
+    from .._tensor import contiguous_format, channels_last
+    if memory_format is contiguous_format:
+        return xp.array(self, order="C", copy=True)
+    if memory_format is channels_last and self.ndim == 4:
+        return xp.ascontiguousarray(self.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    out = xp.array(self, order="K", copy=True)
+    return out
+
+
+@clone.def_meta
+def _(self, *, memory_format=None):
+    from .._tensor import contiguous_format
+    if memory_format is contiguous_format or self.is_contiguous():
+        return TensorSpec(self.shape, self.dtype)
+    order = sorted(range(self.ndim), key=lambda i: -self.stride()[i])
+    st = [0] * self.ndim
+    acc = 1
+    for i in reversed(order):
+        st[i] = acc
+        acc *= max(self.shape[i], 1)
+    return TensorSpec(self.shape, self.dtype, st)
+
+
+@clone.def_derivative
+def _(grad):
+    return grad
+
+
+@export("contiguous", method=True, function=False)
+def contiguous(self, memory_format=None):
+    from .._tensor import contiguous_format
+    mf = memory_format or contiguous_format
+    if self.is_contiguous(memory_format=mf):
+        return self
+    return clone(self, memory_format=mf)
+
+
+# ---- dtype / device conversion -------------------------------------------------------------
+def _target_device(self, *, dtype=None, device=None, non_blocking=False):
+    return canonical(device) if device is not None else self.device
+
+
+@defop("_to_copy(Tensor self, *, ScalarType? dtype=None, Device? device=None, bool non_blocking=False) -> Tensor",
+       function=False, out_device=_target_device)
+def _to_copy(xp, self, *, dtype=None, device=None, non_blocking=False):
+    src = self
+    npdt = dtype.np if dtype is not None else self.dtype
+    if device is not None:
+        dev = canonical(device)
+        if dev.type == "cpu":
+            if type(src) is not np.ndarray:
+                src = src.get()
+            return np.array(src, dtype=npdt, copy=True, order="K")
+        if dev.type == "meta":
+            return MetaArray(src.shape, npdt)
+        b = backend(dev.type)
+        if type(src) is np.ndarray and dev.type == "cuda":
+            import cupy
+            with cupy.cuda.Device(dev.index or 0):
+                return cupy.array(src.astype(npdt, copy=False), copy=True)
+        return b.xp.array(src, dtype=npdt, copy=True)
+    return xp.array(src, dtype=npdt, copy=True, order="K")
+
+
+@_to_copy.def_meta
+def _(self, *, dtype=None, device=None, non_blocking=False):
+    return TensorSpec(self.shape, dtype or self.dtype)
+
+
+@_to_copy.def_derivative
+def _(grad, self_meta):
+    return grad._to_copy(dtype=self_meta.dtype, device=self_meta.device)
+
+
+_to_copy_method = _to_copy
+
+
+def _parse_to(args, kwargs):
+    dtype = kwargs.pop("dtype", None)
+    device = kwargs.pop("device", None)
+    copy = kwargs.pop("copy", False)
+    non_blocking = kwargs.pop("non_blocking", False)
+    kwargs.pop("memory_format", None)
+    if kwargs:
+        raise TypeError(f"to() received an invalid combination of arguments - got unexpected {list(kwargs)}")
+    for a in args:
+        if isinstance(a, D.dtype):
+            dtype = a
+        elif isinstance(a, Tensor):
+            dtype, device = a.dtype, a.device
+        elif isinstance(a, bool):
+            if non_blocking is False:
+                non_blocking = a
+            else:
+                copy = a
+        elif a is not None:
+            from .._device import device as Device
+            if isinstance(a, (str, Device, int)):
+                device = a
+            else:
+                raise TypeError(f"to() received an invalid combination of arguments - got ({type(a).__name__})")
+    return dtype, device, copy, non_blocking
+
+
+@export("to", method=True, function=False)
+def to(self, *args, **kwargs):
+    dtype, device, copy, non_blocking = _parse_to(args, dict(kwargs))
+    if device is not None:
+        device = canonical(device)
+    if (dtype is None or dtype is self.dtype) and (device is None or device == self.device) and not copy:
+        return self
+    return _to_copy(self, dtype=dtype, device=device, non_blocking=non_blocking)
+
+
+def _conv(dtype):
+    def f(self, memory_format=None):
+        return to(self, dtype)
+    return f
+
+
+for _name, _dt in [("float", D.float32), ("double", D.float64), ("half", D.float16), ("bfloat16", D.bfloat16),
+                   ("int", D.int32), ("long", D.int64), ("short", D.int16), ("char", D.int8),
+                   ("byte", D.uint8), ("bool", D.bool), ("cfloat", D.complex64), ("cdouble", D.complex128)]:
+    export(_name, method=True, function=False)(_conv(_dt))
+
+
+@export("cpu", method=True, function=False)
+def cpu(self, memory_format=None):
+    return to(self, "cpu")
+
+
+@export("cuda", method=True, function=False)
+def cuda(self, device=None, non_blocking=False, memory_format=None):
+    if isinstance(device, int):
+        device = f"cuda:{device}"
+    return to(self, device or "cuda", non_blocking=non_blocking)
+
+
+@export("type_as", method=True, function=False)
+def type_as(self, other):
+    return to(self, other.dtype)
+
+
+@defop("unsqueeze(Tensor(a) self, int dim) -> Tensor(a)", method=True)
+def unsqueeze(xp, self, dim):
+    return xp.expand_dims(self, wrap_dim(dim, self.ndim + 1))
+
+
+@unsqueeze.def_meta
+def _(self, dim):
+    d = wrap_dim(dim, self.ndim + 1)
+    shape, st = list(self.shape), list(self.stride())
+    shape.insert(d, 1)
+    st.insert(d, st[d] * self.shape[d] if d < self.ndim else 1)
+    return TensorSpec(shape, self.dtype, st, self.storage_offset())
+
+
+@unsqueeze.def_derivative
+def _(grad, dim):
+    return grad.squeeze(dim)
+
+
+@defop("squeeze.dims(Tensor(a) self, int[]? dim=None) -> Tensor(a)", function=False)
+def _squeeze(xp, self, dim=None):
+    return xp.reshape(self, _squeezed(self.shape, dim, self.ndim)) if self.ndim else self.view()
+
+
+def _squeezed(shape, dim, ndim):
+    if dim is None:
+        return tuple(s for s in shape if s != 1)
+    dims = {wrap_dim(d, ndim) for d in ((dim,) if isinstance(dim, int) else dim)}
+    return tuple(s for i, s in enumerate(shape) if not (i in dims and s == 1))
+
+
+@_squeeze.def_meta
+def _(self, dim=None):
+    keep = [i for i, s in enumerate(self.shape) if not (s == 1 and (dim is None or i in
+            {wrap_dim(d, self.ndim) for d in ((dim,) if isinstance(dim, int) else dim)}))]
+    return TensorSpec([self.shape[i] for i in keep], self.dtype, [self.stride()[i] for i in keep],
+                      self.storage_offset())
+
+
+@_squeeze.def_derivative
+def _(grad, self_meta):
+    return grad.reshape(self_meta.shape)
+
+
+@export("squeeze", method=True)
+def squeeze(self, dim=None):
+    return _squeeze(self, None if dim is None else ((dim,) if isinstance(dim, int) else tuple(dim)))

@@ -1,0 +1,11 @@
+"""Process-wide settings read on hot paths: default dtype/device, grad mode, the mode stack."""
+from . import _dtype
+
+default_dtype = _dtype.float32
+default_device = None          # None means cpu
+grad_enabled = True
+inference_mode = False
+fwd_grad_enabled = True
+modes: list = []               # dispatch modes, innermost (top) last
+anomaly = False
+anomaly_check_nan = True

@@ -1,0 +1,515 @@
+"""Tensor: a strided view of device memory with a dtype, a device and autograd metadata.
+
+The data is an array of the device's namespace (a NumPy ndarray on cpu, a CuPy ndarray on cuda,
+a `MetaArray` on meta). Views are arrays that share memory with their base (NumPy/CuPy strided
+views), so an in-place op on a view updates the base. Views share their base's version counter,
+which autograd uses to detect that a tensor saved for backward was modified in place.
+
+Nearly every method is an operator exported by `flambeau._ops` and attached at import time; this
+file holds only the state, the properties and the conversions that are not operators.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _dtype as D
+from . import _state
+from ._device import device as Device, CPU, META
+from ._backends import MetaArray
+
+
+class Size(tuple):
+    """`torch.Size`: a tuple of ints."""
+
+    def __repr__(self):
+        return f"torch.Size([{', '.join(map(str, self))}])"
+
+    def numel(self) -> int:
+        n = 1
+        for s in self:
+            n *= s
+        return n
+
+    def __getitem__(self, i):
+        r = tuple.__getitem__(self, i)
+        return Size(r) if isinstance(i, slice) else r
+
+    def __add__(self, o):
+        return Size(tuple(self) + tuple(o))
+
+
+def _elem_strides(arr) -> tuple:
+    if type(arr) is MetaArray:
+        return arr.estrides
+    it = arr.itemsize
+    return tuple(s // it for s in arr.strides)
+
+
+class Tensor:
+    """A multi-dimensional array with autograd (see module docstring)."""
+
+    # --- construction ------------------------------------------------------------------
+    def __new__(cls, *args, **kwargs):
+        # `torch.Tensor(2, 3)` (uninitialised float tensor) and `torch.Tensor([1, 2])`.
+        from ._ops import creation
+        if len(args) == 1 and not isinstance(args[0], int):
+            src = args[0]
+            if isinstance(src, Tensor):
+                return src
+            return creation.tensor(src, dtype=_state.default_dtype)
+        return creation.empty(*args, dtype=_state.default_dtype, **kwargs)
+
+    @staticmethod
+    def _make(data, device: Device, dtype=None) -> "Tensor":
+        t = object.__new__(Tensor)
+        t._data = data
+        t._dtype = dtype if dtype is not None else D.FROM_NP[data.dtype]
+        t._device = device
+        t._requires_grad = False
+        t.grad_fn = None
+        t._grad = None
+        t._version = [0]
+        t._base = None
+        t._output_nr = 0
+        t._hooks = None
+        t._fw_grad = None
+        return t
+
+    # --- basic metadata -----------------------------------------------------------------
+    @property
+    def shape(self) -> Size:
+        return Size(self._data.shape)
+
+    def size(self, dim: int | None = None):
+        if dim is None:
+            return Size(self._data.shape)
+        return self._data.shape[_wrap_dim(dim, self._data.ndim, "size")]
+
+    @property
+    def dtype(self):
+        return self._dtype
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def ndim(self) -> int:
+        return self._data.ndim
+
+    def dim(self) -> int:
+        return self._data.ndim
+
+    ndimension = dim
+
+    def numel(self) -> int:
+        n = 1
+        for s in self._data.shape:
+            n *= s
+        return n
+
+    nelement = numel
+
+    def element_size(self) -> int:
+        return self._dtype.itemsize
+
+    @property
+    def itemsize(self) -> int:
+        return self._dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel() * self._dtype.itemsize
+
+    def stride(self, dim: int | None = None):
+        st = _elem_strides(self._data)
+        if dim is None:
+            return st
+        return st[_wrap_dim(dim, self._data.ndim, "stride")]
+
+    def storage_offset(self) -> int:
+        a = self._data
+        if type(a) is MetaArray:
+            return a.offset
+        root = a
+        while getattr(root, "base", None) is not None and hasattr(root.base, "dtype"):
+            root = root.base
+        return (_ptr(a) - _ptr(root)) // a.itemsize
+
+    def data_ptr(self) -> int:
+        return 0 if type(self._data) is MetaArray else _ptr(self._data)
+
+    def is_contiguous(self, memory_format=None) -> bool:
+        shape, st = self._data.shape, self.stride()
+        if memory_format is not None and memory_format is not contiguous_format:
+            if memory_format is channels_last and len(shape) == 4:
+                order = (1, 3, 2, 0)
+            elif memory_format is channels_last_3d and len(shape) == 5:
+                order = (1, 4, 3, 2, 0)
+            else:
+                return False
+            shape = tuple(shape[i] for i in order)
+            st = tuple(st[i] for i in order)
+            shape, st = shape[::-1], st[::-1]
+        expected = 1
+        for s, t in zip(reversed(shape), reversed(st)):
+            if s != 1 and t != expected:
+                return False
+            expected *= s
+        return True
+
+    @property
+    def is_cuda(self) -> bool:
+        return self._device.type == "cuda"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self._device.type == "cpu"
+
+    @property
+    def is_meta(self) -> bool:
+        return self._device.type == "meta"
+
+    @property
+    def is_sparse(self) -> bool:
+        return False
+
+    @property
+    def is_quantized(self) -> bool:
+        return False
+
+    @property
+    def layout(self):
+        return strided
+
+    def is_floating_point(self) -> bool:
+        return self._dtype.category == 2
+
+    def is_complex(self) -> bool:
+        return self._dtype.category == 3
+
+    def is_signed(self) -> bool:
+        return self._dtype.is_signed
+
+    def get_device(self) -> int:
+        return -1 if self._device.type == "cpu" else (self._device.index or 0)
+
+    # --- autograd state -----------------------------------------------------------------
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool):
+        if self.grad_fn is not None:
+            if not value:
+                raise RuntimeError("you can only change requires_grad flags of leaf variables. If you "
+                                   "want to use a computed variable in a subgraph that doesn't require "
+                                   "differentiation use var_no_grad = var.detach().")
+            return
+        if value and self._dtype.category < 2:
+            raise RuntimeError("only Tensors of floating point and complex dtype can require gradients")
+        self._requires_grad = bool(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        self.requires_grad = requires_grad
+        return self
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.grad_fn is None
+
+    @property
+    def grad(self):
+        return self._grad
+
+    @grad.setter
+    def grad(self, g):
+        if g is not None:
+            if not isinstance(g, Tensor):
+                raise TypeError(f"assigned grad expected to be a Tensor or None but got grad of type {type(g).__name__}")
+            if g._dtype is not self._dtype:
+                raise RuntimeError(f"assigned grad has data of a different type")
+            if g.shape != self.shape:
+                raise RuntimeError("assigned grad has data of a different size")
+            if g._device != self._device:
+                raise RuntimeError("assigned grad has data located on a different device")
+        self._grad = g
+
+    @property
+    def output_nr(self) -> int:
+        return self._output_nr
+
+    @property
+    def _version_counter(self) -> int:
+        return self._version[0]
+
+    @property
+    def data(self) -> "Tensor":
+        return self.detach()
+
+    @data.setter
+    def data(self, other: "Tensor"):
+        self._data = other._data
+        self._dtype = other._dtype
+        self._device = other._device
+
+    def detach(self) -> "Tensor":
+        t = Tensor._make(self._data, self._device, self._dtype)
+        t._version = self._version
+        t._base = self._base if self._base is not None else None
+        return t
+
+    def detach_(self) -> "Tensor":
+        self.grad_fn = None
+        self._requires_grad = False
+        return self
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        from .autograd import backward
+        backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+
+    def register_hook(self, hook):
+        from .autograd.graph import register_tensor_hook
+        return register_tensor_hook(self, hook)
+
+    def register_post_accumulate_grad_hook(self, hook):
+        from .autograd.graph import register_post_accumulate_hook
+        return register_post_accumulate_hook(self, hook)
+
+    def retain_grad(self) -> None:
+        from .autograd.graph import retain_grad
+        retain_grad(self)
+
+    @property
+    def retains_grad(self) -> bool:
+        return bool(getattr(self, "_retains_grad", False))
+
+    @property
+    def _is_view(self) -> bool:
+        return self._base is not None
+
+    def _is_view_fn(self) -> bool:
+        return self._base is not None
+
+    # --- conversions to Python and NumPy -----------------------------------------------
+    def item(self):
+        if self.numel() != 1:
+            raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to Scalar")
+        self._check_has_data("item")
+        v = self._host().reshape(-1)[0]
+        return _py_scalar(v, self._dtype)
+
+    def tolist(self):
+        self._check_has_data("tolist")
+        a = self._host()
+        if self._dtype in D.LOW_PRECISION:
+            a = a.astype(np.float32)
+        return a.tolist()
+
+    def numpy(self, *, force: bool = False) -> np.ndarray:
+        if not force:
+            if self._requires_grad:
+                raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
+                                   "tensor.detach().numpy() instead.")
+            if self._device.type != "cpu":
+                raise TypeError(f"can't convert {self._device.type}:{self._device.index or 0} device type tensor to "
+                                "numpy. Use Tensor.cpu() to copy the tensor to host memory first.")
+        return self._host()
+
+    def _host(self) -> np.ndarray:
+        if self._device.type == "cpu":
+            return self._data
+        if self._device.type == "meta":
+            raise NotImplementedError("Cannot copy out of meta tensor; no data!")
+        return self._data.get()
+
+    def _check_has_data(self, what):
+        if self._device.type == "meta":
+            raise RuntimeError(f"Tensor.{what}() cannot be called on meta tensors")
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.detach()._host()
+        return a.astype(dtype) if dtype is not None else a
+
+    def __len__(self) -> int:
+        if self._data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self._data.shape[0]
+
+    def __iter__(self):
+        if self._data.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))
+
+    def __bool__(self) -> bool:
+        n = self.numel()
+        if n != 1:
+            if n == 0:
+                raise RuntimeError("Boolean value of Tensor with no values is ambiguous")
+            raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __complex__(self) -> complex:
+        return complex(self.item())
+
+    def __index__(self) -> int:
+        if self._dtype.category > 1 or self.numel() != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
+    def __hash__(self):
+        return id(self)
+
+    def __reduce_ex__(self, proto):
+        from .serialization import _rebuild_tensor_from_numpy
+        return (_rebuild_tensor_from_numpy,
+                (np.array(self.detach()._host()), self._dtype.name, str(self._device), self._requires_grad))
+
+    def __dlpack__(self, stream=None):
+        return self._data.__dlpack__() if stream is None else self._data.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self._data.__dlpack_device__()
+
+    def __repr__(self, *, tensor_contents=None):
+        from ._tensor_str import tensor_repr
+        return tensor_repr(self)
+
+    def __format__(self, spec):
+        if self._data.ndim == 0 and self._device.type != "meta":
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        if self.grad_fn is not None:
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the "
+                               "deepcopy protocol at the moment.  If you were attempting to deepcopy a "
+                               "module, this may be because of a torch.nn.utils.weight_norm usage, see "
+                               "https://github.com/pytorch/pytorch/pull/103001")
+        with _no_grad():
+            new = self.clone()
+        new = type(self)._from(new) if type(self) is not Tensor else new
+        new._requires_grad = self._requires_grad
+        if self._grad is not None:
+            new._grad = self._grad.__deepcopy__(memo)
+        for k, v in self.__dict__.items():
+            if k not in new.__dict__:
+                import copy
+                new.__dict__[k] = copy.deepcopy(v, memo)
+        memo[id(self)] = new
+        return new
+
+    @classmethod
+    def _from(cls, t: "Tensor") -> "Tensor":
+        new = object.__new__(cls)
+        new.__dict__.update(t.__dict__)
+        return new
+
+    # --- type conversions sugar -------------------------------------------------------
+    def type(self, dtype=None, non_blocking=False):
+        if dtype is None:
+            return _TYPE_NAMES.get(self._dtype, "torch.Tensor")
+        if isinstance(dtype, str):
+            inv = {v: k for k, v in _TYPE_NAMES.items()}
+            dtype = inv[dtype]
+        return self.to(dtype)
+
+    def new_tensor(self, data, *, dtype=None, device=None, requires_grad=False):
+        from ._ops.creation import tensor
+        if isinstance(data, Tensor):
+            data = data.detach()
+        return tensor(data, dtype=dtype or self._dtype, device=device or self._device,
+                      requires_grad=requires_grad)
+
+    @property
+    def T(self):
+        return self.permute(*reversed(range(self.ndim)))
+
+    @property
+    def mT(self):
+        return self.transpose(-2, -1)
+
+    @property
+    def H(self):
+        return self.T.conj() if self.is_complex() else self.T
+
+    @property
+    def mH(self):
+        return self.mT.conj() if self.is_complex() else self.mT
+
+    __array_priority__ = 1000
+
+
+def _ptr(a) -> int:
+    if isinstance(a, np.ndarray):
+        return a.__array_interface__["data"][0]
+    return a.data.ptr
+
+
+def _py_scalar(v, dt):
+    if dt.category == 0:
+        return bool(v)
+    if dt.category == 1:
+        return int(v)
+    if dt.category == 3:
+        return complex(v)
+    return float(v)
+
+
+def _wrap_dim(dim: int, ndim: int, what: str = "") -> int:
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim + n if dim < 0 else dim
+
+
+class _no_grad:
+    def __enter__(self):
+        self.prev = _state.grad_enabled
+        _state.grad_enabled = False
+
+    def __exit__(self, *a):
+        _state.grad_enabled = self.prev
+
+
+class _Layout:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return "torch." + self.name
+
+
+class memory_format:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return "torch." + self.name
+
+
+strided = _Layout("strided")
+sparse_coo = _Layout("sparse_coo")
+contiguous_format = memory_format("contiguous_format")
+channels_last = memory_format("channels_last")
+channels_last_3d = memory_format("channels_last_3d")
+preserve_format = memory_format("preserve_format")
+
+_TYPE_NAMES = {D.float32: "torch.FloatTensor", D.float64: "torch.DoubleTensor", D.float16: "torch.HalfTensor",
+               D.bfloat16: "torch.BFloat16Tensor", D.int64: "torch.LongTensor", D.int32: "torch.IntTensor",
+               D.int16: "torch.ShortTensor", D.int8: "torch.CharTensor", D.uint8: "torch.ByteTensor",
+               D.bool: "torch.BoolTensor", D.complex64: "torch.ComplexFloatTensor",
+               D.complex128: "torch.ComplexDoubleTensor"}
+
+
+def is_tensor(obj) -> bool:
+    return isinstance(obj, Tensor)

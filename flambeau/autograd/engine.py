@@ -1,0 +1,312 @@
+"""The reverse-mode engine: runs the recorded graph backwards.
+
+Nodes run in dependency order (a node runs once every node that feeds it a gradient has run),
+ties broken by most-recently-created first, as PyTorch does. Gradients arriving at the same
+node output are summed; each node's outgoing gradients are checked against the metadata of the
+forward inputs (cast to their dtype, summed over broadcast dimensions). `backward` accumulates
+into leaves' `.grad`; `grad` returns the gradients of chosen inputs instead.
+"""
+from __future__ import annotations
+
+import heapq
+
+from .. import _state
+from .._tensor import Tensor
+from .graph import AccumulateGrad, _edge
+
+
+def _reduce_to(g: Tensor, shape, dtype, device, node, i) -> Tensor:
+    if g._data.shape != tuple(shape):
+        gs = g._data.shape
+        nd = len(gs) - len(shape)
+        ok = nd >= 0 and all(s == 1 or s == gs[nd + k] for k, s in enumerate(shape))
+        if not ok:
+            raise RuntimeError(f"Function {node.name()} returned an invalid gradient at index {i} - got "
+                               f"{list(gs)} but expected shape compatible with {list(shape)}")
+        dims = tuple(range(nd)) + tuple(nd + k for k, s in enumerate(shape) if s == 1 and gs[nd + k] != 1)
+        if dims:
+            g = g.sum(dims, keepdim=True)
+        if nd:
+            g = g.reshape(shape)
+        elif g._data.shape != tuple(shape):
+            g = g.reshape(shape)
+    if g._dtype is not dtype:
+        if dtype.category < 2:
+            return g
+        g = g.to(dtype)
+    if g._device != device:
+        g = g.to(device)
+    return g
+
+
+def _run_hooks(hooks, g):
+    for _, fn in list(hooks):
+        r = fn(g)
+        if r is not None:
+            g = r
+    return g
+
+
+def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accumulate=True,
+            only_leaves=None):
+    """Run backward from `roots` = [(edge, grad)].
+
+    capture: {(node, nr): slot} collects the gradient flowing into those node outputs (autograd.grad).
+    only_leaves: when accumulating, restrict accumulation to these AccumulateGrad nodes.
+    Returns the captured gradients as a dict slot -> grad.
+    """
+    deps: dict = {}
+    nodes = []
+    stack = [e[0] for e, _ in roots if e[0] is not None]
+    seen = set(stack)
+    while stack:
+        n = stack.pop()
+        nodes.append(n)
+        for nx, _ in n.next_functions:
+            if nx is not None:
+                deps[nx] = deps.get(nx, 0) + 1
+                if nx not in seen:
+                    seen.add(nx)
+                    stack.append(nx)
+    needed = None
+    if capture is not None or only_leaves is not None:
+        targets = set(k[0] for k in capture) if capture else set()
+        if only_leaves is not None:
+            targets |= only_leaves
+        needed = _needed(nodes, targets)
+    buffers: dict = {}
+    for (node, nr), g in roots:
+        if node is None:
+            continue
+        buf = buffers.setdefault(node, {})
+        buf[nr] = g if nr not in buf else buf[nr] + g
+    ready = []
+    for (node, _nr), _ in roots:
+        if node is not None and deps.get(node, 0) == 0 and node not in [r[2] for r in ready]:
+            heapq.heappush(ready, (-node._sequence_nr, id(node), node))
+    captured = {}
+    prev = _state.grad_enabled
+    _state.grad_enabled = create_graph
+    try:
+        while ready:
+            _, _, node = heapq.heappop(ready)
+            buf = buffers.pop(node, {})
+            if node._tensor_hooks:
+                for nr, hooks in node._tensor_hooks.items():
+                    if buf.get(nr) is not None:
+                        buf[nr] = _run_hooks(hooks, buf[nr])
+            if node._retain_hooks:
+                for nr, ref in node._retain_hooks.items():
+                    t = ref()
+                    if t is not None and buf.get(nr) is not None:
+                        g = buf[nr]
+                        t._grad = g.detach().clone() if t._grad is None else t._grad + g.detach()
+            if capture:
+                for nr, g in buf.items():
+                    slot = capture.get((node, nr))
+                    if slot is not None:
+                        captured[slot] = g
+            for _, fn in node._pre_hooks:
+                r = fn(tuple(buf.get(i) for i in range(max(buf, default=-1) + 1)))
+                if r is not None:
+                    buf = {i: x for i, x in enumerate(r)}
+            if type(node) is AccumulateGrad:
+                if accumulate and (only_leaves is None or node in only_leaves) and buf.get(0) is not None:
+                    _accumulate(node.variable, buf[0], create_graph)
+                continue
+            if needed is not None and node not in needed:
+                outs = [None] * len(node.next_functions)
+            elif not buf:
+                outs = [None] * len(node.next_functions)
+            else:
+                nout = max(len(getattr(node, "_out_meta", ())), max(buf) + 1)
+                grads = [buf.get(i) for i in range(nout)]
+                outs = _apply(node, grads)
+                if not retain_graph:
+                    node.release()
+            for i, ((nx, nr), g) in enumerate(zip(node.next_functions, outs)):
+                if nx is None:
+                    continue
+                if g is not None:
+                    meta = node._in_meta[i] if i < len(node._in_meta) else None
+                    if meta is not None:
+                        g = _reduce_to(g, meta[0], meta[1], meta[2], node, i)
+                    b = buffers.setdefault(nx, {})
+                    b[nr] = g if b.get(nr) is None else b[nr] + g
+                deps[nx] -= 1
+                if deps[nx] == 0:
+                    heapq.heappush(ready, (-nx._sequence_nr, id(nx), nx))
+    finally:
+        _state.grad_enabled = prev
+    return captured
+
+
+def _needed(nodes, targets):
+    needed = set()
+    # iterate until fixpoint; graphs are DAGs so a reverse topological sweep would do, but the DFS
+    # order above is not topological for shared subgraphs
+    changed = True
+    while changed:
+        changed = False
+        for n in nodes:
+            if n in needed:
+                continue
+            if n in targets or any(nx in needed or nx in targets for nx, _ in n.next_functions if nx is not None):
+                needed.add(n)
+                changed = True
+    return needed
+
+
+def _apply(node, grads):
+    grads_out = grads
+    if _state.anomaly:
+        try:
+            outs = node.apply(list(grads))
+        except Exception as e:
+            tb = node.metadata.get("traceback_")
+            if tb:
+                import sys
+                print(f"Error detected in {node.name()}. Traceback of forward call that caused the error:\n"
+                      + "".join(tb), file=sys.stderr)
+            raise e
+        if _state.anomaly_check_nan:
+            for i, g in enumerate(outs):
+                if isinstance(g, Tensor) and g.isnan().any().item():
+                    raise RuntimeError(f"Function '{node.name()}' returned nan values in its {i}th output.")
+    else:
+        outs = node.apply(list(grads))
+    outs = list(outs)
+    n = len(node.next_functions)
+    if len(outs) != n:
+        raise RuntimeError(f"function {node.name()} returned an incorrect number of gradients (expected {n}, got {len(outs)})")
+    if node._post_hooks:
+        for _, fn in node._post_hooks:
+            r = fn(tuple(outs), tuple(grads_out))
+            if r is not None:
+                outs = list(r)
+    return outs
+
+
+def _accumulate(t: Tensor, g: Tensor, create_graph: bool):
+    if t._hooks:
+        g = _run_hooks(t._hooks, g)
+    if t._grad is None:
+        t._grad = g if create_graph else (g.detach() if not g._requires_grad else g.detach())
+        if not create_graph and getattr(g, "_is_root_grad", False):
+            t._grad = g.detach().clone()
+    elif create_graph or t._grad._requires_grad:
+        t._grad = t._grad + g
+    else:
+        prev = _state.grad_enabled
+        _state.grad_enabled = False
+        try:
+            t._grad.add_(g.detach())
+        finally:
+            _state.grad_enabled = prev
+    for _, fn in t.__dict__.get("_post_acc_hooks", ()):
+        fn(t)
+
+
+def _make_roots(tensors, grad_tensors, what="backward"):
+    roots = []
+    from .._ops.creation import ones_like
+    for i, (t, g) in enumerate(zip(tensors, grad_tensors)):
+        if not t._requires_grad:
+            raise RuntimeError(f"element {i} of tensors does not require grad and does not have a grad_fn")
+        if g is None:
+            if t.numel() != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs")
+            if t._dtype.category < 2:
+                raise RuntimeError(f"grad can be implicitly created only for real scalar outputs but got {t._dtype}")
+            g = ones_like(t)
+        else:
+            if not isinstance(g, Tensor):
+                from .._ops.creation import tensor
+                g = tensor(g, dtype=t._dtype, device=t._device)
+            if g.shape != t.shape:
+                raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of {g.shape} and "
+                                   f"output[{i}] has a shape of {t.shape}.")
+            g = g.detach() if not _state.grad_enabled else g
+            g.__dict__["_is_root_grad"] = True
+        roots.append((_edge(t), g))
+    return roots
+
+
+def _as_tuple(x):
+    if x is None:
+        return ()
+    if isinstance(x, Tensor):
+        return (x,)
+    return tuple(x)
+
+
+def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, grad_variables=None,
+             inputs=None):
+    tensors = _as_tuple(tensors)
+    grads = _as_tuple(grad_tensors) if grad_tensors is not None else (None,) * len(tensors)
+    if len(grads) != len(tensors):
+        raise RuntimeError(f"got {len(grads)} tensors and {len(tensors)} gradients")
+    if retain_graph is None:
+        retain_graph = create_graph
+    prev = _state.grad_enabled
+    _state.grad_enabled = create_graph
+    try:
+        roots = _make_roots(tensors, grads)
+    finally:
+        _state.grad_enabled = prev
+    only = None
+    if inputs is not None:
+        inputs = _as_tuple(inputs)
+        if not inputs:
+            raise RuntimeError("'inputs' argument to backward() cannot be empty.")
+        only = set()
+        for t in inputs:
+            if t.grad_fn is not None:
+                t.retain_grad()
+                only.add(t.grad_fn)
+            else:
+                only.add(_edge(t)[0])
+    execute(roots, retain_graph=retain_graph, create_graph=create_graph, only_leaves=only)
+    for g in grads:
+        if isinstance(g, Tensor):
+            g.__dict__.pop("_is_root_grad", None)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
+         allow_unused=None, is_grads_batched=False, materialize_grads=False):
+    outputs = _as_tuple(outputs)
+    single = isinstance(inputs, Tensor)
+    inputs = _as_tuple(inputs)
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    gouts = _as_tuple(grad_outputs) if grad_outputs is not None else (None,) * len(outputs)
+    if retain_graph is None:
+        retain_graph = create_graph
+    for t in inputs:
+        if not t._requires_grad:
+            raise RuntimeError("One of the differentiated Tensors does not require grad")
+    prev = _state.grad_enabled
+    _state.grad_enabled = create_graph
+    try:
+        roots = _make_roots(outputs, gouts)
+    finally:
+        _state.grad_enabled = prev
+    capture = {}
+    for i, t in enumerate(inputs):
+        capture[_edge(t)] = i
+    got = execute(roots, retain_graph=retain_graph, create_graph=create_graph, capture=capture,
+                  accumulate=False)
+    res = []
+    from .._ops.creation import zeros_like
+    for i, t in enumerate(inputs):
+        g = got.get(i)
+        if g is None:
+            if materialize_grads:
+                g = zeros_like(t)
+            elif not allow_unused:
+                raise RuntimeError("One of the differentiated Tensors appears to not have been used in the "
+                                   "graph. Set allow_unused=True if this is the desired behavior.")
+        elif not create_graph:
+            g = g.detach()
+        res.append(g)
+    return tuple(res)

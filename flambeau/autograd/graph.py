@@ -1,0 +1,425 @@
+"""The autograd graph: nodes recorded by the dispatcher, saved tensors, leaves' accumulators, hooks.
+
+Each differentiable op call with an input that requires grad records an `OpNode` whose
+`next_functions` point at the nodes that produced its inputs (or at `AccumulateGrad` for leaves).
+The op's derivative (written in flambeau operators) runs in backward, so the backward pass is
+itself dispatched: modes see it, and with `create_graph=True` it is recorded for higher orders.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+import traceback
+import weakref
+
+from .. import _state
+from .._tensor import Tensor
+
+_seq = itertools.count()
+
+
+class RemovableHandle:
+    _ids = itertools.count()
+
+    def __init__(self, store, key=None):
+        self.id = next(RemovableHandle._ids)
+        self._store = weakref.ref(store) if not isinstance(store, list) else (lambda s=store: s)
+        self._key = key
+
+    def remove(self):
+        st = self._store()
+        if st is None:
+            return
+        if isinstance(st, dict):
+            st.pop(self.id, None)
+        else:
+            st[:] = [h for h in st if h[0] != self.id]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.remove()
+
+
+class Node:
+    """A backward function. `apply(grads_wrt_outputs) -> grads_wrt_inputs` (one per next edge)."""
+
+    def __init__(self, next_functions=(), in_meta=()):
+        self._sequence_nr = next(_seq)
+        self.next_functions = tuple(next_functions)
+        self._in_meta = tuple(in_meta)     # (shape, dtype, device) of each forward input, per edge
+        self._tensor_hooks = None          # {output_nr: [(id, fn)]}, tensor.register_hook
+        self._retain_hooks = None          # {output_nr: weakref(tensor)}
+        self._pre_hooks = []               # node.register_prehook
+        self._post_hooks = []              # node.register_hook
+        self.metadata = {}
+        if _state.anomaly:
+            self.metadata["traceback_"] = traceback.format_stack()[:-3]
+
+    def name(self) -> str:
+        return type(self).__name__
+
+    def apply(self, grads):
+        raise NotImplementedError
+
+    def release(self):
+        pass
+
+    def __call__(self, *grads):
+        return self.apply(list(grads))
+
+    def register_hook(self, fn):
+        h = RemovableHandle(self._post_hooks)
+        self._post_hooks.append((h.id, fn))
+        return h
+
+    def register_prehook(self, fn):
+        h = RemovableHandle(self._pre_hooks)
+        self._pre_hooks.append((h.id, fn))
+        return h
+
+    def __repr__(self):
+        return f"<{self.name()} object at {hex(id(self))}>"
+
+
+def _camel(name: str) -> str:
+    parts = re.split(r"_+", name.strip("_"))
+    return "".join(p[:1].upper() + p[1:] for p in parts if p)
+
+
+_FREED = ("Trying to backward through the graph a second time (or directly access saved tensors after "
+          "they have already been freed). Saved intermediate values of the graph are freed when you "
+          "call .backward() or autograd.grad(). Specify retain_graph=True if you need to backward "
+          "through the graph a second time or if you need to access saved tensors after calling backward.")
+
+
+class SavedTensor:
+    """A tensor saved for backward, with the version it had when saved."""
+    __slots__ = ("t", "version", "is_output", "node_name", "out_nr")
+
+    def __init__(self, t: Tensor, is_output: bool, node_name: str = "", out_nr: int = 0):
+        self.t = t.detach() if is_output else t
+        self.version = t._version[0]
+        self.is_output = is_output
+        self.node_name = node_name
+        self.out_nr = out_nr
+
+    def unpack(self, node):
+        t = self.t
+        if t._version[0] != self.version:
+            from .._dispatch import type_name
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: [torch.{type_name(t._dtype)}Tensor {list(t.shape)}], which is output "
+                f"{self.out_nr} of {self.node_name}, is at version {t._version[0]}; expected version "
+                f"{self.version} instead. Hint: enable anomaly detection to find the operation that "
+                "failed to compute its gradient, with torch.autograd.set_detect_anomaly(True).")
+        if self.is_output:
+            o = Tensor._make(t._data, t._device, t._dtype)
+            o._version = t._version
+            o.grad_fn = node
+            o._output_nr = self.out_nr
+            o._requires_grad = True
+            return o
+        return t
+
+
+class TensorMeta:
+    """What a derivative sees for an argument it names `<arg>_meta`: metadata, no data kept alive."""
+    __slots__ = ("shape", "dtype", "device", "ndim")
+
+    def __init__(self, t: Tensor):
+        self.shape = t.shape
+        self.dtype = t._dtype
+        self.device = t._device
+        self.ndim = len(self.shape)
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def size(self, d=None):
+        return self.shape if d is None else self.shape[d]
+
+
+def _meta_of(t):
+    return (t._data.shape, t._dtype, t._device)
+
+
+def _edge(t: Tensor):
+    if t.grad_fn is not None:
+        return (t.grad_fn, t._output_nr)
+    if t._requires_grad:
+        return (accumulator(t), 0)
+    return (None, 0)
+
+
+class OpNode(Node):
+    """The backward of one dispatched op: calls the op's derivative with what it saved."""
+
+    def __init__(self, op, saved, next_functions, in_meta, out_meta, tensor_layout):
+        super().__init__(next_functions, in_meta)
+        self._op = op
+        self._saved = saved
+        self._out_meta = out_meta          # (shape, dtype, device) per output, for zero grads
+        self._layout = tensor_layout       # per Tensor arg: None (single) or list length
+
+    def name(self):
+        s = self._op._schema.name
+        return _camel(s) + "Backward0"
+
+    def release(self):
+        self._saved = None
+
+    def apply(self, grads):
+        if self._saved is None:
+            raise RuntimeError(_FREED)
+        from .._ops.creation import zeros
+        for i, g in enumerate(grads):
+            if g is None:
+                shape, dt, dev = self._out_meta[i]
+                grads[i] = zeros(shape, dtype=dt, device=dev)
+        kw = {}
+        for k, v in self._saved.items():
+            if type(v) is SavedTensor:
+                v = v.unpack(self)
+            elif type(v) is list and v and type(v[0]) is SavedTensor:
+                v = [x.unpack(self) for x in v]
+            elif type(v) is tuple and v and type(v[0]) is SavedTensor:
+                v = tuple(x.unpack(self) if type(x) is SavedTensor else x for x in v)
+            kw[k] = v
+        g = grads[0] if len(grads) == 1 else tuple(grads)
+        res = self._op.derivative(g, **kw)
+        if not isinstance(res, (tuple, list)) or (len(self._layout) == 1 and self._layout[0] is not None
+                                                   and isinstance(res, list)):
+            res = (res,)
+        flat = []
+        for lay, r in zip(self._layout, res):
+            if lay is None:
+                flat.append(r)
+            else:
+                flat.extend(r if r is not None else [None] * lay)
+        return flat
+
+
+class AccumulateGrad(Node):
+    """Sink for a leaf tensor: accumulates into `.grad` and runs its hooks."""
+
+    def __init__(self, variable: Tensor):
+        super().__init__()
+        self.variable = variable
+
+    def name(self):
+        return "torch::autograd::AccumulateGrad"
+
+    def apply(self, grads):
+        return []
+
+
+def accumulator(t: Tensor) -> AccumulateGrad:
+    ref = t.__dict__.get("_accumulator")
+    acc = ref() if ref is not None else None
+    if acc is None:
+        acc = AccumulateGrad(t)
+        t.__dict__["_accumulator"] = weakref.ref(acc)
+    return acc
+
+
+def _differentiable(t) -> bool:
+    return isinstance(t, Tensor) and t._dtype.category >= 2
+
+
+def record(op, args, kwargs, out, node_cls=None):
+    """Attach a backward node for `op(*args, **kwargs) -> out` to the outputs."""
+    bound = op.bind(*args, **(kwargs or {}))
+    sargs = op._schema.args
+    next_fns, in_meta, layout = [], [], []
+    for i in op.tensor_args:
+        v = bound[i]
+        if isinstance(v, Tensor):
+            next_fns.append(_edge(v))
+            in_meta.append(_meta_of(v))
+            layout.append(None)
+        elif isinstance(v, (list, tuple)):
+            layout.append(len(v))
+            for x in v:
+                if isinstance(x, Tensor):
+                    next_fns.append(_edge(x))
+                    in_meta.append(_meta_of(x))
+                else:
+                    next_fns.append((None, 0))
+                    in_meta.append(None)
+        else:
+            next_fns.append((None, 0))
+            in_meta.append(None)
+            layout.append(None)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    node_name = _camel(op._schema.name) + "Backward0"
+    saved = {}
+    names = [a.name for a in sargs]
+    for n in op.saved_names:
+        if n == "result":
+            saved[n] = (SavedTensor(out, True, node_name, 0) if isinstance(out, Tensor) else
+                        tuple(SavedTensor(o, True, node_name, k) if isinstance(o, Tensor) else o
+                              for k, o in enumerate(outs)))
+            continue
+        if n.endswith("_meta") and n not in names:
+            v = bound[names.index(n[:-5])]
+            saved[n] = TensorMeta(v) if isinstance(v, Tensor) else \
+                [TensorMeta(x) if isinstance(x, Tensor) else None for x in v] if isinstance(v, (list, tuple)) else v
+            continue
+        v = bound[names.index(n)]
+        if isinstance(v, Tensor):
+            v = SavedTensor(v, False, node_name)
+        elif isinstance(v, (list, tuple)) and v and any(isinstance(x, Tensor) for x in v):
+            v = [SavedTensor(x, False, node_name) if isinstance(x, Tensor) else x for x in v]
+        saved[n] = v
+    out_meta = [_meta_of(o) if isinstance(o, Tensor) else None for o in outs]
+    node = (node_cls or OpNode)(op, saved, next_fns, in_meta, out_meta, layout)
+    for k, o in enumerate(outs):
+        if _differentiable(o):
+            o.grad_fn = node
+            o._output_nr = k
+            o._requires_grad = True
+    return node
+
+
+def record_not_implemented(op, args, kwargs, out):
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    node = NotImplementedNode(op)
+    for k, o in enumerate(outs):
+        if _differentiable(o):
+            o.grad_fn = node
+            o._output_nr = k
+            o._requires_grad = True
+
+
+class NotImplementedNode(Node):
+    def __init__(self, op):
+        super().__init__()
+        self._op = op
+
+    def name(self):
+        return _camel(self._op._schema.name) + "Backward0"
+
+    def apply(self, grads):
+        raise NotImplementedError(f"the derivative for '{self._op.name}' is not implemented.")
+
+
+def record_inplace(f, args, kwargs, self: Tensor):
+    """Autograd for `self.op_(...)`: self takes the functional op's node; a view rebases its base."""
+    base = self._base
+    if base is None:
+        record(f, args, kwargs, self)
+        return
+    record(f, args, kwargs, self)
+    _rebase_view(base, self)
+
+
+def _positions(shape, strides, offset):
+    import numpy as np
+    p = np.full(shape, offset, dtype=np.int64)
+    for k, (n, st) in enumerate(zip(shape, strides)):
+        p = p + (np.arange(n, dtype=np.int64) * st).reshape([-1 if j == k else 1 for j in range(len(shape))])
+    return p
+
+
+def _view_index(base: Tensor, view: Tensor):
+    """Flat (logical, C-order) indices into `base` of each element of `view`, shaped like `view`."""
+    import numpy as np
+    from .._ops.creation import tensor as _tensor
+    pb = _positions(base.shape, base.stride(), base.storage_offset())
+    pv = _positions(view.shape, view.stride(), view.storage_offset())
+    store = np.zeros(int(max(pb.max(initial=0), pv.max(initial=0))) + 1, dtype=np.int64)
+    store[pb.ravel()] = np.arange(pb.size, dtype=np.int64)
+    return _tensor(store[pv], device=base.device)
+
+
+class CopySlices(Node):
+    """New value of a base whose view was modified in place: old base outside, new view inside."""
+
+    def __init__(self, base_edge, base_meta, view_edge, view_meta, index):
+        super().__init__([base_edge, view_edge], [base_meta, view_meta])
+        self._index = index
+        self._base_shape = base_meta[0]
+
+    def apply(self, grads):
+        g = grads[0]
+        flat = g.reshape(-1)
+        idx = self._index.reshape(-1)
+        from .._ops.creation import ones
+        mask = ones(flat.shape, dtype=g.dtype, device=g.device).index_fill(0, idx, 0)
+        return [(flat * mask).reshape(self._base_shape), flat.take(self._index)]
+
+
+class ViewOfBase(Node):
+    """A view re-derived from its (rebased) base: scatters the view's grad into the base's shape."""
+
+    def __init__(self, base_edge, base_meta, index):
+        super().__init__([base_edge], [base_meta])
+        self._index = index
+        self._base_shape = base_meta[0]
+
+    def name(self):
+        return "AsStridedBackward0"
+
+    def apply(self, grads):
+        g = grads[0]
+        from .._ops.creation import zeros
+        n = 1
+        for s in self._base_shape:
+            n *= s
+        z = zeros((n,), dtype=g.dtype, device=g.device)
+        return [z.index_add(0, self._index.reshape(-1), g.reshape(-1)).reshape(self._base_shape)]
+
+
+def _rebase_view(base: Tensor, view: Tensor):
+    idx = _view_index(base, view)
+    bmeta = _meta_of(base)
+    cs = CopySlices(_edge(base), bmeta, (view.grad_fn, view._output_nr), _meta_of(view), idx)
+    base.grad_fn, base._output_nr, base._requires_grad = cs, 0, True
+    view.grad_fn = ViewOfBase((cs, 0), bmeta, idx)
+    view._output_nr = 0
+
+
+# ---- hooks ---------------------------------------------------------------------------------
+def register_tensor_hook(t: Tensor, fn):
+    if not t._requires_grad:
+        raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+    if t.grad_fn is None:
+        if t._hooks is None:
+            t._hooks = []
+        h = RemovableHandle(t._hooks)
+        t._hooks.append((h.id, fn))
+        return h
+    node = t.grad_fn
+    if node._tensor_hooks is None:
+        node._tensor_hooks = {}
+    lst = node._tensor_hooks.setdefault(t._output_nr, [])
+    h = RemovableHandle(lst)
+    lst.append((h.id, fn))
+    return h
+
+
+def register_post_accumulate_hook(t: Tensor, fn):
+    if t.grad_fn is not None:
+        raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+    lst = t.__dict__.setdefault("_post_acc_hooks", [])
+    h = RemovableHandle(lst)
+    lst.append((h.id, fn))
+    return h
+
+
+def retain_grad(t: Tensor):
+    if not t._requires_grad:
+        raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+    if t.grad_fn is None:
+        return
+    node = t.grad_fn
+    if node._retain_hooks is None:
+        node._retain_hooks = {}
+    node._retain_hooks[t._output_nr] = weakref.ref(t)
+    t.__dict__["_retains_grad"] = True
