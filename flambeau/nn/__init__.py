@@ -1,0 +1,2 @@
+"""flambeau.nn: modules, parameters, initialisation and functional API."""
+from . import functional  # noqa: F401
