@@ -21,6 +21,7 @@ from ._backends import MetaArray, get as _backend, contiguous_strides
 from ._device import canonical, CPU
 
 _ndarray = np.ndarray
+_XP = {"cpu": np}        # device type -> array namespace, for the hot path
 _graph = None          # flambeau.autograd.graph, bound at import of flambeau
 
 
@@ -77,50 +78,67 @@ def _device_mismatch(op, d1, d2):
 def _scan(op, args, kwargs):
     """Find the device and autograd needs; return (uargs, ukwargs, device, requires_grad, fw)."""
     dev = None
-    cpu_scalar_dev = None
     rg = False
     fw = False
-    uargs = list(args)
-    tensors = []
-    for i, a in enumerate(args):
+    uargs = []
+    tensors = None
+    for a in args:
         if isinstance(a, Tensor):
-            tensors.append(a)
-            uargs[i] = a._data
-        elif type(a) in (list, tuple) and a:
-            if any(isinstance(x, Tensor) for x in a):
-                tensors.extend(x for x in a if isinstance(x, Tensor))
-                uargs[i] = type(a)(x._data if isinstance(x, Tensor) else x for x in a)
+            uargs.append(a._data)
+            d = a._device
+            if dev is None:
+                dev = d
+            elif d is not dev:
+                tensors = True
+            if a._requires_grad:
+                rg = True
+            if a._fw_grad is not None:
+                fw = True
+        elif type(a) in (list, tuple) and a and any(isinstance(x, Tensor) for x in a):
+            tensors = True
+            uargs.append(type(a)(x._data if isinstance(x, Tensor) else x for x in a))
+        else:
+            uargs.append(a)
     ukwargs = kwargs
     if kwargs:
         ukwargs = dict(kwargs)
         for k, a in kwargs.items():
             if isinstance(a, Tensor):
-                tensors.append(a)
+                tensors = True
                 ukwargs[k] = a._data
             elif type(a) in (list, tuple) and a and any(isinstance(x, Tensor) for x in a):
-                tensors.extend(x for x in a if isinstance(x, Tensor))
+                tensors = True
                 ukwargs[k] = type(a)(x._data if isinstance(x, Tensor) else x for x in a)
+    if tensors:
+        # the slow path: tensors in lists/kwargs, or several device objects to reconcile
+        dev, rg, fw, mixed = _scan_all(op, flat_tensors(args, kwargs))
+        if mixed:
+            uargs, ukwargs = _cpu_scalars_to_values(args, kwargs, uargs, ukwargs, dev)
+    return uargs, ukwargs, dev, rg, fw
+
+
+def _scan_all(op, tensors):
+    dev = None
+    mixed = rg = fw = False
     for t in tensors:
         d = t._device
         if dev is None:
             dev = d
-        elif d is not dev and d != dev:
-            # a 0-dim cpu tensor may join a cuda op (PyTorch's cpu-scalar rule)
+        elif d != dev:
+            # a 0-dim cpu tensor may join an op on another device (PyTorch's cpu-scalar rule)
             if d.type == "cpu" and t._data.ndim == 0:
-                cpu_scalar_dev = True
-            elif dev.type == "cpu" and any(x._device is dev and x._data.ndim == 0 for x in tensors) and \
-                    all(x._device == d or x._data.ndim == 0 for x in tensors):
+                mixed = True
+            elif dev.type == "cpu" and all(x._device == d or (x._device.type == "cpu" and x._data.ndim == 0)
+                                           for x in tensors):
                 dev = d
-                cpu_scalar_dev = True
+                mixed = True
             else:
                 raise _device_mismatch(op, dev, d)
         if t._requires_grad:
             rg = True
         if t._fw_grad is not None:
             fw = True
-    if cpu_scalar_dev:
-        uargs, ukwargs = _cpu_scalars_to_values(args, kwargs, uargs, ukwargs, dev)
-    return uargs, ukwargs, dev, rg, fw
+    return dev, rg, fw, mixed
 
 
 def _cpu_scalars_to_values(args, kwargs, uargs, ukwargs, dev):
@@ -156,7 +174,8 @@ def _call(op, args, kwargs, record):
         if op.kernel is None:
             raise NotImplementedError(f"Could not run 'aten::{op.name}' with arguments from the "
                                       f"'{dev.type.upper()}' backend: it has no kernel.")
-        r = op.kernel(_backend(dev.type).xp, *uargs, **(ukwargs or {}))
+        xp = _XP.get(dev.type) or _backend(dev.type).xp
+        r = op.kernel(xp, *uargs, **ukwargs) if ukwargs else op.kernel(xp, *uargs)
         out = _wrap(r, dev if op.out_device is None else op.out_device(*args, **(kwargs or {})))
     if op.return_type is not None and type(out) is tuple:
         out = op.return_type(*out)
@@ -298,7 +317,7 @@ def _inplace(op, args, kwargs):
         forward_ad.propagate(f, args, kwargs, res)
     write_into(self, res, op.__name__)
     if fw:
-        self._fw_grad = res._fw_grad
+        forward_ad.set_inplace_tangent(self, res._fw_grad)
     if rg:
         if orig is not None:
             args = (orig,) + tuple(args[1:]) if args else args

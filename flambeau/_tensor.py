@@ -59,20 +59,23 @@ class Tensor:
             return creation.tensor(src, dtype=_state.default_dtype)
         return creation.empty(*args, dtype=_state.default_dtype, **kwargs)
 
+    # Per-instance autograd state defaults to these class attributes, so `_make` (the hot path of
+    # every op) only stores what differs from them.
+    _requires_grad = False
+    grad_fn = None
+    _grad = None
+    _base = None
+    _output_nr = 0
+    _hooks = None
+    _fw_grad = None
+
     @staticmethod
     def _make(data, device: Device, dtype=None) -> "Tensor":
         t = object.__new__(Tensor)
         t._data = data
         t._dtype = dtype if dtype is not None else D.FROM_NP[data.dtype]
         t._device = device
-        t._requires_grad = False
-        t.grad_fn = None
-        t._grad = None
         t._version = [0]
-        t._base = None
-        t._output_nr = 0
-        t._hooks = None
-        t._fw_grad = None
         return t
 
     # --- basic metadata -----------------------------------------------------------------

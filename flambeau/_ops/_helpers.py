@@ -8,6 +8,8 @@ scalar exactly as PyTorch does.
 from __future__ import annotations
 
 import builtins
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -143,10 +145,78 @@ def float_result(dt: D.dtype) -> D.dtype:
     return dt if dt.category >= 2 else _state.default_dtype
 
 
+# ---- parallel elementwise execution (NumPy is single-threaded; ufunc loops release the GIL) ----
+PAR_MIN = 1 << 18            # elements; below this, threads cost more than they save
+_NTHREADS = min(os.cpu_count() or 1, 16)
+_pool = None
+
+
+def _threads():
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(_NTHREADS, thread_name_prefix="flambeau-elementwise")
+    return _pool
+
+
+def parallel_ok(xp, *xs) -> bool:
+    """Same-shape C-contiguous NumPy operands (or Python scalars), large enough to split."""
+    if xp is not np or _NTHREADS < 2:
+        return False
+    shape = None
+    for x in xs:
+        if type(x) in _SCALARS:
+            continue
+        if type(x) is not np.ndarray or not x.flags.c_contiguous:
+            return False
+        if shape is None:
+            shape = x.shape
+        elif x.shape != shape:
+            return False
+    return shape is not None and np.prod(shape) >= PAR_MIN
+
+
+def parallel_map(fn, xs, out_dtype, ufunc=None):
+    """Evaluate `fn(np, *xs)` (or `ufunc(*xs, out=...)`) over contiguous chunks on threads."""
+    ref = next(x for x in xs if type(x) not in _SCALARS)
+    out = np.empty(ref.shape, dtype=out_dtype)
+    flat_out = out.reshape(-1)
+    flats = [x if type(x) in _SCALARS else x.reshape(-1) for x in xs]
+    n = flat_out.size
+    per = -(-n // _NTHREADS)
+    block = 1 << 16
+
+    def part(i):
+        s0, e0 = i * per, min(n, (i + 1) * per)
+        if ufunc is not None:
+            ufunc(*[f if type(f) in _SCALARS else f[s0:e0] for f in flats], out=flat_out[s0:e0])
+            return
+        for s in range(s0, e0, block):
+            e = min(e0, s + block)
+            flat_out[s:e] = fn(np, *[f if type(f) in _SCALARS else f[s:e] for f in flats])
+
+    list(_threads().map(part, range(_NTHREADS)))
+    return out
+
+
 # ---- pointwise kernel builders ---------------------------------------------------------------
-def binary_kernel(fn, *, to_float=False, out_dtype=None, name=""):
-    """A promoted binary kernel: `fn(xp, a, b)` runs in the op-math dtype, result cast back."""
+_FAST = {np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.int32)}
+_FAST_FLOAT = {np.dtype(np.float32), np.dtype(np.float64)}
+
+
+def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
+    """A promoted binary kernel: `fn(xp, a, b)` runs in the op-math dtype, result cast back.
+    Large same-shape NumPy operands are split across threads (`ufunc` writes in place)."""
+    fast = _FAST_FLOAT if to_float else _FAST
+
     def kernel(xp, a, b):
+        if out_dtype is None and type(a) is type(b) is np.ndarray and a.dtype == b.dtype and a.dtype in fast:
+            if a.size >= PAR_MIN and parallel_ok(xp, a, b):
+                return parallel_map(fn, (a, b), a.dtype, ufunc)
+            try:
+                return fn(xp, a, b)
+            except ValueError:
+                broadcast_shapes(a.shape, b.shape)
+                raise
         dt = result_type(a, b)
         if to_float and dt.category < 2:
             dt = _state.default_dtype
@@ -175,13 +245,17 @@ def binary_meta(*, to_float=False, out_dtype=None):
     return meta
 
 
-def unary_kernel(fn, *, to_float=False, out_dtype=None, name=""):
+def unary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
     def kernel(xp, a):
         dt = D.FROM_NP[a.dtype]
         if to_float and dt.category < 2:
             dt = _state.default_dtype
         cd = opmath(dt)
-        r = fn(xp, a.astype(cd) if a.dtype != cd else a)
+        a = a.astype(cd) if a.dtype != cd else a
+        if a.size >= PAR_MIN and parallel_ok(xp, a):
+            r = parallel_map(fn, (a,), cd, ufunc)
+        else:
+            r = fn(xp, a)
         want = out_dtype.np if out_dtype is not None else dt.np
         if r.dtype != want:
             r = r.astype(want)
