@@ -516,3 +516,22 @@ _TYPE_NAMES = {D.float32: "torch.FloatTensor", D.float64: "torch.DoubleTensor", 
 
 def is_tensor(obj) -> bool:
     return isinstance(obj, Tensor)
+
+
+def _pin_memory(self, device=None) -> "Tensor":
+    """A copy of a cpu tensor in page-locked host memory (for fast async copies to cuda)."""
+    if self._device.type != "cpu":
+        raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
+    from . import cuda
+    if not cuda.is_available():
+        raise RuntimeError("Cannot access accelerator device when none is available.")
+    import cupyx
+    buf = cupyx.empty_pinned(self._data.shape, dtype=self._data.dtype)
+    buf[...] = self._data
+    t = Tensor._make(buf, self._device, self._dtype)
+    t.__dict__["_pinned"] = True
+    return t
+
+
+Tensor.pin_memory = _pin_memory
+Tensor.is_pinned = lambda self, device=None: bool(self.__dict__.get("_pinned", False))

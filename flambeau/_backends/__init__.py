@@ -60,6 +60,9 @@ class CupyBackend(Backend):
     def __init__(self):
         import cupy
         super().__init__("cuda", cupy)
+        from .. import cuda, _dispatch
+        cuda._install_allocator()
+        _dispatch._XP["cuda"] = cupy
 
     def asarray(self, data, np_dtype):
         return self.xp.asarray(data, dtype=np_dtype)

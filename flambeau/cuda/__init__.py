@@ -1,13 +1,44 @@
 """flambeau.cuda: device queries, synchronisation, RNG seeding, memory statistics, streams and
-events, over CuPy. Everything answers sensibly (False, 0) on a machine without a GPU."""
+events, over CuPy. Everything answers sensibly (False, 0) on a machine without a GPU.
+
+Memory statistics come from an allocator installed on CuPy's default memory pool that records
+the peak of bytes in use (PyTorch's caching allocator reports the same two numbers).
+"""
 from __future__ import annotations
 
+import contextlib
+
 _current = 0
+_peak = {}
+_installed = False
 
 
 def _cupy():
-    import cupy
+    try:
+        import cupy
+    except ImportError as e:
+        raise RuntimeError("Torch not compiled with CUDA enabled (flambeau needs CuPy for cuda)") from e
     return cupy
+
+
+def _install_allocator():
+    """Route CuPy allocations through the pool while tracking the peak in use (per device)."""
+    global _installed
+    if _installed:
+        return
+    cp = _cupy()
+    pool = cp.get_default_memory_pool()
+
+    def malloc(size):
+        p = pool.malloc(size)
+        dev = cp.cuda.runtime.getDevice()
+        used = pool.used_bytes()
+        if used > _peak.get(dev, 0):
+            _peak[dev] = used
+        return p
+
+    cp.cuda.set_allocator(malloc)
+    _installed = True
 
 
 def is_available() -> bool:
@@ -26,17 +57,180 @@ def current_device() -> int:
     return _current
 
 
+def _index(device) -> int:
+    if device is None:
+        return _current
+    if isinstance(device, int):
+        return device
+    from .._device import device as Device
+    d = Device(device) if not isinstance(device, Device) else device
+    return d.index if d.index is not None else _current
+
+
 def set_device(device) -> None:
     global _current
-    from .._device import device as Device
-    idx = device.index if isinstance(device, Device) else (int(str(device).split(":")[-1]) if isinstance(device, str) else int(device))
-    _current = idx or 0
+    _current = _index(device)
     _cupy().cuda.Device(_current).use()
 
 
+class device:
+    """`with flambeau.cuda.device(1):` selects the current cuda device."""
+
+    def __init__(self, device):
+        self.idx = _index(device)
+
+    def __enter__(self):
+        self.prev = _current
+        set_device(self.idx)
+
+    def __exit__(self, *a):
+        set_device(self.prev)
+
+
+def get_device_name(device=None) -> str:
+    props = _cupy().cuda.runtime.getDeviceProperties(_index(device))
+    name = props["name"]
+    return name.decode() if isinstance(name, bytes) else name
+
+
+def get_device_capability(device=None) -> tuple:
+    props = _cupy().cuda.runtime.getDeviceProperties(_index(device))
+    return (props["major"], props["minor"])
+
+
 def synchronize(device=None) -> None:
-    _cupy().cuda.Device(_current if device is None else int(str(device).split(":")[-1]) if not isinstance(device, int) else device).synchronize()
+    if not is_available():
+        return
+    cp = _cupy()
+    with cp.cuda.Device(_index(device)):
+        cp.cuda.Device().synchronize()
+
+
+def manual_seed(seed: int) -> None:
+    from ..random import generator_for
+    from .._device import device as Device
+    generator_for(Device("cuda", _current)).manual_seed(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    from ..random import generator_for
+    from .._device import device as Device
+    for i in range(max(device_count(), 1)):
+        generator_for(Device("cuda", i)).manual_seed(seed)
+
+
+def memory_allocated(device=None) -> int:
+    if not is_available():
+        return 0
+    _install_allocator()
+    cp = _cupy()
+    with cp.cuda.Device(_index(device)):
+        return int(cp.get_default_memory_pool().used_bytes())
+
+
+def max_memory_allocated(device=None) -> int:
+    if not is_available():
+        return 0
+    _install_allocator()
+    return int(max(_peak.get(_index(device), 0), memory_allocated(device)))
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _peak[_index(device)] = memory_allocated(device)
+
+
+def memory_reserved(device=None) -> int:
+    if not is_available():
+        return 0
+    cp = _cupy()
+    with cp.cuda.Device(_index(device)):
+        return int(cp.get_default_memory_pool().total_bytes())
+
+
+def empty_cache() -> None:
+    if is_available():
+        _cupy().get_default_memory_pool().free_all_blocks()
+
+
+class Stream:
+    """A CUDA stream; ops issued inside `with flambeau.cuda.stream(s)` are queued on it."""
+
+    def __init__(self, device=None, priority=0, _cp=None):
+        cp = _cupy()
+        with cp.cuda.Device(_index(device)):
+            self._s = _cp if _cp is not None else cp.cuda.Stream(non_blocking=True)
+        self.device_index = _index(device)
+
+    def synchronize(self) -> None:
+        self._s.synchronize()
+
+    def query(self) -> bool:
+        return self._s.done
+
+    def wait_event(self, event) -> None:
+        self._s.wait_event(event._e)
+
+    def wait_stream(self, stream) -> None:
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event=None):
+        event = event or Event()
+        event.record(self)
+        return event
+
+    @property
+    def cuda_stream(self) -> int:
+        return self._s.ptr
+
+    def __enter__(self):
+        self._s.__enter__()
+        return self
+
+    def __exit__(self, *a):
+        self._s.__exit__(*a)
+
+
+@contextlib.contextmanager
+def stream(s):
+    if s is None:
+        yield
+        return
+    with s:
+        yield
+
+
+def current_stream(device=None) -> Stream:
+    return Stream(device, _cp=_cupy().cuda.get_current_stream())
+
+
+def default_stream(device=None) -> Stream:
+    return Stream(device, _cp=_cupy().cuda.Stream.null)
+
+
+class Event:
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        self._e = _cupy().cuda.Event(block=blocking, disable_timing=not enable_timing)
+
+    def record(self, stream=None) -> None:
+        self._e.record(stream._s if stream is not None else None)
+
+    def synchronize(self) -> None:
+        self._e.synchronize()
+
+    def query(self) -> bool:
+        return self._e.done
+
+    def wait(self, stream=None) -> None:
+        (stream or current_stream()).wait_event(self)
+
+    def elapsed_time(self, end) -> float:
+        return float(_cupy().cuda.get_elapsed_time(self._e, end._e))
 
 
 def is_initialized() -> bool:
     return is_available()
+
+
+def init() -> None:
+    if is_available():
+        _install_allocator()

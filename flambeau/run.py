@@ -1,0 +1,32 @@
+"""`python -m flambeau.run script.py [args...]`: run an unmodified PyTorch script on flambeau.
+
+`import torch`, `import torch.nn as nn`, `from torch.utils.data import DataLoader`, ... all
+resolve to flambeau's modules (see `flambeau.compat`). The script runs as `__main__` with
+`sys.argv` as if it had been started directly.
+"""
+from __future__ import annotations
+
+import runpy
+import sys
+
+
+def main(argv=None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        raise SystemExit(0 if argv else 2)
+    from . import compat
+    compat.enable()
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return
+    script = argv[0]
+    sys.argv = argv
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
