@@ -6,8 +6,18 @@ argument; the autograd engine sums it over broadcast dimensions and casts it to 
 """
 from __future__ import annotations
 
-from ._registry import defop, export
-from ._helpers import binary_kernel, binary_meta, unary_kernel, unary_meta
+import numpy as np
+
+import math
+
+import numpy as np
+
+from .. import _dtype as D
+from .. import _state
+from .._tensor import Tensor
+from ._registry import defop, export, TensorSpec
+from ._helpers import (binary_kernel, binary_meta, unary_kernel, unary_meta, dtype_of, result_type, opmath,
+                       round_to, cast, broadcast_shapes, shape_of)
 
 
 def _conj(x):
@@ -19,11 +29,21 @@ def add(xp, self, other, *, alpha=1):
     return _add_kernel(xp, self, other if alpha == 1 else _scaled(other, alpha))
 
 
+def _sub_check(self, other):
+    a, b = dtype_of(self).category == 0, dtype_of(other).category == 0
+    if a and b:
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. Use "
+                           "the `^` or `logical_xor()` operator instead.")
+    if a or b:
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If you are "
+                           "trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+
+
 def _scaled(x, alpha):
     return x * alpha
 
 
-_add_kernel = binary_kernel(lambda xp, a, b: xp.add(a, b), name="add")
+_add_kernel = binary_kernel(lambda xp, a, b: xp.add(a, b), name="add", ufunc=np.add)
 add.def_meta(binary_meta())
 
 
@@ -34,14 +54,11 @@ def _(grad, alpha):
 
 @defop("sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", method=True, inplace=True)
 def sub(xp, self, other, *, alpha=1):
-    from ._helpers import dtype_of
-    if dtype_of(self).category == 0 and dtype_of(other).category == 0:
-        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. Use "
-                           "the `^` or `logical_xor()` operator instead.")
+    _sub_check(self, other)
     return _sub_kernel(xp, self, other if alpha == 1 else _scaled(other, alpha))
 
 
-_sub_kernel = binary_kernel(lambda xp, a, b: xp.subtract(a, b), name="sub")
+_sub_kernel = binary_kernel(lambda xp, a, b: xp.subtract(a, b), name="sub", ufunc=np.subtract)
 sub.def_meta(binary_meta())
 
 
@@ -55,7 +72,7 @@ def mul(xp, self, other):
     return _mul_kernel(xp, self, other)
 
 
-_mul_kernel = binary_kernel(lambda xp, a, b: xp.multiply(a, b), name="mul")
+_mul_kernel = binary_kernel(lambda xp, a, b: xp.multiply(a, b), name="mul", ufunc=np.multiply)
 mul.def_meta(binary_meta())
 
 
@@ -64,12 +81,12 @@ def _(grad, self, other):
     return grad * _conj(other), grad * _conj(self)
 
 
-@defop("div.Tensor(Tensor self, Tensor other) -> Tensor", method=True, inplace=True)
+@defop("div.Tensor(Tensor self, Tensor other) -> Tensor", method=False, function=False, inplace=True)
 def div(xp, self, other):
     return _div_kernel(xp, self, other)
 
 
-_div_kernel = binary_kernel(lambda xp, a, b: xp.true_divide(a, b), to_float=True, name="div")
+_div_kernel = binary_kernel(lambda xp, a, b: xp.true_divide(a, b), to_float=True, name="div", ufunc=np.true_divide)
 div.def_meta(binary_meta(to_float=True))
 
 
@@ -136,3 +153,522 @@ def resolve_conj(self):
 @export("is_conj", method=True)
 def is_conj(self):
     return False
+
+
+# ---- binary ops: a factory over promoted operands ------------------------------------------------
+def unsupported(name: str, dt) -> NotImplementedError:
+    from .._dispatch import type_name
+    return NotImplementedError(f'"{name}_cpu" not implemented for \'{type_name(dt)}\'')
+
+
+def _is_arr(x):
+    return hasattr(x, "shape")
+
+
+def _zero_div_check(b):
+    if (bool((b == 0).any()) if _is_arr(b) else b == 0):
+        raise RuntimeError("ZeroDivisionError")
+
+
+def _binary_dtype(kind, dt):
+    if kind == "bool":
+        return D.bool
+    if kind == "float" and dt.category < 2:
+        return _state.default_dtype
+    return dt
+
+
+def binary(schema, fn, deriv=None, *, kind="promote", bad=(), check=None, method=True, inplace=True,
+           function=True, namespace=None, tags=()):
+    """Declare a broadcasting binary op computing `fn(xp, a, b, **kw)` in the op-math dtype.
+
+    kind: 'promote' (common dtype), 'float' (bool/integer promote to the default float), 'bool'.
+    bad: dtype categories rejected with NotImplementedError; check(dt, a, b): extra validation.
+    """
+    name = schema.split("(")[0].split(".")[0]
+
+    def validate(a, b):
+        dt = result_type(a, b)
+        if dt.category in bad:
+            raise unsupported(name, dt)
+        if check is not None:
+            check(dt, a, b)
+        return dt
+
+    def kernel(xp, self, other, *args, **kw):
+        dt = validate(self, other)
+        cdt = dt if kind == "bool" else _binary_dtype(kind, dt)
+        cd = opmath(cdt)
+        a, b = self, other
+        if cd != cdt.np:
+            a, b = round_to(a, cdt), round_to(b, cdt)
+        try:
+            with np.errstate(all="ignore"):
+                r = fn(xp, cast(xp, a, cd), cast(xp, b, cd), *args, **kw)
+        except ValueError:
+            broadcast_shapes(shape_of(self), shape_of(other))
+            raise
+        return xp.asarray(r).astype(_binary_dtype(kind, dt).np, copy=False)
+
+    def meta(self, other, *args, **kw):
+        dt = validate(self, other)
+        return TensorSpec(broadcast_shapes(shape_of(self), shape_of(other)), _binary_dtype(kind, dt))
+
+    op = defop(schema, method=method, inplace=inplace, function=function, namespace=namespace,
+               tags=tags)(kernel)
+    op.def_meta(meta)
+    if deriv is not None:
+        op.def_derivative(deriv)
+    return op
+
+
+def _zeros(g):
+    from .creation import zeros_like
+    return zeros_like(g)
+
+
+def _t(x):
+    return isinstance(x, Tensor)
+
+
+def _kind_of(a, b):
+    for x in (a, b):
+        if _is_arr(x):
+            return x.dtype.kind
+    return "f" if isinstance(a, float) or isinstance(b, float) else "i"
+
+
+# ---- division family -----------------------------------------------------------------------------
+def _trunc_div(xp, a, b):
+    if _kind_of(a, b) in "iu":
+        _zero_div_check(b)
+        q = xp.floor_divide(a, b)
+        return q + ((xp.remainder(a, b) != 0) & ((xp.asarray(a) < 0) != (xp.asarray(b) < 0)))
+    return xp.trunc(xp.true_divide(a, b))
+
+
+def _floor_div(xp, a, b):
+    if _kind_of(a, b) in "iu":
+        _zero_div_check(b)
+    return xp.floor_divide(a, b)
+
+
+_div_trunc = binary("_div_trunc(Tensor self, Tensor other) -> Tensor", _trunc_div, kind="promote",
+                    bad=(0, 3), function=False, method=False, inplace=False)
+_div_trunc.__name__ = "div_trunc"
+floor_divide = binary("floor_divide(Tensor self, Tensor other) -> Tensor", _floor_div, bad=(0, 3))
+
+
+def _check_mode(rounding_mode):
+    if rounding_mode not in (None, "trunc", "floor"):
+        raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+                           f"'{rounding_mode}'")
+
+
+@defop("div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor", function=False,
+       inplace=True)
+def div_mode(xp, self, other, *, rounding_mode):
+    _check_mode(rounding_mode)
+    if rounding_mode is None:
+        return div.kernel(xp, self, other)
+    if rounding_mode == "trunc":
+        return _div_trunc.kernel(xp, self, other)
+    return floor_divide.kernel(xp, self, other)
+
+
+@div_mode.def_meta
+def _(self, other, *, rounding_mode):
+    _check_mode(rounding_mode)
+    return (div if rounding_mode is None else floor_divide).meta(self, other)
+
+
+@div_mode.def_derivative
+def _(grad, self, other, rounding_mode):
+    if rounding_mode is None:
+        return div.derivative(grad, self, other)
+    return _zeros(grad), (_zeros(grad) if _t(other) else None)
+
+
+@export("div", method=True)
+def div_(input, other, *, rounding_mode=None, out=None):
+    kw = {} if out is None else {"out": out}
+    if rounding_mode is None:
+        return div(input, other, **kw)
+    return div_mode(input, other, rounding_mode=rounding_mode, **kw)
+
+
+@export("div_", method=True, function=False)
+def div_inplace(self, other, *, rounding_mode=None):
+    if rounding_mode is None:
+        return div.inplace(self, other)
+    return div_mode.inplace(self, other, rounding_mode=rounding_mode)
+
+
+for _n in ("divide", "true_divide"):
+    export(_n, method=True)(div_)
+    export(_n + "_", method=True, function=False)(div_inplace)
+
+
+def _remainder(xp, a, b):
+    if _kind_of(a, b) in "iu":
+        _zero_div_check(b)
+        return xp.remainder(a, b)
+    m = xp.fmod(a, b)
+    return xp.where((m != 0) & ((xp.asarray(b) < 0) != (m < 0)), m + b, m)
+
+
+def _fmod(xp, a, b):
+    if _kind_of(a, b) in "iu":
+        _zero_div_check(b)
+    return xp.fmod(a, b)
+
+
+remainder = binary("remainder.Tensor(Tensor self, Tensor other) -> Tensor", _remainder,
+                   lambda grad, self, other: (grad, -grad * div_mode(self, other, rounding_mode="floor")
+                                              if _t(other) else None), bad=(0, 3))
+fmod = binary("fmod.Tensor(Tensor self, Tensor other) -> Tensor", _fmod,
+              lambda grad, self, other: (grad, -grad * div_mode(self, other, rounding_mode="trunc")
+                                         if _t(other) else None), bad=(0, 3))
+
+
+@defop("rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor")
+def rsub(xp, self, other, *, alpha=1):
+    _sub_check(self, other)
+    return _sub_kernel(xp, other, self if alpha == 1 else _scaled(self, alpha))
+
+
+@rsub.def_meta
+def _(self, other, *, alpha=1):
+    _sub_check(self, other)
+    return binary_meta()(self, other)
+
+
+@rsub.def_derivative
+def _(grad, alpha):
+    return -grad * alpha, grad
+
+
+export("subtract", method=True)(sub)
+export("subtract_", method=True, function=False)(sub.inplace)
+export("multiply", method=True)(mul)
+export("multiply_", method=True, function=False)(mul.inplace)
+
+
+# ---- powers --------------------------------------------------------------------------------------
+def _pow_check(dt, a, b):
+    if dt.category == 1 and type(b) is int and b < 0:
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+
+
+def _pow(xp, a, b):
+    if _kind_of(a, b) not in "iu":
+        return xp.power(a, b)
+    a, b = xp.asarray(a), xp.asarray(b)
+    neg = b < 0
+    r = xp.power(a, xp.where(neg, 0, b).astype(b.dtype))
+    if not bool(neg.any()):
+        return r
+    odd = (b % 2) != 0
+    at_neg = xp.where(a == 1, 1, xp.where(a == -1, xp.where(odd, -1, 1), 0))
+    return xp.where(neg, at_neg, r)
+
+
+def _pow_grads(grad, self, exponent, result):
+    gs = ge = None
+    if _t(self):
+        if _t(exponent):
+            gs = (grad * _conj(exponent * self ** (exponent - 1))).where(exponent != 0, 0)
+        else:
+            gs = _zeros(grad) if exponent == 0 else grad * _conj(exponent * self ** (exponent - 1))
+    if _t(exponent):
+        if _t(self):
+            lg = (result * self.log()).where(~((self == 0) & (exponent >= 0)), 0)
+        else:
+            lg = result * math.log(self) if self != 0 else result * 0
+        ge = grad * _conj(lg)
+    return gs, ge
+
+
+pow = binary("pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor", _pow, _pow_grads, bad=(0,),
+             check=_pow_check)
+
+
+def _float_power(xp, a, b):
+    cplx = any(_is_arr(x) and x.dtype.kind == "c" or type(x) is complex for x in (a, b))
+    dt = np.complex128 if cplx else np.float64
+    return xp.power(cast(xp, a, np.dtype(dt)), cast(xp, b, np.dtype(dt)))
+
+
+@defop("float_power.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor", method=True)
+def float_power(xp, self, exponent):
+    with np.errstate(all="ignore"):
+        return xp.asarray(_float_power(xp, self, exponent))
+
+
+@float_power.def_meta
+def _(self, exponent):
+    cplx = result_type(self, exponent).category == 3
+    return TensorSpec(broadcast_shapes(shape_of(self), shape_of(exponent)), D.complex128 if cplx else D.float64)
+
+
+float_power.def_derivative(_pow_grads)
+
+
+@export("float_power_", method=True, function=False)
+def float_power_(self, exponent):
+    want = float_power.meta(self, exponent).dtype
+    if self.dtype is not want:
+        raise RuntimeError(f"the base given to float_power_ has dtype {_type_name(self.dtype)} but the "
+                           f"operation's result requires dtype {_type_name(want)}")
+    return self.copy_(float_power(self, exponent))
+
+
+def _type_name(dt):
+    from .._dispatch import type_name
+    return type_name(dt)
+
+
+# ---- other float binaries ------------------------------------------------------------------------
+def _hyp_grad(grad, self, other, result):
+    return grad * self / result, (grad * other / result if _t(other) else None)
+
+
+def _atan2_grad(grad, self, other):
+    d = self * self + other * other
+    return grad * other / d, (grad * -self / d if _t(other) else None)
+
+
+atan2 = binary("atan2(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.arctan2(a, b),
+               _atan2_grad, kind="float", bad=(3,))
+export("arctan2", method=True)(atan2)
+export("arctan2_", method=True, function=False)(atan2.inplace)
+hypot = binary("hypot(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.hypot(a, b), _hyp_grad,
+               bad=(0, 1, 3))
+
+
+def _minmax_grads(pick):
+    def grads(grad, self, other):
+        eq = self == other
+        half = grad.where(~eq, grad / 2)
+        gs = half.where(~(pick(other, self)), 0)
+        go = half.where(~(pick(self, other)), 0) if _t(other) else None
+        return gs, go
+    return grads
+
+
+def _complex_minmax(name):
+    def check(dt, a, b):
+        if dt.category == 3:
+            raise RuntimeError(f"{name} not implemented for complex tensors.")
+    return check
+
+
+maximum = binary("maximum(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.maximum(a, b),
+                 _minmax_grads(lambda x, y: x > y), check=_complex_minmax("maximum"), inplace=False)
+minimum = binary("minimum(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.minimum(a, b),
+                 _minmax_grads(lambda x, y: x < y), check=_complex_minmax("minimum"), inplace=False)
+
+
+def _fminmax_grads(cmp):
+    def grads(grad, self, other):
+        keep_self = cmp(self, other) | other.isnan()
+        return grad.where(keep_self, 0), grad.where(~(keep_self), 0)
+    return grads
+
+
+fmax = binary("fmax(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.fmax(a, b),
+              _fminmax_grads(lambda x, y: x >= y), check=_complex_minmax("fmax"), inplace=False)
+fmin = binary("fmin(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.fmin(a, b),
+              _fminmax_grads(lambda x, y: x <= y), check=_complex_minmax("fmin"), inplace=False)
+
+
+def _copysign_grad(grad, self, other, result):
+    ratio = (result / self.where(self != 0, 1)).where(self != 0, 0)
+    return grad * ratio, (_zeros(grad) if _t(other) else None)
+
+
+copysign = binary("copysign.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.copysign(a, b),
+                  _copysign_grad, kind="float", bad=(3,))
+
+
+def _xlogy(xp, a, b):
+    return xp.where((xp.asarray(a) == 0) & ~xp.isnan(b), 0, a * xp.log(b))
+
+
+def _xlogy_grad(grad, self, other):
+    gs = go = None
+    if _t(self):
+        gs = xlogy(grad, other).where(~((self == 0) & (other <= 0)), 0)
+    if _t(other):
+        go = grad * self / other
+    return gs, go
+
+
+xlogy = binary("xlogy.Tensor(Tensor self, Tensor other) -> Tensor", _xlogy, _xlogy_grad, kind="float",
+               bad=(3,), namespace="special")
+
+
+def _ldexp_grad(grad, self, other, result):
+    return grad * pow(2.0, other), (grad * result * math.log(2.0) if _t(other) else None)
+
+
+ldexp = binary("ldexp.Tensor(Tensor self, Tensor other) -> Tensor",
+               lambda xp, a, b: a * xp.power(2.0, b).astype(xp.result_type(a, 2.0)), _ldexp_grad,
+               kind="float")
+
+
+def _logaddexp(xp, a, b):
+    if _kind_of(a, b) == "c":
+        return xp.log(xp.exp(a) + xp.exp(b))
+    return xp.logaddexp(a, b)
+
+
+logaddexp = binary("logaddexp(Tensor self, Tensor other) -> Tensor", _logaddexp,
+                   lambda grad, self, other: (grad / (1 + (other - self).exp()),
+                                              grad / (1 + (self - other).exp())),
+                   bad=(0, 1), inplace=False)
+logaddexp2 = binary("logaddexp2(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.logaddexp2(a, b),
+                    lambda grad, self, other: (grad / (1 + pow(2.0, other - self)),
+                                               grad / (1 + pow(2.0, self - other))),
+                    bad=(0, 1, 3), inplace=False)
+
+
+@defop("nextafter(Tensor self, Tensor other) -> Tensor", method=True, inplace=True)
+def nextafter(xp, self, other):
+    dt = result_type(self, other)
+    if dt.category != 2:
+        raise unsupported("nextafter", dt)
+    a, b = xp.broadcast_arrays(xp.asarray(round_to(self, dt)), xp.asarray(round_to(other, dt)))
+    if dt.np.itemsize >= 4 or dt is D.float16:
+        return xp.asarray(xp.nextafter(a, b))
+    bits = a.view(np.uint16).astype(np.int32)          # bfloat16: step the bit pattern
+    up = (b > a) == (a > 0)
+    stepped = xp.where(a == 0, xp.where(b > 0, 1, 0x8001), xp.where(up, bits + 1, bits - 1))
+    r = stepped.astype(np.uint16).view(dt.np)
+    return xp.where(xp.isnan(a) | xp.isnan(b), a + b, xp.where(a == b, b, r))
+
+
+nextafter.def_meta(lambda self, other: TensorSpec(broadcast_shapes(shape_of(self), shape_of(other)),
+                                                  result_type(self, other)))
+nextafter.def_derivative(lambda grad, other: (grad, _zeros(grad) if _t(other) else None))
+
+
+# ---- comparisons and logical ops -----------------------------------------------------------------
+def _ordered(name):
+    def check(dt, a, b):
+        if dt.category == 3:
+            raise unsupported(name, dt)
+    return check
+
+
+eq = binary("eq.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.equal(a, b), kind="bool")
+ne = binary("ne.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.not_equal(a, b), kind="bool")
+lt = binary("lt.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.less(a, b), kind="bool",
+            check=_ordered("lt"))
+le = binary("le.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.less_equal(a, b),
+            kind="bool", check=_ordered("le"))
+gt = binary("gt.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.greater(a, b),
+            kind="bool", check=_ordered("gt"))
+ge = binary("ge.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.greater_equal(a, b),
+            kind="bool", check=_ordered("ge"))
+for _n, _op in [("greater", gt), ("greater_equal", ge), ("less", lt), ("less_equal", le), ("not_equal", ne)]:
+    export(_n, method=True)(_op)
+    export(_n + "_", method=True, function=False)(_op.inplace)
+logical_and = binary("logical_and(Tensor self, Tensor other) -> Tensor",
+                     lambda xp, a, b: xp.logical_and(a, b), kind="bool")
+logical_or = binary("logical_or(Tensor self, Tensor other) -> Tensor",
+                    lambda xp, a, b: xp.logical_or(a, b), kind="bool")
+logical_xor = binary("logical_xor(Tensor self, Tensor other) -> Tensor",
+                     lambda xp, a, b: xp.logical_xor(a, b), kind="bool")
+
+
+def _same_dtype(what):
+    def check(dt, a, b):
+        if _is_arr(a) and _is_arr(b) and a.dtype != b.dtype:
+            raise RuntimeError(what(D.FROM_NP[a.dtype], D.FROM_NP[b.dtype]))
+    return check
+
+
+@defop("isclose(Tensor self, Tensor other, float rtol=1e-05, float atol=1e-08, bool equal_nan=False) -> Tensor",
+       method=True)
+def isclose(xp, self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    _isclose_check(self, other, rtol, atol)
+    cd = np.complex128 if self.dtype.kind == "c" else np.float64
+    a, b = self.astype(cd), xp.asarray(other).astype(cd)
+    with np.errstate(all="ignore"):
+        close = (a == b) | (xp.isfinite(a) & xp.isfinite(b) & (xp.abs(a - b) <= atol + rtol * xp.abs(b)))
+    if equal_nan:
+        close = close | (xp.isnan(a) & xp.isnan(b))
+    return xp.asarray(close)
+
+
+def _isclose_check(self, other, rtol, atol):
+    if self.dtype != other.dtype:
+        raise RuntimeError(f"{_type_name(D.FROM_NP[self.dtype])} did not match {_type_name(D.FROM_NP[other.dtype])}")
+    if rtol < 0 or atol < 0:
+        raise RuntimeError(f"{'rtol' if rtol < 0 else 'atol'} must be greater than or equal to zero, but got "
+                           f"{rtol if rtol < 0 else atol}")
+
+
+@isclose.def_meta
+def _(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    if self.dtype is not other.dtype:
+        raise RuntimeError(f"{_type_name(self.dtype)} did not match {_type_name(other.dtype)}")
+    return TensorSpec(broadcast_shapes(self.shape, other.shape), D.bool)
+
+
+@export("allclose", method=True)
+def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
+    return int(isclose(input, other, rtol, atol, equal_nan).logical_not().sum()) == 0
+
+
+@export("equal", method=True)
+def equal(input, other) -> bool:
+    if tuple(input.shape) != tuple(other.shape):
+        return False
+    return int(ne(input, other).sum()) == 0
+
+
+# ---- bitwise and integer ops ---------------------------------------------------------------------
+bitwise_and = binary("bitwise_and.Tensor(Tensor self, Tensor other) -> Tensor",
+                     lambda xp, a, b: xp.bitwise_and(a, b), bad=(2, 3))
+bitwise_or = binary("bitwise_or.Tensor(Tensor self, Tensor other) -> Tensor",
+                    lambda xp, a, b: xp.bitwise_or(a, b), bad=(2, 3))
+bitwise_xor = binary("bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor",
+                     lambda xp, a, b: xp.bitwise_xor(a, b), bad=(2, 3))
+
+
+def _shift(left):
+    def f(xp, a, b):
+        a, b = xp.asarray(a), xp.asarray(b)
+        dt = a.dtype if a.ndim or not b.ndim else b.dtype
+        a, b = a.astype(dt), b.astype(dt)
+        nbits = dt.itemsize * 8
+        out_of_range = (b < 0) | (b >= nbits)
+        s = xp.where(out_of_range, 0, b).astype(dt)
+        if left:
+            return xp.where(out_of_range, 0, xp.left_shift(a, s)).astype(dt)
+        fill = xp.where(a < 0, -1, 0).astype(dt) if dt.kind == "i" else xp.zeros_like(a)
+        return xp.where(out_of_range, fill, xp.right_shift(a, s)).astype(dt)
+    return f
+
+
+bitwise_left_shift = binary("bitwise_left_shift.Tensor(Tensor self, Tensor other) -> Tensor", _shift(True),
+                            bad=(0, 2, 3))
+bitwise_right_shift = binary("bitwise_right_shift.Tensor(Tensor self, Tensor other) -> Tensor",
+                             _shift(False), bad=(0, 2, 3))
+gcd = binary("gcd(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.gcd(a, b), bad=(0, 2, 3))
+lcm = binary("lcm(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.lcm(a, b), bad=(0, 2, 3))
+
+
+def _heaviside(xp, a, b):
+    a = xp.asarray(a)
+    return xp.where(a == 0, b, a > 0)
+
+
+heaviside = binary("heaviside(Tensor self, Tensor values) -> Tensor", _heaviside, bad=(3,),
+                   check=_same_dtype(lambda x, y: "heaviside is not yet implemented for tensors with "
+                                     "different dtypes."))
+
+
+from . import pointwise_math  # noqa: E402,F401  (unary math and ternary ops live there)

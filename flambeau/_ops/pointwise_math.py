@@ -1,0 +1,624 @@
+"""Unary pointwise math: abs/sign, roots, logs and exponentials, trigonometric and hyperbolic
+functions, sigmoid/logit, erf family, gamma family, rounding, classification (isnan, ...),
+real/imag/angle, bitwise/logical not, plus their aliases (fix, arcsin, ...).
+
+`unary` declares an op from a NumPy-style function and a derivative. Its `kind` states the result
+dtype as PyTorch does: 'float' promotes bool/integer inputs to the default float, 'same' keeps
+the input dtype, 'bool' returns bool. Half and bfloat16 compute in float32. Special functions
+come from scipy.special on NumPy and cupyx.scipy.special on CuPy.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+
+import numpy as np
+
+from .. import _dtype as D
+from .. import _state
+from .._tensor import Tensor
+from ._registry import defop, export, TensorSpec, METHODS, EXPORTS, SPECIAL
+from ._helpers import opmath
+from .pointwise import _conj
+
+
+def unsupported(name: str, dt) -> NotImplementedError:
+    from .._dispatch import type_name
+    return NotImplementedError(f'"{name}_cpu" not implemented for \'{type_name(dt)}\'')
+
+
+def special_ns(xp):
+    """scipy.special for NumPy arrays, cupyx.scipy.special for CuPy arrays."""
+    if xp is np:
+        import scipy.special as sp
+    else:
+        import cupyx.scipy.special as sp
+    return sp
+
+
+def result_dtype(kind: str, dt, real_out=False):
+    if kind == "bool":
+        return D.bool
+    if kind == "float" and dt.category < 2:
+        dt = _state.default_dtype
+    return dt.to_real() if real_out else dt
+
+
+def _zeros(grad):
+    from .creation import zeros_like
+    return zeros_like(grad)
+
+
+def unary(name, fn, deriv=None, *, kind="float", bad=(), bad_exc=None, real_out=False, method=True,
+          inplace=True, namespace=None, schema=None, function=True):
+    """Declare `name(Tensor self) -> Tensor` computing `fn(xp, a)` (a in the compute dtype)."""
+    def check(dt):
+        if dt.category in bad:
+            if bad_exc is not None:
+                raise bad_exc(dt)
+            raise unsupported(name, dt)
+
+    def kernel(xp, self, *args, **kwargs):
+        dt = D.FROM_NP[self.dtype]
+        check(dt)
+        src = result_dtype("float", dt) if kind == "float" else dt
+        cd = opmath(src)
+        with np.errstate(all="ignore"):
+            r = fn(xp, self.astype(cd) if self.dtype != cd else self, *args, **kwargs)
+        return xp.asarray(r).astype(result_dtype(kind, dt, real_out).np, copy=False)
+
+    def meta(self, *args, **kwargs):
+        check(self.dtype)
+        return TensorSpec(self.shape, result_dtype(kind, self.dtype, real_out))
+
+    op = defop(schema or f"{name}(Tensor self) -> Tensor", method=method, inplace=inplace,
+               namespace=namespace, function=function)(kernel)
+    op.def_meta(meta)
+    if deriv is not None:
+        op.def_derivative(deriv)
+    return op
+
+
+def _sp(fname):
+    return lambda xp, a: getattr(special_ns(xp), fname)(a)
+
+
+def _int_identity(f):
+    """Rounding functions: integer inputs are returned unchanged (as a copy)."""
+    return lambda xp, a: a.copy() if a.dtype.kind in "iub" else f(xp, a)
+
+
+_LN2, _LN10 = math.log(2.0), math.log(10.0)
+_c = _conj
+
+abs = unary("abs", lambda xp, a: xp.abs(a), lambda grad, self: grad * self.sgn(), kind="same",
+            bad=(0,), real_out=True)
+sign = unary("sign", lambda xp, a: a.copy() if a.dtype == bool else xp.sign(a),
+             lambda grad: _zeros(grad), kind="same", bad=(3,))
+
+
+def _sgn(xp, a):
+    if a.dtype.kind != "c":
+        return a.copy() if a.dtype == bool else xp.sign(a)
+    m = xp.abs(a)
+    return xp.where(m == 0, 0, a / xp.where(m == 0, 1, m)).astype(a.dtype)
+
+
+def _sgn_grad(grad, self, result):
+    if not self.is_complex():
+        return _zeros(grad)
+    m = self.abs()
+    g = (grad - (grad * result.conj()).real * result) / m.where(m != 0, 1)
+    return g.where(m != 0, 0)
+
+
+sgn = unary("sgn", _sgn, _sgn_grad, kind="same")
+sqrt = unary("sqrt", lambda xp, a: xp.sqrt(a), lambda grad, result: grad / (2 * _c(result)))
+rsqrt = unary("rsqrt", lambda xp, a: 1 / xp.sqrt(a), lambda grad, result: -0.5 * grad * _c(result) ** 3)
+log = unary("log", lambda xp, a: xp.log(a), lambda grad, self: grad / _c(self))
+log2 = unary("log2", lambda xp, a: xp.log2(a), lambda grad, self: grad / (_c(self) * _LN2))
+log10 = unary("log10", lambda xp, a: xp.log10(a), lambda grad, self: grad / (_c(self) * _LN10))
+log1p = unary("log1p", lambda xp, a: xp.log1p(a), lambda grad, self: grad / (_c(self) + 1),
+              namespace="special")
+expm1 = unary("expm1", lambda xp, a: xp.expm1(a), lambda grad, result: grad * (_c(result) + 1),
+              namespace="special")
+exp2 = unary("exp2", lambda xp, a: xp.exp2(a) if a.dtype.kind != "c" else xp.exp(a * _LN2),
+             lambda grad, result: grad * _c(result) * _LN2, namespace="special")
+sin = unary("sin", lambda xp, a: xp.sin(a), lambda grad, self: grad * _c(self.cos()))
+cos = unary("cos", lambda xp, a: xp.cos(a), lambda grad, self: -grad * _c(self.sin()))
+tan = unary("tan", lambda xp, a: xp.tan(a), lambda grad, result: grad * _c(1 + result * result))
+asin = unary("asin", lambda xp, a: xp.arcsin(a), lambda grad, self: grad / _c((1 - self * self).sqrt()))
+acos = unary("acos", lambda xp, a: xp.arccos(a), lambda grad, self: -grad / _c((1 - self * self).sqrt()))
+atan = unary("atan", lambda xp, a: xp.arctan(a), lambda grad, self: grad / _c(1 + self * self))
+sinh = unary("sinh", lambda xp, a: xp.sinh(a), lambda grad, self: grad * _c(self.cosh()))
+cosh = unary("cosh", lambda xp, a: xp.cosh(a), lambda grad, self: grad * _c(self.sinh()))
+tanh = unary("tanh", lambda xp, a: xp.tanh(a), lambda grad, result: grad * _c(1 - result * result))
+asinh = unary("asinh", lambda xp, a: xp.arcsinh(a), lambda grad, self: grad / _c((self * self + 1).sqrt()))
+acosh = unary("acosh", lambda xp, a: xp.arccosh(a),
+              lambda grad, self: grad / _c((self - 1).sqrt() * (self + 1).sqrt()))
+atanh = unary("atanh", lambda xp, a: xp.arctanh(a), lambda grad, self: grad / _c(1 - self * self))
+sigmoid = unary("sigmoid", lambda xp, a: 1 / (1 + xp.exp(-a)),
+                lambda grad, result: grad * _c(result * (1 - result)))
+erf = unary("erf", _sp("erf"), lambda grad, self: grad * (2 / math.sqrt(math.pi)) * (-self * self).exp(),
+            bad=(3,), namespace="special")
+erfc = unary("erfc", _sp("erfc"), lambda grad, self: grad * (-2 / math.sqrt(math.pi)) * (-self * self).exp(),
+             bad=(3,), namespace="special")
+erfinv = unary("erfinv", _sp("erfinv"),
+               lambda grad, result: grad * (math.sqrt(math.pi) / 2) * (result * result).exp(),
+               bad=(3,), namespace="special")
+lgamma = unary("lgamma", _sp("gammaln"), lambda grad, self: grad * self.digamma(), bad=(3,))
+digamma = unary("digamma", _sp("psi"), lambda grad, self: grad * polygamma(1, self), bad=(3,),
+                namespace="special")
+i0 = unary("i0", _sp("i0"), lambda grad, self: grad * special_i1(self), bad=(3,), namespace="special")
+special_i1 = unary("special_i1", _sp("i1"), lambda grad, self, result: grad * (
+    self.i0() - result / self.where(self != 0, 1)).where(self != 0, 0.5),
+    bad=(3,), method=False, inplace=False, function=False)
+SPECIAL["i1"] = special_i1
+
+
+def _sinc(xp, a):
+    return xp.sinc(a)
+
+
+def _sinc_grad(grad, self):
+    px = self * math.pi
+    safe = px.where(self != 0, 1)
+    d = (px.cos() * px - px.sin()) / (safe * self.where(self != 0, 1))
+    return grad * _c(d.where(self != 0, 0))
+
+
+sinc = unary("sinc", _sinc, _sinc_grad, namespace="special")
+_rad_exc = (lambda dt: RuntimeError("deg2rad is not supported for complex tensors."))
+deg2rad = unary("deg2rad", lambda xp, a: a * (math.pi / 180), lambda grad: grad * (math.pi / 180),
+                bad=(3,), bad_exc=_rad_exc)
+rad2deg = unary("rad2deg", lambda xp, a: a * (180 / math.pi), lambda grad: grad * (180 / math.pi),
+                bad=(3,), bad_exc=lambda dt: RuntimeError("rad2deg is not supported for complex tensors."))
+floor = unary("floor", _int_identity(lambda xp, a: xp.floor(a)), lambda grad: _zeros(grad),
+              kind="same", bad=(0, 3))
+ceil = unary("ceil", _int_identity(lambda xp, a: xp.ceil(a)), lambda grad: _zeros(grad),
+             kind="same", bad=(0, 3))
+trunc = unary("trunc", _int_identity(lambda xp, a: xp.trunc(a)), lambda grad: _zeros(grad),
+              kind="same", bad=(0, 3))
+frac = unary("frac", lambda xp, a: a - xp.trunc(a), lambda grad: grad, kind="same", bad=(0, 1, 3))
+reciprocal = unary("reciprocal", lambda xp, a: 1 / a, lambda grad, result: -grad * _c(result * result))
+_round = unary("round", _int_identity(lambda xp, a: xp.round(a)), lambda grad: _zeros(grad),
+               kind="same", bad=(0, 3), method=False)
+
+
+def _round_decimals(xp, a, *, decimals):
+    if a.dtype.kind in "iub":
+        return a.copy()
+    p = 10.0 ** builtins.abs(decimals)
+    if decimals > 0:
+        return xp.round(a * p) / p
+    return xp.round(a / p) * p
+
+
+_round_dec = unary("round", _round_decimals, lambda grad: _zeros(grad), kind="same", bad=(0, 3),
+                   method=False, schema="round.decimals(Tensor self, *, int decimals) -> Tensor")
+
+
+@export("round", method=True)
+def round(input, *, decimals=0, out=None):
+    kw = {} if out is None else {"out": out}
+    return _round(input, **kw) if decimals == 0 else _round_dec(input, decimals=decimals, **kw)
+
+
+@export("round_", method=True, function=False)
+def round_(self, *, decimals=0):
+    return _round.inplace(self) if decimals == 0 else _round_dec.inplace(self, decimals=decimals)
+
+
+def _is(test):
+    def f(xp, a):
+        if a.dtype.kind not in "fc":
+            return test(xp, None, a)
+        return test(xp, a, a)
+    return f
+
+
+isnan = unary("isnan", _is(lambda xp, f, a: xp.zeros(a.shape, bool) if f is None else xp.isnan(f)),
+              kind="bool", inplace=False)
+isinf = unary("isinf", _is(lambda xp, f, a: xp.zeros(a.shape, bool) if f is None else xp.isinf(f)),
+              kind="bool", inplace=False)
+isfinite = unary("isfinite", _is(lambda xp, f, a: xp.ones(a.shape, bool) if f is None else xp.isfinite(f)),
+                 kind="bool", inplace=False)
+isposinf = unary("isposinf", _is(lambda xp, f, a: xp.zeros(a.shape, bool) if f is None else f == xp.inf),
+                 kind="bool", inplace=False, bad=(3,),
+                 bad_exc=lambda dt: RuntimeError("isposinf does not support complex inputs."))
+isneginf = unary("isneginf", _is(lambda xp, f, a: xp.zeros(a.shape, bool) if f is None else f == -xp.inf),
+                 kind="bool", inplace=False, bad=(3,),
+                 bad_exc=lambda dt: RuntimeError("isneginf does not support complex inputs."))
+signbit = unary("signbit", lambda xp, a: xp.signbit(a) if a.dtype.kind == "f" else a < 0,
+                kind="bool", inplace=False, bad=(3,))
+bitwise_not = unary("bitwise_not", lambda xp, a: xp.invert(a), kind="same", bad=(2, 3))
+logical_not = unary("logical_not", lambda xp, a: xp.logical_not(a), kind="bool")
+
+
+def _angle(xp, a):
+    if a.dtype.kind == "c":
+        return xp.angle(a)
+    return xp.where(xp.isnan(a), a, xp.where(a < 0, math.pi, 0.0).astype(a.dtype))
+
+
+def _angle_grad(grad, self):
+    if not self.is_complex():
+        return _zeros(grad)
+    m2 = self.abs() ** 2
+    g = grad * self / m2.where(m2 != 0, 1) * 1j
+    return g.where(m2 != 0, 0)
+
+
+angle = unary("angle", _angle, _angle_grad, real_out=True, inplace=False)
+
+
+def _logit(xp, a, eps=None):
+    if eps is not None:
+        a = xp.clip(a, eps, 1 - eps)
+    return xp.log(a / (1 - a))
+
+
+def _logit_grad(grad, self, eps):
+    g = grad / (self * (1 - self))
+    if eps is None:
+        return g
+    return g.where(~((self < eps) | (self > 1 - eps)), 0)
+
+
+logit = unary("logit", _logit, _logit_grad, bad=(3,), namespace="special",
+              schema="logit(Tensor self, float? eps=None) -> Tensor")
+
+
+def _finfo(npdt):
+    import ml_dtypes
+    return ml_dtypes.finfo(npdt)
+
+
+def _nan_to_num_real(xp, a, nan, posinf, neginf, fi):
+    hi = fi.max if posinf is None else posinf
+    lo = fi.min if neginf is None else neginf
+    r = xp.where(xp.isnan(a), nan if nan is not None else 0.0, a)
+    return xp.where(r == xp.inf, hi, xp.where(r == -xp.inf, lo, r)).astype(a.dtype)
+
+
+@defop("nan_to_num(Tensor self, float? nan=0.0, float? posinf=None, float? neginf=None) -> Tensor",
+       method=True, inplace=True)
+def nan_to_num(xp, self, nan=0.0, posinf=None, neginf=None):
+    if self.dtype.kind not in "fc":
+        return self.copy()
+    fi = _finfo(self.real.dtype)
+    a = self.astype(np.float32) if self.dtype.itemsize <= 2 else self
+    if a.dtype.kind == "c":
+        r = (_nan_to_num_real(xp, a.real, nan, posinf, neginf, fi) +
+             1j * _nan_to_num_real(xp, a.imag, nan, posinf, neginf, fi))
+    else:
+        r = _nan_to_num_real(xp, a, nan, posinf, neginf, fi)
+    return xp.asarray(r).astype(self.dtype)
+
+
+@nan_to_num.def_meta
+def _(self, nan=0.0, posinf=None, neginf=None):
+    return TensorSpec(self.shape, self.dtype)
+
+
+@nan_to_num.def_derivative
+def _(grad, self):
+    return grad * self.isfinite()
+
+
+# ---- polygamma ---------------------------------------------------------------------------------
+@defop("polygamma(int n, Tensor self) -> Tensor", namespace="special")
+def polygamma(xp, n, self):
+    dt = result_dtype("float", D.FROM_NP[self.dtype])
+    if dt.category == 3:
+        raise unsupported("polygamma", dt)
+    if n < 0:
+        raise RuntimeError("polygamma(n, x) does not support negative n.")
+    cd = opmath(dt)
+    with np.errstate(all="ignore"):
+        sp = special_ns(xp)
+        a = self.astype(cd)
+        r = sp.psi(a) if n == 0 else sp.polygamma(n, a)
+    return xp.asarray(r).astype(dt.np)
+
+
+@polygamma.def_meta
+def _(n, self):
+    return TensorSpec(self.shape, result_dtype("float", self.dtype))
+
+
+@polygamma.def_derivative
+def _(grad, n, self):
+    return None, grad * polygamma(n + 1, self)
+
+
+@export("polygamma", method=True, function=False)
+def _polygamma_method(self, n):
+    return polygamma(n, self)
+
+
+@export("polygamma_", method=True, function=False)
+def _polygamma_inplace(self, n):
+    return self.copy_(polygamma(n, self))
+
+
+# ---- real / imag / positive / composites ------------------------------------------------------
+@defop("_pw_real(Tensor(a) self) -> Tensor(a)", function=False)
+def _real_view(xp, self):
+    return self.real
+
+
+@_real_view.def_meta
+def _(self):
+    return TensorSpec(self.shape, self.dtype.to_real())
+
+
+@_real_view.def_derivative
+def _(grad):
+    return grad + 0j
+
+
+@defop("_pw_imag(Tensor(a) self) -> Tensor(a)", function=False)
+def _imag_view(xp, self):
+    return self.imag
+
+
+@_imag_view.def_meta
+def _(self):
+    return TensorSpec(self.shape, self.dtype.to_real())
+
+
+@_imag_view.def_derivative
+def _(grad):
+    return grad * 1j
+
+
+@export("real")
+def real(input):
+    return _real_view(input) if input.is_complex() else input
+
+
+@export("imag")
+def imag(input):
+    if not input.is_complex():
+        raise RuntimeError("imag is not implemented for tensors with non-complex dtypes.")
+    return _imag_view(input)
+
+
+@export("positive", method=True)
+def positive(input):
+    if input.dtype is D.bool:
+        raise RuntimeError("The `+` operator, on a bool tensor is not supported.")
+    return input
+
+
+@export("square", method=True)
+def square(input, *, out=None):
+    from .pointwise import pow
+    return pow(input, 2) if out is None else pow(input, 2, out=out)
+
+
+@export("square_", method=True, function=False)
+def square_(self):
+    return self.pow_(2)
+
+
+# ---- aliases -------------------------------------------------------------------------------------
+def _alias(new, old, *, inplace=True, namespace=None):
+    f = EXPORTS[old]
+    export(new, method=True, namespace=namespace)(f)
+    if inplace and old + "_" in METHODS:
+        export(new + "_", method=True, function=False)(METHODS[old + "_"])
+
+
+for _new, _old in [("fix", "trunc"), ("arcsin", "asin"), ("arccos", "acos"), ("arctan", "atan"),
+                   ("arcsinh", "asinh"), ("arccosh", "acosh"), ("arctanh", "atanh"),
+                   ("negative", "neg")]:
+    _alias(_new, _old)
+export("expit", namespace="special", function=False)(sigmoid)
+export("psi", namespace="special", function=False)(digamma)
+export("gammaln", namespace="special", function=False)(lgamma)
+
+
+# ---- ternary ops: where, clamp, lerp, addcmul, addcdiv ------------------------------------------
+def _operands_dtype(*xs):
+    from ._helpers import result_type
+    return result_type(*xs)
+
+
+def _bshape(*xs):
+    from ._helpers import broadcast_shapes, shape_of
+    return broadcast_shapes(*(shape_of(x) for x in xs if x is not None))
+
+
+def _compute(xp, dt, *xs):
+    from ._helpers import cast, round_to
+    cd = opmath(dt)
+    return [None if x is None else cast(xp, round_to(x, dt) if cd != dt.np else x, cd) for x in xs]
+
+
+def _where_check(condition):
+    dt = condition.dtype if hasattr(condition, "dtype") else None
+    if dt is not None and dt not in (D.bool, np.dtype(bool)):
+        from .._dispatch import type_name
+        name = type_name(dt if isinstance(dt, D.dtype) else D.FROM_NP[dt])
+        raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype {name}")
+
+
+@defop("where.self(Tensor condition, Tensor self, Tensor other) -> Tensor", function=False)
+def _where(xp, condition, self, other):
+    _where_check(condition)
+    dt = _operands_dtype(self, other)
+    a, b = _compute(xp, dt, self, other)
+    r = xp.where(condition, a, b)
+    return xp.broadcast_to(xp.asarray(r), _bshape(condition, self, other)).astype(dt.np)
+
+
+@_where.def_meta
+def _(condition, self, other):
+    _where_check(condition)
+    return TensorSpec(_bshape(condition, self, other), _operands_dtype(self, other))
+
+
+@_where.def_derivative
+def _(grad, condition, self, other):
+    from .creation import zeros_like
+    z = zeros_like(grad)
+    return None, _where(condition, grad, z), _where(condition, z, grad)
+
+
+@export("where")
+def where(condition, input=None, other=None, *, out=None):
+    if input is None and other is None:
+        from ._registry import EXPORTS
+        return EXPORTS["nonzero"](condition, as_tuple=True)
+    kw = {} if out is None else {"out": out}
+    return _where(condition, input, other, **kw)
+
+
+@export("where", method=True, function=False)
+def _where_method(self, condition, other):
+    return _where(condition, self, other)
+
+
+def _clamp_check(self, min, max):
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    dt = _operands_dtype(self, min, max)
+    if dt.category in (0, 3):
+        raise unsupported("clamp", dt)
+    return dt
+
+
+@defop("clamp.Tensor(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor", method=True, inplace=True)
+def clamp(xp, self, min=None, max=None):
+    dt = _clamp_check(self, min, max)
+    a, lo, hi = _compute(xp, dt, self, min, max)
+    with np.errstate(all="ignore"):
+        r = a
+        if lo is not None:
+            r = xp.maximum(r, lo)
+        if hi is not None:
+            r = xp.minimum(r, hi)
+    return xp.broadcast_to(xp.asarray(r), _bshape(self, min, max)).astype(dt.np)
+
+
+@clamp.def_meta
+def _(self, min=None, max=None):
+    return TensorSpec(_bshape(self, min, max), _clamp_check(self, min, max))
+
+
+@clamp.def_derivative
+def _(grad, self, min, max):
+    from .creation import zeros_like
+    z = zeros_like(grad)
+    keep = None
+    gmin = gmax = None
+    if min is not None:
+        keep = self >= min
+        if isinstance(min, Tensor):
+            gmin = _where(keep, z, grad)
+    if max is not None:
+        le = self <= max
+        keep = le if keep is None else keep & le
+        if isinstance(max, Tensor):
+            gmax = _where(le, z, grad)
+    return _where(keep, grad, z), gmin, gmax
+
+
+@export("clip", method=True)
+def clip(input, min=None, max=None, *, out=None):
+    return clamp(input, min, max) if out is None else clamp(input, min, max, out=out)
+
+
+@export("clip_", method=True, function=False)
+def clip_(self, min=None, max=None):
+    return clamp.inplace(self, min, max)
+
+
+@export("clamp_min", method=True)
+def clamp_min(input, min, *, out=None):
+    return clamp(input, min, None) if out is None else clamp(input, min, None, out=out)
+
+
+@export("clamp_max", method=True)
+def clamp_max(input, max, *, out=None):
+    return clamp(input, None, max) if out is None else clamp(input, None, max, out=out)
+
+
+@export("clamp_min_", method=True, function=False)
+def clamp_min_(self, min):
+    return clamp.inplace(self, min, None)
+
+
+@export("clamp_max_", method=True, function=False)
+def clamp_max_(self, max):
+    return clamp.inplace(self, None, max)
+
+
+def _lerp_check(self, end, weight):
+    sd = self.dtype if isinstance(self.dtype, D.dtype) else D.FROM_NP[self.dtype]
+    for what, x in (("end", end), ("weight", weight)):
+        if hasattr(x, "dtype"):
+            xd = x.dtype if isinstance(x.dtype, D.dtype) else D.FROM_NP[x.dtype]
+            if xd is not sd:
+                raise RuntimeError(f"expected dtype {sd.name if sd.name != 'float32' else 'float'} for `{what}` "
+                                   f"but got dtype {xd.name if xd.name != 'float32' else 'float'}")
+    if sd.category < 2:
+        raise unsupported("lerp_kernel_scalar", sd)
+    return sd
+
+
+@defop("lerp.Tensor(Tensor self, Tensor end, Tensor weight) -> Tensor", method=True, inplace=True)
+def lerp(xp, self, end, weight):
+    dt = _lerp_check(self, end, weight)
+    a, b, w = _compute(xp, dt, self, end, weight)
+    with np.errstate(all="ignore"):
+        d = b - a
+        r = xp.where(xp.abs(xp.asarray(w)) < 0.5, a + w * d, b - d * (1 - xp.asarray(w)))
+    return xp.broadcast_to(xp.asarray(r), _bshape(self, end, weight)).astype(dt.np)
+
+
+@lerp.def_meta
+def _(self, end, weight):
+    return TensorSpec(_bshape(self, end, weight), _lerp_check(self, end, weight))
+
+
+@lerp.def_derivative
+def _(grad, self, end, weight):
+    gw = grad * _conj(end - self) if isinstance(weight, Tensor) else None
+    return grad * _conj(1 - weight), grad * _conj(weight), gw
+
+
+def _addc_dtype(self, t1, t2, name):
+    dt = _operands_dtype(self, t1, t2)
+    if dt.category == 0:
+        raise unsupported(name, dt)
+    if name == "addcdiv" and _operands_dtype(t1, t2).category < 2:
+        raise RuntimeError("Integer division with addcdiv is no longer supported, and in a future release "
+                           "addcdiv will perform a true division of tensor1 and tensor2. The historic "
+                           "addcdiv behavior can be implemented as (input + value * torch.trunc(tensor1 / "
+                           "tensor2)).to(input.dtype) using PyTorch 1.7 or later.")
+    return dt
+
+
+def _addc(name, combine):
+    def kernel(xp, self, tensor1, tensor2, *, value=1):
+        dt = _addc_dtype(self, tensor1, tensor2, name)
+        a, b, c = _compute(xp, dt, self, tensor1, tensor2)
+        with np.errstate(all="ignore"):
+            r = a + value * combine(b, c)
+        return xp.broadcast_to(xp.asarray(r), _bshape(self, tensor1, tensor2)).astype(dt.np)
+    op = defop(f"{name}(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
+               method=True, inplace=True)(kernel)
+    op.def_meta(lambda self, tensor1, tensor2, *, value=1: TensorSpec(
+        _bshape(self, tensor1, tensor2), _addc_dtype(self, tensor1, tensor2, name)))
+    return op
+
+
+addcmul = _addc("addcmul", lambda b, c: b * c)
+addcdiv = _addc("addcdiv", lambda b, c: b / c)
+addcmul.def_derivative(lambda grad, tensor1, tensor2, value: (
+    grad, grad * _conj(tensor2 * value), grad * _conj(tensor1 * value)))
+addcdiv.def_derivative(lambda grad, tensor1, tensor2, value: (
+    grad, grad * _conj(value / tensor2), -grad * _conj(value * tensor1 / (tensor2 * tensor2))))
