@@ -7,17 +7,7 @@ from .function import Function, FunctionCtx, once_differentiable, InplaceFunctio
 from . import graph  # noqa: F401
 from .graph import Node  # noqa: F401
 
+from . import forward_ad, functional  # noqa: F401,E402
+from .gradcheck import gradcheck, gradgradcheck, GradcheckError  # noqa: F401,E402
+
 Variable = None  # set by flambeau/__init__ to Tensor (legacy alias)
-
-
-def __getattr__(name):
-    if name in ("gradcheck", "gradgradcheck"):
-        from . import gradcheck as gc
-        return getattr(gc, name)
-    if name == "forward_ad":
-        from . import forward_ad
-        return forward_ad
-    if name == "functional":
-        from . import functional
-        return functional
-    raise AttributeError(f"module 'flambeau.autograd' has no attribute '{name}'")
