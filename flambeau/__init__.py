@@ -38,3 +38,5 @@ from . import cuda  # noqa: F401,E402
 from .random import manual_seed, seed, initial_seed, Generator, get_rng_state, set_rng_state, default_generator  # noqa: F401,E402
 from ._api import *  # noqa: F401,F403,E402
 from . import nn, linalg, special  # noqa: F401,E402
+from .serialization import save, load  # noqa: E402,F401
+from . import compat  # noqa: E402,F401

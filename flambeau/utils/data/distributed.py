@@ -1,0 +1,48 @@
+"""DistributedSampler: each of `num_replicas` processes sees its own shard of the (shuffled) indices."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .sampler import Sampler
+
+
+class DistributedSampler(Sampler):
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
+        if num_replicas is None or rank is None:
+            try:
+                from ...distributed import get_world_size, get_rank
+                num_replicas = get_world_size() if num_replicas is None else num_replicas
+                rank = get_rank() if rank is None else rank
+            except Exception:
+                raise RuntimeError("Requires distributed package to be available") from None
+        if rank >= num_replicas or rank < 0:
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+        self.dataset, self.num_replicas, self.rank = dataset, num_replicas, rank
+        self.epoch, self.drop_last, self.shuffle, self.seed = 0, drop_last, shuffle, seed
+        n = len(dataset)
+        if drop_last and n % num_replicas:
+            self.num_samples = math.ceil((n - num_replicas) / num_replicas)
+        else:
+            self.num_samples = math.ceil(n / num_replicas)
+        self.total_size = self.num_samples * num_replicas
+
+    def __iter__(self):
+        n = len(self.dataset)
+        if self.shuffle:
+            indices = np.random.default_rng(self.seed + self.epoch).permutation(n).tolist()
+        else:
+            indices = list(range(n))
+        if not self.drop_last:
+            pad = self.total_size - len(indices)
+            indices += (indices * math.ceil(pad / max(len(indices), 1)))[:pad]
+        else:
+            indices = indices[: self.total_size]
+        return iter(indices[self.rank:self.total_size:self.num_replicas])
+
+    def __len__(self):
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
