@@ -1,15 +1,31 @@
-"""Reductions: sum, mean, prod, var/std, max/min, argmax, logsumexp, norms, all/any, cumulative
-ops, sort/topk/kthvalue/median/unique, softmax and log_softmax.
+"""Reductions and scans: sum/nansum, mean/nanmean, prod, var/std (and *_mean), max/min/amax/amin/
+aminmax, argmax/argmin, logsumexp, norm, all/any, count_nonzero, cumsum/cumprod/cummax/cummin,
+logcumsumexp, diff, and softmax/log_softmax/softmin. Sorting and selection ops live in `sorting`.
 
 Half and bfloat16 inputs accumulate in float32; integer and bool sums produce int64, as PyTorch.
+Reductions over `dim=None` or `dim=[]` reduce every dimension. Gradients of value-selecting
+reductions scatter into the selected positions; amax/amin and full max/min share the gradient
+evenly among ties, as PyTorch does.
 """
 from __future__ import annotations
 
+import builtins
+import math
+import warnings
+
+import numpy as np
+
 from .. import _dtype as D
-from ._registry import defop, TensorSpec
-from ._helpers import wrap_dims, opmath
+from .. import _state
+from .._tensor import Tensor
+from .._dispatch import type_name
+from ._registry import defop, export, EXPORTS, TensorSpec
+from ._helpers import wrap_dim, wrap_dims, opmath
+
+_ND = ("nondifferentiable",)
 
 
+# ---- shared pieces -------------------------------------------------------------------------
 def reduced_shape(shape, dims, keepdim):
     if keepdim:
         return tuple(1 if i in dims else s for i, s in enumerate(shape))
@@ -17,31 +33,34 @@ def reduced_shape(shape, dims, keepdim):
 
 
 def _dims(dim, ndim):
+    """Reduced dims, wrapped; None or [] means all. A 0-dim tensor accepts dim 0/-1 and reduces nothing."""
     if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
         return tuple(range(ndim))
-    return wrap_dims(dim, ndim)
+    dims = wrap_dims(dim, ndim)
+    return dims if ndim else ()
 
 
-def _sum_dtype(dt, dtype):
-    if dtype is not None:
-        return dtype
-    return D.int64 if dt.category <= 1 else dt
+def _count(shape, dims):
+    n = 1
+    for d in dims:
+        n *= shape[d]
+    return n
 
 
-@defop("sum.dim_IntList(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
-       method=True)
-def sum(xp, self, dim=None, keepdim=False, *, dtype=None):
-    dims = _dims(dim, self.ndim)
-    out = _sum_dtype(D.FROM_NP[self.dtype], dtype)
-    acc = opmath(out)
-    r = xp.sum(self, axis=dims, keepdims=keepdim, dtype=acc)
-    return xp.asarray(r).astype(out.np, copy=False)
+def _keep(r, dims, keepdim, xp):
+    """A keepdims=True result reshaped for `keepdim`."""
+    return r if keepdim or not dims else xp.squeeze(r, axis=dims)
 
 
-@sum.def_meta
-def _(self, dim=None, keepdim=False, *, dtype=None):
-    dims = _dims(dim, self.ndim)
-    return TensorSpec(reduced_shape(self.shape, dims, keepdim), _sum_dtype(self.dtype, dtype))
+def _fresh(xp, r, npdt):
+    r = xp.asarray(r)
+    return r.astype(npdt) if r.dtype != npdt else xp.ascontiguousarray(r) if r.ndim else r.copy()
+
+
+def _check_empty(name, shape, dims):
+    for d in dims:
+        if shape[d] == 0:
+            raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
 
 
 def expand_reduced(grad, shape, dim, keepdim):
@@ -52,6 +71,877 @@ def expand_reduced(grad, shape, dim, keepdim):
     return grad.expand(shape)
 
 
+def select_backward(grad, shape, dim, indices, keepdim):
+    """Gradient of a value-selecting reduction: `grad` scattered at `indices` along `dim`."""
+    if len(shape) == 0:
+        return grad.reshape(())
+    d = wrap_dim(dim, len(shape))
+    if not keepdim:
+        grad, indices = grad.unsqueeze(d), indices.unsqueeze(d)
+    return EXPORTS["zeros"](shape, dtype=grad.dtype, device=grad.device).scatter(d, indices, grad)
+
+
+def evenly_backward(grad, self, result, dim, keepdim):
+    """Gradient of amax-like reductions: shared evenly among the elements equal to the result."""
+    shape = self.shape
+    g = expand_reduced(grad, shape, dim, keepdim)
+    r = expand_reduced(result, shape, dim, keepdim)
+    mask = (self == r).logical_or(self.isnan().logical_and(r.isnan()))
+    dims = _dims(dim, len(shape))
+    cnt = mask.sum(list(dims), keepdim=True) if dims else mask.to(g.dtype)
+    return g * mask / cnt
+
+
+def _float_only(name, dt):
+    if dt.category < 2:
+        raise RuntimeError(f"{name}(): expected input to have floating point or complex dtype but got "
+                           f"{type_name(dt)}")
+
+
+# ---- sum, nansum, mean, nanmean, prod ------------------------------------------------------
+def _sum_dtype(dt, dtype):
+    if dtype is not None:
+        return dtype
+    return D.int64 if dt.category <= 1 else dt
+
+
+def _sum_like(fn):
+    def kernel(xp, self, dim=None, keepdim=False, *, dtype=None):
+        dims = _dims(dim, self.ndim)
+        out = _sum_dtype(D.FROM_NP[self.dtype], dtype)
+        if dtype is not None and self.dtype != out.np:
+            self = self.astype(out.np)
+        r = fn(xp, self, dims, keepdim, opmath(out))
+        return _fresh(xp, r, out.np)
+    return kernel
+
+
+def _sum_meta(self, dim=None, keepdim=False, *, dtype=None):
+    dims = _dims(dim, self.ndim)
+    return TensorSpec(reduced_shape(self.shape, dims, keepdim), _sum_dtype(self.dtype, dtype))
+
+
+@defop("sum.dim_IntList(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
+       method=True)
+def sum(xp, self, dim=None, keepdim=False, *, dtype=None):
+    return _sum_kernel(xp, self, dim, keepdim, dtype=dtype)
+
+
+_sum_kernel = _sum_like(lambda xp, x, dims, keep, acc: xp.sum(x, axis=dims, keepdims=keep, dtype=acc))
+sum.def_meta(_sum_meta)
+
+
 @sum.def_derivative
 def _(grad, self_meta, dim, keepdim):
     return expand_reduced(grad, self_meta.shape, dim, keepdim)
+
+
+@defop("nansum(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
+       method=True)
+def nansum(xp, self, dim=None, keepdim=False, *, dtype=None):
+    return _nansum_kernel(xp, self, dim, keepdim, dtype=dtype)
+
+
+_nansum_kernel = _sum_like(lambda xp, x, dims, keep, acc: xp.nansum(x.astype(acc), axis=dims, keepdims=keep))
+nansum.def_meta(_sum_meta)
+
+
+@nansum.def_derivative
+def _(grad, self, dim, keepdim):
+    g = expand_reduced(grad, self.shape, dim, keepdim)
+    return g * self.isnan().logical_not()
+
+
+def _mean_dtype(dt, dtype):
+    out = dtype if dtype is not None else dt
+    if out.category < 2:
+        which = "Optional dtype" if dtype is not None else "Input dtype"
+        raise RuntimeError(f"mean(): could not infer output dtype. {which} must be either a floating point "
+                           f"or complex dtype. Got: {type_name(out)}")
+    return out
+
+
+@defop("mean.dim(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
+       method=True)
+def mean(xp, self, dim=None, keepdim=False, *, dtype=None):
+    out = _mean_dtype(D.FROM_NP[self.dtype], dtype)
+    dims = _dims(dim, self.ndim)
+    n = _count(self.shape, dims)
+    s = xp.sum(self.astype(opmath(out)), axis=dims, keepdims=keepdim)
+    return _fresh(xp, s / n if n else s * math.nan, out.np)
+
+
+@mean.def_meta
+def _(self, dim=None, keepdim=False, *, dtype=None):
+    dims = _dims(dim, self.ndim)
+    return TensorSpec(reduced_shape(self.shape, dims, keepdim), _mean_dtype(self.dtype, dtype))
+
+
+@mean.def_derivative
+def _(grad, self_meta, dim, keepdim):
+    n = _count(self_meta.shape, _dims(dim, self_meta.ndim))
+    return expand_reduced(grad, self_meta.shape, dim, keepdim) / n
+
+
+@defop("nanmean(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
+       method=True)
+def nanmean(xp, self, dim=None, keepdim=False, *, dtype=None):
+    _float_only("nanmean", D.FROM_NP[self.dtype])
+    out = dtype or D.FROM_NP[self.dtype]
+    dims = _dims(dim, self.ndim)
+    x = self.astype(opmath(out))
+    ok = ~xp.isnan(x)
+    s = xp.sum(xp.where(ok, x, 0), axis=dims, keepdims=keepdim)
+    with np.errstate(all="ignore"):
+        return _fresh(xp, s / xp.sum(ok, axis=dims, keepdims=keepdim), out.np)
+
+
+@nanmean.def_meta
+def _(self, dim=None, keepdim=False, *, dtype=None):
+    _float_only("nanmean", self.dtype)
+    dims = _dims(dim, self.ndim)
+    return TensorSpec(reduced_shape(self.shape, dims, keepdim), dtype or self.dtype)
+
+
+@nanmean.def_derivative
+def _(grad, self, dim, keepdim):
+    ok = self.isnan().logical_not()
+    dims = _dims(dim, self.ndim)
+    cnt = ok.sum(list(dims), keepdim=True) if dims else ok.to(grad.dtype)
+    return expand_reduced(grad, self.shape, dim, keepdim) * ok / cnt
+
+
+@defop("prod.dim_int(Tensor self, int? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
+       method=True)
+def prod(xp, self, dim=None, keepdim=False, *, dtype=None):
+    return _prod_kernel(xp, self, dim, keepdim, dtype=dtype)
+
+
+_prod_kernel = _sum_like(lambda xp, x, dims, keep, acc: xp.prod(x, axis=dims, keepdims=keep, dtype=acc))
+prod.def_meta(_sum_meta)
+
+
+def _others_matrix(x):
+    """For x (..., n): m (..., n, n) with m[..., k, j] = x_j for j != k and 1 on the diagonal."""
+    n = x.shape[-1]
+    eye = EXPORTS["eye"](n, dtype=x.dtype, device=x.device)
+    return x.unsqueeze(-2) * (1 - eye) + eye
+
+
+@prod.def_derivative
+def _(grad, self, result, dim, keepdim):
+    if self.ndim == 0:
+        return grad
+    if dim is None:
+        return _prod_backward(grad.reshape(()), self.reshape(-1), result.reshape(()), 0, False).reshape(self.shape)
+    return _prod_backward(grad, self, result, dim, keepdim)
+
+
+def _prod_backward(grad, x, result, dim, keepdim):
+    g = expand_reduced(grad, x.shape, dim, keepdim)
+    if not builtins.bool((x == 0).any()):
+        return g * (expand_reduced(result, x.shape, dim, keepdim) / x).conj()
+    d = wrap_dim(dim, x.ndim)
+    others = _others_matrix(x.transpose(d, -1)).prod(-1).transpose(d, -1)
+    return g * others.conj()
+
+
+# ---- var / std -----------------------------------------------------------------------------
+def _var_dtype(dt):
+    if dt.category < 2:
+        raise RuntimeError("std and var only support floating point and complex dtypes")
+    return dt.to_real() if dt.category == 3 else dt
+
+
+def _var_kernel(xp, x, dims, correction, keepdim):
+    out = _var_dtype(D.FROM_NP[x.dtype])
+    c = 1 if correction is None else correction
+    x = x.astype(opmath(D.FROM_NP[x.dtype]))
+    n = _count(x.shape, dims)
+    m = xp.sum(x, axis=dims, keepdims=True) / n if n else xp.sum(x, axis=dims, keepdims=True) * math.nan
+    d = x - m
+    sq = (d.real * d.real + d.imag * d.imag) if d.dtype.kind == "c" else d * d
+    with np.errstate(all="ignore"):
+        v = xp.sum(sq, axis=dims, keepdims=keepdim) / builtins.max(n - c, 0)
+    return v, (m if keepdim or not dims else xp.squeeze(m, axis=dims)), out
+
+
+def _var_meta(self, dim=None, *, correction=None, keepdim=False):
+    dims = _dims(dim, self.ndim)
+    return TensorSpec(reduced_shape(self.shape, dims, keepdim), _var_dtype(self.dtype))
+
+
+@defop("var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor",
+       function=False)
+def _var(xp, self, dim=None, *, correction=None, keepdim=False):
+    v, _, out = _var_kernel(xp, self, _dims(dim, self.ndim), correction, keepdim)
+    return _fresh(xp, v, out.np)
+
+
+_var.def_meta(_var_meta)
+
+
+def _var_grad(grad, self, dim, correction, keepdim):
+    dims = _dims(dim, self.ndim)
+    n = _count(self.shape, dims) - (1 if correction is None else correction)
+    g = expand_reduced(grad, self.shape, dim, keepdim)
+    centered = self - (self.mean(list(dims), keepdim=True) if dims else self)
+    return g * centered * (2.0 / n if n > 0 else math.inf)
+
+
+@_var.def_derivative
+def _(grad, self, dim, correction, keepdim):
+    return _var_grad(grad, self, dim, correction, keepdim)
+
+
+@defop("std.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor",
+       function=False)
+def _std(xp, self, dim=None, *, correction=None, keepdim=False):
+    v, _, out = _var_kernel(xp, self, _dims(dim, self.ndim), correction, keepdim)
+    return _fresh(xp, xp.sqrt(v), out.np)
+
+
+_std.def_meta(_var_meta)
+
+
+def _std_grad(grad, self, result, dim, correction, keepdim):
+    r = expand_reduced(result, self.shape, dim, keepdim)
+    g = expand_reduced(grad, self.shape, dim, keepdim)
+    g = EXPORTS["where"](r == 0, 0, g / (2 * r))
+    return _var_grad(g, self, dim, correction, True)
+
+
+@_std.def_derivative
+def _(grad, self, result, dim, correction, keepdim):
+    return _std_grad(grad, self, result, dim, correction, keepdim)
+
+
+@defop("var_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) "
+       "-> (Tensor, Tensor)", function=False)
+def _var_mean(xp, self, dim=None, *, correction=None, keepdim=False):
+    v, m, out = _var_kernel(xp, self, _dims(dim, self.ndim), correction, keepdim)
+    return _fresh(xp, v, out.np), _fresh(xp, m, self.dtype)
+
+
+@_var_mean.def_meta
+def _(self, dim=None, *, correction=None, keepdim=False):
+    v = _var_meta(self, dim, correction=correction, keepdim=keepdim)
+    return v, TensorSpec(v.shape, self.dtype)
+
+
+def _mean_part(gm, self_shape, dim, keepdim):
+    n = _count(self_shape, _dims(dim, len(self_shape)))
+    return expand_reduced(gm, self_shape, dim, keepdim) / n
+
+
+@_var_mean.def_derivative
+def _(grad, self, dim, correction, keepdim):
+    gv, gm = grad
+    return _var_grad(gv, self, dim, correction, keepdim) + _mean_part(gm, self.shape, dim, keepdim)
+
+
+@defop("std_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) "
+       "-> (Tensor, Tensor)", function=False)
+def _std_mean(xp, self, dim=None, *, correction=None, keepdim=False):
+    v, m, out = _var_kernel(xp, self, _dims(dim, self.ndim), correction, keepdim)
+    return _fresh(xp, xp.sqrt(v), out.np), _fresh(xp, m, self.dtype)
+
+
+_std_mean.def_meta(_var_mean.meta)
+
+
+@_std_mean.def_derivative
+def _(grad, self, result, dim, correction, keepdim):
+    gs, gm = grad
+    return (_std_grad(gs, self, result[0], dim, correction, keepdim) +
+            _mean_part(gm, self.shape, dim, keepdim))
+
+
+def _var_args(name, input, args, kwargs):
+    """Parse torch.var's overloads: (dim, unbiased, keepdim), (unbiased), correction=, keepdim=."""
+    dim, unbiased, keepdim = None, None, kwargs.pop("keepdim", False)
+    correction = kwargs.pop("correction", None)
+    args = list(args)
+    if args and isinstance(args[0], builtins.bool):
+        unbiased = args.pop(0)
+    elif args:
+        dim = args.pop(0)
+        if args:
+            unbiased = args.pop(0)
+        if args:
+            keepdim = args.pop(0)
+    dim = kwargs.pop("dim", dim)
+    unbiased = kwargs.pop("unbiased", unbiased)
+    if kwargs:
+        raise TypeError(f"{name}() got an unexpected keyword argument '{next(iter(kwargs))}'")
+    if unbiased is not None:
+        if correction is not None:
+            raise RuntimeError(f"{name}: can't specify both unbiased and correction")
+        correction = 1 if unbiased else 0
+    return dim, correction, keepdim
+
+
+def _var_export(name, op, method):
+    def fn(input, *args, out=None, **kwargs):
+        dim, correction, keepdim = _var_args(name, input, args, kwargs)
+        if out is not None:
+            return op(input, dim, correction=correction, keepdim=keepdim, out=out)
+        return op(input, dim, correction=correction, keepdim=keepdim)
+    fn.__name__ = name
+    export(name, method=method)(fn)
+    return fn
+
+
+var = _var_export("var", _var, True)
+std = _var_export("std", _std, True)
+var_mean = _var_export("var_mean", _var_mean, False)
+std_mean = _var_export("std_mean", _std_mean, False)
+
+
+# ---- max / min / amax / amin / aminmax / argmax / argmin --------------------------------------
+def _extreme_all(name, pick):
+    @defop(f"{name}(Tensor self) -> Tensor", function=False)
+    def op(xp, self):
+        if self.size == 0:
+            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                               "Specify the reduction dim with the 'dim' argument.")
+        _no_complex(name, self)
+        return _fresh(xp, pick(xp, self), self.dtype)
+
+    @op.def_meta
+    def _(self):
+        if self.numel() == 0:
+            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                               "Specify the reduction dim with the 'dim' argument.")
+        return TensorSpec((), self.dtype)
+
+    @op.def_derivative
+    def _(grad, self, result):
+        return evenly_backward(grad, self, result, None, False)
+    return op
+
+
+def _no_complex(name, a):
+    if a.dtype.kind == "c":
+        raise RuntimeError(f"{name}(): does not support complex input")
+
+
+def _extreme_dim(name, argfn):
+    @defop(f"{name}.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)",
+           function=False)
+    def op(xp, self, dim, keepdim=False):
+        d = wrap_dim(dim, self.ndim)
+        _no_complex(name, self)
+        if self.ndim == 0:
+            return self.copy(), xp.zeros((), dtype=np.int64)
+        _check_empty(name, self.shape, (d,))
+        x = self.astype(np.float32) if D.FROM_NP[self.dtype] in D.LOW_PRECISION else self
+        idx = argfn(xp)(x, axis=d, keepdims=True).astype(np.int64)
+        vals = xp.take_along_axis(self, idx, axis=d)
+        return _keep(vals, (d,), keepdim, xp).copy(), _keep(idx, (d,), keepdim, xp).copy()
+
+    @op.def_meta
+    def _(self, dim, keepdim=False):
+        d = wrap_dim(dim, self.ndim)
+        dims = (d,) if self.ndim else ()
+        _check_empty(name, self.shape, dims)
+        shape = reduced_shape(self.shape, dims, keepdim)
+        return TensorSpec(shape, self.dtype), TensorSpec(shape, D.int64)
+
+    @op.def_derivative
+    def _(grad, self_meta, dim, keepdim, result):
+        return select_backward(grad[0], self_meta.shape, dim, result[1], keepdim)
+    return op
+
+
+_max_all = _extreme_all("max", lambda xp, a: xp.max(a))
+_min_all = _extreme_all("min", lambda xp, a: xp.min(a))
+_max_dim = _extreme_dim("max", lambda xp: xp.argmax)
+_min_dim = _extreme_dim("min", lambda xp: xp.argmin)
+
+
+def _extreme_export(name, all_op, dim_op, pairwise):
+    def fn(input, dim=None, keepdim=False, *, other=None, out=None):
+        if isinstance(dim, Tensor) or other is not None:
+            o = dim if isinstance(dim, Tensor) else other
+            f = EXPORTS[pairwise]
+            return f(input, o) if out is None else f(input, o, out=out)
+        if dim is None:
+            return all_op(input) if out is None else all_op(input, out=out)
+        return dim_op(input, dim, keepdim) if out is None else dim_op(input, dim, keepdim, out=out)
+    fn.__name__ = name
+    export(name, method=True)(fn)
+    return fn
+
+
+max = _extreme_export("max", _max_all, _max_dim, "maximum")
+min = _extreme_export("min", _min_all, _min_dim, "minimum")
+
+
+def _amax_like(name, fn):
+    @defop(f"{name}(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor", method=True)
+    def op(xp, self, dim=(), keepdim=False):
+        dims = _dims(dim, self.ndim)
+        _check_empty(name, self.shape, dims)
+        _no_complex(name, self)
+        return _fresh(xp, fn(xp)(self, axis=dims, keepdims=keepdim), self.dtype)
+
+    @op.def_meta
+    def _(self, dim=(), keepdim=False):
+        dims = _dims(dim, self.ndim)
+        _check_empty(name, self.shape, dims)
+        return TensorSpec(reduced_shape(self.shape, dims, keepdim), self.dtype)
+
+    @op.def_derivative
+    def _(grad, self, result, dim, keepdim):
+        return evenly_backward(grad, self, result, dim, keepdim)
+    return op
+
+
+amax = _amax_like("amax", lambda xp: xp.max)
+amin = _amax_like("amin", lambda xp: xp.min)
+
+
+@defop("aminmax(Tensor self, *, int? dim=None, bool keepdim=False) -> (Tensor min, Tensor max)", method=True)
+def aminmax(xp, self, *, dim=None, keepdim=False):
+    dims = _aminmax_dims(self.shape, dim)
+    return (_fresh(xp, xp.min(self, axis=dims, keepdims=keepdim), self.dtype),
+            _fresh(xp, xp.max(self, axis=dims, keepdims=keepdim), self.dtype))
+
+
+def _aminmax_dims(shape, dim):
+    dims = _dims(dim, len(shape))
+    if builtins.any(shape[d] == 0 for d in dims) or (dim is None and 0 in shape):
+        raise RuntimeError("aminmax(): cannot compute aminmax over an empty dimension as the operation has "
+                           "no identity.")
+    return dims
+
+
+@aminmax.def_meta
+def _(self, *, dim=None, keepdim=False):
+    dims = _aminmax_dims(self.shape, dim)
+    s = TensorSpec(reduced_shape(self.shape, dims, keepdim), self.dtype)
+    return s, s
+
+
+@aminmax.def_derivative
+def _(grad, self, result, dim, keepdim):
+    return (evenly_backward(grad[0], self, result[0], dim, keepdim) +
+            evenly_backward(grad[1], self, result[1], dim, keepdim))
+
+
+def _arg_like(name, fn):
+    @defop(f"{name}(Tensor self, int? dim=None, bool keepdim=False) -> Tensor", method=True, tags=_ND)
+    def op(xp, self, dim=None, keepdim=False):
+        _arg_check(name, self.dtype, self.shape, dim)
+        x = self.astype(np.float32) if D.FROM_NP[self.dtype] in D.LOW_PRECISION else self
+        if dim is None or self.ndim == 0:
+            r = fn(xp)(x.reshape(-1)) if self.size else xp.zeros((), np.int64)
+            return xp.full((1,) * self.ndim if keepdim else (), r, dtype=np.int64)
+        d = wrap_dim(dim, self.ndim)
+        return fn(xp)(x, axis=d, keepdims=keepdim).astype(np.int64)
+
+    @op.def_meta
+    def _(self, dim=None, keepdim=False):
+        _arg_check(name, self.dtype, self.shape, dim)
+        if dim is None:
+            return TensorSpec((1,) * self.ndim if keepdim else (), D.int64)
+        dims = _dims(dim, self.ndim)
+        return TensorSpec(reduced_shape(self.shape, dims, keepdim), D.int64)
+    return op
+
+
+def _arg_check(name, dt, shape, dim):
+    if isinstance(dt, np.dtype):
+        dt = D.FROM_NP[dt]
+    if dt is D.bool:
+        raise RuntimeError(f"{name}(): does not support bool input")
+    if dt.category == 3:
+        raise RuntimeError(f"{name}(): does not support complex input")
+    if dim is None:
+        if 0 in shape:
+            raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
+        return
+    dims = _dims(dim, len(shape))
+    _check_empty(name, shape, dims)
+
+
+argmax = _arg_like("argmax", lambda xp: xp.argmax)
+argmin = _arg_like("argmin", lambda xp: xp.argmin)
+
+
+# ---- logsumexp, norm -----------------------------------------------------------------------
+@defop("logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor", method=True)
+def logsumexp(xp, self, dim, keepdim=False):
+    dt = D.FROM_NP[self.dtype]
+    out = dt if dt.category >= 2 else _state.default_dtype
+    x = self.astype(opmath(out))
+    dims = _dims(dim, self.ndim)
+    if x.size:
+        m = xp.max(x, axis=dims, keepdims=True)
+        m = xp.where(xp.isinf(m), 0, m)
+    else:
+        m = xp.zeros(reduced_shape(x.shape, dims, True), x.dtype)
+    with np.errstate(divide="ignore"):
+        r = xp.log(xp.sum(xp.exp(x - m), axis=dims, keepdims=True)) + m
+    return _fresh(xp, _keep(r, dims, keepdim, xp), out.np)
+
+
+@logsumexp.def_meta
+def _(self, dim, keepdim=False):
+    dims = _dims(dim, self.ndim)
+    dt = self.dtype if self.dtype.category >= 2 else _state.default_dtype
+    return TensorSpec(reduced_shape(self.shape, dims, keepdim), dt)
+
+
+@logsumexp.def_derivative
+def _(grad, self, result, dim, keepdim):
+    g = expand_reduced(grad, self.shape, dim, keepdim)
+    return g * (self - expand_reduced(result, self.shape, dim, keepdim)).exp()
+
+
+def _norm_dtype(dt, dtype):
+    src = dtype if dtype is not None else dt
+    if dt.category < 2:
+        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. "
+                           f"Got {type_name(dt)}")
+    return src.to_real() if src.category == 3 else src
+
+
+@defop("norm.ScalarOpt_dim_dtype(Tensor self, Scalar? p=2, int[1] dim=[], bool keepdim=False, *, "
+       "ScalarType? dtype=None) -> Tensor", function=False)
+def _norm(xp, self, p=2, dim=(), keepdim=False, *, dtype=None):
+    out = _norm_dtype(D.FROM_NP[self.dtype], dtype)
+    p = 2 if p is None else p
+    dims = _dims(dim, self.ndim)
+    x = self.astype(dtype.np) if dtype is not None else self
+    a = xp.abs(x.astype(opmath(D.FROM_NP[x.dtype])))
+    if math.isinf(p):
+        if builtins.any(self.shape[d] == 0 for d in dims) or (not dims and self.size == 0):
+            raise RuntimeError("linalg.vector_norm cannot compute the inf norm on an empty tensor because the "
+                               "operation does not have an identity")
+        r = (xp.max if p > 0 else xp.min)(a, axis=dims, keepdims=keepdim)
+    elif p == 0:
+        r = xp.sum(a != 0, axis=dims, keepdims=keepdim).astype(a.dtype)
+    elif p == 1:
+        r = xp.sum(a, axis=dims, keepdims=keepdim)
+    elif p == 2:
+        r = xp.sqrt(xp.sum(a * a, axis=dims, keepdims=keepdim))
+    else:
+        with np.errstate(divide="ignore"):
+            r = xp.sum(a ** p, axis=dims, keepdims=keepdim) ** (1.0 / p)
+    return _fresh(xp, r, out.np)
+
+
+@_norm.def_meta
+def _(self, p=2, dim=(), keepdim=False, *, dtype=None):
+    dims = _dims(dim, self.ndim)
+    return TensorSpec(reduced_shape(self.shape, dims, keepdim), _norm_dtype(self.dtype, dtype))
+
+
+@_norm.def_derivative
+def _(grad, self, result, p, dim, keepdim):
+    p = 2 if p is None else p
+    where = EXPORTS["where"]
+    g = expand_reduced(grad, self.shape, dim, keepdim)
+    r = expand_reduced(result, self.shape, dim, keepdim)
+    if p == 0:
+        return g * 0
+    if p == 1:
+        return g * self.sgn()
+    if math.isinf(p):
+        mask = self.abs() == r
+        dims = _dims(dim, self.ndim)
+        cnt = mask.sum(list(dims), keepdim=True) if dims else mask.to(g.dtype)
+        return g * self.sgn() * mask / cnt
+    if p == 2:
+        return self * where(r == 0, 0, g / r)
+    return self * self.abs().pow(p - 2) * where(r == 0, 0, g / r.pow(p - 1))
+
+
+@export("norm", method=True)
+def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+    """torch.norm: vector p-norms over `dim` (all dims by default); 'fro' is the 2-norm, 'nuc' the
+    nuclear norm of matrices (through linalg.matrix_norm)."""
+    if isinstance(dim, int):
+        dim = [dim]
+    if isinstance(p, str):
+        if p == "nuc":
+            from .. import linalg
+            r = linalg.matrix_norm(input, "nuc", dim=tuple(dim) if dim is not None else (-2, -1),
+                                   keepdim=keepdim, dtype=dtype)
+            return r if out is None else out.resize_(r.shape).copy_(r)
+        if p != "fro":
+            raise RuntimeError(f"norm(): unsupported norm type {p!r}")
+        p = 2
+    kw = {"dtype": dtype} if out is None else {"dtype": dtype, "out": out}
+    return _norm(input, p, [] if dim is None else list(dim), keepdim, **kw)
+
+
+# ---- all / any / count_nonzero -------------------------------------------------------------
+def _logical_reduce(name, fn):
+    @defop(f"{name}.dims(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", method=True, tags=_ND)
+    def op(xp, self, dim=None, keepdim=False):
+        dims = _dims(dim, self.ndim)
+        r = fn(xp)(self != 0, axis=dims, keepdims=keepdim)
+        return _fresh(xp, r, np.dtype(np.uint8) if self.dtype == np.uint8 else np.dtype(bool))
+
+    @op.def_meta
+    def _(self, dim=None, keepdim=False):
+        dims = _dims(dim, self.ndim)
+        return TensorSpec(reduced_shape(self.shape, dims, keepdim), D.uint8 if self.dtype is D.uint8 else D.bool)
+    return op
+
+
+all = _logical_reduce("all", lambda xp: xp.all)
+any = _logical_reduce("any", lambda xp: xp.any)
+
+
+@defop("count_nonzero.dim_IntList(Tensor self, int[1]? dim=None) -> Tensor", method=True, tags=_ND)
+def count_nonzero(xp, self, dim=None):
+    dims = _dims(dim, self.ndim)
+    return _fresh(xp, xp.sum(self != 0, axis=dims), np.dtype(np.int64))
+
+
+@count_nonzero.def_meta
+def _(self, dim=None):
+    return TensorSpec(reduced_shape(self.shape, _dims(dim, self.ndim), False), D.int64)
+
+
+# ---- scans ---------------------------------------------------------------------------------
+def _scan_kernel(fn):
+    def kernel(xp, self, dim, *, dtype=None):
+        d = wrap_dim(dim, self.ndim)
+        out = _sum_dtype(D.FROM_NP[self.dtype], dtype)
+        x = self.astype(out.np) if self.dtype != out.np else self
+        x = x.astype(opmath(out))
+        if self.ndim == 0:
+            return _fresh(xp, x, out.np)
+        return _fresh(xp, fn(xp, x, d), out.np)
+    return kernel
+
+
+def _scan_meta(self, dim, *, dtype=None):
+    wrap_dim(dim, self.ndim)
+    return TensorSpec(self.shape, _sum_dtype(self.dtype, dtype))
+
+
+def reverse_cumsum(g, dim):
+    """sum_{i >= k} g_i along `dim`."""
+    if g.ndim == 0:
+        return g
+    return g.sum(dim, keepdim=True) - g.cumsum(dim) + g
+
+
+@defop("cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", method=True, inplace=True)
+def cumsum(xp, self, dim, *, dtype=None):
+    return _cumsum_kernel(xp, self, dim, dtype=dtype)
+
+
+_cumsum_kernel = _scan_kernel(lambda xp, x, d: xp.cumsum(x, axis=d))
+cumsum.def_meta(_scan_meta)
+
+
+@cumsum.def_derivative
+def _(grad, dim):
+    return reverse_cumsum(grad, dim)
+
+
+@defop("cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", method=True, inplace=True)
+def cumprod(xp, self, dim, *, dtype=None):
+    return _cumprod_kernel(xp, self, dim, dtype=dtype)
+
+
+_cumprod_kernel = _scan_kernel(lambda xp, x, d: xp.cumprod(x, axis=d))
+cumprod.def_meta(_scan_meta)
+
+
+@cumprod.def_derivative
+def _(grad, self, result, dim):
+    if self.ndim == 0 or self.numel() == 0:
+        return grad
+    if not builtins.bool((self == 0).any()):
+        return reverse_cumsum(grad * result.conj(), dim) / self.conj()
+    d = wrap_dim(dim, self.ndim)
+    x, g = self.transpose(d, -1), grad.transpose(d, -1)
+    eye = EXPORTS["eye"](x.shape[-1], dtype=x.dtype, device=x.device)
+    c = _others_matrix(x).cumprod(-1) * eye.cumsum(-1)       # c[k, i] = prod_{j<=i, j!=k} x_j, i >= k
+    return (c.conj() * g.unsqueeze(-2)).sum(-1).transpose(d, -1)
+
+
+def _cumext(name, ufunc):
+    @defop(f"{name}(Tensor self, int dim) -> (Tensor values, Tensor indices)", method=True)
+    def op(xp, self, dim):
+        d = wrap_dim(dim, self.ndim)
+        if self.ndim == 0 or self.size == 0:
+            return self.copy(), xp.zeros(self.shape, np.int64)
+        x = self.astype(np.float32) if D.FROM_NP[self.dtype] in D.LOW_PRECISION else self
+        vals = getattr(xp, ufunc).accumulate(x, axis=d)
+        mask = x == vals
+        if x.dtype.kind in "fc":
+            mask = mask | xp.isnan(x)
+        pos = xp.arange(x.shape[d], dtype=np.int64).reshape([-1 if i == d else 1 for i in range(x.ndim)])
+        idx = xp.maximum.accumulate(xp.where(mask, pos, 0), axis=d)
+        return _fresh(xp, vals, self.dtype), idx
+
+    @op.def_meta
+    def _(self, dim):
+        wrap_dim(dim, self.ndim)
+        return TensorSpec(self.shape, self.dtype), TensorSpec(self.shape, D.int64)
+
+    @op.def_derivative
+    def _(grad, self_meta, dim, result):
+        g = grad[0]
+        if self_meta.ndim == 0:
+            return g
+        z = EXPORTS["zeros"](self_meta.shape, dtype=g.dtype, device=g.device)
+        return z.scatter_add(wrap_dim(dim, self_meta.ndim), result[1], g)
+    return op
+
+
+cummax = _cumext("cummax", "maximum")
+cummin = _cumext("cummin", "minimum")
+
+
+def _logcumsumexp(xp, x, d):
+    if xp is np:
+        return np.logaddexp.accumulate(x, axis=d)
+    m = xp.max(x, axis=d, keepdims=True)
+    m = xp.where(xp.isinf(m), 0, m)
+    return xp.log(xp.cumsum(xp.exp(x - m), axis=d)) + m
+
+
+@defop("logcumsumexp(Tensor self, int dim) -> Tensor", method=True)
+def logcumsumexp(xp, self, dim):
+    d = wrap_dim(dim, self.ndim)
+    dt = D.FROM_NP[self.dtype]
+    out = dt if dt.category >= 2 else _state.default_dtype
+    x = self.astype(opmath(out))
+    if self.ndim == 0 or self.size == 0:
+        return _fresh(xp, x, out.np)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _fresh(xp, _logcumsumexp(xp, x, d), out.np)
+
+
+@logcumsumexp.def_meta
+def _(self, dim):
+    wrap_dim(dim, self.ndim)
+    return TensorSpec(self.shape, self.dtype if self.dtype.category >= 2 else _state.default_dtype)
+
+
+@logcumsumexp.def_derivative
+def _(grad, self, result, dim):
+    if self.ndim == 0:
+        return grad
+    d = wrap_dim(dim, self.ndim)
+
+    def rev_lcse(y):
+        return y.flip([d]).logcumsumexp(d).flip([d])
+    where = EXPORTS["where"]
+    pos = where(grad > 0, grad, 0).log() - result
+    neg = where(grad < 0, -grad, 0).log() - result
+    return (self + rev_lcse(pos)).exp() - (self + rev_lcse(neg)).exp()
+
+
+@export("diff", method=True)
+def diff(input, n=1, dim=-1, prepend=None, append=None):
+    """n-th forward difference along `dim` (logical xor for bool), with optional prepend/append."""
+    if input.ndim == 0:
+        raise RuntimeError("diff expects input to be at least one-dimensional")
+    if n < 0:
+        raise RuntimeError(f"order must be non-negative but got {n}")
+    dim = wrap_dim(dim, input.ndim)
+    if prepend is not None or append is not None:
+        parts = [t for t in (prepend, input, append) if t is not None]
+        input = EXPORTS["cat"](parts, dim)
+    for _ in range(n):
+        size = input.shape[dim]
+        if size == 0:
+            break
+        a, b = input.narrow(dim, 1, size - 1), input.narrow(dim, 0, size - 1)
+        input = a.logical_xor(b) if input.dtype is D.bool else a - b
+    return input
+
+
+# ---- softmax family ------------------------------------------------------------------------
+def _softmax_dtype(name, dt, dtype):
+    out = dtype if dtype is not None else dt
+    if out.category < 2:
+        raise NotImplementedError(f'"{name}_lastdim_kernel_impl" not implemented for \'{type_name(out)}\'')
+    return out
+
+
+def _softmax_kernel(name, log):
+    def kernel(xp, self, dim, dtype=None):
+        out = _softmax_dtype(name, D.FROM_NP[self.dtype], dtype)
+        d = wrap_dim(dim, self.ndim)
+        x = self.astype(out.np) if self.dtype != out.np else self
+        x = x.astype(opmath(out))
+        if self.ndim == 0:
+            return _fresh(xp, x * 0 if log else x * 0 + 1, out.np)
+        if x.size == 0:
+            return _fresh(xp, x, out.np)
+        z = x - xp.max(x, axis=d, keepdims=True)
+        if log:
+            with np.errstate(divide="ignore"):
+                r = z - xp.log(xp.sum(xp.exp(z), axis=d, keepdims=True))
+        else:
+            e = xp.exp(z)
+            r = e / xp.sum(e, axis=d, keepdims=True)
+        return _fresh(xp, r, out.np)
+    return kernel
+
+
+def _softmax_meta(name):
+    def meta(self, dim, dtype=None):
+        wrap_dim(dim, self.ndim)
+        return TensorSpec(self.shape, _softmax_dtype(name, self.dtype, dtype))
+    return meta
+
+
+softmax = defop("softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", method=True)(
+    _softmax_kernel("softmax", False))
+softmax.def_meta(_softmax_meta("softmax"))
+log_softmax = defop("log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", method=True)(
+    _softmax_kernel("log_softmax", True))
+log_softmax.def_meta(_softmax_meta("log_softmax"))
+
+
+@softmax.def_derivative
+def _(grad, result, dim):
+    return result * (grad - (grad * result).sum(dim, keepdim=True))
+
+
+@log_softmax.def_derivative
+def _(grad, result, dim):
+    return grad - result.exp() * grad.sum(dim, keepdim=True)
+
+
+def _implicit_dim(name, ndim, stacklevel):
+    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include "
+                  "dim=X as an argument.", UserWarning, stacklevel=stacklevel)
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+@export("softmax", function=False, namespace="nn.functional")
+def _f_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    if dim is None:
+        dim = _implicit_dim("softmax", input.ndim, _stacklevel)
+    return softmax(input, dim, dtype)
+
+
+@export("log_softmax", function=False, namespace="nn.functional")
+def _f_log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    if dim is None:
+        dim = _implicit_dim("log_softmax", input.ndim, _stacklevel)
+    return log_softmax(input, dim, dtype)
+
+
+@export("softmin", function=False, namespace="nn.functional")
+def _f_softmin(input, dim=None, _stacklevel=3, dtype=None):
+    if dim is None:
+        dim = _implicit_dim("softmin", input.ndim, _stacklevel)
+    return softmax(-input, dim, dtype)
+
+
+from . import sorting  # noqa: E402,F401  (sort/topk/median/unique, split out by size)
