@@ -555,7 +555,7 @@ def test_anomaly_nan_error_and_traceback(capsys):
         assert "test_autograd.py" in text
     assert msgs[0] == msgs[1]
     assert re.fullmatch(r"Function '\w+Backward0' returned nan values in its \dth output\.", msgs[0])
-    assert not fl.is_anomaly_enabled()
+    assert not fl.autograd.is_anomaly_enabled()
 
 
 def test_set_detect_anomaly():

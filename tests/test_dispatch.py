@@ -35,7 +35,7 @@ def test_logging_mode_sees_forward_and_backward():
         logs[mod.__name__] = (_names(m.ops[:fw]), _names(m.ops[fw:]))
         assert mod.allclose(x.grad, 2 * x.detach() * (x.detach() * x.detach()).exp())
     fwd, bwd = logs["flambeau"]
-    assert fwd == ["mul", "exp", "sum"] == logs["torch"][0]
+    assert fwd == ["mul", "exp", "sum"] == [n for n in logs["torch"][0] if n != "detach"]
     # backward runs derivative formulas through the dispatcher too: mul (exp's and mul's) ops appear
     assert "mul" in bwd and len(bwd) >= 3
     assert fwd and bwd

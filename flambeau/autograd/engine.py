@@ -9,6 +9,7 @@ into leaves' `.grad`; `grad` returns the gradients of chosen inputs instead.
 from __future__ import annotations
 
 import heapq
+import warnings
 
 from .. import _state
 from .._tensor import Tensor
@@ -157,21 +158,25 @@ def _needed(nodes, targets):
     return needed
 
 
+def _warn_forward_traceback(node):
+    tb = node.metadata.get("traceback_")
+    if tb:
+        warnings.warn(f"Error detected in {node.name()}. Traceback of forward call that caused the error:\n"
+                      + "".join(tb), UserWarning, stacklevel=3)
+
+
 def _apply(node, grads):
     grads_out = grads
     if _state.anomaly:
         try:
             outs = node.apply(list(grads))
-        except Exception as e:
-            tb = node.metadata.get("traceback_")
-            if tb:
-                import sys
-                print(f"Error detected in {node.name()}. Traceback of forward call that caused the error:\n"
-                      + "".join(tb), file=sys.stderr)
-            raise e
+        except Exception:
+            _warn_forward_traceback(node)
+            raise
         if _state.anomaly_check_nan:
             for i, g in enumerate(outs):
                 if isinstance(g, Tensor) and g.isnan().any().item():
+                    _warn_forward_traceback(node)
                     raise RuntimeError(f"Function '{node.name()}' returned nan values in its {i}th output.")
     else:
         outs = node.apply(list(grads))
@@ -304,8 +309,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
             if materialize_grads:
                 g = zeros_like(t)
             elif not allow_unused:
-                raise RuntimeError("One of the differentiated Tensors appears to not have been used in the "
-                                   "graph. Set allow_unused=True if this is the desired behavior.")
+                raise RuntimeError(f"The differentiated Tensor at index {i} appears to not have been used in "
+                                   "the graph. Set allow_unused=True if this is the desired behavior.")
         elif not create_graph:
             g = g.detach()
         res.append(g)

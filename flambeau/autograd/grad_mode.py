@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 
 from .. import _state
 
@@ -15,15 +16,24 @@ class _DecoratorContextManager:
             @functools.wraps(fn)
             def gen(*a, **k):
                 g = fn(*a, **k)
-                with self.clone():
-                    resp = g.send(None)
-                while True:
-                    try:
-                        with self.clone():
-                            req = yield resp
-                            resp = g.send(req)
-                    except StopIteration as e:
-                        return e.value
+                try:
+                    with self.clone():
+                        resp = g.send(None)
+                    while True:
+                        try:
+                            req = yield resp       # suspended: the caller's grad mode applies
+                        except GeneratorExit:
+                            with self.clone():
+                                g.close()
+                            raise
+                        except BaseException as e:  # noqa: BLE001 (forwarded into the generator)
+                            with self.clone():
+                                resp = g.throw(e)
+                        else:
+                            with self.clone():
+                                resp = g.send(req)
+                except StopIteration as e:
+                    return e.value
             return gen
 
         @functools.wraps(fn)
@@ -128,6 +138,8 @@ class set_detect_anomaly:
 class detect_anomaly(_DecoratorContextManager):
     def __init__(self, check_nan: bool = True):
         self.check_nan = check_nan
+        warnings.warn("Anomaly Detection has been enabled. This mode will increase the runtime and should "
+                      "only be enabled for debugging.", UserWarning, stacklevel=2)
 
     def __enter__(self):
         self.prev = (_state.anomaly, _state.anomaly_check_nan)
@@ -137,7 +149,9 @@ class detect_anomaly(_DecoratorContextManager):
         _state.anomaly, _state.anomaly_check_nan = self.prev
 
     def clone(self):
-        return detect_anomaly(self.check_nan)
+        c = object.__new__(detect_anomaly)
+        c.check_nan = self.check_nan
+        return c
 
 
 def is_anomaly_enabled() -> bool:

@@ -114,7 +114,7 @@ class SavedTensor:
                 f"operation: [torch.{type_name(t._dtype)}Tensor {list(t.shape)}], which is output "
                 f"{self.out_nr} of {self.node_name}, is at version {t._version[0]}; expected version "
                 f"{self.version} instead. Hint: enable anomaly detection to find the operation that "
-                "failed to compute its gradient, with torch.autograd.set_detect_anomaly(True).")
+                "failed to compute its gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False).")
         if self.is_output:
             o = Tensor._make(t._data, t._device, t._dtype)
             o._version = t._version
@@ -127,13 +127,27 @@ class SavedTensor:
 
 class TensorMeta:
     """What a derivative sees for an argument it names `<arg>_meta`: metadata, no data kept alive."""
-    __slots__ = ("shape", "dtype", "device", "ndim")
+    __slots__ = ("shape", "dtype", "device", "ndim", "_t")
 
     def __init__(self, t: Tensor):
         self.shape = t.shape
         self.dtype = t._dtype
         self.device = t._device
         self.ndim = len(self.shape)
+        self._t = None
+
+    def stride(self):
+        """Only for `<arg>_geometry` metas (PyTorch's TensorGeometry): strides and storage offset."""
+        return self._t[0]
+
+    def storage_offset(self):
+        return self._t[1]
+
+    @staticmethod
+    def geometry(t: Tensor) -> "TensorMeta":
+        m = TensorMeta(t)
+        m._t = (t.stride(), t.storage_offset())
+        return m
 
     def numel(self) -> int:
         return self.shape.numel()
@@ -186,8 +200,8 @@ class OpNode(Node):
         for k, v in self._saved.items():
             if type(v) is SavedTensor:
                 v = v.unpack(self)
-            elif type(v) is list and v and type(v[0]) is SavedTensor:
-                v = [x.unpack(self) for x in v]
+            elif type(v) is list and any(type(x) is SavedTensor for x in v):
+                v = [x.unpack(self) if type(x) is SavedTensor else x for x in v]
             elif type(v) is tuple and v and type(v[0]) is SavedTensor:
                 v = tuple(x.unpack(self) if type(x) is SavedTensor else x for x in v)
             kw[k] = v
@@ -266,6 +280,9 @@ def record(op, args, kwargs, out, node_cls=None):
                         tuple(SavedTensor(o, True, node_name, k) if isinstance(o, Tensor) else o
                               for k, o in enumerate(outs)))
             continue
+        if n.endswith("_geometry") and n not in names:
+            saved[n] = TensorMeta.geometry(bound[names.index(n[:-9])])
+            continue
         if n.endswith("_meta") and n not in names:
             v = bound[names.index(n[:-5])]
             saved[n] = TensorMeta(v) if isinstance(v, Tensor) else \
@@ -288,23 +305,11 @@ def record(op, args, kwargs, out, node_cls=None):
 
 
 def record_not_implemented(op, args, kwargs, out):
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    node = NotImplementedNode(op)
-    for k, o in enumerate(outs):
-        if _differentiable(o):
-            o.grad_fn = node
-            o._output_nr = k
-            o._requires_grad = True
+    """Outputs of an op without a derivative get a node that raises when backward reaches it."""
+    record(op, args, kwargs, out, node_cls=NotImplementedNode)
 
 
-class NotImplementedNode(Node):
-    def __init__(self, op):
-        super().__init__()
-        self._op = op
-
-    def name(self):
-        return _camel(self._op._schema.name) + "Backward0"
-
+class NotImplementedNode(OpNode):
     def apply(self, grads):
         raise NotImplementedError(f"the derivative for '{self._op.name}' is not implemented.")
 
