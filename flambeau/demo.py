@@ -1,0 +1,163 @@
+"""The demo: train a small GPT from scratch on a task it generates itself (sorting digits).
+
+    python -m flambeau.demo [--steps N] [--device cpu|cuda] [--compile] [--out DIR]
+
+Each example is a sequence of 8 random digits followed by the same digits sorted; the model
+learns to emit the sorted half. It reports training loss with a progress bar, accuracy on
+held-out sequences, a few sampled predictions, and writes `loss.png` (the training curve).
+Written entirely against the PyTorch API (`import flambeau as torch`).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+import flambeau as torch
+import flambeau.nn as nn
+import flambeau.nn.functional as F
+
+DIGITS, LEN = 10, 8
+SEP = DIGITS            # token id of the separator
+VOCAB = DIGITS + 1
+T = 2 * LEN + 1         # digits, separator, sorted digits (the last one is never an input)
+
+
+def make_batch(rng: np.random.Generator, n: int, device):
+    x = rng.integers(0, DIGITS, size=(n, LEN))
+    seq = np.concatenate([x, np.full((n, 1), SEP), np.sort(x, axis=1)], axis=1)
+    inp = torch.tensor(seq[:, :-1], device=device)
+    tgt = seq[:, 1:].copy()
+    tgt[:, :LEN - 1] = -100          # only the sorted half is scored
+    return inp, torch.tensor(tgt, device=device)
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.heads = heads
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, d=64, layers=2, heads=4):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, d)
+        self.pos = nn.Parameter(torch.randn(T - 1, d) * 0.02)
+        self.blocks = nn.Sequential(*[Block(d, heads) for _ in range(layers)])
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, VOCAB, bias=False)
+        self.head.weight = self.tok.weight            # tied embeddings
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos[: idx.shape[1]]
+        return self.head(self.ln(self.blocks(x)))
+
+
+def progress(i, n, loss, t0, width=30):
+    done = int(width * (i + 1) / n)
+    rate = (i + 1) / max(time.time() - t0, 1e-9)
+    sys.stdout.write(f"\r  [{'#' * done}{'.' * (width - done)}] {i + 1}/{n} loss {loss:.4f} {rate:.1f} it/s")
+    sys.stdout.flush()
+
+
+def train(model, steps, device, rng, label, step_fn=None):
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps)
+    losses, times = [], []
+    t0 = time.time()
+    print(f"training ({label}) for {steps} steps on {device}")
+    fwd = step_fn or model
+    for i in range(steps):
+        inp, tgt = make_batch(rng, 64, device)
+        ts = time.perf_counter()
+        logits = fwd(inp)
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), tgt.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        lv = loss.item()
+        times.append(time.perf_counter() - ts)
+        losses.append(lv)
+        if i % 5 == 0 or i == steps - 1:
+            progress(i, steps, lv, t0)
+    print()
+    return losses, times
+
+
+@torch.no_grad()
+def evaluate(model, device, rng, n=512, show=4):
+    model.eval()
+    inp, _ = make_batch(rng, n, device)
+    seq = inp[:, : LEN + 1]
+    for _ in range(LEN):                                   # greedy decoding of the sorted half
+        nxt = model(seq)[:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, nxt], dim=1)
+    pred = seq[:, LEN + 1:].cpu().numpy()
+    truth = np.sort(inp[:, :LEN].cpu().numpy(), axis=1)
+    acc = float((pred == truth).all(axis=1).mean())
+    tok = float((pred == truth).mean())
+    for i in range(show):
+        ok = "ok " if (pred[i] == truth[i]).all() else "BAD"
+        print(f"  {ok} {''.join(map(str, inp[i, :LEN].tolist()))} -> {''.join(map(str, pred[i]))}")
+    model.train()
+    return acc, tok
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", action="store_true", help="also train with flambeau.compile and compare step times")
+    p.add_argument("--out", default=".")
+    a = p.parse_args(argv)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = GPT().to(a.device)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"flambeau {torch.__version__}: GPT with {n:,} parameters, task: sort {LEN} digits")
+    losses, times = train(model, a.steps, a.device, rng, "eager")
+    series = {"eager": losses}
+    eager_ms = 1e3 * float(np.median(times[len(times) // 4:]))
+    print(f"eager step time {eager_ms:.1f} ms (median)")
+    if a.compile:
+        if not hasattr(torch, "compile"):
+            print("compiled training: flambeau.compile is not built yet (the compiler stack is a later issue)")
+        else:
+            torch.manual_seed(0)
+            cmodel = GPT().to(a.device)
+            closs, ctimes = train(cmodel, a.steps, a.device, np.random.default_rng(0), "compiled",
+                                  step_fn=torch.compile(cmodel))
+            series["compiled"] = closs
+            comp_ms = 1e3 * float(np.median(ctimes[len(ctimes) // 4:]))
+            print(f"compiled step time {comp_ms:.1f} ms (median), speed-up {eager_ms / comp_ms:.2f}x, "
+                  f"first call {1e3 * ctimes[0]:.0f} ms")
+    acc, tok = evaluate(model, a.device, np.random.default_rng(123))
+    print(f"held-out accuracy: {100 * acc:.1f}% of sequences fully sorted, {100 * tok:.1f}% of digits right")
+    os.makedirs(a.out, exist_ok=True)
+    from ._png import line_plot
+    path = os.path.join(a.out, "loss.png")
+    line_plot(series, path)
+    print(f"loss curve written to {path}")
+    return acc
+
+
+if __name__ == "__main__":
+    main()
