@@ -128,10 +128,10 @@ def parse(text: str) -> Schema:
     for r in _split_top(rettext):
         if not r:
             continue
-        rm = re.match(r"^([A-Za-z]+(?:\[\])?)(?:\(([a-z]!?)\))?(?:\s+(\w+))?$", r)
+        rm = re.match(r"^([A-Za-z]+(?:\[\])?)(?:\(([a-z]!?)\))?(?:\[\])?(?:\s+(\w+))?$", r)
         if not rm:
             raise ValueError(f"bad return '{r}' in schema {text}")
-        returns.append((rm[1], rm[3], rm[2]))
+        returns.append((rm[1] + ("[]" if r.split(" ")[0].endswith(")[]") else ""), rm[3], rm[2]))
     return Schema(name, overload, args, returns, text.strip())
 
 

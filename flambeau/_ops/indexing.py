@@ -1,1 +1,492 @@
-"""(being written)"""
+"""Indexing: `Tensor.__getitem__`/`__setitem__` with PyTorch's semantics, and the indexing ops they
+and users call: index/index_put (advanced indexing), copy_/fill_/zero_, index_select/add/copy/fill,
+gather and the scatter family (scatter, scatter_add, scatter_reduce).
+
+`x[i]` splits the index into a basic part (ints, slices, None, Ellipsis), applied as view ops
+(select, slice, unsqueeze) so the result shares memory and is marked as a view, and an advanced
+part (bool masks, integer tensors or lists), applied with the `index` op, which copies. Writes
+(`x[i] = v`) copy into the basic view (`copy_`/`fill_`) or call `index_put_` on it; autograd
+rebases the view's base after the in-place op (autograd/graph.py `record_inplace`).
+"""
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+
+from .. import _dtype as D
+from .._tensor import Tensor
+from ._registry import defop, export, TensorSpec, OPS, METHODS, EXPORTS
+from ._helpers import wrap_dim, broadcast_shapes
+from .views import slice_, select, unsqueeze, alias, expand_shape
+
+_INDEX_DTYPES = ("tensors used as indices must be long, int, byte or bool tensors")
+
+
+def _ufunc_at(xp, name, a, key, v):
+    """`a[key] op= v` with repeated indices accumulated (np.add.at; cupyx on the GPU)."""
+    if xp is np:
+        getattr(np, name).at(a, key, v)
+        return
+    import cupyx
+    if name == "add":
+        cupyx.scatter_add(a, key, v)
+    elif name in ("maximum", "minimum"):
+        getattr(cupyx, "scatter_max" if name == "maximum" else "scatter_min")(a, key, v)
+    else:
+        getattr(xp, name).at(a, key, v)
+
+
+# ---- advanced indexing: index / index_put ----------------------------------------------------------
+def _bounds(ix, size, d, xp):
+    if ix.size:
+        mx, mn = int(ix.max()), int(ix.min())
+        bad = mx if mx >= size else (mn if mn < -size else None)
+        if bad is not None:
+            raise IndexError(f"index {bad} is out of bounds for dimension {d} with size {size}")
+
+
+def adv_key(xp, shape, indices):
+    """Validate `Tensor?[]` indices and turn them into a NumPy key (masks as their nonzero arrays)."""
+    key, d = [], 0
+    for ix in indices:
+        if ix is None:
+            key.append(slice(None))
+            d += 1
+            continue
+        if ix.dtype == np.bool_ or ix.dtype == np.uint8:
+            m = ix.astype(bool, copy=False)
+            for j, s in enumerate(m.shape):
+                if d + j >= len(shape) or shape[d + j] != s:
+                    raise IndexError(f"The shape of the mask {list(m.shape)} at index {j} does not match the shape "
+                                     f"of the indexed tensor {list(shape)} at index {d + j}")
+            key.extend(xp.nonzero(m) if m.ndim else (m,))
+            d += m.ndim
+            continue
+        if ix.dtype not in (np.int64, np.int32):
+            raise IndexError(_INDEX_DTYPES)
+        if d >= len(shape):
+            raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+        _bounds(ix, shape[d], d, xp)
+        key.append(ix)
+        d += 1
+    if d > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+    return tuple(key)
+
+
+@defop("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", function=False)
+def index(xp, self, indices):
+    key = adv_key(xp, self.shape, indices)
+    r = self[key]
+    return r.copy() if all(isinstance(k, slice) for k in key) else r
+
+
+@index.def_meta
+def _(self, indices):
+    shape, adv, d = list(self.shape), [], 0
+    for ix in indices:
+        if ix is None:
+            d += 1
+            continue
+        if ix.dtype in (D.bool, D.uint8):
+            raise NotImplementedError("aten::index with a boolean mask has a data-dependent output shape")
+        if ix.dtype not in (D.int64, D.int32):
+            raise IndexError(_INDEX_DTYPES)
+        if d >= len(shape):
+            raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+        adv.append((d, tuple(ix.shape)))
+        d += 1
+    if not adv:
+        return TensorSpec(shape, self.dtype)
+    bshape = broadcast_shapes(*(s for _, s in adv))
+    pos = [p for p, _ in adv]
+    rest = [s for i, s in enumerate(shape) if i not in pos]
+    at = pos[0] if pos == list(range(pos[0], pos[0] + len(pos))) else 0
+    return TensorSpec(rest[:at] + list(bshape) + rest[at:], self.dtype)
+
+
+@index.def_derivative
+def _(grad, self_meta, indices):
+    from .creation import zeros
+    return zeros(self_meta.shape, dtype=grad.dtype, device=grad.device).index_put(indices, grad, True), None
+
+
+@defop("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor",
+       method=True, inplace=True)
+def index_put(xp, self, indices, values, accumulate=False):
+    if values.dtype != self.dtype:
+        raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
+                           f"{_tn(self.dtype)} for the destination and {_tn(values.dtype)} for the source.")
+    key = adv_key(xp, self.shape, indices)
+    out = xp.array(self, copy=True)
+    target = out[key].shape
+    try:
+        v = xp.broadcast_to(values, target)
+    except ValueError:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to "
+                           f"indexing result of shape {list(target)}") from None
+    if accumulate:
+        _ufunc_at(xp, "add" if self.dtype != np.bool_ else "logical_or", out, key, v)
+    else:
+        out[key] = v
+    return out
+
+
+def _tn(npdt):
+    from .._dispatch import type_name
+    return type_name(D.FROM_NP[npdt])
+
+
+@index_put.def_meta
+def _(self, indices, values, accumulate=False):
+    if values.dtype is not self.dtype:
+        raise RuntimeError("Index put requires the source and destination dtypes match")
+    return TensorSpec(self.shape, self.dtype)
+
+
+@index_put.def_derivative
+def _(grad, indices, values_meta, accumulate):
+    from .creation import zeros
+    gself = grad if accumulate else grad.index_put(indices, zeros((), dtype=grad.dtype, device=grad.device))
+    return gself, None, index(grad, indices)
+
+
+# ---- Tensor.__getitem__ / __setitem__ ---------------------------------------------------------------
+def _is_int(x):
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (builtins.bool, np.bool_))
+
+
+def _as_items(index):
+    if type(index) is tuple:
+        return index
+    if isinstance(index, list) and any(isinstance(x, (list, tuple, slice, Tensor)) or x is None or x is Ellipsis
+                                       for x in index):
+        return tuple(index)
+    return (index,)
+
+
+def _consumed(item):
+    if item is None or item is Ellipsis or isinstance(item, (builtins.bool, np.bool_)):
+        return 0
+    if isinstance(item, Tensor) and item.dtype in (D.bool, D.uint8):
+        return item.ndim
+    return 1
+
+
+def _to_index_tensor(item, device):
+    from .creation import tensor
+    if isinstance(item, Tensor):
+        t = item
+    else:
+        t = tensor(np.asarray(item) if isinstance(item, np.ndarray) else item)
+        if t.numel() == 0 and t.dtype.category == 2:
+            t = t.long()
+    if t.dtype not in (D.int64, D.int32, D.bool, D.uint8):
+        raise IndexError(_INDEX_DTYPES)
+    return t.to(device) if t.device != device else t
+
+
+def apply_index(self, index):
+    """Basic indexing as view ops; returns (view, advanced indices as a Tensor?[] list or None)."""
+    items = _as_items(index)
+    if sum(1 for i in items if i is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    used = sum(_consumed(i) for i in items)
+    if used > self.ndim:
+        raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
+    r, d, adv = self, 0, {}
+    for item in items:
+        if item is None:
+            r = unsqueeze(r, d)
+            d += 1
+        elif item is Ellipsis:
+            d += self.ndim - used
+        elif isinstance(item, (builtins.bool, np.bool_)):
+            r = unsqueeze(r, d)
+            adv[d] = _to_index_tensor([bool(item)], self.device)
+            d += 1
+        elif _is_int(item) or (isinstance(item, Tensor) and item.ndim == 0 and item.dtype.category == 1
+                               and item.dtype is not D.uint8):
+            i = int(item)
+            size = r.shape[d]
+            if not -size <= i < size:
+                raise IndexError(f"index {i} is out of bounds for dimension {d} with size {size}")
+            r = select(r, d, i)
+        elif isinstance(item, slice):
+            step = 1 if item.step is None else int(item.step)
+            if step <= 0:
+                raise ValueError("step must be greater than zero")
+            if not (item.start in (None, 0) and item.stop is None and step == 1):
+                r = slice_(r, d, None if item.start is None else int(item.start),
+                           None if item.stop is None else int(item.stop), step)
+            d += 1
+        elif isinstance(item, (Tensor, list, tuple, np.ndarray)):
+            t = _to_index_tensor(item, self.device)
+            adv[d] = t
+            d += t.ndim if t.dtype in (D.bool, D.uint8) else 1
+        else:
+            raise IndexError("only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables are "
+                             f"valid indices (got {type(item).__name__})")
+    if not adv:
+        return r, None
+    idx, k = [], 0
+    for pos in sorted(adv):
+        idx.extend([None] * (pos - k))
+        t = adv[pos]
+        idx.append(t)
+        k = pos + (t.ndim if t.dtype in (D.bool, D.uint8) else 1)
+    return r, idx
+
+
+@export("__getitem__", method=True, function=False)
+def getitem(self, key):
+    r, idx = apply_index(self, key)
+    if idx is not None:
+        return index(r, idx)
+    return alias(r) if r is self else r
+
+
+@export("__setitem__", method=True, function=False)
+def setitem(self, key, value):
+    from .creation import tensor
+    v, idx = apply_index(self, key)
+    if isinstance(value, Tensor):
+        while value.ndim > 0 and value.shape[0] == 1:
+            value = value.squeeze(0)
+    if idx is None:
+        if isinstance(value, Tensor):
+            copy_(v, value)
+        else:
+            fill_(v, value)
+        return
+    if not isinstance(value, Tensor):
+        value = tensor(value, dtype=self.dtype, device=self.device)
+    elif value.dtype is not self.dtype or value.device != self.device:
+        value = value.to(self.device, self.dtype)
+    v.index_put_(idx, value)
+
+
+# ---- copy_ / fill_ / zero_ ---------------------------------------------------------------------------
+@defop("copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor", function=False, inplace=True)
+def _copy(xp, self, src, non_blocking=False):
+    expand_shape(src.shape, self.shape)
+    out = xp.empty(self.shape, dtype=self.dtype)
+    out[...] = src.astype(self.dtype) if src.dtype != self.dtype else src
+    return out
+
+
+_copy.def_meta(lambda self, src, non_blocking=False: (expand_shape(src.shape, self.shape),
+                                                       TensorSpec(self.shape, self.dtype))[1])
+_copy.def_derivative(lambda grad, src_meta: (None, grad))
+
+
+@export("copy_", method=True, function=False)
+def copy_(self, src, non_blocking=False):
+    if not isinstance(src, Tensor):
+        raise TypeError(f"copy_(): argument 'src' must be Tensor, not {type(src).__name__}")
+    if src.device != self.device:
+        src = src.to(self.device)
+    return OPS["copy_"](self, src, non_blocking)
+
+
+@defop("fill.Scalar(Tensor self, Scalar value) -> Tensor", function=False, inplace=True)
+def _fill_scalar(xp, self, value):
+    if self.dtype == np.bool_:
+        value = bool(value)
+    elif self.dtype.kind in "iu" and isinstance(value, complex):
+        raise RuntimeError("value cannot be converted to type without overflow")
+    return xp.full(self.shape, value, dtype=self.dtype)
+
+
+_fill_scalar.def_meta(lambda self, value: TensorSpec(self.shape, self.dtype))
+_fill_scalar.def_derivative(lambda grad: None)
+
+
+def _zero_dim_value(name, value):
+    if value.ndim != 0:
+        raise RuntimeError(f"{name} only supports 0-dimension value tensor but got tensor with {value.ndim} "
+                           "dimensions.")
+
+
+@defop("fill.Tensor(Tensor self, Tensor value) -> Tensor", function=False, inplace=True)
+def _fill_tensor(xp, self, value):
+    _zero_dim_value("fill_", value)
+    return xp.full(self.shape, value.astype(self.dtype), dtype=self.dtype)
+
+
+_fill_tensor.def_meta(lambda self, value: (_zero_dim_value("fill_", value), TensorSpec(self.shape, self.dtype))[1])
+_fill_tensor.def_derivative(lambda grad: (None, grad.sum()))
+
+
+@export("fill")
+def fill(self, value):
+    return (_fill_tensor if isinstance(value, Tensor) else _fill_scalar)(self, value)
+
+
+@export("fill_", method=True, function=False)
+def fill_(self, value):
+    return OPS["fill_.Tensor" if isinstance(value, Tensor) else "fill_.Scalar"](self, value)
+
+
+@export("zero_", method=True)
+def zero_(self):
+    return OPS["fill_.Scalar"](self, 0)
+
+
+# ---- index_select / index_add / index_copy / index_fill -------------------------------------------------
+def _index_vec(name, index, xp=None):
+    if index.ndim > 1:
+        raise IndexError(f"{name}(): Index is supposed to be a vector")
+    if index.dtype not in (np.int64, np.int32) and index.dtype not in (D.int64, D.int32):
+        raise RuntimeError(f"{name}(): Expected dtype int32/int64 for index")
+
+
+def _dim_index(xp, name, self, dim, index):
+    _index_vec(name, index)
+    d = wrap_dim(dim, self.ndim)
+    size = self.shape[d] if self.ndim else 1
+    ix = index.reshape(-1)
+    if ix.size and (int(ix.max()) >= size or int(ix.min()) < -size):
+        raise IndexError(f"index out of range in self")
+    return d, ix
+
+
+@defop("index_select(Tensor self, int dim, Tensor index) -> Tensor", method=True)
+def index_select(xp, self, dim, index):
+    d, ix = _dim_index(xp, "index_select", self, dim, index)
+    if self.ndim == 0:
+        return self[()].reshape(()).copy() if index.ndim == 0 else xp.take(self.reshape(1), ix)
+    return xp.take(self, ix, axis=d)
+
+
+@index_select.def_meta
+def _(self, dim, index):
+    _index_vec("index_select", index)
+    d = wrap_dim(dim, self.ndim)
+    if self.ndim == 0:
+        return TensorSpec(index.shape, self.dtype)
+    shape = list(self.shape)
+    shape[d] = index.numel()
+    return TensorSpec(shape, self.dtype)
+
+
+@index_select.def_derivative
+def _(grad, self_meta, dim, index):
+    from .creation import zeros
+    z = zeros(self_meta.shape, dtype=grad.dtype, device=grad.device)
+    if self_meta.ndim == 0:
+        return z + grad.sum()
+    return z.index_add(dim, index.reshape(-1), grad)
+
+
+def _check_source(name, self, d, ix, source):
+    sshape = source.shape if source.ndim else (1,)
+    shape = self.shape if self.ndim else (1,)
+    if len(sshape) != len(shape) or sshape[d] != ix.shape[0] or any(
+            a != b for k, (a, b) in enumerate(zip(sshape, shape)) if k != d):
+        raise RuntimeError(f"{name}(): Source/destination tensor must have same slice shapes. Destination "
+                           f"slice shape: {list(shape[:d]) + list(shape[d + 1:])} at dimension {d} and source slice "
+                           f"shape: {list(sshape[:d]) + list(sshape[d + 1:])} at dimension {d}.")
+
+
+def _dim_write(xp, name, self, dim, index, source, how):
+    d, ix = _dim_index(xp, name, self, dim, index)
+    if source is not None:
+        _check_source(name, self, d, ix, source)
+    out = xp.array(self, copy=True)
+    o = xp.moveaxis(out.reshape(out.shape or (1,)), d, 0)
+    s = None if source is None else xp.moveaxis(source.reshape(source.shape or (1,)), d, 0)
+    how(o, ix, s)
+    return out
+
+
+@defop("index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor",
+       method=True, inplace=True)
+def index_add(xp, self, dim, index, source, *, alpha=1):
+    if source.dtype != self.dtype:
+        raise RuntimeError(f"index_add_(): self ({_tn(self.dtype)}) and source ({_tn(source.dtype)}) must have "
+                           "the same scalar type")
+    return _dim_write(xp, "index_add", self, dim, index, source,
+                      lambda o, ix, s: _ufunc_at(xp, "add" if o.dtype != np.bool_ else "logical_or", o, ix,
+                                                 s if alpha == 1 else (s * alpha).astype(o.dtype)))
+
+
+index_add.def_meta(lambda self, dim, index, source, *, alpha=1: TensorSpec(self.shape, self.dtype))
+
+
+@index_add.def_derivative
+def _(grad, dim, index, source_meta, alpha):
+    g = grad.index_select(dim, index.reshape(-1)) if grad.ndim else grad.reshape(1)
+    g = g.reshape(source_meta.shape)
+    return grad, None, g if alpha == 1 else g * alpha
+
+
+@defop("index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor", method=True, inplace=True)
+def index_copy(xp, self, dim, index, source):
+    if source.dtype != self.dtype:
+        raise RuntimeError(f"index_copy_(): self and source expected to have the same dtype, but got (self) "
+                           f"{_tn(self.dtype)} and (source) {_tn(source.dtype)}")
+
+    def put(o, ix, s):
+        o[ix] = s
+    return _dim_write(xp, "index_copy", self, dim, index, source, put)
+
+
+index_copy.def_meta(lambda self, dim, index, source: TensorSpec(self.shape, self.dtype))
+
+
+@index_copy.def_derivative
+def _(grad, dim, index, source_meta):
+    g = grad.index_select(dim, index.reshape(-1)) if grad.ndim else grad.reshape(1)
+    return grad.index_fill(dim, index, 0), None, g.reshape(source_meta.shape)
+
+
+def _fill_value(dtype, value):
+    return bool(value) if dtype == np.bool_ else value
+
+
+@defop("index_fill.int_Scalar(Tensor self, int dim, Tensor index, Scalar value) -> Tensor", function=False,
+       inplace=True)
+def _index_fill_s(xp, self, dim, index, value):
+    def put(o, ix, s):
+        o[ix] = _fill_value(o.dtype, value)
+    return _dim_write(xp, "index_fill", self, dim, index, None, put)
+
+
+@defop("index_fill.int_Tensor(Tensor self, int dim, Tensor index, Tensor value) -> Tensor", function=False,
+       inplace=True)
+def _index_fill_t(xp, self, dim, index, value):
+    if value.ndim:
+        raise RuntimeError(f"index_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+                           f"{value.ndim} dimension(s).")
+
+    def put(o, ix, s):
+        o[ix] = value.astype(o.dtype)
+    return _dim_write(xp, "index_fill", self, dim, index, None, put)
+
+
+for _op in (_index_fill_s, _index_fill_t):
+    _op.def_meta(lambda self, dim, index, value: TensorSpec(self.shape, self.dtype))
+_index_fill_s.def_derivative(lambda grad, dim, index: grad.index_fill(dim, index, 0))
+
+
+@_index_fill_t.def_derivative
+def _(grad, dim, index):
+    g = grad.index_select(dim, index.reshape(-1)) if grad.ndim else grad
+    return grad.index_fill(dim, index, 0), None, g.sum()
+
+
+@export("index_fill", method=True)
+def index_fill(self, dim, index, value):
+    return (_index_fill_t if isinstance(value, Tensor) else _index_fill_s)(self, dim, index, value)
+
+
+@export("index_fill_", method=True, function=False)
+def index_fill_(self, dim, index, value):
+    return OPS["index_fill_.int_Tensor" if isinstance(value, Tensor) else "index_fill_.int_Scalar"](
+        self, dim, index, value)
+
+
+from . import scatter  # noqa: E402,F401  (gather/scatter family)
+from . import masking  # noqa: E402,F401  (masked ops, nonzero, take/put, searchsorted, bincount, ...)

@@ -1,6 +1,6 @@
 """View and shape operators: view/reshape, transpose/permute, expand, squeeze/unsqueeze, narrow,
-select, slicing, diagonal, unfold, as_strided, split/chunk/unbind, flatten/unflatten, movedim,
-plus clone/contiguous and dtype/device conversion (`_to_copy`, `Tensor.to`).
+select, slicing, diagonal, unfold, as_strided, alias, plus clone/contiguous and dtype/device
+conversion (`_to_copy`, `Tensor.to`). The split family and flatten/movedim live in `views_split`.
 
 View ops return arrays sharing memory with their input (NumPy/CuPy strided views); the dispatcher
 marks the output as a view (shared version counter, `_base`) because the schema says `Tensor(a)`.
@@ -479,3 +479,269 @@ def _(grad, self_meta):
 @export("squeeze", method=True)
 def squeeze(self, dim=None):
     return _squeeze(self, None if dim is None else ((dim,) if isinstance(dim, int) else tuple(dim)))
+
+
+# ---- slicing views: slice, select, narrow, diagonal, unfold, as_strided --------------------------
+def _sel(dim, key):
+    return (slice(None),) * dim + (key,)
+
+
+def slice_bounds(size, start, end, step):
+    """PyTorch's slice normalisation: clamp start/end into [0, size], end >= start."""
+    if step <= 0:
+        raise RuntimeError("slice step must be positive")
+    start = 0 if start is None else start
+    end = size if end is None else end
+    if start < 0:
+        start += size
+    if end < 0:
+        end += size
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, end, (end - start + step - 1) // step
+
+
+@defop("slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)",
+       function=False)
+def slice_(xp, self, dim=0, start=None, end=None, step=1):
+    d = wrap_dim(dim, self.ndim)
+    s, e, _ = slice_bounds(self.shape[d], start, end, step)
+    return self[_sel(d, slice(s, e, step))]
+
+
+@slice_.def_meta
+def _(self, dim=0, start=None, end=None, step=1):
+    d = wrap_dim(dim, self.ndim)
+    s, e, n = slice_bounds(self.shape[d], start, end, step)
+    shape, st = list(self.shape), list(self.stride())
+    shape[d] = n
+    off = self.storage_offset() + s * st[d]
+    st[d] *= step
+    return TensorSpec(shape, self.dtype, st, off)
+
+
+@slice_.def_derivative
+def _(grad, self_meta, dim, start, end, step):
+    from .creation import zeros
+    z = zeros(self_meta.shape, dtype=grad.dtype, device=grad.device)
+    return z.slice_scatter(grad, dim, start, end, step)
+
+
+def _check_index(what, self_shape, dim, index):
+    size = self_shape[dim]
+    if index < -size or index >= size:
+        raise IndexError(f"{what}(): index {index} out of range for tensor of size {list(self_shape)} at "
+                         f"dimension {dim}")
+    return index + size if index < 0 else index
+
+
+@defop("select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)", method=True)
+def select(xp, self, dim, index):
+    if self.ndim == 0:
+        raise IndexError("select() cannot be applied to a 0-dim tensor.")
+    d = wrap_dim(dim, self.ndim)
+    return self[_sel(d, _check_index("select", self.shape, d, index))]
+
+
+@select.def_meta
+def _(self, dim, index):
+    if self.ndim == 0:
+        raise IndexError("select() cannot be applied to a 0-dim tensor.")
+    d = wrap_dim(dim, self.ndim)
+    i = _check_index("select", self.shape, d, index)
+    st = self.stride()
+    return TensorSpec(self.shape[:d] + self.shape[d + 1:], self.dtype, st[:d] + st[d + 1:],
+                      self.storage_offset() + i * st[d])
+
+
+@select.def_derivative
+def _(grad, self_meta, dim, index):
+    from .creation import zeros
+    return zeros(self_meta.shape, dtype=grad.dtype, device=grad.device).select_scatter(grad, dim, index)
+
+
+@export("narrow", method=True)
+def narrow(self, dim, start, length):
+    if self.ndim == 0:
+        raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
+    if isinstance(start, Tensor):
+        start = int(start.item())
+    d = wrap_dim(dim, self.ndim)
+    size = self.shape[d]
+    if length < 0:
+        raise RuntimeError("narrow(): length must be non-negative.")
+    if not -size <= start <= size:
+        raise IndexError(f"start out of range (expected to be in range of [{-size}, {size}], but got {start})")
+    if start < 0:
+        start += size
+    if start + length > size:
+        raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
+    return slice_(self, d, start, start + length, 1)
+
+
+def _diag_geometry(shape, strides, offset, dim1, dim2):
+    n = len(shape)
+    d1, d2 = wrap_dim(dim1, n), wrap_dim(dim2, n)
+    if d1 == d2:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    return d1, d2
+
+
+def _diag_len(shape, offset, d1, d2):
+    if offset >= 0:
+        return max(min(shape[d1], shape[d2] - offset), 0)
+    return max(min(shape[d1] + offset, shape[d2]), 0)
+
+
+def _diag_spec(shape, st, off, offset, d1, d2):
+    L = _diag_len(shape, offset, d1, d2)
+    if L > 0:
+        off += offset * st[d2] if offset >= 0 else -offset * st[d1]
+    keep = [i for i in range(len(shape)) if i not in (d1, d2)]
+    return [shape[i] for i in keep] + [L], [st[i] for i in keep] + [st[d1] + st[d2]], off
+
+
+@defop("diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)", method=True)
+def diagonal(xp, self, offset=0, dim1=0, dim2=1):
+    d1, d2 = _diag_geometry(self.shape, None, offset, dim1, dim2)
+    it = self.itemsize
+    shape, st, off = _diag_spec(self.shape, [s // it for s in self.strides], 0, offset, d1, d2)
+    base = self
+    if shape[-1] > 0 and off:
+        base = self[_sel(d2, slice(offset, None))] if offset >= 0 else self[_sel(d1, slice(-offset, None))]
+    return xp.lib.stride_tricks.as_strided(base, shape, [s * it for s in st])
+
+
+@diagonal.def_meta
+def _(self, offset=0, dim1=0, dim2=1):
+    d1, d2 = _diag_geometry(self.shape, None, offset, dim1, dim2)
+    shape, st, off = _diag_spec(self.shape, self.stride(), self.storage_offset(), offset, d1, d2)
+    return TensorSpec(shape, self.dtype, st, off)
+
+
+@diagonal.def_derivative
+def _(grad, self_meta, offset, dim1, dim2):
+    from .creation import zeros
+    z = zeros(self_meta.shape, dtype=grad.dtype, device=grad.device)
+    return z.diagonal_scatter(grad, offset, dim1, dim2)
+
+
+def _unfold_geometry(shape, st, dimension, size, step):
+    n = len(shape)
+    d = wrap_dim(dimension, n)
+    dsize = shape[d] if n else 1
+    if size > dsize:
+        raise RuntimeError(f"maximum size for tensor at dimension {d} is {dsize} but size is {size}")
+    if step <= 0:
+        raise RuntimeError(f"step is {step} but must be > 0")
+    if not n:
+        return (size,), (1,)
+    nw = (dsize - size) // step + 1
+    shape, sst = list(shape), list(st)
+    shape[d] = nw
+    sst[d] = st[d] * step
+    return tuple(shape) + (size,), tuple(sst) + (st[d],)
+
+
+@defop("unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)", method=True, function=False)
+def unfold(xp, self, dimension, size, step):
+    it = self.itemsize
+    shape, st = _unfold_geometry(self.shape, [s // it for s in self.strides], dimension, size, step)
+    return xp.lib.stride_tricks.as_strided(self, shape, [s * it for s in st])
+
+
+@unfold.def_meta
+def _(self, dimension, size, step):
+    shape, st = _unfold_geometry(self.shape, self.stride(), dimension, size, step)
+    return TensorSpec(shape, self.dtype, st, self.storage_offset())
+
+
+@unfold.def_derivative
+def _(grad, self_meta, dimension, size, step):
+    from .creation import zeros, tensor
+    shape = self_meta.shape
+    if not len(shape):
+        return grad.sum().reshape(())
+    d = wrap_dim(dimension, len(shape))
+    nw = grad.shape[d]
+    idx = (np.arange(nw)[:, None] * step + np.arange(size)[None, :]).reshape(-1)
+    g = grad.movedim(-1, d + 1).reshape(tuple(shape[:d]) + (nw * size,) + tuple(shape[d + 1:]))
+    z = zeros(shape, dtype=grad.dtype, device=grad.device)
+    return z.index_add(d, tensor(idx, device=grad.device), g)
+
+
+def storage_root(a):
+    """The array owning `a`'s memory, viewed as a flat 1-D array of `a`'s dtype."""
+    root = a
+    while getattr(root, "base", None) is not None and hasattr(root.base, "dtype"):
+        root = root.base
+    from .._tensor import _ptr
+    nbytes = root.size * root.itemsize
+    start = (_ptr(a) - _ptr(root)) // a.itemsize
+    flat = root.reshape(-1) if root.flags["C_CONTIGUOUS"] else root.ravel(order="K")
+    if flat.dtype != a.dtype:
+        flat = flat.view(a.dtype)
+    return flat, start, nbytes // a.itemsize
+
+
+def _check_as_strided(size, stride, storage_offset, storage_size, itemsize):
+    if len(size) != len(stride):
+        raise RuntimeError(f"mismatch in length of strides and shape")
+    if any(s < 0 for s in stride):
+        raise RuntimeError("as_strided: Negative strides are not supported at the moment, got strides: "
+                           f"{list(stride)}")
+    if storage_offset < 0:
+        raise RuntimeError(f"Tensor: invalid storage offset {storage_offset}")
+    need = 0 if any(s == 0 for s in size) else storage_offset + 1 + sum((s - 1) * t for s, t in zip(size, stride))
+    if storage_size is not None and need > storage_size:
+        raise RuntimeError(f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset "
+                           f"{storage_offset}, and itemsize {itemsize} requiring a storage size of "
+                           f"{need * itemsize} are out of bounds for storage of size {storage_size * itemsize}")
+
+
+@defop("as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)",
+       method=True)
+def as_strided(xp, self, size, stride, storage_offset=None):
+    flat, start, n = storage_root(self)
+    off = start if storage_offset is None else storage_offset
+    _check_as_strided(size, stride, off, n, self.itemsize)
+    return xp.lib.stride_tricks.as_strided(flat[off:], tuple(size), tuple(s * self.itemsize for s in stride))
+
+
+@as_strided.def_meta
+def _(self, size, stride, storage_offset=None):
+    off = self.storage_offset() if storage_offset is None else storage_offset
+    _check_as_strided(size, stride, off, None, self.dtype.itemsize)
+    return TensorSpec(size, self.dtype, stride, off)
+
+
+@as_strided.def_derivative
+def _(grad, self_geometry, size, stride, storage_offset):
+    from .creation import zeros, tensor
+    from ..autograd.graph import _positions
+    g = self_geometry
+    pin = _positions(tuple(g.shape), g.stride(), g.storage_offset()).reshape(-1)
+    off = g.storage_offset() if storage_offset is None else storage_offset
+    pout = _positions(tuple(size), tuple(stride), off).reshape(-1)
+    top = int(max(pin.max(initial=0), pout.max(initial=0))) + 1
+    store = np.full(top, -1, dtype=np.int64)
+    store[pin] = np.arange(pin.size, dtype=np.int64)
+    src = store[pout]
+    keep = np.nonzero(src >= 0)[0]
+    z = zeros((pin.size,), dtype=grad.dtype, device=grad.device)
+    gflat = grad.reshape(-1)
+    if keep.size != src.size:
+        gflat = gflat.take(tensor(keep, device=grad.device))
+    return z.index_add(0, tensor(src[keep], device=grad.device), gflat).reshape(g.shape)
+
+
+@defop("alias(Tensor(a) self) -> Tensor(a)")
+def alias(xp, self):
+    return self.view()
+
+
+alias.def_meta(lambda self: TensorSpec(self.shape, self.dtype, self.stride(), self.storage_offset()))
+alias.def_derivative(lambda grad: grad)
+
+
+from . import views_split  # noqa: E402,F401  (split/unbind/flatten/movedim: views over these)
