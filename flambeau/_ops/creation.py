@@ -35,6 +35,16 @@ def _size(size) -> tuple:
     return tuple(out)
 
 
+def _size_kw(size, kw, name):
+    """Accept PyTorch's `size=` keyword alongside positional sizes."""
+    if kw:
+        if set(kw) != {"size"} or size:
+            bad = next(k for k in kw if k != "size") if set(kw) != {"size"} else "size"
+            raise TypeError(f"{name}() got an unexpected keyword argument '{bad}'")
+        return (kw["size"],)
+    return size
+
+
 def _dt(dtype, default=None):
     if dtype is None:
         return default or _state.default_dtype
@@ -96,22 +106,22 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False, layo
 
 @export()
 def zeros(*size, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False, out=None,
-          names=None):
-    t = _full(_size(size), 0, dtype=_dt(dtype), device=device)
+          names=None, **kw):
+    t = _full(_size(_size_kw(size, kw, "zeros")), 0, dtype=_dt(dtype), device=device)
     return _finish(t, requires_grad) if out is None else out.resize_(t.shape).copy_(t)
 
 
 @export()
 def ones(*size, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False, out=None,
-         names=None):
-    t = _full(_size(size), 1, dtype=_dt(dtype), device=device)
+         names=None, **kw):
+    t = _full(_size(_size_kw(size, kw, "ones")), 1, dtype=_dt(dtype), device=device)
     return _finish(t, requires_grad) if out is None else out.resize_(t.shape).copy_(t)
 
 
 @export()
 def empty(*size, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False,
-          memory_format=None, out=None, names=None):
-    t = _empty(_size(size), dtype=_dt(dtype), device=device)
+          memory_format=None, out=None, names=None, **kw):
+    t = _empty(_size(_size_kw(size, kw, "empty")), dtype=_dt(dtype), device=device)
     return _finish(t, requires_grad) if out is None else out.resize_(t.shape)
 
 
@@ -165,7 +175,7 @@ def _infer_dtype(data) -> D.dtype:
             if found is None or D.promote_types(found, x._dtype) is not found:
                 found = x._dtype if found is None else D.promote_types(found, x._dtype)
             continue
-        if isinstance(x, np.ndarray):
+        if isinstance(x, (np.ndarray, np.generic)) and not isinstance(x, (np.str_, np.bytes_)):
             dt = D.from_numpy_dtype(x.dtype)
             found = dt if found is None else D.promote_types(found, dt)
             continue
@@ -180,6 +190,8 @@ def _infer_dtype(data) -> D.dtype:
             cat = max(cat, 2)
         elif isinstance(x, (complex, np.complexfloating)):
             cat = max(cat, 3)
+        elif isinstance(x, (str, bytes)):
+            raise ValueError(f"too many dimensions '{type(x).__name__}'")
         else:
             raise TypeError(f"new(): invalid data type '{type(x).__name__}'")
     scal = {-1: None, 0: D.bool, 1: D.int64, 2: _state.default_dtype,
@@ -191,12 +203,66 @@ def _infer_dtype(data) -> D.dtype:
     return D.promote_types(found, scal) if scal.category > found.category else found
 
 
+def _nested_shape(data) -> tuple:
+    """The shape of nested sequences, with PyTorch's errors for ragged or mixed nesting."""
+    shape = []
+    x = data
+    while True:
+        if isinstance(x, (list, tuple)):
+            shape.append(len(x))
+            if not x:
+                break
+            x = x[0]
+        elif isinstance(x, (Tensor, np.ndarray)):
+            if x.ndim and x.size != 1 or not shape:
+                shape.extend(x.shape)
+            break
+        else:
+            break
+    _check_nested(data, tuple(shape), 0)
+    return tuple(shape)
+
+
+def _check_nested(x, shape, d):
+    if isinstance(x, (list, tuple)):
+        if d >= len(shape):
+            raise ValueError(f"expected a scalar at dim {d} but got a sequence of length {len(x)}")
+        if len(x) != shape[d]:
+            raise ValueError(f"expected sequence of length {shape[d]} at dim {d} (got {len(x)})")
+        for y in x:
+            _check_nested(y, shape, d + 1)
+    elif isinstance(x, (Tensor, np.ndarray)):
+        if tuple(x.shape) != shape[d:] and not (d == len(shape) and x.size == 1):
+            if d == len(shape):
+                raise ValueError("only one element tensors can be converted to Python scalars")
+            raise ValueError(f"expected sequence of length {shape[d]} at dim {d} (got {len(x)})")
+    elif d < len(shape):
+        raise TypeError("not a sequence")
+
+
 def _to_host(data):
     if isinstance(data, Tensor):
         return np.asarray(data.detach()._host())
     if isinstance(data, (list, tuple)):
         return [_to_host(x) for x in data]
     return data
+
+
+def _flat_values(host, shape):
+    """Nested sequences (validated) as one flat list of scalars or 0-dim arrays."""
+    if len(shape) == 0:
+        return host.reshape(()) if isinstance(host, np.ndarray) else host
+    out = []
+    stack = [host]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (list, tuple)):
+            stack.extend(reversed(x))
+        elif isinstance(x, np.ndarray):
+            out.extend(x.reshape(-1))
+        else:
+            out.append(x)
+    return out
 
 
 @export()
@@ -207,11 +273,16 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=Fal
         dt = _dt(dtype)
     dev = canonical(device if device is not None else (data.device if isinstance(data, Tensor) and device is None
                                                        and _state.default_device is None else _state.default_device))
+    shape = _nested_shape(data) if isinstance(data, (list, tuple)) else None
     host = _to_host(data)
     try:
+        if shape is not None:
+            host = _flat_values(host, shape)
         arr = np.array(host, dtype=dt.np if dt.np.kind != "V" else None)
         if arr.dtype != dt.np:
             arr = arr.astype(dt.np)
+        if shape is not None:
+            arr = arr.reshape(shape)
     except (ValueError, OverflowError) as e:
         if isinstance(e, OverflowError):
             raise RuntimeError(f"value cannot be converted to type {dt.name} without overflow") from None
@@ -256,3 +327,187 @@ def from_numpy(arr: np.ndarray) -> Tensor:
 @export()
 def scalar_tensor(s, *, dtype=None, device=None, requires_grad=False):
     return full((), s, dtype=_dt(dtype), device=device, requires_grad=requires_grad)
+
+
+# ---- ranges and eye ------------------------------------------------------------------------
+def _scalar(x):
+    if isinstance(x, Tensor):
+        return x.item()
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
+def _range_dtype(dtype, *vals):
+    if dtype is not None:
+        return _dt(dtype)
+    if any(isinstance(v, (float, complex)) for v in vals):
+        return _state.default_dtype
+    return D.int64
+
+
+@defop("arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, "
+       "Device? device=None) -> Tensor", function=False)
+def _arange(xp, start, end, step=1, *, dtype=None, device=None):
+    n = _arange_len(start, end, step, dtype)
+    if dtype.category <= 1:
+        return (int(start) + xp.arange(n, dtype=np.int64) * int(step)).astype(dtype.np)
+    return (start + xp.arange(n, dtype=np.float64) * step).astype(dtype.np)
+
+
+def _arange_len(start, end, step, dtype):
+    if dtype.category <= 1:
+        start, end, step = int(start), int(end), int(step)
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if not all(math.isfinite(v) for v in (start, end)):
+        raise RuntimeError(f"unsupported range: {start} -> {end}")
+    if (step > 0 and end < start) or (step < 0 and end > start):
+        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+    return max(0, math.ceil((end - start) / step))
+
+
+_arange.def_meta(lambda start, end, step=1, *, dtype=None, device=None:
+                 TensorSpec((_arange_len(start, end, step, dtype),), dtype))
+
+
+@export()
+def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False, layout=None,
+           pin_memory=False, out=None):
+    if end is None:
+        start, end = 0, start
+    start, end, step = _scalar(start), _scalar(end), _scalar(step)
+    dt = _range_dtype(dtype, start, end, step)
+    if dt is D.bool:
+        raise RuntimeError("\"arange_cpu\" not implemented for 'Bool'")
+    t = _arange(start, end, step, dtype=dt, device=device)
+    return _finish(t, requires_grad) if out is None else out.resize_(t.shape).copy_(t)
+
+
+@export("range")
+def range_(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False, layout=None, out=None):
+    import warnings
+    warnings.warn("torch.range is deprecated and will be removed in a future release because its behavior is "
+                  "inconsistent with Python's range builtin. Instead, use torch.arange, which produces values "
+                  "in [start, end).", UserWarning, stacklevel=2)
+    if end is None:
+        start, end = 0, start
+    start, end, step = _scalar(start), _scalar(end), _scalar(step)
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if (step > 0 and end < start) or (step < 0 and end > start):
+        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+    dt = _dt(dtype)
+    n = int(math.floor((end - start) / step)) + 1
+    t = _arange(start, start + n * step - step / 2 if dt.category >= 2 else start + n * step, step, dtype=dt,
+                device=device)
+    return _finish(t, requires_grad) if out is None else out.resize_(t.shape).copy_(t)
+
+
+def _lin_values(xp, start, end, steps, npdt):
+    """PyTorch's linspace: the first half counts up from start, the second half down from end."""
+    if steps == 1:
+        return xp.full((1,), start, dtype=npdt)
+    step = (npdt.type(end) - npdt.type(start)) / npdt.type(steps - 1)
+    i = xp.arange(steps, dtype=npdt)
+    half = steps // 2
+    return xp.where(i < half, npdt.type(start) + step * i, npdt.type(end) - step * (steps - 1 - i))
+
+
+@defop("linspace(Scalar start, Scalar end, int steps, *, ScalarType? dtype=None, Device? device=None) -> Tensor",
+       function=False)
+def _linspace(xp, start, end, steps, *, dtype=None, device=None):
+    cd = np.dtype(np.float64) if dtype.category <= 1 or dtype in D.LOW_PRECISION else dtype.np
+    if dtype.category == 3:
+        cd = dtype.np
+    v = _lin_values(xp, start, end, steps, cd)
+    return v.astype(dtype.np)
+
+
+def _steps(steps):
+    steps = _scalar(steps)
+    if steps < 0:
+        raise RuntimeError("number of steps must be non-negative")
+    return int(steps)
+
+
+_linspace.def_meta(lambda start, end, steps, *, dtype=None, device=None: TensorSpec((_steps(steps),), dtype))
+
+
+def _lin_dtype(dtype, start, end):
+    if dtype is not None:
+        return _dt(dtype)
+    if isinstance(start, complex) or isinstance(end, complex):
+        return D.complex128 if _state.default_dtype is D.float64 else D.complex64
+    return _state.default_dtype
+
+
+@export()
+def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False, layout=None, out=None):
+    start, end, steps = _scalar(start), _scalar(end), _steps(steps)
+    t = _linspace(start, end, steps, dtype=_lin_dtype(dtype, start, end), device=device)
+    return _finish(t, requires_grad) if out is None else out.resize_(t.shape).copy_(t)
+
+
+@defop("logspace(Scalar start, Scalar end, int steps, float base=10.0, *, ScalarType? dtype=None, "
+       "Device? device=None) -> Tensor", function=False)
+def _logspace(xp, start, end, steps, base=10.0, *, dtype=None, device=None):
+    cd = np.dtype(np.complex128) if dtype.category == 3 else np.dtype(np.float64)
+    return (cd.type(base) ** _lin_values(xp, start, end, steps, cd)).astype(dtype.np)
+
+
+_logspace.def_meta(lambda start, end, steps, base=10.0, *, dtype=None, device=None:
+                   TensorSpec((_steps(steps),), dtype))
+
+
+@export()
+def logspace(start, end, steps, base=10.0, *, dtype=None, device=None, requires_grad=False, layout=None, out=None):
+    start, end, steps = _scalar(start), _scalar(end), _steps(steps)
+    t = _logspace(start, end, steps, base, dtype=_lin_dtype(dtype, start, end), device=device)
+    return _finish(t, requires_grad) if out is None else out.resize_(t.shape).copy_(t)
+
+
+def _eye_shape(n, m):
+    if n < 0:
+        raise RuntimeError(f"n must be greater or equal to 0, got {n}")
+    if m < 0:
+        raise RuntimeError(f"m must be greater or equal to 0, got {m}")
+    return (n, m)
+
+
+@defop("eye.m(SymInt n, SymInt m, *, ScalarType? dtype=None, Device? device=None) -> Tensor", function=False)
+def _eye(xp, n, m, *, dtype=None, device=None):
+    _eye_shape(n, m)
+    return xp.eye(n, m, dtype=dtype.np)
+
+
+_eye.def_meta(lambda n, m, *, dtype=None, device=None: TensorSpec(_eye_shape(n, m), dtype))
+
+
+@export()
+def eye(n, m=None, *, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False, out=None):
+    n = _scalar(n)
+    m = n if m is None else _scalar(m)
+    t = _eye(n, m, dtype=_dt(dtype), device=device)
+    return _finish(t, requires_grad) if out is None else out.resize_(t.shape).copy_(t)
+
+
+@defop("empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Device? device=None) -> Tensor",
+       function=False)
+def _empty_strided(xp, size, stride, *, dtype=None, device=None):
+    if len(size) != len(stride):
+        raise RuntimeError(f"mismatch in length of strides and shape")
+    n = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0
+    base = xp.zeros(n, dtype=dtype.np)
+    it = dtype.np.itemsize
+    return xp.lib.stride_tricks.as_strided(base, tuple(size), tuple(st * it for st in stride))
+
+
+_empty_strided.def_meta(lambda size, stride, *, dtype=None, device=None:
+                        TensorSpec(size, dtype, tuple(stride)))
+
+
+@export()
+def empty_strided(size, stride, *, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False):
+    t = _empty_strided(_size((size,)), tuple(int(s) for s in stride), dtype=_dt(dtype), device=device)
+    return _finish(t, requires_grad)
