@@ -93,6 +93,15 @@ _c = _conj
 
 abs = unary("abs", lambda xp, a: xp.abs(a), lambda grad, self: grad * self.sgn(), kind="same",
             bad=(0,), real_out=True)
+
+
+@export("abs_", method=True, function=False)
+def abs_(self):
+    if self.is_complex():
+        raise RuntimeError("In-place abs is not supported for complex tensors.")
+    return abs.inplace(self)
+
+
 sign = unary("sign", lambda xp, a: a.copy() if a.dtype == bool else xp.sign(a),
              lambda grad: _zeros(grad), kind="same", bad=(3,))
 
@@ -275,8 +284,8 @@ def _finfo(npdt):
 
 
 def _nan_to_num_real(xp, a, nan, posinf, neginf, fi):
-    hi = fi.max if posinf is None else posinf
-    lo = fi.min if neginf is None else neginf
+    hi = float(fi.max) if posinf is None else posinf
+    lo = float(fi.min) if neginf is None else neginf
     r = xp.where(xp.isnan(a), nan if nan is not None else 0.0, a)
     return xp.where(r == xp.inf, hi, xp.where(r == -xp.inf, lo, r)).astype(a.dtype)
 
@@ -284,7 +293,7 @@ def _nan_to_num_real(xp, a, nan, posinf, neginf, fi):
 @defop("nan_to_num(Tensor self, float? nan=0.0, float? posinf=None, float? neginf=None) -> Tensor",
        method=True, inplace=True)
 def nan_to_num(xp, self, nan=0.0, posinf=None, neginf=None):
-    if self.dtype.kind not in "fc":
+    if D.FROM_NP[self.dtype].category < 2:
         return self.copy()
     fi = _finfo(self.real.dtype)
     a = self.astype(np.float32) if self.dtype.itemsize <= 2 else self
@@ -329,7 +338,7 @@ def _(n, self):
 
 @polygamma.def_derivative
 def _(grad, n, self):
-    return None, grad * polygamma(n + 1, self)
+    return grad * polygamma(n + 1, self)
 
 
 @export("polygamma", method=True, function=False)
