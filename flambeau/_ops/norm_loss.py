@@ -1,1 +1,519 @@
-"""(being written)"""
+"""Normalisation and dropout: layer_norm, batch_norm (running statistics updated in place),
+group_norm, instance_norm, rms_norm, and dropout / feature dropout / alpha dropout.
+
+Each normalisation is one op returning its output with the statistics it saved (mean, rstd), and a
+backward op that uses them (the fused formula
+`dx = rstd * (dy*w - mean(dy*w) - xhat * mean(dy*w * xhat))` over the normalised axes). Losses are
+in `loss.py`, scaled_dot_product_attention in `attention.py`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _dtype as D
+from ._registry import defop, export, TensorSpec
+from ._helpers import opmath
+
+
+def _float(name, x):
+    dt = D.FROM_NP[x.dtype]
+    if dt.category < 2:
+        from .._dispatch import type_name
+        raise RuntimeError(f"\"{name}\" not implemented for '{type_name(dt)}'")
+    return dt, opmath(dt)
+
+
+def _c(x, cd):
+    return None if x is None else x.astype(cd, copy=False)
+
+
+def _stats(xp, x, axes, eps):
+    mean = x.mean(axis=axes, keepdims=True)
+    xc = x - mean
+    var = (xc * xc).mean(axis=axes, keepdims=True)
+    return mean, var, 1 / xp.sqrt(var + eps)
+
+
+def _norm_backward(xp, g, xhat, rstd, axes, gamma=None):
+    gh = g if gamma is None else g * gamma
+    return rstd * (gh - gh.mean(axis=axes, keepdims=True) - xhat * (gh * xhat).mean(axis=axes, keepdims=True))
+
+
+# ---- layer_norm -------------------------------------------------------------------------------
+def _ln_check(shape, normalized_shape, weight, bias):
+    ns = tuple(normalized_shape)
+    if not ns:
+        raise RuntimeError("Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
+                           "least one element, but got normalized_shape = []")
+    for w, n in ((weight, "weight"), (bias, "bias")):
+        if w is not None and tuple(w.shape) != ns:
+            raise RuntimeError(f"Expected {n} to be of same shape as normalized_shape, but got {n} of shape "
+                               f"{list(w.shape)} and normalized_shape = {list(ns)}")
+    if tuple(shape[len(shape) - len(ns):]) != ns or len(shape) < len(ns):
+        raise RuntimeError(f"Given normalized_shape={list(ns)}, expected input with shape "
+                           f"[*, {', '.join(map(str, ns))}], but got input of size{list(shape)}")
+    return tuple(range(len(shape) - len(ns), len(shape)))
+
+
+@defop("native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) "
+       "-> (Tensor, Tensor, Tensor)")
+def native_layer_norm(xp, input, normalized_shape, weight, bias, eps):
+    axes = _ln_check(input.shape, normalized_shape, weight, bias)
+    dt, cd = _float("LayerNorm", input)
+    x = input.astype(cd, copy=False)
+    mean, _, rstd = _stats(xp, x, axes, eps)
+    y = (x - mean) * rstd
+    if weight is not None:
+        y = y * _c(weight, cd)
+    if bias is not None:
+        y = y + _c(bias, cd)
+    return y.astype(dt.np), mean.astype(dt.np), rstd.astype(dt.np)
+
+
+@native_layer_norm.def_meta
+def _(input, normalized_shape, weight, bias, eps):
+    axes = _ln_check(input.shape, normalized_shape, weight, bias)
+    st = tuple(1 if i in axes else s for i, s in enumerate(input.shape))
+    return TensorSpec(input.shape, input.dtype), TensorSpec(st, input.dtype), TensorSpec(st, input.dtype)
+
+
+@defop("native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, "
+       "Tensor rstd, Tensor? weight, Tensor? bias) -> (Tensor, Tensor, Tensor)", function=False)
+def native_layer_norm_backward(xp, grad_out, input, normalized_shape, mean, rstd, weight, bias):
+    axes = _ln_check(input.shape, normalized_shape, weight, bias)
+    dt, cd = _float("LayerNorm", input)
+    g = grad_out.astype(cd, copy=False)
+    rstd = _c(rstd, cd)
+    xhat = (input.astype(cd, copy=False) - _c(mean, cd)) * rstd
+    gx = _norm_backward(xp, g, xhat, rstd, axes, _c(weight, cd))
+    outer = tuple(range(input.ndim - len(axes)))
+    gw = None if weight is None else (g * xhat).sum(axis=outer).astype(weight.dtype)
+    gb = None if bias is None else g.sum(axis=outer).astype(bias.dtype)
+    return gx.astype(dt.np), gw, gb
+
+
+@native_layer_norm_backward.def_meta
+def _(grad_out, input, normalized_shape, mean, rstd, weight, bias):
+    def spec(t):
+        return None if t is None else TensorSpec(t.shape, t.dtype)
+    return spec(input), spec(weight), spec(bias)
+
+
+@native_layer_norm.def_derivative
+def _(grad, input, normalized_shape, weight, bias, result):
+    return native_layer_norm_backward(grad[0], input, normalized_shape, result[1], result[2], weight, bias)
+
+
+@export("layer_norm", namespace="nn.functional")
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    return native_layer_norm(input, tuple(normalized_shape), weight, bias, eps)[0]
+
+
+# ---- rms_norm ---------------------------------------------------------------------------------
+def _rms_eps(eps, dt):
+    return float(np.finfo(dt.np).eps) if eps is None else eps
+
+
+@defop("_fused_rms_norm(Tensor input, int[] normalized_shape, Tensor? weight, float? eps) -> (Tensor, Tensor)",
+       function=False)
+def _fused_rms_norm(xp, input, normalized_shape, weight, eps):
+    axes = _ln_check(input.shape, normalized_shape, weight, None)
+    dt, cd = _float("rms_norm", input)
+    x = input.astype(cd, copy=False)
+    rstd = 1 / xp.sqrt((x * x).mean(axis=axes, keepdims=True) + _rms_eps(eps, dt))
+    y = x * rstd
+    if weight is not None:
+        y = y * _c(weight, cd)
+    return y.astype(dt.np), rstd.astype(cd)
+
+
+@_fused_rms_norm.def_meta
+def _(input, normalized_shape, weight, eps):
+    axes = _ln_check(input.shape, normalized_shape, weight, None)
+    st = tuple(1 if i in axes else s for i, s in enumerate(input.shape))
+    return TensorSpec(input.shape, input.dtype), TensorSpec(st, D.FROM_NP[opmath(input.dtype)])
+
+
+@defop("_fused_rms_norm_backward(Tensor grad_out, Tensor input, int[] normalized_shape, Tensor rstd, "
+       "Tensor? weight) -> (Tensor, Tensor)", function=False)
+def _fused_rms_norm_backward(xp, grad_out, input, normalized_shape, rstd, weight):
+    axes = _ln_check(input.shape, normalized_shape, weight, None)
+    dt, cd = _float("rms_norm", input)
+    g = grad_out.astype(cd, copy=False)
+    xhat = input.astype(cd, copy=False) * rstd
+    gh = g if weight is None else g * _c(weight, cd)
+    gx = rstd * (gh - xhat * (gh * xhat).mean(axis=axes, keepdims=True))
+    outer = tuple(range(input.ndim - len(axes)))
+    gw = None if weight is None else (g * xhat).sum(axis=outer).astype(weight.dtype)
+    return gx.astype(dt.np), gw
+
+
+_fused_rms_norm_backward.def_meta(lambda grad_out, input, normalized_shape, rstd, weight: (
+    TensorSpec(input.shape, input.dtype), None if weight is None else TensorSpec(weight.shape, weight.dtype)))
+
+
+@_fused_rms_norm.def_derivative
+def _(grad, input, normalized_shape, weight, result):
+    return _fused_rms_norm_backward(grad[0], input, normalized_shape, result[1], weight)
+
+
+@export("rms_norm", namespace="nn.functional")
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    return _fused_rms_norm(input, tuple(normalized_shape), weight, eps)[0]
+
+
+# ---- batch_norm -------------------------------------------------------------------------------
+def _bn_shape(x, t):
+    return None if t is None else t.reshape((1, -1) + (1,) * (x.ndim - 2))
+
+
+def _bn_check(input, weight, bias, running_mean, running_var):
+    if len(input.shape) < 2:
+        raise RuntimeError(f"batch_norm: expected input to have at least 2 dims, got {len(input.shape)}")
+    c = input.shape[1]
+    for t, n in ((weight, "weight"), (bias, "bias"), (running_mean, "running_mean"), (running_var, "running_var")):
+        if t is not None and tuple(t.shape) != (c,):
+            raise RuntimeError(f"{n} should contain {c} elements not {int(np.prod(t.shape))}")
+
+
+@defop("native_batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, "
+       "bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)")
+def native_batch_norm(xp, input, weight, bias, running_mean, running_var, training, momentum, eps):
+    _bn_check(input, weight, bias, running_mean, running_var)
+    dt, cd = _float("batch_norm", input)
+    x = input.astype(cd, copy=False)
+    axes = (0,) + tuple(range(2, x.ndim))
+    if training:
+        mean, var, rstd = _stats(xp, x, axes, eps)
+        n = x.size // x.shape[1] if x.shape[1] else 0
+        if running_mean is not None:
+            running_mean[...] = (1 - momentum) * running_mean + momentum * mean.reshape(-1)
+        if running_var is not None:
+            unbiased = var.reshape(-1) * (n / (n - 1) if n > 1 else float("nan"))
+            running_var[...] = (1 - momentum) * running_var + momentum * unbiased
+    else:
+        if running_mean is None or running_var is None:
+            raise RuntimeError("running_mean and running_var must be defined in evaluation mode")
+        mean = _bn_shape(x, _c(running_mean, cd))
+        rstd = 1 / xp.sqrt(_bn_shape(x, _c(running_var, cd)) + eps)
+    y = (x - mean) * rstd
+    if weight is not None:
+        y = y * _bn_shape(x, _c(weight, cd))
+    if bias is not None:
+        y = y + _bn_shape(x, _c(bias, cd))
+    return y.astype(dt.np), mean.reshape(-1).astype(cd), rstd.reshape(-1).astype(cd)
+
+
+@native_batch_norm.def_meta
+def _(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    _bn_check(input, weight, bias, running_mean, running_var)
+    sdt = D.FROM_NP[opmath(input.dtype)]
+    c = (input.shape[1],)
+    return TensorSpec(input.shape, input.dtype), TensorSpec(c, sdt), TensorSpec(c, sdt)
+
+
+@defop("native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor save_mean, "
+       "Tensor save_invstd, bool train, Tensor? bias) -> (Tensor, Tensor, Tensor)", function=False)
+def native_batch_norm_backward(xp, grad_out, input, weight, save_mean, save_invstd, train, bias):
+    dt, cd = _float("batch_norm", input)
+    x = input.astype(cd, copy=False)
+    g = grad_out.astype(cd, copy=False)
+    axes = (0,) + tuple(range(2, x.ndim))
+    rstd = _bn_shape(x, _c(save_invstd, cd))
+    xhat = (x - _bn_shape(x, _c(save_mean, cd))) * rstd
+    gamma = _bn_shape(x, _c(weight, cd))
+    if train:
+        gx = _norm_backward(xp, g, xhat, rstd, axes, gamma)
+    else:
+        gx = g * rstd * (1 if gamma is None else gamma)
+    gw = None if weight is None else (g * xhat).sum(axis=axes).astype(weight.dtype)
+    gb = None if bias is None else g.sum(axis=axes).astype(bias.dtype)
+    return gx.astype(dt.np), gw, gb
+
+
+native_batch_norm_backward.def_meta(lambda grad_out, input, weight, save_mean, save_invstd, train, bias: (
+    TensorSpec(input.shape, input.dtype), None if weight is None else TensorSpec(weight.shape, weight.dtype),
+    None if bias is None else TensorSpec(bias.shape, bias.dtype)))
+
+
+@native_batch_norm.def_derivative
+def _(grad, input, weight, bias, training, result):
+    return (*native_batch_norm_backward(grad[0], input, weight, result[1], result[2], training, bias), None, None)
+
+
+def _size_check(input, training):
+    if not training:
+        return
+    shape = tuple(input.shape)
+    n = 1
+    for i, s in enumerate(shape):
+        if i != 1:
+            n *= s
+    if n == 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size "
+                         f"torch.Size({list(shape)})")
+
+
+@export("batch_norm", namespace="nn.functional", function=False)
+def F_batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    _size_check(input, training)
+    return native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[0]
+
+
+@export("batch_norm")
+def batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled=True):
+    return native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[0]
+
+
+# ---- group_norm / instance_norm ---------------------------------------------------------------
+def _gn_check(input, num_groups, weight, bias):
+    shape = tuple(input.shape)
+    if len(shape) < 2:
+        raise RuntimeError(f"Expected at least 2 dimensions for input tensor but received {len(shape)}")
+    c = shape[1]
+    if num_groups <= 0 or c % num_groups:
+        raise RuntimeError(f"Expected number of channels in input to be divisible by num_groups, but got "
+                           f"input of shape {list(shape)} and num_groups={num_groups}")
+    for t, n in ((weight, "weight"), (bias, "bias")):
+        if t is not None and (len(t.shape) != 1 or t.shape[0] != c):
+            raise RuntimeError(f"Expected {n} to be a vector of size equal to the number of channels in input, "
+                               f"but got {n} of shape {list(t.shape)} and input of shape {list(shape)}")
+
+
+def _grouped(x, N, C, group):
+    return x.reshape(N, group, C // group, -1)
+
+
+@defop("native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, "
+       "float eps) -> (Tensor, Tensor, Tensor)")
+def native_group_norm(xp, input, weight, bias, N, C, HxW, group, eps):
+    _gn_check(input, group, weight, bias)
+    dt, cd = _float("group_norm", input)
+    x = _grouped(input.astype(cd, copy=False), N, C, group)
+    mean, _, rstd = _stats(xp, x, (2, 3), eps)
+    y = (x - mean) * rstd
+    if weight is not None:
+        y = y * _c(weight, cd).reshape(1, group, -1, 1)
+    if bias is not None:
+        y = y + _c(bias, cd).reshape(1, group, -1, 1)
+    return (y.reshape(input.shape).astype(dt.np), mean.reshape(N, group).astype(dt.np),
+            rstd.reshape(N, group).astype(dt.np))
+
+
+@native_group_norm.def_meta
+def _(input, weight, bias, N, C, HxW, group, eps):
+    _gn_check(input, group, weight, bias)
+    return (TensorSpec(input.shape, input.dtype), TensorSpec((N, group), input.dtype),
+            TensorSpec((N, group), input.dtype))
+
+
+@defop("native_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, "
+       "SymInt N, SymInt C, SymInt HxW, int group, Tensor? bias) -> (Tensor, Tensor, Tensor)", function=False)
+def native_group_norm_backward(xp, grad_out, input, mean, rstd, weight, N, C, HxW, group, bias):
+    dt, cd = _float("group_norm", input)
+    x = _grouped(input.astype(cd, copy=False), N, C, group)
+    g = _grouped(grad_out.astype(cd, copy=False), N, C, group)
+    r = _c(rstd, cd).reshape(N, group, 1, 1)
+    xhat = (x - _c(mean, cd).reshape(N, group, 1, 1)) * r
+    gamma = None if weight is None else _c(weight, cd).reshape(1, group, -1, 1)
+    gx = _norm_backward(xp, g, xhat, r, (2, 3), gamma).reshape(input.shape)
+    gw = None if weight is None else (g * xhat).sum(axis=(0, 3)).reshape(C).astype(weight.dtype)
+    gb = None if bias is None else g.sum(axis=(0, 3)).reshape(C).astype(bias.dtype)
+    return gx.astype(dt.np), gw, gb
+
+
+native_group_norm_backward.def_meta(lambda grad_out, input, mean, rstd, weight, N, C, HxW, group, bias: (
+    TensorSpec(input.shape, input.dtype), None if weight is None else TensorSpec(weight.shape, weight.dtype),
+    None if bias is None else TensorSpec(bias.shape, bias.dtype)))
+
+
+@native_group_norm.def_derivative
+def _(grad, input, weight, bias, N, C, HxW, group, result):
+    return native_group_norm_backward(grad[0], input, result[1], result[2], weight, N, C, HxW, group, bias)
+
+
+@export("group_norm", namespace="nn.functional")
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+    shape = tuple(input.shape)
+    if len(shape) < 2:
+        raise RuntimeError(f"Expected at least 2 dimensions for input tensor but received {len(shape)}")
+    hw = 1
+    for s in shape[2:]:
+        hw *= s
+    return native_group_norm(input, weight, bias, shape[0], shape[1], hw, num_groups, eps)[0]
+
+
+@export("instance_norm", namespace="nn.functional")
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                  momentum=0.1, eps=1e-5, cudnn_enabled=False):
+    shape = tuple(input.shape)
+    if not use_input_stats:
+        return native_batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)[0]
+    if len(shape) < 2:
+        raise ValueError(f"Expected 2D or higher input (got {len(shape)}D input)")
+    n, c = shape[0], shape[1]
+    hw = 1
+    for s in shape[2:]:
+        hw *= s
+    if hw == 1:
+        raise ValueError(f"Expected more than 1 spatial element when training, got input size "
+                         f"torch.Size({list(shape)})")
+    x = input.reshape(1, n * c, hw)
+
+    def rep(t):
+        return None if t is None else t.expand(n, c).reshape(n * c)
+    rm, rv = rep(running_mean), rep(running_var)
+    if rm is not None:
+        rm = rm.detach().clone()
+    if rv is not None:
+        rv = rv.detach().clone()
+    out = native_batch_norm(x, rep(weight), rep(bias), rm, rv, True, momentum, eps)[0].reshape(shape)
+    from .._dispatch import write_into
+    for buf, new in ((running_mean, rm), (running_var, rv)):
+        if buf is not None:
+            write_into(buf, (new.reshape(n, c).sum(0) / n).to(buf.dtype), "instance_norm")
+    return out
+
+
+# ---- dropout ----------------------------------------------------------------------------------
+def _rng(xp):
+    from .activation import _rng as rng
+    return rng(xp)
+
+
+@defop("native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)", nondeterministic=True)
+def native_dropout(xp, input, p, train):
+    dt = D.FROM_NP[input.dtype]
+    if train is False:
+        return input.copy(), xp.ones(input.shape, dtype=bool)
+    keep = _rng(xp).random(input.shape) >= p if p > 0 else np.ones(input.shape, dtype=bool)
+    keep = xp.asarray(keep)
+    scale = 1.0 / (1.0 - p) if p < 1 else 0.0
+    cd = opmath(dt)
+    return (input.astype(cd, copy=False) * keep * scale).astype(dt.np), keep
+
+
+native_dropout.def_meta(lambda input, p, train: (TensorSpec(input.shape, input.dtype),
+                                                 TensorSpec(input.shape, D.bool)))
+
+
+@native_dropout.def_derivative
+def _(grad, p, train, result):
+    if train is False:
+        return grad[0]
+    return grad[0] * result[1] * (1.0 / (1.0 - p) if p < 1 else 0.0)
+
+
+def _check_p(p):
+    if p < 0 or p > 1:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+
+
+@export("dropout", namespace="nn.functional", function=False)
+def F_dropout(input, p=0.5, training=True, inplace=False):
+    _check_p(p)
+    return (dropout_ if inplace else dropout)(input, p, training)
+
+
+@export("dropout")
+def dropout(input, p, train):
+    if not train:
+        return input
+    return native_dropout(input, p, True)[0]
+
+
+@export("dropout_")
+def dropout_(input, p, train):
+    if not train:
+        return input
+    from .creation import ones_like
+    return input.mul_(native_dropout(ones_like(input), p, True)[0])
+
+
+def _feature_noise_shape(shape, batched):
+    k = 2 if batched else 1
+    return tuple(shape[:k]) + (1,) * (len(shape) - k)
+
+
+def _feature_dropout(input, p, training, inplace, batched, alpha=False):
+    if not training or p == 0:
+        return input
+    from .creation import ones
+    keep = native_dropout(ones(_feature_noise_shape(input.shape, batched), dtype=input.dtype,
+                               device=input.device), p, True)
+    return _apply_noise(input, keep, p, inplace, alpha)
+
+
+def _apply_noise(input, keep, p, inplace, alpha):
+    if not alpha:
+        return input.mul_(keep[0]) if inplace else input * keep[0]
+    if p == 1:
+        return input.mul_(0.0) if inplace else input * 0.0
+    al = 1.7580993408473766
+    a = 1.0 / ((al * al * p + 1) * (1 - p)) ** 0.5
+    noise = keep[1].to(input.dtype)
+    b = (noise - 1.0) * (al * a) + al * a * p
+    if inplace:
+        return input.mul_(noise * a).add_(b)
+    return input * (noise * a) + b
+
+
+def _feature_dropout_nd(name, nd):
+    def f(input, p=0.5, training=True, inplace=False):
+        _check_p(p)
+        ndim = len(input.shape)
+        if ndim not in (nd + 1, nd + 2):
+            raise RuntimeError(f"{name}: Expected {nd + 1}D or {nd + 2}D input, but received a {ndim}D input. "
+                               f"Note that {name} exists to provide channel-wise dropout on inputs with {nd} "
+                               f"spatial dimension{'s' if nd > 1 else ''}, a channel dimension, and an optional "
+                               f"batch dimension (i.e. {nd + 1}D or {nd + 2}D inputs).")
+        return _feature_dropout(input, p, training, inplace, ndim == nd + 2)
+    f.__name__ = name
+    return f
+
+
+for _n, _d in (("dropout1d", 1), ("dropout2d", 2), ("dropout3d", 3)):
+    export(_n, namespace="nn.functional", function=False)(_feature_dropout_nd(_n, _d))
+
+
+@export("alpha_dropout", namespace="nn.functional", function=False)
+def F_alpha_dropout(input, p=0.5, training=False, inplace=False):
+    _check_p(p)
+    return (alpha_dropout_ if inplace else alpha_dropout)(input, p, training)
+
+
+@export("alpha_dropout")
+def alpha_dropout(input, p, train):
+    if not train or p == 0:
+        return input
+    from .creation import ones_like
+    return _apply_noise(input, native_dropout(ones_like(input), p, True), p, False, True)
+
+
+@export("alpha_dropout_")
+def alpha_dropout_(input, p, train):
+    if not train or p == 0:
+        return input
+    from .creation import ones_like
+    return _apply_noise(input, native_dropout(ones_like(input), p, True), p, True, True)
+
+
+@export("feature_alpha_dropout", namespace="nn.functional", function=False)
+def F_feature_alpha_dropout(input, p=0.5, training=False, inplace=False):
+    _check_p(p)
+    return _feature_dropout(input, p, training, inplace, True, alpha=True)
+
+
+@export("feature_alpha_dropout")
+def feature_alpha_dropout(input, p, train):
+    return _feature_dropout(input, p, train, False, True, alpha=True)
+
+
+@export("feature_dropout")
+def feature_dropout(input, p, train):
+    return _feature_dropout(input, p, train, False, True)
+from . import loss, attention  # noqa: E402,F401  (losses; scaled_dot_product_attention)
