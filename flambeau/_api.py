@@ -82,7 +82,8 @@ class finfo:
 
 
 def set_printoptions(precision=None, threshold=None, edgeitems=None, linewidth=None, profile=None, sci_mode=None):
-    pass
+    from ._tensor_str import set_printoptions as _set
+    _set(precision, threshold, edgeitems, linewidth, profile, sci_mode)
 
 
 def is_storage(obj) -> bool:

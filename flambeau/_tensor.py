@@ -375,8 +375,11 @@ class Tensor:
         return (_rebuild_tensor_from_numpy,
                 (np.array(self.detach()._host()), self._dtype.name, str(self._device), self._requires_grad))
 
-    def __dlpack__(self, stream=None):
-        return self._data.__dlpack__() if stream is None else self._data.__dlpack__(stream=stream)
+    def __dlpack__(self, stream=None, **kwargs):
+        # forward max_version/dl_device/copy: without max_version NumPy imports the array read-only
+        if stream is not None:
+            kwargs["stream"] = stream
+        return self._data.__dlpack__(**kwargs)
 
     def __dlpack_device__(self):
         return self._data.__dlpack_device__()
