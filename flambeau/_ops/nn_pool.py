@@ -1,0 +1,421 @@
+"""Pooling and interpolation: max_pool1d/2d/3d (with PyTorch's per-plane flat indices),
+avg_pool1d/2d/3d, adaptive_avg/max_pool1d/2d/3d, max_unpool1d/2d/3d, interpolate/upsample
+(nearest, nearest-exact, linear, bilinear, trilinear, bicubic, area).
+
+Max pooling gathers every window of every plane into one array (a flat index table built on the
+host: window positions outside the input point at a -inf sentinel) and takes an argmax: its
+backward is `_plane_scatter_add`. Everything linear and separable (average pooling, adaptive
+average pooling, interpolation) builds per-dim index/weight tables with PyTorch's exact
+coordinate conventions and runs `_taps_gather` (nn_resample.py).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import _dtype as D
+from ._registry import defop, export, TensorSpec
+from ._helpers import opmath
+from .nn_conv import ntuple
+from .nn_resample import _taps_gather, _plane_scatter_add
+
+
+def _pool_args(nd, kernel_size, stride, padding, dilation):
+    ks = ntuple(kernel_size, nd, "kernel_size")
+    st = ks if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else \
+        ntuple(stride, nd, "stride")
+    return ks, st, ntuple(padding, nd, "padding"), ntuple(dilation, nd, "dilation")
+
+
+def pool_out(S, k, s, p, d, ceil):
+    o = (S + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil else 0)) // s + 1
+    if ceil and (o - 1) * s >= S + p:
+        o -= 1
+    return o
+
+
+def _pool_shape(name, shape, nd, ks, st, pd, dl, ceil, effective=True):
+    if len(shape) not in (nd + 1, nd + 2) or any(s == 0 for s in shape[-nd - 1:]):
+        if nd == 1:
+            raise RuntimeError(f"{name}: Expected 2D or 3D (batch mode) tensor with optional 0 dim batch size for "
+                               f"input, but got:{list(shape)}")
+        raise RuntimeError(f"non-empty {nd + 1}D or {nd + 2}D (batch mode) tensor expected for input")
+    if any(s == 0 for s in st):
+        raise RuntimeError("stride should not be zero")
+    if any(k <= 0 for k in ks):
+        raise RuntimeError(f"kernel_size must be greater than zero, but got {ks}")
+    for k, p, d in zip(ks, pd, dl):
+        if p > ((k - 1) * d + 1) // 2 if effective else p > k // 2:
+            raise RuntimeError(f"pad should be at most half of effective kernel size, but got pad={p}, kernel_size={k} "
+                               f"and dilation={d}")
+    S = shape[-nd:]
+    out = tuple(pool_out(S[i], ks[i], st[i], pd[i], dl[i], ceil) for i in range(nd))
+    if any(o <= 0 for o in out):
+        C = shape[-nd - 1]
+        raise RuntimeError(f"Given input size: ({'x'.join(map(str, (C,) + tuple(S)))}). Calculated output size: "
+                           f"({'x'.join(map(str, (C,) + out))}). Output size is too small")
+    return tuple(shape[:-nd]) + out
+
+
+def _flat_windows(S, pos, valid):
+    """Per-dim window positions -> flat plane index table (prod(out), prod(k)); invalid -> prod(S)."""
+    nd = len(S)
+    P = math.prod(S)
+    flat = np.zeros([1] * (2 * nd), np.int64)
+    ok = np.ones([1] * (2 * nd), bool)
+    for i in range(nd):
+        shp = [1] * (2 * nd)
+        shp[i], shp[nd + i] = pos[i].shape
+        flat = flat + pos[i].reshape(shp) * math.prod(S[i + 1:])
+        ok = ok & valid[i].reshape(shp)
+    flat = np.where(ok, flat, P)
+    nout = math.prod(p.shape[0] for p in pos)
+    return flat.reshape(nout, -1)
+
+
+def _window_max(xp, x, nd, table):
+    """x (..., *S); table (O, K) of flat positions (prod(S) = sentinel) -> values, indices (..., O)."""
+    lead = x.shape[:-nd]
+    R, P = math.prod(lead), math.prod(x.shape[-nd:])
+    dt = D.FROM_NP[x.dtype]
+    cd = opmath(dt) if dt.category >= 2 else x.dtype
+    xf = x.astype(cd, copy=False).reshape(R, P)
+    low = -np.inf if np.dtype(cd).kind == "f" else np.iinfo(cd).min
+    xf = xp.concatenate([xf, xp.full((R, 1), low, dtype=cd)], axis=1)
+    t = xp.asarray(table)
+    g = xf[:, t]
+    am = xp.argmax(g, axis=-1)
+    vals = xp.take_along_axis(g, am[..., None], axis=-1)[..., 0]
+    idx = t[xp.arange(t.shape[0])[None, :], am]
+    return vals.astype(x.dtype, copy=False), idx
+
+
+def _max_pool_tables(S, out, ks, st, pd, dl):
+    pos = [np.arange(out[i])[:, None] * st[i] - pd[i] + np.arange(ks[i])[None, :] * dl[i] for i in range(len(S))]
+    valid = [(p >= 0) & (p < S[i]) for i, p in enumerate(pos)]
+    return _flat_windows(S, pos, valid)
+
+
+def _def_max_pool(nd):
+    name = f"max_pool{nd}d_with_indices"
+
+    @defop(f"{name}(Tensor self, int[{nd}] kernel_size, int[{nd}] stride=[], int[{nd}] padding=0, "
+           f"int[{nd}] dilation=1, bool ceil_mode=False) -> (Tensor output, Tensor indices)", function=False)
+    def op(xp, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+        ks, st, pd, dl = _pool_args(nd, kernel_size, stride, padding, dilation)
+        shape = _pool_shape(f"max_pool{nd}d", self.shape, nd, ks, st, pd, dl, ceil_mode)
+        table = _max_pool_tables(self.shape[-nd:], shape[-nd:], ks, st, pd, dl)
+        vals, idx = _window_max(xp, self, nd, table)
+        return vals.reshape(shape), idx.reshape(shape)
+
+    @op.def_meta
+    def _(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+        ks, st, pd, dl = _pool_args(nd, kernel_size, stride, padding, dilation)
+        shape = _pool_shape(f"max_pool{nd}d", tuple(self.shape), nd, ks, st, pd, dl, ceil_mode)
+        return TensorSpec(shape, self.dtype), TensorSpec(shape, D.int64)
+
+    @op.def_derivative
+    def _(grad, self_meta, result):
+        return _plane_scatter_add(grad[0], result[1], tuple(self_meta.shape), nd)
+
+    def max_pool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+        r = op(input, ntuple(kernel_size, nd, "kernel_size"), () if stride is None else stride, padding, dilation,
+               ceil_mode)
+        return r if return_indices else r[0]
+    max_pool.__name__ = f"max_pool{nd}d"
+    export(f"max_pool{nd}d", namespace="nn.functional")(max_pool)
+    export(f"max_pool{nd}d_with_indices", namespace="nn.functional", function=False)(
+        lambda input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=True:
+        max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, True))
+    return op
+
+
+MAX_POOL_OPS = [_def_max_pool(nd) for nd in (1, 2, 3)]
+
+
+# ---- average pooling -----------------------------------------------------------------------------
+def _avg_tables(S, out, ks, st, pd, count_include_pad, divisor_override, dtype, device):
+    idx_t, w_t = [], []
+    for i in range(len(S)):
+        start = np.arange(out[i]) * st[i] - pd[i]
+        end = np.minimum(start + ks[i], S[i] + pd[i])
+        size = end - start
+        pos = start[:, None] + np.arange(ks[i])[None, :]
+        valid = (pos >= 0) & (pos < S[i]) & (pos < end[:, None])
+        cnt = size if count_include_pad else valid.sum(1)
+        w = valid / np.maximum(cnt, 1)[:, None]
+        if divisor_override:
+            w = valid / (float(divisor_override) if i == 0 else 1.0)
+        idx_t.append(_dev(np.clip(pos, 0, S[i] - 1), device))
+        w_t.append(_dev(w, device, dtype))
+    return idx_t, w_t
+
+
+def _dev(a, device, dtype=None):
+    from .creation import tensor
+    return tensor(np.ascontiguousarray(a), device=device, dtype=dtype)
+
+
+def _table_dtype(dt):
+    return D.float64 if dt is D.float64 else D.float32
+
+
+def _def_avg_pool(nd):
+    def avg_pool(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                 divisor_override=None):
+        ks, st, pd, _ = _pool_args(nd, kernel_size, stride, padding, 1)
+        if input.dim() == nd + 2 - 1 and nd == 1 and input.dim() < 2:
+            raise RuntimeError(f"avg_pool1d() Expected 2D or 3D input, but got {input.dim()}D")
+        for k, p in zip(ks, pd):
+            if p > k // 2:
+                raise RuntimeError(f"pad should be at most half of effective kernel size, but got pad={p}, "
+                                   f"kernel_size={k} and dilation=1")
+        if divisor_override is not None and divisor_override == 0:
+            raise RuntimeError("divisor must be not zero")
+        shape = _pool_shape(f"avg_pool{nd}d", tuple(input.shape), nd, ks, st, pd, (1,) * nd, ceil_mode)
+        if not input.dtype.is_floating_point:
+            raise NotImplementedError(f'"avg_pool{nd}d" not implemented for \'{input.dtype}\' in flambeau')
+        idx, w = _avg_tables(input.shape[-nd:], shape[-nd:], ks, st, pd, count_include_pad, divisor_override,
+                             _table_dtype(input.dtype), input.device)
+        return _taps_gather(input, idx, w)
+    avg_pool.__name__ = f"avg_pool{nd}d"
+    return avg_pool
+
+
+for _nd in (1, 2, 3):
+    export(f"avg_pool{_nd}d", namespace="nn.functional", function=_nd == 1)(_def_avg_pool(_nd))
+
+
+# ---- adaptive pooling ----------------------------------------------------------------------------
+def _adaptive_windows(n_in, n_out):
+    o = np.arange(n_out)
+    start = (o * n_in) // n_out
+    end = -((-(o + 1) * n_in) // n_out)
+    T = int((end - start).max()) if n_out else 1
+    pos = start[:, None] + np.arange(T)[None, :]
+    valid = pos < end[:, None]
+    return np.minimum(pos, n_in - 1), valid, end - start
+
+
+def _adaptive_sizes(name, input, nd, output_size):
+    if input.dim() not in (nd + 1, nd + 2) or any(s == 0 for s in input.shape[-nd - 1:][1:]):
+        sep = ": " if "max" in name else " "
+        raise RuntimeError(f"{name}(): Expected {nd + 1}D or {nd + 2}D tensor, but got{sep}{list(input.shape)}")
+    osz = list(output_size) if isinstance(output_size, (list, tuple)) else [output_size] * nd
+    if len(osz) != nd:
+        raise RuntimeError(f"{name}: internal error: output_size.size() must be {nd}")
+    return [input.shape[-nd + i] if o is None else int(o) for i, o in enumerate(osz)]
+
+
+def _def_adaptive_avg(nd):
+    def adaptive_avg_pool(input, output_size):
+        osz = _adaptive_sizes(f"adaptive_avg_pool{nd}d", input, nd, output_size)
+        if not input.dtype.is_floating_point:
+            raise NotImplementedError(f'"adaptive_avg_pool{nd}d" not implemented for \'{input.dtype}\'')
+        tdt = _table_dtype(input.dtype)
+        idx, w = [], []
+        for i in range(nd):
+            pos, valid, cnt = _adaptive_windows(input.shape[-nd + i], osz[i])
+            idx.append(_dev(pos, input.device))
+            w.append(_dev(valid / np.maximum(cnt, 1)[:, None], input.device, tdt))
+        return _taps_gather(input, idx, w)
+    adaptive_avg_pool.__name__ = f"adaptive_avg_pool{nd}d"
+    return adaptive_avg_pool
+
+
+def _def_adaptive_max(nd):
+    name = f"adaptive_max_pool{nd}d"
+
+    def _shape(self, output_size):
+        return tuple(self.shape[:-nd]) + tuple(output_size)
+
+    @defop(f"{name}(Tensor self, int[{nd}] output_size) -> (Tensor, Tensor)", function=False)
+    def op(xp, self, output_size):
+        S = self.shape[-nd:]
+        pos, valid = [], []
+        for i in range(nd):
+            p, v, _ = _adaptive_windows(S[i], output_size[i])
+            pos.append(p)
+            valid.append(v)
+        vals, idx = _window_max(xp, self, nd, _flat_windows(S, pos, valid))
+        shape = _shape(self, output_size)
+        return vals.reshape(shape), idx.reshape(shape)
+
+    @op.def_meta
+    def _(self, output_size):
+        return TensorSpec(_shape(self, output_size), self.dtype), TensorSpec(_shape(self, output_size), D.int64)
+
+    @op.def_derivative
+    def _(grad, self_meta, result):
+        return _plane_scatter_add(grad[0], result[1], tuple(self_meta.shape), nd)
+
+    def adaptive_max_pool(input, output_size, return_indices=False):
+        osz = _adaptive_sizes(name, input, nd, output_size)
+        r = op(input, osz)
+        return r if return_indices else r[0]
+    adaptive_max_pool.__name__ = name
+    return op, adaptive_max_pool
+
+
+ADAPTIVE_MAX_OPS = []
+for _nd in (1, 2, 3):
+    export(f"adaptive_avg_pool{_nd}d", namespace="nn.functional", function=_nd == 1)(_def_adaptive_avg(_nd))
+    _op, _fn = _def_adaptive_max(_nd)
+    ADAPTIVE_MAX_OPS.append(_op)
+    export(f"adaptive_max_pool{_nd}d", namespace="nn.functional", function=_nd == 1)(_fn)
+    export(f"adaptive_max_pool{_nd}d_with_indices", namespace="nn.functional", function=False)(
+        lambda input, output_size, return_indices=True, _f=_fn: _f(input, output_size, True))
+
+
+def _def_max_unpool(nd):
+    def max_unpool(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+        ks, st, pd, _ = _pool_args(nd, kernel_size, stride, padding, 1)
+        default = [(input.shape[-nd + i] - 1) * st[i] - 2 * pd[i] + ks[i] for i in range(nd)]
+        if output_size is None:
+            osz = default
+        else:
+            osz = list(output_size)[-nd:]
+        if tuple(indices.shape) != tuple(input.shape):
+            raise RuntimeError(f"Expected shape of indices to be same as that of the input tensor ({list(input.shape)}) "
+                               f"but got indices tensor with shape: {list(indices.shape)}")
+        return _plane_scatter_add(input, indices, tuple(input.shape[:-nd]) + tuple(osz), nd)
+    max_unpool.__name__ = f"max_unpool{nd}d"
+    return max_unpool
+
+
+for _nd in (1, 2, 3):
+    export(f"max_unpool{_nd}d", namespace="nn.functional", function=False)(_def_max_unpool(_nd))
+
+
+# ---- interpolate -----------------------------------------------------------------------------------
+_A = -0.75
+
+
+def _cubic1(x):
+    return ((_A + 2) * x - (_A + 3)) * x * x + 1
+
+
+def _cubic2(x):
+    return ((_A * x - 5 * _A) * x + 8 * _A) * x - 4 * _A
+
+
+def _interp_table(mode, n_in, n_out, scale, align_corners, acc):
+    """Index/weight table (n_out, taps) for one dim, computed in the accumulation dtype `acc` as PyTorch."""
+    o = np.arange(n_out, dtype=acc)
+    if mode in ("nearest", "nearest-exact"):
+        s = acc(1.0 / scale) if scale is not None and scale > 0 else acc(n_in) / acc(n_out)
+        s = np.float32(s)
+        if mode == "nearest" and n_out == n_in:
+            return np.arange(n_out, dtype=np.int64)[:, None], None
+        if mode == "nearest" and n_out == 2 * n_in:
+            return (np.arange(n_out, dtype=np.int64) >> 1)[:, None], None
+        src = np.floor((o.astype(np.float32) + np.float32(0.5 if mode == "nearest-exact" else 0.0)) * s)
+        return np.minimum(src.astype(np.int64), n_in - 1)[:, None], None
+    if align_corners:
+        s = acc(n_in - 1) / acc(n_out - 1) if n_out > 1 else acc(0)
+        src = o * s
+    else:
+        s = acc(1.0 / scale) if scale is not None and scale > 0 else acc(n_in) / acc(n_out)
+        src = s * (o + acc(0.5)) - acc(0.5)
+        if mode == "linear":
+            src = np.maximum(src, acc(0))
+    if mode == "linear":
+        i0 = src.astype(np.int64)
+        i1 = i0 + (i0 < n_in - 1)
+        l1 = src - i0.astype(acc)
+        return np.stack([i0, i1], 1), np.stack([acc(1) - l1, l1], 1)
+    i = np.floor(src)
+    t = src - i
+    i = i.astype(np.int64)
+    w = np.stack([_cubic2(t + 1), _cubic1(t), _cubic1(1 - t), _cubic2(2 - t)], 1).astype(acc)
+    idx = np.clip(i[:, None] + np.arange(-1, 3)[None, :], 0, n_in - 1)
+    return idx, w
+
+
+_MODES_ND = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
+
+
+@export("interpolate", namespace="nn.functional", function=False)
+def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                recompute_scale_factor=None, antialias=False):
+    if mode in ("nearest", "area", "nearest-exact"):
+        if align_corners is not None:
+            raise ValueError("align_corners option can only be set with the interpolating modes: "
+                             "linear | bilinear | bicubic | trilinear")
+    elif mode not in _MODES_ND:
+        raise NotImplementedError(f"Input Error: Only 3D, 4D and 5D input Tensors supported (got {input.dim()}D) for "
+                                  "the modes: nearest | linear | bilinear | bicubic | trilinear | lanczos | area | "
+                                  f"nearest-exact (got {mode})")
+    if align_corners is None:
+        align_corners = False
+    if antialias:
+        raise NotImplementedError("interpolate(antialias=True) is not supported by flambeau")
+    nd = input.dim() - 2
+    if nd < 1:
+        raise ValueError(f"Input dimension should be at least 3")
+    if size is not None and scale_factor is not None:
+        raise ValueError("only one of size or scale_factor should be defined")
+    if size is None and scale_factor is None:
+        raise ValueError("either size or scale_factor should be defined")
+    if size is not None:
+        osz = list(size) if isinstance(size, (list, tuple)) else [size] * nd
+        if len(osz) != nd:
+            raise ValueError(f"Input and output must have the same number of spatial dimensions, but got input with "
+                             f"spatial dimensions of {list(input.shape[2:])} and output size of {size}. Please provide "
+                             "input tensor in (N, C, d1, d2, ...,dK) format and output size in (o1, o2, ...,oK) format.")
+        scales = [None] * nd
+    else:
+        scales = list(scale_factor) if isinstance(scale_factor, (list, tuple)) else [scale_factor] * nd
+        if len(scales) != nd:
+            raise ValueError(f"Input and scale_factor must have the same number of spatial dimensions, but got input "
+                             f"with spatial dimensions of {list(input.shape[2:])} and scale_factor of shape "
+                             f"{scale_factor}. Please provide input tensor in (N, C, d1, d2, ...,dK) format and "
+                             "scale_factor in (s1, s2, ...,sK) format.")
+        osz = [int(math.floor(float(input.shape[2 + i]) * scales[i])) for i in range(nd)]
+        if recompute_scale_factor:
+            scales = [None] * nd
+    if mode in _MODES_ND and _MODES_ND[mode] != nd:
+        raise NotImplementedError(f"Got {input.dim()}D input, but {mode} mode needs {_MODES_ND[mode] + 2}D input")
+    if nd > 3:
+        raise NotImplementedError(f"Input Error: Only 3D, 4D and 5D input Tensors supported (got {input.dim()}D) for "
+                                  "the modes: nearest | linear | bilinear | bicubic | trilinear | lanczos | area | "
+                                  f"nearest-exact (got {mode})")
+    if mode == "area":
+        return EXPORT_ADAPTIVE_AVG[nd](input, osz)
+    if any(o <= 0 for o in osz):
+        raise RuntimeError(f"Input and output sizes should be greater than 0, but got input ({_x(input.shape[2:])}) "
+                           f"and output ({_x(osz)})")
+    kind = mode if mode in ("nearest", "nearest-exact", "bicubic") else "linear"
+    acc = np.float64 if input.dtype is D.float64 else np.float32
+    if kind != "nearest" and kind != "nearest-exact" and not input.dtype.is_floating_point:
+        raise NotImplementedError(f'"upsample_{mode}" not implemented for \'{input.dtype}\' in flambeau')
+    idx, w = [], []
+    for i in range(nd):
+        it, wt = _interp_table(kind, input.shape[2 + i], osz[i], scales[i], align_corners, acc)
+        idx.append(_dev(it, input.device))
+        if wt is not None:
+            w.append(_dev(wt, input.device, D.float64 if acc is np.float64 else D.float32))
+    return _taps_gather(input, idx, w)
+
+
+def _x(s):
+    return ", ".join(map(str, s))
+
+
+EXPORT_ADAPTIVE_AVG = {nd: _def_adaptive_avg(nd) for nd in (1, 2, 3)}
+
+
+@export("upsample", namespace="nn.functional", function=False)
+def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    return interpolate(input, size, scale_factor, mode, align_corners)
+
+
+@export("upsample_nearest", namespace="nn.functional", function=False)
+def upsample_nearest(input, size=None, scale_factor=None):
+    return interpolate(input, size, scale_factor, mode="nearest")
+
+
+@export("upsample_bilinear", namespace="nn.functional", function=False)
+def upsample_bilinear(input, size=None, scale_factor=None):
+    return interpolate(input, size, scale_factor, mode="bilinear", align_corners=True)
