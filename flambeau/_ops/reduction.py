@@ -18,8 +18,8 @@ import numpy as np
 from .. import _dtype as D
 from .. import _state
 from .._tensor import Tensor
-from .._dispatch import type_name
-from ._registry import defop, export, EXPORTS, TensorSpec
+from .._dispatch import type_name, resize_out
+from ._registry import defop, export, EXPORTS, METHODS, TensorSpec
 from ._helpers import wrap_dim, wrap_dims, opmath
 
 _ND = ("nondifferentiable",)
@@ -670,12 +670,17 @@ def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
             from .. import linalg
             r = linalg.matrix_norm(input, "nuc", dim=tuple(dim) if dim is not None else (-2, -1),
                                    keepdim=keepdim, dtype=dtype)
-            return r if out is None else out.resize_(r.shape).copy_(r)
+            return r if out is None else _into(out, r)
         if p != "fro":
             raise RuntimeError(f"norm(): unsupported norm type {p!r}")
         p = 2
     kw = {"dtype": dtype} if out is None else {"dtype": dtype, "out": out}
     return _norm(input, p, [] if dim is None else list(dim), keepdim, **kw)
+
+
+def _into(out, r):
+    resize_out(out, r)
+    return out
 
 
 # ---- all / any / count_nonzero -------------------------------------------------------------
@@ -767,6 +772,23 @@ def _(grad, self, result, dim):
     eye = EXPORTS["eye"](x.shape[-1], dtype=x.dtype, device=x.device)
     c = _others_matrix(x).cumprod(-1) * eye.cumsum(-1)       # c[k, i] = prod_{j<=i, j!=k} x_j, i >= k
     return (c.conj() * g.unsqueeze(-2)).sum(-1).transpose(d, -1)
+
+
+def _scan_inplace(name, iop):
+    """`Tensor.cumsum_`: computed in self's dtype; another dtype= is an error, as in PyTorch."""
+    def method(self, dim, *, dtype=None):
+        if dtype is not None and dtype is not self.dtype:
+            raise RuntimeError(f"Bad in-place call: input tensor dtype {self.dtype.name} and output tensor "
+                               f"dtype {dtype.name} should match")
+        if self.dtype is D.bool and self.ndim and self.numel():
+            raise NotImplementedError(f'"{name}_out_cpu" not implemented for \'Bool\'')
+        return iop(self, dim, dtype=self.dtype)
+    method.__name__ = name + "_"
+    METHODS[name + "_"] = method
+
+
+_scan_inplace("cumsum", cumsum.inplace)
+_scan_inplace("cumprod", cumprod.inplace)
 
 
 def _cumext(name, ufunc):
@@ -881,12 +903,12 @@ def _softmax_kernel(name, log):
             return _fresh(xp, x * 0 if log else x * 0 + 1, out.np)
         if x.size == 0:
             return _fresh(xp, x, out.np)
-        z = x - xp.max(x, axis=d, keepdims=True)
+        m = xp.max(x, axis=d, keepdims=True)
         if log:
             with np.errstate(divide="ignore"):
-                r = z - xp.log(xp.sum(xp.exp(z), axis=d, keepdims=True))
+                r = x - (xp.log(xp.sum(xp.exp(x - m), axis=d, keepdims=True)) + m)
         else:
-            e = xp.exp(z)
+            e = xp.exp(x - m)
             r = e / xp.sum(e, axis=d, keepdims=True)
         return _fresh(xp, r, out.np)
     return kernel

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtype as D
+from .._dispatch import resize_out
 from ._registry import defop, export, TensorSpec
 from ._helpers import wrap_dim
 from .reduction import select_backward, evenly_backward, reduced_shape, _check_empty, _ND
@@ -63,10 +64,11 @@ def argsort(input, dim=-1, descending=False, *, stable=False):
 
 @export("msort", method=True)
 def msort(input, *, out=None):
-    if out is None:
-        return sort(input, 0).values
     r = sort(input, 0).values
-    return out.resize_(r.shape).copy_(r)
+    if out is not None:
+        resize_out(out, r)
+        return out
+    return r
 
 
 # ---- topk / kthvalue -----------------------------------------------------------------------
