@@ -64,7 +64,8 @@ def _pad_index(n, lo, hi, mode):
     elif mode == "replicate":
         j = np.clip(j, 0, n - 1)
     else:
-        j = np.mod(j, n)
+        c0, c1 = max(-lo, 0), n - max(-hi, 0)
+        j = c0 + np.mod(np.arange(-max(lo, 0), c1 - c0 + max(hi, 0)), c1 - c0)
     return j.astype(np.int64)[:, None]
 
 
@@ -84,9 +85,10 @@ def pad(input, pad, mode="constant", value=None):
         raise NotImplementedError("Only 2D, 3D, 4D, 5D padding with non-constant padding are supported for now")
     nd = len(pad) // 2
     if input.dim() not in _MODE_DIMS[len(pad)]:
-        ok = _MODE_DIMS[len(pad)]
-        raise RuntimeError(f"Expected {ok[0]}D or {ok[1]}D (batch mode) tensor with possibly 0 batch size and other "
-                           f"non-zero dimensions for input, but got: [{', '.join(map(str, input.shape))}]")
+        raise NotImplementedError(
+            f"Padding size {len(pad)} is not supported for {input.dim()}D input tensor.\nSupported combinations for "
+            "non-constant padding:\n  - 2D or 3D input: padding size = 2 (pads last dimension)\n  - 3D or 4D input: "
+            "padding size = 4 (pads last 2 dimensions)\n  - 4D or 5D input: padding size = 6 (pads last 3 dimensions)")
     tables = []
     for i in range(nd):
         d = input.dim() - nd + i

@@ -152,6 +152,11 @@ def _avg_tables(S, out, ks, st, pd, count_include_pad, divisor_override, dtype, 
     return idx_t, w_t
 
 
+def _tname(dt):
+    from .._dispatch import type_name
+    return type_name(dt)
+
+
 def _dev(a, device, dtype=None):
     from .creation import tensor
     return tensor(np.ascontiguousarray(a), device=device, dtype=dtype)
@@ -165,8 +170,11 @@ def _def_avg_pool(nd):
     def avg_pool(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                  divisor_override=None):
         ks, st, pd, _ = _pool_args(nd, kernel_size, stride, padding, 1)
-        if input.dim() == nd + 2 - 1 and nd == 1 and input.dim() < 2:
-            raise RuntimeError(f"avg_pool1d() Expected 2D or 3D input, but got {input.dim()}D")
+        if input.dim() < nd + 1:
+            n = max(input.dim(), 1)
+            raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {-nd - 1})")
+        if nd == 3 and input.dtype in (D.float16, D.bfloat16):
+            raise NotImplementedError(f"\"avg_pool3d_out_frame\" not implemented for '{_tname(input.dtype)}'")
         for k, p in zip(ks, pd):
             if p > k // 2:
                 raise RuntimeError(f"pad should be at most half of effective kernel size, but got pad={p}, "

@@ -172,10 +172,10 @@ def fold_errors():
 
 def emb_samples(d):
     idx = T((4, 5), dtype="int64", low=0, high=10)
-    return [S(idx, T((10, 3))), S(T((6,), dtype="int64", low=0, high=10), T((10, 3)), padding_idx=2),
+    return [S(idx, T((10, 3))), S(T((3, 2), dtype="int64", low=0, high=10), T((10, 4), noncontig=True)),
+            S(T((6,), dtype="int64", values=[1, 2, 2, 3, 1, 0]), T((10, 3)), padding_idx=2),
             S(T((6,), dtype="int64", values=[1, 1, 2, 3, 1, 0]), T((10, 3)), scale_grad_by_freq=True),
             S(T((6,), dtype="int64", values=[1, 1, 2, 3, 1, 0]), T((10, 3)), padding_idx=-9),
-            S(T((3, 2), dtype="int64", low=0, high=10), T((10, 4), noncontig=True)),
             S(T((0,), dtype="int64"), T((10, 3))), S(T((), dtype="int64", values=4), T((10, 3)))]
 
 
@@ -267,13 +267,14 @@ OPS = [
     OpInfo("fold", fold_samples, fn=F + "fold", ops=("col2im",), dtypes=FLOATS_AND_LOWP, tol=LOWP_TOL,
            errors=fold_errors),
     OpInfo("embedding", lambda d: [S(T((10, 3)), T((4, 5), dtype="int64", low=0, high=10)),
+                                   S(T((10, 3), noncontig=True), T((2, 3), dtype="int64", low=0, high=10)),
                                    S(T((10, 3)), T((6,), dtype="int64", values=[1, 1, 2, 3, 1, 0]), 1, True)],
            ops=("embedding", "embedding_dense_backward"), dtypes=FLOATS_AND_LOWP,
            errors=lambda: [ErrorSample(S(*reversed(e.sample.args)), e.exc, e.match) for e in emb_errors()]),
     OpInfo("embedding_fn", emb_samples, fn=F + "embedding", dtypes=FLOATS_AND_LOWP, errors=emb_errors),
     OpInfo("embedding_max_norm", lambda d: [S(T((6,), dtype="int64", values=[1, 1, 2, 3, 1, 0]), T((10, 3)))],
            call=_emb_max_norm, ops=("embedding_renorm", "embedding_renorm_"), grad=False),
-    OpInfo("embedding_bag", emb_bag_samples, fn=F + "embedding_bag", dtypes=FLOATS),
+    OpInfo("embedding_bag", emb_bag_samples, fn=F + "embedding_bag", dtypes=FLOATS, meta=False),
     OpInfo("one_hot", one_hot_samples, fn=F + "one_hot", ops=("one_hot",), dtypes=("int64",), grad=False,
            errors=one_hot_errors, skip={"meta": "num_classes=-1 is data-dependent"}),
 ]
