@@ -230,7 +230,7 @@ export("slogdet", method=True)(lambda input: linalg_slogdet(input))
 @export("logdet", method=True)
 def logdet(input):
     sign, logabs = linalg_slogdet(input)
-    return logabs.masked_fill(sign < 0, math.nan) if not input.is_complex() else logabs + sign.log()
+    return logabs + sign.log()
 
 
 @defop("linalg_inv(Tensor A) -> Tensor")
@@ -497,8 +497,8 @@ def pinv(A, *, atol=None, rtol=None, hermitian=False, out=None, rcond=None):
     if rcond is not None:
         rtol = rcond
     U, S, Vh = linalg_svd(A, full_matrices=False)
-    keep = S > _tolerance(S, atol, rtol, A.shape)
-    Sinv = (1 / S.masked_fill(~keep, 1)).masked_fill(~keep, 0).to(A.dtype)
+    keep = (S > _tolerance(S, atol, rtol, A.shape)).to(S.dtype)
+    Sinv = (keep / (S + (1 - keep))).to(A.dtype)
     r = (Vh.mH * Sinv.unsqueeze(-2)) @ U.mH
     return r if out is None else out.resize_(r.shape).copy_(r)
 

@@ -330,6 +330,8 @@ def _random_bounds(dt, a, b):
         return 0, int(np.iinfo(dt.np).max)
     if a >= b:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={a} >= to={b}")
+    if dt.category == 1 and (a < np.iinfo(dt.np).min or b - 1 > np.iinfo(dt.np).max):
+        raise RuntimeError(f"from is out of bounds for {dt.np.name}")
     return a, b
 
 

@@ -58,7 +58,7 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
     """
     deps: dict = {}
     nodes = []
-    stack = [e[0] for e, _ in roots if e[0] is not None]
+    stack = list(dict.fromkeys(e[0] for e, _ in roots if e[0] is not None))   # outputs may share a node
     seen = set(stack)
     while stack:
         n = stack.pop()

@@ -1,0 +1,165 @@
+"""Random operators: statistics on large samples, seeding, generators, and factories on 'meta'."""
+import math
+
+import numpy as np
+import pytest
+
+import flambeau as torch
+
+N = 200_000
+
+
+def stats(t):
+    a = t.double()._host()
+    return float(a.mean()), float(a.std())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rand_randn_moments(dtype):
+    torch.manual_seed(0)
+    m, s = stats(torch.rand(N, dtype=dtype))
+    assert abs(m - 0.5) < 0.01 and abs(s - math.sqrt(1 / 12)) < 0.01
+    r = torch.rand(N, dtype=dtype)
+    assert float(r.min()) >= 0 and float(r.max()) < 1
+    m, s = stats(torch.randn(N, dtype=dtype))
+    assert abs(m) < 0.01 and abs(s - 1) < 0.01
+
+
+def test_in_place_fills_moments():
+    torch.manual_seed(1)
+    x = torch.empty(N)
+    m, s = stats(x.uniform_(2, 4))
+    assert abs(m - 3) < 0.01 and abs(s - 2 / math.sqrt(12)) < 0.01
+    m, s = stats(x.normal_(5, 2))
+    assert abs(m - 5) < 0.03 and abs(s - 2) < 0.03
+    m, s = stats(x.exponential_(2.0))
+    assert abs(m - 0.5) < 0.01 and abs(s - 0.5) < 0.01
+    m, s = stats(x.geometric_(0.25))
+    assert abs(m - 4) < 0.05 and float(x.min()) >= 1 and np.all(x._host() == np.round(x._host()))
+    m, _ = stats(x.log_normal_(0.0, 0.5))
+    assert abs(m - math.exp(0.125)) < 0.01
+    med = float(np.median(x.cauchy_(1.0, 2.0)._host()))
+    assert abs(med - 1) < 0.05
+    x.random_(3, 7)
+    assert set(np.unique(x._host()).tolist()) == {3.0, 4.0, 5.0, 6.0}
+    m, _ = stats(x.bernoulli_(0.3))
+    assert abs(m - 0.3) < 0.01
+
+
+def test_normal_forms():
+    torch.manual_seed(2)
+    t = torch.normal(torch.full((N,), 3.0), torch.full((N,), 0.5))
+    m, s = stats(t)
+    assert abs(m - 3) < 0.01 and abs(s - 0.5) < 0.01
+    m, s = stats(torch.normal(-1.0, 2.0, (N,)))
+    assert abs(m + 1) < 0.03 and abs(s - 2) < 0.03
+    m, s = stats(torch.normal(torch.zeros(N), 2.0))
+    assert abs(s - 2) < 0.03
+    with pytest.raises(RuntimeError):
+        torch.normal(torch.zeros(3), -torch.ones(3))
+
+
+def test_randint_bounds_and_uniformity():
+    torch.manual_seed(3)
+    r = torch.randint(-2, 3, (N,))
+    assert r.dtype == torch.int64
+    counts = np.bincount(r._host() + 2)
+    assert len(counts) == 5 and np.all(np.abs(counts / N - 0.2) < 0.01)
+    assert torch.randint(5, (3, 2)).shape == (3, 2)
+    assert torch.randint_like(torch.zeros(4), 10).dtype == torch.float32
+
+
+def test_randperm_is_permutation():
+    torch.manual_seed(4)
+    for n in (0, 1, 17, 1000):
+        p = torch.randperm(n)
+        assert p.dtype == torch.int64
+        assert sorted(p.tolist()) == list(range(n))
+
+
+def test_multinomial():
+    torch.manual_seed(5)
+    p = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    s = torch.multinomial(p, N, replacement=True)
+    freq = np.bincount(s._host(), minlength=4) / N
+    assert np.allclose(freq, [0.1, 0.0, 0.6, 0.3], atol=0.01)
+    rows = torch.rand(50, 20) + 0.01
+    w = torch.multinomial(rows, 20)
+    for row in w.tolist():
+        assert sorted(row) == list(range(20))
+    w = torch.multinomial(p, 3)
+    assert len(set(w.tolist())) == 3 and 1 not in w.tolist()
+    first = torch.stack([torch.multinomial(p, 1) for _ in range(2000)]) if hasattr(torch, "stack") else None
+    if first is not None:
+        assert abs(float((first == 2).double().mean()) - 0.6) < 0.05
+    with pytest.raises(RuntimeError):
+        torch.multinomial(p, 4)
+
+
+def test_bernoulli_and_poisson():
+    torch.manual_seed(6)
+    p = torch.full((N,), 0.25)
+    m, _ = stats(torch.bernoulli(p))
+    assert abs(m - 0.25) < 0.01
+    m, s = stats(torch.poisson(torch.full((N,), 4.0)))
+    assert abs(m - 4) < 0.03 and abs(s - 2) < 0.03
+
+
+def test_manual_seed_reproducible():
+    def draw():
+        return [torch.rand(5), torch.randn(5), torch.randint(0, 100, (5,)), torch.randperm(7),
+                torch.empty(5).normal_(), torch.multinomial(torch.ones(10), 4)]
+    torch.manual_seed(1234)
+    a = draw()
+    torch.manual_seed(1234)
+    b = draw()
+    for x, y in zip(a, b):
+        assert x.tolist() == y.tolist()
+    torch.manual_seed(4321)
+    c = draw()
+    assert a[0].tolist() != c[0].tolist()
+
+
+def test_rng_state_round_trip():
+    torch.manual_seed(9)
+    state = torch.get_rng_state()
+    a = torch.rand(4)
+    torch.set_rng_state(state)
+    assert torch.rand(4).tolist() == a.tolist()
+
+
+def test_generator_independence():
+    g1 = torch.Generator().manual_seed(7)
+    g2 = torch.Generator().manual_seed(7)
+    torch.manual_seed(0)
+    a = torch.rand(6, generator=g1)
+    torch.rand(100)                         # the default generator does not disturb g2
+    b = torch.rand(6, generator=g2)
+    assert a.tolist() == b.tolist()
+    torch.manual_seed(0)
+    x = torch.rand(3)
+    torch.manual_seed(0)
+    torch.randn(10, generator=g1)           # drawing from g1 leaves the default stream alone
+    assert torch.rand(3).tolist() == x.tolist()
+    for f in (lambda g: torch.randn(3, generator=g), lambda g: torch.randint(0, 9, (3,), generator=g),
+              lambda g: torch.randperm(5, generator=g), lambda g: torch.empty(3).uniform_(generator=g),
+              lambda g: torch.bernoulli(torch.full((3,), 0.5), generator=g),
+              lambda g: torch.multinomial(torch.ones(4), 2, generator=g),
+              lambda g: torch.normal(torch.zeros(3), torch.ones(3), generator=g)):
+        assert f(torch.Generator().manual_seed(3)).tolist() == f(torch.Generator().manual_seed(3)).tolist()
+    with pytest.raises(TypeError):
+        torch.rand(2, generator=3)
+
+
+def test_factories_on_meta():
+    for t, shape, dt in [(torch.rand(2, 3, device="meta"), (2, 3), torch.float32),
+                         (torch.randn(4, device="meta", dtype=torch.float64), (4,), torch.float64),
+                         (torch.randint(0, 5, (2,), device="meta"), (2,), torch.int64),
+                         (torch.randperm(6, device="meta"), (6,), torch.int64),
+                         (torch.arange(0, 10, 3, device="meta"), (4,), torch.int64),
+                         (torch.linspace(0, 1, 7, device="meta"), (7,), torch.float32),
+                         (torch.logspace(0, 1, 3, device="meta"), (3,), torch.float32),
+                         (torch.eye(2, 5, device="meta"), (2, 5), torch.float32),
+                         (torch.zeros(size=(1, 2), device="meta"), (1, 2), torch.float32),
+                         (torch.empty_strided((2, 3), (1, 2), device="meta"), (2, 3), torch.float32)]:
+        assert t.device.type == "meta" and tuple(t.shape) == shape and t.dtype == dt
