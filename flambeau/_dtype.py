@@ -95,6 +95,12 @@ def promote_types(a: dtype, b: dtype) -> dtype:
     r = _promote_cache.get(key)
     if r is not None:
         return r
+    wide = (uint16, uint32, uint64)
+    if (a in wide or b in wide) and not (a.category == 2 or b.category == 2):
+        names = {"bool": "Bool", "uint8": "Byte", "int8": "Char", "int16": "Short", "int32": "Int",
+                 "int64": "Long", "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
+        raise RuntimeError("Promotion for uint16, uint32, uint64 types is not supported, attempted to promote "
+                           f"{names.get(a.name, 'UInt' + a.name[4:])} and {names.get(b.name, 'UInt' + b.name[4:])}")
     if a.category == 0:
         r = b
     elif b.category == 0:
@@ -119,10 +125,7 @@ def promote_types(a: dtype, b: dtype) -> dtype:
     elif b.category == 2:
         r = b
     else:
-        if a in (uint16, uint32, uint64) or b in (uint16, uint32, uint64):
-            r = FROM_NP[np.promote_types(a.np, b.np)]
-        else:
-            r = FROM_NP[np.promote_types(a.np, b.np)]
+        r = FROM_NP[np.promote_types(a.np, b.np)]
     _promote_cache[key] = r
     return r
 

@@ -15,9 +15,14 @@ def _fn(name):
     return call
 
 
+_COMMUTATIVE = {"add", "mul", "bitwise_and", "bitwise_or", "bitwise_xor"}
+
+
 def _rev(name):
     def call(self, other):
         from .creation import tensor
+        if name in _COMMUTATIVE and not isinstance(other, Tensor):
+            return EXPORTS[name](self, other)      # keeps `other` a Python scalar for promotion
         if not isinstance(other, Tensor):
             other = tensor(other, dtype=_scalar_dtype(other, self), device=self.device)
         return EXPORTS[name](other, self)
