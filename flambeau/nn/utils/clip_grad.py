@@ -1,0 +1,110 @@
+"""Gradient clipping: clip_grad_norm_ (total norm over all gradients) and clip_grad_value_.
+
+The foreach path concatenates the gradients of each (device, dtype) group into one array, so the norm
+and the rescale are a few vectorised operations; the per-tensor path loops."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+from ..._tensor import Tensor, _no_grad
+from ...optim import _foreach as FE
+
+__all__ = ["clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "get_total_norm", "clip_grads_with_norm_"]
+
+
+def _grads(parameters):
+    if isinstance(parameters, Tensor):
+        parameters = [parameters]
+    return [p.grad for p in parameters if p.grad is not None]
+
+
+def _norm(xp, a, norm_type):
+    a = a.astype(np.float64) if a.dtype.itemsize < 4 else a
+    if norm_type == math.inf:
+        return xp.max(xp.abs(a)) if a.size else xp.asarray(0.0)
+    if norm_type == -math.inf:
+        return xp.min(xp.abs(a)) if a.size else xp.asarray(0.0)
+    if norm_type == 0:
+        return xp.sum(a != 0).astype(a.dtype)
+    return xp.sum(xp.abs(a) ** norm_type) ** (1.0 / norm_type)
+
+
+def get_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = False, foreach=None):
+    from ..._ops.creation import tensor
+    if isinstance(tensors, Tensor):
+        tensors = [tensors]
+    tensors = [t for t in tensors if t is not None]
+    norm_type = float(norm_type)
+    if not tensors:
+        return tensor(0.0)
+    per = []
+    for idx in FE.group_by_device_dtype(range(len(tensors)), tensors):
+        ts = [tensors[i] for i in idx]
+        xp = FE.xp_of(ts[0])
+        if foreach is False:
+            per += [float(_norm(xp, t._data, norm_type)) for t in ts]
+        else:
+            per.append(float(_norm(xp, FE.gather(xp, [t._data for t in ts]), norm_type)))
+    total = _norm(np, np.asarray(per), norm_type)
+    res = tensor(float(total), dtype=tensors[0].dtype, device=tensors[0].device)
+    if error_if_nonfinite and not math.isfinite(float(total)):
+        raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so "
+                           "it cannot be clipped. To disable this error and scale the gradients by the non-finite "
+                           "norm anyway, set `error_if_nonfinite=False`")
+    return res
+
+
+def clip_grads_with_norm_(parameters, max_norm: float, total_norm, foreach=None) -> None:
+    grads = _grads(parameters)
+    if not grads:
+        return
+    coef = min(float(max_norm) / (float(total_norm) + 1e-6), 1.0)
+    with _no_grad():
+        for idx in FE.group_by_device_dtype(range(len(grads)), grads):
+            gs = [grads[i] for i in idx]
+            xp = FE.xp_of(gs[0])
+            if foreach is False:
+                for g in gs:
+                    g._data *= g._data.dtype.type(coef) if hasattr(g._data.dtype, "type") else coef
+                    g._version[0] += 1
+            else:
+                flat = FE.gather(xp, [g._data for g in gs])
+                flat *= flat.dtype.type(coef)
+                FE.scatter(flat, gs)
+
+
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach=None):
+    if isinstance(parameters, Tensor):
+        parameters = [parameters]
+    parameters = list(parameters)
+    total = get_total_norm(_grads(parameters), norm_type, error_if_nonfinite, foreach)
+    clip_grads_with_norm_(parameters, max_norm, total, foreach)
+    return total
+
+
+def clip_grad_norm(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                   foreach=None):
+    warnings.warn("`torch.nn.utils.clip_grad_norm` is now deprecated in favor of `torch.nn.utils.clip_grad_norm_`.",
+                  FutureWarning, stacklevel=2)
+    return clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
+
+
+def clip_grad_value_(parameters, clip_value: float, foreach=None) -> None:
+    clip_value = float(clip_value)
+    grads = _grads(parameters)
+    with _no_grad():
+        for idx in FE.group_by_device_dtype(range(len(grads)), grads):
+            gs = [grads[i] for i in idx]
+            xp = FE.xp_of(gs[0])
+            if foreach is False:
+                for g in gs:
+                    xp.clip(g._data, -clip_value, clip_value, out=g._data)
+                    g._version[0] += 1
+            else:
+                flat = FE.gather(xp, [g._data for g in gs])
+                xp.clip(flat, -clip_value, clip_value, out=flat)
+                FE.scatter(flat, gs)

@@ -1,0 +1,179 @@
+"""Adam family: Adam, AdamW (amsgrad, maximize, weight decay), Adamax, NAdam, RAdam.
+
+Each `_update` is the algorithm's step over arrays (see `Optimizer._update`); it runs per parameter or
+once on a group's flat arrays."""
+from __future__ import annotations
+
+import numpy as np
+
+from .optimizer import Optimizer, _scalar_tensor
+
+__all__ = ["Adam", "AdamW", "Adamax", "NAdam", "RAdam"]
+
+
+def _check(lr, eps, betas, weight_decay):
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr}")
+    if not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+    if not 0.0 <= betas[0] < 1.0:
+        raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+    if not 0.0 <= betas[1] < 1.0:
+        raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+
+
+def _weight_decay(p, g, group, decoupled):
+    wd = group["weight_decay"]
+    if wd == 0:
+        return g
+    if decoupled:
+        p *= 1 - group["lr"] * wd
+        return g
+    return g + wd * p
+
+
+class Adam(Optimizer):
+    _state_names = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
+                 foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
+                 decoupled_weight_decay=False):
+        _check(lr, eps, betas, weight_decay)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                                      maximize=maximize, foreach=foreach, capturable=capturable,
+                                      differentiable=differentiable, fused=fused,
+                                      decoupled_weight_decay=decoupled_weight_decay))
+
+    def _init_state(self, p, group):
+        st = super()._init_state(p, group)
+        if group["amsgrad"]:
+            from .._ops.creation import zeros_like
+            st["max_exp_avg_sq"] = zeros_like(p)
+        return st
+
+    def _update(self, xp, p, g, s, step, group, ex):
+        b1, b2 = group["betas"]
+        g = _weight_decay(p, g, group, group["decoupled_weight_decay"])
+        m, v = s["exp_avg"], s["exp_avg_sq"]
+        m += (g - m) * (1 - b1)
+        v *= b2
+        v += (1 - b2) * g * g
+        bc1 = ex(1 - b1 ** step)
+        bc2_sqrt = ex(np.sqrt(1 - b2 ** step))
+        if group["amsgrad"]:
+            mx = s["max_exp_avg_sq"]
+            xp.maximum(mx, v, out=mx)
+            denom = xp.sqrt(mx) / bc2_sqrt + group["eps"]
+        else:
+            denom = xp.sqrt(v) / bc2_sqrt + group["eps"]
+        p -= (group["lr"] / bc1) * m / denom
+
+    def step(self, closure=None):
+        return self._step_impl(closure)
+
+
+class AdamW(Adam):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
+                         capturable=capturable, differentiable=differentiable, fused=fused,
+                         decoupled_weight_decay=True)
+
+
+class Adamax(Optimizer):
+    _state_names = ("exp_avg", "exp_inf")
+
+    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, foreach=None, *,
+                 maximize=False, differentiable=False, capturable=False):
+        _check(lr, eps, betas, weight_decay)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
+                                      maximize=maximize, differentiable=differentiable, capturable=capturable))
+
+    def _update(self, xp, p, g, s, step, group, ex):
+        b1, b2 = group["betas"]
+        g = _weight_decay(p, g, group, False)
+        m, u = s["exp_avg"], s["exp_inf"]
+        m += (g - m) * (1 - b1)
+        xp.maximum(u * b2, xp.abs(g) + group["eps"], out=u)
+        clr = group["lr"] / ex(1 - b1 ** step)
+        p -= clr * m / u
+
+    def step(self, closure=None):
+        return self._step_impl(closure)
+
+
+class NAdam(Optimizer):
+    _state_names = ("exp_avg", "exp_avg_sq")
+    _scalar_states = ("mu_product",)
+
+    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, momentum_decay=4e-3,
+                 decoupled_weight_decay=False, *, foreach=None, maximize=False, capturable=False,
+                 differentiable=False):
+        _check(lr, eps, betas, weight_decay)
+        if not 0.0 <= momentum_decay:
+            raise ValueError(f"Invalid momentum_decay value: {momentum_decay}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      momentum_decay=momentum_decay, decoupled_weight_decay=decoupled_weight_decay,
+                                      maximize=maximize, foreach=foreach, capturable=capturable,
+                                      differentiable=differentiable))
+
+    def _init_state(self, p, group):
+        from .._ops.creation import zeros_like
+        return {"step": _scalar_tensor(0.0), "mu_product": _scalar_tensor(1.0),
+                "exp_avg": zeros_like(p), "exp_avg_sq": zeros_like(p)}
+
+    def _update(self, xp, p, g, s, step, group, ex):
+        b1, b2 = group["betas"]
+        g = _weight_decay(p, g, group, group["decoupled_weight_decay"])
+        md = group["momentum_decay"]
+        mu = b1 * (1.0 - 0.5 * 0.96 ** (step * md))
+        mu_next = b1 * (1.0 - 0.5 * 0.96 ** ((step + 1) * md))
+        mp = s["mu_product"]
+        mp *= mu.astype(mp.dtype) if hasattr(mu, "astype") else mu
+        mu_prod = mp.astype(np.float64)
+        m, v = s["exp_avg"], s["exp_avg_sq"]
+        m += (g - m) * (1 - b1)
+        v *= b2
+        v += (1 - b2) * g * g
+        denom = xp.sqrt(v / ex(1 - b2 ** step)) + group["eps"]
+        lr = group["lr"]
+        p -= ex(lr * (1.0 - mu) / (1.0 - mu_prod)) * g / denom
+        p -= ex(lr * mu_next / (1.0 - mu_prod * mu_next)) * m / denom
+
+    def step(self, closure=None):
+        return self._step_impl(closure)
+
+
+class RAdam(Optimizer):
+    _state_names = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+                 decoupled_weight_decay=False, *, foreach=None, maximize=False, capturable=False,
+                 differentiable=False):
+        _check(lr, eps, betas, weight_decay)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize,
+                                      foreach=foreach, capturable=capturable,
+                                      decoupled_weight_decay=decoupled_weight_decay, differentiable=differentiable))
+
+    def _update(self, xp, p, g, s, step, group, ex):
+        b1, b2 = group["betas"]
+        g = _weight_decay(p, g, group, group["decoupled_weight_decay"])
+        m, v = s["exp_avg"], s["exp_avg_sq"]
+        m += (g - m) * (1 - b1)
+        v *= b2
+        v += (1 - b2) * g * g
+        bc1 = 1 - b1 ** step
+        bc2 = 1 - b2 ** step
+        rho_inf = 2 / (1 - b2) - 1
+        rho_t = rho_inf - 2 * step * (b2 ** step) / bc2
+        ok = rho_t > 5
+        safe = np.where(ok, rho_t, 6.0)
+        rect = np.sqrt((safe - 4) * (safe - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * safe))
+        adaptive = ex(np.sqrt(bc2)) / (xp.sqrt(v) + group["eps"])
+        scale = xp.where(ex(ok), adaptive * ex(rect), 1.0)
+        p -= (m / ex(bc1)) * group["lr"] * scale
+
+    def step(self, closure=None):
+        return self._step_impl(closure)
