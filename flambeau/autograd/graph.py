@@ -351,6 +351,9 @@ class CopySlices(Node):
         self._index = index
         self._base_shape = base_meta[0]
 
+    def name(self):
+        return "torch::autograd::CopySlices"
+
     def apply(self, grads):
         g = grads[0]
         flat = g.reshape(-1)
