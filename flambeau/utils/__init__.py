@@ -15,7 +15,3 @@ def __getattr__(name):
             raise AttributeError(f"module 'flambeau.utils' has no attribute '{name}'") from None
         raise
 
-
-def rename_privateuse1_backend(name: str) -> None:
-    from .. import _device
-    _device._KNOWN.add(name)
