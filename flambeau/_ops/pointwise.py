@@ -179,15 +179,17 @@ def _binary_dtype(kind, dt):
 
 
 def binary(schema, fn, deriv=None, *, kind="promote", bad=(), check=None, method=True, inplace=True,
-           function=True, namespace=None, tags=()):
+           function=True, namespace=None, tags=(), scalars="both"):
     """Declare a broadcasting binary op computing `fn(xp, a, b, **kw)` in the op-math dtype.
 
     kind: 'promote' (common dtype), 'float' (bool/integer promote to the default float), 'bool'.
     bad: dtype categories rejected with NotImplementedError; check(dt, a, b): extra validation.
+    scalars: which operands may be Python numbers ('both', 'other' or 'none'), as PyTorch's overloads.
     """
     name = schema.split("(")[0].split(".")[0]
 
     def validate(a, b):
+        require_tensors(name, a, b, scalars)
         dt = result_type(a, b)
         if dt.category in bad:
             raise unsupported(name, dt)
@@ -204,7 +206,7 @@ def binary(schema, fn, deriv=None, *, kind="promote", bad=(), check=None, method
             a, b = round_to(a, cdt), round_to(b, cdt)
         try:
             with np.errstate(all="ignore"):
-                r = fn(xp, cast(xp, a, cd), cast(xp, b, cd), *args, **kw)
+                r = fn(xp, cast_wrap(xp, a, cd), cast_wrap(xp, b, cd), *args, **kw)
         except ValueError:
             broadcast_shapes(shape_of(self), shape_of(other))
             raise
@@ -220,6 +222,21 @@ def binary(schema, fn, deriv=None, *, kind="promote", bad=(), check=None, method
     if deriv is not None:
         op.def_derivative(deriv)
     return op
+
+
+def require_tensors(name, a, b, scalars):
+    """PyTorch has no Scalar overload for some ops: a Python number there is a TypeError."""
+    for i, x in enumerate((a, b)):
+        if not _is_arr(x) and not isinstance(x, Tensor) and (scalars == "none" or (scalars == "other" and i == 0)):
+            raise TypeError(f"{name}(): argument '{'other' if i else 'input'}' (position {i + 1}) must be "
+                            f"Tensor, not {type(x).__name__}")
+
+
+def cast_wrap(xp, x, npdt):
+    """`cast`, except that a Python int meeting an integer dtype wraps around like a C cast."""
+    if type(x) is int and npdt.kind in "iu" and not (np.iinfo(npdt).min <= x <= np.iinfo(npdt).max):
+        return xp.asarray(np.asarray(x, dtype=np.int64).astype(npdt))
+    return cast(xp, x, npdt)
 
 
 def _zeros(g):
@@ -272,6 +289,9 @@ def div_mode(xp, self, other, *, rounding_mode):
     if rounding_mode is None:
         return div.kernel(xp, self, other)
     if rounding_mode == "trunc":
+        dt = result_type(self, other)
+        if dt in D.LOW_PRECISION:      # the quotient is rounded to the dtype before truncation
+            return xp.trunc(div.kernel(xp, self, other).astype(np.float32)).astype(dt.np)
         return _div_trunc.kernel(xp, self, other)
     return floor_divide.kernel(xp, self, other)
 
@@ -328,11 +348,12 @@ remainder = binary("remainder.Tensor(Tensor self, Tensor other) -> Tensor", _rem
                                               if _t(other) else None), bad=(0, 3))
 fmod = binary("fmod.Tensor(Tensor self, Tensor other) -> Tensor", _fmod,
               lambda grad, self, other: (grad, -grad * div_mode(self, other, rounding_mode="trunc")
-                                         if _t(other) else None), bad=(0, 3))
+                                         if _t(other) else None), bad=(0, 3), scalars="other")
 
 
 @defop("rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor")
 def rsub(xp, self, other, *, alpha=1):
+    require_tensors("rsub", self, other, "other")
     _sub_check(self, other)
     return _sub_kernel(xp, other, self if alpha == 1 else _scaled(self, alpha))
 
@@ -420,7 +441,15 @@ def float_power_(self, exponent):
     if self.dtype is not want:
         raise RuntimeError(f"the base given to float_power_ has dtype {_type_name(self.dtype)} but the "
                            f"operation's result requires dtype {_type_name(want)}")
-    return self.copy_(float_power(self, exponent))
+    return _write(self, float_power(self, exponent), "float_power_")
+
+
+def _write(self, res, name):
+    """In-place result for composite in-place ops (no autograd: these ops are not differentiable in place)."""
+    from .._dispatch import write_into, check_inplace_autograd
+    check_inplace_autograd(self)
+    write_into(self, res, name)
+    return self
 
 
 def _type_name(dt):
@@ -439,11 +468,11 @@ def _atan2_grad(grad, self, other):
 
 
 atan2 = binary("atan2(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.arctan2(a, b),
-               _atan2_grad, kind="float", bad=(3,))
+               _atan2_grad, kind="float", bad=(3,), scalars="none")
 export("arctan2", method=True)(atan2)
 export("arctan2_", method=True, function=False)(atan2.inplace)
 hypot = binary("hypot(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.hypot(a, b), _hyp_grad,
-               bad=(0, 1, 3))
+               bad=(0, 1, 3), scalars="none")
 
 
 def _minmax_grads(pick):
@@ -464,9 +493,9 @@ def _complex_minmax(name):
 
 
 maximum = binary("maximum(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.maximum(a, b),
-                 _minmax_grads(lambda x, y: x > y), check=_complex_minmax("maximum"), inplace=False)
+                 _minmax_grads(lambda x, y: x > y), check=_complex_minmax("maximum"), inplace=False, scalars="none")
 minimum = binary("minimum(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.minimum(a, b),
-                 _minmax_grads(lambda x, y: x < y), check=_complex_minmax("minimum"), inplace=False)
+                 _minmax_grads(lambda x, y: x < y), check=_complex_minmax("minimum"), inplace=False, scalars="none")
 
 
 def _fminmax_grads(cmp):
@@ -477,9 +506,9 @@ def _fminmax_grads(cmp):
 
 
 fmax = binary("fmax(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.fmax(a, b),
-              _fminmax_grads(lambda x, y: x >= y), check=_complex_minmax("fmax"), inplace=False)
+              _fminmax_grads(lambda x, y: x >= y), check=_complex_minmax("fmax"), inplace=False, scalars="none")
 fmin = binary("fmin(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.fmin(a, b),
-              _fminmax_grads(lambda x, y: x <= y), check=_complex_minmax("fmin"), inplace=False)
+              _fminmax_grads(lambda x, y: x <= y), check=_complex_minmax("fmin"), inplace=False, scalars="none")
 
 
 def _copysign_grad(grad, self, other, result):
@@ -488,7 +517,7 @@ def _copysign_grad(grad, self, other, result):
 
 
 copysign = binary("copysign.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.copysign(a, b),
-                  _copysign_grad, kind="float", bad=(3,))
+                  _copysign_grad, kind="float", bad=(3,), scalars="other")
 
 
 def _xlogy(xp, a, b):
@@ -514,7 +543,7 @@ def _ldexp_grad(grad, self, other, result):
 
 ldexp = binary("ldexp.Tensor(Tensor self, Tensor other) -> Tensor",
                lambda xp, a, b: a * xp.power(2.0, b).astype(xp.result_type(a, 2.0)), _ldexp_grad,
-               kind="float")
+               kind="float", scalars="none")
 
 
 def _logaddexp(xp, a, b):
@@ -526,15 +555,16 @@ def _logaddexp(xp, a, b):
 logaddexp = binary("logaddexp(Tensor self, Tensor other) -> Tensor", _logaddexp,
                    lambda grad, self, other: (grad / (1 + (other - self).exp()),
                                               grad / (1 + (self - other).exp())),
-                   bad=(0, 1), inplace=False)
+                   bad=(0, 1), inplace=False, scalars="none")
 logaddexp2 = binary("logaddexp2(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.logaddexp2(a, b),
                     lambda grad, self, other: (grad / (1 + pow(2.0, other - self)),
                                                grad / (1 + pow(2.0, self - other))),
-                    bad=(0, 1, 3), inplace=False)
+                    bad=(0, 1, 3), inplace=False, scalars="none")
 
 
 @defop("nextafter(Tensor self, Tensor other) -> Tensor", method=True, inplace=True)
 def nextafter(xp, self, other):
+    require_tensors("nextafter", self, other, "none")
     dt = result_type(self, other)
     if dt.category != 2:
         raise unsupported("nextafter", dt)
@@ -561,25 +591,25 @@ def _ordered(name):
     return check
 
 
-eq = binary("eq.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.equal(a, b), kind="bool")
-ne = binary("ne.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.not_equal(a, b), kind="bool")
+eq = binary("eq.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.equal(a, b), kind="bool", scalars="other")
+ne = binary("ne.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.not_equal(a, b), kind="bool", scalars="other")
 lt = binary("lt.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.less(a, b), kind="bool",
-            check=_ordered("lt"))
+            check=_ordered("lt"), scalars="other")
 le = binary("le.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.less_equal(a, b),
-            kind="bool", check=_ordered("le"))
+            kind="bool", check=_ordered("le"), scalars="other")
 gt = binary("gt.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.greater(a, b),
-            kind="bool", check=_ordered("gt"))
+            kind="bool", check=_ordered("gt"), scalars="other")
 ge = binary("ge.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.greater_equal(a, b),
-            kind="bool", check=_ordered("ge"))
+            kind="bool", check=_ordered("ge"), scalars="other")
 for _n, _op in [("greater", gt), ("greater_equal", ge), ("less", lt), ("less_equal", le), ("not_equal", ne)]:
     export(_n, method=True)(_op)
     export(_n + "_", method=True, function=False)(_op.inplace)
 logical_and = binary("logical_and(Tensor self, Tensor other) -> Tensor",
-                     lambda xp, a, b: xp.logical_and(a, b), kind="bool")
+                     lambda xp, a, b: xp.logical_and(a, b), kind="bool", scalars="none")
 logical_or = binary("logical_or(Tensor self, Tensor other) -> Tensor",
-                    lambda xp, a, b: xp.logical_or(a, b), kind="bool")
+                    lambda xp, a, b: xp.logical_or(a, b), kind="bool", scalars="none")
 logical_xor = binary("logical_xor(Tensor self, Tensor other) -> Tensor",
-                     lambda xp, a, b: xp.logical_xor(a, b), kind="bool")
+                     lambda xp, a, b: xp.logical_xor(a, b), kind="bool", scalars="none")
 
 
 def _same_dtype(what):
@@ -603,6 +633,7 @@ def isclose(xp, self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
 
 
 def _isclose_check(self, other, rtol, atol):
+    require_tensors("isclose", self, other, "none")
     if self.dtype != other.dtype:
         raise RuntimeError(f"{_type_name(D.FROM_NP[self.dtype])} did not match {_type_name(D.FROM_NP[other.dtype])}")
     if rtol < 0 or atol < 0:
@@ -612,6 +643,7 @@ def _isclose_check(self, other, rtol, atol):
 
 @isclose.def_meta
 def _(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    require_tensors("isclose", self, other, "none")
     if self.dtype is not other.dtype:
         raise RuntimeError(f"{_type_name(self.dtype)} did not match {_type_name(other.dtype)}")
     return TensorSpec(broadcast_shapes(self.shape, other.shape), D.bool)
@@ -657,8 +689,8 @@ bitwise_left_shift = binary("bitwise_left_shift.Tensor(Tensor self, Tensor other
                             bad=(0, 2, 3))
 bitwise_right_shift = binary("bitwise_right_shift.Tensor(Tensor self, Tensor other) -> Tensor",
                              _shift(False), bad=(0, 2, 3))
-gcd = binary("gcd(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.gcd(a, b), bad=(0, 2, 3))
-lcm = binary("lcm(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.lcm(a, b), bad=(0, 2, 3))
+gcd = binary("gcd(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.gcd(a, b), bad=(0, 2, 3), scalars="none")
+lcm = binary("lcm(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.lcm(a, b), bad=(0, 2, 3), scalars="none")
 
 
 def _heaviside(xp, a, b):
@@ -668,7 +700,7 @@ def _heaviside(xp, a, b):
 
 heaviside = binary("heaviside(Tensor self, Tensor values) -> Tensor", _heaviside, bad=(3,),
                    check=_same_dtype(lambda x, y: "heaviside is not yet implemented for tensors with "
-                                     "different dtypes."))
+                                     "different dtypes."), scalars="none")
 
 
 from . import pointwise_math  # noqa: E402,F401  (unary math and ternary ops live there)

@@ -348,7 +348,8 @@ def _polygamma_method(self, n):
 
 @export("polygamma_", method=True, function=False)
 def _polygamma_inplace(self, n):
-    return self.copy_(polygamma(n, self))
+    from .pointwise import _write
+    return _write(self, polygamma(n, self), "polygamma_")
 
 
 # ---- real / imag / positive / composites ------------------------------------------------------
@@ -441,9 +442,10 @@ def _bshape(*xs):
 
 
 def _compute(xp, dt, *xs):
-    from ._helpers import cast, round_to
+    from ._helpers import round_to
+    from .pointwise import cast_wrap
     cd = opmath(dt)
-    return [None if x is None else cast(xp, round_to(x, dt) if cd != dt.np else x, cd) for x in xs]
+    return [None if x is None else cast_wrap(xp, round_to(x, dt) if cd != dt.np else x, cd) for x in xs]
 
 
 def _where_check(condition):
@@ -566,6 +568,8 @@ def clamp_max_(self, max):
 
 
 def _lerp_check(self, end, weight):
+    from .pointwise import require_tensors
+    require_tensors("lerp", self, end, "none")
     sd = self.dtype if isinstance(self.dtype, D.dtype) else D.FROM_NP[self.dtype]
     for what, x in (("end", end), ("weight", weight)):
         if hasattr(x, "dtype"):
@@ -615,6 +619,8 @@ def _addc(name, combine):
     def kernel(xp, self, tensor1, tensor2, *, value=1):
         dt = _addc_dtype(self, tensor1, tensor2, name)
         a, b, c = _compute(xp, dt, self, tensor1, tensor2)
+        if dt.category < 2:
+            value = int(value)
         with np.errstate(all="ignore"):
             r = a + value * combine(b, c)
         return xp.broadcast_to(xp.asarray(r), _bshape(self, tensor1, tensor2)).astype(dt.np)

@@ -128,3 +128,145 @@ OPS += [
            ops=("polygamma",), dtypes=FLOAT_OUT, out=True, tol=LOWTOL),
     OpInfo("special.i1", U(-3, 3), fn="special.i1", ops=("special_i1",), dtypes=FLOATS),
 ]
+
+
+# ---- binary and ternary ops --------------------------------------------------------------------
+def B(lo=None, hi=None, olo=None, ohi=None, scalars=(2, 2.5)):
+    """Binary samples: broadcasting, 0-dim, empty, non-contiguous, scalars, mixed dtypes."""
+    def samples(dtype):
+        a = dict(low=lo, high=hi)
+        b = dict(low=olo if olo is not None else lo, high=ohi if ohi is not None else hi)
+        out = [S(T((3, 4), **a), T((3, 4), **b)), S(T((3, 4), **a), T((4,), **b)),
+               S(T((2, 1, 4), **a), T((3, 1), **b)), S(T((), **a), T((2, 3), **b)), S(T((0, 3), **a), T((3,), **b)),
+               S(T((4, 3), noncontig=True, **a), T((4, 3), **b)), S(T((3,), **a), T((), dtype="float64", **b))]
+        out += [S(T((3,), **a), s) for s in scalars]
+        return out
+    return samples
+
+
+def binary(name, dtypes, samples=None, *, ops=None, inplace=True, grad=True, **kw):
+    return OpInfo(name, samples or B(), ops=ops or ((name, name + "_") if inplace else (name,)), dtypes=dtypes,
+                  method=name, inplace=(name + "_") if inplace else None, out=True, grad=grad, **kw)
+
+
+def _ops(base, overload):
+    return (f"{base}.{overload}", f"{base}_.{overload}")
+
+
+INT_DIV = lambda d: [S(T((3, 4)), T((3, 4), low=1, high=5)), S(T((3, 4), low=-9, high=9), T((4,), low=-4, high=-1)),
+                     S(T((3,)), 3), S(T((3,)), -2), S(T((0, 3)), T((3,), low=1, high=4)),
+                     S(T((4, 3), noncontig=True), T((4, 3), low=1, high=5))]
+DIV_ERRORS = lambda: [ErrorSample(S(T((3,), dtype="int64"), T((3,), dtype="int64", values=[1, 0, 2])),
+                                  RuntimeError, "ZeroDivisionError")]
+OPS += [
+    OpInfo("div_trunc", lambda d: [S(T((3, 4)), T((3, 4), low=0.5, high=2), rounding_mode="trunc"),
+                                   S(T((3, 4), low=-9, high=9), T((4,), low=-4, high=-1), rounding_mode="trunc"),
+                                   S(T((3,)), 2, rounding_mode="trunc")],
+           fn="div", ops=_ops("div", "Tensor_mode") + ("_div_trunc",), dtypes=NUMERIC, method="div",
+           inplace="div_", out=True, errors=lambda: [
+               ErrorSample(S(T((3,)), T((3,)), rounding_mode="bad"), RuntimeError, "rounding_mode")]),
+    OpInfo("div_floor", lambda d: [S(T((3, 4)), T((3, 4), low=0.5, high=2), rounding_mode="floor"),
+                                   S(T((3, 4), low=-9, high=9), T((4,), low=-4, high=-1), rounding_mode="floor"),
+                                   S(T((3,)), T((3,)), rounding_mode=None)],
+           fn="div", dtypes=NUMERIC, method="div", inplace="div_", out=True),
+    OpInfo("true_divide", lambda d: [S(T((3, 4)), T((3, 4), low=1, high=3)), S(T((3,)), 2)], dtypes=ALL_REAL,
+           method="true_divide", inplace="true_divide_", out=True),
+    binary("floor_divide", NUMERIC, INT_DIV, grad=False, errors=DIV_ERRORS),
+    binary("remainder", NUMERIC, INT_DIV, ops=_ops("remainder", "Tensor"), errors=DIV_ERRORS),
+    binary("fmod", NUMERIC, INT_DIV, ops=_ops("fmod", "Tensor"), errors=DIV_ERRORS),
+    OpInfo("floordiv_op", INT_DIV, call=lambda m, a, b: a // b, dtypes=NUMERIC, grad=False),
+    OpInfo("mod_op", INT_DIV, call=lambda m, a, b: a % b, dtypes=NUMERIC),
+    OpInfo("rfloordiv_op", lambda d: [S(T((3, 4), low=1, high=5))], call=lambda m, a: 7 // a, dtypes=NUMERIC,
+           grad=False),
+    binary("pow", NUMERIC, lambda d: [S(T((3, 4), low=0.5, high=2), T((3, 4), low=0, high=3)),
+                                      S(T((3, 4), low=0.5, high=2), T((4,), low=-2, high=3)),
+                                      S(T((3,), low=0.5, high=2), 2), S(T((3,), low=0.5, high=2), 0.5),
+                                      S(T((3,), low=0.5, high=2), 0), S(T((), low=0.5, high=2), T((2, 2), low=0, high=3)),
+                                      S(T((3,), low=-3, high=3), T((3,), low=-3, high=3, dtype="int64"))],
+           ops=_ops("pow", "Tensor_Tensor"),
+           errors=lambda: [ErrorSample(S(T((3,), dtype="int64"), -1), RuntimeError, "negative integer powers")]),
+    OpInfo("pow_scalar_base", lambda d: [S(2, T((3, 4), low=0, high=3)), S(2.5, T((3,), low=-2, high=2))],
+           fn="pow", dtypes=NUMERIC),
+    OpInfo("pow_ops", lambda d: [S(T((3, 4), low=0, high=3))],
+           call=lambda m, a: (a ** 2, 2 ** a, a ** 0.5 if a.is_floating_point() else a ** 3, 1.5 ** a),
+           dtypes=ALL_REAL),
+    OpInfo("pow_int_negative", lambda d: [S(T((6,), values=[1, -1, 2, -2, 0, 3]), T((6,), values=[-1, -3, -2, -1, 2, 2]))],
+           fn="pow", dtypes=INTS[1:]),
+    OpInfo("float_power", lambda d: [S(T((3, 4), low=0.5, high=2), T((3, 4), low=-1, high=2)), S(T((3,), low=0.5, high=2), 2),
+                                     S(2, T((3,), low=-1, high=1))],
+           ops=("float_power.Tensor_Tensor",), dtypes=NUMERIC, method="float_power", inplace="float_power_",
+           out=True),
+    binary("atan2", FLOAT_OUT), binary("arctan2", FLOATS, ops=()),
+    binary("hypot", FLOATS_AND_LOWP),
+    *[binary(n, ALL_REAL, inplace=False, errors=lambda: [ErrorSample(S(T((2,), dtype="complex64"), T((2,), dtype="complex64")))])
+      for n in ("maximum", "minimum", "fmax", "fmin")],
+    OpInfo("maximum_ties", lambda d: [S(T((4,), values=[1.0, 2.0, float("nan"), 3.0]), T((4,), values=[1.0, 3.0, 1.0, float("nan")]))],
+           fn="maximum", dtypes=FLOATS, skip={"gradcheck": "ties and NaNs are not differentiable points"}),
+    OpInfo("fmin_nan", lambda d: [S(T((4,), values=[1.0, 2.0, float("nan"), 3.0]), T((4,), values=[1.0, 3.0, 1.0, float("nan")]))],
+           fn="fmin", dtypes=FLOATS, skip={"gradcheck": "ties and NaNs are not differentiable points"}),
+    binary("copysign", FLOAT_OUT, ops=_ops("copysign", "Tensor")),
+    binary("xlogy", FLOAT_OUT, B(0, 3, 0.5, 3), ops=_ops("xlogy", "Tensor")),
+    binary("ldexp", FLOAT_OUT, B(-3, 3, -3, 3, scalars=(2,)), ops=_ops("ldexp", "Tensor")),
+    binary("logaddexp", FLOATS_AND_LOWP, inplace=False), binary("logaddexp2", FLOATS_AND_LOWP, inplace=False),
+    binary("nextafter", FLOATS_AND_LOWP, B(scalars=()), skip={"gradcheck": "piecewise constant step"}),
+    *[binary(n, ALL_REAL, ops=_ops(n, "Tensor"), grad=False) for n in ("eq", "ne", "lt", "le", "gt", "ge")],
+    *[binary(n, ALL_REAL, ops=(), grad=False) for n in ("greater", "less_equal", "not_equal")],
+    binary("eq_complex", C64, fn="eq", ops=(), inplace=False, grad=False),
+    OpInfo("compare_ops", lambda d: [S(T((3, 4)), T((3, 4))), S(T((3,)), 1)],
+           call=lambda m, a, b: (a == b, a != b, a < b, a <= b, a > b, a >= b, 1 == a, a > 0.5), dtypes=ALL_REAL, grad=False),
+    *[binary(n, ALL_REAL + C64, grad=False) for n in ("logical_and", "logical_or", "logical_xor")],
+    *[binary(n, ("bool",) + INTS + FLOATS, ops=_ops(n, "Tensor"), grad=False) for n in
+      ("bitwise_and", "bitwise_or", "bitwise_xor")],
+    *[binary(n, ("bool",) + INTS + FLOATS, lambda d: [S(T((3, 4), low=0, high=9), T((3, 4), low=-2, high=80)),
+                                                      S(T((3,)), 2), S(T((3,), low=-9, high=9), T((), low=0, high=4))],
+             ops=_ops(n, "Tensor"), grad=False) for n in ("bitwise_left_shift", "bitwise_right_shift")],
+    OpInfo("bit_ops", lambda d: [S(T((3, 4), low=0, high=5), T((3, 4), low=0, high=5))],
+           call=lambda m, a, b: (a & b, a | b, a ^ b, ~a, a << 1, a >> 1, a & True if a.dtype == m.bool else a & 3),
+           dtypes=("bool",) + INTS, grad=False),
+    *[binary(n, ("bool",) + INTS + FLOATS, grad=False) for n in ("gcd", "lcm")],
+    OpInfo("rsub", B(), ops=("rsub.Tensor",), dtypes=ALL_REAL),
+    OpInfo("rsub_ops", lambda d: [S(T((3, 4)))], call=lambda m, a: (1 - a, 2.5 * a, 1 + a, 3 / a.abs().add(1)),
+           dtypes=ALL_REAL),
+    binary("heaviside", ALL_REAL, lambda d: [S(T((6,), values=[-1, 0, 2, 0, 3, -2]), T((6,))),
+                                             S(T((2, 3), low=-1, high=1), T((3,)))], grad=False,
+           errors=lambda: [ErrorSample(S(T((3,)), T((3,), dtype="float64")), RuntimeError, "different dtypes")]),
+    OpInfo("isclose", lambda d: [S(T((3, 4)), T((3, 4))), S(T((4,), values=[1.0, 1.0 + 1e-9, float("nan"), 2.0]),
+                                                         T((4,), values=[1.0, 1.0, float("nan"), 3.0]), equal_nan=True),
+                                 S(T((3,)), T((2, 3)), rtol=0.5, atol=1.0)],
+           ops=("isclose",), dtypes=ALL_REAL, method="isclose", grad=False,
+           errors=lambda: [ErrorSample(S(T((3,)), T((3,), dtype="float64")), RuntimeError, "did not match")]),
+    OpInfo("allclose", lambda d: [S(T((3, 4)), T((3, 4))), S(T((3,), values=[1.0, 2.0, 3.0]), T((3,), values=[1.0, 2.0, 3.0]))],
+           dtypes=FLOATS, method="allclose", grad=False, meta=False),
+    OpInfo("equal", lambda d: [S(T((3, 4)), T((3, 4))), S(T((3,), values=[1, 2, 3]), T((3,), values=[1, 2, 3])),
+                               S(T((3,)), T((4,)))],
+           dtypes=ALL_REAL, method="equal", grad=False, meta=False),
+    OpInfo("where", lambda d: [S(T((3, 4), dtype="bool"), T((3, 4)), T((3, 4))),
+                               S(T((3, 1), dtype="bool"), T((4,)), T((2, 1, 1))),
+                               S(T((3,), dtype="bool"), T((3,)), 0), S(T((3,), dtype="bool"), 2, 1.5),
+                               S(T((3,), dtype="bool"), T((3,)), T((), dtype="float64"))],
+           ops=("where.self",), dtypes=ALL_REAL + C64, out=True,
+           errors=lambda: [ErrorSample(S(T((3,), dtype="float32"), T((3,)), T((3,))), RuntimeError, "boolean")]),
+    OpInfo("where_method", lambda d: [S(T((3, 4)), T((3, 4), dtype="bool"), T((3, 4))), S(T((3,)), T((3,), dtype="bool"), 0)],
+           call=lambda m, x, c, y: x.where(c, y), dtypes=FLOATS),
+    OpInfo("clamp", lambda d: [S(T((3, 4)), -1, 1), S(T((3, 4)), min=0.5), S(T((3, 4)), max=-0.5),
+                               S(T((3, 4)), T((4,), low=-3, high=-0.5), T((3, 1), low=0.5, high=3)),
+                               S(T((3, 4)), min=T((), low=-1, high=0)), S(T((3,), dtype="int64"), min=1.5)],
+           ops=("clamp.Tensor", "clamp_.Tensor"), dtypes=NUMERIC, method="clamp", inplace="clamp_", out=True,
+           errors=lambda: [ErrorSample(S(T((3,))), RuntimeError, "At least one")]),
+    OpInfo("clip", lambda d: [S(T((3, 4)), -1, 1)], dtypes=NUMERIC, method="clip", inplace="clip_", out=True),
+    OpInfo("clamp_min", lambda d: [S(T((3, 4)), 0.5), S(T((3, 4)), T((4,)))], dtypes=FLOATS, method="clamp_min",
+           inplace="clamp_min_", out=True),
+    OpInfo("clamp_max", lambda d: [S(T((3, 4)), 0.5), S(T((3, 4)), T((4,)))], dtypes=FLOATS, method="clamp_max",
+           inplace="clamp_max_", out=True),
+    OpInfo("lerp", lambda d: [S(T((3, 4)), T((3, 4)), 0.3), S(T((3, 4)), T((4,)), 0.8), S(T((3, 4)), T((3, 4)), T((3, 4), low=0, high=1)),
+                              S(T((3, 1)), T((4,)), T((), low=0, high=1))],
+           ops=("lerp.Tensor", "lerp_.Tensor"), dtypes=FLOATS_AND_LOWP + C64, tol=LOWTOL, method="lerp", inplace="lerp_", out=True,
+           errors=lambda: [ErrorSample(S(T((3,)), T((3,), dtype="float64"), 0.5), RuntimeError, "expected dtype")]),
+    OpInfo("addcmul", lambda d: [S(T((3, 4)), T((3, 4)), T((3, 4))), S(T((3, 4)), T((4,)), T((3, 1)), value=0.5),
+                                 S(T(()), T((2, 3)), T((3,)), value=2)],
+           ops=("addcmul", "addcmul_"), dtypes=NUMERIC + C64, method="addcmul", inplace="addcmul_", out=True),
+    OpInfo("addcdiv", lambda d: [S(T((3, 4)), T((3, 4)), T((3, 4), low=0.5, high=2)),
+                                 S(T((3, 4)), T((4,)), T((3, 1), low=0.5, high=2), value=0.5)],
+           ops=("addcdiv", "addcdiv_"), dtypes=FLOATS_AND_LOWP + C64, method="addcdiv", inplace="addcdiv_", out=True,
+           errors=lambda: [ErrorSample(S(T((3,)), T((3,), dtype="int64"), T((3,), dtype="int64")), RuntimeError, "Integer division")]),
+]
