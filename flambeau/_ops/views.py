@@ -360,7 +360,7 @@ def _(self, *, dtype=None, device=None, non_blocking=False):
 
 @_to_copy.def_derivative
 def _(grad, self_meta):
-    return grad._to_copy(dtype=self_meta.dtype, device=self_meta.device)
+    return _to_copy(grad, dtype=self_meta.dtype, device=self_meta.device)
 
 
 _to_copy_method = _to_copy

@@ -1,0 +1,64 @@
+"""Dense layers: `linear` (an op with a BLAS kernel and a fused derivative) and `bilinear`."""
+from __future__ import annotations
+
+from .. import _dtype as D
+from ._registry import defop, export, TensorSpec
+from ._helpers import opmath
+
+
+def _check(input, weight, bias):
+    if input.dtype != weight.dtype:
+        from .._dispatch import type_name
+        raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got {type_name(D.FROM_NP[input.dtype]) if not isinstance(input.dtype, D.dtype) else type_name(input.dtype)} and "
+                           f"{type_name(D.FROM_NP[weight.dtype]) if not isinstance(weight.dtype, D.dtype) else type_name(weight.dtype)}")
+    if input.ndim == 0:
+        raise RuntimeError("both arguments to linear need to be at least 1D, but they are 0D and "
+                           f"{weight.ndim}D")
+    if input.shape[-1] != weight.shape[-1]:
+        rows = 1
+        for s in input.shape[:-1]:
+            rows *= s
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({rows}x{input.shape[-1]} and "
+                           f"{weight.shape[-1]}x{weight.shape[0] if weight.ndim > 1 else 1})")
+
+
+@defop("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", namespace="nn.functional",
+       function=False)
+def linear(xp, input, weight, bias=None):
+    _check(input, weight, bias)
+    dt = D.FROM_NP[input.dtype]
+    cd = opmath(dt)
+    x = input.astype(cd, copy=False)
+    w = weight.astype(cd, copy=False)
+    out = xp.matmul(x, w.T) if w.ndim == 2 else xp.matmul(x, w)
+    if bias is not None:
+        out += bias.astype(cd, copy=False)
+    return out.astype(dt.np, copy=False)
+
+
+@linear.def_meta
+def _(input, weight, bias=None):
+    _check(input, weight, bias)
+    shape = tuple(input.shape[:-1]) + ((weight.shape[0],) if weight.ndim == 2 else ())
+    return TensorSpec(shape, input.dtype)
+
+
+@linear.def_derivative
+def _(grad, input, weight, bias):
+    gi = grad @ weight if weight.ndim == 2 else grad.unsqueeze(-1) * weight
+    if weight.ndim == 2:
+        g2 = grad.reshape(-1, weight.shape[0])
+        gw = g2.t() @ input.reshape(-1, weight.shape[1])
+    else:
+        gw = (grad.unsqueeze(-1) * input).reshape(-1, weight.shape[0]).sum(0)
+    gb = None
+    if bias is not None:
+        gb = grad.reshape(-1, *bias.shape).sum(0) if grad.ndim > bias.ndim else grad
+    return gi, gw, gb
+
+
+@export("bilinear", namespace="nn.functional")
+def bilinear(input1, input2, weight, bias=None):
+    from .. import einsum
+    out = einsum("...i,oij,...j->...o", input1, weight, input2)
+    return out + bias if bias is not None else out
