@@ -263,9 +263,9 @@ def _param_repr(p) -> str:
     if not isinstance(p, Tensor):
         return "Object of type: " + type(p).__name__
     size = "x".join(str(s) for s in p.size())
-    dev = "" if p.device.type == "cpu" else f" ({p.device})"
+    dev = f" (GPU {p.get_device()})" if p.is_cuda else ""
     kind = "Parameter" if isinstance(p, Parameter) else "Tensor"
-    return f"{kind} containing: [{p.type()} of size {size}{dev}]"
+    return f"{kind} containing: [{p.dtype} of size {size}{dev}]"
 
 
 class ParameterList(Module):
