@@ -860,9 +860,11 @@ def _(grad, self, result, dim):
     def rev_lcse(y):
         return y.flip([d]).logcumsumexp(d).flip([d])
     where = EXPORTS["where"]
-    pos = where(grad > 0, grad, 0).log() - result
-    neg = where(grad < 0, -grad, 0).log() - result
-    return (self + rev_lcse(pos)).exp() - (self + rev_lcse(neg)).exp()
+
+    def part(mask, g):     # log(g) where mask else -inf, with no log(0) in the graph
+        return where(mask, where(mask, g, 1).log(), -math.inf) - result
+    return ((self + rev_lcse(part(grad > 0, grad))).exp() -
+            (self + rev_lcse(part(grad < 0, -grad))).exp())
 
 
 @export("diff", method=True)
