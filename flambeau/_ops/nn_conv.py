@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from .. import _dtype as D
 from ._registry import defop, export, TensorSpec
@@ -121,6 +125,22 @@ def _dtype_checks(inp, weight, bias):
 
 
 # ---- im2col / col2im kernels -----------------------------------------------------------------
+_POOL = []
+
+
+def _over_batch(xp, N, size, fill):
+    """Run `fill(batch_slice)` over chunks of the batch, on threads for large NumPy copies (NumPy
+    releases the GIL while copying, so the im2col copy then runs at several cores' bandwidth)."""
+    workers = min(os.cpu_count() or 1, N)
+    if xp is not np or workers < 2 or size < (1 << 22):
+        fill(slice(None))
+        return
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="flambeau-im2col"))
+    step = -(-N // workers)
+    list(_POOL[0].map(fill, [slice(i, i + step) for i in range(0, N, step)]))
+
+
 def _positions(ks):
     return enumerate(itertools.product(*[range(k) for k in ks]))
 
@@ -144,15 +164,22 @@ def im2col_arrays(xp, x, ks, st, pad, dil, shift=True):
         if K == 1:
             return xf[:, :, None, :L], grid, out
         cols = xp.empty((N, C, K, L), x.dtype)
-        for k, idx in _positions(ks):
-            off = sum(idx[i] * dil[i] * fs[i] for i in range(nd))
-            cols[:, :, k] = xf[:, :, off:off + L]
+        offs = [sum(idx[i] * dil[i] * fs[i] for i in range(nd)) for _, idx in _positions(ks)]
+
+        def fill(b):
+            for k, off in enumerate(offs):
+                cols[b, :, k] = xf[b, :, off:off + L]
+        _over_batch(xp, N, cols.size, fill)
         return cols, grid, out
     xpd = xp.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pad]) if any(pad) else x
     cols = xp.empty((N, C, K) + out, x.dtype)
-    for k, idx in _positions(ks):
-        sl = tuple(slice(idx[i] * dil[i], idx[i] * dil[i] + st[i] * (out[i] - 1) + 1, st[i]) for i in range(nd))
-        cols[:, :, k] = xpd[(slice(None), slice(None)) + sl]
+    sls = [tuple(slice(idx[i] * dil[i], idx[i] * dil[i] + st[i] * (out[i] - 1) + 1, st[i]) for i in range(nd))
+           for _, idx in _positions(ks)]
+
+    def fill(b):
+        for k, sl in enumerate(sls):
+            cols[b, :, k] = xpd[(b, slice(None)) + sl]
+    _over_batch(xp, N, cols.size, fill)
     return cols.reshape(N, C, K, math.prod(out)), out, out
 
 
@@ -163,9 +190,13 @@ def col2im_arrays(xp, cols, size, ks, st, pad, dil):
     nd = len(ks)
     P = [max(size[i] + 2 * pad[i], dil[i] * (ks[i] - 1) + st[i] * (out[i] - 1) + 1) for i in range(nd)]
     acc = xp.zeros((N, C) + tuple(P), cols.dtype)
-    for k, idx in _positions(ks):
-        sl = tuple(slice(idx[i] * dil[i], idx[i] * dil[i] + st[i] * (out[i] - 1) + 1, st[i]) for i in range(nd))
-        acc[(slice(None), slice(None)) + sl] += cols[:, :, k]
+    sls = [tuple(slice(idx[i] * dil[i], idx[i] * dil[i] + st[i] * (out[i] - 1) + 1, st[i]) for i in range(nd))
+           for _, idx in _positions(ks)]
+
+    def fill(b):
+        for k, sl in enumerate(sls):
+            acc[(b, slice(None)) + sl] += cols[b, :, k]
+    _over_batch(xp, N, cols.size, fill)
     crop = tuple(slice(pad[i], pad[i] + size[i]) for i in range(nd))
     return xp.ascontiguousarray(acc[(slice(None), slice(None)) + crop])
 
