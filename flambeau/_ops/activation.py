@@ -12,7 +12,6 @@ import math
 import numpy as np
 
 from .. import _dtype as D
-from .. import _state
 from ._registry import defop, export, make_inplace, Op, register, TensorSpec, NN_FUNCTIONAL
 from ._helpers import result_type, opmath, round_to, broadcast_shapes, shape_of, wrap_dim
 
@@ -164,7 +163,7 @@ def _gelu_bwd(xp, g, x, approximate):
     return g * (cdf + x * pdf)
 
 
-gelu = pointwise_family("gelu", "*, str approximate='none'", fwd=_gelu_fwd, bwd=_gelu_bwd, inplace=True)
+gelu = pointwise_family("gelu", "*, str approximate='none'", fwd=_gelu_fwd, bwd=_gelu_bwd)
 
 
 def _silu_bwd(xp, g, x):
@@ -311,7 +310,7 @@ def F_celu(input, alpha=1.0, inplace=False):
 @export("gelu", namespace="nn.functional", function=False)
 def F_gelu(input, approximate="none"):
     if approximate not in ("none", "tanh"):
-        raise RuntimeError(f"approximate argument must be either none or tanh.")
+        raise RuntimeError("approximate argument must be either none or tanh.")
     return gelu(input, approximate=approximate)
 
 
@@ -512,18 +511,9 @@ def rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, generator=None):
 
 @export("rrelu_")
 def rrelu_(input, lower=1.0 / 8, upper=1.0 / 3, training=False, generator=None):
-    from .._dispatch import write_into
     if training:
-        with _no_grad():
-            input.copy_(rrelu_with_noise_functional(input, lower, upper)[0]) if hasattr(input, "copy_") \
-                else write_into(input, rrelu_with_noise_functional(input, lower, upper)[0], "rrelu_")
-        return input
+        return input.mul_(rrelu_with_noise_functional(input.detach(), lower, upper)[1])
     return leaky_relu.inplace(input, (lower + upper) / 2)
-
-
-def _no_grad():
-    from ..autograd.grad_mode import no_grad
-    return no_grad()
 
 
 @export("rrelu", namespace="nn.functional", function=False)
@@ -616,6 +606,7 @@ def _two(name, x1, x2):
 @defop("cosine_similarity(Tensor x1, Tensor x2, int dim=1, float eps=1e-08) -> Tensor",
        namespace="nn.functional")
 def cosine_similarity(xp, x1, x2, dim=1, eps=1e-8):
+    broadcast_shapes(shape_of(x1), shape_of(x2))
     dt, cd, a, b = _two("cosine_similarity", x1, x2)
     a, b = xp.broadcast_arrays(a, b)
     d = wrap_dim(dim, a.ndim)

@@ -154,12 +154,16 @@ def _ce_backward(xp, grad, self, target, weight, reduction, ignore_index, ls, fu
     else:
         gx = -g * a
     gx = (xp.moveaxis(gx, -1, 1) if self.ndim >= 2 else gx).astype(dt.np)
-    gt = None
+    gt = gw = None
     if prob:
         w = 1 if weight is None else weight.astype(cd)
         gtl = -g * logp * w * (1 - ls) / _prob_den(x.shape, reduction)
         gt = (xp.moveaxis(gtl, -1, 1) if self.ndim >= 2 else gtl).astype(target.dtype)
-    return gx, gt
+        if weight is not None:
+            tl = _last(xp, target).astype(cd) * (1 - ls) + ls / x.shape[-1]
+            gwl = -g * tl * logp / _prob_den(x.shape, reduction)
+            gw = gwl.reshape(-1, x.shape[-1]).sum(axis=0).astype(weight.dtype)
+    return gx, gt, gw
 
 
 @defop("cross_entropy_loss(Tensor self, Tensor target, Tensor? weight=None, int reduction=1, "
@@ -174,20 +178,20 @@ cross_entropy_loss.def_meta(lambda self, target, weight=None, reduction=1, ignor
 
 
 @defop("cross_entropy_loss_backward(Tensor grad, Tensor self, Tensor target, Tensor? weight, int reduction, "
-       "SymInt ignore_index, float label_smoothing) -> (Tensor, Tensor)", function=False)
+       "SymInt ignore_index, float label_smoothing) -> (Tensor, Tensor, Tensor)", function=False)
 def cross_entropy_loss_backward(xp, grad, self, target, weight, reduction, ignore_index, label_smoothing):
     return _ce_backward(xp, grad, self, target, weight, reduction, ignore_index, label_smoothing, True)
 
 
 cross_entropy_loss_backward.def_meta(lambda grad, self, target, weight, reduction, ignore_index, label_smoothing: (
     TensorSpec(self.shape, self.dtype),
-    TensorSpec(target.shape, target.dtype) if target.dtype.is_floating_point else None))
+    TensorSpec(target.shape, target.dtype) if target.dtype.is_floating_point else None,
+    TensorSpec(weight.shape, weight.dtype) if weight is not None and target.dtype.is_floating_point else None))
 
 
 @cross_entropy_loss.def_derivative
 def _(grad, self, target, weight, reduction, ignore_index, label_smoothing):
-    gx, gt = cross_entropy_loss_backward(grad, self, target, weight, reduction, ignore_index, label_smoothing)
-    return gx, gt, None
+    return cross_entropy_loss_backward(grad, self, target, weight, reduction, ignore_index, label_smoothing)
 
 
 @defop("nll_loss_nd(Tensor self, Tensor target, Tensor? weight=None, int reduction=1, SymInt ignore_index=-100) "
@@ -465,7 +469,7 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
         elif not (ishape[:-1] == vshape[:-1] and vshape[-1:] == (1,)):
             raise ValueError("var is of incorrect size")
     _check_reduction(reduction)
-    if bool((var.detach() < 0).any()):
+    if var.device.type != "meta" and bool((var.detach() < 0).any()):
         raise ValueError("var has negative entry/entries")
     loss = gaussian_op(input, target, var, float(eps))
     if full:
