@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .optimizer import Optimizer, _scalar_tensor
+import math
+
+from .optimizer import Optimizer, _scalar_tensor, per_tensor
 
 __all__ = ["Adam", "AdamW", "Adamax", "NAdam", "RAdam"]
 
@@ -60,8 +62,8 @@ class Adam(Optimizer):
         m += (g - m) * (1 - b1)
         v *= b2
         v += (1 - b2) * g * g
-        bc1 = ex(1 - b1 ** step)
-        bc2_sqrt = ex(np.sqrt(1 - b2 ** step))
+        bc1 = ex(per_tensor(lambda t: 1 - b1 ** t, step))
+        bc2_sqrt = ex(per_tensor(lambda t: math.sqrt(1 - b2 ** t), step))
         if group["amsgrad"]:
             mx = s["max_exp_avg_sq"]
             xp.maximum(mx, v, out=mx)
@@ -97,7 +99,7 @@ class Adamax(Optimizer):
         m, u = s["exp_avg"], s["exp_inf"]
         m += (g - m) * (1 - b1)
         xp.maximum(u * b2, xp.abs(g) + group["eps"], out=u)
-        clr = group["lr"] / ex(1 - b1 ** step)
+        clr = ex(per_tensor(lambda t: group["lr"] / (1 - b1 ** t), step))
         p -= clr * m / u
 
     def step(self, closure=None):
@@ -127,20 +129,18 @@ class NAdam(Optimizer):
     def _update(self, xp, p, g, s, step, group, ex):
         b1, b2 = group["betas"]
         g = _weight_decay(p, g, group, group["decoupled_weight_decay"])
-        md = group["momentum_decay"]
-        mu = b1 * (1.0 - 0.5 * 0.96 ** (step * md))
-        mu_next = b1 * (1.0 - 0.5 * 0.96 ** ((step + 1) * md))
-        mp = s["mu_product"]
-        mp *= mu.astype(mp.dtype) if hasattr(mu, "astype") else mu
-        mu_prod = mp.astype(np.float64)
+        md, lr = group["momentum_decay"], group["lr"]
+        mu = per_tensor(lambda t: b1 * (1.0 - 0.5 * 0.96 ** (t * md)), step)
+        mu_next = per_tensor(lambda t: b1 * (1.0 - 0.5 * 0.96 ** ((t + 1) * md)), step)
+        mp = s["mu_product"].reshape(-1)
+        mp[...] = per_tensor(lambda a, b: float(np.float32(a) * np.float32(b)), mp, mu)
         m, v = s["exp_avg"], s["exp_avg_sq"]
         m += (g - m) * (1 - b1)
         v *= b2
         v += (1 - b2) * g * g
-        denom = xp.sqrt(v / ex(1 - b2 ** step)) + group["eps"]
-        lr = group["lr"]
-        p -= ex(lr * (1.0 - mu) / (1.0 - mu_prod)) * g / denom
-        p -= ex(lr * mu_next / (1.0 - mu_prod * mu_next)) * m / denom
+        denom = xp.sqrt(v / ex(per_tensor(lambda t: 1 - b2 ** t, step))) + group["eps"]
+        p -= ex(per_tensor(lambda u, q: lr * (1.0 - u) / (1.0 - q), mu, mp)) * g / denom
+        p -= ex(per_tensor(lambda un, q: lr * un / (1.0 - q * un), mu_next, mp)) * m / denom
 
     def step(self, closure=None):
         return self._step_impl(closure)
@@ -164,16 +164,14 @@ class RAdam(Optimizer):
         m += (g - m) * (1 - b1)
         v *= b2
         v += (1 - b2) * g * g
-        bc1 = 1 - b1 ** step
-        bc2 = 1 - b2 ** step
         rho_inf = 2 / (1 - b2) - 1
-        rho_t = rho_inf - 2 * step * (b2 ** step) / bc2
+        rho_t = per_tensor(lambda t: rho_inf - 2 * t * (b2 ** t) / (1 - b2 ** t), step)
         ok = rho_t > 5
-        safe = np.where(ok, rho_t, 6.0)
-        rect = np.sqrt((safe - 4) * (safe - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * safe))
-        adaptive = ex(np.sqrt(bc2)) / (xp.sqrt(v) + group["eps"])
+        rect = per_tensor(lambda r: math.sqrt((r - 4) * (r - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * r))
+                          if r > 5 else 0.0, rho_t)
+        adaptive = ex(per_tensor(lambda t: math.sqrt(1 - b2 ** t), step)) / (xp.sqrt(v) + group["eps"])
         scale = xp.where(ex(ok), adaptive * ex(rect), 1.0)
-        p -= (m / ex(bc1)) * group["lr"] * scale
+        p -= (m / ex(per_tensor(lambda t: 1 - b1 ** t, step))) * group["lr"] * scale
 
     def step(self, closure=None):
         return self._step_impl(closure)

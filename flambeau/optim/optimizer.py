@@ -55,6 +55,12 @@ def _with_hooks(step):
     return wrapper
 
 
+def per_tensor(fn, *arrays) -> np.ndarray:
+    """`fn` applied to the per-tensor values (Python floats) of 1-D arrays: scalar math done the same way
+    whether one tensor or a whole group is stepped, so both paths give bit-identical results."""
+    return np.asarray([fn(*vals) for vals in zip(*(a.tolist() for a in arrays))], dtype=np.float64)
+
+
 def _scalar_tensor(value, dtype=None):
     from .._ops.creation import tensor
     return tensor(value, dtype=dtype or D.float32)
@@ -301,7 +307,8 @@ class Optimizer:
         step = st["step"]
         step._data[...] += 1
         step._version[0] += 1
-        self._update(xp, p._data, g, arrays, np.asarray(step._data, dtype=np.float64), group, xp.asarray)
+        self._update(xp, p._data, g, arrays, np.asarray(step._data, dtype=np.float64).reshape(1), group,
+                     lambda a: xp.asarray(a).reshape(()))
         for k, v in st.items():
             if isinstance(v, Tensor):
                 v._version[0] += 1

@@ -1,7 +1,7 @@
 """RMSprop (centered, momentum) and Adagrad (lr decay, initial accumulator)."""
 from __future__ import annotations
 
-from .optimizer import Optimizer, _scalar_tensor
+from .optimizer import Optimizer, _scalar_tensor, per_tensor
 
 __all__ = ["RMSprop", "Adagrad"]
 
@@ -85,7 +85,8 @@ class Adagrad(Optimizer):
         wd = group["weight_decay"]
         if wd != 0:
             g = g + wd * p
-        clr = group["lr"] / ex(1 + (step - 1) * group["lr_decay"])
+        lr, decay = group["lr"], group["lr_decay"]
+        clr = ex(per_tensor(lambda t: lr / (1 + (t - 1) * decay), step))
         acc = s["sum"]
         acc += g * g
         p -= clr * g / (xp.sqrt(acc) + group["eps"])
