@@ -20,11 +20,17 @@ from ._registry import defop, export, TensorSpec, OPS, METHODS, EXPORTS
 from ._helpers import wrap_dim, broadcast_shapes
 from .views import slice_, select, unsqueeze, alias, expand_shape
 
-_INDEX_DTYPES = ("tensors used as indices must be long, int, byte or bool tensors")
+_INDEX_DTYPES = "tensors used as indices must be long, int, byte or bool tensors"
+_LOWP = (np.dtype(np.float16), D.bfloat16.np)
 
 
 def _ufunc_at(xp, name, a, key, v):
     """`a[key] op= v` with repeated indices accumulated (np.add.at; cupyx on the GPU)."""
+    if a.dtype in _LOWP:
+        t = a.astype(np.float32)
+        _ufunc_at(xp, name, t, key, v.astype(np.float32) if hasattr(v, "astype") else v)
+        a[...] = t.astype(a.dtype)
+        return
     if xp is np:
         getattr(np, name).at(a, key, v)
         return
@@ -79,6 +85,8 @@ def adv_key(xp, shape, indices):
 def index(xp, self, indices):
     key = adv_key(xp, self.shape, indices)
     r = self[key]
+    if r.size == 0:
+        return xp.empty(r.shape, dtype=r.dtype)
     return r.copy() if all(isinstance(k, slice) for k in key) else r
 
 
@@ -142,6 +150,11 @@ def _tn(npdt):
 def _(self, indices, values, accumulate=False):
     if values.dtype is not self.dtype:
         raise RuntimeError("Index put requires the source and destination dtypes match")
+    if not any(ix is not None and ix.dtype in (D.bool, D.uint8) for ix in indices):
+        target = index.meta(self, indices).shape
+        if broadcast_shapes(tuple(values.shape), target) != target:
+            raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to "
+                               f"indexing result of shape {list(target)}")
     return TensorSpec(self.shape, self.dtype)
 
 
@@ -204,10 +217,10 @@ def apply_index(self, index):
             d += self.ndim - used
         elif isinstance(item, (builtins.bool, np.bool_)):
             r = unsqueeze(r, d)
-            adv[d] = _to_index_tensor([bool(item)], self.device)
+            adv[d] = _to_index_tensor([0] if item else [], self.device)
             d += 1
         elif _is_int(item) or (isinstance(item, Tensor) and item.ndim == 0 and item.dtype.category == 1
-                               and item.dtype is not D.uint8):
+                               and item.dtype is not D.uint8 and item.device.type != "meta"):
             i = int(item)
             size = r.shape[d]
             if not -size <= i < size:
@@ -262,8 +275,8 @@ def setitem(self, key, value):
         return
     if not isinstance(value, Tensor):
         value = tensor(value, dtype=self.dtype, device=self.device)
-    elif value.dtype is not self.dtype or value.device != self.device:
-        value = value.to(self.device, self.dtype)
+    elif value.device != self.device:
+        value = value.to(self.device)
     v.index_put_(idx, value)
 
 
@@ -278,7 +291,7 @@ def _copy(xp, self, src, non_blocking=False):
 
 _copy.def_meta(lambda self, src, non_blocking=False: (expand_shape(src.shape, self.shape),
                                                        TensorSpec(self.shape, self.dtype))[1])
-_copy.def_derivative(lambda grad, src_meta: (None, grad))
+_copy.def_derivative(lambda grad: (grad * 0, grad))
 
 
 @export("copy_", method=True, function=False)
@@ -300,7 +313,7 @@ def _fill_scalar(xp, self, value):
 
 
 _fill_scalar.def_meta(lambda self, value: TensorSpec(self.shape, self.dtype))
-_fill_scalar.def_derivative(lambda grad: None)
+_fill_scalar.def_derivative(lambda grad: grad * 0)
 
 
 def _zero_dim_value(name, value):
@@ -316,7 +329,7 @@ def _fill_tensor(xp, self, value):
 
 
 _fill_tensor.def_meta(lambda self, value: (_zero_dim_value("fill_", value), TensorSpec(self.shape, self.dtype))[1])
-_fill_tensor.def_derivative(lambda grad: (None, grad.sum()))
+_fill_tensor.def_derivative(lambda grad: (grad * 0, grad.sum()))
 
 
 @export("fill")
@@ -376,8 +389,8 @@ def _(grad, self_meta, dim, index):
     from .creation import zeros
     z = zeros(self_meta.shape, dtype=grad.dtype, device=grad.device)
     if self_meta.ndim == 0:
-        return z + grad.sum()
-    return z.index_add(dim, index.reshape(-1), grad)
+        return z + grad.sum(), None
+    return z.index_add(dim, index.reshape(-1), grad), None
 
 
 def _check_source(name, self, d, ix, source):
@@ -468,13 +481,13 @@ def _index_fill_t(xp, self, dim, index, value):
 
 for _op in (_index_fill_s, _index_fill_t):
     _op.def_meta(lambda self, dim, index, value: TensorSpec(self.shape, self.dtype))
-_index_fill_s.def_derivative(lambda grad, dim, index: grad.index_fill(dim, index, 0))
+_index_fill_s.def_derivative(lambda grad, dim, index: (grad.index_fill(dim, index, 0), None))
 
 
 @_index_fill_t.def_derivative
 def _(grad, dim, index):
-    g = grad.index_select(dim, index.reshape(-1)) if grad.ndim else grad
-    return grad.index_fill(dim, index, 0), None, g.sum()
+    g = grad.index_fill(dim, index, 0)
+    return g, None, (grad - g).sum()
 
 
 @export("index_fill", method=True)

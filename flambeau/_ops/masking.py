@@ -50,7 +50,7 @@ def _mf_meta(self, mask, value):
 
 _masked_fill_s.def_meta(_mf_meta)
 _masked_fill_t.def_meta(_mf_meta)
-_masked_fill_s.def_derivative(lambda grad, mask: grad.masked_fill(mask, 0))
+_masked_fill_s.def_derivative(lambda grad, mask: (grad.masked_fill(mask, 0), None))
 
 
 @_masked_fill_t.def_derivative
@@ -204,7 +204,7 @@ put.def_meta(lambda self, index, source, accumulate=False: TensorSpec(self.shape
 def _(grad, index, source_meta, accumulate):
     from .creation import zeros
     gs = grad if accumulate else grad.put(index, zeros(source_meta.shape, dtype=grad.dtype, device=grad.device))
-    return gs, None, grad.take(index)
+    return gs, None, grad.take(index).reshape(source_meta.shape)
 
 
 @export("take_along_dim", method=True)
@@ -292,6 +292,8 @@ def bucketize(input, boundaries, *, out_int32=False, right=False, out=None):
 @defop("bincount(Tensor self, Tensor? weights=None, int minlength=0) -> Tensor", method=True,
        tags=("nondifferentiable",))
 def bincount(xp, self, weights=None, minlength=0):
+    if self.dtype.kind not in "iub":
+        raise NotImplementedError(f"\"bincount_cpu\" not implemented for '{_tn(self.dtype)}'")
     if self.ndim != 1 or self.dtype.kind not in "iu" or (self.size and int(self.min()) < 0):
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
     if minlength < 0:

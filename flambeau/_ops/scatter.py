@@ -134,12 +134,23 @@ for _op in (_scatter_src, _scatter_value, _scatter_reduce_src, _scatter_reduce_v
     _op.def_meta(_meta)
 
 
+def pad_to(g, shape):
+    """Zero-pad `g` at the end of each dim up to `shape` (the grad of a cropped `src`)."""
+    from .creation import zeros
+    from .shape import cat
+    for k, (a, b) in enumerate(zip(g.shape, shape)):
+        if a < b:
+            z = zeros(tuple(g.shape[:k]) + (b - a,) + tuple(g.shape[k + 1:]), dtype=g.dtype, device=g.device)
+            g = cat([g, z], k)
+    return g
+
+
 @_scatter_src.def_derivative
-def _(grad, dim, index):
-    return grad.scatter(dim, index, 0), None, grad.gather(dim, index)
+def _(grad, dim, index, src_meta):
+    return grad.scatter(dim, index, 0), None, pad_to(grad.gather(dim, index), src_meta.shape)
 
 
-_scatter_value.def_derivative(lambda grad, dim, index: grad.scatter(dim, index, 0))
+_scatter_value.def_derivative(lambda grad, dim, index: (grad.scatter(dim, index, 0), None))
 
 
 def _pick(name, variants):
@@ -164,7 +175,7 @@ def scatter_add(xp, self, dim, index, src):
 
 
 scatter_add.def_meta(_meta)
-scatter_add.def_derivative(lambda grad, dim, index: (grad, None, grad.gather(dim, index)))
+scatter_add.def_derivative(lambda grad, dim, index, src_meta: (grad, None, pad_to(grad.gather(dim, index), src_meta.shape)))
 
 _IDENTITY = {"sum": 0, "mean": 0, "prod": 1}
 

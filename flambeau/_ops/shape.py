@@ -280,7 +280,12 @@ def _repeat_interleave_idx(xp, repeats, *, output_size=None):
     return xp.repeat(xp.arange(repeats.shape[0], dtype=repeats.dtype), repeats)
 
 
-@export("repeat_interleave", method=True)
+@export("repeat_interleave", method=True, function=False)
+def repeat_interleave_method(self, repeats, dim=None, *, output_size=None):
+    return repeat_interleave(self, repeats, dim, output_size=output_size)
+
+
+@export("repeat_interleave")
 def repeat_interleave(self, repeats=None, dim=None, *, output_size=None):
     from .creation import tensor
     if repeats is None:
@@ -324,7 +329,6 @@ def meshgrid(*tensors, indexing=None):
         v = t.reshape(tuple(-1 if j == i else 1 for j in range(len(ts))))
         out.append(v.expand(shape))
     if swap:
-        out = [o.transpose(0, 1) for o in out]
         out[0], out[1] = out[1], out[0]
     return tuple(out)
 

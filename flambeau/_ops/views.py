@@ -486,6 +486,11 @@ def _sel(dim, key):
     return (slice(None),) * dim + (key,)
 
 
+def take_view(xp, a, dim, i):
+    """`a` indexed by `i` along `dim` as a view (plain NumPy indexing gives a scalar copy for 1-D)."""
+    return xp.squeeze(a[_sel(dim, slice(i, i + 1))], axis=dim)
+
+
 def slice_bounds(size, start, end, step):
     """PyTorch's slice normalisation: clamp start/end into [0, size], end >= start."""
     if step <= 0:
@@ -540,7 +545,7 @@ def select(xp, self, dim, index):
     if self.ndim == 0:
         raise IndexError("select() cannot be applied to a 0-dim tensor.")
     d = wrap_dim(dim, self.ndim)
-    return self[_sel(d, _check_index("select", self.shape, d, index))]
+    return take_view(xp, self, d, _check_index("select", self.shape, d, index))
 
 
 @select.def_meta

@@ -10,7 +10,7 @@ import numpy as np
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec
 from ._helpers import wrap_dim
-from .views import _sel, _view, _permute, reshape, transpose, infer_size, slice_
+from .views import _sel, take_view, _view, _permute, reshape, transpose, infer_size, slice_
 
 
 # ---- multi-output views: split_with_sizes, unbind and their composites ----------------------------
@@ -61,7 +61,7 @@ def unbind(xp, self, dim=0):
     if self.ndim == 0:
         raise IndexError("Dimension specified as 0 but tensor has no dimensions")
     d = wrap_dim(dim, self.ndim)
-    return tuple(self[_sel(d, i)] for i in range(self.shape[d]))
+    return tuple(take_view(xp, self, d, i) for i in range(self.shape[d]))
 
 
 @unbind.def_meta
@@ -90,7 +90,7 @@ def split(self, split_size_or_sections, dim=0):
     size = self.shape[wrap_dim(dim, self.ndim)]
     if s <= 0 and not (s == 0 and size == 0):
         raise RuntimeError(f"split_size can only be 0 if dimension size is 0, but got dimension size of {size}")
-    sizes = [s] * (size // s) + ([size % s] if size % s else []) if s else [0]
+    sizes = [s] * (size // s) + ([size % s] if size % s else []) if s and size else [0]
     return split_with_sizes(self, sizes, dim)
 
 
@@ -195,6 +195,8 @@ def movedim(self, source, destination):
     dst = tuple(wrap_dim(d, n) for d in dst)
     if len(set(src)) != len(src) or len(set(dst)) != len(dst):
         raise RuntimeError("movedim: repeated dim in `source` or `destination`")
+    if n == 0:
+        return _view(self, ())
     order = [-1] * n
     for s, d in zip(src, dst):
         order[d] = s
