@@ -609,3 +609,27 @@ def test_weight_norm():
     assert sorted(tw.state_dict()) == sorted(fw.state_dict())
     x = torch.randn(2, 3, dtype=torch.float64)
     close(tw(x), fw(F_(x)), 1e-10)
+
+
+def test_lazy_linear_deepcopy_pickle():
+    import copy
+    import pickle
+    m = fnn.LazyLinear(3)
+    assert m(fl.ones(2, 5)).shape == (2, 3)
+    assert type(m) is fnn.Linear and m.weight.shape == (3, 5) and isinstance(m.weight, fnn.Parameter)
+    s = cnn(fnn)
+    c = copy.deepcopy(s)
+    assert c[0].weight is not s[0].weight and isinstance(c[0].weight, fnn.Parameter)
+    assert np.array_equal(N(c[0].weight), N(s[0].weight))
+    p = pickle.loads(pickle.dumps(s))
+    assert repr(p) == repr(s) and list(p.state_dict()) == list(s.state_dict())
+
+
+@pytest.mark.cuda
+def test_module_to_cuda_and_back():
+    m = cnn(fnn).cuda()
+    assert all(p.is_cuda for p in m.parameters()) and all(b.is_cuda for b in m.buffers())
+    out = m(fl.randn(2, 2, 6, 6, device="cuda"))
+    assert out.is_cuda
+    m.cpu()
+    assert all(p.device.type == "cpu" for p in m.parameters())

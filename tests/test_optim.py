@@ -234,3 +234,26 @@ def test_reduce_lr_on_plateau_matches():
             seq.append(opt.param_groups[0]["lr"])
         seqs.append(seq)
     assert seqs[0] == seqs[1]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name,kw", OPTIMS, ids=IDS)
+def test_cuda_foreach_matches_loop_and_cpu(name, kw):
+    losses = []
+    for dev, foreach in [("cuda", True), ("cuda", False), ("cpu", True)]:
+        _, fm = twin(mlp)
+        fm.to(dev)
+        opt = getattr(fl.optim, name)(fm.parameters(), foreach=foreach, **kw)
+        g = np.random.default_rng(1)
+        run = []
+        for _ in range(4):
+            x = fl.tensor(g.standard_normal((16, 6)), device=dev)
+            y = fl.tensor(g.integers(0, 3, 16), device=dev)
+            opt.zero_grad()
+            loss = fnn.functional.cross_entropy(fm(x), y)
+            loss.backward()
+            opt.step()
+            run.append(float(loss))
+        losses.append(run)
+    assert losses[0] == losses[1]
+    np.testing.assert_allclose(losses[0], losses[2], rtol=1e-9)
