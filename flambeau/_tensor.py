@@ -15,7 +15,7 @@ import numpy as np
 from . import _dtype as D
 from . import _state
 from ._device import device as Device, CPU, META
-from ._backends import MetaArray
+from ._backends import MetaArray, contiguous_strides
 
 
 class Size(tuple):
@@ -42,7 +42,10 @@ def _elem_strides(arr) -> tuple:
     if type(arr) is MetaArray:
         return arr.estrides
     it = arr.itemsize
-    return tuple(s // it for s in arr.strides)
+    st = arr.strides
+    if arr.size == 0 and len(st) > 1 and not any(st):
+        return contiguous_strides(arr.shape)   # NumPy gives fresh empty arrays all-zero strides
+    return tuple(s // it for s in st)
 
 
 class Tensor:
