@@ -1,0 +1,31 @@
+"""`python -m flambeau.run` runs unmodified PyTorch scripts; results agree with real PyTorch."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def _run(args):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    p = subprocess.run([sys.executable] + args, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return [l for l in p.stdout.splitlines() if l.startswith("RESULT")][-1].split()[1:]
+
+
+def test_training_script_matches_pytorch():
+    script = os.path.join(HERE, "scripts", "train_mlp.py")
+    ours = _run(["-m", "flambeau.run", script])
+    ref = _run([script])
+    assert float(ours[0]) == pytest.approx(float(ref[0]), rel=1e-6)
+    assert ours[1:] == ref[1:]
+
+
+def test_torch_module_aliases():
+    code = ("import flambeau.compat as c; c.enable(); import torch, torch.nn as nn, torch.nn.functional as F; "
+            "from torch.utils.data import DataLoader; import flambeau; "
+            "assert torch is flambeau and nn is flambeau.nn and F is flambeau.nn.functional; print('RESULT ok')")
+    assert _run(["-c", code]) == ["ok"]
