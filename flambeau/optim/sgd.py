@@ -62,7 +62,7 @@ class SGD(Optimizer):
                 for i, p in enumerate(params):
                     xp = FE.xp_of(p)
                     buf = self.state[p]["momentum_buffer"]._data if mom != 0 else None
-                    self._sgd(xp, p._data, p.grad._data, buf, np.asarray(fresh[i]), group)
+                    self._sgd(xp, p._data, p.grad._data, buf, xp.asarray(fresh[i]), group)
                     p._version[0] += 1
             if mom != 0:
                 for p in params:
