@@ -1,6 +1,8 @@
 """The dispatcher: every operator call passes through `dispatch(op, args, kwargs)`.
 
 Layers, top first:
+  0. autocast (`_state.autocast` non-empty): inputs cast by the op's mixed-precision policy
+     (`flambeau.amp.autocast_mode.cast_inputs`), above the modes so that they see the casts;
   1. the mode stack (`_state.modes`): the innermost mode's `__torch_dispatch__` sees the call with
      itself popped, so calling the op again inside it goes to the next layer (vmap batching,
      functionalization, proxy tracing, fake tensors and user modes are all modes);
@@ -23,9 +25,12 @@ from ._device import canonical, CPU
 _ndarray = np.ndarray
 _XP = {"cpu": np}        # device type -> array namespace, for the hot path
 _graph = None          # flambeau.autograd.graph, bound at import of flambeau
+_amp = None            # flambeau.amp.autocast_mode, bound when it is imported
 
 
 def dispatch(op, args, kwargs):
+    if _state.autocast:
+        args, kwargs = _amp.cast_inputs(op, args, kwargs)
     if _state.modes:
         return _to_mode(op, args, kwargs)
     if kwargs and "out" in kwargs:
@@ -166,6 +171,9 @@ def _factory_device(op, args, kwargs):
 
 def _call(op, args, kwargs, record):
     uargs, ukwargs, dev, rg, fw = _scan(op, args, kwargs)
+    if (rg or fw) and record and op.derivative is None and op.decomposition is not None and _state.grad_enabled:
+        # no derivative formula: differentiate through the decomposition (its ops have formulas)
+        return op.decomposition(*args, **(kwargs or {}))
     if dev is None:
         dev = _factory_device(op, args, kwargs)
     if dev.type == "meta" or (op.out_device is not None and op.out_device(*args, **(kwargs or {})).type == "meta"):

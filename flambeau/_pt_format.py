@@ -136,6 +136,8 @@ class _Pickler(pickle._Pickler):
         self.blobs = {}
 
     def save(self, obj, save_persistent_id=True):
+        if isinstance(obj, D.dtype):          # torch pickles a dtype as the bare global torch.<name>
+            obj = _Global("torch", obj.name)
         if isinstance(obj, _Global):
             x = self.memo.get(id(obj))
             if x is not None:
@@ -157,7 +159,7 @@ class _Pickler(pickle._Pickler):
                 inner = obj.detach()
                 return (_Global("torch._utils", "_rebuild_parameter"),
                         (inner, obj.requires_grad, collections.OrderedDict()))
-            arr = np.ascontiguousarray(obj.detach().cpu()._host())
+            arr = np.array(obj.detach().cpu()._host(), order="C")
             key = str(len(self.blobs))
             self.blobs[key] = arr.tobytes()
             st, acc = [], 1
@@ -167,8 +169,6 @@ class _Pickler(pickle._Pickler):
             return (_Global("torch._utils", "_rebuild_tensor_v2"),
                     (_StorageRef(key, obj.dtype, arr.size), 0, tuple(arr.shape), tuple(reversed(st)),
                      obj.requires_grad, collections.OrderedDict()))
-        if isinstance(obj, D.dtype):
-            return _Global("torch", obj.name), ()
         if isinstance(obj, Size):
             return _Global("torch", "Size"), (tuple(obj),)
         if type(obj).__name__ == "device" and type(obj).__module__.startswith("flambeau"):

@@ -46,7 +46,7 @@ class UnpicklingError(pickle.UnpicklingError):
 def _safetensors_bytes(tensors: dict) -> bytes:
     header, blobs, off = {}, [], 0
     for name, t in tensors.items():
-        arr = np.ascontiguousarray(t.detach().cpu()._host())
+        arr = np.array(t.detach().cpu()._host(), order="C")
         b = arr.tobytes()
         header[name] = {"dtype": _ST_NAMES[t.dtype.name], "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
         blobs.append(b)

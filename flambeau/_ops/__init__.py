@@ -24,7 +24,12 @@ def _rev(name):
         if name in _COMMUTATIVE and not isinstance(other, Tensor):
             return EXPORTS[name](self, other)      # keeps `other` a Python scalar for promotion
         if not isinstance(other, Tensor):
-            other = tensor(other, dtype=_scalar_dtype(other, self), device=self.device)
+            # a Python scalar on the left: materialise it in the dtype PyTorch's promotion gives the
+            # pair, so it behaves as the "wrapped number" it is (2.5 / half -> half)
+            from ._helpers import result_type, cast
+            from .creation import full
+            dt = result_type(self, other)
+            other = full((), cast(None, other, dt.np), dtype=dt, device=self.device)
         return EXPORTS[name](other, self)
     return call
 

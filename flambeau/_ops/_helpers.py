@@ -65,12 +65,28 @@ def cast(xp, x, npdt):
     """Bring an operand to the compute dtype: arrays are converted, Python scalars stay scalars."""
     t = type(x)
     if t in _SCALARS:
-        if npdt.kind in "fc" or (npdt.kind in "iu" and t is int) or npdt.kind == "b":
+        if npdt.kind in "iu" and t is int:
+            lo, hi = _int_range(npdt)
+            if lo <= x <= hi:
+                return x
+            return np.array(x & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64).astype(npdt)[()]   # wraps like C
+        if npdt.kind in "fc" or npdt.kind == "b":
             return x
         return npdt.type(x)
     if x.dtype != npdt:
         return x.astype(npdt)
     return x
+
+
+_RANGES: dict = {}
+
+
+def _int_range(npdt):
+    r = _RANGES.get(npdt)
+    if r is None:
+        i = np.iinfo(npdt)
+        r = _RANGES[npdt] = (int(i.min), int(i.max))
+    return r
 
 
 def round_to(x, dt: D.dtype):

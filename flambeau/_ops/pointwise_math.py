@@ -460,9 +460,10 @@ def _where_check(condition):
 def _where(xp, condition, self, other):
     _where_check(condition)
     dt = _operands_dtype(self, other)
+    shape = _bshape(condition, self, other)
     a, b = _compute(xp, dt, self, other)
     r = xp.where(condition, a, b)
-    return xp.broadcast_to(xp.asarray(r), _bshape(condition, self, other)).astype(dt.np)
+    return xp.broadcast_to(xp.asarray(r), shape).astype(dt.np)
 
 
 @_where.def_meta
