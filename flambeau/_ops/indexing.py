@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import _dtype as D
 from .._tensor import Tensor
-from ._registry import defop, export, TensorSpec, OPS, METHODS, EXPORTS
+from ._registry import defop, export, TensorSpec, OPS
 from ._helpers import wrap_dim, broadcast_shapes
 from .views import slice_, select, unsqueeze, alias, expand_shape
 
@@ -40,7 +40,22 @@ def _ufunc_at(xp, name, a, key, v):
     elif name in ("maximum", "minimum"):
         getattr(cupyx, "scatter_max" if name == "maximum" else "scatter_min")(a, key, v)
     else:
-        getattr(xp, name).at(a, key, v)
+        _at_by_rounds(xp, getattr(xp, name), a, key, v)
+
+
+def _at_by_rounds(xp, ufunc, a, key, v):
+    """ufunc.at for CuPy ufuncs without `.at`: apply the first occurrence of every target position,
+    drop it, repeat (as many rounds as the largest multiplicity). `a` must be C-contiguous."""
+    coords = xp.broadcast_arrays(*key)
+    lin = xp.ravel_multi_index(tuple(c.reshape(-1) for c in coords), a.shape)
+    vals = xp.broadcast_to(xp.asarray(v, dtype=a.dtype), coords[0].shape).reshape(-1)
+    flat = a.reshape(-1)
+    while lin.size:
+        _, first = xp.unique(lin, return_index=True)
+        flat[lin[first]] = ufunc(flat[lin[first]], vals[first])
+        keep = xp.ones(lin.size, dtype=bool)
+        keep[first] = False
+        lin, vals = lin[keep], vals[keep]
 
 
 # ---- advanced indexing: index / index_put ----------------------------------------------------------
@@ -348,7 +363,7 @@ def zero_(self):
 
 
 # ---- index_select / index_add / index_copy / index_fill -------------------------------------------------
-def _index_vec(name, index, xp=None):
+def _index_vec(name, index):
     if index.ndim > 1:
         raise IndexError(f"{name}(): Index is supposed to be a vector")
     if index.dtype not in (np.int64, np.int32) and index.dtype not in (D.int64, D.int32):

@@ -97,7 +97,6 @@ def _scatter(xp, name, self, dim, index, src, reduce=None):
 
 def _same_dtype(name, self, src):
     if src.dtype != self.dtype:
-        from .._dispatch import type_name
         raise RuntimeError(f"{name}(): Expected self.dtype to be equal to src.dtype")
 
 
