@@ -5,7 +5,7 @@ from __future__ import annotations
 from . import _registry
 from ._registry import OPS, EXPORTS, METHODS, Op, defop, export, TensorSpec  # noqa: F401
 from . import creation, pointwise, reduction, views, linalg  # noqa: F401
-from . import indexing, shape, random_ops, nn_ops, norm_loss, activation, linear  # noqa: F401
+from . import indexing, shape, random_ops, nn_ops, norm_loss, activation, linear, nn_extra  # noqa: F401
 from .._tensor import Tensor
 
 

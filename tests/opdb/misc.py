@@ -44,3 +44,31 @@ OPS = [
     OpInfo("reshape", lambda d: [S(T((2, 3, 4)), (4, 6)), S(T((3, 4), noncontig=True), (12,)), S(T((3, 4)), (-1, 2))],
            method="reshape", dtypes=ALL_REAL),
 ]
+
+
+def _idx(shape, high):
+    return T(shape, dtype="int64", low=0, high=high)
+
+
+OPS += [
+    OpInfo("local_response_norm", lambda d: [S(T((2, 5, 3)), 3), S(T((2, 6, 3, 4)), 2, alpha=1e-2, beta=0.5, k=2.0),
+                                             S(T((1, 4, 2, 2, 2)), 3)],
+           fn="nn.functional.local_response_norm", dtypes=FLOATS),
+    OpInfo("lp_pool2d", lambda d: [S(T((2, 3, 6, 6), low=0.1), 2, 2), S(T((1, 2, 5, 5), low=0.1), 3, (2, 3), 1)],
+           fn="nn.functional.lp_pool2d", dtypes=FLOATS),
+    OpInfo("lp_pool1d", lambda d: [S(T((2, 3, 8), low=0.1), 2, 3, 2)], fn="nn.functional.lp_pool1d", dtypes=FLOATS),
+    OpInfo("channel_shuffle", lambda d: [S(T((2, 6, 3, 3)), 3), S(T((1, 4, 5)), 2)],
+           fn="nn.functional.channel_shuffle", dtypes=ALL_REAL, grad=False),
+    OpInfo("multi_margin_loss", lambda d: [S(T((4, 5)), _idx((4,), 5)), S(T((4, 5)), _idx((4,), 5), p=2, margin=0.5),
+                                           S(T((4, 5)), _idx((4,), 5), weight=T((5,), low=0.1, requires_grad=False),
+                                             reduction="sum"),
+                                           S(T((5,)), _idx((1,), 5), reduction="none")],
+           fn="nn.functional.multi_margin_loss", dtypes=FLOATS),
+    OpInfo("multilabel_margin_loss",
+           lambda d: [S(T((3, 4)), T((3, 4), dtype="int64", values=[[3, 0, -1, 1], [0, 1, 2, 3], [-1, 0, 0, 0]])),
+                      S(T((4,)), T((4,), dtype="int64", values=[1, 2, -1, 0]), reduction="none")],
+           fn="nn.functional.multilabel_margin_loss", dtypes=FLOATS),
+    OpInfo("triplet_margin_with_distance_loss",
+           lambda d: [S(T((4, 3)), T((4, 3)), T((4, 3))), S(T((4, 3)), T((4, 3)), T((4, 3)), swap=True, margin=0.3)],
+           fn="nn.functional.triplet_margin_with_distance_loss", dtypes=FLOATS),
+]
