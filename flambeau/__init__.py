@@ -40,3 +40,12 @@ from ._api import *  # noqa: F401,F403,E402
 from . import nn, linalg, special  # noqa: F401,E402
 from .serialization import save, load  # noqa: E402,F401
 from . import compat  # noqa: E402,F401
+from . import amp, cpu  # noqa: E402,F401
+from .cuda import amp as _cuda_amp  # noqa: E402,F401  (makes flambeau.cuda.amp an attribute)
+from .amp.autocast_mode import (autocast, is_autocast_enabled, set_autocast_enabled,  # noqa: E402,F401
+                                get_autocast_dtype, set_autocast_dtype, is_autocast_cache_enabled,
+                                set_autocast_cache_enabled, clear_autocast_cache, autocast_increment_nesting,
+                                autocast_decrement_nesting, is_autocast_cpu_enabled, set_autocast_cpu_enabled,
+                                get_autocast_cpu_dtype, set_autocast_cpu_dtype, get_autocast_gpu_dtype,
+                                set_autocast_gpu_dtype)
+from .amp.grad_scaler import _amp_foreach_non_finite_check_and_unscale_, _amp_update_scale_  # noqa: E402,F401

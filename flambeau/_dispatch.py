@@ -341,7 +341,11 @@ def _with_out(op, args, kwargs):
     if _state.grad_enabled and any(t._requires_grad for t in flat_tensors(args, kwargs)):
         raise RuntimeError(f"{op.__name__}(): functions with out=... arguments don't support automatic "
                            "differentiation, but one of the arguments requires grad.")
-    res = dispatch(op, args, kwargs)
+    saved, _state.autocast = _state.autocast, {}      # out= variants are not autocast (PyTorch's rule)
+    try:
+        res = dispatch(op, args, kwargs)
+    finally:
+        _state.autocast = saved
     if isinstance(out, (tuple, list)):
         for o, r in zip(out, res):
             resize_out(o, r)

@@ -9,3 +9,4 @@ fwd_grad_enabled = True
 modes: list = []               # dispatch modes, innermost (top) last
 anomaly = False
 anomaly_check_nan = True
+autocast: dict = {}            # device type -> dtype where autocast is on (empty: off); see flambeau.amp

@@ -88,6 +88,7 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
     captured = {}
     prev = _state.grad_enabled
     _state.grad_enabled = create_graph
+    prev_autocast, _state.autocast = _state.autocast, {}     # backward keeps the forward's casts only
     try:
         while ready:
             _, _, node = heapq.heappop(ready)
@@ -139,6 +140,7 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                     heapq.heappush(ready, (-nx._sequence_nr, id(nx), nx))
     finally:
         _state.grad_enabled = prev
+        _state.autocast = prev_autocast
     return captured
 
 
