@@ -49,3 +49,5 @@ from .amp.autocast_mode import (autocast, is_autocast_enabled, set_autocast_enab
                                 get_autocast_cpu_dtype, set_autocast_cpu_dtype, get_autocast_gpu_dtype,
                                 set_autocast_gpu_dtype)
 from .amp.grad_scaler import _amp_foreach_non_finite_check_and_unscale_, _amp_update_scale_  # noqa: E402,F401
+from . import fx  # noqa: E402,F401
+from .fx._aten import ops  # noqa: E402,F401

@@ -26,6 +26,8 @@ LINALG: dict = {}        # flambeau.linalg.<name> -> callable
 SPECIAL: dict = {}       # flambeau.special.<name> -> callable
 FFT: dict = {}           # flambeau.fft.<name> -> callable
 _NAMESPACES = {"nn.functional": NN_FUNCTIONAL, "linalg": LINALG, "special": SPECIAL, "fft": FFT}
+_fx_hook = None          # set by flambeau.fx while symbolic_trace runs: fn(target, args, kwargs) records
+                         # the call when an argument is a Proxy, else returns NotImplemented
 
 
 class TensorSpec:
@@ -85,6 +87,10 @@ class Op:
         return fn
 
     def __call__(self, *args, **kwargs):
+        if _fx_hook is not None:
+            r = _fx_hook(self, args, kwargs)
+            if r is not NotImplemented:
+                return r
         return _dispatch.dispatch(self, args, kwargs)
 
     def __repr__(self):
@@ -162,14 +168,31 @@ def export(name: str | None = None, *, method: bool | str = False, function: boo
     and/or into a namespace ('nn.functional', 'linalg', 'special', 'fft')."""
     def wrap(fn):
         n = name or fn.__name__
+        public = _traceable(fn, n, "flambeau" if function else "flambeau." + namespace) \
+            if function or namespace else fn
         if namespace:
-            _NAMESPACES[namespace][n] = fn
+            _NAMESPACES[namespace][n] = public
         if function:
-            EXPORTS[n] = fn
+            EXPORTS[n] = public
         if method:
             METHODS[method if isinstance(method, str) else n] = fn
         return fn
     return wrap
+
+
+def _traceable(fn, name: str, module: str):
+    """The public face of a Python composite: records itself when symbolic_trace passes a Proxy."""
+    def public(*args, **kwargs):
+        if _fx_hook is not None:
+            r = _fx_hook(public, args, kwargs)
+            if r is not NotImplemented:
+                return r
+        return fn(*args, **kwargs)
+    public.__name__ = public.__qualname__ = name
+    public.__module__ = module
+    public.__doc__ = fn.__doc__
+    public.__wrapped__ = fn
+    return public
 
 
 from .. import _dispatch  # noqa: E402  (circular: the dispatcher needs Op, Op needs dispatch)

@@ -1,0 +1,85 @@
+"""`flambeau.ops.aten.<name>.<overload>`: PyTorch's `torch.ops.aten` view of the operator registry.
+
+`flambeau.ops.aten.add` is an overload packet; `.Tensor`, `.Scalar`, `.default` are the `Op`
+objects of `flambeau._ops.OPS` ('add.Tensor', 'add.Scalar', 'add'). Graphs produced by `make_fx`
+use these Ops as call_function targets and print them under this path.
+"""
+from __future__ import annotations
+
+from .._ops._registry import OPS, Op
+
+
+def is_op(x) -> bool:
+    return isinstance(x, Op)
+
+
+class OpOverloadPacket:
+    """All overloads of one operator name; calling it picks the overload whose binder accepts the
+    arguments and whose Tensor-typed slots hold tensors."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    @property
+    def _overloads(self) -> dict:
+        out = {}
+        for k, op in OPS.items():
+            base, _, ov = k.partition(".")
+            if base == self._name:
+                out[ov or "default"] = op
+        return out
+
+    def overloads(self) -> list:
+        return list(self._overloads)
+
+    def __getattr__(self, ov: str):
+        if ov.startswith("__"):
+            raise AttributeError(ov)
+        op = OPS.get(self._name if ov == "default" else f"{self._name}.{ov}")
+        if op is None:
+            raise AttributeError(f"The underlying op of 'aten.{self._name}' has no overload name '{ov}'")
+        return op
+
+    def __call__(self, *args, **kwargs):
+        from .._tensor import Tensor
+        ovs = self._overloads
+        if len(ovs) == 1:
+            return next(iter(ovs.values()))(*args, **kwargs)
+        for op in ovs.values():
+            try:
+                bound = op.bind(*args, **kwargs)
+            except TypeError:
+                continue
+            if all(isinstance(bound[i], Tensor) == op._schema.args[i].is_tensor
+                   for i in op.tensor_args if bound[i] is not None and not op._schema.args[i].is_tensor_list):
+                return op(*args, **kwargs)
+        raise TypeError(f"aten.{self._name}: no overload accepts these arguments")
+
+    def __repr__(self):
+        return f"aten.{self._name}"
+
+
+class _Namespace:
+    def __init__(self, name: str):
+        self._ns = name
+        self._cache: dict = {}
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        p = self._cache.get(name)
+        if p is None:
+            if name not in OPS and not any(k.startswith(name + ".") for k in OPS):
+                raise AttributeError(f"'_OpNamespace' '{self._ns}' object has no attribute '{name}'")
+            p = self._cache[name] = OpOverloadPacket(name)
+        return p
+
+
+class _Ops:
+    """`flambeau.ops`: holds the `aten` namespace."""
+
+    def __init__(self):
+        self.aten = _Namespace("aten")
+
+
+ops = _Ops()

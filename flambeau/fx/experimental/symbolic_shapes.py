@@ -1,0 +1,2 @@
+"""`flambeau.fx.experimental.symbolic_shapes`: PyTorch's module path for SymInt and ShapeEnv."""
+from .._symbolic_shapes import ShapeEnv, SymInt, is_symbolic, free_symbols, sym_size  # noqa: F401
