@@ -1,0 +1,115 @@
+"""The decomposition table and the small vocabulary decompositions are written in.
+
+`register_decomposition("softmax.int", ...)` files a function under each named op (and sets
+`op.decomposition`). `aten.<short name>` is the registered Op (`aten.sum` is `sum.dim_IntList`),
+so a decomposition states exactly which operators it emits. The helpers below (casts, factories,
+dim handling) emit only core ops.
+"""
+from __future__ import annotations
+
+from .. import _dtype as D
+from .._ops import OPS, Op
+
+TABLE: dict = {}          # Op -> decomposition
+
+
+def register_decomposition(*names: str):
+    """Decorator: file `fn` as the decomposition of each named op."""
+    def wrap(fn):
+        for n in names:
+            op = OPS[n]
+            op.def_decomposition(fn)
+            TABLE[op] = fn
+        return fn
+    return wrap
+
+
+_ALIASES = {
+    "add": "add.Tensor", "sub": "sub.Tensor", "mul": "mul.Tensor", "div": "div.Tensor",
+    "div_mode": "div.Tensor_mode", "pow": "pow.Tensor_Tensor", "remainder": "remainder.Tensor",
+    "fmod": "fmod.Tensor", "eq": "eq.Tensor", "ne": "ne.Tensor", "lt": "lt.Tensor", "le": "le.Tensor",
+    "gt": "gt.Tensor", "ge": "ge.Tensor", "where": "where.self", "sum": "sum.dim_IntList",
+    "prod": "prod.dim_int", "any": "any.dims", "all": "all.dims", "squeeze": "squeeze.dims",
+    "slice": "slice.Tensor", "select": "select.int", "arange": "arange.start_step", "index": "index.Tensor",
+    "scatter": "scatter.src", "scatter_reduce": "scatter_reduce.two", "bitwise_and": "bitwise_and.Tensor",
+    "bitwise_or": "bitwise_or.Tensor", "bitwise_xor": "bitwise_xor.Tensor", "clamp": "clamp.Tensor",
+    "randint": "randint.low", "softmax": "softmax.int", "log_softmax": "log_softmax.int",
+}
+
+
+class _Aten:
+    """`aten.exp` -> OPS['exp'], `aten.sum` -> OPS['sum.dim_IntList'] (see _ALIASES)."""
+
+    def __getattr__(self, name: str) -> Op:
+        op = OPS[_ALIASES.get(name, name)]
+        setattr(self, name, op)
+        return op
+
+
+aten = _Aten()
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+def to(x, dtype):
+    """Cast to `dtype` (no op when it already has it)."""
+    return x if x.dtype is dtype else aten._to_copy(x, dtype=dtype)
+
+
+def compute_dtype(dt):
+    """The dtype a decomposition computes in: float32 for half/bfloat16, else `dt` itself."""
+    return D.float32 if dt in D.LOW_PRECISION else dt
+
+
+def upcast(x):
+    return to(x, compute_dtype(x.dtype))
+
+
+def full(shape, value, like, dtype=None):
+    return aten.full(tuple(shape), value, dtype=dtype or like.dtype, device=like.device)
+
+
+def scalar_tensor(value, like, dtype=None):
+    return full((), value, like, dtype)
+
+
+def dims_of(dim, ndim: int) -> tuple:
+    """Normalise an int / list / None dim argument to a sorted tuple of non-negative dims
+    (None or [] means every dim)."""
+    if dim is None:
+        return tuple(range(ndim))
+    if isinstance(dim, int):
+        dim = (dim,)
+    if len(dim) == 0:
+        return tuple(range(ndim))
+    return tuple(sorted(wrap(d, ndim) for d in dim))
+
+
+def wrap(d: int, ndim: int) -> int:
+    n = max(ndim, 1)
+    if not -n <= d < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
+    return d + n if d < 0 else d
+
+
+def numel(shape, dims=None) -> int:
+    n = 1
+    for i, s in enumerate(shape):
+        if dims is None or i in dims:
+            n *= s
+    return n
+
+
+def reshape(x, shape):
+    from .._ops import EXPORTS
+    return EXPORTS["reshape"](x, *shape) if shape else EXPORTS["reshape"](x, ())
+
+
+def by_name(op: Op, values) -> object:
+    """Call `op` with positional `values` in schema order, passing keyword-only args by name."""
+    args, kwargs = [], {}
+    for a, v in zip(op._schema.args, values):
+        if a.kwarg_only:
+            kwargs[a.name] = v
+        else:
+            args.append(v)
+    return op(*args, **kwargs)

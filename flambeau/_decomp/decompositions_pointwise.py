@@ -1,0 +1,323 @@
+"""Decompositions of pointwise math (reciprocal, log2, hypot, clamp, lerp, isclose, ...) and the
+generic rule for in-place operators: `op_(self, ...)` = `copy_(self, op(self, ...))`.
+
+Floating results that the original computes in a promoted dtype (xlogy of an int and a float, ...)
+are computed here in that dtype too, so the decomposition agrees with the kernel to rounding.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import _dtype as D
+from .. import _state
+from .._ops import OPS
+from .._ops._helpers import result_type
+from ._table import aten, register_decomposition, to, by_name, full
+
+# ---- in-place operators --------------------------------------------------------------------------
+
+
+def _inplace_decomposition(op):
+    f = op.functional
+
+    def decomposition(self, *rest):
+        from .._dispatch import can_cast, type_name
+        r = by_name(f, (self,) + rest)
+        if not can_cast(r.dtype, self.dtype):
+            raise RuntimeError(f"result type {type_name(r.dtype)} can't be cast to the desired output type "
+                               f"{type_name(self.dtype)}")
+        if tuple(r.shape) != tuple(self.shape):
+            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape "
+                               f"{list(r.shape)}")
+        return aten.copy_(self, r)
+    decomposition.__name__ = op.name.replace(".", "_") + "_decomposition"
+    return decomposition
+
+
+for _name, _op in list(OPS.items()):
+    if _op.is_inplace and _op.functional is not None and _name != "copy_":
+        register_decomposition(_name)(_inplace_decomposition(_op))
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+def _float_dtype(*xs):
+    """The result dtype of a float-producing op: ints/bools promote to the default float."""
+    dt = result_type(*xs)
+    return dt if dt.category >= 2 else _state.default_dtype
+
+
+def _as(dt, *xs):
+    return tuple(to(x, dt) if hasattr(x, "dtype") else x for x in xs)
+
+
+def _finfo(dt):
+    if dt is D.bfloat16:
+        import ml_dtypes
+        return ml_dtypes.finfo(dt.np)
+    return np.finfo(dt.np)
+
+
+# ---- arithmetic ------------------------------------------------------------------------------
+@register_decomposition("rsub.Tensor")
+def rsub(self, other, alpha=1):
+    return aten.sub(other, self, alpha=alpha)
+
+
+@register_decomposition("reciprocal")
+def reciprocal(self):
+    return aten.div(1, self) if self.dtype.category >= 2 else aten.div(1.0, self)
+
+
+@register_decomposition("floor_divide")
+def floor_divide(self, other):
+    return aten.div_mode(self, other, rounding_mode="floor")
+
+
+@register_decomposition("_div_trunc")
+def div_trunc(self, other):
+    return aten.div_mode(self, other, rounding_mode="trunc")
+
+
+@register_decomposition("frac")
+def frac(self):
+    return aten.sub(self, aten.trunc(self))
+
+
+@register_decomposition("addcmul")
+def addcmul(self, tensor1, tensor2, value=1):
+    return aten.add(self, aten.mul(aten.mul(tensor1, tensor2), value))
+
+
+@register_decomposition("addcdiv")
+def addcdiv(self, tensor1, tensor2, value=1):
+    return aten.add(self, aten.mul(aten.div(tensor1, tensor2), value))
+
+
+@register_decomposition("lerp.Tensor")
+def lerp(self, end, weight):
+    diff = aten.sub(end, self)
+    low = aten.add(self, aten.mul(weight, diff))
+    high = aten.sub(end, aten.mul(diff, aten.sub(1, weight)))
+    return aten.where(aten.lt(aten.abs(weight), 0.5), low, high)
+
+
+@register_decomposition("clamp.Tensor")
+def clamp(self, min=None, max=None):
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    dt = result_type(self, min, max)
+    r = to(self, dt)
+    if min is not None:
+        r = aten.maximum(r, min)
+    if max is not None:
+        r = aten.minimum(r, max)
+    return to(r, dt)
+
+
+@register_decomposition("fmax")
+def fmax(self, other):
+    m = aten.maximum(self, other)
+    return aten.where(aten.isnan(other), aten.where(aten.isnan(self), m, self), aten.where(aten.isnan(self), other, m))
+
+
+@register_decomposition("fmin")
+def fmin(self, other):
+    m = aten.minimum(self, other)
+    return aten.where(aten.isnan(other), aten.where(aten.isnan(self), m, self), aten.where(aten.isnan(self), other, m))
+
+
+@register_decomposition("round.decimals")
+def round_decimals(self, decimals):
+    if decimals == 0:
+        return aten.round(self)
+    p = 10.0 ** abs(decimals)
+    if decimals > 0:
+        return aten.div(aten.round(aten.mul(self, p)), p)
+    return aten.mul(aten.round(aten.div(self, p)), p)
+
+
+# ---- exp / log families ------------------------------------------------------------------------
+@register_decomposition("exp2")
+def exp2(self):
+    return aten.pow(2.0, to(self, _float_dtype(self)))
+
+
+@register_decomposition("log2")
+def log2(self):
+    return aten.mul(aten.log(self), 1 / math.log(2))
+
+
+@register_decomposition("log10")
+def log10(self):
+    return aten.mul(aten.log(self), 1 / math.log(10))
+
+
+@register_decomposition("xlogy.Tensor")
+def xlogy(self, other):
+    x, y = _as(_float_dtype(self, other), self, other)
+    r = aten.where(aten.eq(x, 0), 0.0, aten.mul(x, aten.log(y)))
+    return aten.where(aten.isnan(y), y, r)
+
+
+@register_decomposition("logaddexp")
+def logaddexp(self, other):
+    a, b = _as(_float_dtype(self, other), self, other)
+    m = aten.maximum(a, b)
+    r = aten.add(m, aten.log1p(aten.exp(aten.neg(aten.abs(aten.sub(a, b))))))
+    return aten.where(aten.logical_and(aten.isinf(m), aten.eq(a, b)), a, r)
+
+
+@register_decomposition("logaddexp2")
+def logaddexp2(self, other):
+    a, b = _as(_float_dtype(self, other), self, other)
+    m = aten.maximum(a, b)
+    r = aten.add(m, aten.mul(aten.log1p(aten.pow(2.0, aten.neg(aten.abs(aten.sub(a, b))))), 1 / math.log(2)))
+    return aten.where(aten.logical_and(aten.isinf(m), aten.eq(a, b)), a, r)
+
+
+@register_decomposition("logit")
+def logit(self, eps=None):
+    x = to(self, _float_dtype(self))
+    if eps is not None:
+        x = aten.clamp(x, eps, 1 - eps)
+    return aten.log(aten.div(x, aten.sub(1, x)))
+
+
+@register_decomposition("float_power.Tensor_Tensor")
+def float_power(self, exponent):
+    cplx = any(getattr(x, "dtype", None) is not None and x.dtype.is_complex or isinstance(x, complex)
+               for x in (self, exponent))
+    dt = D.complex128 if cplx else D.float64
+    return aten.pow(*_as(dt, self, exponent))
+
+
+# ---- trigonometric helpers ---------------------------------------------------------------------
+@register_decomposition("deg2rad")
+def deg2rad(self):
+    return aten.mul(to(self, _float_dtype(self)), math.pi / 180)
+
+
+@register_decomposition("rad2deg")
+def rad2deg(self):
+    return aten.mul(to(self, _float_dtype(self)), 180 / math.pi)
+
+
+@register_decomposition("sinc")
+def sinc(self):
+    x = to(self, _float_dtype(self))
+    px = aten.mul(x, math.pi)
+    return aten.where(aten.eq(x, 0), 1.0, aten.div(aten.sin(px), px))
+
+
+@register_decomposition("hypot")
+def hypot(self, other):
+    return aten.sqrt(aten.add(aten.mul(self, self), aten.mul(other, other)))
+
+
+@register_decomposition("ldexp.Tensor")
+def ldexp(self, other):
+    dt = _float_dtype(self, other)
+    return aten.mul(to(self, dt) if hasattr(self, "dtype") else self, aten.pow(2.0, to(other, dt)))
+
+
+@register_decomposition("angle")
+def angle(self):
+    if self.dtype.is_complex:
+        return NotImplemented
+    x = to(self, _float_dtype(self))
+    return aten.where(aten.isnan(x), x, aten.where(aten.lt(x, 0), math.pi, 0.0))
+
+
+# ---- sign-like ---------------------------------------------------------------------------------
+@register_decomposition("sgn")
+def sgn(self):
+    if self.dtype.is_complex:
+        return NotImplemented
+    return aten.sign(self)
+
+
+@register_decomposition("copysign.Tensor")
+def copysign(self, other):
+    a = to(self, _float_dtype(self, other)) if hasattr(self, "dtype") else float(self)
+    r = aten.abs(a) if hasattr(a, "dtype") else abs(a)
+    return to(aten.where(aten.signbit(other), aten.neg(r) if hasattr(r, "dtype") else -r, r),
+              _float_dtype(self, other))
+
+
+@register_decomposition("heaviside")
+def heaviside(self, values):
+    dt = result_type(self, values)
+    return to(aten.where(aten.eq(self, 0), values, aten.gt(self, 0)), dt)
+
+
+# ---- classification ----------------------------------------------------------------------------
+def _false(self):
+    return full(self.shape, False, self, D.bool)
+
+
+@register_decomposition("isnan")
+def isnan(self):
+    return aten.ne(self, self)
+
+
+@register_decomposition("isinf")
+def isinf(self):
+    if self.dtype.category < 2:
+        return _false(self)
+    return aten.eq(aten.abs(self), math.inf)
+
+
+@register_decomposition("isposinf")
+def isposinf(self):
+    return _false(self) if self.dtype.category < 2 else aten.eq(self, math.inf)
+
+
+@register_decomposition("isneginf")
+def isneginf(self):
+    return _false(self) if self.dtype.category < 2 else aten.eq(self, -math.inf)
+
+
+@register_decomposition("isfinite")
+def isfinite(self):
+    if self.dtype.category < 2:
+        return full(self.shape, True, self, D.bool)
+    return aten.eq(aten.sub(self, self), 0)
+
+
+@register_decomposition("isclose")
+def isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    if self.dtype is not other.dtype:
+        raise RuntimeError(f"{self.dtype} did not match {other.dtype}")
+    eq = aten.eq(self, other)
+    if self.dtype is D.bool:
+        return eq
+    if equal_nan and self.dtype.category >= 2:
+        eq = aten.logical_or(eq, aten.logical_and(aten.isnan(self), aten.isnan(other)))
+    dt = self.dtype if self.dtype.category >= 2 else _state.default_dtype
+    a, b = to(self, dt), to(other, dt)
+    tol = aten.add(aten.mul(aten.abs(b), rtol), atol)
+    close = aten.le(aten.abs(aten.sub(a, b)), tol)
+    if self.dtype.category >= 2:
+        close = aten.logical_and(close, aten.logical_and(aten.isfinite(a), aten.isfinite(b)))
+    return aten.logical_or(eq, close)
+
+
+@register_decomposition("logical_xor")
+def logical_xor(self, other):
+    return aten.ne(aten.ne(self, 0), aten.ne(other, 0))
+
+
+@register_decomposition("nan_to_num")
+def nan_to_num(self, nan=0.0, posinf=None, neginf=None):
+    if self.dtype.category < 2:
+        return aten.clone(self)
+    if self.dtype.is_complex:
+        return NotImplemented
+    fi = _finfo(self.dtype)
+    posinf = float(fi.max) if posinf is None else posinf
+    neginf = float(fi.min) if neginf is None else neginf
+    r = aten.where(aten.isnan(self), nan if nan is not None else 0.0, self)
+    r = aten.where(aten.eq(self, math.inf), posinf, r)
+    return to(aten.where(aten.eq(self, -math.inf), neginf, r), self.dtype)

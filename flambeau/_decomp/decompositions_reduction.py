@@ -1,0 +1,191 @@
+"""Decompositions of composite reductions: softmax / log_softmax / logsumexp, mean, var / std (and
+the `_mean` pairs), max / min (full and along a dim), aminmax, nansum / nanmean, count_nonzero and
+the vector norms, over sum / amax / amin / argmax / argmin.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import _state
+from ._table import aten, register_decomposition, to, compute_dtype, dims_of, numel, wrap
+
+
+def _sized(x, axes) -> bool:
+    return all(x.shape[a] != 0 for a in axes)
+
+
+def _softmax_input(self, dim, dtype):
+    x = to(self, dtype) if dtype is not None else self
+    if x.dtype.category < 2:
+        from .._dispatch import type_name
+        raise RuntimeError(f"\"softmax_lastdim_kernel_impl\" not implemented for '{type_name(x.dtype)}'")
+    d = wrap(dim, x.ndim)
+    return x, to(x, compute_dtype(x.dtype)), [d] if x.ndim else []
+
+
+def _shifted(x, d):
+    if x.numel() == 0:
+        return x
+    return aten.sub(x, aten.amax(x, d, True))
+
+
+@register_decomposition("softmax.int")
+def softmax(self, dim, dtype=None):
+    orig, x, d = _softmax_input(self, dim, dtype)
+    e = aten.exp(_shifted(x, d))
+    return to(aten.div(e, aten.sum(e, d, True)), orig.dtype)
+
+
+@register_decomposition("log_softmax.int")
+def log_softmax(self, dim, dtype=None):
+    orig, x, d = _softmax_input(self, dim, dtype)
+    s = _shifted(x, d)
+    return to(aten.sub(s, aten.log(aten.sum(aten.exp(s), d, True))), orig.dtype)
+
+
+@register_decomposition("logsumexp")
+def logsumexp(self, dim, keepdim=False):
+    dt = self.dtype if self.dtype.category >= 2 else _state.default_dtype
+    x = to(self, compute_dtype(dt))
+    axes = list(dims_of(dim, x.ndim)) if x.ndim else []
+    if x.numel() == 0 or not _sized(x, axes):
+        return to(aten.log(aten.sum(aten.exp(x), axes, keepdim)), dt)
+    m = aten.amax(x, axes, True)
+    m = aten.where(aten.eq(aten.abs(m), math.inf), 0.0, m)
+    r = aten.add(aten.log(aten.sum(aten.exp(aten.sub(x, m)), axes, True)), m)
+    if not keepdim:
+        r = aten.squeeze(r, axes)
+    return to(r, dt)
+
+
+@register_decomposition("mean.dim")
+def mean(self, dim=None, keepdim=False, dtype=None):
+    dt = dtype or self.dtype
+    if dt.category < 2:
+        return NotImplemented
+    axes = dims_of(dim, self.ndim)
+    n = numel(self.shape, axes)
+    s = aten.sum(self, list(axes), keepdim, dtype=compute_dtype(dt))
+    return to(aten.div(s, n), dt)
+
+
+def _var_mean(self, dim, correction, keepdim):
+    if self.dtype.category != 2:
+        return NotImplemented
+    dt = self.dtype
+    x = to(self, compute_dtype(dt))
+    axes = list(dims_of(dim, x.ndim))
+    n = numel(x.shape, axes)
+    m = aten.div(aten.sum(x, axes, True), n)
+    xc = aten.sub(x, m)
+    c = 1 if correction is None else correction
+    var = aten.div(aten.sum(aten.mul(xc, xc), axes, keepdim), max(n - c, 0))
+    if not keepdim:
+        m = aten.squeeze(m, axes)
+    return to(var, dt), to(m, dt)
+
+
+@register_decomposition("var.correction")
+def var(self, dim=None, correction=None, keepdim=False):
+    r = _var_mean(self, dim, correction, keepdim)
+    return r if r is NotImplemented else r[0]
+
+
+@register_decomposition("std.correction")
+def std(self, dim=None, correction=None, keepdim=False):
+    r = _var_mean(self, dim, correction, keepdim)
+    return r if r is NotImplemented else aten.sqrt(r[0])
+
+
+@register_decomposition("var_mean.correction")
+def var_mean(self, dim=None, correction=None, keepdim=False):
+    return _var_mean(self, dim, correction, keepdim)
+
+
+@register_decomposition("std_mean.correction")
+def std_mean(self, dim=None, correction=None, keepdim=False):
+    r = _var_mean(self, dim, correction, keepdim)
+    return r if r is NotImplemented else (aten.sqrt(r[0]), r[1])
+
+
+@register_decomposition("max")
+def max_(self):
+    return aten.amax(self)
+
+
+@register_decomposition("min")
+def min_(self):
+    return aten.amin(self)
+
+
+@register_decomposition("max.dim")
+def max_dim(self, dim, keepdim=False):
+    return aten.amax(self, [dim], keepdim), aten.argmax(self, dim, keepdim)
+
+
+@register_decomposition("min.dim")
+def min_dim(self, dim, keepdim=False):
+    return aten.amin(self, [dim], keepdim), aten.argmin(self, dim, keepdim)
+
+
+@register_decomposition("aminmax")
+def aminmax(self, dim=None, keepdim=False):
+    if dim is None:
+        if keepdim:
+            return aten.amin(self, [], True), aten.amax(self, [], True)
+        return aten.amin(self), aten.amax(self)
+    return aten.amin(self, [dim], keepdim), aten.amax(self, [dim], keepdim)
+
+
+def _zero_nans(x):
+    return aten.where(aten.isnan(x), 0, x) if x.dtype.category >= 2 else x
+
+
+@register_decomposition("nansum")
+def nansum(self, dim=None, keepdim=False, dtype=None):
+    if self.dtype.is_complex:
+        return NotImplemented
+    return aten.sum(_zero_nans(self), dim, keepdim, dtype=dtype)
+
+
+@register_decomposition("nanmean")
+def nanmean(self, dim=None, keepdim=False, dtype=None):
+    if self.dtype.category != 2:
+        return NotImplemented
+    count = aten.sum(aten.logical_not(aten.isnan(self)), dim, keepdim)
+    return aten.div(nansum(self, dim, keepdim, dtype), count)
+
+
+@register_decomposition("count_nonzero.dim_IntList")
+def count_nonzero(self, dim=None):
+    return aten.sum(aten.ne(self, 0), dim)
+
+
+# ---- norms -------------------------------------------------------------------------------------
+@register_decomposition("linalg_vector_norm")
+def vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None):
+    x = to(self, dtype) if dtype is not None else self
+    if x.dtype.category != 2:
+        return NotImplemented
+    axes = list(dims_of(dim, x.ndim)) if x.ndim else []
+    cd = compute_dtype(x.dtype)
+    a = aten.abs(to(x, cd))
+    if ord == math.inf or ord == -math.inf:
+        if not _sized(x, axes):
+            return NotImplemented
+        r = (aten.amax if ord > 0 else aten.amin)(a, axes, keepdim)
+    elif ord == 0:
+        r = aten.sum(to(aten.ne(a, 0), cd), axes, keepdim)
+    elif ord == 1:
+        r = aten.sum(a, axes, keepdim)
+    elif ord == 2:
+        r = aten.sqrt(aten.sum(aten.mul(a, a), axes, keepdim))
+    else:
+        r = aten.pow(aten.sum(aten.pow(a, ord), axes, keepdim), 1.0 / ord)
+    return to(r, x.dtype)
+
+
+@register_decomposition("norm.ScalarOpt_dim_dtype")
+def norm(self, p=2, dim=(), keepdim=False, dtype=None):
+    return vector_norm(self, 2 if p is None else p, dim, keepdim, dtype)
+
