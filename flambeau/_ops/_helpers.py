@@ -161,6 +161,20 @@ def float_result(dt: D.dtype) -> D.dtype:
     return dt if dt.category >= 2 else _state.default_dtype
 
 
+def accumulate(xp, ufunc: str, x, axis: int):
+    """`xp.<ufunc>.accumulate(x, axis)`; CuPy lacks it for maximum/minimum, so on other
+    namespaces run a log-step (Hillis-Steele) scan: ceil(log2 n) vectorised passes."""
+    if xp is np:
+        return getattr(np, ufunc).accumulate(x, axis=axis)
+    f = getattr(xp, ufunc)
+    out = xp.moveaxis(x, axis, -1).copy()
+    n, k = out.shape[-1], 1
+    while k < n:
+        out[..., k:] = f(out[..., k:], out[..., :-k].copy())
+        k *= 2
+    return xp.moveaxis(out, -1, axis)
+
+
 # ---- parallel elementwise execution (NumPy is single-threaded; ufunc loops release the GIL) ----
 PAR_MIN = 1 << 18            # elements; below this, threads cost more than they save
 _NTHREADS = min(os.cpu_count() or 1, 16)

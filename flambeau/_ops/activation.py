@@ -529,7 +529,9 @@ def _pnorm(xp, d, p, axis, keepdims=False):
     if p == 1:
         return a.sum(axis=axis, keepdims=keepdims)
     if p == math.inf:
-        return a.max(axis=axis, keepdims=keepdims, initial=0)
+        if a.size:
+            return a.max(axis=axis, keepdims=keepdims)
+        return xp.zeros(np.zeros(a.shape).max(axis=axis, keepdims=keepdims, initial=0).shape, a.dtype)
     if p == 0:
         return (a != 0).sum(axis=axis, keepdims=keepdims).astype(d.dtype)
     return (a ** p).sum(axis=axis, keepdims=keepdims) ** (1.0 / p)

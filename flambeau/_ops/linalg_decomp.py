@@ -43,6 +43,12 @@ def _check_square(name, A, what="A"):
 
 
 def _lapack(xp, name, fn, *args, msg="The factorization could not be completed"):
+    if xp is not np and len(args) == 2 and args[0].ndim > 2 or (len(args) == 2 and args[1].ndim > 2):
+        # CuPy's batched solvers want equal batch dims: broadcast them explicitly
+        from ._helpers import broadcast_shapes
+        a, b = args
+        batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        args = (xp.broadcast_to(a, batch + a.shape[-2:]), xp.broadcast_to(b, batch + b.shape[-2:]))
     try:
         return fn(*args)
     except np.linalg.LinAlgError:

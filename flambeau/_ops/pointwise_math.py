@@ -327,7 +327,7 @@ def polygamma(xp, n, self):
     with np.errstate(all="ignore"):
         sp = special_ns(xp)
         a = self.astype(cd)
-        r = sp.psi(a) if n == 0 else sp.polygamma(n, a)
+        r = sp.psi(a) if n == 0 else sp.polygamma(xp.asarray(n) if xp is not np else n, a)
     return xp.asarray(r).astype(dt.np)
 
 

@@ -20,7 +20,7 @@ from .. import _state
 from .._tensor import Tensor
 from .._dispatch import type_name, resize_out
 from ._registry import defop, export, EXPORTS, METHODS, TensorSpec
-from ._helpers import wrap_dim, wrap_dims, opmath
+from ._helpers import accumulate, wrap_dim, wrap_dims, opmath
 
 _ND = ("nondifferentiable",)
 
@@ -798,12 +798,12 @@ def _cumext(name, ufunc):
         if self.ndim == 0 or self.size == 0:
             return self.copy(), xp.zeros(self.shape, np.int64)
         x = self.astype(np.float32) if D.FROM_NP[self.dtype] in D.LOW_PRECISION else self
-        vals = getattr(xp, ufunc).accumulate(x, axis=d)
+        vals = accumulate(xp, ufunc, x, d)
         mask = x == vals
         if x.dtype.kind in "fc":
             mask = mask | xp.isnan(x)
         pos = xp.arange(x.shape[d], dtype=np.int64).reshape([-1 if i == d else 1 for i in range(x.ndim)])
-        idx = xp.maximum.accumulate(xp.where(mask, pos, 0), axis=d)
+        idx = accumulate(xp, "maximum", xp.where(mask, pos, 0), d)
         return _fresh(xp, vals, self.dtype), idx
 
     @op.def_meta
@@ -828,9 +828,7 @@ cummin = _cumext("cummin", "minimum")
 def _logcumsumexp(xp, x, d):
     if xp is np:
         return np.logaddexp.accumulate(x, axis=d)
-    m = xp.max(x, axis=d, keepdims=True)
-    m = xp.where(xp.isinf(m), 0, m)
-    return xp.log(xp.cumsum(xp.exp(x - m), axis=d)) + m
+    return accumulate(xp, "logaddexp", x, d)
 
 
 @defop("logcumsumexp(Tensor self, int dim) -> Tensor", method=True)

@@ -12,7 +12,7 @@ import numpy as np
 from .. import _dtype as D
 from .._dispatch import resize_out
 from ._registry import defop, export, TensorSpec
-from ._helpers import wrap_dim
+from ._helpers import accumulate, wrap_dim
 from .reduction import select_backward, evenly_backward, reduced_shape, _check_empty, _ND
 
 
@@ -224,7 +224,7 @@ def mode(xp, self, dim=-1, keepdim=False):
     start = xp.ones(s.shape, dtype=bool)
     start[:, 1:] = s[:, 1:] != s[:, :-1]
     pos = xp.arange(n, dtype=np.int64)
-    run = pos - xp.maximum.accumulate(xp.where(start, pos, 0), axis=1) + 1
+    run = pos - accumulate(xp, "maximum", xp.where(start, pos, 0), 1) + 1
     best = xp.argmax(run, axis=1)[:, None]          # end of the first longest run: smallest value
     out_shape = reduced_shape(self.shape, (d,), keepdim)
     vals = xp.take_along_axis(s, best, axis=1).reshape(out_shape)
