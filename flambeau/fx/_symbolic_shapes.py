@@ -158,6 +158,12 @@ class SymInt:
     def hint(self) -> int:
         return self.env.hint(self.expr)
 
+    @property
+    def dtype(self):
+        """An integer scalar: Tensor operators accept it like a Python int."""
+        from .. import _dtype
+        return _dtype.int64
+
     __add__ = _arith(lambda a, b: a + b)
     __radd__ = _arith(lambda a, b: a + b, True)
     __sub__ = _arith(lambda a, b: a - b)
