@@ -1,0 +1,186 @@
+"""Scans along a dimension: cumsum, cumprod, cummax/cummin (values and indices), logcumsumexp and
+diff. Integer inputs accumulate in int64 like sum; half/bfloat16 in float32."""
+from __future__ import annotations
+
+import builtins
+import math
+
+import numpy as np
+
+from .. import _dtype as D
+from .. import _state
+from ._registry import defop, export, EXPORTS, METHODS, TensorSpec
+from ._helpers import accumulate, wrap_dim, opmath
+from .reduction import _sum_dtype, _fresh, _others_matrix
+
+
+# ---- scans ---------------------------------------------------------------------------------
+def _scan_kernel(fn):
+    def kernel(xp, self, dim, *, dtype=None):
+        d = wrap_dim(dim, self.ndim)
+        out = _sum_dtype(D.FROM_NP[self.dtype], dtype)
+        x = self.astype(out.np) if self.dtype != out.np else self
+        x = x.astype(opmath(out))
+        if self.ndim == 0:
+            return _fresh(xp, x, out.np)
+        return _fresh(xp, fn(xp, x, d), out.np)
+    return kernel
+
+
+def _scan_meta(self, dim, *, dtype=None):
+    wrap_dim(dim, self.ndim)
+    return TensorSpec(self.shape, _sum_dtype(self.dtype, dtype))
+
+
+def reverse_cumsum(g, dim):
+    """sum_{i >= k} g_i along `dim`."""
+    if g.ndim == 0:
+        return g
+    return g.sum(dim, keepdim=True) - g.cumsum(dim) + g
+
+
+@defop("cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", method=True, inplace=True)
+def cumsum(xp, self, dim, *, dtype=None):
+    return _cumsum_kernel(xp, self, dim, dtype=dtype)
+
+
+_cumsum_kernel = _scan_kernel(lambda xp, x, d: xp.cumsum(x, axis=d))
+cumsum.def_meta(_scan_meta)
+
+
+@cumsum.def_derivative
+def _(grad, dim):
+    return reverse_cumsum(grad, dim)
+
+
+@defop("cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", method=True, inplace=True)
+def cumprod(xp, self, dim, *, dtype=None):
+    return _cumprod_kernel(xp, self, dim, dtype=dtype)
+
+
+_cumprod_kernel = _scan_kernel(lambda xp, x, d: xp.cumprod(x, axis=d))
+cumprod.def_meta(_scan_meta)
+
+
+@cumprod.def_derivative
+def _(grad, self, result, dim):
+    if self.ndim == 0 or self.numel() == 0:
+        return grad
+    if not builtins.bool((self == 0).any()):
+        return reverse_cumsum(grad * result.conj(), dim) / self.conj()
+    d = wrap_dim(dim, self.ndim)
+    x, g = self.transpose(d, -1), grad.transpose(d, -1)
+    eye = EXPORTS["eye"](x.shape[-1], dtype=x.dtype, device=x.device)
+    c = _others_matrix(x).cumprod(-1) * eye.cumsum(-1)       # c[k, i] = prod_{j<=i, j!=k} x_j, i >= k
+    return (c.conj() * g.unsqueeze(-2)).sum(-1).transpose(d, -1)
+
+
+def _scan_inplace(name, iop):
+    """`Tensor.cumsum_`: computed in self's dtype; another dtype= is an error, as in PyTorch."""
+    def method(self, dim, *, dtype=None):
+        if dtype is not None and dtype is not self.dtype:
+            raise RuntimeError(f"Bad in-place call: input tensor dtype {self.dtype.name} and output tensor "
+                               f"dtype {dtype.name} should match")
+        if self.dtype is D.bool and self.ndim and self.numel():
+            raise NotImplementedError(f'"{name}_out_cpu" not implemented for \'Bool\'')
+        return iop(self, dim, dtype=self.dtype)
+    method.__name__ = name + "_"
+    METHODS[name + "_"] = method
+
+
+_scan_inplace("cumsum", cumsum.inplace)
+_scan_inplace("cumprod", cumprod.inplace)
+
+
+def _cumext(name, ufunc):
+    @defop(f"{name}(Tensor self, int dim) -> (Tensor values, Tensor indices)", method=True)
+    def op(xp, self, dim):
+        d = wrap_dim(dim, self.ndim)
+        if self.ndim == 0 or self.size == 0:
+            return self.copy(), xp.zeros(self.shape, np.int64)
+        x = self.astype(np.float32) if D.FROM_NP[self.dtype] in D.LOW_PRECISION else self
+        vals = accumulate(xp, ufunc, x, d)
+        mask = x == vals
+        if x.dtype.kind in "fc":
+            mask = mask | xp.isnan(x)
+        pos = xp.arange(x.shape[d], dtype=np.int64).reshape([-1 if i == d else 1 for i in range(x.ndim)])
+        idx = accumulate(xp, "maximum", xp.where(mask, pos, 0), d)
+        return _fresh(xp, vals, self.dtype), idx
+
+    @op.def_meta
+    def _(self, dim):
+        wrap_dim(dim, self.ndim)
+        return TensorSpec(self.shape, self.dtype), TensorSpec(self.shape, D.int64)
+
+    @op.def_derivative
+    def _(grad, self_meta, dim, result):
+        g = grad[0]
+        if self_meta.ndim == 0:
+            return g
+        z = EXPORTS["zeros"](self_meta.shape, dtype=g.dtype, device=g.device)
+        return z.scatter_add(wrap_dim(dim, self_meta.ndim), result[1], g)
+    return op
+
+
+cummax = _cumext("cummax", "maximum")
+cummin = _cumext("cummin", "minimum")
+
+
+def _logcumsumexp(xp, x, d):
+    if xp is np:
+        return np.logaddexp.accumulate(x, axis=d)
+    return accumulate(xp, "logaddexp", x, d)
+
+
+@defop("logcumsumexp(Tensor self, int dim) -> Tensor", method=True)
+def logcumsumexp(xp, self, dim):
+    d = wrap_dim(dim, self.ndim)
+    dt = D.FROM_NP[self.dtype]
+    out = dt if dt.category >= 2 else _state.default_dtype
+    x = self.astype(opmath(out))
+    if self.ndim == 0 or self.size == 0:
+        return _fresh(xp, x, out.np)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _fresh(xp, _logcumsumexp(xp, x, d), out.np)
+
+
+@logcumsumexp.def_meta
+def _(self, dim):
+    wrap_dim(dim, self.ndim)
+    return TensorSpec(self.shape, self.dtype if self.dtype.category >= 2 else _state.default_dtype)
+
+
+@logcumsumexp.def_derivative
+def _(grad, self, result, dim):
+    if self.ndim == 0:
+        return grad
+    d = wrap_dim(dim, self.ndim)
+
+    def rev_lcse(y):
+        return y.flip([d]).logcumsumexp(d).flip([d])
+    where = EXPORTS["where"]
+
+    def part(mask, g):     # log(g) where mask else -inf, with no log(0) in the graph
+        return where(mask, where(mask, g, 1).log(), -math.inf) - result
+    return ((self + rev_lcse(part(grad > 0, grad))).exp() -
+            (self + rev_lcse(part(grad < 0, -grad))).exp())
+
+
+@export("diff", method=True)
+def diff(input, n=1, dim=-1, prepend=None, append=None):
+    """n-th forward difference along `dim` (logical xor for bool), with optional prepend/append."""
+    if input.ndim == 0:
+        raise RuntimeError("diff expects input to be at least one-dimensional")
+    if n < 0:
+        raise RuntimeError(f"order must be non-negative but got {n}")
+    dim = wrap_dim(dim, input.ndim)
+    if prepend is not None or append is not None:
+        parts = [t for t in (prepend, input, append) if t is not None]
+        input = EXPORTS["cat"](parts, dim)
+    for _ in range(n):
+        size = input.shape[dim]
+        if size == 0:
+            break
+        a, b = input.narrow(dim, 1, size - 1), input.narrow(dim, 0, size - 1)
+        input = a.logical_xor(b) if input.dtype is D.bool else a - b
+    return input
