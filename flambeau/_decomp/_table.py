@@ -72,6 +72,26 @@ def scalar_tensor(value, like, dtype=None):
     return full((), value, like, dtype)
 
 
+def maximum(x, y):
+    """maximum(x, y) where either side may be a Python number (made a 0-dim tensor first)."""
+    return aten.maximum(*_tensors(x, y))
+
+
+def minimum(x, y):
+    return aten.minimum(*_tensors(x, y))
+
+
+def _tensors(x, y):
+    from .._ops._helpers import result_type
+    dt = result_type(x, y)
+    like = x if hasattr(x, "dtype") else y
+    if not hasattr(x, "dtype"):
+        x = scalar_tensor(x, like, dt)
+    if not hasattr(y, "dtype"):
+        y = scalar_tensor(y, like, dt)
+    return x, y
+
+
 def dims_of(dim, ndim: int) -> tuple:
     """Normalise an int / list / None dim argument to a sorted tuple of non-negative dims
     (None or [] means every dim)."""

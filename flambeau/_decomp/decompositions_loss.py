@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .. import _dtype as D
-from ._table import aten, register_decomposition, to, compute_dtype, full, reshape, wrap
+from ._table import aten, register_decomposition, maximum, minimum, to, compute_dtype, full, reshape, wrap
 from .decompositions_nn import _pointwise, _backward, _float_check, softplus_stable
 
 # ---- cross entropy / nll ------------------------------------------------------------------------------
@@ -78,9 +78,25 @@ def cross_entropy_loss_backward(grad, self, target, weight, reduction, ignore_in
     cd = compute_dtype(dt)
     x = to(self, cd)
     a, cdim = _coefficients(x, target, weight, reduction, ignore_index, label_smoothing, cd)
+    g = _grad_along(grad, cdim, reduction, cd)
     sm = aten.softmax(x, cdim)
     dx = aten.sub(aten.mul(aten.sum(a, [cdim], True), sm), a)
-    return to(aten.mul(dx, _grad_along(grad, cdim, reduction, cd)), dt)
+    gx = to(aten.mul(dx, g), dt)
+    if target.dtype.category < 2:
+        return gx, None, None
+    c = x.shape[cdim]
+    n = x.numel() // c if x.ndim > 1 else 1
+    den = (n if n else 0.0) if reduction == 1 else 1
+    glogp = aten.div(aten.neg(aten.mul(g, aten.log_softmax(x, cdim))), den)
+    wshape = [1] * x.ndim
+    wshape[cdim] = c
+    wb = 1 if weight is None else reshape(to(weight, cd), tuple(wshape))
+    gt = to(aten.mul(aten.mul(glogp, wb), 1 - label_smoothing), target.dtype)
+    gw = None
+    if weight is not None:
+        tl = aten.add(aten.mul(to(target, cd), 1 - label_smoothing), label_smoothing / c)
+        gw = to(aten.sum(aten.mul(glogp, tl), [d for d in range(x.ndim) if d != cdim]), weight.dtype)
+    return gx, gt, gw
 
 
 @register_decomposition("nll_loss_nd")
@@ -169,7 +185,7 @@ def soft_margin_loss_backward(g, x, t):
 
 
 def _clamped_logs(x):
-    return aten.maximum(aten.log(x), -100), aten.maximum(aten.log1p(aten.neg(x)), -100)
+    return maximum(aten.log(x), -100), maximum(aten.log1p(aten.neg(x)), -100)
 
 
 @_pointwise("binary_cross_entropy", nin=2)
@@ -181,7 +197,7 @@ def binary_cross_entropy(x, t):
 @_backward("binary_cross_entropy_backward", nin=2)
 def binary_cross_entropy_backward(g, x, t):
     lx, l1x = _clamped_logs(x)
-    gx = aten.div(aten.mul(g, aten.sub(x, t)), aten.maximum(aten.mul(aten.sub(1, x), x), 1e-12))
+    gx = aten.div(aten.mul(g, aten.sub(x, t)), maximum(aten.mul(aten.sub(1, x), x), 1e-12))
     return gx, aten.mul(g, aten.sub(l1x, lx))
 
 
@@ -234,7 +250,7 @@ def poisson_nll_backward(g, x, t, log_input, full_, eps):
 
 @_pointwise("hinge_embedding_loss_elementwise", nin=2)
 def hinge_embedding(x, t, margin):
-    neg = aten.where(aten.ne(t, 1), aten.maximum(aten.sub(margin, x), 0), 0.0)
+    neg = aten.where(aten.ne(t, 1), maximum(aten.sub(margin, x), 0), 0.0)
     return aten.add(neg, aten.where(aten.ne(t, -1), x, 0.0))
 
 
@@ -246,7 +262,7 @@ def hinge_embedding_backward(g, x, t, margin):
 
 @_pointwise("margin_ranking_loss_elementwise", nin=3)
 def margin_ranking(x1, x2, t, margin):
-    return aten.maximum(aten.add(aten.neg(aten.mul(t, aten.sub(x1, x2))), margin), 0)
+    return maximum(aten.add(aten.neg(aten.mul(t, aten.sub(x1, x2))), margin), 0)
 
 
 @_backward("margin_ranking_loss_elementwise_backward", nin=3)
@@ -259,14 +275,14 @@ def margin_ranking_backward(g, x1, x2, t, margin):
 
 @_pointwise("gaussian_nll_loss_elementwise", nin=3)
 def gaussian_nll(x, t, v, eps):
-    v = aten.maximum(v, eps)
+    v = maximum(v, eps)
     d = aten.sub(x, t)
     return aten.mul(aten.add(aten.log(v), aten.div(aten.mul(d, d), v)), 0.5)
 
 
 @_backward("gaussian_nll_loss_elementwise_backward", nin=3)
 def gaussian_nll_backward(g, x, t, v, eps):
-    v = aten.maximum(v, eps)
+    v = maximum(v, eps)
     d = aten.div(aten.sub(x, t), v)
     gv = aten.mul(aten.mul(aten.sub(aten.div(1, v), aten.mul(d, d)), 0.5), g)
     return aten.mul(d, g), aten.neg(aten.mul(d, g)), gv
@@ -318,7 +334,7 @@ def normalize(self, p=2.0, dim=1, eps=1e-12):
         n = aten.abs(x)
     else:
         n = _pnorm(x, p, wrap(dim, self.ndim), True)
-    return to(aten.div(x, aten.maximum(n, eps)), dt)
+    return to(aten.div(x, maximum(n, eps)), dt)
 
 
 @register_decomposition("normalize_backward")
@@ -331,7 +347,7 @@ def normalize_backward(grad_output, self, p, dim, eps):
     d = wrap(dim, self.ndim)
     n = _pnorm(x, p, d, True)
     big = aten.gt(n, eps)
-    den = aten.maximum(n, eps)
+    den = maximum(n, eps)
     gx = aten.div(g, den)
     corr = aten.div(aten.mul(aten.sum(aten.mul(g, x), [d], True), _pnorm_grad(x, n, p, d)), aten.mul(den, den))
     return to(aten.where(big, aten.sub(gx, corr), gx), dt)
@@ -344,8 +360,8 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-8):
     shape = broadcast_shapes(tuple(a.shape), tuple(b.shape))
     a, b = aten.expand(a, shape), aten.expand(b, shape)
     d = wrap(dim, len(shape))
-    n1 = aten.maximum(_pnorm(a, 2, d, True), eps)
-    n2 = aten.maximum(_pnorm(b, 2, d, True), eps)
+    n1 = maximum(_pnorm(a, 2, d, True), eps)
+    n2 = maximum(_pnorm(b, 2, d, True), eps)
     return to(aten.sum(aten.mul(aten.div(a, n1), aten.div(b, n2)), [d]), dt)
 
 
@@ -357,7 +373,7 @@ def cosine_similarity_backward(grad_output, x1, x2, dim, eps):
     a, b = aten.expand(a, shape), aten.expand(b, shape)
     d = wrap(dim, len(shape))
     r1, r2 = _pnorm(a, 2, d, True), _pnorm(b, 2, d, True)
-    n1, n2 = aten.maximum(r1, eps), aten.maximum(r2, eps)
+    n1, n2 = maximum(r1, eps), maximum(r2, eps)
     y = aten.sum(aten.mul(aten.div(a, n1), aten.div(b, n2)), [d], True)
     g = aten.unsqueeze(to(grad_output, a.dtype), d)
     n12 = aten.mul(n1, n2)

@@ -11,7 +11,7 @@ import math
 
 from .. import _dtype as D
 from .._ops._helpers import result_type
-from ._table import aten, register_decomposition, to, upcast, compute_dtype, full, reshape, wrap
+from ._table import aten, register_decomposition, maximum, minimum, to, upcast, compute_dtype, full, reshape, wrap
 
 
 def _float_check(name, *xs):
@@ -58,13 +58,13 @@ def _backward(name, ints=False, nin=1):
 
 def softplus_stable(x):
     """log(1 + exp(x)) without overflow: max(x, 0) + log1p(exp(-|x|))."""
-    return aten.add(aten.maximum(x, 0), aten.log1p(aten.exp(aten.neg(aten.abs(x)))))
+    return aten.add(maximum(x, 0), aten.log1p(aten.exp(aten.neg(aten.abs(x)))))
 
 
 # ---- activations ---------------------------------------------------------------------------------
 @_pointwise("relu", ints=True)
 def relu(x):
-    return aten.maximum(x, 0)
+    return maximum(x, 0)
 
 
 @_backward("relu_backward", ints=True)
@@ -94,13 +94,13 @@ def leaky_relu_backward(g, x, slope=0.01):
 
 @_pointwise("elu")
 def elu(x, alpha=1, scale=1, input_scale=1):
-    neg = aten.mul(aten.expm1(aten.mul(aten.minimum(x, 0), input_scale)), alpha)
+    neg = aten.mul(aten.expm1(aten.mul(minimum(x, 0), input_scale)), alpha)
     return aten.mul(aten.where(aten.gt(x, 0), x, neg), scale)
 
 
 @_backward("elu_backward")
 def elu_backward(g, x, alpha=1, scale=1, input_scale=1):
-    d = aten.mul(aten.exp(aten.mul(aten.minimum(x, 0), input_scale)), alpha * input_scale)
+    d = aten.mul(aten.exp(aten.mul(minimum(x, 0), input_scale)), alpha * input_scale)
     return aten.mul(aten.mul(g, scale), aten.where(aten.gt(x, 0), 1.0, d))
 
 
@@ -156,7 +156,7 @@ def mish_backward(g, x):
 
 @_pointwise("hardtanh")
 def hardtanh(x, min_val=-1, max_val=1):
-    return aten.minimum(aten.maximum(x, min_val), max_val)
+    return minimum(maximum(x, min_val), max_val)
 
 
 @_backward("hardtanh_backward")
@@ -166,7 +166,7 @@ def hardtanh_backward(g, x, min_val=-1, max_val=1):
 
 @_pointwise("hardsigmoid")
 def hardsigmoid(x):
-    return aten.minimum(aten.maximum(aten.add(aten.div(x, 6), 0.5), 0), 1)
+    return minimum(maximum(aten.add(aten.div(x, 6), 0.5), 0), 1)
 
 
 @_backward("hardsigmoid_backward")
@@ -176,7 +176,7 @@ def hardsigmoid_backward(g, x):
 
 @_pointwise("hardswish")
 def hardswish(x):
-    return aten.div(aten.mul(x, aten.minimum(aten.maximum(aten.add(x, 3), 0), 6)), 6)
+    return aten.div(aten.mul(x, minimum(maximum(aten.add(x, 3), 0), 6)), 6)
 
 
 @_backward("hardswish_backward")
@@ -561,6 +561,13 @@ def linear(input, weight, bias=None):
 
 
 def _scaled_sum(self, prod, beta, alpha):
+    dt = result_type(self, prod)
+    if dt.category < 2:          # integral tensors take the scalars in their own dtype
+        beta, alpha = int(beta), int(alpha)
+    return to(_scaled_sum_any(self, prod, beta, alpha), dt)
+
+
+def _scaled_sum_any(self, prod, beta, alpha):
     if alpha != 1:
         prod = aten.mul(prod, alpha)
     if beta == 0:

@@ -14,7 +14,7 @@ from .. import _dtype as D
 from .. import _state
 from .._ops import OPS
 from .._ops._helpers import result_type
-from ._table import aten, register_decomposition, to, by_name, full
+from ._table import aten, register_decomposition, maximum, minimum, to, by_name, full, scalar_tensor
 
 # ---- in-place operators --------------------------------------------------------------------------
 
@@ -24,7 +24,10 @@ def _inplace_decomposition(op):
 
     def decomposition(self, *rest):
         from .._dispatch import can_cast, type_name
-        r = by_name(f, (self,) + rest)
+        src = self
+        if _state.grad_enabled and any(getattr(x, "requires_grad", False) for x in (self,) + rest):
+            src = aten.clone(self)          # autograd may save the input; copy_ is about to overwrite it
+        r = by_name(f, (src,) + rest)
         if not can_cast(r.dtype, self.dtype):
             raise RuntimeError(f"result type {type_name(r.dtype)} can't be cast to the desired output type "
                                f"{type_name(self.dtype)}")
@@ -49,7 +52,16 @@ def _float_dtype(*xs):
 
 
 def _as(dt, *xs):
-    return tuple(to(x, dt) if hasattr(x, "dtype") else x for x in xs)
+    """Each operand as a tensor of dtype `dt` (Python numbers become 0-dim tensors)."""
+    like = next(x for x in xs if hasattr(x, "dtype"))
+    return tuple(to(x, dt) if hasattr(x, "dtype") else scalar_tensor(x, like, dt) for x in xs)
+
+
+def _tensor(x, like):
+    """A Python number as a 0-dim tensor of its own scalar dtype (tensors pass through)."""
+    if hasattr(x, "dtype"):
+        return x
+    return scalar_tensor(x, like, D.scalar_dtype(x, _state.default_dtype))
 
 
 def _finfo(dt):
@@ -87,16 +99,19 @@ def frac(self):
 
 @register_decomposition("addcmul")
 def addcmul(self, tensor1, tensor2, value=1):
-    return aten.add(self, aten.mul(aten.mul(tensor1, tensor2), value))
+    if result_type(self, tensor1, tensor2).category < 2:
+        value = int(value)
+    return to(aten.add(self, aten.mul(aten.mul(tensor1, tensor2), value)), result_type(self, tensor1, tensor2))
 
 
 @register_decomposition("addcdiv")
 def addcdiv(self, tensor1, tensor2, value=1):
-    return aten.add(self, aten.mul(aten.div(tensor1, tensor2), value))
+    return to(aten.add(self, aten.mul(aten.div(tensor1, tensor2), value)), result_type(self, tensor1, tensor2))
 
 
 @register_decomposition("lerp.Tensor")
 def lerp(self, end, weight):
+    weight = _tensor(weight, self)
     diff = aten.sub(end, self)
     low = aten.add(self, aten.mul(weight, diff))
     high = aten.sub(end, aten.mul(diff, aten.sub(1, weight)))
@@ -110,21 +125,21 @@ def clamp(self, min=None, max=None):
     dt = result_type(self, min, max)
     r = to(self, dt)
     if min is not None:
-        r = aten.maximum(r, min)
+        r = maximum(r, min)
     if max is not None:
-        r = aten.minimum(r, max)
+        r = minimum(r, max)
     return to(r, dt)
 
 
 @register_decomposition("fmax")
 def fmax(self, other):
-    m = aten.maximum(self, other)
+    m = maximum(self, other)
     return aten.where(aten.isnan(other), aten.where(aten.isnan(self), m, self), aten.where(aten.isnan(self), other, m))
 
 
 @register_decomposition("fmin")
 def fmin(self, other):
-    m = aten.minimum(self, other)
+    m = minimum(self, other)
     return aten.where(aten.isnan(other), aten.where(aten.isnan(self), m, self), aten.where(aten.isnan(self), other, m))
 
 
@@ -164,7 +179,7 @@ def xlogy(self, other):
 @register_decomposition("logaddexp")
 def logaddexp(self, other):
     a, b = _as(_float_dtype(self, other), self, other)
-    m = aten.maximum(a, b)
+    m = maximum(a, b)
     r = aten.add(m, aten.log1p(aten.exp(aten.neg(aten.abs(aten.sub(a, b))))))
     return aten.where(aten.logical_and(aten.isinf(m), aten.eq(a, b)), a, r)
 
@@ -172,7 +187,7 @@ def logaddexp(self, other):
 @register_decomposition("logaddexp2")
 def logaddexp2(self, other):
     a, b = _as(_float_dtype(self, other), self, other)
-    m = aten.maximum(a, b)
+    m = maximum(a, b)
     r = aten.add(m, aten.mul(aten.log1p(aten.pow(2.0, aten.neg(aten.abs(aten.sub(a, b))))), 1 / math.log(2)))
     return aten.where(aten.logical_and(aten.isinf(m), aten.eq(a, b)), a, r)
 
@@ -218,8 +233,8 @@ def hypot(self, other):
 
 @register_decomposition("ldexp.Tensor")
 def ldexp(self, other):
-    dt = _float_dtype(self, other)
-    return aten.mul(to(self, dt) if hasattr(self, "dtype") else self, aten.pow(2.0, to(other, dt)))
+    a, b = _as(_float_dtype(self, other), self, other)
+    return aten.mul(a, aten.pow(2.0, b))
 
 
 @register_decomposition("angle")
@@ -240,10 +255,9 @@ def sgn(self):
 
 @register_decomposition("copysign.Tensor")
 def copysign(self, other):
-    a = to(self, _float_dtype(self, other)) if hasattr(self, "dtype") else float(self)
-    r = aten.abs(a) if hasattr(a, "dtype") else abs(a)
-    return to(aten.where(aten.signbit(other), aten.neg(r) if hasattr(r, "dtype") else -r, r),
-              _float_dtype(self, other))
+    a, b = _as(_float_dtype(self, other), self, other)
+    r = aten.abs(a)
+    return aten.where(aten.signbit(b), aten.neg(r), r)
 
 
 @register_decomposition("heaviside")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from .. import _dtype as D
 from .. import _state
 from ._table import aten, register_decomposition, to, compute_dtype, dims_of, numel, wrap
 
@@ -118,14 +119,18 @@ def min_(self):
     return aten.amin(self)
 
 
+def _no_bool(x):
+    return to(x, D.uint8) if x.dtype is D.bool else x
+
+
 @register_decomposition("max.dim")
 def max_dim(self, dim, keepdim=False):
-    return aten.amax(self, [dim], keepdim), aten.argmax(self, dim, keepdim)
+    return aten.amax(self, [dim], keepdim), aten.argmax(_no_bool(self), dim, keepdim)
 
 
 @register_decomposition("min.dim")
 def min_dim(self, dim, keepdim=False):
-    return aten.amin(self, [dim], keepdim), aten.argmin(self, dim, keepdim)
+    return aten.amin(self, [dim], keepdim), aten.argmin(_no_bool(self), dim, keepdim)
 
 
 @register_decomposition("aminmax")

@@ -9,7 +9,7 @@ import math
 
 from .. import _dtype as D
 from .. import _state
-from ._table import aten, register_decomposition, to, compute_dtype, full, scalar_tensor, reshape, wrap
+from ._table import aten, register_decomposition, maximum, minimum, to, compute_dtype, full, scalar_tensor, reshape, wrap
 
 
 # ---- views ---------------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ def masked_scatter(self, mask, source):
     if source.numel() == 0:
         return aten.clone(self)
     m = reshape(aten.clone(aten.expand(mask, shape)), (-1,))
-    idx = aten.maximum(aten.sub(aten.cumsum(to(m, D.int64), 0), 1), 0)
+    idx = maximum(aten.sub(aten.cumsum(to(m, D.int64), 0), 1), 0)
     picked = aten.index(reshape(source, (-1,)), [idx])
     return aten.view(aten.where(m, to(picked, self.dtype), reshape(self, (-1,))), shape)
 
@@ -302,6 +302,9 @@ def fill_tensor(self, value):
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     if weight.ndim != 2:
         return NotImplemented
+    from .. import _state
+    if (padding_idx >= 0 or scale_grad_by_freq) and weight.requires_grad and _state.grad_enabled:
+        return NotImplemented       # the gradient rule differs from indexing's; the op keeps its own
     return aten.index(weight, [indices])
 
 
@@ -413,7 +416,7 @@ def cauchy(self, median=0, sigma=1, generator=None):
 @register_decomposition("geometric")
 def geometric(self, p, generator=None):
     k = aten.ceil(aten.div(aten.log1p(aten.neg(_uniform(self))), math.log1p(-p)))
-    return to(aten.maximum(k, 1), self.dtype)
+    return to(maximum(k, 1), self.dtype)
 
 
 @register_decomposition("random")
