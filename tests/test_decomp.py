@@ -263,3 +263,48 @@ def test_mlp_forward_backward_reaches_only_core_ops():
     torch.testing.assert_close(torch.from_numpy(_np(loss)), torch.from_numpy(_np(ref_loss)))
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(torch.from_numpy(_np(g)), torch.from_numpy(_np(r)), rtol=1e-5, atol=1e-6)
+
+
+def _f64(*shape):
+    return flambeau.randn(*shape, dtype=flambeau.float64)
+
+
+# Decompositions no op-database entry reaches (in-place BLAS variants, random overloads, ...).
+DIRECT = {
+    "addmm_": lambda: (_f64(2, 3), lambda s: s.addmm_(_f64(2, 4), _f64(4, 3), beta=0.5, alpha=2)),
+    "baddbmm_": lambda: (_f64(2, 2, 3), lambda s: s.baddbmm_(_f64(2, 2, 4), _f64(2, 4, 3), alpha=0.5)),
+    "addbmm_": lambda: (_f64(2, 3), lambda s: s.addbmm_(_f64(5, 2, 4), _f64(5, 4, 3))),
+    "addmv_": lambda: (_f64(2), lambda s: s.addmv_(_f64(2, 4), _f64(4), beta=2)),
+    "addr_": lambda: (_f64(2, 3), lambda s: s.addr_(_f64(2), _f64(3))),
+    "threshold_": lambda: (_f64(3, 4), lambda s: flambeau.nn.functional.threshold_(s, 0.1, 20.0)),
+    "_div_trunc": lambda: (_f64(3, 4), lambda s: OPS["_div_trunc"](s, _f64(4))),
+    "conj_physical_": lambda: (_f64(3), lambda s: s.conj_physical_()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIRECT))
+def test_decomposition_direct(name):
+    x, fn = DIRECT[name]()
+    flambeau.manual_seed(0)
+    ref = fn(x.clone())
+    flambeau.manual_seed(0)
+    mode = CountingDecompositionMode()
+    with mode:
+        ours = fn(x.clone())
+    assert name in mode.used
+    torch.testing.assert_close(torch.from_numpy(_np(ours)), torch.from_numpy(_np(ref)))
+
+
+@pytest.mark.parametrize("call", [
+    lambda: OPS["bernoulli.Tensor"](flambeau.rand(50, 4), flambeau.rand(4)),
+    lambda: flambeau.empty(50, 4).bernoulli_(flambeau.rand(4)),
+    lambda: flambeau.empty(50, 4).bernoulli_(0.3),
+    lambda: OPS["rrelu_with_noise_functional"](_f64(50, 4), 0.1, 0.3)[0],
+])
+def test_random_decompositions_reach_generators(call):
+    ref = call()
+    rec = RecordingMode()
+    with rec, DecompositionMode():
+        ours = call()
+    assert rec.seen <= CORE_OPS and "rand" in rec.seen, sorted(rec.seen)
+    assert ours.shape == ref.shape and ours.dtype == ref.dtype

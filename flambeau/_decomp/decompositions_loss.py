@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .. import _dtype as D
-from ._table import aten, register_decomposition, maximum, minimum, to, compute_dtype, full, reshape, wrap
+from ._table import aten, register_decomposition, maximum, to, compute_dtype, full, reshape, wrap
 from .decompositions_nn import _pointwise, _backward, _float_check, softplus_stable
 
 # ---- cross entropy / nll ------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import math
 
 from .. import _dtype as D
 from .. import _state
-from ._table import aten, register_decomposition, maximum, minimum, to, compute_dtype, full, scalar_tensor, reshape, wrap
+from ._table import aten, register_decomposition, maximum, to, compute_dtype, full, scalar_tensor, reshape, wrap
 
 
 # ---- views ---------------------------------------------------------------------------------------
