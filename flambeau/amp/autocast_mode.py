@@ -10,7 +10,7 @@ which looks the op's schema name up in the per-device policy tables below:
   lower  - floating inputs on that device (except float64) go to the autocast dtype (matmuls, convs);
   fp32   - they go to float32 (losses, norms, reductions and transcendental ops that need range);
   fp32 unless a `dtype=` is given - softmax, sum, cumsum and friends;
-  promote - they go to the widest floating type among them (cat, index_copy...);
+  promote - they go to the widest floating type among them (cat on cpu, addcmul on cuda...);
   banned - the op refuses to run (binary_cross_entropy on cuda).
 Casts go through `Tensor.to`, so autograd records them and gradients come back in the original
 dtype. Within one outermost region, the lower-precision casts of leaf weights that require grad
@@ -56,8 +56,7 @@ _CUDA = {
              "rsqrt", "sinh", "tan", "pow", "softplus", "native_layer_norm", "native_group_norm", "norm",
              "cosine_similarity", "pairwise_distance", "pdist", "cdist", "logsumexp") + _LOSSES_FP32,
     "fp32_opt": ("softmax", "log_softmax", "sum", "prod", "cumsum", "cumprod", "linalg_vector_norm"),
-    "promote": ("cat", "index_copy", "addcdiv", "addcmul", "atan2", "linalg_cross", "dot", "index_put",
-                "scatter_add"),
+    "promote": ("addcdiv", "addcmul", "atan2", "linalg_cross", "dot", "index_put", "scatter_add"),
     "banned": ("binary_cross_entropy",),
 }
 
@@ -126,10 +125,12 @@ def _fp32_opt(op, dev_type, dtype, args, kwargs):
 
 
 def _promote(op, dev_type, dtype, args, kwargs):
-    wide = dtype
+    wide = None
     for t in _tensors(args, kwargs):
         if _eligible(t, dev_type):
-            wide = D.promote_types(wide, t._dtype)
+            wide = t._dtype if wide is None else D.promote_types(wide, t._dtype)
+    if wide is None:
+        return args, kwargs
     return _cast_all(args, kwargs, dev_type, wide)
 
 
