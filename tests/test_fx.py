@@ -1,5 +1,6 @@
 """flambeau.fx vs torch.fx: graph construction and codegen, symbolic_trace, Interpreter/Transformer,
 dead-code elimination, make_fx (real/fake/symbolic) including traced autograd, fake tensors."""
+import copy
 import operator
 
 import numpy as np
@@ -181,6 +182,12 @@ def test_symbolic_trace_nested_modules_params_buffers_and_unpacking():
     for p, q in zip(gm(x), m(x)):
         close(p, q)
     assert gm.get_parameter("w") is m.w
+    gm2 = copy.deepcopy(gm)
+    assert gm2.code == gm.code and gm2.get_parameter("w") is not m.w
+    gm2.graph.output_node().args = (gm2.graph.output_node().args[0][0],)
+    gm2.recompile()
+    close(gm2(x), m(x)[0])
+    assert isinstance(gm(x), tuple)              # the original's forward is untouched
 
 
 def test_symbolic_trace_function_and_control_flow_error():
@@ -319,6 +326,12 @@ def test_make_fx_forward_backward_equals_eager_grads(mode):
     gm.graph.eliminate_dead_code()
     gm.recompile()
     close(gm(x, w1, w2)[2], g2)
+    if mode == "symbolic":                       # the joint graph also serves another batch size
+        x7 = fl.randn(7, 4)
+        env = gm.meta["shape_env"]
+        assert env.evaluate_guards(env.bindings_from_shapes([x7.shape, w1.shape, w2.shape]))
+        for p, q in zip(gm(x7, w1, w2), train_step(x7, w1, w2)):
+            close(p, q)
 
 
 def test_make_fx_constants_scalars_inplace_multi_output():

@@ -18,7 +18,6 @@ from .._backends import MetaArray, contiguous_strides
 from .._device import canonical, device as Device, META, CPU
 from .._tensor import Tensor
 from ..utils._python_dispatch import TorchDispatchMode
-from ..fx._symbolic_shapes import SymInt
 
 
 class FakeTensor(Tensor):
@@ -113,9 +112,7 @@ class FakeTensorMode(TorchDispatchMode):
                                f"with 'allow_non_fake_inputs'. Found a real tensor of shape {list(t.shape)}.")
         return self.from_tensor(t)
 
-    def _convert(self, a, schema_type: str):
-        if type(a) is SymInt and schema_type.startswith(("Scalar", "Tensor")):
-            return a.hint()          # a symbolic scalar operand: its value does not affect the metadata
+    def _convert(self, a):
         if isinstance(a, Tensor):
             return self._as_fake(a)
         if type(a) in (list, tuple) and any(isinstance(x, Tensor) for x in a):
@@ -124,9 +121,8 @@ class FakeTensorMode(TorchDispatchMode):
 
     # ---- the mode -----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        sargs = func._schema.args
-        args = tuple(self._convert(a, sargs[i].type if i < len(sargs) else "") for i, a in enumerate(args))
-        kwargs = {k: self._convert(v, _arg_type(sargs, k)) for k, v in (kwargs or {}).items()}
+        args = tuple(self._convert(a) for a in args)
+        kwargs = {k: self._convert(v) for k, v in (kwargs or {}).items()}
         dev, args, kwargs = self._device_args(func, args, kwargs)
         out = func(*args, **kwargs)
         self._wrap_outputs(out, dev)
@@ -173,13 +169,6 @@ class FakeTensorMode(TorchDispatchMode):
         elif isinstance(out, (tuple, list)):
             for o in out:
                 self._wrap_outputs(o, dev)
-
-
-def _arg_type(schema_args, name: str) -> str:
-    for a in schema_args:
-        if a.name == name:
-            return a.type
-    return ""
 
 
 def _flat(args, kwargs):

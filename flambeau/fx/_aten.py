@@ -19,15 +19,18 @@ class OpOverloadPacket:
 
     def __init__(self, name: str):
         self._name = name
+        self._ovs = None
 
     @property
     def _overloads(self) -> dict:
-        out = {}
-        for k, op in OPS.items():
-            base, _, ov = k.partition(".")
-            if base == self._name:
-                out[ov or "default"] = op
-        return out
+        if self._ovs is None:
+            out = {}
+            for k, op in OPS.items():
+                base, _, ov = k.partition(".")
+                if base == self._name:
+                    out[ov or "default"] = op
+            self._ovs = out
+        return self._ovs
 
     def overloads(self) -> list:
         return list(self._overloads)

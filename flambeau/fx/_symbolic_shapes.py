@@ -158,11 +158,14 @@ class SymInt:
     def hint(self) -> int:
         return self.env.hint(self.expr)
 
+    # operators take a SymInt operand like a 0-dim int64 array (type promotion as for a Python int)
+    ndim = 0
+    shape = ()
+
     @property
     def dtype(self):
-        """An integer scalar: Tensor operators accept it like a Python int."""
-        from .. import _dtype
-        return _dtype.int64
+        import numpy
+        return numpy.dtype("int64")
 
     __add__ = _arith(lambda a, b: a + b)
     __radd__ = _arith(lambda a, b: a + b, True)

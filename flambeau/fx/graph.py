@@ -177,6 +177,15 @@ class Graph:
             val_map[node] = self.node_copy(node, lambda n: val_map[n])
         return None
 
+    def __deepcopy__(self, memo) -> "Graph":
+        g = Graph(tracer_cls=self._tracer_cls)
+        memo[id(self)] = g
+        out = g.graph_copy(self, {}, return_output_node=True)
+        if out is not None:
+            rv, onode = out
+            g.output(rv, onode.type).meta = dict(onode.meta)
+        return g
+
     # ---- insert point ------------------------------------------------------------------------
     @contextlib.contextmanager
     def _insert_at(self, insert):

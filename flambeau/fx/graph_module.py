@@ -7,6 +7,7 @@ class, so editing `gm.graph` and calling `recompile()` changes only this module.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import linecache
 
@@ -141,6 +142,15 @@ class GraphModule(Module):
         for name, _ in list(self.named_modules()):
             if name and name not in used:
                 self.delete_submodule(name)
+
+    def __deepcopy__(self, memo) -> "GraphModule":
+        res = GraphModule.__new__(type(self))
+        memo[id(self)] = res
+        state = copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in ("_graph", "_code")}, memo)
+        res.__dict__.update(state)
+        type(res).__name__ = type(res).__qualname__ = type(self).__name__
+        res.graph = copy.deepcopy(self._graph, memo)
+        return res
 
     def __str__(self) -> str:
         return super().__repr__() + "\n\n\n" + self._code.strip("\n") + "\n"
