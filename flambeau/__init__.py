@@ -51,3 +51,4 @@ from .amp.autocast_mode import (autocast, is_autocast_enabled, set_autocast_enab
 from .amp.grad_scaler import _amp_foreach_non_finite_check_and_unscale_, _amp_update_scale_  # noqa: E402,F401
 from . import fx  # noqa: E402,F401
 from .fx._aten import ops  # noqa: E402,F401
+from . import _decomp  # noqa: E402,F401  (sets op.decomposition: the compiler and derivative-less ops use it)

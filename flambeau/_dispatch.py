@@ -85,11 +85,12 @@ def _scan(op, args, kwargs):
     dev = None
     rg = False
     fw = False
-    uargs = []
+    uargs = list(args)
     tensors = None
+    i = 0
     for a in args:
         if isinstance(a, Tensor):
-            uargs.append(a._data)
+            uargs[i] = a._data
             d = a._device
             if dev is None:
                 dev = d
@@ -99,11 +100,23 @@ def _scan(op, args, kwargs):
                 rg = True
             if a._fw_grad is not None:
                 fw = True
-        elif type(a) in (list, tuple) and a and any(isinstance(x, Tensor) for x in a):
-            tensors = True
-            uargs.append(type(a)(x._data if isinstance(x, Tensor) else x for x in a))
-        else:
-            uargs.append(a)
+        elif (type(a) is list or type(a) is tuple) and a and any(isinstance(x, Tensor) for x in a):
+            items = []
+            for x in a:
+                if isinstance(x, Tensor):
+                    items.append(x._data)
+                    if dev is None:
+                        dev = x._device
+                    elif x._device is not dev:
+                        tensors = True
+                    if x._requires_grad:
+                        rg = True
+                    if x._fw_grad is not None:
+                        fw = True
+                else:
+                    items.append(x)
+            uargs[i] = type(a)(items)
+        i += 1
     ukwargs = kwargs
     if kwargs:
         ukwargs = dict(kwargs)

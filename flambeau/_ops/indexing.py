@@ -98,6 +98,12 @@ def adv_key(xp, shape, indices):
 
 @defop("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", function=False)
 def index(xp, self, indices):
+    if len(indices) == 1 and xp is np and self.ndim and type(ix := indices[0]) is np.ndarray \
+            and ix.dtype == np.int64:
+        try:                                   # fast path: one integer index on dim 0
+            return np.take(self, ix, axis=0)
+        except IndexError:
+            pass                               # adv_key below raises PyTorch's message
     key = adv_key(xp, self.shape, indices)
     r = self[key]
     if r.size == 0:
@@ -269,6 +275,20 @@ def apply_index(self, index):
 
 @export("__getitem__", method=True, function=False)
 def getitem(self, key):
+    t = type(key)
+    if self.ndim:                        # fast paths for the commonest keys; same ops as below
+        if t is builtins.slice and (key.step is None or type(key.step) is int and key.step > 0) \
+                and type(key.start) in (int, type(None)) and type(key.stop) in (int, type(None)):
+            if key.start is None and key.stop is None and key.step in (None, 1):
+                return alias(self)
+            return slice_(self, 0, key.start, key.stop, 1 if key.step is None else key.step)
+        if t is int:
+            size = self.shape[0]
+            if not -size <= key < size:
+                raise IndexError(f"index {key} is out of bounds for dimension 0 with size {size}")
+            return select(self, 0, key)
+        if t is Tensor and key.ndim and key.dtype in (D.int64, D.int32) and key.device == self.device:
+            return index(self, [key])
     r, idx = apply_index(self, key)
     if idx is not None:
         return index(r, idx)

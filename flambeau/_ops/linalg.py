@@ -9,6 +9,8 @@ dtypes on CPU and refuse bool; shape errors name both shapes.
 """
 from __future__ import annotations
 
+import numpy as np
+
 import builtins
 import string
 
@@ -37,6 +39,9 @@ def _check_same_dtype(a, b):
 def _check_not_bool(name, x):
     if _dt(x) is D.bool:
         raise NotImplementedError(f"\"{name}\" not implemented for 'Bool'")
+
+
+_FAST_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _prod(xp, fn, *arrays):
@@ -74,6 +79,9 @@ def matmul_shape(a, b):
 
 @defop("matmul(Tensor self, Tensor other) -> Tensor", method=True)
 def matmul(xp, self, other):
+    if (type(self) is np.ndarray and type(other) is np.ndarray and self.ndim == 2 == other.ndim
+            and self.dtype == other.dtype and self.dtype in _FAST_FLOATS and self.shape[1] == other.shape[0]):
+        return np.matmul(self, other)                        # fast path: 2-D float BLAS product
     _check_same_dtype(self, other)
     _check_not_bool("addmm_impl_cpu_", self)
     shape = matmul_shape(self.shape, other.shape)

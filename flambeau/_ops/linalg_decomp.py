@@ -43,7 +43,8 @@ def _check_square(name, A, what="A"):
 
 
 def _lapack(xp, name, fn, *args, msg="The factorization could not be completed"):
-    if xp is not np and len(args) == 2 and args[0].ndim > 2 or (len(args) == 2 and args[1].ndim > 2):
+    if xp is not np and len(args) == 2 and all(hasattr(a, "ndim") for a in args) \
+            and max(args[0].ndim, args[1].ndim) > 2:
         # CuPy's batched solvers want equal batch dims: broadcast them explicitly
         from ._helpers import broadcast_shapes
         a, b = args

@@ -125,7 +125,12 @@ def _sum_meta(self, dim=None, keepdim=False, *, dtype=None):
 @defop("sum.dim_IntList(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
        method=True)
 def sum(xp, self, dim=None, keepdim=False, *, dtype=None):
+    if dim is None and dtype is None and not keepdim and xp is np and self.dtype in _FAST_FLOATS:
+        return np.asarray(np.add.reduce(self, axis=None))     # fast path: full float sum
     return _sum_kernel(xp, self, dim, keepdim, dtype=dtype)
+
+
+_FAST_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 _sum_kernel = _sum_like(lambda xp, x, dims, keep, acc: xp.sum(x, axis=dims, keepdims=keep, dtype=acc))

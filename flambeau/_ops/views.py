@@ -85,6 +85,8 @@ def _size_args(size):
 @defop("view(Tensor(a) self, SymInt[] size) -> Tensor(a)", function=False)
 def _view(xp, self, size):
     shape = infer_size(size, self.size)
+    if self.flags.c_contiguous:
+        return self.reshape(shape)                 # a contiguous array always reshapes to a view
     if type(self) is np.ndarray:
         try:
             return np.reshape(self, shape, copy=False)
@@ -509,9 +511,12 @@ def slice_bounds(size, start, end, step):
 @defop("slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)",
        function=False)
 def slice_(xp, self, dim=0, start=None, end=None, step=1):
-    d = wrap_dim(dim, self.ndim)
-    s, e, _ = slice_bounds(self.shape[d], start, end, step)
-    return self[_sel(d, slice(s, e, step))]
+    if step <= 0:
+        raise RuntimeError("slice step must be positive")
+    # Python's slice clamping for a positive step is PyTorch's (see slice_bounds, used by meta)
+    if dim == 0 and self.ndim:
+        return self[start:end:step]
+    return self[_sel(wrap_dim(dim, self.ndim), slice(start, end, step))]
 
 
 @slice_.def_meta
