@@ -61,6 +61,20 @@ def per_tensor(fn, *arrays) -> np.ndarray:
     return np.asarray([fn(*vals) for vals in zip(*(a.tolist() for a in arrays))], dtype=np.float64)
 
 
+def _uniform_or(expand):
+    """`ex` for `_update`: per-tensor values that are all equal (the usual case: every parameter
+    has taken the same number of steps) become one Python float, which NumPy applies without
+    changing the array dtype, as PyTorch applies its Python-float bias corrections; otherwise
+    `expand` them to one value per element."""
+    def ex(a):
+        a = np.asarray(a)
+        first = a.reshape(-1)[0]
+        if a.size == 1 or (a == first).all():
+            return float(first)
+        return expand(a)
+    return ex
+
+
 def _scalar_tensor(value, dtype=None):
     from .._ops.creation import tensor
     return tensor(value, dtype=dtype or D.float32)
@@ -269,8 +283,13 @@ class Optimizer:
         return st
 
     def _foreach_default(self, group) -> bool:
+        """foreach=None picks the multi-tensor path when every parameter is on cuda, as PyTorch does:
+        there it saves one kernel launch per tensor; on cpu, gathering into flat arrays costs more
+        memory traffic than the per-tensor loop saves in dispatch (bench/optim_step.py)."""
         fe = group.get("foreach")
-        return True if fe is None else bool(fe)
+        if fe is None:
+            return all(p.device.type == "cuda" for p in group["params"])
+        return bool(fe)
 
     def _step_impl(self, closure=None):
         loss = None
@@ -308,7 +327,7 @@ class Optimizer:
         step._data[...] += 1
         step._version[0] += 1
         self._update(xp, p._data, g, arrays, np.asarray(step._data, dtype=np.float64).reshape(1), group,
-                     lambda a: xp.asarray(a).reshape(()))
+                     _uniform_or(lambda a: xp.asarray(a, dtype=p._data.dtype).reshape(())))
         for k, v in st.items():
             if isinstance(v, Tensor):
                 v._version[0] += 1
@@ -334,7 +353,7 @@ class Optimizer:
         if group.get("maximize", False):
             G = -G
         self._update(xp, P, G, arrays, steps.astype(np.float64), group,
-                     lambda a: FE.expand(xp, a, counts))
+                     _uniform_or(lambda a: FE.expand(xp, a, counts).astype(P.dtype, copy=False)))
         FE.scatter(P, params)
 
     def _update(self, xp, p, g, s, step, group) -> None:
