@@ -1,0 +1,11 @@
+"""flambeau._inductor: the code generator behind `flambeau.compile` (TorchInductor's design).
+
+`compile_fx(gm, example_inputs)` takes an FX GraphModule of core operators and returns a
+callable running fused C++/OpenMP kernels (NumPy code when no compiler works). The path from
+graph to kernels, one module each: graph.py + lowering*.py (loop IR) -> scheduler.py (fusion,
+memory plan) -> codegen_cpp.py / codegen_numpy.py -> cpp_builder.py (compile, cache) ->
+wrapper.py (the Python that calls the kernels). Knobs and debug flags: config.py.
+"""
+from . import config  # noqa: F401
+from .compile_fx import CompiledGraph, compile_fx  # noqa: F401
+from .cpp_builder import CppCompileError  # noqa: F401

@@ -1,0 +1,427 @@
+"""C++ code generation: one `extern "C"` function per scheduled kernel.
+
+`CppHandler` interprets the `ops` namespace by emitting typed C++ statements (one temporary per
+op, common subexpressions shared within a loop body); `KernelPrinter` prints a kernel's loop nest
+around them: an OpenMP-parallel outer loop when the work is large, reduction steps with local
+accumulators (`#pragma omp simd reduction`), pointwise steps with a vectorisable contiguous inner
+loop (`#pragma omp simd`). Transcendentals call libm; where glibc's libmvec is available they are
+declared `simd` so the compiler vectorises them (`cpp_builder` detects this once).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import _dtype as D
+from . import config
+from .index import FloorDiv, Index, Indirect, Mod, Sym, contiguous_strides, offset_of
+from .ir import Handler, set_handler
+
+CTYPES = {D.float32: "float", D.float64: "double", D.int64: "int64_t", D.int32: "int32_t",
+          D.int16: "int16_t", D.int8: "int8_t", D.uint8: "uint8_t", D.bool: "bool"}
+
+LIBM1 = {"exp": "exp", "log": "log", "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "sin": "sin",
+         "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh",
+         "cosh": "cosh", "tanh": "tanh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "erf": "erf",
+         "erfc": "erfc", "lgamma": "lgamma", "floor": "floor", "ceil": "ceil", "trunc": "trunc",
+         "round": "nearbyint"}
+SIMD1 = ("exp", "log", "log1p", "expm1", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
+         "tanh", "asinh", "acosh", "atanh", "erf", "erfc")
+SIMD2 = ("pow", "atan2")
+
+HELPERS = r"""
+template <typename T> static inline T fl_max(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { return (a != a || a > b) ? a : b; } else { return a > b ? a : b; }
+}
+template <typename T> static inline T fl_min(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { return (a != a || a < b) ? a : b; } else { return a < b ? a : b; }
+}
+template <typename T> static inline T fl_truncdiv(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { return std::trunc(a / b); }
+  else { if (b == 0) return 0; if (std::is_signed<T>::value && b == T(-1)) return T(-a); return a / b; }
+}
+template <typename T> static inline T fl_floordiv(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) {
+    if (b == 0) return a / b;
+    T mod = std::fmod(a, b);
+    T div = (a - mod) / b;
+    if (mod != 0 && ((b < 0) != (mod < 0))) div -= T(1);
+    T fl;
+    if (div != 0) { fl = std::floor(div); if (div - fl > T(0.5)) fl += T(1); }
+    else { fl = std::copysign(T(0), a / b); }
+    return fl;
+  } else {
+    if (b == 0) return 0;
+    if (std::is_signed<T>::value && b == T(-1)) return T(-a);
+    T q = a / b, r = a % b;
+    if (r != 0 && ((r < 0) != (b < 0))) q -= 1;
+    return q;
+  }
+}
+template <typename T> static inline T fl_remainder(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) {
+    T r = std::fmod(a, b);
+    if (r != 0 && ((r < 0) != (b < 0))) r += b;
+    return r;
+  } else {
+    if (b == 0) return 0;
+    if (std::is_signed<T>::value && b == T(-1)) return 0;
+    T r = a % b;
+    if (r != 0 && ((r < 0) != (b < 0))) r += b;
+    return r;
+  }
+}
+template <typename T> static inline T fl_fmod(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { return std::fmod(a, b); }
+  else { if (b == 0 || (std::is_signed<T>::value && b == T(-1))) return 0; return a % b; }
+}
+template <typename T> static inline T fl_ipow(T a, T b) {
+  if (b < 0) { if (a == 1) return 1; if (a == -1) return (b % 2) ? -1 : 1; return 0; }
+  T r = 1;
+  while (b) { if (b & 1) r = T(r * a); b >>= 1; a = T(a * a); }
+  return r;
+}
+template <typename T> static inline T fl_shl(T a, T b) {
+  if (b < 0 || b >= T(sizeof(T) * 8)) return 0;
+  return T(typename std::make_unsigned<T>::type(a) << b);
+}
+template <typename T> static inline T fl_shr(T a, T b) {
+  if (b < 0 || b >= T(sizeof(T) * 8)) return std::is_signed<T>::value && a < 0 ? T(-1) : T(0);
+  return T(a >> b);
+}
+template <typename T> static inline T fl_lcm(T a, T b) {
+  T g = std::gcd(a, b);
+  T r = g == 0 ? 0 : T(a / g * b);
+  return r < 0 ? T(-r) : r;
+}
+static inline int64_t fl_floordiv_i(int64_t a, int64_t b) { int64_t q = a / b, r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q; }
+static inline int64_t fl_mod_i(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+#pragma omp declare reduction(flmax : float, double, int64_t, int32_t, int16_t, int8_t, uint8_t : omp_out = fl_max(omp_out, omp_in)) initializer(omp_priv = omp_orig)
+#pragma omp declare reduction(flmin : float, double, int64_t, int32_t, int16_t, int8_t, uint8_t : omp_out = fl_min(omp_out, omp_in)) initializer(omp_priv = omp_orig)
+"""
+
+
+def preamble(simd_math: bool) -> str:
+    lines = ["#include <cmath>", "#include <cstdint>", "#include <limits>", "#include <numeric>",
+             "#include <type_traits>"]
+    if simd_math:
+        for f in SIMD1:
+            for name, t in ((f, "double"), (f + "f", "float")):
+                lines.append(f'extern "C" {t} {name}({t}) noexcept __attribute__((simd("notinbranch")));')
+        for f in SIMD2:
+            for name, t in ((f, "double"), (f + "f", "float")):
+                lines.append(f'extern "C" {t} {name}({t}, {t}) noexcept __attribute__((simd("notinbranch")));')
+    return "\n".join(lines) + "\n" + HELPERS
+
+
+def render_c(e: Index) -> str:
+    parts = []
+    for a, c in e.terms.values():
+        if isinstance(a, (Sym, Indirect)):
+            s = a.name
+        else:
+            lo = a.arg.bounds()[0]
+            inner = render_c(a.arg)
+            if isinstance(a, FloorDiv):
+                s = f"({inner}) / {a.div}" if lo >= 0 else f"fl_floordiv_i({inner}, {a.div})"
+            else:
+                s = f"({inner}) % {a.div}" if lo >= 0 else f"fl_mod_i({inner}, {a.div})"
+            s = f"({s})"
+        parts.append(s if c == 1 else f"{c}*{s}")
+    if e.const or not parts:
+        parts.append(str(e.const))
+    return " + ".join(parts)
+
+
+def literal(v, dtype) -> str:
+    if dtype is D.bool:
+        return "true" if v else "false"
+    if dtype.category == 2:
+        v = float(v)
+        if math.isnan(v):
+            return "NAN" if dtype is D.float64 else "static_cast<float>(NAN)"
+        if math.isinf(v):
+            s = "INFINITY" if v > 0 else "-INFINITY"
+            return s if dtype is D.float64 else f"static_cast<float>({s})"
+        if dtype is D.float32:
+            return f"{float(np.float32(v))!r}f"
+        return repr(v)
+    iv = int(v) if not isinstance(v, float) or math.isfinite(v) else 0
+    iv = int(np.array(iv & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64).astype(dtype.np)[()])
+    if dtype is D.int64:
+        return f"INT64_C({iv})" if iv != -2 ** 63 else "std::numeric_limits<int64_t>::min()"
+    return f"static_cast<{CTYPES[dtype]}>({iv})"
+
+
+class CVar:
+    __slots__ = ("name", "dtype")
+
+    def __init__(self, name, dtype):
+        self.name = name
+        self.dtype = dtype
+
+    def __str__(self):
+        return self.name
+
+
+def _fn(name, dtype):
+    base = LIBM1.get(name, name)
+    return base + "f" if dtype is D.float32 else base
+
+
+_BINOPS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "bitwise_and": "&", "bitwise_or": "|",
+           "bitwise_xor": "^", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+           "logical_and": "&&", "logical_or": "||"}
+_HELPER2 = {"floordiv": "fl_floordiv", "truncdiv": "fl_truncdiv", "remainder": "fl_remainder",
+            "fmod": "fl_fmod", "maximum": "fl_max", "minimum": "fl_min", "lshift": "fl_shl",
+            "rshift": "fl_shr", "lcm": "fl_lcm", "gcd": "std::gcd"}
+
+
+def c_expr(op, args, dtype) -> str:
+    a = args[0].name
+    t = args[0].dtype
+    T = CTYPES[dtype]
+    fl = t.category == 2
+    one = literal(1, t) if t in CTYPES else "1"
+    if op in LIBM1:
+        return f"{_fn(op, t)}({a})"
+    if op == "to_dtype":
+        return f"({a} != 0)" if dtype is D.bool else f"static_cast<{T}>({a})"
+    if op == "where":
+        return f"{a} ? {args[1].name} : {args[2].name}"
+    if len(args) == 2:
+        b = args[1].name
+        if op in _BINOPS:
+            e = f"{a} {_BINOPS[op]} {b}"
+            return e if (fl or dtype is D.bool or dtype in (D.int64, D.int32)) else f"static_cast<{T}>({e})"
+        if op in _HELPER2:
+            return f"{_HELPER2[op]}({a}, {b})" if op != "gcd" else f"static_cast<{T}>(std::gcd({a}, {b}))"
+        if op == "pow":
+            return f"{_fn('pow', t)}({a}, {b})" if fl else f"fl_ipow({a}, {b})"
+        if op in ("atan2", "nextafter"):
+            return f"{_fn(op, t)}({a}, {b})"
+        raise NotImplementedError(op)
+    if op == "neg":
+        return f"-{a}" if fl or dtype in (D.int64, D.int32) else f"static_cast<{T}>(-{a})"
+    if op == "abs":
+        return f"{_fn('fabs', t)}({a})" if fl else f"static_cast<{T}>({a} < 0 ? -{a} : {a})"
+    if op == "rsqrt":
+        return f"{one} / {_fn('sqrt', t)}({a})"
+    if op == "sigmoid":
+        return f"{one} / ({one} + {_fn('exp', t)}(-{a}))"
+    if op == "reciprocal":
+        return f"{one} / {a}"
+    if op == "sign":
+        s = f"static_cast<{T}>(({a} > 0) - ({a} < 0))"
+        return f"({a} != {a} ? {a} : {s})" if fl else (a if dtype is D.bool else s)
+    if op == "bitwise_not":
+        return f"static_cast<{T}>(~{a})"
+    if op == "logical_not":
+        return f"!{a}"
+    if op == "signbit":
+        return f"std::signbit({a})"
+    if op == "isnan":
+        return f"({a} != {a})"
+    raise NotImplementedError(op)
+
+
+class CppHandler(Handler):
+    def __init__(self, printer: "KernelPrinter"):
+        self.p = printer
+
+    def _emit(self, expr: str, dtype) -> CVar:
+        p = self.p
+        hit = p.cse.get(expr)
+        if hit is not None:
+            return hit
+        v = CVar(f"tmp{p.n_tmp}", dtype)
+        p.n_tmp += 1
+        p.line(f"{CTYPES[dtype]} {v.name} = {expr};")
+        p.cse[expr] = v
+        return v
+
+    def _op(self, name, args, dtype):
+        return self._emit(c_expr(name, args, dtype), dtype)
+
+    def load(self, buf, index):
+        loc = self.p.locals.get(buf.name)
+        if loc is not None:
+            return loc
+        return self._emit(f"{buf.name}[{render_c(index)}]", buf.dtype)
+
+    def constant(self, value, dtype):
+        return CVar(literal(value, dtype), dtype)
+
+    def index_expr(self, index, dtype):
+        return self._emit(f"static_cast<{CTYPES[dtype]}>({render_c(index)})", dtype)
+
+    def indirect_indexing(self, value, size):
+        v = value.name
+        var = self._emit(f"{v} < 0 ? {v} + {size} : {v}", D.int64)
+        return Index.of(Indirect(var.name, size))
+
+    def masked(self, mask, body, other):
+        p = self.p
+        saved_lines, saved_cse = p.lines, p.cse
+        p.lines, p.cse = [], dict(saved_cse)
+        p.depth += 1
+        try:
+            v = body()
+        finally:
+            inner = p.lines
+            p.lines, p.cse = saved_lines, saved_cse
+            p.depth -= 1
+        out = CVar(f"tmp{p.n_tmp}", v.dtype)
+        p.n_tmp += 1
+        other = literal(other, v.dtype)
+        p.line(f"{CTYPES[v.dtype]} {out.name} = {other};")
+        p.line(f"if ({mask.name}) {{")
+        p.lines.extend(inner)
+        p.line(f"    {out.name} = {v.name};")
+        p.line("}")
+        return out
+
+
+def node_index(n, syms_iter, ranges) -> list:
+    return [next(syms_iter) if s != 1 else Index() for s in ranges]
+
+
+_SIMPLE_RED = {"sum": "+", "prod": "*", "any": "||", "all": "&&", "max": "flmax", "min": "flmin"}
+
+
+class KernelPrinter:
+    """Print one scheduler.Kernel as an extern "C" function."""
+
+    def __init__(self, kernel):
+        self.k = kernel
+        self.lines: list = []
+        self.cse: dict = {}
+        self.locals: dict = {}
+        self.n_tmp = 0
+        self.depth = 1
+
+    def line(self, s: str):
+        self.lines.append("    " * self.depth + s)
+
+    def _open(self, s):
+        self.line(s + " {")
+        self.depth += 1
+
+    def _close(self):
+        self.depth -= 1
+        self.line("}")
+
+    def generate(self) -> str:
+        k = self.k
+        params = [f"const {CTYPES[b.dtype]}* __restrict__ {b.name}" for b in k.loads] + \
+                 [f"{CTYPES[b.dtype]}* __restrict__ {b.name}" for b in k.stores]
+        outer = [Index.of(Sym(f"x{i}", s)) for i, s in enumerate(k.outer)]
+        par = k.work() >= config.parallel_threshold and math.prod(k.outer) > 1
+        if outer:
+            if par:
+                self.line("#pragma omp parallel for" + (f" collapse({len(outer)})" if len(outer) > 1 else ""))
+            for i, s in enumerate(k.outer):
+                self._open(f"for (int64_t x{i} = 0; x{i} < {s}; x{i}++)")
+        inner_par = not outer and k.work() >= config.parallel_threshold
+        with set_handler(CppHandler(self)):
+            for step in k.steps:
+                self.cse = {}
+                if step.kind == "reduction":
+                    self._reduction(step, outer, inner_par)
+                else:
+                    self._pointwise(step, outer, inner_par)
+        for _ in outer:
+            self._close()
+        sig = ", ".join(params)
+        return f'extern "C" void {k.name}({sig}) {{\n' + "\n".join(self.lines) + "\n}\n"
+
+    def _loops(self, prefix, sizes, parallel, simd_clause=""):
+        syms = [Index.of(Sym(f"{prefix}{j}", s)) for j, s in enumerate(sizes)]
+        for j, s in enumerate(sizes):
+            last = j == len(sizes) - 1
+            if parallel and j == 0:
+                self.line("#pragma omp parallel for" + (" simd" if last else "") + simd_clause)
+            elif last:
+                self.line("#pragma omp simd" + simd_clause)
+            self._open(f"for (int64_t {prefix}{j} = 0; {prefix}{j} < {s}; {prefix}{j}++)")
+        return syms
+
+    def _pointwise(self, step, outer, parallel):
+        syms = self._loops("y", step.inner, parallel and bool(step.inner))
+        for n in step.nodes:
+            it = iter(outer + syms)
+            idx = node_index(n, it, n.ranges)
+            v = n.buf.data.inner_fn(idx)
+            v = self._as_dtype(v, n.buf.dtype)
+            if n.name in self.k.locals:
+                self.locals[n.name] = v
+            else:
+                off = offset_of(idx, contiguous_strides(n.ranges))
+                self.line(f"{n.name}[{render_c(off)}] = {v.name};")
+        for _ in step.inner:
+            self._close()
+
+    def _as_dtype(self, v, dtype):
+        from .ir import ops
+        return ops.to_dtype(v, dtype)
+
+    def _reduction(self, step, outer, parallel):
+        n = step.nodes[0]
+        red = n.buf.data
+        rt, src, dt = red.reduction_type, red.src_dtype, red.dtype
+        acc = f"acc_{n.name}"
+        if rt in ("argmax", "argmin"):
+            self.line(f"{CTYPES[src]} {acc} = 0;")
+            self.line(f"int64_t {acc}_i = -1;")
+            clause = ""
+        else:
+            at = CTYPES[src]
+            if rt in ("sum", "prod") and src.category == 2 and (src is D.float64 or config.accumulate_float_in_double):
+                at = "double"
+            init = {"sum": "0", "prod": "1", "any": "false", "all": "true",
+                    "max": f"-std::numeric_limits<{at}>::infinity()" if src.category == 2
+                    else f"std::numeric_limits<{at}>::lowest()",
+                    "min": f"std::numeric_limits<{at}>::infinity()" if src.category == 2
+                    else f"std::numeric_limits<{at}>::max()"}[rt]
+            self.line(f"{at} {acc} = {init};")
+            clause = f" reduction({_SIMPLE_RED[rt]}:{acc})"
+        rsyms = self._loops("r", step.inner, parallel and bool(step.inner) and bool(clause), clause)
+        it = iter(outer)
+        idx = node_index(n, it, n.ranges)
+        rit = iter(rsyms)
+        ridx = node_index(n, rit, n.reduction_ranges)
+        v = self._as_dtype(red.inner_fn(idx, ridx), src)
+        x = v.name
+        if rt == "sum":
+            self.line(f"{acc} += {x};")
+        elif rt == "prod":
+            self.line(f"{acc} *= {x};")
+        elif rt == "any":
+            self.line(f"{acc} = {acc} || {x};")
+        elif rt == "all":
+            self.line(f"{acc} = {acc} && {x};")
+        elif rt in ("max", "min"):
+            self.line(f"{acc} = fl_{rt}({acc}, {x});")
+        else:
+            rflat = render_c(offset_of(ridx, contiguous_strides(n.reduction_ranges)))
+            cmp = ">" if rt == "argmax" else "<"
+            nan = f" || ({x} != {x} && {acc} == {acc})" if src.category == 2 else ""
+            self.line(f"if ({acc}_i < 0 || {x} {cmp} {acc}{nan}) {{ {acc} = {x}; {acc}_i = {rflat}; }}")
+        for _ in step.inner:
+            self._close()
+        res = f"{acc}_i < 0 ? 0 : {acc}_i" if rt in ("argmax", "argmin") else acc
+        self.line(f"{CTYPES[dt]} {n.name}_v = static_cast<{CTYPES[dt]}>({res});")
+        val = CVar(f"{n.name}_v", dt)
+        self.locals[n.name] = val
+        if n.name not in self.k.locals:
+            off = offset_of(idx, contiguous_strides(n.ranges))
+            self.line(f"{n.name}[{render_c(off)}] = {val.name};")
+
+
+def generate(kernels, simd_math: bool) -> str:
+    """The C++ source of all kernels of one graph."""
+    parts = [preamble(simd_math)]
+    for k in kernels:
+        parts.append(KernelPrinter(k).generate())
+    return "\n".join(parts)

@@ -1,0 +1,248 @@
+"""NumPy code generation: the same kernels as Python functions over whole arrays.
+
+Used when no C++ compiler works (announced once with a warning) or when
+`config.backend == "numpy"`. Each buffer of a kernel is computed over its full iteration space at
+once: loop indices become broadcast `arange`s, loads become gathers from the buffer's raw memory
+at the computed element offsets, reductions reduce a trailing flattened axis. Slower than C++,
+but it exercises exactly the same IR, scheduling and wrapper.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import _dtype as D
+from .index import Index, Indirect, Sym, render
+from .ir import Handler, ops, set_handler
+
+_UNARY = {"neg": "np.negative", "abs": "np.abs", "exp": "np.exp", "log": "np.log", "log1p": "np.log1p",
+          "expm1": "np.expm1", "sqrt": "np.sqrt", "sin": "np.sin", "cos": "np.cos", "tan": "np.tan",
+          "asin": "np.arcsin", "acos": "np.arccos", "atan": "np.arctan", "sinh": "np.sinh", "cosh": "np.cosh",
+          "tanh": "np.tanh", "asinh": "np.arcsinh", "acosh": "np.arccosh", "atanh": "np.arctanh",
+          "erf": "_sp.erf", "erfc": "_sp.erfc", "lgamma": "_sp.gammaln", "floor": "np.floor", "ceil": "np.ceil",
+          "round": "np.round", "trunc": "np.trunc", "sign": "np.sign", "bitwise_not": "np.invert",
+          "logical_not": "np.logical_not", "signbit": "np.signbit", "isnan": "np.isnan",
+          "reciprocal": "np.reciprocal"}
+_BINARY = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "truediv": "np.true_divide",
+           "remainder": "np.remainder", "fmod": "np.fmod", "atan2": "np.arctan2", "maximum": "np.maximum",
+           "minimum": "np.minimum", "bitwise_and": "np.bitwise_and", "bitwise_or": "np.bitwise_or",
+           "bitwise_xor": "np.bitwise_xor", "eq": "np.equal", "ne": "np.not_equal", "lt": "np.less",
+           "le": "np.less_equal", "gt": "np.greater", "ge": "np.greater_equal",
+           "logical_and": "np.logical_and", "logical_or": "np.logical_or", "gcd": "np.gcd", "lcm": "np.lcm",
+           "nextafter": "np.nextafter", "lshift": "_shl", "rshift": "_shr", "truncdiv": "_truncdiv",
+           "floordiv": "_floordiv"}
+
+
+def _np_dtype(dt) -> str:
+    return f"np.{dt.np.name}" if dt is not D.bool else "np.bool_"
+
+
+class NVal:
+    __slots__ = ("name", "dtype")
+
+    def __init__(self, name, dtype):
+        self.name = name
+        self.dtype = dtype
+
+
+class NumpyHandler(Handler):
+    def __init__(self, printer):
+        self.p = printer
+        self.masks: list = []
+
+    def _emit(self, expr, dtype):
+        p = self.p
+        hit = p.cse.get(expr)
+        if hit is not None:
+            return hit
+        v = NVal(f"t{p.n_tmp}", dtype)
+        p.n_tmp += 1
+        p.lines.append(f"    {v.name} = {expr}")
+        p.cse[expr] = v
+        return v
+
+    def _op(self, name, args, dtype):
+        a = [x.name for x in args]
+        if name == "to_dtype":
+            return self._emit(f"_cast({a[0]}, {_np_dtype(dtype)})", dtype)
+        if name == "where":
+            return self._emit(f"np.where({a[0]}, {a[1]}, {a[2]})", dtype)
+        if name == "rsqrt":
+            return self._emit(f"np.reciprocal(np.sqrt({a[0]}))", dtype)
+        if name == "sigmoid":
+            return self._emit(f"np.reciprocal(1 + np.exp(np.negative({a[0]})))", dtype)
+        if name == "pow":
+            fn = "np.power" if args[0].dtype.category == 2 else "_ipow"
+            return self._emit(f"{fn}({a[0]}, {a[1]})", dtype)
+        if name == "floordiv" and args[0].dtype.category == 2:
+            return self._emit(f"np.floor_divide({a[0]}, {a[1]})", dtype)
+        if name in _UNARY:
+            return self._emit(f"_cast({_UNARY[name]}({a[0]}), {_np_dtype(dtype)})", dtype)
+        return self._emit(f"_cast({_BINARY[name]}({a[0]}, {a[1]}), {_np_dtype(dtype)})", dtype)
+
+    def load(self, buf, index):
+        off = render(index, self.p.sym_name, "//", "%")
+        if self.masks:
+            off = f"np.where({self.masks[-1].name}, {off}, 0)"
+        return self._emit(f"{self.p.raw(buf)}[{off}]", buf.dtype)
+
+    def constant(self, value, dtype):
+        if dtype is D.bool:
+            return NVal("np.True_" if value else "np.False_", dtype)
+        if dtype.category == 2:
+            return NVal(f"{_np_dtype(dtype)}({float(value)!r})", dtype)
+        iv = int(np.array(int(value) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64).astype(dtype.np)[()])
+        return NVal(f"{_np_dtype(dtype)}({iv})", dtype)
+
+    def index_expr(self, index, dtype):
+        return self._emit(f"_cast({render(index, self.p.sym_name, '//', '%')}, {_np_dtype(dtype)})", dtype)
+
+    def indirect_indexing(self, value, size):
+        v = self._emit(f"np.where({value.name} < 0, {value.name} + {size}, {value.name})", D.int64)
+        return Index.of(Indirect(v.name, size))
+
+    def masked(self, mask, body, other):
+        self.masks.append(mask)
+        try:
+            v = body()
+        finally:
+            self.masks.pop()
+        o = self.constant(other, v.dtype)
+        return self._emit(f"np.where({mask.name}, {v.name}, {o.name})", v.dtype)
+
+
+class NumpyKernelPrinter:
+    def __init__(self, kernel):
+        self.k = kernel
+        self.lines: list = []
+        self.cse: dict = {}
+        self.n_tmp = 0
+        self._raw: dict = {}
+
+    def sym_name(self, a):
+        return a.name
+
+    def raw(self, buf) -> str:
+        name = self._raw.get(buf.name)
+        if name is None:
+            name = self._raw[buf.name] = f"{buf.name}_raw"
+            self.lines.append(f"    {name} = _raw({buf.name})")
+        return name
+
+    def _syms(self, sizes, prefix):
+        """Index list over `sizes` (broadcast aranges), one axis per dim."""
+        nd = len(sizes)
+        idx = []
+        for i, s in enumerate(sizes):
+            if s == 1:
+                idx.append(Index())
+                continue
+            name = f"{prefix}{i}"
+            shape = [1] * nd
+            shape[i] = s
+            self.lines.append(f"    {name} = np.arange({s}, dtype=np.int64).reshape({tuple(shape)})")
+            idx.append(Index.of(Sym(name, s)))
+        return idx
+
+    def generate(self) -> str:
+        k = self.k
+        params = [b.name for b in k.loads] + [b.name for b in k.stores]
+        self.lines.append(f"def {k.name}({', '.join(params)}):")
+        stored = {b.name for b in k.stores}
+        with set_handler(NumpyHandler(self)):
+            for n in k.nodes:
+                self.cse = {}
+                if n.name not in stored:
+                    self.lines.append(f"    {n.name} = np.empty({n.ranges}, {_np_dtype(n.buf.dtype)})")
+                    self._raw.pop(n.name, None)
+                if n.is_reduction:
+                    self._reduction(n)
+                else:
+                    idx = self._syms(n.ranges, f"{n.name}_i")
+                    v = ops.to_dtype(n.buf.data.inner_fn(idx), n.buf.dtype)
+                    self.lines.append(f"    {n.name}.reshape(-1)[:] = np.broadcast_to({v.name}, {n.ranges}).reshape(-1)")
+        if len(self.lines) == 1:
+            self.lines.append("    pass")
+        return "\n".join(self.lines) + "\n"
+
+    def _reduction(self, n):
+        red = n.buf.data
+        P, R = tuple(n.ranges), tuple(n.reduction_ranges)
+        syms = self._syms(P + R, f"{n.name}_i")
+        v = ops.to_dtype(red.inner_fn(syms[:len(P)], syms[len(P):]), red.src_dtype)
+        full = f"np.broadcast_to({v.name}, {P + R}).reshape({P + (math.prod(R),)})"
+        rt = red.reduction_type
+        acc = ""
+        if rt in ("sum", "prod") and red.src_dtype is D.float32:
+            acc = ", dtype=np.float64"
+        fn = {"sum": "np.sum", "prod": "np.prod", "max": "np.max", "min": "np.min", "argmax": "np.argmax",
+              "argmin": "np.argmin", "any": "np.any", "all": "np.all"}[rt]
+        self.lines.append(f"    {n.name}.reshape(-1)[:] = _cast({fn}({full}, axis=-1{acc}), "
+                          f"{_np_dtype(red.dtype)}).reshape(-1)")
+
+
+def _raw(a):
+    if a.flags.c_contiguous:
+        return a.reshape(-1)
+    span = 1 + sum((s - 1) * st for s, st in zip(a.shape, a.strides) if s > 0) // a.itemsize
+    return np.lib.stride_tricks.as_strided(a, (span,), (a.itemsize,))
+
+
+def _cast(x, dt):
+    if dt is np.bool_:
+        return np.not_equal(x, 0)
+    return np.asarray(x).astype(dt, copy=False)
+
+
+def _ipow(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    safe = np.where(b < 0, 0, b)
+    r = np.power(a, safe)
+    neg = np.where(a == 1, 1, np.where(a == -1, np.where(b % 2 == 1, -1, 1), 0)).astype(r.dtype)
+    return np.where(b < 0, neg, r)
+
+
+def _shl(a, b):
+    bits = np.asarray(a).dtype.itemsize * 8
+    ok = (b >= 0) & (b < bits)
+    return np.where(ok, np.left_shift(a, np.where(ok, b, 0)), 0)
+
+
+def _shr(a, b):
+    bits = np.asarray(a).dtype.itemsize * 8
+    ok = (b >= 0) & (b < bits)
+    return np.where(ok, np.right_shift(a, np.where(ok, b, 0)), np.where(a < 0, -1, 0))
+
+
+def _truncdiv(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype.kind == "f":
+        return np.trunc(a / b)
+    safe = np.where(b == 0, 1, b)
+    q = np.abs(a) // np.abs(safe)
+    return np.where(b == 0, 0, np.where((a < 0) != (safe < 0), -q, q))
+
+
+def _floordiv(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype.kind == "f":
+        return np.floor_divide(a, b)
+    return np.where(b == 0, 0, np.floor_divide(a, np.where(b == 0, 1, b)))
+
+
+def namespace() -> dict:
+    import scipy.special as sp
+    return {"np": np, "_sp": sp, "_raw": _raw, "_cast": _cast, "_ipow": _ipow, "_shl": _shl, "_shr": _shr,
+            "_truncdiv": _truncdiv, "_floordiv": _floordiv}
+
+
+def generate(kernels) -> str:
+    return "\n\n".join(NumpyKernelPrinter(k).generate() for k in kernels)
+
+
+def load(source: str) -> dict:
+    ns = namespace()
+    exec(compile(source, "<flambeau-inductor-numpy>", "exec"), ns)
+    return ns
+

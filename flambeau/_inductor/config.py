@@ -1,0 +1,32 @@
+"""Knobs of the code generator (module attributes; tests and users may set them).
+
+Environment variables read at import:
+    FLAMBEAU_LOGS=output_code      print the generated C++ and wrapper of each compiled graph
+    FLAMBEAU_COMPILE_DEBUG=1       write every stage (graph, IR, kernels, source) to debug_dir
+    FLAMBEAU_CACHE_DIR=path        the on-disk kernel cache (default ~/.cache/flambeau/inductor)
+    FLAMBEAU_CXX=g++               the C++ compiler
+"""
+from __future__ import annotations
+
+import os
+
+_logs = {s.strip() for s in os.environ.get("FLAMBEAU_LOGS", "").split(",") if s.strip()}
+
+output_code: bool = "output_code" in _logs or "+output_code" in _logs
+debug: bool = os.environ.get("FLAMBEAU_COMPILE_DEBUG", "") not in ("", "0")
+debug_dir: str = os.environ.get("FLAMBEAU_COMPILE_DEBUG_DIR", os.path.join(os.getcwd(), "flambeau_compile_debug"))
+cache_dir: str = os.environ.get("FLAMBEAU_CACHE_DIR",
+                                os.path.join(os.path.expanduser("~"), ".cache", "flambeau", "inductor"))
+cxx: str = os.environ.get("FLAMBEAU_CXX", os.environ.get("CXX", "g++"))
+
+# backend: "cpp" (C++/OpenMP through the system compiler) or "numpy" (generated NumPy code);
+# "cpp" falls back to "numpy" with a warning when no working compiler is found.
+backend: str = os.environ.get("FLAMBEAU_INDUCTOR_BACKEND", "cpp")
+
+fuse: bool = True                 # group buffers into shared loop nests
+keep_locals: bool = True          # keep kernel-internal buffers in registers
+reuse_buffers: bool = True        # memory planning: reuse freed buffers of the same size/dtype
+max_inline_ops: int = 200         # realise a pointwise value whose expression grows beyond this
+inline_ops_multi_use: int = 12    # ... or that has several users and costs more than this
+parallel_threshold: int = 32768   # elements of work below which a kernel runs on one thread
+accumulate_float_in_double: bool = True   # float32 sums/products accumulate in double

@@ -1,0 +1,181 @@
+"""Compile generated C++ into a shared library, with an on-disk cache, and load it with ctypes.
+
+Flags are detected once per compiler and machine (and remembered on disk): we try
+`-O3 -march=native -fopenmp` plus libmvec's vector math, and drop what the compiler rejects
+(no OpenMP, no -march) rather than failing. A library is cached under
+`config.cache_dir/<key>.so` with key = hash(source, flags, compiler version, machine), so a
+warm start loads it without running the compiler. Compile errors raise `CppCompileError` naming
+the kernel source file and quoting the compiler's message.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+
+from . import config
+
+counters = {"compiles": 0, "disk_hits": 0, "memory_hits": 0}
+_lock = threading.Lock()
+_loaded: dict = {}          # key -> CDLL
+_flags_cache: dict = {}
+
+
+class CppCompileError(RuntimeError):
+    pass
+
+
+class NoCompilerError(RuntimeError):
+    pass
+
+
+def _machine_id() -> str:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "flags")):
+                    model += line
+                    if line.startswith("flags"):
+                        break
+    except OSError:
+        pass
+    return platform.machine() + hashlib.sha256(model.encode()).hexdigest()[:16]
+
+
+def compiler_version(cxx: str) -> str:
+    path = shutil.which(cxx)
+    if path is None:
+        raise NoCompilerError(f"C++ compiler {cxx!r} not found")
+    try:
+        r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NoCompilerError(f"C++ compiler {cxx!r} does not run: {e}") from e
+    if r.returncode != 0:
+        raise NoCompilerError(f"C++ compiler {cxx!r} does not run: {r.stderr.strip()}")
+    return r.stdout.splitlines()[0] if r.stdout else path
+
+
+_PROBE = r"""
+#include <cmath>
+#include <cstdint>
+%s
+extern "C" void probe(const float* a, float* b, int64_t n) {
+  #pragma omp parallel for simd
+  for (int64_t i = 0; i < n; i++) b[i] = %s;
+}
+"""
+
+
+def _try_build(cxx, flags, libs, src, workdir) -> bool:
+    cpp = os.path.join(workdir, "probe.cpp")
+    so = os.path.join(workdir, f"probe{abs(hash((tuple(flags), tuple(libs), src)))}.so")
+    with open(cpp, "w") as f:
+        f.write(src)
+    r = subprocess.run([cxx, *flags, cpp, "-o", so, *libs], capture_output=True, text=True)
+    if r.returncode != 0:
+        return False
+    try:
+        ctypes.CDLL(so)
+    except OSError:
+        return False
+    return True
+
+
+def detect_flags(cxx: str | None = None) -> dict:
+    """{'cxx', 'version', 'flags', 'libs', 'simd_math'} for this compiler and machine."""
+    cxx = cxx or config.cxx
+    if cxx in _flags_cache:
+        return _flags_cache[cxx]
+    version = compiler_version(cxx)
+    key = hashlib.sha256(f"{cxx}|{version}|{_machine_id()}|v1".encode()).hexdigest()[:24]
+    path = os.path.join(config.cache_dir, f"flags-{key}.json")
+    try:
+        with open(path) as f:
+            info = json.load(f)
+        _flags_cache[cxx] = info
+        return info
+    except (OSError, ValueError):
+        pass
+    from .codegen_cpp import SIMD1
+    base = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fwrapv", "-w"]
+    decls = "\n".join(f'extern "C" float {f}f(float) noexcept __attribute__((simd("notinbranch")));'
+                      for f in SIMD1) + \
+        '\nextern "C" float powf(float, float) noexcept __attribute__((simd("notinbranch")));' \
+        '\nextern "C" float atan2f(float, float) noexcept __attribute__((simd("notinbranch")));'
+    body = " + ".join(f"{f}f(a[i])" for f in SIMD1) + " + powf(a[i], a[i]) + atan2f(a[i], a[i])"
+    plain = _PROBE % ("", "std::exp(a[i])")
+    vec = _PROBE % (decls, body)
+    info = None
+    with tempfile.TemporaryDirectory() as d:
+        for extra in (["-march=native", "-fopenmp"], ["-fopenmp"], ["-march=native"], []):
+            flags = base + extra
+            if _try_build(cxx, flags, [], plain, d):
+                simd = "-fopenmp" in extra and _try_build(cxx, flags, ["-lmvec"], vec, d)
+                info = {"cxx": cxx, "version": version, "flags": flags, "libs": ["-lmvec"] if simd else [],
+                        "simd_math": simd}
+                break
+    if info is None:
+        raise NoCompilerError(f"C++ compiler {cxx!r} cannot build a shared library on this machine")
+    os.makedirs(config.cache_dir, exist_ok=True)
+    tmp = path + f".{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
+    _flags_cache[cxx] = info
+    return info
+
+
+def cache_key(source: str, info: dict) -> str:
+    h = hashlib.sha256()
+    for part in (source, " ".join(info["flags"] + info["libs"]), info["version"], _machine_id()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def build(source: str, info: dict) -> tuple:
+    """(library path, source path, whether the compiler ran) for `source`, compiling on a miss."""
+    key = cache_key(source, info)
+    d = os.path.join(config.cache_dir, key[:2])
+    so = os.path.join(d, f"{key}.so")
+    cpp = os.path.join(d, f"{key}.cpp")
+    if os.path.exists(so):
+        counters["disk_hits"] += 1
+        return so, cpp, False
+    os.makedirs(d, exist_ok=True)
+    with open(cpp, "w") as f:
+        f.write(source)
+    tmp = f"{so}.{os.getpid()}.{threading.get_ident()}.tmp"
+    cmd = [info["cxx"], *info["flags"], cpp, "-o", tmp, *info["libs"]]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    counters["compiles"] += 1
+    if r.returncode != 0:
+        msg = (r.stderr or r.stdout).strip()
+        if len(msg) > 4000:
+            msg = msg[:4000] + "\n..."
+        raise CppCompileError(f"C++ compilation of generated kernels failed.\n  source: {cpp}\n"
+                              f"  command: {' '.join(cmd)}\n{msg}")
+    os.replace(tmp, so)
+    return so, cpp, True
+
+
+def load(source: str, info: dict | None = None):
+    """Build (or find in the cache) and dlopen the library for `source`: (CDLL, source path)."""
+    info = info or detect_flags()
+    key = cache_key(source, info)
+    with _lock:
+        lib = _loaded.get(key)
+        if lib is not None:
+            counters["memory_hits"] += 1
+            return lib[0], lib[1]
+        so, cpp, _ = build(source, info)
+        handle = ctypes.CDLL(so)
+        _loaded[key] = (handle, cpp)
+        return handle, cpp

@@ -1,0 +1,259 @@
+"""GraphLowering: walk an FX graph of core operators and build the loop IR.
+
+Each call_function node is lowered by the rule registered for its op (`lowering.LOWERINGS`),
+which returns IR values (`ir.Pointwise` stays lazy and is inlined into its consumers; reductions
+and values that must live in memory become `ComputedBuffer`s). A node without a rule, or whose
+rule raises `ir.Unsupported` (an unsupported dtype, a cuda tensor...), becomes a *fallback* kernel:
+the op's eager kernel is called on realised inputs from the wrapper, so every graph runs.
+
+The result is `self.buffers` (ComputedBuffers and ExternKernels in a valid execution order),
+`self.inputs` (placeholders), `self.constants` (get_attr tensors) and `self.outputs`.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+from .. import _dtype as D
+from .._tensor import Tensor
+from . import config
+from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
+                 Pointwise, Reduction, StridedView, SUPPORTED_DTYPES, Unsupported)
+
+
+class GraphLowering:
+    def __init__(self, gm, example_inputs=None):
+        self.gm = gm
+        self.example_inputs = example_inputs
+        self.buffers: list = []
+        self.inputs: list = []
+        self.constants: dict = {}
+        self.outputs: list = []
+        self.env: dict = {}
+        self.node = None              # the FX node being lowered
+        self.fallback_ops: list = []
+        self._n = 0
+
+    # ---- naming and realisation ------------------------------------------------------------
+    def new_name(self, prefix="buf") -> str:
+        self._n += 1
+        return f"{prefix}{self._n - 1}"
+
+    def realize(self, x) -> IRNode:
+        """Make `x` live in memory: a Buffer, or a StridedView of one."""
+        if isinstance(x, (Buffer, StridedView)):
+            return x
+        if isinstance(x, Pointwise):
+            if x.realized is None:
+                buf = ComputedBuffer(self.new_name(), Layout(x.ranges, x.dtype), x)
+                self.buffers.append(buf)
+                x.realized = buf
+            return x.realized
+        if isinstance(x, Reduction):
+            buf = ComputedBuffer(self.new_name(), Layout(x.ranges, x.dtype), x)
+            self.buffers.append(buf)
+            return buf
+        raise TypeError(f"cannot realise {x!r}")
+
+    def realize_buffer(self, x) -> Buffer:
+        """Like `realize`, but a strided view is copied into a contiguous buffer."""
+        x = self.realize(x)
+        if isinstance(x, StridedView):
+            return self.realize(Pointwise(x.shape, x.dtype, x.make_loader()))
+        return x
+
+    # ---- the walk ----------------------------------------------------------------------------
+    def run(self):
+        nodes = list(self.gm.graph.nodes)
+        live = _live_nodes(nodes)
+        n_inputs = 0
+        for node in nodes:
+            self.node = node
+            if node.op == "placeholder":
+                self.env[node] = self._placeholder(node, n_inputs)
+                n_inputs += 1
+            elif node.op == "get_attr":
+                self.env[node] = self._constant(node)
+            elif node.op == "call_function":
+                if node not in live:
+                    continue
+                self.env[node] = self._call(node)
+                self._maybe_realize(node)
+            elif node.op == "output":
+                self.outputs = self._outputs(node.args[0])
+            else:
+                raise Unsupported(f"node {node.op} {node.target} is not supported by the code generator")
+        return self
+
+    def _placeholder(self, node, position):
+        v = node.meta.get("val")
+        if v is None and self.example_inputs is not None:
+            v = self.example_inputs[position]
+        if not isinstance(v, Tensor):
+            raise Unsupported(f"input {node.name} is not a tensor ({type(v).__name__})")
+        _check_static(v)
+        if v.device.type != "cpu":
+            raise Unsupported(f"input {node.name} is on {v.device}")
+        buf = InputBuffer(f"arg{position}", Layout(v.shape, v.dtype, v.stride()), position=position)
+        self.inputs.append(buf)
+        return buf
+
+    def _constant(self, node):
+        obj = self.gm
+        for part in node.target.split("."):
+            obj = getattr(obj, part)
+        if not isinstance(obj, Tensor):
+            return obj
+        name = self.new_name("const")
+        buf = InputBuffer(name, Layout(obj.shape, obj.dtype, obj.stride()), constant=obj)
+        self.constants[name] = buf
+        return buf
+
+    def _call(self, node):
+        from .lowering import LOWERINGS
+        target = node.target
+        args = _map_nodes(node.args, self.env)
+        kwargs = _map_nodes(node.kwargs, self.env)
+        if target is operator.getitem:
+            return args[0][args[1]]
+        name = getattr(target, "name", None)
+        rule = LOWERINGS.get(name)
+        if rule is not None and _dtypes_ok(node, args, kwargs):
+            try:
+                return rule(self, *target.bind(*args, **kwargs))
+            except Unsupported:
+                pass
+        return self.fallback(node, target, args, kwargs)
+
+    def fallback(self, node, target, args, kwargs, kind="fallback"):
+        """Call `target` eagerly in the wrapper on realised inputs (its kernel over NumPy)."""
+        if not hasattr(target, "kernel") or target.kernel is None:
+            raise Unsupported(f"{target} has no eager kernel to fall back to")
+        if kind == "fallback":
+            self.fallback_ops.append(getattr(target, "name", str(target)))
+        args = _map_ir(args, self.realize)
+        kwargs = _map_ir(kwargs, self.realize)
+        val = node.meta.get("val")
+        name = self.new_name()
+        if isinstance(val, Tensor):
+            _check_static(val)
+            ek = ExternKernel(name, Layout(val.shape, val.dtype), target, args, kwargs, kind)
+            self.buffers.append(ek)
+            return ek
+        if isinstance(val, (tuple, list)):
+            ek = ExternKernel(name, None, target, args, kwargs, kind)
+            ek.n_outputs = len(val)
+            self.buffers.append(ek)
+            outs = []
+            for i, v in enumerate(val):
+                if isinstance(v, Tensor):
+                    _check_static(v)
+                    mo = MultiOutput(f"{name}_{i}", Layout(v.shape, v.dtype), ek, i)
+                    ek.outputs.append(mo)
+                    outs.append(mo)
+                else:
+                    outs.append(v)
+            return type(val)(outs) if type(val) in (tuple, list) else tuple(outs)
+        raise Unsupported(f"cannot fall back on {target}: unknown output {type(val).__name__}")
+
+    def _maybe_realize(self, node):
+        """Inline a pointwise value into its consumers unless recomputing it would be costly."""
+        x = self.env[node]
+        if not isinstance(x, Pointwise) or x.realized is not None:
+            return
+        st = x.stats()
+        users = len(node.users)
+        if st.ops > config.max_inline_ops or \
+                (users > 1 and (st.heavy > 0 or st.ops > config.inline_ops_multi_use)):
+            self.realize(x)
+
+    def _outputs(self, out):
+        def one(x):
+            if isinstance(x, (Pointwise, Reduction)):
+                return self.realize(x)
+            return x
+        if isinstance(out, (tuple, list)):
+            return [one(x) for x in _map_nodes(out, self.env)]
+        return one(_map_nodes(out, self.env))
+
+
+def _live_nodes(nodes) -> set:
+    """Nodes that an output depends on (dead pure nodes are not lowered)."""
+    live = set()
+    for node in reversed(nodes):
+        if node.op == "output" or node in live or (node.op == "call_function" and _impure(node)):
+            live.add(node)
+            stack = [node]
+            while stack:
+                n = stack.pop()
+                for inp in getattr(n, "all_input_nodes", ()):
+                    if inp not in live:
+                        live.add(inp)
+                        stack.append(inp)
+    return live
+
+
+def _impure(node) -> bool:
+    t = node.target
+    return bool(getattr(t, "is_inplace", False)) or bool(getattr(t, "nondeterministic", False)) or \
+        (getattr(t, "name", "") or "").startswith(("rand", "normal", "bernoulli", "poisson", "multinomial"))
+
+
+def _check_static(v):
+    for s in v.shape:
+        if type(s) is not int:
+            raise Unsupported("symbolic sizes are not supported by the code generator")
+
+
+def _map_nodes(a, env):
+    from ..fx.node import Node
+    if isinstance(a, Node):
+        return env[a]
+    if isinstance(a, tuple):
+        return tuple(_map_nodes(x, env) for x in a)
+    if isinstance(a, list):
+        return [_map_nodes(x, env) for x in a]
+    if isinstance(a, dict):
+        return {k: _map_nodes(v, env) for k, v in a.items()}
+    return a
+
+
+def _map_ir(a, fn):
+    if isinstance(a, IRNode):
+        return fn(a)
+    if isinstance(a, tuple):
+        return tuple(_map_ir(x, fn) for x in a)
+    if isinstance(a, list):
+        return [_map_ir(x, fn) for x in a]
+    if isinstance(a, dict):
+        return {k: _map_ir(v, fn) for k, v in a.items()}
+    return a
+
+
+def _dtypes_ok(node, args, kwargs) -> bool:
+    vals = node.meta.get("val")
+    vals = vals if isinstance(vals, (tuple, list)) else [vals]
+    for v in vals:
+        if isinstance(v, Tensor) and (v.dtype not in SUPPORTED_DTYPES or v.device.type != "cpu"):
+            return False
+    ok = [True]
+
+    def visit(a):
+        if isinstance(a, IRNode) and a.dtype not in SUPPORTED_DTYPES:
+            ok[0] = False
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x)
+        elif isinstance(a, complex):
+            ok[0] = False
+    visit(args)
+    visit(list(kwargs.values()))
+    return ok[0]
+
+
+def numel(shape) -> int:
+    return math.prod(shape)
+
+
+def dtype_of_scalar(v):
+    return D.bool if isinstance(v, bool) else D.int64 if isinstance(v, int) else D.float64

@@ -1,0 +1,297 @@
+"""Index expressions: the integer algebra of loop indices that the loop IR uses to address memory.
+
+An `Index` is an affine combination `c0 + sum(k_i * atom_i)` of *atoms*:
+    Sym(name, size)        a loop variable ranging over [0, size)
+    FloorDiv(index, c)     floor(index / c), c > 0
+    Mod(index, c)          index mod c, c > 0 (result in [0, c))
+    Indirect(name, size)   an index read from a tensor (gather/embedding), wrapped into [0, size)
+Construction simplifies with value ranges (every atom knows its bounds), so the index remappings
+that views compose (reshape = flatten then split) collapse back to plain affine forms:
+`(x // 8) * 8 + x % 8 -> x`, `(8*i + j) // 8 -> i` when 0 <= j < 8. The scheduler needs affine
+forms to prove that fusing two loops is legal, and the C++ compiler needs them to vectorise.
+"""
+from __future__ import annotations
+
+
+class Atom:
+    __slots__ = ()
+
+    def bounds(self) -> tuple:
+        raise NotImplementedError
+
+
+class Sym(Atom):
+    __slots__ = ("name", "size")
+
+    def __init__(self, name: str, size: int):
+        self.name = name
+        self.size = size
+
+    def bounds(self):
+        return 0, max(self.size - 1, 0)
+
+    def key(self):
+        return ("s", self.name)
+
+    def __repr__(self):
+        return self.name
+
+
+class Indirect(Atom):
+    __slots__ = ("name", "size")
+
+    def __init__(self, name: str, size: int):
+        self.name = name
+        self.size = size
+
+    def bounds(self):
+        return 0, max(self.size - 1, 0)
+
+    def key(self):
+        return ("i", self.name)
+
+    def __repr__(self):
+        return self.name
+
+
+class FloorDiv(Atom):
+    __slots__ = ("arg", "div")
+
+    def __init__(self, arg: "Index", div: int):
+        self.arg = arg
+        self.div = div
+
+    def bounds(self):
+        lo, hi = self.arg.bounds()
+        return lo // self.div, hi // self.div
+
+    def key(self):
+        return ("d", self.arg.key(), self.div)
+
+    def __repr__(self):
+        return f"({self.arg!r} // {self.div})"
+
+
+class Mod(Atom):
+    __slots__ = ("arg", "div")
+
+    def __init__(self, arg: "Index", div: int):
+        self.arg = arg
+        self.div = div
+
+    def bounds(self):
+        lo, hi = self.arg.bounds()
+        if lo >= 0 and hi < self.div:
+            return lo, hi
+        return 0, self.div - 1
+
+    def key(self):
+        return ("m", self.arg.key(), self.div)
+
+    def __repr__(self):
+        return f"({self.arg!r} % {self.div})"
+
+
+class Index:
+    """`const + sum(coeff * atom)`; immutable, hashable through `key()`."""
+    __slots__ = ("terms", "const", "_key")
+
+    def __init__(self, terms: dict | None = None, const: int = 0):
+        self.terms = {k: v for k, v in (terms or {}).items() if v[1] != 0}   # key -> (atom, coeff)
+        self.const = int(const)
+        self._key = None
+
+    # -- construction -------------------------------------------------------------------------
+    @staticmethod
+    def of(x) -> "Index":
+        if isinstance(x, Index):
+            return x
+        if isinstance(x, Atom):
+            return Index({x.key(): (x, 1)})
+        return Index(None, int(x))
+
+    def key(self):
+        if self._key is None:
+            self._key = (self.const, tuple(sorted((k, c) for k, (_, c) in self.terms.items())))
+        return self._key
+
+    def is_const(self) -> bool:
+        return not self.terms
+
+    def __add__(self, other) -> "Index":
+        o = Index.of(other)
+        terms = dict(self.terms)
+        for k, (a, c) in o.terms.items():
+            if k in terms:
+                terms[k] = (a, terms[k][1] + c)
+            else:
+                terms[k] = (a, c)
+        return _combine_divmod(Index(terms, self.const + o.const))
+
+    __radd__ = __add__
+
+    def __mul__(self, k) -> "Index":
+        if isinstance(k, Index):
+            if k.is_const():
+                k = k.const
+            elif self.is_const():
+                return k * self.const
+            else:
+                raise TypeError("index expressions are linear: cannot multiply two variable indices")
+        k = int(k)
+        return Index({key: (a, c * k) for key, (a, c) in self.terms.items()}, self.const * k)
+
+    __rmul__ = __mul__
+
+    def __neg__(self):
+        return self * -1
+
+    def __sub__(self, other):
+        return self + (-Index.of(other))
+
+    def __floordiv__(self, c: int) -> "Index":
+        c = int(c)
+        if c == 1:
+            return self
+        q_terms, r_terms = {}, {}
+        for k, (a, co) in self.terms.items():
+            if co % c == 0:
+                q_terms[k] = (a, co // c)
+            else:
+                r_terms[k] = (a, co)
+        q0, r0 = divmod(self.const, c)
+        rest = Index(r_terms, r0)
+        lo, hi = rest.bounds()
+        quot = Index(q_terms, q0)
+        if lo >= 0 and hi < c:
+            return quot
+        if rest.is_const():
+            return quot + rest.const // c
+        if len(rest.terms) == 1 and rest.const == 0:
+            (a, co), = rest.terms.values()
+            if co == 1 and isinstance(a, FloorDiv):
+                return quot + Index.of(FloorDiv(a.arg, a.div * c))
+        return quot + Index.of(FloorDiv(rest, c))
+
+    def __mod__(self, c: int) -> "Index":
+        c = int(c)
+        if c == 1:
+            return Index()
+        r_terms = {k: (a, co) for k, (a, co) in self.terms.items() if co % c != 0}
+        rest = Index(r_terms, self.const % c)
+        lo, hi = rest.bounds()
+        if lo >= 0 and hi < c:
+            return rest
+        return Index.of(Mod(rest, c))
+
+    # -- analysis -----------------------------------------------------------------------------
+    def bounds(self) -> tuple:
+        lo = hi = self.const
+        for a, c in self.terms.values():
+            alo, ahi = a.bounds()
+            if c >= 0:
+                lo += c * alo
+                hi += c * ahi
+            else:
+                lo += c * ahi
+                hi += c * alo
+        return lo, hi
+
+    def coeff(self, sym: Sym) -> int:
+        t = self.terms.get(sym.key())
+        return t[1] if t else 0
+
+    def atoms(self):
+        """Every atom, recursively (the atoms inside FloorDiv/Mod arguments too)."""
+        for a, _ in self.terms.values():
+            yield a
+            if isinstance(a, (FloorDiv, Mod)):
+                yield from a.arg.atoms()
+
+    def uses(self, names) -> bool:
+        return any(isinstance(a, (Sym, Indirect)) and a.name in names for a in self.atoms())
+
+    def is_affine_in(self, names) -> bool:
+        """No FloorDiv/Mod atom depends on the given symbol names."""
+        return not any(isinstance(a, (FloorDiv, Mod)) and a.arg.uses(names) for a, _ in self.terms.values())
+
+    def without(self, names) -> "Index":
+        """This index with the terms of the given plain symbols removed."""
+        return Index({k: v for k, v in self.terms.items()
+                      if not (isinstance(v[0], Sym) and v[0].name in names)}, self.const)
+
+    def subs(self, mapping: dict) -> "Index":
+        """Substitute symbols/indirect atoms (by name) with indices."""
+        out = Index(None, self.const)
+        for a, c in self.terms.values():
+            if isinstance(a, (Sym, Indirect)):
+                v = mapping.get(a.name)
+                out = out + (Index.of(a) if v is None else Index.of(v)) * c
+            elif isinstance(a, FloorDiv):
+                out = out + (a.arg.subs(mapping) // a.div) * c
+            else:
+                out = out + (a.arg.subs(mapping) % a.div) * c
+        return out
+
+    def __repr__(self):
+        return render(self, str, "//", "%")
+
+
+def _combine_divmod(e: Index) -> Index:
+    """k*c*(x // c) + k*(x % c) -> k*x."""
+    mods = [(k, a, c) for k, (a, c) in e.terms.items() if isinstance(a, Mod)]
+    if not mods:
+        return e
+    terms = dict(e.terms)
+    changed = False
+    for k, a, c in mods:
+        dk = FloorDiv(a.arg, a.div).key()
+        if dk in terms and terms[dk][1] == c * a.div and k in terms:
+            del terms[k]
+            del terms[dk]
+            changed = True
+            for k2, (a2, c2) in a.arg.terms.items():
+                old = terms.get(k2, (a2, 0))[1]
+                terms[k2] = (a2, old + c2 * c)
+            terms = {kk: v for kk, v in terms.items() if v[1] != 0}
+            e = Index(terms, e.const + a.arg.const * c)
+            terms = dict(e.terms)
+    return e if not changed else _combine_divmod(e)
+
+
+def render(e: Index, name, div_op: str, mod_op: str) -> str:
+    """Print an index; `name(atom)` names Sym/Indirect atoms. Division and modulo print with the
+    given operators (the caller guarantees non-negative operands for C's `/` and `%`)."""
+    parts = []
+    for a, c in sorted(e.terms.values(), key=lambda t: _order(t[0])):
+        if isinstance(a, (Sym, Indirect)):
+            s = name(a)
+        elif isinstance(a, FloorDiv):
+            s = f"({render(a.arg, name, div_op, mod_op)} {div_op} {a.div})"
+        else:
+            s = f"({render(a.arg, name, div_op, mod_op)} {mod_op} {a.div})"
+        parts.append(s if c == 1 else f"{c}*{s}")
+    if e.const or not parts:
+        parts.append(str(e.const))
+    return " + ".join(parts).replace("+ -", "- ")
+
+
+def _order(a):
+    return (0, a.name) if isinstance(a, (Sym, Indirect)) else (1, repr(a))
+
+
+def contiguous_strides(shape) -> tuple:
+    st, acc = [], 1
+    for s in reversed(shape):
+        st.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(st))
+
+
+def offset_of(index, strides, offset: int = 0) -> Index:
+    """`offset + sum(index_i * stride_i)`."""
+    out = Index(None, offset)
+    for i, s in zip(index, strides):
+        if s:
+            out = out + Index.of(i) * s
+    return out

@@ -1,0 +1,366 @@
+"""The loop IR: buffers, lazily computed values (`Pointwise`, `Reduction`), extern calls, and the
+`ops` namespace their element functions are written in.
+
+An element function (`inner_fn(index)` of a Pointwise, `inner_fn(index, rindex)` of a Reduction)
+computes ONE element from loop indices (`index.Index`), calling `ops.load`, `ops.add`, `ops.exp`...
+`ops` forwards to the current *handler* (`set_handler`): the C++ printer, the NumPy printer, or
+an analysis pass (which loads does it make, how many ops). This is Inductor's virtualised-ops
+design: one element function, many interpretations, no expression tree to rewrite.
+
+Values seen by an element function carry their dtype (`value.dtype`), so printers emit typed
+code. Lowerings guarantee that binary operands share a dtype (they insert `ops.to_dtype`).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+from .. import _dtype as D
+from .index import Index, contiguous_strides, offset_of
+
+UNARY = ("neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "asin",
+         "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "lgamma",
+         "floor", "ceil", "round", "trunc", "sign", "sigmoid", "bitwise_not", "reciprocal")
+BINARY = ("add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "fmod", "pow", "atan2",
+          "maximum", "minimum", "bitwise_and", "bitwise_or", "bitwise_xor", "lshift", "rshift",
+          "nextafter", "gcd", "lcm")
+PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "signbit",
+              "isnan")
+SUPPORTED_DTYPES = frozenset({D.float32, D.float64, D.int64, D.int32, D.int16, D.int8, D.uint8, D.bool})
+
+
+class Unsupported(Exception):
+    """Raised by a lowering that cannot handle its input: the node becomes a fallback kernel."""
+
+
+# ---- the ops namespace ------------------------------------------------------------------------
+class _State:
+    handler = None
+
+
+_state = _State()
+
+
+@contextlib.contextmanager
+def set_handler(h):
+    prev = _state.handler
+    _state.handler = h
+    try:
+        yield h
+    finally:
+        _state.handler = prev
+
+
+class _Ops:
+    """`ops.add(a, b)` calls the current handler's `add` (looked up at call time, so lowerings may
+    hold `ops.add` as a function before any handler is set)."""
+
+    def __getattr__(self, name):
+        def call(*args):
+            return getattr(_state.handler, name)(*args)
+        call.__name__ = name
+        setattr(self, name, call)
+        return call
+
+
+ops = _Ops()
+
+
+class Handler:
+    """Base of the interpretations of `ops`: dtype rules shared by all, `_op` implemented by each.
+
+    `_op(name, args, dtype)` returns a value of the handler's own kind (with `.dtype`)."""
+
+    def _op(self, name: str, args: tuple, dtype):
+        raise NotImplementedError
+
+    def __getattr__(self, name):
+        if name in UNARY or name in BINARY:
+            return lambda *a: self._op(name, a, a[0].dtype)
+        if name in PREDICATES:
+            return lambda *a: self._op(name, a, D.bool)
+        raise AttributeError(name)
+
+    def where(self, c, a, b):
+        return self._op("where", (c, a, b), a.dtype)
+
+    def to_dtype(self, x, dtype):
+        if x.dtype is dtype:
+            return x
+        return self._op("to_dtype", (x,), dtype)
+
+
+def realized_dtype(dt):
+    if dt not in SUPPORTED_DTYPES:
+        raise Unsupported(f"dtype {dt} is not supported by the code generator")
+    return dt
+
+
+# ---- IR nodes --------------------------------------------------------------------------------
+class Layout:
+    """Shape, dtype, element strides and element offset of a buffer or strided view."""
+    __slots__ = ("shape", "dtype", "strides", "offset")
+
+    def __init__(self, shape, dtype, strides=None, offset: int = 0):
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.strides = tuple(strides) if strides is not None else contiguous_strides(self.shape)
+        self.offset = int(offset)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def is_contiguous(self) -> bool:
+        return self.offset == 0 and all(st == c for s, st, c in zip(self.shape, self.strides,
+                                                                   contiguous_strides(self.shape)) if s > 1)
+
+    def __repr__(self):
+        return f"{self.dtype.name}{list(self.shape)} strides={list(self.strides)}" + \
+            (f" offset={self.offset}" if self.offset else "")
+
+
+class IRNode:
+    """Anything a lowering returns for a tensor: knows shape/dtype and how to load an element."""
+    shape: tuple
+    dtype: object
+
+    def make_loader(self):
+        raise NotImplementedError
+
+
+class Buffer(IRNode):
+    """Memory: a graph input, a computed buffer, or an extern kernel's output."""
+
+    def __init__(self, name: str, layout: Layout):
+        self.name = name
+        self.layout = layout
+
+    @property
+    def shape(self):
+        return self.layout.shape
+
+    @property
+    def dtype(self):
+        return self.layout.dtype
+
+    def make_loader(self):
+        lay = self.layout
+
+        def load(index):
+            return ops.load(self, offset_of(index, lay.strides, lay.offset))
+        return load
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.name}, {self.layout})"
+
+
+class InputBuffer(Buffer):
+    """A graph input (placeholder) or a constant captured from the GraphModule (get_attr)."""
+
+    def __init__(self, name, layout, position: int | None = None, constant=None):
+        super().__init__(name, layout)
+        self.position = position
+        self.constant = constant
+
+
+class ComputedBuffer(Buffer):
+    """A buffer whose elements a Pointwise or Reduction computes (a generated kernel writes it)."""
+
+    def __init__(self, name, layout, data):
+        super().__init__(name, layout)
+        self.data = data
+
+    def reads(self) -> list:
+        return self.data.reads()
+
+
+class ExternKernel(Buffer):
+    """An opaque op called eagerly on realised inputs (BLAS matmul, convolution, sort, fallbacks).
+
+    `args`/`kwargs` hold Buffers/StridedViews (passed as arrays) and plain values. The op may
+    return several tensors: then this node has no layout of its own and `outputs` lists
+    `MultiOutput` buffers."""
+
+    def __init__(self, name, layout, op, args, kwargs, kind: str = "extern"):
+        super().__init__(name, layout)
+        self.op = op
+        self.args = args
+        self.kwargs = kwargs
+        self.kind = kind
+        self.outputs: list = []
+
+    def inputs(self) -> list:
+        out = []
+
+        def visit(a):
+            if isinstance(a, (Buffer, StridedView)):
+                out.append(a.base if isinstance(a, StridedView) else a)
+            elif isinstance(a, (list, tuple)):
+                for x in a:
+                    visit(x)
+        visit(self.args)
+        visit(list(self.kwargs.values()))
+        return out
+
+
+class MultiOutput(Buffer):
+    """Output `i` of a multi-output ExternKernel (None when that output is not a tensor)."""
+
+    def __init__(self, name, layout, parent: ExternKernel, i: int):
+        super().__init__(name, layout)
+        self.parent = parent
+        self.i = i
+
+
+class StridedView(IRNode):
+    """A view of a buffer expressible by strides (permute, slice, expand, ...): no copy."""
+
+    def __init__(self, base: Buffer, layout: Layout):
+        self.base = base
+        self.layout = layout
+
+    @property
+    def shape(self):
+        return self.layout.shape
+
+    @property
+    def dtype(self):
+        return self.layout.dtype
+
+    def make_loader(self):
+        lay, base = self.layout, self.base
+
+        def load(index):
+            return ops.load(base, offset_of(index, lay.strides, lay.offset))
+        return load
+
+    def __repr__(self):
+        return f"StridedView({self.base.name}, {self.layout})"
+
+
+class Pointwise(IRNode):
+    """`out[index] = inner_fn(index)` over `ranges` (lazy: inlined into consumers unless realised)."""
+
+    def __init__(self, ranges, dtype, inner_fn):
+        self.ranges = tuple(ranges)
+        self.dtype = dtype
+        self.inner_fn = inner_fn
+        self._stats = None
+        self.realized = None          # the ComputedBuffer once realised
+
+    @property
+    def shape(self):
+        return self.ranges
+
+    def make_loader(self):
+        if self.realized is not None:
+            return self.realized.make_loader()
+        return self.inner_fn
+
+    def stats(self):
+        if self._stats is None:
+            self._stats = analyse(lambda idx: self.inner_fn(idx), self.ranges)
+        return self._stats
+
+    def reads(self) -> list:
+        return self.stats().loads
+
+    def __repr__(self):
+        return f"Pointwise({list(self.ranges)}, {self.dtype.name})"
+
+
+REDUCTION_TYPES = ("sum", "prod", "max", "min", "argmax", "argmin", "any", "all")
+
+
+class Reduction(IRNode):
+    """`out[index] = reduce(inner_fn(index, rindex) for rindex in reduction_ranges)`.
+
+    `src_dtype` is the dtype of the reduced values; `dtype` of the result (int64 for argmax)."""
+
+    def __init__(self, ranges, reduction_ranges, reduction_type, dtype, src_dtype, inner_fn):
+        assert reduction_type in REDUCTION_TYPES, reduction_type
+        self.ranges = tuple(ranges)
+        self.reduction_ranges = tuple(reduction_ranges)
+        self.reduction_type = reduction_type
+        self.dtype = dtype
+        self.src_dtype = src_dtype
+        self.inner_fn = inner_fn
+        self._stats = None
+
+    @property
+    def shape(self):
+        return self.ranges
+
+    def stats(self):
+        if self._stats is None:
+            n = len(self.ranges)
+            self._stats = analyse(lambda idx: self.inner_fn(idx[:n], idx[n:]), self.ranges + self.reduction_ranges)
+        return self._stats
+
+    def reads(self) -> list:
+        return self.stats().loads
+
+    def __repr__(self):
+        return (f"Reduction({self.reduction_type}, {list(self.ranges)} over {list(self.reduction_ranges)}, "
+                f"{self.dtype.name})")
+
+
+# ---- analysis: which buffers does an element function read, and how much work is it ----------
+class _AVal:
+    __slots__ = ("dtype",)
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+
+class Stats:
+    def __init__(self):
+        self.loads: list = []          # (Buffer, Index) in the analysis symbols
+        self.ops = 0
+        self.heavy = 0                 # transcendental ops
+
+
+_HEAVY = frozenset({"exp", "log", "log1p", "expm1", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
+                    "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "lgamma", "pow", "atan2",
+                    "sigmoid", "sqrt", "rsqrt", "truediv"})
+
+
+class AnalysisHandler(Handler):
+    def __init__(self):
+        self.stats = Stats()
+
+    def _op(self, name, args, dtype):
+        self.stats.ops += 1
+        if name in _HEAVY:
+            self.stats.heavy += 1
+        return _AVal(dtype)
+
+    def load(self, buf, index):
+        self.stats.loads.append((buf, index))
+        return _AVal(buf.dtype)
+
+    def constant(self, value, dtype):
+        return _AVal(dtype)
+
+    def index_expr(self, index, dtype):
+        return _AVal(dtype)
+
+    def indirect_indexing(self, value, size):
+        from .index import Indirect
+        return Index.of(Indirect(f"ind{id(value)}", size))
+
+    def masked(self, mask, body, other):
+        return _AVal(body().dtype)
+
+
+def analysis_symbols(ranges, prefix="a"):
+    from .index import Sym
+    return [Index.of(Sym(f"{prefix}{i}", s)) if s != 1 else Index() for i, s in enumerate(ranges)]
+
+
+def analyse(fn, ranges) -> Stats:
+    h = AnalysisHandler()
+    with set_handler(h):
+        fn(analysis_symbols(ranges))
+    return h.stats

@@ -1,0 +1,373 @@
+"""Lowering rules for views, indexing and data movement.
+
+Views never copy. A view of a buffer that strides can express (permute, expand, slice, select,
+squeeze/unsqueeze, compatible reshapes, as_strided) is a `StridedView`, which extern kernels
+receive as a strided NumPy array; otherwise (a view of a lazy value, an incompatible reshape) it
+is a `Pointwise` whose loader remaps the index onto its input's loader. Indexing ops
+(gather, index, embedding) compute an index from a loaded value (`ops.indirect_indexing`); cat and
+the `*_scatter` ops are piecewise: a `where` over masked loads, so no out-of-range read happens.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import _dtype as D
+from .._ops import _helpers as H
+from .index import Index, contiguous_strides
+from .ir import Buffer, IRNode, Layout, Pointwise, StridedView, Unsupported, ops
+from .lowering import loader, out_dtype, out_shape, register
+
+
+def _strided(x):
+    """(base buffer, layout) when `x` is memory, else None."""
+    if isinstance(x, Pointwise) and x.realized is not None:
+        x = x.realized
+    if isinstance(x, StridedView):
+        return x.base, x.layout
+    if isinstance(x, Buffer) and x.layout is not None:
+        return x, x.layout
+    return None
+
+
+def view_of(x, shape, strides_fn, remap):
+    """A view of `x` with `shape`: strides_fn(layout) -> (strides, offset) or None; remap(idx) ->
+    index into x."""
+    s = _strided(x)
+    if s is not None:
+        base, lay = s
+        r = strides_fn(lay)
+        if r is not None:
+            st, off = r
+            return StridedView(base, Layout(shape, lay.dtype, st, off))
+    ld = x.make_loader()
+    return Pointwise(shape, x.dtype, lambda idx: ld(remap(idx)))
+
+
+@register("permute")
+def _permute(g, x, dims):
+    nd = len(x.shape)
+    dims = [H.wrap_dim(d, nd) for d in dims]
+    shape = tuple(x.shape[d] for d in dims)
+    inv = [0] * nd
+    for i, d in enumerate(dims):
+        inv[d] = i
+    return view_of(x, shape, lambda lay: ([lay.strides[d] for d in dims], lay.offset),
+                   lambda idx: [idx[inv[j]] for j in range(nd)])
+
+
+@register("expand")
+def _expand(g, x, size, implicit=False):
+    shape = out_shape(g)
+    xs = tuple(x.shape)
+    lead = len(shape) - len(xs)
+
+    def strides(lay):
+        st = [0] * lead + [0 if (xs[j] == 1 and shape[lead + j] != 1) else lay.strides[j] for j in range(len(xs))]
+        return st, lay.offset
+    return view_of(x, shape, strides,
+                   lambda idx: [Index() if xs[j] == 1 else idx[lead + j] for j in range(len(xs))])
+
+
+@register("squeeze.dims", "squeeze.dim", "squeeze")
+def _squeeze(g, x, dim=None):
+    nd = len(x.shape)
+    if dim is None:
+        dims = [d for d in range(nd) if x.shape[d] == 1]
+    else:
+        dims = [H.wrap_dim(d, nd) for d in (dim if isinstance(dim, (list, tuple)) else [dim]) if nd]
+        dims = [d for d in dims if x.shape[d] == 1]
+    keep = [d for d in range(nd) if d not in dims]
+    shape = tuple(x.shape[d] for d in keep)
+
+    def remap(idx):
+        full = [Index()] * nd
+        for k, d in enumerate(keep):
+            full[d] = idx[k]
+        return full
+    return view_of(x, shape, lambda lay: ([lay.strides[d] for d in keep], lay.offset), remap)
+
+
+@register("unsqueeze")
+def _unsqueeze(g, x, dim):
+    nd = len(x.shape)
+    dim = H.wrap_dim(dim, nd + 1)
+    shape = tuple(x.shape[:dim]) + (1,) + tuple(x.shape[dim:])
+
+    def strides(lay):
+        st = list(lay.strides)
+        inner = st[dim] * x.shape[dim] if dim < nd else 1
+        return st[:dim] + [inner] + st[dim:], lay.offset
+    return view_of(x, shape, strides, lambda idx: list(idx[:dim]) + list(idx[dim + 1:]))
+
+
+def _slice_params(size, start, end, step):
+    start = 0 if start is None else start
+    end = size if end is None else end
+    if start < 0:
+        start += size
+    if end < 0:
+        end += size
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, end, step
+
+
+@register("slice.Tensor")
+def _slice(g, x, dim=0, start=None, end=None, step=1):
+    nd = len(x.shape)
+    dim = H.wrap_dim(dim, nd)
+    start, end, step = _slice_params(x.shape[dim], start, end, step)
+    shape = out_shape(g)
+
+    def strides(lay):
+        st = list(lay.strides)
+        off = lay.offset + start * st[dim]
+        st[dim] *= step
+        return st, off
+
+    def remap(idx):
+        idx = list(idx)
+        idx[dim] = idx[dim] * step + start
+        return idx
+    return view_of(x, shape, strides, remap)
+
+
+@register("select.int")
+def _select(g, x, dim, index):
+    nd = len(x.shape)
+    dim = H.wrap_dim(dim, nd)
+    if index < 0:
+        index += x.shape[dim]
+    shape = tuple(x.shape[:dim]) + tuple(x.shape[dim + 1:])
+
+    def strides(lay):
+        st = list(lay.strides)
+        return st[:dim] + st[dim + 1:], lay.offset + index * st[dim]
+    return view_of(x, shape, strides, lambda idx: list(idx[:dim]) + [Index(None, index)] + list(idx[dim:]))
+
+
+def view_strides(old_shape, old_strides, new_shape):
+    """Strides for viewing (old_shape, old_strides) as new_shape without a copy, or None."""
+    if math.prod(old_shape) == 0:
+        return list(contiguous_strides(new_shape))
+    if not old_shape:
+        return [1] * len(new_shape)
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk = old_strides[-1]
+    t_numel = v_numel = 1
+    for d in range(len(old_shape) - 1, -1, -1):
+        t_numel *= old_shape[d]
+        if d == 0 or (old_shape[d - 1] != 1 and old_strides[d - 1] != t_numel * chunk):
+            while view_d >= 0 and (v_numel < t_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = v_numel * chunk
+                v_numel *= new_shape[view_d]
+                view_d -= 1
+            if v_numel != t_numel:
+                return None
+            if d > 0:
+                chunk = old_strides[d - 1]
+                t_numel = v_numel = 1
+    if view_d != -1:
+        return None
+    return new_strides
+
+
+@register("view", "_unsafe_view", "reshape", "view.default")
+def _view(g, x, size):
+    shape = out_shape(g)
+    xs = tuple(x.shape)
+    out_cs = contiguous_strides(shape)
+    in_cs = contiguous_strides(xs)
+
+    def strides(lay):
+        st = view_strides(lay.shape, lay.strides, shape)
+        return None if st is None else (st, lay.offset)
+
+    def remap(idx):
+        if [s for s in shape if s != 1] == [s for s in xs if s != 1]:
+            it = iter([i for i, s in zip(idx, shape) if s != 1])
+            return [Index() if s == 1 else next(it) for s in xs]
+        flat = Index()
+        for i, c in zip(idx, out_cs):
+            flat = flat + Index.of(i) * c
+        return [(flat // c) % s if s != 1 else Index() for c, s in zip(in_cs, xs)]
+    return view_of(x, shape, strides, remap)
+
+
+@register("as_strided")
+def _as_strided(g, x, size, stride, storage_offset=None):
+    x = g.realize(x)
+    base = x.base if isinstance(x, StridedView) else x
+    if base.layout.offset != 0 or (base.layout.strides != contiguous_strides(base.shape)
+                                   and not _is_fresh(base)):
+        raise Unsupported("as_strided of a non-contiguous buffer")
+    return StridedView(base, Layout(size, base.dtype, stride, storage_offset or 0))
+
+
+def _is_fresh(b):
+    from .ir import ComputedBuffer
+    return isinstance(b, ComputedBuffer)
+
+
+# ---- indexing ------------------------------------------------------------------------------------
+def _indirect(g, idx_node, shape, size):
+    """Loader giving an Index from an integer index tensor broadcast to `shape`."""
+    ld = loader(g, idx_node, shape, D.int64)
+    return lambda idx: ops.indirect_indexing(ld(idx), size)
+
+
+@register("gather")
+def _gather(g, x, dim, index, sparse_grad=False):
+    nd = len(x.shape)
+    dim = H.wrap_dim(dim, nd) if nd else 0
+    shape = out_shape(g)
+    ld = x.make_loader()
+    ind = _indirect(g, index, shape, x.shape[dim] if nd else 1)
+
+    def inner(idx):
+        if not nd:
+            return ld([])
+        full = list(idx)
+        full[dim] = ind(idx)
+        return ld(full)
+    return Pointwise(shape, x.dtype, inner)
+
+
+@register("index.Tensor")
+def _index(g, x, indices):
+    nd = len(x.shape)
+    indices = list(indices) + [None] * (nd - len(indices))
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    for i in pos:
+        if indices[i].dtype not in (D.int64, D.int32):
+            raise Unsupported("boolean mask indexing")
+    shape = out_shape(g)
+    bshape = H.broadcast_shapes(*[tuple(indices[i].shape) for i in pos])
+    nb = len(bshape)
+    adjacent = pos == list(range(pos[0], pos[-1] + 1))
+    first = pos[0] if adjacent else 0
+    loads = {i: loader(g, indices[i], bshape, D.int64) for i in pos}
+    ld = x.make_loader()
+
+    def inner(idx):
+        bidx = list(idx[first:first + nb])
+        rest = list(idx[:first]) + list(idx[first + nb:])
+        full, k = [], 0
+        for d in range(nd):
+            if indices[d] is not None:
+                full.append(ops.indirect_indexing(loads[d](bidx), x.shape[d]))
+            else:
+                full.append(rest[k])
+                k += 1
+        return ld(full)
+    return Pointwise(shape, x.dtype, inner)
+
+
+@register("embedding")
+def _embedding(g, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    shape = out_shape(g)
+    ishape = tuple(indices.shape)
+    ld = weight.make_loader()
+    ind = _indirect(g, indices, ishape, weight.shape[0])
+    n = len(ishape)
+    return Pointwise(shape, weight.dtype, lambda idx: ld([ind(idx[:n]), idx[n]]))
+
+
+# ---- piecewise: cat and the scatter-into-view ops ------------------------------------------------
+@register("cat")
+def _cat(g, tensors, dim=0):
+    shape = out_shape(g)
+    dt = out_dtype(g)
+    parts = [t for t in tensors if isinstance(t, IRNode) and not (len(t.shape) == 1 and t.shape[0] == 0)]
+    if not parts:
+        raise Unsupported("cat of empty tensors")
+    dim = H.wrap_dim(dim, len(shape))
+    offsets, o = [], 0
+    for t in parts:
+        offsets.append(o)
+        o += t.shape[dim]
+    loaders = [loader(g, t, tuple(t.shape), dt) for t in parts]
+
+    def inner(idx):
+        i = ops.index_expr(idx[dim], D.int64)
+        out = None
+        for k in range(len(parts) - 1, -1, -1):
+            sub = list(idx)
+            sub[dim] = idx[dim] - offsets[k]
+            if out is None:
+                out = loaders[k](sub)
+                continue
+            end = ops.constant(offsets[k] + parts[k].shape[dim], D.int64)
+            mask = ops.lt(i, end)
+            out = ops.where(mask, ops.masked(mask, (lambda s=sub, k=k: loaders[k](s)), 0), out)
+        return out
+    return Pointwise(shape, dt, inner)
+
+
+@register("slice_scatter")
+def _slice_scatter(g, x, src, dim=0, start=None, end=None, step=1):
+    nd = len(x.shape)
+    dim = H.wrap_dim(dim, nd)
+    start, end, step = _slice_params(x.shape[dim], start, end, step)
+    shape, dt = out_shape(g), out_dtype(g)
+    lx = loader(g, x, shape, dt)
+    ls = loader(g, src, tuple(src.shape), dt)
+    n = src.shape[dim]
+
+    def inner(idx):
+        i = ops.index_expr(idx[dim], D.int64)
+        rel = ops.sub(i, ops.constant(start, D.int64))
+        mask = ops.logical_and(ops.ge(rel, ops.constant(0, D.int64)),
+                               ops.lt(rel, ops.constant(n * step, D.int64)))
+        if step != 1:
+            mask = ops.logical_and(mask, ops.eq(ops.remainder(rel, ops.constant(step, D.int64)),
+                                                ops.constant(0, D.int64)))
+        sub = list(idx)
+        sub[dim] = (idx[dim] - start) // step if step != 1 else idx[dim] - start
+        return ops.where(mask, ops.masked(mask, lambda: ls(sub), 0), lx(idx))
+    return Pointwise(shape, dt, inner)
+
+
+@register("select_scatter")
+def _select_scatter(g, x, src, dim, index):
+    nd = len(x.shape)
+    dim = H.wrap_dim(dim, nd)
+    if index < 0:
+        index += x.shape[dim]
+    shape, dt = out_shape(g), out_dtype(g)
+    lx = loader(g, x, shape, dt)
+    ls = loader(g, src, tuple(src.shape), dt)
+
+    def inner(idx):
+        mask = ops.eq(ops.index_expr(idx[dim], D.int64), ops.constant(index, D.int64))
+        sub = list(idx[:dim]) + list(idx[dim + 1:])
+        return ops.where(mask, ops.masked(mask, lambda: ls(sub), 0), lx(idx))
+    return Pointwise(shape, dt, inner)
+
+
+@register("constant_pad_nd")
+def _constant_pad_nd(g, x, pad, value=0):
+    shape, dt = out_shape(g), out_dtype(g)
+    nd = len(x.shape)
+    ld = loader(g, x, tuple(x.shape), dt)
+    lows = [0] * nd
+    for k in range(len(pad) // 2):
+        lows[nd - 1 - k] = pad[2 * k]
+    if any(p < 0 for p in pad):
+        raise Unsupported("negative padding")
+
+    def inner(idx):
+        mask = None
+        sub = []
+        for d in range(nd):
+            sub.append(idx[d] - lows[d])
+            if lows[d] or shape[d] != x.shape[d]:
+                i = ops.index_expr(idx[d], D.int64)
+                m = ops.logical_and(ops.ge(i, ops.constant(lows[d], D.int64)),
+                                    ops.lt(i, ops.constant(lows[d] + x.shape[d], D.int64)))
+                mask = m if mask is None else ops.logical_and(mask, m)
+        if mask is None:
+            return ld(sub)
+        return ops.where(mask, ops.masked(mask, lambda: ld(sub), 0), ops.constant(value, dt))
+    return Pointwise(shape, dt, inner)

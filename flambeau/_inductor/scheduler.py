@@ -1,0 +1,307 @@
+"""The scheduler: group realised buffers into kernels (fusion), decide which stay in registers,
+and plan memory.
+
+A kernel is a loop nest with a shared *outer* loop and a sequence of *steps* inside it:
+
+    for x in outer:                        # parallel
+        acc = reduce(... for r in R1)      # a reduction step: one value per outer index
+        for y in inner: out[x, y] = ...    # a pointwise step (several fused nodes share it)
+        ...
+
+Buffers are visited in execution order; a buffer joins the current kernel when its iteration
+space splits as (the kernel's outer loop, an inner part) and every element it reads from buffers
+computed in the same kernel was written in the same outer iteration (proved on the affine index
+forms: the outer coefficients are the producer's outer strides and the rest stays inside one
+outer block). So pointwise chains fuse, pointwise producers fuse into reductions, and a reduction
+fuses with its pointwise epilogue (LayerNorm -> GELU -> tanh is one kernel: per row, passes for
+mean and variance, then one pass writing the activated output).
+
+A buffer used only inside its kernel, at the index where it is produced, is never stored: a
+reduction result becomes a scalar of the outer loop body, a pointwise value a temporary of the
+inner loop. Extern kernels are scheduled alone. `plan_memory` then assigns storage to the rest,
+reusing freed buffers of the same size and dtype.
+"""
+from __future__ import annotations
+
+import math
+
+from . import config
+from .index import Index, Sym, contiguous_strides
+from .ir import ComputedBuffer, ExternKernel, Reduction, StridedView
+
+
+def strip(shape) -> tuple:
+    return tuple(s for s in shape if s != 1)
+
+
+class SNode:
+    """A ComputedBuffer to schedule, with its reads in its own analysis symbols a0, a1, ..."""
+
+    def __init__(self, buf: ComputedBuffer):
+        self.buf = buf
+        self.name = buf.name
+        self.is_reduction = isinstance(buf.data, Reduction)
+        self.ranges = tuple(buf.data.ranges)
+        self.reduction_ranges = tuple(buf.data.reduction_ranges) if self.is_reduction else ()
+        self.sizes = strip(self.ranges)
+        self.reads = buf.data.reads()
+        self.read_names = {b.name for b, _ in self.reads}
+
+    def outer_syms(self, n_outer: int) -> list:
+        names = [f"a{i}" for i, s in enumerate(self.ranges) if s != 1]
+        return names[:n_outer]
+
+    def canonical(self, index: Index) -> Index:
+        """Rename analysis symbols of non-1 dims to c0, c1, ... (shared by same-shape nodes)."""
+        mapping, k = {}, 0
+        for i, s in enumerate(self.ranges):
+            if s != 1:
+                mapping[f"a{i}"] = Index.of(Sym(f"c{k}", s))
+                k += 1
+        return index.subs(mapping)
+
+    def write_index(self) -> Index:
+        out, k = Index(), 0
+        for s, st in zip(self.ranges, contiguous_strides(self.ranges)):
+            if s != 1:
+                out = out + Index.of(Sym(f"c{k}", s)) * st
+                k += 1
+        return out
+
+
+class Step:
+    def __init__(self, kind: str, nodes: list, inner: tuple):
+        self.kind = kind            # "reduction" | "pointwise"
+        self.nodes = nodes
+        self.inner = inner          # stripped inner sizes (reduction: stripped reduction ranges)
+
+
+class Kernel:
+    """A fused group of SNodes: outer sizes, steps, and which of its buffers are locals."""
+
+    def __init__(self, name: str, nodes: list, outer: tuple):
+        self.name = name
+        self.nodes = nodes
+        self.outer = outer
+        self.steps: list = []
+        self.locals: set = set()
+        self.stores: list = []      # ComputedBuffers written to memory
+        self.loads: list = []       # Buffers read from memory (not produced here)
+
+    def work(self) -> int:
+        return math.prod(self.outer) * max(1, sum(math.prod(s.inner) for s in self.steps))
+
+
+class ExternStep:
+    def __init__(self, node: ExternKernel):
+        self.node = node
+        self.name = node.name
+
+
+# ---- legality -----------------------------------------------------------------------------------
+def _read_legal(node: SNode, index: Index, producer: SNode, n_outer: int, outer_size: int) -> bool:
+    if len(producer.sizes) < n_outer:
+        return False
+    syms = node.outer_syms(n_outer)
+    if not index.is_affine_in(set(syms)):
+        return False
+    pdims = [i for i, s in enumerate(producer.ranges) if s != 1][:n_outer]
+    pstrides = contiguous_strides(producer.ranges)
+    for sname, pd in zip(syms, pdims):
+        if index.coeff(Sym(sname, 0)) != pstrides[pd]:
+            return False
+    rest = index.without(set(syms))
+    if rest.uses(set(syms)):
+        return False
+    lo, hi = rest.bounds()
+    inner = math.prod(producer.ranges) // max(outer_size, 1)
+    return lo >= 0 and hi < inner
+
+
+def _legal(nodes: list, outer: tuple) -> bool:
+    produced = {}
+    n_outer, osize = len(outer), math.prod(outer)
+    for n in nodes:
+        if n.is_reduction:
+            if n.sizes != outer:
+                return False
+        elif n.sizes[:n_outer] != outer:
+            return False
+        for b, idx in n.reads:
+            p = produced.get(b.name)
+            if p is not None and not _read_legal(n, idx, p, n_outer, osize):
+                return False
+        produced[n.name] = n
+    return True
+
+
+def _default_outer(sizes: tuple) -> tuple:
+    return sizes[:-1] if sizes else ()
+
+
+# ---- grouping -----------------------------------------------------------------------------------
+def schedule(graph) -> list:
+    """Kernels and ExternSteps in execution order."""
+    order: list = []
+    cur: list = []
+    outer = None                           # None: only pointwise nodes so far (outer not fixed)
+
+    def close():
+        nonlocal cur, outer
+        if cur:
+            o = outer if outer is not None else _default_outer(cur[0].sizes)
+            order.append(Kernel(f"kernel{sum(isinstance(k, Kernel) for k in order)}", cur, o))
+        cur, outer = [], None
+
+    for buf in graph.buffers:
+        if isinstance(buf, ExternKernel):
+            close()
+            order.append(ExternStep(buf))
+            continue
+        n = SNode(buf)
+        if cur and config.fuse:
+            cand = _candidate_outer(cur, outer, n)
+            if cand is not None and _legal(cur + [n], cand[0]):
+                cur.append(n)
+                outer = cand[1]
+                continue
+        close()
+        cur = [n]
+        outer = n.sizes if n.is_reduction else None
+        if not _legal(cur, outer if outer is not None else _default_outer(n.sizes)):
+            raise AssertionError(f"{n.name} cannot be scheduled")
+    close()
+    for k in order:
+        if isinstance(k, Kernel):
+            _plan_steps(k)
+    _assign_locals(order, graph)
+    return order
+
+
+def _candidate_outer(cur, outer, n):
+    """(outer to check legality with, outer to keep) if n's iteration space fits, else None."""
+    if outer is None:
+        pw = cur[0].sizes
+        if not n.is_reduction:
+            return (_default_outer(pw), None) if n.sizes == pw else None
+        if pw[:len(n.sizes)] == n.sizes:
+            return n.sizes, n.sizes
+        return None
+    if n.is_reduction:
+        return (outer, outer) if n.sizes == outer else None
+    return (outer, outer) if n.sizes[:len(outer)] == outer else None
+
+
+def _plan_steps(k: Kernel):
+    n_outer = len(k.outer)
+    for n in k.nodes:
+        if n.is_reduction:
+            k.steps.append(Step("reduction", [n], strip(n.reduction_ranges)))
+            continue
+        inner = n.sizes[n_outer:]
+        last = k.steps[-1] if k.steps else None
+        if last is not None and last.kind == "pointwise" and last.inner == inner and \
+                _same_index_reads(n, last.nodes):
+            last.nodes.append(n)
+        else:
+            k.steps.append(Step("pointwise", [n], inner))
+
+
+def _same_index_reads(n: SNode, step_nodes: list) -> bool:
+    """Every read of a buffer produced in this loop is at exactly the index it was written."""
+    prod = {m.name: m for m in step_nodes}
+    for b, idx in n.reads:
+        p = prod.get(b.name)
+        if p is not None and n.canonical(idx).key() != p.write_index().key():
+            return False
+    return True
+
+
+def _assign_locals(order, graph):
+    """Decide which computed buffers are never stored, and each kernel's loads/stores."""
+    needed_outside: dict = {}               # buffer name -> set of kernel names reading it
+    for k in order:
+        if isinstance(k, Kernel):
+            for n in k.nodes:
+                for b in n.read_names:
+                    needed_outside.setdefault(b, set()).add(k.name)
+        else:
+            for b in k.node.inputs():
+                needed_outside.setdefault(b.name, set()).add(k.name)
+    out_names = set()
+    for o in graph.outputs:
+        if isinstance(o, StridedView):
+            out_names.add(o.base.name)
+        elif hasattr(o, "name"):
+            out_names.add(o.name)
+    for k in order:
+        if not isinstance(k, Kernel):
+            continue
+        step_of = {}
+        for si, s in enumerate(k.steps):
+            for n in s.nodes:
+                step_of[n.name] = si
+        own = {n.name for n in k.nodes}
+        for si, s in enumerate(k.steps):
+            for n in s.nodes:
+                readers = needed_outside.get(n.name, set())
+                if n.name in out_names or readers - {k.name} or not config.keep_locals:
+                    k.stores.append(n.buf)
+                    continue
+                scalar = s.kind == "reduction" or not s.inner
+                same_loop = all(step_of.get(m.name) == si for m in k.nodes if n.name in m.read_names)
+                if scalar or same_loop:
+                    k.locals.add(n.name)
+                else:
+                    k.stores.append(n.buf)
+        seen = set()
+        for n in k.nodes:
+            for b, _ in n.reads:
+                if b.name not in own and b.name not in seen:
+                    seen.add(b.name)
+                    k.loads.append(b)
+
+
+# ---- memory planning ----------------------------------------------------------------------------
+def plan_memory(order, graph) -> dict:
+    """{buffer name: (action, other)} where action is 'alloc' or ('reuse', freed buffer name), plus
+    'free' lists: returns (allocs, frees) with frees[i] the buffers dead after step i."""
+    last_use: dict = {}
+    for i, k in enumerate(order):
+        reads = k.loads if isinstance(k, Kernel) else k.node.inputs()
+        for b in reads:
+            last_use[b.name] = i
+    keep = set()
+    for o in graph.outputs:
+        if isinstance(o, StridedView):
+            keep.add(o.base.name)
+        elif hasattr(o, "name"):
+            keep.add(o.name)
+    pool: dict = {}
+    allocs: dict = {}
+    frees: list = [[] for _ in order]
+    produced_at: dict = {}
+    for i, k in enumerate(order):
+        if isinstance(k, Kernel):
+            for b in k.stores:
+                key = (b.layout.numel, b.dtype)
+                cands = pool.get(key) if config.reuse_buffers else None
+                allocs[b.name] = ("reuse", cands.pop()) if cands else ("alloc", None)
+                produced_at[b.name] = (i, key)
+        else:
+            outs = k.node.outputs or [k.node]
+            for b in outs:
+                if b.layout is not None:
+                    produced_at[b.name] = (i, None)
+        for name, li in list(last_use.items()):
+            if li == i and name in produced_at and name not in keep:
+                frees[i].append(name)
+                key = produced_at[name][1]
+                if key is not None:
+                    pool.setdefault(key, []).append(name)
+                del last_use[name]
+        for name, (pi, key) in produced_at.items():
+            if pi == i and name not in last_use and name not in keep and key is not None \
+                    and name not in frees[i]:
+                pool.setdefault(key, []).append(name)
+    return {"allocs": allocs, "frees": frees}
