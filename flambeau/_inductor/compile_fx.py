@@ -155,7 +155,7 @@ def _dump(gm, graph, order, art, gid):
             f.write(text)
     write("fx_graph.py", getattr(gm, "code", None) or str(gm.graph))
     ir_lines = [f"{b.name}: {b!r}" + (f"\n    data: {b.data!r}" if hasattr(b, "data") else "") for b in graph.buffers]
-    ir_lines += [f"output: {o!r}" for o in (graph.outputs if isinstance(graph.outputs, list) else [graph.outputs])]
+    ir_lines += [f"output: {o!r}" for o in graph.flat_outputs()]
     write("ir.txt", "\n".join(ir_lines) + "\n")
     sched = []
     for k in order:

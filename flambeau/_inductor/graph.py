@@ -62,6 +62,9 @@ class GraphLowering:
             return self.realize(Pointwise(x.shape, x.dtype, x.make_loader()))
         return x
 
+    def flat_outputs(self) -> list:
+        return self.outputs if isinstance(self.outputs, list) else [self.outputs]
+
     # ---- the walk ----------------------------------------------------------------------------
     def run(self):
         nodes = list(self.gm.graph.nodes)
@@ -87,7 +90,7 @@ class GraphLowering:
 
     def _placeholder(self, node, position):
         v = node.meta.get("val")
-        if v is None and self.example_inputs is not None:
+        if self.example_inputs is not None and position < len(self.example_inputs):
             v = self.example_inputs[position]
         if not isinstance(v, Tensor):
             raise Unsupported(f"input {node.name} is not a tensor ({type(v).__name__})")
@@ -116,6 +119,8 @@ class GraphLowering:
         kwargs = _map_nodes(node.kwargs, self.env)
         if target is operator.getitem:
             return args[0][args[1]]
+        if kwargs.get("out", 0) is None:
+            kwargs = {k: v for k, v in kwargs.items() if k != "out"}
         name = getattr(target, "name", None)
         rule = LOWERINGS.get(name)
         if rule is not None and _dtypes_ok(node, args, kwargs):

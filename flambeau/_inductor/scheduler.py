@@ -229,7 +229,7 @@ def _assign_locals(order, graph):
             for b in k.node.inputs():
                 needed_outside.setdefault(b.name, set()).add(k.name)
     out_names = set()
-    for o in graph.outputs:
+    for o in graph.flat_outputs():
         if isinstance(o, StridedView):
             out_names.add(o.base.name)
         elif hasattr(o, "name"):
@@ -272,7 +272,7 @@ def plan_memory(order, graph) -> dict:
         for b in reads:
             last_use[b.name] = i
     keep = set()
-    for o in graph.outputs:
+    for o in graph.flat_outputs():
         if isinstance(o, StridedView):
             keep.add(o.base.name)
         elif hasattr(o, "name"):

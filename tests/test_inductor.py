@@ -1,0 +1,277 @@
+"""flambeau._inductor: compiled graphs vs eager flambeau and PyTorch, fusion, cache, errors, NumPy path.
+
+Each case is a function written against a module `T` (flambeau or torch), so the same code runs
+on both. Graphs are traced with make_fx under DecompositionMode (core ops only), compiled with
+compile_fx, and compared with eager flambeau and with PyTorch.
+"""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+import flambeau.nn.functional as F
+from flambeau._decomp import DecompositionMode
+from flambeau._inductor import CppCompileError, compile_fx, config, cpp_builder
+from flambeau.fx.experimental.proxy_tensor import make_fx
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    d = tmp_path_factory.getbasetemp() / "inductor_cache"
+    monkeypatch.setattr(config, "cache_dir", str(d))
+
+
+def trace(fn, args):
+    def f(*a):
+        with DecompositionMode():
+            return fn(flambeau, *a)
+    return make_fx(f, tracing_mode="fake")(*args)
+
+
+def to_torch(x):
+    if isinstance(x, flambeau.Tensor):
+        return torch.from_numpy(np.array(x.numpy(), copy=True))
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_torch(v) for v in x)
+    return x
+
+
+def as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def check(fn, *args, rtol=None, atol=None, kernels=None):
+    """Compile fn, compare with eager flambeau and PyTorch; return the CompiledGraph."""
+    gm = trace(fn, args)
+    c = compile_fx(gm, list(args))
+    assert c.artifact is not None, c.eager_reason
+    got = as_list(c(*args))
+    eager = as_list(fn(flambeau, *args))
+    ref = as_list(fn(torch, *[to_torch(a) for a in args]))
+    assert len(got) == len(eager) == len(ref)
+    for g, e, r in zip(got, eager, ref):
+        assert g.dtype == e.dtype, (g.dtype, e.dtype)
+        assert tuple(g.shape) == tuple(r.shape)
+        torch.testing.assert_close(to_torch(g), to_torch(e), rtol=rtol, atol=atol, equal_nan=True)
+        torch.testing.assert_close(to_torch(g), r, rtol=rtol, atol=atol, equal_nan=True)
+    if kernels is not None:
+        assert c.kernel_count == kernels, c.source
+    return c
+
+
+def randn(*shape, dtype=flambeau.float32):
+    return flambeau.randn(*shape, dtype=dtype)
+
+
+# ---- pointwise ---------------------------------------------------------------------------------
+def test_pointwise_chain_is_one_kernel():
+    x = randn(64, 33)
+    check(lambda T, x: ((x * 0.5 + 1).exp().sin() / (x.abs() + 1)).tanh() - x.sigmoid(), x, kernels=1)
+
+
+def test_broadcasting():
+    x, y, z = randn(4, 1, 8), randn(3, 1), randn(8)
+    check(lambda T, x, y, z: x + y * z - T.maximum(x, z), x, y, z)
+
+
+def test_unary_math():
+    x = randn(7, 9)
+    pos = x.abs() + 0.5
+    check(lambda T, x, p: [x.floor(), x.ceil(), x.round(), x.trunc(), x.sign(), T.erf(x), x.rsqrt().nan_to_num(0),
+                           p.log(), p.log1p(), x.expm1(), p.sqrt(), x.atan(), x.sinh(), T.atan2(x, p),
+                           x.clamp(-0.5, 0.5), T.nn.functional.relu(x), x ** 2, p ** x], x, pos)
+
+
+def test_mixed_dtypes():
+    x, d = randn(5, 6), randn(5, 6, dtype=flambeau.float64)
+    i = flambeau.randint(-5, 5, (5, 6))
+    check(lambda T, x, d, i: [x + d, x * i, i / 3, i + 2.5, (x > 0) + i, x.to(T.int64), i.to(T.float32) * x,
+                              d.float() + x], x, d, i)
+
+
+def test_int_ops():
+    a = flambeau.randint(-50, 50, (6, 7))
+    b = flambeau.randint(1, 9, (6, 7))
+    check(lambda T, a, b: [a // b, a % b, a & b, a | b, a ^ b, a << 2, a >> 1, -a, a.abs(), a * b - 3,
+                           T.div(a, b, rounding_mode="trunc"), T.remainder(a, -b), a.sum(1), a.max(0).values],
+          a, b)
+
+
+def test_int32_and_bool():
+    a = flambeau.randint(-9, 9, (4, 5), dtype=flambeau.int32)
+    m = randn(4, 5) > 0
+    check(lambda T, a, m: [a + a, a * 3, m & (a > 0), ~m, m.sum(), m.any(1), m.all(0), T.logical_xor(m, a > 2)],
+          a, m)
+
+
+def test_where_and_masks():
+    x = randn(16, 8)
+    check(lambda T, x: [T.where(x > 0, x, 0.1 * x), x.masked_fill(x < -0.5, 7.0), (x > 0.2).float() * x], x)
+
+
+# ---- reductions --------------------------------------------------------------------------------
+@pytest.mark.parametrize("dim", [0, 1, 2, -1, (0, 2)])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_reductions_each_dim(dim, keepdim):
+    x = randn(5, 6, 7)
+    ops = [lambda T, x: x.sum(dim, keepdim=keepdim), lambda T, x: x.mean(dim, keepdim=keepdim),
+           lambda T, x: T.amax(x, dim, keepdim=keepdim), lambda T, x: T.amin(x, dim, keepdim=keepdim),
+           lambda T, x: x.var(dim, keepdim=keepdim)]
+    if not isinstance(dim, tuple):
+        ops += [lambda T, x: x.argmax(dim, keepdim=keepdim), lambda T, x: x.argmin(dim, keepdim=keepdim),
+                lambda T, x: x.prod(dim, keepdim=keepdim)]
+    check(lambda T, x: [f(T, x) for f in ops], x, rtol=1e-5, atol=1e-5)
+
+
+def test_full_reductions_and_nan():
+    x = randn(300, 301)
+    check(lambda T, x: [x.sum(), x.mean(), x.max(), x.min(), x.argmax(), x.argmin()], x, rtol=1e-5, atol=1e-4)
+    y = randn(4, 5)
+    y[1, 2] = float("nan")
+    check(lambda T, y: [T.amax(y, 1), T.amin(y, 0), y.argmax(1), T.maximum(y, y.t()[:4, :4].sum())], y)
+
+
+def test_softmax():
+    x = randn(32, 100)
+    check(lambda T, x: [x.softmax(-1), x.log_softmax(0), T.nn.functional.softmax(x * 3, dim=1)], x)
+
+
+def test_layernorm_gelu_tanh_is_one_kernel():
+    x, w, b = randn(256, 1024), randn(1024), randn(1024)
+
+    def fn(T, x, w, b):
+        y = T.nn.functional.layer_norm(x, (1024,), w, b) * 1.5 + 0.1
+        return T.nn.functional.gelu(y).tanh()
+    c = check(fn, x, w, b, kernels=1, rtol=1e-5, atol=1e-5)
+    k = c.artifact.kernels[0]
+    assert [s.kind for s in k.steps].count("reduction") == 2 and k.steps[-1].kind == "pointwise"
+    assert len(k.stores) == 1                  # the mean and variance never leave registers
+
+
+# ---- views and data movement -------------------------------------------------------------------
+def test_views_inside_chains():
+    x, y = randn(4, 6, 8), randn(8, 24)
+    check(lambda T, x, y: [x.permute(2, 0, 1).reshape(8, 24) * 2 + y, x.transpose(0, 1).sum(-1),
+                           x[:, 1:5:2, ::3].exp(), x[1] + x[2], x.unsqueeze(1).expand(4, 3, 6, 8).sum(1),
+                           x.reshape(-1, 4).t().contiguous(), x.view(24, 8).squeeze() - y.t()], x, y)
+
+
+def test_output_views_of_inputs():
+    x = randn(6, 4)
+    c = check(lambda T, x: [x.t(), x[1:3], x * 1], x)
+    outs = c(x)
+    assert outs[0].data_ptr() == x.data_ptr()          # a view of the input, not a copy
+
+
+def test_non_contiguous_inputs_recompile():
+    x = randn(8, 5)
+    gm = trace(lambda T, x: x * 2 + 1, [x])
+    c = compile_fx(gm, [x])
+    xt = randn(5, 8).t()
+    np.testing.assert_allclose(c(xt).numpy(), (xt * 2 + 1).numpy())
+    assert len(c.variants) == 2
+
+
+def test_indexing_and_embedding():
+    w = randn(10, 4)
+    idx = flambeau.tensor([[1, 2, 9], [0, 7, 3]])
+    neg = flambeau.tensor([[1, -2, 9], [0, -1, 3]])
+    x = randn(5, 6)
+    gi = flambeau.randint(0, 6, (5, 3))
+    check(lambda T, w, idx, neg, x, gi: [T.nn.functional.embedding(idx, w), w[neg], x[:, gi[0]], T.gather(x, 1, gi) * 2,
+                                         x[gi[:, 1] % 5, gi[:, 0]]], w, idx, neg, x, gi)
+
+
+def test_cat_and_stack():
+    x, y = randn(4, 3), randn(4, 5)
+    check(lambda T, x, y: [T.cat([x, y.exp()], dim=1), T.cat([x, x * 2], 0).sum(0), T.stack([x, x + 1], 1)], x, y)
+
+
+def test_pad_and_slice_scatter():
+    x = randn(3, 4)
+    check(lambda T, x: [T.nn.functional.pad(x, (1, 2, 0, 1), value=0.5),
+                        T.slice_scatter(x, x[:, :2] * 10, 1, 1, 3), T.select_scatter(x, x[0] + 1, 0, 2)], x)
+
+
+# ---- externs and models ------------------------------------------------------------------------
+def test_matmul_bias_relu():
+    x, w, b = randn(16, 32), randn(64, 32), randn(64)
+    c = check(lambda T, x, w, b: T.nn.functional.relu(x @ w.t() + b), x, w, b, rtol=1e-5, atol=1e-5)
+    assert c.kernel_count == 1 and len(c.artifact.externs) == 1
+
+
+def test_mlp_forward():
+    flambeau.manual_seed(0)
+    x = randn(8, 20)
+    params = [randn(32, 20) * 0.2, randn(32) * 0.1, randn(16, 32) * 0.2, randn(16) * 0.1, randn(3, 16), randn(3)]
+
+    def mlp(T, x, w1, b1, w2, b2, w3, b3):
+        F_ = T.nn.functional
+        h = F_.relu(F_.linear(x, w1, b1))
+        h = F_.gelu(F_.linear(h, w2, b2))
+        return F_.linear(h, w3, b3).log_softmax(-1)
+    check(mlp, x, *params, rtol=1e-5, atol=1e-5)
+
+
+def test_fallback_ops_and_dtypes():
+    x = randn(6, 5)
+    h = randn(4, 3).half()
+    c = check(lambda T, x, h: [x.cumsum(1) * 2, x.sort(1).values + 1, (h * 2).float() + 1], x, h)
+    assert c.kernel_count >= 1
+
+
+# ---- cache, errors, debug, NumPy path ----------------------------------------------------------
+def test_cache_hit_skips_compiler(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    x = randn(33, 17)
+    fn = lambda T, x: (x * 3.25).exp().sum(1)                  # noqa: E731
+    gm = trace(fn, [x])
+    n0 = cpp_builder.counters["compiles"]
+    compile_fx(gm, [x])
+    assert cpp_builder.counters["compiles"] == n0 + 1
+    cpp_builder._loaded.clear()                                # a fresh process: only the disk cache
+    hits = cpp_builder.counters["disk_hits"]
+    c = compile_fx(trace(fn, [x]), [x])
+    assert cpp_builder.counters["compiles"] == n0 + 1
+    assert cpp_builder.counters["disk_hits"] == hits + 1
+    np.testing.assert_allclose(c(x).numpy(), fn(flambeau, x).numpy(), rtol=1e-6)
+
+
+def test_broken_kernel_source_raises_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    info = cpp_builder.detect_flags()
+    with pytest.raises(CppCompileError) as e:
+        cpp_builder.load('extern "C" void kernel0(float* a) { a[0] = undefined_thing; }\n', info)
+    msg = str(e.value)
+    assert "undefined_thing" in msg and str(tmp_path) in msg and ".cpp" in msg
+
+
+def test_numpy_backend_matches(monkeypatch):
+    monkeypatch.setattr(config, "backend", "numpy")
+    x, w, b = randn(8, 16), randn(16), randn(16)
+    c = check(lambda T, x, w, b: T.nn.functional.gelu(T.nn.functional.layer_norm(x, (16,), w, b)).tanh(),
+              x, w, b, rtol=1e-5, atol=1e-5)
+    assert c.artifact.backend == "numpy"
+    a = flambeau.randint(-20, 20, (4, 6))
+    check(lambda T, a, x: [a // 3, a % 4, a.argmax(1), T.cat([x[:4, :6], a.float()], 1), x[a.abs() % 8, 0]],
+          a, x)
+
+
+def test_output_code_and_debug_dump(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(config, "output_code", True)
+    monkeypatch.setattr(config, "debug", True)
+    monkeypatch.setattr(config, "debug_dir", str(tmp_path))
+    x = randn(4, 4)
+    compile_fx(trace(lambda T, x: x.softmax(-1), [x]), [x])
+    err = capsys.readouterr().err
+    assert 'extern "C" void kernel0' in err and "def call(args)" in err
+    files = {f for _, _, fs in os.walk(tmp_path) for f in fs}
+    assert {"fx_graph.py", "ir.txt", "schedule.txt", "output_code.cpp", "wrapper.py"} <= files
+
+
+def test_memory_plan_reuses_buffers():
+    x, w = randn(64, 64), randn(64, 64)
+    c = check(lambda T, x, w: ((x.exp() @ w).tanh() @ w).sigmoid() @ w, x, w, rtol=1e-4, atol=1e-4)
+    assert ".reshape(" in c.artifact.wrapper_source or "del " in c.artifact.wrapper_source
