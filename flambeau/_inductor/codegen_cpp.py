@@ -17,6 +17,7 @@ from .. import _dtype as D
 from . import config
 from .index import FloorDiv, Index, Indirect, Mod, Sym, contiguous_strides, offset_of
 from .ir import Handler, set_handler
+from .scheduler import expand_groups
 
 CTYPES = {D.float32: "float", D.float64: "double", D.int64: "int64_t", D.int32: "int32_t",
           D.int16: "int16_t", D.int8: "int8_t", D.uint8: "uint8_t", D.bool: "bool"}
@@ -316,13 +317,15 @@ class KernelPrinter:
         k = self.k
         params = [f"const {CTYPES[b.dtype]}* __restrict__ {b.name}" for b in k.loads] + \
                  [f"{CTYPES[b.dtype]}* __restrict__ {b.name}" for b in k.stores]
-        outer = [Index.of(Sym(f"x{i}", s)) for i, s in enumerate(k.outer)]
+        groups = k.outer_groups
+        msyms = [Index.of(Sym(f"x{i}", math.prod(g))) for i, g in enumerate(groups)]
+        outer = expand_groups(groups, msyms)
         par = k.work() >= config.parallel_threshold and math.prod(k.outer) > 1
-        if outer:
+        if groups:
             if par:
-                self.line("#pragma omp parallel for" + (f" collapse({len(outer)})" if len(outer) > 1 else ""))
-            for i, s in enumerate(k.outer):
-                self._open(f"for (int64_t x{i} = 0; x{i} < {s}; x{i}++)")
+                self.line("#pragma omp parallel for" + (f" collapse({len(groups)})" if len(groups) > 1 else ""))
+            for i, g in enumerate(groups):
+                self._open(f"for (int64_t x{i} = 0; x{i} < {math.prod(g)}; x{i}++)")
         inner_par = not outer and k.work() >= config.parallel_threshold
         with set_handler(CppHandler(self)):
             for step in k.steps:
@@ -331,12 +334,14 @@ class KernelPrinter:
                     self._reduction(step, outer, inner_par)
                 else:
                     self._pointwise(step, outer, inner_par)
-        for _ in outer:
+        for _ in groups:
             self._close()
         sig = ", ".join(params)
         return f'extern "C" void {k.name}({sig}) {{\n' + "\n".join(self.lines) + "\n}\n"
 
-    def _loops(self, prefix, sizes, parallel, simd_clause=""):
+    def _loops(self, prefix, groups, parallel, simd_clause=""):
+        """Open one loop per merged group; return per-dim index expressions."""
+        sizes = [math.prod(g) for g in groups]
         syms = [Index.of(Sym(f"{prefix}{j}", s)) for j, s in enumerate(sizes)]
         for j, s in enumerate(sizes):
             last = j == len(sizes) - 1
@@ -345,10 +350,10 @@ class KernelPrinter:
             elif last:
                 self.line("#pragma omp simd" + simd_clause)
             self._open(f"for (int64_t {prefix}{j} = 0; {prefix}{j} < {s}; {prefix}{j}++)")
-        return syms
+        return expand_groups(groups, syms)
 
     def _pointwise(self, step, outer, parallel):
-        syms = self._loops("y", step.inner, parallel and bool(step.inner))
+        syms = self._loops("y", step.inner_groups, parallel and bool(step.inner))
         for n in step.nodes:
             it = iter(outer + syms)
             idx = node_index(n, it, n.ranges)
@@ -359,7 +364,7 @@ class KernelPrinter:
             else:
                 off = offset_of(idx, contiguous_strides(n.ranges))
                 self.line(f"{n.name}[{render_c(off)}] = {v.name};")
-        for _ in step.inner:
+        for _ in step.inner_groups:
             self._close()
 
     def _as_dtype(self, v, dtype):
@@ -386,7 +391,7 @@ class KernelPrinter:
                     else f"std::numeric_limits<{at}>::max()"}[rt]
             self.line(f"{at} {acc} = {init};")
             clause = f" reduction({_SIMPLE_RED[rt]}:{acc})"
-        rsyms = self._loops("r", step.inner, parallel and bool(step.inner) and bool(clause), clause)
+        rsyms = self._loops("r", step.inner_groups, parallel and bool(step.inner) and bool(clause), clause)
         it = iter(outer)
         idx = node_index(n, it, n.ranges)
         rit = iter(rsyms)
@@ -408,7 +413,7 @@ class KernelPrinter:
             cmp = ">" if rt == "argmax" else "<"
             nan = f" || ({x} != {x} && {acc} == {acc})" if src.category == 2 else ""
             self.line(f"if ({acc}_i < 0 || {x} {cmp} {acc}{nan}) {{ {acc} = {x}; {acc}_i = {rflat}; }}")
-        for _ in step.inner:
+        for _ in step.inner_groups:
             self._close()
         res = f"{acc}_i < 0 ? 0 : {acc}_i" if rt in ("argmax", "argmin") else acc
         self.line(f"{CTYPES[dt]} {n.name}_v = static_cast<{CTYPES[dt]}>({res});")

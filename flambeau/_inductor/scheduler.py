@@ -74,6 +74,7 @@ class Step:
         self.kind = kind            # "reduction" | "pointwise"
         self.nodes = nodes
         self.inner = inner          # stripped inner sizes (reduction: stripped reduction ranges)
+        self.inner_groups: list = []   # inner dims merged into single loops (see merge_dims)
 
 
 class Kernel:
@@ -84,6 +85,7 @@ class Kernel:
         self.nodes = nodes
         self.outer = outer
         self.steps: list = []
+        self.outer_groups: list = []
         self.locals: set = set()
         self.stores: list = []      # ComputedBuffers written to memory
         self.loads: list = []       # Buffers read from memory (not produced here)
@@ -136,46 +138,55 @@ def _legal(nodes: list, outer: tuple) -> bool:
 
 
 def _default_outer(sizes: tuple) -> tuple:
-    return sizes[:-1] if sizes else ()
+    """A group of pointwise nodes only has no outer loop: its steps loop over everything."""
+    return ()
 
 
 # ---- grouping -----------------------------------------------------------------------------------
 def schedule(graph) -> list:
-    """Kernels and ExternSteps in execution order."""
-    order: list = []
-    cur: list = []
-    outer = None                           # None: only pointwise nodes so far (outer not fixed)
+    """Kernels and ExternSteps in execution order.
 
-    def close():
-        nonlocal cur, outer
-        if cur:
-            o = outer if outer is not None else _default_outer(cur[0].sizes)
-            order.append(Kernel(f"kernel{sum(isinstance(k, Kernel) for k in order)}", cur, o))
-        cur, outer = [], None
-
+    Each buffer joins the earliest kernel, at or after the step producing its last input, where it
+    fits; otherwise it starts a new kernel. Extern calls stay in place."""
+    order: list = []                       # [nodes list, outer or None] groups and ExternSteps
+    pos_of: dict = {}
     for buf in graph.buffers:
         if isinstance(buf, ExternKernel):
-            close()
             order.append(ExternStep(buf))
+            for b in [buf] + buf.outputs:
+                pos_of[b.name] = len(order) - 1
             continue
         n = SNode(buf)
-        if cur and config.fuse:
-            cand = _candidate_outer(cur, outer, n)
-            if cand is not None and _legal(cur + [n], cand[0]):
-                cur.append(n)
-                outer = cand[1]
+        first = max([pos_of[r] for r in n.read_names if r in pos_of], default=0)
+        placed = False
+        for i in range(first, len(order) if config.fuse else 0):
+            grp = order[i]
+            if isinstance(grp, ExternStep):
                 continue
-        close()
-        cur = [n]
-        outer = n.sizes if n.is_reduction else None
-        if not _legal(cur, outer if outer is not None else _default_outer(n.sizes)):
-            raise AssertionError(f"{n.name} cannot be scheduled")
-    close()
-    for k in order:
-        if isinstance(k, Kernel):
-            _plan_steps(k)
-    _assign_locals(order, graph)
-    return order
+            cand = _candidate_outer(grp[0], grp[1], n)
+            if cand is not None and _legal(grp[0] + [n], cand[0]):
+                grp[0].append(n)
+                grp[1] = cand[1]
+                pos_of[n.name] = i
+                placed = True
+                break
+        if not placed:
+            outer = n.sizes if n.is_reduction else None
+            if not _legal([n], outer if outer is not None else _default_outer(n.sizes)):
+                raise AssertionError(f"{n.name} cannot be scheduled")
+            order.append([[n], outer])
+            pos_of[n.name] = len(order) - 1
+    out, nk = [], 0
+    for grp in order:
+        if isinstance(grp, ExternStep):
+            out.append(grp)
+            continue
+        k = Kernel(f"kernel{nk}", grp[0], grp[1] if grp[1] is not None else _default_outer(grp[0][0].sizes))
+        nk += 1
+        _plan_steps(k)
+        out.append(k)
+    _assign_locals(out, graph)
+    return out
 
 
 def _candidate_outer(cur, outer, n):
@@ -194,6 +205,7 @@ def _candidate_outer(cur, outer, n):
 
 def _plan_steps(k: Kernel):
     n_outer = len(k.outer)
+    k.outer_groups = merge_dims(k.outer, [(n, _dim_syms(n)[:n_outer]) for n in k.nodes])
     for n in k.nodes:
         if n.is_reduction:
             k.steps.append(Step("reduction", [n], strip(n.reduction_ranges)))
@@ -205,6 +217,56 @@ def _plan_steps(k: Kernel):
             last.nodes.append(n)
         else:
             k.steps.append(Step("pointwise", [n], inner))
+    for s in k.steps:
+        if s.kind == "reduction":
+            n = s.nodes[0]
+            rs = [f"a{len(n.ranges) + j}" for j, sz in enumerate(n.reduction_ranges) if sz != 1]
+            s.inner_groups = merge_dims(s.inner, [(n, rs)])
+        else:
+            s.inner_groups = merge_dims(s.inner, [(n, _dim_syms(n)[n_outer:]) for n in s.nodes])
+
+
+def _dim_syms(n: SNode) -> list:
+    return [f"a{i}" for i, s in enumerate(n.ranges) if s != 1]
+
+
+def merge_dims(sizes: tuple, scopes: list) -> list:
+    """Group consecutive dims into single loops where every access is contiguous across them.
+
+    scopes: (SNode, [its analysis symbol per dim]). Dims i and i+1 merge when, in every read and
+    in the write, coeff(i) == coeff(i+1) * size(i+1) and both are affine: the index of the merged
+    loop variable m, (m // size(i+1)) * coeff(i) + (m % size(i+1)) * coeff(i+1), then simplifies
+    to m * coeff(i+1). Merging never changes results, only the loop structure."""
+    groups = [[i] for i in range(len(sizes))]
+    for i in range(len(sizes) - 2, -1, -1):
+        if all(_pair_ok(n, names[i], names[i + 1], sizes[i + 1]) for n, names in scopes):
+            groups[i] = groups[i] + groups.pop(i + 1)
+    return [tuple(sizes[d] for d in g) for g in groups]
+
+
+def _pair_ok(n: SNode, a: str, b: str, size_b: int) -> bool:
+    write = Index()
+    for i, (s, st) in enumerate(zip(n.ranges, contiguous_strides(n.ranges))):
+        if s != 1:
+            write = write + Index.of(Sym(f"a{i}", s)) * st
+    pair = {a, b}
+    for _, idx in n.reads + [(None, write)]:
+        if not idx.is_affine_in(pair):
+            return False
+        if idx.coeff(Sym(a, 0)) != idx.coeff(Sym(b, 0)) * size_b:
+            return False
+    return True
+
+
+def expand_groups(groups: list, syms: list) -> list:
+    """Per-dim index expressions from merged loop symbols (one per group)."""
+    out = []
+    for g, m in zip(groups, syms):
+        for k in range(len(g)):
+            below = math.prod(g[k + 1:])
+            e = m // below if below > 1 else m
+            out.append(e % g[k] if k > 0 else e)
+    return out
 
 
 def _same_index_reads(n: SNode, step_nodes: list) -> bool:
