@@ -1,0 +1,445 @@
+"""AOT autograd: trace forward and backward ahead of time, compile each, run them as one op.
+
+`aot_function(fn, fw_compiler, bw_compiler, partition_fn, decompositions)` returns a callable that,
+on the first call for given input metadata, does:
+
+1. **Trace.** The inputs become fake tensors (`primals_1..n`, sizes symbolic with `dynamic=True`).
+   If grad mode is on and an input requires grad, the *joint* function runs under
+   functionalization and proxy tracing: `fn(*primals)`, then `autograd.grad` of the differentiable
+   outputs with respect to the inputs that require grad, with fresh `tangents_*` placeholders (one
+   per differentiable output, same symbolic shape) as the output gradients. The graph returns
+   `(*outputs, *final values of mutated inputs, *gradients)`. Otherwise only the forward is traced
+   (an inference graph, no backward).
+2. **Decompose.** With `decompositions`, the joint graph is traced again through them (the
+   backward formulas of step 1 are decomposed too), leaving core ops.
+3. **Partition** (`partition_fn`, see `partitioners.py`) into a forward graph returning
+   `(*outputs, *mutated inputs, *saved)` and a backward graph `(*saved, *tangents) -> grads`.
+4. **Compile** the forward with `fw_compiler(gm, example_inputs)` now and the backward with
+   `bw_compiler` at its first use (its example inputs are the real saved values and tangents).
+5. **Run** both inside an `autograd.Function`; afterwards mutated inputs get their new value
+   (`copy_`, no grad) and outputs that alias an input are regenerated from that input by replaying
+   their view ops, so they alias it as in eager.
+
+`FLAMBEAU_LOGS=aot` prints the joint, forward and backward graphs. `aot_module` lifts a module's
+parameters and buffers into inputs; `aot_module_simplified(gm, example_inputs, ...)` is the form
+backends use (compile once for these inputs).
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from .. import _state
+from .._backends import MetaArray, contiguous_strides
+from .._decomp import DecompositionMode
+from .._device import META
+from .._tensor import Tensor
+from ..autograd.function import Function
+from ..autograd.grad_mode import no_grad
+from ..fx.experimental.proxy_tensor import ProxyTorchDispatchMode, _Recorder
+from ..fx.graph_module import GraphModule
+from ..fx._symbolic_shapes import ShapeEnv, SymInt
+from .._subclasses.fake_tensor import FakeTensorMode
+from ..nn.modules.module import Module
+from .functionalization import run_functionalized, flat_input_tensors, _apply_step
+from .partitioners import default_partition, min_cut_rematerialization_partition  # noqa: F401
+
+__all__ = ["aot_function", "aot_module", "aot_module_simplified", "make_boxed_func", "stateless_call"]
+
+
+def _log_enabled() -> bool:
+    logs = {s.strip().lstrip("+") for s in os.environ.get("FLAMBEAU_LOGS", "").split(",")}
+    return "aot" in logs or "aot_graphs" in logs
+
+
+def _dump(title: str, gm: GraphModule) -> None:
+    if _log_enabled():
+        print(f"===== {title} =====\n{gm.print_readable(print_output=False)}")
+
+
+def make_boxed_func(f: Callable) -> Callable:
+    return f
+
+
+# ---- tracing --------------------------------------------------------------------------------------
+class _Trace:
+    """make_fx's recorder driven by hand, so that tangent placeholders can be added mid-trace."""
+
+    def __init__(self, tracing_mode: str, fake_mode: FakeTensorMode | None = None):
+        self.symbolic = tracing_mode == "symbolic"
+        self.fake_mode = fake_mode or FakeTensorMode(allow_non_fake_inputs=True,
+                                                     shape_env=ShapeEnv() if self.symbolic else None)
+        self.rec = _Recorder(self.fake_mode)
+        self.last_ph = None
+
+    def _placeholder(self, name: str):
+        g = self.rec.graph
+        if self.last_ph is None:
+            with g.inserting_before(None):
+                ph = g.placeholder(name)
+        else:
+            with g.inserting_after(self.last_ph):
+                ph = g.placeholder(name)
+        self.last_ph = ph
+        return ph
+
+    def input(self, t: Tensor, name: str) -> Tensor:
+        ph = self._placeholder(name)
+        f = t if t._device.type == "meta" else self.fake_mode.from_tensor(t, symbolic=self.symbolic, source=name)
+        self.rec.bind(f, ph)
+        ph.meta["val"] = self.rec.fake_of(f)
+        self.rec.note_sizes(ph, f)
+        return f
+
+    def input_like(self, o: Tensor, name: str) -> Tensor:
+        """A fresh contiguous fake input with the (symbolic) shape, dtype and device of `o`."""
+        shape = tuple(o.shape)
+        f = Tensor._make(MetaArray(shape, o._dtype.np, contiguous_strides(shape), 0), META, o._dtype)
+        self.fake_mode._register(f, o.device)
+        ph = self._placeholder(name)
+        self.rec.bind(f, ph)
+        ph.meta["val"] = f
+        return f
+
+    def run(self, fn: Callable, *args):
+        with self.fake_mode, ProxyTorchDispatchMode(self.rec):
+            return fn(*args)
+
+    def finish(self, outputs: list) -> GraphModule:
+        self.rec.graph.output(tuple(self.rec.to_arg(o) for o in outputs))
+        gm = GraphModule(self.rec.root, self.rec.graph)
+        gm.meta["fake_mode"] = self.fake_mode
+        if self.fake_mode.shape_env is not None:
+            gm.meta["shape_env"] = self.fake_mode.shape_env
+        return gm
+
+
+def _differentiable(t: Tensor) -> bool:
+    return t._requires_grad and t._dtype.category >= 2
+
+
+class _Meta:
+    """What the runtime needs to know about one compiled function (filled while tracing)."""
+
+    def __init__(self):
+        self.n_outs = 0            # flat user outputs
+        self.aliases = []          # per user output: (input position, view chain) or None
+        self.graph_outs = []       # positions of user outputs the graph returns
+        self.mutated = []          # input positions mutated, in the order their values are returned
+        self.diff_outs = []        # graph-output positions (among the user outputs) that get tangents
+        self.grad_inputs = []      # input positions that receive gradients
+        self.nondiff_outs = []     # graph-output positions never differentiable
+
+
+def _check_alias_chain(chain) -> None:
+    for _, b, _ in chain:
+        for a in b[1:]:
+            if isinstance(a, SymInt) or (isinstance(a, (list, tuple)) and any(isinstance(x, SymInt) for x in a)):
+                raise NotImplementedError("aot_autograd: an output that is a view of an input with symbolic sizes")
+
+
+def _decomposed(fn: Callable, decompositions: dict | None) -> Callable:
+    """`fn` run under DecompositionMode (innermost, so functionalization sees only what remains)."""
+    if not decompositions:
+        return fn
+
+    def run(*args):
+        with DecompositionMode(decompositions):
+            return fn(*args)
+    return run
+
+
+def _trace_graph(flat_fn: Callable, flat_args: list, *, joint: bool, tracing_mode: str,
+                 decompositions: dict | None):
+    tr = _Trace(tracing_mode)
+    prims = [tr.input(a, f"primals_{i + 1}") for i, a in enumerate(flat_args)]
+    originals = [p._data for p in prims]
+    meta = _Meta()
+
+    def backward(out, mode, aliases):
+        outs = flat_input_tensors(out)
+        graph_outs = [k for k in range(len(outs)) if aliases[k] is None]
+        diff = [j for j, k in enumerate(graph_outs) if _differentiable(outs[k])]
+        wrt = [i for i, p in enumerate(prims) if p._requires_grad]
+        for i in wrt:
+            if prims[i]._data is not originals[i]:
+                raise NotImplementedError("aot_autograd: an input that requires grad is mutated in place")
+        tangents = [tr.input_like(outs[graph_outs[j]], f"tangents_{n + 1}") for n, j in enumerate(diff)]
+        grads = [None] * len(wrt)
+        if diff and wrt:
+            from ..autograd import grad
+            grads = list(grad([outs[graph_outs[j]] for j in diff], [prims[i] for i in wrt], tangents,
+                              allow_unused=True))
+        return diff, wrt, grads
+
+    fn = flat_fn if joint else _decomposed(flat_fn, decompositions)
+    res = tr.run(lambda *a: run_functionalized(fn, a, then=backward if joint else None), *prims)
+    outs = flat_input_tensors(res.out)
+    meta.n_outs = len(outs)
+    meta.aliases = res.aliases
+    for a in res.aliases:
+        if a is not None:
+            _check_alias_chain(a[1])
+    meta.graph_outs = [k for k in range(len(outs)) if res.aliases[k] is None]
+    meta.mutated = [i for i, _ in res.mutations]
+    graph_outputs = [outs[k] for k in meta.graph_outs] + [v for _, v in res.mutations]
+    meta.nondiff_outs = [j for j, k in enumerate(meta.graph_outs) if not _differentiable(outs[k])]
+    meta.nondiff_outs += list(range(len(meta.graph_outs), len(graph_outputs)))
+    if joint:
+        meta.diff_outs, meta.grad_inputs, grads = res.extra
+        graph_outputs += grads
+    gm = tr.finish(graph_outputs)
+    return gm, meta, tr
+
+
+def _retrace(gm: GraphModule, tr: _Trace, decompositions: dict) -> GraphModule:
+    """Trace `gm` again through `decompositions` (same fake inputs and shape environment)."""
+    tr2 = _Trace("symbolic" if tr.symbolic else "fake", tr.fake_mode)
+    vals = []
+    for n in gm.graph.find_nodes(op="placeholder"):
+        v = n.meta["val"]
+        ph = tr2._placeholder(n.target)
+        tr2.rec.bind(v, ph)
+        ph.meta["val"] = v
+        tr2.rec.note_sizes(ph, v)
+        vals.append(v)
+    with no_grad():
+        out = tr2.run(lambda *a: run_functionalized(_decomposed(gm.forward, decompositions), a).out, *vals)
+    return tr2.finish(list(out))
+
+
+# ---- compilation ------------------------------------------------------------------------------------
+def _compile(flat_fn: Callable, flat_args: list, fw_compiler: Callable, bw_compiler: Callable | None,
+             partition_fn: Callable, decompositions: dict | None, inference_compiler: Callable | None,
+             dynamic: bool) -> Callable:
+    mode = "symbolic" if dynamic else "fake"
+    needs_grad = _state.grad_enabled and any(isinstance(a, Tensor) and a._requires_grad for a in flat_args)
+    if not needs_grad:
+        gm, meta, _ = _trace_graph(flat_fn, flat_args, joint=False, tracing_mode=mode, decompositions=decompositions)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+        _dump("AOT inference graph", gm)
+        compiled = (inference_compiler or fw_compiler)(gm, list(flat_args))
+        return _InferenceRuntime(compiled, meta)
+    joint, meta, tr = _trace_graph(flat_fn, flat_args, joint=True, tracing_mode=mode, decompositions=None)
+    if decompositions:
+        joint = _retrace(joint, tr, decompositions)
+    _dump("AOT joint graph", joint)
+    num_fwd = len(meta.graph_outs) + len(meta.mutated)
+    fw_gm, bw_gm = partition_fn(joint, flat_args, num_fwd_outputs=num_fwd)
+    _dump("AOT forward graph", fw_gm)
+    _dump("AOT backward graph", bw_gm)
+    compiled_fw = fw_compiler(fw_gm, list(flat_args))
+    return _TrainingRuntime(compiled_fw, bw_gm, bw_compiler or fw_compiler, meta, num_fwd)
+
+
+def _finish(meta: _Meta, args, graph_vals) -> list:
+    """Copy mutated inputs back, regenerate outputs that alias inputs, return the flat outputs."""
+    n = len(meta.graph_outs)
+    if meta.mutated:
+        with no_grad():
+            for i, v in zip(meta.mutated, graph_vals[n:n + len(meta.mutated)]):
+                args[i].copy_(v)
+    outs = [None] * meta.n_outs
+    for j, k in enumerate(meta.graph_outs):
+        outs[k] = graph_vals[j]
+    for k, a in enumerate(meta.aliases):
+        if a is not None:
+            x = args[a[0]]
+            for step in a[1]:
+                x = _apply_step(step, x)
+            outs[k] = x
+    return outs
+
+
+class _InferenceRuntime:
+    def __init__(self, compiled: Callable, meta: _Meta):
+        self.compiled, self.meta = compiled, meta
+
+    def __call__(self, *args):
+        with no_grad():
+            vals = self.compiled(*args)
+        return _finish(self.meta, args, list(vals))
+
+
+class _TrainingRuntime:
+    """Runs the compiled forward/backward pair as an autograd.Function."""
+
+    def __init__(self, compiled_fw, bw_gm, bw_compiler, meta: _Meta, num_fwd: int):
+        self.meta = meta
+        rt = self
+        self.bw_gm, self.bw_compiler, self.compiled_bw = bw_gm, bw_compiler, None
+        n_saved = bw_gm.meta["num_saved"]
+        saved_is_tensor = [isinstance(n.meta.get("val"), Tensor)
+                           for n in bw_gm.graph.find_nodes(op="placeholder")[:n_saved]]
+        mutated = set(meta.mutated)
+
+        class CompiledFunction(Function):
+            @staticmethod
+            def forward(ctx, *args):
+                vals = list(compiled_fw(*args))
+                saved = vals[num_fwd:]
+                arg_ids = {id(a): i for i, a in enumerate(args)}
+                # a saved input that the forward also mutates keeps its old value for the backward
+                saved = [s.clone() if isinstance(s, Tensor) and arg_ids.get(id(s)) in mutated else s for s in saved]
+                ctx.save_for_backward(*[s for s, t in zip(saved, saved_is_tensor) if t])
+                ctx.scalars = [s for s, t in zip(saved, saved_is_tensor) if not t]
+                outs = vals[:num_fwd]
+                ctx.mark_non_differentiable(*[outs[j] for j in meta.nondiff_outs])
+                return tuple(outs)
+
+            @staticmethod
+            def backward(ctx, *grads):
+                tensors, scalars = iter(ctx.saved_tensors), iter(ctx.scalars)
+                saved = [next(tensors) if t else next(scalars) for t in saved_is_tensor]
+                tangents = [grads[j].contiguous() for j in meta.diff_outs]
+                if rt.compiled_bw is None:
+                    rt.compiled_bw = rt.bw_compiler(rt.bw_gm, saved + tangents)
+                res = list(rt.compiled_bw(*saved, *tangents))
+                out = [None] * len(ctx.needs_input_grad)
+                for i, g in zip(meta.grad_inputs, res):
+                    out[i] = g
+                return tuple(out)
+
+        self.fn = CompiledFunction
+
+    def __call__(self, *args):
+        vals = self.fn.apply(*args)
+        return _finish(self.meta, args, list(vals))
+
+
+# ---- public entry points ---------------------------------------------------------------------------
+def _key(args) -> tuple:
+    return (_state.grad_enabled,) + tuple(
+        (tuple(a.shape), a.stride(), a._dtype, str(a.device), a._requires_grad) if isinstance(a, Tensor)
+        else (type(a), a) for a in args)
+
+
+def _flatten_out(out):
+    if isinstance(out, Tensor):
+        return [out], None
+    if isinstance(out, (tuple, list)) and all(isinstance(o, Tensor) for o in out):
+        return list(out), type(out)
+    raise NotImplementedError("aot_function: the function must return a Tensor or a tuple/list of Tensors")
+
+
+def aot_function(fn: Callable, fw_compiler: Callable, bw_compiler: Callable | None = None,
+                 partition_fn: Callable = default_partition, decompositions: dict | None = None,
+                 num_params_buffers: int = 0, keep_inference_input_mutations: bool = False,
+                 inference_compiler: Callable | None = None, *, dynamic: bool = False) -> Callable:
+    """Compile `fn` ahead of time on its first call per input metadata (see module docstring).
+    Positional Tensor and Python-value arguments; returns a Tensor or a tuple/list of Tensors."""
+    cache: dict = {}
+
+    def returned(*args):
+        key = _key(args)
+        entry = cache.get(key)
+        if entry is None:
+            tpos = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+            consts = list(args)
+            spec = []
+
+            def flat_fn(*tensors):
+                full = list(consts)
+                for i, t in zip(tpos, tensors):
+                    full[i] = t
+                outs, kind = _flatten_out(fn(*full))
+                spec[:] = [kind]
+                return outs
+            rt = _compile(flat_fn, [args[i] for i in tpos], fw_compiler, bw_compiler, partition_fn,
+                          decompositions, inference_compiler, dynamic)
+            entry = cache[key] = (rt, tpos, spec[0])
+        rt, tpos, kind = entry
+        outs = rt(*[args[i] for i in tpos])
+        return outs[0] if kind is None else kind(outs)
+    returned.__name__ = getattr(fn, "__name__", "aot_fn")
+    returned.__wrapped__ = fn
+    return returned
+
+
+class stateless_call:
+    """`with stateless_call(module, {name: tensor}):` the module's parameters and buffers named in
+    the dict are replaced by the given tensors for the duration (PyTorch's functional_call)."""
+
+    def __init__(self, module: Module, tensors: dict):
+        self.module, self.tensors, self.saved = module, tensors, []
+
+    def __enter__(self):
+        for name, t in self.tensors.items():
+            *path, leaf = name.split(".")
+            m = self.module
+            for p in path:
+                m = m._modules[p]
+            store = m._parameters if leaf in m._parameters else m._buffers
+            self.saved.append((store, leaf, store[leaf], t))
+            store[leaf] = t
+        return self
+
+    def __exit__(self, *exc):
+        replaced = [leaf for store, leaf, _, t in self.saved if store.get(leaf) is not t]
+        for store, leaf, old, _ in reversed(self.saved):
+            store[leaf] = old
+        if replaced and exc[0] is None:
+            raise NotImplementedError(f"forward reassigns the parameter or buffer '{replaced[0]}' (only in-place "
+                                      "updates of module state can be compiled)")
+        return False
+
+
+def named_state(module: Module) -> list:
+    """[(name, tensor)] of the module's parameters then buffers (shared ones once)."""
+    out = list(module.named_parameters(remove_duplicate=True))
+    out += [(n, b) for n, b in module.named_buffers(remove_duplicate=True) if b is not None]
+    return out
+
+
+def aot_module(mod: Module, fw_compiler: Callable, bw_compiler: Callable | None = None,
+               partition_fn: Callable = default_partition, decompositions: dict | None = None,
+               **kwargs) -> Module:
+    """A Module running `mod` through `aot_function`, with its parameters and buffers as inputs."""
+    names = [n for n, _ in named_state(mod)]
+
+    def flat_fn(*state_and_args):
+        with stateless_call(mod, dict(zip(names, state_and_args[:len(names)]))):
+            return mod(*state_and_args[len(names):])
+    compiled = aot_function(flat_fn, fw_compiler, bw_compiler, partition_fn, decompositions, len(names), **kwargs)
+
+    class AOTModule(Module):
+        def __init__(self):
+            super().__init__()
+            self.orig_module = mod
+
+        def forward(self, *args):
+            return compiled(*[t for _, t in named_state(mod)], *args)
+    return AOTModule()
+
+
+def aot_module_simplified(mod: Module, example_inputs, fw_compiler: Callable, bw_compiler: Callable | None = None,
+                          partition_fn: Callable = default_partition, decompositions: dict | None = None,
+                          keep_inference_input_mutations: bool = False,
+                          inference_compiler: Callable | None = None, *, dynamic: bool | None = None) -> Callable:
+    """Compile `mod` (a GraphModule from a front end) for inputs like `example_inputs`; returns a
+    callable taking the same flat inputs and returning a list of outputs. The module's own
+    parameters and buffers, if any, are lifted into inputs."""
+    state = named_state(mod)
+    names = [n for n, _ in state]
+    n = len(names)
+    if dynamic is None:
+        dynamic = "shape_env" in getattr(mod, "meta", {})
+
+    def flat_fn(*flat):
+        if n:
+            with stateless_call(mod, dict(zip(names, flat[:n]))):
+                out = mod(*flat[n:])
+        else:
+            out = mod(*flat)
+        return _flatten_out(out)[0]
+    tpos = [i for i, a in enumerate(example_inputs) if isinstance(a, Tensor)]
+    if len(tpos) != len(example_inputs):
+        raise NotImplementedError("aot_module_simplified: non-Tensor graph inputs")
+    rt = _compile(flat_fn, [t for _, t in state] + list(example_inputs), fw_compiler, bw_compiler, partition_fn,
+                  decompositions, inference_compiler, dynamic)
+
+    def call(*args):
+        return rt(*[t for _, t in state], *args) if n else rt(*args)
+    call._aot_runtime = rt
+    return call

@@ -1,0 +1,334 @@
+"""Functionalization: run a program with every mutation rewritten as a functional op.
+
+`FunctionalTensorMode` is a dispatch mode. For an in-place op (`x.add_(y)`, `x.copy_(s)`, an
+`out=` call) it runs the functional op (`add`, `copy`) on the old value and rebinds the Python
+tensor `x` to the result (its array, and its autograd node, like PyTorch's in-place autograd);
+nothing is written. Views are tracked: each view remembers its base and the chain of view ops
+that produced it. Mutating a view writes the new value back into a new value of the base through
+the inverse of each view op (`slice` -> `slice_scatter`, `select` -> `select_scatter`, `view` ->
+`view` back, `as_strided` -> `as_strided_scatter`, ...); every other view of that base is stale
+from then on and is regenerated from the base (by replaying its chain) the next time an op uses it.
+
+Under a tracing mode (make_fx) the recorded graph therefore holds only functional ops: a tensor is
+matched to the node that made its current array. `functionalize(fn)` wraps a function: inputs
+mutated by `fn` get their final value copied back once at the end (`copy_`, the only mutation left
+in a traced graph), e.g. BatchNorm's running statistics. `run_functionalized` is the same without
+the copy-back: it reports the mutated inputs and the outputs that alias inputs (AOT autograd
+turns the former into graph outputs and regenerates the latter at run time).
+
+Ops whose kernel mutates an argument without saying so in its schema (`native_batch_norm` updating
+running statistics) run through their decomposition here, which writes with `copy_`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .. import _dispatch
+from .._ops import OPS
+from .._tensor import Tensor
+from ..utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["FunctionalTensorMode", "functionalize", "run_functionalized"]
+
+
+def _alias(t: Tensor) -> Tensor:
+    """A new Tensor object for the current value of `t` (same array and autograd node)."""
+    a = Tensor._make(t._data, t._device, t._dtype)
+    if type(t) is not Tensor:
+        a.__class__ = type(t)
+        a.__dict__.update({k: v for k, v in t.__dict__.items() if k in ("fake_device", "fake_mode")})
+    a.grad_fn, a._output_nr, a._requires_grad = t.grad_fn, t._output_nr, t._requires_grad
+    return a
+
+
+def _become(t: Tensor, r: Tensor) -> None:
+    """Rebind `t` to the value (array and autograd history) of `r`."""
+    t._data = r._data
+    if r.grad_fn is not None or t.grad_fn is not None:
+        t.grad_fn, t._output_nr, t._requires_grad = r.grad_fn, r._output_nr, r._requires_grad
+    elif r._requires_grad:
+        t._requires_grad = True
+    t._version[0] += 1
+
+
+class _ViewInfo:
+    __slots__ = ("base", "chain", "gen")
+
+    def __init__(self, base, chain, gen):
+        self.base, self.chain, self.gen = base, chain, gen
+
+
+def _apply_step(step, x):
+    func, bound, idx = step
+    out = func(x, *bound[1:])
+    return out if idx is None else out[idx]
+
+
+def _inverse(step, prev: Tensor, new: Tensor) -> Tensor:
+    """The value of `prev` after its view `step(prev)` was replaced by `new`."""
+    func, b, idx = step
+    name = func.name
+    if name in ("view", "squeeze.dims", "unsqueeze", "alias"):
+        return new if tuple(new.shape) == tuple(prev.shape) else new.reshape(tuple(prev.shape))
+    if name == "expand":
+        if tuple(new.shape) == tuple(prev.shape):
+            return new
+        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
+                           "single memory location. Please clone() the tensor before performing the operation.")
+    if name == "transpose.int":
+        return new.transpose(b[1], b[2])
+    if name == "permute":
+        dims = [d % prev.ndim for d in b[1]]
+        inv = [0] * len(dims)
+        for i, d in enumerate(dims):
+            inv[d] = i
+        return new.permute(inv)
+    if name == "slice.Tensor":
+        return OPS["slice_scatter"](prev, new, *b[1:])
+    if name == "select.int":
+        return OPS["select_scatter"](prev, new, *b[1:])
+    if name == "diagonal":
+        return OPS["diagonal_scatter"](prev, new, *b[1:])
+    if name == "as_strided":
+        return OPS["as_strided_scatter"](prev, new, *b[1:])
+    if name == "split_with_sizes":
+        start = sum(b[1][:idx])
+        return OPS["slice_scatter"](prev, new, b[2], start, start + b[1][idx], 1)
+    if name == "unbind.int":
+        return OPS["select_scatter"](prev, new, b[1], idx)
+    if name == "unfold" and prev.is_contiguous():
+        v = _apply_step(step, prev)
+        return OPS["as_strided_scatter"](prev, new, tuple(v.shape), tuple(v.stride()),
+                                         v.storage_offset() - prev.storage_offset())
+    raise NotImplementedError(f"functionalization: mutating a view made by aten.{name} is not supported")
+
+
+class FunctionalTensorMode(TorchDispatchMode):
+    """Rewrites mutations into functional ops (see module docstring)."""
+
+    def __init__(self):
+        super().__init__()
+        self._views: dict = {}      # id(view) -> _ViewInfo
+        self._gen: dict = {}        # id(base) -> [base, generation]
+        self._keep: list = []       # keeps tracked views alive so their ids stay unique
+
+    # ---- views --------------------------------------------------------------------------------
+    def _generation(self, base: Tensor) -> int:
+        g = self._gen.get(id(base))
+        if g is None:
+            g = self._gen[id(base)] = [base, 0]
+        return g[1]
+
+    def sync(self, t: Tensor) -> Tensor:
+        """Regenerate a view whose base was mutated since the view was last computed."""
+        info = self._views.get(id(t))
+        if info is None:
+            return t
+        g = self._generation(info.base)
+        if info.gen != g:
+            x = info.base
+            for step in info.chain:
+                x = _apply_step(step, x)
+            t._data = x._data
+            t.grad_fn, t._output_nr, t._requires_grad = x.grad_fn, x._output_nr, x._requires_grad
+            info.gen = g
+        return t
+
+    def _sync_all(self, args, kwargs):
+        if not self._views:
+            return
+        for t in _dispatch.flat_tensors(args, kwargs):
+            if id(t) in self._views:
+                self.sync(t)
+
+    def base_of(self, t: Tensor):
+        """(base tensor, view chain) of a tracked view, else (t, [])."""
+        info = self._views.get(id(t))
+        return (info.base, info.chain) if info is not None else (t, [])
+
+    def _track_view(self, func, args, kwargs, out):
+        b = func.bind(*args, **kwargs)
+        src = b[0]
+        base, chain = self.base_of(src)
+        gen = self._generation(base)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for i, o in enumerate(outs):
+            if isinstance(o, Tensor):
+                step = (func, b, i if isinstance(out, (tuple, list)) else None)
+                self._views[id(o)] = _ViewInfo(base, chain + [step], gen)
+                self._keep.append(o)
+
+    # ---- mutation -----------------------------------------------------------------------------
+    def _commit(self, t: Tensor, r: Tensor) -> None:
+        """`t` now holds value `r` (cast and shape-checked by the caller)."""
+        info = self._views.get(id(t))
+        if info is None:
+            _become(t, r)
+            self._gen.setdefault(id(t), [t, 0])[1] += 1
+            return
+        base = info.base
+        vals = [base]
+        for step in info.chain[:-1]:
+            vals.append(_apply_step(step, vals[-1]))
+        new = r
+        for step, prev in zip(reversed(info.chain), reversed(vals)):
+            new = _inverse(step, prev, new)
+        if new._dtype is not base._dtype:
+            new = new.to(base._dtype)
+        _become(base, new)
+        self._gen.setdefault(id(base), [base, 0])[1] += 1
+        self.sync(t)
+
+    def _mutate(self, func, args, kwargs):
+        out_arg = kwargs.get("out") if kwargs else None
+        if out_arg is not None:
+            kw = dict(kwargs)
+            del kw["out"]
+            res = func(*args, **kw)
+            outs = out_arg if isinstance(out_arg, (tuple, list)) else (out_arg,)
+            vals = res if isinstance(res, (tuple, list)) else (res,)
+            for o, v in zip(outs, vals):
+                if not _dispatch.can_cast(v._dtype, o._dtype):
+                    raise RuntimeError(f"result type {_dispatch.type_name(v._dtype)} can't be cast to the desired "
+                                       f"output type {_dispatch.type_name(o._dtype)}")
+                self._commit(o, v if v._dtype is o._dtype else v.to(o._dtype))
+            return out_arg
+        self_t = args[0] if args else kwargs["self"]
+        _dispatch.check_inplace_autograd(self_t)
+        old = _alias(self_t)
+        if args:
+            r = func.functional(old, *args[1:], **(kwargs or {}))
+        else:
+            kw = dict(kwargs)
+            kw["self"] = old
+            r = func.functional(**kw)
+        if not _dispatch.can_cast(r._dtype, self_t._dtype):
+            raise RuntimeError(f"result type {_dispatch.type_name(r._dtype)} can't be cast to the desired output "
+                               f"type {_dispatch.type_name(self_t._dtype)}")
+        if tuple(r.shape) != tuple(self_t.shape):
+            raise RuntimeError(f"output with shape {list(self_t.shape)} doesn't match the broadcast shape "
+                               f"{list(r.shape)}")
+        if r._dtype is not self_t._dtype:
+            r = r.to(self_t._dtype)
+        self._commit(self_t, r)
+        return self_t
+
+    # ---- the mode -----------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._sync_all(args, kwargs)
+        if func.is_inplace or (kwargs and "out" in kwargs):
+            return self._mutate(func, args, kwargs or {})
+        if func.name == "native_batch_norm" and func.decomposition is not None:
+            b = func.bind(*args, **(kwargs or {}))
+            if b[5] and (b[3] is not None or b[4] is not None):
+                with self:             # its running-statistics update is a hidden mutation
+                    r = func.decomposition(*b)
+                return func.return_type(*r) if func.return_type is not None else r
+        out = func(*args, **(kwargs or {}))
+        if func.is_view:
+            self._track_view(func, args, kwargs or {}, out)
+        return out
+
+
+class _Saved:
+    __slots__ = ("t", "data", "grad_fn", "output_nr", "requires_grad", "version")
+
+    def __init__(self, t: Tensor):
+        self.t, self.data = t, t._data
+        self.grad_fn, self.output_nr, self.requires_grad = t.grad_fn, t._output_nr, t._requires_grad
+
+    def restore(self) -> Tensor:
+        """Put the original value back into the input; return a tensor holding its final value."""
+        t = self.t
+        final = _alias(t)
+        t._data = self.data
+        t.grad_fn, t._output_nr, t._requires_grad = self.grad_fn, self.output_nr, self.requires_grad
+        return final
+
+
+def flat_input_tensors(args, kwargs=None) -> list:
+    out = []
+
+    def walk(a):
+        if isinstance(a, Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                walk(x)
+        elif isinstance(a, dict):
+            for x in a.values():
+                walk(x)
+    walk(args)
+    if kwargs:
+        walk(kwargs)
+    return out
+
+
+class FunctionalResult:
+    """What `run_functionalized` reports: the outputs, the mutated inputs (position in the flat
+    input list, final value) and, per output, the input it aliases: (input position, view chain)
+    or None."""
+
+    def __init__(self, out, mutations, aliases, extra):
+        self.out, self.mutations, self.aliases, self.extra = out, mutations, aliases, extra
+
+
+def run_functionalized(fn: Callable, args: tuple, kwargs: dict | None = None,
+                       then: Callable | None = None) -> FunctionalResult:
+    """Run `fn(*args, **kwargs)` under functionalization without writing into its inputs (see module
+    docstring). `then(out, mode, aliases)`, if given, runs under the same mode right after `fn` (AOT autograd
+    runs the backward there); its result is `.extra`."""
+    kwargs = kwargs or {}
+    extra = None
+    inputs = flat_input_tensors(args, kwargs)
+    saved = []
+    seen = set()
+    for t in inputs:
+        if id(t) not in seen:
+            seen.add(id(t))
+            saved.append(_Saved(t))
+    mode = FunctionalTensorMode()
+    try:
+        with mode:
+            out = fn(*args, **kwargs)
+        outs = flat_input_tensors(out)
+        for o in outs:
+            mode.sync(o)
+        pos = {id(t): i for i, t in reversed(list(enumerate(inputs)))}
+        aliases = []
+        for o in outs:
+            base, chain = mode.base_of(o)
+            aliases.append((pos[id(base)], chain) if id(base) in pos else None)
+        if then is not None:
+            with mode:
+                extra = then(out, mode, aliases)
+    finally:
+        mutations = []
+        for s in saved:
+            if s.t._data is not s.data:
+                mutations.append((pos_of(inputs, s.t), s.restore()))
+    return FunctionalResult(out, mutations, aliases, extra)
+
+
+def pos_of(seq, t) -> int:
+    for i, x in enumerate(seq):
+        if x is t:
+            return i
+    raise ValueError("tensor not in the input list")
+
+
+def functionalize(fn: Callable, *, remove: str = "mutations") -> Callable:
+    """`functionalize(fn)(*args)`: run `fn` with mutations rewritten functionally, then copy the
+    final value of each mutated input back into it with one `copy_`."""
+    if remove not in ("mutations", "mutations_and_views"):
+        raise RuntimeError(f"functionalize(f, remove='mutations'): received invalid argument for remove={remove}")
+
+    def wrapped(*args, **kwargs):
+        res = run_functionalized(fn, args, kwargs)
+        inputs = flat_input_tensors(args, kwargs)
+        for i, final in res.mutations:
+            inputs[i].copy_(final)
+        return res.out
+    wrapped.__name__ = getattr(fn, "__name__", "functionalized")
+    wrapped.__wrapped__ = fn
+    return wrapped
