@@ -259,6 +259,17 @@ def test_numpy_backend_matches(monkeypatch):
           a, x)
 
 
+def test_no_compiler_falls_back_to_numpy(monkeypatch):
+    import importlib
+    cfx = importlib.import_module("flambeau._inductor.compile_fx")
+    monkeypatch.setattr(config, "cxx", "no-such-compiler-xyz")
+    monkeypatch.setattr(cfx, "_warned_no_compiler", [False])
+    x = randn(5, 7)
+    with pytest.warns(RuntimeWarning, match="no working C\\+\\+ compiler"):
+        c = check(lambda T, x: (x.exp() + 1).sum(-1), x)
+    assert c.artifact.backend == "numpy"
+
+
 def test_output_code_and_debug_dump(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(config, "output_code", True)
     monkeypatch.setattr(config, "debug", True)

@@ -104,7 +104,7 @@ static inline int64_t fl_mod_i(int64_t a, int64_t b) { int64_t r = a % b; return
 
 
 def preamble(simd_math: bool) -> str:
-    lines = ["#include <cmath>", "#include <cstdint>", "#include <limits>", "#include <numeric>",
+    lines = ["#include <algorithm>", "#include <cmath>", "#include <cstdint>", "#include <limits>", "#include <numeric>",
              "#include <type_traits>"]
     if simd_math:
         for f in SIMD1:
@@ -317,6 +317,10 @@ class KernelPrinter:
         k = self.k
         params = [f"const {CTYPES[b.dtype]}* __restrict__ {b.name}" for b in k.loads] + \
                  [f"{CTYPES[b.dtype]}* __restrict__ {b.name}" for b in k.stores]
+        if k.column:
+            with set_handler(CppHandler(self)):
+                self._column()
+            return f'extern "C" void {k.name}({", ".join(params)}) {{\n' + "\n".join(self.lines) + "\n}\n"
         groups = k.outer_groups
         msyms = [Index.of(Sym(f"x{i}", math.prod(g))) for i, g in enumerate(groups)]
         outer = expand_groups(groups, msyms)
@@ -336,10 +340,9 @@ class KernelPrinter:
                     self._pointwise(step, outer, inner_par)
         for _ in groups:
             self._close()
-        sig = ", ".join(params)
-        return f'extern "C" void {k.name}({sig}) {{\n' + "\n".join(self.lines) + "\n}\n"
+        return f'extern "C" void {k.name}({", ".join(params)}) {{\n' + "\n".join(self.lines) + "\n}\n"
 
-    def _loops(self, prefix, groups, parallel, simd_clause=""):
+    def _loops(self, prefix, groups, parallel, simd_clause="", simd=True):
         """Open one loop per merged group; return per-dim index expressions."""
         sizes = [math.prod(g) for g in groups]
         syms = [Index.of(Sym(f"{prefix}{j}", s)) for j, s in enumerate(sizes)]
@@ -347,7 +350,7 @@ class KernelPrinter:
             last = j == len(sizes) - 1
             if parallel and j == 0:
                 self.line("#pragma omp parallel for" + (" simd" if last else "") + simd_clause)
-            elif last:
+            elif last and simd:
                 self.line("#pragma omp simd" + simd_clause)
             self._open(f"for (int64_t {prefix}{j} = 0; {prefix}{j} < {s}; {prefix}{j}++)")
         return expand_groups(groups, syms)
@@ -381,38 +384,20 @@ class KernelPrinter:
             self.line(f"int64_t {acc}_i = -1;")
             clause = ""
         else:
-            at = CTYPES[src]
-            if rt in ("sum", "prod") and src.category == 2 and (src is D.float64 or config.accumulate_float_in_double):
-                at = "double"
-            init = {"sum": "0", "prod": "1", "any": "false", "all": "true",
-                    "max": f"-std::numeric_limits<{at}>::infinity()" if src.category == 2
-                    else f"std::numeric_limits<{at}>::lowest()",
-                    "min": f"std::numeric_limits<{at}>::infinity()" if src.category == 2
-                    else f"std::numeric_limits<{at}>::max()"}[rt]
+            at, init = _acc_type_init(rt, src)
             self.line(f"{at} {acc} = {init};")
             clause = f" reduction({_SIMPLE_RED[rt]}:{acc})"
         rsyms = self._loops("r", step.inner_groups, parallel and bool(step.inner) and bool(clause), clause)
-        it = iter(outer)
-        idx = node_index(n, it, n.ranges)
-        rit = iter(rsyms)
-        ridx = node_index(n, rit, n.reduction_ranges)
-        v = self._as_dtype(red.inner_fn(idx, ridx), src)
-        x = v.name
-        if rt == "sum":
-            self.line(f"{acc} += {x};")
-        elif rt == "prod":
-            self.line(f"{acc} *= {x};")
-        elif rt == "any":
-            self.line(f"{acc} = {acc} || {x};")
-        elif rt == "all":
-            self.line(f"{acc} = {acc} && {x};")
-        elif rt in ("max", "min"):
-            self.line(f"{acc} = fl_{rt}({acc}, {x});")
-        else:
+        idx = node_index(n, iter(outer), n.ranges)
+        ridx = node_index(n, iter(rsyms), n.reduction_ranges)
+        x = self._as_dtype(red.inner_fn(idx, ridx), src).name
+        if rt in ("argmax", "argmin"):
             rflat = render_c(offset_of(ridx, contiguous_strides(n.reduction_ranges)))
             cmp = ">" if rt == "argmax" else "<"
             nan = f" || ({x} != {x} && {acc} == {acc})" if src.category == 2 else ""
             self.line(f"if ({acc}_i < 0 || {x} {cmp} {acc}{nan}) {{ {acc} = {x}; {acc}_i = {rflat}; }}")
+        else:
+            self.line(_combine(rt, acc, x))
         for _ in step.inner_groups:
             self._close()
         res = f"{acc}_i < 0 ? 0 : {acc}_i" if rt in ("argmax", "argmin") else acc
@@ -422,6 +407,67 @@ class KernelPrinter:
         if n.name not in self.k.locals:
             off = offset_of(idx, contiguous_strides(n.ranges))
             self.line(f"{n.name}[{render_c(off)}] = {val.name};")
+
+    def _column(self):
+        """A lone reduction read contiguously along its last output dim: a block of COLUMN_BLOCK
+        outputs is reduced together, the inner loop running (vectorised) across the block."""
+        k = self.k
+        step = k.steps[0]
+        n = step.nodes[0]
+        red = n.buf.data
+        *lead, last = k.outer_groups
+        L = math.prod(last)
+        B = min(COLUMN_BLOCK, L)
+        lead_syms = [Index.of(Sym(f"x{i}", math.prod(g))) for i, g in enumerate(lead)]
+        if k.work() >= config.parallel_threshold and math.prod(k.outer) > B:
+            self.line("#pragma omp parallel for" + (f" collapse({len(lead) + 1})" if lead else ""))
+        for i, g in enumerate(lead):
+            self._open(f"for (int64_t x{i} = 0; x{i} < {math.prod(g)}; x{i}++)")
+        self._open(f"for (int64_t xb = 0; xb < {L}; xb += {B})")
+        self.line(f"const int64_t nb = std::min<int64_t>({B}, {L} - xb);")
+        at, init = _acc_type_init(red.reduction_type, red.src_dtype)
+        self.line(f"{at} acc[{B}];")
+        self.line(f"for (int64_t xi = 0; xi < {B}; xi++) acc[xi] = {init};")
+        rsyms = self._loops("r", step.inner_groups, False, simd=False)
+        self.line("#pragma omp simd")
+        self._open("for (int64_t xi = 0; xi < nb; xi++)")
+        outer = expand_groups(k.outer_groups, lead_syms + [Index.of(Sym("xb", L)) + Index.of(Sym("xi", B))])
+        idx = node_index(n, iter(outer), n.ranges)
+        ridx = node_index(n, iter(rsyms), n.reduction_ranges)
+        x = self._as_dtype(red.inner_fn(idx, ridx), red.src_dtype).name
+        self.line(_combine(red.reduction_type, "acc[xi]", x))
+        self._close()
+        for _ in step.inner_groups:
+            self._close()
+        self.cse = {}
+        self.line("#pragma omp simd")
+        self._open("for (int64_t xi = 0; xi < nb; xi++)")
+        off = offset_of(idx, contiguous_strides(n.ranges))
+        self.line(f"{n.name}[{render_c(off)}] = static_cast<{CTYPES[red.dtype]}>(acc[xi]);")
+        self._close()
+        self._close()
+        for _ in lead:
+            self._close()
+
+
+COLUMN_BLOCK = 64
+
+
+def _acc_type_init(rt, src):
+    at = CTYPES[src]
+    if rt in ("sum", "prod") and src.category == 2 and (src is D.float64 or config.accumulate_float_in_double):
+        at = "double"
+    lim = f"std::numeric_limits<{at}>"
+    init = {"sum": "0", "prod": "1", "any": "false", "all": "true",
+            "max": f"-{lim}::infinity()" if src.category == 2 else f"{lim}::lowest()",
+            "min": f"{lim}::infinity()" if src.category == 2 else f"{lim}::max()"}[rt]
+    return at, init
+
+
+def _combine(rt, acc, x) -> str:
+    return {"sum": f"{acc} += {x};", "prod": f"{acc} *= {x};", "any": f"{acc} = {acc} || {x};",
+            "all": f"{acc} = {acc} && {x};", "max": f"{acc} = fl_max({acc}, {x});",
+            "min": f"{acc} = fl_min({acc}, {x});"}[rt]
 
 
 def generate(kernels, simd_math: bool) -> str:

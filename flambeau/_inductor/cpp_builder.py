@@ -1,7 +1,7 @@
 """Compile generated C++ into a shared library, with an on-disk cache, and load it with ctypes.
 
 Flags are detected once per compiler and machine (and remembered on disk): we try
-`-O3 -march=native -fopenmp` plus libmvec's vector math, and drop what the compiler rejects
+`-O3 -march=native -mprefer-vector-width=512 -fopenmp` plus libmvec's vector math, and drop what the compiler rejects
 (no OpenMP, no -march) rather than failing. A library is cached under
 `config.cache_dir/<key>.so` with key = hash(source, flags, compiler version, machine), so a
 warm start loads it without running the compiler. Compile errors raise `CppCompileError` naming
@@ -88,13 +88,22 @@ def _try_build(cxx, flags, libs, src, workdir) -> bool:
     return True
 
 
+def _tune_openmp():
+    """OpenMP worker threads that spin long after a kernel steal the cores that BLAS (OpenBLAS,
+    MKL) needs for the extern matmuls in between: keep libgomp's spin short unless the user chose
+    a policy. libgomp reads this when it is loaded, i.e. with our first library."""
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
+
 def detect_flags(cxx: str | None = None) -> dict:
     """{'cxx', 'version', 'flags', 'libs', 'simd_math'} for this compiler and machine."""
+    _tune_openmp()
     cxx = cxx or config.cxx
     if cxx in _flags_cache:
         return _flags_cache[cxx]
     version = compiler_version(cxx)
-    key = hashlib.sha256(f"{cxx}|{version}|{_machine_id()}|v1".encode()).hexdigest()[:24]
+    key = hashlib.sha256(f"{cxx}|{version}|{_machine_id()}|v2".encode()).hexdigest()[:24]
     path = os.path.join(config.cache_dir, f"flags-{key}.json")
     try:
         with open(path) as f:
@@ -114,7 +123,8 @@ def detect_flags(cxx: str | None = None) -> dict:
     vec = _PROBE % (decls, body)
     info = None
     with tempfile.TemporaryDirectory() as d:
-        for extra in (["-march=native", "-fopenmp"], ["-fopenmp"], ["-march=native"], []):
+        for extra in (["-march=native", "-mprefer-vector-width=512", "-fopenmp"], ["-march=native", "-fopenmp"],
+                      ["-fopenmp"], ["-march=native"], []):
             flags = base + extra
             if _try_build(cxx, flags, [], plain, d):
                 simd = "-fopenmp" in extra and _try_build(cxx, flags, ["-lmvec"], vec, d)

@@ -46,6 +46,7 @@ class SNode:
         self.sizes = strip(self.ranges)
         self.reads = buf.data.reads()
         self.read_names = {b.name for b, _ in self.reads}
+        self.column = self.is_reduction and _is_column(self)
 
     def outer_syms(self, n_outer: int) -> list:
         names = [f"a{i}" for i, s in enumerate(self.ranges) if s != 1]
@@ -86,6 +87,7 @@ class Kernel:
         self.outer = outer
         self.steps: list = []
         self.outer_groups: list = []
+        self.column = len(nodes) == 1 and nodes[0].column
         self.locals: set = set()
         self.stores: list = []      # ComputedBuffers written to memory
         self.loads: list = []       # Buffers read from memory (not produced here)
@@ -161,7 +163,7 @@ def schedule(graph) -> list:
         placed = False
         for i in range(first, len(order) if config.fuse else 0):
             grp = order[i]
-            if isinstance(grp, ExternStep):
+            if isinstance(grp, ExternStep) or n.column or grp[0][0].column:
                 continue
             cand = _candidate_outer(grp[0], grp[1], n)
             if cand is not None and _legal(grp[0] + [n], cand[0]):
@@ -224,6 +226,27 @@ def _plan_steps(k: Kernel):
             s.inner_groups = merge_dims(s.inner, [(n, rs)])
         else:
             s.inner_groups = merge_dims(s.inner, [(n, _dim_syms(n)[n_outer:]) for n in s.nodes])
+
+
+COLUMN_TYPES = ("sum", "prod", "max", "min", "any", "all")
+
+
+def _is_column(n: SNode) -> bool:
+    """A reduction whose reads are contiguous along its innermost output dim and strided along
+    every reduced dim (a column sum): better computed a block of outputs at a time."""
+    outs = _dim_syms(n)
+    rs = [f"a{len(n.ranges) + j}" for j, s in enumerate(n.reduction_ranges) if s != 1]
+    if n.buf.data.reduction_type not in COLUMN_TYPES or not outs or not rs:
+        return False
+    contiguous = False
+    for _, idx in n.reads:
+        if not idx.is_affine_in(set(outs + rs)):
+            return False
+        c = idx.coeff(Sym(outs[-1], 0))
+        if c not in (0, 1) or any(idx.coeff(Sym(r, 0)) in (1, -1) for r in rs):
+            return False
+        contiguous |= c == 1
+    return contiguous
 
 
 def _dim_syms(n: SNode) -> list:
