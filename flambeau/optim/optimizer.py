@@ -69,7 +69,7 @@ def _uniform_or(expand):
     def ex(a):
         a = np.asarray(a)
         first = a.reshape(-1)[0]
-        if a.size == 1 or (a == first).all():
+        if a.dtype != np.bool_ and (a.size == 1 or (a == first).all()):   # masks stay arrays (xp.where)
             return float(first)
         return expand(a)
     return ex
