@@ -52,3 +52,5 @@ from .amp.grad_scaler import _amp_foreach_non_finite_check_and_unscale_, _amp_up
 from . import fx  # noqa: E402,F401
 from .fx._aten import ops  # noqa: E402,F401
 from . import _decomp  # noqa: E402,F401  (sets op.decomposition: the compiler and derivative-less ops use it)
+from . import compiler  # noqa: E402,F401
+from .compiler import compile  # noqa: E402,F401
