@@ -205,6 +205,13 @@ def parallel_ok(xp, *xs) -> bool:
     return shape is not None and np.prod(shape) >= PAR_MIN
 
 
+def parallel_blocks(fn, n: int) -> None:
+    """Run `fn(start, stop)` over `_NTHREADS` contiguous blocks of range(n) on the thread pool
+    (for kernels whose rows are independent, e.g. softmax over the last dim)."""
+    per = -(-n // _NTHREADS)
+    list(_threads().map(lambda i: fn(i * per, min(n, (i + 1) * per)), range(_NTHREADS)))
+
+
 def parallel_map(fn, xs, out_dtype, ufunc=None):
     """Evaluate `fn(np, *xs)` (or `ufunc(*xs, out=...)`) over contiguous chunks on threads."""
     ref = next(x for x in xs if type(x) not in _SCALARS)

@@ -21,7 +21,7 @@ from .. import _state
 from .._tensor import Tensor
 from .._dispatch import type_name, resize_out
 from ._registry import defop, export, EXPORTS, TensorSpec
-from ._helpers import wrap_dim, wrap_dims, opmath
+from ._helpers import wrap_dim, wrap_dims, opmath, PAR_MIN, parallel_blocks
 
 _ND = ("nondifferentiable",)
 
@@ -727,23 +727,35 @@ def _softmax_dtype(name, dt, dtype):
     return out
 
 
+def _softmax_rows(xp, x, r, d, log):
+    """softmax/log_softmax of `x` along `d` into `r` (same shape), with one temporary per pass."""
+    m = xp.max(x, axis=d, keepdims=True)
+    xp.subtract(x, m, out=r)
+    if log:
+        e = xp.exp(r)
+        r -= xp.log(xp.sum(e, axis=d, keepdims=True))
+    else:
+        xp.exp(r, out=r)
+        r /= xp.sum(r, axis=d, keepdims=True)
+
+
 def _softmax_kernel(name, log):
     def kernel(xp, self, dim, dtype=None):
         out = _softmax_dtype(name, D.FROM_NP[self.dtype], dtype)
         d = wrap_dim(dim, self.ndim)
         x = self.astype(out.np) if self.dtype != out.np else self
-        x = x.astype(opmath(out))
+        x = x.astype(opmath(out), copy=False)
         if self.ndim == 0:
             return _fresh(xp, x * 0 if log else x * 0 + 1, out.np)
         if x.size == 0:
             return _fresh(xp, x, out.np)
-        m = xp.max(x, axis=d, keepdims=True)
-        if log:
-            with np.errstate(divide="ignore"):
-                r = x - (xp.log(xp.sum(xp.exp(x - m), axis=d, keepdims=True)) + m)
-        else:
-            e = xp.exp(x - m)
-            r = e / xp.sum(e, axis=d, keepdims=True)
+        if xp is np and d == x.ndim - 1 and x.flags.c_contiguous and x.size >= PAR_MIN:
+            rows = x.reshape(-1, x.shape[-1])            # rows are independent: split them over threads
+            r = np.empty(rows.shape, dtype=x.dtype)
+            parallel_blocks(lambda a, b: _softmax_rows(np, rows[a:b], r[a:b], 1, log), rows.shape[0])
+            return _fresh(xp, r.reshape(x.shape), out.np)
+        r = xp.empty(x.shape, dtype=x.dtype)
+        _softmax_rows(xp, x, r, d, log)
         return _fresh(xp, r, out.np)
     return kernel
 
