@@ -106,8 +106,12 @@ class _OpTracker(TorchDispatchMode):
 def _reason(e: BaseException) -> str:
     op = getattr(e, "_flambeau_op", None)
     msg = (str(e).strip().splitlines() or [""])[0]
-    where = f"aten.{op}" if op else type(e).__name__
-    return f"{where}: {msg}"
+    if op:
+        return f"aten.{op}: {msg}"
+    if "cannot be called on meta tensors" in msg or "Cannot copy out of meta tensor" in msg:
+        return (f"data-dependent: {msg} (the traced value is not known while tracing; Python control flow or a "
+                "conversion depends on tensor data)")
+    return f"{type(e).__name__}: {msg}"
 
 
 # ---- state and guards --------------------------------------------------------------------------------

@@ -154,13 +154,13 @@ def _trace_graph(flat_fn: Callable, flat_args: list, *, joint: bool, tracing_mod
     tr = _Trace(tracing_mode)
     prims = [tr.input(a, f"primals_{i + 1}") for i, a in enumerate(flat_args)]
     originals = [p._data for p in prims]
+    wrt = [i for i, p in enumerate(prims) if p._requires_grad]
     meta = _Meta()
 
     def backward(out, mode, aliases):
         outs = flat_input_tensors(out)
         graph_outs = [k for k in range(len(outs)) if aliases[k] is None]
         diff = [j for j, k in enumerate(graph_outs) if _differentiable(outs[k])]
-        wrt = [i for i, p in enumerate(prims) if p._requires_grad]
         for i in wrt:
             if prims[i]._data is not originals[i]:
                 raise NotImplementedError("aot_autograd: an input that requires grad is mutated in place")

@@ -51,6 +51,12 @@ def _become(t: Tensor, r: Tensor) -> None:
     t._version[0] += 1
 
 
+def _like(t: Tensor, r: Tensor) -> Tensor:
+    """`r`, made contiguous when it stands for the new value of a contiguous `t` (so later views of
+    `t` see the layout they would see in eager)."""
+    return r.contiguous() if t.is_contiguous() and not r.is_contiguous() else r
+
+
 class _ViewInfo:
     __slots__ = ("base", "chain", "gen")
 
@@ -60,7 +66,10 @@ class _ViewInfo:
 
 def _apply_step(step, x):
     func, bound, idx = step
-    out = func(x, *bound[1:])
+    sargs = func._schema.args
+    pos = [v for a, v in zip(sargs[1:], bound[1:]) if not a.kwarg_only]
+    kw = {a.name: v for a, v in zip(sargs[1:], bound[1:]) if a.kwarg_only}
+    out = func(x, *pos, **kw)
     return out if idx is None else out[idx]
 
 
@@ -111,6 +120,7 @@ class FunctionalTensorMode(TorchDispatchMode):
         self._views: dict = {}      # id(view) -> _ViewInfo
         self._gen: dict = {}        # id(base) -> [base, generation]
         self._keep: list = []       # keeps tracked views alive so their ids stay unique
+        self._hidden = False        # inside a hidden-mutation decomposition: its writes carry no grad
 
     # ---- views --------------------------------------------------------------------------------
     def _generation(self, base: Tensor) -> int:
@@ -161,9 +171,11 @@ class FunctionalTensorMode(TorchDispatchMode):
     # ---- mutation -----------------------------------------------------------------------------
     def _commit(self, t: Tensor, r: Tensor) -> None:
         """`t` now holds value `r` (cast and shape-checked by the caller)."""
+        if self._hidden and not t._requires_grad:
+            r = r.detach()
         info = self._views.get(id(t))
         if info is None:
-            _become(t, r)
+            _become(t, _like(t, r))
             self._gen.setdefault(id(t), [t, 0])[1] += 1
             return
         base = info.base
@@ -175,15 +187,14 @@ class FunctionalTensorMode(TorchDispatchMode):
             new = _inverse(step, prev, new)
         if new._dtype is not base._dtype:
             new = new.to(base._dtype)
-        _become(base, new)
+        _become(base, _like(base, new))
         self._gen.setdefault(id(base), [base, 0])[1] += 1
         self.sync(t)
 
     def _mutate(self, func, args, kwargs):
         out_arg = kwargs.get("out") if kwargs else None
         if out_arg is not None:
-            kw = dict(kwargs)
-            del kw["out"]
+            kw = {k: v for k, v in kwargs.items() if k != "out"}
             res = func(*args, **kw)
             outs = out_arg if isinstance(out_arg, (tuple, list)) else (out_arg,)
             vals = res if isinstance(res, (tuple, list)) else (res,)
@@ -196,10 +207,10 @@ class FunctionalTensorMode(TorchDispatchMode):
         self_t = args[0] if args else kwargs["self"]
         _dispatch.check_inplace_autograd(self_t)
         old = _alias(self_t)
+        kw = {k: v for k, v in kwargs.items() if k != "out"}
         if args:
-            r = func.functional(old, *args[1:], **(kwargs or {}))
+            r = func.functional(old, *args[1:], **kw)
         else:
-            kw = dict(kwargs)
             kw["self"] = old
             r = func.functional(**kw)
         if not _dispatch.can_cast(r._dtype, self_t._dtype):
@@ -216,13 +227,17 @@ class FunctionalTensorMode(TorchDispatchMode):
     # ---- the mode -----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self._sync_all(args, kwargs)
-        if func.is_inplace or (kwargs and "out" in kwargs):
+        if func.is_inplace or (kwargs and kwargs.get("out") is not None):
             return self._mutate(func, args, kwargs or {})
         if func.name == "native_batch_norm" and func.decomposition is not None:
             b = func.bind(*args, **(kwargs or {}))
             if b[5] and (b[3] is not None or b[4] is not None):
-                with self:             # its running-statistics update is a hidden mutation
-                    r = func.decomposition(*b)
+                self._hidden = True    # its running-statistics update is a hidden mutation
+                try:
+                    with self:
+                        r = func.decomposition(*b)
+                finally:
+                    self._hidden = False
                 return func.return_type(*r) if func.return_type is not None else r
         out = func(*args, **(kwargs or {}))
         if func.is_view:
