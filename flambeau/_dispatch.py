@@ -17,10 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import _state
-from . import _dtype as D
 from ._tensor import Tensor
-from ._backends import MetaArray, get as _backend, contiguous_strides
-from ._device import canonical, CPU
+from ._backends import MetaArray, get as _backend
+from ._device import canonical
 
 _ndarray = np.ndarray
 _XP = {"cpu": np}        # device type -> array namespace, for the hot path

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _dtype as D
 from . import _state
-from ._device import device as Device, CPU, META
+from ._device import device as Device
 from ._backends import MetaArray, contiguous_strides
 
 

@@ -10,7 +10,6 @@ Written entirely against the PyTorch API (`import flambeau as torch`).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time

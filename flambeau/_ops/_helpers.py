@@ -116,7 +116,6 @@ def broadcast_shapes(*shapes) -> tuple:
             if o == 1:
                 out[off + i] = v
             elif v != 1 and v != o:
-                a = [x for x in shapes if len(x) - (nd - off - i) >= 0]
                 raise RuntimeError(_bcast_msg(shapes, nd))
     return tuple(out)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-import builtins
 import string
 
 from .. import _dtype as D

@@ -16,10 +16,9 @@ import math
 import numpy as np
 
 from .. import _dtype as D
-from .. import _state
 from .._tensor import Tensor
 from .._device import canonical
-from ._registry import defop, export, make_inplace, TensorSpec, METHODS
+from ._registry import defop, export, make_inplace, TensorSpec
 from ._helpers import broadcast_shapes
 from .creation import _size, _size_kw, _dt, _finish, zeros_like
 

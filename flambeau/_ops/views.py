@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtype as D
-from .. import _state
 from .._tensor import Tensor
 from .._device import canonical
 from .._backends import MetaArray, contiguous_strides, get as backend

@@ -282,7 +282,6 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
          allow_unused=None, is_grads_batched=False, materialize_grads=False):
     outputs = _as_tuple(outputs)
-    single = isinstance(inputs, Tensor)
     inputs = _as_tuple(inputs)
     if allow_unused is None:
         allow_unused = materialize_grads
