@@ -20,6 +20,8 @@ the backward graph takes `(*saved, *tangents)` and returns the gradients.
 """
 from __future__ import annotations
 
+import operator
+
 from .._decomp.core import POINTWISE, VIEWS, CONVERSION
 from .._tensor import Tensor
 from ..fx._aten import is_op
@@ -111,6 +113,8 @@ def _default_saved(joint: GraphModule, num_fwd_outputs: int):
     nodes = list(joint.graph.nodes)
     primals = [n for n in nodes if n.op == "placeholder" and not _is_tangent(n)]
     fw_set = _ancestors(fw_outs) | set(primals)
+    # the parts of a multi-output forward op are forward values too (save a part, never the tuple)
+    fw_set |= {u for n in list(fw_set) for u in n.users if u.op == "call_function" and u.target is operator.getitem}
     bw_region = _ancestors(bw_outs, fw_set) - fw_set
     saved = [n for n in nodes if n in fw_set and n.op != "get_attr" and
              (any(u in bw_region for u in n.users) or n in bw_outs)]
