@@ -170,6 +170,24 @@ def test_training_matches_eager(backend, name):
     assert res[-1] != res[0]
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_dynamic_training_one_graph_many_batch_sizes(backend):
+    fl.manual_seed(0)
+    m = fl.nn.Sequential(fl.nn.Linear(6, 16), fl.nn.LayerNorm(16), fl.nn.GELU(), fl.nn.Linear(16, 4))
+    cm = fl.compile(m, backend=backend, dynamic=True)
+    for b in (5, 9, 5):
+        x = fl.randn(b, 6)
+        grads = []
+        for run in (cm, m):
+            for p in m.parameters():
+                p.grad = None
+            run(x).pow(2).sum().backward()
+            grads.append([p.grad.clone() for p in m.parameters()])
+        for a, c in zip(*grads):
+            np.testing.assert_allclose(N(a), N(c), rtol=1e-4, atol=1e-5)
+    assert len(cm.__dict__["_compiled"].cache) == 1
+
+
 # ---- graph counts, guards, recompiles (the same assertions on torch.compile) ---------------------------
 class Counter:
     def __init__(self):

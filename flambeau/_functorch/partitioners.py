@@ -68,7 +68,7 @@ def _nbytes(n: Node) -> int:
     if isinstance(v, Tensor):
         k = v.dtype.itemsize
         for s in v.shape:
-            k *= s.hint if isinstance(s, SymInt) else int(s)
+            k *= s.hint() if isinstance(s, SymInt) else int(s)
         return k
     if isinstance(v, SymInt):
         return 8

@@ -26,6 +26,9 @@ def _size(size) -> tuple:
     for s in size:
         if isinstance(s, Tensor):
             s = s.item()
+        if type(s).__name__ == "SymInt":      # a symbolic size while tracing (fx): kept symbolic
+            out.append(s)
+            continue
         if not isinstance(s, (int, np.integer)) or isinstance(s, builtins.bool):
             raise TypeError(f"empty(): argument 'size' must be tuple of ints, but found element of type "
                             f"{type(s).__name__} at pos {len(out)}")
