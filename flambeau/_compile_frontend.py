@@ -18,11 +18,13 @@ eagerly for those inputs, with a one-line warning naming the op and the reason; 
 raises `Unsupported` instead. After `cache_size_limit` entries a function warns once and runs
 eagerly for new kinds of inputs. Side effects other than tensor mutations (printing, appending to
 Python lists) happen once, while tracing; tensors captured from globals or closures are baked
-into the graph (as PyTorch constants) and are not guarded.
+into the graph (as PyTorch constants) and are not guarded. `FLAMBEAU_LOGS=graph` prints each
+captured graph.
 """
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 import weakref
 from typing import Callable
@@ -300,6 +302,10 @@ def capture(fn: Callable, module: Module | None, call: _Call, symbolic: bool):
         gm = make_fx(flat_fn, tracing_mode="symbolic" if symbolic else "fake")(*call.tensors)
     finally:
         compiling -= 1
+    logs = {x.strip().lstrip("+") for x in os.environ.get("FLAMBEAU_LOGS", "").split(",")}
+    if "graph" in logs or "graph_code" in logs:
+        print(f"===== captured graph of {getattr(fn, '__qualname__', type(fn).__name__)} =====\n"
+              f"{gm.print_readable(print_output=False)}")
     return gm, out_spec[0]
 
 

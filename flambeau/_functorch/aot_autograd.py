@@ -42,7 +42,7 @@ from ..fx._symbolic_shapes import ShapeEnv, SymInt
 from .._subclasses.fake_tensor import FakeTensorMode
 from ..nn.modules.module import Module
 from .functionalization import run_functionalized, flat_input_tensors, _apply_step
-from .partitioners import default_partition, min_cut_rematerialization_partition  # noqa: F401
+from .partitioners import default_partition
 
 __all__ = ["aot_function", "aot_module", "aot_module_simplified", "make_boxed_func", "stateless_call"]
 

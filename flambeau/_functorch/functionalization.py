@@ -16,6 +16,9 @@ in a traced graph), e.g. BatchNorm's running statistics. `run_functionalized` is
 the copy-back: it reports the mutated inputs and the outputs that alias inputs (AOT autograd
 turns the former into graph outputs and regenerates the latter at run time).
 
+Limits: only views made while the mode is active are tracked (inputs that alias each other are
+treated as distinct), and `detach()` / `.data` results share the old value, not later updates.
+
 Ops whose kernel mutates an argument without saying so in its schema (`native_batch_norm` updating
 running statistics) run through their decomposition here, which writes with `copy_`.
 """
