@@ -1,0 +1,301 @@
+"""Where compiled code is entered: the wrapper around a compiled function, and the code cache.
+
+Without a C frame-evaluation hook, capture happens at the wrapper: `compile_fn(fn, backend)` returns
+a `CompiledFunction` whose call binds the arguments to the code's parameters, looks up the cache of
+`fn.__code__` (a list of entries, most recent first; each entry is one generated guard function and
+one generated entry function) and calls the first entry whose guards hold. On a miss it translates
+the frame (convert_frame.py) and adds the entry; after `config.cache_size_limit` entries for one
+code object it warns once and runs the function eagerly. Frames that cannot be captured
+(generators, SkipFrame) are remembered and run eagerly. Resume functions created at graph breaks
+are compiled the same way, with the backend and settings of the frame that broke.
+"""
+from __future__ import annotations
+
+import functools
+import types
+import warnings
+
+from . import config, _logging
+from .exc import SkipFrame
+from .convert_frame import convert_frame, CompileStats
+
+_caches: dict = {}            # (code, backend key) -> CodeCache
+_tracing = [0]                # > 0 while a frame is being translated (nested compiled calls run eagerly)
+_disabled = [0]               # > 0 inside a flambeau._dynamo.disable'd function
+
+
+class CodeCache:
+    __slots__ = ("entries", "skip", "warned", "frame_sizes", "dynamic_dims", "code")
+
+    def __init__(self, code):
+        self.code = code
+        self.entries: list = []
+        self.skip = False
+        self.warned = False
+        self.frame_sizes: dict = {}
+        self.dynamic_dims: dict = {}
+
+
+def reset() -> None:
+    """Forget every compiled entry (the next call of each compiled function recompiles)."""
+    _caches.clear()
+    from . import resume
+    resume._resume_codes.clear()
+    _resume_wrappers.clear()
+
+
+def _make_binder(fn):
+    """A function with `fn`'s signature returning its arguments as a tuple in co_varnames order."""
+    code = fn.__code__
+    names = list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount
+                                  + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)])
+    pos = names[:code.co_argcount]
+    kwonly = names[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]
+    rest = names[code.co_argcount + code.co_kwonlyargcount:]
+    parts = []
+    for i, n in enumerate(pos):
+        parts.append(f"a{i}")
+        if i + 1 == code.co_posonlyargcount:
+            parts.append("/")
+    varargs = None
+    if code.co_flags & 0x04:
+        varargs = rest.pop(0)
+        parts.append("*va")
+    elif kwonly:
+        parts.append("*")
+    parts += [f"k{i}" for i in range(len(kwonly))]
+    if code.co_flags & 0x08:
+        parts.append("**vk")
+    out = [f"a{i}" for i in range(len(pos))] + [f"k{i}" for i in range(len(kwonly))]
+    if varargs is not None:
+        out.append("va")
+    if code.co_flags & 0x08:
+        out.append("vk")
+    src = f"def ___bind({', '.join(parts)}):\n    return ({''.join(o + ', ' for o in out)})\n"
+    ns: dict = {}
+    exec(src, ns)
+    b = ns["___bind"]
+    b.__defaults__ = fn.__defaults__
+    if fn.__kwdefaults__:
+        b.__kwdefaults__ = {f"k{kwonly.index(k)}": v for k, v in fn.__kwdefaults__.items()}
+    argnames = pos + kwonly + ([varargs] if varargs is not None else []) + rest
+    return b, argnames
+
+
+class CompiledFunction:
+    """A function compiled with a backend (see module docstring)."""
+
+    def __init__(self, fn, backend, *, fullgraph: bool = False, dynamic=None, stats: CompileStats | None = None):
+        self_obj = None
+        if isinstance(fn, types.MethodType):
+            self_obj, fn = fn.__self__, fn.__func__
+        if not isinstance(fn, types.FunctionType):
+            raise TypeError(f"flambeau._dynamo: cannot compile {fn!r} (a Python function or method is needed)")
+        self.fn = fn
+        self.self_obj = self_obj
+        self.code = fn.__code__
+        self.backend = backend
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.stats = stats if stats is not None else CompileStats()
+        self.key = (self.code, id(backend), fullgraph, dynamic)
+        c = self.code
+        self.simple = not (c.co_flags & 0x0C) and not c.co_kwonlyargcount
+        self.nargs = c.co_argcount
+        self._binder, self.argnames = _make_binder(fn)
+        functools.update_wrapper(self, fn)
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return types.MethodType(self, obj)
+
+    def __call__(self, *args, **kwargs):
+        if self.self_obj is not None:
+            args = (self.self_obj,) + args
+        if _tracing[0] or _disabled[0]:
+            return self.fn(*args, **kwargs)
+        if self.simple and not kwargs and len(args) == self.nargs:
+            L = args
+        else:
+            try:
+                L = self._binder(*args, **kwargs)
+            except TypeError:
+                return self.fn(*args, **kwargs)
+        cache = _caches.get(self.key)
+        if cache is not None:
+            if cache.skip:
+                return self.fn(*args, **kwargs)
+            fn = self.fn
+            for e in cache.entries:
+                if e.guard(fn, *L):
+                    return e.entry(fn, *L)
+        return self._miss(cache, L, args, kwargs)
+
+    def _miss(self, cache, L, args, kwargs):
+        if cache is None:
+            cache = _caches[self.key] = CodeCache(self.code)
+        if len(cache.entries) >= config.cache_size_limit:
+            if not cache.warned:
+                cache.warned = True
+                warnings.warn(f"flambeau._dynamo hit config.cache_size_limit ({config.cache_size_limit}) for "
+                              f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno}); "
+                              "it now runs eagerly. Last guard failures: "
+                              f"{'; '.join(self._failures(cache.entries[0], L)[:3])}")
+            return self.fn(*args, **kwargs)
+        if cache.entries:
+            reasons = self._failures(cache.entries[0], L)
+            _logging.trace("recompiles", "Recompiling function %s in %s:%d\n    triggered by the following "
+                           "guard failure(s):\n    - %s", self.code.co_name, self.code.co_filename,
+                           self.code.co_firstlineno, "\n    - ".join(reasons))
+        values = dict(zip(self.argnames, L))
+        _tracing[0] += 1
+        try:
+            entry = convert_frame(self.fn, self.code, values, self.backend, one_graph=self.fullgraph,
+                                  dynamic=self.dynamic, cache=cache, compile_resume=self._compile_resume,
+                                  stats=self.stats)
+        except SkipFrame as e:
+            _logging.trace("graph_breaks", "Skipping frame %s (%s:%d): %s", self.code.co_name,
+                           self.code.co_filename, self.code.co_firstlineno, e)
+            cache.skip = True
+            entry = None
+        finally:
+            _tracing[0] -= 1
+        if entry is None:
+            return self.fn(*args, **kwargs)
+        cache.entries.insert(0, entry)
+        return entry.entry(self.fn, *L)
+
+    def _failures(self, entry, L) -> list:
+        return entry.guards.failures(entry.argnames, entry.globals, self.fn, L) or ["(unknown)"]
+
+    def _compile_resume(self, rcode, F):
+        return compiled_resume(rcode, F, self.backend, self.fullgraph, self.dynamic, self.stats)
+
+
+_resume_wrappers: dict = {}
+
+
+def compiled_resume(rcode, F, backend, fullgraph, dynamic, stats):
+    """The compiled function for a resume code object (one per code object when there is no closure)."""
+    key = (rcode, id(backend), dynamic)
+    if not F.__closure__:
+        hit = _resume_wrappers.get(key)
+        if hit is not None:
+            return hit
+    fn = types.FunctionType(rcode, F.__globals__, rcode.co_name, None, F.__closure__)
+    c = CompiledFunction(fn, backend, fullgraph=fullgraph, dynamic=dynamic, stats=stats)
+    if not F.__closure__:
+        _resume_wrappers[key] = c
+    return c
+
+
+def compile_fn(fn, backend, *, fullgraph: bool = False, dynamic=None):
+    """`fn` compiled with `backend(gm, example_inputs) -> callable` (see module docstring)."""
+    return CompiledFunction(fn, backend, fullgraph=fullgraph, dynamic=dynamic)
+
+
+def unwrap_compiled(v):
+    """The original function behind a compiled wrapper (inlined when a compiled function calls it)."""
+    if isinstance(v, CompiledFunction):
+        return v.fn if v.self_obj is None else types.MethodType(v.fn, v.self_obj)
+    if isinstance(v, _ModuleCall):
+        return v.module
+    inner = getattr(v, "_torchdynamo_orig_callable", None)
+    if inner is not None and getattr(v, "_compiled", None) is not None:
+        return inner
+    return v
+
+
+# ---- modules ------------------------------------------------------------------------------------------
+class _ModuleCall:
+    """The compiled call of an nn.Module: its forward when it has no hooks, else its `_call_impl`."""
+
+    def __init__(self, module, backend, fullgraph, dynamic):
+        self.module = module
+        self.forward = CompiledFunction(module.forward, backend, fullgraph=fullgraph, dynamic=dynamic)
+        self.call_impl = CompiledFunction(module._call_impl, backend, fullgraph=fullgraph, dynamic=dynamic)
+
+    def __call__(self, *args, **kwargs):
+        m = self.module
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+            return self.call_impl(*args, **kwargs)
+        return self.forward(*args, **kwargs)
+
+
+def optimize_for_compiler(model, backend, *, fullgraph: bool = False, dynamic=None, module=None):
+    """The front-end entry point `flambeau.compile` uses: a callable running `model` compiled."""
+    from ..nn.modules.module import Module
+    if isinstance(model, Module):
+        return _ModuleCall(model, backend, fullgraph, dynamic)
+    return CompiledFunction(model, backend, fullgraph=fullgraph, dynamic=dynamic)
+
+
+class OptimizeContext:
+    """What `optimize(backend)` returns: applied to a function or module, it compiles it."""
+
+    def __init__(self, backend, nopython: bool, dynamic):
+        self.backend = backend
+        self.nopython = nopython
+        self.dynamic = dynamic
+
+    def __call__(self, fn):
+        from ..nn.modules.module import Module
+        be = _lookup_backend(self.backend)
+        if isinstance(fn, Module):
+            from ..compiler import OptimizedModule
+            return OptimizedModule(fn, _ModuleCall(fn, be, self.nopython, self.dynamic))
+        c = CompiledFunction(fn, be, fullgraph=self.nopython, dynamic=self.dynamic)
+        if isinstance(fn, types.MethodType):
+            return c
+
+        @functools.wraps(fn)
+        def compiled(*args, **kwargs):
+            return c(*args, **kwargs)
+        compiled._torchdynamo_orig_callable = fn
+        compiled._compiled = c
+        return compiled
+
+
+def _lookup_backend(backend):
+    if callable(backend):
+        return backend
+    from ..compiler import lookup_backend
+    return lookup_backend(backend)
+
+
+def optimize(backend="inductor", nopython: bool = False, dynamic=None, **kwargs) -> OptimizeContext:
+    """`flambeau._dynamo.optimize(backend)(fn)`: fn compiled with `backend` (nopython=True: one graph or an error)."""
+    return OptimizeContext(backend, nopython, dynamic)
+
+
+# ---- disable --------------------------------------------------------------------------------------------
+def disable(fn=None, recursive: bool = True, reason: str | None = None):
+    """Run `fn` (and what it calls) eagerly, never captured; a call to it from compiled code breaks the graph."""
+    if fn is None:
+        return lambda f: disable(f, recursive=recursive, reason=reason)
+    from ..nn.modules.module import Module
+    if isinstance(fn, Module):
+        fn.forward = disable(fn.forward, recursive=recursive, reason=reason)
+        return fn
+
+    @functools.wraps(fn)
+    def run_eagerly(*args, **kwargs):
+        if not recursive:
+            return fn(*args, **kwargs)
+        _disabled[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _disabled[0] -= 1
+    run_eagerly._flambeau_dynamo_disable = True
+    return run_eagerly
+
+
+def is_disabled(fn) -> bool:
+    return bool(getattr(fn, "_flambeau_dynamo_disable", False))
+
+
+def is_compiling() -> bool:
+    return _tracing[0] > 0
+

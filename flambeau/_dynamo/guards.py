@@ -1,0 +1,237 @@
+"""Sources (where a value came from) and guards (what must still hold for a compiled entry to be valid).
+
+A `Source` is a Python expression over the compiled frame's arguments — its locals at entry, named
+`L_<name>` — plus `F` (the function object: closure cells) and `G` (its globals): `L_x`,
+`G['w']`, `L_self.layer`, `L_xs[0]`, `F.__closure__[1].cell_contents`. The translator attaches a
+source to every value it read from the frame, so that it can guard it and reach it again at run time.
+
+`GuardSet` collects guards while translating (deduplicated, in order: an object's type/identity
+before its attributes) and `build()` generates ONE Python function `__guard(F, L_a, L_b, ...)`
+returning a bool: an `and` chain of cheap checks, where a nested source is computed once with an
+assignment expression and reused. Any exception while checking means "does not hold".
+"""
+from __future__ import annotations
+
+import itertools
+import keyword
+import re
+
+from .. import _state
+from .._tensor import Tensor
+
+_ident = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def local_name(name: str) -> str:
+    """The generated-code parameter name for frame local `name`."""
+    s = re.sub(r"[^0-9A-Za-z_]", "_", name)
+    return "L_" + s
+
+
+class Source:
+    """A Python expression naming where a value lives (see module docstring). Derived sources keep
+    a template over their base (`{B}.weight`) so generated code can substitute a cached base."""
+    __slots__ = ("expr", "base", "tmpl", "_name")
+
+    def __init__(self, expr: str, base: "Source | None" = None, name: str | None = None, tmpl: str | None = None):
+        self.expr = expr
+        self.base = base
+        self.tmpl = tmpl
+        self._name = name or expr
+
+    def name(self) -> str:
+        """PyTorch-style name for messages: L['x'], G['w'], L['self'].weight."""
+        return self._name
+
+    def _derive(self, tmpl: str, name: str) -> "Source":
+        return Source(tmpl.replace("{B}", self.expr), self, name, tmpl)
+
+    def attr(self, a: str) -> "Source":
+        if _ident.match(a) and not keyword.iskeyword(a):
+            return self._derive("{B}." + a, f"{self._name}.{a}")
+        return self._derive("getattr({B}, %r)" % a, f"getattr({self._name}, {a!r})")
+
+    def item(self, key) -> "Source":
+        return self._derive("{B}[%r]" % (key,), f"{self._name}[{key!r}]")
+
+    def expr_with(self, base_expr: str) -> str:
+        return self.tmpl.replace("{B}", base_expr)
+
+    def root(self) -> "Source":
+        s = self
+        while s.base is not None:
+            s = s.base
+        return s
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+def LocalSource(name: str) -> Source:
+    return Source(local_name(name), None, f"L[{name!r}]")
+
+
+def GlobalSource(name: str) -> Source:
+    return Source(f"G[{name!r}]", None, f"G[{name!r}]")
+
+
+def ClosureSource(index: int, name: str) -> Source:
+    return Source(f"F.__closure__[{index}].cell_contents", None, f"L[{name!r}]")
+
+
+def graph_input_name(src: Source) -> str:
+    """A readable placeholder name for a graph input, like PyTorch's `L_x_`, `L_self_weight_`."""
+    return re.sub(r"_+", "_", re.sub(r"[^0-9A-Za-z]", "_", src.name().replace("'", ""))).strip("_") + "_"
+
+
+class GuardSet:
+    """Guards collected while translating one frame (see module docstring)."""
+
+    def __init__(self):
+        self.checks: list = []            # (source or None, python condition text using {S} for the source)
+        self._seen: set = set()
+        self.consts: dict = {}            # name -> object referenced by the guard code
+        self._const_ids: dict = {}
+        self.descriptions: list = []      # human readable, for FLAMBEAU_LOGS=guards and failure reasons
+
+    def const(self, obj) -> str:
+        k = id(obj)
+        name = self._const_ids.get(k)
+        if name is None:
+            name = f"___c{len(self.consts)}"
+            self.consts[name] = obj
+            self._const_ids[k] = name
+        return name
+
+    def add(self, source: Source | None, cond: str, desc: str) -> None:
+        key = (source.expr if source is not None else None, cond)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.checks.append((source, cond, desc))
+
+    # ---- guard kinds ---------------------------------------------------------------------------
+    def type_match(self, src: Source, tp: type) -> None:
+        self.add(src, f"type({{S}}) is {self.const(tp)}", f"TYPE_MATCH: type({src.name()}) is {tp.__name__}")
+
+    def id_match(self, src: Source, obj) -> None:
+        self.add(src, f"{{S}} is {self.const(obj)}", f"ID_MATCH: {src.name()} is {_short(obj)}")
+
+    def equals_match(self, src: Source, value) -> None:
+        self.type_match(src, type(value))
+        if isinstance(value, float) and value != value:
+            self.add(src, "{S} != {S}", f"EQUALS_MATCH: {src.name()} is nan")
+            return
+        lit = repr(value) if _literal(value) else self.const(value)
+        self.add(src, f"{{S}} == {lit}", f"EQUALS_MATCH: {src.name()} == {value!r}")
+
+    def len_match(self, src: Source, tp: type, n: int) -> None:
+        self.type_match(src, tp)
+        self.add(src, f"len({{S}}) == {n}", f"LENGTH_CHECK: len({src.name()}) == {n}")
+
+    def dict_keys(self, src: Source, tp: type, keys: list) -> None:
+        self.type_match(src, tp)
+        self.add(src, f"list({{S}}.keys()) == {self.const(list(keys))}", f"DICT_KEYS: {src.name()} keys == {keys!r}")
+
+    def attr_equals(self, src: Source, attr: str, value) -> None:
+        self.add(src, f"{{S}}.{attr} is {value!r}" if isinstance(value, bool) or value is None
+                 else f"{{S}}.{attr} == {value!r}", f"{src.name()}.{attr} == {value!r}")
+
+    def tensor_match(self, src: Source, t: Tensor, dynamic_dims: tuple = ()) -> None:
+        c = self.const
+        shape = tuple(t._data.shape)
+        parts = [f"type({{S}}) is {c(type(t))}", f"{{S}}._dtype is {c(t._dtype)}",
+                 f"{{S}}._device == {c(t._device)}", f"{{S}}._requires_grad is {bool(t._requires_grad)}"]
+        if not dynamic_dims:
+            parts.append(f"{{S}}._data.shape == {shape!r}")
+            parts.append(f"{{S}}._data.strides == {tuple(t._data.strides)!r}")
+            size_desc = str(list(shape))
+        else:
+            parts.append(f"{{S}}._data.ndim == {len(shape)}")
+            for d, s in enumerate(shape):
+                if d not in dynamic_dims:
+                    parts.append(f"{{S}}._data.shape[{d}] == {s}")
+            parts.append(f"{c(_is_contiguous)}({{S}}) is {t.is_contiguous()}")
+            size_desc = str([("*" if d in dynamic_dims else s) for d, s in enumerate(shape)])
+        self.add(src, " and ".join(parts),
+                 f"TENSOR_MATCH: {src.name()} {t.dtype} {t.device} requires_grad={t.requires_grad} size={size_desc}")
+
+    def grad_mode(self) -> None:
+        self.add(None, f"{self.const(_state)}.grad_enabled is {_state.grad_enabled}",
+                 f"GLOBAL_STATE: grad_enabled is {_state.grad_enabled}")
+        self.add(None, f"{self.const(_state)}.autocast == {dict(_state.autocast)!r}",
+                 f"GLOBAL_STATE: autocast == {dict(_state.autocast)!r}")
+        self.add(None, f"{self.const(_state)}.default_dtype is {self.const(_state.default_dtype)}",
+                 f"GLOBAL_STATE: default_dtype is {_state.default_dtype}")
+
+    def raw(self, cond: str, desc: str) -> None:
+        self.add(None, cond, desc)
+
+    # ---- code generation ---------------------------------------------------------------------
+    def build(self, argnames: list, globals_dict: dict):
+        """(guard function, its source, per-check descriptions)."""
+        temps: dict = {}
+        counter = itertools.count()
+        conds = []
+
+        def expr_of(src: Source) -> str:
+            if src.base is None:
+                return src.expr
+            t = temps.get(src.expr)
+            if t is not None:
+                return t
+            t = temps[src.expr] = f"___t{next(counter)}"
+            return f"({t} := {src.expr_with(expr_of(src.base))})"
+
+        for src, cond, _ in self.checks:
+            if src is None:
+                conds.append(cond)
+                continue
+            first = expr_of(src)
+            cond = cond.replace("{S}", first, 1)
+            conds.append(cond.replace("{S}", temps.get(src.expr, first)))
+        body = " and\n            ".join(f"({c})" for c in conds) or "True"
+        params = ", ".join(["F"] + argnames)
+        src = (f"def ___guard({params}):\n"
+               f"    try:\n"
+               f"        return ({body})\n"
+               f"    except Exception:\n"
+               f"        return False\n")
+        ns = dict(self.consts)
+        ns["G"] = globals_dict
+        exec(compile(src, "<flambeau._dynamo guards>", "exec"), ns)
+        return ns["___guard"], src
+
+    def failures(self, argnames: list, globals_dict: dict, F, args) -> list:
+        """Descriptions of the checks that fail for these arguments (for recompile reasons)."""
+        ns = dict(self.consts)
+        ns["G"] = globals_dict
+        ns["F"] = F
+        ns.update(zip(argnames, args))
+        out = []
+        for src, cond, desc in self.checks:
+            text = cond.replace("{S}", f"({src.expr})") if src is not None else cond
+            try:
+                ok = eval(text, ns)
+            except Exception:
+                ok = False
+            if not ok:
+                out.append(desc)
+        return out
+
+
+def _is_contiguous(t) -> bool:
+    return t.is_contiguous()
+
+
+def _literal(v) -> bool:
+    if type(v) in (int, float, bool, str, bytes, type(None)):
+        return not (type(v) is float and (v != v or v in (float("inf"), float("-inf"))))
+    if type(v) in (tuple, frozenset):
+        return all(_literal(x) for x in v)
+    return False
+
+
+def _short(obj) -> str:
+    r = repr(obj) if not hasattr(obj, "__name__") else f"{type(obj).__name__} {obj.__name__}"
+    return r if len(r) < 60 else r[:57] + "..."

@@ -1,0 +1,180 @@
+"""Turning real Python values the frame reads into trackers, with the guards that justify them.
+
+`build(tx, value, source)` is called for every argument, global, closure cell and attribute the
+traced code reads. Each kind of value gets the guard that makes the trace valid for later calls:
+tensors become graph inputs with a TENSOR_MATCH guard (and may get dynamic sizes), Python scalars
+are specialised with an EQUALS_MATCH, containers are unpacked with length/key guards, modules,
+functions and classes are guarded by identity, other objects by type (their attributes are guarded
+when read). The same object reached twice gives the same tracker (aliasing is kept).
+`wrap_constant_like` does the same for values created at trace time (no source, no guards).
+"""
+from __future__ import annotations
+
+import collections
+import types
+
+from ..exc import Unsupported
+from .base import VariableTracker, ConstantVariable, is_constant_value, const
+from .containers import TupleVariable, ListVariable, DictVariable, RangeVariable
+
+
+def _is_namedtuple(v) -> bool:
+    return isinstance(v, tuple) and hasattr(type(v), "_fields")
+
+
+def wrap_constant_like(v) -> VariableTracker:
+    """A tracker for a value computed at trace time (not read from the frame)."""
+    from ..._tensor import Size
+    from .objects import ClassVariable, PythonModuleVariable
+    if isinstance(v, VariableTracker):
+        return v
+    if type(v) is range:
+        return RangeVariable(v)
+    if is_constant_value(v):
+        return ConstantVariable(v)
+    if type(v) is tuple or type(v) is Size or _is_namedtuple(v):
+        items = [wrap_constant_like(x) for x in v]
+        return TupleVariable(items, cls=type(v))
+    if type(v) is list:
+        return ListVariable([wrap_constant_like(x) for x in v])
+    if type(v) is dict:
+        return DictVariable({k: wrap_constant_like(x) for k, x in v.items()})
+    if isinstance(v, type):
+        return ClassVariable(v)
+    if isinstance(v, types.ModuleType):
+        return PythonModuleVariable(v)
+    return _callable_without_source(v)
+
+
+def _callable_without_source(v):
+    from .builtin import BuiltinVariable, is_builtin_callable
+    from .torch import torch_functions, TorchFunctionVariable, special_function, TorchSpecialVariable
+    from .functions import UserFunctionVariable
+    kind = special_function(v) if callable(v) else None
+    if kind is not None:
+        return TorchSpecialVariable(v, kind)
+    hit = torch_functions().get(id(v))
+    if hit is not None and hit[1] is v:
+        return TorchFunctionVariable(v, hit[0])
+    if callable(v) and is_builtin_callable(v):
+        return BuiltinVariable(v)
+    if isinstance(v, types.FunctionType):
+        return UserFunctionVariable(v)
+    raise Unsupported(f"value of type {type(v).__name__} created while tracing")
+
+
+def build(tx, value, source) -> VariableTracker:
+    """The tracker for `value`, read from `source` (None: a trusted library value, no guards)."""
+    if source is None:
+        return wrap_constant_like(value) if not _needs_source(value) else _build(tx, value, None)
+    out = tx.output
+    hit = out.built.get(id(value))
+    if hit is not None and hit[0] is value and not is_constant_value(value):
+        vt = hit[1]
+        if vt.source is not None and vt.source.expr != source.expr and _identity_matters(value):
+            out.guards.add(source, f"{{S}} is {vt.source.expr}", f"{source.name()} is {vt.source.name()}")
+        return vt
+    vt = _build(tx, value, source)
+    if not is_constant_value(value):
+        out.built[id(value)] = (value, vt)
+    return vt
+
+
+def _identity_matters(v) -> bool:
+    from ..._tensor import Tensor
+    return isinstance(v, (Tensor, list, dict))
+
+
+def _needs_source(v) -> bool:
+    from ..._tensor import Tensor
+    from ...nn.modules.module import Module
+    return isinstance(v, (Tensor, Module))
+
+
+def _build(tx, value, source) -> VariableTracker:
+    from ..._tensor import Tensor, Size
+    from ...nn.modules.module import Module
+    from .nn_module import NNModuleVariable
+    from .objects import ObjectVariable, ClassVariable, PythonModuleVariable
+    from .functions import UserMethodVariable
+    from .torch import GradModeExit, GradModeExitVariable
+    from ..eval_frame import unwrap_compiled
+    g = tx.output.guards
+    if isinstance(value, Tensor):
+        if source is None:
+            raise Unsupported("a tensor reached without a source")
+        return tx.output.add_graph_input(value, source)
+    if is_constant_value(value):
+        if source is not None:
+            if type(value) in (int, float, bool, str, type(None), bytes):
+                g.equals_match(source, value)
+            else:
+                g.add(source, f"{{S}} == {g.const(value)}", f"EQUALS_MATCH: {source.name()} == {value!r}")
+        if type(value) is range:
+            return RangeVariable(value)
+        return ConstantVariable(value, source)
+    if type(value) in (tuple, list) or type(value) is Size or _is_namedtuple(value):
+        if source is not None:
+            g.len_match(source, type(value), len(value))
+        items = [build(tx, x, source.item(i) if source is not None else None) for i, x in enumerate(value)]
+        if type(value) is list:
+            return ListVariable(items, source)
+        return TupleVariable(items, source, cls=type(value))
+    if type(value) in (dict, collections.OrderedDict):
+        if not all(is_constant_value(k) for k in value):
+            raise Unsupported("dict with non-constant keys")
+        if source is not None:
+            g.dict_keys(source, type(value), list(value))
+        return DictVariable({k: build(tx, v, source.item(k) if source is not None else None)
+                             for k, v in value.items()}, source, cls=type(value))
+    if isinstance(value, Module):
+        g.id_match(source, value)
+        return NNModuleVariable(value, source)
+    orig = unwrap_compiled(value)
+    if orig is not value:
+        if source is not None:
+            g.id_match(source, value)
+        return build(tx, orig, None) if not isinstance(orig, Module) else NNModuleVariable(orig, source)
+    if isinstance(value, types.MethodType):
+        obj_src = source.attr("__self__") if source is not None else None
+        obj = build(tx, value.__self__, obj_src) if obj_src is not None else wrap_constant_like(value.__self__)
+        if isinstance(value.__func__, types.FunctionType):
+            if source is not None:
+                g.add(source.attr("__func__"), f"{{S}} is {g.const(value.__func__)}", f"{source.name()}.__func__")
+            return UserMethodVariable(value.__func__, obj, source)
+        raise Unsupported(f"bound method {value!r}")
+    if isinstance(value, GradModeExit):
+        g.type_match(source, GradModeExit)
+        g.add(source, f"{{S}}.prev is {value.prev}", f"{source.name()}.prev")
+        return GradModeExitVariable(value.prev, source)
+    try:
+        vt = _callable_without_source(value) if (callable(value) and not isinstance(value, type)) else None
+    except Unsupported:
+        vt = None
+    if isinstance(value, types.FunctionType) and vt is not None:
+        if source is not None:
+            g.id_match(source, value)
+        vt.source = source
+        return vt
+    if vt is not None:
+        if source is not None:
+            g.id_match(source, value)
+        return vt
+    if isinstance(value, type):
+        if source is not None:
+            g.id_match(source, value)
+        return ClassVariable(value, source)
+    if isinstance(value, types.ModuleType):
+        if source is not None:
+            g.id_match(source, value)
+        return PythonModuleVariable(value, source)
+    if type(value) in (set, frozenset) and all(is_constant_value(x) for x in value):
+        if source is not None:
+            g.type_match(source, type(value))
+            g.add(source, f"{{S}} == {g.const(frozenset(value))}", f"{source.name()} == {value!r}")
+        from .containers import SetVariable
+        return SetVariable([const(x) for x in value], source)
+    if source is None:
+        raise Unsupported(f"object of type {type(value).__name__} without a source")
+    g.type_match(source, type(value))
+    return ObjectVariable(value, source)

@@ -1,0 +1,232 @@
+"""Arbitrary Python objects, classes and modules while tracing.
+
+`ObjectVariable` is an object the frame read (an argument, a global, an attribute): attribute reads
+look the attribute up statically (`inspect.getattr_static`, so no user code runs while tracing):
+instance data is read through its source (and guarded), Python methods and properties are
+inlined, and attribute writes are recorded as side effects replayed after the graph.
+`ClassVariable` is a class (calling it builds namedtuples / flambeau.Size; other classes break the
+graph), `PythonModuleVariable` a module such as `math` or `flambeau.nn.functional`.
+"""
+from __future__ import annotations
+
+import inspect
+import types
+
+from ..exc import Unsupported
+from .base import VariableTracker, const
+
+
+def _missing_attr(obj_desc: str, name: str):
+    from .builtin import ObservedAttributeError
+    return ObservedAttributeError(f"AttributeError: {obj_desc} has no attribute {name!r}")
+
+
+def read_attribute(tx, vt: VariableTracker, value, name: str) -> VariableTracker:
+    """`value.name` for an object `value` reached through `vt.source`, without running user code
+    except as traced (properties and methods are inlined)."""
+    from .builder import build
+    from .functions import UserMethodVariable, UserFunctionVariable
+    pending = tx.output.side_effects.pending_attr(vt, name)
+    if pending is not None:
+        return pending
+    try:
+        static = inspect.getattr_static(value, name)
+    except AttributeError:
+        getattr_hook = inspect.getattr_static(type(value), "__getattr__", None)
+        if getattr_hook is not None and isinstance(getattr_hook, types.FunctionType):
+            return tx.inline_call(getattr_hook, [vt, const(name)], {})
+        raise _missing_attr(f"'{type(value).__name__}' object", name)
+    src = vt.source.attr(name) if vt.source is not None else None
+    inst_dict = getattr(value, "__dict__", None)
+    if isinstance(inst_dict, dict) and name in inst_dict and not isinstance(value, type):
+        if src is None:
+            raise Unsupported(f"attribute {name} of an object without a source")
+        return build(tx, inst_dict[name], src)
+    if isinstance(static, property):
+        if static.fget is None:
+            raise _missing_attr("property", name)
+        return tx.inline_call(static.fget, [vt], {})
+    if isinstance(static, staticmethod):
+        return build(tx, static.__func__, src) if src is not None else UserFunctionVariable(static.__func__)
+    if isinstance(static, classmethod):
+        return UserMethodVariable(static.__func__, ClassVariable(type(value)))
+    if isinstance(static, types.FunctionType) and not isinstance(value, type):
+        return UserMethodVariable(static, vt, src)
+    if type(static).__name__ in ("member_descriptor", "getset_descriptor") or hasattr(type(static), "__get__"):
+        if type(static).__name__ in ("member_descriptor", "getset_descriptor") and src is not None:
+            return build(tx, getattr(value, name), src)
+        if callable(static) and type(static).__name__ in ("method_descriptor", "wrapper_descriptor",
+                                                          "builtin_function_or_method"):
+            from .builtin import GetAttrVariable
+            return GetAttrVariable(vt, name)
+        raise Unsupported(f"descriptor {type(static).__name__} for attribute {name}")
+    if src is None:
+        from .builder import wrap_constant_like
+        return wrap_constant_like(static)
+    return build(tx, getattr(value, name), src)
+
+
+class ObjectVariable(VariableTracker):
+    """A user-defined (or otherwise unknown) Python object that exists outside the traced code."""
+
+    def __init__(self, value, source=None):
+        self.value = value
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def __repr__(self):
+        return f"ObjectVariable({type(self.value).__name__})"
+
+    def var_getattr(self, tx, name):
+        if name == "__class__":
+            return ClassVariable(type(self.value))
+        return read_attribute(tx, self, self.value, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__setattr__" and len(args) == 2:
+            tx.store_attr(self, args[0].as_python_constant(), args[1])
+            return const(None)
+        meth = inspect.getattr_static(type(self.value), name, None)
+        if isinstance(meth, types.FunctionType):
+            return tx.inline_call(meth, [self] + list(args), kwargs)
+        return super().call_method(tx, name, args, kwargs)
+
+    def call_function(self, tx, args, kwargs):
+        call = inspect.getattr_static(type(self.value), "__call__", None)
+        if isinstance(call, types.FunctionType):
+            return tx.inline_call(call, [self] + list(args), kwargs)
+        raise Unsupported(f"call to an object of type {type(self.value).__name__}")
+
+    def truthy(self, tx):
+        tp = type(self.value)
+        if getattr(tp, "__bool__", None) is None and getattr(tp, "__len__", None) is None:
+            return True
+        raise Unsupported(f"bool() of a {tp.__name__}")
+
+    def has_unpack_var_sequence(self, tx):
+        return False
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        return cg.const(self.value)
+
+
+class ClassVariable(VariableTracker):
+    def __init__(self, cls, source=None):
+        self.value = cls
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        return self.value
+
+    def __repr__(self):
+        return f"ClassVariable({self.value.__name__})"
+
+    def var_getattr(self, tx, name):
+        from .builder import build, wrap_constant_like
+        try:
+            static = inspect.getattr_static(self.value, name)
+        except AttributeError:
+            raise _missing_attr(f"type object '{self.value.__name__}'", name)
+        if isinstance(static, staticmethod):
+            static = static.__func__
+        if isinstance(static, classmethod):
+            from .functions import UserMethodVariable
+            return UserMethodVariable(static.__func__, self)
+        if self.source is not None:
+            return build(tx, getattr(self.value, name), self.source.attr(name))
+        return wrap_constant_like(getattr(self.value, name))
+
+    def call_function(self, tx, args, kwargs):
+        from ..._tensor import Size
+        from .containers import TupleVariable
+        from .builtin import BuiltinVariable
+        cls = self.value
+        if cls is Size:
+            (seq,) = args
+            return TupleVariable(seq.unpack_var_sequence(tx), cls=Size)
+        if isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
+            from .functions import bind_arguments
+            bound = bind_arguments(cls.__new__, [self] + list(args), kwargs)
+            return TupleVariable([bound[f] for f in cls._fields], cls=cls)
+        if cls in (list, tuple, dict, set, range, int, float, bool, str, slice, enumerate, zip, map,
+                   filter, reversed, frozenset, object, super, type):
+            return BuiltinVariable(cls).call_function(tx, args, kwargs)
+        from .torch import class_call
+        r = class_call(tx, cls, args, kwargs)
+        if r is not None:
+            return r
+        raise Unsupported(f"constructing a {cls.__name__} object")
+
+    def reconstruct(self, cg):
+        return cg.source_expr(self.source) if self.source is not None else cg.const(self.value)
+
+
+class PythonModuleVariable(VariableTracker):
+    def __init__(self, module, source=None):
+        self.value = module
+        self.source = source
+
+    def python_type(self):
+        return types.ModuleType
+
+    def as_python_constant(self):
+        return self.value
+
+    def __repr__(self):
+        return f"PythonModuleVariable({self.value.__name__})"
+
+    def var_getattr(self, tx, name):
+        from .builder import build
+        if name not in self.value.__dict__:
+            try:
+                v = getattr(self.value, name)
+            except AttributeError:
+                raise _missing_attr(f"module '{self.value.__name__}'", name)
+        else:
+            v = self.value.__dict__[name]
+        trusted = self.value.__name__.split(".")[0] in ("flambeau", "math", "operator", "builtins", "itertools",
+                                                         "functools", "collections", "typing", "numbers")
+        src = None if trusted or self.source is None else self.source.attr(name)
+        return build(tx, v, src)
+
+    def reconstruct(self, cg):
+        return cg.source_expr(self.source) if self.source is not None else cg.const(self.value)
+
+
+class SuperVariable(VariableTracker):
+    """`super()` inside an inlined method: attribute lookup starts after `cls` in type(obj).__mro__."""
+
+    def __init__(self, cls, obj: VariableTracker):
+        self.cls = cls
+        self.obj = obj
+
+    def var_getattr(self, tx, name):
+        from .functions import UserMethodVariable
+        tp = self.obj.value if isinstance(self.obj, ClassVariable) else type(self.obj.value)
+        mro = tp.__mro__
+        for base in mro[mro.index(self.cls) + 1:]:
+            if name in base.__dict__:
+                attr = base.__dict__[name]
+                if isinstance(attr, types.FunctionType):
+                    return UserMethodVariable(attr, self.obj)
+                if isinstance(attr, classmethod):
+                    return UserMethodVariable(attr.__func__, ClassVariable(tp))
+                if isinstance(attr, staticmethod):
+                    from .functions import UserFunctionVariable
+                    return UserFunctionVariable(attr.__func__)
+                if attr is object.__init__:
+                    from .builtin import BuiltinVariable
+                    return BuiltinVariable(_noop)
+                break
+        raise Unsupported(f"super().{name}")
+
+
+def _noop(*args, **kwargs):
+    return None

@@ -1,0 +1,213 @@
+"""flambeau functions and context managers while tracing.
+
+`TorchFunctionVariable` is a function of `flambeau`, `flambeau.nn.functional`, `flambeau.linalg`,
+`flambeau.special` or `flambeau.fft` (operators and Python composites): a call becomes one
+call_function node, its output's metadata computed by running the function on fake tensors.
+A few are not graph material: grad-mode switches are modelled (`GradModeVariable`, which also
+records `_set_grad_enabled` nodes so the graph runs each op under the right mode), pure queries
+are answered at trace time (`is_grad_enabled`, `get_default_dtype`), and functions with global
+effects (`manual_seed`, `save`, `set_default_dtype`, ...) break the graph.
+"""
+from __future__ import annotations
+
+from ... import _state
+from ..exc import Unsupported
+from .base import VariableTracker, const
+
+_BREAKING = {"manual_seed", "seed", "initial_seed", "save", "load", "set_default_dtype", "set_default_device",
+             "set_printoptions", "compile", "use_deterministic_algorithms", "set_num_threads", "get_rng_state",
+             "set_rng_state", "from_numpy", "set_anomaly_enabled", "set_autocast_enabled", "set_autocast_dtype",
+             "set_autocast_cpu_enabled", "set_autocast_gpu_dtype", "set_autocast_cpu_dtype",
+             "autocast_increment_nesting", "autocast_decrement_nesting", "clear_autocast_cache",
+             "set_autocast_cache_enabled", "set_float32_matmul_precision", "set_flush_denormal",
+             "set_deterministic_debug_mode", "frombuffer", "asarray", "graph_break", "_amp_update_scale_",
+             "_amp_foreach_non_finite_check_and_unscale_"}
+_NAMESPACES = ("flambeau", "flambeau.nn.functional", "flambeau.linalg", "flambeau.special", "flambeau.fft",
+               "flambeau.nn.init")
+_in_graph: dict | None = None
+
+
+def _set_grad_enabled(mode: bool) -> None:
+    """Recorded in graphs to switch grad mode at run time (inside `with no_grad():` etc.)."""
+    _state.grad_enabled = mode
+
+
+def torch_functions() -> dict:
+    """{id(fn): qualified name} of the flambeau functions recorded as graph nodes."""
+    global _in_graph
+    if _in_graph is None:
+        import importlib
+        import types
+        table = {}
+        for modname in _NAMESPACES:
+            try:
+                mod = importlib.import_module(modname)
+            except ImportError:
+                continue
+            for name, v in vars(mod).items():
+                if name.startswith("__") or isinstance(v, (type, types.ModuleType)) or not callable(v):
+                    continue
+                if name in _BREAKING or name in _SPECIAL:
+                    continue
+                table.setdefault(id(v), (f"{modname}.{name}", v))
+        _in_graph = table
+    return _in_graph
+
+
+def special_function(v):
+    """The handler name for flambeau functions modelled at trace time, else None."""
+    import flambeau
+    for name in _SPECIAL:
+        if getattr(flambeau, name, None) is v or getattr(flambeau.autograd, name, None) is v:
+            return name
+    if getattr(v, "__name__", None) in _BREAKING and getattr(v, "__module__", "").startswith("flambeau"):
+        return "break"
+    return None
+
+
+_SPECIAL = {"is_grad_enabled", "get_default_dtype", "is_inference_mode_enabled", "is_autocast_enabled",
+            "set_grad_enabled", "no_grad", "enable_grad", "inference_mode", "is_tensor", "get_default_device"}
+
+
+class TorchFunctionVariable(VariableTracker):
+    def __init__(self, fn, name: str = "", source=None):
+        self.value = fn
+        self.name = name or getattr(fn, "__name__", str(fn))
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        return self.value
+
+    def __repr__(self):
+        return f"TorchFunctionVariable({self.name})"
+
+    def call_function(self, tx, args, kwargs):
+        return tx.output.call_in_graph(tx, "call_function", self.value, args, kwargs)
+
+    def reconstruct(self, cg):
+        return cg.const(self.value)
+
+
+class TorchSpecialVariable(VariableTracker):
+    """A flambeau function answered or modelled at trace time (see module docstring)."""
+
+    def __init__(self, fn, kind: str):
+        self.value = fn
+        self.kind = kind
+
+    def as_python_constant(self):
+        return self.value
+
+    def python_type(self):
+        return type(self.value)
+
+    def reconstruct(self, cg):
+        return cg.const(self.value)
+
+    def call_function(self, tx, args, kwargs):
+        k = self.kind
+        if k == "break":
+            raise Unsupported(f"call to flambeau.{getattr(self.value, '__name__', '?')} (global effects)")
+        if k == "is_grad_enabled":
+            return const(tx.output.grad_enabled)
+        if k == "get_default_dtype":
+            return const(_state.default_dtype)
+        if k == "get_default_device":
+            from ..._device import canonical
+            return const(canonical(_state.default_device))
+        if k == "is_inference_mode_enabled":
+            return const(_state.inference_mode)
+        if k == "is_tensor":
+            from .tensor import TensorVariable
+            return const(isinstance(args[0], TensorVariable))
+        if k in ("no_grad", "enable_grad"):
+            if args:
+                raise Unsupported(f"{k} used as a decorator inside the compiled code")
+            return GradModeVariable(k == "enable_grad", None)
+        if k == "set_grad_enabled":
+            mode = args[0].as_python_constant() if args else kwargs["mode"].as_python_constant()
+            v = GradModeVariable(bool(mode), tx.output.grad_enabled)
+            v.apply(tx, bool(mode))
+            return v
+        raise Unsupported(f"flambeau.{k} inside the compiled code")
+
+
+class GradModeVariable(VariableTracker):
+    """A `no_grad()` / `enable_grad()` / `set_grad_enabled(m)` object; `prev` is the mode to restore
+    (set on entering; set_grad_enabled switches when called, like eager)."""
+
+    def __init__(self, target: bool, prev: bool | None):
+        self.target = target
+        self.prev = prev
+
+    def python_type(self):
+        from ...autograd import grad_mode
+        return grad_mode.no_grad if not self.target else grad_mode.enable_grad
+
+    @staticmethod
+    def apply(tx, mode: bool) -> None:
+        if tx.output.grad_enabled != mode:
+            tx.output.graph.call_function(_set_grad_enabled, (mode,))
+            tx.output.grad_enabled = mode
+
+    def enter(self, tx) -> VariableTracker:
+        if self.prev is None:
+            self.prev = tx.output.grad_enabled
+            self.apply(tx, self.target)
+        return GradModeExitVariable(self.prev)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__enter__":
+            self.enter(tx)
+            return const(None)
+        if name == "__exit__":
+            self.apply(tx, self.prev)
+            return const(None)
+        raise Unsupported(f"grad mode object .{name}")
+
+    def reconstruct(self, cg):
+        from ...autograd import grad_mode
+        if self.prev is not None:
+            raise Unsupported("an entered grad-mode object is live after the graph")
+        return f"{cg.const(grad_mode.no_grad if not self.target else grad_mode.enable_grad)}()"
+
+
+class GradModeExit:
+    """The real `__exit__` left on the stack when a graph breaks inside `with no_grad():` (restores `prev`)."""
+    __slots__ = ("prev",)
+
+    def __init__(self, prev: bool):
+        self.prev = prev
+
+    def __call__(self, *exc):
+        _state.grad_enabled = self.prev
+        return False
+
+
+class GradModeExitVariable(VariableTracker):
+    """The `__exit__` of an entered grad-mode context, as pushed by BEFORE_WITH."""
+
+    def __init__(self, prev: bool, source=None):
+        self.prev = prev
+        self.source = source
+
+    def call_function(self, tx, args, kwargs):
+        GradModeVariable.apply(tx, self.prev)
+        return const(None)
+
+    def reconstruct(self, cg):
+        return f"{cg.const(GradModeExit)}({self.prev})"
+
+
+def class_call(tx, cls, args, kwargs):
+    """Constructing flambeau classes while tracing (None: not handled)."""
+    from ..._device import device
+    from ...autograd import grad_mode
+    if cls is device and all(a.is_python_constant() for a in args):
+        return const(device(*(a.as_python_constant() for a in args)))
+    if cls in (grad_mode.no_grad, grad_mode.enable_grad, grad_mode.set_grad_enabled):
+        return TorchSpecialVariable(cls, cls.__name__).call_function(tx, args, kwargs)
+    return None
