@@ -35,14 +35,15 @@ def format_user_error(e: Unsupported) -> str:
 
 
 def convert_frame(fn, code, arg_values: dict, backend, *, one_graph: bool, dynamic, cache, compile_resume,
-                  stats: CompileStats):
+                  compile_callee, stats: CompileStats):
     if is_generator_code(code):
         raise SkipFrame(f"{code.co_name} is a generator or coroutine (run eagerly)")
     break_at: dict = {}
     t0 = time.perf_counter()
     for _ in range(64):
         output = OutputGraph(code, fn, fn.__globals__, backend, one_graph=one_graph, dynamic=dynamic, dynamic_dims=cache.dynamic_dims,
-                             frame_sizes=cache.frame_sizes, compile_resume=compile_resume, stats=stats)
+                             frame_sizes=cache.frame_sizes, compile_resume=compile_resume,
+                             compile_callee=compile_callee, stats=stats)
         tx = InstructionTranslator(output, code, fn.__globals__, fn, {}, break_at)
         for name, v in arg_values.items():
             tx.locals[name] = LazyLocal(v, LocalSource(name))

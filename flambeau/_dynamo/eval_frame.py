@@ -42,44 +42,38 @@ def reset() -> None:
     from . import resume
     resume._resume_codes.clear()
     _resume_wrappers.clear()
+    _callee_wrappers.clear()
 
 
 def _make_binder(fn):
     """A function with `fn`'s signature returning its arguments as a tuple in co_varnames order."""
     code = fn.__code__
-    names = list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount
-                                  + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)])
+    n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+    names = list(code.co_varnames[:n])
+    if not all(x.isidentifier() for x in names):
+        return None, names              # comprehension code (`.0`): only positional calls are compiled
     pos = names[:code.co_argcount]
     kwonly = names[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]
     rest = names[code.co_argcount + code.co_kwonlyargcount:]
     parts = []
-    for i, n in enumerate(pos):
-        parts.append(f"a{i}")
+    for i, p in enumerate(pos):
+        parts.append(p)
         if i + 1 == code.co_posonlyargcount:
             parts.append("/")
-    varargs = None
     if code.co_flags & 0x04:
-        varargs = rest.pop(0)
-        parts.append("*va")
+        parts.append("*" + rest[0])
     elif kwonly:
         parts.append("*")
-    parts += [f"k{i}" for i in range(len(kwonly))]
+    parts += kwonly
     if code.co_flags & 0x08:
-        parts.append("**vk")
-    out = [f"a{i}" for i in range(len(pos))] + [f"k{i}" for i in range(len(kwonly))]
-    if varargs is not None:
-        out.append("va")
-    if code.co_flags & 0x08:
-        out.append("vk")
-    src = f"def ___bind({', '.join(parts)}):\n    return ({''.join(o + ', ' for o in out)})\n"
+        parts.append("**" + rest[-1])
+    src = f"def ___bind({', '.join(parts)}):\n    return ({''.join(o + ', ' for o in names)})\n"
     ns: dict = {}
     exec(src, ns)
     b = ns["___bind"]
     b.__defaults__ = fn.__defaults__
-    if fn.__kwdefaults__:
-        b.__kwdefaults__ = {f"k{kwonly.index(k)}": v for k, v in fn.__kwdefaults__.items()}
-    argnames = pos + kwonly + ([varargs] if varargs is not None else []) + rest
-    return b, argnames
+    b.__kwdefaults__ = fn.__kwdefaults__
+    return b, names
 
 
 class CompiledFunction:
@@ -120,7 +114,7 @@ class CompiledFunction:
         else:
             try:
                 L = self._binder(*args, **kwargs)
-            except TypeError:
+            except TypeError:               # (also when there is no binder) eager raises the right error
                 return self.fn(*args, **kwargs)
         cache = _caches.get(self.key)
         if cache is not None:
@@ -153,7 +147,7 @@ class CompiledFunction:
         try:
             entry = convert_frame(self.fn, self.code, values, self.backend, one_graph=self.fullgraph,
                                   dynamic=self.dynamic, cache=cache, compile_resume=self._compile_resume,
-                                  stats=self.stats)
+                                  compile_callee=self._compile_callee, stats=self.stats)
         except SkipFrame as e:
             _logging.trace("graph_breaks", "Skipping frame %s (%s:%d): %s", self.code.co_name,
                            self.code.co_filename, self.code.co_firstlineno, e)
@@ -168,6 +162,9 @@ class CompiledFunction:
 
     def _failures(self, entry, L) -> list:
         return entry.guards.failures(entry.argnames, entry.globals, self.fn, L) or ["(unknown)"]
+
+    def _compile_callee(self, fn):
+        return compiled_callee(fn, self.backend, self.fullgraph, self.dynamic, self.stats)
 
     def _compile_resume(self, rcode, F):
         return compiled_resume(rcode, F, self.backend, self.fullgraph, self.dynamic, self.stats)
@@ -188,6 +185,25 @@ def compiled_resume(rcode, F, backend, fullgraph, dynamic, stats):
     if not F.__closure__:
         _resume_wrappers[key] = c
     return c
+
+
+def compiled_callee(fn, backend, fullgraph, dynamic, stats):
+    """A function or module called at a graph break, compiled as its own frame (memoised per object)."""
+    from ..nn.modules.module import Module
+    key = (id(fn) if not isinstance(fn, types.MethodType) else (id(fn.__func__), id(fn.__self__)), id(backend))
+    hit = _callee_wrappers.get(key)
+    if hit is not None and hit[0] is (fn.__func__ if isinstance(fn, types.MethodType) else fn):
+        return hit[1]
+    if isinstance(fn, Module):
+        c = _ModuleCall(fn, backend, fullgraph, dynamic)
+        c.forward.stats = c.call_impl.stats = stats
+    else:
+        c = CompiledFunction(fn, backend, fullgraph=fullgraph, dynamic=dynamic, stats=stats)
+    _callee_wrappers[key] = (fn.__func__ if isinstance(fn, types.MethodType) else fn, c)
+    return c
+
+
+_callee_wrappers: dict = {}
 
 
 def compile_fn(fn, backend, *, fullgraph: bool = False, dynamic=None):

@@ -108,7 +108,7 @@ class CompiledEntry:
 class OutputGraph:
     def __init__(self, code, fn, f_globals, backend, *, one_graph: bool, dynamic, dynamic_dims: dict,
                  frame_sizes: dict,
-                 compile_resume, stats):
+                 compile_resume, compile_callee, stats):
         self.code = code
         self.fn = fn
         self.f_globals = f_globals
@@ -117,7 +117,8 @@ class OutputGraph:
         self.dynamic = dynamic                 # True / False / None (automatic)
         self.dynamic_dims = dynamic_dims       # source name -> dims made symbolic by earlier recompiles
         self.frame_sizes = frame_sizes         # source name -> sizes seen (for automatic dynamic)
-        self.compile_resume = compile_resume   # fn(code object, closure) -> compiled resume callable
+        self.compile_resume = compile_resume   # fn(code object, F) -> compiled resume callable
+        self.compile_callee = compile_callee   # fn(function or module) -> compiled callable (same settings)
         self.stats = stats
         self.graph = Graph()
         self.shape_env = ShapeEnv()
@@ -349,7 +350,9 @@ class OutputGraph:
         bcode, exits = resume.break_code(code, start, end, layout, unbound, bound)
         cg = self._codegen()
         local_exprs = [cg.reconstruct(tx.locals[v]) if v in tx.locals else "None" for v in code.co_varnames]
-        stack_exprs = [cg.reconstruct(v) for v in tx.stack if v is not NULL]
+        callee = self._callee_slot(tx, instrs[end])
+        stack_exprs = [self._compiled_callee(cg, v) if k == callee else cg.reconstruct(v)
+                       for k, v in enumerate(tx.stack) if v is not NULL]
         resume_exprs = []
         for kind, target_off, after in exits:
             rcode = resume.resume_code(code, target_off, after, unbound)
@@ -360,6 +363,33 @@ class OutputGraph:
         _logging.trace("graph_breaks", "Graph break in %s at %s: %s", code.co_name,
                        getattr(reason, "location", lambda: "?")(), reason)
         self._finish(tx, cg, tail)
+
+    @staticmethod
+    def _callee_slot(tx, ins):
+        """Stack index of the function a breaking call calls (None when not a call)."""
+        if ins.opname == "CALL":
+            k = len(tx.stack) - ins.arg - 2
+        elif ins.opname == "CALL_FUNCTION_EX":
+            k = len(tx.stack) - 3 - (ins.arg & 1)
+        else:
+            return None
+        if k < 0:
+            return None
+        return k + 1 if tx.stack[k] is NULL else k
+
+    def _compiled_callee(self, cg, vt) -> str:
+        """The function a graph break calls, compiled as its own frame (what the frame hook would do)."""
+        from .variables.functions import UserFunctionVariable, UserMethodVariable, NestedUserFunctionVariable
+        from .variables.nn_module import NNModuleVariable, is_leaf_module
+        from .eval_frame import is_disabled
+        expr = cg.reconstruct(vt)
+        if isinstance(vt, (UserFunctionVariable, UserMethodVariable)) and not is_disabled(vt.value):
+            return f"{cg.const(self.compile_callee)}({expr})"
+        if isinstance(vt, NestedUserFunctionVariable):
+            return f"{cg.const(self.compile_callee)}({expr})"
+        if isinstance(vt, NNModuleVariable) and not is_leaf_module(vt.value):
+            return f"{cg.const(self.compile_callee)}({expr})"
+        return expr
 
     def _check_loop(self, tx, start, end, reason):
         for k in range(end + 1, len(tx.instrs)):
