@@ -1,11 +1,11 @@
 """Convolution: conv1d/2d/3d and conv_transpose1d/2d/3d through one `convolution` op, plus
 nn.functional.unfold/fold (`im2col`/`col2im`).
 
-A convolution is an im2col copy (one strided or shifted slice per kernel position: a loop over
-the kernel's few positions, never over pixels) followed by a single batched matmul per call, the
-groups being a batch dimension of that matmul. With stride 1 the copy takes contiguous shifted
-slices of the flattened padded input ("shift" im2col): the matmul then computes on the padded
-grid and the extra columns are cropped, which keeps the copy at memcpy speed.
+A convolution is an im2col copy (one strided slice per kernel position: a loop over the kernel's
+few positions, never over pixels) followed by a GEMM, the groups being a batch dimension of that
+matmul. On CPU this runs block by block through a cache-sized column buffer, each GEMM writing
+straight into the output; on CuPy it is one column buffer for the whole batch and one cuBLAS GEMM
+(see the kernel section). 1x1 stride-1 convolutions need no copy, depthwise ones are multiply-adds.
 
 The transposed convolution is the adjoint of the convolution (matmul, then col2im scatter-add),
 so the derivatives close over two ops: the input gradient of one is the other, and the weight
@@ -124,13 +124,13 @@ def _dtype_checks(inp, weight, bias):
     return di
 
 
-# ---- im2col / col2im kernels -----------------------------------------------------------------
+# ---- im2col / col2im kernels (nn.functional.unfold / fold) ----------------------------------------
 _POOL = []
 
 
 def _over_batch(xp, N, size, fill):
     """Run `fill(batch_slice)` over chunks of the batch, on threads for large NumPy copies (NumPy
-    releases the GIL while copying, so the im2col copy then runs at several cores' bandwidth)."""
+    releases the GIL while copying, so the copy then runs at several cores' bandwidth)."""
     workers = min(os.cpu_count() or 1, N)
     if xp is not np or workers < 2 or size < (1 << 22):
         fill(slice(None))
@@ -142,45 +142,40 @@ def _over_batch(xp, N, size, fill):
 
 
 def _positions(ks):
-    return enumerate(itertools.product(*[range(k) for k in ks]))
+    return list(itertools.product(*[range(k) for k in ks]))
 
 
-def im2col_arrays(xp, x, ks, st, pad, dil, shift=True):
-    """x (N, C, *S) -> (cols (N, C, K, L), grid, out): cols' L unravels to `grid`, whose leading
-    `out` corner is the convolution output (grid == out unless the shift path was taken)."""
-    N, C, S = x.shape[0], x.shape[1], tuple(x.shape[2:])
-    nd = len(ks)
-    out = tuple(out_size(S[i], ks[i], st[i], pad[i], dil[i]) for i in range(nd))
-    K = math.prod(ks)
-    if shift and all(s == 1 for s in st):
-        P = [S[i] + 2 * pad[i] for i in range(nd)]
-        fs = [math.prod(P[i + 1:]) for i in range(nd)]
-        rest = sum(dil[i] * (ks[i] - 1) * fs[i] for i in range(1, nd))
-        pads = [(pad[0], pad[0] + (1 if rest else 0))] + [(p, p) for p in pad[1:]]
-        xpd = xp.pad(x, [(0, 0), (0, 0)] + pads) if any(a or b for a, b in pads) else x
-        xf = xpd.reshape(N, C, math.prod(xpd.shape[2:]))
-        grid = (out[0],) + tuple(P[1:])
-        L = math.prod(grid)
-        if K == 1:
-            return xf[:, :, None, :L], grid, out
-        cols = xp.empty((N, C, K, L), x.dtype)
-        offs = [sum(idx[i] * dil[i] * fs[i] for i in range(nd)) for _, idx in _positions(ks)]
+def _windows(ks, st, dil, out, r0=0, r1=None):
+    """Per kernel position, the input slices (of a padded input) that output rows [r0, r1) of the
+    first spatial dim and all of the others read."""
+    r1 = out[0] if r1 is None else r1
+    return [(slice(idx[0] * dil[0] + st[0] * r0, idx[0] * dil[0] + st[0] * (r1 - 1) + 1, st[0]),)
+            + tuple(slice(idx[i] * dil[i], idx[i] * dil[i] + st[i] * (out[i] - 1) + 1, st[i]) for i in range(1, len(ks)))
+            for idx in _positions(ks)]
 
-        def fill(b):
-            for k, off in enumerate(offs):
-                cols[b, :, k] = xf[b, :, off:off + L]
-        _over_batch(xp, N, cols.size, fill)
-        return cols, grid, out
-    xpd = xp.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pad]) if any(pad) else x
-    cols = xp.empty((N, C, K) + out, x.dtype)
-    sls = [tuple(slice(idx[i] * dil[i], idx[i] * dil[i] + st[i] * (out[i] - 1) + 1, st[i]) for i in range(nd))
-           for _, idx in _positions(ks)]
+
+def _padded(xp, x, pads):
+    """x (N, C, *S) zero-padded by pads [(lo, hi), ...] (x itself when there is nothing to pad)."""
+    if not any(a or b for a, b in pads):
+        return x
+    r = xp.zeros(tuple(x.shape[:2]) + tuple(s + a + b for s, (a, b) in zip(x.shape[2:], pads)), x.dtype)
+    r[(slice(None), slice(None)) + tuple(slice(a, a + s) for s, (a, _) in zip(x.shape[2:], pads))] = x
+    return r
+
+
+def im2col_arrays(xp, x, ks, st, pad, dil):
+    """x (N, C, *S) -> cols (N, C, K, L) with L the flattened output positions."""
+    N, C = x.shape[:2]
+    out = tuple(out_size(x.shape[2 + i], ks[i], st[i], pad[i], dil[i]) for i in range(len(ks)))
+    xpd = _padded(xp, x, [(p, p) for p in pad])
+    cols = xp.empty((N, C, math.prod(ks)) + out, x.dtype)
+    sls = _windows(ks, st, dil, out)
 
     def fill(b):
         for k, sl in enumerate(sls):
             cols[b, :, k] = xpd[(b, slice(None)) + sl]
     _over_batch(xp, N, cols.size, fill)
-    return cols.reshape(N, C, K, math.prod(out)), out, out
+    return cols.reshape(N, C, math.prod(ks), math.prod(out))
 
 
 def col2im_arrays(xp, cols, size, ks, st, pad, dil):
@@ -190,8 +185,7 @@ def col2im_arrays(xp, cols, size, ks, st, pad, dil):
     nd = len(ks)
     P = [max(size[i] + 2 * pad[i], dil[i] * (ks[i] - 1) + st[i] * (out[i] - 1) + 1) for i in range(nd)]
     acc = xp.zeros((N, C) + tuple(P), cols.dtype)
-    sls = [tuple(slice(idx[i] * dil[i], idx[i] * dil[i] + st[i] * (out[i] - 1) + 1, st[i]) for i in range(nd))
-           for _, idx in _positions(ks)]
+    sls = _windows(ks, st, dil, out)
 
     def fill(b):
         for k, sl in enumerate(sls):
@@ -201,44 +195,226 @@ def col2im_arrays(xp, cols, size, ks, st, pad, dil):
     return xp.ascontiguousarray(acc[(slice(None), slice(None)) + crop])
 
 
-def _crop(xp, r, grid, out):
-    if tuple(grid) == tuple(out):
-        return r
-    return xp.ascontiguousarray(r[(slice(None), slice(None)) + tuple(slice(0, o) for o in out)])
+# ---- convolution kernels -------------------------------------------------------------------------
+# CPU: the batch is cut into blocks (several whole items, or bands of output rows of one item) whose
+# column buffer fits in about one core's L2 cache; each block is an im2col copy into a reused buffer
+# and one GEMM that writes straight into the output (no crop, no transpose; bias added while the
+# block is hot). OpenBLAS threads each GEMM: Python threads over blocks, each with a multi-threaded
+# BLAS inside, measured ~2x slower on 2 cores (oversubscription), so blocks run in order.
+# CuPy: one column buffer for the whole batch in (C*K, N*L) layout, one cuBLAS GEMM (batched over
+# groups only), one transposing copy back to (N, O, *out) that also adds the bias.
+_BLOCK_BYTES = 1 << 21
 
 
-def conv_forward_arrays(xp, x, w, st, pad, dil, groups):
+def _blocks(N, out, row_bytes):
+    """(items per block, rows per block, [(n0, n1, r0, r1)]) for a per-output-row column size."""
+    fit = max(1, _BLOCK_BYTES // max(row_bytes, 1))
+    if fit >= out[0]:
+        nb = max(1, min(N, fit // max(out[0], 1)))
+        return nb, out[0], [(n, min(n + nb, N), 0, out[0]) for n in range(0, N, nb)]
+    return 1, fit, [(n, n + 1, r, min(r + fit, out[0])) for n in range(N) for r in range(0, out[0], fit)]
+
+
+def _geometry(x, wshape, st, dil, pads):
     N, C = x.shape[:2]
-    O, ks = w.shape[0], w.shape[2:]
-    cols, grid, out = im2col_arrays(xp, x, ks, st, pad, dil)
-    G, K = groups, math.prod(ks)
-    L = cols.shape[-1]
-    r = xp.matmul(w.reshape(G, O // G, (C // G) * K), cols.reshape(N, G, (C // G) * K, L))
-    return _crop(xp, r.reshape((N, O) + tuple(grid)), grid, out)
+    O, ks = wshape[0], tuple(wshape[2:])
+    out = tuple((x.shape[2 + i] + pads[i][0] + pads[i][1] - dil[i] * (ks[i] - 1) - 1) // st[i] + 1
+                for i in range(len(ks)))
+    return N, C, O, ks, out
 
 
-def conv_adjoint_arrays(xp, y, w, st, pad, dil, groups, size):
-    """The transposed convolution: y (N, O, *out) with w (O, Cg, *k) -> (N, Cg*groups, *size)."""
-    N, O = y.shape[:2]
-    out, ks = y.shape[2:], w.shape[2:]
-    G, Cg, K = groups, w.shape[1], math.prod(ks)
-    wm = w.reshape(G, O // G, Cg * K)
-    cols = xp.matmul(wm.transpose(0, 2, 1), y.reshape(N, G, O // G, math.prod(out)))
-    return col2im_arrays(xp, cols.reshape((N, G * Cg, K) + tuple(out)), size, ks, st, pad, dil)
+def _pointwise(ks, st, pads):
+    return math.prod(ks) == 1 and all(s == 1 for s in st) and not any(a or b for a, b in pads)
+
+
+def _cpu_forward(x, w, bias, st, pads, dil, G):
+    N, C, O, ks, out = _geometry(x, w.shape, st, dil, pads)
+    K, Cg, Og = math.prod(ks), C // G, O // G
+    rest = math.prod(out[1:])
+    L = out[0] * rest
+    y = np.empty((N, O) + out, x.dtype)
+    yv = y.reshape(N, G, Og, L)
+    bv = None if bias is None else bias.reshape(G, Og, 1)
+    if _pointwise(ks, st, pads):
+        np.matmul(w.reshape(G, Og, Cg), x.reshape(N, G, Cg, L), out=yv)
+        if bv is not None:
+            yv += bv
+        return y
+    xpd = _padded(np, x, pads)
+    if Cg == 1:
+        return _cpu_depthwise(xpd, w, bv, st, dil, G, out, y)
+    wm = w.reshape(G, Og, Cg * K)
+    nb, rows, blocks = _blocks(N, out, C * K * rest * x.itemsize)
+    buf = np.empty((nb, C, K, rows) + out[1:], x.dtype)
+    cols = buf.reshape(nb, G, Cg * K, rows * rest)
+    for n0, n1, r0, r1 in blocks:
+        b, r = n1 - n0, r1 - r0
+        for k, sl in enumerate(_windows(ks, st, dil, out, r0, r1)):
+            buf[:b, :, k, :r] = xpd[(slice(n0, n1), slice(None)) + sl]
+        dst = yv[n0:n1, :, :, r0 * rest:r1 * rest]
+        np.matmul(wm, cols[:b, :, :, :r * rest], out=dst)
+        if bv is not None:
+            dst += bv
+    return y
+
+
+def _cpu_depthwise(xpd, w, bv, st, dil, G, out, y):
+    """One input channel per group: a multiply-add per kernel position, block by block."""
+    N, O, ks = y.shape[0], y.shape[1], tuple(w.shape[2:])
+    Og, rest = O // G, math.prod(out[1:])
+    wk = w.reshape(G, Og, math.prod(ks)).transpose(2, 0, 1)[(...,) + (None,) * len(out)]
+    yv = y.reshape((N, G, Og) + out)
+    nb, rows, blocks = _blocks(N, out, 2 * O * rest * y.itemsize)
+    tmp = np.empty((nb, G, Og, rows) + out[1:], y.dtype)
+    for n0, n1, r0, r1 in blocks:
+        dst, t = yv[n0:n1, :, :, r0:r1], tmp[:n1 - n0, :, :, :r1 - r0]
+        for k, sl in enumerate(_windows(ks, st, dil, out, r0, r1)):
+            src = xpd[(slice(n0, n1), slice(None)) + sl][:, :, None]
+            if k == 0:
+                np.multiply(src, wk[0], out=dst)
+            else:
+                np.multiply(src, wk[k], out=t)
+                dst += t
+        if bv is not None:
+            dst += bv.reshape((G, Og) + (1,) * len(out))
+    return y
+
+
+def _cpu_weight_grad(x, gy, wshape, st, pads, dil, G):
+    N, C, O, ks, _ = _geometry(x, wshape, st, dil, pads)
+    out = tuple(gy.shape[2:])
+    K, Cg, Og = math.prod(ks), C // G, O // G
+    rest = math.prod(out[1:])
+    L = out[0] * rest
+    gyv = gy.reshape(N, G, Og, L)
+    if _pointwise(ks, st, pads):
+        return np.matmul(gyv, x.reshape(N, G, Cg, L).swapaxes(-1, -2)).sum(0).reshape(wshape)
+    xpd = _padded(np, x, pads)
+    nb, rows, blocks = _blocks(N, out, C * K * rest * x.itemsize)
+    buf = np.empty((nb, C, K, rows) + out[1:], x.dtype)
+    cols = buf.reshape(nb, G, Cg * K, rows * rest)
+    acc = np.zeros((G, Og, Cg * K), x.dtype)
+    part = np.empty((nb, G, Og, Cg * K), x.dtype)
+    for n0, n1, r0, r1 in blocks:
+        b, r = n1 - n0, r1 - r0
+        for k, sl in enumerate(_windows(ks, st, dil, out, r0, r1)):
+            buf[:b, :, k, :r] = xpd[(slice(n0, n1), slice(None)) + sl]
+        np.matmul(gyv[n0:n1, :, :, r0 * rest:r1 * rest], cols[:b, :, :, :r * rest].swapaxes(-1, -2), out=part[:b])
+        acc += part[:b].sum(0) if b > 1 else part[0]
+    return acc.reshape(wshape)
+
+
+def _cpu_col2im_adjoint(gy, w, st, pad, dil, G, size):
+    """Transposed convolution by blocks: GEMM into a reused column buffer, scatter-added at once."""
+    N, O = gy.shape[:2]
+    out, ks = tuple(gy.shape[2:]), tuple(w.shape[2:])
+    Cg, Og, K, nd = w.shape[1], O // G, math.prod(ks), len(ks)
+    C, rest = Cg * G, math.prod(out[1:])
+    P = [max(size[i] + 2 * pad[i], dil[i] * (ks[i] - 1) + st[i] * (out[i] - 1) + 1) for i in range(nd)]
+    acc = np.zeros((N, C) + tuple(P), gy.dtype)
+    wt = w.reshape(G, Og, Cg * K).swapaxes(1, 2)
+    gyv = gy.reshape(N, G, Og, out[0] * rest)
+    nb, rows, blocks = _blocks(N, out, C * K * rest * gy.itemsize)
+    buf = np.empty((nb, C, K, rows) + out[1:], gy.dtype)
+    cols = buf.reshape(nb, G, Cg * K, rows * rest)
+    for n0, n1, r0, r1 in blocks:
+        b, r = n1 - n0, r1 - r0
+        np.matmul(wt, gyv[n0:n1, :, :, r0 * rest:r1 * rest], out=cols[:b, :, :, :r * rest])
+        for k, sl in enumerate(_windows(ks, st, dil, out, r0, r1)):
+            acc[(slice(n0, n1), slice(None)) + sl] += buf[:b, :, k, :r]
+    crop = tuple(slice(pad[i], pad[i] + size[i]) for i in range(nd))
+    return np.ascontiguousarray(acc[(slice(None), slice(None)) + crop])
+
+
+def _gpu_columns(xp, x, ks, st, pads, dil, out):
+    """x (N, C, *S) -> cols (C, K, N, *out) for the whole batch: one copy per kernel position."""
+    N, C = x.shape[:2]
+    xpd = _padded(xp, x, pads)
+    cols = xp.empty((C, math.prod(ks), N) + out, x.dtype)
+    for k, sl in enumerate(_windows(ks, st, dil, out)):
+        cols[:, k] = xpd[(slice(None), slice(None)) + sl].swapaxes(0, 1)
+    return cols
+
+
+def _gpu_forward(xp, x, w, bias, st, pads, dil, G):
+    N, C, O, ks, out = _geometry(x, w.shape, st, dil, pads)
+    Cg, Og, K, L = C // G, O // G, math.prod(ks), math.prod(out)
+    if _pointwise(ks, st, pads):
+        cols = x.reshape(N, C, L).swapaxes(0, 1)
+    else:
+        cols = _gpu_columns(xp, x, ks, st, pads, dil, out)
+    wm = w.reshape(G, Og, Cg * K)
+    r = xp.matmul(wm[0], cols.reshape(Cg * K, N * L)) if G == 1 else xp.matmul(wm, cols.reshape(G, Cg * K, N * L))
+    rt = r.reshape(O, N, L).swapaxes(0, 1)
+    y = xp.empty((N, O, L), x.dtype)
+    if bias is None:
+        y[...] = rt
+    else:
+        xp.add(rt, bias.reshape(O, 1), out=y)
+    return y.reshape((N, O) + out)
+
+
+def _gpu_weight_grad(xp, x, gy, wshape, st, pads, dil, G):
+    N, C, O, ks, _ = _geometry(x, wshape, st, dil, pads)
+    out = tuple(gy.shape[2:])
+    Cg, Og, K, L = C // G, O // G, math.prod(ks), math.prod(out)
+    if _pointwise(ks, st, pads):
+        cols = xp.ascontiguousarray(x.reshape(N, C, L).swapaxes(0, 1))
+    else:
+        cols = _gpu_columns(xp, x, ks, st, pads, dil, out)
+    gt = xp.ascontiguousarray(gy.reshape(N, O, L).swapaxes(0, 1)).reshape(G, Og, N * L)
+    return xp.matmul(gt, cols.reshape(G, Cg * K, N * L).swapaxes(1, 2)).reshape(wshape)
+
+
+def _gpu_col2im_adjoint(xp, gy, w, st, pad, dil, G, size):
+    N, O = gy.shape[:2]
+    out, ks = tuple(gy.shape[2:]), tuple(w.shape[2:])
+    Cg, Og, K, nd = w.shape[1], O // G, math.prod(ks), len(ks)
+    L = math.prod(out)
+    gt = xp.ascontiguousarray(gy.reshape(N, O, L).swapaxes(0, 1)).reshape(G, Og, N * L)
+    cols = xp.matmul(w.reshape(G, Og, Cg * K).swapaxes(1, 2), gt).reshape((Cg * G, K, N) + out)
+    P = [max(size[i] + 2 * pad[i], dil[i] * (ks[i] - 1) + st[i] * (out[i] - 1) + 1) for i in range(nd)]
+    acc = xp.zeros((N, Cg * G) + tuple(P), gy.dtype)
+    for k, sl in enumerate(_windows(ks, st, dil, out)):
+        acc[(slice(None), slice(None)) + sl] += cols[:, k].swapaxes(0, 1)
+    crop = tuple(slice(pad[i], pad[i] + size[i]) for i in range(nd))
+    return xp.ascontiguousarray(acc[(slice(None), slice(None)) + crop])
+
+
+def conv_forward_arrays(xp, x, w, st, pad, dil, groups, bias=None):
+    pads = [(p, p) for p in pad]
+    if xp is np:
+        return _cpu_forward(x, w, bias, st, pads, dil, groups)
+    return _gpu_forward(xp, x, w, bias, st, pads, dil, groups)
+
+
+def conv_adjoint_arrays(xp, y, w, st, pad, dil, groups, size, bias=None):
+    """The transposed convolution: y (N, O, *out) with w (O, Cg, *k) -> (N, Cg*groups, *size). With
+    stride 1 it is a forward convolution of y with the flipped, group-transposed kernel."""
+    ks, nd = tuple(w.shape[2:]), w.ndim - 2
+    lo = [dil[i] * (ks[i] - 1) - pad[i] for i in range(nd)]
+    pads = [(lo[i], lo[i] + size[i] - (y.shape[2 + i] + dil[i] * (ks[i] - 1) - 2 * pad[i])) for i in range(nd)]
+    if all(s == 1 for s in st) and all(a >= 0 and b >= 0 for a, b in pads):
+        O, Cg, G = w.shape[0], w.shape[1], groups
+        wf = w.reshape((G, O // G, Cg) + ks).swapaxes(1, 2).reshape((G * Cg, O // G) + ks)
+        wf = xp.ascontiguousarray(wf[(slice(None), slice(None)) + (slice(None, None, -1),) * nd])
+        if xp is np:
+            return _cpu_forward(y, wf, bias, st, pads, dil, groups)
+        return _gpu_forward(xp, y, wf, bias, st, pads, dil, groups)
+    if xp is np:
+        r = _cpu_col2im_adjoint(y, w, st, pad, dil, groups, size)
+    else:
+        r = _gpu_col2im_adjoint(xp, y, w, st, pad, dil, groups, size)
+    if bias is not None:
+        r += bias.reshape((-1,) + (1,) * nd)
+    return r
 
 
 def conv_weight_grad_arrays(xp, x, gy, wshape, st, pad, dil, groups):
-    N, C = x.shape[:2]
-    O, ks = wshape[0], tuple(wshape[2:])
-    cols, grid, out = im2col_arrays(xp, x, ks, st, pad, dil)
-    if tuple(grid) != tuple(out):
-        g = xp.zeros((N, O) + tuple(grid), gy.dtype)
-        g[(slice(None), slice(None)) + tuple(slice(0, o) for o in out)] = gy
-        gy = g
-    G, K = groups, math.prod(ks)
-    L = cols.shape[-1]
-    r = xp.matmul(gy.reshape(N, G, O // G, L), cols.reshape(N, G, (C // G) * K, L).transpose(0, 1, 3, 2))
-    return r.sum(0).reshape(wshape)
+    pads = [(p, p) for p in pad]
+    if xp is np:
+        return _cpu_weight_grad(x, gy, wshape, st, pads, dil, groups)
+    return _gpu_weight_grad(xp, x, gy, wshape, st, pads, dil, groups)
 
 
 # ---- ops ---------------------------------------------------------------------------------------
@@ -251,12 +427,11 @@ def convolution(xp, input, weight, bias, stride, padding, dilation, transposed, 
     st, pd, dl = ntuple(stride, nd, "stride"), ntuple(padding, nd, "padding"), ntuple(dilation, nd, "dilation")
     cd = opmath(dt)
     x, w = input.astype(cd, copy=False), weight.astype(cd, copy=False)
+    b = None if bias is None else bias.astype(cd, copy=False)
     if transposed:
-        r = conv_adjoint_arrays(xp, x, w, st, pd, dl, groups, shape[2:])
+        r = conv_adjoint_arrays(xp, x, w, st, pd, dl, groups, shape[2:], b)
     else:
-        r = conv_forward_arrays(xp, x, w, st, pd, dl, groups)
-    if bias is not None:
-        r = r + bias.astype(cd, copy=False).reshape((-1,) + (1,) * nd)
+        r = conv_forward_arrays(xp, x, w, st, pd, dl, groups, b)
     return r.astype(dt.np, copy=False)
 
 
@@ -283,6 +458,8 @@ def _(grad, input, weight, bias_meta, stride, padding, dilation, transposed, gro
         gw = _convolution_weight_grad(input, grad, tuple(weight.shape), stride, padding, dilation, groups)
     else:
         gi = convolution(grad, weight, None, stride, padding, dilation, False, [0] * nd, groups)
+        if tuple(gi.shape[2:]) != tuple(input.shape[2:]):  # output_padding with stride 1: trailing rows unused
+            gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in input.shape[2:])]
         gw = _convolution_weight_grad(grad, input, tuple(weight.shape), stride, padding, dilation, groups)
     gb = grad.sum([0] + list(range(2, grad.ndim))) if bias_meta is not None else None
     return gi, gw, gb
@@ -398,8 +575,7 @@ def im2col(xp, self, kernel_size, dilation, padding, stride):
     shape = _im2col_shape(self.shape, kernel_size, dilation, padding, stride)
     ks, dl, pd, st = _fold_args(kernel_size, dilation, padding, stride)
     x = self if self.ndim == 4 else self[None]
-    cols, _, _ = im2col_arrays(xp, x, ks, st, pd, dl, shift=False)
-    return xp.ascontiguousarray(cols).reshape(shape)
+    return im2col_arrays(xp, x, ks, st, pd, dl).reshape(shape)
 
 
 @im2col.def_meta
