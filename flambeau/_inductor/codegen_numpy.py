@@ -91,7 +91,9 @@ class NumpyHandler(Handler):
         if dtype is D.bool:
             return NVal("np.True_" if value else "np.False_", dtype)
         if dtype.category == 2:
-            return NVal(f"{_np_dtype(dtype)}({float(value)!r})", dtype)
+            v = float(value)
+            lit = repr(v) if math.isfinite(v) else f"float('{v}')"
+            return NVal(f"{_np_dtype(dtype)}({lit})", dtype)
         iv = int(np.array(int(value) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64).astype(dtype.np)[()])
         return NVal(f"{_np_dtype(dtype)}({iv})", dtype)
 
@@ -103,7 +105,10 @@ class NumpyHandler(Handler):
         return Index.of(Indirect(v.name, size))
 
     def masked(self, mask, body, other):
-        self.masks.append(mask)
+        if self.masks:                  # nested masked regions: loads need every enclosing mask
+            self.masks.append(self._emit(f"np.logical_and({self.masks[-1].name}, {mask.name})", D.bool))
+        else:
+            self.masks.append(mask)
         try:
             v = body()
         finally:

@@ -153,6 +153,8 @@ class Index:
         c = int(c)
         if c == 1:
             return self
+        if c == 0:                      # only in an empty iteration space: never evaluated
+            return Index()
         q_terms, r_terms = {}, {}
         for k, (a, co) in self.terms.items():
             if co % c == 0:
@@ -175,7 +177,7 @@ class Index:
 
     def __mod__(self, c: int) -> "Index":
         c = int(c)
-        if c == 1:
+        if c in (0, 1):
             return Index()
         r_terms = {k: (a, co) for k, (a, co) in self.terms.items() if co % c != 0}
         rest = Index(r_terms, self.const % c)
@@ -267,9 +269,9 @@ def render(e: Index, name, div_op: str, mod_op: str) -> str:
         if isinstance(a, (Sym, Indirect)):
             s = name(a)
         elif isinstance(a, FloorDiv):
-            s = f"({render(a.arg, name, div_op, mod_op)} {div_op} {a.div})"
+            s = f"(({render(a.arg, name, div_op, mod_op)}) {div_op} {a.div})"
         else:
-            s = f"({render(a.arg, name, div_op, mod_op)} {mod_op} {a.div})"
+            s = f"(({render(a.arg, name, div_op, mod_op)}) {mod_op} {a.div})"
         parts.append(s if c == 1 else f"{c}*{s}")
     if e.const or not parts:
         parts.append(str(e.const))

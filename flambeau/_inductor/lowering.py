@@ -97,7 +97,7 @@ def _unary(opname):
         dt = out_dtype(g)
         if opname in ("floor", "ceil", "round", "trunc") and dt.category < 2:
             return make_pointwise(g, lambda a: a, [x], dt)
-        if opname == "abs" and dt is D.bool:
+        if opname in ("abs", "sign") and dt is D.bool:
             return make_pointwise(g, lambda a: a, [x], dt)
         return make_pointwise(g, getattr(ops, opname), [x], dt)
     return rule

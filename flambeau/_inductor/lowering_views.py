@@ -295,12 +295,13 @@ def _cat(g, tensors, dim=0):
         for k in range(len(parts) - 1, -1, -1):
             sub = list(idx)
             sub[dim] = idx[dim] - offsets[k]
-            if out is None:
-                out = loaders[k](sub)
-                continue
-            end = ops.constant(offsets[k] + parts[k].shape[dim], D.int64)
-            mask = ops.lt(i, end)
-            out = ops.where(mask, ops.masked(mask, (lambda s=sub, k=k: loaders[k](s)), 0), out)
+            lo = ops.ge(i, ops.constant(offsets[k], D.int64))
+            hi = ops.lt(i, ops.constant(offsets[k] + parts[k].shape[dim], D.int64))
+            mask = hi if k == 0 else lo if k == len(parts) - 1 else ops.logical_and(lo, hi)
+            if len(parts) == 1:
+                return loaders[k](sub)
+            v = ops.masked(mask, (lambda s=sub, k=k: loaders[k](s)), 0)
+            out = v if out is None else ops.where(mask, v, out)
         return out
     return Pointwise(shape, dt, inner)
 
