@@ -5,7 +5,7 @@ Outputs share memory with the input; the dispatcher marks each as a view of the 
 """
 from __future__ import annotations
 
-import numpy as np
+import math
 
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec
@@ -166,7 +166,7 @@ def flatten(self, start_dim=0, end_dim=-1):
         return self
     shape = self.shape
     return reshape(self, tuple(shape[:s]) + (-1 if self.numel() == 0 and 0 not in shape[s:e + 1] else
-                                            int(np.prod(shape[s:e + 1])),) + tuple(shape[e + 1:]))
+                                            math.prod(shape[s:e + 1]),) + tuple(shape[e + 1:]))
 
 
 @export("unflatten", method=True)

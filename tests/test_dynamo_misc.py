@@ -1,0 +1,273 @@
+"""explain(), fullgraph errors, dynamic shapes, compiled modules and models, logging, bytecode round trips.
+
+Where a behaviour exists in PyTorch the test runs on both (`lib`); flambeau-only details (log text,
+the bytecode assembler) are tested on flambeau alone.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+
+import pytest
+
+import flambeau
+import flambeau._dynamo as fdynamo
+from tests.test_dynamo import lib, Counter, compiled, same  # noqa: F401
+
+
+def _line_of(fn, text: str) -> int:
+    src, start = inspect.getsourcelines(fn)
+    for i, line in enumerate(src):
+        if text in line:
+            return start + i
+    raise AssertionError(text)
+
+
+# ---- explain ---------------------------------------------------------------------------------------------
+def test_explain_counts_graphs_and_breaks(lib):
+    def f(x):
+        x = x * 2
+        print("a")
+        x = x + 1
+        lib._dynamo.graph_break()
+        return x.sin()
+
+    x = lib.randn(3)
+    e = lib._dynamo.explain(f)(x)
+    assert e.graph_count == 3
+    assert e.graph_break_count == 2
+    assert len(e.break_reasons) == 2
+    assert len(e.graphs) == 3
+    line = _line_of(f, 'print("a")')
+    loc = str(e.break_reasons[0].user_stack[-1]) if lib.__name__ == "torch" else e.break_reasons[0].location()
+    assert str(line) in loc
+
+
+def test_explain_without_breaks(lib):
+    def f(x, y):
+        return (x + y).relu().sum()
+
+    e = lib._dynamo.explain(f)(lib.randn(2), lib.randn(2))
+    assert e.graph_count == 1 and e.graph_break_count == 0 and not e.break_reasons
+
+
+# ---- fullgraph --------------------------------------------------------------------------------------------
+def test_fullgraph_error_names_reason_and_line(lib):
+    def f(x):
+        y = x + 1
+        print("no")
+        return y
+
+    cf, _ = compiled(lib, f, fullgraph=True)
+    with pytest.raises(Exception) as ei:
+        cf(lib.randn(2))
+    msg = str(ei.value)
+    assert "print" in msg
+    assert f"line {_line_of(f, 'print(')}" in msg
+
+
+def test_fullgraph_data_dependent_branch_errors(lib):
+    def f(x):
+        if x.sum() > 0:
+            return x
+        return -x
+
+    cf, _ = compiled(lib, f, fullgraph=True)
+    with pytest.raises(Exception):
+        cf(lib.randn(3))
+
+
+def test_fullgraph_success(lib):
+    def f(x):
+        return [t.exp() for t in x.unbind(0)]
+
+    cf, cnt = compiled(lib, f, fullgraph=True)
+    x = lib.randn(3, 2)
+    same(lib, cf(x), f(x))
+    assert cnt.frame_count == 1
+
+
+# ---- dynamic shapes ----------------------------------------------------------------------------------------
+def test_dynamic_graph_serves_new_sizes(lib):
+    def f(x, y):
+        z = x.view(x.shape[0] * 2, -1) + 1
+        return z.sum(1) * y.shape[-1], x.new_zeros(x.shape[0])
+
+    cf, cnt = compiled(lib, f)
+    for n in (2, 3, 4, 8, 9):
+        x, y = lib.randn(n, 6), lib.randn(5, n)
+        same(lib, cf(x, y), f(x, y))
+    assert cnt.frame_count == 2
+
+
+def test_dynamic_true_compiles_once(lib):
+    def f(x):
+        return x.flatten() * 2
+
+    cf, cnt = compiled(lib, f, dynamic=True)
+    for shape in ((2, 3), (4, 5), (7, 2)):
+        x = lib.randn(*shape)
+        same(lib, cf(x), f(x))
+    assert cnt.frame_count == 1
+
+
+def test_shape_branch_guards_relation(lib):
+    def f(x):
+        if x.shape[0] > 4:
+            return x * 2
+        return x * 3
+
+    cf, cnt = compiled(lib, f)
+    for n in (2, 3, 6, 7, 3):
+        x = lib.randn(n)
+        same(lib, cf(x), f(x))
+    assert cnt.frame_count == 3
+
+
+def test_duck_sizing_guards_equal_sizes(lib):
+    def f(x, y):
+        return x + y
+
+    cf, cnt = compiled(lib, f)
+    cf(lib.randn(3), lib.randn(3))
+    cf(lib.randn(4), lib.randn(4))
+    same(lib, cf(lib.randn(5), lib.randn(5)), None) if False else None
+    with pytest.raises(RuntimeError):
+        cf(lib.randn(5), lib.randn(6))
+
+
+# ---- modules -----------------------------------------------------------------------------------------------
+def test_compiled_module_wrapper_reads_and_writes_through(lib):
+    m = lib.nn.Linear(3, 2)
+    cm = lib.compile(m, backend=Counter())
+    assert cm.weight is m.weight
+    cm.foo = 3
+    assert m.foo == 3
+    assert {k.replace("_orig_mod.", "") for k in cm.state_dict()} == {"weight", "bias"}
+    x = lib.randn(4, 3)
+    same(lib, cm(x), m(x))
+    cm.eval()
+    assert not m.training
+
+
+def test_module_with_hooks(lib):
+    m = lib.nn.Linear(2, 2)
+    seen = []
+    m.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+    cf, _ = compiled(lib, m)
+    x = lib.randn(3, 2)
+    same(lib, cf(x), m(x))
+    assert len(seen) == 2
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "gpt", "transformer"])
+def test_models_match_eager(lib, name):
+    from tests import test_models as tm
+    lib.manual_seed(0)
+    model = getattr(tm, name)(lib)
+    x = {"mlp": lambda: lib.randn(3, 6), "cnn": lambda: lib.randn(2, 2, 8, 8),
+         "gpt": lambda: lib.randint(0, 11, (2, 8)), "transformer": lambda: lib.randn(2, 9, 8)}[name]()
+    cf, cnt = compiled(lib, model)
+    with lib.no_grad():
+        same(lib, cf(x), model(x), tol=1e-4)
+    assert cnt.frame_count >= 1
+
+
+def test_compiled_training_step_matches_eager(lib):
+    lib.manual_seed(0)
+    m1 = lib.nn.Sequential(lib.nn.Linear(4, 8), lib.nn.Tanh(), lib.nn.Linear(8, 1))
+    m2 = lib.nn.Sequential(lib.nn.Linear(4, 8), lib.nn.Tanh(), lib.nn.Linear(8, 1))
+    m2.load_state_dict(m1.state_dict())
+    cm, _ = compiled(lib, m2)
+    o1 = lib.optim.SGD(m1.parameters(), lr=0.1)
+    o2 = lib.optim.SGD(m2.parameters(), lr=0.1)
+    x, y = lib.randn(5, 4), lib.randn(5, 1)
+    for _ in range(3):
+        for m, o, call in ((m1, o1, m1), (m2, o2, cm)):
+            o.zero_grad()
+            ((call(x) - y) ** 2).mean().backward()
+            o.step()
+    same(lib, m1(x), m2(x), tol=1e-5)
+
+
+# ---- flambeau only: logs, front-end entry point, bytecode ------------------------------------------------
+def test_recompile_reason_is_logged(caplog):
+    fdynamo.reset()
+    fdynamo.set_logs(recompiles=True)
+    try:
+        def f(x):
+            return x + 1
+        cf, _ = compiled(flambeau, f)
+        log = logging.getLogger("flambeau._dynamo")
+        log.propagate = True
+        with caplog.at_level(logging.DEBUG, logger="flambeau._dynamo"):
+            cf(flambeau.randn(2))
+            cf(flambeau.randn(2).double())
+        text = caplog.text
+        assert "Recompiling function f" in text and "TENSOR_MATCH" in text and "L['x']" in text
+    finally:
+        fdynamo.set_logs(recompiles=False)
+
+
+def test_graph_break_is_logged(caplog):
+    fdynamo.reset()
+    fdynamo.set_logs(graph_breaks=True)
+    try:
+        def f(x):
+            print("hi")
+            return x + 1
+        cf, _ = compiled(flambeau, f)
+        logging.getLogger("flambeau._dynamo").propagate = True
+        with caplog.at_level(logging.DEBUG, logger="flambeau._dynamo"):
+            cf(flambeau.randn(2))
+        assert "Graph break" in caplog.text and "print" in caplog.text
+    finally:
+        fdynamo.set_logs(graph_breaks=False)
+
+
+def test_optimize_for_compiler_entry_point():
+    fdynamo.reset()
+    cnt = Counter()
+    f = fdynamo.optimize_for_compiler(lambda x: x.exp() + 1, cnt)
+    x = flambeau.randn(3)
+    same(flambeau, f(x), x.exp() + 1)
+    m = flambeau.nn.Linear(2, 2)
+    g = fdynamo.optimize_for_compiler(m, cnt, module=m)
+    y = flambeau.randn(1, 2)
+    same(flambeau, g(y), m(y))
+    assert cnt.frame_count == 2
+    assert fdynamo.eval_frame.compile_fn(lambda x: x * 2, cnt)(x) is not None
+
+
+def _roundtrip_samples():
+    def a(x, y=2, *args, k=1, **kw):
+        z = 0
+        for i in range(x):
+            try:
+                z += i * y
+            except ValueError:
+                z -= 1
+        with open(__file__) as fh:
+            z += len(fh.readline()) > 0
+        return [q for q in range(z)], {k: v for k, v in kw.items()}, args
+
+    def b(n):
+        def inner(t):
+            return t + n
+        return inner(3), (lambda: n)()
+    return [(a, (5,)), (b, (4,))]
+
+
+@pytest.mark.parametrize("i", [0, 1])
+def test_bytecode_roundtrip(i):
+    import types
+    from flambeau._dynamo import bytecode as bc
+    fn, args = _roundtrip_samples()[i]
+    dec = bc.decode(fn.__code__)
+    code = bc.assemble(dec.instrs, dec.exc, fn.__code__)
+    assert code.co_code == fn.__code__.co_code
+    assert code.co_exceptiontable == fn.__code__.co_exceptiontable
+    assert list(code.co_positions()) == list(fn.__code__.co_positions())
+    g = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    g.__kwdefaults__ = fn.__kwdefaults__
+    assert g(*args) == fn(*args)
