@@ -82,6 +82,8 @@ class NumpyHandler(Handler):
         return self._emit(f"_cast({_BINARY[name]}({a[0]}, {a[1]}), {_np_dtype(dtype)})", dtype)
 
     def load(self, buf, index):
+        if buf.layout.numel == 0:       # only reachable under a mask that is never true
+            return self.constant(0, buf.dtype)
         off = render(index, self.p.sym_name, "//", "%")
         if self.masks:
             off = f"np.where({self.masks[-1].name}, {off}, 0)"

@@ -279,10 +279,10 @@ def _embedding(g, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spa
 def _cat(g, tensors, dim=0):
     shape = out_shape(g)
     dt = out_dtype(g)
-    parts = [t for t in tensors if isinstance(t, IRNode) and not (len(t.shape) == 1 and t.shape[0] == 0)]
+    dim = H.wrap_dim(dim, len(shape))
+    parts = [t for t in tensors if isinstance(t, IRNode) and len(t.shape) == len(shape) and t.shape[dim] != 0]
     if not parts:
         raise Unsupported("cat of empty tensors")
-    dim = H.wrap_dim(dim, len(shape))
     offsets, o = [], 0
     for t in parts:
         offsets.append(o)
