@@ -259,24 +259,34 @@ def _cpu_forward(x, w, bias, st, pads, dil, G):
 
 
 def _cpu_depthwise(xpd, w, bv, st, dil, G, out, y):
-    """One input channel per group: a multiply-add per kernel position, block by block."""
+    """One input channel per group: a multiply-add per kernel position, block by block, the blocks
+    spread over the thread pool (no BLAS here, and NumPy releases the GIL in the element loops)."""
     N, O, ks = y.shape[0], y.shape[1], tuple(w.shape[2:])
     Og, rest = O // G, math.prod(out[1:])
     wk = w.reshape(G, Og, math.prod(ks)).transpose(2, 0, 1)[(...,) + (None,) * len(out)]
     yv = y.reshape((N, G, Og) + out)
     nb, rows, blocks = _blocks(N, out, 2 * O * rest * y.itemsize)
-    tmp = np.empty((nb, G, Og, rows) + out[1:], y.dtype)
-    for n0, n1, r0, r1 in blocks:
-        dst, t = yv[n0:n1, :, :, r0:r1], tmp[:n1 - n0, :, :, :r1 - r0]
-        for k, sl in enumerate(_windows(ks, st, dil, out, r0, r1)):
-            src = xpd[(slice(n0, n1), slice(None)) + sl][:, :, None]
-            if k == 0:
-                np.multiply(src, wk[0], out=dst)
-            else:
-                np.multiply(src, wk[k], out=t)
-                dst += t
-        if bv is not None:
-            dst += bv.reshape((G, Og) + (1,) * len(out))
+
+    def run(part):
+        tmp = np.empty((nb, G, Og, rows) + out[1:], y.dtype)
+        for n0, n1, r0, r1 in part:
+            dst, t = yv[n0:n1, :, :, r0:r1], tmp[:n1 - n0, :, :, :r1 - r0]
+            for k, sl in enumerate(_windows(ks, st, dil, out, r0, r1)):
+                src = xpd[(slice(n0, n1), slice(None)) + sl][:, :, None]
+                if k == 0:
+                    np.multiply(src, wk[0], out=dst)
+                else:
+                    np.multiply(src, wk[k], out=t)
+                    dst += t
+            if bv is not None:
+                dst += bv.reshape((G, Og) + (1,) * len(out))
+    workers = min(os.cpu_count() or 1, len(blocks))
+    if workers < 2 or y.size < (1 << 20):
+        run(blocks)
+    else:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="flambeau-im2col"))
+        list(_POOL[0].map(run, [blocks[i::workers] for i in range(workers)]))
     return y
 
 
