@@ -222,6 +222,20 @@ def test_fallback_ops_and_dtypes():
     assert c.kernel_count >= 1
 
 
+def test_constants_and_graphs_run_eagerly():
+    c0 = randn(4)
+    x = randn(3, 4)
+    c = compile_fx(make_fx(lambda x: x * c0 + 1, tracing_mode="fake")(x), [x])     # get_attr constant
+    assert c.kernel_count == 1
+    np.testing.assert_allclose(c(x).numpy(), (x * c0 + 1).numpy(), rtol=1e-6)
+    c = compile_fx(make_fx(lambda x, n: x * n, tracing_mode="fake")(x, 3), [x, 3])  # non-tensor input
+    assert c.artifact is None and "not a tensor" in c.eager_reason
+    np.testing.assert_allclose(c(x, 3).numpy(), (x * 3).numpy())
+    c = compile_fx(make_fx(lambda x: x.sum(0) * 2, tracing_mode="symbolic")(x), [x])
+    assert c.artifact is None and "symbolic" in c.eager_reason
+    np.testing.assert_allclose(c(x).numpy(), (x.sum(0) * 2).numpy())
+
+
 # ---- cache, errors, debug, NumPy path ----------------------------------------------------------
 def test_cache_hit_skips_compiler(tmp_path, monkeypatch):
     monkeypatch.setattr(config, "cache_dir", str(tmp_path))

@@ -68,6 +68,9 @@ class GraphLowering:
     # ---- the walk ----------------------------------------------------------------------------
     def run(self):
         nodes = list(self.gm.graph.nodes)
+        for node in nodes:
+            for v in _tensors(node.meta.get("val")):
+                _check_static(v)
         live = _live_nodes(nodes)
         n_inputs = 0
         for node in nodes:
@@ -204,8 +207,16 @@ def _impure(node) -> bool:
         (getattr(t, "name", "") or "").startswith(("rand", "normal", "bernoulli", "poisson", "multinomial"))
 
 
+def _tensors(v) -> list:
+    if isinstance(v, Tensor):
+        return [v]
+    if isinstance(v, (tuple, list)):
+        return [x for y in v for x in _tensors(y)]
+    return []
+
+
 def _check_static(v):
-    for s in v.shape:
+    for s in tuple(v.shape) + tuple(v.stride()):
         if type(s) is not int:
             raise Unsupported("symbolic sizes are not supported by the code generator")
 
