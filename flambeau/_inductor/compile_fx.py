@@ -8,7 +8,7 @@
       -> CompiledGraph: callable on flambeau Tensors, returning what the graph returns
 
 The compiled code is specialised to the input strides seen at compile time; a call with other
-strides compiles (or finds) another variant. A graph the generator cannot take at all (non-tensor
+strides compiles (or finds) another variant, a call with other sizes runs the graph eagerly. A graph the generator cannot take at all (non-tensor
 or symbolic-size inputs, tensors not on cpu) runs eagerly through the GraphModule.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ class CompiledArtifact:
         self.externs = [k.node for k in order if not isinstance(k, Kernel)]
         self.fallback_ops = list(graph.fallback_ops)
         self.input_strides = [tuple(st * b.dtype.itemsize for st in b.layout.strides) for b in graph.inputs]
-        self.input_shapes = [b.layout.shape for b in graph.inputs]
+        self.input_shapes = [tuple(b.layout.shape) for b in graph.inputs]
 
 
 class CompiledGraph:
@@ -64,8 +64,8 @@ class CompiledGraph:
         self.compile_time = time.perf_counter() - t0
         self.artifact = art
         if art is not None:
-            self.variants[tuple(art.input_strides)] = art
-            self._fast_key = tuple(art.input_strides)
+            self._fast_key = tuple(zip(art.input_shapes, art.input_strides))
+            self.variants[self._fast_key] = art
             self._fast = art.call
 
     # introspection used by tests and debugging
@@ -84,9 +84,11 @@ class CompiledGraph:
     def __call__(self, *args):
         if self.artifact is None:
             return self.gm(*args)
-        key = tuple(a._data.strides for a in args)
+        key = tuple([(a._data.shape, a._data.strides) for a in args])
         if key == self._fast_key:
             return self._fast(args)
+        if [a._data.shape for a in args] != self.artifact.input_shapes:
+            return self.gm(*args)         # the graph is specialised to its sizes: run it as is
         art = self.variants.get(key)
         if art is None:
             art = _compile(self.gm, list(args), self.id)

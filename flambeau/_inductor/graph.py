@@ -110,6 +110,8 @@ class GraphLowering:
             obj = getattr(obj, part)
         if not isinstance(obj, Tensor):
             return obj
+        if obj.device.type != "cpu":
+            raise Unsupported(f"constant {node.target} is on {obj.device}")
         name = self.new_name("const")
         buf = InputBuffer(name, Layout(obj.shape, obj.dtype, obj.stride()), constant=obj)
         self.constants[name] = buf
