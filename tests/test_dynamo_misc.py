@@ -162,6 +162,7 @@ def test_module_with_hooks(lib):
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "gpt", "transformer"])
 def test_models_match_eager(lib, name):
+    pytest.importorskip("torch")          # the model definitions live in tests/test_models.py
     from tests import test_models as tm
     lib.manual_seed(0)
     model = getattr(tm, name)(lib)
@@ -271,3 +272,74 @@ def test_bytecode_roundtrip(i):
     g = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     g.__kwdefaults__ = fn.__kwdefaults__
     assert g(*args) == fn(*args)
+
+
+# ---- context managers, autograd.Function --------------------------------------------------------------
+def test_autocast_block_in_one_graph(lib):
+    def f(x, w):
+        with lib.autocast("cpu", dtype=lib.bfloat16):
+            y = x @ w
+        return y.float() + 1, y.dtype
+
+    cf, cnt = compiled(lib, f)
+    x, w = lib.randn(4, 4), lib.randn(4, 4)
+    (a, dt), (b, dt2) = cf(x, w), f(x, w)
+    assert dt == dt2 == lib.bfloat16
+    same(lib, a, b, tol=1e-2)
+    assert cnt.frame_count == 1
+    assert not lib.is_autocast_enabled("cpu")
+
+
+def test_autograd_function_apply(lib):
+    class Cube(lib.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x ** 3
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 3 * x * x * g
+
+    def f(x):
+        return Cube.apply(x.sin()).sum()
+
+    cf, cnt = compiled(lib, f)
+    x = lib.randn(3, requires_grad=True)
+    cf(x).backward()
+    g = x.grad.clone()
+    x.grad = None
+    f(x).backward()
+    same(lib, g, x.grad)
+    assert cnt.frame_count == 1
+
+
+def test_returning_a_parameter_returns_the_parameter(lib):
+    m = lib.nn.Linear(2, 2)
+
+    def f(x):
+        return m.weight, x + m.bias
+
+    cf, _ = compiled(lib, f)
+    w, _ = cf(lib.randn(2))
+    assert w is m.weight
+
+
+def test_python_312_interpreter_runs_the_suite():
+    """The same tests under a second interpreter (CPython 3.12) when one with numpy is installed."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    if sys.version_info >= (3, 12):
+        pytest.skip("already running on 3.12")
+    exe = shutil.which("python3.12")
+    env = dict(os.environ, PYENV_VERSION="3.12.1", PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
+    if exe is None or subprocess.run([exe, "-c", "import numpy, sympy, ml_dtypes, pytest"], env=env,
+                                     capture_output=True).returncode != 0:
+        pytest.skip("no CPython 3.12 with numpy/sympy/ml_dtypes/pytest installed")
+    r = subprocess.run([exe, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "flambeau",
+                        "tests/test_dynamo.py", "tests/test_dynamo_breaks.py"], env=env, capture_output=True,
+                       text=True, cwd=os.path.dirname(os.path.dirname(__file__)), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

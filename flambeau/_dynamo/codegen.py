@@ -50,6 +50,9 @@ class EntryCodegen:
         node = vt.node
         if node in self.input_tensors:
             return self.input_tensors[node]
+        attr_source = getattr(vt, "attr_source", None)
+        if attr_source is not None:            # a parameter/buffer: the object itself, not a graph output
+            return attr_source.expr
         i = self._out_index.get(node)
         if i is None:
             i = self._out_index[node] = len(self.outputs)

@@ -55,6 +55,9 @@ def convert_frame(fn, code, arg_values: dict, backend, *, one_graph: bool, dynam
             if one_graph:
                 raise Unsupported(format_user_error(e), user_stack=e.user_stack) from None
             raise SkipFrame(f"{e.msg} (at {e.location()})") from e
+        finally:
+            for ctx in reversed(output.entered):     # a failed trace leaves no global state behind
+                ctx.__exit__(None, None, None)
         stats.compile_times.append(time.perf_counter() - t0)
         if output.result is None:
             raise SkipFrame("translation ended without a result")

@@ -29,7 +29,9 @@ from .exc import Unsupported, SkipFrame
 from .guards import GuardSet, GlobalSource, Source, graph_input_name, local_name
 from .variables import TensorVariable, SymNodeVariable, ConstantVariable, NULL, TupleVariable, ListVariable
 from .variables.base import VariableTracker
-from .variables.torch import _set_grad_enabled, GradModeExitVariable
+from .variables.torch import _set_grad_enabled, _ctx_enter, _ctx_exit, GradModeExitVariable
+
+_STATE_FNS = (_set_grad_enabled, _ctx_enter, _ctx_exit)
 
 
 class SideEffects:
@@ -136,6 +138,7 @@ class OutputGraph:
         self.root_tx = None
         self.result: CompiledEntry | None = None
         self.sym_sources: dict = {}            # sympy symbol -> [source expr of a size]
+        self.entered: list = []                # real context managers entered for the trace (exited on failure)
 
     # ---- sources --------------------------------------------------------------------------------
     def global_source(self, f_globals, name):
@@ -219,6 +222,7 @@ class OutputGraph:
         node = self.graph.get_attr(name)
         node.meta["is_param"] = is_param
         vt = TensorVariable(node, self.fake_mode.from_tensor(t), None)
+        vt.attr_source = source
         self.built[id(t)] = (t, vt)
         return vt
 
@@ -323,7 +327,7 @@ class OutputGraph:
                 return ListVariable(items)
             return TupleVariable(items, cls=type(out))
         from .variables import wrap_constant_like
-        if out is None and node.op == "call_function" and node.target is not _set_grad_enabled:
+        if out is None and node.op == "call_function" and node.target not in _STATE_FNS:
             return ConstantVariable(None)       # ops with effects (e.g. in-place) keep their node
         self.graph.erase_node(node)
         return wrap_constant_like(out)
@@ -416,7 +420,9 @@ class OutputGraph:
 
     def _finish(self, tx, cg: EntryCodegen, tail: str) -> None:
         self.side_effects.codegen(cg, self)
-        has_ops = any(n.op in ("call_function", "call_method", "call_module") and n.target is not _set_grad_enabled
+        if self.entered:
+            raise Unsupported("the frame ends inside an autocast block")
+        has_ops = any(n.op in ("call_function", "call_method", "call_module") and n.target not in _STATE_FNS
                       for n in self.graph.nodes)
         gm = None
         graph_call = None

@@ -28,6 +28,7 @@ from .variables import (NULL, ConstantVariable, TupleVariable, ListVariable, Dic
 from .variables.builtin import binary_op, unary_op, getitem, contains, identical
 from .variables.functions import bind_arguments, is_generator_code
 from .variables.base import VariableTracker
+from .variables.torch import AutocastVariable
 from .variables.objects import ObjectVariable, PythonModuleVariable
 
 _BINARY = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul, operator.mul,
@@ -154,6 +155,8 @@ class InstructionTranslatorBase:
         if name in self.f_globals:
             return build(self, self.f_globals[name], self.global_source(name))
         if name in self.f_builtins:
+            g = self.output.guards
+            g.raw(f"{name!r} not in {g.const(self.f_globals)}", f"{name!r} is not shadowed by a global")
             return build(self, self.f_builtins[name], None)
         raise Unsupported(f"NameError: name {name!r} is not defined")
 
@@ -836,8 +839,8 @@ def _make_function(tx, ins):
 @handler("BEFORE_WITH")
 def _before_with(tx, ins):
     ctx = tx.stack[-1]
-    if not isinstance(ctx, GradModeVariable):
-        raise Unsupported(f"with-block over {ctx} (only grad-mode context managers are captured)")
+    if not isinstance(ctx, (GradModeVariable, AutocastVariable)):
+        raise Unsupported(f"with-block over {ctx} (grad-mode and autocast context managers are captured)")
     tx.pop()
     tx.push(ctx.enter(tx))
     tx.push(const(None))

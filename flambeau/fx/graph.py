@@ -318,7 +318,8 @@ class _CodeGen:
         if base[0].isdigit():
             base = "_" + base
         name, i = base, 0
-        while name in self.globals or name in _RESERVED or hasattr(builtins, name) or keyword.iskeyword(name):
+        while name in self.globals or name in _RESERVED or hasattr(builtins, name) or keyword.iskeyword(name) \
+                or name in self.graph._namespace._used:
             i += 1
             name = f"{base}_{i}"
         self.globals[name] = obj

@@ -130,6 +130,10 @@ class ClassVariable(VariableTracker):
 
     def var_getattr(self, tx, name):
         from .builder import build, wrap_constant_like
+        from ...autograd.function import Function
+        if name == "apply" and isinstance(self.value, type) and issubclass(self.value, Function):
+            from .torch import TorchFunctionVariable
+            return TorchFunctionVariable(self.value.apply, f"{self.value.__name__}.apply")
         try:
             static = inspect.getattr_static(self.value, name)
         except AttributeError:

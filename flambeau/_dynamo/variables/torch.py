@@ -202,6 +202,61 @@ class GradModeExitVariable(VariableTracker):
         return f"{cg.const(GradModeExit)}({self.prev})"
 
 
+def _ctx_enter(cls, args, kwargs):
+    """Recorded in graphs: enter a flambeau context manager (autocast) at run time; returns it."""
+    ctx = cls(*args, **kwargs)
+    ctx.__enter__()
+    return ctx
+
+
+def _ctx_exit(ctx) -> None:
+    ctx.__exit__(None, None, None)
+
+
+class AutocastVariable(VariableTracker):
+    """`autocast(...)` with constant arguments. Entering records a `_ctx_enter` node (so the graph
+    runs its ops under autocast) and enters a real autocast for the rest of the trace (so fake
+    outputs get autocast dtypes); leaving does both in reverse."""
+
+    def __init__(self, cls, args: tuple, kwargs: dict):
+        self.cls = cls
+        self.args = args
+        self.kwargs = kwargs
+        self.node = None
+        self.real = None
+
+    def python_type(self):
+        return self.cls
+
+    def enter(self, tx):
+        out = tx.output
+        self.node = out.graph.call_function(_ctx_enter, (self.cls, self.args, self.kwargs))
+        self.real = _ctx_enter(self.cls, self.args, self.kwargs)
+        out.entered.append(self.real)
+        return AutocastExitVariable(self)
+
+    def exit(self, tx):
+        out = tx.output
+        out.graph.call_function(_ctx_exit, (self.node,))
+        _ctx_exit(self.real)
+        out.entered.remove(self.real)
+
+    def reconstruct(self, cg):
+        if self.node is not None:
+            raise Unsupported("an entered autocast object is live after the graph")
+        args = ", ".join([cg.const(a) for a in self.args] + [f"{k}={cg.const(v)}" for k, v in self.kwargs.items()])
+        return f"{cg.const(self.cls)}({args})"
+
+
+class AutocastExitVariable(VariableTracker):
+    def __init__(self, ctx: AutocastVariable):
+        self.ctx = ctx
+
+    def call_function(self, tx, args, kwargs):
+        self.ctx.exit(tx)
+        return const(None)
+
+
 def class_call(tx, cls, args, kwargs):
     """Constructing flambeau classes while tracing (None: not handled)."""
     from ..._device import device
@@ -210,4 +265,9 @@ def class_call(tx, cls, args, kwargs):
         return const(device(*(a.as_python_constant() for a in args)))
     if cls in (grad_mode.no_grad, grad_mode.enable_grad, grad_mode.set_grad_enabled):
         return TorchSpecialVariable(cls, cls.__name__).call_function(tx, args, kwargs)
+    from ...amp.autocast_mode import autocast
+    if isinstance(cls, type) and issubclass(cls, autocast) and all(a.is_python_constant() for a in args) and \
+            all(v.is_python_constant() for v in kwargs.values()):
+        return AutocastVariable(cls, tuple(a.as_python_constant() for a in args),
+                                {k: v.as_python_constant() for k, v in kwargs.items()})
     return None
