@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import flambeau
-import flambeau.nn.functional as F
 from flambeau._decomp import DecompositionMode
 from flambeau._inductor import CppCompileError, compile_fx, config, cpp_builder
 from flambeau.fx.experimental.proxy_tensor import make_fx

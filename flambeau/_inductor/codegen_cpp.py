@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _dtype as D
 from . import config
-from .index import FloorDiv, Index, Indirect, Mod, Sym, contiguous_strides, offset_of
+from .index import FloorDiv, Index, Indirect, Sym, contiguous_strides, offset_of
 from .ir import Handler, set_handler
 from .scheduler import expand_groups
 

@@ -11,10 +11,8 @@ The result is `self.buffers` (ComputedBuffers and ExternKernels in a valid execu
 """
 from __future__ import annotations
 
-import math
 import operator
 
-from .. import _dtype as D
 from .._tensor import Tensor
 from . import config
 from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
@@ -54,13 +52,6 @@ class GraphLowering:
             self.buffers.append(buf)
             return buf
         raise TypeError(f"cannot realise {x!r}")
-
-    def realize_buffer(self, x) -> Buffer:
-        """Like `realize`, but a strided view is copied into a contiguous buffer."""
-        x = self.realize(x)
-        if isinstance(x, StridedView):
-            return self.realize(Pointwise(x.shape, x.dtype, x.make_loader()))
-        return x
 
     def flat_outputs(self) -> list:
         return self.outputs if isinstance(self.outputs, list) else [self.outputs]
@@ -267,11 +258,3 @@ def _dtypes_ok(node, args, kwargs) -> bool:
     visit(args)
     visit(list(kwargs.values()))
     return ok[0]
-
-
-def numel(shape) -> int:
-    return math.prod(shape)
-
-
-def dtype_of_scalar(v):
-    return D.bool if isinstance(v, bool) else D.int64 if isinstance(v, int) else D.float64

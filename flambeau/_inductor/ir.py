@@ -90,12 +90,6 @@ class Handler:
         return self._op("to_dtype", (x,), dtype)
 
 
-def realized_dtype(dt):
-    if dt not in SUPPORTED_DTYPES:
-        raise Unsupported(f"dtype {dt} is not supported by the code generator")
-    return dt
-
-
 # ---- IR nodes --------------------------------------------------------------------------------
 class Layout:
     """Shape, dtype, element strides and element offset of a buffer or strided view."""
