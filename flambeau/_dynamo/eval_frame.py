@@ -16,7 +16,7 @@ import types
 import warnings
 
 from . import config, _logging
-from .exc import SkipFrame
+from .exc import SkipFrame, Unsupported
 from .convert_frame import convert_frame, CompileStats
 
 _caches: dict = {}            # (code, backend key) -> CodeCache
@@ -151,6 +151,16 @@ class CompiledFunction:
         except SkipFrame as e:
             _logging.trace("graph_breaks", "Skipping frame %s (%s:%d): %s", self.code.co_name,
                            self.code.co_filename, self.code.co_firstlineno, e)
+            cache.skip = True
+            entry = None
+        except Unsupported:
+            raise
+        except Exception as e:                  # a capture or backend failure: run eagerly, say why once
+            if not config.suppress_errors:
+                raise
+            warnings.warn(f"flambeau._dynamo could not compile {self.code.co_name} "
+                          f"({self.code.co_filename}:{self.code.co_firstlineno}), running it eagerly: "
+                          f"{type(e).__name__}: {e}")
             cache.skip = True
             entry = None
         finally:

@@ -381,7 +381,8 @@ class BuiltinVariable(VariableTracker):
     def _call_sum(self, tx, seq, start=None):
         items = self._seq(tx, seq)
         if all(x.is_python_constant() for x in items) and (start is None or start.is_python_constant()):
-            return None
+            vals = [x.as_python_constant() for x in items]
+            return wrap_constant_result(sum(vals, start.as_python_constant() if start is not None else 0))
         acc = start if start is not None else const(0)
         for x in items:
             acc = binary_op(tx, operator.add, acc, x)
@@ -404,6 +405,8 @@ class BuiltinVariable(VariableTracker):
                 if better.truthy(tx):
                     best = x
             return best
+        if all(x.is_python_constant() for x in items):
+            return wrap_constant_result(fn([x.as_python_constant() for x in items]))
         return None
 
     def _call_max(self, tx, *args, **kwargs):
