@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 
-from .variables.base import is_constant_value
 from .guards import _literal
 
 
@@ -104,7 +103,3 @@ class EntryCodegen:
         lines += ["    " + s for s in self.statements]
         lines.append(f"    return {tail}")
         return "\n".join(lines) + "\n"
-
-
-def is_embeddable(v) -> bool:
-    return is_constant_value(v)

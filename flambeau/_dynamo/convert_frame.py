@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import time
 
-from . import _logging
 from .exc import Unsupported, SkipFrame, RestartAnalysis
 from .guards import LocalSource
 from .output_graph import OutputGraph
-from .symbolic_convert import InstructionTranslator, LazyLocal
+from .opcodes import LazyLocal
+from .symbolic_convert import InstructionTranslator
 from .variables.functions import is_generator_code
 
 

@@ -9,7 +9,6 @@ class Unsupported(RuntimeError):
         super().__init__(msg)
         self.msg = msg
         self.user_stack = user_stack or []
-        self.real_stack = None
 
     def add_user_frame(self, code, lineno: int | None) -> None:
         self.user_stack.append((code.co_filename, lineno, code.co_name))
@@ -28,13 +27,5 @@ class SkipFrame(Exception):
     """This frame is run eagerly (a generator, a graph break in a loop, an unsupported construct)."""
 
 
-class UserError(RuntimeError):
-    pass
-
-
 class RestartAnalysis(Exception):
     """Start the translation of the frame again (e.g. with a graph break at a chosen instruction)."""
-
-
-def unimplemented(msg: str):
-    raise Unsupported(msg)

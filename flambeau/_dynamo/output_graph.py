@@ -23,7 +23,7 @@ from ..fx.graph import Graph
 from ..fx.graph_module import GraphModule
 from ..fx._symbolic_shapes import ShapeEnv, SymInt
 from .._subclasses.fake_tensor import FakeTensorMode
-from . import _logging, resume
+from . import _logging, config, resume
 from .codegen import EntryCodegen
 from .exc import Unsupported, SkipFrame
 from .guards import GuardSet, GlobalSource, Source, graph_input_name, local_name
@@ -173,7 +173,7 @@ class OutputGraph:
         else:
             dims = set(marked) | set(self.dynamic_dims.get(name, ()))
         seen = self.frame_sizes.get(name)
-        if policy is None and seen is not None and len(seen) == len(shape):
+        if policy is None and config.automatic_dynamic_shapes and seen is not None and len(seen) == len(shape):
             dims |= {d for d, (a, b) in enumerate(zip(seen, shape)) if a != b}
         dims = {d for d in dims if d < len(shape) and shape[d] not in (0, 1)}
         if dims and not t.is_contiguous():

@@ -9,7 +9,6 @@ effects the graph cannot hold (`print`, `input`, `open`, `id` of traced objects)
 from __future__ import annotations
 
 import builtins
-import math
 import operator
 
 from ..exc import Unsupported
