@@ -23,6 +23,8 @@ captured graph.
 """
 from __future__ import annotations
 
+from . import _logging
+
 import inspect
 import os
 import warnings
@@ -302,8 +304,7 @@ def capture(fn: Callable, module: Module | None, call: _Call, symbolic: bool):
         gm = make_fx(flat_fn, tracing_mode="symbolic" if symbolic else "fake")(*call.tensors)
     finally:
         compiling -= 1
-    logs = {x.strip().lstrip("+") for x in os.environ.get("FLAMBEAU_LOGS", "").split(",")}
-    if "graph" in logs or "graph_code" in logs:
+    if _logging.enabled("graph"):
         print(f"===== captured graph of {getattr(fn, '__qualname__', type(fn).__name__)} =====\n"
               f"{gm.print_readable(print_output=False)}")
     return gm, out_spec[0]

@@ -26,6 +26,8 @@ backends use (compile once for these inputs).
 """
 from __future__ import annotations
 
+from .. import _logging
+
 import os
 from typing import Callable
 
@@ -47,13 +49,8 @@ from .partitioners import default_partition
 __all__ = ["aot_function", "aot_module", "aot_module_simplified", "make_boxed_func", "stateless_call"]
 
 
-def _log_enabled() -> bool:
-    logs = {s.strip().lstrip("+") for s in os.environ.get("FLAMBEAU_LOGS", "").split(",")}
-    return "aot" in logs or "aot_graphs" in logs
-
-
 def _dump(title: str, gm: GraphModule) -> None:
-    if _log_enabled():
+    if _logging.enabled("aot"):
         print(f"===== {title} =====\n{gm.print_readable(print_output=False)}")
 
 

@@ -13,6 +13,8 @@ or symbolic-size inputs, tensors not on cpu) runs eagerly through the GraphModul
 """
 from __future__ import annotations
 
+from .. import _logging
+
 import itertools
 import os
 import sys
@@ -140,7 +142,7 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     wrapper_source = wc.generate()
     exec(compile(wrapper_source, f"<flambeau-inductor-wrapper-{gid}>", "exec"), wc.ns)
     art = CompiledArtifact(graph, order, wc.ns["call"], source, wrapper_source, backend, source_path)
-    if config.output_code:
+    if config.output_code or _logging.enabled("output_code"):
         print(f"===== flambeau inductor: graph {gid} ({backend}) =====\n{source}\n----- wrapper -----\n"
               f"{wrapper_source}", file=sys.stderr)
     if config.debug:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 
-_logs = {s.strip() for s in os.environ.get("FLAMBEAU_LOGS", "").split(",") if s.strip()}
-
-output_code: bool = "output_code" in _logs or "+output_code" in _logs
+output_code: bool = False          # also on when FLAMBEAU_LOGS selects output_code (flambeau._logging)
 debug: bool = os.environ.get("FLAMBEAU_COMPILE_DEBUG", "") not in ("", "0")
 debug_dir: str = os.environ.get("FLAMBEAU_COMPILE_DEBUG_DIR", os.path.join(os.getcwd(), "flambeau_compile_debug"))
 cache_dir: str = os.environ.get("FLAMBEAU_CACHE_DIR",
