@@ -26,7 +26,6 @@ from __future__ import annotations
 from . import _logging
 
 import inspect
-import os
 import warnings
 import weakref
 from typing import Callable

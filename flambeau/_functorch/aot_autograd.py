@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from .. import _logging
 
-import os
 from typing import Callable
 
 from .. import _state
