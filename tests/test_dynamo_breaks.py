@@ -344,3 +344,39 @@ def test_try_except_around_tensor_code(lib):
     x = lib.randn(2)
     same(lib, cf(x), f(x))
     assert cnt.frame_count == 1
+
+
+def test_break_in_a_frame_with_closure_cells(lib, capsys):
+    def f(x):
+        acc = x + 1
+
+        def add(t):
+            return t + acc
+        y = add(x)
+        print("hi")
+        acc = acc * 10
+        return add(y) * 2, add
+
+    cf, cnt = compiled(lib, f)
+    x = lib.randn(3)
+    (a, fa), (b, fb) = cf(x), f(x)
+    same(lib, a, b)
+    same(lib, fa(x), fb(x))
+    assert cnt.frame_count == 2
+
+
+def test_nonlocal_counter_across_a_break(lib, capsys):
+    def f(x):
+        n = 0
+
+        def bump():
+            nonlocal n
+            n += 1
+        bump()
+        print("g")
+        bump()
+        return x * n
+
+    cf, _ = compiled(lib, f)
+    x = lib.randn(3)
+    same(lib, cf(x), f(x))

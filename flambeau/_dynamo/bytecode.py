@@ -254,8 +254,9 @@ def load_global_name(ins: Instr) -> str:
 def prologue_head(code: types.CodeType) -> list:
     """The frame set-up instructions a generated code object starts with."""
     out = []
-    if code.co_freevars:
-        out.append(make("COPY_FREE_VARS", len(code.co_freevars)))
+    n = len(code.co_freevars) + len(code.co_cellvars)      # generated code takes cells as free variables
+    if n:
+        out.append(make("COPY_FREE_VARS", n))
     out.append(make("RESUME", 0))
     return out
 

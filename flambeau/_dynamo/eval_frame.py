@@ -176,23 +176,23 @@ class CompiledFunction:
     def _compile_callee(self, fn):
         return compiled_callee(fn, self.backend, self.fullgraph, self.dynamic, self.stats)
 
-    def _compile_resume(self, rcode, F):
-        return compiled_resume(rcode, F, self.backend, self.fullgraph, self.dynamic, self.stats)
+    def _compile_resume(self, rcode, globals_, closure):
+        return compiled_resume(rcode, globals_, closure, self.backend, self.fullgraph, self.dynamic, self.stats)
 
 
 _resume_wrappers: dict = {}
 
 
-def compiled_resume(rcode, F, backend, fullgraph, dynamic, stats):
+def compiled_resume(rcode, globals_, closure, backend, fullgraph, dynamic, stats):
     """The compiled function for a resume code object (one per code object when there is no closure)."""
     key = (rcode, id(backend), dynamic)
-    if not F.__closure__:
+    if not closure:
         hit = _resume_wrappers.get(key)
         if hit is not None:
             return hit
-    fn = types.FunctionType(rcode, F.__globals__, rcode.co_name, None, F.__closure__)
+    fn = types.FunctionType(rcode, globals_, rcode.co_name, None, closure)
     c = CompiledFunction(fn, backend, fullgraph=fullgraph, dynamic=dynamic, stats=stats)
-    if not F.__closure__:
+    if not closure:
         _resume_wrappers[key] = c
     return c
 

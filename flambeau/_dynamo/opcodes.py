@@ -147,7 +147,7 @@ def _copy_free_vars(tx, ins):
         return
     closure = tx.fn.__closure__ or ()
     for i, (name, c) in enumerate(zip(names, closure)):
-        tx.cells[name] = RealCellVariable(c, ClosureSource(i, name))
+        tx.cells[name] = RealCellVariable(c, ClosureSource(i, name), f"F.__closure__[{i}]")
 
 
 @handler("LOAD_CLOSURE")

@@ -119,7 +119,7 @@ class OutputGraph:
         self.dynamic = dynamic                 # True / False / None (automatic)
         self.dynamic_dims = dynamic_dims       # source name -> dims made symbolic by earlier recompiles
         self.frame_sizes = frame_sizes         # source name -> sizes seen (for automatic dynamic)
-        self.compile_resume = compile_resume   # fn(code object, F) -> compiled resume callable
+        self.compile_resume = compile_resume   # fn(code, globals, closure) -> compiled resume callable
         self.compile_callee = compile_callee   # fn(function or module) -> compiled callable (same settings)
         self.stats = stats
         self.graph = Graph()
@@ -344,8 +344,8 @@ class OutputGraph:
         end = start
         while instrs[end].opname in ("KW_NAMES", "PRECALL"):
             end += 1
-        if code.co_cellvars:
-            raise SkipFrame(f"graph break in {code.co_name}, which has cell variables ({reason})")
+        if set(code.co_cellvars) & set(code.co_varnames):
+            raise SkipFrame(f"graph break in {code.co_name}, whose arguments are closure cells ({reason})")
         self._check_loop(tx, start, end, reason)
         self._check_blocks(tx, start, reason)
         layout = tuple(x is NULL for x in tx.stack)
@@ -357,11 +357,15 @@ class OutputGraph:
         callee = self._callee_slot(tx, instrs[end])
         stack_exprs = [self._compiled_callee(cg, v) if k == callee else cg.reconstruct(v)
                        for k, v in enumerate(tx.stack) if v is not NULL]
+        closure = "F.__closure__"
+        if code.co_cellvars:
+            cells = [cg.reconstruct(tx.cells[name]) for name in code.co_cellvars]
+            closure = cg.new_temp("(" + "".join(c + ", " for c in cells) + ") + (F.__closure__ or ())")
         resume_exprs = []
         for kind, target_off, after in exits:
             rcode = resume.resume_code(code, target_off, after, unbound)
-            resume_exprs.append(f"{cg.const(self.compile_resume)}({cg.const(rcode)}, F)")
-        bfn = f"{cg.const(types.FunctionType)}({cg.const(bcode)}, G, {code.co_name!r}, None, F.__closure__)"
+            resume_exprs.append(f"{cg.const(self.compile_resume)}({cg.const(rcode)}, G, {closure})")
+        bfn = f"{cg.const(types.FunctionType)}({cg.const(bcode)}, G, {code.co_name!r}, None, {closure})"
         tail = f"{bfn}({', '.join(local_exprs + stack_exprs + resume_exprs)})"
         self.stats.break_reasons.append(reason)
         _logging.trace("graph_breaks", "Graph break in %s at %s: %s", code.co_name,

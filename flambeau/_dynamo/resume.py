@@ -12,7 +12,9 @@ frame's locals:
   `resume_fn(*locals, *stack)`; a conditional jump I gets one epilogue per outcome. I runs in the
   real interpreter with C's exception table and line numbers, so errors and tracebacks are eager's.
 
-The original instructions are copied as a whole (jump targets are `Instr` objects and everything
+C's cell variables become leading free variables of B and R: the frame's cells (real cells made for
+the traced values) are handed over in the closure, so closures created before the break keep
+sharing them. The original instructions are copied as a whole (jump targets are `Instr` objects and everything
 is re-assembled), so loops, handlers and with-blocks around I keep working.
 """
 from __future__ import annotations
@@ -111,6 +113,14 @@ def _flags(code) -> int:
     return code.co_flags & ~(CO_VARARGS | CO_VARKEYWORDS)
 
 
+def _cells_as_freevars(code) -> dict:
+    """`replace` fields turning the cell variables of `code` into leading free variables: a generated
+    code object receives the frame's cells through its closure (their slots keep their numbers)."""
+    if not code.co_cellvars:
+        return {}
+    return dict(co_cellvars=(), co_freevars=tuple(code.co_cellvars) + tuple(code.co_freevars))
+
+
 def resume_code(code, target_offset: int, layout: tuple, unbound: frozenset) -> types.CodeType:
     """R_t: the code of `code` continuing at `target_offset` (see module docstring); cached."""
     key = (code, target_offset, layout, unbound)
@@ -132,7 +142,8 @@ def resume_code(code, target_offset: int, layout: tuple, unbound: frozenset) -> 
     name = f"flambeau_resume_in_{base}_at_{line}"
     new = bc.assemble(pro + dec.instrs, dec.exc, code, co_varnames=tuple(varnames), co_argcount=len(varnames),
                       co_posonlyargcount=0, co_kwonlyargcount=0, co_nlocals=len(varnames), co_flags=_flags(code),
-                      co_name=name, co_qualname=name, co_stacksize=code.co_stacksize + len(layout) + 2)
+                      co_name=name, co_qualname=name, co_stacksize=code.co_stacksize + len(layout) + 2,
+                      **_cells_as_freevars(code))
     _resume_codes[key] = new
     return new
 
@@ -193,7 +204,8 @@ def break_code(code, start: int, end: int, layout: tuple, unbound: frozenset, bo
     new = bc.assemble(pro + body + [i for e in epilogues for i in e], dec.exc, code,
                       co_varnames=tuple(varnames), co_argcount=n + k + len(exits), co_posonlyargcount=0,
                       co_kwonlyargcount=0, co_nlocals=len(varnames), co_flags=_flags(code), co_consts=consts,
-                      co_stacksize=code.co_stacksize + len(layout) + len(orig) + max_after + 4)
+                      co_stacksize=code.co_stacksize + len(layout) + len(orig) + max_after + 4,
+                      **_cells_as_freevars(code))
     return new, exit_info
 
 

@@ -169,7 +169,8 @@ class InstructionTranslatorBase:
         bound = bind_arguments(fn, args, kwargs)
         if closure is None and fn.__closure__:
             csrc = source.attr("__closure__") if source is not None else None
-            closure = [RealCellVariable(c, csrc.item(i).attr("cell_contents") if csrc is not None else None)
+            closure = [RealCellVariable(c, csrc.item(i).attr("cell_contents") if csrc is not None else None,
+                                        csrc.item(i).expr if csrc is not None else None)
                        for i, c in enumerate(fn.__closure__)]
         child = InliningInstructionTranslator(self, code, fn.__globals__, bound, closure, source)
         child.run()

@@ -24,15 +24,23 @@ class CellVariable(VariableTracker):
         self.value = value
 
     def reconstruct(self, cg):
-        raise Unsupported("a closure cell created in the traced code is live after the graph")
+        cell = cg.const(types.CellType)
+        return cg.new_temp(f"{cell}({cg.reconstruct(self.value)})" if self.value is not None else f"{cell}()")
 
 
 class RealCellVariable(VariableTracker):
-    """An existing closure cell of the compiled function (its contents read through `source`)."""
+    """An existing closure cell of the compiled function (its contents read through `source`, the
+    cell itself through `cell_expr`)."""
 
-    def __init__(self, cell, source):
+    def __init__(self, cell, source, cell_expr=None):
         self.cell = cell
         self.source = source
+        self.cell_expr = cell_expr
+
+    def reconstruct(self, cg):
+        if self.cell_expr is None:
+            raise Unsupported("a closure cell without a source is live after the graph")
+        return self.cell_expr
 
 
 class BaseFunctionVariable(VariableTracker):
@@ -118,12 +126,10 @@ class NestedUserFunctionVariable(BaseFunctionVariable):
         raise Unsupported(f"attribute {name} of a nested function")
 
     def reconstruct(self, cg):
-        if self.closure and any(not isinstance(c, RealCellVariable) for c in self.closure):
-            raise Unsupported("a closure over cells created in the traced code is live after the graph")
         defaults = cg.reconstruct(self.defaults) if self.defaults is not None else "None"
         closure = "None"
         if self.closure:
-            closure = "(" + "".join(f"{cg.source_expr(c.source.base)}, " for c in self.closure) + ")"
+            closure = "(" + "".join(f"{cg.reconstruct(c)}, " for c in self.closure) + ")"
         fn = cg.new_temp(f"{cg.const(types.FunctionType)}({cg.const(self.code)}, G, {self.name!r}, "
                          f"{defaults}, {closure})")
         if self.kwdefaults is not None:
