@@ -364,3 +364,26 @@ def test_opdb_compiled_matches_graph(family, backend, monkeypatch):
                 g.numpy().astype(np.float64), w.numpy().astype(np.float64), rtol=1e-4, atol=1e-5, equal_nan=True):
             bad.append(name)
     assert not bad, bad
+
+
+def test_out_of_range_index_raises_instead_of_reading_out_of_bounds():
+    import warnings
+    import flambeau as fl
+    warnings.simplefilter("ignore")
+    f = fl.compile(lambda w, i: fl.nn.functional.embedding(i, w) * 2, backend="inductor")
+    w = fl.randn(5, 3)
+    assert f(w, fl.tensor([0, 4])).shape == (2, 3)
+    with pytest.raises(IndexError):
+        f(w, fl.tensor([0, 7]))
+    with pytest.raises(IndexError):
+        f(w, fl.tensor([-6, 0]))
+
+
+def test_integer_division_by_zero_raises_like_eager():
+    import flambeau as fl
+    g = fl.compile(lambda a, b: a // b + a % b, backend="inductor")
+    a = fl.tensor([7, -8, 9])
+    b = fl.tensor([2, 3, -4])
+    assert g(a, b).tolist() == (a // b + a % b).tolist()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        g(a, fl.tensor([2, 0, 4]))

@@ -32,6 +32,17 @@ SIMD1 = ("exp", "log", "log1p", "expm1", "sin", "cos", "tan", "asin", "acos", "a
 SIMD2 = ("pow", "atan2")
 
 HELPERS = r"""
+// Errors found inside a kernel (an index out of range, an integer division by zero) are recorded
+// here instead of touching memory out of bounds; the wrapper reads and clears the code after
+// each call and raises PyTorch's exception (see wrapper.py).
+static int fl_error_code = 0;
+static inline void fl_set_error(int c) { __atomic_store_n(&fl_error_code, c, __ATOMIC_RELAXED); }
+extern "C" int fl_take_error() { return __atomic_exchange_n(&fl_error_code, 0, __ATOMIC_RELAXED); }
+static inline int64_t fl_index(int64_t v, int64_t size) {
+  int64_t t = v < 0 ? v + size : v;
+  if (t < 0 || t >= size) { fl_set_error(1); return 0; }
+  return t;
+}
 template <typename T> static inline T fl_max(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { return (a != a || a > b) ? a : b; } else { return a > b ? a : b; }
 }
@@ -40,7 +51,7 @@ template <typename T> static inline T fl_min(T a, T b) {
 }
 template <typename T> static inline T fl_truncdiv(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { return std::trunc(a / b); }
-  else { if (b == 0) return 0; if (std::is_signed<T>::value && b == T(-1)) return T(-a); return a / b; }
+  else { if (b == 0) { fl_set_error(2); return 0; } if (std::is_signed<T>::value && b == T(-1)) return T(-a); return a / b; }
 }
 template <typename T> static inline T fl_floordiv(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) {
@@ -53,7 +64,7 @@ template <typename T> static inline T fl_floordiv(T a, T b) {
     else { fl = std::copysign(T(0), a / b); }
     return fl;
   } else {
-    if (b == 0) return 0;
+    if (b == 0) { fl_set_error(2); return 0; }
     if (std::is_signed<T>::value && b == T(-1)) return T(-a);
     T q = a / b, r = a % b;
     if (r != 0 && ((r < 0) != (b < 0))) q -= 1;
@@ -66,7 +77,7 @@ template <typename T> static inline T fl_remainder(T a, T b) {
     if (r != 0 && ((r < 0) != (b < 0))) r += b;
     return r;
   } else {
-    if (b == 0) return 0;
+    if (b == 0) { fl_set_error(2); return 0; }
     if (std::is_signed<T>::value && b == T(-1)) return 0;
     T r = a % b;
     if (r != 0 && ((r < 0) != (b < 0))) r += b;
@@ -259,7 +270,7 @@ class CppHandler(Handler):
 
     def indirect_indexing(self, value, size):
         v = value.name
-        var = self._emit(f"{v} < 0 ? {v} + {size} : {v}", D.int64)
+        var = self._emit(f"fl_index({v}, {size})", D.int64)
         return Index.of(Indirect(var.name, size))
 
     def masked(self, mask, body, other):

@@ -133,6 +133,7 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
         if kernels:
             lib, source_path = cpp_builder.load(source, info)
             kernels_ns = {k.name: getattr(lib, k.name) for k in kernels}
+            kernels_ns["fl_take_error"] = lib.fl_take_error
         else:
             kernels_ns = {}
     else:

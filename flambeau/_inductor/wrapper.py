@@ -75,6 +75,15 @@ def make_extern(ek):
     return call, bases
 
 
+def kernel_error(code: int):
+    """Raise what eager PyTorch raises for an error a generated kernel recorded."""
+    if code == 1:
+        raise IndexError("index out of range in self (an index read by a compiled kernel is out of bounds)")
+    if code == 2:
+        raise RuntimeError("ZeroDivisionError")
+    raise RuntimeError(f"compiled kernel reported error code {code}")
+
+
 class WrapperCodegen:
     def __init__(self, graph, order, memory, backend, kernels_ns):
         self.g = graph
@@ -113,6 +122,13 @@ class WrapperCodegen:
             for name in self.mem["frees"][i]:
                 if name not in self.mem["allocs"]:
                     L.append(f"    del {name}")
+        if self.backend == "cpp" and any(isinstance(s, Kernel) for s in self.order):
+            take = self.kernels_ns["fl_take_error"]
+            take.argtypes, take.restype = [], ctypes.c_int
+            self.ns["_take_error"], self.ns["_kernel_error"] = take, kernel_error
+            L.append("    _e = _take_error()")
+            L.append("    if _e:")
+            L.append("        _kernel_error(_e)")
         L.append(f"    return {self._outputs()}")
         return "\n".join(L) + "\n"
 
