@@ -115,7 +115,7 @@ def _losses(m, model, name, opt_name, steps=4):
     return out
 
 
-CASES = [(n, o) for n in MODELS for o in (OPTIMS if n == "mlp" else ("SGD", "AdamW"))]
+CASES = [(n, o) for n in MODELS for o in OPTIMS]
 
 
 @pytest.mark.parametrize("name,opt", CASES, ids=[f"{n}-{o}" for n, o in CASES])

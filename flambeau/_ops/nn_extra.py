@@ -111,3 +111,82 @@ def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_fu
     if swap:
         dn = _F("minimum")(dn, dist(positive, negative))
     return _reduce((dp - dn + margin).clamp(min=0), reduction)
+
+
+_NEG = -1e30   # "log 0" for unreachable CTC states: finite, so no inf-inf NaNs reach the gradient
+
+
+def _lengths(x, n, name):
+    from .. import Tensor
+    v = x.tolist() if isinstance(x, Tensor) else list(x)
+    if len(v) != n:
+        raise RuntimeError(f"ctc_loss: expected {name} to have {n} elements, got {len(v)}")
+    return [int(i) for i in v]
+
+
+@export("ctc_loss", namespace="nn.functional")
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0, reduction: str = "mean",
+             zero_infinity: bool = False):
+    """Connectionist temporal classification loss: the negative log-likelihood of `targets` summed
+    over all alignments, by the forward (alpha) recursion in log space over the extended label
+    sequence (blank, l1, blank, l2, ..., blank), vectorised over the batch and the label positions."""
+    from .. import tensor, full, stack, where
+    unbatched = log_probs.dim() == 2
+    lp = log_probs.unsqueeze(1) if unbatched else log_probs          # (T, N, C)
+    T, N, C = lp.shape
+    il = _lengths(input_lengths if not unbatched or not isinstance(input_lengths, int) else [input_lengths], N,
+                  "input_lengths")
+    tl = _lengths(target_lengths if not unbatched or not isinstance(target_lengths, int) else [target_lengths], N,
+                  "target_lengths")
+    if not 0 <= blank < C:
+        raise RuntimeError("blank must be in label range")
+    if max(il) > T:
+        raise RuntimeError(f"Expected input_lengths to have value at most {T}, but got value {max(il)}")
+    tg = targets.reshape(1, -1) if unbatched else targets
+    if tg.dim() == 1:                                                # concatenated targets
+        off, rows = 0, []
+        for n in range(N):
+            rows.append(tg[off:off + tl[n]].tolist())
+            off += tl[n]
+    else:
+        rows = [tg[n, :tl[n]].tolist() for n in range(N)]
+    S = max(max(tl), 0)
+    ext = [[blank] * (2 * S + 1) for _ in range(N)]
+    skip = [[False] * (2 * S + 1) for _ in range(N)]
+    for n, r in enumerate(rows):
+        for i, lab in enumerate(r):
+            ext[n][2 * i + 1] = int(lab)
+            if i > 0 and int(lab) != int(r[i - 1]):
+                skip[n][2 * i + 1] = True
+    dev = lp.device
+    ext_t = tensor(ext, device=dev)                                   # (N, S')
+    skip_t = tensor(skip, device=dev)
+    lp_ext = lp.gather(2, ext_t.unsqueeze(0).expand(T, N, 2 * S + 1))  # (T, N, S')
+    lp_ext = where(lp_ext == float("-inf"), _NEG, lp_ext)
+    neg = full((N, 2 * S + 1), _NEG, dtype=lp.dtype, device=dev)
+    pos = tensor(list(range(2 * S + 1)), device=dev).unsqueeze(0)
+    alpha = where(pos < 2, lp_ext[0], neg)
+    alpha = where((pos == 1) & (tensor(tl, device=dev).unsqueeze(1) == 0), neg, alpha)
+    pad1 = full((N, 1), _NEG, dtype=lp.dtype, device=dev)
+    pad2 = full((N, 2), _NEG, dtype=lp.dtype, device=dev)
+    lens = tensor(il, device=dev).unsqueeze(1)
+    for t in range(1, max(il) if il else 0):
+        a1 = EXPORTS["cat"]([pad1, alpha[:, :-1]], 1)
+        a2 = where(skip_t, EXPORTS["cat"]([pad2, alpha[:, :-2]], 1), neg)
+        new = stack([alpha, a1, a2]).logsumexp(0) + lp_ext[t]
+        alpha = where(lens > t, new, alpha)
+    last = tensor([2 * x for x in tl], device=dev).unsqueeze(1)
+    prev = tensor([max(2 * x - 1, 0) for x in tl], device=dev).unsqueeze(1)
+    a_last = alpha.gather(1, last).squeeze(1)
+    a_prev = where(tensor(tl, device=dev) > 0, alpha.gather(1, prev).squeeze(1), _NEG)
+    ll = stack([a_last, a_prev]).logsumexp(0)
+    loss = where(ll < _NEG / 2, float("inf"), -ll)
+    if zero_infinity:
+        loss = where(loss == float("inf"), 0.0, loss)
+    if reduction == "mean":
+        return (loss / tensor(tl, device=dev, dtype=loss.dtype).clamp(min=1)).mean()
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "none":
+        return loss.squeeze(0) if unbatched else loss
+    raise ValueError(f"{reduction} is not a valid value for reduction")
