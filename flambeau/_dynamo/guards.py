@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import keyword
+import operator
 import re
 
 from .. import _state
@@ -92,7 +93,7 @@ class GuardSet:
         self._seen: set = set()
         self.consts: dict = {}            # name -> object referenced by the guard code
         self._const_ids: dict = {}
-        self.descriptions: list = []      # human readable, for FLAMBEAU_LOGS=guards and failure reasons
+        self._module_state = None
 
     def const(self, obj) -> str:
         k = id(obj)
@@ -167,6 +168,16 @@ class GuardSet:
     def raw(self, cond: str, desc: str) -> None:
         self.add(None, cond, desc)
 
+    def module_state(self, module) -> None:
+        """Guard (in one bulk check per entry) what a backend bakes in when it traces a module call:
+        the training flags, absence of hooks, identity of parameters/buffers/submodules and their
+        requires_grad, for `module` and everything below it."""
+        if self._module_state is None:
+            self._module_state = ModuleState()
+            self.add(None, f"{self.const(self._module_state)}()", "MODULE_STATE: training flags, no hooks, "
+                     "same parameters/buffers/submodules with the same requires_grad")
+        self._module_state.extend(module.modules())
+
     # ---- code generation ---------------------------------------------------------------------
     def build(self, argnames: list, globals_dict: dict):
         """(guard function, its source, per-check descriptions)."""
@@ -218,6 +229,45 @@ class GuardSet:
             if not ok:
                 out.append(desc)
         return out
+
+
+_get_training = operator.itemgetter("training")
+_requires_grad = operator.attrgetter("_requires_grad")
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+class ModuleState:
+    """A bulk guard over many modules (whose identities other guards check), evaluated with C-level
+    iteration over objects captured at compile time: their `__dict__`s (training flags), their hook
+    dicts (must stay empty), the dict slots of their parameters/buffers/submodules (same objects)
+    and the parameters' requires_grad."""
+
+    def __init__(self):
+        self.dicts, self.hooks, self.slot_dicts, self.slot_keys, self.members = [], [], [], [], []
+        self._ids: set = set()
+
+    def extend(self, modules) -> None:
+        for m in modules:
+            if id(m) in self._ids:
+                continue
+            self._ids.add(id(m))
+            d = m.__dict__
+            self.dicts.append(d)
+            self.hooks += [d[h] for h in _HOOKS]
+            for store in ("_parameters", "_buffers", "_modules"):
+                for k, v in d[store].items():
+                    self.slot_dicts.append(d[store])
+                    self.slot_keys.append(k)
+                    self.members.append(v)
+        self.training = list(map(_get_training, self.dicts))
+        self.tensors = [t for t in self.members if isinstance(t, Tensor)]
+        self.requires_grad = list(map(_requires_grad, self.tensors))
+        self.hooks_t = tuple(self.hooks)
+
+    def __call__(self) -> bool:
+        return (list(map(_get_training, self.dicts)) == self.training and not any(self.hooks_t)
+                and all(map(operator.is_, map(operator.getitem, self.slot_dicts, self.slot_keys), self.members))
+                and list(map(_requires_grad, self.tensors)) == self.requires_grad)
 
 
 def _is_contiguous(t) -> bool:

@@ -205,11 +205,10 @@ class OutputGraph:
         return f
 
     def module_tensor(self, t: Tensor, source, is_param: bool) -> TensorVariable:
+        self._guard_state_tensor(source, t)
         hit = self.built.get(id(t))
         if hit is not None and hit[0] is t:
-            self.guards.id_match(source, t)
             return hit[1]
-        self.guards.id_match(source, t)
         name = self._attr_names.get(id(t))
         if name is None:
             base = graph_input_name(source).strip("_").replace("_modules_", "").replace("_parameters_", "") \
@@ -286,8 +285,16 @@ class OutputGraph:
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         return self._wrap_output(node, out, args)
 
+    def _guard_state_tensor(self, source, t: Tensor) -> None:
+        """A parameter/buffer baked into the graph: same object, same requires_grad (a backend traces
+        its gradient)."""
+        g = self.guards
+        g.add(source, f"{{S}} is {g.const(t)} and {{S}}._requires_grad is {bool(t._requires_grad)}",
+              f"ID_MATCH: {source.name()} is the same tensor, requires_grad={t.requires_grad}")
+
     def call_module(self, tx, mod_vt, args, kwargs) -> VariableTracker:
         m = mod_vt.value
+        self.guards.module_state(m)
         name = self._attr_names.get(id(m))
         if name is None:
             name = graph_input_name(mod_vt.source).strip("_").replace("_modules_", "") or "mod"
