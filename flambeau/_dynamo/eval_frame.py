@@ -170,6 +170,12 @@ class CompiledFunction:
         cache.entries.insert(0, entry)
         return entry.entry(self.fn, *L)
 
+    @property
+    def cache(self) -> list:
+        """The compiled entries of this function's code (most recent first)."""
+        c = _caches.get(self.key)
+        return list(c.entries) if c is not None else []
+
     def _failures(self, entry, L) -> list:
         return entry.guards.failures(entry.argnames, entry.globals, self.fn, L) or ["(unknown)"]
 
@@ -241,6 +247,10 @@ class _ModuleCall:
         self.module = module
         self.forward = CompiledFunction(module.forward, backend, fullgraph=fullgraph, dynamic=dynamic)
         self.call_impl = CompiledFunction(module._call_impl, backend, fullgraph=fullgraph, dynamic=dynamic)
+
+    @property
+    def cache(self) -> list:
+        return self.forward.cache + self.call_impl.cache
 
     def __call__(self, *args, **kwargs):
         m = self.module

@@ -223,7 +223,7 @@ class GuardSet:
         for src, cond, desc in self.checks:
             text = cond.replace("{S}", f"({src.expr})") if src is not None else cond
             try:
-                ok = eval(text, ns)
+                ok = bool(eval(text, ns))
             except Exception:
                 ok = False
             if not ok:
