@@ -486,3 +486,67 @@ def test_math_and_constants(lib):
     x = lib.randn(3)
     same(lib, cf(x), f(x))
     assert cnt.frame_count == 1
+
+
+def test_set_grad_enabled_call_and_block(lib):
+    def f(x):
+        with lib.set_grad_enabled(False):
+            y = x * 2
+        z = x * 3
+        return y, z
+
+    cf, cnt = compiled(lib, f)
+    x = lib.randn(2, requires_grad=True)
+    y, z = cf(x)
+    assert not y.requires_grad and z.requires_grad and lib.is_grad_enabled()
+    assert cnt.frame_count == 1
+
+
+def test_dict_of_tensors_input(lib):
+    def f(batch):
+        return batch["x"] * batch["scale"] + batch["y"].sum()
+
+    cf, cnt = compiled(lib, f)
+    b = {"x": lib.randn(3), "y": lib.randn(2), "scale": 2.0}
+    same(lib, cf(b), f(b))
+    b2 = dict(b, y=lib.randn(2))
+    same(lib, cf(b2), f(b2))
+    assert cnt.frame_count == 1
+
+
+def test_methods_and_properties_of_user_objects_are_inlined(lib):
+    class Scaler:
+        def __init__(self, k):
+            self.k = k
+
+        @property
+        def twice(self):
+            return self.k * 2
+
+        def apply(self, t):
+            return t * self.twice + self.k
+
+    def f(x, s):
+        return s.apply(x).relu()
+
+    cf, cnt = compiled(lib, f)
+    x = lib.randn(4)
+    same(lib, cf(x, Scaler(1.5)), f(x, Scaler(1.5)))
+    assert cnt.frame_count == 1
+
+
+def test_nested_compiled_function_is_inlined(lib):
+    cnt = Counter()
+
+    def inner(t):
+        return t.sin()
+    c_inner = lib._dynamo.optimize(cnt)(inner)
+
+    def outer(x):
+        return c_inner(x) + 1
+
+    c_outer = lib._dynamo.optimize(cnt)(outer)
+    x = lib.randn(3)
+    out = c_outer(x)
+    assert cnt.frame_count == 1          # inner was inlined into outer's graph
+    same(lib, out, x.sin() + 1)
