@@ -459,6 +459,7 @@ class OutputGraph:
         ns = cg.ns
         ns["G"] = self.f_globals
         exec(compile(src, f"<flambeau._dynamo entry of {self.code.co_name}>", "exec"), ns)
+        _logging.trace("bytecode", "entry of %s:\n%s", self.code.co_name, src)
         _logging.trace("guards", "guards of %s:\n%s", self.code.co_name,
                        "\n".join(d for _, _, d in self.guards.checks))
         self.result = CompiledEntry(guard_fn, ns["___entry"], self.guards, guard_src, src, gm, argnames,

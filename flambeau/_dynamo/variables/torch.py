@@ -57,6 +57,9 @@ def torch_functions() -> dict:
 def special_function(v):
     """The handler name for flambeau functions modelled at trace time, else None."""
     import flambeau
+    from .. import eval_frame
+    if v is eval_frame.is_compiling or v is getattr(getattr(flambeau, "compiler", None), "is_compiling", None):
+        return "is_compiling"
     for name in _SPECIAL:
         if getattr(flambeau, name, None) is v or getattr(flambeau.autograd, name, None) is v:
             return name
@@ -111,6 +114,8 @@ class TorchSpecialVariable(VariableTracker):
         k = self.kind
         if k == "break":
             raise Unsupported(f"call to flambeau.{getattr(self.value, '__name__', '?')} (global effects)")
+        if k == "is_compiling":
+            return const(True)
         if k == "is_grad_enabled":
             return const(tx.output.grad_enabled)
         if k == "get_default_dtype":
