@@ -151,7 +151,7 @@ class CompiledFunction:
         except SkipFrame as e:
             _logging.trace("graph_breaks", "Skipping frame %s (%s:%d): %s", self.code.co_name,
                            self.code.co_filename, self.code.co_firstlineno, e)
-            cache.skip = True
+            cache.skip = e.permanent
             entry = None
         except Unsupported:
             raise

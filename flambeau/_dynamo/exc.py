@@ -24,7 +24,12 @@ class Unsupported(RuntimeError):
 
 
 class SkipFrame(Exception):
-    """This frame is run eagerly (a generator, a graph break in a loop, an unsupported construct)."""
+    """This frame is run eagerly (a generator, a graph break in a loop, an unsupported construct);
+    `permanent=False`: only this call (e.g. a lazy module not initialized yet)."""
+
+    def __init__(self, msg: str = "", permanent: bool = True):
+        super().__init__(msg)
+        self.permanent = permanent
 
 
 class RestartAnalysis(Exception):

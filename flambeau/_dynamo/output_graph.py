@@ -152,6 +152,7 @@ class OutputGraph:
 
     # ---- inputs and attributes -----------------------------------------------------------------
     def add_graph_input(self, t: Tensor, source) -> TensorVariable:
+        self._check_initialized(t)
         name = source.name()
         dims = self._dynamic_dims_for(t, name)
         self.guards.tensor_match(source, t, tuple(dims))
@@ -160,7 +161,7 @@ class OutputGraph:
         node.meta["grapharg"] = source
         self.inputs.append((node, source, t))
         self.input_by_node[node] = source
-        return TensorVariable(node, fake, source)
+        return TensorVariable(node, fake, source, cls=type(t))
 
     def _dynamic_dims_for(self, t: Tensor, name: str) -> set:
         shape = tuple(t._data.shape)
@@ -204,7 +205,14 @@ class OutputGraph:
         self.fake_mode._memo[id(t)] = (t, f)
         return f
 
+    @staticmethod
+    def _check_initialized(t: Tensor) -> None:
+        from ..nn.parameter import UninitializedParameter
+        if isinstance(t, UninitializedParameter):
+            raise SkipFrame("an uninitialized (lazy) parameter: this call runs eagerly", permanent=False)
+
     def module_tensor(self, t: Tensor, source, is_param: bool) -> TensorVariable:
+        self._check_initialized(t)
         self._guard_state_tensor(source, t)
         hit = self.built.get(id(t))
         if hit is not None and hit[0] is t:
@@ -220,7 +228,7 @@ class OutputGraph:
             self._attr_names[id(t)] = name
         node = self.graph.get_attr(name)
         node.meta["is_param"] = is_param
-        vt = TensorVariable(node, self.fake_mode.from_tensor(t), None)
+        vt = TensorVariable(node, self.fake_mode.from_tensor(t), None, cls=type(t))
         vt.attr_source = source
         self.built[id(t)] = (t, vt)
         return vt
@@ -294,6 +302,8 @@ class OutputGraph:
 
     def call_module(self, tx, mod_vt, args, kwargs) -> VariableTracker:
         m = mod_vt.value
+        for p in m.parameters():
+            self._check_initialized(p)
         self.guards.module_state(m)
         name = self._attr_names.get(id(m))
         if name is None:

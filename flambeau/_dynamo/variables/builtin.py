@@ -471,14 +471,8 @@ def _torch_fn(name):
 
 
 def _isinstance_type(tp, c, obj) -> bool:
-    from ..._tensor import Tensor
-    from ...nn.parameter import Parameter
     if isinstance(c, tuple):
         return any(_isinstance_type(tp, x, obj) for x in c)
-    if tp is Tensor and isinstance(obj, TensorVariable):
-        fake_cls = type(obj.example)
-        return c is Tensor or (isinstance(c, type) and issubclass(Tensor, c)) or (
-            c is Parameter and obj.python_type() is Parameter) or (fake_cls is not Tensor and c is fake_cls and False)
     return issubclass(tp, c)
 
 

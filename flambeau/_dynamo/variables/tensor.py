@@ -25,16 +25,16 @@ _BREAK_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__",
 
 
 class TensorVariable(VariableTracker):
-    def __init__(self, node, example, source=None):
+    def __init__(self, node, example, source=None, cls=None):
         self.node = node
         self.example = example
         self.source = source
+        self.cls = cls                    # the real class of a tensor read from the frame (e.g. Parameter)
         node.meta["example_value"] = example
 
     def python_type(self):
-        from ...nn.parameter import Parameter
         from ..._tensor import Tensor
-        return Parameter if self.node.op == "get_attr" and self.node.meta.get("is_param") else Tensor
+        return self.cls or Tensor
 
     def __repr__(self):
         return f"TensorVariable({self.node.name})"
