@@ -4,17 +4,18 @@
     @flambeau.compile                      # or @flambeau.compile(backend="aot_eager", dynamic=True)
     def f(x): ...
 
-A call of a compiled function goes to the front end (`_frontend()`, today the whole-function tracer
-in `flambeau._compile_frontend`): it looks its guards up, or captures an FX graph of the call and
-gives it to the backend. A backend is any callable `backend(gm, example_inputs) -> callable`
+A call of a compiled function goes to the front end (`_frontend()`: TorchDynamo-style bytecode
+capture in `flambeau._dynamo`): it looks its guards up, or captures FX graphs from the function's
+bytecode (breaking the graph where it must) and gives each to the backend. A backend is any callable `backend(gm, example_inputs) -> callable`
 (PyTorch's contract: the callable takes the flat graph inputs and returns the graph's outputs), or
 the name of a registered one:
 
     "eager"      run the captured graph as it is (debug)
     "aot_eager"  AOT autograd (functionalize, joint trace, partition) with the graphs run as
                  GraphModules (debug)
-    "inductor"   AOT autograd with the core-op decompositions and the min-cut partitioner, each
-                 graph compiled by `flambeau._inductor.compile_fx` (C++/OpenMP kernels)
+    "inductor"   AOT autograd with the core-op decompositions (plus inductor's own, e.g. attention as
+                 batched products and a softmax) and the min-cut partitioner, each graph compiled
+                 by `flambeau._inductor.compile_fx` (C++/OpenMP kernels)
 
 A compiled `nn.Module` is an `OptimizedModule`: it holds the original as `_orig_mod` (sharing its
 parameters), reads and writes attributes through to it, has the original's `state_dict`, and its
@@ -26,13 +27,14 @@ import contextlib
 import functools
 from typing import Callable
 
-from . import _compile_frontend
+from . import _dynamo
+from ._dynamo import config
 from .nn.modules.module import Module
 
 __all__ = ["compile", "list_backends", "register_backend", "lookup_backend", "reset", "OptimizedModule",
            "InvalidBackend", "Unsupported", "is_compiling", "disable", "config"]
 
-Unsupported = _compile_frontend.Unsupported
+Unsupported = _dynamo.exc.Unsupported
 _BACKENDS: dict = {}          # name -> (fn(gm, example_inputs, options) -> callable, tags)
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -45,22 +47,7 @@ class InvalidBackend(RuntimeError):
 
 def _frontend() -> Callable:
     """The capture front end: `optimize(fn, backend, fullgraph=, dynamic=, module=)`."""
-    return _compile_frontend.optimize
-
-
-class _Config:
-    """`flambeau.compiler.config.cache_size_limit` (entries per compiled function before it runs eagerly)."""
-
-    @property
-    def cache_size_limit(self) -> int:
-        return _compile_frontend.cache_size_limit
-
-    @cache_size_limit.setter
-    def cache_size_limit(self, v: int) -> None:
-        _compile_frontend.cache_size_limit = int(v)
-
-
-config = _Config()
+    return _dynamo.eval_frame.optimize_for_compiler
 
 
 # ---- backends ---------------------------------------------------------------------------------------
@@ -122,6 +109,7 @@ def _inductor_options(options: dict | None):
 
 def _inductor(gm, example_inputs, options=None):
     from ._inductor import compile_fx
+    from ._inductor.decompositions import inductor_decompositions
     from ._decomp import core_aten_decompositions
     from ._functorch.aot_autograd import aot_module_simplified
     from ._functorch.partitioners import min_cut_rematerialization_partition
@@ -131,7 +119,7 @@ def _inductor(gm, example_inputs, options=None):
             return compile_fx(g, ex)
     return aot_module_simplified(gm, example_inputs, fw_compiler=compile_graph, bw_compiler=compile_graph,
                                  partition_fn=min_cut_rematerialization_partition,
-                                 decompositions=core_aten_decompositions())
+                                 decompositions={**core_aten_decompositions(), **inductor_decompositions()})
 
 
 _BACKENDS["eager"] = (_eager, ("debug",))
@@ -210,18 +198,10 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     return compiled
 
 
-def disable(fn: Callable | None = None, recursive: bool = True):
-    """Mark `fn` as not to be compiled (returned unchanged; the tracing front end traces through it)."""
-    if fn is None:
-        return lambda f: f
-    return fn
-
-
-def is_compiling() -> bool:
-    """True while a compiled function is being captured."""
-    return _compile_frontend.compiling > 0
+disable = _dynamo.disable
+is_compiling = _dynamo.is_compiling
 
 
 def reset() -> None:
     """Forget every compiled graph (the next call of each compiled function recompiles)."""
-    _compile_frontend.reset()
+    _dynamo.reset()
