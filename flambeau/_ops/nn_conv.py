@@ -6,6 +6,8 @@ few positions, never over pixels) followed by a GEMM, the groups being a batch d
 matmul. On CPU this runs block by block through a cache-sized column buffer, each GEMM writing
 straight into the output; on CuPy it is one column buffer for the whole batch and one cuBLAS GEMM
 (see the kernel section). 1x1 stride-1 convolutions need no copy, depthwise ones are multiply-adds.
+Where cuDNN is available (`flambeau._backends.cudnn`), the cuda forward, input-gradient and
+weight-gradient kernels call it instead, keeping the CuPy path for the cases it does not take.
 
 The transposed convolution is the adjoint of the convolution (matmul, then col2im scatter-add),
 so the derivatives close over two ops: the input gradient of one is the other, and the weight
@@ -22,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import _dtype as D
+from .._backends import cudnn
 from ._registry import defop, export, TensorSpec
 from ._helpers import opmath
 
@@ -395,12 +398,18 @@ def conv_forward_arrays(xp, x, w, st, pad, dil, groups, bias=None):
     pads = [(p, p) for p in pad]
     if xp is np:
         return _cpu_forward(x, w, bias, st, pads, dil, groups)
+    if (r := cudnn.forward(x, w, bias, st, pad, dil, groups)) is not None:
+        return r
     return _gpu_forward(xp, x, w, bias, st, pads, dil, groups)
 
 
 def conv_adjoint_arrays(xp, y, w, st, pad, dil, groups, size, bias=None):
     """The transposed convolution: y (N, O, *out) with w (O, Cg, *k) -> (N, Cg*groups, *size). With
     stride 1 it is a forward convolution of y with the flipped, group-transposed kernel."""
+    if xp is not np and (r := cudnn.backward_data(y, w, st, pad, dil, groups, size)) is not None:
+        if bias is not None:
+            r += bias.reshape((-1,) + (1,) * (r.ndim - 2))
+        return r
     ks, nd = tuple(w.shape[2:]), w.ndim - 2
     lo = [dil[i] * (ks[i] - 1) - pad[i] for i in range(nd)]
     pads = [(lo[i], lo[i] + size[i] - (y.shape[2 + i] + dil[i] * (ks[i] - 1) - 2 * pad[i])) for i in range(nd)]
@@ -424,6 +433,8 @@ def conv_weight_grad_arrays(xp, x, gy, wshape, st, pad, dil, groups):
     pads = [(p, p) for p in pad]
     if xp is np:
         return _cpu_weight_grad(x, gy, wshape, st, pads, dil, groups)
+    if (r := cudnn.backward_filter(x, gy, wshape, st, pad, dil, groups)) is not None:
+        return r
     return _gpu_weight_grad(xp, x, gy, wshape, st, pads, dil, groups)
 
 

@@ -1,0 +1,432 @@
+"""cuDNN convolutions for the cuda device, bound with ctypes (CuPy ships no cuDNN bindings).
+
+The library is found at first use: the file or folder named by FLAMBEAU_CUDNN_LIB, else
+nvidia/cudnn/lib inside any site-packages folder on sys.path (PyTorch's pip wheels put cuDNN 9
+there), else the system loader. Without it (or without CuPy) `available()` is False and the
+convolution kernels keep their im2col + cuBLAS path; importing this module never needs either.
+
+We call cuDNN's legacy API (present in cuDNN 8 and 9): tensor, filter and convolution descriptors
+(N-d, 1-d convolutions viewed as 2-d), an algorithm from the `_v7` heuristics (or, with
+`benchmark`, from timing them with the Find*Ex calls), a CuPy-allocated workspace and CuPy's
+current stream. Descriptors and algorithms are cached per (shapes, dtype, parameters, flags).
+Inputs are made contiguous first (descriptors describe packed NCHW layouts).
+
+Flags, as torch.backends.cudnn (exported as flambeau.backends.cudnn):
+- `enabled`: use cuDNN at all (default True).
+- `allow_tf32`: let float32 convolutions use TF32 tensor cores (default False). PyTorch defaults
+  to True for cuDNN convolutions; we keep exact float32 (CUDNN_FMA_MATH: on Ampere and later even
+  CUDNN_DEFAULT_MATH may use TF32) because TF32 rounds the inputs to a 10-bit mantissa, about 1e-3
+  relative error, and the op database compares cuda against cpu at 1e-4. Set it to True for speed.
+- `deterministic`: only algorithms cuDNN reports as deterministic.
+- `benchmark`: time the candidate algorithms once per shape and keep the fastest.
+`calls` counts the cuDNN convolutions run (forward, backward_data, backward_filter).
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import math
+import os
+import sys
+import threading
+
+enabled = True
+allow_tf32 = False
+deterministic = False
+benchmark = False
+workspace_limit = 1 << 30     # bytes an algorithm's workspace may take at most
+calls = {"forward": 0, "backward_data": 0, "backward_filter": 0}
+
+_SUB_LIBS = ("libcudnn_engines_precompiled", "libcudnn_engines_runtime_compiled", "libcudnn_heuristic",
+             "libcudnn_graph", "libcudnn_ops", "libcudnn_cnn", "libcudnn_adv")
+_DATA = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 9}
+_NCHW, _CROSS_CORRELATION = 0, 1
+_DEFAULT_MATH, _TENSOR_OP_MATH, _FMA_MATH = 0, 1, 3
+_MAX_ALGOS = 16
+
+
+class _Perf(ctypes.Structure):
+    """cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t (the three share one layout)."""
+    _fields_ = [("algo", ctypes.c_int), ("status", ctypes.c_int), ("time", ctypes.c_float),
+                ("memory", ctypes.c_size_t), ("determinism", ctypes.c_int), ("mathType", ctypes.c_int),
+                ("reserved", ctypes.c_int * 3)]
+
+
+_P, _I, _S, _PI = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)
+_PERF = ctypes.POINTER(_Perf)
+_SIGNATURES = {
+    "cudnnCreate": (_P,), "cudnnDestroy": (_P,), "cudnnSetStream": (_P, _P),
+    "cudnnCreateTensorDescriptor": (_P,), "cudnnDestroyTensorDescriptor": (_P,),
+    "cudnnSetTensorNdDescriptor": (_P, _I, _I, _PI, _PI),
+    "cudnnCreateFilterDescriptor": (_P,), "cudnnDestroyFilterDescriptor": (_P,),
+    "cudnnSetFilterNdDescriptor": (_P, _I, _I, _I, _PI),
+    "cudnnCreateConvolutionDescriptor": (_P,), "cudnnDestroyConvolutionDescriptor": (_P,),
+    "cudnnSetConvolutionNdDescriptor": (_P, _I, _PI, _PI, _PI, _I, _I),
+    "cudnnSetConvolutionGroupCount": (_P, _I), "cudnnSetConvolutionMathType": (_P, _I),
+    "cudnnGetConvolutionForwardAlgorithm_v7": (_P, _P, _P, _P, _P, _I, _PI, _PERF),
+    "cudnnGetConvolutionBackwardDataAlgorithm_v7": (_P, _P, _P, _P, _P, _I, _PI, _PERF),
+    "cudnnGetConvolutionBackwardFilterAlgorithm_v7": (_P, _P, _P, _P, _P, _I, _PI, _PERF),
+    "cudnnFindConvolutionForwardAlgorithmEx": (_P, _P, _P, _P, _P, _P, _P, _P, _I, _PI, _PERF, _P, _S),
+    "cudnnFindConvolutionBackwardDataAlgorithmEx": (_P, _P, _P, _P, _P, _P, _P, _P, _I, _PI, _PERF, _P, _S),
+    "cudnnFindConvolutionBackwardFilterAlgorithmEx": (_P, _P, _P, _P, _P, _P, _P, _P, _I, _PI, _PERF, _P, _S),
+    "cudnnGetConvolutionForwardWorkspaceSize": (_P, _P, _P, _P, _P, _I, ctypes.POINTER(_S)),
+    "cudnnGetConvolutionBackwardDataWorkspaceSize": (_P, _P, _P, _P, _P, _I, ctypes.POINTER(_S)),
+    "cudnnGetConvolutionBackwardFilterWorkspaceSize": (_P, _P, _P, _P, _P, _I, ctypes.POINTER(_S)),
+    "cudnnConvolutionForward": (_P, _P, _P, _P, _P, _P, _P, _I, _P, _S, _P, _P, _P),
+    "cudnnConvolutionBackwardData": (_P, _P, _P, _P, _P, _P, _P, _I, _P, _S, _P, _P, _P),
+    "cudnnConvolutionBackwardFilter": (_P, _P, _P, _P, _P, _P, _P, _I, _P, _S, _P, _P, _P),
+}
+
+_state = {"lib": None, "tried": False, "error": None, "path": None, "plan_error": None}
+_lock = threading.Lock()
+_local = threading.local()
+_plans: dict = {}
+_ONE = {"f": ctypes.c_float(1.0), "d": ctypes.c_double(1.0)}
+_ZERO = {"f": ctypes.c_float(0.0), "d": ctypes.c_double(0.0)}
+
+
+# ---- loading -------------------------------------------------------------------------------------
+def _candidates():
+    """Paths (or bare names for the system loader) of libcudnn to try, in order."""
+    env = os.environ.get("FLAMBEAU_CUDNN_LIB")
+    if env:
+        yield from (sorted(glob.glob(os.path.join(env, "libcudnn.so*"))) if os.path.isdir(env) else [env])
+    for p in sys.path:
+        d = os.path.join(p or ".", "nvidia", "cudnn", "lib")
+        if os.path.isdir(d):
+            yield from sorted(glob.glob(os.path.join(d, "libcudnn.so*")), key=len)
+    yield from ("libcudnn.so.9", "libcudnn.so.8", "libcudnn.so")
+
+
+def _sibling_dirs(libdir):
+    """The nvidia/*/lib folders beside a pip-installed cuDNN (cuBLAS and friends it may need)."""
+    return sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(libdir)), "*", "lib")))
+
+
+def _open(path):
+    """dlopen `path` globally; when a dependency is missing, preload it from the nvidia/*/lib folders
+    beside it and try again."""
+    mode = getattr(os, "RTLD_GLOBAL", 0) | getattr(os, "RTLD_NOW", 0)
+    libdir = os.path.dirname(path)
+    for _ in range(8):
+        try:
+            return ctypes.CDLL(path, mode=mode)
+        except OSError as e:
+            missing = str(e).split(":")[0].strip()
+            found = [f for d in (_sibling_dirs(libdir) if libdir else []) for f in glob.glob(os.path.join(d, missing))]
+            if not found or missing == os.path.basename(path):
+                raise
+            ctypes.CDLL(found[0], mode=mode)
+    return ctypes.CDLL(path, mode=mode)
+
+
+def _load():
+    errors = []
+    for cand in _candidates():
+        libdir = os.path.dirname(cand)
+        if libdir:
+            for sub in _SUB_LIBS:     # the cuDNN 9 shim dlopens these by name: load them from its folder
+                for f in sorted(glob.glob(os.path.join(libdir, sub + ".so*")), key=len)[:1]:
+                    try:
+                        _open(f)
+                    except OSError as e:
+                        errors.append(f"{f}: {e}")
+        try:
+            lib = _open(cand)
+            for name, args in _SIGNATURES.items():
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = args, ctypes.c_int
+            lib.cudnnGetErrorString.argtypes, lib.cudnnGetErrorString.restype = (ctypes.c_int,), ctypes.c_char_p
+            lib.cudnnGetVersion.argtypes, lib.cudnnGetVersion.restype = (), ctypes.c_size_t
+            _state["path"] = cand
+            return lib
+        except (OSError, AttributeError) as e:
+            errors.append(f"{cand}: {e}")
+    _state["error"] = "; ".join(errors[-4:])
+    return None
+
+
+def _lib():
+    if not _state["tried"]:
+        with _lock:
+            if not _state["tried"]:
+                try:
+                    import cupy  # noqa: F401
+                    _state["lib"] = _load()
+                except ImportError as e:
+                    _state["error"] = f"CuPy is not installed ({e})"
+                _state["tried"] = True
+    return _state["lib"]
+
+
+def available() -> bool:
+    """Whether cuDNN convolutions will be used: `enabled`, CuPy importable and libcudnn loaded."""
+    return enabled and _lib() is not None
+
+
+def is_available() -> bool:
+    """Whether libcudnn could be loaded (as torch.backends.cudnn.is_available)."""
+    return _lib() is not None
+
+
+def version():
+    """cuDNN's version as an int (e.g. 90800), None when it is not available."""
+    lib = _lib()
+    return int(lib.cudnnGetVersion()) if lib is not None else None
+
+
+def load_error():
+    """Why libcudnn could not be loaded (None when it was, or was not tried yet)."""
+    return _state["error"]
+
+
+def _check(status, what):
+    if status != 0:
+        msg = _state["lib"].cudnnGetErrorString(status).decode(errors="replace")
+        raise RuntimeError(f"cuDNN error: {msg} (status {status}) in {what}")
+
+
+def _handle():
+    import cupy
+    dev = cupy.cuda.runtime.getDevice()
+    handles = getattr(_local, "handles", None)
+    if handles is None:
+        handles = _local.handles = {}
+    h = handles.get(dev)
+    if h is None:
+        h = ctypes.c_void_p()
+        _check(_state["lib"].cudnnCreate(ctypes.byref(h)), "cudnnCreate")
+        handles[dev] = h
+    _check(_state["lib"].cudnnSetStream(h, cupy.cuda.get_current_stream().ptr), "cudnnSetStream")
+    return h
+
+
+# ---- descriptors and plans -----------------------------------------------------------------------
+def _ints(vals):
+    return (ctypes.c_int * len(vals))(*vals)
+
+
+def _packed_strides(shape):
+    st, acc = [], 1
+    for s in reversed(shape):
+        st.append(acc)
+        acc *= s
+    return tuple(reversed(st))
+
+
+class _Plan:
+    """Descriptors of one convolution geometry, plus the chosen algorithm and its workspace size."""
+
+    def __init__(self, x_shape, w_shape, y_shape, st, pad, dil, groups, dtype, kind):
+        lib = self.lib = _state["lib"]
+        self.algo, self.ws = None, 0
+        self.scalar = "d" if dtype == "float64" else "f"
+        dt = _DATA[dtype]
+        self.x, self.y = ctypes.c_void_p(), ctypes.c_void_p()
+        self.w, self.conv = ctypes.c_void_p(), ctypes.c_void_p()
+        for d in (self.x, self.y):
+            _check(lib.cudnnCreateTensorDescriptor(ctypes.byref(d)), "cudnnCreateTensorDescriptor")
+        _check(lib.cudnnCreateFilterDescriptor(ctypes.byref(self.w)), "cudnnCreateFilterDescriptor")
+        _check(lib.cudnnCreateConvolutionDescriptor(ctypes.byref(self.conv)), "cudnnCreateConvolutionDescriptor")
+        for d, shape in ((self.x, x_shape), (self.y, y_shape)):
+            _check(lib.cudnnSetTensorNdDescriptor(d, dt, len(shape), _ints(shape), _ints(_packed_strides(shape))),
+                   f"cudnnSetTensorNdDescriptor({list(shape)})")
+        _check(lib.cudnnSetFilterNdDescriptor(self.w, dt, _NCHW, len(w_shape), _ints(w_shape)),
+               f"cudnnSetFilterNdDescriptor({list(w_shape)})")
+        compute = _DATA["float64"] if dtype == "float64" else _DATA["float32"]
+        _check(lib.cudnnSetConvolutionNdDescriptor(self.conv, len(st), _ints(pad), _ints(st), _ints(dil),
+                                                   _CROSS_CORRELATION, compute), "cudnnSetConvolutionNdDescriptor")
+        _check(lib.cudnnSetConvolutionGroupCount(self.conv, groups), "cudnnSetConvolutionGroupCount")
+        if dtype == "float32":
+            self.math = _DEFAULT_MATH if allow_tf32 else _FMA_MATH
+        else:
+            self.math = _DEFAULT_MATH if dtype == "float64" else _TENSOR_OP_MATH
+        _check(lib.cudnnSetConvolutionMathType(self.conv, self.math), "cudnnSetConvolutionMathType")
+        self.kind = kind
+
+    def _descs(self):
+        """The four descriptors in the argument order of this kind's cuDNN calls."""
+        if self.kind == "forward":
+            return self.x, self.w, self.conv, self.y
+        if self.kind == "backward_data":
+            return self.w, self.y, self.conv, self.x
+        return self.x, self.y, self.conv, self.w
+
+    def choose(self, h, ptrs=None):
+        """Pick the algorithm: the heuristics' list (or, given data pointers, the measured one) in
+        order, keeping the first that succeeds, fits the workspace limit and meets the flags."""
+        import cupy
+        lib, kind = _state["lib"], self.kind
+        perfs, n = (_Perf * _MAX_ALGOS)(), ctypes.c_int()
+        limit = workspace_limit
+        try:
+            free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
+            limit = min(limit, free)
+        except Exception:
+            pass
+        name = {"forward": "Forward", "backward_data": "BackwardData", "backward_filter": "BackwardFilter"}[kind]
+        if ptrs is None:
+            fn = getattr(lib, f"cudnnGetConvolution{name}Algorithm_v7")
+            _check(fn(h, *self._descs(), _MAX_ALGOS, ctypes.byref(n), perfs), fn.__name__)
+        else:
+            ws = cupy.empty(max(limit, 0), dtype=cupy.uint8)
+            a, b, c, d = self._descs()
+            p = ptrs
+            fn = getattr(lib, f"cudnnFind{'Convolution' + name}AlgorithmEx")
+            _check(fn(h, a, p[0], b, p[1], c, d, p[2], _MAX_ALGOS, ctypes.byref(n), perfs, ws.data.ptr, ws.nbytes),
+                   fn.__name__)
+            del ws
+        wsfn = getattr(lib, f"cudnnGetConvolution{name}WorkspaceSize")
+        for perf in perfs[:n.value]:
+            if perf.status != 0 or perf.memory > limit or (deterministic and perf.determinism != 1):
+                continue
+            math_type = self.math if self.math == _FMA_MATH else perf.mathType
+            _check(lib.cudnnSetConvolutionMathType(self.conv, math_type), "cudnnSetConvolutionMathType")
+            size = ctypes.c_size_t()
+            if wsfn(h, *self._descs(), perf.algo, ctypes.byref(size)) != 0 or size.value > limit:
+                continue
+            self.algo, self.ws = perf.algo, size.value
+            return True
+        return False
+
+    def __del__(self):
+        try:      # at interpreter exit the module's globals may already be gone
+            if sys.is_finalizing():
+                return
+            lib = self.lib
+            lib.cudnnDestroyTensorDescriptor(self.x)
+            lib.cudnnDestroyTensorDescriptor(self.y)
+            lib.cudnnDestroyFilterDescriptor(self.w)
+            lib.cudnnDestroyConvolutionDescriptor(self.conv)
+        except Exception:
+            pass
+
+
+def _as_2d(shape):
+    """1-d convolutions run as 2-d ones with a height of 1."""
+    return tuple(shape[:2]) + (1,) + tuple(shape[2:])
+
+
+def _supported(*arrays):
+    import cupy
+    a0 = arrays[0]
+    if not all(isinstance(a, cupy.ndarray) for a in arrays) or a0.ndim not in (3, 4, 5):
+        return False
+    if any(a.device.id != cupy.cuda.runtime.getDevice() for a in arrays):
+        return False
+    if str(a0.dtype) not in _DATA or any(a.dtype != a0.dtype for a in arrays):
+        return False
+    return all(a.size and a.size < (1 << 31) and all(s > 0 for s in a.shape) for a in arrays)
+
+
+def _ready(a):
+    """A packed array whose data pointer is 16-byte aligned (what cuDNN's kernels assume)."""
+    import cupy
+    a = cupy.ascontiguousarray(a)
+    if a.data.ptr % 16:
+        a = a.copy()
+    return a
+
+
+def _plan(kind, x_shape, w_shape, y_shape, st, pad, dil, groups, dtype, ptrs_fn):
+    import cupy
+    key = (kind, cupy.cuda.runtime.getDevice(), x_shape, w_shape, y_shape, st, pad, dil, groups, dtype,
+           allow_tf32, deterministic, benchmark)
+    plan = _plans.get(key, False)
+    if plan is False:
+        xs, ws, ys = x_shape, w_shape, y_shape
+        if len(x_shape) == 3:
+            xs, ws, ys = _as_2d(x_shape), _as_2d(w_shape), _as_2d(y_shape)
+            st, pad, dil = (1,) + st, (0,) + pad, (1,) + dil
+        try:
+            plan = _Plan(xs, ws, ys, st, pad, dil, groups, dtype, kind)
+            if not plan.choose(_handle(), ptrs_fn() if benchmark else None):
+                plan = None
+        except RuntimeError as e:
+            _state["plan_error"] = str(e)
+            plan = None
+        if len(_plans) > 4096:
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+
+
+def _out_shape(x_shape, w_shape, st, pad, dil):
+    return (x_shape[0], w_shape[0]) + tuple((x_shape[2 + i] + 2 * pad[i] - dil[i] * (w_shape[2 + i] - 1) - 1) // st[i] + 1
+                                            for i in range(len(st)))
+
+
+def _run(kind, plan, a, b, out):
+    """Run one convolution call: `a`, `b` the two inputs in the call's order, `out` the result."""
+    import cupy
+    lib, h = _state["lib"], _handle()
+    ws = cupy.empty(plan.ws, dtype=cupy.uint8) if plan.ws else None
+    da, db, dc, dd = plan._descs()
+    fn = {"forward": lib.cudnnConvolutionForward, "backward_data": lib.cudnnConvolutionBackwardData,
+          "backward_filter": lib.cudnnConvolutionBackwardFilter}[kind]
+    one, zero = ctypes.addressof(_ONE[plan.scalar]), ctypes.addressof(_ZERO[plan.scalar])
+    _check(fn(h, one, da, a.data.ptr, db, b.data.ptr, dc, plan.algo, ws.data.ptr if ws is not None else None,
+              plan.ws, zero, dd, out.data.ptr), fn.__name__)
+    calls[kind] += 1
+    return out
+
+
+# ---- the three convolutions ----------------------------------------------------------------------
+def forward(x, w, bias, stride, padding, dilation, groups):
+    """y = conv(x, w) + bias (cross-correlation, PyTorch's convolution), or None when cuDNN does not
+    take this case (the caller then uses its own kernel)."""
+    import cupy
+    if not (available() and _supported(x, w) and w.ndim == x.ndim):
+        return None
+    st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
+    y_shape = _out_shape(x.shape, w.shape, st, pad, dil)
+    if any(s <= 0 for s in y_shape[2:]):
+        return None
+    x, w = _ready(x), _ready(w)
+    y = cupy.empty(y_shape, x.dtype)
+    plan = _plan("forward", x.shape, w.shape, y_shape, st, pad, dil, groups, str(x.dtype),
+                 lambda: (x.data.ptr, w.data.ptr, y.data.ptr))
+    if plan is None:
+        return None
+    _run("forward", plan, x, w, y)
+    if bias is not None:
+        y += bias.reshape((1, -1) + (1,) * (y.ndim - 2))
+    return y
+
+
+def backward_data(gy, w, stride, padding, dilation, groups, size):
+    """The input gradient of conv (the transposed convolution): gy (N, O, *out) with w (O, Cg, *k)
+    -> (N, Cg*groups, *size), or None when cuDNN does not take this case."""
+    import cupy
+    if not (available() and _supported(gy, w) and w.ndim == gy.ndim):
+        return None
+    st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
+    x_shape = (gy.shape[0], w.shape[1] * groups) + tuple(size)
+    if _out_shape(x_shape, w.shape, st, pad, dil) != tuple(gy.shape) or math.prod(x_shape) >= (1 << 31):
+        return None
+    gy, w = _ready(gy), _ready(w)
+    gx = cupy.empty(x_shape, gy.dtype)
+    plan = _plan("backward_data", x_shape, w.shape, gy.shape, st, pad, dil, groups, str(gy.dtype),
+                 lambda: (w.data.ptr, gy.data.ptr, gx.data.ptr))
+    if plan is None:
+        return None
+    return _run("backward_data", plan, w, gy, gx)
+
+
+def backward_filter(x, gy, w_shape, stride, padding, dilation, groups):
+    """The weight gradient of conv: x (N, C, *S), gy (N, O, *out) -> (O, C/groups, *k), or None when
+    cuDNN does not take this case."""
+    import cupy
+    if not (available() and _supported(x, gy) and len(w_shape) == x.ndim == gy.ndim):
+        return None
+    st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
+    w_shape = tuple(w_shape)
+    if _out_shape(x.shape, w_shape, st, pad, dil) != tuple(gy.shape):
+        return None
+    x, gy = _ready(x), _ready(gy)
+    gw = cupy.empty(w_shape, x.dtype)
+    plan = _plan("backward_filter", x.shape, w_shape, gy.shape, st, pad, dil, groups, str(x.dtype),
+                 lambda: (x.data.ptr, gy.data.ptr, gw.data.ptr))
+    if plan is None:
+        return None
+    return _run("backward_filter", plan, x, gy, gw)

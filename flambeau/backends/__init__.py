@@ -1,0 +1,8 @@
+"""torch.backends: switches of the libraries behind the kernels. `flambeau.backends.cudnn` is
+flambeau._backends.cudnn itself (enabled, allow_tf32, deterministic, benchmark, is_available,
+version), so setting a flag here sets it where the convolution kernels read it."""
+import sys
+
+from .._backends import cudnn
+
+sys.modules[__name__ + ".cudnn"] = cudnn
