@@ -394,11 +394,17 @@ def _gpu_col2im_adjoint(xp, gy, w, st, pad, dil, G, size):
     return xp.ascontiguousarray(acc[(slice(None), slice(None)) + crop])
 
 
+def _plain_gemm(ks, st, pad) -> bool:
+    """A 1×1, stride-1, unpadded convolution is one GEMM: cuBLAS beats cuDNN's legacy algorithms
+    for it (bench/conv_cudnn.py), so the cuda path skips cuDNN there."""
+    return all(k == 1 for k in ks) and all(s == 1 for s in st) and not any(pad)
+
+
 def conv_forward_arrays(xp, x, w, st, pad, dil, groups, bias=None):
     pads = [(p, p) for p in pad]
     if xp is np:
         return _cpu_forward(x, w, bias, st, pads, dil, groups)
-    if (r := cudnn.forward(x, w, bias, st, pad, dil, groups)) is not None:
+    if not _plain_gemm(w.shape[2:], st, pad) and (r := cudnn.forward(x, w, bias, st, pad, dil, groups)) is not None:
         return r
     return _gpu_forward(xp, x, w, bias, st, pads, dil, groups)
 
@@ -406,7 +412,8 @@ def conv_forward_arrays(xp, x, w, st, pad, dil, groups, bias=None):
 def conv_adjoint_arrays(xp, y, w, st, pad, dil, groups, size, bias=None):
     """The transposed convolution: y (N, O, *out) with w (O, Cg, *k) -> (N, Cg*groups, *size). With
     stride 1 it is a forward convolution of y with the flipped, group-transposed kernel."""
-    if xp is not np and (r := cudnn.backward_data(y, w, st, pad, dil, groups, size)) is not None:
+    if xp is not np and not _plain_gemm(w.shape[2:], st, pad) and \
+            (r := cudnn.backward_data(y, w, st, pad, dil, groups, size)) is not None:
         if bias is not None:
             r += bias.reshape((-1,) + (1,) * (r.ndim - 2))
         return r
@@ -433,7 +440,8 @@ def conv_weight_grad_arrays(xp, x, gy, wshape, st, pad, dil, groups):
     pads = [(p, p) for p in pad]
     if xp is np:
         return _cpu_weight_grad(x, gy, wshape, st, pads, dil, groups)
-    if (r := cudnn.backward_filter(x, gy, wshape, st, pad, dil, groups)) is not None:
+    if not _plain_gemm(wshape[2:], st, pad) and \
+            (r := cudnn.backward_filter(x, gy, wshape, st, pad, dil, groups)) is not None:
         return r
     return _gpu_weight_grad(xp, x, gy, wshape, st, pads, dil, groups)
 
