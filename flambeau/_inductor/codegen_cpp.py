@@ -107,6 +107,30 @@ template <typename T> static inline T fl_lcm(T a, T b) {
   T r = g == 0 ? 0 : T(a / g * b);
   return r < 0 ? T(-r) : r;
 }
+// exp for float, inline so that it vectorises without a call: glibc's vector expf takes a slow
+// scalar path for every vector holding a lane outside the normal range (the -inf scores of masked
+// attention), and a call spills the loop's vector registers. Cephes' range reduction and
+// polynomial, about 1.5 ulp; results below the smallest normal float flush to zero.
+static inline float fl_pow2i(int32_t n) { int32_t b = (n + 127) << 23; float f; std::memcpy(&f, &b, 4); return f; }
+static inline float fl_exp(float x) {
+  float xc = x < -87.33654f ? -87.33654f : (x > 88.72284f ? 88.72284f : x);
+  float n = std::nearbyint(xc * 1.44269504088896341f);
+  float r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  float y = p * (r * r) + r + 1.0f;
+  int32_t ni = static_cast<int32_t>(n), n1 = ni >> 1;
+  y = y * fl_pow2i(n1) * fl_pow2i(ni - n1);
+  y = x < -87.33654f ? 0.0f : y;
+  y = x > 88.72284f ? static_cast<float>(INFINITY) : y;
+  return x != x ? x : y;
+}
+static inline double fl_exp(double x) { return exp(x); }
 static inline int64_t fl_floordiv_i(int64_t a, int64_t b) { int64_t q = a / b, r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q; }
 static inline int64_t fl_mod_i(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 #pragma omp declare reduction(flmax : float, double, int64_t, int32_t, int16_t, int8_t, uint8_t : omp_out = fl_max(omp_out, omp_in)) initializer(omp_priv = omp_orig)
@@ -115,7 +139,8 @@ static inline int64_t fl_mod_i(int64_t a, int64_t b) { int64_t r = a % b; return
 
 
 def preamble(simd_math: bool) -> str:
-    lines = ["#include <algorithm>", "#include <cmath>", "#include <cstdint>", "#include <limits>", "#include <numeric>",
+    lines = ["#include <algorithm>", "#include <cmath>", "#include <cstdint>", "#include <cstring>", "#include <limits>",
+             "#include <numeric>",
              "#include <type_traits>"]
     if simd_math:
         for f in SIMD1:
@@ -196,6 +221,8 @@ def c_expr(op, args, dtype) -> str:
     T = CTYPES[dtype]
     fl = t.category == 2
     one = literal(1, t) if t in CTYPES else "1"
+    if op == "exp" and fl:
+        return f"fl_exp({a})"
     if op in LIBM1:
         return f"{_fn(op, t)}({a})"
     if op == "to_dtype":
@@ -221,7 +248,7 @@ def c_expr(op, args, dtype) -> str:
     if op == "rsqrt":
         return f"{one} / {_fn('sqrt', t)}({a})"
     if op == "sigmoid":
-        return f"{one} / ({one} + {_fn('exp', t)}(-{a}))"
+        return f"{one} / ({one} + fl_exp(-{a}))"
     if op == "reciprocal":
         return f"{one} / {a}"
     if op == "sign":

@@ -16,7 +16,7 @@ import operator
 from .._tensor import Tensor
 from . import config
 from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
-                 Pointwise, Reduction, StridedView, SUPPORTED_DTYPES, Unsupported)
+                 Pointwise, Reduction, StridedView, SUPPORTED_DTYPES, Unsupported, as_strided_view)
 
 
 class GraphLowering:
@@ -52,6 +52,15 @@ class GraphLowering:
             self.buffers.append(buf)
             return buf
         raise TypeError(f"cannot realise {x!r}")
+
+    def _realize_or_view(self, x) -> IRNode:
+        """An extern's input: a lazy value that only re-indexes memory is passed as a strided view
+        of that memory (no copy kernel), anything else is realised."""
+        if isinstance(x, Pointwise) and x.realized is None:
+            v = as_strided_view(x)
+            if v is not None:
+                return v
+        return self.realize(x)
 
     def flat_outputs(self) -> list:
         return self.outputs if isinstance(self.outputs, list) else [self.outputs]
@@ -132,8 +141,8 @@ class GraphLowering:
             raise Unsupported(f"{target} has no eager kernel to fall back to")
         if kind == "fallback":
             self.fallback_ops.append(getattr(target, "name", str(target)))
-        args = _map_ir(args, self.realize)
-        kwargs = _map_ir(kwargs, self.realize)
+        args = _map_ir(args, self._realize_or_view)
+        kwargs = _map_ir(kwargs, self._realize_or_view)
         val = node.meta.get("val")
         name = self.new_name()
         if isinstance(val, Tensor):

@@ -12,6 +12,8 @@ forms to prove that fusing two loops is legal, and the C++ compiler needs them t
 """
 from __future__ import annotations
 
+import math
+
 
 class Atom:
     __slots__ = ()
@@ -173,6 +175,10 @@ class Index:
             (a, co), = rest.terms.values()
             if co == 1 and isinstance(a, FloorDiv):
                 return quot + Index.of(FloorDiv(a.arg, a.div * c))
+        split = _split_by_divisor(rest, c)
+        if split is not None:                       # (g*A + s) // c == A // (c/g) when 0 <= s < g
+            big, g, _ = split
+            return quot + big // (c // g)
         return quot + Index.of(FloorDiv(rest, c))
 
     def __mod__(self, c: int) -> "Index":
@@ -184,6 +190,10 @@ class Index:
         lo, hi = rest.bounds()
         if lo >= 0 and hi < c:
             return rest
+        split = _split_by_divisor(rest, c)
+        if split is not None:                       # (g*A + s) % c == g*(A % (c/g)) + s when 0 <= s < g
+            big, g, small = split
+            return (big % (c // g)) * g + small
         return Index.of(Mod(rest, c))
 
     # -- analysis -----------------------------------------------------------------------------
@@ -239,6 +249,23 @@ class Index:
         return render(self, str, "//", "%")
 
 
+def _split_by_divisor(e: Index, c: int):
+    """(A, g, s) with e == g*A + s, g a divisor of c (1 < g < c) and s's range inside [0, g), for
+    the largest such g; None when there is none. Views that split a dimension produce these forms:
+    (512*i + j) // 32768 with 0 <= j < 512 is i // 64."""
+    best = None
+    for _, co in e.terms.values():
+        g = math.gcd(abs(co), c)
+        if g <= 1 or g >= c or (best is not None and g <= best[1]):
+            continue
+        big = {k: (a, v // g) for k, (a, v) in e.terms.items() if v % g == 0}
+        small = Index({k: t for k, t in e.terms.items() if k not in big}, e.const % g)
+        lo, hi = small.bounds()
+        if lo >= 0 and hi < g:
+            best = (Index(big, e.const // g), g, small)
+    return best
+
+
 def _combine_divmod(e: Index) -> Index:
     """k*c*(x // c) + k*(x % c) -> k*x."""
     mods = [(k, a, c) for k, (a, c) in e.terms.items() if isinstance(a, Mod)]
@@ -247,7 +274,7 @@ def _combine_divmod(e: Index) -> Index:
     terms = dict(e.terms)
     changed = False
     for k, a, c in mods:
-        dk = FloorDiv(a.arg, a.div).key()
+        dk = _floor_key(a.arg, a.div)
         if dk in terms and terms[dk][1] == c * a.div and k in terms:
             del terms[k]
             del terms[dk]
@@ -259,6 +286,15 @@ def _combine_divmod(e: Index) -> Index:
             e = Index(terms, e.const + a.arg.const * c)
             terms = dict(e.terms)
     return e if not changed else _combine_divmod(e)
+
+
+def _floor_key(arg: Index, div: int):
+    """The key `arg // div` has once built: `(x // a) // b` is stored as `x // (a*b)`."""
+    if len(arg.terms) == 1 and arg.const == 0:
+        (a, co), = arg.terms.values()
+        if co == 1 and isinstance(a, FloorDiv):
+            return FloorDiv(a.arg, a.div * div).key()
+    return FloorDiv(arg, div).key()
 
 
 def render(e: Index, name, div_op: str, mod_op: str) -> str:

@@ -358,3 +358,61 @@ def analyse(fn, ranges) -> Stats:
     with set_handler(h):
         fn(analysis_symbols(ranges))
     return h.stats
+
+
+class _LoadOnly(AnalysisHandler):
+    """Records loads; any other operation marks the element function as more than a load."""
+
+    def __init__(self):
+        super().__init__()
+        self.pure = True
+        self.values = []
+
+    def _op(self, name, args, dtype):
+        self.pure = False
+        return _AVal(dtype)
+
+    def load(self, buf, index):
+        v = _AVal(buf.dtype)
+        self.stats.loads.append((buf, index))
+        self.values.append(v)
+        return v
+
+    def constant(self, value, dtype):
+        self.pure = False
+        return _AVal(dtype)
+
+    def index_expr(self, index, dtype):
+        self.pure = False
+        return _AVal(dtype)
+
+    def indirect_indexing(self, value, size):
+        self.pure = False
+        return super().indirect_indexing(value, size)
+
+    def masked(self, mask, body, other):
+        self.pure = False
+        return _AVal(body().dtype)
+
+
+def as_strided_view(x: Pointwise):
+    """A StridedView equal to `x` when `x` only reads one buffer at an affine index with
+    non-negative coefficients (a permute/reshape/expand of memory that strides can express after
+    all), else None. Lets extern kernels read such values in place instead of from a copy."""
+    from .index import Sym
+    h = _LoadOnly()
+    syms = analysis_symbols(x.ranges)
+    with set_handler(h):
+        out = x.inner_fn(syms)
+    if not h.pure or len(h.values) != 1 or out is not h.values[0]:
+        return None
+    buf, index = h.stats.loads[0]
+    if buf.dtype is not x.dtype or not isinstance(buf, Buffer) or buf.layout is None:
+        return None
+    dims = [next(iter(i.terms.values()))[0] if i.terms else None for i in syms]
+    names = {a.name for a in dims if a is not None}
+    if index.const < 0 or any(not isinstance(a, Sym) or a.name not in names or c < 0
+                              for a, c in index.terms.values()):
+        return None
+    strides = [0 if a is None else index.coeff(a) for a in dims]
+    return StridedView(buf, Layout(x.ranges, x.dtype, strides, index.const))

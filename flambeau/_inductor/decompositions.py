@@ -1,0 +1,81 @@
+"""Decompositions that only the inductor backend applies, on top of the core set.
+
+`_sdpa_math` and its backward are core operators (other backends run them as one NumPy kernel),
+but that kernel makes a dozen passes over the L x S score matrix. Written as batched products
+plus a softmax, the products become extern BLAS calls and the scale, mask and softmax fuse into
+a few generated kernels (and the partitioner may recompute the probabilities instead of saving
+them). Only the cases that need no random numbers and no broadcasting between query, key and
+value are decomposed; the others keep the core op (run as an extern).
+
+    inductor_decompositions() -> {Op: fn}, used by `flambeau.compiler`'s "inductor" backend
+"""
+from __future__ import annotations
+
+import math
+
+from .. import _dtype as D
+from .._decomp._table import aten, full, reshape
+from .._ops import OPS
+
+_FLOATS = (D.float32, D.float64)
+
+
+def _plain(query, key, value, dropout_p, enable_gqa) -> bool:
+    return (dropout_p == 0 and query.dtype in _FLOATS and query.dtype is key.dtype is value.dtype
+            and query.ndim >= 3 and tuple(query.shape[:-2]) == tuple(key.shape[:-2]) == tuple(value.shape[:-2])
+            and key.shape[-2] == value.shape[-2] and query.shape[-1] == key.shape[-1])
+
+
+def _t(x):
+    n = x.ndim
+    return aten.permute(x, list(range(n - 2)) + [n - 1, n - 2])
+
+
+def _scale(query, scale) -> float:
+    return 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+
+
+def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if not _plain(query, key, value, dropout_p, enable_gqa) or (attn_mask is not None and is_causal):
+        return NotImplemented
+    L, S = query.shape[-2], key.shape[-2]
+    s = aten.mul(query @ _t(key), _scale(query, scale))
+    ninf = full((), -math.inf, s)
+    if is_causal:
+        rows = reshape(aten.arange(0, L, 1, dtype=D.int64, device=query.device), (L, 1))
+        cols = reshape(aten.arange(0, S, 1, dtype=D.int64, device=query.device), (1, S))
+        s = aten.where(aten.ge(rows, cols), s, ninf)
+    if attn_mask is not None:
+        if attn_mask.dtype is D.bool:
+            s = aten.where(attn_mask, s, ninf)
+        elif attn_mask.dtype is s.dtype:
+            s = aten.add(s, attn_mask)
+        else:
+            return NotImplemented
+    m = aten.amax(s, [-1], True)
+    m = aten.where(aten.eq(aten.abs(m), full((), math.inf, m)), full((), 0.0, m), m)
+    e = aten.exp(aten.sub(s, m))
+    den = aten.sum(e, [-1], True)
+    p = aten.div(e, aten.where(aten.eq(den, full((), 0.0, den)), full((), 1.0, den), den))
+    keep = aten.full((0,), False, dtype=D.bool, device=query.device)
+    return p @ value, p, keep
+
+
+def sdpa_math_backward(grad_out, query, key, value, probs, keep, attn_mask, dropout_p, scale, enable_gqa):
+    if not _plain(query, key, value, dropout_p, enable_gqa) or probs.dtype is not query.dtype \
+            or grad_out.dtype is not query.dtype:
+        return NotImplemented
+    sc = _scale(query, scale)
+    dv = _t(probs) @ grad_out
+    dp = grad_out @ _t(value)
+    ds = aten.mul(probs, aten.sub(dp, aten.sum(aten.mul(probs, dp), [-1], True)))
+    dq = aten.mul(ds @ key, sc)
+    dk = aten.mul(_t(ds) @ query, sc)
+    dm = None
+    if attn_mask is not None and attn_mask.dtype is not D.bool:
+        dm = ds if attn_mask.dtype is ds.dtype else aten._to_copy(ds, dtype=attn_mask.dtype)
+    return dq, dk, dv, dm
+
+
+def inductor_decompositions() -> dict:
+    return {OPS["_sdpa_math"]: sdpa_math, OPS["_sdpa_math_backward"]: sdpa_math_backward}
