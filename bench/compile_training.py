@@ -34,6 +34,15 @@ libraries under the same setting, this script sets GOMP_SPINCOUNT=1000 in its en
 before importing either library (unless already set; the value used is reported in the first JSON
 line). This applies to PyTorch eager and torch.compile too.
 
+OpenBLAS: NumPy's BLAS (OpenBLAS, used by flambeau's matrix products, eager and compiled) keeps its
+worker threads spinning for about 2^28 cycles (~0.1 s) after every call. Between the extern matrix
+products of a compiled graph, that spinning worker occupies one of the two cores while the
+generated OpenMP kernels want both, and the kernels run up to twice as slowly. This script sets
+OPENBLAS_THREAD_TIMEOUT=4 (the shortest spin OpenBLAS allows; read once when NumPy loads) before
+importing NumPy, unless already set; the value is reported in the config line. PyTorch uses MKL,
+not OpenBLAS, so the setting only concerns flambeau (eager and compiled). Run with
+OPENBLAS_THREAD_TIMEOUT=28 to see the default behaviour.
+
 Output: one JSON object per line (config, first calls, one line per workload and system, one
 "summary" line per workload with the ratios).
 """
@@ -44,6 +53,7 @@ import sys
 import tempfile
 
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")     # before torch or flambeau loads libgomp (see docstring)
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")   # before NumPy loads OpenBLAS (see docstring)
 if "--first-call-only" not in sys.argv:
     _CACHE_ROOT = tempfile.mkdtemp(prefix="compile_training_")
     os.environ["FLAMBEAU_CACHE_DIR"] = os.path.join(_CACHE_ROOT, "flambeau")
@@ -235,6 +245,7 @@ def main():
         first_call_only(names)
         return
     print(json.dumps({"config": True, "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT"),
+                      "OPENBLAS_THREAD_TIMEOUT": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
                       "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                       "cpus": os.cpu_count(), "rounds": opts.rounds, "min_time_s": opts.min_time,
                       "optimizer": "AdamW(foreach=True), eager in every system"}), flush=True)

@@ -10,7 +10,9 @@ the backward graph takes `(*saved, *tangents)` and returns the gradients.
   inputs but only the backward needs (e.g. `w.t()` for a weight gradient) runs in the backward.
 * `min_cut_rematerialization_partition`: starts from the default choice, then greedily stops saving
   values that cheap pointwise/view/cast ops can recompute in the backward from values that are
-  saved anyway (or from a smaller set of values): for each saved value made by a recomputable op,
+  saved anyway (or from a smaller set of values): for each saved value made by a recomputable op
+  that the forward does not write to memory anyway (an operand of a matrix product or convolution is
+  kept: saving it is free, recomputing it is a pass over it),
   walk up through recomputable producers (at most `MAX_RECOMPUTE_DEPTH` ops) to a frontier of
   non-recomputable, already-saved or input values; if saving the frontier costs fewer bytes than
   saving the value (or nothing new), the value is recomputed in the backward instead. Reductions,
@@ -37,6 +39,8 @@ RECOMPUTABLE = (POINTWISE | VIEWS | (CONVERSION - {"copy_"}) | {
     "reshape", "transpose.int", "t", "alias", "unsqueeze", "squeeze.dims", "expand", "full", "scalar_tensor",
     "relu", "gelu", "silu", "neg", "reciprocal", "clamp.Tensor", "clamp", "where.self", "masked_fill.Scalar",
     "threshold_backward", "detach"})
+
+MATERIALIZING = {"mm", "bmm", "addmm", "baddbmm", "convolution", "_convolution_weight_grad"}
 
 
 def _is_tangent(n: Node) -> bool:
@@ -127,6 +131,22 @@ def default_partition(joint_module: GraphModule, _joint_inputs=None, *, num_fwd_
     return _split(joint_module, saved, num_fwd_outputs)
 
 
+def _materialized(n: Node, fw_set: set) -> bool:
+    """`n` (or a view of it) is an operand of a forward matrix product or convolution, so the
+    forward writes it to memory anyway: saving it costs no extra pass, recomputing it costs one."""
+    todo, seen = [n], set()
+    while todo:
+        for u in todo.pop().users:
+            if u in seen or u not in fw_set or u.op != "call_function" or not is_op(u.target):
+                continue
+            seen.add(u)
+            if u.target.name.split(".")[0] in MATERIALIZING:
+                return True
+            if u.target.name in VIEWS:
+                todo.append(u)
+    return False
+
+
 def _recomputable(n: Node) -> bool:
     return (n.op == "call_function" and is_op(n.target) and n.target.name in RECOMPUTABLE
             and not n.target.nondeterministic)
@@ -165,7 +185,7 @@ def min_cut_rematerialization_partition(joint_module: GraphModule, _joint_inputs
     while changed:
         changed = False
         for n in sorted(saved, key=_nbytes, reverse=True):
-            if n not in saved or not _recomputable(n) or n in bw_outs:
+            if n not in saved or not _recomputable(n) or n in bw_outs or _materialized(n, fw_set):
                 continue
             closure, frontier = _frontier(n, saved, fw_set)
             if closure is None:

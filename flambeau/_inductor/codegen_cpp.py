@@ -372,10 +372,11 @@ class KernelPrinter:
         with set_handler(CppHandler(self)):
             for step in k.steps:
                 self.cse = {}
+                step_par = inner_par and math.prod(step.inner) >= config.parallel_threshold
                 if step.kind == "reduction":
-                    self._reduction(step, outer, inner_par)
+                    self._reduction(step, outer, step_par)
                 else:
-                    self._pointwise(step, outer, inner_par)
+                    self._pointwise(step, outer, step_par)
         for _ in groups:
             self._close()
         return f'extern "C" void {k.name}({", ".join(params)}) {{\n' + "\n".join(self.lines) + "\n}\n"

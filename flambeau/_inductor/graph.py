@@ -11,6 +11,7 @@ The result is `self.buffers` (ComputedBuffers and ExternKernels in a valid execu
 """
 from __future__ import annotations
 
+import math
 import operator
 
 from .._tensor import Tensor
@@ -60,6 +61,13 @@ class GraphLowering:
             v = as_strided_view(x)
             if v is not None:
                 return v
+            src = getattr(x, "view_of", None)          # a view of all of a lazy value: realise that value
+            if src is not None and math.prod(x.shape) >= math.prod(src[0].shape):
+                mem = self._realize_or_view(src[0])
+                r = src[1](mem.layout)
+                if r is not None:
+                    base = mem.base if isinstance(mem, StridedView) else mem
+                    return StridedView(base, Layout(x.shape, x.dtype, r[0], r[1]))
         return self.realize(x)
 
     def flat_outputs(self) -> list:

@@ -40,7 +40,9 @@ def view_of(x, shape, strides_fn, remap):
             st, off = r
             return StridedView(base, Layout(shape, lay.dtype, st, off))
     ld = x.make_loader()
-    return Pointwise(shape, x.dtype, lambda idx: ld(remap(idx)))
+    p = Pointwise(shape, x.dtype, lambda idx: ld(remap(idx)))
+    p.view_of = (x, strides_fn)       # an extern reading p may read x's memory through strides instead
+    return p
 
 
 @register("permute")
