@@ -288,6 +288,9 @@ class _TrainingRuntime:
             def backward(ctx, *grads):
                 tensors, scalars = iter(ctx.saved_tensors), iter(ctx.scalars)
                 saved = [next(tensors) if t else next(scalars) for t in saved_is_tensor]
+                # ctx and its graph node refer to each other, so ctx lives until a garbage collection:
+                # drop its own references to the saved activations now (they are packed in _saved)
+                ctx.to_save = ()
                 tangents = [grads[j].contiguous() for j in meta.diff_outs]
                 if rt.compiled_bw is None:
                     rt.compiled_bw = rt.bw_compiler(rt.bw_gm, saved + tangents)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .. import _logging
 
+import ctypes
 import itertools
 import os
 import sys
@@ -29,6 +30,7 @@ from .scheduler import Kernel, plan_memory, schedule
 from .wrapper import WrapperCodegen
 
 _warned_no_compiler = [False]
+_malloc_tuned = [False]
 _graph_ids = itertools.count()
 
 
@@ -117,7 +119,23 @@ def _backend() -> str:
         return "numpy"
 
 
+def _tune_malloc():
+    """See config.tune_malloc; glibc only, once."""
+    if _malloc_tuned[0] or not config.tune_malloc:
+        return
+    _malloc_tuned[0] = True
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    mallopt(-3, 32 << 20)          # M_MMAP_THRESHOLD
+    mallopt(-1, 1 << 30)           # M_TRIM_THRESHOLD
+
+
 def _compile(gm, example_inputs, gid) -> CompiledArtifact:
+    _tune_malloc()
     ex = None
     if example_inputs is not None and all(isinstance(a, Tensor) for a in example_inputs):
         ex = list(example_inputs)

@@ -5,6 +5,7 @@ Environment variables read at import:
     FLAMBEAU_COMPILE_DEBUG=1       write every stage (graph, IR, kernels, source) to debug_dir
     FLAMBEAU_CACHE_DIR=path        the on-disk kernel cache (default ~/.cache/flambeau/inductor)
     FLAMBEAU_CXX=g++               the C++ compiler
+    FLAMBEAU_TUNE_MALLOC=0         leave glibc's malloc thresholds alone (see tune_malloc)
 """
 from __future__ import annotations
 
@@ -28,3 +29,7 @@ max_inline_ops: int = 200         # realise a pointwise value whose expression g
 inline_ops_multi_use: int = 12    # ... or that has several users and costs more than this
 parallel_threshold: int = 32768   # elements of work below which a kernel runs on one thread
 accumulate_float_in_double: bool = True   # float32 sums/products accumulate in double
+# Keep freed memory in the process (glibc: mmap threshold 32 MiB, no heap trimming below 1 GiB) so
+# that the buffers of each call of a compiled graph reuse pages instead of faulting fresh ones in
+# (a fifth of a small training step otherwise). Applied once, process-wide, at the first compile.
+tune_malloc: bool = os.environ.get("FLAMBEAU_TUNE_MALLOC", "1") not in ("", "0")
