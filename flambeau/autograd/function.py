@@ -56,7 +56,10 @@ class BackwardCFunction(Node):
         return self._cls.__name__ + "Backward"
 
     def release(self):
+        # ctx.to_save holds the forward's tensors and ctx <-> node form a cycle: drop both so the
+        # activations are freed after backward, not at the next garbage collection
         self._ctx._saved = None
+        self._ctx.to_save = ()
 
     def apply(self, grads):
         ctx = self._ctx
