@@ -752,7 +752,13 @@ def _softmax_kernel(name, log):
         if xp is np and d == x.ndim - 1 and x.flags.c_contiguous and x.size >= PAR_MIN:
             rows = x.reshape(-1, x.shape[-1])            # rows are independent: split them over threads
             r = np.empty(rows.shape, dtype=x.dtype)
-            parallel_blocks(lambda a, b: _softmax_rows(np, rows[a:b], r[a:b], 1, log), rows.shape[0])
+            step = builtins.max(1, (1 << 18) // rows.shape[1])   # ~1 MB chunks: every pass stays in cache
+
+            def block(a, b):
+                for c in range(a, b, step):
+                    e = builtins.min(b, c + step)
+                    _softmax_rows(np, rows[c:e], r[c:e], 1, log)
+            parallel_blocks(block, rows.shape[0])
             return _fresh(xp, r.reshape(x.shape), out.np)
         r = xp.empty(x.shape, dtype=x.dtype)
         _softmax_rows(xp, x, r, d, log)
