@@ -154,7 +154,9 @@ def main(argv=None):
     from ._png import line_plot
     path = os.path.join(a.out, "loss.png")
     line_plot(series, path)
-    print(f"loss curve written to {path}")
+    legend = "blue: eager" + (", orange: compiled (it lies on the eager curve when losses agree)"
+                              if "compiled" in series else "")
+    print(f"loss curve (log10 loss per step; {legend}) written to {path}")
     return acc
 
 
