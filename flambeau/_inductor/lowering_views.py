@@ -16,6 +16,7 @@ from .._ops import _helpers as H
 from .index import Index, contiguous_strides
 from .ir import Buffer, IRNode, Layout, Pointwise, StridedView, Unsupported, ops
 from .lowering import loader, out_dtype, out_shape, register
+from .._ops.views import slice_bounds
 
 
 def _strided(x):
@@ -103,14 +104,8 @@ def _unsqueeze(g, x, dim):
 
 
 def _slice_params(size, start, end, step):
-    start = 0 if start is None else start
-    end = size if end is None else end
-    if start < 0:
-        start += size
-    if end < 0:
-        end += size
-    start = min(max(start, 0), size)
-    end = min(max(end, start), size)
+    """PyTorch's slice normalisation (the eager op's own `slice_bounds`), as (start, end, step)."""
+    start, end, _ = slice_bounds(size, start, end, step)
     return start, end, step
 
 
