@@ -70,6 +70,21 @@ class NullVariable(VariableTracker):
 NULL = NullVariable()
 
 
+class ValueVariable(VariableTracker):
+    """A tracker that stands for one known Python object (a builtin, a class, a flambeau function):
+    its type and constant value are the object's."""
+
+    def __init__(self, value, source=None):
+        self.value = value
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        return self.value
+
+
 class ConstantVariable(VariableTracker):
     """An immutable Python value known at trace time (number, str, None, dtype, device, ...)."""
 

@@ -12,7 +12,7 @@ import builtins
 import operator
 
 from ..exc import Unsupported
-from .base import VariableTracker, ConstantVariable, NULL, const, is_constant_value
+from .base import VariableTracker, ValueVariable, ConstantVariable, NULL, const, is_constant_value
 from .containers import (TupleVariable, ListVariable, DictVariable, SetVariable, SliceVariable,
                          ListIteratorVariable, RangeVariable, dict_key)
 from .tensor import TensorVariable, SymNodeVariable
@@ -197,18 +197,8 @@ def contains(tx, container, item) -> VariableTracker:
     raise Unsupported(f"`in` on {container}")
 
 
-class BuiltinVariable(VariableTracker):
+class BuiltinVariable(ValueVariable):
     """A builtin function or an `operator`/`math` function."""
-
-    def __init__(self, fn, source=None):
-        self.value = fn
-        self.source = source
-
-    def python_type(self):
-        return type(self.value)
-
-    def as_python_constant(self):
-        return self.value
 
     def __repr__(self):
         return f"BuiltinVariable({getattr(self.value, '__name__', self.value)})"

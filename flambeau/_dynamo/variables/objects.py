@@ -13,7 +13,7 @@ import inspect
 import types
 
 from ..exc import Unsupported
-from .base import VariableTracker, const
+from .base import VariableTracker, ValueVariable, const
 
 
 def _missing_attr(obj_desc: str, name: str):
@@ -114,17 +114,7 @@ class ObjectVariable(VariableTracker):
         return cg.const(self.value)
 
 
-class ClassVariable(VariableTracker):
-    def __init__(self, cls, source=None):
-        self.value = cls
-        self.source = source
-
-    def python_type(self):
-        return type(self.value)
-
-    def as_python_constant(self):
-        return self.value
-
+class ClassVariable(ValueVariable):
     def __repr__(self):
         return f"ClassVariable({self.value.__name__})"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ... import _state
 from ..exc import Unsupported
-from .base import VariableTracker, const
+from .base import VariableTracker, ValueVariable, const
 
 _BREAKING = {"manual_seed", "seed", "initial_seed", "save", "load", "set_default_dtype", "set_default_device",
              "set_printoptions", "compile", "use_deterministic_algorithms", "set_num_threads", "get_rng_state",
@@ -72,17 +72,10 @@ _SPECIAL = {"is_grad_enabled", "get_default_dtype", "is_inference_mode_enabled",
             "set_grad_enabled", "no_grad", "enable_grad", "inference_mode", "is_tensor", "get_default_device"}
 
 
-class TorchFunctionVariable(VariableTracker):
+class TorchFunctionVariable(ValueVariable):
     def __init__(self, fn, name: str = "", source=None):
-        self.value = fn
+        super().__init__(fn, source)
         self.name = name or getattr(fn, "__name__", str(fn))
-        self.source = source
-
-    def python_type(self):
-        return type(self.value)
-
-    def as_python_constant(self):
-        return self.value
 
     def __repr__(self):
         return f"TorchFunctionVariable({self.name})"
