@@ -184,8 +184,11 @@ def _factory_device(op, args, kwargs):
 def _call(op, args, kwargs, record):
     uargs, ukwargs, dev, rg, fw = _scan(op, args, kwargs)
     if (rg or fw) and record and op.derivative is None and op.decomposition is not None and _state.grad_enabled:
-        # no derivative formula: differentiate through the decomposition (its ops have formulas)
-        return op.decomposition(*args, **(kwargs or {}))
+        # no derivative formula: differentiate through the decomposition (its ops have formulas),
+        # unless it declines these inputs (NotImplemented): then the op runs and backward raises
+        r = op.decomposition(*args, **(kwargs or {}))
+        if r is not NotImplemented:
+            return r
     if dev is None:
         dev = _factory_device(op, args, kwargs)
     if dev.type == "meta" or (op.out_device is not None and op.out_device(*args, **(kwargs or {})).type == "meta"):

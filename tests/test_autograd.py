@@ -758,3 +758,30 @@ def test_mlp_manual_sgd_matches_torch():
         losses[mod] = hist
     np.testing.assert_allclose(losses[fl], losses[torch], rtol=1e-5)
     assert losses[fl][-1] < losses[fl][0]
+
+
+def test_ops_without_derivative_differentiate_through_their_decomposition():
+    from flambeau import _ops as ops
+    op = ops.OPS["relu_backward"]
+    assert op.derivative is None and op.decomposition is not None
+    x = fl.tensor([-1.0, 2.0, 3.0], requires_grad=True)
+    g = fl.tensor([1.0, 1.0, 1.0], requires_grad=True)
+    r = op(g, x)
+    assert r.requires_grad
+    gg, = fl.autograd.grad(r.sum(), g)
+    assert gg.tolist() == [0.0, 1.0, 1.0]                 # d/dg (g * (x > 0)) = (x > 0)
+
+
+def test_declined_decomposition_does_not_leak_notimplemented():
+    from flambeau import _ops as ops
+    op = ops.OPS["relu_backward"]
+    saved = op.decomposition
+    op.decomposition = lambda *a, **k: NotImplemented
+    try:
+        x = fl.tensor([-1.0, 2.0], requires_grad=True)
+        r = op(fl.ones(2), x)
+        assert isinstance(r, fl.Tensor) and r.tolist() == [0.0, 1.0]
+        with pytest.raises(NotImplementedError):
+            r.sum().backward()
+    finally:
+        op.decomposition = saved
