@@ -387,3 +387,16 @@ def test_integer_division_by_zero_raises_like_eager():
     assert g(a, b).tolist() == (a // b + a % b).tolist()
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         g(a, fl.tensor([2, 0, 4]))
+
+
+def test_numpy_path_integer_division_by_zero_raises_like_eager(monkeypatch):
+    import flambeau as fl
+    from flambeau._inductor import config as icfg
+    monkeypatch.setattr(icfg, "backend", "numpy")
+    fl._dynamo.reset()
+    g = fl.compile(lambda a, b: a // b + a % b, backend="inductor")
+    a, b = fl.tensor([7, -8, 9]), fl.tensor([2, 3, -4])
+    assert g(a, b).tolist() == (a // b + a % b).tolist()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        g(a, fl.tensor([2, 0, 4]))
+    fl._dynamo.reset()

@@ -25,7 +25,7 @@ _UNARY = {"neg": "np.negative", "abs": "np.abs", "exp": "np.exp", "log": "np.log
           "logical_not": "np.logical_not", "signbit": "np.signbit", "isnan": "np.isnan",
           "reciprocal": "np.reciprocal"}
 _BINARY = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "truediv": "np.true_divide",
-           "remainder": "np.remainder", "fmod": "np.fmod", "atan2": "np.arctan2", "maximum": "np.maximum",
+           "remainder": "_remainder", "fmod": "_fmod", "atan2": "np.arctan2", "maximum": "np.maximum",
            "minimum": "np.minimum", "bitwise_and": "np.bitwise_and", "bitwise_or": "np.bitwise_or",
            "bitwise_xor": "np.bitwise_xor", "eq": "np.equal", "ne": "np.not_equal", "lt": "np.less",
            "le": "np.less_equal", "gt": "np.greater", "ge": "np.greater_equal",
@@ -222,10 +222,29 @@ def _shr(a, b):
     return np.where(ok, np.right_shift(a, np.where(ok, b, 0)), np.where(a < 0, -1, 0))
 
 
+def _no_int_zero(a, b):
+    """Integer division by zero raises, as in eager PyTorch (the C++ path flags it in the kernel)."""
+    if a.dtype.kind in "iub" and b.dtype.kind in "iub" and (b == 0).any():
+        raise RuntimeError("ZeroDivisionError")
+
+
+def _remainder(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    _no_int_zero(a, b)
+    return np.remainder(a, b)
+
+
+def _fmod(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    _no_int_zero(a, b)
+    return np.fmod(a, b)
+
+
 def _truncdiv(a, b):
     a, b = np.asarray(a), np.asarray(b)
     if a.dtype.kind == "f":
         return np.trunc(a / b)
+    _no_int_zero(a, b)
     safe = np.where(b == 0, 1, b)
     q = np.abs(a) // np.abs(safe)
     return np.where(b == 0, 0, np.where((a < 0) != (safe < 0), -q, q))
@@ -235,13 +254,14 @@ def _floordiv(a, b):
     a, b = np.asarray(a), np.asarray(b)
     if a.dtype.kind == "f":
         return np.floor_divide(a, b)
-    return np.where(b == 0, 0, np.floor_divide(a, np.where(b == 0, 1, b)))
+    _no_int_zero(a, b)
+    return np.floor_divide(a, b)
 
 
 def namespace() -> dict:
     import scipy.special as sp
     return {"np": np, "_sp": sp, "_raw": _raw, "_cast": _cast, "_ipow": _ipow, "_shl": _shl, "_shr": _shr,
-            "_truncdiv": _truncdiv, "_floordiv": _floordiv}
+            "_truncdiv": _truncdiv, "_floordiv": _floordiv, "_remainder": _remainder, "_fmod": _fmod}
 
 
 def generate(kernels) -> str:
