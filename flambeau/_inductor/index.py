@@ -22,8 +22,10 @@ class Atom:
         raise NotImplementedError
 
 
-class Sym(Atom):
+class _Named(Atom):
+    """A named value in [0, size): a loop variable (Sym) or an index read from memory (Indirect)."""
     __slots__ = ("name", "size")
+    _tag = ""
 
     def __init__(self, name: str, size: int):
         self.name = name
@@ -33,27 +35,20 @@ class Sym(Atom):
         return 0, max(self.size - 1, 0)
 
     def key(self):
-        return ("s", self.name)
+        return (self._tag, self.name)
 
     def __repr__(self):
         return self.name
 
 
-class Indirect(Atom):
-    __slots__ = ("name", "size")
+class Sym(_Named):
+    __slots__ = ()
+    _tag = "s"
 
-    def __init__(self, name: str, size: int):
-        self.name = name
-        self.size = size
 
-    def bounds(self):
-        return 0, max(self.size - 1, 0)
-
-    def key(self):
-        return ("i", self.name)
-
-    def __repr__(self):
-        return self.name
+class Indirect(_Named):
+    __slots__ = ()
+    _tag = "i"
 
 
 class FloorDiv(Atom):

@@ -123,12 +123,8 @@ class IRNode:
         raise NotImplementedError
 
 
-class Buffer(IRNode):
-    """Memory: a graph input, a computed buffer, or an extern kernel's output."""
-
-    def __init__(self, name: str, layout: Layout):
-        self.name = name
-        self.layout = layout
+class _LaidOut(IRNode):
+    """An IR node whose shape and dtype are those of its memory layout."""
 
     @property
     def shape(self):
@@ -137,6 +133,14 @@ class Buffer(IRNode):
     @property
     def dtype(self):
         return self.layout.dtype
+
+
+class Buffer(_LaidOut):
+    """Memory: a graph input, a computed buffer, or an extern kernel's output."""
+
+    def __init__(self, name: str, layout: Layout):
+        self.name = name
+        self.layout = layout
 
     def make_loader(self):
         lay = self.layout
@@ -207,20 +211,12 @@ class MultiOutput(Buffer):
         self.i = i
 
 
-class StridedView(IRNode):
+class StridedView(_LaidOut):
     """A view of a buffer expressible by strides (permute, slice, expand, ...): no copy."""
 
     def __init__(self, base: Buffer, layout: Layout):
         self.base = base
         self.layout = layout
-
-    @property
-    def shape(self):
-        return self.layout.shape
-
-    @property
-    def dtype(self):
-        return self.layout.dtype
 
     def make_loader(self):
         lay, base = self.layout, self.base
