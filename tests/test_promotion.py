@@ -186,3 +186,13 @@ def test_inplace_add_promotion(a, b):
         x.add_(y)
         return x
     _compare(f, (a, b))
+
+
+@pytest.mark.parametrize("v,dt", [(-3, "uint8"), (300, "int8"), (2.5, "float16"), (2, "int32"), (7, "int64")])
+@pytest.mark.parametrize("op", ["__rsub__", "__rtruediv__", "__rfloordiv__", "__rmod__", "__rpow__"])
+def test_reflected_scalar_ops_keep_the_scalar_value(v, dt, op):
+    """`-3 / uint8_tensor` divides by -3, not by -3 wrapped to uint8 (a found regression)."""
+    a = getattr(fl.tensor([3, 4], dtype=getattr(fl, dt)), op)(v)
+    b = getattr(torch.tensor([3, 4], dtype=getattr(torch, dt)), op)(v)
+    assert str(a.dtype)[6:] == str(b.dtype)[6:]
+    np.testing.assert_allclose(np.array(a.tolist(), dtype=float), np.array(b.tolist(), dtype=float), rtol=1e-2)

@@ -20,17 +20,9 @@ _COMMUTATIVE = {"add", "mul", "bitwise_and", "bitwise_or", "bitwise_xor"}
 
 def _rev(name):
     def call(self, other):
-        from .creation import tensor
         if name in _COMMUTATIVE and not isinstance(other, Tensor):
             return EXPORTS[name](self, other)      # keeps `other` a Python scalar for promotion
-        if not isinstance(other, Tensor):
-            # a Python scalar on the left: materialise it in the dtype PyTorch's promotion gives the
-            # pair, so it behaves as the "wrapped number" it is (2.5 / half -> half)
-            from ._helpers import result_type, cast
-            from .creation import full
-            dt = result_type(self, other)
-            other = full((), cast(None, other, dt.np), dtype=dt, device=self.device)
-        return EXPORTS[name](other, self)
+        return EXPORTS[name](other, self)         # binary kernels take a Python scalar on either side
     return call
 
 
