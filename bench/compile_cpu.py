@@ -12,8 +12,8 @@ line; ratios are what matter (absolute times are noise on a shared machine).
 Note: PyTorch ships its own libgomp.so.1; once torch is imported, our kernels share its OpenMP
 runtime, whose worker threads spin ~300k iterations after each parallel region and then fight
 NumPy's BLAS threads for the cores (the MLP workload, extern matmuls between kernels, suffers).
-flambeau alone shortens the spin (GOMP_SPINCOUNT=1000) before it loads libgomp; to give this
-same-process comparison the same setting, run with `GOMP_SPINCOUNT=1000` in the environment.
+flambeau alone shortens the spin (GOMP_SPINCOUNT=10000) before it loads libgomp; to give this
+same-process comparison the same setting, run with `GOMP_SPINCOUNT=10000` in the environment.
 """
 from __future__ import annotations
 

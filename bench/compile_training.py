@@ -29,8 +29,8 @@ of a script would.
 OpenMP: PyTorch ships its own libgomp, and once both libraries are loaded our generated kernels
 share that OpenMP runtime. libgomp's idle workers spin (default GOMP_SPINCOUNT around 300k
 iterations) after each parallel region and starve NumPy's BLAS threads on this 2-core machine.
-flambeau alone sets GOMP_SPINCOUNT=1000 before loading libgomp; so that this comparison runs both
-libraries under the same setting, this script sets GOMP_SPINCOUNT=1000 in its environment
+flambeau alone sets GOMP_SPINCOUNT=10000 before loading libgomp; so that this comparison runs both
+libraries under the same setting, this script sets GOMP_SPINCOUNT=10000 in its environment
 before importing either library (unless already set; the value used is reported in the first JSON
 line). This applies to PyTorch eager and torch.compile too.
 
@@ -58,7 +58,7 @@ import os
 import sys
 import tempfile
 
-os.environ.setdefault("GOMP_SPINCOUNT", "1000")     # before torch or flambeau loads libgomp (see docstring)
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")     # before torch or flambeau loads libgomp (see docstring)
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")   # before NumPy loads OpenBLAS (see docstring)
 if "--first-call-only" not in sys.argv:
     _CACHE_ROOT = tempfile.mkdtemp(prefix="compile_training_")

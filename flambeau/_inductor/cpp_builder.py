@@ -89,11 +89,13 @@ def _try_build(cxx, flags, libs, src, workdir) -> bool:
 
 
 def _tune_openmp():
-    """OpenMP worker threads that spin long after a kernel steal the cores that BLAS (OpenBLAS,
-    MKL) needs for the extern matmuls in between: keep libgomp's spin short unless the user chose
-    a policy. libgomp reads this when it is loaded, i.e. with our first library."""
+    """OpenMP worker threads that spin long (libgomp's default, ~300k iterations) after a kernel
+    steal the cores that NumPy's BLAS and eager ops need in between; threads that go to sleep at
+    once make every parallel region (and every barrier) pay a futex wake-up of tens of us, which
+    doubles the time of a 64x256x256 product. 10000 iterations (a few us) serves both, unless the
+    user chose a policy. libgomp reads this when it is loaded, i.e. with our first library."""
     if "OMP_WAIT_POLICY" not in os.environ:
-        os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+        os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 
 def detect_flags(cxx: str | None = None) -> dict:

@@ -18,6 +18,7 @@ import ctypes
 import numpy as np
 
 from .. import _dtype as D
+from .._backends import cpu_blas
 from .._device import CPU
 from .._tensor import Tensor
 from .ir import Buffer, InputBuffer, MultiOutput, StridedView
@@ -86,7 +87,8 @@ _BLAS_DTYPES = (D.float32, D.float64)
 
 
 def _matmul_extern(args, index):
-    """np.matmul on the operands as arrays: views are built with the fast constructor."""
+    """The matrix product (flambeau._backends.cpu_blas) of the operands as arrays; views are built with
+    the fast constructor."""
     def operand(a):
         i = index[a.base.name if isinstance(a, StridedView) else a.name]
         if isinstance(a, StridedView):
@@ -94,7 +96,7 @@ def _matmul_extern(args, index):
             return lambda arrays: strided_array(arrays[i], lay)
         return lambda arrays: arrays[i]
     fa, fb = operand(args[0]), operand(args[1])
-    matmul = np.matmul
+    matmul = cpu_blas.matmul
 
     def call(*arrays):
         return matmul(fa(arrays), fb(arrays))

@@ -14,6 +14,7 @@ import numpy as np
 import string
 
 from .. import _dtype as D
+from .._backends.cpu_blas import matmul as _mm, matmul_for
 from ._registry import defop, export, TensorSpec, LINALG
 from ._helpers import broadcast_shapes, opmath, wrap_dim
 
@@ -80,11 +81,11 @@ def matmul_shape(a, b):
 def matmul(xp, self, other):
     if (type(self) is np.ndarray and type(other) is np.ndarray and self.ndim == 2 == other.ndim
             and self.dtype == other.dtype and self.dtype in _FAST_FLOATS and self.shape[1] == other.shape[0]):
-        return np.matmul(self, other)                        # fast path: 2-D float BLAS product
+        return _mm(self, other)                              # fast path: 2-D float BLAS product
     _check_same_dtype(self, other)
     _check_not_bool("addmm_impl_cpu_", self)
     shape = matmul_shape(self.shape, other.shape)
-    return _prod(xp, xp.matmul, self, other).reshape(shape)
+    return _prod(xp, matmul_for(xp), self, other).reshape(shape)
 
 
 @matmul.def_meta
@@ -161,7 +162,7 @@ def _dot_shape(a, b, name="dot"):
 def mm(xp, self, mat2):
     _mm_shape(self, mat2)
     _check_not_bool("addmm_impl_cpu_", self)
-    return _prod(xp, xp.matmul, self, mat2)
+    return _prod(xp, matmul_for(xp), self, mat2)
 
 
 mm.def_meta(lambda self, mat2: TensorSpec(_mm_shape(self, mat2), self.dtype))
@@ -176,7 +177,7 @@ def _(grad, self, mat2):
 def bmm(xp, self, mat2):
     _bmm_shape(self, mat2)
     _check_not_bool("bmm", self)
-    return _prod(xp, xp.matmul, self, mat2)
+    return _prod(xp, matmul_for(xp), self, mat2)
 
 
 bmm.def_meta(lambda self, mat2: TensorSpec(_bmm_shape(self, mat2), self.dtype))
@@ -191,7 +192,7 @@ def _(grad, self, mat2):
 def mv(xp, self, vec):
     _mv_shape(self, vec)
     _check_not_bool("addmv_impl_cpu", self)
-    return _prod(xp, xp.matmul, self, vec)
+    return _prod(xp, matmul_for(xp), self, vec)
 
 
 mv.def_meta(lambda self, vec: TensorSpec(_mv_shape(self, vec), self.dtype))
@@ -285,15 +286,15 @@ def _scale(t, alpha):
     return t if alpha == 1 else t * alpha
 
 
-addmm = _add_family("addmm", "Tensor mat1, Tensor mat2", _mm_shape, lambda xp, a, b: xp.matmul(a, b),
+addmm = _add_family("addmm", "Tensor mat1, Tensor mat2", _mm_shape, lambda xp, a, b: matmul_for(xp)(a, b),
                     lambda g, a, b, al: (_scale(g.mm(b.mH), al), _scale(a.mH.mm(g), al)))
-addmv = _add_family("addmv", "Tensor mat, Tensor vec", _mv_shape, lambda xp, a, b: xp.matmul(a, b),
+addmv = _add_family("addmv", "Tensor mat, Tensor vec", _mv_shape, lambda xp, a, b: matmul_for(xp)(a, b),
                     lambda g, a, b, al: (_scale(g.unsqueeze(-1) * b.conj().unsqueeze(0), al),
                                          _scale(a.mH.mv(g), al)))
-baddbmm = _add_family("baddbmm", "Tensor batch1, Tensor batch2", _bmm_shape, lambda xp, a, b: xp.matmul(a, b),
+baddbmm = _add_family("baddbmm", "Tensor batch1, Tensor batch2", _bmm_shape, lambda xp, a, b: matmul_for(xp)(a, b),
                       lambda g, a, b, al: (_scale(g.bmm(b.mH), al), _scale(a.mH.bmm(g), al)))
 addbmm = _add_family("addbmm", "Tensor batch1, Tensor batch2", lambda a, b: _bmm_shape(a, b)[1:],
-                     lambda xp, a, b: xp.matmul(a, b).sum(0),
+                     lambda xp, a, b: matmul_for(xp)(a, b).sum(0),
                      lambda g, a, b, al: (_scale(g.unsqueeze(0).expand(a.shape[0], *g.shape).bmm(b.mH), al),
                                           _scale(a.mH.bmm(g.unsqueeze(0).expand(a.shape[0], *g.shape)), al)))
 

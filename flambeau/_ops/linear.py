@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .. import _dtype as D
+from .._backends.cpu_blas import matmul_for
 from ._registry import defop, export, TensorSpec
 from ._helpers import opmath
 
@@ -30,7 +31,8 @@ def linear(xp, input, weight, bias=None):
     cd = opmath(dt)
     x = input.astype(cd, copy=False)
     w = weight.astype(cd, copy=False)
-    out = xp.matmul(x, w.T) if w.ndim == 2 else xp.matmul(x, w)
+    mm = matmul_for(xp)
+    out = mm(x, w.T) if w.ndim == 2 else mm(x, w)
     if bias is not None:
         out += bias.astype(cd, copy=False)
     return out.astype(dt.np, copy=False)

@@ -1,0 +1,155 @@
+"""float32 matrix products on the CPU: our own blocked GEMM (`gemm.cpp`) where it beats NumPy's BLAS.
+
+NumPy's OpenBLAS reaches ~60% of this machine's float32 peak on the shapes that neural networks use
+(64x256x256 linear layers, 64x576xL convolution GEMMs); the packed AVX-512 kernel in `gemm.cpp` is
+built once by the system C++ compiler (through the Inductor's builder and its on-disk cache) and
+used for float32 products when the CPU has AVX-512. Everything else — other dtypes, no compiler, no
+AVX-512, `FLAMBEAU_GEMM=0` in the environment — goes to `np.matmul`, which computes the same product.
+
+`matmul(a, b, out=None)` follows `np.matmul` for 2-D and batched (broadcast) float32 operands.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+_F32 = np.dtype(np.float32)
+_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm.cpp")
+_state: dict = {}
+# Below this many multiply-adds a product runs on one thread (waking the OpenMP team costs more).
+PARALLEL_MACS = 1 << 20
+# Below this many multiply-adds NumPy's call is cheaper than ours (packing dominates).
+MIN_MACS = 1 << 19
+
+
+def _load():
+    """The ctypes function, or None when the kernel can't be used here (decided once)."""
+    if "fn" in _state:
+        return _state["fn"]
+    fn = None
+    if os.environ.get("FLAMBEAU_GEMM", "1") not in ("", "0"):
+        try:
+            from .._inductor import cpp_builder
+            info = dict(cpp_builder.detect_flags())
+            info["flags"] = list(info["flags"]) + ["-ffp-contract=fast"]
+            with open(_SRC) as f:
+                lib, _ = cpp_builder.load(f.read(), info)
+            if lib.flm_gemm_native():
+                fn = lib.flm_sgemm
+                i64, p = ctypes.c_int64, ctypes.c_void_p
+                fn.argtypes = [i64, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, i64, i64,
+                               ctypes.c_int, ctypes.c_int]
+                fn.restype = None
+                _state["threads"] = int(lib.flm_gemm_threads())
+                conv = lib.flm_conv2d
+                conv.argtypes = [i64] * 15 + [p, p, p, p, ctypes.c_int]
+                conv.restype = None
+                _state["conv2d"] = conv
+                _state["pid"] = os.getpid()
+        except Exception:       # no compiler, no OpenMP, ...: NumPy's BLAS serves
+            fn = None
+    _state["fn"] = fn
+    return fn
+
+
+def available() -> bool:
+    return _load() is not None
+
+
+def _threads(macs: int) -> int:
+    """OpenMP threads for a product of `macs` multiply-adds: one below PARALLEL_MACS, and one in a
+    forked child (libgomp's thread pool does not survive fork; a parallel region there would hang)."""
+    if macs < PARALLEL_MACS or _state["pid"] != os.getpid():
+        return 1
+    return _state["threads"]
+
+
+def _strides(x):
+    return tuple(s // 4 for s in x.strides)
+
+
+def matmul(a, b, out=None):
+    """`np.matmul(a, b, out=out)` for NumPy arrays, through our kernel when it applies."""
+    fn = _state.get("fn", 0)
+    if fn == 0:
+        fn = _load()
+    if fn is None or a.dtype != _F32 or b.dtype != _F32 or a.ndim < 2 or b.ndim < 2:
+        return np.matmul(a, b, out=out)
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    if b.shape[-2] != K or M * N * K < MIN_MACS or (out is not None and out.dtype != _F32):
+        return np.matmul(a, b, out=out)
+    if a.ndim == 2 and b.ndim == 2:
+        if out is None:
+            out = np.empty((M, N), _F32)
+        elif out.shape != (M, N) or out.strides[1] != 4 or np.may_share_memory(out, a) or np.may_share_memory(out, b):
+            return np.matmul(a, b, out=out)
+        sa, sb = a.strides, b.strides
+        if (sa[0] | sa[1] | sb[0] | sb[1] | out.strides[0]) & 3:
+            return np.matmul(a, b, out=out)
+        fn(1, M, N, K, a.ctypes.data, 0, sa[0] >> 2, sa[1] >> 2, b.ctypes.data, 0, sb[0] >> 2, sb[1] >> 2,
+           out.ctypes.data, 0, out.strides[0] >> 2, 0, _threads(M * N * K))
+        return out
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    if out is None:
+        out = np.empty(batch + (M, N), _F32)
+    elif (out.shape != batch + (M, N) or out.strides[-1] != 4 or np.may_share_memory(out, a)
+          or np.may_share_memory(out, b)):
+        return np.matmul(a, b, out=out)
+    if any(s % 4 for s in a.strides + b.strides + out.strides):
+        return np.matmul(a, b, out=out)
+    ab = np.broadcast_to(a, batch + (M, K))
+    bb = np.broadcast_to(b, batch + (K, N))
+    a3, b3, c3 = _flat3(ab, batch), _flat3(bb, batch), _flat3(out, batch)
+    if a3 is None or b3 is None or c3 is None:      # batch layout not one stride: item by item
+        for idx in np.ndindex(*batch):
+            matmul(ab[idx], bb[idx], out=out[idx])
+        return out
+    B = out.size // (M * N) if out.size else 0
+    sa, sb = _strides(ab)[-2:], _strides(bb)[-2:]
+    fn(B, M, N, K, ab.ctypes.data, a3, sa[0], sa[1], bb.ctypes.data, b3, sb[0], sb[1],
+       out.ctypes.data, c3, out.strides[-2] // 4, 0, _threads(B * M * N * K))
+    return out
+
+
+def _flat3(x, batch):
+    """One element stride that walks all batch dims of `x` in order, or None."""
+    st = _strides(x)[:len(batch)]
+    dims = [(d, s) for d, s in zip(batch, st) if d != 1]
+    if not dims:
+        return 0
+    step = dims[-1][1]
+    size = dims[-1][0]
+    for d, s in reversed(dims[:-1]):
+        if s != step * size:
+            return None
+        size *= d
+    return step
+
+
+def conv2d(x, w, bias, stride, pads, dilation, out_hw):
+    """Float32 2-D convolution (groups=1) of contiguous NCHW `x` with OIHW `w` as one implicit-GEMM
+    call (no column buffer); `pads` = ((top, bottom), (left, right)). None when the kernel can't
+    take it (the caller then uses im2col + GEMM)."""
+    if _load() is None or x.dtype != _F32 or w.dtype != _F32 or (bias is not None and bias.dtype != _F32):
+        return None
+    x = np.ascontiguousarray(x)
+    w = np.ascontiguousarray(w)
+    N, C, H, W = x.shape
+    O, _, KH, KW = w.shape
+    OH, OW = out_hw
+    y = np.empty((N, O, OH, OW), _F32)
+    if y.size == 0:
+        return y
+    b = None if bias is None else np.ascontiguousarray(bias)
+    _state["conv2d"](N, C, H, W, O, KH, KW, stride[0], stride[1], pads[0][0], pads[1][0], dilation[0], dilation[1],
+                     OH, OW, x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
+                     _threads(N * O * OH * OW * C * KH * KW))
+    return y
+
+
+def matmul_for(xp):
+    """The matrix product of an array namespace: ours for NumPy, the namespace's own otherwise."""
+    return matmul if xp is np else xp.matmul

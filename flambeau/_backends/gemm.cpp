@@ -1,0 +1,349 @@
+// flambeau's float32 matrix product for the CPU: C = A @ B (or C += A @ B), batched, any strides.
+//
+// Blocked the classic way (Goto / BLIS): for each block of KC rows of B and NC columns, B is packed
+// into panels NR columns wide (k-major, contiguous, zero-padded at the edge); for each block of MC
+// rows of A, A is packed into panels MR rows tall; a register-blocked micro-kernel then multiplies one
+// A panel by one B panel into an MR x NR tile of C held in 2*MR vector registers. Packing reads A and
+// B through their strides, so transposed operands cost nothing extra. Work is split over OpenMP
+// threads by B panels (the N direction) or, for batches of small products, by batch item.
+//
+// The micro-kernel is written with GCC vector extensions (16 floats = one AVX-512 register): with
+// -march=native on an AVX-512 machine it compiles to broadcast-FMA instructions. `flm_gemm_native`
+// tells Python whether AVX-512 was available; without it Python keeps NumPy's BLAS.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+typedef float v16 __attribute__((vector_size(64), aligned(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+
+enum { MR = 12, NR = 32, KC = 256, MC = 96, NC = 2048 };
+
+extern "C" int flm_gemm_native() {
+#ifdef __AVX512F__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+extern "C" int flm_gemm_threads() {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+// Pack rows [0, mc) x cols [0, kc) of A (row stride rsa, column stride csa) into MR-row panels:
+// panel p holds A[p*MR + i][k] at dst[p*MR*kc + k*MR + i], rows past mc filled with zeros.
+static void pack_a(int64_t mc, int64_t kc, const float* a, int64_t rsa, int64_t csa, float* dst) {
+    for (int64_t p = 0; p < mc; p += MR) {
+        const int64_t m = std::min<int64_t>(MR, mc - p);
+        float* d = dst + p * kc;
+        if (csa == 1 && m == MR) {      // transpose 12 rows through a small tile, 16 k at a time
+            int64_t k0 = 0;
+            for (; k0 + 16 <= kc; k0 += 16) {
+                v16 rows[MR];
+                for (int i = 0; i < MR; i++) rows[i] = *(const v16u*)(a + (p + i) * rsa + k0);
+                for (int k = 0; k < 16; k++)
+                    for (int i = 0; i < MR; i++) d[(k0 + k) * MR + i] = rows[i][k];
+            }
+            for (; k0 < kc; k0++)
+                for (int i = 0; i < MR; i++) d[k0 * MR + i] = a[(p + i) * rsa + k0];
+        } else if (csa == 1) {
+            for (int64_t i = 0; i < m; i++) {
+                const float* s = a + (p + i) * rsa;
+                for (int64_t k = 0; k < kc; k++) d[k * MR + i] = s[k];
+            }
+        } else {
+            for (int64_t k = 0; k < kc; k++) {
+                const float* s = a + k * csa + p * rsa;
+                for (int64_t i = 0; i < m; i++) d[k * MR + i] = s[i * rsa];
+            }
+        }
+        for (int64_t i = m; i < MR; i++)
+            for (int64_t k = 0; k < kc; k++) d[k * MR + i] = 0.0f;
+    }
+}
+
+// Pack one NR-column panel of B (rows [0, kc), columns [0, n), n <= NR) into dst[k*NR + j].
+static void pack_b_panel(int64_t kc, int64_t n, const float* b, int64_t rsb, int64_t csb, float* dst) {
+    if (csb == 1 && n == NR) {
+        for (int64_t k = 0; k < kc; k++) {
+            const v16u* s = (const v16u*)(b + k * rsb);
+            v16* d = (v16*)(dst + k * NR);
+            d[0] = s[0];
+            d[1] = s[1];
+        }
+        return;
+    }
+    if (rsb == 1) {
+        for (int64_t j = 0; j < n; j++) {
+            const float* s = b + j * csb;
+            for (int64_t k = 0; k < kc; k++) dst[k * NR + j] = s[k];
+        }
+    } else {
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t j = 0; j < n; j++) dst[k * NR + j] = b[k * rsb + j * csb];
+    }
+    if (n < NR)
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t j = n; j < NR; j++) dst[k * NR + j] = 0.0f;
+}
+
+// C[0:m, 0:n] (row stride ldc) = (accumulate ? C : 0) + Ap (MR x kc panel) @ Bp (kc x NR panel).
+static inline void micro(int64_t kc, const float* __restrict__ ap, const float* __restrict__ bp,
+                         float* __restrict__ c, int64_t ldc, int64_t m, int64_t n, bool accumulate) {
+    v16 acc[MR][2];
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; i++) { acc[i][0] = v16{}; acc[i][1] = v16{}; }
+    for (int64_t k = 0; k < kc; k++) {
+        const v16 b0 = *(const v16*)(bp + k * NR);
+        const v16 b1 = *(const v16*)(bp + k * NR + 16);
+        const float* a = ap + k * MR;
+#pragma GCC unroll 12
+        for (int i = 0; i < MR; i++) {
+            acc[i][0] += a[i] * b0;
+            acc[i][1] += a[i] * b1;
+        }
+    }
+    if (m == MR && n == NR) {
+#pragma GCC unroll 12
+        for (int i = 0; i < MR; i++) {
+            v16u* row = (v16u*)(c + i * ldc);
+            if (accumulate) { row[0] += acc[i][0]; row[1] += acc[i][1]; }
+            else { row[0] = acc[i][0]; row[1] = acc[i][1]; }
+        }
+        return;
+    }
+    alignas(64) float tile[MR][NR];
+    for (int i = 0; i < MR; i++) { *(v16*)&tile[i][0] = acc[i][0]; *(v16*)&tile[i][16] = acc[i][1]; }
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++)
+            c[i * ldc + j] = accumulate ? c[i * ldc + j] + tile[i][j] : tile[i][j];
+}
+
+static float* scratch(float*& buf, int64_t& cap, int64_t need) {
+    if (need > cap) {
+        std::free(buf);
+        buf = (float*)std::aligned_alloc(64, ((need * sizeof(float) + 63) / 64) * 64);
+        cap = need;
+    }
+    return buf;
+}
+
+static thread_local float* t_apack = nullptr;
+static thread_local int64_t t_apack_cap = 0;
+static thread_local float* t_bpack = nullptr;
+static thread_local int64_t t_bpack_cap = 0;
+
+// One product on the calling thread (no OpenMP inside).
+static void gemm_serial(int64_t M, int64_t N, int64_t K, const float* a, int64_t rsa, int64_t csa,
+                        const float* b, int64_t rsb, int64_t csb, float* c, int64_t ldc, bool beta) {
+    const int64_t mc_max = std::min<int64_t>(MC, ((M + MR - 1) / MR) * MR);
+    float* ap = scratch(t_apack, t_apack_cap, mc_max * KC);
+    float* bp = scratch(t_bpack, t_bpack_cap, KC * std::min<int64_t>(NC, ((N + NR - 1) / NR) * NR));
+    for (int64_t jc = 0; jc < N; jc += NC) {
+        const int64_t nc = std::min<int64_t>(NC, N - jc);
+        for (int64_t pc = 0; pc < K; pc += KC) {
+            const int64_t kc = std::min<int64_t>(KC, K - pc);
+            const bool acc = beta || pc > 0;
+            for (int64_t jr = 0; jr < nc; jr += NR)
+                pack_b_panel(kc, std::min<int64_t>(NR, nc - jr), b + pc * rsb + (jc + jr) * csb, rsb, csb, bp + jr * kc);
+            for (int64_t ic = 0; ic < M; ic += MC) {
+                const int64_t mc = std::min<int64_t>(MC, M - ic);
+                pack_a(mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
+                for (int64_t jr = 0; jr < nc; jr += NR)
+                    for (int64_t ir = 0; ir < mc; ir += MR)
+                        micro(kc, ap + ir * kc, bp + jr * kc, c + (ic + ir) * ldc + jc + jr, ldc,
+                              std::min<int64_t>(MR, mc - ir), std::min<int64_t>(NR, nc - jr), acc);
+            }
+        }
+    }
+}
+
+// One product split over the OpenMP team with a single fork/join: each thread takes a contiguous
+// share of C's column panels (or of its row tiles, when there are more of those) and computes it
+// with gemm_serial, packing its own copies (no barriers inside, which matters when idle OpenMP
+// threads sleep after a short spin).
+static void gemm_parallel(int64_t M, int64_t N, int64_t K, const float* a, int64_t rsa, int64_t csa,
+                          const float* b, int64_t rsb, int64_t csb, float* c, int64_t ldc, bool beta, int threads) {
+    const int64_t col_panels = (N + NR - 1) / NR, row_tiles = (M + MR - 1) / MR;
+    const bool by_cols = col_panels >= row_tiles || col_panels >= 4 * threads;
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+        const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+#else
+        const int64_t nt = 1, t = 0;
+#endif
+        if (by_cols) {
+            const int64_t p0 = col_panels * t / nt, p1 = col_panels * (t + 1) / nt;
+            const int64_t n0 = p0 * NR, n1 = std::min<int64_t>(N, p1 * NR);
+            if (n1 > n0) gemm_serial(M, n1 - n0, K, a, rsa, csa, b + n0 * csb, rsb, csb, c + n0, ldc, beta);
+        } else {
+            const int64_t q0 = row_tiles * t / nt, q1 = row_tiles * (t + 1) / nt;
+            const int64_t m0 = q0 * MR, m1 = std::min<int64_t>(M, q1 * MR);
+            if (m1 > m0) gemm_serial(m1 - m0, N, K, a + m0 * rsa, rsa, csa, b, rsb, csb, c + m0 * ldc, ldc, beta);
+        }
+    }
+}
+
+// C[t] (+)= A[t] @ B[t] for t < batch; element strides for everything. `threads`: 1 runs on the
+// calling thread, otherwise batches of small products go item-per-thread and a single large product
+// is split by columns.
+extern "C" void flm_sgemm(int64_t batch, int64_t M, int64_t N, int64_t K,
+                          const float* a, int64_t sba, int64_t rsa, int64_t csa,
+                          const float* b, int64_t sbb, int64_t rsb, int64_t csb,
+                          float* c, int64_t sbc, int64_t ldc, int beta, int threads) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        if (!beta)
+            for (int64_t t = 0; t < batch; t++)
+                for (int64_t i = 0; i < M; i++) std::memset(c + t * sbc + i * ldc, 0, N * sizeof(float));
+        return;
+    }
+    if (threads <= 1) {
+        for (int64_t t = 0; t < batch; t++)
+            gemm_serial(M, N, K, a + t * sba, rsa, csa, b + t * sbb, rsb, csb, c + t * sbc, ldc, beta);
+    } else if (batch >= threads && N <= 4 * NR * threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t t = 0; t < batch; t++)
+            gemm_serial(M, N, K, a + t * sba, rsa, csa, b + t * sbb, rsb, csb, c + t * sbc, ldc, beta);
+    } else {
+        for (int64_t t = 0; t < batch; t++)
+            gemm_parallel(M, N, K, a + t * sba, rsa, csa, b + t * sbb, rsb, csb, c + t * sbc, ldc, beta, threads);
+    }
+}
+
+// ---- 2-D convolution as an implicit GEMM ---------------------------------------------------------
+// y[n] (O x L, L = OH*OW) = W (O x C*KH*KW) @ cols(x[n]) (+ bias), where cols is never built: the B
+// panels are packed straight from the input. A panel of NR consecutive output positions splits into
+// runs that lie in one output row; for each row k = (c, kh, kw) of B, a run reads one input row
+// (contiguous when the stride is 1) and is zero outside the image (the padding). Weights are packed
+// once; the work items (image, block of NCONV output positions) are split over the OpenMP team.
+enum { NCONV = 256 };
+
+struct Conv2d {
+    int64_t C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW;
+};
+
+// Runs of output positions [l0, l0+nc) that lie in one output row, cut at panel boundaries:
+// (destination offset in the panel-major layout / kc, length, output row, first output column).
+struct Runs {
+    int64_t n = 0;
+    int64_t panel[NCONV + NCONV / NR], j[NCONV + NCONV / NR], len[NCONV + NCONV / NR],
+            oh[NCONV + NCONV / NR], ow[NCONV + NCONV / NR];
+};
+
+static void make_runs(const Conv2d& g, int64_t l0, int64_t nc, Runs& r) {
+    r.n = 0;
+    for (int64_t p = 0; p * NR < nc; p++) {
+        const int64_t n = std::min<int64_t>(NR, nc - p * NR);
+        for (int64_t j = 0; j < n;) {
+            const int64_t l = l0 + p * NR + j, oh = l / g.OW, ow = l % g.OW;
+            const int64_t len = std::min<int64_t>(n - j, g.OW - ow);
+            r.panel[r.n] = p; r.j[r.n] = j; r.len[r.n] = len; r.oh[r.n] = oh; r.ow[r.n] = ow; r.n++;
+            j += len;
+        }
+    }
+}
+
+// Pack rows [k0, k0+kc) of the implicit column matrix of image `x` (C x H x W), positions
+// [l0, l0+nc) (described by `runs`), into NR-wide panels at dst (panel p at dst + p*NR*kc, row k at
+// + k*NR); columns past nc are zero.
+static void pack_cols(const Conv2d& g, const float* x, int64_t k0, int64_t kc, int64_t nc, const Runs& runs,
+                      float* dst) {
+    const int64_t khw = g.KH * g.KW, panels = (nc + NR - 1) / NR, tail = nc - (panels - 1) * NR;
+    int64_t c = k0 / khw, kh = (k0 % khw) / g.KW, kw = k0 % g.KW;
+    for (int64_t k = 0; k < kc; k++) {
+        const float* xc = x + c * g.H * g.W;
+        for (int64_t q = 0; q < runs.n; q++) {
+            float* out = dst + runs.panel[q] * NR * kc + k * NR + runs.j[q];
+            const int64_t len = runs.len[q];
+            const int64_t ih = runs.oh[q] * g.sh - g.ph + kh * g.dh;
+            if (ih < 0 || ih >= g.H) {
+                for (int64_t t = 0; t < len; t++) out[t] = 0.0f;
+                continue;
+            }
+            const float* xr = xc + ih * g.W;
+            const int64_t iw0 = runs.ow[q] * g.sw - g.pw + kw * g.dw;
+            if (g.sw == 1) {
+                const int64_t lo = std::min<int64_t>(len, std::max<int64_t>(0, -iw0));
+                const int64_t hi = std::max<int64_t>(lo, std::min<int64_t>(len, g.W - iw0));
+                const float* src = xr + iw0;
+#ifdef __AVX512F__
+                // masked loads: lanes outside [lo, hi) read nothing and give 0 (the padding)
+                for (int64_t t = 0; t < len; t += 16) {
+                    const int64_t a = std::max<int64_t>(lo - t, 0), e = std::min<int64_t>(hi - t, 16);
+                    const __mmask16 valid = e > a ? (__mmask16)(((1u << e) - 1) & ~((1u << a) - 1)) : 0;
+                    const __mmask16 keep = (__mmask16)((1u << std::min<int64_t>(len - t, 16)) - 1);
+                    _mm512_mask_storeu_ps(out + t, keep, _mm512_maskz_loadu_ps(valid, src + t));
+                }
+#else
+                for (int64_t t = 0; t < lo; t++) out[t] = 0.0f;
+                for (int64_t t = lo; t < hi; t++) out[t] = src[t];
+                for (int64_t t = hi; t < len; t++) out[t] = 0.0f;
+#endif
+            } else {
+                for (int64_t t = 0; t < len; t++) {
+                    const int64_t iw = iw0 + t * g.sw;
+                    out[t] = (iw >= 0 && iw < g.W) ? xr[iw] : 0.0f;
+                }
+            }
+        }
+        if (tail < NR) {
+            float* row = dst + (panels - 1) * NR * kc + k * NR;
+            for (int64_t t = tail; t < NR; t++) row[t] = 0.0f;
+        }
+        if (++kw == g.KW) { kw = 0; if (++kh == g.KH) { kh = 0; c++; } }
+    }
+}
+
+extern "C" void flm_conv2d(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW,
+                           int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                           int64_t OH, int64_t OW, const float* x, const float* w, const float* bias, float* y,
+                           int threads) {
+    const Conv2d g{C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW};
+    const int64_t K = C * KH * KW, L = OH * OW;
+    const int64_t tiles = (O + MR - 1) / MR, kblocks = (K + KC - 1) / KC;
+    if (L == 0 || O == 0 || N == 0) return;
+    // weights packed once: k-block b, tile q at wp + b*tiles*MR*KC + q*MR*kc
+    float* wp = (float*)std::aligned_alloc(64, ((kblocks * tiles * MR * KC * sizeof(float) + 63) / 64) * 64);
+    for (int64_t b = 0; b < kblocks; b++) {
+        const int64_t kc = std::min<int64_t>(KC, K - b * KC);
+        pack_a(O, kc, w + b * KC, K, 1, wp + b * tiles * MR * KC);
+    }
+    const int64_t lblocks = (L + NCONV - 1) / NCONV, items = N * lblocks;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t it = 0; it < items; it++) {
+        const int64_t n = it / lblocks, l0 = (it % lblocks) * NCONV, nc = std::min<int64_t>(NCONV, L - l0);
+        float* bp = scratch(t_bpack, t_bpack_cap, KC * NCONV);
+        Runs runs;
+        make_runs(g, l0, nc, runs);
+        float* yn = y + n * O * L + l0;
+        const float* xn = x + n * C * H * W;
+        if (bias)
+            for (int64_t o = 0; o < O; o++)
+                for (int64_t j = 0; j < nc; j++) yn[o * L + j] = bias[o];
+        for (int64_t b = 0; b < kblocks; b++) {
+            const int64_t kc = std::min<int64_t>(KC, K - b * KC);
+            const bool acc = bias != nullptr || b > 0;
+            pack_cols(g, xn, b * KC, kc, nc, runs, bp);
+            const float* ap = wp + b * tiles * MR * KC;
+            for (int64_t p = 0; p * NR < nc; p++)
+                for (int64_t q = 0; q < tiles; q++)
+                    micro(kc, ap + q * MR * kc, bp + p * NR * kc, yn + q * MR * L + p * NR, L,
+                          std::min<int64_t>(MR, O - q * MR), std::min<int64_t>(NR, nc - p * NR), acc);
+        }
+    }
+    std::free(wp);
+}

@@ -1,0 +1,138 @@
+"""flambeau's own float32 GEMM (flambeau/_backends/gemm.cpp) against a float64 reference and PyTorch."""
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+from flambeau._backends import cpu_blas
+
+pytestmark = pytest.mark.skipif(not cpu_blas.available(), reason="no AVX-512 / C++ compiler: NumPy's BLAS is used")
+
+
+def _ref(a, b):
+    return np.matmul(a.astype(np.float64), b.astype(np.float64))
+
+
+def _check(got, a, b):
+    ref = _ref(a, b)
+    assert got.shape == ref.shape and got.dtype == np.float32
+    # float32 accumulation over K terms: error bound relative to sum |a||b|
+    bound = 1e-5 * np.matmul(np.abs(a).astype(np.float64), np.abs(b).astype(np.float64)) + 1e-6
+    assert np.all(np.abs(got - ref) <= bound * max(1, a.shape[-1] ** 0.5))
+
+
+SHAPES = [(64, 256, 256), (1, 1000, 1), (13, 7, 33), (12, 96, 32), (97, 300, 65), (256, 64, 256),
+          (300, 513, 70), (5, 2048, 3), (64, 576, 896), (2, 3000, 40)]
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES)
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_gemm_shapes_layouts(M, K, N, ta, tb, parallel, monkeypatch):
+    monkeypatch.setattr(cpu_blas, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_blas, "PARALLEL_MACS", 0 if parallel else 1 << 62)
+    rng = np.random.default_rng(M * 1000 + K * 10 + N)
+    a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+    a, b = (a.T if ta else a), (b.T if tb else b)
+    _check(cpu_blas.matmul(a, b), a, b)
+
+
+def test_gemm_strided_negative_and_out(monkeypatch):
+    monkeypatch.setattr(cpu_blas, "MIN_MACS", 0)
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((80, 90)).astype(np.float32)
+    a = big[::2, 5:70:3]            # (40, 22), non-unit strides both ways
+    b = rng.standard_normal((22, 50)).astype(np.float32)[::-1]     # negative row stride
+    _check(cpu_blas.matmul(a, b), a, b)
+    out = np.full((40, 100), 7.0, np.float32)
+    view = out[:, 10:60]            # row stride 100: written in place, the rest untouched
+    r = cpu_blas.matmul(a, b, out=view)
+    assert r is view
+    _check(view, a, b)
+    assert np.all(out[:, :10] == 7.0) and np.all(out[:, 60:] == 7.0)
+
+
+def test_gemm_batched_broadcast(monkeypatch):
+    monkeypatch.setattr(cpu_blas, "MIN_MACS", 0)
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3, 4, 17, 29)).astype(np.float32)
+    b = rng.standard_normal((29, 31)).astype(np.float32)
+    _check(cpu_blas.matmul(a, b), a, b)
+    w = rng.standard_normal((4, 31, 29)).astype(np.float32)
+    _check(cpu_blas.matmul(a, w.swapaxes(-1, -2)), a, w.swapaxes(-1, -2))
+    c = rng.standard_normal((3, 1, 29, 8)).astype(np.float32)
+    _check(cpu_blas.matmul(a, c), a, c)
+    # a batch layout that is not one stride (a permuted batch) falls back item by item
+    p = np.ascontiguousarray(a.transpose(1, 0, 2, 3)).transpose(1, 0, 2, 3)
+    _check(cpu_blas.matmul(p, c), p, c)
+
+
+def test_gemm_empty_and_zero_k(monkeypatch):
+    monkeypatch.setattr(cpu_blas, "MIN_MACS", 0)
+    a = np.ones((3, 0), np.float32)
+    b = np.ones((0, 4), np.float32)
+    np.testing.assert_array_equal(cpu_blas.matmul(a, b), np.zeros((3, 4), np.float32))
+    out = np.full((3, 4), 5.0, np.float32)
+    cpu_blas.matmul(a, b, out=out)
+    np.testing.assert_array_equal(out, np.zeros((3, 4), np.float32))
+    assert cpu_blas.matmul(np.ones((0, 5), np.float32), np.ones((5, 4), np.float32)).shape == (0, 4)
+
+
+def test_nonfloat32_goes_to_numpy():
+    a = np.arange(12.0).reshape(3, 4)
+    b = np.arange(8.0).reshape(4, 2)
+    r = cpu_blas.matmul(a, b)
+    assert r.dtype == np.float64
+    np.testing.assert_array_equal(r, a @ b)
+
+
+@pytest.mark.parametrize("shape", [((64, 256), (256, 256)), ((16, 64, 48), (48, 64)), ((2, 8, 96, 40), (2, 8, 40, 96))])
+def test_flambeau_ops_use_it_and_match_torch(shape):
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal(shape[0]).astype(np.float32)
+    b = rng.standard_normal(shape[1]).astype(np.float32)
+    got = flambeau.matmul(flambeau.from_numpy(a), flambeau.from_numpy(b)).numpy()
+    torch.testing.assert_close(torch.from_numpy(got), torch.matmul(torch.from_numpy(a), torch.from_numpy(b)),
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_linear_and_conv_match_torch():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 16, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(32).astype(np.float32)
+    got = flambeau.nn.functional.conv2d(flambeau.from_numpy(x), flambeau.from_numpy(w), flambeau.from_numpy(bias),
+                                        padding=1).numpy()
+    want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(bias), padding=1)
+    torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-4, atol=1e-4)
+    xl = rng.standard_normal((64, 256)).astype(np.float32)
+    wl = rng.standard_normal((300, 256)).astype(np.float32)
+    got = flambeau.nn.functional.linear(flambeau.from_numpy(xl), flambeau.from_numpy(wl)).numpy()
+    torch.testing.assert_close(torch.from_numpy(got), torch.nn.functional.linear(torch.from_numpy(xl), torch.from_numpy(wl)),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_out_overlapping_an_operand_is_still_right(monkeypatch):
+    monkeypatch.setattr(cpu_blas, "MIN_MACS", 0)
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((40, 40)).astype(np.float32)
+    b = rng.standard_normal((40, 40)).astype(np.float32)
+    want = _ref(a, b)
+    cpu_blas.matmul(a, b, out=a)
+    np.testing.assert_allclose(a, want, rtol=1e-4, atol=1e-4)
+
+
+def test_forked_child_runs_products_single_threaded(monkeypatch):
+    import multiprocessing as mp
+    monkeypatch.setattr(cpu_blas, "MIN_MACS", 0)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((256, 256)).astype(np.float32)
+    cpu_blas.matmul(a, a)              # the parent's OpenMP team exists now
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=lambda: q.put(float(np.abs(cpu_blas.matmul(a, a) - _ref(a, a)).max())))
+    p.start()
+    err = q.get(timeout=60)
+    p.join(60)
+    assert p.exitcode == 0 and err < 1e-3
