@@ -136,3 +136,39 @@ def test_forked_child_runs_products_single_threaded(monkeypatch):
     err = q.get(timeout=60)
     p.join(60)
     assert p.exitcode == 0 and err < 1e-3
+
+
+@pytest.mark.parametrize("N,C,H,W,O,k,stride,padding,dilation,bias", [
+    (2, 64, 56, 56, 64, 3, 1, 1, 1, True),     # the benchmark's shape, smaller batch
+    (3, 5, 9, 7, 13, 3, 1, 0, 1, False),      # output rows narrower than a panel: many runs per panel
+    (2, 7, 17, 23, 30, 5, 2, 2, 1, True),      # stride 2
+    (1, 6, 20, 20, 9, 3, 1, 2, 2, True),       # dilation, padding wider than the dilation needs
+    (2, 40, 12, 12, 16, (3, 1), (1, 2), (1, 0), 1, False),   # rectangular kernel, mixed strides
+    (2, 33, 10, 11, 25, 3, 1, "same", 1, True),   # K = 297: two k-blocks
+    (1, 4, 8, 8, 3, 4, 1, "same", 1, False),       # even kernel: asymmetric 'same' padding
+])
+def test_implicit_gemm_conv2d_matches_torch(N, C, H, W, O, k, stride, padding, dilation, bias):
+    rng = np.random.default_rng(N * 100 + C)
+    ks = (k, k) if isinstance(k, int) else k
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    w = rng.standard_normal((O, C) + ks).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32) if bias else None
+    calls = []
+    orig = cpu_blas.conv2d
+
+    def spy(*a, **kw):
+        r = orig(*a, **kw)
+        calls.append(r is not None)
+        return r
+    import flambeau._ops.nn_conv as nn_conv
+    nn_conv.cpu_blas.conv2d = spy
+    try:
+        got = flambeau.nn.functional.conv2d(flambeau.from_numpy(x), flambeau.from_numpy(w),
+                                            None if b is None else flambeau.from_numpy(b),
+                                            stride=stride, padding=padding, dilation=dilation).numpy()
+    finally:
+        nn_conv.cpu_blas.conv2d = orig
+    assert calls == [True]          # the implicit-GEMM kernel computed it
+    want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), None if b is None else torch.from_numpy(b),
+                                      stride=stride, padding=padding, dilation=dilation)
+    torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-4, atol=2e-4)
