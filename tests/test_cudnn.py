@@ -122,6 +122,17 @@ def test_flags():
         setattr(cudnn, flag, False)
     assert cudnn.calls["forward"] == before + 3
     assert flambeau.backends.cudnn is cudnn and isinstance(cudnn.version(), int)
+    with cudnn.flags(enabled=False, allow_tf32=True):
+        assert cudnn.enabled is False and cudnn.allow_tf32 is True
+    assert cudnn.enabled is True and cudnn.allow_tf32 is False
+
+
+def test_tf32_is_the_default_like_pytorch():
+    import subprocess
+    import sys
+    code = "import flambeau, torch; print(flambeau.backends.cudnn.allow_tf32, torch.backends.cudnn.allow_tf32)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "True"]
 
 
 def test_double_backward():

@@ -13,16 +13,18 @@ Inputs are made contiguous first (descriptors describe packed NCHW layouts).
 
 Flags, as torch.backends.cudnn (exported as flambeau.backends.cudnn):
 - `enabled`: use cuDNN at all (default True).
-- `allow_tf32`: let float32 convolutions use TF32 tensor cores (default False). PyTorch defaults
-  to True for cuDNN convolutions; we keep exact float32 (CUDNN_FMA_MATH: on Ampere and later even
-  CUDNN_DEFAULT_MATH may use TF32) because TF32 rounds the inputs to a 10-bit mantissa, about 1e-3
-  relative error, and the op database compares cuda against cpu at 1e-4. Set it to True for speed.
+- `allow_tf32`: let float32 convolutions use TF32 tensor cores (default True, as in PyTorch):
+  inputs are rounded to a 10-bit mantissa, about 1e-3 relative error. False selects exact float32
+  (CUDNN_FMA_MATH: on Ampere and later even CUDNN_DEFAULT_MATH may use TF32). The test suite turns
+  it off (tests/conftest.py), as PyTorch's does, because it compares cuda against cpu at 1e-4.
 - `deterministic`: only algorithms cuDNN reports as deterministic.
 - `benchmark`: time the candidate algorithms once per shape and keep the fastest.
+`flags(enabled=, benchmark=, deterministic=, allow_tf32=)` sets them for a `with` block.
 `calls` counts the cuDNN convolutions run (forward, backward_data, backward_filter).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import math
@@ -31,7 +33,7 @@ import sys
 import threading
 
 enabled = True
-allow_tf32 = False
+allow_tf32 = True
 deterministic = False
 benchmark = False
 workspace_limit = 1 << 30     # bytes an algorithm's workspace may take at most
@@ -86,6 +88,22 @@ _ZERO = {"f": ctypes.c_float(0.0), "d": ctypes.c_double(0.0)}
 
 
 # ---- loading -------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def flags(enabled=None, benchmark=None, deterministic=None, allow_tf32=None):
+    """Set cuDNN flags for the duration of a `with` block (torch.backends.cudnn.flags)."""
+    mod = sys.modules[__name__]
+    names = ("enabled", "benchmark", "deterministic", "allow_tf32")
+    saved = {n: getattr(mod, n) for n in names}
+    for n, v in zip(names, (enabled, benchmark, deterministic, allow_tf32)):
+        if v is not None:
+            setattr(mod, n, bool(v))
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            setattr(mod, n, v)
+
+
 def _candidates():
     """Paths (or bare names for the system loader) of libcudnn to try, in order."""
     env = os.environ.get("FLAMBEAU_CUDNN_LIB")

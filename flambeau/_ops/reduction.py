@@ -22,6 +22,7 @@ from .._tensor import Tensor
 from .._dispatch import type_name, resize_out
 from ._registry import defop, export, EXPORTS, TensorSpec
 from ._helpers import wrap_dim, wrap_dims, opmath, PAR_MIN, parallel_blocks
+from .._backends import cuda_kernels
 
 _ND = ("nondifferentiable",)
 
@@ -760,6 +761,10 @@ def _softmax_kernel(name, log):
                     _softmax_rows(np, rows[c:e], r[c:e], 1, log)
             parallel_blocks(block, rows.shape[0])
             return _fresh(xp, r.reshape(x.shape), out.np)
+        if xp is not np and d == x.ndim - 1 and getattr(xp, "__name__", "") == "cupy":
+            r = cuda_kernels.softmax_lastdim(xp.ascontiguousarray(x), log)     # one fused kernel
+            if r is not None:
+                return _fresh(xp, r, out.np)
         r = xp.empty(x.shape, dtype=x.dtype)
         _softmax_rows(xp, x, r, d, log)
         return _fresh(xp, r, out.np)
