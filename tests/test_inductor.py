@@ -232,9 +232,10 @@ def test_constants_and_graphs_run_eagerly():
     c = compile_fx(make_fx(lambda x, n: x * n, tracing_mode="fake")(x, 3), [x, 3])  # non-tensor input
     assert c.artifact is None and "not a tensor" in c.eager_reason
     np.testing.assert_allclose(c(x, 3).numpy(), (x * 3).numpy())
-    c = compile_fx(make_fx(lambda x: x.sum(0) * 2, tracing_mode="symbolic")(x), [x])
-    assert c.artifact is None and "symbolic" in c.eager_reason
-    np.testing.assert_allclose(c(x).numpy(), (x.sum(0) * 2).numpy())
+    c = compile_fx(make_fx(lambda x: x.sum(0) * 2, tracing_mode="symbolic")(x), [x])  # one graph, every size
+    assert c.eager_reason is None and c.size_names == ["s0", "s1"]
+    for xx in (x, randn(5, 9)):
+        np.testing.assert_allclose(c(xx).numpy(), (xx.sum(0) * 2).numpy(), rtol=1e-6)
 
 
 # ---- cache, errors, debug, NumPy path ----------------------------------------------------------

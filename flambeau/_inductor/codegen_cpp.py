@@ -6,6 +6,11 @@ around them: an OpenMP-parallel outer loop when the work is large, reduction ste
 accumulators (`#pragma omp simd reduction`), pointwise steps with a vectorisable contiguous inner
 loop (`#pragma omp simd`). Transcendentals call libm; where glibc's libmvec is available they are
 declared `simd` so the compiler vectorises them (`cpp_builder` detects this once).
+
+Symbolic sizes: every kernel of a graph with size symbols takes them all as trailing `int64_t s0,
+int64_t s1, ...` arguments; loop bounds and index arithmetic print the `SizeExpr` polynomials over
+them, and a parallel decision that depends on them becomes an OpenMP `if(parallel: ...)` clause
+evaluated at run time. One compiled library then serves every size.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from .. import _dtype as D
 from . import config
 from .index import FloorDiv, Index, Indirect, Sym, contiguous_strides, offset_of
 from .ir import Handler, set_handler
+from .sizevars import SizeExpr, known_lt, known_nonneg
 from .scheduler import expand_groups
 
 CTYPES = {D.float32: "float", D.float64: "double", D.int64: "int64_t", D.int32: "int32_t",
@@ -159,6 +165,7 @@ def render_c(e: Index) -> str:
             s = a.name
         else:
             lo = a.arg.bounds()[0]
+            lo = 0 if known_nonneg(lo) else -1
             inner = render_c(a.arg)
             if isinstance(a, FloorDiv):
                 s = f"({inner}) / {a.div}" if lo >= 0 else f"fl_floordiv_i({inner}, {a.div})"
@@ -166,9 +173,35 @@ def render_c(e: Index) -> str:
                 s = f"({inner}) % {a.div}" if lo >= 0 else f"fl_mod_i({inner}, {a.div})"
             s = f"({s})"
         parts.append(s if c == 1 else f"{c}*{s}")
-    if e.const or not parts:
+    if e.const != 0 or not parts:
         parts.append(str(e.const))
     return " + ".join(parts)
+
+
+def at_least(x, threshold):
+    """x >= threshold: a bool when decided for every size, else a C condition (for `if(...)`)."""
+    if isinstance(x, int):
+        return x >= threshold
+    if known_nonneg(x - threshold):
+        return True
+    if known_lt(x, threshold):
+        return False
+    return f"{x} >= {threshold}"
+
+
+def both(a, b):
+    """Conjunction of decisions that are bools or C conditions."""
+    if a is False or b is False:
+        return False
+    if a is True:
+        return b
+    if b is True:
+        return a
+    return f"({a}) && ({b})"
+
+
+def if_clause(cond) -> str:
+    return "" if cond is True else f" if(parallel: {cond})"
 
 
 def literal(v, dtype) -> str:
@@ -290,6 +323,8 @@ class CppHandler(Handler):
         return self._emit(f"{buf.name}[{render_c(index)}]", buf.dtype)
 
     def constant(self, value, dtype):
+        if isinstance(value, SizeExpr):
+            return self._emit(f"static_cast<{CTYPES[dtype]}>({value})", dtype)
         return CVar(literal(value, dtype), dtype)
 
     def index_expr(self, index, dtype):
@@ -332,8 +367,9 @@ _SIMPLE_RED = {"sum": "+", "prod": "*", "any": "||", "all": "&&", "max": "flmax"
 class KernelPrinter:
     """Print one scheduler.Kernel as an extern "C" function."""
 
-    def __init__(self, kernel):
+    def __init__(self, kernel, size_names=()):
         self.k = kernel
+        self.size_names = list(size_names)
         self.lines: list = []
         self.cse: dict = {}
         self.locals: dict = {}
@@ -354,7 +390,8 @@ class KernelPrinter:
     def generate(self) -> str:
         k = self.k
         params = [f"const {CTYPES[b.dtype]}* __restrict__ {b.name}" for b in k.loads] + \
-                 [f"{CTYPES[b.dtype]}* __restrict__ {b.name}" for b in k.stores]
+                 [f"{CTYPES[b.dtype]}* __restrict__ {b.name}" for b in k.stores] + \
+                 [f"int64_t {s}" for s in self.size_names]
         if k.column:
             with set_handler(CppHandler(self)):
                 self._column()
@@ -362,17 +399,19 @@ class KernelPrinter:
         groups = k.outer_groups
         msyms = [Index.of(Sym(f"x{i}", math.prod(g))) for i, g in enumerate(groups)]
         outer = expand_groups(groups, msyms)
-        par = k.work() >= config.parallel_threshold and math.prod(k.outer) > 1
+        work = at_least(k.work(), config.parallel_threshold)
+        par = both(work, at_least(math.prod(k.outer), 2))
         if groups:
-            if par:
-                self.line("#pragma omp parallel for" + (f" collapse({len(groups)})" if len(groups) > 1 else ""))
+            if par is not False:
+                self.line("#pragma omp parallel for" + (f" collapse({len(groups)})" if len(groups) > 1 else "")
+                          + if_clause(par))
             for i, g in enumerate(groups):
                 self._open(f"for (int64_t x{i} = 0; x{i} < {math.prod(g)}; x{i}++)")
-        inner_par = not outer and k.work() >= config.parallel_threshold
+        inner_par = both(not outer, work)
         with set_handler(CppHandler(self)):
             for step in k.steps:
                 self.cse = {}
-                step_par = inner_par and math.prod(step.inner) >= config.parallel_threshold
+                step_par = both(inner_par, at_least(math.prod(step.inner), config.parallel_threshold))
                 if step.kind == "reduction":
                     self._reduction(step, outer, step_par)
                 else:
@@ -387,15 +426,15 @@ class KernelPrinter:
         syms = [Index.of(Sym(f"{prefix}{j}", s)) for j, s in enumerate(sizes)]
         for j, s in enumerate(sizes):
             last = j == len(sizes) - 1
-            if parallel and j == 0:
-                self.line("#pragma omp parallel for" + (" simd" if last else "") + simd_clause)
+            if parallel is not False and j == 0:
+                self.line("#pragma omp parallel for" + (" simd" if last else "") + simd_clause + if_clause(parallel))
             elif last and simd:
                 self.line("#pragma omp simd" + simd_clause)
             self._open(f"for (int64_t {prefix}{j} = 0; {prefix}{j} < {s}; {prefix}{j}++)")
         return expand_groups(groups, syms)
 
     def _pointwise(self, step, outer, parallel):
-        syms = self._loops("y", step.inner_groups, parallel and bool(step.inner))
+        syms = self._loops("y", step.inner_groups, both(parallel, bool(step.inner)))
         for n in step.nodes:
             it = iter(outer + syms)
             idx = node_index(n, it, n.ranges)
@@ -426,7 +465,7 @@ class KernelPrinter:
             at, init = _acc_type_init(rt, src)
             self.line(f"{at} {acc} = {init};")
             clause = f" reduction({_SIMPLE_RED[rt]}:{acc})"
-        rsyms = self._loops("r", step.inner_groups, parallel and bool(step.inner) and bool(clause), clause)
+        rsyms = self._loops("r", step.inner_groups, both(parallel, bool(step.inner) and bool(clause)), clause)
         idx = node_index(n, iter(outer), n.ranges)
         ridx = node_index(n, iter(rsyms), n.reduction_ranges)
         x = self._as_dtype(red.inner_fn(idx, ridx), src).name
@@ -456,10 +495,11 @@ class KernelPrinter:
         red = n.buf.data
         *lead, last = k.outer_groups
         L = math.prod(last)
-        B = min(COLUMN_BLOCK, L)
+        B = min(COLUMN_BLOCK, L) if isinstance(L, int) else COLUMN_BLOCK
         lead_syms = [Index.of(Sym(f"x{i}", math.prod(g))) for i, g in enumerate(lead)]
-        if k.work() >= config.parallel_threshold and math.prod(k.outer) > B:
-            self.line("#pragma omp parallel for" + (f" collapse({len(lead) + 1})" if lead else ""))
+        par = both(at_least(k.work(), config.parallel_threshold), at_least(math.prod(k.outer), B + 1))
+        if par is not False:
+            self.line("#pragma omp parallel for" + (f" collapse({len(lead) + 1})" if lead else "") + if_clause(par))
         for i, g in enumerate(lead):
             self._open(f"for (int64_t x{i} = 0; x{i} < {math.prod(g)}; x{i}++)")
         self._open(f"for (int64_t xb = 0; xb < {L}; xb += {B})")
@@ -509,9 +549,9 @@ def _combine(rt, acc, x) -> str:
             "min": f"{acc} = fl_min({acc}, {x});"}[rt]
 
 
-def generate(kernels, simd_math: bool) -> str:
-    """The C++ source of all kernels of one graph."""
+def generate(kernels, simd_math: bool, size_names=()) -> str:
+    """The C++ source of all kernels of one graph (each taking the size symbols `size_names`)."""
     parts = [preamble(simd_math)]
     for k in kernels:
-        parts.append(KernelPrinter(k).generate())
+        parts.append(KernelPrinter(k, size_names).generate())
     return "\n".join(parts)

@@ -4,7 +4,8 @@ Used when no C++ compiler works (announced once with a warning) or when
 `config.backend == "numpy"`. Each buffer of a kernel is computed over its full iteration space at
 once: loop indices become broadcast `arange`s, loads become gathers from the buffer's raw memory
 at the computed element offsets, reductions reduce a trailing flattened axis. Slower than C++,
-but it exercises exactly the same IR, scheduling and wrapper.
+but it exercises exactly the same IR, scheduling and wrapper. With symbolic sizes each kernel
+takes the size symbols as trailing parameters, and shapes print as expressions of them.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 from .. import _dtype as D
 from .index import Index, Indirect, Sym, render
 from .ir import Handler, ops, set_handler
+from .sizevars import SizeExpr
 
 _UNARY = {"neg": "np.negative", "abs": "np.abs", "exp": "np.exp", "log": "np.log", "log1p": "np.log1p",
           "expm1": "np.expm1", "sqrt": "np.sqrt", "sin": "np.sin", "cos": "np.cos", "tan": "np.tan",
@@ -90,6 +92,8 @@ class NumpyHandler(Handler):
         return self._emit(f"{self.p.raw(buf)}[{off}]", buf.dtype)
 
     def constant(self, value, dtype):
+        if isinstance(value, SizeExpr):
+            return self._emit(f"{_np_dtype(dtype)}({value})", dtype)
         if dtype is D.bool:
             return NVal("np.True_" if value else "np.False_", dtype)
         if dtype.category == 2:
@@ -120,8 +124,9 @@ class NumpyHandler(Handler):
 
 
 class NumpyKernelPrinter:
-    def __init__(self, kernel):
+    def __init__(self, kernel, size_names=()):
         self.k = kernel
+        self.size_names = list(size_names)
         self.lines: list = []
         self.cse: dict = {}
         self.n_tmp = 0
@@ -154,7 +159,7 @@ class NumpyKernelPrinter:
 
     def generate(self) -> str:
         k = self.k
-        params = [b.name for b in k.loads] + [b.name for b in k.stores]
+        params = [b.name for b in k.loads] + [b.name for b in k.stores] + self.size_names
         self.lines.append(f"def {k.name}({', '.join(params)}):")
         stored = {b.name for b in k.stores}
         with set_handler(NumpyHandler(self)):
@@ -264,8 +269,8 @@ def namespace() -> dict:
             "_truncdiv": _truncdiv, "_floordiv": _floordiv, "_remainder": _remainder, "_fmod": _fmod}
 
 
-def generate(kernels) -> str:
-    return "\n\n".join(NumpyKernelPrinter(k).generate() for k in kernels)
+def generate(kernels, size_names=()) -> str:
+    return "\n\n".join(NumpyKernelPrinter(k, size_names).generate() for k in kernels)
 
 
 def load(source: str) -> dict:

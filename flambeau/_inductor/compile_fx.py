@@ -8,8 +8,14 @@
       -> CompiledGraph: callable on flambeau Tensors, returning what the graph returns
 
 The compiled code is specialised to the input strides seen at compile time; a call with other
-strides compiles (or finds) another variant, a call with other sizes runs the graph eagerly. A graph the generator cannot take at all (non-tensor
-or symbolic-size inputs, tensors not on cpu) runs eagerly through the GraphModule.
+strides compiles (or finds) another variant, a call with other sizes runs the graph eagerly. A
+graph the generator cannot take at all (non-tensor inputs, sizes that aren't polynomials in the
+size symbols, tensors not on cpu) runs eagerly through the GraphModule.
+
+A graph traced with symbolic sizes (placeholders whose meta["val"] has SymInt sizes) compiles
+once for every size: its kernels take the size symbols as arguments (see graph.py, sizevars.py,
+wrapper.py); a call whose inputs don't fit the assumptions (strides, a size of 0 or 1, a guard of
+the tracer) runs eagerly and counts in `counters["dynamic_eager_calls"]`.
 """
 from __future__ import annotations
 
@@ -27,8 +33,10 @@ from . import codegen_cpp, codegen_numpy, config, cpp_builder
 from .graph import GraphLowering
 from .ir import Unsupported
 from .scheduler import Kernel, plan_memory, schedule
+from .sizevars import SizeExpr
 from .wrapper import WrapperCodegen
 
+counters = {"dynamic_graphs": 0, "dynamic_eager_calls": 0}
 _warned_no_compiler = [False]
 _malloc_tuned = [False]
 _graph_ids = itertools.count()
@@ -37,7 +45,7 @@ _graph_ids = itertools.count()
 class CompiledArtifact:
     """One specialisation of a graph: generated sources and the callable wrapper."""
 
-    def __init__(self, graph, order, call, source, wrapper_source, backend, source_path):
+    def __init__(self, graph, order, call, source, wrapper_source, backend, source_path, size_names=()):
         self.call = call
         self.source = source
         self.wrapper_source = wrapper_source
@@ -48,6 +56,7 @@ class CompiledArtifact:
         self.fallback_ops = list(graph.fallback_ops)
         self.input_strides = [tuple(st * b.dtype.itemsize for st in b.layout.strides) for b in graph.inputs]
         self.input_shapes = [tuple(b.layout.shape) for b in graph.inputs]
+        self.size_names = list(size_names)      # the size symbols its kernels take (dynamic graphs)
 
 
 class CompiledGraph:
@@ -67,7 +76,10 @@ class CompiledGraph:
             art = None
         self.compile_time = time.perf_counter() - t0
         self.artifact = art
-        if art is not None:
+        if art is not None and art.size_names:
+            self._fast_key = None
+            self._fast = art.call
+        elif art is not None:
             self._fast_key = tuple(zip(art.input_shapes, art.input_strides))
             self.variants[self._fast_key] = art
             self._fast = art.call
@@ -85,9 +97,16 @@ class CompiledGraph:
     def source(self) -> str:
         return self.artifact.source if self.artifact else ""
 
+    @property
+    def size_names(self) -> list:
+        """The size symbols the generated code takes (empty for a graph specialised to its sizes)."""
+        return self.artifact.size_names if self.artifact else []
+
     def __call__(self, *args):
         if self.artifact is None:
             return self.gm(*args)
+        if self._fast_key is None:            # symbolic sizes: the wrapper checks the inputs itself
+            return self._fast(args)
         key = tuple([(a._data.shape, a._data.strides) for a in args])
         if key == self._fast_key:
             return self._fast(args)
@@ -140,6 +159,7 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     if example_inputs is not None and all(isinstance(a, Tensor) for a in example_inputs):
         ex = list(example_inputs)
     graph = GraphLowering(gm, ex).run()
+    size_names = _size_names(graph)
     order = schedule(graph)
     memory = plan_memory(order, graph)
     kernels = [k for k in order if isinstance(k, Kernel)]
@@ -147,7 +167,7 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     source_path = None
     if backend == "cpp":
         info = cpp_builder.detect_flags()
-        source = codegen_cpp.generate(kernels, info["simd_math"])
+        source = codegen_cpp.generate(kernels, info["simd_math"], size_names)
         if kernels:
             lib, source_path = cpp_builder.load(source, info)
             kernels_ns = {k.name: getattr(lib, k.name) for k in kernels}
@@ -155,18 +175,42 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
         else:
             kernels_ns = {}
     else:
-        source = codegen_numpy.generate(kernels)
+        source = codegen_numpy.generate(kernels, size_names)
         kernels_ns = codegen_numpy.load(source)
-    wc = WrapperCodegen(graph, order, memory, backend, kernels_ns)
+    wc = WrapperCodegen(graph, order, memory, backend, kernels_ns, size_names, _eager_runner(gm))
     wrapper_source = wc.generate()
     exec(compile(wrapper_source, f"<flambeau-inductor-wrapper-{gid}>", "exec"), wc.ns)
-    art = CompiledArtifact(graph, order, wc.ns["call"], source, wrapper_source, backend, source_path)
+    art = CompiledArtifact(graph, order, wc.ns["call"], source, wrapper_source, backend, source_path, size_names)
+    if size_names:
+        counters["dynamic_graphs"] += 1
     if config.output_code or _logging.enabled("output_code"):
         print(f"===== flambeau inductor: graph {gid} ({backend}) =====\n{source}\n----- wrapper -----\n"
               f"{wrapper_source}", file=sys.stderr)
     if config.debug:
         _dump(gm, graph, order, art, gid)
     return art
+
+
+def _size_names(graph) -> list:
+    """The size symbols of a dynamic graph, each of which must be readable from an input as is."""
+    if not graph.dynamic:
+        return []
+    names, plain = set(), set()
+    for _, _, e in graph.size_inputs:
+        if isinstance(e, SizeExpr):
+            names |= e.free_symbols()
+            if len(e.terms) == 1 and e.terms[0][1] == 1 and len(e.terms[0][0]) == 1:
+                plain.add(e.terms[0][0][0])
+    if names - plain:
+        raise Unsupported(f"size symbols {sorted(names - plain)} are not the size of any input dim")
+    return sorted(names, key=lambda n: (len(n), n))
+
+
+def _eager_runner(gm):
+    def run(*args):
+        counters["dynamic_eager_calls"] += 1
+        return gm(*args)
+    return run
 
 
 def _dump(gm, graph, order, art, gid):

@@ -8,6 +8,13 @@ the op's eager kernel is called on realised inputs from the wrapper, so every gr
 
 The result is `self.buffers` (ComputedBuffers and ExternKernels in a valid execution order),
 `self.inputs` (placeholders), `self.constants` (get_attr tensors) and `self.outputs`.
+
+Symbolic sizes: when a placeholder's `meta["val"]` has SymInt sizes (or is a SymInt: a size
+passed between forward and backward graphs), the graph is lowered once for every size. Sizes,
+strides and size arguments become `sizevars.SizeExpr` polynomials over the symbols; `sym_size`
+nodes and integer arithmetic on sizes evaluate to such polynomials. `self.size_inputs` says where
+the wrapper reads each symbol at run time (a dim of an input tensor, or an integer input), and
+`self.shape_env` holds the tracer's guards, which the wrapper checks for each new size.
 """
 from __future__ import annotations
 
@@ -15,9 +22,11 @@ import math
 import operator
 
 from .._tensor import Tensor
+from ..fx._symbolic_shapes import SymInt, sym_size
 from . import config
 from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
                  Pointwise, Reduction, StridedView, SUPPORTED_DTYPES, Unsupported, as_strided_view)
+from .sizevars import SizeExpr, from_sym, known_nonneg, size_tuple
 
 
 class GraphLowering:
@@ -32,6 +41,9 @@ class GraphLowering:
         self.node = None              # the FX node being lowered
         self.fallback_ops: list = []
         self._n = 0
+        self.dynamic = _is_dynamic(gm)
+        self.size_inputs: list = []   # (input position, dim or None for an integer input, int | SizeExpr)
+        self.shape_env = _shape_env(gm) if self.dynamic else None
 
     # ---- naming and realisation ------------------------------------------------------------
     def new_name(self, prefix="buf") -> str:
@@ -62,7 +74,7 @@ class GraphLowering:
             if v is not None:
                 return v
             src = getattr(x, "view_of", None)          # a view of all of a lazy value: realise that value
-            if src is not None and math.prod(x.shape) >= math.prod(src[0].shape):
+            if src is not None and known_nonneg(math.prod(x.shape) - math.prod(src[0].shape)):
                 mem = self._realize_or_view(src[0])
                 r = src[1](mem.layout)
                 if r is not None:
@@ -76,9 +88,10 @@ class GraphLowering:
     # ---- the walk ----------------------------------------------------------------------------
     def run(self):
         nodes = list(self.gm.graph.nodes)
+        check = _check_sizes if self.dynamic else _check_static
         for node in nodes:
             for v in _tensors(node.meta.get("val")):
-                _check_static(v)
+                check(v)
         live = _live_nodes(nodes)
         n_inputs = 0
         for node in nodes:
@@ -101,14 +114,26 @@ class GraphLowering:
 
     def _placeholder(self, node, position):
         v = node.meta.get("val")
-        if self.example_inputs is not None and position < len(self.example_inputs):
+        if self.dynamic:
+            if isinstance(v, (SymInt, int)) and not isinstance(v, bool):
+                e = from_sym(v)
+                self.size_inputs.append((position, None, e))
+                return e
+        elif self.example_inputs is not None and position < len(self.example_inputs):
             v = self.example_inputs[position]
         if not isinstance(v, Tensor):
             raise Unsupported(f"input {node.name} is not a tensor ({type(v).__name__})")
-        _check_static(v)
         if v.device.type != "cpu":
             raise Unsupported(f"input {node.name} is on {v.device}")
-        buf = InputBuffer(f"arg{position}", Layout(v.shape, v.dtype, v.stride()), position=position)
+        if self.dynamic:
+            shape = size_tuple(v.shape)
+            layout = Layout(shape, v.dtype, size_tuple(v.stride()))
+            for d, e in enumerate(shape):
+                self.size_inputs.append((position, d, e))
+        else:
+            _check_static(v)
+            layout = Layout(v.shape, v.dtype, v.stride())
+        buf = InputBuffer(f"arg{position}", layout, position=position)
         self.inputs.append(buf)
         return buf
 
@@ -132,6 +157,12 @@ class GraphLowering:
         kwargs = _map_nodes(node.kwargs, self.env)
         if target is operator.getitem:
             return args[0][args[1]]
+        if target is sym_size:
+            return args[0].shape[args[1]]
+        if target in _SIZE_ARITH:
+            if not all(isinstance(a, (int, SizeExpr)) and not isinstance(a, bool) for a in args) or kwargs:
+                raise Unsupported(f"{target.__name__} of {[type(a).__name__ for a in args]}")
+            return _SIZE_ARITH[target](*args)
         if kwargs.get("out", 0) is None:
             kwargs = {k: v for k, v in kwargs.items() if k != "out"}
         name = getattr(target, "name", None)
@@ -153,8 +184,9 @@ class GraphLowering:
         kwargs = _map_ir(kwargs, self._realize_or_view)
         val = node.meta.get("val")
         name = self.new_name()
+        check = _check_sizes if self.dynamic else _check_static
         if isinstance(val, Tensor):
-            _check_static(val)
+            check(val)
             ek = ExternKernel(name, Layout(val.shape, val.dtype), target, args, kwargs, kind)
             self.buffers.append(ek)
             return ek
@@ -165,7 +197,7 @@ class GraphLowering:
             outs = []
             for i, v in enumerate(val):
                 if isinstance(v, Tensor):
-                    _check_static(v)
+                    check(v)
                     mo = MultiOutput(f"{name}_{i}", Layout(v.shape, v.dtype), ek, i)
                     ek.outputs.append(mo)
                     outs.append(mo)
@@ -231,8 +263,41 @@ def _check_static(v):
             raise Unsupported("symbolic sizes are not supported by the code generator")
 
 
+def _check_sizes(v):
+    """Sizes and strides that the code generator can express (polynomials in the size symbols)."""
+    size_tuple(tuple(v.shape) + tuple(v.stride()))
+
+
+def _is_dynamic(gm) -> bool:
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            v = node.meta.get("val")
+            if isinstance(v, SymInt) or (isinstance(v, Tensor) and
+                                         any(isinstance(s, SymInt) for s in tuple(v.shape) + tuple(v.stride()))):
+                return True
+    return False
+
+
+def _shape_env(gm):
+    env = gm.meta.get("shape_env") if hasattr(gm, "meta") else None
+    if env is not None:
+        return env
+    for node in gm.graph.nodes:
+        v = node.meta.get("val")
+        for s in ([v] if isinstance(v, SymInt) else list(v.shape) if isinstance(v, Tensor) else []):
+            if isinstance(s, SymInt):
+                return s.env
+    return None
+
+
+_SIZE_ARITH = {operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
+               operator.neg: operator.neg, operator.floordiv: operator.floordiv}
+
+
 def _map_nodes(a, env):
     from ..fx.node import Node
+    if isinstance(a, SymInt):
+        return from_sym(a)
     if isinstance(a, Node):
         return env[a]
     if isinstance(a, tuple):

@@ -9,10 +9,17 @@ Construction simplifies with value ranges (every atom knows its bounds), so the 
 that views compose (reshape = flatten then split) collapse back to plain affine forms:
 `(x // 8) * 8 + x % 8 -> x`, `(8*i + j) // 8 -> i` when 0 <= j < 8. The scheduler needs affine
 forms to prove that fusing two loops is legal, and the C++ compiler needs them to vectorise.
+
+With symbolic sizes (see sizevars.py) coefficients, constants, atom sizes and divisors may be
+`SizeExpr` polynomials over size symbols: `(s1*i + j) // s1 -> i` when 0 <= j < s1 still
+simplifies because divisibility and bounds are decided on the polynomials; a fact that can't be
+proved for every size leaves the expression unsimplified (correct, maybe not affine).
 """
 from __future__ import annotations
 
 import math
+
+from .sizevars import divisible, exact_div, known_lt, known_nonneg, skey, Unsupported
 
 
 class Atom:
@@ -27,12 +34,12 @@ class _Named(Atom):
     __slots__ = ("name", "size")
     _tag = ""
 
-    def __init__(self, name: str, size: int):
+    def __init__(self, name: str, size):
         self.name = name
         self.size = size
 
     def bounds(self):
-        return 0, max(self.size - 1, 0)
+        return 0, self.size - 1 if known_nonneg(self.size - 1) else 0
 
     def key(self):
         return (self._tag, self.name)
@@ -54,16 +61,16 @@ class Indirect(_Named):
 class FloorDiv(Atom):
     __slots__ = ("arg", "div")
 
-    def __init__(self, arg: "Index", div: int):
+    def __init__(self, arg: "Index", div):
         self.arg = arg
         self.div = div
 
     def bounds(self):
         lo, hi = self.arg.bounds()
-        return lo // self.div, hi // self.div
+        return _floor_bound(lo, self.div, True), _floor_bound(hi, self.div, False)
 
     def key(self):
-        return ("d", self.arg.key(), self.div)
+        return ("d", self.arg.key(), skey(self.div))
 
     def __repr__(self):
         return f"({self.arg!r} // {self.div})"
@@ -72,18 +79,18 @@ class FloorDiv(Atom):
 class Mod(Atom):
     __slots__ = ("arg", "div")
 
-    def __init__(self, arg: "Index", div: int):
+    def __init__(self, arg: "Index", div):
         self.arg = arg
         self.div = div
 
     def bounds(self):
         lo, hi = self.arg.bounds()
-        if lo >= 0 and hi < self.div:
+        if known_nonneg(lo) and known_lt(hi, self.div):
             return lo, hi
         return 0, self.div - 1
 
     def key(self):
-        return ("m", self.arg.key(), self.div)
+        return ("m", self.arg.key(), skey(self.div))
 
     def __repr__(self):
         return f"({self.arg!r} % {self.div})"
@@ -93,9 +100,9 @@ class Index:
     """`const + sum(coeff * atom)`; immutable, hashable through `key()`."""
     __slots__ = ("terms", "const", "_key")
 
-    def __init__(self, terms: dict | None = None, const: int = 0):
+    def __init__(self, terms: dict | None = None, const=0):
         self.terms = {k: v for k, v in (terms or {}).items() if v[1] != 0}   # key -> (atom, coeff)
-        self.const = int(const)
+        self.const = _size(const)
         self._key = None
 
     # -- construction -------------------------------------------------------------------------
@@ -105,11 +112,11 @@ class Index:
             return x
         if isinstance(x, Atom):
             return Index({x.key(): (x, 1)})
-        return Index(None, int(x))
+        return Index(None, x)
 
     def key(self):
         if self._key is None:
-            self._key = (self.const, tuple(sorted((k, c) for k, (_, c) in self.terms.items())))
+            self._key = (skey(self.const), tuple(sorted((k, skey(c)) for k, (_, c) in self.terms.items())))
         return self._key
 
     def is_const(self) -> bool:
@@ -135,7 +142,7 @@ class Index:
                 return k * self.const
             else:
                 raise TypeError("index expressions are linear: cannot multiply two variable indices")
-        k = int(k)
+        k = _size(k)
         return Index({key: (a, c * k) for key, (a, c) in self.terms.items()}, self.const * k)
 
     __rmul__ = __mul__
@@ -146,25 +153,26 @@ class Index:
     def __sub__(self, other):
         return self + (-Index.of(other))
 
-    def __floordiv__(self, c: int) -> "Index":
-        c = int(c)
+    def __floordiv__(self, c) -> "Index":
+        c = _size(c)
         if c == 1:
             return self
         if c == 0:                      # only in an empty iteration space: never evaluated
             return Index()
         q_terms, r_terms = {}, {}
         for k, (a, co) in self.terms.items():
-            if co % c == 0:
-                q_terms[k] = (a, co // c)
+            q = exact_div(co, c)
+            if q is not None:
+                q_terms[k] = (a, q)
             else:
                 r_terms[k] = (a, co)
-        q0, r0 = divmod(self.const, c)
+        q0, r0 = _divmod(self.const, c)
         rest = Index(r_terms, r0)
         lo, hi = rest.bounds()
         quot = Index(q_terms, q0)
-        if lo >= 0 and hi < c:
+        if known_nonneg(lo) and known_lt(hi, c):
             return quot
-        if rest.is_const():
+        if rest.is_const() and isinstance(rest.const, int) and isinstance(c, int):
             return quot + rest.const // c
         if len(rest.terms) == 1 and rest.const == 0:
             (a, co), = rest.terms.values()
@@ -176,14 +184,14 @@ class Index:
             return quot + big // (c // g)
         return quot + Index.of(FloorDiv(rest, c))
 
-    def __mod__(self, c: int) -> "Index":
-        c = int(c)
-        if c in (0, 1):
+    def __mod__(self, c) -> "Index":
+        c = _size(c)
+        if c == 0 or c == 1:
             return Index()
-        r_terms = {k: (a, co) for k, (a, co) in self.terms.items() if co % c != 0}
-        rest = Index(r_terms, self.const % c)
+        r_terms = {k: (a, co) for k, (a, co) in self.terms.items() if not divisible(co, c)}
+        rest = Index(r_terms, _divmod(self.const, c)[1])
         lo, hi = rest.bounds()
-        if lo >= 0 and hi < c:
+        if known_nonneg(lo) and known_lt(hi, c):
             return rest
         split = _split_by_divisor(rest, c)
         if split is not None:                       # (g*A + s) % c == g*(A % (c/g)) + s when 0 <= s < g
@@ -196,15 +204,17 @@ class Index:
         lo = hi = self.const
         for a, c in self.terms.values():
             alo, ahi = a.bounds()
-            if c >= 0:
+            if known_nonneg(c):
                 lo += c * alo
                 hi += c * ahi
-            else:
+            elif known_nonneg(-c):
                 lo += c * ahi
                 hi += c * alo
+            else:
+                raise Unsupported(f"cannot bound an index with coefficient {c}")
         return lo, hi
 
-    def coeff(self, sym: Sym) -> int:
+    def coeff(self, sym: Sym):
         t = self.terms.get(sym.key())
         return t[1] if t else 0
 
@@ -248,6 +258,9 @@ def _split_by_divisor(e: Index, c: int):
     """(A, g, s) with e == g*A + s, g a divisor of c (1 < g < c) and s's range inside [0, g), for
     the largest such g; None when there is none. Views that split a dimension produce these forms:
     (512*i + j) // 32768 with 0 <= j < 512 is i // 64."""
+    if not isinstance(c, int) or not isinstance(e.const, int) or \
+            any(not isinstance(co, int) for _, co in e.terms.values()):
+        return None
     best = None
     for _, co in e.terms.values():
         g = math.gcd(abs(co), c)
@@ -256,7 +269,7 @@ def _split_by_divisor(e: Index, c: int):
         big = {k: (a, v // g) for k, (a, v) in e.terms.items() if v % g == 0}
         small = Index({k: t for k, t in e.terms.items() if k not in big}, e.const % g)
         lo, hi = small.bounds()
-        if lo >= 0 and hi < g:
+        if known_nonneg(lo) and known_lt(hi, g):
             best = (Index(big, e.const // g), g, small)
     return best
 
@@ -304,7 +317,7 @@ def render(e: Index, name, div_op: str, mod_op: str) -> str:
         else:
             s = f"(({render(a.arg, name, div_op, mod_op)}) {mod_op} {a.div})"
         parts.append(s if c == 1 else f"{c}*{s}")
-    if e.const or not parts:
+    if e.const != 0 or not parts:
         parts.append(str(e.const))
     return " + ".join(parts).replace("+ -", "- ")
 
@@ -317,7 +330,7 @@ def contiguous_strides(shape) -> tuple:
     st, acc = [], 1
     for s in reversed(shape):
         st.append(acc)
-        acc *= max(s, 1)
+        acc *= s if not isinstance(s, int) else max(s, 1)
     return tuple(reversed(st))
 
 
@@ -325,6 +338,37 @@ def offset_of(index, strides, offset: int = 0) -> Index:
     """`offset + sum(index_i * stride_i)`."""
     out = Index(None, offset)
     for i, s in zip(index, strides):
-        if s:
+        if s != 0:
             out = out + Index.of(i) * s
     return out
+
+
+def _size(x):
+    """int | SizeExpr from an int-like value (a tracer SymInt converts without specialising)."""
+    from .sizevars import SizeExpr, from_sym
+    from ..fx._symbolic_shapes import SymInt
+    if isinstance(x, SizeExpr):
+        return x
+    return from_sym(x) if isinstance(x, SymInt) else int(x)
+
+
+def _divmod(a, c):
+    """(q, r) with a == q*c + r: Python's divmod for ints, (a / c, 0) when c divides a, else (0, a)."""
+    if isinstance(a, int) and isinstance(c, int):
+        return divmod(a, c)
+    q = exact_div(a, c)
+    return (q, 0) if q is not None else (0, a)
+
+
+def _floor_bound(x, div, lower: bool):
+    """A bound of x // div (div >= 1) from a bound x: exact for ints, conservative otherwise."""
+    if isinstance(x, int) and isinstance(div, int):
+        return x // div
+    q = exact_div(x, div)
+    if q is not None:
+        return q
+    if known_nonneg(x):
+        return 0 if lower else x
+    if known_nonneg(-x):
+        return x if lower else 0
+    raise Unsupported(f"cannot bound ({x}) // {div}")

@@ -16,7 +16,8 @@ import contextlib
 import math
 
 from .. import _dtype as D
-from .index import Index, contiguous_strides, offset_of
+from .index import Index, _size, contiguous_strides, offset_of
+from .sizevars import Unsupported, known_nonneg
 
 UNARY = ("neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "asin",
          "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "lgamma",
@@ -27,10 +28,6 @@ BINARY = ("add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "
 PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "signbit",
               "isnan")
 SUPPORTED_DTYPES = frozenset({D.float32, D.float64, D.int64, D.int32, D.int16, D.int8, D.uint8, D.bool})
-
-
-class Unsupported(Exception):
-    """Raised by a lowering that cannot handle its input: the node becomes a fallback kernel."""
 
 
 # ---- the ops namespace ------------------------------------------------------------------------
@@ -92,14 +89,15 @@ class Handler:
 
 # ---- IR nodes --------------------------------------------------------------------------------
 class Layout:
-    """Shape, dtype, element strides and element offset of a buffer or strided view."""
+    """Shape, dtype, element strides and element offset of a buffer or strided view (each an int or,
+    in a graph with symbolic sizes, a sizevars.SizeExpr)."""
     __slots__ = ("shape", "dtype", "strides", "offset")
 
-    def __init__(self, shape, dtype, strides=None, offset: int = 0):
-        self.shape = tuple(int(s) for s in shape)
+    def __init__(self, shape, dtype, strides=None, offset=0):
+        self.shape = tuple(_size(s) for s in shape)
         self.dtype = dtype
-        self.strides = tuple(strides) if strides is not None else contiguous_strides(self.shape)
-        self.offset = int(offset)
+        self.strides = tuple(_size(s) for s in strides) if strides is not None else contiguous_strides(self.shape)
+        self.offset = _size(offset)
 
     @property
     def numel(self) -> int:
@@ -107,7 +105,12 @@ class Layout:
 
     def is_contiguous(self) -> bool:
         return self.offset == 0 and all(st == c for s, st, c in zip(self.shape, self.strides,
-                                                                   contiguous_strides(self.shape)) if s > 1)
+                                                                   contiguous_strides(self.shape))
+                                        if not isinstance(s, int) or s > 1)
+
+    def is_symbolic(self) -> bool:
+        from .sizevars import is_symbolic
+        return any(is_symbolic(x) for x in self.shape + self.strides + (self.offset,))
 
     def __repr__(self):
         return f"{self.dtype.name}{list(self.shape)} strides={list(self.strides)}" + \
@@ -407,7 +410,7 @@ def as_strided_view(x: Pointwise):
         return None
     dims = [next(iter(i.terms.values()))[0] if i.terms else None for i in syms]
     names = {a.name for a in dims if a is not None}
-    if index.const < 0 or any(not isinstance(a, Sym) or a.name not in names or c < 0
+    if not known_nonneg(index.const) or any(not isinstance(a, Sym) or a.name not in names or not known_nonneg(c)
                               for a, c in index.terms.values()):
         return None
     strides = [0 if a is None else index.coeff(a) for a in dims]

@@ -15,6 +15,7 @@ from .. import _dtype as D
 from .._ops import _helpers as H
 from .index import Index
 from .ir import IRNode, Pointwise, Reduction, Unsupported, ops
+from .sizevars import SizeExpr, known_lt, size_tuple
 
 LOWERINGS: dict = {}
 
@@ -33,7 +34,7 @@ def out_val(g):
 
 
 def out_shape(g) -> tuple:
-    return tuple(out_val(g).shape)
+    return size_tuple(out_val(g).shape)
 
 
 def out_dtype(g):
@@ -46,10 +47,13 @@ def loader(g, x, shape, dtype):
         if isinstance(x, complex):
             raise Unsupported("complex scalars")
         v = x
+        if isinstance(v, SizeExpr):           # a symbolic size used as a number (mean's divisor)
+            return lambda idx: ops.to_dtype(ops.index_expr(Index(None, v), D.int64), dtype)
         return lambda idx: ops.constant(v, dtype)
     xs = tuple(x.shape)
     lead = len(shape) - len(xs)
-    if isinstance(x, Pointwise) and x.realized is None and math.prod(shape) > 2 * max(math.prod(xs), 1) \
+    n_in = math.prod(xs)
+    if isinstance(x, Pointwise) and x.realized is None and known_lt(2 * (n_in if n_in != 0 else 1), math.prod(shape)) \
             and x.stats().heavy > 0:
         g.realize(x)                  # don't recompute transcendental work for every broadcast copy
     ld = x.make_loader()
@@ -78,6 +82,8 @@ def common_dtype(*xs):
     for x in xs:
         if isinstance(x, IRNode):
             (dims if len(x.shape) else zeros).append(x.dtype)
+        elif isinstance(x, SizeExpr):
+            scalars.append(D.int64)
         elif x is not None:
             scalars.append(D.scalar_dtype(x, D.float32))
     return D.result_type_of(dims, zeros, scalars)

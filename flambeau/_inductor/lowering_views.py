@@ -17,6 +17,7 @@ from .index import Index, contiguous_strides
 from .ir import Buffer, IRNode, Layout, Pointwise, StridedView, Unsupported, ops
 from .lowering import loader, out_dtype, out_shape, register
 from .._ops.views import slice_bounds
+from .sizevars import SizeExpr, known_nonneg
 
 
 def _strided(x):
@@ -104,7 +105,20 @@ def _unsqueeze(g, x, dim):
 
 
 def _slice_params(size, start, end, step):
-    """PyTorch's slice normalisation (the eager op's own `slice_bounds`), as (start, end, step)."""
+    """PyTorch's slice normalisation (the eager op's own `slice_bounds`), as (start, end, step).
+
+    On a symbolic size only the start matters here (the output length comes from the traced
+    meta["val"], whose clamping decisions the tracer guarded): a start of None, a non-negative
+    int, or a negative int counted from the end."""
+    if isinstance(size, SizeExpr) or isinstance(start, SizeExpr) or isinstance(end, SizeExpr):
+        if not isinstance(step, int) or step <= 0:
+            raise Unsupported("slice with a symbolic step")
+        start = 0 if start is None else start
+        if isinstance(start, int) and start < 0:
+            start = size + start
+        if not known_nonneg(start):
+            raise Unsupported(f"slice start {start} of a symbolic size")
+        return start, None, step
     start, end, _ = slice_bounds(size, start, end, step)
     return start, end, step
 

@@ -20,6 +20,9 @@ A buffer used only inside its kernel, at the index where it is produced, is neve
 reduction result becomes a scalar of the outer loop body, a pointwise value a temporary of the
 inner loop. Extern kernels are scheduled alone. `plan_memory` then assigns storage to the rest,
 reusing freed buffers of the same size and dtype.
+
+With symbolic sizes the same reasoning runs on `SizeExpr` polynomials: sizes compare as
+polynomials and legality needs facts provable for every size, else the buffers don't fuse.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import math
 
 from . import config
 from .index import Index, Sym, contiguous_strides
+from .sizevars import exact_div, known_lt, known_nonneg
 from .ir import ComputedBuffer, ExternKernel, Reduction, StridedView
 
 
@@ -93,7 +97,8 @@ class Kernel:
         self.loads: list = []       # Buffers read from memory (not produced here)
 
     def work(self) -> int:
-        return math.prod(self.outer) * max(1, sum(math.prod(s.inner) for s in self.steps))
+        inner = sum(math.prod(s.inner) for s in self.steps)
+        return math.prod(self.outer) * (max(1, inner) if isinstance(inner, int) else inner)
 
 
 class ExternStep:
@@ -118,8 +123,8 @@ def _read_legal(node: SNode, index: Index, producer: SNode, n_outer: int, outer_
     if rest.uses(set(syms)):
         return False
     lo, hi = rest.bounds()
-    inner = math.prod(producer.ranges) // max(outer_size, 1)
-    return lo >= 0 and hi < inner
+    inner = exact_div(math.prod(producer.ranges), max(outer_size, 1) if isinstance(outer_size, int) else outer_size)
+    return inner is not None and known_nonneg(lo) and known_lt(hi, inner)
 
 
 def _legal(nodes: list, outer: tuple) -> bool:
@@ -287,7 +292,7 @@ def expand_groups(groups: list, syms: list) -> list:
     for g, m in zip(groups, syms):
         for k in range(len(g)):
             below = math.prod(g[k + 1:])
-            e = m // below if below > 1 else m
+            e = m // below if not isinstance(below, int) or below > 1 else m
             out.append(e % g[k] if k > 0 else e)
     return out
 

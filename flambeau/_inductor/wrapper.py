@@ -10,6 +10,13 @@
 
 Kernel function objects (ctypes, argtypes set once) and extern callables are globals of the
 generated module, so a call is a straight line of statements.
+
+A graph with symbolic sizes (graph.py) first reads each size symbol from the input it lives in
+(`s0, s1 = arg0.shape`), then checks that every input has the shape and strides the kernels
+assume, that every symbol is >= 2 (0 and 1 are specialised by the tracer) and that the tracer's
+guards hold for these values (cached per distinct sizes); otherwise the graph runs eagerly
+(`_eager`), never wrongly. Buffer shapes are Python expressions of the symbols, the kernels get
+the symbols as trailing integer arguments, externs evaluate symbolic arguments and views.
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from .._device import CPU
 from .._tensor import Tensor
 from .ir import Buffer, InputBuffer, MultiOutput, StridedView
 from .scheduler import ExternStep, Kernel
+from .sizevars import SizeExpr, evaluate
 
 
 def strided_array(base: np.ndarray, layout) -> np.ndarray:
@@ -46,8 +54,31 @@ def _contig(r):
     return r if r.flags.c_contiguous else np.ascontiguousarray(r)
 
 
+class ConcreteLayout:
+    """A layout with the size symbols substituted (what `strided_array` reads)."""
+    __slots__ = ("shape", "strides", "offset")
+
+    def __init__(self, layout, env: dict):
+        self.shape = tuple(evaluate(s, env) for s in layout.shape)
+        self.strides = tuple(evaluate(s, env) for s in layout.strides)
+        self.offset = evaluate(layout.offset, env)
+
+
+def _symbolic_args(a) -> bool:
+    if isinstance(a, SizeExpr):
+        return True
+    if isinstance(a, StridedView):
+        return a.layout.is_symbolic()
+    if isinstance(a, (list, tuple)):
+        return any(_symbolic_args(x) for x in a)
+    if isinstance(a, dict):
+        return any(_symbolic_args(x) for x in a.values())
+    return False
+
+
 def make_extern(ek):
-    """fn(*arrays of ek's input buffers, in `ek.inputs()` order) -> array or tuple of arrays."""
+    """(fn, bases, symbolic): fn(*arrays of ek's input buffers, in `ek.inputs()` order) -> array or
+    tuple of arrays; when `symbolic`, fn takes the size symbols' values {name: int} last."""
     bases = []
     index = {}
     for b in ek.inputs():
@@ -55,40 +86,46 @@ def make_extern(ek):
             index[b.name] = len(bases)
             bases.append(b)
 
-    def build(a, arrays):
+    def build(a, arrays, env):
         if isinstance(a, StridedView):
-            return strided_array(arrays[index[a.base.name]], a.layout)
+            lay = a.layout if env is None else ConcreteLayout(a.layout, env)
+            return strided_array(arrays[index[a.base.name]], lay)
         if isinstance(a, Buffer):
             return arrays[index[a.name]]
+        if isinstance(a, SizeExpr):
+            return a.evaluate(env)
         if isinstance(a, list):
-            return [build(x, arrays) for x in a]
+            return [build(x, arrays, env) for x in a]
         if isinstance(a, tuple):
-            return tuple(build(x, arrays) for x in a)
+            return tuple(build(x, arrays, env) for x in a)
         return a
     kernel = ek.op.kernel
     args, kwargs = ek.args, ek.kwargs
     multi = ek.layout is None
-    if getattr(ek.op, "name", None) in ("mm", "bmm") and not kwargs and \
+    symbolic = _symbolic_args(args) or _symbolic_args(kwargs)
+    if getattr(ek.op, "name", None) in ("mm", "bmm") and not kwargs and not symbolic and \
             all(isinstance(a, (Buffer, StridedView)) and a.dtype in _BLAS_DTYPES for a in args):
-        return _matmul_extern(args, index), bases          # straight to BLAS (shapes and dtypes are static)
+        return _matmul_extern(args, index), bases, False   # straight to BLAS (shapes and dtypes are static)
 
     def call(*arrays):
-        r = kernel(np, *build(args, arrays), **build_kw(kwargs, arrays))
+        env = None
+        if symbolic:
+            arrays, env = arrays[:-1], arrays[-1]
+        r = kernel(np, *build(args, arrays, env), **build_kw(kwargs, arrays, env))
         if multi:
             return tuple(_contig(x) if x is not None and not isinstance(x, (int, float, bool)) else x for x in r)
         return _contig(r)
 
-    def build_kw(kw, arrays):
-        return {k: build(v, arrays) for k, v in kw.items()} if kw else {}
-    return call, bases
+    def build_kw(kw, arrays, env):
+        return {k: build(v, arrays, env) for k, v in kw.items()} if kw else {}
+    return call, bases, symbolic
 
 
 _BLAS_DTYPES = (D.float32, D.float64)
 
 
 def _matmul_extern(args, index):
-    """The matrix product (flambeau._backends.cpu_blas) of the operands as arrays; views are built with
-    the fast constructor."""
+    """np.matmul on the operands as arrays: views are built with the fast constructor."""
     def operand(a):
         i = index[a.base.name if isinstance(a, StridedView) else a.name]
         if isinstance(a, StridedView):
@@ -112,16 +149,36 @@ def kernel_error(code: int):
     raise RuntimeError(f"compiled kernel reported error code {code}")
 
 
+def guard_checker(shape_env, names: list):
+    """ok(values) -> whether the tracer's guards over these symbols hold (values in `names` order);
+    cached per distinct values, so sympy runs once per new size."""
+    guards = []
+    if shape_env is not None:
+        guards = [g for g in shape_env.guards if {s.name for s in g.free_symbols} <= set(names)]
+    cache: dict = {}
+
+    def ok(values: tuple) -> bool:
+        r = cache.get(values)
+        if r is None:
+            import sympy
+            subs = {sympy.Symbol(n, integer=True, positive=True): sympy.Integer(v) for n, v in zip(names, values)}
+            r = cache[values] = all(bool(g.xreplace(subs)) for g in guards)
+        return r
+    return ok
+
+
 class WrapperCodegen:
-    def __init__(self, graph, order, memory, backend, kernels_ns):
+    def __init__(self, graph, order, memory, backend, kernels_ns, size_names=(), eager=None):
         self.g = graph
         self.order = order
         self.mem = memory
         self.backend = backend
         self.ns = {"np": np, "_empty": np.empty, "_T": Tensor._make, "_cpu": CPU,
-                   "_strided": strided_array}
+                   "_strided": strided_array, "_Concrete": ConcreteLayout}
         self.kernels_ns = kernels_ns
         self.lines: list = []
+        self.size_names = list(size_names)
+        self.eager = eager
 
     def _dtype(self, dt) -> str:
         name = f"_dt_{dt.name}"
@@ -135,10 +192,13 @@ class WrapperCodegen:
         g, L = self.g, self.lines
         inputs = g.inputs
         L.append("def call(args):")
-        if inputs:
-            L.append(f"    {', '.join(f'_in{b.position}' for b in inputs)}{',' if len(inputs) == 1 else ''} = args")
+        positions = sorted({b.position for b in inputs} | {p for p, d, _ in g.size_inputs if d is None})
+        if positions:
+            L.append(f"    {', '.join(f'_in{p}' for p in positions)}{',' if len(positions) == 1 else ''} = args")
             for b in inputs:
                 L.append(f"    {b.name} = _in{b.position}._data")
+        if self.size_names:
+            self._bind_sizes()
         for name, c in g.constants.items():
             self.ns[f"_c_{name}"] = c.constant
             L.append(f"    {name} = _c_{name}._data")
@@ -160,10 +220,40 @@ class WrapperCodegen:
         L.append(f"    return {self._outputs()}")
         return "\n".join(L) + "\n"
 
+    def _bind_sizes(self):
+        """Read each size symbol from where it lives; run eagerly unless every input is as assumed."""
+        g, L = self.g, self.lines
+        where = {}
+        for pos, dim, e in g.size_inputs:
+            if isinstance(e, SizeExpr) and len(e.terms) == 1 and e.terms[0][1] == 1 and len(e.terms[0][0]) == 1:
+                name = e.terms[0][0][0]
+                if name not in where:
+                    where[name] = f"_in{pos}" if dim is None else f"arg{pos}.shape[{dim}]"
+        for name in self.size_names:
+            L.append(f"    {name} = {where[name]}")
+        checks = [f"{name} < 2" for name in self.size_names]
+        for b in g.inputs:
+            lay, it = b.layout, b.dtype.itemsize
+            checks.append(f"{b.name}.shape != {_tuple_src(lay.shape)}")
+            dims = [d for d, s in enumerate(lay.shape) if not (isinstance(s, int) and s <= 1)]
+            if dims and 0 not in lay.shape:          # (the strides of an empty array are arbitrary)
+                checks.append(f"({''.join(f'{b.name}.strides[{d}], ' for d in dims)}) != "
+                              f"({''.join(f'{_src(lay.strides[d] * it)}, ' for d in dims)})")
+        for pos, dim, e in g.size_inputs:
+            if dim is None:
+                checks.append(f"_in{pos} != {_src(e)}")
+        self.ns["_guards_ok"] = guard_checker(g.shape_env, self.size_names)
+        self.ns["_eager"] = self.eager
+        sizes = "".join(f"{n}, " for n in self.size_names)
+        checks.append(f"not _guards_ok(({sizes}))")
+        L.append(f"    if {' or '.join(checks)}:")
+        L.append("        return _eager(*args)")
+        L.append(f"    _S = {{{', '.join(f'{n!r}: {n}' for n in self.size_names)}}}")
+
     def _kernel(self, k: Kernel):
         for b in k.stores:
             act, other = self.mem["allocs"][b.name]
-            shape = tuple(b.layout.shape)
+            shape = _tuple_src(b.layout.shape)
             if act == "reuse":
                 self.lines.append(f"    {b.name} = {other}.reshape({shape})")
             else:
@@ -171,17 +261,18 @@ class WrapperCodegen:
         args = [self._ptr(b.name) for b in k.loads] + [self._ptr(b.name) for b in k.stores]
         fn = self.kernels_ns[k.name]
         if self.backend == "cpp":
-            fn.argtypes = [ctypes.c_void_p] * len(args)
+            fn.argtypes = [ctypes.c_void_p] * len(args) + [ctypes.c_int64] * len(self.size_names)
             fn.restype = None
+        args += self.size_names
         self.ns[k.name] = fn
         self.lines.append(f"    {k.name}({', '.join(args)})")
 
     def _extern(self, step: ExternStep):
         ek = step.node
-        fn, bases = make_extern(ek)
+        fn, bases, symbolic = make_extern(ek)
         name = f"_extern_{ek.name}"
         self.ns[name] = fn
-        call = f"{name}({', '.join(b.name for b in bases)})"
+        call = f"{name}({', '.join([b.name for b in bases] + (['_S'] if symbolic else []))})"
         if ek.layout is None:
             outs = [f"{ek.name}_{i}" if any(o.i == i for o in ek.outputs) else "_" for i in range(ek.n_outputs)]
             self.lines.append(f"    {', '.join(outs)}{',' if len(outs) == 1 else ''} = {call}")
@@ -191,10 +282,14 @@ class WrapperCodegen:
     def _out_expr(self, o) -> str:
         if isinstance(o, InputBuffer) and o.position is not None:
             return f"_in{o.position}"
+        if isinstance(o, SizeExpr):
+            return _src(o)
         if isinstance(o, StridedView):
             lay = o.layout
             name = f"_layout_{len(self.ns)}"
             self.ns[name] = lay
+            if lay.is_symbolic():
+                return f"_T(_strided({o.base.name}, _Concrete({name}, _S)), _cpu)"
             return f"_T(_strided({o.base.name}, {name}), _cpu)"
         if isinstance(o, (Buffer, MultiOutput)):
             return f"_T({o.name}, _cpu)"
@@ -207,3 +302,12 @@ class WrapperCodegen:
         if isinstance(outs, list):
             return "(" + "".join(self._out_expr(o) + ", " for o in outs) + ")"
         return self._out_expr(outs)
+
+
+def _src(e) -> str:
+    """Python source of an int | SizeExpr (the symbols are locals of `call`)."""
+    return str(e)
+
+
+def _tuple_src(shape) -> str:
+    return repr(tuple(shape))          # SizeExpr's repr is its Python source

@@ -1,0 +1,283 @@
+"""Symbolic sizes in the loop IR: `SizeExpr`, a polynomial with integer coefficients over size
+symbols (s0, s1, ... as named by the tracer's ShapeEnv).
+
+Design (graphs traced with `dynamic=True`, `mark_dynamic` or automatic dynamic shapes): a size, a
+stride, a loop extent, an Index coefficient/constant or a divisor is `int | SizeExpr`. Arithmetic
+normalises, so a value without symbols is a plain `int` and static graphs never see this type.
+The generated kernels take the symbols as `int64_t` arguments; `str(e)` prints an expression that
+is valid C++ and Python over variables named like the symbols.
+
+Decisions follow the tracer's rules: a size symbol stands for an integer >= 2 (sizes 0 and 1 are
+specialised; the wrapper checks this at run time and runs the graph eagerly otherwise).
+- `==`/`!=` compare the polynomials (equal forms are equal for every size; the tracer has already
+  guarded the relations that the graph's shapes depend on).
+- `<`, `<=`, `>`, `>=`, `bool()` decide when the answer holds for every symbol value >= 2 and raise
+  `Unsupported` otherwise, so a lowering that needs the answer falls back instead of guessing.
+- `known_nonneg`/`known_lt` answer "provably" (False when unknown): simplifications use them and
+  simply don't simplify when a fact can't be proved.
+- `int()` raises `Unsupported` (code that needs a concrete value can't serve every size).
+"""
+from __future__ import annotations
+
+import math
+
+
+class Unsupported(Exception):
+    """Raised by a lowering that cannot handle its input: the node becomes a fallback kernel."""
+
+
+MIN_SIZE = 2          # the least value a size symbol takes
+
+
+def _make(terms: dict):
+    """int | SizeExpr from {monomial: coeff}; a monomial is a sorted tuple of symbol names."""
+    terms = {m: c for m, c in terms.items() if c != 0}
+    if not terms:
+        return 0
+    if len(terms) == 1 and () in terms:
+        return terms[()]
+    e = SizeExpr.__new__(SizeExpr)
+    e.terms = tuple(sorted(terms.items(), key=lambda t: (not t[0], t[0])))   # constant last
+    return e
+
+
+def _terms(x) -> dict:
+    if isinstance(x, SizeExpr):
+        return dict(x.terms)
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"not a size: {x!r}")
+    return {(): x} if x else {}
+
+
+class SizeExpr:
+    """A polynomial over size symbols (see module docstring); immutable and hashable."""
+    __slots__ = ("terms",)
+
+    @staticmethod
+    def symbol(name: str):
+        return _make({(name,): 1})
+
+    def __add__(self, o):
+        if not isinstance(o, (int, SizeExpr)):
+            return NotImplemented
+        t = dict(self.terms)
+        for m, c in _terms(o).items():
+            t[m] = t.get(m, 0) + c
+        return _make(t)
+
+    __radd__ = __add__
+
+    def __neg__(self):
+        return _make({m: -c for m, c in self.terms})
+
+    def __sub__(self, o):
+        if not isinstance(o, (int, SizeExpr)):
+            return NotImplemented
+        return self + (-o)
+
+    def __rsub__(self, o):
+        return (-self) + o
+
+    def __mul__(self, o):
+        if not isinstance(o, (int, SizeExpr)):
+            return NotImplemented
+        t: dict = {}
+        for m1, c1 in self.terms:
+            for m2, c2 in _terms(o).items():
+                m = tuple(sorted(m1 + m2))
+                t[m] = t.get(m, 0) + c1 * c2
+        return _make(t)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, o):
+        q = exact_div(self, o)
+        if q is None:
+            raise Unsupported(f"symbolic size {self} is not a multiple of {o}")
+        return q
+
+    def __rfloordiv__(self, o):
+        q = exact_div(o, self)
+        if q is None:
+            raise Unsupported(f"symbolic size {o} is not a multiple of {self}")
+        return q
+
+    def __mod__(self, o):
+        if exact_div(self, o) is None:
+            raise Unsupported(f"symbolic size {self} modulo {o}")
+        return 0
+
+    def __eq__(self, o):
+        return isinstance(o, SizeExpr) and o.terms == self.terms
+
+    def __ne__(self, o):
+        return not self.__eq__(o)
+
+    def __hash__(self):
+        return hash(self.terms)
+
+    def __lt__(self, o):
+        return _decide(_sub(o, self) - 1)
+
+    def __le__(self, o):
+        return _decide(_sub(o, self))
+
+    def __gt__(self, o):
+        return _decide(_sub(self, o) - 1)
+
+    def __ge__(self, o):
+        return _decide(_sub(self, o))
+
+    def __bool__(self):
+        if known_nonneg(self - 1) or known_nonneg(-self - 1):
+            return True
+        raise Unsupported(f"cannot decide whether the symbolic size {self} is zero")
+
+    def __int__(self):
+        raise Unsupported(f"a concrete value of the symbolic size {self} is needed")
+
+    __index__ = __int__
+
+    def free_symbols(self) -> set:
+        return {s for m, _ in self.terms for s in m}
+
+    def __str__(self):
+        parts = []
+        for m, c in self.terms:
+            mono = "*".join(m)
+            if not m:
+                s = str(abs(c))
+            elif abs(c) == 1:
+                s = mono
+            else:
+                s = f"{abs(c)}*{mono}"
+            parts.append(("- " if c < 0 else "+ ") + s)
+        out = " ".join(parts)
+        out = out[2:] if out.startswith("+ ") else "-" + out[2:]
+        return out if len(self.terms) == 1 and self.terms[0][1] == 1 else f"({out})"
+
+    __repr__ = __str__
+
+    def evaluate(self, env: dict) -> int:
+        return sum(c * math.prod(env[s] for s in m) for m, c in self.terms)
+
+
+def _sub(a, b):
+    return a - b
+
+
+def _decide(e) -> bool:
+    """e >= 0 for every symbol value >= MIN_SIZE (True), for none (False), else Unsupported."""
+    if known_nonneg(e):
+        return True
+    if known_nonneg(-e - 1):
+        return False
+    raise Unsupported(f"cannot decide {e} >= 0 for every size")
+
+
+def known_nonneg(e) -> bool:
+    """Provably e >= 0 when every symbol is >= MIN_SIZE: after substituting s = MIN_SIZE + t
+    (t >= 0) every coefficient is >= 0 (sufficient, not necessary)."""
+    if isinstance(e, int):
+        return e >= 0
+    shifted: dict = {(): 0}
+    for m, c in e.terms:
+        poly = {(): c}
+        for s in m:                              # multiply by (t_s + MIN_SIZE)
+            nxt: dict = {}
+            for pm, pc in poly.items():
+                k = tuple(sorted(pm + (s,)))
+                nxt[k] = nxt.get(k, 0) + pc
+                nxt[pm] = nxt.get(pm, 0) + pc * MIN_SIZE
+            poly = nxt
+        for pm, pc in poly.items():
+            shifted[pm] = shifted.get(pm, 0) + pc
+    return all(c >= 0 for c in shifted.values())
+
+
+def known_lt(a, b) -> bool:
+    return known_nonneg(_sub(b, a) - 1)
+
+
+def exact_div(a, b):
+    """a / b when b divides a as polynomials (b an int or a single term), else None."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a // b if b and a % b == 0 else None
+    if isinstance(b, int):
+        if b == 0 or any(c % b for _, c in a.terms):
+            return None
+        return _make({m: c // b for m, c in a.terms})
+    if len(b.terms) != 1:
+        return 1 if a == b else None
+    (bm, bc), = b.terms
+    out = {}
+    for m, c in _terms(a).items():
+        rest = list(m)
+        for s in bm:
+            if s not in rest:
+                return None
+            rest.remove(s)
+        if c % bc:
+            return None
+        out[tuple(rest)] = c // bc
+    return _make(out)
+
+
+def divisible(a, b) -> bool:
+    return exact_div(a, b) is not None
+
+
+def is_symbolic(x) -> bool:
+    return isinstance(x, SizeExpr)
+
+
+def skey(x):
+    """A sort/hash key for int | SizeExpr (the two never compare with `<`)."""
+    return (0, x) if isinstance(x, int) else (1, x.terms)
+
+
+def evaluate(x, env: dict) -> int:
+    return x.evaluate(env) if isinstance(x, SizeExpr) else x
+
+
+def from_sym(x):
+    """int | SizeExpr for an int or a tracer SymInt (a sympy polynomial with integer coefficients);
+    Unsupported for anything else (floor division, modulo, rational coefficients of symbols)."""
+    from ..fx._symbolic_shapes import SymInt
+    if isinstance(x, bool):
+        raise Unsupported("a bool where a size is expected")
+    if isinstance(x, (int, SizeExpr)):
+        return x
+    if not isinstance(x, SymInt):
+        raise Unsupported(f"not a size: {type(x).__name__}")
+    return _from_sympy(x.expr)
+
+
+_cache: dict = {}
+
+
+def _from_sympy(expr):
+    hit = _cache.get(expr)
+    if hit is not None:
+        return hit
+    import sympy
+    if expr.is_Integer:
+        return int(expr)
+    syms = sorted(expr.free_symbols, key=lambda s: s.name)
+    try:
+        poly = sympy.Poly(sympy.expand(expr), *syms)
+    except sympy.PolynomialError as e:
+        raise Unsupported(f"symbolic size {expr} is not a polynomial") from e
+    terms = {}
+    for exps, c in poly.terms():
+        if not c.is_Integer:
+            raise Unsupported(f"symbolic size {expr} has a non-integer coefficient")
+        mono = tuple(sorted(s.name for s, k in zip(syms, exps) for _ in range(k)))
+        terms[mono] = int(c)
+    out = _make(terms)
+    _cache[expr] = out
+    return out
+
+
+def size_tuple(shape) -> tuple:
+    return tuple(from_sym(s) for s in shape)

@@ -1,0 +1,244 @@
+"""flambeau._inductor with symbolic sizes: one compiled graph (C++ kernels taking the sizes as
+`int64_t` arguments) serves every size, without recompiling and without running eagerly.
+
+Each case is a function written against a module `T` (flambeau or torch); the compiled flambeau
+result is compared with PyTorch on the same inputs. `compiled_graphs` records the CompiledGraphs
+the inductor backend makes, so tests can check that the generated code (not the eager fallback)
+ran: the graph has size symbols, its source takes them, and `counters["dynamic_eager_calls"]`
+(calls whose inputs didn't fit and ran eagerly) does not move.
+"""
+import copy
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau as fl
+import flambeau._inductor as inductor
+from flambeau._inductor import compile_fx, config, cpp_builder
+from flambeau.fx.experimental.proxy_tensor import make_fx
+
+cfx = sys.modules["flambeau._inductor.compile_fx"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh(tmp_path_factory, monkeypatch):
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path_factory.getbasetemp() / "inductor_cache"))
+    fl.compiler.reset()
+    yield
+    fl.compiler.reset()
+
+
+@pytest.fixture
+def compiled_graphs(monkeypatch):
+    graphs = []
+    real = inductor.compile_fx
+
+    def spy(gm, example_inputs=None, **kw):
+        c = real(gm, example_inputs, **kw)
+        graphs.append(c)
+        return c
+    monkeypatch.setattr(inductor, "compile_fx", spy)
+    return graphs
+
+
+class InductorCounter:
+    """The inductor backend, counting the graphs dynamo hands it."""
+
+    def __init__(self):
+        self.frame_count = 0
+        self.backend = fl.compiler.lookup_backend("inductor")
+
+    def __call__(self, gm, example_inputs):
+        self.frame_count += 1
+        return self.backend(gm, example_inputs)
+
+
+def to_torch(x):
+    if isinstance(x, fl.Tensor):
+        return torch.from_numpy(np.array(x.detach().numpy(), copy=True))
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_torch(v) for v in x)
+    return x
+
+
+def assert_same(got, ref, rtol=1e-5, atol=1e-5):
+    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    ref = list(ref) if isinstance(ref, (list, tuple)) else [ref]
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(to_torch(g), r, rtol=rtol, atol=atol)
+
+
+def assert_generated(graphs):
+    """Every graph compiled into kernels taking size arguments (no eager graph, no fallback op)."""
+    assert graphs
+    for c in graphs:
+        assert c.eager_reason is None, c.eager_reason
+        assert c.size_names, "the graph was specialised to its sizes"
+        assert not c.fallback_ops, c.fallback_ops
+        if c.kernel_count:
+            assert f"int64_t {c.size_names[0]}" in c.source
+
+
+def run_sizes(fn, arg_shapes, dynamic=True, rtol=1e-5, atol=1e-5):
+    """Compile `fn` once, call it for each list of input shapes, compare with PyTorch."""
+    cnt = InductorCounter()
+    cf = fl.compile(lambda *a: fn(fl, *a), backend=cnt, dynamic=dynamic)
+    eager_before = cfx.counters["dynamic_eager_calls"]
+    for shapes in arg_shapes:
+        args = [fl.randn(*s) for s in shapes]
+        assert_same(cf(*args), fn(torch, *[to_torch(a) for a in args]), rtol, atol)
+    assert cfx.counters["dynamic_eager_calls"] == eager_before
+    return cnt
+
+
+# ---- the kinds of graph ---------------------------------------------------------------------------
+def test_pointwise_broadcast(compiled_graphs):
+    fn = lambda T, x, y, z: (x * y + z.exp()).relu() - x.sigmoid() / 3     # noqa: E731
+    cnt = run_sizes(fn, [[(8, 5), (5,), (8, 1)], [(12, 7), (7,), (12, 1)],
+                         [(600, 500), (500,), (600, 1)]])       # big enough to run in parallel
+    assert cnt.frame_count == 1
+    assert_generated(compiled_graphs)
+    src = compiled_graphs[0].source
+    assert "if(parallel: " in src                               # the parallel decision is made at run time
+    assert "int64_t s0, int64_t s1" in src
+
+
+def test_reductions_over_static_and_symbolic_dims(compiled_graphs):
+    fn = lambda T, x: [x.sum(1) + x.mean(1) * x.amax(1), x.sum(0), x.mean(), x.amin(-1, keepdim=True)]  # noqa: E731
+    cnt = run_sizes(fn, [[(8, 5)], [(12, 7)], [(33, 3)]])
+    assert cnt.frame_count == 1
+    assert_generated(compiled_graphs)
+
+
+def test_softmax(compiled_graphs):
+    fn = lambda T, x: x.softmax(-1) + x.log_softmax(0)      # noqa: E731
+    cnt = run_sizes(fn, [[(8, 5)], [(12, 7)], [(700, 400)]])
+    assert cnt.frame_count == 1
+    assert_generated(compiled_graphs)
+
+
+def test_layer_norm_gelu(compiled_graphs):
+    F = lambda T: T.nn.functional       # noqa: E731
+    fn = lambda T, x, w, b: F(T).gelu(F(T).layer_norm(x, (x.shape[-1],), w, b), approximate="tanh")  # noqa: E731
+    cnt = run_sizes(fn, [[(8, 5), (5,), (5,)], [(12, 7), (7,), (7,)], [(3, 16), (16,), (16,)]], rtol=1e-4)
+    assert cnt.frame_count == 1
+    assert_generated(compiled_graphs)
+
+
+def test_views(compiled_graphs):
+    def fn(T, x):
+        flat = x.reshape(-1, x.shape[-1]).t()[1:3] * 2               # reshape, transpose, static slice
+        back = flat.reshape(2, x.shape[0], x.shape[1]).permute(1, 0, 2).transpose(1, 2)
+        return back + x[:, :2, :3].sum() + x[:, :1].expand(-1, x.shape[1], -1)[..., 1:3]
+    cnt = run_sizes(fn, [[(8, 6, 5)], [(12, 10, 7)], [(5, 8, 3)]])
+    assert cnt.frame_count == 1
+    assert_generated(compiled_graphs)
+
+
+def test_extern_matmuls(compiled_graphs):
+    fn = lambda T, x, w, b: T.addmm(b, x, w).relu() @ w.t() + T.bmm(x.unsqueeze(0), w.unsqueeze(0)).sum()  # noqa: E731
+    cnt = run_sizes(fn, [[(8, 6), (6, 6), (6,)], [(12, 10), (10, 10), (10,)]], rtol=1e-4, atol=1e-4)
+    assert cnt.frame_count == 1
+    assert_generated(compiled_graphs)
+
+
+def test_mlp_forward_with_dynamic_batch(compiled_graphs):
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 3))
+    m = fl.nn.Sequential(fl.nn.Linear(6, 32), fl.nn.GELU(), fl.nn.LayerNorm(32), fl.nn.Linear(32, 3))
+    m.load_state_dict({k: fl.tensor(v.detach().numpy()) for k, v in ref.state_dict().items()})
+    cnt = InductorCounter()
+    cm = fl.compile(m, backend=cnt)
+    eager_before = cfx.counters["dynamic_eager_calls"]
+    with fl.no_grad():
+        for b in (8, 12, 16, 20):
+            x = fl.randn(b, 6)
+            if b == 8:
+                fl._dynamo.mark_dynamic(x, 0)
+            assert_same(cm(x), ref(to_torch(x)), rtol=1e-4, atol=1e-5)
+    assert cnt.frame_count == 1
+    assert cfx.counters["dynamic_eager_calls"] == eager_before
+    assert_generated(compiled_graphs)
+
+
+def test_training_step_with_dynamic_batch(compiled_graphs):
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.LayerNorm(16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    m = fl.nn.Sequential(fl.nn.Linear(6, 16), fl.nn.LayerNorm(16), fl.nn.Tanh(), fl.nn.Linear(16, 4))
+    m.load_state_dict({k: fl.tensor(v.detach().numpy()) for k, v in ref.state_dict().items()})
+    opt, ropt = fl.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+
+    def loss_fn(T, model, x, y):
+        return T.nn.functional.cross_entropy(model(x), y)
+    cnt = InductorCounter()
+    step = fl.compile(lambda x, y: loss_fn(fl, m, x, y), backend=cnt, dynamic=True)
+    eager_before = cfx.counters["dynamic_eager_calls"]
+    for b in (8, 12, 5):
+        x, y = fl.randn(b, 6), fl.randint(0, 4, (b,))
+        loss = step(x, y)
+        loss.backward()
+        rloss = loss_fn(torch, ref, to_torch(x), to_torch(y))
+        rloss.backward()
+        assert_same(loss, rloss, rtol=1e-5, atol=1e-6)
+        for p, q in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(to_torch(p.grad), q.grad, rtol=1e-4, atol=1e-6)
+        opt.step(), ropt.step()
+        opt.zero_grad(), ropt.zero_grad()
+    assert cnt.frame_count == 1
+    assert cfx.counters["dynamic_eager_calls"] == eager_before
+    assert len(compiled_graphs) == 2                  # forward and backward, each compiled once
+    assert_generated(compiled_graphs)
+
+
+# ---- recompiles, specialisation, fallbacks ------------------------------------------------------------
+def test_automatic_dynamic_compiles_twice_then_never(compiled_graphs):
+    fn = lambda T, x: (x * 2).softmax(-1).sum(0) + x[1:].amax(0)     # noqa: E731
+    cnt = InductorCounter()
+    cf = fl.compile(lambda x: fn(fl, x), backend=cnt)
+    eager_before = cfx.counters["dynamic_eager_calls"]
+    for i, b in enumerate((8, 12, 16, 20)):
+        if i == 2:
+            cpp_compiles = cpp_builder.counters["compiles"] + cpp_builder.counters["disk_hits"]
+        x = fl.randn(b, 5)
+        assert_same(cf(x), fn(torch, to_torch(x)))
+    assert cnt.frame_count == 2                       # static sizes, then symbolic ones
+    assert cpp_builder.counters["compiles"] + cpp_builder.counters["disk_hits"] == cpp_compiles
+    assert len(compiled_graphs) == 2 and not compiled_graphs[0].size_names
+    assert_generated(compiled_graphs[1:])
+    assert cfx.counters["dynamic_eager_calls"] == eager_before
+
+
+def test_sizes_zero_and_one_stay_specialised(compiled_graphs):
+    fn = lambda T, x: (x * 2).softmax(-1).sum(0)        # noqa: E731
+    cnt = InductorCounter()
+    cf = fl.compile(lambda x: fn(fl, x), backend=cnt, dynamic=True)
+    for b in (8, 1, 12, 1, 0, 9):
+        x = fl.randn(b, 5)
+        assert_same(cf(x), fn(torch, to_torch(x)))
+    assert cnt.frame_count == 3                       # symbolic batch, batch 1, batch 0
+    assert all(c.eager_reason is None for c in compiled_graphs)
+
+
+def test_wrapper_checks_inputs_and_runs_eagerly_when_they_dont_fit():
+    x = fl.randn(4, 4)
+    gm = make_fx(lambda x: (x * 3).sum(1), tracing_mode="symbolic")(x)   # duck sizing: one symbol
+    c = compile_fx(gm, [x])
+    assert c.size_names == ["s0"] and "int64_t s0" in c.source
+    before = cfx.counters["dynamic_eager_calls"]
+    for xx in (fl.randn(7, 7), fl.randn(3, 3)):                          # fits: generated code
+        np.testing.assert_allclose(c(xx).numpy(), (xx * 3).sum(1).numpy(), rtol=1e-5)
+    assert cfx.counters["dynamic_eager_calls"] == before
+    for xx in (fl.randn(5, 6), fl.randn(1, 1), fl.randn(6, 5).t()):      # doesn't: eager, still right
+        np.testing.assert_allclose(c(xx).numpy(), (xx * 3).sum(1).numpy(), rtol=1e-5)
+    assert cfx.counters["dynamic_eager_calls"] == before + 3
+
+
+def test_numpy_backend(compiled_graphs, monkeypatch):
+    monkeypatch.setattr(config, "backend", "numpy")
+    fn = lambda T, x, y: (x * y).softmax(-1).sum(0) + x.t()[:, 1:].amax(1)    # noqa: E731
+    run_sizes(fn, [[(8, 5), (5,)], [(12, 7), (7,)]])
+    assert all(c.size_names and c.eager_reason is None for c in compiled_graphs)
+    assert "def kernel0(" in compiled_graphs[0].source and "s0, s1):" in compiled_graphs[0].source
