@@ -162,6 +162,8 @@ def test_mlp_forward_with_dynamic_batch(compiled_graphs):
     assert cnt.frame_count == 1
     assert cfx.counters["dynamic_eager_calls"] == eager_before
     assert_generated(compiled_graphs)
+    assert compiled_graphs[0].size_names == ["s0"]        # only the batch: the weights' dims stay static
+    assert "x0 < s0" in compiled_graphs[0].source and "< 32" in compiled_graphs[0].source
 
 
 def test_training_step_with_dynamic_batch(compiled_graphs):
@@ -191,6 +193,8 @@ def test_training_step_with_dynamic_batch(compiled_graphs):
     assert cfx.counters["dynamic_eager_calls"] == eager_before
     assert len(compiled_graphs) == 2                  # forward and backward, each compiled once
     assert_generated(compiled_graphs)
+    # x's feature dim, matched with the weight's by the matrix product, is pinned by a guard: static
+    assert [c.size_names for c in compiled_graphs] == [["s0"], ["s0"]]
 
 
 # ---- recompiles, specialisation, fallbacks ------------------------------------------------------------

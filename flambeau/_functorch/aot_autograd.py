@@ -3,7 +3,8 @@
 `aot_function(fn, fw_compiler, bw_compiler, partition_fn, decompositions)` returns a callable that,
 on the first call for given input metadata, does:
 
-1. **Trace.** The inputs become fake tensors (`primals_1..n`, sizes symbolic with `dynamic=True`).
+1. **Trace.** The inputs become fake tensors (`primals_1..n`, sizes symbolic with `dynamic=True`:
+   every dim, or for a graph from dynamo only the dims dynamo made symbolic, parameters static).
    If grad mode is on and an input requires grad, the *joint* function runs under
    functionalization and proxy tracing: `fn(*primals)`, then `autograd.grad` of the differentiable
    outputs with respect to the inputs that require grad, with fresh `tangents_*` placeholders (one
@@ -79,12 +80,33 @@ class _Trace:
         self.last_ph = ph
         return ph
 
-    def input(self, t: Tensor, name: str) -> Tensor:
+    def input(self, t: Tensor, name: str, dims: set | None = None) -> Tensor:
+        """A placeholder for `t`; in symbolic mode its sizes are symbolic, all of them or `dims`."""
         ph = self._placeholder(name)
-        f = t if t._device.type == "meta" else self.fake_mode.from_tensor(t, symbolic=self.symbolic, source=name)
+        if t._device.type == "meta":
+            f = t
+        elif self.symbolic and dims is not None:
+            f = self._fake_with_dims(t, dims, name)
+        else:
+            f = self.fake_mode.from_tensor(t, symbolic=self.symbolic, source=name)
         self.rec.bind(f, ph)
         ph.meta["val"] = self.rec.fake_of(f)
         self.rec.note_sizes(ph, f)
+        return f
+
+    def _fake_with_dims(self, t: Tensor, dims: set, name: str) -> Tensor:
+        hit = self.fake_mode._memo.get(id(t))
+        if hit is not None:
+            return hit[1]
+        if not dims or not t.is_contiguous():
+            return self.fake_mode.from_tensor(t)
+        env = self.fake_mode.shape_env
+        shape = tuple(env.create_symbol(int(s), (name, d)) if d in dims else int(s) for d, s in enumerate(t.shape))
+        f = Tensor._make(MetaArray(shape, t._dtype.np, contiguous_strides(shape), 0), META, t._dtype)
+        self.fake_mode._register(f, t.device)
+        if t._requires_grad:
+            f._requires_grad = True
+        self.fake_mode._memo[id(t)] = (t, f)
         return f
 
     def input_like(self, o: Tensor, name: str) -> Tensor:
@@ -146,9 +168,10 @@ def _decomposed(fn: Callable, decompositions: dict | None) -> Callable:
 
 
 def _trace_graph(flat_fn: Callable, flat_args: list, *, joint: bool, tracing_mode: str,
-                 decompositions: dict | None):
+                 decompositions: dict | None, dynamic_dims: list | None = None):
     tr = _Trace(tracing_mode)
-    prims = [tr.input(a, f"primals_{i + 1}") for i, a in enumerate(flat_args)]
+    prims = [tr.input(a, f"primals_{i + 1}", dynamic_dims[i] if dynamic_dims else None)
+             for i, a in enumerate(flat_args)]
     originals = [p._data for p in prims]
     wrt = [i for i, p in enumerate(prims) if p._requires_grad]
     meta = _Meta()
@@ -207,17 +230,19 @@ def _retrace(gm: GraphModule, tr: _Trace, decompositions: dict) -> GraphModule:
 # ---- compilation ------------------------------------------------------------------------------------
 def _compile(flat_fn: Callable, flat_args: list, fw_compiler: Callable, bw_compiler: Callable | None,
              partition_fn: Callable, decompositions: dict | None, inference_compiler: Callable | None,
-             dynamic: bool) -> Callable:
+             dynamic: bool, dynamic_dims: list | None = None) -> Callable:
     mode = "symbolic" if dynamic else "fake"
     needs_grad = _state.grad_enabled and any(isinstance(a, Tensor) and a._requires_grad for a in flat_args)
     if not needs_grad:
-        gm, meta, _ = _trace_graph(flat_fn, flat_args, joint=False, tracing_mode=mode, decompositions=decompositions)
+        gm, meta, _ = _trace_graph(flat_fn, flat_args, joint=False, tracing_mode=mode, decompositions=decompositions,
+                                   dynamic_dims=dynamic_dims)
         gm.graph.eliminate_dead_code()
         gm.recompile()
         _dump("AOT inference graph", gm)
         compiled = (inference_compiler or fw_compiler)(gm, list(flat_args))
         return _InferenceRuntime(compiled, meta)
-    joint, meta, tr = _trace_graph(flat_fn, flat_args, joint=True, tracing_mode=mode, decompositions=None)
+    joint, meta, tr = _trace_graph(flat_fn, flat_args, joint=True, tracing_mode=mode, decompositions=None,
+                                   dynamic_dims=dynamic_dims)
     if decompositions:
         joint = _retrace(joint, tr, decompositions)
     _dump("AOT joint graph", joint)
@@ -412,6 +437,19 @@ def aot_module(mod: Module, fw_compiler: Callable, bw_compiler: Callable | None 
     return AOTModule()
 
 
+def _front_end_dynamic_dims(mod, n_state: int, n_inputs: int) -> list | None:
+    """Per flat input, the dims the front end (dynamo) made symbolic, read from its placeholders'
+    example values; module state is static. None (every dim symbolic) when the graph doesn't say."""
+    graph = getattr(mod, "graph", None)
+    if graph is None:
+        return None
+    vals = [n.meta.get("example_value") for n in graph.nodes if n.op == "placeholder"]
+    if len(vals) != n_inputs or not all(isinstance(v, Tensor) for v in vals):
+        return None
+    return [set() for _ in range(n_state)] + [{d for d, s in enumerate(v.shape) if isinstance(s, SymInt)}
+                                              for v in vals]
+
+
 def aot_module_simplified(mod: Module, example_inputs, fw_compiler: Callable, bw_compiler: Callable | None = None,
                           partition_fn: Callable = default_partition, decompositions: dict | None = None,
                           keep_inference_input_mutations: bool = False,
@@ -436,7 +474,8 @@ def aot_module_simplified(mod: Module, example_inputs, fw_compiler: Callable, bw
     if len(tpos) != len(example_inputs):
         raise NotImplementedError("aot_module_simplified: non-Tensor graph inputs")
     rt = _compile(flat_fn, [t for _, t in state] + list(example_inputs), fw_compiler, bw_compiler, partition_fn,
-                  decompositions, inference_compiler, dynamic)
+                  decompositions, inference_compiler, dynamic,
+                  _front_end_dynamic_dims(mod, len(state), len(example_inputs)) if dynamic else None)
 
     def call(*args):
         return rt(*[t for _, t in state], *args) if n else rt(*args)

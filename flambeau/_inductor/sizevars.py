@@ -20,6 +20,7 @@ specialised; the wrapper checks this at run time and runs the graph eagerly othe
 from __future__ import annotations
 
 import math
+import weakref
 
 
 class Unsupported(Exception):
@@ -250,17 +251,39 @@ def from_sym(x):
         return x
     if not isinstance(x, SymInt):
         raise Unsupported(f"not a size: {type(x).__name__}")
-    return _from_sympy(x.expr)
+    return _from_sympy(x.expr, _replacements(x.env))
 
 
 _cache: dict = {}
+_repl_cache = weakref.WeakKeyDictionary()     # ShapeEnv -> (number of guards seen, replacements)
 
 
-def _from_sympy(expr):
-    hit = _cache.get(expr)
+def _replacements(env) -> dict:
+    """{symbol: value} for the symbols a guard pins to one value (`Eq(s1, 6)`: a dynamic dim that a
+    matrix product matched with a static one); like PyTorch, those sizes are static after all."""
+    hit = _repl_cache.get(env)
+    if hit is None or hit[0] != len(env.guards):
+        import sympy
+        repl = {}
+        for g in env.guards:
+            if isinstance(g, sympy.Eq):
+                a, b = g.args
+                if a.is_Symbol and b.is_Integer:
+                    repl[a] = b
+                elif b.is_Symbol and a.is_Integer:
+                    repl[b] = a
+        hit = _repl_cache[env] = (len(env.guards), repl)
+    return hit[1]
+
+
+def _from_sympy(expr, repl: dict):
+    key = (expr, tuple(sorted((str(k), int(v)) for k, v in repl.items() if k in expr.free_symbols)))
+    hit = _cache.get(key)
     if hit is not None:
         return hit
     import sympy
+    if repl:
+        expr = expr.xreplace(repl)
     if expr.is_Integer:
         return int(expr)
     syms = sorted(expr.free_symbols, key=lambda s: s.name)
@@ -275,7 +298,7 @@ def _from_sympy(expr):
         mono = tuple(sorted(s.name for s, k in zip(syms, exps) for _ in range(k)))
         terms[mono] = int(c)
     out = _make(terms)
-    _cache[expr] = out
+    _cache[key] = out
     return out
 
 
