@@ -246,3 +246,17 @@ def test_numpy_backend(compiled_graphs, monkeypatch):
     run_sizes(fn, [[(8, 5), (5,)], [(12, 7), (7,)]])
     assert all(c.size_names and c.eager_reason is None for c in compiled_graphs)
     assert "def kernel0(" in compiled_graphs[0].source and "s0, s1):" in compiled_graphs[0].source
+
+
+def test_tracer_guards_are_checked_for_each_new_size():
+    x = fl.randn(4, 6)
+    gm = make_fx(lambda x: x[:, :3] * 2, tracing_mode="symbolic")(x)      # guards s1 >= 3 (the clamp)
+    c = compile_fx(gm, [x])
+    assert c.size_names and c.eager_reason is None
+    before = cfx.counters["dynamic_eager_calls"]
+    for xx in (fl.randn(5, 3), fl.randn(9, 17)):
+        np.testing.assert_allclose(c(xx).numpy(), (xx[:, :3] * 2).numpy())
+    assert cfx.counters["dynamic_eager_calls"] == before
+    xx = fl.randn(5, 2)                                                    # violates the guard: eager
+    np.testing.assert_allclose(c(xx).numpy(), (xx[:, :3] * 2).numpy())
+    assert cfx.counters["dynamic_eager_calls"] == before + 1

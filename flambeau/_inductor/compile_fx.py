@@ -203,6 +203,17 @@ def _size_names(graph) -> list:
                 plain.add(e.terms[0][0][0])
     if names - plain:
         raise Unsupported(f"size symbols {sorted(names - plain)} are not the size of any input dim")
+    used = set()
+    for b in graph.buffers:
+        sizes = list(b.layout.shape) + list(b.layout.strides) + [b.layout.offset] if b.layout is not None else []
+        sizes += list(getattr(getattr(b, "data", None), "reduction_ranges", ()))
+        for o in getattr(b, "outputs", ()):
+            sizes += list(o.layout.shape) if o.layout is not None else []
+        for e in sizes:
+            if isinstance(e, SizeExpr):
+                used |= e.free_symbols()
+    if used - plain:
+        raise Unsupported(f"size symbols {sorted(used - plain)} can't be read from the inputs")
     return sorted(names, key=lambda n: (len(n), n))
 
 

@@ -251,14 +251,14 @@ def from_sym(x):
         return x
     if not isinstance(x, SymInt):
         raise Unsupported(f"not a size: {type(x).__name__}")
-    return _from_sympy(x.expr, _replacements(x.env))
+    return _from_sympy(x.expr, replacements(x.env))
 
 
 _cache: dict = {}
 _repl_cache = weakref.WeakKeyDictionary()     # ShapeEnv -> (number of guards seen, replacements)
 
 
-def _replacements(env) -> dict:
+def replacements(env) -> dict:
     """{symbol: value} for the symbols a guard pins to one value (`Eq(s1, 6)`: a dynamic dim that a
     matrix product matched with a static one); like PyTorch, those sizes are static after all."""
     hit = _repl_cache.get(env)

@@ -30,7 +30,7 @@ from .._device import CPU
 from .._tensor import Tensor
 from .ir import Buffer, InputBuffer, MultiOutput, StridedView
 from .scheduler import ExternStep, Kernel
-from .sizevars import SizeExpr, evaluate
+from .sizevars import SizeExpr, evaluate, replacements
 
 
 def strided_array(base: np.ndarray, layout) -> np.ndarray:
@@ -153,8 +153,10 @@ def guard_checker(shape_env, names: list):
     """ok(values) -> whether the tracer's guards over these symbols hold (values in `names` order);
     cached per distinct values, so sympy runs once per new size."""
     guards = []
-    if shape_env is not None:
-        guards = [g for g in shape_env.guards if {s.name for s in g.free_symbols} <= set(names)]
+    if shape_env is not None:                # (sizes pinned by a guard are constants in the graph)
+        repl = replacements(shape_env)
+        guards = [g.xreplace(repl) if repl else g for g in shape_env.guards]
+        guards = [g for g in guards if {s.name for s in g.free_symbols} <= set(names)]
     cache: dict = {}
 
     def ok(values: tuple) -> bool:
