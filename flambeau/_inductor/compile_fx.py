@@ -156,7 +156,7 @@ def _tune_malloc():
 def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     _tune_malloc()
     ex = None
-    if example_inputs is not None and all(isinstance(a, Tensor) for a in example_inputs):
+    if example_inputs is not None and all(isinstance(a, (Tensor, int)) for a in example_inputs):
         ex = list(example_inputs)
     graph = GraphLowering(gm, ex).run()
     size_names = _size_names(graph)

@@ -26,6 +26,7 @@ from ..fx._symbolic_shapes import SymInt, sym_size
 from . import config
 from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
                  Pointwise, Reduction, StridedView, SUPPORTED_DTYPES, Unsupported, as_strided_view)
+from .index import contiguous_strides
 from .sizevars import SizeExpr, from_sym, known_nonneg, size_tuple
 
 
@@ -127,7 +128,12 @@ class GraphLowering:
             raise Unsupported(f"input {node.name} is on {v.device}")
         if self.dynamic:
             shape = size_tuple(v.shape)
-            layout = Layout(shape, v.dtype, size_tuple(v.stride()))
+            strides = size_tuple(v.stride())
+            ex = self.example_inputs[position] if self.example_inputs is not None and \
+                position < len(self.example_inputs) else None
+            if isinstance(ex, Tensor):
+                strides = self._strides_like(shape, strides, tuple(ex.shape), tuple(ex.stride()))
+            layout = Layout(shape, v.dtype, strides)
             for d, e in enumerate(shape):
                 self.size_inputs.append((position, d, e))
         else:
@@ -136,6 +142,29 @@ class GraphLowering:
         buf = InputBuffer(f"arg{position}", layout, position=position)
         self.inputs.append(buf)
         return buf
+
+    def _strides_like(self, shape, strides, ex_shape, ex_strides):
+        """Symbolic strides matching the example input's real layout (a saved activation may be
+        contiguous where the trace saw a transposed view): the traced strides, contiguous ones, or
+        contiguous in the order of the example's strides, whichever agrees with the example at the
+        symbols' example values."""
+        from .sizevars import evaluate
+        hints = {s.name: v for s, v in self.shape_env.var_to_val.items()} if self.shape_env is not None else {}
+        try:
+            if tuple(evaluate(s, hints) for s in shape) != ex_shape:
+                return strides
+        except KeyError:
+            return strides
+        order = sorted(range(len(shape)), key=lambda d: -ex_strides[d])
+        permuted = [0] * len(shape)
+        acc = 1
+        for d in reversed(order):
+            permuted[d] = acc
+            acc = acc * shape[d]
+        for cand in (strides, contiguous_strides(shape), tuple(permuted)):
+            if all(evaluate(c, hints) == e for c, e, n in zip(cand, ex_strides, ex_shape) if n != 1):
+                return cand
+        raise Unsupported(f"input strides {ex_strides} are not expressible in the symbolic sizes")
 
     def _constant(self, node):
         obj = self.gm
