@@ -4,7 +4,10 @@
 on the first call for given input metadata, does:
 
 1. **Trace.** The inputs become fake tensors (`primals_1..n`, sizes symbolic with `dynamic=True`:
-   every dim, or for a graph from dynamo only the dims dynamo made symbolic, parameters static).
+   every dim, or for a graph from dynamo only the dims dynamo made symbolic, parameters static;
+   then the trace shares dynamo's ShapeEnv, so a size that tracing specialises, e.g. through
+   `arange(n)`, becomes one of dynamo's guards and another size recompiles instead of misusing
+   the graph).
    If grad mode is on and an input requires grad, the *joint* function runs under
    functionalization and proxy tracing: `fn(*primals)`, then `autograd.grad` of the differentiable
    outputs with respect to the inputs that require grad, with fresh `tangents_*` placeholders (one
@@ -62,10 +65,10 @@ def make_boxed_func(f: Callable) -> Callable:
 class _Trace:
     """make_fx's recorder driven by hand, so that tangent placeholders can be added mid-trace."""
 
-    def __init__(self, tracing_mode: str, fake_mode: FakeTensorMode | None = None):
+    def __init__(self, tracing_mode: str, fake_mode: FakeTensorMode | None = None, shape_env: ShapeEnv | None = None):
         self.symbolic = tracing_mode == "symbolic"
         self.fake_mode = fake_mode or FakeTensorMode(allow_non_fake_inputs=True,
-                                                     shape_env=ShapeEnv() if self.symbolic else None)
+                                                     shape_env=(shape_env or ShapeEnv()) if self.symbolic else None)
         self.rec = _Recorder(self.fake_mode)
         self.last_ph = None
 
@@ -168,8 +171,8 @@ def _decomposed(fn: Callable, decompositions: dict | None) -> Callable:
 
 
 def _trace_graph(flat_fn: Callable, flat_args: list, *, joint: bool, tracing_mode: str,
-                 decompositions: dict | None, dynamic_dims: list | None = None):
-    tr = _Trace(tracing_mode)
+                 decompositions: dict | None, dynamic_dims: list | None = None, shape_env: ShapeEnv | None = None):
+    tr = _Trace(tracing_mode, shape_env=shape_env)
     prims = [tr.input(a, f"primals_{i + 1}", dynamic_dims[i] if dynamic_dims else None)
              for i, a in enumerate(flat_args)]
     originals = [p._data for p in prims]
@@ -230,19 +233,19 @@ def _retrace(gm: GraphModule, tr: _Trace, decompositions: dict) -> GraphModule:
 # ---- compilation ------------------------------------------------------------------------------------
 def _compile(flat_fn: Callable, flat_args: list, fw_compiler: Callable, bw_compiler: Callable | None,
              partition_fn: Callable, decompositions: dict | None, inference_compiler: Callable | None,
-             dynamic: bool, dynamic_dims: list | None = None) -> Callable:
+             dynamic: bool, dynamic_dims: list | None = None, shape_env: ShapeEnv | None = None) -> Callable:
     mode = "symbolic" if dynamic else "fake"
     needs_grad = _state.grad_enabled and any(isinstance(a, Tensor) and a._requires_grad for a in flat_args)
     if not needs_grad:
         gm, meta, _ = _trace_graph(flat_fn, flat_args, joint=False, tracing_mode=mode, decompositions=decompositions,
-                                   dynamic_dims=dynamic_dims)
+                                   dynamic_dims=dynamic_dims, shape_env=shape_env)
         gm.graph.eliminate_dead_code()
         gm.recompile()
         _dump("AOT inference graph", gm)
         compiled = (inference_compiler or fw_compiler)(gm, list(flat_args))
         return _InferenceRuntime(compiled, meta)
     joint, meta, tr = _trace_graph(flat_fn, flat_args, joint=True, tracing_mode=mode, decompositions=None,
-                                   dynamic_dims=dynamic_dims)
+                                   dynamic_dims=dynamic_dims, shape_env=shape_env)
     if decompositions:
         joint = _retrace(joint, tr, decompositions)
     _dump("AOT joint graph", joint)
@@ -473,9 +476,10 @@ def aot_module_simplified(mod: Module, example_inputs, fw_compiler: Callable, bw
     tpos = [i for i, a in enumerate(example_inputs) if isinstance(a, Tensor)]
     if len(tpos) != len(example_inputs):
         raise NotImplementedError("aot_module_simplified: non-Tensor graph inputs")
+    dims = _front_end_dynamic_dims(mod, len(state), len(example_inputs)) if dynamic else None
     rt = _compile(flat_fn, [t for _, t in state] + list(example_inputs), fw_compiler, bw_compiler, partition_fn,
-                  decompositions, inference_compiler, dynamic,
-                  _front_end_dynamic_dims(mod, len(state), len(example_inputs)) if dynamic else None)
+                  decompositions, inference_compiler, dynamic, dims,
+                  mod.meta.get("shape_env") if dims is not None else None)
 
     def call(*args):
         return rt(*[t for _, t in state], *args) if n else rt(*args)
