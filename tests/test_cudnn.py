@@ -147,3 +147,25 @@ def test_double_backward():
         outs.append((gx.detach().cpu().numpy(), wt.grad.cpu().numpy()))
     for g, c in zip(*outs):
         np.testing.assert_allclose(g, c, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: c[0])
+def test_graph_api_and_legacy_api_agree(case):
+    name, xs, ws, _, kw = case
+    x, w = _data(xs, ws)
+    results = {}
+    for graph in (True, False):
+        cudnn.use_graph_api = graph
+        try:
+            xt = flambeau.tensor(x, device="cuda", requires_grad=True)
+            wt = flambeau.tensor(w, device="cuda", requires_grad=True)
+            fn = getattr(flambeau.nn.functional, name)
+            y = fn(xt, wt, **kw)
+            y.square().sum().backward()
+            results[graph] = [t.detach().cpu().numpy() for t in (y, xt.grad, wt.grad)]
+            kinds = {type(p).__name__ for k, p in cudnn._plans.items() if k[-1] is graph and p is not None}
+            assert kinds == ({"_GraphPlan"} if graph else {"_Plan"}), (kinds, cudnn._state["plan_error"])
+        finally:
+            cudnn.use_graph_api = True
+    for a, b in zip(results[True], results[False]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

@@ -5,10 +5,13 @@ nvidia/cudnn/lib inside any site-packages folder on sys.path (PyTorch's pip whee
 there), else the system loader. Without it (or without CuPy) `available()` is False and the
 convolution kernels keep their im2col + cuBLAS path; importing this module never needs either.
 
-We call cuDNN's legacy API (present in cuDNN 8 and 9): tensor, filter and convolution descriptors
-(N-d, 1-d convolutions viewed as 2-d), an algorithm from the `_v7` heuristics (or, with
-`benchmark`, from timing them with the Find*Ex calls), a CuPy-allocated workspace and CuPy's
-current stream. Descriptors and algorithms are cached per (shapes, dtype, parameters, flags).
+We call cuDNN's graph (backend) API where the library has it (cuDNN 8+), as PyTorch does: an
+operation graph of one convolution, engine configurations from the instant (then fallback)
+heuristics filtered by the flags, the first that finalizes into an execution plan (with
+`benchmark`, the fastest of the first eight, timed). Where that fails, or with
+`use_graph_api = False`, the legacy API: tensor, filter and convolution descriptors, an algorithm
+from the `_v7` heuristics (or, with `benchmark`, from timing them with the Find*Ex calls). 1-d
+convolutions run as 2-d; workspaces are CuPy allocations; calls go on CuPy's current stream. Descriptors and algorithms are cached per (shapes, dtype, parameters, flags).
 Inputs are made contiguous first (descriptors describe packed NCHW layouts).
 
 Flags, as torch.backends.cudnn (exported as flambeau.backends.cudnn):
@@ -42,6 +45,7 @@ calls = {"forward": 0, "backward_data": 0, "backward_filter": 0}
 _SUB_LIBS = ("libcudnn_engines_precompiled", "libcudnn_engines_runtime_compiled", "libcudnn_heuristic",
              "libcudnn_graph", "libcudnn_ops", "libcudnn_cnn", "libcudnn_adv")
 _DATA = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 9}
+_BY_CHAR = {"f": "float32", "d": "float64", "e": "float16"}     # dtype.char -> name (a fast lookup)
 _NCHW, _CROSS_CORRELATION = 0, 1
 _DEFAULT_MATH, _TENSOR_OP_MATH, _FMA_MATH = 0, 1, 3
 _MAX_ALGOS = 16
@@ -77,6 +81,9 @@ _SIGNATURES = {
     "cudnnConvolutionForward": (_P, _P, _P, _P, _P, _P, _P, _I, _P, _S, _P, _P, _P),
     "cudnnConvolutionBackwardData": (_P, _P, _P, _P, _P, _P, _P, _I, _P, _S, _P, _P, _P),
     "cudnnConvolutionBackwardFilter": (_P, _P, _P, _P, _P, _P, _P, _I, _P, _S, _P, _P, _P),
+    "cudnnBackendCreateDescriptor": (_I, _P), "cudnnBackendDestroyDescriptor": (_P,),
+    "cudnnBackendFinalize": (_P,), "cudnnBackendSetAttribute": (_P, _I, _I, ctypes.c_int64, _P),
+    "cudnnBackendGetAttribute": (_P, _I, _I, ctypes.c_int64, _P, _P), "cudnnBackendExecute": (_P, _P, _P),
 }
 
 _state = {"lib": None, "tried": False, "error": None, "path": None, "plan_error": None}
@@ -152,6 +159,8 @@ def _load():
         try:
             lib = _open(cand)
             for name, args in _SIGNATURES.items():
+                if name.startswith("cudnnBackend") and not hasattr(lib, name):
+                    continue                      # cuDNN 7: legacy API only
                 fn = getattr(lib, name)
                 fn.argtypes, fn.restype = args, ctypes.c_int
             lib.cudnnGetErrorString.argtypes, lib.cudnnGetErrorString.restype = (ctypes.c_int,), ctypes.c_char_p
@@ -215,7 +224,11 @@ def _handle():
         h = ctypes.c_void_p()
         _check(_state["lib"].cudnnCreate(ctypes.byref(h)), "cudnnCreate")
         handles[dev] = h
-    _check(_state["lib"].cudnnSetStream(h, cupy.cuda.get_current_stream().ptr), "cudnnSetStream")
+        h.stream = None
+    stream = cupy.cuda.get_current_stream().ptr
+    if h.stream != stream:
+        _check(_state["lib"].cudnnSetStream(h, stream), "cudnnSetStream")
+        h.stream = stream
     return h
 
 
@@ -320,6 +333,221 @@ class _Plan:
             pass
 
 
+# ---- the graph (backend) API ---------------------------------------------------------------------
+# cuDNN 8+ exposes its engines through descriptors: tensors and a convolution descriptor make an
+# operation, the operation an operation graph; heuristics rank engine configurations for it; a
+# configuration that finalizes into an execution plan is run with a "variant pack" of data pointers.
+# This reaches the engines PyTorch uses (the legacy API above picks from an older set and is ~2x
+# slower for 3x3 TF32 convolutions on an H100). Enum values are those of cudnn_graph.h.
+_BE = {"CONVOLUTION": 1, "ENGINE": 2, "ENGINECFG": 3, "ENGINEHEUR": 4, "EXECUTION_PLAN": 5,
+       "forward": 10, "backward_filter": 11, "backward_data": 12, "OPERATIONGRAPH": 15, "VARIANT_PACK": 16,
+       "TENSOR": 17}
+_T_HANDLE, _T_DATA_TYPE, _T_INT64, _T_FLOAT, _T_DOUBLE, _T_VOID_PTR = 0, 1, 3, 4, 5, 6
+_T_CONV_MODE, _T_HEUR_MODE, _T_NUMERICAL_NOTE, _T_DESCRIPTOR = 7, 8, 11, 15
+# operation attributes: (alpha, beta, conv desc, then the three tensors by role)
+_OP_ATTRS = {"forward": (700, 701, 702, {"x": 704, "w": 703, "y": 705}),
+             "backward_data": (706, 707, 708, {"w": 709, "x": 710, "y": 711}),
+             "backward_filter": (712, 713, 714, {"x": 716, "y": 717, "w": 715})}
+_NOTE_TENSOR_CORE, _NOTE_DOWN_CONVERT, _NOTE_NONDETERMINISTIC, _NOTE_COUNT = 0, 1, 4, 10
+_HEUR_INSTANT, _HEUR_FALLBACK = 0, 2
+use_graph_api = True          # False: always the legacy API
+heuristic_modes = (_HEUR_INSTANT, _HEUR_FALLBACK)   # tried in order until one yields a plan
+
+
+class _GraphPlan:
+    """One convolution geometry as a cuDNN graph-API execution plan (`None` engines -> RuntimeError)."""
+
+    def __init__(self, x_shape, w_shape, y_shape, st, pad, dil, dtype, kind, h, ptrs=None):
+        self.lib = lib = _state["lib"]
+        self.kind, self.descs = kind, []
+        dt = _DATA[dtype]
+        compute = _DATA["float64"] if dtype == "float64" else _DATA["float32"]
+        self.scalar = "d" if dtype == "float64" else "f"
+        uid = {"x": 1, "w": 2, "y": 3}
+        tensors = {}
+        for role, shape in (("x", x_shape), ("w", w_shape), ("y", y_shape)):
+            t = self._new("TENSOR")
+            self._set(t, 901, _T_DATA_TYPE, ctypes.c_int, [dt])
+            self._set(t, 902, _T_INT64, ctypes.c_int64, shape)
+            self._set(t, 903, _T_INT64, ctypes.c_int64, _packed_strides(shape))
+            self._set(t, 906, _T_INT64, ctypes.c_int64, [uid[role]])
+            self._set(t, 900, _T_INT64, ctypes.c_int64, [16])
+            self._finalize(t, f"tensor {role} {list(shape)}")
+            tensors[role] = t
+        conv = self._new("CONVOLUTION")
+        nd = len(st)
+        self._set(conv, 106, _T_INT64, ctypes.c_int64, [nd])
+        self._set(conv, 100, _T_DATA_TYPE, ctypes.c_int, [compute])
+        self._set(conv, 101, _T_CONV_MODE, ctypes.c_int, [_CROSS_CORRELATION])
+        self._set(conv, 102, _T_INT64, ctypes.c_int64, dil)
+        self._set(conv, 103, _T_INT64, ctypes.c_int64, st)
+        self._set(conv, 104, _T_INT64, ctypes.c_int64, pad)
+        self._set(conv, 105, _T_INT64, ctypes.c_int64, pad)
+        self._finalize(conv, "convolution descriptor")
+        a_alpha, a_beta, a_conv, roles = _OP_ATTRS[kind]
+        op = self._new(kind)
+        for role, attr in roles.items():
+            self._set(op, attr, _T_DESCRIPTOR, ctypes.c_void_p, [tensors[role].value])
+        self._set(op, a_conv, _T_DESCRIPTOR, ctypes.c_void_p, [conv.value])
+        scalar_t, ctype = (_T_DOUBLE, ctypes.c_double) if dtype == "float64" else (_T_FLOAT, ctypes.c_float)
+        self._set(op, a_alpha, scalar_t, ctype, [1.0])
+        self._set(op, a_beta, scalar_t, ctype, [0.0])
+        self._finalize(op, f"{kind} operation")
+        graph = self._new("OPERATIONGRAPH")
+        self._set(graph, 801, _T_DESCRIPTOR, ctypes.c_void_p, [op.value])
+        self._set(graph, 800, _T_HANDLE, ctypes.c_void_p, [h.value])
+        self._finalize(graph, "operation graph")
+        self.uids = (ctypes.c_int64 * 3)(uid["x"], uid["w"], uid["y"])
+        self.plan, self.ws = self._choose(graph, h, dtype, ptrs)
+
+    # descriptor helpers
+    def _new(self, kind):
+        d = ctypes.c_void_p()
+        _check(self.lib.cudnnBackendCreateDescriptor(_BE[kind], ctypes.byref(d)), f"cudnnBackendCreateDescriptor({kind})")
+        self.descs.append(d)
+        return d
+
+    def _set(self, d, attr, typ, ctype, values):
+        arr = (ctype * len(values))(*values)
+        _check(self.lib.cudnnBackendSetAttribute(d, attr, typ, len(values), arr), f"cudnnBackendSetAttribute({attr})")
+
+    def _finalize(self, d, what):
+        _check(self.lib.cudnnBackendFinalize(d), f"cudnnBackendFinalize({what})")
+
+    def _configs(self, graph, mode):
+        lib = self.lib
+        heur = self._new("ENGINEHEUR")
+        self._set(heur, 201, _T_DESCRIPTOR, ctypes.c_void_p, [graph.value])
+        self._set(heur, 200, _T_HEUR_MODE, ctypes.c_int, [mode])
+        if lib.cudnnBackendFinalize(heur) != 0:
+            return []
+        n = ctypes.c_int64()
+        if lib.cudnnBackendGetAttribute(heur, 202, _T_DESCRIPTOR, 0, ctypes.byref(n), None) != 0 or n.value <= 0:
+            return []
+        cfgs = [self._new("ENGINECFG") for _ in range(min(n.value, 64))]
+        arr = (ctypes.c_void_p * len(cfgs))(*[c.value for c in cfgs])
+        got = ctypes.c_int64()
+        if lib.cudnnBackendGetAttribute(heur, 202, _T_DESCRIPTOR, len(cfgs), ctypes.byref(got), arr) != 0:
+            return []
+        return cfgs[:got.value]
+
+    def _allowed(self, cfg, dtype):
+        """The flags' filter on an engine's numerical notes (TF32 only with allow_tf32, no
+        down-conversion of float32 inputs, determinism when asked)."""
+        lib = self.lib
+        eng = self._new("ENGINE")
+        arr = (ctypes.c_void_p * 1)(eng.value)
+        got = ctypes.c_int64()
+        if lib.cudnnBackendGetAttribute(cfg, 300, _T_DESCRIPTOR, 1, ctypes.byref(got), arr) != 0:
+            return False
+        notes = (ctypes.c_int * _NOTE_COUNT)()
+        if lib.cudnnBackendGetAttribute(eng, 1303, _T_NUMERICAL_NOTE, _NOTE_COUNT, ctypes.byref(got), notes) != 0:
+            return False
+        notes = set(notes[:got.value])
+        if dtype != "float16" and _NOTE_DOWN_CONVERT in notes:
+            return False
+        if dtype in ("float32", "float64") and not allow_tf32 and _NOTE_TENSOR_CORE in notes:
+            return False
+        if deterministic and _NOTE_NONDETERMINISTIC in notes:
+            return False
+        return True
+
+    def _choose(self, graph, h, dtype, ptrs):
+        import cupy
+        limit = workspace_limit
+        try:
+            limit = min(limit, cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes())
+        except Exception:
+            pass
+        plans = []
+        for mode in heuristic_modes:
+            for cfg in self._configs(graph, mode):
+                if not self._allowed(cfg, dtype):
+                    continue
+                plan = self._new("EXECUTION_PLAN")
+                self._set(plan, 400, _T_HANDLE, ctypes.c_void_p, [h.value])
+                self._set(plan, 401, _T_DESCRIPTOR, ctypes.c_void_p, [cfg.value])
+                if self.lib.cudnnBackendFinalize(plan) != 0:
+                    continue
+                ws, got = ctypes.c_int64(), ctypes.c_int64()
+                if self.lib.cudnnBackendGetAttribute(plan, 402, _T_INT64, 1, ctypes.byref(got), ctypes.byref(ws)) != 0:
+                    continue
+                if ws.value > limit:
+                    continue
+                plans.append((plan, ws.value))
+                if ptrs is None or len(plans) >= 8:
+                    break
+            if plans:
+                break
+        if not plans:
+            raise RuntimeError(f"cuDNN graph API: no engine for this {self.kind} convolution")
+        if ptrs is None or len(plans) == 1:
+            return plans[0]
+        ptrs = self.roles(*ptrs)
+        timed = []
+        for plan, ws in plans:           # benchmark: time each candidate once after a warm-up
+            self.plan, self.ws = plan, ws
+            try:
+                self.execute(h, ptrs)
+                start, end = cupy.cuda.Event(), cupy.cuda.Event()
+                start.record()
+                self.execute(h, ptrs)
+                end.record()
+                end.synchronize()
+                timed.append((cupy.cuda.get_elapsed_time(start, end), plan, ws))
+            except RuntimeError:
+                continue
+        if not timed:
+            raise RuntimeError(f"cuDNN graph API: no engine ran this {self.kind} convolution")
+        _, plan, ws = min(timed, key=lambda t: t[0])
+        return plan, ws
+
+    def roles(self, a, b, out):
+        """(x, w, y) -- the roles of the forward convolution -- from a call's (a, b, out) order."""
+        return {"forward": (a, b, out), "backward_data": (out, a, b), "backward_filter": (a, out, b)}[self.kind]
+
+    def execute(self, h, ptrs):
+        """Run on data pointers (x, w, y) -- the roles of the forward convolution. Variant packs are
+        kept for the last few pointer sets: in a training loop CuPy's pool hands the same blocks
+        back, so most calls reuse one (six fewer cuDNN calls)."""
+        import cupy
+        ws = cupy.empty(self.ws, dtype=cupy.uint8) if self.ws else None
+        key = ptrs + (ws.data.ptr if ws is not None else 0,)
+        packs = self.__dict__.setdefault("packs", {})
+        pack = packs.pop(key, None)
+        if pack is None:
+            pack = self._variant_pack(key)
+            if len(packs) >= 8:
+                self.lib.cudnnBackendDestroyDescriptor(packs.pop(next(iter(packs))))
+        packs[key] = pack             # most recently used last
+        _check(self.lib.cudnnBackendExecute(h, self.plan, pack), "cudnnBackendExecute")
+
+    def _variant_pack(self, key):
+        pack = ctypes.c_void_p()
+        _check(self.lib.cudnnBackendCreateDescriptor(_BE["VARIANT_PACK"], ctypes.byref(pack)),
+               "cudnnBackendCreateDescriptor(variant pack)")
+        try:
+            data = (ctypes.c_void_p * 3)(*key[:3])
+            _check(self.lib.cudnnBackendSetAttribute(pack, 1000, _T_INT64, 3, self.uids), "variant pack ids")
+            _check(self.lib.cudnnBackendSetAttribute(pack, 1001, _T_VOID_PTR, 3, data), "variant pack pointers")
+            wsp = (ctypes.c_void_p * 1)(key[3] or None)
+            _check(self.lib.cudnnBackendSetAttribute(pack, 1003, _T_VOID_PTR, 1, wsp), "variant pack workspace")
+            _check(self.lib.cudnnBackendFinalize(pack), "cudnnBackendFinalize(variant pack)")
+        except RuntimeError:
+            self.lib.cudnnBackendDestroyDescriptor(pack)
+            raise
+        return pack
+
+    def __del__(self):
+        try:
+            if sys.is_finalizing():
+                return
+            for d in list(self.__dict__.get("packs", {}).values()) + list(reversed(self.descs)):
+                self.lib.cudnnBackendDestroyDescriptor(d)
+        except Exception:
+            pass
+
+
 def _as_2d(shape):
     """1-d convolutions run as 2-d ones with a height of 1."""
     return tuple(shape[:2]) + (1,) + tuple(shape[2:])
@@ -330,9 +558,10 @@ def _supported(*arrays):
     a0 = arrays[0]
     if not all(isinstance(a, cupy.ndarray) for a in arrays) or a0.ndim not in (3, 4, 5):
         return False
-    if any(a.device.id != cupy.cuda.runtime.getDevice() for a in arrays):
+    dev = cupy.cuda.runtime.getDevice()
+    if any(a.data.device_id != dev for a in arrays):
         return False
-    if str(a0.dtype) not in _DATA or any(a.dtype != a0.dtype for a in arrays):
+    if a0.dtype.char not in _BY_CHAR or any(a.dtype != a0.dtype for a in arrays):
         return False
     return all(a.size and a.size < (1 << 31) and all(s > 0 for s in a.shape) for a in arrays)
 
@@ -349,20 +578,28 @@ def _ready(a):
 def _plan(kind, x_shape, w_shape, y_shape, st, pad, dil, groups, dtype, ptrs_fn):
     import cupy
     key = (kind, cupy.cuda.runtime.getDevice(), x_shape, w_shape, y_shape, st, pad, dil, groups, dtype,
-           allow_tf32, deterministic, benchmark)
+           allow_tf32, deterministic, benchmark, use_graph_api)
     plan = _plans.get(key, False)
     if plan is False:
         xs, ws, ys = x_shape, w_shape, y_shape
         if len(x_shape) == 3:
             xs, ws, ys = _as_2d(x_shape), _as_2d(w_shape), _as_2d(y_shape)
             st, pad, dil = (1,) + st, (0,) + pad, (1,) + dil
-        try:
-            plan = _Plan(xs, ws, ys, st, pad, dil, groups, dtype, kind)
-            if not plan.choose(_handle(), ptrs_fn() if benchmark else None):
+        plan = None
+        if use_graph_api and hasattr(_state["lib"], "cudnnBackendExecute"):
+            try:
+                plan = _GraphPlan(xs, ws, ys, st, pad, dil, dtype, kind, _handle(), ptrs_fn() if benchmark else None)
+            except (RuntimeError, AttributeError) as e:
+                _state["plan_error"] = str(e)
                 plan = None
-        except RuntimeError as e:
-            _state["plan_error"] = str(e)
-            plan = None
+        if plan is None:
+            try:
+                plan = _Plan(xs, ws, ys, st, pad, dil, groups, dtype, kind)
+                if not plan.choose(_handle(), ptrs_fn() if benchmark else None):
+                    plan = None
+            except RuntimeError as e:
+                _state["plan_error"] = str(e)
+                plan = None
         if len(_plans) > 4096:
             _plans.clear()
         _plans[key] = plan
@@ -378,6 +615,10 @@ def _run(kind, plan, a, b, out):
     """Run one convolution call: `a`, `b` the two inputs in the call's order, `out` the result."""
     import cupy
     lib, h = _state["lib"], _handle()
+    if isinstance(plan, _GraphPlan):
+        plan.execute(h, plan.roles(a.data.ptr, b.data.ptr, out.data.ptr))
+        calls[kind] += 1
+        return out
     ws = cupy.empty(plan.ws, dtype=cupy.uint8) if plan.ws else None
     da, db, dc, dd = plan._descs()
     fn = {"forward": lib.cudnnConvolutionForward, "backward_data": lib.cudnnConvolutionBackwardData,
@@ -402,7 +643,7 @@ def forward(x, w, bias, stride, padding, dilation, groups):
         return None
     x, w = _ready(x), _ready(w)
     y = cupy.empty(y_shape, x.dtype)
-    plan = _plan("forward", x.shape, w.shape, y_shape, st, pad, dil, groups, str(x.dtype),
+    plan = _plan("forward", x.shape, w.shape, y_shape, st, pad, dil, groups, _BY_CHAR[x.dtype.char],
                  lambda: (x.data.ptr, w.data.ptr, y.data.ptr))
     if plan is None:
         return None
@@ -424,7 +665,7 @@ def backward_data(gy, w, stride, padding, dilation, groups, size):
         return None
     gy, w = _ready(gy), _ready(w)
     gx = cupy.empty(x_shape, gy.dtype)
-    plan = _plan("backward_data", x_shape, w.shape, gy.shape, st, pad, dil, groups, str(gy.dtype),
+    plan = _plan("backward_data", x_shape, w.shape, gy.shape, st, pad, dil, groups, _BY_CHAR[gy.dtype.char],
                  lambda: (w.data.ptr, gy.data.ptr, gx.data.ptr))
     if plan is None:
         return None
@@ -443,7 +684,7 @@ def backward_filter(x, gy, w_shape, stride, padding, dilation, groups):
         return None
     x, gy = _ready(x), _ready(gy)
     gw = cupy.empty(w_shape, x.dtype)
-    plan = _plan("backward_filter", x.shape, w_shape, gy.shape, st, pad, dil, groups, str(x.dtype),
+    plan = _plan("backward_filter", x.shape, w_shape, gy.shape, st, pad, dil, groups, _BY_CHAR[x.dtype.char],
                  lambda: (x.data.ptr, gy.data.ptr, gw.data.ptr))
     if plan is None:
         return None

@@ -30,6 +30,8 @@ from ._helpers import opmath
 
 
 def ntuple(v, n: int, name: str) -> tuple:
+    if type(v) is tuple and len(v) == n and all(type(x) is int for x in v):
+        return v
     if isinstance(v, (list, tuple)):
         if len(v) == 1 and n != 1:
             return (int(v[0]),) * n
