@@ -9,6 +9,9 @@ kernels (max, subtract, exp, sum, divide) with their temporaries.
 from __future__ import annotations
 
 _SOURCE = r"""
+template <typename T> __device__ T neg_inf();
+template <> __device__ float neg_inf<float>() { return __int_as_float(0xff800000); }
+template <> __device__ double neg_inf<double>() { return __longlong_as_double(0xfff0000000000000ULL); }
 template <typename T> __device__ T flm_exp(T x);
 template <> __device__ float flm_exp<float>(float x) { return expf(x); }
 template <> __device__ double flm_exp<double>(double x) { return exp(x); }
@@ -27,7 +30,7 @@ __device__ T block_reduce(T v, bool is_max, T* shared) {
     if (lane == 0) shared[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        v = lane < warps ? shared[lane] : (is_max ? -INFINITY : T(0));
+        v = lane < warps ? shared[lane] : (is_max ? neg_inf<T>() : T(0));
         for (int o = 16; o > 0; o >>= 1) {
             T w = __shfl_down_sync(0xffffffffu, v, o);
             v = is_max ? (w > v ? w : v) : v + w;
@@ -43,7 +46,7 @@ __device__ void softmax_rows(const T* __restrict__ x, T* __restrict__ y, long lo
     __shared__ T shared[32];
     const T* xr = x + (long long)blockIdx.x * cols;
     T* yr = y + (long long)blockIdx.x * cols;
-    T m = -INFINITY;
+    T m = neg_inf<T>();
     for (long long j = threadIdx.x; j < cols; j += blockDim.x) m = xr[j] > m ? xr[j] : m;
     m = block_reduce<T>(m, true, shared);
     T s = 0;
