@@ -1,4 +1,5 @@
-"""flambeau's own float32 GEMM (flambeau/_backends/gemm.cpp) against a float64 reference and PyTorch."""
+"""flambeau's own float32 CPU kernels (flambeau/_backends/cpu_kernels.cpp): GEMM, implicit-GEMM conv2d and softmax,
+against a float64 reference and PyTorch."""
 import numpy as np
 import pytest
 import torch
@@ -172,3 +173,18 @@ def test_implicit_gemm_conv2d_matches_torch(N, C, H, W, O, k, stride, padding, d
     want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), None if b is None else torch.from_numpy(b),
                                       stride=stride, padding=padding, dilation=dilation)
     torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("shape", [(4096, 1024), (3, 1), (5, 17), (2, 3, 1000), (1, 70000)])
+@pytest.mark.parametrize("log", [False, True])
+def test_fused_softmax_matches_torch(shape, log):
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal(shape) * 10).astype(np.float32)
+    x.reshape(-1)[::7] = -np.inf                  # masked entries, as attention masks make them
+    x.reshape(-1)[0] = 80.0                        # exp would overflow without the max shift
+    assert cpu_blas.softmax_lastdim(x, log) is not None
+    t = flambeau.from_numpy(x)
+    got = (t.log_softmax(-1) if log else t.softmax(-1)).numpy()
+    ref = torch.from_numpy(x)
+    want = ref.log_softmax(-1) if log else ref.softmax(-1)
+    torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6)

@@ -1,7 +1,8 @@
-"""float32 matrix products on the CPU: our own blocked GEMM (`gemm.cpp`) where it beats NumPy's BLAS.
+"""float32 kernels for the CPU in C++ (`cpu_kernels.cpp`): our own blocked GEMM where it beats NumPy's
+BLAS, convolution as an implicit GEMM, and a fused softmax.
 
 NumPy's OpenBLAS reaches ~60% of this machine's float32 peak on the shapes that neural networks use
-(64x256x256 linear layers, 64x576xL convolution GEMMs); the packed AVX-512 kernel in `gemm.cpp` is
+(64x256x256 linear layers, 64x576xL convolution GEMMs); the packed AVX-512 kernel in `cpu_kernels.cpp` is
 built once by the system C++ compiler (through the Inductor's builder and its on-disk cache) and
 used for float32 products when the CPU has AVX-512. Everything else — other dtypes, no compiler, no
 AVX-512, `FLAMBEAU_GEMM=0` in the environment — goes to `np.matmul`, which computes the same product.
@@ -16,7 +17,7 @@ import os
 import numpy as np
 
 _F32 = np.dtype(np.float32)
-_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm.cpp")
+_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_kernels.cpp")
 _state: dict = {}
 # Below this many multiply-adds a product runs on one thread (waking the OpenMP team costs more).
 PARALLEL_MACS = 1 << 20
@@ -33,7 +34,8 @@ def _load():
         try:
             from .._inductor import cpp_builder
             info = dict(cpp_builder.detect_flags())
-            info["flags"] = list(info["flags"]) + ["-ffp-contract=fast"]
+            info["flags"] = list(info["flags"]) + ["-ffp-contract=fast"] + \
+                (["-DFLM_SIMD_MATH"] if info.get("simd_math") else [])
             with open(_SRC) as f:
                 lib, _ = cpp_builder.load(f.read(), info)
             if lib.flm_gemm_native():
@@ -47,6 +49,10 @@ def _load():
                 conv.argtypes = [i64] * 15 + [p, p, p, p, ctypes.c_int]
                 conv.restype = None
                 _state["conv2d"] = conv
+                sm = lib.flm_softmax_f32
+                sm.argtypes = [i64, i64, p, p, ctypes.c_int, ctypes.c_int]
+                sm.restype = None
+                _state["softmax"] = sm
                 _state["pid"] = os.getpid()
         except Exception:       # no compiler, no OpenMP, ...: NumPy's BLAS serves
             fn = None
@@ -147,6 +153,16 @@ def conv2d(x, w, bias, stride, pads, dilation, out_hw):
     _state["conv2d"](N, C, H, W, O, KH, KW, stride[0], stride[1], pads[0][0], pads[1][0], dilation[0], dilation[1],
                      OH, OW, x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
                      _threads(N * O * OH * OW * C * KH * KW))
+    return y
+
+
+def softmax_lastdim(x, log: bool):
+    """softmax (or log_softmax) of a C-contiguous float32 array over its last dim, or None."""
+    if _load() is None or x.dtype != _F32 or not x.flags.c_contiguous or x.ndim == 0 or x.size == 0:
+        return None
+    cols = x.shape[-1]
+    y = np.empty_like(x)
+    _state["softmax"](x.size // cols, cols, x.ctypes.data, y.ctypes.data, int(log), _threads(x.size * 8))
     return y
 
 

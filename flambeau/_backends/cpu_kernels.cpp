@@ -347,3 +347,43 @@ extern "C" void flm_conv2d(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O
     }
     std::free(wp);
 }
+
+// ---- softmax / log_softmax over the last dim (float32 rows) ----------------------------------------
+// Three passes over a row that stays in cache: max, exp(x - max) and its sum, then the scale (or,
+// for log_softmax, x - max - log(sum)); float accumulation as in PyTorch's CPU kernel. With
+// FLM_SIMD_MATH the compiler vectorises expf/logf through glibc's libmvec.
+#ifdef FLM_SIMD_MATH
+extern "C" float expf(float) noexcept __attribute__((simd("notinbranch")));
+extern "C" float logf(float) noexcept __attribute__((simd("notinbranch")));
+#else
+#include <cmath>
+#endif
+
+extern "C" void flm_softmax_f32(int64_t rows, int64_t cols, const float* x, float* y, int log_softmax, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t r = 0; r < rows; r++) {
+        const float* __restrict__ xr = x + r * cols;
+        float* __restrict__ yr = y + r * cols;
+        float m = -__builtin_inff();
+#pragma omp simd reduction(max : m)
+        for (int64_t j = 0; j < cols; j++) m = xr[j] > m ? xr[j] : m;
+        float s = 0.0f;
+        if (log_softmax) {
+#pragma omp simd reduction(+ : s)
+            for (int64_t j = 0; j < cols; j++) s += expf(xr[j] - m);
+            const float ls = logf(s);        // (x - max) - log(sum), in this order, as PyTorch
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) yr[j] = (xr[j] - m) - ls;
+        } else {
+#pragma omp simd reduction(+ : s)
+            for (int64_t j = 0; j < cols; j++) {
+                const float e = expf(xr[j] - m);
+                yr[j] = e;
+                s += e;
+            }
+            const float inv = 1.0f / s;
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) yr[j] *= inv;
+        }
+    }
+}
