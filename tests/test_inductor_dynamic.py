@@ -138,6 +138,16 @@ def test_views(compiled_graphs):
     assert_generated(compiled_graphs)
 
 
+def test_floor_division_sizes(compiled_graphs):
+    # reshape(n, 2, -1) of a dynamic dim: the inferred size floor(s1/2) is a derived symbol
+    fn = lambda T, x: x.reshape(x.shape[0], 2, -1).transpose(1, 2) * 2 + x[:, :4].sum()   # noqa: E731
+    cnt = run_sizes(fn, [[(8, 6)], [(12, 10)], [(5, 8)]])
+    assert cnt.frame_count == 1
+    assert_generated(compiled_graphs)
+    derived = compiled_graphs[0].size_names[-1]           # d + a hash of floor(s1/2)
+    assert derived.startswith("d") and f"int64_t {derived}" in compiled_graphs[0].source
+
+
 def test_extern_matmuls(compiled_graphs):
     fn = lambda T, x, w, b: T.addmm(b, x, w).relu() @ w.t() + T.bmm(x.unsqueeze(0), w.unsqueeze(0)).sum()  # noqa: E731
     cnt = run_sizes(fn, [[(8, 6), (6, 6), (6,)], [(12, 10), (10, 10), (10,)]], rtol=1e-4, atol=1e-4)

@@ -33,7 +33,7 @@ from . import codegen_cpp, codegen_numpy, config, cpp_builder
 from .graph import GraphLowering
 from .ir import Unsupported
 from .scheduler import Kernel, plan_memory, schedule
-from .sizevars import SizeExpr
+from .sizevars import SizeExpr, derived_definition
 from .wrapper import WrapperCodegen
 
 counters = {"dynamic_graphs": 0, "dynamic_eager_calls": 0}
@@ -169,7 +169,12 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
         info = cpp_builder.detect_flags()
         source = codegen_cpp.generate(kernels, info["simd_math"], size_names)
         if kernels:
-            lib, source_path = cpp_builder.load(source, info)
+            try:
+                lib, source_path = cpp_builder.load(source, info)
+            except cpp_builder.CppCompileError as e:
+                if not size_names:
+                    raise
+                raise Unsupported(f"the size-generic kernels don't compile: {e}") from e
             kernels_ns = {k.name: getattr(lib, k.name) for k in kernels}
             kernels_ns["fl_take_error"] = lib.fl_take_error
         else:
@@ -201,9 +206,7 @@ def _size_names(graph) -> list:
             names |= e.free_symbols()
             if len(e.terms) == 1 and e.terms[0][1] == 1 and len(e.terms[0][0]) == 1:
                 plain.add(e.terms[0][0][0])
-    if names - plain:
-        raise Unsupported(f"size symbols {sorted(names - plain)} are not the size of any input dim")
-    used = set()
+    used = set(names) | graph.derived_names
     for b in graph.buffers:
         sizes = list(b.layout.shape) + list(b.layout.strides) + [b.layout.offset] if b.layout is not None else []
         sizes += list(getattr(getattr(b, "data", None), "reduction_ranges", ()))
@@ -212,9 +215,13 @@ def _size_names(graph) -> list:
         for e in sizes:
             if isinstance(e, SizeExpr):
                 used |= e.free_symbols()
-    if used - plain:
-        raise Unsupported(f"size symbols {sorted(used - plain)} can't be read from the inputs")
-    return sorted(names, key=lambda n: (len(n), n))
+    derived = {n for n in used - plain if derived_definition(n) is not None}
+    for n in derived:
+        used |= {s.name for s in derived_definition(n).free_symbols}
+    if used - plain - derived:
+        raise Unsupported(f"size symbols {sorted(used - plain - derived)} can't be read from the inputs")
+    order = lambda n: (len(n), n)      # noqa: E731
+    return sorted(used - derived, key=order) + sorted(derived, key=order)
 
 
 def _eager_runner(gm):

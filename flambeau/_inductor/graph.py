@@ -27,7 +27,7 @@ from . import config
 from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
                  Pointwise, Reduction, StridedView, SUPPORTED_DTYPES, Unsupported, as_strided_view)
 from .index import contiguous_strides
-from .sizevars import SizeExpr, from_sym, known_nonneg, size_tuple
+from .sizevars import SizeExpr, collect_derived, from_sym, known_nonneg, size_tuple
 
 
 class GraphLowering:
@@ -45,6 +45,7 @@ class GraphLowering:
         self.dynamic = _is_dynamic(gm)
         self.size_inputs: list = []   # (input position, dim or None for an integer input, int | SizeExpr)
         self.shape_env = _shape_env(gm) if self.dynamic else None
+        self.derived_names: set = set()   # derived size symbols (floor divisions) met while lowering
 
     # ---- naming and realisation ------------------------------------------------------------
     def new_name(self, prefix="buf") -> str:
@@ -77,7 +78,8 @@ class GraphLowering:
             src = getattr(x, "view_of", None)          # a view of all of a lazy value: realise that value
             if src is not None and known_nonneg(math.prod(x.shape) - math.prod(src[0].shape)):
                 mem = self._realize_or_view(src[0])
-                r = src[1](mem.layout)
+                from .lowering_views import _try
+                r = _try(src[1], mem.layout)
                 if r is not None:
                     base = mem.base if isinstance(mem, StridedView) else mem
                     return StridedView(base, Layout(x.shape, x.dtype, r[0], r[1]))
@@ -88,6 +90,10 @@ class GraphLowering:
 
     # ---- the walk ----------------------------------------------------------------------------
     def run(self):
+        with collect_derived() as self.derived_names:
+            return self._run()
+
+    def _run(self):
         nodes = list(self.gm.graph.nodes)
         check = _check_sizes if self.dynamic else _check_static
         for node in nodes:

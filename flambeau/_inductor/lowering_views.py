@@ -37,7 +37,7 @@ def view_of(x, shape, strides_fn, remap):
     s = _strided(x)
     if s is not None:
         base, lay = s
-        r = strides_fn(lay)
+        r = _try(strides_fn, lay)
         if r is not None:
             st, off = r
             return StridedView(base, Layout(shape, lay.dtype, st, off))
@@ -45,6 +45,15 @@ def view_of(x, shape, strides_fn, remap):
     p = Pointwise(shape, x.dtype, lambda idx: ld(remap(idx)))
     p.view_of = (x, strides_fn)       # an extern reading p may read x's memory through strides instead
     return p
+
+
+def _try(strides_fn, lay):
+    """strides_fn(lay), or None when it needs a fact about symbolic sizes that can't be decided
+    (then the view re-indexes its input instead)."""
+    try:
+        return strides_fn(lay)
+    except Unsupported:
+        return None
 
 
 @register("permute")

@@ -7,6 +7,10 @@ normalises, so a value without symbols is a plain `int` and static graphs never 
 The generated kernels take the symbols as `int64_t` arguments; `str(e)` prints an expression that
 is valid C++ and Python over variables named like the symbols.
 
+A size that is not a polynomial because of a floor division (`floor(s1/2)`, from `view(n, 2, -1)`)
+gets a *derived* symbol (`d` and a hash of the expression) that the wrapper computes from the base
+ones.
+
 Decisions follow the tracer's rules: a size symbol stands for an integer >= 2 (sizes 0 and 1 are
 specialised; the wrapper checks this at run time and runs the graph eagerly otherwise).
 - `==`/`!=` compare the polynomials (equal forms are equal for every size; the tracer has already
@@ -19,6 +23,7 @@ specialised; the wrapper checks this at run time and runs the graph eagerly othe
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import weakref
 
@@ -92,21 +97,29 @@ class SizeExpr:
     __rmul__ = __mul__
 
     def __floordiv__(self, o):
+        if not isinstance(o, (int, SizeExpr)):
+            return NotImplemented
         q = exact_div(self, o)
-        if q is None:
-            raise Unsupported(f"symbolic size {self} is not a multiple of {o}")
-        return q
+        return q if q is not None else _floor_div(self, o)
 
     def __rfloordiv__(self, o):
         q = exact_div(o, self)
-        if q is None:
-            raise Unsupported(f"symbolic size {o} is not a multiple of {self}")
-        return q
+        return q if q is not None else _floor_div(o, self)
 
     def __mod__(self, o):
-        if exact_div(self, o) is None:
-            raise Unsupported(f"symbolic size {self} modulo {o}")
-        return 0
+        if not isinstance(o, (int, SizeExpr)):
+            return NotImplemented
+        return self - o * (self // o)
+
+    def to_sympy(self):
+        import sympy
+        out = sympy.Integer(0)
+        for m, c in self.terms:
+            term = sympy.Integer(c)
+            for name in m:
+                term = term * (_derived_defs.get(name) or sympy.Symbol(name, integer=True, positive=True))
+            out = out + term
+        return out
 
     def __eq__(self, o):
         return isinstance(o, SizeExpr) and o.terms == self.terms
@@ -161,6 +174,16 @@ class SizeExpr:
 
     def evaluate(self, env: dict) -> int:
         return sum(c * math.prod(env[s] for s in m) for m, c in self.terms)
+
+
+def _floor_div(a, b):
+    """a // b that is not exact: a derived symbol for floor(a / b) (b must be positive)."""
+    import sympy
+    if not known_nonneg(b - 1):
+        raise Unsupported(f"floor division of {a} by {b}")
+    sa = a.to_sympy() if isinstance(a, SizeExpr) else sympy.Integer(a)
+    sb = b.to_sympy() if isinstance(b, SizeExpr) else sympy.Integer(b)
+    return _note(_from_sympy(sympy.floor(sa / sb), {}))
 
 
 def _sub(a, b):
@@ -251,7 +274,28 @@ def from_sym(x):
         return x
     if not isinstance(x, SymInt):
         raise Unsupported(f"not a size: {type(x).__name__}")
-    return _from_sympy(x.expr, replacements(x.env))
+    return _note(_from_sympy(x.expr, replacements(x.env)))
+
+
+_seen: list = []            # stack of sets collecting the derived symbols met while lowering a graph
+
+
+class collect_derived:
+    """`with collect_derived() as names:` gathers the derived symbols of every size converted or
+    computed inside the block (the kernels of a graph take them as arguments)."""
+
+    def __enter__(self) -> set:
+        _seen.append(set())
+        return _seen[-1]
+
+    def __exit__(self, *exc):
+        _seen.pop()
+
+
+def _note(e):
+    if _seen and isinstance(e, SizeExpr):
+        _seen[-1].update(n for n in e.free_symbols() if n in _derived_defs)
+    return e
 
 
 _cache: dict = {}
@@ -286,6 +330,9 @@ def _from_sympy(expr, repl: dict):
         expr = expr.xreplace(repl)
     if expr.is_Integer:
         return int(expr)
+    floors = expr.atoms(sympy.floor)
+    if floors:                                   # floor(s1/2) (a view's inferred -1): a derived symbol
+        expr = expr.xreplace({f: sympy.Symbol(_derived_name(f), integer=True, positive=True) for f in floors})
     syms = sorted(expr.free_symbols, key=lambda s: s.name)
     try:
         poly = sympy.Poly(sympy.expand(expr), *syms)
@@ -300,6 +347,27 @@ def _from_sympy(expr, repl: dict):
     out = _make(terms)
     _cache[key] = out
     return out
+
+
+_derived: dict = {}         # floor(...) sympy expression -> name
+_derived_defs: dict = {}    # name -> floor(...) sympy expression
+
+
+def _derived_name(f) -> str:
+    """A name fixed by the expression (the kernel source, hence the disk cache key, doesn't depend
+    on what else the process compiled)."""
+    name = _derived.get(f)
+    if name is None:
+        name = _derived[f] = "d" + hashlib.sha1(str(f).encode()).hexdigest()[:8]
+        _derived_defs[name] = f
+    return name
+
+
+def derived_definition(name: str):
+    """The sympy expression (a floor division of base symbols) a derived size symbol stands for,
+    or None for a base symbol. The wrapper computes derived symbols from the base ones and, like
+    base symbols, requires them to be >= 2 (the algebra's assumption)."""
+    return _derived_defs.get(name)
 
 
 def size_tuple(shape) -> tuple:

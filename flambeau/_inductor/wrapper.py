@@ -30,7 +30,7 @@ from .._device import CPU
 from .._tensor import Tensor
 from .ir import Buffer, InputBuffer, MultiOutput, StridedView
 from .scheduler import ExternStep, Kernel
-from .sizevars import SizeExpr, evaluate, replacements
+from .sizevars import SizeExpr, derived_definition, evaluate, replacements
 
 
 def strided_array(base: np.ndarray, layout) -> np.ndarray:
@@ -232,7 +232,12 @@ class WrapperCodegen:
                 if name not in where:
                     where[name] = f"_in{pos}" if dim is None else f"arg{pos}.shape[{dim}]"
         for name in self.size_names:
-            L.append(f"    {name} = {where[name]}")
+            d = derived_definition(name)
+            if d is None:
+                L.append(f"    {name} = {where[name]}")
+            else:
+                from .._dynamo.shape_guards import to_python
+                L.append(f"    {name} = {to_python(d, {sym: sym.name for sym in d.free_symbols})}")
         checks = [f"{name} < 2" for name in self.size_names]
         for b in g.inputs:
             lay, it = b.layout, b.dtype.itemsize
@@ -244,9 +249,10 @@ class WrapperCodegen:
         for pos, dim, e in g.size_inputs:
             if dim is None:
                 checks.append(f"_in{pos} != {_src(e)}")
-        self.ns["_guards_ok"] = guard_checker(g.shape_env, self.size_names)
+        base = [n for n in self.size_names if derived_definition(n) is None]
+        self.ns["_guards_ok"] = guard_checker(g.shape_env, base)
         self.ns["_eager"] = self.eager
-        sizes = "".join(f"{n}, " for n in self.size_names)
+        sizes = "".join(f"{n}, " for n in base)
         checks.append(f"not _guards_ok(({sizes}))")
         L.append(f"    if {' or '.join(checks)}:")
         L.append("        return _eager(*args)")
