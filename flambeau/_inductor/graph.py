@@ -155,7 +155,12 @@ class GraphLowering:
         contiguous in the order of the example's strides, whichever agrees with the example at the
         symbols' example values."""
         from .sizevars import evaluate
-        hints = {s.name: v for s, v in self.shape_env.var_to_val.items()} if self.shape_env is not None else {}
+        from .sizevars import derived_definition
+        if self.shape_env is None:
+            return strides
+        hints = {s.name: v for s, v in self.shape_env.var_to_val.items()}
+        for name in self.derived_names:
+            hints[name] = int(derived_definition(name).xreplace(self.shape_env.var_to_val))
         try:
             if tuple(evaluate(s, hints) for s in shape) != ex_shape:
                 return strides
