@@ -188,3 +188,29 @@ def test_fused_softmax_matches_torch(shape, log):
     ref = torch.from_numpy(x)
     want = ref.log_softmax(-1) if log else ref.softmax(-1)
     torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,wd", [("AdamW", 0.01), ("Adam", 0.0), ("Adam", 0.1), ("AdamW", 0.0)])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_fused_adam_step_is_bitwise_the_numpy_rule_and_close_to_torch(name, wd, amsgrad):
+    rng = np.random.default_rng(7)
+    init = [rng.standard_normal((300, 70)).astype(np.float32), rng.standard_normal(33).astype(np.float32)]
+    fused = [flambeau.tensor(a.copy(), requires_grad=True) for a in init]
+    plain = [flambeau.tensor(a.copy(), requires_grad=True) for a in init]
+    ref = [torch.tensor(a.copy(), requires_grad=True) for a in init]
+    calls = []
+    of = getattr(flambeau.optim, name)(fused, lr=1e-2, weight_decay=wd, amsgrad=amsgrad)
+    real = of._fused_cpu
+    of._fused_cpu = lambda *a: calls.append(1) or real(*a)
+    op = getattr(flambeau.optim, name)(plain, lr=1e-2, weight_decay=wd, amsgrad=amsgrad)
+    op._fused_cpu = lambda *a: False          # the NumPy update rule
+    ot = getattr(torch.optim, name)(ref, lr=1e-2, weight_decay=wd, amsgrad=amsgrad)
+    for _ in range(6):
+        for a, b, c in zip(fused, plain, ref):
+            g = rng.standard_normal(a.shape).astype(np.float32)
+            a.grad, b.grad, c.grad = flambeau.tensor(g), flambeau.tensor(g.copy()), torch.tensor(g.copy())
+        of.step(), op.step(), ot.step()
+    assert calls and all(r for r in calls)
+    for a, b, c in zip(fused, plain, ref):
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+        torch.testing.assert_close(torch.from_numpy(a.detach().numpy()), c.detach(), rtol=1e-5, atol=1e-6)

@@ -53,6 +53,11 @@ def _load():
                 sm.argtypes = [i64, i64, p, p, ctypes.c_int, ctypes.c_int]
                 sm.restype = None
                 _state["softmax"] = sm
+                ad = lib.flm_adam_f32
+                f = ctypes.c_float
+                ad.argtypes = [i64, p, p, p, p, p] + [f] * 8 + [ctypes.c_int]
+                ad.restype = None
+                _state["adam"] = ad
                 _state["pid"] = os.getpid()
         except Exception:       # no compiler, no OpenMP, ...: NumPy's BLAS serves
             fn = None
@@ -164,6 +169,22 @@ def softmax_lastdim(x, log: bool):
     y = np.empty_like(x)
     _state["softmax"](x.size // cols, cols, x.ctypes.data, y.ctypes.data, int(log), _threads(x.size * 8))
     return y
+
+
+def adam_step(p, g, m, v, vmax, decay, wd, b1, b2, bc2_sqrt, eps, step_size) -> bool:
+    """One Adam/AdamW update of float32 arrays in place (see flm_adam_f32); False when not handled.
+    The scalars are rounded to float32 exactly as the NumPy rule's Python-float operands are."""
+    if _load() is None:
+        return False
+    arrays = (p, g, m, v) + (() if vmax is None else (vmax,))
+    if any(a.dtype != _F32 or not a.flags.c_contiguous or a.shape != p.shape for a in arrays):
+        return False
+    if not (p.flags.writeable and m.flags.writeable and v.flags.writeable):
+        return False
+    _state["adam"](p.size, p.ctypes.data, g.ctypes.data, m.ctypes.data, v.ctypes.data,
+                   None if vmax is None else vmax.ctypes.data, decay, wd, 1 - b1, b2, 1 - b2, bc2_sqrt, eps,
+                   step_size, _threads(p.size * 16))
+    return True
 
 
 def matmul_for(xp):

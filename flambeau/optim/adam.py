@@ -8,6 +8,7 @@ import numpy as np
 
 import math
 
+from .._backends import cpu_blas
 from .optimizer import Optimizer, _scalar_tensor, per_tensor
 
 __all__ = ["Adam", "AdamW", "Adamax", "NAdam", "RAdam"]
@@ -57,13 +58,15 @@ class Adam(Optimizer):
 
     def _update(self, xp, p, g, s, step, group, ex):
         b1, b2 = group["betas"]
+        bc1 = ex(per_tensor(lambda t: 1 - b1 ** t, step))
+        bc2_sqrt = ex(per_tensor(lambda t: math.sqrt(1 - b2 ** t), step))
+        if xp is np and step.size == 1 and self._fused_cpu(p, g, s, bc1, bc2_sqrt, group):
+            return
         g = _weight_decay(p, g, group, group["decoupled_weight_decay"])
         m, v = s["exp_avg"], s["exp_avg_sq"]
         m += (g - m) * (1 - b1)
         v *= b2
         v += (1 - b2) * g * g
-        bc1 = ex(per_tensor(lambda t: 1 - b1 ** t, step))
-        bc2_sqrt = ex(per_tensor(lambda t: math.sqrt(1 - b2 ** t), step))
         if group["amsgrad"]:
             mx = s["max_exp_avg_sq"]
             xp.maximum(mx, v, out=mx)
@@ -71,6 +74,17 @@ class Adam(Optimizer):
         else:
             denom = xp.sqrt(v) / bc2_sqrt + group["eps"]
         p -= (group["lr"] / bc1) * m / denom
+
+    def _fused_cpu(self, p, g, s, bc1, bc2_sqrt, group) -> bool:
+        """The update below, bit for bit, as one C++ pass over float32 arrays (one parameter)."""
+        b1, b2 = group["betas"]
+        lr, wd = group["lr"], group["weight_decay"]
+        if not isinstance(lr, (int, float)) or p.dtype != np.float32:
+            return False
+        decoupled = group["decoupled_weight_decay"]
+        return cpu_blas.adam_step(p, g, s["exp_avg"], s["exp_avg_sq"], s.get("max_exp_avg_sq") if group["amsgrad"] else None,
+                                  1 - lr * wd if (decoupled and wd) else 1.0, 0.0 if (decoupled or not wd) else wd,
+                                  b1, b2, float(bc2_sqrt), group["eps"], float(lr / bc1))
 
     def step(self, closure=None):
         return self._step_impl(closure)
