@@ -347,3 +347,25 @@ def test_size_expressions_and_index_simplification():
     assert ((flat // s1) * s1 + flat % s1).key() == flat.key()
     k = Sym("k", s0 * s1)
     assert "//" in repr(Index.of(k) // s1)                      # not provable: stays a division
+
+
+def test_graph_returning_sizes_across_a_graph_break(compiled_graphs):
+    import math
+
+    def attn(T, x, wqkv, mask):
+        B, L, C = x.shape
+        q, k, v = (z.view(B, L, 2, C // 2).transpose(1, 2) for z in (x @ wqkv).split(C, dim=2))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))     # graph break: sizes are outputs
+        att = att.masked_fill(mask[:L, :L] == 0, float("-inf")).softmax(-1)
+        return (att @ v).transpose(1, 2).reshape(B, L, C)
+    wqkv, mask = fl.randn(8, 24) * 0.3, fl.tril(fl.ones(16, 16))
+    cf = fl.compile(lambda x: attn(fl, x, wqkv, mask), dynamic=True)
+    for b, t in ((3, 5), (4, 5), (3, 9)):
+        x = fl.randn(b, t, 8)
+        assert_same(cf(x), attn(torch, to_torch(x), to_torch(wqkv), to_torch(mask)), rtol=1e-4)
+    assert all(c.eager_reason is None for c in compiled_graphs)
+    # the graph before the break (it returns B, L, C to the code after it) compiled once for every
+    # size; the code after the break gets them as Python ints, so its graphs are per size
+    first = compiled_graphs[0]
+    assert first.size_names == ["s0", "s1"]
+    assert [c.size_names for c in compiled_graphs].count(["s0", "s1"]) == 1

@@ -466,12 +466,16 @@ def aot_module_simplified(mod: Module, example_inputs, fw_compiler: Callable, bw
     if dynamic is None:
         dynamic = "shape_env" in getattr(mod, "meta", {})
 
+    size_outs = _size_outputs(mod, len(example_inputs)) if dynamic else {}
+
     def flat_fn(*flat):
         if n:
             with stateless_call(mod, dict(zip(names, flat[:n]))):
                 out = mod(*flat[n:])
         else:
             out = mod(*flat)
+        if size_outs:
+            out = [o for i, o in enumerate(out) if i not in size_outs]
         return _flatten_out(out)[0]
     tpos = [i for i, a in enumerate(example_inputs) if isinstance(a, Tensor)]
     if len(tpos) != len(example_inputs):
@@ -482,6 +486,42 @@ def aot_module_simplified(mod: Module, example_inputs, fw_compiler: Callable, bw
                   mod.meta.get("shape_env") if dims is not None else None)
 
     def call(*args):
-        return rt(*[t for _, t in state], *args) if n else rt(*args)
+        out = rt(*[t for _, t in state], *args) if n else rt(*args)
+        if size_outs:
+            out = list(out)
+            for i in sorted(size_outs):
+                out.insert(i, size_outs[i](args))
+        return out
     call._aot_runtime = rt
     return call
+
+
+def _size_outputs(mod, n_inputs: int) -> dict:
+    """{output position: fn(inputs) -> int} for the outputs of a front-end graph that are symbolic
+    sizes (dynamo returns the sizes that the code after a graph break uses): computed from the
+    inputs' shapes instead of being traced, as an AOT graph returns only tensors."""
+    from ..fx.node import Node
+    from .._dynamo.shape_guards import to_python
+    graph = getattr(mod, "graph", None)
+    if graph is None:
+        return {}
+    phs = [n for n in graph.nodes if n.op == "placeholder"]
+    out = [n for n in graph.nodes if n.op == "output"]
+    if len(phs) != n_inputs or not out or not isinstance(out[0].args[0], (tuple, list)):
+        return {}
+    where = {}
+    for i, ph in enumerate(phs):
+        v = ph.meta.get("example_value")
+        for d, sz in enumerate(v.shape if isinstance(v, Tensor) else ()):
+            if isinstance(sz, SymInt) and sz.expr.is_Symbol:
+                where.setdefault(sz.expr, f"a[{i}].shape[{d}]")
+    fns = {}
+    for k, o in enumerate(out[0].args[0]):
+        v = o.meta.get("example_value") if isinstance(o, Node) else None
+        if isinstance(v, SymInt):
+            try:
+                src = to_python(v.expr, where)
+            except NotImplementedError:
+                return {}
+            fns[k] = eval(f"lambda a: int({src})")
+    return fns
