@@ -369,3 +369,15 @@ def test_graph_returning_sizes_across_a_graph_break(compiled_graphs):
     first = compiled_graphs[0]
     assert first.size_names == ["s0", "s1"]
     assert [c.size_names for c in compiled_graphs].count(["s0", "s1"]) == 1
+
+
+def test_size_expressions_print_as_safe_operands():
+    # a divisor s0*s1 printed without parentheses divided by s0 then multiplied by s1
+    fn = lambda T, x, y: T.matmul(x, y) + 1          # noqa: E731  (4-d @ 3-d: reshapes by products of sizes)
+    run_sizes(fn, [[(2, 1, 2, 3), (3, 3, 2)], [(3, 1, 3, 4), (4, 4, 3)]], rtol=1e-4, atol=1e-4)
+
+
+def test_floor_of_a_sum_in_a_derived_size():
+    # x[:, ::2] has ceil(s1 / 2) = floor(s1/2 + 1/2) columns: printed as (1 + s1) // 2, an int
+    fn = lambda T, x: x[:, ::2] * 2 + x[:, ::2].sum(0)     # noqa: E731
+    run_sizes(fn, [[(4, 5)], [(6, 9)], [(3, 4)]])

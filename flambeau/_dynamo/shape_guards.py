@@ -41,12 +41,12 @@ def to_python(e, mapping: dict) -> str:
             return f"(1 / {to_python(e.args[0], mapping)} ** {int(-e.args[1])})"
         return f"({to_python(e.args[0], mapping)} ** {int(e.args[1])})"
     if isinstance(e, sp.floor):
-        num, den = sp.fraction(e.args[0])
+        num, den = sp.fraction(sp.together(e.args[0]))      # floor(s/2 + 1/2): (s + 1) // 2
         if den != 1:
             return f"({to_python(num, mapping)} // {to_python(den, mapping)})"
         return to_python(e.args[0], mapping)
     if isinstance(e, sp.ceiling):
-        num, den = sp.fraction(e.args[0])
+        num, den = sp.fraction(sp.together(e.args[0]))
         return f"(-((-{to_python(num, mapping)}) // {to_python(den, mapping)}))"
     if isinstance(e, sp.Mod):
         return f"({to_python(e.args[0], mapping)} % {to_python(e.args[1], mapping)})"

@@ -202,7 +202,10 @@ class GraphLowering:
         if target in _SIZE_ARITH:
             if not all(isinstance(a, (int, SizeExpr)) and not isinstance(a, bool) for a in args) or kwargs:
                 raise Unsupported(f"{target.__name__} of {[type(a).__name__ for a in args]}")
-            return _SIZE_ARITH[target](*args)
+            try:
+                return _SIZE_ARITH[target](*args)
+            except (TypeError, ArithmeticError) as e:
+                raise Unsupported(f"{target.__name__}{tuple(args)}: {e}") from e
         if kwargs.get("out", 0) is None:
             kwargs = {k: v for k, v in kwargs.items() if k != "out"}
         name = getattr(target, "name", None)
@@ -331,7 +334,8 @@ def _shape_env(gm):
 
 
 _SIZE_ARITH = {operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
-               operator.neg: operator.neg, operator.floordiv: operator.floordiv}
+               operator.neg: operator.neg, operator.floordiv: operator.floordiv, operator.mod: operator.mod,
+               operator.pow: operator.pow}
 
 
 def _map_nodes(a, env):

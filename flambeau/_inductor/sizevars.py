@@ -111,6 +111,11 @@ class SizeExpr:
             return NotImplemented
         return self - o * (self // o)
 
+    def __pow__(self, k):
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            return NotImplemented
+        return math.prod([self] * k) if k else 1
+
     def to_sympy(self):
         import sympy
         out = sympy.Integer(0)
@@ -168,7 +173,8 @@ class SizeExpr:
             parts.append(("- " if c < 0 else "+ ") + s)
         out = " ".join(parts)
         out = out[2:] if out.startswith("+ ") else "-" + out[2:]
-        return out if len(self.terms) == 1 and self.terms[0][1] == 1 else f"({out})"
+        lone = len(self.terms) == 1 and self.terms[0][1] == 1 and len(self.terms[0][0]) == 1
+        return out if lone else f"({out})"          # safe as an operand of any C/Python operator
 
     __repr__ = __str__
 
