@@ -342,3 +342,20 @@ def test_python_312_interpreter_runs_the_suite():
                         "tests/test_dynamo.py", "tests/test_dynamo_breaks.py"], env=env, capture_output=True,
                        text=True, cwd=os.path.dirname(os.path.dirname(__file__)), timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_builtin_layers_are_inlined_into_functional_calls(lib):
+    # PyTorch inlines its own nn layers' forwards (inline_inbuilt_nn_modules): a backend sees
+    # F.linear / relu / layer_norm calls with the parameters as graph inputs, not opaque modules.
+    m = lib.nn.Sequential(lib.nn.Linear(4, 8), lib.nn.ReLU(), lib.nn.LayerNorm(8), lib.nn.Dropout(0.0),
+                          lib.nn.Conv1d(1, 2, 3, padding=1), lib.nn.Flatten(), lib.nn.Linear(16, 2))
+    x = lib.randn(3, 4)
+
+    def fwd(mod, inp):
+        return mod[6](mod[5](mod[4](mod[3](mod[2](mod[1](mod[0](inp)))).unsqueeze(1))))
+    cf, cnt = compiled(lib, fwd)
+    same(lib, cf(m, x), fwd(m, x))
+    assert cnt.frame_count == 1
+    ops = [n.op for g in cnt.graphs for n in g.graph.nodes]
+    assert "call_module" not in ops
+    assert ops.count("call_function") + ops.count("call_method") >= 7

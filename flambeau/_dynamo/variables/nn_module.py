@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import types
 
+from .. import config
 from ..exc import Unsupported
 from .base import VariableTracker, const
 
@@ -23,8 +24,16 @@ def _containers():
 
 
 def is_leaf_module(m) -> bool:
+    """Built-in layers are inlined like user modules (PyTorch's inline_inbuilt_nn_modules), so the
+    graph shows their functional calls; with the config off, or for the few whose forward is not
+    capturable Python (recurrent layers: packed sequences, flattened weights), one call_module node."""
     mod = type(m).__module__
-    return mod.startswith("flambeau.nn.") and not isinstance(m, _containers())
+    if not mod.startswith("flambeau.nn.") or isinstance(m, _containers()):
+        return False
+    return not config.inline_inbuilt_nn_modules or type(m).__name__ in _OPAQUE_BUILTINS
+
+
+_OPAQUE_BUILTINS = {"RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell"}
 
 
 def has_hooks(m) -> bool:

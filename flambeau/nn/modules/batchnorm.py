@@ -3,7 +3,7 @@ momentum is None, num_batches_tracked) and InstanceNorm1d/2d/3d."""
 from __future__ import annotations
 
 from ... import _ops
-from ..._tensor import _no_grad
+from ...autograd.grad_mode import no_grad
 from ... import _dtype as D
 from .. import functional as F
 from .. import init
@@ -81,7 +81,7 @@ class _BatchNorm(_NormBase):
         self._check_input_dim(input)
         eaf = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            with _no_grad():
+            with no_grad():             # the public one: graph capture models it
                 self.num_batches_tracked.add_(1)
             eaf = 1.0 / float(self.num_batches_tracked.item()) if self.momentum is None else self.momentum
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
