@@ -17,14 +17,14 @@ import torch
 import flambeau as fl
 import flambeau._inductor as inductor
 from flambeau._inductor import compile_fx, config, cpp_builder
+from tests.opdb import all_opinfos, materialize
 from flambeau.fx.experimental.proxy_tensor import make_fx
 
 cfx = sys.modules["flambeau._inductor.compile_fx"]
 
 
 @pytest.fixture(autouse=True)
-def _fresh(tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(config, "cache_dir", str(tmp_path_factory.getbasetemp() / "inductor_cache"))
+def _fresh():
     fl.compiler.reset()
     yield
     fl.compiler.reset()
@@ -381,3 +381,47 @@ def test_floor_of_a_sum_in_a_derived_size():
     # x[:, ::2] has ceil(s1 / 2) = floor(s1/2 + 1/2) columns: printed as (1 + s1) // 2, an int
     fn = lambda T, x: x[:, ::2] * 2 + x[:, ::2].sum(0)     # noqa: E731
     run_sizes(fn, [[(4, 5)], [(6, 9)], [(3, 4)]])
+
+
+# ---- every operator of the op database, compiled with dynamic=True --------------------------------------
+OPINFOS = all_opinfos()
+
+
+@pytest.mark.parametrize("info", OPINFOS, ids=[i.name for i in OPINFOS])
+def test_opdb_inductor_dynamic(info):
+    """One compiled function per operator, called on its samples (several shapes, so the dynamic
+    graph is reused across sizes): the results equal eager flambeau's."""
+    import warnings
+    dt = "float32" if "float32" in info.dtypes else info.dtypes[0]
+    fn = info.resolve(fl)
+    compiled = fl.compile(lambda *a, **k: fn(*a, **k), backend="inductor", dynamic=True)
+    for i, s in enumerate(info.samples(dt)[:4]):
+        args, kwargs, _ = materialize(fl, s, dt, 100 + i, False)
+        try:
+            ref = fn(*args, **kwargs)
+        except Exception:
+            continue                       # not a valid sample for this dtype
+        args, kwargs, _ = materialize(fl, s, dt, 100 + i, False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = compiled(*args, **kwargs)
+        ref, res = _flat_tensors(ref), _flat_tensors(res)
+        assert len(ref) == len(res), f"sample {i}"
+        for p, q in zip(ref, res):
+            assert p.dtype == q.dtype and tuple(p.shape) == tuple(q.shape), f"sample {i}"
+            if not info.random:
+                tol = 1e-2 if p.dtype in (fl.float16, fl.bfloat16) else 1e-4
+                np.testing.assert_allclose(_np(q), _np(p), rtol=tol, atol=tol, equal_nan=True, err_msg=f"sample {i}")
+
+
+def _flat_tensors(x):
+    if isinstance(x, fl.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in _flat_tensors(y)]
+    return []
+
+
+def _np(t):
+    t = t.detach()
+    return t.double().numpy() if t.dtype.is_floating_point else t.numpy()
