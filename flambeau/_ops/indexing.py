@@ -60,11 +60,16 @@ def _at_by_rounds(xp, ufunc, a, key, v):
 
 # ---- advanced indexing: index / index_put ----------------------------------------------------------
 def _bounds(ix, size, d, xp):
-    if ix.size:
+    if not ix.size:
+        return
+    if xp is np:
         mx, mn = int(ix.max()), int(ix.min())
         bad = mx if mx >= size else (mn if mn < -size else None)
-        if bad is not None:
-            raise IndexError(f"index {bad} is out of bounds for dimension {d} with size {size}")
+    else:       # on a GPU: one fused test and one synchronisation (the value only on failure)
+        wrong = (ix >= size) | (ix < -size)
+        bad = int(ix[wrong][0]) if bool(wrong.any()) else None
+    if bad is not None:
+        raise IndexError(f"index {bad} is out of bounds for dimension {d} with size {size}")
 
 
 def adv_key(xp, shape, indices):
