@@ -175,7 +175,8 @@ def test_mlp_forward_with_dynamic_batch(compiled_graphs):
     assert cfx.counters["dynamic_eager_calls"] == eager_before
     assert_generated(compiled_graphs)
     assert compiled_graphs[0].size_names == ["s0"]        # only the batch: the weights' dims stay static
-    assert "x0 < s0" in compiled_graphs[0].source and "< 32" in compiled_graphs[0].source
+    if compiled_graphs[0].artifact.backend == "cpp":
+        assert "x0 < s0" in compiled_graphs[0].source and "< 32" in compiled_graphs[0].source
 
 
 def test_training_step_with_dynamic_batch(compiled_graphs):
@@ -242,7 +243,8 @@ def test_wrapper_checks_inputs_and_runs_eagerly_when_they_dont_fit():
     x = fl.randn(4, 4)
     gm = make_fx(lambda x: (x * 3).sum(1), tracing_mode="symbolic")(x)   # duck sizing: one symbol
     c = compile_fx(gm, [x])
-    assert c.size_names == ["s0"] and "int64_t s0" in c.source
+    assert c.size_names == ["s0"]
+    assert_generated([c])
     before = cfx.counters["dynamic_eager_calls"]
     for xx in (fl.randn(7, 7), fl.randn(3, 3)):                          # fits: generated code
         np.testing.assert_allclose(c(xx).numpy(), (xx * 3).sum(1).numpy(), rtol=1e-5)
