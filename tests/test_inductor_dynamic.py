@@ -429,3 +429,61 @@ def _flat_tensors(x):
 def _np(t):
     t = t.detach()
     return t.double().numpy() if t.dtype.is_floating_point else t.numpy()
+
+
+def test_loops_over_sizes_not_provably_positive():
+    # conv1d's output length is s2 + 1 - s4 (input length, kernel size): not provably >= 1, so a
+    # loop over it must not be bounded by 0 (that once simplified (r % L) to r: the kernels read and
+    # wrote past the end of their buffers)
+    fn = lambda T, x, w, b: 0 + (T.nn.functional.conv1d(x, w, b).float() * 1).sum()      # noqa: E731
+    cf = fl.compile(lambda *a: fn(fl, *a), dynamic=True)
+    for shapes in [((2, 4, 9), (6, 4, 3), (6,)), ((3, 5, 11), (7, 5, 3), (7,)), ((2, 4, 9), (6, 4, 4), (6,))]:
+        args = [fl.randn(*s, requires_grad=True) for s in shapes]
+        targs = [to_torch(a).requires_grad_() for a in args]
+        loss, ref = cf(*args), fn(torch, *targs)
+        assert_same(loss, ref, rtol=1e-4, atol=1e-4)
+        assert_same(fl.autograd.grad(loss, args), torch.autograd.grad(ref, targs), rtol=1e-4, atol=1e-4)
+
+
+# ---- every operator of the op database, compiled with dynamic=True --------------------------------------
+OPINFOS = all_opinfos()
+
+
+@pytest.mark.parametrize("info", OPINFOS, ids=[i.name for i in OPINFOS])
+def test_opdb_inductor_dynamic(info):
+    """One compiled function per operator, called on its samples (several shapes, so the dynamic
+    graph is reused across sizes): the results equal eager flambeau's."""
+    import warnings
+    dt = "float32" if "float32" in info.dtypes else info.dtypes[0]
+    fn = info.resolve(fl)
+    compiled = fl.compile(lambda *a, **k: fn(*a, **k), backend="inductor", dynamic=True)
+    for i, s in enumerate(info.samples(dt)[:4]):
+        args, kwargs, _ = materialize(fl, s, dt, 100 + i, False)
+        try:
+            ref = fn(*args, **kwargs)
+        except Exception:
+            continue                       # not a valid sample for this dtype
+        args, kwargs, _ = materialize(fl, s, dt, 100 + i, False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = compiled(*args, **kwargs)
+        ref, res = _flat_tensors(ref), _flat_tensors(res)
+        assert len(ref) == len(res), f"sample {i}"
+        for p, q in zip(ref, res):
+            assert p.dtype == q.dtype and tuple(p.shape) == tuple(q.shape), f"sample {i}"
+            if not info.random:
+                tol = 1e-2 if p.dtype in (fl.float16, fl.bfloat16) else 1e-4
+                np.testing.assert_allclose(_np(q), _np(p), rtol=tol, atol=tol, equal_nan=True, err_msg=f"sample {i}")
+
+
+def _flat_tensors(x):
+    if isinstance(x, fl.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in _flat_tensors(y)]
+    return []
+
+
+def _np(t):
+    t = t.detach()
+    return t.double().numpy() if t.dtype.is_floating_point else t.numpy()

@@ -22,7 +22,7 @@ from .. import _dtype as D
 from . import config
 from .index import FloorDiv, Index, Indirect, Sym, contiguous_strides, offset_of
 from .ir import Handler, set_handler
-from .sizevars import SizeExpr, known_lt, known_nonneg
+from .sizevars import SizeExpr, Unsupported, known_lt, known_nonneg
 from .scheduler import expand_groups
 
 CTYPES = {D.float32: "float", D.float64: "double", D.int64: "int64_t", D.int32: "int32_t",
@@ -164,8 +164,7 @@ def render_c(e: Index) -> str:
         if isinstance(a, (Sym, Indirect)):
             s = a.name
         else:
-            lo = a.arg.bounds()[0]
-            lo = 0 if known_nonneg(lo) else -1
+            lo = _lower_bound(a.arg)
             inner = render_c(a.arg)
             if isinstance(a, FloorDiv):
                 s = f"({inner}) / {a.div}" if lo >= 0 else f"fl_floordiv_i({inner}, {a.div})"
@@ -176,6 +175,14 @@ def render_c(e: Index) -> str:
     if e.const != 0 or not parts:
         parts.append(str(e.const))
     return " + ".join(parts)
+
+
+def _lower_bound(e: Index):
+    """0 when e is provably >= 0 (C's `/` and `%` are then floor division and modulo), else -1."""
+    try:
+        return 0 if known_nonneg(e.bounds()[0]) else -1
+    except Unsupported:
+        return -1
 
 
 def at_least(x, threshold):

@@ -57,6 +57,7 @@ class CompiledArtifact:
         self.input_strides = [tuple(st * b.dtype.itemsize for st in b.layout.strides) for b in graph.inputs]
         self.input_shapes = [tuple(b.layout.shape) for b in graph.inputs]
         self.size_names = list(size_names)      # the size symbols its kernels take (dynamic graphs)
+        self.dynamic = graph.dynamic            # traced with symbolic sizes: the wrapper checks its inputs
 
 
 class CompiledGraph:
@@ -76,7 +77,7 @@ class CompiledGraph:
             art = None
         self.compile_time = time.perf_counter() - t0
         self.artifact = art
-        if art is not None and art.size_names:
+        if art is not None and art.dynamic:
             self._fast_key = None
             self._fast = art.call
         elif art is not None:
@@ -186,7 +187,7 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     wrapper_source = wc.generate()
     exec(compile(wrapper_source, f"<flambeau-inductor-wrapper-{gid}>", "exec"), wc.ns)
     art = CompiledArtifact(graph, order, wc.ns["call"], source, wrapper_source, backend, source_path, size_names)
-    if size_names:
+    if graph.dynamic:
         counters["dynamic_graphs"] += 1
     if config.output_code or _logging.enabled("output_code"):
         print(f"===== flambeau inductor: graph {gid} ({backend}) =====\n{source}\n----- wrapper -----\n"

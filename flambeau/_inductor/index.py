@@ -39,7 +39,8 @@ class _Named(Atom):
         self.size = size
 
     def bounds(self):
-        return 0, self.size - 1 if known_nonneg(self.size - 1) else 0
+        # (a symbolic size may be <= 0 only where the loop runs no iteration: size - 1 bounds it)
+        return 0, max(self.size - 1, 0) if isinstance(self.size, int) else self.size - 1
 
     def key(self):
         return (self._tag, self.name)

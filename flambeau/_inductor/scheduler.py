@@ -30,7 +30,7 @@ import math
 
 from . import config
 from .index import Index, Sym, contiguous_strides
-from .sizevars import exact_div, known_lt, known_nonneg
+from .sizevars import Unsupported, exact_div, known_lt, known_nonneg
 from .ir import ComputedBuffer, ExternKernel, Reduction, StridedView
 
 
@@ -122,7 +122,10 @@ def _read_legal(node: SNode, index: Index, producer: SNode, n_outer: int, outer_
     rest = index.without(set(syms))
     if rest.uses(set(syms)):
         return False
-    lo, hi = rest.bounds()
+    try:
+        lo, hi = rest.bounds()
+    except Unsupported:              # a symbolic coefficient of unknown sign: can't prove it stays inside
+        return False
     inner = exact_div(math.prod(producer.ranges), max(outer_size, 1) if isinstance(outer_size, int) else outer_size)
     return inner is not None and known_nonneg(lo) and known_lt(hi, inner)
 

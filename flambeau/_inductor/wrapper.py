@@ -199,7 +199,7 @@ class WrapperCodegen:
             L.append(f"    {', '.join(f'_in{p}' for p in positions)}{',' if len(positions) == 1 else ''} = args")
             for b in inputs:
                 L.append(f"    {b.name} = _in{b.position}._data")
-        if self.size_names:
+        if g.dynamic:
             self._bind_sizes()
         for name, c in g.constants.items():
             self.ns[f"_c_{name}"] = c.constant
@@ -253,9 +253,11 @@ class WrapperCodegen:
         self.ns["_guards_ok"] = guard_checker(g.shape_env, base)
         self.ns["_eager"] = self.eager
         sizes = "".join(f"{n}, " for n in base)
-        checks.append(f"not _guards_ok(({sizes}))")
-        L.append(f"    if {' or '.join(checks)}:")
-        L.append("        return _eager(*args)")
+        if base:
+            checks.append(f"not _guards_ok(({sizes}))")
+        if checks:
+            L.append(f"    if {' or '.join(checks)}:")
+            L.append("        return _eager(*args)")
         L.append(f"    _S = {{{', '.join(f'{n!r}: {n}' for n in self.size_names)}}}")
 
     def _kernel(self, k: Kernel):
