@@ -359,3 +359,31 @@ def test_builtin_layers_are_inlined_into_functional_calls(lib):
     ops = [n.op for g in cnt.graphs for n in g.graph.nodes]
     assert "call_module" not in ops
     assert ops.count("call_function") + ops.count("call_method") >= 7
+
+
+def test_arange_of_a_dynamic_size_stays_dynamic(lib):
+    # positional embeddings: arange(T) with T a dynamic sequence length must not specialise T
+    pos = lib.nn.Embedding(64, 4)
+
+    def f(x):
+        return x + pos(lib.arange(x.shape[1]))
+    cf, cnt = compiled(lib, f)
+    for T in (8, 12, 20, 33):
+        x = lib.randn(3, T, 4)
+        same(lib, cf(x), f(x))
+    assert cnt.frame_count == 2            # the first compile specialises, the second serves every T
+
+
+def test_arange_of_a_dynamic_size_through_inductor():
+    import flambeau
+    from flambeau._dynamo import reset
+    reset()
+    pos = flambeau.nn.Embedding(64, 4)
+
+    def f(x):
+        return (x + pos(flambeau.arange(x.shape[1]))).relu()
+    cf = flambeau.compile(f)
+    with flambeau.no_grad():
+        for T in (8, 12, 20, 33):
+            x = flambeau.randn(3, T, 4)
+            same(flambeau, cf(x), f(x))

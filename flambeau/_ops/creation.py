@@ -360,6 +360,8 @@ def _arange(xp, start, end, step=1, *, dtype=None, device=None):
 
 def _arange_len(start, end, step, dtype):
     if dtype.category <= 1:
+        if "SymInt" in (type(start).__name__, type(end).__name__):      # traced with symbolic sizes
+            return _symbolic_arange_len(start, end, int(step))
         start, end, step = int(start), int(end), int(step)
     if step == 0:
         raise RuntimeError("step must be nonzero")
@@ -368,6 +370,17 @@ def _arange_len(start, end, step, dtype):
     if (step > 0 and end < start) or (step < 0 and end > start):
         raise RuntimeError("upper bound and larger bound inconsistent with step sign")
     return max(0, math.ceil((end - start) / step))
+
+
+def _symbolic_arange_len(start, end, step):
+    """The length of an integer arange whose bounds are symbolic sizes: a size expression, with the
+    sign checks recorded as guards (the comparisons of SymInts do that) instead of specialising."""
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if (step > 0 and end < start) or (step < 0 and end > start):
+        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+    span = end - start if step > 0 else start - end
+    return span if abs(step) == 1 else (span + abs(step) - 1) // abs(step)
 
 
 _arange.def_meta(lambda start, end, step=1, *, dtype=None, device=None:
