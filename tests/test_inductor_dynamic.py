@@ -321,11 +321,11 @@ def test_attention_block_training_with_dynamic_batch(compiled_graphs):
     assert cfx.counters["dynamic_eager_calls"] == eager_before
     assert cnt.frame_count == 1
     assert_generated(compiled_graphs)
-    # the causal mask's arange specialises the sequence length while AOT autograd traces (its meta
-    # takes int(end)); the trace shares dynamo's ShapeEnv, so that became a dynamo guard: another
-    # length recompiles (as in PyTorch) rather than reaching a graph made for the old one
+    # another sequence length: served by the same graphs, or, if tracing specialised the length
+    # (an op whose meta takes int(size)), recompiled, since AOT autograd traces in dynamo's
+    # ShapeEnv and the specialisation is a dynamo guard; never a graph made for the old length
     check(3, 5)
-    assert cnt.frame_count == 2
+    assert cnt.frame_count <= 2
     assert cfx.counters["dynamic_eager_calls"] == eager_before
 
 

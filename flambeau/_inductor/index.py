@@ -68,7 +68,8 @@ class FloorDiv(Atom):
 
     def bounds(self):
         lo, hi = self.arg.bounds()
-        return _floor_bound(lo, self.div, True), _floor_bound(hi, self.div, False)
+        nonneg = known_nonneg(lo)           # (then hi >= 0 too, or the argument takes no value)
+        return _floor_bound(lo, self.div, True, nonneg), _floor_bound(hi, self.div, False, nonneg)
 
     def key(self):
         return ("d", self.arg.key(), skey(self.div))
@@ -361,14 +362,15 @@ def _divmod(a, c):
     return (q, 0) if q is not None else (0, a)
 
 
-def _floor_bound(x, div, lower: bool):
-    """A bound of x // div (div >= 1) from a bound x: exact for ints, conservative otherwise."""
+def _floor_bound(x, div, lower: bool, nonneg: bool = False):
+    """A bound of x // div (div >= 1) from a bound x: exact for ints, conservative otherwise
+    (`nonneg`: every value bounded is >= 0)."""
     if isinstance(x, int) and isinstance(div, int):
         return x // div
     q = exact_div(x, div)
     if q is not None:
         return q
-    if known_nonneg(x):
+    if nonneg or known_nonneg(x):
         return 0 if lower else x
     if known_nonneg(-x):
         return x if lower else 0

@@ -7,9 +7,9 @@ normalises, so a value without symbols is a plain `int` and static graphs never 
 The generated kernels take the symbols as `int64_t` arguments; `str(e)` prints an expression that
 is valid C++ and Python over variables named like the symbols.
 
-A size that is not a polynomial because of a floor division (`floor(s1/2)`, from `view(n, 2, -1)`)
-gets a *derived* symbol (`d` and a hash of the expression) that the wrapper computes from the base
-ones.
+A size that is not a polynomial because of a floor division (`floor(s1/2)`, from `view(n, 2, -1)`;
+a modulo `Mod(s, c)` is `s - c*floor(s/c)`) gets a *derived* symbol (`d` and a hash of the
+expression) that the wrapper computes from the base ones; it is only known to be >= 0.
 
 Decisions follow the tracer's rules: a size symbol stands for an integer >= 2 (sizes 0 and 1 are
 specialised; the wrapper checks this at run time and runs the graph eagerly otherwise).
@@ -32,7 +32,7 @@ class Unsupported(Exception):
     """Raised by a lowering that cannot handle its input: the node becomes a fallback kernel."""
 
 
-MIN_SIZE = 2          # the least value a size symbol takes
+MIN_SIZE = 2          # the least value a size symbol takes (a derived one: 0)
 
 
 def _make(terms: dict):
@@ -110,6 +110,11 @@ class SizeExpr:
         if not isinstance(o, (int, SizeExpr)):
             return NotImplemented
         return self - o * (self // o)
+
+    def __rmod__(self, o):
+        if not isinstance(o, int):
+            return NotImplemented
+        return o - self * (o // self)
 
     def __pow__(self, k):
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
@@ -206,19 +211,20 @@ def _decide(e) -> bool:
 
 
 def known_nonneg(e) -> bool:
-    """Provably e >= 0 when every symbol is >= MIN_SIZE: after substituting s = MIN_SIZE + t
+    """Provably e >= 0 when every symbol is >= its least value: after substituting s = least + t
     (t >= 0) every coefficient is >= 0 (sufficient, not necessary)."""
     if isinstance(e, int):
         return e >= 0
     shifted: dict = {(): 0}
     for m, c in e.terms:
         poly = {(): c}
-        for s in m:                              # multiply by (t_s + MIN_SIZE)
+        for s in m:                              # multiply by (t_s + least value of s)
+            low = 0 if s in _derived_defs else MIN_SIZE
             nxt: dict = {}
             for pm, pc in poly.items():
                 k = tuple(sorted(pm + (s,)))
                 nxt[k] = nxt.get(k, 0) + pc
-                nxt[pm] = nxt.get(pm, 0) + pc * MIN_SIZE
+                nxt[pm] = nxt.get(pm, 0) + pc * low
             poly = nxt
         for pm, pc in poly.items():
             shifted[pm] = shifted.get(pm, 0) + pc
@@ -336,6 +342,9 @@ def _from_sympy(expr, repl: dict):
         expr = expr.xreplace(repl)
     if expr.is_Integer:
         return int(expr)
+    if expr.atoms(sympy.Mod):
+        expr = expr.replace(lambda e: isinstance(e, sympy.Mod),
+                            lambda e: e.args[0] - e.args[1] * sympy.floor(e.args[0] / e.args[1]))
     floors = expr.atoms(sympy.floor)
     if floors:                                   # floor(s1/2) (a view's inferred -1): a derived symbol
         expr = expr.xreplace({f: sympy.Symbol(_derived_name(f), integer=True, positive=True) for f in floors})
@@ -371,8 +380,7 @@ def _derived_name(f) -> str:
 
 def derived_definition(name: str):
     """The sympy expression (a floor division of base symbols) a derived size symbol stands for,
-    or None for a base symbol. The wrapper computes derived symbols from the base ones and, like
-    base symbols, requires them to be >= 2 (the algebra's assumption)."""
+    or None for a base symbol. The wrapper computes derived symbols from the base ones."""
     return _derived_defs.get(name)
 
 

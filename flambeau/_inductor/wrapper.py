@@ -13,7 +13,7 @@ generated module, so a call is a straight line of statements.
 
 A graph with symbolic sizes (graph.py) first reads each size symbol from the input it lives in
 (`s0, s1 = arg0.shape`), then checks that every input has the shape and strides the kernels
-assume, that every symbol is >= 2 (0 and 1 are specialised by the tracer) and that the tracer's
+assume, that every size symbol is >= 2 (0 and 1 are specialised by the tracer) and that the tracer's
 guards hold for these values (cached per distinct sizes); otherwise the graph runs eagerly
 (`_eager`), never wrongly. Buffer shapes are Python expressions of the symbols, the kernels get
 the symbols as trailing integer arguments, externs evaluate symbolic arguments and views.
@@ -238,7 +238,7 @@ class WrapperCodegen:
             else:
                 from .._dynamo.shape_guards import to_python
                 L.append(f"    {name} = {to_python(d, {sym: sym.name for sym in d.free_symbols})}")
-        checks = [f"{name} < 2" for name in self.size_names]
+        checks = [f"{name} < 2" for name in self.size_names if derived_definition(name) is None]
         for b in g.inputs:
             lay, it = b.layout, b.dtype.itemsize
             checks.append(f"{b.name}.shape != {_tuple_src(lay.shape)}")
