@@ -487,3 +487,37 @@ def _flat_tensors(x):
 def _np(t):
     t = t.detach()
     return t.double().numpy() if t.dtype.is_floating_point else t.numpy()
+
+
+GRAD_OPS = ["conv1d", "conv2d", "conv_transpose1d", "group_norm", "layer_norm", "pixel_shuffle", "matmul",
+            "softmax", "max_pool2d", "avg_pool2d", "embedding", "cross_entropy", "interpolate", "unfold"]
+
+
+@pytest.mark.parametrize("info", [i for i in OPINFOS if i.name in GRAD_OPS], ids=lambda i: i.name)
+def test_opdb_gradients_inductor_dynamic(info):
+    """Forward and backward graphs (sizes flow between them) of ops whose backward re-indexes
+    memory in size-dependent ways: gradients equal eager flambeau's."""
+    import warnings
+    fn = info.resolve(fl)
+
+    def loss(*a, **k):
+        outs = _flat_tensors(fn(*a, **k))
+        return sum((o.float() * (j + 1)).sum() for j, o in enumerate(outs) if o.dtype.is_floating_point)
+    compiled = fl.compile(loss, backend="inductor", dynamic=True)
+    for i, s in enumerate(info.samples("float32")[:3]):
+        args, kwargs, leaves = materialize(fl, s, "float32", 100 + i, True)
+        try:
+            ref = loss(*args, **kwargs)
+            rgrads = fl.autograd.grad(ref, leaves, allow_unused=True)
+        except Exception:
+            continue                       # not a differentiable sample
+        args, kwargs, leaves = materialize(fl, s, "float32", 100 + i, True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = compiled(*args, **kwargs)
+            grads = fl.autograd.grad(res, leaves, allow_unused=True)
+        np.testing.assert_allclose(_np(res), _np(ref), rtol=1e-4, atol=1e-4, err_msg=f"sample {i}")
+        for a, b in zip(rgrads, grads):
+            assert (a is None) == (b is None), f"sample {i}"
+            if a is not None:
+                np.testing.assert_allclose(_np(b), _np(a), rtol=1e-3, atol=1e-4, err_msg=f"sample {i}")
