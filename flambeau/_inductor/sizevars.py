@@ -11,12 +11,16 @@ A size that is not a polynomial because of a floor division (`floor(s1/2)`, from
 a modulo `Mod(s, c)` is `s - c*floor(s/c)`) gets a *derived* symbol (`d` and a hash of the
 expression) that the wrapper computes from the base ones; it is only known to be >= 0.
 
+A symbol that a guard pins to one value (`Eq(s1, 6)`: a dynamic dim matched with a weight's by a
+matrix product) is that constant, as in PyTorch.
+
 Decisions follow the tracer's rules: a size symbol stands for an integer >= 2 (sizes 0 and 1 are
 specialised; the wrapper checks this at run time and runs the graph eagerly otherwise).
 - `==`/`!=` compare the polynomials (equal forms are equal for every size; the tracer has already
   guarded the relations that the graph's shapes depend on).
-- `<`, `<=`, `>`, `>=`, `bool()` decide when the answer holds for every symbol value >= 2 and raise
-  `Unsupported` otherwise, so a lowering that needs the answer falls back instead of guessing.
+- `<`, `<=`, `>`, `>=`, `bool()` decide when the answer holds for every value of the symbols
+  (>= 2; derived ones >= 0) and raise `Unsupported` otherwise, so a lowering that needs the answer
+  falls back instead of guessing.
 - `known_nonneg`/`known_lt` answer "provably" (False when unknown): simplifications use them and
   simply don't simplify when a fact can't be proved.
 - `int()` raises `Unsupported` (code that needs a concrete value can't serve every size).
