@@ -12,6 +12,7 @@ AVX-512, `FLAMBEAU_GEMM=0` in the environment — goes to `np.matmul`, which com
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 
 import numpy as np
@@ -90,7 +91,12 @@ def matmul(a, b, out=None):
         return np.matmul(a, b, out=out)
     M, K = a.shape[-2:]
     N = b.shape[-1]
-    if b.shape[-2] != K or M * N * K < MIN_MACS or (out is not None and out.dtype != _F32):
+    if b.shape[-2] != K or (out is not None and out.dtype != _F32):
+        return np.matmul(a, b, out=out)
+    macs = M * N * K
+    if a.ndim > 2 or b.ndim > 2:       # batched: the whole product's size decides
+        macs *= max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2]))
+    if macs < MIN_MACS:
         return np.matmul(a, b, out=out)
     if a.ndim == 2 and b.ndim == 2:
         if out is None:

@@ -64,6 +64,12 @@ static void pack_a(int64_t mc, int64_t kc, const float* a, int64_t rsa, int64_t 
                 const float* s = a + (p + i) * rsa;
                 for (int64_t k = 0; k < kc; k++) d[k * MR + i] = s[k];
             }
+        } else if (rsa == 1 && m == MR) {   // a transposed operand: MR contiguous floats per k
+            for (int64_t k = 0; k < kc; k++) {
+                const float* s = a + k * csa + p;
+#pragma GCC unroll 12
+                for (int64_t i = 0; i < MR; i++) d[k * MR + i] = s[i];
+            }
         } else {
             for (int64_t k = 0; k < kc; k++) {
                 const float* s = a + k * csa + p * rsa;

@@ -27,8 +27,8 @@ keep_locals: bool = True          # keep kernel-internal buffers in registers
 reuse_buffers: bool = True        # memory planning: reuse freed buffers of the same size/dtype
 max_inline_ops: int = 200         # realise a pointwise value whose expression grows beyond this
 inline_ops_multi_use: int = 12    # ... or that has several users and costs more than this
-parallel_threshold: int = 1 << 18  # elements of work below which a kernel runs on one thread (waking
-#   the OpenMP team costs ~30 us with GOMP_SPINCOUNT=1000; measured break-even on 2 cores ~256K)
+parallel_threshold: int = 1 << 15  # elements of work below which a kernel runs on one thread (with
+#   GOMP_SPINCOUNT=10000 the team is still spinning between kernels: 2 threads win from ~16K up)
 accumulate_float_in_double: bool = True   # float32 sums/products accumulate in double
 # Keep freed memory in the process (glibc: mmap threshold 32 MiB, no heap trimming below 1 GiB) so
 # that the buffers of each call of a compiled graph reuse pages instead of faulting fresh ones in
