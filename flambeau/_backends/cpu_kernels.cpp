@@ -151,6 +151,8 @@ static thread_local float* t_apack = nullptr;
 static thread_local int64_t t_apack_cap = 0;
 static thread_local float* t_bpack = nullptr;
 static thread_local int64_t t_bpack_cap = 0;
+static thread_local float* t_copies = nullptr;      // the implicit-GEMM conv's copy table
+static thread_local int64_t t_copies_cap = 0;
 
 // One product on the calling thread (no OpenMP inside).
 static void gemm_serial(int64_t M, int64_t N, int64_t K, const float* a, int64_t rsa, int64_t csa,
@@ -264,6 +266,68 @@ static void make_runs(const Conv2d& g, int64_t l0, int64_t nc, Runs& r) {
     }
 }
 
+#ifdef __AVX512F__
+// For stride-1 convolutions, what a run copies for each kernel position (kh, kw) depends only on
+// the run, not on the channel: one table per work item holds, per (kh, kw) and run, the source
+// offset in a channel plane (-1: the run lies in a padding row) and the load/store masks of its
+// two 16-lane chunks. Packing is then two masked copies per run and row of B.
+struct RunCopy {
+    int64_t off;
+    __mmask16 valid[2], keep[2];
+};
+
+static void make_copies(const Conv2d& g, const Runs& runs, RunCopy* table) {
+    for (int64_t kh = 0; kh < g.KH; kh++)
+        for (int64_t kw = 0; kw < g.KW; kw++) {
+            RunCopy* e = table + (kh * g.KW + kw) * runs.n;
+            for (int64_t q = 0; q < runs.n; q++) {
+                const int64_t len = runs.len[q];
+                const int64_t ih = runs.oh[q] * g.sh - g.ph + kh * g.dh;
+                const int64_t iw0 = runs.ow[q] - g.pw + kw * g.dw;
+                const int64_t lo = std::min<int64_t>(len, std::max<int64_t>(0, -iw0));
+                const int64_t hi = std::max<int64_t>(lo, std::min<int64_t>(len, g.W - iw0));
+                const bool row = ih >= 0 && ih < g.H;
+                e[q].off = row ? ih * g.W + iw0 : -1;
+                for (int t = 0; t < 2; t++) {
+                    const int64_t a = std::max<int64_t>(lo - 16 * t, 0), z = std::min<int64_t>(hi - 16 * t, 16);
+                    const int64_t n = std::max<int64_t>(0, std::min<int64_t>(len - 16 * t, 16));
+                    e[q].valid[t] = (row && z > a) ? (__mmask16)(((1u << z) - 1) & ~((1u << a) - 1)) : 0;
+                    e[q].keep[t] = (__mmask16)((1u << n) - 1);
+                }
+            }
+        }
+}
+
+static void pack_cols_s1(const Conv2d& g, const float* x, int64_t k0, int64_t kc, int64_t nc, const Runs& runs,
+                         const RunCopy* table, float* dst) {
+    const int64_t khw = g.KH * g.KW, panels = (nc + NR - 1) / NR, tail = nc - (panels - 1) * NR;
+    int64_t c = k0 / khw, r = k0 % khw;
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kc; k++) {
+        const float* xc = x + c * g.H * g.W;
+        const RunCopy* e = table + r * runs.n;
+        float* row = dst + k * NR;
+        for (int64_t q = 0; q < runs.n; q++) {
+            float* out = row + runs.panel[q] * NR * kc + runs.j[q];
+            const float* src = xc + e[q].off;
+            _mm512_mask_storeu_ps(out, e[q].keep[0], _mm512_maskz_loadu_ps(e[q].valid[0], src));
+            if (e[q].keep[1])
+                _mm512_mask_storeu_ps(out + 16, e[q].keep[1], _mm512_maskz_loadu_ps(e[q].valid[1], src + 16));
+        }
+        if (tail < NR) {                     // zero the last panel's columns past nc
+            float* last = row + (panels - 1) * NR * kc;
+            if (tail < 16) {
+                _mm512_mask_storeu_ps(last, (__mmask16)~((1u << tail) - 1), zero);
+                _mm512_storeu_ps(last + 16, zero);
+            } else {
+                _mm512_mask_storeu_ps(last + 16, (__mmask16)~((1u << (tail - 16)) - 1), zero);
+            }
+        }
+        if (++r == khw) { r = 0; c++; }
+    }
+}
+#endif
+
 // Pack rows [k0, k0+kc) of the implicit column matrix of image `x` (C x H x W), positions
 // [l0, l0+nc) (described by `runs`), into NR-wide panels at dst (panel p at dst + p*NR*kc, row k at
 // + k*NR); columns past nc are zero.
@@ -336,6 +400,14 @@ extern "C" void flm_conv2d(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O
         float* bp = scratch(t_bpack, t_bpack_cap, KC * NCONV);
         Runs runs;
         make_runs(g, l0, nc, runs);
+#ifdef __AVX512F__
+        RunCopy* copies = nullptr;
+        if (sw == 1) {
+            copies = (RunCopy*)scratch(t_copies, t_copies_cap,
+                                       (int64_t)((KH * KW * runs.n * sizeof(RunCopy) + sizeof(float) - 1) / sizeof(float)));
+            make_copies(g, runs, copies);
+        }
+#endif
         float* yn = y + n * O * L + l0;
         const float* xn = x + n * C * H * W;
         if (bias)
@@ -344,7 +416,12 @@ extern "C" void flm_conv2d(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O
         for (int64_t b = 0; b < kblocks; b++) {
             const int64_t kc = std::min<int64_t>(KC, K - b * KC);
             const bool acc = bias != nullptr || b > 0;
-            pack_cols(g, xn, b * KC, kc, nc, runs, bp);
+#ifdef __AVX512F__
+            if (copies)
+                pack_cols_s1(g, xn, b * KC, kc, nc, runs, copies, bp);
+            else
+#endif
+                pack_cols(g, xn, b * KC, kc, nc, runs, bp);
             const float* ap = wp + b * tiles * MR * KC;
             for (int64_t p = 0; p * NR < nc; p++)
                 for (int64_t q = 0; q < tiles; q++)
