@@ -40,6 +40,18 @@ def has_hooks(m) -> bool:
     return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
 
 
+def _guard_hooks_unchanged(tx) -> None:
+    """One guard per graph for every inlined module's "has no hooks": the global hook version."""
+    out = tx.output
+    if getattr(out, "_hooks_guarded", False):
+        return
+    from ...nn.modules._module_utils import hooks_version
+    g = out.guards
+    g.raw(f"{g.const(hooks_version)}[0] == {hooks_version[0]}",
+          "HOOKS: no module hook registered or removed since capture (the inlined modules had none)")
+    out._hooks_guarded = True
+
+
 class NNModuleVariable(VariableTracker):
     def __init__(self, module, source):
         self.value = module
@@ -191,8 +203,7 @@ class NNModuleVariable(VariableTracker):
         m = self.value
         if is_leaf_module(m):
             return tx.output.call_module(tx, self, args, kwargs)
-        tx.output.guards.add(self.source, "not ({S}._forward_hooks or {S}._forward_pre_hooks or "
-                             "{S}._backward_hooks or {S}._backward_pre_hooks)", f"{self.source.name()} has no hooks")
+        _guard_hooks_unchanged(tx)
         if has_hooks(m):
             raise Unsupported(f"{type(m).__name__} has hooks (calls with hooks are not captured)")
         if type(m).forward is Sequential.forward and isinstance(m, Sequential):

@@ -10,6 +10,12 @@ from ..._tensor import Tensor
 from ... import _dtype as D
 
 
+# Bumped by every module hook registration and removal, so that compiled code can guard "no hook
+# was added or removed since capture" with one comparison instead of four dict checks per module
+# (hooks put into the dicts by hand, bypassing register_*_hook, are not seen).
+hooks_version = [0]
+
+
 class RemovableHandle:
     """Handle returned by `register_*_hook`; `remove()` unregisters the hook."""
     _ids = itertools.count()
@@ -18,8 +24,10 @@ class RemovableHandle:
         self.hooks_dict_ref = weakref.ref(hooks_dict)
         self.id = next(RemovableHandle._ids)
         self.extra_dict_refs = tuple(weakref.ref(d) for d in (extra_dict or ()))
+        hooks_version[0] += 1
 
     def remove(self) -> None:
+        hooks_version[0] += 1
         d = self.hooks_dict_ref()
         if d is not None:
             d.pop(self.id, None)
