@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import flambeau as fl
-from tests.opdb import all_opinfos, materialize
+from tests.opdb import all_opinfos, assert_outputs_match, eager_samples, materialize
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
@@ -376,14 +376,6 @@ EXPECTED_GRAPH_BREAKS = {
 }
 
 
-def _flat(x):
-    if isinstance(x, fl.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [y for i in x for y in _flat(i)]
-    return []
-
-
 OPINFOS = all_opinfos()
 
 
@@ -391,12 +383,7 @@ def _check_opinfo(info, backend, max_samples):
     dt = "float32" if "float32" in info.dtypes else info.dtypes[0]
     fn = info.resolve(fl)
     breaks = 0
-    for i, s in enumerate(info.samples(dt)[:max_samples]):
-        args, kwargs, _ = materialize(fl, s, dt, 100 + i, False)
-        try:
-            ref = fn(*args, **kwargs)
-        except Exception:
-            continue                       # not a valid sample for this dtype
+    for i, s, ref in eager_samples(fl, info, dt, max_samples):
         args, kwargs, _ = materialize(fl, s, dt, 100 + i, False)
         compiled = fl.compile(lambda *a, **k: fn(*a, **k), backend=backend)
         with warnings.catch_warnings():
@@ -404,15 +391,7 @@ def _check_opinfo(info, backend, max_samples):
             res = compiled(*args, **kwargs)
         eargs, ekwargs, _ = materialize(fl, s, dt, 100 + i, False)
         breaks += fl._dynamo.explain(lambda *a, **k: fn(*a, **k))(*eargs, **ekwargs).graph_break_count
-        if info.random:
-            assert [tuple(t.shape) for t in _flat(ref)] == [tuple(t.shape) for t in _flat(res)]
-            continue
-        a, b = _flat(ref), _flat(res)
-        assert len(a) == len(b), f"sample {i}"
-        for p, q in zip(a, b):
-            assert p.dtype == q.dtype and tuple(p.shape) == tuple(q.shape), f"sample {i}"
-            tol = 1e-2 if p.dtype in (fl.float16, fl.bfloat16) else 1e-4
-            np.testing.assert_allclose(N(q), N(p), rtol=tol, atol=tol, equal_nan=True, err_msg=f"sample {i}")
+        assert_outputs_match(fl, info, ref, res, f"sample {i}")
     return breaks
 
 

@@ -7,7 +7,6 @@ the inductor backend makes, so tests can check that the generated code (not the 
 ran: the graph has size symbols, its source takes them, and `counters["dynamic_eager_calls"]`
 (calls whose inputs didn't fit and ran eagerly) does not move.
 """
-import copy
 import sys
 
 import numpy as np
@@ -17,7 +16,7 @@ import torch
 import flambeau as fl
 import flambeau._inductor as inductor
 from flambeau._inductor import compile_fx, config, cpp_builder
-from tests.opdb import all_opinfos, materialize
+from tests.opdb import all_opinfos, as_numpy, assert_outputs_match, eager_samples, flat_tensors, materialize
 from flambeau.fx.experimental.proxy_tensor import make_fx
 
 cfx = sys.modules["flambeau._inductor.compile_fx"]
@@ -387,50 +386,6 @@ def test_floor_of_a_sum_in_a_derived_size():
     run_sizes(fn, [[(4, 5)], [(6, 9)], [(3, 4)]])
 
 
-# ---- every operator of the op database, compiled with dynamic=True --------------------------------------
-OPINFOS = all_opinfos()
-
-
-@pytest.mark.parametrize("info", OPINFOS, ids=[i.name for i in OPINFOS])
-def test_opdb_inductor_dynamic(info):
-    """One compiled function per operator, called on its samples (several shapes, so the dynamic
-    graph is reused across sizes): the results equal eager flambeau's."""
-    import warnings
-    dt = "float32" if "float32" in info.dtypes else info.dtypes[0]
-    fn = info.resolve(fl)
-    compiled = fl.compile(lambda *a, **k: fn(*a, **k), backend="inductor", dynamic=True)
-    for i, s in enumerate(info.samples(dt)[:4]):
-        args, kwargs, _ = materialize(fl, s, dt, 100 + i, False)
-        try:
-            ref = fn(*args, **kwargs)
-        except Exception:
-            continue                       # not a valid sample for this dtype
-        args, kwargs, _ = materialize(fl, s, dt, 100 + i, False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            res = compiled(*args, **kwargs)
-        ref, res = _flat_tensors(ref), _flat_tensors(res)
-        assert len(ref) == len(res), f"sample {i}"
-        for p, q in zip(ref, res):
-            assert p.dtype == q.dtype and tuple(p.shape) == tuple(q.shape), f"sample {i}"
-            if not info.random:
-                tol = 1e-2 if p.dtype in (fl.float16, fl.bfloat16) else 1e-4
-                np.testing.assert_allclose(_np(q), _np(p), rtol=tol, atol=tol, equal_nan=True, err_msg=f"sample {i}")
-
-
-def _flat_tensors(x):
-    if isinstance(x, fl.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for y in x for t in _flat_tensors(y)]
-    return []
-
-
-def _np(t):
-    t = t.detach()
-    return t.double().numpy() if t.dtype.is_floating_point else t.numpy()
-
-
 def test_loops_over_sizes_not_provably_positive():
     # conv1d's output length is s2 + 1 - s4 (input length, kernel size): not provably >= 1, so a
     # loop over it must not be bounded by 0 (that once simplified (r % L) to r: the kernels read and
@@ -457,36 +412,12 @@ def test_opdb_inductor_dynamic(info):
     dt = "float32" if "float32" in info.dtypes else info.dtypes[0]
     fn = info.resolve(fl)
     compiled = fl.compile(lambda *a, **k: fn(*a, **k), backend="inductor", dynamic=True)
-    for i, s in enumerate(info.samples(dt)[:4]):
-        args, kwargs, _ = materialize(fl, s, dt, 100 + i, False)
-        try:
-            ref = fn(*args, **kwargs)
-        except Exception:
-            continue                       # not a valid sample for this dtype
+    for i, s, ref in eager_samples(fl, info, dt, 4):
         args, kwargs, _ = materialize(fl, s, dt, 100 + i, False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             res = compiled(*args, **kwargs)
-        ref, res = _flat_tensors(ref), _flat_tensors(res)
-        assert len(ref) == len(res), f"sample {i}"
-        for p, q in zip(ref, res):
-            assert p.dtype == q.dtype and tuple(p.shape) == tuple(q.shape), f"sample {i}"
-            if not info.random:
-                tol = 1e-2 if p.dtype in (fl.float16, fl.bfloat16) else 1e-4
-                np.testing.assert_allclose(_np(q), _np(p), rtol=tol, atol=tol, equal_nan=True, err_msg=f"sample {i}")
-
-
-def _flat_tensors(x):
-    if isinstance(x, fl.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for y in x for t in _flat_tensors(y)]
-    return []
-
-
-def _np(t):
-    t = t.detach()
-    return t.double().numpy() if t.dtype.is_floating_point else t.numpy()
+        assert_outputs_match(fl, info, ref, res, f"sample {i}")
 
 
 GRAD_OPS = ["conv1d", "conv2d", "conv_transpose1d", "group_norm", "layer_norm", "pixel_shuffle", "matmul",
@@ -501,7 +432,7 @@ def test_opdb_gradients_inductor_dynamic(info):
     fn = info.resolve(fl)
 
     def loss(*a, **k):
-        outs = _flat_tensors(fn(*a, **k))
+        outs = flat_tensors(fl, fn(*a, **k))
         return sum((o.float() * (j + 1)).sum() for j, o in enumerate(outs) if o.dtype.is_floating_point)
     compiled = fl.compile(loss, backend="inductor", dynamic=True)
     for i, s in enumerate(info.samples("float32")[:3]):
@@ -516,8 +447,8 @@ def test_opdb_gradients_inductor_dynamic(info):
             warnings.simplefilter("ignore")
             res = compiled(*args, **kwargs)
             grads = fl.autograd.grad(res, leaves, allow_unused=True)
-        np.testing.assert_allclose(_np(res), _np(ref), rtol=1e-4, atol=1e-4, err_msg=f"sample {i}")
+        np.testing.assert_allclose(as_numpy(res), as_numpy(ref), rtol=1e-4, atol=1e-4, err_msg=f"sample {i}")
         for a, b in zip(rgrads, grads):
             assert (a is None) == (b is None), f"sample {i}"
             if a is not None:
-                np.testing.assert_allclose(_np(b), _np(a), rtol=1e-3, atol=1e-4, err_msg=f"sample {i}")
+                np.testing.assert_allclose(as_numpy(b), as_numpy(a), rtol=1e-3, atol=1e-4, err_msg=f"sample {i}")

@@ -195,3 +195,42 @@ class Module:
         for p in self.path.split("."):
             obj = getattr(obj, p)
         return obj
+
+
+# ---- running samples through a compiled function (tests/test_compile.py, tests/test_inductor_dynamic.py) ----
+def eager_samples(mod, info, dtype: str, max_samples: int):
+    """(index, sample, eager result) for the first `max_samples` samples of `info` that are valid
+    in `dtype` (a sample whose eager call raises is skipped)."""
+    fn = info.resolve(mod)
+    for i, s in enumerate(info.samples(dtype)[:max_samples]):
+        args, kwargs, _ = materialize(mod, s, dtype, 100 + i, False)
+        try:
+            ref = fn(*args, **kwargs)
+        except Exception:
+            continue
+        yield i, s, ref
+
+
+def flat_tensors(mod, x) -> list:
+    if isinstance(x, mod.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in flat_tensors(mod, y)]
+    return []
+
+
+def as_numpy(t):
+    t = t.detach()
+    return t.double().numpy() if t.dtype.is_floating_point else t.numpy()
+
+
+def assert_outputs_match(mod, info, ref, res, where: str) -> None:
+    """Compiled outputs `res` against eager `ref`: same structure, dtypes and shapes, and (for
+    non-random ops) values within float32 tolerance (1e-2 for half precision)."""
+    a, b = flat_tensors(mod, ref), flat_tensors(mod, res)
+    assert len(a) == len(b), where
+    for p, q in zip(a, b):
+        assert p.dtype == q.dtype and tuple(p.shape) == tuple(q.shape), where
+        if not info.random:
+            tol = 1e-2 if p.dtype in (mod.float16, mod.bfloat16) else 1e-4
+            np.testing.assert_allclose(as_numpy(q), as_numpy(p), rtol=tol, atol=tol, equal_nan=True, err_msg=where)
