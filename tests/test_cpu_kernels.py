@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import flambeau
-from flambeau._backends import cpu_blas
+from flambeau._backends import cpu_kernels
 
-pytestmark = pytest.mark.skipif(not cpu_blas.available(), reason="no AVX-512 / C++ compiler: NumPy's BLAS is used")
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no AVX-512 / C++ compiler: NumPy's BLAS is used")
 
 
 def _ref(a, b):
@@ -30,60 +30,60 @@ SHAPES = [(64, 256, 256), (1, 1000, 1), (13, 7, 33), (12, 96, 32), (97, 300, 65)
 @pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
 @pytest.mark.parametrize("parallel", [False, True])
 def test_gemm_shapes_layouts(M, K, N, ta, tb, parallel, monkeypatch):
-    monkeypatch.setattr(cpu_blas, "MIN_MACS", 0)
-    monkeypatch.setattr(cpu_blas, "PARALLEL_MACS", 0 if parallel else 1 << 62)
+    monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "PARALLEL_MACS", 0 if parallel else 1 << 62)
     rng = np.random.default_rng(M * 1000 + K * 10 + N)
     a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
     b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
     a, b = (a.T if ta else a), (b.T if tb else b)
-    _check(cpu_blas.matmul(a, b), a, b)
+    _check(cpu_kernels.matmul(a, b), a, b)
 
 
 def test_gemm_strided_negative_and_out(monkeypatch):
-    monkeypatch.setattr(cpu_blas, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
     rng = np.random.default_rng(0)
     big = rng.standard_normal((80, 90)).astype(np.float32)
     a = big[::2, 5:70:3]            # (40, 22), non-unit strides both ways
     b = rng.standard_normal((22, 50)).astype(np.float32)[::-1]     # negative row stride
-    _check(cpu_blas.matmul(a, b), a, b)
+    _check(cpu_kernels.matmul(a, b), a, b)
     out = np.full((40, 100), 7.0, np.float32)
     view = out[:, 10:60]            # row stride 100: written in place, the rest untouched
-    r = cpu_blas.matmul(a, b, out=view)
+    r = cpu_kernels.matmul(a, b, out=view)
     assert r is view
     _check(view, a, b)
     assert np.all(out[:, :10] == 7.0) and np.all(out[:, 60:] == 7.0)
 
 
 def test_gemm_batched_broadcast(monkeypatch):
-    monkeypatch.setattr(cpu_blas, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
     rng = np.random.default_rng(1)
     a = rng.standard_normal((3, 4, 17, 29)).astype(np.float32)
     b = rng.standard_normal((29, 31)).astype(np.float32)
-    _check(cpu_blas.matmul(a, b), a, b)
+    _check(cpu_kernels.matmul(a, b), a, b)
     w = rng.standard_normal((4, 31, 29)).astype(np.float32)
-    _check(cpu_blas.matmul(a, w.swapaxes(-1, -2)), a, w.swapaxes(-1, -2))
+    _check(cpu_kernels.matmul(a, w.swapaxes(-1, -2)), a, w.swapaxes(-1, -2))
     c = rng.standard_normal((3, 1, 29, 8)).astype(np.float32)
-    _check(cpu_blas.matmul(a, c), a, c)
+    _check(cpu_kernels.matmul(a, c), a, c)
     # a batch layout that is not one stride (a permuted batch) falls back item by item
     p = np.ascontiguousarray(a.transpose(1, 0, 2, 3)).transpose(1, 0, 2, 3)
-    _check(cpu_blas.matmul(p, c), p, c)
+    _check(cpu_kernels.matmul(p, c), p, c)
 
 
 def test_gemm_empty_and_zero_k(monkeypatch):
-    monkeypatch.setattr(cpu_blas, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
     a = np.ones((3, 0), np.float32)
     b = np.ones((0, 4), np.float32)
-    np.testing.assert_array_equal(cpu_blas.matmul(a, b), np.zeros((3, 4), np.float32))
+    np.testing.assert_array_equal(cpu_kernels.matmul(a, b), np.zeros((3, 4), np.float32))
     out = np.full((3, 4), 5.0, np.float32)
-    cpu_blas.matmul(a, b, out=out)
+    cpu_kernels.matmul(a, b, out=out)
     np.testing.assert_array_equal(out, np.zeros((3, 4), np.float32))
-    assert cpu_blas.matmul(np.ones((0, 5), np.float32), np.ones((5, 4), np.float32)).shape == (0, 4)
+    assert cpu_kernels.matmul(np.ones((0, 5), np.float32), np.ones((5, 4), np.float32)).shape == (0, 4)
 
 
 def test_nonfloat32_goes_to_numpy():
     a = np.arange(12.0).reshape(3, 4)
     b = np.arange(8.0).reshape(4, 2)
-    r = cpu_blas.matmul(a, b)
+    r = cpu_kernels.matmul(a, b)
     assert r.dtype == np.float64
     np.testing.assert_array_equal(r, a @ b)
 
@@ -115,24 +115,24 @@ def test_linear_and_conv_match_torch():
 
 
 def test_out_overlapping_an_operand_is_still_right(monkeypatch):
-    monkeypatch.setattr(cpu_blas, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
     rng = np.random.default_rng(4)
     a = rng.standard_normal((40, 40)).astype(np.float32)
     b = rng.standard_normal((40, 40)).astype(np.float32)
     want = _ref(a, b)
-    cpu_blas.matmul(a, b, out=a)
+    cpu_kernels.matmul(a, b, out=a)
     np.testing.assert_allclose(a, want, rtol=1e-4, atol=1e-4)
 
 
 def test_forked_child_runs_products_single_threaded(monkeypatch):
     import multiprocessing as mp
-    monkeypatch.setattr(cpu_blas, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
     rng = np.random.default_rng(5)
     a = rng.standard_normal((256, 256)).astype(np.float32)
-    cpu_blas.matmul(a, a)              # the parent's OpenMP team exists now
+    cpu_kernels.matmul(a, a)              # the parent's OpenMP team exists now
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    p = ctx.Process(target=lambda: q.put(float(np.abs(cpu_blas.matmul(a, a) - _ref(a, a)).max())))
+    p = ctx.Process(target=lambda: q.put(float(np.abs(cpu_kernels.matmul(a, a) - _ref(a, a)).max())))
     p.start()
     err = q.get(timeout=60)
     p.join(60)
@@ -155,20 +155,20 @@ def test_implicit_gemm_conv2d_matches_torch(N, C, H, W, O, k, stride, padding, d
     w = rng.standard_normal((O, C) + ks).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32) if bias else None
     calls = []
-    orig = cpu_blas.conv2d
+    orig = cpu_kernels.conv2d
 
     def spy(*a, **kw):
         r = orig(*a, **kw)
         calls.append(r is not None)
         return r
     import flambeau._ops.nn_conv as nn_conv
-    nn_conv.cpu_blas.conv2d = spy
+    nn_conv.cpu_kernels.conv2d = spy
     try:
         got = flambeau.nn.functional.conv2d(flambeau.from_numpy(x), flambeau.from_numpy(w),
                                             None if b is None else flambeau.from_numpy(b),
                                             stride=stride, padding=padding, dilation=dilation).numpy()
     finally:
-        nn_conv.cpu_blas.conv2d = orig
+        nn_conv.cpu_kernels.conv2d = orig
     assert calls == [True]          # the implicit-GEMM kernel computed it
     want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), None if b is None else torch.from_numpy(b),
                                       stride=stride, padding=padding, dilation=dilation)
@@ -182,7 +182,7 @@ def test_fused_softmax_matches_torch(shape, log):
     x = (rng.standard_normal(shape) * 10).astype(np.float32)
     x.reshape(-1)[::7] = -np.inf                  # masked entries, as attention masks make them
     x.reshape(-1)[0] = 80.0                        # exp would overflow without the max shift
-    assert cpu_blas.softmax_lastdim(x, log) is not None
+    assert cpu_kernels.softmax_lastdim(x, log) is not None
     t = flambeau.from_numpy(x)
     got = (t.log_softmax(-1) if log else t.softmax(-1)).numpy()
     ref = torch.from_numpy(x)

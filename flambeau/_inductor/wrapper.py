@@ -25,7 +25,7 @@ import ctypes
 import numpy as np
 
 from .. import _dtype as D
-from .._backends import cpu_blas
+from .._backends import cpu_kernels
 from .._device import CPU
 from .._tensor import Tensor
 from .ir import Buffer, InputBuffer, MultiOutput, StridedView
@@ -133,7 +133,7 @@ def _matmul_extern(args, index):
             return lambda arrays: strided_array(arrays[i], lay)
         return lambda arrays: arrays[i]
     fa, fb = operand(args[0]), operand(args[1])
-    matmul = cpu_blas.matmul
+    matmul = cpu_kernels.matmul
 
     def call(*arrays):
         return matmul(fa(arrays), fb(arrays))

@@ -14,8 +14,8 @@ import numpy as np
 import string
 
 from .. import _dtype as D
-from .._backends import cpu_blas
-from .._backends.cpu_blas import matmul_for
+from .._backends import cpu_kernels
+from .._backends.cpu_kernels import matmul_for
 from ._registry import defop, export, TensorSpec, LINALG
 from ._helpers import broadcast_shapes, opmath, wrap_dim
 
@@ -82,9 +82,9 @@ def matmul_shape(a, b):
 def matmul(xp, self, other):
     if (type(self) is np.ndarray and type(other) is np.ndarray and self.ndim == 2 == other.ndim
             and self.dtype == other.dtype and self.dtype in _FAST_FLOATS and self.shape[1] == other.shape[0]):
-        if self.shape[0] * self.shape[1] * other.shape[1] < cpu_blas.MIN_MACS:
+        if self.shape[0] * self.shape[1] * other.shape[1] < cpu_kernels.MIN_MACS:
             return np.matmul(self, other)                   # fast path: small 2-D float product
-        return cpu_blas.matmul(self, other)
+        return cpu_kernels.matmul(self, other)
     _check_same_dtype(self, other)
     _check_not_bool("addmm_impl_cpu_", self)
     shape = matmul_shape(self.shape, other.shape)

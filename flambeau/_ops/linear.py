@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import _dtype as D
-from .._backends.cpu_blas import matmul_for
+from .._backends.cpu_kernels import matmul_for
 from ._registry import defop, export, TensorSpec
 from ._helpers import opmath
 

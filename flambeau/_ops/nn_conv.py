@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import _dtype as D
-from .._backends import cpu_blas, cudnn
+from .._backends import cpu_kernels, cudnn
 from ._registry import defop, export, TensorSpec
 from ._helpers import opmath
 
@@ -236,7 +236,7 @@ def _cpu_forward(x, w, bias, st, pads, dil, G):
     N, C, O, ks, out = _geometry(x, w.shape, st, dil, pads)
     K, Cg, Og = math.prod(ks), C // G, O // G
     if G == 1 and len(ks) == 2 and C * K >= 16 and not _pointwise(ks, st, pads):
-        r = cpu_blas.conv2d(x, w, bias, st, pads, dil, out)      # implicit GEMM, no column buffer
+        r = cpu_kernels.conv2d(x, w, bias, st, pads, dil, out)      # implicit GEMM, no column buffer
         if r is not None:
             return r
     rest = math.prod(out[1:])
@@ -245,7 +245,7 @@ def _cpu_forward(x, w, bias, st, pads, dil, G):
     yv = y.reshape(N, G, Og, L)
     bv = None if bias is None else bias.reshape(G, Og, 1)
     if _pointwise(ks, st, pads):
-        cpu_blas.matmul(w.reshape(G, Og, Cg), x.reshape(N, G, Cg, L), out=yv)
+        cpu_kernels.matmul(w.reshape(G, Og, Cg), x.reshape(N, G, Cg, L), out=yv)
         if bv is not None:
             yv += bv
         return y
@@ -261,7 +261,7 @@ def _cpu_forward(x, w, bias, st, pads, dil, G):
         for k, sl in enumerate(_windows(ks, st, dil, out, r0, r1)):
             buf[:b, :, k, :r] = xpd[(slice(n0, n1), slice(None)) + sl]
         dst = yv[n0:n1, :, :, r0 * rest:r1 * rest]
-        cpu_blas.matmul(wm, cols[:b, :, :, :r * rest], out=dst)
+        cpu_kernels.matmul(wm, cols[:b, :, :, :r * rest], out=dst)
         if bv is not None:
             dst += bv
     return y
@@ -307,7 +307,7 @@ def _cpu_weight_grad(x, gy, wshape, st, pads, dil, G):
     L = out[0] * rest
     gyv = gy.reshape(N, G, Og, L)
     if _pointwise(ks, st, pads):
-        return cpu_blas.matmul(gyv, x.reshape(N, G, Cg, L).swapaxes(-1, -2)).sum(0).reshape(wshape)
+        return cpu_kernels.matmul(gyv, x.reshape(N, G, Cg, L).swapaxes(-1, -2)).sum(0).reshape(wshape)
     xpd = _padded(np, x, pads)
     nb, rows, blocks = _blocks(N, out, C * K * rest * x.itemsize)
     buf = np.empty((nb, C, K, rows) + out[1:], x.dtype)
@@ -318,7 +318,7 @@ def _cpu_weight_grad(x, gy, wshape, st, pads, dil, G):
         b, r = n1 - n0, r1 - r0
         for k, sl in enumerate(_windows(ks, st, dil, out, r0, r1)):
             buf[:b, :, k, :r] = xpd[(slice(n0, n1), slice(None)) + sl]
-        cpu_blas.matmul(gyv[n0:n1, :, :, r0 * rest:r1 * rest], cols[:b, :, :, :r * rest].swapaxes(-1, -2), out=part[:b])
+        cpu_kernels.matmul(gyv[n0:n1, :, :, r0 * rest:r1 * rest], cols[:b, :, :, :r * rest].swapaxes(-1, -2), out=part[:b])
         acc += part[:b].sum(0) if b > 1 else part[0]
     return acc.reshape(wshape)
 
@@ -338,7 +338,7 @@ def _cpu_col2im_adjoint(gy, w, st, pad, dil, G, size):
     cols = buf.reshape(nb, G, Cg * K, rows * rest)
     for n0, n1, r0, r1 in blocks:
         b, r = n1 - n0, r1 - r0
-        cpu_blas.matmul(wt, gyv[n0:n1, :, :, r0 * rest:r1 * rest], out=cols[:b, :, :, :r * rest])
+        cpu_kernels.matmul(wt, gyv[n0:n1, :, :, r0 * rest:r1 * rest], out=cols[:b, :, :, :r * rest])
         for k, sl in enumerate(_windows(ks, st, dil, out, r0, r1)):
             acc[(slice(n0, n1), slice(None)) + sl] += buf[:b, :, k, :r]
     crop = tuple(slice(pad[i], pad[i] + size[i]) for i in range(nd))

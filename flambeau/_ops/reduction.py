@@ -22,7 +22,7 @@ from .._tensor import Tensor
 from .._dispatch import type_name, resize_out
 from ._registry import defop, export, EXPORTS, TensorSpec
 from ._helpers import wrap_dim, wrap_dims, opmath, PAR_MIN, parallel_blocks
-from .._backends import cpu_blas, cuda_kernels
+from .._backends import cpu_kernels, cuda_kernels
 
 _ND = ("nondifferentiable",)
 
@@ -751,7 +751,7 @@ def _softmax_kernel(name, log):
         if x.size == 0:
             return _fresh(xp, x, out.np)
         if xp is np and d == x.ndim - 1 and x.flags.c_contiguous:
-            r = cpu_blas.softmax_lastdim(x, log)            # one fused C++ pass per row
+            r = cpu_kernels.softmax_lastdim(x, log)            # one fused C++ pass per row
             if r is not None:
                 return _fresh(xp, r, out.np)
         if xp is np and d == x.ndim - 1 and x.flags.c_contiguous and x.size >= PAR_MIN:

@@ -8,7 +8,7 @@ import numpy as np
 
 import math
 
-from .._backends import cpu_blas
+from .._backends import cpu_kernels
 from .optimizer import Optimizer, _scalar_tensor, per_tensor
 
 __all__ = ["Adam", "AdamW", "Adamax", "NAdam", "RAdam"]
@@ -82,7 +82,7 @@ class Adam(Optimizer):
         if not isinstance(lr, (int, float)) or p.dtype != np.float32:
             return False
         decoupled = group["decoupled_weight_decay"]
-        return cpu_blas.adam_step(p, g, s["exp_avg"], s["exp_avg_sq"], s.get("max_exp_avg_sq") if group["amsgrad"] else None,
+        return cpu_kernels.adam_step(p, g, s["exp_avg"], s["exp_avg_sq"], s.get("max_exp_avg_sq") if group["amsgrad"] else None,
                                   1 - lr * wd if (decoupled and wd) else 1.0, 0.0 if (decoupled or not wd) else wd,
                                   b1, b2, float(bc2_sqrt), group["eps"], float(lr / bc1))
 
