@@ -308,3 +308,16 @@ def test_random_decompositions_reach_generators(call):
         ours = call()
     assert rec.seen <= CORE_OPS and "rand" in rec.seen, sorted(rec.seen)
     assert ours.shape == ref.shape and ours.dtype == ref.dtype
+
+
+def test_flip_with_one_int_dim_through_the_compiler():
+    # int[] dims given as a single int (x.flip(0), as PyTorch accepts) must not break the decomposition
+    import warnings
+    import torch
+    f = flambeau.compile(lambda x: x.flip(0) * 2 + x.flip([0, 1]))
+    x = flambeau.randn(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")             # no "could not compile ... running eagerly"
+        got = f(x)
+    t = torch.from_numpy(x.numpy())
+    torch.testing.assert_close(torch.from_numpy(got.numpy()), t.flip(0) * 2 + t.flip([0, 1]))

@@ -95,6 +95,7 @@ def _arange(n, like, dtype=D.int64):
 
 @register_decomposition("flip")
 def flip(self, dims):
+    dims = (dims,) if isinstance(dims, int) else dims       # x.flip(0): int[] given as one int
     out = self
     for d in sorted({wrap(d, self.ndim) for d in dims}) if self.ndim else []:
         n = self.shape[d]
