@@ -162,9 +162,11 @@ def build(source: str, info: dict) -> tuple:
         counters["disk_hits"] += 1
         return so, cpp, False
     os.makedirs(d, exist_ok=True)
-    with open(cpp, "w") as f:
+    tag = f"{os.getpid()}.{threading.get_ident()}"
+    with open(f"{cpp}.{tag}.tmp", "w") as f:      # atomic: another process may be compiling this file
         f.write(source)
-    tmp = f"{so}.{os.getpid()}.{threading.get_ident()}.tmp"
+    os.replace(f"{cpp}.{tag}.tmp", cpp)
+    tmp = f"{so}.{tag}.tmp"
     cmd = [info["cxx"], *info["flags"], cpp, "-o", tmp, *info["libs"]]
     r = subprocess.run(cmd, capture_output=True, text=True)
     counters["compiles"] += 1
