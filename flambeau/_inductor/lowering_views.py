@@ -9,14 +9,13 @@ the `*_scatter` ops are piecewise: a `where` over masked loads, so no out-of-ran
 """
 from __future__ import annotations
 
-import math
 
 from .. import _dtype as D
 from .._ops import _helpers as H
 from .index import Index, contiguous_strides
 from .ir import Buffer, IRNode, Layout, Pointwise, StridedView, Unsupported, ops
 from .lowering import loader, out_dtype, out_shape, register
-from .._ops.views import slice_bounds
+from .._ops.views import slice_bounds, view_strides
 from .sizevars import SizeExpr, known_nonneg
 
 
@@ -164,33 +163,6 @@ def _select(g, x, dim, index):
         st = list(lay.strides)
         return st[:dim] + st[dim + 1:], lay.offset + index * st[dim]
     return view_of(x, shape, strides, lambda idx: list(idx[:dim]) + [Index(None, index)] + list(idx[dim:]))
-
-
-def view_strides(old_shape, old_strides, new_shape):
-    """Strides for viewing (old_shape, old_strides) as new_shape without a copy, or None."""
-    if math.prod(old_shape) == 0:
-        return list(contiguous_strides(new_shape))
-    if not old_shape:
-        return [1] * len(new_shape)
-    new_strides = [0] * len(new_shape)
-    view_d = len(new_shape) - 1
-    chunk = old_strides[-1]
-    t_numel = v_numel = 1
-    for d in range(len(old_shape) - 1, -1, -1):
-        t_numel *= old_shape[d]
-        if d == 0 or (old_shape[d - 1] != 1 and old_strides[d - 1] != t_numel * chunk):
-            while view_d >= 0 and (v_numel < t_numel or new_shape[view_d] == 1):
-                new_strides[view_d] = v_numel * chunk
-                v_numel *= new_shape[view_d]
-                view_d -= 1
-            if v_numel != t_numel:
-                return None
-            if d > 0:
-                chunk = old_strides[d - 1]
-                t_numel = v_numel = 1
-    if view_d != -1:
-        return None
-    return new_strides
 
 
 @register("view", "_unsafe_view", "reshape", "view.default")
