@@ -233,6 +233,15 @@ def _handle():
 
 
 # ---- descriptors and plans -----------------------------------------------------------------------
+def _workspace_limit() -> int:
+    """Bytes an algorithm's workspace may take: `workspace_limit`, and no more than is free."""
+    import cupy
+    try:
+        return min(workspace_limit, cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes())
+    except Exception:
+        return workspace_limit
+
+
 def _ints(vals):
     return (ctypes.c_int * len(vals))(*vals)
 
@@ -289,12 +298,7 @@ class _Plan:
         import cupy
         lib, kind = _state["lib"], self.kind
         perfs, n = (_Perf * _MAX_ALGOS)(), ctypes.c_int()
-        limit = workspace_limit
-        try:
-            free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
-            limit = min(limit, free)
-        except Exception:
-            pass
+        limit = _workspace_limit()
         name = {"forward": "Forward", "backward_data": "BackwardData", "backward_filter": "BackwardFilter"}[kind]
         if ptrs is None:
             fn = getattr(lib, f"cudnnGetConvolution{name}Algorithm_v7")
@@ -358,7 +362,7 @@ class _GraphPlan:
     """One convolution geometry as a cuDNN graph-API execution plan (`None` engines -> RuntimeError)."""
 
     def __init__(self, x_shape, w_shape, y_shape, st, pad, dil, dtype, kind, h, ptrs=None):
-        self.lib = lib = _state["lib"]
+        self.lib = _state["lib"]
         self.kind, self.descs = kind, []
         dt = _DATA[dtype]
         compute = _DATA["float64"] if dtype == "float64" else _DATA["float32"]
@@ -454,11 +458,7 @@ class _GraphPlan:
 
     def _choose(self, graph, h, dtype, ptrs):
         import cupy
-        limit = workspace_limit
-        try:
-            limit = min(limit, cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes())
-        except Exception:
-            pass
+        limit = _workspace_limit()
         plans = []
         for mode in heuristic_modes:
             for cfg in self._configs(graph, mode):
