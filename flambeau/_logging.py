@@ -3,7 +3,8 @@
     FLAMBEAU_LOGS=graph,aot,output_code,recompiles,graph_breaks,guards python train.py
 
 Kinds: graph (captured graphs), aot (joint/forward/backward graphs), output_code (generated C++
-and wrapper), recompiles, graph_breaks, guards, bytecode; `dynamo` and `all` select groups. A
+and wrapper), recompiles, graph_breaks, guards, bytecode, fallbacks (what runs eagerly inside
+compiled code, and why), perf_hints (the same, for now); `dynamo` and `all` select groups. A
 leading `+` (more verbose in PyTorch) is accepted and ignored. `set_logs(aot=True, ...)` changes
 the selection from code. The environment is re-read when it changes, so tests can set it.
 """
@@ -13,7 +14,8 @@ import logging
 import os
 
 _GROUPS = {"dynamo": ("recompiles", "graph_breaks", "guards", "graph", "bytecode"),
-           "all": ("recompiles", "graph_breaks", "guards", "graph", "bytecode", "aot", "output_code")}
+           "all": ("recompiles", "graph_breaks", "guards", "graph", "bytecode", "aot", "output_code", "fallbacks",
+                   "perf_hints")}
 _ALIASES = {"aot_graphs": "aot", "graph_code": "graph"}
 _env_seen = None
 _from_env: set = set()

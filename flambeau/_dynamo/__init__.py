@@ -7,11 +7,11 @@ symbolically evaluates the bytecode of `fn` with the actual arguments to capture
 generates the entry (output_graph.py, codegen.py). What cannot be captured breaks the graph and
 continues in generated resume functions (resume.py); frames that cannot be handled run eagerly.
 Files: bytecode.py (the only CPython-version-specific module), variables/ (the symbolic values),
-eval_frame.py (wrappers and the code cache), convert_frame.py, explain.py, config.py, _logging.py.
+eval_frame.py (wrappers and the code cache), convert_frame.py, explain.py, config.py, _logging.py, utils.py (`counters`).
 """
 from __future__ import annotations
 
-from . import config, exc  # noqa: F401
+from . import config, exc, utils  # noqa: F401
 from .eval_frame import (optimize, disable, reset, compile_fn, is_compiling,  # noqa: F401
                          optimize_for_compiler)
 from .explain import explain, ExplainOutput  # noqa: F401

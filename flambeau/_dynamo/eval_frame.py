@@ -16,12 +16,14 @@ import types
 import warnings
 
 from . import config, _logging
+from .._counters import counters, record_fallback
 from .exc import SkipFrame, Unsupported
 from .convert_frame import convert_frame, CompileStats
 
 _caches: dict = {}            # (code, backend key) -> CodeCache
 _tracing = [0]                # > 0 while a frame is being translated (nested compiled calls run eagerly)
 _disabled = [0]               # > 0 inside a flambeau._dynamo.disable'd function
+WHOLE_FRAME = "whole frame"   # the op of a fallback that runs a frame eagerly after an error (suppress_errors)
 
 
 class CodeCache:
@@ -138,12 +140,14 @@ class CompiledFunction:
                               f"{'; '.join(self._failures(cache.entries[0], L)[:3])}")
             return self.fn(*args, **kwargs)
         if cache.entries:
+            counters["recompiles"][self.code.co_name] += 1
             reasons = self._failures(cache.entries[0], L)
             _logging.trace("recompiles", "Recompiling function %s in %s:%d\n    triggered by the following "
                            "guard failure(s):\n    - %s", self.code.co_name, self.code.co_filename,
                            self.code.co_firstlineno, "\n    - ".join(reasons))
         values = dict(zip(self.argnames, L))
         _tracing[0] += 1
+        counters["frames"]["total"] += 1
         try:
             entry = convert_frame(self.fn, self.code, values, self.backend, one_graph=self.fullgraph,
                                   dynamic=self.dynamic, cache=cache, compile_resume=self._compile_resume,
@@ -161,12 +165,14 @@ class CompiledFunction:
             warnings.warn(f"flambeau._dynamo could not compile {self.code.co_name} "
                           f"({self.code.co_filename}:{self.code.co_firstlineno}), running it eagerly: "
                           f"{type(e).__name__}: {e}")
+            record_fallback(WHOLE_FRAME, f"{self.code.co_name}: {type(e).__name__}: {e}")
             cache.skip = True
             entry = None
         finally:
             _tracing[0] -= 1
         if entry is None:
             return self.fn(*args, **kwargs)
+        counters["frames"]["ok"] += 1
         cache.entries.insert(0, entry)
         return entry.entry(self.fn, *L)
 

@@ -1,9 +1,19 @@
-"""`flambeau._dynamo.explain(fn)(*args)`: what capture made of one call (graphs, breaks and why)."""
+"""`flambeau._dynamo.explain(fn)(*args)`: what capture made of one call (graphs, breaks and why),
+and what the inductor backend would run eagerly inside those graphs (fallbacks and why).
+
+Each captured graph is recorded, then compiled with the inductor backend (a graph it cannot
+compile is reported as a fallback of op "whole graph" and run as captured); the fallbacks are the
+`counters["inductor_fallbacks"]` entries recorded during the call.
+"""
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 
+from .._counters import FALLBACKS, counters, fallbacks_since, record_fallback
 from .convert_frame import CompileStats
+
+EXPLAIN_BACKEND = "inductor"          # the backend whose fallbacks explain() reports
 
 
 @dataclass
@@ -31,6 +41,7 @@ class ExplainOutput:
     ops_per_graph: list
     out_guards: list
     compile_times: str = ""
+    fallbacks: list = field(default_factory=list)      # ["<op>: <reason>"]: what runs eagerly in the graphs
 
     def __str__(self) -> str:
         lines = [f"Graph Count: {self.graph_count}", f"Graph Break Count: {self.graph_break_count}",
@@ -45,6 +56,9 @@ class ExplainOutput:
         for i, ops in enumerate(self.ops_per_graph):
             lines.append(f"  Ops {i + 1}:")
             lines += [f"    {o}" for o in ops]
+        lines.append(f"Fallback Count: {len(self.fallbacks)}")
+        lines.append("Fallbacks:")
+        lines += [f"  {f}" for f in self.fallbacks]
         return "\n".join(lines) + "\n"
 
 
@@ -54,12 +68,19 @@ def explain(fn, *extra_args, **extra_kwargs):
     def inner(*args, **kwargs):
         from .eval_frame import CompiledFunction, reset, _ModuleCall
         from ..nn.modules.module import Module
+        from .eval_frame import _lookup_backend
         reset()
         stats = CompileStats()
         guards = []
+        compile_graph = _lookup_backend(EXPLAIN_BACKEND)
+        before = collections.Counter(counters[FALLBACKS])
 
         def backend(gm, example_inputs):
-            return gm.forward
+            try:
+                return compile_graph(gm, example_inputs)
+            except Exception as e:                   # explain reports; it does not raise for the backend
+                record_fallback("whole graph", f"{EXPLAIN_BACKEND} failed: {type(e).__name__}: {e}")
+                return gm.forward
         if isinstance(fn, Module):
             call = _ModuleCall(fn, backend, False, None)
             call.forward.stats = call.call_impl.stats = stats
@@ -76,7 +97,7 @@ def explain(fn, *extra_args, **extra_kwargs):
         reasons = [BreakReason(getattr(r, "msg", str(r)), list(getattr(r, "user_stack", []))) for r in
                    stats.break_reasons]
         return ExplainOutput(stats.graphs, len(stats.graphs), len(reasons), reasons, sum(len(o) for o in ops),
-                             ops, guards, "")
+                             ops, guards, "", sorted(fallbacks_since(before)))
     if extra_args or extra_kwargs:
         return inner(*extra_args, **extra_kwargs)
     return inner

@@ -23,6 +23,7 @@ from ..fx.graph import Graph
 from ..fx.graph_module import GraphModule
 from ..fx._symbolic_shapes import ShapeEnv, SymInt
 from .._subclasses.fake_tensor import FakeTensorMode
+from .._counters import counters
 from . import _logging, config, resume
 from .codegen import EntryCodegen
 from .exc import Unsupported, SkipFrame
@@ -385,6 +386,7 @@ class OutputGraph:
         bfn = f"{cg.const(types.FunctionType)}({cg.const(bcode)}, G, {code.co_name!r}, None, {closure})"
         tail = f"{bfn}({', '.join(local_exprs + stack_exprs + resume_exprs)})"
         self.stats.break_reasons.append(reason)
+        counters["graph_break"][getattr(reason, "msg", str(reason))] += 1
         _logging.trace("graph_breaks", "Graph break in %s at %s: %s", code.co_name,
                        getattr(reason, "location", lambda: "?")(), reason)
         self._finish(tx, cg, tail)
@@ -459,6 +461,7 @@ class OutputGraph:
             example_inputs = [t for _, _, t in self.inputs]
             _logging.trace("graph", "graph of %s:\n%s", self.code.co_name, gm.code)
             self.stats.graphs.append(gm)
+            counters["stats"]["unique_graphs"] += 1
             compiled = self.backend(gm, example_inputs)
             args = ", ".join(src.expr for _, src, _ in self.inputs)
             graph_call = f"{cg.const(compiled)}({args})"

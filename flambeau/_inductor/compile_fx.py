@@ -16,10 +16,14 @@ A graph traced with symbolic sizes (placeholders whose meta["val"] has SymInt si
 once for every size: its kernels take the size symbols as arguments (see graph.py, sizevars.py,
 wrapper.py); a call whose inputs don't fit the assumptions (strides, a size of 0 or 1, a guard of
 the tracer) runs eagerly and counts in `counters["dynamic_eager_calls"]`.
+
+Everything that runs eagerly (a whole graph, a call sent to eager) is recorded as a fallback of op
+"whole graph" in `flambeau._dynamo.utils.counters["inductor_fallbacks"]` (see flambeau/_counters.py).
 """
 from __future__ import annotations
 
 from .. import _logging
+from .._counters import record_fallback
 
 import ctypes
 import itertools
@@ -37,6 +41,9 @@ from .sizevars import SizeExpr, derived_definition
 from .wrapper import WrapperCodegen
 
 counters = {"dynamic_graphs": 0, "dynamic_eager_calls": 0}
+WHOLE_GRAPH = "whole graph"          # the op of a fallback that runs a graph eagerly
+OTHER_SIZES = "called with other sizes than the graph was compiled for"
+INPUTS_NOT_AS_ASSUMED = "inputs don't fit the dynamic graph's assumptions (strides, a size of 0 or 1, a guard)"
 _warned_no_compiler = [False]
 _malloc_tuned = [False]
 _graph_ids = itertools.count()
@@ -68,12 +75,14 @@ class CompiledGraph:
         self.id = next(_graph_ids)
         self.variants: dict = {}
         self.eager_reason = None
+        self._told_other_sizes = False       # a call with other sizes was logged once
         self.compile_time = 0.0
         t0 = time.perf_counter()
         try:
             art = _compile(gm, example_inputs, self.id)
         except Unsupported as e:
             self.eager_reason = str(e)
+            record_fallback(WHOLE_GRAPH, self.eager_reason)
             art = None
         self.compile_time = time.perf_counter() - t0
         self.artifact = art
@@ -112,6 +121,8 @@ class CompiledGraph:
         if key == self._fast_key:
             return self._fast(args)
         if [a._data.shape for a in args] != self.artifact.input_shapes:
+            record_fallback(WHOLE_GRAPH, OTHER_SIZES, log=not self._told_other_sizes)
+            self._told_other_sizes = True
             return self.gm(*args)         # the graph is specialised to its sizes: run it as is
         art = self.variants.get(key)
         if art is None:
@@ -226,8 +237,12 @@ def _size_names(graph) -> list:
 
 
 def _eager_runner(gm):
+    told = [False]
+
     def run(*args):
         counters["dynamic_eager_calls"] += 1
+        record_fallback(WHOLE_GRAPH, INPUTS_NOT_AS_ASSUMED, log=not told[0])
+        told[0] = True
         return gm(*args)
     return run
 

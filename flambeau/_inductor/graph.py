@@ -4,7 +4,8 @@ Each call_function node is lowered by the rule registered for its op (`lowering.
 which returns IR values (`ir.Pointwise` stays lazy and is inlined into its consumers; reductions
 and values that must live in memory become `ComputedBuffer`s). A node without a rule, or whose
 rule raises `ir.Unsupported` (an unsupported dtype, a cuda tensor...), becomes a *fallback* kernel:
-the op's eager kernel is called on realised inputs from the wrapper, so every graph runs.
+the op's eager kernel is called on realised inputs from the wrapper, so every graph runs; each
+fallback is recorded with its reason (`flambeau._dynamo.utils.counters["inductor_fallbacks"]`).
 
 The result is `self.buffers` (ComputedBuffers and ExternKernels in a valid execution order),
 `self.inputs` (placeholders), `self.constants` (get_attr tensors) and `self.outputs`.
@@ -23,6 +24,7 @@ import operator
 
 from .._tensor import Tensor
 from ..fx._symbolic_shapes import SymInt, sym_size
+from .._counters import record_fallback
 from . import config
 from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
                  Pointwise, Reduction, StridedView, SUPPORTED_DTYPES, Unsupported, as_strided_view)
@@ -210,19 +212,26 @@ class GraphLowering:
             kwargs = {k: v for k, v in kwargs.items() if k != "out"}
         name = getattr(target, "name", None)
         rule = LOWERINGS.get(name)
-        if rule is not None and _dtypes_ok(node, args, kwargs):
+        if rule is None:
+            reason = "no lowering"
+        elif not _dtypes_ok(node, args, kwargs):
+            reason = "a dtype or device the code generator does not take"
+        else:
             try:
                 return rule(self, *target.bind(*args, **kwargs))
-            except Unsupported:
-                pass
-        return self.fallback(node, target, args, kwargs)
+            except Unsupported as e:
+                reason = str(e)
+        return self.fallback(node, target, args, kwargs, reason=reason)
 
-    def fallback(self, node, target, args, kwargs, kind="fallback"):
-        """Call `target` eagerly in the wrapper on realised inputs (its kernel over NumPy)."""
+    def fallback(self, node, target, args, kwargs, kind="fallback", reason=""):
+        """Call `target` eagerly in the wrapper on realised inputs (its kernel over NumPy); a
+        `kind="fallback"` (not an extern kernel by design) is recorded with its `reason`."""
         if not hasattr(target, "kernel") or target.kernel is None:
             raise Unsupported(f"{target} has no eager kernel to fall back to")
         if kind == "fallback":
-            self.fallback_ops.append(getattr(target, "name", str(target)))
+            op = getattr(target, "name", str(target))
+            self.fallback_ops.append(op)
+            record_fallback(op, reason)
         args = _map_ir(args, self._realize_or_view)
         kwargs = _map_ir(kwargs, self._realize_or_view)
         val = node.meta.get("val")
