@@ -12,7 +12,7 @@ __all__ = ["set_default_dtype", "get_default_dtype", "set_default_device", "get_
 
 
 def set_default_dtype(d) -> None:
-    if not isinstance(d, D.dtype) or d.category != 2 or d not in (D.float16, D.bfloat16, D.float32, D.float64):
+    if not isinstance(d, D.dtype) or d.category != D.FLOATING or d not in (D.float16, D.bfloat16, D.float32, D.float64):
         raise TypeError(f"only floating-point types are supported as the default type")
     _state.default_dtype = d
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._dtype import BOOL, FLOATING, COMPLEX
 from . import _state
 from ._tensor import Tensor
 from ._backends import MetaArray, get as _backend
@@ -272,11 +273,11 @@ def type_name(dt) -> str:
 
 def can_cast(src, dst) -> bool:
     """PyTorch's canCast: no complex->real, float->integral, or non-bool->bool."""
-    if src.category == 3 and dst.category != 3:
+    if src.category == COMPLEX and dst.category != COMPLEX:
         return False
-    if src.category == 2 and dst.category < 2:
+    if src.category == FLOATING and dst.category < FLOATING:
         return False
-    if src.category != 0 and dst.category == 0:
+    if src.category != BOOL and dst.category == BOOL:
         return False
     return True
 

@@ -189,10 +189,10 @@ class Tensor:
         return strided
 
     def is_floating_point(self) -> bool:
-        return self._dtype.category == 2
+        return self._dtype.category == D.FLOATING
 
     def is_complex(self) -> bool:
-        return self._dtype.category == 3
+        return self._dtype.category == D.COMPLEX
 
     def is_signed(self) -> bool:
         return self._dtype.is_signed
@@ -213,7 +213,7 @@ class Tensor:
                                    "want to use a computed variable in a subgraph that doesn't require "
                                    "differentiation use var_no_grad = var.detach().")
             return
-        if value and self._dtype.category < 2:
+        if value and self._dtype.category < D.FLOATING:
             raise RuntimeError("only Tensors of floating point and complex dtype can require gradients")
         self._requires_grad = bool(value)
 
@@ -366,7 +366,7 @@ class Tensor:
         return complex(self.item())
 
     def __index__(self) -> int:
-        if self._dtype.category > 1 or self.numel() != 1:
+        if self._dtype.category > D.INTEGER or self.numel() != 1:
             raise TypeError("only integer tensors of a single element can be converted to an index")
         return int(self.item())
 
@@ -465,11 +465,11 @@ def _ptr(a) -> int:
 
 
 def _py_scalar(v, dt):
-    if dt.category == 0:
+    if dt.category == D.BOOL:
         return bool(v)
-    if dt.category == 1:
+    if dt.category == D.INTEGER:
         return int(v)
-    if dt.category == 3:
+    if dt.category == D.COMPLEX:
         return complex(v)
     return float(v)
 

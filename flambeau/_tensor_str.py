@@ -147,10 +147,10 @@ def _body(t, indent) -> str:
     if t.dtype in D.LOW_PRECISION or t.dtype.name.startswith("float8"):
         a = a.astype(np.float32)
     summarize = a.size > PRINT_OPTS.threshold
-    if t.dtype.category == 3:
+    if t.dtype.category == D.COMPLEX:
         return _complex_body(a, indent, summarize)
     shown = _summarized(a, PRINT_OPTS.edgeitems) if summarize else a
-    fmt = _Formatter(shown.reshape(-1), t.dtype.category == 2)
+    fmt = _Formatter(shown.reshape(-1), t.dtype.category == D.FLOATING)
     return _nested(a, indent, summarize, fmt)
 
 

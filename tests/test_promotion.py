@@ -27,6 +27,18 @@ def _dname(d):
     return str(d).replace("torch.", "")
 
 
+@pytest.mark.parametrize("name", NAMES + UNSIGNED_WIDE + ["float8_e4m3fn", "float8_e5m2"])
+def test_dtype_category_matches_torch(name):
+    """Each dtype's category is the one torch's predicates imply, and the enum keeps the integer order
+    (bool 0 < integer 1 < floating 2 < complex 3) the promotion code compares with."""
+    from flambeau._dtype import Category
+    th = _th(name)
+    expected = (Category.COMPLEX if th.is_complex else Category.FLOATING if th.is_floating_point
+                else Category.BOOL if th is torch.bool else Category.INTEGER)
+    assert _fl(name).category is expected
+    assert [int(c) for c in (Category.BOOL, Category.INTEGER, Category.FLOATING, Category.COMPLEX)] == [0, 1, 2, 3]
+
+
 def _outcome(fn):
     try:
         return ("ok", _dname(fn()))

@@ -20,7 +20,7 @@ from .decompositions_nn import _pointwise, _backward, _float_check, softplus_sta
 def _coefficients(x, target, weight, reduction, ignore_index, ls, cd):
     """(A, cdim): the coefficient tensor over x's shape and the class dim."""
     from .._ops.loss import _ce_check
-    prob = target.dtype.category >= 2
+    prob = target.dtype.category >= D.FLOATING
     _ce_check(x, target, weight, prob)
     cdim = 1 if x.ndim >= 2 else 0
     c = x.shape[cdim]
@@ -82,7 +82,7 @@ def cross_entropy_loss_backward(grad, self, target, weight, reduction, ignore_in
     sm = aten.softmax(x, cdim)
     dx = aten.sub(aten.mul(aten.sum(a, [cdim], True), sm), a)
     gx = to(aten.mul(dx, g), dt)
-    if target.dtype.category < 2:
+    if target.dtype.category < D.FLOATING:
         return gx, None, None
     c = x.shape[cdim]
     n = x.numel() // c if x.ndim > 1 else 1
@@ -101,7 +101,7 @@ def cross_entropy_loss_backward(grad, self, target, weight, reduction, ignore_in
 
 @register_decomposition("nll_loss_nd")
 def nll_loss_nd(self, target, weight=None, reduction=1, ignore_index=-100):
-    if target.dtype.category >= 2:
+    if target.dtype.category >= D.FLOATING:
         return NotImplemented
     dt = _float_check("nll_loss", self)
     cd = compute_dtype(dt)
@@ -112,7 +112,7 @@ def nll_loss_nd(self, target, weight=None, reduction=1, ignore_index=-100):
 
 @register_decomposition("nll_loss_nd_backward")
 def nll_loss_nd_backward(grad, self, target, weight, reduction, ignore_index):
-    if target.dtype.category >= 2:
+    if target.dtype.category >= D.FLOATING:
         return NotImplemented
     dt = _float_check("nll_loss", self)
     cd = compute_dtype(dt)

@@ -16,7 +16,7 @@ from ._table import aten, register_decomposition, maximum, minimum, to, upcast, 
 
 def _float_check(name, *xs):
     dt = result_type(*xs)
-    if dt.category < 2:
+    if dt.category < D.FLOATING:
         from .._dispatch import type_name
         raise RuntimeError(f"\"{name}\" not implemented for '{type_name(dt)}'")
     return dt
@@ -29,7 +29,7 @@ def _pointwise(name, ints=False, nin=1):
         def decomposition(*args):
             ins, params = args[:nin], args[nin:]
             dt = result_type(*ins) if ints else _float_check(name.split(".")[0], *ins)
-            if dt.category < 1:
+            if dt.category < D.INTEGER:
                 _float_check(name, *ins)
             cd = compute_dtype(dt)
             ups = [to(x, cd) if hasattr(x, "dtype") else x for x in ins]
@@ -503,7 +503,7 @@ def native_dropout(input, p, train):
     if train is False:
         return aten.clone(input), full(shape, True, input, D.bool)
     if p > 0:
-        keep = aten.ge(aten.rand(shape, dtype=compute_dtype(input.dtype) if input.dtype.category >= 2
+        keep = aten.ge(aten.rand(shape, dtype=compute_dtype(input.dtype) if input.dtype.category >= D.FLOATING
                                  else D.float32, device=input.device), p)
     else:
         keep = full(shape, True, input, D.bool)
@@ -562,7 +562,7 @@ def linear(input, weight, bias=None):
 
 def _scaled_sum(self, prod, beta, alpha):
     dt = result_type(self, prod)
-    if dt.category < 2:          # integral tensors take the scalars in their own dtype
+    if dt.category < D.FLOATING:          # integral tensors take the scalars in their own dtype
         beta, alpha = int(beta), int(alpha)
     return to(_scaled_sum_any(self, prod, beta, alpha), dt)
 

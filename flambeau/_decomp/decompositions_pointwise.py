@@ -48,7 +48,7 @@ for _name, _op in list(OPS.items()):
 def _float_dtype(*xs):
     """The result dtype of a float-producing op: ints/bools promote to the default float."""
     dt = result_type(*xs)
-    return dt if dt.category >= 2 else _state.default_dtype
+    return dt if dt.category >= D.FLOATING else _state.default_dtype
 
 
 def _as(dt, *xs):
@@ -79,7 +79,7 @@ def rsub(self, other, alpha=1):
 
 @register_decomposition("reciprocal")
 def reciprocal(self):
-    return aten.div(1, self) if self.dtype.category >= 2 else aten.div(1.0, self)
+    return aten.div(1, self) if self.dtype.category >= D.FLOATING else aten.div(1.0, self)
 
 
 @register_decomposition("floor_divide")
@@ -99,7 +99,7 @@ def frac(self):
 
 @register_decomposition("addcmul")
 def addcmul(self, tensor1, tensor2, value=1):
-    if result_type(self, tensor1, tensor2).category < 2:
+    if result_type(self, tensor1, tensor2).category < D.FLOATING:
         value = int(value)
     return to(aten.add(self, aten.mul(aten.mul(tensor1, tensor2), value)), result_type(self, tensor1, tensor2))
 
@@ -278,24 +278,24 @@ def isnan(self):
 
 @register_decomposition("isinf")
 def isinf(self):
-    if self.dtype.category < 2:
+    if self.dtype.category < D.FLOATING:
         return _false(self)
     return aten.eq(aten.abs(self), math.inf)
 
 
 @register_decomposition("isposinf")
 def isposinf(self):
-    return _false(self) if self.dtype.category < 2 else aten.eq(self, math.inf)
+    return _false(self) if self.dtype.category < D.FLOATING else aten.eq(self, math.inf)
 
 
 @register_decomposition("isneginf")
 def isneginf(self):
-    return _false(self) if self.dtype.category < 2 else aten.eq(self, -math.inf)
+    return _false(self) if self.dtype.category < D.FLOATING else aten.eq(self, -math.inf)
 
 
 @register_decomposition("isfinite")
 def isfinite(self):
-    if self.dtype.category < 2:
+    if self.dtype.category < D.FLOATING:
         return full(self.shape, True, self, D.bool)
     return aten.eq(aten.sub(self, self), 0)
 
@@ -307,13 +307,13 @@ def isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     eq = aten.eq(self, other)
     if self.dtype is D.bool:
         return eq
-    if equal_nan and self.dtype.category >= 2:
+    if equal_nan and self.dtype.category >= D.FLOATING:
         eq = aten.logical_or(eq, aten.logical_and(aten.isnan(self), aten.isnan(other)))
-    dt = self.dtype if self.dtype.category >= 2 else _state.default_dtype
+    dt = self.dtype if self.dtype.category >= D.FLOATING else _state.default_dtype
     a, b = to(self, dt), to(other, dt)
     tol = aten.add(aten.mul(aten.abs(b), rtol), atol)
     close = aten.le(aten.abs(aten.sub(a, b)), tol)
-    if self.dtype.category >= 2:
+    if self.dtype.category >= D.FLOATING:
         close = aten.logical_and(close, aten.logical_and(aten.isfinite(a), aten.isfinite(b)))
     return aten.logical_or(eq, close)
 
@@ -325,7 +325,7 @@ def logical_xor(self, other):
 
 @register_decomposition("nan_to_num")
 def nan_to_num(self, nan=0.0, posinf=None, neginf=None):
-    if self.dtype.category < 2:
+    if self.dtype.category < D.FLOATING:
         return aten.clone(self)
     if self.dtype.is_complex:
         return NotImplemented

@@ -17,7 +17,7 @@ def _sized(x, axes) -> bool:
 
 def _softmax_input(self, dim, dtype):
     x = to(self, dtype) if dtype is not None else self
-    if x.dtype.category < 2:
+    if x.dtype.category < D.FLOATING:
         from .._dispatch import type_name
         raise RuntimeError(f"\"softmax_lastdim_kernel_impl\" not implemented for '{type_name(x.dtype)}'")
     d = wrap(dim, x.ndim)
@@ -46,7 +46,7 @@ def log_softmax(self, dim, dtype=None):
 
 @register_decomposition("logsumexp")
 def logsumexp(self, dim, keepdim=False):
-    dt = self.dtype if self.dtype.category >= 2 else _state.default_dtype
+    dt = self.dtype if self.dtype.category >= D.FLOATING else _state.default_dtype
     x = to(self, compute_dtype(dt))
     axes = list(dims_of(dim, x.ndim)) if x.ndim else []
     if x.numel() == 0 or not _sized(x, axes):
@@ -62,7 +62,7 @@ def logsumexp(self, dim, keepdim=False):
 @register_decomposition("mean.dim")
 def mean(self, dim=None, keepdim=False, dtype=None):
     dt = dtype or self.dtype
-    if dt.category < 2:
+    if dt.category < D.FLOATING:
         return NotImplemented
     axes = dims_of(dim, self.ndim)
     n = numel(self.shape, axes)
@@ -71,7 +71,7 @@ def mean(self, dim=None, keepdim=False, dtype=None):
 
 
 def _var_mean(self, dim, correction, keepdim):
-    if self.dtype.category != 2:
+    if self.dtype.category != D.FLOATING:
         return NotImplemented
     dt = self.dtype
     x = to(self, compute_dtype(dt))
@@ -143,7 +143,7 @@ def aminmax(self, dim=None, keepdim=False):
 
 
 def _zero_nans(x):
-    return aten.where(aten.isnan(x), 0, x) if x.dtype.category >= 2 else x
+    return aten.where(aten.isnan(x), 0, x) if x.dtype.category >= D.FLOATING else x
 
 
 @register_decomposition("nansum")
@@ -155,7 +155,7 @@ def nansum(self, dim=None, keepdim=False, dtype=None):
 
 @register_decomposition("nanmean")
 def nanmean(self, dim=None, keepdim=False, dtype=None):
-    if self.dtype.category != 2:
+    if self.dtype.category != D.FLOATING:
         return NotImplemented
     count = aten.sum(aten.logical_not(aten.isnan(self)), dim, keepdim)
     return aten.div(nansum(self, dim, keepdim, dtype), count)
@@ -170,7 +170,7 @@ def count_nonzero(self, dim=None):
 @register_decomposition("linalg_vector_norm")
 def vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None):
     x = to(self, dtype) if dtype is not None else self
-    if x.dtype.category != 2:
+    if x.dtype.category != D.FLOATING:
         return NotImplemented
     axes = list(dims_of(dim, x.ndim)) if x.ndim else []
     cd = compute_dtype(x.dtype)

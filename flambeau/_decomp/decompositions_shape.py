@@ -357,7 +357,7 @@ def linalg_cross(self, other, dim=-1):
 
 # ---- random distributions ----------------------------------------------------------------------------
 def _uniform(self):
-    dt = compute_dtype(self.dtype) if self.dtype.category >= 2 else _state.default_dtype
+    dt = compute_dtype(self.dtype) if self.dtype.category >= D.FLOATING else _state.default_dtype
     return aten.rand(tuple(self.shape), dtype=dt, device=self.device)
 
 
@@ -426,7 +426,7 @@ def random(self, from_=0, to_=None, generator=None):
         dt = self.dtype
         if dt is D.bool:
             to_ = 2
-        elif dt.category == 2:
+        elif dt.category == D.FLOATING:
             to_ = 2 ** {D.float16: 11, D.bfloat16: 8, D.float32: 24}.get(dt, 53) + 1
         else:
             import numpy as np

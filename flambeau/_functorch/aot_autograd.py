@@ -35,6 +35,7 @@ from .. import _logging
 from typing import Callable
 
 from .. import _state
+from .._dtype import FLOATING
 from .._backends import MetaArray, contiguous_strides
 from .._decomp import DecompositionMode
 from .._device import META
@@ -136,7 +137,7 @@ class _Trace:
 
 
 def _differentiable(t: Tensor) -> bool:
-    return t._requires_grad and t._dtype.category >= 2
+    return t._requires_grad and t._dtype.category >= FLOATING
 
 
 class _Meta:

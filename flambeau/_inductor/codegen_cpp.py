@@ -214,7 +214,7 @@ def if_clause(cond) -> str:
 def literal(v, dtype) -> str:
     if dtype is D.bool:
         return "true" if v else "false"
-    if dtype.category == 2:
+    if dtype.category == D.FLOATING:
         v = float(v)
         if math.isnan(v):
             return "NAN" if dtype is D.float64 else "static_cast<float>(NAN)"
@@ -259,7 +259,7 @@ def c_expr(op, args, dtype) -> str:
     a = args[0].name
     t = args[0].dtype
     T = CTYPES[dtype]
-    fl = t.category == 2
+    fl = t.category == D.FLOATING
     one = literal(1, t) if t in CTYPES else "1"
     if op == "exp" and fl:
         return f"fl_exp({a})"
@@ -479,7 +479,7 @@ class KernelPrinter:
         if rt in ("argmax", "argmin"):
             rflat = render_c(offset_of(ridx, contiguous_strides(n.reduction_ranges)))
             cmp = ">" if rt == "argmax" else "<"
-            nan = f" || ({x} != {x} && {acc} == {acc})" if src.category == 2 else ""
+            nan = f" || ({x} != {x} && {acc} == {acc})" if src.category == D.FLOATING else ""
             self.line(f"if ({acc}_i < 0 || {x} {cmp} {acc}{nan}) {{ {acc} = {x}; {acc}_i = {rflat}; }}")
         else:
             self.line(_combine(rt, acc, x))
@@ -541,12 +541,12 @@ COLUMN_BLOCK = 64
 
 def _acc_type_init(rt, src):
     at = CTYPES[src]
-    if rt in ("sum", "prod") and src.category == 2 and (src is D.float64 or config.accumulate_float_in_double):
+    if rt in ("sum", "prod") and src.category == D.FLOATING and (src is D.float64 or config.accumulate_float_in_double):
         at = "double"
     lim = f"std::numeric_limits<{at}>"
     init = {"sum": "0", "prod": "1", "any": "false", "all": "true",
-            "max": f"-{lim}::infinity()" if src.category == 2 else f"{lim}::lowest()",
-            "min": f"{lim}::infinity()" if src.category == 2 else f"{lim}::max()"}[rt]
+            "max": f"-{lim}::infinity()" if src.category == D.FLOATING else f"{lim}::lowest()",
+            "min": f"{lim}::infinity()" if src.category == D.FLOATING else f"{lim}::max()"}[rt]
     return at, init
 
 

@@ -75,9 +75,9 @@ class NumpyHandler(Handler):
         if name == "sigmoid":
             return self._emit(f"np.reciprocal(1 + np.exp(np.negative({a[0]})))", dtype)
         if name == "pow":
-            fn = "np.power" if args[0].dtype.category == 2 else "_ipow"
+            fn = "np.power" if args[0].dtype.category == D.FLOATING else "_ipow"
             return self._emit(f"{fn}({a[0]}, {a[1]})", dtype)
-        if name == "floordiv" and args[0].dtype.category == 2:
+        if name == "floordiv" and args[0].dtype.category == D.FLOATING:
             return self._emit(f"np.floor_divide({a[0]}, {a[1]})", dtype)
         if name in _UNARY:
             return self._emit(f"_cast({_UNARY[name]}({a[0]}), {_np_dtype(dtype)})", dtype)
@@ -96,7 +96,7 @@ class NumpyHandler(Handler):
             return self._emit(f"{_np_dtype(dtype)}({value})", dtype)
         if dtype is D.bool:
             return NVal("np.True_" if value else "np.False_", dtype)
-        if dtype.category == 2:
+        if dtype.category == D.FLOATING:
             v = float(value)
             lit = repr(v) if math.isfinite(v) else f"float('{v}')"
             return NVal(f"{_np_dtype(dtype)}({lit})", dtype)

@@ -101,7 +101,7 @@ _UNARY = {"neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "log1p": "log1
 def _unary(opname):
     def rule(g, x):
         dt = out_dtype(g)
-        if opname in ("floor", "ceil", "round", "trunc") and dt.category < 2:
+        if opname in ("floor", "ceil", "round", "trunc") and dt.category < D.FLOATING:
             return make_pointwise(g, lambda a: a, [x], dt)
         if opname in ("abs", "sign") and dt is D.bool:
             return make_pointwise(g, lambda a: a, [x], dt)
@@ -133,13 +133,13 @@ def _logical_not(g, x):
 
 @register("signbit")
 def _signbit(g, x):
-    return make_pointwise(g, ops.signbit, [x], x.dtype if x.dtype.category == 2 else D.float32)
+    return make_pointwise(g, ops.signbit, [x], x.dtype if x.dtype.category == D.FLOATING else D.float32)
 
 
 def _binary(opname, float_only=False):
     def rule(g, a, b):
         dt = out_dtype(g)
-        if float_only and dt.category != 2:
+        if float_only and dt.category != D.FLOATING:
             raise Unsupported(f"{opname} on {dt}")
         return make_pointwise(g, getattr(ops, opname), [a, b], dt)
     return rule
@@ -238,7 +238,7 @@ def _empty(g, *args, **kw):
 @register("arange.start_step")
 def _arange(g, start, end, step=1, dtype=None, device=None, **kw):
     dt = out_dtype(g)
-    if dt.category < 2:
+    if dt.category < D.FLOATING:
         s0, st = int(start), int(step)
         return Pointwise(out_shape(g), dt, lambda idx: ops.index_expr(idx[0] * st + s0, dt))
     # floating arange: start + i * step computed in double like PyTorch's kernel

@@ -157,7 +157,7 @@ def default_float() -> D.dtype:
 
 def float_result(dt: D.dtype) -> D.dtype:
     """Integral/bool inputs promote to the default float (true division, sqrt, exp, ...)."""
-    return dt if dt.category >= 2 else _state.default_dtype
+    return dt if dt.category >= D.FLOATING else _state.default_dtype
 
 
 def accumulate(xp, ufunc: str, x, axis: int):
@@ -254,7 +254,7 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
                 broadcast_shapes(a.shape, b.shape)
                 raise
         dt = result_type(a, b)
-        if to_float and dt.category < 2:
+        if to_float and dt.category < D.FLOATING:
             dt = _state.default_dtype
         cd = opmath(dt)
         if cd is not dt.np and dt.np != cd:       # low precision: round operands to dt first
@@ -275,7 +275,7 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
 def binary_meta(*, to_float=False, out_dtype=None):
     def meta(a, b, *rest, **kw):
         dt = result_type(a, b)
-        if to_float and dt.category < 2:
+        if to_float and dt.category < D.FLOATING:
             dt = _state.default_dtype
         return TensorSpec(broadcast_shapes(shape_of(a), shape_of(b)), out_dtype or dt)
     return meta
@@ -284,7 +284,7 @@ def binary_meta(*, to_float=False, out_dtype=None):
 def unary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
     def kernel(xp, a):
         dt = D.FROM_NP[a.dtype]
-        if to_float and dt.category < 2:
+        if to_float and dt.category < D.FLOATING:
             dt = _state.default_dtype
         cd = opmath(dt)
         a = a.astype(cd) if a.dtype != cd else a
@@ -303,7 +303,7 @@ def unary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
 def unary_meta(*, to_float=False, out_dtype=None):
     def meta(a, *rest, **kw):
         dt = a._dtype
-        if to_float and dt.category < 2:
+        if to_float and dt.category < D.FLOATING:
             dt = _state.default_dtype
         return TensorSpec(a._data.shape, out_dtype or dt)
     return meta

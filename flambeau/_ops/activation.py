@@ -43,7 +43,7 @@ def fit(xp, r, shape, npdt):
 
 def _prepare(name, ins, ints):
     dt = result_type(*ins)
-    if dt.category < 2 and not (ints and dt.category == 1):
+    if dt.category < D.FLOATING and not (ints and dt.category == D.INTEGER):
         raise RuntimeError(f"\"{name}\" not implemented for '{_type_name(dt)}'")
     cd = opmath(dt)
     arrs = []
@@ -80,7 +80,7 @@ def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False
     def meta(*a, **k):
         b = op.bind(*a, **k)
         dt = result_type(*b[:nin])
-        if dt.category < 2 and not (ints and dt.category == 1):
+        if dt.category < D.FLOATING and not (ints and dt.category == D.INTEGER):
             raise RuntimeError(f"\"{name}\" not implemented for '{_type_name(dt)}'")
         return TensorSpec(broadcast_shapes(*(shape_of(x) for x in b[:nin])), dt)
 
@@ -392,7 +392,7 @@ def F_tanh(input):
 # ---- glu, prelu, rrelu ----------------------------------------------------------------------
 def _float_check(name, a):
     dt = D.FROM_NP[a.dtype]
-    if dt.category < 2:
+    if dt.category < D.FLOATING:
         raise RuntimeError(f"\"{name}\" not implemented for '{_type_name(dt)}'")
     return dt, opmath(dt)
 

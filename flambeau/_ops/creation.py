@@ -353,13 +353,13 @@ def _range_dtype(dtype, *vals):
        "Device? device=None) -> Tensor", function=False)
 def _arange(xp, start, end, step=1, *, dtype=None, device=None):
     n = _arange_len(start, end, step, dtype)
-    if dtype.category <= 1:
+    if dtype.category <= D.INTEGER:
         return (int(start) + xp.arange(n, dtype=np.int64) * int(step)).astype(dtype.np)
     return (start + xp.arange(n, dtype=np.float64) * step).astype(dtype.np)
 
 
 def _arange_len(start, end, step, dtype):
-    if dtype.category <= 1:
+    if dtype.category <= D.INTEGER:
         if "SymInt" in (type(start).__name__, type(end).__name__):      # traced with symbolic sizes
             return _symbolic_arange_len(start, end, int(step))
         start, end, step = int(start), int(end), int(step)
@@ -415,7 +415,7 @@ def range_(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
         raise RuntimeError("upper bound and larger bound inconsistent with step sign")
     dt = _dt(dtype)
     n = int(math.floor((end - start) / step)) + 1
-    t = _arange(start, start + n * step - step / 2 if dt.category >= 2 else start + n * step, step, dtype=dt,
+    t = _arange(start, start + n * step - step / 2 if dt.category >= D.FLOATING else start + n * step, step, dtype=dt,
                 device=device)
     return _finish(t, requires_grad) if out is None else out.resize_(t.shape).copy_(t)
 
@@ -433,8 +433,8 @@ def _lin_values(xp, start, end, steps, npdt):
 @defop("linspace(Scalar start, Scalar end, int steps, *, ScalarType? dtype=None, Device? device=None) -> Tensor",
        function=False)
 def _linspace(xp, start, end, steps, *, dtype=None, device=None):
-    cd = np.dtype(np.float64) if dtype.category <= 1 or dtype in D.LOW_PRECISION else dtype.np
-    if dtype.category == 3:
+    cd = np.dtype(np.float64) if dtype.category <= D.INTEGER or dtype in D.LOW_PRECISION else dtype.np
+    if dtype.category == D.COMPLEX:
         cd = dtype.np
     v = _lin_values(xp, start, end, steps, cd)
     return v.astype(dtype.np)
@@ -468,7 +468,7 @@ def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False,
 @defop("logspace(Scalar start, Scalar end, int steps, float base=10.0, *, ScalarType? dtype=None, "
        "Device? device=None) -> Tensor", function=False)
 def _logspace(xp, start, end, steps, base=10.0, *, dtype=None, device=None):
-    cd = np.dtype(np.complex128) if dtype.category == 3 else np.dtype(np.float64)
+    cd = np.dtype(np.complex128) if dtype.category == D.COMPLEX else np.dtype(np.float64)
     return (cd.type(base) ** _lin_values(xp, start, end, steps, cd)).astype(dtype.np)
 
 

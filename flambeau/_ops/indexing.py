@@ -219,7 +219,7 @@ def _to_index_tensor(item, device):
         t = item
     else:
         t = tensor(np.asarray(item) if isinstance(item, np.ndarray) else item)
-        if t.numel() == 0 and t.dtype.category == 2:
+        if t.numel() == 0 and t.dtype.category == D.FLOATING:
             t = t.long()
     if t.dtype not in (D.int64, D.int32, D.bool, D.uint8):
         raise IndexError(_INDEX_DTYPES)
@@ -245,7 +245,7 @@ def apply_index(self, index):
             r = unsqueeze(r, d)
             adv[d] = _to_index_tensor([0] if item else [], self.device)
             d += 1
-        elif _is_int(item) or (isinstance(item, Tensor) and item.ndim == 0 and item.dtype.category == 1
+        elif _is_int(item) or (isinstance(item, Tensor) and item.ndim == 0 and item.dtype.category == D.INTEGER
                                and item.dtype is not D.uint8 and item.device.type != "meta"):
             i = int(item)
             size = r.shape[d]

@@ -251,7 +251,7 @@ def _combine(xp, self, prod, beta, alpha):
     """beta * self + alpha * prod with PyTorch's rule that beta == 0 ignores self (nan included)."""
     dt = _dt(prod)
     cd = opmath(dt)
-    if dt.category <= 1:
+    if dt.category <= D.INTEGER:
         beta, alpha = int(beta), int(alpha)
     p = prod.astype(cd, copy=False)
     r = p if alpha == 1 else p * alpha

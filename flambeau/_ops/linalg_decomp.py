@@ -27,7 +27,7 @@ LINALG["LinAlgError"] = LinAlgError
 
 def _check_float(name, A, low_ok=False):
     dt = _dt(A)
-    if dt.category < 2:
+    if dt.category < D.FLOATING:
         raise RuntimeError(f"{name}: Expected a floating point or complex tensor as input. Got {type_name(dt)}")
     if dt in D.LOW_PRECISION and not low_ok:
         raise RuntimeError(f"{name}: Low precision dtypes not supported. Got {type_name(dt)}")

@@ -123,7 +123,7 @@ def _log_softmax(xp, x):
 def _ce_forward(xp, self, target, weight, reduction, ignore_index, ls, fused_softmax):
     dt = D.FROM_NP[self.dtype]
     cd = opmath(dt)
-    prob = _dt(target).category >= 2
+    prob = _dt(target).category >= D.FLOATING
     _ce_check(self, target, weight, prob)
     x = _last(xp, self.astype(cd, copy=False))
     logp = _log_softmax(xp, x) if fused_softmax else x
@@ -143,7 +143,7 @@ def _ce_meta(self, target, weight, reduction, ignore_index, ls):
 def _ce_backward(xp, grad, self, target, weight, reduction, ignore_index, ls, fused_softmax):
     dt = D.FROM_NP[self.dtype]
     cd = opmath(dt)
-    prob = _dt(target).category >= 2
+    prob = _dt(target).category >= D.FLOATING
     x = _last(xp, self.astype(cd, copy=False))
     a = _coeffs(xp, x.shape, target, weight, reduction, ignore_index, ls, prob, cd)
     g = grad.astype(cd)
@@ -197,7 +197,7 @@ def _(grad, self, target, weight, reduction, ignore_index, label_smoothing):
 @defop("nll_loss_nd(Tensor self, Tensor target, Tensor? weight=None, int reduction=1, SymInt ignore_index=-100) "
        "-> Tensor", function=False)
 def nll_loss_nd(xp, self, target, weight=None, reduction=1, ignore_index=-100):
-    if _dt(target).category >= 2:
+    if _dt(target).category >= D.FLOATING:
         _ce_check(self, target, weight, False)
     return _ce_forward(xp, self, target, weight, reduction, ignore_index, 0.0, False)
 

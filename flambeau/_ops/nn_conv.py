@@ -124,7 +124,7 @@ def _dtype_checks(inp, weight, bias):
         db = D.FROM_NP[bias.dtype] if not hasattr(bias, "_dtype") else bias._dtype
         if db is not di:
             raise RuntimeError(f"Input type ({_tname(di).lower()}) and bias type ({_tname(db).lower()}) should be the same")
-    if di.category < 2:
+    if di.category < D.FLOATING:
         raise NotImplementedError(f'"convolution" not implemented for \'{_tname(di)}\' in flambeau')
     return di
 

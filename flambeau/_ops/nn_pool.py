@@ -79,7 +79,7 @@ def _window_max(xp, x, nd, table):
     lead = x.shape[:-nd]
     R, P = math.prod(lead), math.prod(x.shape[-nd:])
     dt = D.FROM_NP[x.dtype]
-    cd = opmath(dt) if dt.category >= 2 else x.dtype
+    cd = opmath(dt) if dt.category >= D.FLOATING else x.dtype
     xf = x.astype(cd, copy=False).reshape(R, P)
     low = -np.inf if np.dtype(cd).kind == "f" else np.iinfo(cd).min
     xf = xp.concatenate([xf, xp.full((R, 1), low, dtype=cd)], axis=1)

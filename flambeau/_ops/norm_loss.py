@@ -17,7 +17,7 @@ from ._helpers import opmath
 
 def _float(name, x):
     dt = D.FROM_NP[x.dtype]
-    if dt.category < 2:
+    if dt.category < D.FLOATING:
         from .._dispatch import type_name
         raise RuntimeError(f"\"{name}\" not implemented for '{type_name(dt)}'")
     return dt, opmath(dt)

@@ -30,7 +30,7 @@ def add(xp, self, other, *, alpha=1):
 
 
 def _sub_check(self, other):
-    a, b = dtype_of(self).category == 0, dtype_of(other).category == 0
+    a, b = dtype_of(self).category == D.BOOL, dtype_of(other).category == D.BOOL
     if a and b:
         raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. Use "
                            "the `^` or `logical_xor()` operator instead.")
@@ -173,7 +173,7 @@ def _zero_div_check(b):
 def _binary_dtype(kind, dt):
     if kind == "bool":
         return D.bool
-    if kind == "float" and dt.category < 2:
+    if kind == "float" and dt.category < D.FLOATING:
         return _state.default_dtype
     return dt
 
@@ -271,9 +271,9 @@ def _floor_div(xp, a, b):
 
 
 _div_trunc = binary("_div_trunc(Tensor self, Tensor other) -> Tensor", _trunc_div, kind="promote",
-                    bad=(0, 3), function=False, method=False, inplace=False)
+                    bad=(D.BOOL, D.COMPLEX), function=False, method=False, inplace=False)
 _div_trunc.__name__ = "div_trunc"
-floor_divide = binary("floor_divide(Tensor self, Tensor other) -> Tensor", _floor_div, bad=(0, 3))
+floor_divide = binary("floor_divide(Tensor self, Tensor other) -> Tensor", _floor_div, bad=(D.BOOL, D.COMPLEX))
 
 
 def _check_mode(rounding_mode):
@@ -345,10 +345,10 @@ def _fmod(xp, a, b):
 
 remainder = binary("remainder.Tensor(Tensor self, Tensor other) -> Tensor", _remainder,
                    lambda grad, self, other: (grad, -grad * div_mode(self, other, rounding_mode="floor")
-                                              if _t(other) else None), bad=(0, 3))
+                                              if _t(other) else None), bad=(D.BOOL, D.COMPLEX))
 fmod = binary("fmod.Tensor(Tensor self, Tensor other) -> Tensor", _fmod,
               lambda grad, self, other: (grad, -grad * div_mode(self, other, rounding_mode="trunc")
-                                         if _t(other) else None), bad=(0, 3), scalars="other")
+                                         if _t(other) else None), bad=(D.BOOL, D.COMPLEX), scalars="other")
 
 
 @defop("rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor")
@@ -377,7 +377,7 @@ export("multiply_", method=True, function=False)(mul.inplace)
 
 # ---- powers --------------------------------------------------------------------------------------
 def _pow_check(dt, a, b):
-    if dt.category == 1 and type(b) is int and b < 0:
+    if dt.category == D.INTEGER and type(b) is int and b < 0:
         raise RuntimeError("Integers to negative integer powers are not allowed.")
 
 
@@ -410,7 +410,7 @@ def _pow_grads(grad, self, exponent, result):
     return gs, ge
 
 
-pow = binary("pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor", _pow, _pow_grads, bad=(0,),
+pow = binary("pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor", _pow, _pow_grads, bad=(D.BOOL,),
              check=_pow_check)
 
 
@@ -428,7 +428,7 @@ def float_power(xp, self, exponent):
 
 @float_power.def_meta
 def _(self, exponent):
-    cplx = result_type(self, exponent).category == 3
+    cplx = result_type(self, exponent).category == D.COMPLEX
     return TensorSpec(broadcast_shapes(shape_of(self), shape_of(exponent)), D.complex128 if cplx else D.float64)
 
 
@@ -468,11 +468,11 @@ def _atan2_grad(grad, self, other):
 
 
 atan2 = binary("atan2(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.arctan2(a, b),
-               _atan2_grad, kind="float", bad=(3,), scalars="none")
+               _atan2_grad, kind="float", bad=(D.COMPLEX,), scalars="none")
 export("arctan2", method=True)(atan2)
 export("arctan2_", method=True, function=False)(atan2.inplace)
 hypot = binary("hypot(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.hypot(a, b), _hyp_grad,
-               bad=(0, 1, 3), scalars="none")
+               bad=(D.BOOL, D.INTEGER, D.COMPLEX), scalars="none")
 
 
 def _minmax_grads(pick):
@@ -487,7 +487,7 @@ def _minmax_grads(pick):
 
 def _complex_minmax(name):
     def check(dt, a, b):
-        if dt.category == 3:
+        if dt.category == D.COMPLEX:
             raise RuntimeError(f"{name} not implemented for complex tensors.")
     return check
 
@@ -517,7 +517,7 @@ def _copysign_grad(grad, self, other, result):
 
 
 copysign = binary("copysign.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.copysign(a, b),
-                  _copysign_grad, kind="float", bad=(3,), scalars="other")
+                  _copysign_grad, kind="float", bad=(D.COMPLEX,), scalars="other")
 
 
 def _xlogy(xp, a, b):
@@ -534,7 +534,7 @@ def _xlogy_grad(grad, self, other):
 
 
 xlogy = binary("xlogy.Tensor(Tensor self, Tensor other) -> Tensor", _xlogy, _xlogy_grad, kind="float",
-               bad=(3,), namespace="special")
+               bad=(D.COMPLEX,), namespace="special")
 
 
 def _ldexp_grad(grad, self, other, result):
@@ -555,18 +555,18 @@ def _logaddexp(xp, a, b):
 logaddexp = binary("logaddexp(Tensor self, Tensor other) -> Tensor", _logaddexp,
                    lambda grad, self, other: (grad / (1 + (other - self).exp()),
                                               grad / (1 + (self - other).exp())),
-                   bad=(0, 1), inplace=False, scalars="none")
+                   bad=(D.BOOL, D.INTEGER), inplace=False, scalars="none")
 logaddexp2 = binary("logaddexp2(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.logaddexp2(a, b),
                     lambda grad, self, other: (grad / (1 + pow(2.0, other - self)),
                                                grad / (1 + pow(2.0, self - other))),
-                    bad=(0, 1, 3), inplace=False, scalars="none")
+                    bad=(D.BOOL, D.INTEGER, D.COMPLEX), inplace=False, scalars="none")
 
 
 @defop("nextafter(Tensor self, Tensor other) -> Tensor", method=True, inplace=True)
 def nextafter(xp, self, other):
     require_tensors("nextafter", self, other, "none")
     dt = result_type(self, other)
-    if dt.category != 2:
+    if dt.category != D.FLOATING:
         raise unsupported("nextafter", dt)
     a, b = xp.broadcast_arrays(xp.asarray(round_to(self, dt)), xp.asarray(round_to(other, dt)))
     if dt.np.itemsize >= 4 or dt is D.float16:
@@ -586,7 +586,7 @@ nextafter.def_derivative(lambda grad, other: (grad, _zeros(grad) if _t(other) el
 # ---- comparisons and logical ops -----------------------------------------------------------------
 def _ordered(name):
     def check(dt, a, b):
-        if dt.category == 3:
+        if dt.category == D.COMPLEX:
             raise unsupported(name, dt)
     return check
 
@@ -663,11 +663,11 @@ def equal(input, other) -> bool:
 
 # ---- bitwise and integer ops ---------------------------------------------------------------------
 bitwise_and = binary("bitwise_and.Tensor(Tensor self, Tensor other) -> Tensor",
-                     lambda xp, a, b: xp.bitwise_and(a, b), bad=(2, 3))
+                     lambda xp, a, b: xp.bitwise_and(a, b), bad=(D.FLOATING, D.COMPLEX))
 bitwise_or = binary("bitwise_or.Tensor(Tensor self, Tensor other) -> Tensor",
-                    lambda xp, a, b: xp.bitwise_or(a, b), bad=(2, 3))
+                    lambda xp, a, b: xp.bitwise_or(a, b), bad=(D.FLOATING, D.COMPLEX))
 bitwise_xor = binary("bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor",
-                     lambda xp, a, b: xp.bitwise_xor(a, b), bad=(2, 3))
+                     lambda xp, a, b: xp.bitwise_xor(a, b), bad=(D.FLOATING, D.COMPLEX))
 
 
 def _shift(left):
@@ -686,11 +686,11 @@ def _shift(left):
 
 
 bitwise_left_shift = binary("bitwise_left_shift.Tensor(Tensor self, Tensor other) -> Tensor", _shift(True),
-                            bad=(0, 2, 3))
+                            bad=(D.BOOL, D.FLOATING, D.COMPLEX))
 bitwise_right_shift = binary("bitwise_right_shift.Tensor(Tensor self, Tensor other) -> Tensor",
-                             _shift(False), bad=(0, 2, 3))
-gcd = binary("gcd(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.gcd(a, b), bad=(0, 2, 3), scalars="none")
-lcm = binary("lcm(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.lcm(a, b), bad=(0, 2, 3), scalars="none")
+                             _shift(False), bad=(D.BOOL, D.FLOATING, D.COMPLEX))
+gcd = binary("gcd(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.gcd(a, b), bad=(D.BOOL, D.FLOATING, D.COMPLEX), scalars="none")
+lcm = binary("lcm(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.lcm(a, b), bad=(D.BOOL, D.FLOATING, D.COMPLEX), scalars="none")
 
 
 def _heaviside(xp, a, b):
@@ -698,7 +698,7 @@ def _heaviside(xp, a, b):
     return xp.where(a == 0, b, a > 0)
 
 
-heaviside = binary("heaviside(Tensor self, Tensor values) -> Tensor", _heaviside, bad=(3,),
+heaviside = binary("heaviside(Tensor self, Tensor values) -> Tensor", _heaviside, bad=(D.COMPLEX,),
                    check=_same_dtype(lambda x, y: "heaviside is not yet implemented for tensors with "
                                      "different dtypes."), scalars="none")
 

@@ -39,7 +39,7 @@ def special_ns(xp):
 def result_dtype(kind: str, dt, real_out=False):
     if kind == "bool":
         return D.bool
-    if kind == "float" and dt.category < 2:
+    if kind == "float" and dt.category < D.FLOATING:
         dt = _state.default_dtype
     return dt.to_real() if real_out else dt
 
@@ -92,7 +92,7 @@ _LN2, _LN10 = math.log(2.0), math.log(10.0)
 _c = _conj
 
 abs = unary("abs", lambda xp, a: xp.abs(a), lambda grad, self: grad * self.sgn(), kind="same",
-            bad=(0,), real_out=True)
+            bad=(D.BOOL,), real_out=True)
 
 
 @export("abs_", method=True, function=False)
@@ -103,7 +103,7 @@ def abs_(self):
 
 
 sign = unary("sign", lambda xp, a: a.copy() if a.dtype == bool else xp.sign(a),
-             lambda grad: _zeros(grad), kind="same", bad=(3,))
+             lambda grad: _zeros(grad), kind="same", bad=(D.COMPLEX,))
 
 
 def _sgn(xp, a):
@@ -149,19 +149,19 @@ atanh = unary("atanh", lambda xp, a: xp.arctanh(a), lambda grad, self: grad / _c
 sigmoid = unary("sigmoid", lambda xp, a: 1 / (1 + xp.exp(-a)),
                 lambda grad, result: grad * _c(result * (1 - result)))
 erf = unary("erf", _sp("erf"), lambda grad, self: grad * (2 / math.sqrt(math.pi)) * (-self * self).exp(),
-            bad=(3,), namespace="special")
+            bad=(D.COMPLEX,), namespace="special")
 erfc = unary("erfc", _sp("erfc"), lambda grad, self: grad * (-2 / math.sqrt(math.pi)) * (-self * self).exp(),
-             bad=(3,), namespace="special")
+             bad=(D.COMPLEX,), namespace="special")
 erfinv = unary("erfinv", _sp("erfinv"),
                lambda grad, result: grad * (math.sqrt(math.pi) / 2) * (result * result).exp(),
-               bad=(3,), namespace="special")
-lgamma = unary("lgamma", _sp("gammaln"), lambda grad, self: grad * self.digamma(), bad=(3,))
-digamma = unary("digamma", _sp("psi"), lambda grad, self: grad * polygamma(1, self), bad=(3,),
+               bad=(D.COMPLEX,), namespace="special")
+lgamma = unary("lgamma", _sp("gammaln"), lambda grad, self: grad * self.digamma(), bad=(D.COMPLEX,))
+digamma = unary("digamma", _sp("psi"), lambda grad, self: grad * polygamma(1, self), bad=(D.COMPLEX,),
                 namespace="special")
-i0 = unary("i0", _sp("i0"), lambda grad, self: grad * special_i1(self), bad=(3,), namespace="special")
+i0 = unary("i0", _sp("i0"), lambda grad, self: grad * special_i1(self), bad=(D.COMPLEX,), namespace="special")
 special_i1 = unary("special_i1", _sp("i1"), lambda grad, self, result: grad * (
     self.i0() - result / self.where(self != 0, 1)).where(self != 0, 0.5),
-    bad=(3,), method=False, inplace=False, function=False)
+    bad=(D.COMPLEX,), method=False, inplace=False, function=False)
 SPECIAL["i1"] = special_i1
 
 
@@ -179,19 +179,19 @@ def _sinc_grad(grad, self):
 sinc = unary("sinc", _sinc, _sinc_grad, namespace="special")
 _rad_exc = (lambda dt: RuntimeError("deg2rad is not supported for complex tensors."))
 deg2rad = unary("deg2rad", lambda xp, a: a * (math.pi / 180), lambda grad: grad * (math.pi / 180),
-                bad=(3,), bad_exc=_rad_exc)
+                bad=(D.COMPLEX,), bad_exc=_rad_exc)
 rad2deg = unary("rad2deg", lambda xp, a: a * (180 / math.pi), lambda grad: grad * (180 / math.pi),
-                bad=(3,), bad_exc=lambda dt: RuntimeError("rad2deg is not supported for complex tensors."))
+                bad=(D.COMPLEX,), bad_exc=lambda dt: RuntimeError("rad2deg is not supported for complex tensors."))
 floor = unary("floor", _int_identity(lambda xp, a: xp.floor(a)), lambda grad: _zeros(grad),
-              kind="same", bad=(0, 3))
+              kind="same", bad=(D.BOOL, D.COMPLEX))
 ceil = unary("ceil", _int_identity(lambda xp, a: xp.ceil(a)), lambda grad: _zeros(grad),
-             kind="same", bad=(0, 3))
+             kind="same", bad=(D.BOOL, D.COMPLEX))
 trunc = unary("trunc", _int_identity(lambda xp, a: xp.trunc(a)), lambda grad: _zeros(grad),
-              kind="same", bad=(0, 3))
-frac = unary("frac", lambda xp, a: a - xp.trunc(a), lambda grad: grad, kind="same", bad=(0, 1, 3))
+              kind="same", bad=(D.BOOL, D.COMPLEX))
+frac = unary("frac", lambda xp, a: a - xp.trunc(a), lambda grad: grad, kind="same", bad=(D.BOOL, D.INTEGER, D.COMPLEX))
 reciprocal = unary("reciprocal", lambda xp, a: 1 / a, lambda grad, result: -grad * _c(result * result))
 _round = unary("round", _int_identity(lambda xp, a: xp.round(a)), lambda grad: _zeros(grad),
-               kind="same", bad=(0, 3), method=False)
+               kind="same", bad=(D.BOOL, D.COMPLEX), method=False)
 
 
 def _round_decimals(xp, a, *, decimals):
@@ -203,7 +203,7 @@ def _round_decimals(xp, a, *, decimals):
     return xp.round(a / p) * p
 
 
-_round_dec = unary("round", _round_decimals, lambda grad: _zeros(grad), kind="same", bad=(0, 3),
+_round_dec = unary("round", _round_decimals, lambda grad: _zeros(grad), kind="same", bad=(D.BOOL, D.COMPLEX),
                    method=False, schema="round.decimals(Tensor self, *, int decimals) -> Tensor")
 
 
@@ -233,14 +233,14 @@ isinf = unary("isinf", _is(lambda xp, f, a: xp.zeros(a.shape, bool) if f is None
 isfinite = unary("isfinite", _is(lambda xp, f, a: xp.ones(a.shape, bool) if f is None else xp.isfinite(f)),
                  kind="bool", inplace=False)
 isposinf = unary("isposinf", _is(lambda xp, f, a: xp.zeros(a.shape, bool) if f is None else f == xp.inf),
-                 kind="bool", inplace=False, bad=(3,),
+                 kind="bool", inplace=False, bad=(D.COMPLEX,),
                  bad_exc=lambda dt: RuntimeError("isposinf does not support complex inputs."))
 isneginf = unary("isneginf", _is(lambda xp, f, a: xp.zeros(a.shape, bool) if f is None else f == -xp.inf),
-                 kind="bool", inplace=False, bad=(3,),
+                 kind="bool", inplace=False, bad=(D.COMPLEX,),
                  bad_exc=lambda dt: RuntimeError("isneginf does not support complex inputs."))
 signbit = unary("signbit", lambda xp, a: xp.signbit(a) if a.dtype.kind == "f" else a < 0,
-                kind="bool", inplace=False, bad=(3,))
-bitwise_not = unary("bitwise_not", lambda xp, a: xp.invert(a), kind="same", bad=(2, 3))
+                kind="bool", inplace=False, bad=(D.COMPLEX,))
+bitwise_not = unary("bitwise_not", lambda xp, a: xp.invert(a), kind="same", bad=(D.FLOATING, D.COMPLEX))
 logical_not = unary("logical_not", lambda xp, a: xp.logical_not(a), kind="bool")
 
 
@@ -274,7 +274,7 @@ def _logit_grad(grad, self, eps):
     return g.where(~((self < eps) | (self > 1 - eps)), 0)
 
 
-logit = unary("logit", _logit, _logit_grad, bad=(3,), namespace="special",
+logit = unary("logit", _logit, _logit_grad, bad=(D.COMPLEX,), namespace="special",
               schema="logit(Tensor self, float? eps=None) -> Tensor")
 
 
@@ -293,7 +293,7 @@ def _nan_to_num_real(xp, a, nan, posinf, neginf, fi):
 @defop("nan_to_num(Tensor self, float? nan=0.0, float? posinf=None, float? neginf=None) -> Tensor",
        method=True, inplace=True)
 def nan_to_num(xp, self, nan=0.0, posinf=None, neginf=None):
-    if D.FROM_NP[self.dtype].category < 2:
+    if D.FROM_NP[self.dtype].category < D.FLOATING:
         return self.copy()
     fi = _finfo(self.real.dtype)
     a = self.astype(np.float32) if self.dtype.itemsize <= 2 else self
@@ -319,7 +319,7 @@ def _(grad, self):
 @defop("polygamma(int n, Tensor self) -> Tensor", namespace="special")
 def polygamma(xp, n, self):
     dt = result_dtype("float", D.FROM_NP[self.dtype])
-    if dt.category == 3:
+    if dt.category == D.COMPLEX:
         raise unsupported("polygamma", dt)
     if n < 0:
         raise RuntimeError("polygamma(n, x) does not support negative n.")
@@ -497,7 +497,7 @@ def _clamp_check(self, min, max):
     if min is None and max is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
     dt = _operands_dtype(self, min, max)
-    if dt.category in (0, 3):
+    if dt.category in (D.BOOL, D.COMPLEX):
         raise unsupported("clamp", dt)
     return dt
 
@@ -578,7 +578,7 @@ def _lerp_check(self, end, weight):
             if xd is not sd:
                 raise RuntimeError(f"expected dtype {sd.name if sd.name != 'float32' else 'float'} for `{what}` "
                                    f"but got dtype {xd.name if xd.name != 'float32' else 'float'}")
-    if sd.category < 2:
+    if sd.category < D.FLOATING:
         raise unsupported("lerp_kernel_scalar", sd)
     return sd
 
@@ -606,9 +606,9 @@ def _(grad, self, end, weight):
 
 def _addc_dtype(self, t1, t2, name):
     dt = _operands_dtype(self, t1, t2)
-    if dt.category == 0:
+    if dt.category == D.BOOL:
         raise unsupported(name, dt)
-    if name == "addcdiv" and _operands_dtype(t1, t2).category < 2:
+    if name == "addcdiv" and _operands_dtype(t1, t2).category < D.FLOATING:
         raise RuntimeError("Integer division with addcdiv is no longer supported, and in a future release "
                            "addcdiv will perform a true division of tensor1 and tensor2. The historic "
                            "addcdiv behavior can be implemented as (input + value * torch.trunc(tensor1 / "
@@ -620,7 +620,7 @@ def _addc(name, combine):
     def kernel(xp, self, tensor1, tensor2, *, value=1):
         dt = _addc_dtype(self, tensor1, tensor2, name)
         a, b, c = _compute(xp, dt, self, tensor1, tensor2)
-        if dt.category < 2:
+        if dt.category < D.FLOATING:
             value = int(value)
         with np.errstate(all="ignore"):
             r = a + value * combine(b, c)

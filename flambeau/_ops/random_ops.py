@@ -39,7 +39,7 @@ def _type_name(dt):
 
 
 def _need_float(kernel_name, dt):
-    if dt.category != 2:
+    if dt.category != D.FLOATING:
         raise NotImplementedError(f"\"{kernel_name}\" not implemented for '{_type_name(dt)}'")
 
 
@@ -321,7 +321,7 @@ cauchy = _fill_op("cauchy(Tensor self, float median=0, float sigma=1, *, Generat
 
 def _random_bounds(dt, a, b):
     if b is None:
-        if dt.category == 2:
+        if dt.category == D.FLOATING:
             digits = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}[dt.name]
             return 0, 2 ** digits + 1
         if dt is D.bool:
@@ -329,7 +329,7 @@ def _random_bounds(dt, a, b):
         return 0, int(np.iinfo(dt.np).max)
     if a >= b:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={a} >= to={b}")
-    if dt.category == 1 and (a < np.iinfo(dt.np).min or b - 1 > np.iinfo(dt.np).max):
+    if dt.category == D.INTEGER and (a < np.iinfo(dt.np).min or b - 1 > np.iinfo(dt.np).max):
         raise RuntimeError(f"from is out of bounds for {dt.np.name}")
     return a, b
 
@@ -425,7 +425,7 @@ poisson.def_meta(lambda self, generator=None: TensorSpec(self.shape, self.dtype)
 def _multinomial_check(shape, dt, n, replacement):
     if len(shape) not in (1, 2):
         raise RuntimeError("prob_dist must be 1 or 2 dim")
-    if dt.category != 2:
+    if dt.category != D.FLOATING:
         raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {_type_name(dt)}")
     if n <= 0:
         raise RuntimeError("cannot sample n_sample <= 0 samples")

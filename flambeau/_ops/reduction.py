@@ -95,7 +95,7 @@ def evenly_backward(grad, self, result, dim, keepdim):
 
 
 def _float_only(name, dt):
-    if dt.category < 2:
+    if dt.category < D.FLOATING:
         raise RuntimeError(f"{name}(): expected input to have floating point or complex dtype but got "
                            f"{type_name(dt)}")
 
@@ -104,7 +104,7 @@ def _float_only(name, dt):
 def _sum_dtype(dt, dtype):
     if dtype is not None:
         return dtype
-    return D.int64 if dt.category <= 1 else dt
+    return D.int64 if dt.category <= D.INTEGER else dt
 
 
 def _sum_like(fn):
@@ -161,7 +161,7 @@ def _(grad, self, dim, keepdim):
 
 def _mean_dtype(dt, dtype):
     out = dtype if dtype is not None else dt
-    if out.category < 2:
+    if out.category < D.FLOATING:
         which = "Optional dtype" if dtype is not None else "Input dtype"
         raise RuntimeError(f"mean(): could not infer output dtype. {which} must be either a floating point "
                            f"or complex dtype. Got: {type_name(out)}")
@@ -255,9 +255,9 @@ def _prod_backward(grad, x, result, dim, keepdim):
 
 # ---- var / std -----------------------------------------------------------------------------
 def _var_dtype(dt):
-    if dt.category < 2:
+    if dt.category < D.FLOATING:
         raise RuntimeError("std and var only support floating point and complex dtypes")
-    return dt.to_real() if dt.category == 3 else dt
+    return dt.to_real() if dt.category == D.COMPLEX else dt
 
 
 def _var_kernel(xp, x, dims, correction, keepdim):
@@ -563,7 +563,7 @@ def _arg_check(name, dt, shape, dim):
         dt = D.FROM_NP[dt]
     if dt is D.bool:
         raise RuntimeError(f"{name}(): does not support bool input")
-    if dt.category == 3:
+    if dt.category == D.COMPLEX:
         raise RuntimeError(f"{name}(): does not support complex input")
     if dim is None:
         if 0 in shape:
@@ -581,7 +581,7 @@ argmin = _arg_like("argmin", lambda xp: xp.argmin)
 @defop("logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor", method=True)
 def logsumexp(xp, self, dim, keepdim=False):
     dt = D.FROM_NP[self.dtype]
-    out = dt if dt.category >= 2 else _state.default_dtype
+    out = dt if dt.category >= D.FLOATING else _state.default_dtype
     x = self.astype(opmath(out))
     dims = _dims(dim, self.ndim)
     if x.size:
@@ -597,7 +597,7 @@ def logsumexp(xp, self, dim, keepdim=False):
 @logsumexp.def_meta
 def _(self, dim, keepdim=False):
     dims = _dims(dim, self.ndim)
-    dt = self.dtype if self.dtype.category >= 2 else _state.default_dtype
+    dt = self.dtype if self.dtype.category >= D.FLOATING else _state.default_dtype
     return TensorSpec(reduced_shape(self.shape, dims, keepdim), dt)
 
 
@@ -609,10 +609,10 @@ def _(grad, self, result, dim, keepdim):
 
 def _norm_dtype(dt, dtype):
     src = dtype if dtype is not None else dt
-    if dt.category < 2:
+    if dt.category < D.FLOATING:
         raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. "
                            f"Got {type_name(dt)}")
-    return src.to_real() if src.category == 3 else src
+    return src.to_real() if src.category == D.COMPLEX else src
 
 
 @defop("norm.ScalarOpt_dim_dtype(Tensor self, Scalar? p=2, int[1] dim=[], bool keepdim=False, *, "
@@ -723,7 +723,7 @@ def _(self, dim=None):
 # ---- softmax family ------------------------------------------------------------------------
 def _softmax_dtype(name, dt, dtype):
     out = dtype if dtype is not None else dt
-    if out.category < 2:
+    if out.category < D.FLOATING:
         raise NotImplementedError(f'"{name}_lastdim_kernel_impl" not implemented for \'{type_name(out)}\'')
     return out
 

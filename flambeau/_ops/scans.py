@@ -136,7 +136,7 @@ def _logcumsumexp(xp, x, d):
 def logcumsumexp(xp, self, dim):
     d = wrap_dim(dim, self.ndim)
     dt = D.FROM_NP[self.dtype]
-    out = dt if dt.category >= 2 else _state.default_dtype
+    out = dt if dt.category >= D.FLOATING else _state.default_dtype
     x = self.astype(opmath(out))
     if self.ndim == 0 or self.size == 0:
         return _fresh(xp, x, out.np)
@@ -147,7 +147,7 @@ def logcumsumexp(xp, self, dim):
 @logcumsumexp.def_meta
 def _(self, dim):
     wrap_dim(dim, self.ndim)
-    return TensorSpec(self.shape, self.dtype if self.dtype.category >= 2 else _state.default_dtype)
+    return TensorSpec(self.shape, self.dtype if self.dtype.category >= D.FLOATING else _state.default_dtype)
 
 
 @logcumsumexp.def_derivative

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from .._dtype import INTEGER
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec
 from ._helpers import wrap_dim
@@ -115,7 +116,7 @@ def tensor_split(self, indices_or_sections, dim=0):
     size = self.shape[d]
     ios = indices_or_sections
     if isinstance(ios, Tensor):
-        if ios.dtype.category != 1 or ios.ndim > 1:
+        if ios.dtype.category != INTEGER or ios.ndim > 1:
             raise RuntimeError("tensor_split expected tensor_indices_or_sections to have a long dtype and be "
                                "0-D or 1-D")
         ios = ios.tolist()

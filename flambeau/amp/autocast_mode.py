@@ -63,7 +63,7 @@ _CUDA = {
 
 def _eligible(t, dev_type) -> bool:
     """A floating tensor on the autocast device, not float64 (which autocast never touches)."""
-    return (isinstance(t, Tensor) and t._dtype.category == 2 and t._dtype is not D.float64
+    return (isinstance(t, Tensor) and t._dtype.category == D.FLOATING and t._dtype is not D.float64
             and t.device.type == dev_type)          # .device: a fake tensor reports the device it stands for
 
 

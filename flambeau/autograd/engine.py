@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import warnings
 
+from .._dtype import FLOATING
 from .. import _state
 from .._tensor import Tensor
 from .graph import AccumulateGrad, _edge
@@ -32,7 +33,7 @@ def _reduce_to(g: Tensor, shape, dtype, device, node, i) -> Tensor:
         elif g._data.shape != tuple(shape):
             g = g.reshape(shape)
     if g._dtype is not dtype:
-        if dtype.category < 2:
+        if dtype.category < FLOATING:
             return g
         g = g.to(dtype)
     if g._device != device:
@@ -223,7 +224,7 @@ def _make_roots(tensors, grad_tensors, what="backward"):
         if g is None:
             if t.numel() != 1:
                 raise RuntimeError("grad can be implicitly created only for scalar outputs")
-            if t._dtype.category < 2:
+            if t._dtype.category < FLOATING:
                 raise RuntimeError(f"grad can be implicitly created only for real scalar outputs but got {t._dtype}")
             g = ones_like(t)
         else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import weakref
 from collections import namedtuple
 
+from .._dtype import FLOATING
 from .. import _state
 from .._tensor import Tensor
 
@@ -164,7 +165,7 @@ def _jvp_by_double_vjp(op, args, kwargs, out, grad_was_enabled):
     from .._ops.creation import zeros_like
     from .engine import grad as _grad
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    diff = [isinstance(o, Tensor) and o._dtype.category >= 2 for o in outs]
+    diff = [isinstance(o, Tensor) and o._dtype.category >= FLOATING for o in outs]
     if not any(diff):
         return
     bound = op.bind(*args, **kwargs)

@@ -12,6 +12,7 @@ import re
 import traceback
 import weakref
 
+from .._dtype import FLOATING
 from .. import _state
 from .._tensor import Tensor
 
@@ -243,7 +244,7 @@ def accumulator(t: Tensor) -> AccumulateGrad:
 
 
 def _differentiable(t) -> bool:
-    return isinstance(t, Tensor) and t._dtype.category >= 2
+    return isinstance(t, Tensor) and t._dtype.category >= FLOATING
 
 
 def record(op, args, kwargs, out, node_cls=None):

@@ -373,7 +373,7 @@ class Module:
 
     def to(self, *args, **kwargs) -> "Module":
         device, dtype, non_blocking = _parse_to(*args, **kwargs)
-        if dtype is not None and dtype.category < 2:
+        if dtype is not None and dtype.category < D.FLOATING:
             raise TypeError("nn.Module.to only accepts floating point or complex dtypes, but got desired "
                             f"dtype={dtype}")
 
