@@ -273,6 +273,27 @@ def test_bytecode_roundtrip(i):
     assert g(*args) == fn(*args)
 
 
+def test_bytecode_flag_names_match_cpython():
+    """The named oparg bits agree with what CPython's compiler emits for code that sets each one."""
+    import dis
+    from flambeau._dynamo import bytecode as bc
+
+    def ops(src, opname):
+        code = compile(src, "<flags>", "exec")
+        consts = [code] + [c for c in code.co_consts if hasattr(c, "co_code")]
+        return [i.arg for c in consts for i in dis.get_instructions(c) if i.opname == opname]
+
+    names = dis.MAKE_FUNCTION_FLAGS
+    assert [bc.MAKE_FUNCTION_DEFAULTS, bc.MAKE_FUNCTION_KWDEFAULTS, bc.MAKE_FUNCTION_ANNOTATIONS,
+            bc.MAKE_FUNCTION_CLOSURE] == [1 << names.index(n) for n in ("defaults", "kwdefaults", "annotations", "closure")]
+    assert ops("def f(a=1, *, b=2):\n    return lambda: a\n", "MAKE_FUNCTION") == [
+        bc.MAKE_FUNCTION_DEFAULTS | bc.MAKE_FUNCTION_KWDEFAULTS, bc.MAKE_FUNCTION_CLOSURE]
+    assert ops("f'{x!r:>5}{y}'", "FORMAT_VALUE") == [bc.FVS_HAVE_SPEC | 2, 0]
+    assert bc.FVC_MASK == len(dis.FORMAT_VALUE_CONVERTERS) - 1
+    assert ops("f(*a, **k); f(*a)", "CALL_FUNCTION_EX") == [bc.CALL_FUNCTION_EX_KWARGS, 0]
+    assert [a & bc.LOAD_PUSHES_NULL for a in ops("def g():\n    f()\n    return f\n", "LOAD_GLOBAL")] == [bc.LOAD_PUSHES_NULL, 0]
+
+
 # ---- context managers, autograd.Function --------------------------------------------------------------
 def test_autocast_block_in_one_graph(lib):
     def f(x, w):

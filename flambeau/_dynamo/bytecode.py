@@ -32,6 +32,22 @@ BACKWARD_JUMPS = {"JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "POP_JUMP_BACKW
 UNCONDITIONAL_JUMPS = {"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT"}
 TERMINATORS = {"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"} | UNCONDITIONAL_JUMPS
 
+# Oparg bits of MAKE_FUNCTION: which optional values sit on the stack (dis.MAKE_FUNCTION_FLAGS order).
+MAKE_FUNCTION_DEFAULTS, MAKE_FUNCTION_KWDEFAULTS, MAKE_FUNCTION_ANNOTATIONS, MAKE_FUNCTION_CLOSURE = 0x01, 0x02, 0x04, 0x08
+# Oparg of FORMAT_VALUE (CPython's ceval names): low bits pick the conversion (none, str, repr,
+# ascii: dis.FORMAT_VALUE_CONVERTERS order); FVS_HAVE_SPEC says a format spec is on the stack.
+FVC_MASK, FVS_HAVE_SPEC = 0x03, 0x04
+# Low oparg bit of CALL_FUNCTION_EX: a kwargs mapping is on the stack; of LOAD_GLOBAL (and of
+# LOAD_ATTR on 3.12): a NULL (or the method's self) is pushed for a following call.
+CALL_FUNCTION_EX_KWARGS = LOAD_PUSHES_NULL = 0x01
+
+# Location table (Objects/locations.md): an entry's first byte has the start bit, a 4-bit code and
+# the unit count - 1; varints carry 6 bits a byte with a continuation bit.
+_LOC_ENTRY_START, _VARINT_MORE, _VARINT_BITS = 0x80, 0x40, 6
+_LOC_NO_COLUMNS, _LOC_LONG, _LOC_NONE = 13, 14, 15
+# Exception table entries start with the same start bit on their first varint.
+_EXC_ENTRY_START = 0x80
+
 
 @dataclass(eq=False)
 class Instr:
@@ -147,9 +163,9 @@ def _layout(instrs: list):
 
 def _varint(v: int) -> bytes:
     out = bytearray()
-    while v >= 64:
-        out.append(0x40 | (v & 63))
-        v >>= 6
+    while v >= 1 << _VARINT_BITS:
+        out.append(_VARINT_MORE | (v & ((1 << _VARINT_BITS) - 1)))
+        v >>= _VARINT_BITS
     out.append(v)
     return bytes(out)
 
@@ -168,13 +184,13 @@ def _linetable(instrs: list, sizes: list, firstlineno: int) -> bytes:
             n = min(units, 8)
             units -= n
             if p is None or p.lineno is None:
-                out.append(0x80 | (15 << 3) | (n - 1))
+                out.append(_LOC_ENTRY_START | (_LOC_NONE << 3) | (n - 1))
             elif p.col_offset is None or p.end_col_offset is None or p.end_lineno is None:
-                out.append(0x80 | (13 << 3) | (n - 1))
+                out.append(_LOC_ENTRY_START | (_LOC_NO_COLUMNS << 3) | (n - 1))
                 out += _svarint(p.lineno - line)
                 line = p.lineno
             else:
-                out.append(0x80 | (14 << 3) | (n - 1))
+                out.append(_LOC_ENTRY_START | (_LOC_LONG << 3) | (n - 1))
                 out += _svarint(p.lineno - line)
                 out += _varint(p.end_lineno - p.lineno)
                 out += _varint(p.col_offset + 1)
@@ -186,16 +202,16 @@ def _linetable(instrs: list, sizes: list, firstlineno: int) -> bytes:
 def _exc_varint(v: int, first: bool) -> bytes:
     chunks = []
     while True:
-        chunks.append(v & 63)
-        v >>= 6
+        chunks.append(v & ((1 << _VARINT_BITS) - 1))
+        v >>= _VARINT_BITS
         if not v:
             break
     chunks.reverse()
     out = bytearray()
     for k, c in enumerate(chunks):
-        b = c | (0x40 if k < len(chunks) - 1 else 0)
+        b = c | (_VARINT_MORE if k < len(chunks) - 1 else 0)
         if k == 0 and first:
-            b |= 0x80
+            b |= _EXC_ENTRY_START
         out.append(b)
     return bytes(out)
 
@@ -244,7 +260,7 @@ def call_instrs(nargs: int, positions=None) -> list:
 
 
 def load_global_pushes_null(ins: Instr) -> bool:
-    return bool(ins.arg & 1)
+    return bool(ins.arg & LOAD_PUSHES_NULL)
 
 
 def load_global_name(ins: Instr) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import types
+from inspect import CO_VARARGS, CO_VARKEYWORDS
 import warnings
 
 from . import config, _logging
@@ -50,7 +51,7 @@ def reset() -> None:
 def _make_binder(fn):
     """A function with `fn`'s signature returning its arguments as a tuple in co_varnames order."""
     code = fn.__code__
-    n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+    n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & CO_VARARGS) + bool(code.co_flags & CO_VARKEYWORDS)
     names = list(code.co_varnames[:n])
     if not all(x.isidentifier() for x in names):
         return None, names              # comprehension code (`.0`): only positional calls are compiled
@@ -62,12 +63,12 @@ def _make_binder(fn):
         parts.append(p)
         if i + 1 == code.co_posonlyargcount:
             parts.append("/")
-    if code.co_flags & 0x04:
+    if code.co_flags & CO_VARARGS:
         parts.append("*" + rest[0])
     elif kwonly:
         parts.append("*")
     parts += kwonly
-    if code.co_flags & 0x08:
+    if code.co_flags & CO_VARKEYWORDS:
         parts.append("**" + rest[-1])
     src = f"def ___bind({', '.join(parts)}):\n    return ({''.join(o + ', ' for o in names)})\n"
     ns: dict = {}
@@ -96,7 +97,7 @@ class CompiledFunction:
         self.stats = stats if stats is not None else CompileStats()
         self.key = (self.code, id(backend), fullgraph, dynamic)
         c = self.code
-        self.simple = not (c.co_flags & 0x0C) and not c.co_kwonlyargcount
+        self.simple = not (c.co_flags & (CO_VARARGS | CO_VARKEYWORDS)) and not c.co_kwonlyargcount
         self.nargs = c.co_argcount
         self._binder, self.argnames = _make_binder(fn)
         functools.update_wrapper(self, fn)

@@ -211,7 +211,7 @@ def _store_global(tx, ins):
 @handler("LOAD_ATTR")
 def _load_attr(tx, ins):
     obj = tx.pop()
-    if bc.PY312 and ins.arg & 1:
+    if bc.PY312 and ins.arg & bc.LOAD_PUSHES_NULL:
         tx.push(NULL)
     tx.push(obj.var_getattr(tx, ins.argval))
 
@@ -384,12 +384,12 @@ def _build_string(tx, ins):
 
 @handler("FORMAT_VALUE")
 def _format_value(tx, ins):
-    spec = tx.pop().as_python_constant() if ins.arg & 0x04 else ""
+    spec = tx.pop().as_python_constant() if ins.arg & bc.FVS_HAVE_SPEC else ""
     v = tx.pop()
     if not v.is_python_constant():
         raise Unsupported(f"formatting {v} into a string")
     val = v.as_python_constant()
-    conv = ins.arg & 0x03
+    conv = ins.arg & bc.FVC_MASK
     val = {0: val, 1: str(val), 2: repr(val), 3: ascii(val)}[conv] if conv else val
     tx.push(const(format(val, spec)))
 
@@ -595,7 +595,7 @@ def _call(tx, ins):
 
 @handler("CALL_FUNCTION_EX")
 def _call_function_ex(tx, ins):
-    kwargs = tx.pop() if ins.arg & 1 else DictVariable({})
+    kwargs = tx.pop() if ins.arg & bc.CALL_FUNCTION_EX_KWARGS else DictVariable({})
     args = tx.pop()
     fn = tx.pop()
     null = tx.pop()
@@ -612,10 +612,10 @@ def _call_function_ex(tx, ins):
 def _make_function(tx, ins):
     code = tx.pop().as_python_constant()
     flags = ins.arg
-    closure = tx.pop().items if flags & 0x08 else None
-    annotations = tx.pop() if flags & 0x04 else None
-    kwdefaults = tx.pop() if flags & 0x02 else None
-    defaults = tx.pop() if flags & 0x01 else None
+    closure = tx.pop().items if flags & bc.MAKE_FUNCTION_CLOSURE else None
+    annotations = tx.pop() if flags & bc.MAKE_FUNCTION_ANNOTATIONS else None
+    kwdefaults = tx.pop() if flags & bc.MAKE_FUNCTION_KWDEFAULTS else None
+    defaults = tx.pop() if flags & bc.MAKE_FUNCTION_DEFAULTS else None
     tx.push(NestedUserFunctionVariable(code, tx.f_globals, code.co_name, defaults, kwdefaults, closure, annotations))
 
 

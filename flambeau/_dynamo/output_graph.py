@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import operator
 import types
+from inspect import CO_VARARGS, CO_VARKEYWORDS
 
 from .. import _state
 from .._backends import MetaArray, contiguous_strides
@@ -24,7 +25,7 @@ from ..fx.graph_module import GraphModule
 from ..fx._symbolic_shapes import ShapeEnv, SymInt
 from .._subclasses.fake_tensor import FakeTensorMode
 from .._counters import counters
-from . import _logging, config, resume
+from . import _logging, bytecode as bc, config, resume
 from .codegen import EntryCodegen
 from .exc import Unsupported, SkipFrame
 from .guards import GuardSet, GlobalSource, Source, graph_input_name, local_name
@@ -397,7 +398,7 @@ class OutputGraph:
         if ins.opname == "CALL":
             k = len(tx.stack) - ins.arg - 2
         elif ins.opname == "CALL_FUNCTION_EX":
-            k = len(tx.stack) - 3 - (ins.arg & 1)
+            k = len(tx.stack) - 3 - bool(ins.arg & bc.CALL_FUNCTION_EX_KWARGS)
         else:
             return None
         if k < 0:
@@ -480,7 +481,7 @@ class OutputGraph:
 
     def _argnames(self) -> list:
         c = self.code
-        n = c.co_argcount + c.co_kwonlyargcount + bool(c.co_flags & 0x04) + bool(c.co_flags & 0x08)
+        n = c.co_argcount + c.co_kwonlyargcount + bool(c.co_flags & CO_VARARGS) + bool(c.co_flags & CO_VARKEYWORDS)
         return list(c.co_varnames[:n])
 
     def _add_shape_guards(self) -> None:

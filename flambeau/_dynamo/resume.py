@@ -20,11 +20,11 @@ is re-assembled), so loops, handlers and with-blocks around I keep working.
 from __future__ import annotations
 
 import types
+from inspect import CO_VARARGS, CO_VARKEYWORDS
 
 from . import bytecode as bc
 from .exc import Unsupported
 
-CO_VARARGS, CO_VARKEYWORDS = 0x04, 0x08
 _resume_codes: dict = {}
 
 
@@ -38,7 +38,7 @@ def break_effect(ins) -> tuple:
     if op == "CALL":
         return arg + 2, 1, None
     if op == "CALL_FUNCTION_EX":
-        return 3 + (arg & 1), 1, None
+        return 3 + bool(arg & bc.CALL_FUNCTION_EX_KWARGS), 1, None
     if op.startswith("POP_JUMP"):
         return 1, 0, 0
     if op in ("JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP"):
@@ -47,10 +47,10 @@ def break_effect(ins) -> tuple:
              "COMPARE_OP": (2, 1), "CONTAINS_OP": (2, 1), "IS_OP": (2, 1), "BINARY_SUBSCR": (2, 1),
              "UNARY_NEGATIVE": (1, 1), "UNARY_POSITIVE": (1, 1), "UNARY_INVERT": (1, 1), "UNARY_NOT": (1, 1),
              "GET_ITER": (1, 1), "STORE_GLOBAL": (1, 0), "BUILD_STRING": (arg or 0, 1),
-             "FORMAT_VALUE": (2 if (arg or 0) & 4 else 1, 1), "BEFORE_WITH": (1, 2),
+             "FORMAT_VALUE": (2 if (arg or 0) & bc.FVS_HAVE_SPEC else 1, 1), "BEFORE_WITH": (1, 2),
              "UNPACK_SEQUENCE": (1, arg or 0), "LIST_TO_TUPLE": (1, 1), "BINARY_SLICE": (3, 1),
              "STORE_SLICE": (4, 0), "RAISE_VARARGS": (arg or 0, None)}
-    if op == "LOAD_ATTR" and not (bc.PY312 and arg & 1):
+    if op == "LOAD_ATTR" and not (bc.PY312 and arg & bc.LOAD_PUSHES_NULL):
         return 1, 1, None
     if op == "UNPACK_EX":
         return 1, (arg & 0xFF) + (arg >> 8) + 1, None

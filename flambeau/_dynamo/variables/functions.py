@@ -9,11 +9,11 @@ the traced code. Functions marked with `flambeau._dynamo.disable` are never inli
 from __future__ import annotations
 
 import types
+from inspect import (CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR, CO_ITERABLE_COROUTINE, CO_VARARGS,
+                     CO_VARKEYWORDS)
 
 from ..exc import Unsupported
 from .base import VariableTracker, ConstantVariable, const
-
-CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR, CO_ITERABLE_COROUTINE = 0x20, 0x80, 0x200, 0x100
 
 
 class CellVariable(VariableTracker):
@@ -187,9 +187,9 @@ def bind_arguments(fn, args: list, kwargs: dict) -> dict:
     pos_names = names[:npos]
     kw_names = names[npos:npos + nkw]
     i = npos + nkw
-    var_name = names[i] if code.co_flags & 0x04 else None
-    i += bool(code.co_flags & 0x04)
-    varkw_name = names[i] if code.co_flags & 0x08 else None
+    var_name = names[i] if code.co_flags & CO_VARARGS else None
+    i += bool(code.co_flags & CO_VARARGS)
+    varkw_name = names[i] if code.co_flags & CO_VARKEYWORDS else None
     out = {}
     for name, v in zip(pos_names, args):
         out[name] = v
