@@ -35,6 +35,10 @@ import os
 import sys
 import threading
 
+from .cudnn_enums import (BackendAttributeName as A, BackendAttributeType as T, BackendDescriptorType as BE,
+                          ConvolutionMode, DataType, Determinism, HeurMode, MathType, NumericalNote, Status,
+                          TensorFormat)
+
 enabled = True
 allow_tf32 = True
 deterministic = False
@@ -44,11 +48,11 @@ calls = {"forward": 0, "backward_data": 0, "backward_filter": 0}
 
 _SUB_LIBS = ("libcudnn_engines_precompiled", "libcudnn_engines_runtime_compiled", "libcudnn_heuristic",
              "libcudnn_graph", "libcudnn_ops", "libcudnn_cnn", "libcudnn_adv")
-_DATA = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 9}
+_DATA = {"float32": DataType.FLOAT, "float64": DataType.DOUBLE, "float16": DataType.HALF,
+         "bfloat16": DataType.BFLOAT16}
 _BY_CHAR = {"f": "float32", "d": "float64", "e": "float16"}     # dtype.char -> name (a fast lookup)
-_NCHW, _CROSS_CORRELATION = 0, 1
-_DEFAULT_MATH, _TENSOR_OP_MATH, _FMA_MATH = 0, 1, 3
 _MAX_ALGOS = 16
+_ALIGNMENT = 16              # bytes: the data alignment cuDNN's kernels assume
 
 
 class _Perf(ctypes.Structure):
@@ -208,7 +212,7 @@ def load_error():
 
 
 def _check(status, what):
-    if status != 0:
+    if status != Status.SUCCESS:
         msg = _state["lib"].cudnnGetErrorString(status).decode(errors="replace")
         raise RuntimeError(f"cuDNN error: {msg} (status {status}) in {what}")
 
@@ -271,16 +275,17 @@ class _Plan:
         for d, shape in ((self.x, x_shape), (self.y, y_shape)):
             _check(lib.cudnnSetTensorNdDescriptor(d, dt, len(shape), _ints(shape), _ints(_packed_strides(shape))),
                    f"cudnnSetTensorNdDescriptor({list(shape)})")
-        _check(lib.cudnnSetFilterNdDescriptor(self.w, dt, _NCHW, len(w_shape), _ints(w_shape)),
+        _check(lib.cudnnSetFilterNdDescriptor(self.w, dt, TensorFormat.NCHW, len(w_shape), _ints(w_shape)),
                f"cudnnSetFilterNdDescriptor({list(w_shape)})")
         compute = _DATA["float64"] if dtype == "float64" else _DATA["float32"]
         _check(lib.cudnnSetConvolutionNdDescriptor(self.conv, len(st), _ints(pad), _ints(st), _ints(dil),
-                                                   _CROSS_CORRELATION, compute), "cudnnSetConvolutionNdDescriptor")
+                                                   ConvolutionMode.CROSS_CORRELATION, compute),
+               "cudnnSetConvolutionNdDescriptor")
         _check(lib.cudnnSetConvolutionGroupCount(self.conv, groups), "cudnnSetConvolutionGroupCount")
         if dtype == "float32":
-            self.math = _DEFAULT_MATH if allow_tf32 else _FMA_MATH
+            self.math = MathType.DEFAULT_MATH if allow_tf32 else MathType.FMA_MATH
         else:
-            self.math = _DEFAULT_MATH if dtype == "float64" else _TENSOR_OP_MATH
+            self.math = MathType.DEFAULT_MATH if dtype == "float64" else MathType.TENSOR_OP_MATH
         _check(lib.cudnnSetConvolutionMathType(self.conv, self.math), "cudnnSetConvolutionMathType")
         self.kind = kind
 
@@ -313,12 +318,13 @@ class _Plan:
             del ws
         wsfn = getattr(lib, f"cudnnGetConvolution{name}WorkspaceSize")
         for perf in perfs[:n.value]:
-            if perf.status != 0 or perf.memory > limit or (deterministic and perf.determinism != 1):
+            if (perf.status != Status.SUCCESS or perf.memory > limit
+                    or (deterministic and perf.determinism != Determinism.DETERMINISTIC)):
                 continue
-            math_type = self.math if self.math == _FMA_MATH else perf.mathType
+            math_type = self.math if self.math == MathType.FMA_MATH else perf.mathType
             _check(lib.cudnnSetConvolutionMathType(self.conv, math_type), "cudnnSetConvolutionMathType")
             size = ctypes.c_size_t()
-            if wsfn(h, *self._descs(), perf.algo, ctypes.byref(size)) != 0 or size.value > limit:
+            if wsfn(h, *self._descs(), perf.algo, ctypes.byref(size)) != Status.SUCCESS or size.value > limit:
                 continue
             self.algo, self.ws = perf.algo, size.value
             return True
@@ -342,20 +348,25 @@ class _Plan:
 # operation, the operation an operation graph; heuristics rank engine configurations for it; a
 # configuration that finalizes into an execution plan is run with a "variant pack" of data pointers.
 # This reaches the engines PyTorch uses (the legacy API above picks from an older set and is ~2x
-# slower for 3x3 TF32 convolutions on an H100). Enum values are those of cudnn_graph.h.
-_BE = {"CONVOLUTION": 1, "ENGINE": 2, "ENGINECFG": 3, "ENGINEHEUR": 4, "EXECUTION_PLAN": 5,
-       "forward": 10, "backward_filter": 11, "backward_data": 12, "OPERATIONGRAPH": 15, "VARIANT_PACK": 16,
-       "TENSOR": 17}
-_T_HANDLE, _T_DATA_TYPE, _T_INT64, _T_FLOAT, _T_DOUBLE, _T_VOID_PTR = 0, 1, 3, 4, 5, 6
-_T_CONV_MODE, _T_HEUR_MODE, _T_NUMERICAL_NOTE, _T_DESCRIPTOR = 7, 8, 11, 15
-# operation attributes: (alpha, beta, conv desc, then the three tensors by role)
-_OP_ATTRS = {"forward": (700, 701, 702, {"x": 704, "w": 703, "y": 705}),
-             "backward_data": (706, 707, 708, {"w": 709, "x": 710, "y": 711}),
-             "backward_filter": (712, 713, 714, {"x": 716, "y": 717, "w": 715})}
-_NOTE_TENSOR_CORE, _NOTE_DOWN_CONVERT, _NOTE_NONDETERMINISTIC, _NOTE_COUNT = 0, 1, 4, 10
-_HEUR_INSTANT, _HEUR_FALLBACK = 0, 2
+# slower for 3x3 TF32 convolutions on an H100). The enums are in cudnn_enums.py.
+# Per kind: the operation's descriptor type, its alpha, beta and convolution-descriptor attributes,
+# then its three tensor attributes by role (x, w, y as in the forward convolution).
+_OPERATIONS = {
+    "forward": (BE.OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, A.OPERATION_CONVOLUTION_FORWARD_ALPHA,
+                A.OPERATION_CONVOLUTION_FORWARD_BETA, A.OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+                {"x": A.OPERATION_CONVOLUTION_FORWARD_X, "w": A.OPERATION_CONVOLUTION_FORWARD_W,
+                 "y": A.OPERATION_CONVOLUTION_FORWARD_Y}),
+    "backward_data": (BE.OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, A.OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+                      A.OPERATION_CONVOLUTION_BWD_DATA_BETA, A.OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+                      {"w": A.OPERATION_CONVOLUTION_BWD_DATA_W, "x": A.OPERATION_CONVOLUTION_BWD_DATA_DX,
+                       "y": A.OPERATION_CONVOLUTION_BWD_DATA_DY}),
+    "backward_filter": (BE.OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, A.OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+                        A.OPERATION_CONVOLUTION_BWD_FILTER_BETA, A.OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+                        {"x": A.OPERATION_CONVOLUTION_BWD_FILTER_X, "y": A.OPERATION_CONVOLUTION_BWD_FILTER_DY,
+                         "w": A.OPERATION_CONVOLUTION_BWD_FILTER_DW}),
+}
 use_graph_api = True          # False: always the legacy API
-heuristic_modes = (_HEUR_INSTANT, _HEUR_FALLBACK)   # tried in order until one yields a plan
+heuristic_modes = (HeurMode.INSTANT, HeurMode.FALLBACK)   # tried in order until one yields a plan
 
 
 class _GraphPlan:
@@ -370,44 +381,45 @@ class _GraphPlan:
         uid = {"x": 1, "w": 2, "y": 3}
         tensors = {}
         for role, shape in (("x", x_shape), ("w", w_shape), ("y", y_shape)):
-            t = self._new("TENSOR")
-            self._set(t, 901, _T_DATA_TYPE, ctypes.c_int, [dt])
-            self._set(t, 902, _T_INT64, ctypes.c_int64, shape)
-            self._set(t, 903, _T_INT64, ctypes.c_int64, _packed_strides(shape))
-            self._set(t, 906, _T_INT64, ctypes.c_int64, [uid[role]])
-            self._set(t, 900, _T_INT64, ctypes.c_int64, [16])
+            t = self._new(BE.TENSOR_DESCRIPTOR)
+            self._set(t, A.TENSOR_DATA_TYPE, T.DATA_TYPE, ctypes.c_int, [dt])
+            self._set(t, A.TENSOR_DIMENSIONS, T.INT64, ctypes.c_int64, shape)
+            self._set(t, A.TENSOR_STRIDES, T.INT64, ctypes.c_int64, _packed_strides(shape))
+            self._set(t, A.TENSOR_UNIQUE_ID, T.INT64, ctypes.c_int64, [uid[role]])
+            self._set(t, A.TENSOR_BYTE_ALIGNMENT, T.INT64, ctypes.c_int64, [_ALIGNMENT])
             self._finalize(t, f"tensor {role} {list(shape)}")
             tensors[role] = t
-        conv = self._new("CONVOLUTION")
+        conv = self._new(BE.CONVOLUTION_DESCRIPTOR)
         nd = len(st)
-        self._set(conv, 106, _T_INT64, ctypes.c_int64, [nd])
-        self._set(conv, 100, _T_DATA_TYPE, ctypes.c_int, [compute])
-        self._set(conv, 101, _T_CONV_MODE, ctypes.c_int, [_CROSS_CORRELATION])
-        self._set(conv, 102, _T_INT64, ctypes.c_int64, dil)
-        self._set(conv, 103, _T_INT64, ctypes.c_int64, st)
-        self._set(conv, 104, _T_INT64, ctypes.c_int64, pad)
-        self._set(conv, 105, _T_INT64, ctypes.c_int64, pad)
+        self._set(conv, A.CONVOLUTION_SPATIAL_DIMS, T.INT64, ctypes.c_int64, [nd])
+        self._set(conv, A.CONVOLUTION_COMP_TYPE, T.DATA_TYPE, ctypes.c_int, [compute])
+        self._set(conv, A.CONVOLUTION_CONV_MODE, T.CONVOLUTION_MODE, ctypes.c_int, [ConvolutionMode.CROSS_CORRELATION])
+        self._set(conv, A.CONVOLUTION_DILATIONS, T.INT64, ctypes.c_int64, dil)
+        self._set(conv, A.CONVOLUTION_FILTER_STRIDES, T.INT64, ctypes.c_int64, st)
+        self._set(conv, A.CONVOLUTION_POST_PADDINGS, T.INT64, ctypes.c_int64, pad)
+        self._set(conv, A.CONVOLUTION_PRE_PADDINGS, T.INT64, ctypes.c_int64, pad)
         self._finalize(conv, "convolution descriptor")
-        a_alpha, a_beta, a_conv, roles = _OP_ATTRS[kind]
-        op = self._new(kind)
+        op_type, a_alpha, a_beta, a_conv, roles = _OPERATIONS[kind]
+        op = self._new(op_type)
         for role, attr in roles.items():
-            self._set(op, attr, _T_DESCRIPTOR, ctypes.c_void_p, [tensors[role].value])
-        self._set(op, a_conv, _T_DESCRIPTOR, ctypes.c_void_p, [conv.value])
-        scalar_t, ctype = (_T_DOUBLE, ctypes.c_double) if dtype == "float64" else (_T_FLOAT, ctypes.c_float)
+            self._set(op, attr, T.BACKEND_DESCRIPTOR, ctypes.c_void_p, [tensors[role].value])
+        self._set(op, a_conv, T.BACKEND_DESCRIPTOR, ctypes.c_void_p, [conv.value])
+        scalar_t, ctype = (T.DOUBLE, ctypes.c_double) if dtype == "float64" else (T.FLOAT, ctypes.c_float)
         self._set(op, a_alpha, scalar_t, ctype, [1.0])
         self._set(op, a_beta, scalar_t, ctype, [0.0])
         self._finalize(op, f"{kind} operation")
-        graph = self._new("OPERATIONGRAPH")
-        self._set(graph, 801, _T_DESCRIPTOR, ctypes.c_void_p, [op.value])
-        self._set(graph, 800, _T_HANDLE, ctypes.c_void_p, [h.value])
+        graph = self._new(BE.OPERATIONGRAPH_DESCRIPTOR)
+        self._set(graph, A.OPERATIONGRAPH_OPS, T.BACKEND_DESCRIPTOR, ctypes.c_void_p, [op.value])
+        self._set(graph, A.OPERATIONGRAPH_HANDLE, T.HANDLE, ctypes.c_void_p, [h.value])
         self._finalize(graph, "operation graph")
         self.uids = (ctypes.c_int64 * 3)(uid["x"], uid["w"], uid["y"])
         self.plan, self.ws = self._choose(graph, h, dtype, ptrs)
 
     # descriptor helpers
-    def _new(self, kind):
+    def _new(self, kind: BE):
         d = ctypes.c_void_p()
-        _check(self.lib.cudnnBackendCreateDescriptor(_BE[kind], ctypes.byref(d)), f"cudnnBackendCreateDescriptor({kind})")
+        _check(self.lib.cudnnBackendCreateDescriptor(kind, ctypes.byref(d)),
+               f"cudnnBackendCreateDescriptor({kind.name})")
         self.descs.append(d)
         return d
 
@@ -420,18 +432,20 @@ class _GraphPlan:
 
     def _configs(self, graph, mode):
         lib = self.lib
-        heur = self._new("ENGINEHEUR")
-        self._set(heur, 201, _T_DESCRIPTOR, ctypes.c_void_p, [graph.value])
-        self._set(heur, 200, _T_HEUR_MODE, ctypes.c_int, [mode])
-        if lib.cudnnBackendFinalize(heur) != 0:
+        heur = self._new(BE.ENGINEHEUR_DESCRIPTOR)
+        self._set(heur, A.ENGINEHEUR_OPERATION_GRAPH, T.BACKEND_DESCRIPTOR, ctypes.c_void_p, [graph.value])
+        self._set(heur, A.ENGINEHEUR_MODE, T.HEUR_MODE, ctypes.c_int, [mode])
+        if lib.cudnnBackendFinalize(heur) != Status.SUCCESS:
             return []
         n = ctypes.c_int64()
-        if lib.cudnnBackendGetAttribute(heur, 202, _T_DESCRIPTOR, 0, ctypes.byref(n), None) != 0 or n.value <= 0:
+        if (lib.cudnnBackendGetAttribute(heur, A.ENGINEHEUR_RESULTS, T.BACKEND_DESCRIPTOR, 0, ctypes.byref(n), None)
+                != Status.SUCCESS or n.value <= 0):
             return []
-        cfgs = [self._new("ENGINECFG") for _ in range(min(n.value, 64))]
+        cfgs = [self._new(BE.ENGINECFG_DESCRIPTOR) for _ in range(min(n.value, 64))]
         arr = (ctypes.c_void_p * len(cfgs))(*[c.value for c in cfgs])
         got = ctypes.c_int64()
-        if lib.cudnnBackendGetAttribute(heur, 202, _T_DESCRIPTOR, len(cfgs), ctypes.byref(got), arr) != 0:
+        if (lib.cudnnBackendGetAttribute(heur, A.ENGINEHEUR_RESULTS, T.BACKEND_DESCRIPTOR, len(cfgs), ctypes.byref(got),
+                                         arr) != Status.SUCCESS):
             return []
         return cfgs[:got.value]
 
@@ -439,20 +453,23 @@ class _GraphPlan:
         """The flags' filter on an engine's numerical notes (TF32 only with allow_tf32, no
         down-conversion of float32 inputs, determinism when asked)."""
         lib = self.lib
-        eng = self._new("ENGINE")
+        eng = self._new(BE.ENGINE_DESCRIPTOR)
         arr = (ctypes.c_void_p * 1)(eng.value)
         got = ctypes.c_int64()
-        if lib.cudnnBackendGetAttribute(cfg, 300, _T_DESCRIPTOR, 1, ctypes.byref(got), arr) != 0:
+        if lib.cudnnBackendGetAttribute(cfg, A.ENGINECFG_ENGINE, T.BACKEND_DESCRIPTOR, 1, ctypes.byref(got),
+                                        arr) != Status.SUCCESS:
             return False
-        notes = (ctypes.c_int * _NOTE_COUNT)()
-        if lib.cudnnBackendGetAttribute(eng, 1303, _T_NUMERICAL_NOTE, _NOTE_COUNT, ctypes.byref(got), notes) != 0:
+        count = NumericalNote.TYPE_COUNT
+        notes = (ctypes.c_int * count)()
+        if lib.cudnnBackendGetAttribute(eng, A.ENGINE_NUMERICAL_NOTE, T.NUMERICAL_NOTE, count, ctypes.byref(got),
+                                        notes) != Status.SUCCESS:
             return False
         notes = set(notes[:got.value])
-        if dtype != "float16" and _NOTE_DOWN_CONVERT in notes:
+        if dtype != "float16" and NumericalNote.DOWN_CONVERT_INPUTS in notes:
             return False
-        if dtype in ("float32", "float64") and not allow_tf32 and _NOTE_TENSOR_CORE in notes:
+        if dtype in ("float32", "float64") and not allow_tf32 and NumericalNote.TENSOR_CORE in notes:
             return False
-        if deterministic and _NOTE_NONDETERMINISTIC in notes:
+        if deterministic and NumericalNote.NONDETERMINISTIC in notes:
             return False
         return True
 
@@ -464,13 +481,14 @@ class _GraphPlan:
             for cfg in self._configs(graph, mode):
                 if not self._allowed(cfg, dtype):
                     continue
-                plan = self._new("EXECUTION_PLAN")
-                self._set(plan, 400, _T_HANDLE, ctypes.c_void_p, [h.value])
-                self._set(plan, 401, _T_DESCRIPTOR, ctypes.c_void_p, [cfg.value])
-                if self.lib.cudnnBackendFinalize(plan) != 0:
+                plan = self._new(BE.EXECUTION_PLAN_DESCRIPTOR)
+                self._set(plan, A.EXECUTION_PLAN_HANDLE, T.HANDLE, ctypes.c_void_p, [h.value])
+                self._set(plan, A.EXECUTION_PLAN_ENGINE_CONFIG, T.BACKEND_DESCRIPTOR, ctypes.c_void_p, [cfg.value])
+                if self.lib.cudnnBackendFinalize(plan) != Status.SUCCESS:
                     continue
                 ws, got = ctypes.c_int64(), ctypes.c_int64()
-                if self.lib.cudnnBackendGetAttribute(plan, 402, _T_INT64, 1, ctypes.byref(got), ctypes.byref(ws)) != 0:
+                if self.lib.cudnnBackendGetAttribute(plan, A.EXECUTION_PLAN_WORKSPACE_SIZE, T.INT64, 1,
+                                                     ctypes.byref(got), ctypes.byref(ws)) != Status.SUCCESS:
                     continue
                 if ws.value > limit:
                     continue
@@ -524,14 +542,17 @@ class _GraphPlan:
 
     def _variant_pack(self, key):
         pack = ctypes.c_void_p()
-        _check(self.lib.cudnnBackendCreateDescriptor(_BE["VARIANT_PACK"], ctypes.byref(pack)),
+        _check(self.lib.cudnnBackendCreateDescriptor(BE.VARIANT_PACK_DESCRIPTOR, ctypes.byref(pack)),
                "cudnnBackendCreateDescriptor(variant pack)")
         try:
             data = (ctypes.c_void_p * 3)(*key[:3])
-            _check(self.lib.cudnnBackendSetAttribute(pack, 1000, _T_INT64, 3, self.uids), "variant pack ids")
-            _check(self.lib.cudnnBackendSetAttribute(pack, 1001, _T_VOID_PTR, 3, data), "variant pack pointers")
+            _check(self.lib.cudnnBackendSetAttribute(pack, A.VARIANT_PACK_UNIQUE_IDS, T.INT64, 3, self.uids),
+                   "variant pack ids")
+            _check(self.lib.cudnnBackendSetAttribute(pack, A.VARIANT_PACK_DATA_POINTERS, T.VOID_PTR, 3, data),
+                   "variant pack pointers")
             wsp = (ctypes.c_void_p * 1)(key[3] or None)
-            _check(self.lib.cudnnBackendSetAttribute(pack, 1003, _T_VOID_PTR, 1, wsp), "variant pack workspace")
+            _check(self.lib.cudnnBackendSetAttribute(pack, A.VARIANT_PACK_WORKSPACE, T.VOID_PTR, 1, wsp),
+                   "variant pack workspace")
             _check(self.lib.cudnnBackendFinalize(pack), "cudnnBackendFinalize(variant pack)")
         except RuntimeError:
             self.lib.cudnnBackendDestroyDescriptor(pack)
@@ -570,7 +591,7 @@ def _ready(a):
     """A packed array whose data pointer is 16-byte aligned (what cuDNN's kernels assume)."""
     import cupy
     a = cupy.ascontiguousarray(a)
-    if a.data.ptr % 16:
+    if a.data.ptr % _ALIGNMENT:
         a = a.copy()
     return a
 
