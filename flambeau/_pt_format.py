@@ -1,9 +1,13 @@
 """PyTorch's zip checkpoint format (`torch.save`), read and written without importing torch.
 
-Reading uses an unpickler that resolves only an allow-list of globals (OrderedDict, the tensor and
-parameter rebuild functions, storage type markers, dtypes, Size, device); anything else is
-refused unless `weights_only=False`. Writing emits the same pickle opcodes PyTorch does, naming
-`torch._utils._rebuild_tensor_v2` and `torch.<T>Storage` as plain GLOBAL references.
+Reading uses a pure-Python unpickler (its memo is a dict, so a crafted memo index cannot make it
+allocate) that resolves only an allow-list of globals (OrderedDict, the tensor and parameter
+rebuild functions, storage type markers, dtypes, Size, device) and builds only OrderedDicts;
+anything else is refused unless `weights_only=False`. Every tensor is checked against its storage
+(offset, sizes, strides, overflow: PyTorch's `setStrided` rules and messages) before a view is made,
+and every storage record must hold exactly the bytes its pickle claims. Writing emits the same
+pickle opcodes PyTorch does, naming `torch._utils._rebuild_tensor_v2` and `torch.<T>Storage` as
+plain GLOBAL references.
 """
 from __future__ import annotations
 
@@ -22,11 +26,14 @@ _STORAGE = {"FloatStorage": D.float32, "DoubleStorage": D.float64, "HalfStorage"
             "ShortStorage": D.int16, "CharStorage": D.int8, "ByteStorage": D.uint8, "BoolStorage": D.bool,
             "ComplexFloatStorage": D.complex64, "ComplexDoubleStorage": D.complex128}
 _STORAGE_OF = {v.name: k for k, v in _STORAGE.items()}
+_UINT64_LIMIT = 2 ** 64          # PyTorch computes storage sizes in uint64 and fails on overflow
+_INT64_MAX = 2 ** 63 - 1
 
 _REFUSED = ("Weights only load failed. This file can still be loaded, to do so you have two options, do "
             "those steps only if you trust the source of the checkpoint. Re-running `flambeau.load` with "
             "`weights_only` set to `False` will likely succeed, but it can result in arbitrary code "
-            "execution. Do it only if you got the file from a trusted source. Unsupported global: GLOBAL {}")
+            "execution. Do it only if you got the file from a trusted source. {}")
+_CORRUPT = "the pickle data is corrupt ({}: {})"
 
 
 class _StorageType:
@@ -34,21 +41,98 @@ class _StorageType:
         self.dtype = dtype
 
 
+class _Storage:
+    """A storage record's bytes (a writable uint8 array: a fresh buffer or a private file mapping)."""
+
+    def __init__(self, raw: np.ndarray, dtype):
+        self.raw = raw
+        self.dtype = dtype
+        self.nbytes = raw.nbytes
+
+    def typed(self) -> np.ndarray:
+        return self.raw.view(self.dtype.np)
+
+
+class RebuildArgumentError(TypeError):
+    """A tensor's offset/size/stride in the pickle is not an int64 (PyTorch raises TypeError too)."""
+
+
+def _int64(name: str, x) -> int:
+    if type(x) is not int:
+        raise RebuildArgumentError(f"_rebuild_tensor_v2(): {name} must be an int, not {type(x).__name__}")
+    if not -_INT64_MAX - 1 <= x <= _INT64_MAX:
+        raise RebuildArgumentError(f"_rebuild_tensor_v2(): {name} {x}: Overflow when unpacking long long")
+    return x
+
+
+def _ints(name: str, v) -> tuple:
+    if not isinstance(v, (tuple, list)):
+        raise RebuildArgumentError(f"_rebuild_tensor_v2(): argument '{name}' must be a tuple of ints, not {type(v).__name__}")
+    return tuple(_int64(name, x) for x in v)
+
+
+def _byte_strides(size: tuple, stride: tuple, itemsize: int) -> tuple:
+    """NumPy's byte strides; a stride that never moves (size <= 1) and would overflow int64 becomes 0."""
+    out = []
+    for s, st in zip(size, stride):
+        b = st * itemsize
+        out.append(b if s > 1 or -_INT64_MAX <= b <= _INT64_MAX else 0)
+    return tuple(out)
+
+
+def check_view(nbytes: int, itemsize: int, offset: int, size: tuple, stride: tuple) -> None:
+    """Raise PyTorch's RuntimeError unless elements `offset + sum(i_k * stride_k)` for every index
+    i < size lie inside a storage of `nbytes` bytes (at::native::setStrided's checks, same order)."""
+    if offset < 0:
+        raise RuntimeError(f"Tensor: invalid storage offset {offset}")
+    if len(size) != len(stride):
+        raise RuntimeError(f"mismatch in length of strides and shape ({len(stride)} vs {len(size)})")
+    numel = 1
+    for s in size:
+        numel *= s % _UINT64_LIMIT
+        if s < 0 or numel > _INT64_MAX:
+            raise RuntimeError("numel: integer multiplication overflow")
+    if numel == 0:                 # an empty tensor needs no storage, whatever its offset
+        span = itemsize
+        for s in size:
+            span *= max(s, 1)
+        if span > _INT64_MAX:
+            raise RuntimeError(f"an empty tensor of sizes={list(size)} is too large for a NumPy array")
+        return
+    last = 0
+    for s, st in zip(size, stride):
+        last += (st % _UINT64_LIMIT) * (s - 1)      # a negative stride wraps, as in PyTorch's uint64 math
+    needed = (last + 1 + offset) * itemsize
+    if needed >= _UINT64_LIMIT:
+        raise RuntimeError(f"Storage size calculation overflowed with sizes={list(size)} and strides={list(stride)}")
+    if needed > nbytes:
+        raise RuntimeError("Trying to resize storage that is not resizable")
+
+
 def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None,
                        metadata=None):
-    arr, dtype = storage
-    it = arr.itemsize
-    view = np.lib.stride_tricks.as_strided(arr[storage_offset:], tuple(size), tuple(s * it for s in stride))
+    if not isinstance(storage, _Storage):
+        raise pickle.UnpicklingError(f"_rebuild_tensor_v2 expects a storage, got {type(storage).__name__}")
+    storage_offset = _int64("storage_offset", storage_offset)
+    size, stride = _ints("size", size), _ints("stride", stride)
+    dt = storage.dtype
+    check_view(storage.nbytes, dt.itemsize, storage_offset, size, stride)
+    base = storage.typed()
+    if all(s > 0 for s in size):
+        base = base[storage_offset:]
+    view = np.lib.stride_tricks.as_strided(base, size, _byte_strides(size, stride, dt.itemsize))
     from ._device import CPU
-    t = Tensor._make(view, CPU, dtype)
+    t = Tensor._make(view, CPU, dt)
     if requires_grad:
         t.requires_grad_(True)
     return t
 
 
 def _rebuild_parameter(data, requires_grad, backward_hooks, *state):
+    if not isinstance(data, Tensor):
+        raise pickle.UnpicklingError(f"_rebuild_parameter expects a tensor, got {type(data).__name__}")
     from .nn.parameter import Parameter
-    return Parameter(data, requires_grad=requires_grad)
+    return Parameter(data, requires_grad=bool(requires_grad))
 
 
 def _device(s, index=None):
@@ -58,7 +142,6 @@ def _device(s, index=None):
 
 _ALLOWED = {
     ("collections", "OrderedDict"): collections.OrderedDict,
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
     ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
     ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
     ("torch", "Size"): Size,
@@ -66,17 +149,54 @@ _ALLOWED = {
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
 }
+_NEWOBJ_ALLOWED = (collections.OrderedDict, set, frozenset, Size)
 
 
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, f, z, prefix, weights_only):
+def _load_build(self):
+    """BUILD under weights_only: only an OrderedDict's attributes (a state_dict's `_metadata`)."""
+    state = self.stack.pop()
+    inst = self.stack[-1]
+    if type(inst) is not collections.OrderedDict or not isinstance(state, dict):
+        raise pickle.UnpicklingError(_REFUSED.format(
+            f"Can only build OrderedDict with a dict state, but got {type(inst).__name__}"))
+    inst.__dict__.update(state)
+
+
+def _load_newobj(self, *, ex=False):
+    kwargs = self.stack.pop() if ex else {}
+    args = self.stack.pop()
+    cls = self.stack.pop()
+    if cls not in _NEWOBJ_ALLOWED:
+        raise pickle.UnpicklingError(_REFUSED.format(f"NEWOBJ of unsupported type {cls!r}"))
+    self.append(cls.__new__(cls, *args, **kwargs))
+
+
+def _load_newobj_ex(self):
+    _load_newobj(self, ex=True)
+
+
+class _Unpickler(pickle._Unpickler):
+    _SAFE_DISPATCH = dict(pickle._Unpickler.dispatch)
+    _SAFE_DISPATCH[pickle.BUILD[0]] = _load_build
+    _SAFE_DISPATCH[pickle.NEWOBJ[0]] = _load_newobj
+    _SAFE_DISPATCH[pickle.NEWOBJ_EX[0]] = _load_newobj_ex
+
+    def __init__(self, f, storage_reader, weights_only, place):
         super().__init__(f)
-        self.z = z
-        self.prefix = prefix
+        self.read_storage = storage_reader
         self.weights_only = weights_only
+        self.place = place
         self.storages = {}
+        if weights_only:
+            self.dispatch = self._SAFE_DISPATCH
+
+    def rebuild_tensor_placed(self, *args):
+        """_rebuild_tensor_v2, then map_location's move (PyTorch applies it per storage)."""
+        return self.place(_rebuild_tensor_v2(*args))
 
     def find_class(self, module, name):
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return self.rebuild_tensor_placed
         if (module, name) in _ALLOWED:
             return _ALLOWED[(module, name)]
         if module == "torch" and name in _STORAGE:
@@ -84,28 +204,42 @@ class _Unpickler(pickle.Unpickler):
         if module == "torch" and name in D.BY_NAME:
             return D.BY_NAME[name]
         if self.weights_only or module.split(".")[0] == "torch":
-            raise pickle.UnpicklingError(_REFUSED.format(f"{module}.{name}"))
+            raise pickle.UnpicklingError(_REFUSED.format(f"Unsupported global: GLOBAL {module}.{name}"))
         return super().find_class(module, name)
 
     def persistent_load(self, pid):
-        kind, stype, key, location, numel = pid
-        if kind != "storage" or not isinstance(stype, _StorageType):
-            raise pickle.UnpicklingError(f"unsupported persistent id {pid[:2]!r}")
-        if key not in self.storages:
-            raw = self.z.read(f"{self.prefix}data/{key}")
-            arr = np.frombuffer(raw, dtype=stype.dtype.np).copy()
-            if arr.size < numel:
-                raise RuntimeError(f"checkpoint storage {key} is truncated ({arr.size} < {numel} elements)")
-            self.storages[key] = (arr, stype.dtype)
-        return self.storages[key]
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
+                and isinstance(pid[1], _StorageType) and isinstance(pid[2], str) and type(pid[4]) is int):
+            raise pickle.UnpicklingError(f"unsupported persistent id {str(pid)[:80]}")
+        _, stype, key, _, numel = pid
+        dt = stype.dtype
+        if (key, dt) not in self.storages:
+            expected = numel * dt.itemsize
+            raw = self.read_storage(key)
+            if numel < 0 or raw.nbytes != expected:
+                raise RuntimeError(f"record size ({raw.nbytes} bytes) does not match expected size ({expected} bytes "
+                                   f"= {numel} elements * {dt.itemsize} bytes/element) for dtype {dt.name}")
+            self.storages[(key, dt)] = _Storage(raw, dt)
+        return self.storages[(key, dt)]
+
+    def load(self):
+        try:
+            out = super().load()
+        except (RuntimeError, pickle.UnpicklingError, RebuildArgumentError):
+            raise
+        except Exception as e:       # malformed opcodes: Key/Index/Type/Value/EOF/struct errors
+            raise pickle.UnpicklingError(_CORRUPT.format(type(e).__name__, e)) from None
+        return out
 
 
-def loads_pt(z: zipfile.ZipFile, names, *, weights_only: bool):
+def loads_pt(z, names, read_storage, *, weights_only: bool, place):
+    """Unpickle `data.pkl` of an opened zip archive; `read_storage(path)` returns a record's bytes."""
     pkl = [n for n in names if n.endswith("data.pkl")]
     if not pkl:
         raise RuntimeError("flambeau.load: not a flambeau or PyTorch checkpoint (no data.pkl in the archive)")
     prefix = pkl[0][:-len("data.pkl")]
-    return _Unpickler(io.BytesIO(z.read(pkl[0])), z, prefix, weights_only).load()
+    u = _Unpickler(io.BytesIO(z.read(pkl[0])), lambda key: read_storage(f"{prefix}data/{key}"), weights_only, place)
+    return u.load()
 
 
 # ---- writing ---------------------------------------------------------------------------------

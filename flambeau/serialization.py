@@ -1,40 +1,53 @@
 """Checkpoints that are safe to load: `flambeau.save` / `flambeau.load`.
 
-Default format (a zip archive, stored uncompressed):
-  structure.json        the object's structure: dicts (ordered), lists, tuples, numbers, strings,
-                        dtypes, devices, sizes, and references to tensors by name
-  tensors.safetensors   every tensor's bytes, in the safetensors layout (8-byte header length,
-                        JSON header of dtype/shape/offsets, raw little-endian data)
-  objects.pkl           only with weights_only=False: pickled objects JSON can't express
-Loading executes no code unless `weights_only=False` is passed. Writes go to a temporary file
-that is fsynced and renamed over the target, so a crash mid-save leaves the old file intact.
+Native format (v2): a safetensors file, written and validated by the `safetensors` package. Its
+header's `__metadata__` holds {"format": "flambeau-checkpoint-v2", "structure": JSON}, the object's
+structure (dicts in order, lists, tuples, numbers, strings, dtypes, devices, sizes, references to
+tensors by name); with `weights_only=False` objects JSON can't express are pickled into the uint8
+tensor `__flambeau_objects__`. Any safetensors reader sees the tensors; `load(mmap=True)` maps them.
+Version 1 files (a zip of structure.json + tensors.safetensors) are still read.
 
-PyTorch interop: `load` reads PyTorch's zip `.pt` files (tensors, state dicts, nested
-containers) with a restricted unpickler that only rebuilds tensors and plain containers;
+Plain `.safetensors` files: `load` returns their tensors as a dict; `save(state_dict, "x.safetensors")`
+(or `format="safetensors"`) writes one that `safetensors.torch.load_file` reads.
+
+PyTorch interop: `load` reads PyTorch's zip `.pt` files through `_pt_format`'s restricted unpickler;
 `save(obj, f, format="pt")` writes a file that `torch.load(weights_only=True)` accepts.
+
+Loading executes no code unless `weights_only=False`; every tensor is checked against the bytes the
+file holds for it. Errors follow torch.load: EOFError for an empty file, RuntimeError for a corrupt
+archive or tensor, UnpicklingError for bytes that are no checkpoint. Saving to a path goes through a
+temporary file in the same folder (`_atomic`), so a crash leaves the previous file intact.
 """
 from __future__ import annotations
 
 import collections
 import io
 import json
+import mmap as _mmap
 import os
 import pickle
 import struct
-import tempfile
 import zipfile
 
 import numpy as np
+import safetensors
 
 from . import _dtype as D
+from ._atomic import atomic_path, write_atomic
 from ._tensor import Tensor, Size
 
-MAGIC = "flambeau-checkpoint-v1"
+MAGIC_V1 = "flambeau-checkpoint-v1"
+FORMAT_V2 = "flambeau-checkpoint-v2"
+_OBJECTS = "__flambeau_objects__"      # the pickled objects of a weights_only=False save
+_MAX_DEPTH = 200                       # structure nesting; json and the decoder recurse per level
+_ZIP_MAGIC = b"PK\x03\x04"
+_ST_LEN = struct.Struct("<Q")          # a safetensors file starts with its header's length
+_ZIP_LOCAL_HEADER = struct.Struct("<4s22xHH")     # signature ... name length, extra length
+_LEGACY_PT_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"  # torch.save(..., zip=False)
 
 _ST_NAMES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64",
              "float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64", "complex64": "C64",
-             "uint16": "U16", "uint32": "U32", "uint64": "U64", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-             "complex128": "C128"}
+             "uint16": "U16", "uint32": "U32", "uint64": "U64", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
 _ST_FROM = {v: k for k, v in _ST_NAMES.items()}
 
 
@@ -42,39 +55,115 @@ class UnpicklingError(pickle.UnpicklingError):
     pass
 
 
-# ---- safetensors -------------------------------------------------------------------------------
-def _safetensors_bytes(tensors: dict) -> bytes:
-    header, blobs, off = {}, [], 0
-    for name, t in tensors.items():
-        arr = np.array(t.detach().cpu()._host(), order="C")
-        b = arr.tobytes()
-        header[name] = {"dtype": _ST_NAMES[t.dtype.name], "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    return struct.pack("<Q", len(h)) + h + b"".join(blobs)
+_WEIGHTS_ONLY = ("Weights only load failed. This file contains arbitrary Python objects. Re-running "
+                 "`flambeau.load` with `weights_only` set to `False` will likely succeed, but it can result "
+                 "in arbitrary code execution. Do it only if you got the file from a trusted source.")
 
 
-def _read_safetensors(buf: bytes) -> dict:
-    if len(buf) < 8:
-        raise RuntimeError("checkpoint is truncated: safetensors header missing")
-    (n,) = struct.unpack("<Q", buf[:8])
-    if 8 + n > len(buf):
-        raise RuntimeError("checkpoint is truncated or corrupt: safetensors header length exceeds file size")
-    header = json.loads(buf[8:8 + n])
-    data = memoryview(buf)[8 + n:]
+# ---- reading a file: bytes, a path read per tensor, or a private memory map -----------------------
+class _Source:
+    """The file being loaded. `array(offset, nbytes)` gives a writable uint8 array of those bytes:
+    a view of a copy-on-write mapping (mmap=True), or a fresh buffer read for it."""
+
+    def __init__(self, f, use_mmap: bool):
+        self.path = None
+        self.map = None
+        if hasattr(f, "read"):
+            if use_mmap:
+                raise ValueError("f must be a file path in order to use the mmap argument")
+            self.data = f.read()
+            self.size = len(self.data)
+            self.file = io.BytesIO(self.data)
+            return
+        self.path = os.fspath(f)
+        self.data = None
+        self.file = open(self.path, "rb")
+        self.size = os.fstat(self.file.fileno()).st_size
+        if use_mmap and self.size:
+            self.map = _mmap.mmap(self.file.fileno(), 0, access=_mmap.ACCESS_COPY)
+
+    def head(self, n: int) -> bytes:
+        self.file.seek(0)
+        return self.file.read(n)
+
+    def array(self, offset: int, nbytes: int) -> np.ndarray:
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
+            raise RuntimeError(f"flambeau.load: bytes {offset}..{offset + nbytes} lie outside the file "
+                               f"({self.size} bytes); it is truncated or corrupt")
+        if self.map is not None:
+            return np.frombuffer(self.map, np.uint8, nbytes, offset)
+        out = np.empty(nbytes, np.uint8)
+        self.file.seek(offset)
+        if self.file.readinto(out) != nbytes:
+            raise RuntimeError("flambeau.load: the file changed size while it was read")
+        return out
+
+    def close(self):
+        self.file.close()
+
+
+def _typed(raw: np.ndarray, dt) -> np.ndarray:
+    """View bytes as dtype `dt`; copied when a mapped view is misaligned for it."""
+    if raw.ctypes.data % dt.itemsize:
+        raw = raw.copy()
+    return raw.view(dt.np)
+
+
+# ---- safetensors ---------------------------------------------------------------------------------
+def _st_error(e: Exception) -> RuntimeError:
+    return RuntimeError(f"flambeau.load: invalid safetensors data ({e}); the file is truncated or corrupt")
+
+
+def _read_safetensors(src: _Source) -> tuple:
+    """(tensors by name in file order, metadata) of a safetensors file, after `safetensors` has
+    validated its header (dtypes, shapes against byte ranges, ranges contiguous and inside the file)."""
+    try:
+        if src.path is not None:
+            with safetensors.safe_open(src.path, framework="np"):
+                pass
+        else:
+            safetensors.deserialize(src.data)
+    except safetensors.SafetensorError as e:
+        raise _st_error(e) from None
+    (n,) = _ST_LEN.unpack(src.head(_ST_LEN.size))
+    header = json.loads(src.array(_ST_LEN.size, n).tobytes())
+    meta = header.pop("__metadata__", None) or {}
+    data_start = _ST_LEN.size + n
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
+    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        if info["dtype"] not in _ST_FROM:
+            raise RuntimeError(f"flambeau.load: tensor '{name}' has dtype {info['dtype']}, which flambeau "
+                               "does not support")
         dt = D.BY_NAME[_ST_FROM[info["dtype"]]]
-        b, e = info["data_offsets"]
-        if e > len(data):
-            raise RuntimeError(f"checkpoint is truncated or corrupt: tensor '{name}' lies past the end of the file")
-        arr = np.frombuffer(data[b:e], dtype=dt.np).reshape(info["shape"]).copy()
-        out[name] = Tensor._make(arr, _cpu(), dt)
-    return out
+        begin, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        if int(np.prod(shape, dtype=object)) * dt.itemsize != end - begin:
+            raise RuntimeError(f"flambeau.load: tensor '{name}' of shape {list(shape)} does not match its "
+                               f"{end - begin} bytes")
+        out[name] = Tensor._make(_typed(src.array(data_start + begin, end - begin), dt).reshape(shape),
+                                 _cpu(), dt)
+    return out, meta
+
+
+def _contiguous(t: Tensor) -> np.ndarray:
+    return np.asarray(t.detach().cpu()._host(), order="C")    # (ascontiguousarray makes 0-d 1-d)
+
+
+def _safetensors_write(tensors: dict, metadata: dict | None, f) -> None:
+    """Write `tensors` (name -> NumPy array) as safetensors to a path (through a temporary file) or
+    to a file object."""
+    specs = {}
+    for name, arr in tensors.items():
+        dt = D.FROM_NP[arr.dtype].name
+        if dt not in _ST_NAMES:
+            raise RuntimeError(f"flambeau.save: safetensors has no {dt} dtype (tensor '{name}')")
+        specs[name] = safetensors.TensorSpec(dtype=dt, shape=list(arr.shape), data_ptr=arr.ctypes.data,
+                                             data_len=arr.nbytes)
+    if hasattr(f, "write"):
+        f.write(safetensors.serialize(specs, metadata=metadata))
+        return
+    with atomic_path(f) as tmp:
+        safetensors.serialize_file(specs, tmp, metadata=metadata)
 
 
 def _cpu():
@@ -85,40 +174,49 @@ def _cpu():
 # ---- structure encoding ----------------------------------------------------------------------------
 class _Encoder:
     def __init__(self, allow_pickle: bool):
-        self.tensors: dict = {}
+        self.arrays: dict = {}
         self.ids: dict = {}
+        self.keep: list = []           # the saved tensors, so id() keys stay unique while encoding
         self.objects: list = []
         self.allow_pickle = allow_pickle
 
-    def enc(self, x):
+    def tensor(self, x: Tensor) -> dict:
+        key = id(x)
+        if key not in self.ids:
+            self.ids[key] = name = str(len(self.ids))
+            self.keep.append(x)
+            arr = _contiguous(x)
+            if x.dtype is D.complex128:          # safetensors has no C128: stored as float64 pairs
+                arr = arr.view(np.float64).reshape(arr.shape + (2,))
+            self.arrays[name] = arr
+        return {"__tensor__": self.ids[key], "requires_grad": x.requires_grad, "device": str(x.device),
+                "param": type(x).__name__ == "Parameter", "complex128": x.dtype is D.complex128}
+
+    def enc(self, x, depth=0):
+        if depth > _MAX_DEPTH:
+            raise RuntimeError(f"flambeau.save: the object nests deeper than {_MAX_DEPTH} levels")
         if x is None or isinstance(x, (bool, int, float, str)):
             if isinstance(x, float) and not np.isfinite(x):
                 return {"__float__": repr(x)}
             return x
         if isinstance(x, Tensor):
-            key = id(x)
-            if key not in self.ids:
-                name = str(len(self.tensors))
-                self.ids[key] = name
-                self.tensors[name] = x
-            cls = type(x).__name__
-            return {"__tensor__": self.ids[key], "requires_grad": x.requires_grad,
-                    "device": str(x.device), "param": cls == "Parameter"}
+            return self.tensor(x)
         if isinstance(x, D.dtype):
             return {"__dtype__": x.name}
         if isinstance(x, Size):
             return {"__size__": list(x)}
+        d = depth + 1
         if isinstance(x, (dict, collections.OrderedDict)) and all(isinstance(k, (str, int)) for k in x):
-            items = [[self.enc(k), self.enc(v)] for k, v in x.items()]
+            items = [[self.enc(k, d), self.enc(v, d)] for k, v in x.items()]
             out = {"__dict__": items, "ordered": isinstance(x, collections.OrderedDict)}
             meta = getattr(x, "_metadata", None)
             if meta is not None:
-                out["_metadata"] = self.enc(meta)
+                out["_metadata"] = self.enc(meta, d)
             return out
         if type(x) is list:
-            return [self.enc(v) for v in x]
+            return [self.enc(v, d) for v in x]
         if type(x) is tuple:
-            return {"__tuple__": [self.enc(v) for v in x]}
+            return {"__tuple__": [self.enc(v, d) for v in x]}
         if type(x).__name__ == "device" and type(x).__module__.startswith("flambeau"):
             return {"__device__": str(x)}
         if not self.allow_pickle:
@@ -130,146 +228,207 @@ class _Encoder:
         return {"__object__": len(self.objects) - 1}
 
 
-def _decode(x, tensors, objects):
-    if isinstance(x, list):
-        return [_decode(v, tensors, objects) for v in x]
-    if not isinstance(x, dict):
-        return x
-    if "__tensor__" in x:
-        t = tensors[x["__tensor__"]]
+class _Decoder:
+    """Rebuilds the structure JSON; every malformed entry raises RuntimeError."""
+
+    def __init__(self, tensors: dict, objects):
+        self.tensors, self.objects = tensors, objects
+
+    def dec(self, x, depth=0):
+        if depth > _MAX_DEPTH:
+            raise RuntimeError(f"checkpoint structure is corrupt: it nests deeper than {_MAX_DEPTH} levels")
+        d = depth + 1
+        if isinstance(x, list):
+            return [self.dec(v, d) for v in x]
+        if not isinstance(x, dict):
+            return x
+        if "__tensor__" in x:
+            return self.tensor(x)
+        if "__dtype__" in x:
+            return D.BY_NAME[x["__dtype__"]]
+        if "__size__" in x:
+            return Size([int(v) for v in x["__size__"]])
+        if "__tuple__" in x:
+            return tuple(self.dec(v, d) for v in x["__tuple__"])
+        if "__float__" in x:
+            return float(x["__float__"])
+        if "__device__" in x:
+            from ._device import device
+            return device(x["__device__"])
+        if "__dict__" in x:
+            out = collections.OrderedDict() if x.get("ordered") else {}
+            for k, v in x["__dict__"]:
+                out[self.dec(k, d)] = self.dec(v, d)
+            if "_metadata" in x:
+                out._metadata = self.dec(x["_metadata"], d)
+            return out
+        if "__object__" in x:
+            if self.objects is None:
+                raise UnpicklingError(_WEIGHTS_ONLY)
+            return self.objects[x["__object__"]]
+        raise RuntimeError(f"checkpoint structure is corrupt: unknown entry {list(x)[:3]}")
+
+    def tensor(self, x: dict) -> Tensor:
+        t = self.tensors[x["__tensor__"]]
+        if x.get("complex128"):
+            if t.dtype is not D.float64 or t.dim() == 0 or t.shape[-1] != 2:
+                raise RuntimeError("checkpoint structure is corrupt: a complex128 tensor is not stored as pairs")
+            t = Tensor._make(np.asarray(t._host(), order="C").view(np.complex128)[..., 0], t.device, D.complex128)
         if x.get("param"):
             from .nn.parameter import Parameter
-            t = Parameter(t, requires_grad=x.get("requires_grad", True))
-        elif x.get("requires_grad"):
+            return Parameter(t, requires_grad=bool(x.get("requires_grad", True)))
+        if x.get("requires_grad"):
             t.requires_grad_(True)
         return t
-    if "__dtype__" in x:
-        return D.BY_NAME[x["__dtype__"]]
-    if "__size__" in x:
-        return Size(x["__size__"])
-    if "__tuple__" in x:
-        return tuple(_decode(v, tensors, objects) for v in x["__tuple__"])
-    if "__float__" in x:
-        return float(x["__float__"])
-    if "__device__" in x:
-        from ._device import device
-        return device(x["__device__"])
-    if "__dict__" in x:
-        d = collections.OrderedDict() if x.get("ordered") else {}
-        for k, v in x["__dict__"]:
-            d[_decode(k, tensors, objects)] = _decode(v, tensors, objects)
-        if "_metadata" in x:
-            d._metadata = _decode(x["_metadata"], tensors, objects)
-        return d
-    if "__object__" in x:
-        if objects is None:
-            raise UnpicklingError(
-                "Weights only load failed. This file contains arbitrary Python objects. Re-running "
-                "`flambeau.load` with `weights_only` set to `False` will likely succeed, but it can result "
-                "in arbitrary code execution. Do it only if you got the file from a trusted source.")
-        return objects[x["__object__"]]
-    raise RuntimeError(f"checkpoint structure is corrupt: unknown entry {list(x)[:3]}")
 
 
-# ---- atomic file writing -------------------------------------------------------------------
-def _atomic_write(f, data: bytes) -> None:
-    if hasattr(f, "write"):
-        f.write(data)
-        return
-    path = os.fspath(f)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".flambeau-save-", dir=d)
+def _decode(structure, tensors: dict, objects):
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        try:
-            dfd = os.open(d, os.O_RDONLY)
-            os.fsync(dfd)
-            os.close(dfd)
-        except OSError:
-            pass
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        return _Decoder(tensors, objects).dec(structure)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise RuntimeError(f"checkpoint structure is corrupt ({type(e).__name__}: {e})") from None
 
 
+def _load_structure(text) -> object:
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise RuntimeError(f"checkpoint structure is corrupt ({type(e).__name__})") from None
+
+
+# ---- save ---------------------------------------------------------------------------------------
 def save(obj, f, pickle_module=None, pickle_protocol=2, _use_new_zipfile_serialization=True,
-         *, format: str = "flambeau", weights_only: bool = True) -> None:
-    """Save `obj` to a path or file object. format='pt' writes a PyTorch-loadable zip file."""
+         *, format: str | None = None, weights_only: bool = True) -> None:
+    """Save `obj` to a path or file object. format='pt' writes a PyTorch-loadable zip file;
+    format='safetensors' (the default for a path ending in .safetensors) a plain safetensors file of
+    a dict of tensors; otherwise flambeau's native format."""
+    if format is None:
+        plain = not hasattr(f, "write") and os.fspath(f).endswith(".safetensors")
+        format = "safetensors" if plain else "flambeau"
     if format == "pt":
         from ._pt_format import dumps_pt
-        _atomic_write(f, dumps_pt(obj))
-        return
-    enc = _Encoder(allow_pickle=True)
-    structure = enc.enc(obj)
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as z:
-        z.writestr("format", MAGIC)
-        z.writestr("structure.json", json.dumps(structure))
-        z.writestr("tensors.safetensors", _safetensors_bytes(enc.tensors))
+        write_atomic(f, dumps_pt(obj))
+    elif format == "safetensors":
+        if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
+            raise TypeError("flambeau.save: a .safetensors file holds a dict of str -> Tensor; "
+                            f"got {type(obj).__name__} (save other objects in flambeau's format)")
+        _safetensors_write({k: _contiguous(v) for k, v in obj.items()}, None, f)
+    elif format == "flambeau":
+        enc = _Encoder(allow_pickle=True)
+        meta = {"format": FORMAT_V2, "structure": json.dumps(enc.enc(obj))}
+        arrays = enc.arrays
         if enc.objects:
-            z.writestr("objects.pkl", pickle.dumps(enc.objects, protocol=pickle_protocol))
-    _atomic_write(f, buf.getvalue())
+            blob = pickle.dumps(enc.objects, protocol=pickle_protocol)
+            arrays = dict(arrays, **{_OBJECTS: np.frombuffer(blob, np.uint8)})
+        _safetensors_write(arrays, meta, f)
+    else:
+        raise ValueError(f"flambeau.save: unknown format {format!r} (expected 'flambeau', 'pt' or 'safetensors')")
 
 
-def load(f, map_location=None, pickle_module=None, *, weights_only: bool | None = None, mmap=None, **kw):
-    """Load a checkpoint written by `save` or by PyTorch's `torch.save` (zip format)."""
-    if weights_only is None:
-        weights_only = True
-    data = f.read() if hasattr(f, "read") else open(os.fspath(f), "rb").read()
-    try:
-        z = zipfile.ZipFile(io.BytesIO(data))
-        names = z.namelist()
-    except zipfile.BadZipFile:
-        if data[:2] == b"\x80\x02" or data[:1] == b"\x80":
-            raise RuntimeError("flambeau.load: this is a legacy (non-zip) PyTorch file, which is not supported; "
-                               "re-save it with a current torch.save") from None
-        raise RuntimeError("flambeau.load: the file is not a checkpoint or is truncated/corrupt "
-                           "(not a zip archive)") from None
-    try:
-        if "format" in names and z.read("format").decode() == MAGIC:
-            tensors = _read_safetensors(z.read("tensors.safetensors"))
-            objects = None
-            if "objects.pkl" in names and not weights_only:
-                objects = pickle.loads(z.read("objects.pkl"))
-            out = _decode(json.loads(z.read("structure.json")), tensors, objects)
-        else:
-            from ._pt_format import loads_pt
-            out = loads_pt(z, names, weights_only=weights_only)
-    except (zipfile.BadZipFile, KeyError, struct.error, json.JSONDecodeError, EOFError) as e:
-        raise RuntimeError(f"flambeau.load: the checkpoint is truncated or corrupt ({type(e).__name__}: {e})") from None
-    if map_location is not None:
-        out = _map(out, map_location)
-    return out
+# ---- load ---------------------------------------------------------------------------------------
+def _placer(map_location):
+    """tensor -> tensor as map_location asks (a device, a string, a dict of devices, a callable)."""
+    if map_location is None:
+        return lambda t: t
 
-
-def _map(x, loc):
-    if isinstance(x, Tensor):
-        dev = loc(x, str(x.device)) if callable(loc) else loc
+    def place(t: Tensor) -> Tensor:
+        dev = map_location(t, str(t.device)) if callable(map_location) else map_location
         if isinstance(dev, dict):
-            dev = dev.get(str(x.device), str(x.device))
+            dev = dev.get(str(t.device), str(t.device))
         if isinstance(dev, Tensor):
             return dev
-        moved = x.to(dev)
-        if type(x) is not Tensor:
-            moved = type(x)(moved, requires_grad=x.requires_grad)
-        return moved
-    if isinstance(x, collections.OrderedDict):
-        d = collections.OrderedDict((k, _map(v, loc)) for k, v in x.items())
-        if hasattr(x, "_metadata"):
-            d._metadata = x._metadata
-        return d
-    if isinstance(x, dict):
-        return {k: _map(v, loc) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_map(v, loc) for v in x]
-    if isinstance(x, tuple):
-        return tuple(_map(v, loc) for v in x)
-    return x
+        return t.to(dev)
+    return place
+
+
+def _load_v2(src: _Source, weights_only: bool, place) -> object:
+    tensors, meta = _read_safetensors(src)
+    if meta.get("format") != FORMAT_V2:           # a plain safetensors file
+        return {k: place(v) for k, v in tensors.items()}
+    blob = tensors.pop(_OBJECTS, None)
+    objects = None
+    if blob is not None and not weights_only:
+        objects = pickle.loads(blob._host().tobytes())
+    tensors = {k: place(v) for k, v in tensors.items()}
+    return _decode(_load_structure(meta.get("structure")), tensors, objects)
+
+
+def _load_v1(z: zipfile.ZipFile, names, src: _Source, weights_only: bool, place) -> object:
+    if src.map is not None:
+        raise RuntimeError("flambeau.load: mmap=True needs the v2 format; this file was written by an older "
+                           "flambeau (v1 zip). Load it with mmap=False and save it again to convert it.")
+    try:
+        flat = safetensors.deserialize(z.read("tensors.safetensors"))
+    except safetensors.SafetensorError as e:
+        raise _st_error(e) from None
+    tensors = {}
+    for name, info in flat:
+        if info["dtype"] not in _ST_FROM:
+            raise RuntimeError(f"flambeau.load: tensor '{name}' has unsupported dtype {info['dtype']}")
+        dt = D.BY_NAME[_ST_FROM[info["dtype"]]]
+        arr = np.frombuffer(info["data"], dt.np).reshape(info["shape"])
+        tensors[name] = place(Tensor._make(arr, _cpu(), dt))
+    objects = None
+    if "objects.pkl" in names and not weights_only:
+        objects = pickle.loads(z.read("objects.pkl"))
+    return _decode(_load_structure(z.read("structure.json")), tensors, objects)
+
+
+def _zip_member(z: zipfile.ZipFile, src: _Source):
+    """read_storage(name) for a zip: a view at the member's bytes when mapped and stored, else a read."""
+    def read(name: str) -> np.ndarray:
+        info = z.getinfo(name)
+        if src.map is not None and info.compress_type == zipfile.ZIP_STORED:
+            head = src.array(info.header_offset, _ZIP_LOCAL_HEADER.size).tobytes()
+            sig, name_len, extra_len = _ZIP_LOCAL_HEADER.unpack(head)
+            if sig != _ZIP_MAGIC:
+                raise RuntimeError(f"flambeau.load: zip entry {name} has a corrupt local header")
+            return src.array(info.header_offset + _ZIP_LOCAL_HEADER.size + name_len + extra_len, info.file_size)
+        with z.open(info) as fh:
+            out = np.empty(info.file_size, np.uint8)
+            if fh.readinto(out) != info.file_size:
+                raise RuntimeError(f"flambeau.load: zip entry {name} is truncated")
+            return out
+    return read
+
+
+def _load_zip(src: _Source, weights_only: bool, place) -> object:
+    from ._pt_format import loads_pt
+    try:
+        z = zipfile.ZipFile(src.file)
+        names = z.namelist()
+        if "format" in names and z.read("format").decode(errors="replace") == MAGIC_V1:
+            return _load_v1(z, names, src, weights_only, place)
+        return loads_pt(z, names, _zip_member(z, src), weights_only=weights_only, place=place)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, EOFError, OSError, ValueError, OverflowError,
+            NotImplementedError, struct.error) as e:
+        raise RuntimeError(f"flambeau.load: failed reading zip archive ({type(e).__name__}: {e}); the checkpoint "
+                           "is truncated or corrupt") from None
+
+
+def load(f, map_location=None, pickle_module=None, *, weights_only: bool | None = None, mmap: bool | None = None,
+         **kw):
+    """Load a checkpoint written by `save`, by PyTorch's `torch.save` (zip format), or a safetensors file.
+    mmap=True maps the file's tensor bytes copy-on-write instead of reading them."""
+    if weights_only is None:
+        weights_only = True
+    src = _Source(f, bool(mmap))
+    try:
+        if src.size == 0:
+            raise EOFError("Ran out of input: the checkpoint file is empty")
+        head = src.head(9)
+        place = _placer(map_location)
+        if head[:4] == _ZIP_MAGIC:
+            return _load_zip(src, weights_only, place)
+        if len(head) == 9 and head[8:9] == b"{":
+            return _load_v2(src, weights_only, place)
+        if src.head(len(_LEGACY_PT_MAGIC)) == _LEGACY_PT_MAGIC:
+            raise RuntimeError("flambeau.load: this is a legacy (non-zip) PyTorch file, which is not supported; "
+                               "re-save it with a current torch.save")
+        raise UnpicklingError("flambeau.load: the file is not a checkpoint (neither a zip archive nor safetensors) "
+                              "or its first bytes are corrupt")
+    finally:
+        src.close()
 
 
 def _rebuild_tensor_from_numpy(arr, dtype_name, device, requires_grad):
