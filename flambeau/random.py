@@ -2,10 +2,25 @@
 
 A Generator wraps a NumPy PCG64 bit generator (cpu) and keeps the seed so CuPy's generator can
 be seeded from it on cuda. Bit-equality with PyTorch's Philox/MT streams is not a goal.
+
+RNG state is a uint8 tensor, as PyTorch's (no pickle: a checkpoint loaded with weights_only=True
+restores it): `_STATE` packs a tag, the seed, PCG64's 128-bit state and increment and its cached
+half-word. A cuda generator's CuPy stream is derived from its PCG64 state; `get_state` restarts
+that derivation, so a state taken and set again replays the same cuda draws (unlike PyTorch,
+taking a cuda state, as fork_rng does on entry, changes the cuda draws that follow it).
 """
 from __future__ import annotations
 
+import contextlib
+import struct
+import warnings
+from typing import Iterable, Iterator
+
 import numpy as np
+
+_STATE_TAG = b"flbrng01"
+_STATE = struct.Struct("<8sQQQQQII")   # tag, seed, state lo/hi, inc lo/hi, has_uint32, uinteger
+_U64 = 2 ** 64
 
 
 class Generator:
@@ -34,17 +49,36 @@ class Generator:
         return self._seed
 
     def get_state(self):
-        import pickle
+        """The generator's state as a uint8 cpu tensor of `_STATE.size` bytes."""
         from ._ops.creation import tensor
-        raw = pickle.dumps((self._seed, self._np.bit_generator.state))
+        st = self._np.bit_generator.state
+        s, inc = st["state"]["state"], st["state"]["inc"]
+        raw = _STATE.pack(_STATE_TAG, self._seed, s % _U64, s // _U64, inc % _U64, inc // _U64,
+                          st["has_uint32"], st["uinteger"])
+        self._cp = None                   # the next cuda draw re-derives its stream from this state
         return tensor(np.frombuffer(raw, dtype=np.uint8).copy())
 
-    def set_state(self, state) -> "Generator":
-        import pickle
-        seed, st = pickle.loads(state.numpy().tobytes())
+    def set_state(self, new_state) -> "Generator":
+        from ._tensor import Tensor
+        from . import _dtype as D
+        if not isinstance(new_state, Tensor):
+            raise TypeError(f"expected a torch.ByteTensor, but got {type(new_state).__name__}")
+        if new_state.dtype is not D.uint8:
+            raise TypeError("RNG state must be a torch.ByteTensor")
+        raw = np.asarray(new_state.detach().cpu()._host()).tobytes()
+        if len(raw) != _STATE.size:
+            raise RuntimeError(f"Expected a flambeau generator state of size {_STATE.size} but found the input "
+                               f"RNG state size to be {len(raw)}")
+        tag, seed, s_lo, s_hi, i_lo, i_hi, has_uint32, uinteger = _STATE.unpack(raw)
+        inc = i_hi * _U64 + i_lo
+        if tag != _STATE_TAG or inc % 2 == 0 or has_uint32 > 1:
+            raise RuntimeError("RNG state is not a flambeau generator state (bad tag or PCG64 increment)")
+        bit = np.random.PCG64()
+        bit.state = {"bit_generator": "PCG64", "state": {"state": s_hi * _U64 + s_lo, "inc": inc},
+                     "has_uint32": has_uint32, "uinteger": uinteger}
         self._seed = seed
-        self._np = np.random.Generator(np.random.PCG64())
-        self._np.bit_generator.state = st
+        self._np = np.random.Generator(bit)
+        self._cp = None
         return self
 
     def xp_generator(self, xp):
@@ -88,21 +122,42 @@ def initial_seed() -> int:
 
 
 def get_rng_state():
+    """The default cpu generator's state, a uint8 tensor."""
     return default_generator.get_state()
 
 
-def set_rng_state(state) -> None:
-    default_generator.set_state(state)
+def set_rng_state(new_state) -> None:
+    default_generator.set_state(new_state)
 
 
-class fork_rng:
-    def __init__(self, devices=None, enabled=True, device_type="cuda"):
-        self.enabled = enabled
+_fork_rng_warned = False
 
-    def __enter__(self):
-        if self.enabled:
-            self._state = get_rng_state()
 
-    def __exit__(self, *a):
-        if self.enabled:
-            set_rng_state(self._state)
+@contextlib.contextmanager
+def fork_rng(devices: Iterable[int] | None = None, enabled: bool = True, _caller: str = "fork_rng",
+             _devices_kw: str = "devices", device_type: str | None = None) -> Iterator[None]:
+    """Restore the cpu RNG and the `device_type` (default cuda) RNGs of `devices` on exit."""
+    global _fork_rng_warned
+    if device_type == "meta" or not enabled:
+        yield
+        return
+    from . import cuda
+    if (device_type or "cuda") != "cuda":
+        raise RuntimeError(f"flambeau has no module of `{device_type}`; fork_rng supports cpu and cuda")
+    if devices is None:
+        count = cuda.device_count()
+        if count > 1 and not _fork_rng_warned:
+            warnings.warn(f"CUDA reports that you have {count} available devices, and you have used {_caller} "
+                          f"without explicitly specifying which devices are being used; every device is forked. "
+                          f"Pass the '{_devices_kw}' keyword argument to fork only those you use.", stacklevel=3)
+            _fork_rng_warned = True
+        devices = range(count)
+    devices = list(devices)
+    cpu_state = get_rng_state()
+    device_states = [cuda.get_rng_state(d) for d in devices]
+    try:
+        yield
+    finally:
+        set_rng_state(cpu_state)
+        for d, st in zip(devices, device_states):
+            cuda.set_rng_state(st, d)

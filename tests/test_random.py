@@ -1,8 +1,11 @@
 """Random operators: statistics on large samples, seeding, generators, and factories on 'meta'."""
 import math
 
+import pickle
+
 import numpy as np
 import pytest
+import torch as real_torch
 
 import flambeau as torch
 
@@ -163,3 +166,95 @@ def test_factories_on_meta():
                          (torch.zeros(size=(1, 2), device="meta"), (1, 2), torch.float32),
                          (torch.empty_strided((2, 3), (1, 2), device="meta"), (2, 3), torch.float32)]:
         assert t.device.type == "meta" and tuple(t.shape) == shape and t.dtype == dt
+
+
+# ---- RNG state: uint8 tensors as PyTorch's, no pickle; cuda generators; fork_rng ----------------------
+@pytest.fixture
+def no_pickle(monkeypatch):
+    """Any pickle.loads / Unpickler while the test runs fails it."""
+    def refuse(*a, **k):
+        raise AssertionError("pickle used to restore an RNG state")
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", refuse)
+
+
+def test_rng_state_is_a_byte_tensor_restored_without_pickle(no_pickle):
+    torch.manual_seed(11)
+    state = torch.get_rng_state()
+    assert state.dtype == torch.uint8 and state.dim() == 1 and state.device.type == "cpu"
+    a = torch.randn(5)
+    torch.set_rng_state(state)
+    assert torch.randn(5).tolist() == a.tolist()
+    g = torch.Generator().manual_seed(5)
+    torch.rand(3, generator=g)
+    gs = g.get_state()
+    b = torch.rand(4, generator=g)
+    h = torch.Generator().set_state(gs)
+    assert torch.rand(4, generator=h).tolist() == b.tolist() and h.initial_seed() == 5
+
+
+@pytest.mark.parametrize("bad", ["short", "float", "list"])
+def test_bad_rng_state_raises_like_torch(bad):
+    def make(mod):
+        return {"short": mod.zeros(10, dtype=mod.uint8), "float": mod.zeros(56), "list": [1, 2]}[bad]
+    with pytest.raises(Exception) as theirs:
+        real_torch.set_rng_state(make(real_torch))
+    with pytest.raises(theirs.type):
+        torch.set_rng_state(make(torch))
+    with pytest.raises(theirs.type):
+        torch.Generator().set_state(make(torch))
+
+
+@pytest.mark.parametrize("fmt", ["flambeau", "pt"])
+def test_rng_state_in_weights_only_checkpoint(tmp_path, fmt, monkeypatch):
+    torch.manual_seed(3)
+    torch.cuda.manual_seed(8)
+    p = tmp_path / "ck.pt"
+    torch.save({"rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state_all() + [torch.cuda.get_rng_state(0)]},
+               p, format=fmt)
+    want = torch.rand(6).tolist()
+    cuda_want = torch.cuda.get_rng_state(0).tolist()
+    torch.manual_seed(1)
+    torch.cuda.manual_seed(1)
+    ck = torch.load(p, weights_only=True)
+    monkeypatch.setattr(pickle, "loads", lambda *a: pytest.fail("pickle used"))
+    torch.set_rng_state(ck["rng"])
+    torch.cuda.set_rng_state(ck["cuda_rng"][-1], 0)
+    assert torch.rand(6).tolist() == want
+    assert torch.cuda.get_rng_state(0).tolist() == cuda_want
+
+
+def test_fork_rng_restores_cpu_and_cuda_generators():
+    torch.manual_seed(0)
+    torch.cuda.manual_seed(21)
+    cuda_before = torch.cuda.get_rng_state("cuda:0").tolist()
+    cpu_state = torch.get_rng_state()
+    expected = torch.rand(3).tolist()
+    torch.set_rng_state(cpu_state)
+    with torch.random.fork_rng(devices=[0]):
+        torch.rand(100)
+        torch.cuda.manual_seed(99)
+        assert torch.cuda.get_rng_state(0).tolist() != cuda_before
+    assert torch.rand(3).tolist() == expected
+    assert torch.cuda.get_rng_state(0).tolist() == cuda_before
+    assert torch.cuda.get_rng_state_all() == [] if torch.cuda.device_count() == 0 else True
+    with torch.random.fork_rng():              # devices default to every cuda device (none here)
+        torch.rand(10)
+    torch.set_rng_state(cpu_state)
+    with torch.random.fork_rng(enabled=False):
+        torch.rand(3)
+    assert torch.rand(3).tolist() != expected
+
+
+@pytest.mark.cuda
+def test_cuda_rng_state_replays_cuda_draws():
+    torch.cuda.manual_seed(4)
+    torch.randn(8, device="cuda")
+    state = torch.cuda.get_rng_state()
+    a = torch.randn(1000, device="cuda").cpu().tolist()
+    torch.cuda.set_rng_state(state)
+    assert torch.randn(1000, device="cuda").cpu().tolist() == a
+    torch.cuda.set_rng_state(state)
+    with torch.random.fork_rng():
+        torch.randn(50, device="cuda")
+    assert torch.randn(1000, device="cuda").cpu().tolist() == a

@@ -119,6 +119,30 @@ def manual_seed_all(seed: int) -> None:
         generator_for(Device("cuda", i)).manual_seed(seed)
 
 
+def _generator(device):
+    from ..random import generator_for
+    from .._device import device as Device
+    return generator_for(Device("cuda", _index(device)))
+
+
+def get_rng_state(device="cuda"):
+    """The cuda generator's state as a uint8 cpu tensor (works without a GPU: the state is host-side)."""
+    return _generator(device).get_state()
+
+
+def set_rng_state(new_state, device="cuda") -> None:
+    _generator(device).set_state(new_state)
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states) -> None:
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
 def memory_allocated(device=None) -> int:
     if not is_available():
         return 0
