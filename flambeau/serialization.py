@@ -33,7 +33,7 @@ import numpy as np
 import safetensors
 
 from . import _dtype as D
-from ._atomic import atomic_path, write_atomic
+from ._atomic import write_atomic
 from ._tensor import Tensor, Size
 
 MAGIC_V1 = "flambeau-checkpoint-v1"
@@ -150,8 +150,7 @@ def _contiguous(t: Tensor) -> np.ndarray:
 
 
 def _safetensors_write(tensors: dict, metadata: dict | None, f) -> None:
-    """Write `tensors` (name -> NumPy array) as safetensors to a path (through a temporary file) or
-    to a file object."""
+    """Write `tensors` (name -> NumPy array) as safetensors to a path (atomically) or a file object."""
     specs = {}
     for name, arr in tensors.items():
         dt = D.FROM_NP[arr.dtype].name
@@ -159,11 +158,9 @@ def _safetensors_write(tensors: dict, metadata: dict | None, f) -> None:
             raise RuntimeError(f"flambeau.save: safetensors has no {dt} dtype (tensor '{name}')")
         specs[name] = safetensors.TensorSpec(dtype=dt, shape=list(arr.shape), data_ptr=arr.ctypes.data,
                                              data_len=arr.nbytes)
-    if hasattr(f, "write"):
-        f.write(safetensors.serialize(specs, metadata=metadata))
-        return
-    with atomic_path(f) as tmp:
-        safetensors.serialize_file(specs, tmp, metadata=metadata)
+    # serialize, not serialize_file: the latter writes through a temporary file of its own
+    # (.tmpXXXXXX) that a killed save would leave behind, unrecognisable as ours
+    write_atomic(f, safetensors.serialize(specs, metadata=metadata))
 
 
 def _cpu():

@@ -5,7 +5,11 @@ import io
 import json
 import os
 import pickle
+import signal
 import struct
+import subprocess
+import sys
+import time
 import warnings
 import zipfile
 
@@ -387,3 +391,92 @@ def test_deep_nesting_is_an_error_not_a_crash(tmp_path):
     for _ in range(n - 1):
         out = out[0]
     assert out == []
+
+
+# ---- crash safety: temporary files are removed on every path this process can see ----------------
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SAVER = """
+import os, signal, sys, time
+import flambeau, safetensors
+path, mode = sys.argv[1], sys.argv[2]
+if mode == "loop":                                  # save forever; the parent kills it
+    i = 0
+    while True:
+        flambeau.save({"w": flambeau.full((4 << 20,), float(i))}, path)
+        print(i, flush=True)
+        i += 1
+import flambeau._atomic as atomic
+real = atomic.os.fsync
+def fsync_then_signal(fd):                          # the signal arrives while the temp file exists
+    real(fd)
+    os.kill(os.getpid(), getattr(signal, mode))
+    time.sleep(5)
+atomic.os = type(os)("os_with_signal")
+atomic.os.__dict__.update(os.__dict__, fsync=fsync_then_signal)
+flambeau.save({"w": flambeau.ones(10)}, path)
+"""
+
+
+def _saver(path, mode):
+    env = dict(os.environ, PYTHONPATH=_REPO)
+    return subprocess.Popen([sys.executable, "-c", _SAVER, str(path), mode], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def _temps(folder):
+    return [n for n in os.listdir(folder) if ".flambeau-tmp-" in n]
+
+
+def test_exception_mid_write_removes_temp_and_keeps_file(tmp_path, monkeypatch):
+    p = tmp_path / "ck.pt"
+    flambeau.save({"a": flambeau.ones(2)}, p)
+    before = p.read_bytes()
+
+    def fsync_fails(fd):
+        assert _temps(tmp_path)                      # the data went to a temporary file
+        raise OSError("disk full")
+    monkeypatch.setattr(os, "fsync", fsync_fails)
+    with pytest.raises(OSError, match="disk full"):
+        flambeau.save({"a": flambeau.zeros(2)}, p)
+    assert p.read_bytes() == before and os.listdir(tmp_path) == ["ck.pt"]
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_signal_mid_save_removes_temp(tmp_path, sig):
+    p = tmp_path / "ck.pt"
+    flambeau.save({"a": flambeau.ones(2)}, p)
+    before = p.read_bytes()
+    proc = _saver(p, sig)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    if sig == "SIGTERM":
+        assert proc.returncode == -signal.SIGTERM         # it still dies of the signal
+    assert p.read_bytes() == before and os.listdir(tmp_path) == ["ck.pt"]
+
+
+def test_sigkill_mid_save_keeps_previous_file_and_next_save_cleans_up(tmp_path):
+    p = tmp_path / "ck.pt"
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        proc = _saver(p, "loop")
+        proc.stdout.readline()                              # one save has completed
+        time.sleep(float(rng.uniform(0.0, 0.4)))
+        proc.kill()
+        proc.wait()
+        assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]   # no writer's own temporaries
+        w = flambeau.load(p)["w"]._host()                   # a complete file from one iteration
+        assert w.shape == (4 << 20,) and (w == w[0]).all()
+    flambeau.save({"w": flambeau.zeros(3)}, p)
+    assert os.listdir(tmp_path) == ["ck.pt"]
+
+
+def test_stale_temps_of_dead_processes_only_are_removed(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".ck.pt.flambeau-tmp-{dead.pid}-0123abcd"
+    live = tmp_path / f".ck.pt.flambeau-tmp-{os.getpid()}-4567cdef"        # a save in progress here
+    other = tmp_path / f".other.pt.flambeau-tmp-{dead.pid}-89abcdef"       # another target's
+    for f in (stale, live, other):
+        f.write_bytes(b"partial")
+    flambeau.save({"a": flambeau.ones(1)}, tmp_path / "ck.pt", format="pt")
+    assert sorted(os.listdir(tmp_path)) == sorted(["ck.pt", live.name, other.name])
