@@ -73,7 +73,11 @@ def lookup_backend(backend, options: dict | None = None) -> Callable:
     if entry is None:
         raise InvalidBackend(backend)
     fn = entry[0]
-    return lambda gm, example_inputs: fn(gm, example_inputs, options)
+
+    def compiler_fn(gm, example_inputs):
+        return fn(gm, example_inputs, options)
+    compiler_fn.compiler_name = backend        # how the minifier's repro scripts name it
+    return compiler_fn
 
 
 def _eager(gm, example_inputs, options=None):
@@ -114,9 +118,12 @@ def _inductor(gm, example_inputs, options=None):
     from ._functorch.aot_autograd import aot_module_simplified
     from ._functorch.partitioners import min_cut_rematerialization_partition
 
+    from ._dynamo.repro.after_aot import wrap_compiler_debug
+
     def compile_graph(g, ex):
         with _inductor_options(options):
             return compile_fx(g, ex)
+    compile_graph = wrap_compiler_debug(compile_graph, "inductor")      # FLAMBEAU_REPRO_AFTER=aot
     return aot_module_simplified(gm, example_inputs, fw_compiler=compile_graph, bw_compiler=compile_graph,
                                  partition_fn=min_cut_rematerialization_partition,
                                  decompositions={**core_aten_decompositions(), **inductor_decompositions()})

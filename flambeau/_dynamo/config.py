@@ -1,7 +1,15 @@
 """Settings of graph capture (module attributes, like `torch._dynamo.config`)."""
+import os
 
 cache_size_limit: int = 8            # compiled entries kept per code object before it runs eagerly
 automatic_dynamic_shapes: bool = True  # a recompile caused by a size change makes that size symbolic
 suppress_errors: bool = True         # an internal or backend error runs the frame eagerly, with a warning
 max_inline_depth: int = 64           # nested inlined calls before the call breaks the graph
 inline_inbuilt_nn_modules: bool = True   # trace built-in layers' forwards (False: one call_module node each)
+
+# the minifier (flambeau._dynamo.repro; PyTorch's TORCHDYNAMO_REPRO_AFTER / _LEVEL)
+repro_after: str | None = os.environ.get("FLAMBEAU_REPRO_AFTER") or None   # "dynamo" | "aot": which graphs are watched
+repro_level: int = int(os.environ.get("FLAMBEAU_REPRO_LEVEL", "2"))  # 1 dump, 2 minify errors, 3 +launcher, 4 accuracy
+repro_tolerance: float = 1e-3        # accuracy tolerance of repro level 4 (PyTorch's default)
+repro_ignore_non_fp: bool = False    # level 4: integer/bool outputs that differ don't count as a failure
+minifier_dir: str | None = os.environ.get("FLAMBEAU_MINIFIER_DIR") or None  # default ./flambeau_compile_debug/minifier

@@ -32,6 +32,7 @@ from .guards import GuardSet, GlobalSource, Source, graph_input_name, local_name
 from .variables import TensorVariable, SymNodeVariable, ConstantVariable, NULL, TupleVariable, ListVariable
 from .variables.base import VariableTracker
 from .variables.torch import _set_grad_enabled, _ctx_enter, _ctx_exit, GradModeExitVariable
+from .repro.after_dynamo import call_backend
 
 _STATE_FNS = (_set_grad_enabled, _ctx_enter, _ctx_exit)
 
@@ -463,7 +464,7 @@ class OutputGraph:
             _logging.trace("graph", "graph of %s:\n%s", self.code.co_name, gm.code)
             self.stats.graphs.append(gm)
             counters["stats"]["unique_graphs"] += 1
-            compiled = self.backend(gm, example_inputs)
+            compiled = call_backend(self.backend, gm, example_inputs)     # FLAMBEAU_REPRO_AFTER=dynamo
             args = ", ".join(src.expr for _, src, _ in self.inputs)
             graph_call = f"{cg.const(compiled)}({args})"
         self._add_shape_guards()

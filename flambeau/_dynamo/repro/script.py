@@ -1,0 +1,187 @@
+"""Standalone repro scripts: `write_repro` turns a graph and its inputs into a Python file, and
+`run_repro` is what that file runs.
+
+A script holds the graph as the `forward` of a `Repro(flambeau.nn.Module)` (the GraphModule's own
+generated code), one `(shape, stride, dtype, device, requires_grad)` record per input, and a call
+
+    run_repro(Repro(), INPUTS, after="aot", backend="inductor", accuracy=False)
+
+`python repro.py` (command `run`) rebuilds random inputs of those layouts (seed 0) and
+- after="aot": traces `Repro` with fake tensors (`make_fx`) and compiles the graph with the
+  inductor entry point `flambeau._inductor.compile_fx`, then calls it;
+- after="dynamo": traces `Repro` symbolically and gives the graph to the named backend
+  (`flambeau.compiler.lookup_backend`), then calls the result;
+and with accuracy=True compares the output with eager and a float64 run (debug_utils.same),
+raising AccuracyError. So the script exits non-zero exactly while the failure reproduces.
+`python repro.py minify` runs the minifier on the script's graph and writes a smaller script.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import sys
+import textwrap
+from typing import Callable
+
+from ... import _logging
+from .. import config
+from .debug_utils import AccuracyError, accuracy_failure, fp64_reference, input_spec, make_inputs, minifier_dir
+
+log = _logging.get_logger("flambeau._dynamo.repro")
+_STANDARD_GLOBALS = {"flambeau", "operator", "inf", "nan", "NoneType"}
+SEED = 0
+
+
+def _global_source(name: str, obj) -> str:
+    """A line binding `name` to `obj` in a script: a flambeau attribute or an importable object."""
+    import importlib
+    import flambeau
+    for attr, v in vars(flambeau).items():
+        if v is obj and not attr.startswith("_"):
+            return f"{name} = flambeau.{attr}"
+    mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if mod and qual and "<" not in qual:
+        try:
+            found = importlib.import_module(mod)
+            for part in qual.split("."):
+                found = getattr(found, part)
+        except (ImportError, AttributeError):
+            found = None
+        if found is obj:
+            return f"{name} = __import__({mod!r}, fromlist=['_']).{qual}"
+    raise RuntimeError(f"flambeau minifier: the graph uses {obj!r} ({name}), which a repro script cannot name")
+
+
+def repro_source(gm, args: list, *, after: str, backend: str | None, accuracy: bool, command: str = "run",
+                 note: str = "") -> str:
+    """The text of a repro script for `gm` called with `args` (see module docstring)."""
+    from ...fx.graph_module import GraphModule
+    if any(n.op in ("get_attr", "call_module") for n in gm.graph.nodes):
+        raise RuntimeError("flambeau minifier: a repro script needs a graph without get_attr/call_module nodes "
+                           "(lift the module's tensors into inputs first)")
+    if not isinstance(gm, GraphModule):
+        raise TypeError(f"flambeau minifier: expected a GraphModule, got {type(gm).__name__}")
+    pc = gm.graph.python_code(root_module="self")
+    extra = [_global_source(k, v) for k, v in pc.globals.items() if k not in _STANDARD_GLOBALS]
+    specs = [input_spec(a, keep_grad=after == "dynamo") for a in args]
+    nodes = sum(1 for n in gm.graph.nodes if n.op not in ("placeholder", "output"))
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = [f"# flambeau repro ({nodes} nodes), written by the minifier after {after} on {when}.",
+            f"# {note}" if note else None,
+            "# Run it with python (no argument: `run`, exits non-zero while the failure reproduces;",
+            "# `minify`: shrinks the graph and writes repro.py). Its default command: " + command]
+    lines = [h for h in head if h] + ["import operator", "from math import inf, nan", "",
+                                      "import flambeau", "from flambeau._dynamo.repro import run_repro", "",
+                                      "NoneType = type(None)"] + extra
+    lines += ["", "", "class Repro(flambeau.nn.Module):", textwrap.indent(pc.src.strip("\n"), "    "), "", "",
+              "# one input per line: shape, stride, dtype, device, requires_grad (random values, seed "
+              f"{SEED})", "INPUTS = ["]
+    lines += [f"    {s!r}," for s in specs]
+    lines += ["]", "", "if __name__ == '__main__':",
+              f"    run_repro(Repro(), INPUTS, after={after!r}, backend={backend!r}, accuracy={accuracy!r}, "
+              f"command={command!r})", ""]
+    return "\n".join(lines)
+
+
+def write_repro(gm, args: list, *, after: str, backend: str | None, accuracy: bool, command: str = "run",
+                name: str = "repro.py", note: str = "") -> str:
+    """Write the repro script for `gm` into the minifier directory; returns its path."""
+    src = repro_source(gm, args, after=after, backend=backend, accuracy=accuracy, command=command, note=note)
+    d = minifier_dir()
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, name)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(src)
+    os.replace(tmp, path)
+    log.warning("flambeau minifier: wrote %s", path)
+    return path
+
+
+@contextlib.contextmanager
+def repro_disabled():
+    """Inside: no minifier hooks (no recursion into the minifier) and backend errors raise."""
+    saved = config.repro_after, config.suppress_errors
+    config.repro_after, config.suppress_errors = None, False
+    try:
+        yield
+    finally:
+        config.repro_after, config.suppress_errors = saved
+
+
+# ---- running a script ----------------------------------------------------------------------------
+def graph_of(mod, args: list, after: str):
+    """The GraphModule a script's `Repro` module stands for."""
+    from ...fx import symbolic_trace
+    from ...fx.experimental.proxy_tensor import make_fx
+    if after == "aot":
+        return make_fx(mod, tracing_mode="fake")(*args)
+    return symbolic_trace(mod)
+
+
+def compile_aot(gm, args: list) -> Callable:
+    """`gm` (core operators) retraced with fake tensors and compiled by the inductor entry point."""
+    import flambeau
+    from ..._inductor.compile_fx import compile_fx
+    with flambeau.no_grad():
+        return compile_fx(graph_of(gm, args, "aot"), list(args))
+
+
+def run_compiled(gm, args: list, after: str, backend: str | None):
+    """Compile `gm` as the minifier's test does and call it on `args` (exceptions propagate)."""
+    import flambeau
+    from ...compiler import lookup_backend
+    with repro_disabled():
+        if after == "aot":
+            compiled = compile_aot(gm, args)
+            with flambeau.no_grad():
+                return compiled(*args)
+        compiled = lookup_backend(resolve_backend(backend))(gm, list(args))
+        return compiled(*args)
+
+
+def resolve_backend(backend):
+    """A registered backend name, or `module.attr` of an importable backend function."""
+    from ...compiler import _BACKENDS
+    if backend is None:
+        raise RuntimeError("flambeau minifier: the repro script names no backend (the graph was compiled with an "
+                           "unnamed callable); pass backend= to run_repro")
+    if backend in _BACKENDS or callable(backend):
+        return backend
+    import importlib
+    mod, _, attr = backend.rpartition(".")
+    return getattr(importlib.import_module(mod), attr)
+
+
+def check_accuracy(gm, args: list, compiled_out, *, tol: float, ignore_non_fp: bool = False) -> str | None:
+    """Why `compiled_out` is not `gm`'s eager output on `args` (judged against float64), or None."""
+    import flambeau
+    from .debug_utils import clone_inputs
+    with flambeau.no_grad():
+        ref = gm(*clone_inputs(args))
+    return accuracy_failure(ref, compiled_out, fp64_reference(gm, args), tol=tol, ignore_non_fp=ignore_non_fp)
+
+
+def run_repro(mod, inputs: list, *, after: str, backend: str | None = "inductor", accuracy: bool = False,
+              command: str = "run", argv: list | None = None) -> None:
+    """Run a repro script's graph (see module docstring); `argv[0]` (default sys.argv[1]) overrides `command`."""
+    from .debug_utils import clone_inputs
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv else command
+    if command not in ("run", "minify"):
+        raise SystemExit(f"usage: python repro.py [run|minify] (got {command!r})")
+    if after not in ("aot", "dynamo"):
+        raise ValueError(f"run_repro: after must be 'aot' or 'dynamo', got {after!r}")
+    args = make_inputs(inputs, SEED)
+    gm = graph_of(mod, args, after)
+    if command == "minify":
+        from .minify import minify_and_dump
+        minify_and_dump(gm, args, after=after, backend=backend, accuracy=accuracy)
+        return
+    out = run_compiled(gm, clone_inputs(args), after, backend)
+    if accuracy:
+        why = check_accuracy(gm, args, out, tol=config.repro_tolerance)
+        if why:
+            raise AccuracyError(f"Bad accuracy detected: {why}")
+    print(f"flambeau repro: no failure ({'accuracy' if accuracy else 'error'} check, after {after})")
