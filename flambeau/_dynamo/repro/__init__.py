@@ -12,7 +12,7 @@ eager beyond `repro_tolerance`, judged against float64 (PyTorch's `same()`).
 Scripts go to `./flambeau_compile_debug/minifier/` (or `config.minifier_dir`,
 `$FLAMBEAU_MINIFIER_DIR`): `repro.py` rebuilds the graph with random inputs of the recorded
 shapes, strides and dtypes and fails the same way under `python repro.py`. The pieces:
-fx_minifier.py (delta debugging over an FX graph), minify.py (the failure test, what each level
+fx_minifier.py (delta debugging over an FX graph), failure.py (the failure test, what each level
 writes), script.py (writing and running scripts), debug_utils.py (inputs, `same`).
 """
 from .debug_utils import AccuracyError, make_inputs, rand_strided, same  # noqa: F401

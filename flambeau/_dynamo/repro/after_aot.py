@@ -5,7 +5,7 @@ as its forward/backward compiler. With `config.repro_after != "aot"` it only cal
 "aot", the graphs it sees are functional graphs of core operators whose inputs are real tensors
 (parameters lifted), which is where a code-generator bug is easiest to isolate:
 - level 3 writes `minifier_launcher.py` of every graph before compiling it;
-- a compile error raises after report_failure (minify.py) wrote the repro of the level;
+- a compile error raises after report_failure (failure.py) wrote the repro of the level;
 - the compiled callable is wrapped: an error in a call does the same; at level 4 each call also
   runs the graph eagerly and in float64 and raises AccuracyError when the compiled output is
   not the same (debug_utils.same, tolerance `config.repro_tolerance`).
@@ -17,7 +17,7 @@ from typing import Callable
 
 from .. import config
 from .debug_utils import AccuracyError, check_config
-from .minify import report_failure, write_launcher
+from .failure import report_failure, write_launcher
 from .script import check_accuracy, repro_disabled
 
 AFTER = "aot"

@@ -6,7 +6,7 @@ captured graph to the backend. With `config.repro_after != "dynamo"` it only cal
 returning it, so a failure anywhere behind capture (AOT autograd, decompositions, the code
 generator) is caught with the Python-level graph:
 - level 3 writes `minifier_launcher.py` first;
-- levels 1-3: an error compiling or running the graph raises after report_failure (minify.py)
+- levels 1-3: an error compiling or running the graph raises after report_failure (failure.py)
   wrote the repro of the level;
 - level 4: the compiled output is also compared with eager and float64 (debug_utils.same) and an
   inaccurate graph raises AccuracyError after its minified repro is written.
@@ -20,7 +20,7 @@ from typing import Callable
 
 from .. import config
 from .debug_utils import AccuracyError, check_config, clone_inputs
-from .minify import lift_attributes, report_failure, write_launcher
+from .failure import lift_attributes, report_failure, write_launcher
 from .script import check_accuracy, repro_disabled
 
 AFTER = "dynamo"

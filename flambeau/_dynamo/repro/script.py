@@ -176,7 +176,7 @@ def run_repro(mod, inputs: list, *, after: str, backend: str | None = "inductor"
     args = make_inputs(inputs, SEED)
     gm = graph_of(mod, args, after)
     if command == "minify":
-        from .minify import minify_and_dump
+        from .failure import minify_and_dump
         minify_and_dump(gm, args, after=after, backend=backend, accuracy=accuracy)
         return
     out = run_compiled(gm, clone_inputs(args), after, backend)
