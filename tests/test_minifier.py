@@ -199,6 +199,41 @@ def test_minify_keeps_only_what_the_test_needs():
         minify(gm, [x], lambda g, a: False)
 
 
+def test_minify_drops_outputs_the_failure_does_not_need():
+    def f(x):
+        return x.exp(), x.sin(), x.cos()
+    gm = flambeau.fx.symbolic_trace(f)
+
+    def fails(g, args):                      # needs exp and two outputs: truncation alone can't do it
+        outs = g.graph.output_node().args[0]
+        return len(outs) >= 2 and any(n.op == "call_method" and n.target == "exp" for n in g.graph.nodes)
+    small, _ = minify(gm, [flambeau.randn(3)], fails)
+    assert [n.target for n in small.graph.nodes if n.op == "call_method"] == ["exp"]
+    assert len(small.graph.output_node().args[0]) == 2
+
+
+def test_minifier_keeps_to_the_original_failure(repro_env, monkeypatch):
+    d = repro_env("aot", 2)
+
+    def sin_raises_before_cos(g, x):           # fails only in a graph where cos uses the sin
+        if any(getattr(u.target, "name", "") == "cos" for u in g.node.users):
+            raise RuntimeError(bugs.BUG_MESSAGE)
+        return L.make_pointwise(g, L.ops.sin, [x], L.out_dtype(g))
+
+    def cos_raises(g, x):                      # another bug: a graph of cos alone fails differently
+        raise ValueError("another bug, in cos")
+    monkeypatch.setitem(L.LOWERINGS, "sin", sin_raises_before_cos)
+    monkeypatch.setitem(L.LOWERINGS, "cos", cos_raises)
+
+    def f(x):
+        a = flambeau.sin(x * 2)
+        return (flambeau.cos(a) + 1).exp()
+    with pytest.raises(RuntimeError, match=bugs.BUG_MESSAGE):
+        flambeau.compile(f)(flambeau.randn(4))
+    names, _ = script_graph(d / "repro.py")
+    assert names == ["sin", "cos"], names
+
+
 # ---- the accuracy judgement, against PyTorch's ---------------------------------------------------
 def test_same_agrees_with_pytorch():
     torch = pytest.importorskip("torch")
