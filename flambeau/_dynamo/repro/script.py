@@ -131,27 +131,29 @@ def compile_aot(gm, args: list) -> Callable:
 def run_compiled(gm, args: list, after: str, backend: str | None):
     """Compile `gm` as the minifier's test does and call it on `args` (exceptions propagate)."""
     import flambeau
-    from ...compiler import lookup_backend
     with repro_disabled():
         if after == "aot":
             compiled = compile_aot(gm, args)
             with flambeau.no_grad():
                 return compiled(*args)
-        compiled = lookup_backend(resolve_backend(backend))(gm, list(args))
+        compiled = resolve_backend(backend)(gm, list(args))
         return compiled(*args)
 
 
-def resolve_backend(backend):
-    """A registered backend name, or `module.attr` of an importable backend function."""
-    from ...compiler import _BACKENDS
+def resolve_backend(backend) -> Callable:
+    """The backend callable for a registered name, or for `module.attr` of an importable function."""
+    import importlib
+    from ...compiler import InvalidBackend, lookup_backend
     if backend is None:
         raise RuntimeError("flambeau minifier: the repro script names no backend (the graph was compiled with an "
                            "unnamed callable); pass backend= to run_repro")
-    if backend in _BACKENDS or callable(backend):
-        return backend
-    import importlib
-    mod, _, attr = backend.rpartition(".")
-    return getattr(importlib.import_module(mod), attr)
+    try:
+        return lookup_backend(backend)
+    except InvalidBackend:
+        mod, _, attr = backend.rpartition(".")
+        if not mod:
+            raise
+        return getattr(importlib.import_module(mod), attr)
 
 
 def check_accuracy(gm, args: list, compiled_out, *, tol: float, ignore_non_fp: bool = False) -> str | None:
