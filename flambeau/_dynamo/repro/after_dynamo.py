@@ -35,7 +35,7 @@ def backend_name(backend: Callable) -> str | None:
     return f"{mod}.{qual}" if mod and qual and "<" not in qual else None
 
 
-def call_backend(backend: Callable, gm, example_inputs: list):
+def call_backend(backend: Callable, gm, example_inputs: list) -> Callable:
     """`backend(gm, example_inputs)`, with the minifier around it (see module docstring)."""
     check_config()
     if config.repro_after != AFTER:

@@ -50,7 +50,7 @@ def check_config() -> None:
 
 
 # ---- inputs --------------------------------------------------------------------------------------
-def input_spec(a, keep_grad: bool = True):
+def input_spec(a, keep_grad: bool = True) -> tuple | int | float | bool | None:
     """The record of one graph input (see module docstring)."""
     from ..._tensor import Tensor
     if isinstance(a, Tensor):
@@ -60,7 +60,7 @@ def input_spec(a, keep_grad: bool = True):
     raise TypeError(f"flambeau minifier: cannot record a graph input of type {type(a).__name__} in a repro script")
 
 
-def rand_strided(shape, stride, dtype: str, device: str = "cpu", requires_grad: bool = False):
+def rand_strided(shape, stride, dtype: str, device: str = "cpu", requires_grad: bool = False) -> "Tensor":
     """A tensor of `shape` and `stride` over fresh storage: normal floats, zeros otherwise."""
     import flambeau
     dt = getattr(flambeau, dtype)
@@ -104,7 +104,7 @@ def _float_dtypes() -> set:
     return {flambeau.float32, flambeau.float16, flambeau.bfloat16}
 
 
-def fp64_reference(gm, args: list):
+def fp64_reference(gm, args: list) -> object:
     """The outputs of `gm` run eagerly with float inputs and float dtype arguments in float64
     (None when the graph cannot run that way)."""
     import flambeau

@@ -22,7 +22,7 @@ import datetime
 import os
 import sys
 import textwrap
-from typing import Callable
+from typing import Callable, Iterator
 
 from ... import _logging
 from .. import config
@@ -57,11 +57,12 @@ def repro_source(gm, args: list, *, after: str, backend: str | None, accuracy: b
                  note: str = "") -> str:
     """The text of a repro script for `gm` called with `args` (see module docstring)."""
     from ...fx.graph_module import GraphModule
+    if not isinstance(gm, GraphModule):
+        raise TypeError(f"flambeau minifier: expected a GraphModule, got {type(gm).__name__}")
     if any(n.op in ("get_attr", "call_module") for n in gm.graph.nodes):
         raise RuntimeError("flambeau minifier: a repro script needs a graph without get_attr/call_module nodes "
                            "(lift the module's tensors into inputs first)")
-    if not isinstance(gm, GraphModule):
-        raise TypeError(f"flambeau minifier: expected a GraphModule, got {type(gm).__name__}")
+    note = " ".join(note.split())            # one comment line, whatever the exception message holds
     pc = gm.graph.python_code(root_module="self")
     extra = [_global_source(k, v) for k, v in pc.globals.items() if k not in _STANDARD_GLOBALS]
     specs = [input_spec(a, keep_grad=after == "dynamo") for a in args]
@@ -100,7 +101,7 @@ def write_repro(gm, args: list, *, after: str, backend: str | None, accuracy: bo
 
 
 @contextlib.contextmanager
-def repro_disabled():
+def repro_disabled() -> Iterator[None]:
     """Inside: no minifier hooks (no recursion into the minifier) and backend errors raise."""
     saved = config.repro_after, config.suppress_errors
     config.repro_after, config.suppress_errors = None, False
@@ -111,7 +112,7 @@ def repro_disabled():
 
 
 # ---- running a script ----------------------------------------------------------------------------
-def graph_of(mod, args: list, after: str):
+def graph_of(mod, args: list, after: str) -> "GraphModule":
     """The GraphModule a script's `Repro` module stands for."""
     from ...fx import symbolic_trace
     from ...fx.experimental.proxy_tensor import make_fx
@@ -128,7 +129,7 @@ def compile_aot(gm, args: list) -> Callable:
         return compile_fx(graph_of(gm, args, "aot"), list(args))
 
 
-def run_compiled(gm, args: list, after: str, backend: str | None):
+def run_compiled(gm, args: list, after: str, backend: str | None) -> object:
     """Compile `gm` as the minifier's test does and call it on `args` (exceptions propagate)."""
     import flambeau
     with repro_disabled():
