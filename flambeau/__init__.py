@@ -20,6 +20,7 @@ from ._dtype import (dtype, bool, uint8, int8, int16, int32, int64, float16, bfl
 from ._dtype import float32 as float, float64 as double, float16 as half, int16 as short  # noqa: A001,F401
 from ._dtype import int32 as int, int64 as long, complex64 as cfloat, complex128 as cdouble  # noqa: A001,F401
 from ._device import device  # noqa: F401
+from ._tags import Tag  # noqa: F401
 from ._tensor import (Tensor, Size, is_tensor, strided, sparse_coo, contiguous_format,  # noqa: F401
                       channels_last, channels_last_3d, preserve_format, memory_format)
 from . import _ops

@@ -18,6 +18,7 @@ import numpy as np
 
 from ._dtype import BOOL, FLOATING, COMPLEX
 from . import _state
+from ._tags import Tag
 from ._tensor import Tensor
 from ._backends import MetaArray, get as _backend
 from ._device import canonical
@@ -217,7 +218,7 @@ def _call(op, args, kwargs, record):
 
 
 def _nondiff(op):
-    return "nondifferentiable" in op.tags
+    return Tag.nondifferentiable in op.tags
 
 
 def _wrap(r, dev):

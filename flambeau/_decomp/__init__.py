@@ -6,7 +6,8 @@ parses arguments) and may return `NotImplemented` to decline an input it does no
 complex dtype), in which case the operator itself runs. Decompositions are written with Op calls,
 so they run on real, meta and fake tensors and under every tracing mode.
 
-    core_aten_decompositions()      -> {Op: fn} for every non-core op that has one
+    core_aten_decompositions()      -> {Op: fn} for every non-core op that has one (`op.decomposition`,
+                                       set by `@register_decomposition(aten.x)` next to the rule)
     get_decompositions(ops)         -> the same, restricted to the given ops / names
     decompose(op, args, kwargs)     -> run `op` through decompositions until only core ops run
     with DecompositionMode(): ...   -> every non-core op with a decomposition is replaced by it,
@@ -20,8 +21,8 @@ from __future__ import annotations
 from .. import _dispatch
 from .._ops import OPS, Op
 from ..utils._python_dispatch import TorchDispatchMode
-from .core import CORE_OPS, is_core  # noqa: F401
-from ._table import TABLE, register_decomposition  # noqa: F401
+from .core import core_ops, is_core  # noqa: F401
+from ._table import register_decomposition  # noqa: F401
 from . import decompositions_pointwise, decompositions_nn, decompositions_reduction  # noqa: F401
 from . import decompositions_shape, decompositions_loss  # noqa: F401
 
@@ -32,7 +33,7 @@ def _op(x) -> Op:
 
 def core_aten_decompositions() -> dict:
     """{Op: decomposition} for every registered non-core op that has one."""
-    return {op: fn for op, fn in TABLE.items() if not is_core(op)}
+    return {op: op.decomposition for op in OPS.values() if op.decomposition is not None and not is_core(op)}
 
 
 def get_decompositions(ops) -> dict:
@@ -41,13 +42,13 @@ def get_decompositions(ops) -> dict:
     out = {}
     for o in ops:
         if isinstance(o, str) and o not in OPS:
-            for name, op in OPS.items():
-                if name.split(".")[0] == o and op in TABLE:
-                    out[op] = TABLE[op]
+            for op in OPS.values():
+                if op.__name__ == o and op.decomposition is not None:
+                    out[op] = op.decomposition
             continue
         op = _op(o)
-        if op in TABLE:
-            out[op] = TABLE[op]
+        if op.decomposition is not None:
+            out[op] = op.decomposition
     return out
 
 

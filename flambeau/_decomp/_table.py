@@ -1,25 +1,27 @@
-"""The decomposition table and the small vocabulary decompositions are written in.
+"""How decompositions are attached to their ops, and the small vocabulary they are written in.
 
-`register_decomposition("softmax.int", ...)` files a function under each named op (and sets
-`op.decomposition`). `aten.<short name>` is the registered Op (`aten.sum` is `sum.dim_IntList`),
-so a decomposition states exactly which operators it emits. The helpers below (casts, factories,
-dim handling) emit only core ops.
+`@register_decomposition(aten.softmax)` sets `op.decomposition` on each given `Op` (the op object,
+so a misspelt op fails at import). `aten.<short name>` is the registered Op (`aten.sum` is
+`sum.dim_IntList`, see `_ALIASES`); another overload is named after it, PyTorch's way
+(`aten.max.dim`, `aten.rsub.Tensor`, `aten.add.Tensor`). So a decomposition states exactly which operators it emits
+and which it replaces. The helpers below (casts, factories, dim handling) emit only core ops.
 """
 from __future__ import annotations
 
 from .. import _dtype as D
 from .._ops import OPS, Op
+from ..fx._aten import OpOverloadPacket
 
-TABLE: dict = {}          # Op -> decomposition
 
+def register_decomposition(*ops: Op):
+    """Decorator: `fn` becomes the decomposition (`op.decomposition`) of each given op."""
+    for op in ops:
+        if not isinstance(op, Op):
+            raise TypeError(f"register_decomposition takes Op objects (one overload), got {op!r}")
 
-def register_decomposition(*names: str):
-    """Decorator: file `fn` as the decomposition of each named op."""
     def wrap(fn):
-        for n in names:
-            op = OPS[n]
+        for op in ops:
             op.def_decomposition(fn)
-            TABLE[op] = fn
         return fn
     return wrap
 
@@ -38,10 +40,18 @@ _ALIASES = {
 
 
 class _Aten:
-    """`aten.exp` -> OPS['exp'], `aten.sum` -> OPS['sum.dim_IntList'] (see _ALIASES)."""
+    """`aten.exp` -> OPS['exp'], `aten.sum` -> OPS['sum.dim_IntList'] (see _ALIASES); a name that
+    is no op by itself -> its overload packet (`aten.rsub.Tensor` -> OPS['rsub.Tensor']); an Op
+    names its sibling overloads (`aten.max.dim` -> OPS['max.dim'])."""
 
-    def __getattr__(self, name: str) -> Op:
-        op = OPS[_ALIASES.get(name, name)]
+    def __getattr__(self, name: str):
+        full = _ALIASES.get(name, name)
+        if full in OPS:
+            op = OPS[full]
+        elif any(k.startswith(name + ".") for k in OPS):
+            op = OpOverloadPacket(name)
+        else:
+            raise AttributeError(f"aten.{name}: no such operator")
         setattr(self, name, op)
         return op
 

@@ -57,7 +57,7 @@ def _reduce_coeff_loss(terms, cdim, reduction):
     return aten.neg(aten.sum(terms))
 
 
-@register_decomposition("cross_entropy_loss")
+@register_decomposition(aten.cross_entropy_loss)
 def cross_entropy_loss(self, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
     dt = _float_check("cross_entropy", self)
     cd = compute_dtype(dt)
@@ -72,7 +72,7 @@ def _grad_along(grad, cdim, reduction, cd):
     return aten.unsqueeze(g, cdim) if reduction == 0 else g
 
 
-@register_decomposition("cross_entropy_loss_backward")
+@register_decomposition(aten.cross_entropy_loss_backward)
 def cross_entropy_loss_backward(grad, self, target, weight, reduction, ignore_index, label_smoothing):
     dt = _float_check("cross_entropy", self)
     cd = compute_dtype(dt)
@@ -99,7 +99,7 @@ def cross_entropy_loss_backward(grad, self, target, weight, reduction, ignore_in
     return gx, gt, gw
 
 
-@register_decomposition("nll_loss_nd")
+@register_decomposition(aten.nll_loss_nd)
 def nll_loss_nd(self, target, weight=None, reduction=1, ignore_index=-100):
     if target.dtype.category >= D.FLOATING:
         return NotImplemented
@@ -110,7 +110,7 @@ def nll_loss_nd(self, target, weight=None, reduction=1, ignore_index=-100):
     return to(_reduce_coeff_loss(aten.mul(a, x), cdim, reduction), dt)
 
 
-@register_decomposition("nll_loss_nd_backward")
+@register_decomposition(aten.nll_loss_nd_backward)
 def nll_loss_nd_backward(grad, self, target, weight, reduction, ignore_index):
     if target.dtype.category >= D.FLOATING:
         return NotImplemented
@@ -121,30 +121,30 @@ def nll_loss_nd_backward(grad, self, target, weight, reduction, ignore_index):
 
 
 # ---- elementwise losses ----------------------------------------------------------------------------
-@_pointwise("mse_loss", nin=2)
+@_pointwise(aten.mse_loss, nin=2)
 def mse_loss(x, t):
     d = aten.sub(x, t)
     return aten.mul(d, d)
 
 
-@_backward("mse_loss_backward", nin=2)
+@_backward(aten.mse_loss_backward, nin=2)
 def mse_loss_backward(g, x, t):
     r = aten.mul(aten.mul(aten.sub(x, t), 2), g)
     return r, aten.neg(r)
 
 
-@_pointwise("l1_loss", nin=2)
+@_pointwise(aten.l1_loss, nin=2)
 def l1_loss(x, t):
     return aten.abs(aten.sub(x, t))
 
 
-@_backward("l1_loss_backward", nin=2)
+@_backward(aten.l1_loss_backward, nin=2)
 def l1_loss_backward(g, x, t):
     r = aten.mul(aten.sign(aten.sub(x, t)), g)
     return r, aten.neg(r)
 
 
-@_pointwise("smooth_l1_loss", nin=2)
+@_pointwise(aten.smooth_l1_loss, nin=2)
 def smooth_l1_loss(x, t, beta):
     d = aten.abs(aten.sub(x, t))
     if beta == 0:
@@ -152,7 +152,7 @@ def smooth_l1_loss(x, t, beta):
     return aten.where(aten.lt(d, beta), aten.div(aten.mul(aten.mul(d, d), 0.5), beta), aten.sub(d, 0.5 * beta))
 
 
-@_backward("smooth_l1_loss_backward", nin=2)
+@_backward(aten.smooth_l1_loss_backward, nin=2)
 def smooth_l1_loss_backward(g, x, t, beta):
     d = aten.sub(x, t)
     r = aten.sign(d) if beta == 0 else aten.where(aten.lt(aten.abs(d), beta), aten.div(d, beta), aten.sign(d))
@@ -160,25 +160,25 @@ def smooth_l1_loss_backward(g, x, t, beta):
     return r, aten.neg(r)
 
 
-@_pointwise("huber_loss", nin=2)
+@_pointwise(aten.huber_loss, nin=2)
 def huber_loss(x, t, delta):
     d = aten.abs(aten.sub(x, t))
     return aten.where(aten.lt(d, delta), aten.mul(aten.mul(d, d), 0.5), aten.mul(aten.sub(d, 0.5 * delta), delta))
 
 
-@_backward("huber_loss_backward", nin=2)
+@_backward(aten.huber_loss_backward, nin=2)
 def huber_loss_backward(g, x, t, delta):
     d = aten.sub(x, t)
     r = aten.mul(aten.where(aten.lt(aten.abs(d), delta), d, aten.mul(aten.sign(d), delta)), g)
     return r, aten.neg(r)
 
 
-@_pointwise("soft_margin_loss", nin=2)
+@_pointwise(aten.soft_margin_loss, nin=2)
 def soft_margin_loss(x, t):
     return softplus_stable(aten.neg(aten.mul(t, x)))
 
 
-@_backward("soft_margin_loss_backward", nin=2)
+@_backward(aten.soft_margin_loss_backward, nin=2)
 def soft_margin_loss_backward(g, x, t):
     s = aten.mul(aten.sigmoid(aten.neg(aten.mul(t, x))), g)
     return aten.neg(aten.mul(t, s)), aten.neg(aten.mul(x, s))
@@ -188,13 +188,13 @@ def _clamped_logs(x):
     return maximum(aten.log(x), -100), maximum(aten.log1p(aten.neg(x)), -100)
 
 
-@_pointwise("binary_cross_entropy", nin=2)
+@_pointwise(aten.binary_cross_entropy, nin=2)
 def binary_cross_entropy(x, t):
     lx, l1x = _clamped_logs(x)
     return aten.neg(aten.add(aten.mul(t, lx), aten.mul(aten.sub(1, t), l1x)))
 
 
-@_backward("binary_cross_entropy_backward", nin=2)
+@_backward(aten.binary_cross_entropy_backward, nin=2)
 def binary_cross_entropy_backward(g, x, t):
     lx, l1x = _clamped_logs(x)
     gx = aten.div(aten.mul(g, aten.sub(x, t)), maximum(aten.mul(aten.sub(1, x), x), 1e-12))
@@ -205,14 +205,14 @@ def _safe_log(t):
     return aten.log(aten.where(aten.gt(t, 0), t, 1.0))
 
 
-@_pointwise("kl_div_elementwise", nin=2)
+@_pointwise(aten.kl_div_elementwise, nin=2)
 def kl_div(x, t, log_target):
     if log_target:
         return aten.mul(aten.exp(t), aten.sub(t, x))
     return aten.sub(aten.where(aten.gt(t, 0), aten.mul(t, _safe_log(t)), 0.0), aten.mul(t, x))
 
 
-@_backward("kl_div_elementwise_backward", nin=2)
+@_backward(aten.kl_div_elementwise_backward, nin=2)
 def kl_div_backward(g, x, t, log_target):
     if log_target:
         e = aten.exp(t)
@@ -220,7 +220,7 @@ def kl_div_backward(g, x, t, log_target):
     return aten.neg(aten.mul(t, g)), aten.mul(aten.sub(aten.add(_safe_log(t), 1), x), g)
 
 
-@_pointwise("poisson_nll_loss_elementwise", nin=2)
+@_pointwise(aten.poisson_nll_loss_elementwise, nin=2)
 def poisson_nll(x, t, log_input, full_, eps):
     if log_input:
         r = aten.sub(aten.exp(x), aten.mul(t, x))
@@ -234,7 +234,7 @@ def poisson_nll(x, t, log_input, full_, eps):
     return r
 
 
-@_backward("poisson_nll_loss_elementwise_backward", nin=2)
+@_backward(aten.poisson_nll_loss_elementwise_backward, nin=2)
 def poisson_nll_backward(g, x, t, log_input, full_, eps):
     if log_input:
         gx, gt = aten.sub(aten.exp(x), t), aten.neg(x)
@@ -248,24 +248,24 @@ def poisson_nll_backward(g, x, t, log_input, full_, eps):
     return aten.mul(gx, g), aten.mul(gt, g)
 
 
-@_pointwise("hinge_embedding_loss_elementwise", nin=2)
+@_pointwise(aten.hinge_embedding_loss_elementwise, nin=2)
 def hinge_embedding(x, t, margin):
     neg = aten.where(aten.ne(t, 1), maximum(aten.sub(margin, x), 0), 0.0)
     return aten.add(neg, aten.where(aten.ne(t, -1), x, 0.0))
 
 
-@_backward("hinge_embedding_loss_elementwise_backward", nin=2)
+@_backward(aten.hinge_embedding_loss_elementwise_backward, nin=2)
 def hinge_embedding_backward(g, x, t, margin):
     d = aten.where(aten.ne(t, 1), aten.neg(to(aten.gt(aten.sub(margin, x), 0), x.dtype)), 0.0)
     return aten.mul(aten.add(d, aten.where(aten.ne(t, -1), 1.0, 0.0)), g), None
 
 
-@_pointwise("margin_ranking_loss_elementwise", nin=3)
+@_pointwise(aten.margin_ranking_loss_elementwise, nin=3)
 def margin_ranking(x1, x2, t, margin):
     return maximum(aten.add(aten.neg(aten.mul(t, aten.sub(x1, x2))), margin), 0)
 
 
-@_backward("margin_ranking_loss_elementwise_backward", nin=3)
+@_backward(aten.margin_ranking_loss_elementwise_backward, nin=3)
 def margin_ranking_backward(g, x1, x2, t, margin):
     d = aten.sub(x1, x2)
     m = aten.gt(aten.add(aten.neg(aten.mul(t, d)), margin), 0)
@@ -273,14 +273,14 @@ def margin_ranking_backward(g, x1, x2, t, margin):
     return aten.neg(tm), tm, aten.neg(aten.mul(aten.mul(d, m), g))
 
 
-@_pointwise("gaussian_nll_loss_elementwise", nin=3)
+@_pointwise(aten.gaussian_nll_loss_elementwise, nin=3)
 def gaussian_nll(x, t, v, eps):
     v = maximum(v, eps)
     d = aten.sub(x, t)
     return aten.mul(aten.add(aten.log(v), aten.div(aten.mul(d, d), v)), 0.5)
 
 
-@_backward("gaussian_nll_loss_elementwise_backward", nin=3)
+@_backward(aten.gaussian_nll_loss_elementwise_backward, nin=3)
 def gaussian_nll_backward(g, x, t, v, eps):
     v = maximum(v, eps)
     d = aten.div(aten.sub(x, t), v)
@@ -326,7 +326,7 @@ def _two(name, x1, x2):
     return dt, to(x1, cd), to(x2, cd)
 
 
-@register_decomposition("normalize")
+@register_decomposition(aten.normalize)
 def normalize(self, p=2.0, dim=1, eps=1e-12):
     dt = _float_check("normalize", self)
     x = to(self, compute_dtype(dt))
@@ -337,7 +337,7 @@ def normalize(self, p=2.0, dim=1, eps=1e-12):
     return to(aten.div(x, maximum(n, eps)), dt)
 
 
-@register_decomposition("normalize_backward")
+@register_decomposition(aten.normalize_backward)
 def normalize_backward(grad_output, self, p, dim, eps):
     if self.ndim == 0:
         return NotImplemented
@@ -353,7 +353,7 @@ def normalize_backward(grad_output, self, p, dim, eps):
     return to(aten.where(big, aten.sub(gx, corr), gx), dt)
 
 
-@register_decomposition("cosine_similarity")
+@register_decomposition(aten.cosine_similarity)
 def cosine_similarity(x1, x2, dim=1, eps=1e-8):
     from .._ops._helpers import broadcast_shapes
     dt, a, b = _two("cosine_similarity", x1, x2)
@@ -365,7 +365,7 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-8):
     return to(aten.sum(aten.mul(aten.div(a, n1), aten.div(b, n2)), [d]), dt)
 
 
-@register_decomposition("cosine_similarity_backward")
+@register_decomposition(aten.cosine_similarity_backward)
 def cosine_similarity_backward(grad_output, x1, x2, dim, eps):
     from .._ops._helpers import broadcast_shapes
     dt, a, b = _two("cosine_similarity", x1, x2)
@@ -382,7 +382,7 @@ def cosine_similarity_backward(grad_output, x1, x2, dim, eps):
     return to(aten.mul(g, ga), dt), to(aten.mul(g, gb), dt)
 
 
-@register_decomposition("pairwise_distance")
+@register_decomposition(aten.pairwise_distance)
 def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
     dt, a, b = _two("pairwise_distance", x1, x2)
     d = aten.add(aten.sub(a, b), eps)
@@ -391,7 +391,7 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
     return to(_pnorm(d, p, d.ndim - 1, keepdim), dt)
 
 
-@register_decomposition("pairwise_distance_backward")
+@register_decomposition(aten.pairwise_distance_backward)
 def pairwise_distance_backward(grad_output, x1, x2, p, eps, keepdim):
     dt, a, b = _two("pairwise_distance", x1, x2)
     d = aten.add(aten.sub(a, b), eps)
@@ -407,7 +407,7 @@ def _cdist_diff(a, b):
     return aten.sub(aten.unsqueeze(a, -2), aten.unsqueeze(b, -3))
 
 
-@register_decomposition("cdist")
+@register_decomposition(aten.cdist)
 def cdist(x1, x2, p=2.0, compute_mode=None):
     from .._ops.activation import _cdist_check
     _cdist_check(x1, x2, p)
@@ -416,7 +416,7 @@ def cdist(x1, x2, p=2.0, compute_mode=None):
     return to(_pnorm(d, p, d.ndim - 1), dt)
 
 
-@register_decomposition("cdist_backward")
+@register_decomposition(aten.cdist_backward)
 def cdist_backward(grad_output, x1, x2, p):
     dt, a, b = _two("cdist", x1, x2)
     d = _cdist_diff(a, b)
@@ -431,7 +431,7 @@ def _pairs(x):
     return i, j, aten.sub(aten.index(x, [i]), aten.index(x, [j]))
 
 
-@register_decomposition("pdist")
+@register_decomposition(aten.pdist)
 def pdist(self, p=2.0):
     if self.ndim != 2:
         raise RuntimeError(f"pdist only supports 2D tensors, got: {self.ndim}D")
@@ -440,7 +440,7 @@ def pdist(self, p=2.0):
     return to(_pnorm(d, p, 1), dt)
 
 
-@register_decomposition("pdist_backward")
+@register_decomposition(aten.pdist_backward)
 def pdist_backward(grad, self, p):
     dt = _float_check("pdist", self)
     x = to(self, compute_dtype(dt))

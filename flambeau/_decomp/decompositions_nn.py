@@ -22,36 +22,36 @@ def _float_check(name, *xs):
     return dt
 
 
-def _pointwise(name, ints=False, nin=1):
-    """Register `fn(*upcast tensors, *params)` for op `name`: checks the dtype, computes in the
+def _pointwise(op, ints=False, nin=1):
+    """Register `fn(*upcast tensors, *params)` as the decomposition of `op`: checks the dtype, computes in the
     op-math dtype and casts to the op's result dtype."""
     def wrap_fn(fn):
         def decomposition(*args):
             ins, params = args[:nin], args[nin:]
-            dt = result_type(*ins) if ints else _float_check(name.split(".")[0], *ins)
+            dt = result_type(*ins) if ints else _float_check(op.__name__, *ins)
             if dt.category < D.INTEGER:
-                _float_check(name, *ins)
+                _float_check(op.name, *ins)
             cd = compute_dtype(dt)
             ups = [to(x, cd) if hasattr(x, "dtype") else x for x in ins]
             return to(fn(*ups, *params), dt)
         decomposition.__name__ = fn.__name__
-        register_decomposition(name)(decomposition)
+        register_decomposition(op)(decomposition)
         return fn
     return wrap_fn
 
 
-def _backward(name, ints=False, nin=1):
+def _backward(op, ints=False, nin=1):
     """Like `_pointwise` for `name_backward(grad, *inputs, *params)`: the dtype is the inputs'."""
     def wrap_fn(fn):
         def decomposition(grad, *args):
             ins, params = args[:nin], args[nin:]
-            dt = result_type(*ins) if ints else _float_check(name.split("_backward")[0], *ins)
+            dt = result_type(*ins) if ints else _float_check(op.__name__.split("_backward")[0], *ins)
             cd = compute_dtype(dt)
             ups = [to(x, cd) if hasattr(x, "dtype") else x for x in ins]
             r = fn(to(grad, cd), *ups, *params)
             return to(r, dt) if nin == 1 else tuple(None if g is None else to(g, dt) for g in r)
         decomposition.__name__ = fn.__name__
-        register_decomposition(name)(decomposition)
+        register_decomposition(op)(decomposition)
         return fn
     return wrap_fn
 
@@ -62,43 +62,43 @@ def softplus_stable(x):
 
 
 # ---- activations ---------------------------------------------------------------------------------
-@_pointwise("relu", ints=True)
+@_pointwise(aten.relu, ints=True)
 def relu(x):
     return maximum(x, 0)
 
 
-@_backward("relu_backward", ints=True)
+@_backward(aten.relu_backward, ints=True)
 def relu_backward(g, x):
     return aten.mul(g, aten.gt(x, 0))
 
 
-@_pointwise("threshold", ints=True)
+@_pointwise(aten.threshold, ints=True)
 def threshold(x, th, value):
     return aten.where(aten.gt(x, th), x, value)
 
 
-@_backward("threshold_backward", ints=True)
+@_backward(aten.threshold_backward, ints=True)
 def threshold_backward(g, x, th, value):
     return aten.mul(g, aten.gt(x, th))
 
 
-@_pointwise("leaky_relu")
+@_pointwise(aten.leaky_relu)
 def leaky_relu(x, slope=0.01):
     return aten.where(aten.gt(x, 0), x, aten.mul(x, slope))
 
 
-@_backward("leaky_relu_backward")
+@_backward(aten.leaky_relu_backward)
 def leaky_relu_backward(g, x, slope=0.01):
     return aten.where(aten.gt(x, 0), g, aten.mul(g, slope))
 
 
-@_pointwise("elu")
+@_pointwise(aten.elu)
 def elu(x, alpha=1, scale=1, input_scale=1):
     neg = aten.mul(aten.expm1(aten.mul(minimum(x, 0), input_scale)), alpha)
     return aten.mul(aten.where(aten.gt(x, 0), x, neg), scale)
 
 
-@_backward("elu_backward")
+@_backward(aten.elu_backward)
 def elu_backward(g, x, alpha=1, scale=1, input_scale=1):
     d = aten.mul(aten.exp(aten.mul(minimum(x, 0), input_scale)), alpha * input_scale)
     return aten.mul(aten.mul(g, scale), aten.where(aten.gt(x, 0), 1.0, d))
@@ -112,14 +112,14 @@ def _gelu_tanh_inner(x):
     return aten.mul(aten.add(x, aten.mul(aten.mul(aten.mul(x, x), x), 0.044715)), _K)
 
 
-@_pointwise("gelu")
+@_pointwise(aten.gelu)
 def gelu(x, approximate="none"):
     if approximate == "tanh":
         return aten.mul(aten.mul(x, 0.5), aten.add(aten.tanh(_gelu_tanh_inner(x)), 1))
     return aten.mul(aten.mul(x, 0.5), aten.add(aten.erf(aten.mul(x, _SQRT1_2)), 1))
 
 
-@_backward("gelu_backward")
+@_backward(aten.gelu_backward)
 def gelu_backward(g, x, approximate="none"):
     if approximate == "tanh":
         t = aten.tanh(_gelu_tanh_inner(x))
@@ -132,119 +132,119 @@ def gelu_backward(g, x, approximate="none"):
     return aten.mul(g, aten.add(cdf, aten.mul(x, pdf)))
 
 
-@_pointwise("silu")
+@_pointwise(aten.silu)
 def silu(x):
     return aten.mul(x, aten.sigmoid(x))
 
 
-@_backward("silu_backward")
+@_backward(aten.silu_backward)
 def silu_backward(g, x):
     s = aten.sigmoid(x)
     return aten.mul(aten.mul(g, s), aten.add(aten.mul(x, aten.sub(1, s)), 1))
 
 
-@_pointwise("mish")
+@_pointwise(aten.mish)
 def mish(x):
     return aten.mul(x, aten.tanh(softplus_stable(x)))
 
 
-@_backward("mish_backward")
+@_backward(aten.mish_backward)
 def mish_backward(g, x):
     t = aten.tanh(softplus_stable(x))
     return aten.mul(g, aten.add(t, aten.mul(aten.mul(x, aten.sigmoid(x)), aten.sub(1, aten.mul(t, t)))))
 
 
-@_pointwise("hardtanh")
+@_pointwise(aten.hardtanh)
 def hardtanh(x, min_val=-1, max_val=1):
     return minimum(maximum(x, min_val), max_val)
 
 
-@_backward("hardtanh_backward")
+@_backward(aten.hardtanh_backward)
 def hardtanh_backward(g, x, min_val=-1, max_val=1):
     return aten.mul(g, aten.logical_and(aten.gt(x, min_val), aten.lt(x, max_val)))
 
 
-@_pointwise("hardsigmoid")
+@_pointwise(aten.hardsigmoid)
 def hardsigmoid(x):
     return minimum(maximum(aten.add(aten.div(x, 6), 0.5), 0), 1)
 
 
-@_backward("hardsigmoid_backward")
+@_backward(aten.hardsigmoid_backward)
 def hardsigmoid_backward(g, x):
     return aten.div(aten.mul(g, aten.logical_and(aten.gt(x, -3), aten.lt(x, 3))), 6)
 
 
-@_pointwise("hardswish")
+@_pointwise(aten.hardswish)
 def hardswish(x):
     return aten.div(aten.mul(x, minimum(maximum(aten.add(x, 3), 0), 6)), 6)
 
 
-@_backward("hardswish_backward")
+@_backward(aten.hardswish_backward)
 def hardswish_backward(g, x):
     mid = aten.mul(g, aten.add(aten.div(x, 3), 0.5))
     return aten.where(aten.lt(x, -3), 0.0, aten.where(aten.le(x, 3), mid, g))
 
 
-@_pointwise("softplus")
+@_pointwise(aten.softplus)
 def softplus(x, beta=1, threshold=20):
     bx = aten.mul(x, beta)
     return aten.where(aten.gt(bx, threshold), x, aten.div(softplus_stable(bx), beta))
 
 
-@_backward("softplus_backward")
+@_backward(aten.softplus_backward)
 def softplus_backward(g, x, beta=1, threshold=20):
     bx = aten.mul(x, beta)
     return aten.where(aten.gt(bx, threshold), g, aten.mul(g, aten.sigmoid(bx)))
 
 
-@_pointwise("softshrink")
+@_pointwise(aten.softshrink)
 def softshrink(x, lambd=0.5):
     return aten.where(aten.gt(x, lambd), aten.sub(x, lambd),
                       aten.where(aten.lt(x, -lambd), aten.add(x, lambd), 0.0))
 
 
-@_backward("softshrink_backward")
+@_backward(aten.softshrink_backward)
 def softshrink_backward(g, x, lambd=0.5):
     return aten.mul(g, aten.gt(aten.abs(x), lambd))
 
 
-@_pointwise("hardshrink")
+@_pointwise(aten.hardshrink)
 def hardshrink(x, lambd=0.5):
     return aten.where(aten.gt(aten.abs(x), lambd), x, 0.0)
 
 
-@_backward("hardshrink_backward")
+@_backward(aten.hardshrink_backward)
 def hardshrink_backward(g, x, lambd=0.5):
     return aten.mul(g, aten.gt(aten.abs(x), lambd))
 
 
-@_pointwise("log_sigmoid")
+@_pointwise(aten.log_sigmoid)
 def log_sigmoid(x):
     return aten.neg(softplus_stable(aten.neg(x)))
 
 
-@_backward("log_sigmoid_backward")
+@_backward(aten.log_sigmoid_backward)
 def log_sigmoid_backward(g, x):
     return aten.mul(g, aten.sigmoid(aten.neg(x)))
 
 
-@_pointwise("softsign")
+@_pointwise(aten.softsign)
 def softsign(x):
     return aten.div(x, aten.add(aten.abs(x), 1))
 
 
-@_backward("softsign_backward")
+@_backward(aten.softsign_backward)
 def softsign_backward(g, x):
     d = aten.add(aten.abs(x), 1)
     return aten.div(g, aten.mul(d, d))
 
 
-@_pointwise("tanhshrink")
+@_pointwise(aten.tanhshrink)
 def tanhshrink(x):
     return aten.sub(x, aten.tanh(x))
 
 
-@_backward("tanhshrink_backward")
+@_backward(aten.tanhshrink_backward)
 def tanhshrink_backward(g, x):
     t = aten.tanh(x)
     return aten.mul(g, aten.mul(t, t))
@@ -260,14 +260,14 @@ def _halves(x, dim):
     return d, aten.slice(x, d, 0, n // 2), aten.slice(x, d, n // 2, n)
 
 
-@register_decomposition("glu")
+@register_decomposition(aten.glu)
 def glu(self, dim=-1):
     dt = _float_check("glu", self)
     d, a, b = _halves(upcast(self), dim)
     return to(aten.mul(a, aten.sigmoid(b)), dt)
 
 
-@register_decomposition("glu_backward")
+@register_decomposition(aten.glu_backward)
 def glu_backward(grad_output, self, dim):
     dt = _float_check("glu", self)
     d, a, b = _halves(upcast(self), dim)
@@ -285,7 +285,7 @@ def _prelu_w(x, w):
     return reshape(w, (-1,) + (1,) * (x.ndim - 2))
 
 
-@register_decomposition("prelu")
+@register_decomposition(aten.prelu)
 def prelu(self, weight):
     dt = _float_check("prelu", self, weight)
     x, w = to(self, compute_dtype(dt)), to(weight, compute_dtype(dt))
@@ -295,7 +295,7 @@ def prelu(self, weight):
     return to(aten.where(aten.gt(x, 0), x, aten.mul(wb, x)), dt)
 
 
-@register_decomposition("_prelu_kernel_backward")
+@register_decomposition(aten._prelu_kernel_backward)
 def prelu_backward(grad_output, self, weight):
     dt = _float_check("prelu", self, weight)
     cd = compute_dtype(dt)
@@ -313,7 +313,7 @@ def prelu_backward(grad_output, self, weight):
     return to(gx, dt), to(gw, weight.dtype)
 
 
-@register_decomposition("rrelu_with_noise_functional")
+@register_decomposition(aten.rrelu_with_noise_functional)
 def rrelu_with_noise(self, lower, upper):
     dt = _float_check("rrelu", self)
     x = upcast(self)
@@ -352,7 +352,7 @@ def _ln_axes(input, normalized_shape, weight, bias):
     return _ln_check(tuple(input.shape), normalized_shape, weight, bias)
 
 
-@register_decomposition("native_layer_norm")
+@register_decomposition(aten.native_layer_norm)
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
     axes = _ln_axes(input, normalized_shape, weight, bias)
     dt = _float_check("LayerNorm", input)
@@ -366,7 +366,7 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     return to(y, dt), to(mean, dt), to(rstd, dt)
 
 
-@register_decomposition("native_layer_norm_backward")
+@register_decomposition(aten.native_layer_norm_backward)
 def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias):
     axes = _ln_axes(input, normalized_shape, weight, bias)
     dt = _float_check("LayerNorm", input)
@@ -385,7 +385,7 @@ def _rms_eps(eps, dt):
     return float(_finfo(dt).eps) if eps is None else eps
 
 
-@register_decomposition("_fused_rms_norm")
+@register_decomposition(aten._fused_rms_norm)
 def fused_rms_norm(input, normalized_shape, weight, eps):
     axes = _ln_axes(input, normalized_shape, weight, None)
     dt = _float_check("rms_norm", input)
@@ -397,7 +397,7 @@ def fused_rms_norm(input, normalized_shape, weight, eps):
     return to(y, dt), rstd
 
 
-@register_decomposition("_fused_rms_norm_backward")
+@register_decomposition(aten._fused_rms_norm_backward)
 def fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight):
     axes = _ln_axes(input, normalized_shape, weight, None)
     dt = _float_check("rms_norm", input)
@@ -415,7 +415,7 @@ def _channel(t, ndim):
     return None if t is None else reshape(t, (1, -1) + (1,) * (ndim - 2))
 
 
-@register_decomposition("native_batch_norm")
+@register_decomposition(aten.native_batch_norm)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     from .._ops.norm_loss import _bn_check
     _bn_check(input, weight, bias, running_mean, running_var)
@@ -446,7 +446,7 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     return to(y, dt), reshape(mean, (-1,)), reshape(rstd, (-1,))
 
 
-@register_decomposition("native_batch_norm_backward")
+@register_decomposition(aten.native_batch_norm_backward)
 def native_batch_norm_backward(grad_out, input, weight, save_mean, save_invstd, train, bias):
     dt = _float_check("batch_norm", input)
     cd = compute_dtype(dt)
@@ -464,7 +464,7 @@ def native_batch_norm_backward(grad_out, input, weight, save_mean, save_invstd, 
     return to(gx, dt), gw, gb
 
 
-@register_decomposition("native_group_norm")
+@register_decomposition(aten.native_group_norm)
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     from .._ops.norm_loss import _gn_check
     _gn_check(input, group, weight, bias)
@@ -481,7 +481,7 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
             to(reshape(rstd, (N, group)), dt))
 
 
-@register_decomposition("native_group_norm_backward")
+@register_decomposition(aten.native_group_norm_backward)
 def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, bias):
     dt = _float_check("group_norm", input)
     cd = compute_dtype(dt)
@@ -497,7 +497,7 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
 
 
 # ---- dropout ---------------------------------------------------------------------------------------
-@register_decomposition("native_dropout")
+@register_decomposition(aten.native_dropout)
 def native_dropout(input, p, train):
     shape = tuple(input.shape)
     if train is False:
@@ -545,14 +545,14 @@ def _matmul(a, b):
     return r
 
 
-register_decomposition("matmul")(_matmul)
+register_decomposition(aten.matmul)(_matmul)
 
 
 def _t(w):
     return aten.permute(w, [1, 0]) if w.ndim == 2 else w
 
 
-@register_decomposition("linear")
+@register_decomposition(aten.linear)
 def linear(input, weight, bias=None):
     r = _matmul(input, _t(weight))
     if r is NotImplemented or bias is None:
@@ -575,29 +575,29 @@ def _scaled_sum_any(self, prod, beta, alpha):
     return aten.add(prod, self if beta == 1 else aten.mul(self, beta))
 
 
-@register_decomposition("addmm")
+@register_decomposition(aten.addmm)
 def addmm(self, mat1, mat2, beta=1, alpha=1):
     return _scaled_sum(self, aten.mm(mat1, mat2), beta, alpha)
 
 
-@register_decomposition("baddbmm")
+@register_decomposition(aten.baddbmm)
 def baddbmm(self, batch1, batch2, beta=1, alpha=1):
     return _scaled_sum(self, aten.bmm(batch1, batch2), beta, alpha)
 
 
-@register_decomposition("addbmm")
+@register_decomposition(aten.addbmm)
 def addbmm(self, batch1, batch2, beta=1, alpha=1):
     return _scaled_sum(self, aten.sum(aten.bmm(batch1, batch2), [0]), beta, alpha)
 
 
-@register_decomposition("addmv")
+@register_decomposition(aten.addmv)
 def addmv(self, mat, vec, beta=1, alpha=1):
     if mat.ndim != 2 or vec.ndim != 1:
         return NotImplemented
     return _scaled_sum(self, _matmul(mat, vec), beta, alpha)
 
 
-@register_decomposition("addr")
+@register_decomposition(aten.addr)
 def addr(self, vec1, vec2, beta=1, alpha=1):
     if vec1.ndim != 1 or vec2.ndim != 1:
         return NotImplemented
@@ -607,21 +607,21 @@ def addr(self, vec1, vec2, beta=1, alpha=1):
     return _scaled_sum(self, outer, beta, alpha)
 
 
-@register_decomposition("mv")
+@register_decomposition(aten.mv)
 def mv(self, vec):
     if self.ndim != 2 or vec.ndim != 1:
         return NotImplemented
     return _matmul(self, vec)
 
 
-@register_decomposition("dot")
+@register_decomposition(aten.dot)
 def dot(self, tensor):
     if self.ndim != 1 or tensor.ndim != 1 or self.dtype is not tensor.dtype or self.dtype.is_complex:
         return NotImplemented
     return aten.sum(aten.mul(self, tensor))
 
 
-@register_decomposition("vdot")
+@register_decomposition(aten.vdot)
 def vdot(self, other):
     return dot(self, other)
 

@@ -39,9 +39,9 @@ def _inplace_decomposition(op):
     return decomposition
 
 
-for _name, _op in list(OPS.items()):
-    if _op.is_inplace and _op.functional is not None and _name != "copy_":
-        register_decomposition(_name)(_inplace_decomposition(_op))
+for _op in list(OPS.values()):
+    if _op.is_inplace and _op.functional is not None and _op is not aten.copy_:
+        register_decomposition(_op)(_inplace_decomposition(_op))
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -72,44 +72,44 @@ def _finfo(dt):
 
 
 # ---- arithmetic ------------------------------------------------------------------------------
-@register_decomposition("rsub.Tensor")
+@register_decomposition(aten.rsub.Tensor)
 def rsub(self, other, alpha=1):
     return aten.sub(other, self, alpha=alpha)
 
 
-@register_decomposition("reciprocal")
+@register_decomposition(aten.reciprocal)
 def reciprocal(self):
     return aten.div(1, self) if self.dtype.category >= D.FLOATING else aten.div(1.0, self)
 
 
-@register_decomposition("floor_divide")
+@register_decomposition(aten.floor_divide)
 def floor_divide(self, other):
     return aten.div_mode(self, other, rounding_mode="floor")
 
 
-@register_decomposition("_div_trunc")
+@register_decomposition(aten._div_trunc)
 def div_trunc(self, other):
     return aten.div_mode(self, other, rounding_mode="trunc")
 
 
-@register_decomposition("frac")
+@register_decomposition(aten.frac)
 def frac(self):
     return aten.sub(self, aten.trunc(self))
 
 
-@register_decomposition("addcmul")
+@register_decomposition(aten.addcmul)
 def addcmul(self, tensor1, tensor2, value=1):
     if result_type(self, tensor1, tensor2).category < D.FLOATING:
         value = int(value)
     return to(aten.add(self, aten.mul(aten.mul(tensor1, tensor2), value)), result_type(self, tensor1, tensor2))
 
 
-@register_decomposition("addcdiv")
+@register_decomposition(aten.addcdiv)
 def addcdiv(self, tensor1, tensor2, value=1):
     return to(aten.add(self, aten.mul(aten.div(tensor1, tensor2), value)), result_type(self, tensor1, tensor2))
 
 
-@register_decomposition("lerp.Tensor")
+@register_decomposition(aten.lerp.Tensor)
 def lerp(self, end, weight):
     weight = _tensor(weight, self)
     diff = aten.sub(end, self)
@@ -118,7 +118,7 @@ def lerp(self, end, weight):
     return aten.where(aten.lt(aten.abs(weight), 0.5), low, high)
 
 
-@register_decomposition("clamp.Tensor")
+@register_decomposition(aten.clamp)
 def clamp(self, min=None, max=None):
     if min is None and max is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
@@ -131,19 +131,19 @@ def clamp(self, min=None, max=None):
     return to(r, dt)
 
 
-@register_decomposition("fmax")
+@register_decomposition(aten.fmax)
 def fmax(self, other):
     m = maximum(self, other)
     return aten.where(aten.isnan(other), aten.where(aten.isnan(self), m, self), aten.where(aten.isnan(self), other, m))
 
 
-@register_decomposition("fmin")
+@register_decomposition(aten.fmin)
 def fmin(self, other):
     m = minimum(self, other)
     return aten.where(aten.isnan(other), aten.where(aten.isnan(self), m, self), aten.where(aten.isnan(self), other, m))
 
 
-@register_decomposition("round.decimals")
+@register_decomposition(aten.round.decimals)
 def round_decimals(self, decimals):
     if decimals == 0:
         return aten.round(self)
@@ -154,29 +154,29 @@ def round_decimals(self, decimals):
 
 
 # ---- exp / log families ------------------------------------------------------------------------
-@register_decomposition("exp2")
+@register_decomposition(aten.exp2)
 def exp2(self):
     return aten.pow(2.0, to(self, _float_dtype(self)))
 
 
-@register_decomposition("log2")
+@register_decomposition(aten.log2)
 def log2(self):
     return aten.mul(aten.log(self), 1 / math.log(2))
 
 
-@register_decomposition("log10")
+@register_decomposition(aten.log10)
 def log10(self):
     return aten.mul(aten.log(self), 1 / math.log(10))
 
 
-@register_decomposition("xlogy.Tensor")
+@register_decomposition(aten.xlogy.Tensor)
 def xlogy(self, other):
     x, y = _as(_float_dtype(self, other), self, other)
     r = aten.where(aten.eq(x, 0), 0.0, aten.mul(x, aten.log(y)))
     return aten.where(aten.isnan(y), y, r)
 
 
-@register_decomposition("logaddexp")
+@register_decomposition(aten.logaddexp)
 def logaddexp(self, other):
     a, b = _as(_float_dtype(self, other), self, other)
     m = maximum(a, b)
@@ -184,7 +184,7 @@ def logaddexp(self, other):
     return aten.where(aten.logical_and(aten.isinf(m), aten.eq(a, b)), a, r)
 
 
-@register_decomposition("logaddexp2")
+@register_decomposition(aten.logaddexp2)
 def logaddexp2(self, other):
     a, b = _as(_float_dtype(self, other), self, other)
     m = maximum(a, b)
@@ -192,7 +192,7 @@ def logaddexp2(self, other):
     return aten.where(aten.logical_and(aten.isinf(m), aten.eq(a, b)), a, r)
 
 
-@register_decomposition("logit")
+@register_decomposition(aten.logit)
 def logit(self, eps=None):
     x = to(self, _float_dtype(self))
     if eps is not None:
@@ -200,7 +200,7 @@ def logit(self, eps=None):
     return aten.log(aten.div(x, aten.sub(1, x)))
 
 
-@register_decomposition("float_power.Tensor_Tensor")
+@register_decomposition(aten.float_power.Tensor_Tensor)
 def float_power(self, exponent):
     cplx = any(getattr(x, "dtype", None) is not None and x.dtype.is_complex or isinstance(x, complex)
                for x in (self, exponent))
@@ -209,35 +209,35 @@ def float_power(self, exponent):
 
 
 # ---- trigonometric helpers ---------------------------------------------------------------------
-@register_decomposition("deg2rad")
+@register_decomposition(aten.deg2rad)
 def deg2rad(self):
     return aten.mul(to(self, _float_dtype(self)), math.pi / 180)
 
 
-@register_decomposition("rad2deg")
+@register_decomposition(aten.rad2deg)
 def rad2deg(self):
     return aten.mul(to(self, _float_dtype(self)), 180 / math.pi)
 
 
-@register_decomposition("sinc")
+@register_decomposition(aten.sinc)
 def sinc(self):
     x = to(self, _float_dtype(self))
     px = aten.mul(x, math.pi)
     return aten.where(aten.eq(x, 0), 1.0, aten.div(aten.sin(px), px))
 
 
-@register_decomposition("hypot")
+@register_decomposition(aten.hypot)
 def hypot(self, other):
     return aten.sqrt(aten.add(aten.mul(self, self), aten.mul(other, other)))
 
 
-@register_decomposition("ldexp.Tensor")
+@register_decomposition(aten.ldexp.Tensor)
 def ldexp(self, other):
     a, b = _as(_float_dtype(self, other), self, other)
     return aten.mul(a, aten.pow(2.0, b))
 
 
-@register_decomposition("angle")
+@register_decomposition(aten.angle)
 def angle(self):
     if self.dtype.is_complex:
         return NotImplemented
@@ -246,21 +246,21 @@ def angle(self):
 
 
 # ---- sign-like ---------------------------------------------------------------------------------
-@register_decomposition("sgn")
+@register_decomposition(aten.sgn)
 def sgn(self):
     if self.dtype.is_complex:
         return NotImplemented
     return aten.sign(self)
 
 
-@register_decomposition("copysign.Tensor")
+@register_decomposition(aten.copysign.Tensor)
 def copysign(self, other):
     a, b = _as(_float_dtype(self, other), self, other)
     r = aten.abs(a)
     return aten.where(aten.signbit(b), aten.neg(r), r)
 
 
-@register_decomposition("heaviside")
+@register_decomposition(aten.heaviside)
 def heaviside(self, values):
     dt = result_type(self, values)
     return to(aten.where(aten.eq(self, 0), values, aten.gt(self, 0)), dt)
@@ -271,36 +271,36 @@ def _false(self):
     return full(self.shape, False, self, D.bool)
 
 
-@register_decomposition("isnan")
+@register_decomposition(aten.isnan)
 def isnan(self):
     return aten.ne(self, self)
 
 
-@register_decomposition("isinf")
+@register_decomposition(aten.isinf)
 def isinf(self):
     if self.dtype.category < D.FLOATING:
         return _false(self)
     return aten.eq(aten.abs(self), math.inf)
 
 
-@register_decomposition("isposinf")
+@register_decomposition(aten.isposinf)
 def isposinf(self):
     return _false(self) if self.dtype.category < D.FLOATING else aten.eq(self, math.inf)
 
 
-@register_decomposition("isneginf")
+@register_decomposition(aten.isneginf)
 def isneginf(self):
     return _false(self) if self.dtype.category < D.FLOATING else aten.eq(self, -math.inf)
 
 
-@register_decomposition("isfinite")
+@register_decomposition(aten.isfinite)
 def isfinite(self):
     if self.dtype.category < D.FLOATING:
         return full(self.shape, True, self, D.bool)
     return aten.eq(aten.sub(self, self), 0)
 
 
-@register_decomposition("isclose")
+@register_decomposition(aten.isclose)
 def isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     if self.dtype is not other.dtype:
         raise RuntimeError(f"{self.dtype} did not match {other.dtype}")
@@ -318,12 +318,12 @@ def isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     return aten.logical_or(eq, close)
 
 
-@register_decomposition("logical_xor")
+@register_decomposition(aten.logical_xor)
 def logical_xor(self, other):
     return aten.ne(aten.ne(self, 0), aten.ne(other, 0))
 
 
-@register_decomposition("nan_to_num")
+@register_decomposition(aten.nan_to_num)
 def nan_to_num(self, nan=0.0, posinf=None, neginf=None):
     if self.dtype.category < D.FLOATING:
         return aten.clone(self)

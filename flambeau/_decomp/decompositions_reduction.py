@@ -30,21 +30,21 @@ def _shifted(x, d):
     return aten.sub(x, aten.amax(x, d, True))
 
 
-@register_decomposition("softmax.int")
+@register_decomposition(aten.softmax)
 def softmax(self, dim, dtype=None):
     orig, x, d = _softmax_input(self, dim, dtype)
     e = aten.exp(_shifted(x, d))
     return to(aten.div(e, aten.sum(e, d, True)), orig.dtype)
 
 
-@register_decomposition("log_softmax.int")
+@register_decomposition(aten.log_softmax)
 def log_softmax(self, dim, dtype=None):
     orig, x, d = _softmax_input(self, dim, dtype)
     s = _shifted(x, d)
     return to(aten.sub(s, aten.log(aten.sum(aten.exp(s), d, True))), orig.dtype)
 
 
-@register_decomposition("logsumexp")
+@register_decomposition(aten.logsumexp)
 def logsumexp(self, dim, keepdim=False):
     dt = self.dtype if self.dtype.category >= D.FLOATING else _state.default_dtype
     x = to(self, compute_dtype(dt))
@@ -59,7 +59,7 @@ def logsumexp(self, dim, keepdim=False):
     return to(r, dt)
 
 
-@register_decomposition("mean.dim")
+@register_decomposition(aten.mean.dim)
 def mean(self, dim=None, keepdim=False, dtype=None):
     dt = dtype or self.dtype
     if dt.category < D.FLOATING:
@@ -86,35 +86,35 @@ def _var_mean(self, dim, correction, keepdim):
     return to(var, dt), to(m, dt)
 
 
-@register_decomposition("var.correction")
+@register_decomposition(aten.var.correction)
 def var(self, dim=None, correction=None, keepdim=False):
     r = _var_mean(self, dim, correction, keepdim)
     return r if r is NotImplemented else r[0]
 
 
-@register_decomposition("std.correction")
+@register_decomposition(aten.std.correction)
 def std(self, dim=None, correction=None, keepdim=False):
     r = _var_mean(self, dim, correction, keepdim)
     return r if r is NotImplemented else aten.sqrt(r[0])
 
 
-@register_decomposition("var_mean.correction")
+@register_decomposition(aten.var_mean.correction)
 def var_mean(self, dim=None, correction=None, keepdim=False):
     return _var_mean(self, dim, correction, keepdim)
 
 
-@register_decomposition("std_mean.correction")
+@register_decomposition(aten.std_mean.correction)
 def std_mean(self, dim=None, correction=None, keepdim=False):
     r = _var_mean(self, dim, correction, keepdim)
     return r if r is NotImplemented else (aten.sqrt(r[0]), r[1])
 
 
-@register_decomposition("max")
+@register_decomposition(aten.max)
 def max_(self):
     return aten.amax(self)
 
 
-@register_decomposition("min")
+@register_decomposition(aten.min)
 def min_(self):
     return aten.amin(self)
 
@@ -123,17 +123,17 @@ def _no_bool(x):
     return to(x, D.uint8) if x.dtype is D.bool else x
 
 
-@register_decomposition("max.dim")
+@register_decomposition(aten.max.dim)
 def max_dim(self, dim, keepdim=False):
     return aten.amax(self, [dim], keepdim), aten.argmax(_no_bool(self), dim, keepdim)
 
 
-@register_decomposition("min.dim")
+@register_decomposition(aten.min.dim)
 def min_dim(self, dim, keepdim=False):
     return aten.amin(self, [dim], keepdim), aten.argmin(_no_bool(self), dim, keepdim)
 
 
-@register_decomposition("aminmax")
+@register_decomposition(aten.aminmax)
 def aminmax(self, dim=None, keepdim=False):
     if dim is None:
         if keepdim:
@@ -146,14 +146,14 @@ def _zero_nans(x):
     return aten.where(aten.isnan(x), 0, x) if x.dtype.category >= D.FLOATING else x
 
 
-@register_decomposition("nansum")
+@register_decomposition(aten.nansum)
 def nansum(self, dim=None, keepdim=False, dtype=None):
     if self.dtype.is_complex:
         return NotImplemented
     return aten.sum(_zero_nans(self), dim, keepdim, dtype=dtype)
 
 
-@register_decomposition("nanmean")
+@register_decomposition(aten.nanmean)
 def nanmean(self, dim=None, keepdim=False, dtype=None):
     if self.dtype.category != D.FLOATING:
         return NotImplemented
@@ -161,13 +161,13 @@ def nanmean(self, dim=None, keepdim=False, dtype=None):
     return aten.div(nansum(self, dim, keepdim, dtype), count)
 
 
-@register_decomposition("count_nonzero.dim_IntList")
+@register_decomposition(aten.count_nonzero.dim_IntList)
 def count_nonzero(self, dim=None):
     return aten.sum(aten.ne(self, 0), dim)
 
 
 # ---- norms -------------------------------------------------------------------------------------
-@register_decomposition("linalg_vector_norm")
+@register_decomposition(aten.linalg_vector_norm)
 def vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None):
     x = to(self, dtype) if dtype is not None else self
     if x.dtype.category != D.FLOATING:
@@ -190,7 +190,7 @@ def vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None):
     return to(r, x.dtype)
 
 
-@register_decomposition("norm.ScalarOpt_dim_dtype")
+@register_decomposition(aten.norm.ScalarOpt_dim_dtype)
 def norm(self, p=2, dim=(), keepdim=False, dtype=None):
     return vector_norm(self, 2 if p is None else p, dim, keepdim, dtype)
 

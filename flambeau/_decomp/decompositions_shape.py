@@ -13,12 +13,12 @@ from ._table import aten, register_decomposition, maximum, to, compute_dtype, fu
 
 
 # ---- views ---------------------------------------------------------------------------------------
-@register_decomposition("alias")
+@register_decomposition(aten.alias)
 def alias(self):
     return aten.view(self, tuple(self.shape))
 
 
-@register_decomposition("transpose.int")
+@register_decomposition(aten.transpose.int)
 def transpose(self, dim0, dim1):
     n = self.ndim
     if n == 0:
@@ -29,7 +29,7 @@ def transpose(self, dim0, dim1):
     return aten.permute(self, perm)
 
 
-@register_decomposition("diagonal")
+@register_decomposition(aten.diagonal)
 def diagonal(self, offset=0, dim1=0, dim2=1):
     n = self.ndim
     if n < 2:
@@ -50,7 +50,7 @@ def diagonal(self, offset=0, dim1=0, dim2=1):
     return aten.as_strided(self, new_shape, new_strides, self.storage_offset() + (start if size else 0))
 
 
-@register_decomposition("unfold")
+@register_decomposition(aten.unfold)
 def unfold(self, dimension, size, step):
     if self.ndim == 0:
         return NotImplemented
@@ -65,7 +65,7 @@ def unfold(self, dimension, size, step):
     return aten.as_strided(self, shape + [size], strides + [st], self.storage_offset())
 
 
-@register_decomposition("split_with_sizes")
+@register_decomposition(aten.split_with_sizes)
 def split_with_sizes(self, split_sizes, dim=0):
     d = wrap(dim, self.ndim)
     if sum(split_sizes) != self.shape[d]:
@@ -77,7 +77,7 @@ def split_with_sizes(self, split_sizes, dim=0):
     return out
 
 
-@register_decomposition("unbind.int")
+@register_decomposition(aten.unbind.int)
 def unbind(self, dim=0):
     d = wrap(dim, self.ndim)
     return tuple(aten.select(self, d, i) for i in range(self.shape[d]))
@@ -93,7 +93,7 @@ def _arange(n, like, dtype=D.int64):
     return aten.arange(0, n, 1, dtype=dtype, device=like.device)
 
 
-@register_decomposition("flip")
+@register_decomposition(aten.flip)
 def flip(self, dims):
     dims = (dims,) if isinstance(dims, int) else dims       # x.flip(0): int[] given as one int
     out = self
@@ -103,7 +103,7 @@ def flip(self, dims):
     return aten.clone(out) if out is self else out
 
 
-@register_decomposition("roll")
+@register_decomposition(aten.roll)
 def roll(self, shifts, dims=()):
     shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
     dims = (dims,) if isinstance(dims, int) else tuple(dims)
@@ -134,17 +134,17 @@ def _triangle(self, diagonal, lower):
     return aten.where(keep, self, scalar_tensor(0, self))
 
 
-@register_decomposition("tril")
+@register_decomposition(aten.tril)
 def tril(self, diagonal=0):
     return _triangle(self, diagonal, True)
 
 
-@register_decomposition("triu")
+@register_decomposition(aten.triu)
 def triu(self, diagonal=0):
     return _triangle(self, diagonal, False)
 
 
-@register_decomposition("repeat")
+@register_decomposition(aten.repeat)
 def repeat(self, repeats):
     repeats = tuple(repeats)
     if len(repeats) < self.ndim:
@@ -159,7 +159,7 @@ def repeat(self, repeats):
     return reshape(aten.clone(x), tuple(final))
 
 
-@register_decomposition("constant_pad_nd")
+@register_decomposition(aten.constant_pad_nd)
 def constant_pad_nd(self, pad, value=0):
     pad = tuple(pad)
     if len(pad) % 2 or len(pad) // 2 > self.ndim:
@@ -180,7 +180,7 @@ def constant_pad_nd(self, pad, value=0):
     return aten.clone(out) if out is self else out
 
 
-@register_decomposition("diag_embed")
+@register_decomposition(aten.diag_embed)
 def diag_embed(self, offset=0, dim1=-2, dim2=-1):
     nd = self.ndim + 1
     d1, d2 = wrap(dim1, nd), wrap(dim2, nd)
@@ -194,19 +194,19 @@ def diag_embed(self, offset=0, dim1=-2, dim2=-1):
     return aten.diagonal_scatter(full(shape, 0, self), self, offset, d1, d2)
 
 
-@register_decomposition("masked_fill.Scalar")
+@register_decomposition(aten.masked_fill.Scalar)
 def masked_fill(self, mask, value):
     return aten.where(mask, scalar_tensor(value, self), self)
 
 
-@register_decomposition("masked_fill.Tensor")
+@register_decomposition(aten.masked_fill.Tensor)
 def masked_fill_tensor(self, mask, value):
     if value.ndim != 0:
         return NotImplemented
     return aten.where(mask, to(value, self.dtype), self)
 
 
-@register_decomposition("masked_scatter")
+@register_decomposition(aten.masked_scatter)
 def masked_scatter(self, mask, source):
     shape = tuple(self.shape)
     if source.numel() == 0:
@@ -223,13 +223,13 @@ def _dim_index(self, dim, index):
     return wrap(dim, self.ndim), reshape(index, (-1,))
 
 
-@register_decomposition("index_select")
+@register_decomposition(aten.index_select)
 def index_select(self, dim, index):
     d, idx = _dim_index(self, dim, index)
     return NotImplemented if d is None else _along(self, d, idx)
 
 
-@register_decomposition("index_add")
+@register_decomposition(aten.index_add)
 def index_add(self, dim, index, source, alpha=1):
     d, idx = _dim_index(self, dim, index)
     if d is None or source.ndim != self.ndim:
@@ -238,7 +238,7 @@ def index_add(self, dim, index, source, alpha=1):
     return aten.index_put(self, [None] * d + [idx], to(src, self.dtype), True)
 
 
-@register_decomposition("index_copy")
+@register_decomposition(aten.index_copy)
 def index_copy(self, dim, index, source):
     d, idx = _dim_index(self, dim, index)
     if d is None or source.ndim != self.ndim:
@@ -246,7 +246,7 @@ def index_copy(self, dim, index, source):
     return aten.index_put(self, [None] * d + [idx], source, False)
 
 
-@register_decomposition("index_fill.int_Scalar", "index_fill.int_Tensor")
+@register_decomposition(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 def index_fill(self, dim, index, value):
     d, idx = _dim_index(self, dim, index)
     if d is None:
@@ -255,19 +255,19 @@ def index_fill(self, dim, index, value):
     return aten.index_put(self, [None] * d + [idx], v, False)
 
 
-@register_decomposition("take")
+@register_decomposition(aten.take)
 def take(self, index):
     return aten.index(reshape(self, (-1,)), [index])
 
 
-@register_decomposition("put")
+@register_decomposition(aten.put)
 def put(self, index, source, accumulate=False):
     flat = reshape(self, (-1,))
     r = aten.index_put(flat, [reshape(index, (-1,))], reshape(source, (-1,)), accumulate)
     return aten.view(r, tuple(self.shape))
 
 
-@register_decomposition("scatter.value")
+@register_decomposition(aten.scatter.value)
 def scatter_value(self, dim, index, value):
     return aten.scatter(self, dim, index, full(index.shape, value, self))
 
@@ -275,31 +275,31 @@ def scatter_value(self, dim, index, value):
 _REDUCE = {"add": "sum", "multiply": "prod"}
 
 
-@register_decomposition("scatter.reduce")
+@register_decomposition(aten.scatter.reduce)
 def scatter_reduce_src(self, dim, index, src, reduce):
     if reduce not in _REDUCE:
         return NotImplemented
     return aten.scatter_reduce(self, dim, index, src, _REDUCE[reduce], include_self=True)
 
 
-@register_decomposition("scatter.value_reduce")
+@register_decomposition(aten.scatter.value_reduce)
 def scatter_value_reduce(self, dim, index, value, reduce):
     return scatter_reduce_src(self, dim, index, full(index.shape, value, self), reduce)
 
 
-@register_decomposition("fill.Scalar")
+@register_decomposition(aten.fill.Scalar)
 def fill(self, value):
     return full(self.shape, value, self)
 
 
-@register_decomposition("fill.Tensor")
+@register_decomposition(aten.fill.Tensor)
 def fill_tensor(self, value):
     if value.ndim != 0:
         return NotImplemented
     return aten.clone(aten.expand(to(value, self.dtype), tuple(self.shape)))
 
 
-@register_decomposition("embedding")
+@register_decomposition(aten.embedding)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     if weight.ndim != 2:
         return NotImplemented
@@ -309,7 +309,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return aten.index(weight, [indices])
 
 
-@register_decomposition("embedding_dense_backward")
+@register_decomposition(aten.embedding_dense_backward)
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     dim = grad_output.shape[-1]
     idx = to(reshape(indices, (-1,)), D.int64)
@@ -324,21 +324,21 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
     return to(r, grad_output.dtype)
 
 
-@register_decomposition("one_hot")
+@register_decomposition(aten.one_hot)
 def one_hot(self, num_classes=-1):
     if num_classes < 0 or self.dtype is not D.int64:
         return NotImplemented
     return to(aten.eq(aten.unsqueeze(self, -1), _arange(num_classes, self)), D.int64)
 
 
-@register_decomposition("eye.m")
+@register_decomposition(aten.eye.m)
 def eye(n, m, dtype=None, device=None):
     rows = aten.arange(0, n, 1, dtype=D.int64, device=device)
     cols = aten.arange(0, m, 1, dtype=D.int64, device=device)
     return to(aten.eq(aten.unsqueeze(rows, 1), aten.unsqueeze(cols, 0)), dtype or _state.default_dtype)
 
 
-@register_decomposition("linalg_cross")
+@register_decomposition(aten.linalg_cross)
 def linalg_cross(self, other, dim=-1):
     from .._ops._helpers import broadcast_shapes
     if self.ndim != other.ndim:
@@ -361,22 +361,22 @@ def _uniform(self):
     return aten.rand(tuple(self.shape), dtype=dt, device=self.device)
 
 
-@register_decomposition("bernoulli")
+@register_decomposition(aten.bernoulli)
 def bernoulli(self, generator=None):
     return to(aten.lt(_uniform(self), self), self.dtype)
 
 
-@register_decomposition("bernoulli.p")
+@register_decomposition(aten.bernoulli.p)
 def bernoulli_p(self, p, generator=None):
     return to(aten.lt(_uniform(self), p), self.dtype)
 
 
-@register_decomposition("bernoulli.Tensor")
+@register_decomposition(aten.bernoulli.Tensor)
 def bernoulli_tensor(self, p, generator=None):
     return to(aten.lt(_uniform(self), p), self.dtype)
 
 
-@register_decomposition("uniform")
+@register_decomposition(aten.uniform)
 def uniform(self, from_=0, to_=1, generator=None):
     return to(aten.add(aten.mul(_uniform(self), to_ - from_), from_), self.dtype)
 
@@ -385,12 +385,12 @@ def _normal_like(self):
     return aten.randn(tuple(self.shape), dtype=compute_dtype(self.dtype), device=self.device)
 
 
-@register_decomposition("normal.self")
+@register_decomposition(aten.normal.self)
 def normal_self(self, mean=0, std=1, generator=None):
     return to(aten.add(aten.mul(_normal_like(self), std), mean), self.dtype)
 
 
-@register_decomposition("normal.Tensor_Tensor")
+@register_decomposition(aten.normal.Tensor_Tensor)
 def normal_tensor(mean, std, generator=None):
     from .._ops._helpers import broadcast_shapes
     shape = broadcast_shapes(tuple(mean.shape), tuple(std.shape))
@@ -398,29 +398,29 @@ def normal_tensor(mean, std, generator=None):
     return to(aten.add(aten.mul(z, std), mean), mean.dtype)
 
 
-@register_decomposition("log_normal")
+@register_decomposition(aten.log_normal)
 def log_normal(self, mean=1, std=2, generator=None):
     return to(aten.exp(aten.add(aten.mul(_normal_like(self), std), mean)), self.dtype)
 
 
-@register_decomposition("exponential")
+@register_decomposition(aten.exponential)
 def exponential(self, lambd=1, generator=None):
     return to(aten.div(aten.neg(aten.log1p(aten.neg(_uniform(self)))), lambd), self.dtype)
 
 
-@register_decomposition("cauchy")
+@register_decomposition(aten.cauchy)
 def cauchy(self, median=0, sigma=1, generator=None):
     t = aten.tan(aten.mul(aten.sub(_uniform(self), 0.5), math.pi))
     return to(aten.add(aten.mul(t, sigma), median), self.dtype)
 
 
-@register_decomposition("geometric")
+@register_decomposition(aten.geometric)
 def geometric(self, p, generator=None):
     k = aten.ceil(aten.div(aten.log1p(aten.neg(_uniform(self))), math.log1p(-p)))
     return to(maximum(k, 1), self.dtype)
 
 
-@register_decomposition("random")
+@register_decomposition(aten.random)
 def random(self, from_=0, to_=None, generator=None):
     if to_ is None:
         dt = self.dtype

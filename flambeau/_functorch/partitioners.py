@@ -9,7 +9,7 @@ the backward graph takes `(*saved, *tangents)` and returns the gradients.
   forward value (or input) that a backward node reads is saved. Work that depends only on the
   inputs but only the backward needs (e.g. `w.t()` for a weight gradient) runs in the backward.
 * `min_cut_rematerialization_partition`: starts from the default choice, then greedily stops saving
-  values that cheap pointwise/view/cast ops can recompute in the backward from values that are
+  values that cheap pointwise/view/cast ops (`Tag.recomputable`) can recompute in the backward from values that are
   saved anyway (or from a smaller set of values): for each saved value made by a recomputable op
   that the forward does not write to memory anyway (an operand of a matrix product or convolution is
   kept: saving it is free, recomputing it is a pass over it),
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import operator
 
-from .._decomp.core import POINTWISE, VIEWS, CONVERSION
+from .._tags import Tag
 from .._tensor import Tensor
 from ..fx._aten import is_op
 from ..fx.graph import Graph
@@ -35,12 +35,6 @@ from ..fx._symbolic_shapes import SymInt
 __all__ = ["default_partition", "min_cut_rematerialization_partition"]
 
 MAX_RECOMPUTE_DEPTH = 16
-RECOMPUTABLE = (POINTWISE | VIEWS | (CONVERSION - {"copy_"}) | {
-    "reshape", "transpose.int", "t", "alias", "unsqueeze", "squeeze.dims", "expand", "full", "scalar_tensor",
-    "relu", "gelu", "silu", "neg", "reciprocal", "clamp.Tensor", "clamp", "where.self", "masked_fill.Scalar",
-    "threshold_backward", "detach"})
-
-MATERIALIZING = {"mm", "bmm", "addmm", "baddbmm", "convolution", "_convolution_weight_grad"}
 
 
 def _is_tangent(n: Node) -> bool:
@@ -132,23 +126,24 @@ def default_partition(joint_module: GraphModule, _joint_inputs=None, *, num_fwd_
 
 
 def _materialized(n: Node, fw_set: set) -> bool:
-    """`n` (or a view of it) is an operand of a forward matrix product or convolution, so the
-    forward writes it to memory anyway: saving it costs no extra pass, recomputing it costs one."""
+    """`n` (or a view of it) is an operand of a forward extern kernel (matrix product, convolution,
+    scan, ...: `Tag.extern`), so the forward writes it to memory anyway: saving it costs no extra
+    pass, recomputing it costs one."""
     todo, seen = [n], set()
     while todo:
         for u in todo.pop().users:
             if u in seen or u not in fw_set or u.op != "call_function" or not is_op(u.target):
                 continue
             seen.add(u)
-            if u.target.name.split(".")[0] in MATERIALIZING:
+            if Tag.extern in u.target.tags:
                 return True
-            if u.target.name in VIEWS:
+            if u.target.is_view:
                 todo.append(u)
     return False
 
 
 def _recomputable(n: Node) -> bool:
-    return (n.op == "call_function" and is_op(n.target) and n.target.name in RECOMPUTABLE
+    return (n.op == "call_function" and is_op(n.target) and Tag.recomputable in n.target.tags
             and not n.target.nondeterministic)
 
 

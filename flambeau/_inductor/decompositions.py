@@ -15,7 +15,6 @@ import math
 
 from .. import _dtype as D
 from .._decomp._table import aten, full, reshape
-from .._ops import OPS
 
 _FLOATS = (D.float32, D.float64)
 
@@ -78,4 +77,4 @@ def sdpa_math_backward(grad_out, query, key, value, probs, keep, attn_mask, drop
 
 
 def inductor_decompositions() -> dict:
-    return {OPS["_sdpa_math"]: sdpa_math, OPS["_sdpa_math_backward"]: sdpa_math_backward}
+    return {aten._sdpa_math: sdpa_math, aten._sdpa_math_backward: sdpa_math_backward}

@@ -1,8 +1,9 @@
 """GraphLowering: walk an FX graph of core operators and build the loop IR.
 
-Each call_function node is lowered by the rule registered for its op (`lowering.LOWERINGS`),
-which returns IR values (`ir.Pointwise` stays lazy and is inlined into its consumers; reductions
-and values that must live in memory become `ComputedBuffer`s). A node without a rule, or whose
+Each call_function node is lowered by its op's rule (`op.lowering`, see `lowering.py`), which
+returns IR values (`ir.Pointwise` stays lazy and is inlined into its consumers; reductions and
+values that must live in memory become `ComputedBuffer`s). An op tagged `Tag.extern` with no rule
+is an *extern* kernel (its eager kernel called as a library call). A node without a rule, or whose
 rule raises `ir.Unsupported` (an unsupported dtype, a cuda tensor...), becomes a *fallback* kernel:
 the op's eager kernel is called on realised inputs from the wrapper, so every graph runs; each
 fallback is recorded with its reason (`flambeau._dynamo.utils.counters["inductor_fallbacks"]`).
@@ -22,10 +23,13 @@ from __future__ import annotations
 import math
 import operator
 
+from .._ops import Op
+from .._tags import Tag
 from .._tensor import Tensor
 from ..fx._symbolic_shapes import SymInt, sym_size
 from .._counters import record_fallback
 from . import config
+from . import lowering  # noqa: F401  (attaches each core op's `op.lowering`)
 from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
                  Pointwise, Reduction, StridedView, SUPPORTED_DTYPES, Unsupported, as_strided_view)
 from .index import contiguous_strides
@@ -193,7 +197,6 @@ class GraphLowering:
         return buf
 
     def _call(self, node):
-        from .lowering import LOWERINGS
         target = node.target
         args = _map_nodes(node.args, self.env)
         kwargs = _map_nodes(node.kwargs, self.env)
@@ -210,8 +213,9 @@ class GraphLowering:
                 raise Unsupported(f"{target.__name__}{tuple(args)}: {e}") from e
         if kwargs.get("out", 0) is None:
             kwargs = {k: v for k, v in kwargs.items() if k != "out"}
-        name = getattr(target, "name", None)
-        rule = LOWERINGS.get(name)
+        rule = target.lowering if isinstance(target, Op) else None
+        if rule is None and isinstance(target, Op) and Tag.extern in target.tags and _dtypes_ok(node, args, kwargs):
+            return self.fallback(node, target, args, kwargs, kind="extern")
         if rule is None:
             reason = "no lowering"
         elif not _dtypes_ok(node, args, kwargs):
@@ -297,8 +301,7 @@ def _live_nodes(nodes) -> set:
 
 def _impure(node) -> bool:
     t = node.target
-    return bool(getattr(t, "is_inplace", False)) or bool(getattr(t, "nondeterministic", False)) or \
-        (getattr(t, "name", "") or "").startswith(("rand", "normal", "bernoulli", "poisson", "multinomial"))
+    return bool(getattr(t, "is_inplace", False)) or bool(getattr(t, "nondeterministic", False))
 
 
 def _tensors(v) -> list:

@@ -1,29 +1,34 @@
 """Lowering rules: one function per core operator, from IR inputs to IR outputs.
 
-`@register("add.Tensor")` rules receive the GraphLowering and the op's arguments bound
+`@register_lowering(aten.add)` sets `op.lowering` on the given `Op` (keyed by the op object, so a
+misspelt or missing op fails at import). Rules receive the GraphLowering and the op's arguments bound
 positionally in schema order (IR values in place of tensors, Python values otherwise) and return
 an IR value. Pointwise ops become `Pointwise` (broadcast by index remapping, operands cast to the
 compute dtype), reductions become realised `Reduction` buffers, conversions are casts, matrix
 products, convolutions, scans and sorts are `ExternKernel`s calling the eager kernel (BLAS) on
-realised buffers. Views, indexing and data movement live in `lowering_views`.
+realised buffers. Ops tagged `Tag.extern` without a rule are called that way too (see `graph.py`).
+Views, indexing and data movement live in `lowering_views`.
 """
 from __future__ import annotations
 
 import math
 
 from .. import _dtype as D
-from .._ops import _helpers as H
+from .._decomp._table import aten
+from .._ops import Op, _helpers as H
 from .index import Index
 from .ir import IRNode, Pointwise, Reduction, Unsupported, ops
 from .sizevars import SizeExpr, known_lt, size_tuple
 
-LOWERINGS: dict = {}
+def register_lowering(*ops: Op):
+    """Decorator: `fn` becomes the lowering (`op.lowering`) of each given op."""
+    for op in ops:
+        if not isinstance(op, Op):
+            raise TypeError(f"register_lowering takes Op objects (one overload), got {op!r}")
 
-
-def register(*names):
     def wrap(fn):
-        for n in names:
-            LOWERINGS[n] = fn
+        for op in ops:
+            op.def_lowering(fn)
         return fn
     return wrap
 
@@ -90,35 +95,28 @@ def common_dtype(*xs):
 
 
 # ---- pointwise ----------------------------------------------------------------------------------
-_UNARY = {"neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "log1p": "log1p", "expm1": "expm1",
-          "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin",
-          "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "tanh": "tanh", "asinh": "asinh",
-          "acosh": "acosh", "atanh": "atanh", "erf": "erf", "erfc": "erfc", "lgamma": "lgamma",
-          "floor": "floor", "ceil": "ceil", "round": "round", "trunc": "trunc", "sign": "sign",
-          "sigmoid": "sigmoid", "reciprocal": "reciprocal"}
+_UNARY = (aten.neg, aten.exp, aten.log, aten.log1p, aten.expm1, aten.sqrt, aten.rsqrt, aten.sin, aten.cos,
+          aten.tan, aten.asin, aten.acos, aten.atan, aten.sinh, aten.cosh, aten.tanh, aten.asinh, aten.acosh,
+          aten.atanh, aten.erf, aten.erfc, aten.lgamma, aten.sigmoid, aten.reciprocal)
+_ROUNDING = (aten.floor, aten.ceil, aten.round, aten.trunc)     # the identity on integers
+_BOOL_IDENTITY = (aten.abs, aten.sign)                          # the identity on bool
 
 
-def _unary(opname):
-    def rule(g, x):
-        dt = out_dtype(g)
-        if opname in ("floor", "ceil", "round", "trunc") and dt.category < D.FLOATING:
-            return make_pointwise(g, lambda a: a, [x], dt)
-        if opname in ("abs", "sign") and dt is D.bool:
-            return make_pointwise(g, lambda a: a, [x], dt)
-        return make_pointwise(g, getattr(ops, opname), [x], dt)
-    return rule
+@register_lowering(*_UNARY, *_ROUNDING, *_BOOL_IDENTITY)
+def _unary(g, x):
+    dt = out_dtype(g)
+    op = g.node.target
+    if (op in _ROUNDING and dt.category < D.FLOATING) or (op in _BOOL_IDENTITY and dt is D.bool):
+        return make_pointwise(g, lambda a: a, [x], dt)
+    return make_pointwise(g, getattr(ops, op.__name__), [x], dt)
 
 
-for _name, _op in _UNARY.items():
-    register(_name)(_unary(_op))
-
-
-@register("conj_physical", "_pw_real", "clone", "alias", "detach", "lift_fresh_copy", "positive")
+@register_lowering(aten.conj_physical, aten._pw_real, aten.clone, aten.alias)
 def _identity(g, x, *rest, **kw):
     return make_pointwise(g, lambda a: a, [x], out_dtype(g))
 
 
-@register("bitwise_not")
+@register_lowering(aten.bitwise_not)
 def _bitwise_not(g, x):
     dt = out_dtype(g)
     if dt is D.bool:
@@ -126,12 +124,12 @@ def _bitwise_not(g, x):
     return make_pointwise(g, ops.bitwise_not, [x], dt)
 
 
-@register("logical_not")
+@register_lowering(aten.logical_not)
 def _logical_not(g, x):
     return make_pointwise(g, ops.logical_not, [x], D.bool)
 
 
-@register("signbit")
+@register_lowering(aten.signbit)
 def _signbit(g, x):
     return make_pointwise(g, ops.signbit, [x], x.dtype if x.dtype.category == D.FLOATING else D.float32)
 
@@ -145,19 +143,19 @@ def _binary(opname, float_only=False):
     return rule
 
 
-for _name, _op in {"mul.Tensor": "mul", "maximum": "maximum", "minimum": "minimum",
-                   "atan2": "atan2", "nextafter": "nextafter", "fmod.Tensor": "fmod",
-                   "remainder.Tensor": "remainder", "pow.Tensor_Tensor": "pow",
-                   "bitwise_and.Tensor": "bitwise_and", "bitwise_or.Tensor": "bitwise_or",
-                   "bitwise_xor.Tensor": "bitwise_xor", "bitwise_left_shift.Tensor": "lshift",
-                   "bitwise_right_shift.Tensor": "rshift", "gcd": "gcd", "lcm": "lcm"}.items():
-    register(_name)(_binary(_op))
+for _op, _name in {aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum",
+                   aten.atan2: "atan2", aten.nextafter: "nextafter", aten.fmod: "fmod",
+                   aten.remainder: "remainder", aten.pow: "pow",
+                   aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or",
+                   aten.bitwise_xor: "bitwise_xor", aten.bitwise_left_shift.Tensor: "lshift",
+                   aten.bitwise_right_shift.Tensor: "rshift", aten.gcd: "gcd", aten.lcm: "lcm"}.items():
+    register_lowering(_op)(_binary(_name))
 
 
-@register("add.Tensor", "sub.Tensor")
+@register_lowering(aten.add, aten.sub)
 def _add_sub(g, a, b, alpha=1):
     dt = out_dtype(g)
-    fn = ops.add if g.node.target.name == "add.Tensor" else ops.sub
+    fn = ops.add if g.node.target is aten.add else ops.sub
     if alpha != 1:
         if isinstance(alpha, complex):
             raise Unsupported("complex alpha")
@@ -167,12 +165,12 @@ def _add_sub(g, a, b, alpha=1):
     return make_pointwise(g, fn, [a, b], dt)
 
 
-@register("div.Tensor")
+@register_lowering(aten.div)
 def _div(g, a, b):
     return make_pointwise(g, ops.truediv, [a, b], out_dtype(g))
 
 
-@register("div.Tensor_mode")
+@register_lowering(aten.div_mode)
 def _div_mode(g, a, b, rounding_mode=None):
     dt = out_dtype(g)
     if rounding_mode is None:
@@ -187,18 +185,17 @@ def _compare(opname):
     return rule
 
 
-for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
-    register(f"{_name}.Tensor", f"{_name}.Scalar")(_compare(_name))
+for _op in (aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge):
+    register_lowering(_op)(_compare(_op.__name__))
 
 
-@register("logical_and", "logical_or", "logical_xor")
+@register_lowering(aten.logical_and, aten.logical_or, aten.logical_xor)
 def _logical(g, a, b):
-    name = g.node.target.name
-    fn = {"logical_and": ops.logical_and, "logical_or": ops.logical_or, "logical_xor": ops.ne}[name]
+    fn = {aten.logical_and: ops.logical_and, aten.logical_or: ops.logical_or, aten.logical_xor: ops.ne}[g.node.target]
     return make_pointwise(g, fn, [a, b], D.bool, out_dtype(g))
 
 
-@register("where.self")
+@register_lowering(aten.where)
 def _where(g, c, a, b):
     dt = out_dtype(g)
     shape = out_shape(g)
@@ -208,20 +205,20 @@ def _where(g, c, a, b):
 
 
 # ---- conversions --------------------------------------------------------------------------------
-@register("_to_copy")
+@register_lowering(aten._to_copy)
 def _to_copy(g, x, dtype=None, device=None, non_blocking=False, **kw):
     if device is not None and str(device) not in ("cpu", "cpu:0"):
         raise Unsupported("device copies")
     return make_pointwise(g, lambda a: a, [x], out_dtype(g))
 
 
-@register("copy")
+@register_lowering(aten.copy)
 def _copy(g, self, src, non_blocking=False):
     return make_pointwise(g, lambda a: a, [src], out_dtype(g))
 
 
 # ---- factories ----------------------------------------------------------------------------------
-@register("full")
+@register_lowering(aten.full)
 def _full(g, size, fill_value, dtype=None, device=None, **kw):
     dt = out_dtype(g)
     if isinstance(fill_value, complex):
@@ -229,13 +226,13 @@ def _full(g, size, fill_value, dtype=None, device=None, **kw):
     return Pointwise(out_shape(g), dt, lambda idx: ops.constant(fill_value, dt))
 
 
-@register("empty", "empty_strided", "zeros")
+@register_lowering(aten.empty, aten.empty_strided)
 def _empty(g, *args, **kw):
     dt = out_dtype(g)
     return Pointwise(out_shape(g), dt, lambda idx: ops.constant(0, dt))
 
 
-@register("arange.start_step")
+@register_lowering(aten.arange)
 def _arange(g, start, end, step=1, dtype=None, device=None, **kw):
     dt = out_dtype(g)
     if dt.category < D.FLOATING:
@@ -272,7 +269,7 @@ def reduce(g, x, dims, keepdim, rtype, dtype, src_dtype):
     return g.realize(Reduction(shape, rranges, rtype, dtype, src_dtype, inner))
 
 
-@register("sum.dim_IntList", "sum.default", "sum")
+@register_lowering(aten.sum)
 def _sum(g, x, dim=None, keepdim=False, dtype=None):
     dt = out_dtype(g)
     if dt is D.bool:
@@ -280,7 +277,7 @@ def _sum(g, x, dim=None, keepdim=False, dtype=None):
     return reduce(g, x, dim, keepdim, "sum", dt, dt)
 
 
-@register("prod.dim_int")
+@register_lowering(aten.prod)
 def _prod(g, x, dim=None, keepdim=False, dtype=None):
     dt = out_dtype(g)
     if dt is D.bool:
@@ -288,48 +285,28 @@ def _prod(g, x, dim=None, keepdim=False, dtype=None):
     return reduce(g, x, dim, keepdim, "prod", dt, dt)
 
 
-@register("amax", "amin")
+@register_lowering(aten.amax, aten.amin)
 def _amax(g, x, dim=(), keepdim=False):
     dt = out_dtype(g)
+    is_max = g.node.target is aten.amax
     if x.dtype is D.bool:
-        return reduce(g, x, dim, keepdim, "any" if g.node.target.name == "amax" else "all", dt, D.bool)
-    return reduce(g, x, dim, keepdim, "max" if g.node.target.name == "amax" else "min", dt, dt)
+        return reduce(g, x, dim, keepdim, "any" if is_max else "all", dt, D.bool)
+    return reduce(g, x, dim, keepdim, "max" if is_max else "min", dt, dt)
 
 
-@register("argmax", "argmin")
+@register_lowering(aten.argmax, aten.argmin)
 def _argmax(g, x, dim=None, keepdim=False):
     if dim is None:
         if keepdim:
             raise Unsupported("argmax keepdim over all dims")
     src = x.dtype if x.dtype is not D.bool else D.uint8
-    return reduce(g, x, dim, keepdim, g.node.target.name, out_dtype(g), src)
+    return reduce(g, x, dim, keepdim, g.node.target.__name__, out_dtype(g), src)
 
 
-@register("any.dims", "all.dims", "any.dim", "all.dim", "any", "all")
+@register_lowering(aten.any, aten.all)
 def _any(g, x, dim=None, keepdim=False):
-    rtype = "any" if g.node.target.name.startswith("any") else "all"
+    rtype = "any" if g.node.target is aten.any else "all"
     return reduce(g, x, dim, keepdim, rtype, out_dtype(g), D.bool)
 
-
-# ---- extern kernels: BLAS, convolution, scans, sorting ------------------------------------------
-EXTERN_OPS = ("mm", "bmm", "addmm", "baddbmm", "matmul", "convolution", "_convolution_weight_grad",
-              "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "sort", "topk", "kthvalue",
-              "linear", "dot", "mv")
-
-
-def _extern(g, *args):
-    node = g.node
-    target = node.target
-    return g.fallback(node, target, _map_nodes_to_ir(node.args, g), _map_nodes_to_ir(node.kwargs, g),
-                      kind="extern")
-
-
-def _map_nodes_to_ir(a, g):
-    from .graph import _map_nodes
-    return _map_nodes(a, g.env)
-
-
-for _name in EXTERN_OPS:
-    register(_name)(_extern)
 
 from . import lowering_views  # noqa: E402,F401  (registers the view and data-movement rules)

@@ -14,7 +14,8 @@ from .. import _dtype as D
 from .._ops import _helpers as H
 from .index import Index, contiguous_strides
 from .ir import Buffer, IRNode, Layout, Pointwise, StridedView, Unsupported, ops
-from .lowering import loader, out_dtype, out_shape, register
+from .lowering import loader, out_dtype, out_shape, register_lowering
+from .._decomp._table import aten
 from .._ops.views import slice_bounds, view_strides
 from .sizevars import SizeExpr, known_nonneg
 
@@ -55,7 +56,7 @@ def _try(strides_fn, lay):
         return None
 
 
-@register("permute")
+@register_lowering(aten.permute)
 def _permute(g, x, dims):
     nd = len(x.shape)
     dims = [H.wrap_dim(d, nd) for d in dims]
@@ -67,7 +68,7 @@ def _permute(g, x, dims):
                    lambda idx: [idx[inv[j]] for j in range(nd)])
 
 
-@register("expand")
+@register_lowering(aten.expand)
 def _expand(g, x, size, implicit=False):
     shape = out_shape(g)
     xs = tuple(x.shape)
@@ -80,7 +81,7 @@ def _expand(g, x, size, implicit=False):
                    lambda idx: [Index() if xs[j] == 1 else idx[lead + j] for j in range(len(xs))])
 
 
-@register("squeeze.dims", "squeeze.dim", "squeeze")
+@register_lowering(aten.squeeze)
 def _squeeze(g, x, dim=None):
     nd = len(x.shape)
     if dim is None:
@@ -99,7 +100,7 @@ def _squeeze(g, x, dim=None):
     return view_of(x, shape, lambda lay: ([lay.strides[d] for d in keep], lay.offset), remap)
 
 
-@register("unsqueeze")
+@register_lowering(aten.unsqueeze)
 def _unsqueeze(g, x, dim):
     nd = len(x.shape)
     dim = H.wrap_dim(dim, nd + 1)
@@ -131,7 +132,7 @@ def _slice_params(size, start, end, step):
     return start, end, step
 
 
-@register("slice.Tensor")
+@register_lowering(aten.slice)
 def _slice(g, x, dim=0, start=None, end=None, step=1):
     nd = len(x.shape)
     dim = H.wrap_dim(dim, nd)
@@ -151,7 +152,7 @@ def _slice(g, x, dim=0, start=None, end=None, step=1):
     return view_of(x, shape, strides, remap)
 
 
-@register("select.int")
+@register_lowering(aten.select)
 def _select(g, x, dim, index):
     nd = len(x.shape)
     dim = H.wrap_dim(dim, nd)
@@ -165,7 +166,7 @@ def _select(g, x, dim, index):
     return view_of(x, shape, strides, lambda idx: list(idx[:dim]) + [Index(None, index)] + list(idx[dim:]))
 
 
-@register("view", "_unsafe_view", "reshape", "view.default")
+@register_lowering(aten.view)
 def _view(g, x, size):
     shape = out_shape(g)
     xs = tuple(x.shape)
@@ -187,7 +188,7 @@ def _view(g, x, size):
     return view_of(x, shape, strides, remap)
 
 
-@register("as_strided")
+@register_lowering(aten.as_strided)
 def _as_strided(g, x, size, stride, storage_offset=None):
     x = g.realize(x)
     base = x.base if isinstance(x, StridedView) else x
@@ -209,7 +210,7 @@ def _indirect(g, idx_node, shape, size):
     return lambda idx: ops.indirect_indexing(ld(idx), size)
 
 
-@register("gather")
+@register_lowering(aten.gather)
 def _gather(g, x, dim, index, sparse_grad=False):
     nd = len(x.shape)
     dim = H.wrap_dim(dim, nd) if nd else 0
@@ -226,7 +227,7 @@ def _gather(g, x, dim, index, sparse_grad=False):
     return Pointwise(shape, x.dtype, inner)
 
 
-@register("index.Tensor")
+@register_lowering(aten.index)
 def _index(g, x, indices):
     nd = len(x.shape)
     indices = list(indices) + [None] * (nd - len(indices))
@@ -256,7 +257,7 @@ def _index(g, x, indices):
     return Pointwise(shape, x.dtype, inner)
 
 
-@register("embedding")
+@register_lowering(aten.embedding)
 def _embedding(g, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     shape = out_shape(g)
     ishape = tuple(indices.shape)
@@ -267,7 +268,7 @@ def _embedding(g, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spa
 
 
 # ---- piecewise: cat and the scatter-into-view ops ------------------------------------------------
-@register("cat")
+@register_lowering(aten.cat)
 def _cat(g, tensors, dim=0):
     shape = out_shape(g)
     dt = out_dtype(g)
@@ -298,7 +299,7 @@ def _cat(g, tensors, dim=0):
     return Pointwise(shape, dt, inner)
 
 
-@register("slice_scatter")
+@register_lowering(aten.slice_scatter)
 def _slice_scatter(g, x, src, dim=0, start=None, end=None, step=1):
     nd = len(x.shape)
     dim = H.wrap_dim(dim, nd)
@@ -322,7 +323,7 @@ def _slice_scatter(g, x, src, dim=0, start=None, end=None, step=1):
     return Pointwise(shape, dt, inner)
 
 
-@register("select_scatter")
+@register_lowering(aten.select_scatter)
 def _select_scatter(g, x, src, dim, index):
     nd = len(x.shape)
     dim = H.wrap_dim(dim, nd)
@@ -339,7 +340,7 @@ def _select_scatter(g, x, src, dim, index):
     return Pointwise(shape, dt, inner)
 
 
-@register("constant_pad_nd")
+@register_lowering(aten.constant_pad_nd)
 def _constant_pad_nd(g, x, pad, value=0):
     shape, dt = out_shape(g), out_dtype(g)
     nd = len(x.shape)

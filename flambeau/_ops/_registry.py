@@ -1,5 +1,26 @@
-"""The operator registry: every operator is declared once here, with its schema, meta function,
-eager kernel, derivative and optional decomposition.
+"""The operator registry: every operator is declared once, and every fact about it lives on its `Op`.
+
+An `Op` carries, declared next to its kernel in `flambeau/_ops/*.py` or attached to it by the layer
+that owns the rule (always keyed by the `Op` object, never by a name string):
+
+    schema            the `defop` string: binding, in-place variant, method and function exports
+    kernel, meta      eager kernel over the array namespace `xp`; output metadata (`def_meta`)
+    derivative        grads in flambeau ops (`def_derivative`)
+    tags              a frozenset of `Tag`: membership of the core set (`core`), `extern` (the compiler
+                      calls the eager kernel as a library call), `pointwise`, `recomputable` (the
+                      partitioner may recompute it in the backward), `nondeterministic_seeded`, the
+                      autocast policy (`autocast_*` for cuda and every other device, `cpu_autocast_*`
+                      for cpu), and `view`/`inplace`, which the schema decides
+    no_decomposition  for a non-core op with no decomposition: the reason it stays opaque
+    decomposition     set by `flambeau._decomp`'s `@register_decomposition(aten.x)`
+    lowering          set by `flambeau._inductor.lowering`'s `@register_lowering(aten.x)`
+    pointwise         `PointwiseSpelling` of a pointwise core op: its formula per code generator
+                      (C++, NumPy, and a Triton slot)
+    batching_rule     for vmap (`def_batching_rule`); None until written
+    sharding_rule     for DTensor (`def_sharding_rule`); None until written
+
+Adding one rule to one op is one decorator next to the op (or in the layer that owns the rule);
+nothing else lists op names.
 
     @defop("mul.Tensor(Tensor self, Tensor other) -> Tensor", method=True, inplace=True)
     def mul(xp, self, other): ...           # eager kernel over the array namespace xp
@@ -17,6 +38,7 @@ from __future__ import annotations
 import inspect
 
 from . import _schema
+from .._tags import Tag
 
 OPS: dict = {}           # qualified name ('add.Tensor' or 'add') -> Op
 EXPORTS: dict = {}       # flambeau.<name> -> callable
@@ -44,11 +66,47 @@ class TensorSpec:
         return f"TensorSpec({self.shape}, {self.dtype})"
 
 
+_SCHEMA_TAGS = frozenset({Tag.view, Tag.inplace})
+
+
+class PointwiseSpelling:
+    """A pointwise op's formula for each code generator, declared once with the op.
+
+    Each spelling is a format template over the operands `{0}`, `{1}`, ... (already loaded and cast
+    to the compute dtype): `cpp` for the C++ backend, `numpy` for the NumPy reference backend,
+    `triton` for the GPU backend (None until it is written)."""
+    __slots__ = ("cpp", "numpy", "triton")
+
+    def __init__(self, cpp: str | None = None, numpy: str | None = None, triton: str | None = None):
+        self.cpp = cpp
+        self.numpy = numpy
+        self.triton = triton
+
+    def __repr__(self):
+        return f"PointwiseSpelling(cpp={self.cpp!r}, numpy={self.numpy!r}, triton={self.triton!r})"
+
+
+def _tags(op_name: str, tags, schema) -> frozenset:
+    out = set()
+    for t in tags:
+        if not isinstance(t, Tag):
+            raise TypeError(f"{op_name}: tags must be flambeau.Tag members, got {t!r}")
+        if t in _SCHEMA_TAGS:
+            raise ValueError(f"{op_name}: Tag.{t.name} comes from the schema's alias annotation, not by hand")
+        out.add(t)
+    if schema.is_view:
+        out.add(Tag.view)
+    if schema.is_inplace:
+        out.add(Tag.inplace)
+    return frozenset(out)
+
+
 class Op:
     """One operator overload (PyTorch's OpOverload)."""
 
     def __init__(self, schema: str, kernel=None, *, meta=None, derivative=None, decomposition=None,
-                 functional=None, nondeterministic=False, tags=(), out_device=None):
+                 functional=None, tags=(), out_device=None, pointwise: PointwiseSpelling | None = None,
+                 no_decomposition: str | None = None):
         self._schema = _schema.parse(schema)
         s = self._schema
         self.__name__ = s.name
@@ -57,10 +115,12 @@ class Op:
         self.meta = meta
         self.decomposition = decomposition
         self.functional = functional          # for in-place ops: the out-of-place op
-        self.is_view = s.is_view
-        self.is_inplace = s.is_inplace
-        self.nondeterministic = nondeterministic
-        self.tags = tuple(tags)
+        self.tags = _tags(self.name, tags, s)
+        self.pointwise = pointwise
+        self.no_decomposition = no_decomposition
+        self.lowering = None
+        self.batching_rule = None
+        self.sharding_rule = None
         self.out_device = out_device          # fn(*args, **kwargs) -> device, for cross-device ops
         self.bind = _schema.make_binder(s, s.name)
         self.return_type = _schema.return_type(s)
@@ -69,6 +129,18 @@ class Op:
         self.saved_names = ()
         if derivative is not None:
             self.def_derivative(derivative)
+
+    @property
+    def is_view(self) -> bool:
+        return Tag.view in self.tags
+
+    @property
+    def is_inplace(self) -> bool:
+        return Tag.inplace in self.tags
+
+    @property
+    def nondeterministic(self) -> bool:
+        return Tag.nondeterministic_seeded in self.tags
 
     # -- declaration helpers (decorators) --
     def def_meta(self, fn):
@@ -86,6 +158,23 @@ class Op:
         self.decomposition = fn
         return fn
 
+    def def_lowering(self, fn):
+        """The compiler back end's rule (`flambeau._inductor.lowering.register_lowering`)."""
+        if self.lowering is not None:
+            raise RuntimeError(f"{self.name} already has a lowering ({self.lowering.__name__})")
+        self.lowering = fn
+        return fn
+
+    def def_batching_rule(self, fn):
+        """vmap's rule: `fn(<schema args, batched tensors unwrapped>, in_dims)` -> (outputs, out_dims)."""
+        self.batching_rule = fn
+        return fn
+
+    def def_sharding_rule(self, fn):
+        """DTensor's rule: `fn(<schema args with placements>)` -> output placements (and any redistribution)."""
+        self.sharding_rule = fn
+        return fn
+
     def __call__(self, *args, **kwargs):
         if _fx_hook is not None:
             r = _fx_hook(self, args, kwargs)
@@ -95,6 +184,16 @@ class Op:
 
     def __repr__(self):
         return f"aten.{self.name}"
+
+    def __getattr__(self, overload: str) -> "Op":
+        """A sibling overload, PyTorch's packet spelling: `aten.max.dim` where `aten.max` is the
+        overload 'max' (`flambeau._decomp._table.aten`); `aten.add.Tensor` is 'add.Tensor' itself."""
+        if overload.startswith("_") or "_schema" not in self.__dict__:
+            raise AttributeError(overload)
+        op = OPS.get(f"{self.__name__}.{overload}")
+        if op is None:
+            raise AttributeError(f"aten.{self.__name__} has no overload {overload!r}")
+        return op
 
     @property
     def _overloadname(self):
@@ -106,11 +205,12 @@ class Op:
 
 
 def defop(schema: str, *, method: bool | str = False, function: bool | str = True,
-          inplace: bool = False, namespace: str | None = None, **kw):
+          inplace: bool = False, namespace: str | None = None, inplace_tags=(), **kw):
     """Declare an operator whose kernel is the decorated function.
 
     function: export as flambeau.<name> (or the given name); method: as Tensor.<name>;
-    namespace: also export into 'nn.functional', 'linalg', 'special' or 'fft'.
+    namespace: also export into 'nn.functional', 'linalg', 'special' or 'fft'; inplace: derive
+    `<name>_` too, tagged with `inplace_tags`; the other keywords (tags, pointwise, ...) go to `Op`.
     """
     def wrap(kernel):
         op = Op(schema, kernel, **kw)
@@ -118,7 +218,7 @@ def defop(schema: str, *, method: bool | str = False, function: bool | str = Tru
         if namespace:
             _NAMESPACES[namespace][op._schema.name if not isinstance(function, str) else function] = op
         if inplace:
-            make_inplace(op, method=method)
+            make_inplace(op, method=method, tags=inplace_tags)
         return op
     return wrap
 
@@ -134,8 +234,9 @@ def register(op: Op, *, method=False, function=True) -> Op:
     return op
 
 
-def make_inplace(op: Op, *, method=True) -> Op:
-    """Derive `<name>_` from a functional op: same arguments, `self` mutated and returned."""
+def make_inplace(op: Op, *, method=True, tags=()) -> Op:
+    """Derive `<name>_` from a functional op: same arguments, `self` mutated and returned. It draws
+    from the generator when the functional op does; other tags are its own."""
     s = op._schema
     args = []
     seen_kw = False
@@ -147,7 +248,8 @@ def make_inplace(op: Op, *, method=True) -> Op:
         d = "" if a.default is _schema._NODEFAULT else "=" + _default_text(a.default)
         args.append(f"{t} {a.name}{d}")
     name = s.name + "_" + ("." + s.overload if s.overload else "")
-    iop = Op(f"{name}({', '.join(args)}) -> Tensor(a!)", functional=op)
+    tags = tuple(tags) + ((Tag.nondeterministic_seeded,) if op.nondeterministic else ())
+    iop = Op(f"{name}({', '.join(args)}) -> Tensor(a!)", functional=op, tags=tags)
     iop.meta = op.meta
     register(iop, method=(s.name + "_") if method else False, function=False)
     op.inplace = iop

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from .. import _dtype as D
-from ._registry import defop, export, make_inplace, Op, register, TensorSpec, NN_FUNCTIONAL
+from ._registry import defop, export, make_inplace, Op, register, TensorSpec, NN_FUNCTIONAL, Tag
 from ._helpers import result_type, opmath, round_to, broadcast_shapes, shape_of, wrap_dim
 
 
@@ -54,7 +54,7 @@ def _prepare(name, ins, ints):
 
 
 def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False, method=False,
-                     function=False, inplace=False, namespace=None, grads=None):
+                     function=False, inplace=False, namespace=None, grads=None, tags=(), backward_tags=()):
     """Declare `name(Tensor <tensors>..., <params>) -> Tensor` and `name_backward`.
 
     fwd(xp, *arrays, *params) -> array; bwd(xp, grad, *arrays, *params) -> grad per tensor input
@@ -63,9 +63,9 @@ def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False
     nin = len(tensors)
     tsig = ", ".join(f"Tensor {t}" for t in tensors)
     sig = tsig + (", " + params if params else "")
-    op = Op(f"{name}({sig}) -> Tensor")
+    op = Op(f"{name}({sig}) -> Tensor", tags=tags)
     rets = "Tensor" if nin == 1 else "(" + ", ".join(["Tensor"] * nin) + ")"
-    bop = Op(f"{name}_backward(Tensor grad_output, {sig}) -> {rets}")
+    bop = Op(f"{name}_backward(Tensor grad_output, {sig}) -> {rets}", tags=backward_tags)
 
     def kernel(xp, *a, **k):
         if not params and nin == 1 and len(a) == 1 and not k and type(a[0]) is np.ndarray \
@@ -132,7 +132,7 @@ def _softplus(xp, x):
 
 # ---- pointwise activations ----------------------------------------------------------------
 relu = pointwise_family("relu", fwd=lambda xp, x: xp.maximum(x, 0), bwd=lambda xp, g, x: g * (x > 0),
-                        ints=True, method=True, function=True, inplace=True)
+                        ints=True, method=True, function=True, inplace=True, tags=(Tag.recomputable,))
 
 leaky_relu = pointwise_family(
     "leaky_relu", "Scalar negative_slope=0.01",
@@ -172,7 +172,7 @@ def _gelu_bwd(xp, g, x, approximate):
     return g * (cdf + x * pdf)
 
 
-gelu = pointwise_family("gelu", "*, str approximate='none'", fwd=_gelu_fwd, bwd=_gelu_bwd)
+gelu = pointwise_family("gelu", "*, str approximate='none'", fwd=_gelu_fwd, bwd=_gelu_bwd, tags=(Tag.recomputable,))
 
 
 def _silu_bwd(xp, g, x):
@@ -180,7 +180,8 @@ def _silu_bwd(xp, g, x):
     return g * s * (1 + x * (1 - s))
 
 
-silu = pointwise_family("silu", fwd=lambda xp, x: x * _sigmoid(xp, x), bwd=_silu_bwd, inplace=True)
+silu = pointwise_family("silu", fwd=lambda xp, x: x * _sigmoid(xp, x), bwd=_silu_bwd, inplace=True,
+                        tags=(Tag.recomputable,))
 
 
 def _mish_bwd(xp, g, x):
@@ -213,7 +214,7 @@ def _softplus_fwd(xp, x, beta, threshold):
 softplus = pointwise_family(
     "softplus", "Scalar beta=1, Scalar threshold=20", fwd=_softplus_fwd,
     bwd=lambda xp, g, x, beta, th: xp.where(x * beta > th, g, g * _sigmoid(xp, x * beta)),
-    namespace="nn.functional")
+    namespace="nn.functional", tags=(Tag.autocast_fp32,))
 
 softshrink = pointwise_family(
     "softshrink", "Scalar lambd=0.5",
@@ -226,7 +227,8 @@ hardshrink = pointwise_family(
 
 threshold = pointwise_family(
     "threshold", "Scalar threshold, Scalar value", fwd=lambda xp, x, th, v: xp.where(x > th, x, v),
-    bwd=lambda xp, g, x, th, v: g * (x > th), ints=True, function=True, inplace=True)
+    bwd=lambda xp, g, x, th, v: g * (x > th), ints=True, function=True, inplace=True,
+    backward_tags=(Tag.recomputable,))
 
 log_sigmoid = pointwise_family(
     "log_sigmoid", fwd=lambda xp, x: -_softplus(xp, -x), bwd=lambda xp, g, x: g * _sigmoid(xp, -x))
@@ -450,7 +452,8 @@ def _prelu_weight(xp, x, w):
     return w.reshape((-1,) + (1,) * (x.ndim - 2))
 
 
-@defop("prelu(Tensor self, Tensor weight) -> Tensor", method=True, namespace="nn.functional")
+@defop("prelu(Tensor self, Tensor weight) -> Tensor", method=True, namespace="nn.functional",
+       tags=(Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 def prelu(xp, self, weight):
     dt, cd, (x, w) = _prepare("prelu", (self, weight), False)
     w = _prelu_weight(xp, x, w)
@@ -493,7 +496,7 @@ def _rng(xp):
 
 
 @defop("rrelu_with_noise_functional(Tensor self, Scalar lower, Scalar upper) -> (Tensor, Tensor noise)",
-       function=False, nondeterministic=True)
+       function=False, tags=(Tag.nondeterministic_seeded,))
 def rrelu_with_noise_functional(xp, self, lower, upper):
     dt, cd = _float_check("rrelu", self)
     x = self.astype(cd, copy=False)
@@ -615,7 +618,7 @@ def _two(name, x1, x2):
 
 
 @defop("cosine_similarity(Tensor x1, Tensor x2, int dim=1, float eps=1e-08) -> Tensor",
-       namespace="nn.functional")
+       namespace="nn.functional", tags=(Tag.autocast_fp32,))
 def cosine_similarity(xp, x1, x2, dim=1, eps=1e-8):
     broadcast_shapes(shape_of(x1), shape_of(x2))
     dt, cd, a, b = _two("cosine_similarity", x1, x2)
@@ -661,7 +664,7 @@ def _(grad, x1, x2, dim, eps):
 
 
 @defop("pairwise_distance(Tensor x1, Tensor x2, float p=2, float eps=1e-06, bool keepdim=False) -> Tensor",
-       namespace="nn.functional")
+       namespace="nn.functional", tags=(Tag.autocast_fp32,))
 def pairwise_distance(xp, x1, x2, p=2.0, eps=1e-6, keepdim=False):
     dt, cd, a, b = _two("pairwise_distance", x1, x2)
     d = a - b + eps
@@ -715,7 +718,8 @@ def _cdist_check(x1, x2, p):
         raise RuntimeError("cdist only supports non-negative p values")
 
 
-@defop("cdist(Tensor x1, Tensor x2, float p=2.0, int? compute_mode=None) -> Tensor")
+@defop("cdist(Tensor x1, Tensor x2, float p=2.0, int? compute_mode=None) -> Tensor",
+       tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 def cdist(xp, x1, x2, p=2.0, compute_mode=None):
     _cdist_check(x1, x2, p)
     dt, cd, a, b = _two("cdist", x1, x2)
@@ -752,7 +756,7 @@ def _(grad, x1, x2, p):
     return _cdist_backward(grad, x1, x2, p)
 
 
-@defop("pdist(Tensor self, float p=2) -> Tensor")
+@defop("pdist(Tensor self, float p=2) -> Tensor", tags=(Tag.autocast_fp32,))
 def pdist(xp, self, p=2.0):
     if self.ndim != 2:
         raise RuntimeError(f"pdist only supports 2D tensors, got: {self.ndim}D")

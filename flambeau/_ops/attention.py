@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from .. import _dtype as D
-from ._registry import defop, export, TensorSpec
+from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath, broadcast_shapes
 
 AUTO_BLOCKED_ELEMENTS = 1 << 20
@@ -141,7 +141,8 @@ def _f(x, cd):
 # ---- math path ----------------------------------------------------------------------------------
 @defop("_sdpa_math(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, "
        "bool is_causal=False, float? scale=None, bool enable_gqa=False) -> (Tensor, Tensor, Tensor)",
-       function=False, nondeterministic=True)
+       function=False,
+       tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 def _sdpa_math(xp, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                enable_gqa=False):
     _check(query, key, value, attn_mask, is_causal)
@@ -180,7 +181,7 @@ def _(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
 
 @defop("_sdpa_math_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor probs, Tensor keep, "
        "Tensor? attn_mask, float dropout_p, float? scale, bool enable_gqa) -> (Tensor, Tensor, Tensor, Tensor)",
-       function=False)
+       function=False, tags=(Tag.core, Tag.extern))
 def _sdpa_math_backward(xp, grad_out, query, key, value, probs, keep, attn_mask, dropout_p, scale, enable_gqa):
     dt = D.FROM_NP[query.dtype]
     cd = opmath(dt)
@@ -213,7 +214,8 @@ def _(grad, query, key, value, attn_mask, dropout_p, scale, enable_gqa, result):
 # ---- blocked (memory-efficient) path --------------------------------------------------------------
 @defop("_sdpa_blocked(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, "
        "bool is_causal=False, float? scale=None, bool enable_gqa=False, int block_q=128, int block_k=128) "
-       "-> (Tensor, Tensor, Tensor)", function=False, nondeterministic=True)
+       "-> (Tensor, Tensor, Tensor)", function=False,
+       tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 def _sdpa_blocked(xp, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                   enable_gqa=False, block_q=128, block_k=128):
     _check(query, key, value, attn_mask, is_causal)
@@ -269,7 +271,7 @@ def _(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=N
 
 @defop("_sdpa_blocked_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
        "Tensor seed, Tensor? attn_mask, float dropout_p, bool is_causal, float? scale, bool enable_gqa, "
-       "int block_q, int block_k) -> (Tensor, Tensor, Tensor, Tensor)", function=False)
+       "int block_q, int block_k) -> (Tensor, Tensor, Tensor, Tensor)", function=False, tags=(Tag.core, Tag.extern))
 def _sdpa_blocked_backward(xp, grad_out, query, key, value, out, lse, seed, attn_mask, dropout_p, is_causal,
                            scale, enable_gqa, block_q, block_k):
     dt = D.FROM_NP[query.dtype]

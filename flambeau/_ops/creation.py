@@ -16,7 +16,7 @@ from .. import _state
 from .._tensor import Tensor
 from .._device import canonical
 from .._backends import get as backend, MetaArray
-from ._registry import defop, export, TensorSpec
+from ._registry import defop, export, TensorSpec, Tag
 
 
 def _size(size) -> tuple:
@@ -70,7 +70,7 @@ def _xp_for(device):
 
 # ---- full-like factories (ops, so tracing and meta see them) ---------------------------------
 @defop("full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Device? device=None) -> Tensor",
-       function=False)
+       function=False, tags=(Tag.core, Tag.recomputable))
 def _full(xp, size, fill_value, *, dtype=None, device=None):
     return xp.full(size, fill_value, dtype=dtype.np)
 
@@ -80,7 +80,8 @@ def _(size, fill_value, *, dtype=None, device=None):
     return TensorSpec(size, dtype)
 
 
-@defop("empty(SymInt[] size, *, ScalarType? dtype=None, Device? device=None) -> Tensor", function=False)
+@defop("empty(SymInt[] size, *, ScalarType? dtype=None, Device? device=None) -> Tensor", function=False,
+       tags=(Tag.core,))
 def _empty(xp, size, *, dtype=None, device=None):
     return xp.empty(size, dtype=dtype.np)
 
@@ -350,7 +351,7 @@ def _range_dtype(dtype, *vals):
 
 
 @defop("arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, "
-       "Device? device=None) -> Tensor", function=False)
+       "Device? device=None) -> Tensor", function=False, tags=(Tag.core,))
 def _arange(xp, start, end, step=1, *, dtype=None, device=None):
     n = _arange_len(start, end, step, dtype)
     if dtype.category <= D.INTEGER:
@@ -431,7 +432,7 @@ def _lin_values(xp, start, end, steps, npdt):
 
 
 @defop("linspace(Scalar start, Scalar end, int steps, *, ScalarType? dtype=None, Device? device=None) -> Tensor",
-       function=False)
+       function=False, tags=(Tag.core,))
 def _linspace(xp, start, end, steps, *, dtype=None, device=None):
     cd = np.dtype(np.float64) if dtype.category <= D.INTEGER or dtype in D.LOW_PRECISION else dtype.np
     if dtype.category == D.COMPLEX:
@@ -466,7 +467,7 @@ def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False,
 
 
 @defop("logspace(Scalar start, Scalar end, int steps, float base=10.0, *, ScalarType? dtype=None, "
-       "Device? device=None) -> Tensor", function=False)
+       "Device? device=None) -> Tensor", function=False, tags=(Tag.core,))
 def _logspace(xp, start, end, steps, base=10.0, *, dtype=None, device=None):
     cd = np.dtype(np.complex128) if dtype.category == D.COMPLEX else np.dtype(np.float64)
     return (cd.type(base) ** _lin_values(xp, start, end, steps, cd)).astype(dtype.np)
@@ -509,7 +510,7 @@ def eye(n, m=None, *, dtype=None, device=None, requires_grad=False, layout=None,
 
 
 @defop("empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None, Device? device=None) -> Tensor",
-       function=False)
+       function=False, tags=(Tag.core,))
 def _empty_strided(xp, size, stride, *, dtype=None, device=None):
     if len(size) != len(stride):
         raise RuntimeError(f"mismatch in length of strides and shape")

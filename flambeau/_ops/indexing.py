@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import _dtype as D
 from .._tensor import Tensor
-from ._registry import defop, export, TensorSpec, OPS
+from ._registry import defop, export, TensorSpec, OPS, Tag
 from ._helpers import wrap_dim, broadcast_shapes
 from .views import slice_, select, unsqueeze, alias, expand_shape
 
@@ -101,7 +101,7 @@ def adv_key(xp, shape, indices):
     return tuple(key)
 
 
-@defop("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", function=False)
+@defop("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", function=False, tags=(Tag.core,))
 def index(xp, self, indices):
     if len(indices) == 1 and xp is np and self.ndim and type(ix := indices[0]) is np.ndarray \
             and ix.dtype == np.int64:
@@ -147,7 +147,7 @@ def _(grad, self_meta, indices):
 
 
 @defop("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor",
-       method=True, inplace=True)
+       method=True, inplace=True, tags=(Tag.core, Tag.autocast_promote))
 def index_put(xp, self, indices, values, accumulate=False):
     if values.dtype != self.dtype:
         raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
@@ -321,7 +321,8 @@ def setitem(self, key, value):
 
 
 # ---- copy_ / fill_ / zero_ ---------------------------------------------------------------------------
-@defop("copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor", function=False, inplace=True)
+@defop("copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor", function=False, inplace=True,
+       tags=(Tag.core, Tag.recomputable), inplace_tags=(Tag.core,))
 def _copy(xp, self, src, non_blocking=False):
     expand_shape(src.shape, self.shape)
     out = xp.empty(self.shape, dtype=self.dtype)
@@ -475,7 +476,8 @@ def _(grad, dim, index, source_meta, alpha):
     return grad, None, g if alpha == 1 else g * alpha
 
 
-@defop("index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor", method=True, inplace=True)
+@defop("index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor", method=True, inplace=True,
+       tags=(Tag.cpu_autocast_promote,))
 def index_copy(xp, self, dim, index, source):
     if source.dtype != self.dtype:
         raise RuntimeError(f"index_copy_(): self and source expected to have the same dtype, but got (self) "

@@ -16,7 +16,7 @@ import string
 from .. import _dtype as D
 from .._backends import cpu_kernels
 from .._backends.cpu_kernels import matmul_for
-from ._registry import defop, export, TensorSpec, LINALG
+from ._registry import defop, export, TensorSpec, LINALG, Tag
 from ._helpers import broadcast_shapes, opmath, wrap_dim
 
 
@@ -78,7 +78,8 @@ def matmul_shape(a, b):
     return out
 
 
-@defop("matmul(Tensor self, Tensor other) -> Tensor", method=True)
+@defop("matmul(Tensor self, Tensor other) -> Tensor", method=True,
+       tags=(Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 def matmul(xp, self, other):
     if (type(self) is np.ndarray and type(other) is np.ndarray and self.ndim == 2 == other.ndim
             and self.dtype == other.dtype and self.dtype in _FAST_FLOATS and self.shape[1] == other.shape[0]):
@@ -161,7 +162,8 @@ def _dot_shape(a, b, name="dot"):
     return ()
 
 
-@defop("mm(Tensor self, Tensor mat2) -> Tensor", method=True)
+@defop("mm(Tensor self, Tensor mat2) -> Tensor", method=True,
+       tags=(Tag.core, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 def mm(xp, self, mat2):
     _mm_shape(self, mat2)
     _check_not_bool("addmm_impl_cpu_", self)
@@ -176,7 +178,8 @@ def _(grad, self, mat2):
     return grad.mm(mat2.mH), self.mH.mm(grad)
 
 
-@defop("bmm(Tensor self, Tensor mat2) -> Tensor", method=True)
+@defop("bmm(Tensor self, Tensor mat2) -> Tensor", method=True,
+       tags=(Tag.core, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 def bmm(xp, self, mat2):
     _bmm_shape(self, mat2)
     _check_not_bool("bmm", self)
@@ -191,7 +194,7 @@ def _(grad, self, mat2):
     return grad.bmm(mat2.mH), self.mH.bmm(grad)
 
 
-@defop("mv(Tensor self, Tensor vec) -> Tensor", method=True)
+@defop("mv(Tensor self, Tensor vec) -> Tensor", method=True, tags=(Tag.extern, Tag.autocast_lower_precision))
 def mv(xp, self, vec):
     _mv_shape(self, vec)
     _check_not_bool("addmv_impl_cpu", self)
@@ -206,7 +209,7 @@ def _(grad, self, vec):
     return grad.unsqueeze(-1) * vec.conj().unsqueeze(0), self.mH.mv(grad)
 
 
-@defop("dot(Tensor self, Tensor tensor) -> Tensor", method=True)
+@defop("dot(Tensor self, Tensor tensor) -> Tensor", method=True, tags=(Tag.extern, Tag.autocast_promote))
 def dot(xp, self, tensor):
     _dot_shape(self, tensor)
     _check_not_bool("dot", self)
@@ -261,9 +264,9 @@ def _combine(xp, self, prod, beta, alpha):
     return xp.broadcast_to(r, prod.shape).astype(dt.np)
 
 
-def _add_family(name, schema_tail, shape_fn, prod_fn, grad_fn):
+def _add_family(name, schema_tail, shape_fn, prod_fn, grad_fn, *, tags=()):
     @defop(f"{name}(Tensor self, {schema_tail}, *, Scalar beta=1, Scalar alpha=1) -> Tensor", method=True,
-           inplace=True)
+           inplace=True, tags=tags)
     def op(xp, self, a, b, *, beta=1, alpha=1):
         out = shape_fn(a, b)
         _check_self(name, self, b, out)
@@ -290,16 +293,19 @@ def _scale(t, alpha):
 
 
 addmm = _add_family("addmm", "Tensor mat1, Tensor mat2", _mm_shape, lambda xp, a, b: matmul_for(xp)(a, b),
-                    lambda g, a, b, al: (_scale(g.mm(b.mH), al), _scale(a.mH.mm(g), al)))
+                    lambda g, a, b, al: (_scale(g.mm(b.mH), al), _scale(a.mH.mm(g), al)),
+                    tags=(Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 addmv = _add_family("addmv", "Tensor mat, Tensor vec", _mv_shape, lambda xp, a, b: matmul_for(xp)(a, b),
                     lambda g, a, b, al: (_scale(g.unsqueeze(-1) * b.conj().unsqueeze(0), al),
-                                         _scale(a.mH.mv(g), al)))
+                                         _scale(a.mH.mv(g), al)), tags=(Tag.autocast_lower_precision,))
 baddbmm = _add_family("baddbmm", "Tensor batch1, Tensor batch2", _bmm_shape, lambda xp, a, b: matmul_for(xp)(a, b),
-                      lambda g, a, b, al: (_scale(g.bmm(b.mH), al), _scale(a.mH.bmm(g), al)))
+                      lambda g, a, b, al: (_scale(g.bmm(b.mH), al), _scale(a.mH.bmm(g), al)),
+                      tags=(Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 addbmm = _add_family("addbmm", "Tensor batch1, Tensor batch2", lambda a, b: _bmm_shape(a, b)[1:],
                      lambda xp, a, b: matmul_for(xp)(a, b).sum(0),
                      lambda g, a, b, al: (_scale(g.unsqueeze(0).expand(a.shape[0], *g.shape).bmm(b.mH), al),
-                                          _scale(a.mH.bmm(g.unsqueeze(0).expand(a.shape[0], *g.shape)), al)))
+                                          _scale(a.mH.bmm(g.unsqueeze(0).expand(a.shape[0], *g.shape)), al)),
+                                          tags=(Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 
 
 def _outer_shape(a, b):
@@ -312,7 +318,8 @@ def _outer_shape(a, b):
 
 addr = _add_family("addr", "Tensor vec1, Tensor vec2", _outer_shape,
                    lambda xp, a, b: a[:, None] * b[None, :],
-                   lambda g, a, b, al: (_scale(g.mv(b.conj()), al), _scale(g.mT.mv(a.conj()), al)))
+                   lambda g, a, b, al: (_scale(g.mv(b.conj()), al), _scale(g.mT.mv(a.conj()), al)),
+                   tags=(Tag.autocast_lower_precision,))
 
 
 @export("outer", method=True)
@@ -392,7 +399,10 @@ def _einsum_eq(eq, shapes):
     return ",".join(subs) + "->" + out, tuple(sizes[c] for c in out)
 
 
-@defop("einsum(str equation, Tensor[] tensors, *, int[]? path=None) -> Tensor", function=False)
+@defop("einsum(str equation, Tensor[] tensors, *, int[]? path=None) -> Tensor", function=False,
+       tags=(Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision),
+       no_decomposition="the contraction order (and hence the mm/bmm sequence) is a path-optimisation "
+                        "choice; the compiler calls it as an extern like mm")
 def _einsum(xp, equation, tensors, *, path=None):
     eq, _ = _einsum_eq(equation, [t.shape for t in tensors])
     for t in tensors[1:]:
@@ -566,7 +576,7 @@ def _cross_shape(a, b, dim):
     return shape, d
 
 
-@defop("linalg_cross(Tensor self, Tensor other, *, int dim=-1) -> Tensor")
+@defop("linalg_cross(Tensor self, Tensor other, *, int dim=-1) -> Tensor", tags=(Tag.autocast_promote,))
 def linalg_cross(xp, self, other, *, dim=-1):
     _, d = _cross_shape(self, other, dim)
     if self.dtype != other.dtype:

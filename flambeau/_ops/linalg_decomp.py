@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from .. import _dtype as D
-from ._registry import defop, export, TensorSpec, LINALG
+from ._registry import defop, export, TensorSpec, LINALG, Tag
 from ._helpers import wrap_dims
 from ._schema import return_type, parse
 from .linalg import type_name, _dt
@@ -80,7 +80,7 @@ def _vnorm_dtype(A, dtype):
 
 
 @defop("linalg_vector_norm(Tensor self, Scalar ord=2, int[1]? dim=None, bool keepdim=False, *, "
-       "ScalarType? dtype=None) -> Tensor")
+       "ScalarType? dtype=None) -> Tensor", tags=(Tag.autocast_fp32_opt,))
 def linalg_vector_norm(xp, self, ord=2, dim=None, keepdim=False, *, dtype=None):
     out = _vnorm_dtype(self, dtype)
     dims = _norm_dims(dim, self.ndim)
@@ -194,7 +194,7 @@ def norm(A, ord=None, dim=None, keepdim=False, *, dtype=None, out=None):
 
 
 # ---- determinants and inverse ----------------------------------------------------------------
-@defop("linalg_det(Tensor A) -> Tensor")
+@defop("linalg_det(Tensor A) -> Tensor", tags=(Tag.core, Tag.extern))
 def linalg_det(xp, A):
     _check_square("linalg.det", A)
     return xp.asarray(xp.linalg.det(A)).astype(A.dtype, copy=False)
@@ -212,7 +212,7 @@ _lin("det", linalg_det)
 export("det", method=True)(lambda input: linalg_det(input))
 
 
-@defop("linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet)")
+@defop("linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet)", tags=(Tag.core, Tag.extern))
 def linalg_slogdet(xp, A):
     _check_square("linalg.slogdet", A)
     sign, logabs = xp.linalg.slogdet(A)
@@ -240,7 +240,7 @@ def logdet(input):
     return logabs + sign.log()
 
 
-@defop("linalg_inv(Tensor A) -> Tensor")
+@defop("linalg_inv(Tensor A) -> Tensor", tags=(Tag.core, Tag.extern, Tag.cpu_autocast_fp32))
 def linalg_inv(xp, A):
     _check_square("linalg.inv", A)
     msg = "The diagonal element is zero, the inversion could not be completed because the input matrix is singular"
@@ -284,7 +284,7 @@ def _mshape(s):
     return "x".join(map(str, s))
 
 
-@defop("linalg_solve(Tensor A, Tensor B) -> Tensor", function=False)
+@defop("linalg_solve(Tensor A, Tensor B) -> Tensor", function=False, tags=(Tag.core, Tag.extern, Tag.cpu_autocast_fp32))
 def linalg_solve(xp, A, B):
     shape, vec = _solve_check(A, B)
     msg = "The solver failed because the input matrix is singular"
@@ -311,7 +311,7 @@ def solve(A, B, *, left=True, out=None):
 
 
 # ---- factorisations --------------------------------------------------------------------------
-@defop("linalg_cholesky(Tensor A, *, bool upper=False) -> Tensor")
+@defop("linalg_cholesky(Tensor A, *, bool upper=False) -> Tensor", tags=(Tag.core, Tag.extern, Tag.cpu_autocast_fp32))
 def linalg_cholesky(xp, A, *, upper=False):
     _check_square("linalg.cholesky", A)
     msg = "The factorization could not be completed because the input is not positive-definite"
@@ -337,7 +337,8 @@ _lin("cholesky", linalg_cholesky)
 export("cholesky", method=True)(lambda input, upper=False: linalg_cholesky(input, upper=upper))
 
 
-@defop("linalg_eigh(Tensor self, str UPLO=\"L\") -> (Tensor eigenvalues, Tensor eigenvectors)")
+@defop("linalg_eigh(Tensor self, str UPLO=\"L\") -> (Tensor eigenvalues, Tensor eigenvectors)",
+       tags=(Tag.core, Tag.extern, Tag.cpu_autocast_fp32))
 def linalg_eigh(xp, self, UPLO="L"):
     _check_square("linalg.eigh", self)
     w, v = _lapack(xp, "linalg.eigh", xp.linalg.eigh, self, UPLO, msg="The algorithm failed to converge")
@@ -364,7 +365,8 @@ _lin("eigh", linalg_eigh)
 LINALG["eigvalsh"] = lambda A, UPLO="L", *, out=None: linalg_eigh(A, UPLO)[0]
 
 
-@defop("linalg_svd(Tensor A, bool full_matrices=True, *, str? driver=None) -> (Tensor U, Tensor S, Tensor Vh)")
+@defop("linalg_svd(Tensor A, bool full_matrices=True, *, str? driver=None) -> (Tensor U, Tensor S, Tensor Vh)",
+       tags=(Tag.core, Tag.extern, Tag.cpu_autocast_fp32))
 def linalg_svd(xp, A, full_matrices=True, *, driver=None):
     _check_float("linalg.svd", A)
     U, S, Vh = _lapack(xp, "linalg.svd", lambda a: xp.linalg.svd(a, full_matrices=full_matrices), A,
@@ -426,7 +428,7 @@ def svd(input, some=True, compute_uv=True):
 _SVD = return_type(parse("svd(Tensor self) -> (Tensor U, Tensor S, Tensor V)"))
 
 
-@defop("linalg_svdvals(Tensor A, *, str? driver=None) -> Tensor")
+@defop("linalg_svdvals(Tensor A, *, str? driver=None) -> Tensor", tags=(Tag.core, Tag.extern, Tag.cpu_autocast_fp32))
 def linalg_svdvals(xp, A, *, driver=None):
     _check_float("linalg.svdvals", A)
     return xp.linalg.svd(A, compute_uv=False).astype(_dt(A).to_real().np, copy=False)
@@ -447,7 +449,8 @@ def _(grad, A):
 _lin("svdvals", linalg_svdvals)
 
 
-@defop("linalg_qr(Tensor A, str mode=\"reduced\") -> (Tensor Q, Tensor R)")
+@defop("linalg_qr(Tensor A, str mode=\"reduced\") -> (Tensor Q, Tensor R)",
+       tags=(Tag.core, Tag.extern, Tag.cpu_autocast_fp32))
 def linalg_qr(xp, A, mode="reduced"):
     _check_float("linalg.qr", A)
     if mode not in ("reduced", "complete", "r"):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import _dtype as D
 from .._backends.cpu_kernels import matmul_for
-from ._registry import defop, export, TensorSpec
+from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 
 
@@ -24,7 +24,7 @@ def _check(input, weight, bias):
 
 
 @defop("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor", namespace="nn.functional",
-       function=False)
+       function=False, tags=(Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 def linear(xp, input, weight, bias=None):
     _check(input, weight, bias)
     dt = D.FROM_NP[input.dtype]

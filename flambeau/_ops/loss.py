@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 
 from .. import _dtype as D
-from ._registry import defop, export, TensorSpec
+from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 from .activation import pointwise_family, _sigmoid, _softplus, relu, log_sigmoid, softplus, \
     cosine_similarity, pairwise_distance
@@ -167,7 +167,8 @@ def _ce_backward(xp, grad, self, target, weight, reduction, ignore_index, ls, fu
 
 
 @defop("cross_entropy_loss(Tensor self, Tensor target, Tensor? weight=None, int reduction=1, "
-       "SymInt ignore_index=-100, float label_smoothing=0.0) -> Tensor", function=False)
+       "SymInt ignore_index=-100, float label_smoothing=0.0) -> Tensor", function=False,
+       tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 def cross_entropy_loss(xp, self, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
     return _ce_forward(xp, self, target, weight, reduction, ignore_index, label_smoothing, True)
 
@@ -195,7 +196,7 @@ def _(grad, self, target, weight, reduction, ignore_index, label_smoothing):
 
 
 @defop("nll_loss_nd(Tensor self, Tensor target, Tensor? weight=None, int reduction=1, SymInt ignore_index=-100) "
-       "-> Tensor", function=False)
+       "-> Tensor", function=False, tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 def nll_loss_nd(xp, self, target, weight=None, reduction=1, ignore_index=-100):
     if _dt(target).category >= D.FLOATING:
         _ce_check(self, target, weight, False)
@@ -253,9 +254,11 @@ def _size(t):
 
 _TT = ("self", "target")
 mse_loss_op = pointwise_family("mse_loss", tensors=_TT, fwd=lambda xp, x, t: (x - t) * (x - t),
-                               bwd=lambda xp, g, x, t: (2 * (x - t) * g, -2 * (x - t) * g))
+                               bwd=lambda xp, g, x, t: (2 * (x - t) * g, -2 * (x - t) * g),
+                               tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 l1_loss_op = pointwise_family("l1_loss", tensors=_TT, fwd=lambda xp, x, t: xp.abs(x - t),
-                              bwd=lambda xp, g, x, t: (xp.sign(x - t) * g, -xp.sign(x - t) * g))
+                              bwd=lambda xp, g, x, t: (xp.sign(x - t) * g, -xp.sign(x - t) * g),
+                              tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 
 
 def _sl1_fwd(xp, x, t, beta):
@@ -269,7 +272,8 @@ def _sl1_bwd(xp, g, x, t, beta):
     return r * g, -r * g
 
 
-smooth_l1_op = pointwise_family("smooth_l1_loss", "float beta", tensors=_TT, fwd=_sl1_fwd, bwd=_sl1_bwd)
+smooth_l1_op = pointwise_family("smooth_l1_loss", "float beta", tensors=_TT, fwd=_sl1_fwd, bwd=_sl1_bwd,
+                                tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 
 
 def _huber_fwd(xp, x, t, delta):
@@ -283,11 +287,13 @@ def _huber_bwd(xp, g, x, t, delta):
     return r * g, -r * g
 
 
-huber_op = pointwise_family("huber_loss", "float delta", tensors=_TT, fwd=_huber_fwd, bwd=_huber_bwd)
+huber_op = pointwise_family("huber_loss", "float delta", tensors=_TT, fwd=_huber_fwd, bwd=_huber_bwd,
+                            tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 
 soft_margin_op = pointwise_family(
     "soft_margin_loss", tensors=_TT, fwd=lambda xp, x, t: _softplus(xp, -t * x),
-    bwd=lambda xp, g, x, t: (-t * _sigmoid(xp, -t * x) * g, -x * _sigmoid(xp, -t * x) * g))
+    bwd=lambda xp, g, x, t: (-t * _sigmoid(xp, -t * x) * g, -x * _sigmoid(xp, -t * x) * g),
+    tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 
 
 def _bce_fwd(xp, x, t):
@@ -302,7 +308,8 @@ def _bce_bwd(xp, g, x, t):
     return gx, gt
 
 
-bce_op = pointwise_family("binary_cross_entropy", tensors=_TT, fwd=_bce_fwd, bwd=_bce_bwd)
+bce_op = pointwise_family("binary_cross_entropy", tensors=_TT, fwd=_bce_fwd, bwd=_bce_bwd,
+                          tags=(Tag.autocast_banned, Tag.cpu_autocast_fp32))
 
 
 def _kl_fwd(xp, x, t, log_target):
@@ -317,7 +324,8 @@ def _kl_bwd(xp, g, x, t, log_target):
     return -t * g, (xp.log(xp.where(t > 0, t, 1)) + 1 - x) * g
 
 
-kl_div_op = pointwise_family("kl_div_elementwise", "bool log_target", tensors=_TT, fwd=_kl_fwd, bwd=_kl_bwd)
+kl_div_op = pointwise_family("kl_div_elementwise", "bool log_target", tensors=_TT, fwd=_kl_fwd, bwd=_kl_bwd,
+                             tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 
 
 def _pnll_fwd(xp, x, t, log_input, full, eps):
@@ -340,7 +348,8 @@ def _pnll_bwd(xp, g, x, t, log_input, full, eps):
 
 
 poisson_op = pointwise_family("poisson_nll_loss_elementwise", "bool log_input, bool full, float eps",
-                              tensors=_TT, fwd=_pnll_fwd, bwd=_pnll_bwd)
+                              tensors=_TT, fwd=_pnll_fwd, bwd=_pnll_bwd,
+                              tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 
 
 def _hinge_fwd(xp, x, t, margin):
@@ -352,7 +361,8 @@ def _hinge_bwd(xp, g, x, t, margin):
 
 
 hinge_op = pointwise_family("hinge_embedding_loss_elementwise", "float margin", tensors=_TT,
-                            fwd=_hinge_fwd, bwd=_hinge_bwd, grads=("self",))
+                            fwd=_hinge_fwd, bwd=_hinge_bwd, grads=("self",),
+                            tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 
 
 def _mr_bwd(xp, g, x1, x2, t, margin):
@@ -362,7 +372,8 @@ def _mr_bwd(xp, g, x1, x2, t, margin):
 
 margin_ranking_op = pointwise_family(
     "margin_ranking_loss_elementwise", "float margin", tensors=("input1", "input2", "target"),
-    fwd=lambda xp, x1, x2, t, margin: xp.maximum(-t * (x1 - x2) + margin, 0), bwd=_mr_bwd)
+    fwd=lambda xp, x1, x2, t, margin: xp.maximum(-t * (x1 - x2) + margin, 0), bwd=_mr_bwd,
+    tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 
 
 def _gnll_fwd(xp, x, t, v, eps):

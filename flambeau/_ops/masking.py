@@ -12,7 +12,7 @@ import numpy as np
 from .. import _dtype as D
 from .. import _state
 from .._tensor import Tensor
-from ._registry import defop, export, TensorSpec, OPS, EXPORTS
+from ._registry import defop, export, TensorSpec, OPS, EXPORTS, Tag
 from ._helpers import wrap_dim, broadcast_shapes, result_type
 from .indexing import _ufunc_at, _fill_value, _tn
 from .shape import with_out
@@ -25,7 +25,8 @@ def _bool_mask(name, mask):
 
 
 # ---- masked_fill / masked_scatter / masked_select -----------------------------------------------------
-@defop("masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor", function=False, inplace=True)
+@defop("masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor", function=False, inplace=True,
+       tags=(Tag.recomputable,))
 def _masked_fill_s(xp, self, mask, value):
     _bool_mask("masked_fill_", mask)
     if self.dtype.kind in "iub" and isinstance(value, float) and not np.isfinite(value):
@@ -99,7 +100,7 @@ def _(grad, mask, source_meta):
     return grad.masked_fill(mask, 0), None, cat([sel, pad]).reshape(source_meta.shape)
 
 
-@defop("masked_select(Tensor self, Tensor mask) -> Tensor", method=True)
+@defop("masked_select(Tensor self, Tensor mask) -> Tensor", method=True, tags=(Tag.core, Tag.extern))
 def masked_select(xp, self, mask):
     _bool_mask("masked_select", mask)
     shape = broadcast_shapes(self.shape, mask.shape)
@@ -114,7 +115,7 @@ def _(grad, self_meta, mask):
 
 
 # ---- nonzero / argwhere / where(cond) -------------------------------------------------------------------
-@defop("nonzero(Tensor self) -> Tensor", function=False, tags=("nondifferentiable",))
+@defop("nonzero(Tensor self) -> Tensor", function=False, tags=(Tag.core, Tag.nondifferentiable, Tag.extern))
 def _nonzero(xp, self):
     if self.ndim == 0:
         return xp.zeros((1 if self.item() else 0, 0), dtype=np.int64)
@@ -254,7 +255,8 @@ def _ss_check(seq, vals_shape):
 
 
 @defop("searchsorted.Tensor(Tensor sorted_sequence, Tensor self, *, bool out_int32=False, bool right=False, "
-       "str? side=None, Tensor? sorter=None) -> Tensor", function=False, tags=("nondifferentiable",))
+       "str? side=None, Tensor? sorter=None) -> Tensor", function=False,
+       tags=(Tag.core, Tag.nondifferentiable, Tag.extern))
 def _searchsorted(xp, sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
     side = _side(right, side)
     _ss_check(sorted_sequence, self.shape)
@@ -290,7 +292,7 @@ def bucketize(input, boundaries, *, out_int32=False, right=False, out=None):
 
 
 @defop("bincount(Tensor self, Tensor? weights=None, int minlength=0) -> Tensor", method=True,
-       tags=("nondifferentiable",))
+       tags=(Tag.core, Tag.nondifferentiable, Tag.extern))
 def bincount(xp, self, weights=None, minlength=0):
     if self.dtype.kind not in "iub":
         raise NotImplementedError(f"\"bincount_cpu\" not implemented for '{_tn(self.dtype)}'")
@@ -312,7 +314,7 @@ def bincount(xp, self, weights=None, minlength=0):
 
 
 @defop("histc(Tensor self, int bins=100, Scalar min=0, Scalar max=0) -> Tensor", method=True,
-       tags=("nondifferentiable",))
+       tags=(Tag.core, Tag.nondifferentiable, Tag.extern))
 def histc(xp, self, bins=100, min=0, max=0):
     if self.dtype.kind not in "fV":
         raise RuntimeError(f"\"histogram_cpu\" not implemented for '{_tn(self.dtype)}'")
@@ -338,7 +340,7 @@ histc.def_meta(lambda self, bins=100, min=0, max=0: TensorSpec((bins,), self.dty
 
 
 @defop("isin.Tensor_Tensor(Tensor elements, Tensor test_elements, *, bool assume_unique=False, bool invert=False) "
-       "-> Tensor", function=False, tags=("nondifferentiable",))
+       "-> Tensor", function=False, tags=(Tag.core, Tag.nondifferentiable, Tag.extern))
 def _isin(xp, elements, test_elements, *, assume_unique=False, invert=False):
     dt = result_type(elements, test_elements).np
     return xp.isin(elements.astype(dt, copy=False), test_elements.astype(dt, copy=False).reshape(-1),

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import _dtype as D
 from .._backends import cpu_kernels, cudnn
-from ._registry import defop, export, TensorSpec
+from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 
 
@@ -454,7 +454,8 @@ def conv_weight_grad_arrays(xp, x, gy, wshape, st, pad, dil, groups):
 
 # ---- ops ---------------------------------------------------------------------------------------
 @defop("convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, "
-       "SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor")
+       "SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor",
+       tags=(Tag.core, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 def convolution(xp, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     dt = _dtype_checks(input, weight, bias)
     shape = conv_output_shape(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
@@ -501,7 +502,7 @@ def _(grad, input, weight, bias_meta, stride, padding, dilation, transposed, gro
 
 
 @defop("_convolution_weight_grad(Tensor input, Tensor grad_output, SymInt[] weight_size, SymInt[] stride, "
-       "SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor", function=False)
+       "SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor", function=False, tags=(Tag.core, Tag.extern))
 def _convolution_weight_grad(xp, input, grad_output, weight_size, stride, padding, dilation, groups):
     nd = len(weight_size) - 2
     st, pd, dl = ntuple(stride, nd, "stride"), ntuple(padding, nd, "padding"), ntuple(dilation, nd, "dilation")
@@ -605,7 +606,7 @@ def _im2col_shape(shape, kernel_size, dilation, padding, stride):
 
 
 @defop("im2col(Tensor self, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor",
-       function=False)
+       function=False, tags=(Tag.core, Tag.extern))
 def im2col(xp, self, kernel_size, dilation, padding, stride):
     shape = _im2col_shape(self.shape, kernel_size, dilation, padding, stride)
     ks, dl, pd, st = _fold_args(kernel_size, dilation, padding, stride)
@@ -643,7 +644,7 @@ def _col2im_shape(shape, output_size, kernel_size, dilation, padding, stride):
 
 
 @defop("col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, "
-       "int[2] stride) -> Tensor", function=False)
+       "int[2] stride) -> Tensor", function=False, tags=(Tag.core, Tag.extern))
 def col2im(xp, self, output_size, kernel_size, dilation, padding, stride):
     shape, blocks = _col2im_shape(self.shape, output_size, kernel_size, dilation, padding, stride)
     ks, dl, pd, st = _fold_args(kernel_size, dilation, padding, stride)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtype as D
-from ._registry import defop, export, TensorSpec
+from ._registry import defop, export, TensorSpec, Tag
 from .nn_resample import _taps_gather
 
 
@@ -207,7 +207,7 @@ def _(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
 
 
 @defop("embedding_renorm(Tensor self, Tensor indices, float max_norm, float norm_type) -> Tensor",
-       function=False, inplace=True, tags=("nondifferentiable",))
+       function=False, inplace=True, tags=(Tag.core, Tag.nondifferentiable, Tag.extern))
 def embedding_renorm(xp, self, indices, max_norm, norm_type):
     out = self.copy()
     rows = xp.unique(indices.reshape(-1))
@@ -316,7 +316,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
 
 
 @defop("one_hot(Tensor self, int num_classes=-1) -> Tensor", namespace="nn.functional", function=False,
-       tags=("nondifferentiable",))
+       tags=(Tag.nondifferentiable,))
 def one_hot(xp, self, num_classes=-1):
     if self.dtype != np.int64:
         raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from .. import _dtype as D
-from ._registry import defop, export, TensorSpec
+from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 from .nn_conv import ntuple
 from .nn_resample import _taps_gather, _plane_scatter_add
@@ -101,7 +101,8 @@ def _def_max_pool(nd):
     name = f"max_pool{nd}d_with_indices"
 
     @defop(f"{name}(Tensor self, int[{nd}] kernel_size, int[{nd}] stride=[], int[{nd}] padding=0, "
-           f"int[{nd}] dilation=1, bool ceil_mode=False) -> (Tensor output, Tensor indices)", function=False)
+           f"int[{nd}] dilation=1, bool ceil_mode=False) -> (Tensor output, Tensor indices)", function=False,
+           tags=(Tag.core, Tag.extern) + ((Tag.cpu_autocast_fp32,) if nd == 3 else ()))
     def op(xp, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
         ks, st, pd, dl = _pool_args(nd, kernel_size, stride, padding, dilation)
         shape = _pool_shape(f"max_pool{nd}d", self.shape, nd, ks, st, pd, dl, ceil_mode)
@@ -238,7 +239,8 @@ def _def_adaptive_max(nd):
     def _shape(self, output_size):
         return tuple(self.shape[:-nd]) + tuple(output_size)
 
-    @defop(f"{name}(Tensor self, int[{nd}] output_size) -> (Tensor, Tensor)", function=False)
+    @defop(f"{name}(Tensor self, int[{nd}] output_size) -> (Tensor, Tensor)", function=False,
+           tags=(Tag.core, Tag.extern) + ((Tag.cpu_autocast_fp32,) if nd == 3 else ()))
     def op(xp, self, output_size):
         S = self.shape[-nd:]
         pos, valid = [], []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from .. import _dtype as D
-from ._registry import defop, TensorSpec
+from ._registry import defop, TensorSpec, Tag
 from ._helpers import opmath
 
 
@@ -53,7 +53,8 @@ def _scatter_axis(xp, g, idx, w, ax, n):
     return xp.moveaxis(r.reshape(lead + (n,)), -1, ax)
 
 
-@defop("_taps_gather(Tensor self, Tensor[] indices, Tensor[] weights) -> Tensor", function=False)
+@defop("_taps_gather(Tensor self, Tensor[] indices, Tensor[] weights) -> Tensor", function=False,
+       tags=(Tag.core, Tag.extern))
 def _taps_gather(xp, self, indices, weights):
     _check_tables(self.shape, indices, weights)
     dt = D.FROM_NP[self.dtype]
@@ -78,7 +79,7 @@ def _(grad, self_meta, indices, weights):
 
 
 @defop("_taps_gather_backward(Tensor grad, Tensor[] indices, Tensor[] weights, SymInt[] self_size) -> Tensor",
-       function=False)
+       function=False, tags=(Tag.core, Tag.extern))
 def _taps_gather_backward(xp, grad, indices, weights, self_size):
     n = len(indices)
     nd = len(self_size)
@@ -104,7 +105,8 @@ def _planes(shape, nplane):
     return lead, math.prod(lead), math.prod(shape[len(shape) - nplane:])
 
 
-@defop("_plane_gather(Tensor self, Tensor indices, int plane_dims) -> Tensor", function=False)
+@defop("_plane_gather(Tensor self, Tensor indices, int plane_dims) -> Tensor", function=False,
+       tags=(Tag.core, Tag.extern))
 def _plane_gather(xp, self, indices, plane_dims):
     lead, R, P = _planes(self.shape, plane_dims)
     idx = indices.reshape(R, -1) if R else indices.reshape(0, 0)
@@ -122,7 +124,8 @@ def _(grad, self_meta, indices, plane_dims):
     return _plane_scatter_add(grad, indices, tuple(self_meta.shape), plane_dims), None
 
 
-@defop("_plane_scatter_add(Tensor self, Tensor indices, SymInt[] size, int plane_dims) -> Tensor", function=False)
+@defop("_plane_scatter_add(Tensor self, Tensor indices, SymInt[] size, int plane_dims) -> Tensor", function=False,
+       tags=(Tag.core, Tag.extern))
 def _plane_scatter_add(xp, self, indices, size, plane_dims):
     lead, R, P = _planes(tuple(size), plane_dims)
     if R == 0 or self.size == 0:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtype as D
-from ._registry import defop, export, TensorSpec
+from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 
 
@@ -56,7 +56,7 @@ def _ln_check(shape, normalized_shape, weight, bias):
 
 
 @defop("native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) "
-       "-> (Tensor, Tensor, Tensor)")
+       "-> (Tensor, Tensor, Tensor)", tags=(Tag.autocast_fp32,))
 def native_layer_norm(xp, input, normalized_shape, weight, bias, eps):
     axes = _ln_check(input.shape, normalized_shape, weight, bias)
     dt, cd = _float("LayerNorm", input)
@@ -289,7 +289,7 @@ def _grouped(x, N, C, group):
 
 
 @defop("native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, "
-       "float eps) -> (Tensor, Tensor, Tensor)")
+       "float eps) -> (Tensor, Tensor, Tensor)", tags=(Tag.autocast_fp32,))
 def native_group_norm(xp, input, weight, bias, N, C, HxW, group, eps):
     _gn_check(input, group, weight, bias)
     dt, cd = _float("group_norm", input)
@@ -384,7 +384,7 @@ def _rng(xp):
     return rng(xp)
 
 
-@defop("native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)", nondeterministic=True)
+@defop("native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)", tags=(Tag.nondeterministic_seeded,))
 def native_dropout(xp, input, p, train):
     dt = D.FROM_NP[input.dtype]
     if train is False:

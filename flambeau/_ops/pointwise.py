@@ -15,7 +15,7 @@ import numpy as np
 from .. import _dtype as D
 from .. import _state
 from .._tensor import Tensor
-from ._registry import defop, export, TensorSpec
+from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import (binary_kernel, binary_meta, unary_kernel, unary_meta, dtype_of, result_type, opmath,
                        round_to, cast, broadcast_shapes, shape_of)
 
@@ -24,7 +24,8 @@ def _conj(x):
     return x.conj() if hasattr(x, "is_complex") and x.is_complex() else x
 
 
-@defop("add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", method=True, inplace=True)
+@defop("add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", method=True, inplace=True,
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 def add(xp, self, other, *, alpha=1):
     return _add_kernel(xp, self, other if alpha == 1 else _scaled(other, alpha))
 
@@ -52,7 +53,8 @@ def _(grad, alpha):
     return grad, (grad if alpha == 1 else grad * alpha)
 
 
-@defop("sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", method=True, inplace=True)
+@defop("sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", method=True, inplace=True,
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 def sub(xp, self, other, *, alpha=1):
     _sub_check(self, other)
     return _sub_kernel(xp, self, other if alpha == 1 else _scaled(other, alpha))
@@ -67,7 +69,8 @@ def _(grad, alpha):
     return grad, (-grad if alpha == 1 else grad * -alpha)
 
 
-@defop("mul.Tensor(Tensor self, Tensor other) -> Tensor", method=True, inplace=True)
+@defop("mul.Tensor(Tensor self, Tensor other) -> Tensor", method=True, inplace=True,
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 def mul(xp, self, other):
     return _mul_kernel(xp, self, other)
 
@@ -81,7 +84,8 @@ def _(grad, self, other):
     return grad * _conj(other), grad * _conj(self)
 
 
-@defop("div.Tensor(Tensor self, Tensor other) -> Tensor", method=False, function=False, inplace=True)
+@defop("div.Tensor(Tensor self, Tensor other) -> Tensor", method=False, function=False, inplace=True,
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 def div(xp, self, other):
     return _div_kernel(xp, self, other)
 
@@ -96,7 +100,7 @@ def _(grad, self, other):
     return g_self, -g_self * _conj(self) / _conj(other)
 
 
-@defop("neg(Tensor self) -> Tensor", method=True, inplace=True)
+@defop("neg(Tensor self) -> Tensor", method=True, inplace=True, tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 def neg(xp, self):
     if self.dtype == bool:
         raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. If you are "
@@ -112,7 +116,8 @@ def _(grad):
     return -grad
 
 
-@defop("exp(Tensor self) -> Tensor", method=True, inplace=True)
+@defop("exp(Tensor self) -> Tensor", method=True, inplace=True,
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
 def exp(xp, self):
     return _exp(xp, self)
 
@@ -126,7 +131,7 @@ def _(grad, result):
     return grad * _conj(result)
 
 
-@defop("conj_physical(Tensor self) -> Tensor", method=True, inplace=True)
+@defop("conj_physical(Tensor self) -> Tensor", method=True, inplace=True, tags=(Tag.core, Tag.extern))
 def conj_physical(xp, self):
     return xp.conj(self) if self.dtype.kind == "c" else self.copy()
 
@@ -283,7 +288,7 @@ def _check_mode(rounding_mode):
 
 
 @defop("div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor", function=False,
-       inplace=True)
+       inplace=True, tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 def div_mode(xp, self, other, *, rounding_mode):
     _check_mode(rounding_mode)
     if rounding_mode is None:
@@ -345,10 +350,12 @@ def _fmod(xp, a, b):
 
 remainder = binary("remainder.Tensor(Tensor self, Tensor other) -> Tensor", _remainder,
                    lambda grad, self, other: (grad, -grad * div_mode(self, other, rounding_mode="floor")
-                                              if _t(other) else None), bad=(D.BOOL, D.COMPLEX))
+                                              if _t(other) else None), bad=(D.BOOL, D.COMPLEX),
+                                              tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 fmod = binary("fmod.Tensor(Tensor self, Tensor other) -> Tensor", _fmod,
               lambda grad, self, other: (grad, -grad * div_mode(self, other, rounding_mode="trunc")
-                                         if _t(other) else None), bad=(D.BOOL, D.COMPLEX), scalars="other")
+                                         if _t(other) else None), bad=(D.BOOL, D.COMPLEX), scalars="other",
+                                         tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 
 
 @defop("rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor")
@@ -411,7 +418,7 @@ def _pow_grads(grad, self, exponent, result):
 
 
 pow = binary("pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor", _pow, _pow_grads, bad=(D.BOOL,),
-             check=_pow_check)
+             check=_pow_check, tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
 
 
 def _float_power(xp, a, b):
@@ -468,7 +475,8 @@ def _atan2_grad(grad, self, other):
 
 
 atan2 = binary("atan2(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.arctan2(a, b),
-               _atan2_grad, kind="float", bad=(D.COMPLEX,), scalars="none")
+               _atan2_grad, kind="float", bad=(D.COMPLEX,), scalars="none",
+               tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_promote))
 export("arctan2", method=True)(atan2)
 export("arctan2_", method=True, function=False)(atan2.inplace)
 hypot = binary("hypot(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.hypot(a, b), _hyp_grad,
@@ -493,9 +501,11 @@ def _complex_minmax(name):
 
 
 maximum = binary("maximum(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.maximum(a, b),
-                 _minmax_grads(lambda x, y: x > y), check=_complex_minmax("maximum"), inplace=False, scalars="none")
+                 _minmax_grads(lambda x, y: x > y), check=_complex_minmax("maximum"), inplace=False, scalars="none",
+                 tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 minimum = binary("minimum(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.minimum(a, b),
-                 _minmax_grads(lambda x, y: x < y), check=_complex_minmax("minimum"), inplace=False, scalars="none")
+                 _minmax_grads(lambda x, y: x < y), check=_complex_minmax("minimum"), inplace=False, scalars="none",
+                 tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 
 
 def _fminmax_grads(cmp):
@@ -562,7 +572,8 @@ logaddexp2 = binary("logaddexp2(Tensor self, Tensor other) -> Tensor", lambda xp
                     bad=(D.BOOL, D.INTEGER, D.COMPLEX), inplace=False, scalars="none")
 
 
-@defop("nextafter(Tensor self, Tensor other) -> Tensor", method=True, inplace=True)
+@defop("nextafter(Tensor self, Tensor other) -> Tensor", method=True, inplace=True,
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 def nextafter(xp, self, other):
     require_tensors("nextafter", self, other, "none")
     dt = result_type(self, other)
@@ -591,23 +602,27 @@ def _ordered(name):
     return check
 
 
-eq = binary("eq.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.equal(a, b), kind="bool", scalars="other")
-ne = binary("ne.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.not_equal(a, b), kind="bool", scalars="other")
+eq = binary("eq.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.equal(a, b), kind="bool", scalars="other",
+            tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+ne = binary("ne.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.not_equal(a, b), kind="bool", scalars="other",
+            tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 lt = binary("lt.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.less(a, b), kind="bool",
-            check=_ordered("lt"), scalars="other")
+            check=_ordered("lt"), scalars="other", tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 le = binary("le.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.less_equal(a, b),
-            kind="bool", check=_ordered("le"), scalars="other")
+            kind="bool", check=_ordered("le"), scalars="other", tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 gt = binary("gt.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.greater(a, b),
-            kind="bool", check=_ordered("gt"), scalars="other")
+            kind="bool", check=_ordered("gt"), scalars="other", tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 ge = binary("ge.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.greater_equal(a, b),
-            kind="bool", check=_ordered("ge"), scalars="other")
+            kind="bool", check=_ordered("ge"), scalars="other", tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 for _n, _op in [("greater", gt), ("greater_equal", ge), ("less", lt), ("less_equal", le), ("not_equal", ne)]:
     export(_n, method=True)(_op)
     export(_n + "_", method=True, function=False)(_op.inplace)
 logical_and = binary("logical_and(Tensor self, Tensor other) -> Tensor",
-                     lambda xp, a, b: xp.logical_and(a, b), kind="bool", scalars="none")
+                     lambda xp, a, b: xp.logical_and(a, b), kind="bool", scalars="none",
+                     tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 logical_or = binary("logical_or(Tensor self, Tensor other) -> Tensor",
-                    lambda xp, a, b: xp.logical_or(a, b), kind="bool", scalars="none")
+                    lambda xp, a, b: xp.logical_or(a, b), kind="bool", scalars="none",
+                    tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 logical_xor = binary("logical_xor(Tensor self, Tensor other) -> Tensor",
                      lambda xp, a, b: xp.logical_xor(a, b), kind="bool", scalars="none")
 
@@ -663,11 +678,13 @@ def equal(input, other) -> bool:
 
 # ---- bitwise and integer ops ---------------------------------------------------------------------
 bitwise_and = binary("bitwise_and.Tensor(Tensor self, Tensor other) -> Tensor",
-                     lambda xp, a, b: xp.bitwise_and(a, b), bad=(D.FLOATING, D.COMPLEX))
+                     lambda xp, a, b: xp.bitwise_and(a, b), bad=(D.FLOATING, D.COMPLEX),
+                     tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 bitwise_or = binary("bitwise_or.Tensor(Tensor self, Tensor other) -> Tensor",
-                    lambda xp, a, b: xp.bitwise_or(a, b), bad=(D.FLOATING, D.COMPLEX))
+                    lambda xp, a, b: xp.bitwise_or(a, b), bad=(D.FLOATING, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 bitwise_xor = binary("bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor",
-                     lambda xp, a, b: xp.bitwise_xor(a, b), bad=(D.FLOATING, D.COMPLEX))
+                     lambda xp, a, b: xp.bitwise_xor(a, b), bad=(D.FLOATING, D.COMPLEX),
+                     tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 
 
 def _shift(left):
@@ -686,11 +703,13 @@ def _shift(left):
 
 
 bitwise_left_shift = binary("bitwise_left_shift.Tensor(Tensor self, Tensor other) -> Tensor", _shift(True),
-                            bad=(D.BOOL, D.FLOATING, D.COMPLEX))
+                            bad=(D.BOOL, D.FLOATING, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 bitwise_right_shift = binary("bitwise_right_shift.Tensor(Tensor self, Tensor other) -> Tensor",
-                             _shift(False), bad=(D.BOOL, D.FLOATING, D.COMPLEX))
-gcd = binary("gcd(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.gcd(a, b), bad=(D.BOOL, D.FLOATING, D.COMPLEX), scalars="none")
-lcm = binary("lcm(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.lcm(a, b), bad=(D.BOOL, D.FLOATING, D.COMPLEX), scalars="none")
+                             _shift(False), bad=(D.BOOL, D.FLOATING, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+gcd = binary("gcd(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.gcd(a, b), bad=(D.BOOL, D.FLOATING, D.COMPLEX), scalars="none",
+             tags=(Tag.core, Tag.extern))
+lcm = binary("lcm(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.lcm(a, b), bad=(D.BOOL, D.FLOATING, D.COMPLEX), scalars="none",
+             tags=(Tag.core, Tag.extern))
 
 
 def _heaviside(xp, a, b):

@@ -17,7 +17,7 @@ import numpy as np
 from .. import _dtype as D
 from .. import _state
 from .._tensor import Tensor
-from ._registry import defop, export, TensorSpec, METHODS, EXPORTS, SPECIAL
+from ._registry import defop, export, TensorSpec, METHODS, EXPORTS, SPECIAL, Tag
 from ._helpers import opmath
 from .pointwise import _conj
 
@@ -50,7 +50,7 @@ def _zeros(grad):
 
 
 def unary(name, fn, deriv=None, *, kind="float", bad=(), bad_exc=None, real_out=False, method=True,
-          inplace=True, namespace=None, schema=None, function=True):
+          inplace=True, namespace=None, schema=None, function=True, tags=()):
     """Declare `name(Tensor self) -> Tensor` computing `fn(xp, a)` (a in the compute dtype)."""
     def check(dt):
         if dt.category in bad:
@@ -72,7 +72,7 @@ def unary(name, fn, deriv=None, *, kind="float", bad=(), bad_exc=None, real_out=
         return TensorSpec(self.shape, result_dtype(kind, self.dtype, real_out))
 
     op = defop(schema or f"{name}(Tensor self) -> Tensor", method=method, inplace=inplace,
-               namespace=namespace, function=function)(kernel)
+               namespace=namespace, function=function, tags=tags)(kernel)
     op.def_meta(meta)
     if deriv is not None:
         op.def_derivative(deriv)
@@ -92,7 +92,7 @@ _LN2, _LN10 = math.log(2.0), math.log(10.0)
 _c = _conj
 
 abs = unary("abs", lambda xp, a: xp.abs(a), lambda grad, self: grad * self.sgn(), kind="same",
-            bad=(D.BOOL,), real_out=True)
+            bad=(D.BOOL,), real_out=True, tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 
 
 @export("abs_", method=True, function=False)
@@ -103,7 +103,7 @@ def abs_(self):
 
 
 sign = unary("sign", lambda xp, a: a.copy() if a.dtype == bool else xp.sign(a),
-             lambda grad: _zeros(grad), kind="same", bad=(D.COMPLEX,))
+             lambda grad: _zeros(grad), kind="same", bad=(D.COMPLEX,), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 
 
 def _sgn(xp, a):
@@ -122,46 +122,64 @@ def _sgn_grad(grad, self, result):
 
 
 sgn = unary("sgn", _sgn, _sgn_grad, kind="same")
-sqrt = unary("sqrt", lambda xp, a: xp.sqrt(a), lambda grad, result: grad / (2 * _c(result)))
-rsqrt = unary("rsqrt", lambda xp, a: 1 / xp.sqrt(a), lambda grad, result: -0.5 * grad * _c(result) ** 3)
-log = unary("log", lambda xp, a: xp.log(a), lambda grad, self: grad / _c(self))
-log2 = unary("log2", lambda xp, a: xp.log2(a), lambda grad, self: grad / (_c(self) * _LN2))
-log10 = unary("log10", lambda xp, a: xp.log10(a), lambda grad, self: grad / (_c(self) * _LN10))
+sqrt = unary("sqrt", lambda xp, a: xp.sqrt(a), lambda grad, result: grad / (2 * _c(result)),
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+rsqrt = unary("rsqrt", lambda xp, a: 1 / xp.sqrt(a), lambda grad, result: -0.5 * grad * _c(result) ** 3,
+              tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+log = unary("log", lambda xp, a: xp.log(a), lambda grad, self: grad / _c(self),
+            tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+log2 = unary("log2", lambda xp, a: xp.log2(a), lambda grad, self: grad / (_c(self) * _LN2), tags=(Tag.autocast_fp32,))
+log10 = unary("log10", lambda xp, a: xp.log10(a), lambda grad, self: grad / (_c(self) * _LN10),
+              tags=(Tag.autocast_fp32,))
 log1p = unary("log1p", lambda xp, a: xp.log1p(a), lambda grad, self: grad / (_c(self) + 1),
-              namespace="special")
+              namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
 expm1 = unary("expm1", lambda xp, a: xp.expm1(a), lambda grad, result: grad * (_c(result) + 1),
-              namespace="special")
+              namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
 exp2 = unary("exp2", lambda xp, a: xp.exp2(a) if a.dtype.kind != "c" else xp.exp(a * _LN2),
              lambda grad, result: grad * _c(result) * _LN2, namespace="special")
-sin = unary("sin", lambda xp, a: xp.sin(a), lambda grad, self: grad * _c(self.cos()))
-cos = unary("cos", lambda xp, a: xp.cos(a), lambda grad, self: -grad * _c(self.sin()))
-tan = unary("tan", lambda xp, a: xp.tan(a), lambda grad, result: grad * _c(1 + result * result))
-asin = unary("asin", lambda xp, a: xp.arcsin(a), lambda grad, self: grad / _c((1 - self * self).sqrt()))
-acos = unary("acos", lambda xp, a: xp.arccos(a), lambda grad, self: -grad / _c((1 - self * self).sqrt()))
-atan = unary("atan", lambda xp, a: xp.arctan(a), lambda grad, self: grad / _c(1 + self * self))
-sinh = unary("sinh", lambda xp, a: xp.sinh(a), lambda grad, self: grad * _c(self.cosh()))
-cosh = unary("cosh", lambda xp, a: xp.cosh(a), lambda grad, self: grad * _c(self.sinh()))
-tanh = unary("tanh", lambda xp, a: xp.tanh(a), lambda grad, result: grad * _c(1 - result * result))
-asinh = unary("asinh", lambda xp, a: xp.arcsinh(a), lambda grad, self: grad / _c((self * self + 1).sqrt()))
+sin = unary("sin", lambda xp, a: xp.sin(a), lambda grad, self: grad * _c(self.cos()),
+            tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+cos = unary("cos", lambda xp, a: xp.cos(a), lambda grad, self: -grad * _c(self.sin()),
+            tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+tan = unary("tan", lambda xp, a: xp.tan(a), lambda grad, result: grad * _c(1 + result * result),
+            tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+asin = unary("asin", lambda xp, a: xp.arcsin(a), lambda grad, self: grad / _c((1 - self * self).sqrt()),
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+acos = unary("acos", lambda xp, a: xp.arccos(a), lambda grad, self: -grad / _c((1 - self * self).sqrt()),
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+atan = unary("atan", lambda xp, a: xp.arctan(a), lambda grad, self: grad / _c(1 + self * self),
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+sinh = unary("sinh", lambda xp, a: xp.sinh(a), lambda grad, self: grad * _c(self.cosh()),
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+cosh = unary("cosh", lambda xp, a: xp.cosh(a), lambda grad, self: grad * _c(self.sinh()),
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+tanh = unary("tanh", lambda xp, a: xp.tanh(a), lambda grad, result: grad * _c(1 - result * result),
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+asinh = unary("asinh", lambda xp, a: xp.arcsinh(a), lambda grad, self: grad / _c((self * self + 1).sqrt()),
+              tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 acosh = unary("acosh", lambda xp, a: xp.arccosh(a),
-              lambda grad, self: grad / _c((self - 1).sqrt() * (self + 1).sqrt()))
-atanh = unary("atanh", lambda xp, a: xp.arctanh(a), lambda grad, self: grad / _c(1 - self * self))
+              lambda grad, self: grad / _c((self - 1).sqrt() * (self + 1).sqrt()),
+              tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+atanh = unary("atanh", lambda xp, a: xp.arctanh(a), lambda grad, self: grad / _c(1 - self * self),
+              tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 sigmoid = unary("sigmoid", lambda xp, a: 1 / (1 + xp.exp(-a)),
-                lambda grad, result: grad * _c(result * (1 - result)))
+                lambda grad, result: grad * _c(result * (1 - result)), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 erf = unary("erf", _sp("erf"), lambda grad, self: grad * (2 / math.sqrt(math.pi)) * (-self * self).exp(),
-            bad=(D.COMPLEX,), namespace="special")
+            bad=(D.COMPLEX,), namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 erfc = unary("erfc", _sp("erfc"), lambda grad, self: grad * (-2 / math.sqrt(math.pi)) * (-self * self).exp(),
-             bad=(D.COMPLEX,), namespace="special")
+             bad=(D.COMPLEX,), namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 erfinv = unary("erfinv", _sp("erfinv"),
                lambda grad, result: grad * (math.sqrt(math.pi) / 2) * (result * result).exp(),
-               bad=(D.COMPLEX,), namespace="special")
-lgamma = unary("lgamma", _sp("gammaln"), lambda grad, self: grad * self.digamma(), bad=(D.COMPLEX,))
+               bad=(D.COMPLEX,), namespace="special", tags=(Tag.core, Tag.extern, Tag.autocast_fp32))
+lgamma = unary("lgamma", _sp("gammaln"), lambda grad, self: grad * self.digamma(), bad=(D.COMPLEX,),
+               tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 digamma = unary("digamma", _sp("psi"), lambda grad, self: grad * polygamma(1, self), bad=(D.COMPLEX,),
-                namespace="special")
-i0 = unary("i0", _sp("i0"), lambda grad, self: grad * special_i1(self), bad=(D.COMPLEX,), namespace="special")
+                namespace="special", tags=(Tag.core, Tag.extern))
+i0 = unary("i0", _sp("i0"), lambda grad, self: grad * special_i1(self), bad=(D.COMPLEX,), namespace="special",
+           tags=(Tag.core, Tag.extern))
 special_i1 = unary("special_i1", _sp("i1"), lambda grad, self, result: grad * (
     self.i0() - result / self.where(self != 0, 1)).where(self != 0, 0.5),
-    bad=(D.COMPLEX,), method=False, inplace=False, function=False)
+    bad=(D.COMPLEX,), method=False, inplace=False, function=False, tags=(Tag.core, Tag.extern))
 SPECIAL["i1"] = special_i1
 
 
@@ -183,15 +201,16 @@ deg2rad = unary("deg2rad", lambda xp, a: a * (math.pi / 180), lambda grad: grad 
 rad2deg = unary("rad2deg", lambda xp, a: a * (180 / math.pi), lambda grad: grad * (180 / math.pi),
                 bad=(D.COMPLEX,), bad_exc=lambda dt: RuntimeError("rad2deg is not supported for complex tensors."))
 floor = unary("floor", _int_identity(lambda xp, a: xp.floor(a)), lambda grad: _zeros(grad),
-              kind="same", bad=(D.BOOL, D.COMPLEX))
+              kind="same", bad=(D.BOOL, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 ceil = unary("ceil", _int_identity(lambda xp, a: xp.ceil(a)), lambda grad: _zeros(grad),
-             kind="same", bad=(D.BOOL, D.COMPLEX))
+             kind="same", bad=(D.BOOL, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 trunc = unary("trunc", _int_identity(lambda xp, a: xp.trunc(a)), lambda grad: _zeros(grad),
-              kind="same", bad=(D.BOOL, D.COMPLEX))
+              kind="same", bad=(D.BOOL, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 frac = unary("frac", lambda xp, a: a - xp.trunc(a), lambda grad: grad, kind="same", bad=(D.BOOL, D.INTEGER, D.COMPLEX))
-reciprocal = unary("reciprocal", lambda xp, a: 1 / a, lambda grad, result: -grad * _c(result * result))
+reciprocal = unary("reciprocal", lambda xp, a: 1 / a, lambda grad, result: -grad * _c(result * result),
+                   tags=(Tag.recomputable, Tag.autocast_fp32))
 _round = unary("round", _int_identity(lambda xp, a: xp.round(a)), lambda grad: _zeros(grad),
-               kind="same", bad=(D.BOOL, D.COMPLEX), method=False)
+               kind="same", bad=(D.BOOL, D.COMPLEX), method=False, tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 
 
 def _round_decimals(xp, a, *, decimals):
@@ -239,9 +258,11 @@ isneginf = unary("isneginf", _is(lambda xp, f, a: xp.zeros(a.shape, bool) if f i
                  kind="bool", inplace=False, bad=(D.COMPLEX,),
                  bad_exc=lambda dt: RuntimeError("isneginf does not support complex inputs."))
 signbit = unary("signbit", lambda xp, a: xp.signbit(a) if a.dtype.kind == "f" else a < 0,
-                kind="bool", inplace=False, bad=(D.COMPLEX,))
-bitwise_not = unary("bitwise_not", lambda xp, a: xp.invert(a), kind="same", bad=(D.FLOATING, D.COMPLEX))
-logical_not = unary("logical_not", lambda xp, a: xp.logical_not(a), kind="bool")
+                kind="bool", inplace=False, bad=(D.COMPLEX,), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+bitwise_not = unary("bitwise_not", lambda xp, a: xp.invert(a), kind="same", bad=(D.FLOATING, D.COMPLEX),
+                    tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+logical_not = unary("logical_not", lambda xp, a: xp.logical_not(a), kind="bool",
+                    tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 
 
 def _angle(xp, a):
@@ -316,7 +337,7 @@ def _(grad, self):
 
 
 # ---- polygamma ---------------------------------------------------------------------------------
-@defop("polygamma(int n, Tensor self) -> Tensor", namespace="special")
+@defop("polygamma(int n, Tensor self) -> Tensor", namespace="special", tags=(Tag.core, Tag.extern))
 def polygamma(xp, n, self):
     dt = result_dtype("float", D.FROM_NP[self.dtype])
     if dt.category == D.COMPLEX:
@@ -353,7 +374,7 @@ def _polygamma_inplace(self, n):
 
 
 # ---- real / imag / positive / composites ------------------------------------------------------
-@defop("_pw_real(Tensor(a) self) -> Tensor(a)", function=False)
+@defop("_pw_real(Tensor(a) self) -> Tensor(a)", function=False, tags=(Tag.core, Tag.extern))
 def _real_view(xp, self):
     return self.real
 
@@ -368,7 +389,7 @@ def _(grad):
     return grad + 0j
 
 
-@defop("_pw_imag(Tensor(a) self) -> Tensor(a)", function=False)
+@defop("_pw_imag(Tensor(a) self) -> Tensor(a)", function=False, tags=(Tag.core, Tag.extern))
 def _imag_view(xp, self):
     return self.imag
 
@@ -456,7 +477,8 @@ def _where_check(condition):
         raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype {name}")
 
 
-@defop("where.self(Tensor condition, Tensor self, Tensor other) -> Tensor", function=False)
+@defop("where.self(Tensor condition, Tensor self, Tensor other) -> Tensor", function=False,
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable))
 def _where(xp, condition, self, other):
     _where_check(condition)
     dt = _operands_dtype(self, other)
@@ -502,7 +524,8 @@ def _clamp_check(self, min, max):
     return dt
 
 
-@defop("clamp.Tensor(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor", method=True, inplace=True)
+@defop("clamp.Tensor(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor", method=True, inplace=True,
+       tags=(Tag.recomputable,))
 def clamp(xp, self, min=None, max=None):
     dt = _clamp_check(self, min, max)
     a, lo, hi = _compute(xp, dt, self, min, max)
@@ -616,7 +639,7 @@ def _addc_dtype(self, t1, t2, name):
     return dt
 
 
-def _addc(name, combine):
+def _addc(name, combine, *, tags=()):
     def kernel(xp, self, tensor1, tensor2, *, value=1):
         dt = _addc_dtype(self, tensor1, tensor2, name)
         a, b, c = _compute(xp, dt, self, tensor1, tensor2)
@@ -626,14 +649,14 @@ def _addc(name, combine):
             r = a + value * combine(b, c)
         return xp.broadcast_to(xp.asarray(r), _bshape(self, tensor1, tensor2)).astype(dt.np)
     op = defop(f"{name}(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
-               method=True, inplace=True)(kernel)
+               method=True, inplace=True, tags=tags)(kernel)
     op.def_meta(lambda self, tensor1, tensor2, *, value=1: TensorSpec(
         _bshape(self, tensor1, tensor2), _addc_dtype(self, tensor1, tensor2, name)))
     return op
 
 
-addcmul = _addc("addcmul", lambda b, c: b * c)
-addcdiv = _addc("addcdiv", lambda b, c: b / c)
+addcmul = _addc("addcmul", lambda b, c: b * c, tags=(Tag.autocast_promote,))
+addcdiv = _addc("addcdiv", lambda b, c: b / c, tags=(Tag.autocast_promote,))
 addcmul.def_derivative(lambda grad, tensor1, tensor2, value: (
     grad, grad * _conj(tensor2 * value), grad * _conj(tensor1 * value)))
 addcdiv.def_derivative(lambda grad, tensor1, tensor2, value: (

@@ -18,7 +18,7 @@ import numpy as np
 from .. import _dtype as D
 from .._tensor import Tensor
 from .._device import canonical
-from ._registry import defop, export, make_inplace, TensorSpec
+from ._registry import defop, export, make_inplace, TensorSpec, Tag
 from ._helpers import broadcast_shapes
 from .creation import _size, _size_kw, _dt, _finish, zeros_like
 
@@ -61,14 +61,14 @@ def _zero_grad(grad, self_meta=None):
 
 # ---- factories -------------------------------------------------------------------------------
 @defop("rand(SymInt[] size, *, Generator? generator=None, ScalarType? dtype=None, Device? device=None) -> Tensor",
-       function=False)
+       function=False, tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern))
 def _rand(xp, size, *, generator=None, dtype=None, device=None):
     _need_float("check_uniform_bounds", dtype)
     return _uniform(xp, _rng(xp, generator, device), size, dtype)
 
 
 @defop("randn(SymInt[] size, *, Generator? generator=None, ScalarType? dtype=None, Device? device=None) -> Tensor",
-       function=False)
+       function=False, tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern))
 def _randn(xp, size, *, generator=None, dtype=None, device=None):
     _need_float("normal_kernel_cpu", dtype)
     return _normal(xp, _rng(xp, generator, device), size, dtype).astype(dtype.np, copy=False)
@@ -104,7 +104,7 @@ def _randint_check(low, high):
 
 
 @defop("randint.low(SymInt low, SymInt high, SymInt[] size, *, Generator? generator=None, ScalarType? dtype=None, "
-       "Device? device=None) -> Tensor", function=False)
+       "Device? device=None) -> Tensor", function=False, tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern))
 def _randint(xp, low, high, size, *, generator=None, dtype=None, device=None):
     _randint_check(low, high)
     r = _rng(xp, generator, device).integers(low, high, size=size, dtype=np.int64)
@@ -140,7 +140,7 @@ def _randperm_check(n):
 
 
 @defop("randperm(SymInt n, *, Generator? generator=None, ScalarType? dtype=None, Device? device=None) -> Tensor",
-       function=False)
+       function=False, tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern))
 def _randperm(xp, n, *, generator=None, dtype=None, device=None):
     _randperm_check(n)
     keys = _rng(xp, generator, device).random(n)
@@ -176,7 +176,8 @@ def _check_std(xp, std):
         raise RuntimeError("normal expects all elements of std >= 0.0")
 
 
-@defop("normal.Tensor_Tensor(Tensor mean, Tensor std, *, Generator? generator=None) -> Tensor", function=False)
+@defop("normal.Tensor_Tensor(Tensor mean, Tensor std, *, Generator? generator=None) -> Tensor", function=False,
+       tags=(Tag.nondeterministic_seeded,))
 def _normal_tt(xp, mean, std, *, generator=None):
     dt = D.FROM_NP[mean.dtype]
     _need_float("normal_kernel_cpu", dt)
@@ -198,7 +199,8 @@ def _(grad, mean, std, result):
 
 
 @defop("normal.float_float(float mean, float std, SymInt[] size, *, Generator? generator=None, "
-       "ScalarType? dtype=None, Device? device=None) -> Tensor", function=False)
+       "ScalarType? dtype=None, Device? device=None) -> Tensor", function=False,
+       tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern))
 def _normal_ff(xp, mean, std, size, *, generator=None, dtype=None, device=None):
     _need_float("normal_kernel_cpu", dtype)
     if std < 0:
@@ -234,9 +236,9 @@ def normal(mean, std=1.0, size=None, *, generator=None, dtype=None, device=None,
 
 
 # ---- in-place fills (functional op + derived `name_`) -----------------------------------------
-def _fill_op(schema, sample, check=None, float_only=""):
+def _fill_op(schema, sample, check=None, float_only="", *, tags=()):
     """A functional `name(self, ...)` sampling a tensor like self, and its in-place `name_`."""
-    @defop(schema, function=False, derivative=_zero_grad)
+    @defop(schema, function=False, derivative=_zero_grad, tags=tags)
     def op(xp, *a, **k):
         self, *args, generator = op.bind(*a, **k)
         dt = D.FROM_NP[self.dtype]
@@ -277,7 +279,7 @@ def _check_normal(dt, mean=0.0, std=1.0):
 
 normal_fill = _fill_op("normal.self(Tensor self, float mean=0, float std=1, *, Generator? generator=None) -> Tensor",
                        lambda xp, g, s, dt, m=0.0, sd=1.0: m + sd * _normal(xp, g, s, dt), _check_normal,
-                       "normal_kernel_cpu")
+                       "normal_kernel_cpu", tags=(Tag.nondeterministic_seeded,))
 
 
 def _check_positive(name, what):
@@ -340,7 +342,7 @@ def _random_sample(xp, g, s, dt, a=0, b=None):
 
 
 random = _fill_op("random(Tensor self, int from_=0, int? to=None, *, Generator? generator=None) -> Tensor",
-                  _random_sample, lambda dt, a=0, b=None: _random_bounds(dt, a, b))
+                  _random_sample, lambda dt, a=0, b=None: _random_bounds(dt, a, b), tags=(Tag.nondeterministic_seeded,))
 
 
 @export("random_", method=True, function=False)
@@ -359,7 +361,8 @@ def _check_p(xp, p):
         raise RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
 
 
-@defop("bernoulli(Tensor self, *, Generator? generator=None) -> Tensor", function=False, derivative=_zero_grad)
+@defop("bernoulli(Tensor self, *, Generator? generator=None) -> Tensor", function=False, derivative=_zero_grad,
+       tags=(Tag.nondeterministic_seeded,))
 def _bernoulli(xp, self, *, generator=None):
     dt = D.FROM_NP[self.dtype]
     _need_float("bernoulli_tensor_cpu_p_", dt)
@@ -372,7 +375,7 @@ _bernoulli.def_meta(lambda self, *, generator=None: TensorSpec(self.shape, self.
 
 
 @defop("bernoulli.p(Tensor self, float p, *, Generator? generator=None) -> Tensor", function=False,
-       derivative=_zero_grad)
+       derivative=_zero_grad, tags=(Tag.nondeterministic_seeded,))
 def _bernoulli_p(xp, self, p, *, generator=None):
     if not 0 <= p <= 1:
         raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
@@ -385,7 +388,7 @@ make_inplace(_bernoulli_p, method=False)
 
 
 @defop("bernoulli.Tensor(Tensor self, Tensor p, *, Generator? generator=None) -> Tensor", function=False,
-       derivative=lambda grad: (zeros_like(grad), None))
+       derivative=lambda grad: (zeros_like(grad), None), tags=(Tag.nondeterministic_seeded,))
 def _bernoulli_t(xp, self, p, *, generator=None):
     _check_p(xp, p)
     u = _uniform(xp, _rng(xp, generator), self.shape, D.float64)
@@ -409,7 +412,8 @@ def bernoulli_(self, p=0.5, *, generator=None):
     return _bernoulli_p.inplace(self, float(p), generator=generator)
 
 
-@defop("poisson(Tensor self, Generator? generator=None) -> Tensor", derivative=_zero_grad)
+@defop("poisson(Tensor self, Generator? generator=None) -> Tensor", derivative=_zero_grad,
+       tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern))
 def poisson(xp, self, generator=None):
     dt = D.FROM_NP[self.dtype]
     _need_float("poisson_cpu", dt)
@@ -435,7 +439,7 @@ def _multinomial_check(shape, dt, n, replacement):
 
 
 @defop("multinomial(Tensor self, int num_samples, bool replacement=False, *, Generator? generator=None) -> Tensor",
-       method=True)
+       method=True, tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern))
 def multinomial(xp, self, num_samples, replacement=False, *, generator=None):
     shape = _multinomial_check(self.shape, D.FROM_NP[self.dtype], num_samples, replacement)
     p = self.astype(np.float64).reshape(-1, self.shape[-1])

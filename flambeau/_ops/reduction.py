@@ -20,11 +20,10 @@ from .. import _dtype as D
 from .. import _state
 from .._tensor import Tensor
 from .._dispatch import type_name, resize_out
-from ._registry import defop, export, EXPORTS, TensorSpec
+from ._registry import defop, export, EXPORTS, TensorSpec, Tag
 from ._helpers import wrap_dim, wrap_dims, opmath, PAR_MIN, parallel_blocks
 from .._backends import cpu_kernels, cuda_kernels
 
-_ND = ("nondifferentiable",)
 
 
 # ---- shared pieces -------------------------------------------------------------------------
@@ -124,7 +123,7 @@ def _sum_meta(self, dim=None, keepdim=False, *, dtype=None):
 
 
 @defop("sum.dim_IntList(Tensor self, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
-       method=True)
+       method=True, tags=(Tag.core, Tag.autocast_fp32_opt))
 def sum(xp, self, dim=None, keepdim=False, *, dtype=None):
     if dim is None and dtype is None and not keepdim and xp is np and self.dtype in _FAST_FLOATS:
         return np.asarray(np.add.reduce(self, axis=None))     # fast path: full float sum
@@ -219,7 +218,7 @@ def _(grad, self, dim, keepdim):
 
 
 @defop("prod.dim_int(Tensor self, int? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
-       method=True)
+       method=True, tags=(Tag.core, Tag.autocast_fp32_opt, Tag.cpu_autocast_fp32))
 def prod(xp, self, dim=None, keepdim=False, *, dtype=None):
     return _prod_kernel(xp, self, dim, keepdim, dtype=dtype)
 
@@ -485,8 +484,8 @@ max = _extreme_export("max", _max_all, _max_dim, "maximum")
 min = _extreme_export("min", _min_all, _min_dim, "minimum")
 
 
-def _amax_like(name, fn):
-    @defop(f"{name}(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor", method=True)
+def _amax_like(name, fn, *, tags=()):
+    @defop(f"{name}(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor", method=True, tags=tags)
     def op(xp, self, dim=(), keepdim=False):
         dims = _dims(dim, self.ndim)
         _check_empty(name, self.shape, dims)
@@ -505,8 +504,8 @@ def _amax_like(name, fn):
     return op
 
 
-amax = _amax_like("amax", lambda xp: xp.max)
-amin = _amax_like("amin", lambda xp: xp.min)
+amax = _amax_like("amax", lambda xp: xp.max, tags=(Tag.core,))
+amin = _amax_like("amin", lambda xp: xp.min, tags=(Tag.core,))
 
 
 @defop("aminmax(Tensor self, *, int? dim=None, bool keepdim=False) -> (Tensor min, Tensor max)", method=True)
@@ -537,8 +536,8 @@ def _(grad, self, result, dim, keepdim):
             evenly_backward(grad[1], self, result[1], dim, keepdim))
 
 
-def _arg_like(name, fn):
-    @defop(f"{name}(Tensor self, int? dim=None, bool keepdim=False) -> Tensor", method=True, tags=_ND)
+def _arg_like(name, fn, *, tags=()):
+    @defop(f"{name}(Tensor self, int? dim=None, bool keepdim=False) -> Tensor", method=True, tags=tags)
     def op(xp, self, dim=None, keepdim=False):
         _arg_check(name, self.dtype, self.shape, dim)
         x = self.astype(np.float32) if D.FROM_NP[self.dtype] in D.LOW_PRECISION else self
@@ -573,12 +572,12 @@ def _arg_check(name, dt, shape, dim):
     _check_empty(name, shape, dims)
 
 
-argmax = _arg_like("argmax", lambda xp: xp.argmax)
-argmin = _arg_like("argmin", lambda xp: xp.argmin)
+argmax = _arg_like("argmax", lambda xp: xp.argmax, tags=(Tag.core, Tag.nondifferentiable))
+argmin = _arg_like("argmin", lambda xp: xp.argmin, tags=(Tag.core, Tag.nondifferentiable))
 
 
 # ---- logsumexp, norm -----------------------------------------------------------------------
-@defop("logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor", method=True)
+@defop("logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor", method=True, tags=(Tag.autocast_fp32,))
 def logsumexp(xp, self, dim, keepdim=False):
     dt = D.FROM_NP[self.dtype]
     out = dt if dt.category >= D.FLOATING else _state.default_dtype
@@ -616,7 +615,7 @@ def _norm_dtype(dt, dtype):
 
 
 @defop("norm.ScalarOpt_dim_dtype(Tensor self, Scalar? p=2, int[1] dim=[], bool keepdim=False, *, "
-       "ScalarType? dtype=None) -> Tensor", function=False)
+       "ScalarType? dtype=None) -> Tensor", function=False, tags=(Tag.autocast_fp32,))
 def _norm(xp, self, p=2, dim=(), keepdim=False, *, dtype=None):
     out = _norm_dtype(D.FROM_NP[self.dtype], dtype)
     p = 2 if p is None else p
@@ -691,8 +690,8 @@ def _into(out, r):
 
 
 # ---- all / any / count_nonzero -------------------------------------------------------------
-def _logical_reduce(name, fn):
-    @defop(f"{name}.dims(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", method=True, tags=_ND)
+def _logical_reduce(name, fn, *, tags=()):
+    @defop(f"{name}.dims(Tensor self, int[1]? dim=None, bool keepdim=False) -> Tensor", method=True, tags=tags)
     def op(xp, self, dim=None, keepdim=False):
         dims = _dims(dim, self.ndim)
         r = fn(xp)(self != 0, axis=dims, keepdims=keepdim)
@@ -705,11 +704,11 @@ def _logical_reduce(name, fn):
     return op
 
 
-all = _logical_reduce("all", lambda xp: xp.all)
-any = _logical_reduce("any", lambda xp: xp.any)
+all = _logical_reduce("all", lambda xp: xp.all, tags=(Tag.core, Tag.nondifferentiable))
+any = _logical_reduce("any", lambda xp: xp.any, tags=(Tag.core, Tag.nondifferentiable))
 
 
-@defop("count_nonzero.dim_IntList(Tensor self, int[1]? dim=None) -> Tensor", method=True, tags=_ND)
+@defop("count_nonzero.dim_IntList(Tensor self, int[1]? dim=None) -> Tensor", method=True, tags=(Tag.nondifferentiable,))
 def count_nonzero(xp, self, dim=None):
     dims = _dims(dim, self.ndim)
     return _fresh(xp, xp.sum(self != 0, axis=dims), np.dtype(np.int64))
@@ -782,10 +781,12 @@ def _softmax_meta(name):
     return meta
 
 
-softmax = defop("softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", method=True)(
+softmax = defop("softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", method=True,
+                tags=(Tag.autocast_fp32_opt,))(
     _softmax_kernel("softmax", False))
 softmax.def_meta(_softmax_meta("softmax"))
-log_softmax = defop("log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", method=True)(
+log_softmax = defop("log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor", method=True,
+                    tags=(Tag.autocast_fp32_opt,))(
     _softmax_kernel("log_softmax", True))
 log_softmax.def_meta(_softmax_meta("log_softmax"))
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import _dtype as D
 from .. import _state
-from ._registry import defop, export, EXPORTS, METHODS, TensorSpec
+from ._registry import defop, export, EXPORTS, METHODS, TensorSpec, Tag
 from ._helpers import accumulate, wrap_dim, opmath
 from .reduction import _sum_dtype, _fresh, _others_matrix
 
@@ -39,7 +39,8 @@ def reverse_cumsum(g, dim):
     return g.sum(dim, keepdim=True) - g.cumsum(dim) + g
 
 
-@defop("cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", method=True, inplace=True)
+@defop("cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", method=True, inplace=True,
+       tags=(Tag.core, Tag.extern, Tag.autocast_fp32_opt))
 def cumsum(xp, self, dim, *, dtype=None):
     return _cumsum_kernel(xp, self, dim, dtype=dtype)
 
@@ -53,7 +54,8 @@ def _(grad, dim):
     return reverse_cumsum(grad, dim)
 
 
-@defop("cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", method=True, inplace=True)
+@defop("cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", method=True, inplace=True,
+       tags=(Tag.core, Tag.extern, Tag.autocast_fp32_opt))
 def cumprod(xp, self, dim, *, dtype=None):
     return _cumprod_kernel(xp, self, dim, dtype=dtype)
 
@@ -92,8 +94,8 @@ _scan_inplace("cumsum", cumsum.inplace)
 _scan_inplace("cumprod", cumprod.inplace)
 
 
-def _cumext(name, ufunc):
-    @defop(f"{name}(Tensor self, int dim) -> (Tensor values, Tensor indices)", method=True)
+def _cumext(name, ufunc, *, tags=()):
+    @defop(f"{name}(Tensor self, int dim) -> (Tensor values, Tensor indices)", method=True, tags=tags)
     def op(xp, self, dim):
         d = wrap_dim(dim, self.ndim)
         if self.ndim == 0 or self.size == 0:
@@ -122,8 +124,8 @@ def _cumext(name, ufunc):
     return op
 
 
-cummax = _cumext("cummax", "maximum")
-cummin = _cumext("cummin", "minimum")
+cummax = _cumext("cummax", "maximum", tags=(Tag.core, Tag.extern))
+cummin = _cumext("cummin", "minimum", tags=(Tag.core, Tag.extern))
 
 
 def _logcumsumexp(xp, x, d):
@@ -132,7 +134,7 @@ def _logcumsumexp(xp, x, d):
     return accumulate(xp, "logaddexp", x, d)
 
 
-@defop("logcumsumexp(Tensor self, int dim) -> Tensor", method=True)
+@defop("logcumsumexp(Tensor self, int dim) -> Tensor", method=True, tags=(Tag.core, Tag.extern))
 def logcumsumexp(xp, self, dim):
     d = wrap_dim(dim, self.ndim)
     dt = D.FROM_NP[self.dtype]

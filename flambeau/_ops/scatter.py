@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtype as D
-from ._registry import defop, export, TensorSpec, OPS
+from ._registry import defop, export, TensorSpec, OPS, Tag
 from ._helpers import wrap_dim
 from .indexing import _ufunc_at, _fill_value
 
@@ -54,7 +54,7 @@ def _crop(src, index):
     return src[tuple(slice(0, n) for n in index.shape)]
 
 
-@defop("gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor", method=True)
+@defop("gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor", method=True, tags=(Tag.core,))
 def gather(xp, self, dim, index, *, sparse_grad=False):
     d = _check("gather", self.shape, dim, index, index_dtype=index.dtype)
     if index.size == 0:
@@ -100,7 +100,8 @@ def _same_dtype(name, self, src):
         raise RuntimeError(f"{name}(): Expected self.dtype to be equal to src.dtype")
 
 
-@defop("scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", function=False, inplace=True)
+@defop("scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", function=False, inplace=True,
+       tags=(Tag.core,))
 def _scatter_src(xp, self, dim, index, src):
     _same_dtype("scatter", self, src)
     return _scatter(xp, "scatter", self, dim, index, src)
@@ -167,7 +168,8 @@ export("scatter", method=True)(_pick("scatter", None))
 export("scatter_", method=True, function=False)(_pick("scatter_", None))
 
 
-@defop("scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", method=True, inplace=True)
+@defop("scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor", method=True, inplace=True,
+       tags=(Tag.core, Tag.autocast_promote))
 def scatter_add(xp, self, dim, index, src):
     _same_dtype("scatter_add", self, src)
     return _scatter(xp, "scatter_add", self, dim, index, src, "add")
@@ -180,7 +182,7 @@ _IDENTITY = {"sum": 0, "mean": 0, "prod": 1}
 
 
 @defop("scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) "
-       "-> Tensor", method=True, inplace=True)
+       "-> Tensor", method=True, inplace=True, tags=(Tag.core,))
 def scatter_reduce(xp, self, dim, index, src, reduce, *, include_self=True):
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")

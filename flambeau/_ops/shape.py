@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import _dtype as D
 from .._tensor import Tensor
-from ._registry import defop, export, TensorSpec
+from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import wrap_dim, wrap_dims, result_type, broadcast_shapes
 from .views import as_strided, diagonal as _diagonal, expand, reshape
 
@@ -53,7 +53,7 @@ def _cat_check(shapes, dim):
     return d, tuple(ref[:d]) + (total,) + tuple(ref[d + 1:])
 
 
-@defop("cat(Tensor[] tensors, int dim=0) -> Tensor")
+@defop("cat(Tensor[] tensors, int dim=0) -> Tensor", tags=(Tag.core, Tag.cpu_autocast_promote))
 def cat(xp, tensors, dim=0):
     tensors = list(tensors)
     d, shape = _cat_check([t.shape for t in tensors], dim)
@@ -269,7 +269,7 @@ def tile(self, dims):
 
 
 @defop("repeat_interleave.Tensor(Tensor repeats, *, SymInt? output_size=None) -> Tensor",
-       tags=("nondifferentiable",))
+       tags=(Tag.core, Tag.nondifferentiable, Tag.extern))
 def _repeat_interleave_idx(xp, repeats, *, output_size=None):
     if repeats.ndim != 1:
         raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
@@ -429,8 +429,8 @@ def _tri_count(row, col, offset, lower):
     return np.nonzero(m)
 
 
-def _tri_indices(name, lower):
-    @defop(f"{name}(int row, int col, int offset=0, *, ScalarType? dtype=None, Device? device=None) -> Tensor")
+def _tri_indices(name, lower, *, tags=()):
+    @defop(f"{name}(int row, int col, int offset=0, *, ScalarType? dtype=None, Device? device=None) -> Tensor", tags=tags)
     def op(xp, row, col, offset=0, *, dtype=None, device=None):
         if row < 0 or col < 0:
             raise RuntimeError(f"row must be non-negative, got{row}" if row < 0 else f"col must be non-negative, got{col}")
@@ -442,8 +442,8 @@ def _tri_indices(name, lower):
     return op
 
 
-tril_indices = _tri_indices("tril_indices", True)
-triu_indices = _tri_indices("triu_indices", False)
+tril_indices = _tri_indices("tril_indices", True, tags=(Tag.core,))
+triu_indices = _tri_indices("triu_indices", False, tags=(Tag.core,))
 
 
 # ---- broadcasting and atleast_nd ------------------------------------------------------------------
@@ -511,7 +511,7 @@ def _scatter_meta(view_spec, src, self):
     return TensorSpec(self.shape, self.dtype)
 
 
-@defop("select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor", method=True)
+@defop("select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor", method=True, tags=(Tag.core,))
 def select_scatter(xp, self, src, dim, index):
     from .views import select
     return _scatter_into(xp, self, lambda o: select.kernel(xp, o, dim, index), src)
@@ -530,7 +530,7 @@ def _(grad, src, dim, index):
 
 
 @defop("slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) "
-       "-> Tensor", method=True)
+       "-> Tensor", method=True, tags=(Tag.core,))
 def slice_scatter(xp, self, src, dim=0, start=None, end=None, step=1):
     from .views import slice_
     return _scatter_into(xp, self, lambda o: slice_.kernel(xp, o, dim, start, end, step), src)
@@ -549,7 +549,8 @@ def _(grad, src, dim, start, end, step):
     return grad.slice_scatter(zeros_like(src), dim, start, end, step), slice_(grad, dim, start, end, step)
 
 
-@defop("diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, int dim2=1) -> Tensor", method=True)
+@defop("diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, int dim2=1) -> Tensor", method=True,
+       tags=(Tag.core,))
 def diagonal_scatter(xp, self, src, offset=0, dim1=0, dim2=1):
     return _scatter_into(xp, self, lambda o: _diagonal.kernel(xp, o, offset, dim1, dim2), src)
 
@@ -566,7 +567,7 @@ def _(grad, src, offset, dim1, dim2):
 
 
 @defop("as_strided_scatter(Tensor self, Tensor src, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) "
-       "-> Tensor", method=True)
+       "-> Tensor", method=True, tags=(Tag.core,))
 def as_strided_scatter(xp, self, src, size, stride, storage_offset=None):
     return _scatter_into(xp, self, lambda o: as_strided.kernel(xp, o, size, stride, storage_offset or 0), src)
 

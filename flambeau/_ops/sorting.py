@@ -11,9 +11,9 @@ import numpy as np
 
 from .. import _dtype as D
 from .._dispatch import resize_out
-from ._registry import defop, export, TensorSpec
+from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import accumulate, wrap_dim
-from .reduction import select_backward, evenly_backward, reduced_shape, _check_empty, _ND
+from .reduction import select_backward, evenly_backward, reduced_shape, _check_empty
 
 
 def _sortable(x):
@@ -36,7 +36,7 @@ def _no_complex(name, a):
 
 # ---- sort / argsort / msort ----------------------------------------------------------------
 @defop("sort(Tensor self, int dim=-1, bool descending=False, *, bool? stable=False) "
-       "-> (Tensor values, Tensor indices)", method=True)
+       "-> (Tensor values, Tensor indices)", method=True, tags=(Tag.core, Tag.extern))
 def sort(xp, self, dim=-1, descending=False, *, stable=False):
     d = wrap_dim(dim, self.ndim)
     _no_complex("sort", self)
@@ -79,7 +79,7 @@ def _topk_check(self_shape, k, d, ndim):
 
 
 @defop("topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) "
-       "-> (Tensor values, Tensor indices)", method=True)
+       "-> (Tensor values, Tensor indices)", method=True, tags=(Tag.core, Tag.extern))
 def topk(xp, self, k, dim=-1, largest=True, sorted=True):
     d = wrap_dim(dim, self.ndim)
     _topk_check(self.shape, k, d, self.ndim)
@@ -120,7 +120,7 @@ def _pick(xp, self, d, pos, keepdim):
 
 
 @defop("kthvalue(Tensor self, SymInt k, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)",
-       method=True)
+       method=True, tags=(Tag.core, Tag.extern))
 def kthvalue(xp, self, k, dim=-1, keepdim=False):
     d = wrap_dim(dim, self.ndim)
     _kth_check(self.shape, k, d)
@@ -162,7 +162,7 @@ def _median_pos(xp, x, d, ignore_nan):
 
 
 def _median_ops(name, ignore_nan):
-    @defop(f"{name}(Tensor self) -> Tensor", function=False)
+    @defop(f"{name}(Tensor self) -> Tensor", function=False, tags=(Tag.core, Tag.extern))
     def full(xp, self):
         _no_complex(name, self)
         if self.size == 0:
@@ -180,7 +180,7 @@ def _median_ops(name, ignore_nan):
         return evenly_backward(grad, self, result, None, False)
 
     @defop(f"{name}.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)",
-           function=False)
+           function=False, tags=(Tag.core, Tag.extern))
     def bydim(xp, self, dim, keepdim=False):
         d = wrap_dim(dim, self.ndim)
         _no_complex(name, self)
@@ -210,7 +210,8 @@ _median, _median_dim, median = _median_ops("median", False)
 _nanmedian, _nanmedian_dim, nanmedian = _median_ops("nanmedian", True)
 
 
-@defop("mode(Tensor self, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)", method=True)
+@defop("mode(Tensor self, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)", method=True,
+       tags=(Tag.core, Tag.extern))
 def mode(xp, self, dim=-1, keepdim=False):
     d = wrap_dim(dim, self.ndim)
     _no_complex("mode", self)
@@ -285,19 +286,19 @@ def _unique_dim(xp, self, dim, sort):
 
 
 @defop("_unique2(Tensor self, bool sorted=True, bool return_inverse=False, bool return_counts=False) "
-       "-> (Tensor, Tensor, Tensor)", function=False, tags=_ND)
+       "-> (Tensor, Tensor, Tensor)", function=False, tags=(Tag.core, Tag.nondifferentiable, Tag.extern))
 def _unique2(xp, self, sorted=True, return_inverse=False, return_counts=False):
     return _unique_flat(xp, self, True)
 
 
 @defop("unique_dim(Tensor self, int dim, bool sorted=True, bool return_inverse=False, bool return_counts=False) "
-       "-> (Tensor, Tensor, Tensor)", function=False, tags=_ND)
+       "-> (Tensor, Tensor, Tensor)", function=False, tags=(Tag.core, Tag.nondifferentiable, Tag.extern))
 def _unique_dim_op(xp, self, dim, sorted=True, return_inverse=False, return_counts=False):
     return _unique_dim(xp, self, dim, True)
 
 
 @defop("unique_consecutive(Tensor self, bool return_inverse=False, bool return_counts=False, int? dim=None) "
-       "-> (Tensor, Tensor, Tensor)", function=False, tags=_ND)
+       "-> (Tensor, Tensor, Tensor)", function=False, tags=(Tag.core, Tag.nondifferentiable, Tag.extern))
 def _unique_consecutive(xp, self, return_inverse=False, return_counts=False, dim=None):
     if dim is None:
         return _unique_flat(xp, self, False)

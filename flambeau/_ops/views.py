@@ -14,7 +14,7 @@ from .. import _dtype as D
 from .._tensor import Tensor
 from .._device import canonical
 from .._backends import MetaArray, contiguous_strides, get as backend
-from ._registry import defop, export, TensorSpec
+from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import wrap_dim
 
 
@@ -81,7 +81,7 @@ def _size_args(size):
     return tuple(size)
 
 
-@defop("view(Tensor(a) self, SymInt[] size) -> Tensor(a)", function=False)
+@defop("view(Tensor(a) self, SymInt[] size) -> Tensor(a)", function=False, tags=(Tag.core, Tag.recomputable))
 def _view(xp, self, size):
     shape = infer_size(size, self.size)
     if self.flags.c_contiguous:
@@ -157,7 +157,7 @@ def reshape_as(self, other):
     return reshape(self, tuple(other.shape))
 
 
-@defop("transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)", method=True)
+@defop("transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)", method=True, tags=(Tag.recomputable,))
 def transpose(xp, self, dim0, dim1):
     n = self.ndim
     return xp.swapaxes(self, wrap_dim(dim0, n), wrap_dim(dim1, n)) if n else self.view()
@@ -179,7 +179,7 @@ def _(grad, dim0, dim1):
     return grad.transpose(dim0, dim1)
 
 
-@defop("permute(Tensor(a) self, int[] dims) -> Tensor(a)", function=False)
+@defop("permute(Tensor(a) self, int[] dims) -> Tensor(a)", function=False, tags=(Tag.core, Tag.recomputable))
 def _permute(xp, self, dims):
     return xp.transpose(self, _perm(dims, self.ndim))
 
@@ -248,7 +248,8 @@ def expand_strides(shape, strides, new):
                  for i in range(len(new)))
 
 
-@defop("expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)", function=False)
+@defop("expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)", function=False,
+       tags=(Tag.core, Tag.recomputable))
 def _expand(xp, self, size, *, implicit=False):
     new = expand_shape(self.shape, size)
     it = self.itemsize
@@ -288,7 +289,8 @@ def sum_to_size(self, *size):
     return r.reshape(shape) if nd else r
 
 
-@defop("clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", method=True)
+@defop("clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", method=True,
+       tags=(Tag.core, Tag.recomputable))
 def clone(xp, self, *, memory_format=None):
     from .._tensor import contiguous_format, channels_last
     if memory_format is contiguous_format:
@@ -333,7 +335,7 @@ def _target_device(self, *, dtype=None, device=None, non_blocking=False):
 
 
 @defop("_to_copy(Tensor self, *, ScalarType? dtype=None, Device? device=None, bool non_blocking=False) -> Tensor",
-       function=False, out_device=_target_device)
+       function=False, out_device=_target_device, tags=(Tag.core, Tag.recomputable))
 def _to_copy(xp, self, *, dtype=None, device=None, non_blocking=False):
     src = self
     npdt = dtype.np if dtype is not None else self.dtype
@@ -433,7 +435,7 @@ def type_as(self, other):
     return to(self, other.dtype)
 
 
-@defop("unsqueeze(Tensor(a) self, int dim) -> Tensor(a)", method=True)
+@defop("unsqueeze(Tensor(a) self, int dim) -> Tensor(a)", method=True, tags=(Tag.core, Tag.recomputable))
 def unsqueeze(xp, self, dim):
     return xp.expand_dims(self, wrap_dim(dim, self.ndim + 1))
 
@@ -452,7 +454,7 @@ def _(grad, dim):
     return grad.squeeze(dim)
 
 
-@defop("squeeze.dims(Tensor(a) self, int[]? dim=None) -> Tensor(a)", function=False)
+@defop("squeeze.dims(Tensor(a) self, int[]? dim=None) -> Tensor(a)", function=False, tags=(Tag.core, Tag.recomputable))
 def _squeeze(xp, self, dim=None):
     return xp.reshape(self, _squeezed(self.shape, dim, self.ndim)) if self.ndim else self.view()
 
@@ -508,7 +510,7 @@ def slice_bounds(size, start, end, step):
 
 
 @defop("slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)",
-       function=False)
+       function=False, tags=(Tag.core, Tag.recomputable))
 def slice_(xp, self, dim=0, start=None, end=None, step=1):
     if step <= 0:
         raise RuntimeError("slice step must be positive")
@@ -544,7 +546,7 @@ def _check_index(what, self_shape, dim, index):
     return index + size if index < 0 else index
 
 
-@defop("select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)", method=True)
+@defop("select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)", method=True, tags=(Tag.core, Tag.recomputable))
 def select(xp, self, dim, index):
     if self.ndim == 0:
         raise IndexError("select() cannot be applied to a 0-dim tensor.")
@@ -709,7 +711,7 @@ def _check_as_strided(size, stride, storage_offset, storage_size, itemsize):
 
 
 @defop("as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)",
-       method=True)
+       method=True, tags=(Tag.core, Tag.recomputable))
 def as_strided(xp, self, size, stride, storage_offset=None):
     flat, start, n = storage_root(self)
     off = start if storage_offset is None else storage_offset
@@ -744,7 +746,7 @@ def _(grad, self_geometry, size, stride, storage_offset):
     return z.index_add(0, tensor(src[keep], device=grad.device), gflat).reshape(g.shape)
 
 
-@defop("alias(Tensor(a) self) -> Tensor(a)")
+@defop("alias(Tensor(a) self) -> Tensor(a)", tags=(Tag.recomputable,))
 def alias(xp, self):
     return self.view()
 

@@ -6,7 +6,8 @@ mutated, so a saved reference restores it exactly. The requested dtype of each d
 here even while autocast is off there (`get_autocast_dtype`).
 
 When autocast is on, `flambeau._dispatch.dispatch` hands every call to `cast_inputs(op, ...)`,
-which looks the op's schema name up in the per-device policy tables below:
+which applies the policy the op declares with its tags (`Tag.autocast_*` for cuda and every device
+but cpu, `Tag.cpu_autocast_*` for cpu):
   lower  - floating inputs on that device (except float64) go to the autocast dtype (matmuls, convs);
   fp32   - they go to float32 (losses, norms, reductions and transcendental ops that need range);
   fp32 unless a `dtype=` is given - softmax, sum, cumsum and friends;
@@ -23,6 +24,7 @@ import warnings
 
 from .. import _state
 from .. import _dtype as D
+from .._tags import Tag
 from .._tensor import Tensor
 
 _DEVICE_TYPES = ("cpu", "cuda", "xpu", "hpu", "mps", "xla", "mtia", "maia", "ipu", "privateuseone")
@@ -33,34 +35,6 @@ _cache: dict = {}                      # id(weight) -> (weight, version, dtype, 
 
 
 # ---- the policies -------------------------------------------------------------------------------
-_LINALG_FP32 = ("linalg_cholesky", "linalg_inv", "linalg_solve", "linalg_svd", "linalg_svdvals", "linalg_eigh",
-                "linalg_qr")
-_LOSSES_FP32 = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss", "nll_loss_nd",
-                "cross_entropy_loss", "kl_div_elementwise", "hinge_embedding_loss_elementwise",
-                "margin_ranking_loss_elementwise", "poisson_nll_loss_elementwise")
-
-_CPU = {
-    "lower": ("mm", "bmm", "baddbmm", "addmm", "addbmm", "matmul", "linear", "convolution", "prelu", "einsum",
-              "_sdpa_math", "_sdpa_blocked"),
-    "fp32": ("binary_cross_entropy", "prod", "cdist", "max_pool3d_with_indices", "adaptive_max_pool3d")
-    + _LINALG_FP32 + _LOSSES_FP32,
-    "fp32_opt": (),
-    "promote": ("cat", "index_copy"),
-    "banned": (),
-}
-
-_CUDA = {
-    "lower": ("mm", "bmm", "baddbmm", "addmm", "addbmm", "addmv", "addr", "mv", "matmul", "linear", "einsum",
-              "convolution", "prelu", "_sdpa_math", "_sdpa_blocked"),
-    "fp32": ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
-             "rsqrt", "sinh", "tan", "pow", "softplus", "native_layer_norm", "native_group_norm", "norm",
-             "cosine_similarity", "pairwise_distance", "pdist", "cdist", "logsumexp") + _LOSSES_FP32,
-    "fp32_opt": ("softmax", "log_softmax", "sum", "prod", "cumsum", "cumprod", "linalg_vector_norm"),
-    "promote": ("addcdiv", "addcmul", "atan2", "linalg_cross", "dot", "index_put", "scatter_add"),
-    "banned": ("binary_cross_entropy",),
-}
-
-
 def _eligible(t, dev_type) -> bool:
     """A floating tensor on the autocast device, not float64 (which autocast never touches)."""
     return (isinstance(t, Tensor) and t._dtype.category == D.FLOATING and t._dtype is not D.float64
@@ -141,21 +115,27 @@ def _banned(op, dev_type, dtype, args, kwargs):
                        "which is safe to autocast.")
 
 
-def _table(lists):
-    rules = {"lower": _lower, "fp32": _fp32, "fp32_opt": _fp32_opt, "promote": _promote, "banned": _banned}
-    return {name: rules[kind] for kind, names in lists.items() for name in names}
+# Each op declares its policy as tags: `autocast_*` on cuda and every other device, `cpu_autocast_*` on cpu.
+_RULES = {Tag.autocast_lower_precision: _lower, Tag.autocast_fp32: _fp32, Tag.autocast_fp32_opt: _fp32_opt,
+          Tag.autocast_promote: _promote, Tag.autocast_banned: _banned}
+_CPU_RULES = {Tag.cpu_autocast_lower_precision: _lower, Tag.cpu_autocast_fp32: _fp32,
+              Tag.cpu_autocast_promote: _promote}
 
 
-_POLICIES = {"cpu": _table(_CPU), "cuda": _table(_CUDA)}
+def _rule(op, dev_type):
+    """The cast rule `op`'s tags give it on `dev_type`, or None."""
+    for tag, rule in (_CPU_RULES if dev_type == "cpu" else _RULES).items():
+        if tag in op.tags:
+            return rule
+    return None
 
 
 def cast_inputs(op, args, kwargs):
     """The dispatcher's autocast layer: return (args, kwargs) cast by the op's policy on each device."""
     if kwargs and "out" in kwargs:
         return args, kwargs            # out= variants are not autocast (PyTorch's rule)
-    name = op._schema.name
     for dev_type, dtype in _state.autocast.items():
-        rule = _POLICIES.get(dev_type, _POLICIES["cuda"]).get(name)
+        rule = _rule(op, dev_type)
         if rule is not None:
             args, kwargs = rule(op, dev_type, dtype, args, kwargs)
     return args, kwargs
