@@ -134,3 +134,28 @@ def test_rule_slots():
         assert op.batching_rule is _t_decl_rules_batch and op.sharding_rule is _t_decl_rules_shard
     finally:
         del OPS["_t_decl_rules"]
+
+
+# ---- pointwise formulas: declared once, with the op ----------------------------------------------
+_CODEGEN = ("_inductor/ir.py", "_inductor/codegen_cpp.py", "_inductor/codegen_numpy.py", "_inductor/lowering.py")
+
+
+def test_pointwise_formulas_are_not_repeated_in_the_code_generators():
+    spelled = {op.__name__ for op in OPS.values() if op.pointwise is not None}
+    assert {"exp", "erf", "sigmoid", "atan2", "round"} <= spelled
+    for rel in _CODEGEN:
+        tree = ast.parse((PACKAGE / rel).read_text())
+        calls = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in spelled
+                 and isinstance(n.value, ast.Name) and n.value.id == "ops"}
+        assert not calls, f"{rel} calls ops.<spelled op>: {sorted(calls)}"
+        if rel != "_inductor/lowering.py":      # there 'trunc' is also a rounding_mode value
+            strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+            assert not strings & spelled, f"{rel} names spelled ops: {sorted(strings & spelled)}"
+
+
+def test_spelled_ops_are_lowered_through_their_spelling():
+    from flambeau._inductor.lowering import _spelled
+    for op in OPS.values():
+        if op.pointwise is not None:
+            assert op.lowering is _spelled and op.pointwise.cpp and op.pointwise.numpy, op.name
+            assert op.pointwise.triton is None        # the slot the GPU backend fills

@@ -4,8 +4,11 @@
 op, common subexpressions shared within a loop body); `KernelPrinter` prints a kernel's loop nest
 around them: an OpenMP-parallel outer loop when the work is large, reduction steps with local
 accumulators (`#pragma omp simd reduction`), pointwise steps with a vectorisable contiguous inner
-loop (`#pragma omp simd`). Transcendentals call libm; where glibc's libmvec is available they are
-declared `simd` so the compiler vectorises them (`cpp_builder` detects this once).
+loop (`#pragma omp simd`). A pointwise math op prints its own declared C++ spelling
+(`op.pointwise.cpp`, see `flambeau._ops._registry.PointwiseSpelling`); the IR's primitives
+(arithmetic, comparisons, casts) are spelled here. Transcendentals call libm; where glibc's libmvec
+is available the functions the ops name as `simd` are declared so and the compiler vectorises
+them (`cpp_builder` detects this once).
 
 Symbolic sizes: every kernel of a graph with size symbols takes them all as trailing `int64_t s0,
 int64_t s1, ...` arguments; loop bounds and index arithmetic print the `SizeExpr` polynomials over
@@ -19,6 +22,7 @@ import math
 import numpy as np
 
 from .. import _dtype as D
+from .._ops import OPS
 from . import config
 from .index import FloorDiv, Index, Indirect, Sym, contiguous_strides, offset_of
 from .ir import Handler, set_handler
@@ -28,14 +32,12 @@ from .scheduler import expand_groups
 CTYPES = {D.float32: "float", D.float64: "double", D.int64: "int64_t", D.int32: "int32_t",
           D.int16: "int16_t", D.int8: "int8_t", D.uint8: "uint8_t", D.bool: "bool"}
 
-LIBM1 = {"exp": "exp", "log": "log", "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "sin": "sin",
-         "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh",
-         "cosh": "cosh", "tanh": "tanh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "erf": "erf",
-         "erfc": "erfc", "lgamma": "lgamma", "floor": "floor", "ceil": "ceil", "trunc": "trunc",
-         "round": "nearbyint"}
-SIMD1 = ("exp", "log", "log1p", "expm1", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
-         "tanh", "asinh", "acosh", "atanh", "erf", "erfc")
-SIMD2 = ("pow", "atan2")
+# The C math functions libmvec vectorises, as the ops declare them (`PointwiseSpelling.simd`), by
+# arity; `pow` is the IR primitive's own.
+SIMD1 = tuple(op.pointwise.simd for op in OPS.values() if op.pointwise is not None and op.pointwise.simd
+              and len(op.tensor_args) == 1)
+SIMD2 = ("pow",) + tuple(op.pointwise.simd for op in OPS.values() if op.pointwise is not None
+                         and op.pointwise.simd and len(op.tensor_args) == 2)
 
 HELPERS = r"""
 // Errors found inside a kernel (an index out of range, an integer division by zero) are recorded
@@ -243,8 +245,7 @@ class CVar:
 
 
 def _fn(name, dtype):
-    base = LIBM1.get(name, name)
-    return base + "f" if dtype is D.float32 else base
+    return name + "f" if dtype is D.float32 else name
 
 
 _BINOPS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "bitwise_and": "&", "bitwise_or": "|",
@@ -261,10 +262,8 @@ def c_expr(op, args, dtype) -> str:
     T = CTYPES[dtype]
     fl = t.category == D.FLOATING
     one = literal(1, t) if t in CTYPES else "1"
-    if op == "exp" and fl:
-        return f"fl_exp({a})"
-    if op in LIBM1:
-        return f"{_fn(op, t)}({a})"
+    if not isinstance(op, str):
+        return op.pointwise.cpp.format(*(x.name for x in args), f="f" if t is D.float32 else "", one=one)
     if op == "to_dtype":
         return f"({a} != 0)" if dtype is D.bool else f"static_cast<{T}>({a})"
     if op == "where":
@@ -278,19 +277,11 @@ def c_expr(op, args, dtype) -> str:
             return f"{_HELPER2[op]}({a}, {b})" if op != "gcd" else f"static_cast<{T}>(std::gcd({a}, {b}))"
         if op == "pow":
             return f"{_fn('pow', t)}({a}, {b})" if fl else f"fl_ipow({a}, {b})"
-        if op in ("atan2", "nextafter"):
-            return f"{_fn(op, t)}({a}, {b})"
         raise NotImplementedError(op)
     if op == "neg":
         return f"-{a}" if fl or dtype in (D.int64, D.int32) else f"static_cast<{T}>(-{a})"
     if op == "abs":
         return f"{_fn('fabs', t)}({a})" if fl else f"static_cast<{T}>({a} < 0 ? -{a} : {a})"
-    if op == "rsqrt":
-        return f"{one} / {_fn('sqrt', t)}({a})"
-    if op == "sigmoid":
-        return f"{one} / ({one} + fl_exp(-{a}))"
-    if op == "reciprocal":
-        return f"{one} / {a}"
     if op == "sign":
         s = f"static_cast<{T}>(({a} > 0) - ({a} < 0))"
         return f"({a} != {a} ? {a} : {s})" if fl else (a if dtype is D.bool else s)

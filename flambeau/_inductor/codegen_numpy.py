@@ -18,21 +18,16 @@ from .index import Index, Indirect, Sym, render
 from .ir import Handler, ops, set_handler
 from .sizevars import SizeExpr
 
-_UNARY = {"neg": "np.negative", "abs": "np.abs", "exp": "np.exp", "log": "np.log", "log1p": "np.log1p",
-          "expm1": "np.expm1", "sqrt": "np.sqrt", "sin": "np.sin", "cos": "np.cos", "tan": "np.tan",
-          "asin": "np.arcsin", "acos": "np.arccos", "atan": "np.arctan", "sinh": "np.sinh", "cosh": "np.cosh",
-          "tanh": "np.tanh", "asinh": "np.arcsinh", "acosh": "np.arccosh", "atanh": "np.arctanh",
-          "erf": "_sp.erf", "erfc": "_sp.erfc", "lgamma": "_sp.gammaln", "floor": "np.floor", "ceil": "np.ceil",
-          "round": "np.round", "trunc": "np.trunc", "sign": "np.sign", "bitwise_not": "np.invert",
-          "logical_not": "np.logical_not", "signbit": "np.signbit", "isnan": "np.isnan",
-          "reciprocal": "np.reciprocal"}
+# The IR's primitives; a pointwise math op brings its own spelling (`op.pointwise.numpy`).
+_UNARY = {"neg": "np.negative", "abs": "np.abs", "sign": "np.sign", "bitwise_not": "np.invert",
+          "logical_not": "np.logical_not", "signbit": "np.signbit", "isnan": "np.isnan"}
 _BINARY = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "truediv": "np.true_divide",
-           "remainder": "_remainder", "fmod": "_fmod", "atan2": "np.arctan2", "maximum": "np.maximum",
+           "remainder": "_remainder", "fmod": "_fmod", "maximum": "np.maximum",
            "minimum": "np.minimum", "bitwise_and": "np.bitwise_and", "bitwise_or": "np.bitwise_or",
            "bitwise_xor": "np.bitwise_xor", "eq": "np.equal", "ne": "np.not_equal", "lt": "np.less",
            "le": "np.less_equal", "gt": "np.greater", "ge": "np.greater_equal",
            "logical_and": "np.logical_and", "logical_or": "np.logical_or", "gcd": "np.gcd", "lcm": "np.lcm",
-           "nextafter": "np.nextafter", "lshift": "_shl", "rshift": "_shr", "truncdiv": "_truncdiv",
+           "lshift": "_shl", "rshift": "_shr", "truncdiv": "_truncdiv",
            "floordiv": "_floordiv"}
 
 
@@ -66,14 +61,12 @@ class NumpyHandler(Handler):
 
     def _op(self, name, args, dtype):
         a = [x.name for x in args]
+        if not isinstance(name, str):
+            return self._emit(f"_cast({name.pointwise.numpy.format(*a)}, {_np_dtype(dtype)})", dtype)
         if name == "to_dtype":
             return self._emit(f"_cast({a[0]}, {_np_dtype(dtype)})", dtype)
         if name == "where":
             return self._emit(f"np.where({a[0]}, {a[1]}, {a[2]})", dtype)
-        if name == "rsqrt":
-            return self._emit(f"np.reciprocal(np.sqrt({a[0]}))", dtype)
-        if name == "sigmoid":
-            return self._emit(f"np.reciprocal(1 + np.exp(np.negative({a[0]})))", dtype)
         if name == "pow":
             fn = "np.power" if args[0].dtype.category == D.FLOATING else "_ipow"
             return self._emit(f"{fn}({a[0]}, {a[1]})", dtype)

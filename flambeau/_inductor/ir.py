@@ -9,6 +9,11 @@ design: one element function, many interpretations, no expression tree to rewrit
 
 Values seen by an element function carry their dtype (`value.dtype`), so printers emit typed
 code. Lowerings guarantee that binary operands share a dtype (they insert `ops.to_dtype`).
+
+Pointwise math ops that declare their formula (`op.pointwise`, a `PointwiseSpelling` in
+`flambeau/_ops`) are applied as `ops.apply(op, *values)`: each printer reads the op's spelling, so
+the formula exists once, with the op. The names below are the IR's own primitives (arithmetic,
+comparisons, casts), which printers spell themselves.
 """
 from __future__ import annotations
 
@@ -19,12 +24,9 @@ from .. import _dtype as D
 from .index import Index, _size, contiguous_strides, offset_of
 from .sizevars import Unsupported, known_nonneg
 
-UNARY = ("neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "asin",
-         "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "lgamma",
-         "floor", "ceil", "round", "trunc", "sign", "sigmoid", "bitwise_not", "reciprocal")
-BINARY = ("add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "fmod", "pow", "atan2",
-          "maximum", "minimum", "bitwise_and", "bitwise_or", "bitwise_xor", "lshift", "rshift",
-          "nextafter", "gcd", "lcm")
+UNARY = ("neg", "abs", "sign", "bitwise_not")
+BINARY = ("add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "fmod", "pow",
+          "maximum", "minimum", "bitwise_and", "bitwise_or", "bitwise_xor", "lshift", "rshift", "gcd", "lcm")
 PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "signbit",
               "isnan")
 SUPPORTED_DTYPES = frozenset({D.float32, D.float64, D.int64, D.int32, D.int16, D.int8, D.uint8, D.bool})
@@ -66,7 +68,8 @@ ops = _Ops()
 class Handler:
     """Base of the interpretations of `ops`: dtype rules shared by all, `_op` implemented by each.
 
-    `_op(name, args, dtype)` returns a value of the handler's own kind (with `.dtype`)."""
+    `_op(name, args, dtype)` returns a value of the handler's own kind (with `.dtype`); `name` is
+    an IR primitive's name or an `Op` whose `op.pointwise` spells it."""
 
     def _op(self, name: str, args: tuple, dtype):
         raise NotImplementedError
@@ -80,6 +83,10 @@ class Handler:
 
     def where(self, c, a, b):
         return self._op("where", (c, a, b), a.dtype)
+
+    def apply(self, op, *args):
+        """A pointwise op with a declared spelling (`op.pointwise`), in its operands' dtype."""
+        return self._op(op, args, args[0].dtype)
 
     def to_dtype(self, x, dtype):
         if x.dtype is dtype:
@@ -314,9 +321,7 @@ class Stats:
         self.heavy = 0                 # transcendental ops
 
 
-_HEAVY = frozenset({"exp", "log", "log1p", "expm1", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
-                    "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "lgamma", "pow", "atan2",
-                    "sigmoid", "sqrt", "rsqrt", "truediv"})
+_HEAVY = frozenset({"pow", "truediv"})      # IR primitives; a spelled op says so itself (`heavy`)
 
 
 class AnalysisHandler(Handler):
@@ -325,7 +330,7 @@ class AnalysisHandler(Handler):
 
     def _op(self, name, args, dtype):
         self.stats.ops += 1
-        if name in _HEAVY:
+        if name in _HEAVY or (not isinstance(name, str) and name.pointwise.heavy):
             self.stats.heavy += 1
         return _AVal(dtype)
 

@@ -15,7 +15,7 @@ import math
 
 from .. import _dtype as D
 from .._decomp._table import aten
-from .._ops import Op, _helpers as H
+from .._ops import OPS, Op, _helpers as H
 from .index import Index
 from .ir import IRNode, Pointwise, Reduction, Unsupported, ops
 from .sizevars import SizeExpr, known_lt, size_tuple
@@ -95,18 +95,24 @@ def common_dtype(*xs):
 
 
 # ---- pointwise ----------------------------------------------------------------------------------
-_UNARY = (aten.neg, aten.exp, aten.log, aten.log1p, aten.expm1, aten.sqrt, aten.rsqrt, aten.sin, aten.cos,
-          aten.tan, aten.asin, aten.acos, aten.atan, aten.sinh, aten.cosh, aten.tanh, aten.asinh, aten.acosh,
-          aten.atanh, aten.erf, aten.erfc, aten.lgamma, aten.sigmoid, aten.reciprocal)
 _ROUNDING = (aten.floor, aten.ceil, aten.round, aten.trunc)     # the identity on integers
-_BOOL_IDENTITY = (aten.abs, aten.sign)                          # the identity on bool
 
 
-@register_lowering(*_UNARY, *_ROUNDING, *_BOOL_IDENTITY)
+@register_lowering(*(op for op in OPS.values() if op.pointwise is not None))
+def _spelled(g, *xs):
+    """An op that declares its formula (`op.pointwise`): computed in the result dtype."""
+    dt = out_dtype(g)
+    op = g.node.target
+    if op in _ROUNDING and dt.category < D.FLOATING:
+        return make_pointwise(g, lambda a: a, list(xs), dt)
+    return make_pointwise(g, lambda *a: ops.apply(op, *a), list(xs), dt)
+
+
+@register_lowering(aten.neg, aten.abs, aten.sign)
 def _unary(g, x):
     dt = out_dtype(g)
     op = g.node.target
-    if (op in _ROUNDING and dt.category < D.FLOATING) or (op in _BOOL_IDENTITY and dt is D.bool):
+    if op is not aten.neg and dt is D.bool:              # abs and sign are the identity on bool
         return make_pointwise(g, lambda a: a, [x], dt)
     return make_pointwise(g, getattr(ops, op.__name__), [x], dt)
 
@@ -143,8 +149,7 @@ def _binary(opname, float_only=False):
     return rule
 
 
-for _op, _name in {aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum",
-                   aten.atan2: "atan2", aten.nextafter: "nextafter", aten.fmod: "fmod",
+for _op, _name in {aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum", aten.fmod: "fmod",
                    aten.remainder: "remainder", aten.pow: "pow",
                    aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or",
                    aten.bitwise_xor: "bitwise_xor", aten.bitwise_left_shift.Tensor: "lshift",

@@ -15,7 +15,7 @@ import numpy as np
 from .. import _dtype as D
 from .. import _state
 from .._tensor import Tensor
-from ._registry import defop, export, TensorSpec, Tag
+from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
 from ._helpers import (binary_kernel, binary_meta, unary_kernel, unary_meta, dtype_of, result_type, opmath,
                        round_to, cast, broadcast_shapes, shape_of)
 
@@ -117,7 +117,8 @@ def _(grad):
 
 
 @defop("exp(Tensor self) -> Tensor", method=True, inplace=True,
-       tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
+       pointwise=PointwiseSpelling(cpp="fl_exp({0})", numpy="np.exp({0})", simd="exp"))
 def exp(xp, self):
     return _exp(xp, self)
 
@@ -184,7 +185,7 @@ def _binary_dtype(kind, dt):
 
 
 def binary(schema, fn, deriv=None, *, kind="promote", bad=(), check=None, method=True, inplace=True,
-           function=True, namespace=None, tags=(), scalars="both"):
+           function=True, namespace=None, tags=(), scalars="both", pointwise=None):
     """Declare a broadcasting binary op computing `fn(xp, a, b, **kw)` in the op-math dtype.
 
     kind: 'promote' (common dtype), 'float' (bool/integer promote to the default float), 'bool'.
@@ -222,7 +223,7 @@ def binary(schema, fn, deriv=None, *, kind="promote", bad=(), check=None, method
         return TensorSpec(broadcast_shapes(shape_of(self), shape_of(other)), _binary_dtype(kind, dt))
 
     op = defop(schema, method=method, inplace=inplace, function=function, namespace=namespace,
-               tags=tags)(kernel)
+               tags=tags, pointwise=pointwise)(kernel)
     op.def_meta(meta)
     if deriv is not None:
         op.def_derivative(deriv)
@@ -476,7 +477,8 @@ def _atan2_grad(grad, self, other):
 
 atan2 = binary("atan2(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.arctan2(a, b),
                _atan2_grad, kind="float", bad=(D.COMPLEX,), scalars="none",
-               tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_promote))
+               tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_promote),
+               pointwise=PointwiseSpelling(cpp="atan2{f}({0}, {1})", numpy="np.arctan2({0}, {1})", simd="atan2"))
 export("arctan2", method=True)(atan2)
 export("arctan2_", method=True, function=False)(atan2.inplace)
 hypot = binary("hypot(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.hypot(a, b), _hyp_grad,
@@ -573,7 +575,8 @@ logaddexp2 = binary("logaddexp2(Tensor self, Tensor other) -> Tensor", lambda xp
 
 
 @defop("nextafter(Tensor self, Tensor other) -> Tensor", method=True, inplace=True,
-       tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+       pointwise=PointwiseSpelling(cpp="nextafter{f}({0}, {1})", numpy="np.nextafter({0}, {1})", heavy=False))
 def nextafter(xp, self, other):
     require_tensors("nextafter", self, other, "none")
     dt = result_type(self, other)

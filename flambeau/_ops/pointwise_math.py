@@ -17,7 +17,7 @@ import numpy as np
 from .. import _dtype as D
 from .. import _state
 from .._tensor import Tensor
-from ._registry import defop, export, TensorSpec, METHODS, EXPORTS, SPECIAL, Tag
+from ._registry import defop, export, TensorSpec, METHODS, EXPORTS, SPECIAL, Tag, PointwiseSpelling
 from ._helpers import opmath
 from .pointwise import _conj
 
@@ -50,7 +50,7 @@ def _zeros(grad):
 
 
 def unary(name, fn, deriv=None, *, kind="float", bad=(), bad_exc=None, real_out=False, method=True,
-          inplace=True, namespace=None, schema=None, function=True, tags=()):
+          inplace=True, namespace=None, schema=None, function=True, tags=(), pointwise=None):
     """Declare `name(Tensor self) -> Tensor` computing `fn(xp, a)` (a in the compute dtype)."""
     def check(dt):
         if dt.category in bad:
@@ -72,7 +72,7 @@ def unary(name, fn, deriv=None, *, kind="float", bad=(), bad_exc=None, real_out=
         return TensorSpec(self.shape, result_dtype(kind, self.dtype, real_out))
 
     op = defop(schema or f"{name}(Tensor self) -> Tensor", method=method, inplace=inplace,
-               namespace=namespace, function=function, tags=tags)(kernel)
+               namespace=namespace, function=function, tags=tags, pointwise=pointwise)(kernel)
     op.def_meta(meta)
     if deriv is not None:
         op.def_derivative(deriv)
@@ -123,56 +123,77 @@ def _sgn_grad(grad, self, result):
 
 sgn = unary("sgn", _sgn, _sgn_grad, kind="same")
 sqrt = unary("sqrt", lambda xp, a: xp.sqrt(a), lambda grad, result: grad / (2 * _c(result)),
-             tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+             pointwise=PointwiseSpelling(cpp="sqrt{f}({0})", numpy="np.sqrt({0})"))
 rsqrt = unary("rsqrt", lambda xp, a: 1 / xp.sqrt(a), lambda grad, result: -0.5 * grad * _c(result) ** 3,
-              tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+              tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
+              pointwise=PointwiseSpelling(cpp="{one} / sqrt{f}({0})", numpy="np.reciprocal(np.sqrt({0}))"))
 log = unary("log", lambda xp, a: xp.log(a), lambda grad, self: grad / _c(self),
-            tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+            tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
+            pointwise=PointwiseSpelling(cpp="log{f}({0})", numpy="np.log({0})", simd="log"))
 log2 = unary("log2", lambda xp, a: xp.log2(a), lambda grad, self: grad / (_c(self) * _LN2), tags=(Tag.autocast_fp32,))
 log10 = unary("log10", lambda xp, a: xp.log10(a), lambda grad, self: grad / (_c(self) * _LN10),
               tags=(Tag.autocast_fp32,))
 log1p = unary("log1p", lambda xp, a: xp.log1p(a), lambda grad, self: grad / (_c(self) + 1),
-              namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+              namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
+              pointwise=PointwiseSpelling(cpp="log1p{f}({0})", numpy="np.log1p({0})", simd="log1p"))
 expm1 = unary("expm1", lambda xp, a: xp.expm1(a), lambda grad, result: grad * (_c(result) + 1),
-              namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+              namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
+              pointwise=PointwiseSpelling(cpp="expm1{f}({0})", numpy="np.expm1({0})", simd="expm1"))
 exp2 = unary("exp2", lambda xp, a: xp.exp2(a) if a.dtype.kind != "c" else xp.exp(a * _LN2),
              lambda grad, result: grad * _c(result) * _LN2, namespace="special")
 sin = unary("sin", lambda xp, a: xp.sin(a), lambda grad, self: grad * _c(self.cos()),
-            tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+            tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+            pointwise=PointwiseSpelling(cpp="sin{f}({0})", numpy="np.sin({0})", simd="sin"))
 cos = unary("cos", lambda xp, a: xp.cos(a), lambda grad, self: -grad * _c(self.sin()),
-            tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+            tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+            pointwise=PointwiseSpelling(cpp="cos{f}({0})", numpy="np.cos({0})", simd="cos"))
 tan = unary("tan", lambda xp, a: xp.tan(a), lambda grad, result: grad * _c(1 + result * result),
-            tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+            tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
+            pointwise=PointwiseSpelling(cpp="tan{f}({0})", numpy="np.tan({0})", simd="tan"))
 asin = unary("asin", lambda xp, a: xp.arcsin(a), lambda grad, self: grad / _c((1 - self * self).sqrt()),
-             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
+             pointwise=PointwiseSpelling(cpp="asin{f}({0})", numpy="np.arcsin({0})", simd="asin"))
 acos = unary("acos", lambda xp, a: xp.arccos(a), lambda grad, self: -grad / _c((1 - self * self).sqrt()),
-             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
+             pointwise=PointwiseSpelling(cpp="acos{f}({0})", numpy="np.arccos({0})", simd="acos"))
 atan = unary("atan", lambda xp, a: xp.arctan(a), lambda grad, self: grad / _c(1 + self * self),
-             tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+             pointwise=PointwiseSpelling(cpp="atan{f}({0})", numpy="np.arctan({0})", simd="atan"))
 sinh = unary("sinh", lambda xp, a: xp.sinh(a), lambda grad, self: grad * _c(self.cosh()),
-             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
+             pointwise=PointwiseSpelling(cpp="sinh{f}({0})", numpy="np.sinh({0})", simd="sinh"))
 cosh = unary("cosh", lambda xp, a: xp.cosh(a), lambda grad, self: grad * _c(self.sinh()),
-             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
+             pointwise=PointwiseSpelling(cpp="cosh{f}({0})", numpy="np.cosh({0})", simd="cosh"))
 tanh = unary("tanh", lambda xp, a: xp.tanh(a), lambda grad, result: grad * _c(1 - result * result),
-             tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+             tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+             pointwise=PointwiseSpelling(cpp="tanh{f}({0})", numpy="np.tanh({0})", simd="tanh"))
 asinh = unary("asinh", lambda xp, a: xp.arcsinh(a), lambda grad, self: grad / _c((self * self + 1).sqrt()),
-              tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+              tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+              pointwise=PointwiseSpelling(cpp="asinh{f}({0})", numpy="np.arcsinh({0})", simd="asinh"))
 acosh = unary("acosh", lambda xp, a: xp.arccosh(a),
               lambda grad, self: grad / _c((self - 1).sqrt() * (self + 1).sqrt()),
-              tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+              tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+              pointwise=PointwiseSpelling(cpp="acosh{f}({0})", numpy="np.arccosh({0})", simd="acosh"))
 atanh = unary("atanh", lambda xp, a: xp.arctanh(a), lambda grad, self: grad / _c(1 - self * self),
-              tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+              tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+              pointwise=PointwiseSpelling(cpp="atanh{f}({0})", numpy="np.arctanh({0})", simd="atanh"))
 sigmoid = unary("sigmoid", lambda xp, a: 1 / (1 + xp.exp(-a)),
-                lambda grad, result: grad * _c(result * (1 - result)), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                lambda grad, result: grad * _c(result * (1 - result)), tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+                pointwise=PointwiseSpelling(cpp="{one} / ({one} + fl_exp(-{0}))", numpy="np.reciprocal(1 + np.exp(np.negative({0})))"))
 erf = unary("erf", _sp("erf"), lambda grad, self: grad * (2 / math.sqrt(math.pi)) * (-self * self).exp(),
-            bad=(D.COMPLEX,), namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+            bad=(D.COMPLEX,), namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+            pointwise=PointwiseSpelling(cpp="erf{f}({0})", numpy="_sp.erf({0})", simd="erf"))
 erfc = unary("erfc", _sp("erfc"), lambda grad, self: grad * (-2 / math.sqrt(math.pi)) * (-self * self).exp(),
-             bad=(D.COMPLEX,), namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+             bad=(D.COMPLEX,), namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+             pointwise=PointwiseSpelling(cpp="erfc{f}({0})", numpy="_sp.erfc({0})", simd="erfc"))
 erfinv = unary("erfinv", _sp("erfinv"),
                lambda grad, result: grad * (math.sqrt(math.pi) / 2) * (result * result).exp(),
                bad=(D.COMPLEX,), namespace="special", tags=(Tag.core, Tag.extern, Tag.autocast_fp32))
 lgamma = unary("lgamma", _sp("gammaln"), lambda grad, self: grad * self.digamma(), bad=(D.COMPLEX,),
-               tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+               tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+               pointwise=PointwiseSpelling(cpp="lgamma{f}({0})", numpy="_sp.gammaln({0})"))
 digamma = unary("digamma", _sp("psi"), lambda grad, self: grad * polygamma(1, self), bad=(D.COMPLEX,),
                 namespace="special", tags=(Tag.core, Tag.extern))
 i0 = unary("i0", _sp("i0"), lambda grad, self: grad * special_i1(self), bad=(D.COMPLEX,), namespace="special",
@@ -201,16 +222,21 @@ deg2rad = unary("deg2rad", lambda xp, a: a * (math.pi / 180), lambda grad: grad 
 rad2deg = unary("rad2deg", lambda xp, a: a * (180 / math.pi), lambda grad: grad * (180 / math.pi),
                 bad=(D.COMPLEX,), bad_exc=lambda dt: RuntimeError("rad2deg is not supported for complex tensors."))
 floor = unary("floor", _int_identity(lambda xp, a: xp.floor(a)), lambda grad: _zeros(grad),
-              kind="same", bad=(D.BOOL, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+              kind="same", bad=(D.BOOL, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+              pointwise=PointwiseSpelling(cpp="floor{f}({0})", numpy="np.floor({0})", heavy=False))
 ceil = unary("ceil", _int_identity(lambda xp, a: xp.ceil(a)), lambda grad: _zeros(grad),
-             kind="same", bad=(D.BOOL, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+             kind="same", bad=(D.BOOL, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+             pointwise=PointwiseSpelling(cpp="ceil{f}({0})", numpy="np.ceil({0})", heavy=False))
 trunc = unary("trunc", _int_identity(lambda xp, a: xp.trunc(a)), lambda grad: _zeros(grad),
-              kind="same", bad=(D.BOOL, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+              kind="same", bad=(D.BOOL, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+              pointwise=PointwiseSpelling(cpp="trunc{f}({0})", numpy="np.trunc({0})", heavy=False))
 frac = unary("frac", lambda xp, a: a - xp.trunc(a), lambda grad: grad, kind="same", bad=(D.BOOL, D.INTEGER, D.COMPLEX))
 reciprocal = unary("reciprocal", lambda xp, a: 1 / a, lambda grad, result: -grad * _c(result * result),
-                   tags=(Tag.recomputable, Tag.autocast_fp32))
+                   tags=(Tag.recomputable, Tag.autocast_fp32),
+                   pointwise=PointwiseSpelling(cpp="{one} / {0}", numpy="np.reciprocal({0})", heavy=False))
 _round = unary("round", _int_identity(lambda xp, a: xp.round(a)), lambda grad: _zeros(grad),
-               kind="same", bad=(D.BOOL, D.COMPLEX), method=False, tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+               kind="same", bad=(D.BOOL, D.COMPLEX), method=False, tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+               pointwise=PointwiseSpelling(cpp="nearbyint{f}({0})", numpy="np.round({0})", heavy=False))
 
 
 def _round_decimals(xp, a, *, decimals):
