@@ -159,3 +159,8 @@ def test_spelled_ops_are_lowered_through_their_spelling():
         if op.pointwise is not None:
             assert op.lowering is _spelled and op.pointwise.cpp and op.pointwise.numpy, op.name
             assert op.pointwise.triton is None        # the slot the GPU backend fills
+
+
+def test_view_inverses_are_keyed_by_view_ops():
+    from flambeau._functorch.functionalization import _VIEW_INVERSES
+    assert len(_VIEW_INVERSES) >= 12 and all(isinstance(op, Op) and op.is_view for op in _VIEW_INVERSES)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .. import _dispatch
-from .._ops import OPS
+from .._decomp._table import aten
 from .._tensor import Tensor
 from ..utils._python_dispatch import TorchDispatchMode
 
@@ -76,43 +76,88 @@ def _apply_step(step, x):
     return out if idx is None else out[idx]
 
 
+# ---- view inverses: the value of a view's base after the view was replaced, per view op ----------
+_VIEW_INVERSES: dict = {}        # Op -> fn(prev, new, bound args, output index)
+
+
+def view_inverse(*ops):
+    """Decorator: `fn(prev, new, b, idx)` rebuilds the base of a view made by each of `ops`."""
+    def wrap(fn):
+        for op in ops:
+            _VIEW_INVERSES[op] = fn
+        return fn
+    return wrap
+
+
+@view_inverse(aten.view, aten.squeeze, aten.unsqueeze, aten.alias)
+def _reshape_inverse(prev, new, b, idx):
+    return new if tuple(new.shape) == tuple(prev.shape) else new.reshape(tuple(prev.shape))
+
+
+@view_inverse(aten.expand)
+def _expand_inverse(prev, new, b, idx):
+    if tuple(new.shape) == tuple(prev.shape):
+        return new
+    raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
+                       "single memory location. Please clone() the tensor before performing the operation.")
+
+
+@view_inverse(aten.transpose.int)
+def _transpose_inverse(prev, new, b, idx):
+    return new.transpose(b[1], b[2])
+
+
+@view_inverse(aten.permute)
+def _permute_inverse(prev, new, b, idx):
+    dims = [d % prev.ndim for d in b[1]]
+    inv = [0] * len(dims)
+    for i, d in enumerate(dims):
+        inv[d] = i
+    return new.permute(inv)
+
+
+@view_inverse(aten.slice)
+def _slice_inverse(prev, new, b, idx):
+    return aten.slice_scatter(prev, new, *b[1:])
+
+
+@view_inverse(aten.select)
+def _select_inverse(prev, new, b, idx):
+    return aten.select_scatter(prev, new, *b[1:])
+
+
+@view_inverse(aten.diagonal)
+def _diagonal_inverse(prev, new, b, idx):
+    return aten.diagonal_scatter(prev, new, *b[1:])
+
+
+@view_inverse(aten.as_strided)
+def _as_strided_inverse(prev, new, b, idx):
+    return aten.as_strided_scatter(prev, new, *b[1:])
+
+
+@view_inverse(aten.split_with_sizes)
+def _split_with_sizes_inverse(prev, new, b, idx):
+    start = sum(b[1][:idx])
+    return aten.slice_scatter(prev, new, b[2], start, start + b[1][idx], 1)
+
+
+@view_inverse(aten.unbind.int)
+def _unbind_inverse(prev, new, b, idx):
+    return aten.select_scatter(prev, new, b[1], idx)
+
+
 def _inverse(step, prev: Tensor, new: Tensor) -> Tensor:
     """The value of `prev` after its view `step(prev)` was replaced by `new`."""
     func, b, idx = step
-    name = func.name
-    if name in ("view", "squeeze.dims", "unsqueeze", "alias"):
-        return new if tuple(new.shape) == tuple(prev.shape) else new.reshape(tuple(prev.shape))
-    if name == "expand":
-        if tuple(new.shape) == tuple(prev.shape):
-            return new
-        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
-                           "single memory location. Please clone() the tensor before performing the operation.")
-    if name == "transpose.int":
-        return new.transpose(b[1], b[2])
-    if name == "permute":
-        dims = [d % prev.ndim for d in b[1]]
-        inv = [0] * len(dims)
-        for i, d in enumerate(dims):
-            inv[d] = i
-        return new.permute(inv)
-    if name == "slice.Tensor":
-        return OPS["slice_scatter"](prev, new, *b[1:])
-    if name == "select.int":
-        return OPS["select_scatter"](prev, new, *b[1:])
-    if name == "diagonal":
-        return OPS["diagonal_scatter"](prev, new, *b[1:])
-    if name == "as_strided":
-        return OPS["as_strided_scatter"](prev, new, *b[1:])
-    if name == "split_with_sizes":
-        start = sum(b[1][:idx])
-        return OPS["slice_scatter"](prev, new, b[2], start, start + b[1][idx], 1)
-    if name == "unbind.int":
-        return OPS["select_scatter"](prev, new, b[1], idx)
-    if name == "unfold" and prev.is_contiguous():
+    rule = _VIEW_INVERSES.get(func)
+    if rule is not None:
+        return rule(prev, new, b, idx)
+    if func is aten.unfold and prev.is_contiguous():
         v = _apply_step(step, prev)
-        return OPS["as_strided_scatter"](prev, new, tuple(v.shape), tuple(v.stride()),
-                                         v.storage_offset() - prev.storage_offset())
-    raise NotImplementedError(f"functionalization: mutating a view made by aten.{name} is not supported")
+        return aten.as_strided_scatter(prev, new, tuple(v.shape), tuple(v.stride()),
+                                       v.storage_offset() - prev.storage_offset())
+    raise NotImplementedError(f"functionalization: mutating a view made by aten.{func.name} is not supported")
 
 
 class FunctionalTensorMode(TorchDispatchMode):
@@ -232,7 +277,7 @@ class FunctionalTensorMode(TorchDispatchMode):
         self._sync_all(args, kwargs)
         if func.is_inplace or (kwargs and kwargs.get("out") is not None):
             return self._mutate(func, args, kwargs or {})
-        if func.name == "native_batch_norm" and func.decomposition is not None:
+        if func is aten.native_batch_norm and func.decomposition is not None:
             b = func.bind(*args, **(kwargs or {}))
             if b[5] and (b[3] is not None or b[4] is not None):
                 self._hidden = True    # its running-statistics update is a hidden mutation
