@@ -33,3 +33,5 @@ class Tag(enum.Enum):
     cpu_autocast_lower_precision = "cpu_autocast_lower_precision"  # autocast policies on cpu
     cpu_autocast_fp32 = "cpu_autocast_fp32"
     cpu_autocast_promote = "cpu_autocast_promote"
+
+    __hash__ = object.__hash__        # members are singletons compared by identity: hash them in C

@@ -121,7 +121,11 @@ class Op:
         self.meta = meta
         self.decomposition = decomposition
         self.functional = functional          # for in-place ops: the out-of-place op
-        self.tags = _tags(self.name, tags, s)
+        self._tags = _tags(self.name, tags, s)
+        # read on every dispatch: plain attributes, derived once from the (immutable) tags
+        self.is_view = Tag.view in self._tags
+        self.is_inplace = Tag.inplace in self._tags
+        self.nondeterministic = Tag.nondeterministic_seeded in self._tags
         self.pointwise = pointwise
         self.no_decomposition = no_decomposition
         self.lowering = None
@@ -137,16 +141,10 @@ class Op:
             self.def_derivative(derivative)
 
     @property
-    def is_view(self) -> bool:
-        return Tag.view in self.tags
-
-    @property
-    def is_inplace(self) -> bool:
-        return Tag.inplace in self.tags
-
-    @property
-    def nondeterministic(self) -> bool:
-        return Tag.nondeterministic_seeded in self.tags
+    def tags(self) -> frozenset:
+        """The op's `Tag`s, fixed at declaration (`is_view`, `is_inplace` and `nondeterministic`
+        are read from them)."""
+        return self._tags
 
     # -- declaration helpers (decorators) --
     def def_meta(self, fn):

@@ -122,12 +122,19 @@ _CPU_RULES = {Tag.cpu_autocast_lower_precision: _lower, Tag.cpu_autocast_fp32: _
               Tag.cpu_autocast_promote: _promote}
 
 
+_rule_cache: dict = {}              # (op, on cpu) -> rule or None
+
+
 def _rule(op, dev_type):
     """The cast rule `op`'s tags give it on `dev_type`, or None."""
-    for tag, rule in (_CPU_RULES if dev_type == "cpu" else _RULES).items():
-        if tag in op.tags:
-            return rule
-    return None
+    key = (op, dev_type == "cpu")
+    try:
+        return _rule_cache[key]
+    except KeyError:
+        pass
+    rule = next((r for tag, r in (_CPU_RULES if key[1] else _RULES).items() if tag in op.tags), None)
+    _rule_cache[key] = rule
+    return rule
 
 
 def cast_inputs(op, args, kwargs):
