@@ -1,11 +1,12 @@
 """Bugs injected into the inductor's lowerings for the minifier tests (tests/test_minifier.py).
 
-`BUGS[kind] = (lowering name, rule)`: "error" makes `sin` raise while lowering, "accuracy" makes
+`BUGS[kind] = (op, rule)`: "error" makes `sin` raise while lowering, "accuracy" makes
 `mul.Tensor` add 0.01 to every product. `inject(kind)` installs one process-wide; the tests'
 sitecustomize hook calls it in a repro script's subprocess when FLAMBEAU_TEST_INDUCTOR_BUG is set.
 """
 from __future__ import annotations
 
+from flambeau._decomp._table import aten
 from flambeau._inductor import lowering as L
 from flambeau._inductor.ir import ops
 
@@ -22,9 +23,9 @@ def mul_off_by_a_constant(g, a, b):
     return L.make_pointwise(g, lambda x, y: ops.add(ops.mul(x, y), ops.constant(MUL_OFFSET, dt)), [a, b], dt)
 
 
-BUGS = {"error": ("sin", sin_raises), "accuracy": ("mul.Tensor", mul_off_by_a_constant)}
+BUGS = {"error": (aten.sin, sin_raises), "accuracy": (aten.mul, mul_off_by_a_constant)}
 
 
 def inject(kind: str) -> None:
-    name, rule = BUGS[kind]
-    L.LOWERINGS[name] = rule
+    op, rule = BUGS[kind]
+    op.lowering = rule

@@ -18,7 +18,6 @@ import flambeau
 from flambeau._dynamo import config as dconfig
 from flambeau._dynamo.repro import AccuracyError, minify, same
 from flambeau._inductor import config as iconfig
-from flambeau._inductor import lowering as L
 from tests import _inductor_bugs as bugs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,8 +56,8 @@ def repro_env(monkeypatch, tmp_path):
         monkeypatch.setattr(dconfig, "repro_after", after)
         monkeypatch.setattr(dconfig, "repro_level", level)
         if bug is not None:
-            name, rule = bugs.BUGS[bug]
-            monkeypatch.setitem(L.LOWERINGS, name, rule)
+            op, rule = bugs.BUGS[bug]
+            monkeypatch.setattr(op, "lowering", rule)
         return tmp_path / "minifier"
     yield setup
     flambeau._dynamo.reset()
@@ -215,15 +214,17 @@ def test_minify_drops_outputs_the_failure_does_not_need():
 def test_minifier_keeps_to_the_original_failure(repro_env, monkeypatch):
     d = repro_env("aot", 2)
 
+    sin_lowering = bugs.aten.sin.lowering
+
     def sin_raises_before_cos(g, x):           # fails only in a graph where cos uses the sin
-        if any(getattr(u.target, "name", "") == "cos" for u in g.node.users):
+        if any(u.target is bugs.aten.cos for u in g.node.users):
             raise RuntimeError(bugs.BUG_MESSAGE)
-        return L.make_pointwise(g, L.ops.sin, [x], L.out_dtype(g))
+        return sin_lowering(g, x)
 
     def cos_raises(g, x):                      # another bug: a graph of cos alone fails differently
         raise ValueError("another bug, in cos")
-    monkeypatch.setitem(L.LOWERINGS, "sin", sin_raises_before_cos)
-    monkeypatch.setitem(L.LOWERINGS, "cos", cos_raises)
+    monkeypatch.setattr(bugs.aten.sin, "lowering", sin_raises_before_cos)
+    monkeypatch.setattr(bugs.aten.cos, "lowering", cos_raises)
 
     def f(x):
         a = flambeau.sin(x * 2)
