@@ -42,15 +42,14 @@ class _StorageType:
 
 
 class _Storage:
-    """A storage record's bytes (a writable uint8 array: a fresh buffer or a private file mapping)."""
+    """A storage record's elements (a fresh buffer, or a view of a private file mapping)."""
 
     def __init__(self, raw: np.ndarray, dtype):
-        self.raw = raw
+        if raw.ctypes.data % dtype.itemsize:          # a mapped record need not be aligned (torch's are)
+            raw = raw.copy()
+        self.array = raw.view(dtype.np)
         self.dtype = dtype
         self.nbytes = raw.nbytes
-
-    def typed(self) -> np.ndarray:
-        return self.raw.view(self.dtype.np)
 
 
 class RebuildArgumentError(TypeError):
@@ -117,7 +116,7 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=Fals
     size, stride = _ints("size", size), _ints("stride", stride)
     dt = storage.dtype
     check_view(storage.nbytes, dt.itemsize, storage_offset, size, stride)
-    base = storage.typed()
+    base = storage.array
     if all(s > 0 for s in size):
         base = base[storage_offset:]
     view = np.lib.stride_tricks.as_strided(base, size, _byte_strides(size, stride, dt.itemsize))

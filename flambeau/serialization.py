@@ -117,12 +117,13 @@ def _st_error(e: Exception) -> RuntimeError:
 def _read_safetensors(src: _Source) -> tuple:
     """(tensors by name in file order, metadata) of a safetensors file, after `safetensors` has
     validated its header (dtypes, shapes against byte ranges, ranges contiguous and inside the file)."""
+    copies = {}
     try:
         if src.path is not None:
             with safetensors.safe_open(src.path, framework="np"):
                 pass
-        else:
-            safetensors.deserialize(src.data)
+        else:                                     # bytes in memory: use the validated copies it makes
+            copies = {name: info["data"] for name, info in safetensors.deserialize(src.data)}
     except safetensors.SafetensorError as e:
         raise _st_error(e) from None
     (n,) = _ST_LEN.unpack(src.head(_ST_LEN.size))
@@ -140,8 +141,8 @@ def _read_safetensors(src: _Source) -> tuple:
         if int(np.prod(shape, dtype=object)) * dt.itemsize != end - begin:
             raise RuntimeError(f"flambeau.load: tensor '{name}' of shape {list(shape)} does not match its "
                                f"{end - begin} bytes")
-        out[name] = Tensor._make(_typed(src.array(data_start + begin, end - begin), dt).reshape(shape),
-                                 _cpu(), dt)
+        raw = np.frombuffer(copies[name], np.uint8) if name in copies else src.array(data_start + begin, end - begin)
+        out[name] = Tensor._make(_typed(raw, dt).reshape(shape), _cpu(), dt)
     return out, meta
 
 

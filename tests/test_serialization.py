@@ -480,3 +480,14 @@ def test_stale_temps_of_dead_processes_only_are_removed(tmp_path):
         f.write_bytes(b"partial")
     flambeau.save({"a": flambeau.ones(1)}, tmp_path / "ck.pt", format="pt")
     assert sorted(os.listdir(tmp_path)) == sorted(["ck.pt", live.name, other.name])
+
+
+def test_mmap_of_unaligned_records_gives_aligned_tensors(tmp_path):
+    """flambeau's own .pt writer does not pad records as torch's does: a misaligned record is copied."""
+    p = tmp_path / "ours.pt"
+    sd = {"b": flambeau.tensor([True, False, True]), "w": flambeau.arange(5.0, dtype=flambeau.float64),
+          "v": flambeau.arange(7, dtype=flambeau.int32)}
+    flambeau.save(sd, p, format="pt")
+    out = flambeau.load(p, mmap=True)
+    for k, t in sd.items():
+        assert out[k]._data.flags.aligned and out[k].tolist() == t.tolist()
