@@ -351,12 +351,29 @@ def _load_v2(src: _Source, weights_only: bool, place) -> object:
     return _decode(_load_structure(meta.get("structure")), tensors, objects)
 
 
+def _v1_complex_as_pairs(buf: bytes) -> tuple:
+    """v1 files wrote complex128 as dtype C128, which safetensors lacks: relabel those tensors
+    float64 with a trailing 2 (same bytes) so the package validates them; return the names."""
+    if len(buf) < _ST_LEN.size or b'"C128"' not in buf[:_ST_LEN.size + _ST_LEN.unpack(buf[:_ST_LEN.size])[0]]:
+        return buf, set()
+    n = _ST_LEN.unpack(buf[:_ST_LEN.size])[0]
+    header = _load_structure(buf[_ST_LEN.size:_ST_LEN.size + n])
+    if not isinstance(header, dict):
+        raise RuntimeError("flambeau.load: the v1 checkpoint's safetensors header is corrupt")
+    names = {k for k, v in header.items() if isinstance(v, dict) and v.get("dtype") == "C128"}
+    for k in names:
+        header[k] = dict(header[k], dtype="F64", shape=list(header[k].get("shape", [])) + [2])
+    h = json.dumps(header).encode()
+    return _ST_LEN.pack(len(h)) + h + buf[_ST_LEN.size + n:], names
+
+
 def _load_v1(z: zipfile.ZipFile, names, src: _Source, weights_only: bool, place) -> object:
     if src.map is not None:
         raise RuntimeError("flambeau.load: mmap=True needs the v2 format; this file was written by an older "
                            "flambeau (v1 zip). Load it with mmap=False and save it again to convert it.")
+    buf, complex_names = _v1_complex_as_pairs(z.read("tensors.safetensors"))
     try:
-        flat = safetensors.deserialize(z.read("tensors.safetensors"))
+        flat = safetensors.deserialize(buf)
     except safetensors.SafetensorError as e:
         raise _st_error(e) from None
     tensors = {}
@@ -365,6 +382,8 @@ def _load_v1(z: zipfile.ZipFile, names, src: _Source, weights_only: bool, place)
             raise RuntimeError(f"flambeau.load: tensor '{name}' has unsupported dtype {info['dtype']}")
         dt = D.BY_NAME[_ST_FROM[info["dtype"]]]
         arr = np.frombuffer(info["data"], dt.np).reshape(info["shape"])
+        if name in complex_names:
+            arr, dt = arr.view(np.complex128)[..., 0], D.complex128
         tensors[name] = place(Tensor._make(arr, _cpu(), dt))
     objects = None
     if "objects.pkl" in names and not weights_only:

@@ -373,6 +373,24 @@ def test_version_1_checkpoints_still_load(tmp_path):
         flambeau.load(p, mmap=True)
 
 
+def test_version_1_complex128_loads(tmp_path):
+    """v1 wrote complex128 as dtype C128, which safetensors does not know."""
+    c = np.array([[1 + 2j, -3.5j]], dtype=np.complex128)
+    header = {"0": {"dtype": "C128", "shape": [1, 2], "data_offsets": [0, 32]},
+              "1": {"dtype": "I64", "shape": [1], "data_offsets": [32, 40]}}
+    h = json.dumps(header).encode()
+    blob = struct.pack("<Q", len(h)) + h + c.tobytes() + np.array([7]).tobytes()
+    structure = {"__dict__": [["c", {"__tensor__": "0"}], ["i", {"__tensor__": "1"}]], "ordered": False}
+    p = tmp_path / "v1c.pt"
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("format", "flambeau-checkpoint-v1")
+        z.writestr("structure.json", json.dumps(structure))
+        z.writestr("tensors.safetensors", blob)
+    out = flambeau.load(p)
+    assert out["c"].dtype is flambeau.complex128 and out["c"]._host().tolist() == c.tolist()
+    assert out["i"].tolist() == [7]
+
+
 def test_deep_nesting_is_an_error_not_a_crash(tmp_path):
     deep = []
     for _ in range(5000):
