@@ -22,12 +22,19 @@ that owns the rule (always keyed by the `Op` object, never by a name string):
 Adding one rule to one op is one decorator next to the op (or in the layer that owns the rule);
 nothing else lists op names.
 
-    @defop("mul.Tensor(Tensor self, Tensor other) -> Tensor", method=True, inplace=True)
+    @defop("mul.Tensor(Tensor self, Tensor other) -> Tensor", method=True, inplace=True,
+           tags=(Tag.core, Tag.pointwise, Tag.recomputable))
     def mul(xp, self, other): ...           # eager kernel over the array namespace xp
     @mul.def_meta
-    def _(self, other): ...                 # output TensorSpec(s) from metadata alone
+    def _mul_meta(self, other): ...         # output TensorSpec(s) from metadata alone
     @mul.def_derivative
-    def _(grad, self, other): ...           # grads for each Tensor argument, in flambeau ops
+    def _mul_derivative(grad, self, other): ...   # grads for each Tensor argument, in flambeau ops
+
+    # in flambeau/_decomp, flambeau/_inductor (higher layers), keyed by the op object:
+    @register_decomposition(aten.gelu)
+    def gelu(x, approximate="none"): ...
+    @register_lowering(aten.mul)
+    def _mul_lowering(g, a, b): ...
 
 An `Op` is callable; calling it goes through the dispatcher (`flambeau._dispatch`). `defop` also
 exports the op as `flambeau.<name>` and, with `method=True`, as a Tensor method, and with
