@@ -86,8 +86,19 @@ def _strides(x):
     return tuple(s // 4 for s in x.strides)
 
 
+def gemm_is_outer(a, b) -> bool:
+    """PyTorch's CPU GEMM (a product `mm` or a folded `matmul` with a 2-D right operand) over an
+    inner size of 1 with M, N >= 2 stores the exact products a[i] * b[j]: a -0.0 product stays
+    -0.0, where a sum started from +0.0 (NumPy, our kernel; PyTorch's own matrix-vector and bmm
+    paths) gives +0.0. Floating operands only (integers have no signed zero)."""
+    return (b.ndim == 2 and a.ndim >= 2 and a.shape[-1] == 1 and b.shape[0] == 1 and b.shape[1] >= 2
+            and a.size >= 2 and a.dtype.kind == "f")
+
+
 def matmul(a, b, out=None):
     """`np.matmul(a, b, out=out)` for NumPy arrays, through our kernel when it applies."""
+    if gemm_is_outer(a, b):
+        return np.multiply(a, b, out=out)
     fn = _state.get("fn", 0)
     if fn == 0:
         fn = _load()

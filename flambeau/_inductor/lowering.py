@@ -150,11 +150,21 @@ def _binary(opname, float_only=False):
 
 
 for _op, _name in {aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum", aten.fmod: "fmod",
-                   aten.remainder: "remainder", aten.pow: "pow",
+                   aten.remainder: "remainder",
                    aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or",
                    aten.bitwise_xor: "bitwise_xor", aten.bitwise_left_shift.Tensor: "lshift",
                    aten.bitwise_right_shift.Tensor: "rshift", aten.gcd: "gcd", aten.lcm: "lcm"}.items():
     register_lowering(_op)(_binary(_name))
+
+
+@register_lowering(aten.pow)
+def _pow(g, a, b):
+    """x ** 0.5 and x ** -0.5 are sqrt and rsqrt, as PyTorch's kernel computes them (sqrt(-0.0) is
+    -0.0 and sqrt(-inf) NaN, where C's pow gives +0.0 and +inf)."""
+    dt = out_dtype(g)
+    if dt.category == D.FLOATING and type(b) is float and b in (0.5, -0.5):
+        return make_pointwise(g, ops.sqrt if b > 0 else ops.rsqrt, [a], dt)
+    return make_pointwise(g, ops.pow, [a, b], dt)
 
 
 @register_lowering(aten.add, aten.sub)

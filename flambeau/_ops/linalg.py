@@ -83,7 +83,7 @@ def matmul_shape(a, b):
 def matmul(xp, self, other):
     if (type(self) is np.ndarray and type(other) is np.ndarray and self.ndim == 2 == other.ndim
             and self.dtype == other.dtype and self.dtype in _FAST_FLOATS and self.shape[1] == other.shape[0]):
-        if self.shape[0] * self.shape[1] * other.shape[1] < cpu_kernels.MIN_MACS:
+        if self.shape[0] * self.shape[1] * other.shape[1] < cpu_kernels.MIN_MACS and self.shape[1] != 1:
             return np.matmul(self, other)                   # fast path: small 2-D float product
         return cpu_kernels.matmul(self, other)
     _check_same_dtype(self, other)

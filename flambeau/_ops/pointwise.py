@@ -390,6 +390,9 @@ def _pow_check(dt, a, b):
 
 
 def _pow(xp, a, b):
+    if type(b) is float and b in (0.5, -0.5) and _kind_of(a, b) not in "iu":
+        r = xp.sqrt(a)                      # as PyTorch: sqrt(-0.0) is -0.0, sqrt(-inf) NaN (C's pow: +0.0, +inf)
+        return r if b > 0 else 1 / r
     if _kind_of(a, b) not in "iu":
         return xp.power(a, b)
     a, b = xp.asarray(a), xp.asarray(b)

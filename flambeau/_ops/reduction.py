@@ -234,6 +234,19 @@ def _others_matrix(x):
     return x.unsqueeze(-2) * (1 - eye) + eye
 
 
+def _prod_of_others(x):
+    """For x (..., n): out[..., k] = the product of x[..., j] for j != k, from exclusive cumulative
+    products taken from both ends (no division: zeros, infinities and NaNs stay exact, as PyTorch's
+    prod_safe_zeros_backward)."""
+    n = x.shape[-1]
+    if n <= 1:
+        return EXPORTS["ones_like"](x)
+    ones = EXPORTS["ones_like"](x.narrow(-1, 0, 1))
+    left = EXPORTS["cat"]([ones, x.narrow(-1, 0, n - 1)], -1).cumprod(-1)
+    right = EXPORTS["cat"]([ones, x.flip(-1).narrow(-1, 0, n - 1)], -1).cumprod(-1).flip(-1)
+    return left * right
+
+
 @prod.def_derivative
 def _(grad, self, result, dim, keepdim):
     if self.ndim == 0:
@@ -244,12 +257,18 @@ def _(grad, self, result, dim, keepdim):
 
 
 def _prod_backward(grad, x, result, dim, keepdim):
+    """grad * result / x where x has no zero, else the product of the other elements. A traced
+    input (meta: no data) computes both and selects, so tracing never reads a value."""
     g = expand_reduced(grad, x.shape, dim, keepdim)
-    if not builtins.bool((x == 0).any()):
+    traced = x._device.type == "meta"          # a fake or meta tensor (a FakeTensor reports its fake device)
+    if not traced and not builtins.bool((x == 0).any()):
         return g * (expand_reduced(result, x.shape, dim, keepdim) / x).conj()
     d = wrap_dim(dim, x.ndim)
-    others = _others_matrix(x.transpose(d, -1)).prod(-1).transpose(d, -1)
-    return g * others.conj()
+    safe = g * _prod_of_others(x.transpose(d, -1)).transpose(d, -1).conj()
+    if not traced:
+        return safe
+    by_division = g * (expand_reduced(result, x.shape, dim, keepdim) / x).conj()
+    return safe.where((x == 0).any(), by_division)
 
 
 # ---- var / std -----------------------------------------------------------------------------
@@ -292,7 +311,11 @@ def _var_grad(grad, self, dim, correction, keepdim):
     n = _count(self.shape, dims) - (1 if correction is None else correction)
     g = expand_reduced(grad, self.shape, dim, keepdim)
     centered = self - (self.mean(list(dims), keepdim=True) if dims else self)
-    return g * centered * (2.0 / n if n > 0 else math.inf)
+    if not n > 0:
+        return g * centered * math.inf
+    if isinstance(n, int):
+        return g * centered * (2.0 / n)
+    return g * centered * 2.0 / n             # a symbolic count (dynamic=True) divides the tensor
 
 
 @_var.def_derivative

@@ -1,0 +1,230 @@
+"""Running a fuzzer program three ways and comparing: PyTorch eager (the reference, and its float64
+twin for judging rounding), flambeau eager, flambeau.compile (inductor; static or dynamic=True).
+
+A compiled run fails when it raises (capture errors are not suppressed), when it falls back to
+eager (`flambeau._dynamo.utils.counters["inductor_fallbacks"]`), or when an output, a gradient
+or a mutated input differs from PyTorch's. Comparison is `torch.testing`-like: dtype and shape
+equal, NaN positions, infinities and the signs of zeros equal, finite values within rtol/atol;
+an element is forgiven where PyTorch's float32 result itself differs from its float64 one (an
+ill-conditioned element, such as a rounding boundary), or where ours is within tolerance of float64.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import warnings
+
+import numpy as np
+
+from tests.fuzz.gen import LOSS_SOURCE, Program, generate
+
+MODES = ("eager", "inductor", "dynamic")
+TOLERANCES = {"float32": (1.3e-6, 1e-5), "float64": (1e-7, 1e-7)}
+GRAD_TOLERANCES = {"float32": (1e-5, 1e-5), "float64": (1e-7, 1e-7)}
+MAX_REPORTED_ELEMENTS = 4
+
+
+@dataclasses.dataclass
+class Failure:
+    seed: int
+    mode: str
+    kind: str                   # 'error', 'mismatch', 'fallback'
+    message: str
+    program: Program
+
+    def report(self) -> str:
+        return (f"seed {self.seed} [{self.mode}] {self.kind}: {self.message}\n" +
+                self.program.repro(dynamic=self.mode == "dynamic", note=f"{self.mode} {self.kind}: {self.message}"))
+
+
+def _namespace(mod) -> dict:
+    return {"torch": mod, "math": math, "inf": math.inf, "nan": math.nan}
+
+
+def _build(prog: Program, mod, float64: bool = False) -> dict:
+    ns = _namespace(mod)
+    exec(prog.input_source(float64) + "\n" + prog.function_source() + "\n" + LOSS_SOURCE, ns)
+    return ns
+
+
+# ---- PyTorch: generation steps and the reference ------------------------------------------------------
+def torch_step(prog: Program, upto):
+    """Run `prog` in PyTorch: its first `upto` statements (returning each tensor's shape, dtype and
+    whether it shares memory with an input), or (upto=None) forward and backward."""
+    import torch
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if upto is None:
+            outs, grads, _ = run(prog, torch, "eager")
+            ns = _build(prog, torch, float64=True)
+            run(prog, torch, "eager", ns)
+            return None
+        ns = _build(prog, torch)
+        leaves, inputs = ns["make_inputs"]()
+        env = dict(zip([x.name for x in prog.inputs], inputs))
+        ptrs = {t.untyped_storage().data_ptr() for t in inputs}
+        for stmt in prog.body[:upto]:
+            exec(stmt, ns, env)
+        info = {}
+        for k, v in env.items():
+            if not isinstance(v, torch.Tensor):
+                raise TypeError(f"{k} is not a tensor")
+            info[k] = (tuple(v.shape), str(v.dtype).split(".")[-1], v.untyped_storage().data_ptr() in ptrs)
+        return info
+
+
+def run(prog: Program, mod, mode: str, ns: dict | None = None):
+    """(outputs, gradients or None, inputs after the call) of `prog` on module `mod`."""
+    ns = ns if ns is not None else _build(prog, mod)
+    leaves, inputs = ns["make_inputs"]()
+    f = ns["f"]
+    if mode != "eager":
+        f = mod.compile(f, backend="inductor", dynamic=mode == "dynamic")
+    outs = f(*inputs)
+    if not isinstance(outs, tuple) or not all(isinstance(o, mod.Tensor) for o in outs):
+        raise TypeError(f"f returned {type(outs).__name__}, not a tuple of tensors")
+    grads = None
+    if prog.grad:
+        loss = ns["loss_of"](outs)
+        if isinstance(loss, mod.Tensor) and loss.requires_grad:
+            grads = mod.autograd.grad(loss, leaves, allow_unused=True)
+    return outs, grads, inputs
+
+
+# ---- comparison ---------------------------------------------------------------------------------------
+def _numpy(t):
+    return None if t is None else t.detach().numpy()
+
+
+def _dtype_name(t) -> str:
+    return str(t.dtype).split(".")[-1]
+
+
+def _differ(a: np.ndarray, b: np.ndarray, dtype: str, tolerances, signed_zeros: bool = True) -> np.ndarray:
+    """Elementwise: `a` differs from the reference `b` (NaN, inf, zero signs exact; finite within tolerance)."""
+    if dtype not in tolerances:
+        return a != b
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    rtol, atol = tolerances[dtype]
+    na, nb = np.isnan(a), np.isnan(b)
+    bad = na != nb
+    both = ~na & ~nb
+    inf = both & (np.isinf(a) | np.isinf(b))
+    bad |= inf & (a != b)
+    finite = both & ~inf
+    bad |= finite & ~(np.abs(a - b) <= atol + rtol * np.abs(b))
+    if signed_zeros:
+        bad |= finite & (a == 0) & (b == 0) & (np.signbit(a) != np.signbit(b))
+    return bad
+
+
+def compare(ref, res, ref64, what: str, tolerances=TOLERANCES) -> str | None:
+    """None if `res` (flambeau) matches `ref` (PyTorch), else a description of the first differences.
+    The signs of zero gradients are not compared (how a backward formula spells a zero is not a
+    semantic PyTorch keeps either: torch.compile changes them too)."""
+    signed = tolerances is not GRAD_TOLERANCES
+    if ref is None or res is None:
+        if ref is None and res is None:
+            return None
+        other = res if ref is None else ref
+        if not np.any(_numpy(other)):
+            return None                                      # an unused input: None vs zeros
+        return f"{what}: {'PyTorch' if ref is None else 'flambeau'} gives None"
+    if _dtype_name(ref) != _dtype_name(res):
+        return f"{what}: dtype {_dtype_name(res)}, PyTorch {_dtype_name(ref)}"
+    if tuple(ref.shape) != tuple(res.shape):
+        return f"{what}: shape {tuple(res.shape)}, PyTorch {tuple(ref.shape)}"
+    dtype = _dtype_name(ref)
+    a, b = _numpy(res), _numpy(ref)
+    bad = _differ(a, b, dtype, tolerances, signed)
+    if bad.any() and ref64 is not None:
+        c = _numpy(ref64).astype(b.dtype) if dtype in tolerances else _numpy(ref64)
+        if c.shape == b.shape:
+            forgiven = _differ(b, c, dtype, tolerances, signed) | ~_differ(a, c, dtype, tolerances, signed)
+            bad &= ~forgiven
+    if not bad.any():
+        return None
+    where = np.argwhere(bad)[:MAX_REPORTED_ELEMENTS]
+    pairs = ", ".join(f"{tuple(int(i) for i in ix)}: {a[tuple(ix)]!r} vs {b[tuple(ix)]!r}" for ix in where)
+    return f"{what}: {int(bad.sum())} of {bad.size} elements differ (flambeau vs PyTorch) {pairs}"
+
+
+def compare_runs(ref, res, ref64) -> str | None:
+    """Outputs, gradients and inputs after the call of two `run` results."""
+    (ro, rg, ri), (so, sg, si), (r64o, r64g, r64i) = ref, res, ref64
+    if len(ro) != len(so):
+        return f"{len(so)} outputs, PyTorch {len(ro)}"
+    checks = [(ro[i], so[i], r64o[i], f"output {i}", TOLERANCES) for i in range(len(ro))]
+    checks += [(ri[i], si[i], r64i[i], f"input {i} after the call", TOLERANCES) for i in range(len(ri))]
+    if rg is not None or sg is not None:
+        if rg is None or sg is None:
+            return f"gradients: {'PyTorch' if rg is None else 'flambeau'} has none"
+        checks += [(rg[i], sg[i], r64g[i], f"grad of leaf {i}", GRAD_TOLERANCES) for i in range(len(rg))]
+    for r, s, r64, what, tol in checks:
+        msg = compare(r, s, r64, what, tol)
+        if msg:
+            return msg
+    return None
+
+
+# ---- one program ----------------------------------------------------------------------------------------
+def _fallbacks() -> int:
+    try:
+        from flambeau._dynamo import utils
+    except ImportError:
+        return 0
+    return sum(utils.counters.get("inductor_fallbacks", {}).values())
+
+
+@contextlib.contextmanager
+def _strict_compile():
+    """Capture and backend errors raise instead of running the frame eagerly."""
+    from flambeau._dynamo import config
+    old, config.suppress_errors = config.suppress_errors, False
+    try:
+        yield
+    finally:
+        config.suppress_errors = old
+
+
+def check_seed(seed: int, modes=MODES) -> list:
+    """The failures of the program of `seed` in each of `modes`."""
+    import torch
+
+    import flambeau
+    prog = generate(seed, torch_step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = _snapshot(run(prog, torch, "eager"))
+        ref64 = _snapshot(run(prog, torch, "eager", _build(prog, torch, float64=True)))
+    failures = []
+    for mode in modes:
+        flambeau.compiler.reset()
+        before = _fallbacks()
+        try:
+            with _strict_compile(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = _snapshot(run(prog, flambeau, mode))
+        except Exception as e:                            # noqa: BLE001 -- every exception is a finding
+            failures.append(Failure(seed, mode, "error", f"{type(e).__name__}: {e}", prog))
+            continue
+        if _fallbacks() != before:
+            failures.append(Failure(seed, mode, "fallback", _fallback_reasons(), prog))
+            continue
+        msg = compare_runs(ref, res, ref64)
+        if msg:
+            failures.append(Failure(seed, mode, "mismatch", msg, prog))
+    return failures
+
+
+def _fallback_reasons() -> str:
+    from flambeau._dynamo import utils
+    return "; ".join(f"{k} x{n}" for k, n in utils.counters.get("inductor_fallbacks", {}).items())
+
+
+def _snapshot(results):
+    """Detach results (flambeau or torch) so later runs can't change them."""
+    outs, grads, inputs = results
+    keep = lambda ts: None if ts is None else tuple(None if t is None else t.detach().clone() for t in ts)  # noqa
+    return keep(outs), keep(grads), keep(inputs)

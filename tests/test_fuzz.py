@@ -1,0 +1,123 @@
+"""The compile fuzzer (tests/fuzz) in CI: a bounded run of seeded programs, compiled (inductor,
+and dynamic=True for every DYNAMIC_EVERY-th program) vs flambeau eager vs PyTorch, forward and
+backward; plus the regressions it found, each as a small test against PyTorch.
+
+Longer runs: `python -m tests.fuzz --seeds 0:1000`.
+"""
+import numpy as np
+import pytest
+import torch
+
+import flambeau as fl
+from flambeau._dynamo import config as dynamo_config
+from tests.fuzz.check import check_seed
+
+CI_SEEDS = range(0, 100)
+DYNAMIC_EVERY = 4
+KNOWN_FAILURES = {(96, "dynamic"): "aot_autograd: an output that is a view of an input with symbolic sizes "
+                                   "raises NotImplementedError (runs eagerly under suppress_errors)"}
+
+
+@pytest.fixture(autouse=True)
+def _strict():
+    fl.compiler.reset()
+    old, dynamo_config.suppress_errors = dynamo_config.suppress_errors, False
+    yield
+    dynamo_config.suppress_errors = old
+    fl.compiler.reset()
+
+
+@pytest.mark.parametrize("block", range(0, len(CI_SEEDS), 10))
+def test_fuzz_programs(block):
+    failures = []
+    for seed in CI_SEEDS[block:block + 10]:
+        modes = ("eager", "inductor", "dynamic") if seed % DYNAMIC_EVERY == 0 else ("eager", "inductor")
+        failures += check_seed(seed, tuple(m for m in modes if (seed, m) not in KNOWN_FAILURES))
+    assert not failures, "\n\n".join(f.report() for f in failures)
+
+
+def _signs(t):
+    """The sign bits of the non-NaN elements (a NaN's sign is not part of PyTorch's semantics)."""
+    a = t.detach().numpy()
+    return np.where(np.isnan(a), False, np.signbit(a)).tolist()
+
+
+# ---- regressions found by the fuzzer ------------------------------------------------------------------
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 1), (1, 3)), ((1, 1), (1, 3)), ((3, 1), (1, 1)),
+                                             ((2, 3, 1), (1, 3)), ((2, 3, 1), (2, 1, 3)), ((3,), (3, 1))])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_matmul_inner_size_one_keeps_signed_zeros_as_pytorch(a_shape, b_shape, compiled):
+    """PyTorch's GEMM stores exact products for an inner size of 1 (M, N >= 2): -0.0 stays -0.0, and
+    atan2 of the product is -pi, not 0 (fuzzer seed of issue 10)."""
+    a = np.full(a_shape, -0.0, np.float32)
+    b = np.ones(b_shape, np.float32)
+
+    def f(m, x, y):
+        p = x @ y
+        return p, p.atan2(p)
+    ref = f(torch, torch.tensor(a), torch.tensor(b))
+    run = fl.compile(lambda x, y: f(fl, x, y)) if compiled else (lambda x, y: f(fl, x, y))
+    res = run(fl.tensor(a), fl.tensor(b))
+    for r, s in zip(ref, res):
+        assert _signs(s) == _signs(r)
+        np.testing.assert_array_equal(s.numpy(), r.numpy())
+
+
+@pytest.mark.parametrize("values", [[2.0, 0.0, -3.0, 0.5], [2.0, -1.5, -3.0, 0.5], [0.0, 0.0, 1.0, 2.0]])
+def test_prod_backward_compiles_without_reading_values(values):
+    """prod's derivative branched on `(x == 0).any()`, which reads a value: tracing it raised
+    'Tensor.item() cannot be called on meta tensors' and the frame ran eagerly."""
+    def f(x):
+        return x.prod(-1), x.prod()
+    data = np.array(values * 3, np.float32).reshape(3, 4)
+    tx = torch.tensor(data, requires_grad=True)
+    ref = f(tx)
+    g_ref, = torch.autograd.grad(ref[0].sum() * 2 + ref[1], tx)
+    x = fl.tensor(data, requires_grad=True)
+    res = fl.compile(f)(x)
+    g, = fl.autograd.grad(res[0].sum() * 2 + res[1], x)
+    for r, s in zip(ref, res):
+        np.testing.assert_allclose(s.detach().numpy(), r.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(g.numpy(), g_ref.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_dynamic_size_with_a_squared_symbol():
+    """An input with two equal dynamic dims has numel s0**2 * s1: the traced graph's `**` on a SymInt raised."""
+    def f(x):
+        return x.flatten().roll(1, -1) * 2
+    data = np.arange(18, dtype=np.float32).reshape(3, 3, 2)
+    tx = torch.tensor(data, requires_grad=True)
+    g_ref, = torch.autograd.grad((f(tx) * torch.arange(18.0)).sum(), tx)
+    x = fl.tensor(data, requires_grad=True)
+    out = fl.compile(f, dynamic=True)(x)
+    g, = fl.autograd.grad((out * fl.arange(18.0)).sum(), x)
+    np.testing.assert_array_equal(out.detach().numpy(), f(tx).detach().numpy())
+    np.testing.assert_array_equal(g.numpy(), g_ref.numpy())
+
+
+@pytest.mark.parametrize("exponent", [0.5, -0.5])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_pow_half_is_sqrt_as_pytorch(exponent, compiled):
+    """x ** 0.5 is sqrt(x) in PyTorch: -0.0 -> -0.0 and -inf -> nan (C's pow: +0.0, +inf)."""
+    data = np.array([-0.0, 0.0, 4.0, -1.0, np.inf, -np.inf, 2.0, 9.0], np.float32)
+    ref = torch.tensor(data) ** exponent
+    fn = (lambda x: x ** exponent)
+    res = (fl.compile(fn) if compiled else fn)(fl.tensor(data))
+    np.testing.assert_array_equal(res.numpy(), ref.numpy())
+    assert _signs(res) == _signs(ref)
+
+
+def test_var_backward_with_dynamic_sizes():
+    """var's derivative divided a float by the symbolic element count (TypeError under dynamic=True)."""
+    def f(x):
+        return x.var(1), x.std(0, correction=0)
+    data = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    tx = torch.tensor(data, requires_grad=True)
+    ref = f(tx)
+    g_ref, = torch.autograd.grad(ref[0].sum() + 2 * ref[1].sum(), tx)
+    x = fl.tensor(data, requires_grad=True)
+    res = fl.compile(f, dynamic=True)(x)
+    g, = fl.autograd.grad(res[0].sum() + 2 * res[1].sum(), x)
+    for r, s in zip(ref, res):
+        np.testing.assert_allclose(s.detach().numpy(), r.detach().numpy(), rtol=1e-5)
+    np.testing.assert_allclose(g.numpy(), g_ref.numpy(), rtol=1e-5, atol=1e-6)
