@@ -137,10 +137,7 @@ class Tensor:
         a = self._data
         if type(a) is MetaArray:
             return a.offset
-        root = a
-        while getattr(root, "base", None) is not None and hasattr(root.base, "dtype"):
-            root = root.base
-        return (_ptr(a) - _ptr(root)) // a.itemsize
+        return (_ptr(a) - _ptr(storage_owner(a))) // a.itemsize
 
     def data_ptr(self) -> int:
         return 0 if type(self._data) is MetaArray else _ptr(self._data)
@@ -456,6 +453,19 @@ class Tensor:
         return self.mT.conj() if self.is_complex() else self.mT
 
     __array_priority__ = 1000
+
+
+def storage_owner(a):
+    """The array owning the memory of array `a`: the end of its chain of bases, passing through
+    NumPy's stride-trick wrappers (an expanded view's base is a `DummyArray` without a dtype)."""
+    root = a
+    while True:
+        b = getattr(root, "base", None)
+        while b is not None and not hasattr(b, "dtype"):
+            b = getattr(b, "base", None)
+        if b is None:
+            return root
+        root = b
 
 
 def _ptr(a) -> int:

@@ -1,6 +1,8 @@
 """The compile fuzzer (tests/fuzz) in CI: a bounded run of seeded programs, compiled (inductor,
 and dynamic=True for every DYNAMIC_EVERY-th program) vs flambeau eager vs PyTorch, forward and
-backward; plus the regressions it found, each as a small test against PyTorch.
+backward, failing on a mismatch, an error, or a graph/frame run eagerly (ops without a lowering
+are counted, not failed: `python -m tests.fuzz --strict` fails them too); plus the regressions it
+found, each as a small test against PyTorch.
 
 Longer runs: `python -m tests.fuzz --seeds 0:1000`.
 """
@@ -121,3 +123,19 @@ def test_var_backward_with_dynamic_sizes():
     for r, s in zip(ref, res):
         np.testing.assert_allclose(s.detach().numpy(), r.detach().numpy(), rtol=1e-5)
     np.testing.assert_allclose(g.numpy(), g_ref.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_views_of_an_expanded_tensor_address_its_storage(compiled):
+    """An expanded tensor's NumPy base is a stride-trick wrapper: storage_offset() and as_strided (and so
+    the compiled diagonal, decomposed into as_strided) read a copy in memory order instead of the storage."""
+    data = np.arange(8).reshape(2, 4, 1)
+
+    def f(x):
+        return x.diagonal() * 1, x.diagonal(1) * 1, x.as_strided([2], [5], 1) * 1
+    ref = f(torch.tensor(data).expand(2, 4, 3))
+    x = fl.tensor(data).expand(2, 4, 3)
+    res = (fl.compile(f) if compiled else f)(x)
+    for r, s in zip(ref, res):
+        np.testing.assert_array_equal(s.numpy(), r.numpy())
+    assert x.diagonal(-1).storage_offset() == torch.tensor(data).expand(2, 4, 3).diagonal(-1).storage_offset()

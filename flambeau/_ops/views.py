@@ -683,10 +683,8 @@ def _(grad, self_meta, dimension, size, step):
 
 def storage_root(a):
     """The array owning `a`'s memory, viewed as a flat 1-D array of `a`'s dtype."""
-    root = a
-    while getattr(root, "base", None) is not None and hasattr(root.base, "dtype"):
-        root = root.base
-    from .._tensor import _ptr
+    from .._tensor import _ptr, storage_owner
+    root = storage_owner(a)
     nbytes = root.size * root.itemsize
     start = (_ptr(a) - _ptr(root)) // a.itemsize
     flat = root.reshape(-1) if root.flags["C_CONTIGUOUS"] else root.ravel(order="K")

@@ -1,15 +1,17 @@
 """Running a fuzzer program three ways and comparing: PyTorch eager (the reference, and its float64
 twin for judging rounding), flambeau eager, flambeau.compile (inductor; static or dynamic=True).
 
-A compiled run fails when it raises (capture errors are not suppressed), when it falls back to
-eager (`flambeau._dynamo.utils.counters["inductor_fallbacks"]`), or when an output, a gradient
-or a mutated input differs from PyTorch's. Comparison is `torch.testing`-like: dtype and shape
+A compiled run fails when it raises (capture errors are not suppressed), when a graph or frame
+falls back to eager (`flambeau._dynamo.utils.counters["inductor_fallbacks"]`; a single op
+without a lowering is counted in `op_fallbacks` and fails only with strict=True), or when an
+output, a gradient or a mutated input differs from PyTorch's. Comparison is `torch.testing`-like: dtype and shape
 equal, NaN positions, infinities and the signs of zeros equal, finite values within rtol/atol;
 an element is forgiven where PyTorch's float32 result itself differs from its float64 one (an
 ill-conditioned element, such as a rounding boundary), or where ours is within tolerance of float64.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import math
@@ -17,6 +19,7 @@ import warnings
 
 import numpy as np
 
+from flambeau._counters import FALLBACKS, counters, fallbacks_since
 from tests.fuzz.gen import LOSS_SOURCE, Program, generate
 
 MODES = ("eager", "inductor", "dynamic")
@@ -169,12 +172,21 @@ def compare_runs(ref, res, ref64) -> str | None:
 
 
 # ---- one program ----------------------------------------------------------------------------------------
-def _fallbacks() -> int:
-    try:
-        from flambeau._dynamo import utils
-    except ImportError:
-        return 0
-    return sum(utils.counters.get("inductor_fallbacks", {}).values())
+MISSING_LOWERING = "no lowering"        # a node the code generator runs as an eager op (recorded, not silent)
+op_fallbacks: collections.Counter = collections.Counter()   # those seen in this process, for the summary
+
+
+def _fallbacks_snapshot() -> collections.Counter:
+    return collections.Counter(counters[FALLBACKS])
+
+
+def _failing_fallbacks(since: collections.Counter, strict: bool) -> list:
+    """The fallbacks recorded after `since` that fail a program: a graph or frame run eagerly, a
+    call sent to eager, and (strict) also single ops without a lowering."""
+    new = fallbacks_since(since)
+    ops = {k: n for k, n in new.items() if k.endswith(": " + MISSING_LOWERING)}
+    op_fallbacks.update(ops)
+    return sorted(k for k in new if strict or k not in ops)
 
 
 @contextlib.contextmanager
@@ -188,8 +200,9 @@ def _strict_compile():
         config.suppress_errors = old
 
 
-def check_seed(seed: int, modes=MODES) -> list:
-    """The failures of the program of `seed` in each of `modes`."""
+def check_seed(seed: int, modes=MODES, strict: bool = False) -> list:
+    """The failures of the program of `seed` in each of `modes` (strict: an op without a lowering
+    fails too)."""
     import torch
 
     import flambeau
@@ -201,7 +214,7 @@ def check_seed(seed: int, modes=MODES) -> list:
     failures = []
     for mode in modes:
         flambeau.compiler.reset()
-        before = _fallbacks()
+        before = _fallbacks_snapshot()
         try:
             with _strict_compile(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -209,18 +222,14 @@ def check_seed(seed: int, modes=MODES) -> list:
         except Exception as e:                            # noqa: BLE001 -- every exception is a finding
             failures.append(Failure(seed, mode, "error", f"{type(e).__name__}: {e}", prog))
             continue
-        if _fallbacks() != before:
-            failures.append(Failure(seed, mode, "fallback", _fallback_reasons(), prog))
+        fell_back = _failing_fallbacks(before, strict)
+        if fell_back:
+            failures.append(Failure(seed, mode, "fallback", "; ".join(fell_back), prog))
             continue
         msg = compare_runs(ref, res, ref64)
         if msg:
             failures.append(Failure(seed, mode, "mismatch", msg, prog))
     return failures
-
-
-def _fallback_reasons() -> str:
-    from flambeau._dynamo import utils
-    return "; ".join(f"{k} x{n}" for k, n in utils.counters.get("inductor_fallbacks", {}).items())
 
 
 def _snapshot(results):
