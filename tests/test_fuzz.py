@@ -139,3 +139,30 @@ def test_views_of_an_expanded_tensor_address_its_storage(compiled):
     for r, s in zip(ref, res):
         np.testing.assert_array_equal(s.numpy(), r.numpy())
     assert x.diagonal(-1).storage_offset() == torch.tensor(data).expand(2, 4, 3).diagonal(-1).storage_offset()
+
+
+@pytest.mark.parametrize("name,args", [("softshrink", ()), ("hardshrink", ()), ("threshold", (0.4, 7.0))])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_shrink_and_threshold_keep_nan_and_signed_zero(name, args, compiled):
+    """PyTorch's softshrink/hardshrink/threshold pass NaN through (and softshrink keeps -0.0): ours gave 0 / value."""
+    data = np.array([-0.0, np.nan, 0.3, -2.0, 2.0, 0.5, -0.5, 0.4], np.float32)
+    ref = getattr(torch.nn.functional, name)(torch.tensor(data), *args)
+    fn = (lambda x: getattr(fl.nn.functional, name)(x, *args))
+    res = (fl.compile(fn) if compiled else fn)(fl.tensor(data))
+    np.testing.assert_array_equal(res.numpy(), ref.numpy())
+    assert _signs(res) == _signs(ref)
+
+
+@pytest.mark.parametrize("values", [[2.0, 0.0, -3.0, 0.5], [2.0, -1.5, -3.0, 0.5]])
+def test_cumprod_backward_compiles_without_reading_values(values):
+    """cumprod's derivative branched on `(x == 0).any()`: tracing raised 'Tensor.item() cannot be called on
+    meta tensors' (fuzzer seed 316)."""
+    data = np.array(values * 3, np.float32).reshape(3, 4)
+    w = torch.arange(12.0).reshape(3, 4) - 5
+    tx = torch.tensor(data, requires_grad=True)
+    g_ref, = torch.autograd.grad((tx.cumprod(1) * w).sum(), tx)
+    x = fl.tensor(data, requires_grad=True)
+    out = fl.compile(lambda x: x.cumprod(1))(x)
+    g, = fl.autograd.grad((out * fl.tensor(w.numpy())).sum(), x)
+    np.testing.assert_allclose(out.detach().numpy(), tx.cumprod(1).detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(g.numpy(), g_ref.numpy(), rtol=1e-5, atol=1e-5)

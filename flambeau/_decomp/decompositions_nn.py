@@ -74,7 +74,7 @@ def relu_backward(g, x):
 
 @_pointwise(aten.threshold, ints=True)
 def threshold(x, th, value):
-    return aten.where(aten.gt(x, th), x, value)
+    return aten.where(aten.le(x, th), value, x)   # NaN kept
 
 
 @_backward(aten.threshold_backward, ints=True)
@@ -200,7 +200,7 @@ def softplus_backward(g, x, beta=1, threshold=20):
 @_pointwise(aten.softshrink)
 def softshrink(x, lambd=0.5):
     return aten.where(aten.gt(x, lambd), aten.sub(x, lambd),
-                      aten.where(aten.lt(x, -lambd), aten.add(x, lambd), 0.0))
+                      aten.where(aten.lt(x, -lambd), aten.add(x, lambd), aten.mul(x, 0)))   # NaN, -0.0 kept
 
 
 @_backward(aten.softshrink_backward)
@@ -210,7 +210,7 @@ def softshrink_backward(g, x, lambd=0.5):
 
 @_pointwise(aten.hardshrink)
 def hardshrink(x, lambd=0.5):
-    return aten.where(aten.gt(aten.abs(x), lambd), x, 0.0)
+    return aten.where(aten.logical_and(aten.ge(x, -lambd), aten.le(x, lambd)), 0.0, x)   # NaN kept
 
 
 @_backward(aten.hardshrink_backward)

@@ -218,15 +218,15 @@ softplus = pointwise_family(
 
 softshrink = pointwise_family(
     "softshrink", "Scalar lambd=0.5",
-    fwd=lambda xp, x, l: xp.where(x > l, x - l, xp.where(x < -l, x + l, 0)),
+    fwd=lambda xp, x, l: xp.where(x > l, x - l, xp.where(x < -l, x + l, x * 0)),      # NaN and -0.0 kept
     bwd=lambda xp, g, x, l: g * (xp.abs(x) > l))
 
 hardshrink = pointwise_family(
-    "hardshrink", "Scalar lambd=0.5", fwd=lambda xp, x, l: xp.where(xp.abs(x) > l, x, 0),
+    "hardshrink", "Scalar lambd=0.5", fwd=lambda xp, x, l: xp.where((x >= -l) & (x <= l), 0, x),  # NaN kept
     bwd=lambda xp, g, x, l: g * (xp.abs(x) > l), method=True, function=True, namespace="nn.functional")
 
 threshold = pointwise_family(
-    "threshold", "Scalar threshold, Scalar value", fwd=lambda xp, x, th, v: xp.where(x > th, x, v),
+    "threshold", "Scalar threshold, Scalar value", fwd=lambda xp, x, th, v: xp.where(x <= th, v, x),  # NaN kept
     bwd=lambda xp, g, x, th, v: g * (x > th), ints=True, function=True, inplace=True,
     backward_tags=(Tag.recomputable,))
 

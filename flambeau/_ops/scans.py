@@ -66,15 +66,21 @@ cumprod.def_meta(_scan_meta)
 
 @cumprod.def_derivative
 def _(grad, self, result, dim):
+    """By division where self has no zero, else through the products of the others; a traced self
+    (meta: no data) computes both and selects, so tracing never reads a value."""
     if self.ndim == 0 or self.numel() == 0:
         return grad
-    if not builtins.bool((self == 0).any()):
+    traced = self._device.type == "meta"          # a fake or meta tensor (a FakeTensor reports its fake device)
+    if not traced and not builtins.bool((self == 0).any()):
         return reverse_cumsum(grad * result.conj(), dim) / self.conj()
     d = wrap_dim(dim, self.ndim)
     x, g = self.transpose(d, -1), grad.transpose(d, -1)
     eye = EXPORTS["eye"](x.shape[-1], dtype=x.dtype, device=x.device)
     c = _others_matrix(x).cumprod(-1) * eye.cumsum(-1)       # c[k, i] = prod_{j<=i, j!=k} x_j, i >= k
-    return (c.conj() * g.unsqueeze(-2)).sum(-1).transpose(d, -1)
+    safe = (c.conj() * g.unsqueeze(-2)).sum(-1).transpose(d, -1)
+    if not traced:
+        return safe
+    return safe.where((self == 0).any(), reverse_cumsum(grad * result.conj(), dim) / self.conj())
 
 
 def _scan_inplace(name, iop):
