@@ -113,7 +113,7 @@ def _inductor_options(options: dict | None):
 
 def _inductor(gm, example_inputs, options=None):
     from ._inductor import compile_fx
-    from ._inductor.decompositions import inductor_decompositions
+    from ._inductor.decompositions import decomposition_table
     from ._decomp import core_aten_decompositions
     from ._functorch.aot_autograd import aot_module_simplified
     from ._functorch.partitioners import min_cut_rematerialization_partition
@@ -126,7 +126,7 @@ def _inductor(gm, example_inputs, options=None):
     compile_graph = wrap_compiler_debug(compile_graph, "inductor")      # FLAMBEAU_REPRO_AFTER=aot
     return aot_module_simplified(gm, example_inputs, fw_compiler=compile_graph, bw_compiler=compile_graph,
                                  partition_fn=min_cut_rematerialization_partition,
-                                 decompositions={**core_aten_decompositions(), **inductor_decompositions()})
+                                 decompositions=decomposition_table(core_aten_decompositions()))
 
 
 _BACKENDS["eager"] = (_eager, ("debug",))

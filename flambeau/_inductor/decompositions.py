@@ -7,7 +7,7 @@ a few generated kernels (and the partitioner may recompute the probabilities ins
 them). Only the cases that need no random numbers and no broadcasting between query, key and
 value are decomposed; the others keep the core op (run as an extern).
 
-    inductor_decompositions() -> {Op: fn}, used by `flambeau.compiler`'s "inductor" backend
+    inductor_decompositions() -> {Op: fn}; decomposition_table(core) -> the "inductor" backend's table
 """
 from __future__ import annotations
 
@@ -76,5 +76,17 @@ def sdpa_math_backward(grad_out, query, key, value, probs, keep, attn_mask, drop
     return dq, dk, dv, dm
 
 
+LOWERED_VIEWS = (aten.diagonal, aten.unfold)   # core-decomposed into as_strided (absolute storage offsets, traced
+                                         # strides); the code generator lowers them as views of their input
+
+
 def inductor_decompositions() -> dict:
     return {aten._sdpa_math: sdpa_math, aten._sdpa_math_backward: sdpa_math_backward}
+
+
+def decomposition_table(core: dict) -> dict:
+    """The inductor backend's table: the `core` decompositions less the views it lowers itself
+    (LOWERED_VIEWS), plus `inductor_decompositions()`."""
+    table = {op: fn for op, fn in core.items() if op not in LOWERED_VIEWS}
+    table.update(inductor_decompositions())
+    return table

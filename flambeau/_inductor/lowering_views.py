@@ -166,6 +166,52 @@ def _select(g, x, dim, index):
     return view_of(x, shape, strides, lambda idx: list(idx[:dim]) + [Index(None, index)] + list(idx[dim:]))
 
 
+@register_lowering(aten.diagonal)
+def _diagonal(g, x, offset=0, dim1=0, dim2=1):
+    """A view relative to x's layout (the core decomposition into as_strided would bake in the
+    traced input's storage offset and strides)."""
+    nd = len(x.shape)
+    d1, d2 = H.wrap_dim(dim1, nd), H.wrap_dim(dim2, nd)
+    keep = [i for i in range(nd) if i not in (d1, d2)]
+    shape = out_shape(g)
+    s1, s2 = max(-offset, 0), max(offset, 0)
+    if shape[-1] == 0:
+        s1 = s2 = 0
+
+    def strides(lay):
+        st = lay.strides
+        return [st[i] for i in keep] + [st[d1] + st[d2]], lay.offset + s1 * st[d1] + s2 * st[d2]
+
+    def remap(idx):
+        src = [None] * nd
+        for j, i in enumerate(keep):
+            src[i] = idx[j]
+        src[d1], src[d2] = idx[-1] + s1, idx[-1] + s2
+        return src
+    return view_of(x, shape, strides, remap)
+
+
+@register_lowering(aten.unfold)
+def _unfold(g, x, dimension, size, step):
+    """Windows of `size` every `step` along `dimension`, as a view relative to x's layout."""
+    nd = len(x.shape)
+    d = H.wrap_dim(dimension, nd) if nd else 0
+    shape = out_shape(g)
+    if nd == 0:
+        raise Unsupported("unfold of a 0-dim tensor")
+
+    def strides(lay):
+        st = list(lay.strides)
+        return st[:d] + [st[d] * step] + st[d + 1:] + [st[d]], lay.offset
+
+    def remap(idx):
+        idx = list(idx)
+        window = idx.pop()
+        idx[d] = idx[d] * step + window
+        return idx
+    return view_of(x, shape, strides, remap)
+
+
 @register_lowering(aten.view)
 def _view(g, x, size):
     shape = out_shape(g)
