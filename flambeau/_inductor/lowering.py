@@ -163,7 +163,8 @@ def _pow(g, a, b):
     -0.0 and sqrt(-inf) NaN, where C's pow gives +0.0 and +inf)."""
     dt = out_dtype(g)
     if dt.category == D.FLOATING and type(b) is float and b in (0.5, -0.5):
-        return make_pointwise(g, ops.sqrt if b > 0 else ops.rsqrt, [a], dt)
+        root = aten.sqrt if b > 0 else aten.rsqrt
+        return make_pointwise(g, lambda x: ops.apply(root, x), [a], dt)
     return make_pointwise(g, ops.pow, [a, b], dt)
 
 
