@@ -77,7 +77,7 @@ def run_script(path, tmp_path, bug):
     hook = tmp_path / "hook"
     hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_text(HOOK)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook), ROOT]), FLAMBEAU_INDUCTOR_BACKEND="numpy")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook), ROOT]))   # the script sets the NumPy backend
     env.pop("FLAMBEAU_TEST_INDUCTOR_BUG", None)
     env.pop("FLAMBEAU_REPRO_AFTER", None)
     if bug:
@@ -91,6 +91,8 @@ def test_after_aot_error_minifies_to_the_bad_op(repro_env, tmp_path):
     with pytest.raises(RuntimeError, match=bugs.BUG_MESSAGE) as info:
         flambeau.compile(program)(*inputs())
     assert info.value.minifier_path == str(d / "repro.py")
+    text = (d / "repro.py").read_text()
+    assert "flambeau._inductor.config.backend = 'numpy'" in text and "config.fuse = True" in text
     names, ns = script_graph(d / "repro.py")
     assert "sin" in names and len(names) <= FEW_NODES, names
     assert (d / "minifier_launcher.py").exists()

@@ -1,7 +1,8 @@
 """Standalone repro scripts: `write_repro` turns a graph and its inputs into a Python file, and
 `run_repro` is what that file runs.
 
-A script holds the graph as the `forward` of a `Repro(flambeau.nn.Module)` (the GraphModule's own
+A script holds the inductor settings of the failing run (`flambeau._inductor.config`, paths and
+printing aside), the graph as the `forward` of a `Repro(flambeau.nn.Module)` (the GraphModule's own
 generated code), one `(shape, stride, dtype, device, requires_grad)` record per input, and a call
 
     run_repro(Repro(), INPUTS, after="aot", backend="inductor", accuracy=False)
@@ -30,6 +31,8 @@ from .debug_utils import AccuracyError, accuracy_failure, fp64_reference, input_
 
 log = _logging.get_logger("flambeau._dynamo.repro")
 _STANDARD_GLOBALS = {"flambeau", "operator", "inf", "nan", "NoneType"}
+# inductor settings a script does not replay: where files go, what is printed, the machine's compiler
+_SETTINGS_NOT_RECORDED = {"debug", "debug_dir", "cache_dir", "output_code", "cxx", "tune_malloc"}
 SEED = 0
 
 
@@ -53,6 +56,13 @@ def _global_source(name: str, obj) -> str:
     raise RuntimeError(f"flambeau minifier: the graph uses {obj!r} ({name}), which a repro script cannot name")
 
 
+def inductor_settings() -> list:
+    """Lines setting the code generator's knobs (flambeau._inductor.config) as they are now."""
+    from ..._inductor import config as iconfig
+    return [f"flambeau._inductor.config.{k} = {v!r}" for k, v in vars(iconfig).items()
+            if not k.startswith("_") and type(v) in (bool, int, float, str) and k not in _SETTINGS_NOT_RECORDED]
+
+
 def repro_source(gm, args: list, *, after: str, backend: str | None, accuracy: bool, command: str = "run",
                  note: str = "") -> str:
     """The text of a repro script for `gm` called with `args` (see module docstring)."""
@@ -73,8 +83,10 @@ def repro_source(gm, args: list, *, after: str, backend: str | None, accuracy: b
             "# Run it with python (no argument: `run`, exits non-zero while the failure reproduces;",
             "# `minify`: shrinks the graph and writes repro.py). Its default command: " + command]
     lines = [h for h in head if h] + ["import operator", "from math import inf, nan", "",
-                                      "import flambeau", "from flambeau._dynamo.repro import run_repro", "",
+                                      "import flambeau", "import flambeau._inductor.config",
+                                      "from flambeau._dynamo.repro import run_repro", "",
                                       "NoneType = type(None)"] + extra
+    lines += ["", "# the code generator's settings when the graph failed"] + inductor_settings()
     lines += ["", "", "class Repro(flambeau.nn.Module):", textwrap.indent(pc.src.strip("\n"), "    "), "", "",
               "# one input per line: shape, stride, dtype, device, requires_grad (random values, seed "
               f"{SEED})", "INPUTS = ["]
