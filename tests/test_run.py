@@ -10,22 +10,29 @@ ROOT = os.path.dirname(HERE)
 
 
 def _run(args):
+    """The fields of the last line of each tag (`RESULT ...`, `RUNTIME ...`) the program printed."""
     env = dict(os.environ, PYTHONPATH=ROOT)
     p = subprocess.run([sys.executable] + args, capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    return [l for l in p.stdout.splitlines() if l.startswith("RESULT")][-1].split()[1:]
+    return {l.split()[0]: l.split()[1:] for l in p.stdout.splitlines() if l[:1].isupper()}
 
 
 def test_training_script_matches_pytorch():
     script = os.path.join(HERE, "scripts", "train_mlp.py")
-    ours = _run(["-m", "flambeau.run", script])
-    ref = _run([script])
+    ours_out = _run(["-m", "flambeau.run", script])
+    ref_out = _run([script])
+    ours, ref = ours_out["RESULT"], ref_out["RESULT"]
     assert float(ours[0]) == pytest.approx(float(ref[0]), rel=1e-6)
     assert ours[1:] == ref[1:]
+    # The script really ran on flambeau (and the reference on PyTorch): the module torch names, the
+    # tensors' class and the layers' classes all come from flambeau.
+    runtime = ours_out["RUNTIME"]
+    assert runtime[0] == "flambeau" and all(m.startswith("flambeau") for m in runtime[1:]), runtime
+    assert ref_out["RUNTIME"][0] == "torch"
 
 
 def test_torch_module_aliases():
     code = ("import flambeau.compat as c; c.enable(); import torch, torch.nn as nn, torch.nn.functional as F; "
             "from torch.utils.data import DataLoader; import flambeau; "
             "assert torch is flambeau and nn is flambeau.nn and F is flambeau.nn.functional; print('RESULT ok')")
-    assert _run(["-c", code]) == ["ok"]
+    assert _run(["-c", code])["RESULT"] == ["ok"]

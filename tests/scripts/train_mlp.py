@@ -48,6 +48,7 @@ def main():
         out = model2(x)
         acc = (out.argmax(dim=1) == y).float().mean().item()
         final = F.cross_entropy(out, y).item()
+    print(f"RUNTIME {torch.__name__} {type(torch.zeros(1)).__module__} {type(nn.Linear(1, 1)).__module__}")
     print(f"RESULT {final:.10f} {acc:.6f} {sched.get_last_lr()[0]:.6f}")
 
 
