@@ -89,8 +89,9 @@ def test_sdpa_float32_and_3d(path):
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_sdpa_dropout(path):
-    """Dropout: E[out] matches the no-dropout output, and the gradient is consistent with the forward
-    (numerical check through a fixed generator state)."""
+    """Dropout replays under a fixed generator state, and the gradient is consistent with the forward
+    (numerical check through that state). The statistics (kept fraction, scale, E[out], the mask in
+    backward) are checked in tests/test_dropout.py."""
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((1, 1, 12, 4)) for _ in range(3))
     fq, fk, fv = (flambeau.tensor(x, requires_grad=True) for x in (q, k, v))
