@@ -214,8 +214,13 @@ def test_grad(info, dtype):
     assert ran or not info.samples(dtype), f"{info.name}: no gradient sample ran"
 
 
+SAMPLED_ELEMENTS = 48   # finite differences per large leaf: a seeded sample instead of every element
+
+
 def _numeric_check(fn, leaves, eps=1e-6, atol=1e-5, rtol=1e-3):
-    """Finite differences (float64) against the analytic vector-Jacobian product."""
+    """Finite differences (float64) against the analytic vector-Jacobian product: every element of a
+    small leaf, a seeded sample of SAMPLED_ELEMENTS elements of a large one. Returns how many
+    elements were checked."""
     out = fn()
     outs = [o for o in _flat_tensors(out, flambeau) if o.requires_grad]
     if not outs:
@@ -223,13 +228,15 @@ def _numeric_check(fn, leaves, eps=1e-6, atol=1e-5, rtol=1e-3):
     rng = np.random.default_rng(3)
     vs = [flambeau.tensor(rng.standard_normal(tuple(o.shape))) for o in outs]
     analytic = flambeau.autograd.grad(outs, leaves, vs, allow_unused=True)
+    checked = 0
     for leaf, an in zip(leaves, analytic):
         data = leaf._data
-        flat = data.reshape(-1) if data.flags["C_CONTIGUOUS"] else None
-        if flat is None or leaf.numel() > 60:
-            continue
-        num = np.zeros(leaf.numel())
-        for j in range(leaf.numel()):
+        assert data.flags["C_CONTIGUOUS"], "finite differences perturb a contiguous leaf in place"
+        flat = data.reshape(-1)
+        n = leaf.numel()
+        picks = np.arange(n) if n <= 2 * SAMPLED_ELEMENTS else np.sort(rng.choice(n, SAMPLED_ELEMENTS, replace=False))
+        num = np.zeros(len(picks))
+        for idx, j in enumerate(picks):
             old = flat[j]
             flat[j] = old + eps
             with flambeau.no_grad():
@@ -238,13 +245,16 @@ def _numeric_check(fn, leaves, eps=1e-6, atol=1e-5, rtol=1e-3):
             with flambeau.no_grad():
                 fm = [o.detach()._host().astype(np.float64).copy() for o in _flat_tensors(fn(), flambeau) if o.dtype.is_floating_point]
             flat[j] = old
-            num[j] = sum(float(((p - m) / (2 * eps) * v._host()).sum()) for p, m, v in zip(fp, fm, vs))
-        a = np.zeros(leaf.numel()) if an is None else an._host().reshape(-1)
-        np.testing.assert_allclose(a, num, atol=atol, rtol=rtol)
+            num[idx] = sum(float(((p - m) / (2 * eps) * v._host()).sum()) for p, m, v in zip(fp, fm, vs))
+        a = np.zeros(n) if an is None else an._host().reshape(-1)
+        np.testing.assert_allclose(a[picks], num, atol=atol, rtol=rtol)
+        checked += len(picks)
+    return checked
 
 
 @pytest.mark.parametrize("info,dtype", cases("gradcheck"))
 def test_gradcheck(info, dtype):
+    checked = 0
     for i, s in enumerate(info.samples(dtype)[:2]):
         args, kwargs, leaves = materialize(flambeau, s, dtype, 3000 + i, True)
         leaves = [l for l in leaves if l.is_contiguous()]
@@ -254,7 +264,8 @@ def test_gradcheck(info, dtype):
             info.resolve(flambeau)(*args, **kwargs)
         except Exception:
             continue
-        _numeric_check(lambda: info.resolve(flambeau)(*args, **kwargs), leaves)
+        checked += _numeric_check(lambda: info.resolve(flambeau)(*args, **kwargs), leaves) or 0
+    assert checked, f"{info.name}: no sample gave a differentiable output to check (set gradcheck=False with a reason)"
 
 
 @pytest.mark.parametrize("info,dtype", cases("meta"))
@@ -273,10 +284,32 @@ def test_meta(info, dtype):
         margs = tuple(_to_meta(a) for a in args)
         mk = {k: _to_meta(v) for k, v in kwargs.items()}
         meta = info.resolve(flambeau)(*margs, **mk)
-        for r, m in zip(_flat_tensors(real, flambeau), _flat_tensors(meta, flambeau)):
+        reals, metas = _flat_tensors(real, flambeau), _flat_tensors(meta, flambeau)
+        assert len(metas) == len(reals), f"sample {i}: {len(metas)} meta outputs != {len(reals)} real ones"
+        for r, m in zip(reals, metas):
             assert m.device.type == "meta"
             assert tuple(m.shape) == tuple(r.shape), f"sample {i}: meta shape {tuple(m.shape)} != real {tuple(r.shape)}"
             assert m.dtype == r.dtype, f"sample {i}: meta dtype {m.dtype} != real {r.dtype}"
+            if r.numel() > 1 and info.name not in META_STRIDE_GAPS:   # size-0/1: no layout
+                assert _layout(m) == _layout(r), f"sample {i}: meta strides {m.stride()} != real {r.stride()}"
+
+
+# Entries whose meta strides still differ from the real kernel's, with which side matches PyTorch.
+# Each is a known gap to fix in the op (meta function or kernel), not a tolerance.
+_REAL_OFF = "the NumPy kernel returns C order; meta matches torch"
+_META_OFF = "meta lays the result out contiguous; the kernel matches torch"
+META_STRIDE_GAPS = {
+    "conj_physical": _REAL_OFF, "getitem_adv": _REAL_OFF, "masked_fill": _REAL_OFF, "cross": _REAL_OFF,
+    "linalg.cross": _REAL_OFF, "cdist": _REAL_OFF, "layer_norm": _REAL_OFF, "group_norm": _REAL_OFF,
+    "real": _META_OFF, "imag": _META_OFF, "unfold": _META_OFF, "einsum": _META_OFF, "glu": _META_OFF,
+    "prelu": _META_OFF, "normalize": _META_OFF, "rsub": "meta orders dims by self, torch by other (other - self)",
+    "cummax": "meta contiguous, kernel follows the input", "cummin": "meta contiguous, kernel follows the input",
+}
+
+
+def _layout(t):
+    """Strides that matter: a dim of size 1 may have any stride."""
+    return tuple(st for sz, st in zip(t.shape, t.stride()) if sz != 1)
 
 
 def _to_meta(x):

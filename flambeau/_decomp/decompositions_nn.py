@@ -26,14 +26,14 @@ def _pointwise(op, ints=False, nin=1):
     """Register `fn(*upcast tensors, *params)` as the decomposition of `op`: checks the dtype, computes in the
     op-math dtype and casts to the op's result dtype."""
     def wrap_fn(fn):
-        def decomposition(*args):
+        def decomposition(*args, **kwargs):
             ins, params = args[:nin], args[nin:]
             dt = result_type(*ins) if ints else _float_check(op.__name__, *ins)
             if dt.category < D.INTEGER:
                 _float_check(op.name, *ins)
             cd = compute_dtype(dt)
             ups = [to(x, cd) if hasattr(x, "dtype") else x for x in ins]
-            return to(fn(*ups, *params), dt)
+            return to(fn(*ups, *params, **kwargs), dt)
         decomposition.__name__ = fn.__name__
         register_decomposition(op)(decomposition)
         return fn
@@ -43,12 +43,12 @@ def _pointwise(op, ints=False, nin=1):
 def _backward(op, ints=False, nin=1):
     """Like `_pointwise` for `name_backward(grad, *inputs, *params)`: the dtype is the inputs'."""
     def wrap_fn(fn):
-        def decomposition(grad, *args):
+        def decomposition(grad, *args, **kwargs):
             ins, params = args[:nin], args[nin:]
             dt = result_type(*ins) if ints else _float_check(op.__name__.split("_backward")[0], *ins)
             cd = compute_dtype(dt)
             ups = [to(x, cd) if hasattr(x, "dtype") else x for x in ins]
-            r = fn(to(grad, cd), *ups, *params)
+            r = fn(to(grad, cd), *ups, *params, **kwargs)
             return to(r, dt) if nin == 1 else tuple(None if g is None else to(g, dt) for g in r)
         decomposition.__name__ = fn.__name__
         register_decomposition(op)(decomposition)
@@ -83,13 +83,13 @@ def threshold_backward(g, x, th, value):
 
 
 @_pointwise(aten.leaky_relu)
-def leaky_relu(x, slope=0.01):
-    return aten.where(aten.gt(x, 0), x, aten.mul(x, slope))
+def leaky_relu(x, negative_slope=0.01):
+    return aten.where(aten.gt(x, 0), x, aten.mul(x, negative_slope))
 
 
 @_backward(aten.leaky_relu_backward)
-def leaky_relu_backward(g, x, slope=0.01):
-    return aten.where(aten.gt(x, 0), g, aten.mul(g, slope))
+def leaky_relu_backward(g, x, negative_slope=0.01):
+    return aten.where(aten.gt(x, 0), g, aten.mul(g, negative_slope))
 
 
 @_pointwise(aten.elu)

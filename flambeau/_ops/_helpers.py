@@ -240,11 +240,12 @@ _FAST_FLOAT = {np.dtype(np.float32), np.dtype(np.float64)}
 
 
 def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
-    """A promoted binary kernel: `fn(xp, a, b)` runs in the op-math dtype, result cast back.
-    Large same-shape NumPy operands are split across threads (`ufunc` writes in place)."""
+    """A promoted binary kernel: `fn(xp, a, b)` runs in the op-math dtype, result cast back, laid out
+    as PyTorch lays out a pointwise result (`lay_out_pointwise`). Large same-shape NumPy operands
+    are split across threads (`ufunc` writes in place)."""
     fast = _FAST_FLOAT if to_float else _FAST
 
-    def kernel(xp, a, b):
+    def compute(xp, a, b):
         if out_dtype is None and type(a) is type(b) is np.ndarray and a.dtype == b.dtype and a.dtype in fast:
             if a.size >= PAR_MIN and parallel_ok(xp, a, b):
                 return parallel_map(fn, (a, b), a.dtype, ufunc)
@@ -268,8 +269,103 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
         if r.dtype != want:
             r = r.astype(want)
         return r
+
+    def kernel(xp, a, b):
+        r = compute(xp, a, b)
+        if getattr(a, "flags", _C).c_contiguous and getattr(b, "flags", _C).c_contiguous:
+            return r
+        return lay_out_pointwise(xp, r, a, b)
     kernel.__name__ = name or getattr(fn, "__name__", "binary")
     return kernel
+
+
+class _C:
+    """Stands for a Python scalar's layout in the contiguity test of `binary_kernel`."""
+    c_contiguous = True
+
+
+def _estrides(x) -> list:
+    return list(x.stride()) if isinstance(x, Tensor) else [b // x.itemsize for b in x.strides]
+
+
+def _contiguous(x) -> bool:
+    return x.is_contiguous() if isinstance(x, Tensor) else x.flags.c_contiguous
+
+
+def pointwise_perm(shape, *inputs):
+    """The dim order of a pointwise op's output, as PyTorch's TensorIterator chooses it: dims ordered
+    like the inputs' strides (the first input that orders two dims decides; broadcast dims are
+    ignored). Fastest-moving dim first; None when the result is simply contiguous (every input is).
+    Inputs are Tensors or arrays; anything else (Python scalars) is ignored."""
+    shape = tuple(shape)
+    nd = len(shape)
+    arrays = [x for x in inputs if getattr(x, "ndim", 0) and hasattr(x, "shape") and not isinstance(x, (int, float))]
+    if nd < 2 or not arrays or all(_contiguous(x) for x in arrays):
+        return None
+    strides = []
+    for x in arrays:
+        lead, xs = nd - x.ndim, _estrides(x)
+        strides.append([0] * lead + [0 if x.shape[j] == 1 and shape[lead + j] != 1 else xs[j] for j in range(x.ndim)])
+
+    def should_swap(d0, d1):
+        for st in strides:
+            s0, s1 = st[d0], st[d1]
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 != s1:
+                return 1 if s0 > s1 else -1
+            if shape[d0] > shape[d1]:
+                return 1
+        return 0
+
+    perm = list(range(nd - 1, -1, -1))
+    for i in range(1, nd):
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            c = should_swap(perm[d0], perm[d1])
+            if c > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif c < 0:
+                break
+    return None if perm == list(range(nd - 1, -1, -1)) else perm
+
+
+def pointwise_strides(shape, *inputs):
+    """Element strides of a pointwise op's output (see `pointwise_perm`); None for contiguous."""
+    perm = pointwise_perm(shape, *inputs)
+    if perm is None:
+        return None
+    out = [0] * len(shape)
+    acc = 1
+    for d in perm:
+        out[d] = acc
+        acc *= max(shape[d], 1)
+    return out
+
+
+def lay_out_pointwise(xp, r, *inputs):
+    """`r` (a kernel's result) in the layout `pointwise_perm` gives for these inputs: NumPy picks
+    C order when inputs' layouts disagree, PyTorch follows the first input's."""
+    if getattr(r, "ndim", 0) < 2:
+        return r
+    perm = pointwise_perm(r.shape, *inputs)
+    if perm is None:
+        return r
+    want = pointwise_strides(r.shape, *inputs)
+    if all(a == b for a, b, n in zip(_estrides(r), want, r.shape) if n != 1):
+        return r
+    order = perm[::-1]                                   # slowest-moving dim first
+    buf = xp.empty([r.shape[d] for d in order], dtype=r.dtype)
+    out = buf.transpose(np.argsort(order))
+    out[...] = r
+    return out
+
+
+def undefined_grad(t) -> bool:
+    """True for the zeros the autograd engine passes a derivative for an output that received no
+    gradient (PyTorch's undefined tensor): a derivative may skip the work such a term would add."""
+    return t is None or getattr(t, "_undefined_grad", False)
 
 
 def binary_meta(*, to_float=False, out_dtype=None):
@@ -277,7 +373,8 @@ def binary_meta(*, to_float=False, out_dtype=None):
         dt = result_type(a, b)
         if to_float and dt.category < D.FLOATING:
             dt = _state.default_dtype
-        return TensorSpec(broadcast_shapes(shape_of(a), shape_of(b)), out_dtype or dt)
+        shape = broadcast_shapes(shape_of(a), shape_of(b))
+        return TensorSpec(shape, out_dtype or dt, pointwise_strides(shape, a, b))
     return meta
 
 
@@ -305,9 +402,9 @@ def unary_meta(*, to_float=False, out_dtype=None):
         dt = a._dtype
         if to_float and dt.category < D.FLOATING:
             dt = _state.default_dtype
-        return TensorSpec(a._data.shape, out_dtype or dt)
+        return TensorSpec(a._data.shape, out_dtype or dt, pointwise_strides(a.shape, a))
     return meta
 
 
 def same_meta(a, *rest, **kw):
-    return TensorSpec(a._data.shape, a._dtype)
+    return TensorSpec(a._data.shape, a._dtype, pointwise_strides(a.shape, a))

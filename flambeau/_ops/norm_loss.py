@@ -8,11 +8,13 @@ in `loss.py`, scaled_dot_product_attention in `attention.py`.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import _dtype as D
 from ._registry import defop, export, TensorSpec, Tag
-from ._helpers import opmath
+from ._helpers import opmath, undefined_grad as _undefined_grad
 
 
 def _float(name, x):
@@ -53,6 +55,20 @@ def _ln_check(shape, normalized_shape, weight, bias):
         raise RuntimeError(f"Given normalized_shape={list(ns)}, expected input with shape "
                            f"[*, {', '.join(map(str, ns))}], but got input of size{list(shape)}")
     return tuple(range(len(shape) - len(ns), len(shape)))
+
+
+def _through_stats(input, mean, rstd, gmean, grstd, n):
+    """The gradient of `input` that flows through a normalisation's returned statistics
+    (mean = sum(x)/n, rstd = (sum((x - mean)^2)/n + eps)^-1/2 over the normalised elements; `mean`
+    None for RMS norm, whose rstd uses x itself): non-zero only in double backward, where the first
+    backward's use of mean/rstd is differentiated. `mean`, `rstd` and their grads broadcast against
+    `input`. None when neither statistic received a gradient."""
+    if _undefined_grad(gmean) and _undefined_grad(grstd):
+        return None
+    centred = input if mean is None else input - mean
+    r = grstd * rstd * rstd * rstd * centred
+    g = (0 - r) if mean is None else gmean - r
+    return (g / n).to(input.dtype)
 
 
 @defop("native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) "
@@ -100,8 +116,10 @@ def _(grad_out, input, normalized_shape, mean, rstd, weight, bias):
 
 
 @native_layer_norm.def_derivative
-def _(grad, input, normalized_shape, weight, bias, result):
-    return native_layer_norm_backward(grad[0], input, normalized_shape, result[1], result[2], weight, bias)
+def _native_layer_norm_derivative(grad, input, normalized_shape, weight, bias, result):
+    gx, gw, gb = native_layer_norm_backward(grad[0], input, normalized_shape, result[1], result[2], weight, bias)
+    extra = _through_stats(input, result[1], result[2], grad[1], grad[2], math.prod(normalized_shape))
+    return (gx if extra is None else gx + extra), gw, gb
 
 
 @export("layer_norm", namespace="nn.functional")
@@ -155,8 +173,10 @@ _fused_rms_norm_backward.def_meta(lambda grad_out, input, normalized_shape, rstd
 
 
 @_fused_rms_norm.def_derivative
-def _(grad, input, normalized_shape, weight, result):
-    return _fused_rms_norm_backward(grad[0], input, normalized_shape, result[1], weight)
+def _fused_rms_norm_derivative(grad, input, normalized_shape, weight, result):
+    gx, gw = _fused_rms_norm_backward(grad[0], input, normalized_shape, result[1], weight)
+    extra = _through_stats(input, None, result[1], None, grad[1], math.prod(normalized_shape))
+    return (gx if extra is None else gx + extra), gw
 
 
 @export("rms_norm", namespace="nn.functional")
@@ -241,8 +261,14 @@ native_batch_norm_backward.def_meta(lambda grad_out, input, weight, save_mean, s
 
 
 @native_batch_norm.def_derivative
-def _(grad, input, weight, bias, training, result):
-    return (*native_batch_norm_backward(grad[0], input, weight, result[1], result[2], training, bias), None, None)
+def _native_batch_norm_derivative(grad, input, weight, bias, training, result):
+    gx, gw, gb = native_batch_norm_backward(grad[0], input, weight, result[1], result[2], training, bias)
+    if training:
+        shape = (1, -1) + (1,) * (input.ndim - 2)
+        extra = _through_stats(input, result[1].reshape(shape), result[2].reshape(shape), grad[1].reshape(shape),
+                               grad[2].reshape(shape), input.numel() // max(input.shape[1], 1))
+        gx = gx if extra is None else gx + extra
+    return gx, gw, gb, None, None
 
 
 def _size_check(input, training):
@@ -332,8 +358,11 @@ native_group_norm_backward.def_meta(lambda grad_out, input, mean, rstd, weight, 
 
 
 @native_group_norm.def_derivative
-def _(grad, input, weight, bias, N, C, HxW, group, result):
-    return native_group_norm_backward(grad[0], input, result[1], result[2], weight, N, C, HxW, group, bias)
+def _native_group_norm_derivative(grad, input, weight, bias, N, C, HxW, group, result):
+    gx, gw, gb = native_group_norm_backward(grad[0], input, result[1], result[2], weight, N, C, HxW, group, bias)
+    stats = [t.reshape(N, group, 1) for t in (result[1], result[2], grad[1], grad[2])]
+    extra = _through_stats(input.reshape(N, group, -1), *stats, (C // group) * HxW)
+    return (gx if extra is None else gx + extra.reshape(input.shape)), gw, gb
 
 
 @export("group_norm", namespace="nn.functional")

@@ -17,7 +17,8 @@ from .. import _state
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
 from ._helpers import (binary_kernel, binary_meta, unary_kernel, unary_meta, dtype_of, result_type, opmath,
-                       round_to, cast, broadcast_shapes, shape_of)
+                       round_to, cast, broadcast_shapes, shape_of, pointwise_strides,
+                       lay_out_pointwise)
 
 
 def _conj(x):
@@ -216,11 +217,12 @@ def binary(schema, fn, deriv=None, *, kind="promote", bad=(), check=None, method
         except ValueError:
             broadcast_shapes(shape_of(self), shape_of(other))
             raise
-        return xp.asarray(r).astype(_binary_dtype(kind, dt).np, copy=False)
+        return lay_out_pointwise(xp, xp.asarray(r).astype(_binary_dtype(kind, dt).np, copy=False), self, other)
 
     def meta(self, other, *args, **kw):
         dt = validate(self, other)
-        return TensorSpec(broadcast_shapes(shape_of(self), shape_of(other)), _binary_dtype(kind, dt))
+        shape = broadcast_shapes(shape_of(self), shape_of(other))
+        return TensorSpec(shape, _binary_dtype(kind, dt), pointwise_strides(shape, self, other))
 
     op = defop(schema, method=method, inplace=inplace, function=function, namespace=namespace,
                tags=tags, pointwise=pointwise)(kernel)

@@ -18,7 +18,7 @@ from .. import _dtype as D
 from .. import _state
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, METHODS, EXPORTS, SPECIAL, Tag, PointwiseSpelling
-from ._helpers import opmath
+from ._helpers import opmath, pointwise_strides
 from .pointwise import _conj
 
 
@@ -69,7 +69,7 @@ def unary(name, fn, deriv=None, *, kind="float", bad=(), bad_exc=None, real_out=
 
     def meta(self, *args, **kwargs):
         check(self.dtype)
-        return TensorSpec(self.shape, result_dtype(kind, self.dtype, real_out))
+        return TensorSpec(self.shape, result_dtype(kind, self.dtype, real_out), pointwise_strides(self.shape, self))
 
     op = defop(schema or f"{name}(Tensor self) -> Tensor", method=method, inplace=inplace,
                namespace=namespace, function=function, tags=tags, pointwise=pointwise)(kernel)

@@ -301,18 +301,23 @@ def clone(xp, self, *, memory_format=None):
     return out
 
 
-@clone.def_meta
-def _(self, *, memory_format=None):
-    from .._tensor import contiguous_format
-    if memory_format is contiguous_format or self.is_contiguous():
-        return TensorSpec(self.shape, self.dtype)
-    order = sorted(range(self.ndim), key=lambda i: -self.stride()[i])
-    st = [0] * self.ndim
+def preserved_strides(shape, strides) -> list:
+    """PyTorch's preserve_format: dense strides that keep the order of the input's strides."""
+    order = sorted(range(len(shape)), key=lambda i: -strides[i])
+    st = [0] * len(shape)
     acc = 1
     for i in reversed(order):
         st[i] = acc
-        acc *= max(self.shape[i], 1)
-    return TensorSpec(self.shape, self.dtype, st)
+        acc *= max(shape[i], 1)
+    return st
+
+
+@clone.def_meta
+def _clone_meta(self, *, memory_format=None):
+    from .._tensor import contiguous_format
+    if memory_format is contiguous_format or self.is_contiguous():
+        return TensorSpec(self.shape, self.dtype)
+    return TensorSpec(self.shape, self.dtype, preserved_strides(self.shape, self.stride()))
 
 
 @clone.def_derivative
@@ -346,7 +351,8 @@ def _to_copy(xp, self, *, dtype=None, device=None, non_blocking=False):
                 src = src.get()
             return np.array(src, dtype=npdt, copy=True, order="K")
         if dev.type == "meta":
-            return MetaArray(src.shape, npdt)
+            estrides = src.estrides if isinstance(src, MetaArray) else [b // src.itemsize for b in src.strides]
+            return MetaArray(src.shape, npdt, preserved_strides(src.shape, estrides))
         b = backend(dev.type)
         if type(src) is np.ndarray and dev.type == "cuda":
             import cupy
@@ -357,8 +363,10 @@ def _to_copy(xp, self, *, dtype=None, device=None, non_blocking=False):
 
 
 @_to_copy.def_meta
-def _(self, *, dtype=None, device=None, non_blocking=False):
-    return TensorSpec(self.shape, dtype or self.dtype)
+def _to_copy_meta(self, *, dtype=None, device=None, non_blocking=False):
+    if self.is_contiguous():
+        return TensorSpec(self.shape, dtype or self.dtype)
+    return TensorSpec(self.shape, dtype or self.dtype, preserved_strides(self.shape, self.stride()))
 
 
 @_to_copy.def_derivative

@@ -197,6 +197,7 @@ class OpNode(Node):
             if g is None:
                 shape, dt, dev = self._out_meta[i]
                 grads[i] = zeros(shape, dtype=dt, device=dev)
+                grads[i]._undefined_grad = True       # see flambeau._ops._helpers.undefined_grad
         kw = {}
         for k, v in self._saved.items():
             if type(v) is SavedTensor:
