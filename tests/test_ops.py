@@ -325,6 +325,9 @@ def _to_meta(x):
 @pytest.mark.cuda
 @pytest.mark.parametrize("info,dtype", cases("cuda"))
 def test_cuda(info, dtype):
+    """flambeau on cuda against PyTorch on cuda where the reference PyTorch has CUDA (the GPU
+    machine), else against flambeau on cpu; error types must match PyTorch's."""
+    torch_cuda = torch.cuda.is_available()
     for i, s in enumerate(info.samples(dtype)):
         args, kwargs, _ = materialize(flambeau, s, dtype, 5000 + i, False)
         # move to cuda before the cpu run: ops may update their inputs in place (running stats)
@@ -332,29 +335,50 @@ def test_cuda(info, dtype):
         gkw = {k: _to_dev(v) for k, v in kwargs.items()}
         if not _flat_tensors((gargs, gkw), flambeau):
             gkw["device"] = "cuda"          # factories: no tensor input carries the device
-        try:
-            cpu = info.resolve(flambeau)(*args, **kwargs)
-        except Exception:
-            continue
-        gpu = info.resolve(flambeau)(*gargs, **gkw)
-        for c, g in zip(_flat_tensors(cpu, flambeau), _flat_tensors(gpu, flambeau)):
-            assert g.device.type == "cuda"
-            if info.random:
-                assert g.shape == c.shape and g.dtype == c.dtype
+        if torch_cuda:
+            targs, tkw, _ = materialize(torch, s, dtype, 5000 + i, False)
+            targs = tuple(_to_dev(a, torch) for a in targs)
+            tkw = {k: _to_dev(v, torch) for k, v in tkw.items()}
+            if "device" in gkw:
+                tkw["device"] = "cuda"
+            try:
+                ref = info.resolve(torch)(*targs, **tkw)
+            except Exception as e:
+                with pytest.raises(type(e)):
+                    info.resolve(flambeau)(*gargs, **gkw)
                 continue
-            gh, ch = g.cpu(), c
-            if gh.dtype.is_floating_point:
-                gh, ch = gh.double(), ch.double()
-            np.testing.assert_allclose(gh._host(), ch._host(), rtol=1e-4, atol=1e-5)
+            refs = _flat_tensors(ref, torch)
+        else:
+            try:
+                refs = _flat_tensors(info.resolve(flambeau)(*args, **kwargs), flambeau)
+            except Exception:
+                continue
+        gpu = _flat_tensors(info.resolve(flambeau)(*gargs, **gkw), flambeau)
+        assert len(gpu) == len(refs), f"sample {i}: {len(gpu)} outputs != reference's {len(refs)}"
+        for c, g in zip(refs, gpu):
+            assert g.device.type == "cuda"
+            assert tuple(g.shape) == tuple(c.shape), f"sample {i}: shape {tuple(g.shape)} != {tuple(c.shape)}"
+            assert str(g.dtype).split(".")[-1] == str(c.dtype).split(".")[-1], f"sample {i}: {g.dtype} != {c.dtype}"
+            if info.random:
+                continue
+            gh = g.cpu()
+            gh = gh.double() if gh.dtype.is_floating_point else gh
+            ch = c.detach().cpu()
+            ch = ch.double() if ch.dtype.is_floating_point else ch
+            a = gh._host()
+            b = ch.numpy() if isinstance(ch, torch.Tensor) else ch._host()
+            np.testing.assert_allclose(a, b, rtol=1e-4 if dtype not in ("float16", "bfloat16") else 2e-2,
+                                       atol=1e-5 if dtype not in ("float16", "bfloat16") else 1e-2,
+                                       err_msg=f"{info.name} sample {i} on cuda")
 
 
-def _to_dev(x):
-    if isinstance(x, flambeau.Tensor):
+def _to_dev(x, mod=flambeau):
+    if isinstance(x, mod.Tensor):
         return x.to("cuda")
     if isinstance(x, list):
-        return [_to_dev(y) for y in x]
+        return [_to_dev(y, mod) for y in x]
     if isinstance(x, tuple):
-        return tuple(_to_dev(y) for y in x)
+        return tuple(_to_dev(y, mod) for y in x)
     return x
 
 
