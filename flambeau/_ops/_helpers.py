@@ -296,15 +296,21 @@ def pointwise_perm(shape, *inputs):
     """The dim order of a pointwise op's output, as PyTorch's TensorIterator chooses it: dims ordered
     like the inputs' strides (the first input that orders two dims decides; broadcast dims are
     ignored). Fastest-moving dim first; None when the result is simply contiguous (every input is).
-    Inputs are Tensors or arrays; anything else (Python scalars) is ignored."""
+    Inputs are Tensors or arrays; anything else (Python scalars) is ignored. With symbolic sizes or
+    strides the result is contiguous, as before: ordering symbols would add shape guards."""
     shape = tuple(shape)
     nd = len(shape)
     arrays = [x for x in inputs if getattr(x, "ndim", 0) and hasattr(x, "shape") and not isinstance(x, (int, float))]
-    if nd < 2 or not arrays or all(_contiguous(x) for x in arrays):
+    if nd < 2 or not arrays:
+        return None
+    all_strides = [_estrides(x) for x in arrays]
+    if not all(type(v) is int for v in shape) or not all(type(v) is int for st in all_strides for v in st):
+        return None
+    if all(_contiguous(x) for x in arrays):
         return None
     strides = []
-    for x in arrays:
-        lead, xs = nd - x.ndim, _estrides(x)
+    for x, xs in zip(arrays, all_strides):
+        lead = nd - x.ndim
         strides.append([0] * lead + [0 if x.shape[j] == 1 and shape[lead + j] != 1 else xs[j] for j in range(x.ndim)])
 
     def should_swap(d0, d1):
