@@ -33,7 +33,8 @@ import torch  # noqa: E402
 
 import flambeau  # noqa: E402
 from flambeau._decomp import DecompositionMode  # noqa: E402
-from flambeau._inductor import compile_fx, config, cpp_builder  # noqa: E402
+from flambeau import _cpp_builder as cpp_builder  # noqa: E402
+from flambeau._inductor import compile_fx, config  # noqa: E402
 from flambeau.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
 
@@ -102,7 +103,7 @@ def main():
         tx = [torch.from_numpy(x.copy()) for x in arrays]
         gm = trace(fn, fx)
         with tempfile.TemporaryDirectory() as d:
-            config.cache_dir = d
+            cpp_builder.cache_dir = d
             cpp_builder._loaded.clear()
             cpp_builder._flags_cache.clear()
             t0 = time.perf_counter()

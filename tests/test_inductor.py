@@ -12,14 +12,15 @@ import torch
 
 import flambeau
 from flambeau._decomp import DecompositionMode
-from flambeau._inductor import CppCompileError, compile_fx, config, cpp_builder
+from flambeau import _cpp_builder as cpp_builder
+from flambeau._inductor import CppCompileError, compile_fx, config
 from flambeau.fx.experimental.proxy_tensor import make_fx
 
 
 @pytest.fixture(autouse=True)
 def _cache_dir(tmp_path_factory, monkeypatch):
     d = tmp_path_factory.getbasetemp() / "inductor_cache"
-    monkeypatch.setattr(config, "cache_dir", str(d))
+    monkeypatch.setattr(cpp_builder, "cache_dir", str(d))
 
 
 def trace(fn, args):
@@ -240,7 +241,7 @@ def test_constants_and_graphs_run_eagerly():
 
 # ---- cache, errors, debug, NumPy path ----------------------------------------------------------
 def test_cache_hit_skips_compiler(tmp_path, monkeypatch):
-    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    monkeypatch.setattr(cpp_builder, "cache_dir", str(tmp_path))
     x = randn(33, 17)
     fn = lambda T, x: (x * 3.25).exp().sum(1)                  # noqa: E731
     gm = trace(fn, [x])
@@ -255,8 +256,15 @@ def test_cache_hit_skips_compiler(tmp_path, monkeypatch):
     np.testing.assert_allclose(c(x).numpy(), fn(flambeau, x).numpy(), rtol=1e-6)
 
 
+def test_every_simd_spelling_is_probed_by_the_builder():
+    """Kernels declare an op's libmvec function `simd` when the builder's probe found libmvec; the
+    probe (a foundation module, which cannot ask the ops) must have linked every such function."""
+    from flambeau._inductor.codegen_cpp import SIMD1
+    assert SIMD1 and set(SIMD1) <= set(cpp_builder.PROBED_SIMD1)
+
+
 def test_broken_kernel_source_raises_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    monkeypatch.setattr(cpp_builder, "cache_dir", str(tmp_path))
     info = cpp_builder.detect_flags()
     with pytest.raises(CppCompileError) as e:
         cpp_builder.load('extern "C" void kernel0(float* a) { a[0] = undefined_thing; }\n', info)
@@ -278,7 +286,7 @@ def test_numpy_backend_matches(monkeypatch):
 def test_no_compiler_falls_back_to_numpy(monkeypatch):
     import importlib
     cfx = importlib.import_module("flambeau._inductor.compile_fx")
-    monkeypatch.setattr(config, "cxx", "no-such-compiler-xyz")
+    monkeypatch.setattr(cpp_builder, "cxx", "no-such-compiler-xyz")
     monkeypatch.setattr(cfx, "_warned_no_compiler", [False])
     x = randn(5, 7)
     with pytest.warns(RuntimeWarning, match="no working C\\+\\+ compiler"):

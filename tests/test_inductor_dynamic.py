@@ -15,7 +15,8 @@ import torch
 
 import flambeau as fl
 import flambeau._inductor as inductor
-from flambeau._inductor import compile_fx, config, cpp_builder
+from flambeau import _cpp_builder as cpp_builder
+from flambeau._inductor import compile_fx, config
 from tests.opdb import all_opinfos, as_numpy, assert_outputs_match, eager_samples, flat_tensors, materialize
 from flambeau.fx.experimental.proxy_tensor import make_fx
 

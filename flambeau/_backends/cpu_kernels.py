@@ -9,7 +9,7 @@
 - `softmax_lastdim`: softmax / log_softmax in one pass per row.
 - `adam_step`: one Adam/AdamW update, bit for bit the NumPy rule of flambeau/optim/adam.py.
 
-The library is built once by the system C++ compiler through the Inductor's builder (and its
+The library is built once by the system C++ compiler through `flambeau._cpp_builder` (and its
 on-disk cache). Without a compiler, without AVX-512, or with `FLAMBEAU_GEMM=0`, every entry point
 declines (returns None/False, or calls `np.matmul`) and the caller's NumPy code runs instead.
 """
@@ -20,6 +20,8 @@ import math
 import os
 
 import numpy as np
+
+from .. import _cpp_builder
 
 _F32 = np.dtype(np.float32)
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_kernels.cpp")
@@ -37,12 +39,11 @@ def _load():
     fn = None
     if os.environ.get("FLAMBEAU_GEMM", "1") not in ("", "0"):
         try:
-            from .._inductor import cpp_builder
-            info = dict(cpp_builder.detect_flags())
+            info = dict(_cpp_builder.detect_flags())
             info["flags"] = list(info["flags"]) + ["-ffp-contract=fast"] + \
                 (["-DFLM_SIMD_MATH"] if info.get("simd_math") else [])
             with open(_SRC) as f:
-                lib, _ = cpp_builder.load(f.read(), info)
+                lib, _ = _cpp_builder.load(f.read(), info)
             if lib.flm_gemm_native():
                 fn = lib.flm_sgemm
                 i64, p = ctypes.c_int64, ctypes.c_void_p

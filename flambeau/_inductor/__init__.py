@@ -3,10 +3,10 @@
 `compile_fx(gm, example_inputs)` takes an FX GraphModule of core operators and returns a
 callable running fused C++/OpenMP kernels (NumPy code when no compiler works). The path from
 graph to kernels, one module each: graph.py + lowering*.py (loop IR) -> scheduler.py (fusion,
-memory plan) -> codegen_cpp.py / codegen_numpy.py -> cpp_builder.py (compile, cache) ->
+memory plan) -> codegen_cpp.py / codegen_numpy.py -> flambeau._cpp_builder (compile, cache) ->
 wrapper.py (the Python that calls the kernels). Knobs and debug flags: config.py. Graphs traced
 with symbolic sizes compile once for every size (sizes as kernel arguments): sizevars.py.
 """
 from . import config  # noqa: F401
 from .compile_fx import CompiledGraph, compile_fx  # noqa: F401
-from .cpp_builder import CppCompileError  # noqa: F401
+from .._cpp_builder import CppCompileError  # noqa: F401

@@ -3,7 +3,7 @@
     GraphModule (core ops, meta["val"] fake tensors)
       -> GraphLowering (graph.py, lowering*.py): loop IR, views as index remapping
       -> schedule (scheduler.py): fused kernels, registers vs memory, memory plan
-      -> codegen (codegen_cpp.py / codegen_numpy.py) + build (cpp_builder.py, cached on disk)
+      -> codegen (codegen_cpp.py / codegen_numpy.py) + build (flambeau._cpp_builder, cached on disk)
       -> wrapper (wrapper.py): a Python function calling the kernels and extern ops
       -> CompiledGraph: callable on flambeau Tensors, returning what the graph returns
 
@@ -33,7 +33,8 @@ import time
 import warnings
 
 from .._tensor import Tensor
-from . import codegen_cpp, codegen_numpy, config, cpp_builder
+from .. import _cpp_builder
+from . import codegen_cpp, codegen_numpy, config
 from .graph import GraphLowering
 from .ir import Unsupported
 from .scheduler import Kernel, plan_memory, schedule
@@ -140,9 +141,9 @@ def _backend() -> str:
     if config.backend == "numpy":
         return "numpy"
     try:
-        cpp_builder.detect_flags()
+        _cpp_builder.detect_flags()
         return "cpp"
-    except cpp_builder.NoCompilerError as e:
+    except _cpp_builder.NoCompilerError as e:
         if not _warned_no_compiler[0]:
             warnings.warn(f"flambeau inductor: no working C++ compiler ({e}); generating NumPy code instead, "
                           f"which is much slower", RuntimeWarning, stacklevel=3)
@@ -178,12 +179,12 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     backend = _backend()
     source_path = None
     if backend == "cpp":
-        info = cpp_builder.detect_flags()
+        info = _cpp_builder.detect_flags()
         source = codegen_cpp.generate(kernels, info["simd_math"], size_names)
         if kernels:
             try:
-                lib, source_path = cpp_builder.load(source, info)
-            except cpp_builder.CppCompileError as e:
+                lib, source_path = _cpp_builder.load(source, info)
+            except _cpp_builder.CppCompileError as e:
                 if not size_names:
                     raise
                 raise Unsupported(f"the size-generic kernels don't compile: {e}") from e

@@ -3,8 +3,6 @@
 Environment variables read at import:
     FLAMBEAU_LOGS=output_code      print the generated C++ and wrapper of each compiled graph
     FLAMBEAU_COMPILE_DEBUG=1       write every stage (graph, IR, kernels, source) to debug_dir
-    FLAMBEAU_CACHE_DIR=path        the on-disk kernel cache (default ~/.cache/flambeau/inductor)
-    FLAMBEAU_CXX=g++               the C++ compiler
     FLAMBEAU_TUNE_MALLOC=0         leave glibc's malloc thresholds alone (see tune_malloc)
 """
 from __future__ import annotations
@@ -14,9 +12,8 @@ import os
 output_code: bool = False          # also on when FLAMBEAU_LOGS selects output_code (flambeau._logging)
 debug: bool = os.environ.get("FLAMBEAU_COMPILE_DEBUG", "") not in ("", "0")
 debug_dir: str = os.environ.get("FLAMBEAU_COMPILE_DEBUG_DIR", os.path.join(os.getcwd(), "flambeau_compile_debug"))
-cache_dir: str = os.environ.get("FLAMBEAU_CACHE_DIR",
-                                os.path.join(os.path.expanduser("~"), ".cache", "flambeau", "inductor"))
-cxx: str = os.environ.get("FLAMBEAU_CXX", os.environ.get("CXX", "g++"))
+# The C++ compiler and the on-disk library cache are knobs of `flambeau._cpp_builder` (`cxx`,
+# `cache_dir`; FLAMBEAU_CXX, FLAMBEAU_CACHE_DIR), which the eager CPU kernels share.
 
 # backend: "cpp" (C++/OpenMP through the system compiler) or "numpy" (generated NumPy code);
 # "cpp" falls back to "numpy" with a warning when no working compiler is found.

@@ -1,9 +1,12 @@
-"""Compile generated C++ into a shared library, with an on-disk cache, and load it with ctypes.
+"""Compile C++ source into a shared library, with an on-disk cache, and load it with ctypes.
+
+A foundation module (it imports nothing of flambeau): both the eager CPU kernels
+(`flambeau._backends.cpu_kernels`) and the code generator (`flambeau._inductor`) build through it.
 
 Flags are detected once per compiler and machine (and remembered on disk): we try
 `-O3 -march=native -mprefer-vector-width=512 -fopenmp` plus libmvec's vector math, and drop what the compiler rejects
 (no OpenMP, no -march) rather than failing. A library is cached under
-`config.cache_dir/<key>.so` with key = hash(source, flags, compiler version, machine), so a
+`cache_dir/<key>.so` with key = hash(source, flags, compiler version, machine), so a
 warm start loads it without running the compiler. Compile errors raise `CppCompileError` naming
 the kernel source file and quoting the compiler's message.
 """
@@ -19,7 +22,19 @@ import subprocess
 import tempfile
 import threading
 
-from . import config
+# Knobs (module attributes; tests and users may set them). Environment variables read at import:
+#   FLAMBEAU_CACHE_DIR=path   the on-disk library cache (default ~/.cache/flambeau/inductor)
+#   FLAMBEAU_CXX=g++          the C++ compiler (else $CXX, else g++)
+cache_dir: str = os.environ.get("FLAMBEAU_CACHE_DIR",
+                                os.path.join(os.path.expanduser("~"), ".cache", "flambeau", "inductor"))
+cxx: str = os.environ.get("FLAMBEAU_CXX", os.environ.get("CXX", "g++"))
+
+# The single-argument float functions of glibc's libmvec (`_ZGVeN16v_expf`, ...) that the flag
+# probe links with `simd` declarations: `simd_math` is True only when all of them (and powf, atan2f)
+# do. Generated kernels declare only these as `simd` (tests/test_inductor.py checks that every
+# op's libmvec spelling is listed here).
+PROBED_SIMD1 = ("exp", "log", "log1p", "expm1", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
+         "tanh", "asinh", "acosh", "atanh", "erf", "erfc")
 
 counters = {"compiles": 0, "disk_hits": 0, "memory_hits": 0}
 _lock = threading.Lock()
@@ -98,29 +113,28 @@ def _tune_openmp():
         os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 
-def detect_flags(cxx: str | None = None) -> dict:
+def detect_flags(compiler: str | None = None) -> dict:
     """{'cxx', 'version', 'flags', 'libs', 'simd_math'} for this compiler and machine."""
     _tune_openmp()
-    cxx = cxx or config.cxx
-    if cxx in _flags_cache:
-        return _flags_cache[cxx]
-    version = compiler_version(cxx)
-    key = hashlib.sha256(f"{cxx}|{version}|{_machine_id()}|v2".encode()).hexdigest()[:24]
-    path = os.path.join(config.cache_dir, f"flags-{key}.json")
+    compiler = compiler or cxx
+    if compiler in _flags_cache:
+        return _flags_cache[compiler]
+    version = compiler_version(compiler)
+    key = hashlib.sha256(f"{compiler}|{version}|{_machine_id()}|v2".encode()).hexdigest()[:24]
+    path = os.path.join(cache_dir, f"flags-{key}.json")
     try:
         with open(path) as f:
             info = json.load(f)
-        _flags_cache[cxx] = info
+        _flags_cache[compiler] = info
         return info
     except (OSError, ValueError):
         pass
-    from .codegen_cpp import SIMD1
     base = ["-O3", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-fwrapv", "-w"]
     decls = "\n".join(f'extern "C" float {f}f(float) noexcept __attribute__((simd("notinbranch")));'
-                      for f in SIMD1) + \
+                      for f in PROBED_SIMD1) + \
         '\nextern "C" float powf(float, float) noexcept __attribute__((simd("notinbranch")));' \
         '\nextern "C" float atan2f(float, float) noexcept __attribute__((simd("notinbranch")));'
-    body = " + ".join(f"{f}f(a[i])" for f in SIMD1) + " + powf(a[i], a[i]) + atan2f(a[i], a[i])"
+    body = " + ".join(f"{f}f(a[i])" for f in PROBED_SIMD1) + " + powf(a[i], a[i]) + atan2f(a[i], a[i])"
     plain = _PROBE % ("", "std::exp(a[i])")
     vec = _PROBE % (decls, body)
     info = None
@@ -128,19 +142,19 @@ def detect_flags(cxx: str | None = None) -> dict:
         for extra in (["-march=native", "-mprefer-vector-width=512", "-fopenmp"], ["-march=native", "-fopenmp"],
                       ["-fopenmp"], ["-march=native"], []):
             flags = base + extra
-            if _try_build(cxx, flags, [], plain, d):
-                simd = "-fopenmp" in extra and _try_build(cxx, flags, ["-lmvec"], vec, d)
-                info = {"cxx": cxx, "version": version, "flags": flags, "libs": ["-lmvec"] if simd else [],
+            if _try_build(compiler, flags, [], plain, d):
+                simd = "-fopenmp" in extra and _try_build(compiler, flags, ["-lmvec"], vec, d)
+                info = {"cxx": compiler, "version": version, "flags": flags, "libs": ["-lmvec"] if simd else [],
                         "simd_math": simd}
                 break
     if info is None:
-        raise NoCompilerError(f"C++ compiler {cxx!r} cannot build a shared library on this machine")
-    os.makedirs(config.cache_dir, exist_ok=True)
+        raise NoCompilerError(f"C++ compiler {compiler!r} cannot build a shared library on this machine")
+    os.makedirs(cache_dir, exist_ok=True)
     tmp = path + f".{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(info, f)
     os.replace(tmp, path)
-    _flags_cache[cxx] = info
+    _flags_cache[compiler] = info
     return info
 
 
@@ -155,7 +169,7 @@ def cache_key(source: str, info: dict) -> str:
 def build(source: str, info: dict) -> tuple:
     """(library path, source path, whether the compiler ran) for `source`, compiling on a miss."""
     key = cache_key(source, info)
-    d = os.path.join(config.cache_dir, key[:2])
+    d = os.path.join(cache_dir, key[:2])
     so = os.path.join(d, f"{key}.so")
     cpp = os.path.join(d, f"{key}.cpp")
     if os.path.exists(so):
