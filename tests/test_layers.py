@@ -1,0 +1,175 @@
+"""The package's layers point one way: a module imports only from its own layer or below.
+
+`LAYERS` is the declared order (bottom first; README's layout section points here). Every import
+in `flambeau/`, at module level and inside functions alike, is read with `ast` and checked against
+it. `KNOWN_UPWARD` lists the upward imports that the tree still has, each with the reason it is
+not moved yet; the list may only shrink: an import against the order that is not on it fails, and
+an entry that no longer occurs fails too (delete it).
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "flambeau"
+
+# Bottom first. A module belongs to the layer of its longest listed prefix.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("flambeau._state", "flambeau._dtype", "flambeau._logging", "flambeau._png",
+                    "flambeau._cpp_builder", "flambeau._counters")),
+    ("device", ("flambeau._device",)),
+    ("backends", ("flambeau._backends",)),
+    ("tensor", ("flambeau._tensor", "flambeau._tensor_str", "flambeau._dispatch")),
+    ("ops", ("flambeau._ops", "flambeau.random", "flambeau.linalg", "flambeau.special",
+             "flambeau._api")),
+    ("autograd", ("flambeau.autograd",)),
+    ("library", ("flambeau.nn", "flambeau.optim", "flambeau.utils", "flambeau.amp", "flambeau.cuda",
+                 "flambeau.cpu", "flambeau.backends", "flambeau.serialization",
+                 "flambeau._pt_format")),
+    ("tracing", ("flambeau._subclasses", "flambeau.fx")),
+    ("decompositions", ("flambeau._decomp",)),
+    ("functorch", ("flambeau._functorch",)),
+    ("inductor", ("flambeau._inductor",)),
+    ("dynamo", ("flambeau._dynamo",)),
+    ("compiler", ("flambeau.compiler",)),
+    ("entry", ("flambeau", "flambeau.compat", "flambeau.run", "flambeau.demo")),
+]
+
+# (importer, imported) -> why it is still there. May only shrink.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {
+    ("flambeau._backends", "flambeau._dispatch"): "CupyBackend writes cupy into _dispatch._XP",
+    ("flambeau._backends", "flambeau.cuda"): "CupyBackend installs the allocator that lives in flambeau.cuda",
+    ("flambeau._device", "flambeau.cuda"): "canonical() asks flambeau.cuda for the current device",
+    ("flambeau._dispatch", "flambeau.autograd.forward_ad"): "dual-number propagation called by the dispatcher",
+    ("flambeau._dynamo.eval_frame", "flambeau.compiler"): "the backend registry lives in compiler.py",
+    ("flambeau._dynamo.variables.builtin", "flambeau"): "dynamo resolves the public namespace as users see it",
+    ("flambeau._dynamo.variables.torch", "flambeau"): "dynamo resolves the public namespace as users see it",
+    ("flambeau._functorch.aot_autograd", "flambeau._dynamo.shape_guards"): "shape-guard printing sits in _dynamo",
+    ("flambeau._inductor.wrapper", "flambeau._dynamo.shape_guards"): "shape-guard printing sits in _dynamo",
+    ("flambeau._ops.linear", "flambeau"): "public function taken from the package, not its _ops module",
+    ("flambeau._ops.nn_extra", "flambeau"): "public functions taken from the package, not their _ops modules",
+    ("flambeau._ops.nn_pad", "flambeau.autograd"): "an op's kernel uses no_grad",
+    ("flambeau._ops.views", "flambeau.autograd.graph"): "a view op reads the autograd graph's output positions",
+    ("flambeau._tensor", "flambeau._ops.creation"): "Tensor() and __array_wrap__ build through the creation ops",
+    ("flambeau._tensor", "flambeau.autograd"): "Tensor.backward calls the engine",
+    ("flambeau._tensor", "flambeau.autograd.graph"): "Tensor hooks and retain_grad live in the autograd graph",
+    ("flambeau._tensor", "flambeau.cuda"): "Tensor.cuda() checks the device",
+    ("flambeau._tensor", "flambeau.serialization"): "Tensor.__reduce_ex__ names the rebuild function",
+    ("flambeau.amp.grad_scaler", "flambeau"): "public function taken from the package, not its _ops module",
+    ("flambeau.autograd.functional", "flambeau"): "public function taken from the package, not its _ops module",
+    ("flambeau.fx.graph", "flambeau"): "generated code runs with the public namespace as its globals",
+    ("flambeau.nn.modules.module", "flambeau"): "Module.compile calls flambeau.compile",
+    ("flambeau.nn.modules.rnn", "flambeau"): "public functions taken from the package, not their _ops modules",
+    ("flambeau.nn.modules.transformer", "flambeau"): "public functions taken from the package, not their _ops modules",
+    ("flambeau.nn.utils.convert_parameters", "flambeau"): "public functions taken from the package",
+    ("flambeau.nn.utils.rnn", "flambeau"): "public functions taken from the package, not their _ops modules",
+    ("flambeau.utils.data._collate", "flambeau"): "public functions taken from the package, not their _ops modules",
+    ("flambeau.utils.data.dataloader", "flambeau"): "pin_memory asks flambeau.cuda through the package",
+    ("flambeau.utils.data.distributed", "flambeau"): "flambeau.distributed does not exist yet (guarded import)",
+}
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _target(importer: str, is_package: bool, node: ast.AST) -> list[str]:
+    """The flambeau modules an import statement names (a name imported from a package that is a
+    submodule counts as that submodule)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        if node.level:
+            base = importer.split(".")
+            if not is_package:
+                base.pop()
+            base = base[:len(base) - node.level + 1]
+            if node.module:
+                base.append(node.module)
+            base = ".".join(base)
+        else:
+            base = node.module
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+    out = []
+    for name in names:
+        parts = name.split(".")
+        while parts and ".".join(parts) not in MODULES:
+            parts.pop()
+        if parts:
+            out.append(".".join(parts))
+    return out
+
+
+def imports_in(module: str, source: str, is_package: bool = False) -> list[tuple[str, int]]:
+    """(imported flambeau module, line) for every import statement of `source`: at module level,
+    inside functions and classes, under `if TYPE_CHECKING`, anywhere."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.extend((t, node.lineno) for t in _target(module, is_package, node) if t != module)
+    return out
+
+
+def imports() -> list[tuple[str, str, int]]:
+    """(importer, imported, line) for every import of a flambeau module in the package."""
+    return [(name, target, line) for name, path in MODULES.items()
+            for target, line in imports_in(name, path.read_text(), path.name == "__init__.py")]
+
+
+def layer_of(module: str) -> int:
+    best, rank = -1, None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, rank = len(p), i
+    if rank is None:
+        raise KeyError(module)
+    return rank
+
+
+def upward_imports() -> dict[tuple[str, str], list[int]]:
+    out: dict[tuple[str, str], list[int]] = {}
+    for importer, imported, line in imports():
+        if layer_of(imported) > layer_of(importer):
+            out.setdefault((importer, imported), []).append(line)
+    return out
+
+
+def test_every_module_has_a_layer():
+    missing = []
+    for m in MODULES:
+        try:
+            layer_of(m)
+        except KeyError:
+            missing.append(m)
+    assert not missing, f"modules in no layer of tests/test_layers.py LAYERS: {missing}"
+
+
+def test_no_import_against_the_layer_order():
+    bad = {k: v for k, v in upward_imports().items() if k not in KNOWN_UPWARD}
+    lines = [f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]}) at line(s) {v}"
+             for (a, b), v in sorted(bad.items())]
+    assert not bad, "imports against the layer order:\n" + "\n".join(lines)
+
+
+def test_known_upward_list_is_current():
+    stale = sorted(set(KNOWN_UPWARD) - set(upward_imports()))
+    assert not stale, f"these KNOWN_UPWARD entries no longer occur; delete them: {stale}"
+
+
+def test_the_checker_reads_imports_inside_functions():
+    """An upward import hidden in a function (relative or absolute) is seen and judged upward."""
+    src = ("def f():\n    from ..compiler import compile\n"
+           "class C:\n    def g(self):\n        import flambeau._inductor.graph\n")
+    found = imports_in("flambeau._ops.pointwise", src)
+    assert found == [("flambeau.compiler", 2), ("flambeau._inductor.graph", 5)]
+    assert all(layer_of(t) > layer_of("flambeau._ops.pointwise") for t, _ in found)
