@@ -44,8 +44,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("flambeau._dynamo.eval_frame", "flambeau.compiler"): "the backend registry lives in compiler.py",
     ("flambeau._dynamo.variables.builtin", "flambeau"): "dynamo resolves the public namespace as users see it",
     ("flambeau._dynamo.variables.torch", "flambeau"): "dynamo resolves the public namespace as users see it",
-    ("flambeau._functorch.aot_autograd", "flambeau._dynamo.shape_guards"): "shape-guard printing sits in _dynamo",
-    ("flambeau._inductor.wrapper", "flambeau._dynamo.shape_guards"): "shape-guard printing sits in _dynamo",
     ("flambeau._ops.linear", "flambeau"): "public function taken from the package, not its _ops module",
     ("flambeau._ops.nn_extra", "flambeau"): "public functions taken from the package, not their _ops modules",
     ("flambeau._ops.nn_pad", "flambeau.autograd"): "an op's kernel uses no_grad",

@@ -22,7 +22,7 @@ from .._device import META
 from .._tensor import Tensor
 from ..fx.graph import Graph
 from ..fx.graph_module import GraphModule
-from ..fx._symbolic_shapes import ShapeEnv, SymInt
+from ..fx._symbolic_shapes import ShapeEnv, SymInt, expr_to_python
 from .._subclasses.fake_tensor import FakeTensorMode
 from .._counters import counters
 from . import _logging, bytecode as bc, config, resume
@@ -488,7 +488,6 @@ class OutputGraph:
     def _add_shape_guards(self) -> None:
         if not self.sym_sources:
             return
-        from .shape_guards import to_python
         g = self.guards
         for sym, srcs in self.sym_sources.items():
             first = srcs[0]
@@ -498,7 +497,7 @@ class OutputGraph:
         mapping = {s: v[0] for s, v in self.sym_sources.items()}
         for rel in self.shape_env.guards:
             try:
-                text = to_python(rel, mapping)
+                text = expr_to_python(rel, mapping)
             except NotImplementedError as e:
                 raise Unsupported(f"cannot express the shape guard {rel} in Python: {e}")
             g.raw(text, f"SHAPE: {rel}")

@@ -44,7 +44,7 @@ from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
 from ..fx.experimental.proxy_tensor import ProxyTorchDispatchMode, _Recorder
 from ..fx.graph_module import GraphModule
-from ..fx._symbolic_shapes import ShapeEnv, SymInt
+from ..fx._symbolic_shapes import ShapeEnv, SymInt, expr_to_python
 from .._subclasses.fake_tensor import FakeTensorMode
 from ..nn.modules.module import Module
 from .functionalization import run_functionalized, flat_input_tensors, _apply_step
@@ -502,7 +502,6 @@ def _size_outputs(mod, n_inputs: int) -> dict:
     sizes (dynamo returns the sizes that the code after a graph break uses): computed from the
     inputs' shapes instead of being traced, as an AOT graph returns only tensors."""
     from ..fx.node import Node
-    from .._dynamo.shape_guards import to_python
     graph = getattr(mod, "graph", None)
     if graph is None:
         return {}
@@ -521,7 +520,7 @@ def _size_outputs(mod, n_inputs: int) -> dict:
         v = o.meta.get("example_value") if isinstance(o, Node) else None
         if isinstance(v, SymInt):
             try:
-                src = to_python(v.expr, where)
+                src = expr_to_python(v.expr, where)
             except NotImplementedError:
                 return {}
             fns[k] = eval(f"lambda a: int({src})")

@@ -28,6 +28,7 @@ from .. import _dtype as D
 from .._backends import cpu_kernels
 from .._device import CPU
 from .._tensor import Tensor
+from ..fx._symbolic_shapes import expr_to_python
 from .ir import Buffer, InputBuffer, MultiOutput, StridedView
 from .scheduler import ExternStep, Kernel
 from .sizevars import SizeExpr, derived_definition, evaluate, replacements
@@ -236,8 +237,7 @@ class WrapperCodegen:
             if d is None:
                 L.append(f"    {name} = {where[name]}")
             else:
-                from .._dynamo.shape_guards import to_python
-                L.append(f"    {name} = {to_python(d, {sym: sym.name for sym in d.free_symbols})}")
+                L.append(f"    {name} = {expr_to_python(d, {sym: sym.name for sym in d.free_symbols})}")
         checks = [f"{name} < 2" for name in self.size_names if derived_definition(name) is None]
         for b in g.inputs:
             lay, it = b.layout, b.dtype.itemsize

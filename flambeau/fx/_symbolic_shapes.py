@@ -6,7 +6,8 @@ meta functions compute symbolic output shapes with ordinary Python arithmetic. W
 function branches on a size (`s0 == 1`, `a != b`), the relation is decided by sympy if it can, else
 by the example values ("hints"), and the outcome is recorded as a guard: the traced graph is valid
 for every size assignment that satisfies all guards (`ShapeEnv.evaluate_guards`). `int(s)` or
-`operator.index(s)` specialises: it guards `s == hint` and returns the hint.
+`operator.index(s)` specialises: it guards `s == hint` and returns the hint. `expr_to_python` prints
+a guard or a derived size as Python over the input shapes.
 
 Like PyTorch: sizes 0 and 1 are specialised (never symbolic), equal example sizes share one
 symbol ("duck sizing"), and symbols are positive integers. sympy is imported on first use.
@@ -230,3 +231,57 @@ def free_symbols(x) -> set:
 def sym_size(t, dim: int):
     """`t.size(dim)`: the node that reads a symbolic size at run time."""
     return t.shape[dim]
+
+
+def expr_to_python(e, mapping: dict) -> str:
+    """Python source for the sympy expression `e`, each symbol replaced by `mapping[symbol]`: how a
+    guard (`s0 >= 2`, `Eq(s1, 2*s0)`) or a size derived from other sizes is printed as code over
+    input shapes (dynamo's guards, AOT autograd's size outputs, the inductor's wrapper)."""
+    sp = _sp()
+    if e is sp.true:
+        return "True"
+    if e is sp.false:
+        return "False"
+    if e.is_Symbol:
+        if e not in mapping:
+            raise NotImplementedError(f"symbol {e} has no source")
+        return mapping[e]
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Rational:
+        return f"({int(e.p)} / {int(e.q)})"
+    rels = {sp.Eq: "==", sp.Ne: "!=", sp.Lt: "<", sp.Le: "<=", sp.Gt: ">", sp.Ge: ">="}
+    for k, op in rels.items():
+        if type(e) is k:
+            return f"({expr_to_python(e.args[0], mapping)} {op} {expr_to_python(e.args[1], mapping)})"
+    if isinstance(e, sp.And):
+        return "(" + " and ".join(expr_to_python(a, mapping) for a in e.args) + ")"
+    if isinstance(e, sp.Or):
+        return "(" + " or ".join(expr_to_python(a, mapping) for a in e.args) + ")"
+    if isinstance(e, sp.Not):
+        return f"(not {expr_to_python(e.args[0], mapping)})"
+    if e.is_Add:
+        return "(" + " + ".join(expr_to_python(a, mapping) for a in e.args) + ")"
+    if e.is_Mul:
+        num, den = sp.fraction(e)
+        if den != 1:
+            return f"({expr_to_python(num, mapping)} / {expr_to_python(den, mapping)})"
+        return "(" + " * ".join(expr_to_python(a, mapping) for a in e.args) + ")"
+    if e.is_Pow and e.args[1].is_Integer:
+        if e.args[1] < 0:
+            return f"(1 / {expr_to_python(e.args[0], mapping)} ** {int(-e.args[1])})"
+        return f"({expr_to_python(e.args[0], mapping)} ** {int(e.args[1])})"
+    if isinstance(e, sp.floor):
+        num, den = sp.fraction(sp.together(e.args[0]))      # floor(s/2 + 1/2): (s + 1) // 2
+        if den != 1:
+            return f"({expr_to_python(num, mapping)} // {expr_to_python(den, mapping)})"
+        return expr_to_python(e.args[0], mapping)
+    if isinstance(e, sp.ceiling):
+        num, den = sp.fraction(sp.together(e.args[0]))
+        return f"(-((-{expr_to_python(num, mapping)}) // {expr_to_python(den, mapping)}))"
+    if isinstance(e, sp.Mod):
+        return f"({expr_to_python(e.args[0], mapping)} % {expr_to_python(e.args[1], mapping)})"
+    if isinstance(e, (sp.Max, sp.Min)):
+        fn = "max" if isinstance(e, sp.Max) else "min"
+        return f"{fn}({', '.join(expr_to_python(a, mapping) for a in e.args)})"
+    raise NotImplementedError(type(e).__name__)
