@@ -1,4 +1,4 @@
-"""`flambeau.compile` and the backend registry (`flambeau.compiler`).
+"""`flambeau.compile` (`flambeau.compiler`): the user's entry to the compiler stack, the top layer.
 
     compiled = flambeau.compile(fn_or_module, fullgraph=False, dynamic=None, backend="inductor")
     @flambeau.compile                      # or @flambeau.compile(backend="aot_eager", dynamic=True)
@@ -8,7 +8,8 @@ A call of a compiled function goes to the front end (`_frontend()`: TorchDynamo-
 capture in `flambeau._dynamo`): it looks its guards up, or captures FX graphs from the function's
 bytecode (breaking the graph where it must) and gives each to the backend. A backend is any callable `backend(gm, example_inputs) -> callable`
 (PyTorch's contract: the callable takes the flat graph inputs and returns the graph's outputs), or
-the name of a registered one:
+the name of a registered one (`flambeau._dynamo.backends`; `register_backend`, `list_backends`
+and `lookup_backend` are re-exported here as PyTorch's `torch.compiler` does):
 
     "eager"      run the captured graph as it is (debug)
     "aot_eager"  AOT autograd (functionalize, joint trace, partition) with the graphs run as
@@ -17,32 +18,27 @@ the name of a registered one:
                  batched products and a softmax) and the min-cut partitioner, each graph compiled
                  by `flambeau._inductor.compile_fx` (C++/OpenMP kernels)
 
-A compiled `nn.Module` is an `OptimizedModule`: it holds the original as `_orig_mod` (sharing its
-parameters), reads and writes attributes through to it, has the original's `state_dict`, and its
-`train()`/`eval()` switch the original (the training flags are guarded, so a switch recompiles).
+A compiled `nn.Module` is an `OptimizedModule` (`flambeau._dynamo.eval_frame`): it holds the
+original as `_orig_mod` (sharing its parameters), reads and writes attributes through to it, has the
+original's `state_dict`, and its `train()`/`eval()` switch the original (the training flags are
+guarded, so a switch recompiles).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Callable
 
 from . import _dynamo
 from ._dynamo import config
+from ._dynamo.backends.registry import InvalidBackend, list_backends, lookup_backend, register_backend
+from ._dynamo.eval_frame import OptimizedModule
 from .nn.modules.module import Module
 
 __all__ = ["compile", "list_backends", "register_backend", "lookup_backend", "reset", "OptimizedModule",
            "InvalidBackend", "Unsupported", "is_compiling", "disable", "config"]
 
 Unsupported = _dynamo.exc.Unsupported
-_BACKENDS: dict = {}          # name -> (fn(gm, example_inputs, options) -> callable, tags)
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
-class InvalidBackend(RuntimeError):
-    def __init__(self, name):
-        super().__init__(f"Invalid backend: {name!r}, see `flambeau.compiler.list_backends()` for available "
-                         "backends.")
 
 
 def _frontend() -> Callable:
@@ -50,130 +46,7 @@ def _frontend() -> Callable:
     return _dynamo.eval_frame.optimize_for_compiler
 
 
-# ---- backends ---------------------------------------------------------------------------------------
-def register_backend(compiler_fn: Callable | None = None, name: str | None = None, tags=()):
-    """Register `compiler_fn(gm, example_inputs)` under `name` (usable as a decorator)."""
-    if compiler_fn is None:
-        return functools.partial(register_backend, name=name, tags=tags)
-    _BACKENDS[name or compiler_fn.__name__] = (lambda gm, ex, options=None: compiler_fn(gm, ex), tuple(tags))
-    return compiler_fn
-
-
-def list_backends(exclude_tags=("debug", "experimental")) -> list:
-    """Names of the registered backends, without those tagged with any of `exclude_tags`."""
-    ex = set(exclude_tags or ())
-    return sorted(n for n, (_, tags) in _BACKENDS.items() if not ex.intersection(tags))
-
-
-def lookup_backend(backend, options: dict | None = None) -> Callable:
-    """A `(gm, example_inputs) -> callable` for a backend name or callable."""
-    if callable(backend):
-        return backend
-    entry = _BACKENDS.get(backend)
-    if entry is None:
-        raise InvalidBackend(backend)
-    fn = entry[0]
-
-    def compiler_fn(gm, example_inputs):
-        return fn(gm, example_inputs, options)
-    compiler_fn.compiler_name = backend        # how the minifier's repro scripts name it
-    return compiler_fn
-
-
-def _eager(gm, example_inputs, options=None):
-    return gm.forward
-
-
-def _nop(gm, example_inputs):
-    return gm.forward
-
-
-def _aot_eager(gm, example_inputs, options=None):
-    from ._functorch.aot_autograd import aot_module_simplified
-    return aot_module_simplified(gm, example_inputs, fw_compiler=_nop, bw_compiler=_nop)
-
-
-@contextlib.contextmanager
-def _inductor_options(options: dict | None):
-    from ._inductor import config as iconfig
-    saved = {}
-    try:
-        for k, v in (options or {}).items():
-            key = k.replace(".", "_")
-            if not hasattr(iconfig, key):
-                raise RuntimeError(f"Unexpected optimization option {k}, known options are "
-                                   f"{sorted(n for n in vars(iconfig) if not n.startswith('_'))}")
-            saved[key] = getattr(iconfig, key)
-            setattr(iconfig, key, v)
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(iconfig, k, v)
-
-
-def _inductor(gm, example_inputs, options=None):
-    from ._inductor import compile_fx
-    from ._inductor.decompositions import decomposition_table
-    from ._decomp import core_aten_decompositions
-    from ._functorch.aot_autograd import aot_module_simplified
-    from ._functorch.partitioners import min_cut_rematerialization_partition
-
-    from ._dynamo.repro.after_aot import wrap_compiler_debug
-
-    def compile_graph(g, ex):
-        with _inductor_options(options):
-            return compile_fx(g, ex)
-    compile_graph = wrap_compiler_debug(compile_graph, "inductor")      # FLAMBEAU_REPRO_AFTER=aot
-    return aot_module_simplified(gm, example_inputs, fw_compiler=compile_graph, bw_compiler=compile_graph,
-                                 partition_fn=min_cut_rematerialization_partition,
-                                 decompositions=decomposition_table(core_aten_decompositions()))
-
-
-_BACKENDS["eager"] = (_eager, ("debug",))
-_BACKENDS["aot_eager"] = (_aot_eager, ("debug",))
-_BACKENDS["inductor"] = (_inductor, ())
-
-
 # ---- compile ------------------------------------------------------------------------------------------
-class OptimizedModule(Module):
-    """A compiled nn.Module (see module docstring)."""
-
-    def __init__(self, mod: Module, compiled: Callable):
-        super().__init__()
-        self._modules["_orig_mod"] = mod
-        self.__dict__["_compiled"] = compiled
-        self.training = mod.training
-
-    def forward(self, *args, **kwargs):
-        return self.__dict__["_compiled"](*args, **kwargs)
-
-    def __getattr__(self, name: str):
-        mods = self.__dict__.get("_modules")
-        if mods is not None and name == "_orig_mod":
-            return mods["_orig_mod"]
-        if mods is None or "_orig_mod" not in mods:
-            return super().__getattr__(name)
-        return getattr(mods["_orig_mod"], name)
-
-    def __setattr__(self, name: str, value) -> None:
-        mods = self.__dict__.get("_modules")
-        if mods is None or "_orig_mod" not in mods or name in self.__dict__ or name == "training":
-            super().__setattr__(name, value)
-            if name == "training" and mods is not None and "_orig_mod" in mods:
-                mods["_orig_mod"].training = value
-        else:
-            setattr(mods["_orig_mod"], name, value)
-
-    def __delattr__(self, name: str) -> None:
-        delattr(self._orig_mod, name)
-
-    def state_dict(self, *args, **kwargs):
-        return self._orig_mod.state_dict(*args, **kwargs)
-
-    def load_state_dict(self, *args, **kwargs):
-        return self._orig_mod.load_state_dict(*args, **kwargs)
-
-
 def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: bool | None = None,
             backend="inductor", mode: str | None = None, options: dict | None = None,
             disable: bool = False):

@@ -41,7 +41,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("flambeau._backends", "flambeau.cuda"): "CupyBackend installs the allocator that lives in flambeau.cuda",
     ("flambeau._device", "flambeau.cuda"): "canonical() asks flambeau.cuda for the current device",
     ("flambeau._dispatch", "flambeau.autograd.forward_ad"): "dual-number propagation called by the dispatcher",
-    ("flambeau._dynamo.eval_frame", "flambeau.compiler"): "the backend registry lives in compiler.py",
     ("flambeau._dynamo.variables.builtin", "flambeau"): "dynamo resolves the public namespace as users see it",
     ("flambeau._dynamo.variables.torch", "flambeau"): "dynamo resolves the public namespace as users see it",
     ("flambeau._ops.linear", "flambeau"): "public function taken from the package, not its _ops module",

@@ -8,6 +8,10 @@ the frame (convert_frame.py) and adds the entry; after `config.cache_size_limit`
 code object it warns once and runs the function eagerly. Frames that cannot be captured
 (generators, SkipFrame) are remembered and run eagerly. Resume functions created at graph breaks
 are compiled the same way, with the backend and settings of the frame that broke.
+
+A compiled `nn.Module` is an `OptimizedModule`: it holds the original as `_orig_mod` (sharing its
+parameters), reads and writes attributes through to it, has the original's `state_dict`, and its
+`train()`/`eval()` switch the original (the training flags are guarded, so a switch recompiles).
 """
 from __future__ import annotations
 
@@ -15,9 +19,12 @@ import functools
 import types
 from inspect import CO_VARARGS, CO_VARKEYWORDS
 import warnings
+from typing import Callable
 
+from ..nn.modules.module import Module
 from . import config, _logging
 from .._counters import counters, record_fallback
+from .backends.registry import lookup_backend
 from .exc import SkipFrame, Unsupported
 from .convert_frame import convert_frame, CompileStats
 
@@ -212,7 +219,6 @@ def compiled_resume(rcode, globals_, closure, backend, fullgraph, dynamic, stats
 
 def compiled_callee(fn, backend, fullgraph, dynamic, stats):
     """A function or module called at a graph break, compiled as its own frame (memoised per object)."""
-    from ..nn.modules.module import Module
     key = (id(fn) if not isinstance(fn, types.MethodType) else (id(fn.__func__), id(fn.__self__)), id(backend))
     hit = _callee_wrappers.get(key)
     if hit is not None and hit[0] is (fn.__func__ if isinstance(fn, types.MethodType) else fn):
@@ -268,7 +274,6 @@ class _ModuleCall:
 
 def optimize_for_compiler(model, backend, *, fullgraph: bool = False, dynamic=None, module=None):
     """The front-end entry point `flambeau.compile` uses: a callable running `model` compiled."""
-    from ..nn.modules.module import Module
     if isinstance(model, Module):
         return _ModuleCall(model, backend, fullgraph, dynamic)
     return CompiledFunction(model, backend, fullgraph=fullgraph, dynamic=dynamic)
@@ -283,10 +288,8 @@ class OptimizeContext:
         self.dynamic = dynamic
 
     def __call__(self, fn):
-        from ..nn.modules.module import Module
-        be = _lookup_backend(self.backend)
+        be = lookup_backend(self.backend)
         if isinstance(fn, Module):
-            from ..compiler import OptimizedModule
             return OptimizedModule(fn, _ModuleCall(fn, be, self.nopython, self.dynamic))
         c = CompiledFunction(fn, be, fullgraph=self.nopython, dynamic=self.dynamic)
         if isinstance(fn, types.MethodType):
@@ -300,13 +303,6 @@ class OptimizeContext:
         return compiled
 
 
-def _lookup_backend(backend):
-    if callable(backend):
-        return backend
-    from ..compiler import lookup_backend
-    return lookup_backend(backend)
-
-
 def optimize(backend="inductor", nopython: bool = False, dynamic=None, **kwargs) -> OptimizeContext:
     """`flambeau._dynamo.optimize(backend)(fn)`: fn compiled with `backend` (nopython=True: one graph or an error)."""
     return OptimizeContext(backend, nopython, dynamic)
@@ -317,7 +313,6 @@ def disable(fn=None, recursive: bool = True, reason: str | None = None):
     """Run `fn` (and what it calls) eagerly, never captured; a call to it from compiled code breaks the graph."""
     if fn is None:
         return lambda f: disable(f, recursive=recursive, reason=reason)
-    from ..nn.modules.module import Module
     if isinstance(fn, Module):
         fn.forward = disable(fn.forward, recursive=recursive, reason=reason)
         return fn
@@ -342,3 +337,41 @@ def is_disabled(fn) -> bool:
 def is_compiling() -> bool:
     return _tracing[0] > 0
 
+
+class OptimizedModule(Module):
+    """A compiled nn.Module (see the module docstring)."""
+
+    def __init__(self, mod: Module, compiled: Callable):
+        super().__init__()
+        self._modules["_orig_mod"] = mod
+        self.__dict__["_compiled"] = compiled
+        self.training = mod.training
+
+    def forward(self, *args, **kwargs):
+        return self.__dict__["_compiled"](*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        mods = self.__dict__.get("_modules")
+        if mods is not None and name == "_orig_mod":
+            return mods["_orig_mod"]
+        if mods is None or "_orig_mod" not in mods:
+            return super().__getattr__(name)
+        return getattr(mods["_orig_mod"], name)
+
+    def __setattr__(self, name: str, value) -> None:
+        mods = self.__dict__.get("_modules")
+        if mods is None or "_orig_mod" not in mods or name in self.__dict__ or name == "training":
+            super().__setattr__(name, value)
+            if name == "training" and mods is not None and "_orig_mod" in mods:
+                mods["_orig_mod"].training = value
+        else:
+            setattr(mods["_orig_mod"], name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._orig_mod, name)
+
+    def state_dict(self, *args, **kwargs):
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self._orig_mod.load_state_dict(*args, **kwargs)

@@ -11,7 +11,9 @@ import collections
 from dataclasses import dataclass, field
 
 from .._counters import FALLBACKS, counters, fallbacks_since, record_fallback
+from .backends.registry import lookup_backend
 from .convert_frame import CompileStats
+from ..nn.modules.module import Module
 
 EXPLAIN_BACKEND = "inductor"          # the backend whose fallbacks explain() reports
 
@@ -67,12 +69,10 @@ def explain(fn, *extra_args, **extra_kwargs):
     ExplainOutput (`explain(fn, *args)` is accepted too, as in older PyTorch)."""
     def inner(*args, **kwargs):
         from .eval_frame import CompiledFunction, reset, _ModuleCall
-        from ..nn.modules.module import Module
-        from .eval_frame import _lookup_backend
         reset()
         stats = CompileStats()
         guards = []
-        compile_graph = _lookup_backend(EXPLAIN_BACKEND)
+        compile_graph = lookup_backend(EXPLAIN_BACKEND)
         before = collections.Counter(counters[FALLBACKS])
 
         def backend(gm, example_inputs):
