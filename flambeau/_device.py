@@ -1,6 +1,8 @@
 """Devices: `device('cpu')`, `device('cuda:0')`, `device('meta')`, and the default-device state."""
 from __future__ import annotations
 
+from . import _state
+
 _KNOWN = {"cpu", "cuda", "meta"}
 
 
@@ -56,13 +58,11 @@ class device:
 
     # `with flambeau.device('meta'):` sets the default device for factories
     def __enter__(self):
-        from . import _state
         self._prev = _state.default_device
         _state.default_device = self
         return self
 
     def __exit__(self, *exc):
-        from . import _state
         _state.default_device = self._prev
         return False
 
@@ -81,6 +81,5 @@ def canonical(d) -> device:
     if not isinstance(d, device):
         d = device(d)
     if d.type == "cuda" and d.index is None:
-        from . import cuda
-        return device("cuda", cuda.current_device())
+        return device("cuda", _state.cuda_device)
     return d

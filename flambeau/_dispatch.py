@@ -20,11 +20,10 @@ from ._dtype import BOOL, FLOATING, COMPLEX
 from . import _state
 from ._tags import Tag
 from ._tensor import Tensor
-from ._backends import MetaArray, get as _backend
+from ._backends import MetaArray, array_namespaces as _XP, get as _backend
 from ._device import canonical
 
 _ndarray = np.ndarray
-_XP = {"cpu": np}        # device type -> array namespace, for the hot path
 _graph = None          # flambeau.autograd.graph, bound at import of flambeau
 _amp = None            # flambeau.amp.autocast_mode, bound when it is imported
 

@@ -1,4 +1,5 @@
-"""Process-wide settings read on hot paths: default dtype/device, grad mode, the mode stack."""
+"""Process-wide settings read on hot paths: default dtype/device, grad mode, the mode stack, the
+current cuda device. A foundation module: every layer may read and set these."""
 from . import _dtype
 
 default_dtype = _dtype.float32
@@ -10,3 +11,4 @@ modes: list = []               # dispatch modes, innermost (top) last
 anomaly = False
 anomaly_check_nan = True
 autocast: dict = {}            # device type -> dtype where autocast is on (empty: off); see flambeau.amp
+cuda_device = 0                # the current cuda device index (flambeau.cuda.set_device)

@@ -37,9 +37,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 # (importer, imported) -> why it is still there. May only shrink.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("flambeau._backends", "flambeau._dispatch"): "CupyBackend writes cupy into _dispatch._XP",
-    ("flambeau._backends", "flambeau.cuda"): "CupyBackend installs the allocator that lives in flambeau.cuda",
-    ("flambeau._device", "flambeau.cuda"): "canonical() asks flambeau.cuda for the current device",
     ("flambeau._dispatch", "flambeau.autograd.forward_ad"): "dual-number propagation called by the dispatcher",
     ("flambeau._dynamo.variables.builtin", "flambeau"): "dynamo resolves the public namespace as users see it",
     ("flambeau._dynamo.variables.torch", "flambeau"): "dynamo resolves the public namespace as users see it",

@@ -2,6 +2,12 @@
 
 `cpu` uses NumPy, `cuda` uses CuPy (imported lazily), `meta` holds shapes only. A backend is a
 small record; a third-party device registers one with `register_backend` (PrivateUse1 story).
+`array_namespaces` (device type -> array namespace) is what the dispatcher reads on its hot path;
+a backend enters it when registered or first created. The cuda backend routes CuPy's allocations
+through a pool that records the peak in use per device (`peak_bytes`, read by `flambeau.cuda`).
+
+Layer: above `_dtype`/`_device`/`_state` and `_cpp_builder`, below the tensor and the dispatcher; it
+imports nothing above it.
 """
 from __future__ import annotations
 
@@ -56,13 +62,39 @@ class Backend:
         return arr
 
 
+peak_bytes: dict[int, int] = {}     # cuda device index -> most bytes in use at once
+_allocator_installed = []
+
+
+def install_cuda_allocator() -> None:
+    """Route CuPy allocations through its default pool while tracking the peak in use (per device)."""
+    if _allocator_installed:
+        return
+    import cupy  # optional dependency, present only where cuda is used
+    pool = cupy.get_default_memory_pool()
+
+    def malloc(size):
+        p = pool.malloc(size)
+        dev = cupy.cuda.runtime.getDevice()
+        used = pool.used_bytes()
+        if used > peak_bytes.get(dev, 0):
+            peak_bytes[dev] = used
+        return p
+
+    cupy.cuda.set_allocator(malloc)
+    _allocator_installed.append(True)
+
+
+def reset_peak_bytes(device_index: int, used: int) -> None:
+    """Start a new peak for `device_index` from `used` bytes (`flambeau.cuda.reset_peak_memory_stats`)."""
+    peak_bytes[device_index] = used
+
+
 class CupyBackend(Backend):
     def __init__(self):
-        import cupy
+        import cupy  # optional dependency, present only where cuda is used
         super().__init__("cuda", cupy)
-        from .. import cuda, _dispatch
-        cuda._install_allocator()
-        _dispatch._XP["cuda"] = cupy
+        install_cuda_allocator()
 
     def asarray(self, data, np_dtype):
         return self.xp.asarray(data, dtype=np_dtype)
@@ -72,6 +104,7 @@ class CupyBackend(Backend):
 
 
 _backends: dict = {"cpu": Backend("cpu", np), "meta": Backend("meta", None, is_meta=True)}
+array_namespaces: dict = {"cpu": np}      # device type -> array namespace, for the dispatcher's hot path
 
 
 def get(device_type: str) -> Backend:
@@ -80,6 +113,7 @@ def get(device_type: str) -> Backend:
         if device_type == "cuda":
             try:
                 b = _backends["cuda"] = CupyBackend()
+                array_namespaces["cuda"] = b.xp
             except ImportError as e:
                 raise RuntimeError("Torch not compiled with CUDA enabled: flambeau's cuda device "
                                    "needs CuPy (pip install 'flambeau[cuda]')") from e
@@ -90,11 +124,13 @@ def get(device_type: str) -> Backend:
 
 def register_backend(name: str, backend: Backend) -> None:
     _backends[name] = backend
+    if backend.xp is not None:
+        array_namespaces[name] = backend.xp
 
 
 def cupy_available() -> bool:
     try:
-        import cupy
+        import cupy  # optional dependency: its absence means no cuda
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:
         return False

@@ -2,47 +2,29 @@
 events, over CuPy. Everything answers sensibly (False, 0) on a machine without a GPU.
 
 Memory statistics come from an allocator installed on CuPy's default memory pool that records
-the peak of bytes in use (PyTorch's caching allocator reports the same two numbers).
+the peak of bytes in use (PyTorch's caching allocator reports the same two numbers); the allocator
+belongs to the cuda backend (`flambeau._backends`), the current device index to `flambeau._state`.
 """
 from __future__ import annotations
 
 import contextlib
 
-_current = 0
-_peak = {}
-_installed = False
+from .. import _state
+from .._backends import cupy_available, install_cuda_allocator, peak_bytes, reset_peak_bytes
+from .._device import device as _Device
+from ..random import generator_for
+
 
 
 def _cupy():
     try:
-        import cupy
+        import cupy  # optional dependency, present only where cuda is used
     except ImportError as e:
         raise RuntimeError("Torch not compiled with CUDA enabled (flambeau needs CuPy for cuda)") from e
     return cupy
 
 
-def _install_allocator():
-    """Route CuPy allocations through the pool while tracking the peak in use (per device)."""
-    global _installed
-    if _installed:
-        return
-    cp = _cupy()
-    pool = cp.get_default_memory_pool()
-
-    def malloc(size):
-        p = pool.malloc(size)
-        dev = cp.cuda.runtime.getDevice()
-        used = pool.used_bytes()
-        if used > _peak.get(dev, 0):
-            _peak[dev] = used
-        return p
-
-    cp.cuda.set_allocator(malloc)
-    _installed = True
-
-
 def is_available() -> bool:
-    from .._backends import cupy_available
     return cupy_available()
 
 
@@ -54,23 +36,21 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    return _current
+    return _state.cuda_device
 
 
 def _index(device) -> int:
     if device is None:
-        return _current
+        return _state.cuda_device
     if isinstance(device, int):
         return device
-    from .._device import device as Device
-    d = Device(device) if not isinstance(device, Device) else device
-    return d.index if d.index is not None else _current
+    d = _Device(device)
+    return d.index if d.index is not None else _state.cuda_device
 
 
 def set_device(device) -> None:
-    global _current
-    _current = _index(device)
-    _cupy().cuda.Device(_current).use()
+    _state.cuda_device = _index(device)
+    _cupy().cuda.Device(_state.cuda_device).use()
 
 
 class device:
@@ -80,7 +60,7 @@ class device:
         self.idx = _index(device)
 
     def __enter__(self):
-        self.prev = _current
+        self.prev = _state.cuda_device
         set_device(self.idx)
 
     def __exit__(self, *a):
@@ -107,16 +87,12 @@ def synchronize(device=None) -> None:
 
 
 def manual_seed(seed: int) -> None:
-    from ..random import generator_for
-    from .._device import device as Device
-    generator_for(Device("cuda", _current)).manual_seed(seed)
+    generator_for(_Device("cuda", _state.cuda_device)).manual_seed(seed)
 
 
 def manual_seed_all(seed: int) -> None:
-    from ..random import generator_for
-    from .._device import device as Device
     for i in range(max(device_count(), 1)):
-        generator_for(Device("cuda", i)).manual_seed(seed)
+        generator_for(_Device("cuda", i)).manual_seed(seed)
 
 
 def _generator(device):
@@ -146,7 +122,7 @@ def set_rng_state_all(new_states) -> None:
 def memory_allocated(device=None) -> int:
     if not is_available():
         return 0
-    _install_allocator()
+    install_cuda_allocator()
     cp = _cupy()
     with cp.cuda.Device(_index(device)):
         return int(cp.get_default_memory_pool().used_bytes())
@@ -155,12 +131,12 @@ def memory_allocated(device=None) -> int:
 def max_memory_allocated(device=None) -> int:
     if not is_available():
         return 0
-    _install_allocator()
-    return int(max(_peak.get(_index(device), 0), memory_allocated(device)))
+    install_cuda_allocator()
+    return int(max(peak_bytes.get(_index(device), 0), memory_allocated(device)))
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    _peak[_index(device)] = memory_allocated(device)
+    reset_peak_bytes(_index(device), memory_allocated(device))
 
 
 def memory_reserved(device=None) -> int:
@@ -257,4 +233,4 @@ def is_initialized() -> bool:
 
 def init() -> None:
     if is_available():
-        _install_allocator()
+        install_cuda_allocator()
