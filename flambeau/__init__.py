@@ -28,11 +28,6 @@ from ._ops import EXPORTS as _EXPORTS
 from . import autograd  # noqa: F401
 from .autograd import no_grad, enable_grad, set_grad_enabled, inference_mode, is_grad_enabled  # noqa: F401
 from .autograd.grad_mode import is_inference_mode_enabled  # noqa: F401
-from . import _dispatch
-from .autograd import graph as _graph
-
-_dispatch._graph = _graph
-autograd.Variable = Tensor
 globals().update(_EXPORTS)
 _ops.install()
 from . import cuda  # noqa: F401,E402

@@ -24,13 +24,29 @@ from ._backends import MetaArray, array_namespaces as _XP, get as _backend
 from ._device import canonical
 
 _ndarray = np.ndarray
-_graph = None          # flambeau.autograd.graph, bound at import of flambeau
-_amp = None            # flambeau.amp.autocast_mode, bound when it is imported
+# The layers above register here when they are imported (this module imports none of them):
+_graph = None          # flambeau.autograd.graph: record, record_not_implemented, record_inplace
+_forward_ad = None     # flambeau.autograd.forward_ad: propagate, set_inplace_tangent
+_cast_inputs = None    # flambeau.amp.autocast_mode.cast_inputs
+
+
+def register_autograd(graph, forward_ad) -> None:
+    """Called by `flambeau.autograd` at import: the modules that record reverse-mode graph nodes
+    and propagate forward-mode tangents for every differentiable call."""
+    global _graph, _forward_ad
+    _graph, _forward_ad = graph, forward_ad
+
+
+def register_autocast(cast_inputs) -> None:
+    """Called by `flambeau.amp.autocast_mode` at import: `cast_inputs(op, args, kwargs)` runs on
+    every call while an autocast region is active."""
+    global _cast_inputs
+    _cast_inputs = cast_inputs
 
 
 def dispatch(op, args, kwargs):
     if _state.autocast:
-        args, kwargs = _amp.cast_inputs(op, args, kwargs)
+        args, kwargs = _cast_inputs(op, args, kwargs)
     if _state.modes:
         return _to_mode(op, args, kwargs)
     if kwargs and "out" in kwargs:
@@ -211,8 +227,7 @@ def _call(op, args, kwargs, record):
         elif rg and _state.grad_enabled and op.derivative is None and not _nondiff(op):
             _graph.record_not_implemented(op, args, kwargs, out)
         if fw and _state.fwd_grad_enabled:
-            from .autograd import forward_ad
-            forward_ad.propagate(op, args, kwargs, out)
+            _forward_ad.propagate(op, args, kwargs, out)
     return out
 
 
@@ -337,11 +352,10 @@ def _inplace(op, args, kwargs):
         orig.grad_fn, orig._output_nr, orig._requires_grad = self.grad_fn, self._output_nr, self._requires_grad
     res = _call(f, args, kwargs, False)
     if fw:
-        from .autograd import forward_ad
-        forward_ad.propagate(f, args, kwargs, res)
+        _forward_ad.propagate(f, args, kwargs, res)
     write_into(self, res, op.__name__)
     if fw:
-        forward_ad.set_inplace_tangent(self, res._fw_grad)
+        _forward_ad.set_inplace_tangent(self, res._fw_grad)
     if rg:
         if orig is not None:
             args = (orig,) + tuple(args[1:]) if args else args

@@ -37,7 +37,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 # (importer, imported) -> why it is still there. May only shrink.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("flambeau._dispatch", "flambeau.autograd.forward_ad"): "dual-number propagation called by the dispatcher",
     ("flambeau._dynamo.variables.builtin", "flambeau"): "dynamo resolves the public namespace as users see it",
     ("flambeau._dynamo.variables.torch", "flambeau"): "dynamo resolves the public namespace as users see it",
     ("flambeau._ops.linear", "flambeau"): "public function taken from the package, not its _ops module",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import warnings
 
-from .. import _state
+from .. import _dispatch, _state
 from .. import _dtype as D
 from .._tags import Tag
 from .._tensor import Tensor
@@ -351,10 +351,4 @@ def custom_bwd(bwd=None, *, device_type: str):
     return decorate_bwd
 
 
-def _bind_dispatcher():
-    from .. import _dispatch
-    import sys
-    _dispatch._amp = sys.modules[__name__]
-
-
-_bind_dispatcher()
+_dispatch.register_autocast(cast_inputs)

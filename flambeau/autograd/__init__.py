@@ -9,5 +9,7 @@ from .graph import Node  # noqa: F401
 
 from . import forward_ad, functional  # noqa: F401,E402
 from .gradcheck import gradcheck, gradgradcheck, GradcheckError  # noqa: F401,E402
+from .. import _dispatch  # noqa: E402
+from .._tensor import Tensor as Variable  # noqa: F401,E402  (the legacy alias)
 
-Variable = None  # set by flambeau/__init__ to Tensor (legacy alias)
+_dispatch.register_autograd(graph, forward_ad)
