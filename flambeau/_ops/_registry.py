@@ -55,8 +55,16 @@ LINALG: dict = {}        # flambeau.linalg.<name> -> callable
 SPECIAL: dict = {}       # flambeau.special.<name> -> callable
 FFT: dict = {}           # flambeau.fft.<name> -> callable
 _NAMESPACES = {"nn.functional": NN_FUNCTIONAL, "linalg": LINALG, "special": SPECIAL, "fft": FFT}
-_fx_hook = None          # set by flambeau.fx while symbolic_trace runs: fn(target, args, kwargs) records
-                         # the call when an argument is a Proxy, else returns NotImplemented
+_fx_hook = None          # installed by flambeau.fx (set_fx_hook) while symbolic_trace runs
+
+
+def set_fx_hook(hook):
+    """Install `hook(target, args, kwargs)`, asked before every registry call: it records the call
+    and returns the result when an argument is an FX Proxy, else returns NotImplemented. FX installs
+    it for the duration of `symbolic_trace` (None removes it). Returns the hook it replaces."""
+    global _fx_hook
+    previous, _fx_hook = _fx_hook, hook
+    return previous
 
 
 class TensorSpec:

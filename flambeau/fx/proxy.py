@@ -128,7 +128,7 @@ def _find_tracer(args, kwargs):
 
 
 def _proxy_hook(target, args, kwargs):
-    """Installed as `_registry._fx_hook` while tracing: record calls that received a Proxy."""
+    """Installed with `_registry.set_fx_hook` while tracing: record calls that received a Proxy."""
     tracer = _find_tracer(args, kwargs)
     if tracer is None:
         return NotImplemented
@@ -256,7 +256,6 @@ class _patched:
         tracer = self.tracer
         self.saved_call = Module.__call__
         self.saved_getattr = Module.__getattr__
-        self.saved_hook = _registry._fx_hook
         saved_call, saved_getattr = self.saved_call, self.saved_getattr
 
         def module_call(mod, *args, **kwargs):
@@ -267,7 +266,7 @@ class _patched:
 
         Module.__call__ = module_call
         Module.__getattr__ = module_getattr
-        _registry._fx_hook = _proxy_hook
+        self.saved_hook = _registry.set_fx_hook(_proxy_hook)
         self.saved_globals = []
         for g, name in _wrapped:
             orig = g[name] if name in g else getattr(builtins, name)
@@ -278,7 +277,7 @@ class _patched:
     def __exit__(self, *exc):
         Module.__call__ = self.saved_call
         Module.__getattr__ = self.saved_getattr
-        _registry._fx_hook = self.saved_hook
+        _registry.set_fx_hook(self.saved_hook)
         for g, name, old in reversed(self.saved_globals):
             if old is _MISSING:
                 del g[name]
