@@ -156,7 +156,7 @@ def run_compiled(gm, args: list, after: str, backend: str | None) -> object:
 def resolve_backend(backend) -> Callable:
     """The backend callable for a registered name, or for `module.attr` of an importable function."""
     import importlib
-    from ...compiler import InvalidBackend, lookup_backend
+    from ..backends.registry import InvalidBackend, lookup_backend
     if backend is None:
         raise RuntimeError("flambeau minifier: the repro script names no backend (the graph was compiled with an "
                            "unnamed callable); pass backend= to run_repro")
