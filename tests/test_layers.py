@@ -16,7 +16,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "flambeau"
 # Bottom first. A module belongs to the layer of its longest listed prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("flambeau._state", "flambeau._dtype", "flambeau._logging", "flambeau._png",
-                    "flambeau._cpp_builder", "flambeau._counters", "flambeau._atomic")),
+                    "flambeau._cpp_builder", "flambeau._counters", "flambeau._atomic",
+                    "flambeau._tags")),
     ("device", ("flambeau._device",)),
     ("backends", ("flambeau._backends",)),
     ("tensor", ("flambeau._tensor", "flambeau._tensor_str", "flambeau._dispatch")),
@@ -42,8 +43,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("flambeau._dynamo.repro.script", "flambeau"): "repro scripts run graphs in the public namespace",
     ("flambeau._dynamo.variables.builtin", "flambeau"): "dynamo resolves the public namespace as users see it",
     ("flambeau._dynamo.variables.torch", "flambeau"): "dynamo resolves the public namespace as users see it",
-    ("flambeau._ops.linear", "flambeau"): "public function taken from the package, not its _ops module",
-    ("flambeau._ops.nn_extra", "flambeau"): "public functions taken from the package, not their _ops modules",
     ("flambeau._ops.nn_pad", "flambeau.autograd"): "an op's kernel uses no_grad",
     ("flambeau._ops.views", "flambeau.autograd.graph"): "a view op reads the autograd graph's output positions",
     ("flambeau._tensor", "flambeau._ops.creation"): "Tensor() and __array_wrap__ build through the creation ops",
@@ -52,16 +51,12 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("flambeau._tensor", "flambeau.cuda"): "Tensor.cuda() checks the device",
     ("flambeau._tensor", "flambeau.serialization"): "Tensor.__reduce_ex__ names the rebuild function",
     ("flambeau.random", "flambeau.cuda"): "fork_rng counts cuda devices (the count belongs in _backends)",
-    ("flambeau.amp.grad_scaler", "flambeau"): "public function taken from the package, not its _ops module",
-    ("flambeau.autograd.functional", "flambeau"): "public function taken from the package, not its _ops module",
     ("flambeau.fx.graph", "flambeau"): "generated code runs with the public namespace as its globals",
     ("flambeau.nn.modules.module", "flambeau"): "Module.compile calls flambeau.compile",
     ("flambeau.nn.modules.rnn", "flambeau"): "public functions taken from the package, not their _ops modules",
     ("flambeau.nn.modules.transformer", "flambeau"): "public functions taken from the package, not their _ops modules",
     ("flambeau.nn.utils.convert_parameters", "flambeau"): "public functions taken from the package",
     ("flambeau.nn.utils.rnn", "flambeau"): "public functions taken from the package, not their _ops modules",
-    ("flambeau.utils.data._collate", "flambeau"): "public functions taken from the package, not their _ops modules",
-    ("flambeau.utils.data.dataloader", "flambeau"): "pin_memory asks flambeau.cuda through the package",
     ("flambeau.utils.data.distributed", "flambeau"): "flambeau.distributed does not exist yet (guarded import)",
 }
 

@@ -5,6 +5,7 @@ from .. import _dtype as D
 from .._backends.cpu_kernels import matmul_for
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
+from .linalg import einsum
 
 
 def _check(input, weight, bias):
@@ -61,6 +62,5 @@ def _(grad, input, weight, bias):
 
 @export("bilinear", namespace="nn.functional")
 def bilinear(input1, input2, weight, bias=None):
-    from .. import einsum
     out = einsum("...i,oij,...j->...o", input1, weight, input2)
     return out + bias if bias is not None else out

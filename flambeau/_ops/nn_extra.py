@@ -2,7 +2,11 @@
 channel_shuffle, multi_margin_loss, multilabel_margin_loss, triplet_margin_with_distance_loss."""
 from __future__ import annotations
 
+from .._tensor import Tensor
 from ._registry import export, EXPORTS, NN_FUNCTIONAL
+from .creation import full, tensor
+from .masking import where
+from .shape import stack
 
 
 def _F(name):
@@ -117,7 +121,6 @@ _NEG = -1e30   # "log 0" for unreachable CTC states: finite, so no inf-inf NaNs 
 
 
 def _lengths(x, n, name):
-    from .. import Tensor
     v = x.tolist() if isinstance(x, Tensor) else list(x)
     if len(v) != n:
         raise RuntimeError(f"ctc_loss: expected {name} to have {n} elements, got {len(v)}")
@@ -130,7 +133,6 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0, 
     """Connectionist temporal classification loss: the negative log-likelihood of `targets` summed
     over all alignments, by the forward (alpha) recursion in log space over the extended label
     sequence (blank, l1, blank, l2, ..., blank), vectorised over the batch and the label positions."""
-    from .. import tensor, full, stack, where
     unbatched = log_probs.dim() == 2
     lp = log_probs.unsqueeze(1) if unbatched else log_probs          # (T, N, C)
     T, N, C = lp.shape

@@ -17,6 +17,7 @@ import numpy as np
 
 from .._tensor import Tensor
 from .. import _dtype as D
+from .._ops.creation import full
 
 __all__ = ["GradScaler", "OptState"]
 
@@ -95,7 +96,6 @@ class GradScaler:
         return self._scale, self._growth_tracker
 
     def _lazy_init_scale_growth_tracker(self, dev) -> None:
-        from .. import full
         assert self._growth_tracker is None, "_growth_tracker initialized before _scale"
         self._scale = full((), self._init_scale, dtype=D.float32, device=dev)
         self._growth_tracker = full((), self._init_growth_tracker, dtype=D.int32, device=dev)
@@ -153,7 +153,6 @@ class GradScaler:
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        from .. import full
         assert self._scale is not None
         inv_scale = self._scale.double().reciprocal().float()
         found_inf = full((), 0.0, dtype=D.float32, device=self._scale.device)

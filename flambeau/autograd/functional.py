@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .. import _state
 from .._tensor import Tensor
+from .._ops.shape import stack
 from .engine import grad as _grad
 
 
@@ -126,7 +127,6 @@ def jacobian(func, inputs, create_graph=False, strict=False, vectorize=False, st
                          'function has more outputs than inputs, "forward-mode" tends to be more performant. '
                          'Otherwise, prefer to use "reverse-mode".')
     from .._ops.creation import zeros
-    from .. import stack  # a shape op, resolved at call time
     in_tuple, ins = _as_tuple(inputs, "inputs", "jacobian")
     ins = _prep(ins, create_graph)
     out_tuple, outs = _call(func, ins, "jacobian")

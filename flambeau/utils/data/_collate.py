@@ -5,9 +5,13 @@ import collections.abc
 
 import numpy as np
 
+from ..._dtype import float64
+from ..._ops.creation import as_tensor, tensor
+from ..._ops.shape import stack
+from ..._tensor import Tensor
+
 
 def default_convert(data):
-    from ... import Tensor, as_tensor
     if isinstance(data, Tensor):
         return data
     if isinstance(data, np.ndarray) and data.dtype.kind not in "USO":
@@ -25,7 +29,6 @@ def default_convert(data):
 
 
 def default_collate(batch):
-    from ... import Tensor, stack, tensor, as_tensor, float64
     elem = batch[0]
     if isinstance(elem, Tensor):
         return stack(batch, 0)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from .dataset import IterableDataset
 from .sampler import SequentialSampler, RandomSampler, BatchSampler
 from ._collate import default_collate, default_convert
+from ... import cuda
+from ..._tensor import Tensor
 
 
 @dataclass
@@ -180,7 +182,6 @@ class DataLoader:
     def _pin(self, data):
         if not self.pin_memory:
             return data
-        from ... import Tensor, cuda
         if not cuda.is_available():
             return data
         if isinstance(data, Tensor):
