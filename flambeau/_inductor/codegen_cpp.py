@@ -27,7 +27,7 @@ from . import config
 from .index import FloorDiv, Index, Indirect, Sym, contiguous_strides, offset_of
 from .ir import Handler, set_handler
 from .sizevars import SizeExpr, Unsupported, known_lt, known_nonneg
-from .scheduler import expand_groups
+from .scheduler import expand_groups, strip
 
 CTYPES = {D.float32: "float", D.float64: "double", D.int64: "int64_t", D.int32: "int32_t",
           D.int16: "int16_t", D.int8: "int8_t", D.uint8: "uint8_t", D.bool: "bool"}
@@ -50,6 +50,11 @@ static inline int64_t fl_index(int64_t v, int64_t size) {
   int64_t t = v < 0 ? v + size : v;
   if (t < 0 || t >= size) { fl_set_error(1); return 0; }
   return t;
+}
+// scatter/scatter_add: negative indices are out of range too (PyTorch raises a RuntimeError)
+static inline int64_t fl_index_nowrap(int64_t v, int64_t size) {
+  if (v < 0 || v >= size) { fl_set_error(3); return 0; }
+  return v;
 }
 template <typename T> static inline T fl_max(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { return (a != a || a > b) ? a : b; } else { return a > b ? a : b; }
@@ -328,9 +333,9 @@ class CppHandler(Handler):
     def index_expr(self, index, dtype):
         return self._emit(f"static_cast<{CTYPES[dtype]}>({render_c(index)})", dtype)
 
-    def indirect_indexing(self, value, size):
+    def indirect_indexing(self, value, size, wrap=True):
         v = value.name
-        var = self._emit(f"fl_index({v}, {size})", D.int64)
+        var = self._emit(f"{'fl_index' if wrap else 'fl_index_nowrap'}({v}, {size})", D.int64)
         return Index.of(Indirect(var.name, size))
 
     def masked(self, mask, body, other):
@@ -390,9 +395,9 @@ class KernelPrinter:
         params = [f"const {CTYPES[b.dtype]}* __restrict__ {b.name}" for b in k.loads] + \
                  [f"{CTYPES[b.dtype]}* __restrict__ {b.name}" for b in k.stores] + \
                  [f"int64_t {s}" for s in self.size_names]
-        if k.column:
+        if k.column or k.scatter is not None:
             with set_handler(CppHandler(self)):
-                self._column()
+                self._column() if k.column else self._scatter()
             return f'extern "C" void {k.name}({", ".join(params)}) {{\n' + "\n".join(self.lines) + "\n}\n"
         groups = k.outer_groups
         msyms = [Index.of(Sym(f"x{i}", math.prod(g))) for i, g in enumerate(groups)]
@@ -524,6 +529,44 @@ class KernelPrinter:
         self._close()
         self._close()
         for _ in lead:
+            self._close()
+
+    def _scatter(self):
+        """A Scatter: copy the destination into the output, then one loop over the scattered
+        elements storing (or adding) each at its target. Only a leading run of dims that can't
+        collide (`parallel_dims`) runs in parallel; the rest is serial, so duplicate targets add up
+        exactly once each and a plain store's last write wins."""
+        n = self.k.scatter
+        sc = n.buf.data
+        out = n.name
+        syms = self._loops("y", [(s,) for s in strip(sc.ranges)],
+                           at_least(math.prod(sc.ranges), config.parallel_threshold))
+        idx = node_index(n, iter(syms), sc.ranges)
+        v = self._as_dtype(sc.init_fn(idx), sc.dtype)
+        self.line(f"{out}[{render_c(offset_of(idx, contiguous_strides(sc.ranges)))}] = {v.name};")
+        for _ in strip(sc.ranges):
+            self._close()
+        self.cse = {}
+        dims = [d for d, s in enumerate(sc.scatter_ranges) if s != 1]
+        n_par = next((j for j, d in enumerate(dims) if d not in sc.parallel_dims), len(dims))
+        par = both(at_least(math.prod(sc.scatter_ranges), config.parallel_threshold), n_par > 0)
+        syms = []
+        for j, d in enumerate(dims):
+            size = sc.scatter_ranges[d]
+            if j == 0 and par is not False:
+                self.line("#pragma omp parallel for" + (f" collapse({n_par})" if n_par > 1 else "") + if_clause(par))
+            self._open(f"for (int64_t z{j} = 0; z{j} < {size}; z{j}++)")
+            syms.append(Index.of(Sym(f"z{j}", size)))
+        idx = node_index(n, iter(syms), sc.scatter_ranges)
+        target = f"{out}[{render_c(sc.target_fn(idx))}]"
+        v = self._as_dtype(sc.value_fn(idx), sc.dtype).name
+        if not sc.accumulate:
+            self.line(f"{target} = {v};")
+        elif sc.dtype is D.bool:
+            self.line(f"{target} = {target} || {v};")
+        else:
+            self.line(f"{target} += {v};")
+        for _ in dims:
             self._close()
 
 

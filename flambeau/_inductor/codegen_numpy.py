@@ -3,7 +3,10 @@
 Used when no C++ compiler works (announced once with a warning) or when
 `config.backend == "numpy"`. Each buffer of a kernel is computed over its full iteration space at
 once: loop indices become broadcast `arange`s, loads become gathers from the buffer's raw memory
-at the computed element offsets, reductions reduce a trailing flattened axis. Slower than C++,
+at the computed element offsets, reductions reduce a trailing flattened axis, a scatter copies its
+destination and then stores at the computed target offsets in element order (`ufunc.at` where
+they accumulate, so duplicates add up). Indices read from tensors are bounds-checked and raise
+like the C++ path. Slower than C++,
 but it exercises exactly the same IR, scheduling and wrapper. With symbolic sizes each kernel
 takes the size symbols as trailing parameters, and shapes print as expressions of them.
 """
@@ -17,6 +20,7 @@ from .. import _dtype as D
 from .index import Index, Indirect, Sym, render
 from .ir import Handler, ops, set_handler
 from .sizevars import SizeExpr
+from .wrapper import kernel_error
 
 # The IR's primitives; a pointwise math op brings its own spelling (`op.pointwise.numpy`).
 _UNARY = {"neg": "np.negative", "abs": "np.abs", "sign": "np.sign", "bitwise_not": "np.invert",
@@ -99,8 +103,9 @@ class NumpyHandler(Handler):
     def index_expr(self, index, dtype):
         return self._emit(f"_cast({render(index, self.p.sym_name, '//', '%')}, {_np_dtype(dtype)})", dtype)
 
-    def indirect_indexing(self, value, size):
-        v = self._emit(f"np.where({value.name} < 0, {value.name} + {size}, {value.name})", D.int64)
+    def indirect_indexing(self, value, size, wrap=True):
+        mask = self.masks[-1].name if self.masks else "None"
+        v = self._emit(f"_index({value.name}, {size}, {wrap}, {mask})", D.int64)
         return Index.of(Indirect(v.name, size))
 
     def masked(self, mask, body, other):
@@ -161,7 +166,9 @@ class NumpyKernelPrinter:
                 if n.name not in stored:
                     self.lines.append(f"    {n.name} = np.empty({n.ranges}, {_np_dtype(n.buf.dtype)})")
                     self._raw.pop(n.name, None)
-                if n.is_reduction:
+                if n.scatter:
+                    self._scatter(n)
+                elif n.is_reduction:
                     self._reduction(n)
                 else:
                     idx = self._syms(n.ranges, f"{n.name}_i")
@@ -170,6 +177,27 @@ class NumpyKernelPrinter:
         if len(self.lines) == 1:
             self.lines.append("    pass")
         return "\n".join(self.lines) + "\n"
+
+    def _scatter(self, n):
+        sc = n.buf.data
+        idx = self._syms(sc.ranges, f"{n.name}_i")
+        v = ops.to_dtype(sc.init_fn(idx), sc.dtype)
+        self.lines.append(f"    {n.name}.reshape(-1)[:] = np.broadcast_to({v.name}, {sc.ranges}).reshape(-1)")
+        self.cse = {}
+        idx = self._syms(sc.scatter_ranges, f"{n.name}_j")
+        t = self.p_index(sc.target_fn(idx))
+        v = ops.to_dtype(sc.value_fn(idx), sc.dtype)
+        shape = tuple(sc.scatter_ranges)
+        where = f"np.broadcast_to({t}, {shape}).reshape(-1)"
+        vals = f"np.broadcast_to({v.name}, {shape}).reshape(-1)"
+        if not sc.accumulate:
+            self.lines.append(f"    {n.name}.reshape(-1)[{where}] = {vals}")
+        else:
+            fn = "np.logical_or" if sc.dtype is D.bool else "np.add"
+            self.lines.append(f"    {fn}.at({n.name}.reshape(-1), {where}, {vals})")
+
+    def p_index(self, index) -> str:
+        return f"_cast({render(index, self.sym_name, '//', '%')}, np.int64)"
 
     def _reduction(self, n):
         red = n.buf.data
@@ -220,6 +248,20 @@ def _shr(a, b):
     return np.where(ok, np.right_shift(a, np.where(ok, b, 0)), np.where(a < 0, -1, 0))
 
 
+def _index(v, size, wrap, mask):
+    """Indices read from a tensor, checked against `size` where `mask` (None: everywhere) holds;
+    negative ones count from the end when `wrap` (advanced indexing), else are out of range
+    (scatter). Raises what the C++ path's error codes raise (wrapper.kernel_error)."""
+    v = np.asarray(v)
+    lo = -size if wrap else 0
+    bad = (v < lo) | (v >= size)
+    if mask is not None:
+        bad = bad & mask
+    if bad.any():
+        kernel_error(1 if wrap else 3)
+    return np.where(v < 0, v + size, v) if wrap else v
+
+
 def _no_int_zero(a, b):
     """Integer division by zero raises, as in eager PyTorch (the C++ path flags it in the kernel)."""
     if a.dtype.kind in "iub" and b.dtype.kind in "iub" and (b == 0).any():
@@ -259,7 +301,7 @@ def _floordiv(a, b):
 def namespace() -> dict:
     import scipy.special as sp
     return {"np": np, "_sp": sp, "_raw": _raw, "_cast": _cast, "_ipow": _ipow, "_shl": _shl, "_shr": _shr,
-            "_truncdiv": _truncdiv, "_floordiv": _floordiv, "_remainder": _remainder, "_fmod": _fmod}
+            "_truncdiv": _truncdiv, "_index": _index, "_floordiv": _floordiv, "_remainder": _remainder, "_fmod": _fmod}
 
 
 def generate(kernels, size_names=()) -> str:

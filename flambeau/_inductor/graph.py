@@ -8,6 +8,11 @@ rule raises `ir.Unsupported` (an unsupported dtype, a cuda tensor...), becomes a
 the op's eager kernel is called on realised inputs from the wrapper, so every graph runs; each
 fallback is recorded with its reason (`flambeau._dynamo.utils.counters["inductor_fallbacks"]`).
 
+Mutations (`copy_`, see lowering_scatter) are lowered functionally: `self.view_parent` records
+which lowered node aliases which (views, and `copy_` returning its destination) so that a write
+updates every alias, and `self.mutations` maps the position of each graph input written to its
+final value, which the wrapper copies back into the caller's tensor.
+
 The result is `self.buffers` (ComputedBuffers and ExternKernels in a valid execution order),
 `self.inputs` (placeholders), `self.constants` (get_attr tensors) and `self.outputs`.
 
@@ -26,12 +31,13 @@ import operator
 from .._ops import Op
 from .._tags import Tag
 from .._tensor import Tensor
+from ..fx.node import Node
 from ..fx._symbolic_shapes import SymInt, sym_size
 from .._counters import record_fallback
 from . import config
 from . import lowering  # noqa: F401  (attaches each core op's `op.lowering`)
 from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
-                 Pointwise, Reduction, StridedView, SUPPORTED_DTYPES, Unsupported, as_strided_view)
+                 Pointwise, Reduction, Scatter, StridedView, SUPPORTED_DTYPES, Unsupported, as_strided_view)
 from .index import contiguous_strides
 from .sizevars import SizeExpr, collect_derived, from_sym, known_nonneg, size_tuple
 
@@ -52,6 +58,8 @@ class GraphLowering:
         self.size_inputs: list = []   # (input position, dim or None for an integer input, int | SizeExpr)
         self.shape_env = _shape_env(gm) if self.dynamic else None
         self.derived_names: set = set()   # derived size symbols (floor divisions) met while lowering
+        self.view_parent: dict = {}       # node -> the node it aliases (a view's input, copy_'s destination)
+        self.mutations: dict = {}         # graph input position -> its value after the graph's copy_s
 
     # ---- naming and realisation ------------------------------------------------------------
     def new_name(self, prefix="buf") -> str:
@@ -68,7 +76,7 @@ class GraphLowering:
                 self.buffers.append(buf)
                 x.realized = buf
             return x.realized
-        if isinstance(x, Reduction):
+        if isinstance(x, (Reduction, Scatter)):
             buf = ComputedBuffer(self.new_name(), Layout(x.ranges, x.dtype), x)
             self.buffers.append(buf)
             return buf
@@ -92,7 +100,8 @@ class GraphLowering:
         return self.realize(x)
 
     def flat_outputs(self) -> list:
-        return self.outputs if isinstance(self.outputs, list) else [self.outputs]
+        """The outputs, and the final values of mutated inputs (both must be kept in memory)."""
+        return (self.outputs if isinstance(self.outputs, list) else [self.outputs]) + list(self.mutations.values())
 
     # ---- the walk ----------------------------------------------------------------------------
     def run(self):
@@ -118,6 +127,7 @@ class GraphLowering:
                 if node not in live:
                     continue
                 self.env[node] = self._call(node)
+                self._note_alias(node)
                 self._maybe_realize(node)
             elif node.op == "output":
                 self.outputs = self._outputs(node.args[0])
@@ -196,10 +206,27 @@ class GraphLowering:
         self.constants[name] = buf
         return buf
 
+    def _note_alias(self, node):
+        t = node.target
+        if (getattr(t, "is_view", False) or getattr(t, "name", None) == "copy_") and node.args and \
+                isinstance(node.args[0], Node):
+            self.view_parent[node] = node.args[0]
+
+    def lower_node(self, node) -> IRNode:
+        """Lower `node` again on the current environment (an alias after a write to its root)."""
+        prev, self.node = self.node, node
+        try:
+            return self._call(node)
+        finally:
+            self.node = prev
+
+    def map_args(self, node) -> tuple:
+        """(args, kwargs) of `node` with nodes replaced by their IR values."""
+        return _map_nodes(node.args, self.env), _map_nodes(node.kwargs, self.env)
+
     def _call(self, node):
         target = node.target
-        args = _map_nodes(node.args, self.env)
-        kwargs = _map_nodes(node.kwargs, self.env)
+        args, kwargs = self.map_args(node)
         if target is operator.getitem:
             return args[0][args[1]]
         if target is sym_size:
@@ -351,7 +378,6 @@ _SIZE_ARITH = {operator.add: operator.add, operator.sub: operator.sub, operator.
 
 
 def _map_nodes(a, env):
-    from ..fx.node import Node
     if isinstance(a, SymInt):
         return from_sym(a)
     if isinstance(a, Node):

@@ -306,6 +306,43 @@ class Reduction(IRNode):
                 f"{self.dtype.name})")
 
 
+class Scatter(IRNode):
+    """A copy of `init_fn` over `ranges` into a new buffer, then a loop over `scatter_ranges`
+    storing `value_fn(i)` at element `target_fn(i)` of it (`accumulate`: adding instead).
+
+    `target_fn(i)` returns the flat (contiguous) element offset into the output as an `Index`,
+    usually built with `ops.indirect_indexing` (which bounds-checks). `parallel_dims` are the
+    scatter dims along which two iterations never write the same element (the dim maps one-to-one
+    onto an output dim): only those may run in parallel, so duplicates accumulate exactly and
+    a store's last write wins as in the serial loop. Always realised, never fused."""
+
+    def __init__(self, ranges, dtype, init_fn, scatter_ranges, target_fn, value_fn, accumulate: bool,
+                 parallel_dims=()):
+        self.ranges = tuple(ranges)
+        self.dtype = dtype
+        self.init_fn = init_fn
+        self.scatter_ranges = tuple(scatter_ranges)
+        self.target_fn = target_fn
+        self.value_fn = value_fn
+        self.accumulate = accumulate
+        self.parallel_dims = frozenset(parallel_dims)
+        self._reads = None
+
+    @property
+    def shape(self):
+        return self.ranges
+
+    def reads(self) -> list:
+        if self._reads is None:
+            self._reads = analyse(self.init_fn, self.ranges).loads + \
+                analyse(lambda i: (self.target_fn(i), self.value_fn(i)), self.scatter_ranges, "b").loads
+        return self._reads
+
+    def __repr__(self):
+        return (f"Scatter({'accumulate' if self.accumulate else 'store'} over {list(self.scatter_ranges)} "
+                f"into {list(self.ranges)}, {self.dtype.name})")
+
+
 # ---- analysis: which buffers does an element function read, and how much work is it ----------
 class _AVal:
     __slots__ = ("dtype",)
@@ -344,7 +381,7 @@ class AnalysisHandler(Handler):
     def index_expr(self, index, dtype):
         return _AVal(dtype)
 
-    def indirect_indexing(self, value, size):
+    def indirect_indexing(self, value, size, wrap=True):
         from .index import Indirect
         return Index.of(Indirect(f"ind{id(value)}", size))
 
@@ -357,10 +394,10 @@ def analysis_symbols(ranges, prefix="a"):
     return [Index.of(Sym(f"{prefix}{i}", s)) if s != 1 else Index() for i, s in enumerate(ranges)]
 
 
-def analyse(fn, ranges) -> Stats:
+def analyse(fn, ranges, prefix="a") -> Stats:
     h = AnalysisHandler()
     with set_handler(h):
-        fn(analysis_symbols(ranges))
+        fn(analysis_symbols(ranges, prefix))
     return h.stats
 
 
@@ -390,7 +427,7 @@ class _LoadOnly(AnalysisHandler):
         self.pure = False
         return _AVal(dtype)
 
-    def indirect_indexing(self, value, size):
+    def indirect_indexing(self, value, size, wrap=True):
         self.pure = False
         return super().indirect_indexing(value, size)
 

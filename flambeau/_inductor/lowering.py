@@ -7,7 +7,8 @@ an IR value. Pointwise ops become `Pointwise` (broadcast by index remapping, ope
 compute dtype), reductions become realised `Reduction` buffers, conversions are casts, matrix
 products, convolutions, scans and sorts are `ExternKernel`s calling the eager kernel (BLAS) on
 realised buffers. Ops tagged `Tag.extern` without a rule are called that way too (see `graph.py`).
-Views, indexing and data movement live in `lowering_views`.
+Views, indexing and data movement live in `lowering_views`; scatters, index_put and `copy_` in
+`lowering_scatter`.
 """
 from __future__ import annotations
 
@@ -262,6 +263,93 @@ def _arange(g, start, end, step=1, dtype=None, device=None, **kw):
     return Pointwise(out_shape(g), dt, inner)
 
 
+def _lin_values(steps, start, end, cd):
+    """Element loader of PyTorch's linspace in dtype `cd`: the first half counts up from start, the
+    second half down from end (the eager kernel's formula, with its step rounded the same way)."""
+    if isinstance(steps, SizeExpr) or any(isinstance(v, (complex, SizeExpr)) for v in (start, end)):
+        raise Unsupported("linspace with symbolic or complex bounds")
+    if steps == 1:
+        return lambda idx: ops.constant(start, cd)
+    step = float((cd.np.type(end) - cd.np.type(start)) / cd.np.type(steps - 1))
+    half = steps // 2
+
+    def inner(idx):
+        i = idx[0]
+        up = ops.add(ops.constant(start, cd), ops.mul(ops.constant(step, cd), ops.index_expr(i, cd)))
+        down = ops.sub(ops.constant(end, cd),
+                       ops.mul(ops.constant(step, cd), ops.index_expr(Index(None, steps - 1) - i, cd)))
+        return ops.where(ops.lt(ops.index_expr(i, D.int64), ops.constant(half, D.int64)), up, down)
+    return inner
+
+
+@register_lowering(aten.linspace)
+def _linspace(g, start, end, steps, dtype=None, device=None):
+    dt = out_dtype(g)
+    cd = dt if dt in (D.float32, D.float64) else D.float64
+    lin = _lin_values(steps, start, end, cd)
+    return Pointwise(out_shape(g), dt, lambda idx: ops.to_dtype(lin(idx), dt))
+
+
+@register_lowering(aten.logspace)
+def _logspace(g, start, end, steps, base=10.0, dtype=None, device=None):
+    dt = out_dtype(g)
+    lin = _lin_values(steps, start, end, D.float64)
+    b = ops.constant
+    return Pointwise(out_shape(g), dt, lambda idx: ops.to_dtype(ops.pow(b(float(base), D.float64), lin(idx)), dt))
+
+
+@register_lowering(aten.tril_indices, aten.triu_indices)
+def _tri_indices(g, row, col, offset=0, dtype=None, device=None, **kw):
+    """Row-major (row, col) pairs of a triangle, element k of a closed form: the rows of the
+    triangle form a rectangle of full rows and a trapezoid whose row lengths change by one; the
+    trapezoid row holding k solves a quadratic (in double, then corrected by one either way)."""
+    dt, shape = out_dtype(g), out_shape(g)
+    if any(isinstance(v, SizeExpr) for v in (row, col, offset)):
+        raise Unsupported("triangle indices of symbolic sizes")
+    if shape[1] == 0:
+        return Pointwise(shape, dt, lambda idx: ops.constant(0, dt))
+    lower = g.node.target.name == "tril_indices"
+    if lower:           # trapezoid first: rows r0 + j of length m + j; then full rows
+        r0 = max(0, -offset)
+        m = min(col, r0 + offset + 1)
+        n_trap = max(0, min(row - r0, col - m))
+        trap_row0, trap_k0, trap_c0 = r0, 0, 0
+        rect_row0, rect_k0 = r0 + n_trap, n_trap * m + n_trap * (n_trap - 1) // 2
+    else:               # full rows first; then rows R + j of length m - j starting at column R + j + offset
+        n_full = min(max(1 - offset, 0), row)
+        m = col - (n_full + offset)
+        trap_row0, trap_k0, trap_c0 = n_full, n_full * col, n_full + offset
+        rect_row0, rect_k0 = 0, 0
+    c = lambda v: ops.constant(v, D.int64)           # noqa: E731
+    sign = 1 if lower else -1
+
+    def started(j):                 # elements of the trapezoid before its row j
+        return ops.add(ops.mul(j, c(m)), ops.mul(c(sign), ops.floordiv(ops.mul(j, ops.sub(j, c(1))), c(2))))
+
+    def inner(idx):
+        k = ops.index_expr(idx[1], D.int64)
+        kt = ops.sub(k, c(trap_k0))
+        b = 2 * m - 1 if lower else 2 * m + 1
+        disc = ops.maximum(ops.to_dtype(ops.add(c(b * b), ops.mul(c(8 * sign), kt)), D.float64),
+                           ops.constant(0.0, D.float64))
+        root = ops.sqrt(disc)
+        est = ops.truediv(ops.sub(root, ops.constant(float(b), D.float64)) if lower else
+                          ops.sub(ops.constant(float(b), D.float64), root), ops.constant(2.0, D.float64))
+        j = ops.to_dtype(ops.floor(est), D.int64)
+        j = ops.sub(j, ops.to_dtype(ops.gt(started(j), kt), D.int64))
+        j = ops.add(j, ops.to_dtype(ops.le(started(ops.add(j, c(1))), kt), D.int64))
+        trap_r = ops.add(c(trap_row0), j)
+        trap_col = ops.add(ops.sub(kt, started(j)), ops.add(c(trap_c0), j) if not lower else c(0))
+        kr = ops.sub(k, c(rect_k0))
+        rect_r = ops.add(c(rect_row0), ops.floordiv(kr, c(col)))
+        rect_col = ops.remainder(kr, c(col))
+        in_trap = ops.ge(k, c(trap_k0)) if not lower else ops.lt(k, c(rect_k0))
+        r, cc = ops.where(in_trap, trap_r, rect_r), ops.where(in_trap, trap_col, rect_col)
+        first = ops.eq(ops.index_expr(idx[0], D.int64), c(0))
+        return ops.to_dtype(ops.where(first, r, cc), dt)
+    return Pointwise(shape, dt, inner)
+
+
 # ---- reductions ---------------------------------------------------------------------------------
 def reduce(g, x, dims, keepdim, rtype, dtype, src_dtype):
     nd = len(x.shape)
@@ -325,4 +413,4 @@ def _any(g, x, dim=None, keepdim=False):
     return reduce(g, x, dim, keepdim, rtype, out_dtype(g), D.bool)
 
 
-from . import lowering_views  # noqa: E402,F401  (registers the view and data-movement rules)
+from . import lowering_views, lowering_scatter  # noqa: E402,F401  (register the view, data-movement, scatter rules)

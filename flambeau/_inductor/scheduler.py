@@ -16,6 +16,9 @@ outer block). So pointwise chains fuse, pointwise producers fuse into reductions
 fuses with its pointwise epilogue (LayerNorm -> GELU -> tanh is one kernel: per row, passes for
 mean and variance, then one pass writing the activated output).
 
+A `Scatter` (scatter, index_put, a copy into a strided view) is a kernel of its own: a copy loop
+then a store loop, never fused (its elements are not written in loop order).
+
 A buffer used only inside its kernel, at the index where it is produced, is never stored: a
 reduction result becomes a scalar of the outer loop body, a pointwise value a temporary of the
 inner loop. Extern kernels are scheduled alone. `plan_memory` then assigns storage to the rest,
@@ -31,7 +34,7 @@ import math
 from . import config
 from .index import Index, Sym, contiguous_strides
 from .sizevars import Unsupported, exact_div, known_lt, known_nonneg
-from .ir import ComputedBuffer, ExternKernel, Reduction, StridedView
+from .ir import ComputedBuffer, ExternKernel, Reduction, Scatter, StridedView
 
 
 def strip(shape) -> tuple:
@@ -51,6 +54,8 @@ class SNode:
         self.reads = buf.data.reads()
         self.read_names = {b.name for b, _ in self.reads}
         self.column = self.is_reduction and _is_column(self)
+        self.scatter = isinstance(buf.data, Scatter)
+        self.alone = self.column or self.scatter        # scheduled as a kernel of its own
 
     def outer_syms(self, n_outer: int) -> list:
         names = [f"a{i}" for i, s in enumerate(self.ranges) if s != 1]
@@ -92,6 +97,7 @@ class Kernel:
         self.steps: list = []
         self.outer_groups: list = []
         self.column = len(nodes) == 1 and nodes[0].column
+        self.scatter = nodes[0] if len(nodes) == 1 and nodes[0].scatter else None
         self.locals: set = set()
         self.stores: list = []      # ComputedBuffers written to memory
         self.loads: list = []       # Buffers read from memory (not produced here)
@@ -171,7 +177,7 @@ def schedule(graph) -> list:
         placed = False
         for i in range(first, len(order) if config.fuse else 0):
             grp = order[i]
-            if isinstance(grp, ExternStep) or n.column or grp[0][0].column:
+            if isinstance(grp, ExternStep) or n.alone or grp[0][0].alone:
                 continue
             cand = _candidate_outer(grp[0], grp[1], n)
             if cand is not None and _legal(grp[0] + [n], cand[0]):
@@ -193,7 +199,8 @@ def schedule(graph) -> list:
             continue
         k = Kernel(f"kernel{nk}", grp[0], grp[1] if grp[1] is not None else _default_outer(grp[0][0].sizes))
         nk += 1
-        _plan_steps(k)
+        if k.scatter is None:
+            _plan_steps(k)
         out.append(k)
     _assign_locals(out, graph)
     return out
@@ -335,6 +342,8 @@ def _assign_locals(order, graph):
             for n in s.nodes:
                 step_of[n.name] = si
         own = {n.name for n in k.nodes}
+        if k.scatter is not None:
+            k.stores.append(k.scatter.buf)
         for si, s in enumerate(k.steps):
             for n in s.nodes:
                 readers = needed_outside.get(n.name, set())

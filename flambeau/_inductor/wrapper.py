@@ -8,6 +8,9 @@
         buf1 = extern_buf1(buf0)                      # an extern/fallback op on arrays
         return (_T(buf1, _cpu),)
 
+Graph inputs that the graph writes (`copy_`) get their final values copied into them last,
+after the kernels' error check.
+
 Kernel function objects (ctypes, argtypes set once) and extern callables are globals of the
 generated module, so a call is a straight line of statements.
 
@@ -147,6 +150,9 @@ def kernel_error(code: int):
         raise IndexError("index out of range in self (an index read by a compiled kernel is out of bounds)")
     if code == 2:
         raise RuntimeError("ZeroDivisionError")
+    if code == 3:
+        raise RuntimeError("index out of bounds in scatter (an index stored to by a compiled kernel is out of "
+                           "range of its dimension)")
     raise RuntimeError(f"compiled kernel reported error code {code}")
 
 
@@ -220,6 +226,8 @@ class WrapperCodegen:
             L.append("    _e = _take_error()")
             L.append("    if _e:")
             L.append("        _kernel_error(_e)")
+        for pos, buf in g.mutations.items():         # graph inputs written by copy_: into the caller's tensor
+            L.append(f"    np.copyto(_in{pos}._data, {buf.name})")
         L.append(f"    return {self._outputs()}")
         return "\n".join(L) + "\n"
 
@@ -292,6 +300,9 @@ class WrapperCodegen:
     def _out_expr(self, o) -> str:
         if isinstance(o, InputBuffer) and o.position is not None:
             return f"_in{o.position}"
+        for pos, buf in self.g.mutations.items():     # copy_ returns the input it wrote
+            if o is buf:
+                return f"_in{pos}"
         if isinstance(o, SizeExpr):
             return _src(o)
         if isinstance(o, StridedView):
