@@ -345,6 +345,16 @@ def _opdb_cases(family, dtypes=("float32", "int64", "bool"), per_op=3):
     return cases
 
 
+def _storage_copy(t):
+    """A copy of `t` on a copy of its whole storage, at the same offset and strides (as_strided
+    samples read the storage beyond the tensor)."""
+    from flambeau._ops.views import storage_root
+    a = t._data
+    flat, start, _ = storage_root(a)
+    return flambeau.from_numpy(np.ndarray(a.shape, a.dtype, buffer=flat.copy(), offset=start * a.itemsize,
+                                          strides=a.strides))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["cpp", "numpy"])
 @pytest.mark.parametrize("family", ["pointwise", "reduction", "shape_index", "norm_loss_act", "nn_ops", "misc",
@@ -363,12 +373,17 @@ def test_opdb_compiled_matches_graph(family, backend, monkeypatch):
                 k += len(tens)
         return out
     gm = make_fx(all_cases, tracing_mode="fake")(*flat)
-    want = gm(*flat)
-    got = compile_fx(gm, flat)(*flat)
+    want_in = [_storage_copy(t) for t in flat]          # in-place cases write their inputs (copy_):
+    got_in = [_storage_copy(t) for t in flat]           # each run gets its own copies, compared after
+    want = gm(*want_in)
+    c = compile_fx(gm, flat)
+    assert c.artifact is not None, c.eager_reason       # the generated code ran, not the graph again
+    got = c(*got_in)
     names = [name for name, _, _, n_out in cases for _ in range(n_out)]
     assert len(names) == len(got) == len(want)
+    in_names = [f"{name} input {k}" for name, _, tens, _ in cases for k in range(len(tens))]
     bad = []
-    for name, g, w in zip(names, got, want):
+    for name, g, w in zip(names + in_names, list(got) + got_in, list(want) + want_in):
         if g.dtype != w.dtype or tuple(g.shape) != tuple(w.shape) or not np.allclose(
                 g.numpy().astype(np.float64), w.numpy().astype(np.float64), rtol=1e-4, atol=1e-5, equal_nan=True):
             bad.append(name)

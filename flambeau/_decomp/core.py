@@ -23,7 +23,9 @@ PyTorch's Core ATen IR cut down to what flambeau's operators need. It has two ha
   - views (8): view, permute, expand, squeeze, unsqueeze, slice, select, as_strided;
   - data movement (11): cat, gather, scatter (src), scatter_add, scatter_reduce, index (advanced
     indexing), index_put, slice_scatter, select_scatter, diagonal_scatter, as_strided_scatter (the
-    `*_scatter` ops are what functionalization writes for mutated views);
+    `*_scatter` ops are what functionalization writes for mutated views); scatter, scatter_add and
+    index_put are generated loops (`_inductor/lowering_scatter.py`), scatter_reduce has no lowering
+    yet and runs its eager kernel inside a compiled graph;
   - factories (8): full, empty, empty_strided, arange, linspace, logspace and the triangle indices.
 * the **extern core** (70 ops, tagged `Tag.extern` too) that stays opaque and is called as a library kernel: matrix
   products (mm, bmm), convolution (and its weight gradient, im2col/col2im), scans (cumsum, cumprod,
