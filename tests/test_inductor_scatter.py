@@ -3,10 +3,11 @@ code), the `*_scatter` ops, the linspace/logspace/tril_indices/triu_indices fact
 mutation `copy_`, compiled and compared with PyTorch, with static and symbolic sizes, on the C++
 and the NumPy backends.
 
-Every test also checks that the op was compiled: the graph ran as generated code (no eager graph)
-with no eager fallback kernel for any op, and where the op is a loop, that the loop is in the
-generated source.
+Every test also checks that the op was compiled: nothing ran eagerly inside the compiled code
+(`flambeau._dynamo.utils.counters["inductor_fallbacks"]` did not move, the graph has no eager
+fallback kernel) and, where the op is a loop, that the loop is in the generated source.
 """
+import collections
 import sys
 
 import numpy as np
@@ -16,6 +17,8 @@ import torch
 import flambeau as fl
 import flambeau._inductor as inductor
 from flambeau._decomp import DecompositionMode
+from flambeau._dynamo.testing import unexpected_fallbacks
+from flambeau._dynamo.utils import counters
 from flambeau._inductor import compile_fx, config
 from flambeau.fx.experimental.proxy_tensor import make_fx
 
@@ -39,7 +42,7 @@ def backend(request, monkeypatch):
 @pytest.fixture
 def graphs(monkeypatch):
     """The CompiledGraphs the inductor backend makes (through flambeau.compile)."""
-    made = []
+    made = Compiled()
     real = inductor.compile_fx
 
     def spy(gm, example_inputs=None, **kw):
@@ -50,10 +53,22 @@ def graphs(monkeypatch):
     return made
 
 
+class Compiled(list):
+    """CompiledGraphs, and the fallback counter when the test began."""
+
+    def __init__(self):
+        super().__init__()
+        self.before = collections.Counter(counters["inductor_fallbacks"])
+
+    def fallbacks(self) -> list:
+        return unexpected_fallbacks(counters["inductor_fallbacks"] - self.before)
+
+
 def assert_compiled(made, loop=None, dynamic=False):
     """Each graph ran as generated code with no eager fallback; `loop`: some kernel stores with
     that C++ statement form (`+=` for an accumulating scatter, `] = ` otherwise)."""
     assert made, "nothing was compiled"
+    assert not made.fallbacks(), made.fallbacks()
     for c in made:
         assert c.artifact is not None, c.eager_reason
         assert not c.fallback_ops, c.fallback_ops
@@ -278,6 +293,7 @@ def _copy_cases():
 @pytest.mark.parametrize("case", list(_copy_cases()), ids=lambda c: c[0].__name__)
 def test_copy_into_inputs_and_views(backend, case):
     fn, make = case
+    before = collections.Counter(counters["inductor_fallbacks"])
     gm = trace(fn, make())
     assert any(getattr(n.target, "name", None) == "copy_" for n in gm.graph.nodes)
     c = compile_fx(gm, make())
@@ -290,5 +306,6 @@ def test_copy_into_inputs_and_views(backend, case):
         torch.testing.assert_close(to_torch(g), w)
     for g, w in zip(got_args, want_args):                  # the inputs were written like torch's
         torch.testing.assert_close(to_torch(g), w)
+    assert not unexpected_fallbacks(counters["inductor_fallbacks"] - before)
     if fn.__name__ == "add_":
         assert got[0] is got_args[0] if isinstance(got, (list, tuple)) else got is got_args[0]
