@@ -185,7 +185,7 @@ class NumpyKernelPrinter:
         self.lines.append(f"    {n.name}.reshape(-1)[:] = np.broadcast_to({v.name}, {sc.ranges}).reshape(-1)")
         self.cse = {}
         idx = self._syms(sc.scatter_ranges, f"{n.name}_j")
-        t = self.p_index(sc.target_fn(idx))
+        t = f"_cast({render(sc.target_fn(idx), self.sym_name, '//', '%')}, np.int64)"
         v = ops.to_dtype(sc.value_fn(idx), sc.dtype)
         shape = tuple(sc.scatter_ranges)
         where = f"np.broadcast_to({t}, {shape}).reshape(-1)"
@@ -195,9 +195,6 @@ class NumpyKernelPrinter:
         else:
             fn = "np.logical_or" if sc.dtype is D.bool else "np.add"
             self.lines.append(f"    {fn}.at({n.name}.reshape(-1), {where}, {vals})")
-
-    def p_index(self, index) -> str:
-        return f"_cast({render(index, self.sym_name, '//', '%')}, np.int64)"
 
     def _reduction(self, n):
         red = n.buf.data

@@ -223,6 +223,7 @@ def _size_names(graph) -> list:
     for b in graph.buffers:
         sizes = list(b.layout.shape) + list(b.layout.strides) + [b.layout.offset] if b.layout is not None else []
         sizes += list(getattr(getattr(b, "data", None), "reduction_ranges", ()))
+        sizes += list(getattr(getattr(b, "data", None), "scatter_ranges", ()))
         for o in getattr(b, "outputs", ()):
             sizes += list(o.layout.shape) if o.layout is not None else []
         for e in sizes:

@@ -294,8 +294,10 @@ def _linspace(g, start, end, steps, dtype=None, device=None):
 def _logspace(g, start, end, steps, base=10.0, dtype=None, device=None):
     dt = out_dtype(g)
     lin = _lin_values(steps, start, end, D.float64)
-    b = ops.constant
-    return Pointwise(out_shape(g), dt, lambda idx: ops.to_dtype(ops.pow(b(float(base), D.float64), lin(idx)), dt))
+
+    def inner(idx):
+        return ops.to_dtype(ops.pow(ops.constant(float(base), D.float64), lin(idx)), dt)
+    return Pointwise(out_shape(g), dt, inner)
 
 
 @register_lowering(aten.tril_indices, aten.triu_indices)
@@ -320,8 +322,10 @@ def _tri_indices(g, row, col, offset=0, dtype=None, device=None, **kw):
         m = col - (n_full + offset)
         trap_row0, trap_k0, trap_c0 = n_full, n_full * col, n_full + offset
         rect_row0, rect_k0 = 0, 0
-    c = lambda v: ops.constant(v, D.int64)           # noqa: E731
     sign = 1 if lower else -1
+
+    def c(v):
+        return ops.constant(v, D.int64)
 
     def started(j):                 # elements of the trapezoid before its row j
         return ops.add(ops.mul(j, c(m)), ops.mul(c(sign), ops.floordiv(ops.mul(j, ops.sub(j, c(1))), c(2))))
