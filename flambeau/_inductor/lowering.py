@@ -336,10 +336,10 @@ def _tri_indices(g, row, col, offset=0, dtype=None, device=None, **kw):
         b = 2 * m - 1 if lower else 2 * m + 1
         disc = ops.maximum(ops.to_dtype(ops.add(c(b * b), ops.mul(c(8 * sign), kt)), D.float64),
                            ops.constant(0.0, D.float64))
-        root = ops.sqrt(disc)
+        root = ops.apply(aten.sqrt, disc)
         est = ops.truediv(ops.sub(root, ops.constant(float(b), D.float64)) if lower else
                           ops.sub(ops.constant(float(b), D.float64), root), ops.constant(2.0, D.float64))
-        j = ops.to_dtype(ops.floor(est), D.int64)
+        j = ops.to_dtype(ops.apply(aten.floor, est), D.int64)
         j = ops.sub(j, ops.to_dtype(ops.gt(started(j), kt), D.int64))
         j = ops.add(j, ops.to_dtype(ops.le(started(ops.add(j, c(1))), kt), D.int64))
         trap_r = ops.add(c(trap_row0), j)
