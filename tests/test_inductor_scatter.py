@@ -16,6 +16,7 @@ import torch
 
 import flambeau as fl
 import flambeau._inductor as inductor
+from flambeau import _cpp_builder as cpp_builder
 from flambeau._decomp import DecompositionMode
 from flambeau._dynamo.testing import unexpected_fallbacks
 from flambeau._dynamo.utils import counters
@@ -27,7 +28,7 @@ cfx = sys.modules["flambeau._inductor.compile_fx"]
 
 @pytest.fixture(autouse=True)
 def _fresh(tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(config, "cache_dir", str(tmp_path_factory.getbasetemp() / "inductor_cache"))
+    monkeypatch.setattr(cpp_builder, "cache_dir", str(tmp_path_factory.getbasetemp() / "inductor_cache"))
     fl.compiler.reset()
     yield
     fl.compiler.reset()
