@@ -7,11 +7,19 @@ and wrapper), recompiles, graph_breaks, guards, bytecode, fallbacks (what runs e
 compiled code, and why), perf_hints (the same, for now); `dynamo` and `all` select groups. A
 leading `+` (more verbose in PyTorch) is accepted and ignored. `set_logs(aot=True, ...)` changes
 the selection from code. The environment is re-read when it changes, so tests can set it.
+
+Output goes through `logging`, under the logger `flambeau` (children `flambeau._dynamo`,
+`flambeau._functorch`, `flambeau._inductor`), at DEBUG level. Importing or compiling changes no
+logging state: only while some kind is selected does the `flambeau` logger get a handler printing
+`[logger LEVEL] message` to the current stderr, level DEBUG, and propagate off (as PyTorch's
+`TORCH_LOGS` does, so a root handler does not print each line twice); deselecting everything
+restores the logger as it was.
 """
 from __future__ import annotations
 
 import logging
 import os
+import sys
 
 _GROUPS = {"dynamo": ("recompiles", "graph_breaks", "guards", "graph", "bytecode"),
            "all": ("recompiles", "graph_breaks", "guards", "graph", "bytecode", "aot", "output_code", "fallbacks",
@@ -31,11 +39,49 @@ def _parse(text: str) -> set:
     return kinds
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is at the time (pytest's capsys, a redirected stream)."""
+
+    def __init__(self):
+        super().__init__()
+        self.setFormatter(logging.Formatter("[%(name)s %(levelname)s] %(message)s"))
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+_handler = _StderrHandler()
+_ROOT = "flambeau"
+_saved: list = [logging.NOTSET, True]     # the `flambeau` logger's level and propagate before _handler
+
+
+def _configure(wanted: bool | None = None) -> None:
+    """Give the `flambeau` logger its handler while any kind is selected, and take it away after."""
+    if wanted is None:
+        wanted = bool(_from_env) or any(_overrides.values())
+    root = logging.getLogger(_ROOT)
+    if wanted and _handler not in root.handlers:
+        _saved[:] = [root.level, root.propagate]
+        root.addHandler(_handler)
+        root.setLevel(logging.DEBUG)
+        root.propagate = False
+    elif not wanted and _handler in root.handlers:
+        root.removeHandler(_handler)
+        root.setLevel(_saved[0])
+        root.propagate = _saved[1]
+
+
 def enabled(kind: str) -> bool:
     global _env_seen, _from_env
     env = os.environ.get("FLAMBEAU_LOGS", "")
     if env != _env_seen:
         _env_seen, _from_env = env, _parse(env)
+        _configure()
     if kind in _overrides:
         return _overrides[kind]
     return kind in _from_env
@@ -46,15 +92,22 @@ def set_logs(**kinds) -> None:
     for k, v in kinds.items():
         for kind in _GROUPS.get(k, (k,)):
             _overrides[kind] = bool(v)
+    _configure()
 
 
 def get_logger(name: str) -> logging.Logger:
-    """A logger printing `[name LEVEL] message` to stderr (installed once)."""
-    log = logging.getLogger(name)
-    if not log.handlers:
-        h = logging.StreamHandler()
-        h.setFormatter(logging.Formatter(f"[{name} %(levelname)s] %(message)s"))
-        log.addHandler(h)
-        log.setLevel(logging.DEBUG)
-        log.propagate = False
-    return log
+    """The logger `name` (under `flambeau`), untouched: output is configured by `_configure`."""
+    return logging.getLogger(name)
+
+
+def log_artifact(log: logging.Logger, kind: str, msg: str, *args, force: bool = False) -> None:
+    """Log a stage's dump (a graph, generated code) when `kind` is selected; `force` (a config
+    switch such as `flambeau._inductor.config.output_code`) prints it for this one message too."""
+    if enabled(kind):
+        log.debug(msg, *args)
+    elif force:
+        _configure(True)
+        try:
+            log.debug(msg, *args)
+        finally:
+            _configure()

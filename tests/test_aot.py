@@ -234,7 +234,7 @@ def test_aot_logs_print_graphs(monkeypatch, capsys):
     monkeypatch.setenv("FLAMBEAU_LOGS", "aot")
     x, ws, _, _ = _params()
     aot_function(mlp_fn, nop, nop)(x, *ws)
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err            # through logging: the `flambeau` logger's stderr handler
     assert "AOT joint graph" in out and "AOT forward graph" in out and "AOT backward graph" in out
     assert "tangents_1" in out and "primals_1" in out
 

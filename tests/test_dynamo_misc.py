@@ -191,25 +191,23 @@ def test_compiled_training_step_matches_eager(lib):
 
 
 # ---- flambeau only: logs, front-end entry point, bytecode ------------------------------------------------
-def test_recompile_reason_is_logged(caplog):
+def test_recompile_reason_is_logged(capsys):
     fdynamo.reset()
     fdynamo.set_logs(recompiles=True)
     try:
         def f(x):
             return x + 1
         cf, _ = compiled(flambeau, f)
-        log = logging.getLogger("flambeau._dynamo")
-        log.propagate = True
-        with caplog.at_level(logging.DEBUG, logger="flambeau._dynamo"):
-            cf(flambeau.randn(2))
-            cf(flambeau.randn(2).double())
-        text = caplog.text
-        assert "Recompiling function f" in text and "TENSOR_MATCH" in text and "L['x']" in text
+        cf(flambeau.randn(2))
+        cf(flambeau.randn(2).double())
+        text = capsys.readouterr().err
+        assert "[flambeau._dynamo DEBUG] [recompiles] Recompiling function f" in text
+        assert "TENSOR_MATCH" in text and "L['x']" in text
     finally:
         fdynamo.set_logs(recompiles=False)
 
 
-def test_graph_break_is_logged(caplog):
+def test_graph_break_is_logged(capsys):
     fdynamo.reset()
     fdynamo.set_logs(graph_breaks=True)
     try:
@@ -217,12 +215,46 @@ def test_graph_break_is_logged(caplog):
             print("hi")
             return x + 1
         cf, _ = compiled(flambeau, f)
-        logging.getLogger("flambeau._dynamo").propagate = True
-        with caplog.at_level(logging.DEBUG, logger="flambeau._dynamo"):
-            cf(flambeau.randn(2))
-        assert "Graph break" in caplog.text and "print" in caplog.text
+        cf(flambeau.randn(2))
+        err = capsys.readouterr().err
+        assert "Graph break" in err and "print" in err
     finally:
         fdynamo.set_logs(graph_breaks=False)
+
+
+def _flambeau_loggers():
+    return [logging.getLogger(n) for n in ("flambeau", "flambeau._dynamo", "flambeau._functorch", "flambeau._inductor")]
+
+
+def test_compile_logs_nothing_without_flambeau_logs(monkeypatch, capsys, caplog):
+    """No FLAMBEAU_LOGS: a compile prints nothing, adds no handler, turns no propagation off, and a
+    user's DEBUG root logging sees no flambeau records (nothing is logged at all)."""
+    monkeypatch.delenv("FLAMBEAU_LOGS", raising=False)
+    fdynamo.reset()
+    with caplog.at_level(logging.DEBUG):
+        cf = flambeau.compile(lambda x: (x * 2).sin().sum())
+        cf(flambeau.randn(8))
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ""
+    assert [r for r in caplog.records if r.name.startswith("flambeau")] == []
+    for log in _flambeau_loggers():
+        assert log.handlers == [] and log.propagate and log.level == logging.NOTSET
+
+
+def test_flambeau_logs_graph_prints_the_graph_and_cleans_up(monkeypatch, capsys):
+    monkeypatch.setenv("FLAMBEAU_LOGS", "graph")
+    fdynamo.reset()
+    cf = flambeau.compile(lambda x: (x * 2).sin().sum())
+    cf(flambeau.randn(8))
+    err = capsys.readouterr().err
+    assert "[flambeau._dynamo DEBUG] [graph] graph of <lambda>" in err and "sin" in err
+    assert logging.getLogger("flambeau").handlers != []
+    monkeypatch.setenv("FLAMBEAU_LOGS", "")
+    fdynamo.reset()
+    flambeau.compile(lambda x: x + 1)(flambeau.randn(2))
+    assert capsys.readouterr().err == ""
+    for log in _flambeau_loggers():
+        assert log.handlers == [] and log.propagate
 
 
 def test_optimize_for_compiler_entry_point():

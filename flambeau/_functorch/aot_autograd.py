@@ -50,12 +50,14 @@ from ..nn.modules.module import Module
 from .functionalization import run_functionalized, flat_input_tensors, _apply_step
 from .partitioners import default_partition
 
+log = _logging.get_logger("flambeau._functorch")
+
 __all__ = ["aot_function", "aot_module", "aot_module_simplified", "make_boxed_func", "stateless_call"]
 
 
 def _dump(title: str, gm: GraphModule) -> None:
     if _logging.enabled("aot"):
-        print(f"===== {title} =====\n{gm.print_readable(print_output=False)}")
+        _logging.log_artifact(log, "aot", "===== %s =====\n%s", title, gm.print_readable(print_output=False))
 
 
 def make_boxed_func(f: Callable) -> Callable:

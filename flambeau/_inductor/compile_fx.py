@@ -28,7 +28,6 @@ from .._counters import record_fallback
 import ctypes
 import itertools
 import os
-import sys
 import time
 import warnings
 
@@ -40,6 +39,8 @@ from .ir import Unsupported
 from .scheduler import Kernel, plan_memory, schedule
 from .sizevars import SizeExpr, derived_definition
 from .wrapper import WrapperCodegen
+
+log = _logging.get_logger("flambeau._inductor")
 
 counters = {"dynamic_graphs": 0, "dynamic_eager_calls": 0}
 WHOLE_GRAPH = "whole graph"          # the op of a fallback that runs a graph eagerly
@@ -202,8 +203,9 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     if graph.dynamic:
         counters["dynamic_graphs"] += 1
     if config.output_code or _logging.enabled("output_code"):
-        print(f"===== flambeau inductor: graph {gid} ({backend}) =====\n{source}\n----- wrapper -----\n"
-              f"{wrapper_source}", file=sys.stderr)
+        _logging.log_artifact(log, "output_code", "===== flambeau inductor: graph %s (%s) =====\n%s\n"
+                              "----- wrapper -----\n%s", gid, backend, source, wrapper_source,
+                              force=config.output_code)
     if config.debug:
         _dump(gm, graph, order, art, gid)
     return art
