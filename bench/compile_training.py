@@ -43,11 +43,13 @@ importing NumPy, unless already set; the value is reported in the config line. P
 not OpenBLAS, so the setting only concerns flambeau (eager and compiled). Run with
 OPENBLAS_THREAD_TIMEOUT=28 to see the default behaviour.
 
-malloc: at its first compile, flambeau's inductor raises glibc's mmap and trim thresholds for the
-whole process (flambeau._inductor.config.tune_malloc), so that freed buffers are reused instead of
-being returned to the kernel and faulted in again on the next step. The first calls (compiles) run
-before the timing rounds, so all four systems, flambeau eager and PyTorch included, are timed with
-that setting (it makes flambeau eager faster, i.e. the compiled/eager ratio more conservative).
+malloc: this script opts in (FLAMBEAU_TUNE_MALLOC=1, unless set; reported in the config line) to
+flambeau's inductor raising glibc's mmap and trim thresholds for the whole process at its first
+compile (flambeau._inductor.config.tune_malloc, off by default because it is process-wide), so that
+freed buffers are reused instead of being returned to the kernel and faulted in again on the next
+step. The first calls (compiles) run before the timing rounds, so all four systems, flambeau eager
+and PyTorch included, are timed with that setting (it makes flambeau eager faster, i.e. the
+compiled/eager ratio more conservative). Run with FLAMBEAU_TUNE_MALLOC=0 to see the default.
 
 Output: one JSON object per line (config, first calls, one line per workload and system, one
 "summary" line per workload with the ratios).
@@ -60,6 +62,7 @@ import tempfile
 
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")     # before torch or flambeau loads libgomp (see docstring)
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")   # before NumPy loads OpenBLAS (see docstring)
+os.environ.setdefault("FLAMBEAU_TUNE_MALLOC", "1")      # before flambeau reads its config (see docstring)
 if "--first-call-only" not in sys.argv:
     _CACHE_ROOT = tempfile.mkdtemp(prefix="compile_training_")
     os.environ["FLAMBEAU_CACHE_DIR"] = os.path.join(_CACHE_ROOT, "flambeau")
@@ -254,6 +257,7 @@ def main():
         return
     print(json.dumps({"config": True, "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT"),
                       "OPENBLAS_THREAD_TIMEOUT": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
+                      "FLAMBEAU_TUNE_MALLOC": os.environ.get("FLAMBEAU_TUNE_MALLOC"),
                       "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                       "cpus": os.cpu_count(), "rounds": opts.rounds, "min_time_s": opts.min_time,
                       "optimizer": "AdamW (default foreach choice: the per-tensor loop on cpu), eager in every system"}), flush=True)

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-import numpy as _np
-
 from . import _state
 
-# PyTorch computes 1/0, log(-1), overflow silently (inf/nan); so do we, without NumPy's warnings.
-_np.seterr(divide="ignore", invalid="ignore", over="ignore", under="ignore")
 from ._dtype import (dtype, bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32,  # noqa: F401,A004
                      float64, complex64, complex128, uint16, uint32, uint64, float8_e4m3fn, float8_e5m2,
                      promote_types)

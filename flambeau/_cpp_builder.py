@@ -97,25 +97,44 @@ def _try_build(cxx, flags, libs, src, workdir) -> bool:
     if r.returncode != 0:
         return False
     try:
-        ctypes.CDLL(so)
+        _dlopen(so, "-fopenmp" in flags)
     except OSError:
         return False
     return True
 
 
-def _tune_openmp():
-    """OpenMP worker threads that spin long (libgomp's default, ~300k iterations) after a kernel
-    steal the cores that NumPy's BLAS and eager ops need in between; threads that go to sleep at
-    once make every parallel region (and every barrier) pay a futex wake-up of tens of us, which
-    doubles the time of a 64x256x256 product. 10000 iterations (a few us) serves both, unless the
-    user chose a policy. libgomp reads this when it is loaded, i.e. with our first library."""
-    if "OMP_WAIT_POLICY" not in os.environ:
-        os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+# OpenMP worker threads that spin long (libgomp's default, ~300k iterations) after a kernel steal the
+# cores that NumPy's BLAS and eager ops need in between; threads that go to sleep at once make every
+# parallel region (and every barrier) pay a futex wake-up of tens of us, which doubles the time of a
+# 64x256x256 product. 10000 iterations (a few us) serves both, unless the user chose a policy.
+_GOMP_SPINCOUNT = "10000"
+_LIBGOMP = "libgomp.so.1"
+
+
+def _libgomp_loaded() -> bool:
+    """Whether this process has libgomp already (dlopen with RTLD_NOLOAD loads nothing)."""
+    try:
+        ctypes.CDLL(_LIBGOMP, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        return True
+    except (OSError, AttributeError):     # not loaded; or no RTLD_NOLOAD (not glibc): assume not
+        return False
+
+
+def _dlopen(so: str, openmp: bool) -> ctypes.CDLL:
+    """ctypes.CDLL(so). The first library that uses OpenMP loads libgomp, which reads GOMP_SPINCOUNT
+    once, in its constructor: the variable is set for that load only and the environment restored
+    after, so the user's process (and its subprocesses) never see it."""
+    if not openmp or "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ or _libgomp_loaded():
+        return ctypes.CDLL(so)
+    os.environ["GOMP_SPINCOUNT"] = _GOMP_SPINCOUNT
+    try:
+        return ctypes.CDLL(so)
+    finally:
+        del os.environ["GOMP_SPINCOUNT"]
 
 
 def detect_flags(compiler: str | None = None) -> dict:
     """{'cxx', 'version', 'flags', 'libs', 'simd_math'} for this compiler and machine."""
-    _tune_openmp()
     compiler = compiler or cxx
     if compiler in _flags_cache:
         return _flags_cache[compiler]
@@ -204,6 +223,6 @@ def load(source: str, info: dict | None = None):
             counters["memory_hits"] += 1
             return lib[0], lib[1]
         so, cpp, _ = build(source, info)
-        handle = ctypes.CDLL(so)
+        handle = _dlopen(so, "-fopenmp" in info["flags"])
         _loaded[key] = (handle, cpp)
         return handle, cpp

@@ -9,7 +9,7 @@ leading `+` (more verbose in PyTorch) is accepted and ignored. `set_logs(aot=Tru
 the selection from code. The environment is re-read when it changes, so tests can set it.
 
 Output goes through `logging`, under the logger `flambeau` (children `flambeau._dynamo`,
-`flambeau._functorch`, `flambeau._inductor`), at DEBUG level. Importing or compiling changes no
+`flambeau._functorch`, `flambeau._inductor` at DEBUG, `flambeau.fallbacks` at WARNING). Importing or compiling changes no
 logging state: only while some kind is selected does the `flambeau` logger get a handler printing
 `[logger LEVEL] message` to the current stderr, level DEBUG, and propagate off (as PyTorch's
 `TORCH_LOGS` does, so a root handler does not print each line twice); deselecting everything

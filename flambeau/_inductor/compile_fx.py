@@ -22,7 +22,7 @@ Everything that runs eagerly (a whole graph, a call sent to eager) is recorded a
 """
 from __future__ import annotations
 
-from .. import _logging
+from .. import _fp_errors, _logging
 from .._counters import record_fallback
 
 import ctypes
@@ -115,6 +115,13 @@ class CompiledGraph:
         return self.artifact.size_names if self.artifact else []
 
     def __call__(self, *args):
+        token = _fp_errors.quiet()   # generated NumPy code and extern kernels: inf/nan silent, as in PyTorch
+        try:
+            return self._call(args)
+        finally:
+            _fp_errors.restore(token)
+
+    def _call(self, args):
         if self.artifact is None:
             return self.gm(*args)
         if self._fast_key is None:            # symbolic sizes: the wrapper checks the inputs itself

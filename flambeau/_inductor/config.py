@@ -3,7 +3,7 @@
 Environment variables read at import:
     FLAMBEAU_LOGS=output_code      print the generated C++ and wrapper of each compiled graph
     FLAMBEAU_COMPILE_DEBUG=1       write every stage (graph, IR, kernels, source) to debug_dir
-    FLAMBEAU_TUNE_MALLOC=0         leave glibc's malloc thresholds alone (see tune_malloc)
+    FLAMBEAU_TUNE_MALLOC=1         opt in to glibc malloc thresholds for compiled graphs (see tune_malloc)
 """
 from __future__ import annotations
 
@@ -25,9 +25,12 @@ reuse_buffers: bool = True        # memory planning: reuse freed buffers of the 
 max_inline_ops: int = 200         # realise a pointwise value whose expression grows beyond this
 inline_ops_multi_use: int = 12    # ... or that has several users and costs more than this
 parallel_threshold: int = 1 << 15  # elements of work below which a kernel runs on one thread (with
-#   GOMP_SPINCOUNT=10000 the team is still spinning between kernels: 2 threads win from ~16K up)
+#   GOMP_SPINCOUNT=10000, set by _cpp_builder for libgomp's load only, the team is still spinning
+#   between kernels: 2 threads win from ~16K up)
 accumulate_float_in_double: bool = True   # float32 sums/products accumulate in double
-# Keep freed memory in the process (glibc: mmap threshold 32 MiB, no heap trimming below 1 GiB) so
-# that the buffers of each call of a compiled graph reuse pages instead of faulting fresh ones in
-# (a fifth of a small training step otherwise). Applied once, process-wide, at the first compile.
-tune_malloc: bool = os.environ.get("FLAMBEAU_TUNE_MALLOC", "1") not in ("", "0")
+# Opt-in (off by default; FLAMBEAU_TUNE_MALLOC=1 or set this before the first compile): keep freed
+# memory in the process (glibc: mmap threshold 32 MiB, no heap trimming below 1 GiB) so that the
+# buffers of each call of a compiled graph reuse pages instead of faulting fresh ones in (measured: a
+# fifth of a small training step). It changes glibc's allocator for the whole process, for good,
+# which a library must not do unasked; hence opt-in. Applied once, at the first compile.
+tune_malloc: bool = os.environ.get("FLAMBEAU_TUNE_MALLOC", "0") not in ("", "0")

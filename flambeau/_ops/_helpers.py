@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import _dtype as D
+from .. import _fp_errors
 from .. import _state
 from .._tensor import Tensor
 from ._registry import TensorSpec
@@ -223,12 +224,16 @@ def parallel_map(fn, xs, out_dtype, ufunc=None):
 
     def part(i):
         s0, e0 = i * per, min(n, (i + 1) * per)
-        if ufunc is not None:
-            ufunc(*[f if type(f) in _SCALARS else f[s0:e0] for f in flats], out=flat_out[s0:e0])
-            return
-        for s in range(s0, e0, block):
-            e = min(e0, s + block)
-            flat_out[s:e] = fn(np, *[f if type(f) in _SCALARS else f[s:e] for f in flats])
+        token = _fp_errors.quiet()        # a worker thread does not inherit the dispatcher's error state
+        try:
+            if ufunc is not None:
+                ufunc(*[f if type(f) in _SCALARS else f[s0:e0] for f in flats], out=flat_out[s0:e0])
+                return
+            for s in range(s0, e0, block):
+                e = min(e0, s + block)
+                flat_out[s:e] = fn(np, *[f if type(f) in _SCALARS else f[s:e] for f in flats])
+        finally:
+            _fp_errors.restore(token)
 
     list(_threads().map(part, range(_NTHREADS)))
     return out

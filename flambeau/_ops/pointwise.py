@@ -212,8 +212,7 @@ def binary(schema, fn, deriv=None, *, kind="promote", bad=(), check=None, method
         if cd != cdt.np:
             a, b = round_to(a, cdt), round_to(b, cdt)
         try:
-            with np.errstate(all="ignore"):
-                r = fn(xp, cast_wrap(xp, a, cd), cast_wrap(xp, b, cd), *args, **kw)
+            r = fn(xp, cast_wrap(xp, a, cd), cast_wrap(xp, b, cd), *args, **kw)
         except ValueError:
             broadcast_shapes(shape_of(self), shape_of(other))
             raise

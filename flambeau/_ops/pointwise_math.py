@@ -63,8 +63,7 @@ def unary(name, fn, deriv=None, *, kind="float", bad=(), bad_exc=None, real_out=
         check(dt)
         src = result_dtype("float", dt) if kind == "float" else dt
         cd = opmath(src)
-        with np.errstate(all="ignore"):
-            r = fn(xp, self.astype(cd) if self.dtype != cd else self, *args, **kwargs)
+        r = fn(xp, self.astype(cd) if self.dtype != cd else self, *args, **kwargs)
         return xp.asarray(r).astype(result_dtype(kind, dt, real_out).np, copy=False)
 
     def meta(self, *args, **kwargs):

@@ -1,0 +1,106 @@
+"""flambeau leaves the process as it found it: `import flambeau` and a first compile change neither
+NumPy's error state, the environment, nor glibc's malloc (an opt-in); OpenMP's spin count reaches
+libgomp without staying in the environment; eager ops give PyTorch's silent inf/nan without NumPy
+warnings, while the user's own NumPy code still warns."""
+import json
+import math
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_PROBE = r"""
+import ctypes, json, os, sys
+import numpy as np
+np.seterr(divide="warn", over="raise", under="ignore", invalid="print")   # the user's choice
+before = (np.geterr(), dict(os.environ))
+called = []
+
+
+class SpyCDLL(ctypes.CDLL):
+    def __getattr__(self, name):
+        called.append(name)
+        return super().__getattr__(name)
+
+
+ctypes.CDLL = SpyCDLL
+import flambeau
+after_import = (np.geterr(), dict(os.environ))
+f = flambeau.compile(lambda x: (x * 2).sin().sum())
+f(flambeau.randn(1 << 17))          # big enough for a parallel (OpenMP) kernel
+after_compile = (np.geterr(), dict(os.environ))
+gomp = any("libgomp" in line for line in open("/proc/self/maps"))
+if gomp:
+    ctypes.CDLL("libgomp.so.1").omp_display_env(1)
+    ctypes.CDLL(None).fflush(None)
+print("RESULT" + json.dumps({"before": before, "after_import": after_import, "after_compile": after_compile,
+                              "mallopt": "mallopt" in called, "gomp": gomp}))
+"""
+
+
+def _probe(**env):
+    e = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY",
+                                                          "FLAMBEAU_TUNE_MALLOC")}
+    e.update(env, PYTHONPATH=_ROOT + os.pathsep + e.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=e, timeout=600)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT"))
+    return json.loads(line[len("RESULT"):]), r.stderr          # omp_display_env writes to stderr
+
+
+def test_import_and_first_compile_leave_numpy_environment_and_malloc_alone():
+    res, err = _probe()
+    assert res["after_import"] == res["before"]
+    assert res["after_compile"] == res["before"]
+    assert "GOMP_SPINCOUNT" not in res["after_compile"][1]
+    assert not res["mallopt"]
+    if res["gomp"]:        # the C++ backend loaded libgomp: it took the spin count for flambeau's threads
+        assert "GOMP_SPINCOUNT = '10000'" in err, err
+
+
+def test_malloc_tuning_is_an_opt_in():
+    res, _ = _probe(FLAMBEAU_TUNE_MALLOC="1")
+    assert res["mallopt"]
+    assert res["after_compile"][0] == res["before"][0]
+
+
+def _no_numpy_warnings(fn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        return fn()
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("div_by_zero", lambda m: m.tensor([1.0, -1.0, 0.0]) / 0),
+    ("log_of_negative", lambda m: m.log(m.tensor([-1.0, 0.0, 2.0]))),
+    ("exp_overflow", lambda m: m.exp(m.tensor([1000.0, 1.0], dtype=m.float32))),
+    ("inf_minus_inf", lambda m: m.tensor([math.inf]) - m.tensor([math.inf])),
+    ("mul_overflow_float16", lambda m: m.tensor([60000.0], dtype=m.float16) * 2),
+    ("cast_overflow_to_float16", lambda m: m.tensor([1e10, -1e10]).half()),
+    ("sum_overflow_float16", lambda m: m.full((4,), 60000.0, dtype=m.float16).sum()),
+    ("matmul_with_inf", lambda m: m.tensor([[math.inf, 1.0]]) @ m.tensor([[0.0], [1.0]])),
+    ("sqrt_of_negative", lambda m: m.sqrt(m.tensor([-4.0, 4.0]))),
+    ("int_div_by_zero_float_result", lambda m: m.tensor([1, 0]) / m.tensor([0, 0])),
+])
+def test_inf_nan_results_are_silent_like_pytorch(name, fn):
+    ours = _no_numpy_warnings(lambda: fn(flambeau))
+    ref = fn(torch)
+    torch.testing.assert_close(torch.from_numpy(np.array(ours.float()._host())), ref.float(), equal_nan=True)
+
+
+def test_nan_to_integer_cast_is_silent():
+    _no_numpy_warnings(lambda: flambeau.tensor([math.nan, math.inf]).long())
+
+
+def test_user_numpy_still_warns_after_flambeau_ops():
+    _no_numpy_warnings(lambda: flambeau.tensor([1.0]) / 0)
+    with pytest.warns(RuntimeWarning):
+        np.array([1.0]) / 0
