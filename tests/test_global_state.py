@@ -83,6 +83,7 @@ def _no_numpy_warnings(fn):
     ("log_of_negative", lambda m: m.log(m.tensor([-1.0, 0.0, 2.0]))),
     ("exp_overflow", lambda m: m.exp(m.tensor([1000.0, 1.0], dtype=m.float32))),
     ("inf_minus_inf", lambda m: m.tensor([math.inf]) - m.tensor([math.inf])),
+    ("inf_minus_inf_on_worker_threads", lambda m: m.full((1 << 19,), math.inf) - m.full((1 << 19,), math.inf)),
     ("mul_overflow_float16", lambda m: m.tensor([60000.0], dtype=m.float16) * 2),
     ("cast_overflow_to_float16", lambda m: m.tensor([1e10, -1e10]).half()),
     ("sum_overflow_float16", lambda m: m.full((4,), 60000.0, dtype=m.float16).sum()),
