@@ -434,8 +434,7 @@ def _float_power(xp, a, b):
 
 @defop("float_power.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor", method=True)
 def float_power(xp, self, exponent):
-    with np.errstate(all="ignore"):
-        return xp.asarray(_float_power(xp, self, exponent))
+    return xp.asarray(_float_power(xp, self, exponent))
 
 
 @float_power.def_meta
@@ -647,8 +646,7 @@ def isclose(xp, self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     _isclose_check(self, other, rtol, atol)
     cd = np.complex128 if self.dtype.kind == "c" else np.float64
     a, b = self.astype(cd), xp.asarray(other).astype(cd)
-    with np.errstate(all="ignore"):
-        close = (a == b) | (xp.isfinite(a) & xp.isfinite(b) & (xp.abs(a - b) <= atol + rtol * xp.abs(b)))
+    close = (a == b) | (xp.isfinite(a) & xp.isfinite(b) & (xp.abs(a - b) <= atol + rtol * xp.abs(b)))
     if equal_nan:
         close = close | (xp.isnan(a) & xp.isnan(b))
     return xp.asarray(close)

@@ -370,10 +370,9 @@ def polygamma(xp, n, self):
     if n < 0:
         raise RuntimeError("polygamma(n, x) does not support negative n.")
     cd = opmath(dt)
-    with np.errstate(all="ignore"):
-        sp = special_ns(xp)
-        a = self.astype(cd)
-        r = sp.psi(a) if n == 0 else sp.polygamma(xp.asarray(n) if xp is not np else n, a)
+    sp = special_ns(xp)
+    a = self.astype(cd)
+    r = sp.psi(a) if n == 0 else sp.polygamma(xp.asarray(n) if xp is not np else n, a)
     return xp.asarray(r).astype(dt.np)
 
 
@@ -554,12 +553,11 @@ def _clamp_check(self, min, max):
 def clamp(xp, self, min=None, max=None):
     dt = _clamp_check(self, min, max)
     a, lo, hi = _compute(xp, dt, self, min, max)
-    with np.errstate(all="ignore"):
-        r = a
-        if lo is not None:
-            r = xp.maximum(r, lo)
-        if hi is not None:
-            r = xp.minimum(r, hi)
+    r = a
+    if lo is not None:
+        r = xp.maximum(r, lo)
+    if hi is not None:
+        r = xp.minimum(r, hi)
     return xp.broadcast_to(xp.asarray(r), _bshape(self, min, max)).astype(dt.np)
 
 
@@ -635,9 +633,8 @@ def _lerp_check(self, end, weight):
 def lerp(xp, self, end, weight):
     dt = _lerp_check(self, end, weight)
     a, b, w = _compute(xp, dt, self, end, weight)
-    with np.errstate(all="ignore"):
-        d = b - a
-        r = xp.where(xp.abs(xp.asarray(w)) < 0.5, a + w * d, b - d * (1 - xp.asarray(w)))
+    d = b - a
+    r = xp.where(xp.abs(xp.asarray(w)) < 0.5, a + w * d, b - d * (1 - xp.asarray(w)))
     return xp.broadcast_to(xp.asarray(r), _bshape(self, end, weight)).astype(dt.np)
 
 
@@ -670,8 +667,7 @@ def _addc(name, combine, *, tags=()):
         a, b, c = _compute(xp, dt, self, tensor1, tensor2)
         if dt.category < D.FLOATING:
             value = int(value)
-        with np.errstate(all="ignore"):
-            r = a + value * combine(b, c)
+        r = a + value * combine(b, c)
         return xp.broadcast_to(xp.asarray(r), _bshape(self, tensor1, tensor2)).astype(dt.np)
     op = defop(f"{name}(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor",
                method=True, inplace=True, tags=tags)(kernel)

@@ -198,8 +198,7 @@ def nanmean(xp, self, dim=None, keepdim=False, *, dtype=None):
     x = self.astype(opmath(out))
     ok = ~xp.isnan(x)
     s = xp.sum(xp.where(ok, x, 0), axis=dims, keepdims=keepdim)
-    with np.errstate(all="ignore"):
-        return _fresh(xp, s / xp.sum(ok, axis=dims, keepdims=keepdim), out.np)
+    return _fresh(xp, s / xp.sum(ok, axis=dims, keepdims=keepdim), out.np)
 
 
 @nanmean.def_meta
@@ -286,8 +285,7 @@ def _var_kernel(xp, x, dims, correction, keepdim):
     m = xp.sum(x, axis=dims, keepdims=True) / n if n else xp.sum(x, axis=dims, keepdims=True) * math.nan
     d = x - m
     sq = (d.real * d.real + d.imag * d.imag) if d.dtype.kind == "c" else d * d
-    with np.errstate(all="ignore"):
-        v = xp.sum(sq, axis=dims, keepdims=keepdim) / builtins.max(n - c, 0)
+    v = xp.sum(sq, axis=dims, keepdims=keepdim) / builtins.max(n - c, 0)
     return v, (m if keepdim or not dims else xp.squeeze(m, axis=dims)), out
 
 
@@ -611,8 +609,7 @@ def logsumexp(xp, self, dim, keepdim=False):
         m = xp.where(xp.isinf(m), 0, m)
     else:
         m = xp.zeros(reduced_shape(x.shape, dims, True), x.dtype)
-    with np.errstate(divide="ignore"):
-        r = xp.log(xp.sum(xp.exp(x - m), axis=dims, keepdims=True)) + m
+    r = xp.log(xp.sum(xp.exp(x - m), axis=dims, keepdims=True)) + m
     return _fresh(xp, _keep(r, dims, keepdim, xp), out.np)
 
 
@@ -657,8 +654,7 @@ def _norm(xp, self, p=2, dim=(), keepdim=False, *, dtype=None):
     elif p == 2:
         r = xp.sqrt(xp.sum(a * a, axis=dims, keepdims=keepdim))
     else:
-        with np.errstate(divide="ignore"):
-            r = xp.sum(a ** p, axis=dims, keepdims=keepdim) ** (1.0 / p)
+        r = xp.sum(a ** p, axis=dims, keepdims=keepdim) ** (1.0 / p)
     return _fresh(xp, r, out.np)
 
 

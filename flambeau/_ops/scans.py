@@ -148,8 +148,7 @@ def logcumsumexp(xp, self, dim):
     x = self.astype(opmath(out))
     if self.ndim == 0 or self.size == 0:
         return _fresh(xp, x, out.np)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return _fresh(xp, _logcumsumexp(xp, x, d), out.np)
+    return _fresh(xp, _logcumsumexp(xp, x, d), out.np)
 
 
 @logcumsumexp.def_meta
