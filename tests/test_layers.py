@@ -17,7 +17,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "flambeau"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("flambeau._state", "flambeau._dtype", "flambeau._logging", "flambeau._png",
                     "flambeau._cpp_builder", "flambeau._counters", "flambeau._atomic",
-                    "flambeau._tags")),
+                    "flambeau._tags", "flambeau._fp_errors")),
     ("device", ("flambeau._device",)),
     ("backends", ("flambeau._backends",)),
     ("tensor", ("flambeau._tensor", "flambeau._tensor_str", "flambeau._dispatch")),
