@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-from . import _dynamo
+from . import _dynamo, _logging
 from ._dynamo import config
 from ._dynamo.backends.registry import InvalidBackend, list_backends, lookup_backend, register_backend
 from ._dynamo.eval_frame import OptimizedModule
@@ -39,6 +39,10 @@ __all__ = ["compile", "list_backends", "register_backend", "lookup_backend", "re
 
 Unsupported = _dynamo.exc.Unsupported
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# what each mode would change, none of which the code generator does yet (it compiles as "default")
+_MODE_NOT_YET = {"reduce-overhead": "CUDA graphs", "max-autotune": "autotuning and CUDA graphs",
+                 "max-autotune-no-cudagraphs": "autotuning"}
+_log = _logging.get_logger("flambeau.compiler")
 
 
 def _frontend() -> Callable:
@@ -61,8 +65,7 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
         raise RuntimeError(f"flambeau.compile: expected a function or nn.Module, got {type(model).__name__}")
     if mode is not None and options is not None:
         raise RuntimeError("Either mode or options can be specified, but both can't be specified at the same time.")
-    if mode is not None and mode not in _MODES:
-        raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(_MODES)}")
+    _check_mode_and_options(backend, mode, options)
     if disable:
         return model
     be = lookup_backend(backend, options)
@@ -76,6 +79,26 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     compiled._torchdynamo_orig_callable = model
     compiled._compiled = cc
     return compiled
+
+
+def _check_mode_and_options(backend, mode: str | None, options: dict | None) -> None:
+    """PyTorch's rules: an unknown mode or option raises RuntimeError; a mode that changes nothing
+    yet, or options a backend does not take, are said in one log line (options for the registered
+    debug backends raise: nothing would act on them)."""
+    from ._dynamo.backends.inductor import check_inductor_options
+    if mode is not None and mode not in _MODES:
+        raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(_MODES)}")
+    if backend == "inductor":
+        check_inductor_options(options or {})
+        if mode in _MODE_NOT_YET:
+            _log.warning("mode=%r: %s are not implemented yet; compiling as mode='default'", mode,
+                         _MODE_NOT_YET[mode])
+        return
+    name = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
+    if options:
+        raise RuntimeError(f"backend {name!r} takes no options, got {sorted(options)}")
+    if mode not in (None, "default"):
+        _log.warning("backend %r ignores mode=%r", name, mode)
 
 
 disable = _dynamo.disable

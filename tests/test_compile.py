@@ -10,8 +10,7 @@ import pytest
 import torch
 
 import flambeau as fl
-from flambeau._dynamo.utils import counters
-from tests.opdb import all_opinfos, assert_outputs_match, eager_samples, materialize
+from tests.opdb import all_opinfos, check_compiled_or_expected_failure
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
@@ -381,20 +380,7 @@ OPINFOS = all_opinfos()
 
 
 def _check_opinfo(info, backend, max_samples):
-    dt = "float32" if "float32" in info.dtypes else info.dtypes[0]
-    fn = info.resolve(fl)
-    breaks = 0
-    for i, s, ref in eager_samples(fl, info, dt, max_samples):
-        args, kwargs, _ = materialize(fl, s, dt, 100 + i, False)
-        fl._dynamo.reset()
-        compiled = fl.compile(lambda *a, **k: fn(*a, **k), backend=backend)
-        before = sum(counters["graph_break"].values())
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            res = compiled(*args, **kwargs)
-        breaks += sum(counters["graph_break"].values()) - before
-        assert_outputs_match(fl, info, ref, res, f"sample {i}")
-    return breaks
+    return check_compiled_or_expected_failure(fl, info, backend, max_samples)
 
 
 @pytest.mark.parametrize("info", OPINFOS, ids=[i.name for i in OPINFOS])

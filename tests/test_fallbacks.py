@@ -135,3 +135,116 @@ def test_compile_counter_backend():
         out = fl.compile(lambda a: a.sin() + 1, backend=cnt)(fl.zeros(2))
     assert out.tolist() == [1.0, 1.0]
     assert cnt.frame_count == 1 and cnt.op_count == 2
+
+
+# ---- compile(mode=..., options=...): accepted values act or say so; others raise like torch.compile ----
+def _keep_log(name):
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+    handler = Keep()
+    logging.getLogger(name).addHandler(handler)
+    return records, handler
+
+
+@pytest.mark.parametrize("kwargs", [dict(mode="foo"), dict(options={"nonexistent": 1}),
+                                    dict(options={"debug": "yes"}), dict(mode="reduce-overhead", options={}),
+                                    dict(mode="max-autotune", options={"fuse": True})])
+def test_bad_mode_or_options_raise_like_torch(kwargs):
+    f = lambda x: x + 1                                      # noqa: E731
+    with pytest.raises(RuntimeError) as theirs:
+        torch.compile(f, **kwargs)
+    with pytest.raises(RuntimeError) as ours:
+        fl.compile(f, **kwargs)
+    first = lambda e: str(e.value).split(",")[0].split(" known")[0]      # noqa: E731
+    if "mode" in kwargs and "options" not in kwargs:    # torch 2.13 also lists its "lite" mode
+        assert str(ours.value).startswith("Unrecognized mode=foo, should be one of: ")
+    else:
+        assert first(ours) == first(theirs)
+
+
+@pytest.mark.parametrize("mode", [None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+def test_every_torch_mode_is_accepted_and_a_mode_without_effect_says_so(mode):
+    records, handler = _keep_log("flambeau.compiler")
+    try:
+        f = fl.compile(lambda x: x.relu() * 2, mode=mode)
+        assert f(fl.tensor([-1.0, 2.0])).tolist() == [0.0, 4.0]
+        torch.compile(lambda x: x, mode=mode)             # accepted by torch too
+    finally:
+        logging.getLogger("flambeau.compiler").removeHandler(handler)
+    if mode in (None, "default"):
+        assert not records
+    else:
+        assert len(records) == 1 and f"mode={mode!r}" in records[0] and "mode='default'" in records[0], records
+
+
+def test_options_act_or_raise():
+    from flambeau._inductor import config as iconfig
+    seen = []
+    real = fl._inductor.compile_fx
+
+    def spy(gm, ex, **kw):
+        seen.append(iconfig.fuse)
+        return real(gm, ex, **kw)
+    import flambeau._inductor as ind
+    old = ind.compile_fx
+    ind.compile_fx = spy
+    try:
+        fl.compile(lambda x: x.sin() + 1, options={"fuse": False})(fl.randn(3))
+    finally:
+        ind.compile_fx = old
+    assert seen == [False] and iconfig.fuse is True
+    with pytest.raises(RuntimeError, match="takes no options"):
+        fl.compile(lambda x: x, backend="eager", options={"fuse": False})
+
+
+# ---- config.suppress_errors: False (PyTorch's default) raises with the graph and node named ----------
+def _broken_sin_lowering(monkeypatch):
+    """Make the lowering rule of `sin` fail the way a bug in a rule would (not ir.Unsupported)."""
+    from flambeau._inductor import lowering
+
+    def broken(g, *args):
+        raise ZeroDivisionError("a bug in the sin lowering")
+    monkeypatch.setitem(lowering.LOWERINGS, "sin", broken)
+
+
+def test_backend_error_raises_naming_the_graph_and_node(monkeypatch):
+    assert fl._dynamo.config.suppress_errors is False
+    _broken_sin_lowering(monkeypatch)
+
+    def my_function(x):
+        return (x * 2).sin() + 1
+    with pytest.raises(fl._dynamo.exc.BackendCompilerFailed) as e:
+        fl.compile(my_function)(fl.randn(3))
+    msg = str(e.value)
+    assert msg.startswith("backend='inductor' raised:\nLoweringException: ZeroDivisionError: a bug in the sin lowering")
+    assert "target: aten.sin" in msg and "my_function" in msg and "def forward" in msg, msg
+    assert isinstance(e.value, RuntimeError)
+    assert not counters["inductor_fallbacks"]
+
+
+def test_suppress_errors_runs_eagerly_with_a_logged_warning(monkeypatch):
+    _broken_sin_lowering(monkeypatch)
+    monkeypatch.setattr(fl._dynamo.config, "suppress_errors", True)
+    records, handler = _keep_log("flambeau._dynamo")
+    try:
+        x = fl.randn(3)
+        out = fl.compile(lambda a: (a * 2).sin() + 1)(x)
+    finally:
+        logging.getLogger("flambeau._dynamo").removeHandler(handler)
+    np.testing.assert_allclose(out.numpy(), ((x * 2).sin() + 1).numpy())
+    assert any("running it eagerly" in r and "ZeroDivisionError" in r for r in records), records
+    assert [k for k in counters["inductor_fallbacks"] if k.startswith("whole frame: ")]
+
+
+def test_graph_breaks_stay_graph_breaks():
+    def f(x):
+        y = x.sin()
+        print("", end="")                 # a call capture does not trace: the graph breaks here
+        return y + 1
+    x = fl.randn(3)
+    out = fl.compile(f)(x)
+    np.testing.assert_allclose(out.numpy(), (x.sin() + 1).numpy(), rtol=1e-6)
+    assert sum(counters["graph_break"].values()) == 1 and not counters["inductor_fallbacks"]

@@ -430,7 +430,12 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
             new = aten.add(aten.mul(running_mean, 1 - momentum), aten.mul(reshape(mean, (-1,)), momentum))
             aten.copy_(running_mean, to(new, running_mean.dtype))
         if running_var is not None:
-            unbiased = aten.mul(reshape(var, (-1,)), n / (n - 1) if n > 1 else math.nan)
+            if n <= 1:
+                unbiased = aten.mul(reshape(var, (-1,)), math.nan)
+            elif isinstance(n, int):
+                unbiased = aten.mul(reshape(var, (-1,)), n / (n - 1))
+            else:                               # a symbolic count: no Python float of it exists
+                unbiased = aten.div(aten.mul(reshape(var, (-1,)), n), n - 1)
             new = aten.add(aten.mul(running_var, 1 - momentum), aten.mul(unbiased, momentum))
             aten.copy_(running_var, to(new, running_var.dtype))
     else:

@@ -25,7 +25,7 @@ from ..nn.modules.module import Module
 from . import config, _logging
 from .._counters import counters, record_fallback
 from .backends.registry import lookup_backend
-from .exc import SkipFrame, Unsupported
+from .exc import InternalTorchDynamoError, SkipFrame, TorchDynamoException, Unsupported
 from .convert_frame import convert_frame, CompileStats
 
 _caches: dict = {}            # (code, backend key) -> CodeCache
@@ -167,12 +167,15 @@ class CompiledFunction:
             entry = None
         except Unsupported:
             raise
-        except Exception as e:                  # a capture or backend failure: run eagerly, say why once
+        except Exception as e:                  # a capture or backend failure: raise, or run eagerly and say why
             if not config.suppress_errors:
-                raise
-            warnings.warn(f"flambeau._dynamo could not compile {self.code.co_name} "
-                          f"({self.code.co_filename}:{self.code.co_firstlineno}), running it eagerly: "
-                          f"{type(e).__name__}: {e}")
+                if isinstance(e, TorchDynamoException):
+                    raise
+                raise InternalTorchDynamoError(f"{type(e).__name__}: {e}\n\nwhile capturing {self.code.co_name} "
+                                               f"({self.code.co_filename}:{self.code.co_firstlineno})") from e
+            _logging.log.warning("flambeau._dynamo could not compile %s (%s:%d), running it eagerly "
+                                 "(config.suppress_errors): %s: %s", self.code.co_name, self.code.co_filename,
+                                 self.code.co_firstlineno, type(e).__name__, e)
             record_fallback(WHOLE_FRAME, f"{self.code.co_name}: {type(e).__name__}: {e}")
             cache.skip = True
             entry = None

@@ -27,12 +27,13 @@ from .._subclasses.fake_tensor import FakeTensorMode
 from .._counters import counters
 from . import _logging, bytecode as bc, config, resume
 from .codegen import EntryCodegen
-from .exc import Unsupported, SkipFrame
+from .exc import BackendCompilerFailed, Unsupported, SkipFrame
 from .guards import GuardSet, GlobalSource, Source, graph_input_name, local_name
 from .variables import TensorVariable, SymNodeVariable, ConstantVariable, NULL, TupleVariable, ListVariable
 from .variables.base import VariableTracker
 from .variables.torch import _set_grad_enabled, _ctx_enter, _ctx_exit, GradModeExitVariable
 from .repro.after_dynamo import call_backend
+from .repro.debug_utils import AccuracyError, check_config
 
 _STATE_FNS = (_set_grad_enabled, _ctx_enter, _ctx_exit)
 
@@ -464,7 +465,16 @@ class OutputGraph:
             _logging.trace("graph", "graph of %s:\n%s", self.code.co_name, gm.code)
             self.stats.graphs.append(gm)
             counters["stats"]["unique_graphs"] += 1
-            compiled = call_backend(self.backend, gm, example_inputs)     # FLAMBEAU_REPRO_AFTER=dynamo
+            check_config()                  # a minifier setting the user got wrong raises as is
+            try:
+                compiled = call_backend(self.backend, gm, example_inputs)     # FLAMBEAU_REPRO_AFTER=dynamo
+            except AccuracyError:           # the minifier's accuracy check (FLAMBEAU_REPRO_LEVEL=4)
+                raise
+            except Exception as e:
+                name = getattr(self.backend, "compiler_name", None) or \
+                    getattr(self.backend, "__name__", type(self.backend).__name__)
+                where = f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
+                raise BackendCompilerFailed(name, e, where, gm.code) from e
             args = ", ".join(src.expr for _, src, _ in self.inputs)
             graph_call = f"{cg.const(compiled)}({args})"
         self._add_shape_guards()

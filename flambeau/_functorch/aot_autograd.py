@@ -153,13 +153,49 @@ class _Meta:
         self.diff_outs = []        # graph-output positions (among the user outputs) that get tangents
         self.grad_inputs = []      # input positions that receive gradients
         self.nondiff_outs = []     # graph-output positions never differentiable
+        self.size_sources = None   # {size symbol: (input, dim)} when an alias chain has symbolic arguments
 
 
-def _check_alias_chain(chain) -> None:
+def _size_sources(prims: list) -> dict:
+    """{size symbol: (input position, dim)} for the input dims whose size is a plain symbol."""
+    sources = {}
+    for i, p in enumerate(prims):
+        for d, sz in enumerate(p.shape if isinstance(p, Tensor) else ()):
+            if isinstance(sz, SymInt) and sz.expr.is_Symbol:
+                sources.setdefault(sz.expr, (i, d))
+    return sources
+
+
+def _chain_symints(chain) -> list:
+    out = []
     for _, b, _ in chain:
         for a in b[1:]:
-            if isinstance(a, SymInt) or (isinstance(a, (list, tuple)) and any(isinstance(x, SymInt) for x in a)):
-                raise NotImplementedError("aot_autograd: an output that is a view of an input with symbolic sizes")
+            out += [x for x in (a if isinstance(a, (list, tuple)) else [a]) if isinstance(x, SymInt)]
+    return out
+
+
+def _check_alias_chain(chain, sources: dict) -> bool:
+    """Whether the view chain of an output that aliases an input has symbolic arguments (replayed
+    with the sizes of the actual inputs); raises when a size can't be read from the inputs."""
+    syms = _chain_symints(chain)
+    for x in syms:
+        if not x.expr.free_symbols <= set(sources):
+            raise NotImplementedError("aot_autograd: an output that is a view of an input with symbolic sizes "
+                                      f"({x.expr}) that can't be read from the inputs")
+    return bool(syms)
+
+
+def _concrete_chain(chain, sources: dict, args) -> list:
+    """`chain` with each SymInt argument evaluated at the sizes of `args`."""
+    values = {s: args[i].shape[d] for s, (i, d) in sources.items()}
+
+    def conc(a):
+        if isinstance(a, SymInt):
+            return int(a.expr.xreplace(values))
+        if isinstance(a, (list, tuple)):
+            return type(a)(conc(x) for x in a)
+        return a
+    return [(func, (b[0],) + tuple(conc(a) for a in b[1:]), idx) for func, b, idx in chain]
 
 
 def _decomposed(fn: Callable, decompositions: dict | None) -> Callable:
@@ -202,9 +238,8 @@ def _trace_graph(flat_fn: Callable, flat_args: list, *, joint: bool, tracing_mod
     outs = flat_input_tensors(res.out)
     meta.n_outs = len(outs)
     meta.aliases = res.aliases
-    for a in res.aliases:
-        if a is not None:
-            _check_alias_chain(a[1])
+    if any(a is not None and _check_alias_chain(a[1], _size_sources(prims)) for a in res.aliases):
+        meta.size_sources = _size_sources(prims)
     meta.graph_outs = [k for k in range(len(outs)) if res.aliases[k] is None]
     meta.mutated = [i for i, _ in res.mutations]
     graph_outputs = [outs[k] for k in meta.graph_outs] + [v for _, v in res.mutations]
@@ -273,7 +308,8 @@ def _finish(meta: _Meta, args, graph_vals) -> list:
     for k, a in enumerate(meta.aliases):
         if a is not None:
             x = args[a[0]]
-            for step in a[1]:
+            chain = a[1] if meta.size_sources is None else _concrete_chain(a[1], meta.size_sources, args)
+            for step in chain:
                 x = _apply_step(step, x)
             outs[k] = x
     return outs

@@ -42,6 +42,15 @@ from .index import contiguous_strides
 from .sizevars import SizeExpr, collect_derived, from_sym, known_nonneg, size_tuple
 
 
+class LoweringException(RuntimeError):
+    """An error while lowering one node (a bug of its lowering rule): names the node and its target
+    (PyTorch's `torch._inductor.exc.LoweringException`)."""
+
+    def __init__(self, node, inner: BaseException):
+        super().__init__(f"{type(inner).__name__}: {inner}\n  target: {node.target}\n  node: {node.format_node()}")
+        self.node = node
+
+
 class GraphLowering:
     def __init__(self, gm, example_inputs=None):
         self.gm = gm
@@ -126,7 +135,12 @@ class GraphLowering:
             elif node.op == "call_function":
                 if node not in live:
                     continue
-                self.env[node] = self._call(node)
+                try:
+                    self.env[node] = self._call(node)
+                except (Unsupported, LoweringException):
+                    raise
+                except Exception as e:
+                    raise LoweringException(node, e) from e
                 self._note_alias(node)
                 self._maybe_realize(node)
             elif node.op == "output":

@@ -73,6 +73,8 @@ class OpInfo:
     errors: Callable[[], list] | None = None         # -> [ErrorSample]
     check_strides: bool = False
     skip: dict = field(default_factory=dict)         # test kind ('forward','grad','gradcheck','meta','cuda') -> reason
+    fallbacks: dict = field(default_factory=dict)    # op expected to run eagerly inside compiled graphs -> reason
+    dynamic_fallbacks: dict = field(default_factory=dict)   # the same, only when compiled with dynamic=True
 
     def resolve(self, module):
         if self.call is not None:
@@ -198,6 +200,94 @@ class Module:
 
 
 # ---- running samples through a compiled function (tests/test_compile.py, tests/test_inductor_dynamic.py) ----
+def compile_dtype(mod, info, max_samples: int) -> str | None:
+    """The dtype a compile test runs `info` in: float32 if listed, else the first of `info.dtypes`,
+    provided one of the first `max_samples` samples runs eagerly in it (None: no such dtype)."""
+    order = sorted(info.dtypes, key=lambda d: d != "float32")
+    for dt in order:
+        if next(eager_samples(mod, info, dt, max_samples), None) is not None:
+            return dt
+    return None
+
+
+_RANDOM = "random draws run eagerly, so compiled code keeps flambeau's generator stream"
+_LAPACK = "LAPACK through the eager kernel (no lowering)"
+_SPECIAL = "a special function without a C++ spelling (no lowering)"
+_WINDOWS = "a window/gather kernel with no lowering (runs its eager kernel)"
+_NOT_YET = "no lowering yet (issue 9: the `lowerings` work adds it)"
+# Core ops the code generator runs through their eager kernels: any op-database entry may fall back on them.
+EAGER_OPS = {
+    **dict.fromkeys(["rand", "randn", "randint.low", "randperm", "poisson", "multinomial", "normal.float_float"],
+                    _RANDOM),
+    **dict.fromkeys(["linalg_det", "linalg_slogdet", "linalg_inv", "linalg_solve", "linalg_cholesky", "linalg_eigh",
+                     "linalg_svdvals", "linalg_svd", "linalg_qr"], _LAPACK),
+    **dict.fromkeys(["erfinv", "digamma", "i0", "polygamma", "special_i1"], _SPECIAL),
+    **dict.fromkeys(["median", "median.dim", "nanmedian", "nanmedian.dim", "mode", "searchsorted.Tensor", "histc",
+                     "isin.Tensor_Tensor"], "selection/search/counting: no lowering"),
+    **dict.fromkeys(["max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices",
+                     "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "_taps_gather",
+                     "_plane_scatter_add", "im2col", "col2im", "embedding_renorm", "_sdpa_blocked"], _WINDOWS),
+    "einsum": "contracted through the eager kernel (no lowering)",
+    **dict.fromkeys(["index_put", "scatter.src", "scatter_add", "scatter_reduce.two", "diagonal_scatter",
+                     "as_strided_scatter", "linspace", "logspace", "tril_indices", "triu_indices", "index_add",
+                     "index_select"], _NOT_YET),
+}
+
+
+def expected_fallbacks(info, dynamic) -> dict:
+    """Op -> reason of what may run eagerly when `info` is compiled (with `dynamic`): the entry's
+    own `fallbacks` (`dynamic_fallbacks`) and the ops of EAGER_OPS."""
+    return {**EAGER_OPS, **info.fallbacks, **(info.dynamic_fallbacks if dynamic else {})}
+
+
+def check_compiled_or_expected_failure(mod, info, backend, max_samples: int, **kw) -> int:
+    """`check_compiled`, for an entry whose `skip` names "compile" (or "compile_dynamic" with
+    dynamic=True): that it still fails (xfail with the reason), else an error saying to remove it."""
+    import pytest
+    kind = "compile_dynamic" if kw.get("dynamic") and "compile_dynamic" in info.skip else "compile"
+    if kind not in info.skip:
+        return check_compiled(mod, info, backend, max_samples, **kw)
+    try:
+        check_compiled(mod, info, backend, max_samples, **kw)
+    except Exception:
+        pytest.xfail(info.skip[kind])
+    raise AssertionError(f"{info.name} now compiles: remove skip[{kind!r}] from its op-database entry")
+
+
+def check_compiled(mod, info, backend, max_samples: int, *, dynamic=None, compile_per_sample: bool = True) -> int:
+    """Compile `info`'s op with `backend`, call it on the samples valid in `compile_dtype` and
+    compare with eager. Fails when no sample runs, or when anything runs eagerly inside the
+    compiled code that `info.fallbacks` (`dynamic_fallbacks`) does not list. Returns the number of
+    graph breaks. `compile_per_sample=False`: one compiled function serves every sample (so a
+    dynamic graph is reused across sizes)."""
+    import warnings
+    from flambeau._dynamo.testing import no_unexpected_fallbacks
+    from flambeau._dynamo.utils import counters
+    import pytest
+    if not any(info.samples(d) for d in info.dtypes):
+        pytest.skip("an entry of error samples only")
+    dt = compile_dtype(mod, info, max_samples)
+    assert dt is not None, f"{info.name}: no sample runs eagerly in any of {info.dtypes}"
+    fn = info.resolve(mod)
+    breaks = ran = 0
+    compiled = None
+    with no_unexpected_fallbacks(expected_fallbacks(info, dynamic)):
+        for i, s, ref in eager_samples(mod, info, dt, max_samples):
+            args, kwargs, _ = materialize(mod, s, dt, 100 + i, False)
+            if compile_per_sample or compiled is None:
+                mod._dynamo.reset()
+                compiled = mod.compile(lambda *a, **k: fn(*a, **k), backend=backend, dynamic=dynamic)
+            before = sum(counters["graph_break"].values())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = compiled(*args, **kwargs)
+            breaks += sum(counters["graph_break"].values()) - before
+            assert_outputs_match(mod, info, ref, res, f"sample {i} ({dt})")
+            ran += 1
+    assert ran, f"{info.name}: no sample ran in {dt}"
+    return breaks
+
+
 def eager_samples(mod, info, dtype: str, max_samples: int):
     """(index, sample, eager result) for the first `max_samples` samples of `info` that are valid
     in `dtype` (a sample whose eager call raises is skipped)."""

@@ -16,15 +16,28 @@ from ..repro.after_aot import wrap_compiler_debug
 from .registry import register_builtin
 
 
+def check_inductor_options(options: dict) -> dict:
+    """{config name: value} for `options`, each key a knob of `flambeau._inductor.config` given a
+    value of its type (else RuntimeError, with PyTorch's messages)."""
+    knobs = inductor_config.__annotations__
+    out = {}
+    for k, v in options.items():
+        key = k.replace(".", "_").replace("-", "_")
+        if key not in knobs:
+            raise RuntimeError(f"Unexpected optimization option {k}, known options are {sorted(knobs)}")
+        current = getattr(inductor_config, key)
+        if not isinstance(v, type(current)):
+            raise RuntimeError(f"Unexpected type of attr {k}, got {type(v).__name__} should be "
+                               f"{type(current).__name__}")
+        out[key] = v
+    return out
+
+
 @contextlib.contextmanager
 def _inductor_options(options: dict | None):
     saved = {}
     try:
-        for k, v in (options or {}).items():
-            key = k.replace(".", "_")
-            if not hasattr(inductor_config, key):
-                raise RuntimeError(f"Unexpected optimization option {k}, known options are "
-                                   f"{sorted(n for n in vars(inductor_config) if not n.startswith('_'))}")
+        for key, v in check_inductor_options(options or {}).items():
             saved[key] = getattr(inductor_config, key)
             setattr(inductor_config, key, v)
         yield

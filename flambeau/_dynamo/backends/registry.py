@@ -60,5 +60,5 @@ def lookup_backend(backend, options: dict | None = None) -> Callable:
 
     def compiler_fn(gm, example_inputs):
         return fn(gm, example_inputs, options)
-    compiler_fn.compiler_name = backend        # how the minifier's repro scripts name it
+    compiler_fn.compiler_name = backend        # how the minifier's repro scripts and backend errors name it
     return compiler_fn
