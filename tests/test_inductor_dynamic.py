@@ -387,6 +387,45 @@ def test_floor_of_a_sum_in_a_derived_size():
     run_sizes(fn, [[(4, 5)], [(6, 9)], [(3, 4)]])
 
 
+def test_views_of_inputs_as_outputs_follow_the_sizes():
+    # an output that is a view of an input is regenerated from the input after the compiled graph
+    # runs; its view arguments are symbolic (reshape to s0*s1, a slice to s0 - 1, conv's and
+    # unfold's floor((s - k) / 2) sizes), so they are evaluated at each call's sizes: one compile
+    # serves every size, and nothing runs eagerly
+    from flambeau._dynamo.utils import counters
+    fn = lambda T, x, w: (x.reshape(-1), x.flatten(1), x[1:], x.transpose(0, 1),       # noqa: E731
+                          T.nn.functional.conv2d(x, w, stride=2, padding=1), x.unfold(2, 3, 2))
+    counters.clear()
+    cf = fl.compile(lambda x, w: fn(fl, x, w), dynamic=True)
+    w = fl.randn(3, 2, 3, 3)
+    for shape in [(5, 2, 7, 6), (6, 2, 9, 11), (4, 2, 10, 8)]:        # no size equal to another (duck sizing)
+        x = fl.randn(*shape)
+        got = cf(x, w)
+        assert_same(got, fn(torch, to_torch(x), to_torch(w)), rtol=1e-4, atol=1e-4)
+        assert all(g._base is x or g._base is x._base for g in got[:4] if g._base is not None)
+    assert counters["frames"]["total"] == 1, dict(counters)
+    assert not counters["inductor_fallbacks"], dict(counters)
+
+
+def test_flip_and_batch_norm_statistics_compile_for_every_size():
+    # flip's reversed index is an arange starting at a symbolic size - 1; batch_norm's running
+    # variance is corrected by n / (n - 1) for a symbolic element count n
+    from flambeau._dynamo.utils import counters
+
+    def fn(T, x, rm, rv):
+        y = T.nn.functional.batch_norm(x, rm, rv, training=True)
+        return y.flip((0, 2)), x.rot90(1, (1, 2)), rm, rv
+    counters.clear()
+    cf = fl.compile(lambda *a: fn(fl, *a), dynamic=True)
+    for shape in [(5, 3, 7), (6, 3, 9), (4, 3, 11)]:
+        x = fl.randn(*shape)
+        args = [x, fl.zeros(3), fl.ones(3)]
+        targs = [to_torch(a) for a in args]
+        assert_same(cf(*args), fn(torch, *targs), rtol=1e-4, atol=1e-5)
+    assert counters["frames"]["total"] == 1, dict(counters)
+    assert not counters["inductor_fallbacks"], dict(counters)
+
+
 def test_loops_over_sizes_not_provably_positive():
     # conv1d's output length is s2 + 1 - s4 (input length, kernel size): not provably >= 1, so a
     # loop over it must not be bounded by 0 (that once simplified (r % L) to r: the kernels read and

@@ -253,7 +253,8 @@ def _empty(g, *args, **kw):
 def _arange(g, start, end, step=1, dtype=None, device=None, **kw):
     dt = out_dtype(g)
     if dt.category < D.FLOATING:
-        s0, st = int(start), int(step)
+        s0 = start if isinstance(start, SizeExpr) else int(start)     # a symbolic start: flip's size - 1
+        st = int(step)
         return Pointwise(out_shape(g), dt, lambda idx: ops.index_expr(idx[0] * st + s0, dt))
     # floating arange: start + i * step computed in double like PyTorch's kernel
     def inner(idx):

@@ -112,7 +112,7 @@ class _Recorder:
             for x in terms[1:]:
                 n = self.graph.call_function(fn, (n, x))
         elif isinstance(e, sp.floor):
-            num, den = sp.fraction(e.args[0])
+            num, den = sp.fraction(sp.together(e.args[0]))     # floor(s/2 - 1/2) -> (s - 1) // 2
             n = self.graph.call_function(operator.floordiv, (self.expr_node(num), self.expr_node(den)))
         elif isinstance(e, sp.Mod):
             n = self.graph.call_function(operator.mod, tuple(self.expr_node(a) for a in e.args))
