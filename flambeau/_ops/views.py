@@ -677,16 +677,16 @@ def _(self, dimension, size, step):
 
 @unfold.def_derivative
 def _(grad, self_meta, dimension, size, step):
-    from .creation import zeros, tensor
+    from .creation import zeros, arange
     shape = self_meta.shape
     if not len(shape):
         return grad.sum().reshape(())
     d = wrap_dim(dimension, len(shape))
-    nw = grad.shape[d]
-    idx = (np.arange(nw)[:, None] * step + np.arange(size)[None, :]).reshape(-1)
+    nw = grad.shape[d]                  # may be symbolic (a traced backward): the index is an arange of it
+    idx = (arange(nw, device=grad.device)[:, None] * step + arange(size, device=grad.device)[None, :]).reshape(-1)
     g = grad.movedim(-1, d + 1).reshape(tuple(shape[:d]) + (nw * size,) + tuple(shape[d + 1:]))
     z = zeros(shape, dtype=grad.dtype, device=grad.device)
-    return z.index_add(d, tensor(idx, device=grad.device), g)
+    return z.index_add(d, idx, g)
 
 
 def storage_root(a):
