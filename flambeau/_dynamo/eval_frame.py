@@ -27,6 +27,7 @@ from .._counters import counters, record_fallback
 from .backends.registry import lookup_backend
 from .exc import InternalTorchDynamoError, SkipFrame, TorchDynamoException, Unsupported
 from .convert_frame import convert_frame, CompileStats
+from .repro.debug_utils import AccuracyError, check_config
 
 _caches: dict = {}            # (code, backend key) -> CodeCache
 _tracing = [0]                # > 0 while a frame is being translated (nested compiled calls run eagerly)
@@ -154,6 +155,7 @@ class CompiledFunction:
                            "guard failure(s):\n    - %s", self.code.co_name, self.code.co_filename,
                            self.code.co_firstlineno, "\n    - ".join(reasons))
         values = dict(zip(self.argnames, L))
+        check_config()                          # a minifier setting the user got wrong raises as is
         _tracing[0] += 1
         counters["frames"]["total"] += 1
         try:
@@ -169,7 +171,7 @@ class CompiledFunction:
             raise
         except Exception as e:                  # a capture or backend failure: raise, or run eagerly and say why
             if not config.suppress_errors:
-                if isinstance(e, TorchDynamoException):
+                if isinstance(e, (TorchDynamoException, AccuracyError)):     # already says what failed
                     raise
                 raise InternalTorchDynamoError(f"{type(e).__name__}: {e}\n\nwhile capturing {self.code.co_name} "
                                                f"({self.code.co_filename}:{self.code.co_firstlineno})") from e

@@ -49,6 +49,7 @@ class LoweringException(RuntimeError):
     def __init__(self, node, inner: BaseException):
         super().__init__(f"{type(inner).__name__}: {inner}\n  target: {node.target}\n  node: {node.format_node()}")
         self.node = node
+        self.inner_exception = inner
 
 
 class GraphLowering:

@@ -185,10 +185,18 @@ def same(ref, res, fp64_ref=None, tol: float = 1e-4, ignore_non_fp: bool = False
     return accuracy_failure(ref, res, fp64_ref, tol, ignore_non_fp) is None
 
 
+def _unwrapped(e: BaseException) -> BaseException:
+    """The error a wrapper (inductor's LoweringException, BackendCompilerFailed) reports."""
+    while getattr(e, "inner_exception", None) is not None:
+        e = e.inner_exception
+    return e
+
+
 def same_failure(orig: BaseException, new: BaseException) -> bool:
     """Whether `new` is the failure `orig` again: the same type and a similar message (as PyTorch's
     after-dynamo minifier judges, since messages name nodes that minification renames)."""
     from difflib import SequenceMatcher
+    orig, new = _unwrapped(orig), _unwrapped(new)
     if type(new) is not type(orig):
         return False
     return SequenceMatcher(None, str(orig), str(new)).ratio() > 0.5
