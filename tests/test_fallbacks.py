@@ -203,11 +203,11 @@ def test_options_act_or_raise():
 # ---- config.suppress_errors: False (PyTorch's default) raises with the graph and node named ----------
 def _broken_sin_lowering(monkeypatch):
     """Make the lowering rule of `sin` fail the way a bug in a rule would (not ir.Unsupported)."""
-    from flambeau._inductor import lowering
+    from flambeau._decomp._table import aten
 
     def broken(g, *args):
         raise ZeroDivisionError("a bug in the sin lowering")
-    monkeypatch.setitem(lowering.LOWERINGS, "sin", broken)
+    monkeypatch.setattr(aten.sin, "lowering", broken)
 
 
 def test_backend_error_raises_naming_the_graph_and_node(monkeypatch):

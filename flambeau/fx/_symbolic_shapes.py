@@ -186,6 +186,11 @@ class SymInt:
     __gt__ = _compare("Gt")
     __ge__ = _compare("Ge")
 
+    def __pow__(self, other):
+        if type(other) is not int or other < 0:       # an int result only for a non-negative int exponent
+            return NotImplemented
+        return _wrap(self.expr ** other, self.env)
+
     def __neg__(self):
         return _wrap(-self.expr, self.env)
 
