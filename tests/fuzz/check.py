@@ -59,9 +59,8 @@ def torch_step(prog: Program, upto):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if upto is None:
-            outs, grads, _ = run(prog, torch, "eager")
-            ns = _build(prog, torch, float64=True)
-            run(prog, torch, "eager", ns)
+            run(prog, torch, "eager")
+            run(prog, torch, "eager", _build(prog, torch, float64=True))
             return None
         ns = _build(prog, torch)
         leaves, inputs = ns["make_inputs"]()

@@ -349,8 +349,8 @@ def _inplace(rng, v, pool):
     if r == 6:
         return f"{v.name}.clamp_(min={_pick(rng, ['-1.0', '0.0', '-0.0'])})"
     if r == 7 and n >= 1:
-        return f"{v.name}.{_pick(rng, ['zero_', 'fill_'])}({'' if rng.random() < 0.5 else '-0.0'})".replace(
-            "zero_(-0.0)", "zero_()").replace("fill_()", "fill_(2)")
+        method, plain = _pick(rng, ["zero_", "fill_"]), rng.random() < 0.5
+        return f"{v.name}.zero_()" if method == "zero_" else f"{v.name}.fill_({'2' if plain else '-0.0'})"
     return None
 
 
