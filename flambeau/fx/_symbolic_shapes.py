@@ -178,7 +178,6 @@ class SymInt:
     __rfloordiv__ = _arith(_floordiv, True)
     __mod__ = _arith(_mod)
     __rmod__ = _arith(_mod, True)
-    __pow__ = _arith(lambda a, b: a ** b)       # a product of equal sizes prints as s0**2 in graph code
     __eq__ = _compare("Eq")
     __ne__ = _compare("Ne")
     __lt__ = _compare("Lt")
