@@ -1,9 +1,10 @@
 """Top-level functions that are not operators: default dtype/device, dtype queries, result_type."""
 from __future__ import annotations
 
-from . import _state
-from . import _dtype as D
+from . import _state, _dtype as D
 from ._tensor import Tensor
+from ._device import device as Device, canonical
+from ._dispatch import can_cast as cc
 
 __all__ = ["set_default_dtype", "get_default_dtype", "set_default_device", "get_default_device",
            "result_type", "can_cast", "is_floating_point", "is_complex", "numel", "is_nonzero",
@@ -22,12 +23,10 @@ def get_default_dtype():
 
 
 def set_default_device(device) -> None:
-    from ._device import device as Device
     _state.default_device = None if device is None else Device(device)
 
 
 def get_default_device():
-    from ._device import canonical
     return canonical(_state.default_device)
 
 
@@ -37,7 +36,6 @@ def result_type(tensor1, tensor2):
 
 
 def can_cast(from_, to) -> bool:
-    from ._dispatch import can_cast as cc
     return cc(from_, to)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from . import _dtype as D
 from ._tensor import Tensor, Size
+from ._device import CPU, device
 
 _STORAGE = {"FloatStorage": D.float32, "DoubleStorage": D.float64, "HalfStorage": D.float16,
             "BFloat16Storage": D.bfloat16, "LongStorage": D.int64, "IntStorage": D.int32,
@@ -120,7 +121,6 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=Fals
     if all(s > 0 for s in size):
         base = base[storage_offset:]
     view = np.lib.stride_tricks.as_strided(base, size, _byte_strides(size, stride, dt.itemsize))
-    from ._device import CPU
     t = Tensor._make(view, CPU, dt)
     if requires_grad:
         t.requires_grad_(True)
@@ -135,7 +135,6 @@ def _rebuild_parameter(data, requires_grad, backward_hooks, *state):
 
 
 def _device(s, index=None):
-    from ._device import device
     return device(s, index)
 
 

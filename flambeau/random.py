@@ -17,6 +17,9 @@ import warnings
 from typing import Iterable, Iterator
 
 import numpy as np
+from ._device import canonical
+from ._tensor import Tensor
+from . import _dtype as D
 
 _STATE_TAG = b"flbrng01"
 _STATE = struct.Struct("<8sQQQQQII")   # tag, seed, state lo/hi, inc lo/hi, has_uint32, uinteger
@@ -25,7 +28,6 @@ _U64 = 2 ** 64
 
 class Generator:
     def __init__(self, device="cpu"):
-        from ._device import canonical
         self.device = canonical(device)
         self._seed = 67280421310721
         self._np = np.random.Generator(np.random.PCG64(self._seed))
@@ -59,8 +61,6 @@ class Generator:
         return tensor(np.frombuffer(raw, dtype=np.uint8).copy())
 
     def set_state(self, new_state) -> "Generator":
-        from ._tensor import Tensor
-        from . import _dtype as D
         if not isinstance(new_state, Tensor):
             raise TypeError(f"expected a torch.ByteTensor, but got {type(new_state).__name__}")
         if new_state.dtype is not D.uint8:

@@ -35,6 +35,8 @@ import safetensors
 from . import _dtype as D
 from ._atomic import write_atomic
 from ._tensor import Tensor, Size
+from ._device import CPU, device
+from ._ops.creation import tensor
 
 MAGIC_V1 = "flambeau-checkpoint-v1"
 FORMAT_V2 = "flambeau-checkpoint-v2"
@@ -165,7 +167,6 @@ def _safetensors_write(tensors: dict, metadata: dict | None, f) -> None:
 
 
 def _cpu():
-    from ._device import CPU
     return CPU
 
 
@@ -251,7 +252,6 @@ class _Decoder:
         if "__float__" in x:
             return float(x["__float__"])
         if "__device__" in x:
-            from ._device import device
             return device(x["__device__"])
         if "__dict__" in x:
             out = collections.OrderedDict() if x.get("ordered") else {}
@@ -450,6 +450,5 @@ def load(f, map_location=None, pickle_module=None, *, weights_only: bool | None 
 
 def _rebuild_tensor_from_numpy(arr, dtype_name, device, requires_grad):
     """Used by Tensor.__reduce_ex__ (copy.deepcopy, multiprocessing)."""
-    from ._ops.creation import tensor
     t = tensor(arr, dtype=D.BY_NAME[dtype_name], device=device)
     return t.requires_grad_(requires_grad) if requires_grad else t

@@ -9,8 +9,9 @@ and which it replaces. The helpers below (casts, factories, dim handling) emit o
 from __future__ import annotations
 
 from .. import _dtype as D
-from .._ops import OPS, Op
+from .._ops import OPS, Op, EXPORTS
 from ..fx._aten import OpOverloadPacket
+from .._ops._helpers import result_type
 
 
 def register_decomposition(*ops: Op):
@@ -92,7 +93,6 @@ def minimum(x, y):
 
 
 def _tensors(x, y):
-    from .._ops._helpers import result_type
     dt = result_type(x, y)
     like = x if hasattr(x, "dtype") else y
     if not hasattr(x, "dtype"):
@@ -130,7 +130,6 @@ def numel(shape, dims=None) -> int:
 
 
 def reshape(x, shape):
-    from .._ops import EXPORTS
     return EXPORTS["reshape"](x, *shape) if shape else EXPORTS["reshape"](x, ())
 
 

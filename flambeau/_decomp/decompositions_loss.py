@@ -13,13 +13,15 @@ import math
 from .. import _dtype as D
 from ._table import aten, register_decomposition, maximum, to, compute_dtype, full, reshape, wrap
 from .decompositions_nn import _pointwise, _backward, _float_check, softplus_stable
+from .._ops.loss import _ce_check
+from .._ops._helpers import broadcast_shapes
+from .._ops.activation import _cdist_check
 
 # ---- cross entropy / nll ------------------------------------------------------------------------------
 
 
 def _coefficients(x, target, weight, reduction, ignore_index, ls, cd):
     """(A, cdim): the coefficient tensor over x's shape and the class dim."""
-    from .._ops.loss import _ce_check
     prob = target.dtype.category >= D.FLOATING
     _ce_check(x, target, weight, prob)
     cdim = 1 if x.ndim >= 2 else 0
@@ -355,7 +357,6 @@ def normalize_backward(grad_output, self, p, dim, eps):
 
 @register_decomposition(aten.cosine_similarity)
 def cosine_similarity(x1, x2, dim=1, eps=1e-8):
-    from .._ops._helpers import broadcast_shapes
     dt, a, b = _two("cosine_similarity", x1, x2)
     shape = broadcast_shapes(tuple(a.shape), tuple(b.shape))
     a, b = aten.expand(a, shape), aten.expand(b, shape)
@@ -367,7 +368,6 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-8):
 
 @register_decomposition(aten.cosine_similarity_backward)
 def cosine_similarity_backward(grad_output, x1, x2, dim, eps):
-    from .._ops._helpers import broadcast_shapes
     dt, a, b = _two("cosine_similarity", x1, x2)
     shape = broadcast_shapes(tuple(a.shape), tuple(b.shape))
     a, b = aten.expand(a, shape), aten.expand(b, shape)
@@ -409,7 +409,6 @@ def _cdist_diff(a, b):
 
 @register_decomposition(aten.cdist)
 def cdist(x1, x2, p=2.0, compute_mode=None):
-    from .._ops.activation import _cdist_check
     _cdist_check(x1, x2, p)
     dt, a, b = _two("cdist", x1, x2)
     d = _cdist_diff(a, b)

@@ -10,14 +10,15 @@ from __future__ import annotations
 import math
 
 from .. import _dtype as D
-from .._ops._helpers import result_type
+from .._ops._helpers import result_type, broadcast_shapes
 from ._table import aten, register_decomposition, maximum, minimum, to, upcast, compute_dtype, full, reshape, wrap
+from .._dispatch import type_name
+from .._ops.norm_loss import _ln_check, _bn_check, _gn_check
 
 
 def _float_check(name, *xs):
     dt = result_type(*xs)
     if dt.category < D.FLOATING:
-        from .._dispatch import type_name
         raise RuntimeError(f"\"{name}\" not implemented for '{type_name(dt)}'")
     return dt
 
@@ -348,7 +349,6 @@ def _norm_backward(g, xhat, rstd, axes, gamma=None):
 
 
 def _ln_axes(input, normalized_shape, weight, bias):
-    from .._ops.norm_loss import _ln_check
     return _ln_check(tuple(input.shape), normalized_shape, weight, bias)
 
 
@@ -417,7 +417,6 @@ def _channel(t, ndim):
 
 @register_decomposition(aten.native_batch_norm)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    from .._ops.norm_loss import _bn_check
     _bn_check(input, weight, bias, running_mean, running_var)
     dt = _float_check("batch_norm", input)
     cd = compute_dtype(dt)
@@ -471,7 +470,6 @@ def native_batch_norm_backward(grad_out, input, weight, save_mean, save_invstd, 
 
 @register_decomposition(aten.native_group_norm)
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
-    from .._ops.norm_loss import _gn_check
     _gn_check(input, group, weight, bias)
     dt = _float_check("group_norm", input)
     cd = compute_dtype(dt)
@@ -535,7 +533,6 @@ def _matmul(a, b):
         return reshape(r, lead if b.ndim == 1 else lead + (bb.shape[1],))
     aa = reshape(a, (1, -1)) if a.ndim == 1 else a
     bb = reshape(b, (-1, 1)) if b.ndim == 1 else b
-    from .._ops._helpers import broadcast_shapes
     batch = broadcast_shapes(tuple(aa.shape[:-2]), tuple(bb.shape[:-2]))
     n, k, m = aa.shape[-2], aa.shape[-1], bb.shape[-1]
     if bb.shape[-2] != k:

@@ -10,11 +10,11 @@ import math
 
 import numpy as np
 
-from .. import _dtype as D
-from .. import _state
+from .. import _dtype as D, _state
 from .._ops import OPS
 from .._ops._helpers import result_type
 from ._table import aten, register_decomposition, maximum, minimum, to, by_name, full, scalar_tensor
+from .._dispatch import can_cast, type_name
 
 # ---- in-place operators --------------------------------------------------------------------------
 
@@ -23,7 +23,6 @@ def _inplace_decomposition(op):
     f = op.functional
 
     def decomposition(self, *rest):
-        from .._dispatch import can_cast, type_name
         src = self
         if _state.grad_enabled and any(getattr(x, "requires_grad", False) for x in (self,) + rest):
             src = aten.clone(self)          # autograd may save the input; copy_ is about to overwrite it

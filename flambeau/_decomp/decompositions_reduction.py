@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
-from .. import _dtype as D
-from .. import _state
+from .. import _dtype as D, _state
 from ._table import aten, register_decomposition, to, compute_dtype, dims_of, numel, wrap
+from .._dispatch import type_name
 
 
 def _sized(x, axes) -> bool:
@@ -18,7 +18,6 @@ def _sized(x, axes) -> bool:
 def _softmax_input(self, dim, dtype):
     x = to(self, dtype) if dtype is not None else self
     if x.dtype.category < D.FLOATING:
-        from .._dispatch import type_name
         raise RuntimeError(f"\"softmax_lastdim_kernel_impl\" not implemented for '{type_name(x.dtype)}'")
     d = wrap(dim, x.ndim)
     return x, to(x, compute_dtype(x.dtype)), [d] if x.ndim else []

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 
-from .. import _dtype as D
-from .. import _state
+from .. import _dtype as D, _state
 from ._table import aten, register_decomposition, maximum, to, compute_dtype, full, scalar_tensor, reshape, wrap
+from .._ops._helpers import broadcast_shapes
 
 
 # ---- views ---------------------------------------------------------------------------------------
@@ -303,7 +303,6 @@ def fill_tensor(self, value):
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     if weight.ndim != 2:
         return NotImplemented
-    from .. import _state
     if (padding_idx >= 0 or scale_grad_by_freq) and weight.requires_grad and _state.grad_enabled:
         return NotImplemented       # the gradient rule differs from indexing's; the op keeps its own
     return aten.index(weight, [indices])
@@ -340,7 +339,6 @@ def eye(n, m, dtype=None, device=None):
 
 @register_decomposition(aten.linalg_cross)
 def linalg_cross(self, other, dim=-1):
-    from .._ops._helpers import broadcast_shapes
     if self.ndim != other.ndim:
         return NotImplemented
     shape = broadcast_shapes(tuple(self.shape), tuple(other.shape))
@@ -392,7 +390,6 @@ def normal_self(self, mean=0, std=1, generator=None):
 
 @register_decomposition(aten.normal.Tensor_Tensor)
 def normal_tensor(mean, std, generator=None):
-    from .._ops._helpers import broadcast_shapes
     shape = broadcast_shapes(tuple(mean.shape), tuple(std.shape))
     z = aten.randn(shape, dtype=compute_dtype(mean.dtype), device=mean.device)
     return to(aten.add(aten.mul(z, std), mean), mean.dtype)

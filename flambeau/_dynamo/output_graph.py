@@ -33,6 +33,7 @@ from .variables import TensorVariable, SymNodeVariable, ConstantVariable, NULL, 
 from .variables.base import VariableTracker
 from .variables.torch import _set_grad_enabled, _ctx_enter, _ctx_exit, GradModeExitVariable
 from .repro.after_dynamo import call_backend
+from ..nn.parameter import UninitializedParameter
 from .repro.debug_utils import AccuracyError
 
 _STATE_FNS = (_set_grad_enabled, _ctx_enter, _ctx_exit)
@@ -211,7 +212,6 @@ class OutputGraph:
 
     @staticmethod
     def _check_initialized(t: Tensor) -> None:
-        from ..nn.parameter import UninitializedParameter
         if isinstance(t, UninitializedParameter):
             raise SkipFrame("an uninitialized (lazy) parameter: this call runs eagerly", permanent=False)
 

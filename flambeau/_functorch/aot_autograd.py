@@ -30,11 +30,10 @@ backends use (compile once for these inputs).
 """
 from __future__ import annotations
 
-from .. import _logging
+from .. import _logging, _state
 
 from typing import Callable
 
-from .. import _state
 from .._dtype import FLOATING
 from .._backends import MetaArray, contiguous_strides
 from .._decomp import DecompositionMode
@@ -49,6 +48,8 @@ from .._subclasses.fake_tensor import FakeTensorMode
 from ..nn.modules.module import Module
 from .functionalization import run_functionalized, flat_input_tensors, _apply_step
 from .partitioners import default_partition
+from ..autograd import grad
+from ..fx.node import Node
 
 log = _logging.get_logger("flambeau._functorch")
 
@@ -228,7 +229,6 @@ def _trace_graph(flat_fn: Callable, flat_args: list, *, joint: bool, tracing_mod
         tangents = [tr.input_like(outs[graph_outs[j]], f"tangents_{n + 1}") for n, j in enumerate(diff)]
         grads = [None] * len(wrt)
         if diff and wrt:
-            from ..autograd import grad
             grads = list(grad([outs[graph_outs[j]] for j in diff], [prims[i] for i in wrt], tangents,
                               allow_unused=True))
         return diff, wrt, grads
@@ -539,7 +539,6 @@ def _size_outputs(mod, n_inputs: int) -> dict:
     """{output position: fn(inputs) -> int} for the outputs of a front-end graph that are symbolic
     sizes (dynamo returns the sizes that the code after a graph break uses): computed from the
     inputs' shapes instead of being traced, as an AOT graph returns only tensors."""
-    from ..fx.node import Node
     graph = getattr(mod, "graph", None)
     if graph is None:
         return {}

@@ -40,6 +40,7 @@ from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layo
                  Pointwise, Reduction, Scatter, StridedView, SUPPORTED_DTYPES, Unsupported, as_strided_view)
 from .index import contiguous_strides
 from .sizevars import SizeExpr, collect_derived, from_sym, known_nonneg, size_tuple
+from ..fx.node import Node
 
 
 class LoweringException(RuntimeError):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import math
 import weakref
+from ..fx._symbolic_shapes import SymInt
 
 
 class Unsupported(Exception):
@@ -283,7 +284,6 @@ def evaluate(x, env: dict) -> int:
 def from_sym(x):
     """int | SizeExpr for an int or a tracer SymInt (a sympy polynomial with integer coefficients);
     Unsupported for anything else (floor division, modulo, rational coefficients of symbols)."""
-    from ..fx._symbolic_shapes import SymInt
     if isinstance(x, bool):
         raise Unsupported("a bool where a size is expected")
     if isinstance(x, (int, SizeExpr)):

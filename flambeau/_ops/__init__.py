@@ -7,6 +7,8 @@ from ._registry import OPS, EXPORTS, METHODS, Op, defop, export, TensorSpec  # n
 from . import creation, pointwise, reduction, views, linalg  # noqa: F401
 from . import indexing, shape, random_ops, nn_ops, norm_loss, activation, linear, nn_extra  # noqa: F401
 from .._tensor import Tensor
+from .._dtype import scalar_dtype
+from .. import _state
 
 
 def _fn(name):
@@ -27,8 +29,6 @@ def _rev(name):
 
 
 def _scalar_dtype(x, t):
-    from .._dtype import scalar_dtype
-    from .. import _state
     return scalar_dtype(x, _state.default_dtype)
 
 

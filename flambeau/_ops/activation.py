@@ -14,6 +14,8 @@ import numpy as np
 from .. import _dtype as D
 from ._registry import defop, export, make_inplace, Op, register, TensorSpec, NN_FUNCTIONAL, Tag
 from ._helpers import result_type, opmath, round_to, broadcast_shapes, shape_of, wrap_dim
+from .._dispatch import type_name, resize_out
+from .._device import canonical
 
 
 def _np_erf(xp, x):
@@ -25,7 +27,6 @@ def _np_erf(xp, x):
 
 
 def _type_name(dt):
-    from .._dispatch import type_name
     return type_name(dt)
 
 
@@ -491,7 +492,6 @@ def _rng(xp):
     from .. import random as R
     if xp is np:
         return R.default_generator.xp_generator(np)
-    from .._device import canonical
     return R.generator_for(canonical("cuda")).xp_generator(xp)
 
 
@@ -606,7 +606,6 @@ def _(grad, self, p, dim, eps):
 def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
     r = _normalize(input, float(p), dim, eps)
     if out is not None:
-        from .._dispatch import resize_out
         resize_out(out, r)
         return out
     return r

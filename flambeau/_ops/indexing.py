@@ -19,6 +19,7 @@ from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, OPS, Tag
 from ._helpers import wrap_dim, broadcast_shapes
 from .views import slice_, select, unsqueeze, alias, expand_shape
+from .._dispatch import type_name
 
 _INDEX_DTYPES = "tensors used as indices must be long, int, byte or bool tensors"
 _LOWP = (np.dtype(np.float16), D.bfloat16.np)
@@ -168,7 +169,6 @@ def index_put(xp, self, indices, values, accumulate=False):
 
 
 def _tn(npdt):
-    from .._dispatch import type_name
     return type_name(D.FROM_NP[npdt])
 
 

@@ -18,10 +18,10 @@ from .._backends import cpu_kernels
 from .._backends.cpu_kernels import matmul_for
 from ._registry import defop, export, TensorSpec, LINALG, Tag
 from ._helpers import broadcast_shapes, opmath, wrap_dim
+from .._dispatch import type_name as tn
 
 
 def type_name(dt) -> str:
-    from .._dispatch import type_name as tn
     return tn(dt)
 
 

@@ -6,11 +6,11 @@ from .._backends.cpu_kernels import matmul_for
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 from .linalg import einsum
+from .._dispatch import type_name
 
 
 def _check(input, weight, bias):
     if input.dtype != weight.dtype:
-        from .._dispatch import type_name
         raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got {type_name(D.FROM_NP[input.dtype]) if not isinstance(input.dtype, D.dtype) else type_name(input.dtype)} and "
                            f"{type_name(D.FROM_NP[weight.dtype]) if not isinstance(weight.dtype, D.dtype) else type_name(weight.dtype)}")
     if input.ndim == 0:

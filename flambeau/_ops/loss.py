@@ -20,6 +20,7 @@ from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 from .activation import pointwise_family, _sigmoid, _softplus, relu, log_sigmoid, softplus, \
     cosine_similarity, pairwise_distance
+from .._dispatch import type_name
 
 _RED = {"none": 0, "mean": 1, "sum": 2}
 
@@ -71,7 +72,6 @@ def _ce_check(x, target, weight, prob):
             raise RuntimeError(f"Expected target size {list(xs)}, got {list(ts)}")
         return c
     if _dt(target) not in (D.int64, D.uint8):
-        from .._dispatch import type_name
         raise RuntimeError(f"expected target dtype to be Long or Byte, but got {type_name(_dt(target))}")
     if len(xs) == 2 and len(ts) != 1:
         raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _dtype as D
-from .. import _state
+from .. import _dtype as D, _state
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, OPS, EXPORTS, Tag
 from ._helpers import wrap_dim, broadcast_shapes, result_type
 from .indexing import _ufunc_at, _fill_value, _tn
 from .shape import with_out
+from .._backends import get, MetaArray
 
 
 def _bool_mask(name, mask):
@@ -377,10 +377,8 @@ def resize_(self, *sizes, memory_format=None):
     n = int(np.prod(shape))
     a = self._data
     if self._device.type == "meta":
-        from .._backends import MetaArray
         self._data = MetaArray(shape, a.dtype)
         return self
-    from .._backends import get
     xp = get(self._device.type).xp
     flat = a.reshape(-1) if a.flags["C_CONTIGUOUS"] else xp.ascontiguousarray(a).reshape(-1)
     if n <= flat.size:

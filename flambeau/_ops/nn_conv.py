@@ -27,6 +27,7 @@ from .. import _dtype as D
 from .._backends import cpu_kernels, cudnn
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
+from .._dispatch import type_name
 
 
 def ntuple(v, n: int, name: str) -> tuple:
@@ -51,7 +52,6 @@ def _x(sizes) -> str:
 
 
 def _tname(dt) -> str:
-    from .._dispatch import type_name
     return type_name(dt)
 
 

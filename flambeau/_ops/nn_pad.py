@@ -11,6 +11,7 @@ import numpy as np
 from .. import _dtype as D
 from ._registry import defop, export, TensorSpec, Tag
 from .nn_resample import _taps_gather
+from .._dispatch import type_name
 
 
 def _padded_shape(shape, pad, name="constant_pad_nd"):
@@ -155,7 +156,6 @@ def pixel_unshuffle(input, downscale_factor):
 def _check_indices(indices, name="embedding"):
     dt = indices.dtype if hasattr(indices, "_dtype") else D.FROM_NP[indices.dtype]
     if dt not in (D.int64, D.int32):
-        from .._dispatch import type_name
         raise RuntimeError(f"Expected tensor for argument #1 'indices' to have one of the following scalar types: "
                            f"Long, Int; but got torch.{type_name(dt)}Tensor instead (while checking arguments for "
                            f"{name})")

@@ -19,6 +19,7 @@ from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 from .nn_conv import ntuple
 from .nn_resample import _taps_gather, _plane_scatter_add
+from .._dispatch import type_name
 
 
 def _pool_args(nd, kernel_size, stride, padding, dilation):
@@ -154,7 +155,6 @@ def _avg_tables(S, out, ks, st, pd, count_include_pad, divisor_override, dtype, 
 
 
 def _tname(dt):
-    from .._dispatch import type_name
     return type_name(dt)
 
 

@@ -15,12 +15,12 @@ import numpy as np
 from .. import _dtype as D
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath, undefined_grad as _undefined_grad
+from .._dispatch import type_name
 
 
 def _float(name, x):
     dt = D.FROM_NP[x.dtype]
     if dt.category < D.FLOATING:
-        from .._dispatch import type_name
         raise RuntimeError(f"\"{name}\" not implemented for '{type_name(dt)}'")
     return dt, opmath(dt)
 

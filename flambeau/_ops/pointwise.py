@@ -12,13 +12,13 @@ import math
 
 import numpy as np
 
-from .. import _dtype as D
-from .. import _state
+from .. import _dtype as D, _state
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
 from ._helpers import (binary_kernel, binary_meta, unary_kernel, unary_meta, dtype_of, result_type, opmath,
                        round_to, cast, broadcast_shapes, shape_of, pointwise_strides,
                        lay_out_pointwise)
+from .._dispatch import type_name, write_into, check_inplace_autograd
 
 
 def _conj(x):
@@ -164,7 +164,6 @@ def is_conj(self):
 
 # ---- binary ops: a factory over promoted operands ------------------------------------------------
 def unsupported(name: str, dt) -> NotImplementedError:
-    from .._dispatch import type_name
     return NotImplementedError(f'"{name}_cpu" not implemented for \'{type_name(dt)}\'')
 
 
@@ -457,14 +456,12 @@ def float_power_(self, exponent):
 
 def _write(self, res, name):
     """In-place result for composite in-place ops (no autograd: these ops are not differentiable in place)."""
-    from .._dispatch import write_into, check_inplace_autograd
     check_inplace_autograd(self)
     write_into(self, res, name)
     return self
 
 
 def _type_name(dt):
-    from .._dispatch import type_name
     return type_name(dt)
 
 

@@ -14,16 +14,15 @@ import math
 
 import numpy as np
 
-from .. import _dtype as D
-from .. import _state
+from .. import _dtype as D, _state
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, METHODS, EXPORTS, SPECIAL, Tag, PointwiseSpelling
 from ._helpers import opmath, pointwise_strides
 from .pointwise import _conj
+from .._dispatch import type_name
 
 
 def unsupported(name: str, dt) -> NotImplementedError:
-    from .._dispatch import type_name
     return NotImplementedError(f'"{name}_cpu" not implemented for \'{type_name(dt)}\'')
 
 
@@ -496,7 +495,6 @@ def _compute(xp, dt, *xs):
 def _where_check(condition):
     dt = condition.dtype if hasattr(condition, "dtype") else None
     if dt is not None and dt not in (D.bool, np.dtype(bool)):
-        from .._dispatch import type_name
         name = type_name(dt if isinstance(dt, D.dtype) else D.FROM_NP[dt])
         raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype {name}")
 

@@ -21,6 +21,7 @@ from .._device import canonical
 from ._registry import defop, export, make_inplace, TensorSpec, Tag
 from ._helpers import broadcast_shapes
 from .creation import _size, _size_kw, _dt, _finish, zeros_like
+from .._dispatch import type_name
 
 
 def _rng(xp, generator, device=None):
@@ -34,7 +35,6 @@ def _rng(xp, generator, device=None):
 
 
 def _type_name(dt):
-    from .._dispatch import type_name
     return type_name(dt)
 
 

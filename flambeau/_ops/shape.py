@@ -15,13 +15,13 @@ from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import wrap_dim, wrap_dims, result_type, broadcast_shapes
 from .views import as_strided, diagonal as _diagonal, expand, reshape
+from .._dispatch import resize_out
 
 
 def with_out(res, out):
     """`out=` for composites: resize/cast `res` into `out` with the dispatcher's rules."""
     if out is None:
         return res
-    from .._dispatch import resize_out
     resize_out(out, res)
     return out
 

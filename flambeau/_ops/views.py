@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtype as D
-from .._tensor import Tensor
-from .._device import canonical
+from .._tensor import Tensor, _ptr, storage_owner
+from .._device import canonical, device as Device
 from .._backends import MetaArray, contiguous_strides, get as backend
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import wrap_dim
@@ -396,7 +396,6 @@ def _parse_to(args, kwargs):
             else:
                 copy = a
         elif a is not None:
-            from .._device import device as Device
             if isinstance(a, (str, Device, int)):
                 device = a
             else:
@@ -691,7 +690,6 @@ def _(grad, self_meta, dimension, size, step):
 
 def storage_root(a):
     """The array owning `a`'s memory, viewed as a flat 1-D array of `a`'s dtype."""
-    from .._tensor import _ptr, storage_owner
     root = storage_owner(a)
     nbytes = root.size * root.itemsize
     start = (_ptr(a) - _ptr(root)) // a.itemsize

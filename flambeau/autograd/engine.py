@@ -15,6 +15,7 @@ from .._dtype import FLOATING
 from .. import _state
 from .._tensor import Tensor
 from .graph import AccumulateGrad, _edge
+from .._ops.creation import ones_like, tensor, zeros_like
 
 
 def _reduce_to(g: Tensor, shape, dtype, device, node, i) -> Tensor:
@@ -217,7 +218,6 @@ def _accumulate(t: Tensor, g: Tensor, create_graph: bool):
 
 def _make_roots(tensors, grad_tensors, what="backward"):
     roots = []
-    from .._ops.creation import ones_like
     for i, (t, g) in enumerate(zip(tensors, grad_tensors)):
         if not t._requires_grad:
             raise RuntimeError(f"element {i} of tensors does not require grad and does not have a grad_fn")
@@ -229,7 +229,6 @@ def _make_roots(tensors, grad_tensors, what="backward"):
             g = ones_like(t)
         else:
             if not isinstance(g, Tensor):
-                from .._ops.creation import tensor
                 g = tensor(g, dtype=t._dtype, device=t._device)
             if g.shape != t.shape:
                 raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of {g.shape} and "
@@ -304,7 +303,6 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     got = execute(roots, retain_graph=retain_graph, create_graph=create_graph, capture=capture,
                   accumulate=False)
     res = []
-    from .._ops.creation import zeros_like
     for i, t in enumerate(inputs):
         g = got.get(i)
         if g is None:

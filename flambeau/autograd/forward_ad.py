@@ -19,6 +19,9 @@ from collections import namedtuple
 from .._dtype import FLOATING
 from .. import _state
 from .._tensor import Tensor
+from .._ops.creation import zeros_like, zeros
+from .._dispatch import write_into
+from .._backends import get as _backend
 
 _current_level = -1
 _duals: "weakref.WeakSet" = weakref.WeakSet()    # tensors holding a tangent at the current level
@@ -162,7 +165,6 @@ def propagate(op, args, kwargs, out) -> None:
 
 def _jvp_by_double_vjp(op, args, kwargs, out, grad_was_enabled):
     from .graph import TensorMeta
-    from .._ops.creation import zeros_like
     from .engine import grad as _grad
     outs = out if isinstance(out, (tuple, list)) else (out,)
     diff = [isinstance(o, Tensor) and o._dtype.category >= FLOATING for o in outs]
@@ -244,7 +246,6 @@ def set_inplace_tangent(self: Tensor, new_tangent) -> None:
         if self._fw_grad is None:
             _set_tangent(self, new_tangent.to(self._dtype) if new_tangent._dtype is not self._dtype else new_tangent)
             return
-        from .._dispatch import write_into
         write_into(self._fw_grad, new_tangent.detach(), "copy_")
     finally:
         _state.fwd_grad_enabled, _state.grad_enabled = prev
@@ -253,7 +254,6 @@ def set_inplace_tangent(self: Tensor, new_tangent) -> None:
 def _give_base_tangent(view: Tensor) -> None:
     """A view of a tensor without tangent is about to get one: give the base a zero tangent and
     the view the matching strided window of it, so the base sees the view's tangent."""
-    from .._ops.creation import zeros
     base = view._base
     if base.storage_offset() != 0 or not base.is_contiguous() or view._device.type == "meta":
         return
@@ -262,7 +262,6 @@ def _give_base_tangent(view: Tensor) -> None:
     bt = base._fw_grad
     if not bt.is_contiguous():
         return
-    from .._backends import get as _backend
     xp = _backend(view._device.type).xp
     it = bt._data.itemsize
     flat = bt._data.reshape(-1)

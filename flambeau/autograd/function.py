@@ -6,6 +6,8 @@ import functools
 from .. import _state
 from .._tensor import Tensor
 from .graph import Node, _edge, _meta_of, SavedTensor, _differentiable
+from .._ops.creation import zeros_like, zeros
+from .._dispatch import check_inplace_autograd
 
 
 class FunctionCtx:
@@ -64,7 +66,6 @@ class BackwardCFunction(Node):
     def apply(self, grads):
         ctx = self._ctx
         if ctx.materialize_grads:
-            from .._ops.creation import zeros
             grads = [g if g is not None or m is None else zeros(m[0], dtype=m[1], device=m[2])
                      for g, m in zip(grads, self._out_meta)]
         res = self._cls.backward(ctx, *grads)
@@ -154,7 +155,6 @@ class Function(metaclass=_FunctionMeta):
         for k, o in enumerate(outs):
             if isinstance(o, Tensor) and id(o) not in ctx._non_diff and _differentiable(o):
                 if id(o) in ctx._dirty:
-                    from .._dispatch import check_inplace_autograd
                     check_inplace_autograd(o)
                     o._version[0] += 1
                 o.grad_fn = node
@@ -175,7 +175,6 @@ class Function(metaclass=_FunctionMeta):
 
 
 def _forward_jvp(cls, ctx, args, outs):
-    from .._ops.creation import zeros_like
     tangents = [a._fw_grad if isinstance(a, Tensor) and a._fw_grad is not None else
                 (zeros_like(a) if isinstance(a, Tensor) else None) for a in args]
     res = cls.jvp(ctx, *tangents)

@@ -11,6 +11,7 @@ from .. import _state
 from .._tensor import Tensor
 from .._ops.shape import stack
 from .engine import grad as _grad
+from .._ops.creation import zeros
 
 
 def _as_tuple(x, arg_name="inputs", fn_name="jacobian"):
@@ -126,7 +127,6 @@ def jacobian(func, inputs, create_graph=False, strict=False, vectorize=False, st
         raise ValueError('Expected strategy to be either "forward-mode" or "reverse-mode". Hint: If your '
                          'function has more outputs than inputs, "forward-mode" tends to be more performant. '
                          'Otherwise, prefer to use "reverse-mode".')
-    from .._ops.creation import zeros
     in_tuple, ins = _as_tuple(inputs, "inputs", "jacobian")
     ins = _prep(ins, create_graph)
     out_tuple, outs = _call(func, ins, "jacobian")

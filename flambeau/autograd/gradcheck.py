@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 
 from .._tensor import Tensor
+from .._ops.creation import tensor, zeros_like
 
 
 class GradcheckError(RuntimeError):
@@ -83,14 +84,12 @@ def _analytical(func, inputs, idx, check_grad_dtypes):
 
 
 def _one_hot(like: Tensor, k: int) -> Tensor:
-    from .._ops.creation import tensor
     a = np.zeros(like.numel())
     a[k] = 1
     return tensor(a.reshape(like.shape), dtype=like.dtype, device=like.device)
 
 
 def _fmt(jac, dtype):
-    from .._ops.creation import tensor
     return repr(tensor(jac, dtype=dtype))
 
 
@@ -143,7 +142,6 @@ def _check(func, inputs, idx, eps, atol, rtol, check_undefined_grad, check_grad_
 def _check_undefined(func, inputs, idx):
     """Backward with all-zero cotangents must give zero (or no) gradients and not fail."""
     from .engine import grad as _grad
-    from .._ops.creation import zeros_like
     outs = [o for o in _diff_outputs(_outputs(func, inputs)) if o._requires_grad]
     if not outs:
         return
@@ -189,7 +187,6 @@ def gradgradcheck(func, inputs, grad_outputs=None, *, eps: float = 1e-6, atol: f
                   check_rev_over_rev: bool = True, fast_mode: bool = False, masked: bool = False) -> bool:
     """gradcheck of the map (inputs, grad_outputs) -> vjp, i.e. second derivatives."""
     from .engine import grad as _grad
-    from .._ops.creation import tensor
     inputs = _as_tuple(inputs)
     if grad_outputs is None:
         rng = np.random.default_rng(0)

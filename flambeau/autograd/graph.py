@@ -15,6 +15,8 @@ import weakref
 from .._dtype import FLOATING
 from .. import _state
 from .._tensor import Tensor
+from .._ops.creation import tensor as _tensor, zeros, ones
+from .._dispatch import type_name
 
 _seq = itertools.count()
 
@@ -109,7 +111,6 @@ class SavedTensor:
     def unpack(self, node):
         t = self.t
         if t._version[0] != self.version:
-            from .._dispatch import type_name
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an inplace "
                 f"operation: [torch.{type_name(t._dtype)}Tensor {list(t.shape)}], which is output "
@@ -192,7 +193,6 @@ class OpNode(Node):
     def apply(self, grads):
         if self._saved is None:
             raise RuntimeError(_FREED)
-        from .._ops.creation import zeros
         for i, g in enumerate(grads):
             if g is None:
                 shape, dt, dev = self._out_meta[i]
@@ -337,7 +337,6 @@ def _positions(shape, strides, offset):
 def _view_index(base: Tensor, view: Tensor):
     """Flat (logical, C-order) indices into `base` of each element of `view`, shaped like `view`."""
     import numpy as np
-    from .._ops.creation import tensor as _tensor
     pb = _positions(base.shape, base.stride(), base.storage_offset())
     pv = _positions(view.shape, view.stride(), view.storage_offset())
     store = np.zeros(int(max(pb.max(initial=0), pv.max(initial=0))) + 1, dtype=np.int64)
@@ -360,7 +359,6 @@ class CopySlices(Node):
         g = grads[0]
         flat = g.reshape(-1)
         idx = self._index.reshape(-1)
-        from .._ops.creation import ones
         mask = ones(flat.shape, dtype=g.dtype, device=g.device).index_fill(0, idx, 0)
         return [(flat * mask).reshape(self._base_shape), flat.take(self._index)]
 
@@ -378,7 +376,6 @@ class ViewOfBase(Node):
 
     def apply(self, grads):
         g = grads[0]
-        from .._ops.creation import zeros
         n = 1
         for s in self._base_shape:
             n *= s

@@ -11,7 +11,7 @@ import contextlib
 
 from .. import _state
 from .._backends import cupy_available, install_cuda_allocator, peak_bytes, reset_peak_bytes
-from .._device import device as _Device
+from .._device import device as _Device, device as Device
 from ..random import generator_for
 
 
@@ -96,8 +96,6 @@ def manual_seed_all(seed: int) -> None:
 
 
 def _generator(device):
-    from ..random import generator_for
-    from .._device import device as Device
     return generator_for(Device("cuda", _index(device)))
 
 

@@ -7,6 +7,7 @@ use these Ops as call_function targets and print them under this path.
 from __future__ import annotations
 
 from .._ops._registry import OPS, Op
+from .._tensor import Tensor
 
 
 def is_op(x) -> bool:
@@ -44,7 +45,6 @@ class OpOverloadPacket:
         return op
 
     def __call__(self, *args, **kwargs):
-        from .._tensor import Tensor
         ovs = self._overloads
         if len(ovs) == 1:
             return next(iter(ovs.values()))(*args, **kwargs)

@@ -5,11 +5,11 @@ A Parameter shares its data with the tensor it wraps (like PyTorch's `_make_subc
 detached alias whose `requires_grad` defaults to True. Operators return plain Tensors."""
 from __future__ import annotations
 
-from .._tensor import Tensor
+from .._tensor import Tensor, _no_grad
+from .._ops.creation import empty
 
 
 def _empty_default():
-    from .._ops.creation import empty
     return empty(0)
 
 
@@ -32,7 +32,6 @@ class Parameter(Tensor):
     def __deepcopy__(self, memo):
         if id(self) in memo:
             return memo[id(self)]
-        from .._tensor import _no_grad
         with _no_grad():
             data = self.detach().clone()
         new = type(self)(data, self.requires_grad)
@@ -67,12 +66,10 @@ class UninitializedParameter(Parameter):
     cls_to_become = Parameter
 
     def __new__(cls, requires_grad: bool = True, device=None, dtype=None):
-        from .._ops.creation import empty
         p = Parameter.__new__(cls, empty(0, device=device, dtype=dtype), requires_grad)
         return p
 
     def materialize(self, shape, device=None, dtype=None) -> None:
-        from .._ops.creation import empty
         t = empty(shape, device=device or self.device, dtype=dtype or self.dtype)
         self.data = t
         self.__class__ = self.cls_to_become

@@ -10,6 +10,7 @@ import math
 
 from .._backends import cpu_kernels
 from .optimizer import Optimizer, _scalar_tensor, per_tensor
+from .._ops.creation import zeros_like
 
 __all__ = ["Adam", "AdamW", "Adamax", "NAdam", "RAdam"]
 
@@ -52,7 +53,6 @@ class Adam(Optimizer):
     def _init_state(self, p, group):
         st = super()._init_state(p, group)
         if group["amsgrad"]:
-            from .._ops.creation import zeros_like
             st["max_exp_avg_sq"] = zeros_like(p)
         return st
 
@@ -136,7 +136,6 @@ class NAdam(Optimizer):
                                       differentiable=differentiable))
 
     def _init_state(self, p, group):
-        from .._ops.creation import zeros_like
         return {"step": _scalar_tensor(0.0), "mu_product": _scalar_tensor(1.0),
                 "exp_avg": zeros_like(p), "exp_avg_sq": zeros_like(p)}
 

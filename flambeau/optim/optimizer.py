@@ -13,6 +13,8 @@ import numpy as np
 from .._tensor import Tensor, _no_grad
 from .. import _dtype as D
 from . import _foreach as FE
+from .._ops.creation import tensor, zeros_like
+from ..autograd import enable_grad
 
 __all__ = ["Optimizer", "required"]
 
@@ -76,7 +78,6 @@ def _uniform_or(expand):
 
 
 def _scalar_tensor(value, dtype=None):
-    from .._ops.creation import tensor
     return tensor(value, dtype=dtype or D.float32)
 
 
@@ -276,7 +277,6 @@ class Optimizer:
     # ---- the step driver ------------------------------------------------------------------
     def _init_state(self, p, group) -> dict:
         """Fresh state for parameter p (subclasses extend): 'step' plus zeroed arrays."""
-        from .._ops.creation import zeros_like
         st = {"step": _scalar_tensor(0.0)}
         for name in self._state_names:
             st[name] = zeros_like(p)
@@ -294,7 +294,6 @@ class Optimizer:
     def _step_impl(self, closure=None):
         loss = None
         if closure is not None:
-            from ..autograd import enable_grad
             with enable_grad():
                 loss = closure()
         with _no_grad():

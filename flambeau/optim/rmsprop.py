@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .optimizer import Optimizer, _scalar_tensor, per_tensor
+from .._ops.creation import zeros_like, full_like
 
 __all__ = ["RMSprop", "Adagrad"]
 
@@ -24,7 +25,6 @@ class RMSprop(Optimizer):
                                       maximize=maximize, differentiable=differentiable))
 
     def _init_state(self, p, group):
-        from .._ops.creation import zeros_like
         st = {"step": _scalar_tensor(0.0), "square_avg": zeros_like(p)}
         if group["momentum"] > 0:
             st["momentum_buffer"] = zeros_like(p)
@@ -78,7 +78,6 @@ class Adagrad(Optimizer):
                 self.state[p].update(self._init_state(p, group))
 
     def _init_state(self, p, group):
-        from .._ops.creation import full_like
         return {"step": _scalar_tensor(0.0), "sum": full_like(p, group["initial_accumulator_value"])}
 
     def _update(self, xp, p, g, s, step, group, ex):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .optimizer import Optimizer, required
+from .._ops.creation import zeros_like
 
 __all__ = ["SGD"]
 
@@ -27,7 +28,6 @@ class SGD(Optimizer):
         return {}
 
     def _step_groups(self):
-        from .._ops.creation import zeros_like
         from . import _foreach as FE
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]

@@ -19,6 +19,7 @@ from .. import config
 from .debug_utils import AccuracyError, check_config
 from .failure import report_failure, write_launcher
 from .script import check_accuracy, repro_disabled
+from ...fx.graph_module import GraphModule
 
 AFTER = "aot"
 
@@ -30,7 +31,6 @@ def wrap_compiler_debug(compiler_fn: Callable, compiler_name: str) -> Callable:
         check_config()
         if config.repro_after != AFTER:
             return compiler_fn(gm, example_inputs)
-        from ...fx.graph_module import GraphModule
         orig = GraphModule(gm, copy.deepcopy(gm.graph))
         args = list(example_inputs)
         if config.repro_level == 3:

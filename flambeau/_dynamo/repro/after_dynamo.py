@@ -22,6 +22,7 @@ from .. import config
 from .debug_utils import AccuracyError, check_config, clone_inputs
 from .failure import lift_attributes, report_failure, write_launcher
 from .script import check_accuracy, repro_disabled
+from ...fx.graph_module import GraphModule
 
 AFTER = "dynamo"
 
@@ -40,7 +41,6 @@ def call_backend(backend: Callable, gm, example_inputs: list) -> Callable:
     check_config()
     if config.repro_after != AFTER:
         return backend(gm, example_inputs)
-    from ...fx.graph_module import GraphModule
     name = backend_name(backend)
     orig = GraphModule(gm, copy.deepcopy(gm.graph))
     args = list(example_inputs)

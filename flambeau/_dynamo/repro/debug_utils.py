@@ -18,6 +18,8 @@ import os
 import numpy as np
 
 from .. import config
+from ..._tensor import Tensor
+from ...fx.node import map_aggregate
 
 FP64_MULTIPLIER = 2.0            # compiled may be this many times further from float64 than eager is
 FP64_MULTIPLIER_SMALL = 3.0      # ... for tensors under SMALL_NUMEL elements and fp16/bf16 results
@@ -52,7 +54,6 @@ def check_config() -> None:
 # ---- inputs --------------------------------------------------------------------------------------
 def input_spec(a, keep_grad: bool = True) -> tuple | int | float | bool | None:
     """The record of one graph input (see module docstring)."""
-    from ..._tensor import Tensor
     if isinstance(a, Tensor):
         return (tuple(a.shape), tuple(a.stride()), a.dtype.name, str(a.device), bool(keep_grad and a.requires_grad))
     if a is None or isinstance(a, (bool, int, float)):
@@ -82,7 +83,6 @@ def make_inputs(specs: list, seed: int = 0) -> list:
 
 def clone_inputs(args: list) -> list:
     """Copies of the tensor inputs (same strides, same requires_grad), so a run cannot change them."""
-    from ..._tensor import Tensor
     out = []
     for a in args:
         if isinstance(a, Tensor):
@@ -108,7 +108,6 @@ def fp64_reference(gm, args: list) -> object:
     """The outputs of `gm` run eagerly with float inputs and float dtype arguments in float64
     (None when the graph cannot run that way)."""
     import flambeau
-    from ...fx.node import map_aggregate
     floats = _float_dtypes()
     g = copy.deepcopy(gm)
     for n in g.graph.nodes:

@@ -21,6 +21,8 @@ from .. import config
 from .debug_utils import AccuracyError, LAUNCHER_NAME, SCRIPT_NAME, clone_inputs, same_failure
 from .fx_minifier import minify
 from .script import check_accuracy, repro_disabled, run_compiled, write_repro
+from ..._tensor import Tensor
+from ...fx.graph_module import GraphModule
 
 log = _logging.get_logger("flambeau._dynamo.repro")
 
@@ -28,8 +30,6 @@ log = _logging.get_logger("flambeau._dynamo.repro")
 def lift_attributes(gm, args: list) -> tuple:
     """`gm` with its tensor attributes (get_attr nodes) turned into trailing graph inputs, so a
     script can rebuild it from inputs alone; returns (GraphModule, args)."""
-    from ..._tensor import Tensor
-    from ...fx.graph_module import GraphModule
     g = copy.deepcopy(gm.graph)
     extra = []
     for n in list(g.nodes):

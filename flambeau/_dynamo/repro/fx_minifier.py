@@ -25,6 +25,8 @@ from ... import _logging
 from ...fx.graph import Graph
 from ...fx.graph_module import GraphModule
 from ...fx.interpreter import Interpreter
+from ...fx.node import map_arg
+from ..._tensor import Tensor
 
 log = _logging.get_logger("flambeau._dynamo.repro")
 LOG_KIND = "minifier"                  # FLAMBEAU_LOGS=minifier prints each step
@@ -98,19 +100,16 @@ def _rebuild(graph: Graph, inputs: dict, values: dict, lift=(), output=None) -> 
 
 
 def _map_nodes(a, env):
-    from ...fx.node import map_arg
     return map_arg(a, lambda x: env[x])
 
 
 def _liftable(n, values: dict) -> bool:
     """A node whose recorded value can stand in for it as a graph input (a tensor or a number)."""
-    from ..._tensor import Tensor
     v = values.get(n.name)
     return isinstance(v, (Tensor, int, float)) and not isinstance(v, bool)
 
 
 def _is_tensor(n, values: dict) -> bool:
-    from ..._tensor import Tensor
     return isinstance(values.get(n.name), Tensor)
 
 

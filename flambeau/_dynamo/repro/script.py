@@ -28,6 +28,9 @@ from typing import Callable, Iterator
 from ... import _logging
 from .. import config
 from .debug_utils import AccuracyError, accuracy_failure, fp64_reference, input_spec, make_inputs, minifier_dir
+from ...fx.graph_module import GraphModule
+from ...fx import symbolic_trace
+from ...fx.experimental.proxy_tensor import make_fx
 
 log = _logging.get_logger("flambeau._dynamo.repro")
 _STANDARD_GLOBALS = {"flambeau", "operator", "inf", "nan", "NoneType"}
@@ -66,7 +69,6 @@ def inductor_settings() -> list:
 def repro_source(gm, args: list, *, after: str, backend: str | None, accuracy: bool, command: str = "run",
                  note: str = "") -> str:
     """The text of a repro script for `gm` called with `args` (see module docstring)."""
-    from ...fx.graph_module import GraphModule
     if not isinstance(gm, GraphModule):
         raise TypeError(f"flambeau minifier: expected a GraphModule, got {type(gm).__name__}")
     if any(n.op in ("get_attr", "call_module") for n in gm.graph.nodes):
@@ -126,8 +128,6 @@ def repro_disabled() -> Iterator[None]:
 # ---- running a script ----------------------------------------------------------------------------
 def graph_of(mod, args: list, after: str) -> "GraphModule":
     """The GraphModule a script's `Repro` module stands for."""
-    from ...fx import symbolic_trace
-    from ...fx.experimental.proxy_tensor import make_fx
     if after == "aot":
         return make_fx(mod, tracing_mode="fake")(*args)
     return symbolic_trace(mod)

@@ -9,6 +9,8 @@ run time, or None when the traced code created it), answers the questions the by
 from __future__ import annotations
 
 from ..exc import Unsupported
+from ..._dtype import dtype as _dt
+from ..._device import device as _dev
 
 
 class VariableTracker:
@@ -133,8 +135,6 @@ class ConstantVariable(VariableTracker):
 
 def is_constant_value(v) -> bool:
     """Values a ConstantVariable may hold (immutable and safe to embed)."""
-    from ..._dtype import dtype as _dt
-    from ..._device import device as _dev
     t = type(v)
     if t in (int, float, bool, str, bytes, complex, type(None), type(Ellipsis), type(NotImplemented), range):
         return True

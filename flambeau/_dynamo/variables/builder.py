@@ -16,6 +16,7 @@ import types
 from ..exc import Unsupported
 from .base import VariableTracker, ConstantVariable, is_constant_value, const
 from .containers import TupleVariable, ListVariable, DictVariable, RangeVariable
+from ...nn.modules.module import Module
 
 
 def _is_namedtuple(v) -> bool:
@@ -87,13 +88,11 @@ def _identity_matters(v) -> bool:
 
 def _needs_source(v) -> bool:
     from ..._tensor import Tensor
-    from ...nn.modules.module import Module
     return isinstance(v, (Tensor, Module))
 
 
 def _build(tx, value, source) -> VariableTracker:
     from ..._tensor import Tensor, Size
-    from ...nn.modules.module import Module
     from .nn_module import NNModuleVariable
     from .objects import ObjectVariable, ClassVariable, PythonModuleVariable
     from .functions import UserMethodVariable

@@ -11,6 +11,7 @@ import operator
 
 from ..exc import Unsupported
 from .base import VariableTracker, ConstantVariable, const
+from ..._tensor import Size
 
 
 def _consts(items):
@@ -120,7 +121,6 @@ class TupleVariable(BaseListVariable):
 
 
 def _size_cls():
-    from ..._tensor import Size
     return Size
 
 

@@ -16,10 +16,11 @@ import types
 from .. import config
 from ..exc import Unsupported
 from .base import VariableTracker, const
+from ...nn.modules.container import Sequential, ModuleList, ModuleDict, ParameterList, ParameterDict
+from ...nn.modules._module_utils import hooks_version
 
 
 def _containers():
-    from ...nn.modules.container import Sequential, ModuleList, ModuleDict, ParameterList, ParameterDict
     return Sequential, ModuleList, ModuleDict, ParameterList, ParameterDict
 
 
@@ -45,7 +46,6 @@ def _guard_hooks_unchanged(tx) -> None:
     out = tx.output
     if getattr(out, "_hooks_guarded", False):
         return
-    from ...nn.modules._module_utils import hooks_version
     g = out.guards
     g.raw(f"{g.const(hooks_version)}[0] == {hooks_version[0]}",
           "HOOKS: no module hook registered or removed since capture (the inlined modules had none)")

@@ -14,6 +14,8 @@ import types
 
 from ..exc import Unsupported
 from .base import VariableTracker, ValueVariable, const
+from ...autograd.function import Function
+from ..._tensor import Size
 
 
 def _missing_attr(obj_desc: str, name: str):
@@ -120,7 +122,6 @@ class ClassVariable(ValueVariable):
 
     def var_getattr(self, tx, name):
         from .builder import build, wrap_constant_like
-        from ...autograd.function import Function
         if name == "apply" and isinstance(self.value, type) and issubclass(self.value, Function):
             from .torch import TorchFunctionVariable
             return TorchFunctionVariable(self.value.apply, f"{self.value.__name__}.apply")
@@ -138,7 +139,6 @@ class ClassVariable(ValueVariable):
         return wrap_constant_like(getattr(self.value, name))
 
     def call_function(self, tx, args, kwargs):
-        from ..._tensor import Size
         from .containers import TupleVariable
         from .builtin import BuiltinVariable
         cls = self.value

@@ -13,6 +13,8 @@ import operator
 
 from ..exc import Unsupported
 from .base import VariableTracker, ConstantVariable, const
+from ...fx._symbolic_shapes import SymInt
+from ..._tensor import Tensor, Size
 
 _CONST_ATTRS = {"dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu", "is_meta", "is_sparse",
                 "is_quantized", "layout", "is_mkldnn", "is_nested", "itemsize", "is_complex_dtype"}
@@ -33,7 +35,6 @@ class TensorVariable(VariableTracker):
         node.meta["example_value"] = example
 
     def python_type(self):
-        from ..._tensor import Tensor
         return self.cls or Tensor
 
     def __repr__(self):
@@ -48,7 +49,6 @@ class TensorVariable(VariableTracker):
             if not 0 <= d < len(sizes):
                 raise Unsupported(f"IndexError: dimension {dim} out of range")
             return self._size_item(tx, d, sizes[d])
-        from ..._tensor import Size
         from .containers import TupleVariable
         return TupleVariable([self._size_item(tx, d, s) for d, s in enumerate(sizes)], cls=Size)
 
@@ -70,7 +70,6 @@ class TensorVariable(VariableTracker):
             return tx.output.call_in_graph(tx, "call_function", getattr, [self, const(name)], {})
         if name == "data":
             return tx.output.call_in_graph(tx, "call_method", "detach", [self], {})
-        from ..._tensor import Tensor
         if callable(getattr(Tensor, name, None)):
             from .builtin import GetAttrVariable
             return GetAttrVariable(self, name)
@@ -126,7 +125,6 @@ class TensorVariable(VariableTracker):
 
 
 def _wrap_meta_result(tx, v):
-    from ...fx._symbolic_shapes import SymInt
     if isinstance(v, SymInt):
         raise Unsupported("symbolic stride/offset used in Python")
     if isinstance(v, (tuple, list)):
@@ -160,7 +158,6 @@ class SymNodeVariable(VariableTracker):
     @staticmethod
     def binop(tx, fn, a: VariableTracker, b: VariableTracker) -> VariableTracker:
         """fn(a, b) where a, b are ints or SymNodes: folded when concrete, else a graph node."""
-        from ...fx._symbolic_shapes import SymInt
         av = a.sym if isinstance(a, SymNodeVariable) else a.as_python_constant()
         bv = b.sym if isinstance(b, SymNodeVariable) else b.as_python_constant()
         if fn in (operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge):

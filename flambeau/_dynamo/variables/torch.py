@@ -13,6 +13,9 @@ from __future__ import annotations
 from ... import _state
 from ..exc import Unsupported
 from .base import VariableTracker, ValueVariable, const
+from ..._device import device, canonical
+from ...autograd import grad_mode
+from ...amp.autocast_mode import autocast
 
 _BREAKING = {"manual_seed", "seed", "initial_seed", "save", "load", "set_default_dtype", "set_default_device",
              "set_printoptions", "compile", "use_deterministic_algorithms", "set_num_threads", "get_rng_state",
@@ -114,7 +117,6 @@ class TorchSpecialVariable(VariableTracker):
         if k == "get_default_dtype":
             return const(_state.default_dtype)
         if k == "get_default_device":
-            from ..._device import canonical
             return const(canonical(_state.default_device))
         if k == "is_inference_mode_enabled":
             return const(_state.inference_mode)
@@ -142,7 +144,6 @@ class GradModeVariable(VariableTracker):
         self.prev = prev
 
     def python_type(self):
-        from ...autograd import grad_mode
         return grad_mode.no_grad if not self.target else grad_mode.enable_grad
 
     @staticmethod
@@ -167,7 +168,6 @@ class GradModeVariable(VariableTracker):
         raise Unsupported(f"grad mode object .{name}")
 
     def reconstruct(self, cg):
-        from ...autograd import grad_mode
         if self.prev is not None:
             raise Unsupported("an entered grad-mode object is live after the graph")
         return f"{cg.const(grad_mode.no_grad if not self.target else grad_mode.enable_grad)}()"
@@ -257,13 +257,10 @@ class AutocastExitVariable(VariableTracker):
 
 def class_call(tx, cls, args, kwargs):
     """Constructing flambeau classes while tracing (None: not handled)."""
-    from ..._device import device
-    from ...autograd import grad_mode
     if cls is device and all(a.is_python_constant() for a in args):
         return const(device(*(a.as_python_constant() for a in args)))
     if cls in (grad_mode.no_grad, grad_mode.enable_grad, grad_mode.set_grad_enabled):
         return TorchSpecialVariable(cls, cls.__name__).call_function(tx, args, kwargs)
-    from ...amp.autocast_mode import autocast
     if isinstance(cls, type) and issubclass(cls, autocast) and all(a.is_python_constant() for a in args) and \
             all(v.is_python_constant() for v in kwargs.values()):
         return AutocastVariable(cls, tuple(a.as_python_constant() for a in args),

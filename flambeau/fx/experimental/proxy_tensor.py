@@ -31,6 +31,7 @@ from .._symbolic_shapes import ShapeEnv, SymInt, sym_size, _sp
 from ..graph import Graph
 from ..graph_module import GraphModule
 from ..node import Node
+from ..._backends import MetaArray
 
 
 class _Recorder:
@@ -162,7 +163,6 @@ class _Recorder:
 
 
 def _meta_array_of(t: Tensor):
-    from ..._backends import MetaArray
     return MetaArray(tuple(t.shape), t._dtype.np, t.stride(), t.storage_offset())
 
 

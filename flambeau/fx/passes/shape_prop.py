@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..._tensor import Tensor
+from ..._tensor import Tensor, contiguous_format
 from ..._subclasses.fake_tensor import FakeTensorMode
 from ..interpreter import Interpreter
 from ..node import map_aggregate
+from ..._backends import MetaArray
+from ..._device import META
 
 
 class TensorMetadata(NamedTuple):
@@ -25,7 +27,6 @@ class TensorMetadata(NamedTuple):
 
 
 def _extract_tensor_metadata(t: Tensor) -> TensorMetadata:
-    from ..._tensor import contiguous_format
     fmt = contiguous_format if t.is_contiguous() else None
     return TensorMetadata(tuple(t.shape), t.dtype, t.requires_grad, tuple(t.stride()), fmt, False, {})
 
@@ -56,8 +57,6 @@ class ShapeProp(Interpreter):
     def _fake(self, t: Tensor) -> Tensor:
         if t.device.type == "meta" or getattr(t, "fake_device", None) is not None:
             return t
-        from ..._backends import MetaArray
-        from ..._device import META
         f = Tensor._make(MetaArray(tuple(t.shape), t._dtype.np, t.stride(), t.storage_offset()), META, t._dtype)
         self._snap._register(f, t.device)
         return f

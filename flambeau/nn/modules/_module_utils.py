@@ -8,6 +8,7 @@ from collections import namedtuple
 
 from ..._tensor import Tensor
 from ... import _dtype as D
+from ..._device import device as Device
 
 
 # Bumped by every module hook registration and removal, so that compiled code can guard "no hook
@@ -76,7 +77,6 @@ def _addindent(s: str, n: int) -> str:
 
 def _parse_to(*args, **kwargs):
     """Parse `Module.to`'s overloads: (device, dtype, non_blocking), (dtype), (tensor)."""
-    from ..._device import device as Device
     device = kwargs.pop("device", None)
     dtype = kwargs.pop("dtype", None)
     non_blocking = kwargs.pop("non_blocking", False)

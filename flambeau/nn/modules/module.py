@@ -10,9 +10,12 @@ import itertools
 from collections import OrderedDict
 
 from ..._tensor import Tensor, _no_grad
-from ... import _dtype as D
+from ... import _dtype as D, _state
 from ..parameter import Parameter, Buffer
 from ._module_utils import RemovableHandle, _IncompatibleKeys, _typename, _addindent, _parse_to
+from ...autograd import Function
+from ..._device import device as Device
+from ..._ops.creation import empty_like
 
 __all__ = ["Module", "RemovableHandle"]
 
@@ -26,7 +29,6 @@ class _BackwardHookFn:
 
     @staticmethod
     def make(on_grad):
-        from ...autograd import Function
 
         class _Hook(Function):
             @staticmethod
@@ -389,7 +391,6 @@ class Module:
         return self._apply(convert)
 
     def cuda(self, device=None) -> "Module":
-        from ..._device import device as Device
         dev = Device("cuda" if device is None else (f"cuda:{device}" if isinstance(device, int) else device))
         return self._apply(lambda t: t.to(dev))
 
@@ -415,7 +416,6 @@ class Module:
         return self._cast_float(D.bfloat16)
 
     def to_empty(self, *, device=None, recurse: bool = True) -> "Module":
-        from ..._ops.creation import empty_like
         return self._apply(lambda t: empty_like(t, device=device), recurse=recurse)
 
     def share_memory(self) -> "Module":
@@ -732,5 +732,4 @@ class Module:
 
 
 def _grad_enabled() -> bool:
-    from ... import _state
     return _state.grad_enabled

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..._tensor import Tensor, _no_grad
 from ...optim import _foreach as FE
+from ..._ops.creation import tensor
 
 __all__ = ["clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "get_total_norm", "clip_grads_with_norm_"]
 
@@ -33,7 +34,6 @@ def _norm(xp, a, norm_type):
 
 
 def get_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = False, foreach=None):
-    from ..._ops.creation import tensor
     if isinstance(tensors, Tensor):
         tensors = [tensors]
     tensors = [t for t in tensors if t is not None]

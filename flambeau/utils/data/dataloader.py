@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from .dataset import IterableDataset
 from .sampler import SequentialSampler, RandomSampler, BatchSampler
 from ._collate import default_collate, default_convert
-from ... import cuda
+from ... import cuda, random as frandom
 from ..._tensor import Tensor
+from ...random import default_generator
 
 
 @dataclass
@@ -52,7 +53,6 @@ class _ExceptionWrapper:
 def _worker_loop(dataset, index_q, result_q, collate_fn, auto_collation, drop_last, worker_id, num_workers,
                  seed, init_fn, is_iterable):
     global _worker_info
-    from ... import random as frandom
     frandom.manual_seed(seed)
     import numpy as np
     np.random.seed(seed % 2**32)
@@ -202,7 +202,6 @@ class _MultiWorker:
         ctx = loader.multiprocessing_context
         if ctx is None or isinstance(ctx, str):
             ctx = mp.get_context(ctx or ("fork" if sys.platform != "win32" else "spawn"))
-        from ...random import default_generator
         base_seed = int(default_generator._np.integers(0, 2**62))
         self.result_q = ctx.Queue()
         self.index_qs, self.workers = [], []

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import numpy as np
+from ...random import default_generator
 
 
 def _numpy_rng(generator):
     """A NumPy generator drawing from `generator` (a flambeau.Generator) or, when None, seeded
     from the default generator so `flambeau.manual_seed` makes shuffling reproducible."""
-    from ...random import default_generator
     g = generator if generator is not None else default_generator
     return np.random.default_rng(int(g._np.integers(0, 2**63 - 1)))
 
