@@ -250,15 +250,19 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
     are split across threads (`ufunc` writes in place)."""
     fast = _FAST_FLOAT if to_float else _FAST
 
-    def compute(xp, a, b):
+    def kernel(xp, a, b):
         if out_dtype is None and type(a) is type(b) is np.ndarray and a.dtype == b.dtype and a.dtype in fast:
             if a.size >= PAR_MIN and parallel_ok(xp, a, b):
-                return parallel_map(fn, (a, b), a.dtype, ufunc)
-            try:
-                return fn(xp, a, b)
-            except ValueError:
-                broadcast_shapes(a.shape, b.shape)
-                raise
+                r = parallel_map(fn, (a, b), a.dtype, ufunc)
+            else:
+                try:
+                    r = fn(xp, a, b)
+                except ValueError:
+                    broadcast_shapes(a.shape, b.shape)
+                    raise
+            if a.flags.c_contiguous and b.flags.c_contiguous:
+                return r
+            return lay_out_pointwise(xp, r, a, b)
         dt = result_type(a, b)
         if to_float and dt.category < D.FLOATING:
             dt = _state.default_dtype
@@ -273,10 +277,6 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
         want = out_dtype.np if out_dtype is not None else dt.np
         if r.dtype != want:
             r = r.astype(want)
-        return r
-
-    def kernel(xp, a, b):
-        r = compute(xp, a, b)
         if getattr(a, "flags", _C).c_contiguous and getattr(b, "flags", _C).c_contiguous:
             return r
         return lay_out_pointwise(xp, r, a, b)
