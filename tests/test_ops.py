@@ -301,7 +301,7 @@ _META_OFF = "meta lays the result out contiguous; the kernel matches torch"
 META_STRIDE_GAPS = {
     "conj_physical": _REAL_OFF, "getitem_adv": _REAL_OFF, "masked_fill": _REAL_OFF, "cross": _REAL_OFF,
     "linalg.cross": _REAL_OFF, "cdist": _REAL_OFF, "layer_norm": _REAL_OFF, "group_norm": _REAL_OFF,
-    "real": _META_OFF, "imag": _META_OFF, "unfold": _META_OFF, "einsum": _META_OFF, "glu": _META_OFF,
+    "einsum": _META_OFF, "glu": _META_OFF,
     "prelu": _META_OFF, "normalize": _META_OFF, "rsub": "meta orders dims by self, torch by other (other - self)",
     "cummax": "meta contiguous, kernel follows the input", "cummin": "meta contiguous, kernel follows the input",
 }
@@ -313,8 +313,8 @@ def _layout(t):
 
 
 def _to_meta(x):
-    if isinstance(x, flambeau.Tensor):
-        return x.detach().to("meta")
+    if isinstance(x, flambeau.Tensor):    # same strides as the real input (`.to` makes non-dense ones dense)
+        return flambeau.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
     if isinstance(x, list):
         return [_to_meta(y) for y in x]
     if isinstance(x, tuple):

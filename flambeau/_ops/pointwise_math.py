@@ -402,9 +402,16 @@ def _real_view(xp, self):
     return self.real
 
 
+def _component_spec(self, part):
+    """A complex tensor's real (part 0) or imaginary (part 1) view: every stride and the offset
+    doubled in units of the real dtype, as PyTorch's view_as_real then select."""
+    st = [2 * s for s in self.stride()]
+    return TensorSpec(self.shape, self.dtype.to_real(), st, 2 * self.storage_offset() + part)
+
+
 @_real_view.def_meta
 def _(self):
-    return TensorSpec(self.shape, self.dtype.to_real())
+    return _component_spec(self, 0)
 
 
 @_real_view.def_derivative
@@ -419,7 +426,7 @@ def _imag_view(xp, self):
 
 @_imag_view.def_meta
 def _(self):
-    return TensorSpec(self.shape, self.dtype.to_real())
+    return _component_spec(self, 1)
 
 
 @_imag_view.def_derivative
