@@ -32,7 +32,7 @@ def _masked_fill_s(xp, self, mask, value):
     if self.dtype.kind in "iub" and isinstance(value, float) and not np.isfinite(value):
         raise RuntimeError(f"value cannot be converted to type {_tn(self.dtype).lower()} without overflow")
     v = xp.asarray(_fill_value(self.dtype, value)).astype(self.dtype)
-    return xp.where(mask, v, self)
+    return _c_order(xp, xp.where(mask, v, self))
 
 
 @defop("masked_fill.Tensor(Tensor self, Tensor mask, Tensor value) -> Tensor", function=False, inplace=True)
@@ -41,7 +41,13 @@ def _masked_fill_t(xp, self, mask, value):
     if value.ndim:
         raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got tensor with "
                            f"{value.ndim} dimension(s).")
-    return xp.where(mask, value.astype(self.dtype), self)
+    return _c_order(xp, xp.where(mask, value.astype(self.dtype), self))
+
+
+def _c_order(xp, r):
+    """PyTorch's masked_fill fills a contiguous clone of the (broadcast) self; `where` follows its
+    operands' layout instead."""
+    return r if r.flags.c_contiguous else xp.ascontiguousarray(r)
 
 
 def _mf_meta(self, mask, value):

@@ -135,7 +135,7 @@ def _(grad, result):
 
 @defop("conj_physical(Tensor self) -> Tensor", method=True, inplace=True, tags=(Tag.core, Tag.extern))
 def conj_physical(xp, self):
-    return xp.conj(self) if self.dtype.kind == "c" else self.copy()
+    return xp.conj(self) if self.dtype.kind == "c" else self.copy(order="K")    # keeps the layout, as torch
 
 
 conj_physical.def_meta(unary_meta())
@@ -369,7 +369,7 @@ def rsub(xp, self, other, *, alpha=1):
 @rsub.def_meta
 def _(self, other, *, alpha=1):
     _sub_check(self, other)
-    return binary_meta()(self, other)
+    return binary_meta()(other, self)          # other - self: the layout follows `other`, as the kernel
 
 
 @rsub.def_derivative

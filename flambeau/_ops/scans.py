@@ -113,7 +113,7 @@ def _cumext(name, ufunc, *, tags=()):
             mask = mask | xp.isnan(x)
         pos = xp.arange(x.shape[d], dtype=np.int64).reshape([-1 if i == d else 1 for i in range(x.ndim)])
         idx = accumulate(xp, "maximum", xp.where(mask, pos, 0), d)
-        return _fresh(xp, vals, self.dtype), idx
+        return _fresh(xp, vals, self.dtype), xp.ascontiguousarray(idx)    # PyTorch: both C order
 
     @op.def_meta
     def _(self, dim):
