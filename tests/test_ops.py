@@ -301,8 +301,7 @@ _META_OFF = "meta lays the result out contiguous; the kernel matches torch"
 META_STRIDE_GAPS = {
     "getitem_adv": _REAL_OFF, "cross": _REAL_OFF,
     "linalg.cross": _REAL_OFF, "cdist": _REAL_OFF, "layer_norm": _REAL_OFF, "group_norm": _REAL_OFF,
-    "einsum": _META_OFF, "glu": _META_OFF,
-    "prelu": _META_OFF, "normalize": _META_OFF,
+    "einsum": _META_OFF,
 }
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import _dtype as D
 from ._registry import defop, export, make_inplace, Op, register, TensorSpec, NN_FUNCTIONAL, Tag
-from ._helpers import result_type, opmath, round_to, broadcast_shapes, shape_of, wrap_dim
+from ._helpers import result_type, opmath, round_to, broadcast_shapes, shape_of, wrap_dim, pointwise_strides
 from .._dispatch import type_name, resize_out
 from .._device import canonical
 
@@ -422,7 +422,8 @@ def glu(xp, self, dim=-1):
 @glu.def_meta
 def _(self, dim=-1):
     d, h = _glu_halves(self, dim)
-    return TensorSpec(tuple(h if i == d else s for i, s in enumerate(self.shape)), self.dtype)
+    shape = tuple(h if i == d else s for i, s in enumerate(self.shape))
+    return TensorSpec(shape, self.dtype, pointwise_strides(shape, self))    # the halves keep self's strides
 
 
 @defop("glu_backward(Tensor grad_output, Tensor self, int dim) -> Tensor", function=False)
@@ -461,7 +462,8 @@ def prelu(xp, self, weight):
     return xp.where(x > 0, x, w * x).astype(dt.np)
 
 
-prelu.def_meta(lambda self, weight: TensorSpec(self.shape, result_type(self, weight)))
+prelu.def_meta(lambda self, weight: TensorSpec(self.shape, result_type(self, weight),
+                                                pointwise_strides(self.shape, self)))
 
 
 @defop("_prelu_kernel_backward(Tensor grad_output, Tensor self, Tensor weight) -> (Tensor, Tensor)",
@@ -575,7 +577,8 @@ def _normalize(xp, self, p=2.0, dim=1, eps=1e-12):
     return (x / xp.maximum(n, eps)).astype(dt.np)
 
 
-_normalize.def_meta(lambda self, p=2.0, dim=1, eps=1e-12: TensorSpec(self.shape, self.dtype))
+_normalize.def_meta(lambda self, p=2.0, dim=1, eps=1e-12: TensorSpec(self.shape, self.dtype,
+                                                                     pointwise_strides(self.shape, self)))
 
 
 @defop("normalize_backward(Tensor grad_output, Tensor self, float p, int dim, float eps) -> Tensor",
