@@ -726,7 +726,7 @@ def cdist(xp, x1, x2, p=2.0, compute_mode=None):
     _cdist_check(x1, x2, p)
     dt, cd, a, b = _two("cdist", x1, x2)
     d = a[..., :, None, :] - b[..., None, :, :]
-    return xp.asarray(_pnorm(xp, d, p, -1)).astype(dt.np)
+    return xp.asarray(_pnorm(xp, d, p, -1)).astype(dt.np, order="C")    # torch: C order, whatever x1's layout
 
 
 @cdist.def_meta

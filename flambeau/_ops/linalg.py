@@ -582,7 +582,7 @@ def linalg_cross(xp, self, other, *, dim=-1):
     if self.dtype != other.dtype:
         raise RuntimeError(f"expected scalar type {type_name(_dt(self))} but found {type_name(_dt(other))}")
     _check_not_bool("linalg_cross", self)
-    return _prod(xp, lambda a, b: xp.cross(a, b, axis=d), self, other)
+    return xp.ascontiguousarray(_prod(xp, lambda a, b: xp.cross(a, b, axis=d), self, other))  # torch: C order
 
 
 @linalg_cross.def_meta

@@ -83,7 +83,8 @@ def native_layer_norm(xp, input, normalized_shape, weight, bias, eps):
         y = y * _c(weight, cd)
     if bias is not None:
         y = y + _c(bias, cd)
-    return y.astype(dt.np), mean.astype(dt.np), rstd.astype(dt.np)
+    # C order as torch (the cast copies anyway; y followed a permuted input's layout)
+    return y.astype(dt.np, order="C"), mean.astype(dt.np), rstd.astype(dt.np)
 
 
 @native_layer_norm.def_meta
@@ -326,7 +327,7 @@ def native_group_norm(xp, input, weight, bias, N, C, HxW, group, eps):
         y = y * _c(weight, cd).reshape(1, group, -1, 1)
     if bias is not None:
         y = y + _c(bias, cd).reshape(1, group, -1, 1)
-    return (y.reshape(input.shape).astype(dt.np), mean.reshape(N, group).astype(dt.np),
+    return (y.reshape(input.shape).astype(dt.np, order="C"), mean.reshape(N, group).astype(dt.np),
             rstd.reshape(N, group).astype(dt.np))
 
 
