@@ -114,7 +114,9 @@ def index(xp, self, indices):
     r = self[key]
     if r.size == 0:
         return xp.empty(r.shape, dtype=r.dtype)
-    return r.copy() if all(isinstance(k, slice) for k in key) else r
+    if all(isinstance(k, slice) for k in key):
+        return r.copy()
+    return r if r.flags.c_contiguous else xp.ascontiguousarray(r)    # NumPy may put the index dims inside
 
 
 @index.def_meta
