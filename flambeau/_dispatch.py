@@ -326,15 +326,17 @@ def check_inplace_autograd(self: Tensor):
         raise RuntimeError("a view of a leaf Variable that requires grad is being used in an in-place operation.")
 
 
-def write_into(self: Tensor, res: Tensor, opname: str):
-    """Copy `res` into `self` with PyTorch's in-place dtype and shape rules."""
+def write_into(self: Tensor, res: Tensor, opname: str, overlap_ok: bool = False):
+    """Copy `res` into `self` with PyTorch's in-place dtype and shape rules; `overlap_ok` lets a
+    self whose elements share memory (an expanded tensor) be written, as PyTorch's fill_ does."""
     if not can_cast(res._dtype, self._dtype):
         raise RuntimeError(f"result type {type_name(res._dtype)} can't be cast to the desired output type "
                            f"{type_name(self._dtype)}")
     if res._data.shape != self._data.shape:
         raise RuntimeError(f"output with shape {list(self._data.shape)} doesn't match the broadcast shape "
                            f"{list(res._data.shape)}")
-    _check_no_internal_overlap(self)
+    if not overlap_ok:
+        _check_no_internal_overlap(self)
     if self._device.type != "meta":
         if res._device != self._device:
             raise _device_mismatch(opname, self._device, res._device)
@@ -365,7 +367,7 @@ def _inplace(op, args, kwargs):
     res = _call(f, args, kwargs, False)
     if fw:
         _forward_ad.propagate(f, args, kwargs, res)
-    write_into(self, res, op.__name__)
+    write_into(self, res, op.__name__, Tag.overlap_ok in op.tags)
     if fw:
         _forward_ad.set_inplace_tangent(self, res._fw_grad)
     if rg:

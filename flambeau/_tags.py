@@ -25,6 +25,7 @@ class Tag(enum.Enum):
     nondifferentiable = "nondifferentiable"               # autograd records no grad_fn
     extern = "extern"                                     # the compiler calls the eager kernel as a library call
     recomputable = "recomputable"                         # the partitioner may recompute it in the backward
+    overlap_ok = "overlap_ok"                             # in-place variant may write a self with internal overlap
     autocast_lower_precision = "autocast_lower_precision"  # autocast policies on cuda (and every device but cpu)
     autocast_fp32 = "autocast_fp32"
     autocast_fp32_opt = "autocast_fp32_opt"               # float32 unless the caller passes dtype=

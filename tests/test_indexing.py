@@ -183,3 +183,18 @@ def test_resize_():
     x = flambeau.arange(6.) if hasattr(flambeau, "arange") else flambeau.tensor([0., 1, 2, 3, 4, 5])
     x.resize_(2, 2)
     assert x.tolist() == [[0, 1], [2, 3]]
+
+
+@pytest.mark.parametrize("op", ["zero_()", "fill_(2.0)", "fill_(v)", "add_(1)"])
+def test_inplace_on_expanded_matches_torch(op):
+    """PyTorch's zero_/fill_(Scalar) write an expanded (self-overlapping) tensor; fill_(Tensor) and
+    add_ raise. Fuzzer seeds 248, 324."""
+    outcomes = []
+    for m in (torch, flambeau):
+        x, v = m.zeros(3, 1).expand(3, 3), m.tensor(2.0)
+        try:
+            eval("x." + op, {"x": x, "v": v})
+            outcomes.append(("ok", x.tolist()))
+        except RuntimeError as e:
+            outcomes.append(("raise", str(e)))
+    assert outcomes[0] == outcomes[1]

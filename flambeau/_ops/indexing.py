@@ -346,7 +346,8 @@ def copy_(self, src, non_blocking=False):
     return OPS["copy_"](self, src, non_blocking)
 
 
-@defop("fill.Scalar(Tensor self, Scalar value) -> Tensor", function=False, inplace=True)
+@defop("fill.Scalar(Tensor self, Scalar value) -> Tensor", function=False, inplace=True,
+       inplace_tags=(Tag.overlap_ok,))       # PyTorch's fill_ with a Scalar skips the overlap check
 def _fill_scalar(xp, self, value):
     if self.dtype == np.bool_:
         value = bool(value)
