@@ -785,3 +785,15 @@ def test_declined_decomposition_does_not_leak_notimplemented():
             r.sum().backward()
     finally:
         op.decomposition = saved
+
+
+def test_float_with_grad_written_into_bool_view_records_nothing():
+    """A bool tensor written through a view with a float that requires grad stays without grad_fn,
+    as in PyTorch (fuzzer seed 562 then failed in a bool subtraction in backward)."""
+    flags = []
+    for m in (torch, fl):
+        x = m.tensor(2.5, dtype=m.float64).requires_grad_()
+        b = x < x
+        b.reshape(-1)[0] = x * 2
+        flags.append((b.requires_grad, b.grad_fn is None, b.tolist()))
+    assert flags[0] == flags[1] == (False, True, True)

@@ -317,7 +317,10 @@ class NotImplementedNode(OpNode):
 
 
 def record_inplace(f, args, kwargs, self: Tensor):
-    """Autograd for `self.op_(...)`: self takes the functional op's node; a view rebases its base."""
+    """Autograd for `self.op_(...)`: self takes the functional op's node; a view rebases its base.
+    A self of integer or bool dtype records nothing (a float written into it carries no grad)."""
+    if not _differentiable(self):
+        return
     base = self._base
     if base is None:
         record(f, args, kwargs, self)
