@@ -198,3 +198,17 @@ def test_inplace_on_expanded_matches_torch(op):
         except RuntimeError as e:
             outcomes.append(("raise", str(e)))
     assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int32", "uint8"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 2.5])
+def test_masked_fill_nonfinite_into_integer_matches_torch(dtype, value):
+    """bool takes any float (nan -> True); integer dtypes raise on nan/inf (fuzzer seed 119)."""
+    outcomes = []
+    for m in (torch, flambeau):
+        x = m.tensor([0, 1, 0]).to(getattr(m, dtype))
+        try:
+            outcomes.append(("ok", x.masked_fill(x == 0, value).tolist()))
+        except RuntimeError as e:
+            outcomes.append(("raise", type(e).__name__, str(e).split(" type ")[0]))
+    assert outcomes[0] == outcomes[1]

@@ -29,7 +29,7 @@ def _bool_mask(name, mask):
        tags=(Tag.recomputable,))
 def _masked_fill_s(xp, self, mask, value):
     _bool_mask("masked_fill_", mask)
-    if self.dtype.kind in "iub" and isinstance(value, float) and not np.isfinite(value):
+    if self.dtype.kind in "iu" and isinstance(value, float) and not np.isfinite(value):   # bool: any value
         raise RuntimeError(f"value cannot be converted to type {_tn(self.dtype).lower()} without overflow")
     v = xp.asarray(_fill_value(self.dtype, value)).astype(self.dtype)
     return _c_order(xp, xp.where(mask, v, self))
