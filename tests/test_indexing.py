@@ -212,3 +212,16 @@ def test_masked_fill_nonfinite_into_integer_matches_torch(dtype, value):
         except RuntimeError as e:
             outcomes.append(("raise", type(e).__name__, str(e).split(" type ")[0]))
     assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("index", [lambda m: m.tensor([]), lambda m: m.zeros(0, 2), lambda m: m.zeros(1, 1)])
+def test_gather_scatter_empty_float_index_matches_torch(index):
+    """An empty index is checked neither for dtype nor rank; a non-empty float one raises (seeds 229, 486)."""
+    outcomes = []
+    for m in (torch, flambeau):
+        s = m.zeros(2, 3)
+        try:
+            outcomes.append(("ok", list(m.gather(s, 1, index(m)).shape), s.scatter(1, index(m), 1.0).tolist()))
+        except RuntimeError as e:
+            outcomes.append(("raise", str(e).split(" dtype")[0]))   # flambeau takes int64 only
+    assert outcomes[0] == outcomes[1]

@@ -18,6 +18,8 @@ from .indexing import _ufunc_at, _fill_value
 def _check(name, self_shape, dim, index, src_shape=None, index_dtype=None):
     nd = max(len(self_shape), 1)
     d = wrap_dim(dim, len(self_shape))
+    if any(n == 0 for n in index.shape):
+        return d                  # PyTorch checks an empty index neither for dtype nor for shape
     if index_dtype not in (np.int64, D.int64):
         raise RuntimeError(f"{name}(): Expected dtype int64 for index")
     ishape = tuple(index.shape) or (1,)
