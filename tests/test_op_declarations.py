@@ -161,3 +161,22 @@ def test_spelled_ops_are_lowered_through_their_spelling():
 def test_view_inverses_are_keyed_by_view_ops():
     from flambeau._functorch.functionalization import _VIEW_INVERSES
     assert len(_VIEW_INVERSES) >= 12 and all(isinstance(op, Op) and op.is_view for op in _VIEW_INVERSES)
+
+
+def test_op_overload_packet_spelling_without_getattr():
+    """`aten.max.dim` and `aten.add.Tensor` resolve through plain attributes set at registration:
+    `Op` defines no `__getattr__`, which would slow every attribute read on the dispatch path."""
+    from flambeau._decomp._table import aten
+    from flambeau._ops import OPS
+    from flambeau._ops._registry import Op
+    assert "__getattr__" not in vars(Op)
+    assert aten.max.dim is OPS["max.dim"]
+    assert aten.round.decimals is OPS["round.decimals"]
+    assert aten.add.Tensor is OPS["add.Tensor"]
+    for name, op in OPS.items():
+        base, _, overload = name.partition(".")
+        if overload and not overload.startswith("_") and not hasattr(Op, overload):
+            for sibling in (o for n, o in OPS.items() if n.partition(".")[0] == base):
+                assert getattr(sibling, overload) is op, (sibling, overload)
+    with pytest.raises(AttributeError):
+        aten.max.no_such_overload

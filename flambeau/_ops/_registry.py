@@ -48,6 +48,7 @@ from . import _schema
 from .._tags import Tag
 
 OPS: dict = {}           # qualified name ('add.Tensor' or 'add') -> Op
+_OVERLOADS: dict = {}    # base name ('add') -> ([its Ops], {overload name ('Tensor'): Op})
 EXPORTS: dict = {}       # flambeau.<name> -> callable
 METHODS: dict = {}       # Tensor.<name> -> function
 NN_FUNCTIONAL: dict = {} # flambeau.nn.functional.<name> -> callable
@@ -204,16 +205,6 @@ class Op:
     def __repr__(self):
         return f"aten.{self.name}"
 
-    def __getattr__(self, overload: str) -> "Op":
-        """A sibling overload, PyTorch's packet spelling: `aten.max.dim` where `aten.max` is the
-        overload 'max' (`flambeau._decomp._table.aten`); `aten.add.Tensor` is 'add.Tensor' itself."""
-        if overload.startswith("_") or "_schema" not in self.__dict__:
-            raise AttributeError(overload)
-        op = OPS.get(f"{self.__name__}.{overload}")
-        if op is None:
-            raise AttributeError(f"aten.{self.__name__} has no overload {overload!r}")
-        return op
-
     @property
     def _overloadname(self):
         return self._schema.overload or "default"
@@ -246,11 +237,32 @@ def register(op: Op, *, method=False, function=True) -> Op:
     if op.name in OPS:
         raise RuntimeError(f"operator {op.name} registered twice")
     OPS[op.name] = op
+    _link_overloads(op)
     if function:
         EXPORTS[function if isinstance(function, str) else op._schema.name] = op
     if method:
         METHODS[method if isinstance(method, str) else op._schema.name] = op
     return op
+
+
+def _link_overloads(op: Op) -> None:
+    """PyTorch's packet spelling: every overload of a name is an attribute of each of its siblings
+    (`aten.max.dim` where `aten.max` is the overload 'max'; `aten.add.Tensor` is 'add.Tensor' itself).
+    Set as plain attributes at registration, never shadowing one the Op has: a `__getattr__` on
+    `Op` would make every attribute read of the dispatcher's hot path take the slow generic route."""
+    ops, overloads = _OVERLOADS.setdefault(op.__name__, ([], {}))
+    ops.append(op)
+    if op._schema.overload:
+        overloads[op._schema.overload] = op
+        for sibling in ops:
+            _set_overload(sibling, op._schema.overload, op)
+    for overload, other in overloads.items():
+        _set_overload(op, overload, other)
+
+
+def _set_overload(op: Op, overload: str, target: Op) -> None:
+    if not overload.startswith("_") and overload not in op.__dict__ and not hasattr(type(op), overload):
+        op.__dict__[overload] = target
 
 
 def make_inplace(op: Op, *, method=True, tags=()) -> Op:
