@@ -6,6 +6,19 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def spy_compile_fx(monkeypatch, into: list) -> list:
+    """Record every CompiledGraph the inductor backend makes (through flambeau.compile) in `into`."""
+    import flambeau._inductor as inductor
+    real = inductor.compile_fx
+
+    def spy(gm, example_inputs=None, **kw):
+        c = real(gm, example_inputs, **kw)
+        into.append(c)
+        return c
+    monkeypatch.setattr(inductor, "compile_fx", spy)
+    return into
+
+
 def _has_cuda():
     try:
         import flambeau

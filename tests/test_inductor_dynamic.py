@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import flambeau as fl
-import flambeau._inductor as inductor
 from flambeau import _cpp_builder as cpp_builder
 from flambeau._inductor import compile_fx, config
 from tests.opdb import all_opinfos, as_numpy, check_compiled_or_expected_failure, flat_tensors, materialize
 from flambeau.fx.experimental.proxy_tensor import make_fx
+from tests.conftest import spy_compile_fx
 
 cfx = sys.modules["flambeau._inductor.compile_fx"]
 
@@ -32,15 +32,7 @@ def _fresh():
 
 @pytest.fixture
 def compiled_graphs(monkeypatch):
-    graphs = []
-    real = inductor.compile_fx
-
-    def spy(gm, example_inputs=None, **kw):
-        c = real(gm, example_inputs, **kw)
-        graphs.append(c)
-        return c
-    monkeypatch.setattr(inductor, "compile_fx", spy)
-    return graphs
+    return spy_compile_fx(monkeypatch, [])
 
 
 class InductorCounter:

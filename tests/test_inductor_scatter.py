@@ -15,13 +15,13 @@ import pytest
 import torch
 
 import flambeau as fl
-import flambeau._inductor as inductor
 from flambeau import _cpp_builder as cpp_builder
 from flambeau._decomp import DecompositionMode
 from flambeau._dynamo.testing import unexpected_fallbacks
 from flambeau._dynamo.utils import counters
 from flambeau._inductor import compile_fx, config
 from flambeau.fx.experimental.proxy_tensor import make_fx
+from tests.conftest import spy_compile_fx
 
 cfx = sys.modules["flambeau._inductor.compile_fx"]
 
@@ -43,15 +43,7 @@ def backend(request, monkeypatch):
 @pytest.fixture
 def graphs(monkeypatch):
     """The CompiledGraphs the inductor backend makes (through flambeau.compile)."""
-    made = Compiled()
-    real = inductor.compile_fx
-
-    def spy(gm, example_inputs=None, **kw):
-        c = real(gm, example_inputs, **kw)
-        made.append(c)
-        return c
-    monkeypatch.setattr(inductor, "compile_fx", spy)
-    return made
+    return spy_compile_fx(monkeypatch, Compiled())
 
 
 class Compiled(list):
