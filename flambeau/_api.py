@@ -9,7 +9,8 @@ from ._dispatch import can_cast as cc
 __all__ = ["set_default_dtype", "get_default_dtype", "set_default_device", "get_default_device",
            "result_type", "can_cast", "is_floating_point", "is_complex", "numel", "is_nonzero",
            "iinfo", "finfo", "set_printoptions", "is_storage", "typename", "use_deterministic_algorithms",
-           "are_deterministic_algorithms_enabled", "get_num_threads", "set_num_threads", "compiled_with_cxx11_abi"]
+           "are_deterministic_algorithms_enabled", "get_num_threads", "set_num_threads", "compiled_with_cxx11_abi",
+           "set_float32_matmul_precision", "get_float32_matmul_precision"]
 
 
 def set_default_dtype(d) -> None:
@@ -102,6 +103,24 @@ def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None
 
 def are_deterministic_algorithms_enabled() -> bool:
     return _deterministic
+
+
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+
+def set_float32_matmul_precision(precision: str) -> None:
+    """How float32 matrix products may compute on cuda: "highest" (exact float32, PyTorch's default),
+    "high" or "medium" (TF32 tensor cores). Read by the cuBLASLt products (`_backends.cublaslt`)."""
+    if precision not in MATMUL_PRECISIONS:
+        import warnings
+        warnings.warn(f"{precision} is not one of 'highest', 'high', or 'medium'; the current "
+                      "setFloat32MatmulPrecision call has no effect.", stacklevel=2)
+        return
+    _state.float32_matmul_precision = precision
+
+
+def get_float32_matmul_precision() -> str:
+    return _state.float32_matmul_precision
 
 
 def get_num_threads() -> int:

@@ -12,3 +12,4 @@ anomaly = False
 anomaly_check_nan = True
 autocast: dict = {}            # device type -> dtype where autocast is on (empty: off); see flambeau.amp
 cuda_device = 0                # the current cuda device index (flambeau.cuda.set_device)
+float32_matmul_precision = "highest"   # cuda float32 products: "highest" exact, "high"/"medium" TF32

@@ -1,7 +1,9 @@
 """Linear algebra products: matmul/mm/bmm/mv/dot/vdot/inner/outer, the add* family
 (addmm/addmv/addr/addbmm/baddbmm), einsum, tensordot, kron, multi_dot/chain_matmul and cross.
 Products go to the array namespace's BLAS (`xp.matmul`, `xp.einsum(optimize=True)`); half and
-bfloat16 compute in float32. The `linalg` namespace's norms, solvers and decompositions live in
+bfloat16 compute in float32. On cuda, float16/bfloat16/float32 matmul/mm/bmm/addmm/baddbmm (and
+`linear`) run through cuBLASLt (`_backends.cublaslt`: low-precision operands on the tensor cores,
+fp32 accumulation, a 1-D addmm bias as the epilogue). The `linalg` namespace's norms, solvers and decompositions live in
 `linalg_decomp`.
 
 Like PyTorch, the matrix products require operands of one dtype (no promotion), accept integer
@@ -14,7 +16,7 @@ import numpy as np
 import string
 
 from .. import _dtype as D
-from .._backends import cpu_kernels
+from .._backends import cpu_kernels, cublaslt
 from .._backends.cpu_kernels import matmul_for
 from ._registry import defop, export, TensorSpec, LINALG, Tag
 from ._helpers import broadcast_shapes, opmath, wrap_dim
@@ -53,6 +55,27 @@ def _prod(xp, fn, *arrays):
     return xp.asarray(r).astype(dt.np, copy=False)
 
 
+def lt_gemm(xp, a, b, **kw):
+    """a @ b (with `cublaslt.gemm`'s bias/c/alpha/beta) through cuBLASLt for CuPy arrays of a dtype it
+    takes; None when the product is not for cuBLASLt (the caller runs its own path)."""
+    if xp is np or getattr(xp, "__name__", "") != "cupy" or not cublaslt.handles(a, b):
+        return None
+    return cublaslt.gemm(a, b, **kw)
+
+
+def _lt_add(xp, self, a, b, beta, alpha):
+    """beta * self + alpha * (a @ b) through cuBLASLt: beta == 0 ignores self, a 1-D self of length
+    n with beta == 1 is the bias epilogue, anything else is copied into the output as C."""
+    if getattr(xp, "__name__", "") != "cupy" or self.dtype != a.dtype or isinstance(beta, complex) \
+            or isinstance(alpha, complex):
+        return None
+    if beta == 0:
+        return lt_gemm(xp, a, b, alpha=alpha)
+    if beta == 1 and self.ndim == 1 and self.shape[0] == b.shape[-1]:
+        return lt_gemm(xp, a, b, bias=self, alpha=alpha)
+    return lt_gemm(xp, a, b, c=self, alpha=alpha, beta=beta)
+
+
 def _mshape(s) -> str:
     return "x".join(map(str, s))
 
@@ -89,6 +112,11 @@ def matmul(xp, self, other):
     _check_same_dtype(self, other)
     _check_not_bool("addmm_impl_cpu_", self)
     shape = matmul_shape(self.shape, other.shape)
+    if self.ndim + other.ndim > 2:
+        r = lt_gemm(xp, self.reshape(1, -1) if self.ndim == 1 else self,
+                    other.reshape(-1, 1) if other.ndim == 1 else other)
+        if r is not None:
+            return r.reshape(shape)
     return _prod(xp, matmul_for(xp), self, other).reshape(shape)
 
 
@@ -167,7 +195,8 @@ def _dot_shape(a, b, name="dot"):
 def mm(xp, self, mat2):
     _mm_shape(self, mat2)
     _check_not_bool("addmm_impl_cpu_", self)
-    return _prod(xp, matmul_for(xp), self, mat2)
+    r = lt_gemm(xp, self, mat2)
+    return r if r is not None else _prod(xp, matmul_for(xp), self, mat2)
 
 
 mm.def_meta(lambda self, mat2: TensorSpec(_mm_shape(self, mat2), self.dtype))
@@ -183,7 +212,8 @@ def _(grad, self, mat2):
 def bmm(xp, self, mat2):
     _bmm_shape(self, mat2)
     _check_not_bool("bmm", self)
-    return _prod(xp, matmul_for(xp), self, mat2)
+    r = lt_gemm(xp, self, mat2)
+    return r if r is not None else _prod(xp, matmul_for(xp), self, mat2)
 
 
 bmm.def_meta(lambda self, mat2: TensorSpec(_bmm_shape(self, mat2), self.dtype))
@@ -264,13 +294,17 @@ def _combine(xp, self, prod, beta, alpha):
     return xp.broadcast_to(r, prod.shape).astype(dt.np)
 
 
-def _add_family(name, schema_tail, shape_fn, prod_fn, grad_fn, *, tags=()):
+def _add_family(name, schema_tail, shape_fn, prod_fn, grad_fn, *, tags=(), gemm=False):
     @defop(f"{name}(Tensor self, {schema_tail}, *, Scalar beta=1, Scalar alpha=1) -> Tensor", method=True,
            inplace=True, tags=tags)
     def op(xp, self, a, b, *, beta=1, alpha=1):
         out = shape_fn(a, b)
         _check_self(name, self, b, out)
         _check_not_bool(name, self)
+        if gemm:
+            r = _lt_add(xp, self, a, b, beta, alpha)
+            if r is not None:
+                return r
         return _combine(xp, self, _prod(xp, lambda x, y: prod_fn(xp, x, y), a, b), beta, alpha)
 
     @op.def_meta
@@ -294,13 +328,13 @@ def _scale(t, alpha):
 
 addmm = _add_family("addmm", "Tensor mat1, Tensor mat2", _mm_shape, lambda xp, a, b: matmul_for(xp)(a, b),
                     lambda g, a, b, al: (_scale(g.mm(b.mH), al), _scale(a.mH.mm(g), al)),
-                    tags=(Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
+                    tags=(Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision), gemm=True)
 addmv = _add_family("addmv", "Tensor mat, Tensor vec", _mv_shape, lambda xp, a, b: matmul_for(xp)(a, b),
                     lambda g, a, b, al: (_scale(g.unsqueeze(-1) * b.conj().unsqueeze(0), al),
                                          _scale(a.mH.mv(g), al)), tags=(Tag.autocast_lower_precision,))
 baddbmm = _add_family("baddbmm", "Tensor batch1, Tensor batch2", _bmm_shape, lambda xp, a, b: matmul_for(xp)(a, b),
                       lambda g, a, b, al: (_scale(g.bmm(b.mH), al), _scale(a.mH.bmm(g), al)),
-                      tags=(Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
+                      tags=(Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision), gemm=True)
 addbmm = _add_family("addbmm", "Tensor batch1, Tensor batch2", lambda a, b: _bmm_shape(a, b)[1:],
                      lambda xp, a, b: matmul_for(xp)(a, b).sum(0),
                      lambda g, a, b, al: (_scale(g.unsqueeze(0).expand(a.shape[0], *g.shape).bmm(b.mH), al),

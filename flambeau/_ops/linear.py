@@ -1,11 +1,12 @@
-"""Dense layers: `linear` (an op with a BLAS kernel and a fused derivative) and `bilinear`."""
+"""Dense layers: `linear` (an op with a BLAS kernel and a fused derivative) and `bilinear`.
+On cuda, `linear` is one cuBLASLt product with the bias as its epilogue (`linalg.lt_gemm`)."""
 from __future__ import annotations
 
 from .. import _dtype as D
 from .._backends.cpu_kernels import matmul_for
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
-from .linalg import einsum
+from .linalg import einsum, lt_gemm
 from .._dispatch import type_name
 
 
@@ -28,6 +29,10 @@ def _check(input, weight, bias):
        function=False, tags=(Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 def linear(xp, input, weight, bias=None):
     _check(input, weight, bias)
+    if weight.ndim == 2:
+        r = lt_gemm(xp, input.reshape(1, -1) if input.ndim == 1 else input, weight.T, bias=bias)
+        if r is not None:
+            return r.reshape(tuple(input.shape[:-1]) + (weight.shape[0],))
     dt = D.FROM_NP[input.dtype]
     cd = opmath(dt)
     x = input.astype(cd, copy=False)

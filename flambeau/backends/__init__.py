@@ -1,4 +1,5 @@
-"""torch.backends: switches of the libraries behind the kernels. `flambeau.backends.cudnn` is
+"""torch.backends: switches of the libraries behind the kernels. `flambeau.backends.cuda.matmul`
+holds the cuBLAS flags (TF32, reduced-precision reductions). `flambeau.backends.cudnn` is
 flambeau._backends.cudnn itself (enabled, allow_tf32, deterministic, benchmark, is_available,
 version), so setting a flag here sets it where the convolution kernels read it."""
 import sys
@@ -6,3 +7,4 @@ import sys
 from .._backends import cudnn
 
 sys.modules[__name__ + ".cudnn"] = cudnn
+from . import cuda  # noqa: E402,F401
