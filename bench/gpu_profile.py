@@ -1,0 +1,67 @@
+"""Count what a piece of GPU work launches, from PyTorch's profiler (CUPTI sees every kernel and copy
+of the process, CuPy's and cuBLAS's included, so the same count serves flambeau and PyTorch).
+
+    counts(fn, steps=1, stacks=False) -> dict
+        kernels, d2h (device-to-host copies), h2d, syncs (stream/device/event synchronisations)
+        per step, and with stacks=True `d2h_sites` / `h2d_sites`: for each copy, the innermost
+        Python frames (from the profiler's Python tracer) that were running when it happened.
+        `syncs` includes the two synchronisations the counting itself makes.
+
+A device-to-host copy of pageable memory blocks the host until the GPU has caught up: it is the
+"host sync" counted here. Used by bench/gpu_train.py and tests/test_cuda_syncs.py.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import tempfile
+
+_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize",
+               "cuCtxSynchronize", "cuEventSynchronize")
+
+
+def _trace(fn, steps, stacks):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stacks) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            return json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+
+
+def _sites(events, copies, depth=6):
+    """For each copy, the innermost python_function frames covering its start (outermost last)."""
+    py = [e for e in events if e.get("cat") == "python_function" and "dur" in e]
+    out = collections.Counter()
+    for c in copies:
+        t = c["ts"]
+        frames = sorted((e for e in py if e["ts"] <= t <= e["ts"] + e["dur"]), key=lambda e: e["dur"])
+        names = [e["name"] for e in frames if "site-packages" not in e["name"] or "flambeau" in e["name"]]
+        out[" <- ".join(names[:depth])] += 1
+    return [{"count": n, "frames": k} for k, n in out.most_common()]
+
+
+def counts(fn, steps: int = 1, stacks: bool = False) -> dict:
+    """Kernels, copies and synchronisations per step of `fn` (run `steps` times under the profiler)."""
+    events = _trace(fn, steps, stacks)
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    copies = [e for e in events if e.get("cat") == "gpu_memcpy"]
+    d2h = [e for e in copies if "DtoH" in e.get("name", "")]
+    h2d = [e for e in copies if "HtoD" in e.get("name", "")]
+    syncs = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("name") in _SYNC_CALLS]
+    res = {"kernels": len(kernels) / steps, "d2h": len(d2h) / steps, "h2d": len(h2d) / steps,
+           "syncs": len(syncs) / steps}
+    if stacks:
+        res["d2h_sites"] = _sites(events, d2h)
+        res["h2d_sites"] = _sites(events, h2d)
+    return res

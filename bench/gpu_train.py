@@ -1,0 +1,132 @@
+"""Training steps on one GPU: PyTorch and flambeau running the same model code (bench/gpu_models.py).
+
+    python bench/gpu_train.py [--only gpt,resnet,mlp] [--systems torch,flambeau] [--modes eager,compiled]
+                              [--steps 10] [--no-profile]
+
+Workloads (issue 11, item 7), all with bf16 autocast and AdamW (each library's default, foreach on cuda):
+  gpt     GPT-2 124M (12 layers, d 768, 12 heads, vocab 50257, tied embeddings), B 8 x T 1024
+  resnet  ResNet-50, B 64, 3 x 224 x 224, 1000 classes
+  mlp     4 x Linear(256, 256) with ReLU, B 64, 256 classes
+
+For each workload, system and mode, one JSON line: first_step_ms (the first step of a fresh model,
+including kernel compilation, cuDNN/cuBLASLt plans, autotuning), ms_per_step (mean over --steps
+steps after two warm-up steps, wall clock between device synchronisations), peak_mb (peak memory
+the library's allocator handed out since the model was built, weights and optimizer state
+included), and, unless --no-profile, kernels / d2h / h2d / syncs per step, counted over one more
+step under PyTorch's profiler (bench/gpu_profile.py; d2h = device-to-host copies, each a host
+synchronisation). A mode that fails prints its error in the line instead. The last line per
+workload gives flambeau/torch ratios. Each library trains its own randomly initialised copy.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+import flambeau  # noqa: E402
+from bench import gpu_models  # noqa: E402
+from bench.gpu_profile import counts  # noqa: E402
+
+WORKLOADS = {
+    "gpt": dict(build=lambda m: gpu_models.gpt(m), batch=lambda rng: (rng.integers(0, 50257, (8, 1024)),
+                                                                       rng.integers(0, 50257, (8, 1024)))),
+    "resnet": dict(build=lambda m: gpu_models.resnet50(m),
+                   batch=lambda rng: (rng.standard_normal((64, 3, 224, 224)).astype(np.float32),
+                                      rng.integers(0, 1000, 64))),
+    "mlp": dict(build=lambda m: gpu_models.mlp(m), batch=lambda rng: (rng.standard_normal((64, 256)).astype(np.float32),
+                                                                      rng.integers(0, 256, 64))),
+}
+LIBS = {"torch": torch, "flambeau": flambeau}
+
+
+def _sync(m):
+    m.cuda.synchronize()
+
+
+def _peak(m):
+    return m.cuda.max_memory_allocated() / 2**20
+
+
+def run(name, lib, mode, steps, profile):
+    m = LIBS[lib]
+    spec = WORKLOADS[name]
+    rng = np.random.default_rng(0)
+    m.manual_seed(0)
+    _sync(m)
+    m.cuda.reset_peak_memory_stats()
+    model = spec["build"](m).to("cuda")
+    xs, ys = spec["batch"](rng)
+    x, y = m.tensor(xs, device="cuda"), m.tensor(ys, device="cuda")
+    opt = m.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    fwd = model
+    if mode == "compiled":
+        fwd = m.compile(model)
+
+    def step():
+        return gpu_models.train_step(m, fwd, opt, x, y, m.bfloat16)
+
+    t0 = time.perf_counter()
+    loss = step()
+    _sync(m)
+    first = (time.perf_counter() - t0) * 1e3
+    for _ in range(2):
+        step()
+    _sync(m)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    _sync(m)
+    ms = (time.perf_counter() - t0) * 1e3 / steps
+    res = {"workload": name, "system": lib, "mode": mode, "first_step_ms": round(first, 1),
+           "ms_per_step": round(ms, 2), "peak_mb": round(_peak(m), 1), "loss": round(float(loss.item()), 4)}
+    if profile:
+        res.update({k: v for k, v in counts(step).items()})
+    del model, opt, fwd, x, y, loss
+    gc.collect()
+    m.cuda.empty_cache()
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="gpt,resnet,mlp")
+    ap.add_argument("--systems", default="torch,flambeau")
+    ap.add_argument("--modes", default="eager")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--no-profile", action="store_true")
+    a = ap.parse_args(argv)
+    print(json.dumps({"config": True, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                      "steps": a.steps, "cublaslt": flambeau._backends.cublaslt.version()}), flush=True)
+    for name in a.only.split(","):
+        rows = {}
+        for mode in a.modes.split(","):
+            for lib in a.systems.split(","):
+                try:
+                    r = run(name, lib, mode, a.steps, not a.no_profile)
+                except Exception as e:            # one failing system must not hide the others' figures
+                    r = {"workload": name, "system": lib, "mode": mode, "error": f"{type(e).__name__}: {e}"[:500],
+                         "where": traceback.format_exc().splitlines()[-3:]}
+                    gc.collect()
+                    LIBS[lib].cuda.empty_cache()
+                rows[(lib, mode)] = r
+                print(json.dumps(r), flush=True)
+        for mode in a.modes.split(","):
+            t, f = rows.get(("torch", mode), {}), rows.get(("flambeau", mode), {})
+            if "ms_per_step" in t and "ms_per_step" in f:
+                print(json.dumps({"workload": name, "mode": mode, "summary": True,
+                                  "time_ratio": round(f["ms_per_step"] / t["ms_per_step"], 2),
+                                  "memory_ratio": round(f["peak_mb"] / max(t["peak_mb"], 1e-9), 2)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
