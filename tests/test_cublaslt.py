@@ -44,6 +44,7 @@ def _emulate(a, b):
 
     dt = operand(b, p.a) @ operand(a, p.b)            # cuBLAS's D^T = op(A) op(B): n x m per batch
     assert dt.shape == (p.batch, p.n, p.m)
+    assert p.out == batch + (a.shape[-2], b.shape[-1])
     return np.swapaxes(dt, -1, -2).reshape(batch + (a.shape[-2], b.shape[-1])), p
 
 
@@ -70,6 +71,7 @@ def _layouts():
         "mm_negative_stride": (_r(rng, 5, 6)[::-1], _r(rng, 6, 7)),
         "linear_fold_3d": (x3, w.T),
         "linear_fold_sliced": (big[:, :, 4:16], w.T),
+        "linear_fold_b_unit_batch": (x3, w.T[None, None]),
         "linear_no_fold_permuted": (np.swapaxes(_r(rng, 5, 2, 12), 0, 1), w.T),
         "bmm": (_r(rng, 3, 5, 6), _r(rng, 3, 6, 7)),
         "bmm_transposed": (np.swapaxes(_r(rng, 3, 6, 5), 1, 2), np.swapaxes(_r(rng, 3, 7, 6), 1, 2)),

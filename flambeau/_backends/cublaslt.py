@@ -92,13 +92,12 @@ def collapse(shape, strides):
 class Plan:
     """One cuBLASLt call for D (batch x m x n, contiguous) = A (batch x m x k) @ B (batch x k x n):
     `a`/`b` are (op, stored_rows, stored_cols, ld, batch_stride) of the cuBLAS operands (B^T first)."""
-    __slots__ = ("batch", "m", "n", "k", "a", "b", "fold")
+    __slots__ = ("batch", "m", "n", "k", "a", "b", "fold", "out", "key")
 
-    def __init__(self, batch, m, n, k, a, b, fold):
+    def __init__(self, batch, m, n, k, a, b, fold, out):
         self.batch, self.m, self.n, self.k, self.a, self.b, self.fold = batch, m, n, k, a, b, fold
-
-    def key(self):
-        return (self.batch, self.m, self.n, self.k, self.a, self.b)
+        self.out = out                                  # the output's shape (batch dims, rows, n)
+        self.key = (batch, m, n, k, a, b)
 
 
 def plan(a_shape, a_strides, b_shape, b_strides):
@@ -115,7 +114,7 @@ def plan(a_shape, a_strides, b_shape, b_strides):
             aop = matrix_operand(mb, k, rows[1] if mb > 1 else k, a_strides[-1])
             bop = matrix_operand(k, n, b_strides[-2], b_strides[-1])
             if aop is not None and bop is not None:
-                return Plan(1, mb, n, k, bop + (0,), aop + (0,), True)
+                return Plan(1, mb, n, k, bop + (0,), aop + (0,), True, _broadcast(a_batch, b_batch) + (m, n))
     batch = _broadcast(a_batch, b_batch)
     need = ""
     ops = []
@@ -132,7 +131,7 @@ def plan(a_shape, a_strides, b_shape, b_strides):
         ops.append(op + (col[1],))
     if need:
         return need
-    return Plan(math.prod(batch), m, n, k, ops[0], ops[1], False)
+    return Plan(math.prod(batch), m, n, k, ops[0], ops[1], False, batch + (m, n))
 
 
 def _broadcast(a, b):
@@ -339,12 +338,36 @@ class _Compiled:
 
 _ONE = ctypes.c_float(1.0)
 _ZERO = ctypes.c_float(0.0)
+_ALIGNED = (MAX_ALIGNMENT,) * 4 + (0,)
+_ALIGNED_BIAS = (MAX_ALIGNMENT,) * 5
+
+
+_NAMES: dict = {}       # numpy dtype -> its name in DATA_TYPES (dict lookup: dtype.name is slow in NumPy)
+
+
+def _names() -> dict:
+    if not _NAMES:
+        import ml_dtypes
+        import numpy as np
+        _NAMES.update({np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
+                       np.dtype(ml_dtypes.bfloat16): "bfloat16"})
+    return _NAMES
 
 
 def handles(a, b) -> bool:
     """Whether `gemm` takes this pair (CuPy arrays of one supported dtype, at least 2-D, non-empty)."""
-    return (a.dtype == b.dtype and a.dtype.name in DATA_TYPES and a.ndim >= 2 and b.ndim >= 2
+    return (a.dtype == b.dtype and a.dtype in (_NAMES or _names()) and a.ndim >= 2 and b.ndim >= 2
             and a.size > 0 and b.size > 0 and available())
+
+
+def _plan_for(a, b):
+    pkey = (a.shape, a.strides, b.shape, b.strides)
+    p = _plan_cache.get(pkey)
+    if p is None:
+        p = plan(a.shape, _estrides(a), b.shape, _estrides(b))
+        if len(_plan_cache) < MAX_CACHED:
+            _plan_cache[pkey] = p
+    return p
 
 
 def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
@@ -354,50 +377,53 @@ def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
     a 1-D array of length n (added after alpha's scaling, through the epilogue when it can)."""
     import cupy
     lib = _lib_state["lib"]
-    pkey = (a.shape, a.strides, b.shape, b.strides)
-    p = _plan_cache.get(pkey)
-    if p is None:
-        p = plan(a.shape, _estrides(a), b.shape, _estrides(b))
-        if len(_plan_cache) < MAX_CACHED:
-            _plan_cache[pkey] = p
-    batch = _broadcast(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
+    p = _plan_for(a, b)
     if isinstance(p, str):
         calls["copies"] += 1
+        batch = _broadcast(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
         if "a" in p:
             a = cupy.ascontiguousarray(cupy.broadcast_to(a, batch + a.shape[-2:]))
         if "b" in p:
             b = cupy.ascontiguousarray(cupy.broadcast_to(b, batch + b.shape[-2:]))
-        p = plan(a.shape, _estrides(a), b.shape, _estrides(b))
+        p = _plan_for(a, b)
         if isinstance(p, str):
             raise RuntimeError(f"cuBLASLt gemm: no layout for contiguous operands {a.shape} and {b.shape}")
-    out_shape = batch + (a.shape[-2], b.shape[-1])
     epilogue = EPILOGUE_DEFAULT
-    if bias is not None and beta == 0 and bias.dtype == a.dtype and bias.ndim == 1 and \
+    bias_ptr = 0
+    if bias is not None and c is None and bias.dtype == a.dtype and bias.ndim == 1 and \
             (bias.strides[0] == bias.itemsize or bias.size == 1):
         epilogue = EPILOGUE_BIAS
+        bias_ptr = bias.data.ptr
     elif bias is not None:
         c, beta = (bias if c is None else c * beta + bias), 1.0    # bias through C
-    d = cupy.empty(out_shape, dtype=a.dtype) if c is None or beta == 0 else \
-        cupy.array(cupy.broadcast_to(c.astype(a.dtype, copy=False), out_shape), order="C")
-    if c is None:
+    if c is None or beta == 0:
+        d = cupy.empty(p.out, dtype=a.dtype)
         beta = 0.0
+    else:
+        d = cupy.array(cupy.broadcast_to(c.astype(a.dtype, copy=False), p.out), order="C")
     it = a.itemsize
-    dev = d.device.id
     ptr_a, ptr_b, ptr_d = b.data.ptr, a.data.ptr, d.data.ptr        # cuBLAS's A is our b (D^T = B^T A^T)
-    aligns = (alignment(ptr_a, p.a[4] * it), alignment(ptr_b, p.b[4] * it), alignment(ptr_d, p.m * p.n * it),
-              alignment(ptr_d, p.m * p.n * it), alignment(bias.data.ptr) if epilogue == EPILOGUE_BIAS else 0)
-    name = a.dtype.name
-    mask = reduction_mask(name)
-    key = (dev, name, compute_type(name), mask, p.key(), epilogue, aligns)
+    sa, sb, sd = p.a[4] * it, p.b[4] * it, p.m * p.n * it
+    if (ptr_a | ptr_b | ptr_d | bias_ptr | sa | sb | sd) % MAX_ALIGNMENT == 0:
+        aligns = _ALIGNED_BIAS if bias_ptr else _ALIGNED
+    else:
+        aligns = (alignment(ptr_a, sa), alignment(ptr_b, sb), alignment(ptr_d, sd), alignment(ptr_d, sd),
+                  alignment(bias_ptr) if bias_ptr else 0)
+    name = (_NAMES or _names())[a.dtype]
+    dev = d.device.id
+    key = (dev, name, _state.float32_matmul_precision, allow_fp16_reduced_precision_reduction,
+           allow_bf16_reduced_precision_reduction, p.key, epilogue, aligns)
     comp = _plans.get(key)
-    handle = _handle(dev)
+    handle = _handles.get(dev) or _handle(dev)
     if comp is None:
-        comp = _plans[key] = _Compiled(lib, handle, p, name, epilogue, aligns, mask)
-    if epilogue == EPILOGUE_BIAS:
-        comp.set_bias(lib.cublasLtMatmulDescSetAttribute, bias.data.ptr)
+        comp = _plans[key] = _Compiled(lib, handle, p, name, epilogue, aligns, reduction_mask(name))
+    if bias_ptr:
+        comp.set_bias(lib.cublasLtMatmulDescSetAttribute, bias_ptr)
         calls["bias_epilogue"] += 1
     stream = cupy.cuda.get_current_stream().ptr
-    ws = _workspace(cupy, dev, stream)
+    ws = _workspaces.get((dev, stream))
+    if ws is None:
+        ws = _workspace(cupy, dev, stream)
     al = _ONE if alpha == 1 else ctypes.c_float(alpha)
     be = _ZERO if beta == 0 else (_ONE if beta == 1 else ctypes.c_float(beta))
     _check(lib.cublasLtMatmul(handle, comp.desc, ctypes.byref(al), ptr_a, comp.la, ptr_b, comp.lb, ctypes.byref(be),
