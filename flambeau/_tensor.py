@@ -15,7 +15,7 @@ import numpy as np
 from . import _dtype as D
 from . import _state
 from ._device import device as Device
-from ._backends import MetaArray, contiguous_strides
+from ._backends import MetaArray, contiguous_strides, device_checks
 
 
 class Size(tuple):
@@ -325,7 +325,9 @@ class Tensor:
             return self._data
         if self._device.type == "meta":
             raise NotImplementedError("Cannot copy out of meta tensor; no data!")
-        return self._data.get()
+        host = self._data.get()
+        device_checks.raise_pending()           # a synchronisation: report failed device-side checks
+        return host
 
     def _check_has_data(self, what):
         if self._device.type == "meta":

@@ -100,7 +100,10 @@ class CupyBackend(Backend):
         return self.xp.asarray(data, dtype=np_dtype)
 
     def to_numpy(self, arr):
-        return arr.get()
+        from . import device_checks
+        host = arr.get()
+        device_checks.raise_pending()           # a synchronisation: report failed device-side checks
+        return host
 
 
 _backends: dict = {"cpu": Backend("cpu", np), "meta": Backend("meta", None, is_meta=True)}

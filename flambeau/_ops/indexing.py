@@ -15,6 +15,7 @@ import builtins
 import numpy as np
 
 from .. import _dtype as D
+from .._backends import device_checks
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, OPS, Tag
 from ._helpers import wrap_dim, broadcast_shapes
@@ -63,12 +64,12 @@ def _at_by_rounds(xp, ufunc, a, key, v):
 def _bounds(ix, size, d, xp):
     if not ix.size:
         return
-    if xp is np:
-        mx, mn = int(ix.max()), int(ix.min())
-        bad = mx if mx >= size else (mn if mn < -size else None)
-    else:       # on a GPU: one fused test and one synchronisation (the value only on failure)
-        wrong = (ix >= size) | (ix < -size)
-        bad = int(ix[wrong][0]) if bool(wrong.any()) else None
+    if xp is not np:        # on a GPU: tested on the device, raised at the next synchronisation
+        device_checks.check_range(xp, ix, -size, size, IndexError,
+                                  f"index {{}} is out of bounds for dimension {d} with size {size}")
+        return
+    mx, mn = int(ix.max()), int(ix.min())
+    bad = mx if mx >= size else (mn if mn < -size else None)
     if bad is not None:
         raise IndexError(f"index {bad} is out of bounds for dimension {d} with size {size}")
 

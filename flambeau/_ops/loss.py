@@ -5,7 +5,8 @@ composites (bce with logits, multilabel soft margin, cosine embedding, triplet m
 
 cross_entropy and nll_loss are fused ops: the kernel builds, per sample, the coefficient matrix A
 with loss = -sum_c A_c * logp_c (already divided by the 'mean' denominator), and the backward op
-rebuilds A to give dx = g * (sum(A) * softmax - A). Elementwise losses come from
+rebuilds A to give dx = g * (sum(A) * softmax - A). Target bounds are checked on the device on cuda
+(`_backends.device_checks`: no synchronisation, the IndexError comes at the next one). Elementwise losses come from
 `activation.pointwise_family` (forward + fused backward op) and are reduced with sum/div.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import warnings
 import numpy as np
 
 from .. import _dtype as D
+from .._backends import device_checks
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 from .activation import pointwise_family, _sigmoid, _softplus, relu, log_sigmoid, softplus, \
@@ -98,10 +100,8 @@ def _coeffs(xp, shape_last, target, weight, reduction, ignore_index, ls, prob, c
         return (t * (1 - ls) + ls / c) * w / _prob_den(shape_last, reduction)
     t = target.astype(np.int64)
     valid = t != ignore_index
-    bad = valid & ((t < 0) | (t >= c))
-    if bool(bad.any()):
-        raise IndexError(f"Target {int(t[bad].reshape(-1)[0])} is out of bounds.")
-    ts = xp.where(valid, t, 0)
+    device_checks.check_range(xp, t, 0, c, IndexError, "Target {} is out of bounds.", skip=ignore_index)
+    ts = xp.clip(xp.where(valid, t, 0), 0, max(c - 1, 0))
     wt = w[ts] * valid
     onehot = (xp.arange(c) == ts[..., None]).astype(cd)
     a_nll = onehot * wt[..., None]

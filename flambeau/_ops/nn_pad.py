@@ -3,12 +3,15 @@
 
 Constant padding is its own op (negative pads crop; its derivative is the same op with negated
 pads). The other pad modes are index tables fed to `_taps_gather` (see nn_resample.py).
+On cuda, embedding checks its indices on the device (`_backends.device_checks`: the error comes at
+the next synchronisation) and its backward is one atomic-add kernel (`_backends.cuda_index_kernels`).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import _dtype as D
+from .._backends import cuda_index_kernels, device_checks
 from ._registry import defop, export, TensorSpec, Tag
 from .nn_resample import _taps_gather
 from .._dispatch import type_name
@@ -167,8 +170,7 @@ def embedding(xp, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spa
     _check_indices(indices)
     if weight.ndim != 2:
         raise RuntimeError("'weight' must be 2-D")
-    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= weight.shape[0]):
-        raise IndexError("index out of range in self")
+    device_checks.check_range(xp, indices, 0, weight.shape[0], IndexError, "index out of range in self")
     return xp.take(weight, indices.astype(xp.int64, copy=False), axis=0)
 
 
@@ -188,6 +190,9 @@ def _(grad, weight_meta, indices, padding_idx, scale_grad_by_freq):
 @defop("embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, "
        "bool scale_grad_by_freq) -> Tensor", function=False)
 def embedding_dense_backward(xp, grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    if xp is not np and getattr(xp, "__name__", "") == "cupy":
+        return cuda_index_kernels.embedding_backward(grad_output, indices, num_weights, padding_idx,
+                                                     scale_grad_by_freq)
     Dm = grad_output.shape[-1]
     idx = indices.reshape(-1).astype(xp.int64, copy=False)
     g = grad_output.reshape(idx.shape[0], Dm).astype(xp.float64)

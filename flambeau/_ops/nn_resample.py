@@ -5,7 +5,8 @@ reflect/replicate/circular pads, plus the plane gather/scatter pair under max po
 dim i, output position o is `sum_t x[indices[i][o, t]] * weights[i][o, t]` (a pure gather when
 `weights` is empty). Every separable linear resampling is one such call, with small index/weight
 tables built on the host by the caller. Its backward is the adjoint (a scatter-add, done with
-`bincount`), and the backward's derivative is the forward again, so higher orders come for free.
+`bincount`; on cuda with `cuda_index_kernels.scatter_add`, which needs no host read of the indices),
+and the backward's derivative is the forward again, so higher orders come for free.
 
 `_plane_gather(x, idx)` / `_plane_scatter_add(g, idx, size)` index each (n, c) plane by flat
 position (as max pooling numbers its indices); they are each other's adjoints.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 
 from .. import _dtype as D
+from .._backends import cuda_index_kernels
 from ._registry import defop, TensorSpec, Tag
 from ._helpers import opmath
 
@@ -39,6 +41,13 @@ def _gather_axis(xp, x, idx, w, ax):
     return r
 
 
+def _bincount(xp, flat, weights, length):
+    """bincount(flat, weights, minlength=length) where every index is below `length`."""
+    if getattr(xp, "__name__", "") == "cupy":
+        return cuda_index_kernels.scatter_add(flat, weights, length)
+    return xp.bincount(flat, weights=weights, minlength=length)
+
+
 def _scatter_axis(xp, g, idx, w, ax, n):
     """Adjoint of `_gather_axis` along axis `ax` whose input length is n."""
     g = xp.moveaxis(g, ax, -1)
@@ -49,7 +58,7 @@ def _scatter_axis(xp, g, idx, w, ax, n):
     rows = (xp.arange(R, dtype=xp.int64) * n)[:, None, None]
     flat = rows + idx[None, :, :]
     vals = g2[:, :, None] * (w[None, :, :].astype(xp.float64) if w is not None else xp.ones((1, O, T)))
-    r = xp.bincount(flat.reshape(-1), weights=vals.reshape(-1), minlength=R * n)
+    r = _bincount(xp, flat.reshape(-1), vals.reshape(-1), R * n)
     return xp.moveaxis(r.reshape(lead + (n,)), -1, ax)
 
 
@@ -132,7 +141,7 @@ def _plane_scatter_add(xp, self, indices, size, plane_dims):
         return xp.zeros(tuple(size), self.dtype)
     idx = indices.reshape(R, -1)
     flat = (xp.arange(R, dtype=xp.int64) * P)[:, None] + idx
-    r = xp.bincount(flat.reshape(-1), weights=self.reshape(-1).astype(xp.float64), minlength=R * P)
+    r = _bincount(xp, flat.reshape(-1), self.reshape(-1).astype(xp.float64), R * P)
     return r.reshape(tuple(size)).astype(self.dtype)
 
 

@@ -419,8 +419,7 @@ def native_dropout(xp, input, p, train):
     dt = D.FROM_NP[input.dtype]
     if train is False:
         return input.copy(), xp.ones(input.shape, dtype=bool)
-    keep = _rng(xp).random(input.shape) >= p if p > 0 else np.ones(input.shape, dtype=bool)
-    keep = xp.asarray(keep)
+    keep = _rng(xp).random(input.shape) >= p if p > 0 else xp.ones(input.shape, dtype=bool)
     scale = 1.0 / (1.0 - p) if p < 1 else 0.0
     cd = opmath(dt)
     return (input.astype(cd, copy=False) * keep * scale).astype(dt.np), keep

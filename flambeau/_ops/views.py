@@ -13,7 +13,7 @@ import numpy as np
 from .. import _dtype as D
 from .._tensor import Tensor, _ptr, storage_owner
 from .._device import canonical, device as Device
-from .._backends import MetaArray, contiguous_strides, get as backend
+from .._backends import MetaArray, contiguous_strides, device_checks, get as backend
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import wrap_dim
 
@@ -349,6 +349,7 @@ def _to_copy(xp, self, *, dtype=None, device=None, non_blocking=False):
         if dev.type == "cpu":
             if type(src) is not np.ndarray:
                 src = src.get()
+                device_checks.raise_pending()     # a synchronisation: report failed device-side checks
             return np.array(src, dtype=npdt, copy=True, order="K")
         if dev.type == "meta":
             estrides = src.estrides if isinstance(src, MetaArray) else [b // src.itemsize for b in src.strides]

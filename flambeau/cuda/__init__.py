@@ -4,13 +4,14 @@ events, over CuPy. Everything answers sensibly (False, 0) on a machine without a
 Memory statistics come from an allocator installed on CuPy's default memory pool that records
 the peak of bytes in use (PyTorch's caching allocator reports the same two numbers); the allocator
 belongs to the cuda backend (`flambeau._backends`), the current device index to `flambeau._state`.
+The synchronising calls raise what device-side checks recorded (`_backends.device_checks`).
 """
 from __future__ import annotations
 
 import contextlib
 
 from .. import _state
-from .._backends import cupy_available, install_cuda_allocator, peak_bytes, reset_peak_bytes
+from .._backends import cupy_available, device_checks, install_cuda_allocator, peak_bytes, reset_peak_bytes
 from .._device import device as _Device, device as Device
 from ..random import generator_for
 
@@ -84,6 +85,7 @@ def synchronize(device=None) -> None:
     cp = _cupy()
     with cp.cuda.Device(_index(device)):
         cp.cuda.Device().synchronize()
+    device_checks.raise_pending()
 
 
 def manual_seed(seed: int) -> None:
@@ -161,6 +163,7 @@ class Stream:
 
     def synchronize(self) -> None:
         self._s.synchronize()
+        device_checks.raise_pending()
 
     def query(self) -> bool:
         return self._s.done
@@ -214,6 +217,7 @@ class Event:
 
     def synchronize(self) -> None:
         self._e.synchronize()
+        device_checks.raise_pending()
 
     def query(self) -> bool:
         return self._e.done
