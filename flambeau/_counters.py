@@ -9,7 +9,8 @@
                                             everything that runs eagerly inside compiled code: a node
                                             without a lowering, a graph the code generator cannot take
                                             (op "whole graph"), a call a compiled graph sends to eager,
-                                            a frame run eagerly after a backend error (op "whole frame")
+                                            a frame run eagerly after a backend error or past
+                                            config.cache_size_limit (op "whole frame")
 
 `record_fallback(op, reason)` adds to the last and says so under `FLAMBEAU_LOGS=fallbacks` (or
 `perf_hints`). The module sits below every compiler layer: capture, AOT autograd and the code

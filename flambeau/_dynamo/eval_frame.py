@@ -32,7 +32,7 @@ from .repro.debug_utils import AccuracyError, check_config
 _caches: dict = {}            # (code, backend key) -> CodeCache
 _tracing = [0]                # > 0 while a frame is being translated (nested compiled calls run eagerly)
 _disabled = [0]               # > 0 inside a flambeau._dynamo.disable'd function
-WHOLE_FRAME = "whole frame"   # the op of a fallback that runs a frame eagerly after an error (suppress_errors)
+WHOLE_FRAME = "whole frame"   # the op of a fallback that runs a frame eagerly (suppress_errors, cache_size_limit)
 
 
 class CodeCache:
@@ -147,6 +147,7 @@ class CompiledFunction:
                               f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno}); "
                               "it now runs eagerly. Last guard failures: "
                               f"{'; '.join(self._failures(cache.entries[0], L)[:3])}")
+            record_fallback(WHOLE_FRAME, f"{self.code.co_name}: cache_size_limit reached", log=False)
             return self.fn(*args, **kwargs)
         if cache.entries:
             counters["recompiles"][self.code.co_name] += 1

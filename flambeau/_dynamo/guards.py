@@ -160,7 +160,7 @@ class GuardSet:
     def grad_mode(self) -> None:
         self.add(None, f"{self.const(_state)}.grad_enabled is {_state.grad_enabled}",
                  f"GLOBAL_STATE: grad_enabled is {_state.grad_enabled}")
-        self.add(None, f"{self.const(_state)}.autocast == {dict(_state.autocast)!r}",
+        self.add(None, f"{self.const(_state)}.autocast == {self.const(dict(_state.autocast))}",
                  f"GLOBAL_STATE: autocast == {dict(_state.autocast)!r}")
         self.add(None, f"{self.const(_state)}.default_dtype is {self.const(_state.default_dtype)}",
                  f"GLOBAL_STATE: default_dtype is {_state.default_dtype}")

@@ -31,12 +31,12 @@ from .exc import BackendCompilerFailed, Unsupported, SkipFrame
 from .guards import GuardSet, GlobalSource, Source, graph_input_name, local_name
 from .variables import TensorVariable, SymNodeVariable, ConstantVariable, NULL, TupleVariable, ListVariable
 from .variables.base import VariableTracker
-from .variables.torch import _set_grad_enabled, _ctx_enter, _ctx_exit, GradModeExitVariable
+from .variables.torch import _set_grad_enabled, _enter_autocast, _exit_autocast, GradModeExitVariable
 from .repro.after_dynamo import call_backend
 from ..nn.parameter import UninitializedParameter
 from .repro.debug_utils import AccuracyError
 
-_STATE_FNS = (_set_grad_enabled, _ctx_enter, _ctx_exit)
+_STATE_FNS = (_set_grad_enabled, _enter_autocast, _exit_autocast)
 
 
 class SideEffects:

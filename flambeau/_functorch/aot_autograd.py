@@ -20,7 +20,8 @@ on the first call for given input metadata, does:
    `(*outputs, *mutated inputs, *saved)` and a backward graph `(*saved, *tangents) -> grads`.
 4. **Compile** the forward with `fw_compiler(gm, example_inputs)` now and the backward with
    `bw_compiler` at its first use (its example inputs are the real saved values and tangents).
-5. **Run** both inside an `autograd.Function`; afterwards mutated inputs get their new value
+5. **Run** both inside an `autograd.Function`, with autocast off (a trace under autocast holds its
+   casts, and the autocast state is part of the cache key); afterwards mutated inputs get their new value
    (`copy_`, no grad) and outputs that alias an input are regenerated from that input by replaying
    their view ops, so they alias it as in eager.
 
@@ -315,13 +316,26 @@ def _finish(meta: _Meta, args, graph_vals) -> list:
     return outs
 
 
+def _without_autocast(compiled: Callable, args) -> list:
+    """Run a compiled graph with autocast off: its casts were traced into it (PyTorch's rule), so
+    they must not be applied a second time to the graph's own ops."""
+    saved = _state.autocast
+    if not saved:
+        return compiled(*args)
+    _state.autocast = {}
+    try:
+        return compiled(*args)
+    finally:
+        _state.autocast = saved
+
+
 class _InferenceRuntime:
     def __init__(self, compiled: Callable, meta: _Meta):
         self.compiled, self.meta = compiled, meta
 
     def __call__(self, *args):
         with no_grad():
-            vals = self.compiled(*args)
+            vals = _without_autocast(self.compiled, args)
         return _finish(self.meta, args, list(vals))
 
 
@@ -340,7 +354,7 @@ class _TrainingRuntime:
         class CompiledFunction(Function):
             @staticmethod
             def forward(ctx, *args):
-                vals = list(compiled_fw(*args))
+                vals = list(_without_autocast(compiled_fw, args))
                 saved = vals[num_fwd:]
                 arg_ids = {id(a): i for i, a in enumerate(args)}
                 # a saved input that the forward also mutates keeps its old value for the backward
@@ -376,7 +390,7 @@ class _TrainingRuntime:
 
 # ---- public entry points ---------------------------------------------------------------------------
 def _key(args) -> tuple:
-    return (_state.grad_enabled,) + tuple(
+    return (_state.grad_enabled, tuple(_state.autocast.items())) + tuple(
         (tuple(a.shape), a.stride(), a._dtype, str(a.device), a._requires_grad) if isinstance(a, Tensor)
         else (type(a), a) for a in args)
 

@@ -96,7 +96,8 @@ def _build(tx, value, source) -> VariableTracker:
     from .nn_module import NNModuleVariable
     from .objects import ObjectVariable, ClassVariable, PythonModuleVariable
     from .functions import UserMethodVariable
-    from .torch import GradModeExit, GradModeExitVariable
+    from .torch import GradModeExit, GradModeExitVariable, AutocastVariable
+    from ...amp.autocast_mode import autocast
     from ..eval_frame import unwrap_compiled
     g = tx.output.guards
     if isinstance(value, Tensor):
@@ -142,6 +143,12 @@ def _build(tx, value, source) -> VariableTracker:
                 g.add(source.attr("__func__"), f"{{S}} is {g.const(value.__func__)}", f"{source.name()}.__func__")
             return UserMethodVariable(value.__func__, obj, source)
         raise Unsupported(f"bound method {value!r}")
+    if isinstance(value, autocast) and source is not None:
+        g.id_match(source, value)
+        g.add(source, f"({{S}}.device, {{S}}.fast_dtype, {{S}}._enabled, {{S}}._cache_enabled) == "
+              f"{g.const((value.device, value.fast_dtype, value._enabled, value._cache_enabled))}",
+              f"AUTOCAST_STATE: {source.name()} is {value!r}")
+        return AutocastVariable(value, source)
     if isinstance(value, GradModeExit):
         g.type_match(source, GradModeExit)
         g.add(source, f"{{S}}.prev is {value.prev}", f"{source.name()}.prev")

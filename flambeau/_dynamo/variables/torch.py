@@ -200,58 +200,69 @@ class GradModeExitVariable(VariableTracker):
         return f"{cg.const(GradModeExit)}({self.prev})"
 
 
-def _ctx_enter(cls, args, kwargs):
-    """Recorded in graphs: enter a flambeau context manager (autocast) at run time; returns it."""
-    ctx = cls(*args, **kwargs)
+def _enter_autocast(device_type: str, dtype, enabled: bool, cache_enabled: bool) -> autocast:
+    """Recorded in graphs: enter an autocast region at run time; returns the entered object."""
+    ctx = autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
     ctx.__enter__()
     return ctx
 
 
-def _ctx_exit(ctx) -> None:
+def _exit_autocast(ctx: autocast) -> None:
+    """Recorded in graphs: leave the region `_enter_autocast` entered."""
     ctx.__exit__(None, None, None)
 
 
 class AutocastVariable(VariableTracker):
-    """`autocast(...)` with constant arguments. Entering records a `_ctx_enter` node (so the graph
-    runs its ops under autocast) and enters a real autocast for the rest of the trace (so fake
-    outputs get autocast dtypes); leaving does both in reverse."""
+    """An autocast object: made in the traced code (`autocast(...)`, `amp.autocast(...)`,
+    `cpu.amp.autocast(...)` with constant arguments: constructed once, at trace time) or read from
+    the frame (the object an `@autocast(...)` decorated function closes over: guarded by identity).
+    Its resolved settings (device, dtype, enabled, cache_enabled) are what the graph records.
+    Entering records an `_enter_autocast` node (so the graph runs its ops under autocast, and AOT
+    autograd traces them with their casts) and enters a real region for the rest of the trace (so
+    fake outputs get autocast dtypes); leaving does both in reverse."""
 
-    def __init__(self, cls, args: tuple, kwargs: dict):
-        self.cls = cls
-        self.args = args
-        self.kwargs = kwargs
-        self.node = None
-        self.real = None
+    def __init__(self, real: autocast, source=None):
+        self.real = real
+        self.source = source
+        self.live = 0
 
     def python_type(self):
-        return self.cls
+        return type(self.real)
+
+    def settings(self) -> tuple:
+        r = self.real
+        return (r.device, r.fast_dtype, r._enabled, r._cache_enabled)
 
     def enter(self, tx):
         out = tx.output
-        self.node = out.graph.call_function(_ctx_enter, (self.cls, self.args, self.kwargs))
-        self.real = _ctx_enter(self.cls, self.args, self.kwargs)
-        out.entered.append(self.real)
-        return AutocastExitVariable(self)
-
-    def exit(self, tx):
-        out = tx.output
-        out.graph.call_function(_ctx_exit, (self.node,))
-        _ctx_exit(self.real)
-        out.entered.remove(self.real)
+        node = out.graph.call_function(_enter_autocast, self.settings())
+        entered = _enter_autocast(*self.settings())
+        out.entered.append(entered)
+        self.live += 1
+        return AutocastExitVariable(self, node, entered)
 
     def reconstruct(self, cg):
-        if self.node is not None:
+        if self.live:
             raise Unsupported("an entered autocast object is live after the graph")
-        args = ", ".join([cg.const(a) for a in self.args] + [f"{k}={cg.const(v)}" for k, v in self.kwargs.items()])
-        return f"{cg.const(self.cls)}({args})"
+        if self.source is not None:
+            return self.source.expr
+        device_type, dtype, enabled, cache_enabled = self.settings()
+        return (f"{cg.const(autocast)}({cg.const(device_type)}, dtype={cg.const(dtype)}, "
+                f"enabled={cg.const(enabled)}, cache_enabled={cg.const(cache_enabled)})")
 
 
 class AutocastExitVariable(VariableTracker):
-    def __init__(self, ctx: AutocastVariable):
-        self.ctx = ctx
+    """The `__exit__` of one entry into an autocast region, as pushed by BEFORE_WITH."""
+
+    def __init__(self, ctx: AutocastVariable, node, entered: autocast):
+        self.ctx, self.node, self.entered = ctx, node, entered
 
     def call_function(self, tx, args, kwargs):
-        self.ctx.exit(tx)
+        out = tx.output
+        out.graph.call_function(_exit_autocast, (self.node,))
+        _exit_autocast(self.entered)
+        out.entered.remove(self.entered)
+        self.ctx.live -= 1
         return const(None)
 
 
@@ -263,6 +274,6 @@ def class_call(tx, cls, args, kwargs):
         return TorchSpecialVariable(cls, cls.__name__).call_function(tx, args, kwargs)
     if isinstance(cls, type) and issubclass(cls, autocast) and all(a.is_python_constant() for a in args) and \
             all(v.is_python_constant() for v in kwargs.values()):
-        return AutocastVariable(cls, tuple(a.as_python_constant() for a in args),
-                                {k: v.as_python_constant() for k, v in kwargs.items()})
+        return AutocastVariable(cls(*(a.as_python_constant() for a in args),
+                                    **{k: v.as_python_constant() for k, v in kwargs.items()}))
     return None
