@@ -16,7 +16,7 @@ from flambeau import _cpp_builder as cpp_builder
 from flambeau._dynamo.testing import no_unexpected_fallbacks
 from flambeau._inductor import CppCompileError, compile_fx, config
 from flambeau.fx.experimental.proxy_tensor import make_fx
-from tests.opdb import EAGER_OPS
+from tests.opdb import declared_eager_fallbacks
 
 
 @pytest.fixture(autouse=True)
@@ -357,7 +357,7 @@ def _storage_copy(t):
                                           strides=a.strides))
 
 
-# what may run eagerly in these graphs besides EAGER_OPS and the entries' own `fallbacks`
+# what may run eagerly in these graphs besides the ops' declared eager fallbacks and the entries' own `fallbacks`
 GRAPH_FALLBACKS = {"_pw_real": "the real part of a complex input: the code generator takes no complex dtype"}
 
 
@@ -383,7 +383,7 @@ def test_opdb_compiled_matches_graph(family, backend, monkeypatch):
     got_in = [_storage_copy(t) for t in flat]           # each run gets its own copies, compared after
     want = gm(*want_in)
     infos = __import__(f"tests.opdb.{family}", fromlist=["OPS"]).OPS
-    allowed = {**EAGER_OPS, **GRAPH_FALLBACKS, **{k: r for i in infos for k, r in i.fallbacks.items()}}
+    allowed = {**declared_eager_fallbacks(), **GRAPH_FALLBACKS, **{k: r for i in infos for k, r in i.fallbacks.items()}}
     with no_unexpected_fallbacks(allowed):
         c = compile_fx(gm, flat)
         assert c.artifact is not None, c.eager_reason   # the generated code ran, not the graph again

@@ -54,6 +54,20 @@ def test_pointwise_ops_are_core():
     assert all(is_core(op) for op in OPS.values() if Tag.pointwise in op.tags)
 
 
+def test_eager_fallback_declarations():
+    """`Op.eager_fallback` (what compile tests accept running eagerly) is declared with a reason,
+    never on an extern op (a library call by design, not a fallback), and only where a compiled
+    graph can fall back: the op has no lowering, or a lowering that raises `Unsupported` for some
+    inputs (index_put)."""
+    declared = {op.name: op for op in OPS.values() if op.eager_fallback is not None}
+    assert {"einsum", "index_put", "index_select", "index_add"} <= set(declared)
+    for name, op in declared.items():
+        assert isinstance(op.eager_fallback, str) and op.eager_fallback, name
+        assert Tag.extern not in op.tags, f"{name} is extern: it never falls back"
+    lowered = {n for n, op in declared.items() if op.lowering is not None}
+    assert lowered == {"index_put"}, f"declared eager fallback but lowered (stale?): {sorted(lowered - {'index_put'})}"
+
+
 # ---- names: no table names something that is not an op -------------------------------------------
 _OVERLOADS = sorted({k.split(".", 1)[1] for k in OPS if "." in k} | {"default"})
 _OP_NAME = re.compile(r"^[a-z_][a-z_0-9]*\.(%s)$" % "|".join(map(re.escape, _OVERLOADS)))

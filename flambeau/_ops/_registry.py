@@ -12,6 +12,10 @@ that owns the rule (always keyed by the `Op` object, never by a name string):
                       autocast policy (`autocast_*` for cuda and every other device, `cpu_autocast_*`
                       for cpu), and `view`/`inplace`, which the schema decides
     no_decomposition  for a non-core op with no decomposition: the reason it stays opaque
+    eager_fallback    why the code generator may run this op's eager kernel inside compiled code
+                      (no lowering, or none for some inputs); such a run is recorded as a fallback,
+                      and compile tests accept it for this op only. `Tag.extern` ops are library
+                      calls by design and never need it
     decomposition     set by `flambeau._decomp`'s `@register_decomposition(aten.x)`
     lowering          set by `flambeau._inductor.lowering`'s `@register_lowering(aten.x)`
     pointwise         `PointwiseSpelling` of a pointwise math op: its formula per code generator
@@ -128,7 +132,7 @@ class Op:
 
     def __init__(self, schema: str, kernel=None, *, meta=None, derivative=None, decomposition=None,
                  functional=None, tags=(), out_device=None, pointwise: PointwiseSpelling | None = None,
-                 no_decomposition: str | None = None):
+                 no_decomposition: str | None = None, eager_fallback: str | None = None):
         self._schema = _schema.parse(schema)
         s = self._schema
         self.__name__ = s.name
@@ -144,6 +148,7 @@ class Op:
         self.nondeterministic = Tag.nondeterministic_seeded in self._tags
         self.pointwise = pointwise
         self.no_decomposition = no_decomposition
+        self.eager_fallback = eager_fallback
         self.lowering = None
         self.batching_rule = None
         self.sharding_rule = None

@@ -151,7 +151,8 @@ def _(grad, self_meta, indices):
 
 
 @defop("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor",
-       method=True, inplace=True, tags=(Tag.core, Tag.autocast_promote))
+       method=True, inplace=True, tags=(Tag.core, Tag.autocast_promote),
+       eager_fallback="boolean-mask indices (a data-dependent count) and index_put without indices have no loop")
 def index_put(xp, self, indices, values, accumulate=False):
     if values.dtype != self.dtype:
         raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
@@ -410,7 +411,8 @@ def _dim_index(xp, name, self, dim, index):
     return d, ix
 
 
-@defop("index_select(Tensor self, int dim, Tensor index) -> Tensor", method=True)
+@defop("index_select(Tensor self, int dim, Tensor index) -> Tensor", method=True,
+       eager_fallback="no lowering yet: a gather loop like `index.Tensor`'s would serve")
 def index_select(xp, self, dim, index):
     d, ix = _dim_index(xp, "index_select", self, dim, index)
     if self.ndim == 0:
@@ -460,7 +462,8 @@ def _dim_write(xp, name, self, dim, index, source, how):
 
 
 @defop("index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor",
-       method=True, inplace=True)
+       method=True, inplace=True,
+       eager_fallback="no lowering yet: an accumulating scatter loop like `scatter_add`'s would serve")
 def index_add(xp, self, dim, index, source, *, alpha=1):
     if source.dtype != self.dtype:
         raise RuntimeError(f"index_add_(): self ({_tn(self.dtype)}) and source ({_tn(source.dtype)}) must have "

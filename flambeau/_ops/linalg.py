@@ -436,7 +436,8 @@ def _einsum_eq(eq, shapes):
 @defop("einsum(str equation, Tensor[] tensors, *, int[]? path=None) -> Tensor", function=False,
        tags=(Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision),
        no_decomposition="the contraction order (and hence the mm/bmm sequence) is a path-optimisation "
-                        "choice; the compiler calls it as an extern like mm")
+                        "choice; the compiler calls it as an extern like mm",
+       eager_fallback="contracted through the eager kernel (no lowering)")
 def _einsum(xp, equation, tensors, *, path=None):
     eq, _ = _einsum_eq(equation, [t.shape for t in tensors])
     for t in tensors[1:]:

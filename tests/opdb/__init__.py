@@ -210,34 +210,17 @@ def compile_dtype(mod, info, max_samples: int) -> str | None:
     return None
 
 
-_RANDOM = "random draws run eagerly, so compiled code keeps flambeau's generator stream"
-_LAPACK = "LAPACK through the eager kernel (no lowering)"
-_SPECIAL = "a special function without a C++ spelling (no lowering)"
-_WINDOWS = "a window/gather kernel with no lowering (runs its eager kernel)"
-_NOT_YET = "no lowering yet (issue 9: the `lowerings` work adds it)"
-# Core ops the code generator runs through their eager kernels: any op-database entry may fall back on them.
-EAGER_OPS = {
-    **dict.fromkeys(["rand", "randn", "randint.low", "randperm", "poisson", "multinomial", "normal.float_float"],
-                    _RANDOM),
-    **dict.fromkeys(["linalg_det", "linalg_slogdet", "linalg_inv", "linalg_solve", "linalg_cholesky", "linalg_eigh",
-                     "linalg_svdvals", "linalg_svd", "linalg_qr"], _LAPACK),
-    **dict.fromkeys(["erfinv", "digamma", "i0", "polygamma", "special_i1"], _SPECIAL),
-    **dict.fromkeys(["median", "median.dim", "nanmedian", "nanmedian.dim", "mode", "searchsorted.Tensor", "histc",
-                     "isin.Tensor_Tensor"], "selection/search/counting: no lowering"),
-    **dict.fromkeys(["max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices",
-                     "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "_taps_gather",
-                     "_plane_scatter_add", "im2col", "col2im", "embedding_renorm", "_sdpa_blocked"], _WINDOWS),
-    "einsum": "contracted through the eager kernel (no lowering)",
-    **dict.fromkeys(["index_put", "scatter.src", "scatter_add", "scatter_reduce.two", "diagonal_scatter",
-                     "as_strided_scatter", "linspace", "logspace", "tril_indices", "triu_indices", "index_add",
-                     "index_select"], _NOT_YET),
-}
+def declared_eager_fallbacks() -> dict:
+    """Op -> reason for each op that declares it may run eagerly inside compiled code
+    (`Op.eager_fallback`, set in its `defop`); extern ops are library calls and never counted."""
+    from flambeau._ops import OPS
+    return {op.name: op.eager_fallback for op in OPS.values() if op.eager_fallback}
 
 
 def expected_fallbacks(info, dynamic) -> dict:
     """Op -> reason of what may run eagerly when `info` is compiled (with `dynamic`): the entry's
-    own `fallbacks` (`dynamic_fallbacks`) and the ops of EAGER_OPS."""
-    return {**EAGER_OPS, **info.fallbacks, **(info.dynamic_fallbacks if dynamic else {})}
+    own `fallbacks` (`dynamic_fallbacks`) and the ops that declare an eager fallback."""
+    return {**declared_eager_fallbacks(), **info.fallbacks, **(info.dynamic_fallbacks if dynamic else {})}
 
 
 def check_compiled_or_expected_failure(mod, info, backend, max_samples: int, **kw) -> int:
