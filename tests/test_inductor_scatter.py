@@ -86,13 +86,13 @@ def from_torch(x):
     return fl.tensor(x.numpy()) if x.dim() else fl.tensor(x.item(), dtype=getattr(fl, str(x.dtype)[6:]))
 
 
-def check(fn, *args, dynamic=False, rtol=None, atol=None):
+def check(fn, *args, dynamic=False, rtol=None, atol=None, equal_nan=False):
     """flambeau.compile(fn) on flambeau tensors vs fn on torch tensors (same values)."""
     got = fl.compile(lambda *a: fn(fl, *a), backend="inductor", dynamic=dynamic)(*args)
     want = fn(torch, *[to_torch(a) for a in args])
     for g, w in zip(got if isinstance(got, (list, tuple)) else [got], want if isinstance(want, (list, tuple)) else [want]):
         assert g.dtype.name == str(w.dtype)[6:], (g.dtype, w.dtype)
-        torch.testing.assert_close(to_torch(g), w, rtol=rtol, atol=atol)
+        torch.testing.assert_close(to_torch(g), w, rtol=rtol, atol=atol, equal_nan=equal_nan)
     return got
 
 
@@ -134,6 +134,35 @@ def test_scatter_out_of_range_index_raises(backend, graphs, bad):
     with pytest.raises(RuntimeError, match="out of bounds"):
         f(x, fl.tensor([[0, 1], [bad, 4], [2, 0]]), s)
     assert_compiled(graphs, "+=")
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+def test_scatter_reduce(backend, graphs, reduce, include_self):
+    """Duplicates combine, untouched elements keep x, include_self=False starts each target from
+    the reduction's identity; float32, int64 (mean: floor division) and int8, against PyTorch."""
+    index = fl.tensor([[0, 4, 4, 1], [4, 0, 0, 0], [1, 1, 4, 0]])       # rows 2, 3 are never written
+    f = lambda T, x, i, s: T.scatter_reduce(x, 0, i, s, reduce, include_self=include_self)   # noqa: E731
+    check(f, randn(5, 4), index, randn(3, 4, seed=1))
+    check(f, ints(5, 4, low=-9, high=10), index, ints(3, 4, low=-9, high=10, seed=1))
+    check(lambda T, x, i, s: x.scatter_reduce(1, i, s, reduce, include_self=include_self) + 1,
+          ints(5, 4, low=-4, high=5).to(fl.int8), fl.tensor([[0, 3, 3], [3, 0, 0], [1, 1, 3], [0, 0, 0]]),
+          ints(4, 3, low=-4, high=5, seed=2).to(fl.int8))
+    assert_compiled(graphs, {"sum": "+=", "mean": "+=", "prod": "*=", "amax": "fl_max(", "amin": "fl_min("}[reduce])
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_scatter_reduce_bool_nan_and_dynamic(backend, graphs, dynamic):
+    x, s = randn(4, 6), randn(4, 3, seed=1)
+    s[1, 2] = float("nan")                                  # amax/amin propagate NaN, as PyTorch
+    index = ints(4, 3, high=6, seed=3)
+    for reduce in ("amax", "amin", "mean"):
+        check(lambda T, x, i, s: x.scatter_reduce(1, i, s, reduce, include_self=False), x, index, s,
+              dynamic=dynamic, equal_nan=True)
+    xb, sb = ints(4, 6, high=2).to(fl.bool), ints(4, 3, high=2, seed=4).to(fl.bool)
+    for reduce in ("sum", "prod", "amax", "amin"):
+        check(lambda T, x, i, s: x.scatter_reduce(1, i, s, reduce), xb, index, sb, dynamic=dynamic)
+    assert_compiled(graphs, dynamic=dynamic)
 
 
 # ---- index_put ------------------------------------------------------------------------------------

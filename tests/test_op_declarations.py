@@ -21,32 +21,19 @@ from flambeau._inductor.lowering import register_lowering
 
 PACKAGE = pathlib.Path(flambeau.__file__).parent
 
-# Core ops the code generator must lower but has no rule for yet (issue 9: the `lowerings`
-# worktree adds them). Remove a name here when its lowering lands: the test then passes.
-MISSING_LOWERINGS = {"scatter_reduce.two"}
 
-
-def _core_params():
-    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="lowering not written yet (issue 9)"))
-            if n in MISSING_LOWERINGS else n for n in sorted(op.name for op in core_ops())]
-
-
-@pytest.mark.parametrize("name", _core_params())
+@pytest.mark.parametrize("name", sorted(op.name for op in core_ops()))
 def test_core_op_is_lowered_or_extern(name):
     op = OPS[name]
     assert op.lowering is not None or Tag.extern in op.tags, \
         f"{name} is tagged core but has neither a lowering (register_lowering) nor Tag.extern"
 
 
-def test_missing_lowerings_are_core_ops():
-    assert MISSING_LOWERINGS <= {op.name for op in core_ops()}
-
-
 def test_core_set_size_and_halves():
     core = core_ops()
     assert len(core) == 167
     assert len([op for op in core if Tag.extern in op.tags and op.lowering is None]) == \
-        len([op for op in core if op.lowering is None]) - len(MISSING_LOWERINGS)
+        len([op for op in core if op.lowering is None])
     assert all(is_core(op) for op in core)
 
 

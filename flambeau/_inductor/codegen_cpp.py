@@ -560,12 +560,14 @@ class KernelPrinter:
         idx = node_index(n, iter(syms), sc.scatter_ranges)
         target = f"{out}[{render_c(sc.target_fn(idx))}]"
         v = self._as_dtype(sc.value_fn(idx), sc.dtype).name
-        if not sc.accumulate:
+        if sc.reduce is None:
             self.line(f"{target} = {v};")
         elif sc.dtype is D.bool:
-            self.line(f"{target} = {target} || {v};")
+            self.line(f"{target} = {target} {'||' if sc.reduce in ('sum', 'max') else '&&'} {v};")
+        elif sc.reduce in ("sum", "prod"):
+            self.line(f"{target} {'+' if sc.reduce == 'sum' else '*'}= {v};")
         else:
-            self.line(f"{target} += {v};")
+            self.line(f"{target} = fl_{sc.reduce}({target}, {v});")
         for _ in dims:
             self._close()
 

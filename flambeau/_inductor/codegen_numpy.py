@@ -5,7 +5,7 @@ Used when no C++ compiler works (announced once with a warning) or when
 once: loop indices become broadcast `arange`s, loads become gathers from the buffer's raw memory
 at the computed element offsets, reductions reduce a trailing flattened axis, a scatter copies its
 destination and then stores at the computed target offsets in element order (`ufunc.at` where
-they accumulate, so duplicates add up). Indices read from tensors are bounds-checked and raise
+they combine, so duplicates add up). Indices read from tensors are bounds-checked and raise
 like the C++ path. Slower than C++,
 but it exercises exactly the same IR, scheduling and wrapper. With symbolic sizes each kernel
 takes the size symbols as trailing parameters, and shapes print as expressions of them.
@@ -33,6 +33,12 @@ _BINARY = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "truediv
            "logical_and": "np.logical_and", "logical_or": "np.logical_or", "gcd": "np.gcd", "lcm": "np.lcm",
            "lshift": "_shl", "rshift": "_shr", "truncdiv": "_truncdiv",
            "floordiv": "_floordiv"}
+
+
+# the ufunc combining a Scatter's values into its target elements, by (reduction, bool dtype)
+_SCATTER_UFUNC = {("sum", False): "np.add", ("prod", False): "np.multiply", ("max", False): "np.maximum",
+                  ("min", False): "np.minimum", ("sum", True): "np.logical_or", ("prod", True): "np.logical_and",
+                  ("max", True): "np.logical_or", ("min", True): "np.logical_and"}
 
 
 def _np_dtype(dt) -> str:
@@ -190,10 +196,10 @@ class NumpyKernelPrinter:
         shape = tuple(sc.scatter_ranges)
         where = f"np.broadcast_to({t}, {shape}).reshape(-1)"
         vals = f"np.broadcast_to({v.name}, {shape}).reshape(-1)"
-        if not sc.accumulate:
+        if sc.reduce is None:
             self.lines.append(f"    {n.name}.reshape(-1)[{where}] = {vals}")
         else:
-            fn = "np.logical_or" if sc.dtype is D.bool else "np.add"
+            fn = _SCATTER_UFUNC[sc.reduce, sc.dtype is D.bool]
             self.lines.append(f"    {fn}.at({n.name}.reshape(-1), {where}, {vals})")
 
     def _reduction(self, n):

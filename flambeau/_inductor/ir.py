@@ -306,25 +306,30 @@ class Reduction(IRNode):
                 f"{self.dtype.name})")
 
 
+SCATTER_REDUCTIONS = ("sum", "prod", "max", "min")
+
+
 class Scatter(IRNode):
     """A copy of `init_fn` over `ranges` into a new buffer, then a loop over `scatter_ranges`
-    storing `value_fn(i)` at element `target_fn(i)` of it (`accumulate`: adding instead).
+    storing `value_fn(i)` at element `target_fn(i)` of it, or, with `reduce` (one of
+    SCATTER_REDUCTIONS), combining it with the element there (`sum`: adding).
 
     `target_fn(i)` returns the flat (contiguous) element offset into the output as an `Index`,
     usually built with `ops.indirect_indexing` (which bounds-checks). `parallel_dims` are the
     scatter dims along which two iterations never write the same element (the dim maps one-to-one
-    onto an output dim): only those may run in parallel, so duplicates accumulate exactly and
+    onto an output dim): only those may run in parallel, so duplicates combine exactly and
     a store's last write wins as in the serial loop. Always realised, never fused."""
 
-    def __init__(self, ranges, dtype, init_fn, scatter_ranges, target_fn, value_fn, accumulate: bool,
+    def __init__(self, ranges, dtype, init_fn, scatter_ranges, target_fn, value_fn, reduce: str | None,
                  parallel_dims=()):
+        assert reduce is None or reduce in SCATTER_REDUCTIONS, reduce
         self.ranges = tuple(ranges)
         self.dtype = dtype
         self.init_fn = init_fn
         self.scatter_ranges = tuple(scatter_ranges)
         self.target_fn = target_fn
         self.value_fn = value_fn
-        self.accumulate = accumulate
+        self.reduce = reduce
         self.parallel_dims = frozenset(parallel_dims)
         self._reads = None
 
@@ -339,7 +344,7 @@ class Scatter(IRNode):
         return self._reads
 
     def __repr__(self):
-        return (f"Scatter({'accumulate' if self.accumulate else 'store'} over {list(self.scatter_ranges)} "
+        return (f"Scatter({self.reduce or 'store'} over {list(self.scatter_ranges)} "
                 f"into {list(self.ranges)}, {self.dtype.name})")
 
 

@@ -1,9 +1,9 @@
 """Lowering rules for the ops that write into a copy of a tensor: scatter, scatter_add,
-index_put, diagonal_scatter, as_strided_scatter, and the mutation `copy_`.
+scatter_reduce, index_put, diagonal_scatter, as_strided_scatter, and the mutation `copy_`.
 
-scatter/scatter_add/index_put/as_strided_scatter are `ir.Scatter` loops: the destination is copied
-into a new buffer, then a loop over the index (or source) elements stores, or adds, each value at
-its target element. Indices read from tensors are bounds-checked in the loop (an out-of-range
+scatter/scatter_add/scatter_reduce/index_put/as_strided_scatter are `ir.Scatter` loops: the
+destination is copied into a new buffer, then a loop over the index (or source) elements stores,
+or combines (adds, multiplies, takes the max or min), each value at its target element. Indices read from tensors are bounds-checked in the loop (an out-of-range
 index sets the kernel's error flag and the wrapper raises PyTorch's exception, nothing is written
 outside the buffer): index_put wraps negative indices like advanced indexing, scatter does not.
 diagonal_scatter is a pointwise select over the output index, like slice_scatter and
@@ -17,7 +17,10 @@ way is copied back into the caller's tensor at the end of the compiled call (`Gr
 """
 from __future__ import annotations
 
+import math
 import operator
+
+import numpy as np
 
 from .. import _dtype as D
 from .._ops import _helpers as H
@@ -28,25 +31,87 @@ from .lowering import loader, out_dtype, out_shape, register_lowering
 from .sizevars import size_tuple
 
 
-@register_lowering(aten.scatter.src, aten.scatter_add)
-def _scatter(g, x, dim, index, src):
-    shape, dt = out_shape(g), out_dtype(g)
+def _scatter_target(g, shape, dim, index):
+    """(dim wrapped, target_fn, parallel dims) of a scatter along `dim`: element `i` of `index`
+    goes to the output element `i` with its `dim` coordinate replaced by `index[i]` (checked, not
+    wrapped: a negative index is out of range, as PyTorch's scatter)."""
     nd = len(shape)
     ishape = tuple(index.shape)
     if nd == 0 or len(ishape) != nd:
         raise Unsupported("scatter of a 0-dim tensor")
     dim = H.wrap_dim(dim, nd)
     ld_index = loader(g, index, ishape, D.int64)
-    ld_src = src.make_loader()
     strides = contiguous_strides(shape)
 
     def target(idx):
         full = list(idx)
         full[dim] = ops.indirect_indexing(ld_index(idx), shape[dim], False)
         return offset_of(full, strides)
-    return g.realize(Scatter(shape, dt, loader(g, x, shape, dt), ishape, target,
-                             lambda idx: ops.to_dtype(ld_src(idx), dt), g.node.target.name == "scatter_add",
-                             [d for d in range(nd) if d != dim]))
+    return dim, target, [d for d in range(nd) if d != dim]
+
+
+@register_lowering(aten.scatter.src, aten.scatter_add)
+def _scatter(g, x, dim, index, src):
+    shape, dt = out_shape(g), out_dtype(g)
+    dim, target, par = _scatter_target(g, shape, dim, index)
+    ld_src = src.make_loader()
+    return g.realize(Scatter(shape, dt, loader(g, x, shape, dt), tuple(index.shape), target,
+                             lambda idx: ops.to_dtype(ld_src(idx), dt),
+                             "sum" if g.node.target.name == "scatter_add" else None, par))
+
+
+# scatter_reduce's reductions as Scatter combines (mean: a sum, divided by the count after)
+_SCATTER_REDUCE = {"sum": "sum", "mean": "sum", "prod": "prod", "amax": "max", "amin": "min"}
+
+
+def _reduce_identity(reduce: str, dt):
+    """The element that `reduce` leaves unchanged, in `dt` (what include_self=False starts from)."""
+    if reduce in ("sum", "mean"):
+        return 0
+    if reduce == "prod":
+        return 1
+    lowest = reduce == "amax"
+    if dt is D.bool:
+        return not lowest
+    if dt.category == D.FLOATING:
+        return -math.inf if lowest else math.inf
+    info = np.iinfo(dt.np)
+    return info.min if lowest else info.max
+
+
+@register_lowering(aten.scatter_reduce)
+def _scatter_reduce(g, x, dim, index, src, reduce, include_self=True):
+    """Loops over `index` combining `src` into a copy of `x` (sum/prod/amax/amin, on bool: or/and);
+    include_self=False first stores the reduction's identity at every target; mean divides the
+    sum by a second scatter's count (1 + hits with include_self, else hits; at least 1), as the
+    eager kernel: true division for floats, floor division in int64 for integers."""
+    shape, dt = out_shape(g), out_dtype(g)
+    if reduce not in _SCATTER_REDUCE:
+        raise Unsupported(f"scatter_reduce with reduce={reduce!r}")
+    if reduce == "mean" and dt is D.bool:
+        raise Unsupported("scatter_reduce mean of bool")
+    dim, target, par = _scatter_target(g, shape, dim, index)
+    ishape = tuple(index.shape)
+    init = loader(g, x, shape, dt)
+    if not include_self:
+        ident = _reduce_identity(reduce, dt)
+        init = g.realize(Scatter(shape, dt, init, ishape, target, lambda idx: ops.constant(ident, dt), None,
+                                 par)).make_loader()
+    ld_src = src.make_loader()
+    out = g.realize(Scatter(shape, dt, init, ishape, target, lambda idx: ops.to_dtype(ld_src(idx), dt),
+                            _SCATTER_REDUCE[reduce], par))
+    if reduce != "mean":
+        return out
+    count = g.realize(Scatter(shape, D.int64, lambda idx: ops.constant(int(include_self), D.int64), ishape,
+                              target, lambda idx: ops.constant(1, D.int64), "sum", par)).make_loader()
+    total = out.make_loader()
+
+    def mean(idx):
+        n = ops.maximum(count(idx), ops.constant(1, D.int64))
+        if dt.category == D.FLOATING:
+            return ops.truediv(total(idx), ops.to_dtype(n, dt))
+        return ops.to_dtype(ops.floordiv(ops.to_dtype(total(idx), D.int64), n), dt)
+    return Pointwise(shape, dt, mean)
 
 
 @register_lowering(aten.index_put)
@@ -72,7 +137,7 @@ def _index_put(g, x, indices, values, accumulate=False):
         return offset_of(full, strides)
     free = [j for j in range(len(tshape)) if not first <= j < first + nb]
     return g.realize(Scatter(shape, dt, loader(g, x, shape, dt), tshape, target, loader(g, values, tshape, dt),
-                             bool(accumulate), free))
+                             "sum" if accumulate else None, free))
 
 
 @register_lowering(aten.diagonal_scatter)
@@ -109,7 +174,7 @@ def _store_into_view(g, base, lay: Layout, src) -> Scatter:
     value = loader(g, src, lay.shape, lay.dtype)
     par = range(len(lay.shape)) if _non_overlapping(lay) else ()
     return Scatter(shape, lay.dtype, loader(g, base, shape, lay.dtype), lay.shape,
-                   lambda idx: offset_of(idx, lay.strides, lay.offset), value, False, par)
+                   lambda idx: offset_of(idx, lay.strides, lay.offset), value, None, par)
 
 
 def _non_overlapping(lay: Layout) -> bool:

@@ -184,7 +184,7 @@ _IDENTITY = {"sum": 0, "mean": 0, "prod": 1}
 
 
 @defop("scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) "
-       "-> Tensor", method=True, inplace=True, tags=(Tag.core,), eager_fallback="no lowering yet")
+       "-> Tensor", method=True, inplace=True, tags=(Tag.core,))
 def scatter_reduce(xp, self, dim, index, src, reduce, *, include_self=True):
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
