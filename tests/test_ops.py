@@ -13,7 +13,10 @@ OPINFOS = all_opinfos()
 DEFAULT_TOL = {"float32": (1.3e-6, 1e-5), "float64": (1e-7, 1e-7), "float16": (1e-3, 1e-5),
                "bfloat16": (1.6e-2, 1e-5), "complex64": (1.3e-6, 1e-5), "complex128": (1e-7, 1e-7)}
 # Ops that are reachable only through others' tests, with the entry that covers them.
-EXEMPT = {}
+EXEMPT = {
+    "_sdpa_fused": "cuda-only fused attention kernels: tests/test_sdpa_cuda.py compares them with PyTorch on the GPU",
+    "_sdpa_fused_backward": "cuda-only fused attention kernels: tests/test_sdpa_cuda.py compares them with PyTorch",
+}
 
 
 def cases(kind):

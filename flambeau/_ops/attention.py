@@ -6,8 +6,9 @@ The blocked backward recomputes each tile from the saved log-sum-exp:
 P = exp(S - lse), dV += (P*Z)^T dO, dS = P * ((dO V^T)*Z - rowsum(dO*O)), dQ += dS K, dK += dS^T Q
 (Z is the dropout keep mask over (1-p), regenerated per tile from a seed drawn in the forward).
 
-`sdpa_kernel(backends)` chooses the path (as torch.nn.attention.sdpa_kernel); by default the blocked
-path runs when L*S reaches `AUTO_BLOCKED_ELEMENTS`.
+The backend flags (`sdpa_kernel`, flambeau.backends.cuda.enable_*_sdp) live here; the choice among
+the paths, and the fused cuda kernels, are in attention_fused.py. On cpu the blocked path serves
+FLASH_ATTENTION and EFFICIENT_ATTENTION and is chosen when L*S reaches `AUTO_BLOCKED_ELEMENTS`.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import math
 import numpy as np
 
 from .. import _dtype as D
-from ._registry import defop, export, TensorSpec, Tag
+from ._registry import defop, TensorSpec, Tag
 from ._helpers import opmath, broadcast_shapes
 
 AUTO_BLOCKED_ELEMENTS = 1 << 20
@@ -34,32 +35,48 @@ class SDPBackend(enum.IntEnum):
     OVERRIDEABLE = 4
 
 
-_enabled: list = [None]     # None: automatic; else the set of allowed backends
+# Which backends scaled_dot_product_attention may use, in the order it tries them on cuda
+# (flambeau.backends.cuda.enable_*_sdp and sdpa_kernel set these, as torch's global SDP flags).
+_FLAGS = {SDPBackend.CUDNN_ATTENTION: True, SDPBackend.FLASH_ATTENTION: True, SDPBackend.EFFICIENT_ATTENTION: True,
+          SDPBackend.MATH: True}
+DEFAULT_PRIORITY = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                    SDPBackend.MATH)
+_priority = list(DEFAULT_PRIORITY)
+
+
+def set_backend_enabled(backend: SDPBackend, enabled: bool) -> None:
+    _FLAGS[SDPBackend(backend)] = bool(enabled)
+
+
+def backend_enabled(backend: SDPBackend) -> bool:
+    return _FLAGS[SDPBackend(backend)]
+
+
+def priority_order() -> tuple:
+    """The enabled backends in the order they are tried."""
+    return tuple(b for b in _priority if _FLAGS[b])
 
 
 @contextlib.contextmanager
 def sdpa_kernel(backends, set_priority: bool = False):
-    """Restrict scaled_dot_product_attention to the given backend(s) inside the block."""
+    """Enable only the given backend(s) inside the block (torch.nn.attention.sdpa_kernel); with
+    `set_priority`, the list's order is also the order they are tried in."""
+    if not isinstance(backends, (list, SDPBackend)):
+        raise AssertionError("Backend must be an instance of SDPBackend or a list of SDPBackend instances, "
+                             f"got {type(backends).__name__}")
     if isinstance(backends, SDPBackend):
         backends = [backends]
-    old = _enabled[0]
-    _enabled[0] = set(backends)
+    backends = list(dict.fromkeys(backends))
+    saved_flags, saved_priority = dict(_FLAGS), list(_priority)
+    for b in _FLAGS:
+        _FLAGS[b] = b in backends
+    if set_priority:
+        _priority[:] = [b for b in backends if b in _FLAGS] + [b for b in _priority if b not in backends]
     try:
-        yield
+        yield {}
     finally:
-        _enabled[0] = old
-
-
-def _use_blocked(L, S):
-    allowed = _enabled[0]
-    if allowed is None:
-        return L * S >= AUTO_BLOCKED_ELEMENTS
-    blocked = bool(allowed & {SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION})
-    if SDPBackend.MATH in allowed and (not blocked or L * S < AUTO_BLOCKED_ELEMENTS):
-        return False
-    if not blocked:
-        raise RuntimeError("No available kernel. Aborting execution.")
-    return True
+        _FLAGS.update(saved_flags)
+        _priority[:] = saved_priority
 
 
 # ---- shared pieces ------------------------------------------------------------------------------
@@ -332,13 +349,3 @@ def _(grad_out, query, key, value, out, lse, seed, attn_mask, dropout_p, is_caus
 def _(grad, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, block_q, block_k, result):
     return _sdpa_blocked_backward(grad[0], query, key, value, result[0], result[1], result[2], attn_mask,
                                   dropout_p, is_causal, scale, enable_gqa, block_q, block_k)
-
-
-@export("scaled_dot_product_attention", namespace="nn.functional", function=False)
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False):
-    L, S = query.shape[-2], key.shape[-2]
-    if _use_blocked(L, S):
-        return _sdpa_blocked(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                             BLOCK[0], BLOCK[1])[0]
-    return _sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)[0]

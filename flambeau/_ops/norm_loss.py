@@ -544,4 +544,4 @@ def feature_alpha_dropout(input, p, train):
 @export("feature_dropout")
 def feature_dropout(input, p, train):
     return _feature_dropout(input, p, train, False, True)
-from . import loss, attention  # noqa: E402,F401  (losses; scaled_dot_product_attention)
+from . import loss, attention, attention_fused  # noqa: E402,F401  (losses; scaled_dot_product_attention)

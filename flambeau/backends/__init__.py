@@ -1,7 +1,8 @@
 """torch.backends: switches of the libraries behind the kernels. `flambeau.backends.cuda.matmul`
 holds the cuBLAS flags (TF32, reduced-precision reductions). `flambeau.backends.cudnn` is
 flambeau._backends.cudnn itself (enabled, allow_tf32, deterministic, benchmark, is_available,
-version), so setting a flag here sets it where the convolution kernels read it."""
+version), so setting a flag here sets it where the convolution kernels read it.
+`flambeau.backends.cuda` also holds the scaled_dot_product_attention backend switches."""
 import sys
 
 from .._backends import cudnn

@@ -1,7 +1,9 @@
 """MultiheadAttention and the Transformer family (encoder/decoder layers and stacks, Transformer).
 
-Parameter names, registration order (hence state_dict keys) and defaults follow PyTorch; attention is
-computed with flambeau ops (scaled scores, additive float mask from attn_mask/key_padding_mask, softmax)."""
+Parameter names, registration order (hence state_dict keys) and defaults follow PyTorch. Without
+attention weights (`need_weights=False`, as the encoder/decoder layers ask) attention runs through
+F.scaled_dot_product_attention, hence the fused kernels on cuda; with weights it is computed with
+flambeau ops (scaled scores, additive float mask from attn_mask/key_padding_mask, softmax)."""
 from __future__ import annotations
 
 import copy
@@ -118,8 +120,11 @@ class MultiheadAttention(Module):
         q = F.linear(query, wq, bq)
         k = F.linear(key, wk, bk)
         v = F.linear(value, wv, bv)
-        mask = _float_mask(attn_mask, q.dtype)
-        if mask is None and is_causal:
+        # without weights, a causal hint with no other mask goes to the fused kernels as is_causal (as PyTorch)
+        sdpa_causal = is_causal and not need_weights and key_padding_mask is None and self.bias_k is None \
+            and not self.add_zero_attn
+        mask = None if sdpa_causal else _float_mask(attn_mask, q.dtype)
+        if mask is None and is_causal and not sdpa_causal:
             mask = Transformer.generate_square_subsequent_mask(L, device=q.device, dtype=q.dtype)
         kpm = _float_mask(key_padding_mask, q.dtype)
         if self.bias_k is not None:
@@ -140,6 +145,8 @@ class MultiheadAttention(Module):
         q = q.reshape(L, N * H, hd).transpose(0, 1)
         k = k.reshape(S, N * H, hd).transpose(0, 1)
         v = v.reshape(S, N * H, hd).transpose(0, 1)
+        if not need_weights:
+            return self._sdpa_forward(q, k, v, mask, kpm, sdpa_causal, (L, N, S, E, H, hd), batched), None
         scores = torch.matmul(q * (1.0 / math.sqrt(hd)), k.transpose(1, 2))
         if mask is not None:
             scores = scores + (mask.unsqueeze(0) if mask.dim() == 2 else mask)
@@ -154,14 +161,31 @@ class MultiheadAttention(Module):
             out = out.transpose(0, 1)
         if not batched:
             out = out.squeeze(1)
-        if not need_weights:
-            return out, None
         w = attn.reshape(N, H, L, S)
         if average_attn_weights:
             w = w.mean(1)
         if not batched:
             w = w.squeeze(0)
         return out, w
+
+    def _sdpa_forward(self, q, k, v, mask, kpm, is_causal, dims, batched):
+        """Attention without weights through F.scaled_dot_product_attention (fused kernels on cuda)."""
+        L, N, S, E, H, hd = dims
+        if mask is not None and mask.dim() == 3:
+            mask = mask.reshape(N, H, L, S)
+        if kpm is not None:
+            kpm = kpm.reshape(N, 1, 1, S)
+            mask = kpm if mask is None else mask + kpm
+        out = F.scaled_dot_product_attention(q.reshape(N, H, L, hd), k.reshape(N, H, S, hd), v.reshape(N, H, S, hd),
+                                             attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+                                             is_causal=is_causal)
+        out = out.permute(2, 0, 1, 3).reshape(L * N, E)
+        out = F.linear(out, self.out_proj.weight, self.out_proj.bias).reshape(L, N, E)
+        if self.batch_first and batched:
+            out = out.transpose(0, 1)
+        if not batched:
+            out = out.squeeze(1)
+        return out
 
 
 def _get_activation(activation):

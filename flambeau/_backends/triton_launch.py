@@ -1,0 +1,126 @@
+"""Compile a `@triton.jit` function with `triton.compile` and launch it through CuPy, without PyTorch.
+
+Triton's own launcher (`kernel[grid](...)`) asks its active driver for the current device and
+stream, and that driver imports torch. We never use it: `compile_kernel` builds a cubin for the
+current device's compute capability from an explicit signature (argument types, constexpr values,
+16-byte divisibility hints), loads it as a CuPy module, and `launch` calls it on CuPy's current
+stream with Triton's calling convention: the non-constexpr arguments in order, then the two
+scratch pointers Triton 3.x appends (global and profile scratch, null when the kernel needs none).
+Compiled kernels are cached per (function, signature, constexprs, options) in this process, and
+Triton's on-disk cache makes a second process cheap.
+
+Pointer arguments are passed as `Ptr(address)`; integers and floats by their signature type.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, NamedTuple
+
+import numpy as np
+
+_SMEM_STATIC_LIMIT = 48 * 1024     # bytes of shared memory a launch may use without opting in
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_THREADS_PER_WARP = 32
+_SCALARS = {"i32": np.int32, "i64": np.int64, "u32": np.uint32, "u64": np.uint64, "fp32": np.float32,
+            "fp64": np.float64}
+_cache: dict = {}
+_lock = threading.Lock()
+
+
+class Ptr(NamedTuple):
+    """A device address passed to a pointer parameter."""
+    address: int
+
+
+class Kernel(NamedTuple):
+    function: Any           # cupy.cuda.Function
+    module: Any             # the cupy.cuda.Module holding it (kept alive with it)
+    arg_types: tuple        # signature types of the runtime arguments, in order
+    num_warps: int
+    shared: int
+    scratch: int            # number of trailing scratch pointers (global, profile)
+    global_scratch: int     # bytes of global scratch each program needs (0: none)
+
+
+def available() -> bool:
+    """Whether Triton and CuPy can be imported (no GPU is touched)."""
+    try:
+        import triton  # noqa: F401
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _target():
+    import cupy
+    from triton.backends.compiler import GPUTarget
+    dev = cupy.cuda.Device()
+    major, minor = dev.compute_capability[:-1], dev.compute_capability[-1]
+    return GPUTarget("cuda", int(major) * 10 + int(minor), _THREADS_PER_WARP)
+
+
+def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int = 4, num_stages: int = 3,
+                   aligned: tuple = ()) -> Kernel:
+    """Compile `fn` for the current device. `signature` maps every parameter name to a Triton type
+    (`*bf16`, `i32`, `fp32`, ... or `constexpr`); `constexprs` gives the constexpr values; the
+    parameters named in `aligned` are promised to be multiples of 16 (pointers: 16-byte aligned)."""
+    import cupy
+    key = (fn, tuple(signature.items()), tuple(sorted(constexprs.items())), num_warps, num_stages, aligned,
+           cupy.cuda.Device().id)
+    k = _cache.get(key)
+    if k is not None:
+        return k
+    with _lock:
+        k = _cache.get(key)
+        if k is None:
+            k = _cache[key] = _build(fn, signature, constexprs, num_warps, num_stages, aligned)
+    return k
+
+
+def _build(fn, signature, constexprs, num_warps, num_stages, aligned) -> Kernel:
+    import cupy
+    import triton
+    from triton.compiler import ASTSource
+    names = list(fn.arg_names)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    src = ASTSource(fn, dict(signature), dict(constexprs), attrs)
+    compiled = triton.compile(src, target=_target(), options={"num_warps": num_warps, "num_stages": num_stages})
+    md = compiled.metadata
+    module = cupy.cuda.Module()
+    module.load(compiled.asm["cubin"])
+    function = module.get_function(md.name)
+    if md.shared > _SMEM_STATIC_LIMIT:
+        cupy.cuda.driver.funcSetAttribute(function.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, md.shared)
+    arg_types = tuple(signature[n] for n in names if signature[n] != "constexpr")
+    return Kernel(function, module, arg_types, md.num_warps, md.shared, 2, md.global_scratch_size)
+
+
+def _pack(types, args):
+    out = []
+    for ty, a in zip(types, args):
+        if ty.startswith("*"):
+            out.append(np.uint64(a.address if isinstance(a, Ptr) else a))
+        else:
+            out.append(_SCALARS[ty](a))
+    return out
+
+
+def launch(kernel: Kernel, grid: tuple, *args) -> None:
+    """Run `kernel` over `grid` (up to 3 dims) on CuPy's current stream."""
+    import cupy
+    if len(args) != len(kernel.arg_types):
+        raise TypeError(f"{kernel.function} takes {len(kernel.arg_types)} runtime arguments, got {len(args)}")
+    grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+    if min(grid) == 0:
+        return
+    packed = _pack(kernel.arg_types, args)
+    scratch = []
+    if kernel.global_scratch:
+        buf = cupy.empty(kernel.global_scratch * grid[0] * grid[1] * grid[2], dtype=np.uint8)
+        scratch.append(np.uint64(buf.data.ptr))
+    else:
+        scratch.append(np.uint64(0))
+    scratch.append(np.uint64(0))        # profile scratch: no instrumentation
+    kernel.function(grid, (kernel.num_warps * _THREADS_PER_WARP, 1, 1), tuple(packed + scratch),
+                    shared_mem=kernel.shared, stream=cupy.cuda.get_current_stream())
