@@ -68,7 +68,13 @@ def bench_kernels(B, H, T, E, which):
                   .astype(_bf16()) for i in range(4))
     rng = cupy.zeros(2, dtype=np.int64)
     sc = 1 / np.sqrt(E)
-    if which == "cudnn":
+    if which == "cudnn-fwd":
+        def step():
+            cudnn_attention.forward(q, k, v, 0.0, rng, True, sc)
+    elif which == "triton-fwd":
+        def step():
+            triton_attention.forward(q, k, v, None, 0.0, rng, True, sc)
+    elif which == "cudnn":
         def step():
             o, st = cudnn_attention.forward(q, k, v, 0.0, rng, True, sc)
             cudnn_attention.backward(g, q, k, v, o, st, 0.0, rng, True, sc)
@@ -153,7 +159,7 @@ def main():
             except Exception as e:
                 print(json.dumps({"workload": work, "system": "flambeau-eager", "backend": name,
                                   "error": str(e)[:300]}), flush=True)
-        for which in ("cudnn", "triton"):
+        for which in ("cudnn", "triton", "cudnn-fwd", "triton-fwd"):
             try:
                 rows.append(("flambeau-kernels", which, bench_kernels(B, H, T, E, which)))
             except Exception as e:

@@ -36,6 +36,7 @@ class Meta:
 @pytest.fixture
 def kernels_ready(monkeypatch):
     monkeypatch.setattr(AF, "_cudnn_ready", lambda: True)
+    monkeypatch.setattr(AF, "_cudnn_supports", lambda q, k, dtype, causal, p: q.shape[-1] != 120)
     monkeypatch.setattr(AF, "_triton_ready", lambda: True)
     monkeypatch.setattr(AF, "_effective_dtype", lambda t, dev: t.dtype)
 
@@ -90,6 +91,7 @@ def test_enable_flags_act_on_the_choice(kernels_ready):
     (dict(E=80), B.CUDNN_ATTENTION),                                                  # cuDNN: multiple of 8
     (dict(E=80, attn_mask=Meta((16, 16), flambeau.bool)), B.MATH),                    # Triton: power of 2
     (dict(E=136), B.MATH),
+    (dict(E=120), B.MATH),                                                            # cuDNN builds no plan
     (dict(kshape=(2, 2, 16, 64)), B.MATH),                                            # heads differ, no gqa
     (dict(kshape=(2, 2, 16, 64), enable_gqa=True), B.CUDNN_ATTENTION),
     (dict(qshape=(4, 16, 64)), B.MATH),                                               # 3-d

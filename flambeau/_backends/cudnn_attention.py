@@ -4,7 +4,8 @@ maintained `nvidia-cudnn-frontend` Python package (`import cudnn`), as PyTorch's
 The frontend builds an operation graph of one SDPA node (causal or not, dropout with Philox seed
 and offset read from device memory, the softmax statistics saved for the backward), asks cuDNN's
 heuristics for an engine and finalises a plan; graphs are cached per (shapes, strides, dtype,
-options). Execution takes raw device pointers (CuPy's `.data.ptr`) and a CuPy workspace and runs on
+options). `supports` builds them once for dense layouts so that the backend selection skips cuDNN
+for a configuration its engines reject. Execution takes raw device pointers (CuPy's `.data.ptr`) and a CuPy workspace and runs on
 CuPy's current stream, so neither PyTorch nor DLPack is involved: every pointer we pass is an int,
 which keeps the frontend off its torch code paths.
 
@@ -19,10 +20,11 @@ import numpy as np
 
 from . import cudnn as _cudnn_lib
 
-_state = {"module": None, "tried": False, "error": None}
+_state = {"module": None, "tried": False, "error": None, "unsupported": None}
 _lock = threading.Lock()
 _graphs: dict = {}
 _handles: dict = {}
+_support: dict = {}
 _DTYPES = {"float16": "HALF", "bfloat16": "BFLOAT16"}
 MAX_HEAD_DIM = 128
 HEAD_DIM_MULTIPLE = 8
@@ -52,6 +54,11 @@ def available() -> bool:
 def load_error():
     """Why the frontend could not be used (None when it could, or was not tried)."""
     return _state["error"]
+
+
+def unsupported_reason():
+    """cuDNN's answer for the last configuration `supports` rejected."""
+    return _state["unsupported"]
 
 
 def _handle(cudnn):
@@ -84,11 +91,6 @@ def _empty_like(a):
     return cupy.empty_like(a, order="K")
 
 
-def _tensor(g, cudnn, name, a):
-    return g.tensor(name=name, dim=list(a.shape), stride=_el_strides(a),
-                    data_type=getattr(cudnn.data_type, _DTYPES[a.dtype.name]))
-
-
 def _build(g, cudnn):
     g.validate()
     g.build_operation_graph()
@@ -104,51 +106,116 @@ def _scalar_tensors(g, cudnn):
     return seed, offset
 
 
-def _graph_key(kind, arrays, is_causal, scale, dropout_p):
-    return (kind, tuple((a.shape, tuple(a.strides), a.dtype.name) for a in arrays), bool(is_causal), float(scale),
-            float(dropout_p))
+def _layout(a):
+    return tuple(a.shape), tuple(_el_strides(a))
 
 
-def _workspace(g):
+def _new_graph(cudnn, dtype_name, handle):
+    dt = getattr(cudnn.data_type, _DTYPES[dtype_name])
+    return cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
+                         compute_data_type=cudnn.data_type.FLOAT, handle=handle), dt
+
+
+def _declare(g, dt, name, layout):
+    return g.tensor(name=name, dim=list(layout[0]), stride=list(layout[1]), data_type=dt)
+
+
+def _fwd_graph(cudnn, handle, dtype_name, lq, lk, lv, lo, is_causal, scale, dropout_p):
+    """(graph, its tensors, workspace bytes) of the forward for these (shape, strides) layouts, cached."""
+    key = ("fwd", dtype_name, lq, lk, lv, lo, bool(is_causal), float(scale), float(dropout_p))
+    entry = _graphs.get(key)
+    if entry is None:
+        g, dt = _new_graph(cudnn, dtype_name, handle)
+        tq, tk, tv = (_declare(g, dt, n, lay) for n, lay in (("q", lq), ("k", lk), ("v", lv)))
+        seed, offset = _scalar_tensors(g, cudnn) if dropout_p > 0 else (None, None)
+        to, ts = g.sdpa(name="sdpa", q=tq, k=tk, v=tv, generate_stats=True, attn_scale=float(scale),
+                        use_causal_mask=bool(is_causal),
+                        dropout=(float(dropout_p), seed, offset) if dropout_p > 0 else None)
+        B, H, L, _ = lq[0]
+        to.set_output(True).set_dim(list(lo[0])).set_stride(list(lo[1])).set_data_type(dt)
+        ts.set_output(True).set_dim([B, H, L, 1]).set_stride([H * L, L, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
+        _build(g, cudnn)
+        entry = _graphs[key] = (g, (tq, tk, tv, to, ts, seed, offset), int(g.get_workspace_size()))
+    return entry
+
+
+def _bwd_graph(cudnn, handle, dtype_name, lq, lk, lv, lo, ldo, lgq, lgk, lgv, is_causal, scale, dropout_p):
+    key = ("bwd", dtype_name, lq, lk, lv, lo, ldo, lgq, lgk, lgv, bool(is_causal), float(scale), float(dropout_p))
+    entry = _graphs.get(key)
+    if entry is None:
+        g, dt = _new_graph(cudnn, dtype_name, handle)
+        tq, tk, tv, to, tdo = (_declare(g, dt, n, lay) for n, lay in
+                               (("q", lq), ("k", lk), ("v", lv), ("o", lo), ("dO", ldo)))
+        B, H, L, _ = lq[0]
+        ts = g.tensor(name="stats", dim=[B, H, L, 1], stride=[H * L, L, 1, 1], data_type=cudnn.data_type.FLOAT)
+        seed, offset = _scalar_tensors(g, cudnn) if dropout_p > 0 else (None, None)
+        tdq, tdk, tdv = g.sdpa_backward(name="sdpa_backward", q=tq, k=tk, v=tv, o=to, dO=tdo, stats=ts,
+                                        attn_scale=float(scale), use_causal_mask=bool(is_causal),
+                                        dropout=(float(dropout_p), seed, offset) if dropout_p > 0 else None)
+        for t, lay in ((tdq, lgq), (tdk, lgk), (tdv, lgv)):
+            t.set_output(True).set_dim(list(lay[0])).set_stride(list(lay[1])).set_data_type(dt)
+        _build(g, cudnn)
+        entry = _graphs[key] = (g, (tq, tk, tv, to, tdo, ts, tdq, tdk, tdv, seed, offset),
+                                int(g.get_workspace_size()))
+    return entry
+
+
+def _dense(shape):
+    st, acc = [], 1
+    for n in reversed(shape):
+        st.append(acc)
+        acc *= n
+    return tuple(shape), tuple(reversed(st))
+
+
+def supports(q_shape, k_shape, dtype_name: str, is_causal: bool, dropout_p: float) -> bool:
+    """Whether cuDNN builds forward and backward plans for these sizes (dense layouts), cached.
+    A configuration cuDNN's engines reject makes the selection move on to the next backend."""
+    key = (tuple(q_shape), tuple(k_shape), dtype_name, bool(is_causal), dropout_p > 0)
+    ok = _support.get(key)
+    if ok is None:
+        cudnn = _module()
+        handle = _handle(cudnn)
+        lq, lk = _dense(q_shape), _dense(k_shape)
+        scale = 1.0 / float(q_shape[-1]) ** 0.5
+        p = 0.5 if dropout_p > 0 else 0.0
+        try:
+            _fwd_graph(cudnn, handle, dtype_name, lq, lk, lk, lq, is_causal, scale, p)
+            _bwd_graph(cudnn, handle, dtype_name, lq, lk, lk, lq, lq, lq, lk, lk, is_causal, scale, p)
+            ok = True
+        except Exception as e:      # cudnnGraphNotSupportedError, or a RuntimeError from plan building
+            _state["unsupported"] = f"{type(e).__name__}: {e}"
+            ok = False
+        _support[key] = ok
+    return ok
+
+
+def _workspace(nbytes):
     import cupy
-    return cupy.empty(max(int(g.get_workspace_size()), 1), dtype=np.uint8)
+    return cupy.empty(max(nbytes, 1), dtype=np.uint8)
 
 
 def forward(q, k, v, dropout_p: float, rng, is_causal: bool, scale: float):
     """q (B, H, L, E), k and v (B, Hk, S, E) CuPy fp16/bf16 arrays -> (out, stats (B, H, L) float32).
     `rng` is a device int64 array [seed, offset] read by cuDNN's Philox dropout."""
+    import cupy
     cudnn = _module()
     q, k, v = _ready(q), _ready(k), _ready(v)
-    B, H, L, E = q.shape
     out = _empty_like(q)
-    key = _graph_key("fwd", (q, k, v, out), is_causal, scale, dropout_p)
-    entry = _graphs.get(key)
     handle = _handle(cudnn)
-    if entry is None:
-        dt = getattr(cudnn.data_type, _DTYPES[q.dtype.name])
-        g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
-                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
-        tq, tk, tv = _tensor(g, cudnn, "q", q), _tensor(g, cudnn, "k", k), _tensor(g, cudnn, "v", v)
-        seed, offset = _scalar_tensors(g, cudnn) if dropout_p > 0 else (None, None)
-        to, ts = g.sdpa(name="sdpa", q=tq, k=tk, v=tv, generate_stats=True, attn_scale=float(scale),
-                        use_causal_mask=bool(is_causal),
-                        dropout=(float(dropout_p), seed, offset) if dropout_p > 0 else None)
-        to.set_output(True).set_dim(list(out.shape)).set_stride(_el_strides(out)).set_data_type(dt)
-        ts.set_output(True).set_dim([B, H, L, 1]).set_stride([H * L, L, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
-        entry = _graphs[key] = (_build(g, cudnn), tq, tk, tv, to, ts, seed, offset)
-    g, tq, tk, tv, to, ts, seed, offset = entry
-    import cupy
-    st = cupy.empty((B, H, L), dtype=np.float32)
-    pack = {tq: q.data.ptr, tk: k.data.ptr, tv: v.data.ptr, to: out.data.ptr, ts: st.data.ptr}
+    g, (tq, tk, tv, to, ts, seed, offset), ws = _fwd_graph(cudnn, handle, q.dtype.name, _layout(q), _layout(k),
+                                                            _layout(v), _layout(out), is_causal, scale, dropout_p)
+    stats = cupy.empty(q.shape[:3], dtype=np.float32)
+    pack = {tq: q.data.ptr, tk: k.data.ptr, tv: v.data.ptr, to: out.data.ptr, ts: stats.data.ptr}
     if seed is not None:
         pack[seed], pack[offset] = rng.data.ptr, rng.data.ptr + rng.itemsize
-    g.execute(pack, _workspace(g).data.ptr, handle=handle)
-    return out, st
+    workspace = _workspace(ws)
+    g.execute(pack, workspace.data.ptr, handle=handle)
+    return out, stats
 
 
 def backward(grad_out, q, k, v, out, stats, dropout_p: float, rng, is_causal: bool, scale: float):
-    """(dq, dk, dv) of `forward`'s output, each in its input's shape."""
-    import cupy
+    """(dq, dk, dv) of `forward`'s output, each in its input's shape and layout."""
     cudnn = _module()
     q, k, v, out = _ready(q), _ready(k), _ready(v), _ready(out)
     do = grad_out
@@ -156,28 +223,14 @@ def backward(grad_out, q, k, v, out, stats, dropout_p: float, rng, is_causal: bo
         do = _empty_like(out)
         do[...] = grad_out
     dq, dk, dv = (_empty_like(a) for a in (q, k, v))
-    key = _graph_key("bwd", (q, k, v, out, do, dq, dk, dv), is_causal, scale, dropout_p)
-    entry = _graphs.get(key)
     handle = _handle(cudnn)
-    if entry is None:
-        B, H, L, _ = q.shape
-        dt = getattr(cudnn.data_type, _DTYPES[q.dtype.name])
-        g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
-                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
-        tq, tk, tv = _tensor(g, cudnn, "q", q), _tensor(g, cudnn, "k", k), _tensor(g, cudnn, "v", v)
-        to, tdo = _tensor(g, cudnn, "o", out), _tensor(g, cudnn, "dO", do)
-        ts = g.tensor(name="stats", dim=[B, H, L, 1], stride=[H * L, L, 1, 1], data_type=cudnn.data_type.FLOAT)
-        seed, offset = _scalar_tensors(g, cudnn) if dropout_p > 0 else (None, None)
-        tdq, tdk, tdv = g.sdpa_backward(name="sdpa_backward", q=tq, k=tk, v=tv, o=to, dO=tdo, stats=ts,
-                                        attn_scale=float(scale), use_causal_mask=bool(is_causal),
-                                        dropout=(float(dropout_p), seed, offset) if dropout_p > 0 else None)
-        for t, a in ((tdq, dq), (tdk, dk), (tdv, dv)):
-            t.set_output(True).set_dim(list(a.shape)).set_stride(_el_strides(a)).set_data_type(dt)
-        entry = _graphs[key] = (_build(g, cudnn), tq, tk, tv, to, tdo, ts, tdq, tdk, tdv, seed, offset)
-    g, tq, tk, tv, to, tdo, ts, tdq, tdk, tdv, seed, offset = entry
+    g, tensors, ws = _bwd_graph(cudnn, handle, q.dtype.name, *(_layout(a) for a in (q, k, v, out, do, dq, dk, dv)),
+                                is_causal, scale, dropout_p)
+    tq, tk, tv, to, tdo, ts, tdq, tdk, tdv, seed, offset = tensors
     pack = {tq: q.data.ptr, tk: k.data.ptr, tv: v.data.ptr, to: out.data.ptr, tdo: do.data.ptr,
             ts: stats.data.ptr, tdq: dq.data.ptr, tdk: dk.data.ptr, tdv: dv.data.ptr}
     if seed is not None:
         pack[seed], pack[offset] = rng.data.ptr, rng.data.ptr + rng.itemsize
-    g.execute(pack, _workspace(g).data.ptr, handle=handle)
+    workspace = _workspace(ws)
+    g.execute(pack, workspace.data.ptr, handle=handle)
     return dq, dk, dv

@@ -38,6 +38,10 @@ def _cudnn_ready() -> bool:
     return cudnn_attention.available()
 
 
+def _cudnn_supports(query, key, dtype, is_causal, dropout_p) -> bool:
+    return cudnn_attention.supports(tuple(query.shape), tuple(key.shape), dtype.name, is_causal, dropout_p)
+
+
 def _triton_ready() -> bool:
     return triton_launch.available()
 
@@ -73,7 +77,7 @@ def _fused_reasons(query, key, value, attn_mask, enable_gqa, dtype):
     return why
 
 
-def _backend_reasons(backend, query, attn_mask, dtype):
+def _backend_reasons(backend, query, key, attn_mask, dtype, is_causal, dropout_p):
     E = query.shape[-1]
     why = []
     if backend == SDPBackend.CUDNN_ATTENTION:
@@ -83,6 +87,8 @@ def _backend_reasons(backend, query, attn_mask, dtype):
             why.append(f"head dim {E} is not a multiple of 8 up to 128")
         if not _cudnn_ready():
             why.append(f"the cuDNN frontend is not available ({cudnn_attention.load_error()})")
+        elif not why and not _cudnn_supports(query, key, dtype, is_causal, dropout_p):
+            why.append(f"cuDNN builds no plan for these sizes ({cudnn_attention.unsupported_reason()})")
     else:
         if backend == SDPBackend.FLASH_ATTENTION and attn_mask is not None:
             why.append("flash attention takes no attn_mask")
@@ -114,7 +120,7 @@ def select_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     for b in order:
         if b == SDPBackend.MATH:
             return b
-        why = common + _backend_reasons(b, query, attn_mask, dtype)
+        why = common or _backend_reasons(b, query, key, attn_mask, dtype, is_causal, dropout_p)
         if not why:
             return b
         reasons.append(f"{b.name}: " + "; ".join(why))

@@ -21,7 +21,7 @@ def _patch_index_for_numpy2(tensor, scope):
 
 _interp._patch_lang_tensor = _patch_index_for_numpy2
 
-BM, BN = 16, 16
+FWD_MN, DKDV_MN, DQ_MN = (32, 16), (16, 32), (32, 16)     # (BLOCK_M, BLOCK_N) per kernel, as the real ones
 
 
 def reference(q, k, v, mask, causal, scale, z):
@@ -57,19 +57,23 @@ def run(B, H, Hk, L, S, E, causal, mask_kind, dropout_p, seed=0):
     mb = m.expand(B, H, L, S) if mask is not None else m
     ms = tuple(mb.stride()) if mask is not None else (0, 0, 0, 0)
     flags = dict(HEAD_DIM=E, CAUSAL=causal, MASK_KIND=mask_kind, DROPOUT=dropout_p > 0)
+
+    def blocks(mn):
+        even = L % mn[0] == 0 and S % mn[1] == 0 and (not causal or L <= S)
+        return dict(BLOCK_M=mn[0], BLOCK_N=mn[1], EVEN=even, **flags)
     sq, sk, sv = q.stride()[:3], k.stride()[:3], v.stride()[:3]
-    T._attn_fwd[(math.ceil(L / BM), B * H)](q, k, v, out, lse, mb, rng, scale, dropout_p, *sq, *sk, *sv,
-                                             *out.stride()[:3], *ms, H, H // Hk, L, S, BLOCK_M=BM, BLOCK_N=BN, **flags)
+    T._attn_fwd[(math.ceil(L / FWD_MN[0]), B * H)](q, k, v, out, lse, mb, rng, scale, dropout_p, *sq, *sk, *sv,
+                                             *out.stride()[:3], *ms, H, H // Hk, L, S, **blocks(FWD_MN))
     delta = torch.empty(B, H, L)
-    T._bwd_delta[(math.ceil(L / BM), B * H)](out, do, delta, *out.stride()[:3], *do.stride()[:3], H, L,
-                                              HEAD_DIM=E, BLOCK_M=BM)
+    T._bwd_delta[(math.ceil(L / 16), B * H)](out, do, delta, *out.stride()[:3], *do.stride()[:3], H, L,
+                                              HEAD_DIM=E, BLOCK_M=16)
     dq, dk, dv = torch.empty(B, H, L, E), torch.empty(B, H, S, E), torch.empty(B, H, S, E)
-    T._bwd_dkdv[(math.ceil(S / BN), B * H)](q, k, v, do, lse, delta, dk, dv, mb, rng, scale, dropout_p, *sq, *sk,
+    T._bwd_dkdv[(math.ceil(S / DKDV_MN[1]), B * H)](q, k, v, do, lse, delta, dk, dv, mb, rng, scale, dropout_p, *sq, *sk,
                                              *sv, *do.stride()[:3], *dk.stride()[:3], *ms, H, H // Hk, L, S,
-                                             BLOCK_M=BM, BLOCK_N=BN, **flags)
-    T._bwd_dq[(math.ceil(L / BM), B * H)](q, k, v, do, lse, delta, dq, mb, rng, scale, dropout_p, *sq, *sk, *sv,
+                                             **blocks(DKDV_MN))
+    T._bwd_dq[(math.ceil(L / DQ_MN[0]), B * H)](q, k, v, do, lse, delta, dq, mb, rng, scale, dropout_p, *sq, *sk, *sv,
                                            *do.stride()[:3], *dq.stride()[:3], *ms, H, H // Hk, L, S,
-                                           BLOCK_M=BM, BLOCK_N=BN, **flags)
+                                           **blocks(DQ_MN))
     dk = dk.reshape(B, Hk, H // Hk, S, E).sum(2)
     dv = dv.reshape(B, Hk, H // Hk, S, E).sum(2)
     z = (out != 0).double() / (1 - dropout_p) if dropout_p > 0 else 1.0
@@ -90,6 +94,9 @@ def rel(a, b):
 
 
 CASES = [
+    dict(B=1, H=2, Hk=2, L=64, S=64, E=16, causal=True, mask_kind=T.MASK_NONE, dropout_p=0.0),     # EVEN tiles
+    dict(B=1, H=2, Hk=2, L=32, S=64, E=16, causal=False, mask_kind=T.MASK_NONE, dropout_p=0.0),
+    dict(B=1, H=2, Hk=2, L=64, S=32, E=16, causal=True, mask_kind=T.MASK_NONE, dropout_p=0.0),     # L > S
     dict(B=1, H=2, Hk=2, L=37, S=37, E=16, causal=True, mask_kind=T.MASK_NONE, dropout_p=0.0),
     dict(B=2, H=2, Hk=2, L=19, S=45, E=16, causal=False, mask_kind=T.MASK_NONE, dropout_p=0.0),
     dict(B=1, H=2, Hk=2, L=24, S=33, E=16, causal=False, mask_kind=T.MASK_BOOL, dropout_p=0.0),
