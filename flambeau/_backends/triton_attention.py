@@ -28,7 +28,7 @@ MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head dim (64: the fastest of bench/sdpa_gpu.py --sweep)
 FWD_CONFIG = {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 4, 3), 128: (128, 64, 8, 3)}
 DKDV_CONFIG = {16: (32, 128, 4, 3), 32: (32, 128, 4, 3), 64: (32, 128, 4, 3), 128: (32, 64, 8, 2)}
-DQ_CONFIG = {16: (128, 64, 8, 3), 32: (128, 64, 8, 3), 64: (128, 64, 8, 3), 128: (128, 32, 8, 2)}
+DQ_CONFIG = {16: (128, 32, 4, 3), 32: (128, 32, 4, 3), 64: (128, 32, 4, 3), 128: (128, 32, 8, 2)}
 HEAD_DIMS = tuple(FWD_CONFIG)
 DELTA_BLOCK_M = 64
 _TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "uint8": "u8"}

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from .. import _dtype as D
+from .. import _dtype as D, _state
 from .._device import canonical
 from .._backends import cudnn_attention, triton_launch
 from ._registry import defop, export, TensorSpec, Tag
@@ -48,10 +48,8 @@ def _triton_ready() -> bool:
 
 def _effective_dtype(t, device_type):
     """The dtype `t` will have inside the op: autocast's dtype for a float32 tensor under autocast."""
-    from ..amp import autocast_mode
-    if t.dtype == D.float32 and autocast_mode.is_autocast_enabled(device_type):
-        return autocast_mode.get_autocast_dtype(device_type)
-    return t.dtype
+    cast = _state.autocast.get(device_type)
+    return cast if cast is not None and t.dtype == D.float32 else t.dtype
 
 
 def _fused_reasons(query, key, value, attn_mask, enable_gqa, dtype):
