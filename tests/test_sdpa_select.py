@@ -166,3 +166,19 @@ def test_triton_kernels_under_the_interpreter():
     r = subprocess.run([sys.executable, os.path.join(root, "tests", "scripts", "triton_attention_interp.py")],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_transformer_encoder_layer_runs_sdpa(monkeypatch):
+    torch.manual_seed(0)
+    tl = torch.nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0, batch_first=True).double()
+    fl = flambeau.nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0, batch_first=True).double()
+    fl.load_state_dict({k: flambeau.tensor(v.detach().numpy()) for k, v in tl.state_dict().items()})
+    x = np.random.default_rng(1).standard_normal((2, 6, 16))
+    calls = []
+    kern = A._sdpa_math.kernel
+    monkeypatch.setattr(A._sdpa_math, "kernel", lambda *a, **k: calls.append(1) or kern(*a, **k))
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(6, dtype=torch.float64)
+    fo = fl(flambeau.tensor(x), src_mask=flambeau.tensor(mask.numpy()), is_causal=True)
+    to = tl(torch.tensor(x), src_mask=mask, is_causal=True)
+    assert calls, "TransformerEncoderLayer did not go through scaled_dot_product_attention"
+    np.testing.assert_allclose(fo.detach().numpy(), to.detach().numpy(), rtol=1e-7, atol=1e-9)
