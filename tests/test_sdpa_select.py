@@ -116,6 +116,18 @@ def test_only_unusable_backends_raise(kernels_ready, monkeypatch):
         AF.select_backend(q, q, q)
 
 
+def test_forced_efficient_runs_blocked_where_the_kernel_cannot(kernels_ready):
+    q = Meta((2, 4, 16, 4), flambeau.float32)
+    assert AF._choose(q, q, q, None, 0.0, False, False) == (B.MATH, False)
+    with A.sdpa_kernel(B.EFFICIENT_ATTENTION):
+        assert AF._choose(q, q, q, None, 0.0, False, False) == (B.EFFICIENT_ATTENTION, False)
+    with A.sdpa_kernel([B.EFFICIENT_ATTENTION, B.MATH]):
+        assert AF._choose(q, q, q, None, 0.0, False, False) == (B.MATH, False)
+    q16 = Meta((2, 4, 16, 64))
+    with A.sdpa_kernel(B.EFFICIENT_ATTENTION):
+        assert AF._choose(q16, q16, q16, None, 0.0, False, False) == (B.EFFICIENT_ATTENTION, True)
+
+
 def test_cpu_choice_keeps_math_and_blocked_paths():
     x = flambeau.ones(1, 2, 8, 4)
     assert AF.select_backend(x, x, x) == B.MATH

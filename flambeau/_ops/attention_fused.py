@@ -2,7 +2,8 @@
 
 `select_backend` decides from metadata alone (device, dtype after autocast, shapes, mask, flags),
 as PyTorch's sdp_utils: on cuda it tries the enabled backends in priority order (default cuDNN,
-flash, memory-efficient, math) and takes the first whose constraints hold; on other devices
+flash, memory-efficient, math) and takes the first whose constraints hold (memory-efficient forced
+without math, on inputs the kernel cannot take, runs the blocked path); on other devices
 FLASH/EFFICIENT mean the blocked path of attention.py. When no enabled backend can run, it raises
 PyTorch's "No available kernel" RuntimeError with the reasons.
 
@@ -99,17 +100,18 @@ def _backend_reasons(backend, query, key, attn_mask, dtype, is_causal, dropout_p
     return why
 
 
-def select_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False):
-    """The SDPBackend scaled_dot_product_attention runs for these arguments (metadata only)."""
+def _choose(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+    """(backend, fused): the SDPBackend to run and whether a fused cuda kernel runs it (else the math
+    or the blocked path of attention.py)."""
     order = A.priority_order()
     dev = query.device.type
     if dev != "cuda":
         blocked = SDPBackend.FLASH_ATTENTION in order or SDPBackend.EFFICIENT_ATTENTION in order
         small = query.shape[-2] * key.shape[-2] < A.AUTO_BLOCKED_ELEMENTS
         if SDPBackend.MATH in order and (not blocked or small):
-            return SDPBackend.MATH
+            return SDPBackend.MATH, False
         if blocked:
-            return SDPBackend.EFFICIENT_ATTENTION
+            return SDPBackend.EFFICIENT_ATTENTION, False
         raise RuntimeError(f"No available kernel. Aborting execution. (on {dev}, scaled_dot_product_attention "
                            f"runs the math or the blocked path; enabled: {[b.name for b in order]})")
     dtype = _effective_dtype(query, dev)
@@ -117,24 +119,33 @@ def select_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     reasons = []
     for b in order:
         if b == SDPBackend.MATH:
-            return b
+            return b, False
         why = common or _backend_reasons(b, query, key, attn_mask, dtype, is_causal, dropout_p)
         if not why:
-            return b
+            return b, True
+        if b == SDPBackend.EFFICIENT_ATTENTION and SDPBackend.MATH not in order:
+            # forced memory-efficient attention the kernel cannot take (fp32, odd head dims): the
+            # blocked path keeps its memory bound, as PyTorch's memory-efficient kernel would
+            return b, False
         reasons.append(f"{b.name}: " + "; ".join(why))
     raise RuntimeError("No available kernel. Aborting execution. " + " | ".join(reasons or ["no backend enabled"]))
+
+
+def select_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False):
+    """The SDPBackend scaled_dot_product_attention runs for these arguments (metadata only)."""
+    return _choose(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)[0]
 
 
 @export("scaled_dot_product_attention", namespace="nn.functional", function=False)
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
-    backend = select_backend(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    backend, fused = _choose(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    if fused:
+        return _sdpa_fused(query, key, value, attn_mask, dropout_p, is_causal, scale, int(backend))[0]
     if backend == SDPBackend.MATH:
         return A._sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)[0]
-    if query.device.type != "cuda":
-        return A._sdpa_blocked(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                               A.BLOCK[0], A.BLOCK[1])[0]
-    return _sdpa_fused(query, key, value, attn_mask, dropout_p, is_causal, scale, int(backend))[0]
+    return A._sdpa_blocked(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                           A.BLOCK[0], A.BLOCK[1])[0]
 
 
 # ---- the fused op ------------------------------------------------------------------------------------
