@@ -135,28 +135,41 @@ def test_rule_slots():
 
 
 # ---- pointwise formulas: declared once, with the op ----------------------------------------------
-_CODEGEN = ("_inductor/ir.py", "_inductor/codegen_cpp.py", "_inductor/codegen_numpy.py", "_inductor/lowering.py")
+_PRINTERS = ("_inductor/ir.py", "_inductor/codegen_cpp.py", "_inductor/codegen_numpy.py")
+# the loop IR's former names for arithmetic it now takes from ops (`ops.div` is aten.div, ...)
+_OLD_PRIMITIVES = {"truediv", "floordiv", "truncdiv", "lshift", "rshift", "to_dtype", "isnan"}
 
 
-def test_pointwise_formulas_are_not_repeated_in_the_code_generators():
+def test_code_generators_hold_no_formula():
+    """Every formula is the op's (`op.pointwise`): no printer names a spelled op in a string (an
+    op-name -> C++/NumPy table) or calls `ops.<spelled op>`."""
     spelled = {op.__name__ for op in OPS.values() if op.pointwise is not None}
-    assert {"exp", "erf", "sigmoid", "atan2", "round"} <= spelled
-    for rel in _CODEGEN:
+    assert {"exp", "erf", "add", "mul", "div", "eq", "where", "pow", "maximum", "bitwise_left_shift",
+            "logical_and", "signbit", "_to_copy", "floor_divide", "div_trunc"} <= spelled
+    for rel in _PRINTERS:
         tree = ast.parse((PACKAGE / rel).read_text())
         calls = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in spelled
                  and isinstance(n.value, ast.Name) and n.value.id == "ops"}
         assert not calls, f"{rel} calls ops.<spelled op>: {sorted(calls)}"
-        if rel != "_inductor/lowering.py":      # there 'trunc' is also a rounding_mode value
-            strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-            assert not strings & spelled, f"{rel} names spelled ops: {sorted(strings & spelled)}"
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        assert not strings & (spelled | _OLD_PRIMITIVES), f"{rel} names ops: {sorted(strings & (spelled | _OLD_PRIMITIVES))}"
 
 
-def test_spelled_ops_are_lowered_through_their_spelling():
+def test_spelled_ops_have_every_spelling_and_a_lowering():
+    """A spelled op is lowered (by `_spelled` unless it has a rule of its own) and spelled for
+    every code generator; every pointwise-tagged op with a C++ spelling has a Triton one."""
     from flambeau._inductor.lowering import _spelled
-    for op in OPS.values():
-        if op.pointwise is not None:
-            assert op.lowering is _spelled and op.pointwise.cpp and op.pointwise.numpy, op.name
-            assert op.pointwise.triton is None        # the slot the GPU backend fills
+    from flambeau._ops._spelling import BACKENDS
+    spelled = [op for op in OPS.values() if op.pointwise is not None]
+    assert len(spelled) >= 60
+    for op in spelled:
+        assert op.lowering is not None, op.name
+        for backend in BACKENDS:
+            assert getattr(op.pointwise, backend), (op.name, backend)
+    assert aten.exp.lowering is _spelled and aten.mul.lowering is _spelled and aten.eq.lowering is _spelled
+    missing = [op.name for op in OPS.values() if Tag.pointwise in op.tags and op.pointwise is not None
+               and op.pointwise.cpp and not op.pointwise.triton]
+    assert not missing, f"pointwise ops with a C++ spelling and no Triton one: {missing}"
 
 
 def test_view_inverses_are_keyed_by_view_ops():

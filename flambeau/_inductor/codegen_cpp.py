@@ -4,11 +4,11 @@
 op, common subexpressions shared within a loop body); `KernelPrinter` prints a kernel's loop nest
 around them: an OpenMP-parallel outer loop when the work is large, reduction steps with local
 accumulators (`#pragma omp simd reduction`), pointwise steps with a vectorisable contiguous inner
-loop (`#pragma omp simd`). A pointwise math op prints its own declared C++ spelling
-(`op.pointwise.cpp`, see `flambeau._ops._registry.PointwiseSpelling`); the IR's primitives
-(arithmetic, comparisons, casts) are spelled here. Transcendentals call libm; where glibc's libmvec
-is available the functions the ops name as `simd` are declared so and the compiler vectorises
-them (`cpp_builder` detects this once).
+loop (`#pragma omp simd`). Every pointwise op, arithmetic, comparisons and casts included, prints
+its own declared C++ spelling (`op.pointwise`, see `flambeau._ops._spelling`); the `fl_*` helpers
+below are what those spellings call. Transcendentals call libm; where glibc's libmvec is available
+the functions the ops name as `simd` are declared so and the compiler vectorises them
+(`cpp_builder` detects this once).
 
 Symbolic sizes: every kernel of a graph with size symbols takes them all as trailing `int64_t s0,
 int64_t s1, ...` arguments; loop bounds and index arithmetic print the `SizeExpr` polynomials over
@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import _dtype as D
 from .._ops import OPS
+from .._ops._spelling import KIND
 from . import config
 from .index import FloorDiv, Index, Indirect, Sym, contiguous_strides, offset_of
 from .ir import Handler, set_handler
@@ -32,12 +33,11 @@ from .scheduler import expand_groups, strip
 CTYPES = {D.float32: "float", D.float64: "double", D.int64: "int64_t", D.int32: "int32_t",
           D.int16: "int16_t", D.int8: "int8_t", D.uint8: "uint8_t", D.bool: "bool"}
 
-# The C math functions libmvec vectorises, as the ops declare them (`PointwiseSpelling.simd`), by
-# arity; `pow` is the IR primitive's own.
+# The C math functions libmvec vectorises, as the ops declare them (`PointwiseSpelling.simd`), by arity.
 SIMD1 = tuple(op.pointwise.simd for op in OPS.values() if op.pointwise is not None and op.pointwise.simd
               and len(op.tensor_args) == 1)
-SIMD2 = ("pow",) + tuple(op.pointwise.simd for op in OPS.values() if op.pointwise is not None
-                         and op.pointwise.simd and len(op.tensor_args) == 2)
+SIMD2 = tuple(op.pointwise.simd for op in OPS.values() if op.pointwise is not None and op.pointwise.simd
+              and len(op.tensor_args) == 2)
 
 HELPERS = r"""
 // Errors found inside a kernel (an index out of range, an integer division by zero) are recorded
@@ -249,56 +249,16 @@ class CVar:
         return self.name
 
 
-def _fn(name, dtype):
-    return name + "f" if dtype is D.float32 else name
-
-
-_BINOPS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "bitwise_and": "&", "bitwise_or": "|",
-           "bitwise_xor": "^", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
-           "logical_and": "&&", "logical_or": "||"}
-_HELPER2 = {"floordiv": "fl_floordiv", "truncdiv": "fl_truncdiv", "remainder": "fl_remainder",
-            "fmod": "fl_fmod", "maximum": "fl_max", "minimum": "fl_min", "lshift": "fl_shl",
-            "rshift": "fl_shr", "lcm": "fl_lcm", "gcd": "std::gcd"}
-
-
 def c_expr(op, args, dtype) -> str:
-    a = args[0].name
+    """The C++ expression of pointwise `op` over C variables `args` with result `dtype`: the op's
+    declared spelling (`op.pointwise.cpp`), formatted."""
     t = args[0].dtype
-    T = CTYPES[dtype]
-    fl = t.category == D.FLOATING
-    one = literal(1, t) if t in CTYPES else "1"
-    if not isinstance(op, str):
-        return op.pointwise.cpp.format(*(x.name for x in args), f="f" if t is D.float32 else "", one=one)
-    if op == "to_dtype":
-        return f"({a} != 0)" if dtype is D.bool else f"static_cast<{T}>({a})"
-    if op == "where":
-        return f"{a} ? {args[1].name} : {args[2].name}"
-    if len(args) == 2:
-        b = args[1].name
-        if op in _BINOPS:
-            e = f"{a} {_BINOPS[op]} {b}"
-            return e if (fl or dtype is D.bool or dtype in (D.int64, D.int32)) else f"static_cast<{T}>({e})"
-        if op in _HELPER2:
-            return f"{_HELPER2[op]}({a}, {b})" if op != "gcd" else f"static_cast<{T}>(std::gcd({a}, {b}))"
-        if op == "pow":
-            return f"{_fn('pow', t)}({a}, {b})" if fl else f"fl_ipow({a}, {b})"
-        raise NotImplementedError(op)
-    if op == "neg":
-        return f"-{a}" if fl or dtype in (D.int64, D.int32) else f"static_cast<{T}>(-{a})"
-    if op == "abs":
-        return f"{_fn('fabs', t)}({a})" if fl else f"static_cast<{T}>({a} < 0 ? -{a} : {a})"
-    if op == "sign":
-        s = f"static_cast<{T}>(({a} > 0) - ({a} < 0))"
-        return f"({a} != {a} ? {a} : {s})" if fl else (a if dtype is D.bool else s)
-    if op == "bitwise_not":
-        return f"static_cast<{T}>(~{a})"
-    if op == "logical_not":
-        return f"!{a}"
-    if op == "signbit":
-        return f"std::signbit({a})"
-    if op == "isnan":
-        return f"({a} != {a})"
-    raise NotImplementedError(op)
+    sp = op.pointwise
+    tmpl = sp.by_kind["cpp"][KIND[dtype if sp.by_result else t]]
+    if tmpl is None:
+        raise NotImplementedError(f"{op.name} has no C++ spelling for {t.name} operands")
+    return tmpl.format(*(x.name for x in args), f="f" if t is D.float32 else "",
+                       one=literal(1, t) if t in CTYPES else "1", T=CTYPES[dtype])
 
 
 class CppHandler(Handler):
@@ -316,8 +276,8 @@ class CppHandler(Handler):
         p.cse[expr] = v
         return v
 
-    def _op(self, name, args, dtype):
-        return self._emit(c_expr(name, args, dtype), dtype)
+    def _op(self, op, args, dtype):
+        return self._emit(c_expr(op, args, dtype), dtype)
 
     def load(self, buf, index):
         loc = self.p.locals.get(buf.name)

@@ -17,23 +17,11 @@ import math
 import numpy as np
 
 from .. import _dtype as D
+from .._ops._spelling import KIND
 from .index import Index, Indirect, Sym, render
 from .ir import Handler, ops, set_handler
 from .sizevars import SizeExpr
 from .wrapper import kernel_error
-
-# The IR's primitives; a pointwise math op brings its own spelling (`op.pointwise.numpy`).
-_UNARY = {"neg": "np.negative", "abs": "np.abs", "sign": "np.sign", "bitwise_not": "np.invert",
-          "logical_not": "np.logical_not", "signbit": "np.signbit", "isnan": "np.isnan"}
-_BINARY = {"add": "np.add", "sub": "np.subtract", "mul": "np.multiply", "truediv": "np.true_divide",
-           "remainder": "_remainder", "fmod": "_fmod", "maximum": "np.maximum",
-           "minimum": "np.minimum", "bitwise_and": "np.bitwise_and", "bitwise_or": "np.bitwise_or",
-           "bitwise_xor": "np.bitwise_xor", "eq": "np.equal", "ne": "np.not_equal", "lt": "np.less",
-           "le": "np.less_equal", "gt": "np.greater", "ge": "np.greater_equal",
-           "logical_and": "np.logical_and", "logical_or": "np.logical_or", "gcd": "np.gcd", "lcm": "np.lcm",
-           "lshift": "_shl", "rshift": "_shr", "truncdiv": "_truncdiv",
-           "floordiv": "_floordiv"}
-
 
 # the ufunc combining a Scatter's values into its target elements, by (reduction, bool dtype)
 _SCATTER_UFUNC = {("sum", False): "np.add", ("prod", False): "np.multiply", ("max", False): "np.maximum",
@@ -69,22 +57,13 @@ class NumpyHandler(Handler):
         p.cse[expr] = v
         return v
 
-    def _op(self, name, args, dtype):
-        a = [x.name for x in args]
-        if not isinstance(name, str):
-            return self._emit(f"_cast({name.pointwise.numpy.format(*a)}, {_np_dtype(dtype)})", dtype)
-        if name == "to_dtype":
-            return self._emit(f"_cast({a[0]}, {_np_dtype(dtype)})", dtype)
-        if name == "where":
-            return self._emit(f"np.where({a[0]}, {a[1]}, {a[2]})", dtype)
-        if name == "pow":
-            fn = "np.power" if args[0].dtype.category == D.FLOATING else "_ipow"
-            return self._emit(f"{fn}({a[0]}, {a[1]})", dtype)
-        if name == "floordiv" and args[0].dtype.category == D.FLOATING:
-            return self._emit(f"np.floor_divide({a[0]}, {a[1]})", dtype)
-        if name in _UNARY:
-            return self._emit(f"_cast({_UNARY[name]}({a[0]}), {_np_dtype(dtype)})", dtype)
-        return self._emit(f"_cast({_BINARY[name]}({a[0]}, {a[1]}), {_np_dtype(dtype)})", dtype)
+    def _op(self, op, args, dtype):
+        """Pointwise `op`'s declared NumPy spelling (`op.pointwise.numpy`), cast to `dtype`."""
+        sp = op.pointwise
+        expr = sp.by_kind["numpy"][KIND[dtype if sp.by_result else args[0].dtype]]
+        if expr is None:
+            raise NotImplementedError(f"{op.name} has no NumPy spelling for {args[0].dtype.name} operands")
+        return self._emit(f"_cast({expr.format(*(x.name for x in args))}, {_np_dtype(dtype)})", dtype)
 
     def load(self, buf, index):
         if buf.layout.numel == 0:       # only reachable under a mask that is never true

@@ -10,10 +10,10 @@ design: one element function, many interpretations, no expression tree to rewrit
 Values seen by an element function carry their dtype (`value.dtype`), so printers emit typed
 code. Lowerings guarantee that binary operands share a dtype (they insert `ops.to_dtype`).
 
-Pointwise math ops that declare their formula (`op.pointwise`, a `PointwiseSpelling` in
-`flambeau/_ops`) are applied as `ops.apply(op, *values)`: each printer reads the op's spelling, so
-the formula exists once, with the op. The names below are the IR's own primitives (arithmetic,
-comparisons, casts), which printers spell themselves.
+The arithmetic of element functions is the pointwise ops themselves: `ops.add(a, b)` is
+`aten.add` and `ops.apply(op, *values)` any op that declares its formula (`op.pointwise`, a
+`PointwiseSpelling`, see `flambeau._ops._spelling`); `ops.to_dtype` is `aten._to_copy`'s cast.
+Each printer formats the op's spelling for its language, so a formula exists once, with its op.
 """
 from __future__ import annotations
 
@@ -21,14 +21,11 @@ import contextlib
 import math
 
 from .. import _dtype as D
+from .._decomp._table import aten
 from .index import Index, _size, contiguous_strides, offset_of
 from .sizevars import Unsupported, known_nonneg
 
-UNARY = ("neg", "abs", "sign", "bitwise_not")
-BINARY = ("add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "fmod", "pow",
-          "maximum", "minimum", "bitwise_and", "bitwise_or", "bitwise_xor", "lshift", "rshift", "gcd", "lcm")
-PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "signbit",
-              "isnan")
+CAST = aten._to_copy          # `ops.to_dtype`: the element formula of a dtype conversion
 SUPPORTED_DTYPES = frozenset({D.float32, D.float64, D.int64, D.int32, D.int16, D.int8, D.uint8, D.bool})
 
 
@@ -65,33 +62,42 @@ class _Ops:
 ops = _Ops()
 
 
+_SPELLED: dict = {}          # name -> Op, filled by spelled_op
+
+
+def spelled_op(name: str):
+    """The op `ops.<name>` applies: `aten.<name>`, which must declare its formula."""
+    op = getattr(aten, name, None)
+    if getattr(op, "pointwise", None) is None:
+        raise AttributeError(f"ops.{name}: aten.{name} is no op with a pointwise spelling")
+    _SPELLED[name] = op
+    return op
+
+
 class Handler:
     """Base of the interpretations of `ops`: dtype rules shared by all, `_op` implemented by each.
 
-    `_op(name, args, dtype)` returns a value of the handler's own kind (with `.dtype`); `name` is
-    an IR primitive's name or an `Op` whose `op.pointwise` spells it."""
+    `_op(op, args, dtype)` returns a value of the handler's own kind (with `.dtype`); `op` is an
+    `Op` whose `op.pointwise` spells it, `dtype` the result's."""
 
-    def _op(self, name: str, args: tuple, dtype):
+    def _op(self, op, args: tuple, dtype):
         raise NotImplementedError
 
     def __getattr__(self, name):
-        if name in UNARY or name in BINARY:
-            return lambda *a: self._op(name, a, a[0].dtype)
-        if name in PREDICATES:
-            return lambda *a: self._op(name, a, D.bool)
-        raise AttributeError(name)
-
-    def where(self, c, a, b):
-        return self._op("where", (c, a, b), a.dtype)
+        op = _SPELLED.get(name) or spelled_op(name)
+        if op.pointwise.result == "bool":
+            return lambda *a: self._op(op, a, D.bool)
+        return lambda *a: self._op(op, a, a[-1].dtype)
 
     def apply(self, op, *args):
-        """A pointwise op with a declared spelling (`op.pointwise`), in its operands' dtype."""
-        return self._op(op, args, args[0].dtype)
+        """A pointwise op with a declared spelling (`op.pointwise`): its result is bool or has the
+        dtype of its (last) operand."""
+        return self._op(op, args, D.bool if op.pointwise.result == "bool" else args[-1].dtype)
 
     def to_dtype(self, x, dtype):
         if x.dtype is dtype:
             return x
-        return self._op("to_dtype", (x,), dtype)
+        return self._op(CAST, (x,), dtype)
 
 
 # ---- IR nodes --------------------------------------------------------------------------------
@@ -363,16 +369,13 @@ class Stats:
         self.heavy = 0                 # transcendental ops
 
 
-_HEAVY = frozenset({"pow", "truediv"})      # IR primitives; a spelled op says so itself (`heavy`)
-
-
 class AnalysisHandler(Handler):
     def __init__(self):
         self.stats = Stats()
 
-    def _op(self, name, args, dtype):
+    def _op(self, op, args, dtype):
         self.stats.ops += 1
-        if name in _HEAVY or (not isinstance(name, str) and name.pointwise.heavy):
+        if op.pointwise.heavy:
             self.stats.heavy += 1
         return _AVal(dtype)
 
@@ -414,7 +417,7 @@ class _LoadOnly(AnalysisHandler):
         self.pure = True
         self.values = []
 
-    def _op(self, name, args, dtype):
+    def _op(self, op, args, dtype):
         self.pure = False
         return _AVal(dtype)
 

@@ -99,13 +99,16 @@ def common_dtype(*xs):
 _ROUNDING = (aten.floor, aten.ceil, aten.round, aten.trunc)     # the identity on integers
 
 
-@register_lowering(*(op for op in OPS.values() if op.pointwise is not None))
 def _spelled(g, *xs):
-    """An op that declares its formula (`op.pointwise`): computed in the result dtype."""
+    """The lowering of every op that declares its formula (`op.pointwise`) and has no rule of its
+    own (registered at the end of this module): computed in the result dtype, or, for a
+    comparison or predicate, in the operands' common dtype."""
     dt = out_dtype(g)
     op = g.node.target
     if op in _ROUNDING and dt.category < D.FLOATING:
         return make_pointwise(g, lambda a: a, list(xs), dt)
+    if op.pointwise.result == "bool":
+        return make_pointwise(g, lambda *a: ops.apply(op, *a), list(xs), common_dtype(*xs), dt)
     return make_pointwise(g, lambda *a: ops.apply(op, *a), list(xs), dt)
 
 
@@ -115,7 +118,7 @@ def _unary(g, x):
     op = g.node.target
     if op is not aten.neg and dt is D.bool:              # abs and sign are the identity on bool
         return make_pointwise(g, lambda a: a, [x], dt)
-    return make_pointwise(g, getattr(ops, op.__name__), [x], dt)
+    return make_pointwise(g, lambda a: ops.apply(op, a), [x], dt)
 
 
 @register_lowering(aten.conj_physical, aten._pw_real, aten.clone, aten.alias)
@@ -139,23 +142,6 @@ def _logical_not(g, x):
 @register_lowering(aten.signbit)
 def _signbit(g, x):
     return make_pointwise(g, ops.signbit, [x], x.dtype if x.dtype.category == D.FLOATING else D.float32)
-
-
-def _binary(opname, float_only=False):
-    def rule(g, a, b):
-        dt = out_dtype(g)
-        if float_only and dt.category != D.FLOATING:
-            raise Unsupported(f"{opname} on {dt}")
-        return make_pointwise(g, getattr(ops, opname), [a, b], dt)
-    return rule
-
-
-for _op, _name in {aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum", aten.fmod: "fmod",
-                   aten.remainder: "remainder",
-                   aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or",
-                   aten.bitwise_xor: "bitwise_xor", aten.bitwise_left_shift.Tensor: "lshift",
-                   aten.bitwise_right_shift.Tensor: "rshift", aten.gcd: "gcd", aten.lcm: "lcm"}.items():
-    register_lowering(_op)(_binary(_name))
 
 
 @register_lowering(aten.pow)
@@ -182,28 +168,10 @@ def _add_sub(g, a, b, alpha=1):
     return make_pointwise(g, fn, [a, b], dt)
 
 
-@register_lowering(aten.div)
-def _div(g, a, b):
-    return make_pointwise(g, ops.truediv, [a, b], out_dtype(g))
-
-
 @register_lowering(aten.div_mode)
 def _div_mode(g, a, b, rounding_mode=None):
-    dt = out_dtype(g)
-    if rounding_mode is None:
-        return make_pointwise(g, ops.truediv, [a, b], dt)
-    fn = ops.truncdiv if rounding_mode == "trunc" else ops.floordiv
-    return make_pointwise(g, fn, [a, b], dt)
-
-
-def _compare(opname):
-    def rule(g, a, b):
-        return make_pointwise(g, getattr(ops, opname), [a, b], common_dtype(a, b), D.bool)
-    return rule
-
-
-for _op in (aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge):
-    register_lowering(_op)(_compare(_op.__name__))
+    op = {None: aten.div, "trunc": aten._div_trunc, "floor": aten.floor_divide}[rounding_mode]
+    return make_pointwise(g, lambda x, y: ops.apply(op, x, y), [a, b], out_dtype(g))
 
 
 @register_lowering(aten.logical_and, aten.logical_or, aten.logical_xor)
@@ -329,7 +297,7 @@ def _tri_indices(g, row, col, offset=0, dtype=None, device=None, **kw):
         return ops.constant(v, D.int64)
 
     def started(j):                 # elements of the trapezoid before its row j
-        return ops.add(ops.mul(j, c(m)), ops.mul(c(sign), ops.floordiv(ops.mul(j, ops.sub(j, c(1))), c(2))))
+        return ops.add(ops.mul(j, c(m)), ops.mul(c(sign), ops.floor_divide(ops.mul(j, ops.sub(j, c(1))), c(2))))
 
     def inner(idx):
         k = ops.index_expr(idx[1], D.int64)
@@ -338,15 +306,15 @@ def _tri_indices(g, row, col, offset=0, dtype=None, device=None, **kw):
         disc = ops.maximum(ops.to_dtype(ops.add(c(b * b), ops.mul(c(8 * sign), kt)), D.float64),
                            ops.constant(0.0, D.float64))
         root = ops.apply(aten.sqrt, disc)
-        est = ops.truediv(ops.sub(root, ops.constant(float(b), D.float64)) if lower else
-                          ops.sub(ops.constant(float(b), D.float64), root), ops.constant(2.0, D.float64))
+        est = ops.div(ops.sub(root, ops.constant(float(b), D.float64)) if lower else
+                      ops.sub(ops.constant(float(b), D.float64), root), ops.constant(2.0, D.float64))
         j = ops.to_dtype(ops.apply(aten.floor, est), D.int64)
         j = ops.sub(j, ops.to_dtype(ops.gt(started(j), kt), D.int64))
         j = ops.add(j, ops.to_dtype(ops.le(started(ops.add(j, c(1))), kt), D.int64))
         trap_r = ops.add(c(trap_row0), j)
         trap_col = ops.add(ops.sub(kt, started(j)), ops.add(c(trap_c0), j) if not lower else c(0))
         kr = ops.sub(k, c(rect_k0))
-        rect_r = ops.add(c(rect_row0), ops.floordiv(kr, c(col)))
+        rect_r = ops.add(c(rect_row0), ops.floor_divide(kr, c(col)))
         rect_col = ops.remainder(kr, c(col))
         in_trap = ops.ge(k, c(trap_k0)) if not lower else ops.lt(k, c(rect_k0))
         r, cc = ops.where(in_trap, trap_r, rect_r), ops.where(in_trap, trap_col, rect_col)
@@ -419,3 +387,7 @@ def _any(g, x, dim=None, keepdim=False):
 
 
 from . import lowering_views, lowering_scatter  # noqa: E402,F401  (register the view, data-movement, scatter rules)
+
+for _op in OPS.values():          # the rest of the spelled ops: their formula is their lowering
+    if _op.pointwise is not None and _op.lowering is None:
+        _op.def_lowering(_spelled)

@@ -109,8 +109,8 @@ def _scatter_reduce(g, x, dim, index, src, reduce, include_self=True):
     def mean(idx):
         n = ops.maximum(count(idx), ops.constant(1, D.int64))
         if dt.category == D.FLOATING:
-            return ops.truediv(total(idx), ops.to_dtype(n, dt))
-        return ops.to_dtype(ops.floordiv(ops.to_dtype(total(idx), D.int64), n), dt)
+            return ops.div(total(idx), ops.to_dtype(n, dt))
+        return ops.to_dtype(ops.floor_divide(ops.to_dtype(total(idx), D.int64), n), dt)
     return Pointwise(shape, dt, mean)
 
 

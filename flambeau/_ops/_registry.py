@@ -18,8 +18,9 @@ that owns the rule (always keyed by the `Op` object, never by a name string):
                       calls by design and never need it
     decomposition     set by `flambeau._decomp`'s `@register_decomposition(aten.x)`
     lowering          set by `flambeau._inductor.lowering`'s `@register_lowering(aten.x)`
-    pointwise         `PointwiseSpelling` of a pointwise math op: its formula per code generator
-                      (C++, NumPy, and a Triton slot); the lowering and both printers read it
+    pointwise         `PointwiseSpelling` (`_spelling.py`) of a pointwise op: its formula per code
+                      generator (C++, NumPy, Triton); the lowering and the printers read it, and the
+                      loop IR's arithmetic (`ops.add`, `ops.where`, casts) is these spellings
     batching_rule     for vmap (`def_batching_rule`); None until written
     sharding_rule     for DTensor (`def_sharding_rule`); None until written
 
@@ -50,6 +51,7 @@ import inspect
 
 from . import _schema
 from .._tags import Tag
+from ._spelling import PointwiseSpelling  # noqa: F401  (declared with ops: `defop(..., pointwise=...)`)
 
 OPS: dict = {}           # qualified name ('add.Tensor' or 'add') -> Op
 _OVERLOADS: dict = {}    # base name ('add') -> ([its Ops], {overload name ('Tensor'): Op})
@@ -87,29 +89,6 @@ class TensorSpec:
 
 
 _SCHEMA_TAGS = frozenset({Tag.view, Tag.inplace})
-
-
-class PointwiseSpelling:
-    """A pointwise op's formula for each code generator, declared once with the op.
-
-    Each spelling is a format template over the operands `{0}`, `{1}` (already loaded and cast to
-    the compute dtype): `cpp` for the C++ backend, where `{f}` is the C math suffix of the operand
-    type ('f' for float) and `{one}` the literal 1 of that type; `numpy` for the NumPy backend
-    (`np` and `_sp` = scipy.special in scope); `triton` for the GPU backend (None until written).
-    `heavy`: transcendental work the fuser should not recompute per broadcast copy. `simd`: the C
-    math function glibc's libmvec vectorises, declared SIMD in the C++ preamble."""
-    __slots__ = ("cpp", "numpy", "triton", "heavy", "simd")
-
-    def __init__(self, cpp: str, numpy: str, triton: str | None = None, *, heavy: bool = True,
-                 simd: str | None = None):
-        self.cpp = cpp
-        self.numpy = numpy
-        self.triton = triton
-        self.heavy = heavy
-        self.simd = simd
-
-    def __repr__(self):
-        return f"PointwiseSpelling(cpp={self.cpp!r}, numpy={self.numpy!r}, triton={self.triton!r})"
 
 
 def _tags(op_name: str, tags, schema) -> frozenset:

@@ -15,6 +15,7 @@ import numpy as np
 from .. import _dtype as D, _state
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
+from ._spelling import infix, call2
 from ._helpers import (binary_kernel, binary_meta, unary_kernel, unary_meta, dtype_of, result_type, opmath,
                        round_to, cast, broadcast_shapes, shape_of, pointwise_strides,
                        lay_out_pointwise)
@@ -26,7 +27,7 @@ def _conj(x):
 
 
 @defop("add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", method=True, inplace=True,
-       tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable), pointwise=infix("+", "np.add"))
 def add(xp, self, other, *, alpha=1):
     return _add_kernel(xp, self, other if alpha == 1 else _scaled(other, alpha))
 
@@ -55,7 +56,7 @@ def _(grad, alpha):
 
 
 @defop("sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor", method=True, inplace=True,
-       tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable), pointwise=infix("-", "np.subtract"))
 def sub(xp, self, other, *, alpha=1):
     _sub_check(self, other)
     return _sub_kernel(xp, self, other if alpha == 1 else _scaled(other, alpha))
@@ -71,7 +72,7 @@ def _(grad, alpha):
 
 
 @defop("mul.Tensor(Tensor self, Tensor other) -> Tensor", method=True, inplace=True,
-       tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable), pointwise=infix("*", "np.multiply"))
 def mul(xp, self, other):
     return _mul_kernel(xp, self, other)
 
@@ -86,7 +87,7 @@ def _(grad, self, other):
 
 
 @defop("div.Tensor(Tensor self, Tensor other) -> Tensor", method=False, function=False, inplace=True,
-       tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable), pointwise=infix("/", "np.true_divide", heavy=True))
 def div(xp, self, other):
     return _div_kernel(xp, self, other)
 
@@ -101,7 +102,9 @@ def _(grad, self, other):
     return g_self, -g_self * _conj(self) / _conj(other)
 
 
-@defop("neg(Tensor self) -> Tensor", method=True, inplace=True, tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+@defop("neg(Tensor self) -> Tensor", method=True, inplace=True, tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+       pointwise=PointwiseSpelling({"float": "-{0}", "int": "-{0}", "narrow": "static_cast<{T}>(-{0})"},
+                                   "np.negative({0})", "-{0}", heavy=False))
 def neg(xp, self):
     if self.dtype == bool:
         raise RuntimeError("Negation, the `-` operator, on a bool tensor is not supported. If you are "
@@ -119,7 +122,7 @@ def _(grad):
 
 @defop("exp(Tensor self) -> Tensor", method=True, inplace=True,
        tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
-       pointwise=PointwiseSpelling(cpp="fl_exp({0})", numpy="np.exp({0})", simd="exp"))
+       pointwise=PointwiseSpelling(cpp="fl_exp({0})", numpy="np.exp({0})", triton="tl.exp({0})", simd="exp"))
 def exp(xp, self):
     return _exp(xp, self)
 
@@ -277,9 +280,16 @@ def _floor_div(xp, a, b):
 
 
 _div_trunc = binary("_div_trunc(Tensor self, Tensor other) -> Tensor", _trunc_div, kind="promote",
-                    bad=(D.BOOL, D.COMPLEX), function=False, method=False, inplace=False)
+                    bad=(D.BOOL, D.COMPLEX), function=False, method=False, inplace=False,
+                    pointwise=PointwiseSpelling("fl_truncdiv({0}, {1})", "_truncdiv({0}, {1})",
+                                                {"float": "libdevice.trunc({0} / {1})", "int": "{0} // {1}"},
+                                                heavy=False))
 _div_trunc.__name__ = "div_trunc"
-floor_divide = binary("floor_divide(Tensor self, Tensor other) -> Tensor", _floor_div, bad=(D.BOOL, D.COMPLEX))
+floor_divide = binary("floor_divide(Tensor self, Tensor other) -> Tensor", _floor_div, bad=(D.BOOL, D.COMPLEX),
+                      pointwise=PointwiseSpelling(
+                          "fl_floordiv({0}, {1})",
+                          {"float": "np.floor_divide({0}, {1})", "int": "_floordiv({0}, {1})"},
+                          {"float": "fl_floordiv_float({0}, {1})", "int": "fl_floordiv_int({0}, {1})"}, heavy=False))
 
 
 def _check_mode(rounding_mode):
@@ -352,11 +362,16 @@ def _fmod(xp, a, b):
 remainder = binary("remainder.Tensor(Tensor self, Tensor other) -> Tensor", _remainder,
                    lambda grad, self, other: (grad, -grad * div_mode(self, other, rounding_mode="floor")
                                               if _t(other) else None), bad=(D.BOOL, D.COMPLEX),
-                                              tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                   tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+                   pointwise=PointwiseSpelling("fl_remainder({0}, {1})", "_remainder({0}, {1})",
+                                               {"float": "fl_remainder_float({0}, {1})",
+                                                "int": "fl_remainder_int({0}, {1})"}, heavy=False))
 fmod = binary("fmod.Tensor(Tensor self, Tensor other) -> Tensor", _fmod,
               lambda grad, self, other: (grad, -grad * div_mode(self, other, rounding_mode="trunc")
                                          if _t(other) else None), bad=(D.BOOL, D.COMPLEX), scalars="other",
-                                         tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+              tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+              pointwise=PointwiseSpelling("fl_fmod({0}, {1})", "_fmod({0}, {1})",
+                                          {"float": "libdevice.fmod({0}, {1})", "int": "{0} % {1}"}, heavy=False))
 
 
 @defop("rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor")
@@ -422,7 +437,11 @@ def _pow_grads(grad, self, exponent, result):
 
 
 pow = binary("pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor", _pow, _pow_grads, bad=(D.BOOL,),
-             check=_pow_check, tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32))
+             check=_pow_check, tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
+             pointwise=PointwiseSpelling({"float": "pow{f}({0}, {1})", "int": "fl_ipow({0}, {1})"},
+                                         {"float": "np.power({0}, {1})", "int": "_ipow({0}, {1})"},
+                                         {"float": "libdevice.pow({0}, {1})", "int": "fl_ipow({0}, {1})"},
+                                         simd="pow"))
 
 
 def _float_power(xp, a, b):
@@ -478,7 +497,8 @@ def _atan2_grad(grad, self, other):
 atan2 = binary("atan2(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.arctan2(a, b),
                _atan2_grad, kind="float", bad=(D.COMPLEX,), scalars="none",
                tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_promote),
-               pointwise=PointwiseSpelling(cpp="atan2{f}({0}, {1})", numpy="np.arctan2({0}, {1})", simd="atan2"))
+               pointwise=PointwiseSpelling(cpp="atan2{f}({0}, {1})", numpy="np.arctan2({0}, {1})",
+                                           triton="libdevice.atan2({0}, {1})", simd="atan2"))
 export("arctan2", method=True)(atan2)
 export("arctan2_", method=True, function=False)(atan2.inplace)
 hypot = binary("hypot(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.hypot(a, b), _hyp_grad,
@@ -504,10 +524,10 @@ def _complex_minmax(name):
 
 maximum = binary("maximum(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.maximum(a, b),
                  _minmax_grads(lambda x, y: x > y), check=_complex_minmax("maximum"), inplace=False, scalars="none",
-                 tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                 tags=(Tag.core, Tag.pointwise, Tag.recomputable), pointwise=call2("fl_max", "np.maximum", "fl_max"))
 minimum = binary("minimum(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.minimum(a, b),
                  _minmax_grads(lambda x, y: x < y), check=_complex_minmax("minimum"), inplace=False, scalars="none",
-                 tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                 tags=(Tag.core, Tag.pointwise, Tag.recomputable), pointwise=call2("fl_min", "np.minimum", "fl_min"))
 
 
 def _fminmax_grads(cmp):
@@ -576,7 +596,8 @@ logaddexp2 = binary("logaddexp2(Tensor self, Tensor other) -> Tensor", lambda xp
 
 @defop("nextafter(Tensor self, Tensor other) -> Tensor", method=True, inplace=True,
        tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-       pointwise=PointwiseSpelling(cpp="nextafter{f}({0}, {1})", numpy="np.nextafter({0}, {1})", heavy=False))
+       pointwise=PointwiseSpelling(cpp="nextafter{f}({0}, {1})", numpy="np.nextafter({0}, {1})",
+                                   triton="libdevice.nextafter({0}, {1})", heavy=False))
 def nextafter(xp, self, other):
     require_tensors("nextafter", self, other, "none")
     dt = result_type(self, other)
@@ -605,27 +626,35 @@ def _ordered(name):
     return check
 
 
+_COMPARE_TAGS = (Tag.core, Tag.pointwise, Tag.recomputable)
 eq = binary("eq.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.equal(a, b), kind="bool", scalars="other",
-            tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+            tags=_COMPARE_TAGS, pointwise=infix("==", "np.equal", result="bool"))
 ne = binary("ne.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.not_equal(a, b), kind="bool", scalars="other",
-            tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+            tags=_COMPARE_TAGS, pointwise=infix("!=", "np.not_equal", result="bool"))
 lt = binary("lt.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.less(a, b), kind="bool",
-            check=_ordered("lt"), scalars="other", tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+            check=_ordered("lt"), scalars="other", tags=_COMPARE_TAGS, pointwise=infix("<", "np.less", result="bool"))
 le = binary("le.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.less_equal(a, b),
-            kind="bool", check=_ordered("le"), scalars="other", tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+            kind="bool", check=_ordered("le"), scalars="other", tags=_COMPARE_TAGS,
+            pointwise=infix("<=", "np.less_equal", result="bool"))
 gt = binary("gt.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.greater(a, b),
-            kind="bool", check=_ordered("gt"), scalars="other", tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+            kind="bool", check=_ordered("gt"), scalars="other", tags=_COMPARE_TAGS,
+            pointwise=infix(">", "np.greater", result="bool"))
 ge = binary("ge.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.greater_equal(a, b),
-            kind="bool", check=_ordered("ge"), scalars="other", tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+            kind="bool", check=_ordered("ge"), scalars="other", tags=_COMPARE_TAGS,
+            pointwise=infix(">=", "np.greater_equal", result="bool"))
 for _n, _op in [("greater", gt), ("greater_equal", ge), ("less", lt), ("less_equal", le), ("not_equal", ne)]:
     export(_n, method=True)(_op)
     export(_n + "_", method=True, function=False)(_op.inplace)
 logical_and = binary("logical_and(Tensor self, Tensor other) -> Tensor",
                      lambda xp, a, b: xp.logical_and(a, b), kind="bool", scalars="none",
-                     tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                     tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+                     pointwise=PointwiseSpelling("{0} && {1}", "np.logical_and({0}, {1})", "({0} != 0) & ({1} != 0)",
+                                                 heavy=False, result="bool"))
 logical_or = binary("logical_or(Tensor self, Tensor other) -> Tensor",
                     lambda xp, a, b: xp.logical_or(a, b), kind="bool", scalars="none",
-                    tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                    tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+                    pointwise=PointwiseSpelling("{0} || {1}", "np.logical_or({0}, {1})", "({0} != 0) | ({1} != 0)",
+                                                heavy=False, result="bool"))
 logical_xor = binary("logical_xor(Tensor self, Tensor other) -> Tensor",
                      lambda xp, a, b: xp.logical_xor(a, b), kind="bool", scalars="none")
 
@@ -681,12 +710,13 @@ def equal(input, other) -> bool:
 # ---- bitwise and integer ops ---------------------------------------------------------------------
 bitwise_and = binary("bitwise_and.Tensor(Tensor self, Tensor other) -> Tensor",
                      lambda xp, a, b: xp.bitwise_and(a, b), bad=(D.FLOATING, D.COMPLEX),
-                     tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                     tags=(Tag.core, Tag.pointwise, Tag.recomputable), pointwise=infix("&", "np.bitwise_and"))
 bitwise_or = binary("bitwise_or.Tensor(Tensor self, Tensor other) -> Tensor",
-                    lambda xp, a, b: xp.bitwise_or(a, b), bad=(D.FLOATING, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                    lambda xp, a, b: xp.bitwise_or(a, b), bad=(D.FLOATING, D.COMPLEX),
+                    tags=(Tag.core, Tag.pointwise, Tag.recomputable), pointwise=infix("|", "np.bitwise_or"))
 bitwise_xor = binary("bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor",
                      lambda xp, a, b: xp.bitwise_xor(a, b), bad=(D.FLOATING, D.COMPLEX),
-                     tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                     tags=(Tag.core, Tag.pointwise, Tag.recomputable), pointwise=infix("^", "np.bitwise_xor"))
 
 
 def _shift(left):
@@ -705,13 +735,17 @@ def _shift(left):
 
 
 bitwise_left_shift = binary("bitwise_left_shift.Tensor(Tensor self, Tensor other) -> Tensor", _shift(True),
-                            bad=(D.BOOL, D.FLOATING, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                            bad=(D.BOOL, D.FLOATING, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+                            pointwise=call2("fl_shl", "_shl", "fl_shl"))
 bitwise_right_shift = binary("bitwise_right_shift.Tensor(Tensor self, Tensor other) -> Tensor",
-                             _shift(False), bad=(D.BOOL, D.FLOATING, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                             _shift(False), bad=(D.BOOL, D.FLOATING, D.COMPLEX),
+                             tags=(Tag.core, Tag.pointwise, Tag.recomputable), pointwise=call2("fl_shr", "_shr", "fl_shr"))
 gcd = binary("gcd(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.gcd(a, b), bad=(D.BOOL, D.FLOATING, D.COMPLEX), scalars="none",
-             tags=(Tag.core, Tag.extern))
+             tags=(Tag.core, Tag.extern),
+             pointwise=PointwiseSpelling("static_cast<{T}>(std::gcd({0}, {1}))", "np.gcd({0}, {1})", "fl_gcd({0}, {1})",
+                                         heavy=False))
 lcm = binary("lcm(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.lcm(a, b), bad=(D.BOOL, D.FLOATING, D.COMPLEX), scalars="none",
-             tags=(Tag.core, Tag.extern))
+             tags=(Tag.core, Tag.extern), pointwise=call2("fl_lcm", "np.lcm", "fl_lcm"))
 
 
 def _heaviside(xp, a, b):

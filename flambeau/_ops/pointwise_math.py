@@ -90,7 +90,9 @@ _LN2, _LN10 = math.log(2.0), math.log(10.0)
 _c = _conj
 
 abs = unary("abs", lambda xp, a: xp.abs(a), lambda grad, self: grad * self.sgn(), kind="same",
-            bad=(D.BOOL,), real_out=True, tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+            bad=(D.BOOL,), real_out=True, tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+            pointwise=PointwiseSpelling({"float": "fabs{f}({0})", "int": "static_cast<{T}>({0} < 0 ? -{0} : {0})"},
+                                        "np.abs({0})", "tl.abs({0})", heavy=False))
 
 
 @export("abs_", method=True, function=False)
@@ -100,8 +102,15 @@ def abs_(self):
     return abs.inplace(self)
 
 
+_SIGN = "({0} > 0) - ({0} < 0)"
 sign = unary("sign", lambda xp, a: a.copy() if a.dtype == bool else xp.sign(a),
-             lambda grad: _zeros(grad), kind="same", bad=(D.COMPLEX,), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+             lambda grad: _zeros(grad), kind="same", bad=(D.COMPLEX,), tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+             pointwise=PointwiseSpelling(
+                 {"float": "({0} != {0} ? {0} : static_cast<{T}>(%s))" % _SIGN, "int": "static_cast<{T}>(%s)" % _SIGN,
+                  "bool": "{0}"},
+                 "np.sign({0})",
+                 {"float": "tl.where({0} != {0}, {0}, ({0} > 0).to({T}) - ({0} < 0).to({T}))",
+                  "int": "({0} > 0).to({T}) - ({0} < 0).to({T})", "bool": "{0}"}, heavy=False))
 
 
 def _sgn(xp, a):
@@ -122,76 +131,93 @@ def _sgn_grad(grad, self, result):
 sgn = unary("sgn", _sgn, _sgn_grad, kind="same")
 sqrt = unary("sqrt", lambda xp, a: xp.sqrt(a), lambda grad, result: grad / (2 * _c(result)),
              tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-             pointwise=PointwiseSpelling(cpp="sqrt{f}({0})", numpy="np.sqrt({0})"))
+             pointwise=PointwiseSpelling(cpp="sqrt{f}({0})", numpy="np.sqrt({0})", triton="libdevice.sqrt({0})"))
 rsqrt = unary("rsqrt", lambda xp, a: 1 / xp.sqrt(a), lambda grad, result: -0.5 * grad * _c(result) ** 3,
               tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
-              pointwise=PointwiseSpelling(cpp="{one} / sqrt{f}({0})", numpy="np.reciprocal(np.sqrt({0}))"))
+              pointwise=PointwiseSpelling(cpp="{one} / sqrt{f}({0})", numpy="np.reciprocal(np.sqrt({0}))",
+                                          triton="1.0 / libdevice.sqrt({0})"))
 log = unary("log", lambda xp, a: xp.log(a), lambda grad, self: grad / _c(self),
             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
-            pointwise=PointwiseSpelling(cpp="log{f}({0})", numpy="np.log({0})", simd="log"))
+            pointwise=PointwiseSpelling(cpp="log{f}({0})", numpy="np.log({0})", triton="tl.log({0})", simd="log"))
 log2 = unary("log2", lambda xp, a: xp.log2(a), lambda grad, self: grad / (_c(self) * _LN2), tags=(Tag.autocast_fp32,))
 log10 = unary("log10", lambda xp, a: xp.log10(a), lambda grad, self: grad / (_c(self) * _LN10),
               tags=(Tag.autocast_fp32,))
 log1p = unary("log1p", lambda xp, a: xp.log1p(a), lambda grad, self: grad / (_c(self) + 1),
               namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
-              pointwise=PointwiseSpelling(cpp="log1p{f}({0})", numpy="np.log1p({0})", simd="log1p"))
+              pointwise=PointwiseSpelling(cpp="log1p{f}({0})", numpy="np.log1p({0})",
+                                          triton="libdevice.log1p({0})", simd="log1p"))
 expm1 = unary("expm1", lambda xp, a: xp.expm1(a), lambda grad, result: grad * (_c(result) + 1),
               namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
-              pointwise=PointwiseSpelling(cpp="expm1{f}({0})", numpy="np.expm1({0})", simd="expm1"))
+              pointwise=PointwiseSpelling(cpp="expm1{f}({0})", numpy="np.expm1({0})",
+                                          triton="libdevice.expm1({0})", simd="expm1"))
 exp2 = unary("exp2", lambda xp, a: xp.exp2(a) if a.dtype.kind != "c" else xp.exp(a * _LN2),
              lambda grad, result: grad * _c(result) * _LN2, namespace="special")
 sin = unary("sin", lambda xp, a: xp.sin(a), lambda grad, self: grad * _c(self.cos()),
             tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-            pointwise=PointwiseSpelling(cpp="sin{f}({0})", numpy="np.sin({0})", simd="sin"))
+            pointwise=PointwiseSpelling(cpp="sin{f}({0})", numpy="np.sin({0})", triton="tl.sin({0})", simd="sin"))
 cos = unary("cos", lambda xp, a: xp.cos(a), lambda grad, self: -grad * _c(self.sin()),
             tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-            pointwise=PointwiseSpelling(cpp="cos{f}({0})", numpy="np.cos({0})", simd="cos"))
+            pointwise=PointwiseSpelling(cpp="cos{f}({0})", numpy="np.cos({0})", triton="tl.cos({0})", simd="cos"))
 tan = unary("tan", lambda xp, a: xp.tan(a), lambda grad, result: grad * _c(1 + result * result),
             tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
-            pointwise=PointwiseSpelling(cpp="tan{f}({0})", numpy="np.tan({0})", simd="tan"))
+            pointwise=PointwiseSpelling(cpp="tan{f}({0})", numpy="np.tan({0})",
+                                        triton="libdevice.tan({0})", simd="tan"))
 asin = unary("asin", lambda xp, a: xp.arcsin(a), lambda grad, self: grad / _c((1 - self * self).sqrt()),
              tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
-             pointwise=PointwiseSpelling(cpp="asin{f}({0})", numpy="np.arcsin({0})", simd="asin"))
+             pointwise=PointwiseSpelling(cpp="asin{f}({0})", numpy="np.arcsin({0})",
+                                         triton="libdevice.asin({0})", simd="asin"))
 acos = unary("acos", lambda xp, a: xp.arccos(a), lambda grad, self: -grad / _c((1 - self * self).sqrt()),
              tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
-             pointwise=PointwiseSpelling(cpp="acos{f}({0})", numpy="np.arccos({0})", simd="acos"))
+             pointwise=PointwiseSpelling(cpp="acos{f}({0})", numpy="np.arccos({0})",
+                                         triton="libdevice.acos({0})", simd="acos"))
 atan = unary("atan", lambda xp, a: xp.arctan(a), lambda grad, self: grad / _c(1 + self * self),
              tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-             pointwise=PointwiseSpelling(cpp="atan{f}({0})", numpy="np.arctan({0})", simd="atan"))
+             pointwise=PointwiseSpelling(cpp="atan{f}({0})", numpy="np.arctan({0})",
+                                         triton="libdevice.atan({0})", simd="atan"))
 sinh = unary("sinh", lambda xp, a: xp.sinh(a), lambda grad, self: grad * _c(self.cosh()),
              tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
-             pointwise=PointwiseSpelling(cpp="sinh{f}({0})", numpy="np.sinh({0})", simd="sinh"))
+             pointwise=PointwiseSpelling(cpp="sinh{f}({0})", numpy="np.sinh({0})",
+                                         triton="libdevice.sinh({0})", simd="sinh"))
 cosh = unary("cosh", lambda xp, a: xp.cosh(a), lambda grad, self: grad * _c(self.sinh()),
              tags=(Tag.core, Tag.pointwise, Tag.recomputable, Tag.autocast_fp32),
-             pointwise=PointwiseSpelling(cpp="cosh{f}({0})", numpy="np.cosh({0})", simd="cosh"))
+             pointwise=PointwiseSpelling(cpp="cosh{f}({0})", numpy="np.cosh({0})",
+                                         triton="libdevice.cosh({0})", simd="cosh"))
 tanh = unary("tanh", lambda xp, a: xp.tanh(a), lambda grad, result: grad * _c(1 - result * result),
              tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-             pointwise=PointwiseSpelling(cpp="tanh{f}({0})", numpy="np.tanh({0})", simd="tanh"))
+             pointwise=PointwiseSpelling(cpp="tanh{f}({0})", numpy="np.tanh({0})",
+                                         triton="libdevice.tanh({0})", simd="tanh"))
 asinh = unary("asinh", lambda xp, a: xp.arcsinh(a), lambda grad, self: grad / _c((self * self + 1).sqrt()),
               tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-              pointwise=PointwiseSpelling(cpp="asinh{f}({0})", numpy="np.arcsinh({0})", simd="asinh"))
+              pointwise=PointwiseSpelling(cpp="asinh{f}({0})", numpy="np.arcsinh({0})",
+                                          triton="libdevice.asinh({0})", simd="asinh"))
 acosh = unary("acosh", lambda xp, a: xp.arccosh(a),
               lambda grad, self: grad / _c((self - 1).sqrt() * (self + 1).sqrt()),
               tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-              pointwise=PointwiseSpelling(cpp="acosh{f}({0})", numpy="np.arccosh({0})", simd="acosh"))
+              pointwise=PointwiseSpelling(cpp="acosh{f}({0})", numpy="np.arccosh({0})",
+                                          triton="libdevice.acosh({0})", simd="acosh"))
 atanh = unary("atanh", lambda xp, a: xp.arctanh(a), lambda grad, self: grad / _c(1 - self * self),
               tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-              pointwise=PointwiseSpelling(cpp="atanh{f}({0})", numpy="np.arctanh({0})", simd="atanh"))
+              pointwise=PointwiseSpelling(cpp="atanh{f}({0})", numpy="np.arctanh({0})",
+                                          triton="libdevice.atanh({0})", simd="atanh"))
 sigmoid = unary("sigmoid", lambda xp, a: 1 / (1 + xp.exp(-a)),
                 lambda grad, result: grad * _c(result * (1 - result)), tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-                pointwise=PointwiseSpelling(cpp="{one} / ({one} + fl_exp(-{0}))", numpy="np.reciprocal(1 + np.exp(np.negative({0})))"))
+                pointwise=PointwiseSpelling(cpp="{one} / ({one} + fl_exp(-{0}))", numpy="np.reciprocal(1 + np.exp(np.negative({0})))",
+                                            triton="1.0 / (1.0 + tl.exp(-{0}))"))
 erf = unary("erf", _sp("erf"), lambda grad, self: grad * (2 / math.sqrt(math.pi)) * (-self * self).exp(),
             bad=(D.COMPLEX,), namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-            pointwise=PointwiseSpelling(cpp="erf{f}({0})", numpy="_sp.erf({0})", simd="erf"))
+            pointwise=PointwiseSpelling(cpp="erf{f}({0})", numpy="_sp.erf({0})",
+                                        triton="libdevice.erf({0})", simd="erf"))
 erfc = unary("erfc", _sp("erfc"), lambda grad, self: grad * (-2 / math.sqrt(math.pi)) * (-self * self).exp(),
              bad=(D.COMPLEX,), namespace="special", tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-             pointwise=PointwiseSpelling(cpp="erfc{f}({0})", numpy="_sp.erfc({0})", simd="erfc"))
+             pointwise=PointwiseSpelling(cpp="erfc{f}({0})", numpy="_sp.erfc({0})",
+                                         triton="libdevice.erfc({0})", simd="erfc"))
 erfinv = unary("erfinv", _sp("erfinv"),
                lambda grad, result: grad * (math.sqrt(math.pi) / 2) * (result * result).exp(),
                bad=(D.COMPLEX,), namespace="special", tags=(Tag.core, Tag.extern, Tag.autocast_fp32))
 lgamma = unary("lgamma", _sp("gammaln"), lambda grad, self: grad * self.digamma(), bad=(D.COMPLEX,),
                tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-               pointwise=PointwiseSpelling(cpp="lgamma{f}({0})", numpy="_sp.gammaln({0})"))
+               pointwise=PointwiseSpelling(cpp="lgamma{f}({0})", numpy="_sp.gammaln({0})",
+                                           triton="libdevice.lgamma({0})"))
 digamma = unary("digamma", _sp("psi"), lambda grad, self: grad * polygamma(1, self), bad=(D.COMPLEX,),
                 namespace="special", tags=(Tag.core, Tag.extern))
 i0 = unary("i0", _sp("i0"), lambda grad, self: grad * special_i1(self), bad=(D.COMPLEX,), namespace="special",
@@ -221,20 +247,25 @@ rad2deg = unary("rad2deg", lambda xp, a: a * (180 / math.pi), lambda grad: grad 
                 bad=(D.COMPLEX,), bad_exc=lambda dt: RuntimeError("rad2deg is not supported for complex tensors."))
 floor = unary("floor", _int_identity(lambda xp, a: xp.floor(a)), lambda grad: _zeros(grad),
               kind="same", bad=(D.BOOL, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-              pointwise=PointwiseSpelling(cpp="floor{f}({0})", numpy="np.floor({0})", heavy=False))
+              pointwise=PointwiseSpelling(cpp="floor{f}({0})", numpy="np.floor({0})",
+                                          triton="libdevice.floor({0})", heavy=False))
 ceil = unary("ceil", _int_identity(lambda xp, a: xp.ceil(a)), lambda grad: _zeros(grad),
              kind="same", bad=(D.BOOL, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-             pointwise=PointwiseSpelling(cpp="ceil{f}({0})", numpy="np.ceil({0})", heavy=False))
+             pointwise=PointwiseSpelling(cpp="ceil{f}({0})", numpy="np.ceil({0})",
+                                         triton="libdevice.ceil({0})", heavy=False))
 trunc = unary("trunc", _int_identity(lambda xp, a: xp.trunc(a)), lambda grad: _zeros(grad),
               kind="same", bad=(D.BOOL, D.COMPLEX), tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-              pointwise=PointwiseSpelling(cpp="trunc{f}({0})", numpy="np.trunc({0})", heavy=False))
+              pointwise=PointwiseSpelling(cpp="trunc{f}({0})", numpy="np.trunc({0})",
+                                          triton="libdevice.trunc({0})", heavy=False))
 frac = unary("frac", lambda xp, a: a - xp.trunc(a), lambda grad: grad, kind="same", bad=(D.BOOL, D.INTEGER, D.COMPLEX))
 reciprocal = unary("reciprocal", lambda xp, a: 1 / a, lambda grad, result: -grad * _c(result * result),
                    tags=(Tag.recomputable, Tag.autocast_fp32),
-                   pointwise=PointwiseSpelling(cpp="{one} / {0}", numpy="np.reciprocal({0})", heavy=False))
+                   pointwise=PointwiseSpelling(cpp="{one} / {0}", numpy="np.reciprocal({0})",
+                                               triton="1.0 / {0}", heavy=False))
 _round = unary("round", _int_identity(lambda xp, a: xp.round(a)), lambda grad: _zeros(grad),
                kind="same", bad=(D.BOOL, D.COMPLEX), method=False, tags=(Tag.core, Tag.pointwise, Tag.recomputable),
-               pointwise=PointwiseSpelling(cpp="nearbyint{f}({0})", numpy="np.round({0})", heavy=False))
+               pointwise=PointwiseSpelling(cpp="nearbyint{f}({0})", numpy="np.round({0})",
+                                           triton="libdevice.nearbyint({0})", heavy=False))
 
 
 def _round_decimals(xp, a, *, decimals):
@@ -282,11 +313,15 @@ isneginf = unary("isneginf", _is(lambda xp, f, a: xp.zeros(a.shape, bool) if f i
                  kind="bool", inplace=False, bad=(D.COMPLEX,),
                  bad_exc=lambda dt: RuntimeError("isneginf does not support complex inputs."))
 signbit = unary("signbit", lambda xp, a: xp.signbit(a) if a.dtype.kind == "f" else a < 0,
-                kind="bool", inplace=False, bad=(D.COMPLEX,), tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                kind="bool", inplace=False, bad=(D.COMPLEX,), tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+                pointwise=PointwiseSpelling("std::signbit({0})", "np.signbit({0})", "libdevice.signbit({0}) != 0",
+                                            heavy=False, result="bool"))
 bitwise_not = unary("bitwise_not", lambda xp, a: xp.invert(a), kind="same", bad=(D.FLOATING, D.COMPLEX),
-                    tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                    tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+                    pointwise=PointwiseSpelling("static_cast<{T}>(~{0})", "np.invert({0})", "~{0}", heavy=False))
 logical_not = unary("logical_not", lambda xp, a: xp.logical_not(a), kind="bool",
-                    tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+                    tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+                    pointwise=PointwiseSpelling("!{0}", "np.logical_not({0})", "{0} == 0", heavy=False, result="bool"))
 
 
 def _angle(xp, a):
@@ -507,7 +542,8 @@ def _where_check(condition):
 
 
 @defop("where.self(Tensor condition, Tensor self, Tensor other) -> Tensor", function=False,
-       tags=(Tag.core, Tag.pointwise, Tag.recomputable))
+       tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+       pointwise=PointwiseSpelling("{0} ? {1} : {2}", "np.where({0}, {1}, {2})", "tl.where({0}, {1}, {2})", heavy=False))
 def _where(xp, condition, self, other):
     _where_check(condition)
     dt = _operands_dtype(self, other)

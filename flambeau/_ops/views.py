@@ -14,7 +14,7 @@ from .. import _dtype as D
 from .._tensor import Tensor, _ptr, storage_owner
 from .._device import canonical, device as Device
 from .._backends import MetaArray, contiguous_strides, device_checks, get as backend
-from ._registry import defop, export, TensorSpec, Tag
+from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
 from ._helpers import wrap_dim
 
 
@@ -339,8 +339,15 @@ def _target_device(self, *, dtype=None, device=None, non_blocking=False):
     return canonical(device) if device is not None else self.device
 
 
+_CAST = "static_cast<{T}>({0})"
+
+
+# as an element formula (the loop IR's `ops.to_dtype`): a cast to the result dtype, picked by its kind
 @defop("_to_copy(Tensor self, *, ScalarType? dtype=None, Device? device=None, bool non_blocking=False) -> Tensor",
-       function=False, out_device=_target_device, tags=(Tag.core, Tag.recomputable))
+       function=False, out_device=_target_device, tags=(Tag.core, Tag.recomputable),
+       pointwise=PointwiseSpelling({"bool": "({0} != 0)", "int": _CAST, "float": _CAST}, "{0}",
+                                   {"bool": "({0} != 0)", "int": "{0}.to({T})", "float": "{0}.to({T})"},
+                                   heavy=False, by_result=True))
 def _to_copy(xp, self, *, dtype=None, device=None, non_blocking=False):
     src = self
     npdt = dtype.np if dtype is not None else self.dtype
