@@ -16,7 +16,8 @@ The layout logic (`matrix_operand`, `collapse`, `plan`) is pure Python and teste
 
 The library is found at first use: FLAMBEAU_CUBLASLT_LIB, else nvidia/cublas/lib in a site-packages
 folder on sys.path, else the system loader. Descriptors, the heuristic's algorithm and its workspace
-need are cached per layout key (shapes, strides, dtype, epilogue, pointer alignments); a 32 MiB
+need are cached per layout key (shapes, strides, dtype, epilogue, pointer alignments; at most
+MAX_CACHED, then the cache starts over); a 32 MiB
 workspace is kept per (device, stream). Calls go on CuPy's current stream. `calls` counts the
 cuBLASLt products run; `available()` is False (and callers keep CuPy's matmul) without the library.
 """
@@ -192,7 +193,7 @@ _SIGNATURES = {
     "cublasLtMatmulAlgoGetHeuristic": (_P, _P, _P, _P, _P, _P, _P, _I, ctypes.POINTER(_Heuristic),
                                        ctypes.POINTER(_I)),
     "cublasLtMatmul": (_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, ctypes.POINTER(_Algo), _P, _S, _P),
-    "cublasLtGetVersion": (),
+    "cublasLtGetVersion": (), "cublasLtMatmulDescDestroy": (_P,), "cublasLtMatrixLayoutDestroy": (_P,),
 }
 _lib_state = {"lib": None, "tried": False, "error": None, "path": None}
 _lock = threading.Lock()
@@ -330,6 +331,11 @@ class _Compiled:
         self.algo = res.algo
         self.ws = res.workspaceSize
 
+    def destroy(self, lib):
+        for lay in (self.la, self.lb, self.ld):
+            lib.cublasLtMatrixLayoutDestroy(lay)
+        lib.cublasLtMatmulDescDestroy(self.desc)
+
     def set_bias(self, sd, ptr):
         if ptr != self.bias_ptr:
             _set(sd, self.desc, DESC_BIAS_POINTER, ctypes.c_void_p(ptr))
@@ -416,6 +422,10 @@ def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
     comp = _plans.get(key)
     handle = _handles.get(dev) or _handle(dev)
     if comp is None:
+        if len(_plans) >= MAX_CACHED:                   # many shapes (dynamic lengths): start over
+            for old in _plans.values():
+                old.destroy(lib)
+            _plans.clear()
         comp = _plans[key] = _Compiled(lib, handle, p, name, epilogue, aligns, reduction_mask(name))
     if bias_ptr:
         comp.set_bias(lib.cublasLtMatmulDescSetAttribute, bias_ptr)
