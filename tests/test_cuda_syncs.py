@@ -4,8 +4,8 @@ The GPU tests (marked `cuda`) count device-to-host copies with PyTorch's profile
 CUPTI sees CuPy's copies too) over steps of a small GPT (bench/gpu_models.py: embeddings, LayerNorm,
 causal attention with dropout, GELU, tied head, cross-entropy, AdamW, bf16 autocast) and fail above
 zero; a step that reads its loss must count one (the counter can fail). Out-of-range indices in
-embedding, cross-entropy targets and advanced indexing raise their PyTorch error at the next
-synchronisation; the embedding gradient kernel is compared with PyTorch's. The check's cpu path
+embedding, cross-entropy targets, advanced indexing, gather/scatter and index_select raise their
+PyTorch error at the next synchronisation; the embedding gradient kernel is compared with PyTorch's. The check's cpu path
 (immediate errors) runs everywhere."""
 import numpy as np
 import pytest
@@ -102,7 +102,13 @@ def test_out_of_range_indices_raise_at_the_next_sync():
     picked = w[flambeau.tensor([0, -9], device="cuda")]
     with pytest.raises(IndexError, match="index -9 is out of bounds for dimension 0 with size 5"):
         picked.cpu()
-    assert not device_checks.pending()
+    gathered = flambeau.gather(w, 0, flambeau.tensor([[7, 0, 0]], device="cuda"))
+    with pytest.raises(RuntimeError, match="index 7 is out of bounds for dimension 0 with size 5"):
+        gathered.tolist()
+    selected = w.index_select(0, flambeau.tensor([0, 5], device="cuda"))
+    with pytest.raises(IndexError, match="index out of range in self"):
+        flambeau.cuda.synchronize()
+    assert selected.shape == (2, 3) and not device_checks.pending()
 
 
 @pytest.mark.cuda

@@ -406,8 +406,10 @@ def _dim_index(xp, name, self, dim, index):
     d = wrap_dim(dim, self.ndim)
     size = self.shape[d] if self.ndim else 1
     ix = index.reshape(-1)
-    if ix.size and (int(ix.max()) >= size or int(ix.min()) < -size):
-        raise IndexError(f"index out of range in self")
+    if xp is not np:        # on a GPU: tested on the device, raised at the next synchronisation
+        device_checks.check_range(xp, ix, -size, size, IndexError, "index out of range in self")
+    elif ix.size and (int(ix.max()) >= size or int(ix.min()) < -size):
+        raise IndexError("index out of range in self")
     return d, ix
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtype as D
+from .._backends import device_checks
 from ._registry import defop, export, TensorSpec, OPS, Tag
 from ._helpers import wrap_dim
 from .indexing import _ufunc_at, _fill_value
@@ -41,7 +42,10 @@ def _key(xp, a, index, d):
     """Coordinates of each index element: (grid..., index at d, grid...)."""
     n = index.ndim
     size = a.shape[d]
-    if index.size and (int(index.max()) >= size or int(index.min()) < 0):
+    if xp is not np:        # on a GPU: tested on the device, raised at the next synchronisation
+        device_checks.check_range(xp, index, 0, size, RuntimeError,
+                                  f"index {{}} is out of bounds for dimension {d} with size {size}")
+    elif index.size and (int(index.max()) >= size or int(index.min()) < 0):
         bad = int(index.max()) if int(index.max()) >= size else int(index.min())
         raise RuntimeError(f"index {bad} is out of bounds for dimension {d} with size {size}")
     return tuple(index if k == d else xp.arange(index.shape[k]).reshape([-1 if j == k else 1 for j in range(n)])
