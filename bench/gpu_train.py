@@ -105,8 +105,13 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--no-profile", action="store_true")
     a = ap.parse_args(argv)
+    try:
+        from flambeau._backends import cublaslt
+        lt = cublaslt.version()
+    except ImportError:                 # a flambeau from before the cuBLASLt products
+        lt = None
     print(json.dumps({"config": True, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                      "steps": a.steps, "cublaslt": flambeau._backends.cublaslt.version()}), flush=True)
+                      "steps": a.steps, "cublaslt": lt}), flush=True)
     for name in a.only.split(","):
         rows = {}
         for mode in a.modes.split(","):
