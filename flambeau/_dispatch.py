@@ -98,7 +98,9 @@ def _device_mismatch(op, d1, d2):
 
 
 def _scan(op, args, kwargs):
-    """Find the device and autograd needs; return (uargs, ukwargs, device, requires_grad, fw)."""
+    """Find the device and autograd needs; return (uargs, ukwargs, device, requires_grad, fw).
+    `_call` does the common case (positional arguments, one device object) itself; this is the
+    general scan: tensors in lists and keyword arguments, several devices to reconcile."""
     dev = None
     rg = False
     fw = False
@@ -117,7 +119,7 @@ def _scan(op, args, kwargs):
                 rg = True
             if a._fw_grad is not None:
                 fw = True
-        elif (type(a) is list or type(a) is tuple) and a and any(isinstance(x, Tensor) for x in a):
+        elif (type(a) is list or type(a) is tuple) and _has_tensor(a):
             items = []
             for x in a:
                 if isinstance(x, Tensor):
@@ -141,7 +143,7 @@ def _scan(op, args, kwargs):
             if isinstance(a, Tensor):
                 tensors = True
                 ukwargs[k] = a._data
-            elif type(a) in (list, tuple) and a and any(isinstance(x, Tensor) for x in a):
+            elif type(a) in (list, tuple) and _has_tensor(a):
                 tensors = True
                 ukwargs[k] = type(a)(x._data if isinstance(x, Tensor) else x for x in a)
     if tensors:
@@ -150,6 +152,13 @@ def _scan(op, args, kwargs):
         if mixed:
             uargs, ukwargs = _cpu_scalars_to_values(args, kwargs, uargs, ukwargs, dev)
     return uargs, ukwargs, dev, rg, fw
+
+
+def _has_tensor(seq) -> bool:
+    for x in seq:                      # a loop, not any(<genexpr>): a generator costs more than a short list
+        if isinstance(x, Tensor):
+            return True
+    return False
 
 
 def _scan_all(op, tensors):
@@ -200,7 +209,32 @@ def _factory_device(op, args, kwargs):
 
 
 def _call(op, args, kwargs, record):
-    uargs, ukwargs, dev, rg, fw = _scan(op, args, kwargs)
+    # The common case of `_scan`, inlined (this runs on every op): positional arguments, tensors on
+    # one device object, no tensor inside a list; anything else goes to `_scan`.
+    dev = None
+    rg = fw = general = False
+    uargs = list(args)
+    i = 0
+    for a in args:
+        if isinstance(a, Tensor):
+            uargs[i] = a._data
+            if dev is None:
+                dev = a._device
+            elif a._device is not dev:
+                general = True
+            if a._requires_grad:
+                rg = True
+            if a._fw_grad is not None:
+                fw = True
+        elif type(a) is list or type(a) is tuple:
+            for x in a:
+                if isinstance(x, Tensor):
+                    general = True
+                    break
+        i += 1
+    ukwargs = kwargs
+    if general or kwargs:
+        uargs, ukwargs, dev, rg, fw = _scan(op, args, kwargs)
     if (rg or fw) and record and op.derivative is None and op.decomposition is not None and _state.grad_enabled:
         # no derivative formula: differentiate through the decomposition (its ops have formulas),
         # unless it declines these inputs (NotImplemented): then the op runs and backward raises
@@ -216,15 +250,33 @@ def _call(op, args, kwargs, record):
             raise NotImplementedError(f"Could not run 'aten::{op.name}' with arguments from the "
                                       f"'{dev.type.upper()}' backend: it has no kernel.")
         xp = _XP.get(dev.type) or _backend(dev.type).xp
+        kernel = op.kernel
         # inf/nan results are silent, as in PyTorch: NumPy's FP warnings are off around the kernel
         # (~0.2 us; views compute nothing and skip it)
         token = None if op.is_view else _fp_quiet()
         try:
-            r = op.kernel(xp, *uargs, **ukwargs) if ukwargs else op.kernel(xp, *uargs)
+            # CPython 3.11 runs a call with a fixed number of arguments in the caller's loop; a
+            # call with *args goes through C and a new interpreter loop (~1000 instructions more)
+            n = len(uargs)
+            if ukwargs:
+                r = kernel(xp, *uargs, **ukwargs)
+            elif n == 2:
+                r = kernel(xp, uargs[0], uargs[1])
+            elif n == 1:
+                r = kernel(xp, uargs[0])
+            elif n == 3:
+                r = kernel(xp, uargs[0], uargs[1], uargs[2])
+            else:
+                r = kernel(xp, *uargs)
         finally:
             if token is not None:
                 _fp_restore(token)
-        out = _wrap(r, dev if op.out_device is None else op.out_device(*args, **(kwargs or {})))
+        if op.out_device is not None:
+            out = _wrap(r, op.out_device(*args, **(kwargs or {})))
+        elif type(r) is _ndarray:
+            out = Tensor._make(r, dev)
+        else:
+            out = _wrap(r, dev)
     if op.return_type is not None and type(out) is tuple:
         out = op.return_type(*out)
     if op.is_view:

@@ -247,16 +247,17 @@ _FAST_FLOAT = {np.dtype(np.float32), np.dtype(np.float64)}
 def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
     """A promoted binary kernel: `fn(xp, a, b)` runs in the op-math dtype, result cast back, laid out
     as PyTorch lays out a pointwise result (`lay_out_pointwise`). Large same-shape NumPy operands
-    are split across threads (`ufunc` writes in place)."""
+    are split across threads. `ufunc`, when given, is the NumPy ufunc that `fn` calls: the threads
+    write in place with it, and NumPy operands of one fast dtype call it directly."""
     fast = _FAST_FLOAT if to_float else _FAST
 
     def kernel(xp, a, b):
-        if out_dtype is None and type(a) is type(b) is np.ndarray and a.dtype == b.dtype and a.dtype in fast:
+        if out_dtype is None and type(a) is type(b) is np.ndarray and (dt := a.dtype) == b.dtype and dt in fast:
             if a.size >= PAR_MIN and parallel_ok(xp, a, b):
-                r = parallel_map(fn, (a, b), a.dtype, ufunc)
+                r = parallel_map(fn, (a, b), dt, ufunc)
             else:
                 try:
-                    r = fn(xp, a, b)
+                    r = fn(xp, a, b) if ufunc is None else ufunc(a, b)
                 except ValueError:
                     broadcast_shapes(a.shape, b.shape)
                     raise

@@ -72,7 +72,8 @@ def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False
         if not params and nin == 1 and len(a) == 1 and not k and type(a[0]) is np.ndarray \
                 and a[0].dtype in _FAST_FLOATS:
             x = a[0]                               # fast path: one float32/64 array, default params
-            return fit(xp, fwd(xp, x), x.shape, x.dtype)
+            r = fwd(xp, x)                         # a fresh array of x's shape and dtype (ufuncs of x)
+            return r if r.flags.c_contiguous else fit(xp, r, x.shape, x.dtype)
         b = op.bind(*a, **k)
         dt, cd, arrs = _prepare(name, b[:nin], ints)
         r = fwd(xp, *arrs, *b[nin:])

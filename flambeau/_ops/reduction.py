@@ -126,7 +126,7 @@ def _sum_meta(self, dim=None, keepdim=False, *, dtype=None):
        method=True, tags=(Tag.core, Tag.autocast_fp32_opt))
 def sum(xp, self, dim=None, keepdim=False, *, dtype=None):
     if dim is None and dtype is None and not keepdim and xp is np and self.dtype in _FAST_FLOATS:
-        return np.asarray(np.add.reduce(self, axis=None))     # fast path: full float sum
+        return np.asarray(np.add.reduce(self, None))     # fast path: full float sum
     return _sum_kernel(xp, self, dim, keepdim, dtype=dtype)
 
 
