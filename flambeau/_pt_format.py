@@ -5,9 +5,10 @@ allocate) that resolves only an allow-list of globals (OrderedDict, the tensor a
 rebuild functions, storage type markers, dtypes, Size, device) and builds only OrderedDicts;
 anything else is refused unless `weights_only=False`. Every tensor is checked against its storage
 (offset, sizes, strides, overflow: PyTorch's `setStrided` rules and messages) before a view is made,
-and every storage record must hold exactly the bytes its pickle claims. Writing emits the same
-pickle opcodes PyTorch does, naming `torch._utils._rebuild_tensor_v2` and `torch.<T>Storage` as
-plain GLOBAL references.
+and every storage record must declare exactly the bytes its pickle claims before any is read;
+the pickle itself is streamed from the archive (serialization._ZipRecords checks declared sizes).
+Writing emits the same pickle opcodes PyTorch does, naming `torch._utils._rebuild_tensor_v2` and
+`torch.<T>Storage` as plain GLOBAL references.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ _STORAGE = {"FloatStorage": D.float32, "DoubleStorage": D.float64, "HalfStorage"
 _STORAGE_OF = {v.name: k for k, v in _STORAGE.items()}
 _UINT64_LIMIT = 2 ** 64          # PyTorch computes storage sizes in uint64 and fails on overflow
 _INT64_MAX = 2 ** 63 - 1
+_DRAIN_CHUNK = 1 << 20           # the pickle member's bytes after STOP are read (CRC-checked) this many at a time
 
 _REFUSED = ("Weights only load failed. This file can still be loaded, to do so you have two options, do "
             "those steps only if you trust the source of the checkpoint. Re-running `flambeau.load` with "
@@ -179,9 +181,9 @@ class _Unpickler(pickle._Unpickler):
     _SAFE_DISPATCH[pickle.NEWOBJ[0]] = _load_newobj
     _SAFE_DISPATCH[pickle.NEWOBJ_EX[0]] = _load_newobj_ex
 
-    def __init__(self, f, storage_reader, weights_only, place):
+    def __init__(self, f, records, prefix: str, weights_only, place):
         super().__init__(f)
-        self.read_storage = storage_reader
+        self.records, self.prefix = records, prefix
         self.weights_only = weights_only
         self.place = place
         self.storages = {}
@@ -212,13 +214,21 @@ class _Unpickler(pickle._Unpickler):
         _, stype, key, _, numel = pid
         dt = stype.dtype
         if (key, dt) not in self.storages:
-            expected = numel * dt.itemsize
-            raw = self.read_storage(key)
-            if numel < 0 or raw.nbytes != expected:
-                raise RuntimeError(f"record size ({raw.nbytes} bytes) does not match expected size ({expected} bytes "
-                                   f"= {numel} elements * {dt.itemsize} bytes/element) for dtype {dt.name}")
-            self.storages[(key, dt)] = _Storage(raw, dt)
+            try:
+                self.storages[(key, dt)] = _Storage(self.read_record(self.prefix + key, numel, dt), dt)
+            except (KeyError, EOFError, OSError, zipfile.BadZipFile) as e:
+                raise RuntimeError(f"failed reading record {self.prefix + key} of the archive ({type(e).__name__}: "
+                                   f"{e}); the checkpoint is truncated or corrupt") from None
         return self.storages[(key, dt)]
+
+    def read_record(self, path: str, numel: int, dt) -> np.ndarray:
+        """The record's bytes, once its declared size is the storage's: nothing is decompressed before."""
+        expected = numel * dt.itemsize
+        declared = self.records.size(path)
+        if numel < 0 or declared != expected:
+            raise RuntimeError(f"record size ({declared} bytes) does not match expected size ({expected} bytes "
+                               f"= {numel} elements * {dt.itemsize} bytes/element) for dtype {dt.name}")
+        return self.records.array(path)
 
     def load(self):
         try:
@@ -230,14 +240,18 @@ class _Unpickler(pickle._Unpickler):
         return out
 
 
-def loads_pt(z, names, read_storage, *, weights_only: bool, place):
-    """Unpickle `data.pkl` of an opened zip archive; `read_storage(path)` returns a record's bytes."""
+def loads_pt(names, records, *, weights_only: bool, place):
+    """Unpickle `data.pkl` of an opened zip archive. `records` (serialization._ZipRecords) gives a
+    member's declared `size(path)`, its bytes as an `array(path)`, and a stream `open(path)`: the
+    pickle is streamed, so bytes after its STOP are checked (CRC) in chunks, never held."""
     pkl = [n for n in names if n.endswith("data.pkl")]
     if not pkl:
         raise RuntimeError("flambeau.load: not a flambeau or PyTorch checkpoint (no data.pkl in the archive)")
-    prefix = pkl[0][:-len("data.pkl")]
-    u = _Unpickler(io.BytesIO(z.read(pkl[0])), lambda key: read_storage(f"{prefix}data/{key}"), weights_only, place)
-    return u.load()
+    with records.open(pkl[0]) as stream:
+        out = _Unpickler(stream, records, pkl[0][:-len("data.pkl")] + "data/", weights_only, place).load()
+        while stream.read(_DRAIN_CHUNK):
+            pass
+    return out
 
 
 # ---- writing ---------------------------------------------------------------------------------

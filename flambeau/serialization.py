@@ -45,6 +45,9 @@ _MAX_DEPTH = 200                       # structure nesting; json and the decoder
 _ZIP_MAGIC = b"PK\x03\x04"
 _ST_LEN = struct.Struct("<Q")          # a safetensors file starts with its header's length
 _ZIP_LOCAL_HEADER = struct.Struct("<4s22xHH")     # signature ... name length, extra length
+_ZIP_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)     # what PyTorch's zip reader (miniz) reads
+_DEFLATE_MAX_RATIO = 1032              # deflate cannot expand its input more (zlib's technical notes)
+_READ_CHUNK = 1 << 20
 _LEGACY_PT_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"  # torch.save(..., zip=False)
 
 _ST_NAMES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64",
@@ -367,7 +370,7 @@ def _v1_complex_as_pairs(buf: bytes) -> tuple:
     return _ST_LEN.pack(len(h)) + h + buf[_ST_LEN.size + n:], names
 
 
-def _load_v1(z: zipfile.ZipFile, names, src: _Source, weights_only: bool, place) -> object:
+def _load_v1(z: _ZipRecords, names, src: _Source, weights_only: bool, place) -> object:
     if src.map is not None:
         raise RuntimeError("flambeau.load: mmap=True needs the v2 format; this file was written by an older "
                            "flambeau (v1 zip). Load it with mmap=False and save it again to convert it.")
@@ -391,22 +394,65 @@ def _load_v1(z: zipfile.ZipFile, names, src: _Source, weights_only: bool, place)
     return _decode(_load_structure(z.read("structure.json")), tensors, objects)
 
 
-def _zip_member(z: zipfile.ZipFile, src: _Source):
-    """read_storage(name) for a zip: a view at the member's bytes when mapped and stored, else a read."""
-    def read(name: str) -> np.ndarray:
-        info = z.getinfo(name)
-        if src.map is not None and info.compress_type == zipfile.ZIP_STORED:
-            head = src.array(info.header_offset, _ZIP_LOCAL_HEADER.size).tobytes()
+class _ZipRecords:
+    """The members of a zip archive, read without trusting the sizes it declares.
+
+    Only stored and deflated members are read (what PyTorch's reader accepts). A member's declared
+    compressed bytes must lie inside the file, and its declared size must be one its compressed
+    bytes can produce (equal for stored, at most `_DEFLATE_MAX_RATIO` times for deflate), so
+    nothing expands beyond `_DEFLATE_MAX_RATIO` times the file; callers that know how many bytes
+    they need (a storage's numel * itemsize) check `size()` before any byte is decompressed.
+    Reads go in `_READ_CHUNK` pieces into the caller's buffer; a stored member is a view of the
+    mapping when the file is mapped."""
+
+    def __init__(self, z: zipfile.ZipFile, src: _Source):
+        self.z, self.src = z, src
+
+    def info(self, name: str) -> zipfile.ZipInfo:
+        info = self.z.getinfo(name)
+        if info.compress_type not in _ZIP_METHODS:
+            raise RuntimeError(f"flambeau.load: zip entry {name} uses compression method {info.compress_type}, "
+                               "which PyTorch checkpoints never use (only stored or deflated entries are read); "
+                               "the checkpoint is corrupt")
+        if info.header_offset + info.compress_size > self.src.size:
+            raise RuntimeError(f"flambeau.load: zip entry {name} claims {info.compress_size} compressed bytes, "
+                               f"more than the file holds ({self.src.size} bytes); it is truncated or corrupt")
+        limit = info.compress_size if info.compress_type == zipfile.ZIP_STORED else \
+            _DEFLATE_MAX_RATIO * max(info.compress_size, 1)
+        if info.file_size > limit:
+            raise RuntimeError(f"flambeau.load: zip entry {name} claims {info.file_size} bytes from "
+                               f"{info.compress_size} compressed bytes, more than its compression can produce; "
+                               "the checkpoint is corrupt")
+        return info
+
+    def size(self, name: str) -> int:
+        return self.info(name).file_size
+
+    def array(self, name: str) -> np.ndarray:
+        info = self.info(name)
+        if self.src.map is not None and info.compress_type == zipfile.ZIP_STORED:
+            head = self.src.array(info.header_offset, _ZIP_LOCAL_HEADER.size).tobytes()
             sig, name_len, extra_len = _ZIP_LOCAL_HEADER.unpack(head)
             if sig != _ZIP_MAGIC:
                 raise RuntimeError(f"flambeau.load: zip entry {name} has a corrupt local header")
-            return src.array(info.header_offset + _ZIP_LOCAL_HEADER.size + name_len + extra_len, info.file_size)
-        with z.open(info) as fh:
-            out = np.empty(info.file_size, np.uint8)
-            if fh.readinto(out) != info.file_size:
-                raise RuntimeError(f"flambeau.load: zip entry {name} is truncated")
-            return out
-    return read
+            return self.src.array(info.header_offset + _ZIP_LOCAL_HEADER.size + name_len + extra_len, info.file_size)
+        out = np.empty(info.file_size, np.uint8)
+        view = memoryview(out)
+        with self.z.open(info) as fh:
+            done = 0
+            while done < info.file_size:
+                got = fh.readinto(view[done:done + _READ_CHUNK])
+                if not got:
+                    raise RuntimeError(f"flambeau.load: zip entry {name} is truncated")
+                done += got
+        return out
+
+    def read(self, name: str) -> bytes:
+        return self.array(name).tobytes()
+
+    def open(self, name: str) -> io.BufferedReader:
+        """A buffered stream of the member: a parser reading it decompresses only what it consumes."""
+        return io.BufferedReader(self.z.open(self.info(name)), _READ_CHUNK)
 
 
 def _load_zip(src: _Source, weights_only: bool, place) -> object:
@@ -414,9 +460,10 @@ def _load_zip(src: _Source, weights_only: bool, place) -> object:
     try:
         z = zipfile.ZipFile(src.file)
         names = z.namelist()
-        if "format" in names and z.read("format").decode(errors="replace") == MAGIC_V1:
-            return _load_v1(z, names, src, weights_only, place)
-        return loads_pt(z, names, _zip_member(z, src), weights_only=weights_only, place=place)
+        records = _ZipRecords(z, src)
+        if "format" in names and records.read("format").decode(errors="replace") == MAGIC_V1:
+            return _load_v1(records, names, src, weights_only, place)
+        return loads_pt(names, records, weights_only=weights_only, place=place)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, EOFError, OSError, ValueError, OverflowError,
             NotImplementedError, struct.error) as e:
         raise RuntimeError(f"flambeau.load: failed reading zip archive ({type(e).__name__}: {e}); the checkpoint "

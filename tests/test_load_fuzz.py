@@ -307,3 +307,102 @@ def test_fuzz_crafted_pickles(tmp_path):
     assert results[8] is not None and results[8]._host().tolist() == [[0.0, 1.0], [2.0, 3.0]]
     assert results[10] is not None and results[10].x == 1
     assert sum(r is None for r in results) >= 12
+
+
+# ---- zip members that decompress to more than they should -------------------------------------------
+BOMB = 64 << 20                   # bytes a crafted member expands to (deflate: ~64 KiB in the file)
+PEAK_LIMIT = 8 << 20              # what a load of a file under 100 KiB may allocate at peak
+
+
+def _pt_with(records: dict, numel: int, compress=zipfile.ZIP_DEFLATED, pkl_tail: bytes = b"") -> bytes:
+    """A torch.save file of {"w": zeros(numel)} rewritten with every member compressed by `compress`;
+    `records` replaces members by name ('data.pkl', '0'), `pkl_tail` is appended after the pickle."""
+    buf = io.BytesIO()
+    torch.save({"w": torch.zeros(numel)}, buf)
+    zin = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for n in zin.namelist():
+            data = records.get(n.rsplit("/", 1)[-1], zin.read(n))
+            z.writestr(n, data + (pkl_tail if n.endswith("data.pkl") else b""), compress_type=compress)
+    return out.getvalue()
+
+
+def _declare(data: bytes, member: str, *, compressed=None, size=None) -> bytes:
+    """Rewrite the central directory's compressed/uncompressed sizes of the member named `member`."""
+    b = bytearray(data)
+    i = b.find(b"PK\x01\x02")
+    while i >= 0:
+        name_len = struct.unpack_from("<H", b, i + 28)[0]
+        if bytes(b[i + 46:i + 46 + name_len]).decode().endswith(member):
+            if compressed is not None:
+                struct.pack_into("<I", b, i + 20, compressed)
+            if size is not None:
+                struct.pack_into("<I", b, i + 24, size)
+        i = b.find(b"PK\x01\x02", i + 4)
+    return bytes(b)
+
+
+def _peak_of_load(data: bytes):
+    """(outcome, peak bytes traced while loading): outcome is the result or the exception raised."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        out = flambeau.load(io.BytesIO(data))
+    except Exception as e:                          # the caller asserts on the type
+        out = e
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return out, peak
+
+
+def _claiming(pkl: bytes, numel: int) -> bytes:
+    """torch.save's pickle of {"w": zeros(4)} changed to claim a storage and size of `numel` floats."""
+    n = b"J" + numel.to_bytes(4, "little")
+    old = b"cpuq\x06K\x04tq\x07QK\x00K\x04\x85"
+    assert old in pkl
+    return pkl.replace(old, b"cpuq\x06" + n + b"tq\x07QK\x00" + n + b"\x85")
+
+
+def test_zip_members_cannot_expand_beyond_what_is_declared():
+    """A deflated member that expands to 64 MiB, sizes in the central directory that lie, and
+    compression methods PyTorch refuses: each load raises RuntimeError (as torch.load does where it
+    has an opinion) having allocated a few MiB, not the member's claimed or expanded size."""
+    zeros = bytes(BOMB)
+    stored = _pt_with({}, 4, zipfile.ZIP_STORED)
+    pkl = zipfile.ZipFile(io.BytesIO(stored)).read("archive/data.pkl")
+    lie = 2 ** 32 - 16                                  # a record of 4 GiB claimed; the pickle agrees
+    cases = {   # name: (file, whether torch.load raises RuntimeError too)
+        # the pickle wants 16 bytes; the record decompresses to 64 MiB (torch: record size mismatch)
+        "record bomb": (_pt_with({"0": zeros}, 4), True),
+        # bzip2 and lzma expand far more than deflate can; PyTorch's reader refuses them
+        "bzip2": (_pt_with({}, 4, zipfile.ZIP_BZIP2), True),
+        "lzma": (_pt_with({}, 4, zipfile.ZIP_LZMA), True),
+        # the central directory claims sizes its compressed bytes cannot hold
+        "stored size lie": (_declare(_pt_with({"data.pkl": _claiming(pkl, lie // 4)}, 4, zipfile.ZIP_STORED),
+                                     "data/0", size=lie), False),
+        "deflated size lie": (_declare(_pt_with({"data.pkl": _claiming(pkl, lie // 4)}, 4), "data/0", size=lie),
+                              False),
+        "compressed past the end": (_declare(_pt_with({"data.pkl": _claiming(pkl, 2 ** 29)}, 4, zipfile.ZIP_STORED),
+                                             "data/0", compressed=2 ** 31, size=2 ** 31), False),
+        "record size mismatch": (_declare(stored, "data/0", size=lie), False),
+        "record missing": (_rezip(stored, lambda n, b: b).replace(b"archive/data/0", b"archive/data/9"), True),
+    }
+    for name, (data, torch_raises) in cases.items():
+        assert len(data) < 100 << 10, name
+        out, peak = _peak_of_load(data)
+        assert isinstance(out, RuntimeError), f"{name}: {out!r}"
+        assert peak < PEAK_LIMIT, f"{name}: loading allocated {peak >> 20} MiB"
+        if torch_raises:
+            with pytest.raises(RuntimeError):
+                torch.load(io.BytesIO(data))
+    # 64 MiB of zeros after the pickle's STOP in data.pkl: ignored (CRC-checked), as torch.load does
+    tail = _pt_with({}, 4, pkl_tail=zeros)
+    out, peak = _peak_of_load(tail)
+    assert out["w"].tolist() == torch.load(io.BytesIO(tail))["w"].tolist() == [0.0] * 4
+    assert peak < PEAK_LIMIT, f"pickle tail bomb: loading allocated {peak >> 20} MiB"
+    # an honest deflated checkpoint loads, as torch.load loads it
+    honest = _pt_with({"0": np.arange(4, dtype=np.float32).tobytes()}, 4)
+    assert flambeau.load(io.BytesIO(honest))["w"].tolist() == torch.load(io.BytesIO(honest))["w"].tolist()
+    assert flambeau.load(io.BytesIO(stored))["w"].tolist() == [0.0] * 4
