@@ -5,9 +5,12 @@ be seeded from it on cuda. Bit-equality with PyTorch's Philox/MT streams is not 
 
 RNG state is a uint8 tensor, as PyTorch's (no pickle: a checkpoint loaded with weights_only=True
 restores it): `_STATE` packs a tag, the seed, PCG64's 128-bit state and increment and its cached
-half-word. A cuda generator's CuPy stream is derived from its PCG64 state; `get_state` restarts
-that derivation, so a state taken and set again replays the same cuda draws (unlike PyTorch,
-taking a cuda state, as fork_rng does on entry, changes the cuda draws that follow it).
+half-word. A cuda generator draws each call from a fresh CuPy Philox generator seeded from its
+host PCG64 stream (PyTorch's cuda state is Philox seed + offset, host-side too), so the host state
+alone fixes every later cuda draw: taking a state changes nothing (`fork_rng` with no cuda draw
+inside leaves the draws after it as they were), setting one replays the draws that followed it,
+in this process or another. CuPy seeds a generator with 32 bits, so two of ~2**16 draws may share
+a stream (PyTorch's offsets never repeat).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from . import _dtype as D
 _STATE_TAG = b"flbrng01"
 _STATE = struct.Struct("<8sQQQQQII")   # tag, seed, state lo/hi, inc lo/hi, has_uint32, uinteger
 _U64 = 2 ** 64
+_CUDA_SEED_LIMIT = 2 ** 63 - 1      # CuPy's raw kernels mishandle seeds with the 64th bit set
 
 
 class Generator:
@@ -31,7 +35,6 @@ class Generator:
         self.device = canonical(device)
         self._seed = 67280421310721
         self._np = np.random.Generator(np.random.PCG64(self._seed))
-        self._cp = None
 
     def manual_seed(self, seed: int) -> "Generator":
         seed = int(seed)
@@ -39,7 +42,6 @@ class Generator:
             seed &= 0xFFFFFFFFFFFFFFFF
         self._seed = seed
         self._np = np.random.Generator(np.random.PCG64(seed))
-        self._cp = None
         return self
 
     def seed(self) -> int:
@@ -57,7 +59,6 @@ class Generator:
         s, inc = st["state"]["state"], st["state"]["inc"]
         raw = _STATE.pack(_STATE_TAG, self._seed, s % _U64, s // _U64, inc % _U64, inc // _U64,
                           st["has_uint32"], st["uinteger"])
-        self._cp = None                   # the next cuda draw re-derives its stream from this state
         return tensor(np.frombuffer(raw, dtype=np.uint8).copy())
 
     def set_state(self, new_state) -> "Generator":
@@ -78,16 +79,16 @@ class Generator:
                      "has_uint32": has_uint32, "uinteger": uinteger}
         self._seed = seed
         self._np = np.random.Generator(bit)
-        self._cp = None
         return self
 
     def xp_generator(self, xp):
-        """The NumPy or CuPy generator that draws for this device."""
+        """The generator that draws for this device: NumPy's, or a CuPy generator for one call,
+        seeded from the host stream (see the module docstring)."""
         if xp is np:
             return self._np
-        if self._cp is None:
-            self._cp = xp.random.default_rng(int(self._np.integers(0, 2**63 - 1)))
-        return self._cp
+        seed = int(self._np.integers(0, _CUDA_SEED_LIMIT))
+        philox = getattr(xp.random, "Philox4x3210", None)      # cheap to initialise, unlike XORWOW
+        return xp.random.Generator(philox(seed)) if philox is not None else xp.random.default_rng(seed)
 
 
 default_generator = Generator()

@@ -258,3 +258,112 @@ def test_cuda_rng_state_replays_cuda_draws():
     with torch.random.fork_rng():
         torch.randn(50, device="cuda")
     assert torch.randn(1000, device="cuda").cpu().tolist() == a
+
+
+# ---- cuda generators' draws are fixed by their host state (PyTorch: Philox seed + offset) -------------
+class _FakeCupyRandom:
+    """The part of `cupy.random` a cuda generator uses, drawing with NumPy, so the logic runs on cpu."""
+    Generator = np.random.Generator
+    Philox4x3210 = np.random.Philox
+    default_rng = np.random.default_rng
+
+
+class _FakeCupy:
+    random = _FakeCupyRandom
+
+
+def _cuda_draw(gen, n=6):
+    return gen.xp_generator(_FakeCupy).random(n).tolist()
+
+
+def test_taking_a_cuda_state_leaves_later_draws_unchanged():
+    """PyTorch: get_rng_state has no effect on the stream; set_rng_state replays what followed it,
+    also in a generator that never drew (another process loading a checkpoint)."""
+    from flambeau.random import Generator
+    g = Generator("cuda").manual_seed(4)
+    _cuda_draw(g)
+    want = [_cuda_draw(g) for _ in range(3)]
+    g.manual_seed(4)
+    _cuda_draw(g)
+    state = g.get_state()
+    got = [_cuda_draw(g) for _ in range(3)]
+    assert got == want
+    g.set_state(state)
+    assert [_cuda_draw(g) for _ in range(3)] == want
+    assert [_cuda_draw(Generator("cuda").set_state(state)) for _ in range(1)] == want[:1]
+
+
+@pytest.fixture
+def two_cuda_devices(monkeypatch):
+    """flambeau.cuda reports two devices (their generators are host-side, so cpu suffices)."""
+    import flambeau.cuda
+    import flambeau.random as R
+    monkeypatch.setattr(flambeau.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(R, "_fork_rng_warned", False)
+    monkeypatch.setattr(R, "_cuda_generators", {})
+
+
+def test_fork_rng_forks_every_visible_cuda_device_and_warns_once(two_cuda_devices):
+    import flambeau.cuda
+    from flambeau.random import generator_for
+    gens = [generator_for(torch.device("cuda", i)) for i in range(2)]
+    torch.cuda.manual_seed_all(7)
+    before = [torch.cuda.get_rng_state(i).tolist() for i in range(2)]
+    _cuda_draw(gens[1])
+    want = _cuda_draw(gens[1])
+    torch.cuda.manual_seed_all(7)
+    _cuda_draw(gens[1])
+    with pytest.warns(UserWarning, match=r"reports that you have 2 available devices.*'devices' keyword"):
+        with torch.random.fork_rng():
+            torch.cuda.manual_seed_all(99)
+            _cuda_draw(gens[0])
+            _cuda_draw(gens[1])
+    assert _cuda_draw(gens[1]) == want                      # the draws after the fork are as without it
+    torch.cuda.manual_seed_all(7)
+    with torch.random.fork_rng(devices=iter([1])):          # an iterator, read once; no warning
+        torch.cuda.manual_seed_all(99)
+    assert torch.cuda.get_rng_state(0).tolist() != before[0]
+    assert torch.cuda.get_rng_state(1).tolist() == before[1]
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                      # warned once per process, as PyTorch
+        with torch.random.fork_rng():
+            pass
+        with torch.random.fork_rng(enabled=False):
+            torch.cuda.manual_seed(5)
+        with torch.random.fork_rng(device_type="meta"):
+            torch.cuda.manual_seed(5)
+    assert flambeau.cuda.get_rng_state(0).tolist() == torch.cuda.get_rng_state(0).tolist()
+
+
+def test_fork_rng_device_type_errors_like_torch():
+    with pytest.raises(RuntimeError):
+        with real_torch.random.fork_rng(device_type="xyz"):
+            pass
+    with pytest.raises(RuntimeError, match="xyz"):
+        with torch.random.fork_rng(device_type="xyz"):
+            pass
+
+
+@pytest.mark.cuda
+def test_fork_rng_on_cuda_leaves_later_cuda_draws_unchanged():
+    """As PyTorch on cuda: the draws after a fork_rng block equal those without it, on a real GPU."""
+    def run(fork):
+        torch.cuda.manual_seed(4)
+        torch.randn(8, device="cuda")
+        if fork:
+            with torch.random.fork_rng(devices=[0]):
+                torch.randn(50, device="cuda")
+                torch.rand(10, device="cuda")
+            torch.cuda.get_rng_state(0)
+        return torch.randn(1000, device="cuda").cpu().tolist()
+    assert run(True) == run(False)
+    if real_torch.cuda.is_available():                    # the reference has the same property on cuda
+        real_torch.cuda.manual_seed(4)
+        real_torch.randn(8, device="cuda")
+        a = real_torch.randn(1000, device="cuda")
+        real_torch.cuda.manual_seed(4)
+        real_torch.randn(8, device="cuda")
+        with real_torch.random.fork_rng(devices=[0]):
+            real_torch.randn(50, device="cuda")
+        assert real_torch.equal(a, real_torch.randn(1000, device="cuda"))
