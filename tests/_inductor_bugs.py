@@ -1,7 +1,8 @@
 """Bugs injected into the inductor's lowerings for the minifier tests (tests/test_minifier.py).
 
 `BUGS[kind] = (op, rule)`: "error" makes `sin` raise while lowering, "accuracy" makes
-`mul.Tensor` add 0.01 to every product. `inject(kind)` installs one process-wide; the tests'
+`mul.Tensor` add 0.01 to every product, "backward" makes `cos` raise (a program without cos
+meets it only in the backward graph, as sin's derivative). `inject(kind)` installs one process-wide; the tests'
 sitecustomize hook calls it in a repro script's subprocess when FLAMBEAU_TEST_INDUCTOR_BUG is set.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from flambeau._inductor import lowering as L
 from flambeau._inductor.ir import ops
 
 BUG_MESSAGE = "injected sin lowering bug"
+COS_BUG_MESSAGE = "injected cos lowering bug"
 MUL_OFFSET = 0.01
 
 
@@ -18,12 +20,17 @@ def sin_raises(g, x):
     raise RuntimeError(BUG_MESSAGE)
 
 
+def cos_raises(g, x):
+    raise RuntimeError(COS_BUG_MESSAGE)
+
+
 def mul_off_by_a_constant(g, a, b):
     dt = L.out_dtype(g)
     return L.make_pointwise(g, lambda x, y: ops.add(ops.mul(x, y), ops.constant(MUL_OFFSET, dt)), [a, b], dt)
 
 
-BUGS = {"error": (aten.sin, sin_raises), "accuracy": (aten.mul, mul_off_by_a_constant)}
+BUGS = {"error": (aten.sin, sin_raises), "accuracy": (aten.mul, mul_off_by_a_constant),
+        "backward": (aten.cos, cos_raises)}
 
 
 def inject(kind: str) -> None:

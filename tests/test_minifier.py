@@ -116,6 +116,32 @@ def test_after_aot_accuracy_minifies_to_the_bad_op(repro_env, tmp_path):
     assert passed.returncode == 0, passed.stderr
 
 
+def test_after_aot_failure_in_the_backward_graph(repro_env, tmp_path):
+    """cos fails to lower; the program has no cos, so only the backward graph (sin's derivative)
+    meets it: the forward compiles and runs, backward() raises, and the repro holds the cos."""
+    d = repro_env("aot", 2, bug="backward")
+
+    def f(x, y):
+        a = flambeau.exp(x) + y
+        b = flambeau.sin(a * 2) * y
+        return (b.tanh() + a).sum()
+    x, y, _ = inputs()
+    x.requires_grad_()
+    out = flambeau.compile(f)(x, y)
+    assert abs(float(out) - float(f(x, y))) < 1e-4                # the forward graph is fine
+    assert not d.exists()
+    with pytest.raises(RuntimeError, match=bugs.COS_BUG_MESSAGE) as info:
+        out.backward()
+    assert info.value.minifier_path == str(d / "repro.py")
+    names, _ = script_graph(d / "repro.py")
+    assert "cos" in names and len(names) <= FEW_NODES, names
+    launcher, _ = script_graph(d / "minifier_launcher.py")
+    assert "cos" in launcher and "exp" not in launcher           # the launcher holds the backward graph
+    failed = run_script(d / "repro.py", tmp_path, "backward")
+    assert failed.returncode != 0 and f"RuntimeError: {bugs.COS_BUG_MESSAGE}" in failed.stderr, failed.stderr
+    assert run_script(d / "repro.py", tmp_path, None).returncode == 0
+
+
 def test_after_dynamo_error_with_parameters(repro_env, tmp_path):
     d = repro_env("dynamo", 2, bug="error")
     lin = flambeau.nn.Linear(8, 3)
