@@ -2,7 +2,8 @@
 
 `BUGS[kind] = (op, rule)`: "error" makes `sin` raise while lowering, "accuracy" makes
 `mul.Tensor` add 0.01 to every product, "backward" makes `cos` raise (a program without cos
-meets it only in the backward graph, as sin's derivative). `inject(kind)` installs one process-wide; the tests'
+meets it only in the backward graph, as sin's derivative), "dynamic" makes `sin` raise only when
+its input has a symbolic size (a graph compiled with dynamic shapes). `inject(kind)` installs one process-wide; the tests'
 sitecustomize hook calls it in a repro script's subprocess when FLAMBEAU_TEST_INDUCTOR_BUG is set.
 """
 from __future__ import annotations
@@ -13,6 +14,8 @@ from flambeau._inductor.ir import ops
 
 BUG_MESSAGE = "injected sin lowering bug"
 COS_BUG_MESSAGE = "injected cos lowering bug"
+DYNAMIC_BUG_MESSAGE = "injected sin lowering bug on symbolic sizes"
+_sin_lowering = aten.sin.lowering
 MUL_OFFSET = 0.01
 
 
@@ -24,13 +27,20 @@ def cos_raises(g, x):
     raise RuntimeError(COS_BUG_MESSAGE)
 
 
+def sin_raises_on_symbolic_sizes(g, x):
+    val = g.node.args[0].meta["val"]
+    if not all(isinstance(s, int) for s in val.shape):
+        raise RuntimeError(DYNAMIC_BUG_MESSAGE)
+    return _sin_lowering(g, x)
+
+
 def mul_off_by_a_constant(g, a, b):
     dt = L.out_dtype(g)
     return L.make_pointwise(g, lambda x, y: ops.add(ops.mul(x, y), ops.constant(MUL_OFFSET, dt)), [a, b], dt)
 
 
 BUGS = {"error": (aten.sin, sin_raises), "accuracy": (aten.mul, mul_off_by_a_constant),
-        "backward": (aten.cos, cos_raises)}
+        "backward": (aten.cos, cos_raises), "dynamic": (aten.sin, sin_raises_on_symbolic_sizes)}
 
 
 def inject(kind: str) -> None:

@@ -142,6 +142,25 @@ def test_after_aot_failure_in_the_backward_graph(repro_env, tmp_path):
     assert run_script(d / "repro.py", tmp_path, None).returncode == 0
 
 
+@pytest.mark.parametrize("after", ["aot", "dynamo"])
+def test_dynamic_graph_repro_keeps_symbolic_sizes(repro_env, tmp_path, after):
+    """sin fails to lower only on symbolic sizes: a graph compiled with dynamic=True fails, the same
+    graph at its example sizes does not. The repro records the symbolic dims and fails the same way."""
+    d = repro_env(after, 2, bug="dynamic")
+    x, y, w = inputs()
+    static = flambeau.compile(program)(x, y, w)                     # static sizes: no failure
+    np.testing.assert_allclose(static[1].numpy(), program(x, y, w)[1].numpy(), rtol=1e-5)
+    flambeau._dynamo.reset()
+    with pytest.raises(RuntimeError, match=bugs.DYNAMIC_BUG_MESSAGE):
+        flambeau.compile(program, dynamic=True)(x, y, w)
+    names, ns = script_graph(d / "repro.py")
+    assert any("sin" in n for n in names) and len(names) <= FEW_NODES, names
+    assert any(len(spec) == 6 and spec[5] for spec in ns["INPUTS"]), ns["INPUTS"]
+    failed = run_script(d / "repro.py", tmp_path, "dynamic")
+    assert failed.returncode != 0 and bugs.DYNAMIC_BUG_MESSAGE in failed.stderr, failed.stderr
+    assert run_script(d / "repro.py", tmp_path, None).returncode == 0
+
+
 def test_after_dynamo_error_with_parameters(repro_env, tmp_path):
     d = repro_env("dynamo", 2, bug="error")
     lin = flambeau.nn.Linear(8, 3)

@@ -140,6 +140,32 @@ class _Trace:
         return gm
 
 
+def fakes_with_dynamic_dims(args: list, dynamic_dims: list) -> tuple:
+    """(fake tensors like `args` with the sizes `dynamic_dims[i]` of input i symbolic, their
+    ShapeEnv): the example values a front end gives a backend for a dynamic graph."""
+    tr = _Trace("symbolic")
+    fakes = [tr._fake_with_dims(a, set(d), f"arg{i}") if isinstance(a, Tensor) else a
+             for i, (a, d) in enumerate(zip(args, dynamic_dims))]
+    return fakes, tr.fake_mode.shape_env
+
+
+def trace_with_dynamic_dims(fn: Callable, args: list, dynamic_dims: list) -> GraphModule:
+    """`make_fx(fn, tracing_mode="symbolic")(*args)` with only the sizes `dynamic_dims[i]` of tensor
+    input i symbolic, as a front end marked them (the minifier's repro scripts replay a dynamic graph
+    this way); other sizes and non-tensor inputs stay as given."""
+    tr = _Trace("symbolic")
+    inner = []
+    for i, a in enumerate(args):
+        if isinstance(a, Tensor):
+            inner.append(tr.input(a, f"arg{i}_1", set(dynamic_dims[i])))
+        else:
+            tr._placeholder(f"arg{i}_1").meta["val"] = a
+            inner.append(a)
+    with no_grad():
+        out = tr.run(fn, *inner)
+    return tr.finish(list(out) if isinstance(out, (list, tuple)) else [out])
+
+
 def _differentiable(t: Tensor) -> bool:
     return t._requires_grad and t._dtype.category >= FLOATING
 

@@ -3,7 +3,10 @@ plain records and random tensors made from them, and the accuracy judgement.
 
 Inputs are recorded as `(shape, stride, dtype name, device, requires_grad)` tuples (Python ints
 as themselves, None as None), so a script can rebuild tensors of the same layout with random
-values (`make_inputs`: normal floats, zero integers, as PyTorch's `rand_strided`).
+values (`make_inputs`: normal floats, zero integers, as PyTorch's `rand_strided`). An input whose
+sizes were symbolic in the failing graph (`dynamic=True`, `mark_dynamic`, automatic dynamic shapes)
+has a sixth entry, the tuple of those dims, so the script compiles the graph with them symbolic
+again (`dynamic_dims`, read from the graph's placeholders by `placeholder_dynamic_dims`).
 
 Accuracy is PyTorch's `same()`: a compiled result passes when it is allclose to eager within the
 tolerance, or when its RMS error against a float64 run of the same graph is at most a multiplier
@@ -52,17 +55,20 @@ def check_config() -> None:
 
 
 # ---- inputs --------------------------------------------------------------------------------------
-def input_spec(a, keep_grad: bool = True) -> tuple | int | float | bool | None:
-    """The record of one graph input (see module docstring)."""
+def input_spec(a, keep_grad: bool = True, dynamic: tuple = ()) -> tuple | int | float | bool | None:
+    """The record of one graph input; `dynamic`: its dims that were symbolic (see module docstring)."""
     if isinstance(a, Tensor):
-        return (tuple(a.shape), tuple(a.stride()), a.dtype.name, str(a.device), bool(keep_grad and a.requires_grad))
+        spec = (tuple(a.shape), tuple(a.stride()), a.dtype.name, str(a.device), bool(keep_grad and a.requires_grad))
+        return spec + (tuple(dynamic),) if dynamic else spec
     if a is None or isinstance(a, (bool, int, float)):
         return a
     raise TypeError(f"flambeau minifier: cannot record a graph input of type {type(a).__name__} in a repro script")
 
 
-def rand_strided(shape, stride, dtype: str, device: str = "cpu", requires_grad: bool = False) -> "Tensor":
-    """A tensor of `shape` and `stride` over fresh storage: normal floats, zeros otherwise."""
+def rand_strided(shape, stride, dtype: str, device: str = "cpu", requires_grad: bool = False,
+                 dynamic: tuple = ()) -> "Tensor":
+    """A tensor of `shape` and `stride` over fresh storage: normal floats, zeros otherwise
+    (`dynamic`, a spec's dims that were symbolic, is for `dynamic_dims`, not the tensor)."""
     import flambeau
     dt = getattr(flambeau, dtype)
     needed = 0 if any(s == 0 for s in shape) else 1 + sum((s - 1) * st for s, st in zip(shape, stride))
@@ -79,6 +85,28 @@ def make_inputs(specs: list, seed: int = 0) -> list:
     import flambeau
     flambeau.manual_seed(seed)
     return [rand_strided(*s) if isinstance(s, tuple) else s for s in specs]
+
+
+def dynamic_dims(specs: list) -> list:
+    """Per input record, the dims that were symbolic in the failing graph (empty when static)."""
+    return [tuple(s[5]) if isinstance(s, tuple) and len(s) > 5 else () for s in specs]
+
+
+def placeholder_dynamic_dims(gm) -> list:
+    """Per placeholder of `gm`, the dims of its example value whose size is symbolic: from
+    meta["dynamic_dims"] (set by a repro script), else the fake value after aot ("val") or after
+    dynamo ("example_value")."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        if "dynamic_dims" in n.meta:
+            out.append(tuple(n.meta["dynamic_dims"]))
+            continue
+        v = n.meta.get("val", n.meta.get("example_value"))
+        shape = tuple(v.shape) if isinstance(v, Tensor) else ()
+        out.append(tuple(d for d, s in enumerate(shape) if not isinstance(s, int)))
+    return out
 
 
 def clone_inputs(args: list) -> list:

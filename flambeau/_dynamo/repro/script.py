@@ -12,6 +12,10 @@ generated code), one `(shape, stride, dtype, device, requires_grad)` record per 
   inductor entry point `flambeau._inductor.compile_fx`, then calls it;
 - after="dynamo": traces `Repro` symbolically and gives the graph to the named backend
   (`flambeau.compiler.lookup_backend`), then calls the result;
+and where the failing graph had symbolic sizes (a record's sixth entry), it keeps them: after aot
+the trace makes those dims symbolic (aot_autograd.trace_with_dynamic_dims), after dynamo the graph
+goes to the backend with example values of symbolic sizes and a ShapeEnv, as the capture front end
+gives a dynamic graph;
 and with accuracy=True compares the output with eager and a float64 run (debug_utils.same),
 raising AccuracyError. So the script exits non-zero exactly while the failure reproduces.
 `python repro.py minify` runs the minifier on the script's graph and writes a smaller script.
@@ -27,7 +31,8 @@ from typing import Callable, Iterator
 
 from ... import _logging
 from .. import config
-from .debug_utils import AccuracyError, accuracy_failure, fp64_reference, input_spec, make_inputs, minifier_dir
+from .debug_utils import (AccuracyError, accuracy_failure, dynamic_dims, fp64_reference, input_spec, make_inputs,
+                          minifier_dir, placeholder_dynamic_dims)
 from ...fx.graph_module import GraphModule
 from ...fx import symbolic_trace
 from ...fx.experimental.proxy_tensor import make_fx
@@ -77,7 +82,8 @@ def repro_source(gm, args: list, *, after: str, backend: str | None, accuracy: b
     note = " ".join(note.split())            # one comment line, whatever the exception message holds
     pc = gm.graph.python_code(root_module="self")
     extra = [_global_source(k, v) for k, v in pc.globals.items() if k not in _STANDARD_GLOBALS]
-    specs = [input_spec(a, keep_grad=after == "dynamo") for a in args]
+    dims = placeholder_dynamic_dims(gm)
+    specs = [input_spec(a, keep_grad=after == "dynamo", dynamic=d) for a, d in zip(args, dims)]
     nodes = sum(1 for n in gm.graph.nodes if n.op not in ("placeholder", "output"))
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = [f"# flambeau repro ({nodes} nodes), written by the minifier after {after} on {when}.",
@@ -90,8 +96,8 @@ def repro_source(gm, args: list, *, after: str, backend: str | None, accuracy: b
                                       "NoneType = type(None)"] + extra
     lines += ["", "# the code generator's settings when the graph failed"] + inductor_settings()
     lines += ["", "", "class Repro(flambeau.nn.Module):", textwrap.indent(pc.src.strip("\n"), "    "), "", "",
-              "# one input per line: shape, stride, dtype, device, requires_grad (random values, seed "
-              f"{SEED})", "INPUTS = ["]
+              "# one input per line: shape, stride, dtype, device, requires_grad[, dims with symbolic sizes] "
+              f"(random values, seed {SEED})", "INPUTS = ["]
     lines += [f"    {s!r}," for s in specs]
     lines += ["]", "", "if __name__ == '__main__':",
               f"    run_repro(Repro(), INPUTS, after={after!r}, backend={backend!r}, accuracy={accuracy!r}, "
@@ -126,29 +132,56 @@ def repro_disabled() -> Iterator[None]:
 
 
 # ---- running a script ----------------------------------------------------------------------------
-def graph_of(mod, args: list, after: str) -> "GraphModule":
-    """The GraphModule a script's `Repro` module stands for."""
+def graph_of(mod, args: list, after: str, dims: list | None = None) -> "GraphModule":
+    """The GraphModule a script's `Repro` module stands for; `dims`: per input, the dims whose
+    sizes stay symbolic (none: a static graph)."""
     if after == "aot":
-        return make_fx(mod, tracing_mode="fake")(*args)
-    return symbolic_trace(mod)
+        if dims and any(dims):
+            from ..._functorch.aot_autograd import trace_with_dynamic_dims
+            gm = trace_with_dynamic_dims(mod, list(args), dims)
+        else:
+            gm = make_fx(mod, tracing_mode="fake")(*args)
+    else:
+        gm = symbolic_trace(mod)
+    if dims and any(dims):
+        for ph, d in zip([n for n in gm.graph.nodes if n.op == "placeholder"], dims):
+            ph.meta["dynamic_dims"] = tuple(d)
+    return gm
 
 
-def compile_aot(gm, args: list) -> Callable:
-    """`gm` (core operators) retraced with fake tensors and compiled by the inductor entry point."""
+def compile_aot(gm, args: list, dims: list) -> Callable:
+    """`gm` (core operators) retraced with fake tensors (symbolic sizes at `dims`) and compiled by
+    the inductor entry point."""
     import flambeau
     from ..._inductor.compile_fx import compile_fx
     with flambeau.no_grad():
-        return compile_fx(graph_of(gm, args, "aot"), list(args))
+        return compile_fx(graph_of(gm, args, "aot", dims), list(args))
 
 
-def run_compiled(gm, args: list, after: str, backend: str | None) -> object:
-    """Compile `gm` as the minifier's test does and call it on `args` (exceptions propagate)."""
+def _compile_dynamic(gm, args: list, dims: list, backend: str | None) -> Callable:
+    """`gm` given to the backend as the capture front end gives a dynamic graph: a ShapeEnv in
+    its meta and placeholders whose example values have symbolic sizes at `dims`."""
+    from ..._functorch.aot_autograd import fakes_with_dynamic_dims
+    fakes, env = fakes_with_dynamic_dims(list(args), dims)
+    for ph, f in zip([n for n in gm.graph.nodes if n.op == "placeholder"], fakes):
+        ph.meta["example_value"] = f
+    gm.meta["shape_env"] = env
+    return resolve_backend(backend)(gm, list(args))
+
+
+def run_compiled(gm, args: list, after: str, backend: str | None, dims: list | None = None) -> object:
+    """Compile `gm` as the minifier's test does and call it on `args` (exceptions propagate);
+    `dims` (default: read from `gm`'s placeholders) are the inputs' symbolic dims."""
     import flambeau
+    if dims is None:
+        dims = placeholder_dynamic_dims(gm)
     with repro_disabled():
         if after == "aot":
-            compiled = compile_aot(gm, args)
+            compiled = compile_aot(gm, args, dims)
             with flambeau.no_grad():
                 return compiled(*args)
+        if any(dims):
+            return _compile_dynamic(gm, args, dims, backend)(*args)
         compiled = resolve_backend(backend)(gm, list(args))
         return compiled(*args)
 
@@ -189,12 +222,13 @@ def run_repro(mod, inputs: list, *, after: str, backend: str | None = "inductor"
     if after not in ("aot", "dynamo"):
         raise ValueError(f"run_repro: after must be 'aot' or 'dynamo', got {after!r}")
     args = make_inputs(inputs, SEED)
-    gm = graph_of(mod, args, after)
+    dims = dynamic_dims(inputs)
+    gm = graph_of(mod, args, after, dims)
     if command == "minify":
         from .failure import minify_and_dump
         minify_and_dump(gm, args, after=after, backend=backend, accuracy=accuracy)
         return
-    out = run_compiled(gm, clone_inputs(args), after, backend)
+    out = run_compiled(gm, clone_inputs(args), after, backend, dims)
     if accuracy:
         why = check_accuracy(gm, args, out, tol=config.repro_tolerance)
         if why:
