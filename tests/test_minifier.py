@@ -72,8 +72,9 @@ def script_graph(path):
     return names, ns
 
 
-def run_script(path, tmp_path, bug):
-    """`python repro.py` in a fresh process, with `bug` injected by a sitecustomize hook (or none)."""
+def run_script(path, tmp_path, bug, extra_env=None, timeout=120):
+    """`python repro.py` in a fresh process, with `bug` injected by a sitecustomize hook (or none)
+    and `extra_env` set."""
     hook = tmp_path / "hook"
     hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_text(HOOK)
@@ -82,8 +83,9 @@ def run_script(path, tmp_path, bug):
     env.pop("FLAMBEAU_REPRO_AFTER", None)
     if bug:
         env["FLAMBEAU_TEST_INDUCTOR_BUG"] = bug
+    env.update(extra_env or {})
     return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, cwd=str(tmp_path),
-                          timeout=120)
+                          timeout=timeout)
 
 
 def test_after_aot_error_minifies_to_the_bad_op(repro_env, tmp_path):
@@ -158,6 +160,39 @@ def test_dynamic_graph_repro_keeps_symbolic_sizes(repro_env, tmp_path, after):
     assert any(len(spec) == 6 and spec[5] for spec in ns["INPUTS"]), ns["INPUTS"]
     failed = run_script(d / "repro.py", tmp_path, "dynamic")
     assert failed.returncode != 0 and bugs.DYNAMIC_BUG_MESSAGE in failed.stderr, failed.stderr
+    assert run_script(d / "repro.py", tmp_path, None).returncode == 0
+
+
+CRASHING_PROGRAM = """
+import flambeau
+import flambeau._inductor.config
+flambeau._inductor.config.backend = "numpy"
+
+def small_program(x, y):            # few nodes: every candidate costs a process start
+    a = flambeau.cos(x) + y
+    return flambeau.sin(a * 2).exp().sum()
+
+flambeau.manual_seed(0)
+flambeau.compile(small_program)(flambeau.randn(4, 8), flambeau.randn(4, 8))
+"""
+
+
+def test_crash_is_minified_in_subprocesses(tmp_path):
+    """sin's lowering segfaults. The program dies of SIGSEGV at level 3 after writing the launcher;
+    `python minifier_launcher.py` runs each candidate in a subprocess (in-process, the first would
+    kill it) and writes a repro.py that dies of SIGSEGV with the bug and passes without it."""
+    import signal
+    d = tmp_path / "minifier"
+    (tmp_path / "program.py").write_text(CRASHING_PROGRAM)
+    env = {"FLAMBEAU_REPRO_LEVEL": "3", "FLAMBEAU_MINIFIER_DIR": str(d)}
+    crashed = run_script(tmp_path / "program.py", tmp_path, "crash", dict(env, FLAMBEAU_REPRO_AFTER="aot"))
+    assert crashed.returncode == -signal.SIGSEGV, crashed.stderr
+    assert (d / "minifier_launcher.py").exists() and not (d / "repro.py").exists()
+    launched = run_script(d / "minifier_launcher.py", tmp_path, "crash", env, timeout=900)
+    assert launched.returncode == 0, launched.stderr
+    names, _ = script_graph(d / "repro.py")
+    assert "sin" in names and len(names) <= FEW_NODES, names
+    assert run_script(d / "repro.py", tmp_path, "crash").returncode == -signal.SIGSEGV
     assert run_script(d / "repro.py", tmp_path, None).returncode == 0
 
 

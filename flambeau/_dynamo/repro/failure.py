@@ -10,21 +10,32 @@ The test of a candidate (`failure_test`) runs it eagerly (it must work), then co
 the repro script will (script.run_compiled: inductor after aot, the named backend after dynamo)
 and says whether it raises an exception of the original type with a similar message, or (for
 accuracy) whether its output fails debug_utils.same against eager and float64.
+
+A failure that kills the process (a segfault in generated code) cannot be minified by the process
+it kills: level 3's `minifier_launcher.py` is run instead, and the launcher first runs the whole
+graph's script in a subprocess. When that dies of a signal, every candidate is judged the same way,
+as PyTorch's minifier isolates them: its script runs in a subprocess and fails when it dies of the
+same signal (`isolated_failure_test`). Exceptions and accuracy failures stay in-process (faster).
 """
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+import tempfile
 from typing import Callable
 
 from ... import _logging
 from .. import config
 from .debug_utils import AccuracyError, LAUNCHER_NAME, SCRIPT_NAME, clone_inputs, same_failure
 from .fx_minifier import minify
-from .script import check_accuracy, repro_disabled, run_compiled, write_repro
+from .script import check_accuracy, repro_disabled, repro_source, run_compiled, write_repro
 from ..._tensor import Tensor
 from ...fx.graph_module import GraphModule
 
 log = _logging.get_logger("flambeau._dynamo.repro")
+CANDIDATE_TIMEOUT_S = 600          # an isolated candidate running longer counts as not failing
 
 
 def lift_attributes(gm, args: list) -> tuple:
@@ -72,11 +83,51 @@ def failure_test(*, after: str, backend: str | None, accuracy: bool, orig: BaseE
     return fails
 
 
+def run_isolated(gm, args: list, *, after: str, backend: str | None) -> int | None:
+    """The exit status of `gm`'s repro script run in a subprocess (negative: the signal it died of;
+    None when it ran past CANDIDATE_TIMEOUT_S)."""
+    src = repro_source(gm, args, after=after, backend=backend, accuracy=False, command="run")
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["flambeau"].__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
+    with tempfile.TemporaryDirectory(prefix="flambeau-minifier-") as d:
+        path = os.path.join(d, "candidate.py")
+        with open(path, "w") as f:
+            f.write(src)
+        try:
+            return subprocess.run([sys.executable, path], env=env, cwd=d, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=CANDIDATE_TIMEOUT_S).returncode
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def isolated_failure_test(*, after: str, backend: str | None, signal_number: int) -> Callable:
+    """`fails(gm, args)` for a crash: the candidate works eagerly (in-process) and its script, run
+    in a subprocess, dies of signal `signal_number`."""
+    import flambeau
+
+    def fails(gm, args) -> bool:
+        try:
+            with flambeau.no_grad():
+                gm(*clone_inputs(args))
+        except Exception:
+            return False
+        return run_isolated(gm, args, after=after, backend=backend) == -signal_number
+    return fails
+
+
 def minify_and_dump(gm, args: list, *, after: str, backend: str | None, accuracy: bool,
                     orig: BaseException | None = None) -> str:
     """Minify `gm` against its failure and write the result as `repro.py`; returns the path."""
     gm, args = lift_attributes(gm, args)
-    if not accuracy and orig is None:           # a launcher run: find the failure first
+    if not accuracy and orig is None:           # a launcher run: find the failure first, isolated
+        status = run_isolated(gm, args, after=after, backend=backend)
+        if status is not None and status < 0:
+            log.warning("flambeau minifier: the graph's script dies of signal %d; each candidate runs in a "
+                        "subprocess", -status)
+            test = isolated_failure_test(after=after, backend=backend, signal_number=-status)
+            small, small_args = minify(gm, args, test)
+            return write_repro(small, small_args, after=after, backend=backend, accuracy=False, name=SCRIPT_NAME,
+                               note=f"the compiled graph dies of signal {-status}")
         try:
             run_compiled(gm, clone_inputs(args), after, backend)
         except Exception as e:
