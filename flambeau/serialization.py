@@ -48,6 +48,7 @@ _ZIP_LOCAL_HEADER = struct.Struct("<4s22xHH")     # signature ... name length, e
 _ZIP_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)     # what PyTorch's zip reader (miniz) reads
 _DEFLATE_MAX_RATIO = 1032              # deflate cannot expand its input more (zlib's technical notes)
 _READ_CHUNK = 1 << 20
+_PARSE_IN_MEMORY = 16 << 20            # a pickle member up to this size is read whole, larger ones streamed
 _LEGACY_PT_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"  # torch.save(..., zip=False)
 
 _ST_NAMES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64",
@@ -450,9 +451,40 @@ class _ZipRecords:
     def read(self, name: str) -> bytes:
         return self.array(name).tobytes()
 
-    def open(self, name: str) -> io.BufferedReader:
-        """A buffered stream of the member: a parser reading it decompresses only what it consumes."""
-        return io.BufferedReader(self.z.open(self.info(name)), _READ_CHUNK)
+    def open(self, name: str) -> "io.BytesIO | _MemberStream":
+        """The member as a file for a parser: in memory up to `_PARSE_IN_MEMORY` bytes (fastest for
+        the pure-Python unpickler), else a stream that decompresses only what the parser consumes."""
+        info = self.info(name)
+        if info.file_size <= _PARSE_IN_MEMORY:
+            return io.BytesIO(self.read(name))
+        return _MemberStream(io.BufferedReader(self.z.open(info), _READ_CHUNK), info.file_size)
+
+
+class _MemberStream:
+    """A zip member's bytes for a parser (`read`, `readline`), never asking the decompressor for
+    more than the member has left: a length prefix in the data (a pickle's BINBYTES8 of 2**60)
+    must not become one allocation of that size (BufferedReader.read(n) allocates n first)."""
+
+    def __init__(self, raw: io.BufferedReader, size: int):
+        self.raw, self.left = raw, size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        data = self.raw.read(n)
+        self.left -= len(data)
+        return data
+
+    def readline(self, limit: int = -1) -> bytes:
+        limit = self.left if limit is None or limit < 0 else min(limit, self.left)
+        data = self.raw.readline(limit)
+        self.left -= len(data)
+        return data
+
+    def __enter__(self) -> "_MemberStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.raw.close()
 
 
 def _load_zip(src: _Source, weights_only: bool, place) -> object:

@@ -397,6 +397,13 @@ def test_zip_members_cannot_expand_beyond_what_is_declared():
         if torch_raises:
             with pytest.raises(RuntimeError):
                 torch.load(io.BytesIO(data))
+    # a streamed pickle (over 16 MiB) whose BINBYTES8 claims 16 GiB: read only as far as the member
+    # goes (its 64 MiB, a few copies on the way), not allocated at the claimed size
+    claim = b"\x80\x02\x8e" + (2 ** 34).to_bytes(8, "little") + bytes(BOMB)
+    out, peak = _peak_of_load(_pt_with({"data.pkl": claim}, 4))
+    assert isinstance(out, pickle.UnpicklingError), repr(out)
+    assert peak < 4 * BOMB, f"BINBYTES8 claim: loading allocated {peak >> 20} MiB"
+    del claim
     # 64 MiB of zeros after the pickle's STOP in data.pkl: ignored (CRC-checked), as torch.load does
     tail = _pt_with({}, 4, pkl_tail=zeros)
     out, peak = _peak_of_load(tail)
