@@ -29,6 +29,7 @@ _ndarray = np.ndarray
 _graph = None          # flambeau.autograd.graph: record, record_not_implemented, record_inplace
 _forward_ad = None     # flambeau.autograd.forward_ad: propagate, set_inplace_tangent
 _cast_inputs = None    # flambeau.amp.autocast_mode.cast_inputs
+_call_composite = None # flambeau.amp.autocast_mode.call_composite
 
 
 def register_autograd(graph, forward_ad) -> None:
@@ -38,11 +39,12 @@ def register_autograd(graph, forward_ad) -> None:
     _graph, _forward_ad = graph, forward_ad
 
 
-def register_autocast(cast_inputs) -> None:
+def register_autocast(cast_inputs, call_composite) -> None:
     """Called by `flambeau.amp.autocast_mode` at import: `cast_inputs(op, args, kwargs)` runs on
-    every call while an autocast region is active."""
-    global _cast_inputs
-    _cast_inputs = cast_inputs
+    every call while an autocast region is active, `call_composite(op, fn, args, kwargs)` on every
+    call of a Python composite with an autocast policy (`_registry.autocast_policy`)."""
+    global _cast_inputs, _call_composite
+    _cast_inputs, _call_composite = cast_inputs, call_composite
 
 
 def dispatch(op, args, kwargs):

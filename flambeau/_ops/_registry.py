@@ -279,12 +279,56 @@ def _default_text(v) -> str:
     return str(v)
 
 
+_AUTOCAST_TAGS = frozenset({Tag.autocast_lower_precision, Tag.autocast_fp32, Tag.autocast_promote,
+                            Tag.autocast_banned, Tag.cpu_autocast_lower_precision, Tag.cpu_autocast_fp32,
+                            Tag.cpu_autocast_promote})
+
+
+class Composite:
+    """What the autocast layer reads of a Python composite that has a mixed-precision policy: its
+    name and its autocast tags (PyTorch lists such functions, e.g. `binary_cross_entropy_with_logits`,
+    among its autocast ops)."""
+    __slots__ = ("__name__", "tags")
+
+    def __init__(self, name: str, tags):
+        bad = [t for t in tags if t not in _AUTOCAST_TAGS]
+        if bad:
+            raise ValueError(f"{name}: a composite takes autocast tags only (no schema for the others), got {bad}")
+        self.__name__ = name
+        self.tags = frozenset(tags)
+
+    def __repr__(self):
+        return f"Composite({self.__name__})"
+
+
+def autocast_policy(name: str, tags):
+    """Decorator: `fn` (a Python composite) gets the autocast policy of `tags` under the op name
+    `name`: while autocast is on, its inputs are cast as an op's, and its body runs with autocast
+    off on the devices whose policy applied (as PyTorch runs an op below its autocast layer)."""
+    op = Composite(name, tags)
+
+    def wrap(fn):
+        def with_policy(*args, **kwargs):
+            if _state.autocast:
+                return _dispatch._call_composite(op, fn, args, kwargs)
+            return fn(*args, **kwargs)
+        with_policy.__name__ = with_policy.__qualname__ = fn.__name__
+        with_policy.__doc__ = fn.__doc__
+        with_policy.__wrapped__ = fn
+        with_policy.autocast_op = op
+        return with_policy
+    return wrap
+
+
 def export(name: str | None = None, *, method: bool | str = False, function: bool = True,
-           namespace: str | None = None):
+           namespace: str | None = None, tags=()):
     """Export a plain Python function (a composite over ops) as flambeau.<name> and/or a method,
-    and/or into a namespace ('nn.functional', 'linalg', 'special', 'fft')."""
+    and/or into a namespace ('nn.functional', 'linalg', 'special', 'fft'). `tags`: its autocast
+    policy (see `autocast_policy`); the function returned (and exported) then applies it."""
     def wrap(fn):
         n = name or fn.__name__
+        if tags:
+            fn = autocast_policy(n, tags)(fn)
         public = _traceable(fn, n, "flambeau" if function else "flambeau." + namespace) \
             if function or namespace else fn
         if namespace:
@@ -312,4 +356,4 @@ def _traceable(fn, name: str, module: str):
     return public
 
 
-from .. import _dispatch  # noqa: E402  (circular: the dispatcher needs Op, Op needs dispatch)
+from .. import _dispatch, _state  # noqa: E402  (circular: the dispatcher needs Op, Op needs dispatch)

@@ -15,10 +15,10 @@ import numpy as np
 
 import string
 
-from .. import _dtype as D
+from .. import _dtype as D, _state
 from .._backends import cpu_kernels, cublaslt
 from .._backends.cpu_kernels import matmul_for
-from ._registry import defop, export, TensorSpec, LINALG, Tag
+from ._registry import defop, export, autocast_policy, TensorSpec, LINALG, Tag
 from ._helpers import broadcast_shapes, opmath, wrap_dim
 from .._dispatch import type_name as tn
 
@@ -434,7 +434,7 @@ def _einsum_eq(eq, shapes):
 
 
 @defop("einsum(str equation, Tensor[] tensors, *, int[]? path=None) -> Tensor", function=False,
-       tags=(Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision),
+       tags=(Tag.autocast_lower_precision,),
        no_decomposition="the contraction order (and hence the mm/bmm sequence) is a path-optimisation "
                         "choice; the compiler calls it as an extern like mm",
        eager_fallback="contracted through the eager kernel (no lowering)")
@@ -492,7 +492,35 @@ def einsum(equation, *operands):
         operands = tuple(operands[0])
     if not isinstance(equation, str):
         equation, operands = _sublist_equation(equation, operands)
+    if _contracts(equation, operands):
+        return _einsum_bmm(equation, list(operands))
     return _einsum(equation, list(operands))
+
+
+def _contracts(equation, operands) -> bool:
+    """Whether some index is summed over two or more operands: PyTorch's cpu einsum then runs bmm
+    (lower precision under cpu autocast); otherwise only sums, products and views (float32)."""
+    if len(operands) < 2:
+        return False
+    subs, out, _, _ = _einsum_parse(equation, [t.shape for t in operands])
+    return any(sum(c in s for s in subs) >= 2 and c not in out for c in set("".join(subs)))
+
+
+@autocast_policy("einsum", (Tag.cpu_autocast_lower_precision,))
+def _einsum_bmm(equation, operands):
+    return _einsum(equation, operands)
+
+
+# tensordot is a promote op on cuda; on cpu PyTorch runs it as mm (lower precision) unless it
+# contracts everything into a 0-dim result (a dot, float32)
+@autocast_policy("tensordot", (Tag.autocast_promote, Tag.cpu_autocast_lower_precision))
+def _tensordot_mm(equation, a, b):
+    return _einsum(equation, [a, b])
+
+
+@autocast_policy("tensordot", (Tag.autocast_promote,))
+def _tensordot_dot(equation, a, b):
+    return _einsum(equation, [a, b])
 
 
 def _sublist_equation(first, rest):
@@ -518,8 +546,8 @@ def tensordot(a, b, dims=2, out=None):
         da, db = ([d] if isinstance(d, int) else list(d) for d in dims)
     if len(da) != len(db):
         raise RuntimeError(f"both dimension lists should have same length")
-    if a.dtype is not b.dtype:
-        raise RuntimeError("both inputs should have same dtype")
+    if a.dtype is not b.dtype and (a.device.type == "cpu" or a.device.type not in _state.autocast):
+        raise RuntimeError("both inputs should have same dtype")     # (cuda autocast promotes them first)
     da = [wrap_dim(d, a.ndim) for d in da]
     db = [wrap_dim(d, b.ndim) for d in db]
     sa = string.ascii_letters[:a.ndim]
@@ -531,7 +559,7 @@ def tensordot(a, b, dims=2, out=None):
         sb[y] = sa[x]
     sb = "".join(sb)
     res = "".join(c for i, c in enumerate(sa) if i not in da) + "".join(c for i, c in enumerate(sb) if i not in db)
-    r = _einsum(f"{sa},{sb}->{res}", [a, b])
+    r = (_tensordot_mm if res else _tensordot_dot)(f"{sa},{sb}->{res}", a, b)
     return r if out is None else out.resize_(r.shape).copy_(r)
 
 

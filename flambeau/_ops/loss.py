@@ -437,7 +437,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     return _reduce(loss if weight is None else loss * weight, reduction)
 
 
-@export("binary_cross_entropy_with_logits", namespace="nn.functional")
+@export("binary_cross_entropy_with_logits", namespace="nn.functional", tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
                                      reduction="mean", pos_weight=None):
     reduction = _legacy(size_average, reduce, reduction) if not isinstance(reduce, int) else \
@@ -516,7 +516,7 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
     return _reduce(loss, reduction)
 
 
-@export("cosine_embedding_loss", namespace="nn.functional")
+@export("cosine_embedding_loss", namespace="nn.functional", tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
     reduction = _legacy(size_average, reduce, reduction) if not isinstance(reduction, int) else \
         {0: "none", 1: "mean", 2: "sum"}[reduction]
@@ -530,7 +530,7 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
     return _reduce(pos * (1 - cos) + neg * relu(cos - margin), reduction)
 
 
-@export("triplet_margin_loss", namespace="nn.functional")
+@export("triplet_margin_loss", namespace="nn.functional", tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, swap=False, size_average=None,
                         reduce=None, reduction="mean"):
     reduction = _legacy(size_average, reduce, reduction) if not isinstance(reduction, int) else \

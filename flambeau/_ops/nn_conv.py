@@ -455,7 +455,7 @@ def conv_weight_grad_arrays(xp, x, gy, wshape, st, pad, dil, groups):
 # ---- ops ---------------------------------------------------------------------------------------
 @defop("convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, "
        "SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor",
-       tags=(Tag.core, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
+       tags=(Tag.core, Tag.extern, Tag.autocast_lower_precision))
 def convolution(xp, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     dt = _dtype_checks(input, weight, bias)
     shape = conv_output_shape(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
@@ -578,8 +578,11 @@ def _conv_transpose_nd(nd: int, name: str):
 
 
 for _nd in (1, 2, 3):
-    export(f"conv{_nd}d", namespace="nn.functional")(_conv_nd(_nd, f"conv{_nd}d"))
-    export(f"conv_transpose{_nd}d", namespace="nn.functional")(_conv_transpose_nd(_nd, f"conv_transpose{_nd}d"))
+    # on cpu PyTorch lists conv1d..conv_transpose3d (lower precision), not `convolution` itself
+    export(f"conv{_nd}d", namespace="nn.functional", tags=(Tag.cpu_autocast_lower_precision,))(
+        _conv_nd(_nd, f"conv{_nd}d"))
+    export(f"conv_transpose{_nd}d", namespace="nn.functional", tags=(Tag.cpu_autocast_lower_precision,))(
+        _conv_transpose_nd(_nd, f"conv_transpose{_nd}d"))
 
 
 # ---- unfold / fold (im2col / col2im) ------------------------------------------------------------------

@@ -3,7 +3,7 @@ channel_shuffle, multi_margin_loss, multilabel_margin_loss, triplet_margin_with_
 from __future__ import annotations
 
 from .._tensor import Tensor
-from ._registry import export, EXPORTS, NN_FUNCTIONAL
+from ._registry import export, autocast_policy, EXPORTS, NN_FUNCTIONAL, Tag
 from .creation import full, tensor
 from .masking import where
 from .shape import stack
@@ -30,6 +30,12 @@ def local_response_norm(input, size: int, alpha: float = 1e-4, beta: float = 0.7
         raise ValueError(f"Expected 3D or higher dimensionality input (got {input.dim()} dimensions)")
     if input.numel() == 0:
         return input
+    if input.dim() > 3:
+        return _local_response_norm_fp32_on_cpu(input, size, alpha, beta, k)
+    return _local_response_norm(input, size, alpha, beta, k)
+
+
+def _local_response_norm(input, size, alpha, beta, k):
     sq = (input * input).transpose(1, -1)                    # channels last
     padded = _F("pad")(sq, (size // 2, (size - 1) // 2))
     c = input.shape[1]
@@ -38,6 +44,10 @@ def local_response_norm(input, size: int, alpha: float = 1e-4, beta: float = 0.7
         win = win + padded.narrow(-1, j, c)
     div = (win.transpose(1, -1) * (alpha / size) + k) ** beta
     return input / div
+
+
+# PyTorch averages over the channel window with avg_pool3d for 4D+ inputs: fp32 under cpu autocast
+_local_response_norm_fp32_on_cpu = autocast_policy("avg_pool3d", (Tag.cpu_autocast_fp32,))(_local_response_norm)
 
 
 def _lp_pool(pool, input, norm_type, kernel_size, stride, ceil_mode, nd):
@@ -68,7 +78,7 @@ def channel_shuffle(input, groups: int):
     return input.reshape(n, groups, c // groups, *rest).transpose(1, 2).reshape(n, c, *rest)
 
 
-@export("multi_margin_loss", namespace="nn.functional", function=False)
+@export("multi_margin_loss", namespace="nn.functional", function=False, tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None,
                       reduction="mean"):
     if p not in (1, 2):
@@ -89,7 +99,7 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     return _reduce(loss, reduction)
 
 
-@export("multilabel_margin_loss", namespace="nn.functional", function=False)
+@export("multilabel_margin_loss", namespace="nn.functional", function=False, tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     x = input if input.dim() == 2 else input.unsqueeze(0)
     t = target if target.dim() == 2 else target.unsqueeze(0)

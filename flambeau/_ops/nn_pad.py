@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import _dtype as D
 from .._backends import cuda_index_kernels, device_checks
-from ._registry import defop, export, TensorSpec, Tag
+from ._registry import defop, export, autocast_policy, TensorSpec, Tag
 from .nn_resample import _taps_gather
 from .._dispatch import type_name
 
@@ -107,6 +107,14 @@ def pad(input, pad, mode="constant", value=None):
             raise RuntimeError(f"input tensor must have non-zero size in dimension {d} and the padded size must be "
                                f"non-negative for {mode} padding")
         tables.append(_to_dev(_pad_index(n, lo, hi, mode), input))
+    if mode == "replicate" or (mode == "reflect" and nd <= 2):
+        return _pad_fp32_on_cpu(input, tables)
+    return _taps_gather(input, tables, [])
+
+
+@autocast_policy("reflection_replication_pad", (Tag.cpu_autocast_fp32,))
+def _pad_fp32_on_cpu(input, tables):
+    """PyTorch's cpu fp32 list has reflection_pad1d/2d and replication_pad1d/2d/3d."""
     return _taps_gather(input, tables, [])
 
 

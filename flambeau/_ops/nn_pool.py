@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from .. import _dtype as D
-from ._registry import defop, export, TensorSpec, Tag
+from ._registry import defop, export, autocast_policy, TensorSpec, Tag
 from ._helpers import opmath
 from .nn_conv import ntuple
 from .nn_resample import _taps_gather, _plane_scatter_add
@@ -103,7 +103,7 @@ def _def_max_pool(nd):
 
     @defop(f"{name}(Tensor self, int[{nd}] kernel_size, int[{nd}] stride=[], int[{nd}] padding=0, "
            f"int[{nd}] dilation=1, bool ceil_mode=False) -> (Tensor output, Tensor indices)", function=False,
-           tags=(Tag.core, Tag.extern) + ((Tag.cpu_autocast_fp32,) if nd == 3 else ()))
+           tags=(Tag.core, Tag.extern))
     def op(xp, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
         ks, st, pd, dl = _pool_args(nd, kernel_size, stride, padding, dilation)
         shape = _pool_shape(f"max_pool{nd}d", self.shape, nd, ks, st, pd, dl, ceil_mode)
@@ -121,10 +121,16 @@ def _def_max_pool(nd):
     def _(grad, self_meta, result):
         return _plane_scatter_add(grad[0], result[1], tuple(self_meta.shape), nd)
 
+    def pool(input, kernel_size, stride, padding, dilation, ceil_mode):
+        return op(input, ntuple(kernel_size, nd, "kernel_size"), () if stride is None else stride, padding, dilation,
+                  ceil_mode)
+    # PyTorch's cpu fp32 list has max_pool3d (values only) but not max_pool3d_with_indices
+    values_only = autocast_policy(f"max_pool{nd}d", (Tag.cpu_autocast_fp32,))(pool) if nd == 3 else pool
+
     def max_pool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-        r = op(input, ntuple(kernel_size, nd, "kernel_size"), () if stride is None else stride, padding, dilation,
-               ceil_mode)
-        return r if return_indices else r[0]
+        if return_indices:
+            return pool(input, kernel_size, stride, padding, dilation, ceil_mode)
+        return values_only(input, kernel_size, stride, padding, dilation, ceil_mode)[0]
     max_pool.__name__ = f"max_pool{nd}d"
     export(f"max_pool{nd}d", namespace="nn.functional")(max_pool)
     export(f"max_pool{nd}d_with_indices", namespace="nn.functional", function=False)(
@@ -193,7 +199,8 @@ def _def_avg_pool(nd):
 
 
 for _nd in (1, 2, 3):
-    export(f"avg_pool{_nd}d", namespace="nn.functional", function=_nd == 1)(_def_avg_pool(_nd))
+    export(f"avg_pool{_nd}d", namespace="nn.functional", function=_nd == 1,
+           tags=(Tag.cpu_autocast_fp32,) if _nd == 3 else ())(_def_avg_pool(_nd))
 
 
 # ---- adaptive pooling ----------------------------------------------------------------------------
@@ -270,7 +277,8 @@ def _def_adaptive_max(nd):
 
 ADAPTIVE_MAX_OPS = []
 for _nd in (1, 2, 3):
-    export(f"adaptive_avg_pool{_nd}d", namespace="nn.functional", function=_nd == 1)(_def_adaptive_avg(_nd))
+    export(f"adaptive_avg_pool{_nd}d", namespace="nn.functional", function=_nd == 1,
+           tags=(Tag.cpu_autocast_fp32,) if _nd == 3 else ())(_def_adaptive_avg(_nd))
     _op, _fn = _def_adaptive_max(_nd)
     ADAPTIVE_MAX_OPS.append(_op)
     export(f"adaptive_max_pool{_nd}d", namespace="nn.functional", function=_nd == 1)(_fn)
@@ -295,7 +303,8 @@ def _def_max_unpool(nd):
 
 
 for _nd in (1, 2, 3):
-    export(f"max_unpool{_nd}d", namespace="nn.functional", function=False)(_def_max_unpool(_nd))
+    export(f"max_unpool{_nd}d", namespace="nn.functional", function=False,
+           tags=(Tag.cpu_autocast_fp32,) if _nd > 1 else ())(_def_max_unpool(_nd))
 
 
 # ---- interpolate -----------------------------------------------------------------------------------

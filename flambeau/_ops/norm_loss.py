@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from .. import _dtype as D
@@ -132,7 +133,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_
 
 # ---- rms_norm ---------------------------------------------------------------------------------
 def _rms_eps(eps, dt):
-    return float(np.finfo(dt.np).eps) if eps is None else eps
+    return float(ml_dtypes.finfo(dt.np).eps) if eps is None else eps        # (numpy's finfo has no bfloat16)
 
 
 @defop("_fused_rms_norm(Tensor input, int[] normalized_shape, Tensor? weight, float? eps) -> (Tensor, Tensor)",

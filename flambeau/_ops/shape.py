@@ -415,7 +415,7 @@ def cartesian_prod(*tensors):
     return stack([g.reshape(-1) for g in grids], 1)
 
 
-@export("trace", method=True)
+@export("trace", method=True, tags=(Tag.cpu_autocast_fp32,))
 def trace(self):
     if self.ndim != 2:
         raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {self.ndim}")

@@ -13,6 +13,9 @@ but cpu, `Tag.cpu_autocast_*` for cpu):
   fp32 unless a `dtype=` is given - softmax, sum, cumsum and friends;
   promote - they go to the widest floating type among them (cat on cpu, addcmul on cuda...);
   banned - the op refuses to run (binary_cross_entropy on cuda).
+A Python composite that PyTorch lists (a loss, a pooling function) declares its policy with the
+same tags (`_registry.autocast_policy`, `export(..., tags=...)`); `call_composite` casts its inputs
+and runs its body with autocast off on those devices, as PyTorch runs an op below its autocast layer.
 Casts go through `Tensor.to`, so autograd records them and gradients come back in the original
 dtype. Within one outermost region, the lower-precision casts of leaf weights that require grad
 are cached (PyTorch's cache_enabled). Backward passes run with autocast off (the engine clears it).
@@ -146,6 +149,19 @@ def cast_inputs(op, args, kwargs):
         if rule is not None:
             args, kwargs = rule(op, dev_type, dtype, args, kwargs)
     return args, kwargs
+
+
+def call_composite(op, fn, args, kwargs):
+    """A Python composite with an autocast policy (`_registry.autocast_policy`): cast its inputs as
+    an op's, then run its body with autocast off on the devices whose policy applied, so that its
+    inner ops are not cast again (PyTorch runs an op's kernel below its autocast layer)."""
+    args, kwargs = cast_inputs(op, args, kwargs)
+    saved = _state.autocast
+    _state.autocast = {d: t for d, t in saved.items() if _rule(op, d) is None}
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _state.autocast = saved
 
 
 # ---- global state -------------------------------------------------------------------------------
@@ -351,4 +367,4 @@ def custom_bwd(bwd=None, *, device_type: str):
     return decorate_bwd
 
 
-_dispatch.register_autocast(cast_inputs)
+_dispatch.register_autocast(cast_inputs, call_composite)
