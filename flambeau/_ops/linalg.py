@@ -254,7 +254,7 @@ def _(grad, self, tensor):
     return grad * tensor.conj(), grad * self.conj()
 
 
-@defop("vdot(Tensor self, Tensor other) -> Tensor", method=True)
+@defop("vdot(Tensor self, Tensor other) -> Tensor", method=True, tags=(Tag.autocast_promote,))
 def vdot(xp, self, other):
     _dot_shape(self, other, "vdot")
     _check_not_bool("vdot", self)

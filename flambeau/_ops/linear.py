@@ -65,7 +65,7 @@ def _(grad, input, weight, bias):
     return gi, gw, gb
 
 
-@export("bilinear", namespace="nn.functional")
+@export("bilinear", namespace="nn.functional", tags=(Tag.autocast_promote,))
 def bilinear(input1, input2, weight, bias=None):
     out = einsum("...i,oij,...j->...o", input1, weight, input2)
     return out + bias if bias is not None else out

@@ -358,6 +358,12 @@ _MODES_ND = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
 @export("interpolate", namespace="nn.functional", function=False)
 def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                 recompute_scale_factor=None, antialias=False):
+    # PyTorch's cuda fp32 list has every upsample_* op; "area" runs adaptive_avg_pool (not listed)
+    run = _interpolate if mode == "area" else _interpolate_fp32_on_cuda
+    return run(input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+
+
+def _interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias):
     if mode in ("nearest", "area", "nearest-exact"):
         if align_corners is not None:
             raise ValueError("align_corners option can only be set with the interpolating modes: "
@@ -423,6 +429,9 @@ def _x(s):
 
 
 EXPORT_ADAPTIVE_AVG = {nd: _def_adaptive_avg(nd) for nd in (1, 2, 3)}
+
+
+_interpolate_fp32_on_cuda = autocast_policy("upsample", (Tag.autocast_fp32,))(_interpolate)
 
 
 @export("upsample", namespace="nn.functional", function=False)
