@@ -246,5 +246,6 @@ def test_graph_breaks_stay_graph_breaks():
         return y + 1
     x = fl.randn(3)
     out = fl.compile(f)(x)
-    np.testing.assert_allclose(out.numpy(), (x.sin() + 1).numpy(), rtol=1e-6)
+    # atol: sin(x) + 1 cancels near x = -pi/2, where one ulp of sin is a large relative error
+    np.testing.assert_allclose(out.numpy(), (x.sin() + 1).numpy(), rtol=1e-6, atol=1e-6)
     assert sum(counters["graph_break"].values()) == 1 and not counters["inductor_fallbacks"]
