@@ -25,7 +25,7 @@ import timeit
 
 import numpy as np
 
-CALLS_TIMED = 20000          # calls per timeit run
+SECONDS_PER_RUN = 0.05       # length of one timeit run
 CALLS_COUNTED = 1000         # calls per op under callgrind
 WARMUP_CALLS = 200           # lets CPython specialise the bytecode before counting
 
@@ -67,9 +67,12 @@ def workloads(m) -> dict:
 
 
 def _time(fn, repeats: int) -> float:
+    """Microseconds per call: the minimum over `repeats` runs of about SECONDS_PER_RUN each."""
     for _ in range(WARMUP_CALLS):
         fn()
-    return min(timeit.repeat(fn, number=CALLS_TIMED, repeat=repeats)) / CALLS_TIMED * 1e6
+    per_call = timeit.timeit(fn, number=WARMUP_CALLS) / WARMUP_CALLS
+    number = max(1, int(SECONDS_PER_RUN / max(per_call, 1e-9)))
+    return min(timeit.repeat(fn, number=number, repeat=repeats)) / number * 1e6
 
 
 def _count_in_callgrind(names, ops) -> None:

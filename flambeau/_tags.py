@@ -26,6 +26,9 @@ class Tag(enum.Enum):
     extern = "extern"                                     # the compiler calls the eager kernel as a library call
     recomputable = "recomputable"                         # the partitioner may recompute it in the backward
     overlap_ok = "overlap_ok"                             # in-place variant may write a self with internal overlap
+    no_fp_errors = "no_fp_errors"                         # the kernel moves, selects or compares values and cannot
+                                                          # raise a floating-point error: eager dispatch runs it
+                                                          # without silencing NumPy's (flambeau._fp_errors)
     autocast_lower_precision = "autocast_lower_precision"  # autocast policies on cuda (and every device but cpu)
     autocast_fp32 = "autocast_fp32"
     autocast_fp32_opt = "autocast_fp32_opt"               # float32 unless the caller passes dtype=

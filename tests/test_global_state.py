@@ -105,3 +105,42 @@ def test_user_numpy_still_warns_after_flambeau_ops():
     _no_numpy_warnings(lambda: flambeau.tensor([1.0]) / 0)
     with pytest.warns(RuntimeWarning):
         np.array([1.0]) / 0
+
+
+# Ops tagged no_fp_errors run without the dispatcher's silencing, so their kernels must raise no
+# floating-point error for any value: each is called here on inf/nan/huge/tiny values while the
+# user's NumPy state is "raise". A tagged op missing here fails the first test.
+_EDGE_VALUES = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-45, 3e38, -3e38, 65504.0, -1.5]
+_NO_FP_ERRORS_CALLS = {
+    "relu": lambda m, x, idx: m.relu(x),
+    "clone": lambda m, x, idx: x.clone(),
+    "index.Tensor": lambda m, x, idx: x[idx],
+}
+
+
+def test_ops_tagged_no_fp_errors_raise_none_on_inf_nan_and_huge_values():
+    from flambeau._ops._registry import OPS
+    tagged = {op.name for op in OPS.values() if flambeau.Tag.no_fp_errors in op.tags}
+    assert tagged == set(_NO_FP_ERRORS_CALLS), "each op tagged no_fp_errors needs its edge-value call here"
+    for name, call in _NO_FP_ERRORS_CALLS.items():
+        for dt in ("float16", "bfloat16", "float32", "float64"):
+            ref_in = torch.tensor(_EDGE_VALUES, dtype=getattr(torch, dt))
+            x = flambeau.tensor(ref_in.float().numpy()).to(getattr(flambeau, dt))
+            idx = flambeau.tensor([0, 2, 2, 9])
+            with np.errstate(all="raise"):                       # the user's choice: an FP error raises
+                ours = call(flambeau, x, idx)
+            ref = call(torch, ref_in, torch.tensor([0, 2, 2, 9]))
+            torch.testing.assert_close(torch.from_numpy(np.array(ours.float()._host())), ref.float(),
+                                       equal_nan=True, msg=f"{name} {dt}")
+
+
+def test_dispatch_silences_fp_errors_only_around_kernels_that_can_raise(monkeypatch):
+    from flambeau import _dispatch
+    calls = []
+    quiet = _dispatch._fp_quiet
+    monkeypatch.setattr(_dispatch, "_fp_quiet", lambda: calls.append(1) or quiet())
+    x = flambeau.tensor([[1.0, -1.0], [2.0, 0.5]])
+    flambeau.relu(x), x.clone(), x[flambeau.tensor([1])], x.view(4), x.t()
+    assert calls == []
+    flambeau.exp(x), x + x, x.sum()
+    assert len(calls) == 3

@@ -134,7 +134,8 @@ def _softplus(xp, x):
 
 # ---- pointwise activations ----------------------------------------------------------------
 relu = pointwise_family("relu", fwd=lambda xp, x: xp.maximum(x, 0), bwd=lambda xp, g, x: g * (x > 0),
-                        ints=True, method=True, function=True, inplace=True, tags=(Tag.recomputable,))
+                        ints=True, method=True, function=True, inplace=True,
+                        tags=(Tag.recomputable, Tag.no_fp_errors))
 
 leaky_relu = pointwise_family(
     "leaky_relu", "Scalar negative_slope=0.01",

@@ -103,7 +103,7 @@ def adv_key(xp, shape, indices):
     return tuple(key)
 
 
-@defop("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", function=False, tags=(Tag.core,))
+@defop("index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", function=False, tags=(Tag.core, Tag.no_fp_errors))
 def index(xp, self, indices):
     if len(indices) == 1 and xp is np and self.ndim and type(ix := indices[0]) is np.ndarray \
             and ix.dtype == np.int64:

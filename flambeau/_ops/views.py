@@ -19,20 +19,24 @@ from ._helpers import wrap_dim
 
 
 def infer_size(shape, numel):
-    shape = list(shape)
-    neg = [i for i, s in enumerate(shape) if s == -1]
-    if len(neg) > 1:
-        raise RuntimeError("only one dimension can be inferred")
+    """`shape` with its one -1 (if any) replaced so that the sizes multiply to `numel`; the checks in
+    PyTorch's order (infer_size_impl)."""
+    infer = None
     known = 1
-    for s in shape:
-        if s != -1:
-            if s < 0:
-                raise RuntimeError(f"invalid shape dimension {s}")
+    for i, s in enumerate(shape):
+        if s == -1:
+            if infer is not None:
+                raise RuntimeError("only one dimension can be inferred")
+            infer = i
+        elif s < 0:
+            raise RuntimeError(f"invalid shape dimension {s}")
+        else:
             known *= s
-    if neg:
+    if infer is not None:
         if known == 0 or numel % known:
             raise RuntimeError(f"shape '{_fmt(shape)}' is invalid for input of size {numel}")
-        shape[neg[0]] = numel // known
+        shape = list(shape)
+        shape[infer] = numel // known
     elif known != numel:
         raise RuntimeError(f"shape '{_fmt(shape)}' is invalid for input of size {numel}")
     return tuple(shape)
@@ -290,7 +294,7 @@ def sum_to_size(self, *size):
 
 
 @defop("clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", method=True,
-       tags=(Tag.core, Tag.recomputable))
+       tags=(Tag.core, Tag.recomputable, Tag.no_fp_errors))
 def clone(xp, self, *, memory_format=None):
     from .._tensor import contiguous_format, channels_last
     if memory_format is contiguous_format:

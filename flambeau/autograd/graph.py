@@ -7,6 +7,7 @@ itself dispatched: modes see it, and with `create_graph=True` it is recorded for
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import traceback
@@ -86,6 +87,7 @@ class Node:
         return f"<{self.name()} object at {hex(id(self))}>"
 
 
+@functools.cache                 # one name per op: record() asks on every recorded call
 def _camel(name: str) -> str:
     parts = re.split(r"_+", name.strip("_"))
     return "".join(p[:1].upper() + p[1:] for p in parts if p)
