@@ -4,11 +4,12 @@ Each `_update` is the algorithm's step over arrays (see `Optimizer._update`); it
 once on a group's flat arrays."""
 from __future__ import annotations
 
-import numpy as np
-
 import math
 
-from .._backends import cpu_kernels
+import numpy as np
+
+from .._backends import cpu_kernels, triton_launch
+from .._tensor import Tensor
 from .optimizer import Optimizer, _scalar_tensor, per_tensor
 from .._ops.creation import zeros_like
 
@@ -28,6 +29,13 @@ def _check(lr, eps, betas, weight_decay):
         raise ValueError(f"Invalid weight_decay value: {weight_decay}")
 
 
+def _check_fused(foreach, differentiable):
+    if foreach:
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+    if differentiable:
+        raise RuntimeError("`fused` does not support `differentiable`")
+
+
 def _weight_decay(p, g, group, decoupled):
     wd = group["weight_decay"]
     if wd == 0:
@@ -45,6 +53,8 @@ class Adam(Optimizer):
                  foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
                  decoupled_weight_decay=False):
         _check(lr, eps, betas, weight_decay)
+        if fused:
+            _check_fused(foreach, differentiable)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                       maximize=maximize, foreach=foreach, capturable=capturable,
                                       differentiable=differentiable, fused=fused,
@@ -55,6 +65,45 @@ class Adam(Optimizer):
         if group["amsgrad"]:
             st["max_exp_avg_sq"] = zeros_like(p)
         return st
+
+    def _fused_step(self, group, params) -> list:
+        """fused=True (or unset with foreach unset, where PyTorch would pick foreach): the float32 cuda
+        parameters in one Triton launch per step count (`triton_adam`); the rest go the usual way."""
+        fused = group.get("fused")
+        if fused is None:
+            fused = group.get("foreach") is None and not group.get("differentiable") and all(
+                p.device.type == "cuda" for p in params)
+        if not fused or not triton_launch.available():
+            return params
+        from .._backends import triton_adam
+        taken = [p for p in params if p.device.type == "cuda" and triton_adam.supported(p._data, p.grad._data)]
+        if not taken:
+            return params
+        by_step: dict = {}
+        for p in taken:
+            step = self.state[p]["step"]
+            step._data[...] += 1
+            step._version[0] += 1
+            by_step.setdefault((str(p.device), float(step._data)), []).append(p)
+        b1, b2 = group["betas"]
+        lr = group["lr"]
+        if isinstance(lr, Tensor):
+            lr = lr._data if lr.device.type == "cuda" else float(lr.item())
+        for (_, step), ps in by_step.items():
+            states = [self.state[p] for p in ps]
+            triton_adam.step([p._data for p in ps], [p.grad._data for p in ps], [s["exp_avg"]._data for s in states],
+                             [s["exp_avg_sq"]._data for s in states],
+                             [s["max_exp_avg_sq"]._data for s in states] if group["amsgrad"] else None,
+                             lr=lr, beta1=b1, beta2=b2, eps=group["eps"], weight_decay=group["weight_decay"],
+                             step=step, amsgrad=group["amsgrad"], maximize=group["maximize"],
+                             decoupled=group["decoupled_weight_decay"])
+            for p, s in zip(ps, states):
+                p._version[0] += 1
+                for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+                    if name in s:
+                        s[name]._version[0] += 1
+        kept = set(map(id, taken))
+        return [p for p in params if id(p) not in kept]
 
     def _update(self, xp, p, g, s, step, group, ex):
         b1, b2 = group["betas"]

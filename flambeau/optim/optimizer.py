@@ -308,12 +308,19 @@ class Optimizer:
             for p in params:
                 if len(self.state[p]) == 0:
                     self.state[p].update(self._init_state(p, group))
+            params = self._fused_step(group, params)
+            if not params:
+                continue
             if self._foreach_default(group):
                 for idx in FE.group_by_device_dtype(range(len(params)), params):
                     self._foreach_step(gi, group, [params[i] for i in idx])
             else:
                 for p in params:
                     self._single_step(group, p)
+
+    def _fused_step(self, group, params) -> list:
+        """Step the parameters a fused kernel takes (subclasses with one); return the others."""
+        return params
 
     def _single_step(self, group, p):
         xp = FE.xp_of(p)
