@@ -43,8 +43,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("flambeau._dynamo.repro.script", "flambeau"): "repro scripts run graphs in the public namespace",
     ("flambeau._dynamo.variables.builtin", "flambeau"): "dynamo resolves the public namespace as users see it",
     ("flambeau._dynamo.variables.torch", "flambeau"): "dynamo resolves the public namespace as users see it",
-    ("flambeau._ops.nn_pad", "flambeau.autograd"): "an op's kernel uses no_grad",
-    ("flambeau._ops.views", "flambeau.autograd.graph"): "a view op reads the autograd graph's output positions",
     ("flambeau._tensor", "flambeau._ops.creation"): "Tensor() and __array_wrap__ build through the creation ops",
     ("flambeau._tensor", "flambeau.autograd"): "Tensor.backward calls the engine",
     ("flambeau._tensor", "flambeau.autograd.graph"): "Tensor hooks and retain_grad live in the autograd graph",

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from .. import _dtype as D
-from ._registry import defop, export, make_inplace, Op, register, TensorSpec, NN_FUNCTIONAL, Tag
+from .. import _dtype as D, random as R
+from ._registry import defop, export, make_inplace, Op, register, TensorSpec, NN_FUNCTIONAL, Tag, EXPORTS
 from ._helpers import result_type, opmath, round_to, broadcast_shapes, shape_of, wrap_dim, pointwise_strides
 from .._dispatch import type_name, resize_out
 from .._device import canonical
@@ -384,13 +384,11 @@ def logsigmoid(input):
 
 @export("sigmoid", namespace="nn.functional", function=False)
 def F_sigmoid(input):
-    from ._registry import EXPORTS
     return EXPORTS["sigmoid"](input)
 
 
 @export("tanh", namespace="nn.functional", function=False)
 def F_tanh(input):
-    from ._registry import EXPORTS
     return EXPORTS["tanh"](input)
 
 
@@ -493,7 +491,6 @@ def _(grad, self, weight):
 
 
 def _rng(xp):
-    from .. import random as R
     if xp is np:
         return R.default_generator.xp_generator(np)
     return R.generator_for(canonical("cuda")).xp_generator(xp)

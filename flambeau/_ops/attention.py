@@ -21,6 +21,7 @@ import numpy as np
 from .. import _dtype as D
 from ._registry import defop, TensorSpec, Tag
 from ._helpers import opmath, broadcast_shapes
+from .activation import _rng
 
 AUTO_BLOCKED_ELEMENTS = 1 << 20
 BLOCK = [128, 128]          # (block_q, block_k) of the blocked path
@@ -178,7 +179,6 @@ def _sdpa_math(xp, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     den = e.sum(axis=-1, keepdims=True)
     p = e / xp.where(den == 0, 1, den)
     if dropout_p > 0:
-        from .activation import _rng
         keep = xp.asarray(_rng(xp).random(p.shape) >= dropout_p)
         pd = p * keep / (1 - dropout_p) if dropout_p < 1 else p * 0
     else:
@@ -247,7 +247,6 @@ def _sdpa_blocked(xp, query, key, value, attn_mask=None, dropout_p=0.0, is_causa
     lse = xp.full(batch + (L,), -xp.inf, dtype=cd)
     seed = 0
     if dropout_p > 0:
-        from .activation import _rng
         seed = int(_rng(xp).integers(0, 2 ** 62))
     for bi, i0 in enumerate(range(0, L, block_q)):
         rows = slice(i0, min(i0 + block_q, L))

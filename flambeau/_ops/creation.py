@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import warnings
 
 import numpy as np
 
@@ -403,7 +404,6 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
 
 @export("range")
 def range_(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False, layout=None, out=None):
-    import warnings
     warnings.warn("torch.range is deprecated and will be removed in a future release because its behavior is "
                   "inconsistent with Python's range builtin. Instead, use torch.arange, which produces values "
                   "in [start, end).", UserWarning, stacklevel=2)

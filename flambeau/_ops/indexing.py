@@ -21,6 +21,7 @@ from ._registry import defop, export, TensorSpec, OPS, Tag
 from ._helpers import wrap_dim, broadcast_shapes
 from .views import slice_, select, unsqueeze, alias, expand_shape
 from .._dispatch import type_name
+from .creation import zeros, tensor
 
 _INDEX_DTYPES = "tensors used as indices must be long, int, byte or bool tensors"
 _LOWP = (np.dtype(np.float16), D.bfloat16.np)
@@ -146,7 +147,6 @@ def _(self, indices):
 
 @index.def_derivative
 def _(grad, self_meta, indices):
-    from .creation import zeros
     return zeros(self_meta.shape, dtype=grad.dtype, device=grad.device).index_put(indices, grad, True), None
 
 
@@ -190,7 +190,6 @@ def _(self, indices, values, accumulate=False):
 
 @index_put.def_derivative
 def _(grad, indices, values_meta, accumulate):
-    from .creation import zeros
     gself = grad if accumulate else grad.index_put(indices, zeros((), dtype=grad.dtype, device=grad.device))
     return gself, None, index(grad, indices)
 
@@ -218,7 +217,6 @@ def _consumed(item):
 
 
 def _to_index_tensor(item, device):
-    from .creation import tensor
     if isinstance(item, Tensor):
         t = item
     else:
@@ -306,7 +304,6 @@ def getitem(self, key):
 
 @export("__setitem__", method=True, function=False)
 def setitem(self, key, value):
-    from .creation import tensor
     v, idx = apply_index(self, key)
     if isinstance(value, Tensor):
         while value.ndim > 0 and value.shape[0] == 1:
@@ -435,7 +432,6 @@ def _(self, dim, index):
 
 @index_select.def_derivative
 def _(grad, self_meta, dim, index):
-    from .creation import zeros
     z = zeros(self_meta.shape, dtype=grad.dtype, device=grad.device)
     if self_meta.ndim == 0:
         return z + grad.sum(), None
@@ -550,7 +546,3 @@ def index_fill(self, dim, index, value):
 def index_fill_(self, dim, index, value):
     return OPS["index_fill_.int_Tensor" if isinstance(value, Tensor) else "index_fill_.int_Scalar"](
         self, dim, index, value)
-
-
-from . import scatter  # noqa: E402,F401  (gather/scatter family)
-from . import masking  # noqa: E402,F401  (masked ops, nonzero, take/put, searchsorted, bincount, ...)

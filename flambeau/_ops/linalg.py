@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 import string
+import warnings
 
 from .. import _dtype as D, _state
 from .._backends import cpu_kernels, cublaslt
@@ -21,6 +22,7 @@ from .._backends.cpu_kernels import matmul_for
 from ._registry import defop, export, autocast_policy, TensorSpec, LINALG, Tag
 from ._helpers import broadcast_shapes, opmath, wrap_dim
 from .._dispatch import type_name as tn
+from .creation import ones, eye
 
 
 def type_name(dt) -> str:
@@ -454,7 +456,6 @@ def _(equation, tensors, *, path=None):
 
 @_einsum.def_derivative
 def _(grad, equation, tensors):
-    from .creation import ones, eye
     subs, out, sizes, free = _einsum_parse(equation, [t.shape for t in tensors])
     grads = []
     for i, t in enumerate(tensors):
@@ -665,7 +666,6 @@ LINALG["cross"] = linalg_cross
 @export(method=True)
 def cross(input, other, dim=None, *, out=None):
     if dim is None:
-        import warnings
         warnings.warn("Using torch.cross without specifying the dim arg is deprecated.", UserWarning)
         shape = broadcast_shapes(tuple(input.shape), tuple(other.shape))
         dim = next((i for i, s in enumerate(shape) if s == 3), None)
@@ -673,6 +673,3 @@ def cross(input, other, dim=None, *, out=None):
             raise RuntimeError("no dimension of size 3 in input")
     r = linalg_cross(input, other, dim=dim)
     return r if out is None else out.resize_(r.shape).copy_(r)
-
-
-from . import linalg_decomp  # noqa: E402,F401  (the linalg namespace: norms, solvers, decompositions)

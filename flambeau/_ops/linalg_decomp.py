@@ -13,9 +13,11 @@ import numpy as np
 
 from .. import _dtype as D
 from ._registry import defop, export, TensorSpec, LINALG, Tag
-from ._helpers import wrap_dims
+from ._helpers import wrap_dims, broadcast_shapes
 from ._schema import return_type, parse
 from .linalg import type_name, _dt
+from .creation import eye
+from .reduction import reduced_shape
 
 
 class LinAlgError(RuntimeError):
@@ -46,7 +48,6 @@ def _lapack(xp, name, fn, *args, msg="The factorization could not be completed")
     if xp is not np and len(args) == 2 and all(hasattr(a, "ndim") for a in args) \
             and max(args[0].ndim, args[1].ndim) > 2:
         # CuPy's batched solvers want equal batch dims: broadcast them explicitly
-        from ._helpers import broadcast_shapes
         a, b = args
         batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
         args = (xp.broadcast_to(a, batch + a.shape[-2:]), xp.broadcast_to(b, batch + b.shape[-2:]))
@@ -57,7 +58,6 @@ def _lapack(xp, name, fn, *args, msg="The factorization could not be completed")
 
 
 def _eye_like(A):
-    from .creation import eye
     return eye(A.shape[-1], dtype=A.dtype, device=A.device)
 
 
@@ -104,7 +104,6 @@ def linalg_vector_norm(xp, self, ord=2, dim=None, keepdim=False, *, dtype=None):
 
 @linalg_vector_norm.def_meta
 def _(self, ord=2, dim=None, keepdim=False, *, dtype=None):
-    from .reduction import reduced_shape
     out = _vnorm_dtype(self, dtype)
     return TensorSpec(reduced_shape(tuple(self.shape), _norm_dims(dim, self.ndim), keepdim), out)
 
@@ -274,7 +273,6 @@ def _solve_check(A, B):
     if (B.shape[-1] if vec else B.shape[-2] if len(B.shape) >= 2 else -1) != n:
         raise RuntimeError(f"linalg.solve: Incompatible shapes of A and B for the equation AX = B "
                            f"({_mshape(A.shape)} and {_mshape(B.shape)})")
-    from ._helpers import broadcast_shapes
     if vec:
         return broadcast_shapes(tuple(A.shape)[:-2], tuple(B.shape)[:-1]) + (n,), vec
     return broadcast_shapes(tuple(A.shape)[:-2], tuple(B.shape)[:-2]) + (n, B.shape[-1]), vec

@@ -23,6 +23,7 @@ from ._helpers import opmath
 from .activation import pointwise_family, _sigmoid, _softplus, relu, log_sigmoid, softplus, \
     cosine_similarity, pairwise_distance
 from .._dispatch import type_name
+from .creation import full_like
 
 _RED = {"none": 0, "mean": 1, "sum": 2}
 
@@ -471,7 +472,6 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
 @export("gaussian_nll_loss", namespace="nn.functional", function=False)
 def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
     if isinstance(var, (int, float)):
-        from .creation import full_like
         var = full_like(input, var)
     ishape, vshape = tuple(input.shape), tuple(var.shape)
     if vshape != ishape:

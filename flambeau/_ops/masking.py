@@ -14,8 +14,9 @@ from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, OPS, EXPORTS, Tag
 from ._helpers import wrap_dim, broadcast_shapes, result_type
 from .indexing import _ufunc_at, _fill_value, _tn
-from .shape import with_out
+from .shape import with_out, cat
 from .._backends import get, MetaArray
+from .creation import zeros, tensor
 
 
 def _bool_mask(name, mask):
@@ -98,8 +99,6 @@ masked_scatter.def_meta(lambda self, mask, source: TensorSpec(broadcast_shapes(t
 
 @masked_scatter.def_derivative
 def _(grad, mask, source_meta):
-    from .creation import zeros
-    from .shape import cat
     sel = grad.masked_select(mask)
     n = source_meta.numel()
     pad = zeros((n - sel.numel(),), dtype=grad.dtype, device=grad.device)
@@ -115,7 +114,6 @@ def masked_select(xp, self, mask):
 
 @masked_select.def_derivative
 def _(grad, self_meta, mask):
-    from .creation import zeros
     shape = broadcast_shapes(tuple(self_meta.shape), tuple(mask.shape))
     return zeros(shape, dtype=grad.dtype, device=grad.device).masked_scatter(mask, grad), None
 
@@ -180,7 +178,6 @@ take.def_meta(lambda self, index: TensorSpec(index.shape, self.dtype))
 
 @take.def_derivative
 def _(grad, self_meta, index):
-    from .creation import zeros
     return zeros(self_meta.shape, dtype=grad.dtype, device=grad.device).put(index, grad, True), None
 
 
@@ -209,7 +206,6 @@ put.def_meta(lambda self, index, source, accumulate=False: TensorSpec(self.shape
 
 @put.def_derivative
 def _(grad, index, source_meta, accumulate):
-    from .creation import zeros
     gs = grad if accumulate else grad.put(index, zeros(source_meta.shape, dtype=grad.dtype, device=grad.device))
     return gs, None, grad.take(index).reshape(source_meta.shape)
 
@@ -280,7 +276,6 @@ _searchsorted.def_meta(lambda sorted_sequence, self, *, out_int32=False, right=F
 
 @export("searchsorted")
 def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=None, sorter=None, out=None):
-    from .creation import tensor
     if not isinstance(input, Tensor):
         input = tensor(input, dtype=sorted_sequence.dtype, device=sorted_sequence.device)
     r = _searchsorted(sorted_sequence, input, out_int32=out_int32, right=right, side=side, sorter=sorter)
@@ -289,7 +284,6 @@ def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=N
 
 @export("bucketize")
 def bucketize(input, boundaries, *, out_int32=False, right=False, out=None):
-    from .creation import tensor
     if boundaries.ndim != 1:
         raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
     if not isinstance(input, Tensor):
@@ -359,7 +353,6 @@ _isin.def_meta(lambda elements, test_elements, *, assume_unique=False, invert=Fa
 
 @export("isin")
 def isin(elements, test_elements, *, assume_unique=False, invert=False, out=None):
-    from .creation import tensor
     if not isinstance(elements, Tensor) and not isinstance(test_elements, Tensor):
         raise TypeError("isin() received an invalid combination of arguments")
     if not isinstance(elements, Tensor):

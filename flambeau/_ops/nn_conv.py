@@ -28,6 +28,7 @@ from .._backends import cpu_kernels, cudnn
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 from .._dispatch import type_name
+from .nn_pad import constant_pad_nd
 
 
 def ntuple(v, n: int, name: str) -> tuple:
@@ -548,7 +549,6 @@ def _conv_nd(nd: int, name: str):
                 pad = tuple(t // 2 for t in total)
                 extra = [t - 2 * p for t, p in zip(total, pad)]
                 if any(extra):
-                    from .nn_pad import constant_pad_nd
                     spec = []
                     for e in reversed(extra):
                         spec += [0, e]

@@ -15,6 +15,8 @@ from .._backends import cuda_index_kernels, device_checks
 from ._registry import defop, export, autocast_policy, TensorSpec, Tag
 from .nn_resample import _taps_gather
 from .._dispatch import type_name
+from .._tensor import _no_grad
+from .creation import tensor
 
 
 def _padded_shape(shape, pad, name="constant_pad_nd"):
@@ -119,7 +121,6 @@ def _pad_fp32_on_cpu(input, tables):
 
 
 def _to_dev(arr, like):
-    from .creation import tensor
     return tensor(arr, device=like.device)
 
 
@@ -256,8 +257,7 @@ def embedding_fn(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, 
     else:
         padding_idx = -1
     if max_norm is not None:
-        from ..autograd import no_grad
-        with no_grad():
+        with _no_grad():
             embedding_renorm.inplace(weight, input.contiguous(), float(max_norm), float(norm_type))
     return embedding(weight, input, padding_idx, scale_grad_by_freq, sparse)
 
@@ -295,8 +295,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     if padding_idx is not None and padding_idx < 0:
         padding_idx += n
     if max_norm is not None:
-        from ..autograd import no_grad
-        with no_grad():
+        with _no_grad():
             embedding_renorm.inplace(weight, input.reshape(-1).contiguous(), float(max_norm), float(norm_type))
     B = len(offs) - 1
     lens = np.diff(offs)

@@ -20,6 +20,7 @@ from ._helpers import opmath
 from .nn_conv import ntuple
 from .nn_resample import _taps_gather, _plane_scatter_add
 from .._dispatch import type_name
+from .creation import tensor
 
 
 def _pool_args(nd, kernel_size, stride, padding, dilation):
@@ -165,7 +166,6 @@ def _tname(dt):
 
 
 def _dev(a, device, dtype=None):
-    from .creation import tensor
     return tensor(np.ascontiguousarray(a), device=device, dtype=dtype)
 
 

@@ -17,6 +17,8 @@ from .. import _dtype as D
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath, undefined_grad as _undefined_grad
 from .._dispatch import type_name
+from .activation import _rng as rng
+from .creation import ones_like, ones
 
 
 def _float(name, x):
@@ -411,7 +413,6 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
 
 # ---- dropout ----------------------------------------------------------------------------------
 def _rng(xp):
-    from .activation import _rng as rng
     return rng(xp)
 
 
@@ -459,7 +460,6 @@ def dropout(input, p, train):
 def dropout_(input, p, train):
     if not train:
         return input
-    from .creation import ones_like
     return input.mul_(native_dropout(ones_like(input), p, True)[0])
 
 
@@ -471,7 +471,6 @@ def _feature_noise_shape(shape, batched):
 def _feature_dropout(input, p, training, inplace, batched, alpha=False):
     if not training or p == 0:
         return input
-    from .creation import ones
     keep = native_dropout(ones(_feature_noise_shape(input.shape, batched), dtype=input.dtype,
                                device=input.device), p, True)
     return _apply_noise(input, keep, p, inplace, alpha)
@@ -519,7 +518,6 @@ def F_alpha_dropout(input, p=0.5, training=False, inplace=False):
 def alpha_dropout(input, p, train):
     if not train or p == 0:
         return input
-    from .creation import ones_like
     return _apply_noise(input, native_dropout(ones_like(input), p, True), p, False, True)
 
 
@@ -527,7 +525,6 @@ def alpha_dropout(input, p, train):
 def alpha_dropout_(input, p, train):
     if not train or p == 0:
         return input
-    from .creation import ones_like
     return _apply_noise(input, native_dropout(ones_like(input), p, True), p, True, True)
 
 

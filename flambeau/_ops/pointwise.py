@@ -20,6 +20,7 @@ from ._helpers import (binary_kernel, binary_meta, unary_kernel, unary_meta, dty
                        round_to, cast, broadcast_shapes, shape_of, pointwise_strides,
                        lay_out_pointwise)
 from .._dispatch import type_name, write_into, check_inplace_autograd
+from .creation import zeros_like
 
 
 def _conj(x):
@@ -249,7 +250,6 @@ def cast_wrap(xp, x, npdt):
 
 
 def _zeros(g):
-    from .creation import zeros_like
     return zeros_like(g)
 
 
@@ -756,6 +756,3 @@ def _heaviside(xp, a, b):
 heaviside = binary("heaviside(Tensor self, Tensor values) -> Tensor", _heaviside, bad=(D.COMPLEX,),
                    check=_same_dtype(lambda x, y: "heaviside is not yet implemented for tensors with "
                                      "different dtypes."), scalars="none")
-
-
-from . import pointwise_math  # noqa: E402,F401  (unary math and ternary ops live there)

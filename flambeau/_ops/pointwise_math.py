@@ -13,13 +13,15 @@ import builtins
 import math
 
 import numpy as np
+import ml_dtypes
 
 from .. import _dtype as D, _state
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, METHODS, EXPORTS, SPECIAL, Tag, PointwiseSpelling
-from ._helpers import opmath, pointwise_strides
-from .pointwise import _conj
+from ._helpers import opmath, pointwise_strides, result_type, broadcast_shapes, shape_of, round_to
+from .pointwise import _conj, _write, cast_wrap, require_tensors, pow as pointwise_pow
 from .._dispatch import type_name
+from .creation import zeros_like
 
 
 def unsupported(name: str, dt) -> NotImplementedError:
@@ -44,7 +46,6 @@ def result_dtype(kind: str, dt, real_out=False):
 
 
 def _zeros(grad):
-    from .creation import zeros_like
     return zeros_like(grad)
 
 
@@ -359,7 +360,6 @@ logit = unary("logit", _logit, _logit_grad, bad=(D.COMPLEX,), namespace="special
 
 
 def _finfo(npdt):
-    import ml_dtypes
     return ml_dtypes.finfo(npdt)
 
 
@@ -427,7 +427,6 @@ def _polygamma_method(self, n):
 
 @export("polygamma_", method=True, function=False)
 def _polygamma_inplace(self, n):
-    from .pointwise import _write
     return _write(self, polygamma(n, self), "polygamma_")
 
 
@@ -490,8 +489,7 @@ def positive(input):
 
 @export("square", method=True)
 def square(input, *, out=None):
-    from .pointwise import pow
-    return pow(input, 2) if out is None else pow(input, 2, out=out)
+    return pointwise_pow(input, 2) if out is None else pointwise_pow(input, 2, out=out)
 
 
 @export("square_", method=True, function=False)
@@ -518,18 +516,14 @@ export("gammaln", namespace="special", function=False)(lgamma)
 
 # ---- ternary ops: where, clamp, lerp, addcmul, addcdiv ------------------------------------------
 def _operands_dtype(*xs):
-    from ._helpers import result_type
     return result_type(*xs)
 
 
 def _bshape(*xs):
-    from ._helpers import broadcast_shapes, shape_of
     return broadcast_shapes(*(shape_of(x) for x in xs if x is not None))
 
 
 def _compute(xp, dt, *xs):
-    from ._helpers import round_to
-    from .pointwise import cast_wrap
     cd = opmath(dt)
     return [None if x is None else cast_wrap(xp, round_to(x, dt) if cd != dt.np else x, cd) for x in xs]
 
@@ -561,7 +555,6 @@ def _(condition, self, other):
 
 @_where.def_derivative
 def _(grad, condition, self, other):
-    from .creation import zeros_like
     z = zeros_like(grad)
     return None, _where(condition, grad, z), _where(condition, z, grad)
 
@@ -569,7 +562,6 @@ def _(grad, condition, self, other):
 @export("where")
 def where(condition, input=None, other=None, *, out=None):
     if input is None and other is None:
-        from ._registry import EXPORTS
         return EXPORTS["nonzero"](condition, as_tuple=True)
     kw = {} if out is None else {"out": out}
     return _where(condition, input, other, **kw)
@@ -609,7 +601,6 @@ def _(self, min=None, max=None):
 
 @clamp.def_derivative
 def _(grad, self, min, max):
-    from .creation import zeros_like
     z = zeros_like(grad)
     keep = None
     gmin = gmax = None
@@ -656,7 +647,6 @@ def clamp_max_(self, max):
 
 
 def _lerp_check(self, end, weight):
-    from .pointwise import require_tensors
     require_tensors("lerp", self, end, "none")
     sd = self.dtype if isinstance(self.dtype, D.dtype) else D.FROM_NP[self.dtype]
     for what, x in (("end", end), ("weight", weight)):

@@ -20,13 +20,13 @@ from .._tensor import Tensor
 from .._device import canonical
 from ._registry import defop, export, make_inplace, TensorSpec, Tag
 from ._helpers import broadcast_shapes
-from .creation import _size, _size_kw, _dt, _finish, zeros_like
+from .creation import _size, _size_kw, _dt, _finish, zeros_like, tensor
 from .._dispatch import type_name
+from ..random import generator_for, Generator
 
 
 def _rng(xp, generator, device=None):
     """The array-namespace generator for this call (explicit generator or the device default)."""
-    from ..random import generator_for, Generator
     if generator is not None and not isinstance(generator, Generator):
         raise TypeError(f"expected a torch.Generator, got {type(generator).__name__}")
     if device is None:
@@ -216,7 +216,6 @@ _normal_ff.def_meta(lambda mean, std, size, *, generator=None, dtype=None, devic
 @export()
 def normal(mean, std=1.0, size=None, *, generator=None, dtype=None, device=None, requires_grad=False,
            layout=None, pin_memory=False, out=None):
-    from .creation import tensor
     if isinstance(mean, Tensor) or isinstance(std, Tensor):
         ref = mean if isinstance(mean, Tensor) else std
         if not isinstance(mean, Tensor):

@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from .. import _dtype as D
+from .. import _dtype as D, linalg
 from .. import _state
 from .._tensor import Tensor
 from .._dispatch import type_name, resize_out
@@ -692,7 +692,6 @@ def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
         dim = [dim]
     if isinstance(p, str):
         if p == "nuc":
-            from .. import linalg
             r = linalg.matrix_norm(input, "nuc", dim=tuple(dim) if dim is not None else (-2, -1),
                                    keepdim=keepdim, dtype=dtype)
             return r if out is None else _into(out, r)
@@ -845,6 +844,3 @@ def _f_softmin(input, dim=None, _stacklevel=3, dtype=None):
     if dim is None:
         dim = _implicit_dim("softmin", input.ndim, _stacklevel)
     return softmax(-input, dim, dtype)
-
-
-from . import sorting, scans  # noqa: E402,F401  (sort/topk/median/unique and the scans, split out by size)

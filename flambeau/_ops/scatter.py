@@ -14,6 +14,8 @@ from .._backends import device_checks
 from ._registry import defop, export, TensorSpec, OPS, Tag
 from ._helpers import wrap_dim
 from .indexing import _ufunc_at, _fill_value
+from .creation import zeros, zeros_like
+from .shape import cat
 
 
 def _check(name, self_shape, dim, index, src_shape=None, index_dtype=None):
@@ -76,7 +78,6 @@ def _(self, dim, index, *, sparse_grad=False):
 
 @gather.def_derivative
 def _(grad, self_meta, dim, index):
-    from .creation import zeros
     return zeros(self_meta.shape, dtype=grad.dtype, device=grad.device).scatter_add(dim, index, grad), None
 
 
@@ -142,8 +143,6 @@ for _op in (_scatter_src, _scatter_value, _scatter_reduce_src, _scatter_reduce_v
 
 def pad_to(g, shape):
     """Zero-pad `g` at the end of each dim up to `shape` (the grad of a cropped `src`)."""
-    from .creation import zeros
-    from .shape import cat
     for k, (a, b) in enumerate(zip(g.shape, shape)):
         if a < b:
             z = zeros(tuple(g.shape[:k]) + (b - a,) + tuple(g.shape[k + 1:]), dtype=g.dtype, device=g.device)
@@ -232,7 +231,6 @@ scatter_reduce.def_meta(_meta)
 
 @scatter_reduce.def_derivative
 def _(grad, self, dim, index, src, reduce, include_self, result):
-    from .creation import zeros_like
     if reduce == "sum":
         gs = grad if include_self else grad.scatter(dim, index, 0)
         return gs, None, grad.gather(dim, index)

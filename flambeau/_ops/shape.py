@@ -14,8 +14,9 @@ from .. import _dtype as D
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import wrap_dim, wrap_dims, result_type, broadcast_shapes
-from .views import as_strided, diagonal as _diagonal, expand, reshape
+from .views import as_strided, diagonal as _diagonal, expand, reshape, select, slice_
 from .._dispatch import resize_out
+from .creation import zeros, tensor, zeros_like
 
 
 def with_out(res, out):
@@ -72,7 +73,6 @@ def _(tensors, dim=0):
 
 @cat.def_derivative
 def _(grad, tensors_meta, dim):
-    from .creation import zeros
     d, _ = _cat_check([tuple(m.shape) for m in tensors_meta], dim)
     out, start = [], 0
     for m in tensors_meta:
@@ -287,7 +287,6 @@ def repeat_interleave_method(self, repeats, dim=None, *, output_size=None):
 
 @export("repeat_interleave")
 def repeat_interleave(self, repeats=None, dim=None, *, output_size=None):
-    from .creation import tensor
     if repeats is None:
         return _repeat_interleave_idx(self, output_size=output_size)
     if dim is None:
@@ -382,7 +381,6 @@ def diagflat(self, offset=0):
 
 @export("block_diag")
 def block_diag(*tensors):
-    from .creation import zeros
     mats = []
     for i, t in enumerate(tensors):
         if t.ndim > 2:
@@ -513,39 +511,32 @@ def _scatter_meta(view_spec, src, self):
 
 @defop("select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor", method=True, tags=(Tag.core,))
 def select_scatter(xp, self, src, dim, index):
-    from .views import select
     return _scatter_into(xp, self, lambda o: select.kernel(xp, o, dim, index), src)
 
 
 @select_scatter.def_meta
 def _(self, src, dim, index):
-    from .views import select
     return _scatter_meta(select.meta(self, dim, index), src, self)
 
 
 @select_scatter.def_derivative
 def _(grad, src, dim, index):
-    from .creation import zeros_like
     return grad.select_scatter(zeros_like(src), dim, index), grad.select(dim, index)
 
 
 @defop("slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) "
        "-> Tensor", method=True, tags=(Tag.core,))
 def slice_scatter(xp, self, src, dim=0, start=None, end=None, step=1):
-    from .views import slice_
     return _scatter_into(xp, self, lambda o: slice_.kernel(xp, o, dim, start, end, step), src)
 
 
 @slice_scatter.def_meta
 def _(self, src, dim=0, start=None, end=None, step=1):
-    from .views import slice_
     return _scatter_meta(slice_.meta(self, dim, start, end, step), src, self)
 
 
 @slice_scatter.def_derivative
 def _(grad, src, dim, start, end, step):
-    from .creation import zeros_like
-    from .views import slice_
     return grad.slice_scatter(zeros_like(src), dim, start, end, step), slice_(grad, dim, start, end, step)
 
 
@@ -562,7 +553,6 @@ def _(self, src, offset=0, dim1=0, dim2=1):
 
 @diagonal_scatter.def_derivative
 def _(grad, src, offset, dim1, dim2):
-    from .creation import zeros_like
     return grad.diagonal_scatter(zeros_like(src), offset, dim1, dim2), grad.diagonal(offset, dim1, dim2)
 
 
@@ -579,7 +569,6 @@ def _(self, src, size, stride, storage_offset=None):
 
 @as_strided_scatter.def_derivative
 def _(grad, src, size, stride, storage_offset):
-    from .creation import zeros_like
     g = grad.contiguous()
     return (g.as_strided_scatter(zeros_like(src), size, stride, storage_offset),
             g.as_strided(size, stride, storage_offset))

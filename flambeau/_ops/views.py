@@ -11,11 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtype as D
-from .._tensor import Tensor, _ptr, storage_owner
+from .._tensor import Tensor, _ptr, storage_owner, contiguous_format, channels_last
 from .._device import canonical, device as Device
 from .._backends import MetaArray, contiguous_strides, device_checks, get as backend
 from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
 from ._helpers import wrap_dim
+from .creation import zeros, arange, tensor
 
 
 def infer_size(shape, numel):
@@ -147,7 +148,6 @@ def reshape(self, *shape):
 
 
 def _contig():
-    from .._tensor import contiguous_format
     return contiguous_format
 
 
@@ -296,7 +296,6 @@ def sum_to_size(self, *size):
 @defop("clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", method=True,
        tags=(Tag.core, Tag.recomputable, Tag.no_fp_errors))
 def clone(xp, self, *, memory_format=None):
-    from .._tensor import contiguous_format, channels_last
     if memory_format is contiguous_format:
         return xp.array(self, order="C", copy=True)
     if memory_format is channels_last and self.ndim == 4:
@@ -318,7 +317,6 @@ def preserved_strides(shape, strides) -> list:
 
 @clone.def_meta
 def _clone_meta(self, *, memory_format=None):
-    from .._tensor import contiguous_format
     if memory_format is contiguous_format or self.is_contiguous():
         return TensorSpec(self.shape, self.dtype)
     return TensorSpec(self.shape, self.dtype, preserved_strides(self.shape, self.stride()))
@@ -331,7 +329,6 @@ def _(grad):
 
 @export("contiguous", method=True, function=False)
 def contiguous(self, memory_format=None):
-    from .._tensor import contiguous_format
     mf = memory_format or contiguous_format
     if self.is_contiguous(memory_format=mf):
         return self
@@ -552,7 +549,6 @@ def _(self, dim=0, start=None, end=None, step=1):
 
 @slice_.def_derivative
 def _(grad, self_meta, dim, start, end, step):
-    from .creation import zeros
     z = zeros(self_meta.shape, dtype=grad.dtype, device=grad.device)
     return z.slice_scatter(grad, dim, start, end, step)
 
@@ -586,7 +582,6 @@ def _(self, dim, index):
 
 @select.def_derivative
 def _(grad, self_meta, dim, index):
-    from .creation import zeros
     return zeros(self_meta.shape, dtype=grad.dtype, device=grad.device).select_scatter(grad, dim, index)
 
 
@@ -651,7 +646,6 @@ def _(self, offset=0, dim1=0, dim2=1):
 
 @diagonal.def_derivative
 def _(grad, self_meta, offset, dim1, dim2):
-    from .creation import zeros
     z = zeros(self_meta.shape, dtype=grad.dtype, device=grad.device)
     return z.diagonal_scatter(grad, offset, dim1, dim2)
 
@@ -688,7 +682,6 @@ def _(self, dimension, size, step):
 
 @unfold.def_derivative
 def _(grad, self_meta, dimension, size, step):
-    from .creation import zeros, arange
     shape = self_meta.shape
     if not len(shape):
         return grad.sum().reshape(())
@@ -742,14 +735,20 @@ def _(self, size, stride, storage_offset=None):
     return TensorSpec(size, self.dtype, stride, off)
 
 
+def storage_positions(shape, strides, offset):
+    """The storage index of every element of a strided layout, as an int64 array of `shape`."""
+    p = np.full(shape, offset, dtype=np.int64)
+    for k, (n, st) in enumerate(zip(shape, strides)):
+        p = p + (np.arange(n, dtype=np.int64) * st).reshape([-1 if j == k else 1 for j in range(len(shape))])
+    return p
+
+
 @as_strided.def_derivative
 def _(grad, self_geometry, size, stride, storage_offset):
-    from .creation import zeros, tensor
-    from ..autograd.graph import _positions
     g = self_geometry
-    pin = _positions(tuple(g.shape), g.stride(), g.storage_offset()).reshape(-1)
+    pin = storage_positions(tuple(g.shape), g.stride(), g.storage_offset()).reshape(-1)
     off = g.storage_offset() if storage_offset is None else storage_offset
-    pout = _positions(tuple(size), tuple(stride), off).reshape(-1)
+    pout = storage_positions(tuple(size), tuple(stride), off).reshape(-1)
     top = int(max(pin.max(initial=0), pout.max(initial=0))) + 1
     store = np.full(top, -1, dtype=np.int64)
     store[pin] = np.arange(pin.size, dtype=np.int64)
@@ -769,6 +768,3 @@ def alias(xp, self):
 
 alias.def_meta(lambda self: TensorSpec(self.shape, self.dtype, self.stride(), self.storage_offset()))
 alias.def_derivative(lambda grad: grad)
-
-
-from . import views_split  # noqa: E402,F401  (split/unbind/flatten/movedim: views over these)

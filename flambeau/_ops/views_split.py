@@ -12,6 +12,7 @@ from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec
 from ._helpers import wrap_dim
 from .views import _sel, take_view, _view, _permute, reshape, transpose, infer_size, slice_
+from .shape import cat, stack
 
 
 # ---- multi-output views: split_with_sizes, unbind and their composites ----------------------------
@@ -53,7 +54,6 @@ def _(self, split_sizes, dim=0):
 
 @split_with_sizes.def_derivative
 def _(grad, dim):
-    from .shape import cat
     return cat(list(_grads_tuple(grad)), dim)
 
 
@@ -77,7 +77,6 @@ def _(self, dim=0):
 
 @unbind.def_derivative
 def _(grad, dim):
-    from .shape import stack
     return stack(list(_grads_tuple(grad)), dim)
 
 

@@ -13,10 +13,13 @@ import re
 import traceback
 import weakref
 
+import numpy as np
+
 from .._dtype import FLOATING
 from .. import _state
 from .._tensor import Tensor
 from .._ops.creation import tensor as _tensor, zeros, ones
+from .._ops.views import storage_positions
 from .._dispatch import type_name
 
 _seq = itertools.count()
@@ -331,19 +334,10 @@ def record_inplace(f, args, kwargs, self: Tensor):
     _rebase_view(base, self)
 
 
-def _positions(shape, strides, offset):
-    import numpy as np
-    p = np.full(shape, offset, dtype=np.int64)
-    for k, (n, st) in enumerate(zip(shape, strides)):
-        p = p + (np.arange(n, dtype=np.int64) * st).reshape([-1 if j == k else 1 for j in range(len(shape))])
-    return p
-
-
 def _view_index(base: Tensor, view: Tensor):
     """Flat (logical, C-order) indices into `base` of each element of `view`, shaped like `view`."""
-    import numpy as np
-    pb = _positions(base.shape, base.stride(), base.storage_offset())
-    pv = _positions(view.shape, view.stride(), view.storage_offset())
+    pb = storage_positions(base.shape, base.stride(), base.storage_offset())
+    pv = storage_positions(view.shape, view.stride(), view.storage_offset())
     store = np.zeros(int(max(pb.max(initial=0), pv.max(initial=0))) + 1, dtype=np.int64)
     store[pb.ravel()] = np.arange(pb.size, dtype=np.int64)
     return _tensor(store[pv], device=base.device)
