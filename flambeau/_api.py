@@ -1,10 +1,17 @@
 """Top-level functions that are not operators: default dtype/device, dtype queries, result_type."""
 from __future__ import annotations
 
+import os
+
+import ml_dtypes
+import numpy as np
+
 from . import _state, _dtype as D
 from ._tensor import Tensor
 from ._device import device as Device, canonical
 from ._dispatch import can_cast as cc
+from ._ops._helpers import result_type as rt
+from ._tensor_str import set_printoptions as _set
 
 __all__ = ["set_default_dtype", "get_default_dtype", "set_default_device", "get_default_device",
            "result_type", "can_cast", "is_floating_point", "is_complex", "numel", "is_nonzero",
@@ -32,7 +39,6 @@ def get_default_device():
 
 
 def result_type(tensor1, tensor2):
-    from ._ops._helpers import result_type as rt
     return rt(tensor1, tensor2)
 
 
@@ -60,14 +66,12 @@ def is_nonzero(t: Tensor) -> bool:
 
 class iinfo:
     def __init__(self, dtype):
-        import numpy as np
         i = np.iinfo(dtype.np)
         self.bits, self.min, self.max, self.dtype = i.bits, int(i.min), int(i.max), dtype.name
 
 
 class finfo:
     def __init__(self, dtype=None):
-        import ml_dtypes
         dtype = dtype or _state.default_dtype
         i = ml_dtypes.finfo(dtype.np)
         self.bits = i.bits
@@ -81,7 +85,6 @@ class finfo:
 
 
 def set_printoptions(precision=None, threshold=None, edgeitems=None, linewidth=None, profile=None, sci_mode=None):
-    from ._tensor_str import set_printoptions as _set
     _set(precision, threshold, edgeitems, linewidth, profile, sci_mode)
 
 
@@ -124,7 +127,6 @@ def get_float32_matmul_precision() -> str:
 
 
 def get_num_threads() -> int:
-    import os
     return os.cpu_count() or 1
 
 

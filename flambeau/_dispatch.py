@@ -15,6 +15,7 @@ In-place ops (`add_`) run their functional op and copy the result into `self`; `
 from __future__ import annotations
 
 import numpy as np
+import warnings
 
 from ._dtype import BOOL, FLOATING, COMPLEX
 from . import _state
@@ -455,7 +456,6 @@ def _with_out(op, args, kwargs):
 def resize_out(out: Tensor, res: Tensor):
     if out._data.shape != res._data.shape:
         if out.numel() != 0:
-            import warnings
             warnings.warn(f"An output with one or more elements was resized since it had shape "
                           f"{list(out.shape)}, which does not match the required output shape "
                           f"{list(res.shape)}. This behavior is deprecated.", UserWarning)

@@ -22,6 +22,7 @@ import numpy as np
 from . import _dtype as D
 from ._tensor import Tensor, Size
 from ._device import CPU, device
+from .nn.parameter import Parameter
 
 _STORAGE = {"FloatStorage": D.float32, "DoubleStorage": D.float64, "HalfStorage": D.float16,
             "BFloat16Storage": D.bfloat16, "LongStorage": D.int64, "IntStorage": D.int32,
@@ -132,7 +133,6 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=Fals
 def _rebuild_parameter(data, requires_grad, backward_hooks, *state):
     if not isinstance(data, Tensor):
         raise pickle.UnpicklingError(f"_rebuild_parameter expects a tensor, got {type(data).__name__}")
-    from .nn.parameter import Parameter
     return Parameter(data, requires_grad=bool(requires_grad))
 
 

@@ -11,11 +11,13 @@ file holds only the state, the properties and the conversions that are not opera
 from __future__ import annotations
 
 import numpy as np
+import copy
 
 from . import _dtype as D
 from . import _state
 from ._device import device as Device
 from ._backends import MetaArray, contiguous_strides, device_checks
+from ._tensor_str import tensor_repr
 
 
 class Size(tuple):
@@ -387,7 +389,6 @@ class Tensor:
         return self._data.__dlpack_device__()
 
     def __repr__(self, *, tensor_contents=None):
-        from ._tensor_str import tensor_repr
         return tensor_repr(self)
 
     def __format__(self, spec):
@@ -411,7 +412,6 @@ class Tensor:
             new._grad = self._grad.__deepcopy__(memo)
         for k, v in self.__dict__.items():
             if k not in new.__dict__:
-                import copy
                 new.__dict__[k] = copy.deepcopy(v, memo)
         memo[id(self)] = new
         return new

@@ -85,7 +85,7 @@ def _check_mode_and_options(backend, mode: str | None, options: dict | None) -> 
     """PyTorch's rules: an unknown mode or option raises RuntimeError; a mode that changes nothing
     yet, or options a backend does not take, are said in one log line (options for the registered
     debug backends raise: nothing would act on them)."""
-    from ._dynamo.backends.inductor import check_inductor_options
+    from ._dynamo.backends.inductor import check_inductor_options  # deferred: the inductor loads at first compile
     if mode is not None and mode not in _MODES:
         raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(_MODES)}")
     if backend == "inductor":

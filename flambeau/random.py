@@ -23,6 +23,7 @@ import numpy as np
 from ._device import canonical
 from ._tensor import Tensor
 from . import _dtype as D
+from ._ops.creation import tensor
 
 _STATE_TAG = b"flbrng01"
 _STATE = struct.Struct("<8sQQQQQII")   # tag, seed, state lo/hi, inc lo/hi, has_uint32, uinteger
@@ -54,7 +55,6 @@ class Generator:
 
     def get_state(self):
         """The generator's state as a uint8 cpu tensor of `_STATE.size` bytes."""
-        from ._ops.creation import tensor
         st = self._np.bit_generator.state
         s, inc = st["state"]["state"], st["state"]["inc"]
         raw = _STATE.pack(_STATE_TAG, self._seed, s % _U64, s // _U64, inc % _U64, inc // _U64,

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import runpy
 import sys
+import os
+
+from . import compat
 
 
 def main(argv=None) -> None:
@@ -15,7 +18,6 @@ def main(argv=None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         raise SystemExit(0 if argv else 2)
-    from . import compat
     compat.enable()
     if argv[0] == "-m":
         sys.argv = argv[1:]
@@ -23,7 +25,6 @@ def main(argv=None) -> None:
         return
     script = argv[0]
     sys.argv = argv
-    import os
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     runpy.run_path(script, run_name="__main__")
 

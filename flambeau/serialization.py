@@ -37,6 +37,7 @@ from ._atomic import write_atomic
 from ._tensor import Tensor, Size
 from ._device import CPU, device
 from ._ops.creation import tensor
+from .nn.parameter import Parameter
 
 MAGIC_V1 = "flambeau-checkpoint-v1"
 FORMAT_V2 = "flambeau-checkpoint-v2"
@@ -277,7 +278,6 @@ class _Decoder:
                 raise RuntimeError("checkpoint structure is corrupt: a complex128 tensor is not stored as pairs")
             t = Tensor._make(np.asarray(t._host(), order="C").view(np.complex128)[..., 0], t.device, D.complex128)
         if x.get("param"):
-            from .nn.parameter import Parameter
             return Parameter(t, requires_grad=bool(x.get("requires_grad", True)))
         if x.get("requires_grad"):
             t.requires_grad_(True)
@@ -308,7 +308,7 @@ def save(obj, f, pickle_module=None, pickle_protocol=2, _use_new_zipfile_seriali
         plain = not hasattr(f, "write") and os.fspath(f).endswith(".safetensors")
         format = "safetensors" if plain else "flambeau"
     if format == "pt":
-        from ._pt_format import dumps_pt
+        from ._pt_format import dumps_pt  # deferred: the .pt format (zipfile, pickle) loads on first use
         write_atomic(f, dumps_pt(obj))
     elif format == "safetensors":
         if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
@@ -488,7 +488,7 @@ class _MemberStream:
 
 
 def _load_zip(src: _Source, weights_only: bool, place) -> object:
-    from ._pt_format import loads_pt
+    from ._pt_format import loads_pt  # deferred: the .pt format (zipfile, pickle) loads on first use
     try:
         z = zipfile.ZipFile(src.file)
         names = z.namelist()

@@ -14,6 +14,7 @@ from .._ops._helpers import result_type, broadcast_shapes
 from ._table import aten, register_decomposition, maximum, minimum, to, upcast, compute_dtype, full, reshape, wrap
 from .._dispatch import type_name
 from .._ops.norm_loss import _ln_check, _bn_check, _gn_check
+from .decompositions_pointwise import _finfo
 
 
 def _float_check(name, *xs):
@@ -381,7 +382,6 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
 
 
 def _rms_eps(eps, dt):
-    from .decompositions_pointwise import _finfo
     return float(_finfo(dt).eps) if eps is None else eps
 
 

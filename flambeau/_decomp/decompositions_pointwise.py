@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import ml_dtypes
 
 from .. import _dtype as D, _state
 from .._ops import OPS
@@ -65,7 +66,6 @@ def _tensor(x, like):
 
 def _finfo(dt):
     if dt is D.bfloat16:
-        import ml_dtypes
         return ml_dtypes.finfo(dt.np)
     return np.finfo(dt.np)
 

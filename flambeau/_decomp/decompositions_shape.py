@@ -6,6 +6,7 @@ factories (eye) and the random distributions (expressed through the core generat
 from __future__ import annotations
 
 import math
+import numpy as np
 
 from .. import _dtype as D, _state
 from ._table import aten, register_decomposition, maximum, to, compute_dtype, full, scalar_tensor, reshape, wrap
@@ -426,6 +427,5 @@ def random(self, from_=0, to_=None, generator=None):
         elif dt.category == D.FLOATING:
             to_ = 2 ** {D.float16: 11, D.bfloat16: 8, D.float32: 24}.get(dt, 53) + 1
         else:
-            import numpy as np
             to_ = int(np.iinfo(dt.np).max) + 1
     return to(aten.randint(from_, to_, tuple(self.shape), dtype=D.int64, device=self.device), self.dtype)

@@ -26,7 +26,7 @@ from .._ops import OPS
 from .._ops._spelling import KIND
 from . import config
 from .index import FloorDiv, Index, Indirect, Sym, contiguous_strides, offset_of
-from .ir import Handler, set_handler
+from .ir import Handler, set_handler, ops
 from .sizevars import SizeExpr, Unsupported, known_lt, known_nonneg
 from .scheduler import expand_groups, strip
 
@@ -412,7 +412,6 @@ class KernelPrinter:
             self._close()
 
     def _as_dtype(self, v, dtype):
-        from .ir import ops
         return ops.to_dtype(v, dtype)
 
     def _reduction(self, step, outer, parallel):

@@ -41,6 +41,8 @@ from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layo
 from .index import contiguous_strides
 from .sizevars import SizeExpr, collect_derived, from_sym, known_nonneg, size_tuple
 from ..fx.node import Node
+from .lowering_views import _try
+from .sizevars import evaluate, derived_definition
 
 
 class LoweringException(RuntimeError):
@@ -103,7 +105,6 @@ class GraphLowering:
             src = getattr(x, "view_of", None)          # a view of all of a lazy value: realise that value
             if src is not None and known_nonneg(math.prod(x.shape) - math.prod(src[0].shape)):
                 mem = self._realize_or_view(src[0])
-                from .lowering_views import _try
                 r = _try(src[1], mem.layout)
                 if r is not None:
                     base = mem.base if isinstance(mem, StridedView) else mem
@@ -186,8 +187,6 @@ class GraphLowering:
         contiguous where the trace saw a transposed view): the traced strides, contiguous ones, or
         contiguous in the order of the example's strides, whichever agrees with the example at the
         symbols' example values."""
-        from .sizevars import evaluate
-        from .sizevars import derived_definition
         if self.shape_env is None:
             return strides
         hints = {s.name: v for s, v in self.shape_env.var_to_val.items()}

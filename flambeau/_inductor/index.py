@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from .sizevars import divisible, exact_div, known_lt, known_nonneg, skey, Unsupported
+from .sizevars import divisible, exact_div, known_lt, known_nonneg, skey, Unsupported, SizeExpr, from_sym
 from ..fx._symbolic_shapes import SymInt
 
 
@@ -348,7 +348,6 @@ def offset_of(index, strides, offset: int = 0) -> Index:
 
 def _size(x):
     """int | SizeExpr from an int-like value (a tracer SymInt converts without specialising)."""
-    from .sizevars import SizeExpr, from_sym
     if isinstance(x, SizeExpr):
         return x
     return from_sym(x) if isinstance(x, SymInt) else int(x)

@@ -22,8 +22,8 @@ import math
 
 from .. import _dtype as D
 from .._decomp._table import aten
-from .index import Index, _size, contiguous_strides, offset_of
-from .sizevars import Unsupported, known_nonneg
+from .index import Index, _size, contiguous_strides, offset_of, Indirect, Sym
+from .sizevars import Unsupported, known_nonneg, is_symbolic
 
 CAST = aten._to_copy          # `ops.to_dtype`: the element formula of a dtype conversion
 SUPPORTED_DTYPES = frozenset({D.float32, D.float64, D.int64, D.int32, D.int16, D.int8, D.uint8, D.bool})
@@ -122,7 +122,6 @@ class Layout:
                                         if not isinstance(s, int) or s > 1)
 
     def is_symbolic(self) -> bool:
-        from .sizevars import is_symbolic
         return any(is_symbolic(x) for x in self.shape + self.strides + (self.offset,))
 
     def __repr__(self):
@@ -390,7 +389,6 @@ class AnalysisHandler(Handler):
         return _AVal(dtype)
 
     def indirect_indexing(self, value, size, wrap=True):
-        from .index import Indirect
         return Index.of(Indirect(f"ind{id(value)}", size))
 
     def masked(self, mask, body, other):
@@ -398,7 +396,6 @@ class AnalysisHandler(Handler):
 
 
 def analysis_symbols(ranges, prefix="a"):
-    from .index import Sym
     return [Index.of(Sym(f"{prefix}{i}", s)) if s != 1 else Index() for i, s in enumerate(ranges)]
 
 
@@ -448,7 +445,6 @@ def as_strided_view(x: Pointwise):
     """A StridedView equal to `x` when `x` only reads one buffer at an affine index with
     non-negative coefficients (a permute/reshape/expand of memory that strides can express after
     all), else None. Lets extern kernels read such values in place instead of from a copy."""
-    from .index import Sym
     h = _LoadOnly()
     syms = analysis_symbols(x.ranges)
     with set_handler(h):

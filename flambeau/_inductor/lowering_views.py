@@ -13,7 +13,7 @@ from __future__ import annotations
 from .. import _dtype as D
 from .._ops import _helpers as H
 from .index import Index, contiguous_strides
-from .ir import Buffer, IRNode, Layout, Pointwise, StridedView, Unsupported, ops
+from .ir import Buffer, IRNode, Layout, Pointwise, StridedView, Unsupported, ops, ComputedBuffer
 from .lowering import loader, out_dtype, out_shape, register_lowering
 from .._decomp._table import aten
 from .._ops.views import slice_bounds, view_strides
@@ -245,7 +245,6 @@ def _as_strided(g, x, size, stride, storage_offset=None):
 
 
 def _is_fresh(b):
-    from .ir import ComputedBuffer
     return isinstance(b, ComputedBuffer)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import warnings
 
-from .. import _dispatch, _state
+from .. import _dispatch, _state, cuda
 from .. import _dtype as D
 from .._tags import Tag
 from .._tensor import Tensor
@@ -277,7 +277,6 @@ class autocast:
         name = device_type.upper()
         if enabled:
             if device_type == "cuda":
-                from .. import cuda
                 if not cuda.is_available():
                     warnings.warn("CUDA is not available. Disabling autocast.", stacklevel=2)
                     enabled = False

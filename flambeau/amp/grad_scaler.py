@@ -16,7 +16,7 @@ from enum import Enum
 import numpy as np
 
 from .._tensor import Tensor
-from .. import _dtype as D
+from .. import _dtype as D, cuda
 from .._ops.creation import full
 
 __all__ = ["GradScaler", "OptState"]
@@ -73,7 +73,6 @@ class GradScaler:
         self._device = device
         self._enabled = enabled
         if self._device == "cuda" and enabled:
-            from .. import cuda
             if not cuda.is_available():
                 warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.")
                 self._enabled = False

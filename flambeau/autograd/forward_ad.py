@@ -22,6 +22,8 @@ from .._tensor import Tensor
 from .._ops.creation import zeros_like, zeros
 from .._dispatch import write_into
 from .._backends import get as _backend
+from .graph import TensorMeta
+from .engine import grad as _grad
 
 _current_level = -1
 _duals: "weakref.WeakSet" = weakref.WeakSet()    # tensors holding a tangent at the current level
@@ -164,8 +166,6 @@ def propagate(op, args, kwargs, out) -> None:
 
 
 def _jvp_by_double_vjp(op, args, kwargs, out, grad_was_enabled):
-    from .graph import TensorMeta
-    from .engine import grad as _grad
     outs = out if isinstance(out, (tuple, list)) else (out,)
     diff = [isinstance(o, Tensor) and o._dtype.category >= FLOATING for o in outs]
     if not any(diff):

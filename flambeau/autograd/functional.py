@@ -11,7 +11,7 @@ from .. import _state
 from .._tensor import Tensor
 from .._ops.shape import stack
 from .engine import grad as _grad
-from .._ops.creation import zeros
+from .._ops.creation import zeros, zeros_like, ones_like
 
 
 def _as_tuple(x, arg_name="inputs", fn_name="jacobian"):
@@ -56,7 +56,6 @@ def _grads(outs, ins, gos, create_graph, strict, retain_graph=True):
 
 
 def _zeros_for(res, ins):
-    from .._ops.creation import zeros_like
     return tuple(zeros_like(x) if r is None else r for r, x in zip(res, ins))
 
 
@@ -80,7 +79,6 @@ def vjp(func, inputs, v=None, create_graph=False, strict=False):
         if len(outs) != 1 or outs[0].numel() != 1:
             raise RuntimeError("The vector v can only be None if the user-provided function returns a single "
                                "Tensor with a single element.")
-        from .._ops.creation import ones_like
         vs = (ones_like(outs[0]),)
     else:
         vs = _as_tuple(v, "v", "vjp")[1]
@@ -92,7 +90,6 @@ def vjp(func, inputs, v=None, create_graph=False, strict=False):
 
 def jvp(func, inputs, v=None, create_graph=False, strict=False):
     """(func(inputs), J v), by differentiating the vjp w.r.t. its (dummy) cotangent."""
-    from .._ops.creation import zeros_like, ones_like
     in_tuple, ins = _as_tuple(inputs, "inputs", "jvp")
     ins = _prep(ins, create_graph)
     if v is None:

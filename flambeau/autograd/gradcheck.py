@@ -13,6 +13,8 @@ import numpy as np
 
 from .._tensor import Tensor
 from .._ops.creation import tensor, zeros_like
+from .engine import grad as _grad
+from . import forward_ad as fwAD
 
 
 class GradcheckError(RuntimeError):
@@ -59,7 +61,6 @@ def _numerical(func, inputs, idx, eps):
 
 
 def _analytical(func, inputs, idx, check_grad_dtypes):
-    from .engine import grad as _grad
     outs = _diff_outputs(_outputs(func, inputs))
     n_out = sum(o.numel() for o in outs)
     xs = [inputs[i] for i in idx]
@@ -141,7 +142,6 @@ def _check(func, inputs, idx, eps, atol, rtol, check_undefined_grad, check_grad_
 
 def _check_undefined(func, inputs, idx):
     """Backward with all-zero cotangents must give zero (or no) gradients and not fail."""
-    from .engine import grad as _grad
     outs = [o for o in _diff_outputs(_outputs(func, inputs)) if o._requires_grad]
     if not outs:
         return
@@ -159,7 +159,6 @@ def _check_undefined(func, inputs, idx):
 
 def _check_forward(func, inputs, idx, eps, atol, rtol):
     """Forward-mode: the JVP with each one-hot tangent equals the numerical Jacobian's row."""
-    from . import forward_ad as fwAD
     num = _numerical(func, inputs, idx, eps)
     for j, i in enumerate(idx):
         x = inputs[i]
@@ -186,7 +185,6 @@ def gradgradcheck(func, inputs, grad_outputs=None, *, eps: float = 1e-6, atol: f
                   check_batched_grad: bool = False, check_fwd_over_rev: bool = False,
                   check_rev_over_rev: bool = True, fast_mode: bool = False, masked: bool = False) -> bool:
     """gradcheck of the map (inputs, grad_outputs) -> vjp, i.e. second derivatives."""
-    from .engine import grad as _grad
     inputs = _as_tuple(inputs)
     if grad_outputs is None:
         rng = np.random.default_rng(0)

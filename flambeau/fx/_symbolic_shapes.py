@@ -14,6 +14,8 @@ symbol ("duck sizing"), and symbols are positive integers. sympy is imported on 
 """
 from __future__ import annotations
 
+import numpy
+
 _sympy = None
 
 
@@ -165,7 +167,6 @@ class SymInt:
 
     @property
     def dtype(self):
-        import numpy
         return numpy.dtype("int64")
 
     __add__ = _arith(lambda a, b: a + b)

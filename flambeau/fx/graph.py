@@ -16,8 +16,10 @@ import math
 import operator
 import re
 from typing import Any, Callable
+import importlib
 
 from .node import Node, map_arg, _target_name
+from ._aten import is_op
 
 _RESERVED = {"self", "flambeau", "operator", "inf", "nan", "NoneType", "device", "torch"}
 
@@ -120,7 +122,6 @@ class Graph:
         return n
 
     def _name_for(self, op, target) -> str:
-        from ._aten import is_op
         if op == "call_function":
             if is_op(target):
                 return target._schema.name
@@ -327,7 +328,6 @@ class _CodeGen:
         return name
 
     def target_expr(self, target) -> str:
-        from ._aten import is_op
         if is_op(target):
             return _target_name(target)
         mod = getattr(target, "__module__", None) or ""
@@ -338,7 +338,6 @@ class _CodeGen:
             return name
         qual = getattr(target, "__qualname__", None)
         if qual and mod.startswith("flambeau") and "<" not in qual:
-            import importlib
             try:
                 obj = importlib.import_module(mod)
                 for part in qual.split("."):

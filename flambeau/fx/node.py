@@ -10,6 +10,8 @@ from __future__ import annotations
 import builtins
 from typing import Any, Callable
 
+from ._aten import is_op
+
 OPCODES = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output", "root")
 
 
@@ -33,7 +35,6 @@ def map_arg(a, fn: Callable):
 
 
 def _target_name(target) -> str:
-    from ._aten import is_op
     if isinstance(target, str):
         return target
     if is_op(target):
@@ -174,7 +175,6 @@ class Node:
         if self.op in ("placeholder", "output"):
             return True
         if self.op == "call_function":
-            from ._aten import is_op
             t = self.target
             if is_op(t):
                 return t.is_inplace or any(a.mutated for a in t._schema.args) or "out" in self._kwargs

@@ -23,6 +23,7 @@ from ..nn.modules.container import Sequential, ModuleList, ModuleDict
 from ..nn.parameter import Parameter
 from .graph import Graph
 from .node import Node, map_aggregate
+from .graph_module import GraphModule
 
 
 class TraceError(ValueError):
@@ -299,7 +300,6 @@ def _leaf_wrapper(fn):
 
 def symbolic_trace(root, concrete_args: dict | None = None):
     """Trace a Module or function into a GraphModule with Python-level (Proxy) tracing."""
-    from .graph_module import GraphModule
     tracer = Tracer()
     graph = tracer.trace(root, concrete_args)
     name = type(root).__name__ if isinstance(root, Module) else root.__name__

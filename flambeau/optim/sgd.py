@@ -5,6 +5,7 @@ import numpy as np
 
 from .optimizer import Optimizer, required
 from .._ops.creation import zeros_like
+from . import _foreach as FE
 
 __all__ = ["SGD"]
 
@@ -28,7 +29,6 @@ class SGD(Optimizer):
         return {}
 
     def _step_groups(self):
-        from . import _foreach as FE
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:

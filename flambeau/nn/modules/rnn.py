@@ -14,6 +14,7 @@ from .. import functional as F
 from .. import init
 from ..parameter import Parameter
 from .module import Module
+from ..utils.rnn import PackedSequence, _packed_to_padded, _padded_to_packed
 
 __all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
 
@@ -147,7 +148,6 @@ class RNNBase(Module):
         return torch.stack(outs, 0), h, c
 
     def forward(self, input, hx=None):
-        from ..utils.rnn import PackedSequence, _packed_to_padded, _padded_to_packed
         packed = isinstance(input, PackedSequence)
         is_lstm = self.mode == "LSTM"
         if packed:

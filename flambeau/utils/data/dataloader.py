@@ -13,6 +13,7 @@ import queue
 import sys
 import traceback
 from dataclasses import dataclass
+import numpy as np
 
 from .dataset import IterableDataset
 from .sampler import SequentialSampler, RandomSampler, BatchSampler
@@ -54,7 +55,6 @@ def _worker_loop(dataset, index_q, result_q, collate_fn, auto_collation, drop_la
                  seed, init_fn, is_iterable):
     global _worker_info
     frandom.manual_seed(seed)
-    import numpy as np
     np.random.seed(seed % 2**32)
     _worker_info = WorkerInfo(worker_id, num_workers, seed, dataset)
     try:

@@ -5,6 +5,8 @@ import bisect
 import math
 import warnings
 
+from .sampler import _numpy_rng
+
 
 class Dataset:
     def __getitem__(self, index):
@@ -119,7 +121,6 @@ def random_split(dataset, lengths, generator=None):
         lengths = sizes
     if sum(lengths) != n:
         raise ValueError("Sum of input lengths does not equal the length of the input dataset!")
-    from .sampler import _numpy_rng
     perm = _numpy_rng(generator).permutation(n).tolist()
     out, off = [], 0
     for ln in lengths:
