@@ -56,7 +56,7 @@ class Tensor:
     # --- construction ------------------------------------------------------------------
     def __new__(cls, *args, **kwargs):
         # `torch.Tensor(2, 3)` (uninitialised float tensor) and `torch.Tensor([1, 2])`.
-        from ._ops import creation
+        from ._ops import creation  # deferred: cycle _tensor -> _ops.creation
         if len(args) == 1 and not isinstance(args[0], int):
             src = args[0]
             if isinstance(src, Tensor):
@@ -271,19 +271,19 @@ class Tensor:
         return self
 
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-        from .autograd import backward
+        from .autograd import backward  # deferred: cycle _tensor -> autograd
         backward(self, gradient, retain_graph, create_graph, inputs=inputs)
 
     def register_hook(self, hook):
-        from .autograd.graph import register_tensor_hook
+        from .autograd.graph import register_tensor_hook  # deferred: cycle _tensor -> autograd.graph
         return register_tensor_hook(self, hook)
 
     def register_post_accumulate_grad_hook(self, hook):
-        from .autograd.graph import register_post_accumulate_hook
+        from .autograd.graph import register_post_accumulate_hook  # deferred: cycle _tensor -> autograd.graph
         return register_post_accumulate_hook(self, hook)
 
     def retain_grad(self) -> None:
-        from .autograd.graph import retain_grad
+        from .autograd.graph import retain_grad  # deferred: cycle _tensor -> autograd.graph
         retain_grad(self)
 
     @property
@@ -375,7 +375,7 @@ class Tensor:
         return id(self)
 
     def __reduce_ex__(self, proto):
-        from .serialization import _rebuild_tensor_from_numpy
+        from .serialization import _rebuild_tensor_from_numpy  # deferred: cycle _tensor -> serialization
         return (_rebuild_tensor_from_numpy,
                 (np.array(self.detach()._host()), self._dtype.name, str(self._device), self._requires_grad))
 
@@ -432,7 +432,7 @@ class Tensor:
         return self.to(dtype)
 
     def new_tensor(self, data, *, dtype=None, device=None, requires_grad=False):
-        from ._ops.creation import tensor
+        from ._ops.creation import tensor  # deferred: cycle _tensor -> _ops.creation
         if isinstance(data, Tensor):
             data = data.detach()
         return tensor(data, dtype=dtype or self._dtype, device=device or self._device,
@@ -540,10 +540,10 @@ def _pin_memory(self, device=None) -> "Tensor":
     """A copy of a cpu tensor in page-locked host memory (for fast async copies to cuda)."""
     if self._device.type != "cpu":
         raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
-    from . import cuda
+    from . import cuda  # deferred: cycle _tensor -> cuda
     if not cuda.is_available():
         raise RuntimeError("Cannot access accelerator device when none is available.")
-    import cupyx
+    import cupyx  # deferred: optional dependency, present only where cuda is used
     buf = cupyx.empty_pinned(self._data.shape, dtype=self._data.dtype)
     buf[...] = self._data
     t = Tensor._make(buf, self._device, self._dtype)

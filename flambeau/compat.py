@@ -8,6 +8,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import flambeau
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -39,7 +40,6 @@ def enable() -> None:
     """Alias `torch` to `flambeau` in this process (idempotent)."""
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
-    import flambeau
     sys.modules["torch"] = flambeau
     for name, mod in list(sys.modules.items()):
         if name.startswith("flambeau.") and mod is not None:

@@ -150,7 +150,7 @@ def main(argv=None):
     acc, tok = evaluate(model, a.device, np.random.default_rng(123))
     print(f"held-out accuracy: {100 * acc:.1f}% of sequences fully sorted, {100 * tok:.1f}% of digits right")
     os.makedirs(a.out, exist_ok=True)
-    from ._png import line_plot
+    from ._png import line_plot  # deferred: test_demo runs this source on PyTorch
     path = os.path.join(a.out, "loss.png")
     line_plot(series, path)
     legend = "blue: eager" + (", orange: compiled (it lies on the eager curve when losses agree)"

@@ -142,7 +142,7 @@ def fork_rng(devices: Iterable[int] | None = None, enabled: bool = True, _caller
     if device_type == "meta" or not enabled:
         yield
         return
-    from . import cuda
+    from . import cuda  # deferred: cycle random -> cuda (fork_rng)
     if (device_type or "cuda") != "cuda":
         raise RuntimeError(f"flambeau has no module of `{device_type}`; fork_rng supports cpu and cuda")
     if devices is None:

@@ -70,7 +70,7 @@ def install_cuda_allocator() -> None:
     """Route CuPy allocations through its default pool while tracking the peak in use (per device)."""
     if _allocator_installed:
         return
-    import cupy  # optional dependency, present only where cuda is used
+    import cupy  # deferred: optional dependency, present only where cuda is used
     pool = cupy.get_default_memory_pool()
 
     def malloc(size):
@@ -92,7 +92,7 @@ def reset_peak_bytes(device_index: int, used: int) -> None:
 
 class CupyBackend(Backend):
     def __init__(self):
-        import cupy  # optional dependency, present only where cuda is used
+        import cupy  # deferred: optional dependency, present only where cuda is used
         super().__init__("cuda", cupy)
         install_cuda_allocator()
 
@@ -133,7 +133,7 @@ def register_backend(name: str, backend: Backend) -> None:
 
 def cupy_available() -> bool:
     try:
-        import cupy  # optional dependency: its absence means no cuda
+        import cupy  # deferred: optional dependency: its absence means no cuda
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:
         return False

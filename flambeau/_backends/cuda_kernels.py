@@ -71,7 +71,7 @@ _module = []
 
 
 def _kernel(name):
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     if not _module:
         _module.append(cupy.RawModule(code=_SOURCE, options=("--std=c++14",)))
     return _module[0].get_function(name)
@@ -79,7 +79,7 @@ def _kernel(name):
 
 def softmax_lastdim(x, log: bool):
     """softmax (or log_softmax) of CuPy array `x` over its last dim; None when not handled here."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     if x.dtype not in (cupy.float32, cupy.float64) or x.ndim == 0 or x.size == 0 or not x.flags.c_contiguous:
         return None
     cols = x.shape[-1]

@@ -182,7 +182,7 @@ def _lib():
         with _lock:
             if not _state["tried"]:
                 try:
-                    import cupy  # noqa: F401
+                    import cupy  # noqa: F401  deferred: optional dependency, present only where cuda is used
                     _state["lib"] = _load()
                 except ImportError as e:
                     _state["error"] = f"CuPy is not installed ({e})"
@@ -218,7 +218,7 @@ def _check(status, what):
 
 
 def _handle():
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     dev = cupy.cuda.runtime.getDevice()
     handles = getattr(_local, "handles", None)
     if handles is None:
@@ -239,7 +239,7 @@ def _handle():
 # ---- descriptors and plans -----------------------------------------------------------------------
 def _workspace_limit() -> int:
     """Bytes an algorithm's workspace may take: `workspace_limit`, and no more than is free."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     try:
         return min(workspace_limit, cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes())
     except Exception:
@@ -300,7 +300,7 @@ class _Plan:
     def choose(self, h, ptrs=None):
         """Pick the algorithm: the heuristics' list (or, given data pointers, the measured one) in
         order, keeping the first that succeeds, fits the workspace limit and meets the flags."""
-        import cupy
+        import cupy  # deferred: optional dependency, present only where cuda is used
         lib, kind = _state["lib"], self.kind
         perfs, n = (_Perf * _MAX_ALGOS)(), ctypes.c_int()
         limit = _workspace_limit()
@@ -474,7 +474,7 @@ class _GraphPlan:
         return True
 
     def _choose(self, graph, h, dtype, ptrs):
-        import cupy
+        import cupy  # deferred: optional dependency, present only where cuda is used
         limit = _workspace_limit()
         plans = []
         for mode in heuristic_modes:
@@ -528,7 +528,7 @@ class _GraphPlan:
         """Run on data pointers (x, w, y) -- the roles of the forward convolution. Variant packs are
         kept for the last few pointer sets: in a training loop CuPy's pool hands the same blocks
         back, so most calls reuse one (six fewer cuDNN calls)."""
-        import cupy
+        import cupy  # deferred: optional dependency, present only where cuda is used
         ws = cupy.empty(self.ws, dtype=cupy.uint8) if self.ws else None
         key = ptrs + (ws.data.ptr if ws is not None else 0,)
         packs = self.__dict__.setdefault("packs", {})
@@ -575,7 +575,7 @@ def _as_2d(shape):
 
 
 def _supported(*arrays):
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     a0 = arrays[0]
     if not all(isinstance(a, cupy.ndarray) for a in arrays) or a0.ndim not in (3, 4, 5):
         return False
@@ -589,7 +589,7 @@ def _supported(*arrays):
 
 def _ready(a):
     """A packed array whose data pointer is 16-byte aligned (what cuDNN's kernels assume)."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     a = cupy.ascontiguousarray(a)
     if a.data.ptr % _ALIGNMENT:
         a = a.copy()
@@ -597,7 +597,7 @@ def _ready(a):
 
 
 def _plan(kind, x_shape, w_shape, y_shape, st, pad, dil, groups, dtype, ptrs_fn):
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     key = (kind, cupy.cuda.runtime.getDevice(), x_shape, w_shape, y_shape, st, pad, dil, groups, dtype,
            allow_tf32, deterministic, benchmark, use_graph_api)
     plan = _plans.get(key, False)
@@ -634,7 +634,7 @@ def _out_shape(x_shape, w_shape, st, pad, dil):
 
 def _run(kind, plan, a, b, out):
     """Run one convolution call: `a`, `b` the two inputs in the call's order, `out` the result."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     lib, h = _state["lib"], _handle()
     if isinstance(plan, _GraphPlan):
         plan.execute(h, plan.roles(a.data.ptr, b.data.ptr, out.data.ptr))
@@ -655,7 +655,7 @@ def _run(kind, plan, a, b, out):
 def forward(x, w, bias, stride, padding, dilation, groups):
     """y = conv(x, w) + bias (cross-correlation, PyTorch's convolution), or None when cuDNN does not
     take this case (the caller then uses its own kernel)."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     if not (available() and _supported(x, w) and w.ndim == x.ndim):
         return None
     st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
@@ -677,7 +677,7 @@ def forward(x, w, bias, stride, padding, dilation, groups):
 def backward_data(gy, w, stride, padding, dilation, groups, size):
     """The input gradient of conv (the transposed convolution): gy (N, O, *out) with w (O, Cg, *k)
     -> (N, Cg*groups, *size), or None when cuDNN does not take this case."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     if not (available() and _supported(gy, w) and w.ndim == gy.ndim):
         return None
     st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
@@ -696,7 +696,7 @@ def backward_data(gy, w, stride, padding, dilation, groups, size):
 def backward_filter(x, gy, w_shape, stride, padding, dilation, groups):
     """The weight gradient of conv: x (N, C, *S), gy (N, O, *out) -> (O, C/groups, *k), or None when
     cuDNN does not take this case."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     if not (available() and _supported(x, gy) and len(w_shape) == x.ndim == gy.ndim):
         return None
     st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 
 from .guards import _literal
+from .variables.containers import TupleVariable
 
 
 class EntryCodegen:
@@ -67,7 +68,6 @@ class EntryCodegen:
         return expr
 
     def build_sequence(self, vt) -> str:
-        from .variables.containers import TupleVariable
         if vt.source is not None:
             return vt.source.expr
         parts = [self.reconstruct(x) for x in vt.items]

@@ -22,7 +22,7 @@ import warnings
 from typing import Callable
 
 from ..nn.modules.module import Module
-from . import config, _logging
+from . import config, _logging, resume
 from .._counters import counters, record_fallback
 from .backends.registry import lookup_backend
 from .exc import InternalTorchDynamoError, SkipFrame, TorchDynamoException, Unsupported
@@ -50,7 +50,6 @@ class CodeCache:
 def reset() -> None:
     """Forget every compiled entry (the next call of each compiled function recompiles)."""
     _caches.clear()
-    from . import resume
     resume._resume_codes.clear()
     _resume_wrappers.clear()
     _callee_wrappers.clear()
@@ -334,10 +333,6 @@ def disable(fn=None, recursive: bool = True, reason: str | None = None):
             _disabled[0] -= 1
     run_eagerly._flambeau_dynamo_disable = True
     return run_eagerly
-
-
-def is_disabled(fn) -> bool:
-    return bool(getattr(fn, "_flambeau_dynamo_disable", False))
 
 
 def is_compiling() -> bool:

@@ -14,6 +14,7 @@ from .._counters import FALLBACKS, counters, fallbacks_since, record_fallback
 from .backends.registry import lookup_backend
 from .convert_frame import CompileStats
 from ..nn.modules.module import Module
+from .eval_frame import CompiledFunction, reset, _ModuleCall, _caches
 
 EXPLAIN_BACKEND = "inductor"          # the backend whose fallbacks explain() reports
 
@@ -68,7 +69,6 @@ def explain(fn, *extra_args, **extra_kwargs):
     """`explain(fn)(*args, **kwargs)` runs `fn` once, compiled with a recording backend, and returns an
     ExplainOutput (`explain(fn, *args)` is accepted too, as in older PyTorch)."""
     def inner(*args, **kwargs):
-        from .eval_frame import CompiledFunction, reset, _ModuleCall
         reset()
         stats = CompileStats()
         guards = []
@@ -87,7 +87,6 @@ def explain(fn, *extra_args, **extra_kwargs):
         else:
             call = CompiledFunction(fn, backend, stats=stats)
         call(*args, **kwargs)
-        from .eval_frame import _caches
         for cache in _caches.values():
             for e in cache.entries:
                 guards.extend(d for _, _, d in e.guards.checks)

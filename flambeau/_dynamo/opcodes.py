@@ -16,10 +16,11 @@ from .guards import ClosureSource
 from .variables import (NULL, ConstantVariable, TupleVariable, ListVariable, DictVariable, SetVariable,
                         SliceVariable, ListIteratorVariable, TensorVariable, NestedUserFunctionVariable,
                         CellVariable, RealCellVariable, GradModeVariable, build, wrap_constant_like, const)
-from .variables.base import VariableTracker
+from .variables.base import VariableTracker, is_constant_value
 from .variables.builtin import binary_op, unary_op, getitem, contains, identical
 from .variables.objects import PythonModuleVariable
 from .variables.torch import AutocastVariable
+from .variables.containers import dict_key
 
 _BINARY = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul, operator.mul,
            operator.mod, operator.or_, operator.pow, operator.rshift, operator.sub, operator.truediv,
@@ -177,9 +178,7 @@ def _load_deref(tx, ins):
 
 
 def _sourceless(value):
-    from .variables.base import is_constant_value
-    import types as _t
-    if is_constant_value(value) or isinstance(value, (_t.FunctionType, type, _t.ModuleType)):
+    if is_constant_value(value) or isinstance(value, (types.FunctionType, type, types.ModuleType)):
         return wrap_constant_like(value)
     raise Unsupported("closure variable of a function reached without a source")
 
@@ -360,7 +359,6 @@ def _build_set(tx, ins):
 @handler("BUILD_MAP")
 def _build_map(tx, ins):
     items = tx.popn(2 * ins.arg)
-    from .variables.containers import dict_key
     tx.push(DictVariable({dict_key(items[i]): items[i + 1] for i in range(0, len(items), 2)}))
 
 

@@ -35,6 +35,11 @@ from .variables.torch import _set_grad_enabled, _enter_autocast, _exit_autocast,
 from .repro.after_dynamo import call_backend
 from ..nn.parameter import UninitializedParameter
 from .repro.debug_utils import AccuracyError
+from .variables.containers import DictVariable, SetVariable, SliceVariable
+from .variables import wrap_constant_like
+from .variables.functions import UserFunctionVariable, UserMethodVariable, NestedUserFunctionVariable
+from .variables.nn_module import NNModuleVariable, is_leaf_module
+from .utils import is_disabled
 
 _STATE_FNS = (_set_grad_enabled, _enter_autocast, _exit_autocast)
 
@@ -78,7 +83,6 @@ class SideEffects:
         return not (self.attrs or self.globals_ or self.cells or self.containers)
 
     def codegen(self, cg: EntryCodegen, output) -> None:
-        from .variables.containers import DictVariable, SetVariable
         for vt in self.containers:
             target = vt.source.expr
             if isinstance(vt, ListVariable):
@@ -239,7 +243,6 @@ class OutputGraph:
 
     # ---- recording operations ----------------------------------------------------------------------
     def _node_arg(self, vt):
-        from .variables.containers import SliceVariable, DictVariable
         if isinstance(vt, (TensorVariable, SymNodeVariable)):
             return vt.node
         if isinstance(vt, (TupleVariable, ListVariable)):
@@ -257,7 +260,6 @@ class OutputGraph:
         raise Unsupported(f"argument {vt} of a tensor operation")
 
     def _example(self, vt):
-        from .variables.containers import SliceVariable, DictVariable
         if isinstance(vt, TensorVariable):
             return vt.example
         if isinstance(vt, SymNodeVariable):
@@ -342,12 +344,10 @@ class OutputGraph:
                 elif isinstance(o, SymInt):
                     items.append(SymNodeVariable(self.graph.call_function(operator.getitem, (node, i)), o))
                 else:
-                    from .variables import wrap_constant_like
                     items.append(wrap_constant_like(o))
             if isinstance(out, list):
                 return ListVariable(items)
             return TupleVariable(items, cls=type(out))
-        from .variables import wrap_constant_like
         if out is None and node.op == "call_function" and node.target not in _STATE_FNS:
             return ConstantVariable(None)       # ops with effects (e.g. in-place) keep their node
         self.graph.erase_node(node)
@@ -409,9 +409,6 @@ class OutputGraph:
 
     def _compiled_callee(self, cg, vt) -> str:
         """The function a graph break calls, compiled as its own frame (what the frame hook would do)."""
-        from .variables.functions import UserFunctionVariable, UserMethodVariable, NestedUserFunctionVariable
-        from .variables.nn_module import NNModuleVariable, is_leaf_module
-        from .eval_frame import is_disabled
         expr = cg.reconstruct(vt)
         if isinstance(vt, (UserFunctionVariable, UserMethodVariable)) and not is_disabled(vt.value):
             return f"{cg.const(self.compile_callee)}({expr})"

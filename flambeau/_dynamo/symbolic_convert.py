@@ -16,9 +16,10 @@ from __future__ import annotations
 import builtins
 import operator
 import types
+import inspect
 
-from . import bytecode as bc, opcodes
-from .exc import Unsupported
+from . import bytecode as bc, opcodes, config
+from .exc import Unsupported, RestartAnalysis
 from .guards import LocalSource
 from .opcodes import _Return, _local
 from .variables import (ListVariable, DictVariable, ListIteratorVariable, TensorVariable, RealCellVariable,
@@ -123,7 +124,6 @@ class InstructionTranslatorBase:
                                                       or name in obj.value.__dict__.get("_modules", {})
                                                       or name in obj.value.__dict__.get("_buffers", {})):
                 raise Unsupported(f"assigning {type(obj.value).__name__}.{name} (a parameter/buffer/submodule)")
-            import inspect
             desc = inspect.getattr_static(type(obj.value), name, None)
             if desc is not None and hasattr(type(desc), "__set__"):
                 raise Unsupported(f"assigning {name} through a descriptor/property")
@@ -163,7 +163,6 @@ class InstructionTranslatorBase:
                 return self._unroll_generator(fn, args, kwargs, closure)
             raise Unsupported(f"call to generator function {fn.__qualname__}")
         depth = self.depth() + 1
-        from . import config
         if depth > config.max_inline_depth:
             raise Unsupported("inlining too deep (recursion?)")
         bound = bind_arguments(fn, args, kwargs)
@@ -221,7 +220,6 @@ class InstructionTranslator(InstructionTranslatorBase):
             return
         start = self.call_start if (ins.opname in ("CALL", "CALL_FUNCTION_EX") and self.call_start is not None) \
             else self.ip - 1
-        from .exc import RestartAnalysis
         if start in self.break_at:
             return
         self.break_at[start] = e

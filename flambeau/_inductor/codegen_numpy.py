@@ -281,7 +281,7 @@ def _floordiv(a, b):
 
 
 def namespace() -> dict:
-    import scipy.special as sp
+    import scipy.special as sp  # deferred: scipy.special is slow to import
     return {"np": np, "_sp": sp, "_raw": _raw, "_cast": _cast, "_ipow": _ipow, "_shl": _shl, "_shr": _shr,
             "_truncdiv": _truncdiv, "_index": _index, "_floordiv": _floordiv, "_remainder": _remainder, "_fmod": _fmod}
 

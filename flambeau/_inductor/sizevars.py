@@ -127,7 +127,7 @@ class SizeExpr:
         return math.prod([self] * k) if k else 1
 
     def to_sympy(self):
-        import sympy
+        import sympy  # deferred: sympy is slow to import
         out = sympy.Integer(0)
         for m, c in self.terms:
             term = sympy.Integer(c)
@@ -194,7 +194,7 @@ class SizeExpr:
 
 def _floor_div(a, b):
     """a // b that is not exact: a derived symbol for floor(a / b) (b must be positive)."""
-    import sympy
+    import sympy  # deferred: sympy is slow to import
     if not known_nonneg(b - 1):
         raise Unsupported(f"floor division of {a} by {b}")
     sa = a.to_sympy() if isinstance(a, SizeExpr) else sympy.Integer(a)
@@ -323,7 +323,7 @@ def replacements(env) -> dict:
     matrix product matched with a static one); like PyTorch, those sizes are static after all."""
     hit = _repl_cache.get(env)
     if hit is None or hit[0] != len(env.guards):
-        import sympy
+        import sympy  # deferred: sympy is slow to import
         repl = {}
         for g in env.guards:
             if isinstance(g, sympy.Eq):
@@ -341,7 +341,7 @@ def _from_sympy(expr, repl: dict):
     hit = _cache.get(key)
     if hit is not None:
         return hit
-    import sympy
+    import sympy  # deferred: sympy is slow to import
     if repl:
         expr = expr.xreplace(repl)
     if expr.is_Integer:

@@ -169,7 +169,7 @@ def guard_checker(shape_env, names: list):
     def ok(values: tuple) -> bool:
         r = cache.get(values)
         if r is None:
-            import sympy
+            import sympy  # deferred: sympy is slow to import
             subs = {sympy.Symbol(n, integer=True, positive=True): sympy.Integer(v) for n, v in zip(names, values)}
             r = cache[values] = all(bool(g.xreplace(subs)) for g in guards)
         return r

@@ -20,9 +20,9 @@ from .._device import canonical
 
 def _np_erf(xp, x):
     if xp is np:
-        from scipy.special import erf
+        from scipy.special import erf  # deferred: scipy.special is slow to import
     else:
-        from cupyx.scipy.special import erf
+        from cupyx.scipy.special import erf  # deferred: optional dependency, present only where cuda is used
     return erf(x)
 
 

@@ -37,7 +37,7 @@ def _ufunc_at(xp, name, a, key, v):
     if xp is np:
         getattr(np, name).at(a, key, v)
         return
-    import cupyx
+    import cupyx  # deferred: optional dependency, present only where cuda is used
     if name == "add":
         cupyx.scatter_add(a, key, v)
     elif name in ("maximum", "minimum"):

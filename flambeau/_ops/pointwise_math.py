@@ -31,9 +31,9 @@ def unsupported(name: str, dt) -> NotImplementedError:
 def special_ns(xp):
     """scipy.special for NumPy arrays, cupyx.scipy.special for CuPy arrays."""
     if xp is np:
-        import scipy.special as sp
+        import scipy.special as sp  # deferred: scipy.special is slow to import
     else:
-        import cupyx.scipy.special as sp
+        import cupyx.scipy.special as sp  # deferred: optional dependency, present only where cuda is used
     return sp
 
 

@@ -16,11 +16,11 @@ import warnings
 
 import numpy as np
 
-from .. import _dtype as D, linalg
+from .. import _dtype as D
 from .. import _state
 from .._tensor import Tensor
 from .._dispatch import type_name, resize_out
-from ._registry import defop, export, EXPORTS, TensorSpec, Tag
+from ._registry import defop, export, EXPORTS, LINALG, TensorSpec, Tag
 from ._helpers import wrap_dim, wrap_dims, opmath, PAR_MIN, parallel_blocks
 from .._backends import cpu_kernels, cuda_kernels
 
@@ -692,8 +692,8 @@ def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
         dim = [dim]
     if isinstance(p, str):
         if p == "nuc":
-            r = linalg.matrix_norm(input, "nuc", dim=tuple(dim) if dim is not None else (-2, -1),
-                                   keepdim=keepdim, dtype=dtype)
+            r = LINALG["matrix_norm"](input, "nuc", dim=tuple(dim) if dim is not None else (-2, -1),
+                                      keepdim=keepdim, dtype=dtype)
             return r if out is None else _into(out, r)
         if p != "fro":
             raise RuntimeError(f"norm(): unsupported norm type {p!r}")

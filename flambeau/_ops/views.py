@@ -364,7 +364,7 @@ def _to_copy(xp, self, *, dtype=None, device=None, non_blocking=False):
             return MetaArray(src.shape, npdt, preserved_strides(src.shape, estrides))
         b = backend(dev.type)
         if type(src) is np.ndarray and dev.type == "cuda":
-            import cupy
+            import cupy  # deferred: optional dependency, present only where cuda is used
             with cupy.cuda.Device(dev.index or 0):
                 return cupy.array(src.astype(npdt, copy=False), copy=True)
         return b.xp.array(src, dtype=npdt, copy=True)

@@ -19,7 +19,7 @@ from ..random import generator_for
 
 def _cupy():
     try:
-        import cupy  # optional dependency, present only where cuda is used
+        import cupy  # deferred: optional dependency, present only where cuda is used
     except ImportError as e:
         raise RuntimeError("Torch not compiled with CUDA enabled (flambeau needs CuPy for cuda)") from e
     return cupy

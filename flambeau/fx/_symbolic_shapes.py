@@ -22,7 +22,7 @@ _sympy = None
 def _sp():
     global _sympy
     if _sympy is None:
-        import sympy
+        import sympy  # deferred: sympy is slow to import
         _sympy = sympy
     return _sympy
 

@@ -17,6 +17,7 @@ import operator
 import re
 from typing import Any, Callable
 import importlib
+import flambeau
 
 from .node import Node, map_arg, _target_name
 from ._aten import is_op
@@ -304,7 +305,6 @@ class _CodeGen:
     """Emit `def forward(self, ...)` for a graph (see Graph.python_code)."""
 
     def __init__(self, graph: Graph, root: str):
-        import flambeau
         self.graph = graph
         self.root = root
         self.globals = {"flambeau": flambeau, "operator": operator, "inf": math.inf, "nan": math.nan,
@@ -349,7 +349,6 @@ class _CodeGen:
         return self.add_global(name or "fn", target)
 
     def arg(self, a) -> str:
-        import flambeau
         if isinstance(a, Node):
             return a.name
         t = type(a)

@@ -75,7 +75,7 @@ def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float 
     """Normal(mean, std) truncated to [a, b], by inverse-CDF sampling."""
     if tensor.device.type == "meta":
         return tensor
-    from scipy.special import erfinv
+    from scipy.special import erfinv  # deferred: scipy.special is slow to import
     def cdf(x):
         return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
     if mean < a - 2 * std or mean > b + 2 * std:

@@ -19,6 +19,7 @@ import math
 import os
 
 import numpy as np
+import flambeau
 
 from .. import config
 from ..._tensor import Tensor
@@ -69,7 +70,6 @@ def rand_strided(shape, stride, dtype: str, device: str = "cpu", requires_grad: 
                  dynamic: tuple = ()) -> "Tensor":
     """A tensor of `shape` and `stride` over fresh storage: normal floats, zeros otherwise
     (`dynamic`, a spec's dims that were symbolic, is for `dynamic_dims`, not the tensor)."""
-    import flambeau
     dt = getattr(flambeau, dtype)
     needed = 0 if any(s == 0 for s in shape) else 1 + sum((s - 1) * st for s, st in zip(shape, stride))
     if dt.is_floating_point or dt.is_complex:
@@ -82,7 +82,6 @@ def rand_strided(shape, stride, dtype: str, device: str = "cpu", requires_grad: 
 
 def make_inputs(specs: list, seed: int = 0) -> list:
     """Graph inputs rebuilt from their records, with random values from `seed`."""
-    import flambeau
     flambeau.manual_seed(seed)
     return [rand_strided(*s) if isinstance(s, tuple) else s for s in specs]
 
@@ -122,20 +121,17 @@ def clone_inputs(args: list) -> list:
 
 
 def _preserve():
-    import flambeau
     return flambeau.preserve_format
 
 
 # ---- accuracy --------------------------------------------------------------------------------------
 def _float_dtypes() -> set:
-    import flambeau
     return {flambeau.float32, flambeau.float16, flambeau.bfloat16}
 
 
 def fp64_reference(gm, args: list) -> object:
     """The outputs of `gm` run eagerly with float inputs and float dtype arguments in float64
     (None when the graph cannot run that way)."""
-    import flambeau
     floats = _float_dtypes()
     g = copy.deepcopy(gm)
     for n in g.graph.nodes:
@@ -165,7 +161,6 @@ def _rmse(ref64: np.ndarray, x: np.ndarray) -> float:
 def accuracy_failure(ref, res, fp64_ref=None, tol: float = 1e-4, ignore_non_fp: bool = False,
                      where: str = "output") -> str | None:
     """Why `res` (compiled) is not `ref` (eager) within `tol` judged against `fp64_ref`, or None."""
-    import flambeau
     if fp64_ref is None:
         fp64_ref = ref
     if isinstance(ref, (list, tuple)):
@@ -222,8 +217,8 @@ def _unwrapped(e: BaseException) -> BaseException:
 def same_failure(orig: BaseException, new: BaseException) -> bool:
     """Whether `new` is the failure `orig` again: the same type and a similar message (as PyTorch's
     after-dynamo minifier judges, since messages name nodes that minification renames)."""
-    from difflib import SequenceMatcher
     orig, new = _unwrapped(orig), _unwrapped(new)
     if type(new) is not type(orig):
         return False
+    from difflib import SequenceMatcher  # deferred: only the minifier needs it (keeps import flambeau lean)
     return SequenceMatcher(None, str(orig), str(new)).ratio() > 0.5

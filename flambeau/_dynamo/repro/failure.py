@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from typing import Callable
+import flambeau
 
 from ... import _logging
 from .. import config
@@ -64,7 +65,6 @@ def lift_attributes(gm, args: list) -> tuple:
 def failure_test(*, after: str, backend: str | None, accuracy: bool, orig: BaseException | None,
                  ignore_non_fp: bool = False) -> Callable:
     """`fails(gm, args) -> bool` for the minifier (see module docstring)."""
-    import flambeau
 
     def fails(gm, args) -> bool:
         try:
@@ -103,7 +103,6 @@ def run_isolated(gm, args: list, *, after: str, backend: str | None) -> int | No
 def isolated_failure_test(*, after: str, backend: str | None, signal_number: int) -> Callable:
     """`fails(gm, args)` for a crash: the candidate works eagerly (in-process) and its script, run
     in a subprocess, dies of signal `signal_number`."""
-    import flambeau
 
     def fails(gm, args) -> bool:
         try:

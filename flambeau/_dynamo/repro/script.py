@@ -28,6 +28,8 @@ import os
 import sys
 import textwrap
 from typing import Callable, Iterator
+import importlib
+import flambeau
 
 from ... import _logging
 from .. import config
@@ -36,6 +38,8 @@ from .debug_utils import (AccuracyError, accuracy_failure, dynamic_dims, fp64_re
 from ...fx.graph_module import GraphModule
 from ...fx import symbolic_trace
 from ...fx.experimental.proxy_tensor import make_fx
+from ..backends.registry import InvalidBackend, lookup_backend
+from .debug_utils import clone_inputs
 
 log = _logging.get_logger("flambeau._dynamo.repro")
 _STANDARD_GLOBALS = {"flambeau", "operator", "inf", "nan", "NoneType"}
@@ -46,8 +50,6 @@ SEED = 0
 
 def _global_source(name: str, obj) -> str:
     """A line binding `name` to `obj` in a script: a flambeau attribute or an importable object."""
-    import importlib
-    import flambeau
     for attr, v in vars(flambeau).items():
         if v is obj and not attr.startswith("_"):
             return f"{name} = flambeau.{attr}"
@@ -66,7 +68,7 @@ def _global_source(name: str, obj) -> str:
 
 def inductor_settings() -> list:
     """Lines setting the code generator's knobs (flambeau._inductor.config) as they are now."""
-    from ..._inductor import config as iconfig
+    from ..._inductor import config as iconfig  # deferred: the inductor loads at first compile
     return [f"flambeau._inductor.config.{k} = {v!r}" for k, v in vars(iconfig).items()
             if not k.startswith("_") and type(v) in (bool, int, float, str) and k not in _SETTINGS_NOT_RECORDED]
 
@@ -137,7 +139,7 @@ def graph_of(mod, args: list, after: str, dims: list | None = None) -> "GraphMod
     sizes stay symbolic (none: a static graph)."""
     if after == "aot":
         if dims and any(dims):
-            from ..._functorch.aot_autograd import trace_with_dynamic_dims
+            from ..._functorch.aot_autograd import trace_with_dynamic_dims  # deferred: AOT autograd loads at first compile
             gm = trace_with_dynamic_dims(mod, list(args), dims)
         else:
             gm = make_fx(mod, tracing_mode="fake")(*args)
@@ -152,8 +154,7 @@ def graph_of(mod, args: list, after: str, dims: list | None = None) -> "GraphMod
 def compile_aot(gm, args: list, dims: list) -> Callable:
     """`gm` (core operators) retraced with fake tensors (symbolic sizes at `dims`) and compiled by
     the inductor entry point."""
-    import flambeau
-    from ..._inductor.compile_fx import compile_fx
+    from ..._inductor.compile_fx import compile_fx  # deferred: the inductor loads at first compile
     with flambeau.no_grad():
         return compile_fx(graph_of(gm, args, "aot", dims), list(args))
 
@@ -161,7 +162,7 @@ def compile_aot(gm, args: list, dims: list) -> Callable:
 def _compile_dynamic(gm, args: list, dims: list, backend: str | None) -> Callable:
     """`gm` given to the backend as the capture front end gives a dynamic graph: a ShapeEnv in
     its meta and placeholders whose example values have symbolic sizes at `dims`."""
-    from ..._functorch.aot_autograd import fakes_with_dynamic_dims
+    from ..._functorch.aot_autograd import fakes_with_dynamic_dims  # deferred: AOT autograd loads at first compile
     fakes, env = fakes_with_dynamic_dims(list(args), dims)
     for ph, f in zip([n for n in gm.graph.nodes if n.op == "placeholder"], fakes):
         ph.meta["example_value"] = f
@@ -172,7 +173,6 @@ def _compile_dynamic(gm, args: list, dims: list, backend: str | None) -> Callabl
 def run_compiled(gm, args: list, after: str, backend: str | None, dims: list | None = None) -> object:
     """Compile `gm` as the minifier's test does and call it on `args` (exceptions propagate);
     `dims` (default: read from `gm`'s placeholders) are the inputs' symbolic dims."""
-    import flambeau
     if dims is None:
         dims = placeholder_dynamic_dims(gm)
     with repro_disabled():
@@ -188,8 +188,6 @@ def run_compiled(gm, args: list, after: str, backend: str | None, dims: list | N
 
 def resolve_backend(backend) -> Callable:
     """The backend callable for a registered name, or for `module.attr` of an importable function."""
-    import importlib
-    from ..backends.registry import InvalidBackend, lookup_backend
     if backend is None:
         raise RuntimeError("flambeau minifier: the repro script names no backend (the graph was compiled with an "
                            "unnamed callable); pass backend= to run_repro")
@@ -204,8 +202,6 @@ def resolve_backend(backend) -> Callable:
 
 def check_accuracy(gm, args: list, compiled_out, *, tol: float, ignore_non_fp: bool = False) -> str | None:
     """Why `compiled_out` is not `gm`'s eager output on `args` (judged against float64), or None."""
-    import flambeau
-    from .debug_utils import clone_inputs
     with flambeau.no_grad():
         ref = gm(*clone_inputs(args))
     return accuracy_failure(ref, compiled_out, fp64_reference(gm, args), tol=tol, ignore_non_fp=ignore_non_fp)
@@ -214,7 +210,6 @@ def check_accuracy(gm, args: list, compiled_out, *, tol: float, ignore_non_fp: b
 def run_repro(mod, inputs: list, *, after: str, backend: str | None = "inductor", accuracy: bool = False,
               command: str = "run", argv: list | None = None) -> None:
     """Run a repro script's graph (see module docstring); `argv[0]` (default sys.argv[1]) overrides `command`."""
-    from .debug_utils import clone_inputs
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv else command
     if command not in ("run", "minify"):
@@ -225,7 +220,7 @@ def run_repro(mod, inputs: list, *, after: str, backend: str | None = "inductor"
     dims = dynamic_dims(inputs)
     gm = graph_of(mod, args, after, dims)
     if command == "minify":
-        from .failure import minify_and_dump
+        from .failure import minify_and_dump  # deferred: cycle repro.script <-> repro.failure
         minify_and_dump(gm, args, after=after, backend=backend, accuracy=accuracy)
         return
     out = run_compiled(gm, clone_inputs(args), after, backend, dims)

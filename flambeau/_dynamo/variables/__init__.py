@@ -1,4 +1,8 @@
-"""Variable trackers: the symbolic values of the symbolic bytecode evaluator (see base.py)."""
+"""Variable trackers: the symbolic values of the symbolic bytecode evaluator (see base.py).
+
+The kinds build one another (a constant's method is a builtin, an object's attribute a function, a
+call's result any kind through builder.py), so the imports among them that would close a cycle run
+at call time, each marked `# deferred: cycle among variable kinds`."""
 from .base import VariableTracker, ConstantVariable, NullVariable, NULL, const  # noqa: F401
 from .containers import (TupleVariable, ListVariable, DictVariable, SetVariable, SliceVariable,  # noqa: F401
                          ListIteratorVariable, RangeVariable)

@@ -15,8 +15,13 @@ import types
 
 from ..exc import Unsupported
 from .base import VariableTracker, ConstantVariable, is_constant_value, const
-from .containers import TupleVariable, ListVariable, DictVariable, RangeVariable
+from .containers import TupleVariable, ListVariable, DictVariable, RangeVariable, SetVariable
 from ...nn.modules.module import Module
+from ..._tensor import Size, Tensor
+from .objects import ClassVariable, PythonModuleVariable, ObjectVariable
+from .torch import (torch_functions, TorchFunctionVariable, special_function, TorchSpecialVariable, GradModeExit,
+                    GradModeExitVariable, AutocastVariable)
+from ...amp.autocast_mode import autocast
 
 
 def _is_namedtuple(v) -> bool:
@@ -25,8 +30,6 @@ def _is_namedtuple(v) -> bool:
 
 def wrap_constant_like(v) -> VariableTracker:
     """A tracker for a value computed at trace time (not read from the frame)."""
-    from ..._tensor import Size
-    from .objects import ClassVariable, PythonModuleVariable
     if isinstance(v, VariableTracker):
         return v
     if type(v) is range:
@@ -48,9 +51,8 @@ def wrap_constant_like(v) -> VariableTracker:
 
 
 def _callable_without_source(v):
-    from .builtin import BuiltinVariable, is_builtin_callable
-    from .torch import torch_functions, TorchFunctionVariable, special_function, TorchSpecialVariable
-    from .functions import UserFunctionVariable
+    from .builtin import BuiltinVariable, is_builtin_callable  # deferred: cycle among variable kinds
+    from .functions import UserFunctionVariable  # deferred: cycle among variable kinds
     kind = special_function(v) if callable(v) else None
     if kind is not None:
         return TorchSpecialVariable(v, kind)
@@ -82,23 +84,17 @@ def build(tx, value, source) -> VariableTracker:
 
 
 def _identity_matters(v) -> bool:
-    from ..._tensor import Tensor
     return isinstance(v, (Tensor, list, dict))
 
 
 def _needs_source(v) -> bool:
-    from ..._tensor import Tensor
     return isinstance(v, (Tensor, Module))
 
 
 def _build(tx, value, source) -> VariableTracker:
-    from ..._tensor import Tensor, Size
-    from .nn_module import NNModuleVariable
-    from .objects import ObjectVariable, ClassVariable, PythonModuleVariable
-    from .functions import UserMethodVariable
-    from .torch import GradModeExit, GradModeExitVariable, AutocastVariable
-    from ...amp.autocast_mode import autocast
-    from ..eval_frame import unwrap_compiled
+    from .nn_module import NNModuleVariable  # deferred: cycle among variable kinds
+    from .functions import UserMethodVariable  # deferred: cycle among variable kinds
+    from ..eval_frame import unwrap_compiled  # deferred: cycle eval_frame -> variables
     g = tx.output.guards
     if isinstance(value, Tensor):
         if source is None:
@@ -178,7 +174,6 @@ def _build(tx, value, source) -> VariableTracker:
         if source is not None:
             g.type_match(source, type(value))
             g.add(source, f"{{S}} == {g.const(frozenset(value))}", f"{source.name()} == {value!r}")
-        from .containers import SetVariable
         return SetVariable([const(x) for x in value], source)
     if source is None:
         raise Unsupported(f"object of type {type(value).__name__} without a source")

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import builtins
 import operator
+import flambeau
 
 from ..exc import Unsupported
 from .base import VariableTracker, ValueVariable, ConstantVariable, NULL, const, is_constant_value
 from .containers import (TupleVariable, ListVariable, DictVariable, SetVariable, SliceVariable,
                          ListIteratorVariable, RangeVariable, dict_key)
 from .tensor import TensorVariable, SymNodeVariable
+from .builder import wrap_constant_like
+from .objects import ObjectVariable, ClassVariable
+from .nn_module import NNModuleVariable
+from .functions import BaseFunctionVariable
+from .torch import TorchFunctionVariable
 
 
 class ObservedAttributeError(Unsupported):
@@ -42,7 +48,6 @@ _BREAKING = {print, input, open, breakpoint, exec, eval, compile, globals, local
 
 
 def wrap_constant_result(v) -> VariableTracker:
-    from .builder import wrap_constant_like
     return wrap_constant_like(v)
 
 
@@ -87,7 +92,6 @@ def binary_op(tx, fn, a: VariableTracker, b: VariableTracker) -> VariableTracker
             operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge):
         if all(x.is_python_constant() for x in a.items + b.items):
             return const(fn(a.as_python_constant(), b.as_python_constant()))
-    from .objects import ObjectVariable
     if isinstance(a, ObjectVariable) or isinstance(b, ObjectVariable):
         return _user_binop(tx, fn, a, b)
     raise Unsupported(f"{getattr(fn, '__name__', fn)}({a}, {b})")
@@ -95,7 +99,6 @@ def binary_op(tx, fn, a: VariableTracker, b: VariableTracker) -> VariableTracker
 
 def _user_binop(tx, fn, a, b):
     """`a + b` where an operand is a user object: inline its Python dunder method."""
-    from .objects import ObjectVariable
     name = getattr(fn, "__name__", "").strip("_")
     if isinstance(a, ObjectVariable):
         meth = getattr(type(a.value), f"__{name}__", None)
@@ -109,9 +112,6 @@ def _user_binop(tx, fn, a, b):
 
 
 def _identity_eq(tx, a, b):
-    from .objects import ObjectVariable
-    from .nn_module import NNModuleVariable
-    from .functions import BaseFunctionVariable
     kinds = (ObjectVariable, NNModuleVariable, BaseFunctionVariable)
     if isinstance(a, kinds) and isinstance(b, kinds):
         if isinstance(a, ObjectVariable) and type(a.value).__eq__ is not object.__eq__:
@@ -155,7 +155,6 @@ def unary_op(tx, fn, a):
             return wrap_constant_result(fn(a.as_python_constant()))
         except Exception as e:
             raise Unsupported(f"{type(e).__name__}: {e}")
-    from .objects import ObjectVariable
     if isinstance(a, ObjectVariable):
         meth = getattr(type(a.value), f"__{fn.__name__.strip('_')}__", None)
         if meth is not None and hasattr(meth, "__code__"):
@@ -164,7 +163,6 @@ def unary_op(tx, fn, a):
 
 
 def getitem(tx, obj: VariableTracker, key: VariableTracker) -> VariableTracker:
-    from .nn_module import NNModuleVariable
     if isinstance(obj, TensorVariable):
         return tx.output.call_in_graph(tx, "call_function", operator.getitem, [obj, key], {})
     if isinstance(obj, (TupleVariable, ListVariable, DictVariable)):
@@ -283,13 +281,9 @@ class BuiltinVariable(ValueVariable):
         return const(None)
 
     def _call_type(self, tx, obj):
-        from .objects import ClassVariable
         return ClassVariable(obj.python_type())
 
     def _call_callable(self, tx, obj):
-        from .functions import BaseFunctionVariable
-        from .nn_module import NNModuleVariable
-        from .torch import TorchFunctionVariable
         if isinstance(obj, (BaseFunctionVariable, NNModuleVariable, TorchFunctionVariable, BuiltinVariable)):
             return const(True)
         if isinstance(obj, (TensorVariable, TupleVariable, ListVariable, DictVariable)):
@@ -456,7 +450,6 @@ class BuiltinVariable(ValueVariable):
 
 
 def _torch_fn(name):
-    import flambeau
     return getattr(flambeau, name)
 
 

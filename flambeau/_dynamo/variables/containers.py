@@ -12,6 +12,8 @@ import operator
 from ..exc import Unsupported
 from .base import VariableTracker, ConstantVariable, const
 from ..._tensor import Size
+from .tensor import TensorVariable
+from .objects import ObjectVariable
 
 
 def _consts(items):
@@ -48,7 +50,7 @@ class BaseListVariable(VariableTracker):
         return type(self)(items)
 
     def call_method(self, tx, name, args, kwargs):
-        from .builtin import BuiltinVariable
+        from .builtin import BuiltinVariable  # deferred: cycle among variable kinds
         if name == "__getitem__" and len(args) == 1:
             return self.getitem(tx, args[0])
         if name == "__len__" and not args:
@@ -73,7 +75,6 @@ def _same(tx, a, b) -> bool:
         return True
     if a.is_python_constant() and b.is_python_constant():
         return a.as_python_constant() == b.as_python_constant()
-    from .tensor import TensorVariable
     if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
         raise Unsupported("comparing tensors inside a container search")
     return False
@@ -103,14 +104,14 @@ class TupleVariable(BaseListVariable):
         if fields and name in fields:
             return self.items[fields.index(name)]
         if name in ("count", "index") or (self.cls is _size_cls() and name == "numel"):
-            from .builtin import GetAttrVariable
+            from .builtin import GetAttrVariable  # deferred: cycle among variable kinds
             return GetAttrVariable(self, name)
         raise Unsupported(f"tuple attribute {name}")
 
     def call_method(self, tx, name, args, kwargs):
         if name == "numel" and self.cls is _size_cls():
             n = const(1)
-            from .builtin import BuiltinVariable
+            from .builtin import BuiltinVariable  # deferred: cycle among variable kinds
             for x in self.items:
                 n = BuiltinVariable(operator.mul).call_function(tx, [n, x], {})
             return n
@@ -204,7 +205,7 @@ class ListVariable(BaseListVariable):
             self.items[operator.index(k)] = value
 
     def var_getattr(self, tx, name):
-        from .builtin import GetAttrVariable
+        from .builtin import GetAttrVariable  # deferred: cycle among variable kinds
         if hasattr(list, name):
             return GetAttrVariable(self, name)
         raise Unsupported(f"list attribute {name}")
@@ -308,7 +309,7 @@ class DictVariable(VariableTracker):
         return super().call_method(tx, name, args, kwargs)
 
     def var_getattr(self, tx, name):
-        from .builtin import GetAttrVariable
+        from .builtin import GetAttrVariable  # deferred: cycle among variable kinds
         if hasattr(dict, name):
             return GetAttrVariable(self, name)
         raise Unsupported(f"dict attribute {name}")
@@ -324,14 +325,13 @@ def dict_key(vt: VariableTracker):
     """The Python key a tracker stands for (constants; objects with a known identity)."""
     if vt.is_python_constant():
         return vt.as_python_constant()
-    from .objects import ObjectVariable
     if isinstance(vt, ObjectVariable):
         return vt.value
     raise Unsupported(f"dict key {vt}")
 
 
 def key_variable(k) -> VariableTracker:
-    from .builder import wrap_constant_like
+    from .builder import wrap_constant_like  # deferred: cycle among variable kinds
     return wrap_constant_like(k)
 
 

@@ -14,6 +14,9 @@ from inspect import (CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR, CO_ITERABLE
 
 from ..exc import Unsupported
 from .base import VariableTracker, ConstantVariable, const
+from .builder import build, wrap_constant_like
+from .containers import TupleVariable, DictVariable
+from ..utils import is_disabled
 
 
 class CellVariable(VariableTracker):
@@ -63,13 +66,11 @@ class UserFunctionVariable(BaseFunctionVariable):
         return self.value.__code__
 
     def call_function(self, tx, args, kwargs):
-        from ..eval_frame import is_disabled
         if is_disabled(self.value):
             raise Unsupported(f"call to {self.value.__qualname__}, marked flambeau._dynamo.disable")
         return tx.inline_call(self.value, args, kwargs, source=self.source)
 
     def var_getattr(self, tx, name):
-        from .builder import build
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return const(getattr(self.value, name))
         if name in self.value.__dict__:
@@ -155,7 +156,6 @@ class UserMethodVariable(BaseFunctionVariable):
         return self.value.__code__
 
     def call_function(self, tx, args, kwargs):
-        from ..eval_frame import is_disabled
         if is_disabled(self.value):
             raise Unsupported(f"call to {self.value.__qualname__}, marked flambeau._dynamo.disable")
         fn_source = self.source.attr("__func__") if self.source is not None else None
@@ -179,8 +179,6 @@ class UserMethodVariable(BaseFunctionVariable):
 def bind_arguments(fn, args: list, kwargs: dict) -> dict:
     """{parameter name: tracker} for calling `fn` (a function object whose defaults may be trackers),
     following CPython's rules for positional, keyword-only, *args and **kwargs parameters."""
-    from .containers import TupleVariable, DictVariable
-    from .builder import wrap_constant_like
     code = fn.__code__
     npos, nkw = code.co_argcount, code.co_kwonlyargcount
     names = code.co_varnames

@@ -18,6 +18,11 @@ from ..exc import Unsupported
 from .base import VariableTracker, const
 from ...nn.modules.container import Sequential, ModuleList, ModuleDict, ParameterList, ParameterDict
 from ...nn.modules._module_utils import hooks_version
+from .builder import build
+from .functions import UserMethodVariable
+from .objects import ClassVariable, _missing_attr
+from .containers import ListIteratorVariable, TupleVariable
+from ..utils import is_disabled
 
 
 def _containers():
@@ -64,13 +69,9 @@ class NNModuleVariable(VariableTracker):
         return f"NNModuleVariable({type(self.value).__name__})"
 
     def _sub(self, tx, name):
-        from .builder import build
         return build(tx, self.value.__dict__["_modules"][name], self.source.attr("_modules").item(name))
 
     def var_getattr(self, tx, name):
-        from .builder import build
-        from .functions import UserMethodVariable
-        from .objects import ClassVariable
         m = self.value
         pending = tx.output.side_effects.pending_attr(self, name)
         if pending is not None:
@@ -96,7 +97,6 @@ class NNModuleVariable(VariableTracker):
         try:
             static = inspect.getattr_static(m, name)
         except AttributeError:
-            from .objects import _missing_attr
             raise _missing_attr(f"'{type(m).__name__}' object", name)
         if isinstance(static, types.FunctionType):
             return UserMethodVariable(static, self)
@@ -148,7 +148,6 @@ class NNModuleVariable(VariableTracker):
         raise Unsupported(f"indexing {type(m).__name__}")
 
     def call_method(self, tx, name, args, kwargs):
-        from .containers import ListIteratorVariable, TupleVariable
         m = self.value
         if name == "forward":
             return self._forward(tx, args, kwargs)
@@ -173,7 +172,6 @@ class NNModuleVariable(VariableTracker):
         return super().call_method(tx, name, args, kwargs)
 
     def _walk(self, tx, name, args, kwargs):
-        from .containers import ListIteratorVariable, TupleVariable
         if args or kwargs:
             raise Unsupported(f"Module.{name} with arguments")
         m = self.value
@@ -217,7 +215,6 @@ class NNModuleVariable(VariableTracker):
         fwd = inspect.getattr_static(self.value, "forward")
         if not isinstance(fwd, types.FunctionType):
             raise Unsupported(f"{type(self.value).__name__}.forward is not a Python function")
-        from ..eval_frame import is_disabled
         if is_disabled(fwd):
             raise Unsupported(f"{type(self.value).__name__}.forward is marked flambeau._dynamo.disable")
         return tx.inline_call(fwd, [self] + list(args), kwargs)

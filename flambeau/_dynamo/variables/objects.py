@@ -16,18 +16,19 @@ from ..exc import Unsupported
 from .base import VariableTracker, ValueVariable, const
 from ...autograd.function import Function
 from ..._tensor import Size
+from .torch import TorchFunctionVariable, class_call
 
 
 def _missing_attr(obj_desc: str, name: str):
-    from .builtin import ObservedAttributeError
+    from .builtin import ObservedAttributeError  # deferred: cycle among variable kinds
     return ObservedAttributeError(f"AttributeError: {obj_desc} has no attribute {name!r}")
 
 
 def read_attribute(tx, vt: VariableTracker, value, name: str) -> VariableTracker:
     """`value.name` for an object `value` reached through `vt.source`, without running user code
     except as traced (properties and methods are inlined)."""
-    from .builder import build
-    from .functions import UserMethodVariable, UserFunctionVariable
+    from .builder import build  # deferred: cycle among variable kinds
+    from .functions import UserMethodVariable, UserFunctionVariable  # deferred: cycle among variable kinds
     pending = tx.output.side_effects.pending_attr(vt, name)
     if pending is not None:
         return pending
@@ -59,11 +60,11 @@ def read_attribute(tx, vt: VariableTracker, value, name: str) -> VariableTracker
             return build(tx, getattr(value, name), src)
         if callable(static) and type(static).__name__ in ("method_descriptor", "wrapper_descriptor",
                                                           "builtin_function_or_method"):
-            from .builtin import GetAttrVariable
+            from .builtin import GetAttrVariable  # deferred: cycle among variable kinds
             return GetAttrVariable(vt, name)
         raise Unsupported(f"descriptor {type(static).__name__} for attribute {name}")
     if src is None:
-        from .builder import wrap_constant_like
+        from .builder import wrap_constant_like  # deferred: cycle among variable kinds
         return wrap_constant_like(static)
     return build(tx, getattr(value, name), src)
 
@@ -121,9 +122,8 @@ class ClassVariable(ValueVariable):
         return f"ClassVariable({self.value.__name__})"
 
     def var_getattr(self, tx, name):
-        from .builder import build, wrap_constant_like
+        from .builder import build, wrap_constant_like  # deferred: cycle among variable kinds
         if name == "apply" and isinstance(self.value, type) and issubclass(self.value, Function):
-            from .torch import TorchFunctionVariable
             return TorchFunctionVariable(self.value.apply, f"{self.value.__name__}.apply")
         try:
             static = inspect.getattr_static(self.value, name)
@@ -132,27 +132,26 @@ class ClassVariable(ValueVariable):
         if isinstance(static, staticmethod):
             static = static.__func__
         if isinstance(static, classmethod):
-            from .functions import UserMethodVariable
+            from .functions import UserMethodVariable  # deferred: cycle among variable kinds
             return UserMethodVariable(static.__func__, self)
         if self.source is not None:
             return build(tx, getattr(self.value, name), self.source.attr(name))
         return wrap_constant_like(getattr(self.value, name))
 
     def call_function(self, tx, args, kwargs):
-        from .containers import TupleVariable
-        from .builtin import BuiltinVariable
+        from .containers import TupleVariable  # deferred: cycle among variable kinds
+        from .builtin import BuiltinVariable  # deferred: cycle among variable kinds
         cls = self.value
         if cls is Size:
             (seq,) = args
             return TupleVariable(seq.unpack_var_sequence(tx), cls=Size)
         if isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
-            from .functions import bind_arguments
+            from .functions import bind_arguments  # deferred: cycle among variable kinds
             bound = bind_arguments(cls.__new__, [self] + list(args), kwargs)
             return TupleVariable([bound[f] for f in cls._fields], cls=cls)
         if cls in (list, tuple, dict, set, range, int, float, bool, str, slice, enumerate, zip, map,
                    filter, reversed, frozenset, object, super, type):
             return BuiltinVariable(cls).call_function(tx, args, kwargs)
-        from .torch import class_call
         r = class_call(tx, cls, args, kwargs)
         if r is not None:
             return r
@@ -177,7 +176,7 @@ class PythonModuleVariable(VariableTracker):
         return f"PythonModuleVariable({self.value.__name__})"
 
     def var_getattr(self, tx, name):
-        from .builder import build
+        from .builder import build  # deferred: cycle among variable kinds
         if name not in self.value.__dict__:
             try:
                 v = getattr(self.value, name)
@@ -202,7 +201,7 @@ class SuperVariable(VariableTracker):
         self.obj = obj
 
     def var_getattr(self, tx, name):
-        from .functions import UserMethodVariable
+        from .functions import UserMethodVariable  # deferred: cycle among variable kinds
         tp = self.obj.value if isinstance(self.obj, ClassVariable) else type(self.obj.value)
         mro = tp.__mro__
         for base in mro[mro.index(self.cls) + 1:]:
@@ -213,10 +212,10 @@ class SuperVariable(VariableTracker):
                 if isinstance(attr, classmethod):
                     return UserMethodVariable(attr.__func__, ClassVariable(tp))
                 if isinstance(attr, staticmethod):
-                    from .functions import UserFunctionVariable
+                    from .functions import UserFunctionVariable  # deferred: cycle among variable kinds
                     return UserFunctionVariable(attr.__func__)
                 if attr is object.__init__:
-                    from .builtin import BuiltinVariable
+                    from .builtin import BuiltinVariable  # deferred: cycle among variable kinds
                     return BuiltinVariable(_noop)
                 break
         raise Unsupported(f"super().{name}")

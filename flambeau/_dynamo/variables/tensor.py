@@ -49,7 +49,7 @@ class TensorVariable(VariableTracker):
             if not 0 <= d < len(sizes):
                 raise Unsupported(f"IndexError: dimension {dim} out of range")
             return self._size_item(tx, d, sizes[d])
-        from .containers import TupleVariable
+        from .containers import TupleVariable  # deferred: cycle among variable kinds
         return TupleVariable([self._size_item(tx, d, s) for d, s in enumerate(sizes)], cls=Size)
 
     def _size_item(self, tx, d, s):
@@ -71,7 +71,7 @@ class TensorVariable(VariableTracker):
         if name == "data":
             return tx.output.call_in_graph(tx, "call_method", "detach", [self], {})
         if callable(getattr(Tensor, name, None)):
-            from .builtin import GetAttrVariable
+            from .builtin import GetAttrVariable  # deferred: cycle among variable kinds
             return GetAttrVariable(self, name)
         raise Unsupported(f"Tensor attribute {name!r} (reading .{name} is not captured)")
 
@@ -130,7 +130,7 @@ def _wrap_meta_result(tx, v):
     if isinstance(v, (tuple, list)):
         if any(isinstance(x, SymInt) for x in v):
             raise Unsupported("symbolic strides used in Python")
-        from .containers import TupleVariable
+        from .containers import TupleVariable  # deferred: cycle among variable kinds
         return TupleVariable([const(x) for x in v])
     return const(v)
 

@@ -10,12 +10,17 @@ effects (`manual_seed`, `save`, `set_default_dtype`, ...) break the graph.
 """
 from __future__ import annotations
 
+import importlib
+import types
+import flambeau
+
 from ... import _state
 from ..exc import Unsupported
 from .base import VariableTracker, ValueVariable, const
 from ..._device import device, canonical
 from ...autograd import grad_mode
 from ...amp.autocast_mode import autocast
+from .tensor import TensorVariable
 
 _BREAKING = {"manual_seed", "seed", "initial_seed", "save", "load", "set_default_dtype", "set_default_device",
              "set_printoptions", "compile", "use_deterministic_algorithms", "set_num_threads", "get_rng_state",
@@ -39,8 +44,6 @@ def torch_functions() -> dict:
     """{id(fn): qualified name} of the flambeau functions recorded as graph nodes."""
     global _in_graph
     if _in_graph is None:
-        import importlib
-        import types
         table = {}
         for modname in _NAMESPACES:
             try:
@@ -59,8 +62,7 @@ def torch_functions() -> dict:
 
 def special_function(v):
     """The handler name for flambeau functions modelled at trace time, else None."""
-    import flambeau
-    from .. import eval_frame
+    from .. import eval_frame  # deferred: cycle eval_frame -> variables
     if v is eval_frame.is_compiling or v is getattr(getattr(flambeau, "compiler", None), "is_compiling", None):
         return "is_compiling"
     for name in _SPECIAL:
@@ -121,7 +123,6 @@ class TorchSpecialVariable(VariableTracker):
         if k == "is_inference_mode_enabled":
             return const(_state.inference_mode)
         if k == "is_tensor":
-            from .tensor import TensorVariable
             return const(isinstance(args[0], TensorVariable))
         if k in ("no_grad", "enable_grad"):
             if args:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections import OrderedDict
+import flambeau
 
 from ..._tensor import Tensor, _no_grad
 from ... import _dtype as D, _state
@@ -727,8 +728,7 @@ class Module:
         return s + ")"
 
     def compile(self, *args, **kwargs) -> None:
-        from ... import compile as _compile
-        self._compiled_call_impl = _compile(self._call_impl, *args, **kwargs)
+        self._compiled_call_impl = flambeau.compile(self._call_impl, *args, **kwargs)
 
 
 def _grad_enabled() -> bool:

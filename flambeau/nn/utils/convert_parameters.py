@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from ..._tensor import Tensor
+from ..._ops.shape import cat
 
 
 def parameters_to_vector(parameters):
-    import flambeau as torch
     dev = None
     vec = []
     for p in parameters:
@@ -13,7 +13,7 @@ def parameters_to_vector(parameters):
             raise TypeError("Found two parameters on different devices, this is currently not supported.")
         dev = p.device
         vec.append(p.view(-1))
-    return torch.cat(vec)
+    return cat(vec)
 
 
 def vector_to_parameters(vec, parameters) -> None:

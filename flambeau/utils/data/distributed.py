@@ -12,7 +12,7 @@ class DistributedSampler(Sampler):
     def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
         if num_replicas is None or rank is None:
             try:
-                from ...distributed import get_world_size, get_rank
+                from ...distributed import get_world_size, get_rank  # deferred: no flambeau.distributed yet
                 num_replicas = get_world_size() if num_replicas is None else num_replicas
                 rank = get_rank() if rank is None else rank
             except Exception:
