@@ -16,7 +16,7 @@ import copy
 from . import _dtype as D
 from . import _state
 from ._device import device as Device
-from ._backends import MetaArray, contiguous_strides, device_checks
+from ._backends import MetaArray, contiguous_strides, device_checks, cupy_available
 from ._tensor_str import tensor_repr
 
 
@@ -270,21 +270,8 @@ class Tensor:
         self._requires_grad = False
         return self
 
-    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-        from .autograd import backward  # deferred: cycle _tensor -> autograd
-        backward(self, gradient, retain_graph, create_graph, inputs=inputs)
-
-    def register_hook(self, hook):
-        from .autograd.graph import register_tensor_hook  # deferred: cycle _tensor -> autograd.graph
-        return register_tensor_hook(self, hook)
-
-    def register_post_accumulate_grad_hook(self, hook):
-        from .autograd.graph import register_post_accumulate_hook  # deferred: cycle _tensor -> autograd.graph
-        return register_post_accumulate_hook(self, hook)
-
-    def retain_grad(self) -> None:
-        from .autograd.graph import retain_grad  # deferred: cycle _tensor -> autograd.graph
-        retain_grad(self)
+    # backward, register_hook, register_post_accumulate_grad_hook and retain_grad are installed by
+    # flambeau.autograd, __reduce_ex__ by flambeau.serialization: the layers that implement them.
 
     @property
     def retains_grad(self) -> bool:
@@ -373,11 +360,6 @@ class Tensor:
 
     def __hash__(self):
         return id(self)
-
-    def __reduce_ex__(self, proto):
-        from .serialization import _rebuild_tensor_from_numpy  # deferred: cycle _tensor -> serialization
-        return (_rebuild_tensor_from_numpy,
-                (np.array(self.detach()._host()), self._dtype.name, str(self._device), self._requires_grad))
 
     def __dlpack__(self, stream=None, **kwargs):
         # forward max_version/dl_device/copy: without max_version NumPy imports the array read-only
@@ -540,8 +522,7 @@ def _pin_memory(self, device=None) -> "Tensor":
     """A copy of a cpu tensor in page-locked host memory (for fast async copies to cuda)."""
     if self._device.type != "cpu":
         raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
-    from . import cuda  # deferred: cycle _tensor -> cuda
-    if not cuda.is_available():
+    if not cupy_available():
         raise RuntimeError("Cannot access accelerator device when none is available.")
     import cupyx  # deferred: optional dependency, present only where cuda is used
     buf = cupyx.empty_pinned(self._data.shape, dtype=self._data.dtype)

@@ -531,3 +531,12 @@ def _rebuild_tensor_from_numpy(arr, dtype_name, device, requires_grad):
     """Used by Tensor.__reduce_ex__ (copy.deepcopy, multiprocessing)."""
     t = tensor(arr, dtype=D.BY_NAME[dtype_name], device=device)
     return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+def _tensor_reduce_ex(self, proto):
+    """Tensor.__reduce_ex__ (installed below): rebuilt from a NumPy copy by `_rebuild_tensor_from_numpy`."""
+    return (_rebuild_tensor_from_numpy,
+            (np.array(self.detach()._host()), self._dtype.name, str(self._device), self._requires_grad))
+
+
+Tensor.__reduce_ex__ = _tensor_reduce_ex

@@ -13,3 +13,26 @@ from .. import _dispatch  # noqa: E402
 from .._tensor import Tensor as Variable  # noqa: F401,E402  (the legacy alias)
 
 _dispatch.register_autograd(graph, forward_ad)
+
+
+def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None) -> None:
+    backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+
+
+def _tensor_register_hook(self, hook):
+    return graph.register_tensor_hook(self, hook)
+
+
+def _tensor_register_post_accumulate_grad_hook(self, hook):
+    return graph.register_post_accumulate_hook(self, hook)
+
+
+def _tensor_retain_grad(self) -> None:
+    graph.retain_grad(self)
+
+
+# Tensor's autograd methods are installed by the layer that implements them (the tensor layer is below).
+Variable.backward = _tensor_backward
+Variable.register_hook = _tensor_register_hook
+Variable.register_post_accumulate_grad_hook = _tensor_register_post_accumulate_grad_hook
+Variable.retain_grad = _tensor_retain_grad
