@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -115,7 +116,6 @@ def set_float32_matmul_precision(precision: str) -> None:
     """How float32 matrix products may compute on cuda: "highest" (exact float32, PyTorch's default),
     "high" or "medium" (TF32 tensor cores). Read by the cuBLASLt products (`_backends.cublaslt`)."""
     if precision not in MATMUL_PRECISIONS:
-        import warnings
         warnings.warn(f"{precision} is not one of 'highest', 'high', or 'medium'; the current "
                       "setFloat32MatmulPrecision call has no effect.", stacklevel=2)
         return

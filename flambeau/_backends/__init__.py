@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import device_checks
+
 
 class MetaArray:
     """Stand-in for an array on the meta device: shape, dtype, strides (elements) and offset."""
@@ -100,7 +102,6 @@ class CupyBackend(Backend):
         return self.xp.asarray(data, dtype=np_dtype)
 
     def to_numpy(self, arr):
-        from . import device_checks
         host = arr.get()
         device_checks.raise_pending()           # a synchronisation: report failed device-side checks
         return host

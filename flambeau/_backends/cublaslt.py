@@ -30,6 +30,9 @@ import os
 import sys
 import threading
 
+import ml_dtypes
+import numpy as np
+
 from .. import _state
 
 # cudaDataType_t, cublasComputeType_t, cublasOperation_t (library_types.h, cublas_api.h)
@@ -237,7 +240,7 @@ def _lib():
         with _lock:
             if not _lib_state["tried"]:
                 try:
-                    import cupy  # noqa: F401  (cuBLASLt needs CuPy's device arrays)
+                    import cupy  # noqa: F401  deferred: cuBLASLt needs CuPy's device arrays
                     _lib_state["lib"] = _load()
                 except ImportError as e:
                     _lib_state["error"] = f"CuPy is not installed ({e})"
@@ -353,8 +356,6 @@ _NAMES: dict = {}       # numpy dtype -> its name in DATA_TYPES (dict lookup: dt
 
 def _names() -> dict:
     if not _NAMES:
-        import ml_dtypes
-        import numpy as np
         _NAMES.update({np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
                        np.dtype(ml_dtypes.bfloat16): "bfloat16"})
     return _NAMES
@@ -381,7 +382,7 @@ def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
 
     `a` (..., m, k) and `b` (..., k, n) must pass `handles`; `c` broadcasts to the output; `bias` is
     a 1-D array of length n (added after alpha's scaling, through the epilogue when it can)."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     lib = _lib_state["lib"]
     p = _plan_for(a, b)
     if isinstance(p, str):

@@ -68,7 +68,7 @@ _module: list = []
 
 
 def _kernel(name):
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     if not _module:
         _module.append(cupy.RawModule(code=_SOURCE, options=("--std=c++14",)))
     return _module[0].get_function(name)
@@ -80,7 +80,7 @@ def _grid(n):
 
 def embedding_backward(grad, indices, num_weights: int, padding_idx: int, scale_grad_by_freq: bool):
     """(num_weights, dim) gradient of an embedding's weight from CuPy `grad` (..., dim) and `indices`."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     dim = grad.shape[-1]
     idx = cupy.ascontiguousarray(indices.reshape(-1)).astype(cupy.int64, copy=False)
     wide = cupy.float64 if grad.dtype == cupy.float64 else cupy.float32
@@ -99,7 +99,7 @@ def embedding_backward(grad, indices, num_weights: int, padding_idx: int, scale_
 
 def scatter_add(index, values, length: int):
     """A new (length,) array of values' dtype (float32 or float64) with out[index[i]] += values[i]."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     idx = cupy.ascontiguousarray(index.reshape(-1)).astype(cupy.int64, copy=False)
     wide = cupy.float32 if values.dtype == cupy.float32 else cupy.float64
     v = cupy.ascontiguousarray(values.reshape(-1)).astype(wide, copy=False)

@@ -35,10 +35,10 @@ def _module():
         with _lock:
             if not _state["tried"]:
                 try:
-                    import cupy  # noqa: F401
+                    import cupy  # noqa: F401  deferred: optional dependency, present only where cuda is used
                     if _cudnn_lib._lib() is None:      # load libcudnn first: the frontend then finds it by name
                         raise ImportError(f"libcudnn not loaded ({_cudnn_lib.load_error()})")
-                    import cudnn
+                    import cudnn  # deferred: optional dependency, present only where cuda is used
                     _state["module"] = cudnn
                 except Exception as e:      # ImportError, or the frontend failing to open libcudnn
                     _state["error"] = f"{type(e).__name__}: {e}"
@@ -62,7 +62,7 @@ def unsupported_reason():
 
 
 def _handle(cudnn):
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     dev = cupy.cuda.runtime.getDevice()
     h = _handles.get(dev)
     if h is None:
@@ -77,7 +77,7 @@ def _el_strides(a):
 
 def _ready(a):
     """`a` when its last dim is contiguous and its pointer and row strides are 16-byte aligned."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     st = _el_strides(a)
     if st[-1] == 1 and a.data.ptr % 16 == 0 and all(s * a.itemsize % 16 == 0 for s in st[:-1]):
         return a
@@ -87,7 +87,7 @@ def _ready(a):
 def _empty_like(a):
     """An empty array of `a`'s shape and dtype, dense, with `a`'s order of strides (as PyTorch lays
     out the outputs: a (B, S, H, D) projection viewed as (B, H, S, D) gets that layout back)."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     return cupy.empty_like(a, order="K")
 
 
@@ -191,14 +191,14 @@ def supports(q_shape, k_shape, dtype_name: str, is_causal: bool, dropout_p: floa
 
 
 def _workspace(nbytes):
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     return cupy.empty(max(nbytes, 1), dtype=np.uint8)
 
 
 def forward(q, k, v, dropout_p: float, rng, is_causal: bool, scale: float):
     """q (B, H, L, E), k and v (B, Hk, S, E) CuPy fp16/bf16 arrays -> (out, stats (B, H, L) float32).
     `rng` is a device int64 array [seed, offset] read by cuDNN's Philox dropout."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     cudnn = _module()
     q, k, v = _ready(q), _ready(k), _ready(v)
     out = _empty_like(q)

@@ -39,7 +39,7 @@ _by_code: dict = {}         # code -> (exception type, template)
 
 
 def _kernel():
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     if not _module:
         _module.append(cupy.RawModule(code=_SOURCE).get_function("check_range"))
     return _module[0]
@@ -66,7 +66,7 @@ def check_range(xp, x, lo: int, hi: int, exc: type, message: str, skip=None) -> 
         if bad.any():
             raise exc(message.format(int(flat[bad][0])))
         return
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     flat = cupy.ascontiguousarray(x.reshape(-1)).astype(cupy.int64, copy=False)
     dev = flat.device.id
     buf = _buffers.get(dev)

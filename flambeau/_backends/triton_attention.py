@@ -365,7 +365,7 @@ def _el_strides(a):
 
 def _mask_args(mask, shape4):
     """(pointer, kind, 4 element strides, pointer type) for a mask broadcast to (B, H, L, S)."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     if mask is None:
         return TL.Ptr(0), MASK_NONE, (0, 0, 0, 0), "*u8"
     m = cupy.broadcast_to(mask, shape4)
@@ -377,7 +377,7 @@ def _mask_args(mask, shape4):
 
 def _ready(a):
     """`a` itself when its rows are contiguous, 16-byte aligned and 16-element strided, else a copy."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     st = _el_strides(a)
     if st[-1] == 1 and a.data.ptr % 16 == 0 and all(s % 16 == 0 for s in st[:-1]):
         return a
@@ -391,7 +391,7 @@ def _p(a):
 def forward(q, k, v, mask, dropout_p: float, rng, is_causal: bool, scale: float):
     """q (B, H, L, E), k and v (B, Hk, S, E) CuPy arrays -> (out (B, H, L, E), lse (B, H, L) float32).
     `rng` is a device int64 array whose first element seeds the dropout draws."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     q, k, v = _ready(q), _ready(k), _ready(v)
     B, H, L, E = q.shape
     S = k.shape[2]
@@ -408,7 +408,7 @@ def forward(q, k, v, mask, dropout_p: float, rng, is_causal: bool, scale: float)
 
 def backward(grad_out, q, k, v, out, lse, mask, dropout_p: float, rng, is_causal: bool, scale: float):
     """Gradients (dq, dk, dv) of `forward`'s output; dk and dv are summed over each query-head group."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     q, k, v, out, do = _ready(q), _ready(k), _ready(v), _ready(out), _ready(grad_out)
     B, H, L, E = q.shape
     Hk, S = k.shape[1], k.shape[2]

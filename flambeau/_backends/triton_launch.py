@@ -45,16 +45,16 @@ class Kernel(NamedTuple):
 def available() -> bool:
     """Whether Triton and CuPy can be imported (no GPU is touched)."""
     try:
-        import triton  # noqa: F401
-        import cupy  # noqa: F401
+        import triton  # noqa: F401  deferred: optional dependency, present only where cuda is used
+        import cupy  # noqa: F401  deferred: optional dependency, present only where cuda is used
     except ImportError:
         return False
     return True
 
 
 def _target():
-    import cupy
-    from triton.backends.compiler import GPUTarget
+    import cupy  # deferred: optional dependency, present only where cuda is used
+    from triton.backends.compiler import GPUTarget  # deferred: optional dependency (cuda only)
     dev = cupy.cuda.Device()
     major, minor = dev.compute_capability[:-1], dev.compute_capability[-1]
     return GPUTarget("cuda", int(major) * 10 + int(minor), _THREADS_PER_WARP)
@@ -65,7 +65,7 @@ def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int = 4,
     """Compile `fn` for the current device. `signature` maps every parameter name to a Triton type
     (`*bf16`, `i32`, `fp32`, ... or `constexpr`); `constexprs` gives the constexpr values; the
     parameters named in `aligned` are promised to be multiples of 16 (pointers: 16-byte aligned)."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     key = (fn, tuple(signature.items()), tuple(sorted(constexprs.items())), num_warps, num_stages, aligned,
            cupy.cuda.Device().id)
     k = _cache.get(key)
@@ -79,9 +79,9 @@ def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int = 4,
 
 
 def _build(fn, signature, constexprs, num_warps, num_stages, aligned) -> Kernel:
-    import cupy
-    import triton
-    from triton.compiler import ASTSource
+    import cupy  # deferred: optional dependency, present only where cuda is used
+    import triton  # deferred: optional dependency, present only where cuda is used
+    from triton.compiler import ASTSource  # deferred: optional dependency, present only where cuda is used
     names = list(fn.arg_names)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     src = ASTSource(fn, dict(signature), dict(constexprs), attrs)
@@ -108,7 +108,7 @@ def _pack(types, args):
 
 def launch(kernel: Kernel, grid: tuple, *args) -> None:
     """Run `kernel` over `grid` (up to 3 dims) on CuPy's current stream."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     if len(args) != len(kernel.arg_types):
         raise TypeError(f"{kernel.function} takes {len(kernel.arg_types)} runtime arguments, got {len(args)}")
     grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))

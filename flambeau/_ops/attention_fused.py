@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from .. import _dtype as D, _state
+from .. import _dtype as D, _state, random as R
 from .._device import canonical
 from .._backends import cudnn_attention, triton_launch
 from ._registry import defop, export, TensorSpec, Tag
@@ -152,7 +152,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 def _philox_state(xp, dropout_p):
     """[seed, offset] on the device: a fresh seed from the cuda generator's host stream when dropout
     is on (so manual_seed replays it), zeros otherwise."""
-    from .. import random as R
     state = xp.zeros(2, dtype=np.int64)
     if dropout_p > 0:       # written by a fill kernel: no host-to-device copy, no synchronisation
         state[:1] = int(R.generator_for(canonical("cuda")).xp_generator(np).integers(0, _SEED_BOUND))
@@ -180,7 +179,7 @@ def _sdpa_fused(xp, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     if impl == SDPBackend.CUDNN_ATTENTION:
         out, lse = cudnn_attention.forward(query, key, value, dropout_p, rng, is_causal, sc)
     else:
-        from .._backends import triton_attention
+        from .._backends import triton_attention  # deferred: imports Triton, optional (cuda only)
         out, lse = triton_attention.forward(query, key, value, attn_mask, dropout_p, rng, is_causal, sc)
     return out, lse, rng
 
@@ -203,7 +202,7 @@ def _sdpa_fused_backward(xp, grad_out, query, key, value, out, lse, rng, attn_ma
     grad_out = grad_out.astype(out.dtype, copy=False)
     if impl == SDPBackend.CUDNN_ATTENTION:
         return cudnn_attention.backward(grad_out, query, key, value, out, lse, dropout_p, rng, is_causal, sc)
-    from .._backends import triton_attention
+    from .._backends import triton_attention  # deferred: imports Triton, optional (cuda only)
     return triton_attention.backward(grad_out, query, key, value, out, lse, attn_mask, dropout_p, rng, is_causal, sc)
 
 
