@@ -120,7 +120,7 @@ def table_offsets(n_tensors: int, n_chunks: int) -> tuple:
 
 
 def _device_table(key, addresses, numels):
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     hit = _tables.get(key)
     if hit is None:
         host = table(addresses, numels)
@@ -140,7 +140,7 @@ def step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, lr, beta1: fl
          eps: float, weight_decay: float, step: float, amsgrad: bool, maximize: bool, decoupled: bool) -> None:
     """Update float32 CuPy arrays in place (all contiguous, each gradient shaped as its parameter).
     `lr` is a float or a CuPy float scalar array; `step` the step count of every tensor."""
-    import cupy
+    import cupy  # deferred: optional dependency, present only where cuda is used
     vmaxs = max_exp_avg_sqs if amsgrad else exp_avgs
     addresses = [[a.data.ptr for a in arrays] for arrays in (params, grads, exp_avgs, exp_avg_sqs, vmaxs)]
     numels = [int(p.size) for p in params]

@@ -75,7 +75,7 @@ class Adam(Optimizer):
                 p.device.type == "cuda" for p in params)
         if not fused or not triton_launch.available():
             return params
-        from .._backends import triton_adam
+        from .._backends import triton_adam  # deferred: imports Triton, optional (cuda only)
         taken = [p for p in params if p.device.type == "cuda" and triton_adam.supported(p._data, p.grad._data)]
         if not taken:
             return params
