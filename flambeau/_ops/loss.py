@@ -3,9 +3,11 @@ ignore_index and label smoothing; probability targets; K-dim inputs), the elemen
 (mse, l1, smooth_l1, huber, binary cross entropy, kl_div, poisson/gaussian nll, margin losses) and
 composites (bce with logits, multilabel soft margin, cosine embedding, triplet margin).
 
-cross_entropy and nll_loss are fused ops: the kernel builds, per sample, the coefficient matrix A
-with loss = -sum_c A_c * logp_c (already divided by the 'mean' denominator), and the backward op
-rebuilds A to give dx = g * (sum(A) * softmax - A). Target bounds are checked on the device on cuda
+cross_entropy and nll_loss are fused ops over loss_i = -sum_c A_ic logp_ic (A already divided by the
+'mean' denominator), backward dx = g * (sum(A) * softmax - A) (-g * A for nll_loss). For class-index
+targets A_ic = alpha_i [c == t_i] + beta_i w_c is never built: the forward gathers the target column,
+the backward scatters alpha at the targets into softmax, with one N x C array in each direction (the
+shifted logits, then the gradient itself). Probability targets are dense already and use A. Target bounds are checked on the device on cuda
 (`_backends.device_checks`: no synchronisation, the IndexError comes at the next one). Elementwise losses come from
 `activation.pointwise_family` (forward + fused backward op) and are reduced with sum/div.
 """
@@ -92,33 +94,109 @@ def _last(xp, a):
     return xp.moveaxis(a, 1, -1) if a.ndim >= 2 else a
 
 
-def _coeffs(xp, shape_last, target, weight, reduction, ignore_index, ls, prob, cd):
-    """The coefficient matrix A (class axis last) with loss_i = -sum_c A_ic logp_ic."""
+def _prob_coeffs(xp, shape_last, target, weight, reduction, ls, cd):
+    """Probability targets: the coefficient matrix A (class axis last) with loss_i = -sum_c A_ic logp_ic."""
     c = shape_last[-1]
-    w = xp.ones(c, dtype=cd) if weight is None else weight.astype(cd)
-    if prob:
-        t = _last(xp, target).astype(cd)
-        return (t * (1 - ls) + ls / c) * w / _prob_den(shape_last, reduction)
-    t = target.astype(np.int64)
+    a = _last(xp, target).astype(cd) * (1 - ls) + ls / c
+    if weight is not None:
+        a = a * weight.astype(cd, copy=False)
+    return a / _prob_den(shape_last, reduction)
+
+
+def _class_coeffs(xp, shape_last, target, weight, reduction, ignore_index, ls, cd):
+    """Class-index targets, without any N x C array: A_ic = alpha_i [c == t_i] + beta_i w_c.
+
+    Returns (ts, valid, alpha, beta): the clamped flat targets, the not-ignored mask and the per-sample
+    factors of the target term (weight, ignore mask, (1 - ls) and the 'mean' denominator) and of the
+    smoothing term."""
+    c = shape_last[-1]
+    t = target.astype(np.int64, copy=False).reshape(-1)
     valid = t != ignore_index
     device_checks.check_range(xp, t, 0, c, IndexError, "Target {} is out of bounds.", skip=ignore_index)
     ts = xp.clip(xp.where(valid, t, 0), 0, max(c - 1, 0))
-    wt = w[ts] * valid
-    onehot = (xp.arange(c) == ts[..., None]).astype(cd)
-    a_nll = onehot * wt[..., None]
-    a_smooth = (w * valid[..., None].astype(cd)) / c
-    if reduction == 1:
+    vf = valid.astype(cd)
+    wt = vf if weight is None else weight.astype(cd, copy=False)[ts] * vf
+    alpha, beta = wt, vf * (ls / c)
+    if reduction == _RED["mean"]:
         den = wt.sum()
-        a_nll = a_nll / den
-        a_smooth = a_smooth / (den if weight is not None else valid.sum())
-    return a_nll * (1 - ls) + a_smooth * ls if ls else a_nll
+        alpha, beta = alpha / den, beta / den
+    return ts, valid, alpha * (1 - ls) if ls else alpha, beta
+
+
+def _rows(xp, a):
+    """A C-contiguous (rows, C) view of the class-last array `a`."""
+    return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
+
+
+def _shifted(xp, x):
+    """(s, m): s = x - max(x) along the class axis as a fresh C-contiguous array (the one N x C
+    temporary of the class-index path; callers overwrite it in place)."""
+    m = x.max(axis=-1, keepdims=True) if x.shape[-1] else x.sum(axis=-1, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0)
+    s = xp.empty(x.shape, dtype=x.dtype)
+    xp.subtract(x, m, out=s)
+    return s, m
 
 
 def _log_softmax(xp, x):
-    m = x.max(axis=-1, keepdims=True) if x.shape[-1] else x.sum(axis=-1, keepdims=True)
-    m = xp.where(xp.isfinite(m), m, 0)
-    s = x - m
-    return s - xp.log(xp.exp(s).sum(axis=-1, keepdims=True))
+    s, _ = _shifted(xp, x)
+    s -= xp.log(xp.exp(s).sum(axis=-1, keepdims=True))
+    return s
+
+
+def _class_forward(xp, x, target, weight, reduction, ignore_index, ls, fused_softmax, cd):
+    """Per-sample losses for class-index targets: a gather of the target column, no one-hot."""
+    ts, _, alpha, beta = _class_coeffs(xp, x.shape, target, weight, reduction, ignore_index, ls, cd)
+    rows = xp.arange(ts.shape[0])
+    if not fused_softmax:
+        picked = xp.take_along_axis(x, ts.reshape(x.shape[:-1] + (1,)), axis=-1)
+        return -alpha.reshape(x.shape[:-1]) * picked[..., 0]
+    s, _ = _shifted(xp, x)
+    s2 = _rows(xp, s)
+    picked = s2[rows, ts]
+    wsum = None
+    if ls:
+        wsum = s2.sum(axis=-1) if weight is None else s2 @ weight.astype(cd, copy=False)
+    xp.exp(s2, out=s2)
+    lse = xp.log(s2.sum(axis=-1))
+    per = -alpha * (picked - lse)
+    if ls:
+        wtot = x.shape[-1] if weight is None else weight.astype(cd, copy=False).sum()
+        per = per - beta * (wsum - wtot * lse)
+    return per.reshape(x.shape[:-1])
+
+
+def _class_backward(xp, g, x, target, weight, reduction, ignore_index, ls, fused_softmax, cd):
+    """d loss / dx for class-index targets, written into one N x C array (the gradient itself):
+    g * (sum_c(A) * softmax(x) - A) with A = alpha [c == t] + beta w, the target term scattered."""
+    ts, valid, alpha, beta = _class_coeffs(xp, x.shape, target, weight, reduction, ignore_index, ls, cd)
+    if reduction == _RED["mean"]:  # every target ignored: the loss is 0/0 but PyTorch's gradient is zero
+        alpha, beta = xp.where(valid, alpha, 0), xp.where(valid, beta, 0)
+    g = xp.broadcast_to(g, x.shape[:-1]).reshape(-1).astype(cd, copy=False)
+    rows = xp.arange(ts.shape[0])
+    if not fused_softmax:
+        gx = xp.zeros(x.shape, dtype=cd)
+        _rows(xp, gx)[rows, ts] = -g * alpha
+        return gx
+    gx, _ = _shifted(xp, x)
+    gx2 = _rows(xp, gx)
+    xp.exp(gx2, out=gx2)
+    gx2 /= gx2.sum(axis=-1, keepdims=True)
+    c = x.shape[-1]
+    if ls and weight is not None:
+        # g (sumA p - beta w) = g beta (p sumA / beta - w); a row with beta == 0 is all zero
+        w = weight.astype(cd, copy=False)
+        gb = g * beta
+        suma_over_beta = (alpha + beta * w.sum()) / xp.where(beta == 0, 1, beta)
+        gx2 *= suma_over_beta[:, None]
+        gx2 -= w
+        gx2 *= gb[:, None]
+    else:
+        gx2 *= (g * (alpha + beta * c))[:, None]
+        if ls:
+            gx2 -= (g * beta)[:, None]
+    gx2[rows, ts] -= g * alpha
+    return gx
 
 
 def _ce_forward(xp, self, target, weight, reduction, ignore_index, ls, fused_softmax):
@@ -127,11 +205,13 @@ def _ce_forward(xp, self, target, weight, reduction, ignore_index, ls, fused_sof
     prob = _dt(target).category >= D.FLOATING
     _ce_check(self, target, weight, prob)
     x = _last(xp, self.astype(cd, copy=False))
-    logp = _log_softmax(xp, x) if fused_softmax else x
-    a = _coeffs(xp, x.shape, target, weight, reduction, ignore_index, ls, prob, cd)
-    per = -(a * logp).sum(axis=-1)
+    if prob:
+        logp = _log_softmax(xp, x) if fused_softmax else x
+        per = -(_prob_coeffs(xp, x.shape, target, weight, reduction, ls, cd) * logp).sum(axis=-1)
+    else:
+        per = _class_forward(xp, x, target, weight, reduction, ignore_index, ls, fused_softmax, cd)
     out = per if reduction == 0 else per.sum()
-    return xp.asarray(out).astype(dt.np)
+    return xp.asarray(out).astype(dt.np, copy=False)
 
 
 def _ce_meta(self, target, weight, reduction, ignore_index, ls):
@@ -141,29 +221,36 @@ def _ce_meta(self, target, weight, reduction, ignore_index, ls):
     return TensorSpec(out, self.dtype)
 
 
+def _prob_backward(xp, g, x, target, weight, reduction, ls, fused_softmax, cd):
+    """(dx, dtarget, dweight) for probability targets (dense: the target is N x C already)."""
+    a = _prob_coeffs(xp, x.shape, target, weight, reduction, ls, cd)
+    g = g[..., None]
+    logp = _log_softmax(xp, x) if fused_softmax else x
+    gx = g * (a.sum(axis=-1, keepdims=True) * xp.exp(logp) - a) if fused_softmax else -g * a
+    w = 1 if weight is None else weight.astype(cd, copy=False)
+    den = _prob_den(x.shape, reduction)
+    gt = -g * logp * w * (1 - ls) / den
+    gw = None
+    if weight is not None:
+        tl = _last(xp, target).astype(cd) * (1 - ls) + ls / x.shape[-1]
+        gw = (-g * tl * logp / den).reshape(-1, x.shape[-1]).sum(axis=0)
+    return gx, gt, gw
+
+
 def _ce_backward(xp, grad, self, target, weight, reduction, ignore_index, ls, fused_softmax):
     dt = D.FROM_NP[self.dtype]
     cd = opmath(dt)
-    prob = _dt(target).category >= D.FLOATING
     x = _last(xp, self.astype(cd, copy=False))
-    a = _coeffs(xp, x.shape, target, weight, reduction, ignore_index, ls, prob, cd)
-    g = grad.astype(cd)
-    g = g[..., None] if reduction == 0 else g
-    logp = _log_softmax(xp, x) if fused_softmax else x
-    if fused_softmax:
-        gx = g * (a.sum(axis=-1, keepdims=True) * xp.exp(logp) - a)
+    g = grad.astype(cd, copy=False)
+    if _dt(target).category < D.FLOATING:
+        gx = _class_backward(xp, g, x, target, weight, reduction, ignore_index, ls, fused_softmax, cd)
+        gt = gw = None
     else:
-        gx = -g * a
-    gx = (xp.moveaxis(gx, -1, 1) if self.ndim >= 2 else gx).astype(dt.np)
-    gt = gw = None
-    if prob:
-        w = 1 if weight is None else weight.astype(cd)
-        gtl = -g * logp * w * (1 - ls) / _prob_den(x.shape, reduction)
-        gt = (xp.moveaxis(gtl, -1, 1) if self.ndim >= 2 else gtl).astype(target.dtype)
-        if weight is not None:
-            tl = _last(xp, target).astype(cd) * (1 - ls) + ls / x.shape[-1]
-            gwl = -g * tl * logp / _prob_den(x.shape, reduction)
-            gw = gwl.reshape(-1, x.shape[-1]).sum(axis=0).astype(weight.dtype)
+        gx, gt, gw = _prob_backward(xp, g if reduction == 0 else xp.broadcast_to(g, x.shape[:-1]), x, target,
+                                    weight, reduction, ls, fused_softmax, cd)
+        gt = (xp.moveaxis(gt, -1, 1) if self.ndim >= 2 else gt).astype(target.dtype, copy=False)
+        gw = None if gw is None else gw.astype(weight.dtype, copy=False)
+    gx = (xp.moveaxis(gx, -1, 1) if self.ndim >= 2 else gx).astype(dt.np, copy=False)
     return gx, gt, gw
 
 

@@ -183,6 +183,18 @@ def ce_samples(d):
         S(T((2, 3, 4)), T((2, 3, 4), low=0, high=1), label_smoothing=0.2, weight=T((3,), low=0.5, high=1.5)),
         S(T((4, 5)), T((4, 5), low=0, high=1), reduction="none"),
         S(T((5, 4), noncontig=True), _idx((5,), 4)),
+        S(T((4, 5)), _idx((4,), 5, [1, -100, 3, 0]), label_smoothing=0.25),
+        S(T((4, 5)), _idx((4,), 5, [4, 2, 2, 0]), reduction="sum", weight=T((5,), low=0.1, high=2,
+                                                                             requires_grad=False)),
+        S(T((2, 3, 4)), _idx((2, 4), 3, [[0, -100, 2, 1], [2, 2, -100, 0]]), label_smoothing=0.1,
+          weight=T((3,), low=0.5, high=1.5, requires_grad=False)),
+        S(T((2, 4, 3), noncontig=True), _idx((2, 3), 4, [[0, 3, -100], [1, 1, 2]]), reduction="none",
+          weight=T((4,), low=0.5, high=1.5, requires_grad=False), label_smoothing=0.4),
+        S(T((5,)), _idx((), 5, 3), weight=T((5,), low=0.5, high=1.5, requires_grad=False), label_smoothing=0.2),
+        S(T((4, 5)), T((4, 5), low=0, high=1), reduction="sum", weight=T((5,), low=0.5, high=1.5)),
+        S(T((5,)), T((5,), low=0, high=1), label_smoothing=0.3),
+        S(T((3, 4)), _idx((3,), 4, [-100, -100, -100])),
+        S(T((3, 4)), _idx((3,), 4, [-100, -100, -100]), label_smoothing=0.2),
     ]
 
 
