@@ -21,7 +21,9 @@ from .._ops.activation import _cdist_check
 
 
 def _coefficients(x, target, weight, reduction, ignore_index, ls, cd):
-    """(A, cdim): the coefficient tensor over x's shape and the class dim."""
+    """(A, cdim, nan_if_empty): the coefficient tensor over x's shape, the class dim, and for a 'mean'
+    over class indices den * 0 / den (NaN when every target is ignored: PyTorch's loss is 0/0 there
+    while its gradient is zero, so A itself is zeroed at ignored targets), else None."""
     prob = target.dtype.category >= D.FLOATING
     _ce_check(x, target, weight, prob)
     cdim = 1 if x.ndim >= 2 else 0
@@ -34,7 +36,7 @@ def _coefficients(x, target, weight, reduction, ignore_index, ls, cd):
         n = x.numel() // c if x.ndim > 1 else 1
         den = (n if n else 0.0) if reduction == 1 else 1
         a = aten.mul(aten.add(aten.mul(to(target, cd), 1 - ls), ls / c), wb)
-        return aten.div(a, den), cdim
+        return aten.div(a, den), cdim, None
     t = to(target, D.int64)
     valid = aten.ne(t, ignore_index)
     ts = aten.where(valid, t, 0)
@@ -43,20 +45,24 @@ def _coefficients(x, target, weight, reduction, ignore_index, ls, cd):
     onehot = to(aten.eq(aten.unsqueeze(ts, cdim), classes), cd)
     a = aten.mul(onehot, aten.unsqueeze(wt, cdim))
     smooth = aten.div(aten.mul(wb, aten.unsqueeze(valid, cdim)), c) if ls else None
+    nan_if_empty = None
     if reduction == 1:
         den = aten.sum(wt)
-        a = aten.div(a, den)
+        vb = aten.unsqueeze(valid, cdim)
+        a = aten.where(vb, aten.div(a, den), 0)
         if smooth is not None:
-            smooth = aten.div(smooth, den)
+            smooth = aten.where(vb, aten.div(smooth, den), 0)
+        nan_if_empty = aten.div(aten.mul(den, 0), den)
     if smooth is not None:
         a = aten.add(aten.mul(a, 1 - ls), aten.mul(smooth, ls))
-    return a, cdim
+    return a, cdim, nan_if_empty
 
 
-def _reduce_coeff_loss(terms, cdim, reduction):
+def _reduce_coeff_loss(terms, cdim, reduction, nan_if_empty):
     if reduction == 0:
         return aten.neg(aten.sum(terms, [cdim]))
-    return aten.neg(aten.sum(terms))
+    loss = aten.neg(aten.sum(terms))
+    return loss if nan_if_empty is None else aten.add(loss, nan_if_empty)
 
 
 @register_decomposition(aten.cross_entropy_loss)
@@ -64,9 +70,9 @@ def cross_entropy_loss(self, target, weight=None, reduction=1, ignore_index=-100
     dt = _float_check("cross_entropy", self)
     cd = compute_dtype(dt)
     x = to(self, cd)
-    a, cdim = _coefficients(x, target, weight, reduction, ignore_index, label_smoothing, cd)
+    a, cdim, nan_if_empty = _coefficients(x, target, weight, reduction, ignore_index, label_smoothing, cd)
     logp = aten.log_softmax(x, cdim)
-    return to(_reduce_coeff_loss(aten.mul(a, logp), cdim, reduction), dt)
+    return to(_reduce_coeff_loss(aten.mul(a, logp), cdim, reduction, nan_if_empty), dt)
 
 
 def _grad_along(grad, cdim, reduction, cd):
@@ -79,7 +85,7 @@ def cross_entropy_loss_backward(grad, self, target, weight, reduction, ignore_in
     dt = _float_check("cross_entropy", self)
     cd = compute_dtype(dt)
     x = to(self, cd)
-    a, cdim = _coefficients(x, target, weight, reduction, ignore_index, label_smoothing, cd)
+    a, cdim, _ = _coefficients(x, target, weight, reduction, ignore_index, label_smoothing, cd)
     g = _grad_along(grad, cdim, reduction, cd)
     sm = aten.softmax(x, cdim)
     dx = aten.sub(aten.mul(aten.sum(a, [cdim], True), sm), a)
@@ -108,8 +114,8 @@ def nll_loss_nd(self, target, weight=None, reduction=1, ignore_index=-100):
     dt = _float_check("nll_loss", self)
     cd = compute_dtype(dt)
     x = to(self, cd)
-    a, cdim = _coefficients(x, target, weight, reduction, ignore_index, 0.0, cd)
-    return to(_reduce_coeff_loss(aten.mul(a, x), cdim, reduction), dt)
+    a, cdim, nan_if_empty = _coefficients(x, target, weight, reduction, ignore_index, 0.0, cd)
+    return to(_reduce_coeff_loss(aten.mul(a, x), cdim, reduction, nan_if_empty), dt)
 
 
 @register_decomposition(aten.nll_loss_nd_backward)
@@ -118,7 +124,7 @@ def nll_loss_nd_backward(grad, self, target, weight, reduction, ignore_index):
         return NotImplemented
     dt = _float_check("nll_loss", self)
     cd = compute_dtype(dt)
-    a, cdim = _coefficients(to(self, cd), target, weight, reduction, ignore_index, 0.0, cd)
+    a, cdim, _ = _coefficients(to(self, cd), target, weight, reduction, ignore_index, 0.0, cd)
     return to(aten.neg(aten.mul(a, _grad_along(grad, cdim, reduction, cd))), dt)
 
 
