@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from .. import _dtype as D, random as R
+from .._backends import triton_launch
 from ._registry import defop, export, make_inplace, Op, register, TensorSpec, NN_FUNCTIONAL, Tag, EXPORTS
 from ._helpers import result_type, opmath, round_to, broadcast_shapes, shape_of, wrap_dim, pointwise_strides
 from .._dispatch import type_name, resize_out
@@ -54,12 +55,29 @@ def _prepare(name, ins, ints):
     return dt, cd, arrs
 
 
+_FUSED_GELU = {"none": 0, "tanh": 1}     # triton_pointwise.GELU_ERF, GELU_TANH (not imported: it loads Triton)
+_FUSED_SILU = 2                          # triton_pointwise.SILU
+
+
+def _fused_pointwise(xp, kind, arrays):
+    """`_backends.triton_pointwise` when kernel `kind` can take these arrays on cuda, else None."""
+    if kind is None or getattr(xp, "__name__", "") != "cupy" or not triton_launch.available():
+        return None
+    if not all(isinstance(a, xp.ndarray) for a in arrays):
+        return None
+    from .._backends import triton_pointwise  # deferred: imports Triton, optional (cuda only)
+    return triton_pointwise if triton_pointwise.supported(*arrays) else None
+
+
 def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False, method=False,
-                     function=False, inplace=False, namespace=None, grads=None, tags=(), backward_tags=()):
+                     function=False, inplace=False, namespace=None, grads=None, tags=(), backward_tags=(),
+                     fused_kind=None):
     """Declare `name(Tensor <tensors>..., <params>) -> Tensor` and `name_backward`.
 
     fwd(xp, *arrays, *params) -> array; bwd(xp, grad, *arrays, *params) -> grad per tensor input
     (a tuple when several). `grads` limits which inputs get gradients (names), default all.
+    `fused_kind(*params)`: the `_backends.triton_pointwise` kernel kind serving these parameters on
+    cuda (one kernel each way), or None.
     """
     nin = len(tensors)
     tsig = ", ".join(f"Tensor {t}" for t in tensors)
@@ -75,6 +93,9 @@ def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False
             r = fwd(xp, x)                         # a fresh array of x's shape and dtype (ufuncs of x)
             return r if r.flags.c_contiguous else fit(xp, r, x.shape, x.dtype)
         b = op.bind(*a, **k)
+        fused = fused_kind and _fused_pointwise(xp, fused_kind(*b[nin:]), b[:nin])
+        if fused:
+            return fused.forward(b[0], fused_kind(*b[nin:]))
         dt, cd, arrs = _prepare(name, b[:nin], ints)
         r = fwd(xp, *arrs, *b[nin:])
         return fit(xp, r, broadcast_shapes(*(shape_of(x) for x in b[:nin])), dt.np)
@@ -89,6 +110,9 @@ def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False
     def bkernel(xp, *a, **k):
         b = bop.bind(*a, **k)
         g, ins = b[0], b[1:1 + nin]
+        fused = fused_kind and _fused_pointwise(xp, fused_kind(*b[1 + nin:]), (g, *ins))
+        if fused:
+            return fused.backward(g, ins[0], fused_kind(*b[1 + nin:]))
         dt, cd, arrs = _prepare(name, ins, ints)
         shape = broadcast_shapes(shape_of(g), *(shape_of(x) for x in ins))
         r = bwd(xp, g.astype(cd, copy=False), *arrs, *b[1 + nin:])
@@ -175,7 +199,8 @@ def _gelu_bwd(xp, g, x, approximate):
     return g * (cdf + x * pdf)
 
 
-gelu = pointwise_family("gelu", "*, str approximate='none'", fwd=_gelu_fwd, bwd=_gelu_bwd, tags=(Tag.recomputable,))
+gelu = pointwise_family("gelu", "*, str approximate='none'", fwd=_gelu_fwd, bwd=_gelu_bwd, tags=(Tag.recomputable,),
+                        fused_kind=lambda approximate="none": _FUSED_GELU.get(approximate))
 
 
 def _silu_bwd(xp, g, x):
@@ -184,7 +209,7 @@ def _silu_bwd(xp, g, x):
 
 
 silu = pointwise_family("silu", fwd=lambda xp, x: x * _sigmoid(xp, x), bwd=_silu_bwd, inplace=True,
-                        tags=(Tag.recomputable,))
+                        tags=(Tag.recomputable,), fused_kind=lambda: _FUSED_SILU)
 
 
 def _mish_bwd(xp, g, x):

@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from .. import _dtype as D
+from .._backends import triton_launch
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath, undefined_grad as _undefined_grad
 from .._dispatch import type_name
@@ -74,11 +75,38 @@ def _through_stats(input, mean, rstd, gmean, grstd, n):
     return (g / n).to(input.dtype)
 
 
+def _cols(x, axes) -> int:
+    return math.prod(x.shape[a] for a in axes)
+
+
+def _stat_shape(shape, axes) -> tuple:
+    return tuple(1 if i in axes else s for i, s in enumerate(shape))
+
+
+def _contig(xp, a):
+    return None if a is None else xp.ascontiguousarray(a)
+
+
+def _cuda_norm(xp, x, ndims, *others):
+    """The Triton LayerNorm module (`_backends.triton_norm`) when these CuPy arrays can go through it,
+    else None (other devices, float64, no Triton, rows wider than it takes)."""
+    if getattr(xp, "__name__", "") != "cupy" or not triton_launch.available():
+        return None
+    from .._backends import triton_norm  # deferred: imports Triton, optional (cuda only)
+    cols = math.prod(x.shape[x.ndim - ndims:])
+    return triton_norm if triton_norm.supported(x, cols, *others) else None
+
+
 @defop("native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) "
        "-> (Tensor, Tensor, Tensor)", tags=(Tag.autocast_fp32,))
 def native_layer_norm(xp, input, normalized_shape, weight, bias, eps):
     axes = _ln_check(input.shape, normalized_shape, weight, bias)
     dt, cd = _float("LayerNorm", input)
+    fused = _cuda_norm(xp, input, len(axes), weight, bias)
+    if fused is not None:
+        y, mean, rstd = fused.forward(input, _contig(xp, weight), _contig(xp, bias), _cols(input, axes), eps)
+        st = _stat_shape(input.shape, axes)
+        return y, mean.reshape(st), rstd.reshape(st)
     x = input.astype(cd, copy=False)
     mean, _, rstd = _stats(xp, x, axes, eps)
     y = (x - mean) * rstd
@@ -102,6 +130,12 @@ def _(input, normalized_shape, weight, bias, eps):
 def native_layer_norm_backward(xp, grad_out, input, normalized_shape, mean, rstd, weight, bias):
     axes = _ln_check(input.shape, normalized_shape, weight, bias)
     dt, cd = _float("LayerNorm", input)
+    fused = _cuda_norm(xp, input, len(axes), weight, bias, grad_out, mean, rstd)
+    if fused is not None:
+        gx, part = fused.backward(grad_out, input, mean, rstd, _contig(xp, weight), _cols(input, axes))
+        gw = None if weight is None else part[0].reshape(weight.shape).astype(weight.dtype)
+        gb = None if bias is None else part[1].reshape(bias.shape).astype(bias.dtype)
+        return gx, gw, gb
     g = grad_out.astype(cd, copy=False)
     rstd = _c(rstd, cd)
     xhat = (input.astype(cd, copy=False) - _c(mean, cd)) * rstd

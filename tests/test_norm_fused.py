@@ -1,0 +1,93 @@
+"""Triton LayerNorm (flambeau/_backends/triton_norm.py) and GELU/SiLU (triton_pointwise.py) on cuda.
+
+On the CPU: the kernels under Triton's interpreter against float64 PyTorch (tests/scripts/
+triton_norm_interp.py, triton_pointwise_interp.py). On the GPU (marked `cuda`): forward and backward
+through flambeau's ops against PyTorch on cuda, float32 and bfloat16, with the kernels spied on."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+@pytest.mark.parametrize("script", ["triton_norm_interp.py", "triton_pointwise_interp.py"])
+def test_kernels_under_the_interpreter(script):
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", script)], capture_output=True,
+                       text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+TOL = {"float32": dict(rtol=1e-4, atol=1e-5), "bfloat16": dict(rtol=2e-2, atol=2e-2)}
+# bfloat16 LayerNorm keeps mean and rstd in bfloat16, as flambeau's other devices (PyTorch's cuda
+# kernel keeps float32), so the weight gradient, a sum over rows, may differ by a fraction of its scale
+SCALED_ATOL = {"float32": 0.0, "bfloat16": 1e-2}
+
+
+def _close(f, t, dtype):
+    tol = TOL[dtype]
+    np.testing.assert_allclose(f, t, rtol=tol["rtol"], atol=max(tol["atol"], SCALED_ATOL[dtype] * np.abs(t).max()))
+
+
+def _both(fn_t, fn_f, shape, dtype, n_params=0, seed=0):
+    """Outputs and input/parameter gradients of fn(x, *params) under PyTorch and flambeau on cuda."""
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(shape).astype(np.float32) * 2]
+    arrays += [rng.standard_normal(shape[-1:]).astype(np.float32) for _ in range(n_params)]
+    dy = rng.standard_normal(shape).astype(np.float32)
+    out = []
+    for lib, fn in ((torch, fn_t), (flambeau, fn_f)):
+        dt = getattr(lib, dtype)
+        ts = [lib.tensor(a, device="cuda").to(dt).requires_grad_() for a in arrays]
+        y = fn(*ts)
+        y.backward(lib.tensor(dy, device="cuda").to(dt))
+        out.append([y.detach().float().cpu().numpy()] + [t.grad.float().cpu().numpy() for t in ts])
+    return out
+
+
+def _spy(monkeypatch, module, names):
+    calls = []
+    for n in names:
+        real = getattr(module, n)
+        monkeypatch.setattr(module, n, lambda *a, _r=real, _n=n, **k: calls.append(_n) or _r(*a, **k))
+    return calls
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape,affine", [((8, 64, 768), 2), ((3, 5, 7), 2), ((6, 33), 0), ((2, 3000), 1)])
+def test_layer_norm_matches_torch_on_cuda(shape, affine, dtype, monkeypatch):
+    from flambeau._backends import triton_norm
+    calls = _spy(monkeypatch, triton_norm, ["forward", "backward"])
+    n = shape[-1]
+
+    def fn(lib):
+        return lambda x, *p: lib.nn.functional.layer_norm(x, (n,), *p)
+    theirs, ours = _both(fn(torch), fn(flambeau), shape, dtype, affine)
+    assert calls == ["forward", "backward"]
+    for t, f in zip(theirs, ours):
+        _close(f, t, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu"])
+def test_activations_match_torch_on_cuda(act, dtype, monkeypatch):
+    from flambeau._backends import triton_pointwise
+    calls = _spy(monkeypatch, triton_pointwise, ["forward", "backward"])
+    name, kw = ("gelu", dict(approximate="tanh")) if act == "gelu_tanh" else (act, {})
+
+    def fn(lib):
+        return lambda x: getattr(lib.nn.functional, name)(x, **kw)
+    theirs, ours = _both(fn(torch), fn(flambeau), (4, 1000, 3), dtype)
+    assert calls == ["forward", "backward"]
+    for t, f in zip(theirs, ours):
+        _close(f, t, dtype)
