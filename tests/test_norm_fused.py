@@ -1,7 +1,8 @@
-"""Triton LayerNorm (flambeau/_backends/triton_norm.py) and GELU/SiLU (triton_pointwise.py) on cuda.
+"""Triton LayerNorm (flambeau/_backends/triton_norm.py), GELU/SiLU (triton_pointwise.py) and
+cross-entropy (triton_cross_entropy.py) on cuda.
 
 On the CPU: the kernels under Triton's interpreter against float64 PyTorch (tests/scripts/
-triton_norm_interp.py, triton_pointwise_interp.py). On the GPU (marked `cuda`): forward and backward
+triton_norm_interp.py, triton_pointwise_interp.py, triton_cross_entropy_interp.py). On the GPU (marked `cuda`): forward and backward
 through flambeau's ops against PyTorch on cuda, float32 and bfloat16, with the kernels spied on."""
 import importlib.util
 import os
@@ -18,7 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
-@pytest.mark.parametrize("script", ["triton_norm_interp.py", "triton_pointwise_interp.py"])
+@pytest.mark.parametrize("script", ["triton_norm_interp.py", "triton_pointwise_interp.py",
+                                    "triton_cross_entropy_interp.py"])
 def test_kernels_under_the_interpreter(script):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", script)], capture_output=True,
@@ -91,3 +93,24 @@ def test_activations_match_torch_on_cuda(act, dtype, monkeypatch):
     assert calls == ["forward", "backward"]
     for t, f in zip(theirs, ours):
         _close(f, t, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_matches_torch_on_cuda(reduction, monkeypatch):
+    from flambeau._backends import triton_cross_entropy
+    calls = _spy(monkeypatch, triton_cross_entropy, ["forward", "backward"])
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((64, 5003)) * 3).astype(np.float32)
+    t = rng.integers(0, 5003, 64)
+    t[3] = -100
+    g = rng.standard_normal(64).astype(np.float32) if reduction == "none" else np.float32(1.5)
+    res = []
+    for lib in (torch, flambeau):
+        xl = lib.tensor(x, device="cuda", requires_grad=True)
+        loss = lib.nn.functional.cross_entropy(xl, lib.tensor(t, device="cuda"), reduction=reduction)
+        loss.backward(lib.tensor(g, device="cuda"))
+        res.append((loss.detach().cpu().numpy(), xl.grad.cpu().numpy()))
+    assert calls == ["forward", "backward"]
+    for f, t_ in zip(res[1], res[0]):
+        np.testing.assert_allclose(f, t_, rtol=1e-5, atol=1e-6)

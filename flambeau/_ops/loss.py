@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 
 from .. import _dtype as D
-from .._backends import device_checks
+from .._backends import device_checks, triton_launch
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 from .activation import pointwise_family, _sigmoid, _softplus, relu, log_sigmoid, softplus, \
@@ -254,10 +254,34 @@ def _ce_backward(xp, grad, self, target, weight, reduction, ignore_index, ls, fu
     return gx, gt, gw
 
 
+_SUM = 2        # the `reduction` code of 'sum' (0: none, 1: mean)
+
+
+def _count(target, ignore_index):
+    """The number of targets that are not ignore_index, as a float32 device scalar."""
+    return (target != ignore_index).sum().astype(np.float32)
+
+
+def _cuda_ce(xp, x, target, weight, label_smoothing):
+    """`_backends.triton_cross_entropy` when cross_entropy of these CuPy arrays can run there, else None."""
+    if getattr(xp, "__name__", "") != "cupy" or not triton_launch.available():
+        return None
+    from .._backends import triton_cross_entropy  # deferred: imports Triton, optional (cuda only)
+    return triton_cross_entropy if triton_cross_entropy.supported(x, target, weight, label_smoothing) else None
+
+
 @defop("cross_entropy_loss(Tensor self, Tensor target, Tensor? weight=None, int reduction=1, "
        "SymInt ignore_index=-100, float label_smoothing=0.0) -> Tensor", function=False,
        tags=(Tag.autocast_fp32, Tag.cpu_autocast_fp32))
 def cross_entropy_loss(xp, self, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+    fused = _cuda_ce(xp, self, target, weight, label_smoothing)
+    if fused is not None:
+        _ce_check(self, target, weight, False)
+        device_checks.check_range(xp, target, 0, self.shape[1], IndexError, "Target {} is out of bounds.",
+                                  skip=ignore_index)
+        per = fused.forward(self, target, ignore_index)
+        out = per if reduction == 0 else per.sum() if reduction == _SUM else per.sum() / _count(target, ignore_index)
+        return xp.asarray(out).astype(self.dtype)
     return _ce_forward(xp, self, target, weight, reduction, ignore_index, label_smoothing, True)
 
 
@@ -269,6 +293,12 @@ cross_entropy_loss.def_meta(lambda self, target, weight=None, reduction=1, ignor
 @defop("cross_entropy_loss_backward(Tensor grad, Tensor self, Tensor target, Tensor? weight, int reduction, "
        "SymInt ignore_index, float label_smoothing) -> (Tensor, Tensor, Tensor)", function=False)
 def cross_entropy_loss_backward(xp, grad, self, target, weight, reduction, ignore_index, label_smoothing):
+    fused = _cuda_ce(xp, self, target, weight, label_smoothing)
+    if fused is not None:
+        g = grad.astype(np.float32).reshape(-1)
+        if reduction not in (0, _SUM):
+            g = g / _count(target, ignore_index)
+        return fused.backward(g, self, target, ignore_index), None, None
     return _ce_backward(xp, grad, self, target, weight, reduction, ignore_index, label_smoothing, True)
 
 
