@@ -18,7 +18,8 @@ from tests.opdb import all_opinfos, materialize
 MAX_SAMPLES = 4
 KINDS = ("float32", "low", "mixed")
 OPINFOS = [i for i in all_opinfos() if "float32" in i.dtypes]
-# Differences that are not autocast's: flambeau differs from PyTorch on these inputs without autocast too.
+# Differences that are not autocast's: flambeau differs from PyTorch on these inputs without autocast too
+# (cpu with bfloat16; with cuda's float16 inputs PyTorch refuses these calls or agrees with us).
 EAGER_GAPS = {
     ("setitem_mask", "mixed"): "index_put refuses a 0-dim value of another dtype (PyTorch casts it)",
     ("index_put", "mixed"): "index_put refuses a 0-dim value of another dtype (PyTorch casts it)",
@@ -27,10 +28,10 @@ EAGER_GAPS = {
 }
 
 
-def _params():
+def _params(device):
     return [pytest.param(info, kind, id=f"{info.name}-{kind}",
                          marks=[pytest.mark.xfail(strict=True, reason=EAGER_GAPS[info.name, kind])]
-                         if (info.name, kind) in EAGER_GAPS else [])
+                         if device == "cpu" and (info.name, kind) in EAGER_GAPS else [])
             for info in OPINFOS for kind in KINDS]
 
 
@@ -91,13 +92,13 @@ def _compare(info, kind, device):
     return compared
 
 
-@pytest.mark.parametrize("info,kind", _params())
+@pytest.mark.parametrize("info,kind", _params("cpu"))
 def test_autocast_cpu_output_dtypes_match_pytorch(info, kind):
     _compare(info, kind, "cpu")
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("info,kind", _params())
+@pytest.mark.parametrize("info,kind", _params("cuda"))
 def test_autocast_cuda_output_dtypes_match_pytorch(info, kind):
     if not torch.cuda.is_available():
         pytest.skip("the reference PyTorch has no CUDA here")

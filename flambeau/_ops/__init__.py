@@ -26,6 +26,10 @@ def _rev(name):
     def call(self, other):
         if name in _COMMUTATIVE and not isinstance(other, Tensor):
             return EXPORTS[name](self, other)      # keeps `other` a Python scalar for promotion
+        if name == "div" and not isinstance(other, Tensor):
+            # PyTorch's `scalar / t` is `t.reciprocal() * scalar` (same rounding; under cuda autocast
+            # reciprocal runs in float32, so the result is float32)
+            return EXPORTS["mul"](EXPORTS["reciprocal"](self), other)
         return EXPORTS[name](other, self)         # binary kernels take a Python scalar on either side
     return call
 

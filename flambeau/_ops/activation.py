@@ -629,7 +629,8 @@ def _(grad, self, p, dim, eps):
     return _normalize_backward(grad, self, p, dim, eps)
 
 
-@export("normalize", namespace="nn.functional", function=False)
+@export("normalize", namespace="nn.functional", function=False,
+        tags=(Tag.autocast_fp32,))   # on cuda PyTorch's composite divides by a float32 norm
 def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
     r = _normalize(input, float(p), dim, eps)
     if out is not None:

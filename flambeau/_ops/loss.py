@@ -586,7 +586,8 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
     return _reduce(poisson_op(input, target, bool(log_input), bool(full), float(eps)), reduction)
 
 
-@export("gaussian_nll_loss", namespace="nn.functional", function=False)
+@export("gaussian_nll_loss", namespace="nn.functional", function=False,
+        tags=(Tag.autocast_fp32,))   # on cuda PyTorch's composite runs log/pow in float32
 def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
     if isinstance(var, (int, float)):
         var = full_like(input, var)

@@ -180,7 +180,7 @@ def _def_avg_pool(nd):
         if input.dim() < nd + 1:
             n = max(input.dim(), 1)
             raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {-nd - 1})")
-        if nd == 3 and input.dtype in (D.float16, D.bfloat16):
+        if nd == 3 and input.dtype in (D.float16, D.bfloat16) and input.device.type == "cpu":   # cuda has them
             raise NotImplementedError(f"\"avg_pool3d_out_frame\" not implemented for '{_tname(input.dtype)}'")
         for k, p in zip(ks, pd):
             if p > k // 2:

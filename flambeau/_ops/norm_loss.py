@@ -217,7 +217,7 @@ def _fused_rms_norm_derivative(grad, input, normalized_shape, weight, result):
     return (gx if extra is None else gx + extra), gw
 
 
-@export("rms_norm", namespace="nn.functional", tags=(Tag.autocast_fp32,))
+@export("rms_norm", namespace="nn.functional")   # no cuda policy: PyTorch 2.11 keeps float16 in, float16 out
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)

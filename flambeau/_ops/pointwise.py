@@ -575,7 +575,8 @@ def _ldexp_grad(grad, self, other, result):
 
 ldexp = binary("ldexp.Tensor(Tensor self, Tensor other) -> Tensor",
                lambda xp, a, b: a * xp.power(2.0, b).astype(xp.result_type(a, 2.0)), _ldexp_grad,
-               kind="float", scalars="none")
+               kind="float", scalars="none",
+               tags=(Tag.autocast_fp32,))   # PyTorch's self * pow(2, other): pow is float32 under cuda autocast
 
 
 def _logaddexp(xp, a, b):
