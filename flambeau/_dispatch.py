@@ -364,7 +364,19 @@ def _check_no_internal_overlap(t: Tensor):
     a = t._data
     if type(a) is MetaArray or a.size == 0:
         return
-    for s, st in zip(a.shape, a.strides):
+    _raise_if_overlapping(a.shape, a.strides)
+
+
+def check_no_internal_overlap(t: Tensor):
+    """PyTorch's assert_no_internal_overlap from sizes and strides alone (meta and fake tensors too):
+    an in-place op may not write a tensor with a stride-0 dimension (an expanded one)."""
+    _raise_if_overlapping(tuple(t.shape), t.stride())
+
+
+def _raise_if_overlapping(shape, strides):
+    if 0 in shape:
+        return
+    for s, st in zip(shape, strides):
         if st == 0 and s > 1:
             raise RuntimeError("unsupported operation: more than one element of the written-to tensor "
                                "refers to a single memory location. Please clone() the tensor before "

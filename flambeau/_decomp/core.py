@@ -5,11 +5,11 @@ registered operator either decomposes into these (recursively, see `flambeau._de
 why it stays opaque in its declaration (`defop(..., no_decomposition="reason")`). The set is
 PyTorch's Core ATen IR cut down to what flambeau's operators need. It has two halves:
 
-* the **lowered core** (97 ops) that the code generator turns into loops (each has an
+* the **lowered core** (98 ops) that the code generator turns into loops (each has an
   `op.lowering`, see `flambeau._inductor.lowering`):
-  - pointwise math (58): arithmetic (add, sub, mul, div, div with rounding mode, neg, abs,
+  - pointwise math (59): arithmetic (add, sub, mul, div, div with rounding mode, neg, abs,
     remainder, fmod, pow), exp/log families that libm computes more accurately than any composite
-    (exp, log, log1p, expm1, sqrt, rsqrt), trigonometry and hyperbolics with their inverses, atan2,
+    (exp, log, log1p, expm1, sqrt, rsqrt), trigonometry and hyperbolics with their inverses, atan2, hypot,
     erf/erfc, lgamma and nextafter (all in C's libm and CUDA's), rounding (floor, ceil, round, trunc),
     sign/signbit, comparisons, logical and bitwise ops, maximum/minimum, where, and sigmoid.
     `sigmoid` is core on purpose: `1 / (1 + exp(-x))` overflows `exp` for large negative x in low
@@ -36,7 +36,7 @@ PyTorch's Core ATen IR cut down to what flambeau's operators need. It has two ha
   effect the compiler must keep in order), and pointwise special functions with no C-library form
   (digamma, polygamma, i0, i1, erfinv, gcd, lcm) plus the complex helpers (conj_physical, real/imag).
 
-The whole set has 167 ops. `core_ops()` lists them; `is_core(op)` tests membership.
+The whole set has 170 ops. `core_ops()` lists them; `is_core(op)` tests membership.
 """
 from __future__ import annotations
 

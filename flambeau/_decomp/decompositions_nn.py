@@ -66,7 +66,7 @@ def softplus_stable(x):
 # ---- activations ---------------------------------------------------------------------------------
 @_pointwise(aten.relu, ints=True)
 def relu(x):
-    return maximum(x, 0)
+    return aten.where(aten.lt(x, 0), 0, x)          # relu(-0.0) is -0.0, as PyTorch's
 
 
 @_backward(aten.relu_backward, ints=True)
@@ -96,7 +96,7 @@ def leaky_relu_backward(g, x, negative_slope=0.01):
 
 @_pointwise(aten.elu)
 def elu(x, alpha=1, scale=1, input_scale=1):
-    neg = aten.mul(aten.expm1(aten.mul(minimum(x, 0), input_scale)), alpha)
+    neg = aten.mul(aten.expm1(aten.mul(aten.where(aten.gt(x, 0), 0, x), input_scale)), alpha)
     return aten.mul(aten.where(aten.gt(x, 0), x, neg), scale)
 
 
@@ -158,7 +158,8 @@ def mish_backward(g, x):
 
 @_pointwise(aten.hardtanh)
 def hardtanh(x, min_val=-1, max_val=1):
-    return minimum(maximum(x, min_val), max_val)
+    x = aten.where(aten.lt(x, min_val), min_val, x)         # a tie keeps x (+-0.0), as clamp
+    return aten.where(aten.gt(x, max_val), max_val, x)
 
 
 @_backward(aten.hardtanh_backward)
@@ -222,7 +223,7 @@ def hardshrink_backward(g, x, lambd=0.5):
 
 @_pointwise(aten.log_sigmoid)
 def log_sigmoid(x):
-    return aten.neg(softplus_stable(aten.neg(x)))
+    return aten.sub(minimum(x, 0), aten.log1p(aten.exp(aten.neg(aten.abs(x)))))    # +0.0 at inf
 
 
 @_backward(aten.log_sigmoid_backward)

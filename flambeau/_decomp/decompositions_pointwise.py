@@ -1,4 +1,4 @@
-"""Decompositions of pointwise math (reciprocal, log2, hypot, clamp, lerp, isclose, ...) and the
+"""Decompositions of pointwise math (reciprocal, log2, clamp, lerp, isclose, ...) and the
 generic rule for in-place operators: `op_(self, ...)` = `copy_(self, op(self, ...))`.
 
 Floating results that the original computes in a promoted dtype (xlogy of an int and a float, ...)
@@ -14,8 +14,9 @@ import ml_dtypes
 from .. import _dtype as D, _state
 from .._ops import OPS
 from .._ops._helpers import result_type
-from ._table import aten, register_decomposition, maximum, minimum, to, by_name, full, scalar_tensor
-from .._dispatch import can_cast, type_name
+from ._table import aten, register_decomposition, maximum, to, by_name, full, scalar_tensor
+from .._dispatch import can_cast, type_name, check_no_internal_overlap
+from .._ops._registry import Tag
 
 # ---- in-place operators --------------------------------------------------------------------------
 
@@ -23,7 +24,11 @@ from .._dispatch import can_cast, type_name
 def _inplace_decomposition(op):
     f = op.functional
 
+    overlap_ok = Tag.overlap_ok in op.tags
+
     def decomposition(self, *rest):
+        if not overlap_ok:
+            check_no_internal_overlap(self)       # as the eager op: only fill_/zero_ may write an expanded self
         src = self
         if _state.grad_enabled and any(getattr(x, "requires_grad", False) for x in (self,) + rest):
             src = aten.clone(self)          # autograd may save the input; copy_ is about to overwrite it
@@ -124,22 +129,30 @@ def clamp(self, min=None, max=None):
     dt = result_type(self, min, max)
     r = to(self, dt)
     if min is not None:
-        r = maximum(r, min)
+        r = _clamp_to(r, min, aten.lt)
     if max is not None:
-        r = minimum(r, max)
+        r = _clamp_to(r, max, aten.gt)
     return to(r, dt)
+
+
+def _clamp_to(r, bound, beyond):
+    """`bound` where `r` lies `beyond` it or the bound is NaN, else `r`: a tie keeps `r`, so clamp(0.0,
+    min=-0.0) is 0.0, as PyTorch's kernel (maximum/minimum would pick either zero)."""
+    if hasattr(bound, "dtype") or bound != bound:
+        b = _tensor(bound, r)
+        return aten.where(aten.logical_or(beyond(r, b), aten.ne(b, b)), b, r)
+    return aten.where(beyond(r, bound), bound, r)
 
 
 @register_decomposition(aten.fmax)
 def fmax(self, other):
-    m = maximum(self, other)
-    return aten.where(aten.isnan(other), aten.where(aten.isnan(self), m, self), aten.where(aten.isnan(self), other, m))
+    """`other` where it is larger or `self` is NaN: a tie of zeros keeps `self`, as the kernel."""
+    return aten.where(aten.logical_or(aten.gt(other, self), aten.isnan(self)), other, self)
 
 
 @register_decomposition(aten.fmin)
 def fmin(self, other):
-    m = minimum(self, other)
-    return aten.where(aten.isnan(other), aten.where(aten.isnan(self), m, self), aten.where(aten.isnan(self), other, m))
+    return aten.where(aten.logical_or(aten.lt(other, self), aten.isnan(self)), other, self)
 
 
 @register_decomposition(aten.round.decimals)
@@ -223,11 +236,6 @@ def sinc(self):
     x = to(self, _float_dtype(self))
     px = aten.mul(x, math.pi)
     return aten.where(aten.eq(x, 0), 1.0, aten.div(aten.sin(px), px))
-
-
-@register_decomposition(aten.hypot)
-def hypot(self, other):
-    return aten.sqrt(aten.add(aten.mul(self, self), aten.mul(other, other)))
 
 
 @register_decomposition(aten.ldexp.Tensor)

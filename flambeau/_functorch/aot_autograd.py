@@ -47,7 +47,7 @@ from ..fx.graph_module import GraphModule
 from ..fx._symbolic_shapes import ShapeEnv, SymInt, expr_to_python
 from .._subclasses.fake_tensor import FakeTensorMode
 from ..nn.modules.module import Module
-from .functionalization import run_functionalized, flat_input_tensors, _apply_step
+from .functionalization import run_functionalized, flat_input_tensors, _apply_step, write_back
 from .partitioners import default_partition
 from ..autograd import grad
 from ..fx.node import Node
@@ -326,9 +326,8 @@ def _finish(meta: _Meta, args, graph_vals) -> list:
     """Copy mutated inputs back, regenerate outputs that alias inputs, return the flat outputs."""
     n = len(meta.graph_outs)
     if meta.mutated:
-        with no_grad():
-            for i, v in zip(meta.mutated, graph_vals[n:n + len(meta.mutated)]):
-                args[i].copy_(v)
+        for i, v in zip(meta.mutated, graph_vals[n:n + len(meta.mutated)]):
+            write_back(args[i], v)
     outs = [None] * meta.n_outs
     for j, k in enumerate(meta.graph_outs):
         outs[k] = graph_vals[j]

@@ -187,7 +187,8 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     backend = _backend()
     source_path = None
     if backend == "cpp":
-        info = _cpp_builder.detect_flags()
+        info = dict(_cpp_builder.detect_flags())
+        info["flags"] = list(info["flags"]) + list(config.kernel_cflags)
         source = codegen_cpp.generate(kernels, info["simd_math"], size_names)
         if kernels:
             try:

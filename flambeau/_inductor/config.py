@@ -28,6 +28,10 @@ parallel_threshold: int = 1 << 15  # elements of work below which a kernel runs 
 #   GOMP_SPINCOUNT=10000, set by _cpp_builder for libgomp's load only, the team is still spinning
 #   between kernels: 2 threads win from ~16K up)
 accumulate_float_in_double: bool = True   # float32 sums/products accumulate in double
+# Compiler flags added for generated kernels. No floating-point contraction (PyTorch's inductor default
+# too): every op rounds as its eager kernel does, and a value that a kernel computes twice is equal to
+# itself (with a*b - a*b fused into fma(a, b, -(a*b)), isfinite(x) = (x - x == 0) was False for finite x).
+kernel_cflags: tuple = ("-ffp-contract=off",)
 # Opt-in (off by default; FLAMBEAU_TUNE_MALLOC=1 or set this before the first compile): keep freed
 # memory in the process (glibc: mmap threshold 32 MiB, no heap trimming below 1 GiB) so that the
 # buffers of each call of a compiled graph reuse pages instead of faulting fresh ones in (measured: a

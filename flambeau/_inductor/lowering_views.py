@@ -260,6 +260,8 @@ def _gather(g, x, dim, index, sparse_grad=False):
     nd = len(x.shape)
     dim = H.wrap_dim(dim, nd) if nd else 0
     shape = out_shape(g)
+    if nd and len(shape) != nd:          # an empty index of another rank (PyTorch checks no rank then)
+        return Pointwise(shape, x.dtype, lambda idx: ops.constant(0, x.dtype))
     ld = x.make_loader()
     ind = _indirect(g, index, shape, x.shape[dim] if nd else 1)
 

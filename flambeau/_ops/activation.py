@@ -147,6 +147,12 @@ def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False
     return op
 
 
+def _hardtanh(xp, x, lo, hi):
+    """clamp(x, lo, hi) where a tie keeps x: hardtanh(-0.0, 0.0, 6.0) is -0.0, as PyTorch's."""
+    x = xp.where(x < lo, lo, x)
+    return xp.where(x > hi, hi, x)
+
+
 def _sigmoid(xp, x):
     e = xp.exp(-xp.abs(x))
     return xp.where(x >= 0, 1 / (1 + e), e / (1 + e))
@@ -157,8 +163,8 @@ def _softplus(xp, x):
 
 
 # ---- pointwise activations ----------------------------------------------------------------
-relu = pointwise_family("relu", fwd=lambda xp, x: xp.maximum(x, 0), bwd=lambda xp, g, x: g * (x > 0),
-                        ints=True, method=True, function=True, inplace=True,
+relu = pointwise_family("relu", fwd=lambda xp, x: xp.where(x < 0, 0, x),   # relu(-0.0) is -0.0, as PyTorch's
+                        bwd=lambda xp, g, x: g * (x > 0), ints=True, method=True, function=True, inplace=True,
                         tags=(Tag.recomputable, Tag.no_fp_errors))
 
 leaky_relu = pointwise_family(
@@ -168,7 +174,7 @@ leaky_relu = pointwise_family(
 
 
 def _elu_fwd(xp, x, alpha, scale, input_scale):
-    neg = alpha * xp.expm1(xp.minimum(x, 0) * input_scale)
+    neg = alpha * xp.expm1(xp.where(x > 0, 0, x) * input_scale)     # elu(-0.0) is -0.0
     return scale * xp.where(x > 0, x, neg)
 
 
@@ -222,7 +228,7 @@ mish = pointwise_family("mish", fwd=lambda xp, x: x * xp.tanh(_softplus(xp, x)),
 
 hardtanh = pointwise_family(
     "hardtanh", "Scalar min_val=-1, Scalar max_val=1",
-    fwd=lambda xp, x, lo, hi: xp.minimum(xp.maximum(x, lo), hi),
+    fwd=lambda xp, x, lo, hi: _hardtanh(xp, x, lo, hi),
     bwd=lambda xp, g, x, lo, hi: g * ((x > lo) & (x < hi)), inplace=True)
 
 hardsigmoid = pointwise_family(
@@ -259,7 +265,8 @@ threshold = pointwise_family(
     backward_tags=(Tag.recomputable,))
 
 log_sigmoid = pointwise_family(
-    "log_sigmoid", fwd=lambda xp, x: -_softplus(xp, -x), bwd=lambda xp, g, x: g * _sigmoid(xp, -x))
+    "log_sigmoid", fwd=lambda xp, x: xp.minimum(x, 0) - xp.log1p(xp.exp(-xp.abs(x))),   # +0.0 at inf
+    bwd=lambda xp, g, x: g * _sigmoid(xp, -x))
 
 softsign = pointwise_family(
     "softsign", fwd=lambda xp, x: x / (1 + xp.abs(x)), bwd=lambda xp, g, x: g / (1 + xp.abs(x)) ** 2,

@@ -502,7 +502,9 @@ atan2 = binary("atan2(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp
 export("arctan2", method=True)(atan2)
 export("arctan2_", method=True, function=False)(atan2.inplace)
 hypot = binary("hypot(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.hypot(a, b), _hyp_grad,
-               bad=(D.BOOL, D.INTEGER, D.COMPLEX), scalars="none")
+               bad=(D.BOOL, D.INTEGER, D.COMPLEX), scalars="none", tags=(Tag.core, Tag.pointwise, Tag.recomputable),
+               pointwise=PointwiseSpelling(cpp="hypot{f}({0}, {1})", numpy="np.hypot({0}, {1})",
+                                           triton="libdevice.hypot({0}, {1})"))
 
 
 def _minmax_grads(pick):
@@ -537,9 +539,19 @@ def _fminmax_grads(cmp):
     return grads
 
 
-fmax = binary("fmax(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.fmax(a, b),
+def _fmax(xp, a, b):
+    """`other` where it is larger or `self` is NaN, else `self`: a tie of zeros keeps `self`, as PyTorch's
+    fmax (NumPy's picks either)."""
+    return xp.where((b > a) | (a != a), b, a)
+
+
+def _fmin(xp, a, b):
+    return xp.where((b < a) | (a != a), b, a)
+
+
+fmax = binary("fmax(Tensor self, Tensor other) -> Tensor", _fmax,
               _fminmax_grads(lambda x, y: x >= y), check=_complex_minmax("fmax"), inplace=False, scalars="none")
-fmin = binary("fmin(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.fmin(a, b),
+fmin = binary("fmin(Tensor self, Tensor other) -> Tensor", _fmin,
               _fminmax_grads(lambda x, y: x <= y), check=_complex_minmax("fmin"), inplace=False, scalars="none")
 
 

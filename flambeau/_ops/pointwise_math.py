@@ -103,14 +103,23 @@ def abs_(self):
     return abs.inplace(self)
 
 
-_SIGN = "({0} > 0) - ({0} < 0)"
-sign = unary("sign", lambda xp, a: a.copy() if a.dtype == bool else xp.sign(a),
+_SIGN = "({0} > 0) - ({0} < 0)"          # a NaN's sign is 0, as PyTorch's (NumPy's is NaN)
+
+
+def _sign(xp, a):
+    """(a > 0) - (a < 0), as PyTorch: a NaN's sign is 0 (NumPy's is NaN)."""
+    if a.dtype == bool:
+        return a.copy()
+    return xp.where(a != a, 0, xp.sign(a)).astype(a.dtype) if a.dtype.kind == "f" else xp.sign(a)
+
+
+sign = unary("sign", _sign,
              lambda grad: _zeros(grad), kind="same", bad=(D.COMPLEX,), tags=(Tag.core, Tag.pointwise, Tag.recomputable),
              pointwise=PointwiseSpelling(
-                 {"float": "({0} != {0} ? {0} : static_cast<{T}>(%s))" % _SIGN, "int": "static_cast<{T}>(%s)" % _SIGN,
+                 {"float": "static_cast<{T}>(%s)" % _SIGN, "int": "static_cast<{T}>(%s)" % _SIGN, "bool": "{0}"},
+                 {"float": "np.sign(np.nan_to_num({0}, nan=0.0))", "int": "np.sign({0})",
                   "bool": "{0}"},
-                 "np.sign({0})",
-                 {"float": "tl.where({0} != {0}, {0}, ({0} > 0).to({T}) - ({0} < 0).to({T}))",
+                 {"float": "({0} > 0).to({T}) - ({0} < 0).to({T})",
                   "int": "({0} > 0).to({T}) - ({0} < 0).to({T})", "bool": "{0}"}, heavy=False))
 
 
@@ -349,9 +358,11 @@ def _logit(xp, a, eps=None):
 
 
 def _logit_grad(grad, self, eps):
+    """PyTorch's logit_backward: NaN outside [0, 1] without eps (where the forward is NaN too), 0 outside
+    [eps, 1 - eps] with it."""
     g = grad / (self * (1 - self))
     if eps is None:
-        return g
+        return g.where(~((self < 0) | (self > 1)), math.nan)
     return g.where(~((self < eps) | (self > 1 - eps)), 0)
 
 
@@ -588,9 +599,9 @@ def clamp(xp, self, min=None, max=None):
     a, lo, hi = _compute(xp, dt, self, min, max)
     r = a
     if lo is not None:
-        r = xp.maximum(r, lo)
+        r = xp.where((r < lo) | (lo != lo), lo, r)      # a tie keeps self: clamp(0.0, min=-0.0) is 0.0
     if hi is not None:
-        r = xp.minimum(r, hi)
+        r = xp.where((r > hi) | (hi != hi), hi, r)
     return xp.broadcast_to(xp.asarray(r), _bshape(self, min, max)).astype(dt.np)
 
 

@@ -82,15 +82,20 @@ def select_backward(grad, shape, dim, indices, keepdim):
     return EXPORTS["zeros"](shape, dtype=grad.dtype, device=grad.device).scatter(d, indices, grad)
 
 
-def evenly_backward(grad, self, result, dim, keepdim):
-    """Gradient of amax-like reductions: shared evenly among the elements equal to the result."""
+def evenly_backward(grad, self, result, dim, keepdim, nan_matches=True):
+    """Gradient of amax-like reductions: shared evenly among the elements equal to the result.
+    A NaN result: with `nan_matches` (max()/min()/median() of a whole tensor, PyTorch's
+    evenly_distribute_backward) the NaN elements share it; without (amax/amin/aminmax, PyTorch's
+    scale_grad_by_count) no element equals it and the whole group's gradient is NaN (g / 0 * 0)."""
     shape = self.shape
     g = expand_reduced(grad, shape, dim, keepdim)
     r = expand_reduced(result, shape, dim, keepdim)
-    mask = (self == r).logical_or(self.isnan().logical_and(r.isnan()))
+    mask = self == r
+    if nan_matches:
+        mask = mask.logical_or(self.isnan().logical_and(r.isnan()))
     dims = _dims(dim, len(shape))
     cnt = mask.sum(list(dims), keepdim=True) if dims else mask.to(g.dtype)
-    return g * mask / cnt
+    return g * mask / cnt if nan_matches else g / cnt * mask
 
 
 def _float_only(name, dt):
@@ -521,7 +526,7 @@ def _amax_like(name, fn, *, tags=()):
 
     @op.def_derivative
     def _(grad, self, result, dim, keepdim):
-        return evenly_backward(grad, self, result, dim, keepdim)
+        return evenly_backward(grad, self, result, dim, keepdim, nan_matches=False)
     return op
 
 
@@ -553,8 +558,8 @@ def _(self, *, dim=None, keepdim=False):
 
 @aminmax.def_derivative
 def _(grad, self, result, dim, keepdim):
-    return (evenly_backward(grad[0], self, result[0], dim, keepdim) +
-            evenly_backward(grad[1], self, result[1], dim, keepdim))
+    return (evenly_backward(grad[0], self, result[0], dim, keepdim, nan_matches=False) +
+            evenly_backward(grad[1], self, result[1], dim, keepdim, nan_matches=False))
 
 
 def _arg_like(name, fn, *, tags=()):
@@ -764,7 +769,7 @@ def _softmax_kernel(name, log):
         x = self.astype(out.np) if self.dtype != out.np else self
         x = x.astype(opmath(out), copy=False)
         if self.ndim == 0:
-            return _fresh(xp, x * 0 if log else x * 0 + 1, out.np)
+            return _fresh(xp, x - x if log else x * 0 + 1, out.np)     # log_softmax(-1.0) is +0.0
         if x.size == 0:
             return _fresh(xp, x, out.np)
         if xp is np and d == x.ndim - 1 and x.flags.c_contiguous:

@@ -33,10 +33,11 @@ def _scan_meta(self, dim, *, dtype=None):
 
 
 def reverse_cumsum(g, dim):
-    """sum_{i >= k} g_i along `dim`."""
+    """sum_{i >= k} g_i along `dim`, summed from the end as PyTorch's (a total minus a prefix sum
+    would cancel: inf - inf is NaN where PyTorch's gradient is inf, and small terms lose bits)."""
     if g.ndim == 0:
         return g
-    return g.sum(dim, keepdim=True) - g.cumsum(dim) + g
+    return g.flip([dim]).cumsum(dim).flip([dim])
 
 
 @defop("cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor", method=True, inplace=True,
@@ -45,7 +46,16 @@ def cumsum(xp, self, dim, *, dtype=None):
     return _cumsum_kernel(xp, self, dim, dtype=dtype)
 
 
-_cumsum_kernel = _scan_kernel(lambda xp, x, d: xp.cumsum(x, axis=d))
+def _cumsum(xp, x, d):
+    """A running sum that starts from +0.0, as PyTorch's: 0.0 + -0.0 is 0.0, so no element is -0.0
+    (NumPy's copies the first element)."""
+    r = xp.cumsum(x, axis=d)
+    if r.dtype.kind in "fc":
+        r += 0.0
+    return r
+
+
+_cumsum_kernel = _scan_kernel(_cumsum)
 cumsum.def_meta(_scan_meta)
 
 
@@ -135,9 +145,10 @@ cummin = _cumext("cummin", "minimum", tags=(Tag.core, Tag.extern))
 
 
 def _logcumsumexp(xp, x, d):
-    if xp is np:
-        return np.logaddexp.accumulate(x, axis=d)
-    return accumulate(xp, "logaddexp", x, d)
+    """Running logaddexp from -inf, as PyTorch's: the first element is logaddexp(-inf, x0), +0.0 for -0.0."""
+    r = np.logaddexp.accumulate(x, axis=d) if xp is np else accumulate(xp, "logaddexp", x, d)
+    r += 0.0
+    return r
 
 
 @defop("logcumsumexp(Tensor self, int dim) -> Tensor", method=True, tags=(Tag.core, Tag.extern))
