@@ -316,3 +316,33 @@ def test_compiled_inplace_write_into_an_expanded_input(name):
     x = fl.tensor([[0.5], [2.0]]).expand(2, 3)
     fl.compile(f)(x)
     np.testing.assert_array_equal(x.numpy(), tx.numpy())
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 3, 5, 0), (2, 3, 0, 5)), ((2, 3, 5, 0), (0, 4)), ((3, 0, 2), (2, 4)),
+                                             ((0, 3, 2), (0, 2, 4))])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_matmul_of_empty_operands(a_shape, b_shape, dynamic):
+    """Fuzzer seed 986: the matmul decomposition reshaped to (-1, n, k), ambiguous when n * k == 0 ('shape
+    [-1, 5, 0] is invalid for input of size 0' while compiling)."""
+    a, b = np.ones(a_shape, np.float32), np.ones(b_shape, np.float32)
+    ref = torch.tensor(a) @ torch.tensor(b)
+    res = fl.compile(lambda x, y: x @ y, dynamic=dynamic)(fl.tensor(a), fl.tensor(b))
+    np.testing.assert_array_equal(res.numpy(), ref.numpy())
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_copy_of_a_tensor_into_its_own_elements(compiled):
+    """Fuzzer seed 728: PyTorch's copy_ returns at once when the source is the destination's own elements
+    (same memory, shape and strides), so `v[0] = v` on an expanded `v` works; ours raised the overlap error.
+    A copy from other memory into an expanded tensor still raises."""
+    def f(m, x):
+        v = x.mT
+        v[0] = v
+        x.copy_(x)
+        return v * 1
+    ref = f(torch, torch.tensor([[3]]).expand(4, 1))
+    run = fl.compile(lambda x: f(fl, x)) if compiled else (lambda x: f(fl, x))
+    res = run(fl.tensor([[3]]).expand(4, 1))
+    np.testing.assert_array_equal(res.numpy(), ref.numpy())
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        fl.zeros(1).expand(3).copy_(fl.ones(3))

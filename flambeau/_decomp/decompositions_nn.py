@@ -529,8 +529,8 @@ def _matmul(a, b):
         return reshape(r, (r.shape[0],)) if b.ndim == 1 else r
     if b.ndim <= 2 and a.ndim >= 3:
         bb = reshape(b, (-1, 1)) if b.ndim == 1 else b
-        r = aten.mm(reshape(a, (-1, a.shape[-1])), bb)
         lead = tuple(a.shape[:-1])
+        r = aten.mm(reshape(a, (math.prod(lead), a.shape[-1])), bb)      # no -1: ambiguous when empty
         return reshape(r, lead if b.ndim == 1 else lead + (bb.shape[1],))
     aa = reshape(a, (1, -1)) if a.ndim == 1 else a
     bb = reshape(b, (-1, 1)) if b.ndim == 1 else b
@@ -538,8 +538,9 @@ def _matmul(a, b):
     n, k, m = aa.shape[-2], aa.shape[-1], bb.shape[-1]
     if bb.shape[-2] != k:
         return NotImplemented
-    a3 = reshape(aten.expand(aa, batch + (n, k)), (-1, n, k))
-    b3 = reshape(aten.expand(bb, batch + (k, m)), (-1, k, m))
+    nb = math.prod(batch)                  # not -1, which is ambiguous for an empty (n, k) or (k, m)
+    a3 = reshape(aten.expand(aa, batch + (n, k)), (nb, n, k))
+    b3 = reshape(aten.expand(bb, batch + (k, m)), (nb, k, m))
     r = reshape(aten.bmm(a3, b3), batch + (n, m))
     if a.ndim == 1:
         r = aten.squeeze(r, [-2])

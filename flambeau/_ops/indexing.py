@@ -342,7 +342,16 @@ def copy_(self, src, non_blocking=False):
         raise TypeError(f"copy_(): argument 'src' must be Tensor, not {type(src).__name__}")
     if src.device != self.device:
         src = src.to(self.device)
+    if _same_elements(self, src):
+        return self                       # PyTorch's copy_ returns at once (no overlap check: x[0] = x works)
     return OPS["copy_"](self, src, non_blocking)
+
+
+def _same_elements(a, b) -> bool:
+    """`a` and `b` view the same memory the same way (same address, dtype, shape and strides)."""
+    p = a.data_ptr()
+    return (p != 0 and p == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
+            and a.stride() == b.stride())
 
 
 @defop("fill.Scalar(Tensor self, Scalar value) -> Tensor", function=False, inplace=True,
