@@ -40,6 +40,7 @@ from .._backends import MetaArray, contiguous_strides
 from .._decomp import DecompositionMode
 from .._device import META
 from .._tensor import Tensor
+from .._dispatch import write_into
 from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
 from ..fx.experimental.proxy_tensor import ProxyTorchDispatchMode, _Recorder
@@ -47,7 +48,7 @@ from ..fx.graph_module import GraphModule
 from ..fx._symbolic_shapes import ShapeEnv, SymInt, expr_to_python
 from .._subclasses.fake_tensor import FakeTensorMode
 from ..nn.modules.module import Module
-from .functionalization import run_functionalized, flat_input_tensors, _apply_step, write_back
+from .functionalization import run_functionalized, flat_input_tensors, _apply_step
 from .partitioners import default_partition
 from ..autograd import grad
 from ..fx.node import Node
@@ -322,12 +323,19 @@ def _compile(flat_fn: Callable, flat_args: list, fw_compiler: Callable, bw_compi
     return _TrainingRuntime(compiled_fw, bw_gm, bw_compiler or fw_compiler, meta, num_fwd)
 
 
+def _write_back(x: Tensor, final: Tensor):
+    """Copy the final value of a mutated input into it. The in-place ops that wrote it were checked when
+    decomposed (an expanded input may be written by fill_/zero_ only), so an expanded `x` is allowed here."""
+    with no_grad():
+        write_into(x, final, "copy_", overlap_ok=True)
+
+
 def _finish(meta: _Meta, args, graph_vals) -> list:
     """Copy mutated inputs back, regenerate outputs that alias inputs, return the flat outputs."""
     n = len(meta.graph_outs)
     if meta.mutated:
         for i, v in zip(meta.mutated, graph_vals[n:n + len(meta.mutated)]):
-            write_back(args[i], v)
+            _write_back(args[i], v)
     outs = [None] * meta.n_outs
     for j, k in enumerate(meta.graph_outs):
         outs[k] = graph_vals[j]

@@ -30,7 +30,6 @@ from .. import _dispatch
 from .._decomp._table import aten
 from .._tensor import Tensor
 from ..utils._python_dispatch import TorchDispatchMode
-from ..autograd.grad_mode import no_grad
 
 __all__ = ["FunctionalTensorMode", "functionalize", "run_functionalized"]
 
@@ -381,13 +380,6 @@ def pos_of(seq, t) -> int:
     raise ValueError("tensor not in the input list")
 
 
-def write_back(x: Tensor, final: Tensor):
-    """Copy the final value of a mutated input into it. The in-place ops that wrote it were checked when
-    decomposed (an expanded input may be written by fill_/zero_ only), so an expanded `x` is allowed here."""
-    with no_grad():
-        _dispatch.write_into(x, final, "copy_", overlap_ok=True)
-
-
 def functionalize(fn: Callable, *, remove: str = "mutations") -> Callable:
     """`functionalize(fn)(*args)`: run `fn` with mutations rewritten functionally, then copy the
     final value of each mutated input back into it with one `copy_`."""
@@ -398,7 +390,7 @@ def functionalize(fn: Callable, *, remove: str = "mutations") -> Callable:
         res = run_functionalized(fn, args, kwargs)
         inputs = flat_input_tensors(args, kwargs)
         for i, final in res.mutations:
-            write_back(inputs[i], final)
+            inputs[i].copy_(final)
         return res.out
     wrapped.__name__ = getattr(fn, "__name__", "functionalized")
     wrapped.__wrapped__ = fn
