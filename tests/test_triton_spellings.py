@@ -179,7 +179,7 @@ for _name, _fn in {"sqrt": np.sqrt, "log1p": np.log1p, "expm1": np.expm1, "tan":
                    "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh,
                    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "erf": sp.erf, "erfc": sp.erfc,
                    "lgamma": sp.gammaln, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "nearbyint": np.rint,
-                   "atan2": np.arctan2, "nextafter": np.nextafter, "pow": np.power, "fmod": np.fmod,
+                   "atan2": np.arctan2, "hypot": np.hypot, "nextafter": np.nextafter, "pow": np.power, "fmod": np.fmod,
                    "copysign": np.copysign, "signbit": lambda a: np.signbit(a).astype(np.int32)}.items():
     setattr(FakeLibdevice, _name, staticmethod(_float_fn(_fn)))
 
