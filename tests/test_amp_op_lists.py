@@ -24,7 +24,6 @@ EAGER_GAPS = {
     ("setitem_mask", "mixed"): "index_put refuses a 0-dim value of another dtype (PyTorch casts it)",
     ("index_put", "mixed"): "index_put refuses a 0-dim value of another dtype (PyTorch casts it)",
     ("addr", "mixed"): "addr of float32 self and a bfloat16 vector gives bfloat16 (PyTorch: float32)",
-    ("linalg.det", "low"): "det refuses bfloat16 even for a 0x0 matrix (PyTorch returns 1)",
 }
 
 

@@ -35,8 +35,8 @@ def _check_float(name, A, low_ok=False):
         raise RuntimeError(f"{name}: Low precision dtypes not supported. Got {type_name(dt)}")
 
 
-def _check_square(name, A, what="A"):
-    _check_float(name, A)
+def _check_square(name, A, what="A", low_ok=False):
+    _check_float(name, A, low_ok)
     if len(A.shape) < 2:
         raise RuntimeError(f"{name}: The input tensor {what} must have at least 2 dimensions.")
     if A.shape[-1] != A.shape[-2]:
@@ -195,11 +195,18 @@ def norm(A, ord=None, dim=None, keepdim=False, *, dtype=None, out=None):
 # ---- determinants and inverse ----------------------------------------------------------------
 @defop("linalg_det(Tensor A) -> Tensor", tags=(Tag.core, Tag.extern))
 def linalg_det(xp, A):
-    _check_square("linalg.det", A)
-    return xp.asarray(xp.linalg.det(A)).astype(A.dtype, copy=False)
+    _check_square("linalg.det", A, low_ok=_no_elements(A))
+    a = A.astype(np.float32) if _dt(A) in D.LOW_PRECISION else A        # only empty ones get here
+    return xp.asarray(xp.linalg.det(a)).astype(A.dtype, copy=False)
 
 
-linalg_det.def_meta(lambda A: (_check_square("linalg.det", A), TensorSpec(tuple(A.shape)[:-2], A.dtype))[1])
+def _no_elements(A) -> bool:
+    """An empty batch or 0x0 matrices: PyTorch answers det for them in any floating dtype (1 per 0x0)."""
+    return 0 in tuple(A.shape)
+
+
+linalg_det.def_meta(lambda A: (_check_square("linalg.det", A, low_ok=_no_elements(A)),
+                               TensorSpec(tuple(A.shape)[:-2], A.dtype))[1])
 
 
 @linalg_det.def_derivative
