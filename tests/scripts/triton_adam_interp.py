@@ -7,21 +7,10 @@ import sys
 
 import numpy as np
 import torch
-import triton.runtime.interpreter as _interp
+import interp_numpy2  # noqa: F401  (before any kernel runs)
 
 from flambeau._backends import triton_adam as A
 
-_patch_lang_tensor = _interp._patch_lang_tensor
-
-
-def _patch_index_for_numpy2(tensor, scope):
-    """Triton 3.6's interpreter turns a scalar into an index with int() of a 1-element array, which
-    NumPy >= 2.3 refuses; take .item() instead."""
-    _patch_lang_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-
-_interp._patch_lang_tensor = _patch_index_for_numpy2
 
 CHUNK, BLOCK = 64, 16           # small, so that tensors span several chunks and end mid-block
 SIZES = (1, 15, 64, 100, 129, 300)

@@ -5,21 +5,10 @@ import math
 import sys
 
 import torch
-import triton.runtime.interpreter as _interp
+import interp_numpy2  # noqa: F401  (before any kernel runs)
 
 from flambeau._backends import triton_attention as T
 
-_patch_lang_tensor = _interp._patch_lang_tensor
-
-
-def _patch_index_for_numpy2(tensor, scope):
-    """Triton 3.6's interpreter turns a scalar into an index with int() of a 1-element array, which
-    NumPy >= 2.3 refuses; take .item() instead."""
-    _patch_lang_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-
-_interp._patch_lang_tensor = _patch_index_for_numpy2
 
 FWD_MN, DKDV_MN, DQ_MN = (32, 16), (16, 32), (32, 16)     # (BLOCK_M, BLOCK_N) per kernel, as the real ones
 

@@ -5,21 +5,10 @@ tests/test_norm_fused.py."""
 import sys
 
 import torch
-import triton.runtime.interpreter as _interp
+import interp_numpy2  # noqa: F401  (before any kernel runs)
 
 from flambeau._backends import triton_norm as N
 
-_patch_lang_tensor = _interp._patch_lang_tensor
-
-
-def _patch_index_for_numpy2(tensor, scope):
-    """Triton 3.6's interpreter turns a scalar into an index with int() of a 1-element array, which
-    NumPy >= 2.3 refuses; take .item() instead."""
-    _patch_lang_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-
-_interp._patch_lang_tensor = _patch_index_for_numpy2
 
 CASES = ((5, 7, True, True), (9, 32, True, False), (4, 33, False, False), (13, 20, True, True))
 PROGRAMS = 3        # backward programs: rows split unevenly among them
