@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..exc import Unsupported
 from ..._dtype import dtype as _dt
 from ..._device import device as _dev
+from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
 
 
 class VariableTracker:
@@ -104,19 +105,16 @@ class ConstantVariable(VariableTracker):
         return True
 
     def var_getattr(self, tx, name):
-        from .builtin import wrap_constant_result  # deferred: cycle among variable kinds
         try:
             v = getattr(self.value, name)
         except AttributeError:
             raise Unsupported(f"AttributeError: {type(self.value).__name__!r} object has no attribute {name!r}")
         if callable(v) and not isinstance(v, type):
-            from .builtin import BoundConstantMethod  # deferred: cycle among variable kinds
-            return BoundConstantMethod(self, name)
-        return wrap_constant_result(v)
+            return kinds.builtin.BoundConstantMethod(self, name)
+        return kinds.builtin.wrap_constant_result(v)
 
     def call_method(self, tx, name, args, kwargs):
-        from .builtin import call_constant_method  # deferred: cycle among variable kinds
-        return call_constant_method(tx, self, name, args, kwargs)
+        return kinds.builtin.call_constant_method(tx, self, name, args, kwargs)
 
     def has_unpack_var_sequence(self, tx):
         return isinstance(self.value, (str, bytes, tuple, frozenset))

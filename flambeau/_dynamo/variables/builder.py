@@ -22,6 +22,7 @@ from .objects import ClassVariable, PythonModuleVariable, ObjectVariable
 from .torch import (torch_functions, TorchFunctionVariable, special_function, TorchSpecialVariable, GradModeExit,
                     GradModeExitVariable, AutocastVariable)
 from ...amp.autocast_mode import autocast
+from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
 
 
 def _is_namedtuple(v) -> bool:
@@ -51,18 +52,16 @@ def wrap_constant_like(v) -> VariableTracker:
 
 
 def _callable_without_source(v):
-    from .builtin import BuiltinVariable, is_builtin_callable  # deferred: cycle among variable kinds
-    from .functions import UserFunctionVariable  # deferred: cycle among variable kinds
     kind = special_function(v) if callable(v) else None
     if kind is not None:
         return TorchSpecialVariable(v, kind)
     hit = torch_functions().get(id(v))
     if hit is not None and hit[1] is v:
         return TorchFunctionVariable(v, hit[0])
-    if callable(v) and is_builtin_callable(v):
-        return BuiltinVariable(v)
+    if callable(v) and kinds.builtin.is_builtin_callable(v):
+        return kinds.builtin.BuiltinVariable(v)
     if isinstance(v, types.FunctionType):
-        return UserFunctionVariable(v)
+        return kinds.functions.UserFunctionVariable(v)
     raise Unsupported(f"value of type {type(v).__name__} created while tracing")
 
 
@@ -92,8 +91,6 @@ def _needs_source(v) -> bool:
 
 
 def _build(tx, value, source) -> VariableTracker:
-    from .nn_module import NNModuleVariable  # deferred: cycle among variable kinds
-    from .functions import UserMethodVariable  # deferred: cycle among variable kinds
     from ..eval_frame import unwrap_compiled  # deferred: cycle eval_frame -> variables
     g = tx.output.guards
     if isinstance(value, Tensor):
@@ -125,19 +122,19 @@ def _build(tx, value, source) -> VariableTracker:
                              for k, v in value.items()}, source, cls=type(value))
     if isinstance(value, Module):
         g.id_match(source, value)
-        return NNModuleVariable(value, source)
+        return kinds.nn_module.NNModuleVariable(value, source)
     orig = unwrap_compiled(value)
     if orig is not value:
         if source is not None:
             g.id_match(source, value)
-        return build(tx, orig, None) if not isinstance(orig, Module) else NNModuleVariable(orig, source)
+        return build(tx, orig, None) if not isinstance(orig, Module) else kinds.nn_module.NNModuleVariable(orig, source)
     if isinstance(value, types.MethodType):
         obj_src = source.attr("__self__") if source is not None else None
         obj = build(tx, value.__self__, obj_src) if obj_src is not None else wrap_constant_like(value.__self__)
         if isinstance(value.__func__, types.FunctionType):
             if source is not None:
                 g.add(source.attr("__func__"), f"{{S}} is {g.const(value.__func__)}", f"{source.name()}.__func__")
-            return UserMethodVariable(value.__func__, obj, source)
+            return kinds.functions.UserMethodVariable(value.__func__, obj, source)
         raise Unsupported(f"bound method {value!r}")
     if isinstance(value, autocast) and source is not None:
         g.id_match(source, value)

@@ -14,6 +14,7 @@ from .base import VariableTracker, ConstantVariable, const
 from ..._tensor import Size
 from .tensor import TensorVariable
 from .objects import ObjectVariable
+from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
 
 
 def _consts(items):
@@ -50,13 +51,12 @@ class BaseListVariable(VariableTracker):
         return type(self)(items)
 
     def call_method(self, tx, name, args, kwargs):
-        from .builtin import BuiltinVariable  # deferred: cycle among variable kinds
         if name == "__getitem__" and len(args) == 1:
             return self.getitem(tx, args[0])
         if name == "__len__" and not args:
             return const(len(self.items))
         if name == "__contains__" and len(args) == 1:
-            return BuiltinVariable(operator.contains).call_function(tx, [self, args[0]], {})
+            return kinds.builtin.BuiltinVariable(operator.contains).call_function(tx, [self, args[0]], {})
         if name == "index" and len(args) == 1 and not kwargs:
             for i, x in enumerate(self.items):
                 if _same(tx, x, args[0]):
@@ -104,16 +104,14 @@ class TupleVariable(BaseListVariable):
         if fields and name in fields:
             return self.items[fields.index(name)]
         if name in ("count", "index") or (self.cls is _size_cls() and name == "numel"):
-            from .builtin import GetAttrVariable  # deferred: cycle among variable kinds
-            return GetAttrVariable(self, name)
+            return kinds.builtin.GetAttrVariable(self, name)
         raise Unsupported(f"tuple attribute {name}")
 
     def call_method(self, tx, name, args, kwargs):
         if name == "numel" and self.cls is _size_cls():
             n = const(1)
-            from .builtin import BuiltinVariable  # deferred: cycle among variable kinds
             for x in self.items:
-                n = BuiltinVariable(operator.mul).call_function(tx, [n, x], {})
+                n = kinds.builtin.BuiltinVariable(operator.mul).call_function(tx, [n, x], {})
             return n
         return super().call_method(tx, name, args, kwargs)
 
@@ -205,9 +203,8 @@ class ListVariable(BaseListVariable):
             self.items[operator.index(k)] = value
 
     def var_getattr(self, tx, name):
-        from .builtin import GetAttrVariable  # deferred: cycle among variable kinds
         if hasattr(list, name):
-            return GetAttrVariable(self, name)
+            return kinds.builtin.GetAttrVariable(self, name)
         raise Unsupported(f"list attribute {name}")
 
     def __repr__(self):
@@ -309,9 +306,8 @@ class DictVariable(VariableTracker):
         return super().call_method(tx, name, args, kwargs)
 
     def var_getattr(self, tx, name):
-        from .builtin import GetAttrVariable  # deferred: cycle among variable kinds
         if hasattr(dict, name):
-            return GetAttrVariable(self, name)
+            return kinds.builtin.GetAttrVariable(self, name)
         raise Unsupported(f"dict attribute {name}")
 
     def reconstruct(self, cg):
@@ -331,8 +327,7 @@ def dict_key(vt: VariableTracker):
 
 
 def key_variable(k) -> VariableTracker:
-    from .builder import wrap_constant_like  # deferred: cycle among variable kinds
-    return wrap_constant_like(k)
+    return kinds.builder.wrap_constant_like(k)
 
 
 class SetVariable(VariableTracker):

@@ -17,18 +17,16 @@ from .base import VariableTracker, ValueVariable, const
 from ...autograd.function import Function
 from ..._tensor import Size
 from .torch import TorchFunctionVariable, class_call
+from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
 
 
 def _missing_attr(obj_desc: str, name: str):
-    from .builtin import ObservedAttributeError  # deferred: cycle among variable kinds
-    return ObservedAttributeError(f"AttributeError: {obj_desc} has no attribute {name!r}")
+    return kinds.builtin.ObservedAttributeError(f"AttributeError: {obj_desc} has no attribute {name!r}")
 
 
 def read_attribute(tx, vt: VariableTracker, value, name: str) -> VariableTracker:
     """`value.name` for an object `value` reached through `vt.source`, without running user code
     except as traced (properties and methods are inlined)."""
-    from .builder import build  # deferred: cycle among variable kinds
-    from .functions import UserMethodVariable, UserFunctionVariable  # deferred: cycle among variable kinds
     pending = tx.output.side_effects.pending_attr(vt, name)
     if pending is not None:
         return pending
@@ -44,29 +42,29 @@ def read_attribute(tx, vt: VariableTracker, value, name: str) -> VariableTracker
     if isinstance(inst_dict, dict) and name in inst_dict and not isinstance(value, type):
         if src is None:
             raise Unsupported(f"attribute {name} of an object without a source")
-        return build(tx, inst_dict[name], src)
+        return kinds.builder.build(tx, inst_dict[name], src)
     if isinstance(static, property):
         if static.fget is None:
             raise _missing_attr("property", name)
         return tx.inline_call(static.fget, [vt], {})
     if isinstance(static, staticmethod):
-        return build(tx, static.__func__, src) if src is not None else UserFunctionVariable(static.__func__)
+        if src is not None:
+            return kinds.builder.build(tx, static.__func__, src)
+        return kinds.functions.UserFunctionVariable(static.__func__)
     if isinstance(static, classmethod):
-        return UserMethodVariable(static.__func__, ClassVariable(type(value)))
+        return kinds.functions.UserMethodVariable(static.__func__, ClassVariable(type(value)))
     if isinstance(static, types.FunctionType) and not isinstance(value, type):
-        return UserMethodVariable(static, vt, src)
+        return kinds.functions.UserMethodVariable(static, vt, src)
     if type(static).__name__ in ("member_descriptor", "getset_descriptor") or hasattr(type(static), "__get__"):
         if type(static).__name__ in ("member_descriptor", "getset_descriptor") and src is not None:
-            return build(tx, getattr(value, name), src)
+            return kinds.builder.build(tx, getattr(value, name), src)
         if callable(static) and type(static).__name__ in ("method_descriptor", "wrapper_descriptor",
                                                           "builtin_function_or_method"):
-            from .builtin import GetAttrVariable  # deferred: cycle among variable kinds
-            return GetAttrVariable(vt, name)
+            return kinds.builtin.GetAttrVariable(vt, name)
         raise Unsupported(f"descriptor {type(static).__name__} for attribute {name}")
     if src is None:
-        from .builder import wrap_constant_like  # deferred: cycle among variable kinds
-        return wrap_constant_like(static)
-    return build(tx, getattr(value, name), src)
+        return kinds.builder.wrap_constant_like(static)
+    return kinds.builder.build(tx, getattr(value, name), src)
 
 
 class ObjectVariable(VariableTracker):
@@ -122,7 +120,6 @@ class ClassVariable(ValueVariable):
         return f"ClassVariable({self.value.__name__})"
 
     def var_getattr(self, tx, name):
-        from .builder import build, wrap_constant_like  # deferred: cycle among variable kinds
         if name == "apply" and isinstance(self.value, type) and issubclass(self.value, Function):
             return TorchFunctionVariable(self.value.apply, f"{self.value.__name__}.apply")
         try:
@@ -132,26 +129,22 @@ class ClassVariable(ValueVariable):
         if isinstance(static, staticmethod):
             static = static.__func__
         if isinstance(static, classmethod):
-            from .functions import UserMethodVariable  # deferred: cycle among variable kinds
-            return UserMethodVariable(static.__func__, self)
+            return kinds.functions.UserMethodVariable(static.__func__, self)
         if self.source is not None:
-            return build(tx, getattr(self.value, name), self.source.attr(name))
-        return wrap_constant_like(getattr(self.value, name))
+            return kinds.builder.build(tx, getattr(self.value, name), self.source.attr(name))
+        return kinds.builder.wrap_constant_like(getattr(self.value, name))
 
     def call_function(self, tx, args, kwargs):
-        from .containers import TupleVariable  # deferred: cycle among variable kinds
-        from .builtin import BuiltinVariable  # deferred: cycle among variable kinds
         cls = self.value
         if cls is Size:
             (seq,) = args
-            return TupleVariable(seq.unpack_var_sequence(tx), cls=Size)
+            return kinds.containers.TupleVariable(seq.unpack_var_sequence(tx), cls=Size)
         if isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
-            from .functions import bind_arguments  # deferred: cycle among variable kinds
-            bound = bind_arguments(cls.__new__, [self] + list(args), kwargs)
-            return TupleVariable([bound[f] for f in cls._fields], cls=cls)
+            bound = kinds.functions.bind_arguments(cls.__new__, [self] + list(args), kwargs)
+            return kinds.containers.TupleVariable([bound[f] for f in cls._fields], cls=cls)
         if cls in (list, tuple, dict, set, range, int, float, bool, str, slice, enumerate, zip, map,
                    filter, reversed, frozenset, object, super, type):
-            return BuiltinVariable(cls).call_function(tx, args, kwargs)
+            return kinds.builtin.BuiltinVariable(cls).call_function(tx, args, kwargs)
         r = class_call(tx, cls, args, kwargs)
         if r is not None:
             return r
@@ -176,7 +169,6 @@ class PythonModuleVariable(VariableTracker):
         return f"PythonModuleVariable({self.value.__name__})"
 
     def var_getattr(self, tx, name):
-        from .builder import build  # deferred: cycle among variable kinds
         if name not in self.value.__dict__:
             try:
                 v = getattr(self.value, name)
@@ -187,7 +179,7 @@ class PythonModuleVariable(VariableTracker):
         trusted = self.value.__name__.split(".")[0] in ("flambeau", "math", "operator", "builtins", "itertools",
                                                          "functools", "collections", "typing", "numbers")
         src = None if trusted or self.source is None else self.source.attr(name)
-        return build(tx, v, src)
+        return kinds.builder.build(tx, v, src)
 
     def reconstruct(self, cg):
         return cg.source_expr(self.source) if self.source is not None else cg.const(self.value)
@@ -201,22 +193,19 @@ class SuperVariable(VariableTracker):
         self.obj = obj
 
     def var_getattr(self, tx, name):
-        from .functions import UserMethodVariable  # deferred: cycle among variable kinds
         tp = self.obj.value if isinstance(self.obj, ClassVariable) else type(self.obj.value)
         mro = tp.__mro__
         for base in mro[mro.index(self.cls) + 1:]:
             if name in base.__dict__:
                 attr = base.__dict__[name]
                 if isinstance(attr, types.FunctionType):
-                    return UserMethodVariable(attr, self.obj)
+                    return kinds.functions.UserMethodVariable(attr, self.obj)
                 if isinstance(attr, classmethod):
-                    return UserMethodVariable(attr.__func__, ClassVariable(tp))
+                    return kinds.functions.UserMethodVariable(attr.__func__, ClassVariable(tp))
                 if isinstance(attr, staticmethod):
-                    from .functions import UserFunctionVariable  # deferred: cycle among variable kinds
-                    return UserFunctionVariable(attr.__func__)
+                    return kinds.functions.UserFunctionVariable(attr.__func__)
                 if attr is object.__init__:
-                    from .builtin import BuiltinVariable  # deferred: cycle among variable kinds
-                    return BuiltinVariable(_noop)
+                    return kinds.builtin.BuiltinVariable(_noop)
                 break
         raise Unsupported(f"super().{name}")
 

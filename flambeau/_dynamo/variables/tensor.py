@@ -15,6 +15,7 @@ from ..exc import Unsupported
 from .base import VariableTracker, ConstantVariable, const
 from ...fx._symbolic_shapes import SymInt
 from ..._tensor import Tensor, Size
+from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
 
 _CONST_ATTRS = {"dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu", "is_meta", "is_sparse",
                 "is_quantized", "layout", "is_mkldnn", "is_nested", "itemsize", "is_complex_dtype"}
@@ -49,8 +50,7 @@ class TensorVariable(VariableTracker):
             if not 0 <= d < len(sizes):
                 raise Unsupported(f"IndexError: dimension {dim} out of range")
             return self._size_item(tx, d, sizes[d])
-        from .containers import TupleVariable  # deferred: cycle among variable kinds
-        return TupleVariable([self._size_item(tx, d, s) for d, s in enumerate(sizes)], cls=Size)
+        return kinds.containers.TupleVariable([self._size_item(tx, d, s) for d, s in enumerate(sizes)], cls=Size)
 
     def _size_item(self, tx, d, s):
         if isinstance(s, int):
@@ -71,8 +71,7 @@ class TensorVariable(VariableTracker):
         if name == "data":
             return tx.output.call_in_graph(tx, "call_method", "detach", [self], {})
         if callable(getattr(Tensor, name, None)):
-            from .builtin import GetAttrVariable  # deferred: cycle among variable kinds
-            return GetAttrVariable(self, name)
+            return kinds.builtin.GetAttrVariable(self, name)
         raise Unsupported(f"Tensor attribute {name!r} (reading .{name} is not captured)")
 
     def call_method(self, tx, name, args, kwargs):
@@ -130,8 +129,7 @@ def _wrap_meta_result(tx, v):
     if isinstance(v, (tuple, list)):
         if any(isinstance(x, SymInt) for x in v):
             raise Unsupported("symbolic strides used in Python")
-        from .containers import TupleVariable  # deferred: cycle among variable kinds
-        return TupleVariable([const(x) for x in v])
+        return kinds.containers.TupleVariable([const(x) for x in v])
     return const(v)
 
 
