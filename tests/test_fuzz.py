@@ -346,3 +346,24 @@ def test_copy_of_a_tensor_into_its_own_elements(compiled):
     np.testing.assert_array_equal(res.numpy(), ref.numpy())
     with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
         fl.zeros(1).expand(3).copy_(fl.ones(3))
+
+
+@pytest.mark.parametrize("shape", [(4,), (3, 4)])
+def test_dynamic_backward_with_an_empty_expanded_gradient_compiles(shape):
+    """The gradient of an empty output's sum is an expanded empty tensor (stride 0 where the trace saw 1):
+    under dynamic=True its strides matched no symbolic candidate, so the backward graph ran eagerly."""
+    def f(x):
+        return x[..., 4:].exp(), x.sin()
+    data = np.random.default_rng(1).standard_normal(shape)
+
+    def loss(outs):
+        return outs[0].sum() + (outs[1] * 3).sum()
+    tx = torch.tensor(data, requires_grad=True)
+    g_ref, = torch.autograd.grad(loss(f(tx)), tx)
+    x = fl.tensor(data, requires_grad=True)
+    fl._dynamo.utils.counters.clear()
+    res = fl.compile(f, dynamic=True)(x)
+    g, = fl.autograd.grad(loss(res), x)
+    assert not fl._dynamo.utils.counters["inductor_fallbacks"]
+    assert res[0].shape == (*shape[:-1], 0)
+    np.testing.assert_allclose(g.numpy(), g_ref.numpy(), rtol=1e-12)

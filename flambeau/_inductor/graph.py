@@ -186,8 +186,9 @@ class GraphLowering:
         """Symbolic strides matching the example input's real layout (a saved activation may be
         contiguous where the trace saw a transposed view): the traced strides, contiguous ones, or
         contiguous in the order of the example's strides, whichever agrees with the example at the
-        symbols' example values."""
-        if self.shape_env is None:
+        symbols' example values. An empty input keeps the traced strides: the wrapper does not check
+        an empty array's strides (they are arbitrary, e.g. 0 for an expanded empty gradient)."""
+        if self.shape_env is None or 0 in ex_shape:   # (no elements: the strides are never read)
             return strides
         hints = {s.name: v for s, v in self.shape_env.var_to_val.items()}
         for name in self.derived_names:

@@ -15,8 +15,8 @@ Kernel function objects (ctypes, argtypes set once) and extern callables are glo
 generated module, so a call is a straight line of statements.
 
 A graph with symbolic sizes (graph.py) first reads each size symbol from the input it lives in
-(`s0, s1 = arg0.shape`), then checks that every input has the shape and strides the kernels
-assume, that every size symbol is >= 2 (0 and 1 are specialised by the tracer) and that the tracer's
+(`s0, s1 = arg0.shape`), then checks that every input has the shape and (unless it is empty) the
+strides the kernels assume, that every size symbol is >= 2 (0 and 1 are specialised by the tracer) and that the tracer's
 guards hold for these values (cached per distinct sizes); otherwise the graph runs eagerly
 (`_eager`), never wrongly. Buffer shapes are Python expressions of the symbols, the kernels get
 the symbols as trailing integer arguments, externs evaluate symbolic arguments and views.
@@ -252,8 +252,8 @@ class WrapperCodegen:
             checks.append(f"{b.name}.shape != {_tuple_src(lay.shape)}")
             dims = [d for d, s in enumerate(lay.shape) if not (isinstance(s, int) and s <= 1)]
             if dims and 0 not in lay.shape:          # (the strides of an empty array are arbitrary)
-                checks.append(f"({''.join(f'{b.name}.strides[{d}], ' for d in dims)}) != "
-                              f"({''.join(f'{_src(lay.strides[d] * it)}, ' for d in dims)})")
+                checks.append(f"({b.name}.size and ({''.join(f'{b.name}.strides[{d}], ' for d in dims)}) != "
+                              f"({''.join(f'{_src(lay.strides[d] * it)}, ' for d in dims)}))")
         for pos, dim, e in g.size_inputs:
             if dim is None:
                 checks.append(f"_in{pos} != {_src(e)}")
