@@ -367,3 +367,19 @@ def test_dynamic_backward_with_an_empty_expanded_gradient_compiles(shape):
     assert not fl._dynamo.utils.counters["inductor_fallbacks"]
     assert res[0].shape == (*shape[:-1], 0)
     np.testing.assert_allclose(g.numpy(), g_ref.numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_cumprod_gradient_through_infinities_beside_a_zero(compiled):
+    """Fuzzer seed 957: where another slice along `dim` held a zero, cumprod's gradient went through the
+    products of the others for every slice, masked by multiplying with 0/1 (inf * 0 is NaN); PyTorch
+    divides in each slice without a zero, so an infinite product gives -inf there, not NaN."""
+    data = [[2.0, 0.0, 3.0, 1.0], [-1.6564, float("inf"), 2.1961, 0.6509]]
+    cot = [[0.25, -0.5, 0.75, 1.0], [-0.5, 0.25, 0.75, 0.5]]
+
+    def grad(m, run):
+        x = m.tensor(data, dtype=m.float64).requires_grad_()
+        return m.autograd.grad((run(x) * m.tensor(cot, dtype=m.float64)).sum(), x)[0]
+    ref = grad(torch, lambda x: x.cumprod(-1))
+    res = grad(fl, fl.compile(lambda x: x.cumprod(-1)) if compiled else (lambda x: x.cumprod(-1)))
+    np.testing.assert_array_equal(res.numpy(), ref.numpy())

@@ -232,10 +232,11 @@ prod.def_meta(_sum_meta)
 
 
 def _others_matrix(x):
-    """For x (..., n): m (..., n, n) with m[..., k, j] = x_j for j != k and 1 on the diagonal."""
+    """For x (..., n): m (..., n, n) with m[..., k, j] = x_j for j != k and 1 on the diagonal
+    (selected, not multiplied by a 0/1 mask: an infinite x_k times 0 would be NaN)."""
     n = x.shape[-1]
-    eye = EXPORTS["eye"](n, dtype=x.dtype, device=x.device)
-    return x.unsqueeze(-2) * (1 - eye) + eye
+    eye = EXPORTS["eye"](n, dtype=D.bool, device=x.device)
+    return EXPORTS["where"](eye, 1, x.unsqueeze(-2))
 
 
 def _prod_of_others(x):

@@ -76,21 +76,22 @@ cumprod.def_meta(_scan_meta)
 
 @cumprod.def_derivative
 def _(grad, self, result, dim):
-    """By division where self has no zero, else through the products of the others; a traced self
-    (meta: no data) computes both and selects, so tracing never reads a value."""
+    """By division in each slice along `dim` without a zero (PyTorch's formula, whose infinities and
+    NaNs it keeps), through the products of the others in a slice with one; a traced self (meta: no
+    data) computes both and selects, so tracing never reads a value."""
     if self.ndim == 0 or self.numel() == 0:
         return grad
     traced = self._device.type == "meta"          # a fake or meta tensor (a FakeTensor reports its fake device)
+    divided = reverse_cumsum(grad * result.conj(), dim) / self.conj()
     if not traced and not builtins.bool((self == 0).any()):
-        return reverse_cumsum(grad * result.conj(), dim) / self.conj()
+        return divided
     d = wrap_dim(dim, self.ndim)
     x, g = self.transpose(d, -1), grad.transpose(d, -1)
-    eye = EXPORTS["eye"](x.shape[-1], dtype=x.dtype, device=x.device)
-    c = _others_matrix(x).cumprod(-1) * eye.cumsum(-1)       # c[k, i] = prod_{j<=i, j!=k} x_j, i >= k
+    eye = EXPORTS["eye"](x.shape[-1], dtype=D.bool, device=x.device)
+    upper = eye.cumsum(-1) > 0                                  # i >= k
+    c = EXPORTS["where"](upper, _others_matrix(x).cumprod(-1), 0)   # c[k, i] = prod_{j<=i, j!=k} x_j, i >= k
     safe = (c.conj() * g.unsqueeze(-2)).sum(-1).transpose(d, -1)
-    if not traced:
-        return safe
-    return safe.where((self == 0).any(), reverse_cumsum(grad * result.conj(), dim) / self.conj())
+    return safe.where((self == 0).any(d, keepdim=True), divided)
 
 
 def _scan_inplace(name, iop):
