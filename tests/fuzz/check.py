@@ -7,7 +7,9 @@ without a lowering is counted in `op_fallbacks` and fails only with strict=True)
 output, a gradient or a mutated input differs from PyTorch's. Comparison is `torch.testing`-like: dtype and shape
 equal, NaN positions, infinities and the signs of zeros equal, finite values within rtol/atol;
 an element is forgiven where PyTorch's float32 result itself differs from its float64 one (an
-ill-conditioned element, such as a rounding boundary), or where ours is within tolerance of float64.
+ill-conditioned element, such as a rounding boundary, or the sign of a NaN), or where ours is within
+tolerance of float64; the signs of zeros are not compared in a tensor where PyTorch's float32 and
+float64 results give zeros of different signs (a sign set by PyTorch's kernel layout, not its semantics).
 """
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ def torch_step(prog: Program, upto):
         warnings.simplefilter("ignore")
         if upto is None:
             run(prog, torch, "eager")
-            run(prog, torch, "eager", _build(prog, torch, float64=True))
+            run_float64(prog)
             return None
         ns = _build(prog, torch)
         leaves, inputs = ns["make_inputs"]()
@@ -94,6 +96,20 @@ def run(prog: Program, mod, mode: str, ns: dict | None = None):
     return outs, grads, inputs
 
 
+def run_float64(prog: Program):
+    """`run` of PyTorch's float64 twin of `prog`: float32 inputs as float64, and float64 the default
+    dtype, so that an integer tensor promoted to a float (`log1p` of an int) is float64 there too:
+    where PyTorch's float32 and float64 kernels disagree on such a value (the sign of a NaN, which
+    `signbit` shows), the element is forgiven as ill-conditioned."""
+    import torch
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return run(prog, torch, "eager", _build(prog, torch, float64=True))
+    finally:
+        torch.set_default_dtype(old)
+
+
 # ---- comparison ---------------------------------------------------------------------------------------
 def _numpy(t):
     return None if t is None else t.detach().numpy()
@@ -121,6 +137,18 @@ def _differ(a: np.ndarray, b: np.ndarray, dtype: str, tolerances, signed_zeros: 
     return bad
 
 
+def _zero_signs_vary(b: np.ndarray, c: np.ndarray) -> bool:
+    """PyTorch's float32 result `b` and float64 result `c` give a zero of different signs somewhere:
+    the sign of a zero is then not PyTorch's semantics but its kernels' (softshrink's zeros inside
+    (-lambd, lambd) take their sign from whether an element falls in a vector block or the scalar
+    tail, and the block length differs between float32 and float64), so it is not compared anywhere
+    in that tensor."""
+    if b.shape != c.shape or b.dtype.kind != "f":
+        return False
+    zeros = (b == 0) & (c == 0)
+    return bool(np.any(zeros & (np.signbit(b) != np.signbit(c))))
+
+
 def compare(ref, res, ref64, what: str, tolerances=TOLERANCES) -> str | None:
     """None if `res` (flambeau) matches `ref` (PyTorch), else a description of the first differences.
     The signs of zero gradients are not compared (how a backward formula spells a zero is not a
@@ -139,6 +167,8 @@ def compare(ref, res, ref64, what: str, tolerances=TOLERANCES) -> str | None:
         return f"{what}: shape {tuple(res.shape)}, PyTorch {tuple(ref.shape)}"
     dtype = _dtype_name(ref)
     a, b = _numpy(res), _numpy(ref)
+    if signed and ref64 is not None and _zero_signs_vary(b, _numpy(ref64)):
+        signed = False
     bad = _differ(a, b, dtype, tolerances, signed)
     if bad.any() and ref64 is not None:
         c = _numpy(ref64).astype(b.dtype) if dtype in tolerances else _numpy(ref64)
@@ -209,7 +239,7 @@ def check_seed(seed: int, modes=MODES, strict: bool = False) -> list:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = _snapshot(run(prog, torch, "eager"))
-        ref64 = _snapshot(run(prog, torch, "eager", _build(prog, torch, float64=True)))
+        ref64 = _snapshot(run_float64(prog))
     failures = []
     for mode in modes:
         flambeau.compiler.reset()
