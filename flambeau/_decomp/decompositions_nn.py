@@ -136,7 +136,7 @@ def gelu_backward(g, x, approximate="none"):
 
 @_pointwise(aten.silu)
 def silu(x):
-    return aten.mul(x, aten.sigmoid(x))
+    return aten.div(x, aten.add(aten.exp(aten.neg(x)), 1))       # as eager's: one rounding less than x * sigmoid(x)
 
 
 @_backward(aten.silu_backward)

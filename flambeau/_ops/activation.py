@@ -214,7 +214,13 @@ def _silu_bwd(xp, g, x):
     return g * s * (1 + x * (1 - s))
 
 
-silu = pointwise_family("silu", fwd=lambda xp, x: x * _sigmoid(xp, x), bwd=_silu_bwd, inplace=True,
+def _silu_fwd(xp, x):
+    """x / (1 + exp(-x)), one rounding less than x * sigmoid(x), as PyTorch's CPU kernel (its
+    result to the bit; exp(-x) overflows to inf for very negative x, giving -0, and NaN at -inf)."""
+    return x / (1 + xp.exp(-x))
+
+
+silu = pointwise_family("silu", fwd=_silu_fwd, bwd=_silu_bwd, inplace=True,
                         tags=(Tag.recomputable,), fused_kind=lambda: _FUSED_SILU)
 
 
