@@ -14,6 +14,7 @@ import collections
 import types
 
 from ..exc import Unsupported
+from .. import eval_frame  # loading already (it imports the variable kinds); read at call time
 from .base import VariableTracker, ConstantVariable, is_constant_value, const
 from .containers import TupleVariable, ListVariable, DictVariable, RangeVariable, SetVariable
 from ...nn.modules.module import Module
@@ -91,7 +92,6 @@ def _needs_source(v) -> bool:
 
 
 def _build(tx, value, source) -> VariableTracker:
-    from ..eval_frame import unwrap_compiled  # deferred: cycle eval_frame -> variables
     g = tx.output.guards
     if isinstance(value, Tensor):
         if source is None:
@@ -123,7 +123,7 @@ def _build(tx, value, source) -> VariableTracker:
     if isinstance(value, Module):
         g.id_match(source, value)
         return kinds.nn_module.NNModuleVariable(value, source)
-    orig = unwrap_compiled(value)
+    orig = eval_frame.unwrap_compiled(value)
     if orig is not value:
         if source is not None:
             g.id_match(source, value)

@@ -16,6 +16,7 @@ import flambeau
 
 from ... import _state
 from ..exc import Unsupported
+from .. import eval_frame  # loading already (it imports the variable kinds); read at call time
 from .base import VariableTracker, ValueVariable, const
 from ..._device import device, canonical
 from ...autograd import grad_mode
@@ -62,7 +63,6 @@ def torch_functions() -> dict:
 
 def special_function(v):
     """The handler name for flambeau functions modelled at trace time, else None."""
-    from .. import eval_frame  # deferred: cycle eval_frame -> variables
     if v is eval_frame.is_compiling or v is getattr(getattr(flambeau, "compiler", None), "is_compiling", None):
         return "is_compiling"
     for name in _SPECIAL:
