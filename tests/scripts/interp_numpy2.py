@@ -1,6 +1,7 @@
-"""Imported first by the scripts that run flambeau's Triton kernels under Triton's interpreter
+"""Shared by the scripts that run flambeau's Triton kernels under Triton's interpreter
 (TRITON_INTERPRET=1): Triton 3.6's interpreter turns a scalar into an index with int() of a
-1-element array, which NumPy >= 2.3 refuses; this makes it take .item() instead."""
+1-element array, which NumPy >= 2.3 refuses; importing this module makes it take .item() instead.
+`report` runs a script's cases and judges them."""
 import triton.runtime.interpreter as _interp
 
 _patch_lang_tensor = _interp._patch_lang_tensor
@@ -12,3 +13,15 @@ def _patch_index_for_numpy2(tensor, scope):
 
 
 _interp._patch_lang_tensor = _patch_index_for_numpy2
+
+
+def report(cases, run, label: str, tol: float) -> int:
+    """Run `run(*case)` (its max abs error vs the float64 reference) for each case, print one line
+    per case, and return the process exit status: 1 if any case is over `tol`."""
+    bad = 0
+    for case in cases:
+        err = run(*case)
+        ok = err < tol
+        bad += not ok
+        print(f"{label} = {case}: max abs err {err:.2e} {'ok' if ok else 'MISMATCH'}")
+    return 1 if bad else 0

@@ -6,6 +6,7 @@ import sys
 
 import torch
 import interp_numpy2  # noqa: F401  (before any kernel runs)
+from interp_numpy2 import report
 
 from flambeau._backends import triton_norm as N
 
@@ -44,13 +45,7 @@ def run(rows, cols, has_w, has_b, eps=1e-5):
 
 
 def main() -> int:
-    bad = 0
-    for case in CASES:
-        err = run(*case)
-        ok = err < 1e-4
-        bad += not ok
-        print(f"rows, cols, weight, bias = {case}: max abs err {err:.2e} {'ok' if ok else 'MISMATCH'}")
-    return 1 if bad else 0
+    return report(CASES, run, "rows, cols, weight, bias", 1e-4)
 
 
 if __name__ == "__main__":

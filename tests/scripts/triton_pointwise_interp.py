@@ -5,6 +5,7 @@ tests/test_norm_fused.py."""
 import sys
 
 import torch
+from interp_numpy2 import report
 
 from flambeau._backends import triton_pointwise as P
 
@@ -35,13 +36,7 @@ def run(kind):
 
 
 def main() -> int:
-    bad = 0
-    for kind in (P.GELU_ERF, P.GELU_TANH, P.SILU):
-        err = run(kind)
-        ok = err < 1e-5
-        bad += not ok
-        print(f"kind {kind}: max abs err {err:.2e} {'ok' if ok else 'MISMATCH'}")
-    return 1 if bad else 0
+    return report([(k,) for k in (P.GELU_ERF, P.GELU_TANH, P.SILU)], run, "kind", 1e-5)
 
 
 if __name__ == "__main__":
