@@ -83,3 +83,14 @@ def canonical(d) -> device:
     if d.type == "cuda" and d.index is None:
         return device("cuda", _state.cuda_device)
     return d
+
+
+def cuda_index(d) -> int:
+    """The index of the cuda device `d` names: an int, a string or a device; None or no index means
+    the current cuda device (`flambeau.cuda.current_device`)."""
+    if d is None:
+        return _state.cuda_device
+    if isinstance(d, int):
+        return d
+    d = device(d)
+    return d.index if d.index is not None else _state.cuda_device

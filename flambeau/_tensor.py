@@ -53,16 +53,8 @@ def _elem_strides(arr) -> tuple:
 class Tensor:
     """A multi-dimensional array with autograd (see module docstring)."""
 
-    # --- construction ------------------------------------------------------------------
-    def __new__(cls, *args, **kwargs):
-        # `torch.Tensor(2, 3)` (uninitialised float tensor) and `torch.Tensor([1, 2])`.
-        from ._ops import creation  # deferred: cycle _tensor -> _ops.creation
-        if len(args) == 1 and not isinstance(args[0], int):
-            src = args[0]
-            if isinstance(src, Tensor):
-                return src
-            return creation.tensor(src, dtype=_state.default_dtype)
-        return creation.empty(*args, dtype=_state.default_dtype, **kwargs)
+    # --- construction: `Tensor(...)` and `t.new_tensor(...)` build through the creation operators, so
+    # `flambeau._ops.creation` installs them with the other methods (`_tensor_new`, `new_tensor`)
 
     # Per-instance autograd state defaults to these class attributes, so `_make` (the hot path of
     # every op) only stores what differs from them.
@@ -412,13 +404,6 @@ class Tensor:
             inv = {v: k for k, v in _TYPE_NAMES.items()}
             dtype = inv[dtype]
         return self.to(dtype)
-
-    def new_tensor(self, data, *, dtype=None, device=None, requires_grad=False):
-        from ._ops.creation import tensor  # deferred: cycle _tensor -> _ops.creation
-        if isinstance(data, Tensor):
-            data = data.detach()
-        return tensor(data, dtype=dtype or self._dtype, device=device or self._device,
-                      requires_grad=requires_grad)
 
     @property
     def T(self):

@@ -32,7 +32,7 @@ from . import _dynamo, _logging
 from ._dynamo import config
 from ._dynamo.backends.registry import InvalidBackend, list_backends, lookup_backend, register_backend
 from ._dynamo.eval_frame import OptimizedModule
-from .nn.modules.module import Module
+from .nn.modules.module import Module, register_compiler
 
 __all__ = ["compile", "list_backends", "register_backend", "lookup_backend", "reset", "OptimizedModule",
            "InvalidBackend", "Unsupported", "is_compiling", "disable", "config"]
@@ -79,6 +79,9 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     compiled._torchdynamo_orig_callable = model
     compiled._compiled = cc
     return compiled
+
+
+register_compiler(compile)          # what nn.Module.compile calls (nn sits below the compiler)
 
 
 def _check_mode_and_options(backend, mode: str | None, options: dict | None) -> None:

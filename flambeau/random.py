@@ -20,7 +20,8 @@ import warnings
 from typing import Iterable, Iterator
 
 import numpy as np
-from ._device import canonical
+from . import _backends
+from ._device import canonical, cuda_index, device as Device
 from ._tensor import Tensor
 from . import _dtype as D
 from ._ops.creation import tensor
@@ -142,23 +143,22 @@ def fork_rng(devices: Iterable[int] | None = None, enabled: bool = True, _caller
     if device_type == "meta" or not enabled:
         yield
         return
-    from . import cuda  # deferred: cycle random -> cuda (fork_rng)
     if (device_type or "cuda") != "cuda":
         raise RuntimeError(f"flambeau has no module of `{device_type}`; fork_rng supports cpu and cuda")
     if devices is None:
-        count = cuda.device_count()
+        count = _backends.cuda_device_count()
         if count > 1 and not _fork_rng_warned:
             warnings.warn(f"CUDA reports that you have {count} available devices, and you have used {_caller} "
                           f"without explicitly specifying which devices are being used; every device is forked. "
                           f"Pass the '{_devices_kw}' keyword argument to fork only those you use.", stacklevel=3)
             _fork_rng_warned = True
         devices = range(count)
-    devices = list(devices)
     cpu_state = get_rng_state()
-    device_states = [cuda.get_rng_state(d) for d in devices]
+    devices = [Device("cuda", cuda_index(d)) for d in devices]
+    device_states = [generator_for(d).get_state() for d in devices]
     try:
         yield
     finally:
         set_rng_state(cpu_state)
         for d, st in zip(devices, device_states):
-            cuda.set_rng_state(st, d)
+            generator_for(d).set_state(st)

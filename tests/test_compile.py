@@ -223,6 +223,38 @@ def test_counting_backend_one_graph_and_shape_recompile(m):
 
 
 @pytest.mark.parametrize("m", [fl, torch], ids=["flambeau", "torch"])
+def test_module_compile_compiles_its_calls_in_place(m):
+    """`Module.compile(backend=...)`: later calls of the module run through the backend (one frame),
+    with the eager result; a forward hook registered afterwards still runs (what is compiled is the
+    module's `_call_impl`, hooks included)."""
+    _reset(m)
+    cnt = Counter()
+
+    class Net(m.nn.Module):             # a user module (PyTorch does not compile its own modules' frames)
+        def __init__(self):
+            super().__init__()
+            self.lin = m.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.lin(x).relu() + 1
+
+    lin = Net()
+    x = m.randn(4, 3)
+    ref = lin(x)
+    lin.compile(backend=cnt)
+    assert cnt.frame_count == 0
+    out = lin(x)
+    lin(x)
+    assert cnt.frame_count == 1
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-6)
+    seen = []
+    lin.register_forward_hook(lambda mod, args, out: seen.append(tuple(out.shape)))
+    lin(x)
+    assert seen == [(4, 2)]
+    _reset(m)
+
+
+@pytest.mark.parametrize("m", [fl, torch], ids=["flambeau", "torch"])
 def test_dynamic_true_no_recompile(m):
     _reset(m)
     cnt = Counter()

@@ -461,3 +461,14 @@ def test_hook_registered_after_compile_runs():
     h.remove()
     same(lib, cf(x), m(x))
     assert len(seen) == 2
+
+
+def test_functions_modelled_at_trace_time_are_the_public_ones():
+    """The capture front end recognises grad-mode switches and trace-time queries by identity with
+    the objects it imports from their own modules: each must be what users call as flambeau.<name>."""
+    from flambeau._dynamo.variables.torch import SPECIAL_FUNCTIONS, special_function
+    for name, fn in SPECIAL_FUNCTIONS.items():
+        assert getattr(flambeau, name) is fn, name
+        assert special_function(getattr(flambeau, name)) == name
+    assert special_function(flambeau.compiler.is_compiling) == "is_compiling"
+    assert special_function(flambeau.autograd.no_grad) == "no_grad"

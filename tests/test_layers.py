@@ -10,6 +10,11 @@ Imports belong at module level. One inside a function says why on its own line, 
 `# deferred: <reason>`: an optional or slow dependency (CuPy, SciPy, SymPy), a part loaded at first
 use (the inductor), or the import cycle it still breaks, named. `MAX_DEFERRED` caps their number;
 it may only shrink.
+
+Below the top layer, the public namespace is read only at call time, through
+`flambeau._public.public_namespace()`, by the modules `PUBLIC_NAMESPACE_USERS` lists. The import
+graph of module-level imports (what runs at import time) is measured: `MAX_IMPORT_CYCLE` caps its
+largest strongly connected component; it may only shrink.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "flambeau"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("flambeau._state", "flambeau._dtype", "flambeau._logging", "flambeau._png",
                     "flambeau._cpp_builder", "flambeau._counters", "flambeau._atomic",
-                    "flambeau._tags", "flambeau._fp_errors")),
+                    "flambeau._tags", "flambeau._fp_errors", "flambeau._public")),
     ("device", ("flambeau._device",)),
     ("backends", ("flambeau._backends",)),
     ("tensor", ("flambeau._tensor", "flambeau._tensor_str", "flambeau._dispatch")),
@@ -44,24 +49,23 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 # (importer, imported) -> why it is still there. May only shrink.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("flambeau._dynamo.repro.debug_utils", "flambeau"): "repro scripts run graphs in the public namespace",
-    ("flambeau._dynamo.repro.failure", "flambeau"): "repro scripts run graphs in the public namespace",
-    ("flambeau._dynamo.repro.script", "flambeau"): "repro scripts run graphs in the public namespace",
-    ("flambeau._dynamo.variables.builtin", "flambeau"): "dynamo resolves the public namespace as users see it",
-    ("flambeau._dynamo.variables.torch", "flambeau"): "dynamo resolves the public namespace as users see it",
-    ("flambeau._tensor", "flambeau._ops.creation"): "Tensor() and __array_wrap__ build through the creation ops",
-    ("flambeau.random", "flambeau.cuda"): "fork_rng counts cuda devices (the count belongs in _backends)",
-    ("flambeau.fx.graph", "flambeau"): "generated code runs with the public namespace as its globals",
-    ("flambeau.nn.modules.module", "flambeau"): "Module.compile calls flambeau.compile",
-    ("flambeau.nn.modules.rnn", "flambeau"): "public functions taken from the package, not their _ops modules",
-    ("flambeau.nn.modules.transformer", "flambeau"): "public functions taken from the package, not their _ops modules",
-    ("flambeau.nn.utils.rnn", "flambeau"): "public functions taken from the package, not their _ops modules",
     ("flambeau.utils.data.distributed", "flambeau"): "flambeau.distributed does not exist yet (guarded import)",
 }
 
+# The modules below the top that read the public namespace `flambeau` at call time
+# (`flambeau._public.public_namespace`), each with its reason. May only shrink.
+PUBLIC_NAMESPACE_USERS: dict[str, str] = {
+    "flambeau.fx.graph": "generated graph code runs with the public namespace as its global `flambeau`",
+    "flambeau._dynamo.variables.torch": "user bytecode names flambeau.<fn>: the functions a graph may record",
+    "flambeau._dynamo.repro.script": "a repro script binds the graph's globals as flambeau.<name>",
+}
 
 # How many function-level imports may carry `# deferred:`. May only shrink.
-MAX_DEFERRED = 89
+MAX_DEFERRED = 85
+
+# The largest strongly connected component of the module-level import graph (imports executed at
+# import time: function bodies and `if TYPE_CHECKING:` blocks left out). May only shrink.
+MAX_IMPORT_CYCLE = 16
 
 _DEFERRED = re.compile(r"#.*\bdeferred: *\S")
 
@@ -163,6 +167,16 @@ def test_known_upward_list_is_current():
     assert not stale, f"these KNOWN_UPWARD entries no longer occur; delete them: {stale}"
 
 
+def test_public_namespace_users_are_listed():
+    users = {name for name, path in MODULES.items()
+             if name != "flambeau._public" and "public_namespace" in path.read_text()}
+    unlisted = sorted(users - set(PUBLIC_NAMESPACE_USERS))
+    stale = sorted(set(PUBLIC_NAMESPACE_USERS) - users)
+    assert not unlisted, (f"these modules read the public namespace at call time: import what they use from its "
+                          f"own layer, or list them in PUBLIC_NAMESPACE_USERS with the reason: {unlisted}")
+    assert not stale, f"these PUBLIC_NAMESPACE_USERS entries no longer use it; delete them: {stale}"
+
+
 def test_the_checker_reads_imports_inside_functions():
     """An upward import hidden in a function (relative or absolute) is seen and judged upward."""
     src = ("def f():\n    from ..compiler import compile\n"
@@ -214,3 +228,100 @@ def test_the_checker_finds_function_level_imports():
     found = function_level_imports_in(src)
     assert [line for line, _ in found] == [5, 8, 9]
     assert [bool(_DEFERRED.search(text)) for _, text in found] == [False, True, False]
+
+
+def module_level_imports_in(module: str, source: str, is_package: bool = False) -> set[str]:
+    """The flambeau modules `source` imports when it is imported: every import statement outside
+    function bodies and outside `if TYPE_CHECKING:` blocks (class bodies, `try`, `if` included)."""
+    out: set[str] = set()
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for stmt in child.orelse:
+                    visit(ast.Module(body=[stmt], type_ignores=[]))
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                out.update(t for t in _target(module, is_package, child) if t != module)
+            visit(child)
+    visit(ast.parse(source))
+    return out
+
+
+def strongly_connected_components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative: the components of `graph` (node -> successors)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            for nxt in successors:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        m = stack.pop()
+                        on_stack.discard(m)
+                        component.append(m)
+                        if m == node:
+                            break
+                    components.append(sorted(component))
+    return components
+
+
+def import_cycles() -> list[list[str]]:
+    """The import cycles of the package (components of more than one module), largest first."""
+    graph = {name: module_level_imports_in(name, path.read_text(), path.name == "__init__.py")
+             for name, path in MODULES.items()}
+    return sorted((c for c in strongly_connected_components(graph) if len(c) > 1), key=len, reverse=True)
+
+
+def test_the_module_level_import_cycle_does_not_grow():
+    cycles = import_cycles()
+    largest = len(cycles[0]) if cycles else 0
+    assert largest <= MAX_IMPORT_CYCLE, (f"the largest module-level import cycle has {largest} modules (cap "
+                                         f"{MAX_IMPORT_CYCLE}): {cycles[0]}")
+    assert largest == MAX_IMPORT_CYCLE, f"the largest import cycle is down to {largest}: lower MAX_IMPORT_CYCLE"
+
+
+def test_the_cycle_checker_finds_cycles():
+    """Module-level imports only (a function's or TYPE_CHECKING's do not count); a cycle through
+    three modules is one component, a module importing itself back through a fourth joins it."""
+    src = ("from . import b\nimport flambeau.c\nfrom typing import TYPE_CHECKING\n"
+           "if TYPE_CHECKING:\n    from . import d\nelse:\n    pass\n"
+           "def f():\n    from . import e\nclass K:\n    from . import g\n")
+    known = {"flambeau.x", "flambeau.b", "flambeau.c", "flambeau.d", "flambeau.e", "flambeau.g"}
+    saved = dict(MODULES)
+    MODULES.update({m: PACKAGE for m in known})
+    try:
+        assert module_level_imports_in("flambeau.x", src) == {"flambeau.b", "flambeau.c", "flambeau.g"}
+    finally:
+        MODULES.clear()
+        MODULES.update(saved)
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}, "f": {"d", "a"}}
+    comps = sorted(strongly_connected_components(graph), key=len, reverse=True)
+    assert comps[0] == ["a", "b", "c"] and all(len(c) == 1 for c in comps[1:])
+    graph["d"] = {"f"}
+    assert max(strongly_connected_components(graph), key=len) == ["a", "b", "c", "d", "f"]

@@ -296,9 +296,9 @@ def test_taking_a_cuda_state_leaves_later_draws_unchanged():
 @pytest.fixture
 def two_cuda_devices(monkeypatch):
     """flambeau.cuda reports two devices (their generators are host-side, so cpu suffices)."""
-    import flambeau.cuda
+    import flambeau._backends
     import flambeau.random as R
-    monkeypatch.setattr(flambeau.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(flambeau._backends, "cuda_device_count", lambda: 2)
     monkeypatch.setattr(R, "_fork_rng_warned", False)
     monkeypatch.setattr(R, "_cuda_generators", {})
 

@@ -132,9 +132,14 @@ def register_backend(name: str, backend: Backend) -> None:
         array_namespaces[name] = backend.xp
 
 
-def cupy_available() -> bool:
+def cuda_device_count() -> int:
+    """How many cuda devices CuPy sees (0 without CuPy or a driver); `flambeau.cuda.device_count`."""
     try:
         import cupy  # deferred: optional dependency: its absence means no cuda
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return cupy.cuda.runtime.getDeviceCount()
     except Exception:
-        return False
+        return 0
+
+
+def cupy_available() -> bool:
+    return cuda_device_count() > 0

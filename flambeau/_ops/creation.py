@@ -1,5 +1,7 @@
 """Factories: tensor/as_tensor/from_numpy, zeros/ones/empty/full (and *_like), arange, linspace,
-logspace, eye, empty_strided, scalar_tensor, complex/polar. Random factories live in `random_ops`.
+logspace, eye, empty_strided, scalar_tensor, complex/polar, and Tensor's own constructors
+(`Tensor(...)`, `t.new_tensor(...)`, installed with the other methods). Random factories live in
+`random_ops`.
 
 Factories with a size accept `f(2, 3)`, `f((2, 3))` and `f(torch.Size)`; `dtype`, `device`,
 `requires_grad` as keywords, as in PyTorch.
@@ -17,7 +19,7 @@ from .. import _state
 from .._tensor import Tensor
 from .._device import canonical
 from .._backends import get as backend, MetaArray
-from ._registry import defop, export, TensorSpec, Tag
+from ._registry import METHODS, defop, export, TensorSpec, Tag
 
 
 def _size(size) -> tuple:
@@ -297,6 +299,27 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=Fal
     if dev.type == "meta":
         return _finish(Tensor._make(MetaArray(arr.shape, dt.np), dev, dt), requires_grad)
     return _finish(Tensor._make(backend(dev.type).asarray(arr, dt.np), dev, dt), requires_grad)
+
+
+def _tensor_new(cls, *args, **kwargs) -> Tensor:
+    """`Tensor.__new__`: `torch.Tensor(2, 3)` (an uninitialised tensor of the default dtype) and
+    `torch.Tensor([1, 2])` (data as the default dtype; a Tensor argument is returned as it is)."""
+    if len(args) == 1 and not isinstance(args[0], int):
+        src = args[0]
+        if isinstance(src, Tensor):
+            return src
+        return tensor(src, dtype=_state.default_dtype)
+    return empty(*args, dtype=_state.default_dtype, **kwargs)
+
+
+METHODS["__new__"] = staticmethod(_tensor_new)
+
+
+@export("new_tensor", method=True, function=False)
+def new_tensor(self, data, *, dtype=None, device=None, requires_grad=False) -> Tensor:
+    if isinstance(data, Tensor):
+        data = data.detach()
+    return tensor(data, dtype=dtype or self._dtype, device=device or self._device, requires_grad=requires_grad)
 
 
 @export()

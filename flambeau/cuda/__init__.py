@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 
-from .. import _state
+from .. import _backends, _state
 from .._backends import cupy_available, device_checks, install_cuda_allocator, peak_bytes, reset_peak_bytes
-from .._device import device as _Device, device as Device
+from .._device import cuda_index as _index, device as _Device, device as Device
 from ..random import generator_for
 
 
@@ -30,23 +30,11 @@ def is_available() -> bool:
 
 
 def device_count() -> int:
-    try:
-        return _cupy().cuda.runtime.getDeviceCount()
-    except Exception:
-        return 0
+    return _backends.cuda_device_count()
 
 
 def current_device() -> int:
     return _state.cuda_device
-
-
-def _index(device) -> int:
-    if device is None:
-        return _state.cuda_device
-    if isinstance(device, int):
-        return device
-    d = _Device(device)
-    return d.index if d.index is not None else _state.cuda_device
 
 
 def set_device(device) -> None:

@@ -4,7 +4,8 @@ A Graph owns a doubly linked list of `Node`s closed by a sentinel root. Nodes ar
 current insert point (the end, or where `inserting_before/after` put it), named uniquely
 (`add`, `add_1`, ...), and erased only when unused. `python_code()` turns the graph into the source
 of a `forward(self, ...)` function: one readable line per node, freeing each value after its last
-use, with the names it needs (operators, flambeau, constants) in a globals dict.
+use, with the names it needs (operators, flambeau, constants) in a globals dict: generated code runs
+with the public namespace `flambeau` as a global (`_public.public_namespace`).
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import operator
 import re
 from typing import Any, Callable
 import importlib
-import flambeau
 
+from .._device import device as Device
+from .._dtype import dtype as DType
+from .._public import public_namespace
 from .node import Node, map_arg, _target_name
 from ._aten import is_op
 
@@ -307,7 +310,7 @@ class _CodeGen:
     def __init__(self, graph: Graph, root: str):
         self.graph = graph
         self.root = root
-        self.globals = {"flambeau": flambeau, "operator": operator, "inf": math.inf, "nan": math.nan,
+        self.globals = {"flambeau": public_namespace(), "operator": operator, "inf": math.inf, "nan": math.nan,
                         "NoneType": type(None)}
         self._global_ids: dict = {}
 
@@ -369,9 +372,9 @@ class _CodeGen:
             return f"slice({self.arg(a.start)}, {self.arg(a.stop)}, {self.arg(a.step)})"
         if a is Ellipsis:
             return "..."
-        if isinstance(a, flambeau.dtype) and getattr(flambeau, a.name, None) is a:
+        if isinstance(a, DType) and getattr(self.globals["flambeau"], a.name, None) is a:
             return "flambeau." + a.name
-        if isinstance(a, flambeau.device):
+        if isinstance(a, Device):
             return f"flambeau.device({str(a)!r})"
         return self.add_global(type(a).__name__.lower() + "_const", a)
 

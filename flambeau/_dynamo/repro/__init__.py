@@ -13,8 +13,9 @@ Scripts go to `./flambeau_compile_debug/minifier/` (or `config.minifier_dir`,
 `$FLAMBEAU_MINIFIER_DIR`): `repro.py` rebuilds the graph with random inputs of the recorded
 shapes, strides and dtypes and fails the same way under `python repro.py`. The pieces:
 fx_minifier.py (delta debugging over an FX graph), failure.py (the failure test, what each level
-writes), script.py (writing and running scripts), debug_utils.py (inputs, `same`).
+writes), script.py (writing scripts and compiling their graphs), runner.py (what a script runs),
+debug_utils.py (inputs, `same`).
 """
 from .debug_utils import AccuracyError, make_inputs, rand_strided, same  # noqa: F401
 from .fx_minifier import minify  # noqa: F401
-from .script import run_repro  # noqa: F401
+from .runner import run_repro  # noqa: F401

@@ -19,10 +19,13 @@ import math
 import os
 
 import numpy as np
-import flambeau
 
 from .. import config
-from ..._tensor import Tensor
+from ... import _dtype as D
+from ..._ops import functions
+from ..._tensor import Tensor, preserve_format
+from ...autograd import no_grad
+from ...random import manual_seed
 from ...fx.node import map_aggregate
 
 FP64_MULTIPLIER = 2.0            # compiled may be this many times further from float64 than eager is
@@ -70,19 +73,19 @@ def rand_strided(shape, stride, dtype: str, device: str = "cpu", requires_grad: 
                  dynamic: tuple = ()) -> "Tensor":
     """A tensor of `shape` and `stride` over fresh storage: normal floats, zeros otherwise
     (`dynamic`, a spec's dims that were symbolic, is for `dynamic_dims`, not the tensor)."""
-    dt = getattr(flambeau, dtype)
+    dt = D.BY_NAME[dtype] if dtype in D.BY_NAME else D.ALIASES[dtype]
     needed = 0 if any(s == 0 for s in shape) else 1 + sum((s - 1) * st for s, st in zip(shape, stride))
     if dt.is_floating_point or dt.is_complex:
-        base = flambeau.randn(needed, dtype=dt, device=device)
+        base = functions.randn(needed, dtype=dt, device=device)
     else:
-        base = flambeau.zeros(needed, dtype=dt, device=device)
-    t = flambeau.as_strided(base, tuple(shape), tuple(stride)).detach()
+        base = functions.zeros(needed, dtype=dt, device=device)
+    t = functions.as_strided(base, tuple(shape), tuple(stride)).detach()
     return t.requires_grad_() if requires_grad else t
 
 
 def make_inputs(specs: list, seed: int = 0) -> list:
     """Graph inputs rebuilt from their records, with random values from `seed`."""
-    flambeau.manual_seed(seed)
+    manual_seed(seed)
     return [rand_strided(*s) if isinstance(s, tuple) else s for s in specs]
 
 
@@ -113,20 +116,16 @@ def clone_inputs(args: list) -> list:
     out = []
     for a in args:
         if isinstance(a, Tensor):
-            c = a.detach().clone(memory_format=_preserve())
+            c = a.detach().clone(memory_format=preserve_format)
             out.append(c.requires_grad_() if a.requires_grad else c)
         else:
             out.append(a)
     return out
 
 
-def _preserve():
-    return flambeau.preserve_format
-
-
 # ---- accuracy --------------------------------------------------------------------------------------
 def _float_dtypes() -> set:
-    return {flambeau.float32, flambeau.float16, flambeau.bfloat16}
+    return {D.float32, D.float16, D.bfloat16}
 
 
 def fp64_reference(gm, args: list) -> object:
@@ -135,13 +134,13 @@ def fp64_reference(gm, args: list) -> object:
     floats = _float_dtypes()
     g = copy.deepcopy(gm)
     for n in g.graph.nodes:
-        n.args = map_aggregate(n.args, lambda v: flambeau.float64 if v in floats else v)
-        n.kwargs = map_aggregate(n.kwargs, lambda v: flambeau.float64 if v in floats else v)
+        n.args = map_aggregate(n.args, lambda v: D.float64 if v in floats else v)
+        n.kwargs = map_aggregate(n.kwargs, lambda v: D.float64 if v in floats else v)
     g.recompile()
-    args64 = [a.detach().to(flambeau.float64) if isinstance(a, flambeau.Tensor) and a.dtype in floats
-              else (a.detach() if isinstance(a, flambeau.Tensor) else a) for a in args]
+    args64 = [a.detach().to(D.float64) if isinstance(a, Tensor) and a.dtype in floats
+              else (a.detach() if isinstance(a, Tensor) else a) for a in args]
     try:
-        with flambeau.no_grad():
+        with no_grad():
             return g(*args64)
     except Exception:                        # a graph that needs its own dtypes: judge without float64
         return None
@@ -172,12 +171,12 @@ def accuracy_failure(ref, res, fp64_ref=None, tol: float = 1e-4, ignore_non_fp: 
             if why:
                 return why
         return None
-    if not isinstance(ref, flambeau.Tensor):
+    if not isinstance(ref, Tensor):
         if isinstance(ref, float) and isinstance(res, (int, float)):
             ok = math.isclose(ref, res, rel_tol=tol, abs_tol=tol) or (math.isnan(ref) and math.isnan(res))
             return None if ok else f"{where}: {res} compiled, {ref} eager"
         return None if ref == res else f"{where}: {res!r} compiled, {ref!r} eager"
-    if not isinstance(res, flambeau.Tensor):
+    if not isinstance(res, Tensor):
         return f"{where}: a Tensor in eager, {type(res).__name__} compiled"
     if ref.dtype != res.dtype:
         return f"{where}: dtype {res.dtype} compiled, {ref.dtype} eager"
@@ -190,11 +189,11 @@ def accuracy_failure(ref, res, fp64_ref=None, tol: float = 1e-4, ignore_non_fp: 
         return f"{where}: {int(np.sum(a != b))} of {a.size} {ref.dtype} values differ"
     if np.allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=tol, equal_nan=True):
         return None
-    c = _array(fp64_ref) if isinstance(fp64_ref, flambeau.Tensor) else None
+    c = _array(fp64_ref) if isinstance(fp64_ref, Tensor) else None
     if c is None or c.dtype != np.float64 or c.shape != a.shape:
         return f"{where}: not allclose (tol={tol}), max abs difference {float(np.nanmax(np.abs(a - b))):.3g}"
     ref_err, res_err = _rmse(c, a), _rmse(c, b)
-    small = a.size < SMALL_NUMEL or res.dtype in (flambeau.float16, flambeau.bfloat16)
+    small = a.size < SMALL_NUMEL or res.dtype in (D.float16, D.bfloat16)
     mult = FP64_MULTIPLIER_SMALL if small else FP64_MULTIPLIER
     if res_err <= mult * ref_err + tol / 10.0:
         return None

@@ -25,9 +25,9 @@ import subprocess
 import sys
 import tempfile
 from typing import Callable
-import flambeau
 
 from ... import _logging
+from ...autograd import no_grad
 from .. import config
 from .debug_utils import AccuracyError, LAUNCHER_NAME, SCRIPT_NAME, clone_inputs, same_failure
 from .fx_minifier import minify
@@ -68,7 +68,7 @@ def failure_test(*, after: str, backend: str | None, accuracy: bool, orig: BaseE
 
     def fails(gm, args) -> bool:
         try:
-            with flambeau.no_grad():
+            with no_grad():
                 gm(*clone_inputs(args))
         except Exception:
             return False
@@ -106,7 +106,7 @@ def isolated_failure_test(*, after: str, backend: str | None, signal_number: int
 
     def fails(gm, args) -> bool:
         try:
-            with flambeau.no_grad():
+            with no_grad():
                 gm(*clone_inputs(args))
         except Exception:
             return False

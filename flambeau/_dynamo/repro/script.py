@@ -1,5 +1,5 @@
-"""Standalone repro scripts: `write_repro` turns a graph and its inputs into a Python file, and
-`run_repro` is what that file runs.
+"""Standalone repro scripts: `write_repro` turns a graph and its inputs into a Python file; what
+that file runs (`run_repro`, runner.py) compiles the graph with the functions here.
 
 A script holds the inductor settings of the failing run (`flambeau._inductor.config`, paths and
 printing aside), the graph as the `forward` of a `Repro(flambeau.nn.Module)` (the GraphModule's own
@@ -24,17 +24,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib
 import os
-import sys
 import textwrap
 from typing import Callable, Iterator
-import importlib
-import flambeau
 
 from ... import _logging
+from ..._public import public_namespace
+from ...autograd import no_grad
 from .. import config
-from .debug_utils import (AccuracyError, accuracy_failure, dynamic_dims, fp64_reference, input_spec, make_inputs,
-                          minifier_dir, placeholder_dynamic_dims)
+from .debug_utils import accuracy_failure, fp64_reference, input_spec, minifier_dir, placeholder_dynamic_dims
 from ...fx.graph_module import GraphModule
 from ...fx import symbolic_trace
 from ...fx.experimental.proxy_tensor import make_fx
@@ -50,7 +49,7 @@ SEED = 0
 
 def _global_source(name: str, obj) -> str:
     """A line binding `name` to `obj` in a script: a flambeau attribute or an importable object."""
-    for attr, v in vars(flambeau).items():
+    for attr, v in vars(public_namespace()).items():
         if v is obj and not attr.startswith("_"):
             return f"{name} = flambeau.{attr}"
     mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
@@ -155,7 +154,7 @@ def compile_aot(gm, args: list, dims: list) -> Callable:
     """`gm` (core operators) retraced with fake tensors (symbolic sizes at `dims`) and compiled by
     the inductor entry point."""
     from ..._inductor.compile_fx import compile_fx  # deferred: the inductor loads at first compile
-    with flambeau.no_grad():
+    with no_grad():
         return compile_fx(graph_of(gm, args, "aot", dims), list(args))
 
 
@@ -178,7 +177,7 @@ def run_compiled(gm, args: list, after: str, backend: str | None, dims: list | N
     with repro_disabled():
         if after == "aot":
             compiled = compile_aot(gm, args, dims)
-            with flambeau.no_grad():
+            with no_grad():
                 return compiled(*args)
         if any(dims):
             return _compile_dynamic(gm, args, dims, backend)(*args)
@@ -202,30 +201,6 @@ def resolve_backend(backend) -> Callable:
 
 def check_accuracy(gm, args: list, compiled_out, *, tol: float, ignore_non_fp: bool = False) -> str | None:
     """Why `compiled_out` is not `gm`'s eager output on `args` (judged against float64), or None."""
-    with flambeau.no_grad():
+    with no_grad():
         ref = gm(*clone_inputs(args))
     return accuracy_failure(ref, compiled_out, fp64_reference(gm, args), tol=tol, ignore_non_fp=ignore_non_fp)
-
-
-def run_repro(mod, inputs: list, *, after: str, backend: str | None = "inductor", accuracy: bool = False,
-              command: str = "run", argv: list | None = None) -> None:
-    """Run a repro script's graph (see module docstring); `argv[0]` (default sys.argv[1]) overrides `command`."""
-    argv = sys.argv[1:] if argv is None else argv
-    command = argv[0] if argv else command
-    if command not in ("run", "minify"):
-        raise SystemExit(f"usage: python repro.py [run|minify] (got {command!r})")
-    if after not in ("aot", "dynamo"):
-        raise ValueError(f"run_repro: after must be 'aot' or 'dynamo', got {after!r}")
-    args = make_inputs(inputs, SEED)
-    dims = dynamic_dims(inputs)
-    gm = graph_of(mod, args, after, dims)
-    if command == "minify":
-        from .failure import minify_and_dump  # deferred: cycle repro.script <-> repro.failure
-        minify_and_dump(gm, args, after=after, backend=backend, accuracy=accuracy)
-        return
-    out = run_compiled(gm, clone_inputs(args), after, backend, dims)
-    if accuracy:
-        why = check_accuracy(gm, args, out, tol=config.repro_tolerance)
-        if why:
-            raise AccuracyError(f"Bad accuracy detected: {why}")
-    print(f"flambeau repro: no failure ({'accuracy' if accuracy else 'error'} check, after {after})")

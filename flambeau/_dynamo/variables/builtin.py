@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import builtins
 import operator
-import flambeau
 
+from ..._ops import functions
 from ..exc import Unsupported
 from .base import VariableTracker, ValueVariable, ConstantVariable, NULL, const, is_constant_value
 from .containers import (TupleVariable, ListVariable, DictVariable, SetVariable, SliceVariable,
@@ -377,9 +377,9 @@ class BuiltinVariable(ValueVariable):
         items = self._seq(tx, args[0]) if len(args) == 1 else list(args)
         if any(isinstance(x, TensorVariable) for x in items):
             if len(items) == 2 and fn is max:
-                return tx.output.call_in_graph(tx, "call_function", _torch_fn("maximum"), items, {})
+                return tx.output.call_in_graph(tx, "call_function", functions.maximum, items, {})
             if len(items) == 2 and fn is min:
-                return tx.output.call_in_graph(tx, "call_function", _torch_fn("minimum"), items, {})
+                return tx.output.call_in_graph(tx, "call_function", functions.minimum, items, {})
             raise Unsupported(f"{fn.__name__}() over tensors")
         if any(isinstance(x, SymNodeVariable) for x in items):
             best = items[0]
@@ -447,10 +447,6 @@ class BuiltinVariable(ValueVariable):
 
     def _call_object(self, tx, *args):
         raise Unsupported("object()")
-
-
-def _torch_fn(name):
-    return getattr(flambeau, name)
 
 
 def _isinstance_type(tp, c, obj) -> bool:

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import importlib
 import types
-import flambeau
 
-from ... import _state
+from ... import _api, _state, _tensor
+from ..._public import PACKAGE, public_namespace
 from ..exc import Unsupported
 from .. import eval_frame  # loading already (it imports the variable kinds); read at call time
 from .base import VariableTracker, ValueVariable, const
 from ..._device import device, canonical
 from ...autograd import grad_mode
+from ...amp import autocast_mode
 from ...amp.autocast_mode import autocast
 from .tensor import TensorVariable
 
@@ -48,7 +49,7 @@ def torch_functions() -> dict:
         table = {}
         for modname in _NAMESPACES:
             try:
-                mod = importlib.import_module(modname)
+                mod = public_namespace() if modname == PACKAGE else importlib.import_module(modname)
             except ImportError:
                 continue
             for name, v in vars(mod).items():
@@ -63,18 +64,25 @@ def torch_functions() -> dict:
 
 def special_function(v):
     """The handler name for flambeau functions modelled at trace time, else None."""
-    if v is eval_frame.is_compiling or v is getattr(getattr(flambeau, "compiler", None), "is_compiling", None):
+    if v is eval_frame.is_compiling:                 # also flambeau.compiler.is_compiling
         return "is_compiling"
-    for name in _SPECIAL:
-        if getattr(flambeau, name, None) is v or getattr(flambeau.autograd, name, None) is v:
+    for name, fn in SPECIAL_FUNCTIONS.items():
+        if fn is v:
             return name
     if getattr(v, "__name__", None) in _BREAKING and getattr(v, "__module__", "").startswith("flambeau"):
         return "break"
     return None
 
 
-_SPECIAL = {"is_grad_enabled", "get_default_dtype", "is_inference_mode_enabled", "is_autocast_enabled",
-            "set_grad_enabled", "no_grad", "enable_grad", "inference_mode", "is_tensor", "get_default_device"}
+# modelled at trace time: the public function (flambeau.<name>, also flambeau.autograd.<name> for the
+# grad modes) by name, taken from the module that defines it
+SPECIAL_FUNCTIONS = {
+    "is_grad_enabled": grad_mode.is_grad_enabled, "is_inference_mode_enabled": grad_mode.is_inference_mode_enabled,
+    "set_grad_enabled": grad_mode.set_grad_enabled, "no_grad": grad_mode.no_grad,
+    "enable_grad": grad_mode.enable_grad, "inference_mode": grad_mode.inference_mode,
+    "get_default_dtype": _api.get_default_dtype, "get_default_device": _api.get_default_device,
+    "is_autocast_enabled": autocast_mode.is_autocast_enabled, "is_tensor": _tensor.is_tensor}
+_SPECIAL = set(SPECIAL_FUNCTIONS)
 
 
 class TorchFunctionVariable(ValueVariable):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections import OrderedDict
-import flambeau
+from typing import Callable
 
 from ..._tensor import Tensor, _no_grad
 from ... import _dtype as D, _state
@@ -19,6 +19,15 @@ from ..._device import device as Device
 from ..._ops.creation import empty_like
 
 __all__ = ["Module", "RemovableHandle"]
+
+# The compiler's entry point, for `Module.compile`: the compiler sits above nn in the layer order, so
+# it registers `flambeau.compile` here as it loads (`register_compiler`), and nn never imports it.
+_compiler: list = []
+
+
+def register_compiler(compile_fn: Callable) -> None:
+    """Make `compile_fn` (`flambeau.compile`) the function `Module.compile` calls."""
+    _compiler[:] = [compile_fn]
 
 
 def _forward_unimplemented(self, *input):
@@ -48,6 +57,7 @@ class Module:
 
     dump_patches = False
     _version = 1
+    _compiled_call_impl = None     # set by Module.compile: what calling the module runs instead
     training: bool
     call_super_init = False
 
@@ -705,7 +715,15 @@ class Module:
             result = wrap_outputs(result)
         return result
 
-    __call__ = _call_impl
+    def _wrapped_call_impl(self, *args, **kwargs):
+        if not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
+                or self._backward_pre_hooks or self._compiled_call_impl):
+            return self.forward(*args, **kwargs)
+        if self._compiled_call_impl is not None:
+            return self._compiled_call_impl(*args, **kwargs)
+        return self._call_impl(*args, **kwargs)
+
+    __call__ = _wrapped_call_impl
 
     # ---- repr ---------------------------------------------------------------------------
     def extra_repr(self) -> str:
@@ -728,7 +746,11 @@ class Module:
         return s + ")"
 
     def compile(self, *args, **kwargs) -> None:
-        self._compiled_call_impl = flambeau.compile(self._call_impl, *args, **kwargs)
+        """Compile this module's calls in place: `flambeau.compile(self._call_impl, *args, **kwargs)`
+        runs whenever the module is called from now on (PyTorch's `Module.compile`)."""
+        if not _compiler:
+            raise RuntimeError("Module.compile: no compiler registered (import flambeau loads flambeau.compiler)")
+        self._compiled_call_impl = _compiler[0](self._call_impl, *args, **kwargs)
 
 
 def _grad_enabled() -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-import flambeau as torch
+from ..._ops import functions as torch   # the operator functions flambeau exports
 from .. import functional as F
 from .. import init
 from ..parameter import Parameter

@@ -9,7 +9,8 @@ from __future__ import annotations
 import copy
 import math
 
-import flambeau as torch
+from ... import _dtype as D
+from ..._ops import functions as torch   # the operator functions flambeau exports
 from .. import functional as F
 from .. import init
 from ..parameter import Parameter
@@ -32,7 +33,7 @@ def _float_mask(mask, dtype):
     """Bool masks (True = masked out) become additive float masks; float masks pass through."""
     if mask is None:
         return None
-    if mask.dtype == torch.bool:
+    if mask.dtype == D.bool:
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
     return mask.to(dtype)
 

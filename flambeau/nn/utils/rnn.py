@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-import flambeau as torch
+from ... import _dtype as D
+from ..._ops import functions as torch   # the operator functions flambeau exports
 
 __all__ = ["PackedSequence", "pack_padded_sequence", "pad_packed_sequence", "pad_sequence", "pack_sequence",
            "unpad_sequence", "unpack_sequence"]
@@ -47,7 +48,7 @@ def pack_padded_sequence(input, lengths, batch_first: bool = False, enforce_sort
         sorted_indices = None
     else:
         order = sorted(range(len(lengths_list)), key=lambda i: -lengths_list[i])
-        sorted_indices = torch.tensor(order, dtype=torch.int64)
+        sorted_indices = torch.tensor(order, dtype=D.int64)
         lengths_list = [lengths_list[i] for i in order]
         input = input.index_select(0 if batch_first else 1, sorted_indices.to(input.device))
     if any(n <= 0 for n in lengths_list):
@@ -60,7 +61,7 @@ def pack_padded_sequence(input, lengths, batch_first: bool = False, enforce_sort
         raise RuntimeError(f"Expected sequence length to be larger than or equal to {steps}, got {input.shape[0]}")
     batch_sizes = [sum(1 for n in lengths_list if n > t) for t in range(steps)]
     data = torch.cat([input[t, :bs] for t, bs in enumerate(batch_sizes)], 0)
-    return PackedSequence(data, torch.tensor(batch_sizes, dtype=torch.int64), sorted_indices, None)
+    return PackedSequence(data, torch.tensor(batch_sizes, dtype=D.int64), sorted_indices, None)
 
 
 def _packed_to_padded(seq: PackedSequence, padding_value: float = 0.0):
@@ -98,7 +99,7 @@ def pad_packed_sequence(sequence: PackedSequence, batch_first: bool = False, pad
                              device=padded.device)
             padded = torch.cat([padded, pad], 0)
     lengths = [sum(1 for b in bs if b > i) for i in range(bs[0])]
-    lengths_t = torch.tensor(lengths, dtype=torch.int64)
+    lengths_t = torch.tensor(lengths, dtype=D.int64)
     if unsorted is not None:
         padded = padded.index_select(1, unsorted)
         lengths_t = lengths_t.index_select(0, unsorted.to(lengths_t.device))
@@ -130,7 +131,7 @@ def unpad_sequence(padded_sequences, lengths, batch_first: bool = False):
 
 
 def pack_sequence(sequences, enforce_sorted: bool = True) -> PackedSequence:
-    lengths = torch.tensor([s.shape[0] for s in sequences], dtype=torch.int64)
+    lengths = torch.tensor([s.shape[0] for s in sequences], dtype=D.int64)
     return pack_padded_sequence(pad_sequence(sequences), lengths, enforce_sorted=enforce_sorted)
 
 
