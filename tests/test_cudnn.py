@@ -169,3 +169,32 @@ def test_graph_api_and_legacy_api_agree(case):
             cudnn.use_graph_api = True
     for a, b in zip(results[True], results[False]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+BF16_CASES = [  # x shape, w shape, kwargs: ResNet's three kinds of convolution
+    ((4, 16, 14, 14), (32, 16, 3, 3), dict(padding=1)),
+    ((4, 32, 14, 14), (16, 32, 1, 1), {}),
+    ((4, 16, 14, 14), (32, 16, 1, 1), dict(stride=2)),
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw", BF16_CASES, ids=["3x3", "1x1", "1x1-stride2"])
+def test_bfloat16_runs_in_cudnn_without_casts(xs, ws, kw, monkeypatch):
+    """bfloat16 convolutions (as under autocast) go to cuDNN in bfloat16, 1x1 ones included (no
+    float32 copies), and agree with PyTorch's bfloat16 cuDNN convolutions forward and backward."""
+    torch = pytest.importorskip("torch")
+    x, w = _data(xs, ws)
+    seen = []
+    real = cudnn._plan
+    monkeypatch.setattr(cudnn, "_plan", lambda kind, *a: seen.append((kind, a[-2])) or real(kind, *a))
+    res = []
+    for m in (torch, flambeau):
+        xt = m.tensor(x, device="cuda").to(m.bfloat16).requires_grad_()
+        wt = m.tensor(w, device="cuda").to(m.bfloat16).requires_grad_()
+        y = m.nn.functional.conv2d(xt, wt, **kw)
+        y.backward(m.tensor(np.random.default_rng(5).standard_normal(tuple(y.shape)), device="cuda").to(m.bfloat16))
+        assert y.dtype == m.bfloat16 and xt.grad.dtype == wt.grad.dtype == m.bfloat16
+        res.append([t.detach().float().cpu().numpy() for t in (y, xt.grad, wt.grad)])
+    assert sorted(seen) == [("backward_data", "bfloat16"), ("backward_filter", "bfloat16"), ("forward", "bfloat16")]
+    for f, t in zip(res[1], res[0]):
+        np.testing.assert_allclose(f, t, rtol=2e-2, atol=1e-2 * np.abs(t).max())

@@ -12,7 +12,8 @@ heuristics filtered by the flags, the first that finalizes into an execution pla
 `use_graph_api = False`, the legacy API: tensor, filter and convolution descriptors, an algorithm
 from the `_v7` heuristics (or, with `benchmark`, from timing them with the Find*Ex calls). 1-d
 convolutions run as 2-d; workspaces are CuPy allocations; calls go on CuPy's current stream. Descriptors and algorithms are cached per (shapes, dtype, parameters, flags).
-Inputs are made contiguous first (descriptors describe packed NCHW layouts).
+Inputs are made contiguous first (descriptors describe packed NCHW layouts). float16 and bfloat16
+run as they are, with float32 accumulation.
 
 Flags, as torch.backends.cudnn (exported as flambeau.backends.cudnn):
 - `enabled`: use cuDNN at all (default True).
@@ -50,7 +51,6 @@ _SUB_LIBS = ("libcudnn_engines_precompiled", "libcudnn_engines_runtime_compiled"
              "libcudnn_graph", "libcudnn_ops", "libcudnn_cnn", "libcudnn_adv")
 _DATA = {"float32": DataType.FLOAT, "float64": DataType.DOUBLE, "float16": DataType.HALF,
          "bfloat16": DataType.BFLOAT16}
-_BY_CHAR = {"f": "float32", "d": "float64", "e": "float16"}     # dtype.char -> name (a fast lookup)
 _MAX_ALGOS = 16
 _ALIGNMENT = 16              # bytes: the data alignment cuDNN's kernels assume
 
@@ -582,7 +582,7 @@ def _supported(*arrays):
     dev = cupy.cuda.runtime.getDevice()
     if any(a.data.device_id != dev for a in arrays):
         return False
-    if a0.dtype.char not in _BY_CHAR or any(a.dtype != a0.dtype for a in arrays):
+    if a0.dtype.name not in _DATA or any(a.dtype != a0.dtype for a in arrays):
         return False
     return all(a.size and a.size < (1 << 31) and all(s > 0 for s in a.shape) for a in arrays)
 
@@ -664,7 +664,7 @@ def forward(x, w, bias, stride, padding, dilation, groups):
         return None
     x, w = _ready(x), _ready(w)
     y = cupy.empty(y_shape, x.dtype)
-    plan = _plan("forward", x.shape, w.shape, y_shape, st, pad, dil, groups, _BY_CHAR[x.dtype.char],
+    plan = _plan("forward", x.shape, w.shape, y_shape, st, pad, dil, groups, x.dtype.name,
                  lambda: (x.data.ptr, w.data.ptr, y.data.ptr))
     if plan is None:
         return None
@@ -686,7 +686,7 @@ def backward_data(gy, w, stride, padding, dilation, groups, size):
         return None
     gy, w = _ready(gy), _ready(w)
     gx = cupy.empty(x_shape, gy.dtype)
-    plan = _plan("backward_data", x_shape, w.shape, gy.shape, st, pad, dil, groups, _BY_CHAR[gy.dtype.char],
+    plan = _plan("backward_data", x_shape, w.shape, gy.shape, st, pad, dil, groups, gy.dtype.name,
                  lambda: (w.data.ptr, gy.data.ptr, gx.data.ptr))
     if plan is None:
         return None
@@ -705,7 +705,7 @@ def backward_filter(x, gy, w_shape, stride, padding, dilation, groups):
         return None
     x, gy = _ready(x), _ready(gy)
     gw = cupy.empty(w_shape, x.dtype)
-    plan = _plan("backward_filter", x.shape, w_shape, gy.shape, st, pad, dil, groups, _BY_CHAR[x.dtype.char],
+    plan = _plan("backward_filter", x.shape, w_shape, gy.shape, st, pad, dil, groups, x.dtype.name,
                  lambda: (x.data.ptr, gy.data.ptr, gw.data.ptr))
     if plan is None:
         return None

@@ -23,7 +23,9 @@ _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX
 _THREADS_PER_WARP = 32
 _SCALARS = {"i32": np.int32, "i64": np.int64, "u32": np.uint32, "u64": np.uint64, "fp32": np.float32,
             "fp64": np.float64}
+_MULTIPROCESSOR_COUNT = 16          # cudaDevAttrMultiProcessorCount
 _cache: dict = {}
+_sm_counts: dict = {}
 _lock = threading.Lock()
 
 
@@ -50,6 +52,17 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def multiprocessors() -> int:
+    """The current device's multiprocessor count, read once per device (CuPy's `Device.attributes`
+    queries every attribute on each use)."""
+    import cupy  # deferred: optional dependency, present only where cuda is used
+    dev = cupy.cuda.runtime.getDevice()
+    n = _sm_counts.get(dev)
+    if n is None:
+        n = _sm_counts[dev] = cupy.cuda.runtime.deviceGetAttribute(_MULTIPROCESSOR_COUNT, dev)
+    return n
 
 
 def _target():

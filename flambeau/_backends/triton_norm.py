@@ -16,6 +16,11 @@ import numpy as np
 import triton
 import triton.language as tl
 
+try:
+    import cupy
+except ImportError:     # the interpreter tests (tests/scripts) run these kernels on cpu without CuPy
+    cupy = None
+
 from . import triton_launch as TL
 
 MAX_COLS = 16384
@@ -100,7 +105,6 @@ def _ty(a, default="fp32"):
 def forward(x, weight, bias, cols: int, eps: float):
     """(y, mean, rstd) of a LayerNorm of CuPy array `x` over its last `cols` elements; mean and rstd
     have one value per row, in x's dtype."""
-    import cupy  # deferred: CuPy, optional (cuda only)
     x = cupy.ascontiguousarray(x)
     rows = x.size // cols
     y = cupy.empty(x.shape, dtype=x.dtype)
@@ -117,12 +121,11 @@ def forward(x, weight, bias, cols: int, eps: float):
 
 def backward(grad_out, x, mean, rstd, weight, cols: int):
     """(dx, partial sums (2, cols) float32 of dy * xhat and dy over the rows) for `forward`'s inputs."""
-    import cupy  # deferred: CuPy, optional (cuda only)
     x = cupy.ascontiguousarray(x)
     dy = cupy.ascontiguousarray(grad_out)
     mean, rstd = cupy.ascontiguousarray(mean), cupy.ascontiguousarray(rstd)
     rows = x.size // cols
-    programs = int(min(rows, PROGRAMS_PER_SM * cupy.cuda.Device().attributes["MultiProcessorCount"]))
+    programs = int(min(rows, PROGRAMS_PER_SM * TL.multiprocessors()))
     per = -(-rows // programs)
     programs = -(-rows // per)
     dx = cupy.empty(x.shape, dtype=x.dtype)

@@ -1,19 +1,30 @@
-"""GELU (erf and tanh forms) and SiLU, forward and backward, on cuda as one Triton kernel each
+"""GELU (erf and tanh forms), SiLU and ReLU, forward and backward, on cuda as one Triton kernel each
 (launched through CuPy by `triton_launch`) instead of a chain of CuPy ufuncs with temporaries.
 
 Contiguous float32/bfloat16/float16 arrays; arithmetic in float32, results in the input's dtype.
 tanh(u) is computed as 1 - 2 / (exp(2u) + 1) and sigmoid(x) as 1 / (1 + exp(-x)) (both saturate
-cleanly at +-inf).
+cleanly at +-inf). ReLU keeps NaN and -0.0 (x < 0 ? 0 : x) and its gradient is PyTorch's
+threshold_backward (x <= 0 ? 0 : grad).
+
+`binary` is add/sub/mul/div of two float16/bfloat16 arrays of one shape and dtype (or one array and a
+Python number) in one kernel: loaded, computed in float32 (division rounded to nearest), rounded
+once to the storage type, as PyTorch's cuda kernels, instead of CuPy casting both operands up,
+computing and casting the result down (four kernels, three of them copies).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+try:
+    import cupy
+except ImportError:     # the interpreter tests (tests/scripts) run these kernels on cpu without CuPy
+    cupy = None
+
 from . import triton_launch as TL
 
-GELU_ERF, GELU_TANH, SILU = 0, 1, 2
-KINDS = {("gelu", "none"): GELU_ERF, ("gelu", "tanh"): GELU_TANH, ("silu", None): SILU}
+GELU_ERF, GELU_TANH, SILU, RELU = 0, 1, 2, 3
+KINDS = {("gelu", "none"): GELU_ERF, ("gelu", "tanh"): GELU_TANH, ("silu", None): SILU, ("relu", None): RELU}
 BLOCK = 1024
 NUM_WARPS = 4
 SQRT1_2 = tl.constexpr(0.7071067811865476)
@@ -21,6 +32,8 @@ SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 TANH_CUBIC = tl.constexpr(0.044715)
 _TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3}
+_HALF = ("float16", "bfloat16")
 
 
 @triton.jit
@@ -42,8 +55,10 @@ def _act_fwd(X, Y, n, KIND: tl.constexpr, BLOCK: tl.constexpr):
         y = 0.5 * x * (1.0 + tl.math.erf(x * SQRT1_2))
     elif KIND == 1:
         y = 0.5 * x * (1.0 + _tanh(SQRT_2_OVER_PI * (x + TANH_CUBIC * x * x * x)))
-    else:
+    elif KIND == 2:
         y = x * _sigmoid(x)
+    else:
+        y = tl.where(x < 0.0, 0.0, x)
     tl.store(Y + idx, y.to(Y.dtype.element_ty), mask=m)
 
 
@@ -58,10 +73,14 @@ def _act_bwd(G, X, DX, n, KIND: tl.constexpr, BLOCK: tl.constexpr):
     elif KIND == 1:
         t = _tanh(SQRT_2_OVER_PI * (x + TANH_CUBIC * x * x * x))
         d = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * TANH_CUBIC * x * x)
-    else:
+    elif KIND == 2:
         s = _sigmoid(x)
         d = s * (1.0 + x * (1.0 - s))
-    tl.store(DX + idx, (g * d).to(DX.dtype.element_ty), mask=m)
+    if KIND == 3:
+        gx = tl.where(x <= 0.0, 0.0, g)
+    else:
+        gx = g * d
+    tl.store(DX + idx, gx.to(DX.dtype.element_ty), mask=m)
 
 
 def supported(*arrays) -> bool:
@@ -77,7 +96,6 @@ def _sig(names):
 
 def forward(x, kind: int):
     """The activation `kind` of CuPy array `x` (see `supported`), a new array of x's dtype."""
-    import cupy  # deferred: CuPy, optional (cuda only)
     y = cupy.empty_like(x)
     kern = TL.compile_kernel(_act_fwd, _sig({"X": "*" + _TYPES[x.dtype.name], "Y": "*" + _TYPES[y.dtype.name]}),
                              dict(KIND=kind, BLOCK=BLOCK), num_warps=NUM_WARPS, num_stages=1)
@@ -87,7 +105,6 @@ def forward(x, kind: int):
 
 def backward(g, x, kind: int):
     """grad * activation'(x), a new array of x's dtype."""
-    import cupy  # deferred: CuPy, optional (cuda only)
     dx = cupy.empty_like(x)
     kern = TL.compile_kernel(_act_bwd, _sig({"G": "*" + _TYPES[g.dtype.name], "X": "*" + _TYPES[x.dtype.name],
                                              "DX": "*" + _TYPES[dx.dtype.name]}),
@@ -95,3 +112,63 @@ def backward(g, x, kind: int):
     TL.launch(kern, (triton.cdiv(x.size, BLOCK),), TL.Ptr(g.data.ptr), TL.Ptr(x.data.ptr), TL.Ptr(dx.data.ptr),
               x.size)
     return dx
+
+
+@triton.jit
+def _binary(A, B, Y, a_scalar, b_scalar, n, OP: tl.constexpr, A_SCALAR: tl.constexpr, B_SCALAR: tl.constexpr,
+            BLOCK: tl.constexpr):
+    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = idx < n
+    if A_SCALAR:
+        a = tl.zeros((BLOCK,), dtype=tl.float32) + a_scalar
+    else:
+        a = tl.load(A + idx, mask=m, other=0.0).to(tl.float32)
+    if B_SCALAR:
+        b = tl.zeros((BLOCK,), dtype=tl.float32) + b_scalar
+    else:
+        b = tl.load(B + idx, mask=m, other=1.0).to(tl.float32)
+    if OP == 0:
+        y = a + b
+    elif OP == 1:
+        y = a - b
+    elif OP == 2:
+        y = a * b
+    else:
+        y = tl.math.div_rn(a, b)
+    tl.store(Y + idx, y.to(Y.dtype.element_ty), mask=m)
+
+
+def _operand(x, like):
+    """'array', 'scalar' or None (cannot go here) for one operand of `binary`."""
+    if type(x) in (int, float):
+        return "scalar"
+    if getattr(x, "dtype", None) is not None and getattr(x, "shape", None) == like.shape and x.dtype == like.dtype \
+            and x.flags.c_contiguous and hasattr(x, "data"):
+        return "array"
+    return None
+
+
+def binary_supported(a, b) -> bool:
+    """Whether `binary` takes these operands: a float16/bfloat16 C-contiguous CuPy array and a
+    second one of the same shape and dtype or a Python int/float, in either order."""
+    arr = a if type(a) not in (int, float) else b
+    if type(arr) in (int, float) or getattr(arr, "dtype", None) is None or arr.dtype.name not in _HALF:
+        return False
+    if not (arr.size and arr.flags.c_contiguous and hasattr(arr, "data")):
+        return False
+    return _operand(a, arr) is not None and _operand(b, arr) is not None
+
+
+def binary(a, b, op: str):
+    """`op` ("add", "sub", "mul", "div") of operands accepted by `binary_supported`, a new array."""
+    sa, sb = type(a) in (int, float), type(b) in (int, float)
+    arr = b if sa else a
+    y = cupy.empty(arr.shape, dtype=arr.dtype)
+    ty = "*" + _TYPES[arr.dtype.name]
+    sig = {"A": ty, "B": ty, "Y": ty, "a_scalar": "fp32", "b_scalar": "fp32", "n": "i64", "OP": "constexpr",
+           "A_SCALAR": "constexpr", "B_SCALAR": "constexpr", "BLOCK": "constexpr"}
+    kern = TL.compile_kernel(_binary, sig, dict(OP=BINARY_OPS[op], A_SCALAR=sa, B_SCALAR=sb, BLOCK=BLOCK),
+                             num_warps=NUM_WARPS, num_stages=1)
+    TL.launch(kern, (triton.cdiv(arr.size, BLOCK),), TL.Ptr(0 if sa else a.data.ptr), TL.Ptr(0 if sb else b.data.ptr),
+              TL.Ptr(y.data.ptr), float(a) if sa else 0.0, float(b) if sb else 0.0, arr.size)
+    return y

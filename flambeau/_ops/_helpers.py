@@ -17,6 +17,7 @@ from .. import _dtype as D
 from .. import _fp_errors
 from .. import _state
 from .._tensor import Tensor
+from .._backends import triton_launch
 from ._registry import TensorSpec
 
 _SCALARS = (builtins.bool, int, float, complex)
@@ -244,6 +245,18 @@ _FAST = {np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64), np.dtyp
 _FAST_FLOAT = {np.dtype(np.float32), np.dtype(np.float64)}
 
 
+_FUSED_BINARY = ("add", "sub", "mul", "div")     # triton_pointwise.BINARY_OPS (not imported: it loads Triton)
+
+
+def _fused_binary(a, b):
+    """`_backends.triton_pointwise` when its one-kernel half-precision `binary` takes these CuPy
+    operands, else None."""
+    if not triton_launch.available():
+        return None
+    from .._backends import triton_pointwise  # deferred: imports Triton, optional (cuda only)
+    return triton_pointwise if triton_pointwise.binary_supported(a, b) else None
+
+
 def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
     """A promoted binary kernel: `fn(xp, a, b)` runs in the op-math dtype, result cast back, laid out
     as PyTorch lays out a pointwise result (`lay_out_pointwise`). Large same-shape NumPy operands
@@ -270,6 +283,8 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
         cd = opmath(dt)
         if cd is not dt.np and dt.np != cd:       # low precision: round operands to dt first
             a, b = round_to(a, dt), round_to(b, dt)
+            if name in _FUSED_BINARY and out_dtype is None and xp is not np and (fused := _fused_binary(a, b)):
+                return fused.binary(a, b, name)
         try:
             r = fn(xp, cast(xp, a, cd), cast(xp, b, cd))
         except ValueError:

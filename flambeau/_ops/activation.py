@@ -57,6 +57,7 @@ def _prepare(name, ins, ints):
 
 _FUSED_GELU = {"none": 0, "tanh": 1}     # triton_pointwise.GELU_ERF, GELU_TANH (not imported: it loads Triton)
 _FUSED_SILU = 2                          # triton_pointwise.SILU
+_FUSED_RELU = 3                          # triton_pointwise.RELU
 
 
 def _fused_pointwise(xp, kind, arrays):
@@ -165,7 +166,7 @@ def _softplus(xp, x):
 # ---- pointwise activations ----------------------------------------------------------------
 relu = pointwise_family("relu", fwd=lambda xp, x: xp.where(x < 0, 0, x),   # relu(-0.0) is -0.0, as PyTorch's
                         bwd=lambda xp, g, x: g * (x > 0), ints=True, method=True, function=True, inplace=True,
-                        tags=(Tag.recomputable, Tag.no_fp_errors))
+                        tags=(Tag.recomputable, Tag.no_fp_errors), fused_kind=lambda: _FUSED_RELU)
 
 leaky_relu = pointwise_family(
     "leaky_relu", "Scalar negative_slope=0.01",

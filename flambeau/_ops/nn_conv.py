@@ -8,6 +8,8 @@ straight into the output; on CuPy it is one column buffer for the whole batch an
 (see the kernel section). 1x1 stride-1 convolutions need no copy, depthwise ones are multiply-adds.
 Where cuDNN is available (`flambeau._backends.cudnn`), the cuda forward, input-gradient and
 weight-gradient kernels call it instead, keeping the CuPy path for the cases it does not take.
+On cuda, float16/bfloat16 operands go to cuDNN as they are (tensor cores, float32 accumulation, as
+PyTorch's cuDNN convolutions under autocast), 1x1 ones included; only the CuPy fallbacks cast up.
 
 The transposed convolution is the adjoint of the convolution (matmul, then col2im scatter-add),
 so the derivatives close over two ops: the input gradient of one is the other, and the weight
@@ -407,23 +409,37 @@ def _plain_gemm(ks, st, pad) -> bool:
     return all(k == 1 for k in ks) and all(s == 1 for s in st) and not any(pad)
 
 
+def _low_precision(a) -> bool:
+    """float16/bfloat16: cuDNN takes these as they are (float32 accumulation) for every geometry."""
+    return a.dtype.itemsize == 2
+
+
+def _up(*arrays):
+    """The CuPy fallbacks compute in float32: half/bfloat16 operands cast up (None kept)."""
+    return tuple(a if a is None or not _low_precision(a) else a.astype(np.float32) for a in arrays)
+
+
 def conv_forward_arrays(xp, x, w, st, pad, dil, groups, bias=None):
     pads = [(p, p) for p in pad]
     if xp is np:
         return _cpu_forward(x, w, bias, st, pads, dil, groups)
-    if not _plain_gemm(w.shape[2:], st, pad) and (r := cudnn.forward(x, w, bias, st, pad, dil, groups)) is not None:
+    if (_low_precision(x) or not _plain_gemm(w.shape[2:], st, pad)) and \
+            (r := cudnn.forward(x, w, bias, st, pad, dil, groups)) is not None:
         return r
+    x, w, bias = _up(x, w, bias)
     return _gpu_forward(xp, x, w, bias, st, pads, dil, groups)
 
 
 def conv_adjoint_arrays(xp, y, w, st, pad, dil, groups, size, bias=None):
     """The transposed convolution: y (N, O, *out) with w (O, Cg, *k) -> (N, Cg*groups, *size). With
     stride 1 it is a forward convolution of y with the flipped, group-transposed kernel."""
-    if xp is not np and not _plain_gemm(w.shape[2:], st, pad) and \
+    if xp is not np and (_low_precision(y) or not _plain_gemm(w.shape[2:], st, pad)) and \
             (r := cudnn.backward_data(y, w, st, pad, dil, groups, size)) is not None:
         if bias is not None:
             r += bias.reshape((-1,) + (1,) * (r.ndim - 2))
         return r
+    if xp is not np:
+        y, w, bias = _up(y, w, bias)
     ks, nd = tuple(w.shape[2:]), w.ndim - 2
     lo = [dil[i] * (ks[i] - 1) - pad[i] for i in range(nd)]
     pads = [(lo[i], lo[i] + size[i] - (y.shape[2 + i] + dil[i] * (ks[i] - 1) - 2 * pad[i])) for i in range(nd)]
@@ -447,9 +463,10 @@ def conv_weight_grad_arrays(xp, x, gy, wshape, st, pad, dil, groups):
     pads = [(p, p) for p in pad]
     if xp is np:
         return _cpu_weight_grad(x, gy, wshape, st, pads, dil, groups)
-    if not _plain_gemm(wshape[2:], st, pad) and \
+    if (_low_precision(x) or not _plain_gemm(wshape[2:], st, pad)) and \
             (r := cudnn.backward_filter(x, gy, wshape, st, pad, dil, groups)) is not None:
         return r
+    x, gy = _up(x, gy)
     return _gpu_weight_grad(xp, x, gy, wshape, st, pads, dil, groups)
 
 
@@ -462,7 +479,7 @@ def convolution(xp, input, weight, bias, stride, padding, dilation, transposed, 
     shape = conv_output_shape(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     nd = weight.ndim - 2
     st, pd, dl = ntuple(stride, nd, "stride"), ntuple(padding, nd, "padding"), ntuple(dilation, nd, "dilation")
-    cd = opmath(dt)
+    cd = opmath(dt) if xp is np else dt.np      # cuda: half/bfloat16 stay so (conv_*_arrays cast where needed)
     x, w = input.astype(cd, copy=False), weight.astype(cd, copy=False)
     b = None if bias is None else bias.astype(cd, copy=False)
     if transposed:
@@ -508,7 +525,7 @@ def _convolution_weight_grad(xp, input, grad_output, weight_size, stride, paddin
     nd = len(weight_size) - 2
     st, pd, dl = ntuple(stride, nd, "stride"), ntuple(padding, nd, "padding"), ntuple(dilation, nd, "dilation")
     dt = D.FROM_NP[input.dtype]
-    cd = opmath(dt)
+    cd = opmath(dt) if xp is np else dt.np
     r = conv_weight_grad_arrays(xp, input.astype(cd, copy=False), grad_output.astype(cd, copy=False),
                                 tuple(weight_size), st, pd, dl, groups)
     return r.astype(dt.np, copy=False)

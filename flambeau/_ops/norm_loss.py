@@ -229,6 +229,18 @@ def _bn_shape(x, t):
     return None if t is None else t.reshape((1, -1) + (1,) * (x.ndim - 2))
 
 
+def _cuda_batch_norm(xp, x, per_channel, grad=None):
+    """The Triton BatchNorm module (`_backends.triton_batch_norm`, training mode) when these CuPy
+    arrays (input, per-channel arrays, the output gradient) can go through it, else None (other
+    devices, float64, no Triton)."""
+    if getattr(xp, "__name__", "") != "cupy" or not triton_launch.available():
+        return None
+    if grad is not None and (grad.shape != x.shape or grad.dtype != x.dtype):
+        return None
+    from .._backends import triton_batch_norm  # deferred: imports Triton, optional (cuda only)
+    return triton_batch_norm if triton_batch_norm.supported(x, *per_channel) else None
+
+
 def _bn_check(input, weight, bias, running_mean, running_var):
     if len(input.shape) < 2:
         raise RuntimeError(f"batch_norm: expected input to have at least 2 dims, got {len(input.shape)}")
@@ -243,6 +255,10 @@ def _bn_check(input, weight, bias, running_mean, running_var):
 def native_batch_norm(xp, input, weight, bias, running_mean, running_var, training, momentum, eps):
     _bn_check(input, weight, bias, running_mean, running_var)
     dt, cd = _float("batch_norm", input)
+    fused = (training and (running_mean is None) == (running_var is None)       # the kernel updates both or neither
+             and _cuda_batch_norm(xp, input, (weight, bias, running_mean, running_var)))
+    if fused:
+        return fused.forward(input, weight, bias, running_mean, running_var, momentum, eps)
     x = input.astype(cd, copy=False)
     axes = (0,) + tuple(range(2, x.ndim))
     if training:
@@ -278,6 +294,9 @@ def _(input, weight, bias, running_mean, running_var, training, momentum, eps):
        "Tensor save_invstd, bool train, Tensor? bias) -> (Tensor, Tensor, Tensor)", function=False)
 def native_batch_norm_backward(xp, grad_out, input, weight, save_mean, save_invstd, train, bias):
     dt, cd = _float("batch_norm", input)
+    fused = train and _cuda_batch_norm(xp, input, (weight, bias, save_mean, save_invstd), grad_out)
+    if fused:
+        return fused.backward(grad_out, input, weight, bias, save_mean, save_invstd)
     x = input.astype(cd, copy=False)
     g = grad_out.astype(cd, copy=False)
     axes = (0,) + tuple(range(2, x.ndim))
@@ -301,7 +320,7 @@ native_batch_norm_backward.def_meta(lambda grad_out, input, weight, save_mean, s
 @native_batch_norm.def_derivative
 def _native_batch_norm_derivative(grad, input, weight, bias, training, result):
     gx, gw, gb = native_batch_norm_backward(grad[0], input, weight, result[1], result[2], training, bias)
-    if training:
+    if training and not (_undefined_grad(grad[1]) and _undefined_grad(grad[2])):   # (reshape drops the mark)
         shape = (1, -1) + (1,) * (input.ndim - 2)
         extra = _through_stats(input, result[1].reshape(shape), result[2].reshape(shape), grad[1].reshape(shape),
                                grad[2].reshape(shape), input.numel() // max(input.shape[1], 1))

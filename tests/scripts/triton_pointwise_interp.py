@@ -1,4 +1,4 @@
-"""Run flambeau's Triton GELU/SiLU kernels (flambeau/_backends/triton_pointwise.py) under Triton's
+"""Run flambeau's Triton GELU/SiLU/ReLU kernels (flambeau/_backends/triton_pointwise.py) under Triton's
 interpreter (TRITON_INTERPRET=1, set by the caller) on float32 CPU tensors and compare forward and
 backward with float64 PyTorch. Prints one line per case and exits non-zero on a mismatch. Used by
 tests/test_norm_fused.py."""
@@ -17,13 +17,15 @@ def reference(kind, x):
         return torch.nn.functional.gelu(x)
     if kind == P.GELU_TANH:
         return torch.nn.functional.gelu(x, approximate="tanh")
+    if kind == P.RELU:
+        return torch.nn.functional.relu(x)
     return torch.nn.functional.silu(x)
 
 
 def run(kind):
     g = torch.Generator().manual_seed(kind)
     x = torch.randn(N, generator=g) * 4
-    x[:4] = torch.tensor([-30.0, 30.0, 0.0, -1e-3])
+    x[:5] = torch.tensor([-30.0, 30.0, 0.0, -1e-3, 1e-3])
     dy = torch.randn(N, generator=g)
     y, dx = torch.empty(N), torch.empty(N)
     grid = (-(-N // P.BLOCK),)
@@ -35,8 +37,26 @@ def run(kind):
     return max(float((y - ref.detach()).abs().max()), float((dx - xd.grad).abs().max()))
 
 
+REFERENCE_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+
+
+def run_binary(op, a_scalar, b_scalar):
+    """`_binary` of two arrays or an array and a number, relative error vs float64."""
+    g = torch.Generator().manual_seed(P.BINARY_OPS[op])
+    a, b = torch.randn(N, generator=g), torch.randn(N, generator=g) + 3
+    sa, sb = 1.75, -2.5
+    y = torch.empty(N)
+    dummy = torch.zeros(1)
+    P._binary[(-(-N // P.BLOCK),)](dummy if a_scalar else a, dummy if b_scalar else b, y, sa, sb, N,
+                                   OP=P.BINARY_OPS[op], A_SCALAR=a_scalar, B_SCALAR=b_scalar, BLOCK=P.BLOCK)
+    ref = REFERENCE_BINARY[op](sa if a_scalar else a.double(), sb if b_scalar else b.double())
+    return float(((y - ref).abs() / ref.abs().clamp_min(1)).max())
+
+
 def main() -> int:
-    return report([(k,) for k in (P.GELU_ERF, P.GELU_TANH, P.SILU)], run, "kind", 1e-5)
+    bad = report([(k,) for k in (P.GELU_ERF, P.GELU_TANH, P.SILU, P.RELU)], run, "kind", 1e-5)
+    cases = [(op, sa, sb) for op in P.BINARY_OPS for sa, sb in ((False, False), (True, False), (False, True))]
+    return bad | report(cases, run_binary, "binary op, a scalar, b scalar", 1e-6)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,270 @@
+"""BatchNorm in training on cuda as Triton kernels launched through CuPy (`triton_launch`).
+
+The input is (N, C, *spatial), contiguous; a channel's M = N * prod(spatial) elements are its
+positions j = n * HW + s, at offset n * C * HW + c * HW + s. Arithmetic is float32 whatever the
+storage type (float32, bfloat16, float16), as PyTorch's cuda kernels; the saved mean and rstd are
+float32.
+
+Forward, three launches:
+- `_bn_stats`, a (C, S) grid: program (c, s) walks its chunk of channel c block by block, merging
+  each block's count, mean and sum of squared deviations into its own (Chan et al.'s pairwise
+  update: no E[x^2] - E[x]^2 cancellation), and writes them as one row of a (S, 3, C) buffer;
+- `_bn_finalize`: merges the S partials per channel the same way, writes mean and
+  rstd = 1/sqrt(var + eps) (biased variance), updates the running statistics in place
+  (running_var with the unbiased variance, as PyTorch) and the per-channel scale rstd * w and shift b;
+- `_bn_apply`: y = (x - mean[c]) * scale[c] + shift[c], one program per block of elements.
+Backward, three launches: `_bn_bwd_reduce` sums dy and dy * (x - mean) per (channel, chunk),
+`_bn_bwd_finalize` gives the weight and bias gradients and the coefficients of
+dx = (dy - mean(dy)) * rstd * w - (x - mean) * rstd^3 * w * mean(dy * (x - mean)), and `_bn_bwd_apply`
+computes dx.
+"""
+from __future__ import annotations
+
+import numpy as np
+import triton
+import triton.language as tl
+
+try:
+    import cupy
+except ImportError:     # the interpreter tests (tests/scripts) run these kernels on cpu without CuPy
+    cupy = None
+
+from . import triton_launch as TL
+
+BLOCK = 2048              # elements per block of a reduction or pointwise program
+BLOCK_C = 128             # channels per finalize program
+NUM_WARPS = 8
+PROGRAMS_PER_SM = 4       # reduction programs aimed for per multiprocessor (C * S of them)
+MAX_ELEMENTS = 2**31 - 1  # offsets are int32
+_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
+@triton.jit
+def _offsets(j, c, C, HW):
+    return (j // HW) * (C * HW) + c * HW + j % HW
+
+
+@triton.jit
+def _bn_stats(X, PART, C, HW, M, chunk, BLOCK: tl.constexpr):
+    c = tl.program_id(0)
+    s = tl.program_id(1)
+    lo = s * chunk
+    hi = tl.minimum(lo + chunk, M)
+    cnt = 0.0
+    mean = 0.0
+    m2 = 0.0
+    for start in range(lo, hi, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        m = j < hi
+        x = tl.load(X + _offsets(j, c, C, HW), mask=m, other=0.0).to(tl.float32)
+        nb = tl.sum(m.to(tl.float32), axis=0)
+        mb = tl.sum(x, axis=0) / nb
+        d = tl.where(m, x - mb, 0.0)
+        tot = cnt + nb
+        delta = mb - mean
+        mean = mean + delta * (nb / tot)
+        m2 = m2 + tl.sum(d * d, axis=0) + delta * delta * (cnt * nb / tot)
+        cnt = tot
+    base = PART + s * 3 * C + c
+    tl.store(base, cnt)
+    tl.store(base + C, mean)
+    tl.store(base + 2 * C, m2)
+
+
+@triton.jit
+def _bn_finalize(PART, S, C, MEAN, RSTD, COEF, W, B, RM, RV, momentum, eps, HAS_W: tl.constexpr,
+                 HAS_B: tl.constexpr, HAS_RUN: tl.constexpr, BLOCK_C: tl.constexpr):
+    cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = cs < C
+    cnt = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    mean = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    m2 = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for s in range(0, S):
+        base = PART + s * 3 * C + cs
+        nb = tl.load(base, mask=ok, other=1.0)
+        mb = tl.load(base + C, mask=ok, other=0.0)
+        m2b = tl.load(base + 2 * C, mask=ok, other=0.0)
+        tot = cnt + nb
+        delta = mb - mean
+        mean = mean + delta * (nb / tot)
+        m2 = m2 + m2b + delta * delta * (cnt * nb / tot)
+        cnt = tot
+    var = m2 / cnt
+    rstd = 1.0 / tl.sqrt(var + eps)
+    tl.store(MEAN + cs, mean, mask=ok)
+    tl.store(RSTD + cs, rstd, mask=ok)
+    scale = rstd
+    if HAS_W:
+        scale = scale * tl.load(W + cs, mask=ok, other=0.0).to(tl.float32)
+    shift = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    if HAS_B:
+        shift = tl.load(B + cs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(COEF + cs, scale, mask=ok)
+    tl.store(COEF + C + cs, shift, mask=ok)
+    if HAS_RUN:
+        unbiased = m2 / (cnt - 1.0)          # one element: 0 / 0, NaN as PyTorch
+        rm = tl.load(RM + cs, mask=ok, other=0.0).to(tl.float32)
+        rv = tl.load(RV + cs, mask=ok, other=0.0).to(tl.float32)
+        tl.store(RM + cs, ((1.0 - momentum) * rm + momentum * mean).to(RM.dtype.element_ty), mask=ok)
+        tl.store(RV + cs, ((1.0 - momentum) * rv + momentum * unbiased).to(RV.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _bn_apply(X, Y, MEAN, COEF, C, HW, n, BLOCK: tl.constexpr):
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = idx < n
+    c = (idx // HW) % C
+    x = tl.load(X + idx, mask=m, other=0.0).to(tl.float32)
+    mean = tl.load(MEAN + c, mask=m, other=0.0)
+    scale = tl.load(COEF + c, mask=m, other=0.0)
+    shift = tl.load(COEF + C + c, mask=m, other=0.0)
+    tl.store(Y + idx, ((x - mean) * scale + shift).to(Y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _bn_bwd_reduce(DY, X, MEAN, PART, C, HW, M, chunk, BLOCK: tl.constexpr):
+    c = tl.program_id(0)
+    s = tl.program_id(1)
+    lo = s * chunk
+    hi = tl.minimum(lo + chunk, M)
+    mean = tl.load(MEAN + c)
+    sdy = tl.zeros((BLOCK,), dtype=tl.float32)
+    sdyxc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(lo, hi, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        m = j < hi
+        off = _offsets(j, c, C, HW)
+        dy = tl.load(DY + off, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(X + off, mask=m, other=0.0).to(tl.float32)
+        sdy += dy
+        sdyxc += dy * tl.where(m, x - mean, 0.0)
+    tl.store(PART + s * 2 * C + c, tl.sum(sdy, axis=0))
+    tl.store(PART + s * 2 * C + C + c, tl.sum(sdyxc, axis=0))
+
+
+@triton.jit
+def _bn_bwd_finalize(PART, S, C, M, RSTD, W, COEF, GW, GB, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
+    cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = cs < C
+    sdy = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    sdyxc = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for s in range(0, S):
+        sdy += tl.load(PART + s * 2 * C + cs, mask=ok, other=0.0)
+        sdyxc += tl.load(PART + s * 2 * C + C + cs, mask=ok, other=0.0)
+    rstd = tl.load(RSTD + cs, mask=ok, other=0.0).to(tl.float32)
+    k = rstd
+    if HAS_W:
+        k = k * tl.load(W + cs, mask=ok, other=0.0).to(tl.float32)
+        tl.store(GW + cs, (sdyxc * rstd).to(GW.dtype.element_ty), mask=ok)
+    if HAS_B:
+        tl.store(GB + cs, sdy.to(GB.dtype.element_ty), mask=ok)
+    tl.store(COEF + cs, k, mask=ok)
+    tl.store(COEF + C + cs, sdy / M, mask=ok)
+    tl.store(COEF + 2 * C + cs, k * rstd * rstd * sdyxc / M, mask=ok)
+
+
+@triton.jit
+def _bn_bwd_apply(DY, X, MEAN, COEF, DX, C, HW, n, BLOCK: tl.constexpr):
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = idx < n
+    c = (idx // HW) % C
+    dy = tl.load(DY + idx, mask=m, other=0.0).to(tl.float32)
+    x = tl.load(X + idx, mask=m, other=0.0).to(tl.float32)
+    mean = tl.load(MEAN + c, mask=m, other=0.0).to(tl.float32)
+    k = tl.load(COEF + c, mask=m, other=0.0)
+    a = tl.load(COEF + C + c, mask=m, other=0.0)
+    p = tl.load(COEF + 2 * C + c, mask=m, other=0.0)
+    tl.store(DX + idx, ((dy - a) * k - (x - mean) * p).to(DX.dtype.element_ty), mask=m)
+
+
+def supported(x, *others) -> bool:
+    """Whether a training-mode BatchNorm of CuPy array `x` (N, C, ...) with the per-channel arrays
+    `others` (weight, bias, running statistics, saved statistics; None allowed) can run here."""
+    return (x.dtype.name in _TYPES and x.ndim >= 2 and 0 < x.size <= MAX_ELEMENTS and x.shape[1] > 0
+            and all(o is None or (o.dtype.name in _TYPES and o.ndim == 1 and o.flags.c_contiguous) for o in others))
+
+
+def splits(C: int, M: int, sms: int) -> tuple:
+    """(S, chunk): each channel's M elements cut into S chunks of `chunk` (a multiple of BLOCK), so
+    that the C * S reduction programs fill about PROGRAMS_PER_SM per multiprocessor."""
+    blocks = -(-M // BLOCK)
+    want = max(1, min(blocks, -(-PROGRAMS_PER_SM * sms // C)))
+    chunk = -(-blocks // want) * BLOCK
+    return -(-M // chunk), chunk
+
+
+def _p(a):
+    return TL.Ptr(0 if a is None else a.data.ptr)
+
+
+def _ty(a, default="fp32"):
+    return "*" + (default if a is None else _TYPES[a.dtype.name])
+
+
+def _geometry(x):
+    C = x.shape[1]
+    HW = x.size // (x.shape[0] * C)
+    M = x.size // C
+    S, chunk = splits(C, M, TL.multiprocessors())
+    return C, HW, M, S, chunk
+
+
+def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: float):
+    """(y, save_mean, save_rstd) of a training-mode BatchNorm of CuPy array `x`; the running
+    statistics (both or neither) are updated in place; the saved statistics are float32."""
+    x = cupy.ascontiguousarray(x)
+    C, HW, M, S, chunk = _geometry(x)
+    part = cupy.empty((S, 3, C), dtype=np.float32)
+    stats = TL.compile_kernel(_bn_stats, {"X": _ty(x), "PART": "*fp32", "C": "i32", "HW": "i32", "M": "i32",
+                                          "chunk": "i32", "BLOCK": "constexpr"}, dict(BLOCK=BLOCK),
+                              num_warps=NUM_WARPS, num_stages=1)
+    TL.launch(stats, (C, S), _p(x), _p(part), C, HW, M, chunk)
+    mean = cupy.empty(C, dtype=np.float32)
+    rstd = cupy.empty(C, dtype=np.float32)
+    coef = cupy.empty((2, C), dtype=np.float32)
+    has_run = running_mean is not None and running_var is not None
+    sig = {"PART": "*fp32", "S": "i32", "C": "i32", "MEAN": "*fp32", "RSTD": "*fp32", "COEF": "*fp32",
+           "W": _ty(weight), "B": _ty(bias), "RM": _ty(running_mean), "RV": _ty(running_var), "momentum": "fp32",
+           "eps": "fp32", "HAS_W": "constexpr", "HAS_B": "constexpr", "HAS_RUN": "constexpr", "BLOCK_C": "constexpr"}
+    fin = TL.compile_kernel(_bn_finalize, sig, dict(HAS_W=weight is not None, HAS_B=bias is not None,
+                                                    HAS_RUN=has_run, BLOCK_C=BLOCK_C), num_warps=4, num_stages=1)
+    TL.launch(fin, (triton.cdiv(C, BLOCK_C),), _p(part), S, C, _p(mean), _p(rstd), _p(coef), _p(weight), _p(bias),
+              _p(running_mean if has_run else None), _p(running_var if has_run else None), momentum, eps)
+    y = cupy.empty(x.shape, dtype=x.dtype)
+    apply = TL.compile_kernel(_bn_apply, {"X": _ty(x), "Y": _ty(y), "MEAN": "*fp32", "COEF": "*fp32", "C": "i32",
+                                          "HW": "i32", "n": "i32", "BLOCK": "constexpr"}, dict(BLOCK=BLOCK),
+                              num_warps=NUM_WARPS, num_stages=1)
+    TL.launch(apply, (triton.cdiv(x.size, BLOCK),), _p(x), _p(y), _p(mean), _p(coef), C, HW, x.size)
+    return y, mean, rstd
+
+
+def backward(grad_out, x, weight, bias, save_mean, save_rstd):
+    """(dx, grad_weight or None, grad_bias or None) of `forward` (training mode), the parameter
+    gradients in their parameters' dtypes."""
+    x = cupy.ascontiguousarray(x)
+    dy = cupy.ascontiguousarray(grad_out)
+    C, HW, M, S, chunk = _geometry(x)
+    part = cupy.empty((S, 2, C), dtype=np.float32)
+    red = TL.compile_kernel(_bn_bwd_reduce, {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "PART": "*fp32",
+                                             "C": "i32", "HW": "i32", "M": "i32", "chunk": "i32",
+                                             "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), num_warps=NUM_WARPS,
+                            num_stages=1)
+    TL.launch(red, (C, S), _p(dy), _p(x), _p(save_mean), _p(part), C, HW, M, chunk)
+    gw = None if weight is None else cupy.empty(C, dtype=weight.dtype)
+    gb = None if bias is None else cupy.empty(C, dtype=bias.dtype)
+    coef = cupy.empty((3, C), dtype=np.float32)
+    sig = {"PART": "*fp32", "S": "i32", "C": "i32", "M": "fp32", "RSTD": _ty(save_rstd), "W": _ty(weight),
+           "COEF": "*fp32", "GW": _ty(gw), "GB": _ty(gb), "HAS_W": "constexpr", "HAS_B": "constexpr",
+           "BLOCK_C": "constexpr"}
+    fin = TL.compile_kernel(_bn_bwd_finalize, sig, dict(HAS_W=weight is not None, HAS_B=bias is not None,
+                                                        BLOCK_C=BLOCK_C), num_warps=4, num_stages=1)
+    TL.launch(fin, (triton.cdiv(C, BLOCK_C),), _p(part), S, C, float(M), _p(save_rstd), _p(weight), _p(coef),
+              _p(gw), _p(gb))
+    dx = cupy.empty(x.shape, dtype=x.dtype)
+    apply = TL.compile_kernel(_bn_bwd_apply, {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "COEF": "*fp32",
+                                              "DX": _ty(dx), "C": "i32", "HW": "i32", "n": "i32",
+                                              "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), num_warps=NUM_WARPS,
+                              num_stages=1)
+    TL.launch(apply, (triton.cdiv(x.size, BLOCK),), _p(dy), _p(x), _p(save_mean), _p(coef), _p(dx), C, HW, x.size)
+    return dx, gw, gb

@@ -1,0 +1,134 @@
+"""BatchNorm in training on cuda as Triton kernels (flambeau/_backends/triton_batch_norm.py), ReLU as
+one Triton kernel each way (triton_pointwise.RELU), and the BatchNorm derivative's shortcut.
+
+On the CPU: the BatchNorm kernels under Triton's interpreter against float64 PyTorch
+(tests/scripts/triton_batch_norm_interp.py; ReLU is in triton_pointwise_interp.py, run by
+tests/test_norm_fused.py), and the derivative skipping the statistics' term. On the GPU (marked
+`cuda`): forward, running statistics and backward through flambeau's ops against PyTorch on cuda,
+float32 and bfloat16, with the kernels spied on."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+from flambeau._ops import norm_loss
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_kernels_under_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    script = os.path.join(ROOT, "tests", "scripts", "triton_batch_norm_interp.py")
+    r = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_derivative_skips_the_statistics_term_without_their_gradients(monkeypatch):
+    """Only the output gets a gradient in training: the term through the saved mean/rstd (double
+    backward's) is not computed (it was, on every step: the engine's zero gradients lost their mark
+    in a reshape), and still is when the statistics do get one."""
+    calls = []
+    real = norm_loss._through_stats
+    monkeypatch.setattr(norm_loss, "_through_stats", lambda *a: calls.append(1) or real(*a))
+    x = flambeau.randn(4, 3, 5, requires_grad=True)
+    w = flambeau.ones(3, requires_grad=True)
+    flambeau.nn.functional.batch_norm(x, None, None, w, None, training=True).square().sum().backward()
+    assert calls == []
+    y, mean, rstd = flambeau.ops.aten.native_batch_norm(x, w, None, None, None, True, 0.1, 1e-5)
+    (y.sum() + mean.sum() + rstd.sum()).backward()
+    assert calls == [1]
+
+
+def _spy(monkeypatch, module, names):
+    calls = []
+    for n in names:
+        real = getattr(module, n)
+        monkeypatch.setattr(module, n, lambda *a, _r=real, _n=n, **k: calls.append(_n) or _r(*a, **k))
+    return calls
+
+
+# the output and input gradient are rounded to the storage type; the statistics and the parameter
+# gradients are float32 sums whatever it is
+TOL = {"float32": 1e-4, "bfloat16": 1e-2}
+SUM_TOL = 1e-4
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape,affine", [((8, 16, 10, 10), True), ((64, 3), True), ((4, 6, 5), False),
+                                          ((16, 64, 56, 56), True)])
+def test_batch_norm_matches_float64_torch(shape, affine, dtype, monkeypatch):
+    """Against float64 PyTorch on the same (rounded) inputs: PyTorch's own bfloat16 cuda kernels are
+    several percent off in the parameter gradients (6% at 16 in the (16, 64, 56, 56) case)."""
+    from flambeau._backends import triton_batch_norm
+    calls = _spy(monkeypatch, triton_batch_norm, ["forward", "backward"])
+    rng = np.random.default_rng(sum(shape))
+    C = shape[1]
+    x = flambeau.tensor((rng.standard_normal(shape) * 2 + 1).astype(np.float32)).to(getattr(flambeau, dtype))
+    dy = flambeau.tensor(rng.standard_normal(shape).astype(np.float32)).to(getattr(flambeau, dtype))
+    w, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
+    out = []
+    for lib, dev, src in ((torch, "cpu", lambda t: torch.tensor(t.float().numpy(), dtype=torch.float64)),
+                          (flambeau, "cuda", lambda t: t.to("cuda"))):
+        xt = src(x).requires_grad_()
+        params = [lib.tensor(p, device=dev, requires_grad=True) for p in (w, b)] if affine else [None, None]
+        if lib is torch:
+            params = [p if p is None else p.double().detach().requires_grad_() for p in params]
+        rm, rv = lib.zeros(C, device=dev, dtype=xt.dtype if lib is torch else lib.float32), \
+            lib.ones(C, device=dev, dtype=xt.dtype if lib is torch else lib.float32)
+        y = lib.nn.functional.batch_norm(xt, rm, rv, *params, training=True, momentum=0.3)
+        y.backward(src(dy))
+        got = [y, xt.grad, rm, rv] + ([p.grad for p in params] if affine else [])
+        out.append([t.detach().cpu().float().numpy() for t in got])
+    assert calls == ["forward", "backward"]
+    for name, f, t in zip(("y", "x.grad", "running_mean", "running_var", "weight.grad", "bias.grad"), *out[::-1]):
+        tol = TOL[dtype] if name in ("y", "x.grad") else SUM_TOL
+        np.testing.assert_allclose(f, t, rtol=tol, atol=tol * max(1.0, np.abs(t).max()), err_msg=name)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_relu_matches_torch_on_cuda(dtype, monkeypatch):
+    from flambeau._backends import triton_pointwise
+    calls = _spy(monkeypatch, triton_pointwise, ["forward", "backward"])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 1000, 3)).astype(np.float32)
+    x[0, :3, 0] = [0.0, -0.0, np.nan]
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    out = []
+    for lib in (torch, flambeau):
+        dt = getattr(lib, dtype)
+        xt = lib.tensor(x, device="cuda").to(dt).requires_grad_()
+        y = lib.nn.functional.relu(xt)
+        y.backward(lib.tensor(dy, device="cuda").to(dt))
+        out.append([t.detach().float().cpu().numpy() for t in (y, xt.grad)])
+    assert calls == ["forward", "backward"]
+    for f, t in zip(out[1], out[0]):
+        np.testing.assert_array_equal(f, t)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_half_precision_binary_ops_are_one_kernel_and_match_torch(op, monkeypatch):
+    """bfloat16 add/sub/mul/div (a ResNet's residual add, GPT's elementwise chains) in one Triton
+    kernel, float32 arithmetic rounded once: bit for bit PyTorch's cuda result."""
+    from flambeau._backends import triton_pointwise
+    calls = _spy(monkeypatch, triton_pointwise, ["binary"])
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((3, 1000, 7)).astype(np.float32), rng.standard_normal((3, 1000, 7)).astype(np.float32)
+    out = []
+    for lib in (torch, flambeau):
+        x, y = (lib.tensor(v, device="cuda").to(lib.bfloat16) for v in (a, b))
+        r = getattr(lib, op)(x, y)
+        s = getattr(lib, op)(x, 3)
+        assert r.dtype == s.dtype == lib.bfloat16
+        out.append([t.float().cpu().numpy() for t in (r, s)])
+    assert calls == ["binary", "binary"]
+    np.testing.assert_array_equal(out[1][0], out[0][0])
+    np.testing.assert_allclose(out[1][1], out[0][1], rtol=1e-2)
