@@ -1,5 +1,6 @@
 """BatchNorm in training on cuda as Triton kernels (flambeau/_backends/triton_batch_norm.py), ReLU as
-one Triton kernel each way (triton_pointwise.RELU), and the BatchNorm derivative's shortcut.
+one Triton kernel each way (triton_pointwise.RELU), half-precision binary ops in one kernel, column
+sums (bias gradients, triton_sum.py), the BatchNorm derivative's shortcut and dropout(p=0).
 
 On the CPU: the BatchNorm kernels under Triton's interpreter against float64 PyTorch
 (tests/scripts/triton_batch_norm_interp.py; ReLU is in triton_pointwise_interp.py, run by
@@ -22,11 +23,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
-def test_kernels_under_the_interpreter():
+@pytest.mark.parametrize("script", ["triton_batch_norm_interp.py", "triton_sum_interp.py"])
+def test_kernels_under_the_interpreter(script):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    script = os.path.join(ROOT, "tests", "scripts", "triton_batch_norm_interp.py")
-    r = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=900)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", script)], capture_output=True,
+                       text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_dropout_of_zero_is_the_input_itself():
+    """PyTorch's dropout with p=0 (GPT-2's nn.Dropout(0.0) in training) returns its input: no mask,
+    no random draw, no kernels."""
+    x = flambeau.randn(4, 5, requires_grad=True)
+    state = flambeau.get_rng_state()
+    assert flambeau.nn.functional.dropout(x, 0.0, training=True) is x
+    assert flambeau.dropout(x, 0.0, True) is x
+    assert flambeau.equal(flambeau.get_rng_state(), state)
+    assert torch.nn.functional.dropout(torch.ones(2), 0.0, training=True).data_ptr() is not None
 
 
 def test_derivative_skips_the_statistics_term_without_their_gradients(monkeypatch):
@@ -132,3 +145,24 @@ def test_half_precision_binary_ops_are_one_kernel_and_match_torch(op, monkeypatc
     assert calls == ["binary", "binary"]
     np.testing.assert_array_equal(out[1][0], out[0][0])
     np.testing.assert_allclose(out[1][1], out[0][1], rtol=1e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bias_gradient_column_sum_on_cuda(dtype, monkeypatch):
+    """Sums over leading dims (a Linear's bias gradient) through the Triton column sum, against
+    float64 on the same rounded values."""
+    from flambeau._backends import triton_sum
+    calls = _spy(monkeypatch, triton_sum, ["column_sum"])
+    dt = getattr(flambeau, dtype)
+    g = flambeau.tensor(np.random.default_rng(2).standard_normal((8, 300, 200)).astype(np.float32) + 1).to(dt)
+    gc = g.to("cuda")
+    s, k = gc.sum((0, 1)), gc.sum([0], keepdim=True)
+    lin = flambeau.nn.Linear(50, 200).to("cuda").to(dt)
+    lin(flambeau.randn(8, 300, 50, device="cuda").to(dt)).backward(gc)
+    assert calls.count("column_sum") >= 2 and s.dtype == lin.bias.grad.dtype == dt and tuple(k.shape) == (1, 300, 200)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == "bfloat16" else dict(rtol=1e-5, atol=1e-4)
+    ref = g.double().sum((0, 1)).numpy()
+    np.testing.assert_allclose(s.double().cpu().numpy(), ref, **tol)
+    np.testing.assert_allclose(lin.bias.grad.double().cpu().numpy(), ref, **tol)
+    np.testing.assert_allclose(k.double().cpu().numpy()[0], g.double().sum(0).numpy(), **tol)

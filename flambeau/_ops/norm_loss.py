@@ -504,14 +504,14 @@ def F_dropout(input, p=0.5, training=True, inplace=False):
 
 @export("dropout")
 def dropout(input, p, train):
-    if not train:
+    if not train or p == 0:             # PyTorch's _dropout: the input itself, no mask, no random draw
         return input
     return native_dropout(input, p, True)[0]
 
 
 @export("dropout_")
 def dropout_(input, p, train):
-    if not train:
+    if not train or p == 0:
         return input
     return input.mul_(native_dropout(ones_like(input), p, True)[0])
 

@@ -20,6 +20,7 @@ from .. import _dtype as D
 from .. import _state
 from .._tensor import Tensor
 from .._dispatch import type_name, resize_out
+from .._backends import triton_launch
 from ._registry import defop, export, EXPORTS, LINALG, TensorSpec, Tag
 from ._helpers import wrap_dim, wrap_dims, opmath, PAR_MIN, parallel_blocks
 from .._backends import cpu_kernels, cuda_kernels
@@ -132,7 +133,25 @@ def _sum_meta(self, dim=None, keepdim=False, *, dtype=None):
 def sum(xp, self, dim=None, keepdim=False, *, dtype=None):
     if dim is None and dtype is None and not keepdim and xp is np and self.dtype in _FAST_FLOATS:
         return np.asarray(np.add.reduce(self, None))     # fast path: full float sum
+    if xp is not np and (r := _cuda_column_sum(self, dim, keepdim, dtype)) is not None:
+        return r
     return _sum_kernel(xp, self, dim, keepdim, dtype=dtype)
+
+
+def _cuda_column_sum(x, dim, keepdim, dtype):
+    """A sum over the leading dims of a CuPy array (a bias gradient) through the Triton column sum
+    (`_backends.triton_sum`), else None."""
+    dims = _dims(dim, x.ndim)
+    k = len(dims)
+    if not 0 < k < x.ndim or dims != tuple(range(k)) or not triton_launch.available():
+        return None
+    out = _sum_dtype(D.FROM_NP[x.dtype], dtype)
+    rows = math.prod(x.shape[:k])
+    from .._backends import triton_sum  # deferred: imports Triton, optional (cuda only)
+    if not triton_sum.supported(x, rows, out.np):
+        return None
+    r = triton_sum.column_sum(x, rows, out.np)
+    return r.reshape(((1,) * k if keepdim else ()) + tuple(x.shape[k:]))
 
 
 _FAST_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
