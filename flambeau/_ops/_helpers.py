@@ -277,6 +277,11 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
             if a.flags.c_contiguous and b.flags.c_contiguous:
                 return r
             return lay_out_pointwise(xp, r, a, b)
+        if out_dtype is None and type(a) is np.ndarray and _keeps_dtype(a.dtype, b, fast):
+            # an array and a Python number that leaves its dtype (`i + block`, `x * 0.5`): what the
+            # general path below computes, without its promotion and casts
+            r = fn(xp, a, b) if ufunc is None else ufunc(a, b)
+            return r if a.flags.c_contiguous else lay_out_pointwise(xp, r, a, b)
         dt = result_type(a, b)
         if to_float and dt.category < D.FLOATING:
             dt = _state.default_dtype
@@ -298,6 +303,23 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
         return lay_out_pointwise(xp, r, a, b)
     kernel.__name__ = name or getattr(fn, "__name__", "binary")
     return kernel
+
+
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _keeps_dtype(dt: np.dtype, x, fast) -> bool:
+    """Whether a Python number `x` meeting an array of dtype `dt` (one of `fast`) leaves the result
+    in `dt` with `x` taken as is: a float or int with a float array, an int in int32 range with an
+    integer array. NumPy's weak scalars then compute what PyTorch does."""
+    t = type(x)
+    if dt not in fast:
+        return False
+    if t is float:
+        return dt.kind == "f"
+    if t is int:
+        return dt.kind == "f" or _INT32_MIN <= x <= _INT32_MAX
+    return False
 
 
 class _C:

@@ -280,10 +280,23 @@ def apply_index(self, index):
     return r, idx
 
 
+def _slice_of_ints(key: slice) -> slice:
+    """A slice whose 0-dim integer cpu Tensor bounds are read as ints, as `apply_index` reads them
+    (any other bound is left for it to judge)."""
+    def bound(b):
+        if type(b) is Tensor and b.ndim == 0 and b.dtype.category == D.INTEGER and b.dtype is not D.uint8 \
+                and b.device.type == "cpu":
+            return int(b)
+        return b
+    return slice(bound(key.start), bound(key.stop), key.step)
+
+
 @export("__getitem__", method=True, function=False)
 def getitem(self, key):
     t = type(key)
     if self.ndim:                        # fast paths for the commonest keys; same ops as below
+        if t is builtins.slice and (type(key.start) is Tensor or type(key.stop) is Tensor):
+            key = _slice_of_ints(key)    # data[i:i + n] with i drawn by randint (get_batch)
         if t is builtins.slice and (key.step is None or type(key.step) is int and key.step > 0) \
                 and type(key.start) in (int, type(None)) and type(key.stop) in (int, type(None)):
             if key.start is None and key.stop is None and key.step in (None, 1):

@@ -54,9 +54,24 @@ def _cat_check(shapes, dim):
     return d, tuple(ref[:d]) + (total,) + tuple(ref[d + 1:])
 
 
+def _alike(arrays) -> bool:
+    """Whether every array has the first one's dtype and shape, which has at least one dimension
+    and no zero size (nothing for `_cat_check` to reject or skip, no promotion)."""
+    first = arrays[0]
+    dt, shape = first.dtype, first.shape
+    if not shape or not first.size:
+        return False
+    for a in arrays:
+        if a.dtype != dt or a.shape != shape:
+            return False
+    return True
+
+
 @defop("cat(Tensor[] tensors, int dim=0) -> Tensor", tags=(Tag.core, Tag.cpu_autocast_promote))
 def cat(xp, tensors, dim=0):
     tensors = list(tensors)
+    if tensors and _alike(tensors):       # the common case (stack, get_batch): one dtype, one shape
+        return xp.concatenate(tensors, axis=wrap_dim(dim, tensors[0].ndim))
     d, shape = _cat_check([t.shape for t in tensors], dim)
     dt = result_type(*tensors).np
     if d is None:
@@ -99,6 +114,14 @@ def stack(tensors, dim=0, *, out=None):
             raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} at "
                                f"entry 0 and {list(t.shape)} at entry {i}")
     d = wrap_dim(dim, tensors[0].ndim + 1)
+    shape = tensors[0].shape
+    if d < len(shape) and shape[d]:
+        # one cat along d, its blocks then split into a new dimension: the layout stack's result
+        # has, with one op call in place of one unsqueeze per tensor
+        res = cat(tensors, d).view(*shape[:d], len(tensors), *shape[d:])
+        if type(res) is Tensor:
+            res._base = None         # nothing else sees the cat result: not a view, as PyTorch's stack
+        return with_out(res, out)
     return cat([t.unsqueeze(d) for t in tensors], d, out=out)
 
 

@@ -1,0 +1,92 @@
+"""The eager fast paths that bench/cpu_models.py made (a script's get_batch, small products), each
+against PyTorch on the inputs that take the fast path and on its edges that must not."""
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+
+
+def _pair(a, **kw):
+    return flambeau.tensor(a, **kw), torch.tensor(a, **kw)
+
+
+def _same(f, t):
+    assert f.dtype.__repr__().split(".")[-1] == str(t.dtype).split(".")[-1]
+    assert tuple(f.shape) == tuple(t.shape)
+    np.testing.assert_array_equal(f.detach().numpy(), t.detach().numpy())
+
+
+# ---- stack: one cat and a view when the new dimension is not the last ---------------------------
+@pytest.mark.parametrize("shape,dim", [((8,), 0), ((2, 3), 0), ((2, 3), 1), ((2, 3), -2), ((2, 3), -1),
+                                       ((2, 3), 2), ((), 0), ((0,), 0), ((2, 0), 1)])
+def test_stack_matches_pytorch(shape, dim):
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
+    fs = [flambeau.tensor(a, requires_grad=True) for a in arrays]
+    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
+    f, t = flambeau.stack(fs, dim), torch.stack(ts, dim)
+    _same(f, t)
+    assert f._base is None and (t.numel() == 0 or f.stride() == t.stride())
+    g = rng.standard_normal(tuple(t.shape)).astype(np.float32)
+    f.backward(flambeau.tensor(g))
+    t.backward(torch.tensor(g))
+    for a, b in zip(fs, ts):
+        _same(a.grad, b.grad)
+
+
+def test_stack_result_takes_inplace_ops_with_grad():
+    fs = [flambeau.ones(3, requires_grad=True) for _ in range(2)]
+    ts = [torch.ones(3, requires_grad=True) for _ in range(2)]
+    f, t = flambeau.stack([fs[0], fs[1]]), torch.stack([ts[0], ts[1]])
+    f.mul_(2)
+    t.mul_(2)
+    f.sum().backward()
+    t.sum().backward()
+    _same(fs[0].grad, ts[0].grad)
+
+
+def test_stack_promotes_and_checks_shapes_as_pytorch():
+    _same(flambeau.stack([flambeau.ones(2), flambeau.ones(2, dtype=flambeau.int64)]),
+          torch.stack([torch.ones(2), torch.ones(2, dtype=torch.int64)]))
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        flambeau.stack([flambeau.ones(2), flambeau.ones(3)])
+    out = flambeau.empty(0)
+    flambeau.stack([flambeau.ones(2), flambeau.zeros(2)], 0, out=out)
+    _same(out, torch.stack([torch.ones(2), torch.zeros(2)]))
+
+
+def test_cat_of_alike_arrays_matches_pytorch():
+    rng = np.random.default_rng(1)
+    arrays = [rng.integers(0, 9, size=(3, 2)) for _ in range(5)]
+    for dim in (0, 1, -1):
+        _same(flambeau.cat([flambeau.tensor(a) for a in arrays], dim), torch.cat([torch.tensor(a) for a in arrays], dim))
+    with pytest.raises(IndexError):
+        flambeau.cat([flambeau.tensor(a) for a in arrays], 2)
+
+
+# ---- get_batch: slices bounded by 0-dim tensors, a tensor plus a Python int ---------------------
+def test_get_batch_slices_match_pytorch():
+    data = np.arange(100, dtype=np.int64) * 3
+    fd, td = _pair(data)
+    fi, ti = _pair(np.array([5, 0, 91]))
+    fx = flambeau.stack([fd[i:i + 8] for i in fi])
+    tx = torch.stack([td[i:i + 8] for i in ti])
+    _same(fx, tx)
+    _same(fd[fi[0]:], td[ti[0]:])
+    _same(fd[:fi[0]], td[:ti[0]])
+    _same(fd[fi[0]:fi[1] + 50:2], td[ti[0]:ti[1] + 50:2])
+    _same(fd[flambeau.tensor(-5, dtype=flambeau.int32):], td[torch.tensor(-5, dtype=torch.int32):])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "int32"])
+@pytest.mark.parametrize("scalar", [3, -7, 0.5, 2 ** 31 - 1, 2 ** 31, 2 ** 40])
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_tensor_with_python_number_matches_pytorch(dtype, scalar, op):
+    a = (np.arange(-3, 5).reshape(2, 4) * 1000003).astype(dtype)
+    for f, t in ((flambeau.tensor(a), torch.tensor(a)), (flambeau.tensor(a[0, 1]), torch.tensor(a[0, 1])),
+                 (flambeau.tensor(a).t(), torch.tensor(a).t())):
+        fr, tr = getattr(flambeau, op)(f, scalar), getattr(torch, op)(t, scalar)
+        assert str(fr.dtype).split(".")[-1] == str(tr.dtype).split(".")[-1]
+        assert tuple(fr.stride()) == tuple(tr.stride())
+        np.testing.assert_allclose(fr.numpy(), tr.numpy(), rtol=1.3e-6)
