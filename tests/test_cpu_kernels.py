@@ -31,6 +31,7 @@ SHAPES = [(64, 256, 256), (1, 1000, 1), (13, 7, 33), (12, 96, 32), (97, 300, 65)
 @pytest.mark.parametrize("parallel", [False, True])
 def test_gemm_shapes_layouts(M, K, N, ta, tb, parallel, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "SMALL_ITEM_MACS", 0)
     monkeypatch.setattr(cpu_kernels, "PARALLEL_MACS", 0 if parallel else 1 << 62)
     rng = np.random.default_rng(M * 1000 + K * 10 + N)
     a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
@@ -41,6 +42,7 @@ def test_gemm_shapes_layouts(M, K, N, ta, tb, parallel, monkeypatch):
 
 def test_gemm_strided_negative_and_out(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "SMALL_ITEM_MACS", 0)
     rng = np.random.default_rng(0)
     big = rng.standard_normal((80, 90)).astype(np.float32)
     a = big[::2, 5:70:3]            # (40, 22), non-unit strides both ways
@@ -56,6 +58,7 @@ def test_gemm_strided_negative_and_out(monkeypatch):
 
 def test_gemm_batched_broadcast(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "SMALL_ITEM_MACS", 0)
     rng = np.random.default_rng(1)
     a = rng.standard_normal((3, 4, 17, 29)).astype(np.float32)
     b = rng.standard_normal((29, 31)).astype(np.float32)
@@ -71,6 +74,7 @@ def test_gemm_batched_broadcast(monkeypatch):
 
 def test_gemm_empty_and_zero_k(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "SMALL_ITEM_MACS", 0)
     a = np.ones((3, 0), np.float32)
     b = np.ones((0, 4), np.float32)
     np.testing.assert_array_equal(cpu_kernels.matmul(a, b), np.zeros((3, 4), np.float32))
@@ -78,6 +82,19 @@ def test_gemm_empty_and_zero_k(monkeypatch):
     cpu_kernels.matmul(a, b, out=out)
     np.testing.assert_array_equal(out, np.zeros((3, 4), np.float32))
     assert cpu_kernels.matmul(np.ones((0, 5), np.float32), np.ones((5, 4), np.float32)).shape == (0, 4)
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1)])
+def test_batches_of_small_products_match_torch(ta, tb):
+    """Attention's per-head products (below SMALL_ITEM_MACS each: NumPy's BLAS), any layout."""
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((8, 4, 16, 32) if ta else (8, 4, 32, 16)).astype(np.float32)
+    b = rng.standard_normal((8, 4, 32, 16) if tb else (8, 4, 16, 32)).astype(np.float32)
+    a, b = (a.swapaxes(-1, -2) if ta else a), (b.swapaxes(-1, -2) if tb else b)
+    _check(cpu_kernels.matmul(a, b), a, b)
+    got = flambeau.matmul(flambeau.from_numpy(a), flambeau.from_numpy(b)).numpy()
+    torch.testing.assert_close(torch.from_numpy(got), torch.matmul(torch.from_numpy(a), torch.from_numpy(b)),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_nonfloat32_goes_to_numpy():
@@ -116,6 +133,7 @@ def test_linear_and_conv_match_torch():
 
 def test_out_overlapping_an_operand_is_still_right(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "SMALL_ITEM_MACS", 0)
     rng = np.random.default_rng(4)
     a = rng.standard_normal((40, 40)).astype(np.float32)
     b = rng.standard_normal((40, 40)).astype(np.float32)
@@ -127,6 +145,7 @@ def test_out_overlapping_an_operand_is_still_right(monkeypatch):
 def test_forked_child_runs_products_single_threaded(monkeypatch):
     import multiprocessing as mp
     monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "SMALL_ITEM_MACS", 0)
     rng = np.random.default_rng(5)
     a = rng.standard_normal((256, 256)).astype(np.float32)
     cpu_kernels.matmul(a, a)              # the parent's OpenMP team exists now

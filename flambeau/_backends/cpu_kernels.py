@@ -30,6 +30,10 @@ _state: dict = {}
 PARALLEL_MACS = 1 << 20
 # Below this many multiply-adds NumPy's call is cheaper than ours (packing dominates).
 MIN_MACS = 1 << 19
+# A batch of products this small each (attention's 32x32 by 32x16 per head) goes to NumPy's BLAS
+# whatever the batch: OpenBLAS multiplies such small matrices without packing them, 2-7x faster per
+# item than our packed kernel (one thread; bench/cpu_models.py's small GPT).
+SMALL_ITEM_MACS = 1 << 16
 
 
 def _load():
@@ -111,6 +115,8 @@ def matmul(a, b, out=None):
         return np.matmul(a, b, out=out)
     macs = M * N * K
     if a.ndim > 2 or b.ndim > 2:       # batched: the whole product's size decides
+        if macs < SMALL_ITEM_MACS:
+            return np.matmul(a, b, out=out)
         macs *= max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2]))
     if macs < MIN_MACS:
         return np.matmul(a, b, out=out)
