@@ -318,6 +318,7 @@ def _mark_views(base, out):
     if isinstance(out, Tensor):
         out._base = b
         out._version = base._version
+        out._view_version = base._version[0]
     elif isinstance(out, (tuple, list)):
         for o in out:
             _mark_views(base, o)
@@ -428,6 +429,8 @@ def _inplace(op, args, kwargs):
     rg = _state.grad_enabled and any(t._requires_grad for t in flat_tensors(args, kwargs))
     fw = any(t._fw_grad is not None for t in flat_tensors(args, kwargs))
     orig = None
+    if rg and self._base is not None:
+        _graph.refresh_view(self)
     if rg and "self" in f.saved_names:
         orig = self.detach().clone() if self._device.type != "meta" else self.detach()
         orig.grad_fn, orig._output_nr, orig._requires_grad = self.grad_fn, self._output_nr, self._requires_grad

@@ -62,6 +62,7 @@ class Tensor:
     grad_fn = None
     _grad = None
     _base = None
+    _view_version = 0      # a view's version counter when its grad_fn was recorded (autograd.graph.refresh_view)
     _output_nr = 0
     _hooks = None
     _fw_grad = None

@@ -397,3 +397,73 @@ def test_silu_rounds_as_pytorch():
     np.testing.assert_array_equal(res.numpy(), ref.numpy())
     failures = check_seed(889)
     assert not failures, "\n\n".join(f.report() for f in failures)
+
+
+def _views_of_one_intermediate(m, x):
+    v = x * 2
+    return v, v.transpose(0, 1)[0], v[:, 1:]
+
+
+def _two_views_of_a_hidden_intermediate(m, x):
+    v = x - 1
+    return v.transpose(0, 1)[0], v[:, :, 1:]
+
+
+@pytest.mark.parametrize("fn", [_views_of_one_intermediate, _two_views_of_a_hidden_intermediate])
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_compiled_outputs_that_view_one_intermediate_alias_each_other(fn, dynamic, requires_grad):
+    """Outputs that are views of one intermediate (or the intermediate and its view) come back as
+    views of one tensor, so an in-place op through one is seen through the others, as in eager; the
+    compiled function returned independent copies and the write was lost (fuzzer seed 643:
+    `v0.transpose(0, 1)[0].add_(1)` after a graph break that ended the graph at the view)."""
+    data = np.arange(12, dtype=np.float32).reshape(1, 3, 4) / 4
+
+    def run(m, f):
+        x = m.tensor(data, requires_grad=requires_grad)
+        outs = f(m, x)
+        outs[0].mul_(-3)
+        outs[-1].add_(1)
+        vals = [o.detach().numpy().copy() for o in outs]
+        if requires_grad:
+            grads = m.autograd.grad(sum(((o * (k + 2)) ** 2).sum() for k, o in enumerate(outs)), x)
+            vals.append(grads[0].numpy())
+        return vals
+    ref = run(torch, fn)
+    res = run(fl, lambda m, x: fl.compile(lambda y: fn(m, y), dynamic=dynamic)(x))
+    assert len(res) == len(ref)
+    for r, s in zip(ref, res):
+        np.testing.assert_allclose(s, r, rtol=1e-6)
+
+
+def _view_then_base_mutated(m, x):
+    v = x.roll(3, 0)
+    w = v.flatten()
+    v.clamp_(min=-1.0)
+    return m.nn.functional.softsign(w.permute(0)), v
+
+
+def _view_then_sibling_mutated(m, x):
+    v = x * 2
+    a, b = v[1:], v[:, 1:]
+    a.sin_()
+    return b.exp(), v
+
+
+@pytest.mark.parametrize("fn", [_view_then_base_mutated, _view_then_sibling_mutated])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_view_grad_fn_regenerated_after_an_inplace_op_on_its_base(fn, compiled):
+    """After an in-place op on a view's base (or on another view of it), the view's next use reads
+    its elements from the base's new value (PyTorch regenerates its grad_fn as AsStridedBackward0 on
+    the base); the stale node sent the gradient to the old value (fuzzer seed 379)."""
+    data = (np.arange(20, dtype=np.float32).reshape(4, 5) - 9.5) / 4
+
+    def run(m, f):
+        x = m.tensor(data, requires_grad=True)
+        outs = f(m, x.transpose(0, 1))
+        loss = sum((o * (m.arange(o.numel()).reshape(o.shape) % 7 - 3)).sum() for o in outs)
+        return [o.detach().numpy() for o in outs] + [m.autograd.grad(loss, x)[0].numpy()]
+    ref = run(torch, fn)
+    res = run(fl, (lambda m, x: fl.compile(lambda y: fn(m, y))(x)) if compiled else fn)
+    for r, s in zip(ref, res):
+        np.testing.assert_allclose(s, r, rtol=1e-5, atol=1e-6)

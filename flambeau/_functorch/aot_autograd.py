@@ -22,8 +22,9 @@ on the first call for given input metadata, does:
    `bw_compiler` at its first use (its example inputs are the real saved values and tangents).
 5. **Run** both inside an `autograd.Function`, with autocast off (a trace under autocast holds its
    casts, and the autocast state is part of the cache key); afterwards mutated inputs get their new value
-   (`copy_`, no grad) and outputs that alias an input are regenerated from that input by replaying
-   their view ops, so they alias it as in eager.
+   (`copy_`, no grad) and outputs that alias an input, another output or an intermediate that
+   several outputs view (returned as an extra graph output) are regenerated from it by replaying
+   their view ops, so they alias it as in eager and an in-place op through one is seen by the others.
 
 `FLAMBEAU_LOGS=aot` prints the joint, forward and backward graphs. `aot_module` lifts a module's
 parameters and buffers into inputs; `aot_module_simplified(gm, example_inputs, ...)` is the form
@@ -176,8 +177,9 @@ class _Meta:
 
     def __init__(self):
         self.n_outs = 0            # flat user outputs
-        self.aliases = []          # per user output: (input position, view chain) or None
+        self.aliases = []          # per user output: what it is a view of (functionalization.output_aliases) or None
         self.graph_outs = []       # positions of user outputs the graph returns
+        self.n_bases = 0           # intermediate bases the graph returns after them (views regenerated from)
         self.mutated = []          # input positions mutated, in the order their values are returned
         self.diff_outs = []        # graph-output positions (among the user outputs) that get tangents
         self.grad_inputs = []      # input positions that receive gradients
@@ -247,18 +249,17 @@ def _trace_graph(flat_fn: Callable, flat_args: list, *, joint: bool, tracing_mod
     wrt = [i for i, p in enumerate(prims) if p._requires_grad]
     meta = _Meta()
 
-    def backward(out, mode, aliases):
+    def backward(out, mode, aliases, bases):
         outs = flat_input_tensors(out)
-        graph_outs = [k for k in range(len(outs)) if aliases[k] is None]
-        diff = [j for j, k in enumerate(graph_outs) if _differentiable(outs[k])]
+        returned = [outs[k] for k in range(len(outs)) if aliases[k] is None] + bases
+        diff = [j for j, o in enumerate(returned) if _differentiable(o)]
         for i in wrt:
             if prims[i]._data is not originals[i]:
                 raise NotImplementedError("aot_autograd: an input that requires grad is mutated in place")
-        tangents = [tr.input_like(outs[graph_outs[j]], f"tangents_{n + 1}") for n, j in enumerate(diff)]
+        tangents = [tr.input_like(returned[j], f"tangents_{n + 1}") for n, j in enumerate(diff)]
         grads = [None] * len(wrt)
         if diff and wrt:
-            grads = list(grad([outs[graph_outs[j]] for j in diff], [prims[i] for i in wrt], tangents,
-                              allow_unused=True))
+            grads = list(grad([returned[j] for j in diff], [prims[i] for i in wrt], tangents, allow_unused=True))
         return diff, wrt, grads
 
     fn = flat_fn if joint else _decomposed(flat_fn, decompositions)
@@ -266,13 +267,15 @@ def _trace_graph(flat_fn: Callable, flat_args: list, *, joint: bool, tracing_mod
     outs = flat_input_tensors(res.out)
     meta.n_outs = len(outs)
     meta.aliases = res.aliases
-    if any(a is not None and _check_alias_chain(a[1], _size_sources(prims)) for a in res.aliases):
+    if any(a is not None and _check_alias_chain(a[2], _size_sources(prims)) for a in res.aliases):
         meta.size_sources = _size_sources(prims)
     meta.graph_outs = [k for k in range(len(outs)) if res.aliases[k] is None]
+    meta.n_bases = len(res.bases)
     meta.mutated = [i for i, _ in res.mutations]
-    graph_outputs = [outs[k] for k in meta.graph_outs] + [v for _, v in res.mutations]
-    meta.nondiff_outs = [j for j, k in enumerate(meta.graph_outs) if not _differentiable(outs[k])]
-    meta.nondiff_outs += list(range(len(meta.graph_outs), len(graph_outputs)))
+    returned = [outs[k] for k in meta.graph_outs] + res.bases
+    graph_outputs = returned + [v for _, v in res.mutations]
+    meta.nondiff_outs = [j for j, o in enumerate(returned) if not _differentiable(o)]
+    meta.nondiff_outs += list(range(len(returned), len(graph_outputs)))
     if joint:
         meta.diff_outs, meta.grad_inputs, grads = res.extra
         graph_outputs += grads
@@ -315,7 +318,7 @@ def _compile(flat_fn: Callable, flat_args: list, fw_compiler: Callable, bw_compi
     if decompositions:
         joint = _retrace(joint, tr, decompositions)
     _dump("AOT joint graph", joint)
-    num_fwd = len(meta.graph_outs) + len(meta.mutated)
+    num_fwd = len(meta.graph_outs) + meta.n_bases + len(meta.mutated)
     fw_gm, bw_gm = partition_fn(joint, flat_args, num_fwd_outputs=num_fwd)
     _dump("AOT forward graph", fw_gm)
     _dump("AOT backward graph", bw_gm)
@@ -331,18 +334,21 @@ def _write_back(x: Tensor, final: Tensor):
 
 
 def _finish(meta: _Meta, args, graph_vals) -> list:
-    """Copy mutated inputs back, regenerate outputs that alias inputs, return the flat outputs."""
-    n = len(meta.graph_outs)
+    """Copy mutated inputs back, regenerate outputs that alias inputs, other outputs or intermediate
+    bases (returned after the outputs), return the flat outputs."""
+    n = len(meta.graph_outs) + meta.n_bases
     if meta.mutated:
         for i, v in zip(meta.mutated, graph_vals[n:n + len(meta.mutated)]):
             _write_back(args[i], v)
     outs = [None] * meta.n_outs
     for j, k in enumerate(meta.graph_outs):
         outs[k] = graph_vals[j]
+    sources = {"input": args, "output": outs, "base": graph_vals[len(meta.graph_outs):n]}
     for k, a in enumerate(meta.aliases):
         if a is not None:
-            x = args[a[0]]
-            chain = a[1] if meta.size_sources is None else _concrete_chain(a[1], meta.size_sources, args)
+            kind, i, chain = a
+            x = sources[kind][i]
+            chain = chain if meta.size_sources is None else _concrete_chain(chain, meta.size_sources, args)
             for step in chain:
                 x = _apply_step(step, x)
             outs[k] = x

@@ -13,8 +13,8 @@ Under a tracing mode (make_fx) the recorded graph therefore holds only functiona
 matched to the node that made its current array. `functionalize(fn)` wraps a function: inputs
 mutated by `fn` get their final value copied back once at the end (`copy_`, the only mutation left
 in a traced graph), e.g. BatchNorm's running statistics. `run_functionalized` is the same without
-the copy-back: it reports the mutated inputs and the outputs that alias inputs (AOT autograd
-turns the former into graph outputs and regenerates the latter at run time).
+the copy-back: it reports the mutated inputs and the outputs that alias inputs or each other (AOT
+autograd turns the former into graph outputs and regenerates the latter at run time).
 
 Limits: only views made while the mode is active are tracked (inputs that alias each other are
 treated as distinct), and `detach()` / `.data` results share the old value, not later updates.
@@ -189,6 +189,7 @@ class FunctionalTensorMode(TorchDispatchMode):
                 x = _apply_step(step, x)
             t._data = x._data
             t.grad_fn, t._output_nr, t._requires_grad = x.grad_fn, x._output_nr, x._requires_grad
+            t._view_version = t._version[0]
             info.gen = g
         return t
 
@@ -329,17 +330,50 @@ def flat_input_tensors(args, kwargs=None) -> list:
 
 class FunctionalResult:
     """What `run_functionalized` reports: the outputs, the mutated inputs (position in the flat
-    input list, final value) and, per output, the input it aliases: (input position, view chain)
-    or None."""
+    input list, final value), per output what it aliases (see `output_aliases`), the intermediate
+    bases that some outputs are views of, and what `then` returned."""
 
-    def __init__(self, out, mutations, aliases, extra):
-        self.out, self.mutations, self.aliases, self.extra = out, mutations, aliases, extra
+    def __init__(self, out, mutations, aliases, bases, extra):
+        self.out, self.mutations, self.aliases, self.bases, self.extra = out, mutations, aliases, bases, extra
+
+
+def output_aliases(mode: FunctionalTensorMode, outs: list, inputs: list) -> tuple[list, list]:
+    """Per output, what it must alias at run time so that a later in-place op through one output is
+    seen through the others, as in eager: `("input", i, chain)` a view of input `i`, `("output", k,
+    chain)` a view of (or the same tensor as) the earlier output `k`, `("base", b, chain)` a view of
+    the intermediate `bases[b]` that two or more outputs are views of (it becomes an extra graph
+    output, PyTorch's alias_of_intermediate), or None (an output of its own). A single view of an
+    intermediate nothing else refers to is an output of its own: no one can observe the aliasing."""
+    pos = {id(t): i for i, t in reversed(list(enumerate(inputs)))}
+    roots = [mode.base_of(o) for o in outs]
+    own = {}                            # id(output that is no view) -> its position
+    for k, (o, (base, chain)) in enumerate(zip(outs, roots)):
+        if not chain and id(o) not in pos:
+            own.setdefault(id(o), k)
+    shared: dict = {}                   # id(intermediate base) -> number of outputs viewing it
+    for base, chain in roots:
+        if chain and id(base) not in pos and id(base) not in own:
+            shared[id(base)] = shared.get(id(base), 0) + 1
+    aliases, bases, base_pos = [], [], {}
+    for k, (o, (base, chain)) in enumerate(zip(outs, roots)):
+        if id(base) in pos:
+            aliases.append(("input", pos[id(base)], chain))
+        elif id(base) in own and own[id(base)] != k:
+            aliases.append(("output", own[id(base)], chain))
+        elif chain and shared.get(id(base), 0) > 1:
+            if id(base) not in base_pos:
+                base_pos[id(base)] = len(bases)
+                bases.append(base)
+            aliases.append(("base", base_pos[id(base)], chain))
+        else:
+            aliases.append(None)
+    return aliases, bases
 
 
 def run_functionalized(fn: Callable, args: tuple, kwargs: dict | None = None,
                        then: Callable | None = None) -> FunctionalResult:
     """Run `fn(*args, **kwargs)` under functionalization without writing into its inputs (see module
-    docstring). `then(out, mode, aliases)`, if given, runs under the same mode right after `fn` (AOT autograd
+    docstring). `then(out, mode, aliases, bases)`, if given, runs under the same mode right after `fn` (AOT autograd
     runs the backward there); its result is `.extra`."""
     kwargs = kwargs or {}
     extra = None
@@ -357,20 +391,16 @@ def run_functionalized(fn: Callable, args: tuple, kwargs: dict | None = None,
         outs = flat_input_tensors(out)
         for o in outs:
             mode.sync(o)
-        pos = {id(t): i for i, t in reversed(list(enumerate(inputs)))}
-        aliases = []
-        for o in outs:
-            base, chain = mode.base_of(o)
-            aliases.append((pos[id(base)], chain) if id(base) in pos else None)
+        aliases, bases = output_aliases(mode, outs, inputs)
         if then is not None:
             with mode:
-                extra = then(out, mode, aliases)
+                extra = then(out, mode, aliases, bases)
     finally:
         mutations = []
         for s in saved:
             if s.t._data is not s.data:
                 mutations.append((pos_of(inputs, s.t), s.restore()))
-    return FunctionalResult(out, mutations, aliases, extra)
+    return FunctionalResult(out, mutations, aliases, bases, extra)
 
 
 def pos_of(seq, t) -> int:

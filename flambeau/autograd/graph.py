@@ -170,7 +170,21 @@ def _meta_of(t):
     return (t._data.shape, t._dtype, t._device)
 
 
+def refresh_view(t: Tensor) -> None:
+    """PyTorch's view grad_fn regeneration: a view that requires grad, whose base was modified in place
+    since the view's node was recorded (their shared version counter moved on), takes a new node
+    reading its elements out of the base's current value (AsStridedBackward0 on the base)."""
+    base = t._base
+    if t._version[0] == t._view_version or not t._requires_grad or not base._requires_grad:
+        return
+    t.grad_fn = ViewOfBase(_edge(base), _meta_of(base), _ViewIndex(base, t))
+    t._output_nr = 0
+    t._view_version = t._version[0]
+
+
 def _edge(t: Tensor):
+    if t._base is not None:
+        refresh_view(t)
     if t.grad_fn is not None:
         return (t.grad_fn, t._output_nr)
     if t._requires_grad:
@@ -334,19 +348,34 @@ def record_inplace(f, args, kwargs, self: Tensor):
     _rebase_view(base, self)
 
 
-def _view_index(base: Tensor, view: Tensor):
-    """Flat (logical, C-order) indices into `base` of each element of `view`, shaped like `view`."""
-    pb = storage_positions(base.shape, base.stride(), base.storage_offset())
-    pv = storage_positions(view.shape, view.stride(), view.storage_offset())
-    store = np.zeros(int(max(pb.max(initial=0), pv.max(initial=0))) + 1, dtype=np.int64)
-    store[pb.ravel()] = np.arange(pb.size, dtype=np.int64)
-    return _tensor(store[pv], device=base.device)
+def _geometry(t: Tensor) -> tuple:
+    return tuple(t.shape), t.stride(), t.storage_offset()
+
+
+class _ViewIndex:
+    """Flat (logical, C-order) indices into a base of each element of its view, shaped like the view;
+    computed at first use in backward (recording stays free of data work, and of symbolic sizes
+    under fake tracing, where backward never runs)."""
+
+    __slots__ = ("base_geom", "view_geom", "device", "value")
+
+    def __init__(self, base: Tensor, view: Tensor):
+        self.base_geom, self.view_geom, self.device, self.value = _geometry(base), _geometry(view), base.device, None
+
+    def get(self) -> Tensor:
+        if self.value is None:
+            pb = storage_positions(*self.base_geom)
+            pv = storage_positions(*self.view_geom)
+            store = np.zeros(int(max(pb.max(initial=0), pv.max(initial=0))) + 1, dtype=np.int64)
+            store[pb.ravel()] = np.arange(pb.size, dtype=np.int64)
+            self.value = _tensor(store[pv], device=self.device)
+        return self.value
 
 
 class CopySlices(Node):
     """New value of a base whose view was modified in place: old base outside, new view inside."""
 
-    def __init__(self, base_edge, base_meta, view_edge, view_meta, index):
+    def __init__(self, base_edge, base_meta, view_edge, view_meta, index: _ViewIndex):
         super().__init__([base_edge, view_edge], [base_meta, view_meta])
         self._index = index
         self._base_shape = base_meta[0]
@@ -357,15 +386,15 @@ class CopySlices(Node):
     def apply(self, grads):
         g = grads[0]
         flat = g.reshape(-1)
-        idx = self._index.reshape(-1)
-        mask = ones(flat.shape, dtype=g.dtype, device=g.device).index_fill(0, idx, 0)
-        return [(flat * mask).reshape(self._base_shape), flat.take(self._index)]
+        index = self._index.get()
+        mask = ones(flat.shape, dtype=g.dtype, device=g.device).index_fill(0, index.reshape(-1), 0)
+        return [(flat * mask).reshape(self._base_shape), flat.take(index)]
 
 
 class ViewOfBase(Node):
     """A view re-derived from its (rebased) base: scatters the view's grad into the base's shape."""
 
-    def __init__(self, base_edge, base_meta, index):
+    def __init__(self, base_edge, base_meta, index: _ViewIndex):
         super().__init__([base_edge], [base_meta])
         self._index = index
         self._base_shape = base_meta[0]
@@ -379,16 +408,17 @@ class ViewOfBase(Node):
         for s in self._base_shape:
             n *= s
         z = zeros((n,), dtype=g.dtype, device=g.device)
-        return [z.index_add(0, self._index.reshape(-1), g.reshape(-1)).reshape(self._base_shape)]
+        return [z.index_add(0, self._index.get().reshape(-1), g.reshape(-1)).reshape(self._base_shape)]
 
 
 def _rebase_view(base: Tensor, view: Tensor):
-    idx = _view_index(base, view)
+    idx = _ViewIndex(base, view)
     bmeta = _meta_of(base)
     cs = CopySlices(_edge(base), bmeta, (view.grad_fn, view._output_nr), _meta_of(view), idx)
     base.grad_fn, base._output_nr, base._requires_grad = cs, 0, True
     view.grad_fn = ViewOfBase((cs, 0), bmeta, idx)
     view._output_nr = 0
+    view._view_version = view._version[0]
 
 
 # ---- hooks ---------------------------------------------------------------------------------
