@@ -467,3 +467,18 @@ def test_view_grad_fn_regenerated_after_an_inplace_op_on_its_base(fn, compiled):
     res = run(fl, (lambda m, x: fl.compile(lambda y: fn(m, y))(x)) if compiled else fn)
     for r, s in zip(ref, res):
         np.testing.assert_allclose(s, r, rtol=1e-5, atol=1e-6)
+
+
+def test_dynamic_pdist_and_triangle_indices_as_pytorch():
+    """The count of triangle indices is a closed form of the sizes, so pdist and triu/tril_indices
+    compile with symbolic sizes (the count by enumeration raised TypeError on a SymInt, fuzzer seed
+    961); each size checked against PyTorch."""
+    def f(m, x):
+        n, k = x.shape
+        return m.nn.functional.pdist(x), m.triu_indices(n, k, 1), m.tril_indices(n, k, -1), m.triu_indices(k, n, -2)
+    compiled = fl.compile(lambda x: f(fl, x), dynamic=True)
+    for n, k in [(5, 4), (7, 4), (3, 6), (6, 6)]:
+        data = np.random.default_rng(n).standard_normal((n, k)).astype(np.float32)
+        for r, s in zip(f(torch, torch.tensor(data)), compiled(fl.tensor(data))):
+            assert tuple(s.shape) == tuple(r.shape)
+            np.testing.assert_allclose(s.numpy(), r.numpy(), rtol=1e-5)

@@ -459,8 +459,23 @@ def _tri_indices(name, lower, *, tags=()):
         return xp.asarray(np.stack([r, c]).astype((dtype or D.int64).np).reshape(2, -1))
 
     op.def_meta(lambda row, col, offset=0, *, dtype=None, device=None:
-                TensorSpec((2, len(_tri_count(row, col, offset, lower)[0])), dtype or D.int64))
+                TensorSpec((2, _tril_size(row, col, offset) if lower else row * col - _tril_size(row, col, offset - 1)),
+                           dtype or D.int64))
     return op
+
+
+def _tril_size(row, col, offset):
+    """Elements of the lower triangle of a row x col matrix on and below diagonal `offset`, in closed
+    form (so symbolic sizes give a symbolic count): a trapezoid of rows whose lengths grow by one from
+    `first` to `last`, then full rows of `col`."""
+    if row == 0 or col == 0:
+        return 0
+    first = min(col, 1 + offset) if offset > 0 else int(row + offset > 0)
+    last = max(0, min(col, row + offset))
+    rows = max(0, min(row, row + offset))
+    trapezoid = last - first + 1
+    size = (first + last) * trapezoid // 2
+    return size + (rows - trapezoid) * col if rows > trapezoid else size
 
 
 tril_indices = _tri_indices("tril_indices", True, tags=(Tag.core,))
