@@ -273,10 +273,12 @@ def _logspace(g, start, end, steps, base=10.0, dtype=None, device=None):
 def _tri_indices(g, row, col, offset=0, dtype=None, device=None, **kw):
     """Row-major (row, col) pairs of a triangle, element k of a closed form: the rows of the
     triangle form a rectangle of full rows and a trapezoid whose row lengths change by one; the
-    trapezoid row holding k solves a quadratic (in double, then corrected by one either way)."""
+    trapezoid row holding k solves a quadratic (in double, then corrected by one either way).
+    Symbolic sizes enter the closed form as index expressions; its min/max choices must then hold
+    for every size (SizeExpr comparisons raise Unsupported otherwise: the op runs eagerly)."""
     dt, shape = out_dtype(g), out_shape(g)
-    if any(isinstance(v, SizeExpr) for v in (row, col, offset)):
-        raise Unsupported("triangle indices of symbolic sizes")
+    if isinstance(offset, SizeExpr):
+        raise Unsupported("triangle indices with a symbolic offset")
     if shape[1] == 0:
         return Pointwise(shape, dt, lambda idx: ops.constant(0, dt))
     lower = g.node.target.name == "tril_indices"
@@ -294,7 +296,10 @@ def _tri_indices(g, row, col, offset=0, dtype=None, device=None, **kw):
     sign = 1 if lower else -1
 
     def c(v):
-        return ops.constant(v, D.int64)
+        return ops.index_expr(Index(None, v), D.int64) if isinstance(v, SizeExpr) else ops.constant(v, D.int64)
+
+    def f(v):
+        return ops.to_dtype(c(v), D.float64) if isinstance(v, SizeExpr) else ops.constant(float(v), D.float64)
 
     def started(j):                 # elements of the trapezoid before its row j
         return ops.add(ops.mul(j, c(m)), ops.mul(c(sign), ops.floor_divide(ops.mul(j, ops.sub(j, c(1))), c(2))))
@@ -306,8 +311,7 @@ def _tri_indices(g, row, col, offset=0, dtype=None, device=None, **kw):
         disc = ops.maximum(ops.to_dtype(ops.add(c(b * b), ops.mul(c(8 * sign), kt)), D.float64),
                            ops.constant(0.0, D.float64))
         root = ops.apply(aten.sqrt, disc)
-        est = ops.div(ops.sub(root, ops.constant(float(b), D.float64)) if lower else
-                      ops.sub(ops.constant(float(b), D.float64), root), ops.constant(2.0, D.float64))
+        est = ops.div(ops.sub(root, f(b)) if lower else ops.sub(f(b), root), ops.constant(2.0, D.float64))
         j = ops.to_dtype(ops.apply(aten.floor, est), D.int64)
         j = ops.sub(j, ops.to_dtype(ops.gt(started(j), kt), D.int64))
         j = ops.add(j, ops.to_dtype(ops.le(started(ops.add(j, c(1))), kt), D.int64))

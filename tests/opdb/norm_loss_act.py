@@ -93,8 +93,7 @@ DIST = [
            errors=lambda: [ErrorSample(S(T((3, 4)), T((3, 5))), RuntimeError, "same number of columns"),
                            ErrorSample(S(T((4,)), T((3, 4))), RuntimeError, "at least 2D")]),
     OpInfo("pdist", lambda d: [S(T((5, 3))), S(T((4, 2)), 1.0), S(T((4, 3)), 3.0)], fn=F + "pdist",
-           ops=("pdist", "pdist_backward"),
-           skip={"compile_dynamic": "triu_indices' meta function needs concrete sizes (np.arange of a SymInt)"}),
+           ops=("pdist", "pdist_backward")),
 ]
 
 
