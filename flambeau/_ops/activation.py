@@ -259,7 +259,7 @@ softplus = pointwise_family(
 
 softshrink = pointwise_family(
     "softshrink", "Scalar lambd=0.5",
-    fwd=lambda xp, x, l: xp.where(x > l, x - l, xp.where(x < -l, x + l, x * 0)),      # NaN and -0.0 kept
+    fwd=lambda xp, x, l: xp.where(xp.abs(x) <= l, 0, xp.where(x > l, x - l, x + l)),   # NaN kept; see decomposition
     bwd=lambda xp, g, x, l: g * (xp.abs(x) > l))
 
 hardshrink = pointwise_family(
