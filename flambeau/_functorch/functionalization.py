@@ -337,13 +337,18 @@ class FunctionalResult:
         self.out, self.mutations, self.aliases, self.bases, self.extra = out, mutations, aliases, bases, extra
 
 
+def _expanded(t: Tensor) -> bool:
+    return any(isinstance(st, int) and st == 0 and sz != 1 for sz, st in zip(t.shape, t.stride()))
+
+
 def output_aliases(mode: FunctionalTensorMode, outs: list, inputs: list) -> tuple[list, list]:
     """Per output, what it must alias at run time so that a later in-place op through one output is
     seen through the others, as in eager: `("input", i, chain)` a view of input `i`, `("output", k,
     chain)` a view of (or the same tensor as) the earlier output `k`, `("base", b, chain)` a view of
     the intermediate `bases[b]` that two or more outputs are views of (it becomes an extra graph
     output, PyTorch's alias_of_intermediate), or None (an output of its own). A single view of an
-    intermediate nothing else refers to is an output of its own: no one can observe the aliasing."""
+    intermediate nothing else refers to is an output of its own (no one can observe the aliasing)
+    unless it is expanded: its elements share memory, and an in-place op on it must raise as in eager."""
     pos = {id(t): i for i, t in reversed(list(enumerate(inputs)))}
     roots = [mode.base_of(o) for o in outs]
     own = {}                            # id(output that is no view) -> its position
@@ -360,7 +365,7 @@ def output_aliases(mode: FunctionalTensorMode, outs: list, inputs: list) -> tupl
             aliases.append(("input", pos[id(base)], chain))
         elif id(base) in own and own[id(base)] != k:
             aliases.append(("output", own[id(base)], chain))
-        elif chain and shared.get(id(base), 0) > 1:
+        elif chain and (shared.get(id(base), 0) > 1 or _expanded(o)):
             if id(base) not in base_pos:
                 base_pos[id(base)] = len(bases)
                 bases.append(base)

@@ -15,12 +15,12 @@ import builtins
 import numpy as np
 
 from .. import _dtype as D
-from .._backends import device_checks
+from .._backends import MetaArray, device_checks
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, OPS, Tag
 from ._helpers import wrap_dim, broadcast_shapes
 from .views import slice_, select, unsqueeze, alias, expand_shape
-from .._dispatch import type_name
+from .._dispatch import check_no_internal_overlap, type_name
 from .creation import zeros, tensor
 
 _INDEX_DTYPES = "tensors used as indices must be long, int, byte or bool tensors"
@@ -357,14 +357,21 @@ def copy_(self, src, non_blocking=False):
         src = src.to(self.device)
     if _same_elements(self, src):
         return self                       # PyTorch's copy_ returns at once (no overlap check: x[0] = x works)
+    if type(self._data) is MetaArray:
+        check_no_internal_overlap(self)   # as the kernel does for real data: fake tensors in a trace too
     return OPS["copy_"](self, src, non_blocking)
 
 
 def _same_elements(a, b) -> bool:
-    """`a` and `b` view the same memory the same way (same address, dtype, shape and strides)."""
+    """`a` and `b` view the same memory the same way (same address, dtype, shape and strides); without
+    data (meta, fake) the same address is the same tensor or the same base at the same offset."""
+    if a.dtype != b.dtype or a.shape != b.shape or a.stride() != b.stride():
+        return False
     p = a.data_ptr()
-    return (p != 0 and p == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
-            and a.stride() == b.stride())
+    if p != 0:
+        return p == b.data_ptr()
+    return a is b or ((a._base if a._base is not None else a) is (b._base if b._base is not None else b)
+                      and a.storage_offset() == b.storage_offset())
 
 
 @defop("fill.Scalar(Tensor self, Scalar value) -> Tensor", function=False, inplace=True,
