@@ -485,3 +485,49 @@ def test_dynamic_pdist_and_triangle_indices_as_pytorch():
         for r, s in zip(f(torch, torch.tensor(data)), compiled(fl.tensor(data))):
             assert tuple(s.shape) == tuple(r.shape)
             np.testing.assert_allclose(s.numpy(), r.numpy(), rtol=1e-5)
+
+
+_EXPANDED_WRITES = {
+    "copy_ into an input": (lambda m, x, y: x.copy_(y), True),
+    "setitem of an input": (lambda m, x, y: x.__setitem__(0, y[0]), True),
+    "copy_ into an intermediate": (lambda m, x, y: (x * 1).expand(2, 3).copy_(y) + 0, False),
+    "copy_ into its row": (lambda m, x, y: (x * 1).expand(2, 3)[0].copy_(y[0]) + 0, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_EXPANDED_WRITES))
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_compiled_copy_into_an_expanded_tensor_raises_as_pytorch(case, dynamic, requires_grad):
+    """copy_ into a tensor whose elements share memory (stride 0) raises in PyTorch; compiled, the copy
+    into an expanded input was written back without the check, and an expanded view of an intermediate
+    came back as a fresh dense output that a later copy_ wrote silently."""
+    fn, into_input = _EXPANDED_WRITES[case]
+
+    def args(m):
+        x = m.zeros(2, 1, requires_grad=requires_grad and not into_input)
+        return (x.expand(2, 3) if into_input else x), m.arange(6.0).reshape(2, 3)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor") as ref:
+        fn(torch, *args(torch))
+    with pytest.raises(type(ref.value), match="more than one element of the written-to tensor"):
+        fl.compile(lambda x, y: fn(fl, x, y), dynamic=dynamic)(*args(fl))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_cumprod_gradient_of_a_slice_with_a_zero_and_an_infinity(compiled, dim):
+    """PyTorch's cumprod gradient (without create_graph) masks each slice at its first and second zero,
+    so an infinity beyond a zero never meets a 0: ours took the products of the others, and
+    inf * 0 gave NaN where PyTorch gives a number (0.25 before [0, inf], inf at the zero, 0 after)."""
+    inf = float("inf")
+    rows = [[2.0, 0.0, inf, 1.0], [inf, 0.0, 3.0, 1.0], [0.0, inf, 3.0, 2.0], [1.5, inf, 0.0, 2.0],
+            [0.0, 0.0, inf, 1.0], [-inf, 2.0, 0.0, 0.5], [2.0, 0.0, 3.0, inf], [1.5, -2.0, 3.0, 0.5]]
+    data = np.array(rows).T if dim == 0 else np.array(rows)
+    cot = (np.arange(data.size).reshape(data.shape) % 5 - 2.5) / 4
+
+    def grad(m, run):
+        x = m.tensor(data, requires_grad=True)
+        return m.autograd.grad((run(x) * m.tensor(cot)).sum(), x)[0]
+    ref = grad(torch, lambda x: x.cumprod(dim))
+    res = grad(fl, fl.compile(lambda x: x.cumprod(dim)) if compiled else (lambda x: x.cumprod(dim)))
+    np.testing.assert_array_equal(res.numpy(), ref.numpy())

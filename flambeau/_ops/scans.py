@@ -85,6 +85,8 @@ def _(grad, self, result, dim):
     divided = reverse_cumsum(grad * result.conj(), dim) / self.conj()
     if not traced and not builtins.bool((self == 0).any()):
         return divided
+    if not _state.grad_enabled:
+        return _cumprod_backward_masked(grad, self, result, wrap_dim(dim, self.ndim))
     d = wrap_dim(dim, self.ndim)
     x, g = self.transpose(d, -1), grad.transpose(d, -1)
     eye = EXPORTS["eye"](x.shape[-1], dtype=D.bool, device=x.device)
@@ -92,6 +94,26 @@ def _(grad, self, result, dim):
     c = EXPORTS["where"](upper, _others_matrix(x).cumprod(-1), 0)   # c[k, i] = prod_{j<=i, j!=k} x_j, i >= k
     safe = (c.conj() * g.unsqueeze(-2)).sum(-1).transpose(d, -1)
     return safe.where((self == 0).any(d, keepdim=True), divided)
+
+
+def _cumprod_backward_masked(grad, self, result, d):
+    """cumprod's gradient in O(n) where a slice holds a zero (PyTorch's formula without create_graph;
+    with it, the products of the others above, differentiable again): before the first zero z1 by
+    division of the products up to z1 only, at z1 through the products between z1 and the second zero
+    times the product before z1, zero after it. Masks keep the infinities beyond a zero out of the sums
+    (inf * 0 would be NaN where PyTorch gives a number), and nothing reads a value (traceable)."""
+    where = EXPORTS["where"]
+    x, y = self.conj(), result.conj()
+    zeros = (self == 0).cumsum(d)                  # zeros up to each element
+    before = zeros == 0
+    out = where(before, reverse_cumsum((y * grad).masked_fill(~before, 0), d) / x, 0)
+    first_run = zeros == 1                         # from the first zero up to the second
+    z1 = first_run.long().argmax(d, keepdim=True)
+    at_z1 = EXPORTS["zeros_like"](first_run).scatter(d, z1, True) & first_run
+    after_z1 = first_run & ~at_z1
+    through = (x.masked_fill(~after_z1, 1).cumprod(d) * grad.masked_fill(~first_run, 0)).sum(d, keepdim=True)
+    before_z1 = y.gather(d, (z1 - 1).clamp(min=0)).masked_fill(z1 == 0, 1)
+    return where(at_z1, through * before_z1, out)
 
 
 def _scan_inplace(name, iop):
