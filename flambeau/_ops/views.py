@@ -135,6 +135,7 @@ def view_dtype(self, dtype):
     t = Tensor._make(self._data.view(dtype.np), self.device, dtype)
     t._base = self._base if self._base is not None else self
     t._version = self._version
+    t._view_version = self._version[0]
     return t
 
 
