@@ -6,9 +6,9 @@ dispatcher (`flambeau._dispatch`). See DESIGN.md in the repository for the map.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from . import _state
+from . import torch_version, version  # noqa: F401
+from .version import __version__  # noqa: F401
 
 from ._dtype import (dtype, bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32,  # noqa: F401,A004
                      float64, complex64, complex128, uint16, uint32, uint64, float8_e4m3fn, float8_e5m2,
@@ -29,10 +29,16 @@ _ops.install()
 from . import cuda  # noqa: F401,E402
 from .random import manual_seed, seed, initial_seed, Generator, get_rng_state, set_rng_state, default_generator  # noqa: F401,E402
 from ._api import *  # noqa: F401,F403,E402
+from ._tensor_types import make_types as _make_types  # noqa: E402
+from . import storage  # noqa: E402,F401
+from .storage import UntypedStorage, TypedStorage  # noqa: E402,F401
+globals().update(_make_types("cpu", __name__))
 from . import nn, linalg, special  # noqa: F401,E402
 from .serialization import save, load  # noqa: E402,F401
 from . import compat  # noqa: E402,F401
 from . import amp, cpu  # noqa: E402,F401
+from . import accelerator  # noqa: E402,F401
+from .accelerator import get_device_module  # noqa: E402,F401
 from . import backends  # noqa: E402,F401
 from .cuda import amp as _cuda_amp  # noqa: E402,F401  (makes flambeau.cuda.amp an attribute)
 from .amp.autocast_mode import (autocast, is_autocast_enabled, set_autocast_enabled,  # noqa: E402,F401
@@ -43,7 +49,10 @@ from .amp.autocast_mode import (autocast, is_autocast_enabled, set_autocast_enab
                                 set_autocast_gpu_dtype)
 from .amp.grad_scaler import _amp_foreach_non_finite_check_and_unscale_, _amp_update_scale_  # noqa: E402,F401
 from . import fx  # noqa: E402,F401
+from . import distributed  # noqa: E402,F401
 from .fx._aten import ops  # noqa: E402,F401
+from . import library  # noqa: E402,F401
+from . import jit  # noqa: E402,F401
 from . import _decomp  # noqa: E402,F401  (sets op.decomposition: the compiler and derivative-less ops use it)
 from . import compiler  # noqa: E402,F401
 from .compiler import compile  # noqa: E402,F401

@@ -329,6 +329,13 @@ class Tensor:
             raise TypeError("iteration over a 0-d tensor")
         return iter(self.unbind(0))
 
+    def __contains__(self, element) -> bool:
+        """`x in t`: whether any element of `t` equals `x` (a number, or a tensor compared by broadcasting)."""
+        if not isinstance(element, (Tensor, int, float, complex, bool, np.number, np.bool_)):
+            raise RuntimeError(f"Tensor.__contains__ only supports Tensor or scalar, but you passed in a "
+                               f"{type(element)}.")
+        return bool((self == element).any().item())
+
     def __bool__(self) -> bool:
         n = self.numel()
         if n != 1:

@@ -35,7 +35,8 @@ from ._dynamo.eval_frame import OptimizedModule
 from .nn.modules.module import Module, register_compiler
 
 __all__ = ["compile", "list_backends", "register_backend", "lookup_backend", "reset", "OptimizedModule",
-           "InvalidBackend", "Unsupported", "is_compiling", "disable", "config"]
+           "InvalidBackend", "Unsupported", "is_compiling", "disable", "config", "is_exporting",
+           "is_dynamo_compiling", "allow_in_graph", "assume_constant_result", "cudagraph_mark_step_begin"]
 
 Unsupported = _dynamo.exc.Unsupported
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -106,6 +107,18 @@ def _check_mode_and_options(backend, mode: str | None, options: dict | None) -> 
 
 disable = _dynamo.disable
 is_compiling = _dynamo.is_compiling
+is_dynamo_compiling = _dynamo.is_compiling
+allow_in_graph = _dynamo.allow_in_graph
+assume_constant_result = _dynamo.assume_constant_result
+
+
+def is_exporting() -> bool:
+    """False: flambeau's capture runs for compile only (export tracing does not set it yet)."""
+    return False
+
+
+def cudagraph_mark_step_begin() -> None:
+    """Marks a new step for CUDA-graph trees; flambeau records no CUDA graphs, so there is none to mark."""
 
 
 def reset() -> None:

@@ -50,3 +50,24 @@ def run(fn=None):
 
 
 graph_break._flambeau_dynamo_disable = True
+
+
+def mark_static_address(t, guard: bool = True) -> None:
+    """Mark `t` as living at a fixed address across calls (PyTorch's CUDA-graph input hint); the
+    mark is recorded on the tensor (`_dynamo_static_input_type`). flambeau has no CUDA graphs, so
+    nothing reads it yet."""
+    t.__dict__["_dynamo_static_input_type"] = "guarded" if guard else "unguarded"
+
+
+def allow_in_graph(fn):
+    """Let compiled code call `fn`. flambeau's capture traces into it as into any function (the
+    graph holds its operations rather than one opaque call); results are the same."""
+    fn._flambeau_allow_in_graph = True
+    return fn
+
+
+def assume_constant_result(fn):
+    """Declare `fn`'s result constant for tracing. Eager calls run it every time; flambeau's capture
+    traces into it (it does not yet fold the result into a constant)."""
+    fn._flambeau_assume_constant_result = True
+    return fn

@@ -17,6 +17,7 @@ import numpy as np
 from .. import _dtype as D
 from .. import _state
 from .._tensor import Tensor
+from ..storage import TypedStorage, UntypedStorage
 from .._device import canonical
 from .._backends import get as backend, MetaArray
 from ._registry import METHODS, defop, export, TensorSpec, Tag
@@ -334,11 +335,27 @@ def as_tensor(data, dtype=None, device=None) -> Tensor:
 
 @export()
 def asarray(obj, *, dtype=None, device=None, copy=None, requires_grad=False):
+    if isinstance(obj, (UntypedStorage, TypedStorage)):
+        return _finish(_from_storage(obj, dtype, device, copy), requires_grad)
     if copy:
         t = tensor(obj.detach() if isinstance(obj, Tensor) else obj, dtype=dtype, device=device)
     else:
         t = as_tensor(obj, dtype=dtype, device=device)
     return _finish(t, requires_grad)
+
+
+def _from_storage(storage, dtype, device, copy) -> Tensor:
+    """The bytes of a storage as a 1-D tensor of `dtype` (the storage's own dtype, or uint8 for
+    an untyped one), sharing its memory unless a copy or another device is asked for."""
+    dt = _dt(dtype) if dtype is not None else getattr(storage, "dtype", D.uint8)
+    raw = storage.untyped()._bytes()
+    if raw.size % dt.itemsize:
+        raise ValueError(f"asarray: a storage of {raw.size} bytes does not hold a whole number of "
+                         f"{dt.name} elements ({dt.itemsize} bytes each)")
+    t = Tensor._make(raw.view(dt.np), storage.device, dt)
+    if copy:
+        t = t.clone()
+    return t if device is None else t.to(device)
 
 
 @export()

@@ -17,6 +17,7 @@ from .._backends import MetaArray, contiguous_strides, device_checks, get as bac
 from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
 from ._helpers import wrap_dim
 from .creation import zeros, arange, tensor
+from .._dispatch import type_name
 
 
 def infer_size(shape, numel):
@@ -128,10 +129,29 @@ def view(self, *size, dtype=None):
     return _view(self, _size_args(size))
 
 
+def _check_view_dtype_sizes(self, dtype) -> None:
+    """PyTorch's rules for viewing elements as a dtype of another size: the last dimension is
+    contiguous and, for a larger dtype, its size, the other strides and the offset divide evenly."""
+    how = f"to view {type_name(self.dtype)} as {type_name(dtype)} (different element sizes)"
+    if self.ndim == 0:
+        raise RuntimeError(f"self.dim() cannot be 0 {how}")
+    if self.stride(-1) != 1:
+        raise RuntimeError(f"self.stride(-1) must be 1 {how}, but got {self.stride(-1)}")
+    if dtype.itemsize > self.dtype.itemsize:
+        ratio = dtype.itemsize // self.dtype.itemsize
+        if self.shape[-1] % ratio:
+            raise RuntimeError(f"self.size(-1) must be divisible by {ratio} {how}, but got {self.shape[-1]}")
+        if self.storage_offset() % ratio:
+            raise RuntimeError(f"self.storage_offset() must be divisible by {ratio} {how}, "
+                               f"but got {self.storage_offset()}")
+        for d, st in enumerate(self.stride()[:-1]):
+            if st % ratio:
+                raise RuntimeError(f"self.stride({d}) must be divisible by {ratio} {how}, but got {st}")
+
+
 def view_dtype(self, dtype):
     if dtype.itemsize != self.dtype.itemsize:
-        raise RuntimeError("view(dtype) with a different element size is only supported for contiguous "
-                           "last dimensions; use .to(dtype)")
+        _check_view_dtype_sizes(self, dtype)
     t = Tensor._make(self._data.view(dtype.np), self.device, dtype)
     t._base = self._base if self._base is not None else self
     t._version = self._version

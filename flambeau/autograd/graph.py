@@ -102,9 +102,44 @@ _FREED = ("Trying to backward through the graph a second time (or directly acces
           "through the graph a second time or if you need to access saved tensors after calling backward.")
 
 
+# (pack_hook, unpack_hook) pairs of the `saved_tensors_hooks` contexts entered, innermost last
+_SAVED_TENSORS_HOOKS: list[tuple] = []
+
+
+class saved_tensors_hooks:
+    """`with saved_tensors_hooks(pack, unpack)`: each tensor saved for backward inside the block is
+    stored as `pack(t)` and given back to the derivative as `unpack(packed)` (no version check:
+    the hook owns what it stored)."""
+
+    def __init__(self, pack_hook, unpack_hook) -> None:
+        self.pack_hook, self.unpack_hook = pack_hook, unpack_hook
+
+    def __enter__(self) -> saved_tensors_hooks:
+        _SAVED_TENSORS_HOOKS.append((self.pack_hook, self.unpack_hook))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _SAVED_TENSORS_HOOKS.pop()
+
+
+class save_on_cpu(saved_tensors_hooks):
+    """Saved tensors wait for backward on the cpu (pinned if asked) and return to their device."""
+
+    def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
+        def pack_to_cpu(t: Tensor):
+            return t.device, (t.cpu().pin_memory() if pin_memory and t.device.type != "cpu" else t.cpu())
+
+        def unpack_from_cpu(packed) -> Tensor:
+            device, t = packed
+            return t.to(device, non_blocking=pin_memory)
+
+        super().__init__(pack_to_cpu, unpack_from_cpu)
+
+
 class SavedTensor:
-    """A tensor saved for backward, with the version it had when saved."""
-    __slots__ = ("t", "version", "is_output", "node_name", "out_nr")
+    """A tensor saved for backward, with the version it had when saved (or, under
+    saved_tensors_hooks, what the pack hook made of it and the unpack hook to call)."""
+    __slots__ = ("t", "version", "is_output", "node_name", "out_nr", "packed")
 
     def __init__(self, t: Tensor, is_output: bool, node_name: str = "", out_nr: int = 0):
         self.t = t.detach() if is_output else t
@@ -112,10 +147,24 @@ class SavedTensor:
         self.is_output = is_output
         self.node_name = node_name
         self.out_nr = out_nr
+        self.packed = None
+        if _SAVED_TENSORS_HOOKS:
+            pack, unpack = _SAVED_TENSORS_HOOKS.pop()    # what the pack hook itself saves is not packed
+            try:
+                self.packed = (unpack, pack(self.t))
+            finally:
+                _SAVED_TENSORS_HOOKS.append((pack, unpack))
+            self.t = None
 
     def unpack(self, node):
-        t = self.t
-        if t._version[0] != self.version:
+        if self.packed is not None:
+            unpack, packed = self.packed
+            t = unpack(packed)
+            if not self.is_output:
+                return t
+        else:
+            t = self.t
+        if self.packed is None and t._version[0] != self.version:
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an inplace "
                 f"operation: [torch.{type_name(t._dtype)}Tensor {list(t.shape)}], which is output "

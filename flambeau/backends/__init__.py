@@ -9,3 +9,4 @@ from .._backends import cudnn
 
 sys.modules[__name__ + ".cudnn"] = cudnn
 from . import cuda  # noqa: E402,F401
+from . import mps  # noqa: E402,F401

@@ -8,13 +8,14 @@ The synchronising calls raise what device-side checks recorded (`_backends.devic
 """
 from __future__ import annotations
 
-import contextlib
 
 from .. import _backends, _state
 from .._backends import cupy_available, device_checks, install_cuda_allocator, peak_bytes, reset_peak_bytes
 from .._device import cuda_index as _index, device as _Device, device as Device
 from ..random import generator_for
+from .._tensor_types import make_types
 
+globals().update(make_types("cuda", __name__))
 
 
 def _cupy():
@@ -179,13 +180,24 @@ class Stream:
         self._s.__exit__(*a)
 
 
-@contextlib.contextmanager
-def stream(s):
-    if s is None:
-        yield
-        return
-    with s:
-        yield
+class StreamContext:
+    """`with StreamContext(s)`: ops inside are queued on stream `s` (no-op for None)."""
+
+    def __init__(self, stream: Stream | None) -> None:
+        self.stream = stream
+
+    def __enter__(self) -> Stream | None:
+        if self.stream is not None:
+            self.stream.__enter__()
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        if self.stream is not None:
+            self.stream.__exit__(*exc)
+
+
+def stream(s: Stream | None) -> StreamContext:
+    return StreamContext(s)
 
 
 def current_stream(device=None) -> Stream:
@@ -224,3 +236,23 @@ def is_initialized() -> bool:
 def init() -> None:
     if is_available():
         install_cuda_allocator()
+
+
+class CUDAGraph:
+    """torch.cuda.CUDAGraph. Graph capture is not built in flambeau yet; the class exists so code
+    that names it (type hints, isinstance checks) imports, and making one says so."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        raise RuntimeError("torch.cuda.CUDAGraph: CUDA graph capture is not supported by flambeau yet")
+
+
+class graph:
+    """torch.cuda.graph(cuda_graph, ...): the capture context. Not built (see CUDAGraph)."""
+
+    def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode: str = "global") -> None:
+        raise RuntimeError("torch.cuda.graph: CUDA graph capture is not supported by flambeau yet")
+
+
+def is_current_stream_capturing() -> bool:
+    """False: flambeau never captures a CUDA graph."""
+    return False

@@ -78,11 +78,33 @@ class _Namespace:
         return p
 
 
+# namespace -> {name: op} of the operators defined with flambeau.library.custom_op
+CUSTOM_OPS: dict[str, dict] = {}
+
+
+class _CustomNamespace:
+    """`flambeau.ops.<ns>` for a namespace of custom operators."""
+
+    def __init__(self, name: str):
+        self._ns = name
+
+    def __getattr__(self, name: str):
+        ops_here = CUSTOM_OPS.get(self._ns, {})
+        if name not in ops_here:
+            raise AttributeError(f"'_OpNamespace' '{self._ns}' object has no attribute '{name}'")
+        return ops_here[name]
+
+
 class _Ops:
-    """`flambeau.ops`: holds the `aten` namespace."""
+    """`flambeau.ops`: the `aten` namespace, and one per namespace of custom operators."""
 
     def __init__(self):
         self.aten = _Namespace("aten")
+
+    def __getattr__(self, ns: str):
+        if ns.startswith("__"):
+            raise AttributeError(ns)
+        return _CustomNamespace(ns)
 
 
 ops = _Ops()

@@ -30,6 +30,9 @@ def register_compiler(compile_fn: Callable) -> None:
     _compiler[:] = [compile_fn]
 
 
+_EXTRA_STATE_KEY_SUFFIX = "_extra_state"   # state_dict key of get_extra_state()'s value, after the prefix
+
+
 def _forward_unimplemented(self, *input):
     raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
 
@@ -440,7 +443,7 @@ class Module:
         for name, buf in self._buffers.items():
             if buf is not None and name not in self._non_persistent_buffers_set:
                 destination[prefix + name] = buf if keep_vars else buf.detach()
-        extra = prefix + "_extra_state"
+        extra = prefix + _EXTRA_STATE_KEY_SUFFIX
         if type(self).get_extra_state is not Module.get_extra_state:
             destination[extra] = self.get_extra_state()
 
@@ -508,7 +511,7 @@ class Module:
                 error_msgs.append(f'While copying the parameter named "{key}", whose dimensions in the model '
                                   f"are {param.shape} and whose dimensions in the checkpoint are {src.shape}, "
                                   f"an exception occurred : {ex.args}.")
-        extra = prefix + "_extra_state"
+        extra = prefix + _EXTRA_STATE_KEY_SUFFIX
         if type(self).set_extra_state is not Module.set_extra_state:
             if extra in state_dict:
                 self.set_extra_state(state_dict[extra])
