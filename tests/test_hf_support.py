@@ -85,6 +85,18 @@ def test_storage_from_file_and_asarray(tmp_path):
     assert ours[4] == ref[4]
 
 
+def test_from_numpy_of_a_memmap_shares_the_file(tmp_path):
+    path = tmp_path / "m.bin"
+    np.arange(6, dtype=np.float32).tofile(path)
+    mapped = np.memmap(path, dtype=np.float32, mode="r+", shape=(6,))
+    x = flambeau.from_numpy(mapped)
+    view = x.reshape(2, 3)[1:]
+    assert type(view) is flambeau.Tensor and view.tolist() == [[3.0, 4.0, 5.0]]
+    view[0, 0] = 30.0
+    mapped.flush()
+    assert np.fromfile(path, dtype=np.float32)[3] == 30.0
+
+
 @pytest.mark.parametrize("make", [
     lambda m: m.tensor(1.0).view(m.uint8),
     lambda m: m.arange(6, dtype=m.uint8)[:3].view(m.int16),

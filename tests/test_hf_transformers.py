@@ -2,7 +2,8 @@
 
 For tiny GPT-2, Llama and BERT configs (no download), tests/scripts/hf_models.py runs once under
 PyTorch (which also writes the shared initial weights) and once under `python -m flambeau.run`;
-the two runs must agree on the logits, the losses of three AdamW steps, the trained logits, the
+the two runs must agree on the logits, the losses of three AdamW steps (also with gradient
+checkpointing, `torch.utils.checkpoint` non-reentrant, on), the trained logits, the
 logits after a save_pretrained/from_pretrained round trip through safetensors, the saved weights
 themselves, and the ids of greedy generate. Skipped when transformers is not installed.
 """
@@ -53,10 +54,15 @@ def test_runs_on_flambeau(runs):
     assert ref["system"] == "torch" and ours["system"] == "flambeau"
 
 
-@pytest.mark.parametrize("field", ["logits", "losses", "trained_logits", "reloaded_logits"])
+@pytest.mark.parametrize("field", ["logits", "losses", "checkpointed_losses", "trained_logits", "reloaded_logits"])
 def test_numbers_match_pytorch(runs, field):
     _, _, ref, ours = runs
     np.testing.assert_allclose(np.array(ours[field]), np.array(ref[field]), rtol=RTOL, atol=ATOL)
+
+
+def test_gradient_checkpointing_trains_as_without(runs):
+    _, _, _, ours = runs
+    np.testing.assert_allclose(ours["checkpointed_losses"], ours["losses"], rtol=1e-6)
 
 
 def test_reloaded_model_equals_trained_model(runs):

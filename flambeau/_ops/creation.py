@@ -366,6 +366,8 @@ def from_numpy(arr: np.ndarray) -> Tensor:
         raise ValueError("At least one stride in the given numpy array is negative, and tensors with "
                          "negative strides are not currently supported. (You can probably work around "
                          "this by making a copy of your array  with array.copy().) ")
+    if type(arr) is not np.ndarray:
+        arr = arr.view(np.ndarray)      # a subclass (np.memmap, ...): kernels and views expect the base class
     return Tensor._make(arr, canonical("cpu"), D.from_numpy_dtype(arr.dtype))
 
 

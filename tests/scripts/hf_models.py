@@ -5,9 +5,10 @@ and under flambeau (`python -m flambeau.run hf_models.py`); tests/test_hf_transf
 under PyTorch, first) the model built from its config with seed 0 first writes its weights to
 WORKDIR/init.npz. Then the model is built from the config, its weights replaced by init.npz (so
 both systems start from the same numbers), and the run records into WORKDIR/<system>.json: logits
-on a padded batch, the losses of a few AdamW steps, the logits after training, those of the model
-reloaded with from_pretrained from its own save_pretrained (safetensors) directory
-WORKDIR/<system>_saved, and (causal models) the ids of greedy generate.
+on a padded batch, the losses of a few AdamW steps (and of the same steps with gradient
+checkpointing on), the logits after training, those of the model reloaded with from_pretrained
+from its own save_pretrained (safetensors) directory WORKDIR/<system>_saved, and (causal models)
+the ids of greedy generate.
 """
 import json
 import os
@@ -61,17 +62,15 @@ def as_list(t) -> list:
     return t.detach().float().numpy().tolist()
 
 
-def run(kind: str, workdir: str) -> dict:
+def from_init(kind: str, workdir: str):
     model = build(kind)
     init = np.load(os.path.join(workdir, "init.npz"))
     model.load_state_dict({k: torch.tensor(init[k]) for k in init.files}, strict=False)
     model.tie_weights()
-    ids, mask = batch()
-    labels = ids.masked_fill(mask == 0, -100)
-    out = {"system": torch.__name__}
-    model.eval()
-    with torch.no_grad():
-        out["logits"] = as_list(model(input_ids=ids, attention_mask=mask).logits)
+    return model
+
+
+def train(model, ids, mask, labels) -> list:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
@@ -81,7 +80,21 @@ def run(kind: str, workdir: str) -> dict:
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    out["losses"] = losses
+    return losses
+
+
+def run(kind: str, workdir: str) -> dict:
+    model = from_init(kind, workdir)
+    ids, mask = batch()
+    labels = ids.masked_fill(mask == 0, -100)
+    out = {"system": torch.__name__}
+    model.eval()
+    with torch.no_grad():
+        out["logits"] = as_list(model(input_ids=ids, attention_mask=mask).logits)
+    out["losses"] = train(model, ids, mask, labels)
+    checkpointed = from_init(kind, workdir)
+    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    out["checkpointed_losses"] = train(checkpointed, ids, mask, labels)
     model.eval()
     with torch.no_grad():
         out["trained_logits"] = as_list(model(input_ids=ids, attention_mask=mask).logits)
