@@ -156,9 +156,9 @@ def test_code_generators_hold_no_formula():
 
 
 def test_spelled_ops_have_every_spelling_and_a_lowering():
-    """A spelled op is lowered (by `_spelled` unless it has a rule of its own) and spelled for
+    """A spelled op is lowered (by `spelled` unless it has a rule of its own) and spelled for
     every code generator; every pointwise-tagged op with a C++ spelling has a Triton one."""
-    from flambeau._inductor.lowering import _spelled
+    from flambeau._inductor.lowering import spelled as spelled_rule
     from flambeau._ops._spelling import BACKENDS
     spelled = [op for op in OPS.values() if op.pointwise is not None]
     assert len(spelled) >= 60
@@ -166,7 +166,7 @@ def test_spelled_ops_have_every_spelling_and_a_lowering():
         assert op.lowering is not None, op.name
         for backend in BACKENDS:
             assert getattr(op.pointwise, backend), (op.name, backend)
-    assert aten.exp.lowering is _spelled and aten.mul.lowering is _spelled and aten.eq.lowering is _spelled
+    assert aten.exp.lowering is spelled_rule and aten.mul.lowering is spelled_rule and aten.eq.lowering is spelled_rule
     missing = [op.name for op in OPS.values() if Tag.pointwise in op.tags and op.pointwise is not None
                and op.pointwise.cpp and not op.pointwise.triton]
     assert not missing, f"pointwise ops with a C++ spelling and no Triton one: {missing}"

@@ -27,10 +27,10 @@ from .._counters import counters, record_fallback
 from .backends.registry import lookup_backend
 from .exc import InternalTorchDynamoError, SkipFrame, TorchDynamoException, Unsupported
 from .convert_frame import convert_frame, CompileStats
+from .compiled_state import CompiledWrapper, is_compiling, tracing as _tracing  # noqa: F401  (is_compiling: flambeau._dynamo's)
 from .repro.debug_utils import AccuracyError, check_config
 
 _caches: dict = {}            # (code, backend key) -> CodeCache
-_tracing = [0]                # > 0 while a frame is being translated (nested compiled calls run eagerly)
 _disabled = [0]               # > 0 inside a flambeau._dynamo.disable'd function
 WHOLE_FRAME = "whole frame"   # the op of a fallback that runs a frame eagerly (suppress_errors, cache_size_limit)
 
@@ -86,7 +86,7 @@ def _make_binder(fn):
     return b, names
 
 
-class CompiledFunction:
+class CompiledFunction(CompiledWrapper):
     """A function compiled with a backend (see module docstring)."""
 
     def __init__(self, fn, backend, *, fullgraph: bool = False, dynamic=None, stats: CompileStats | None = None):
@@ -189,6 +189,9 @@ class CompiledFunction:
         cache.entries.insert(0, entry)
         return entry.entry(self.fn, *L)
 
+    def original(self):
+        return self.fn if self.self_obj is None else types.MethodType(self.fn, self.self_obj)
+
     @property
     def cache(self) -> list:
         """The compiled entries of this function's code (most recent first)."""
@@ -245,20 +248,8 @@ def compile_fn(fn, backend, *, fullgraph: bool = False, dynamic=None):
     return CompiledFunction(fn, backend, fullgraph=fullgraph, dynamic=dynamic)
 
 
-def unwrap_compiled(v):
-    """The original function behind a compiled wrapper (inlined when a compiled function calls it)."""
-    if isinstance(v, CompiledFunction):
-        return v.fn if v.self_obj is None else types.MethodType(v.fn, v.self_obj)
-    if isinstance(v, _ModuleCall):
-        return v.module
-    inner = getattr(v, "_torchdynamo_orig_callable", None)
-    if inner is not None and getattr(v, "_compiled", None) is not None:
-        return inner
-    return v
-
-
 # ---- modules ------------------------------------------------------------------------------------------
-class _ModuleCall:
+class _ModuleCall(CompiledWrapper):
     """The compiled call of an nn.Module: its forward when it has no hooks, else its `_call_impl`."""
 
     def __init__(self, module, backend, fullgraph, dynamic):
@@ -269,6 +260,9 @@ class _ModuleCall:
     @property
     def cache(self) -> list:
         return self.forward.cache + self.call_impl.cache
+
+    def original(self):
+        return self.module
 
     def __call__(self, *args, **kwargs):
         m = self.module
@@ -333,10 +327,6 @@ def disable(fn=None, recursive: bool = True, reason: str | None = None):
             _disabled[0] -= 1
     run_eagerly._flambeau_dynamo_disable = True
     return run_eagerly
-
-
-def is_compiling() -> bool:
-    return _tracing[0] > 0
 
 
 class OptimizedModule(Module):

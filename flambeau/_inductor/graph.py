@@ -35,7 +35,7 @@ from ..fx.node import Node
 from ..fx._symbolic_shapes import SymInt, sym_size
 from .._counters import record_fallback
 from . import config
-from . import lowering  # noqa: F401  (attaches each core op's `op.lowering`)
+from . import lowerings  # noqa: F401  (attaches each core op's `op.lowering`)
 from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
                  Pointwise, Reduction, Scatter, StridedView, SUPPORTED_DTYPES, Unsupported, as_strided_view)
 from .index import contiguous_strides

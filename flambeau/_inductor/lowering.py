@@ -8,7 +8,7 @@ compute dtype), reductions become realised `Reduction` buffers, conversions are 
 products, convolutions, scans and sorts are `ExternKernel`s calling the eager kernel (BLAS) on
 realised buffers. Ops tagged `Tag.extern` without a rule are called that way too (see `graph.py`).
 Views, indexing and data movement live in `lowering_views`; scatters, index_put and `copy_` in
-`lowering_scatter`.
+`lowering_scatter`; `lowerings` loads all three.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import math
 
 from .. import _dtype as D
 from .._decomp._table import aten
-from .._ops import OPS, Op, _helpers as H
+from .._ops import Op, _helpers as H
 from .index import Index
 from .ir import IRNode, Pointwise, Reduction, Unsupported, ops
 from .sizevars import SizeExpr, known_lt, size_tuple
@@ -99,10 +99,10 @@ def common_dtype(*xs):
 _ROUNDING = (aten.floor, aten.ceil, aten.round, aten.trunc)     # the identity on integers
 
 
-def _spelled(g, *xs):
+def spelled(g, *xs):
     """The lowering of every op that declares its formula (`op.pointwise`) and has no rule of its
-    own (registered at the end of this module): computed in the result dtype, or, for a
-    comparison or predicate, in the operands' common dtype."""
+    own (attached by `lowerings`): computed in the result dtype, or, for a comparison or predicate,
+    in the operands' common dtype."""
     dt = out_dtype(g)
     op = g.node.target
     if op in _ROUNDING and dt.category < D.FLOATING:
@@ -389,9 +389,3 @@ def _any(g, x, dim=None, keepdim=False):
     rtype = "any" if g.node.target is aten.any else "all"
     return reduce(g, x, dim, keepdim, rtype, out_dtype(g), D.bool)
 
-
-from . import lowering_views, lowering_scatter  # noqa: E402,F401  (register the view, data-movement, scatter rules)
-
-for _op in OPS.values():          # the rest of the spelled ops: their formula is their lowering
-    if _op.pointwise is not None and _op.lowering is None:
-        _op.def_lowering(_spelled)

@@ -5,8 +5,8 @@ call's result any kind through builder.py). This package imports its modules bel
 order (base, tensor, torch, objects, containers, builder, functions, nn_module, builtin: each imports
 at module level only from those before it). A module that needs a kind defined after it imports
 this package as `kinds` at module level and names `kinds.<module>.<Name>` inside its functions,
-which run after the whole package has loaded. `eval_frame` is read the same way: it starts loading
-first (the `flambeau._dynamo` package imports it, and it imports these kinds through convert_frame)."""
+which run after the whole package has loaded. What they ask of compiled code (is a frame being
+translated, what does a compiled wrapper wrap) is in `compiled_state`, below eval_frame."""
 from .base import VariableTracker, ConstantVariable, NullVariable, NULL, const  # noqa: F401
 from .tensor import TensorVariable, SymNodeVariable  # noqa: F401
 from .torch import TorchFunctionVariable, GradModeVariable, GradModeExitVariable  # noqa: F401

@@ -14,7 +14,7 @@ import collections
 import types
 
 from ..exc import Unsupported
-from .. import eval_frame  # loading already (it imports the variable kinds); read at call time
+from ..compiled_state import unwrap_compiled
 from .base import VariableTracker, ConstantVariable, is_constant_value, const
 from .containers import TupleVariable, ListVariable, DictVariable, RangeVariable, SetVariable
 from ...nn.modules.module import Module
@@ -123,7 +123,7 @@ def _build(tx, value, source) -> VariableTracker:
     if isinstance(value, Module):
         g.id_match(source, value)
         return kinds.nn_module.NNModuleVariable(value, source)
-    orig = eval_frame.unwrap_compiled(value)
+    orig = unwrap_compiled(value)
     if orig is not value:
         if source is not None:
             g.id_match(source, value)

@@ -16,7 +16,7 @@ import types
 from ... import _api, _state, _tensor
 from ..._public import PACKAGE, public_namespace
 from ..exc import Unsupported
-from .. import eval_frame  # loading already (it imports the variable kinds); read at call time
+from ..compiled_state import is_compiling
 from .base import VariableTracker, ValueVariable, const
 from ..._device import device, canonical
 from ...autograd import grad_mode
@@ -64,7 +64,7 @@ def torch_functions() -> dict:
 
 def special_function(v):
     """The handler name for flambeau functions modelled at trace time, else None."""
-    if v is eval_frame.is_compiling:                 # also flambeau.compiler.is_compiling
+    if v is is_compiling:                  # also flambeau.compiler.is_compiling
         return "is_compiling"
     for name, fn in SPECIAL_FUNCTIONS.items():
         if fn is v:
