@@ -129,8 +129,9 @@ def test_relu_matches_torch_on_cuda(dtype, monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
 def test_half_precision_binary_ops_are_one_kernel_and_match_torch(op, monkeypatch):
-    """bfloat16 add/sub/mul/div (a ResNet's residual add, GPT's elementwise chains) in one Triton
-    kernel, float32 arithmetic rounded once: bit for bit PyTorch's cuda result."""
+    """bfloat16 add/sub/mul/div (a ResNet's residual add, GPT's elementwise chains), and float32 with
+    bfloat16 (GPT's residual stream), in one Triton kernel, float32 arithmetic rounded once: bit for
+    bit PyTorch's cuda result."""
     from flambeau._backends import triton_pointwise
     calls = _spy(monkeypatch, triton_pointwise, ["binary"])
     rng = np.random.default_rng(1)
@@ -140,11 +141,13 @@ def test_half_precision_binary_ops_are_one_kernel_and_match_torch(op, monkeypatc
         x, y = (lib.tensor(v, device="cuda").to(lib.bfloat16) for v in (a, b))
         r = getattr(lib, op)(x, y)
         s = getattr(lib, op)(x, 3)
-        assert r.dtype == s.dtype == lib.bfloat16
-        out.append([t.float().cpu().numpy() for t in (r, s)])
-    assert calls == ["binary", "binary"]
+        mixed = getattr(lib, op)(lib.tensor(a, device="cuda"), y)        # float32 with bfloat16: float32
+        assert r.dtype == s.dtype == lib.bfloat16 and mixed.dtype == lib.float32
+        out.append([t.float().cpu().numpy() for t in (r, s, mixed)])
+    assert calls == ["binary", "binary", "binary"]
     np.testing.assert_array_equal(out[1][0], out[0][0])
     np.testing.assert_allclose(out[1][1], out[0][1], rtol=1e-2)
+    np.testing.assert_array_equal(out[1][2], out[0][2])
 
 
 @pytest.mark.cuda

@@ -9,10 +9,12 @@ threshold_backward (x <= 0 ? 0 : grad).
 `binary` is add/sub/mul/div of two float16/bfloat16 arrays of one shape and dtype (or one array and a
 Python number) in one kernel: loaded, computed in float32 (division rounded to nearest), rounded
 once to the storage type, as PyTorch's cuda kernels, instead of CuPy casting both operands up,
-computing and casting the result down (four kernels, three of them copies).
+computing and casting the result down (four kernels, three of them copies). The same kernel takes a
+float32 array with a half-precision one into a float32 result (CuPy: a cast copy, then the op).
 """
 from __future__ import annotations
 
+import numpy as np
 import triton
 import triton.language as tl
 
@@ -138,34 +140,36 @@ def _binary(A, B, Y, a_scalar, b_scalar, n, OP: tl.constexpr, A_SCALAR: tl.const
     tl.store(Y + idx, y.to(Y.dtype.element_ty), mask=m)
 
 
-def _operand(x, like):
-    """'array', 'scalar' or None (cannot go here) for one operand of `binary`."""
-    if type(x) in (int, float):
-        return "scalar"
-    if getattr(x, "dtype", None) is not None and getattr(x, "shape", None) == like.shape and x.dtype == like.dtype \
-            and x.flags.c_contiguous and hasattr(x, "data"):
-        return "array"
-    return None
+def _is_array(x, like) -> bool:
+    return (cupy is not None and isinstance(x, cupy.ndarray) and x.dtype.name in _TYPES and x.shape == like.shape
+            and x.flags.c_contiguous)
 
 
-def binary_supported(a, b) -> bool:
-    """Whether `binary` takes these operands: a float16/bfloat16 C-contiguous CuPy array and a
-    second one of the same shape and dtype or a Python int/float, in either order."""
+def binary_supported(a, b, out_dtype) -> bool:
+    """Whether `binary` takes these operands into `out_dtype` (a NumPy dtype): C-contiguous CuPy
+    arrays of one shape, or one array and a Python int/float; a float16/bfloat16 result from
+    operands of its dtype, or a float32 result from two arrays of which one is half precision (a
+    float32 residual stream plus a bfloat16 branch)."""
     arr = a if type(a) not in (int, float) else b
-    if type(arr) in (int, float) or getattr(arr, "dtype", None) is None or arr.dtype.name not in _HALF:
+    if type(arr) in (int, float) or not _is_array(arr, arr) or not arr.size:
         return False
-    if not (arr.size and arr.flags.c_contiguous and hasattr(arr, "data")):
+    arrays = [x for x in (a, b) if type(x) not in (int, float)]
+    if not all(_is_array(x, arr) for x in arrays):
         return False
-    return _operand(a, arr) is not None and _operand(b, arr) is not None
+    out = np.dtype(out_dtype).name
+    if out in _HALF:
+        return all(x.dtype.name == out for x in arrays)
+    return out == "float32" and len(arrays) == 2 and any(x.dtype.name in _HALF for x in arrays)
 
 
-def binary(a, b, op: str):
-    """`op` ("add", "sub", "mul", "div") of operands accepted by `binary_supported`, a new array."""
+def binary(a, b, op: str, out_dtype):
+    """`op` ("add", "sub", "mul", "div") of operands accepted by `binary_supported`, a new array of
+    `out_dtype`."""
     sa, sb = type(a) in (int, float), type(b) in (int, float)
     arr = b if sa else a
-    y = cupy.empty(arr.shape, dtype=arr.dtype)
-    ty = "*" + _TYPES[arr.dtype.name]
-    sig = {"A": ty, "B": ty, "Y": ty, "a_scalar": "fp32", "b_scalar": "fp32", "n": "i64", "OP": "constexpr",
+    y = cupy.empty(arr.shape, dtype=out_dtype)
+    sig = {"A": "*" + _TYPES[(b if sa else a).dtype.name], "B": "*" + _TYPES[(a if sb else b).dtype.name],
+           "Y": "*" + _TYPES[y.dtype.name], "a_scalar": "fp32", "b_scalar": "fp32", "n": "i64", "OP": "constexpr",
            "A_SCALAR": "constexpr", "B_SCALAR": "constexpr", "BLOCK": "constexpr"}
     kern = TL.compile_kernel(_binary, sig, dict(OP=BINARY_OPS[op], A_SCALAR=sa, B_SCALAR=sb, BLOCK=BLOCK),
                              num_warps=NUM_WARPS, num_stages=1)

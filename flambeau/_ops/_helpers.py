@@ -246,15 +246,16 @@ _FAST_FLOAT = {np.dtype(np.float32), np.dtype(np.float64)}
 
 
 _FUSED_BINARY = ("add", "sub", "mul", "div")     # triton_pointwise.BINARY_OPS (not imported: it loads Triton)
+_HALF = (D.bfloat16.np, D.float16.np)
 
 
-def _fused_binary(a, b):
-    """`_backends.triton_pointwise` when its one-kernel half-precision `binary` takes these CuPy
-    operands, else None."""
+def _fused_binary(a, b, out):
+    """`_backends.triton_pointwise` when its one-kernel `binary` takes these CuPy operands into
+    dtype `out`, else None."""
     if not triton_launch.available():
         return None
     from .._backends import triton_pointwise  # deferred: imports Triton, optional (cuda only)
-    return triton_pointwise if triton_pointwise.binary_supported(a, b) else None
+    return triton_pointwise if triton_pointwise.binary_supported(a, b, out) else None
 
 
 def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
@@ -288,8 +289,12 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
         cd = opmath(dt)
         if cd is not dt.np and dt.np != cd:       # low precision: round operands to dt first
             a, b = round_to(a, dt), round_to(b, dt)
-            if name in _FUSED_BINARY and out_dtype is None and xp is not np and (fused := _fused_binary(a, b)):
-                return fused.binary(a, b, name)
+            if name in _FUSED_BINARY and out_dtype is None and xp is not np and (fused := _fused_binary(a, b, dt.np)):
+                return fused.binary(a, b, name, dt.np)
+        elif (name in _FUSED_BINARY and out_dtype is None and xp is not np and cd == np.float32
+              and (getattr(a, "dtype", None) in _HALF or getattr(b, "dtype", None) in _HALF)
+              and (fused := _fused_binary(a, b, cd))):              # float32 with a half-precision operand
+            return fused.binary(a, b, name, cd)
         try:
             r = fn(xp, cast(xp, a, cd), cast(xp, b, cd))
         except ValueError:

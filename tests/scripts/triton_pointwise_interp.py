@@ -40,10 +40,11 @@ def run(kind):
 REFERENCE_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
 
 
-def run_binary(op, a_scalar, b_scalar):
-    """`_binary` of two arrays or an array and a number, relative error vs float64."""
+def run_binary(op, a_scalar, b_scalar, b_dtype=torch.float32):
+    """`_binary` of two arrays or an array and a number (b in `b_dtype`: a float32 array with a
+    bfloat16 one), relative error vs float64."""
     g = torch.Generator().manual_seed(P.BINARY_OPS[op])
-    a, b = torch.randn(N, generator=g), torch.randn(N, generator=g) + 3
+    a, b = torch.randn(N, generator=g), (torch.randn(N, generator=g) + 3).to(b_dtype)
     sa, sb = 1.75, -2.5
     y = torch.empty(N)
     dummy = torch.zeros(1)
@@ -56,7 +57,8 @@ def run_binary(op, a_scalar, b_scalar):
 def main() -> int:
     bad = report([(k,) for k in (P.GELU_ERF, P.GELU_TANH, P.SILU, P.RELU)], run, "kind", 1e-5)
     cases = [(op, sa, sb) for op in P.BINARY_OPS for sa, sb in ((False, False), (True, False), (False, True))]
-    return bad | report(cases, run_binary, "binary op, a scalar, b scalar", 1e-6)
+    cases += [(op, False, False, torch.bfloat16) for op in P.BINARY_OPS]
+    return bad | report(cases, run_binary, "binary op, a scalar, b scalar(, b dtype)", 1e-6)
 
 
 if __name__ == "__main__":
