@@ -1,148 +1,142 @@
 """DataLoader: batches from a dataset, in the main process or in worker processes.
 
-With `num_workers > 0`, each worker process (forked) receives batch indices on its own queue and
-returns collated batches on a shared result queue; the main process yields them in order. A
-worker's exception is re-raised in the main process with the worker's traceback in the message.
-Workers stop when the iterator is exhausted or collected (unless `persistent_workers`).
+The loader draws indices from its index sampler (a BatchSampler when batching automatically; for an
+IterableDataset, an endless sampler whose indices only count samples) and fetches them through the
+fetchers of `_utils.worker`. With `num_workers > 0`, `_MultiProcessIter` keeps up to
+`prefetch_factor * num_workers` tasks in flight, round-robin over the workers that have not run dry,
+and yields results in task order. A worker's exception is raised again in the main process with the
+worker's traceback. Workers stop at the end of an epoch, unless `persistent_workers`: then the same
+processes serve the next epoch after a `ResumeIteration` (which also restarts an iterable dataset's
+iterator in each worker). With `pin_memory` and a cuda device, batches are pinned as they are yielded.
 """
 from __future__ import annotations
 
-import itertools
 import multiprocessing as mp
 import queue
 import sys
-import traceback
-from dataclasses import dataclass
-import numpy as np
+import warnings
+from typing import Any, Callable, Iterator
 
 from .dataset import IterableDataset
-from .sampler import SequentialSampler, RandomSampler, BatchSampler
-from ._collate import default_collate, default_convert
-from ... import cuda, random as frandom
-from ..._tensor import Tensor
-from ...random import default_generator
+from .sampler import Sampler, SequentialSampler, RandomSampler, BatchSampler
+from ._utils.collate import default_collate, default_convert
+from ._utils.pin_memory import pin_memory as _pin_memory
+from ._utils.worker import (ExceptionWrapper, IterableDatasetStopIteration, ResumeIteration, WorkerInfo,  # noqa: F401
+                            create_fetcher, get_worker_info, worker_loop)
+from ... import cuda
+from ..._ops.creation import empty
+from ... import _dtype as D
+
+DEFAULT_PREFETCH_FACTOR = 2
+DEAD_WORKER_CHECK_S = 1.0       # how long the main process waits for a batch before checking its workers
+WORKER_JOIN_S = 5.0
+_FROZEN_AFTER_INIT = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+_NO_ACCELERATOR = "'pin_memory' argument is set as true but no accelerator is found, then device pinned memory won't be used."
 
 
-@dataclass
-class WorkerInfo:
-    id: int
-    num_workers: int
-    seed: int
-    dataset: object
+class _InfiniteConstantSampler(Sampler):
+    """The index sampler of an IterableDataset: endless Nones (each one asks for the next sample)."""
+
+    def __iter__(self) -> Iterator[None]:
+        while True:
+            yield None
 
 
-_worker_info = None
-
-
-def get_worker_info():
-    return _worker_info
-
-
-class _ExceptionWrapper:
-    def __init__(self, exc, where):
-        self.exc_type = type(exc)
-        self.msg = f"Caught {type(exc).__name__} {where}.\nOriginal " + "".join(traceback.format_exception(exc))
-
-    def reraise(self):
-        try:
-            err = self.exc_type(self.msg)
-        except Exception:
-            raise RuntimeError(self.msg) from None
-        raise err
-
-
-def _worker_loop(dataset, index_q, result_q, collate_fn, auto_collation, drop_last, worker_id, num_workers,
-                 seed, init_fn, is_iterable):
-    global _worker_info
-    frandom.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    _worker_info = WorkerInfo(worker_id, num_workers, seed, dataset)
-    try:
-        if init_fn is not None:
-            init_fn(worker_id)
-    except Exception as e:
-        result_q.put((None, _ExceptionWrapper(e, f"in DataLoader worker process {worker_id}")))
-        return
-    it = iter(dataset) if is_iterable else None
-    while True:
-        try:
-            task = index_q.get(timeout=5.0)
-        except queue.Empty:
-            continue
-        if task is None:
-            break
-        idx, indices = task
-        try:
-            if is_iterable:
-                batch = list(itertools.islice(it, indices)) if auto_collation else next(it)
-                if auto_collation:
-                    if not batch or (drop_last and len(batch) < indices):
-                        raise StopIteration
-                    data = collate_fn(batch)
-                else:
-                    data = collate_fn(batch)
-            elif auto_collation:
-                data = collate_fn([dataset[i] for i in indices])
-            else:
-                data = collate_fn(dataset[indices])
-            result_q.put((idx, data))
-        except StopIteration:
-            result_q.put((idx, StopIteration()))
-        except Exception as e:
-            result_q.put((idx, _ExceptionWrapper(e, f"in DataLoader worker process {worker_id}")))
+def _check_options(num_workers: int, timeout: float, prefetch_factor: int | None, persistent_workers: bool,
+                   multiprocessing_context) -> int | None:
+    """PyTorch's argument checks (with its messages); returns the effective prefetch factor."""
+    if num_workers < 0:
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
+    if timeout < 0:
+        raise ValueError("timeout option should be non-negative")
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError("prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 "
+                         "to enable multiprocessing, otherwise set prefetch_factor to None.")
+    if num_workers > 0 and prefetch_factor is None:
+        prefetch_factor = DEFAULT_PREFETCH_FACTOR
+    elif prefetch_factor is not None and prefetch_factor < 0:
+        raise ValueError("prefetch_factor option should be non-negative")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers option needs num_workers > 0")
+    if multiprocessing_context is not None:
+        if num_workers == 0:
+            raise ValueError("multiprocessing_context can only be used with multi-process loading "
+                             f"(num_workers > 0), but got num_workers={num_workers}")
+        if isinstance(multiprocessing_context, str) and multiprocessing_context not in mp.get_all_start_methods():
+            raise ValueError("multiprocessing_context option should specify a valid start method in "
+                             f"{mp.get_all_start_methods()!r}, but got multiprocessing_context={multiprocessing_context!r}")
+    return prefetch_factor
 
 
 class DataLoader:
-    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, num_workers=0,
-                 collate_fn=None, pin_memory=False, drop_last=False, timeout=0, worker_init_fn=None,
-                 multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
-                 pin_memory_device="", in_order=True):
-        if num_workers < 0:
-            raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
-        if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0")
+    def __init__(self, dataset, batch_size: int | None = 1, shuffle: bool | None = None, sampler=None,
+                 batch_sampler=None, num_workers: int = 0, collate_fn: Callable | None = None,
+                 pin_memory: bool = False, drop_last: bool = False, timeout: float = 0,
+                 worker_init_fn: Callable | None = None, multiprocessing_context=None, generator=None, *,
+                 prefetch_factor: int | None = None, persistent_workers: bool = False,
+                 pin_memory_device: str = "", in_order: bool = True) -> None:
+        self.prefetch_factor = _check_options(num_workers, timeout, prefetch_factor, persistent_workers,
+                                              multiprocessing_context)
         self.dataset = dataset
         self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor if prefetch_factor is not None else 2
         self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
-        self.persistent_workers = persistent_workers
-        self.generator = generator
         self.multiprocessing_context = multiprocessing_context
+        self.in_order = in_order
         self._is_iterable = isinstance(dataset, IterableDataset)
         if self._is_iterable:
-            if shuffle:
+            if shuffle not in (False, None):
                 raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}")
-            if sampler is not None or batch_sampler is not None:
-                raise ValueError("DataLoader with IterableDataset: expected unspecified sampler option")
+            if sampler is not None:
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified sampler option, but got sampler={sampler}")
+            if batch_sampler is not None:
+                raise ValueError("DataLoader with IterableDataset: expected unspecified batch_sampler option, "
+                                 f"but got batch_sampler={batch_sampler}")
+        else:
+            shuffle = bool(shuffle)
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
                 raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
             batch_size, drop_last = None, False
         elif batch_size is None and drop_last:
             raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
-        if sampler is None and not self._is_iterable:
-            sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
-        if batch_size is not None and batch_sampler is None and not self._is_iterable:
+        if sampler is None:
+            if self._is_iterable:
+                sampler = _InfiniteConstantSampler()
+            else:
+                sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
+        if batch_size is not None and batch_sampler is None:
             batch_sampler = BatchSampler(sampler, batch_size, drop_last)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.sampler = sampler
         self.batch_sampler = batch_sampler
-        self._auto_collation = batch_sampler is not None or (self._is_iterable and batch_size is not None)
+        self.generator = generator
         if collate_fn is None:
             collate_fn = default_collate if self._auto_collation else default_convert
         self.collate_fn = collate_fn
-        self._persistent = None
+        self.persistent_workers = persistent_workers
+        self._iterator = None
+        self._initialized = True
+
+    def __setattr__(self, attr: str, val: Any) -> None:
+        if self.__dict__.get("_initialized") and attr in _FROZEN_AFTER_INIT:
+            raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized")
+        super().__setattr__(attr, val)
+
+    @property
+    def _auto_collation(self) -> bool:
+        return self.batch_sampler is not None
 
     @property
     def _index_sampler(self):
         return self.batch_sampler if self._auto_collation else self.sampler
 
-    def __len__(self):
+    def __len__(self) -> int:
         if self._is_iterable:
             n = len(self.dataset)
             if self.batch_size is not None:
@@ -152,173 +146,186 @@ class DataLoader:
 
     def __iter__(self):
         if self.num_workers == 0:
-            return self._single()
-        if self.persistent_workers:
-            if self._persistent is None:
-                self._persistent = _MultiWorker(self)
-            self._persistent.reset()
-            return self._persistent
-        return _MultiWorker(self)
-
-    def _single(self):
-        if self._is_iterable:
-            it = iter(self.dataset)
-            if self._auto_collation:
-                while True:
-                    batch = list(itertools.islice(it, self.batch_size))
-                    if not batch or (self.drop_last and len(batch) < self.batch_size):
-                        return
-                    yield self._pin(self.collate_fn(batch))
-            else:
-                for x in it:
-                    yield self._pin(self.collate_fn(x))
-            return
-        for indices in self._index_sampler:
-            if self._auto_collation:
-                yield self._pin(self.collate_fn([self.dataset[i] for i in indices]))
-            else:
-                yield self._pin(self.collate_fn(self.dataset[indices]))
-
-    def _pin(self, data):
-        if not self.pin_memory:
-            return data
-        if not cuda.is_available():
-            return data
-        if isinstance(data, Tensor):
-            return data.pin_memory()
-        if isinstance(data, dict):
-            return {k: self._pin(v) for k, v in data.items()}
-        if isinstance(data, (list, tuple)):
-            return type(data)(self._pin(v) for v in data) if not hasattr(data, "_fields") else \
-                type(data)(*(self._pin(v) for v in data))
-        return data
+            return _SingleProcessIter(self)
+        if not self.persistent_workers:
+            return _MultiProcessIter(self)
+        if self._iterator is None:
+            self._iterator = _MultiProcessIter(self)
+        else:
+            self._iterator.reset()
+        return self._iterator
 
 
-class _MultiWorker:
-    """Iterator over batches produced by worker processes, yielded in sampler order."""
+def _pins(loader: DataLoader) -> bool:
+    """Whether batches are pinned: asked for and a cuda device present (else PyTorch's warning)."""
+    if not loader.pin_memory:
+        return False
+    if loader.pin_memory_device:
+        warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the device,"
+                      f"ignore pin_memory_device='{loader.pin_memory_device}'.", stacklevel=3)
+    if not cuda.is_available():
+        warnings.warn(_NO_ACCELERATOR, stacklevel=3)
+        return False
+    return True
 
-    def __init__(self, loader: DataLoader):
+
+class _SingleProcessIter:
+    def __init__(self, loader: DataLoader) -> None:
         self.loader = loader
+        self.pin = _pins(loader)
+        self.sampler_iter = iter(loader._index_sampler)
+        self.fetcher = create_fetcher(loader._is_iterable, loader.dataset, loader._auto_collation,
+                                      loader.collate_fn, loader.drop_last)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        data = self.fetcher.fetch(next(self.sampler_iter))
+        return _pin_memory(data) if self.pin else data
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+class _MultiProcessIter:
+    """Batches produced by worker processes, yielded in task order."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+        self.pin = _pins(loader)
         ctx = loader.multiprocessing_context
         if ctx is None or isinstance(ctx, str):
             ctx = mp.get_context(ctx or ("fork" if sys.platform != "win32" else "spawn"))
-        base_seed = int(default_generator._np.integers(0, 2**62))
+        base_seed = int(empty((), dtype=D.int64).random_(generator=loader.generator).item())
         self.result_q = ctx.Queue()
         self.index_qs, self.workers = [], []
-        n = loader.num_workers
-        for wid in range(n):
+        self._shutdown = False
+        for wid in range(loader.num_workers):
             iq = ctx.Queue()
-            w = ctx.Process(target=_worker_loop, daemon=True,
-                            args=(loader.dataset, iq, self.result_q, loader.collate_fn, loader._auto_collation,
-                                  loader.drop_last, wid, n, base_seed + wid, loader.worker_init_fn,
-                                  loader._is_iterable))
+            w = ctx.Process(target=worker_loop, daemon=True,
+                            args=(loader._is_iterable, loader.dataset, iq, self.result_q, loader._auto_collation,
+                                  loader.collate_fn, loader.drop_last, base_seed, loader.worker_init_fn, wid,
+                                  loader.num_workers))
             w.start()
             self.index_qs.append(iq)
             self.workers.append(w)
-        self._shutdown = False
         self.reset(first=True)
 
-    def reset(self, first=False):
+    def reset(self, first: bool = False) -> None:
+        """Start an epoch: a fresh sampler iterator, all workers active, the first tasks sent. A
+        persistent worker first acknowledges a ResumeIteration (results of an abandoned epoch before
+        it are dropped)."""
         ld = self.loader
-        self.sampler_iter = iter(ld._index_sampler) if not ld._is_iterable else None
-        self.send_idx = 0
-        self.rcvd_idx = 0
-        self.buffer = {}
-        self.exhausted_workers = set()
-        self.task_worker = {}
-        self.ended = False
-        if not first and ld._is_iterable:
-            raise RuntimeError("persistent_workers with an IterableDataset restart is not supported")
+        self.sampler_iter = iter(ld._index_sampler)
+        self.send_idx = self.rcvd_idx = 0
+        self.task_info: dict[int, tuple] = {}       # task -> (worker,) or (worker, data) when early
+        self.outstanding = 0
+        self.active = [True] * ld.num_workers
+        self.worker_cycle = 0
+        if not first:
+            for q in self.index_qs:
+                q.put(ResumeIteration())
+            acks = ld.num_workers
+            while acks:
+                idx, _ = self._get()
+                acks -= isinstance(idx, ResumeIteration)
         for _ in range(ld.prefetch_factor * ld.num_workers):
             self._put()
 
-    def _put(self):
+    def _put(self) -> None:
         ld = self.loader
-        if self.ended:
+        if self.outstanding >= ld.prefetch_factor * ld.num_workers:
             return
-        if ld._is_iterable:
-            live = [w for w in range(ld.num_workers) if w not in self.exhausted_workers]
-            if not live:
-                self.ended = True
-                return
-            wid = live[self.send_idx % len(live)]
-            task = ld.batch_size if ld._auto_collation else 1
+        try:
+            index = next(self.sampler_iter)
+        except StopIteration:
+            return
+        for _ in range(ld.num_workers):
+            wid = self.worker_cycle
+            self.worker_cycle = (self.worker_cycle + 1) % ld.num_workers
+            if self.active[wid]:
+                break
         else:
-            try:
-                task = next(self.sampler_iter)
-            except StopIteration:
-                self.ended = True
-                return
-            wid = self.send_idx % ld.num_workers
-        self.index_qs[wid].put((self.send_idx, task))
-        self.task_worker[self.send_idx] = wid
+            return
+        self.index_qs[wid].put((self.send_idx, index))
+        self.task_info[self.send_idx] = (wid,)
+        self.outstanding += 1
         self.send_idx += 1
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        ld = self.loader
         while True:
-            if self.rcvd_idx >= self.send_idx and self.ended:
-                if not ld.persistent_workers:
+            while self.rcvd_idx < self.send_idx:          # skip tasks of workers that ran dry
+                info = self.task_info.get(self.rcvd_idx)
+                if info is not None and (len(info) == 2 or self.active[info[0]]):
+                    break
+                self.task_info.pop(self.rcvd_idx, None)
+                self.rcvd_idx += 1
+            else:
+                if not self.loader.persistent_workers:
                     self._shutdown_workers()
                 raise StopIteration
-            if self.rcvd_idx in self.buffer:
-                data = self.buffer.pop(self.rcvd_idx)
+            if len(self.task_info[self.rcvd_idx]) == 2:
+                data = self.task_info.pop(self.rcvd_idx)[1]
                 self.rcvd_idx += 1
-                if isinstance(data, StopIteration):
-                    self.exhausted_workers.add(self.task_worker.get(self.rcvd_idx - 1))
-                    self._put()
-                    continue
-                self._put()
-                if isinstance(data, _ExceptionWrapper):
-                    self._shutdown_workers()
-                    data.reraise()
-                return ld._pin(data)
+                return self._process(data)
             idx, data = self._get()
-            if idx is None:
-                self._shutdown_workers()
-                data.reraise()
-            self.buffer[idx] = data
+            self.outstanding -= 1
+            if isinstance(data, IterableDatasetStopIteration):
+                self.active[data.worker_id] = False
+                self._put()
+                continue
+            if idx != self.rcvd_idx and self.loader.in_order:
+                self.task_info[idx] += (data,)            # early: kept until its turn
+                continue
+            self.task_info.pop(idx)
+            if idx == self.rcvd_idx:
+                self.rcvd_idx += 1
+            return self._process(data)
+
+    def _process(self, data):
+        self._put()
+        if isinstance(data, ExceptionWrapper):
+            self._shutdown_workers()
+            data.reraise()
+        return _pin_memory(data) if self.pin else data
 
     def _get(self):
         timeout = self.loader.timeout or None
-        waited = 0.0
         while True:
             try:
-                return self.result_q.get(timeout=1.0 if timeout is None else timeout)
+                return self.result_q.get(timeout=timeout or DEAD_WORKER_CHECK_S)
             except queue.Empty:
                 if timeout is not None:
                     self._shutdown_workers()
                     raise RuntimeError(f"DataLoader timed out after {timeout} seconds") from None
                 dead = [w for w in self.workers if not w.is_alive()]
-                waited += 1.0
                 if dead:
                     self._shutdown_workers()
                     raise RuntimeError(f"DataLoader worker (pid(s) {', '.join(str(w.pid) for w in dead)}) "
                                        "exited unexpectedly") from None
 
-    def _shutdown_workers(self):
+    def _shutdown_workers(self) -> None:
         if self._shutdown:
             return
         self._shutdown = True
         for q in self.index_qs:
-            try:
-                q.put(None)
-            except Exception:
-                pass
+            q.put(None)
         for w in self.workers:
-            w.join(timeout=5)
+            w.join(timeout=WORKER_JOIN_S)
             if w.is_alive():
                 w.terminate()
-                w.join(timeout=1)
+                w.join(timeout=WORKER_JOIN_S)
         for q in self.index_qs + [self.result_q]:
             q.cancel_join_thread()
             q.close()
 
-    def __del__(self):
-        self._shutdown_workers()
+    def __del__(self) -> None:
+        if hasattr(self, "workers"):
+            self._shutdown_workers()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.loader)

@@ -1,10 +1,13 @@
-"""DistributedSampler: each of `num_replicas` processes sees its own shard of the (shuffled) indices."""
+"""DistributedSampler: each of `num_replicas` processes sees its own shard of the (shuffled) indices.
+
+The shuffle is a randperm from a generator seeded with `seed + epoch`, as PyTorch's: every rank
+agrees on it without communicating, and `set_epoch` changes it."""
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
+from ..._ops.random_ops import randperm
+from ...random import Generator
 from .sampler import Sampler
 
 
@@ -31,7 +34,7 @@ class DistributedSampler(Sampler):
     def __iter__(self):
         n = len(self.dataset)
         if self.shuffle:
-            indices = np.random.default_rng(self.seed + self.epoch).permutation(n).tolist()
+            indices = randperm(n, generator=Generator().manual_seed(self.seed + self.epoch)).tolist()
         else:
             indices = list(range(n))
         if not self.drop_last:
