@@ -7,6 +7,10 @@ learns to emit the sorted half. It reports training loss with a progress bar, ac
 held-out sequences, a few sampled predictions, and writes `loss.png` (the training curve). It trains
 the same model twice, eagerly and through `flambeau.compile`, and compares their step times.
 Written entirely against the PyTorch API (`import flambeau as torch`).
+
+Optional extras (`pip install flambeau[demo]`): with matplotlib the curve is a labelled chart
+(axes, log scale, legend), without it a plain raster from flambeau's PNG writer; with tqdm and a
+terminal, progress is a tqdm bar, otherwise a one-line text bar.
 """
 from __future__ import annotations
 
@@ -16,6 +20,15 @@ import sys
 import time
 
 import numpy as np
+
+try:
+    from matplotlib.figure import Figure          # the chart; optional (the PNG writer stands in)
+except ImportError:
+    Figure = None
+try:
+    from tqdm import tqdm                         # the progress bar on a terminal; optional
+except ImportError:
+    tqdm = None
 
 import flambeau as torch
 import flambeau.nn as nn
@@ -82,6 +95,7 @@ def train(model, steps, device, rng, label, step_fn=None):
     losses, times = [], []
     t0 = time.time()
     print(f"training ({label}) for {steps} steps on {device}")
+    bar = tqdm(total=steps, desc=label, unit="step") if tqdm is not None and sys.stdout.isatty() else None
     fwd = step_fn or model
     for i in range(steps):
         inp, tgt = make_batch(rng, 64, device)
@@ -96,10 +110,38 @@ def train(model, steps, device, rng, label, step_fn=None):
         lv = loss.item()
         times.append(time.perf_counter() - ts)
         losses.append(lv)
-        if i % 5 == 0 or i == steps - 1:
+        if bar is not None:
+            bar.set_postfix(loss=f"{lv:.4f}", refresh=False)
+            bar.update(1)
+        elif i % 5 == 0 or i == steps - 1:
             progress(i, steps, lv, t0)
-    print()
+    if bar is not None:
+        bar.close()
+    else:
+        print()
     return losses, times
+
+
+def plot_losses(series, path):
+    """The training curves as a matplotlib chart (returned), or with the built-in PNG writer
+    (returns None) when matplotlib is not installed."""
+    if Figure is None:
+        from ._png import line_plot  # deferred: test_demo runs this source on PyTorch
+        line_plot(series, path)
+        return None
+    fig = Figure(figsize=(7, 4), dpi=100)
+    ax = fig.add_subplot()
+    for name, losses in series.items():
+        ax.plot(np.arange(1, len(losses) + 1), losses, label=name, alpha=0.8)
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("cross-entropy loss (log scale)")
+    ax.set_title(f"sorting {LEN} digits: training loss")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    return fig
 
 
 @torch.no_grad()
@@ -150,12 +192,11 @@ def main(argv=None):
     acc, tok = evaluate(model, a.device, np.random.default_rng(123))
     print(f"held-out accuracy: {100 * acc:.1f}% of sequences fully sorted, {100 * tok:.1f}% of digits right")
     os.makedirs(a.out, exist_ok=True)
-    from ._png import line_plot  # deferred: test_demo runs this source on PyTorch
     path = os.path.join(a.out, "loss.png")
-    line_plot(series, path)
+    how = "matplotlib chart" if plot_losses(series, path) is not None else "log10 loss per step"
     legend = "blue: eager" + (", orange: compiled (it lies on the eager curve when losses agree)"
                               if "compiled" in series else "")
-    print(f"loss curve (log10 loss per step; {legend}) written to {path}")
+    print(f"loss curve ({how}; {legend}) written to {path}")
     return acc
 
 

@@ -5,9 +5,12 @@ The demo is written against the PyTorch API (`import flambeau as torch`), so its
 those imports pointed at PyTorch, is the reference model.
 """
 import os
+import struct
+import sys
 import types
 
 import numpy as np
+import pytest
 import torch
 
 import flambeau
@@ -66,3 +69,42 @@ def test_demo_command_reports_and_writes_the_curve(tmp_path, capsys):
     assert "held-out accuracy" in out and "GPT with" in out
     with open(os.path.join(tmp_path, "loss.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_loss_chart_through_matplotlib(tmp_path):
+    """With matplotlib: a chart with labelled axes, a log-scale loss axis and a legend of the runs,
+    its lines holding the losses; the PNG has the figure's size."""
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+    series = {"eager": [2.4, 1.1, 0.5], "compiled": [2.4, 1.0, 0.6]}
+    path = str(tmp_path / "loss.png")
+    fig = demo.plot_losses(series, path)
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "training step" and "loss" in ax.get_ylabel() and ax.get_yscale() == "log"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["eager", "compiled"]
+    assert [list(line.get_ydata()) for line in ax.get_lines()] == list(series.values())
+    assert [list(line.get_xdata()) for line in ax.get_lines()] == [[1, 2, 3]] * 2
+    w, h = fig.get_size_inches() * fig.dpi
+    assert Image.open(path).size == (round(w), round(h))
+
+
+def test_loss_curve_falls_back_to_the_png_writer(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo, "Figure", None)
+    path = str(tmp_path / "loss.png")
+    assert demo.plot_losses({"eager": [2.0, 1.0]}, path) is None
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", head[16:24]) == (640, 360)
+
+
+def test_progress_through_tqdm_on_a_terminal(capsys, monkeypatch):
+    pytest.importorskip("tqdm")
+    flambeau.manual_seed(0)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    demo.train(demo.GPT(), 2, "cpu", np.random.default_rng(0), "eager")
+    err = capsys.readouterr().err
+    assert "eager: 100%" in err and "2/2" in err and "loss=" in err
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    demo.train(demo.GPT(), 2, "cpu", np.random.default_rng(0), "eager")
+    out = capsys.readouterr()
+    assert "2/2 loss" in out.out and "100%" not in out.err

@@ -40,7 +40,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "flambeau.cpu", "flambeau.backends", "flambeau.accelerator",
                  "flambeau.distributions", "flambeau.distributed", "flambeau.jit", "flambeau.serialization",
                  "flambeau._pt_format")),
-    ("tracing", ("flambeau._subclasses", "flambeau.fx", "flambeau.library")),
+    ("tracing", ("flambeau._subclasses", "flambeau.fx", "flambeau.library",
+                 "flambeau.utils.tensorboard")),   # add_graph traces with fx
     ("decompositions", ("flambeau._decomp",)),
     ("functorch", ("flambeau._functorch",)),
     ("inductor", ("flambeau._inductor",)),
