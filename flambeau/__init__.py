@@ -29,10 +29,10 @@ _ops.install()
 from . import cuda  # noqa: F401,E402
 from .random import manual_seed, seed, initial_seed, Generator, get_rng_state, set_rng_state, default_generator  # noqa: F401,E402
 from ._api import *  # noqa: F401,F403,E402
-from ._tensor_types import make_types as _make_types  # noqa: E402
+from ._tensor_types import CPU_TYPES as _CPU_TYPES  # noqa: E402
 from . import storage  # noqa: E402,F401
 from .storage import UntypedStorage, TypedStorage  # noqa: E402,F401
-globals().update(_make_types("cpu", __name__))
+globals().update(_CPU_TYPES)          # torch.FloatTensor, torch.LongTensor, ... (legacy tensor types)
 from . import nn, linalg, special  # noqa: F401,E402
 from .serialization import save, load  # noqa: E402,F401
 from . import compat  # noqa: E402,F401
@@ -40,6 +40,7 @@ from . import amp, cpu  # noqa: E402,F401
 from . import accelerator  # noqa: E402,F401
 from .accelerator import get_device_module  # noqa: E402,F401
 from . import backends  # noqa: E402,F401
+from . import onnx  # noqa: E402,F401
 from .cuda import amp as _cuda_amp  # noqa: E402,F401  (makes flambeau.cuda.amp an attribute)
 from .amp.autocast_mode import (autocast, is_autocast_enabled, set_autocast_enabled,  # noqa: E402,F401
                                 get_autocast_dtype, set_autocast_dtype, is_autocast_cache_enabled,

@@ -20,6 +20,7 @@ import zipfile
 import numpy as np
 
 from . import _dtype as D
+from . import _weights_only
 from ._tensor import Tensor, Size
 from ._device import CPU, device
 from .nn.parameter import Parameter
@@ -156,6 +157,13 @@ def _load_build(self):
     """BUILD under weights_only: only an OrderedDict's attributes (a state_dict's `_metadata`)."""
     state = self.stack.pop()
     inst = self.stack[-1]
+    if _weights_only.buildable(inst):
+        setstate = getattr(inst, "__setstate__", None)
+        if setstate is not None:
+            setstate(state)
+        else:
+            inst.__dict__.update(state)
+        return
     if type(inst) is not collections.OrderedDict or not isinstance(state, dict):
         raise pickle.UnpicklingError(_REFUSED.format(
             f"Can only build OrderedDict with a dict state, but got {type(inst).__name__}"))
@@ -166,7 +174,7 @@ def _load_newobj(self, *, ex=False):
     kwargs = self.stack.pop() if ex else {}
     args = self.stack.pop()
     cls = self.stack.pop()
-    if cls not in _NEWOBJ_ALLOWED:
+    if cls not in _NEWOBJ_ALLOWED and not _weights_only.is_safe_object(cls):
         raise pickle.UnpicklingError(_REFUSED.format(f"NEWOBJ of unsupported type {cls!r}"))
     self.append(cls.__new__(cls, *args, **kwargs))
 
@@ -203,7 +211,12 @@ class _Unpickler(pickle._Unpickler):
             return _StorageType(_STORAGE[name])
         if module == "torch" and name in D.BY_NAME:
             return D.BY_NAME[name]
-        if self.weights_only or module.split(".")[0] == "torch":
+        safe = _weights_only.allowed(module, name)
+        if safe is not None:
+            return safe
+        if self.weights_only:
+            raise _weights_only.refused(module, name)
+        if module.split(".")[0] == "torch":
             raise pickle.UnpicklingError(_REFUSED.format(f"Unsupported global: GLOBAL {module}.{name}"))
         return super().find_class(module, name)
 

@@ -406,11 +406,23 @@ class Tensor:
 
     # --- type conversions sugar -------------------------------------------------------
     def type(self, dtype=None, non_blocking=False):
+        """No argument: the legacy type name ("torch.FloatTensor", "torch.cuda.LongTensor"). A dtype,
+        a legacy type (`torch.LongTensor`, which carries `dtype` and `is_cuda`) or its name: a cast."""
+        cuda = self._device.type == "cuda"
         if dtype is None:
-            return _TYPE_NAMES.get(self._dtype, "torch.Tensor")
+            name = _TYPE_NAMES.get(self._dtype, "torch.Tensor")
+            return name.replace("torch.", "torch.cuda.", 1) if cuda and name != "torch.Tensor" else name
         if isinstance(dtype, str):
+            cuda = dtype.startswith("torch.cuda.")
             inv = {v: k for k, v in _TYPE_NAMES.items()}
-            dtype = inv[dtype]
+            key = dtype.replace("torch.cuda.", "torch.", 1)
+            if key not in inv:
+                raise ValueError(f"invalid type: '{dtype}'")
+            dtype = inv[key]
+        elif isinstance(dtype, type) and isinstance(getattr(dtype, "dtype", None), D.dtype):
+            cuda, dtype = bool(dtype.is_cuda), dtype.dtype
+        if cuda != (self._device.type == "cuda"):
+            return self.to(device="cuda" if cuda else "cpu", dtype=dtype, non_blocking=non_blocking)
         return self.to(dtype)
 
     @property

@@ -13,7 +13,9 @@ Plain `.safetensors` files: `load` returns their tensors as a dict; `save(state_
 PyTorch interop: `load` reads PyTorch's zip `.pt` files through `_pt_format`'s restricted unpickler;
 `save(obj, f, format="pt")` writes a file that `torch.load(weights_only=True)` accepts.
 
-Loading executes no code unless `weights_only=False`; every tensor is checked against the bytes the
+Loading executes no code unless `weights_only=False`: under weights_only the pickled objects are
+rebuilt only from containers, tensors and the user's allowlist (`safe_globals`, `add_safe_globals`,
+as in PyTorch; see `_weights_only`); every tensor is checked against the bytes the
 file holds for it. Errors follow torch.load: EOFError for an empty file, RuntimeError for a corrupt
 archive or tensor, UnpicklingError for bytes that are no checkpoint. Saving to a path goes through a
 temporary file in the same folder (`_atomic`), so a crash leaves the previous file intact.
@@ -34,6 +36,8 @@ import safetensors
 
 from . import _dtype as D
 from ._atomic import write_atomic
+from ._weights_only import (add_safe_globals, clear_safe_globals, get_safe_globals,  # noqa: F401
+                            safe_globals, unpickle_objects)
 from ._tensor import Tensor, Size
 from ._device import CPU, device
 from ._ops.creation import tensor
@@ -348,11 +352,15 @@ def _load_v2(src: _Source, weights_only: bool, place) -> object:
     if meta.get("format") != FORMAT_V2:           # a plain safetensors file
         return {k: place(v) for k, v in tensors.items()}
     blob = tensors.pop(_OBJECTS, None)
-    objects = None
-    if blob is not None and not weights_only:
-        objects = pickle.loads(blob._host().tobytes())
+    objects = None if blob is None else _objects(blob._host().tobytes(), weights_only)
     tensors = {k: place(v) for k, v in tensors.items()}
     return _decode(_load_structure(meta.get("structure")), tensors, objects)
+
+
+def _objects(blob: bytes, weights_only: bool) -> list:
+    """A checkpoint's pickled Python objects: under weights_only only what `_weights_only` allows
+    (containers, tensors, and the classes/functions of `safe_globals` / `add_safe_globals`)."""
+    return unpickle_objects(blob) if weights_only else pickle.loads(blob)
 
 
 def _v1_complex_as_pairs(buf: bytes) -> tuple:
@@ -389,9 +397,7 @@ def _load_v1(z: _ZipRecords, names, src: _Source, weights_only: bool, place) -> 
         if name in complex_names:
             arr, dt = arr.view(np.complex128)[..., 0], D.complex128
         tensors[name] = place(Tensor._make(arr, _cpu(), dt))
-    objects = None
-    if "objects.pkl" in names and not weights_only:
-        objects = pickle.loads(z.read("objects.pkl"))
+    objects = _objects(z.read("objects.pkl"), weights_only) if "objects.pkl" in names else None
     return _decode(_load_structure(z.read("structure.json")), tensors, objects)
 
 

@@ -13,9 +13,9 @@ from .. import _backends, _state
 from .._backends import cupy_available, device_checks, install_cuda_allocator, peak_bytes, reset_peak_bytes
 from .._device import cuda_index as _index, device as _Device, device as Device
 from ..random import generator_for
-from .._tensor_types import make_types
+from .._tensor_types import CUDA_TYPES
 
-globals().update(make_types("cuda", __name__))
+globals().update(CUDA_TYPES)       # torch.cuda.FloatTensor, torch.cuda.LongTensor, ...
 
 
 def _cupy():
@@ -256,3 +256,16 @@ class graph:
 def is_current_stream_capturing() -> bool:
     """False: flambeau never captures a CUDA graph."""
     return False
+
+
+_BF16_MIN_CAPABILITY = (8, 0)      # Ampere: the first GPUs with bfloat16 tensor cores (PyTorch's test)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Whether cuda bfloat16 works here: a GPU of compute capability 8.0 or newer (False without cuda)."""
+    return is_available() and get_device_capability() >= _BF16_MIN_CAPABILITY
+
+
+def is_tf32_supported() -> bool:
+    """Whether cuda matmuls can use TF32: the same Ampere-or-newer test (False without cuda)."""
+    return is_available() and get_device_capability() >= _BF16_MIN_CAPABILITY

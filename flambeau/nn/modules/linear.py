@@ -9,7 +9,7 @@ from .. import init
 from ..parameter import Parameter, UninitializedParameter
 from .module import Module
 
-__all__ = ["Identity", "Linear", "Bilinear", "LazyLinear"]
+__all__ = ["Identity", "Linear", "Bilinear", "LazyLinear", "NonDynamicallyQuantizableLinear"]
 
 
 def _empty(*shape, device=None, dtype=None):
@@ -111,3 +111,7 @@ class Bilinear(Module):
     def extra_repr(self) -> str:
         return (f"in1_features={self.in1_features}, in2_features={self.in2_features}, "
                 f"out_features={self.out_features}, bias={self.bias is not None}")
+
+
+class NonDynamicallyQuantizableLinear(Linear):
+    """A Linear that PyTorch's quantization leaves alone (MultiheadAttention's out_proj)."""

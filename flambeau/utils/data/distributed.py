@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from ... import distributed
 from ..._ops.random_ops import randperm
 from ...random import Generator
 from .sampler import Sampler
@@ -14,12 +15,10 @@ from .sampler import Sampler
 class DistributedSampler(Sampler):
     def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
         if num_replicas is None or rank is None:
-            try:
-                from ...distributed import get_world_size, get_rank  # deferred: no flambeau.distributed yet
-                num_replicas = get_world_size() if num_replicas is None else num_replicas
-                rank = get_rank() if rank is None else rank
-            except Exception:
-                raise RuntimeError("Requires distributed package to be available") from None
+            if not distributed.is_available():
+                raise RuntimeError("Requires distributed package to be available")
+            num_replicas = distributed.get_world_size() if num_replicas is None else num_replicas
+            rank = distributed.get_rank() if rank is None else rank
         if rank >= num_replicas or rank < 0:
             raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
         self.dataset, self.num_replicas, self.rank = dataset, num_replicas, rank
