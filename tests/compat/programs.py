@@ -1,0 +1,112 @@
+"""The public PyTorch programs of the compatibility suite, pinned, each shrunk through its own
+command line (never edited): GPT trainers and samplers, character-level language models of several
+kinds, and classic example scripts.
+
+Data files come from the repositories themselves (tinyshakespeare from ng-video-lecture, names from
+makemore, WikiText-2 from pytorch/examples, shortened here so a run takes seconds).
+"""
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+from .runner import Program
+
+NANOGPT = "karpathy/nanoGPT@3adf61e154c3fe3fca428ad6bc3818b27a3b8291"
+MINGPT = "karpathy/minGPT@37baab71b9abea1b76ab957409a1cc2fbfba8a26"
+MAKEMORE = "karpathy/makemore@988aa59e4d8fefa526d06f3b453ad116258398d4"
+LECTURE = "karpathy/ng-video-lecture@52201428ed7b46804849dea0b3ccf0de9df1a5c3"
+EXAMPLES = "pytorch/examples@77f55b912142e11fcfdf5b530231fb9c52f181e8"
+
+WIKITEXT_LINES = {"train.txt": 400, "valid.txt": 120, "test.txt": 120}   # lines kept per split
+SHAKESPEARE_CHARS = 200_000                                              # of tinyshakespeare's 1.1M
+
+
+def _repo(spec: str) -> str:
+    return spec.split("@")[0]
+
+
+def _commit(spec: str) -> str:
+    return spec.split("@")[1]
+
+
+def _shakespeare(sources: dict) -> str:
+    return (sources[_repo(LECTURE)] / "input.txt").read_text()[:SHAKESPEARE_CHARS]
+
+
+def _nanogpt_char_data(work: pathlib.Path, sources: dict) -> None:
+    """nanoGPT's own prepare.py (NumPy only) over tinyshakespeare, run with plain Python."""
+    folder = work / "data" / "shakespeare_char"
+    (folder / "input.txt").write_text(_shakespeare(sources))
+    subprocess.run([sys.executable, "prepare.py"], cwd=folder, check=True, capture_output=True)
+
+
+def _nanogpt_sample_setup(work: pathlib.Path, sources: dict) -> None:
+    """A checkpoint to sample from, the same for both runs: nanoGPT's train.py for a few steps
+    under PyTorch (so flambeau also reads a PyTorch-written checkpoint)."""
+    _nanogpt_char_data(work, sources)
+    subprocess.run([sys.executable, "train.py", *NANOGPT_TRAIN_ARGS, "--max_iters=5",
+                    "--always_save_checkpoint=True"], cwd=work, check=True, capture_output=True)
+
+
+def _tinyshakespeare_here(work: pathlib.Path, sources: dict) -> None:
+    (work / "input.txt").write_text(_shakespeare(sources))
+
+
+def _wikitext_small(work: pathlib.Path, sources: dict) -> None:
+    """pytorch/examples' WikiText-2, first lines of each split (the train split is the valid one's
+    head when the checkout lacks the large train file)."""
+    full = sources[_repo(EXAMPLES)] / "word_language_model" / "data" / "wikitext-2"
+    small = work / "data" / "small"
+    small.mkdir(parents=True)
+    for name, n in WIKITEXT_LINES.items():
+        src = full / name
+        if not src.exists() or src.stat().st_size == 0:
+            src = full / "valid.txt"
+        lines = src.read_text(encoding="utf8").splitlines(keepends=True)
+        (small / name).write_text("".join(lines[:n]), encoding="utf8")
+
+
+NANOGPT_TRAIN_ARGS = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=3",
+                      "--log_interval=1", "--eval_interval=5", "--block_size=64", "--batch_size=8", "--n_layer=2",
+                      "--n_head=4", "--n_embd=64", "--max_iters=10", "--lr_decay_iters=10", "--dropout=0.0",
+                      "--always_save_checkpoint=False"]
+MAKEMORE_ARGS = ["-i", "names.txt", "-o", "out", "--max-steps", "41", "--num-workers", "0", "--batch-size", "16"]
+MINGPT_ARGS = ["--trainer.max_iters=21", "--trainer.num_workers=0", "--trainer.batch_size=8", "--trainer.device=cpu"]
+WLM_ARGS = ["--data", "data/small", "--epochs", "1", "--emsize", "32", "--nhid", "32", "--nlayers", "1",
+            "--bptt", "16", "--batch_size", "8", "--log-interval", "10"]
+WLM_LOSS = r"(?:loss|valid loss|test loss)\s+([0-9.]+)\s+\|"
+
+PROGRAMS = [
+    Program("nanogpt-train-char", _repo(NANOGPT), _commit(NANOGPT), "train.py", NANOGPT_TRAIN_ARGS,
+            r"iter \d+: loss ([0-9.]+)|val loss ([0-9.]+)", setup=_nanogpt_char_data, needs=(LECTURE,)),
+    Program("nanogpt-sample", _repo(NANOGPT), _commit(NANOGPT), "sample.py",
+            ["--out_dir=out-shakespeare-char", "--device=cpu", "--compile=False", "--num_samples=2",
+             "--max_new_tokens=40", "--start=ROMEO:", "--top_k=1"],
+            "", output_regex=r"(?s)(ROMEO:.*)", setup=_nanogpt_sample_setup, needs=(LECTURE,)),
+    Program("mingpt-chargpt", _repo(MINGPT), _commit(MINGPT), "projects/chargpt/chargpt.py",
+            MINGPT_ARGS + ["--model.model_type=gpt-nano", "--data.block_size=32"],
+            r"train loss ([0-9.]+)", setup=_tinyshakespeare_here, needs=(LECTURE,)),
+    Program("mingpt-adder", _repo(MINGPT), _commit(MINGPT), "projects/adder/adder.py", MINGPT_ARGS,
+            r"train loss ([0-9.]+)|final score: (\d+)"),
+    *[Program(f"makemore-{kind}", _repo(MAKEMORE), _commit(MAKEMORE), "makemore.py",
+              MAKEMORE_ARGS + ["--type", kind], r"step \d+ \| loss ([0-9.]+)")
+      for kind in ("transformer", "bigram", "mlp", "rnn", "gru", "bow")],
+    Program("lecture-bigram", _repo(LECTURE), _commit(LECTURE), "bigram.py", [],
+            r"train loss ([0-9.]+)|val loss ([0-9.]+)"),
+    Program("lecture-gpt", _repo(LECTURE), _commit(LECTURE), "gpt.py", [],
+            r"train loss ([0-9.]+)|val loss ([0-9.]+)", slow=True, timeout_s=3600),
+    *[Program(f"word-lm-{kind.lower()}", _repo(EXAMPLES), _commit(EXAMPLES), "main.py",
+              WLM_ARGS + ["--model", kind], WLM_LOSS, folder="word_language_model", setup=_wikitext_small)
+      for kind in ("LSTM", "GRU", "RNN_TANH", "Transformer")],
+]
+
+
+def by_name(names: list[str] | None, slow: bool) -> list[Program]:
+    """The programs to run: all (slow ones with `slow`), or those whose name contains one of `names`."""
+    chosen = [p for p in PROGRAMS if slow or not p.slow]
+    if names:
+        chosen = [p for p in PROGRAMS if any(n in p.name for n in names)]
+    return chosen
+
