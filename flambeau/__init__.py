@@ -41,6 +41,7 @@ from . import accelerator  # noqa: E402,F401
 from .accelerator import get_device_module  # noqa: E402,F401
 from . import backends  # noqa: E402,F401
 from . import onnx  # noqa: E402,F401
+from . import testing  # noqa: E402,F401
 from .cuda import amp as _cuda_amp  # noqa: E402,F401  (makes flambeau.cuda.amp an attribute)
 from .amp.autocast_mode import (autocast, is_autocast_enabled, set_autocast_enabled,  # noqa: E402,F401
                                 get_autocast_dtype, set_autocast_dtype, is_autocast_cache_enabled,

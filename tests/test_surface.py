@@ -265,3 +265,49 @@ def test_pytorch_checkpoint_with_allowlisted_class_loads(tmp_path):
     with flambeau.serialization.safe_globals([Box]):
         out = flambeau.load(p)
     assert out["box"].v == ref["box"].v == 3 and out["w"].tolist() == ref["w"].tolist()
+
+
+# ---- torch.testing.assert_close -----------------------------------------------------------------------
+_CLOSE_CASES = [
+    ([1.0, 2.0, 3.0], [1.0, 2.1, 3.0], "float32", "float32", {}),
+    ([1.0, 2.0], [1.0, 2.0, 3.0], "float32", "float32", {}),
+    ([1.0, 2.0], [1.0, 2.0], "float32", "float64", {}),
+    ([1.0, 2.0], [1.0, 2.0], "float32", "float64", {"check_dtype": False}),
+    ([1, 2], [1, 3], "int64", "int64", {}),
+    ([float("nan")], [float("nan")], "float32", "float32", {}),
+    ([float("nan")], [float("nan")], "float32", "float32", {"equal_nan": True}),
+    ([1.0, 2.0], [1.0, 2.0 + 1e-6], "float32", "float32", {}),
+    ([1.0, 2.0], [1.0, 2.001], "float16", "float16", {}),
+    ([[1.0, 1.0], [1.0, 1.0]], [[1.5, 1.0], [1.0, 1.25]], "float32", "float32", {}),
+    ([1.0, 2.0], [1.0, 2.1], "float32", "float32", {"rtol": 0.1, "atol": 0.0}),
+]
+
+
+@pytest.mark.parametrize("a,e,da,de,kw", _CLOSE_CASES)
+def test_assert_close_matches_pytorch(a, e, da, de, kw):
+    def run(lib):
+        return _message(lambda: lib.testing.assert_close(lib.tensor(a, dtype=getattr(lib, da)),
+                                                          lib.tensor(e, dtype=getattr(lib, de)), **kw))
+    assert run(flambeau) == run(torch)
+
+
+def _message(fn):
+    try:
+        fn()
+        return "ok"
+    except Exception as e:  # noqa: BLE001  type and message are what is compared
+        return f"{type(e).__name__}: {e}"
+
+
+@pytest.mark.parametrize("a,e", [(1.0, 1.1), (1.0, 1.0 + 1e-9), (2, 3), ([1.0, 2.0], [1.0, 2.5]),
+                                 ({"x": 1.0}, {"x": 2.0}), (1.0, 1)])
+def test_assert_close_on_numbers_and_containers_matches_pytorch(a, e):
+    assert _message(lambda: flambeau.testing.assert_close(a, e)) == _message(lambda: torch.testing.assert_close(a, e))
+
+
+def test_assert_close_nested_tensors_name_the_item_and_reject_mixed_types():
+    def run(lib):
+        return _message(lambda: lib.testing.assert_close([lib.ones(2)], [lib.zeros(2)]))
+    assert run(flambeau) == run(torch)
+    assert _message(lambda: flambeau.testing.assert_close(flambeau.ones(2), 1.0)) == \
+        _message(lambda: torch.testing.assert_close(torch.ones(2), 1.0)).replace("torch.Tensor", "flambeau._tensor.Tensor")
