@@ -20,6 +20,7 @@ import dataclasses
 import os
 import pathlib
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -59,11 +60,17 @@ class Outcome:
     exact: bool = False
     max_rel: float | None = None
     losses: tuple[list[float], list[float]] = ((), ())
-    seconds: tuple[float, float] = (0.0, 0.0)  # (PyTorch, flambeau)
+    seconds: tuple[float, float] = (0.0, 0.0)  # wall time (PyTorch, flambeau)
+    cpu: tuple[float, float] = (0.0, 0.0)      # CPU time (PyTorch, flambeau): steadier on a shared machine
 
     @property
     def ratio(self) -> float | None:
         t, f = self.seconds
+        return f / t if t > 0 and self.status != "skip" else None
+
+    @property
+    def cpu_ratio(self) -> float | None:
+        t, f = self.cpu
         return f / t if t > 0 and self.status != "skip" else None
 
 
@@ -123,20 +130,33 @@ def _losses(text: str, pattern: str) -> list[float]:
     return out
 
 
-def _run(cmd: list[str], cwd: pathlib.Path, timeout_s: int, log: pathlib.Path) -> tuple[int, str, str, float]:
-    """(exit status, stdout, stderr, seconds); a timeout reads as exit status -9. The program's folder
-    is on the path (as `pip install -e .` would put it), then flambeau's repository."""
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _run(cmd: list[str], cwd: pathlib.Path, timeout_s: int, log: pathlib.Path,
+         threads: int | None) -> tuple[int, str, str, float, float]:
+    """(exit status, stdout, stderr, wall seconds, CPU seconds); a timeout reads as exit status -9. The program's folder
+    is on the path (as `pip install -e .` would put it), then flambeau's repository. `threads` caps
+    both systems' OpenMP/BLAS threads alike (fairer timings on a shared machine)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(cwd), str(REPO_ROOT)]), PYTHONHASHSEED="0",
                PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
-    t0 = time.perf_counter()
+    if threads is not None:
+        env.update({name: str(threads) for name in THREAD_VARIABLES})
+    t0, cpu0 = time.perf_counter(), _children_cpu()
     try:
         proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
         rc, out, err = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired as e:
         rc, out, err = -9, _text(e.stdout), _text(e.stderr) + f"\n[timed out after {timeout_s} s]"
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     log.write_text(out + "\n---- stderr ----\n" + err)
-    return rc, out, err, seconds
+    return rc, out, err, seconds, cpu
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of the waited-for child processes so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _text(data) -> str:
@@ -148,7 +168,7 @@ def _last_line(text: str) -> str:
     return lines[-1][:200] if lines else ""
 
 
-def run_program(p: Program, logs: pathlib.Path, network: bool = True) -> Outcome:
+def run_program(p: Program, logs: pathlib.Path, network: bool = True, threads: int | None = None) -> Outcome:
     """Both systems on fresh copies; the comparison as the module docstring states."""
     sources = {}
     for spec in (f"{p.repo}@{p.commit}", *p.needs):
@@ -163,17 +183,18 @@ def run_program(p: Program, logs: pathlib.Path, network: bool = True) -> Outcome
             shutil.copytree(sources[p.repo] / p.folder, work, ignore=shutil.ignore_patterns(".git", ".complete"))
             if p.setup is not None:
                 p.setup(work, sources)
-            runs[system] = _run([*launcher, p.script, *p.args], work, p.timeout_s, logs / f"{p.name}.{system}.log")
-    (rc_t, out_t, err_t, s_t), (rc_f, out_f, err_f, s_f) = runs["pytorch"], runs["flambeau"]
+            runs[system] = _run([*launcher, p.script, *p.args], work, p.timeout_s, logs / f"{p.name}.{system}.log",
+                                threads)
+    (rc_t, out_t, err_t, s_t, c_t), (rc_f, out_f, err_f, s_f, c_f) = runs["pytorch"], runs["flambeau"]
+    times = dict(seconds=(s_t, s_f), cpu=(c_t, c_f))
     if rc_t != 0:
-        return Outcome(p.name, "skip", f"PyTorch itself failed (rc {rc_t}): {_last_line(err_t or out_t)}",
-                       seconds=(s_t, s_f))
+        return Outcome(p.name, "skip", f"PyTorch itself failed (rc {rc_t}): {_last_line(err_t or out_t)}", **times)
     if rc_f != 0:
-        return Outcome(p.name, "FAIL", f"flambeau rc {rc_f}: {_last_line(err_f or out_f)}", seconds=(s_t, s_f))
+        return Outcome(p.name, "FAIL", f"flambeau rc {rc_f}: {_last_line(err_f or out_f)}", **times)
     if p.output_regex:
-        return _compare_output(p, out_t, out_f, (s_t, s_f))
+        return _compare_output(p, out_t, out_f, times)
     lt, lf = _losses(out_t, p.loss_regex), _losses(out_f, p.loss_regex)
-    base = dict(losses=(lt, lf), seconds=(s_t, s_f))
+    base = dict(losses=(lt, lf), **times)
     if not lt:
         return Outcome(p.name, "FAIL", "PyTorch's run printed no loss the pattern matches", **base)
     if len(lt) != len(lf):
@@ -184,11 +205,11 @@ def run_program(p: Program, logs: pathlib.Path, network: bool = True) -> Outcome
     return Outcome(p.name, status, detail, exact=rel <= EXACT_RTOL, max_rel=rel, **base)
 
 
-def _compare_output(p: Program, out_t: str, out_f: str, seconds: tuple[float, float]) -> Outcome:
-    """Generated text compared character for character (same checkpoint, same generator)."""
+def _compare_output(p: Program, out_t: str, out_f: str, times: dict) -> Outcome:
+    """Generated text compared character for character (same checkpoint, deterministic sampling)."""
     mt, mf = re.search(p.output_regex, out_t), re.search(p.output_regex, out_f)
     if mt is None:
-        return Outcome(p.name, "FAIL", "PyTorch's output has no part the pattern matches", seconds=seconds)
+        return Outcome(p.name, "FAIL", "PyTorch's output has no part the pattern matches", **times)
     if mf is None or mf.group(1) != mt.group(1):
-        return Outcome(p.name, "FAIL", "generated text differs from PyTorch's", seconds=seconds)
-    return Outcome(p.name, "pass", "identical output", exact=True, max_rel=0.0, seconds=seconds)
+        return Outcome(p.name, "FAIL", "generated text differs from PyTorch's", **times)
+    return Outcome(p.name, "pass", "identical output", exact=True, max_rel=0.0, **times)
