@@ -45,6 +45,8 @@ OPTIMS = [
     ("RMSprop", dict(lr=0.01)),
     ("RMSprop", dict(lr=0.01, centered=True, momentum=0.5, weight_decay=0.1)),
     ("Adagrad", dict(lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1, weight_decay=0.01)),
+    ("Adadelta", dict()),
+    ("Adadelta", dict(lr=0.5, rho=0.8, eps=1e-5, weight_decay=0.1, maximize=True)),
     ("Adamax", dict(lr=0.02, weight_decay=0.01)),
     ("NAdam", dict(lr=0.01)),
     ("NAdam", dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True)),

@@ -1,10 +1,10 @@
-"""RMSprop (centered, momentum) and Adagrad (lr decay, initial accumulator)."""
+"""RMSprop (centered, momentum), Adagrad (lr decay, initial accumulator) and Adadelta."""
 from __future__ import annotations
 
 from .optimizer import Optimizer, _scalar_tensor, per_tensor
 from .._ops.creation import zeros_like, full_like
 
-__all__ = ["RMSprop", "Adagrad"]
+__all__ = ["RMSprop", "Adagrad", "Adadelta"]
 
 
 class RMSprop(Optimizer):
@@ -89,6 +89,41 @@ class Adagrad(Optimizer):
         acc = s["sum"]
         acc += g * g
         p -= clr * g / (xp.sqrt(acc) + group["eps"])
+
+    def step(self, closure=None):
+        return self._step_impl(closure)
+
+
+class Adadelta(Optimizer):
+    """Zeiler's ADADELTA: steps scaled by the ratio of running RMS of updates and of gradients."""
+
+    def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0, foreach=None, *, capturable=False,
+                 maximize=False, differentiable=False):
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= rho <= 1.0:
+            raise ValueError(f"Invalid rho value: {rho}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, maximize=maximize,
+                                      capturable=capturable, foreach=foreach, differentiable=differentiable))
+
+    def _init_state(self, p, group):
+        return {"step": _scalar_tensor(0.0), "square_avg": zeros_like(p), "acc_delta": zeros_like(p)}
+
+    def _update(self, xp, p, g, s, step, group, ex):
+        wd, rho, eps = group["weight_decay"], group["rho"], group["eps"]
+        if wd != 0:
+            g = g + wd * p
+        sq, acc = s["square_avg"], s["acc_delta"]
+        sq *= rho
+        sq += (1 - rho) * g * g
+        delta = xp.sqrt(acc + eps) / xp.sqrt(sq + eps) * g
+        acc *= rho
+        acc += (1 - rho) * delta * delta
+        p -= group["lr"] * delta
 
     def step(self, closure=None):
         return self._step_impl(closure)
