@@ -36,6 +36,7 @@ import safetensors
 
 from . import _dtype as D
 from ._atomic import write_atomic
+from ._pt_format import dumps_pt, loads_pt
 from ._weights_only import (add_safe_globals, clear_safe_globals, get_safe_globals,  # noqa: F401
                             safe_globals, unpickle_objects)
 from ._tensor import Tensor, Size
@@ -312,7 +313,6 @@ def save(obj, f, pickle_module=None, pickle_protocol=2, _use_new_zipfile_seriali
         plain = not hasattr(f, "write") and os.fspath(f).endswith(".safetensors")
         format = "safetensors" if plain else "flambeau"
     if format == "pt":
-        from ._pt_format import dumps_pt  # deferred: the .pt format (zipfile, pickle) loads on first use
         write_atomic(f, dumps_pt(obj))
     elif format == "safetensors":
         if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
@@ -494,7 +494,6 @@ class _MemberStream:
 
 
 def _load_zip(src: _Source, weights_only: bool, place) -> object:
-    from ._pt_format import loads_pt  # deferred: the .pt format (zipfile, pickle) loads on first use
     try:
         z = zipfile.ZipFile(src.file)
         names = z.namelist()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from difflib import SequenceMatcher
 
 import numpy as np
 
@@ -219,5 +220,4 @@ def same_failure(orig: BaseException, new: BaseException) -> bool:
     orig, new = _unwrapped(orig), _unwrapped(new)
     if type(new) is not type(orig):
         return False
-    from difflib import SequenceMatcher  # deferred: only the minifier needs it (keeps import flambeau lean)
     return SequenceMatcher(None, str(orig), str(new)).ratio() > 0.5
