@@ -2,7 +2,7 @@
 
 For tiny GPT-2, Llama and BERT configs (no download), tests/scripts/hf_models.py runs once under
 PyTorch (which also writes the shared initial weights) and once under `python -m flambeau.run`;
-the two runs must agree on the logits, the losses of three AdamW steps (also with gradient
+the two runs must agree on the logits (sdpa, eager and flex_attention attention), the losses of three AdamW steps (also with gradient
 checkpointing, `torch.utils.checkpoint` non-reentrant, on), the trained logits, the
 logits after a save_pretrained/from_pretrained round trip through safetensors, the saved weights
 themselves, and the ids of greedy generate. Skipped when transformers is not installed.
@@ -27,6 +27,7 @@ RTOL, ATOL = 1e-4, 1e-5          # float32 after three optimizer steps
 # rounding noise, damped by eps: differences up to ~7e-5 there. A wrong gradient moves a weight by
 # about lr = 1e-2.
 WEIGHT_ATOL = 2e-4
+PADDED = 3                       # left padding of the second row (tests/scripts/hf_models.py batch())
 
 
 def _run(args, cwd):
@@ -58,6 +59,21 @@ def test_runs_on_flambeau(runs):
 def test_numbers_match_pytorch(runs, field):
     _, _, ref, ours = runs
     np.testing.assert_allclose(np.array(ours[field]), np.array(ref[field]), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("attention", ["eager", "flex_attention"])
+def test_attention_implementations_match_pytorch(runs, attention):
+    """transformers' own attention code ("eager") and flex_attention (block mask from the padding and
+    causal mask_mods) give the sdpa logits, in both systems."""
+    _, _, ref, ours = runs
+    field = f"logits_{attention}"
+    if field not in ref:
+        pytest.skip(f"this model has no {attention} implementation")
+    np.testing.assert_allclose(np.array(ours[field]), np.array(ref[field]), rtol=RTOL, atol=ATOL)
+    # the implementations differ at padded query positions (rows with every key masked): compare the rest
+    kept = np.ones((2, 10), dtype=bool)
+    kept[1, :PADDED] = False
+    np.testing.assert_allclose(np.array(ours[field])[kept], np.array(ours["logits"])[kept], rtol=RTOL, atol=ATOL)
 
 
 def test_gradient_checkpointing_trains_as_without(runs):

@@ -5,7 +5,7 @@ and under flambeau (`python -m flambeau.run hf_models.py`); tests/test_hf_transf
 under PyTorch, first) the model built from its config with seed 0 first writes its weights to
 WORKDIR/init.npz. Then the model is built from the config, its weights replaced by init.npz (so
 both systems start from the same numbers), and the run records into WORKDIR/<system>.json: logits
-on a padded batch, the losses of a few AdamW steps (and of the same steps with gradient
+on a padded batch (also with the eager and flex_attention implementations), the losses of a few AdamW steps (and of the same steps with gradient
 checkpointing on), the logits after training, those of the model reloaded with from_pretrained
 from its own save_pretrained (safetensors) directory WORKDIR/<system>_saved, and (causal models)
 the ids of greedy generate.
@@ -43,10 +43,17 @@ def config(kind: str):
     raise SystemExit(f"unknown model kind {kind}")
 
 
-def build(kind: str):
+# attention implementations besides the default ("sdpa") each model is also run with
+OTHER_ATTENTION = {"gpt2": ["eager"], "llama": ["eager", "flex_attention"], "bert": ["eager", "flex_attention"]}
+
+
+def build(kind: str, attention: str | None = None):
     cls = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM,
            "bert": transformers.BertForMaskedLM}[kind]
-    return cls(config(kind))
+    cfg = config(kind)
+    if attention is not None:
+        cfg._attn_implementation = attention
+    return cls(cfg)
 
 
 def batch():
@@ -62,8 +69,8 @@ def as_list(t) -> list:
     return t.detach().float().numpy().tolist()
 
 
-def from_init(kind: str, workdir: str):
-    model = build(kind)
+def from_init(kind: str, workdir: str, attention: str | None = None):
+    model = build(kind, attention)
     init = np.load(os.path.join(workdir, "init.npz"))
     model.load_state_dict({k: torch.tensor(init[k]) for k in init.files}, strict=False)
     model.tie_weights()
@@ -91,6 +98,9 @@ def run(kind: str, workdir: str) -> dict:
     model.eval()
     with torch.no_grad():
         out["logits"] = as_list(model(input_ids=ids, attention_mask=mask).logits)
+        for attention in OTHER_ATTENTION[kind]:
+            other = from_init(kind, workdir, attention).eval()
+            out[f"logits_{attention}"] = as_list(other(input_ids=ids, attention_mask=mask).logits)
     out["losses"] = train(model, ids, mask, labels)
     checkpointed = from_init(kind, workdir)
     checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
