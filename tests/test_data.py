@@ -147,6 +147,16 @@ def test_distributed_sampler_shards_like_torch(n, drop_last):
                 lambda: td.DistributedSampler(range(4), num_replicas=2, rank=2))
 
 
+def test_distributed_sampler_without_a_process_group_like_torch(monkeypatch):
+    """Without num_replicas/rank the sampler asks torch.distributed; where that is not available
+    (flambeau's today, PyTorch's when built without it) both raise the same error."""
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: False)
+    assert not flambeau.distributed.is_available()
+    _same_error(lambda: fd.DistributedSampler(range(4)), lambda: td.DistributedSampler(range(4)))
+    _same_error(lambda: fd.DistributedSampler(range(4), rank=0), lambda: td.DistributedSampler(range(4), rank=0))
+    assert len(fd.DistributedSampler(range(5), num_replicas=2, rank=1)) == 3
+
+
 @pytest.mark.parametrize("n,fracs", [(10, [0.3, 0.7]), (11, [0.3, 0.3, 0.4]), (7, [0.5, 0.5]), (3, [0.1, 0.9])])
 def test_random_split_fractions_match_torch(n, fracs):
     ours = fd.random_split(range(n), fracs, generator=flambeau.Generator().manual_seed(0))
