@@ -72,7 +72,7 @@ NANOGPT_TRAIN_ARGS = ["config/train_shakespeare_char.py", "--device=cpu", "--com
                       "--log_interval=1", "--eval_interval=5", "--block_size=64", "--batch_size=8", "--n_layer=2",
                       "--n_head=4", "--n_embd=64", "--max_iters=10", "--lr_decay_iters=10", "--dropout=0.0",
                       "--always_save_checkpoint=False"]
-MAKEMORE_ARGS = ["-i", "names.txt", "-o", "out", "--max-steps", "41", "--num-workers", "0", "--batch-size", "16"]
+MAKEMORE_ARGS = ["-i", "names.txt", "-o", "out", "--max-steps", "41", "--num-workers", "0"]
 MINGPT_ARGS = ["--trainer.max_iters=21", "--trainer.num_workers=0", "--trainer.batch_size=8", "--trainer.device=cpu"]
 WLM_ARGS = ["--data", "data/small", "--epochs", "1", "--emsize", "32", "--nhid", "32", "--nlayers", "1",
             "--bptt", "16", "--batch_size", "8", "--log-interval", "10"]
@@ -93,7 +93,7 @@ PROGRAMS = [
             MINGPT_ARGS + ["--model.model_type=gpt-nano", "--data.block_size=32"],
             r"train loss ([0-9.]+)", setup=_tinyshakespeare_here, needs=(LECTURE,)),
     Program("mingpt-adder", _repo(MINGPT), _commit(MINGPT), "projects/adder/adder.py", MINGPT_ARGS,
-            r"train loss ([0-9.]+)|final score: (\d+)"),
+            r"train loss ([0-9.]+)"),       # its scores of a 21-step model are counts near 0
     *[Program(f"makemore-{kind}", _repo(MAKEMORE), _commit(MAKEMORE), "makemore.py",
               MAKEMORE_ARGS + ["--type", kind], r"step \d+ \| loss ([0-9.]+)")
       for kind in ("transformer", "bigram", "mlp", "rnn", "gru", "bow")],
