@@ -198,6 +198,8 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
                     raise
                 raise Unsupported(f"the size-generic kernels don't compile: {e}") from e
             kernels_ns = {k.name: getattr(lib, k.name) for k in kernels}
+            if codegen_cpp.DATA_OFFSET is not None:
+                kernels_ns.update({k.name + "_obj": getattr(lib, k.name + "_obj") for k in kernels})
             kernels_ns["fl_take_error"] = lib.fl_take_error
         else:
             kernels_ns = {}

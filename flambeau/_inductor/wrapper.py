@@ -4,7 +4,7 @@
         arg0, arg1 = args
         arg0 = arg0._data; arg1 = arg1._data          # flambeau Tensors -> NumPy arrays
         buf0 = _empty((256, 1024), _f32)              # memory plan: fresh or a freed buffer
-        kernel0(arg0.ctypes.data, arg1.ctypes.data, buf0.ctypes.data)
+        kernel0_obj(arg0, arg1, buf0)                 # C++ kernels read the arrays' data pointers
         buf1 = extern_buf1(buf0)                      # an extern/fallback op on arrays
         return (_T(buf1, _cpu),)
 
@@ -32,6 +32,7 @@ from .._backends import cpu_kernels
 from .._device import CPU
 from .._tensor import Tensor
 from ..fx._symbolic_shapes import expr_to_python
+from . import codegen_cpp
 from .ir import Buffer, InputBuffer, MultiOutput, StridedView
 from .scheduler import ExternStep, Kernel
 from .sizevars import SizeExpr, derived_definition, evaluate, replacements
@@ -194,8 +195,12 @@ class WrapperCodegen:
         self.ns[name] = dt.np
         return name
 
+    def _objects(self) -> bool:
+        """Whether kernels take their arrays as objects (`<kernel>_obj`, see codegen_cpp.DATA_OFFSET)."""
+        return self.backend == "cpp" and codegen_cpp.DATA_OFFSET is not None
+
     def _ptr(self, name) -> str:
-        return f"{name}.ctypes.data" if self.backend == "cpp" else name
+        return f"{name}.ctypes.data" if self.backend == "cpp" and not self._objects() else name
 
     def generate(self) -> str:
         g, L = self.g, self.lines
@@ -277,9 +282,10 @@ class WrapperCodegen:
             else:
                 self.lines.append(f"    {b.name} = _empty({shape}, {self._dtype(b.dtype)})")
         args = [self._ptr(b.name) for b in k.loads] + [self._ptr(b.name) for b in k.stores]
-        fn = self.kernels_ns[k.name]
+        fn = self.kernels_ns[k.name + "_obj" if self._objects() else k.name]
         if self.backend == "cpp":
-            fn.argtypes = [ctypes.c_void_p] * len(args) + [ctypes.c_int64] * len(self.size_names)
+            fn.argtypes = [ctypes.py_object if self._objects() else ctypes.c_void_p] * len(args) + \
+                [ctypes.c_int64] * len(self.size_names)
             fn.restype = None
         args += self.size_names
         self.ns[k.name] = fn
