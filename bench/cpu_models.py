@@ -15,6 +15,11 @@ tensor, stack), which dominates the bigram's time as it does in bigram.py.
   small_L        a small GPT (d 64, 4 heads, T 32, B 8, scaled_dot_product_attention, GELU, L layers)
                  compiled forward + loss, then backward (both libraries' default compile), no optimizer
 
+  gemm           the matrix products of the workloads above (shapes and layouts as the step runs them),
+                 each through flambeau's matmul (its own packed kernel or NumPy's BLAS, as it chooses),
+                 NumPy's BLAS directly, and torch.matmul: which BLAS should serve which product
+                 (thread time with --threads 1, else wall time; same median-of-rounds method)
+
 Timing: the machine may be shared and loaded, so no single wall time is trusted. Each workload keeps a
 flambeau and a PyTorch copy of the same initial weights; a round times one then the other (the order
 alternates between rounds), each running its step for at least --min-time seconds; the round's ratio is
@@ -276,14 +281,55 @@ def workloads(only, layers, batch):
     return out
 
 
-def mean_step_time(fn, min_time):
+# (a shape, a strides in elements, b shape, b strides): chargpt's per-head projections, attention
+# products and MLP; the small GPT's (4 layers) linear layers and per-head attention products
+GEMMS = {
+    "chargpt": [((4096, 384), (384, 1), (384, 64), (1, 384)), ((16, 256, 64), (16384, 64, 1), (16, 64, 256), (16384, 1, 64)),
+                ((16, 256, 256), (65536, 256, 1), (16, 256, 64), (16384, 64, 1)),
+                ((4096, 384), (384, 1), (384, 1536), (1, 384)), ((4096, 1536), (1536, 1), (1536, 384), (1, 1536)),
+                ((384, 4096), (1, 384), (4096, 64), (64, 1))],
+    "small": [((32, 32, 32), (1024, 32, 1), (32, 32, 16), (512, 16, 1)), ((32, 32, 16), (512, 16, 1), (32, 16, 32), (512, 1, 16)),
+              ((256, 64), (64, 1), (64, 192), (1, 64)), ((256, 64), (64, 1), (64, 64), (1, 64)),
+              ((256, 64), (64, 1), (64, 256), (1, 64)), ((256, 256), (256, 1), (256, 64), (1, 256)),
+              ((64, 256), (1, 64), (256, 256), (256, 1)), ((256, 64), (64, 1), (64, 65), (1, 64))],
+}
+
+
+def _strided(rng, shape, strides):
+    span = 1 + sum((n - 1) * st for n, st in zip(shape, strides))
+    buf = rng.standard_normal(span).astype(np.float32)
+    return np.lib.stride_tricks.as_strided(buf, shape, tuple(4 * st for st in strides))
+
+
+def measure_gemms(opts):
+    from flambeau._backends import cpu_kernels
+    rng = np.random.default_rng(0)
+    clock = time.thread_time if opts.threads == 1 else time.perf_counter
+    for model, shapes in GEMMS.items():
+        for sa, sta, sb, stb in shapes:
+            a, b = _strided(rng, sa, sta), _strided(rng, sb, stb)
+            ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+            fns = {"flambeau": lambda: cpu_kernels.matmul(a, b), "numpy": lambda: np.matmul(a, b),
+                   "torch": lambda: torch.matmul(ta, tb)}
+            times = {k: [] for k in fns}
+            for _ in range(opts.rounds):
+                for k, f in fns.items():
+                    times[k].append(mean_step_time(f, opts.min_time / 4, clock)[0])
+            med = {k: statistics.median(v) for k, v in times.items()}
+            print(json.dumps({"gemm": model, "a": [sa, sta], "b": [sb, stb],
+                              **{f"{k}_us": round(v * 1e6, 1) for k, v in med.items()},
+                              "flambeau_vs_torch": round(med["flambeau"] / med["torch"], 3),
+                              "numpy_vs_torch": round(med["numpy"] / med["torch"], 3)}), flush=True)
+
+
+def mean_step_time(fn, min_time, clock=time.perf_counter):
     """(wall seconds, process CPU seconds) per call, over at least min_time seconds of calls."""
     n = 1
     while True:
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = clock(), time.process_time()
         for _ in range(n):
             fn()
-        t, c = time.perf_counter() - t0, time.process_time() - c0
+        t, c = clock() - t0, time.process_time() - c0
         if t >= min_time:
             return t / n, c / n
         n = max(n * 2, int(n * min_time / max(t, 1e-9)) + 1)
@@ -325,7 +371,7 @@ def measure(name, spec, opts):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="chargpt,bigram,small")
+    ap.add_argument("--only", default="chargpt,bigram,small,gemm")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--min-time", type=float, default=0.2)
     ap.add_argument("--layers", default="2,4,8,16")
@@ -345,6 +391,8 @@ def main():
         specs = workloads(opts.only.split(","), [int(n) for n in opts.layers.split(",")], opts.batch)
         for name, spec in specs.items():
             measure(name, spec, opts)
+        if "gemm" in opts.only.split(","):
+            measure_gemms(opts)
     finally:
         shutil.rmtree(_CACHE_ROOT, ignore_errors=True)
 
