@@ -531,3 +531,18 @@ def test_cumprod_gradient_of_a_slice_with_a_zero_and_an_infinity(compiled, dim):
     ref = grad(torch, lambda x: x.cumprod(dim))
     res = grad(fl, fl.compile(lambda x: x.cumprod(dim)) if compiled else (lambda x: x.cumprod(dim)))
     np.testing.assert_array_equal(res.numpy(), ref.numpy())
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_softmax_of_an_empty_integer_tensor_as_pytorch(dtype, compiled):
+    """PyTorch returns an empty softmax/log_softmax of a bool or integer tensor (its dtype error needs
+    elements); ours raised 'not implemented for Bool' (fuzzer seed 1931)."""
+    def f(m, x):
+        return m.softmax(x, 0), m.log_softmax(x, 1)
+    ref = f(torch, torch.zeros(0, 3, 1, dtype=getattr(torch, dtype)))
+    res = (fl.compile(lambda x: f(fl, x)) if compiled else (lambda x: f(fl, x)))(fl.zeros(0, 3, 1, dtype=getattr(fl, dtype)))
+    for r, s in zip(ref, res):
+        assert (tuple(s.shape), str(s.dtype)) == (tuple(r.shape), str(r.dtype))
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        fl.softmax(fl.zeros(2, 3, dtype=fl.bool), 0)

@@ -763,9 +763,11 @@ def _(self, dim=None):
 
 
 # ---- softmax family ------------------------------------------------------------------------
-def _softmax_dtype(name, dt, dtype):
+def _softmax_dtype(name, dt, dtype, numel):
+    """The result dtype; an integer or bool one raises as PyTorch's kernel, unless there are no elements
+    (PyTorch returns the empty tensor before dispatching on the dtype)."""
     out = dtype if dtype is not None else dt
-    if out.category < D.FLOATING:
+    if out.category < D.FLOATING and numel != 0:
         raise NotImplementedError(f'"{name}_lastdim_kernel_impl" not implemented for \'{type_name(out)}\'')
     return out
 
@@ -784,7 +786,7 @@ def _softmax_rows(xp, x, r, d, log):
 
 def _softmax_kernel(name, log):
     def kernel(xp, self, dim, dtype=None):
-        out = _softmax_dtype(name, D.FROM_NP[self.dtype], dtype)
+        out = _softmax_dtype(name, D.FROM_NP[self.dtype], dtype, self.size)
         d = wrap_dim(dim, self.ndim)
         x = self.astype(out.np) if self.dtype != out.np else self
         x = x.astype(opmath(out), copy=False)
@@ -820,7 +822,7 @@ def _softmax_kernel(name, log):
 def _softmax_meta(name):
     def meta(self, dim, dtype=None):
         wrap_dim(dim, self.ndim)
-        return TensorSpec(self.shape, _softmax_dtype(name, self.dtype, dtype))
+        return TensorSpec(self.shape, _softmax_dtype(name, self.dtype, dtype, self.numel()))
     return meta
 
 
