@@ -3,6 +3,9 @@
 `import flambeau as torch` gives PyTorch's API: tensors with autograd on cpu (NumPy), cuda
 (CuPy) and meta devices, every operator declared once in `flambeau._ops` and run through one
 dispatcher (`flambeau._dispatch`). See DESIGN.md in the repository for the map.
+
+Layer 14 (entry) of tests/test_layers.py's order: the package imports every layer; below the top,
+only call-time reads reach it (`flambeau._public`).
 """
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Devices: `device('cpu')`, `device('cuda:0')`, `device('meta')`, and the default-device state."""
+"""Devices: `device('cpu')`, `device('cuda:0')`, `device('meta')`, and the default-device state.
+
+Layer 2 (device) of tests/test_layers.py's order: above the foundation (`_state`, `_dtype`), below
+`_backends`.
+"""
 from __future__ import annotations
 
 from . import _state

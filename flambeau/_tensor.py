@@ -7,6 +7,9 @@ which autograd uses to detect that a tensor saved for backward was modified in p
 
 Nearly every method is an operator exported by `flambeau._ops` and attached at import time; this
 file holds only the state, the properties and the conversions that are not operators.
+
+Layer 4 (tensor, with `_tensor_str` and `_dispatch`) of tests/test_layers.py's order: imports the
+foundation, `_device` and `_backends` only.
 """
 from __future__ import annotations
 

@@ -15,6 +15,8 @@ so they run on real, meta and fake tensors and under every tracing mode.
 
 In-place operators (`add_`) decompose generically into their functional operator followed by
 `copy_` into `self`, which functionalization turns into an output.
+
+Layer 9 of tests/test_layers.py's order: imports tracing and below.
 """
 from __future__ import annotations
 

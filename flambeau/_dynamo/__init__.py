@@ -7,8 +7,12 @@ symbolically evaluates the bytecode of `fn` with the actual arguments to capture
 generates the entry (output_graph.py, codegen.py). What cannot be captured breaks the graph and
 continues in generated resume functions (resume.py); frames that cannot be handled run eagerly.
 Files: bytecode.py (the only CPython-version-specific module), variables/ (the symbolic values),
-eval_frame.py (wrappers, the code cache, OptimizedModule), convert_frame.py, explain.py, config.py,
+eval_frame.py (wrappers, the code cache, OptimizedModule), compiled_state.py (what the variable
+kinds ask of compiled code), convert_frame.py, explain.py, config.py,
 _logging.py, utils.py (`counters`), backends/ (the backend registry and the built-in backends).
+
+Layer 12 of tests/test_layers.py's order: imports the inductor and below (the inductor at the first
+compile); only `flambeau.compiler` imports it.
 """
 from __future__ import annotations
 

@@ -6,6 +6,9 @@ graph to kernels, one module each: graph.py + lowering*.py (loop IR) -> schedule
 memory plan) -> codegen_cpp.py / codegen_numpy.py -> flambeau._cpp_builder (compile, cache) ->
 wrapper.py (the Python that calls the kernels). Knobs and debug flags: config.py. Graphs traced
 with symbolic sizes compile once for every size (sizes as kernel arguments): sizevars.py.
+
+Layer 11 of tests/test_layers.py's order: imports `_functorch`, `_decomp`, tracing and below; it
+loads at the first compile.
 """
 from . import config  # noqa: F401
 from .compile_fx import CompiledGraph, compile_fx  # noqa: F401

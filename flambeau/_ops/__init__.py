@@ -1,5 +1,9 @@
 """All operator declarations. Importing this package registers every op, exports the public
-functions and attaches Tensor methods and Python operators (`+`, `@`, `[]`, ...)."""
+functions and attaches Tensor methods and Python operators (`+`, `@`, `[]`, ...).
+
+Layer 5 (ops, with `random`, `linalg`, `special`, `_api`) of tests/test_layers.py's order: imports
+the tensor layer and below; the layers above call the operators through `functions`.
+"""
 from __future__ import annotations
 
 from . import _registry

@@ -1,5 +1,9 @@
 """flambeau.autograd: reverse-mode (engine, graph, Function), grad modes, anomaly mode,
-gradcheck and forward-mode AD (`forward_ad`)."""
+gradcheck and forward-mode AD (`forward_ad`).
+
+Layer 6 of tests/test_layers.py's order: above the operators, below the library; the dispatcher
+reaches it through the registration it owns (`_dispatch.register_autograd`).
+"""
 from .engine import backward, grad  # noqa: F401
 from .grad_mode import (no_grad, enable_grad, set_grad_enabled, inference_mode,  # noqa: F401
                         is_grad_enabled, set_detect_anomaly, detect_anomaly, is_anomaly_enabled)

@@ -1,7 +1,11 @@
 """flambeau.fx: PyTorch's torch.fx. Graphs of Nodes, GraphModule (Python code generated from a
 graph), Interpreter/Transformer, Python-level tracing (`symbolic_trace`) and, in
 `fx.experimental.proxy_tensor`, dispatcher-level tracing (`make_fx`) with fake tensors and
-symbolic sizes (`fx.experimental.symbolic_shapes`)."""
+symbolic sizes (`fx.experimental.symbolic_shapes`).
+
+Layer 8 (tracing, with `_subclasses`) of tests/test_layers.py's order: imports the library and
+below; the operators reach proxy tracing through `_ops._registry.set_fx_hook`.
+"""
 from .node import Node, map_arg, map_aggregate  # noqa: F401
 from .graph import Graph, PythonCode  # noqa: F401
 from .graph_module import GraphModule  # noqa: F401
