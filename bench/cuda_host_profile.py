@@ -1,0 +1,163 @@
+"""Host cost of flambeau's cuda eager path, measured piece by piece (issue 11, item 6).
+
+    python bench/cuda_host_profile.py micro           # per-call cost of each layer of an 8x8 add
+    python bench/cuda_host_profile.py add|resnet|gpt  # a loop to run under a sampling profiler
+    python bench/cuda_host_profile.py summary FILE    # top frames (self and inclusive) of collapsed stacks
+
+`micro` prints one JSON line per piece: CuPy's own launch paths (ufunc, ElementwiseKernel, RawKernel
+with a preallocated output), the allocation, flambeau's binary kernel, the Tensor wrapper and the
+whole `a + b`, PyTorch's `a + b` for reference. Wall time per call, device synchronised at the end.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+ADD_CALLS = 200_000
+TRAIN_STEPS = 15
+
+
+def _per_call(fn, sync, n=20000) -> float:
+    for _ in range(200):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def micro() -> None:
+    import cupy
+    import torch
+    import flambeau
+    from flambeau._ops import pointwise
+    from flambeau._ops._helpers import result_type, cast, opmath
+    from flambeau._tensor import Tensor
+    sync = cupy.cuda.Device().synchronize
+    a = cupy.random.standard_normal((8, 8), dtype=cupy.float32)
+    b = cupy.random.standard_normal((8, 8), dtype=cupy.float32)
+    out = cupy.empty_like(a)
+    ew = cupy.ElementwiseKernel("float32 x, float32 y", "float32 z", "z = x + y", "flm_probe_add")
+    raw = cupy.RawKernel(r'''extern "C" __global__ void flm_add(const float* x, const float* y, float* z, long long n) {
+        long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; if (i < n) z[i] = x[i] + y[i]; }''', "flm_add")
+    n64 = np.int64(64)
+    A = flambeau.tensor(cupy.asnumpy(a), device="cuda")
+    B = flambeau.tensor(cupy.asnumpy(b), device="cuda")
+    dev = A._device
+    ta, tb = torch.tensor(cupy.asnumpy(a), device="cuda"), torch.tensor(cupy.asnumpy(b), device="cuda")
+    f32 = np.dtype(np.float32)
+    stream = cupy.cuda.get_current_stream()
+    pieces = {
+        "cupy.add (ufunc)": lambda: cupy.add(a, b),
+        "cupy.add out=": lambda: cupy.add(a, b, out=out),
+        "ElementwiseKernel(a,b)": lambda: ew(a, b),
+        "ElementwiseKernel(a,b,out)": lambda: ew(a, b, out),
+        "RawKernel launch, out given": lambda: raw((1,), (128,), (a, b, out, n64)),
+        "RawKernel launch + cupy.empty": lambda: raw((1,), (128,), (a, b, cupy.empty((8, 8), f32), n64)),
+        "cupy.empty((8,8))": lambda: cupy.empty((8, 8), f32),
+        "cupy.empty_like(a)": lambda: cupy.empty_like(a),
+        "cupy.ndarray(shape, dtype)": lambda: cupy.ndarray((8, 8), f32),
+        "get_current_stream()": cupy.cuda.get_current_stream,
+        "stream.ptr": lambda: stream.ptr,
+        "a.flags.c_contiguous": lambda: a.flags.c_contiguous,
+        "a.dtype == b.dtype": lambda: a.dtype == b.dtype,
+        "a.shape == b.shape": lambda: a.shape == b.shape,
+        "result_type(a, b)": lambda: result_type(a, b),
+        "opmath + 2 casts": lambda: (opmath(result_type(a, b)), cast(cupy, a, f32), cast(cupy, b, f32)),
+        "flambeau binary kernel add(cupy, a, b)": lambda: pointwise._add_kernel(cupy, a, b),
+        "flambeau op kernel add(cupy, a, b)": lambda: pointwise.add.kernel(cupy, a, b),
+        "Tensor._make(out, dev)": lambda: Tensor._make(out, dev),
+        "flambeau A + B": lambda: A + B,
+        "flambeau.add(A, B)": lambda: flambeau.add(A, B),
+        "flambeau A * B": lambda: A * B,
+        "flambeau A + 1.0": lambda: A + 1.0,
+        "flambeau A.relu()": lambda: A.relu(),
+        "torch a + b": lambda: ta + tb,
+        "torch a * b": lambda: ta * tb,
+    }
+    for name, fn in pieces.items():
+        try:
+            print(json.dumps({"piece": name, "us_per_call": round(_per_call(fn, sync), 2)}), flush=True)
+        except Exception as e:  # a piece that fails is reported, the others still run
+            print(json.dumps({"piece": name, "error": f"{type(e).__name__}: {e}"}), flush=True)
+
+
+def add_loop() -> None:
+    import flambeau
+    rng = np.random.default_rng(0)
+    a = flambeau.tensor(rng.standard_normal((8, 8)).astype(np.float32), device="cuda")
+    b = flambeau.tensor(rng.standard_normal((8, 8)).astype(np.float32), device="cuda")
+    for _ in range(ADD_CALLS):
+        a + b
+    flambeau.cuda.synchronize()
+
+
+def train_loop(name: str) -> None:
+    import flambeau
+    from bench import gpu_models, gpu_train
+    spec = gpu_train.WORKLOADS[name]
+    rng = np.random.default_rng(0)
+    model = spec["build"](flambeau).to("cuda")
+    xs, ys = spec["batch"](rng)
+    x, y = flambeau.tensor(xs, device="cuda"), flambeau.tensor(ys, device="cuda")
+    opt = flambeau.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    for _ in range(3):
+        gpu_models.train_step(flambeau, model, opt, x, y, flambeau.bfloat16)
+    flambeau.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(TRAIN_STEPS):
+        gpu_models.train_step(flambeau, model, opt, x, y, flambeau.bfloat16)
+    flambeau.cuda.synchronize()
+    print(json.dumps({"loop": name, "ms_per_step": round((time.perf_counter() - t0) * 1e3 / TRAIN_STEPS, 2)}))
+
+
+def _frame_name(frame: str) -> str:
+    return frame.strip()
+
+
+def summary(path: str, top: int = 45) -> None:
+    """Self and inclusive sample shares per frame from py-spy's raw (collapsed) output."""
+    self_c: collections.Counter = collections.Counter()
+    incl: collections.Counter = collections.Counter()
+    total = 0
+    with open(path) as f:
+        for line in f:
+            stack, _, n = line.rstrip("\n").rpartition(" ")
+            if not stack:
+                continue
+            n = int(n)
+            total += n
+            frames = [_frame_name(x) for x in stack.split(";")]
+            self_c[frames[-1]] += n
+            for fr in set(frames):
+                incl[fr] += n
+    print(f"== {path}: {total} samples")
+    print("-- self")
+    for fr, n in self_c.most_common(top):
+        print(f"{100 * n / total:6.2f}%  {fr}")
+    print("-- inclusive")
+    for fr, n in incl.most_common(top + 30):
+        print(f"{100 * n / total:6.2f}%  {fr}")
+
+
+if __name__ == "__main__":
+    what = sys.argv[1]
+    if what == "micro":
+        micro()
+    elif what == "add":
+        add_loop()
+    elif what in ("resnet", "gpt"):
+        train_loop(what)
+    elif what == "summary":
+        summary(sys.argv[2])
+    else:
+        raise SystemExit(f"unknown mode {what!r}")
