@@ -78,14 +78,22 @@ CPU = device("cpu")
 META = device("meta")
 
 
+_CUDA_DEVICES: dict = {}      # index -> the one device object cuda tensors of that index carry
+
+
 def canonical(d) -> device:
-    """The device a tensor actually lives on ('cuda' means the current cuda device)."""
+    """The device a tensor actually lives on ('cuda' means the current cuda device). Cuda devices
+    are one object per index, so that the dispatcher's same-device test is an identity test."""
     if d is None:
         return CPU
     if not isinstance(d, device):
         d = device(d)
-    if d.type == "cuda" and d.index is None:
-        return device("cuda", _state.cuda_device)
+    if d.type == "cuda":
+        i = d.index if d.index is not None else _state.cuda_device
+        c = _CUDA_DEVICES.get(i)
+        if c is None:
+            c = _CUDA_DEVICES[i] = device("cuda", i)
+        return c
     return d
 
 

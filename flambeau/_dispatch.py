@@ -298,9 +298,12 @@ def _nondiff(op):
     return Tag.nondifferentiable in op.tags
 
 
+_device_arrays: set = set()   # array types of the accelerator backends seen by `_wrap` (cupy.ndarray)
+
+
 def _wrap(r, dev):
     t = type(r)
-    if t is _ndarray:
+    if t is _ndarray or t in _device_arrays:
         return Tensor._make(r, dev)
     if t is tuple or t is list:
         return t(_wrap(x, dev) for x in r)
@@ -309,6 +312,8 @@ def _wrap(r, dev):
     if r is None or isinstance(r, (int, float, bool, Tensor)):
         return r
     if hasattr(r, "__cuda_array_interface__") or type(r).__name__ == "ndarray":
+        if t.__name__ == "ndarray":
+            _device_arrays.add(t)
         return Tensor._make(r, dev)
     return r
 

@@ -74,10 +74,12 @@ def install_cuda_allocator() -> None:
         return
     import cupy  # deferred: optional dependency, present only where cuda is used
     pool = cupy.get_default_memory_pool()
+    # CuPy's thread-local current device (no driver call); the runtime query where CuPy lacks it
+    device_id = getattr(cupy.cuda.device, "get_device_id", cupy.cuda.runtime.getDevice)
 
     def malloc(size):
         p = pool.malloc(size)
-        dev = cupy.cuda.runtime.getDevice()
+        dev = device_id()
         used = pool.used_bytes()
         if used > peak_bytes.get(dev, 0):
             peak_bytes[dev] = used

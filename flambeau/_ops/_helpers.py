@@ -17,7 +17,7 @@ from .. import _dtype as D
 from .. import _fp_errors
 from .. import _state
 from .._tensor import Tensor
-from .._backends import triton_launch
+from .._backends import triton_launch, cuda_binary
 from ._registry import TensorSpec
 
 _SCALARS = (builtins.bool, int, float, complex)
@@ -258,6 +258,10 @@ def _fused_binary(a, b, out):
     return triton_pointwise if triton_pointwise.binary_supported(a, b, out) else None
 
 
+_RAW_BINARY = tuple(cuda_binary.OPS)
+
+
+
 def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
     """A promoted binary kernel: `fn(xp, a, b)` runs in the op-math dtype, result cast back, laid out
     as PyTorch lays out a pointwise result (`lay_out_pointwise`). Large same-shape NumPy operands
@@ -265,7 +269,11 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
     write in place with it, and NumPy operands of one fast dtype call it directly."""
     fast = _FAST_FLOAT if to_float else _FAST
 
+    raw = name in _RAW_BINARY and out_dtype is None
+
     def kernel(xp, a, b):
+        if raw and xp is not np and (r := cuda_binary.binary(xp, a, b, name)) is not None:
+            return r
         if out_dtype is None and type(a) is type(b) is np.ndarray and (dt := a.dtype) == b.dtype and dt in fast:
             if a.size >= PAR_MIN and parallel_ok(xp, a, b):
                 r = parallel_map(fn, (a, b), dt, ufunc)

@@ -1,0 +1,147 @@
+"""add/sub/mul/div on cuda as one cached raw kernel launch (issue 11, item 6: per-op host cost).
+
+CuPy's ufunc machinery costs about 13.6 us of host time per call on an H200 (type resolution,
+broadcasting, output allocation, argument packing; `bench/cuda_host_profile.py micro`), two thirds of
+flambeau's whole 8x8 add. A `RawKernel` launch with a given output costs about 6.4 us. `binary` takes
+the common case of a training step — two C-contiguous arrays of one shape and dtype, or one array and
+a Python number on the right — for float32/float64/float16/bfloat16 arrays of at most
+`MAX_ELEMENTS`, and launches a kernel compiled
+once per (op, dtype, operand kind). Arithmetic as PyTorch's cuda kernels: float32 for the half types
+(the Python number taken as float32; a division by it is a product with its reciprocal, as
+PyTorch's), rounded once to nearest-even into the storage type; float64 in float64. Anything else returns None and takes the general path.
+"""
+from __future__ import annotations
+
+import numpy as np
+import ml_dtypes
+
+_HEADER = r"""
+struct f16_t { unsigned short b; };
+struct bf16_t { unsigned short b; };
+__device__ __forceinline__ float ld(float v) { return v; }
+__device__ __forceinline__ double ld(double v) { return v; }
+__device__ __forceinline__ float ld(f16_t v) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.b)); return f; }
+__device__ __forceinline__ float ld(bf16_t v) { return __uint_as_float(((unsigned int)v.b) << 16); }
+__device__ __forceinline__ void st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void st(double* p, double v) { *p = v; }
+__device__ __forceinline__ void st(f16_t* p, float v) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v)); p->b = h; }
+__device__ __forceinline__ void st(bf16_t* p, float v) {
+    unsigned int u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) { p->b = 0x7fc0u; return; }   /* NaN, as c10::BFloat16 */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    p->b = (unsigned short)(u >> 16);
+}
+/* CuPy compiles with -ftz=true, which flushes float32 subnormals in compiler-emitted arithmetic;
+   PyTorch keeps them, so the float32 operations are written as PTX without .ftz */
+template <int OP> __device__ __forceinline__ float apply(float x, float y) {
+    float r;
+    if (OP == 0) asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
+    else if (OP == 1) asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
+    else if (OP == 2) asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
+    else asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
+    return r;
+}
+template <int OP> __device__ __forceinline__ double apply(double x, double y) {
+    return OP == 0 ? x + y : OP == 1 ? x - y : OP == 2 ? x * y : x / y;
+}
+template <int OP, typename S, typename C>
+__device__ __forceinline__ void binary_tt(const S* x, const S* y, S* z, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)blockDim.x * gridDim.x)
+        st(z + i, apply<OP>(ld(x[i]), ld(y[i])));
+}
+template <int OP, typename S, typename C>
+__device__ __forceinline__ void binary_ts(const S* x, C s, S* z, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)blockDim.x * gridDim.x)
+        st(z + i, apply<OP>(ld(x[i]), s));
+}
+"""
+OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3}
+# storage dtype -> (kernel suffix, C storage type, C compute type, NumPy type of the scalar argument)
+TYPES = {np.dtype(np.float32): ("f32", "float", "float", np.float32),
+         np.dtype(np.float64): ("f64", "double", "double", np.float64),
+         np.dtype(np.float16): ("f16", "f16_t", "float", np.float32),
+         np.dtype(ml_dtypes.bfloat16): ("bf16", "bf16_t", "float", np.float32)}
+THREADS = 256
+MAX_BLOCKS = 1 << 16          # grid-stride loop beyond this many blocks
+# Larger arrays take the general path: there the launch cost is small beside the kernel's time, and
+# these one-element-per-thread kernels are not tuned for bandwidth (a GPT-2 step, bf16 activations of
+# 6.3M elements, was not faster with them on an H200)
+MAX_ELEMENTS = 1 << 20
+_SCALAR_LIMIT = 1 << 53       # a Python int beyond this is not exactly a float: the general path takes it
+
+
+def _source() -> str:
+    lines = [_HEADER]
+    for op, code in OPS.items():
+        for suffix, s, c, _ in TYPES.values():
+            lines.append(f'extern "C" __global__ void flm_{op}_tt_{suffix}(const {s}* x, const {s}* y, {s}* z, '
+                         f'long long n) {{ binary_tt<{code}, {s}, {c}>(x, y, z, n); }}')
+            lines.append(f'extern "C" __global__ void flm_{op}_ts_{suffix}(const {s}* x, {c} s, {s}* z, '
+                         f'long long n) {{ binary_ts<{code}, {s}, {c}>(x, s, z, n); }}')
+    return "\n".join(lines)
+
+
+_module: list = []            # the compiled RawModule, per process (CuPy caches the binary on disk)
+_functions: dict = {}         # (op, dtype, "tt"/"ts", device id) -> cupy RawKernel function
+_device_id: list = []         # CuPy's cached current-device query (the runtime's where CuPy lacks it)
+
+
+def _function(cupy, name: str, dt: np.dtype, kind: str, dev: int):
+    key = (name, dt, kind, dev)
+    f = _functions.get(key)
+    if f is None:
+        if not _module:
+            _module.append(cupy.RawModule(code=_source(), options=("--std=c++14",)))
+        f = _functions[key] = _module[0].get_function(f"flm_{name}_{kind}_{TYPES[dt][0]}")
+    return f
+
+
+def _launch(f, n: int, args: tuple) -> None:
+    blocks = (n + THREADS - 1) // THREADS
+    f((blocks if blocks < MAX_BLOCKS else MAX_BLOCKS,), (THREADS,), args)
+
+
+def binary(cupy, a, b, name: str):
+    """`a <name> b` for CuPy array `a` and a CuPy array `b` of its shape and dtype, or a Python
+    int/float `b`, both C-contiguous, on the current device; None when these operands are not
+    handled here (the caller computes it the general way). `cupy` is the cuda array namespace the
+    dispatcher passes to kernels (this module imports no CuPy, so CPU-only machines load it too)."""
+    _ndarray = getattr(cupy, "ndarray", None)
+    if type(a) is not _ndarray:
+        return None
+    dt = a.dtype
+    spec = TYPES.get(dt)
+    n = a.size
+    if spec is None or not n or n > MAX_ELEMENTS or not a.flags.c_contiguous:
+        return None
+    if not _device_id:
+        _device_id.append(getattr(cupy.cuda.device, "get_device_id", cupy.cuda.runtime.getDevice))
+    dev = _device_id[0]()
+    if a.data.device_id != dev:
+        return None
+    tb = type(b)
+    if tb is _ndarray:
+        if b.dtype != dt or b.shape != a.shape or not b.flags.c_contiguous or b.data.device_id != dev:
+            return None
+        out = _ndarray(a.shape, dt)
+        _launch(_function(cupy, name, dt, "tt", dev), n, (a, b, out, np.int64(n)))
+        return out
+    if tb is float or (tb is int and -_SCALAR_LIMIT <= b <= _SCALAR_LIMIT):
+        c = spec[3]
+        if name == "div":
+            if b == 0:
+                return None
+            # PyTorch divides by a Python number as a product with its reciprocal (BinaryDivTrueKernel.cu),
+            # which rounds differently from x / s; the reciprocal of the number as a double, then
+            # rounded to the op-math type, is what PyTorch 2.11 gives on cuda (1 / 0.001 -> 1000.0f)
+            try:
+                s = c(1.0 / b)
+            except OverflowError:
+                return None
+            name = "mul"
+        else:
+            s = c(b)
+        out = _ndarray(a.shape, dt)
+        _launch(_function(cupy, name, dt, "ts", dev), n, (a, s, out, np.int64(n)))
+        return out
+    return None
