@@ -546,3 +546,19 @@ def test_softmax_of_an_empty_integer_tensor_as_pytorch(dtype, compiled):
         assert (tuple(s.shape), str(s.dtype)) == (tuple(r.shape), str(r.dtype))
     with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
         fl.softmax(fl.zeros(2, 3, dtype=fl.bool), 0)
+
+
+@pytest.mark.parametrize("shapes", [((1, 0, 3), (1, 3, 0)), ((2, 0), (0, 2)), ((1, 2, 0), (1, 0, 2)),
+                                    ((2, 0), (0,)), ((0, 3), (3, 2))])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_bool_matrix_products_of_empty_operands_as_pytorch(shapes, compiled):
+    """PyTorch multiplies empty bool matrices (it returns before choosing a kernel) and refuses only
+    nonempty ones; ours raised 'addmm_impl_cpu_ not implemented for Bool' (fuzzer seed 1287)."""
+    def operands(m):
+        return [m.ones(*s, dtype=m.bool) for s in shapes]
+    ref = torch.matmul(*operands(torch))
+    res = (fl.compile(lambda a, b: a @ b) if compiled else fl.matmul)(*operands(fl))
+    assert (tuple(res.shape), str(res.dtype)) == (tuple(ref.shape), str(ref.dtype))
+    np.testing.assert_array_equal(res.numpy(), ref.numpy())
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        fl.matmul(fl.ones(2, 2, dtype=fl.bool), fl.ones(2, 2, dtype=fl.bool))

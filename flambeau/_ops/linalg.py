@@ -41,8 +41,10 @@ def _check_same_dtype(a, b):
                            f"{type_name(_dt(a)).lower()} != {type_name(_dt(b)).lower()}")
 
 
-def _check_not_bool(name, x):
-    if _dt(x) is D.bool:
+def _check_not_bool(name, x, *empty_ok):
+    """Bool has no product kernel. The matrix products (`empty_ok`: their operands) return before
+    choosing a kernel when an operand is empty, so empty bool operands multiply, as in PyTorch."""
+    if _dt(x) is D.bool and not any(0 in tuple(o.shape) for o in empty_ok):
         raise NotImplementedError(f"\"{name}\" not implemented for 'Bool'")
 
 
@@ -112,7 +114,7 @@ def matmul(xp, self, other):
             return np.matmul(self, other)                   # fast path: small 2-D float product
         return cpu_kernels.matmul(self, other)
     _check_same_dtype(self, other)
-    _check_not_bool("addmm_impl_cpu_", self)
+    _check_not_bool("addmm_impl_cpu_", self, self, other)
     shape = matmul_shape(self.shape, other.shape)
     if self.ndim + other.ndim > 2:
         r = lt_gemm(xp, self.reshape(1, -1) if self.ndim == 1 else self,
@@ -196,7 +198,7 @@ def _dot_shape(a, b, name="dot"):
        tags=(Tag.core, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 def mm(xp, self, mat2):
     _mm_shape(self, mat2)
-    _check_not_bool("addmm_impl_cpu_", self)
+    _check_not_bool("addmm_impl_cpu_", self, self, mat2)
     r = lt_gemm(xp, self, mat2)
     return r if r is not None else _prod(xp, matmul_for(xp), self, mat2)
 
@@ -213,7 +215,7 @@ def _(grad, self, mat2):
        tags=(Tag.core, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
 def bmm(xp, self, mat2):
     _bmm_shape(self, mat2)
-    _check_not_bool("bmm", self)
+    _check_not_bool("bmm", self, self, mat2)
     r = lt_gemm(xp, self, mat2)
     return r if r is not None else _prod(xp, matmul_for(xp), self, mat2)
 
@@ -229,7 +231,7 @@ def _(grad, self, mat2):
 @defop("mv(Tensor self, Tensor vec) -> Tensor", method=True, tags=(Tag.extern, Tag.autocast_lower_precision))
 def mv(xp, self, vec):
     _mv_shape(self, vec)
-    _check_not_bool("addmv_impl_cpu", self)
+    _check_not_bool("addmv_impl_cpu", self, self, vec)
     return _prod(xp, matmul_for(xp), self, vec)
 
 
