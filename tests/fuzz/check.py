@@ -11,6 +11,8 @@ ill-conditioned element, such as a rounding boundary, or the sign of a NaN), or 
 tolerance of float64; the signs of zeros are not compared in a tensor where PyTorch's float32 and
 float64 results give zeros of different signs (a sign set by PyTorch's kernel layout, not its semantics),
 and PyTorch's softshrink runs with its zeros made +0.0, as its formula says (`_softshrink_by_its_formula`).
+`signbit` of a NaN is not compared (`_signbit_of_numbers`): the sign of a NaN an operation makes is the
+machine's (x86's default NaN is negative, glibc's log of a negative number positive), not PyTorch's.
 """
 from __future__ import annotations
 
@@ -98,12 +100,26 @@ def _softshrink_by_its_formula(torch):
         functional.softshrink = original
 
 
+@contextlib.contextmanager
+def _signbit_of_numbers(torch):
+    """`torch.signbit` False at NaN, in both systems: a NaN's sign comes from the machine and the libm
+    that made it (PyTorch's log10(-1) is -nan on x86, NumPy's +nan), so signbit there is not compared."""
+    original = torch.signbit
+
+    def signbit(input):
+        return original(input) & ~torch.isnan(input)
+    torch.signbit = signbit
+    try:
+        yield
+    finally:
+        torch.signbit = original
+
+
 def run(prog: Program, mod, mode: str, ns: dict | None = None):
     """(outputs, gradients or None, inputs after the call) of `prog` on module `mod`."""
-    if mod.__name__ == "torch":
-        with _softshrink_by_its_formula(mod):
-            return _run(prog, mod, mode, ns)
-    return _run(prog, mod, mode, ns)
+    with _signbit_of_numbers(mod), (_softshrink_by_its_formula(mod) if mod.__name__ == "torch"
+                                    else contextlib.nullcontext()):
+        return _run(prog, mod, mode, ns)
 
 
 def _run(prog: Program, mod, mode: str, ns: dict | None = None):
