@@ -62,15 +62,22 @@ def lift_attributes(gm, args: list) -> tuple:
     return GraphModule(gm, g), list(args) + extra
 
 
+def runs_eagerly(gm, args) -> bool:
+    """`gm` runs on copies of `args` without raising (a candidate must fail only when compiled)."""
+    try:
+        with no_grad():
+            gm(*clone_inputs(args))
+    except Exception:
+        return False
+    return True
+
+
 def failure_test(*, after: str, backend: str | None, accuracy: bool, orig: BaseException | None,
                  ignore_non_fp: bool = False) -> Callable:
     """`fails(gm, args) -> bool` for the minifier (see module docstring)."""
 
     def fails(gm, args) -> bool:
-        try:
-            with no_grad():
-                gm(*clone_inputs(args))
-        except Exception:
+        if not runs_eagerly(gm, args):
             return False
         try:
             out = run_compiled(gm, clone_inputs(args), after, backend)
@@ -105,12 +112,7 @@ def isolated_failure_test(*, after: str, backend: str | None, signal_number: int
     in a subprocess, dies of signal `signal_number`."""
 
     def fails(gm, args) -> bool:
-        try:
-            with no_grad():
-                gm(*clone_inputs(args))
-        except Exception:
-            return False
-        return run_isolated(gm, args, after=after, backend=backend) == -signal_number
+        return runs_eagerly(gm, args) and run_isolated(gm, args, after=after, backend=backend) == -signal_number
     return fails
 
 
