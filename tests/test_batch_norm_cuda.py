@@ -18,6 +18,7 @@ import torch
 
 import flambeau
 from flambeau._ops import norm_loss
+from tests.test_norm_fused import _spy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,14 +57,6 @@ def test_derivative_skips_the_statistics_term_without_their_gradients(monkeypatc
     y, mean, rstd = flambeau.ops.aten.native_batch_norm(x, w, None, None, None, True, 0.1, 1e-5)
     (y.sum() + mean.sum() + rstd.sum()).backward()
     assert calls == [1]
-
-
-def _spy(monkeypatch, module, names):
-    calls = []
-    for n in names:
-        real = getattr(module, n)
-        monkeypatch.setattr(module, n, lambda *a, _r=real, _n=n, **k: calls.append(_n) or _r(*a, **k))
-    return calls
 
 
 # the output and input gradient are rounded to the storage type; the statistics and the parameter

@@ -13,6 +13,8 @@ import flambeau
 from flambeau.utils import data as fd
 from torch.utils import data as td
 
+from tests.test_data import _same_error
+
 SLOW_SAMPLE_S = 3.0           # a sample slower than the loader's timeout below
 LOADER_TIMEOUT_S = 1
 HANG_S = 60                  # a loader that waits this long for a batch is stuck: fail instead of hanging
@@ -20,14 +22,6 @@ HANG_S = 60                  # a loader that waits this long for a batch is stuc
 
 def _lib(mod):
     return td if mod is torch else fd
-
-
-def _same_error(ours, theirs):
-    with pytest.raises(Exception) as ref:
-        theirs()
-    with pytest.raises(ref.type) as got:
-        ours()
-    assert str(got.value) == str(ref.value)
 
 
 def _sharded(mod, n, uneven=False):
