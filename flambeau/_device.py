@@ -7,7 +7,27 @@ from __future__ import annotations
 
 from . import _state
 
-_KNOWN = {"cpu", "cuda", "meta"}
+_KNOWN = {"cpu", "cuda", "meta", "privateuseone"}
+_PRIVATEUSE1 = ["privateuseone"]     # the name of the third-party device type (PrivateUse1)
+
+
+def privateuse1_name() -> str:
+    """The PrivateUse1 device type's name: 'privateuseone' until `rename_privateuse1` gives it one."""
+    return _PRIVATEUSE1[0]
+
+
+def rename_privateuse1(name: str) -> None:
+    """Name the PrivateUse1 device type (once; `flambeau.utils.rename_privateuse1_backend`)."""
+    if not isinstance(name, str) or not name.isidentifier() or name in _KNOWN - {_PRIVATEUSE1[0]}:
+        raise RuntimeError(f"torch.register_privateuse1_backend(): invalid backend name {name!r}")
+    if _PRIVATEUSE1[0] != "privateuseone":
+        if name == _PRIVATEUSE1[0]:
+            return
+        raise RuntimeError(f"torch.register_privateuse1_backend() has already been set! Current backend: "
+                           f"{_PRIVATEUSE1[0]}")
+    _KNOWN.discard("privateuseone")
+    _KNOWN.add(name)
+    _PRIVATEUSE1[0] = name
 
 
 class device:
@@ -31,8 +51,8 @@ class device:
                 raise RuntimeError(f"Invalid device string: '{type}'")
             index = int(idx)
         if s not in _KNOWN:
-            raise RuntimeError(
-                f"Expected one of cpu, cuda, meta device type at start of device string: {type}")
+            raise RuntimeError(f"Expected one of cpu, cuda, meta, {_PRIVATEUSE1[0]} device type at start of "
+                               f"device string: {type}")
         self = object.__new__(cls)
         object.__setattr__(self, "type", s)
         object.__setattr__(self, "index", index)

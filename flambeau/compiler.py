@@ -22,6 +22,8 @@ A compiled `nn.Module` is an `OptimizedModule` (`flambeau._dynamo.eval_frame`): 
 original as `_orig_mod` (sharing its parameters), reads and writes attributes through to it, has the
 original's `state_dict`, and its `train()`/`eval()` switch the original (the training flags are
 guarded, so a switch recompiles).
+
+This layer also gives `flambeau.library.opcheck` its compile test (test_aot_dispatch_dynamic).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from ._dynamo import config
 from ._dynamo.backends.registry import InvalidBackend, list_backends, lookup_backend, register_backend
 from ._dynamo.eval_frame import OptimizedModule
 from .nn.modules.module import Module, register_compiler
+from .library import opcheck_tests as _opcheck
 
 __all__ = ["compile", "list_backends", "register_backend", "lookup_backend", "reset", "OptimizedModule",
            "InvalidBackend", "Unsupported", "is_compiling", "disable", "config", "is_exporting",
@@ -124,3 +127,19 @@ def cudagraph_mark_step_begin() -> None:
 def reset() -> None:
     """Forget every compiled graph (the next call of each compiled function recompiles)."""
     _dynamo.reset()
+
+
+# ---- opcheck's compile test ----------------------------------------------------------------------------
+def _aot_dispatch_dynamic_check(op, args, kwargs, *, rtol=None, atol=None) -> None:
+    """`opcheck`'s test_aot_dispatch_dynamic: `op` compiled whole (AOT autograd, dynamic shapes, one
+    graph) gives eager's outputs and gradients."""
+    def call(*a, **k):
+        return op(*a, **k)
+    expected = _opcheck.outputs_and_grads(call, args, kwargs)
+    compiled = compile(call, backend="aot_eager", dynamic=True, fullgraph=True)
+    got = _opcheck.outputs_and_grads(compiled, args, kwargs)
+    _opcheck.assert_close(got[0], expected[0], rtol, atol, f"{op.qualname}: compiled outputs")
+    _opcheck.assert_close(got[1], expected[1], rtol, atol, f"{op.qualname}: compiled gradients")
+
+
+_opcheck.register_opcheck_test("test_aot_dispatch_dynamic", _aot_dispatch_dynamic_check)

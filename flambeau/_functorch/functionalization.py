@@ -273,11 +273,30 @@ class FunctionalTensorMode(TorchDispatchMode):
         self._commit(self_t, r)
         return self_t
 
+    def _auto_functionalize(self, func, args, kwargs):
+        """An op writing arguments its schema marks (a custom op's `mutates_args`) runs as its
+        functional twin, which returns the outputs and then the new values of those arguments
+        (PyTorch's auto_functionalized); each written argument is rebound to its new value."""
+        bound = func.bind(*args, **kwargs)
+        res = func.functional_twin(*bound)
+        n = len(func._schema.returns)
+        news = iter(res[n:])
+        for i in func.mutated_args:
+            new = next(news)
+            targets = bound[i] if isinstance(bound[i], (list, tuple)) else (bound[i],)
+            values = new if isinstance(new, (list, tuple)) else (new,)
+            for t, v in zip(targets, values):
+                if isinstance(t, Tensor):
+                    self._commit(t, v)
+        return None if n == 0 else res[0] if n == 1 else tuple(res[:n])
+
     # ---- the mode -----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self._sync_all(args, kwargs)
         if func.is_inplace or (kwargs and kwargs.get("out") is not None):
             return self._mutate(func, args, kwargs or {})
+        if func.mutated_args:
+            return self._auto_functionalize(func, args, kwargs or {})
         if func is aten.native_batch_norm and func.decomposition is not None:
             b = func.bind(*args, **(kwargs or {}))
             if b[5] and (b[3] is not None or b[4] is not None):

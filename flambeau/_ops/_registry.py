@@ -108,6 +108,8 @@ def _tags(op_name: str, tags, schema) -> frozenset:
 
 class Op:
     """One operator overload (PyTorch's OpOverload)."""
+    namespace = "aten"           # `flambeau.ops.<namespace>`; custom operators (flambeau.library) set theirs
+    mutated_args: tuple = ()     # positions of arguments a non-in-place op writes (custom operators)
 
     def __init__(self, schema: str, kernel=None, *, meta=None, derivative=None, decomposition=None,
                  functional=None, tags=(), out_device=None, pointwise: PointwiseSpelling | None = None,

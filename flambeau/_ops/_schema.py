@@ -41,7 +41,7 @@ class _NoDefault:
 
 _NODEFAULT = _NoDefault()
 
-_ARG_RE = re.compile(r"^(?P<type>[A-Za-z]+(?:\[\d*\])?)(?:\((?P<alias>[a-z]!?)\))?(?P<opt>\??)(?P<list>(?:\[\d*\])?\??)\s+(?P<name>\w+)(?:=(?P<default>.+))?$")
+_ARG_RE = re.compile(r"^(?P<type>[A-Za-z]+(?:\[\d*\])?)(?:\((?P<alias>[a-z]\d*!?)\))?(?P<opt>\??)(?P<list>(?:\[\d*\])?\??)\s+(?P<name>\w+)(?:=(?P<default>.+))?$")
 
 
 def _split_top(s: str) -> list[str]:
@@ -128,7 +128,7 @@ def parse(text: str) -> Schema:
     for r in _split_top(rettext):
         if not r:
             continue
-        rm = re.match(r"^([A-Za-z]+(?:\[\])?)(?:\(([a-z]!?)\))?(?:\[\])?(?:\s+(\w+))?$", r)
+        rm = re.match(r"^([A-Za-z]+(?:\[\])?)(?:\(([a-z]\d*!?)\))?(?:\[\])?(?:\s+(\w+))?$", r)
         if not rm:
             raise ValueError(f"bad return '{r}' in schema {text}")
         returns.append((rm[1] + ("[]" if r.split(" ")[0].endswith(")[]") else ""), rm[3], rm[2]))

@@ -78,8 +78,34 @@ class _Namespace:
         return p
 
 
-# namespace -> {name: op} of the operators defined with flambeau.library.custom_op
+# namespace -> {name: CustomOp} of the operators defined by flambeau.library (custom_op, Library.define)
 CUSTOM_OPS: dict[str, dict] = {}
+
+
+class CustomOpPacket:
+    """`flambeau.ops.<ns>.<name>` of a custom operator: calls its one overload, `.default`."""
+
+    def __init__(self, op: Op):
+        self.default = op
+        self._qualified_op_name = f"{op.namespace}::{op._schema.name}"
+        self.__name__ = op._schema.name
+
+    @property
+    def _schema(self):
+        return self.default._schema
+
+    def overloads(self) -> list:
+        return ["default"]
+
+    def __getattr__(self, name: str):
+        raise AttributeError(f"The underlying op of '{self.default.namespace}.{self.__name__}' has no overload "
+                             f"name '{name}'")
+
+    def __call__(self, *args, **kwargs):
+        return self.default(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<OpOverloadPacket(op='{self.default.namespace}.{self.__name__}')>"
 
 
 class _CustomNamespace:
@@ -87,12 +113,16 @@ class _CustomNamespace:
 
     def __init__(self, name: str):
         self._ns = name
+        self._packets: dict = {}
 
     def __getattr__(self, name: str):
-        ops_here = CUSTOM_OPS.get(self._ns, {})
-        if name not in ops_here:
+        op = CUSTOM_OPS.get(self._ns, {}).get(name)
+        if op is None:
             raise AttributeError(f"'_OpNamespace' '{self._ns}' object has no attribute '{name}'")
-        return ops_here[name]
+        p = self._packets.get(name)
+        if p is None or p.default is not op:
+            p = self._packets[name] = CustomOpPacket(op)
+        return p
 
 
 class _Ops:
@@ -100,11 +130,15 @@ class _Ops:
 
     def __init__(self):
         self.aten = _Namespace("aten")
+        self._custom: dict = {}
 
     def __getattr__(self, ns: str):
         if ns.startswith("__"):
             raise AttributeError(ns)
-        return _CustomNamespace(ns)
+        n = self._custom.get(ns)
+        if n is None:
+            n = self._custom[ns] = _CustomNamespace(ns)
+        return n
 
 
 ops = _Ops()

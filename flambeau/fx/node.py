@@ -38,7 +38,7 @@ def _target_name(target) -> str:
     if isinstance(target, str):
         return target
     if is_op(target):
-        return "flambeau.ops.aten." + op_attr_path(target)
+        return f"flambeau.ops.{target.namespace}." + op_attr_path(target)
     mod = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
     if mod in ("_operator", "operator"):

@@ -21,7 +21,7 @@ from ...nn.modules.module import Module
 from ..._tensor import Size, Tensor
 from .objects import ClassVariable, PythonModuleVariable, ObjectVariable
 from .torch import (torch_functions, TorchFunctionVariable, special_function, TorchSpecialVariable, GradModeExit,
-                    GradModeExitVariable, AutocastVariable)
+                    GradModeExitVariable, AutocastVariable, OpNamespaceVariable, operator_target, is_op_namespace)
 from ...amp.autocast_mode import autocast
 from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
 
@@ -53,6 +53,11 @@ def wrap_constant_like(v) -> VariableTracker:
 
 
 def _callable_without_source(v):
+    if is_op_namespace(v):
+        return OpNamespaceVariable(v)
+    target = operator_target(v)
+    if target is not None:
+        return TorchFunctionVariable(target, repr(target))
     kind = special_function(v) if callable(v) else None
     if kind is not None:
         return TorchSpecialVariable(v, kind)

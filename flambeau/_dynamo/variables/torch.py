@@ -23,6 +23,10 @@ from ...autograd import grad_mode
 from ...amp import autocast_mode
 from ...amp.autocast_mode import autocast
 from .tensor import TensorVariable
+from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
+from ..._ops._registry import Op
+from ...fx._aten import CustomOpPacket, _Ops, _Namespace, _CustomNamespace
+from ...library import CustomOpDef
 
 _BREAKING = {"manual_seed", "seed", "initial_seed", "save", "load", "set_default_dtype", "set_default_device",
              "set_printoptions", "compile", "use_deterministic_algorithms", "set_num_threads", "get_rng_state",
@@ -98,6 +102,48 @@ class TorchFunctionVariable(ValueVariable):
 
     def reconstruct(self, cg):
         return cg.const(self.value)
+
+
+class OpNamespaceVariable(VariableTracker):
+    """`flambeau.ops`, `flambeau.ops.aten`, `flambeau.ops.<ns>` and a custom op's packet
+    `flambeau.ops.<ns>.<name>`: attribute reads reach operators; calling a packet records its op."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        return self.value
+
+    def var_getattr(self, tx, name):
+        return kinds.builder.build(tx, getattr(self.value, name), None)
+
+    def call_function(self, tx, args, kwargs):
+        target = operator_target(self.value)
+        if target is None:
+            raise Unsupported(f"call of {self.value!r}")
+        return tx.output.call_in_graph(tx, "call_function", target, args, kwargs)
+
+    def reconstruct(self, cg):
+        return cg.const(self.value)
+
+
+def operator_target(v):
+    """The `Op` a call of `v` records (an Op, a custom op's packet `flambeau.ops.ns.name` or its
+    `CustomOpDef`), else None."""
+    if isinstance(v, Op):
+        return v
+    if isinstance(v, CustomOpPacket):
+        return v.default
+    if isinstance(v, CustomOpDef):
+        return v._opoverload
+    return None
+
+
+def is_op_namespace(v) -> bool:
+    return isinstance(v, (_Ops, _Namespace, _CustomNamespace, CustomOpPacket))
 
 
 class TorchSpecialVariable(VariableTracker):
