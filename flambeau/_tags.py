@@ -25,6 +25,8 @@ class Tag(enum.Enum):
     nondifferentiable = "nondifferentiable"               # autograd records no grad_fn
     extern = "extern"                                     # the compiler calls the eager kernel as a library call
     recomputable = "recomputable"                         # the partitioner may recompute it in the backward
+    exact_compare = "exact_compare"                       # compares operands bit for bit (eq, ne): the partitioner
+                                                          # saves a backward operand, never recomputes it
     overlap_ok = "overlap_ok"                             # in-place variant may write a self with internal overlap
     no_fp_errors = "no_fp_errors"                         # the kernel moves, selects or compares values and cannot
                                                           # raise a floating-point error: eager dispatch runs it

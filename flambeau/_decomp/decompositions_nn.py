@@ -71,7 +71,7 @@ def relu(x):
 
 @_backward(aten.relu_backward, ints=True)
 def relu_backward(g, x):
-    return aten.mul(g, aten.gt(x, 0))
+    return aten.where(aten.le(x, 0), 0, g)          # a select: an inf gradient where x <= 0 gives 0
 
 
 @_pointwise(aten.threshold, ints=True)
@@ -81,7 +81,7 @@ def threshold(x, th, value):
 
 @_backward(aten.threshold_backward, ints=True)
 def threshold_backward(g, x, th, value):
-    return aten.mul(g, aten.gt(x, th))
+    return aten.where(aten.le(x, th), 0, g)
 
 
 @_pointwise(aten.leaky_relu)
@@ -164,7 +164,7 @@ def hardtanh(x, min_val=-1, max_val=1):
 
 @_backward(aten.hardtanh_backward)
 def hardtanh_backward(g, x, min_val=-1, max_val=1):
-    return aten.mul(g, aten.logical_and(aten.gt(x, min_val), aten.lt(x, max_val)))
+    return aten.where(aten.logical_or(aten.le(x, min_val), aten.ge(x, max_val)), 0, g)      # NaN x passes g
 
 
 @_pointwise(aten.hardsigmoid)
@@ -174,7 +174,7 @@ def hardsigmoid(x):
 
 @_backward(aten.hardsigmoid_backward)
 def hardsigmoid_backward(g, x):
-    return aten.div(aten.mul(g, aten.logical_and(aten.gt(x, -3), aten.lt(x, 3))), 6)
+    return aten.where(aten.logical_and(aten.gt(x, -3), aten.lt(x, 3)), aten.div(g, 6), 0)
 
 
 @_pointwise(aten.hardswish)
@@ -185,7 +185,7 @@ def hardswish(x):
 @_backward(aten.hardswish_backward)
 def hardswish_backward(g, x):
     mid = aten.mul(g, aten.add(aten.div(x, 3), 0.5))
-    return aten.where(aten.lt(x, -3), 0.0, aten.where(aten.le(x, 3), mid, g))
+    return aten.where(aten.le(x, -3), 0.0, aten.where(aten.lt(x, 3), mid, g))     # 0 at -3, g at 3, as ATen
 
 
 @_pointwise(aten.softplus)
@@ -211,7 +211,7 @@ def softshrink(x, lambd=0.5):
 
 @_backward(aten.softshrink_backward)
 def softshrink_backward(g, x, lambd=0.5):
-    return aten.mul(g, aten.gt(aten.abs(x), lambd))
+    return aten.where(aten.logical_and(aten.ge(x, -lambd), aten.le(x, lambd)), 0, g)
 
 
 @_pointwise(aten.hardshrink)
@@ -221,7 +221,7 @@ def hardshrink(x, lambd=0.5):
 
 @_backward(aten.hardshrink_backward)
 def hardshrink_backward(g, x, lambd=0.5):
-    return aten.mul(g, aten.gt(aten.abs(x), lambd))
+    return aten.where(aten.logical_and(aten.ge(x, -lambd), aten.le(x, lambd)), 0, g)
 
 
 @_pointwise(aten.log_sigmoid)
@@ -232,28 +232,6 @@ def log_sigmoid(x):
 @_backward(aten.log_sigmoid_backward)
 def log_sigmoid_backward(g, x):
     return aten.mul(g, aten.sigmoid(aten.neg(x)))
-
-
-@_pointwise(aten.softsign)
-def softsign(x):
-    return aten.div(x, aten.add(aten.abs(x), 1))
-
-
-@_backward(aten.softsign_backward)
-def softsign_backward(g, x):
-    d = aten.add(aten.abs(x), 1)
-    return aten.div(g, aten.mul(d, d))
-
-
-@_pointwise(aten.tanhshrink)
-def tanhshrink(x):
-    return aten.sub(x, aten.tanh(x))
-
-
-@_backward(aten.tanhshrink_backward)
-def tanhshrink_backward(g, x):
-    t = aten.tanh(x)
-    return aten.mul(g, aten.mul(t, t))
 
 
 def _halves(x, dim):

@@ -16,7 +16,10 @@ the backward graph takes `(*saved, *tangents)` and returns the gradients.
   walk up through recomputable producers (at most `MAX_RECOMPUTE_DEPTH` ops) to a frontier of
   non-recomputable, already-saved or input values; if saving the frontier costs fewer bytes than
   saving the value (or nothing new), the value is recomputed in the backward instead. Reductions,
-  matrix products and random ops are never recomputed. This is a greedy approximation of
+  matrix products and random ops are never recomputed, nor a value that the backward compares for
+  equality (`Tag.exact_compare`: amax's gradient goes to the elements equal to the saved result; a
+  recomputation may round differently, a vector libm's sinf against the scalar one's, and then no
+  element is equal: a 0/0 gradient). This is a greedy approximation of
   PyTorch's max-flow/min-cut choice, aimed at the same effect: a fused pointwise chain saves its
   inputs, not each intermediate.
 """
@@ -142,6 +145,21 @@ def _materialized(n: Node, fw_set: set) -> bool:
     return False
 
 
+def _compared_exactly(n: Node, fw_set: set) -> bool:
+    """A backward node compares `n` (or a view of it) bit for bit (`Tag.exact_compare`)."""
+    todo, seen = [n], set()
+    while todo:
+        for u in todo.pop().users:
+            if u in seen or u.op != "call_function" or not is_op(u.target):
+                continue
+            seen.add(u)
+            if Tag.exact_compare in u.target.tags and u not in fw_set:
+                return True
+            if u.target.is_view:
+                todo.append(u)
+    return False
+
+
 def _recomputable(n: Node) -> bool:
     return (n.op == "call_function" and is_op(n.target) and Tag.recomputable in n.target.tags
             and not n.target.nondeterministic)
@@ -180,7 +198,8 @@ def min_cut_rematerialization_partition(joint_module: GraphModule, _joint_inputs
     while changed:
         changed = False
         for n in sorted(saved, key=_nbytes, reverse=True):
-            if n not in saved or not _recomputable(n) or n in bw_outs or _materialized(n, fw_set):
+            if n not in saved or not _recomputable(n) or n in bw_outs or _materialized(n, fw_set) \
+                    or _compared_exactly(n, fw_set):
                 continue
             closure, frontier = _frontier(n, saved, fw_set)
             if closure is None:

@@ -164,8 +164,13 @@ def _softplus(xp, x):
 
 
 # ---- pointwise activations ----------------------------------------------------------------
+# A backward that masks selects (`where(mask, 0, g)`, as ATen's kernels), never multiplies by the
+# mask: an inf or NaN gradient outside the mask gives 0, not NaN. A NaN input passes the gradient
+# where ATen's formula (its CUDA kernel, its CPU scalar loop) compares `x <= lo`-style; PyTorch's
+# CPU vector blocks of hardtanh/hardswish/hard- and softshrink give 0 or NaN there instead, by layout.
 relu = pointwise_family("relu", fwd=lambda xp, x: xp.where(x < 0, 0, x),   # relu(-0.0) is -0.0, as PyTorch's
-                        bwd=lambda xp, g, x: g * (x > 0), ints=True, method=True, function=True, inplace=True,
+                        bwd=lambda xp, g, x: xp.where(x <= 0, 0, g), ints=True, method=True, function=True,
+                        inplace=True,
                         tags=(Tag.recomputable, Tag.no_fp_errors), fused_kind=lambda: _FUSED_RELU)
 
 leaky_relu = pointwise_family(
@@ -236,15 +241,15 @@ mish = pointwise_family("mish", fwd=lambda xp, x: x * xp.tanh(_softplus(xp, x)),
 hardtanh = pointwise_family(
     "hardtanh", "Scalar min_val=-1, Scalar max_val=1",
     fwd=lambda xp, x, lo, hi: _hardtanh(xp, x, lo, hi),
-    bwd=lambda xp, g, x, lo, hi: g * ((x > lo) & (x < hi)), inplace=True)
+    bwd=lambda xp, g, x, lo, hi: xp.where((x <= lo) | (x >= hi), 0, g), inplace=True)
 
 hardsigmoid = pointwise_family(
     "hardsigmoid", fwd=lambda xp, x: xp.minimum(xp.maximum(x / 6 + 0.5, 0), 1),
-    bwd=lambda xp, g, x: g * ((x > -3) & (x < 3)) / 6, inplace=True)
+    bwd=lambda xp, g, x: xp.where((x > -3) & (x < 3), g / 6, 0), inplace=True)
 
 hardswish = pointwise_family(
     "hardswish", fwd=lambda xp, x: x * xp.minimum(xp.maximum(x + 3, 0), 6) / 6,
-    bwd=lambda xp, g, x: xp.where(x < -3, 0, xp.where(x <= 3, g * (x / 3 + 0.5), g)), inplace=True)
+    bwd=lambda xp, g, x: xp.where(x <= -3, 0, xp.where(x < 3, g * (x / 3 + 0.5), g)), inplace=True)
 
 
 def _softplus_fwd(xp, x, beta, threshold):
@@ -260,28 +265,33 @@ softplus = pointwise_family(
 softshrink = pointwise_family(
     "softshrink", "Scalar lambd=0.5",
     fwd=lambda xp, x, l: xp.where(xp.abs(x) <= l, 0, xp.where(x > l, x - l, x + l)),   # NaN kept; see decomposition
-    bwd=lambda xp, g, x, l: g * (xp.abs(x) > l))
+    bwd=lambda xp, g, x, l: xp.where((x >= -l) & (x <= l), 0, g))
 
 hardshrink = pointwise_family(
     "hardshrink", "Scalar lambd=0.5", fwd=lambda xp, x, l: xp.where((x >= -l) & (x <= l), 0, x),  # NaN kept
-    bwd=lambda xp, g, x, l: g * (xp.abs(x) > l), method=True, function=True, namespace="nn.functional")
+    bwd=lambda xp, g, x, l: xp.where((x >= -l) & (x <= l), 0, g), method=True, function=True, namespace="nn.functional")
 
 threshold = pointwise_family(
     "threshold", "Scalar threshold, Scalar value", fwd=lambda xp, x, th, v: xp.where(x <= th, v, x),  # NaN kept
-    bwd=lambda xp, g, x, th, v: g * (x > th), ints=True, function=True, inplace=True,
+    bwd=lambda xp, g, x, th, v: xp.where(x <= th, 0, g), ints=True, function=True, inplace=True,
     backward_tags=(Tag.recomputable,))
 
 log_sigmoid = pointwise_family(
     "log_sigmoid", fwd=lambda xp, x: xp.minimum(x, 0) - xp.log1p(xp.exp(-xp.abs(x))),   # +0.0 at inf
     bwd=lambda xp, g, x: g * _sigmoid(xp, -x))
 
-softsign = pointwise_family(
-    "softsign", fwd=lambda xp, x: x / (1 + xp.abs(x)), bwd=lambda xp, g, x: g / (1 + xp.abs(x)) ** 2,
-    namespace="nn.functional")
 
-tanhshrink = pointwise_family(
-    "tanhshrink", fwd=lambda xp, x: x - xp.tanh(x), bwd=lambda xp, g, x: g * xp.tanh(x) ** 2,
-    namespace="nn.functional")
+
+# softsign and tanhshrink are compositions in PyTorch (`torch.nn.functional`), not operators: their
+# gradients are those of the composition (softsign's inf gradient meets -inf through abs: NaN).
+@export("softsign", namespace="nn.functional", function=False)
+def softsign(input):
+    return input / (input.abs() + 1)
+
+
+@export("tanhshrink", namespace="nn.functional", function=False)
+def tanhshrink(input):
+    return input - input.tanh()
 
 
 # ---- nn.functional wrappers (inplace= flags, legacy names) --------------------------------

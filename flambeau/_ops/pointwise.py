@@ -640,10 +640,11 @@ def _ordered(name):
 
 
 _COMPARE_TAGS = (Tag.core, Tag.pointwise, Tag.recomputable)
+_EQUALITY_TAGS = _COMPARE_TAGS + (Tag.exact_compare,)
 eq = binary("eq.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.equal(a, b), kind="bool", scalars="other",
-            tags=_COMPARE_TAGS, pointwise=infix("==", "np.equal", result="bool"))
+            tags=_EQUALITY_TAGS, pointwise=infix("==", "np.equal", result="bool"))
 ne = binary("ne.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.not_equal(a, b), kind="bool", scalars="other",
-            tags=_COMPARE_TAGS, pointwise=infix("!=", "np.not_equal", result="bool"))
+            tags=_EQUALITY_TAGS, pointwise=infix("!=", "np.not_equal", result="bool"))
 lt = binary("lt.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.less(a, b), kind="bool",
             check=_ordered("lt"), scalars="other", tags=_COMPARE_TAGS, pointwise=infix("<", "np.less", result="bool"))
 le = binary("le.Tensor(Tensor self, Tensor other) -> Tensor", lambda xp, a, b: xp.less_equal(a, b),

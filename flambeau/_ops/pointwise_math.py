@@ -200,8 +200,17 @@ asinh = unary("asinh", lambda xp, a: xp.arcsinh(a), lambda grad, self: grad / _c
               tags=(Tag.core, Tag.pointwise, Tag.recomputable),
               pointwise=PointwiseSpelling(cpp="asinh{f}({0})", numpy="np.arcsinh({0})",
                                           triton="libdevice.asinh({0})", simd="asinh"))
-acosh = unary("acosh", lambda xp, a: xp.arccosh(a),
-              lambda grad, self: grad / _c((self - 1).sqrt() * (self + 1).sqrt()),
+
+
+def _acosh_grad(grad, self):
+    """1 / sqrt(x*x - 1), PyTorch's real formula: finite where x < -1 (acosh itself NaN there);
+    sqrt(x - 1) * sqrt(x + 1) only for complex x, where sqrt(x*x - 1) takes the wrong branch."""
+    if self.is_complex():
+        return grad / _c((self - 1).sqrt() * (self + 1).sqrt())
+    return grad * (self * self - 1).rsqrt()
+
+
+acosh = unary("acosh", lambda xp, a: xp.arccosh(a), _acosh_grad,
               tags=(Tag.core, Tag.pointwise, Tag.recomputable),
               pointwise=PointwiseSpelling(cpp="acosh{f}({0})", numpy="np.arccosh({0})",
                                           triton="libdevice.acosh({0})", simd="acosh"))

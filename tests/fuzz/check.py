@@ -10,7 +10,8 @@ an element is forgiven where PyTorch's float32 result itself differs from its fl
 ill-conditioned element, such as a rounding boundary, or the sign of a NaN), or where ours is within
 tolerance of float64; the signs of zeros are not compared in a tensor where PyTorch's float32 and
 float64 results give zeros of different signs (a sign set by PyTorch's kernel layout, not its semantics),
-and PyTorch's softshrink runs with its zeros made +0.0, as its formula says (`_softshrink_by_its_formula`).
+and PyTorch's softshrink runs with its zeros made +0.0, and hardtanh/relu6/hardswish/hard- and softshrink
+with the incoming gradient at a NaN input, as their formulas say (`_by_their_formulas`).
 `signbit` of a NaN is not compared (`_signbit_of_numbers`): the sign of a NaN an operation makes is the
 machine's (x86's default NaN is negative, glibc's log of a negative number positive), not PyTorch's.
 """
@@ -81,23 +82,47 @@ def torch_step(prog: Program, upto):
         return info
 
 
-@contextlib.contextmanager
-def _softshrink_by_its_formula(torch):
+NAN_GRADIENT_BY_LAYOUT = ("hardtanh", "relu6", "hardswish", "softshrink", "hardshrink")
+
+
+def _nan_passes_gradient(torch, original):
+    """`original` whose gradient at a NaN input is the incoming one, as ATen's formula (its CUDA kernel and
+    CPU scalar loop: `x <= lo ? 0 : g`); its CPU vector blocks give 0 (NaN for hardswish) there, so the
+    gradient at a NaN depends on whether the element falls in a vector block (flambeau follows the formula)."""
+    def by_formula(input, *args, **kwargs):
+        nan = torch.isnan(input)
+        return torch.where(nan, input, original(torch.where(nan, 0.0, input), *args, **kwargs))
+    return by_formula
+
+
+def _softshrink(torch, original):
     """PyTorch's softshrink, its zeros made +0.0: its formula, CUDA kernel and CPU vector blocks give
     0 on [-lambd, lambd], its CPU scalar loop (a block's tail, strided inputs) x * 0, -0.0 for a
     negative x, so the sign depends on where an element falls (flambeau follows the formula; every
     zero of softshrink lies on that interval, where its gradient is 0 either way)."""
-    functional = torch.nn.functional
-    original = functional.softshrink
-
     def softshrink(input, lambd=0.5):
         r = original(input, lambd)
         return torch.where(r == 0, 0.0, r)
-    functional.softshrink = softshrink
+    return softshrink
+
+
+@contextlib.contextmanager
+def _by_their_formulas(torch):
+    """PyTorch's functions whose CPU results depend on the kernel's layout, as their formulas say:
+    softshrink's zeros (`_softshrink`), the gradient at a NaN (`_nan_passes_gradient`)."""
+    functional = torch.nn.functional
+    originals = {name: getattr(functional, name) for name in NAN_GRADIENT_BY_LAYOUT}
+    method = torch.Tensor.hardshrink
+    for name, fn in originals.items():
+        fn = _nan_passes_gradient(torch, fn)
+        setattr(functional, name, _softshrink(torch, fn) if name == "softshrink" else fn)
+    torch.Tensor.hardshrink = _nan_passes_gradient(torch, method)
     try:
         yield
     finally:
-        functional.softshrink = original
+        for name, fn in originals.items():
+            setattr(functional, name, fn)
+        torch.Tensor.hardshrink = method
 
 
 @contextlib.contextmanager
@@ -117,7 +142,7 @@ def _signbit_of_numbers(torch):
 
 def run(prog: Program, mod, mode: str, ns: dict | None = None):
     """(outputs, gradients or None, inputs after the call) of `prog` on module `mod`."""
-    with _signbit_of_numbers(mod), (_softshrink_by_its_formula(mod) if mod.__name__ == "torch"
+    with _signbit_of_numbers(mod), (_by_their_formulas(mod) if mod.__name__ == "torch"
                                     else contextlib.nullcontext()):
         return _run(prog, mod, mode, ns)
 
