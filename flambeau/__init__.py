@@ -60,4 +60,5 @@ from . import library  # noqa: E402,F401
 from . import jit  # noqa: E402,F401
 from . import _decomp  # noqa: E402,F401  (sets op.decomposition: the compiler and derivative-less ops use it)
 from . import compiler  # noqa: E402,F401
+from . import func  # noqa: E402,F401
 from .compiler import compile  # noqa: E402,F401

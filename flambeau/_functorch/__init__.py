@@ -1,4 +1,6 @@
-"""flambeau._functorch: functionalization, AOT autograd (joint graph + partitioners).
+"""flambeau._functorch: functionalization, AOT autograd (joint graph + partitioners), and the
+function transforms of `flambeau.func` (vmap and its batched tensors, grad/vjp/jvp/jacobians,
+functional_call).
 
 Layer 10 of tests/test_layers.py's order: imports `_decomp`, tracing and below.
 """

@@ -21,7 +21,8 @@ that owns the rule (always keyed by the `Op` object, never by a name string):
     pointwise         `PointwiseSpelling` (`_spelling.py`) of a pointwise op: its formula per code
                       generator (C++, NumPy, Triton); the lowering and the printers read it, and the
                       loop IR's arithmetic (`ops.add`, `ops.where`, casts) is these spellings
-    batching_rule     for vmap (`def_batching_rule`); None until written
+    batching_rule     for vmap (`def_batching_rule`, factories in `_batching.py`); ops tagged `pointwise`
+                      share one without declaring it; None: vmap decomposes the op or loops
     sharding_rule     for DTensor (`def_sharding_rule`); None until written
 
 Adding one rule to one op is one decorator next to the op (or in the layer that owns the rule);
@@ -174,7 +175,8 @@ class Op:
         return fn
 
     def def_batching_rule(self, fn):
-        """vmap's rule: `fn(<schema args, batched tensors unwrapped>, in_dims)` -> (outputs, out_dims)."""
+        """vmap's rule: `fn(in_dims, <schema args in order, batched tensors as their physical values>)`
+        -> (outputs, out_dims), or NotImplemented to decline (`flambeau._ops._batching`)."""
         self.batching_rule = fn
         return fn
 

@@ -17,6 +17,7 @@ from ._registry import defop, export, make_inplace, Op, register, TensorSpec, NN
 from ._helpers import result_type, opmath, round_to, broadcast_shapes, shape_of, wrap_dim, pointwise_strides
 from .._dispatch import type_name, resize_out
 from .._device import canonical
+from . import _batching
 
 
 def _np_erf(xp, x):
@@ -139,6 +140,8 @@ def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False
     op.kernel, op.meta = kernel, meta
     bop.kernel, bop.meta = bkernel, bmeta
     op.derivative, op.saved_names = derivative, tuple(names)
+    op.def_batching_rule(_batching.pointwise_rule(op))
+    bop.def_batching_rule(_batching.pointwise_rule(bop))
     register(op, method=method, function=function)
     register(bop, function=False)
     if namespace:

@@ -22,6 +22,7 @@ from ._helpers import wrap_dim, broadcast_shapes
 from .views import slice_, select, unsqueeze, alias, expand_shape
 from .._dispatch import check_no_internal_overlap, type_name
 from .creation import zeros, tensor
+from . import _batching
 
 _INDEX_DTYPES = "tensors used as indices must be long, int, byte or bool tensors"
 _LOWP = (np.dtype(np.float16), D.bfloat16.np)
@@ -575,3 +576,23 @@ def index_fill(self, dim, index, value):
 def index_fill_(self, dim, index, value):
     return OPS["index_fill_.int_Tensor" if isinstance(value, Tensor) else "index_fill_.int_Scalar"](
         self, dim, index, value)
+
+
+# ---- vmap batching rules ----------------------------------------------------------------------------
+@index.def_batching_rule
+def _index_batching(in_dims, self, indices):
+    if in_dims[1] is not None or any(i is not None and i.dtype.name == "bool" for i in indices):
+        return NotImplemented
+    x = _batching.front(self, in_dims[0])
+    pos = [k for k, i in enumerate(indices) if i is not None]
+    if not pos:
+        return x, 0
+    out = index(x, [None] + list(indices))
+    if pos == list(range(pos[0], pos[-1] + 1)):
+        return out, 0
+    return out, max(i.dim() for i in indices if i is not None)
+
+
+index_select.def_batching_rule(_batching.dim_rule(index_select, "dim"))
+_copy.def_batching_rule(_batching.self_shaped_rule(_copy))
+_fill_scalar.def_batching_rule(_batching.unary_rule(_fill_scalar))

@@ -23,6 +23,7 @@ from ._registry import defop, export, autocast_policy, TensorSpec, LINALG, Tag
 from ._helpers import broadcast_shapes, opmath, wrap_dim
 from .._dispatch import type_name as tn
 from .creation import ones, eye
+from . import _batching
 
 
 def type_name(dt) -> str:
@@ -675,3 +676,8 @@ def cross(input, other, dim=None, *, out=None):
             raise RuntimeError("no dimension of size 3 in input")
     r = linalg_cross(input, other, dim=dim)
     return r if out is None else out.resize_(r.shape).copy_(r)
+
+
+# ---- vmap batching rules ----------------------------------------------------------------------------
+for _op in (matmul, mm, bmm, mv, dot):
+    _op.def_batching_rule(_batching.matmul_rule(_op))

@@ -8,6 +8,7 @@ from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 from .linalg import einsum, lt_gemm
 from .._dispatch import type_name
+from . import _batching
 
 
 def _check(input, weight, bias):
@@ -69,3 +70,23 @@ def _(grad, input, weight, bias):
 def bilinear(input1, input2, weight, bias=None):
     out = einsum("...i,oij,...j->...o", input1, weight, input2)
     return out + bias if bias is not None else out
+
+
+# ---- vmap batching rule -----------------------------------------------------------------------------
+@linear.def_batching_rule
+def _linear_batching(in_dims, input, weight, bias=None):
+    di, dw, db = in_dims
+    if dw is None and db is None:
+        return linear(_batching.front(input, di), weight, bias), 0
+    if _batching.logical_dim(weight, dw) != 2:
+        return NotImplemented
+    size = _batching.batch_size((input, weight, bias), in_dims)
+    w = _batching.materialize(weight, dw, size)                    # [B, out, in]
+    x = _batching.materialize(input, di, size)                     # [B, *lead, in]
+    lead = tuple(x.shape[1:-1])
+    y = x.reshape(size, -1, x.shape[-1]).matmul(w.transpose(1, 2))  # [B, L, out]
+    y = y.reshape((size,) + lead + (w.shape[1],))
+    if bias is not None:
+        b = _batching.materialize(bias, db, size)
+        y = y + b.reshape((size,) + (1,) * len(lead) + (w.shape[1],))
+    return y, 0

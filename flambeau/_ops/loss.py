@@ -26,6 +26,7 @@ from .activation import pointwise_family, _sigmoid, _softplus, relu, log_sigmoid
     cosine_similarity, pairwise_distance
 from .._dispatch import type_name
 from .creation import full_like
+from . import _batching
 
 _RED = {"none": 0, "mean": 1, "sum": 2}
 
@@ -663,3 +664,36 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, s
         d_pn = pairwise_distance(positive, negative, float(p), eps)
         d_an = d_an - relu(d_an - d_pn)
     return _reduce(relu(margin + d_ap - d_an), reduction)
+
+
+# ---- vmap batching rules ----------------------------------------------------------------------------
+def _class_loss_batching(op):
+    """cross_entropy / nll_loss with class-index targets: the examples' minibatches joined into one,
+    reduction none, then each example reduced (mean over its non-ignored targets)."""
+    def rule(in_dims, self, target, weight=None, reduction=1, ignore_index=-100, *rest):
+        if in_dims[2] is not None or target.dtype.is_floating_point or (reduction == 1 and weight is not None):
+            return NotImplemented
+        size = _batching.batch_size((self, target), in_dims)
+        x = _batching.materialize(self, in_dims[0], size)
+        t = _batching.materialize(target, in_dims[1], size)
+        if x.dim() == 2:                               # one unbatched example: the vmap batch is the minibatch
+            loss = _batching.call(op, [x, t, weight, 0, ignore_index, *rest])
+            if reduction == 1:
+                loss = loss / (t != ignore_index).to(loss.dtype)
+            return loss, 0
+        n = x.shape[1]
+        loss = _batching.call(op, [x.reshape((size * n,) + tuple(x.shape[2:])),
+                                   t.reshape((size * n,) + tuple(t.shape[2:])), weight, 0, ignore_index, *rest])
+        loss = loss.reshape((size,) + tuple(t.shape[1:]))
+        if reduction == 0:
+            return loss, 0
+        total = loss.reshape(size, -1).sum(1)
+        if reduction == 2:
+            return total, 0
+        return total / (t != ignore_index).reshape(size, -1).sum(1).to(loss.dtype), 0
+    rule.__name__ = f"_{op.__name__}_batching"
+    return rule
+
+
+for _op in (cross_entropy_loss, nll_loss_nd):
+    _op.def_batching_rule(_class_loss_batching(_op))

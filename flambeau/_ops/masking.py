@@ -17,6 +17,7 @@ from .indexing import _ufunc_at, _fill_value, _tn
 from .shape import with_out, cat
 from .._backends import get, MetaArray
 from .creation import zeros, tensor
+from . import _batching
 
 
 def _bool_mask(name, mask):
@@ -394,3 +395,15 @@ def resize_(self, *sizes, memory_format=None):
 @export("resize_as_", method=True, function=False)
 def resize_as_(self, other, memory_format=None):
     return resize_(self, tuple(other.shape))
+
+
+# ---- vmap batching rules ----------------------------------------------------------------------------
+_masked_fill_s.def_batching_rule(_batching.self_shaped_rule(_masked_fill_s))
+_masked_fill_t_self_shaped = _batching.self_shaped_rule(_masked_fill_t)
+
+
+@_masked_fill_t.def_batching_rule
+def _masked_fill_t_batching(in_dims, self, mask, value):
+    if in_dims[2] is not None:        # a batched fill value: one per example (the decomposition or loop)
+        return NotImplemented
+    return _masked_fill_t_self_shaped(in_dims, self, mask, value)

@@ -31,6 +31,7 @@ from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 from .._dispatch import type_name
 from .nn_pad import constant_pad_nd
+from . import _batching
 
 
 def ntuple(v, n: int, name: str) -> tuple:
@@ -696,3 +697,34 @@ def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
 def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
     return col2im(input, ntuple(output_size, 2, "output_size"), ntuple(kernel_size, 2, "kernel_size"),
                   ntuple(dilation, 2, "dilation"), ntuple(padding, 2, "padding"), ntuple(stride, 2, "stride"))
+
+
+# ---- vmap batching rule -----------------------------------------------------------------------------
+@convolution.def_batching_rule
+def _convolution_batching(in_dims, input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                          groups):
+    di, dw, db = in_dims[:3]
+    nd = weight.dim() - (dw is not None)               # the weight's logical rank: input has it with a minibatch
+    if dw is None and db is None:
+        x = _batching.front(input, di)
+        if x.dim() - 1 != nd:                          # an unbatched input: the vmap batch is the minibatch
+            return convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups), 0
+        size, n = x.shape[0], x.shape[1]
+        y = convolution(x.reshape((size * n,) + tuple(x.shape[2:])), weight, bias, stride, padding, dilation,
+                        transposed, output_padding, groups)
+        return y.reshape((size, n) + tuple(y.shape[1:])), 0
+    if transposed:
+        return NotImplemented
+    size = _batching.batch_size((input, weight, bias), in_dims)
+    w = _batching.materialize(weight, dw, size)        # [B, O, C/g, *k]
+    x = _batching.materialize(input, di, size)         # [B, N, C, *s] or [B, C, *s]
+    minibatch = x.dim() - 1 == nd
+    if not minibatch:
+        x = x.unsqueeze(1)
+    n = x.shape[1]
+    x = x.movedim(0, 1).reshape((n, size * x.shape[2]) + tuple(x.shape[3:]))
+    wf = w.reshape((size * w.shape[1],) + tuple(w.shape[2:]))
+    b = None if bias is None else _batching.materialize(bias, db, size).reshape(-1)
+    y = convolution(x, wf, b, stride, padding, dilation, transposed, output_padding, groups * size)
+    y = y.reshape((n, size, w.shape[1]) + tuple(y.shape[2:]))
+    return (y, 1) if minibatch else (y[0], 0)

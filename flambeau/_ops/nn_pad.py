@@ -17,6 +17,7 @@ from .nn_resample import _taps_gather
 from .._dispatch import type_name
 from .._tensor import _no_grad
 from .creation import tensor
+from . import _batching
 
 
 def _padded_shape(shape, pad, name="constant_pad_nd"):
@@ -349,3 +350,14 @@ def _(self, num_classes=-1):
     if num_classes == -1:
         raise NotImplementedError("one_hot with num_classes=-1 has a data-dependent output shape")
     return TensorSpec(tuple(self.shape) + (num_classes,), D.int64)
+
+
+# ---- vmap batching rules ----------------------------------------------------------------------------
+@embedding.def_batching_rule
+def _embedding_batching(in_dims, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if in_dims[0] is not None:
+        return NotImplemented
+    return embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse), in_dims[1]
+
+
+constant_pad_nd.def_batching_rule(_batching.dim_rule(constant_pad_nd))

@@ -21,6 +21,7 @@ from .nn_conv import ntuple
 from .nn_resample import _taps_gather, _plane_scatter_add
 from .._dispatch import type_name
 from .creation import tensor
+from . import _batching
 
 
 def _pool_args(nd, kernel_size, stride, padding, dilation):
@@ -99,6 +100,20 @@ def _max_pool_tables(S, out, ks, st, pd, dl):
     return _flat_windows(S, pos, valid)
 
 
+def _planes_batching(op, nd):
+    """vmap of a pooling op over planes (its last `nd` dimensions, each pooled alone): the batch joins
+    the leading dimensions (indices address one plane, so they are unchanged)."""
+    def rule(in_dims, self, *params):
+        if any(d is not None for d in in_dims[1:]):
+            return NotImplemented
+        x = _batching.front(self, in_dims[0])
+        lead = tuple(x.shape[:-nd - 1])
+        vals, idx = op(x.reshape((-1,) + tuple(x.shape[-nd - 1:])), *params)
+        return (vals.reshape(lead + tuple(vals.shape[1:])), idx.reshape(lead + tuple(idx.shape[1:]))), (0, 0)
+    rule.__name__ = f"_{op.__name__}_batching"
+    return rule
+
+
 def _def_max_pool(nd):
     name = f"max_pool{nd}d_with_indices"
 
@@ -121,6 +136,8 @@ def _def_max_pool(nd):
     @op.def_derivative
     def _(grad, self_meta, result):
         return _plane_scatter_add(grad[0], result[1], tuple(self_meta.shape), nd)
+
+    op.def_batching_rule(_planes_batching(op, nd))
 
     def pool(input, kernel_size, stride, padding, dilation, ceil_mode):
         return op(input, ntuple(kernel_size, nd, "kernel_size"), () if stride is None else stride, padding, dilation,
@@ -266,6 +283,8 @@ def _def_adaptive_max(nd):
     @op.def_derivative
     def _(grad, self_meta, result):
         return _plane_scatter_add(grad[0], result[1], tuple(self_meta.shape), nd)
+
+    op.def_batching_rule(_planes_batching(op, nd))
 
     def adaptive_max_pool(input, output_size, return_indices=False):
         osz = _adaptive_sizes(name, input, nd, output_size)

@@ -20,6 +20,7 @@ from ._helpers import opmath, undefined_grad as _undefined_grad
 from .._dispatch import type_name
 from .activation import _rng as rng
 from .creation import ones_like, ones
+from . import _batching
 
 
 def _float(name, x):
@@ -596,3 +597,12 @@ def feature_alpha_dropout(input, p, train):
 def feature_dropout(input, p, train):
     return _feature_dropout(input, p, train, False, True)
 from . import loss, attention, attention_fused  # noqa: E402,F401  (losses; scaled_dot_product_attention)
+
+
+# ---- vmap batching rule -----------------------------------------------------------------------------
+@native_layer_norm.def_batching_rule
+def _native_layer_norm_batching(in_dims, input, normalized_shape, weight, bias, eps):
+    if in_dims[2] is not None or in_dims[3] is not None:
+        return NotImplemented
+    x = _batching.front(input, in_dims[0])
+    return native_layer_norm(x, normalized_shape, weight, bias, eps), (0, 0, 0)

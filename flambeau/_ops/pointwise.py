@@ -21,6 +21,7 @@ from ._helpers import (binary_kernel, binary_meta, unary_kernel, unary_meta, dty
                        lay_out_pointwise)
 from .._dispatch import type_name, write_into, check_inplace_autograd
 from .creation import zeros_like
+from . import _batching
 
 
 def _conj(x):
@@ -770,3 +771,9 @@ def _heaviside(xp, a, b):
 heaviside = binary("heaviside(Tensor self, Tensor values) -> Tensor", _heaviside, bad=(D.COMPLEX,),
                    check=_same_dtype(lambda x, y: "heaviside is not yet implemented for tensors with "
                                      "different dtypes."), scalars="none")
+
+
+# ---- vmap: elementwise ops outside the pointwise tag batch as the tagged ones ----------------------
+for _op in (conj_physical, _div_trunc, floor_divide, rsub, float_power, fmax, fmin, copysign, xlogy, ldexp,
+            logaddexp, logaddexp2, logical_xor, isclose, gcd, lcm, heaviside):
+    _op.def_batching_rule(_batching.pointwise_rule(_op))

@@ -22,6 +22,7 @@ from ._helpers import opmath, pointwise_strides, result_type, broadcast_shapes, 
 from .pointwise import _conj, _write, cast_wrap, require_tensors, pow as pointwise_pow
 from .._dispatch import type_name
 from .creation import zeros_like
+from . import _batching
 
 
 def unsupported(name: str, dt) -> NotImplementedError:
@@ -733,3 +734,10 @@ addcmul.def_derivative(lambda grad, tensor1, tensor2, value: (
     grad, grad * _conj(tensor2 * value), grad * _conj(tensor1 * value)))
 addcdiv.def_derivative(lambda grad, tensor1, tensor2, value: (
     grad, grad * _conj(value / tensor2), -grad * _conj(value * tensor1 / (tensor2 * tensor2))))
+
+
+# ---- vmap: elementwise ops outside the pointwise tag batch as the tagged ones ----------------------
+for _op in (sgn, log2, log10, exp2, erfinv, digamma, i0, special_i1, sinc, deg2rad, rad2deg, frac, reciprocal,
+            _round_dec, isnan, isinf, isfinite, isposinf, isneginf, angle, logit, nan_to_num, polygamma, _real_view,
+            _imag_view, clamp, lerp, addcmul, addcdiv):
+    _op.def_batching_rule(_batching.pointwise_rule(_op))

@@ -24,6 +24,7 @@ from .._backends import triton_launch
 from ._registry import defop, export, EXPORTS, LINALG, TensorSpec, Tag
 from ._helpers import wrap_dim, wrap_dims, opmath, PAR_MIN, parallel_blocks
 from .._backends import cpu_kernels, cuda_kernels
+from . import _batching
 
 
 
@@ -871,3 +872,15 @@ def _f_softmin(input, dim=None, _stacklevel=3, dtype=None):
     if dim is None:
         dim = _implicit_dim("softmin", input.ndim, _stacklevel)
     return softmax(-input, dim, dtype)
+
+
+# ---- vmap: reductions over logical dimensions (shifted past the batch dimension) --------------------
+for _op in (sum, nansum, mean, nanmean, _var, _std, _var_mean, _std_mean, amax, amin, logsumexp, _norm, all, any,
+            count_nonzero):
+    _op.def_batching_rule(_batching.dim_rule(_op, "dim", all_when_none=True))
+for _op in (prod, argmax, argmin, aminmax):
+    _op.def_batching_rule(_batching.dim_rule(_op, "dim"))
+for _op in (_max_dim, _min_dim, softmax, log_softmax):
+    _op.def_batching_rule(_batching.dim_rule(_op, "dim"))
+_max_all.def_batching_rule(_batching.full_reduction_rule(_max_all, amax))
+_min_all.def_batching_rule(_batching.full_reduction_rule(_min_all, amin))

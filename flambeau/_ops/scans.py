@@ -12,6 +12,7 @@ from .. import _state
 from ._registry import defop, export, EXPORTS, METHODS, TensorSpec, Tag
 from ._helpers import accumulate, wrap_dim, opmath
 from .reduction import _sum_dtype, _fresh, _others_matrix
+from . import _batching
 
 
 # ---- scans ---------------------------------------------------------------------------------
@@ -225,3 +226,8 @@ def diff(input, n=1, dim=-1, prepend=None, append=None):
         a, b = input.narrow(dim, 1, size - 1), input.narrow(dim, 0, size - 1)
         input = a.logical_xor(b) if input.dtype is D.bool else a - b
     return input
+
+
+# ---- vmap batching rules ----------------------------------------------------------------------------
+for _op in (cumsum, cumprod, cummax, cummin, logcumsumexp):
+    _op.def_batching_rule(_batching.dim_rule(_op, "dim"))

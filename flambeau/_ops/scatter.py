@@ -16,6 +16,7 @@ from ._helpers import wrap_dim
 from .indexing import _ufunc_at, _fill_value
 from .creation import zeros, zeros_like
 from .shape import cat
+from . import _batching
 
 
 def _check(name, self_shape, dim, index, src_shape=None, index_dtype=None):
@@ -251,3 +252,15 @@ def _(grad, self, dim, index, src, reduce, include_self, result):
         return g * hit_self, None, g.gather(dim, index) * hit_src
     gs = grad * result / self if include_self else grad.scatter(dim, index, 0)
     return gs, None, (grad * result).gather(dim, index) / src
+
+
+# ---- vmap batching rule -----------------------------------------------------------------------------
+@gather.def_batching_rule
+def _gather_batching(in_dims, self, dim, index, sparse_grad=False):
+    size = _batching.batch_size((self, dim, index), in_dims)
+    x = _batching.materialize(self, in_dims[0], size)
+    i = _batching.materialize(index, in_dims[2], size)
+    n = x.dim() - 1
+    if n == 0:
+        return NotImplemented
+    return gather(x, _batching.wrap_dim(dim, n) + 1, i, sparse_grad=sparse_grad), 0

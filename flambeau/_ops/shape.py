@@ -17,6 +17,7 @@ from ._helpers import wrap_dim, wrap_dims, result_type, broadcast_shapes
 from .views import as_strided, diagonal as _diagonal, expand, reshape, select, slice_
 from .._dispatch import resize_out
 from .creation import zeros, tensor, zeros_like
+from . import _batching
 
 
 def with_out(res, out):
@@ -610,3 +611,29 @@ def _(grad, src, size, stride, storage_offset):
     g = grad.contiguous()
     return (g.as_strided_scatter(zeros_like(src), size, stride, storage_offset),
             g.as_strided(size, stride, storage_offset))
+
+
+# ---- vmap batching rules ----------------------------------------------------------------------------
+@cat.def_batching_rule
+def _cat_batching(in_dims, tensors, dim=0):
+    size = _batching.batch_size([tensors], in_dims)
+    ref = next(t for t, d in zip(tensors, in_dims[0]) if d is not None)
+    n = ref.dim() - 1
+    parts = []
+    for t, d in zip(tensors, in_dims[0]):
+        if t.dim() - (d is not None) == 1 and t.shape[-1] == 0 and n != 1:
+            continue                      # a legacy empty 1-D tensor joins any cat
+        parts.append(_batching.materialize(t, d, size))
+    return cat(parts, _batching.wrap_dim(dim, n) + 1), 0
+
+
+@_repeat.def_batching_rule
+def _repeat_batching(in_dims, self, repeats):
+    x = _batching.pad_front(self, in_dims[0], len(repeats))
+    return _repeat(x, [1] + list(repeats)), 0
+
+
+flip.def_batching_rule(_batching.dim_rule(flip, "dims"))
+roll.def_batching_rule(_batching.dim_rule(roll, "dims"))
+for _op in (tril, triu):
+    _op.def_batching_rule(_batching.dim_rule(_op))

@@ -14,6 +14,7 @@ from .._dispatch import resize_out
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import accumulate, wrap_dim
 from .reduction import select_backward, evenly_backward, reduced_shape, _check_empty
+from . import _batching
 
 
 def _sortable(x):
@@ -321,3 +322,8 @@ def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=No
 def unique_consecutive(input, return_inverse=False, return_counts=False, dim=None):
     return _select_outputs(_unique_consecutive(input, return_inverse, return_counts, dim),
                            return_inverse, return_counts)
+
+
+# ---- vmap batching rules ----------------------------------------------------------------------------
+for _op in (sort, topk):
+    _op.def_batching_rule(_batching.dim_rule(_op, "dim"))

@@ -18,6 +18,7 @@ from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
 from ._helpers import wrap_dim
 from .creation import zeros, arange, tensor
 from .._dispatch import type_name
+from . import _batching
 
 
 def infer_size(shape, numel):
@@ -789,3 +790,47 @@ def alias(xp, self):
 
 alias.def_meta(lambda self: TensorSpec(self.shape, self.dtype, self.stride(), self.storage_offset()))
 alias.def_derivative(lambda grad: grad)
+
+
+# ---- vmap batching rules ----------------------------------------------------------------------------
+@_view.def_batching_rule
+def _view_batching(in_dims, self, size):
+    x = _batching.front(self, in_dims[0])
+    try:
+        return _view(x, (x.shape[0],) + tuple(size)), 0
+    except RuntimeError:              # the batch dimension moved to the front breaks the strides: copy
+        return x.reshape((x.shape[0],) + tuple(size)), 0
+
+
+@_expand.def_batching_rule
+def _expand_batching(in_dims, self, size, implicit=False):
+    x = _batching.pad_front(self, in_dims[0], len(size))
+    return _expand(x, (x.shape[0],) + tuple(size)), 0
+
+
+@_permute.def_batching_rule
+def _permute_batching(in_dims, self, dims):
+    x = _batching.front(self, in_dims[0])
+    n = x.dim() - 1
+    return _permute(x, [0] + [_batching.wrap_dim(d, n) + 1 for d in dims]), 0
+
+
+@_squeeze.def_batching_rule
+def _squeeze_batching(in_dims, self, dim):
+    x = _batching.front(self, in_dims[0])
+    n = x.dim() - 1
+    if dim is None:
+        dims = [k + 1 for k in range(n) if x.shape[k + 1] == 1]
+    else:
+        dims = [_batching.wrap_dim(d, n) + 1 for d in dim] if n else []
+    return (_squeeze(x, dims) if dims else x), 0
+
+
+for _op in (clone, _to_copy, alias):
+    _op.def_batching_rule(_batching.unary_rule(_op))
+transpose.def_batching_rule(_batching.dim_rule(transpose, "dim0", "dim1"))
+unsqueeze.def_batching_rule(_batching.dim_rule(unsqueeze, "dim", extra=1))
+slice_.def_batching_rule(_batching.dim_rule(slice_, "dim"))
+select.def_batching_rule(_batching.dim_rule(select, "dim"))
+diagonal.def_batching_rule(_batching.dim_rule(diagonal, "dim1", "dim2"))
+unfold.def_batching_rule(_batching.dim_rule(unfold, "dimension"))

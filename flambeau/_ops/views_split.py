@@ -13,6 +13,7 @@ from ._registry import defop, export, TensorSpec
 from ._helpers import wrap_dim
 from .views import _sel, take_view, _view, _permute, reshape, transpose, infer_size, slice_
 from .shape import cat, stack
+from . import _batching
 
 
 # ---- multi-output views: split_with_sizes, unbind and their composites ----------------------------
@@ -223,3 +224,8 @@ def t(self):
     if self.ndim > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {self.ndim}D")
     return transpose(self, 0, 1) if self.ndim == 2 else self
+
+
+# ---- vmap batching rules ----------------------------------------------------------------------------
+split_with_sizes.def_batching_rule(_batching.dim_rule(split_with_sizes, "dim"))
+unbind.def_batching_rule(_batching.dim_rule(unbind, "dim"))

@@ -1,0 +1,14 @@
+"""`flambeau.func` (PyTorch's `torch.func`): composable function transforms.
+
+grad, grad_and_value, vjp, jvp, linearize, jacrev, jacfwd, hessian (`_functorch.eager_transforms`),
+vmap (`_functorch.vmap`, batching rules declared with each op in `flambeau/_ops`), functional_call
+and stack_module_state (`_functorch.functional_call`). Under `flambeau.compile` each transform is a
+graph break: it runs eagerly and the code around it is compiled.
+"""
+from ._functorch.eager_transforms import (grad, grad_and_value, vjp, jvp, linearize, jacrev, jacfwd,  # noqa: F401
+                                          hessian)
+from ._functorch.vmap import vmap  # noqa: F401
+from ._functorch.functional_call import functional_call, stack_module_state  # noqa: F401
+
+__all__ = ["grad", "grad_and_value", "vjp", "jvp", "linearize", "jacrev", "jacfwd", "hessian", "vmap",
+           "functional_call", "stack_module_state"]
