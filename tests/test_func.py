@@ -274,7 +274,10 @@ def test_functional_call_keys_and_ties():
 
 
 def test_transforms_break_the_graph_under_compile_and_match_eager():
+    """A transform inside compiled code is a graph break (it runs eagerly); the code around it compiles."""
     from flambeau._dynamo.testing import CompileCounter
+    from flambeau._dynamo.utils import counters
+    counters.clear()
     cnt = CompileCounter()
 
     def f(x):
@@ -286,3 +289,5 @@ def test_transforms_break_the_graph_under_compile_and_match_eager():
     out = fl.compile(f, backend=cnt)(x)
     close(out, f(x))
     assert cnt.frame_count >= 1
+    breaks = [k for k in counters["graph_break"] if "disable" in k]
+    assert breaks, dict(counters["graph_break"])

@@ -198,3 +198,28 @@ def self_shaped_rule(op):
         return pw(in_dims, *values)
     rule.__name__ = f"_{op.__name__}_self_shaped_batching"
     return rule
+
+
+def written_rule(op, *names, keep=()):
+    """Ops that write into `self` by index (scatter, index_add, select_scatter, ...): every tensor
+    argument but those named in `keep` is broadcast over the batch and put at dimension 0; the
+    arguments `names` hold dimensions of `self`, shifted past the batch. A batched `keep` argument
+    (a 1-D index) declines."""
+    arg_names = [a.name for a in op._schema.args]
+    idx = [arg_names.index(n) for n in names]
+    kept = {arg_names.index(n) for n in keep}
+
+    def rule(in_dims, *values):
+        if any(in_dims[i] is not None for i in kept) or any(isinstance(d, list) for d in in_dims):
+            return NotImplemented
+        size = batch_size(values, in_dims)
+        n = values[0].dim() - (in_dims[0] is not None)
+        if n == 0:
+            return NotImplemented
+        new = [materialize(v, d, size) if isinstance(v, Tensor) and i not in kept else v
+               for i, (v, d) in enumerate(zip(values, in_dims))]
+        for i in idx:
+            new[i] = wrap_dim(values[i], n) + 1
+        return call(op, new), 0
+    rule.__name__ = f"_{op.__name__}_written_batching"
+    return rule

@@ -855,3 +855,8 @@ NN_FUNCTIONAL["pdist"] = pdist
 _EXTRA = {"relu_": relu.inplace, "threshold_": threshold.inplace}
 from ._registry import EXPORTS as _EXPORTS  # noqa: E402
 _EXPORTS.update(_EXTRA)
+
+
+# ---- vmap batching rules ----------------------------------------------------------------------------
+glu.def_batching_rule(_batching.dim_rule(glu, "dim"))
+_normalize.def_batching_rule(_batching.dim_rule(_normalize, "dim"))

@@ -596,3 +596,7 @@ def _index_batching(in_dims, self, indices):
 index_select.def_batching_rule(_batching.dim_rule(index_select, "dim"))
 _copy.def_batching_rule(_batching.self_shaped_rule(_copy))
 _fill_scalar.def_batching_rule(_batching.unary_rule(_fill_scalar))
+
+
+for _op in (index_add, index_copy, _index_fill_s):
+    _op.def_batching_rule(_batching.written_rule(_op, "dim", keep=("index",)))

@@ -18,6 +18,7 @@ from ._schema import return_type, parse
 from .linalg import type_name, _dt
 from .creation import eye
 from .reduction import reduced_shape
+from . import _batching
 
 
 class LinAlgError(RuntimeError):
@@ -542,3 +543,10 @@ def lstsq(A, B, rcond=None, *, driver=None):
 
 _LSTSQ = return_type(parse("lstsq(Tensor A, Tensor B) -> (Tensor solution, Tensor residuals, Tensor rank, "
                            "Tensor singular_values)"))
+
+
+# ---- vmap batching rules: the factorizations take any leading batch dimensions ------------------------
+for _op in (linalg_inv, linalg_det, linalg_slogdet, linalg_cholesky, linalg_eigh, linalg_svd, linalg_svdvals,
+            linalg_qr):
+    _op.def_batching_rule(_batching.dim_rule(_op))
+linalg_vector_norm.def_batching_rule(_batching.dim_rule(linalg_vector_norm, "dim", all_when_none=True))

@@ -264,3 +264,7 @@ def _gather_batching(in_dims, self, dim, index, sparse_grad=False):
     if n == 0:
         return NotImplemented
     return gather(x, _batching.wrap_dim(dim, n) + 1, i, sparse_grad=sparse_grad), 0
+
+
+for _op in (_scatter_src, _scatter_value, _scatter_reduce_src, _scatter_reduce_value, scatter_add, scatter_reduce):
+    _op.def_batching_rule(_batching.written_rule(_op, "dim"))

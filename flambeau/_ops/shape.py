@@ -637,3 +637,9 @@ flip.def_batching_rule(_batching.dim_rule(flip, "dims"))
 roll.def_batching_rule(_batching.dim_rule(roll, "dims"))
 for _op in (tril, triu):
     _op.def_batching_rule(_batching.dim_rule(_op))
+
+
+diag_embed.def_batching_rule(_batching.dim_rule(diag_embed, "dim1", "dim2", extra=1))
+select_scatter.def_batching_rule(_batching.written_rule(select_scatter, "dim"))
+slice_scatter.def_batching_rule(_batching.written_rule(slice_scatter, "dim"))
+diagonal_scatter.def_batching_rule(_batching.written_rule(diagonal_scatter, "dim1", "dim2"))

@@ -327,3 +327,7 @@ def unique_consecutive(input, return_inverse=False, return_counts=False, dim=Non
 # ---- vmap batching rules ----------------------------------------------------------------------------
 for _op in (sort, topk):
     _op.def_batching_rule(_batching.dim_rule(_op, "dim"))
+
+
+for _op in (kthvalue, _median_dim, mode, _nanmedian_dim):
+    _op.def_batching_rule(_batching.dim_rule(_op, "dim"))
