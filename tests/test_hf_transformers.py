@@ -76,6 +76,15 @@ def test_attention_implementations_match_pytorch(runs, attention):
     np.testing.assert_allclose(np.array(ours[field])[kept], np.array(ours["logits"])[kept], rtol=RTOL, atol=ATOL)
 
 
+def test_compiled_model_matches_eager_and_pytorch(runs):
+    """`torch.compile(model)` compiles at least one graph (BERT's capture once died with a RecursionError
+    on the ModelOutput a graph break returned) and gives the eager logits and PyTorch's compiled ones."""
+    _, _, ref, ours = runs
+    assert ours["compiled_graphs"] >= 1
+    np.testing.assert_allclose(ours["compiled_logits"], ours["logits"], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(ours["compiled_logits"], ref["compiled_logits"], rtol=RTOL, atol=ATOL)
+
+
 def test_gradient_checkpointing_trains_as_without(runs):
     _, _, _, ours = runs
     np.testing.assert_allclose(ours["checkpointed_losses"], ours["losses"], rtol=1e-6)

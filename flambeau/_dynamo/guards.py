@@ -55,6 +55,11 @@ class Source:
     def item(self, key) -> "Source":
         return self._derive("{B}[%r]" % (key,), f"{self._name}[{key!r}]")
 
+    def dict_item(self, key) -> "Source":
+        """The entry `key` of a dict (or dict subclass) by dict's own lookup, whatever `__getitem__`
+        the subclass defines."""
+        return self._derive("dict.__getitem__({B}, %r)" % (key,), f"{self._name}[{key!r}]")
+
     def expr_with(self, base_expr: str) -> str:
         return self.tmpl.replace("{B}", base_expr)
 

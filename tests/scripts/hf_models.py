@@ -5,7 +5,8 @@ and under flambeau (`python -m flambeau.run hf_models.py`); tests/test_hf_transf
 under PyTorch, first) the model built from its config with seed 0 first writes its weights to
 WORKDIR/init.npz. Then the model is built from the config, its weights replaced by init.npz (so
 both systems start from the same numbers), and the run records into WORKDIR/<system>.json: logits
-on a padded batch (also with the eager and flex_attention implementations), the losses of a few AdamW steps (and of the same steps with gradient
+on a padded batch (also with the eager and flex_attention implementations, and of `torch.compile(model)`
+with the number of graphs it compiled), the losses of a few AdamW steps (and of the same steps with gradient
 checkpointing on), the logits after training, those of the model reloaded with from_pretrained
 from its own save_pretrained (safetensors) directory WORKDIR/<system>_saved, and (causal models)
 the ids of greedy generate.
@@ -90,6 +91,14 @@ def train(model, ids, mask, labels) -> list:
     return losses
 
 
+def compiled(model, ids, mask) -> dict:
+    """Logits of `torch.compile(model)` (the default backend) and the number of graphs it compiled."""
+    from torch._dynamo.utils import counters
+    before = counters["stats"]["unique_graphs"]
+    logits = torch.compile(model)(input_ids=ids, attention_mask=mask).logits
+    return {"compiled_logits": as_list(logits), "compiled_graphs": counters["stats"]["unique_graphs"] - before}
+
+
 def run(kind: str, workdir: str) -> dict:
     model = from_init(kind, workdir)
     ids, mask = batch()
@@ -101,6 +110,7 @@ def run(kind: str, workdir: str) -> dict:
         for attention in OTHER_ATTENTION[kind]:
             other = from_init(kind, workdir, attention).eval()
             out[f"logits_{attention}"] = as_list(other(input_ids=ids, attention_mask=mask).logits)
+        out.update(compiled(model, ids, mask))
     out["losses"] = train(model, ids, mask, labels)
     checkpointed = from_init(kind, workdir)
     checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -8,6 +8,9 @@ run time, or None when the traced code created it), answers the questions the by
 """
 from __future__ import annotations
 
+import enum
+import inspect
+
 from ..exc import Unsupported
 from ..._dtype import dtype as _dt
 from ..._device import device as _dev
@@ -142,7 +145,9 @@ def is_constant_value(v) -> bool:
         return all(is_constant_value(x) for x in (v.start, v.stop, v.step))
     if t is frozenset:
         return all(is_constant_value(x) for x in v)
-    return False
+    if t in (inspect.Signature, inspect.Parameter):
+        return True
+    return isinstance(v, enum.Enum)      # a member is an immutable singleton (transformers' `Action.RAISE`)
 
 
 def const(v) -> ConstantVariable:

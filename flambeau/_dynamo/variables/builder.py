@@ -43,7 +43,7 @@ def wrap_constant_like(v) -> VariableTracker:
         return TupleVariable(items, cls=type(v))
     if type(v) is list:
         return ListVariable([wrap_constant_like(x) for x in v])
-    if type(v) is dict:
+    if type(v) is dict or type(v) is types.MappingProxyType:      # a signature's `parameters` is a proxy
         return DictVariable({k: wrap_constant_like(x) for k, x in v.items()})
     if isinstance(v, type):
         return ClassVariable(v)

@@ -9,6 +9,7 @@ effects the graph cannot hold (`print`, `input`, `open`, `id` of traced objects)
 from __future__ import annotations
 
 import builtins
+import inspect
 import operator
 
 from ..._ops import functions
@@ -192,6 +193,8 @@ def contains(tx, container, item) -> VariableTracker:
             if r.truthy(tx):
                 return const(True)
         return const(False)
+    if isinstance(container, ObjectVariable) and inspect.getattr_static(type(container.value), "__contains__", None):
+        return container.call_method(tx, "__contains__", [item], {})
     raise Unsupported(f"`in` on {container}")
 
 

@@ -8,6 +8,7 @@ the traced code. Functions marked with `flambeau._dynamo.disable` are never inli
 """
 from __future__ import annotations
 
+import inspect
 import types
 from inspect import (CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR, CO_ITERABLE_COROUTINE, CO_VARARGS,
                      CO_VARKEYWORDS)
@@ -68,6 +69,8 @@ class UserFunctionVariable(BaseFunctionVariable):
     def call_function(self, tx, args, kwargs):
         if is_disabled(self.value):
             raise Unsupported(f"call to {self.value.__qualname__}, marked flambeau._dynamo.disable")
+        if self.value is inspect.signature and len(args) == 1 and not kwargs:
+            return _signature(args[0])
         return tx.inline_call(self.value, args, kwargs, source=self.source)
 
     def var_getattr(self, tx, name):
@@ -86,6 +89,17 @@ class UserFunctionVariable(BaseFunctionVariable):
         if self.source is not None:
             return cg.source_expr(self.source)
         return cg.const(self.value)
+
+
+def _signature(fn: VariableTracker) -> VariableTracker:
+    """`inspect.signature(fn)` of a function the trace knows, computed at trace time (the function is
+    guarded already; inlining `inspect` would meet `functools.partial` and C internals)."""
+    if isinstance(fn, UserMethodVariable):
+        sig = inspect.signature(fn.value)
+        return const(sig.replace(parameters=list(sig.parameters.values())[1:]))
+    if isinstance(fn, UserFunctionVariable):
+        return const(inspect.signature(fn.value))
+    raise Unsupported(f"inspect.signature of {fn}")
 
 
 class NestedUserFunctionVariable(BaseFunctionVariable):

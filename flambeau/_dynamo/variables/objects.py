@@ -9,15 +9,28 @@ graph), `PythonModuleVariable` a module such as `math` or `flambeau.nn.functiona
 """
 from __future__ import annotations
 
+import collections
 import inspect
 import types
 
 from ..exc import Unsupported
-from .base import VariableTracker, ValueVariable, const
+from .base import VariableTracker, ValueVariable, const, is_constant_value
 from ...autograd.function import Function
 from ..._tensor import Size
 from .torch import TorchFunctionVariable, class_call
 from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
+
+
+# dict's methods that only read, answered for a dict subclass instance from its guarded entries
+_DICT_READS = frozenset({"keys", "values", "items", "__getitem__", "get", "__len__", "__contains__", "__iter__"})
+# the types of methods written in C (`dict.keys`, `list.append`, `object.__eq__`)
+_C_METHODS = frozenset({"method_descriptor", "wrapper_descriptor", "builtin_function_or_method",
+                        "classmethod_descriptor"})
+
+
+def _is_dict_method(meth, name: str) -> bool:
+    """Is `meth` dict's or OrderedDict's own (C) method `name`, not one a subclass wrote?"""
+    return meth is getattr(dict, name) or meth is getattr(collections.OrderedDict, name, None)
 
 
 def _missing_attr(obj_desc: str, name: str):
@@ -92,7 +105,28 @@ class ObjectVariable(VariableTracker):
         meth = inspect.getattr_static(type(self.value), name, None)
         if isinstance(meth, types.FunctionType):
             return tx.inline_call(meth, [self] + list(args), kwargs)
+        if isinstance(self.value, dict) and name in _DICT_READS and _is_dict_method(meth, name):
+            return self._dict_view(tx).call_method(tx, name, args, kwargs)
+        if meth is not None and type(meth).__name__ in _C_METHODS:
+            # reading it back as an attribute gives a bound method whose call lands here again
+            raise Unsupported(f"call to {type(self.value).__name__}.{name} ({type(meth).__name__}: a method "
+                              f"written in C, which the trace cannot follow)")
         return super().call_method(tx, name, args, kwargs)
+
+    def _dict_view(self, tx):
+        """The entries of a dict subclass instance that came from outside the frame (a transformers
+        `ModelOutput` returned by a graph break), read through dict's own item lookup and guarded on
+        its keys, for the read-only dict methods its Python methods call (`keys`, `items`, ...)."""
+        value = self.value
+        if self.source is None:
+            raise Unsupported(f"dict methods of a {type(value).__name__} without a source")
+        keys = list(value.keys())
+        if not all(is_constant_value(k) for k in keys):
+            raise Unsupported(f"a {type(value).__name__} with non-constant keys")
+        tx.output.guards.dict_keys(self.source, type(value), keys)
+        return kinds.containers.DictVariable(
+            {k: kinds.builder.build(tx, dict.__getitem__(value, k), self.source.dict_item(k)) for k in keys},
+            cls=type(value))
 
     def call_function(self, tx, args, kwargs):
         call = inspect.getattr_static(type(self.value), "__call__", None)
@@ -206,6 +240,9 @@ class SuperVariable(VariableTracker):
                     return kinds.functions.UserFunctionVariable(attr.__func__)
                 if attr is object.__init__:
                     return kinds.builtin.BuiltinVariable(_noop)
+                if (base in (dict, collections.OrderedDict) and name in _DICT_READS
+                        and isinstance(self.obj, ObjectVariable)):
+                    return kinds.builtin.GetAttrVariable(self.obj._dict_view(tx), name)
                 break
         raise Unsupported(f"super().{name}")
 

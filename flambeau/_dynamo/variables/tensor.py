@@ -72,6 +72,9 @@ class TensorVariable(VariableTracker):
             return tx.output.call_in_graph(tx, "call_method", "detach", [self], {})
         if callable(getattr(Tensor, name, None)):
             return kinds.builtin.GetAttrVariable(self, name)
+        if not hasattr(type(ex), name) and name not in getattr(ex, "__dict__", {}):
+            # what eager raises: `hasattr(x, "jax")` (transformers' is_jax_jitting) answers False
+            raise kinds.builtin.ObservedAttributeError(f"AttributeError: 'Tensor' object has no attribute {name!r}")
         raise Unsupported(f"Tensor attribute {name!r} (reading .{name} is not captured)")
 
     def call_method(self, tx, name, args, kwargs):
