@@ -246,3 +246,62 @@ def test_symbolic_aot_graph_serves_other_sizes():
         x = fl.randn(b, 3)
         g, = fl.autograd.grad(cf(x, w), w)
         close(g, fl.autograd.grad((x @ w).relu().sum(), w)[0])
+
+
+# ---- absent tangents: an output that receives no gradient contributes nothing ------------------------
+def _log_and_softmax(m):
+    def f(x):
+        a = m.log10(x)                        # NaN where x < 0
+        return a, m.softmax(a, 0)            # the softmax is NaN throughout; its backward must never run
+    return f
+
+
+def _log_break_softmax(m):
+    def f(x):
+        a = m.log10(x)
+        s = m.softmax(a, 0)
+        m._dynamo.graph_break()               # the softmax leaves the first graph and only `>` reads it
+        return a, s > 0
+    return f
+
+
+def _chunks(m):
+    def f(x):
+        a, b = m.log10(x).chunk(2)            # the backward joins a gradient with b's absent one (cat)
+        return a * 3, m.softmax(b, 0)
+    return f
+
+
+def _columns(m):
+    def f(x):
+        a, b = m.log10(x).reshape(-1, 2).unbind(1)   # the zero joined in is (floor(s0/2), 1): a symbolic size
+        return a * 3, m.softmax(b, 0)
+    return f
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("program", [_log_and_softmax, _log_break_softmax, _chunks, _columns])
+def test_absent_tangent_contributes_nothing_as_pytorch_eager(program, dynamic):
+    """Only the first output reaches the loss: the compiled backward is specialised on the second's
+    tangent being absent (no zero tangent that 0 * NaN turns into NaN gradients), as eager runs no
+    backward for it. Was NaN throughout (PyTorch's own torch.compile gives NaN here too)."""
+    vals = [-1.0, 2.0, 3.0, 0.5, -0.25, 4.0]
+    x, tx = fl.tensor(vals, requires_grad=True), torch.tensor(vals, requires_grad=True)
+    a = fl.compile(program(fl), dynamic=dynamic)(x)[0]
+    ta = program(torch)(tx)[0]
+    (a * fl.arange(a.shape[0])).sum().backward()
+    (ta * torch.arange(ta.shape[0])).sum().backward()
+    close(x.grad, tx.grad)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_input_reached_only_through_an_absent_tangent_gets_no_grad(dynamic):
+    """`y` feeds only the output the loss ignores: its grad stays None, as in eager (was zeros)."""
+    def f(m, x, y):
+        return x * 2, m.exp(y) * x
+    x, y = fl.randn(4, requires_grad=True), fl.randn(4, requires_grad=True)
+    tx, ty = torch.tensor(N(x), requires_grad=True), torch.tensor(N(y), requires_grad=True)
+    fl.compile(lambda x, y: f(fl, x, y), dynamic=dynamic)(x, y)[0].sum().backward()
+    f(torch, tx, ty)[0].sum().backward()
+    assert y.grad is None and ty.grad is None
+    close(x.grad, tx.grad)

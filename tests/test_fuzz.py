@@ -6,6 +6,8 @@ found, each as a small test against PyTorch.
 
 Longer runs: `python -m tests.fuzz --seeds 0:1000`.
 """
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -562,3 +564,27 @@ def test_bool_matrix_products_of_empty_operands_as_pytorch(shapes, compiled):
     np.testing.assert_array_equal(res.numpy(), ref.numpy())
     with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
         fl.matmul(fl.ones(2, 2, dtype=fl.bool), fl.ones(2, 2, dtype=fl.bool))
+
+
+@pytest.mark.parametrize("mode", ["eager", "inductor", "dynamic"])
+def test_acosh_and_abs_gradients_below_the_domain_as_pytorch(mode):
+    """Seed 1042: acosh(x) for x < -1 is NaN and abs_() of it has a zero gradient (a real NaN's sgn is
+    0, as PyTorch's); acosh's gradient there is rsqrt(x^2 - 1), finite, so the gradient is -0.0, not
+    NaN (was NaN: sgn(NaN) was NaN and the derivative was 1 / (sqrt(x - 1) sqrt(x + 1)))."""
+    vals = [-2.912, -1.5, 0.5, 1.0, 3.0, -1.0]
+
+    def f(m, x):
+        y = m.acosh(x)
+        return y * 3, m.acosh(x).abs_() * -0.875
+    x, tx = fl.tensor(vals, requires_grad=True), torch.tensor(vals, requires_grad=True)
+    run = (lambda x: f(fl, x)) if mode == "eager" else fl.compile(lambda x: f(fl, x), dynamic=mode == "dynamic")
+    out, ref = run(x), f(torch, tx)
+    np.testing.assert_array_equal(fl.tensor(vals).sgn().numpy(), torch.tensor(vals + [math.nan]).sgn().numpy()[:-1])
+    assert fl.tensor([math.nan, -math.nan]).sgn().tolist() == torch.tensor([math.nan, -math.nan]).sgn().tolist()
+    for o, r in zip(out, ref):
+        np.testing.assert_array_equal(o.detach().numpy(), r.detach().numpy())
+    for k in range(2):
+        g, = fl.autograd.grad(out[k].sum(), x, retain_graph=True)
+        tg, = torch.autograd.grad(ref[k].sum(), tx, retain_graph=True)
+        np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1.3e-6, atol=1e-5)
+        assert _signs(g) == _signs(tg)

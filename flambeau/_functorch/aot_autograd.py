@@ -19,7 +19,10 @@ on the first call for given input metadata, does:
 3. **Partition** (`partition_fn`, see `partitioners.py`) into a forward graph returning
    `(*outputs, *mutated inputs, *saved)` and a backward graph `(*saved, *tangents) -> grads`.
 4. **Compile** the forward with `fw_compiler(gm, example_inputs)` now and the backward with
-   `bw_compiler` at its first use (its example inputs are the real saved values and tangents).
+   `bw_compiler` at its first use (its example inputs are the real saved values and tangents),
+   once per set of absent tangents: an output that receives no gradient (None, not zeros: grads
+   are not materialised) is a symbolic zero, pruned from the backward (`symbolic_zeros.py`), so its
+   backward never runs, as in eager.
 5. **Run** both inside an `autograd.Function`, with autocast off (a trace under autocast holds its
    casts, and the autocast state is part of the cache key); afterwards mutated inputs get their new value
    (`copy_`, no grad) and outputs that alias an input, another output or an intermediate that
@@ -42,6 +45,7 @@ from .._decomp import DecompositionMode
 from .._device import META
 from .._tensor import Tensor
 from .._dispatch import write_into
+from .._ops.creation import zeros
 from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
 from ..fx.experimental.proxy_tensor import ProxyTorchDispatchMode, _Recorder
@@ -51,6 +55,7 @@ from .._subclasses.fake_tensor import FakeTensorMode
 from ..nn.modules.module import Module
 from .functionalization import run_functionalized, flat_input_tensors, _apply_step
 from .partitioners import default_partition
+from .symbolic_zeros import prune_absent_tangents
 from ..autograd import grad
 from ..fx.node import Node
 
@@ -323,7 +328,7 @@ def _compile(flat_fn: Callable, flat_args: list, fw_compiler: Callable, bw_compi
     _dump("AOT forward graph", fw_gm)
     _dump("AOT backward graph", bw_gm)
     compiled_fw = fw_compiler(fw_gm, list(flat_args))
-    return _TrainingRuntime(compiled_fw, bw_gm, bw_compiler or fw_compiler, meta, num_fwd)
+    return _TrainingRuntime(compiled_fw, bw_gm, bw_compiler or fw_compiler, meta, num_fwd, joint.meta.get("fake_mode"))
 
 
 def _write_back(x: Tensor, final: Tensor):
@@ -381,10 +386,11 @@ class _InferenceRuntime:
 class _TrainingRuntime:
     """Runs the compiled forward/backward pair as an autograd.Function."""
 
-    def __init__(self, compiled_fw, bw_gm, bw_compiler, meta: _Meta, num_fwd: int):
+    def __init__(self, compiled_fw, bw_gm, bw_compiler, meta: _Meta, num_fwd: int, fake_mode=None):
         self.meta = meta
         rt = self
-        self.bw_gm, self.bw_compiler, self.compiled_bw = bw_gm, bw_compiler, None
+        self.bw_gm, self.bw_compiler, self.fake_mode = bw_gm, bw_compiler, fake_mode
+        self.compiled_bw: dict = {}     # frozenset of absent tangents -> (compiled backward, tangents it takes)
         n_saved = bw_gm.meta["num_saved"]
         saved_is_tensor = [isinstance(n.meta.get("val"), Tensor)
                            for n in bw_gm.graph.find_nodes(op="placeholder")[:n_saved]]
@@ -402,6 +408,9 @@ class _TrainingRuntime:
                 ctx.scalars = [s for s, t in zip(saved, saved_is_tensor) if not t]
                 outs = vals[:num_fwd]
                 ctx.mark_non_differentiable(*[outs[j] for j in meta.nondiff_outs])
+                # an output that receives no gradient gets no zero tangent: the backward is specialised on it
+                ctx.set_materialize_grads(False)
+                ctx.tangent_meta = [(tuple(outs[j].shape), outs[j].dtype, outs[j].device) for j in meta.diff_outs]
                 return tuple(outs)
 
             @staticmethod
@@ -411,20 +420,42 @@ class _TrainingRuntime:
                 # ctx and its graph node refer to each other, so ctx lives until a garbage collection:
                 # drop its own references to the saved activations now (they are packed in _saved)
                 ctx.to_save = ()
-                tangents = [grads[j].contiguous() for j in meta.diff_outs]
-                if rt.compiled_bw is None:
-                    rt.compiled_bw = rt.bw_compiler(rt.bw_gm, saved + tangents)
-                res = list(rt.compiled_bw(*saved, *tangents))
                 out = [None] * len(ctx.needs_input_grad)
+                given = [grads[j] for j in meta.diff_outs]
+                absent = frozenset(k for k, g in enumerate(given) if g is None)
+                if len(absent) == len(given):
+                    return tuple(out)
+                tangents = [g.contiguous() if g is not None else _zeros_like_meta(*ctx.tangent_meta[k])
+                            for k, g in enumerate(given)]
+                hit = rt.compiled_bw.get(absent)
+                if hit is None:
+                    hit = rt.compiled_bw[absent] = rt.compile_backward(absent, saved, tangents)
+                compiled_bw, kept = hit
+                res = list(compiled_bw(*saved, *[tangents[k] for k in kept]))
                 for i, g in zip(meta.grad_inputs, res):
                     out[i] = g
                 return tuple(out)
 
         self.fn = CompiledFunction
 
+    def compile_backward(self, absent: frozenset, saved: list, tangents: list) -> tuple:
+        """(the backward compiled for these absent tangents, the tangent numbers it takes)."""
+        if absent:
+            gm, kept = prune_absent_tangents(self.bw_gm, absent, self.fake_mode)
+            _dump(f"AOT backward graph without tangents {sorted(k + 1 for k in absent)}", gm)
+        else:
+            gm, kept = self.bw_gm, list(range(len(tangents)))
+        return self.bw_compiler(gm, saved + [tangents[k] for k in kept]), kept
+
     def __call__(self, *args):
         vals = self.fn.apply(*args)
         return _finish(self.meta, args, list(vals))
+
+
+def _zeros_like_meta(shape: tuple, dtype, device) -> Tensor:
+    """A zero tangent for an absent one that a specialised backward still reads sizes from: one
+    element, expanded (no memory)."""
+    return zeros((), dtype=dtype, device=device).expand(shape)
 
 
 # ---- public entry points ---------------------------------------------------------------------------

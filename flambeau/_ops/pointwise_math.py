@@ -126,7 +126,7 @@ sign = unary("sign", _sign,
 
 def _sgn(xp, a):
     if a.dtype.kind != "c":
-        return a.copy() if a.dtype == bool else xp.sign(a)
+        return _sign(xp, a)             # a real NaN's sgn is 0, as its sign (PyTorch's)
     m = xp.abs(a)
     return xp.where(m == 0, 0, a / xp.where(m == 0, 1, m)).astype(a.dtype)
 
