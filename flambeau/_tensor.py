@@ -19,7 +19,7 @@ import copy
 from . import _dtype as D
 from . import _state
 from ._device import device as Device
-from ._backends import MetaArray, contiguous_strides, device_checks, cupy_available
+from ._backends import MetaArray, contiguous_strides, device_checks, cupy_available, get as backend_of
 from ._tensor_str import tensor_repr
 
 
@@ -310,6 +310,8 @@ class Tensor:
             return self._data
         if self._device.type == "meta":
             raise NotImplementedError("Cannot copy out of meta tensor; no data!")
+        if self._device.type != "cuda":
+            return backend_of(self._device.type).to_numpy(self._data)    # a third-party device
         host = self._data.get()
         device_checks.raise_pending()           # a synchronisation: report failed device-side checks
         return host

@@ -21,6 +21,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 from . import _backends
+from ._backends import is_cupy
 from ._device import canonical, cuda_index, device as Device
 from ._tensor import Tensor
 from . import _dtype as D
@@ -85,7 +86,7 @@ class Generator:
     def xp_generator(self, xp):
         """The generator that draws for this device: NumPy's, or a CuPy generator for one call,
         seeded from the host stream (see the module docstring)."""
-        if xp is np:
+        if not is_cupy(xp):      # cpu, and third-party devices: NumPy's stream, copied by their namespace
             return self._np
         seed = int(self._np.integers(0, _CUDA_SEED_LIMIT))
         philox = getattr(xp.random, "Philox4x3210", None)      # cheap to initialise, unlike XORWOW

@@ -40,7 +40,7 @@ from ._pt_format import dumps_pt, loads_pt
 from ._weights_only import (add_safe_globals, clear_safe_globals, get_safe_globals,  # noqa: F401
                             safe_globals, unpickle_objects)
 from ._tensor import Tensor, Size
-from ._device import CPU, device
+from ._device import CPU, device, privateuse1_name
 from ._ops.creation import tensor
 from .nn.parameter import Parameter
 
@@ -240,8 +240,9 @@ class _Encoder:
 class _Decoder:
     """Rebuilds the structure JSON; every malformed entry raises RuntimeError."""
 
-    def __init__(self, tensors: dict, objects):
+    def __init__(self, tensors: dict, objects, restore_device: bool):
         self.tensors, self.objects = tensors, objects
+        self.restore_device = restore_device    # no map_location: a third-party device's tensors go back to it
 
     def dec(self, x, depth=0):
         if depth > _MAX_DEPTH:
@@ -278,6 +279,10 @@ class _Decoder:
 
     def tensor(self, x: dict) -> Tensor:
         t = self.tensors[x["__tensor__"]]
+        saved = str(x.get("device", "cpu"))
+        if self.restore_device and saved.partition(":")[0] == privateuse1_name() != "privateuseone" \
+                and t.device.type == "cpu":
+            t = t.to(saved)
         if x.get("complex128"):
             if t.dtype is not D.float64 or t.dim() == 0 or t.shape[-1] != 2:
                 raise RuntimeError("checkpoint structure is corrupt: a complex128 tensor is not stored as pairs")
@@ -289,9 +294,9 @@ class _Decoder:
         return t
 
 
-def _decode(structure, tensors: dict, objects):
+def _decode(structure, tensors: dict, objects, restore_device: bool = False):
     try:
-        return _Decoder(tensors, objects).dec(structure)
+        return _Decoder(tensors, objects, restore_device).dec(structure)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
         raise RuntimeError(f"checkpoint structure is corrupt ({type(e).__name__}: {e})") from None
 
@@ -332,10 +337,17 @@ def save(obj, f, pickle_module=None, pickle_protocol=2, _use_new_zipfile_seriali
 
 
 # ---- load ---------------------------------------------------------------------------------------
+def _keep_place(t: Tensor) -> Tensor:
+    return t
+
+
+_KEEP_PLACE = _keep_place
+
+
 def _placer(map_location):
     """tensor -> tensor as map_location asks (a device, a string, a dict of devices, a callable)."""
     if map_location is None:
-        return lambda t: t
+        return _KEEP_PLACE
 
     def place(t: Tensor) -> Tensor:
         dev = map_location(t, str(t.device)) if callable(map_location) else map_location
@@ -354,7 +366,7 @@ def _load_v2(src: _Source, weights_only: bool, place) -> object:
     blob = tensors.pop(_OBJECTS, None)
     objects = None if blob is None else _objects(blob._host().tobytes(), weights_only)
     tensors = {k: place(v) for k, v in tensors.items()}
-    return _decode(_load_structure(meta.get("structure")), tensors, objects)
+    return _decode(_load_structure(meta.get("structure")), tensors, objects, place is _KEEP_PLACE)
 
 
 def _objects(blob: bytes, weights_only: bool) -> list:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import device_checks
+from .._device import canonical
 
 
 class MetaArray:
@@ -65,6 +66,7 @@ class Backend:
 
 
 peak_bytes: dict[int, int] = {}     # cuda device index -> most bytes in use at once
+_cupy_namespace: list = [None]      # the cupy module once the cuda backend exists (`is_cupy`)
 _allocator_installed = []
 
 
@@ -98,6 +100,7 @@ class CupyBackend(Backend):
     def __init__(self):
         import cupy  # deferred: optional dependency, present only where cuda is used
         super().__init__("cuda", cupy)
+        _cupy_namespace[0] = cupy
         install_cuda_allocator()
 
     def asarray(self, data, np_dtype):
@@ -129,9 +132,29 @@ def get(device_type: str) -> Backend:
 
 
 def register_backend(name: str, backend: Backend) -> None:
+    """Make `backend` the one of device type `name` (a third-party device: PrivateUse1)."""
     _backends[name] = backend
     if backend.xp is not None:
         array_namespaces[name] = backend.xp
+
+
+def is_cupy(xp) -> bool:
+    """Is `xp` CuPy (the cuda backend's namespace)? Kernels take their GPU-only paths (cuDNN, Triton,
+    device-side checks) on CuPy only: a third-party device runs the generic code over its namespace."""
+    return xp is _cupy_namespace[0]
+
+
+def namespace_device(xp):
+    """The device (type) whose array namespace is `xp`."""
+    return canonical(namespace_backend(xp).name)
+
+
+def namespace_backend(xp) -> Backend:
+    """The registered backend whose array namespace is `xp`."""
+    for b in _backends.values():
+        if b.xp is xp:
+            return b
+    raise RuntimeError(f"no backend is registered with the array namespace {xp!r}")
 
 
 def cuda_device_count() -> int:

@@ -17,7 +17,7 @@ from .. import _dtype as D
 from .. import _fp_errors
 from .. import _state
 from .._tensor import Tensor
-from .._backends import triton_launch, cuda_binary
+from .._backends import triton_launch, cuda_binary, is_cupy
 from ._registry import TensorSpec
 
 _SCALARS = (builtins.bool, int, float, complex)
@@ -272,7 +272,7 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
     raw = name in _RAW_BINARY and out_dtype is None
 
     def kernel(xp, a, b):
-        if raw and xp is not np and (r := cuda_binary.binary(xp, a, b, name)) is not None:
+        if raw and xp is not np and is_cupy(xp) and (r := cuda_binary.binary(xp, a, b, name)) is not None:
             return r
         if out_dtype is None and type(a) is type(b) is np.ndarray and (dt := a.dtype) == b.dtype and dt in fast:
             if a.size >= PAR_MIN and parallel_ok(xp, a, b):
@@ -297,9 +297,9 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
         cd = opmath(dt)
         if cd is not dt.np and dt.np != cd:       # low precision: round operands to dt first
             a, b = round_to(a, dt), round_to(b, dt)
-            if name in _FUSED_BINARY and out_dtype is None and xp is not np and (fused := _fused_binary(a, b, dt.np)):
+            if name in _FUSED_BINARY and out_dtype is None and is_cupy(xp) and (fused := _fused_binary(a, b, dt.np)):
                 return fused.binary(a, b, name, dt.np)
-        elif (name in _FUSED_BINARY and out_dtype is None and xp is not np and cd == np.float32
+        elif (name in _FUSED_BINARY and out_dtype is None and is_cupy(xp) and cd == np.float32
               and (getattr(a, "dtype", None) in _HALF or getattr(b, "dtype", None) in _HALF)
               and (fused := _fused_binary(a, b, cd))):              # float32 with a half-precision operand
             return fused.binary(a, b, name, cd)

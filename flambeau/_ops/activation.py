@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from .. import _dtype as D, random as R
-from .._backends import triton_launch
+from .._backends import triton_launch, is_cupy, namespace_device
 from ._registry import defop, export, make_inplace, Op, register, TensorSpec, NN_FUNCTIONAL, Tag, EXPORTS
 from ._helpers import result_type, opmath, round_to, broadcast_shapes, shape_of, wrap_dim, pointwise_strides
 from .._dispatch import type_name, resize_out
@@ -21,7 +21,7 @@ from . import _batching
 
 
 def _np_erf(xp, x):
-    if xp is np:
+    if not is_cupy(xp):
         from scipy.special import erf  # deferred: scipy.special is slow to import
     else:
         from cupyx.scipy.special import erf  # deferred: optional dependency, present only where cuda is used
@@ -543,8 +543,8 @@ def _(grad, self, weight):
 
 
 def _rng(xp):
-    if xp is np:
-        return R.default_generator.xp_generator(np)
+    if not is_cupy(xp):
+        return R.generator_for(namespace_device(xp)).xp_generator(xp)
     return R.generator_for(canonical("cuda")).xp_generator(xp)
 
 

@@ -15,7 +15,7 @@ import builtins
 import numpy as np
 
 from .. import _dtype as D
-from .._backends import MetaArray, device_checks
+from .._backends import MetaArray, device_checks, is_cupy
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec, OPS, Tag
 from ._helpers import wrap_dim, broadcast_shapes
@@ -35,7 +35,7 @@ def _ufunc_at(xp, name, a, key, v):
         _ufunc_at(xp, name, t, key, v.astype(np.float32) if hasattr(v, "astype") else v)
         a[...] = t.astype(a.dtype)
         return
-    if xp is np:
+    if not is_cupy(xp):
         getattr(np, name).at(a, key, v)
         return
     import cupyx  # deferred: optional dependency, present only where cuda is used
@@ -66,7 +66,7 @@ def _at_by_rounds(xp, ufunc, a, key, v):
 def _bounds(ix, size, d, xp):
     if not ix.size:
         return
-    if xp is not np:        # on a GPU: tested on the device, raised at the next synchronisation
+    if is_cupy(xp):         # on a GPU: tested on the device, raised at the next synchronisation
         device_checks.check_range(xp, ix, -size, size, IndexError,
                                   f"index {{}} is out of bounds for dimension {d} with size {size}")
         return
@@ -433,7 +433,7 @@ def _dim_index(xp, name, self, dim, index):
     d = wrap_dim(dim, self.ndim)
     size = self.shape[d] if self.ndim else 1
     ix = index.reshape(-1)
-    if xp is not np:        # on a GPU: tested on the device, raised at the next synchronisation
+    if is_cupy(xp):         # on a GPU: tested on the device, raised at the next synchronisation
         device_checks.check_range(xp, ix, -size, size, IndexError, "index out of range in self")
     elif ix.size and (int(ix.max()) >= size or int(ix.min()) < -size):
         raise IndexError("index out of range in self")

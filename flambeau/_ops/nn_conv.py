@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import _dtype as D
-from .._backends import cpu_kernels, cudnn
+from .._backends import cpu_kernels, cudnn, is_cupy
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 from .._dispatch import type_name
@@ -422,7 +422,7 @@ def _up(*arrays):
 
 def conv_forward_arrays(xp, x, w, st, pad, dil, groups, bias=None):
     pads = [(p, p) for p in pad]
-    if xp is np:
+    if not is_cupy(xp):
         return _cpu_forward(x, w, bias, st, pads, dil, groups)
     if (_low_precision(x) or not _plain_gemm(w.shape[2:], st, pad)) and \
             (r := cudnn.forward(x, w, bias, st, pad, dil, groups)) is not None:

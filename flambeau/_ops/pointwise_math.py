@@ -17,6 +17,7 @@ import ml_dtypes
 
 from .. import _dtype as D, _state
 from .._tensor import Tensor
+from .._backends import is_cupy
 from ._registry import defop, export, TensorSpec, METHODS, EXPORTS, SPECIAL, Tag, PointwiseSpelling
 from ._helpers import opmath, pointwise_strides, result_type, broadcast_shapes, shape_of, round_to
 from .pointwise import _conj, _write, cast_wrap, require_tensors, pow as pointwise_pow
@@ -31,7 +32,7 @@ def unsupported(name: str, dt) -> NotImplementedError:
 
 def special_ns(xp):
     """scipy.special for NumPy arrays, cupyx.scipy.special for CuPy arrays."""
-    if xp is np:
+    if not is_cupy(xp):
         import scipy.special as sp  # deferred: scipy.special is slow to import
     else:
         import cupyx.scipy.special as sp  # deferred: optional dependency, present only where cuda is used

@@ -18,6 +18,7 @@ import numpy as np
 from .. import _dtype as D
 from .._tensor import Tensor
 from .._device import canonical
+from .._backends import is_cupy, namespace_device
 from ._registry import defop, export, make_inplace, TensorSpec, Tag
 from ._helpers import broadcast_shapes
 from .creation import _size, _size_kw, _dt, _finish, zeros_like, tensor
@@ -30,7 +31,7 @@ def _rng(xp, generator, device=None):
     if generator is not None and not isinstance(generator, Generator):
         raise TypeError(f"expected a torch.Generator, got {type(generator).__name__}")
     if device is None:
-        device = canonical("cpu") if xp is np else canonical("cuda")
+        device = namespace_device(xp)
     return generator_for(canonical(device), generator).xp_generator(xp)
 
 
@@ -245,7 +246,7 @@ def _fill_op(schema, sample, check=None, float_only="", *, tags=()):
             _need_float(float_only, dt)
         if check:
             check(dt, *args)
-        g = _rng(xp, generator, None if xp is np else canonical(f"cuda:{self.device.id}"))
+        g = _rng(xp, generator, canonical(f"cuda:{self.device.id}") if is_cupy(xp) else None)
         return xp.asarray(sample(xp, g, self.shape, dt, *args)).astype(self.dtype, copy=False)
 
     @op.def_meta

@@ -20,7 +20,7 @@ from .. import _dtype as D
 from .. import _state
 from .._tensor import Tensor
 from .._dispatch import type_name, resize_out
-from .._backends import triton_launch
+from .._backends import triton_launch, is_cupy
 from ._registry import defop, export, EXPORTS, LINALG, TensorSpec, Tag
 from ._helpers import wrap_dim, wrap_dims, opmath, PAR_MIN, parallel_blocks
 from .._backends import cpu_kernels, cuda_kernels
@@ -134,7 +134,7 @@ def _sum_meta(self, dim=None, keepdim=False, *, dtype=None):
 def sum(xp, self, dim=None, keepdim=False, *, dtype=None):
     if dim is None and dtype is None and not keepdim and xp is np and self.dtype in _FAST_FLOATS:
         return np.asarray(np.add.reduce(self, None))     # fast path: full float sum
-    if xp is not np and (r := _cuda_column_sum(self, dim, keepdim, dtype)) is not None:
+    if xp is not np and is_cupy(xp) and (r := _cuda_column_sum(self, dim, keepdim, dtype)) is not None:
         return r
     return _sum_kernel(xp, self, dim, keepdim, dtype=dtype)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtype as D
-from .._backends import device_checks
+from .._backends import device_checks, is_cupy
 from ._registry import defop, export, TensorSpec, OPS, Tag
 from ._helpers import wrap_dim
 from .indexing import _ufunc_at, _fill_value
@@ -45,7 +45,7 @@ def _key(xp, a, index, d):
     """Coordinates of each index element: (grid..., index at d, grid...)."""
     n = index.ndim
     size = a.shape[d]
-    if xp is not np:        # on a GPU: tested on the device, raised at the next synchronisation
+    if is_cupy(xp):         # on a GPU: tested on the device, raised at the next synchronisation
         device_checks.check_range(xp, index, 0, size, RuntimeError,
                                   f"index {{}} is out of bounds for dimension {d} with size {size}")
     elif index.size and (int(index.max()) >= size or int(index.min()) < 0):

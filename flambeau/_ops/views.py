@@ -13,7 +13,7 @@ import numpy as np
 from .. import _dtype as D
 from .._tensor import Tensor, _ptr, storage_owner, contiguous_format, channels_last
 from .._device import canonical, device as Device
-from .._backends import MetaArray, contiguous_strides, device_checks, get as backend
+from .._backends import MetaArray, contiguous_strides, device_checks, get as backend, namespace_backend
 from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
 from ._helpers import wrap_dim
 from .creation import zeros, arange, tensor
@@ -377,9 +377,11 @@ def _to_copy(xp, self, *, dtype=None, device=None, non_blocking=False):
     if device is not None:
         dev = canonical(device)
         if dev.type == "cpu":
-            if type(src) is not np.ndarray:
+            if type(src) is not np.ndarray and hasattr(src, "get"):
                 src = src.get()
                 device_checks.raise_pending()     # a synchronisation: report failed device-side checks
+            elif type(src) is not np.ndarray:
+                src = namespace_backend(xp).to_numpy(src)     # a third-party device
             return np.array(src, dtype=npdt, copy=True, order="K")
         if dev.type == "meta":
             estrides = src.estrides if isinstance(src, MetaArray) else [b // src.itemsize for b in src.strides]

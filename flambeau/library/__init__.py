@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Sequence
 
 from .. import _device
 from . import custom_ops as _co
+from .._ops._registry import OPS, Op
 from .custom_ops import CustomOp, CustomOpDef, OpOverloadPacket, split_qualname
 from .infer_schema import infer_schema
 from .opcheck_tests import opcheck, OpCheckError, register_opcheck_test
@@ -33,13 +34,21 @@ _LIBRARY_KINDS = ("DEF", "IMPL", "FRAGMENT")
 _DEF_NAMESPACES: set = set()
 
 
-def _as_op(op) -> CustomOp:
+def _as_op(op) -> Op:
     if isinstance(op, CustomOpDef):
         return op._opoverload
     if isinstance(op, OpOverloadPacket):
         return op.default
     if isinstance(op, CustomOp):
         return op
+    if isinstance(op, Op):
+        return op
+    if isinstance(op, str) and op.startswith("aten::"):
+        name = op[len("aten::"):]
+        found = OPS.get(name[:-len(".default")] if name.endswith(".default") else name)
+        if found is None:
+            raise ValueError(f"Could not find the operator {op}.")
+        return found
     if isinstance(op, str):
         return _co.lookup(op)
     raise TypeError(f"Expected an operator name (ns::name), a CustomOpDef or an OpOverload, got {type(op).__name__}")
@@ -103,7 +112,11 @@ def register_kernel(op, device_types: str | Sequence[str] | None, func: Callable
     target = _as_op(op)
 
     def register(f: Callable) -> Callable:
-        _co.register_kernel(target, device_types, f)
+        if isinstance(target, CustomOp):
+            _co.register_kernel(target, device_types, f)
+            return f
+        for d in [device_types] if isinstance(device_types, str) else device_types:
+            _co.override_kernel(target, _device.canonical(d).type, f)
         return f
     return register if func is None else register(func)
 
@@ -119,7 +132,14 @@ def impl(qualname, types: str | Sequence[str], func: Callable | None = None, *, 
     return register_kernel(qualname, types, func)
 
 
-def _apply_dispatch_key(op: CustomOp, fn: Callable, dispatch_key: str) -> None:
+def _apply_dispatch_key(op: Op, fn: Callable, dispatch_key: str) -> None:
+    if not isinstance(op, CustomOp):        # a registry operator: its kernel replaced on one device
+        device_type = _DISPATCH_KEYS.get(dispatch_key)
+        if device_type is None or device_type == "meta":
+            raise NotImplementedError(f"impl: overriding {op.name} at '{dispatch_key}' (only a device key: CPU, "
+                                      f"CUDA, PrivateUse1)")
+        _co.override_kernel(op, _device.privateuse1_name() if device_type == "privateuseone" else device_type, fn)
+        return
     if dispatch_key in ("Meta", "Fake"):
         op.fake = fn
         return
@@ -171,7 +191,7 @@ class Library:
              allow_override: bool = False) -> None:
         """Register `fn` for `op_name` (a name of this namespace, "ns::name", or an op) at `dispatch_key`."""
         if isinstance(op_name, str) and "::" not in op_name:
-            op_name = f"{self.ns}::{op_name.split('.')[0]}"
+            op_name = f"{self.ns}::{op_name if self.ns == 'aten' else op_name.split('.')[0]}"
         _apply_dispatch_key(_as_op(op_name), fn, dispatch_key or self.dispatch_key)
 
     def _destroy(self) -> None:

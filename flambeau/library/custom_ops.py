@@ -53,16 +53,56 @@ def _is_array(a) -> bool:
     return type(a) is np.ndarray or type(a) in _dispatch._device_arrays or hasattr(a, "__cuda_array_interface__")
 
 
-def _device_of(xp, arrays) -> object:
-    """The device whose array namespace is `xp` (the index from the first array that carries one)."""
-    for name, ns in _backends.array_namespaces.items():
-        if ns is xp:
-            for a in arrays:
-                idx = getattr(getattr(a, "device", None), "id", None)
-                if isinstance(idx, int):
-                    return canonical(f"{name}:{idx}")
-            return canonical(name)
-    raise RuntimeError(f"no device is registered with the array namespace {xp!r}")
+def _device_of(xp, args, kwargs) -> tuple:
+    """(the device whose array namespace is `xp`, with the index of the first array carrying one;
+    the arrays among the arguments)."""
+    arrays = [a for a in list(args) + list(kwargs.values()) if _is_array(a)]
+    name = _backends.namespace_backend(xp).name
+    for a in arrays:
+        idx = getattr(getattr(a, "device", None), "id", None)
+        if isinstance(idx, int):
+            return canonical(f"{name}:{idx}"), arrays
+    return canonical(name), arrays
+
+
+def _call_with_tensors(fn: Callable, dev, args, kwargs):
+    """`fn` (a kernel over tensors) called on the arrays `args`/`kwargs` as tensors on `dev`, below autograd."""
+    def wrap(a):
+        if _is_array(a):
+            return Tensor._make(a, dev)
+        if type(a) in (list, tuple):
+            return type(a)(wrap(x) for x in a)
+        return a
+    with no_grad():
+        return fn(*[wrap(a) for a in args], **{k: wrap(v) for k, v in kwargs.items()})
+
+
+def _arrays_of(out):
+    if isinstance(out, Tensor):
+        return out._data
+    if type(out) in (list, tuple):
+        return type(out)(_arrays_of(o) for o in out)
+    return out
+
+
+def override_kernel(op: Op, device_type: str, fn: Callable) -> None:
+    """`fn` (over tensors) replaces the kernel of the registry op `op` on `device_type` (PyTorch's
+    `Library("aten", "IMPL").impl(name, fn, "PrivateUse1")`). The op's kernel becomes a wrapper that
+    looks its namespace up among the overridden devices; ops never overridden are untouched."""
+    table = op.__dict__.get("kernel_overrides")
+    if table is None:
+        table = op.kernel_overrides = {}
+        original = op.kernel
+
+        def kernel_with_overrides(xp, *args, **kwargs):
+            for device_type, f in table.items():
+                if _backends.array_namespaces.get(device_type) is xp:
+                    dev, _ = _device_of(xp, args, kwargs)
+                    return _arrays_of(_call_with_tensors(f, dev, args, kwargs))
+            return original(xp, *args, **kwargs)
+        kernel_with_overrides.__name__ = f"{op.__name__}_with_overrides"
+        op.kernel = kernel_with_overrides
+    table[device_type] = fn
 
 
 class _Ctx:
@@ -132,21 +172,9 @@ class CustomOp(Op):
         return fn
 
     def _array_kernel(self, xp, *args, **kwargs):
-        arrays = [a for a in list(args) + list(kwargs.values()) if _is_array(a)]
-        dev = _device_of(xp, arrays)
-
-        def wrap(a):
-            if _is_array(a):
-                return Tensor._make(a, dev)
-            if type(a) in (list, tuple):
-                return type(a)(wrap(x) for x in a)
-            return a
-        targs = [wrap(a) for a in args]
-        tkwargs = {k: wrap(v) for k, v in kwargs.items()}
-        with no_grad():
-            out = self.kernel_for(dev.type)(*targs, **tkwargs)
-        inputs = {id(a) for a in arrays}
-        return self._unwrap(out, inputs, set())
+        dev, arrays = _device_of(xp, args, kwargs)
+        out = _call_with_tensors(self.kernel_for(dev.type), dev, args, kwargs)
+        return self._unwrap(out, {id(a) for a in arrays}, set())
 
     def _unwrap(self, out, inputs: set, seen: set):
         if isinstance(out, Tensor):
