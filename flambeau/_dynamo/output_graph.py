@@ -24,7 +24,9 @@ from ..fx.graph import Graph
 from ..fx.graph_module import GraphModule
 from ..fx._symbolic_shapes import ShapeEnv, SymInt, expr_to_python
 from .._subclasses.fake_tensor import FakeTensorMode
-from .._counters import counters
+from .._counters import counters, record_fallback
+from ..autograd.function import autograd_function_apply
+from .autograd_function import NotTraceable, trace_function
 from . import _logging, bytecode as bc, config, resume
 from .codegen import EntryCodegen
 from .exc import BackendCompilerFailed, Unsupported, SkipFrame
@@ -325,6 +327,43 @@ class OutputGraph:
         out = self._run_fake(lambda: m(*ex_args, **ex_kwargs))
         node = self.graph.call_module(name, node_args, node_kwargs)
         return self._wrap_output(node, out, args)
+
+    def add_submodule(self, base: str, module) -> object:
+        """A get_attr node of `module`, stored on the graph module as `<base>_<k>` (the first k free)."""
+        k = 0
+        while f"{base}_{k}" in self.attrs:
+            k += 1
+        self.attrs[f"{base}_{k}"] = module
+        return self.graph.get_attr(f"{base}_{k}")
+
+    def call_autograd_function(self, tx, cls, args: list, kwargs: dict) -> VariableTracker:
+        """`cls.apply(*args)`: one `autograd_function_apply` node over the traced forward and backward
+        graphs (`autograd_function.py`); a Function that cannot be traced is one opaque `cls.apply`
+        node, and the reason is recorded as a fallback (FLAMBEAU_LOGS=fallbacks)."""
+        ex_args = [self._example(a) for a in args]
+        try:
+            if kwargs:
+                raise NotTraceable("keyword arguments to apply")
+            saved = _state.grad_enabled
+            _state.grad_enabled = self.grad_enabled
+            try:
+                traced, pos = trace_function(cls, ex_args, self.fake_mode)
+            finally:
+                _state.grad_enabled = saved
+        except NotTraceable as e:
+            record_fallback(f"{cls.__name__}.apply", f"autograd.Function not traced, called as one opaque node: {e}")
+            return self.call_in_graph(tx, "call_function", cls.apply, args, kwargs)
+        fwd = self.add_submodule("fwd_body", traced.fwd)
+        bwd = self.add_submodule("bwd_body", traced.bwd)
+        opts = {"n_outputs": traced.n_outputs, "non_differentiable": traced.non_differentiable,
+                "materialize": traced.materialize, "once": traced.once}
+        tensor_args = [args[i] for i in pos]
+        node_args = (fwd, bwd) + tuple(self._node_arg(a) for a in tensor_args)
+        ex = [ex_args[i] for i in pos]
+        out = self._run_fake(lambda: autograd_function_apply(traced.fwd, traced.bwd, *ex, **opts))
+        node = self.graph.create_node("call_function", autograd_function_apply, node_args, opts)
+        outs = self._wrap_output(node, out, args)            # a tuple, each output read by getitem
+        return outs.items[0] if traced.single else outs
 
     def _wrap_output(self, node, out, args) -> VariableTracker:
         if isinstance(out, Tensor):

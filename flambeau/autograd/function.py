@@ -1,4 +1,10 @@
-"""`autograd.Function`: user-defined forward/backward pairs recorded as one graph node."""
+"""`autograd.Function`: user-defined forward/backward pairs recorded as one graph node.
+
+`autograd_function_apply(fwd, bwd, *args, ...)` is PyTorch's higher-order op of the same name: a
+Function whose forward and backward were traced into graphs (`fwd(*args) -> (*outputs, *saved)`,
+`bwd(*grads, *saved) -> grads of the tensor arguments`). Dynamo records it in place of a user
+Function's `apply`; AOT autograd then traces through both graphs, so both are compiled.
+"""
 from __future__ import annotations
 
 import functools
@@ -194,7 +200,41 @@ def once_differentiable(fn):
             return fn(ctx, *args)
         finally:
             _state.grad_enabled = prev
+    wrapper.once_differentiable = True
     return wrapper
+
+
+class _TracedFunction(Function):
+    """The Function that `autograd_function_apply` applies: runs the traced forward and backward."""
+
+    @staticmethod
+    def forward(ctx, fwd, bwd, n_outputs, non_differentiable, materialize, once, *args):
+        flat = fwd(*args)
+        outs, saved = flat[:n_outputs], flat[n_outputs:]
+        ctx.save_for_backward(*saved)
+        ctx.bwd, ctx.once = bwd, once
+        ctx.mark_non_differentiable(*[outs[i] for i in non_differentiable])
+        ctx.set_materialize_grads(materialize)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads = [g if g is not None else zeros(m[0], dtype=m[1], device=m[2])
+                 for g, m in zip(grads, ctx._node._out_meta)]      # the traced backward takes every gradient
+        prev = _state.grad_enabled
+        if ctx.once:
+            _state.grad_enabled = False
+        try:
+            res = ctx.bwd(*grads, *ctx.saved_tensors)
+        finally:
+            _state.grad_enabled = prev
+        return (None,) * 6 + tuple(res)
+
+
+def autograd_function_apply(fwd, bwd, *args, n_outputs: int, non_differentiable: tuple = (),
+                            materialize: bool = True, once: bool = False) -> tuple:
+    """Apply the traced Function `fwd`/`bwd` to `args` (see the module docstring); the outputs as a tuple."""
+    return _TracedFunction.apply(fwd, bwd, n_outputs, tuple(non_differentiable), materialize, once, *args)
 
 
 class InplaceFunction(Function):

@@ -17,7 +17,7 @@ from ..exc import Unsupported
 from .base import VariableTracker, ValueVariable, const, is_constant_value
 from ...autograd.function import Function
 from ..._tensor import Size
-from .torch import TorchFunctionVariable, class_call
+from .torch import TorchFunctionVariable, AutogradFunctionApplyVariable, class_call
 from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
 
 
@@ -155,7 +155,7 @@ class ClassVariable(ValueVariable):
 
     def var_getattr(self, tx, name):
         if name == "apply" and isinstance(self.value, type) and issubclass(self.value, Function):
-            return TorchFunctionVariable(self.value.apply, f"{self.value.__name__}.apply")
+            return AutogradFunctionApplyVariable(self.value)
         try:
             static = inspect.getattr_static(self.value, name)
         except AttributeError:

@@ -146,6 +146,24 @@ def is_op_namespace(v) -> bool:
     return isinstance(v, (_Ops, _Namespace, _CustomNamespace, CustomOpPacket))
 
 
+class AutogradFunctionApplyVariable(ValueVariable):
+    """`MyFunction.apply` of a user `autograd.Function`: a call traces its forward and backward into
+    one `autograd_function_apply` node (`OutputGraph.call_autograd_function`)."""
+
+    def __init__(self, cls, source=None):
+        super().__init__(cls.apply, source)
+        self.cls = cls
+
+    def __repr__(self):
+        return f"AutogradFunctionApplyVariable({self.cls.__name__})"
+
+    def call_function(self, tx, args, kwargs):
+        return tx.output.call_autograd_function(tx, self.cls, args, kwargs)
+
+    def reconstruct(self, cg):
+        return cg.const(self.value)
+
+
 class TorchSpecialVariable(VariableTracker):
     """A flambeau function answered or modelled at trace time (see module docstring)."""
 
