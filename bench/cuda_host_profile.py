@@ -3,6 +3,7 @@
     python bench/cuda_host_profile.py micro           # per-call cost of each layer of an 8x8 add
     python bench/cuda_host_profile.py add|resnet|gpt  # a loop to run under a sampling profiler
     python bench/cuda_host_profile.py summary FILE    # top frames (self and inclusive) of collapsed stacks
+    python bench/cuda_host_profile.py ops             # cProfile of single small ops: where each one's host time goes
 
 `micro` prints one JSON line per piece: CuPy's own launch paths (ufunc, ElementwiseKernel, RawKernel
 with a preallocated output), the allocation, flambeau's binary kernel, the Tensor wrapper and the
@@ -55,6 +56,8 @@ def micro() -> None:
     dev = A._device
     ta, tb = torch.tensor(cupy.asnumpy(a), device="cuda"), torch.tensor(cupy.asnumpy(b), device="cuda")
     f32 = np.dtype(np.float32)
+    import ml_dtypes
+    bf16 = np.dtype(ml_dtypes.bfloat16)
     stream = cupy.cuda.get_current_stream()
     pieces = {
         "cupy.add (ufunc)": lambda: cupy.add(a, b),
@@ -81,6 +84,18 @@ def micro() -> None:
         "flambeau A * B": lambda: A * B,
         "flambeau A + 1.0": lambda: A + 1.0,
         "flambeau A.relu()": lambda: A.relu(),
+        "flambeau A.sum()": lambda: A.sum(),
+        "flambeau A.sum(-1)": lambda: A.sum(-1),
+        "flambeau A.mean()": lambda: A.mean(),
+        "flambeau A.to(bfloat16)": lambda: A.to(flambeau.bfloat16),
+        "flambeau A.exp()": lambda: A.exp(),
+        "flambeau A.t().contiguous()": lambda: A.t().contiguous(),
+        "flambeau empty((8, 8))": lambda: flambeau.empty((8, 8), device="cuda"),
+        "cupy.sum(a)": lambda: cupy.sum(a),
+        "a.astype(bfloat16)": lambda: a.astype(bf16),
+        "torch a.relu()": lambda: ta.relu(),
+        "torch a.sum()": lambda: ta.sum(),
+        "torch a.to(bfloat16)": lambda: ta.to(torch.bfloat16),
         "torch a + b": lambda: ta + tb,
         "torch a * b": lambda: ta * tb,
     }
@@ -89,6 +104,54 @@ def micro() -> None:
             print(json.dumps({"piece": name, "us_per_call": round(_per_call(fn, sync), 2)}), flush=True)
         except Exception as e:  # a piece that fails is reported, the others still run
             print(json.dumps({"piece": name, "error": f"{type(e).__name__}: {e}"}), flush=True)
+
+
+OPS_CALLS = 3000
+OPS_ROWS = 14
+
+
+def ops_profile() -> None:
+    """For each small op, cProfile over OPS_CALLS calls: the top functions by own time, in us per op call."""
+    import cProfile
+    import pstats
+    import cupy
+    import flambeau
+    from flambeau._backends import triton_launch as TL, triton_pointwise
+    rng = np.random.default_rng(0)
+    A = flambeau.tensor(rng.standard_normal((8, 8)).astype(np.float32), device="cuda")
+    X = flambeau.tensor(rng.standard_normal((8, 4, 4, 4)).astype(np.float32), device="cuda").bfloat16()
+    bn = flambeau.nn.BatchNorm2d(4).to("cuda")
+    a = A._data
+    out = cupy.empty_like(a)
+    kern = TL.compile_kernel(triton_pointwise._act_fwd, triton_pointwise._sig({"X": "*fp32", "Y": "*fp32"}),
+                             dict(KIND=3, BLOCK=1024), num_warps=4, num_stages=1)
+    args = (np.uint64(a.data.ptr), np.uint64(out.data.ptr), np.int64(64), np.uint64(0), np.uint64(0))
+    stream = cupy.cuda.get_current_stream()
+    pieces = {
+        "A.relu()": lambda: A.relu(),
+        "A.sum()": lambda: A.sum(),
+        "A.mean()": lambda: A.mean(),
+        "A.to(bfloat16)": lambda: A.to(flambeau.bfloat16),
+        "zeros((8, 8))": lambda: flambeau.zeros((8, 8), device="cuda"),
+        "bn(X) training": lambda: bn(X),
+        "TL.launch(relu)": lambda: TL.launch(kern, (1,), TL.Ptr(a.data.ptr), TL.Ptr(out.data.ptr), 64),
+        "Function call (relu)": lambda: kern.function((1, 1, 1), (128, 1, 1), args, shared_mem=0, stream=stream),
+    }
+    sync = cupy.cuda.Device().synchronize
+    for name, fn in pieces.items():
+        us = _per_call(fn, sync, n=OPS_CALLS)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(OPS_CALLS):
+            fn()
+        sync()
+        prof.disable()
+        print(f"== {name}: {us:.2f} us per call (unprofiled)", flush=True)
+        st = pstats.Stats(prof)
+        rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:OPS_ROWS]
+        for (file, line, fname), (cc, nc, tt, ct, _) in rows:
+            print(f"  {tt / OPS_CALLS * 1e6:7.2f} us self {ct / OPS_CALLS * 1e6:7.2f} us incl {nc / OPS_CALLS:5.1f}x  "
+                  f"{os.path.basename(file)}:{line}({fname})", flush=True)
 
 
 def add_loop() -> None:
@@ -157,6 +220,8 @@ if __name__ == "__main__":
         add_loop()
     elif what in ("resnet", "gpt"):
         train_loop(what)
+    elif what == "ops":
+        ops_profile()
     elif what == "summary":
         summary(sys.argv[2])
     else:

@@ -31,6 +31,9 @@ class Tag(enum.Enum):
     no_fp_errors = "no_fp_errors"                         # the kernel moves, selects or compares values and cannot
                                                           # raise a floating-point error: eager dispatch runs it
                                                           # without silencing NumPy's (flambeau._fp_errors)
+    optional_output_grads = "optional_output_grads"       # the derivative takes None for the outputs after the
+                                                          # first when none of them received a gradient (autograd
+                                                          # then makes no zero tensors for them)
     autocast_lower_precision = "autocast_lower_precision"  # autocast policies on cuda (and every device but cpu)
     autocast_fp32 = "autocast_fp32"
     autocast_fp32_opt = "autocast_fp32_opt"               # float32 unless the caller passes dtype=

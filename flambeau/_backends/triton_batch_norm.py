@@ -20,6 +20,7 @@ computes dx.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import triton
 import triton.language as tl
@@ -36,7 +37,8 @@ BLOCK_C = 128             # channels per finalize program
 NUM_WARPS = 8
 PROGRAMS_PER_SM = 4       # reduction programs aimed for per multiprocessor (C * S of them)
 MAX_ELEMENTS = 2**31 - 1  # offsets are int32
-_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+_DTYPES = frozenset((np.dtype(np.float16), np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)))
+_FLOAT32 = np.dtype(np.float32)
 
 
 @triton.jit
@@ -181,8 +183,12 @@ def _bn_bwd_apply(DY, X, MEAN, COEF, DX, C, HW, n, BLOCK: tl.constexpr):
 def supported(x, *others) -> bool:
     """Whether a training-mode BatchNorm of CuPy array `x` (N, C, ...) with the per-channel arrays
     `others` (weight, bias, running statistics, saved statistics; None allowed) can run here."""
-    return (x.dtype.name in _TYPES and x.ndim >= 2 and 0 < x.size <= MAX_ELEMENTS and x.shape[1] > 0
-            and all(o is None or (o.dtype.name in _TYPES and o.ndim == 1 and o.flags.c_contiguous) for o in others))
+    if x.dtype not in _DTYPES or x.ndim < 2 or not 0 < x.size <= MAX_ELEMENTS or x.shape[1] <= 0:
+        return False
+    for o in others:
+        if o is not None and (o.dtype not in _DTYPES or o.ndim != 1 or not o.flags.c_contiguous):
+            return False
+    return True
 
 
 def splits(C: int, M: int, sms: int) -> tuple:
@@ -194,12 +200,25 @@ def splits(C: int, M: int, sms: int) -> tuple:
     return -(-M // chunk), chunk
 
 
-def _p(a):
-    return TL.Ptr(0 if a is None else a.data.ptr)
-
-
 def _ty(a, default="fp32"):
-    return "*" + (default if a is None else _TYPES[a.dtype.name])
+    return "*" + (default if a is None else TL.type_of(a.dtype))
+
+
+def _dt(a):
+    return None if a is None else a.dtype
+
+
+_kernels: dict = {}     # (kernel, dtypes and flags, device) -> compiled kernel: a launch builds no signature
+
+
+def _kernel(fn, key: tuple, make):
+    """The compiled `fn` for `key`; `make()` -> (signature, constexprs, num_warps) on the first use."""
+    full = (fn, key, TL.current_device())
+    k = _kernels.get(full)
+    if k is None:
+        sig, const, warps = make()
+        k = _kernels[full] = TL.compile_kernel(fn, sig, const, num_warps=warps, num_stages=1)
+    return k
 
 
 def _geometry(x):
@@ -210,32 +229,37 @@ def _geometry(x):
     return C, HW, M, S, chunk
 
 
+def _f32(shape):
+    return cupy.ndarray(shape, _FLOAT32)
+
+
 def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: float):
     """(y, save_mean, save_rstd) of a training-mode BatchNorm of CuPy array `x`; the running
     statistics (both or neither) are updated in place; the saved statistics are float32."""
     x = cupy.ascontiguousarray(x)
     C, HW, M, S, chunk = _geometry(x)
-    part = cupy.empty((S, 3, C), dtype=np.float32)
-    stats = TL.compile_kernel(_bn_stats, {"X": _ty(x), "PART": "*fp32", "C": "i32", "HW": "i32", "M": "i32",
-                                          "chunk": "i32", "BLOCK": "constexpr"}, dict(BLOCK=BLOCK),
-                              num_warps=NUM_WARPS, num_stages=1)
-    TL.launch(stats, (C, S), _p(x), _p(part), C, HW, M, chunk)
-    mean = cupy.empty(C, dtype=np.float32)
-    rstd = cupy.empty(C, dtype=np.float32)
-    coef = cupy.empty((2, C), dtype=np.float32)
+    part = _f32((S, 3, C))
+    stats = _kernel(_bn_stats, (x.dtype,), lambda: (
+        {"X": _ty(x), "PART": "*fp32", "C": "i32", "HW": "i32", "M": "i32", "chunk": "i32", "BLOCK": "constexpr"},
+        dict(BLOCK=BLOCK), NUM_WARPS))
+    TL.launch(stats, (C, S), x, part, C, HW, M, chunk)
+    mean = _f32((C,))
+    rstd = _f32((C,))
+    coef = _f32((2, C))
     has_run = running_mean is not None and running_var is not None
-    sig = {"PART": "*fp32", "S": "i32", "C": "i32", "MEAN": "*fp32", "RSTD": "*fp32", "COEF": "*fp32",
-           "W": _ty(weight), "B": _ty(bias), "RM": _ty(running_mean), "RV": _ty(running_var), "momentum": "fp32",
-           "eps": "fp32", "HAS_W": "constexpr", "HAS_B": "constexpr", "HAS_RUN": "constexpr", "BLOCK_C": "constexpr"}
-    fin = TL.compile_kernel(_bn_finalize, sig, dict(HAS_W=weight is not None, HAS_B=bias is not None,
-                                                    HAS_RUN=has_run, BLOCK_C=BLOCK_C), num_warps=4, num_stages=1)
-    TL.launch(fin, (triton.cdiv(C, BLOCK_C),), _p(part), S, C, _p(mean), _p(rstd), _p(coef), _p(weight), _p(bias),
-              _p(running_mean if has_run else None), _p(running_var if has_run else None), momentum, eps)
-    y = cupy.empty(x.shape, dtype=x.dtype)
-    apply = TL.compile_kernel(_bn_apply, {"X": _ty(x), "Y": _ty(y), "MEAN": "*fp32", "COEF": "*fp32", "C": "i32",
-                                          "HW": "i32", "n": "i32", "BLOCK": "constexpr"}, dict(BLOCK=BLOCK),
-                              num_warps=NUM_WARPS, num_stages=1)
-    TL.launch(apply, (triton.cdiv(x.size, BLOCK),), _p(x), _p(y), _p(mean), _p(coef), C, HW, x.size)
+    rm, rv = (running_mean, running_var) if has_run else (None, None)
+    fin = _kernel(_bn_finalize, (_dt(weight), _dt(bias), _dt(rm), _dt(rv)), lambda: (
+        {"PART": "*fp32", "S": "i32", "C": "i32", "MEAN": "*fp32", "RSTD": "*fp32", "COEF": "*fp32",
+         "W": _ty(weight), "B": _ty(bias), "RM": _ty(rm), "RV": _ty(rv), "momentum": "fp32",
+         "eps": "fp32", "HAS_W": "constexpr", "HAS_B": "constexpr", "HAS_RUN": "constexpr", "BLOCK_C": "constexpr"},
+        dict(HAS_W=weight is not None, HAS_B=bias is not None, HAS_RUN=has_run, BLOCK_C=BLOCK_C), 4))
+    TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, mean, rstd, coef, weight, bias, rm, rv,
+              momentum, eps)
+    y = cupy.ndarray(x.shape, x.dtype)
+    apply = _kernel(_bn_apply, (x.dtype,), lambda: (
+        {"X": _ty(x), "Y": _ty(y), "MEAN": "*fp32", "COEF": "*fp32", "C": "i32", "HW": "i32", "n": "i32",
+         "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), NUM_WARPS))
+    TL.launch(apply, ((x.size + BLOCK - 1) // BLOCK,), x, y, mean, coef, C, HW, x.size)
     return y, mean, rstd
 
 
@@ -245,26 +269,22 @@ def backward(grad_out, x, weight, bias, save_mean, save_rstd):
     x = cupy.ascontiguousarray(x)
     dy = cupy.ascontiguousarray(grad_out)
     C, HW, M, S, chunk = _geometry(x)
-    part = cupy.empty((S, 2, C), dtype=np.float32)
-    red = TL.compile_kernel(_bn_bwd_reduce, {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "PART": "*fp32",
-                                             "C": "i32", "HW": "i32", "M": "i32", "chunk": "i32",
-                                             "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), num_warps=NUM_WARPS,
-                            num_stages=1)
-    TL.launch(red, (C, S), _p(dy), _p(x), _p(save_mean), _p(part), C, HW, M, chunk)
-    gw = None if weight is None else cupy.empty(C, dtype=weight.dtype)
-    gb = None if bias is None else cupy.empty(C, dtype=bias.dtype)
-    coef = cupy.empty((3, C), dtype=np.float32)
-    sig = {"PART": "*fp32", "S": "i32", "C": "i32", "M": "fp32", "RSTD": _ty(save_rstd), "W": _ty(weight),
-           "COEF": "*fp32", "GW": _ty(gw), "GB": _ty(gb), "HAS_W": "constexpr", "HAS_B": "constexpr",
-           "BLOCK_C": "constexpr"}
-    fin = TL.compile_kernel(_bn_bwd_finalize, sig, dict(HAS_W=weight is not None, HAS_B=bias is not None,
-                                                        BLOCK_C=BLOCK_C), num_warps=4, num_stages=1)
-    TL.launch(fin, (triton.cdiv(C, BLOCK_C),), _p(part), S, C, float(M), _p(save_rstd), _p(weight), _p(coef),
-              _p(gw), _p(gb))
-    dx = cupy.empty(x.shape, dtype=x.dtype)
-    apply = TL.compile_kernel(_bn_bwd_apply, {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "COEF": "*fp32",
-                                              "DX": _ty(dx), "C": "i32", "HW": "i32", "n": "i32",
-                                              "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), num_warps=NUM_WARPS,
-                              num_stages=1)
-    TL.launch(apply, (triton.cdiv(x.size, BLOCK),), _p(dy), _p(x), _p(save_mean), _p(coef), _p(dx), C, HW, x.size)
+    part = _f32((S, 2, C))
+    red = _kernel(_bn_bwd_reduce, (dy.dtype, x.dtype, save_mean.dtype), lambda: (
+        {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "PART": "*fp32", "C": "i32", "HW": "i32", "M": "i32",
+         "chunk": "i32", "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), NUM_WARPS))
+    TL.launch(red, (C, S), dy, x, save_mean, part, C, HW, M, chunk)
+    gw = None if weight is None else cupy.ndarray((C,), weight.dtype)
+    gb = None if bias is None else cupy.ndarray((C,), bias.dtype)
+    coef = _f32((3, C))
+    fin = _kernel(_bn_bwd_finalize, (save_rstd.dtype, _dt(weight), _dt(gw), _dt(gb)), lambda: (
+        {"PART": "*fp32", "S": "i32", "C": "i32", "M": "fp32", "RSTD": _ty(save_rstd), "W": _ty(weight),
+         "COEF": "*fp32", "GW": _ty(gw), "GB": _ty(gb), "HAS_W": "constexpr", "HAS_B": "constexpr",
+         "BLOCK_C": "constexpr"}, dict(HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_C=BLOCK_C), 4))
+    TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, float(M), save_rstd, weight, coef, gw, gb)
+    dx = cupy.ndarray(x.shape, x.dtype)
+    apply = _kernel(_bn_bwd_apply, (dy.dtype, x.dtype, save_mean.dtype), lambda: (
+        {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "COEF": "*fp32", "DX": _ty(dx), "C": "i32",
+         "HW": "i32", "n": "i32", "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), NUM_WARPS))
+    TL.launch(apply, ((x.size + BLOCK - 1) // BLOCK,), dy, x, save_mean, coef, dx, C, HW, x.size)
     return dx, gw, gb

@@ -9,7 +9,10 @@ scratch pointers Triton 3.x appends (global and profile scratch, null when the k
 Compiled kernels are cached per (function, signature, constexprs, options) in this process, and
 Triton's on-disk cache makes a second process cheap.
 
-Pointer arguments are passed as `Ptr(address)`; integers and floats by their signature type.
+Pointer arguments are passed as CuPy arrays (CuPy hands the kernel their data pointers), `Ptr(address)`
+or None (a null pointer); integers and floats by their signature type. The conversion of each
+argument is chosen once per compiled kernel, so a launch costs little more than CuPy's own
+`Function` call (about 8 us of host time on an H200 against 15.6 before; `bench/cuda_host_profile.py ops`).
 """
 from __future__ import annotations
 
@@ -42,6 +45,50 @@ class Kernel(NamedTuple):
     shared: int
     scratch: int            # number of trailing scratch pointers (global, profile)
     global_scratch: int     # bytes of global scratch each program needs (0: none)
+    converters: tuple = ()  # per runtime argument: the function making what CuPy's launch takes
+
+
+_NULL = np.uint64(0)
+
+
+def _pointer(a):
+    """A pointer argument: a CuPy array as it is (CuPy passes its data pointer), `Ptr`, or None."""
+    if a is None:
+        return _NULL
+    if type(a) is Ptr:
+        return np.uint64(a.address)
+    return a
+
+
+def converters(arg_types: tuple) -> tuple:
+    """What `launch` applies to each runtime argument of a kernel with these signature types."""
+    return tuple(_pointer if ty.startswith("*") else _SCALARS[ty] for ty in arg_types)
+
+
+def type_of(dtype) -> str:
+    """The Triton pointer element type of a NumPy dtype (float32 -> "fp32"), from a table keyed by the
+    dtype object (NumPy's `dtype.name` costs a few microseconds per read)."""
+    t = _TYPE_OF.get(dtype)
+    if t is None:
+        t = _TYPE_OF[dtype] = _TYPE_NAMES.get(np.dtype(dtype).name)
+        if t is None:
+            del _TYPE_OF[dtype]
+            raise KeyError(f"no Triton type for dtype {dtype}")
+    return t
+
+
+_TYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int32": "i32",
+               "int64": "i64", "int8": "i8", "uint8": "u8", "int16": "i16", "bool": "i1"}
+_TYPE_OF: dict = {}
+_device_id: list = []       # CuPy's current-device query, looked up once
+
+
+def current_device() -> int:
+    """The current cuda device index through CuPy's cached query (`cupy.cuda.Device()` builds an object)."""
+    if not _device_id:
+        import cupy  # deferred: optional dependency, present only where cuda is used
+        _device_id.append(getattr(cupy.cuda.device, "get_device_id", cupy.cuda.runtime.getDevice))
+    return _device_id[0]()
 
 
 def available() -> bool:
@@ -78,9 +125,8 @@ def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int = 4,
     """Compile `fn` for the current device. `signature` maps every parameter name to a Triton type
     (`*bf16`, `i32`, `fp32`, ... or `constexpr`); `constexprs` gives the constexpr values; the
     parameters named in `aligned` are promised to be multiples of 16 (pointers: 16-byte aligned)."""
-    import cupy  # deferred: optional dependency, present only where cuda is used
     key = (fn, tuple(signature.items()), tuple(sorted(constexprs.items())), num_warps, num_stages, aligned,
-           cupy.cuda.Device().id)
+           current_device())
     k = _cache.get(key)
     if k is not None:
         return k
@@ -106,34 +152,31 @@ def _build(fn, signature, constexprs, num_warps, num_stages, aligned) -> Kernel:
     if md.shared > _SMEM_STATIC_LIMIT:
         cupy.cuda.driver.funcSetAttribute(function.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, md.shared)
     arg_types = tuple(signature[n] for n in names if signature[n] != "constexpr")
-    return Kernel(function, module, arg_types, md.num_warps, md.shared, 2, md.global_scratch_size)
+    return Kernel(function, module, arg_types, md.num_warps, md.shared, 2, md.global_scratch_size,
+                  converters(arg_types))
 
 
-def _pack(types, args):
-    out = []
-    for ty, a in zip(types, args):
-        if ty.startswith("*"):
-            out.append(np.uint64(a.address if isinstance(a, Ptr) else a))
-        else:
-            out.append(_SCALARS[ty](a))
-    return out
+def pack(kernel: Kernel, args: tuple) -> list:
+    """The runtime arguments as CuPy's launch takes them (see `converters`)."""
+    return [f(a) for f, a in zip(kernel.converters, args)]
 
 
 def launch(kernel: Kernel, grid: tuple, *args) -> None:
     """Run `kernel` over `grid` (up to 3 dims) on CuPy's current stream."""
-    import cupy  # deferred: optional dependency, present only where cuda is used
     if len(args) != len(kernel.arg_types):
         raise TypeError(f"{kernel.function} takes {len(kernel.arg_types)} runtime arguments, got {len(args)}")
-    grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
-    if min(grid) == 0:
+    n = len(grid)
+    g0 = int(grid[0])
+    g1 = int(grid[1]) if n > 1 else 1
+    g2 = int(grid[2]) if n > 2 else 1
+    if not (g0 and g1 and g2):
         return
-    packed = _pack(kernel.arg_types, args)
-    scratch = []
+    packed = pack(kernel, args)
     if kernel.global_scratch:
-        buf = cupy.empty(kernel.global_scratch * grid[0] * grid[1] * grid[2], dtype=np.uint8)
-        scratch.append(np.uint64(buf.data.ptr))
+        import cupy  # deferred: optional dependency, present only where cuda is used
+        packed.append(cupy.empty(kernel.global_scratch * g0 * g1 * g2, dtype=np.uint8))
     else:
-        scratch.append(np.uint64(0))
-    scratch.append(np.uint64(0))        # profile scratch: no instrumentation
-    kernel.function(grid, (kernel.num_warps * _THREADS_PER_WARP, 1, 1), tuple(packed + scratch),
-                    shared_mem=kernel.shared, stream=cupy.cuda.get_current_stream())
+        packed.append(_NULL)
+    packed.append(_NULL)                # profile scratch: no instrumentation
+    kernel.function((g0, g1, g2), (kernel.num_warps * _THREADS_PER_WARP, 1, 1), tuple(packed),
+                    shared_mem=kernel.shared)

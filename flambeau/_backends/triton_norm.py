@@ -12,6 +12,7 @@ caller into the weight and bias gradients (one reduction kernel).
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import triton
 import triton.language as tl
@@ -25,7 +26,7 @@ from . import triton_launch as TL
 
 MAX_COLS = 16384
 PROGRAMS_PER_SM = 4     # backward programs per multiprocessor (each owns one partial-sum row)
-_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+_DTYPES = frozenset(np.dtype(n) for n in ("float16", "float32")) | {np.dtype(ml_dtypes.bfloat16)}
 
 
 @triton.jit
@@ -90,16 +91,12 @@ def _warps(block: int) -> int:
 def supported(x, cols: int, *others) -> bool:
     """Whether a LayerNorm over the last `cols` elements of CuPy array `x` (and the weight/bias
     `others`, None allowed) can run here."""
-    return (x.dtype.name in _TYPES and 0 < cols <= MAX_COLS and x.size > 0
-            and all(o is None or o.dtype.name in _TYPES for o in others))
-
-
-def _p(a):
-    return TL.Ptr(0 if a is None else a.data.ptr)
+    return (x.dtype in _DTYPES and 0 < cols <= MAX_COLS and x.size > 0
+            and all(o is None or o.dtype in _DTYPES for o in others))
 
 
 def _ty(a, default="fp32"):
-    return "*" + (default if a is None else _TYPES[a.dtype.name])
+    return "*" + (default if a is None else TL.type_of(a.dtype))
 
 
 def forward(x, weight, bias, cols: int, eps: float):
@@ -115,7 +112,7 @@ def forward(x, weight, bias, cols: int, eps: float):
            "N": "i32", "eps": "fp32", "HAS_W": "constexpr", "HAS_B": "constexpr", "BLOCK_N": "constexpr"}
     kern = TL.compile_kernel(_ln_fwd, sig, dict(HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_N=block),
                              num_warps=_warps(block), num_stages=1)
-    TL.launch(kern, (rows,), _p(x), _p(weight), _p(bias), _p(y), _p(mean), _p(rstd), cols, eps)
+    TL.launch(kern, (rows,), x, weight, bias, y, mean, rstd, cols, eps)
     return y, mean, rstd
 
 
@@ -136,5 +133,5 @@ def backward(grad_out, x, mean, rstd, weight, cols: int):
            "BLOCK_N": "constexpr"}
     kern = TL.compile_kernel(_ln_bwd, sig, dict(HAS_W=weight is not None, BLOCK_N=block), num_warps=_warps(block),
                              num_stages=1)
-    TL.launch(kern, (programs,), _p(dy), _p(x), _p(weight), _p(mean), _p(rstd), _p(dx), _p(part), rows, cols, per)
+    TL.launch(kern, (programs,), dy, x, weight, mean, rstd, dx, part, rows, cols, per)
     return dx, part.sum(axis=0)

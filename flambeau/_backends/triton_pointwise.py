@@ -14,6 +14,7 @@ float32 array with a half-precision one into a float32 result (CuPy: a cast copy
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import triton
 import triton.language as tl
@@ -33,9 +34,8 @@ SQRT1_2 = tl.constexpr(0.7071067811865476)
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 TANH_CUBIC = tl.constexpr(0.044715)
-_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+_DTYPES = frozenset(np.dtype(n) for n in ("float16", "float32")) | {np.dtype(ml_dtypes.bfloat16)}
 BINARY_OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3}
-_HALF = ("float16", "bfloat16")
 
 
 @triton.jit
@@ -88,31 +88,48 @@ def _act_bwd(G, X, DX, n, KIND: tl.constexpr, BLOCK: tl.constexpr):
 def supported(*arrays) -> bool:
     """Whether these CuPy arrays (same shape, C-contiguous, float32/bfloat16/float16) can go here."""
     a = arrays[0]
-    return (a.size > 0 and all(x.dtype.name in _TYPES and x.flags.c_contiguous and x.shape == a.shape
-                                 for x in arrays))
+    if not a.size:
+        return False
+    shape = a.shape
+    for x in arrays:
+        if x.dtype not in _DTYPES or not x.flags.c_contiguous or x.shape != shape:
+            return False
+    return True
 
 
 def _sig(names):
     return {**names, "n": "i64", "KIND": "constexpr", "BLOCK": "constexpr"}
 
 
+_kernels: dict = {}     # (direction, dtypes, kind, device) -> compiled kernel, so a launch builds no signature
+
+
+def _act_kernel(fn, names, dtypes, kind):
+    key = (fn, dtypes, kind, TL.current_device())
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = TL.compile_kernel(fn, _sig({n: "*" + TL.type_of(d) for n, d in zip(names, dtypes)}),
+                                              dict(KIND=kind, BLOCK=BLOCK), num_warps=NUM_WARPS, num_stages=1)
+    return k
+
+
+def _blocks(n: int) -> int:
+    return (n + BLOCK - 1) // BLOCK
+
+
 def forward(x, kind: int):
     """The activation `kind` of CuPy array `x` (see `supported`), a new array of x's dtype."""
-    y = cupy.empty_like(x)
-    kern = TL.compile_kernel(_act_fwd, _sig({"X": "*" + _TYPES[x.dtype.name], "Y": "*" + _TYPES[y.dtype.name]}),
-                             dict(KIND=kind, BLOCK=BLOCK), num_warps=NUM_WARPS, num_stages=1)
-    TL.launch(kern, (triton.cdiv(x.size, BLOCK),), TL.Ptr(x.data.ptr), TL.Ptr(y.data.ptr), x.size)
+    y = cupy.ndarray(x.shape, x.dtype)
+    dt = x.dtype
+    TL.launch(_act_kernel(_act_fwd, ("X", "Y"), (dt, dt), kind), (_blocks(x.size),), x, y, x.size)
     return y
 
 
 def backward(g, x, kind: int):
     """grad * activation'(x), a new array of x's dtype."""
-    dx = cupy.empty_like(x)
-    kern = TL.compile_kernel(_act_bwd, _sig({"G": "*" + _TYPES[g.dtype.name], "X": "*" + _TYPES[x.dtype.name],
-                                             "DX": "*" + _TYPES[dx.dtype.name]}),
-                             dict(KIND=kind, BLOCK=BLOCK), num_warps=NUM_WARPS, num_stages=1)
-    TL.launch(kern, (triton.cdiv(x.size, BLOCK),), TL.Ptr(g.data.ptr), TL.Ptr(x.data.ptr), TL.Ptr(dx.data.ptr),
-              x.size)
+    dx = cupy.ndarray(x.shape, x.dtype)
+    kern = _act_kernel(_act_bwd, ("G", "X", "DX"), (g.dtype, x.dtype, x.dtype), kind)
+    TL.launch(kern, (_blocks(x.size),), g, x, dx, x.size)
     return dx
 
 
@@ -140,8 +157,12 @@ def _binary(A, B, Y, a_scalar, b_scalar, n, OP: tl.constexpr, A_SCALAR: tl.const
     tl.store(Y + idx, y.to(Y.dtype.element_ty), mask=m)
 
 
+_HALF_DTYPES = frozenset((np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)))
+_FLOAT32 = np.dtype(np.float32)
+
+
 def _is_array(x, like) -> bool:
-    return (cupy is not None and isinstance(x, cupy.ndarray) and x.dtype.name in _TYPES and x.shape == like.shape
+    return (cupy is not None and isinstance(x, cupy.ndarray) and x.dtype in _DTYPES and x.shape == like.shape
             and x.flags.c_contiguous)
 
 
@@ -156,10 +177,10 @@ def binary_supported(a, b, out_dtype) -> bool:
     arrays = [x for x in (a, b) if type(x) not in (int, float)]
     if not all(_is_array(x, arr) for x in arrays):
         return False
-    out = np.dtype(out_dtype).name
-    if out in _HALF:
-        return all(x.dtype.name == out for x in arrays)
-    return out == "float32" and len(arrays) == 2 and any(x.dtype.name in _HALF for x in arrays)
+    out = np.dtype(out_dtype)
+    if out in _HALF_DTYPES:
+        return all(x.dtype == out for x in arrays)
+    return out == _FLOAT32 and len(arrays) == 2 and any(x.dtype in _HALF_DTYPES for x in arrays)
 
 
 def binary(a, b, op: str, out_dtype):
@@ -167,12 +188,16 @@ def binary(a, b, op: str, out_dtype):
     `out_dtype`."""
     sa, sb = type(a) in (int, float), type(b) in (int, float)
     arr = b if sa else a
-    y = cupy.empty(arr.shape, dtype=out_dtype)
-    sig = {"A": "*" + _TYPES[(b if sa else a).dtype.name], "B": "*" + _TYPES[(a if sb else b).dtype.name],
-           "Y": "*" + _TYPES[y.dtype.name], "a_scalar": "fp32", "b_scalar": "fp32", "n": "i64", "OP": "constexpr",
-           "A_SCALAR": "constexpr", "B_SCALAR": "constexpr", "BLOCK": "constexpr"}
-    kern = TL.compile_kernel(_binary, sig, dict(OP=BINARY_OPS[op], A_SCALAR=sa, B_SCALAR=sb, BLOCK=BLOCK),
-                             num_warps=NUM_WARPS, num_stages=1)
-    TL.launch(kern, (triton.cdiv(arr.size, BLOCK),), TL.Ptr(0 if sa else a.data.ptr), TL.Ptr(0 if sb else b.data.ptr),
-              TL.Ptr(y.data.ptr), float(a) if sa else 0.0, float(b) if sb else 0.0, arr.size)
+    y = cupy.ndarray(arr.shape, out_dtype)
+    da, db = (b if sa else a).dtype, (a if sb else b).dtype
+    key = (_binary, da, db, y.dtype, op, sa, sb, TL.current_device())
+    kern = _kernels.get(key)
+    if kern is None:
+        sig = {"A": "*" + TL.type_of(da), "B": "*" + TL.type_of(db), "Y": "*" + TL.type_of(y.dtype),
+               "a_scalar": "fp32", "b_scalar": "fp32", "n": "i64", "OP": "constexpr", "A_SCALAR": "constexpr",
+               "B_SCALAR": "constexpr", "BLOCK": "constexpr"}
+        kern = _kernels[key] = TL.compile_kernel(_binary, sig, dict(OP=BINARY_OPS[op], A_SCALAR=sa, B_SCALAR=sb,
+                                                                    BLOCK=BLOCK), num_warps=NUM_WARPS, num_stages=1)
+    TL.launch(kern, (_blocks(arr.size),), None if sa else a, None if sb else b, y, float(a) if sa else 0.0,
+              float(b) if sb else 0.0, arr.size)
     return y

@@ -10,6 +10,7 @@ float32 accumulation.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import triton
 import triton.language as tl
@@ -26,7 +27,7 @@ BLOCK_N = 128
 NUM_WARPS = 4
 PROGRAMS_PER_SM = 4
 MIN_ROWS = 64           # fewer rows: CuPy's reduction is as good
-_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+_DTYPES = frozenset(np.dtype(n) for n in ("float16", "float32")) | {np.dtype(ml_dtypes.bfloat16)}
 
 
 @triton.jit
@@ -57,7 +58,7 @@ def _colsum_final(PART, Y, S, N, BLOCK_N: tl.constexpr):
 def supported(x, rows: int, out_dtype) -> bool:
     """Whether the sum of CuPy array `x` over its leading dims (`rows` elements per column) into
     `out_dtype` (a NumPy dtype) can go here."""
-    return (x.dtype.name in _TYPES and np.dtype(out_dtype).name in _TYPES and x.flags.c_contiguous
+    return (x.dtype in _DTYPES and np.dtype(out_dtype) in _DTYPES and x.flags.c_contiguous
             and rows >= MIN_ROWS and x.size // rows > 0)
 
 
@@ -75,14 +76,14 @@ def column_sum(x, rows: int, out_dtype):
     N = x.size // rows
     S, rows_per = splits(rows, N, TL.multiprocessors())
     part = cupy.empty((S, N), dtype=np.float32)
-    sig = {"X": "*" + _TYPES[x.dtype.name], "PART": "*fp32", "M": "i32", "N": "i32", "rows_per": "i32",
+    sig = {"X": "*" + TL.type_of(x.dtype), "PART": "*fp32", "M": "i32", "N": "i32", "rows_per": "i32",
            "BLOCK_M": "constexpr", "BLOCK_N": "constexpr"}
     kern = TL.compile_kernel(_colsum_partial, sig, dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N), num_warps=NUM_WARPS,
                              num_stages=2)
-    TL.launch(kern, (triton.cdiv(N, BLOCK_N), S), TL.Ptr(x.data.ptr), TL.Ptr(part.data.ptr), rows, N, rows_per)
+    TL.launch(kern, ((N + BLOCK_N - 1) // BLOCK_N, S), x, part, rows, N, rows_per)
     y = cupy.empty(N, dtype=out_dtype)
-    fin = TL.compile_kernel(_colsum_final, {"PART": "*fp32", "Y": "*" + _TYPES[y.dtype.name], "S": "i32", "N": "i32",
+    fin = TL.compile_kernel(_colsum_final, {"PART": "*fp32", "Y": "*" + TL.type_of(y.dtype), "S": "i32", "N": "i32",
                                             "BLOCK_N": "constexpr"}, dict(BLOCK_N=BLOCK_N), num_warps=NUM_WARPS,
                             num_stages=1)
-    TL.launch(fin, (triton.cdiv(N, BLOCK_N),), TL.Ptr(part.data.ptr), TL.Ptr(y.data.ptr), S, N)
+    TL.launch(fin, ((N + BLOCK_N - 1) // BLOCK_N,), part, y, S, N)
     return y

@@ -128,6 +128,7 @@ class Op:
         self.is_view = Tag.view in self._tags
         self.is_inplace = Tag.inplace in self._tags
         self.nondeterministic = Tag.nondeterministic_seeded in self._tags
+        self.optional_output_grads = Tag.optional_output_grads in self._tags
         # NumPy's FP errors are silenced around the kernel unless it computes nothing that can raise one
         self.quiet_fp_errors = not (self.is_view or Tag.no_fp_errors in self._tags)
         self.pointwise = pointwise

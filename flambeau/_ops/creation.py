@@ -76,7 +76,14 @@ def _xp_for(device):
 @defop("full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Device? device=None) -> Tensor",
        function=False, tags=(Tag.core, Tag.recomputable))
 def _full(xp, size, fill_value, *, dtype=None, device=None):
+    if xp is not np and _is_positive_zero(fill_value):
+        return xp.zeros(size, dtype=dtype.np)      # on cuda a memset, not a fill kernel
     return xp.full(size, fill_value, dtype=dtype.np)
+
+
+def _is_positive_zero(v) -> bool:
+    t = type(v)
+    return (t is int or t is bool or t is float) and v == 0 and math.copysign(1.0, v) > 0
 
 
 @_full.def_meta

@@ -15,6 +15,8 @@ import math
 import numpy as np
 
 from .. import _dtype as D
+from .. import _state
+from .._device import canonical
 from ._registry import defop, export, autocast_policy, TensorSpec, Tag
 from ._helpers import opmath
 from .nn_conv import ntuple
@@ -94,6 +96,23 @@ def _window_max(xp, x, nd, table):
     return vals.astype(x.dtype, copy=False), idx
 
 
+_TABLE_CACHE_LIMIT = 64      # pooling geometries whose index/weight tables are kept (on their device)
+_tables: dict = {}
+
+
+def _cached_table(xp, key: tuple, make):
+    """A constant table of a pooling geometry, made once per device (on cuda: no host-to-device copy
+    per call); `make()` builds it."""
+    dev = "cpu" if xp is np else ("cuda", xp.cuda.runtime.getDevice())
+    full = key + (dev,)
+    hit = _tables.get(full)
+    if hit is None:
+        if len(_tables) >= _TABLE_CACHE_LIMIT:
+            _tables.pop(next(iter(_tables)))
+        hit = _tables[full] = make()
+    return hit
+
+
 def _max_pool_tables(S, out, ks, st, pd, dl):
     pos = [np.arange(out[i])[:, None] * st[i] - pd[i] + np.arange(ks[i])[None, :] * dl[i] for i in range(len(S))]
     valid = [(p >= 0) & (p < S[i]) for i, p in enumerate(pos)]
@@ -119,11 +138,12 @@ def _def_max_pool(nd):
 
     @defop(f"{name}(Tensor self, int[{nd}] kernel_size, int[{nd}] stride=[], int[{nd}] padding=0, "
            f"int[{nd}] dilation=1, bool ceil_mode=False) -> (Tensor output, Tensor indices)", function=False,
-           tags=(Tag.core, Tag.extern))
+           tags=(Tag.core, Tag.extern, Tag.optional_output_grads))
     def op(xp, self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
         ks, st, pd, dl = _pool_args(nd, kernel_size, stride, padding, dilation)
         shape = _pool_shape(f"max_pool{nd}d", self.shape, nd, ks, st, pd, dl, ceil_mode)
-        table = _max_pool_tables(self.shape[-nd:], shape[-nd:], ks, st, pd, dl)
+        geometry = (tuple(self.shape[-nd:]), tuple(shape[-nd:]), ks, st, pd, dl)
+        table = _cached_table(xp, ("max",) + geometry, lambda: xp.asarray(_max_pool_tables(*geometry)))
         vals, idx = _window_max(xp, self, nd, table)
         return vals.reshape(shape), idx.reshape(shape)
 
@@ -161,7 +181,29 @@ MAX_POOL_OPS = [_def_max_pool(nd) for nd in (1, 2, 3)]
 
 
 # ---- average pooling -----------------------------------------------------------------------------
+def _device_tables(key: tuple, device, make):
+    """Index/weight tensors of a pooling geometry made by `make()`; on cuda, outside any dispatch mode,
+    kept per geometry and device (no host-to-device copies per call)."""
+    dev = canonical(device)
+    if dev.type != "cuda" or _state.modes:
+        return make()
+    full = key + (dev,)
+    hit = _tables.get(full)
+    if hit is None:
+        if len(_tables) >= _TABLE_CACHE_LIMIT:
+            _tables.pop(next(iter(_tables)))
+        hit = _tables[full] = make()
+    return hit
+
+
 def _avg_tables(S, out, ks, st, pd, count_include_pad, divisor_override, dtype, device):
+    """Per spatial dim, the gather positions and weights of each output (as tensors on `device`)."""
+    return _device_tables(("avg", tuple(S), tuple(out), ks, st, pd, count_include_pad, divisor_override, dtype),
+                          device, lambda: _make_avg_tables(S, out, ks, st, pd, count_include_pad, divisor_override,
+                                                           dtype, device))
+
+
+def _make_avg_tables(S, out, ks, st, pd, count_include_pad, divisor_override, dtype, device):
     idx_t, w_t = [], []
     for i in range(len(S)):
         start = np.arange(out[i]) * st[i] - pd[i]
@@ -241,17 +283,24 @@ def _adaptive_sizes(name, input, nd, output_size):
     return [input.shape[-nd + i] if o is None else int(o) for i, o in enumerate(osz)]
 
 
+def _adaptive_avg_tables(sizes, osz, tdt, device):
+    idx, w = [], []
+    for n_in, n_out in zip(sizes, osz):
+        pos, valid, cnt = _adaptive_windows(n_in, n_out)
+        idx.append(_dev(pos, device))
+        w.append(_dev(valid / np.maximum(cnt, 1)[:, None], device, tdt))
+    return idx, w
+
+
 def _def_adaptive_avg(nd):
     def adaptive_avg_pool(input, output_size):
         osz = _adaptive_sizes(f"adaptive_avg_pool{nd}d", input, nd, output_size)
         if not input.dtype.is_floating_point:
             raise NotImplementedError(f'"adaptive_avg_pool{nd}d" not implemented for \'{input.dtype}\'')
         tdt = _table_dtype(input.dtype)
-        idx, w = [], []
-        for i in range(nd):
-            pos, valid, cnt = _adaptive_windows(input.shape[-nd + i], osz[i])
-            idx.append(_dev(pos, input.device))
-            w.append(_dev(valid / np.maximum(cnt, 1)[:, None], input.device, tdt))
+        sizes = tuple(input.shape[-nd:])
+        idx, w = _device_tables(("adaptive_avg", sizes, tuple(osz), tdt), input.device,
+                                lambda: _adaptive_avg_tables(sizes, osz, tdt, input.device))
         return _taps_gather(input, idx, w)
     adaptive_avg_pool.__name__ = f"adaptive_avg_pool{nd}d"
     return adaptive_avg_pool

@@ -99,7 +99,7 @@ def _cuda_norm(xp, x, ndims, *others):
 
 
 @defop("native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) "
-       "-> (Tensor, Tensor, Tensor)", tags=(Tag.autocast_fp32,))
+       "-> (Tensor, Tensor, Tensor)", tags=(Tag.autocast_fp32, Tag.optional_output_grads))
 def native_layer_norm(xp, input, normalized_shape, weight, bias, eps):
     axes = _ln_check(input.shape, normalized_shape, weight, bias)
     dt, cd = _float("LayerNorm", input)
@@ -252,7 +252,7 @@ def _bn_check(input, weight, bias, running_mean, running_var):
 
 
 @defop("native_batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, "
-       "bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)")
+       "bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)", tags=(Tag.optional_output_grads,))
 def native_batch_norm(xp, input, weight, bias, running_mean, running_var, training, momentum, eps):
     _bn_check(input, weight, bias, running_mean, running_var)
     dt, cd = _float("batch_norm", input)

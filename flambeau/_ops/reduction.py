@@ -120,6 +120,8 @@ def _sum_like(fn):
         if dtype is not None and self.dtype != out.np:
             self = self.astype(out.np)
         r = fn(xp, self, dims, keepdim, opmath(out))
+        if dims and xp is not np and type(r) is xp.ndarray:    # a CuPy reduction's result is a new array:
+            return r if r.dtype == out.np else r.astype(out.np)   # no copy of it (a launch) is needed
         return _fresh(xp, r, out.np)
     return kernel
 
@@ -198,8 +200,11 @@ def mean(xp, self, dim=None, keepdim=False, *, dtype=None):
     out = _mean_dtype(D.FROM_NP[self.dtype], dtype)
     dims = _dims(dim, self.ndim)
     n = _count(self.shape, dims)
-    s = xp.sum(self.astype(opmath(out)), axis=dims, keepdims=keepdim)
-    return _fresh(xp, s / n if n else s * math.nan, out.np)
+    s = xp.sum(self.astype(opmath(out), copy=False), axis=dims, keepdims=keepdim)
+    r = s / n if n else s * math.nan
+    if dims and xp is not np and type(r) is xp.ndarray:       # a new CuPy array: no copy of it
+        return r if r.dtype == out.np else r.astype(out.np)
+    return _fresh(xp, r, out.np)
 
 
 @mean.def_meta

@@ -13,7 +13,7 @@ import numpy as np
 from .. import _dtype as D
 from .._tensor import Tensor, _ptr, storage_owner, contiguous_format, channels_last
 from .._device import canonical, device as Device
-from .._backends import MetaArray, contiguous_strides, device_checks, get as backend, namespace_backend
+from .._backends import MetaArray, contiguous_strides, cuda_cast, device_checks, get as backend, namespace_backend
 from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
 from ._helpers import wrap_dim
 from .creation import zeros, arange, tensor
@@ -392,6 +392,8 @@ def _to_copy(xp, self, *, dtype=None, device=None, non_blocking=False):
             with cupy.cuda.Device(dev.index or 0):
                 return cupy.array(src.astype(npdt, copy=False), copy=True)
         return b.xp.array(src, dtype=npdt, copy=True)
+    if xp is not np and (r := cuda_cast.cast(xp, src, npdt)) is not None:
+        return r
     return xp.array(src, dtype=npdt, copy=True, order="K")
 
 

@@ -261,8 +261,9 @@ class OpNode(Node):
     def apply(self, grads):
         if self._saved is None:
             raise RuntimeError(_FREED)
+        optional = self._op.optional_output_grads and all(g is None for g in grads[1:])
         for i, g in enumerate(grads):
-            if g is None:
+            if g is None and not (optional and i):
                 shape, dt, dev = self._out_meta[i]
                 grads[i] = zeros(shape, dtype=dt, device=dev)
                 grads[i]._undefined_grad = True       # see flambeau._ops._helpers.undefined_grad

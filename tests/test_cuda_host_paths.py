@@ -1,0 +1,319 @@
+"""The cheaper host paths of cuda ops (issue 11, item 6): Triton launches with per-kernel argument
+conversion (`_backends/triton_launch.py`), dtype casts as one raw kernel (`_backends/cuda_cast.py`),
+no zero gradients made for unused statistics outputs (`Tag.optional_output_grads`), CuPy
+reductions returned without a copy, zero fills as memsets.
+
+On cpu: the launch argument conversion against a recording fake kernel, the cast's choice of
+operands and kernel against a fake CuPy namespace, the cast source compiled by nvcc (when present)
+without flush-to-zero instructions, and the count of zero-filled tensors in a backward against
+PyTorch's. On the GPU (`cuda` marks): every cast pair bit for bit against PyTorch cuda, sums,
+means, fills and BatchNorm/LayerNorm backward against PyTorch cuda.
+"""
+import shutil
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import flambeau as fl
+from flambeau._backends import cuda_cast, triton_launch as TL
+from flambeau.utils._python_dispatch import TorchDispatchMode as FlMode
+from torch.utils._python_dispatch import TorchDispatchMode as TorchMode
+
+FLOATS = ["float32", "float64", "float16", "bfloat16"]
+SPECIAL = [0.0, -0.0, 1.0, -1.5, float("inf"), float("-inf"), float("nan"), 1e-30, 6.5e4, 7e4, 3e38, 1e-38,
+           3e-39, -2e-45, 1.0009765625, 1.00390625, 2 ** -24, 2 ** -25, 3 * 2 ** -26, 1 + 2 ** -11, 1 + 3 * 2 ** -12,
+           1e300, 1e-300]
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        self.calls.append((grid, block, args, shared_mem))
+
+
+def _fake_kernel(arg_types, global_scratch=0):
+    return TL.Kernel(_Recorder(), None, arg_types, 4, 96, 2, global_scratch, TL.converters(arg_types))
+
+
+def test_launch_converts_each_argument_by_its_signature_type():
+    k = _fake_kernel(("*fp32", "*bf16", "*fp32", "i32", "i64", "fp32", "fp64"))
+    arr = object()                        # a CuPy array goes through as it is (CuPy passes its pointer)
+    TL.launch(k, (3, 2), arr, TL.Ptr(4096), None, 7, 2 ** 40, 0.1, 0.1)
+    (grid, block, args, shared), = k.function.calls
+    assert grid == (3, 2, 1) and block == (128, 1, 1) and shared == 96
+    assert args[0] is arr
+    assert type(args[1]) is np.uint64 and args[1] == 4096
+    assert type(args[2]) is np.uint64 and args[2] == 0
+    assert type(args[3]) is np.int32 and args[3] == 7
+    assert type(args[4]) is np.int64 and args[4] == 2 ** 40
+    assert type(args[5]) is np.float32 and args[5] == np.float32(0.1)
+    assert type(args[6]) is np.float64 and args[6] == 0.1
+    assert len(args) == 9 and args[7] == 0 and args[8] == 0          # global and profile scratch: null
+
+
+def test_launch_refuses_a_wrong_argument_count_and_skips_an_empty_grid():
+    k = _fake_kernel(("*fp32", "i32"))
+    with pytest.raises(TypeError, match="takes 2 runtime arguments, got 1"):
+        TL.launch(k, (1,), None)
+    TL.launch(k, (4, 0), None, 1)
+    TL.launch(k, (0,), None, 1)
+    assert k.function.calls == []
+
+
+def test_triton_types_of_dtypes():
+    assert TL.type_of(np.dtype(np.float32)) == "fp32"
+    assert TL.type_of(np.dtype(ml_dtypes.bfloat16)) == "bf16"
+    assert TL.type_of(np.dtype(np.float16)) == "fp16"
+    assert TL.type_of(np.dtype(np.int64)) == "i64"
+    with pytest.raises(KeyError, match="complex64"):
+        TL.type_of(np.dtype(np.complex64))
+
+
+class _FakeArray:
+    """What `cuda_cast.cast` reads of a CuPy array."""
+
+    def __init__(self, shape, dtype, contiguous=True, device=0):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.size = int(np.prod(shape))
+        self.flags = type("F", (), {"c_contiguous": contiguous})()
+        self.data = type("D", (), {"device_id": device})()
+
+
+class _FakeCupy:
+    """A CuPy namespace whose RawModule records the source and the launches."""
+
+    __name__ = "cupy"
+
+    def __init__(self):
+        self.ndarray = _FakeArray
+        self.launches = []
+        self.sources = []
+        fake = self
+
+        class RawModule:
+            def __init__(self, code, options):
+                fake.sources.append(code)
+
+            def get_function(self, name):
+                return lambda grid, block, args: fake.launches.append((name, grid, block, args))
+        self.RawModule = RawModule
+        self.cuda = type("C", (), {"device": type("Dv", (), {"get_device_id": staticmethod(lambda: 0)}),
+                                   "runtime": type("R", (), {"getDevice": staticmethod(lambda: 0)})})()
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    monkeypatch.setattr(cuda_cast, "_module", [])
+    monkeypatch.setattr(cuda_cast, "_functions", {})
+    monkeypatch.setattr(cuda_cast, "_device_id", [])
+    return _FakeCupy()
+
+
+def test_cast_launches_the_kernel_of_its_dtype_pair(fake_cupy, monkeypatch):
+    monkeypatch.setattr(cuda_cast, "MAX_BLOCKS", 5)
+    a = _FakeArray((3, 700), np.float32)
+    out = cuda_cast.cast(fake_cupy, a, np.dtype(ml_dtypes.bfloat16))
+    assert type(out) is _FakeArray and out.shape == (3, 700) and out.dtype == np.dtype(ml_dtypes.bfloat16)
+    (name, grid, block, args), = fake_cupy.launches
+    assert name == "flm_cast_f32_bf16"
+    assert grid == (5,) and block == (cuda_cast.THREADS,)         # 9 blocks wanted, the grid-stride loop does the rest
+    assert args[0] is a and args[1] is out and args[2] == 2100 and type(args[2]) is np.int64
+    cuda_cast.cast(fake_cupy, _FakeArray((4,), np.float64), np.dtype(np.float16))
+    assert fake_cupy.launches[-1][0] == "flm_cast_f64_f16" and fake_cupy.launches[-1][1] == (1,)
+    assert len(fake_cupy.sources) == 1                               # one module, compiled once
+
+
+@pytest.mark.parametrize("case", ["same dtype", "not contiguous", "integer source", "integer target", "empty",
+                                  "other device", "not a cupy array"])
+def test_cast_leaves_other_operands_to_cupy(fake_cupy, case):
+    a, dt = _FakeArray((4, 4), np.float32), np.dtype(np.float16)
+    if case == "same dtype":
+        dt = np.dtype(np.float32)
+    elif case == "not contiguous":
+        a = _FakeArray((4, 4), np.float32, contiguous=False)
+    elif case == "integer source":
+        a = _FakeArray((4, 4), np.int64)
+    elif case == "integer target":
+        dt = np.dtype(np.int32)
+    elif case == "empty":
+        a = _FakeArray((0, 4), np.float32)
+    elif case == "other device":
+        a = _FakeArray((4, 4), np.float32, device=1)
+    else:
+        a = np.zeros((4, 4), np.float32)
+    assert cuda_cast.cast(fake_cupy, a, dt) is None
+    assert fake_cupy.launches == []
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_cast_source_compiles_without_flush_to_zero(tmp_path):
+    src = tmp_path / "cast.cu"
+    src.write_text(cuda_cast._source())
+    ptx = tmp_path / "cast.ptx"
+    subprocess.run(["nvcc", "-arch=sm_90", "--std=c++14", "-ftz=true", "-ptx", str(src), "-o", str(ptx)], check=True)
+    text = ptx.read_text()
+    assert ".ftz" not in text
+    assert text.count(".entry flm_cast_") == len(cuda_cast.TYPES) ** 2
+
+
+class _CountFl(FlMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class _CountTorch(TorchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _fills(names):
+    return [n for n in names if any(w in n for w in ("full", "zeros", "fill", "new_zeros"))]
+
+
+@pytest.mark.parametrize("layer", ["batch_norm", "layer_norm", "max_pool2d"])
+def test_no_zero_gradients_for_unused_statistics_as_pytorch(layer):
+    x = np.random.default_rng(0).standard_normal((4, 3, 6, 6)).astype(np.float32)
+    fills = {}
+    for m, mode in ((fl, _CountFl), (torch, _CountTorch)):
+        t = m.tensor(x, requires_grad=True)
+        if layer == "batch_norm":
+            y = m.nn.functional.batch_norm(t, None, None, m.ones(3), m.zeros(3), training=True)
+        elif layer == "layer_norm":
+            y = m.nn.functional.layer_norm(t, (6,), m.ones(6), m.zeros(6))
+        else:
+            y = m.nn.functional.max_pool2d(t, 2)
+        g = m.ones_like(y)
+        with mode() as counter:
+            y.backward(g)
+        fills[m.__name__] = _fills(counter.names)
+    assert fills["flambeau"] == [] and fills["torch"] == []
+
+
+def test_statistics_gradients_still_flow_when_one_is_used():
+    """Autograd fills zeros for the unused statistic when the other one has a gradient (reference:
+    the same layer norm written out in PyTorch ops, float64)."""
+    x = np.random.default_rng(1).standard_normal((5, 8))
+    t = fl.tensor(x, requires_grad=True)
+    out, mean, rstd = fl.native_layer_norm(t, (8,), None, None, 1e-5)
+    (out.sum() + 3 * rstd.sum()).backward()
+    r = torch.tensor(x, requires_grad=True)
+    mu = r.mean(-1, keepdim=True)
+    rs = 1 / torch.sqrt(((r - mu) ** 2).mean(-1, keepdim=True) + 1e-5)
+    (((r - mu) * rs).sum() + 3 * rs.sum()).backward()
+    np.testing.assert_allclose(t.grad.numpy(), r.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+# ---- on the GPU -----------------------------------------------------------------------------------
+def _values(dtype, n=4096, seed=0):
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal(n) * np.exp(rng.uniform(-30, 30, n))
+    v[:len(SPECIAL)] = SPECIAL
+    return torch.tensor(v, dtype=torch.float64).to(getattr(torch, dtype)).cuda()
+
+
+def _same_bits(f, t):
+    assert str(f.dtype) == str(t.dtype) and tuple(f.shape) == tuple(t.shape)
+    ref = t.cpu()
+    got = torch.from_numpy(np.asarray(f.cpu().numpy()).view(np.uint8).copy()).view(ref.dtype).reshape(ref.shape)
+    nan = torch.isnan(ref)
+    assert torch.equal(torch.isnan(got), nan)
+    itype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[ref.element_size()]
+    assert torch.equal(got[~nan].view(itype), ref[~nan].view(itype))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dst", FLOATS)
+@pytest.mark.parametrize("src", FLOATS)
+def test_casts_bit_for_bit_as_pytorch(src, dst):
+    t = _values(src)
+    f = fl.tensor(t.cpu().view(torch.int16 if t.element_size() == 2 else torch.int32 if t.element_size() == 4
+                               else torch.int64).numpy(), device="cuda").view(getattr(fl, src))
+    cuda_cast._functions.clear()
+    _same_bits(f.to(getattr(fl, dst)), t.to(getattr(torch, dst)))
+    _same_bits(f.reshape(64, 64).to(getattr(fl, dst)), t.reshape(64, 64).to(getattr(torch, dst)))
+    assert bool(cuda_cast._functions) == (src != dst)
+
+
+@pytest.mark.cuda
+def test_float32_subnormals_survive_a_cast_as_pytorch():
+    t = torch.tensor([1e-38, 3e-39, -2e-39, 1e-45], device="cuda")
+    f = fl.tensor(t.cpu().numpy(), device="cuda")
+    _same_bits(f.double(), t.double())
+    _same_bits(f.double().float(), t.double().float())
+
+
+@pytest.mark.cuda
+def test_autocast_step_gradients_as_pytorch():
+    x = np.random.default_rng(2).standard_normal((16, 32)).astype(np.float32)
+    w = np.random.default_rng(3).standard_normal((8, 32)).astype(np.float32)
+    grads = {}
+    for m in (fl, torch):
+        wt = m.tensor(w, device="cuda", requires_grad=True)
+        with m.autocast("cuda", dtype=m.bfloat16):
+            y = m.nn.functional.linear(m.tensor(x, device="cuda"), wt)
+        y.float().relu().mean().backward()
+        grads[m.__name__] = wt.grad.cpu().numpy()
+    np.testing.assert_allclose(grads["flambeau"], grads["torch"], rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sums_and_means_as_pytorch_and_not_aliased(dtype):
+    x = np.random.default_rng(4).standard_normal((6, 5, 7)).astype(np.float32)
+    t = torch.tensor(x, device="cuda").to(getattr(torch, dtype))
+    f = fl.tensor(x, device="cuda").to(getattr(fl, dtype))
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=1.6e-2, atol=1e-2)
+    for name in ("sum", "mean"):
+        for kw in ({}, {"dim": -1}, {"dim": (0, 2), "keepdim": True}):
+            a, b = getattr(f, name)(**kw), getattr(t, name)(**kw)
+            assert str(a.dtype) == str(b.dtype) and tuple(a.shape) == tuple(b.shape)
+            np.testing.assert_allclose(a.float().cpu().numpy(), b.float().cpu().numpy(), **tol)
+            before = a.float().cpu().numpy()
+            f.add_(1)                     # the result is not a view of the input or of a reused buffer
+            t.add_(1)
+            np.testing.assert_array_equal(a.float().cpu().numpy(), before)
+
+
+@pytest.mark.cuda
+def test_zero_fills_as_pytorch():
+    for v in (0, 0.0, -0.0, False, 2.5):
+        a, b = fl.full((3, 4), v, device="cuda"), torch.full((3, 4), v, device="cuda")
+        assert str(a.dtype) == str(b.dtype)
+        np.testing.assert_array_equal(np.signbit(a.cpu().numpy()), np.signbit(b.cpu().numpy()))
+        np.testing.assert_array_equal(a.cpu().numpy(), b.cpu().numpy())
+    z = fl.zeros(5, device="cuda", dtype=fl.bfloat16)
+    assert z.float().abs().sum().item() == 0.0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layer", ["batch_norm", "layer_norm"])
+def test_norm_backward_without_statistics_gradients_as_pytorch(layer):
+    x = np.random.default_rng(5).standard_normal((8, 4, 5, 5)).astype(np.float32)
+    grads = {}
+    for m in (fl, torch):
+        t = m.tensor(x, device="cuda", requires_grad=True)
+        w = m.tensor(np.linspace(0.5, 1.5, 4 if layer == "batch_norm" else 5).astype(np.float32), device="cuda",
+                     requires_grad=True)
+        if layer == "batch_norm":
+            y = m.nn.functional.batch_norm(t, None, None, w, None, training=True)
+        else:
+            y = m.nn.functional.layer_norm(t, (5,), w)
+        (y * y).sum().backward()
+        grads[m.__name__] = (t.grad.cpu().numpy(), w.grad.cpu().numpy())
+    for a, b in zip(grads["flambeau"], grads["torch"]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
