@@ -73,13 +73,15 @@ def _fused_pointwise(xp, kind, arrays):
 
 def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False, method=False,
                      function=False, inplace=False, namespace=None, grads=None, tags=(), backward_tags=(),
-                     fused_kind=None):
+                     fused_kind=None, from_result=False):
     """Declare `name(Tensor <tensors>..., <params>) -> Tensor` and `name_backward`.
 
     fwd(xp, *arrays, *params) -> array; bwd(xp, grad, *arrays, *params) -> grad per tensor input
     (a tuple when several). `grads` limits which inputs get gradients (names), default all.
     `fused_kind(*params)`: the `_backends.triton_pointwise` kernel kind serving these parameters on
-    cuda (one kernel each way), or None.
+    cuda (one kernel each way), or None. `from_result`: `bwd` gives the same gradient from the output
+    as from the input (ReLU), so autograd saves the output (as PyTorch's threshold_backward(grad,
+    result, 0)): the input need not stay alive when the next layer keeps the output anyway.
     """
     nin = len(tensors)
     tsig = ", ".join(f"Tensor {t}" for t in tensors)
@@ -137,9 +139,15 @@ def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False
             return r
         return tuple(g if t in want else None for g, t in zip(r, tensors))
 
+    def derivative_from_result(grad, **kw):
+        return bop(grad, kw["result"], **{n: kw[n] for n in names[nin:]})
+
     op.kernel, op.meta = kernel, meta
     bop.kernel, bop.meta = bkernel, bmeta
-    op.derivative, op.saved_names = derivative, tuple(names)
+    if from_result:
+        op.derivative, op.saved_names = derivative_from_result, ("result",) + tuple(names[nin:])
+    else:
+        op.derivative, op.saved_names = derivative, tuple(names)
     op.def_batching_rule(_batching.pointwise_rule(op))
     bop.def_batching_rule(_batching.pointwise_rule(bop))
     register(op, method=method, function=function)
@@ -173,8 +181,8 @@ def _softplus(xp, x):
 # CPU vector blocks of hardtanh/hardswish/hard- and softshrink give 0 or NaN there instead, by layout.
 relu = pointwise_family("relu", fwd=lambda xp, x: xp.where(x < 0, 0, x),   # relu(-0.0) is -0.0, as PyTorch's
                         bwd=lambda xp, g, x: xp.where(x <= 0, 0, g), ints=True, method=True, function=True,
-                        inplace=True,
-                        tags=(Tag.recomputable, Tag.no_fp_errors), fused_kind=lambda: _FUSED_RELU)
+                        inplace=True, tags=(Tag.recomputable, Tag.no_fp_errors), fused_kind=lambda: _FUSED_RELU,
+                        from_result=True)
 
 leaky_relu = pointwise_family(
     "leaky_relu", "Scalar negative_slope=0.01",

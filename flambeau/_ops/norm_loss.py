@@ -155,9 +155,9 @@ def _(grad_out, input, normalized_shape, mean, rstd, weight, bias):
 
 
 @native_layer_norm.def_derivative
-def _native_layer_norm_derivative(grad, input, normalized_shape, weight, bias, result):
-    gx, gw, gb = native_layer_norm_backward(grad[0], input, normalized_shape, result[1], result[2], weight, bias)
-    extra = _through_stats(input, result[1], result[2], grad[1], grad[2], math.prod(normalized_shape))
+def _native_layer_norm_derivative(grad, input, normalized_shape, weight, bias, result1, result2):
+    gx, gw, gb = native_layer_norm_backward(grad[0], input, normalized_shape, result1, result2, weight, bias)
+    extra = _through_stats(input, result1, result2, grad[1], grad[2], math.prod(normalized_shape))
     return (gx if extra is None else gx + extra), gw, gb
 
 
@@ -212,9 +212,9 @@ _fused_rms_norm_backward.def_meta(lambda grad_out, input, normalized_shape, rstd
 
 
 @_fused_rms_norm.def_derivative
-def _fused_rms_norm_derivative(grad, input, normalized_shape, weight, result):
-    gx, gw = _fused_rms_norm_backward(grad[0], input, normalized_shape, result[1], weight)
-    extra = _through_stats(input, None, result[1], None, grad[1], math.prod(normalized_shape))
+def _fused_rms_norm_derivative(grad, input, normalized_shape, weight, result1):
+    gx, gw = _fused_rms_norm_backward(grad[0], input, normalized_shape, result1, weight)
+    extra = _through_stats(input, None, result1, None, grad[1], math.prod(normalized_shape))
     return (gx if extra is None else gx + extra), gw
 
 
@@ -319,11 +319,11 @@ native_batch_norm_backward.def_meta(lambda grad_out, input, weight, save_mean, s
 
 
 @native_batch_norm.def_derivative
-def _native_batch_norm_derivative(grad, input, weight, bias, training, result):
-    gx, gw, gb = native_batch_norm_backward(grad[0], input, weight, result[1], result[2], training, bias)
+def _native_batch_norm_derivative(grad, input, weight, bias, training, result1, result2):
+    gx, gw, gb = native_batch_norm_backward(grad[0], input, weight, result1, result2, training, bias)
     if training and not (_undefined_grad(grad[1]) and _undefined_grad(grad[2])):   # (reshape drops the mark)
         shape = (1, -1) + (1,) * (input.ndim - 2)
-        extra = _through_stats(input, result[1].reshape(shape), result[2].reshape(shape), grad[1].reshape(shape),
+        extra = _through_stats(input, result1.reshape(shape), result2.reshape(shape), grad[1].reshape(shape),
                                grad[2].reshape(shape), input.numel() // max(input.shape[1], 1))
         gx = gx if extra is None else gx + extra
     return gx, gw, gb, None, None
@@ -416,9 +416,9 @@ native_group_norm_backward.def_meta(lambda grad_out, input, mean, rstd, weight, 
 
 
 @native_group_norm.def_derivative
-def _native_group_norm_derivative(grad, input, weight, bias, N, C, HxW, group, result):
-    gx, gw, gb = native_group_norm_backward(grad[0], input, result[1], result[2], weight, N, C, HxW, group, bias)
-    stats = [t.reshape(N, group, 1) for t in (result[1], result[2], grad[1], grad[2])]
+def _native_group_norm_derivative(grad, input, weight, bias, N, C, HxW, group, result1, result2):
+    gx, gw, gb = native_group_norm_backward(grad[0], input, result1, result2, weight, N, C, HxW, group, bias)
+    stats = [t.reshape(N, group, 1) for t in (result1, result2, grad[1], grad[2])]
     extra = _through_stats(input.reshape(N, group, -1), *stats, (C // group) * HxW)
     return (gx if extra is None else gx + extra.reshape(input.shape)), gw, gb
 
@@ -486,10 +486,10 @@ native_dropout.def_meta(lambda input, p, train: (TensorSpec(input.shape, input.d
 
 
 @native_dropout.def_derivative
-def _(grad, p, train, result):
+def _(grad, p, train, result1):
     if train is False:
         return grad[0]
-    return grad[0] * result[1] * (1.0 / (1.0 - p) if p < 1 else 0.0)
+    return grad[0] * result1 * (1.0 / (1.0 - p) if p < 1 else 0.0)
 
 
 def _check_p(p):

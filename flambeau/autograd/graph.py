@@ -317,6 +317,13 @@ def _differentiable(t) -> bool:
     return isinstance(t, Tensor) and t._dtype.category >= FLOATING
 
 
+def result_index(name: str):
+    """k for a derivative parameter named `result<k>` (the op's k-th output alone), else None."""
+    if name.startswith("result") and name[6:].isdigit():
+        return int(name[6:])
+    return None
+
+
 def record(op, args, kwargs, out, node_cls=None):
     """Attach a backward node for `op(*args, **kwargs) -> out` to the outputs."""
     bound = op.bind(*args, **(kwargs or {}))
@@ -350,6 +357,11 @@ def record(op, args, kwargs, out, node_cls=None):
             saved[n] = (SavedTensor(out, True, node_name, 0) if isinstance(out, Tensor) else
                         tuple(SavedTensor(o, True, node_name, k) if isinstance(o, Tensor) else o
                               for k, o in enumerate(outs)))
+            continue
+        k = result_index(n)
+        if k is not None:              # one output alone (`result1`): the others are not kept alive
+            o = outs[k]
+            saved[n] = SavedTensor(o, True, node_name, k) if isinstance(o, Tensor) else o
             continue
         if n.endswith("_geometry") and n not in names:
             saved[n] = TensorMeta.geometry(bound[names.index(n[:-9])])
