@@ -11,6 +11,7 @@ means, fills and BatchNorm/LayerNorm backward against PyTorch cuda.
 """
 import shutil
 import subprocess
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -54,6 +55,15 @@ def test_launch_converts_each_argument_by_its_signature_type():
     assert type(args[5]) is np.float32 and args[5] == np.float32(0.1)
     assert type(args[6]) is np.float64 and args[6] == 0.1
     assert len(args) == 9 and args[7] == 0 and args[8] == 0          # global and profile scratch: null
+
+
+def test_launch_takes_a_float_beyond_float32_as_infinity_without_a_warning():
+    k = _fake_kernel(("fp32", "fp32"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TL.launch(k, (1,), 1e300, -1e300)
+    args = k.function.calls[0][2]
+    assert type(args[0]) is np.float32 and args[0] == np.inf and args[1] == -np.inf
 
 
 def test_launch_refuses_a_wrong_argument_count_and_skips_an_empty_grid():

@@ -68,6 +68,7 @@ MAX_BLOCKS = 1 << 16          # grid-stride loop beyond this many blocks
 # 6.3M elements, was not faster with them on an H200)
 MAX_ELEMENTS = 1 << 20
 _SCALAR_LIMIT = 1 << 53       # a Python int beyond this is not exactly a float: the general path takes it
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _source() -> str:
@@ -135,12 +136,17 @@ def binary(cupy, a, b, name: str):
             # which rounds differently from x / s; the reciprocal of the number as a double, then
             # rounded to the op-math type, is what PyTorch 2.11 gives on cuda (1 / 0.001 -> 1000.0f)
             try:
-                s = c(1.0 / b)
+                v = 1.0 / b
             except OverflowError:
                 return None
             name = "mul"
         else:
-            s = c(b)
+            v = b
+        # a number beyond float32 (or inf/nan) takes the general path: NumPy's cast of it warns, and
+        # the dispatcher does not silence NumPy's FP errors around cuda kernels
+        if c is np.float32 and not -_FLOAT32_MAX <= v <= _FLOAT32_MAX:
+            return None
+        s = c(v)
         out = _ndarray(a.shape, dt)
         _launch(_function(cupy, name, dt, "ts", dev), n, (a, s, out, np.int64(n)))
         return out

@@ -51,6 +51,7 @@ _SUB_LIBS = ("libcudnn_engines_precompiled", "libcudnn_engines_runtime_compiled"
              "libcudnn_graph", "libcudnn_ops", "libcudnn_cnn", "libcudnn_adv")
 _DATA = {"float32": DataType.FLOAT, "float64": DataType.DOUBLE, "float16": DataType.HALF,
          "bfloat16": DataType.BFLOAT16}
+_DATA_NAMES: dict = {}       # NumPy dtype -> its name, read once (`dtype.name` costs microseconds a call)
 _MAX_ALGOS = 16
 _ALIGNMENT = 16              # bytes: the data alignment cuDNN's kernels assume
 
@@ -574,6 +575,13 @@ def _as_2d(shape):
     return tuple(shape[:2]) + (1,) + tuple(shape[2:])
 
 
+def _dtype_name(dt) -> str:
+    n = _DATA_NAMES.get(dt)
+    if n is None:
+        n = _DATA_NAMES[dt] = dt.name
+    return n
+
+
 def _supported(*arrays):
     import cupy  # deferred: optional dependency, present only where cuda is used
     a0 = arrays[0]
@@ -582,7 +590,7 @@ def _supported(*arrays):
     dev = cupy.cuda.runtime.getDevice()
     if any(a.data.device_id != dev for a in arrays):
         return False
-    if a0.dtype.name not in _DATA or any(a.dtype != a0.dtype for a in arrays):
+    if _dtype_name(a0.dtype) not in _DATA or any(a.dtype != a0.dtype for a in arrays):
         return False
     return all(a.size and a.size < (1 << 31) and all(s > 0 for s in a.shape) for a in arrays)
 
@@ -664,7 +672,7 @@ def forward(x, w, bias, stride, padding, dilation, groups):
         return None
     x, w = _ready(x), _ready(w)
     y = cupy.empty(y_shape, x.dtype)
-    plan = _plan("forward", x.shape, w.shape, y_shape, st, pad, dil, groups, x.dtype.name,
+    plan = _plan("forward", x.shape, w.shape, y_shape, st, pad, dil, groups, _dtype_name(x.dtype),
                  lambda: (x.data.ptr, w.data.ptr, y.data.ptr))
     if plan is None:
         return None
@@ -686,7 +694,7 @@ def backward_data(gy, w, stride, padding, dilation, groups, size):
         return None
     gy, w = _ready(gy), _ready(w)
     gx = cupy.empty(x_shape, gy.dtype)
-    plan = _plan("backward_data", x_shape, w.shape, gy.shape, st, pad, dil, groups, gy.dtype.name,
+    plan = _plan("backward_data", x_shape, w.shape, gy.shape, st, pad, dil, groups, _dtype_name(gy.dtype),
                  lambda: (w.data.ptr, gy.data.ptr, gx.data.ptr))
     if plan is None:
         return None
@@ -705,7 +713,7 @@ def backward_filter(x, gy, w_shape, stride, padding, dilation, groups):
         return None
     x, gy = _ready(x), _ready(gy)
     gw = cupy.empty(w_shape, x.dtype)
-    plan = _plan("backward_filter", x.shape, w_shape, gy.shape, st, pad, dil, groups, x.dtype.name,
+    plan = _plan("backward_filter", x.shape, w_shape, gy.shape, st, pad, dil, groups, _dtype_name(x.dtype),
                  lambda: (x.data.ptr, gy.data.ptr, gw.data.ptr))
     if plan is None:
         return None

@@ -24,7 +24,19 @@ import numpy as np
 _SMEM_STATIC_LIMIT = 48 * 1024     # bytes of shared memory a launch may use without opting in
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _THREADS_PER_WARP = 32
-_SCALARS = {"i32": np.int32, "i64": np.int64, "u32": np.uint32, "u64": np.uint64, "fp32": np.float32,
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _fp32(v):
+    """A float32 argument; a number beyond float32 becomes +-inf without NumPy's overflow warning (the
+    dispatcher does not silence NumPy's FP errors around cuda kernels)."""
+    if -_FLOAT32_MAX <= v <= _FLOAT32_MAX:
+        return np.float32(v)
+    with np.errstate(over="ignore"):
+        return np.float32(v)
+
+
+_SCALARS = {"i32": np.int32, "i64": np.int64, "u32": np.uint32, "u64": np.uint64, "fp32": _fp32,
             "fp64": np.float64}
 _MULTIPROCESSOR_COUNT = 16          # cudaDevAttrMultiProcessorCount
 _cache: dict = {}
