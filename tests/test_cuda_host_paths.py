@@ -139,9 +139,15 @@ def test_cast_launches_the_kernel_of_its_dtype_pair(fake_cupy, monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["same dtype", "not contiguous", "integer source", "integer target", "empty",
-                                  "other device", "not a cupy array"])
+                                  "other device", "to another device", "not a cupy array"])
 def test_cast_leaves_other_operands_to_cupy(fake_cupy, case):
     a, dt = _FakeArray((4, 4), np.float32), np.dtype(np.float16)
+    if case == "to another device":
+        assert cuda_cast.cast(fake_cupy, a, dt, 1) is None
+        assert fake_cupy.launches == []
+        cuda_cast.cast(fake_cupy, a, dt, 0)
+        assert len(fake_cupy.launches) == 1
+        return
     if case == "same dtype":
         dt = np.dtype(np.float32)
     elif case == "not contiguous":
@@ -257,6 +263,23 @@ def test_casts_bit_for_bit_as_pytorch(src, dst):
     _same_bits(f.to(getattr(fl, dst)), t.to(getattr(torch, dst)))
     _same_bits(f.reshape(64, 64).to(getattr(fl, dst)), t.reshape(64, 64).to(getattr(torch, dst)))
     assert bool(cuda_cast._functions) == (src != dst)
+
+
+@pytest.mark.cuda
+def test_cast_gradients_take_the_raw_kernel_as_pytorch():
+    x = np.random.default_rng(7).standard_normal((33, 17)).astype(np.float32)
+    grads = {}
+    for m in (fl, torch):
+        t = m.tensor(x, device="cuda", requires_grad=True)
+        (t.to(m.bfloat16) * 3).float().sum().backward()
+        grads[m.__name__] = t.grad
+    t = fl.tensor(x, device="cuda", requires_grad=True)
+    y = (t.to(fl.bfloat16) * 3).float().sum()
+    cuda_cast._functions.clear()
+    y.backward()                       # the derivative of a cast passes device=: the same kernels serve
+    assert {(k[0].name, k[1].name) for k in cuda_cast._functions} == {("float32", "bfloat16"),
+                                                                      ("bfloat16", "float32")}
+    _same_bits(grads["flambeau"], grads["torch"])
 
 
 @pytest.mark.cuda

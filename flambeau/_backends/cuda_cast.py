@@ -59,10 +59,11 @@ def _function(cupy, src: np.dtype, dst: np.dtype, dev: int):
     return f
 
 
-def cast(cupy, a, dtype):
+def cast(cupy, a, dtype, device_index=None):
     """A new C-contiguous copy of CuPy array `a` in NumPy dtype `dtype`, or None when `a` (a
     C-contiguous float32/float64/float16/bfloat16 array on the current device) or `dtype` is not
-    handled here. `cupy` is the cuda array namespace (this module imports no CuPy)."""
+    handled here, or `device_index` (where the copy must go; None: the current device) is another
+    device. `cupy` is the cuda array namespace (this module imports no CuPy)."""
     _ndarray = getattr(cupy, "ndarray", None)
     if type(a) is not _ndarray or getattr(cupy, "__name__", None) != "cupy":   # not a third-party device's
         return None
@@ -73,7 +74,7 @@ def cast(cupy, a, dtype):
     if not _device_id:
         _device_id.append(getattr(cupy.cuda.device, "get_device_id", cupy.cuda.runtime.getDevice))
     dev = _device_id[0]()
-    if a.data.device_id != dev:
+    if a.data.device_id != dev or (device_index is not None and device_index != dev):
         return None
     out = _ndarray(a.shape, dtype)
     blocks = (n + THREADS - 1) // THREADS

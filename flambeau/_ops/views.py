@@ -376,6 +376,8 @@ def _to_copy(xp, self, *, dtype=None, device=None, non_blocking=False):
     npdt = dtype.np if dtype is not None else self.dtype
     if device is not None:
         dev = canonical(device)
+        if dev.type == "cuda" and xp is not np and (r := cuda_cast.cast(xp, src, npdt, dev.index)) is not None:
+            return r                  # a cast on the array's own device (the derivative of a cast passes device=)
         if dev.type == "cpu":
             if type(src) is not np.ndarray and hasattr(src, "get"):
                 src = src.get()
