@@ -256,8 +256,8 @@ def _call(op, args, kwargs, record):
         kernel = op.kernel
         # inf/nan results are silent, as in PyTorch: NumPy's FP warnings are off around the kernel
         # (~0.15 us; views and ops tagged no_fp_errors compute nothing that can raise and skip it, and
-        # so do kernels of other array namespaces: CuPy's device arithmetic raises no NumPy FP errors)
-        token = _fp_quiet() if op.quiet_fp_errors and xp is np else None
+        # so do cuda kernels: CuPy's device arithmetic raises no NumPy FP errors)
+        token = _fp_quiet() if op.quiet_fp_errors and dev.type != "cuda" else None
         try:
             # CPython 3.11 runs a call with a fixed number of arguments in the caller's loop; a
             # call with *args goes through C and a new interpreter loop (~1000 instructions more)
