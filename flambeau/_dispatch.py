@@ -38,6 +38,7 @@ def register_autograd(graph, forward_ad) -> None:
     and propagate forward-mode tangents for every differentiable call."""
     global _graph, _forward_ad
     _graph, _forward_ad = graph, forward_ad
+    Tensor._refresh_view = staticmethod(graph.refresh_view)
 
 
 def register_autocast(cast_inputs, call_composite) -> None:
@@ -118,7 +119,7 @@ def _scan(op, args, kwargs):
                 dev = d
             elif d is not dev:
                 tensors = True
-            if a._requires_grad:
+            if a._requires_grad or _stale_view_requires_grad(a):
                 rg = True
             if a._fw_grad is not None:
                 fw = True
@@ -131,7 +132,7 @@ def _scan(op, args, kwargs):
                         dev = x._device
                     elif x._device is not dev:
                         tensors = True
-                    if x._requires_grad:
+                    if x._requires_grad or _stale_view_requires_grad(x):
                         rg = True
                     if x._fw_grad is not None:
                         fw = True
@@ -155,6 +156,12 @@ def _scan(op, args, kwargs):
         if mixed:
             uargs, ukwargs = _cpu_scalars_to_values(args, kwargs, uargs, ukwargs, dev)
     return uargs, ukwargs, dev, rg, fw
+
+
+def _stale_view_requires_grad(t: Tensor) -> bool:
+    """`t` is a view whose base changed in place since its node was recorded, and requires grad once
+    its node is regenerated (`autograd.graph.refresh_view`): `a[:2]` after `a.add_(w)`."""
+    return t._base is not None and t._version[0] != t._view_version and _graph.refresh_view(t)
 
 
 def _has_tensor(seq) -> bool:
@@ -181,7 +188,7 @@ def _scan_all(op, tensors):
                 mixed = True
             else:
                 raise _device_mismatch(op, dev, d)
-        if t._requires_grad:
+        if t._requires_grad or _stale_view_requires_grad(t):
             rg = True
         if t._fw_grad is not None:
             fw = True
@@ -225,7 +232,8 @@ def _call(op, args, kwargs, record):
                 dev = a._device
             elif a._device is not dev:
                 general = True
-            if a._requires_grad:
+            if a._requires_grad or (a._base is not None and a._version[0] != a._view_version
+                                    and _graph.refresh_view(a)):     # `_stale_view_requires_grad`, inlined
                 rg = True
             if a._fw_grad is not None:
                 fw = True
@@ -325,6 +333,8 @@ def _mark_views(base, out):
         out._base = b
         out._version = base._version
         out._view_version = base._version[0]
+        if not _state.grad_enabled:
+            out._view_untracked = True
     elif isinstance(out, (tuple, list)):
         for o in out:
             _mark_views(base, o)
@@ -396,7 +406,7 @@ def check_inplace_autograd(self: Tensor):
     if self._requires_grad and self.grad_fn is None:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
     b = self._base
-    if b is not None and b._requires_grad and b.grad_fn is None:
+    if b is not None and b._requires_grad and b._grad_fn is None:
         raise RuntimeError("a view of a leaf Variable that requires grad is being used in an in-place operation.")
 
 
@@ -432,14 +442,15 @@ def _inplace(op, args, kwargs):
         raise TypeError(f"{op.__name__}(): argument 'self' must be Tensor, not {type(self).__name__}")
     f = op.functional
     check_inplace_autograd(self)
-    rg = _state.grad_enabled and any(t._requires_grad for t in flat_tensors(args, kwargs))
+    rg = _state.grad_enabled and any(t._requires_grad or _stale_view_requires_grad(t)
+                                     for t in flat_tensors(args, kwargs))
     fw = any(t._fw_grad is not None for t in flat_tensors(args, kwargs))
     orig = None
     if rg and self._base is not None:
         _graph.refresh_view(self)
     if rg and "self" in f.saved_names:
         orig = self.detach().clone() if self._device.type != "meta" else self.detach()
-        orig.grad_fn, orig._output_nr, orig._requires_grad = self.grad_fn, self._output_nr, self._requires_grad
+        orig._grad_fn, orig._output_nr, orig._requires_grad = self._grad_fn, self._output_nr, self._requires_grad
     res = _call(f, args, kwargs, False)
     if fw:
         _forward_ad.propagate(f, args, kwargs, res)

@@ -62,10 +62,14 @@ class Tensor:
     # Per-instance autograd state defaults to these class attributes, so `_make` (the hot path of
     # every op) only stores what differs from them.
     _requires_grad = False
-    grad_fn = None
+    _grad_fn = None
     _grad = None
     _base = None
     _view_version = 0      # a view's version counter when its grad_fn was recorded (autograd.graph.refresh_view)
+    _view_untracked = False  # a view made by detach() or under no_grad: an in-place op on its base leaves it alone
+    # flambeau.autograd.graph.refresh_view, installed by the autograd layer (`_dispatch.register_autograd`):
+    # a view whose base changed in place takes a node re-reading it from the base (PyTorch's regeneration)
+    _refresh_view = None
     _output_nr = 0
     _hooks = None
     _fw_grad = None
@@ -198,6 +202,8 @@ class Tensor:
     # --- autograd state -----------------------------------------------------------------
     @property
     def requires_grad(self) -> bool:
+        if self._base is not None and self._version[0] != self._view_version:
+            Tensor._refresh_view(self)
         return self._requires_grad
 
     @requires_grad.setter
@@ -211,6 +217,14 @@ class Tensor:
         if value and self._dtype.category < D.FLOATING:
             raise RuntimeError("only Tensors of floating point and complex dtype can require gradients")
         self._requires_grad = bool(value)
+
+    @property
+    def grad_fn(self):
+        """The node that made this tensor (None for a leaf). A view whose base was modified in place
+        since its node was recorded gets a new one first, as PyTorch regenerates it (AsStridedBackward0)."""
+        if self._base is not None and self._version[0] != self._view_version:
+            Tensor._refresh_view(self)
+        return self._grad_fn
 
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
         self.requires_grad = requires_grad
@@ -258,11 +272,12 @@ class Tensor:
     def detach(self) -> "Tensor":
         t = Tensor._make(self._data, self._device, self._dtype)
         t._version = self._version
-        t._base = self._base if self._base is not None else None
+        if self._base is not None:
+            t._base, t._view_untracked = self._base, True
         return t
 
     def detach_(self) -> "Tensor":
-        self.grad_fn = None
+        self._grad_fn = None
         self._requires_grad = False
         return self
 

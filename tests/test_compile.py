@@ -8,8 +8,10 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import torch._dynamo.testing
 
 import flambeau as fl
+import flambeau._dynamo.testing
 from tests.opdb import all_opinfos, check_compiled_or_expected_failure
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
@@ -434,3 +436,35 @@ def test_opdb_inductor(info):
     breaks = _check_opinfo(info, "inductor", 2)
     if info.name not in EXPECTED_GRAPH_BREAKS:
         assert not breaks, f"{info.name}: unexpected graph break"
+
+
+@pytest.mark.parametrize("name", ["matmul", "mul", "nn.functional.relu", "callable object"])
+def test_compile_builtins_and_callable_objects_as_pytorch(name):
+    """torch.compile(torch.matmul) compiles: a callable without bytecode of its own (an operator, a
+    callable object) is wrapped in a function that calls it (PyTorch's wrap_inline); flambeau raised
+    TypeError. Results and the graph count (through a counting backend) agree with PyTorch's."""
+    class Affine:
+        def __call__(self, x, y):
+            return x * 2 + y
+
+    def target(m):
+        if name == "callable object":
+            return Affine()
+        obj = m
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        return obj
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3) - 2, np.ones((3, 3), np.float32)
+    b = b if name == "matmul" else a
+    counts = []
+    for m, counter in ((torch, torch._dynamo.testing.CompileCounter()), (fl, fl._dynamo.testing.CompileCounter())):
+        m.compiler.reset()
+        x = m.tensor(a, requires_grad=True)
+        f = m.compile(target(m), backend=counter, fullgraph=True)
+        out = f(x) if name == "nn.functional.relu" else f(x, m.tensor(b))
+        g, = m.autograd.grad(out.sum(), x)
+        counts.append((counter.frame_count, out.detach().numpy(), g.numpy()))
+    (tc, tout, tg), (fc, fout, fgrad) = counts
+    assert fc == tc == 1
+    np.testing.assert_allclose(fout, tout, rtol=1e-6)
+    np.testing.assert_allclose(fgrad, tg, rtol=1e-6)

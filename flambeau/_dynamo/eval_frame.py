@@ -271,11 +271,24 @@ class _ModuleCall(CompiledWrapper):
         return self.forward(*args, **kwargs)
 
 
+def wrap_inline(fn):
+    """`fn` itself if it is a Python function or method, else a Python function calling it: an operator
+    (`flambeau.matmul`), a builtin or an object with `__call__` has no bytecode of its own, so capture
+    starts from this function's call of it (PyTorch's `external_utils.wrap_inline`)."""
+    if isinstance(fn, (types.FunctionType, types.MethodType)):
+        return fn
+
+    @functools.wraps(fn, updated=())
+    def inner(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return inner
+
+
 def optimize_for_compiler(model, backend, *, fullgraph: bool = False, dynamic=None, module=None):
     """The front-end entry point `flambeau.compile` uses: a callable running `model` compiled."""
     if isinstance(model, Module):
         return _ModuleCall(model, backend, fullgraph, dynamic)
-    return CompiledFunction(model, backend, fullgraph=fullgraph, dynamic=dynamic)
+    return CompiledFunction(wrap_inline(model), backend, fullgraph=fullgraph, dynamic=dynamic)
 
 
 class OptimizeContext:
@@ -290,7 +303,7 @@ class OptimizeContext:
         be = lookup_backend(self.backend)
         if isinstance(fn, Module):
             return OptimizedModule(fn, _ModuleCall(fn, be, self.nopython, self.dynamic))
-        c = CompiledFunction(fn, be, fullgraph=self.nopython, dynamic=self.dynamic)
+        c = CompiledFunction(wrap_inline(fn), be, fullgraph=self.nopython, dynamic=self.dynamic)
         if isinstance(fn, types.MethodType):
             return c
 

@@ -40,15 +40,15 @@ def _alias(t: Tensor) -> Tensor:
     if type(t) is not Tensor:
         a.__class__ = type(t)
         a.__dict__.update({k: v for k, v in t.__dict__.items() if k in ("fake_device", "fake_mode")})
-    a.grad_fn, a._output_nr, a._requires_grad = t.grad_fn, t._output_nr, t._requires_grad
+    a._grad_fn, a._output_nr, a._requires_grad = t._grad_fn, t._output_nr, t._requires_grad
     return a
 
 
 def _become(t: Tensor, r: Tensor) -> None:
     """Rebind `t` to the value (array and autograd history) of `r`."""
     t._data = r._data
-    if r.grad_fn is not None or t.grad_fn is not None:
-        t.grad_fn, t._output_nr, t._requires_grad = r.grad_fn, r._output_nr, r._requires_grad
+    if r._grad_fn is not None or t._grad_fn is not None:
+        t._grad_fn, t._output_nr, t._requires_grad = r._grad_fn, r._output_nr, r._requires_grad
     elif r._requires_grad:
         t._requires_grad = True
     t._version[0] += 1
@@ -188,7 +188,7 @@ class FunctionalTensorMode(TorchDispatchMode):
             for step in info.chain:
                 x = _apply_step(step, x)
             t._data = x._data
-            t.grad_fn, t._output_nr, t._requires_grad = x.grad_fn, x._output_nr, x._requires_grad
+            t._grad_fn, t._output_nr, t._requires_grad = x._grad_fn, x._output_nr, x._requires_grad
             t._view_version = t._version[0]
             info.gen = g
         return t
@@ -318,14 +318,14 @@ class _Saved:
 
     def __init__(self, t: Tensor):
         self.t, self.data = t, t._data
-        self.grad_fn, self.output_nr, self.requires_grad = t.grad_fn, t._output_nr, t._requires_grad
+        self.grad_fn, self.output_nr, self.requires_grad = t._grad_fn, t._output_nr, t._requires_grad
 
     def restore(self) -> Tensor:
         """Put the original value back into the input; return a tensor holding its final value."""
         t = self.t
         final = _alias(t)
         t._data = self.data
-        t.grad_fn, t._output_nr, t._requires_grad = self.grad_fn, self.output_nr, self.requires_grad
+        t._grad_fn, t._output_nr, t._requires_grad = self.grad_fn, self.output_nr, self.requires_grad
         return final
 
 

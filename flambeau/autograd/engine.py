@@ -219,7 +219,7 @@ def _accumulate(t: Tensor, g: Tensor, create_graph: bool):
 def _make_roots(tensors, grad_tensors, what="backward"):
     roots = []
     for i, (t, g) in enumerate(zip(tensors, grad_tensors)):
-        if not t._requires_grad:
+        if not t.requires_grad:
             raise RuntimeError(f"element {i} of tensors does not require grad and does not have a grad_fn")
         if g is None:
             if t.numel() != 1:
@@ -289,7 +289,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     if retain_graph is None:
         retain_graph = create_graph
     for t in inputs:
-        if not t._requires_grad:
+        if not t.requires_grad:
             raise RuntimeError("One of the differentiated Tensors does not require grad")
     prev = _state.grad_enabled
     _state.grad_enabled = create_graph

@@ -72,7 +72,7 @@ def _alias(t: Tensor) -> Tensor:
     """A new Tensor object over the same data and autograd history, without a tangent."""
     a = Tensor._make(t._data, t._device, t._dtype)
     a._version, a._base, a._view_version = t._version, t._base, t._view_version
-    a.grad_fn, a._output_nr, a._requires_grad = t.grad_fn, t._output_nr, t._requires_grad
+    a._grad_fn, a._output_nr, a._requires_grad = t._grad_fn, t._output_nr, t._requires_grad
     return a
 
 

@@ -125,8 +125,8 @@ class Function(metaclass=_FunctionMeta):
     def apply(cls, *args, **kwargs):
         ctx = FunctionCtx()
         tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, Tensor)]
-        record = _state.grad_enabled and any(a._requires_grad for _, a in tensors)
-        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a._requires_grad for a in args)
+        record = _state.grad_enabled and any(a.requires_grad for _, a in tensors)
+        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         uses_setup = cls.setup_context is not Function.setup_context
         prev = _state.grad_enabled
         _state.grad_enabled = False
@@ -163,7 +163,7 @@ class Function(metaclass=_FunctionMeta):
                 if id(o) in ctx._dirty:
                     check_inplace_autograd(o)
                     o._version[0] += 1
-                o.grad_fn = node
+                o._grad_fn = node
                 o._output_nr = k
                 o._requires_grad = True
         out_ids = {id(o): k for k, o in enumerate(outs) if isinstance(o, Tensor)}

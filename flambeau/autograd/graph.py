@@ -174,7 +174,7 @@ class SavedTensor:
         if self.is_output:
             o = Tensor._make(t._data, t._device, t._dtype)
             o._version = t._version
-            o.grad_fn = node
+            o._grad_fn = node
             o._output_nr = self.out_nr
             o._requires_grad = True
             return o
@@ -219,23 +219,30 @@ def _meta_of(t):
     return (t._data.shape, t._dtype, t._device)
 
 
-def refresh_view(t: Tensor) -> None:
-    """PyTorch's view grad_fn regeneration: a view that requires grad, whose base was modified in place
-    since the view's node was recorded (their shared version counter moved on), takes a new node
-    reading its elements out of the base's current value (AsStridedBackward0 on the base)."""
+def refresh_view(t: Tensor) -> bool:
+    """PyTorch's view grad_fn regeneration: a view whose base was modified in place since the view's
+    node was recorded (their shared version counter moved on) and now requires grad takes a new node
+    reading its elements out of the base's current value (AsStridedBackward0 on the base), and
+    requires grad itself, even if it did not before (`a[:2]` after `a.add_(w)`); a view made by
+    detach() or under no_grad is left alone. Returns whether `t` requires grad."""
     base = t._base
-    if t._version[0] == t._view_version or not t._requires_grad or not base._requires_grad:
-        return
-    t.grad_fn = ViewOfBase(_edge(base), _meta_of(base), _ViewIndex(base, t))
+    if t._version[0] == t._view_version:
+        return t._requires_grad
+    if not base._requires_grad or (not t._requires_grad and t._view_untracked):
+        t._view_version = t._version[0]
+        return t._requires_grad
+    t._grad_fn = ViewOfBase(_edge(base), _meta_of(base), _ViewIndex(base, t))
     t._output_nr = 0
+    t._requires_grad = True
     t._view_version = t._version[0]
+    return True
 
 
 def _edge(t: Tensor):
     if t._base is not None:
         refresh_view(t)
-    if t.grad_fn is not None:
-        return (t.grad_fn, t._output_nr)
+    if t._grad_fn is not None:
+        return (t._grad_fn, t._output_nr)
     if t._requires_grad:
         return (accumulator(t), 0)
     return (None, 0)
@@ -381,7 +388,7 @@ def record(op, args, kwargs, out, node_cls=None):
     node = (node_cls or OpNode)(op, saved, next_fns, in_meta, out_meta, layout)
     for k, o in enumerate(outs):
         if _differentiable(o):
-            o.grad_fn = node
+            o._grad_fn = node
             o._output_nr = k
             o._requires_grad = True
     return node
@@ -476,16 +483,16 @@ class ViewOfBase(Node):
 def _rebase_view(base: Tensor, view: Tensor):
     idx = _ViewIndex(base, view)
     bmeta = _meta_of(base)
-    cs = CopySlices(_edge(base), bmeta, (view.grad_fn, view._output_nr), _meta_of(view), idx)
-    base.grad_fn, base._output_nr, base._requires_grad = cs, 0, True
-    view.grad_fn = ViewOfBase((cs, 0), bmeta, idx)
+    cs = CopySlices(_edge(base), bmeta, (view._grad_fn, view._output_nr), _meta_of(view), idx)
+    base._grad_fn, base._output_nr, base._requires_grad = cs, 0, True
+    view._grad_fn = ViewOfBase((cs, 0), bmeta, idx)
     view._output_nr = 0
     view._view_version = view._version[0]
 
 
 # ---- hooks ---------------------------------------------------------------------------------
 def register_tensor_hook(t: Tensor, fn):
-    if not t._requires_grad:
+    if not t.requires_grad:
         raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
     if t.grad_fn is None:
         if t._hooks is None:
@@ -512,7 +519,7 @@ def register_post_accumulate_hook(t: Tensor, fn):
 
 
 def retain_grad(t: Tensor):
-    if not t._requires_grad:
+    if not t.requires_grad:
         raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
     if t.grad_fn is None:
         return
