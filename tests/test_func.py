@@ -202,8 +202,19 @@ def test_randomness_flags():
     assert fl.equal(same[0], same[1]) and fl.equal(same[0], same[3])
     like = ff.vmap(lambda a: fl.rand_like(a), randomness="same")(x)
     assert fl.equal(like[0], like[2])
-    drop = ff.vmap(lambda a: fl.nn.functional.dropout(a + 1, 0.5), randomness="different")(x)
-    assert drop.shape == (4, 3)
+    x = fl.ones(6, 40)
+    drop = ff.vmap(lambda a: fl.nn.functional.dropout(a, 0.5), randomness="different")(x)
+    assert drop.shape == (6, 40) and not fl.equal(drop[0], drop[1])
+    kept = (drop != 0).double().mean().item()
+    assert 0.3 < kept < 0.7 and set(drop.unique().tolist()) <= {0.0, 2.0}
+    drop = ff.vmap(lambda a: fl.nn.functional.dropout(a, 0.5), randomness="same")(x)    # PyTorch allows it
+    assert all(fl.equal(drop[0], drop[k]) for k in range(6)) and not fl.equal(drop[0], fl.ones(40) * 2)
+    # PyTorch refuses 'same' for normal(batched mean); flambeau runs its decomposition: one draw shared
+    with pytest.raises(RuntimeError, match="same randomness with a batched tensor input"):
+        tf.vmap(lambda a: torch.normal(a, 1.0), randomness="same")(torch.ones(3, 4))
+    means = fl.arange(3.0).unsqueeze(1).expand(3, 4)
+    noise = ff.vmap(lambda a: fl.normal(a, 1.0), randomness="same")(means) - means
+    assert fl.allclose(noise[0], noise[1]) and fl.allclose(noise[0], noise[2])
 
 
 class _CNN:

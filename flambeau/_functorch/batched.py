@@ -139,11 +139,6 @@ def peel(t, n: int):
     return t
 
 
-def peel_like(t, n: int, like) -> Tensor:
-    """A cotangent/tangent `t` (logical) in the physical layout of `peel(., n)`."""
-    return peel(t, n)
-
-
 def unpeel(t, n: int):
     """Inverse of `peel`: leading dimensions become vmap levels 1..n again."""
     if not isinstance(t, Tensor):
@@ -183,27 +178,31 @@ class VmapMode:
         return self.apply(func, args, kwargs)
 
     def apply(self, func, args, kwargs):
-        """Run `func` over the batch: its rule, or the loop fallback."""
+        """Run `func` over the batch: its rule, else its decomposition, else the loop fallback."""
         values = func.bind(*args, **kwargs)
         phys, dims = _unwrap(values, self.level)
         rule = rule_of(func)
         r = NotImplemented if rule is None else rule(dims, *phys)
-        if r is NotImplemented and func.decomposition is not None and func not in self._decomposing:
-            # no rule (or it declined these inputs): the op's decomposition, run on the batched
-            # tensors under this level, batches through its parts' rules
-            self._decomposing.add(func)
-            _state.modes.append(self)
-            try:
-                out = func.decomposition(*args, **kwargs)
-            finally:
-                _state.modes.pop()
-                self._decomposing.discard(func)
+        if r is NotImplemented:
+            out = self._decompose(func, args, kwargs)
             if out is not NotImplemented:
                 return out
-        if r is NotImplemented:
             r = self._fallback(func, phys, dims)
         out, out_dims = r
         return _rewrap(out, out_dims, self.level)
+
+    def _decompose(self, func, args, kwargs):
+        """The op's decomposition run on the batched tensors under this level (its parts batch by their
+        own rules), or NotImplemented without one."""
+        if func.decomposition is None or func in self._decomposing:
+            return NotImplemented
+        self._decomposing.add(func)
+        _state.modes.append(self)
+        try:
+            return func.decomposition(*args, **kwargs)
+        finally:
+            _state.modes.pop()
+            self._decomposing.discard(func)
 
     def _fallback(self, func, phys, dims):
         warnings.warn(f"There is a performance drop because we have not yet implemented the batching rule for "
@@ -215,31 +214,32 @@ class VmapMode:
         return _stack_results(results)
 
     def _random(self, func, args, kwargs, own):
+        """A random op under the `randomness` flag: 'different' draws per example (a factory once per
+        example; on batched inputs the op runs on the physical values, whose draws are independent),
+        'same' draws once for the logical shape (an op on batched inputs only through its
+        decomposition's `*_like` draws, as PyTorch's dropout)."""
         if self.randomness == "error":
             raise RuntimeError("vmap: called random operation while in randomness error mode. Please either use "
                                "the 'same' or 'different' randomness flags on vmap or perform the randomness "
                                "operation out of vmap")
-        if self.randomness == "same":
-            if own and not func.name.endswith("_like") and not func.is_inplace:
-                raise RuntimeError(f"vmap: {func.__name__}: Vmap does not currently support same randomness with "
-                                   "a batched tensor input. Please file an issue with functorch")
-            if own:           # rand_like(x): one draw of the logical shape, shared by the batch
-                values = func.bind(*args, **kwargs)
-                phys, dims = _unwrap(values, self.level)
-                first = _select(phys, dims, 0)
-                return _batching.call(func, first)
-            return func(*args, **kwargs)
-        if not own:           # a factory: one independent draw per example
-            results = [func(*args, **kwargs) for _ in range(self.batch_size)]
-            out, out_dims = _stack_results(results)
+        same = self.randomness == "same"
+        if not own:
+            if same:
+                return func(*args, **kwargs)
+            out, out_dims = _stack_results([func(*args, **kwargs) for _ in range(self.batch_size)])
             return _rewrap(out, out_dims, self.level)
         if func.is_inplace:
             return self._inplace(func, args, kwargs)
-        values = func.bind(*args, **kwargs)
-        phys, dims = _unwrap(values, self.level)
-        results = [_batching.call(func, _select(phys, dims, i)) for i in range(self.batch_size)]
-        out, out_dims = _stack_results(results)
-        return _rewrap(out, out_dims, self.level)
+        if not same:
+            return self.apply(func, args, kwargs)
+        if func.name.endswith("_like"):      # rand_like(x): one draw of the logical shape, shared by the batch
+            phys, dims = _unwrap(func.bind(*args, **kwargs), self.level)
+            return _batching.call(func, _select(phys, dims, 0))
+        out = self._decompose(func, args, kwargs)
+        if out is NotImplemented:
+            raise RuntimeError(f"vmap: {func.__name__}: Vmap does not currently support same randomness with a "
+                               "batched tensor input. Please file an issue with functorch")
+        return out
 
     def _inplace(self, func, args, kwargs):
         values = func.bind(*args, **kwargs)

@@ -203,13 +203,13 @@ def _vjp_with_argnums(func, *primals, argnums=None, has_aux=False):
             raise RuntimeError(f"Expected pytree structure of cotangents to be the same as pytree structure of "
                                f"outputs to the function. cotangents: {ct_spec}, primal output: {out_spec}")
         gouts = []
-        for o, ct, p in zip(flat_out, flat_ct, phys_out):
+        for o, ct in zip(flat_out, flat_ct):
             if not isinstance(ct, Tensor):
                 raise RuntimeError(f"vjp_fn: expected cotangents to be Tensors, got {type(ct)}")
             if tuple(ct.shape) != tuple(o.shape):
                 raise RuntimeError(f"Mismatch in shape: grad_output[0] has a shape of {ct.shape} and "
                                    f"output[0] has a shape of {o.shape}.")
-            gouts.append(_batched.peel_like(ct, level.depth, p))
+            gouts.append(_batched.peel(ct, level.depth))
         graph = attached if create_graph is None else (create_graph and _state.grad_enabled) or attached
         res = _grads(phys_out, leaves, gouts, graph, retain_graph)
         res = [_finish(level, r, graph) for r in res]
@@ -266,17 +266,6 @@ def grad(func: Callable, argnums=0, has_aux: bool = False) -> Callable:
 
 
 # ---- forward mode (double vjp) -------------------------------------------------------------------
-def _check_tuple(elts, api: str, argname: str) -> None:
-    if not isinstance(elts, tuple):
-        raise RuntimeError(f"{api}: Expected {argname} to be a tuple of Tensors, got {type(elts)}")
-    for e in elts:
-        if not isinstance(e, Tensor):
-            raise RuntimeError(f"{api}: Expected {argname} to be a tuple of Tensors, got a tuple with an "
-                               f"element of type {type(e)}")
-    if len(elts) == 0:
-        raise RuntimeError(f"{api}: Expected {argname} to be a non-empty tuple of Tensors.")
-
-
 class _Linearized:
     """f's outputs at the primals and the retained graph that maps tangents to output tangents."""
 
@@ -301,8 +290,8 @@ class _Linearized:
     def push(self, flat_tangents, retain_graph: bool = True, strict: bool = False):
         """Output tangents J t for flat tangents (logical tensors, one per differentiated leaf)."""
         ts = []
-        for leaf, t in zip(self.leaves, flat_tangents):
-            ts.append(_batched.peel_like(t, self.level.depth, leaf))
+        for t in flat_tangents[:len(self.leaves)]:
+            ts.append(_batched.peel(t, self.level.depth))
         live = [(g, t) for g, t in zip(self.g, ts) if g._requires_grad]
         graph = self.attached
         if not live:
