@@ -3,6 +3,10 @@
     python bench/gpu_train.py [--only gpt,resnet,mlp] [--systems torch,flambeau] [--modes eager,compiled]
                               [--steps 10] [--no-profile]
 
+`compiled` is `torch.compile(model)` / `flambeau.compile(model)` (default mode; flambeau's generated
+Triton kernels on cuda); its flambeau line adds the generated kernels launched per step, how many
+kernels were compiled or came from the on-disk cache, and what ran eagerly inside compiled code.
+
 Workloads (issue 11, item 7), all with bf16 autocast and AdamW (each library's default, foreach on cuda):
   gpt     GPT-2 124M (12 layers, d 768, 12 heads, vocab 50257, tied embeddings), B 8 x T 1024
   resnet  ResNet-50, B 64, 3 x 224 x 224, 1000 classes
@@ -89,12 +93,28 @@ def run(name, lib, mode, steps, profile):
     ms = (time.perf_counter() - t0) * 1e3 / steps
     res = {"workload": name, "system": lib, "mode": mode, "first_step_ms": round(first, 1),
            "ms_per_step": round(ms, 2), "peak_mb": round(_peak(m), 1), "loss": round(float(loss.item()), 4)}
+    if lib == "flambeau" and mode == "compiled":
+        res.update(_flambeau_compiled_facts(step))
     if profile:
         res.update({k: v for k, v in counts(step).items()})
     del model, opt, fwd, x, y, loss
     gc.collect()
     m.cuda.empty_cache()
     return res
+
+
+def _flambeau_compiled_facts(step) -> dict:
+    """Generated Triton kernels launched in one step, and what ran eagerly inside compiled code
+    (whole graphs, single ops) since the process started, by reason."""
+    from flambeau._counters import FALLBACKS, counters
+    from flambeau._inductor import triton_runtime
+    before = triton_runtime.stats["launches"]
+    step()
+    _sync(flambeau)
+    fallbacks = {str(k): v for k, v in counters[FALLBACKS].items()}
+    return {"triton_launches_per_step": triton_runtime.stats["launches"] - before,
+            "kernels_compiled": triton_runtime.stats["compiled"], "cubin_cache_hits": triton_runtime.stats["cubin_cache_hits"],
+            "eager_fallbacks": dict(list(fallbacks.items())[:8])}
 
 
 def main(argv=None):

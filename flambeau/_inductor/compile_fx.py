@@ -3,14 +3,17 @@
     GraphModule (core ops, meta["val"] fake tensors)
       -> GraphLowering (graph.py, lowering*.py): loop IR, views as index remapping
       -> schedule (scheduler.py): fused kernels, registers vs memory, memory plan
-      -> codegen (codegen_cpp.py / codegen_numpy.py) + build (flambeau._cpp_builder, cached on disk)
+      -> codegen (codegen_cpp.py / codegen_numpy.py / codegen_triton.py) + build (flambeau._cpp_builder,
+         triton_runtime.py; cached on disk)
       -> wrapper (wrapper.py): a Python function calling the kernels and extern ops
       -> CompiledGraph: callable on flambeau Tensors, returning what the graph returns
 
 The compiled code is specialised to the input strides seen at compile time; a call with other
 strides compiles (or finds) another variant, a call with other sizes runs the graph eagerly. A
 graph the generator cannot take at all (non-tensor inputs, sizes that aren't polynomials in the
-size symbols, tensors not on cpu) runs eagerly through the GraphModule.
+size symbols, tensors on several devices) runs eagerly through the GraphModule. Graphs on cuda
+tensors generate Triton kernels (`codegen_triton`); so do cpu graphs with `config.backend ==
+"triton"` (FLAMBEAU_INDUCTOR_BACKEND=triton), run by Triton's interpreter.
 
 A graph traced with symbolic sizes (placeholders whose meta["val"] has SymInt sizes) compiles
 once for every size: its kernels take the size symbols as arguments (see graph.py, sizevars.py,
@@ -33,9 +36,9 @@ import warnings
 
 from .._tensor import Tensor
 from .. import _cpp_builder
-from . import codegen_cpp, codegen_numpy, config
-from .graph import GraphLowering
-from .ir import Unsupported
+from . import codegen_cpp, codegen_numpy, codegen_triton, config
+from .graph import GraphLowering, graph_device
+from .ir import SUPPORTED_DTYPES, Unsupported
 from .scheduler import Kernel, plan_memory, schedule
 from .sizevars import SizeExpr, derived_definition
 from .wrapper import WrapperCodegen
@@ -145,7 +148,15 @@ def compile_fx(gm, example_inputs=None, **kwargs) -> CompiledGraph:
     return CompiledGraph(gm, example_inputs)
 
 
-def _backend() -> str:
+def _backend(device) -> str:
+    """The code generator of a graph on `device`: Triton on cuda, `config.backend` on cpu."""
+    if device.type == "cuda" or config.backend == "triton":
+        why = _triton_unavailable(device)
+        if why is not None:
+            raise Unsupported(f"graph on {device}: {why}")
+        return "triton"
+    if device.type != "cpu":
+        raise Unsupported(f"no code generator for tensors on {device}")
     if config.backend == "numpy":
         return "numpy"
     try:
@@ -157,6 +168,30 @@ def _backend() -> str:
                           f"which is much slower", RuntimeWarning, stacklevel=3)
             _warned_no_compiler[0] = True
         return "numpy"
+
+
+def _triton_runtime():
+    from . import triton_runtime  # deferred: imports Triton, an optional dependency
+    return triton_runtime
+
+
+def _triton_unavailable(device) -> str | None:
+    """Why Triton kernels can't run on `device` here (None: they can). cpu tensors need Triton's
+    interpreter, which `TRITON_INTERPRET=1` turns on when Triton is imported (Triton's own `tl.sum`
+    and friends are interpreted functions only then); cuda tensors need it off, and CuPy."""
+    try:
+        rt = _triton_runtime()
+    except ImportError:
+        return "triton is not installed"
+    interpret = bool(rt.triton.knobs.runtime.interpret)
+    if device.type == "cpu" and not interpret:
+        return "Triton kernels run on cpu tensors only in Triton's interpreter: set TRITON_INTERPRET=1"
+    if device.type == "cuda":
+        if not rt.TL.available():
+            return "the Triton backend on cuda needs cupy"
+        if interpret:
+            return "TRITON_INTERPRET=1 runs Triton kernels on the CPU; unset it to compile them for cuda"
+    return None
 
 
 def _tune_malloc():
@@ -179,14 +214,26 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     ex = None
     if example_inputs is not None and all(isinstance(a, (Tensor, int)) for a in example_inputs):
         ex = list(example_inputs)
-    graph = GraphLowering(gm, ex).run()
+    device = graph_device(gm, ex)
+    backend = _backend(device)
+    dtypes = codegen_triton.DTYPES if backend == "triton" else SUPPORTED_DTYPES
+    graph = GraphLowering(gm, ex, device, dtypes).run()
     size_names = _size_names(graph)
     order = schedule(graph)
+    if backend == "triton":
+        order = codegen_triton.split_for_grid(order, graph)
     memory = plan_memory(order, graph)
     kernels = [k for k in order if isinstance(k, Kernel)]
-    backend = _backend()
     source_path = None
-    if backend == "cpp":
+    if backend == "triton":
+        source, launches = codegen_triton.generate(kernels, size_names, interpret=device.type == "cpu")
+        kernels_ns = {}
+        if kernels:
+            rt = _triton_runtime()
+            mod, key = rt.load_module(source, device)
+            kernels_ns = {k.name: rt.Launcher(getattr(mod, k.name), launches[k.name], device, key) for k in kernels}
+            source_path = mod.__file__
+    elif backend == "cpp":
         info = dict(_cpp_builder.detect_flags())
         info["flags"] = list(info["flags"]) + list(config.kernel_cflags)
         source = codegen_cpp.generate(kernels, info["simd_math"], size_names)
@@ -206,7 +253,7 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     else:
         source = codegen_numpy.generate(kernels, size_names)
         kernels_ns = codegen_numpy.load(source)
-    wc = WrapperCodegen(graph, order, memory, backend, kernels_ns, size_names, _eager_runner(gm))
+    wc = WrapperCodegen(graph, order, memory, backend, kernels_ns, size_names, _eager_runner(gm), device)
     wrapper_source = wc.generate()
     exec(compile(wrapper_source, f"<flambeau-inductor-wrapper-{gid}>", "exec"), wc.ns)
     art = CompiledArtifact(graph, order, wc.ns["call"], source, wrapper_source, backend, source_path, size_names)

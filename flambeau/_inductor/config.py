@@ -15,8 +15,10 @@ debug_dir: str = os.environ.get("FLAMBEAU_COMPILE_DEBUG_DIR", os.path.join(os.ge
 # The C++ compiler and the on-disk library cache are knobs of `flambeau._cpp_builder` (`cxx`,
 # `cache_dir`; FLAMBEAU_CXX, FLAMBEAU_CACHE_DIR), which the eager CPU kernels share.
 
-# backend: "cpp" (C++/OpenMP through the system compiler) or "numpy" (generated NumPy code);
-# "cpp" falls back to "numpy" with a warning when no working compiler is found.
+# backend of cpu graphs: "cpp" (C++/OpenMP through the system compiler), "numpy" (generated NumPy
+# code) or "triton" (Triton kernels run by Triton's interpreter: set TRITON_INTERPRET=1, see
+# codegen_triton.py / triton_runtime.py); "cpp" falls back to "numpy" with a warning when no working
+# compiler is found. Graphs on cuda tensors always use "triton" (kernels compiled for the GPU).
 backend: str = os.environ.get("FLAMBEAU_INDUCTOR_BACKEND", "cpp")
 
 fuse: bool = True                 # group buffers into shared loop nests
@@ -38,3 +40,12 @@ kernel_cflags: tuple = ("-ffp-contract=off",)
 # fifth of a small training step). It changes glibc's allocator for the whole process, for good,
 # which a library must not do unasked; hence opt-in. Applied once, at the first compile.
 tune_malloc: bool = os.environ.get("FLAMBEAU_TUNE_MALLOC", "0") not in ("", "0")
+
+# Triton kernel shapes (codegen_triton.py). Elements per program: a flat pointwise kernel's block, and
+# the XBLOCK * RBLOCK a row kernel aims at; the interpreter runs programs one after another, so it
+# takes larger blocks (fewer programs, each one NumPy call per op).
+triton_block: int = 1024
+triton_interpret_block: int = 1 << 14
+triton_persistent_limit: int = 4096   # rows up to this many elements are reduced in one block (persistent)
+triton_loop_block: int = 1024         # RBLOCK of a looped row
+triton_column_block: tuple = (64, 16)  # (XBLOCK, RBLOCK) of an outer (column) reduction

@@ -30,6 +30,7 @@ import operator
 
 from .._ops import Op
 from .._tags import Tag
+from .._device import CPU
 from .._tensor import Tensor
 from ..fx.node import Node
 from ..fx._symbolic_shapes import SymInt, sym_size
@@ -56,8 +57,10 @@ class LoweringException(RuntimeError):
 
 
 class GraphLowering:
-    def __init__(self, gm, example_inputs=None):
+    def __init__(self, gm, example_inputs=None, device=CPU, dtypes=SUPPORTED_DTYPES):
         self.gm = gm
+        self.device = device          # where every tensor of the graph lives (see graph_device)
+        self.dtypes = dtypes          # the dtypes the chosen code generator takes
         self.example_inputs = example_inputs
         self.buffers: list = []
         self.inputs: list = []
@@ -163,8 +166,8 @@ class GraphLowering:
             v = self.example_inputs[position]
         if not isinstance(v, Tensor):
             raise Unsupported(f"input {node.name} is not a tensor ({type(v).__name__})")
-        if v.device.type != "cpu":
-            raise Unsupported(f"input {node.name} is on {v.device}")
+        if v.device != self.device:
+            raise Unsupported(f"input {node.name} is on {v.device}, the graph on {self.device}")
         if self.dynamic:
             shape = size_tuple(v.shape)
             strides = size_tuple(v.stride())
@@ -215,8 +218,8 @@ class GraphLowering:
             obj = getattr(obj, part)
         if not isinstance(obj, Tensor):
             return obj
-        if obj.device.type != "cpu":
-            raise Unsupported(f"constant {node.target} is on {obj.device}")
+        if obj.device != self.device:
+            raise Unsupported(f"constant {node.target} is on {obj.device}, the graph on {self.device}")
         name = self.new_name("const")
         buf = InputBuffer(name, Layout(obj.shape, obj.dtype, obj.stride()), constant=obj)
         self.constants[name] = buf
@@ -257,11 +260,12 @@ class GraphLowering:
         if kwargs.get("out", 0) is None:
             kwargs = {k: v for k, v in kwargs.items() if k != "out"}
         rule = target.lowering if isinstance(target, Op) else None
-        if rule is None and isinstance(target, Op) and Tag.extern in target.tags and _dtypes_ok(node, args, kwargs):
+        dtypes_ok = _dtypes_ok(node, args, kwargs, self.dtypes, self.device)
+        if rule is None and isinstance(target, Op) and Tag.extern in target.tags and dtypes_ok:
             return self.fallback(node, target, args, kwargs, kind="extern")
         if rule is None:
             reason = "no lowering"
-        elif not _dtypes_ok(node, args, kwargs):
+        elif not dtypes_ok:
             reason = "a dtype or device the code generator does not take"
         else:
             try:
@@ -419,16 +423,31 @@ def _map_ir(a, fn):
     return a
 
 
-def _dtypes_ok(node, args, kwargs) -> bool:
+def graph_device(gm, example_inputs=None):
+    """The one device of every tensor of the graph (cpu for a graph without tensors); raises
+    Unsupported for a graph spanning devices (it runs eagerly)."""
+    devices = set()
+    for node in gm.graph.nodes:
+        for v in _tensors(node.meta.get("val")):
+            devices.add(v.device)
+    for a in example_inputs or ():
+        if isinstance(a, Tensor):
+            devices.add(a.device)
+    if len(devices) > 1:
+        raise Unsupported(f"the graph's tensors are on several devices: {sorted(map(str, devices))}")
+    return devices.pop() if devices else CPU
+
+
+def _dtypes_ok(node, args, kwargs, dtypes=SUPPORTED_DTYPES, device=CPU) -> bool:
     vals = node.meta.get("val")
     vals = vals if isinstance(vals, (tuple, list)) else [vals]
     for v in vals:
-        if isinstance(v, Tensor) and (v.dtype not in SUPPORTED_DTYPES or v.device.type != "cpu"):
+        if isinstance(v, Tensor) and (v.dtype not in dtypes or v.device != device):
             return False
     ok = [True]
 
     def visit(a):
-        if isinstance(a, IRNode) and a.dtype not in SUPPORTED_DTYPES:
+        if isinstance(a, IRNode) and a.dtype not in dtypes:
             ok[0] = False
         elif isinstance(a, (list, tuple)):
             for x in a:

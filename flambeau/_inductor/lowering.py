@@ -16,6 +16,7 @@ import math
 
 from .. import _dtype as D
 from .._decomp._table import aten
+from .._device import canonical
 from .._ops import Op, _helpers as H
 from .index import Index
 from .ir import IRNode, Pointwise, Reduction, Unsupported, ops
@@ -192,7 +193,7 @@ def _where(g, c, a, b):
 # ---- conversions --------------------------------------------------------------------------------
 @register_lowering(aten._to_copy)
 def _to_copy(g, x, dtype=None, device=None, non_blocking=False, **kw):
-    if device is not None and str(device) not in ("cpu", "cpu:0"):
+    if device is not None and canonical(device) != g.device:
         raise Unsupported("device copies")
     return make_pointwise(g, lambda a: a, [x], out_dtype(g))
 

@@ -6,13 +6,16 @@
         buf0 = _empty((256, 1024), _f32)              # memory plan: fresh or a freed buffer
         kernel0_obj(arg0, arg1, buf0)                 # C++ kernels read the arrays' data pointers
         buf1 = extern_buf1(buf0)                      # an extern/fallback op on arrays
-        return (_T(buf1, _cpu),)
+        return (_T(buf1, _dev),)
 
 Graph inputs that the graph writes (`copy_`) get their final values copied into them last,
 after the kernels' error check.
 
-Kernel function objects (ctypes, argtypes set once) and extern callables are globals of the
-generated module, so a call is a straight line of statements.
+Kernel function objects (ctypes, argtypes set once; for Triton kernels a
+`triton_runtime.Launcher` taking the grid's extent first) and extern callables are globals of the
+generated module, so a call is a straight line of statements. On cuda the arrays are CuPy's, the
+externs run their kernels on CuPy, and a Triton kernel's bounds-check failure lands in `_err`,
+read after the kernels.
 
 A graph with symbolic sizes (graph.py) first reads each size symbol from the input it lives in
 (`s0, s1 = arg0.shape`), then checks that every input has the shape and (unless it is empty) the
@@ -28,6 +31,7 @@ import ctypes
 import numpy as np
 
 from .. import _dtype as D
+from .. import _backends
 from .._backends import cpu_kernels
 from .._device import CPU
 from .._tensor import Tensor
@@ -40,6 +44,8 @@ from .sizevars import SizeExpr, derived_definition, evaluate, replacements
 
 def strided_array(base: np.ndarray, layout) -> np.ndarray:
     """A NumPy view of `base`'s memory with the layout's element strides and offset."""
+    if type(base) is not np.ndarray:
+        return _strided_device(base, layout)
     it = base.itemsize
     if base.flags.c_contiguous and all(layout.shape):          # the fast constructor (~10x as_strided)
         return np.ndarray(layout.shape, base.dtype, buffer=base, offset=layout.offset * it,
@@ -52,9 +58,19 @@ def strided_array(base: np.ndarray, layout) -> np.ndarray:
                                            tuple(st * it for st in layout.strides))
 
 
+def _strided_device(base, layout):
+    """`strided_array` for a device array (CuPy's ndarray type): a view at the layout's offset and strides."""
+    it, array = base.itemsize, type(base)
+    if not all(layout.shape):
+        return array(layout.shape, base.dtype)
+    return array(layout.shape, base.dtype, base.data + layout.offset * it, strides=tuple(st * it for st in layout.strides))
+
+
 def _contig(r):
     if type(r) is np.ndarray and r.flags.c_contiguous:
         return r
+    if hasattr(r, "__cuda_array_interface__"):
+        return r if r.flags.c_contiguous else r.copy()
     r = np.asarray(r)
     return r if r.flags.c_contiguous else np.ascontiguousarray(r)
 
@@ -81,9 +97,10 @@ def _symbolic_args(a) -> bool:
     return False
 
 
-def make_extern(ek):
+def make_extern(ek, xp=np):
     """(fn, bases, symbolic): fn(*arrays of ek's input buffers, in `ek.inputs()` order) -> array or
-    tuple of arrays; when `symbolic`, fn takes the size symbols' values {name: int} last."""
+    tuple of arrays; when `symbolic`, fn takes the size symbols' values {name: int} last. `xp` is
+    the array namespace of the graph's device (NumPy, CuPy)."""
     bases = []
     index = {}
     for b in ek.inputs():
@@ -108,7 +125,7 @@ def make_extern(ek):
     args, kwargs = ek.args, ek.kwargs
     multi = ek.layout is None
     symbolic = _symbolic_args(args) or _symbolic_args(kwargs)
-    if getattr(ek.op, "name", None) in ("mm", "bmm") and not kwargs and not symbolic and \
+    if xp is np and getattr(ek.op, "name", None) in ("mm", "bmm") and not kwargs and not symbolic and \
             all(isinstance(a, (Buffer, StridedView)) and a.dtype in _BLAS_DTYPES for a in args):
         return _matmul_extern(args, index), bases, False   # straight to BLAS (shapes and dtypes are static)
 
@@ -116,7 +133,7 @@ def make_extern(ek):
         env = None
         if symbolic:
             arrays, env = arrays[:-1], arrays[-1]
-        r = kernel(np, *build(args, arrays, env), **build_kw(kwargs, arrays, env))
+        r = kernel(xp, *build(args, arrays, env), **build_kw(kwargs, arrays, env))
         if multi:
             return tuple(_contig(x) if x is not None and not isinstance(x, (int, float, bool)) else x for x in r)
         return _contig(r)
@@ -178,13 +195,14 @@ def guard_checker(shape_env, names: list):
 
 
 class WrapperCodegen:
-    def __init__(self, graph, order, memory, backend, kernels_ns, size_names=(), eager=None):
+    def __init__(self, graph, order, memory, backend, kernels_ns, size_names=(), eager=None, device=CPU):
         self.g = graph
         self.order = order
         self.mem = memory
         self.backend = backend
-        self.ns = {"np": np, "_empty": np.empty, "_T": Tensor._make, "_cpu": CPU,
-                   "_strided": strided_array, "_Concrete": ConcreteLayout}
+        self.xp = np if device.type == "cpu" else _backends.get(device.type).xp
+        self.ns = {"np": np, "_empty": self.xp.empty, "_T": Tensor._make, "_dev": device,
+                   "_strided": strided_array, "_Concrete": ConcreteLayout, "_copyto": self.xp.copyto}
         self.kernels_ns = kernels_ns
         self.lines: list = []
         self.size_names = list(size_names)
@@ -213,6 +231,11 @@ class WrapperCodegen:
                 L.append(f"    {b.name} = _in{b.position}._data")
         if g.dynamic:
             self._bind_sizes()
+        if self.backend == "triton" and any(isinstance(s, Kernel) and self.kernels_ns[s.name].launch.error_flag
+                                             for s in self.order):
+            self.ns["_zeros"] = self.xp.zeros
+            self.ns["_kernel_error"] = kernel_error
+            L.append("    _err = _zeros(1, np.int32)")
         for name, c in g.constants.items():
             self.ns[f"_c_{name}"] = c.constant
             L.append(f"    {name} = _c_{name}._data")
@@ -231,8 +254,11 @@ class WrapperCodegen:
             L.append("    _e = _take_error()")
             L.append("    if _e:")
             L.append("        _kernel_error(_e)")
+        if "_zeros" in self.ns:
+            L.append("    if _err[0]:")
+            L.append("        _kernel_error(int(_err[0]))")
         for pos, buf in g.mutations.items():         # graph inputs written by copy_: into the caller's tensor
-            L.append(f"    np.copyto(_in{pos}._data, {buf.name})")
+            L.append(f"    _copyto(_in{pos}._data, {buf.name})")
         L.append(f"    return {self._outputs()}")
         return "\n".join(L) + "\n"
 
@@ -282,6 +308,12 @@ class WrapperCodegen:
             else:
                 self.lines.append(f"    {b.name} = _empty({shape}, {self._dtype(b.dtype)})")
         args = [self._ptr(b.name) for b in k.loads] + [self._ptr(b.name) for b in k.stores]
+        if self.backend == "triton":
+            launcher = self.kernels_ns[k.name]
+            self.ns[k.name] = launcher
+            err = ["_err"] if launcher.launch.error_flag else []
+            self.lines.append(f"    {k.name}({_src(launcher.launch.xnumel)}, {', '.join(args + self.size_names + err)})")
+            return
         fn = self.kernels_ns[k.name + "_obj" if self._objects() else k.name]
         if self.backend == "cpp":
             fn.argtypes = [ctypes.py_object if self._objects() else ctypes.c_void_p] * len(args) + \
@@ -293,7 +325,7 @@ class WrapperCodegen:
 
     def _extern(self, step: ExternStep):
         ek = step.node
-        fn, bases, symbolic = make_extern(ek)
+        fn, bases, symbolic = make_extern(ek, self.xp)
         name = f"_extern_{ek.name}"
         self.ns[name] = fn
         call = f"{name}({', '.join([b.name for b in bases] + (['_S'] if symbolic else []))})"
@@ -316,10 +348,10 @@ class WrapperCodegen:
             name = f"_layout_{len(self.ns)}"
             self.ns[name] = lay
             if lay.is_symbolic():
-                return f"_T(_strided({o.base.name}, _Concrete({name}, _S)), _cpu)"
-            return f"_T(_strided({o.base.name}, {name}), _cpu)"
+                return f"_T(_strided({o.base.name}, _Concrete({name}, _S)), _dev)"
+            return f"_T(_strided({o.base.name}, {name}), _dev)"
         if isinstance(o, (Buffer, MultiOutput)):
-            return f"_T({o.name}, _cpu)"
+            return f"_T({o.name}, _dev)"
         name = f"_const_{len(self.ns)}"
         self.ns[name] = o
         return name

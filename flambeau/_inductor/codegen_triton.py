@@ -1,0 +1,608 @@
+"""Triton code generation: one `@triton.jit` function per scheduled kernel.
+
+The same scheduler.Kernel the C++ backend prints as a loop nest becomes a Triton program over 2-D
+blocks: the kernel's outer loop (all outer dims flattened into `xindex`) is the program grid, a
+block of XBLOCK outer indices per program; each step loops over its inner dims (flattened into
+`r<i>index`) in blocks of R<i>BLOCK, or takes them in one block when they fit (a *persistent*
+step: the whole row is in registers). Values are `[XBLOCK, R<i>BLOCK]` blocks; a reduction
+step's result is `[XBLOCK, 1]` and broadcasts into the steps after it (LayerNorm: mean, variance,
+then the normalised output, one kernel). A kernel without an outer loop and with one pointwise
+step takes its elements as `xindex` (a flat 1-D grid); one with a full reduction runs as a single
+program. Scatter kernels (index_put, scatter_add) copy in blocks, then store element by element
+in order, in one program (duplicates combine as in the serial loop).
+
+`TritonHandler` interprets the `ops` namespace by emitting Triton statements: every pointwise op
+prints its declared Triton spelling (`op.pointwise.triton`, `flambeau._ops._spelling`), whose
+helpers (`TRITON_HELPERS`) head the generated module. bfloat16/float16 values are loaded, computed
+and kept in float32 and stored in their own dtype; an explicit cast to them rounds.
+
+Index arithmetic prints the `Index` expressions over the loop variables; sizes of a dynamic graph
+are the kernel's trailing integer arguments, so one kernel serves every size. An index read from a
+tensor (gather, embedding) is bounds-checked: a bad one sets the graph's error flag (`fl_err`), which
+the wrapper reads after the kernels and raises as the C++ path does.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import _dtype as D
+from .._ops._spelling import KIND, TRITON_HELPERS
+from . import config
+from .index import FloorDiv, Index, Indirect, Sym, contiguous_strides, offset_of
+from .ir import CAST, Handler, Unsupported, ops, set_handler
+from .scheduler import Kernel, _assign_locals, expand_groups, strip
+from .sizevars import SizeExpr, known_nonneg
+
+LOWP = (D.bfloat16, D.float16)
+TL = {D.float32: "tl.float32", D.float64: "tl.float64", D.int64: "tl.int64", D.int32: "tl.int32",
+      D.int16: "tl.int16", D.int8: "tl.int8", D.uint8: "tl.uint8", D.bool: "tl.int1",
+      D.bfloat16: "tl.bfloat16", D.float16: "tl.float16"}
+# pointer types of the kernel signature (triton_launch.compile_kernel), by storage dtype
+SIGNATURE = {D.float32: "*fp32", D.float64: "*fp64", D.int64: "*i64", D.int32: "*i32", D.int16: "*i16",
+             D.int8: "*i8", D.uint8: "*u8", D.bool: "*i1", D.bfloat16: "*bf16", D.float16: "*fp16"}
+DTYPES = frozenset(TL)
+INT32_LIMIT = 2 ** 31 - 1           # index arithmetic switches to int64 above this many elements
+
+# Triton helpers of the code generator itself (the op spellings' helpers are TRITON_HELPERS).
+REDUCE_HELPERS = '''
+@triton.jit
+def fl_add(a, b):
+    return a + b
+
+
+@triton.jit
+def fl_mul(a, b):
+    return a * b
+
+
+@triton.jit
+def fl_argmax_combine(a, ai, b, bi):
+    a_nan = a != a
+    b_nan = b != b
+    better = (a > b) | (a_nan & (b_nan == 0))
+    same = (a == b) | (a_nan & b_nan)
+    take_a = (bi < 0) | ((ai >= 0) & (better | (same & (ai < bi))))
+    return tl.where(take_a, a, b), tl.where(take_a, ai, bi)
+
+
+@triton.jit
+def fl_argmin_combine(a, ai, b, bi):
+    a_nan = a != a
+    b_nan = b != b
+    better = (a < b) | (a_nan & (b_nan == 0))
+    same = (a == b) | (a_nan & b_nan)
+    take_a = (bi < 0) | ((ai >= 0) & (better | (same & (ai < bi))))
+    return tl.where(take_a, a, b), tl.where(take_a, ai, bi)
+'''
+
+HEADER = """import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+"""
+
+
+def compute_dtype(dt):
+    """The dtype a value of `dt` is computed in (bfloat16/float16 in float32)."""
+    return D.float32 if dt in LOWP else dt
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def literal(v, dtype) -> str:
+    """A 0-d Triton constant of `dtype` (its compute dtype)."""
+    cd = compute_dtype(dtype)
+    if isinstance(v, SizeExpr):
+        return f"tl.full([], {v}, {TL[cd]})"
+    if cd is D.bool:
+        return f"tl.full([], {1 if v else 0}, tl.int1)"
+    if cd.category == D.FLOATING:
+        f = float(v)
+        s = repr(f) if math.isfinite(f) else f'float("{f}")'
+        return f"tl.full([], {s}, {TL[cd]})"
+    iv = int(v) if not isinstance(v, float) or math.isfinite(v) else 0
+    iv = int(np.array(iv & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64).astype(cd.np)[()])
+    return f"tl.full([], {iv}, {TL[cd]})"
+
+
+class TVar:
+    __slots__ = ("name", "dtype")
+
+    def __init__(self, name, dtype):
+        self.name = name
+        self.dtype = dtype          # the IR dtype; the Triton value has compute_dtype(dtype)
+
+
+def _names(index: Index) -> set:
+    return {a.name for a in index.atoms() if isinstance(a, (Sym, Indirect))}
+
+
+def render(e: Index) -> str:
+    """Triton source of an index: `//` and `%` truncate, so operands that may be negative go
+    through the floor helpers."""
+    parts = []
+    for a, c in e.terms.values():
+        if isinstance(a, (Sym, Indirect)):
+            s = a.name
+        else:
+            inner = render(a.arg)
+            try:
+                nonneg = known_nonneg(a.arg.bounds()[0])
+            except Unsupported:
+                nonneg = False
+            if isinstance(a, FloorDiv):
+                s = f"(({inner}) // {a.div})" if nonneg else f"fl_floordiv_int({inner}, {a.div})"
+            else:
+                s = f"(({inner}) % {a.div})" if nonneg else f"fl_remainder_int({inner}, {a.div})"
+        parts.append(s if c == 1 else f"{c}*{s}" if isinstance(c, int) else f"({c})*{s}")
+    if e.const != 0 or not parts:
+        parts.append(str(e.const))
+    return " + ".join(parts)
+
+
+class TritonHandler(Handler):
+    def __init__(self, printer: "TritonKernelPrinter"):
+        self.p = printer
+        self.masks: list = []          # enclosing `ops.masked` conditions (TVar names)
+
+    def _emit(self, expr: str, dtype) -> TVar:
+        p = self.p
+        hit = p.cse.get(expr)
+        if hit is not None:
+            return hit
+        v = TVar(f"tmp{p.n_tmp}", dtype)
+        p.n_tmp += 1
+        p.line(f"{v.name} = {expr}")
+        p.cse[expr] = v
+        return v
+
+    def _op(self, op, args, dtype):
+        sp = op.pointwise
+        t = args[0].dtype
+        if op.name == "nextafter" and dtype in LOWP:
+            raise Unsupported("nextafter steps in the storage dtype; the Triton backend computes half precision in "
+                              "float32")
+        tmpl = sp.by_kind["triton"][KIND[dtype if sp.by_result else t]]
+        if tmpl is None:
+            raise Unsupported(f"{op.name} has no Triton spelling for {t.name} operands")
+        expr = tmpl.format(*(x.name for x in args), T=TL[compute_dtype(dtype)])
+        if op is CAST and dtype in LOWP:           # a cast to half precision rounds, then computes on in fp32
+            expr = f"({args[0].name}).to({TL[dtype]}).to(tl.float32)"
+        return self._emit(expr, dtype)
+
+    def _mask_for(self, names: set, full: bool) -> str | None:
+        p = self.p
+        parts = []
+        if full or names & p.x_names:
+            parts.append("xmask")
+        if p.r_mask and (full or names & p.r_names):
+            parts.append(p.r_mask)
+        if self.masks:
+            parts.append(self.masks[-1])
+        return " & ".join(parts) if parts else None
+
+    def _address(self, buf_name: str, index: Index) -> tuple:
+        """(pointer expression, mask) of element `index` of a buffer: a pointer block as wide as
+        the index's variables, or the full block where an indirect index or an enclosing mask
+        decides which lanes are live."""
+        names = _names(index)
+        full = bool(self.masks) or bool(names - self.p.x_names - self.p.r_names)
+        ptr = f"{buf_name} + ({render(index)})"
+        if full:
+            ptr = f"tl.broadcast_to({ptr}, {self.p.block_shape()})"
+        return ptr, self._mask_for(names, full)
+
+    def load(self, buf, index):
+        loc = self.p.locals.get(buf.name)
+        if loc is not None:
+            return loc
+        ptr, mask = self._address(buf.name, index)
+        m = f", mask={mask}, other=0" if mask else ""
+        up = ".to(tl.float32)" if buf.dtype in LOWP else ""
+        return self._emit(f"tl.load({ptr}{m}){up}", buf.dtype)
+
+    def constant(self, value, dtype):
+        return self._emit(literal(value, dtype), dtype)
+
+    def index_expr(self, index, dtype):
+        return self._emit(f"({render(index)} + tl.zeros([], tl.int32)).to({TL[compute_dtype(dtype)]})", dtype)
+
+    def indirect_indexing(self, value, size, wrap=True):
+        p = self.p
+        p.uses_error_flag = True
+        v = self._emit(f"({value.name}).to(tl.int64)", D.int64)
+        if wrap:
+            v = self._emit(f"tl.where({v.name} < 0, {v.name} + {size}, {v.name})", D.int64)
+        bad = self._emit(f"({v.name} < 0) | ({v.name} >= {size})", D.bool)
+        live = [m for m in ("xmask", p.r_mask, self.masks[-1] if self.masks else None) if m]
+        cond = " & ".join([bad.name] + live)
+        code = 1 if wrap else 3
+        p.line(f"tl.store(tl.broadcast_to(fl_err, {p.block_shape()}), "
+               f"tl.full({p.block_shape()}, {code}, tl.int32), mask={cond})")
+        safe = self._emit(f"tl.where({bad.name}, 0, {v.name})", D.int64)
+        return Index.of(Indirect(safe.name, size))
+
+    def masked(self, mask, body, other):
+        p = self.p
+        saved = p.cse
+        p.cse = dict(saved)
+        outer = self.masks[-1] if self.masks else None
+        m = mask.name if outer is None else self._emit(f"{outer} & {mask.name}", D.bool).name
+        self.masks.append(m)
+        try:
+            v = body()
+        finally:
+            self.masks.pop()
+            p.cse = saved
+        o = literal(other, v.dtype)
+        return self._emit(f"tl.where({mask.name}, {v.name}, {o})", v.dtype)
+
+
+def node_index(n, syms_iter, ranges) -> list:
+    return [next(syms_iter) if s != 1 else Index() for s in ranges]
+
+
+@dataclass
+class Launch:
+    """How the wrapper launches one generated kernel: its name, pointer and size arguments, the
+    grid's x extent (an int or Python source over the size symbols), its block sizes."""
+    name: str
+    buffers: list                   # Buffers passed as pointers, in order (loads, then stores)
+    size_names: list
+    xnumel: object                  # int | SizeExpr: outer elements
+    xblock: int
+    constexprs: dict = field(default_factory=dict)
+    num_warps: int = 4
+    error_flag: bool = False
+    single_program: bool = False
+
+    def grid(self, xnumel: int) -> int:
+        return 1 if self.single_program else -(-xnumel // self.xblock)
+
+    def signature(self) -> dict:
+        sig = {b.name: SIGNATURE[b.dtype] for b in self.buffers}
+        sig.update({s: "i64" for s in self.size_names})
+        if self.error_flag:
+            sig["fl_err"] = "*i32"
+        sig.update({k: "constexpr" for k in self.constexprs})
+        return sig
+
+
+class TritonKernelPrinter:
+    """Print one scheduler.Kernel as a `@triton.jit` function and its `Launch`."""
+
+    def __init__(self, kernel, size_names=(), interpret: bool = False):
+        self.k = kernel
+        self.size_names = list(size_names)
+        self.interpret = interpret
+        self.lines: list = []
+        self.cse: dict = {}
+        self.locals: dict = {}
+        self.n_tmp = 0
+        self.depth = 1
+        self.x_names: set = set()
+        self.r_names: set = set()
+        self.r_mask: str | None = None
+        self.r_block: str | None = None
+        self.uses_error_flag = False
+        self.int64 = False
+
+    def line(self, s: str):
+        self.lines.append("    " * self.depth + s)
+
+    def block_shape(self) -> str:
+        return f"[XBLOCK, {self.r_block}]" if self.r_block else "[XBLOCK, 1]"
+
+    # ---- sizes and blocks ----------------------------------------------------------------------
+    def _target_elems(self) -> int:
+        return config.triton_interpret_block if self.interpret else config.triton_block
+
+    def generate(self) -> tuple:
+        """(source of the jit function, Launch)."""
+        k = self.k
+        numels = [b.layout.numel for b in k.loads + k.stores]
+        self.int64 = any(not isinstance(n, int) or n > INT32_LIMIT for n in numels)     # (symbolic: any size)
+        with set_handler(TritonHandler(self)):
+            if k.scatter is not None:
+                launch = self._scatter()
+            elif not k.outer and len(k.steps) == 1 and k.steps[0].kind == "pointwise":
+                launch = self._flat(k.steps[0])
+            else:
+                launch = self._rows()
+        launch.error_flag = self.uses_error_flag
+        params = [b.name for b in launch.buffers] + self.size_names + (["fl_err"] if self.uses_error_flag else []) + \
+            [f"{c}: tl.constexpr" for c in launch.constexprs]
+        src = f"@triton.jit\ndef {k.name}({', '.join(params)}):\n" + "\n".join(self.lines) + "\n"
+        return src, launch
+
+    def _launch(self, xnumel, xblock, consts, warps=4, single=False) -> Launch:
+        return Launch(self.k.name, list(self.k.loads) + list(self.k.stores), self.size_names, xnumel, xblock,
+                      dict(XBLOCK=xblock, **consts), warps, single_program=single)
+
+    def _x_vars(self, groups, xnumel):
+        pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
+        self.line(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        self.line(f"xmask = xindex < {xnumel}")
+        return self._split("x", "xindex", groups, self.x_names)
+
+    def _split(self, prefix, flat, groups, names: set) -> list:
+        """Per-dim index expressions of the flat index `flat` over merged dim groups."""
+        sizes = [math.prod(g) for g in groups]
+        syms = []
+        for j, s in enumerate(sizes):
+            below = math.prod(sizes[j + 1:])
+            e = flat if below == 1 else f"({flat} // {below})"
+            if j > 0:
+                e = f"({e} % {s})"
+            name = f"{prefix}{j}"
+            self.line(f"{name} = {e}")
+            names.add(name)
+            syms.append(Index.of(Sym(name, s)))
+        return expand_groups(groups, syms)
+
+    def _flat(self, step) -> Launch:
+        """A kernel of one pointwise step without an outer loop: its elements are the grid."""
+        n = math.prod(step.inner)
+        xblock = self._block_for(n)
+        self.r_block = None
+        idx_all = self._x_vars(step.inner_groups, n)
+        self._store_step(step, [], idx_all)
+        return self._launch(n, xblock, {}, self._warps(xblock))
+
+    def _block_for(self, n) -> int:
+        target = self._target_elems()
+        return min(target, next_pow2(n)) if isinstance(n, int) else target
+
+    def _warps(self, elems: int) -> int:
+        return 8 if elems >= 2048 else 4 if elems >= 256 else 2 if elems >= 64 else 1
+
+    def _rows(self) -> Launch:
+        """A kernel with an outer loop (or a full reduction): XBLOCK outer indices per program."""
+        k = self.k
+        xnumel = math.prod(k.outer)
+        rn = [math.prod(s.inner) for s in k.steps]
+        static = all(isinstance(r, int) for r in rn)
+        persistent = static and next_pow2(max(rn, default=1)) <= config.triton_persistent_limit
+        target = self._target_elems()
+        if persistent:
+            rblocks = [next_pow2(r) if r > 1 else 1 for r in rn]
+            xblock = max(1, target // max(rblocks, default=1))
+            if isinstance(xnumel, int):
+                xblock = min(xblock, next_pow2(xnumel))
+        elif k.column:
+            xblock, rblocks = config.triton_column_block
+            rblocks = [rblocks if (r != 1) else 1 for r in rn]
+        else:
+            xblock = 1
+            rblocks = [min(config.triton_loop_block, next_pow2(r)) if isinstance(r, int) else config.triton_loop_block
+                       for r in rn]
+            rblocks = [b if r != 1 else 1 for b, r in zip(rblocks, rn)]
+        single = not k.outer
+        if single:
+            xblock = 1
+        xouter = self._x_vars(k.outer_groups, xnumel)
+        consts = {}
+        for i, (step, rb, r) in enumerate(zip(k.steps, rblocks, rn)):
+            self.cse = {}
+            self._barrier_if_needed(i)
+            name = f"R{i}BLOCK"
+            consts[name] = rb
+            loop = not (persistent or (isinstance(r, int) and r <= rb))
+            if step.kind == "reduction":
+                self._reduction(step, xouter, i, name, r, loop)
+            else:
+                self._pointwise(step, xouter, i, name, r, loop)
+        widest = max(rblocks, default=1) * xblock
+        return self._launch(xnumel, xblock, consts, self._warps(widest), single)
+
+    def _barrier_if_needed(self, i):
+        """Before a step reading memory an earlier step of this kernel stored (another lane wrote it)."""
+        k = self.k
+        stored = {b.name for s in k.steps[:i] for n in s.nodes for b in [n.buf] if b in k.stores}
+        if any(r in stored for n in k.steps[i].nodes for r in n.read_names):
+            self.line("tl.debug_barrier()")
+
+    def _open_r(self, i, block, rnumel, loop, groups) -> list:
+        if rnumel == 1 or not groups:
+            self.r_mask = self.r_block = None
+            return []
+        self.r_block = block
+        if loop:
+            self.line(f"for r{i}offset in range(0, {rnumel}, {block}):")
+            self.depth += 1
+            self.line(f"r{i}index = r{i}offset + tl.arange(0, {block})[None, :]")
+        else:
+            self.line(f"r{i}index = tl.arange(0, {block})[None, :]")
+        self.line(f"r{i}mask = r{i}index < {rnumel}")
+        self.r_mask = f"r{i}mask"
+        self.r_names = set()
+        return self._split(f"r{i}_", f"r{i}index", groups, self.r_names)
+
+    def _pointwise(self, step, xouter, i, block, rnumel, loop):
+        rsyms = self._open_r(i, block, rnumel, loop, step.inner_groups)
+        self._store_step(step, xouter, xouter + rsyms)
+        if loop and self.r_mask:
+            self.depth -= 1
+        self.r_mask = self.r_block = None
+
+    def _store_step(self, step, xouter, all_syms):
+        for n in step.nodes:
+            idx = node_index(n, iter(all_syms), n.ranges)
+            v = ops.to_dtype(n.buf.data.inner_fn(idx), n.buf.dtype)
+            if n.name in self.k.locals:
+                self.locals[n.name] = v
+            else:
+                self._store(n.name, offset_of(idx, contiguous_strides(n.ranges)), v, n.buf.dtype)
+
+    def _store(self, name, off: Index, v, dtype):
+        names = _names(off)
+        mask = _store_mask(self, names)
+        val = v.name if dtype not in LOWP and dtype is not D.bool else f"({v.name}).to({TL[dtype]})"
+        ptr = f"{name} + ({render(off)})"
+        if not names:                        # one element (a 0-d output): lanes past xnumel are masked
+            ptr, mask = f"tl.broadcast_to({ptr}, [XBLOCK, 1])", "xmask"
+        self.line(f"tl.store({ptr}, {val}{', mask=' + mask if mask else ''})")
+
+    def _reduction(self, step, xouter, i, block, rnumel, loop):
+        n = step.nodes[0]
+        red = n.buf.data
+        rt, src, dt = red.reduction_type, red.src_dtype, red.dtype
+        cs = compute_dtype(src)
+        acc_t, init = _acc_init(rt, cs)
+        has_r = rnumel != 1 and bool(step.inner_groups)
+        shape = f"[XBLOCK, {block}]" if has_r else "[XBLOCK, 1]"
+        acc = f"acc{i}"
+        arg = rt in ("argmax", "argmin")
+        if loop and has_r:
+            self.line(f"{acc} = tl.full({shape}, {init}, {acc_t})")
+            if arg:
+                self.line(f"{acc}_i = tl.full({shape}, -1, tl.int64)")
+        rsyms = self._open_r(i, block, rnumel, loop, step.inner_groups)
+        idx = node_index(n, iter(xouter), n.ranges)
+        ridx = node_index(n, iter(rsyms), n.reduction_ranges)
+        x = ops.to_dtype(red.inner_fn(idx, ridx), src).name
+        live = f"r{i}mask" if has_r else None
+        rflat = f"r{i}index" if has_r else "0"
+        xv = f"tl.broadcast_to(({x}).to({acc_t}), {shape})"
+        if live:
+            xv = f"tl.where({live}, {xv}, tl.full([], {init}, {acc_t}))"
+        if arg:
+            iv = f"tl.broadcast_to(({rflat} + tl.zeros([], tl.int64)), {shape})"
+            if live:
+                iv = f"tl.where({live}, {iv}, tl.full([], -1, tl.int64))"
+            if loop and has_r:
+                self.line(f"{acc}, {acc}_i = fl_{rt}_combine({acc}, {acc}_i, {xv}, {iv})")
+            else:
+                self.line(f"{acc} = {xv}")
+                self.line(f"{acc}_i = {iv}")
+        elif loop and has_r:
+            self.line(f"{acc} = {_combine(rt, acc, xv)}")
+        else:
+            self.line(f"{acc} = {xv}")
+        if loop and has_r:
+            self.depth -= 1
+        self.r_mask = self.r_block = None
+        if arg:
+            self.line(f"_, {acc}_r = tl.reduce(({acc}, {acc}_i), 1, fl_{rt}_combine)")
+            res = f"tl.where({acc}_r < 0, 0, {acc}_r)"
+        else:
+            res = _final(rt, acc)
+        self.line(f"{n.name}_v = ({res}).to({TL[compute_dtype(dt)]})[:, None]")
+        val = TVar(f"{n.name}_v", dt)
+        self.locals[n.name] = val
+        if n.name not in self.k.locals:
+            self._store(n.name, offset_of(idx, contiguous_strides(n.ranges)), val, dt)
+
+    def _scatter(self) -> Launch:
+        """One program: copy the destination in blocks, then each scattered element in order."""
+        n = self.k.scatter
+        sc = n.buf.data
+        total = math.prod(sc.ranges)
+        xblock = self._block_for(total)
+        self.line(f"for xoffset in range(0, {total}, XBLOCK):")
+        self.depth += 1
+        self.line("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+        self.line(f"xmask = xindex < {total}")
+        idx = node_index(n, iter(self._split("x", "xindex", [(s,) for s in strip(sc.ranges)], self.x_names)), sc.ranges)
+        v = ops.to_dtype(sc.init_fn(idx), sc.dtype)
+        self._store(n.name, offset_of(idx, contiguous_strides(sc.ranges)), v, sc.dtype)
+        self.depth -= 1
+        self.cse = {}
+        self.line("tl.debug_barrier()")
+        count = math.prod(sc.scatter_ranges)
+        self.line(f"for zflat in range(0, {count}):")
+        self.depth += 1
+        self.line("zindex = zflat + tl.zeros([1, 1], tl.int32)")
+        self.line("xmask = zindex >= 0")
+        self.x_names = set()
+        dims = [(s,) for s in strip(sc.scatter_ranges)]
+        idx = node_index(n, iter(self._split("z", "zindex", dims, self.x_names)), sc.scatter_ranges)
+        target = render(sc.target_fn(idx))
+        v = ops.to_dtype(sc.value_fn(idx), sc.dtype)
+        ptr = f"tl.broadcast_to({n.name} + ({target}), [1, 1])"
+        val = v.name
+        if sc.reduce is not None:
+            cur = f"tl.load({ptr})" + (".to(tl.float32)" if sc.dtype in LOWP else "")
+            self.line(f"cur = {cur}")
+            if sc.dtype is D.bool:
+                val = f"(cur | {v.name})" if sc.reduce in ("sum", "max") else f"(cur & {v.name})"
+            else:
+                val = {"sum": f"cur + {v.name}", "prod": f"cur * {v.name}", "max": f"fl_max(cur, {v.name})",
+                       "min": f"fl_min(cur, {v.name})"}[sc.reduce]
+        if sc.dtype in LOWP or sc.dtype is D.bool:
+            val = f"({val}).to({TL[sc.dtype]})"
+        self.line(f"tl.store({ptr}, tl.broadcast_to({val}, [1, 1]))")
+        self.line("tl.debug_barrier()")
+        self.depth -= 1
+        return self._launch(1, xblock, {}, 4, single=True)
+
+
+def _store_mask(p: TritonKernelPrinter, names: set) -> str | None:
+    parts = []
+    if names & p.x_names:
+        parts.append("xmask")
+    if p.r_mask and names & p.r_names:
+        parts.append(p.r_mask)
+    return " & ".join(parts) if parts else None
+
+
+def _acc_init(rt, cs) -> tuple:
+    """(Triton accumulator type, initial value) of a reduction over values of compute dtype `cs`."""
+    if rt in ("any", "all"):
+        return "tl.int1", "1" if rt == "all" else "0"
+    at = D.int64 if cs is D.bool else cs
+    if rt == "sum":
+        return TL[at], "0"
+    if rt == "prod":
+        return TL[at], "1"
+    if at.category == D.FLOATING:
+        return TL[at], 'float("-inf")' if rt in ("max", "argmax") else 'float("inf")'
+    info = np.iinfo(at.np)
+    return TL[at], str(info.min if rt in ("max", "argmax") else info.max)
+
+
+def _combine(rt, acc, x) -> str:
+    return {"sum": f"{acc} + {x}", "prod": f"{acc} * {x}", "max": f"fl_max({acc}, {x})",
+            "min": f"fl_min({acc}, {x})", "any": f"{acc} | {x}", "all": f"{acc} & {x}"}[rt]
+
+
+def _final(rt, acc) -> str:
+    return {"sum": f"tl.sum({acc}, 1)", "prod": f"tl.reduce({acc}, 1, fl_mul)",
+            "max": f"tl.reduce({acc}, 1, fl_max)", "min": f"tl.reduce({acc}, 1, fl_min)",
+            "any": f"tl.max({acc}.to(tl.int8), 1) != 0", "all": f"tl.min({acc}.to(tl.int8), 1) != 0"}[rt]
+
+
+def split_for_grid(order, graph) -> list:
+    """The schedule with every kernel that has no outer loop but several steps cut into one kernel
+    per step (Triton programs can't wait for each other between steps), locals reassigned: a
+    value one of them passes to the next is stored."""
+    if not any(isinstance(k, Kernel) and not k.outer and k.scatter is None and len(k.steps) > 1 for k in order):
+        return order
+    out = []
+    for k in order:
+        if not isinstance(k, Kernel):
+            out.append(k)
+            continue
+        parts = [(f"{k.name}_{i}", [s]) for i, s in enumerate(k.steps)] \
+            if not k.outer and k.scatter is None and len(k.steps) > 1 else [(k.name, k.steps)]
+        for name, steps in parts:
+            nk = Kernel(name, [n for s in steps for n in s.nodes] if steps else k.nodes, k.outer)
+            nk.steps, nk.outer_groups, nk.column, nk.scatter = steps, k.outer_groups, k.column, k.scatter
+            out.append(nk)
+    _assign_locals(out, graph)
+    return out
+
+
+def generate(kernels, size_names=(), interpret: bool = False) -> tuple:
+    """(module source, {kernel name: Launch}) for the kernels of one graph."""
+    parts = [HEADER, TRITON_HELPERS, REDUCE_HELPERS]
+    launches = {}
+    for k in kernels:
+        src, launch = TritonKernelPrinter(k, size_names, interpret).generate()
+        parts.append(src)
+        launches[k.name] = launch
+    return "\n\n".join(parts), launches

@@ -1,0 +1,277 @@
+"""Load and launch the Triton kernels of a compiled graph (codegen_triton.py), on cuda or on the CPU.
+
+The generated module is written to the on-disk cache (`<flambeau cache dir>/triton/`) under a key
+hashing its source, the device (GPU compute capability, or "interpret") and the Triton version,
+and imported from there (Triton's `@triton.jit` reads a function's source from its file).
+
+On cuda each kernel is built for the current device with `triton.compile` on first launch and
+launched through CuPy on its current stream (`flambeau._backends.triton_launch`: no PyTorch, no
+Triton launcher). Its cubin and launch metadata are cached on disk next to the module, keyed by
+source, signature, block sizes, pointer alignment, compute capability and Triton version, so a
+second process loads the cubin without compiling.
+
+On cpu tensors the kernels run in Triton's interpreter, which `TRITON_INTERPRET=1` turns on (it
+must be set before Triton is imported), and each NumPy array is passed wrapped in `HostArray`,
+which offers what the interpreter reads of an argument (`data_ptr`, `dtype`, `untyped_storage()`,
+`new_empty`/`set_`/`copy_`, which on memory already on the host alias rather than copy). The
+interpreter has no libdevice, so the module's `libdevice` is `InterpreterLibdevice`: the same
+functions on the interpreter's NumPy blocks.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import sys
+import threading
+
+import numpy as np
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.interpreter import TensorHandle
+
+from .. import _backends, _cpp_builder
+from .._backends import triton_launch as TL
+from .codegen_triton import TL as TL_NAMES
+
+ALIGN = 16                          # bytes: pointers promised aligned to Triton (vectorised access)
+_modules: dict = {}
+_lock = threading.Lock()
+stats = {"launches": 0, "compiled": 0, "cubin_cache_hits": 0}
+
+
+def triton_version() -> str:
+    return triton.__version__
+
+
+def _cupy():
+    return _backends.get("cuda").xp
+
+
+def cache_dir() -> str:
+    return os.path.join(_cpp_builder.cache_dir, "triton")
+
+
+def device_key(device) -> str:
+    """'interpret' for cpu tensors, else 'sm<capability>' of the current cuda device."""
+    if device.type == "cpu":
+        return "interpret"
+    return f"sm{_cupy().cuda.Device().compute_capability}"
+
+
+def _write_atomic(path: str, data, mode="w"):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, mode) as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def load_module(source: str, device):
+    """The generated module, from the on-disk cache (written on a miss), imported once per process."""
+    dkey = device_key(device)
+    key = hashlib.sha256(f"{source}\n{dkey}\n{triton.__version__}".encode()).hexdigest()
+    with _lock:
+        mod = _modules.get(key)
+        if mod is not None:
+            return mod, key
+        path = os.path.join(cache_dir(), key[:2], f"k{key[:40]}.py")
+        if not os.path.exists(path):
+            _write_atomic(path, source)
+        name = f"flambeau_triton_{key[:40]}_{dkey}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        interpret = dkey == "interpret"
+        spec.loader.exec_module(mod)
+        if interpret:
+            mod.libdevice = InterpreterLibdevice()
+        sys.modules[name] = mod
+        _modules[key] = mod
+    return mod, key
+
+
+# ---- launching ------------------------------------------------------------------------------------
+class HostArray:
+    """A NumPy array as Triton's interpreter takes a tensor argument (see the module docstring)."""
+    __slots__ = ("a", "dtype")
+
+    def __init__(self, a: np.ndarray, tl_dtype):
+        self.a = a
+        self.dtype = tl_dtype
+
+    def data_ptr(self) -> int:
+        return self.a.__array_interface__["data"][0]
+
+    def untyped_storage(self):
+        return self
+
+    def cpu(self):
+        return self
+
+    def new_empty(self, *args, **kwargs):
+        return self
+
+    def set_(self, *args):
+        return self
+
+    def storage_offset(self) -> int:
+        return 0
+
+    def size(self):
+        return self.a.shape
+
+    def stride(self):
+        return tuple(s // self.a.itemsize for s in self.a.strides)
+
+    def copy_(self, other):
+        return self
+
+
+def _interpreter_int(v: int):
+    """A size argument as the interpreter's 0-d int64 tensor (it makes a Python int a 1-element
+    array, which `range()` in a kernel can't take)."""
+    return tl.tensor(TensorHandle(np.array(v, np.int64), tl.int64), tl.int64)
+
+
+def _tl_dtype(dt):
+    return getattr(tl, TL_NAMES[dt].split(".")[1])
+
+
+class Launcher:
+    """Calls one generated kernel: `launcher(xnumel, *arrays, *sizes[, err])`."""
+
+    def __init__(self, fn, launch, device, module_key: str):
+        self.fn = fn
+        self.launch = launch
+        self.device = device
+        self.module_key = module_key
+        self.interpret = device.type == "cpu"
+        self.n_arrays = len(launch.buffers) + (1 if launch.error_flag else 0)
+        self.tl_dtypes = [_tl_dtype(b.dtype) for b in launch.buffers]
+        self._compiled: dict = {}
+
+    def __call__(self, xnumel, *args):
+        g = self.launch.grid(xnumel)
+        if g == 0:
+            return
+        stats["launches"] += 1
+        bufs = args[:len(self.launch.buffers)]
+        sizes = args[len(self.launch.buffers):len(self.launch.buffers) + len(self.launch.size_names)]
+        err = args[len(self.launch.buffers) + len(self.launch.size_names):]
+        if self.interpret:
+            arrays = [HostArray(a, t) for a, t in zip(bufs, self.tl_dtypes)] + [HostArray(e, tl.int32) for e in err]
+            self.fn[(g,)](*arrays[:len(bufs)], *map(_interpreter_int, sizes), *arrays[len(bufs):],
+                          **self.launch.constexprs)
+            return
+        ptrs = [a.data.ptr for a in bufs] + [e.data.ptr for e in err]
+        aligned = tuple(i for i, p in enumerate(ptrs) if p % ALIGN == 0)
+        k = self._compiled.get(aligned)
+        if k is None:
+            k = self._compiled[aligned] = self._kernel(aligned)
+        TL.launch(k, (g,), *[TL.Ptr(p) for p in ptrs[:len(bufs)]], *sizes, *[TL.Ptr(p) for p in ptrs[len(bufs):]])
+
+    def _kernel(self, aligned: tuple):
+        """The cubin for these pointer alignments: from the disk cache, else compiled and cached."""
+        sig = self.launch.signature()
+        names = [b.name for b in self.launch.buffers] + (["fl_err"] if self.launch.error_flag else [])
+        aligned_names = tuple(names[i] for i in aligned)
+        return load_or_compile(self.fn, sig, self.launch.constexprs, self.launch.num_warps, aligned_names,
+                               device_key(self.device), self.module_key)
+
+
+def _cubin_key(module_key, name, sig, constexprs, num_warps, aligned, dkey) -> str:
+    blob = json.dumps([module_key, name, sorted(sig.items()), sorted(constexprs.items()), num_warps,
+                       list(aligned), dkey, triton_version()])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def build_cubin(fn, sig: dict, constexprs: dict, num_warps: int, aligned: tuple, capability: int):
+    """(cubin bytes, launch metadata) of `fn` compiled by `triton.compile` for sm_<capability>
+    (needs no GPU: tests compile generated kernels on the CPU machine too)."""
+    names = list(fn.arg_names)
+    attrs = {(names.index(n),): [["tt.divisibility", ALIGN]] for n in aligned}
+    src = ASTSource(fn, dict(sig), dict(constexprs), attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32),
+                              options={"num_warps": num_warps, "num_stages": 1})
+    md = compiled.metadata
+    meta = {"name": md.name, "num_warps": md.num_warps, "shared": md.shared,
+            "global_scratch": md.global_scratch_size}
+    return compiled.asm["cubin"], meta
+
+
+def load_or_compile(fn, sig, constexprs, num_warps, aligned, dkey, module_key):
+    cupy = _cupy()
+    key = _cubin_key(module_key, fn.__name__, sig, constexprs, num_warps, aligned, dkey)
+    base = os.path.join(cache_dir(), key[:2], key)
+    if os.path.exists(base + ".json") and os.path.exists(base + ".cubin"):
+        with open(base + ".json") as f:
+            meta = json.load(f)
+        with open(base + ".cubin", "rb") as f:
+            cubin = f.read()
+        stats["cubin_cache_hits"] += 1
+    else:
+        cubin, meta = build_cubin(fn, sig, constexprs, num_warps, aligned, int(dkey[2:]))
+        _write_atomic(base + ".cubin", cubin, "wb")
+        _write_atomic(base + ".json", json.dumps(meta))
+        stats["compiled"] += 1
+    module = cupy.cuda.Module()
+    module.load(cubin)
+    function = module.get_function(meta["name"])
+    if meta["shared"] > TL._SMEM_STATIC_LIMIT:
+        cupy.cuda.driver.funcSetAttribute(function.ptr, TL._MAX_DYNAMIC_SHARED_SIZE_BYTES, meta["shared"])
+    arg_types = tuple(t for t in sig.values() if t != "constexpr")
+    return TL.Kernel(function, module, arg_types, meta["num_warps"], meta["shared"], 2, meta["global_scratch"])
+
+
+# ---- libdevice for the interpreter ---------------------------------------------------------------
+def _elementwise(fn):
+    """A math-module function over arrays (elementwise, in float64: the interpreter's blocks are small)."""
+    vec = np.vectorize(fn, otypes=[np.float64])
+    return lambda a: vec(np.asarray(a, np.float64))
+
+
+# libdevice function -> NumPy function of the same semantics (float32/float64 operands)
+def _lgamma(x: float) -> float:
+    return math.lgamma(x) if math.isfinite(x) and not (x <= 0 and x == int(x)) else math.inf if x != -math.inf else \
+        math.inf
+
+
+_NUMPY_OF = {"sqrt": np.sqrt, "log1p": np.log1p, "expm1": np.expm1, "tan": np.tan, "asin": np.arcsin,
+             "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh,
+             "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "erf": _elementwise(math.erf), "erfc": _elementwise(math.erfc),
+             "lgamma": _elementwise(_lgamma), "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "nearbyint": np.rint,
+             "atan2": np.arctan2, "hypot": np.hypot, "nextafter": np.nextafter, "pow": np.power, "fmod": np.fmod,
+             "copysign": np.copysign, "rsqrt": lambda a: 1.0 / np.sqrt(a), "exp": np.exp, "log": np.log,
+             "sin": np.sin, "cos": np.cos}
+_INT_RESULT = {"signbit": np.signbit}
+
+
+class InterpreterLibdevice:
+    """`libdevice` inside interpreted kernels: each function computes on the blocks' NumPy data."""
+
+    def __getattr__(self, name):
+        fn = _NUMPY_OF.get(name)
+        int_fn = _INT_RESULT.get(name)
+        if fn is None and int_fn is None:
+            raise AttributeError(f"libdevice.{name} has no interpreter version")
+
+        def call(*xs):
+            ts = [x for x in xs if isinstance(x, tl.tensor)]
+            ty = ts[0].type
+            data = [x.handle.data if isinstance(x, tl.tensor) else x for x in xs]
+            shape = np.broadcast_shapes(*[np.shape(d) for d in data])
+            with np.errstate(all="ignore"):
+                if int_fn is not None:
+                    r = np.broadcast_to(int_fn(*data).astype(np.int32), shape).copy()
+                    out_ty = tl.block_type(tl.int32, list(shape)) if shape else tl.int32
+                    return tl.tensor(TensorHandle(r, tl.int32), out_ty)
+                dt = data[0].dtype if isinstance(data[0], np.ndarray) else np.float32
+                r = np.broadcast_to(np.asarray(fn(*data)).astype(dt), shape).copy()
+            out_ty = ty if not shape or ty.is_block() else tl.block_type(ty.scalar, list(shape))
+            return tl.tensor(TensorHandle(r, ty.scalar), out_ty)
+        call.__name__ = name
+        return call

@@ -1,0 +1,72 @@
+"""Compile the Triton kernels flambeau generates for some functions with `triton.compile` for sm_90
+on a machine without a GPU (Triton's interpreter accepts code the GPU compiler rejects). Run
+without TRITON_INTERPRET; prints one line per kernel and `OK <n>` at the end."""
+import os
+import sys
+
+import flambeau as fl
+from flambeau._inductor import codegen_triton, triton_runtime
+from flambeau._inductor.graph import GraphLowering
+from flambeau._inductor.compile_fx import _size_names
+from flambeau._inductor.scheduler import Kernel, schedule
+from flambeau import _inductor
+
+compiled = [0]
+
+
+def sm90_compile_fx(gm, example_inputs):
+    graph = GraphLowering(gm, list(example_inputs), example_inputs[0].device, codegen_triton.DTYPES).run()
+    order = codegen_triton.split_for_grid(schedule(graph), graph)
+    kernels = [k for k in order if isinstance(k, Kernel)]
+    source, launches = codegen_triton.generate(kernels, _size_names(graph))
+    mod, _ = triton_runtime.load_module(source, CUDA_KEY)
+    for k in kernels:
+        la = launches[k.name]
+        names = [b.name for b in la.buffers]
+        cubin, meta = triton_runtime.build_cubin(getattr(mod, k.name), la.signature(), la.constexprs,
+                                                 la.num_warps, tuple(names), 90)
+        print(k.name, len(cubin), meta["shared"], flush=True)
+        compiled[0] += 1
+    return gm
+
+
+_inductor.compile_fx = sm90_compile_fx
+
+
+class _Sm90:
+    type = "cuda"
+
+
+CUDA_KEY = _Sm90()
+triton_runtime.device_key = lambda d: "sm90" if d is CUDA_KEY else "interpret"
+
+F = fl.nn.functional
+
+
+def cases():
+    x = fl.randn(33, 70)
+    yield lambda a, b: ((a * 2 + b.t()).sin(), (a - 1).relu()), (fl.randn(33, 17), fl.randn(17, 33))
+    yield lambda a: (F.softmax(a, -1), a.sum(0), a.var(1), a.argmax(1), a.amin(0)), (x,)
+    yield lambda a, w, b: F.gelu(F.layer_norm(a, (70,), w, b)), (x, fl.randn(70), fl.randn(70))
+    yield lambda a: (a.to(fl.bfloat16).float().exp() * 3).to(fl.bfloat16).sum(1), (x,)
+    yield lambda a, i: a[i] * 2, (x, fl.tensor([0, 5, -1]))
+    yield lambda a: (a > 0).all(1), (x,)
+    yield lambda a: a.sum() / a.abs().max(), (x,)
+    yield lambda a: a.cumsum(1) if False else a.prod(1), (x,)
+
+
+for fn, args in cases():
+    fl._dynamo.reset()
+    fl.compile(fn, backend="inductor")(*args)
+    fl._dynamo.reset()
+    fl.compile(fn, backend="inductor", dynamic=True)(*args)
+if "--gpt" in sys.argv:              # a small GPT-2 training step under bf16 autocast, forward and backward
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from bench import gpu_models
+    fl._dynamo.reset()
+    model = fl.compile(gpu_models.gpt(fl, vocab=64, block=16, d=32, layers=1, heads=2))
+    with fl.autocast(device_type="cpu", dtype=fl.bfloat16):
+        loss = model(fl.randint(0, 64, (2, 16)), fl.randint(0, 64, (2, 16)))
+    loss.backward()
+print("OK", compiled[0])
+sys.exit(0 if compiled[0] else 1)
