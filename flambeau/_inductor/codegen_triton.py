@@ -259,9 +259,14 @@ class Launch:
     num_warps: int = 4
     error_flag: bool = False
     single_program: bool = False
+    then: "Launch | None" = None     # a second kernel launched after this one, on the same arguments
 
-    def grid(self, xnumel: int) -> int:
-        return 1 if self.single_program else -(-xnumel // self.xblock)
+    def grid(self, sizes: dict) -> int:
+        """Programs to launch, given the size symbols' values."""
+        if self.single_program:
+            return 1
+        n = self.xnumel if isinstance(self.xnumel, int) else self.xnumel.evaluate(sizes)
+        return -(-n // self.xblock)
 
     def signature(self) -> dict:
         sig = {b.name: SIGNATURE[b.dtype] for b in self.buffers}
@@ -290,6 +295,7 @@ class TritonKernelPrinter:
         self.r_block: str | None = None
         self.uses_error_flag = False
         self.int64 = False
+        self.sources: list = []
 
     def line(self, s: str):
         self.lines.append("    " * self.depth + s)
@@ -302,22 +308,35 @@ class TritonKernelPrinter:
         return config.triton_interpret_block if self.interpret else config.triton_block
 
     def generate(self) -> tuple:
-        """(source of the jit function, Launch)."""
+        """(source of the jit function(s), Launch): a parallel scatter is two functions, the copy
+        and then the scatter (`Launch.then`)."""
         k = self.k
         numels = [b.layout.numel for b in k.loads + k.stores]
         self.int64 = any(not isinstance(n, int) or n > INT32_LIMIT for n in numels)     # (symbolic: any size)
         with set_handler(TritonHandler(self)):
+            if k.scatter is not None and _parallel_scatter(k.scatter.buf.data):
+                first = self._function(k.name, self._scatter_copy)
+                first.then = self._function(k.name + "_scatter", self._scatter_parallel)
+                return "\n\n".join(self.sources), first
             if k.scatter is not None:
-                launch = self._scatter()
+                launch = self._function(k.name, self._scatter)
             elif not k.outer and len(k.steps) == 1 and k.steps[0].kind == "pointwise":
-                launch = self._flat(k.steps[0])
+                launch = self._function(k.name, lambda: self._flat(k.steps[0]))
             else:
-                launch = self._rows()
+                launch = self._function(k.name, self._rows)
+        return "\n\n".join(self.sources), launch
+
+    def _function(self, name, body) -> Launch:
+        """Print one jit function named `name` whose statements `body()` emits (returning its Launch)."""
+        self.lines, self.cse, self.n_tmp, self.uses_error_flag = [], {}, 0, False
+        self.x_names, self.r_names = set(), set()
+        launch = body()
+        launch.name = name
         launch.error_flag = self.uses_error_flag
         params = [b.name for b in launch.buffers] + self.size_names + (["fl_err"] if self.uses_error_flag else []) + \
             [f"{c}: tl.constexpr" for c in launch.constexprs]
-        src = f"@triton.jit\ndef {k.name}({', '.join(params)}):\n" + "\n".join(self.lines) + "\n"
-        return src, launch
+        self.sources.append(f"@triton.jit\ndef {name}({', '.join(params)}):\n" + "\n".join(self.lines) + "\n")
+        return launch
 
     def _launch(self, xnumel, xblock, consts, warps=4, single=False) -> Launch:
         return Launch(self.k.name, list(self.k.loads) + list(self.k.stores), self.size_names, xnumel, xblock,
@@ -497,8 +516,36 @@ class TritonKernelPrinter:
         if n.name not in self.k.locals:
             self._store(n.name, offset_of(idx, contiguous_strides(n.ranges)), val, dt)
 
+    def _scatter_copy(self) -> Launch:
+        """The first kernel of a parallel scatter: the destination's initial values, a flat grid."""
+        n = self.k.scatter
+        sc = n.buf.data
+        total = math.prod(sc.ranges)
+        xblock = self._block_for(total)
+        idx = node_index(n, iter(self._x_vars([(s,) for s in strip(sc.ranges)], total)), sc.ranges)
+        v = ops.to_dtype(sc.init_fn(idx), sc.dtype)
+        self._store(n.name, offset_of(idx, contiguous_strides(sc.ranges)), v, sc.dtype)
+        return self._launch(total, xblock, {}, self._warps(xblock))
+
+    def _scatter_parallel(self) -> Launch:
+        """The second kernel of a parallel scatter: every scattered element at once, stored (the
+        targets never collide) or added atomically."""
+        n = self.k.scatter
+        sc = n.buf.data
+        count = math.prod(sc.scatter_ranges)
+        xblock = self._block_for(count)
+        idx = node_index(n, iter(self._x_vars([(s,) for s in strip(sc.scatter_ranges)], count)), sc.scatter_ranges)
+        target = render(sc.target_fn(idx))
+        v = ops.to_dtype(sc.value_fn(idx), sc.dtype)
+        ptr = f"tl.broadcast_to({n.name} + ({target}), [XBLOCK, 1])"
+        fn = "tl.atomic_add" if sc.reduce == "sum" else "tl.store"
+        self.line(f"{fn}({ptr}, tl.broadcast_to({v.name}, [XBLOCK, 1]), mask=xmask)")
+        return self._launch(count, xblock, {}, self._warps(xblock))
+
     def _scatter(self) -> Launch:
-        """One program: copy the destination in blocks, then each scattered element in order."""
+        """One program: copy the destination in blocks, then each scattered element in order (a
+        scatter that is neither collision-free nor an atomic sum: products, min/max, stores that
+        may hit one element twice, narrow dtypes)."""
         n = self.k.scatter
         sc = n.buf.data
         total = math.prod(sc.ranges)
@@ -539,6 +586,18 @@ class TritonKernelPrinter:
         self.line("tl.debug_barrier()")
         self.depth -= 1
         return self._launch(1, xblock, {}, 4, single=True)
+
+
+ATOMIC_ADD_DTYPES = (D.float32, D.float64, D.int32, D.int64)
+
+
+def _parallel_scatter(sc) -> bool:
+    """Whether a Scatter's elements may be written all at once: no two hit one element (every
+    scattered dim is a parallel one), or they add up through `tl.atomic_add`."""
+    dims = {d for d, s in enumerate(sc.scatter_ranges) if s != 1}
+    if sc.reduce is None:
+        return dims <= sc.parallel_dims
+    return sc.reduce == "sum" and sc.dtype in ATOMIC_ADD_DTYPES
 
 
 def _store_mask(p: TritonKernelPrinter, names: set) -> str | None:

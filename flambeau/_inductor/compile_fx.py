@@ -231,7 +231,7 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
         if kernels:
             rt = _triton_runtime()
             mod, key = rt.load_module(source, device)
-            kernels_ns = {k.name: rt.Launcher(getattr(mod, k.name), launches[k.name], device, key) for k in kernels}
+            kernels_ns = {k.name: rt.Launcher(mod, launches[k.name], device, key) for k in kernels}
             source_path = mod.__file__
     elif backend == "cpp":
         info = dict(_cpp_builder.detect_flags())

@@ -142,44 +142,51 @@ def _tl_dtype(dt):
 
 
 class Launcher:
-    """Calls one generated kernel: `launcher(xnumel, *arrays, *sizes[, err])`."""
+    """Calls one scheduled kernel's generated function(s) (`Launch`, then `Launch.then`):
+    `launcher(*arrays, *sizes[, err])`, the grid computed from the sizes."""
 
-    def __init__(self, fn, launch, device, module_key: str):
-        self.fn = fn
+    def __init__(self, module, launch, device, module_key: str):
+        self.chain = []
+        la = launch
+        while la is not None:
+            self.chain.append((la, getattr(module, la.name)))
+            la = la.then
         self.launch = launch
+        self.error_flag = any(la.error_flag for la, _ in self.chain)
         self.device = device
         self.module_key = module_key
         self.interpret = device.type == "cpu"
-        self.n_arrays = len(launch.buffers) + (1 if launch.error_flag else 0)
+        self.n_bufs = len(launch.buffers)
+        self.size_names = launch.size_names
         self.tl_dtypes = [_tl_dtype(b.dtype) for b in launch.buffers]
         self._compiled: dict = {}
 
-    def __call__(self, xnumel, *args):
-        g = self.launch.grid(xnumel)
-        if g == 0:
-            return
-        stats["launches"] += 1
-        bufs = args[:len(self.launch.buffers)]
-        sizes = args[len(self.launch.buffers):len(self.launch.buffers) + len(self.launch.size_names)]
-        err = args[len(self.launch.buffers) + len(self.launch.size_names):]
-        if self.interpret:
-            arrays = [HostArray(a, t) for a, t in zip(bufs, self.tl_dtypes)] + [HostArray(e, tl.int32) for e in err]
-            self.fn[(g,)](*arrays[:len(bufs)], *map(_interpreter_int, sizes), *arrays[len(bufs):],
-                          **self.launch.constexprs)
-            return
-        ptrs = [a.data.ptr for a in bufs] + [e.data.ptr for e in err]
-        aligned = tuple(i for i, p in enumerate(ptrs) if p % ALIGN == 0)
-        k = self._compiled.get(aligned)
-        if k is None:
-            k = self._compiled[aligned] = self._kernel(aligned)
-        TL.launch(k, (g,), *[TL.Ptr(p) for p in ptrs[:len(bufs)]], *sizes, *[TL.Ptr(p) for p in ptrs[len(bufs):]])
+    def __call__(self, *args):
+        nb, ns = self.n_bufs, len(self.size_names)
+        bufs, sizes, err = args[:nb], args[nb:nb + ns], args[nb + ns:]
+        env = dict(zip(self.size_names, sizes)) if sizes else {}
+        for la, fn in self.chain:
+            g = la.grid(env)
+            if g == 0:
+                continue
+            stats["launches"] += 1
+            e = err if la.error_flag else ()
+            if self.interpret:
+                arrays = [HostArray(a, t) for a, t in zip(bufs, self.tl_dtypes)]
+                fn[(g,)](*arrays, *map(_interpreter_int, sizes), *[HostArray(x, tl.int32) for x in e],
+                         **la.constexprs)
+                continue
+            ptrs = [a.data.ptr for a in bufs] + [x.data.ptr for x in e]
+            aligned = tuple(i for i, p in enumerate(ptrs) if p % ALIGN == 0)
+            k = self._compiled.get((la.name, aligned))
+            if k is None:
+                k = self._compiled[la.name, aligned] = self._kernel(la, fn, aligned)
+            TL.launch(k, (g,), *[TL.Ptr(p) for p in ptrs[:nb]], *sizes, *[TL.Ptr(p) for p in ptrs[nb:]])
 
-    def _kernel(self, aligned: tuple):
+    def _kernel(self, la, fn, aligned: tuple):
         """The cubin for these pointer alignments: from the disk cache, else compiled and cached."""
-        sig = self.launch.signature()
-        names = [b.name for b in self.launch.buffers] + (["fl_err"] if self.launch.error_flag else [])
-        aligned_names = tuple(names[i] for i in aligned)
-        return load_or_compile(self.fn, sig, self.launch.constexprs, self.launch.num_warps, aligned_names,
+        names = [b.name for b in la.buffers] + (["fl_err"] if la.error_flag else [])
+        return load_or_compile(fn, la.signature(), la.constexprs, la.num_warps, tuple(names[i] for i in aligned),
                                device_key(self.device), self.module_key)
 
 

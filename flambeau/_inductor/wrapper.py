@@ -12,7 +12,7 @@ Graph inputs that the graph writes (`copy_`) get their final values copied into 
 after the kernels' error check.
 
 Kernel function objects (ctypes, argtypes set once; for Triton kernels a
-`triton_runtime.Launcher` taking the grid's extent first) and extern callables are globals of the
+`triton_runtime.Launcher`) and extern callables are globals of the
 generated module, so a call is a straight line of statements. On cuda the arrays are CuPy's, the
 externs run their kernels on CuPy, and a Triton kernel's bounds-check failure lands in `_err`,
 read after the kernels.
@@ -231,7 +231,7 @@ class WrapperCodegen:
                 L.append(f"    {b.name} = _in{b.position}._data")
         if g.dynamic:
             self._bind_sizes()
-        if self.backend == "triton" and any(isinstance(s, Kernel) and self.kernels_ns[s.name].launch.error_flag
+        if self.backend == "triton" and any(isinstance(s, Kernel) and self.kernels_ns[s.name].error_flag
                                              for s in self.order):
             self.ns["_zeros"] = self.xp.zeros
             self.ns["_kernel_error"] = kernel_error
@@ -311,8 +311,8 @@ class WrapperCodegen:
         if self.backend == "triton":
             launcher = self.kernels_ns[k.name]
             self.ns[k.name] = launcher
-            err = ["_err"] if launcher.launch.error_flag else []
-            self.lines.append(f"    {k.name}({_src(launcher.launch.xnumel)}, {', '.join(args + self.size_names + err)})")
+            err = ["_err"] if launcher.error_flag else []
+            self.lines.append(f"    {k.name}({', '.join(args + self.size_names + err)})")
             return
         fn = self.kernels_ns[k.name + "_obj" if self._objects() else k.name]
         if self.backend == "cpp":
