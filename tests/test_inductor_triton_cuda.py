@@ -93,8 +93,9 @@ def test_bfloat16_chain_on_cuda():
         np.testing.assert_allclose(g.cpu().float().numpy(), w.float().numpy(), rtol=2e-2, atol=2e-2)
 
 
-def _train_grads(build, batch, compiled: bool, steps: int = 2):
-    """Gradients of every parameter after `steps` AdamW steps under bf16 autocast on cuda."""
+def _train_grads(build, batch, compiled: bool, amp: bool, steps: int = 2):
+    """Losses, and gradients of every parameter after `steps` AdamW steps on cuda (bf16 autocast
+    when `amp`)."""
     fl.manual_seed(0)
     model = build().cuda()
     opt = fl.optim.AdamW(model.parameters(), lr=1e-3)
@@ -102,7 +103,7 @@ def _train_grads(build, batch, compiled: bool, steps: int = 2):
     x, y = (t.cuda() for t in batch)
     losses = []
     for i in range(steps):
-        with fl.autocast(device_type="cuda", dtype=fl.bfloat16):
+        with fl.autocast(device_type="cuda", dtype=fl.bfloat16, enabled=amp):
             loss = fwd(x, y)
         loss.backward()
         if i < steps - 1:
@@ -114,9 +115,10 @@ def _train_grads(build, batch, compiled: bool, steps: int = 2):
 
 @pytest.mark.parametrize("name", ["mlp", "gpt"])
 def test_compiled_training_matches_eager_on_cuda(name):
-    """bench/gpu_models' MLP and a small GPT-2 (1 layer, d 64, vocab 512, T 64): losses and every
-    parameter's gradient after a step, compiled (Triton kernels, cuBLASLt and fused-attention
-    externs) vs eager, under bf16 autocast."""
+    """bench/gpu_models' MLP and a GPT-2 layer at full width (vocab 512, T 128): in float32 every
+    parameter's gradient after a step, compiled (Triton kernels, cuBLASLt and attention externs) vs
+    eager; under bf16 autocast the losses (gradients differ there by bf16 rounding: eager rounds
+    every op's result, the fused kernels only their stores)."""
     import os
     import sys
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -125,16 +127,20 @@ def test_compiled_training_matches_eager_on_cuda(name):
         build = lambda: gpu_models.mlp(fl, width=64, depth=3)            # noqa: E731
         batch = (fl.randn(16, 64), fl.randint(0, 64, (16,)))
     else:
-        build = lambda: gpu_models.gpt(fl, vocab=512, block=64, d=64, layers=1, heads=2)   # noqa: E731
-        batch = (fl.randint(0, 512, (4, 64)), fl.randint(0, 512, (4, 64)))
-    le, ge = _train_grads(build, batch, False)
+        build = lambda: gpu_models.gpt(fl, vocab=512, block=128, layers=1)   # noqa: E731
+        batch = (fl.randint(0, 512, (2, 128)), fl.randint(0, 512, (2, 128)))
+    le, ge = _train_grads(build, batch, False, amp=False)
     with no_unexpected_fallbacks(declared_eager_fallbacks()):
-        lc, gc = _train_grads(build, batch, True)
+        lc, gc = _train_grads(build, batch, True, amp=False)
     bad = []
     for n in ge:
         err = float(np.abs(gc[n] - ge[n]).max())
         scale = float(np.abs(ge[n]).max()) + 1e-6
-        if not err <= 3e-2 * scale + 1e-4:
+        if not err <= 2e-3 * scale + 1e-6:
             bad.append(f"{n}: max err {err:.3g} of {scale:.3g}")
     assert not bad, f"losses eager {le} compiled {lc}; gradients off: " + "; ".join(bad)
-    np.testing.assert_allclose(lc, le, rtol=2e-2)
+    np.testing.assert_allclose(lc, le, rtol=1e-4)
+    le, _ = _train_grads(build, batch, False, amp=True)
+    with no_unexpected_fallbacks(declared_eager_fallbacks()):
+        lc, _ = _train_grads(build, batch, True, amp=True)
+    np.testing.assert_allclose(lc, le, rtol=1e-2)

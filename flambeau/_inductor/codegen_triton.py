@@ -446,15 +446,20 @@ class TritonKernelPrinter:
         self._store_step(step, xouter, xouter + rsyms)
         if loop and self.r_mask:
             self.depth -= 1
+        if self.r_block:                  # values of this step's r block: later steps read memory (a
+            for n in step.nodes:          # step without inner dims leaves [XBLOCK, 1] values, kept)
+                self.locals.pop(n.name, None)
         self.r_mask = self.r_block = None
 
     def _store_step(self, step, xouter, all_syms):
+        """Compute (and store, unless local) each node of a pointwise step. A later node of the step
+        reads an earlier one's value from its register, never from the memory just stored: the
+        lane that loads an element need not be the lane that stored it (a race on the GPU)."""
         for n in step.nodes:
             idx = node_index(n, iter(all_syms), n.ranges)
             v = ops.to_dtype(n.buf.data.inner_fn(idx), n.buf.dtype)
-            if n.name in self.k.locals:
-                self.locals[n.name] = v
-            else:
+            self.locals[n.name] = v
+            if n.name not in self.k.locals:
                 self._store(n.name, offset_of(idx, contiguous_strides(n.ranges)), v, n.buf.dtype)
 
     def _store(self, name, off: Index, v, dtype):

@@ -24,6 +24,7 @@ backend: str = os.environ.get("FLAMBEAU_INDUCTOR_BACKEND", "cpp")
 fuse: bool = True                 # group buffers into shared loop nests
 keep_locals: bool = True          # keep kernel-internal buffers in registers
 reuse_buffers: bool = True        # memory planning: reuse freed buffers of the same size/dtype
+poison_buffers: bool = False      # fill every buffer the wrapper allocates with NaN / -1 (tests: unwritten elements)
 max_inline_ops: int = 200         # realise a pointwise value whose expression grows beyond this
 inline_ops_multi_use: int = 12    # ... or that has several users and costs more than this
 parallel_threshold: int = 1 << 15  # elements of work below which a kernel runs on one thread (with

@@ -36,7 +36,7 @@ from .._backends import cpu_kernels
 from .._device import CPU
 from .._tensor import Tensor
 from ..fx._symbolic_shapes import expr_to_python
-from . import codegen_cpp
+from . import codegen_cpp, config
 from .ir import Buffer, InputBuffer, MultiOutput, StridedView
 from .scheduler import ExternStep, Kernel
 from .sizevars import SizeExpr, derived_definition, evaluate, replacements
@@ -162,6 +162,16 @@ def _matmul_extern(args, index):
     return call
 
 
+def _poisoned(xp):
+    """`empty` whose memory holds NaN (floats) or -1 (integers, True for bool): an element a kernel
+    forgets to write shows instead of reading as the zeros fresh host pages happen to hold."""
+    def empty(shape, dtype):
+        a = xp.empty(shape, dtype)
+        a.fill(np.nan if np.dtype(dtype).kind == "f" or np.dtype(dtype).name == "bfloat16" else -1)
+        return a
+    return empty
+
+
 def kernel_error(code: int):
     """Raise what eager PyTorch raises for an error a generated kernel recorded."""
     if code == 1:
@@ -201,7 +211,8 @@ class WrapperCodegen:
         self.mem = memory
         self.backend = backend
         self.xp = np if device.type == "cpu" else _backends.get(device.type).xp
-        self.ns = {"np": np, "_empty": self.xp.empty, "_T": Tensor._make, "_dev": device,
+        self.ns = {"np": np, "_empty": _poisoned(self.xp) if config.poison_buffers else self.xp.empty,
+                   "_T": Tensor._make, "_dev": device,
                    "_strided": strided_array, "_Concrete": ConcreteLayout, "_copyto": self.xp.copyto}
         self.kernels_ns = kernels_ns
         self.lines: list = []

@@ -48,3 +48,23 @@ idx = fl.randint(0, V, (N,), device=dev)
 check("embedding", lambda e, i: F.embedding(i, e), emb, idx, grad=(0,))
 check("linear_bias_bf16", lambda a, w, b: F.linear(a, w, b), xb, fl.randn(C, C, device=dev).to(fl.bfloat16),
       w.to(fl.bfloat16), grad=(0, 1, 2))
+
+if dev == "cuda":                          # one GPT-2 layer at full width, bf16 autocast: every parameter's gradient
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from bench import gpu_models
+    xs, ys = fl.randint(0, V, (2, 1024), device=dev), fl.randint(0, V, (2, 1024), device=dev)
+    grads = []
+    for compiled in (False, True):
+        fl._dynamo.reset()
+        fl.manual_seed(0)
+        model = gpu_models.gpt(fl, layers=1).to(dev)
+        f = fl.compile(model) if compiled else model
+        with fl.autocast(device_type="cuda", dtype=fl.bfloat16):
+            loss = f(xs, ys)
+        loss.backward()
+        grads.append((float(loss), {n: p.grad for n, p in model.named_parameters()}))
+        del f, model
+    print("gpt1_loss", grads[0][0], grads[1][0])
+    for n in grads[0][1]:
+        print("gpt1_grad", n, round(rel(grads[1][1][n], grads[0][1][n]), 5), flush=True)
