@@ -19,7 +19,8 @@ import warnings
 
 from ._dtype import BOOL, FLOATING, COMPLEX
 from . import _state
-from ._fp_errors import quiet as _fp_quiet, restore as _fp_restore
+from ._fp_errors import (quiet as _fp_quiet, restore as _fp_restore, run_quiet as _run_quiet,
+                         context_taken as _fp_context_taken)
 from ._tags import Tag
 from ._tensor import Tensor
 from ._backends import MetaArray, array_namespaces as _XP, get as _backend
@@ -50,6 +51,10 @@ def register_autocast(cast_inputs, call_composite) -> None:
 
 
 def dispatch(op, args, kwargs):
+    """Run `op` on `args`/`kwargs` through the layers above. The hot callers (Tensor methods and
+    operators, `Op.__call__`) skip this frame for a functional op called without keyword arguments
+    while no autocast region or mode is active, and call `call_functional` directly: keep the
+    conditions there in step with the branches here."""
     if _state.autocast:
         args, kwargs = _cast_inputs(op, args, kwargs)
     if _state.modes:
@@ -58,7 +63,7 @@ def dispatch(op, args, kwargs):
         return _with_out(op, args, kwargs)
     if op.is_inplace:
         return _inplace(op, args, kwargs)
-    return _call(op, args, kwargs, True)
+    return call_functional(op, args, kwargs)
 
 
 def _to_mode(op, args, kwargs):
@@ -103,7 +108,7 @@ def _device_mismatch(op, d1, d2):
 
 def _scan(op, args, kwargs):
     """Find the device and autograd needs; return (uargs, ukwargs, device, requires_grad, fw).
-    `_call` does the common case (positional arguments, one device object) itself; this is the
+    `call_functional` does the common case (positional arguments, one device object) itself; this is the
     general scan: tensors in lists and keyword arguments, several devices to reconcile."""
     dev = None
     rg = False
@@ -218,7 +223,8 @@ def _factory_device(op, args, kwargs):
     return canonical(d)
 
 
-def _call(op, args, kwargs, record):
+def call_functional(op, args, kwargs, record=True):
+    """Autograd and the backend kernel for a functional op (layers 2 and 3 of the module docstring)."""
     # The common case of `_scan`, inlined (this runs on every op): positional arguments, tensors on
     # one device object, no tensor inside a list; anything else goes to `_scan`.
     dev = None
@@ -254,43 +260,42 @@ def _call(op, args, kwargs, record):
             return r
     if dev is None:
         dev = _factory_device(op, args, kwargs)
-    if dev.type == "meta" or (op.out_device is not None and op.out_device(*args, **(kwargs or {})).type == "meta"):
-        out = _meta_call(op, args, kwargs, dev if op.out_device is None else op.out_device(*args, **(kwargs or {})))
+    if op.out_device is not None or dev.type == "meta" or op.kernel is None:
+        out = _unusual_call(op, args, kwargs, uargs, ukwargs, dev)
     else:
-        if op.kernel is None:
-            raise NotImplementedError(f"Could not run 'aten::{op.name}' with arguments from the "
-                                      f"'{dev.type.upper()}' backend: it has no kernel.")
         xp = _XP.get(dev.type) or _backend(dev.type).xp
         kernel = op.kernel
-        # inf/nan results are silent, as in PyTorch: NumPy's FP warnings are off around the kernel
-        # (~0.15 us; views and ops tagged no_fp_errors compute nothing that can raise and skip it, and
-        # so do cuda kernels: CuPy's device arithmetic raises no NumPy FP errors)
-        token = _fp_quiet() if op.quiet_fp_errors and dev.type != "cuda" else None
-        try:
-            # CPython 3.11 runs a call with a fixed number of arguments in the caller's loop; a
-            # call with *args goes through C and a new interpreter loop (~1000 instructions more)
-            n = len(uargs)
-            if ukwargs:
-                r = kernel(xp, *uargs, **ukwargs)
-            elif n == 2:
-                r = kernel(xp, uargs[0], uargs[1])
-            elif n == 1:
-                r = kernel(xp, uargs[0])
-            elif n == 3:
-                r = kernel(xp, uargs[0], uargs[1], uargs[2])
-            else:
-                r = kernel(xp, *uargs)
-        finally:
-            if token is not None:
-                _fp_restore(token)
-        if op.out_device is not None:
-            out = _wrap(r, op.out_device(*args, **(kwargs or {})))
-        elif type(r) is _ndarray:
-            out = Tensor._make(r, dev)
+        # CPython 3.11 runs a call with a fixed number of arguments in the caller's loop; a call with
+        # *args goes through C and a new interpreter loop (~1000 instructions more)
+        n = len(uargs)
+        if op.quiet_fp_errors and dev.type != "cuda":
+            # inf/nan results are silent, as in PyTorch: NumPy's FP warnings are off inside the kernel
+            # (`_fp_errors.run_quiet`; views and ops tagged no_fp_errors compute nothing that can raise,
+            # and cuda kernels: CuPy's device arithmetic raises no NumPy FP errors)
+            try:
+                if ukwargs:
+                    r = _run_quiet(kernel, xp, *uargs, **ukwargs)
+                elif n == 2:
+                    r = _run_quiet(kernel, xp, uargs[0], uargs[1])
+                elif n == 1:
+                    r = _run_quiet(kernel, xp, uargs[0])
+                else:
+                    r = _run_quiet(kernel, xp, *uargs)
+            except RuntimeError as e:
+                if not _fp_context_taken(e):
+                    raise
+                r = _run_kernel(op, xp, uargs, ukwargs)
+        elif ukwargs:
+            r = kernel(xp, *uargs, **ukwargs)
+        elif n == 2:
+            r = kernel(xp, uargs[0], uargs[1])
+        elif n == 1:
+            r = kernel(xp, uargs[0])
         else:
-            out = _wrap(r, dev)
-    if op.return_type is not None and type(out) is tuple:
-        out = op.return_type(*out)
+            r = kernel(xp, *uargs)
+        out = Tensor._make(r, dev) if type(r) is _ndarray else _wrap(r, dev)
+        if op.return_type is not None and type(out) is tuple:
+            out = op.return_type(*out)
     if op.is_view:
         _mark_views(args[0] if args else kwargs["self"], out)
     if record and (rg or fw):
@@ -300,6 +305,33 @@ def _call(op, args, kwargs, record):
             _graph.record_not_implemented(op, args, kwargs, out)
         if fw and _state.fwd_grad_enabled:
             _forward_ad.propagate(op, args, kwargs, out)
+    return out
+
+
+def _run_kernel(op, xp, uargs, ukwargs):
+    """The op's kernel on unwrapped arguments, NumPy's FP errors silenced by setting the error state
+    (where `_fp_errors.run_quiet`'s context is taken: another thread's kernel, or an op run by a kernel)."""
+    token = _fp_quiet() if op.quiet_fp_errors else None
+    try:
+        return op.kernel(xp, *uargs, **(ukwargs or {}))
+    finally:
+        if token is not None:
+            _fp_restore(token)
+
+
+def _unusual_call(op, args, kwargs, uargs, ukwargs, dev):
+    """`call_functional` on a meta device, for an op whose output device is its own (`out_device`),
+    or for one without a kernel."""
+    out_dev = op.out_device(*args, **(kwargs or {})) if op.out_device is not None else dev
+    if dev.type == "meta" or out_dev.type == "meta":
+        out = _meta_call(op, args, kwargs, out_dev)
+    elif op.kernel is None:
+        raise NotImplementedError(f"Could not run 'aten::{op.name}' with arguments from the "
+                                  f"'{dev.type.upper()}' backend: it has no kernel.")
+    else:
+        out = _wrap(_run_kernel(op, _XP.get(dev.type) or _backend(dev.type).xp, uargs, ukwargs), out_dev)
+    if op.return_type is not None and type(out) is tuple:
+        out = op.return_type(*out)
     return out
 
 
@@ -451,7 +483,7 @@ def _inplace(op, args, kwargs):
     if rg and "self" in f.saved_names:
         orig = self.detach().clone() if self._device.type != "meta" else self.detach()
         orig._grad_fn, orig._output_nr, orig._requires_grad = self._grad_fn, self._output_nr, self._requires_grad
-    res = _call(f, args, kwargs, False)
+    res = call_functional(f, args, kwargs, False)
     if fw:
         _forward_ad.propagate(f, args, kwargs, res)
     write_into(self, res, op.__name__, Tag.overlap_ok in op.tags)

@@ -81,6 +81,8 @@ class Tensor:
         t._dtype = dtype if dtype is not None else D.FROM_NP[data.dtype]
         t._device = device
         t._version = [0]
+        t._requires_grad = False
+        t._fw_grad = None
         return t
 
     # --- basic metadata -----------------------------------------------------------------
@@ -297,6 +299,9 @@ class Tensor:
 
     # --- conversions to Python and NumPy -----------------------------------------------
     def item(self):
+        d = self._data
+        if type(d) is np.ndarray and d.size == 1 and self._dtype in _NUMPY_ITEM:
+            return d.item()               # the Python scalar `_py_scalar` makes, without the checks' calls
         if self.numel() != 1:
             raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to Scalar")
         self._check_has_data("item")
@@ -481,6 +486,11 @@ def _ptr(a) -> int:
     if isinstance(a, np.ndarray):
         return a.__array_interface__["data"][0]
     return a.data.ptr
+
+
+# dtypes whose NumPy `item()` is the Python scalar of their category (not bfloat16/float8, whose
+# ml_dtypes scalars `item()` returns as they are)
+_NUMPY_ITEM = frozenset(d for d in D.ALL if np.dtype(d.np).kind in "biufc")
 
 
 def _py_scalar(v, dt):

@@ -137,10 +137,56 @@ def test_ops_tagged_no_fp_errors_raise_none_on_inf_nan_and_huge_values():
 def test_dispatch_silences_fp_errors_only_around_kernels_that_can_raise(monkeypatch):
     from flambeau import _dispatch
     calls = []
-    quiet = _dispatch._fp_quiet
-    monkeypatch.setattr(_dispatch, "_fp_quiet", lambda: calls.append(1) or quiet())
+    run = _dispatch._run_quiet
+    monkeypatch.setattr(_dispatch, "_run_quiet", lambda *a, **k: calls.append(1) or run(*a, **k))
     x = flambeau.tensor([[1.0, -1.0], [2.0, 0.5]])
     flambeau.relu(x), x.clone(), x[flambeau.tensor([1])], x.view(4), x.t()
     assert calls == []
     flambeau.exp(x), x + x, x.sum()
     assert len(calls) == 3
+
+
+def _overflowing_ops():
+    x = flambeau.tensor([1e38, -1.0, 0.0])
+    return [(x * 10).tolist(), (x / 0).tolist(), x.log().tolist()]
+
+
+_OVERFLOWED = [[math.inf, -10.0, 0.0], [math.inf, -math.inf, math.nan], [math.log(1e38), math.nan, -math.inf]]
+
+
+def _same_floats(got, want):
+    for g, w in zip(got, want):
+        for a, b in zip(g, w):
+            assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b), (got, want)
+
+
+def test_an_op_run_by_a_kernel_is_silent_too():
+    """The quiet context is entered already (a kernel running an op): the op falls back to setting
+    NumPy's error state, and is silent all the same."""
+    from flambeau import _fp_errors
+
+    def kernel_running_ops():
+        with np.errstate(all="raise"):                   # inside the context: what a kernel might set
+            return _overflowing_ops()
+
+    _same_floats(_fp_errors.run_quiet(kernel_running_ops), _OVERFLOWED)
+
+
+def test_ops_are_silent_while_another_thread_holds_the_quiet_context():
+    import threading
+    from flambeau import _fp_errors
+    inside, release = threading.Event(), threading.Event()
+
+    def hold():
+        inside.set()
+        release.wait(30)
+
+    t = threading.Thread(target=_fp_errors.run_quiet, args=(hold,))
+    t.start()
+    try:
+        assert inside.wait(30)
+        with np.errstate(all="raise"):
+            _same_floats(_overflowing_ops(), _OVERFLOWED)
+    finally:
+        release.set()
+        t.join()

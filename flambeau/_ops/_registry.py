@@ -191,6 +191,8 @@ class Op:
             r = _fx_hook(self, args, kwargs)
             if r is not NotImplemented:
                 return r
+        elif not (kwargs or self.is_inplace or _state.modes or _state.autocast):
+            return _dispatch.call_functional(self, args, kwargs)
         return _dispatch.dispatch(self, args, kwargs)
 
     def __repr__(self):

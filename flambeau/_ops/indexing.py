@@ -285,9 +285,9 @@ def _slice_of_ints(key: slice) -> slice:
     """A slice whose 0-dim integer cpu Tensor bounds are read as ints, as `apply_index` reads them
     (any other bound is left for it to judge)."""
     def bound(b):
-        if type(b) is Tensor and b.ndim == 0 and b.dtype.category == D.INTEGER and b.dtype is not D.uint8 \
-                and b.device.type == "cpu":
-            return int(b)
+        if type(b) is Tensor and b._data.ndim == 0 and b._dtype.category == D.INTEGER and b._dtype is not D.uint8 \
+                and b._device.type == "cpu":
+            return int(b._data)
         return b
     return slice(bound(key.start), bound(key.stop), key.step)
 
