@@ -1,0 +1,110 @@
+"""Paired wall-time ratios of two flambeau checkouts on small eager workloads (a change's speed-up).
+
+    python bench/ab_trees.py BASE_TREE NEW_TREE [--rounds 9] [--min-time 0.3] [--only add,bigram_eval]
+
+Each round starts one process per tree (the order alternates between rounds), each process times
+every workload for about --min-time seconds after a warm-up; the round's ratio is new / base. On a
+loaded machine only the median of those paired ratios means something (load that changes between
+rounds cancels to first order); absolute times are printed for reference only. One JSON object per
+workload: median ratio, ratio range, median µs per call of each tree.
+
+Workloads: `add`, `mul_scalar`, `relu`, `view`, `transpose`, `slice` (8×8 float32), `mlp_fwd_bwd`
+(bench/dispatch_overhead.py's two-layer step), `bigram_eval` (bench/cpu_models.py's bigram
+estimate_loss iteration: get_batch from a 1M-token corpus, forward under no_grad, loss.item()).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+VOCAB = 65
+BLOCK = 8
+BATCH = 32
+
+
+def workloads(m) -> dict:
+    import numpy as np
+    rng = np.random.default_rng(0)
+
+    def T(*shape, grad=False):
+        return m.tensor(rng.standard_normal(shape).astype(np.float32), requires_grad=grad)
+
+    a, b = T(8, 8), T(8, 8)
+    F = m.nn.functional
+    w1, b1, w2, b2 = T(16, 8, grad=True), T(16, grad=True), T(4, 16, grad=True), T(4, grad=True)
+    x = T(2, 8)
+
+    def mlp_step():
+        F.linear(F.relu(F.linear(x, w1, b1)), w2, b2).sum().backward()
+
+    table = m.nn.Embedding(VOCAB, VOCAB)
+    corpus = m.tensor(rng.integers(0, VOCAB, size=1_000_000), dtype=m.long)
+
+    def bigram_eval():
+        ix = m.randint(len(corpus) - BLOCK, (BATCH,))
+        xb = m.stack([corpus[i:i + BLOCK] for i in ix])
+        yb = m.stack([corpus[i + 1:i + BLOCK + 1] for i in ix])
+        with m.no_grad():
+            logits = table(xb)
+            return F.cross_entropy(logits.view(BATCH * BLOCK, VOCAB), yb.view(BATCH * BLOCK)).item()
+
+    return {"add": lambda: a + b, "mul_scalar": lambda: a * 0.5, "relu": lambda: m.relu(a),
+            "view": lambda: a.view(64), "transpose": lambda: a.t(), "slice": lambda: a[1:3],
+            "mlp_fwd_bwd": mlp_step, "bigram_eval": bigram_eval}
+
+
+def _child(names, min_time: float) -> None:
+    import flambeau
+    ops = workloads(flambeau)
+    out = {}
+    for name in names:
+        fn = ops[name]
+        for _ in range(50):
+            fn()
+        n, t0 = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - t0) < min_time:
+            for _ in range(20):
+                fn()
+            n += 20
+        out[name] = elapsed / n * 1e6
+    print(json.dumps(out))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("base")
+    ap.add_argument("new", nargs="?")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--min-time", type=float, default=0.3)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    names = [n for n in args.only.split(",") if n] or ["add", "mul_scalar", "relu", "view", "transpose", "slice",
+                                                       "mlp_fwd_bwd", "bigram_eval"]
+    if args.child:
+        _child(names, args.min_time)
+        return
+    trees = {"base": os.path.abspath(args.base), "new": os.path.abspath(args.new)}
+    runs = {"base": [], "new": []}
+    for r in range(args.rounds):
+        for which in (("base", "new") if r % 2 == 0 else ("new", "base")):
+            env = dict(os.environ, PYTHONPATH=trees[which])
+            p = subprocess.run([sys.executable, __file__, trees["base"], "--child", "--only", ",".join(names),
+                                "--min-time", str(args.min_time)], env=env, capture_output=True, text=True, check=True)
+            runs[which].append(json.loads(p.stdout.strip().splitlines()[-1]))
+    for name in names:
+        ratios = [n[name] / b[name] for b, n in zip(runs["base"], runs["new"])]
+        print(json.dumps({"workload": name, "ratio_new_over_base": round(statistics.median(ratios), 3),
+                          "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
+                          "base_us": round(statistics.median(b[name] for b in runs["base"]), 2),
+                          "new_us": round(statistics.median(n[name] for n in runs["new"]), 2),
+                          "rounds": args.rounds, "base_tree": trees["base"], "new_tree": trees["new"]}))
+
+
+if __name__ == "__main__":
+    main()
