@@ -418,6 +418,21 @@ def test_flip_and_batch_norm_statistics_compile_for_every_size():
     assert not counters["inductor_fallbacks"], dict(counters)
 
 
+def test_roll_by_a_constant_compiles_for_every_size(compiled_graphs):
+    # roll(x, 3, -1) slices from n - (3 mod n) = n - 3 + n*floor(3/n): a start with a derived symbol,
+    # >= 0 for every n by floor's bounds (3 - n + 1 <= n*floor(3/n)); fuzzer seed 1102 ran the slice eagerly
+    from flambeau._dynamo.utils import counters
+    from flambeau._inductor.sizevars import SizeExpr, _floor_div, known_nonneg
+    n = SizeExpr.symbol("s0")
+    assert known_nonneg(n - 3 + n * _floor_div(3, n)) and not known_nonneg(n - 5 + n * _floor_div(3, n))
+    assert known_nonneg(7 - n * _floor_div(7, n)) and not known_nonneg(6 - n * _floor_div(7, n))
+    fn = lambda T, x: (x.roll(3, -1) * 2, x.roll(-5, 0) + 1)        # noqa: E731
+    counters.clear()
+    run_sizes(fn, [[(5, 7)], [(6, 2)], [(9, 4)]])
+    assert not counters["inductor_fallbacks"], dict(counters)
+    assert_generated(compiled_graphs)
+
+
 def test_loops_over_sizes_not_provably_positive():
     # conv1d's output length is s2 + 1 - s4 (input length, kernel size): not provably >= 1, so a
     # loop over it must not be bounded by 0 (that once simplified (r % L) to r: the kernels read and

@@ -217,9 +217,15 @@ def _decide(e) -> bool:
 
 def known_nonneg(e) -> bool:
     """Provably e >= 0 when every symbol is >= its least value: after substituting s = least + t
-    (t >= 0) every coefficient is >= 0 (sufficient, not necessary)."""
+    (t >= 0) every coefficient is >= 0 (sufficient, not necessary). A derived symbol d = floor(a/b)
+    that e holds as k*b*d is bounded first (a - b + 1 <= b*d <= a), so `n - Mod(3, n)` (roll's slice
+    start: n - 3 + n*floor(3/n)) is known to be >= 1."""
     if isinstance(e, int):
         return e >= 0
+    for d in e.free_symbols():
+        bound = _floor_lower_bound(e, d)
+        if bound is not None and known_nonneg(bound):
+            return True
     shifted: dict = {(): 0}
     for m, c in e.terms:
         poly = {(): c}
@@ -234,6 +240,32 @@ def known_nonneg(e) -> bool:
         for pm, pc in poly.items():
             shifted[pm] = shifted.get(pm, 0) + pc
     return all(c >= 0 for c in shifted.values())
+
+
+def _floor_lower_bound(e, d):
+    """A lower bound of `e` without the derived symbol `d` = floor(a/b), when e = p + k*b*d with an
+    integer k and d only in that term; else None."""
+    f = _derived_defs.get(d)
+    if f is None:
+        return None
+    num, den = f.args[0].as_numer_denom()
+    a, b = _from_sympy(num, {}), _from_sympy(den, {})
+    if not known_nonneg(b - 1):
+        return None
+    rest, with_d = {}, {}
+    for m, c in e.terms:
+        if d not in m:
+            rest[m] = c
+        elif m.count(d) == 1:
+            r = list(m)
+            r.remove(d)
+            with_d[tuple(r)] = c
+        else:
+            return None
+    k = exact_div(_make(with_d), b)
+    if not isinstance(k, int):
+        return None
+    return _make(rest) + (k * (a - b + 1) if k > 0 else k * a)
 
 
 def known_lt(a, b) -> bool:
