@@ -588,3 +588,16 @@ def test_acosh_and_abs_gradients_below_the_domain_as_pytorch(mode):
         tg, = torch.autograd.grad(ref[k].sum(), tx, retain_graph=True)
         np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1.3e-6, atol=1e-5)
         assert _signs(g) == _signs(tg)
+
+
+@pytest.mark.parametrize("mode", ["eager", "inductor", "dynamic"])
+def test_softsign_gradient_at_infinities_as_pytorch(mode):
+    """Seed 2003: PyTorch's softsign is x / (|x| + 1) differentiated through div and abs, NaN at +-inf
+    (inf/inf); the closed form g / (|x| + 1)^2 gave 0 there."""
+    vals = [math.inf, -math.inf, math.nan, 1e20, -3.0, 0.0, -0.0, 0.5]
+    x, tx = fl.tensor(vals, requires_grad=True), torch.tensor(vals, requires_grad=True)
+    f = lambda m, x: m.nn.functional.softsign(x) * 2     # noqa: E731
+    run = (lambda x: f(fl, x)) if mode == "eager" else fl.compile(lambda x: f(fl, x), dynamic=mode == "dynamic")
+    g, = fl.autograd.grad(run(x).sum(), x)
+    tg, = torch.autograd.grad(f(torch, tx).sum(), tx)
+    np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1.3e-6, atol=1e-5)
