@@ -601,3 +601,21 @@ def test_softsign_gradient_at_infinities_as_pytorch(mode):
     g, = fl.autograd.grad(run(x).sum(), x)
     tg, = torch.autograd.grad(f(torch, tx).sum(), tx)
     np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1.3e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["eager", "inductor", "dynamic"])
+def test_inplace_write_to_an_operand_of_where_after_it_as_pytorch(mode):
+    """Seed 2074: where's backward needs only its condition (PyTorch saves nothing else), so zero_()
+    on an operand after the where is no error (was 'modified by an inplace operation'), eager and
+    compiled (the compiled trace runs the same autograd)."""
+    def f(m, x):
+        a, b = m.sigmoid(x), m.nn.functional.softplus(x)
+        y = m.where(a < b, a, b)
+        b.zero_()
+        return y * 2, b
+    x = fl.randn(3, 4, requires_grad=True)
+    tx = torch.tensor(x.detach().numpy(), requires_grad=True)
+    run = (lambda x: f(fl, x)) if mode == "eager" else fl.compile(lambda x: f(fl, x), dynamic=mode == "dynamic")
+    g, = fl.autograd.grad(run(x)[0].sum(), x)
+    tg, = torch.autograd.grad(f(torch, tx)[0].sum(), tx)
+    np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1.3e-6, atol=1e-5)

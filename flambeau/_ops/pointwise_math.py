@@ -576,7 +576,8 @@ def _(condition, self, other):
 
 
 @_where.def_derivative
-def _(grad, condition, self, other):
+def _where_derivative(grad, condition):
+    """Saves only the condition (PyTorch's): an in-place write to self or other afterwards is no error."""
     z = zeros_like(grad)
     return None, _where(condition, grad, z), _where(condition, z, grad)
 
