@@ -619,3 +619,42 @@ def test_inplace_write_to_an_operand_of_where_after_it_as_pytorch(mode):
     g, = fl.autograd.grad(run(x)[0].sum(), x)
     tg, = torch.autograd.grad(f(torch, tx)[0].sum(), tx)
     np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1.3e-6, atol=1e-5)
+
+
+_WRITES_THROUGH_A_VIEW = {
+    "setitem of a row": lambda x, y: x.__setitem__(0, y),
+    "copy_ into part of a row": lambda x, y: x[2, 1:].copy_(y[:2]),
+    "mul_ of a row through a transpose": lambda x, y: x.t()[:, 1].mul_(y),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_WRITES_THROUGH_A_VIEW))
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_write_through_a_view_of_an_expanded_input_as_pytorch_eager(case, dynamic):
+    """Seed 2103: x = base.expand(3, 3) shares each column's memory; a write through a view without
+    overlap (x[0] = y) changes every row, as in eager. Compiled, the rows were functionalized as
+    distinct elements: row 0 changed alone (PyTorch's torch.compile raises here instead)."""
+    write = _WRITES_THROUGH_A_VIEW[case]
+
+    def f(m, x, y):
+        write(x, y)
+        return m.sigmoid(x) * 2, x.sum(0)
+    vals, yv = [[0.5, -1.0, 2.0]], [3.0, 4.0, 5.0]
+    tx, ty = torch.tensor(vals).expand(3, 3), torch.tensor(yv)
+    x, y = fl.tensor(vals).expand(3, 3), fl.tensor(yv)
+    ref = f(torch, tx, ty)
+    out = fl.compile(lambda x, y: f(fl, x, y), dynamic=dynamic)(x, y)
+    for o, r in zip(out, ref):
+        np.testing.assert_allclose(o.numpy(), r.numpy(), rtol=1.3e-6, atol=1e-5)
+    np.testing.assert_array_equal(x.numpy(), tx.numpy())
+
+
+def test_compiled_explicit_setitem_call_writes_as_pytorch():
+    """`x.__setitem__(k, v)` called by name is `x[k] = v` (its call_method node was dropped as dead code)."""
+    def f(m, x, y):
+        x.__setitem__(0, y)
+        return x * 2
+    x, tx = fl.zeros(3, 3), torch.zeros(3, 3)
+    out, ref = fl.compile(lambda x, y: f(fl, x, y))(x, fl.arange(3.0)), f(torch, tx, torch.arange(3.0))
+    np.testing.assert_array_equal(out.numpy(), ref.numpy())
+    np.testing.assert_array_equal(x.numpy(), tx.numpy())

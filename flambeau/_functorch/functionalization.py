@@ -6,7 +6,8 @@ tensor `x` to the result (its array, and its autograd node, like PyTorch's in-pl
 nothing is written. Views are tracked: each view remembers its base and the chain of view ops
 that produced it. Mutating a view writes the new value back into a new value of the base through
 the inverse of each view op (`slice` -> `slice_scatter`, `select` -> `select_scatter`, `view` ->
-`view` back, `as_strided` -> `as_strided_scatter`, ...); every other view of that base is stale
+`view` back, `as_strided` -> `as_strided_scatter`, ...; through the memory, with the view's strides, when
+the base is expanded and its elements share memory); every other view of that base is stale
 from then on and is regenerated from the base (by replaying its chain) the next time an op uses it.
 
 Under a tracing mode (make_fx) the recorded graph therefore holds only functional ops: a tensor is
@@ -160,6 +161,23 @@ def _inverse(step, prev: Tensor, new: Tensor) -> Tensor:
     raise NotImplementedError(f"functionalization: mutating a view made by aten.{func.name} is not supported")
 
 
+def _write_through_memory(base: Tensor, view: Tensor, r: Tensor) -> Tensor:
+    """The value of an expanded `base` (stride 0: its elements share memory) after `r` was written
+    through its `view`, as the memory sees it: the write lands in the base's distinct elements
+    (`compact`, size 1 along each stride-0 dim) through the view's strides and offset, and every
+    element of the base that shares that memory shows it (`x.expand(3, 3)[0] = y` changes each row)."""
+    compact = base
+    for d, (sz, st) in enumerate(zip(base.shape, base.stride())):
+        if isinstance(st, int) and st == 0 and sz != 1:
+            compact = aten.slice(compact, d, 0, 1)
+    if not compact.is_contiguous():
+        raise NotImplementedError("functionalization: a write through a view of an expanded tensor whose "
+                                  "other dims are not contiguous")
+    new = aten.as_strided_scatter(compact.contiguous(), r, tuple(view.shape), tuple(view.stride()),
+                                  view.storage_offset() - base.storage_offset())
+    return aten.expand(new, tuple(base.shape))
+
+
 class FunctionalTensorMode(TorchDispatchMode):
     """Rewrites mutations into functional ops (see module docstring)."""
 
@@ -228,12 +246,15 @@ class FunctionalTensorMode(TorchDispatchMode):
             self._gen.setdefault(id(t), [t, 0])[1] += 1
             return
         base = info.base
-        vals = [base]
-        for step in info.chain[:-1]:
-            vals.append(_apply_step(step, vals[-1]))
-        new = r
-        for step, prev in zip(reversed(info.chain), reversed(vals)):
-            new = _inverse(step, prev, new)
+        if _expanded(base):
+            new = _write_through_memory(base, t, r)
+        else:
+            vals = [base]
+            for step in info.chain[:-1]:
+                vals.append(_apply_step(step, vals[-1]))
+            new = r
+            for step, prev in zip(reversed(info.chain), reversed(vals)):
+                new = _inverse(step, prev, new)
         if new._dtype is not base._dtype:
             new = new.to(base._dtype)
         _become(base, _like(base, new))

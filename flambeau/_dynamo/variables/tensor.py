@@ -108,6 +108,9 @@ class TensorVariable(VariableTracker):
             raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python")
         if name == "__contains__":
             raise Unsupported("`in` on a tensor is data-dependent")
+        if name == "__setitem__" and len(args) == 2 and not kwargs:
+            tx.store_subscr(self, args[0], args[1])     # as `x[k] = v` (a call_method node was dead code)
+            return const(None)
         return tx.output.call_in_graph(tx, "call_method", name, [self] + list(args), kwargs)
 
     def has_unpack_var_sequence(self, tx):
