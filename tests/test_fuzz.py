@@ -658,3 +658,20 @@ def test_compiled_explicit_setitem_call_writes_as_pytorch():
     out, ref = fl.compile(lambda x, y: f(fl, x, y))(x, fl.arange(3.0)), f(torch, tx, torch.arange(3.0))
     np.testing.assert_array_equal(out.numpy(), ref.numpy())
     np.testing.assert_array_equal(x.numpy(), tx.numpy())
+
+
+@pytest.mark.parametrize("mode", ["eager", "inductor", "dynamic"])
+@pytest.mark.parametrize("value", [-0.0, "tensor"])
+def test_fill_gradient_is_zeros_under_an_infinite_gradient_as_pytorch(mode, value):
+    """Seed 2157: fill_'s gradient for what it overwrote is zeros (PyTorch's zeros_like(grad)), not
+    grad * 0: dividing by the filled -0.0 sends an infinite gradient back, and 0 * inf was NaN."""
+    def f(m, x):
+        v = x[m.tensor([0, 0])]
+        v.fill_(-0.0 if value == -0.0 else m.tensor(-0.0))
+        return m.tensor([[1.0, 2.0, 3.0]]) / v
+    vals = [[2.9, 1.7, -0.5]]
+    x, tx = fl.tensor(vals, requires_grad=True), torch.tensor(vals, requires_grad=True)
+    run = (lambda x: f(fl, x)) if mode == "eager" else fl.compile(lambda x: f(fl, x), dynamic=mode == "dynamic")
+    g, = fl.autograd.grad(run(x).sum(), x)
+    tg, = torch.autograd.grad(f(torch, tx).sum(), tx)
+    np.testing.assert_array_equal(g.numpy(), tg.numpy())

@@ -386,7 +386,13 @@ def _fill_scalar(xp, self, value):
 
 
 _fill_scalar.def_meta(lambda self, value: TensorSpec(self.shape, self.dtype))
-_fill_scalar.def_derivative(lambda grad: grad * 0)
+def _fill_scalar_derivative(grad):
+    """Zeros, not grad * 0 (PyTorch's zeros_like(grad)): an infinite or NaN gradient reaching a
+    filled tensor must not become NaN for what it overwrote."""
+    return zeros(tuple(grad.shape), dtype=grad.dtype, device=grad.device)
+
+
+_fill_scalar.def_derivative(_fill_scalar_derivative)
 
 
 def _zero_dim_value(name, value):
@@ -402,7 +408,7 @@ def _fill_tensor(xp, self, value):
 
 
 _fill_tensor.def_meta(lambda self, value: (_zero_dim_value("fill_", value), TensorSpec(self.shape, self.dtype))[1])
-_fill_tensor.def_derivative(lambda grad: (grad * 0, grad.sum()))
+_fill_tensor.def_derivative(lambda grad: (_fill_scalar_derivative(grad), grad.sum()))
 
 
 @export("fill")
