@@ -143,3 +143,34 @@ def test_compiled_amin_gradient_of_a_transcendental_chain(dynamic):
     x = fl.tensor(data, requires_grad=True)
     res, = fl.autograd.grad(fl.compile(lambda t: f(fl, t), dynamic=dynamic)(x), x, fl.tensor(cot))
     np.testing.assert_allclose(res.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+
+
+POW_THEN_INPLACE = {
+    "square": lambda m, x, e: m.square(x),
+    "pow_scalar": lambda m, x, e: x ** 2.0,
+}
+
+
+@pytest.mark.parametrize("name", sorted(POW_THEN_INPLACE))
+def test_pow_keeps_its_result_only_for_the_exponent_gradient(name):
+    """Fuzzer seed 2876: a power's output changed in place before backward. PyTorch saves the result
+    only in the overload with a tensor exponent; a power of a number leaves it free to change."""
+    grads = []
+    for m in (torch, fl):
+        x = m.tensor([0.5, -1.5, 2.0, 3.0], dtype=m.float64, requires_grad=True)
+        y = POW_THEN_INPLACE[name](m, x, m.full((4,), 2.0, dtype=m.float64))
+        y.mul_(3.0)
+        y.sum().backward()
+        grads.append(x.grad.detach().numpy())
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("exponent_grad", [True, False])
+def test_pow_of_a_tensor_exponent_refuses_a_changed_result_as_pytorch(exponent_grad):
+    for m in (torch, fl):
+        x = m.tensor([0.5, 1.5], dtype=m.float64, requires_grad=True)
+        e = m.tensor([2.0, 3.0], dtype=m.float64, requires_grad=exponent_grad)
+        y = x ** e
+        y.mul_(3.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()

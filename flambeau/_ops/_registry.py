@@ -143,6 +143,7 @@ class Op:
         self.tensor_args = [i for i, a in enumerate(s.args) if a.type.startswith("Tensor")]
         self.derivative = None
         self.saved_names = ()
+        self.result_needed_for = ()
         if derivative is not None:
             self.def_derivative(derivative)
 
@@ -157,10 +158,15 @@ class Op:
         self.meta = fn
         return fn
 
-    def def_derivative(self, fn):
-        """`fn(grad, <schema argument names it needs>, result=...)` -> grads per Tensor argument."""
+    def def_derivative(self, fn, *, result_needed_for: tuple[str, ...] = ()):
+        """`fn(grad, <schema argument names it needs>, result=...)` -> grads per Tensor argument.
+
+        result_needed_for: the arguments whose gradient alone reads `result`; when none of them is a
+        Tensor (PyTorch's overload taking a number there, e.g. pow.Tensor_Scalar) the output is not
+        saved and arrives as None, so it may be modified in place before backward."""
         params = list(inspect.signature(fn).parameters)
         self.saved_names = tuple(params[1:])
+        self.result_needed_for = result_needed_for
         self.derivative = fn
         return fn
 

@@ -428,7 +428,7 @@ def _pow_grads(grad, self, exponent, result):
             gs = (grad * _conj(exponent * self ** (exponent - 1))).where(exponent != 0, 0)
         else:
             gs = _zeros(grad) if exponent == 0 else grad * _conj(exponent * self ** (exponent - 1))
-    if _t(exponent):
+    if _t(exponent) and result is not None:
         if _t(self):
             lg = (result * self.log()).where(~((self == 0) & (exponent >= 0)), 0)
         else:
@@ -443,6 +443,7 @@ pow = binary("pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor", _pow, 
                                          {"float": "np.power({0}, {1})", "int": "_ipow({0}, {1})"},
                                          {"float": "libdevice.pow({0}, {1})", "int": "fl_ipow({0}, {1})"},
                                          simd="pow"))
+pow.def_derivative(_pow_grads, result_needed_for=("exponent",))
 
 
 def _float_power(xp, a, b):
@@ -462,7 +463,7 @@ def _(self, exponent):
     return TensorSpec(broadcast_shapes(shape_of(self), shape_of(exponent)), D.complex128 if cplx else D.float64)
 
 
-float_power.def_derivative(_pow_grads)
+float_power.def_derivative(_pow_grads, result_needed_for=("exponent",))
 
 
 @export("float_power_", method=True, function=False)

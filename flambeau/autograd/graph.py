@@ -359,7 +359,12 @@ def record(op, args, kwargs, out, node_cls=None):
     node_name = _camel(op._schema.name) + "Backward0"
     saved = {}
     names = [a.name for a in sargs]
+    result_unused = bool(op.result_needed_for) and not any(
+        isinstance(bound[names.index(a)], Tensor) for a in op.result_needed_for)
     for n in op.saved_names:
+        if n == "result" and result_unused:
+            saved[n] = None
+            continue
         if n == "result":
             saved[n] = (SavedTensor(out, True, node_name, 0) if isinstance(out, Tensor) else
                         tuple(SavedTensor(o, True, node_name, k) if isinstance(o, Tensor) else o
