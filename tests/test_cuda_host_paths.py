@@ -38,7 +38,7 @@ class _Recorder:
 
 
 def _fake_kernel(arg_types, global_scratch=0):
-    return TL.Kernel(_Recorder(), None, arg_types, 4, 96, 2, global_scratch, TL.converters(arg_types))
+    return TL.kernel_of(_Recorder(), None, arg_types, 4, 96, global_scratch)
 
 
 def test_launch_converts_each_argument_by_its_signature_type():

@@ -57,7 +57,7 @@ class Kernel(NamedTuple):
     shared: int
     scratch: int            # number of trailing scratch pointers (global, profile)
     global_scratch: int     # bytes of global scratch each program needs (0: none)
-    converters: tuple = ()  # per runtime argument: the function making what CuPy's launch takes
+    converters: tuple       # per runtime argument: the function making what CuPy's launch takes
 
 
 _NULL = np.uint64(0)
@@ -164,8 +164,13 @@ def _build(fn, signature, constexprs, num_warps, num_stages, aligned) -> Kernel:
     if md.shared > _SMEM_STATIC_LIMIT:
         cupy.cuda.driver.funcSetAttribute(function.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, md.shared)
     arg_types = tuple(signature[n] for n in names if signature[n] != "constexpr")
-    return Kernel(function, module, arg_types, md.num_warps, md.shared, 2, md.global_scratch_size,
-                  converters(arg_types))
+    return kernel_of(function, module, arg_types, md.num_warps, md.shared, md.global_scratch_size)
+
+
+def kernel_of(function, module, arg_types: tuple, num_warps: int, shared: int, global_scratch: int) -> Kernel:
+    """The one way to make a `Kernel` from a loaded cubin's function (this module's kernels and the
+    inductor's): its argument converters derive from its signature types."""
+    return Kernel(function, module, arg_types, num_warps, shared, 2, global_scratch, converters(arg_types))
 
 
 def pack(kernel: Kernel, args: tuple) -> list:

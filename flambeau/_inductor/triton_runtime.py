@@ -231,7 +231,7 @@ def load_or_compile(fn, sig, constexprs, num_warps, aligned, dkey, module_key):
     if meta["shared"] > TL._SMEM_STATIC_LIMIT:
         cupy.cuda.driver.funcSetAttribute(function.ptr, TL._MAX_DYNAMIC_SHARED_SIZE_BYTES, meta["shared"])
     arg_types = tuple(t for t in sig.values() if t != "constexpr")
-    return TL.Kernel(function, module, arg_types, meta["num_warps"], meta["shared"], 2, meta["global_scratch"])
+    return TL.kernel_of(function, module, arg_types, meta["num_warps"], meta["shared"], meta["global_scratch"])
 
 
 # ---- libdevice for the interpreter ---------------------------------------------------------------

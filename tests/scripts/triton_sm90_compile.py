@@ -1,6 +1,8 @@
 """Compile the Triton kernels flambeau generates for some functions with `triton.compile` for sm_90
-on a machine without a GPU (Triton's interpreter accepts code the GPU compiler rejects). Run
-without TRITON_INTERPRET; prints one line per kernel and `OK <n>` at the end."""
+on a machine without a GPU (Triton's interpreter accepts code the GPU compiler rejects), through the
+inductor's own cubin loader (`triton_runtime.load_or_compile`, CuPy's module replaced by a recorder),
+and launch each once: every runtime argument must reach the launch, converted by its signature type.
+Run without TRITON_INTERPRET; prints one line per kernel and `OK <n>` at the end."""
 import os
 import sys
 
@@ -10,6 +12,7 @@ from flambeau._inductor.graph import GraphLowering
 from flambeau._inductor.compile_fx import _size_names
 from flambeau._inductor.scheduler import Kernel, schedule
 from flambeau import _inductor
+from flambeau._backends import triton_launch as TL
 
 compiled = [0]
 
@@ -24,15 +27,47 @@ def sm90_compile_fx(gm, example_inputs):
         la = launches[k.name]
         while la is not None:
             names = [b.name for b in la.buffers]
-            cubin, meta = triton_runtime.build_cubin(getattr(mod, la.name), la.signature(), la.constexprs,
-                                                     la.num_warps, tuple(names), 90)
-            print(la.name, len(cubin), meta["shared"], flush=True)
+            k = triton_runtime.load_or_compile(getattr(mod, la.name), la.signature(), la.constexprs,
+                                               la.num_warps, tuple(names), "sm90", "sm90-check")
+            TL.launch(k, (1,), *[TL.Ptr(0) if t.startswith("*") else 1 for t in k.arg_types])
+            (_, _, packed, _), = k.function.calls
+            assert len(packed) == len(k.arg_types) + k.scratch, (la.name, k.arg_types, packed)
+            print(la.name, k.shared, flush=True)
             compiled[0] += 1
             la = la.then
     return gm
 
 
 _inductor.compile_fx = sm90_compile_fx
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        self.calls.append((grid, block, args, shared_mem))
+
+
+class _RecordingModule:
+    def load(self, cubin):
+        assert cubin
+
+    def get_function(self, name):
+        return _Recorder()
+
+
+class _FakeCupy:
+    class cuda:
+        Module = _RecordingModule
+
+        class driver:
+            @staticmethod
+            def funcSetAttribute(*args):
+                pass
+
+
+triton_runtime._cupy = lambda: _FakeCupy
 
 
 class _Sm90:
