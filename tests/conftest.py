@@ -27,6 +27,13 @@ def _has_cuda():
         return False
 
 
+# Triton reads TRITON_INTERPRET once, when it is first imported: set it for the whole run on a machine
+# without a GPU, before any test imports Triton (test_inductor_triton.py runs generated kernels in the
+# interpreter in this process; whichever test module imported Triton first used to decide).
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def pytest_configure(config):
     # As PyTorch's own test suite does: exact float32 cuDNN convolutions (TF32, the default for
     # users, is ~1e-3 off and the op database compares cuda against cpu at 1e-4).
