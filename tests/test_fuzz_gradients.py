@@ -11,9 +11,9 @@ import torch
 
 import flambeau as fl
 from flambeau._decomp import core_aten_decompositions
-from flambeau._dynamo import config as dynamo_config
 from flambeau._functorch import aot_function, min_cut_rematerialization_partition
 from tests.fuzz.check import NAN_GRADIENT_BY_LAYOUT, _by_their_formulas
+from tests.test_fuzz import _strict  # noqa: F401  (autouse: capture errors raise, caches reset)
 
 inf, nan = math.inf, math.nan
 MASKED = {
@@ -29,13 +29,6 @@ MASKED = {
 POINTS = [-inf, -7.0, -3.0, -1.0, -0.5, 0.0, 0.3, 0.5, 1.0, 2.0, 3.0, 6.0, 7.0, inf]
 
 
-@pytest.fixture(autouse=True)
-def _strict():
-    fl.compiler.reset()
-    old, dynamo_config.suppress_errors = dynamo_config.suppress_errors, False
-    yield
-    dynamo_config.suppress_errors = old
-    fl.compiler.reset()
 
 
 def _grad(m, fn, x, g, compiled=False):

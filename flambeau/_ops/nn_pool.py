@@ -104,7 +104,11 @@ def _cached_table(xp, key: tuple, make):
     """A constant table of a pooling geometry, made once per device (on cuda: no host-to-device copy
     per call); `make()` builds it."""
     dev = "cpu" if xp is np else ("cuda", xp.cuda.runtime.getDevice())
-    full = key + (dev,)
+    return _remembered(key + (dev,), make)
+
+
+def _remembered(full: tuple, make):
+    """`_tables[full]`, made by `make()` on a miss; the oldest entry goes when the cache is full."""
     hit = _tables.get(full)
     if hit is None:
         if len(_tables) >= _TABLE_CACHE_LIMIT:
@@ -187,13 +191,7 @@ def _device_tables(key: tuple, device, make):
     dev = canonical(device)
     if dev.type != "cuda" or _state.modes:
         return make()
-    full = key + (dev,)
-    hit = _tables.get(full)
-    if hit is None:
-        if len(_tables) >= _TABLE_CACHE_LIMIT:
-            _tables.pop(next(iter(_tables)))
-        hit = _tables[full] = make()
-    return hit
+    return _remembered(key + (dev,), make)
 
 
 def _avg_tables(S, out, ks, st, pd, count_include_pad, divisor_override, dtype, device):
