@@ -25,23 +25,17 @@ import time
 VOCAB = 65
 BLOCK = 8
 BATCH = 32
+SMALL_OPS = ("add", "relu", "view", "transpose", "slice", "mlp_fwd_bwd")
 
 
 def workloads(m) -> dict:
+    """bench/dispatch_overhead.py's small ops and MLP step, plus `mul_scalar` and `bigram_eval`."""
     import numpy as np
-    rng = np.random.default_rng(0)
-
-    def T(*shape, grad=False):
-        return m.tensor(rng.standard_normal(shape).astype(np.float32), requires_grad=grad)
-
-    a, b = T(8, 8), T(8, 8)
+    from dispatch_overhead import workloads as small_ops    # bench/ is this script's directory
+    ops = {k: v for k, v in small_ops(m).items() if k in SMALL_OPS}
+    ops_input = m.tensor(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))
     F = m.nn.functional
-    w1, b1, w2, b2 = T(16, 8, grad=True), T(16, grad=True), T(4, 16, grad=True), T(4, grad=True)
-    x = T(2, 8)
-
-    def mlp_step():
-        F.linear(F.relu(F.linear(x, w1, b1)), w2, b2).sum().backward()
-
+    rng = np.random.default_rng(1)
     table = m.nn.Embedding(VOCAB, VOCAB)
     corpus = m.tensor(rng.integers(0, VOCAB, size=1_000_000), dtype=m.long)
 
@@ -53,9 +47,8 @@ def workloads(m) -> dict:
             logits = table(xb)
             return F.cross_entropy(logits.view(BATCH * BLOCK, VOCAB), yb.view(BATCH * BLOCK)).item()
 
-    return {"add": lambda: a + b, "mul_scalar": lambda: a * 0.5, "relu": lambda: m.relu(a),
-            "view": lambda: a.view(64), "transpose": lambda: a.t(), "slice": lambda: a[1:3],
-            "mlp_fwd_bwd": mlp_step, "bigram_eval": bigram_eval}
+    ops.update(mul_scalar=lambda: ops_input * 0.5, bigram_eval=bigram_eval)
+    return ops
 
 
 def _child(names, min_time: float) -> None:
