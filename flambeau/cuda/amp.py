@@ -7,27 +7,10 @@ import warnings
 
 from .. import _dtype as D
 from ..amp import autocast_mode as _ac
-from ..amp import grad_scaler as _gs
+from ..amp._deprecated import device_aliases
 
 
-class autocast(_ac.autocast):
-    """`flambeau.cuda.amp.autocast(args...)` is `flambeau.amp.autocast("cuda", args...)` (deprecated)."""
-
-    def __init__(self, enabled: bool = True, dtype=D.float16, cache_enabled: bool = True):
-        warnings.warn("`torch.cuda.amp.autocast(args...)` is deprecated. Please use "
-                      "`torch.amp.autocast('cuda', args...)` instead.", FutureWarning, stacklevel=2)
-        super().__init__("cuda", enabled=enabled, dtype=dtype, cache_enabled=cache_enabled)
-
-
-class GradScaler(_gs.GradScaler):
-    """`flambeau.cuda.amp.GradScaler(args...)` is `flambeau.amp.GradScaler("cuda", args...)` (deprecated)."""
-
-    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 growth_interval: int = 2000, enabled: bool = True) -> None:
-        warnings.warn("`torch.cuda.amp.GradScaler(args...)` is deprecated. Please use "
-                      "`torch.amp.GradScaler('cuda', args...)` instead.", FutureWarning, stacklevel=2)
-        super().__init__("cuda", init_scale=init_scale, growth_factor=growth_factor,
-                         backoff_factor=backoff_factor, growth_interval=growth_interval, enabled=enabled)
+autocast, GradScaler = device_aliases("cuda", D.float16)
 
 
 def custom_fwd(fwd=None, *, cast_inputs=None):
