@@ -177,24 +177,22 @@ def test_cast_source_compiles_without_flush_to_zero(tmp_path):
     assert text.count(".entry flm_cast_") == len(cuda_cast.TYPES) ** 2
 
 
-class _CountFl(FlMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
+def _counting(mode_base):
+    """A dispatch mode over `mode_base` (flambeau's or PyTorch's) that records each op's name."""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
+    class Counting(mode_base):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    return Counting
 
 
-class _CountTorch(TorchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
+_CountFl, _CountTorch = _counting(FlMode), _counting(TorchMode)
 
 
 def _fills(names):
