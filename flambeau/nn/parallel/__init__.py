@@ -1,16 +1,14 @@
 """torch.nn.parallel: DataParallel and DistributedDataParallel at PyTorch's paths.
 
-`DistributedDataParallel` needs a process group; `flambeau.distributed` has none yet, so
-constructing one raises the ValueError PyTorch raises before `init_process_group` (a script that
-wraps its model only when launched by torchrun runs unchanged as a single process).
-`DataParallel` over at most one device is what PyTorch does then: it calls the module itself
+`DistributedDataParallel` lives in `distributed.py` (bucketed async all-reduce over a process group).
+`DataParallel` over at most one device is what PyTorch does on one device: it calls the module itself
 (after moving it to that device); replicating over several GPUs is not implemented and says so.
 """
 from __future__ import annotations
 
 from ... import cuda
-from ... import distributed
 from ..modules.module import Module
+from .distributed import DistributedDataParallel
 
 __all__ = ["DataParallel", "DistributedDataParallel", "data_parallel"]
 
@@ -56,14 +54,3 @@ def data_parallel(module: Module, inputs, device_ids=None, output_device=None, d
     _single_device("data_parallel", ids)
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     return module(*inputs, **(module_kwargs or {}))
-
-
-class DistributedDataParallel(Module):
-    """Needs the default process group, which flambeau.distributed cannot create yet."""
-
-    def __init__(self, module: Module, device_ids=None, output_device=None, dim: int = 0, broadcast_buffers=True,
-                 process_group=None, bucket_cap_mb=None, find_unused_parameters=False, **kwargs) -> None:
-        super().__init__()
-        if process_group is None and not distributed.is_initialized():
-            raise ValueError(distributed.NO_GROUP)
-        raise RuntimeError(distributed.NOT_BUILT.format("DistributedDataParallel"))

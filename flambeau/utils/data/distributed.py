@@ -15,8 +15,6 @@ from .sampler import Sampler
 class DistributedSampler(Sampler):
     def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
         if num_replicas is None or rank is None:
-            if not distributed.is_available():
-                raise RuntimeError("Requires distributed package to be available")
             num_replicas = distributed.get_world_size() if num_replicas is None else num_replicas
             rank = distributed.get_rank() if rank is None else rank
         if rank >= num_replicas or rank < 0:

@@ -1,0 +1,390 @@
+"""Process groups and collectives on tensors (PyTorch's `torch.distributed.distributed_c10d`).
+
+`init_process_group` meets the other processes through a store (env://, tcp://, file:// or a given
+store), then asks the registered backend factory for the collective engine (`Backend.register_backend`;
+"gloo" and "mpi" give `_mpi_backend.MPIBackend`, "nccl" slots in the same way). Collectives here turn
+tensors into contiguous host arrays (the tensor's own memory when it is a contiguous CPU tensor), start
+the engine's nonblocking operation and return a `Work` (`async_op=True`) or wait for it. Ranks given to
+collectives (src, dst, peer) are global ranks, as in PyTorch; `group_src`/`group_dst` are group ranks.
+"""
+from __future__ import annotations
+
+import datetime
+import enum
+import os
+import time
+
+import numpy as np
+
+from .. import _state
+from .._ops.creation import from_numpy
+from .._tensor import Tensor
+from ..futures import Future
+from .rendezvous import rendezvous
+from .store import DistBackendError, PrefixStore, Store, default_pg_timeout
+
+SPIN_TESTS = 200               # a waiting collective first polls this many times without sleeping,
+MAX_POLL_SLEEP_S = 1e-3        # then sleeps between polls, doubling up to this
+
+__all__ = ["ReduceOp", "Backend", "ProcessGroup", "GroupMember", "Work", "init_process_group",
+           "destroy_process_group", "new_group", "is_initialized", "get_rank", "get_world_size", "get_backend",
+           "get_process_group_ranks", "get_global_rank", "get_group_rank"]
+
+
+class RedOpType(enum.Enum):
+    """The reduction kinds (PyTorch's `ReduceOp.RedOpType`)."""
+    SUM = 0
+    AVG = 1
+    PRODUCT = 2
+    MIN = 3
+    MAX = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
+    PREMUL_SUM = 8
+
+
+class ReduceOp:
+    """The reductions a collective applies: `ReduceOp.SUM`, ... as PyTorch's."""
+    RedOpType = RedOpType
+    SUM = RedOpType.SUM
+    AVG = RedOpType.AVG
+    PRODUCT = RedOpType.PRODUCT
+    MIN = RedOpType.MIN
+    MAX = RedOpType.MAX
+    BAND = RedOpType.BAND
+    BOR = RedOpType.BOR
+    BXOR = RedOpType.BXOR
+    PREMUL_SUM = RedOpType.PREMUL_SUM
+
+
+REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+
+
+def _mpi():
+    """The MPI engine module. Importing it initializes MPI (mpi4py does at import), which waits for every
+    rank while holding the GIL: it must happen before this process hosts the TCPStore that other ranks are
+    still connecting to, and never at `import flambeau`."""
+    from . import _mpi_backend  # deferred: optional dependency (mpi4py) that initializes MPI on import
+    return _mpi_backend
+
+
+def _mpi_factory(name):
+    def make_mpi_backend(store, rank: int, world_size: int, timeout):
+        return _mpi().world_backend(name, rank, world_size)
+    make_mpi_backend.__name__ = f"make_{name}_backend"
+    return make_mpi_backend
+
+
+class Backend(str):
+    """Backend names as PyTorch spells them (`Backend("GLOO") == "gloo"`), and their registry."""
+    UNDEFINED = "undefined"
+    GLOO = "gloo"
+    NCCL = "nccl"
+    MPI = "mpi"
+    UCC = "ucc"
+    XCCL = "xccl"
+    _factories: dict = {"gloo": _mpi_factory("gloo"), "mpi": _mpi_factory("mpi")}
+
+    def __new__(cls, name: str):
+        if not isinstance(name, str):
+            raise ValueError(f"Backend constructor parameter must be string-ish, but got: {type(name)}")
+        return super().__new__(cls, name.lower())
+
+    @classmethod
+    def register_backend(cls, name: str, func, extended_api: bool = False, devices=None) -> None:
+        """`func(store, rank, world_size, timeout)` returns the engine for backend `name`."""
+        cls._factories[name.lower()] = func
+        setattr(cls, name.upper(), name.lower())
+
+
+_DEFAULT_BACKEND = {"cpu": Backend.GLOO, "cuda": Backend.NCCL}
+
+
+class ProcessGroup:
+    """A set of ranks and the engine joining them; `rank()`/`size()` are this process's place in it."""
+
+    def __init__(self, engine, ranks: list, backend: str, store: Store | None, name: str, timeout) -> None:
+        self.engine, self.ranks, self.backend, self.store = engine, list(ranks), backend, store
+        self.group_name, self.timeout = name, timeout
+
+    def rank(self) -> int:
+        return self.engine.rank()
+
+    def size(self) -> int:
+        return self.engine.size()
+
+    def name(self) -> str:
+        return self.backend
+
+    def _get_backend_name(self) -> str:
+        return self.backend
+
+    def __repr__(self) -> str:
+        return f"ProcessGroup(name={self.group_name!r}, backend={self.backend!r}, ranks={self.ranks})"
+
+
+class GroupMember:
+    """`GroupMember.WORLD` (the default group once initialized) and `NON_GROUP_MEMBER`."""
+    WORLD: ProcessGroup | None = None
+    NON_GROUP_MEMBER = object()
+
+
+group = GroupMember
+
+
+class _World:
+    """This process's groups: the default one and those `new_group` made."""
+    default: ProcessGroup | None = None
+    groups: list = []
+    count = 0
+
+
+def is_initialized() -> bool:
+    return _World.default is not None
+
+
+def _default() -> ProcessGroup:
+    if _World.default is None:
+        raise ValueError("Default process group has not been initialized, please make sure to call "
+                         "init_process_group.")
+    return _World.default
+
+
+def _group(group) -> ProcessGroup:
+    return _default() if group is None else group
+
+
+def _seconds(timeout) -> float:
+    return timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+
+
+def init_process_group(backend: str | None = None, init_method: str | None = None, timeout=None,
+                       world_size: int = -1, rank: int = -1, store: Store | None = None, group_name: str = "",
+                       pg_options=None, device_id=None) -> None:
+    """Join this process to the default group (PyTorch's signature and rendezvous rules)."""
+    if _World.default is not None:
+        raise ValueError("trying to initialize the default process group twice!")
+    if store is not None and init_method is not None:
+        raise ValueError("Cannot specify both init_method and store.")
+    if store is not None and (world_size <= 0 or rank < 0):
+        raise ValueError("world_size and rank must be given with store")
+    name = Backend(backend or Backend.GLOO).split(":")[0].split(",")[0]
+    name = "gloo" if name.startswith("cpu") else name
+    if name not in Backend._factories:
+        raise RuntimeError(f"init_process_group: backend {name!r} is not available in flambeau (registered: "
+                           f"{sorted(Backend._factories)}); the NCCL backend is not built yet, use 'gloo'")
+    timeout = default_pg_timeout if timeout is None else timeout
+    if name in (Backend.GLOO, Backend.MPI):
+        _mpi()
+    if store is None and name == Backend.MPI and init_method is None and "MASTER_ADDR" not in os.environ:
+        world = _mpi().MPI.COMM_WORLD
+        rank = world.Get_rank() if rank < 0 else rank
+        world_size = world.Get_size() if world_size < 0 else world_size
+    elif store is None:
+        store, rank, world_size = rendezvous(init_method or "env://", rank, world_size, timeout)
+    if store is not None:
+        store.set_timeout(timeout)
+        store = PrefixStore("default_pg", store)
+    engine = Backend._factories[name](store, rank, world_size, timeout)
+    _World.default = GroupMember.WORLD = ProcessGroup(engine, list(range(world_size)), name, store,
+                                                      group_name or "0", timeout)
+    _World.groups = [_World.default]
+
+
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Forget `group` (or every group, with the default); the processes may init again."""
+    if group is None or group is _World.default:
+        if _World.default is None:
+            raise AssertionError("Process group cannot be None")
+        for g in _World.groups:
+            g.engine.free()
+        _World.default = GroupMember.WORLD = None
+        _World.groups = []
+        return
+    if group is not GroupMember.NON_GROUP_MEMBER:
+        group.engine.free()
+        _World.groups.remove(group)
+
+
+def new_group(ranks: list | None = None, timeout=None, backend: str | None = None, pg_options=None,
+              use_local_synchronization: bool = False, group_desc: str | None = None, device_id=None):
+    """A group of `ranks` (global ranks); every process of the default group must call it."""
+    world = _default()
+    ranks = sorted(range(world.size()) if ranks is None else ranks)
+    bad = [r for r in ranks if not 0 <= r < world.size()]
+    if bad or len(set(ranks)) != len(ranks):
+        raise ValueError(f"new_group: ranks {ranks} must be distinct ranks of the world of size {world.size()}")
+    engine = world.engine.split(ranks)
+    _World.count += 1
+    if engine is None:
+        return GroupMember.NON_GROUP_MEMBER
+    pg = ProcessGroup(engine, ranks, world.backend, world.store, str(_World.count),
+                      world.timeout if timeout is None else timeout)
+    _World.groups.append(pg)
+    return pg
+
+
+def _member(group) -> bool:
+    return group is not GroupMember.NON_GROUP_MEMBER
+
+
+def get_rank(group=None) -> int:
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return -1
+    return _group(group).rank()
+
+
+def get_world_size(group=None) -> int:
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return -1
+    return _group(group).size()
+
+
+def get_backend(group=None) -> str:
+    return _group(group).backend
+
+
+def get_process_group_ranks(group) -> list:
+    return list(_group(group).ranks)
+
+
+def get_global_rank(group, group_rank: int) -> int:
+    return _group(group).ranks[group_rank]
+
+
+def get_group_rank(group, global_rank: int) -> int:
+    g = _group(group)
+    if global_rank not in g.ranks:
+        raise ValueError(f"Global rank {global_rank} is not part of group {g}")
+    return g.ranks.index(global_rank)
+
+
+def _peer(g: ProcessGroup, global_rank, group_rank, what: str) -> int:
+    if group_rank is not None:
+        if global_rank is not None:
+            raise ValueError(f"{what}: pass either the global rank or the group rank, not both")
+        return group_rank
+    if global_rank is None:
+        raise ValueError(f"{what}: a rank is required")
+    return get_group_rank(g, global_rank)
+
+
+# ---- tensors <-> host buffers ---------------------------------------------------------------------
+def _check_tensor(t, what: str) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{what}: expected a Tensor, got {type(t).__name__}")
+
+
+def _host(t) -> np.ndarray:
+    """`t`'s data as a contiguous host array: its own memory for a contiguous CPU tensor, else a copy."""
+    a = t._host()
+    if t._device.type == "cpu" and a.flags.c_contiguous and a.flags.writeable:
+        return a
+    return np.array(a, order="C", copy=True)
+
+
+def _write_back(t, arr: np.ndarray) -> None:
+    """Make `arr` the contents of `t` (nothing to copy when `arr` is `t`'s memory): a version bump."""
+    if arr is t._data:
+        t._version[0] += 1
+        return
+    prev = _state.grad_enabled
+    _state.grad_enabled = False
+    try:
+        t.copy_(from_numpy(arr.reshape(tuple(t.shape))))
+    finally:
+        _state.grad_enabled = prev
+
+
+def _same_dtype(tensors: list, what: str) -> None:
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1:
+        raise ValueError(f"{what}: Invalid usage of tensors with different dtypes Found "
+                         + " and ".join(sorted(str(d) for d in dtypes)))
+
+
+def _op_name(op) -> str:
+    name = getattr(op, "name", None) or str(op)
+    name = name.split(".")[-1]
+    if name not in REDUCE_OPS or name == "PREMUL_SUM":
+        raise ValueError(f"unsupported ReduceOp {op!r}")
+    return name
+
+
+def _avg(arr: np.ndarray, n: int) -> None:
+    """AVG = SUM / n in place; integers divide truncating toward zero (NCCL's integer average)."""
+    if arr.dtype.kind in "iub":
+        q = np.abs(arr) // n
+        arr[...] = np.where(arr < 0, -q, q) if arr.dtype.kind == "i" else q
+    else:
+        arr /= np.asarray(n, dtype=arr.dtype)
+
+
+class Work:
+    """A started collective: `wait()`, `is_completed()`, `get_future()` (PyTorch's Work)."""
+
+    def __init__(self, request, finish=None, result: list | None = None, timeout=None) -> None:
+        self._request, self._finish, self._result = request, finish, result or []
+        self._timeout, self._finished = timeout, False
+
+    def _complete(self) -> None:
+        if not self._finished:
+            self._finished = True
+            if self._finish is not None:
+                self._finish()
+
+    def wait(self, timeout=None) -> bool:
+        limit = self._timeout if timeout is None else timeout
+        if limit is None:
+            self._request.wait()
+        else:
+            deadline, sleep, spins = time.monotonic() + _seconds(limit), 0.0, 0
+            while not self._request.test():
+                if time.monotonic() > deadline:
+                    raise DistBackendError(f"Work.wait: the collective did not complete within {_seconds(limit)} "
+                                           "seconds (a peer may have died or issued collectives in another order)")
+                spins += 1
+                if spins > SPIN_TESTS:
+                    sleep = min(MAX_POLL_SLEEP_S, max(sleep * 2, 1e-5))
+                    time.sleep(sleep)
+        self._complete()
+        return True
+
+    def is_completed(self) -> bool:
+        if self._request.test():
+            self._complete()
+            return True
+        return False
+
+    def is_success(self) -> bool:
+        return self.is_completed()
+
+    def exception(self):
+        return None
+
+    def result(self) -> list:
+        return self._result
+
+    def source_rank(self) -> int:
+        status = self._request.status
+        if status is None:
+            raise RuntimeError("source_rank() is only available for a recv from any source")
+        return status.Get_source()
+
+    def get_future(self) -> Future:
+        fut = Future()
+
+        def wait_and_set() -> None:
+            self.wait()
+            fut.set_result(self._result)
+        fut._waiter = wait_and_set
+        return fut
+
+
+def _run(g: ProcessGroup, request, finish, result: list, async_op: bool):
+    work = Work(request, finish, result, None if async_op else g.timeout)
+    if async_op:
+        return work
+    work.wait()
+    return None

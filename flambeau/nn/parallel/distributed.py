@@ -1,0 +1,296 @@
+"""DistributedDataParallel: one model replica per process, gradients averaged by bucketed async all-reduce.
+
+At construction the parameters are checked to agree across ranks and rank 0's parameters and buffers are
+broadcast. Parameters (in reverse registration order, roughly the order backward produces their
+gradients) are packed into buckets of `bucket_cap_mb` (the first bucket 1 MiB, as PyTorch's). A hook
+after each gradient accumulation marks its parameter ready; a bucket whose parameters are all ready is
+flattened and its all-reduce started asynchronously while backward goes on (buckets start in the same
+order on every rank). When the last bucket has started, the reductions are waited for and the averaged
+gradients written back. `register_comm_hook` replaces the all-reduce (see
+`flambeau.distributed.algorithms.ddp_comm_hooks.default_hooks` for fp16/bf16 compression).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from ... import _state
+from ..._ops.creation import from_numpy
+from ..._tensor import Tensor
+from ...autograd.graph import AccumulateGrad
+from ... import distributed as dist
+from ...distributed.distributed_c10d import _host
+from ..modules.module import Module
+
+__all__ = ["DistributedDataParallel", "GradBucket"]
+
+DEFAULT_BUCKET_CAP_MB = 25
+FIRST_BUCKET_BYTES = 1024 * 1024
+MB = 1024 * 1024
+
+
+class GradBucket:
+    """What a comm hook receives: the flattened gradients of one bucket (PyTorch's GradBucket)."""
+
+    def __init__(self, index: int, buffer, params: list, is_last: bool) -> None:
+        self._index, self._buffer, self._params, self._is_last = index, buffer, params, is_last
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self):
+        return self._buffer
+
+    def is_last(self) -> bool:
+        return self._is_last
+
+    def parameters(self) -> list:
+        return list(self._params)
+
+    def gradients(self) -> list:
+        out, start = [], 0
+        for p in self._params:
+            out.append(self._buffer[start:start + p.numel()].view(p.shape))
+            start += p.numel()
+        return out
+
+    def set_buffer(self, buffer) -> None:
+        self._buffer = buffer
+
+
+class _Bucket:
+    def __init__(self, index: int, params: list) -> None:
+        self.index, self.params = index, params
+        self.numel = sum(p.numel() for p in params)
+        self.pending = len(params)
+        self.future = None
+
+
+def _assign_buckets(params: list, cap_bytes: int, first_bytes: int) -> list:
+    """Parameters (reversed) into buckets of one dtype and device, closing each at its byte cap."""
+    buckets, open_ = [], {}
+    for p in reversed(params):
+        key = (p.dtype, str(p.device))
+        cur = open_.setdefault(key, [[], 0])
+        cur[0].append(p)
+        cur[1] += p.numel() * p.element_size()
+        limit = first_bytes if not buckets else cap_bytes
+        if cur[1] >= limit:
+            buckets.append(cur[0])
+            del open_[key]
+    buckets.extend(c[0] for c in open_.values())
+    return [_Bucket(i, ps) for i, ps in enumerate(buckets)]
+
+
+def _default_allreduce(group, bucket: GradBucket):
+    buf = bucket.buffer()
+    buf.div_(dist.get_world_size(group))
+    return dist.all_reduce(buf, group=group, async_op=True).get_future()
+
+
+class _Reducer:
+    """The per-iteration state: which parameters are ready, which buckets have started."""
+
+    def __init__(self, params: list, group, cap_bytes: int, first_bytes: int, find_unused: bool) -> None:
+        self.params, self.group, self.find_unused = params, group, find_unused
+        self.buckets = _assign_buckets(params, cap_bytes, first_bytes)
+        self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self.index_of = {id(p): i for i, p in enumerate(params)}
+        self.hook_state, self.hook = group, _default_allreduce
+        self.active, self.next_bucket, self.used = False, 0, set()
+        self.handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+
+    def prepare_for_forward(self) -> None:
+        if self.active:
+            raise RuntimeError(
+                "Expected to have finished reduction in the prior iteration before starting a new one. This error "
+                "indicates that your module has parameters that were not used in producing loss. You can enable "
+                "unused parameter detection by passing the keyword argument `find_unused_parameters=True` to "
+                "`torch.nn.parallel.DistributedDataParallel`, and by making sure all `forward` function outputs "
+                "participate in calculating loss. Parameters that did not receive a gradient: "
+                + ", ".join(str(i) for i, p in enumerate(self.params) if self.bucket_of[id(p)].pending
+                            and id(p) not in self.used))
+
+    def prepare_for_backward(self, outputs: list) -> None:
+        for b in self.buckets:
+            b.pending, b.future = len(b.params), None
+        self.active, self.next_bucket, self.used = True, 0, set()
+        if self.find_unused:
+            reached = _reachable_leaves(outputs)
+            for p in self.params:
+                if id(p) not in reached:
+                    self._mark_ready(p)
+
+    def _on_grad(self, param) -> None:
+        if self.active:
+            self.used.add(id(param))
+            self._mark_ready(param)
+
+    def _mark_ready(self, param) -> None:
+        bucket = self.bucket_of[id(param)]
+        bucket.pending -= 1
+        while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
+            self._launch(self.buckets[self.next_bucket])
+            self.next_bucket += 1
+        if self.next_bucket == len(self.buckets):
+            self._finalize()
+
+    def _launch(self, bucket: _Bucket) -> None:
+        parts = []
+        for p in bucket.params:
+            if id(p) in self.used and p.grad is not None:
+                parts.append(_host(p.grad).reshape(-1))
+            else:
+                parts.append(np.zeros(p.numel(), dtype=_host(p.detach()).dtype))
+        flat = from_numpy(np.concatenate(parts))
+        if str(bucket.params[0].device) != "cpu":
+            flat = flat.to(bucket.params[0].device)
+        grad_bucket = GradBucket(bucket.index, flat, bucket.params, bucket.index == len(self.buckets) - 1)
+        bucket.future = self.hook(self.hook_state, grad_bucket)
+
+    def _finalize(self) -> None:
+        self.active = False
+        globally_used = None
+        if self.find_unused:
+            used = from_numpy(np.array([id(p) in self.used for p in self.params], dtype=np.int32))
+            dist.all_reduce(used, group=self.group)
+            globally_used = used.numpy()
+        prev = _state.grad_enabled
+        _state.grad_enabled = False
+        try:
+            for b in self.buckets:
+                value = b.future.wait()
+                flat = value[0] if isinstance(value, (list, tuple)) else value
+                start = 0
+                for p in b.params:
+                    i = self.index_of[id(p)]
+                    piece = flat[start:start + p.numel()].view(p.shape)
+                    start += p.numel()
+                    if globally_used is not None and not globally_used[i]:
+                        continue
+                    if p.grad is None:
+                        p.grad = piece.clone()
+                    else:
+                        p.grad.copy_(piece)
+        finally:
+            _state.grad_enabled = prev
+
+
+def _reachable_leaves(outputs: list) -> set:
+    """ids of the leaf tensors the autograd graph of `outputs` reaches."""
+    seen, stack, leaves = set(), [o.grad_fn for o in outputs if getattr(o, "grad_fn", None) is not None], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, AccumulateGrad):
+            leaves.add(id(node.variable))
+        stack.extend(n for n, _ in node.next_functions)
+    return leaves
+
+
+def _tensors_in(obj) -> list:
+    if isinstance(obj, Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors_in(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors_in(v)]
+    return []
+
+
+class DistributedDataParallel(Module):
+    """Data parallelism over the processes of `process_group` (PyTorch's signature)."""
+
+    def __init__(self, module: Module, device_ids=None, output_device=None, dim: int = 0,
+                 broadcast_buffers: bool = True, init_sync: bool = True, process_group=None,
+                 bucket_cap_mb: float | None = None, find_unused_parameters: bool = False,
+                 check_reduction: bool = False, gradient_as_bucket_view: bool = False, static_graph: bool = False,
+                 delay_all_reduce_named_params=None, param_to_hook_all_reduce=None, mixed_precision=None,
+                 device_mesh=None) -> None:
+        super().__init__()
+        if process_group is None and not dist.is_initialized():
+            raise ValueError("Default process group has not been initialized, please make sure to call "
+                             "init_process_group.")
+        self.module = module
+        self.process_group = process_group or dist.GroupMember.WORLD
+        self.device_ids, self.output_device, self.dim = device_ids, output_device, dim
+        self.broadcast_buffers, self.find_unused_parameters = broadcast_buffers, find_unused_parameters
+        self.static_graph, self.gradient_as_bucket_view = static_graph, gradient_as_bucket_view
+        self.require_backward_grad_sync = True
+        seen, params = set(), []
+        for p in module.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+        if not params:
+            raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have any parameter "
+                               "that requires a gradient.")
+        self._verify_same_model(params)
+        if init_sync:
+            self._sync_module_states()
+        cap = int((DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * MB)
+        first = FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap       # PyTorch: a given cap applies to all
+        self.reducer = _Reducer(params, self.process_group, cap, first, find_unused_parameters)
+
+    def _verify_same_model(self, params: list) -> None:
+        mine = [(tuple(p.shape), str(p.dtype)) for p in params]
+        everyone = [None] * dist.get_world_size(self.process_group)
+        dist.all_gather_object(everyone, mine, group=self.process_group)
+        for r, theirs in enumerate(everyone):
+            if theirs != everyone[0]:
+                raise RuntimeError(f"DDP expects same model across all ranks, but rank {r} has parameters "
+                                   f"{theirs} while rank 0 has {everyone[0]}")
+
+    def _sync_module_states(self) -> None:
+        src = dist.get_global_rank(self.process_group, 0)
+        for t in list(self.module.parameters()) + list(self.module.buffers()):
+            with _no_grad():
+                dist.broadcast(t.detach() if t.requires_grad else t, src=src, group=self.process_group)
+
+    def _sync_buffers(self) -> None:
+        src = dist.get_global_rank(self.process_group, 0)
+        for b in self.module.buffers():
+            dist.broadcast(b, src=src, group=self.process_group)
+
+    def forward(self, *inputs, **kwargs):
+        sync = _state.grad_enabled and self.require_backward_grad_sync
+        if sync:
+            self.reducer.prepare_for_forward()
+        if self.broadcast_buffers and _state.grad_enabled:
+            self._sync_buffers()
+        out = self.module(*inputs, **kwargs)
+        if sync:
+            self.reducer.prepare_for_backward(_tensors_in(out) if self.find_unused_parameters else [])
+        return out
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradients accumulate locally inside; the first synced backward after reduces the total."""
+        before = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = before
+
+    def register_comm_hook(self, state, hook) -> None:
+        """`hook(state, bucket: GradBucket) -> Future` whose value is the bucket's reduced flat tensor."""
+        if self.reducer.hook is not _default_allreduce:
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+        self.reducer.hook_state, self.reducer.hook = state, hook
+
+    def _set_static_graph(self) -> None:
+        self.static_graph = True
+
+
+@contextlib.contextmanager
+def _no_grad():
+    prev = _state.grad_enabled
+    _state.grad_enabled = False
+    try:
+        yield
+    finally:
+        _state.grad_enabled = prev

@@ -1,0 +1,134 @@
+"""DDP on 2 ranks: training, no_sync, unused parameters, the fp16 hook, overlap; results to <out>/rank<R>.npz.
+
+Written as a PyTorch script (run on flambeau by the launcher). Each rank starts from different weights
+(seeded by rank) so the broadcast at construction matters; data are the same on every rank and each
+rank trains on its own slice.
+"""
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+out_dir = sys.argv[1]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+res = {}
+BATCH = 4
+
+
+def batch(step, n):
+    g = np.random.default_rng(100 + step)
+    return torch.from_numpy(g.standard_normal((n, 8)).astype(np.float32)), \
+        torch.from_numpy(g.standard_normal((n, 4)).astype(np.float32))
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+# 1. training equals one process on the concatenated batch (checked by the test against PyTorch)
+torch.manual_seed(rank)
+model = mlp()
+ddp = DDP(model, bucket_cap_mb=0.0005)                    # ~500 bytes: several buckets
+res["n_buckets"] = np.array(len(ddp.reducer.buckets))
+for k, v in model.state_dict().items():
+    res[f"init/{k}"] = v.numpy().copy()
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+losses = []
+for step in range(4):
+    x, y = batch(step, BATCH * world)
+    loss = ((ddp(x[rank * BATCH:(rank + 1) * BATCH]) - y[rank * BATCH:(rank + 1) * BATCH]) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+    losses.append(mean.item())
+res["losses"] = np.array(losses)
+for k, v in model.state_dict().items():
+    res[f"final/{k}"] = v.numpy().copy()
+
+# 2. no_sync: the first micro-batch accumulates locally, the second reduces the total
+torch.manual_seed(0)
+model = mlp()
+ddp = DDP(model)
+x, y = batch(10, 2 * BATCH * world)
+mine = lambda i: slice((2 * rank + i) * BATCH, (2 * rank + i + 1) * BATCH)  # noqa: E731
+with ddp.no_sync():
+    ((ddp(x[mine(0)]) - y[mine(0)]) ** 2).mean().backward()
+res["no_sync/local_grad"] = model[0].weight.grad.numpy().copy()
+((ddp(x[mine(1)]) - y[mine(1)]) ** 2).mean().backward()
+for k, p in model.named_parameters():
+    res[f"no_sync/{k}"] = p.grad.numpy().copy()
+
+
+# 3. find_unused_parameters: rank 0 never uses branch b, nobody uses branch c
+class Branches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(3, 2), nn.Linear(3, 2), nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.a(x) + (self.b(x) if rank == 1 else 0)
+
+
+torch.manual_seed(0)
+net = Branches()
+ddp = DDP(net, find_unused_parameters=True)
+for it in range(2):
+    net.zero_grad(set_to_none=True)
+    ddp(torch.ones(2, 3) * (rank + 1)).sum().backward()
+res["unused/a"] = net.a.weight.grad.numpy().copy()
+res["unused/b"] = net.b.weight.grad.numpy().copy()
+res["unused/c_is_none"] = np.array(net.c.weight.grad is None)
+
+# 4. the same model without find_unused_parameters: the next forward says what is wrong
+torch.manual_seed(0)
+net = Branches()
+ddp = DDP(net)
+ddp(torch.ones(2, 3)).sum().backward()
+try:
+    ddp(torch.ones(2, 3))
+    res["unfinished_error"] = np.array("")
+except RuntimeError as e:
+    res["unfinished_error"] = np.array(str(e))
+
+# 5. the fp16 compression hook, and 6. buckets start while backward still runs
+torch.manual_seed(0)
+model = mlp()
+ddp = DDP(model, bucket_cap_mb=0.0005)
+seen_first_layer_grad = []
+
+
+def recording_fp16_hook(state, bucket):
+    seen_first_layer_grad.append(model[0].weight.grad is not None)
+    return default_hooks.fp16_compress_hook(state, bucket)
+
+
+ddp.register_comm_hook(None, recording_fp16_hook)
+x, y = batch(20, BATCH * world)
+ref = mlp()
+ref.load_state_dict(model.state_dict())
+((ref(x[rank * BATCH:(rank + 1) * BATCH]) - y[rank * BATCH:(rank + 1) * BATCH]) ** 2).mean().backward()
+for k, p in ref.named_parameters():
+    res[f"fp16/local/{k}"] = p.grad.numpy().copy()
+((ddp(x[rank * BATCH:(rank + 1) * BATCH]) - y[rank * BATCH:(rank + 1) * BATCH]) ** 2).mean().backward()
+for k, p in model.named_parameters():
+    res[f"fp16/{k}"] = p.grad.numpy().copy()
+res["overlap/first_layer_grad_ready"] = np.array(seen_first_layer_grad)
+
+# 7. buffers and parameters come from rank 0 at construction
+torch.manual_seed(rank)
+bn = nn.BatchNorm1d(3)
+bn.running_mean.fill_(float(rank + 1))
+DDP(bn)
+res["bn/running_mean"] = bn.running_mean.numpy().copy()
+res["bn/weight"] = bn.weight.detach().numpy().copy()
+
+np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **res)
+dist.destroy_process_group()

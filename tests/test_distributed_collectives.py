@@ -1,0 +1,141 @@
+"""Collectives of flambeau.distributed on its CPU engine (MPI), world sizes 2 and 3, against NumPy references.
+
+One launch per world size runs tests/dist_workers/collectives.py (a PyTorch script, run through the
+launcher's aliasing); each rank saves its results and the tests below rebuild every rank's inputs
+(tests/dist_workers/inputs.py) and compute the expected result here.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tests.dist_helpers import launch
+from tests.dist_workers.inputs import DTYPES, make, ops_for, reduce_ref, stored
+
+TOL = {"float32": 2e-6, "float64": 1e-12, "float16": 1e-3, "bfloat16": 8e-3, "complex64": 2e-6}
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"world{w}")
+def run(request, tmp_path_factory):
+    world = request.param
+    out = tmp_path_factory.mktemp(f"collectives{world}")
+    rc, so, se = launch("collectives.py", world, str(out))
+    assert rc == 0, f"workers failed (rc {rc}):\n{so}\n{se}"
+    ranks = [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(world)]
+    return world, ranks
+
+
+def _close(got, want, name="float64"):
+    want = stored(np.asarray(want))
+    assert got.shape == want.shape, (got.shape, want.shape)
+    if name in TOL:
+        np.testing.assert_allclose(got, want, rtol=TOL[name], atol=TOL[name])
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_all_reduce_every_op(run, name):
+    world, ranks = run
+    for op in ops_for(name):
+        want = reduce_ref([make(r, f"ar/{name}/{op}", (5, 3), name) for r in range(world)], op)
+        for r in range(world):
+            _close(ranks[r][f"all_reduce/{name}/{op}"], want, name)
+
+
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_broadcast_and_uneven_all_gather(run, name):
+    world, ranks = run
+    for r in range(world):
+        _close(ranks[r][f"broadcast/{name}"], make(world - 1, f"bc/{name}", (7,), name), name)
+        for src in range(world):
+            _close(ranks[r][f"all_gather/{name}/{src}"], make(src, f"ag/{name}", (src + 1,), name), name)
+
+
+def test_async_work_handles_and_future(run):
+    world, ranks = run
+    for i in range(3):
+        want = reduce_ref([make(r, f"async/{i}", (1000,), "float32") for r in range(world)], "SUM")
+        for r in range(world):
+            _close(ranks[r][f"async/{i}"], want, "float32")
+    want = reduce_ref([make(r, "fut", (4,), "float64") for r in range(world)], "SUM") * 2
+    for r in range(world):
+        _close(ranks[r]["future"], want)
+
+
+def test_reduce_to_one_rank(run):
+    world, ranks = run
+    for name, op in (("float32", "SUM"), ("int64", "MAX"), ("float64", "AVG")):
+        want = reduce_ref([make(r, f"red/{name}", (6,), name) for r in range(world)], op)
+        _close(ranks[world - 1][f"reduce/{name}/{op}"], want, name)
+        assert f"reduce/{name}/{op}" not in ranks[0]
+
+
+def test_all_gather_into_tensor(run):
+    world, ranks = run
+    want = np.concatenate([make(r, "agit", (2, 3), "float32") for r in range(world)])
+    for r in range(world):
+        _close(ranks[r]["all_gather_into_tensor"], want, "float32")
+
+
+def test_reduce_scatter_uneven_and_tensor_avg(run):
+    world, ranks = run
+    for r in range(world):
+        want = reduce_ref([make(q, f"rs/{r}", (r + 2,), "float32") for q in range(world)], "SUM")
+        _close(ranks[r]["reduce_scatter"], want, "float32")
+        full = reduce_ref([make(q, "rst", (world * 3, 2), "float64") for q in range(world)], "AVG")
+        _close(ranks[r]["reduce_scatter_tensor"], full[3 * r:3 * r + 3])
+
+
+def test_all_to_all_uneven_and_single(run):
+    world, ranks = run
+    for r in range(world):
+        for j in range(world):
+            _close(ranks[r][f"all_to_all/{j}"], make(j, f"a2a/{r}", (j + r + 1,), "int64"))
+        pieces = []
+        for j in range(world):
+            x = make(j, "a2as", (sum(range(1, world + 1)), 2), "float32")
+            start = sum(range(1, r + 1))
+            pieces.append(x[start:start + r + 1])
+        _close(ranks[r]["all_to_all_single"], np.concatenate(pieces), "float32")
+        even = np.concatenate([make(j, "a2ae", (world * 2,), "bfloat16")[2 * r:2 * r + 2] for j in range(world)])
+        _close(ranks[r]["all_to_all_single_even"], even, "bfloat16")
+
+
+def test_gather_and_scatter(run):
+    world, ranks = run
+    for src in range(world):
+        _close(ranks[0][f"gather/{src}"], make(src, "gather", (4,), "float32"), "float32")
+    for r in range(world):
+        _close(ranks[r]["scatter"], make(1, f"scatter/{r}", (3,), "int32"))
+
+
+def test_point_to_point(run):
+    world, ranks = run
+    for r in range(world):
+        left, right = (r - 1) % world, (r + 1) % world
+        _close(ranks[r]["send_recv"], make(left, "p2p", (5,), "float32"), "float32")
+        assert int(ranks[r]["recv_src"]) == left
+        _close(ranks[r]["batch/from_left"], make(left, "batch/r", (6,), "float64"))
+        _close(ranks[r]["batch/from_right"], make(right, "batch/l", (2,), "float64"))
+
+
+def test_non_contiguous_tensor_is_written_back(run):
+    world, ranks = run
+    want = reduce_ref([make(r, "noncontig", (3, 4), "float32") for r in range(world)], "SUM")
+    for r in range(world):
+        _close(ranks[r]["noncontig"], want, "float32")
+
+
+def test_new_group_of_first_and_last(run):
+    world, ranks = run
+    members = [0, world - 1]
+    want = reduce_ref([make(r, "group", (3,), "float32") for r in members], "SUM")
+    for r in range(world):
+        if r in members:
+            _close(ranks[r]["group"], want, "float32")
+            _close(ranks[r]["group_bcast"], np.full(2, world - 1, dtype=np.float32), "float32")
+        else:
+            assert "group" not in ranks[r]

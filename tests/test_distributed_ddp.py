@@ -1,0 +1,152 @@
+"""DistributedDataParallel on 2 processes (tests/dist_workers/ddp.py) against PyTorch in this process,
+and DistributedSampler against PyTorch's.
+
+DDP training must equal one PyTorch process training on the concatenated batch from the weights rank 0
+broadcast (losses and parameters to 1e-6); no_sync must reduce the accumulated gradient; unused
+parameters, the fp16 compression hook and the overlap of bucket all-reduces with backward are checked.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+from tests.dist_helpers import launch
+
+WORLD, BATCH = 2, 4
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    rc, so, se = launch("ddp.py", WORLD, str(out))
+    assert rc == 0, f"workers failed (rc {rc}):\n{so}\n{se}"
+    return [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(WORLD)]
+
+
+def _batch(step, n):
+    g = np.random.default_rng(100 + step)
+    return torch.from_numpy(g.standard_normal((n, 8)).astype(np.float32)), \
+        torch.from_numpy(g.standard_normal((n, 4)).astype(np.float32))
+
+
+def _mlp(state):
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                            torch.nn.Linear(16, 4))
+    m.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    return m
+
+
+def _prefixed(d, prefix):
+    return {k[len(prefix):]: v for k, v in d.items() if k.startswith(prefix)}
+
+
+def test_ddp_training_equals_one_pytorch_process_on_the_whole_batch(ranks):
+    init = _prefixed(ranks[0], "init/")
+    for r in range(WORLD):                    # broadcast at construction: every rank starts from rank 0's
+        for k, v in _prefixed(ranks[r], "init/").items():
+            np.testing.assert_array_equal(v, init[k])
+    assert int(ranks[0]["n_buckets"]) >= 2
+    ref = _mlp(init)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for step in range(4):
+        x, y = _batch(step, BATCH * WORLD)
+        loss = ((ref(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    for r in range(WORLD):
+        np.testing.assert_allclose(ranks[r]["losses"], losses, rtol=1e-6, atol=1e-6)
+        for k, v in ref.state_dict().items():
+            np.testing.assert_allclose(ranks[r][f"final/{k}"], v.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_no_sync_accumulates_then_reduces_the_total(ranks):
+    x, y = _batch(10, 2 * BATCH * WORLD)
+    per_rank = []
+    for r in range(WORLD):
+        m = _mlp(flambeau_mlp_state_from_seed0())
+        for i in range(2):
+            rows = slice((2 * r + i) * BATCH, (2 * r + i + 1) * BATCH)
+            ((m(x[rows]) - y[rows]) ** 2).mean().backward()
+            if i == 0:
+                np.testing.assert_allclose(ranks[r]["no_sync/local_grad"], m[0].weight.grad.numpy(), rtol=1e-5,
+                                           atol=1e-6)
+        per_rank.append({k: p.grad.numpy().copy() for k, p in m.named_parameters()})
+    for k in per_rank[0]:
+        want = sum(g[k] for g in per_rank) / WORLD
+        for r in range(WORLD):
+            np.testing.assert_allclose(ranks[r][f"no_sync/{k}"], want, rtol=1e-5, atol=1e-6)
+
+
+def flambeau_mlp_state_from_seed0():
+    """The weights `torch.manual_seed(0); mlp()` gives in the flambeau worker (flambeau's own generator)."""
+    flambeau.manual_seed(0)
+    m = flambeau.nn.Sequential(flambeau.nn.Linear(8, 16), flambeau.nn.Tanh(), flambeau.nn.Linear(16, 16),
+                               flambeau.nn.Tanh(), flambeau.nn.Linear(16, 4))
+    return {k: v.numpy().copy() for k, v in m.state_dict().items()}
+
+
+def test_find_unused_parameters(ranks):
+    for r in range(WORLD):
+        np.testing.assert_allclose(ranks[r]["unused/a"], [[1.5 * 2] * 3] * 2)   # mean over ranks of 2*(r+1)
+        np.testing.assert_allclose(ranks[r]["unused/b"], [[2.0] * 3] * 2)       # (0 + 2*2) / 2: rank 0 unused
+        assert bool(ranks[r]["unused/c_is_none"])                               # unused everywhere: untouched
+
+
+def test_unused_parameter_without_detection_fails_the_next_forward(ranks):
+    for r in range(WORLD):
+        assert "Expected to have finished reduction in the prior iteration" in str(ranks[r]["unfinished_error"])
+        assert "find_unused_parameters=True" in str(ranks[r]["unfinished_error"])
+
+
+def test_fp16_compress_hook_reduces_in_float16(ranks):
+    keys = [k[len("fp16/local/"):] for k in ranks[0] if k.startswith("fp16/local/")]
+    assert keys
+    for k in keys:
+        halves = [ranks[r][f"fp16/local/{k}"].astype(np.float16) / np.float16(WORLD) for r in range(WORLD)]
+        want = (halves[0] + halves[1]).astype(np.float32)                         # one float16 rounding
+        for r in range(WORLD):
+            np.testing.assert_array_equal(ranks[r][f"fp16/{k}"], want)
+        exact = sum(ranks[r][f"fp16/local/{k}"] for r in range(WORLD)) / WORLD
+        np.testing.assert_allclose(ranks[0][f"fp16/{k}"], exact, rtol=2e-3, atol=1e-3)
+
+
+def test_first_bucket_is_reduced_while_backward_still_runs(ranks):
+    for r in range(WORLD):
+        ready = ranks[r]["overlap/first_layer_grad_ready"].tolist()
+        assert len(ready) >= 2 and ready[0] is False and ready[-1] is True
+
+
+def test_buffers_and_parameters_broadcast_from_rank_0(ranks):
+    for r in range(WORLD):
+        np.testing.assert_array_equal(ranks[r]["bn/running_mean"], [1.0, 1.0, 1.0])
+        np.testing.assert_array_equal(ranks[r]["bn/weight"], ranks[0]["bn/weight"])
+
+
+@pytest.mark.parametrize("n,replicas,shuffle,drop_last", [(10, 3, False, False), (10, 3, False, True),
+                                                          (11, 4, True, False), (11, 4, True, True)])
+def test_distributed_sampler_against_pytorch(n, replicas, shuffle, drop_last):
+    ours = [flambeau.utils.data.DistributedSampler(range(n), replicas, r, shuffle=shuffle, drop_last=drop_last)
+            for r in range(replicas)]
+    theirs = [torch.utils.data.DistributedSampler(range(n), replicas, r, shuffle=shuffle, drop_last=drop_last)
+              for r in range(replicas)]
+    assert [len(s) for s in ours] == [len(s) for s in theirs]
+    if not shuffle:                                  # the same shards, index for index
+        assert [list(s) for s in ours] == [list(s) for s in theirs]
+        return
+    shards = [list(s) for s in ours]                 # flambeau's generator is its own: check the contract
+    flat = sorted(i for s in shards for i in s)
+    if drop_last:
+        assert len(set(flat)) == len(flat) == len(ours[0]) * replicas
+    else:
+        assert set(flat) == set(range(n)) and len(flat) == len(ours[0]) * replicas
+    assert shards == [list(s) for s in ours]         # every rank agrees without talking
+    for s in ours:
+        s.set_epoch(1)
+    assert [list(s) for s in ours] != shards
