@@ -129,6 +129,14 @@ def test_buffers_and_parameters_broadcast_from_rank_0(ranks):
         np.testing.assert_array_equal(ranks[r]["bn/weight"], ranks[0]["bn/weight"])
 
 
+def test_distributed_sampler_shards_by_the_process_group(ranks):
+    shards = [ranks[r]["sampler"].tolist() for r in range(WORLD)]
+    assert [len(s) for s in shards] == [6, 6]                       # ceil(11 / 2), padded
+    assert sorted(set(shards[0]) | set(shards[1])) == list(range(11))
+    ours = flambeau.utils.data.DistributedSampler(range(11), WORLD, 1, seed=3)
+    assert list(ours) == shards[1]                                  # rank 1 used rank=get_rank()
+
+
 @pytest.mark.parametrize("n,replicas,shuffle,drop_last", [(10, 3, False, False), (10, 3, False, True),
                                                           (11, 4, True, False), (11, 4, True, True)])
 def test_distributed_sampler_against_pytorch(n, replicas, shuffle, drop_last):

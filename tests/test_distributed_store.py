@@ -194,6 +194,16 @@ def test_init_process_group_world_of_one(method, monkeypatch, tmp_path, one_proc
         dist.get_rank()
 
 
+def test_init_again_on_the_same_port_after_destroy(monkeypatch, one_process_group):
+    pytest.importorskip("mpi4py")
+    port = _free_port()
+    for _ in range(2):                   # the first group's TCPStore server must let go of the port
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=10))
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def test_env_rendezvous_without_master_addr_raises_as_pytorch(monkeypatch):
     for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)

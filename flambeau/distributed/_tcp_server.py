@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import sys
 import threading
 
 from ._store_ops import MISSING, apply_op, decode_arg, encode_arg, frame
 
 SERVER_START_S = 30.0       # how long the master waits for its server thread to listen
+SERVER_STOP_S = 2.0         # how long closing waits for the server thread to let go of the port
 
 
 try:
@@ -90,6 +92,13 @@ class StoreServer:
             return frame([b"missing"])
         return frame([b"ok"] if out is None else [b"ok", encode_arg(out)])
 
+    def _shutdown(self) -> None:
+        self._server.close()                 # the listening socket: the port is free again
+        self.loop.stop()
+
     def close(self) -> None:
+        """Stop listening and stop the loop (the master's TCPStore calls this when it goes away)."""
         if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.loop.call_soon_threadsafe(self._shutdown)
+            if not sys.is_finalizing():
+                self._thread.join(SERVER_STOP_S)

@@ -130,5 +130,8 @@ DDP(bn)
 res["bn/running_mean"] = bn.running_mean.numpy().copy()
 res["bn/weight"] = bn.weight.detach().numpy().copy()
 
+# 8. DistributedSampler takes num_replicas and rank from the process group
+res["sampler"] = np.array(list(torch.utils.data.DistributedSampler(range(11), seed=3)))
+
 np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **res)
 dist.destroy_process_group()

@@ -4,6 +4,7 @@ env:      every rank writes its torchrun environment to OUT/env<R>.json; on rest
           before init_process_group while rank 0 waits for it (the launcher must stop rank 0 and restart).
 kill:     rank 1 kills itself (SIGKILL) after init while rank 0 waits in a barrier.
 raise:    rank 0 raises after init while rank 1 waits in an all_reduce.
+The entry point carries `@record`, as torchrun scripts write it.
 """
 import json
 import os
@@ -12,26 +13,35 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 mode, out = sys.argv[1], sys.argv[2]
-rank = int(os.environ["RANK"])
-attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-if mode == "env" and attempt == 0 and rank == 1:
-    raise ValueError("rank 1 fails on attempt 0")
-dist.init_process_group("gloo")
-if mode == "env":
-    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
-    record = {k: os.environ.get(k) for k in keys}
-    record.update(torch=torch.__name__, rank=dist.get_rank(), world=dist.get_world_size(), args=sys.argv[3:],
-                  launched=dist.is_torchelastic_launched())
-    with open(os.path.join(out, f"env{rank}.json"), "w") as fh:
-        json.dump(record, fh)
-elif mode == "kill" and rank == 1:
-    os.kill(os.getpid(), signal.SIGKILL)
-elif mode == "raise" and rank == 0:
-    raise KeyError("rank 0 raised on purpose")
-t = torch.ones(2)
-dist.all_reduce(t)
-dist.barrier()
-dist.destroy_process_group()
+
+
+@record
+def main():
+    rank = int(os.environ["RANK"])
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if mode == "env" and attempt == 0 and rank == 1:
+        raise ValueError("rank 1 fails on attempt 0")
+    dist.init_process_group("gloo")
+    if mode == "env":
+        keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+        found = {k: os.environ.get(k) for k in keys}
+        found.update(torch=torch.__name__, rank=dist.get_rank(), world=dist.get_world_size(), args=sys.argv[3:],
+                      launched=dist.is_torchelastic_launched())
+        with open(os.path.join(out, f"env{rank}.json"), "w") as fh:
+            json.dump(found, fh)
+    elif mode == "kill" and rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif mode == "raise" and rank == 0:
+        raise KeyError("rank 0 raised on purpose")
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

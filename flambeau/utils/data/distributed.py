@@ -1,7 +1,8 @@
 """DistributedSampler: each of `num_replicas` processes sees its own shard of the (shuffled) indices.
 
 The shuffle is a randperm from a generator seeded with `seed + epoch`, as PyTorch's: every rank
-agrees on it without communicating, and `set_epoch` changes it."""
+agrees on it without communicating, and `set_epoch` changes it. Without num_replicas/rank it asks the
+default process group (and, with none and `distributed.is_available()` False, raises PyTorch's error)."""
 from __future__ import annotations
 
 import math
@@ -15,6 +16,8 @@ from .sampler import Sampler
 class DistributedSampler(Sampler):
     def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
         if num_replicas is None or rank is None:
+            if not (distributed.is_available() or distributed.is_initialized()):
+                raise RuntimeError("Requires distributed package to be available")
             num_replicas = distributed.get_world_size() if num_replicas is None else num_replicas
             rank = distributed.get_rank() if rank is None else rank
         if rank >= num_replicas or rank < 0:

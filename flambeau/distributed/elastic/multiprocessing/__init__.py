@@ -1,0 +1,2 @@
+"""torch.distributed.elastic.multiprocessing: `errors.record`."""
+from . import errors  # noqa: F401
