@@ -34,7 +34,8 @@ def test_environment_traceback_and_restart(tmp_path):
 
 
 @pytest.mark.parametrize("mode,message", [("kill", "killed by a signal"),
-                                          ("raise", "KeyError: 'rank 0 raised on purpose'")])
+                                          ("raise", "KeyError: 'rank 0 raised on purpose'"),
+                                          ("monitored", "Ranks 1 failed to pass monitoredBarrier")])
 def test_a_failing_worker_stops_the_group(tmp_path, mode, message):
     start = time.monotonic()
     rc, so, se = launch("launcher.py", 2, mode, str(tmp_path))

@@ -4,12 +4,15 @@ env:      every rank writes its torchrun environment to OUT/env<R>.json; on rest
           before init_process_group while rank 0 waits for it (the launcher must stop rank 0 and restart).
 kill:     rank 1 kills itself (SIGKILL) after init while rank 0 waits in a barrier.
 raise:    rank 0 raises after init while rank 1 waits in an all_reduce.
+monitored: rank 1 reaches monitored_barrier 5 s late; rank 0 waits 1 s and must name it.
 The entry point carries `@record`, as torchrun scripts write it.
 """
+import datetime
 import json
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -37,6 +40,10 @@ def main():
         os.kill(os.getpid(), signal.SIGKILL)
     elif mode == "raise" and rank == 0:
         raise KeyError("rank 0 raised on purpose")
+    elif mode == "monitored":
+        if rank == 1:
+            time.sleep(5)                    # late: rank 0's monitored_barrier must name it
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=1))
     t = torch.ones(2)
     dist.all_reduce(t)
     dist.barrier()
