@@ -310,3 +310,17 @@ def test_assert_close_nested_tensors_name_the_item_and_reject_mixed_types():
     assert run(flambeau) == run(torch)
     assert _message(lambda: flambeau.testing.assert_close(flambeau.ones(2), 1.0)) == \
         _message(lambda: torch.testing.assert_close(torch.ones(2), 1.0)).replace("torch.Tensor", "flambeau._tensor.Tensor")
+
+
+def test_dynamo_warn_once_warns_a_message_once_as_torch():
+    import warnings
+
+    from flambeau._dynamo.utils import warn_once
+    msg = "flambeau test: warn_once message"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            warn_once(msg)
+        warn_once(msg + " (another)")
+    assert [str(w.message) for w in seen] == [msg, msg + " (another)"]
+    assert seen[0].filename == __file__
