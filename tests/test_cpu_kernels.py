@@ -158,6 +158,64 @@ def test_forked_child_runs_products_single_threaded(monkeypatch):
     assert p.exitcode == 0 and err < 1e-3
 
 
+def _operand(rng, shape, strides, offset):
+    """(base array, view): the view of `shape`/element `strides` at element `offset` of the base."""
+    span = offset + 1 + sum((n - 1) * st for n, st in zip(shape, strides))
+    base = rng.standard_normal(span).astype(np.float32)
+    return base, np.lib.stride_tricks.as_strided(base[offset:], shape, tuple(4 * st for st in strides))
+
+
+PLANNED = [  # (a shape, strides, offset), (b shape, strides, offset): the compiled small GPT's layouts and others
+    (((256, 64), (64, 1), 0), ((64, 192), (1, 64), 0)),
+    (((64, 256), (1, 64), 0), ((256, 256), (256, 1), 0)),
+    (((256, 64), (64, 1), 0), ((64, 65), (1, 64), 0)),
+    (((97, 300), (1, 97), 5), ((300, 70), (70, 1), 3)),           # transposed A, both at an offset
+    (((8, 128, 64), (64, 512, 1), 64), ((8, 64, 96), (6144, 1, 64), 0)),   # a batch of heads in a (T, B*H) layout
+    (((4, 200, 50), (0, 50, 1), 0), ((4, 50, 130), (6500, 130, 1), 7)),    # an expanded (stride 0) batch
+]
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("a_layout,b_layout", PLANNED)
+def test_planned_gemm_matches_float64(a_layout, b_layout, parallel, monkeypatch):
+    """gemm_plan reads each operand at its layout's offset and strides from the array it is handed."""
+    monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "SMALL_ITEM_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "PARALLEL_MACS", 0 if parallel else 1 << 62)
+    rng = np.random.default_rng(len(a_layout[0]) * 100 + a_layout[0][-1])
+    (a_base, a), (b_base, b) = _operand(rng, *a_layout), _operand(rng, *b_layout)
+    fn = cpu_kernels.gemm_plan(a_layout, b_layout)
+    got = fn(a_base, b_base)
+    assert got.flags.c_contiguous
+    _check(got, a, b)
+    _check(fn(a_base, b_base), a, b)          # the plan serves every call
+
+
+def test_gemm_plan_declines_what_matmul_gives_to_numpy():
+    small = (((8, 8), (8, 1), 0), ((8, 8), (8, 1), 0))
+    outer = (((300, 1), (1, 1), 0), ((1, 300), (300, 1), 0))     # inner size 1: PyTorch's signed zeros
+    mixed = (((4, 64, 64), (4096, 64, 1), 0), ((64, 64), (64, 1), 0))
+    assert all(cpu_kernels.gemm_plan(*x) is None for x in (small, outer, mixed))
+    assert cpu_kernels.gemm_plan(((512, 512), (512, 1), 0), ((512, 512), (512, 1), 0)) is not None
+
+
+def test_planned_gemm_in_a_forked_child_runs_single_threaded():
+    import multiprocessing as mp
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((512, 512)).astype(np.float32)
+    layout = ((512, 512), (512, 1), 0)
+    fn = cpu_kernels.gemm_plan(layout, layout)
+    assert fn.plan[cpu_kernels.PLAN_THREADS] == cpu_kernels._threads(512 ** 3)
+    fn(a, a)                              # the parent's OpenMP team exists now
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=lambda: q.put(float(np.abs(fn(a, a) - _ref(a, a)).max())))
+    p.start()
+    err = q.get(timeout=60)
+    p.join(60)
+    assert p.exitcode == 0 and err < 1e-2
+
+
 @pytest.mark.parametrize("N,C,H,W,O,k,stride,padding,dilation,bias", [
     (2, 64, 56, 56, 64, 3, 1, 1, 1, True),     # the benchmark's shape, smaller batch
     (3, 5, 9, 7, 13, 3, 1, 0, 1, False),      # output rows narrower than a panel: many runs per panel

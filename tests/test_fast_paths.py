@@ -119,3 +119,40 @@ def test_compiled_kernels_on_offset_views_match_pytorch():
     want = fn(*[torch.from_numpy(np.ascontiguousarray(a)) if k == 0 else torch.from_numpy(a) for k, a in enumerate(args)])
     for g, w in zip(got, want):
         torch.testing.assert_close(torch.from_numpy(g.numpy()), w)
+
+
+# ---- compiled matrix products planned once for their layouts --------------------------------------
+def test_compiled_products_of_views_run_planned_and_match_pytorch(monkeypatch):
+    """Transposed, sliced and offset operands (a graph input at an offset, a weight's transpose, a
+    batch of heads read through strides) go to the planned GEMM; values and gradients as PyTorch's."""
+    from flambeau._backends import cpu_kernels
+    monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "SMALL_ITEM_MACS", 0)
+    if cpu_kernels.gemm_plan(((64, 64), (64, 1), 0), ((64, 64), (64, 1), 0)) is None:
+        pytest.skip("no planned GEMM here (no AVX-512 kernel or array data offset)")
+    planned_calls = []
+    real_plan = cpu_kernels.gemm_plan
+
+    def counting_plan(a_layout, b_layout):
+        fn = real_plan(a_layout, b_layout)
+        return None if fn is None else lambda a, b: planned_calls.append(1) or fn(a, b)
+    monkeypatch.setattr(cpu_kernels, "gemm_plan", counting_plan)
+    rng = np.random.default_rng(4)
+    big = rng.standard_normal((70, 90)).astype(np.float32)
+    w = (0.2 * rng.standard_normal((48, 40))).astype(np.float32)
+
+    def fn(x, w):
+        h = (x[3:, 5:45] @ w.t()).relu()                      # offset rows/cols of an input, transposed weight
+        q = h.view(-1, 4, 12).transpose(0, 1)                 # a batch of 4 "heads" of 12, strided
+        s = q @ q.transpose(1, 2)
+        return (s.softmax(-1) @ q).sum() + h.square().mean()
+    results = {}
+    for lib in (flambeau, torch):
+        xs = lib.from_numpy(big).requires_grad_(), lib.from_numpy(w).requires_grad_()
+        f = flambeau.compile(fn, fullgraph=True) if lib is flambeau else fn
+        out = f(*xs)
+        out.backward()
+        results[lib.__name__] = [out.detach().numpy()] + [t.grad.numpy() for t in xs]
+    assert len(planned_calls) >= 6           # forward and backward products
+    for g, w_ in zip(results["flambeau"], results["torch"]):
+        np.testing.assert_allclose(g, w_, rtol=2e-4, atol=2e-4)

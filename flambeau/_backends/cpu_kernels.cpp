@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <pthread.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -231,6 +232,32 @@ extern "C" void flm_sgemm(int64_t batch, int64_t M, int64_t N, int64_t K,
         for (int64_t t = 0; t < batch; t++)
             gemm_parallel(M, N, K, a + t * sba, rsa, csa, b + t * sbb, rsb, csb, c + t * sbc, ldc, beta, threads);
     }
+}
+
+// A product planned once for fixed shapes and layouts (the compiled graphs' externs): the arrays come
+// as NumPy array objects, whose data pointer this reads at byte offset plan[PLAN_DATA_OFFSET], so a
+// call converts three objects instead of seventeen integers and pointers. The plan's element offsets
+// and strides are relative to each array's data pointer. In a forked child the product runs on the
+// calling thread (libgomp's team does not survive fork; a parallel region there would hang).
+enum { PLAN_BATCH, PLAN_M, PLAN_N, PLAN_K, PLAN_A_OFFSET, PLAN_SBA, PLAN_RSA, PLAN_CSA, PLAN_B_OFFSET, PLAN_SBB,
+       PLAN_RSB, PLAN_CSB, PLAN_SBC, PLAN_LDC, PLAN_THREADS, PLAN_DATA_OFFSET, PLAN_SIZE };
+
+static int flm_forked = 0;
+static void flm_mark_forked() { flm_forked = 1; }
+__attribute__((constructor)) static void flm_register_fork_handler() {
+    pthread_atfork(nullptr, nullptr, flm_mark_forked);
+}
+
+extern "C" int flm_plan_size() { return PLAN_SIZE; }
+
+extern "C" void flm_sgemm_planned(const int64_t* p, const char* a, const char* b, const char* c) {
+    const int64_t off = p[PLAN_DATA_OFFSET];
+    const float* pa = *(const float* const*)(a + off) + p[PLAN_A_OFFSET];
+    const float* pb = *(const float* const*)(b + off) + p[PLAN_B_OFFSET];
+    float* pc = *(float* const*)(c + off);
+    flm_sgemm(p[PLAN_BATCH], p[PLAN_M], p[PLAN_N], p[PLAN_K], pa, p[PLAN_SBA], p[PLAN_RSA], p[PLAN_CSA],
+              pb, p[PLAN_SBB], p[PLAN_RSB], p[PLAN_CSB], pc, p[PLAN_SBC], p[PLAN_LDC], 0,
+              flm_forked ? 1 : (int)p[PLAN_THREADS]);
 }
 
 // ---- 2-D convolution as an implicit GEMM ---------------------------------------------------------

@@ -4,6 +4,9 @@
   packed AVX-512 GEMM (12x32 register tile, one OpenMP fork/join per product). NumPy's OpenBLAS
   reaches ~60% of this machine's float32 peak on the shapes networks use (64x256x256 linear
   layers); this kernel reaches 85-98% on one core.
+- `gemm_plan(a_layout, b_layout)`: the same product planned once for fixed shapes and layouts (the
+  compiled graphs' matrix-product externs): a call passes the two arrays as objects and gets the
+  result, without the ~10 us of checks and argument conversion that `matmul` spends per call.
 - `conv2d`: convolution as an implicit GEMM (B panels packed straight from the input, no column
   buffer).
 - `softmax_lastdim`: softmax / log_softmax in one pass per row.
@@ -34,6 +37,26 @@ MIN_MACS = 1 << 19
 # whatever the batch: OpenBLAS multiplies such small matrices without packing them, 2-7x faster per
 # item than our packed kernel (one thread; bench/cpu_models.py's small GPT).
 SMALL_ITEM_MACS = 1 << 16
+# A planned product's integers, in the order of flm_sgemm_planned's PLAN_* enum.
+PLAN_FIELDS = ("batch", "M", "N", "K", "a_offset", "a_batch_stride", "a_row_stride", "a_col_stride", "b_offset",
+               "b_batch_stride", "b_row_stride", "b_col_stride", "c_batch_stride", "c_row_stride", "threads",
+               "data_offset")
+PLAN_THREADS = PLAN_FIELDS.index("threads")
+
+
+def array_data_offset() -> int | None:
+    """Where a NumPy array object holds its data pointer (`PyArrayObject_fields.data`, right after
+    the object header), checked on live arrays and views; None where that does not hold. C code
+    given an array as a `ctypes.py_object` reads its data there (compiled kernels, planned GEMMs)."""
+    off = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
+    base = np.arange(8, dtype=np.float32)
+    for a in (base, base[3:], base[::-2], base.reshape(2, 4).T):
+        if ctypes.c_void_p.from_address(id(a) + off).value != a.ctypes.data:
+            return None
+    return off
+
+
+DATA_OFFSET = array_data_offset()
 
 
 def _load():
@@ -68,6 +91,10 @@ def _load():
                 ad.argtypes = [i64, p, p, p, p, p] + [f] * 8 + [ctypes.c_int]
                 ad.restype = None
                 _state["adam"] = ad
+                planned = lib.flm_sgemm_planned
+                planned.argtypes = [p, ctypes.py_object, ctypes.py_object, ctypes.py_object]
+                planned.restype = None
+                _state["planned"] = planned if lib.flm_plan_size() == len(PLAN_FIELDS) else None
                 _state["pid"] = os.getpid()
         except Exception:       # no compiler, no OpenMP, ...: NumPy's BLAS serves
             fn = None
@@ -113,12 +140,8 @@ def matmul(a, b, out=None):
     N = b.shape[-1]
     if b.shape[-2] != K or (out is not None and out.dtype != _F32):
         return np.matmul(a, b, out=out)
-    macs = M * N * K
-    if a.ndim > 2 or b.ndim > 2:       # batched: the whole product's size decides
-        if macs < SMALL_ITEM_MACS:
-            return np.matmul(a, b, out=out)
-        macs *= max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2]))
-    if macs < MIN_MACS:
+    batched = a.ndim > 2 or b.ndim > 2       # batched: the whole product's size decides
+    if not _uses_kernel(max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2])) if batched else None, M, N, K):
         return np.matmul(a, b, out=out)
     if a.ndim == 2 and b.ndim == 2:
         if out is None:
@@ -151,6 +174,48 @@ def matmul(a, b, out=None):
     fn(B, M, N, K, ab.ctypes.data, a3, sa[0], sa[1], bb.ctypes.data, b3, sb[0], sb[1],
        out.ctypes.data, c3, out.strides[-2] // 4, 0, _threads(B * M * N * K))
     return out
+
+
+def _uses_kernel(batch: int | None, M: int, N: int, K: int) -> bool:
+    """Whether `matmul` gives a float32 product of these sizes (batch None: 2-D) to our kernel."""
+    macs = M * N * K
+    if batch is not None:
+        if macs < SMALL_ITEM_MACS:
+            return False
+        macs *= batch
+    return macs >= MIN_MACS
+
+
+def gemm_plan(a_layout, b_layout):
+    """`fn(a, b) -> a @ b` for float32 arrays whose layouts are fixed: each layout is (shape,
+    element strides, element offset) relative to the data pointer of the array `fn` will get (a
+    view is described by its base's array and the view's strides and offset). 2-D by 2-D or 3-D
+    by 3-D of one batch size; the result is a fresh C-contiguous array. None when `matmul` would
+    not give the product to our kernel (sizes, an inner size of 1, no kernel here): the caller
+    then calls `matmul` on views."""
+    if _load() is None or DATA_OFFSET is None or _state["planned"] is None:
+        return None
+    (sa, sta, oa), (sb, stb, ob) = a_layout, b_layout
+    if len(sa) != len(sb) or len(sa) not in (2, 3) or sa[-1] != sb[-2] or (len(sa) == 3 and sa[0] != sb[0]):
+        return None
+    M, K = sa[-2:]
+    N = sb[-1]
+    batch = sa[0] if len(sa) == 3 else None
+    if min(M, N, K) < 2 or batch == 0 or not _uses_kernel(batch, M, N, K):
+        return None
+    out_shape = (M, N) if batch is None else (batch, M, N)
+    items = batch or 1
+    plan = np.array([items, M, N, K, oa, 0 if batch is None else sta[0], sta[-2], sta[-1],
+                     ob, 0 if batch is None else stb[0], stb[-2], stb[-1],
+                     M * N, N, _threads(items * M * N * K), DATA_OFFSET], np.int64)
+    ptr, run, empty = plan.ctypes.data, _state["planned"], np.empty
+
+    def planned_gemm(a, b):
+        out = empty(out_shape, _F32)
+        run(ptr, a, b, out)
+        return out
+    planned_gemm.plan = plan        # keeps the plan's memory alive with the function
+    return planned_gemm
 
 
 def _flat3(x, batch):

@@ -17,12 +17,12 @@ evaluated at run time. One compiled library then serves every size.
 """
 from __future__ import annotations
 
-import ctypes
 import math
 
 import numpy as np
 
 from .. import _dtype as D
+from .._backends.cpu_kernels import array_data_offset
 from .._ops import OPS
 from .._ops._spelling import KIND
 from . import config
@@ -550,17 +550,6 @@ def _combine(rt, acc, x) -> str:
     return {"sum": f"{acc} += {x};", "prod": f"{acc} *= {x};", "any": f"{acc} = {acc} || {x};",
             "all": f"{acc} = {acc} && {x};", "max": f"{acc} = fl_max({acc}, {x});",
             "min": f"{acc} = fl_min({acc}, {x});"}[rt]
-
-
-def array_data_offset() -> int | None:
-    """Where a NumPy array object holds its data pointer (`PyArrayObject_fields.data`, right after
-    the object header), checked on live arrays and views; None where that does not hold."""
-    off = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
-    base = np.arange(8, dtype=np.float32)
-    for a in (base, base[3:], base[::-2], base.reshape(2, 4).T):
-        if ctypes.c_void_p.from_address(id(a) + off).value != a.ctypes.data:
-            return None
-    return off
 
 
 # The wrapper passes arrays to `<kernel>_obj` entry points as Python objects when this is known:

@@ -147,7 +147,17 @@ _BLAS_DTYPES = (D.float32, D.float64)
 
 
 def _matmul_extern(args, index):
-    """np.matmul on the operands as arrays: views are built with the fast constructor."""
+    """np.matmul on the operands as arrays: a product planned once for its fixed layouts
+    (`cpu_kernels.gemm_plan`, handed the operands' base arrays as they are), else `cpu_kernels.matmul`
+    on views built with the fast constructor."""
+    planned = cpu_kernels.gemm_plan(*[_plan_layout(a) for a in args]) if all(
+        _plan_layout(a) is not None for a in args) else None
+    ia, ib = (index[a.base.name if isinstance(a, StridedView) else a.name] for a in args)
+    if planned is not None:
+        if (ia, ib) == (0, 1):
+            return planned                # the wrapper's arguments are the two bases, in order
+        return lambda *arrays: planned(arrays[ia], arrays[ib])
+
     def operand(a):
         i = index[a.base.name if isinstance(a, StridedView) else a.name]
         if isinstance(a, StridedView):
@@ -160,6 +170,20 @@ def _matmul_extern(args, index):
     def call(*arrays):
         return matmul(fa(arrays), fb(arrays))
     return call
+
+
+def _plan_layout(a):
+    """(shape, element strides, element offset) of a matmul operand relative to the array the
+    wrapper passes for it, or None where that array's layout is not known when compiling. A view
+    is relative to its base's memory (as `strided_array` reads it); a graph input's strides are
+    checked before the wrapper runs; every other buffer the wrapper makes is C-contiguous, and its
+    layout must say so."""
+    lay = a.layout
+    if not isinstance(a, (StridedView, InputBuffer)) and not lay.is_contiguous():
+        return None
+    if lay.dtype != D.float32 or lay.is_symbolic():
+        return None
+    return lay.shape, lay.strides, lay.offset
 
 
 def _poisoned(xp):
