@@ -39,7 +39,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("library", ("flambeau.nn", "flambeau.optim", "flambeau.utils", "flambeau.amp", "flambeau.cuda",
                  "flambeau.cpu", "flambeau.backends", "flambeau.accelerator",
                  "flambeau.distributions", "flambeau.distributed", "flambeau.jit", "flambeau.serialization",
-                 "flambeau._pt_format", "flambeau._weights_only", "flambeau.onnx", "flambeau.testing")),
+                 "flambeau._pt_format", "flambeau._weights_only", "flambeau.onnx", "flambeau.testing",
+                 "flambeau._numpy")),
     ("tracing", ("flambeau._subclasses", "flambeau.fx", "flambeau.library",
                  "flambeau.utils.tensorboard")),   # add_graph traces with fx
     ("decompositions", ("flambeau._decomp",)),

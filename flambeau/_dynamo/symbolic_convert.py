@@ -26,6 +26,7 @@ from .variables import (ListVariable, DictVariable, ListIteratorVariable, Tensor
                         NNModuleVariable, SuperVariable, build)
 from .variables.functions import bind_arguments, is_generator_code
 from .variables.objects import ObjectVariable
+from .variables.tensor import NumpyNdarrayVariable, numpy_call, np_wrappers
 
 
 class InstructionTranslatorBase:
@@ -138,6 +139,8 @@ class InstructionTranslatorBase:
             obj.call_method(self, "__setitem__", [key, value], {})
         elif isinstance(obj, TensorVariable):
             self.output.call_in_graph(self, "call_function", operator.setitem, [obj, key, value], {})
+        elif isinstance(obj, NumpyNdarrayVariable):
+            numpy_call(self, np_wrappers.numpy_setitem, [obj, key, value], {})
         else:
             raise Unsupported(f"item assignment on {obj}")
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 import inspect
 
+import numpy as np
+
 from ..exc import Unsupported
 from ..._dtype import dtype as _dt
 from ..._device import device as _dev
@@ -145,7 +147,7 @@ def is_constant_value(v) -> bool:
         return all(is_constant_value(x) for x in (v.start, v.stop, v.step))
     if t is frozenset:
         return all(is_constant_value(x) for x in v)
-    if t in (inspect.Signature, inspect.Parameter):
+    if t in (inspect.Signature, inspect.Parameter) or isinstance(v, (np.dtype, np.generic)):
         return True
     return isinstance(v, enum.Enum)      # a member is an immutable singleton (transformers' `Action.RAISE`)
 

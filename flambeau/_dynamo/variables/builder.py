@@ -13,6 +13,8 @@ from __future__ import annotations
 import collections
 import types
 
+import numpy as np
+
 from ..exc import Unsupported
 from ..compiled_state import unwrap_compiled
 from .base import VariableTracker, ConstantVariable, is_constant_value, const
@@ -23,6 +25,9 @@ from .objects import ClassVariable, PythonModuleVariable, ObjectVariable
 from .torch import (torch_functions, TorchFunctionVariable, special_function, TorchSpecialVariable, GradModeExit,
                     GradModeExitVariable, AutocastVariable, OpNamespaceVariable, operator_target, is_op_namespace)
 from ...amp.autocast_mode import autocast
+from .tensor import NumpyVariable, NumpyNdarrayVariable, numpy_function_name, np_wrappers
+from ..guards import Source
+from .. import config
 from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
 
 
@@ -53,6 +58,9 @@ def wrap_constant_like(v) -> VariableTracker:
 
 
 def _callable_without_source(v):
+    np_name = numpy_function_name(v)
+    if np_name is not None:
+        return NumpyVariable(v, *np_name)
     if is_op_namespace(v):
         return OpNamespaceVariable(v)
     target = operator_target(v)
@@ -93,7 +101,23 @@ def _identity_matters(v) -> bool:
 
 
 def _needs_source(v) -> bool:
-    return isinstance(v, (Tensor, Module))
+    return isinstance(v, (Tensor, Module, np.ndarray))
+
+
+def _numpy_array(tx, value: np.ndarray, source) -> NumpyNdarrayVariable:
+    """A numpy.ndarray read from the frame: a graph input holding the Tensor that shares its memory
+    (the entry passes `from_numpy(array)`), guarded like a tensor after its type."""
+    if source is None:
+        raise Unsupported("a NumPy array reached without a source")
+    try:
+        t = np_wrappers.from_numpy(value)
+    except (TypeError, ValueError) as e:
+        raise Unsupported(f"NumPy array of dtype {value.dtype} with strides {value.strides}: {e}")
+    g = tx.output.guards
+    g.type_match(source, np.ndarray)
+    fn = g.const(np_wrappers.from_numpy)
+    tensor_source = Source(f"{fn}({source.expr})", source, f"from_numpy({source.name()})", f"{fn}({{B}})")
+    return NumpyNdarrayVariable(tx.output.add_graph_input(t, tensor_source), source)
 
 
 def _build(tx, value, source) -> VariableTracker:
@@ -102,11 +126,15 @@ def _build(tx, value, source) -> VariableTracker:
         if source is None:
             raise Unsupported("a tensor reached without a source")
         return tx.output.add_graph_input(value, source)
+    if type(value) is np.ndarray and config.trace_numpy:
+        return _numpy_array(tx, value, source)
     if is_constant_value(value):
         if source is not None:
             if type(value) in (int, float, bool, str, type(None), bytes):
                 g.equals_match(source, value)
             else:
+                if isinstance(value, np.generic):        # np.float32(1) == np.float64(1): the type decides the dtype
+                    g.type_match(source, type(value))
                 g.add(source, f"{{S}} == {g.const(value)}", f"EQUALS_MATCH: {source.name()} == {value!r}")
         if type(value) is range:
             return RangeVariable(value)

@@ -17,7 +17,7 @@ from ..exc import Unsupported
 from .base import VariableTracker, ValueVariable, ConstantVariable, NULL, const, is_constant_value
 from .containers import (TupleVariable, ListVariable, DictVariable, SetVariable, SliceVariable,
                          ListIteratorVariable, RangeVariable, dict_key)
-from .tensor import TensorVariable, SymNodeVariable
+from .tensor import TensorVariable, SymNodeVariable, NumpyNdarrayVariable, numpy_call, np_wrappers
 from .builder import wrap_constant_like
 from .objects import ObjectVariable, ClassVariable
 from .nn_module import NNModuleVariable
@@ -53,6 +53,8 @@ def wrap_constant_result(v) -> VariableTracker:
 
 
 def binary_op(tx, fn, a: VariableTracker, b: VariableTracker) -> VariableTracker:
+    if isinstance(a, NumpyNdarrayVariable) or isinstance(b, NumpyNdarrayVariable):
+        return numpy_call(tx, np_wrappers.numpy_binary_operator, [BuiltinVariable(fn), a, b], {})
     if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
         return tx.output.call_in_graph(tx, "call_function", fn, [a, b], {})
     if isinstance(a, SymNodeVariable) or isinstance(b, SymNodeVariable):
@@ -143,6 +145,8 @@ _NO = object()
 
 
 def unary_op(tx, fn, a):
+    if isinstance(a, NumpyNdarrayVariable) and fn in np_wrappers.UNARY_OPERATORS:
+        return numpy_call(tx, np_wrappers.numpy_unary_operator, [BuiltinVariable(fn), a], {})
     if isinstance(a, TensorVariable):
         return tx.output.call_in_graph(tx, "call_function", fn, [a], {})
     if isinstance(a, SymNodeVariable):
@@ -164,6 +168,8 @@ def unary_op(tx, fn, a):
 
 
 def getitem(tx, obj: VariableTracker, key: VariableTracker) -> VariableTracker:
+    if isinstance(obj, NumpyNdarrayVariable):
+        return numpy_call(tx, np_wrappers.numpy_getitem, [obj, key], {})
     if isinstance(obj, TensorVariable):
         return tx.output.call_in_graph(tx, "call_function", operator.getitem, [obj, key], {})
     if isinstance(obj, (TupleVariable, ListVariable, DictVariable)):
@@ -181,7 +187,7 @@ def getitem(tx, obj: VariableTracker, key: VariableTracker) -> VariableTracker:
 
 
 def contains(tx, container, item) -> VariableTracker:
-    if isinstance(container, TensorVariable):
+    if isinstance(container, (TensorVariable, NumpyNdarrayVariable)):
         raise Unsupported("`in` on a tensor is data-dependent")
     if isinstance(container, (DictVariable, SetVariable)):
         return const(dict_key(item) in container.items)

@@ -13,6 +13,8 @@ import collections
 import inspect
 import types
 
+import numpy as np
+
 from ..exc import Unsupported
 from .base import VariableTracker, ValueVariable, const, is_constant_value
 from ...autograd.function import Function
@@ -176,6 +178,8 @@ class ClassVariable(ValueVariable):
         if isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
             bound = kinds.functions.bind_arguments(cls.__new__, [self] + list(args), kwargs)
             return kinds.containers.TupleVariable([bound[f] for f in cls._fields], cls=cls)
+        if issubclass(cls, np.generic) and all(a.is_python_constant() for a in args) and not kwargs:
+            return kinds.base.ConstantVariable(cls(*[a.as_python_constant() for a in args]))   # np.float32(2)
         if cls in (list, tuple, dict, set, range, int, float, bool, str, slice, enumerate, zip, map,
                    filter, reversed, frozenset, object, super, type):
             return kinds.builtin.BuiltinVariable(cls).call_function(tx, args, kwargs)
@@ -211,7 +215,7 @@ class PythonModuleVariable(VariableTracker):
         else:
             v = self.value.__dict__[name]
         trusted = self.value.__name__.split(".")[0] in ("flambeau", "math", "operator", "builtins", "itertools",
-                                                         "functools", "collections", "typing", "numbers")
+                                                         "functools", "collections", "typing", "numbers", "numpy")
         src = None if trusted or self.source is None else self.source.attr(name)
         return kinds.builder.build(tx, v, src)
 

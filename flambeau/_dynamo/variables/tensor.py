@@ -1,20 +1,31 @@
-"""Tensors and symbolic sizes while tracing.
+"""Tensors, NumPy arrays and symbolic sizes while tracing.
 
 `TensorVariable` is an FX node plus a fake example value (metadata only; sizes may be SymInts).
 Metadata questions (`shape`, `dtype`, `dim()`, `is_contiguous()`) are answered from the example
 value — the tensor guards make those answers valid for every call that reuses the graph — and
 every other method becomes a `call_method` node. Reading data into Python (`item`, `tolist`,
-`bool(t)`, `numpy`) cannot be captured and breaks the graph. `SymNodeVariable` is a symbolic size
+`bool(t)`) cannot be captured and breaks the graph. `SymNodeVariable` is a symbolic size
 (SymInt) with the node that computes it at run time.
+
+With `config.trace_numpy` (PyTorch 2.1's compile of NumPy code), a `numpy.ndarray` is traced as the
+Tensor holding its values: `NumpyNdarrayVariable` wraps that TensorVariable, and `NumpyVariable` is a
+NumPy function. Their calls, methods, attributes and operators become call_function nodes of
+`flambeau._numpy._wrappers` (NumPy's semantics over flambeau ops); an array that leaves the graph is
+turned back into a `numpy.ndarray`; `t.numpy()` and `flambeau.from_numpy(a)` move between the two
+without leaving the graph. What flambeau._numpy lacks, and `np.random`, break the graph with the reason.
 """
 from __future__ import annotations
 
 import operator
 
+import numpy as np
+
+from .. import config
 from ..exc import Unsupported
 from .base import VariableTracker, ConstantVariable, const
 from ...fx._symbolic_shapes import SymInt
 from ..._tensor import Tensor, Size
+from ..._numpy import _wrappers as np_wrappers
 from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
 
 _CONST_ATTRS = {"dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu", "is_meta", "is_sparse",
@@ -104,6 +115,8 @@ class TensorVariable(VariableTracker):
             return const(ex.type())
         if name == "__getattribute__":
             return self.var_getattr(tx, args[0].as_python_constant())
+        if name == "numpy" and config.trace_numpy and not args:
+            return NumpyNdarrayVariable(tx.output.call_in_graph(tx, "call_method", "detach", [self], {}))
         if name in _BREAK_METHODS:
             raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python")
         if name == "__contains__":
@@ -186,3 +199,149 @@ class SymNodeVariable(VariableTracker):
 
 def is_sizelike(vt) -> bool:
     return isinstance(vt, SymNodeVariable) or (isinstance(vt, ConstantVariable) and type(vt.value) is int)
+
+
+# ---- NumPy ----------------------------------------------------------------------------------------------
+_NDARRAY_CONST_ATTRS = {"ndim", "dtype", "itemsize", "strides"}
+_NDARRAY_GRAPH_ATTRS = {"T", "real", "imag"}
+_NDARRAY_BREAK_METHODS = {"item", "tolist", "tobytes", "tofile", "__array__", "__bool__", "__int__", "__float__",
+                          "__index__", "__repr__", "__str__", "__format__", "view", "resize", "setflags"}
+
+
+class NumpyNdarrayVariable(VariableTracker):
+    """A numpy.ndarray while tracing: `tensor` is the TensorVariable holding its values (see module
+    docstring); `source` is set for an array read from the frame."""
+
+    def __init__(self, tensor: TensorVariable, source=None):
+        self.tensor = tensor
+        self.source = source
+
+    def python_type(self):
+        return np.ndarray
+
+    def __repr__(self):
+        return f"NumpyNdarrayVariable({self.tensor.node.name})"
+
+    def var_getattr(self, tx, name):
+        ex = self.tensor.example
+        if name == "shape":
+            return kinds.containers.TupleVariable(self.tensor.size_vt(tx).items)
+        if name == "size":
+            return self.tensor.call_method(tx, "numel", [], {})
+        if name in _NDARRAY_CONST_ATTRS or name == "nbytes":
+            if any(not isinstance(s, int) for s in ex.shape):
+                raise Unsupported(f"ndarray.{name} of an array with symbolic sizes")
+            return kinds.builder.wrap_constant_like(getattr(np_wrappers.ndarray(ex), name))
+        if name in _NDARRAY_GRAPH_ATTRS:
+            return numpy_call(tx, np_wrappers.numpy_attr, [self, const(name)], {})
+        if np_wrappers.method(name) is not None or name in _NDARRAY_BREAK_METHODS:
+            return kinds.builtin.GetAttrVariable(self, name)
+        raise Unsupported(f"ndarray.{name} is not supported by flambeau._numpy")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__len__" and not args:
+            return self.tensor.call_method(tx, "__len__", [], {})
+        if name == "__getattribute__":
+            return self.var_getattr(tx, args[0].as_python_constant())
+        if name in _NDARRAY_BREAK_METHODS:
+            raise Unsupported(f"ndarray.{name}() needs the array's data in Python")
+        wrapper = np_wrappers.method(name)
+        if wrapper is None:
+            raise Unsupported(f"ndarray.{name}() is not supported by flambeau._numpy")
+        return numpy_call(tx, wrapper, [self] + list(args), kwargs)
+
+    def has_unpack_var_sequence(self, tx):
+        return self.tensor.has_unpack_var_sequence(tx)
+
+    def unpack_var_sequence(self, tx):
+        if not self.has_unpack_var_sequence(tx):
+            raise Unsupported("iterating over a 0-d array or one with a symbolic first size")
+        return [numpy_call(tx, np_wrappers.numpy_getitem, [self, const(i)], {})
+                for i in range(self.tensor.example.shape[0])]
+
+    def truthy(self, tx):
+        raise Unsupported("data-dependent branch: the condition is a NumPy array (bool() needs its value)")
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        return f"{cg.const(np_wrappers.to_numpy)}({cg.tensor(self.tensor)})"
+
+
+class NumpyVariable(VariableTracker):
+    """A NumPy function (`np.sum`, a ufunc, `np.linalg.norm`) named `module.name`: a call becomes a node
+    of its flambeau._numpy counterpart."""
+
+    def __init__(self, value, module: str, name: str, source=None):
+        self.value = value
+        self.module = module
+        self.name = name
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        return self.value
+
+    def __repr__(self):
+        return f"NumpyVariable({self.module}.{self.name})"
+
+    def call_function(self, tx, args, kwargs):
+        if self.module.startswith("numpy.random"):
+            raise Unsupported(f"np.random.{self.name}(): NumPy's random number generators are not traced "
+                              "(the call runs in NumPy, keeping NumPy's random stream)")
+        target = np_wrappers.graph_function(self.module, self.name)
+        if target is None:
+            raise Unsupported(f"{self.module}.{self.name}() is not supported by flambeau._numpy")
+        return numpy_call(tx, target, args, kwargs)
+
+    def reconstruct(self, cg):
+        return cg.source_expr(self.source) if self.source is not None else cg.const(self.value)
+
+
+def numpy_function_name(v):
+    """(module, name) of a NumPy function or ufunc (None for anything else, NumPy's classes included)."""
+    if not config.trace_numpy or isinstance(v, type) or not callable(v):
+        return None
+    if isinstance(v, np.ufunc):
+        return "numpy", v.__name__
+    owner = getattr(v, "__self__", None)
+    mod = getattr(v, "__module__", None) or getattr(type(owner), "__module__", None) or ""
+    if mod.split(".")[0] != "numpy" or not hasattr(v, "__name__"):
+        return None
+    parts = mod.split(".")
+    if len(parts) > 1 and not parts[1].startswith("_"):        # numpy.linalg, numpy.fft, numpy.random
+        return ".".join(parts[:2]), v.__name__
+    return "numpy", v.__name__
+
+
+def as_tensor_vt(vt):
+    """NumPy array trackers (also inside tuples/lists) as the TensorVariables holding their values."""
+    if isinstance(vt, NumpyNdarrayVariable):
+        return vt.tensor
+    if isinstance(vt, (kinds.containers.TupleVariable, kinds.containers.ListVariable)):
+        items = [as_tensor_vt(x) for x in vt.items]
+        if all(a is b for a, b in zip(items, vt.items)):
+            return vt
+        return vt.new(items) if isinstance(vt, kinds.containers.TupleVariable) else \
+            kinds.containers.ListVariable(items)
+    return vt
+
+
+def as_ndarray_vt(vt):
+    """TensorVariables (also inside tuples/lists) as NumPy array trackers."""
+    if isinstance(vt, TensorVariable):
+        return NumpyNdarrayVariable(vt)
+    if isinstance(vt, kinds.containers.TupleVariable):
+        return vt.new([as_ndarray_vt(x) for x in vt.items])
+    if isinstance(vt, kinds.containers.ListVariable):
+        return kinds.containers.ListVariable([as_ndarray_vt(x) for x in vt.items])
+    return vt
+
+
+def numpy_call(tx, target, args: list, kwargs: dict) -> VariableTracker:
+    """Record `target` (a flambeau._numpy wrapper) on the arrays' tensors; tensors it returns are arrays."""
+    out = tx.output.call_in_graph(tx, "call_function", target, [as_tensor_vt(a) for a in args],
+                                  {k: as_tensor_vt(v) for k, v in kwargs.items()})
+    return as_ndarray_vt(out)

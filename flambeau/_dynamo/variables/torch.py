@@ -36,6 +36,7 @@ _BREAKING = {"manual_seed", "seed", "initial_seed", "save", "load", "set_default
              "set_autocast_cache_enabled", "set_float32_matmul_precision", "set_flush_denormal",
              "set_deterministic_debug_mode", "frombuffer", "asarray", "graph_break", "_amp_update_scale_",
              "_amp_foreach_non_finite_check_and_unscale_"}
+_FROM_NUMPY = ("from_numpy", "asarray")
 _NAMESPACES = ("flambeau", "flambeau.nn.functional", "flambeau.linalg", "flambeau.special", "flambeau.fft",
                "flambeau.nn.init")
 _in_graph: dict | None = None
@@ -98,6 +99,7 @@ class TorchFunctionVariable(ValueVariable):
         return f"TorchFunctionVariable({self.name})"
 
     def call_function(self, tx, args, kwargs):
+        args = [kinds.tensor.as_tensor_vt(a) for a in args]        # flambeau.tensor(ndarray), as_tensor(...)
         return tx.output.call_in_graph(tx, "call_function", self.value, args, kwargs)
 
     def reconstruct(self, cg):
@@ -182,6 +184,9 @@ class TorchSpecialVariable(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         k = self.kind
+        if k == "break" and getattr(self.value, "__name__", None) in _FROM_NUMPY and len(args) == 1 and \
+                isinstance(args[0], kinds.tensor.NumpyNdarrayVariable):
+            return args[0].tensor          # from_numpy(a) / asarray(a) of a traced array: the tensor holding it
         if k == "break":
             raise Unsupported(f"call to flambeau.{getattr(self.value, '__name__', '?')} (global effects)")
         if k == "is_compiling":
