@@ -236,3 +236,109 @@ def test_non_differentiable_output_and_needs_input_grad_as_pytorch():
     assert ours[:2] == ref[:2] == (False, True)
     np.testing.assert_allclose(ours[2], ref[2])
     assert ours[3] is None and ref[3] is None
+
+
+def _gradient_probes(T):
+    class NoMaterialize(T.autograd.Function):
+        """set_materialize_grads(False): a backward that tells an absent gradient (None) from a zero one."""
+        @staticmethod
+        def forward(ctx, x):
+            ctx.set_materialize_grads(False)
+            ctx.save_for_backward(x)
+            return x * 2, x * 3
+
+        @staticmethod
+        def backward(ctx, g1, g2):
+            (x,) = ctx.saved_tensors
+            r = T.zeros_like(x)
+            r = r + (1000.0 if g2 is None else g2 * 3)
+            r = r + (5000.0 if g1 is None else g1 * 2)
+            return r
+
+    class NeedsGrad(T.autograd.Function):
+        """A backward that computes only the gradients `ctx.needs_input_grad` asks for, and says which."""
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return x * w
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            both = ctx.needs_input_grad[0] and ctx.needs_input_grad[1]     # shows in the values
+            gx = g * w + (100.0 if both else 7.0) if ctx.needs_input_grad[0] else None
+            gw = g * x + (200.0 if both else 9.0) if ctx.needs_input_grad[1] else None
+            return gx, gw
+
+    class Once(T.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.exp()
+
+        @staticmethod
+        @T.autograd.function.once_differentiable
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * x.exp()
+    return NoMaterialize, NeedsGrad, Once
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+@pytest.mark.parametrize("used", ["first", "second", "both"])
+def test_absent_gradients_reach_the_backward_as_none_without_materialize(backend, used):
+    """Eager semantics of set_materialize_grads(False): an output that gets no gradient gives the
+    backward None, not zeros (torch.compile itself passes zeros here, so the reference is PyTorch eager)."""
+    def run(T, compile_with=None):
+        NoMaterialize, _, _ = _gradient_probes(T)
+
+        def fn(x):
+            a, b = NoMaterialize.apply(x)
+            return {"first": a.sum(), "second": (b * b).sum(), "both": a.sum() + b.sum()}[used]
+        if compile_with is not None:
+            fn = T.compile(fn, backend=compile_with)
+        x = T.tensor(X, requires_grad=True)
+        fn(x).backward()
+        return x.grad.numpy()
+    flambeau._dynamo.reset()
+    np.testing.assert_allclose(run(flambeau, backend), run(torch), rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+@pytest.mark.parametrize("needs", [(True, True), (True, False), (False, True)])
+def test_needs_input_grad_under_compile_as_pytorch(backend, needs):
+    def run(T, compile_with):
+        _, NeedsGrad, _ = _gradient_probes(T)
+        fn = T.compile(lambda x, w: NeedsGrad.apply(x, w).sum(), backend=compile_with)
+        x, w = T.tensor(X, requires_grad=needs[0]), T.tensor(W, requires_grad=needs[1])
+        fn(x, w).backward()
+        return [None if t.grad is None else t.grad.numpy() for t in (x, w)]
+    flambeau._dynamo.reset()
+    torch._dynamo.reset()
+    got, want = run(flambeau, backend), run(torch, "aot_eager" if backend != "eager" else "eager")
+    for g, r in zip(got, want):
+        assert (g is None) == (r is None)
+        if r is not None:
+            np.testing.assert_allclose(g, r, rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_once_differentiable_under_compile_as_pytorch(backend):
+    """First-order gradients as PyTorch; a second differentiation through the once_differentiable
+    backward raises RuntimeError in both (the backward ran without grad mode). Through AOT autograd
+    the first gradient does not require grad in flambeau (PyTorch: it does, and its backward raises
+    "does not currently support double backward"), so requires_grad is compared on the eager backend."""
+    def run(T, compile_with):
+        _, _, Once = _gradient_probes(T)
+        fn = T.compile(lambda x: Once.apply(x * 1.5).sum(), backend=compile_with)
+        x = T.tensor(X, requires_grad=True)
+        (g,) = T.autograd.grad(fn(x), x, create_graph=True)
+        with pytest.raises(RuntimeError):
+            g.sum().backward()
+        return g.detach().numpy(), g.requires_grad
+    flambeau._dynamo.reset()
+    torch._dynamo.reset()
+    got, want = run(flambeau, backend), run(torch, backend)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    if backend == "eager":
+        assert got[1] == want[1]

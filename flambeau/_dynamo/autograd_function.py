@@ -7,8 +7,10 @@ the tensors saved for backward (`ctx.save_for_backward` and tensors stored as `c
 Then `cls.backward` is traced on fake gradients and those saved tensors, with a `ctx` that
 replays what the forward recorded (`saved_tensors`, attributes, `needs_input_grad`). The ctx
 methods keep their meaning: `mark_non_differentiable` outputs get no gradient,
-`set_materialize_grads(False)` is honoured for the forward's outputs (the traced backward receives
-zeros for absent gradients), a `once_differentiable` backward runs without grad mode, so a second
+`set_materialize_grads(False)` is honoured for the forward's outputs (the traced backward took every
+gradient as a tensor, so when a gradient is absent the runtime calls the user's backward itself with
+None for it, on a ctx rebuilt from the saved tensors: `BackwardReplay`; under AOT autograd that call
+is traced into the compiled backward), a `once_differentiable` backward runs without grad mode, so a second
 differentiation raises as in eager. Anything the tracer cannot follow (data-dependent Python,
 non-tensor outputs, a backward that calls out of flambeau) raises `NotTraceable` with the reason;
 the caller then records `cls.apply` as an opaque call and logs that reason.
@@ -66,14 +68,38 @@ class _ReplayCtx:
         self.__dict__.update(attributes)
 
 
+class BackwardReplay:
+    """The user's backward with the ctx it saw while traced, for gradients the traced graph did not
+    expect (absent ones under `set_materialize_grads(False)`): `saved` and tensor attributes are
+    positions in the saved tensors the forward graph returns, other attributes are their values."""
+
+    def __init__(self, cls: type, needs_input_grad: tuple, saved: tuple, attributes: dict, tensor_pos: list):
+        self.cls = cls
+        self.needs_input_grad = needs_input_grad
+        self.saved = saved                    # indices into the saved tensors
+        self.attributes = attributes          # name -> (True, index) for a tensor, (False, value) otherwise
+        self.tensor_pos = tensor_pos
+
+    def __repr__(self) -> str:
+        return f"BackwardReplay({self.cls.__name__})"
+
+    def __call__(self, grads: tuple, saved: tuple) -> tuple:
+        attrs = {k: saved[v] if is_tensor else v for k, (is_tensor, v) in self.attributes.items()}
+        ctx = _ReplayCtx(self.needs_input_grad, tuple(saved[i] for i in self.saved), attrs)
+        res = self.cls.backward(ctx, *grads)
+        res = res if isinstance(res, tuple) else (res,)
+        return tuple(res[i] for i in self.tensor_pos)
+
+
 class TracedFunction:
     """What `trace_function` gives: the two graphs and the ctx facts the runtime op needs."""
 
     def __init__(self, fwd: GraphModule, bwd: GraphModule, n_outputs: int, single: bool,
-                 non_differentiable: tuple, materialize: bool, once: bool):
+                 non_differentiable: tuple, materialize: bool, once: bool, replay: BackwardReplay):
         self.fwd, self.bwd = fwd, bwd
         self.n_outputs, self.single = n_outputs, single
         self.non_differentiable, self.materialize, self.once = non_differentiable, materialize, once
+        self.replay = replay
 
 
 def _record(fake_mode, inputs: list, fn, names: list) -> GraphModule:
@@ -151,7 +177,10 @@ def trace_function(cls: type, args: list, fake_mode) -> tuple[TracedFunction, li
     except Exception as e:
         raise NotTraceable(f"backward: {type(e).__name__}: {e}") from None
     nondiff = tuple(i for i, o in enumerate(outs) if id(o) in ctx.non_differentiable)
-    traced = TracedFunction(fwd, bwd, len(outs), box["single"], nondiff, ctx.materialize_grads, once)
+    where = {id(t): i for i, t in enumerate(extra)}
+    layout = {k: (True, where[id(v)]) if isinstance(v, Tensor) else (False, v) for k, v in box["attrs"].items()}
+    replay = BackwardReplay(cls, ctx.needs_input_grad, tuple(where[id(t)] for t in saved), layout, tensor_pos)
+    traced = TracedFunction(fwd, bwd, len(outs), box["single"], nondiff, ctx.materialize_grads, once, replay)
     return traced, tensor_pos
 
 

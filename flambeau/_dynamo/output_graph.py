@@ -356,7 +356,7 @@ class OutputGraph:
         fwd = self.add_submodule("fwd_body", traced.fwd)
         bwd = self.add_submodule("bwd_body", traced.bwd)
         opts = {"n_outputs": traced.n_outputs, "non_differentiable": traced.non_differentiable,
-                "materialize": traced.materialize, "once": traced.once}
+                "materialize": traced.materialize, "once": traced.once, "replay": traced.replay}
         tensor_args = [args[i] for i in pos]
         node_args = (fwd, bwd) + tuple(self._node_arg(a) for a in tensor_args)
         ex = [ex_args[i] for i in pos]

@@ -208,33 +208,42 @@ class _TracedFunction(Function):
     """The Function that `autograd_function_apply` applies: runs the traced forward and backward."""
 
     @staticmethod
-    def forward(ctx, fwd, bwd, n_outputs, non_differentiable, materialize, once, *args):
+    def forward(ctx, fwd, bwd, n_outputs, non_differentiable, materialize, once, replay, *args):
         flat = fwd(*args)
         outs, saved = flat[:n_outputs], flat[n_outputs:]
         ctx.save_for_backward(*saved)
-        ctx.bwd, ctx.once = bwd, once
+        ctx.bwd, ctx.once, ctx.replay = bwd, once, replay
         ctx.mark_non_differentiable(*[outs[i] for i in non_differentiable])
         ctx.set_materialize_grads(materialize)
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
-        grads = [g if g is not None else zeros(m[0], dtype=m[1], device=m[2])
-                 for g, m in zip(grads, ctx._node._out_meta)]      # the traced backward takes every gradient
         prev = _state.grad_enabled
         if ctx.once:
             _state.grad_enabled = False
         try:
-            res = ctx.bwd(*grads, *ctx.saved_tensors)
+            if any(g is None for g in grads) and ctx.replay is not None:
+                res = ctx.replay(grads, ctx.saved_tensors)      # the user's backward, absent gradients as None
+            else:
+                grads = [g if g is not None else zeros(m[0], dtype=m[1], device=m[2])
+                         for g, m in zip(grads, ctx._node._out_meta)]   # the traced backward takes every gradient
+                res = ctx.bwd(*grads, *ctx.saved_tensors)
         finally:
             _state.grad_enabled = prev
-        return (None,) * 6 + tuple(res)
+        return (None,) * _TRACED_FUNCTION_OPTIONS + tuple(res)
+
+
+_TRACED_FUNCTION_OPTIONS = 7          # the non-tensor leading arguments of _TracedFunction.forward
 
 
 def autograd_function_apply(fwd, bwd, *args, n_outputs: int, non_differentiable: tuple = (),
-                            materialize: bool = True, once: bool = False) -> tuple:
-    """Apply the traced Function `fwd`/`bwd` to `args` (see the module docstring); the outputs as a tuple."""
-    return _TracedFunction.apply(fwd, bwd, n_outputs, tuple(non_differentiable), materialize, once, *args)
+                            materialize: bool = True, once: bool = False, replay=None) -> tuple:
+    """Apply the traced Function `fwd`/`bwd` to `args` (see the module docstring); the outputs as a tuple.
+    `replay`: the user's backward, called instead of `bwd` when a gradient is absent (only reached
+    with materialize=False: materialized gradients are never absent)."""
+    return _TracedFunction.apply(fwd, bwd, n_outputs, tuple(non_differentiable), materialize, once, replay,
+                                 *args)
 
 
 class InplaceFunction(Function):
