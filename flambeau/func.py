@@ -2,8 +2,11 @@
 
 grad, grad_and_value, vjp, jvp, linearize, jacrev, jacfwd, hessian (`_functorch.eager_transforms`),
 vmap (`_functorch.vmap`, batching rules declared with each op in `flambeau/_ops`), functional_call
-and stack_module_state (`_functorch.functional_call`). Under `flambeau.compile` each transform is a
-graph break: it runs eagerly and the code around it is compiled.
+and stack_module_state (`_functorch.functional_call`). Under `flambeau.compile`, grad,
+grad_and_value, vmap, jacrev, jacfwd and hessian of a function without free variables are one graph
+node each that backends trace through (`_dynamo/variables/torch.py`, FuncTransformVariable); the
+others (vjp, jvp, linearize, functional_call, transforms of closures) run eagerly, logged with the
+reason under FLAMBEAU_LOGS=graph_breaks.
 """
 from ._functorch.eager_transforms import (grad, grad_and_value, vjp, jvp, linearize, jacrev, jacfwd,  # noqa: F401
                                           hessian)

@@ -374,7 +374,7 @@ class OutputGraph:
             return TensorVariable(node, out)
         if isinstance(out, SymInt):
             return SymNodeVariable(node, out)
-        if isinstance(out, (tuple, list)) and any(isinstance(o, (Tensor, SymInt)) for o in out):
+        if isinstance(out, (tuple, list)) and _holds_tensors(out):
             node.meta["example_value"] = out
             items = []
             for i, o in enumerate(out):
@@ -382,6 +382,8 @@ class OutputGraph:
                     items.append(TensorVariable(self.graph.call_function(operator.getitem, (node, i)), o))
                 elif isinstance(o, SymInt):
                     items.append(SymNodeVariable(self.graph.call_function(operator.getitem, (node, i)), o))
+                elif isinstance(o, (tuple, list)) and _holds_tensors(o):    # nested: grad_and_value(has_aux=True)
+                    items.append(self._wrap_output(self.graph.call_function(operator.getitem, (node, i)), o, ()))
                 else:
                     items.append(wrap_constant_like(o))
             if isinstance(out, list):
@@ -546,3 +548,9 @@ class OutputGraph:
             except NotImplementedError as e:
                 raise Unsupported(f"cannot express the shape guard {rel} in Python: {e}")
             g.raw(text, f"SHAPE: {rel}")
+
+
+def _holds_tensors(x) -> bool:
+    if isinstance(x, (Tensor, SymInt)):
+        return True
+    return isinstance(x, (tuple, list)) and any(_holds_tensors(o) for o in x)

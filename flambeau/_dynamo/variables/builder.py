@@ -23,7 +23,8 @@ from ...nn.modules.module import Module
 from ..._tensor import Size, Tensor
 from .objects import ClassVariable, PythonModuleVariable, ObjectVariable
 from .torch import (torch_functions, TorchFunctionVariable, special_function, TorchSpecialVariable, GradModeExit,
-                    GradModeExitVariable, AutocastVariable, OpNamespaceVariable, operator_target, is_op_namespace)
+                    GradModeExitVariable, AutocastVariable, OpNamespaceVariable, operator_target, is_op_namespace,
+                    FUNC_TRANSFORMS, FuncTransformVariable)
 from ...amp.autocast_mode import autocast
 from .tensor import NumpyVariable, NumpyNdarrayVariable, numpy_function_name, np_wrappers
 from ..guards import Source
@@ -58,6 +59,8 @@ def wrap_constant_like(v) -> VariableTracker:
 
 
 def _callable_without_source(v):
+    if isinstance(v, types.FunctionType) and v in FUNC_TRANSFORMS:
+        return FuncTransformVariable(v)
     np_name = numpy_function_name(v)
     if np_name is not None:
         return NumpyVariable(v, *np_name)

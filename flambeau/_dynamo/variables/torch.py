@@ -7,6 +7,15 @@ A few are not graph material: grad-mode switches are modelled (`GradModeVariable
 records `_set_grad_enabled` nodes so the graph runs each op under the right mode), pure queries
 are answered at trace time (`is_grad_enabled`, `get_default_dtype`), and functions with global
 effects (`manual_seed`, `save`, `set_default_dtype`, ...) break the graph.
+
+`flambeau.func` transforms that return a function (grad, grad_and_value, vmap, jacrev, jacfwd,
+hessian, composed in any order) are `FuncTransformVariable`s: calling the transformed function on
+traced tensors records ONE call_function node whose target is the transform applied to the user's
+real function (PyTorch captures them as higher-order ops); its outputs come from running it on fake
+tensors, and backends trace through it (AOT autograd records the transform's operations, so the
+inductor compiles them). The user's function must be a real function object (module-level, or
+defined in the frame with no free variables); like a traced autograd.Function, the Python it runs is
+specialised without guards of its own. Anything else keeps the transform a graph break with the reason.
 """
 from __future__ import annotations
 
@@ -20,6 +29,8 @@ from ..compiled_state import is_compiling
 from .base import VariableTracker, ValueVariable, const
 from ..._device import device, canonical
 from ...autograd import grad_mode
+from ..._functorch import eager_transforms, vmap as _vmap
+from ..utils import is_disabled
 from ...amp import autocast_mode
 from ...amp.autocast_mode import autocast
 from .tensor import TensorVariable
@@ -146,6 +157,68 @@ def operator_target(v):
 
 def is_op_namespace(v) -> bool:
     return isinstance(v, (_Ops, _Namespace, _CustomNamespace, CustomOpPacket))
+
+
+# the flambeau.func transforms traced as graph nodes (by object), each named for messages
+FUNC_TRANSFORMS = {eager_transforms.grad: "grad", eager_transforms.grad_and_value: "grad_and_value",
+                   _vmap.vmap: "vmap", eager_transforms.jacrev: "jacrev", eager_transforms.jacfwd: "jacfwd",
+                   eager_transforms.hessian: "hessian"}
+
+
+class FuncTransformVariable(VariableTracker):
+    """A `flambeau.func` transform (`grad`), or a function it transformed (`grad(f, argnums=1)`:
+    `fn` is the tracker of f, `options` the transform's other arguments), see the module docstring."""
+
+    def __init__(self, transform, fn=None, options: tuple = (), kw_options: dict | None = None):
+        self.transform = transform
+        self.fn = fn
+        self.options = options
+        self.kw_options = kw_options or {}
+        self._real = None
+
+    def __repr__(self):
+        inner = "" if self.fn is None else f"({self.fn})"
+        return f"FuncTransformVariable({FUNC_TRANSFORMS[self.transform]}{inner})"
+
+    def python_type(self):
+        return types.FunctionType
+
+    def call_function(self, tx, args, kwargs):
+        name = FUNC_TRANSFORMS[self.transform]
+        if self.fn is None:                       # grad(f, ...): the transformed function
+            if not args:
+                raise Unsupported(f"flambeau.func.{name}() without a function")
+            opts = list(args[1:]) + list(kwargs.values())
+            if not all(o.is_python_constant() for o in opts):
+                raise Unsupported(f"flambeau.func.{name}: options that are not constants")
+            return FuncTransformVariable(self.transform, args[0], tuple(a.as_python_constant() for a in args[1:]),
+                                         {k: v.as_python_constant() for k, v in kwargs.items()})
+        return tx.output.call_in_graph(tx, "call_function", self.realize(), args, kwargs)
+
+    def realize(self):
+        """The transformed function as a real callable (the transform applied to the user's function)."""
+        if self._real is None:
+            self._real = self.transform(real_function(self.fn, FUNC_TRANSFORMS[self.transform]), *self.options,
+                                        **self.kw_options)
+        return self._real
+
+    def reconstruct(self, cg):
+        return cg.const(self.transform if self.fn is None else self.realize())
+
+
+def real_function(vt, transform: str):
+    """The Python callable a flambeau.func transform is applied to, from its tracker."""
+    if isinstance(vt, FuncTransformVariable) and vt.fn is not None:
+        return vt.realize()
+    if isinstance(vt, TorchFunctionVariable):
+        return vt.value
+    if isinstance(vt, kinds.functions.UserFunctionVariable) and not is_disabled(vt.value):
+        return vt.value
+    if isinstance(vt, kinds.functions.NestedUserFunctionVariable) and not vt.code.co_freevars and \
+            (vt.defaults is None or vt.defaults.is_python_constant()) and vt.kwdefaults is None:
+        return vt.signature_fn()
+    raise Unsupported(f"flambeau.func.{transform} of {vt}: only a function object without free variables "
+                      "is traced (this transform runs eagerly)")
 
 
 class AutogradFunctionApplyVariable(ValueVariable):
