@@ -36,10 +36,12 @@ from ._dynamo.backends.registry import InvalidBackend, list_backends, lookup_bac
 from ._dynamo.eval_frame import OptimizedModule
 from .nn.modules.module import Module, register_compiler
 from .library import opcheck_tests as _opcheck
+from ._numpy._wrappers import wrap_numpy  # noqa: F401
 
 __all__ = ["compile", "list_backends", "register_backend", "lookup_backend", "reset", "OptimizedModule",
            "InvalidBackend", "Unsupported", "is_compiling", "disable", "config", "is_exporting",
-           "is_dynamo_compiling", "allow_in_graph", "assume_constant_result", "cudagraph_mark_step_begin"]
+           "is_dynamo_compiling", "allow_in_graph", "assume_constant_result", "cudagraph_mark_step_begin",
+           "wrap_numpy"]
 
 Unsupported = _dynamo.exc.Unsupported
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

@@ -311,3 +311,22 @@ def test_graph_logs_name_the_numpy_calls(monkeypatch, capsys):
     monkeypatch.setenv("FLAMBEAU_LOGS", "")
     flambeau._dynamo.reset()
     assert "wrapped_maximum" in err and "wrapped_exp" in err
+
+
+def test_wrap_numpy_compiles_numpy_code_for_tensors_with_gradients():
+    """torch.compiler.wrap_numpy's example: NumPy code as a Tensor -> Tensor function, gradients through it."""
+    def body(a):
+        return np.sum(a * a)
+
+    def run(T):
+        fn = T.compile(T.compiler.wrap_numpy(body), backend="aot_eager", fullgraph=True)
+        x = T.arange(6, dtype=T.float32, requires_grad=True)
+        out = fn(x)
+        out.backward()
+        return out.detach().numpy(), x.grad.numpy(), type(out).__module__.split(".")[0]
+    flambeau._dynamo.reset()
+    torch._dynamo.reset()
+    got, want = run(flambeau), run(torch)
+    np.testing.assert_allclose(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1])
+    assert got[2] == "flambeau" and want[2] == "torch"

@@ -9,6 +9,7 @@ numpy_to_tensor_wrapper / numpy_method_wrapper / numpy_operator_wrapper / to_num
 """
 from __future__ import annotations
 
+import functools
 import operator
 
 import numpy as np
@@ -99,6 +100,37 @@ def to_numpy(x):
     if isinstance(x, (tuple, list)):
         return type(x)(to_numpy(e) for e in x)
     return x
+
+
+def tensor_to_ndarray(x):
+    """`wrap_numpy`'s view of an argument: a Tensor as a NumPy array (under compile the same values,
+    gradients kept; eagerly `x.numpy(force=True)`), anything else unchanged."""
+    return x.numpy(force=True) if isinstance(x, Tensor) else x
+
+
+def ndarray_to_tensor(x):
+    """`wrap_numpy`'s view of a result: a NumPy array as the Tensor holding it, anything else unchanged."""
+    return F.from_numpy(x) if isinstance(x, np.ndarray) else x
+
+
+def wrap_numpy(fn):
+    """PyTorch's `torch.compiler.wrap_numpy`: `fn` from NumPy arrays to NumPy arrays as a function from
+    Tensors to Tensors. Meant for `flambeau.compile(fullgraph=True)`, where the NumPy code is traced
+    as flambeau ops: it then runs on the tensors' device and gradients flow through it."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        args = _tree_map(tensor_to_ndarray, args)
+        kwargs = {k: _tree_map(tensor_to_ndarray, v) for k, v in kwargs.items()}
+        return _tree_map(ndarray_to_tensor, fn(*args, **kwargs))
+    return wrapped
+
+
+def _tree_map(fn, x):
+    if isinstance(x, (tuple, list)):
+        return type(x)(_tree_map(fn, e) for e in x)
+    if isinstance(x, dict):
+        return {k: _tree_map(fn, v) for k, v in x.items()}
+    return fn(x)
 
 
 def from_numpy(a: np.ndarray) -> Tensor:

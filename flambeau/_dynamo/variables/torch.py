@@ -33,7 +33,7 @@ from ..._functorch import eager_transforms, vmap as _vmap
 from ..utils import is_disabled
 from ...amp import autocast_mode
 from ...amp.autocast_mode import autocast
-from .tensor import TensorVariable
+from .tensor import TensorVariable, NumpyNdarrayVariable, as_tensor_vt, np_wrappers
 from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
 from ..._ops._registry import Op
 from ...fx._aten import CustomOpPacket, _Ops, _Namespace, _CustomNamespace
@@ -97,7 +97,9 @@ SPECIAL_FUNCTIONS = {
     "set_grad_enabled": grad_mode.set_grad_enabled, "no_grad": grad_mode.no_grad,
     "enable_grad": grad_mode.enable_grad, "inference_mode": grad_mode.inference_mode,
     "get_default_dtype": _api.get_default_dtype, "get_default_device": _api.get_default_device,
-    "is_autocast_enabled": autocast_mode.is_autocast_enabled, "is_tensor": _tensor.is_tensor}
+    "is_autocast_enabled": autocast_mode.is_autocast_enabled, "is_tensor": _tensor.is_tensor,
+    "tensor_to_ndarray": np_wrappers.tensor_to_ndarray,
+    "ndarray_to_tensor": np_wrappers.ndarray_to_tensor}
 _SPECIAL = set(SPECIAL_FUNCTIONS)
 
 
@@ -110,7 +112,7 @@ class TorchFunctionVariable(ValueVariable):
         return f"TorchFunctionVariable({self.name})"
 
     def call_function(self, tx, args, kwargs):
-        args = [kinds.tensor.as_tensor_vt(a) for a in args]        # flambeau.tensor(ndarray), as_tensor(...)
+        args = [as_tensor_vt(a) for a in args]        # flambeau.tensor(ndarray), as_tensor(...)
         return tx.output.call_in_graph(tx, "call_function", self.value, args, kwargs)
 
     def reconstruct(self, cg):
@@ -258,12 +260,16 @@ class TorchSpecialVariable(VariableTracker):
     def call_function(self, tx, args, kwargs):
         k = self.kind
         if k == "break" and getattr(self.value, "__name__", None) in _FROM_NUMPY and len(args) == 1 and \
-                isinstance(args[0], kinds.tensor.NumpyNdarrayVariable):
+                isinstance(args[0], NumpyNdarrayVariable):
             return args[0].tensor          # from_numpy(a) / asarray(a) of a traced array: the tensor holding it
         if k == "break":
             raise Unsupported(f"call to flambeau.{getattr(self.value, '__name__', '?')} (global effects)")
         if k == "is_compiling":
             return const(True)
+        if k == "tensor_to_ndarray":           # wrap_numpy: the tensor seen as an array, gradients kept
+            return NumpyNdarrayVariable(args[0]) if isinstance(args[0], TensorVariable) else args[0]
+        if k == "ndarray_to_tensor":
+            return as_tensor_vt(args[0])
         if k == "is_grad_enabled":
             return const(tx.output.grad_enabled)
         if k == "get_default_dtype":
