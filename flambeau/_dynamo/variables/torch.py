@@ -82,7 +82,7 @@ def special_function(v):
     """The handler name for flambeau functions modelled at trace time, else None."""
     if v is is_compiling:                  # also flambeau.compiler.is_compiling
         return "is_compiling"
-    for name, fn in SPECIAL_FUNCTIONS.items():
+    for name, fn in (*SPECIAL_FUNCTIONS.items(), *NUMPY_VIEWS.items()):
         if fn is v:
             return name
     if getattr(v, "__name__", None) in _BREAKING and getattr(v, "__module__", "").startswith("flambeau"):
@@ -97,9 +97,9 @@ SPECIAL_FUNCTIONS = {
     "set_grad_enabled": grad_mode.set_grad_enabled, "no_grad": grad_mode.no_grad,
     "enable_grad": grad_mode.enable_grad, "inference_mode": grad_mode.inference_mode,
     "get_default_dtype": _api.get_default_dtype, "get_default_device": _api.get_default_device,
-    "is_autocast_enabled": autocast_mode.is_autocast_enabled, "is_tensor": _tensor.is_tensor,
-    "tensor_to_ndarray": np_wrappers.tensor_to_ndarray,
-    "ndarray_to_tensor": np_wrappers.ndarray_to_tensor}
+    "is_autocast_enabled": autocast_mode.is_autocast_enabled, "is_tensor": _tensor.is_tensor}
+# wrap_numpy's conversions (flambeau._numpy._wrappers), modelled by name like the functions above
+NUMPY_VIEWS = {"tensor_to_ndarray": np_wrappers.tensor_to_ndarray, "ndarray_to_tensor": np_wrappers.ndarray_to_tensor}
 _SPECIAL = set(SPECIAL_FUNCTIONS)
 
 
