@@ -15,7 +15,8 @@ from .version import __version__  # noqa: F401
 
 from ._dtype import (dtype, bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32,  # noqa: F401,A004
                      float64, complex64, complex128, uint16, uint32, uint64, float8_e4m3fn, float8_e5m2,
-                     promote_types)
+                     promote_types, quint8, qint8, qint32, qscheme, per_tensor_affine, per_channel_affine,
+                     per_tensor_symmetric, per_channel_symmetric, per_channel_affine_float_qparams)
 from ._dtype import float32 as float, float64 as double, float16 as half, int16 as short  # noqa: A001,F401
 from ._dtype import int32 as int, int64 as long, complex64 as cfloat, complex128 as cdouble  # noqa: A001,F401
 from ._device import device  # noqa: F401

@@ -85,7 +85,41 @@ BY_NAME = {d.name: d for d in ALL}
 ALIASES = {"half": float16, "float": float32, "double": float64, "short": int16, "int": int32,
            "long": int64, "cfloat": complex64, "cdouble": complex128, "chalf": None}
 FROM_NP = {d.np: d for d in ALL}
+# quantized dtypes: the integer storage of a quantized tensor (its scale and zero point live on the
+# tensor, `flambeau._quantized`); outside ALL, so no promotion or NumPy-dtype lookup ever yields one
+quint8 = dtype("quint8", np.uint8, INTEGER, False)
+qint8 = dtype("qint8", np.int8, INTEGER, True)
+qint32 = dtype("qint32", np.int32, INTEGER, True)
+QUANTIZED = (quint8, qint8, qint32)
+BY_NAME.update((d.name, d) for d in QUANTIZED)
 LOW_PRECISION = (float16, bfloat16, float8_e4m3fn, float8_e5m2)
+
+
+class qscheme:
+    """`torch.qscheme`: how a quantized tensor maps integers to reals (one scale, or one per channel)."""
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return "torch." + self.name
+
+    def __reduce__(self):
+        return (_qscheme_by_name, (self.name,))
+
+
+def _qscheme_by_name(name: str) -> qscheme:
+    return QSCHEMES[name]
+
+
+per_tensor_affine = qscheme("per_tensor_affine")
+per_channel_affine = qscheme("per_channel_affine")
+per_tensor_symmetric = qscheme("per_tensor_symmetric")
+per_channel_symmetric = qscheme("per_channel_symmetric")
+per_channel_affine_float_qparams = qscheme("per_channel_affine_float_qparams")
+QSCHEMES = {q.name: q for q in (per_tensor_affine, per_channel_affine, per_tensor_symmetric,
+                                per_channel_symmetric, per_channel_affine_float_qparams)}
 
 
 def from_numpy_dtype(npd) -> dtype:

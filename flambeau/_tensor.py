@@ -73,6 +73,8 @@ class Tensor:
     _output_nr = 0
     _hooks = None
     _fw_grad = None
+    # a quantized tensor's map from its integers to reals (flambeau._ops.quantized_tensor), else None
+    _quantizer = None
 
     @staticmethod
     def _make(data, device: Device, dtype=None) -> "Tensor":
@@ -183,7 +185,7 @@ class Tensor:
 
     @property
     def is_quantized(self) -> bool:
-        return False
+        return self._quantizer is not None
 
     @property
     def layout(self):
@@ -396,6 +398,8 @@ class Tensor:
         return self._data.__dlpack_device__()
 
     def __repr__(self, *, tensor_contents=None):
+        if self._quantizer is not None:
+            return self._quantizer.repr_of(self)
         return tensor_repr(self)
 
     def __format__(self, spec):

@@ -26,7 +26,7 @@ from ..utils._python_dispatch import TorchDispatchMode
 from .core import core_ops, is_core  # noqa: F401
 from ._table import register_decomposition  # noqa: F401
 from . import decompositions_pointwise, decompositions_nn, decompositions_reduction  # noqa: F401
-from . import decompositions_shape, decompositions_loss  # noqa: F401
+from . import decompositions_shape, decompositions_loss, decompositions_quant  # noqa: F401
 
 
 def _op(x) -> Op:

@@ -63,6 +63,7 @@ LINALG: dict = {}        # flambeau.linalg.<name> -> callable
 SPECIAL: dict = {}       # flambeau.special.<name> -> callable
 FFT: dict = {}           # flambeau.fft.<name> -> callable
 _NAMESPACES = {"nn.functional": NN_FUNCTIONAL, "linalg": LINALG, "special": SPECIAL, "fft": FFT}
+OP_LIBRARIES: set = set()  # libraries other than aten with operators in OPS ("quantized_decomposed")
 _fx_hook = None          # installed by flambeau.fx (set_fx_hook) while symbolic_trace runs
 
 
@@ -114,11 +115,17 @@ class Op:
 
     def __init__(self, schema: str, kernel=None, *, meta=None, derivative=None, decomposition=None,
                  functional=None, tags=(), out_device=None, pointwise: PointwiseSpelling | None = None,
-                 no_decomposition: str | None = None, eager_fallback: str | None = None):
+                 no_decomposition: str | None = None, eager_fallback: str | None = None,
+                 op_namespace: str | None = None):
         self._schema = _schema.parse(schema)
         s = self._schema
         self.__name__ = s.name
         self.name = s.name if not s.overload else f"{s.name}.{s.overload}"
+        if op_namespace is not None:
+            # an operator of another library declared with the aten ones (`quantized_decomposed`):
+            # registered as "<library>::<name>", reached as `flambeau.ops.<library>.<name>`
+            self.namespace = op_namespace
+            self.name = f"{op_namespace}::{self.name}"
         self.kernel = kernel
         self.meta = meta
         self.decomposition = decomposition
@@ -202,6 +209,8 @@ class Op:
         return _dispatch.dispatch(self, args, kwargs)
 
     def __repr__(self):
+        if self.namespace != "aten" and "::" in self.name:
+            return self.name.replace("::", ".")
         return f"aten.{self.name}"
 
     @property
@@ -236,6 +245,8 @@ def register(op: Op, *, method=False, function=True) -> Op:
     if op.name in OPS:
         raise RuntimeError(f"operator {op.name} registered twice")
     OPS[op.name] = op
+    if "::" in op.name:
+        OP_LIBRARIES.add(op.namespace)
     _link_overloads(op)
     if function:
         EXPORTS[function if isinstance(function, str) else op._schema.name] = op
@@ -249,7 +260,7 @@ def _link_overloads(op: Op) -> None:
     (`aten.max.dim` where `aten.max` is the overload 'max'; `aten.add.Tensor` is 'add.Tensor' itself).
     Set as plain attributes at registration, never shadowing one the Op has: a `__getattr__` on
     `Op` would make every attribute read of the dispatcher's hot path take the slow generic route."""
-    ops, overloads = _OVERLOADS.setdefault(op.__name__, ([], {}))
+    ops, overloads = _OVERLOADS.setdefault(op.name.partition(".")[0], ([], {}))
     ops.append(op)
     if op._schema.overload:
         overloads[op._schema.overload] = op

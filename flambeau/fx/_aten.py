@@ -6,7 +6,7 @@ use these Ops as call_function targets and print them under this path.
 """
 from __future__ import annotations
 
-from .._ops._registry import OPS, Op
+from .._ops._registry import OPS, OP_LIBRARIES, Op
 from .._tensor import Tensor
 
 
@@ -18,8 +18,9 @@ class OpOverloadPacket:
     """All overloads of one operator name; calling it picks the overload whose binder accepts the
     arguments and whose Tensor-typed slots hold tensors."""
 
-    def __init__(self, name: str):
-        self._name = name
+    def __init__(self, name: str, library: str = "aten"):
+        self._name = name          # the key prefix in OPS: 'add', or 'quantized_decomposed::quantize_per_tensor'
+        self._library = library
         self._ovs = None
 
     @property
@@ -41,7 +42,7 @@ class OpOverloadPacket:
             raise AttributeError(ov)
         op = OPS.get(self._name if ov == "default" else f"{self._name}.{ov}")
         if op is None:
-            raise AttributeError(f"The underlying op of 'aten.{self._name}' has no overload name '{ov}'")
+            raise AttributeError(f"The underlying op of '{self}' has no overload name '{ov}'")
         return op
 
     def __call__(self, *args, **kwargs):
@@ -56,15 +57,19 @@ class OpOverloadPacket:
             if all(isinstance(bound[i], Tensor) == op._schema.args[i].is_tensor
                    for i in op.tensor_args if bound[i] is not None and not op._schema.args[i].is_tensor_list):
                 return op(*args, **kwargs)
-        raise TypeError(f"aten.{self._name}: no overload accepts these arguments")
+        raise TypeError(f"{self}: no overload accepts these arguments")
 
     def __repr__(self):
-        return f"aten.{self._name}"
+        return f"{self._library}.{self._name.rpartition('::')[2]}"
 
 
 class _Namespace:
+    """`flambeau.ops.aten`, or the namespace of another library whose operators are declared in
+    `flambeau._ops` (registered as "<library>::<name>")."""
+
     def __init__(self, name: str):
         self._ns = name
+        self._prefix = "" if name == "aten" else name + "::"
         self._cache: dict = {}
 
     def __getattr__(self, name: str):
@@ -72,9 +77,10 @@ class _Namespace:
             raise AttributeError(name)
         p = self._cache.get(name)
         if p is None:
-            if name not in OPS and not any(k.startswith(name + ".") for k in OPS):
+            key = self._prefix + name
+            if key not in OPS and not any(k.startswith(key + ".") for k in OPS):
                 raise AttributeError(f"'_OpNamespace' '{self._ns}' object has no attribute '{name}'")
-            p = self._cache[name] = OpOverloadPacket(name)
+            p = self._cache[name] = OpOverloadPacket(key, self._ns)
         return p
 
 
@@ -137,7 +143,7 @@ class _Ops:
             raise AttributeError(ns)
         n = self._custom.get(ns)
         if n is None:
-            n = self._custom[ns] = _CustomNamespace(ns)
+            n = self._custom[ns] = _Namespace(ns) if ns in OP_LIBRARIES else _CustomNamespace(ns)
         return n
 
 

@@ -72,7 +72,8 @@ class OpInfo:
     tol: dict = field(default_factory=dict)          # dtype -> (rtol, atol)
     errors: Callable[[], list] | None = None         # -> [ErrorSample]
     check_strides: bool = False
-    skip: dict = field(default_factory=dict)         # test kind ('forward','grad','gradcheck','meta','cuda') -> reason
+    skip: dict = field(default_factory=dict)         # test kind ('forward','grad','gradcheck','meta','cuda',
+                                                     # 'decomposition_grad') -> reason
     fallbacks: dict = field(default_factory=dict)    # op expected to run eagerly inside compiled graphs -> reason
     dynamic_fallbacks: dict = field(default_factory=dict)   # the same, only when compiled with dynamic=True
 
@@ -85,7 +86,7 @@ class OpInfo:
         return obj
 
 
-FAMILIES = ["pointwise", "reduction", "shape_index", "linalg_creation", "nn_ops", "norm_loss_act", "misc"]
+FAMILIES = ["pointwise", "reduction", "shape_index", "linalg_creation", "nn_ops", "norm_loss_act", "misc", "quant"]
 
 
 def all_opinfos() -> list:

@@ -25,6 +25,7 @@ from .objects import ClassVariable, PythonModuleVariable, ObjectVariable
 from .torch import (torch_functions, TorchFunctionVariable, special_function, TorchSpecialVariable, GradModeExit,
                     GradModeExitVariable, AutocastVariable, OpNamespaceVariable, operator_target, is_op_namespace,
                     FUNC_TRANSFORMS, FuncTransformVariable)
+from ...fx._aten import OpOverloadPacket
 from ...amp.autocast_mode import autocast
 from .tensor import NumpyVariable, NumpyNdarrayVariable, numpy_function_name, np_wrappers
 from ..guards import Source
@@ -69,6 +70,8 @@ def _callable_without_source(v):
     target = operator_target(v)
     if target is not None:
         return TorchFunctionVariable(target, repr(target))
+    if isinstance(v, OpOverloadPacket):
+        return TorchFunctionVariable(v, repr(v))       # the overload is picked per call
     kind = special_function(v) if callable(v) else None
     if kind is not None:
         return TorchSpecialVariable(v, kind)
@@ -183,7 +186,8 @@ def _build(tx, value, source) -> VariableTracker:
         g.add(source, f"{{S}}.prev is {value.prev}", f"{source.name()}.prev")
         return GradModeExitVariable(value.prev, source)
     try:
-        vt = _callable_without_source(value) if (callable(value) and not isinstance(value, type)) else None
+        vt = _callable_without_source(value) if ((callable(value) or is_op_namespace(value))
+                                                 and not isinstance(value, type)) else None
     except Unsupported:
         vt = None
     if isinstance(value, types.FunctionType) and vt is not None:

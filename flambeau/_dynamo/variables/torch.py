@@ -36,7 +36,7 @@ from ...amp.autocast_mode import autocast
 from .tensor import TensorVariable, NumpyNdarrayVariable, as_tensor_vt, np_wrappers
 from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
 from ..._ops._registry import Op
-from ...fx._aten import CustomOpPacket, _Ops, _Namespace, _CustomNamespace
+from ...fx._aten import CustomOpPacket, OpOverloadPacket, _Ops, _Namespace, _CustomNamespace
 from ...library import CustomOpDef
 
 _BREAKING = {"manual_seed", "seed", "initial_seed", "save", "load", "set_default_dtype", "set_default_device",
@@ -111,12 +111,35 @@ class TorchFunctionVariable(ValueVariable):
     def __repr__(self):
         return f"TorchFunctionVariable({self.name})"
 
+    def var_getattr(self, tx, name):
+        if isinstance(self.value, (OpOverloadPacket, Op)):   # `packet.default`, `op.tensor`: an Op
+            return kinds.builder.build(tx, getattr(self.value, name), None)
+        return super().var_getattr(tx, name)
+
     def call_function(self, tx, args, kwargs):
         args = [as_tensor_vt(a) for a in args]        # flambeau.tensor(ndarray), as_tensor(...)
-        return tx.output.call_in_graph(tx, "call_function", self.value, args, kwargs)
+        fn = self.value
+        if isinstance(fn, OpOverloadPacket):
+            fn = overload_for(fn, args, kwargs)
+        return tx.output.call_in_graph(tx, "call_function", fn, args, kwargs)
 
     def reconstruct(self, cg):
         return cg.const(self.value)
+
+
+def overload_for(packet: OpOverloadPacket, args, kwargs) -> Op:
+    """The overload a call of `packet` with these traced arguments reaches: the first whose schema
+    binds them with tensors exactly in its Tensor-typed slots (the packet's own rule, at trace time)."""
+    for op in packet._overloads.values():
+        try:
+            bound = op.bind(*args, **kwargs)
+        except TypeError:
+            continue
+        if all(isinstance(bound[i], TensorVariable) == op._schema.args[i].is_tensor
+               for i in op.tensor_args if not op._schema.args[i].is_tensor_list
+               and not (bound[i] is None or getattr(bound[i], "value", 0) is None)):
+            return op
+    raise Unsupported(f"{packet!r}: no overload accepts these arguments")
 
 
 class OpNamespaceVariable(VariableTracker):
@@ -152,6 +175,8 @@ def operator_target(v):
         return v
     if isinstance(v, CustomOpPacket):
         return v.default
+    if isinstance(v, OpOverloadPacket) and len(v._overloads) == 1:
+        return next(iter(v._overloads.values()))
     if isinstance(v, CustomOpDef):
         return v._opoverload
     return None

@@ -1,0 +1,126 @@
+"""Op-database entries of the quantization ops: fake quantization (straight-through gradients) and
+the `quantized_decomposed` library, compared with `torch.ops.quantized_decomposed`."""
+from __future__ import annotations
+
+import importlib
+
+from tests.opdb import OpInfo, S, T
+
+QD = "quantized_decomposed::"
+importlib.import_module("torch.ao.quantization.fx._decomposed")    # registers torch.ops.quantized_decomposed
+# the straight-through gradient is the op's derivative; its decomposition (the inference path) rounds,
+# whose derivative is zero (compiled training keeps the op's derivative: test_quantization.py)
+STE = {"decomposition_grad": "straight-through gradient: the op's derivative, not its decomposition's"}
+
+
+def _qd(m):
+    return m.ops.quantized_decomposed
+
+
+def _fq_samples(dtype):
+    return [S(T((4, 5)), 0.1, 3, 0, 255), S(T((3, 4), low=-2, high=2), 0.05, -3, -10, 10),
+            S(T((2, 3, 4), noncontig=True), 0.37, 0, -128, 127), S(T((0, 3)), 0.1, 0, 0, 255)]
+
+
+def _fq_qparams_samples(dtype):
+    return [S(T((4, 5)), T((1,), dtype="float32", values=[0.1], requires_grad=False),
+              T((1,), dtype="int32", values=[3]), 0, 255),
+            S(T((3, 4), low=-2, high=2), T((), dtype="float32", values=0.05, requires_grad=False),
+              T((), dtype="int64", values=-3), -10, 10)]
+
+
+def _fq_channel_samples(dtype):
+    return [S(T((4, 5), low=-2, high=2), T((5,), dtype="float32", low=0.05, high=0.3, requires_grad=False),
+              T((5,), dtype="int32", low=-3, high=3), 1, -10, 10),
+            S(T((3, 2, 4)), T((3,), dtype="float32", low=0.01, high=0.1, requires_grad=False),
+              T((3,), dtype="int32", low=0, high=5), 0, 0, 255)]
+
+
+def _fq_channel_errors():
+    from tests.opdb import ErrorSample
+    return [ErrorSample(S(T((4, 5)), T((5,), dtype="float32", values=[0.1] * 5), T((5,), dtype="int64", values=[0] * 5),
+                          1, 0, 255), RuntimeError, "Zero-point must be Int32"),
+            ErrorSample(S(T((4, 5)), T((5,), dtype="float64", values=[0.1] * 5), T((5,), dtype="int32", values=[0] * 5),
+                          1, 0, 255), RuntimeError, "Scale must be Float"),
+            ErrorSample(S(T((4, 5)), T((4,), dtype="float32", values=[0.1] * 4), T((4,), dtype="int32", values=[0] * 4),
+                          1, 0, 255), RuntimeError)]
+
+
+def _fq_errors():
+    from tests.opdb import ErrorSample
+    return [ErrorSample(S(T((3,)), 0.1, 300, 0, 255), RuntimeError, "zero_point"),
+            ErrorSample(S(T((3,)), 0.1, 0, 10, 5), RuntimeError, "quant_min")]
+
+
+def _q_samples(dtype):
+    return [S(T((4, 5), low=-4, high=4), 0.037, 7, 0, 255, "uint8"),
+            S(T((3, 6), low=-4, high=4, noncontig=True), 0.05, -3, -128, 127, "int8"),
+            S(T((3, 6), low=-40, high=40), 0.5, 0, -20, 20, "int8")]
+
+
+def _q_tensor_samples(dtype):
+    return [S(T((4, 5), low=-4, high=4), T((1,), dtype="float64", values=[0.037]), T((1,), dtype="int64", values=[7]),
+              0, 255, "uint8")]
+
+
+def _dq_samples(dtype):
+    return [S(T((4, 5), dtype="uint8", low=0, high=255), 0.037, 7, 0, 255, "uint8"),
+            S(T((3, 6), dtype="int8", low=-128, high=127, noncontig=True), 0.05, -3, -128, 127, "int8")]
+
+
+def _dq_tensor_samples(dtype):
+    return [S(T((4, 5), dtype="uint8", low=0, high=255), T((), dtype="float64", values=0.037),
+              T((), dtype="int64", values=7), 0, 255, "uint8")]
+
+
+def _qc_samples(dtype):
+    return [S(T((4, 5), low=-4, high=4), T((5,), dtype="float64", low=0.01, high=0.1),
+              T((5,), dtype="int64", low=-3, high=3), 1, -128, 127, "int8"),
+            S(T((3, 2, 4), low=-4, high=4), T((3,), dtype="float32", low=0.01, high=0.1),
+              T((3,), dtype="int64", low=0, high=9), 0, 0, 255, "uint8")]
+
+
+def _dqc_samples(dtype):
+    return [S(T((4, 5), dtype="int8", low=-128, high=127), T((5,), dtype="float64", low=0.01, high=0.1),
+              T((5,), dtype="int64", low=-3, high=3), 1, -128, 127, "int8"),
+            S(T((3, 2, 4), dtype="uint8", low=0, high=255), T((3,), dtype="float32", low=0.01, high=0.1),
+              None, 0, 0, 255, "uint8")]
+
+
+def _choose_samples(dtype):
+    return [S(T((4, 5), low=-3, high=2), 0, 255, 1e-5, "uint8"), S(T((7,), low=0.5, high=2), -128, 127,
+                                                                    2 ** -12, "int8")]
+
+
+OPS = [
+    OpInfo("fake_quantize_per_tensor_affine", _fq_samples, ops=("fake_quantize_per_tensor_affine",),
+           gradcheck=False, errors=_fq_errors, skip=STE),
+    OpInfo("fake_quantize_per_tensor_affine.tensor_qparams", _fq_qparams_samples,
+           fn="fake_quantize_per_tensor_affine", ops=("fake_quantize_per_tensor_affine.tensor_qparams",),
+           gradcheck=False, skip=STE),
+    OpInfo("fake_quantize_per_channel_affine", _fq_channel_samples, ops=("fake_quantize_per_channel_affine",),
+           gradcheck=False, errors=_fq_channel_errors, skip=STE),
+    OpInfo("quantized_decomposed.quantize_per_tensor", _q_samples, dtypes=("float32",), grad=False,
+           call=lambda m, x, s, z, lo, hi, dt: _qd(m).quantize_per_tensor.default(x, s, z, lo, hi, getattr(m, dt)),
+           ops=(QD + "quantize_per_tensor",)),
+    OpInfo("quantized_decomposed.quantize_per_tensor.tensor", _q_tensor_samples, dtypes=("float32",), grad=False,
+           call=lambda m, x, s, z, lo, hi, dt: _qd(m).quantize_per_tensor.tensor(x, s, z, lo, hi, getattr(m, dt)),
+           ops=(QD + "quantize_per_tensor.tensor",)),
+    OpInfo("quantized_decomposed.dequantize_per_tensor", _dq_samples, dtypes=("float32",), grad=False,
+           call=lambda m, x, s, z, lo, hi, dt: _qd(m).dequantize_per_tensor.default(x, s, z, lo, hi, getattr(m, dt)),
+           ops=(QD + "dequantize_per_tensor",)),
+    OpInfo("quantized_decomposed.dequantize_per_tensor.tensor", _dq_tensor_samples, dtypes=("float32",), grad=False,
+           call=lambda m, x, s, z, lo, hi, dt: _qd(m).dequantize_per_tensor.tensor(x, s, z, lo, hi, getattr(m, dt)),
+           ops=(QD + "dequantize_per_tensor.tensor",)),
+    OpInfo("quantized_decomposed.quantize_per_channel", _qc_samples, dtypes=("float32",), grad=False,
+           call=lambda m, x, s, z, a, lo, hi, dt: _qd(m).quantize_per_channel.default(x, s, z, a, lo, hi,
+                                                                                      getattr(m, dt)),
+           ops=(QD + "quantize_per_channel",)),
+    OpInfo("quantized_decomposed.dequantize_per_channel", _dqc_samples, dtypes=("float32",), grad=False,
+           call=lambda m, x, s, z, a, lo, hi, dt: _qd(m).dequantize_per_channel.default(x, s, z, a, lo, hi,
+                                                                                        getattr(m, dt)),
+           ops=(QD + "dequantize_per_channel",)),
+    OpInfo("quantized_decomposed.choose_qparams.tensor", _choose_samples, dtypes=("float32",), grad=False,
+           call=lambda m, x, lo, hi, eps, dt: _qd(m).choose_qparams.tensor(x, lo, hi, eps, getattr(m, dt)),
+           ops=(QD + "choose_qparams.tensor",)),
+]
