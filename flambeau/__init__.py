@@ -63,3 +63,4 @@ from . import _decomp  # noqa: E402,F401  (sets op.decomposition: the compiler a
 from . import compiler  # noqa: E402,F401
 from . import func  # noqa: E402,F401
 from .compiler import compile  # noqa: E402,F401
+from . import ao  # noqa: E402,F401

@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("inductor", ("flambeau._inductor",)),
     ("dynamo", ("flambeau._dynamo",)),
     ("compiler", ("flambeau.compiler",)),
+    ("quantization", ("flambeau.ao",)),     # observers, dynamic modules, the PT2E flow (traces with make_fx)
     ("entry", ("flambeau", "flambeau.compat", "flambeau.run", "flambeau.demo",
                "flambeau.distributed.run", "flambeau.distributed._worker")),   # the launcher runs flambeau.run
 ]

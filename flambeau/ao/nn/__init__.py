@@ -1,0 +1,1 @@
+"""`flambeau.ao.nn`: quantized module families (`quantized.dynamic`)."""

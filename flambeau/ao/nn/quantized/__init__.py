@@ -1,0 +1,1 @@
+"""`flambeau.ao.nn.quantized`: quantized modules; dynamic quantization in `dynamic`."""

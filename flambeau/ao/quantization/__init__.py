@@ -1,0 +1,10 @@
+"""`flambeau.ao.quantization` (PyTorch's `torch.ao.quantization`): observers, fake quantization,
+eager dynamic quantization (`quantize_dynamic`), and the PT2E flow in `quantize_pt2e` with its
+quantizers in `quantizer`."""
+from .observer import (ObserverBase, MinMaxObserver, MovingAverageMinMaxObserver,  # noqa: F401
+                       PerChannelMinMaxObserver, MovingAveragePerChannelMinMaxObserver, HistogramObserver,
+                       PlaceholderObserver, default_observer, default_weight_observer,
+                       default_per_channel_weight_observer, default_dynamic_quant_observer,
+                       default_histogram_observer)
+from .qconfig import QConfig, default_dynamic_qconfig, per_channel_dynamic_qconfig  # noqa: F401
+from .quantize import quantize_dynamic  # noqa: F401

@@ -1,0 +1,123 @@
+"""Observers and eager dynamic quantization vs PyTorch: the same statistics, scales and zero points
+on the same data; `quantize_dynamic` models' weights and outputs."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+
+warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+
+
+def _batches(shape=(8, 16), seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(shape) * s + o).astype(np.float32)
+            for s, o in [(1, 0), (2, 0.5), (0.5, -1), (3, 0), (0.1, 4)]]
+
+
+OBSERVERS = [
+    ("MinMaxObserver", {}),
+    ("MinMaxObserver", {"dtype": "qint8", "qscheme": "per_tensor_symmetric"}),
+    ("MinMaxObserver", {"dtype": "quint8", "qscheme": "per_tensor_symmetric"}),
+    ("MinMaxObserver", {"quant_min": 0, "quant_max": 127}),
+    ("MinMaxObserver", {"dtype": "qint8", "reduce_range": True}),
+    ("MovingAverageMinMaxObserver", {"averaging_constant": 0.1}),
+    ("PerChannelMinMaxObserver", {"ch_axis": 1, "dtype": "qint8", "qscheme": "per_channel_symmetric"}),
+    ("PerChannelMinMaxObserver", {"ch_axis": 0}),
+    ("PerChannelMinMaxObserver", {"ch_axis": 1, "qscheme": "per_channel_affine_float_qparams"}),
+    ("MovingAveragePerChannelMinMaxObserver", {"ch_axis": 1, "averaging_constant": 0.2}),
+    ("HistogramObserver", {}),
+    ("HistogramObserver", {"dtype": "qint8", "qscheme": "per_tensor_symmetric", "bins": 256}),
+    ("HistogramObserver", {"quant_min": 0, "quant_max": 127, "eps": 2 ** -12}),
+]
+
+
+def _make(module, name, kwargs):
+    kw = {k: getattr(module, v) if isinstance(v, str) else v for k, v in kwargs.items()}
+    return getattr(module.ao.quantization, name)(**kw)
+
+
+@pytest.mark.parametrize("name,kwargs", OBSERVERS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(OBSERVERS)])
+def test_observer_statistics_and_qparams_match_pytorch(name, kwargs):
+    ours, ref = _make(flambeau, name, kwargs), _make(torch, name, kwargs)
+    for x in _batches():
+        out = ours(flambeau.tensor(x))
+        ref(torch.tensor(x))
+        np.testing.assert_array_equal(out.numpy(), x)               # observers pass their input on
+    for buf in ("min_val", "max_val", "histogram"):
+        if hasattr(ref, buf):
+            np.testing.assert_array_equal(getattr(ours, buf).numpy(), getattr(ref, buf).numpy(), err_msg=buf)
+    s, z = ours.calculate_qparams()
+    rs, rz = ref.calculate_qparams()
+    assert str(s.dtype) == str(rs.dtype) and str(z.dtype) == str(rz.dtype)
+    np.testing.assert_array_equal(s.numpy(), rs.numpy())
+    np.testing.assert_array_equal(z.numpy(), rz.numpy())
+
+
+def test_histogram_observer_growing_range_and_infinities():
+    """New data beyond the range re-bins the old histogram (upsampled) as PyTorch's does."""
+    ours, ref = flambeau.ao.quantization.HistogramObserver(bins=64), torch.ao.quantization.HistogramObserver(bins=64)
+    rng = np.random.default_rng(7)
+    for scale in (0.5, 1.0, 4.0, 2.0, 16.0):
+        x = (rng.standard_normal(500) * scale).astype(np.float32)
+        ours(flambeau.tensor(x))
+        ref(torch.tensor(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours(flambeau.tensor([1.0, float("inf")]))
+        ref(torch.tensor([1.0, float("inf")]))
+    np.testing.assert_array_equal(ours.histogram.numpy(), ref.histogram.numpy())
+    for a, b in zip(ours.calculate_qparams(), ref.calculate_qparams()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_observer_errors_and_defaults():
+    with pytest.raises(NotImplementedError):
+        flambeau.ao.quantization.MinMaxObserver(qscheme=flambeau.per_channel_affine)
+    with pytest.raises(NotImplementedError):
+        flambeau.ao.quantization.PerChannelMinMaxObserver(qscheme=flambeau.per_tensor_affine)
+    with pytest.warns(UserWarning, match="must run observer"):
+        s, z = flambeau.ao.quantization.MinMaxObserver().calculate_qparams()
+    assert s.tolist() == [1.0] and z.tolist() == [0]
+
+
+def _mlp(m, seed=0):
+    m.manual_seed(seed)
+    return m.nn.Sequential(m.nn.Linear(32, 64), m.nn.ReLU(), m.nn.Linear(64, 64), m.nn.Sequential(
+        m.nn.ReLU(), m.nn.Linear(64, 10, bias=False)))
+
+
+def _pair():
+    ref = _mlp(torch)
+    ours = _mlp(flambeau)
+    ours.load_state_dict({k: flambeau.tensor(v.detach().numpy()) for k, v in ref.state_dict().items()})
+    return ours, ref
+
+
+@pytest.mark.parametrize("scale", [2.0, 1e-3, 100.0])
+def test_quantize_dynamic_linear_matches_pytorch(scale):
+    ours, ref = _pair()
+    qo = flambeau.ao.quantization.quantize_dynamic(ours, {flambeau.nn.Linear}, dtype=flambeau.qint8)
+    qr = torch.ao.quantization.quantize_dynamic(ref, {torch.nn.Linear}, dtype=torch.qint8)
+    assert isinstance(ours[0], flambeau.nn.Linear)                     # not in place: the float model is kept
+    for a, b in ((qo[0], qr[0]), (qo[2], qr[2]), (qo[3][1], qr[3][1])):
+        assert type(a).__name__ == "Linear" and a.weight().is_quantized
+        np.testing.assert_array_equal(a.weight().int_repr().numpy(), b.weight().int_repr().numpy())
+        assert a.weight().q_scale() == b.weight().q_scale()
+    x = (np.random.default_rng(3).standard_normal((16, 32)) * scale).astype(np.float32)
+    got, want = qo(flambeau.tensor(x)).numpy(), qr(torch.tensor(x)).detach().numpy()
+    # PyTorch's own tolerance for dynamic linear is a quantization step; we match its arithmetic
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * max(1.0, float(np.abs(want).max())))
+    assert np.abs(got - qo.__class__.__call__(ours, flambeau.tensor(x)).detach().numpy()).max() > 0
+
+
+def test_quantize_dynamic_by_name_and_3d_input():
+    ours, ref = _pair()
+    qo = flambeau.ao.quantization.quantize_dynamic(ours, {"2"})
+    qr = torch.ao.quantization.quantize_dynamic(ref, {"2"})
+    assert isinstance(qo[0], flambeau.nn.Linear) and not isinstance(qo[2], flambeau.nn.Linear)
+    x = np.random.default_rng(4).standard_normal((3, 5, 32)).astype(np.float32)
+    np.testing.assert_allclose(qo(flambeau.tensor(x)).detach().numpy(), qr(torch.tensor(x)).detach().numpy(),
+                               rtol=0, atol=1e-6)
