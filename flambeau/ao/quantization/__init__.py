@@ -8,3 +8,6 @@ from .observer import (ObserverBase, MinMaxObserver, MovingAverageMinMaxObserver
                        default_histogram_observer)
 from .qconfig import QConfig, default_dynamic_qconfig, per_channel_dynamic_qconfig  # noqa: F401
 from .quantize import quantize_dynamic  # noqa: F401
+from .fake_quantize import FakeQuantize, FusedMovingAvgObsFakeQuantize  # noqa: F401
+from . import quantize_pt2e, quantizer  # noqa: F401
+from .quantizer import x86_inductor_quantizer  # noqa: F401

@@ -1,0 +1,100 @@
+"""`X86InductorQuantizer` (PyTorch's `torch.ao.quantization.quantizer.x86_inductor_quantizer`):
+annotates convolutions and linears for x86 int8 inference: uint8 affine activations (histogram
+observer; placeholder when dynamic; fused moving-average fake quantization under QAT) and int8
+symmetric per-output-channel weights, the configuration of `get_default_x86_inductor_quantization_config`.
+
+Only the operators' inputs are annotated (as PyTorch does for a convolution or linear not followed
+by an int8-consuming op); fused conv/linear + relu/add output patterns and the int8-in-int8-out
+propagation through pooling are not (yet) annotated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .... import _dtype as D
+from ....fx._aten import ops
+from ....fx.graph_module import GraphModule
+from ..observer import (HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver, MovingAverageMinMaxObserver,
+                        MovingAveragePerChannelMinMaxObserver)
+from ..fake_quantize import FakeQuantize, FusedMovingAvgObsFakeQuantize
+from . import ANNOTATION_KEY, QuantizationAnnotation, QuantizationSpec, Quantizer
+
+X86_EPS = 2 ** -12       # the eps of PyTorch's x86 qconfig
+# the weighted operators the quantizer annotates: (op, position of the weight)
+_WEIGHTED = ((ops.aten.convolution.default, 1), (ops.aten.linear.default, 1))
+
+
+@dataclass(eq=True, frozen=True)
+class QuantizationConfig:
+    input_activation: QuantizationSpec | None
+    output_activation: QuantizationSpec | None
+    weight: QuantizationSpec | None
+    bias: QuantizationSpec | None
+    is_qat: bool = False
+
+
+def get_default_x86_inductor_quantization_config(is_qat: bool = False, is_dynamic: bool = False,
+                                                 reduce_range: bool = False) -> QuantizationConfig:
+    """PyTorch's x86 default: activations uint8 [0, 255] (127 with reduce_range) per tensor, weights
+    int8 [-128, 127] symmetric per output channel, eps 2**-12."""
+    extra = {"eps": X86_EPS}
+    if is_qat:
+        if is_dynamic:
+            act_ctr = FakeQuantize.with_args(observer=MovingAverageMinMaxObserver.with_args(averaging_constant=1),
+                                             **extra)
+        else:
+            act_ctr = FusedMovingAvgObsFakeQuantize.with_args(**extra)
+        weight_ctr = FusedMovingAvgObsFakeQuantize.with_args(observer=MovingAveragePerChannelMinMaxObserver, **extra)
+    else:
+        act_ctr = (PlaceholderObserver if is_dynamic else HistogramObserver).with_args(**extra)
+        weight_ctr = PerChannelMinMaxObserver.with_args(**extra)
+    act = QuantizationSpec(dtype=D.uint8, quant_min=0, quant_max=127 if reduce_range else 255,
+                           qscheme=D.per_tensor_affine, is_dynamic=is_dynamic, observer_or_fake_quant_ctr=act_ctr)
+    weight = QuantizationSpec(dtype=D.int8, quant_min=-128, quant_max=127, qscheme=D.per_channel_symmetric,
+                              ch_axis=0, is_dynamic=False, observer_or_fake_quant_ctr=weight_ctr)
+    return QuantizationConfig(act, act, weight, None, is_qat)
+
+
+class X86InductorQuantizer(Quantizer):
+    """Annotates every convolution and linear with the global configuration (`set_global`), or the
+    one given per module type (`set_module_type_qconfig`, matched by the node's `nn_module_stack`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.global_config: QuantizationConfig | None = None
+        self.module_type_config: dict = {}
+
+    def set_global(self, quantization_config: QuantizationConfig | None) -> "X86InductorQuantizer":
+        self.global_config = quantization_config
+        return self
+
+    def set_module_type_qconfig(self, module_type, quantization_config) -> "X86InductorQuantizer":
+        self.module_type_config[module_type] = quantization_config
+        return self
+
+    def _config_for(self, node) -> QuantizationConfig | None:
+        for _, (_, mtype) in reversed(list(node.meta.get("nn_module_stack", {}).items())):
+            if mtype in self.module_type_config:
+                return self.module_type_config[mtype]
+        return self.global_config
+
+    def annotate(self, model: GraphModule) -> GraphModule:
+        for node in model.graph.nodes:
+            if node.op != "call_function":
+                continue
+            for target, w_pos in _WEIGHTED:
+                if node.target is not target:
+                    continue
+                config = self._config_for(node)
+                if config is None or ANNOTATION_KEY in node.meta:
+                    continue
+                inputs = {}
+                if config.input_activation is not None:
+                    inputs[node.args[0]] = config.input_activation
+                if config.weight is not None and len(node.args) > w_pos:
+                    inputs[node.args[w_pos]] = config.weight
+                node.meta[ANNOTATION_KEY] = QuantizationAnnotation(input_qspec_map=inputs, _annotated=True)
+        return model
+
+    def validate(self, model: GraphModule) -> None:
+        return None
