@@ -132,8 +132,8 @@ def test_ops_without_a_batching_rule_are_counted():
     missing = sorted(op.name for op in functional if batched.rule_of(op) is None)
     with_rule = len(functional) - len(missing)
     print(f"{with_rule} of {len(functional)} functional ops have a batching rule; without: {', '.join(missing)}")
-    assert with_rule >= 261, with_rule
-    assert len(missing) <= 95, len(missing)
+    assert with_rule >= 270, with_rule
+    assert len(missing) <= 96, len(missing)     # 96: quantized_decomposed.choose_qparams.tensor (a whole-tensor reduction) decomposes
     for name in ("add.Tensor", "sum.dim_IntList", "view", "matmul", "convolution", "native_layer_norm",
                  "softmax.int", "cross_entropy_loss", "index.Tensor", "linear", "relu"):
         assert batched.rule_of(OPS[name]) is not None, name

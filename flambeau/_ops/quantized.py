@@ -11,9 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtype as D
+from .._tags import Tag
 from .._tensor import Tensor
 from .._dispatch import type_name
 from ._registry import defop, export, TensorSpec, EXPORTS
+from ._batching import call, front, unary_rule
 from .._backends import contiguous_strides
 
 QDECOMPOSED = "quantized_decomposed"
@@ -70,7 +72,7 @@ def fake_quant_values(xp, x, scale, zero_point, quant_min, quant_max, per_channe
 
 
 @defop("fake_quantize_per_tensor_affine(Tensor self, float scale, int zero_point, int quant_min, "
-       "int quant_max) -> Tensor", function=False)
+       "int quant_max) -> Tensor", function=False, tags=(Tag.cpu_autocast_fp32,))
 def fake_quantize_per_tensor_affine(xp, self, scale, zero_point, quant_min, quant_max):
     _fq_checks("fake_quantize_per_tensor_affine", D.FROM_NP[self.dtype], quant_min, quant_max, (zero_point,))
     return fake_quant_values(xp, self, np.float32(scale), np.int64(zero_point), quant_min, quant_max)[0]
@@ -344,3 +346,23 @@ def _choose_checks(input_dtype, quant_min, quant_max, dtype):
 def _qd_choose_qparams_tensor_meta(input, quant_min, quant_max, eps, dtype):
     _choose_checks(input.dtype, quant_min, quant_max, dtype)
     return TensorSpec((1,), D.float64, (1,)), TensorSpec((1,), D.int64, (1,))
+
+
+# ---- vmap ------------------------------------------------------------------------------------------
+def _channel_batching(op):
+    """A per-channel op on a batched input (qparams unbatched): the batch dimension moved to the front,
+    the channel axis shifted past it."""
+    def rule(in_dims, x, scales, zero_points, axis, *rest):
+        if any(d is not None for d in in_dims[1:]) or in_dims[0] is None:
+            return NotImplemented
+        x = front(x, in_dims[0])
+        return call(op, (x, scales, zero_points, axis % (x.ndim - 1) + 1) + rest), 0
+    rule.__name__ = f"_{op.__name__}_channel_batching"
+    return rule
+
+
+for _op in (fake_quantize_per_tensor_affine, fake_quantize_per_tensor_affine_tensor_qparams, qd_quantize_per_tensor,
+            qd_quantize_per_tensor_tensor, qd_dequantize_per_tensor, qd_dequantize_per_tensor_tensor):
+    _op.def_batching_rule(unary_rule(_op))
+for _op in (fake_quantize_per_channel_affine, qd_quantize_per_channel, qd_dequantize_per_channel):
+    _op.def_batching_rule(_channel_batching(_op))

@@ -1,0 +1,36 @@
+"""Models and data shared by tests/test_quantization_pt2e.py and its PyTorch reference script
+(tests/scripts/pt2e_reference.py): built from either module, flambeau or torch."""
+import numpy as np
+
+
+def build_cnn(m):
+    class CNN(m.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = m.nn.Conv2d(3, 8, 3, padding=1)
+            self.c2 = m.nn.Conv2d(8, 16, 3, padding=1)
+            self.fc = m.nn.Linear(16 * 4 * 4, 10)
+
+        def forward(self, x):
+            x = m.nn.functional.max_pool2d(m.relu(self.c1(x)), 2)
+            x = m.nn.functional.max_pool2d(m.relu(self.c2(x)), 2)
+            return self.fc(x.flatten(1))
+    return CNN()
+
+
+def build_mlp(m, d_in=20, hidden=64, classes=4, skip=True):
+    class MLP(m.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.l2 = m.nn.Linear(d_in, hidden), m.nn.Linear(hidden, hidden)
+            self.l3 = m.nn.Linear(hidden, classes)
+
+        def forward(self, x):
+            h = m.relu(self.l2(m.relu(self.l1(x))))
+            return self.l3(h + x.sum(1, keepdim=True) if skip else h)
+    return MLP()
+
+
+def calibration(shape, n_batches=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(shape) * (1 + i)).astype(np.float32) for i in range(n_batches)]

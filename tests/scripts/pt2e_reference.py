@@ -1,0 +1,57 @@
+"""PyTorch's PT2E X86 flow (torchao's) on the models of tests/test_quantization_pt2e.py, run in its own
+process with torchao on its path (tests/test_quantization_pt2e.py starts it). Usage:
+    python pt2e_reference.py OUT.npz   -> the models' weights, calibration data, each observer's
+    buffers and qparams, the folded weights and converted outputs, for the static and dynamic configs."""
+import sys
+import warnings
+
+import numpy as np
+import torch
+
+warnings.filterwarnings("ignore")
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e  # noqa: E402
+from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq  # noqa: E402
+
+sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
+from tests.quantization_models import build_cnn, build_mlp, calibration  # noqa: E402
+
+
+def run(name, build, shape, dynamic, out):
+    torch.manual_seed(0)
+    model = build(torch).eval()
+    for k, v in model.state_dict().items():
+        out[f"{name}/state/{k}"] = v.detach().numpy()
+    data = calibration(shape)
+    gm = torch.export.export(model, (torch.tensor(data[0]),)).module()
+    cfg = xiq.get_default_x86_inductor_quantization_config(is_dynamic=dynamic)
+    prepared = prepare_pt2e(gm, xiq.X86InductorQuantizer().set_global(cfg))
+    for x in data:
+        prepared(torch.tensor(x))
+    obs = sorted((n.target for n in prepared.graph.nodes if n.op == "call_module"
+                  and n.target.startswith("activation_post_process_")), key=lambda k: int(k.rsplit("_", 1)[1]))
+    for i, k in enumerate(obs):
+        m = getattr(prepared, k)
+        out[f"{name}/obs{i}/type"] = np.array(type(m).__name__)
+        for buf in ("min_val", "max_val", "histogram"):
+            if hasattr(m, buf):
+                out[f"{name}/obs{i}/{buf}"] = getattr(m, buf).numpy()
+        if not dynamic:
+            s, z = m.calculate_qparams()
+            out[f"{name}/obs{i}/scale"], out[f"{name}/obs{i}/zero_point"] = s.numpy(), z.numpy()
+    converted = convert_pt2e(prepared)
+    for k, v in converted.named_buffers():
+        if k.startswith("_frozen_param"):
+            out[f"{name}/{k}"] = v.numpy()
+    out[f"{name}/output"] = converted(torch.tensor(data[1] * 3)).detach().numpy()
+
+
+def main(path):
+    out = {}
+    run("cnn", build_cnn, (4, 3, 16, 16), False, out)
+    run("mlp", build_mlp, (5, 20), False, out)
+    run("mlp_dynamic", build_mlp, (5, 20), True, out)
+    np.savez(path, **out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
