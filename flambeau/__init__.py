@@ -64,3 +64,6 @@ from . import compiler  # noqa: E402,F401
 from . import func  # noqa: E402,F401
 from .compiler import compile  # noqa: E402,F401
 from . import ao  # noqa: E402,F401
+from . import export  # noqa: E402,F401
+from . import _higher_order_ops  # noqa: E402,F401
+from ._higher_order_ops import cond  # noqa: E402,F401

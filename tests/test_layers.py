@@ -44,11 +44,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tracing", ("flambeau._subclasses", "flambeau.fx", "flambeau.library",
                  "flambeau.utils.tensorboard")),   # add_graph traces with fx
     ("decompositions", ("flambeau._decomp",)),
-    ("functorch", ("flambeau._functorch",)),
+    ("functorch", ("flambeau._functorch", "flambeau._higher_order_ops")),
     ("inductor", ("flambeau._inductor",)),
     ("dynamo", ("flambeau._dynamo",)),
     ("compiler", ("flambeau.compiler",)),
     ("quantization", ("flambeau.ao",)),     # observers, dynamic modules, the PT2E flow (traces with make_fx)
+    ("export", ("flambeau.export",)),
     ("entry", ("flambeau", "flambeau.compat", "flambeau.run", "flambeau.demo",
                "flambeau.distributed.run", "flambeau.distributed._worker")),   # the launcher runs flambeau.run
 ]

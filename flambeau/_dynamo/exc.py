@@ -1,7 +1,10 @@
 """Errors of graph capture: `Unsupported` (a graph break), `SkipFrame`, and the user-facing ones:
 `BackendCompilerFailed` (the backend raised on a captured graph) and `InternalTorchDynamoError`
-(capture itself failed), raised unless `config.suppress_errors` (PyTorch's names and default)."""
+(capture itself failed), raised unless `config.suppress_errors` (PyTorch's names and default); `UserError`
+(a mistake in the program or the export request, e.g. a violated dynamic-shape constraint)."""
 from __future__ import annotations
+
+from enum import Enum, auto
 
 
 class Unsupported(RuntimeError):
@@ -57,3 +60,25 @@ class BackendCompilerFailed(TorchDynamoException):
 
 class InternalTorchDynamoError(TorchDynamoException):
     """Capture failed with an unexpected error (a bug of flambeau's capture, not of the user's code)."""
+
+
+class UserErrorType(Enum):
+    """What a `UserError` is about (PyTorch's names)."""
+    DYNAMIC_CONTROL_FLOW = auto()
+    ANTI_PATTERN = auto()
+    STANDARD_LIBRARY = auto()
+    CONSTRAINT_VIOLATION = auto()
+    DYNAMIC_DIM = auto()
+    INVALID_INPUT = auto()
+    INVALID_OUTPUT = auto()
+    UNSUPPORTED_ALIASED_MUTATED_DYNAMIC_INPUTS = auto()
+
+
+class UserError(TorchDynamoException):
+    """A mistake in the user's program or export request (a violated dynamic-shape constraint, data-
+    dependent control flow, an invalid input): the message says what and where."""
+
+    def __init__(self, error_type: UserErrorType, msg: str, case_name: str | None = None):
+        super().__init__(msg)
+        self.error_type = error_type
+        self.message = msg

@@ -118,6 +118,17 @@ class CompiledEntry:
         self.globals = globals_
 
 
+def _hop_function(vt):
+    """The Python callable a function argument of a higher-order op stands for, or None."""
+    if isinstance(vt, NestedUserFunctionVariable):
+        return vt.real_function()
+    if isinstance(vt, UserMethodVariable) and hasattr(vt.obj, "value"):
+        return types.MethodType(vt.value, vt.obj.value)
+    if isinstance(vt, NNModuleVariable):
+        return vt.value
+    return None
+
+
 class OutputGraph:
     def __init__(self, code, fn, f_globals, backend, *, one_graph: bool, dynamic, dynamic_dims: dict,
                  frame_sizes: dict,
@@ -244,7 +255,7 @@ class OutputGraph:
         return vt
 
     # ---- recording operations ----------------------------------------------------------------------
-    def _node_arg(self, vt):
+    def _node_arg(self, vt, functions_ok: bool = False):
         if isinstance(vt, (TensorVariable, SymNodeVariable)):
             return vt.node
         if isinstance(vt, (TupleVariable, ListVariable)):
@@ -254,14 +265,20 @@ class OutputGraph:
             return slice(*(self._node_arg(p) for p in vt.parts))
         if isinstance(vt, DictVariable):
             return {k: self._node_arg(v) for k, v in vt.items.items()}
+        fn = _hop_function(vt) if functions_ok else None
+        if fn is not None:
+            return fn
         if vt.is_python_constant():
             v = vt.as_python_constant()
-            if isinstance(v, (types.FunctionType, types.ModuleType)):
+            if isinstance(v, types.ModuleType) or isinstance(v, types.FunctionType) and not functions_ok:
                 raise Unsupported(f"passing {v!r} to a tensor operation")
             return v
         raise Unsupported(f"argument {vt} of a tensor operation")
 
     def _example(self, vt):
+        fn = _hop_function(vt)
+        if fn is not None:
+            return fn
         if isinstance(vt, TensorVariable):
             return vt.example
         if isinstance(vt, SymNodeVariable):
@@ -290,7 +307,10 @@ class OutputGraph:
             _state.grad_enabled = saved
 
     def call_in_graph(self, tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
-        node_args = tuple(self._node_arg(a) for a in args)
+        """One node calling `target`. A higher-order op (`flambeau.cond`, `map`) takes its functions as they
+        are: AOT autograd traces them into subgraphs (`flambeau._higher_order_ops`)."""
+        hop = getattr(target, "_flambeau_higher_order", False)
+        node_args = tuple(self._node_arg(a, functions_ok=hop) for a in args)
         node_kwargs = {k: self._node_arg(v) for k, v in kwargs.items()}
         ex_args = [self._example(a) for a in args]
         ex_kwargs = {k: self._example(v) for k, v in kwargs.items()}

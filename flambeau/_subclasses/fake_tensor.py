@@ -9,7 +9,8 @@ device). Autograd still records below the mode, so `autograd.grad` works on fake
 backward ops are seen by modes above (proxy tracing).
 
 Saved tensors unpacked in backward and `detach()` give new Tensor objects over the same
-`MetaArray`; the mode recognises them by their array and restores their fake device.
+`MetaArray`; the mode recognises them by their array and restores their fake device. Asking a
+FakeTensor for a value (`bool`, `item`) raises `DataDependentOutputException`.
 """
 from __future__ import annotations
 
@@ -20,8 +21,16 @@ from .._tensor import Tensor
 from ..utils._python_dispatch import TorchDispatchMode
 
 
+class DataDependentOutputException(RuntimeError):
+    """An operation needs the values of a fake tensor (`bool(t)`, `t.item()`, `t.tolist()`): it has none."""
+
+
 class FakeTensor(Tensor):
     """A meta tensor standing for a tensor on `fake_device` (see module docstring)."""
+
+    def _check_has_data(self, what):
+        raise DataDependentOutputException(f"Tensor.{what}() needs the value of a fake tensor of shape "
+                                           f"{list(self.shape)}: the result depends on the data")
 
     @property
     def device(self) -> Device:

@@ -18,6 +18,7 @@ from .base import VariableTracker, ConstantVariable, const
 from .builder import build, wrap_constant_like
 from .containers import TupleVariable, DictVariable
 from ..utils import is_disabled
+from .. import variables as kinds  # the kinds imported after this one, read at call time (see __init__)
 
 
 class CellVariable(VariableTracker):
@@ -132,6 +133,25 @@ class NestedUserFunctionVariable(BaseFunctionVariable):
 
     def call_function(self, tx, args, kwargs):
         return tx.inline_call(self.signature_fn(), args, kwargs, closure=self.closure)
+
+    def real_function(self):
+        """The function as a Python object, for a higher-order op that traces it later (`flambeau.cond`):
+        its free variables must be real values (modules, constants), not tensors of the graph."""
+        cells = []
+        for c in self.closure or ():
+            if isinstance(c, RealCellVariable):
+                cells.append(c.cell)
+                continue
+            v = c.value
+            if v is None or isinstance(v, kinds.TensorVariable) or not hasattr(v, "value") and \
+                    not v.is_python_constant():
+                raise Unsupported(f"the function {self.name} passed to a higher-order op closes over {v}, a value "
+                                  "computed in the graph: pass tensors as operands")
+            cells.append(types.CellType(v.as_python_constant() if v.is_python_constant() else v.value))
+        f = types.FunctionType(self.code, self.f_globals, self.name, None, tuple(cells) or None)
+        if self.defaults is not None:
+            f.__defaults__ = tuple(d.as_python_constant() for d in self.defaults.items)
+        return f
 
     def var_getattr(self, tx, name):
         if name in ("__name__", "__qualname__"):

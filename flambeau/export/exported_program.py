@@ -1,0 +1,309 @@
+"""`ExportedProgram`: an exported graph with its signature, state and dynamic-size ranges.
+
+`graph_module` takes every input explicitly (parameters, buffers, constants, then user inputs) and
+returns the new values of mutated state first, then the user outputs. `module()` gives the
+callable a user wants: an `nn.Module` holding the state under its original names, taking the
+original (nested) arguments, checking their shapes against the export's (static sizes, Dim ranges,
+equal and derived Dims; `AssertionError("Guard failed: ...")` as PyTorch's unlifted module raises),
+applying buffer updates, and returning the original output structure. Calling the ExportedProgram
+itself raises, as in PyTorch. `run_decompositions()` retraces the graph through the decomposition
+table (default: every non-core op that has a decomposition) into core operators.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .._decomp import core_aten_decompositions
+from .._functorch.aot_autograd import _decomposed, _Trace
+from .._functorch.functionalization import run_functionalized
+from .._tensor import Tensor
+from ..autograd.grad_mode import no_grad
+from ..fx._symbolic_shapes import SymInt, expr_to_python
+from ..fx.graph_module import GraphModule
+from ..nn.modules.module import Module
+from ..nn.parameter import Parameter
+from ..utils import _pytree as pytree
+from .graph_signature import ExportGraphSignature, InputKind, OutputKind, OutputSpec, SymIntArgument, TensorArgument
+
+__all__ = ["ExportedProgram", "ModuleCallSignature"]
+
+
+@dataclasses.dataclass
+class ModuleCallSignature:
+    """How the original module was called: the input and output pytree specs, the parameter names."""
+    in_spec: object
+    out_spec: object
+    input_names: list
+
+
+class ExportedProgram:
+    """See module docstring."""
+
+    def __init__(self, root: GraphModule, graph, graph_signature: ExportGraphSignature, state_dict: dict,
+                 range_constraints: dict, constants: dict, call_signature: ModuleCallSignature,
+                 example_inputs=None, strict: bool = False):
+        self._graph_module = root
+        root.graph = graph
+        self._graph_signature = graph_signature
+        self._state_dict = state_dict
+        self._range_constraints = range_constraints
+        self._constants = constants
+        self._call_signature = call_signature
+        self.example_inputs = example_inputs
+        self._strict = strict
+
+    # ---- PyTorch's read-only views ---------------------------------------------------------------
+    @property
+    def graph_module(self) -> GraphModule:
+        return self._graph_module
+
+    @property
+    def graph(self):
+        return self._graph_module.graph
+
+    @property
+    def graph_signature(self) -> ExportGraphSignature:
+        return self._graph_signature
+
+    @property
+    def state_dict(self) -> dict:
+        return self._state_dict
+
+    @property
+    def constants(self) -> dict:
+        return self._constants
+
+    @property
+    def tensor_constants(self) -> dict:
+        return self._constants
+
+    @property
+    def range_constraints(self) -> dict:
+        return self._range_constraints
+
+    @property
+    def call_spec(self) -> ModuleCallSignature:
+        return self._call_signature
+
+    @property
+    def dialect(self) -> str:
+        return "ATEN"
+
+    def parameters(self):
+        for n in self._graph_signature.parameters:
+            yield self._state_dict[n]
+
+    def named_parameters(self):
+        for n in self._graph_signature.parameters:
+            yield n, self._state_dict[n]
+
+    def buffers(self):
+        for _, b in self.named_buffers():
+            yield b
+
+    def named_buffers(self):
+        for s in self._graph_signature.input_specs:
+            if s.kind is InputKind.BUFFER:
+                yield s.target, self._state_dict.get(s.target, self._constants.get(s.target))
+
+    # ---- running ---------------------------------------------------------------------------------
+    def _state_inputs(self) -> list:
+        out = []
+        for s in self._graph_signature.input_specs:
+            if s.kind is InputKind.PARAMETER:
+                out.append(self._state_dict[s.target])
+            elif s.kind is InputKind.BUFFER:
+                out.append(self._state_dict[s.target] if s.persistent is not False else self._constants[s.target])
+            elif s.kind is InputKind.CONSTANT_TENSOR:
+                out.append(self._constants[s.target])
+        return out
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("Unable to call ExportedProgram directly. You should use `exported_program.module()` "
+                           "instead.")
+
+    def module(self) -> Module:
+        """An nn.Module running this program with the original calling convention (see module docstring)."""
+        return _UnliftedModule(self)
+
+    def run_decompositions(self, decomp_table: dict | None = None) -> "ExportedProgram":
+        """A new ExportedProgram whose graph is retraced through `decomp_table` (default: core operators)."""
+        table = core_aten_decompositions() if decomp_table is None else decomp_table
+        gm = self._graph_module
+        fake_mode = gm.meta.get("fake_mode")
+        tr = _Trace("symbolic" if fake_mode is not None and fake_mode.shape_env is not None else "fake", fake_mode)
+        vals = []
+        for n in gm.graph.find_nodes(op="placeholder"):
+            v = n.meta["val"]
+            ph = tr._placeholder(n.target)
+            tr.rec.bind(v, ph)
+            ph.meta["val"] = v
+            tr.rec.note_sizes(ph, v)
+            vals.append(v)
+        with no_grad():
+            out = tr.run(lambda *a: run_functionalized(_decomposed(gm.forward, table), a).out, *vals)
+        new = tr.finish(list(out))
+        new.graph.eliminate_dead_code()
+        for name, sub in gm.named_children():
+            if isinstance(sub, GraphModule):
+                setattr(new, name, sub)
+        new.recompile()
+        outs = list(new.graph.output_node().args[0])
+        specs = [OutputSpec(s.kind, _rename(s.arg, v), s.target)
+                 for s, v in zip(self._graph_signature.output_specs, outs)]
+        sig = ExportGraphSignature(list(self._graph_signature.input_specs), specs)
+        return ExportedProgram(new, new.graph, sig, self._state_dict, self._range_constraints, self._constants,
+                               self._call_signature, self.example_inputs, self._strict)
+
+    def __str__(self) -> str:
+        code = self._graph_module.print_readable(print_output=False).replace("\n", "\n    ")
+        sig = str(self._graph_signature).replace("\n", "\n    ")
+        return (f"ExportedProgram:\n    {code}\nGraph signature: {sig}\nRange constraints: "
+                f"{self._range_constraints}\n")
+
+    __repr__ = __str__
+
+
+def _rename(arg, value):
+    if hasattr(value, "op"):
+        return type(arg)(value.name) if isinstance(arg, (TensorArgument, SymIntArgument)) else arg
+    return arg
+
+
+class _InputChecker:
+    """The shape checks of an unlifted module: static sizes, Dim ranges, equal and derived Dims."""
+
+    def __init__(self, ep: ExportedProgram):
+        self.names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind is InputKind.USER_INPUT]
+        phs = {n.name: n for n in ep.graph.find_nodes(op="placeholder")}
+        self.shapes = [tuple(phs[n].meta["val"].shape) for n in self.names]
+        self.ranges = ep.range_constraints
+
+    def check(self, tensors: list) -> None:
+        values: dict = {}
+        where: dict = {}
+        for name, shape, t in zip(self.names, self.shapes, tensors):
+            if not isinstance(t, Tensor):
+                raise AssertionError(f"Guard failed: {name} is a Tensor (got {type(t).__name__})")
+            if t.dim() != len(shape):
+                raise AssertionError(f"Guard failed: {name}.dim() == {len(shape)} (got {t.dim()})")
+            for d, (want, got) in enumerate(zip(shape, t.shape)):
+                if isinstance(want, int):
+                    if want != got:
+                        raise AssertionError(f"Guard failed: {name}.size()[{d}] == {want} (got {got})")
+                    continue
+                expr = want.expr
+                src = f"{name}.size()[{d}]"
+                if not expr.is_Symbol and len(expr.free_symbols) == 1:    # a derived dim a*s + b binds s
+                    (sym,) = expr.free_symbols
+                    a, b = expr.coeff(sym), expr.subs(sym, 0)
+                    if a.is_Integer and b.is_Integer and sym not in values and (got - int(b)) % int(a) == 0:
+                        values[sym] = (got - int(b)) // int(a)
+                        where[sym] = f"({src} - {int(b)}) // {int(a)}"
+                if expr.is_Symbol:
+                    if expr in values and values[expr] != got:
+                        raise AssertionError(f"Guard failed: {src} == {where[expr]} (got {got} and {values[expr]})")
+                    values.setdefault(expr, got)
+                    where.setdefault(expr, src)
+        for name, shape, t in zip(self.names, self.shapes, tensors):
+            for d, (want, got) in enumerate(zip(shape, t.shape)):
+                if isinstance(want, SymInt) and not want.expr.is_Symbol:
+                    expected = _eval(want.expr, values)
+                    if expected is not None and expected != got:
+                        text = expr_to_python(want.expr, where)
+                        raise AssertionError(f"Guard failed: {name}.size()[{d}] == {text} (got {got}, expected "
+                                             f"{expected})")
+        for sym, val in values.items():
+            r = self.ranges.get(sym)
+            if r is not None:
+                if val < r.lower:
+                    raise AssertionError(f"Guard failed: {where[sym]} >= {r.lower} (got {val})")
+                if val > r.upper:
+                    raise AssertionError(f"Guard failed: {where[sym]} <= {r.upper} (got {val})")
+
+
+def _eval(expr, values: dict):
+    if not expr.free_symbols <= set(values):
+        return None
+    return int(expr.xreplace(values))
+
+
+class _UnliftedModule(Module):
+    """What `ExportedProgram.module()` returns (see module docstring)."""
+
+    def __init__(self, ep: ExportedProgram):
+        super().__init__()
+        self.__dict__["_ep"] = ep
+        self.__dict__["_checker"] = _InputChecker(ep)
+        for s in ep.graph_signature.input_specs:
+            if s.kind is InputKind.PARAMETER:
+                self._place(s.target, ep.state_dict[s.target], "param")
+            elif s.kind is InputKind.BUFFER:
+                persistent = s.persistent is not False
+                value = ep.state_dict[s.target] if persistent else ep.constants[s.target]
+                self._place(s.target, value, "buffer", persistent)
+
+    def _place(self, fqn: str, t: Tensor, kind: str, persistent: bool = True) -> None:
+        *path, leaf = fqn.split(".")
+        m = self
+        for p in path:
+            if p not in m._modules:
+                m._modules[p] = Module()
+            m = m._modules[p]
+        if kind == "param":
+            m.register_parameter(leaf, t if isinstance(t, Parameter) else Parameter(t))
+        else:
+            m.register_buffer(leaf, t, persistent=persistent)
+
+    @property
+    def graph(self):
+        return self.__dict__["_ep"].graph
+
+    def _get(self, fqn: str) -> Tensor:
+        """The parameter or buffer at `fqn` (read from the stores: export swaps them for fakes when retracing)."""
+        *path, leaf = fqn.split(".")
+        m = self
+        for p in path:
+            m = m._modules[p]
+        return m._parameters[leaf] if leaf in m._parameters else m._buffers[leaf]
+
+    def _state(self) -> list:
+        ep = self.__dict__["_ep"]
+        out = []
+        for s in ep.graph_signature.input_specs:
+            if s.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+                out.append(self._get(s.target))
+            elif s.kind is InputKind.CONSTANT_TENSOR:
+                out.append(ep.constants[s.target])
+        return out
+
+    def forward(self, *args, **kwargs):
+        ep = self.__dict__["_ep"]
+        cs = ep.call_spec
+        try:
+            leaves = cs.in_spec.flatten_up_to((args, kwargs))
+        except ValueError as e:
+            raise TypeError(f"The exported program was called with inputs of a different structure than it was "
+                            f"exported with ({e})") from None
+        flat = [leaf for sub in leaves for leaf in pytree.tree_leaves(sub)]
+        tensors = [x for x in flat if isinstance(x, Tensor)]
+        self.__dict__["_checker"].check(tensors)
+        state = self._state()
+        outs = ep.graph_module(*state, *tensors)
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        n_mut = 0
+        for spec, v in zip(ep.graph_signature.output_specs, outs):
+            if spec.kind is OutputKind.BUFFER_MUTATION:
+                with no_grad():
+                    self._get(spec.target).copy_(v)
+                n_mut += 1
+            elif spec.kind is OutputKind.USER_INPUT_MUTATION:
+                user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind is InputKind.USER_INPUT]
+                with no_grad():
+                    tensors[user.index(spec.target)].copy_(v)
+                n_mut += 1
+            elif spec.kind is OutputKind.PARAMETER_MUTATION:
+                with no_grad():
+                    self._get(spec.target).copy_(v)
+                n_mut += 1
+        return cs.out_spec.unflatten(outs[n_mut:])
