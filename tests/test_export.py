@@ -54,10 +54,14 @@ def test_signature_matches_torch_export(strict):
             [s.arg.name for s in tep.graph_signature.input_specs]
     assert sorted(fep.state_dict) == sorted(tep.state_dict)
     assert sorted(fep.constants) == sorted(tep.constants)
-    got = fep.module()(fl.tensor(x), fl.tensor(y))
-    want = tep.module()(torch.tensor(x), torch.tensor(y))
+    fmod, tmod = fep.module(), tep.module()
+    got = fmod(fl.tensor(x), fl.tensor(y))
+    want = tmod(torch.tensor(x), torch.tensor(y))
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.detach().numpy(), w.detach().numpy(), rtol=1e-5, atol=1e-5)
+    for name in ("cnt", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"):     # buffer updates applied
+        np.testing.assert_allclose(fmod.get_buffer(name).numpy(), tmod.get_buffer(name).numpy(), rtol=1e-5,
+                                   err_msg=name)
     assert "class GraphModule" in fep.graph_module.print_readable(print_output=False)
 
 
