@@ -19,6 +19,7 @@ file and line; violated Dims raise `UserError` (dynamic_shapes.check_constraints
 """
 from __future__ import annotations
 
+import operator
 import os
 import re
 import traceback
@@ -33,7 +34,7 @@ from .._functorch.functionalization import run_functionalized
 from .._subclasses.fake_tensor import DataDependentOutputException
 from .._tensor import Tensor
 from ..autograd.grad_mode import no_grad
-from ..fx._symbolic_shapes import ShapeEnv, SymInt
+from ..fx._symbolic_shapes import ShapeEnv, SymInt, sym_size
 from ..fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from ..fx.graph_module import GraphModule
 from ..nn.modules.module import Module
@@ -114,7 +115,28 @@ def _fake_input(tr: _Trace, t: Tensor, name: str, shape: tuple) -> Tensor:
     tr.rec.bind(f, ph)
     ph.meta["val"] = tr.rec.fake_of(f)
     tr.rec.note_sizes(ph, f)
+    for d, size in enumerate(shape):
+        if isinstance(size, SymInt) and not size.expr.is_Symbol:
+            _root_from_derived(tr, ph, d, size)
     return f
+
+
+def _root_from_derived(tr: _Trace, ph, d: int, size: SymInt) -> None:
+    """A root Dim seen only through a derived dim `a*s + b` is read in the graph as `(size - b) // a`."""
+    rec, e = tr.rec, size.expr
+    if len(e.free_symbols) != 1:
+        return
+    (sym,) = e.free_symbols
+    a, b = e.coeff(sym), e.subs(sym, 0)
+    if sym in rec.sym_sources or sym in rec._expr_nodes or not (a.is_Integer and b.is_Integer):
+        return
+    n = rec.graph.call_function(sym_size, (ph, d))
+    if int(b):
+        n = rec.graph.call_function(operator.sub, (n, int(b)))
+    if int(a) != 1:
+        n = rec.graph.call_function(operator.floordiv, (n, int(a)))
+    n.meta["val"] = SymInt(sym, size.env)
+    rec._expr_nodes[sym] = n
 
 
 def _leaf_name(path, names: list) -> str:

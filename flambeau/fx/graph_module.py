@@ -182,7 +182,11 @@ def _annotated_code(graph: Graph, include_stride: bool, include_device: bool) ->
     src = graph.python_code(root_module="self").src
     ann = {n.name: _annotation(n.meta.get("val"), include_stride, include_device) for n in graph.nodes}
     out = []
+    phs = [n for n in graph.nodes if n.op == "placeholder"]
     for line in src.split("\n"):
+        if line.startswith("def forward(") and phs and not any(n.args for n in phs):     # (defaults: as is)
+            line = "def forward(self, " + ", ".join(f'{n.target}: "{ann[n.name]}"' if ann.get(n.name) else n.target
+                                                    for n in phs) + "):"
         head = line.strip().split(" = ", 1)[0]
         a = ann.get(head)
         if a and line.startswith("    ") and not line.strip().startswith("return"):
