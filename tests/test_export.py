@@ -306,3 +306,15 @@ def test_op_database_exports_and_matches_eager():
             failures[info.name] = why
     print(f"{len(INFOS) - len(failures)} of {len(INFOS)} entries export; not: {failures}")
     assert len(failures) <= MAX_FAILURES, failures
+
+
+def test_builtin_named_input_is_a_user_input():
+    """nn.Sequential's forward takes `input`, a builtin name the graph renames (`input_1`)."""
+    tm = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU())
+    fm = fl.nn.Sequential(fl.nn.Linear(3, 2), fl.nn.ReLU())
+    tep = torch.export.export(tm, (torch.ones(4, 3),))
+    fep = export(fm, (fl.ones(4, 3),))
+    assert [(s.kind.name, s.target) for s in fep.graph_signature.input_specs] == \
+        [(s.kind.name, s.target) for s in tep.graph_signature.input_specs]
+    x = fl.randn(4, 3)
+    np.testing.assert_allclose(fep.module()(x).detach().numpy(), fm(x).detach().numpy())

@@ -182,6 +182,8 @@ class _Capture:
                  for i, (n, t) in enumerate(self.state.named)]
         user = [_fake_input(tr, self.leaves[i], name, self.symbolic_shape(k))
                 for k, (i, name) in enumerate(zip(self.tensor_pos, self.user_names))]
+        # the graph may rename a placeholder (`input` is a builtin: `input_1`); the signature uses its name
+        self.user_names = [tr.rec.data_to_node[id(u._data)][1].name for u in user]
         out_spec = []
         leaves, n_state, pos = list(self.leaves), len(prims), self.tensor_pos
 
