@@ -44,7 +44,6 @@ from . import amp, cpu  # noqa: E402,F401
 from . import accelerator  # noqa: E402,F401
 from .accelerator import get_device_module  # noqa: E402,F401
 from . import backends  # noqa: E402,F401
-from . import onnx  # noqa: E402,F401
 from . import testing  # noqa: E402,F401
 from .cuda import amp as _cuda_amp  # noqa: E402,F401  (makes flambeau.cuda.amp an attribute)
 from .amp.autocast_mode import (autocast, is_autocast_enabled, set_autocast_enabled,  # noqa: E402,F401
@@ -65,5 +64,6 @@ from . import func  # noqa: E402,F401
 from .compiler import compile  # noqa: E402,F401
 from . import ao  # noqa: E402,F401
 from . import export  # noqa: E402,F401
+from . import onnx  # noqa: E402,F401
 from . import _higher_order_ops  # noqa: E402,F401
 from ._higher_order_ops import cond  # noqa: E402,F401

@@ -37,6 +37,7 @@ from .debug_utils import accuracy_failure, fp64_reference, input_spec, minifier_
 from ...fx.graph_module import GraphModule
 from ...fx import symbolic_trace
 from ...fx.experimental.proxy_tensor import make_fx
+from ..._functorch.aot_autograd import fakes_with_dynamic_dims, trace_with_dynamic_dims  # loaded by flambeau.export
 from ..backends.registry import InvalidBackend, lookup_backend
 from .debug_utils import clone_inputs
 
@@ -138,7 +139,6 @@ def graph_of(mod, args: list, after: str, dims: list | None = None) -> "GraphMod
     sizes stay symbolic (none: a static graph)."""
     if after == "aot":
         if dims and any(dims):
-            from ..._functorch.aot_autograd import trace_with_dynamic_dims  # deferred: AOT autograd loads at first compile
             gm = trace_with_dynamic_dims(mod, list(args), dims)
         else:
             gm = make_fx(mod, tracing_mode="fake")(*args)
@@ -161,7 +161,6 @@ def compile_aot(gm, args: list, dims: list) -> Callable:
 def _compile_dynamic(gm, args: list, dims: list, backend: str | None) -> Callable:
     """`gm` given to the backend as the capture front end gives a dynamic graph: a ShapeEnv in
     its meta and placeholders whose example values have symbolic sizes at `dims`."""
-    from ..._functorch.aot_autograd import fakes_with_dynamic_dims  # deferred: AOT autograd loads at first compile
     fakes, env = fakes_with_dynamic_dims(list(args), dims)
     for ph, f in zip([n for n in gm.graph.nodes if n.op == "placeholder"], fakes):
         ph.meta["example_value"] = f
