@@ -318,3 +318,26 @@ def test_builtin_named_input_is_a_user_input():
         [(s.kind.name, s.target) for s in tep.graph_signature.input_specs]
     x = fl.randn(4, 3)
     np.testing.assert_allclose(fep.module()(x).detach().numpy(), fm(x).detach().numpy())
+
+
+def test_nested_tensor_attribute_is_a_constant_with_its_fqn():
+    class Inner(fl.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.k = fl.tensor([1.0, 2.0])
+
+        def forward(self, x):
+            return x * self.k + fl.tensor([0.5, 0.5])
+
+    class Outer(fl.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return self.inner(x)
+    ep = export(Outer(), (fl.ones(3, 2),))
+    consts = [(s.arg.name, s.target) for s in ep.graph_signature.input_specs if s.kind.name == "CONSTANT_TENSOR"]
+    assert consts == [("c_inner_k", "inner.k"), ("c_lifted_tensor_0", "lifted_tensor_0")]
+    assert sorted(ep.constants) == ["inner.k", "lifted_tensor_0"]
+    np.testing.assert_allclose(ep.module()(fl.ones(3, 2)).numpy(), [[1.5, 2.5]] * 3)

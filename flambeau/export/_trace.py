@@ -241,6 +241,7 @@ class _Capture:
     def _lift_constants(self, gm: GraphModule) -> dict:
         """get_attr tensors the trace made (tensor attributes, tensors built in forward) -> placeholders."""
         constants = {}
+        self.const_targets = {}             # placeholder name -> the constant's fully qualified name
         first_user = next((n for n in gm.graph.nodes if n.op == "placeholder" and n.name in set(self.user_names)), None)
         n_lifted = 0
         for node in list(gm.graph.nodes):
@@ -258,6 +259,7 @@ class _Capture:
             with gm.graph.inserting_before(first_user if first_user is not None else gm.graph.output_node()):
                 ph = gm.graph.placeholder("c_" + _ident(target))
             ph.meta["val"] = node.meta.get("val")
+            self.const_targets[ph.name] = target
             node.replace_all_uses_with(ph)
             gm.graph.erase_node(node)
             delattr(gm, node.target)
@@ -298,7 +300,6 @@ class _Capture:
         for n, _ in self.state.buffers:
             kinds["b_" + _ident(n)] = (InputKind.BUFFER, n, n not in self.state.non_persistent)
         user = set(self.user_names)
-        const_targets = {}
         for node in gm.graph.find_nodes(op="placeholder"):
             if node.name in kinds:
                 kind, target, persistent = kinds[node.name]
@@ -306,16 +307,9 @@ class _Capture:
             elif node.name in user:
                 specs.append(InputSpec(InputKind.USER_INPUT, TensorArgument(node.name), None))
             else:
-                const_targets[node.name] = node.name[2:]
-                specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name), None))
-        for s in specs:
-            if s.kind is InputKind.CONSTANT_TENSOR:
-                s.target = self._const_target(gm, s.arg.name)
+                specs.append(InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name),
+                                       self.const_targets[node.name]))
         return specs
-
-    @staticmethod
-    def _const_target(gm: GraphModule, name: str) -> str:
-        return gm.meta.setdefault("constant_targets", {}).get(name, name[2:])
 
 
 def _argument(v):
