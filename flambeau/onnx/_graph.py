@@ -124,10 +124,8 @@ def _unary_rule(c: Converter, node, x, *rest, **kw):
 
 
 _BINARY = {"add.Tensor": "Add", "sub.Tensor": "Sub", "mul.Tensor": "Mul", "div.Tensor": "Div",
-           "add.Scalar": "Add", "sub.Scalar": "Sub", "mul.Scalar": "Mul", "div.Scalar": "Div",
-           "pow.Tensor_Scalar": "Pow", "pow.Tensor_Tensor": "Pow", "maximum": "Max", "minimum": "Min",
-           "eq.Tensor": "Equal", "gt.Tensor": "Greater", "lt.Tensor": "Less", "eq.Scalar": "Equal",
-           "gt.Scalar": "Greater", "lt.Scalar": "Less"}
+           "pow.Tensor_Tensor": "Pow", "maximum": "Max", "minimum": "Min",
+           "eq.Tensor": "Equal", "gt.Tensor": "Greater", "lt.Tensor": "Less"}
 
 
 @rule(*_BINARY)
@@ -215,12 +213,12 @@ def _max_pool_rule(c: Converter, node, x, kernel, stride=(), padding=0, dilation
                     ceil_mode=int(ceil_mode)), None]
 
 
-@rule("softmax.int", "_softmax")
+@rule("softmax.int")
 def _softmax_rule(c: Converter, node, x, dim, dtype=None):
     return c.b.op1("Softmax", [c.value(x)], axis=int(dim))
 
 
-@rule("log_softmax.int", "_log_softmax")
+@rule("log_softmax.int")
 def _log_softmax_rule(c: Converter, node, x, dim, dtype=None):
     return c.b.op1("LogSoftmax", [c.value(x)], axis=int(dim))
 
@@ -288,7 +286,7 @@ def _onnx_type(c: Converter, node) -> int:
 
 
 # ---- shapes ---------------------------------------------------------------------------------------------
-@rule("view", "reshape", "_unsafe_view")
+@rule("view")
 def _view_rule(c: Converter, node, x, size):
     return c.b.op1("Reshape", [c.value(x), c.size_list(size)])
 
@@ -310,11 +308,6 @@ def _permute_rule(c: Converter, node, x, dims):
 @rule("unsqueeze")
 def _unsqueeze_rule(c: Converter, node, x, dim):
     return c.b.op1("Unsqueeze", [c.value(x), c.b.ints([dim % (_rank(x) + 1)])])
-
-
-@rule("squeeze.dim")
-def _squeeze_rule(c: Converter, node, x, dim):
-    return c.b.op1("Squeeze", [c.value(x), c.b.ints([dim % _rank(x)])])
 
 
 @rule("expand")
@@ -339,7 +332,7 @@ def _select_rule(c: Converter, node, x, dim, index):
     return c.b.op1("Gather", [c.value(x), idx], axis=int(dim))
 
 
-@rule("split_with_sizes", "split.Tensor")
+@rule("split_with_sizes")
 def _split_rule(c: Converter, node, x, sizes, dim=0):
     n = len(node.meta["val"])
     if isinstance(sizes, int):
