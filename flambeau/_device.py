@@ -95,6 +95,10 @@ class device:
 
 
 CPU = device("cpu")
+# The device object of quantized tensors: equal to CPU (they live on the cpu) but a separate object,
+# so that the dispatcher's identity test routes them away from float kernels (PyTorch's QuantizedCPU
+# dispatch key): `_dispatch.call_functional` refuses them.
+QUANTIZED_CPU = device("cpu")
 META = device("meta")
 
 

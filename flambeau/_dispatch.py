@@ -24,7 +24,7 @@ from ._fp_errors import (quiet as _fp_quiet, restore as _fp_restore, run_quiet a
 from ._tags import Tag
 from ._tensor import Tensor
 from ._backends import MetaArray, array_namespaces as _XP, get as _backend
-from ._device import canonical
+from ._device import canonical, QUANTIZED_CPU
 
 _ndarray = np.ndarray
 # The layers above register here when they are imported (this module imports none of them):
@@ -163,6 +163,20 @@ def _scan(op, args, kwargs):
     return uargs, ukwargs, dev, rg, fw
 
 
+def _quantized_unsupported(op) -> NotImplementedError:
+    """PyTorch's error for an op without a QuantizedCPU kernel: flambeau has none, so every op but
+    the quantization functions themselves (`_ops/quantized_tensor.py`, which read the integers
+    directly) refuses quantized tensors rather than computing on their integers."""
+    return NotImplementedError(
+        f"Could not run '{_aten_name(op)}' with arguments from the 'QuantizedCPU' backend: flambeau has no "
+        f"quantized kernels. dequantize() the tensor, compute in floating point, and quantize the result again.")
+
+
+def _aten_name(op) -> str:
+    name = str(op)
+    return "aten::" + name[len("aten."):] if name.startswith("aten.") else name
+
+
 def _stale_view_requires_grad(t: Tensor) -> bool:
     """`t` is a view whose base changed in place since its node was recorded, and requires grad once
     its node is regenerated (`autograd.graph.refresh_view`): `a[:2]` after `a.add_(w)`."""
@@ -181,6 +195,12 @@ def _scan_all(op, tensors):
     mixed = rg = fw = False
     for t in tensors:
         d = t._device
+        if d is QUANTIZED_CPU:
+            if any(x._device is not QUANTIZED_CPU for x in tensors):
+                other = next(x._dtype for x in tensors if x._device is not QUANTIZED_CPU)
+                raise RuntimeError(f"{op.__name__}: promoteTypes with quantized numbers is not handled: a "
+                                   f"{t._dtype} tensor meets a {other} one; dequantize() the quantized tensor first")
+            raise _quantized_unsupported(op)
         if dev is None:
             dev = d
         elif d != dev:
@@ -252,6 +272,8 @@ def call_functional(op, args, kwargs, record=True):
     ukwargs = kwargs
     if general or kwargs:
         uargs, ukwargs, dev, rg, fw = _scan(op, args, kwargs)
+    if dev is QUANTIZED_CPU:
+        raise _quantized_unsupported(op)
     if (rg or fw) and record and op.derivative is None and op.decomposition is not None and _state.grad_enabled:
         # no derivative formula: differentiate through the decomposition (its ops have formulas),
         # unless it declines these inputs (NotImplemented): then the op runs and backward raises
@@ -472,6 +494,10 @@ def _inplace(op, args, kwargs):
     self = args[0] if args else kwargs["self"]
     if not isinstance(self, Tensor):
         raise TypeError(f"{op.__name__}(): argument 'self' must be Tensor, not {type(self).__name__}")
+    if self._device is QUANTIZED_CPU:
+        # PyTorch's in-place ops allocate their result with empty_strided, which refuses quantized tensors
+        raise RuntimeError(f"{op.__name__}: in-place ops on quantized tensors are not supported "
+                           f"({self._dtype}); dequantize() first")
     f = op.functional
     check_inplace_autograd(self)
     rg = _state.grad_enabled and any(t._requires_grad or _stale_view_requires_grad(t)

@@ -158,3 +158,18 @@ def test_quantized_decomposed_namespace():
         qd.quantize_per_tensor(flambeau.ones(3), 0.1, 0, 0, 256, flambeau.uint8)
     with pytest.raises(AssertionError, match="Expecting input to have dtype"):
         qd.dequantize_per_tensor(flambeau.ones(3, dtype=flambeau.int8), 0.1, 0, 0, 255, flambeau.uint8)
+
+
+@pytest.mark.parametrize("call", [lambda m, q, f: q + q, lambda m, q, f: q.sum(), lambda m, q, f: f + q,
+                                  lambda m, q, f: q.sum(dim=0), lambda m, q, f: q.mul_(2)],
+                         ids=["add", "sum", "float_plus_quantized", "sum_dim", "inplace"])
+def test_ops_without_a_quantized_kernel_refuse_quantized_tensors_as_pytorch(call):
+    # PyTorch raises (no QuantizedCPU kernel: NotImplementedError; a quantized dtype meeting a float
+    # one, or an in-place op: RuntimeError); computing on the integers would be silently wrong
+    tq = torch.quantize_per_tensor(torch.tensor([1.0, 2.0, 3.0]), 0.1, 10, torch.quint8)
+    with pytest.raises((NotImplementedError, RuntimeError)) as expected:
+        call(torch, tq, torch.ones(3))
+    q = flambeau.quantize_per_tensor(flambeau.tensor([1.0, 2.0, 3.0]), 0.1, 10, flambeau.quint8)
+    with pytest.raises(expected.type, match="quantized|QuantizedCPU"):
+        call(flambeau, q, flambeau.ones(3))
+    assert q.int_repr().tolist() == [20, 30, 40]

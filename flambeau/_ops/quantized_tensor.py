@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtype as D
+from .._device import CPU, QUANTIZED_CPU
 from .._tensor import Tensor
 from .._tensor_str import tensor_repr
 from ._registry import export
@@ -71,7 +72,7 @@ def _quantize_values(x, scale, zero_point, dtype):
 
 
 def _quantized(data, like: Tensor, dtype, quantizer) -> Tensor:
-    t = Tensor._make(np.ascontiguousarray(data), like._device, dtype)
+    t = Tensor._make(np.ascontiguousarray(data), QUANTIZED_CPU, dtype)
     t._quantizer = quantizer
     return t
 
@@ -133,14 +134,14 @@ def dequantize(input: Tensor) -> Tensor:
         shape[qz.axis] = -1
         d = q.astype(np.int64) - qz.zero_points._data.reshape(shape)
         out = (d * qz.scales._data.reshape(shape)).astype(np.float32)
-    return Tensor._make(out, input._device)
+    return Tensor._make(out, CPU)
 
 
 @export("int_repr", method=True)
 def int_repr(input: Tensor) -> Tensor:
     """The stored integers (uint8 for quint8, int8 for qint8, int32 for qint32), a copy."""
     _quantizer_of(input, "int_repr")
-    return Tensor._make(input._data.copy(), input._device)
+    return Tensor._make(input._data.copy(), CPU)
 
 
 def _per_tensor(t: Tensor, what: str) -> PerTensorAffine:
