@@ -10,7 +10,7 @@ import torch
 import flambeau as fl
 from flambeau.export import Dim, export
 from flambeau._higher_order_ops import map as fl_map
-from tests.opdb import all_opinfos, materialize
+from tests.opdb import all_opinfos, flat_tensors, materialize
 
 
 def _models(mod):
@@ -251,14 +251,6 @@ def _dtype(info):
     return info.dtypes[0]
 
 
-def _flat(x):
-    if isinstance(x, fl.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for y in x for t in _flat(y)]
-    return []
-
-
 def _export_entry(info):
     """(True, None) if the exported entry matches eager, (False, reason) if export refused it."""
     fn = info.resolve(fl)
@@ -279,14 +271,14 @@ def _export_entry(info):
         want = fn(*args, **kwargs)
     except Exception:
         return True, None
-    if not _flat(want) or info.random:
+    if not flat_tensors(fl, want) or info.random:
         return True, None
     try:
         ep = export(Entry(), tuple(args[i] for i in tpos))
     except Exception as e:          # counted: the entries export refuses (data-dependent shapes, ...)
         return False, f"{type(e).__name__}: {str(e)[:80]}"
     got = ep.module()(*[args[i] for i in tpos])
-    for g, w in zip(_flat(got), _flat(want)):
+    for g, w in zip(flat_tensors(fl, got), flat_tensors(fl, want)):
         assert g.dtype == w.dtype and tuple(g.shape) == tuple(w.shape), info.name
         if g.is_floating_point() or g.is_complex():
             np.testing.assert_allclose(g.detach().numpy(), w.detach().numpy(), rtol=1e-5, atol=1e-6,

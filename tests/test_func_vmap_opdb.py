@@ -14,7 +14,7 @@ import pytest
 import flambeau as fl
 from flambeau._functorch import batched
 from flambeau._ops import OPS
-from tests.opdb import all_opinfos, materialize
+from tests.opdb import all_opinfos, flat_tensors, materialize
 
 BATCH = 3
 MAX_SAMPLES = 4
@@ -47,14 +47,6 @@ SKIP = {
 }
 
 
-def _flat(x):
-    if isinstance(x, fl.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for y in x for t in _flat(y)]
-    return []
-
-
 def _stack_like(items):
     """Examples of one argument -> (batched argument, in_dim)."""
     first = items[0]
@@ -82,7 +74,7 @@ def _check_entry(info, dtype):
             refs = [fn(*a, **kwargs) for a, _ in exs]
         except Exception:
             continue
-        if any(not isinstance(r, (fl.Tensor, tuple, list)) for r in refs) or not _flat(refs[0]):
+        if any(not isinstance(r, (fl.Tensor, tuple, list)) for r in refs) or not flat_tensors(fl, refs[0]):
             continue
         cols = [_stack_like([e[0][j] for e in exs]) for j in range(len(exs[0][0]))]
         args = tuple(c[0] for c in cols)
@@ -93,8 +85,8 @@ def _check_entry(info, dtype):
             warnings.simplefilter("ignore")
             out = fl.func.vmap(lambda *a: fn(*a, **kwargs), in_dims=dims,
                                randomness="different" if info.random else "error")(*args)
-        want = [fl.stack(list(col)) for col in zip(*[_flat(r) for r in refs])]
-        got = _flat(out)
+        want = [fl.stack(list(col)) for col in zip(*[flat_tensors(fl, r) for r in refs])]
+        got = flat_tensors(fl, out)
         where = f"{info.name} sample {i} {s.name}"
         assert len(got) == len(want), where
         for g, w in zip(got, want):
