@@ -288,9 +288,11 @@ def _trace_graph(flat_fn: Callable, flat_args: list, *, joint: bool, tracing_mod
     return gm, meta, tr
 
 
-def _retrace(gm: GraphModule, tr: _Trace, decompositions: dict) -> GraphModule:
-    """Trace `gm` again through `decompositions` (same fake inputs and shape environment)."""
-    tr2 = _Trace("symbolic" if tr.symbolic else "fake", tr.fake_mode)
+def retrace(gm: GraphModule, symbolic: bool, fake_mode, decompositions: dict) -> GraphModule:
+    """Trace `gm` again, functionalized, through `decompositions`, on its placeholders' fake values
+    (`fake_mode` and its shape environment; `symbolic` keeps sizes symbolic): AOT autograd's joint
+    graph and `ExportedProgram.run_decompositions` both retrace this way."""
+    tr2 = _Trace("symbolic" if symbolic else "fake", fake_mode)
     vals = []
     for n in gm.graph.find_nodes(op="placeholder"):
         v = n.meta["val"]
@@ -321,7 +323,7 @@ def _compile(flat_fn: Callable, flat_args: list, fw_compiler: Callable, bw_compi
     joint, meta, tr = _trace_graph(flat_fn, flat_args, joint=True, tracing_mode=mode, decompositions=None,
                                    dynamic_dims=dynamic_dims, shape_env=shape_env)
     if decompositions:
-        joint = _retrace(joint, tr, decompositions)
+        joint = retrace(joint, tr.symbolic, tr.fake_mode, decompositions)
     _dump("AOT joint graph", joint)
     num_fwd = len(meta.graph_outs) + meta.n_bases + len(meta.mutated)
     fw_gm, bw_gm = partition_fn(joint, flat_args, num_fwd_outputs=num_fwd)

@@ -14,8 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from .._decomp import core_aten_decompositions
-from .._functorch.aot_autograd import _decomposed, _Trace
-from .._functorch.functionalization import run_functionalized
+from .._functorch.aot_autograd import retrace
 from .._tensor import Tensor
 from ..autograd.grad_mode import no_grad
 from ..fx._symbolic_shapes import SymInt, expr_to_python
@@ -131,18 +130,8 @@ class ExportedProgram:
         table = core_aten_decompositions() if decomp_table is None else decomp_table
         gm = self._graph_module
         fake_mode = gm.meta.get("fake_mode")
-        tr = _Trace("symbolic" if fake_mode is not None and fake_mode.shape_env is not None else "fake", fake_mode)
-        vals = []
-        for n in gm.graph.find_nodes(op="placeholder"):
-            v = n.meta["val"]
-            ph = tr._placeholder(n.target)
-            tr.rec.bind(v, ph)
-            ph.meta["val"] = v
-            tr.rec.note_sizes(ph, v)
-            vals.append(v)
-        with no_grad():
-            out = tr.run(lambda *a: run_functionalized(_decomposed(gm.forward, table), a).out, *vals)
-        new = tr.finish(list(out))
+        symbolic = fake_mode is not None and fake_mode.shape_env is not None
+        new = retrace(gm, symbolic, fake_mode, table)
         new.graph.eliminate_dead_code()
         for name, sub in gm.named_children():
             if isinstance(sub, GraphModule):
