@@ -1,6 +1,6 @@
 """Where a training step's time goes, flambeau beside PyTorch on the same GPU (bench/gpu_models.py code).
 
-    python bench/gpu_top.py [--only resnet,gpt] [--rows 30] [--steps 2] [--dump DIR]
+    python bench/gpu_top.py [--only resnet,gpt] [--modes eager,compiled] [--rows 30] [--steps 2] [--dump DIR]
 
 For each workload and system: the top GPU kernels by total device time over `--steps` profiled steps
 (PyTorch's profiler sees every kernel of the process, CuPy's, cuDNN's and Triton's included), grouped
@@ -33,7 +33,7 @@ from bench.gpu_train import LIBS, WORKLOADS  # noqa: E402
 NAME_WIDTH = 110
 
 
-def _setup(name, lib):
+def _setup(name, lib, mode="eager"):
     m = LIBS[lib]
     rng = np.random.default_rng(0)
     m.manual_seed(0)
@@ -41,7 +41,8 @@ def _setup(name, lib):
     xs, ys = WORKLOADS[name]["batch"](rng)
     x, y = m.tensor(xs, device="cuda"), m.tensor(ys, device="cuda")
     opt = m.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-    return m, (lambda: gpu_models.train_step(m, model, opt, x, y, m.bfloat16))
+    fwd = m.compile(model) if mode == "compiled" else model
+    return m, (lambda: gpu_models.train_step(m, fwd, opt, x, y, m.bfloat16))
 
 
 def kernel_table(events, steps, rows):
@@ -66,14 +67,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="resnet")
     ap.add_argument("--systems", default="torch,flambeau")
+    ap.add_argument("--modes", default="eager")
     ap.add_argument("--rows", type=int, default=30)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--dump", default=None)
     a = ap.parse_args(argv)
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
-    for name in a.only.split(","):
+    for name, mode in ((n, md) for n in a.only.split(",") for md in a.modes.split(",")):
         for lib in a.systems.split(","):
-            m, step = _setup(name, lib)
+            m, step = _setup(name, lib, mode)
             for _ in range(3):
                 step()
             m.cuda.synchronize()
@@ -81,7 +83,7 @@ def main(argv=None):
             for _ in range(a.steps):
                 step()
             m.cuda.synchronize()
-            print(f"== {name} {lib}: {(time.perf_counter() - t0) * 1e3 / a.steps:.2f} ms/step wall", flush=True)
+            print(f"== {name} {lib} {mode}: {(time.perf_counter() - t0) * 1e3 / a.steps:.2f} ms/step wall", flush=True)
             kernel_table(_trace(step, a.steps, False), a.steps, a.rows)
             if lib == "flambeau":
                 prof = cProfile.Profile()

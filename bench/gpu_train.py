@@ -4,7 +4,7 @@
                               [--steps 10] [--no-profile]
 
 `compiled` is `torch.compile(model)` / `flambeau.compile(model)` (default mode; flambeau's generated
-Triton kernels on cuda); its flambeau line adds the generated kernels launched per step, how many
+Triton kernels on cuda); its flambeau line adds the generated kernels and cuBLASLt products launched per step, how many
 kernels were compiled or came from the on-disk cache, and what ran eagerly inside compiled code.
 
 Workloads (issue 11, item 7), all with bf16 autocast and AdamW (each library's default, foreach on cuda):
@@ -106,13 +106,15 @@ def run(name, lib, mode, steps, profile):
 def _flambeau_compiled_facts(step) -> dict:
     """Generated Triton kernels launched in one step, and what ran eagerly inside compiled code
     (whole graphs, single ops) since the process started, by reason."""
+    from flambeau._backends import cublaslt
     from flambeau._counters import FALLBACKS, counters
     from flambeau._inductor import triton_runtime
-    before = triton_runtime.stats["launches"]
+    before, gemms = triton_runtime.stats["launches"], cublaslt.calls["gemm"]
     step()
     _sync(flambeau)
     fallbacks = {str(k): v for k, v in counters[FALLBACKS].items()}
     return {"triton_launches_per_step": triton_runtime.stats["launches"] - before,
+            "cublaslt_gemms_per_step": cublaslt.calls["gemm"] - gemms,
             "kernels_compiled": triton_runtime.stats["compiled"], "cubin_cache_hits": triton_runtime.stats["cubin_cache_hits"],
             "eager_fallbacks": dict(list(fallbacks.items())[:8])}
 

@@ -144,3 +144,54 @@ def test_compiled_training_matches_eager_on_cuda(name):
     with no_unexpected_fallbacks(declared_eager_fallbacks()):
         lc, _ = _train_grads(build, batch, True, amp=True)
     np.testing.assert_allclose(lc, le, rtol=1e-2)
+
+
+def test_compiled_products_run_through_cublaslt():
+    """mm, bmm and addmm inside a compiled graph on cuda (bf16, a transposed weight as GPT-2's lm_head,
+    odd n) run as the eager products do, through cuBLASLt (`cublaslt.calls` counts its launches),
+    and agree with eager."""
+    from flambeau._backends import cublaslt
+
+    def f(x, w, a, b, bias):
+        return x @ w.t(), fl.bmm(a, b), fl.addmm(bias, x, w.t()[:, :64])
+    x, w = fl.randn(256, 96).cuda().bfloat16(), fl.randn(1001, 96).cuda().bfloat16()
+    a, b = fl.randn(3, 32, 48).cuda().bfloat16(), fl.randn(3, 48, 40).cuda().bfloat16()
+    bias = fl.randn(64).cuda().bfloat16()
+    cf = fl.compile(f)
+    with no_unexpected_fallbacks({}):
+        cf(x, w, a, b, bias)
+        before = cublaslt.calls["gemm"]
+        got = cf(x, w, a, b, bias)
+    assert cublaslt.calls["gemm"] - before == 3
+    for g, e in zip(got, f(x, w, a, b, bias)):
+        np.testing.assert_allclose(g.float().cpu().numpy(), e.float().cpu().numpy(), rtol=2e-2, atol=2e-2)
+
+
+def test_large_reductions_split_on_cuda():
+    """Full and few-output reductions of large tensors split into parts on the GPU (two kernels
+    each), against float64 on the host."""
+    from flambeau._inductor import triton_runtime
+    x = fl.randn(4096, 1000)
+    f = lambda a: (a.sum(), a.amax(), a.argmin(), a.sum(0), a.t().reshape(2, -1).sum(1), (a * a).mean())  # noqa: E731
+    before = triton_runtime.stats["launches"]
+    with no_unexpected_fallbacks({}):
+        got = fl.compile(f)(x.cuda())
+    assert triton_runtime.stats["launches"] - before >= 12
+    xd = x.double()
+    want = (xd.sum(), xd.amax(), x.argmin(), xd.sum(0), xd.t().reshape(2, -1).sum(1), (xd * xd).mean())
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g.cpu().double().numpy(), e.numpy(), rtol=1e-4, atol=1e-2)
+
+
+def test_compiled_index_error_raises_at_the_next_sync():
+    """A compiled graph's out-of-range index on cuda is raised at the next synchronisation (the graph
+    never reads its error flag on the host), once, and the flag is clear afterwards."""
+    from flambeau._backends import device_checks
+    f = fl.compile(lambda x, i: x[i] * 2)
+    x = fl.randn(5, 3).cuda()
+    np.testing.assert_allclose(f(x, fl.tensor([0, 4]).cuda()).cpu().numpy(), (x.cpu()[fl.tensor([0, 4])] * 2).numpy())
+    out = f(x, fl.tensor([0, 5]).cuda())
+    assert device_checks.pending() and out.shape == (2, 3)
+    with pytest.raises(IndexError, match="index out of range"):
+        fl.cuda.synchronize()
+    assert f(x, fl.tensor([1]).cuda()).cpu().shape == (1, 3)

@@ -33,6 +33,7 @@ MAX_BLOCKS = 1024
 
 _module: list = []
 _buffers: dict = {}         # device id -> uint64[2] (error code, value) on that device
+_flags: dict = {}           # device id -> (int32[1] error flag of compiled graphs, raise(code))
 _pending: set = set()       # devices with checks launched since their buffer was last read
 _messages: dict = {}        # (exception type, template) -> code (1-based)
 _by_code: dict = {}         # code -> (exception type, template)
@@ -80,6 +81,21 @@ def check_range(xp, x, lo: int, hi: int, exc: type, message: str, skip=None) -> 
     _pending.add(dev)
 
 
+def graph_error_flag(xp, dev: int, raise_code):
+    """The error flag that compiled graphs' kernels on cuda device `dev` set (an int32 code, 0: no
+    error), one per device, zero at rest; the graph calls `flag_pending` after its kernels, and the
+    code is raised by `raise_code(code)` at the next synchronisation, as the checks above."""
+    f = _flags.get(dev)
+    if f is None:
+        with xp.cuda.Device(dev):
+            f = _flags[dev] = (xp.zeros(1, dtype=xp.int32), raise_code)
+    return f[0]
+
+
+def flag_pending(flag) -> None:
+    _pending.add(flag.device.id)
+
+
 def pending() -> bool:
     """Whether device checks were launched since the last `raise_pending`."""
     return bool(_pending)
@@ -93,7 +109,15 @@ def raise_pending() -> None:
     devs = sorted(_pending)
     _pending.clear()
     for dev in devs:
-        buf = _buffers[dev]
+        flag = _flags.get(dev)
+        if flag is not None:
+            code = int(flag[0].get()[0])
+            if code:
+                flag[0].fill(0)
+                flag[1](code)
+        buf = _buffers.get(dev)
+        if buf is None:
+            continue
         code, value = (int(v) for v in buf.get())
         if code:
             buf.fill(0)

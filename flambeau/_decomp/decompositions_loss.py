@@ -4,7 +4,8 @@ smoothing, their backward ops, and the elementwise losses with theirs) and of th
 
 cross_entropy and nll_loss go through one coefficient tensor A (class axis in place) with
 loss_i = -sum_c A_ic * logp_ic, already divided by the 'mean' denominator; the backward is then
-dx = g * (sum_c(A) * softmax - A) for cross_entropy and -g * A for nll_loss.
+dx = g * (sum_c(A) * softmax - A) for cross_entropy and -g * A for nll_loss. The forward over
+class-index targets without label smoothing gathers each target's value instead (`_picked_loss`).
 """
 from __future__ import annotations
 
@@ -65,11 +66,33 @@ def _reduce_coeff_loss(terms, cdim, reduction, nan_if_empty):
     return loss if nan_if_empty is None else aten.add(loss, nan_if_empty)
 
 
+def _picked_loss(values, target, weight, reduction, ignore_index, cd):
+    """The loss over class-index targets from `values` (log-probabilities for cross_entropy, the
+    input for nll_loss) at each target: one gather per target instead of a class-wide one-hot,
+    O(N) rather than O(N * C) (a compiled GPT-2 loss had reduced its 8192 x 50257 product in one
+    GPU program), and no 0 * -inf where some other class has probability 0."""
+    _ce_check(values, target, weight, False)
+    cdim = 1 if values.ndim >= 2 else 0
+    t = to(target, D.int64)
+    valid = aten.ne(t, ignore_index)
+    ts = aten.where(valid, t, 0)
+    picked = reshape(aten.gather(values, cdim, aten.unsqueeze(ts, cdim)), tuple(target.shape))
+    w = to(valid, cd) if weight is None else aten.mul(aten.index(to(weight, cd), [ts]), valid)
+    terms = aten.where(valid, aten.mul(picked, w), 0)
+    if reduction == 0:
+        return aten.neg(terms)
+    total = aten.neg(aten.sum(terms))
+    return total if reduction == 2 else aten.div(total, aten.sum(w))
+
+
 @register_decomposition(aten.cross_entropy_loss)
 def cross_entropy_loss(self, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
     dt = _float_check("cross_entropy", self)
     cd = compute_dtype(dt)
     x = to(self, cd)
+    cdim = 1 if x.ndim >= 2 else 0
+    if target.dtype.category < D.FLOATING and not label_smoothing:
+        return to(_picked_loss(aten.log_softmax(x, cdim), target, weight, reduction, ignore_index, cd), dt)
     a, cdim, nan_if_empty = _coefficients(x, target, weight, reduction, ignore_index, label_smoothing, cd)
     logp = aten.log_softmax(x, cdim)
     return to(_reduce_coeff_loss(aten.mul(a, logp), cdim, reduction, nan_if_empty), dt)
@@ -113,9 +136,7 @@ def nll_loss_nd(self, target, weight=None, reduction=1, ignore_index=-100):
         return NotImplemented
     dt = _float_check("nll_loss", self)
     cd = compute_dtype(dt)
-    x = to(self, cd)
-    a, cdim, nan_if_empty = _coefficients(x, target, weight, reduction, ignore_index, 0.0, cd)
-    return to(_reduce_coeff_loss(aten.mul(a, x), cdim, reduction, nan_if_empty), dt)
+    return to(_picked_loss(to(self, cd), target, weight, reduction, ignore_index, cd), dt)
 
 
 @register_decomposition(aten.nll_loss_nd_backward)

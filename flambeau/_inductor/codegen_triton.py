@@ -7,9 +7,12 @@ block of XBLOCK outer indices per program; each step loops over its inner dims (
 step: the whole row is in registers). Values are `[XBLOCK, R<i>BLOCK]` blocks; a reduction
 step's result is `[XBLOCK, 1]` and broadcasts into the steps after it (LayerNorm: mean, variance,
 then the normalised output, one kernel). A kernel without an outer loop and with one pointwise
-step takes its elements as `xindex` (a flat 1-D grid); one with a full reduction runs as a single
-program. Scatter kernels (index_put, scatter_add) copy in blocks, then store element by element
-in order, in one program (duplicates combine as in the serial loop).
+step takes its elements as `xindex` (a flat 1-D grid). A lone reduction with too few outputs to
+fill the GPU (a full reduction: one) is *split*: a 2-D grid of (x block, part) programs reduces
+the parts into a workspace, and a second kernel combines each output's parts (`SplitPlan`).
+Scatter kernels (index_put, scatter_add) copy the destination, then write every scattered element
+at once (atomic adds for sums; plain stores, where duplicates land in an unspecified order as on
+PyTorch's cuda); products, min/max and narrow-dtype sums store element by element in one program.
 
 `TritonHandler` interprets the `ops` namespace by emitting Triton statements: every pointwise op
 prints its declared Triton spelling (`op.pointwise.triton`, `flambeau._ops._spelling`), whose
@@ -260,19 +263,23 @@ class Launch:
     error_flag: bool = False
     single_program: bool = False
     then: "Launch | None" = None     # a second kernel launched after this one, on the same arguments
+    splits: int = 1                  # programs along the grid's second axis (a split reduction's parts)
+    workspace: list = field(default_factory=list)   # [(name, dtype, numel)]: scratch arrays passed last
 
-    def grid(self, sizes: dict) -> int:
-        """Programs to launch, given the size symbols' values."""
+    def grid(self, sizes: dict) -> tuple:
+        """The launch grid, given the size symbols' values."""
         if self.single_program:
-            return 1
+            return (1,)
         n = self.xnumel if isinstance(self.xnumel, int) else self.xnumel.evaluate(sizes)
-        return -(-n // self.xblock)
+        g = -(-n // self.xblock)
+        return (g, self.splits) if self.splits > 1 else (g,)
 
     def signature(self) -> dict:
         sig = {b.name: SIGNATURE[b.dtype] for b in self.buffers}
         sig.update({s: "i64" for s in self.size_names})
         if self.error_flag:
             sig["fl_err"] = "*i32"
+        sig.update({w: SIGNATURE[dt] for w, dt, _ in self.workspace})
         sig.update({k: "constexpr" for k in self.constexprs})
         return sig
 
@@ -318,6 +325,11 @@ class TritonKernelPrinter:
                 first = self._function(k.name, self._scatter_copy)
                 first.then = self._function(k.name + "_scatter", self._scatter_parallel)
                 return "\n\n".join(self.sources), first
+            plan = self._split_plan()
+            if plan is not None:
+                first = self._function(k.name, lambda: self._split_partials(plan))
+                first.then = self._function(k.name + "_final", lambda: self._split_final(plan))
+                return "\n\n".join(self.sources), first
             if k.scatter is not None:
                 launch = self._function(k.name, self._scatter)
             elif not k.outer and len(k.steps) == 1 and k.steps[0].kind == "pointwise":
@@ -334,7 +346,7 @@ class TritonKernelPrinter:
         launch.name = name
         launch.error_flag = self.uses_error_flag
         params = [b.name for b in launch.buffers] + self.size_names + (["fl_err"] if self.uses_error_flag else []) + \
-            [f"{c}: tl.constexpr" for c in launch.constexprs]
+            [w for w, _, _ in launch.workspace] + [f"{c}: tl.constexpr" for c in launch.constexprs]
         self.sources.append(f"@triton.jit\ndef {name}({', '.join(params)}):\n" + "\n".join(self.lines) + "\n")
         return launch
 
@@ -418,6 +430,94 @@ class TritonKernelPrinter:
         widest = max(rblocks, default=1) * xblock
         return self._launch(xnumel, xblock, consts, self._warps(widest), single)
 
+    # ---- split reductions ------------------------------------------------------------------------
+    def _split_plan(self) -> "SplitPlan | None":
+        """How to cut a lone reduction with too few programs for the GPU (a full reduction is one
+        program; a column sum over many rows a handful) into parts: None to keep one pass."""
+        k = self.k
+        if k.scatter is not None or len(k.steps) != 1 or k.steps[0].kind != "reduction" or not k.steps[0].inner_groups:
+            return None
+        xnumel, rnumel = math.prod(k.outer), math.prod(k.steps[0].inner)
+        if not isinstance(xnumel, int):
+            return None
+        target = config.triton_interpret_split_programs if self.interpret else config.triton_split_programs
+        if k.column:
+            xblock, rblock = config.triton_column_block
+        else:
+            xblock, rblock = 1, config.triton_loop_block if not self.interpret else self._target_elems()
+        xprograms = -(-xnumel // xblock)
+        if not isinstance(rnumel, int):                # sizes known at run time: full reductions only
+            if xnumel != 1:
+                return None
+            return SplitPlan(target, xblock, rblock)
+        if rnumel < config.triton_split_min or 2 * xprograms > target:
+            return None
+        rblock = min(rblock, next_pow2(rnumel))
+        parts = min(target // xprograms, -(-rnumel // (rblock * SPLIT_MIN_BLOCKS)), SPLIT_MAX_PARTS)
+        parts = 1 << (parts.bit_length() - 1) if parts > 0 else 0
+        return SplitPlan(parts, xblock, rblock) if parts >= 2 else None
+
+    def _split_workspace(self, plan) -> list:
+        red = self.k.steps[0].nodes[0].buf.data
+        rt = red.reduction_type
+        n = plan.parts * math.prod(self.k.outer)
+        if rt in ("any", "all"):
+            return [("ws_v", D.int8, n)]
+        dt = _ACC_DTYPES[_acc_init(rt, compute_dtype(red.src_dtype))[0]]
+        return [("ws_v", dt, n)] + ([("ws_i", D.int64, n)] if rt in ("argmax", "argmin") else [])
+
+    def _split_partials(self, plan) -> Launch:
+        """The first kernel of a split reduction: program (x block, part) reduces its part of the
+        inner elements into the workspace, at [part, x]."""
+        k = self.k
+        step = k.steps[0]
+        xnumel, rnumel = math.prod(k.outer), math.prod(step.inner)
+        pid = "tl.program_id(1).to(tl.int64)" if self.int64 else "tl.program_id(1)"
+        self.line(f"rpart = {pid}")
+        xouter = self._x_vars(k.outer_groups, xnumel)
+        n, idx, res = self._accumulate(step, xouter, 0, "R0BLOCK", rnumel, True,
+                                       span=("rpart * R0BLOCK", plan.parts * plan.rblock))
+        rt = n.buf.data.reduction_type
+        at = f"rpart * {xnumel} + xindex"
+        if rt in ("argmax", "argmin"):
+            self.line(f"tl.store(ws_v + ({at}), acc0_v[:, None], mask=xmask)")
+            self.line(f"tl.store(ws_i + ({at}), acc0_r[:, None], mask=xmask)")
+        else:
+            self.line(f"tl.store(ws_v + ({at}), ({res}).to({TL[self._split_workspace(plan)[0][1]]})[:, None], "
+                      f"mask=xmask)")
+        la = self._launch(xnumel, plan.xblock, {"R0BLOCK": plan.rblock}, self._warps(plan.xblock * plan.rblock))
+        la.splits, la.workspace = plan.parts, self._split_workspace(plan)
+        return la
+
+    def _split_final(self, plan) -> Launch:
+        """The second kernel: each output reduces its parts' partial results."""
+        k = self.k
+        n = k.steps[0].nodes[0]
+        red = n.buf.data
+        rt = red.reduction_type
+        xnumel = math.prod(k.outer)
+        xblock = max(1, min(config.triton_block // plan.parts, next_pow2(xnumel)))
+        xouter = self._x_vars(k.outer_groups, xnumel)
+        self.line(f"rp = tl.arange(0, {next_pow2(plan.parts)})[None, :]")
+        self.line(f"rpmask = rp < {plan.parts}")
+        at = f"rp * {xnumel} + xindex"
+        ws = self._split_workspace(plan)
+        init = "0" if rt in ("any", "all") else _acc_init(rt, compute_dtype(red.src_dtype))[1]
+        self.line(f"part = tl.load(ws_v + ({at}), mask=xmask & rpmask, other={init})")
+        if rt in ("argmax", "argmin"):
+            self.line(f"part_i = tl.load(ws_i + ({at}), mask=xmask & rpmask, other=-1)")
+            self.line(f"_, part_r = tl.reduce((part, part_i), 1, fl_{rt}_combine)")
+            res = "tl.where(part_r < 0, 0, part_r)"
+        elif rt in ("any", "all"):
+            res = f"tl.{'max' if rt == 'any' else 'min'}(tl.where(rpmask, part, {1 if rt == 'all' else 0}), 1) != 0"
+        else:
+            res = _final(rt, "part")
+        idx = node_index(n, iter(xouter), n.ranges)
+        self._reduced(n, idx, res)
+        la = self._launch(xnumel, xblock, {}, self._warps(xblock * plan.parts))
+        la.workspace = ws
+        return la
+
     def _barrier_if_needed(self, i):
         """Before a step reading memory an earlier step of this kernel stored (another lane wrote it)."""
         k = self.k
@@ -425,12 +525,18 @@ class TritonKernelPrinter:
         if any(r in stored for n in k.steps[i].nodes for r in n.read_names):
             self.line("tl.debug_barrier()")
 
-    def _open_r(self, i, block, rnumel, loop, groups) -> list:
+    def _open_r(self, i, block, rnumel, loop, groups, span=None) -> list:
+        """Open step i's inner loop (or block): its index variables. `span` (first, stride): the loop
+        takes the blocks starting at first, first + stride, ... only (a split reduction's part)."""
         if rnumel == 1 or not groups:
             self.r_mask = self.r_block = None
             return []
         self.r_block = block
-        if loop:
+        if span is not None:
+            self.line(f"for r{i}offset in range(0, {rnumel}, {span[1]}):")
+            self.depth += 1
+            self.line(f"r{i}index = {span[0]} + r{i}offset + tl.arange(0, {block})[None, :]")
+        elif loop:
             self.line(f"for r{i}offset in range(0, {rnumel}, {block}):")
             self.depth += 1
             self.line(f"r{i}index = r{i}offset + tl.arange(0, {block})[None, :]")
@@ -472,6 +578,22 @@ class TritonKernelPrinter:
         self.line(f"tl.store({ptr}, {val}{', mask=' + mask if mask else ''})")
 
     def _reduction(self, step, xouter, i, block, rnumel, loop):
+        n, idx, res = self._accumulate(step, xouter, i, block, rnumel, loop)
+        self._reduced(n, idx, res)
+
+    def _reduced(self, n, idx, res: str):
+        """Bind (and store, unless local) a reduction node's result, `res` a [XBLOCK] expression."""
+        dt = n.buf.data.dtype
+        self.line(f"{n.name}_v = ({res}).to({TL[compute_dtype(dt)]})[:, None]")
+        val = TVar(f"{n.name}_v", dt)
+        self.locals[n.name] = val
+        if n.name not in self.k.locals:
+            self._store(n.name, offset_of(idx, contiguous_strides(n.ranges)), val, dt)
+
+    def _accumulate(self, step, xouter, i, block, rnumel, loop, span=None) -> tuple:
+        """Print step i's reduction over its inner elements (those of `span`, see _open_r):
+        (node, its output index, the reduced [XBLOCK] expression); an arg reduction also leaves
+        `acc<i>_v`/`acc<i>_r`, the value and index of its winner."""
         n = step.nodes[0]
         red = n.buf.data
         rt, src, dt = red.reduction_type, red.src_dtype, red.dtype
@@ -481,11 +603,12 @@ class TritonKernelPrinter:
         shape = f"[XBLOCK, {block}]" if has_r else "[XBLOCK, 1]"
         acc = f"acc{i}"
         arg = rt in ("argmax", "argmin")
-        if loop and has_r:
+        loop = (loop or span is not None) and has_r
+        if loop:
             self.line(f"{acc} = tl.full({shape}, {init}, {acc_t})")
             if arg:
                 self.line(f"{acc}_i = tl.full({shape}, -1, tl.int64)")
-        rsyms = self._open_r(i, block, rnumel, loop, step.inner_groups)
+        rsyms = self._open_r(i, block, rnumel, loop, step.inner_groups, span)
         idx = node_index(n, iter(xouter), n.ranges)
         ridx = node_index(n, iter(rsyms), n.reduction_ranges)
         x = ops.to_dtype(red.inner_fn(idx, ridx), src).name
@@ -498,28 +621,22 @@ class TritonKernelPrinter:
             iv = f"tl.broadcast_to(({rflat} + tl.zeros([], tl.int64)), {shape})"
             if live:
                 iv = f"tl.where({live}, {iv}, tl.full([], -1, tl.int64))"
-            if loop and has_r:
+            if loop:
                 self.line(f"{acc}, {acc}_i = fl_{rt}_combine({acc}, {acc}_i, {xv}, {iv})")
             else:
                 self.line(f"{acc} = {xv}")
                 self.line(f"{acc}_i = {iv}")
-        elif loop and has_r:
+        elif loop:
             self.line(f"{acc} = {_combine(rt, acc, xv)}")
         else:
             self.line(f"{acc} = {xv}")
-        if loop and has_r:
+        if loop:
             self.depth -= 1
         self.r_mask = self.r_block = None
         if arg:
-            self.line(f"_, {acc}_r = tl.reduce(({acc}, {acc}_i), 1, fl_{rt}_combine)")
-            res = f"tl.where({acc}_r < 0, 0, {acc}_r)"
-        else:
-            res = _final(rt, acc)
-        self.line(f"{n.name}_v = ({res}).to({TL[compute_dtype(dt)]})[:, None]")
-        val = TVar(f"{n.name}_v", dt)
-        self.locals[n.name] = val
-        if n.name not in self.k.locals:
-            self._store(n.name, offset_of(idx, contiguous_strides(n.ranges)), val, dt)
+            self.line(f"{acc}_v, {acc}_r = tl.reduce(({acc}, {acc}_i), 1, fl_{rt}_combine)")
+            return n, idx, f"tl.where({acc}_r < 0, 0, {acc}_r)"
+        return n, idx, _final(rt, acc)
 
     def _scatter_copy(self) -> Launch:
         """The first kernel of a parallel scatter: the destination's initial values, a flat grid."""
@@ -593,15 +710,28 @@ class TritonKernelPrinter:
         return self._launch(1, xblock, {}, 4, single=True)
 
 
+@dataclass
+class SplitPlan:
+    """A split reduction: `parts` programs per x block; part p reduces the inner blocks (of `rblock`
+    elements) p, p + parts, p + 2 * parts, ..."""
+    parts: int
+    xblock: int
+    rblock: int
+
+
+SPLIT_MIN_BLOCKS = 4                # a part loops over at least this many blocks
+SPLIT_MAX_PARTS = 1024              # the final kernel loads every part of an output in one block
+_ACC_DTYPES = {t: d for d, t in TL.items() if d is not D.bool}     # accumulator type -> workspace dtype
+
 ATOMIC_ADD_DTYPES = (D.float32, D.float64, D.int32, D.int64)
 
 
 def _parallel_scatter(sc) -> bool:
-    """Whether a Scatter's elements may be written all at once: no two hit one element (every
-    scattered dim is a parallel one), or they add up through `tl.atomic_add`."""
-    dims = {d for d, s in enumerate(sc.scatter_ranges) if s != 1}
+    """Whether a Scatter's elements may be written all at once: plain stores (where two hit one
+    element, which lands is unspecified, as PyTorch's index_put/scatter on cuda say), or sums
+    through `tl.atomic_add`. Products, min/max and narrow-dtype sums keep the serial program."""
     if sc.reduce is None:
-        return dims <= sc.parallel_dims
+        return True
     return sc.reduce == "sum" and sc.dtype in ATOMIC_ADD_DTYPES
 
 

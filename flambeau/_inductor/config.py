@@ -50,3 +50,9 @@ triton_interpret_block: int = 1 << 14
 triton_persistent_limit: int = 4096   # rows up to this many elements are reduced in one block (persistent)
 triton_loop_block: int = 1024         # RBLOCK of a looped row
 triton_column_block: tuple = (64, 16)  # (XBLOCK, RBLOCK) of an outer (column) reduction
+# Split reductions: a lone reduction of at least triton_split_min inner elements whose outputs need
+# fewer than half this many programs (a full reduction: one) is cut into parts reduced in parallel
+# into a workspace, then combined by a second kernel (the interpreter runs programs one by one: few parts).
+triton_split_min: int = 8192
+triton_split_programs: int = 512
+triton_interpret_split_programs: int = 4

@@ -160,6 +160,19 @@ class Launcher:
         self.size_names = launch.size_names
         self.tl_dtypes = [_tl_dtype(b.dtype) for b in launch.buffers]
         self._compiled: dict = {}
+        self._workspace: dict = {}
+
+    def workspace(self, la) -> list:
+        """The scratch arrays of a launch (a split reduction's partial results), by name, shared by
+        the launches of the chain and made once per Launcher: launches on one stream run in order,
+        so every call may reuse them."""
+        out = []
+        for name, dt, n in la.workspace:
+            a = self._workspace.get(name)
+            if a is None:
+                a = self._workspace[name] = (np if self.interpret else _cupy()).empty(n, dt.np)
+            out.append(a)
+        return out
 
     def __call__(self, *args):
         nb, ns = self.n_bufs, len(self.size_names)
@@ -167,25 +180,28 @@ class Launcher:
         env = dict(zip(self.size_names, sizes)) if sizes else {}
         for la, fn in self.chain:
             g = la.grid(env)
-            if g == 0:
+            if g[0] == 0:
                 continue
             stats["launches"] += 1
             e = err if la.error_flag else ()
+            ws = self.workspace(la) if la.workspace else ()
             if self.interpret:
                 arrays = [HostArray(a, t) for a, t in zip(bufs, self.tl_dtypes)]
-                fn[(g,)](*arrays, *map(_interpreter_int, sizes), *[HostArray(x, tl.int32) for x in e],
-                         **la.constexprs)
+                extra = [HostArray(x, tl.int32) for x in e] + \
+                    [HostArray(x, _tl_dtype(dt)) for x, (_, dt, _) in zip(ws, la.workspace)]
+                fn[g](*arrays, *map(_interpreter_int, sizes), *extra, **la.constexprs)
                 continue
+            e = tuple(e) + tuple(ws)
             ptrs = [a.data.ptr for a in bufs] + [x.data.ptr for x in e]
             aligned = tuple(i for i, p in enumerate(ptrs) if p % ALIGN == 0)
             k = self._compiled.get((la.name, aligned))
             if k is None:
                 k = self._compiled[la.name, aligned] = self._kernel(la, fn, aligned)
-            TL.launch(k, (g,), *[TL.Ptr(p) for p in ptrs[:nb]], *sizes, *[TL.Ptr(p) for p in ptrs[nb:]])
+            TL.launch(k, g, *[TL.Ptr(p) for p in ptrs[:nb]], *sizes, *[TL.Ptr(p) for p in ptrs[nb:]])
 
     def _kernel(self, la, fn, aligned: tuple):
         """The cubin for these pointer alignments: from the disk cache, else compiled and cached."""
-        names = [b.name for b in la.buffers] + (["fl_err"] if la.error_flag else [])
+        names = [b.name for b in la.buffers] + (["fl_err"] if la.error_flag else []) + [w for w, _, _ in la.workspace]
         return load_or_compile(fn, la.signature(), la.constexprs, la.num_warps, tuple(names[i] for i in aligned),
                                device_key(self.device), self.module_key)
 

@@ -14,8 +14,9 @@ after the kernels' error check.
 Kernel function objects (ctypes, argtypes set once; for Triton kernels a
 `triton_runtime.Launcher`) and extern callables are globals of the
 generated module, so a call is a straight line of statements. On cuda the arrays are CuPy's, the
-externs run their kernels on CuPy, and a Triton kernel's bounds-check failure lands in `_err`,
-read after the kernels.
+externs run their kernels on CuPy, and a Triton kernel's bounds-check failure lands in `_err`:
+read after the kernels on cpu; on cuda a per-device flag raised at the next synchronisation
+(`device_checks`, as eager's checks), so a call never waits for the GPU.
 
 A graph with symbolic sizes (graph.py) first reads each size symbol from the input it lives in
 (`s0, s1 = arg0.shape`), then checks that every input has the shape and (unless it is empty) the
@@ -32,7 +33,7 @@ import numpy as np
 
 from .. import _dtype as D
 from .. import _backends
-from .._backends import cpu_kernels
+from .._backends import cpu_kernels, device_checks
 from .._device import CPU
 from .._tensor import Tensor
 from ..fx._symbolic_shapes import expr_to_python
@@ -234,6 +235,7 @@ class WrapperCodegen:
         self.order = order
         self.mem = memory
         self.backend = backend
+        self.device = device
         self.xp = np if device.type == "cpu" else _backends.get(device.type).xp
         self.ns = {"np": np, "_empty": _poisoned(self.xp) if config.poison_buffers else self.xp.empty,
                    "_T": Tensor._make, "_dev": device,
@@ -266,11 +268,17 @@ class WrapperCodegen:
                 L.append(f"    {b.name} = _in{b.position}._data")
         if g.dynamic:
             self._bind_sizes()
+        deferred = False
         if self.backend == "triton" and any(isinstance(s, Kernel) and self.kernels_ns[s.name].error_flag
                                              for s in self.order):
-            self.ns["_zeros"] = self.xp.zeros
             self.ns["_kernel_error"] = kernel_error
-            L.append("    _err = _zeros(1, np.int32)")
+            if self.xp is np:
+                self.ns["_zeros"] = self.xp.zeros
+                L.append("    _err = _zeros(1, np.int32)")
+            else:                     # cuda: raised at the next synchronisation, no host read per call
+                deferred = True
+                self.ns["_err"] = device_checks.graph_error_flag(self.xp, self.device.index or 0, kernel_error)
+                self.ns["_flag_pending"] = device_checks.flag_pending
         for name, c in g.constants.items():
             self.ns[f"_c_{name}"] = c.constant
             L.append(f"    {name} = _c_{name}._data")
@@ -292,6 +300,8 @@ class WrapperCodegen:
         if "_zeros" in self.ns:
             L.append("    if _err[0]:")
             L.append("        _kernel_error(int(_err[0]))")
+        if deferred:
+            L.append("    _flag_pending(_err)")
         for pos, buf in g.mutations.items():         # graph inputs written by copy_: into the caller's tensor
             L.append(f"    _copyto(_in{pos}._data, {buf.name})")
         L.append(f"    return {self._outputs()}")
@@ -364,6 +374,7 @@ class WrapperCodegen:
         name = f"_extern_{ek.name}"
         self.ns[name] = fn
         call = f"{name}({', '.join([b.name for b in bases] + (['_S'] if symbolic else []))})"
+        call += f"  # {getattr(ek.op, 'name', ek.op)}"
         if ek.layout is None:
             outs = [f"{ek.name}_{i}" if any(o.i == i for o in ek.outputs) else "_" for i in range(ek.n_outputs)]
             self.lines.append(f"    {', '.join(outs)}{',' if len(outs) == 1 else ''} = {call}")

@@ -92,6 +92,8 @@ def cases():
     yield lambda a: a.prod(1), (x,)
     yield lambda a, i, v: a.index_put((i,), v, accumulate=True), (x, fl.tensor([1, 1, 4]), fl.randn(3, 70))
     yield lambda a, i: F.embedding(i, a), (x, fl.tensor([[1, 2], [1, 0]]))
+    yield lambda a: (a.sum(), a.argmax(), (a > 0).all(), a.sum(0), a.prod()), (fl.randn(300, 400),)   # split
+    yield lambda a, i, v: a.index_put((i,), v), (x, fl.tensor([1, 1, 4]), fl.randn(3, 70))
 
 
 for fn, args in cases():
