@@ -346,3 +346,34 @@ def test_shape_and_dtype_errors_unchanged_on_cuda():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert cublaslt.available(), cublaslt.load_error()
+
+
+PADDED = {  # products whose leading dimensions are off 16 bytes (GPT-2's vocabulary of 50257 is odd)
+    "odd_n_output": ([(64, 96), (81, 96)], lambda M, x, w: x @ w.t()),
+    "odd_ld_left": ([(64, 81), (81, 96)], lambda M, g, w: g @ w),
+    "odd_ld_left_transposed": ([(64, 81), (64, 96)], lambda M, g, x: g.t() @ x),
+    "odd_ld_sliced": ([(64, 99), (97, 96)], lambda M, a, b: a[:, 1:98] @ b),
+    "bmm_odd_n": ([(3, 32, 48), (3, 48, 41)], lambda M, a, b: M.bmm(a, b)),
+    "fold_odd_n_bias": ([(4, 16, 96), (81, 96), (81,)], lambda M, x, w, b: M.nn.functional.linear(x, w, b)),
+    "addmm_beta_odd_n": ([(64, 81), (64, 96), (96, 81)], lambda M, c, a, b: M.addmm(c, a, b, beta=0.5)),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(PADDED))
+def test_misaligned_leading_dimensions_are_padded(name, monkeypatch):
+    """Large products (here every product: PAD_MIN_MACS lowered) with a leading dimension off 16
+    bytes read padded copies and write a padded output (cuBLASLt has only align1 kernels otherwise):
+    same values as PyTorch and float64, a contiguous result."""
+    torch = _torch_cuda()
+    monkeypatch.setattr(cublaslt, "PAD_MIN_MACS", 0)
+    shapes, fn = PADDED[name]
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal(s) for s in shapes]
+    fl, tt = _both(torch, xs, "bfloat16")
+    before = cublaslt.calls["padded"]
+    got = fn(flambeau, *fl)
+    assert cublaslt.calls["padded"] == before + 1
+    assert got.is_contiguous()
+    ref64 = fn(torch, *[torch.tensor(t.detach().double().cpu().numpy()) for t in tt]).numpy()
+    assert _rel(_np(got), ref64) < TOL["bfloat16"]

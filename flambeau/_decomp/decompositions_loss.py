@@ -5,7 +5,8 @@ smoothing, their backward ops, and the elementwise losses with theirs) and of th
 cross_entropy and nll_loss go through one coefficient tensor A (class axis in place) with
 loss_i = -sum_c A_ic * logp_ic, already divided by the 'mean' denominator; the backward is then
 dx = g * (sum_c(A) * softmax - A) for cross_entropy and -g * A for nll_loss. The forward over
-class-index targets without label smoothing gathers each target's value instead (`_picked_loss`).
+class-index targets without label smoothing gathers each target's value instead (`_picked_loss`),
+and its backward takes one coefficient per target (`_picked_loss_backward`).
 """
 from __future__ import annotations
 
@@ -103,11 +104,32 @@ def _grad_along(grad, cdim, reduction, cd):
     return aten.unsqueeze(g, cdim) if reduction == 0 else g
 
 
+def _picked_loss_backward(grad, x, target, weight, reduction, ignore_index, cd):
+    """cross_entropy's input gradient over class-index targets: g_i * w_i * (softmax_ic - [c == t_i])
+    (divided by the weight total for 'mean'), one coefficient per target and the one-hot as a
+    comparison, so no N x C coefficient tensor is made or read."""
+    cdim = 1 if x.ndim >= 2 else 0
+    t = to(target, D.int64)
+    valid = aten.ne(t, ignore_index)
+    ts = aten.where(valid, t, 0)
+    w = to(valid, cd) if weight is None else aten.mul(aten.index(to(weight, cd), [ts]), valid)
+    coef = aten.mul(w, to(grad, cd)) if reduction == 0 else aten.mul(w, to(grad, cd) if reduction == 2 else
+                                                                     aten.div(to(grad, cd), aten.sum(w)))
+    coef = aten.where(valid, coef, 0)
+    wshape = [1] * x.ndim
+    wshape[cdim] = x.shape[cdim]
+    classes = reshape(aten.arange(0, x.shape[cdim], 1, dtype=D.int64, device=x.device), tuple(wshape))
+    onehot = to(aten.eq(aten.unsqueeze(ts, cdim), classes), cd)
+    return aten.mul(aten.sub(aten.softmax(x, cdim), onehot), aten.unsqueeze(coef, cdim))
+
+
 @register_decomposition(aten.cross_entropy_loss_backward)
 def cross_entropy_loss_backward(grad, self, target, weight, reduction, ignore_index, label_smoothing):
     dt = _float_check("cross_entropy", self)
     cd = compute_dtype(dt)
     x = to(self, cd)
+    if target.dtype.category < D.FLOATING and not label_smoothing:
+        return to(_picked_loss_backward(grad, x, target, weight, reduction, ignore_index, cd), dt), None, None
     a, cdim, _ = _coefficients(x, target, weight, reduction, ignore_index, label_smoothing, cd)
     g = _grad_along(grad, cdim, reduction, cd)
     sm = aten.softmax(x, cdim)
