@@ -353,18 +353,17 @@ PADDED = {  # products whose leading dimensions are off 16 bytes (GPT-2's vocabu
     "odd_ld_left": ([(64, 81), (81, 96)], lambda M, g, w: g @ w),
     "odd_ld_left_transposed": ([(64, 81), (64, 96)], lambda M, g, x: g.t() @ x),
     "odd_ld_sliced": ([(64, 99), (97, 96)], lambda M, a, b: a[:, 1:98] @ b),
-    "bmm_odd_n": ([(3, 32, 48), (3, 48, 41)], lambda M, a, b: M.bmm(a, b)),
     "fold_odd_n_bias": ([(4, 16, 96), (81, 96), (81,)], lambda M, x, w, b: M.nn.functional.linear(x, w, b)),
-    "addmm_beta_odd_n": ([(64, 81), (64, 96), (96, 81)], lambda M, c, a, b: M.addmm(c, a, b, beta=0.5)),
+    "addmm_bias_odd_k": ([(96,), (64, 81), (81, 96)], lambda M, c, a, b: M.addmm(c, a, b)),
 }
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", sorted(PADDED))
 def test_misaligned_leading_dimensions_are_padded(name, monkeypatch):
-    """Large products (here every product: PAD_MIN_MACS lowered) with a leading dimension off 16
-    bytes read padded copies and write a padded output (cuBLASLt has only align1 kernels otherwise):
-    same values as PyTorch and float64, a contiguous result."""
+    """Large 2-D (or folded) products (here every one: PAD_MIN_MACS lowered) with a size or leading
+    dimension off 16 bytes run on zero-padded copies (cuBLASLt has only align1 kernels otherwise):
+    same values as float64, a contiguous result."""
     torch = _torch_cuda()
     monkeypatch.setattr(cublaslt, "PAD_MIN_MACS", 0)
     shapes, fn = PADDED[name]

@@ -12,9 +12,9 @@ operand is read in place when one of its two matrix strides is 1 (a transposed v
 OP_T); batch dimensions collapse into one batch stride where they can (a batch broadcast against
 the other operand has stride 0); anything else is copied to a contiguous array first. When the
 second operand has no batch, the first's batch folds into its rows (one GEMM, as PyTorch's matmul).
-A large product with a leading dimension that is not a multiple of 16 bytes (an odd vocabulary)
-reads padded copies of such operands and writes a padded output, copied out contiguous: cuBLASLt
-has only slow kernels for those layouts.
+A large 2-D product whose sizes or leading dimensions are not multiples of 16 bytes (an odd
+vocabulary) runs on zero-padded copies, its output copied out (`_padded_gemm`, 2-D copies at
+memory speed): cuBLASLt has only slow align1 kernels for those.
 The layout logic (`matrix_operand`, `collapse`, `plan`) is pure Python and tested on CPU.
 
 The library is found at first use: FLAMBEAU_CUBLASLT_LIB, else nvidia/cublas/lib in a site-packages
@@ -58,9 +58,9 @@ DATA_TYPES = {"float32": CUDA_R_32F, "float16": CUDA_R_16F, "bfloat16": CUDA_R_1
 WORKSPACE_BYTES = 32 << 20      # as PyTorch's cuBLASLt workspace on Hopper
 MAX_ALIGNMENT = 256             # bytes: cuBLASLt's default assumption for every pointer
 MAX_DIM = (1 << 31) - 1         # rows, cols and leading dimensions must fit in int32 for the kernels
-LD_ALIGN = 16                   # bytes: a leading dimension off this leaves cuBLASLt only its slow align1 kernels
-PAD_MIN_MACS = 1 << 30          # products this large take padded copies of such operands and output (GPT-2's
-#   lm_head, vocab 50257: 6.7 + 4.5 + 4.3 ms in cutlass_75 align1 kernels on an H100, ~1 ms each padded)
+PAD_BYTES = 16                  # a row length or leading dimension off this leaves cuBLASLt only align1 kernels
+PAD_MIN_MACS = 1 << 30          # 2-D products this large are computed on zero-padded copies then (GPT-2's lm_head,
+#   vocab 50257: cutlass_75 align1 kernels took 6.7 + 4.5 + 4.3 ms of a compiled step on an H100)
 
 enabled = True
 allow_fp16_reduced_precision_reduction = True
@@ -298,7 +298,7 @@ class _Compiled:
     """Descriptors and the heuristic's algorithm for one layout key."""
     __slots__ = ("desc", "la", "lb", "ld", "algo", "ws", "bias_ptr")
 
-    def __init__(self, lib, handle, p: Plan, dtype_name, epilogue, aligns, mask, ldd: int):
+    def __init__(self, lib, handle, p: Plan, dtype_name, epilogue, aligns, mask):
         dt = DATA_TYPES[dtype_name]
         self.desc = ctypes.c_void_p()
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), compute_type(dtype_name), CUDA_R_32F),
@@ -309,7 +309,7 @@ class _Compiled:
         _set(sd, self.desc, DESC_EPILOGUE, ctypes.c_uint32(epilogue))
         self.bias_ptr = None
         layouts = []
-        for op in (p.a, p.b, (OP_N, p.n, p.m, ldd, ldd * p.m)):
+        for op in (p.a, p.b, (OP_N, p.n, p.m, p.n, p.n * p.m)):
             lay = ctypes.c_void_p()
             _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dt, op[1], op[2], op[3]),
                    "cublasLtMatrixLayoutCreate")
@@ -389,6 +389,9 @@ def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
     `a` (..., m, k) and `b` (..., k, n) must pass `handles`; `c` broadcasts to the output; `bias` is
     a 1-D array of length n (added after alpha's scaling, through the epilogue when it can)."""
     import cupy  # deferred: optional dependency, present only where cuda is used
+    if c is None and b.ndim == 2 and (a.ndim == 2 or a.flags.c_contiguous) and \
+            a.size * b.shape[1] >= PAD_MIN_MACS and _misaligned(a.reshape(-1, a.shape[-1]), b):
+        return _padded_gemm(cupy, a.reshape(-1, a.shape[-1]), b, bias, alpha).reshape(a.shape[:-1] + b.shape[-1:])
     lib = _lib_state["lib"]
     p = _plan_for(a, b)
     if isinstance(p, str):
@@ -401,14 +404,6 @@ def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
         p = _plan_for(a, b)
         if isinstance(p, str):
             raise RuntimeError(f"cuBLASLt gemm: no layout for contiguous operands {a.shape} and {b.shape}")
-    ldd = p.n
-    if p.m * p.n * p.k >= PAD_MIN_MACS and (_ld_misaligned(a) or _ld_misaligned(b)
-                                            or ((c is None or beta == 0) and (p.n * a.itemsize) % LD_ALIGN)):
-        a, b = (_padded(cupy, x) if _ld_misaligned(x) else x for x in (a, b))
-        p = _plan_for(a, b)
-        if (c is None or beta == 0) and (p.n * a.itemsize) % LD_ALIGN:
-            ldd = -(-p.n * a.itemsize // LD_ALIGN) * LD_ALIGN // a.itemsize
-        calls["padded"] += 1
     epilogue = EPILOGUE_DEFAULT
     bias_ptr = 0
     if bias is not None and c is None and bias.dtype == a.dtype and bias.ndim == 1 and \
@@ -417,17 +412,14 @@ def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
         bias_ptr = bias.data.ptr
     elif bias is not None:
         c, beta = (bias if c is None else c * beta + bias), 1.0    # bias through C
-    if ldd != p.n:
-        d = cupy.empty(p.out[:-1] + (ldd,), dtype=a.dtype)
-        beta = 0.0
-    elif c is None or beta == 0:
+    if c is None or beta == 0:
         d = cupy.empty(p.out, dtype=a.dtype)
         beta = 0.0
     else:
         d = cupy.array(cupy.broadcast_to(c.astype(a.dtype, copy=False), p.out), order="C")
     it = a.itemsize
     ptr_a, ptr_b, ptr_d = b.data.ptr, a.data.ptr, d.data.ptr        # cuBLAS's A is our b (D^T = B^T A^T)
-    sa, sb, sd = p.a[4] * it, p.b[4] * it, p.m * ldd * it
+    sa, sb, sd = p.a[4] * it, p.b[4] * it, p.m * p.n * it
     if (ptr_a | ptr_b | ptr_d | bias_ptr | sa | sb | sd) % MAX_ALIGNMENT == 0:
         aligns = _ALIGNED_BIAS if bias_ptr else _ALIGNED
     else:
@@ -436,7 +428,7 @@ def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
     name = (_NAMES or _names())[a.dtype]
     dev = d.device.id
     key = (dev, name, _state.float32_matmul_precision, allow_fp16_reduced_precision_reduction,
-           allow_bf16_reduced_precision_reduction, p.key, epilogue, aligns, ldd)
+           allow_bf16_reduced_precision_reduction, p.key, epilogue, aligns)
     comp = _plans.get(key)
     handle = _handles.get(dev) or _handle(dev)
     if comp is None:
@@ -444,7 +436,7 @@ def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
             for old in _plans.values():
                 old.destroy(lib)
             _plans.clear()
-        comp = _plans[key] = _Compiled(lib, handle, p, name, epilogue, aligns, reduction_mask(name), ldd)
+        comp = _plans[key] = _Compiled(lib, handle, p, name, epilogue, aligns, reduction_mask(name))
     if bias_ptr:
         comp.set_bias(lib.cublasLtMatmulDescSetAttribute, bias_ptr)
         calls["bias_epilogue"] += 1
@@ -458,32 +450,65 @@ def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
                               ptr_d, comp.ld, ptr_d, comp.ld, ctypes.byref(comp.algo), ws.data.ptr,
                               comp.ws, stream), "cublasLtMatmul")
     calls["gemm"] += 1
-    return d if ldd == p.n else cupy.ascontiguousarray(d[..., :p.n])
-
-
-def _ld_misaligned(x) -> bool:
-    """Whether a matrix operand read in place has a leading dimension off LD_ALIGN bytes."""
-    it = x.itemsize
-    rs, cs = x.strides[-2], x.strides[-1]
-    if x.shape[-1] <= 1 or x.shape[-2] <= 1:
-        return False
-    ld = rs if cs == it else cs if rs == it else 0
-    return ld % LD_ALIGN != 0
-
-
-def _padded(cupy, x):
-    """A copy of matrix operand x, in the same orientation, whose leading dimension is a multiple of
-    LD_ALIGN bytes (a view of a wider array)."""
-    if x.strides[-1] != x.itemsize:                       # column-major: pad its transpose's rows
-        return _padded(cupy, x.swapaxes(-1, -2)).swapaxes(-1, -2)
-    al = LD_ALIGN // x.itemsize
-    cols = x.shape[-1]
-    base = cupy.empty(x.shape[:-1] + (-(-cols // al) * al,), dtype=x.dtype)
-    view = base[..., :cols]
-    view[...] = x
-    return view
+    return d
 
 
 def _estrides(x):
     it = x.itemsize
     return tuple(s // it for s in x.strides)
+
+
+def _rowmajor(x) -> bool:
+    return x.strides[-1] == x.itemsize
+
+
+def _ld(x) -> int:
+    return x.strides[-2] if _rowmajor(x) else x.strides[-1]
+
+
+def _misaligned(a, b) -> bool:
+    """Whether a 2-D product has a size along a contiguous dimension, or a leading dimension, off PAD_BYTES."""
+    it = a.itemsize
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    if not all(_rowmajor(x) or x.strides[-2] == x.itemsize for x in (a, b)):
+        return False                                   # (a copy to contiguous comes first anyway)
+    return any(v * it % PAD_BYTES for v in (k, n)) or any(_ld(x) % PAD_BYTES for x in (a, b)) or \
+        (not _rowmajor(a) and m * it % PAD_BYTES)
+
+
+def _copy2d(cupy, dst, src):
+    """dst[...] = src for 2-D arrays whose last stride is their itemsize: one strided memory copy."""
+    it = src.itemsize
+    cupy.cuda.runtime.memcpy2DAsync(dst.data.ptr, dst.strides[0], src.data.ptr, src.strides[0], src.shape[1] * it,
+                                    src.shape[0], cupy.cuda.runtime.memcpyDeviceToDevice,
+                                    cupy.cuda.get_current_stream().ptr)
+
+
+def _zero_padded(cupy, x, rows: int, cols: int):
+    """A rows x cols copy of 2-D x in the same orientation, zeros beyond x, leading dimension a
+    multiple of PAD_BYTES."""
+    if not _rowmajor(x):
+        return _zero_padded(cupy, x.T, cols, rows).T
+    al = PAD_BYTES // x.itemsize
+    base = cupy.zeros((rows, -(-cols // al) * al), dtype=x.dtype)
+    _copy2d(cupy, base, x)
+    return base[:, :cols]
+
+
+def _padded_gemm(cupy, a, b, bias, alpha):
+    """a @ b (+ bias) computed with m, k, n rounded up to multiples of PAD_BYTES on zero-padded copies."""
+    al = PAD_BYTES // a.itemsize
+    up = lambda v: -(-v // al) * al                    # noqa: E731
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    mp = up(m) if not _rowmajor(a) else m
+    ap = _zero_padded(cupy, a, mp, up(k))
+    bp = _zero_padded(cupy, b, up(k), up(n))
+    if bias is not None and up(n) != n:
+        bias = cupy.concatenate([bias.reshape(-1), cupy.zeros(up(n) - n, dtype=bias.dtype)])
+    calls["padded"] += 1
+    d = gemm(ap, bp, bias=bias, alpha=alpha)
+    if d.shape == (m, n):
+        return d
+    out = cupy.empty((m, n), dtype=d.dtype)
+    _copy2d(cupy, out, d[:m, :n])
+    return out
