@@ -18,6 +18,7 @@ from .. import _dtype as D
 from .._decomp._table import aten
 from .._device import canonical
 from .._ops import Op, _helpers as H
+from .._ops.pointwise import POWERS_BY_PRODUCTS
 from .index import Index
 from .ir import IRNode, Pointwise, Reduction, Unsupported, ops
 from .sizevars import SizeExpr, known_lt, size_tuple
@@ -153,7 +154,18 @@ def _pow(g, a, b):
     if dt.category == D.FLOATING and type(b) is float and b in (0.5, -0.5):
         root = aten.sqrt if b > 0 else aten.rsqrt
         return make_pointwise(g, lambda x: ops.apply(root, x), [a], dt)
+    if dt.category == D.FLOATING and type(b) in (int, float) and b in POWERS_BY_PRODUCTS:
+        return make_pointwise(g, lambda x: _pow_by_products(x, b, dt), [a], dt)
     return make_pointwise(g, ops.pow, [a, b], dt)
+
+
+def _pow_by_products(x, b, dt):
+    """x ** b for b in 2, 3, -1, -2 as ATen's kernel (and torch.compile) computes it: x * x, x * x * x,
+    1 / x, 1 / (x * x), each product rounded (pow's own spelling rounds x ** 3 once)."""
+    if b == -1:
+        return ops.div(ops.constant(1, dt), x)
+    square = ops.mul(x, x)
+    return square if b == 2 else ops.mul(square, x) if b == 3 else ops.div(ops.constant(1, dt), square)
 
 
 @register_lowering(aten.add, aten.sub)

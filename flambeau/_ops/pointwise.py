@@ -405,10 +405,24 @@ def _pow_check(dt, a, b):
         raise RuntimeError("Integers to negative integer powers are not allowed.")
 
 
+POWERS_BY_PRODUCTS = (2, 3, -1, -2)       # Python-number exponents ATen's CPU and CUDA kernels multiply out
+
+
+def _pow_by_products(a, b):
+    """`a ** b` for b in POWERS_BY_PRODUCTS as ATen computes it: a * a, a * a * a, 1 / a, 1 / (a * a),
+    each product rounded (so x ** 3 is not the correctly rounded cube, as in PyTorch)."""
+    if b == -1:
+        return 1 / a
+    square = a * a
+    return square if b == 2 else square * a if b == 3 else 1 / square
+
+
 def _pow(xp, a, b):
     if type(b) is float and b in (0.5, -0.5) and _kind_of(a, b) not in "iu":
         r = xp.sqrt(a)                      # as PyTorch: sqrt(-0.0) is -0.0, sqrt(-inf) NaN (C's pow: +0.0, +inf)
         return r if b > 0 else 1 / r
+    if _kind_of(a, b) == "f" and type(b) in (int, float) and b in POWERS_BY_PRODUCTS:
+        return _pow_by_products(a, b)
     if _kind_of(a, b) not in "iu":
         return xp.power(a, b)
     a, b = xp.asarray(a), xp.asarray(b)

@@ -32,6 +32,7 @@ MODES = ("eager", "inductor", "dynamic")
 TOLERANCES = {"float32": (1.3e-6, 1e-5), "float64": (1e-7, 1e-7)}
 GRAD_TOLERANCES = {"float32": (1e-5, 1e-5), "float64": (1e-7, 1e-7)}
 MAX_REPORTED_ELEMENTS = 4
+OWN_ERROR_MULTIPLIER = 3.0      # ours may be this many times further from float64 than PyTorch's float32
 
 
 @dataclasses.dataclass
@@ -199,7 +200,8 @@ def _differ(a: np.ndarray, b: np.ndarray, dtype: str, tolerances, signed_zeros: 
     inf = both & (np.isinf(a) | np.isinf(b))
     bad |= inf & (a != b)
     finite = both & ~inf
-    bad |= finite & ~(np.abs(a - b) <= atol + rtol * np.abs(b))
+    with np.errstate(invalid="ignore"):                 # inf - inf where `finite` is False
+        bad |= finite & ~(np.abs(a - b) <= atol + rtol * np.abs(b))
     if signed_zeros:
         bad |= finite & (a == 0) & (b == 0) & (np.signbit(a) != np.signbit(b))
     return bad
@@ -215,6 +217,21 @@ def _zero_signs_vary(b: np.ndarray, c: np.ndarray) -> bool:
         return False
     zeros = (b == 0) & (c == 0)
     return bool(np.any(zeros & (np.signbit(b) != np.signbit(c))))
+
+
+def _within_pytorchs_own_error(a, b, c, dtype: str, tolerances) -> np.ndarray:
+    """Elementwise: ours (`a`) is no further from the float64 result `c` than OWN_ERROR_MULTIPLIER
+    times PyTorch's float32 result `b` is (plus the tolerance), the test of PyTorch's own
+    `torch._dynamo.utils.same(ref, res, fp64_ref)`, there on the tensor's RMSE with a multiplier of 3
+    below 1000 elements. A 1-ulp difference in a rounding (NumPy's float32 `pow` vs PyTorch's, each
+    off by 1 ulp on some elements) magnified by an ill-conditioned op after it (`x % 0.5` of x near 27:
+    x 55 times the result) is as far from float64 as PyTorch's own result, not further (seed 2059)."""
+    if dtype not in tolerances:
+        return np.zeros(a.shape, bool)
+    rtol, atol = tolerances[dtype]
+    a, b, c = a.astype(np.float64), b.astype(np.float64), c.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.abs(a - c) <= atol + rtol * np.abs(c) + OWN_ERROR_MULTIPLIER * np.abs(b - c)
 
 
 def compare(ref, res, ref64, what: str, tolerances=TOLERANCES) -> str | None:
@@ -241,7 +258,8 @@ def compare(ref, res, ref64, what: str, tolerances=TOLERANCES) -> str | None:
     if bad.any() and ref64 is not None:
         c = _numpy(ref64).astype(b.dtype) if dtype in tolerances else _numpy(ref64)
         if c.shape == b.shape:
-            forgiven = _differ(b, c, dtype, tolerances, signed) | ~_differ(a, c, dtype, tolerances, signed)
+            forgiven = (_differ(b, c, dtype, tolerances, signed) | ~_differ(a, c, dtype, tolerances, signed)
+                        | _within_pytorchs_own_error(a, b, c, dtype, tolerances))
             bad &= ~forgiven
     if not bad.any():
         return None
