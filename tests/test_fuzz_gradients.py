@@ -167,3 +167,28 @@ def test_pow_of_a_tensor_exponent_refuses_a_changed_result_as_pytorch(exponent_g
         y.mul_(3.0)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             y.sum().backward()
+
+
+@pytest.mark.parametrize("mode", ["eager", "inductor", "dynamic"])
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_inplace_write_to_max_values_after_it_as_pytorch(mode, name):
+    """Seed 2312: max(dim)/min(dim) save their indices only (PyTorch's), so add_ on the values
+    afterwards is no error (was 'modified by an inplace operation'); forward-mode too."""
+    def f(m, x):
+        v = getattr(x, name)(0, keepdim=True)[0]
+        w = (v + 2) * 3
+        v.transpose(0, 1)[0].add_(1)
+        return w, v
+    vals = [[1.0, 5.0, 3.0], [4.0, 2.0, 6.0]]
+    x, tx = fl.tensor(vals, requires_grad=True), torch.tensor(vals, requires_grad=True)
+    run = (lambda x: f(fl, x)) if mode == "eager" else fl.compile(lambda x: f(fl, x), dynamic=mode == "dynamic")
+    out, ref = run(x), f(torch, tx)
+    g, = fl.autograd.grad(out[0].sum() + out[1].sum(), x)
+    tg, = torch.autograd.grad(ref[0].sum() + ref[1].sum(), tx)
+    np.testing.assert_array_equal(g.numpy(), tg.numpy())
+    if mode == "eager":
+        import flambeau.autograd.forward_ad as fwad
+        with fwad.dual_level():
+            d = fwad.make_dual(fl.tensor(vals), fl.ones(2, 3))
+            t = fwad.unpack_dual(getattr(d, name)(0)[0]).tangent
+        np.testing.assert_array_equal(t.numpy(), np.ones(3, np.float32))

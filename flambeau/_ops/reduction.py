@@ -507,8 +507,10 @@ def _extreme_dim(name, argfn):
         return TensorSpec(shape, self.dtype), TensorSpec(shape, D.int64)
 
     @op.def_derivative
-    def _(grad, self_meta, dim, keepdim, result):
-        return select_backward(grad[0], self_meta.shape, dim, result[1], keepdim)
+    def _extreme_dim_derivative(grad, self_meta, dim, keepdim, result1):
+        """Saves the indices (`result1`) only, as PyTorch: an in-place op on the values afterwards is
+        no error (fuzzer seed 2312)."""
+        return select_backward(grad[0], self_meta.shape, dim, result1, keepdim)
     return op
 
 
