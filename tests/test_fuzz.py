@@ -700,3 +700,22 @@ def test_fuzzer_forgives_a_rounding_magnified_as_far_as_pytorchs_own():
     assert compare(ref, torch.tensor([10.523161, 1.00004]), ref64, "x", TOLERANCES) is not None
     failures = check_seed(2059)
     assert not failures, "\n\n".join(f.report() for f in failures)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_softmax_of_a_transposed_input_is_contiguous_as_eager(dynamic):
+    """Seed 2371: softmax/log_softmax return a contiguous tensor for any input layout, so view() of the
+    result compiles as in eager (the decomposition followed the transposed input's layout: the trace
+    raised 'view size is not compatible')."""
+    from flambeau._dynamo.utils import counters
+
+    def f(m, x):
+        a, b = m.log_softmax(x, -1), m.softmax(x, 0)
+        return a.view(10), b.view(10), a.mT @ a
+    x = fl.randn(5, 2).t()
+    counters.clear()
+    out = fl.compile(lambda x: f(fl, x), dynamic=dynamic)(x)
+    ref = f(torch, torch.tensor(x.numpy()))
+    for o, r in zip(out, ref):
+        np.testing.assert_allclose(o.numpy(), r.numpy(), rtol=1e-5, atol=1e-5)
+    assert not counters["inductor_fallbacks"], dict(counters)

@@ -9,6 +9,7 @@ import math
 from .. import _dtype as D, _state
 from ._table import aten, register_decomposition, to, compute_dtype, dims_of, numel, wrap
 from .._dispatch import type_name
+from .._tensor import contiguous_format
 
 
 def _sized(x, axes) -> bool:
@@ -29,18 +30,25 @@ def _shifted(x, d):
     return aten.sub(x, aten.amax(x, d, True))
 
 
+def _contiguous(r):
+    """The eager kernels' layout: softmax and log_softmax return a contiguous tensor (PyTorch's, for
+    any input layout), where the pointwise ops of the decomposition would follow the input's (a later
+    `view` of the result must succeed or fail as in eager)."""
+    return r if r.is_contiguous() else aten.clone(r, memory_format=contiguous_format)
+
+
 @register_decomposition(aten.softmax)
 def softmax(self, dim, dtype=None):
     orig, x, d = _softmax_input(self, dim, dtype)
     e = aten.exp(_shifted(x, d))
-    return to(aten.div(e, aten.sum(e, d, True)), orig.dtype)
+    return _contiguous(to(aten.div(e, aten.sum(e, d, True)), orig.dtype))
 
 
 @register_decomposition(aten.log_softmax)
 def log_softmax(self, dim, dtype=None):
     orig, x, d = _softmax_input(self, dim, dtype)
     s = _shifted(x, d)
-    return to(aten.sub(s, aten.log(aten.sum(aten.exp(s), d, True))), orig.dtype)
+    return _contiguous(to(aten.sub(s, aten.log(aten.sum(aten.exp(s), d, True))), orig.dtype))
 
 
 @register_decomposition(aten.logsumexp)
