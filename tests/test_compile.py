@@ -438,11 +438,14 @@ def test_opdb_inductor(info):
         assert not breaks, f"{info.name}: unexpected graph break"
 
 
-@pytest.mark.parametrize("name", ["matmul", "mul", "nn.functional.relu", "callable object"])
+@pytest.mark.parametrize("name", ["matmul", "mul", "nn.functional.relu", "callable object", "Tensor.add",
+                                  "Tensor.__mul__", "Tensor.sin", "Tensor.add inside"])
 def test_compile_builtins_and_callable_objects_as_pytorch(name):
     """torch.compile(torch.matmul) compiles: a callable without bytecode of its own (an operator, a
     callable object) is wrapped in a function that calls it (PyTorch's wrap_inline); flambeau raised
-    TypeError. Results and the graph count (through a counting backend) agree with PyTorch's."""
+    TypeError. So is a method of the Tensor class (`torch.Tensor.add`, C in PyTorch; its library body
+    broke the graph at `_data`), and `Tensor.add(a, b)` inside compiled code is `a.add(b)`.
+    Results and the graph count (through a counting backend) agree with PyTorch's."""
     class Affine:
         def __call__(self, x, y):
             return x * 2 + y
@@ -450,6 +453,8 @@ def test_compile_builtins_and_callable_objects_as_pytorch(name):
     def target(m):
         if name == "callable object":
             return Affine()
+        if name == "Tensor.add inside":
+            return lambda x, y: m.Tensor.add(x, y, alpha=2).sin()
         obj = m
         for part in name.split("."):
             obj = getattr(obj, part)
@@ -461,7 +466,7 @@ def test_compile_builtins_and_callable_objects_as_pytorch(name):
         m.compiler.reset()
         x = m.tensor(a, requires_grad=True)
         f = m.compile(target(m), backend=counter, fullgraph=True)
-        out = f(x) if name == "nn.functional.relu" else f(x, m.tensor(b))
+        out = f(x) if name in ("nn.functional.relu", "Tensor.sin") else f(x, m.tensor(b))
         g, = m.autograd.grad(out.sum(), x)
         counts.append((counter.frame_count, out.detach().numpy(), g.numpy()))
     (tc, tout, tg), (fc, fout, fgrad) = counts

@@ -29,6 +29,7 @@ from .exc import InternalTorchDynamoError, SkipFrame, TorchDynamoException, Unsu
 from .convert_frame import convert_frame, CompileStats
 from .compiled_state import CompiledWrapper, is_compiling, tracing as _tracing  # noqa: F401  (is_compiling: flambeau._dynamo's)
 from .repro.debug_utils import AccuracyError, check_config
+from .variables.tensor import tensor_method_name
 
 _caches: dict = {}            # (code, backend key) -> CodeCache
 _disabled = [0]               # > 0 inside a flambeau._dynamo.disable'd function
@@ -274,8 +275,10 @@ class _ModuleCall(CompiledWrapper):
 def wrap_inline(fn):
     """`fn` itself if it is a Python function or method, else a Python function calling it: an operator
     (`flambeau.matmul`), a builtin or an object with `__call__` has no bytecode of its own, so capture
-    starts from this function's call of it (PyTorch's `external_utils.wrap_inline`)."""
-    if isinstance(fn, (types.FunctionType, types.MethodType)):
+    starts from this function's call of it (PyTorch's `external_utils.wrap_inline`). So is a method of
+    the Tensor class (`flambeau.Tensor.add`, PyTorch's a C method): its body is the library's, not code
+    to capture."""
+    if isinstance(fn, (types.FunctionType, types.MethodType)) and tensor_method_name(getattr(fn, "__func__", fn)) is None:
         return fn
 
     @functools.wraps(fn, updated=())

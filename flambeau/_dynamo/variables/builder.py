@@ -80,6 +80,8 @@ def _callable_without_source(v):
         return TorchFunctionVariable(v, hit[0])
     if callable(v) and kinds.builtin.is_builtin_callable(v):
         return kinds.builtin.BuiltinVariable(v)
+    if kinds.tensor.tensor_method_name(v) is not None:
+        return kinds.tensor.TensorMethodVariable(v)
     if isinstance(v, types.FunctionType):
         return kinds.functions.UserFunctionVariable(v)
     raise Unsupported(f"value of type {type(v).__name__} created while tracing")

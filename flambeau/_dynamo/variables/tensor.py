@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import config
 from ..exc import Unsupported
-from .base import VariableTracker, ConstantVariable, const
+from .base import VariableTracker, ValueVariable, ConstantVariable, const
 from ...fx._symbolic_shapes import SymInt
 from ..._tensor import Tensor, Size
 from ..._numpy import _wrappers as np_wrappers
@@ -345,3 +345,35 @@ def numpy_call(tx, target, args: list, kwargs: dict) -> VariableTracker:
     out = tx.output.call_in_graph(tx, "call_function", target, [as_tensor_vt(a) for a in args],
                                   {k: as_tensor_vt(v) for k, v in kwargs.items()})
     return as_ndarray_vt(out)
+
+
+_methods_by_id: dict | None = None
+
+
+def tensor_method_name(fn) -> str | None:
+    """The name under which `fn` is a method of flambeau's Tensor class (`Tensor.add`), else None."""
+    global _methods_by_id
+    if _methods_by_id is None:
+        _methods_by_id = {id(v): (k, v) for k, v in vars(Tensor).items() if callable(v) and not isinstance(v, type)}
+    hit = _methods_by_id.get(id(fn))
+    return hit[0] if hit is not None and hit[1] is fn else None
+
+
+class TensorMethodVariable(ValueVariable):
+    """A method read from the Tensor class (`flambeau.Tensor.add`): called with a tensor first, it is
+    that tensor's method call (`Tensor.add(a, b)` is `a.add(b)`), as PyTorch's `torch.Tensor.add`."""
+
+    def __repr__(self):
+        return f"TensorMethodVariable({self.name})"
+
+    @property
+    def name(self) -> str:
+        return tensor_method_name(self.value)
+
+    def call_function(self, tx, args, kwargs):
+        if not args or not isinstance(args[0], TensorVariable):
+            raise Unsupported(f"Tensor.{self.name} called without a tensor first")
+        return args[0].call_method(tx, self.name, list(args[1:]), kwargs)
+
+    def reconstruct(self, cg):
+        return cg.const(self.value)
