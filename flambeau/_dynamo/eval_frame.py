@@ -278,7 +278,8 @@ def wrap_inline(fn):
     starts from this function's call of it (PyTorch's `external_utils.wrap_inline`). So is a method of
     the Tensor class (`flambeau.Tensor.add`, PyTorch's a C method): its body is the library's, not code
     to capture."""
-    if isinstance(fn, (types.FunctionType, types.MethodType)) and tensor_method_name(getattr(fn, "__func__", fn)) is None:
+    python = isinstance(fn, (types.FunctionType, types.MethodType))
+    if python and tensor_method_name(getattr(fn, "__func__", fn)) is None:
         return fn
 
     @functools.wraps(fn, updated=())
