@@ -319,7 +319,7 @@ def call_functional(op, args, kwargs, record=True):
         if op.return_type is not None and type(out) is tuple:
             out = op.return_type(*out)
     if op.is_view:
-        _mark_views(args[0] if args else kwargs["self"], out)
+        _mark_views(args[0] if args else kwargs["self"], out, op)
     if record and (rg or fw):
         if rg and _state.grad_enabled and op.derivative is not None:
             _graph.record(op, args, kwargs, out)
@@ -381,7 +381,7 @@ def _wrap(r, dev):
     return r
 
 
-def _mark_views(base, out):
+def _mark_views(base, out, op):
     b = base._base if base._base is not None else base
     if isinstance(out, Tensor):
         out._base = b
@@ -389,9 +389,12 @@ def _mark_views(base, out):
         out._view_version = base._version[0]
         if not _state.grad_enabled:
             out._view_untracked = True
+            out._no_grad_view = ""
+        elif base._no_grad_view is not None:
+            out._no_grad_view = _graph.node_title(op)
     elif isinstance(out, (tuple, list)):
         for o in out:
-            _mark_views(base, o)
+            _mark_views(base, o, op)
 
 
 def _meta_call(op, args, kwargs, dev):
@@ -457,6 +460,8 @@ def _raise_if_overlapping(shape, strides):
 def check_inplace_autograd(self: Tensor):
     if not _state.grad_enabled:
         return
+    if self._no_grad_view is not None and self._base._requires_grad:
+        raise RuntimeError(_graph.no_grad_view_error(self, "is being modified inplace with grad mode enabled"))
     if self._requires_grad and self.grad_fn is None:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
     b = self._base

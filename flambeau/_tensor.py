@@ -67,6 +67,9 @@ class Tensor:
     _base = None
     _view_version = 0      # a view's version counter when its grad_fn was recorded (autograd.graph.refresh_view)
     _view_untracked = False  # a view made by detach() or under no_grad: an in-place op on its base leaves it alone
+    # a view made under no_grad (PyTorch's CreationMeta.NO_GRAD_MODE): "" for one, the view op's name for
+    # a view of one made in grad mode; its base modified in place, its use in autograd raises (refresh_view)
+    _no_grad_view = None
     # flambeau.autograd.graph.refresh_view, installed by the autograd layer (`_dispatch.register_autograd`):
     # a view whose base changed in place takes a node re-reading it from the base (PyTorch's regeneration)
     _refresh_view = None
@@ -207,7 +210,7 @@ class Tensor:
     @property
     def requires_grad(self) -> bool:
         if self._base is not None and self._version[0] != self._view_version:
-            Tensor._refresh_view(self)
+            Tensor._refresh_view(self, strict=False)
         return self._requires_grad
 
     @requires_grad.setter
@@ -227,7 +230,7 @@ class Tensor:
         """The node that made this tensor (None for a leaf). A view whose base was modified in place
         since its node was recorded gets a new one first, as PyTorch regenerates it (AsStridedBackward0)."""
         if self._base is not None and self._version[0] != self._view_version:
-            Tensor._refresh_view(self)
+            Tensor._refresh_view(self, strict=True)
         return self._grad_fn
 
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":

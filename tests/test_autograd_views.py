@@ -78,20 +78,81 @@ def test_view_used_in_an_op_after_its_base_gains_grad():
     np.testing.assert_array_equal(g.numpy(), [0.0, 4.0, 4.0])
 
 
-@pytest.mark.parametrize("make", ["detach", "no_grad"])
-def test_untracked_views_stay_constant_after_an_inplace_op(make):
-    """A view made by detach() or under no_grad does not start requiring grad (PyTorch: detach is
-    not a differentiable view)."""
-    a = fl.zeros(3)
-    if make == "detach":
+def test_detached_views_stay_constant_after_an_inplace_op():
+    """A view made by detach() does not start requiring grad when its base is modified in place by a
+    tensor that requires grad (PyTorch: detach is not a differentiable view)."""
+    for m in (fl, torch):
+        a = m.zeros(3)
         v = a[:2].detach()
-    else:
-        with fl.no_grad():
-            v = a[:2]
-    a.add_(fl.ones(3, requires_grad=True))
-    assert not v.requires_grad and v.grad_fn is None
-    if make == "detach":
-        t = torch.zeros(3)
-        tv = t[:2].detach()
-        t.add_(torch.ones(3, requires_grad=True))
-        assert not tv.requires_grad
+        a.add_(m.ones(3, requires_grad=True))
+        assert not v.requires_grad and v.grad_fn is None and not (v * 2).requires_grad
+
+
+def _no_grad_view_cases():
+    def base_then_use(m, a, b, v):
+        b.mul_(3)
+        return v * 2
+
+    def base_under_no_grad_then_use(m, a, b, v):
+        with m.no_grad():
+            b.mul_(3)
+        return v.clone()
+
+    def sibling_then_use(m, a, b, v):
+        b[2:].add_(1)
+        return v[0]
+
+    def grad_fn_read_under_no_grad(m, a, b, v):
+        b.mul_(3)
+        with m.no_grad():
+            return v.grad_fn
+
+    def view_of_it_in_grad_mode(m, a, b, v):
+        w = v.view(2)
+        b.mul_(3)
+        return w * 2
+
+    def written_itself(m, a, b, v):
+        return v.mul_(2)
+
+    def view_of_it_written(m, a, b, v):
+        return v.view(2).mul_(2)
+
+    def used_under_no_grad(m, a, b, v):          # no error
+        b.mul_(3)
+        with m.no_grad():
+            return v * 2
+
+    def base_requires_no_grad(m, a, b, v):       # no error
+        a2 = m.ones(3)
+        with m.no_grad():
+            v2 = a2[:2]
+        a2.mul_(3)
+        return v2 * 2
+    return {f.__name__: f for f in (base_then_use, base_under_no_grad_then_use, sibling_then_use,
+                                    grad_fn_read_under_no_grad, view_of_it_in_grad_mode, written_itself,
+                                    view_of_it_written, used_under_no_grad, base_requires_no_grad)}
+
+
+_NO_GRAD_VIEW_CASES = _no_grad_view_cases()
+
+
+@pytest.mark.parametrize("case", sorted(_NO_GRAD_VIEW_CASES))
+def test_view_made_under_no_grad_then_its_base_modified_raises_as_pytorch(case):
+    """A view made under no_grad of a tensor that requires grad (or a view of such a view), once it or
+    its base is modified in place, raises PyTorch's RuntimeError when autograd would use it (an op in
+    grad mode, its grad_fn read) or when it is written in place in grad mode; used under no_grad, or
+    of a base that requires no grad, it is no error (flambeau regenerated its grad_fn silently)."""
+    fn = _NO_GRAD_VIEW_CASES[case]
+    outcomes = []
+    for m in (torch, fl):
+        a = m.ones(3, requires_grad=True)
+        b = a * 2
+        with m.no_grad():
+            v = b[:2]
+        try:
+            fn(m, a, b, v)
+            outcomes.append(None)
+        except RuntimeError as e:
+            outcomes.append(str(e))
+    assert outcomes[1] == outcomes[0]

@@ -219,14 +219,39 @@ def _meta_of(t):
     return (t._data.shape, t._dtype, t._device)
 
 
-def refresh_view(t: Tensor) -> bool:
+_NO_GRAD_VIEW_HINT = ("Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify "
+                      "your code by moving both the view and the inplace either both inside the no_grad block "
+                      "(if you don't want the inplace to be tracked) or both outside (if you want the inplace "
+                      "to be tracked).")
+
+
+def node_title(op) -> str:
+    """The name PyTorch's messages give a view op's node (`View` for view)."""
+    return _camel(op._schema.name)
+
+
+def no_grad_view_error(t: Tensor, what: str) -> str:
+    """PyTorch's message for a view made under no_grad (or a view of one) meeting an in-place op."""
+    who = ("A view was" if t._no_grad_view == "" else
+           f"Output 0 of {t._no_grad_view} is a view of a view which was")
+    return f"{who} created in no_grad mode and {what}. {_NO_GRAD_VIEW_HINT}"
+
+
+def refresh_view(t: Tensor, strict: bool | None = None) -> bool:
     """PyTorch's view grad_fn regeneration: a view whose base was modified in place since the view's
     node was recorded (their shared version counter moved on) and now requires grad takes a new node
     reading its elements out of the base's current value (AsStridedBackward0 on the base), and
     requires grad itself, even if it did not before (`a[:2]` after `a.add_(w)`); a view made by
-    detach() or under no_grad is left alone. Returns whether `t` requires grad."""
+    detach() is left alone. A view made under no_grad of a base that requires grad raises instead
+    (PyTorch's CreationMeta.NO_GRAD_MODE): when `strict` (its grad_fn read), or (None) in grad mode,
+    that is, when an op would record it. Returns whether `t` requires grad."""
     base = t._base
     if t._version[0] == t._view_version:
+        return t._requires_grad
+    if t._no_grad_view is not None and base._requires_grad:
+        if strict or (strict is None and _state.grad_enabled):
+            raise RuntimeError(no_grad_view_error(
+                t, "its base or another view of its base has been modified inplace with grad mode enabled"))
         return t._requires_grad
     if not base._requires_grad or (not t._requires_grad and t._view_untracked):
         t._view_version = t._version[0]
