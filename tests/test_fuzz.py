@@ -733,3 +733,16 @@ def test_fuzzer_does_not_compare_the_sign_pytorch_picks_from_a_tie_of_zeros():
     assert not failures, "\n\n".join(f.report() for f in failures)
     x = fl.tensor([-0.0, 0.0, -0.0])
     assert _signs(x.max(0)[0]) == _signs(torch.tensor([-0.0, 0.0, -0.0]).max(0)[0]) == True  # noqa: E712
+
+
+def test_dynamic_broadcast_of_a_size_pinned_by_a_guard_as_pytorch():
+    """Seed 1014: x[:, 1:] + x[:, 1] with dynamic=True broadcasts a (s0, s1 - 1) operand against (s0,):
+    the trace guards s1 - 1 == 1, so s1 is 2 (a replacement, as PyTorch's ShapeEnv makes), and the
+    kernel broadcasts that dim; it indexed it as a real dim (x[i, 1 + j]: silently wrong values)."""
+    def f(m, x):
+        return m.atan2((x[:, 1:]).abs(), x[:, 1]), x[:, 1:] * x[:, 0]
+    run = fl.compile(lambda x: f(fl, x), dynamic=True)
+    for shape in [(5, 2), (7, 2), (5, 6)]:
+        x = np.random.default_rng(0).standard_normal(shape)
+        for o, r in zip(run(fl.tensor(x)), f(torch, torch.tensor(x))):
+            np.testing.assert_allclose(o.numpy(), r.numpy(), rtol=1e-12)

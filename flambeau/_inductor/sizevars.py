@@ -359,13 +359,25 @@ def replacements(env) -> dict:
         repl = {}
         for g in env.guards:
             if isinstance(g, sympy.Eq):
-                a, b = g.args
-                if a.is_Symbol and b.is_Integer:
-                    repl[a] = b
-                elif b.is_Symbol and a.is_Integer:
-                    repl[b] = a
+                pinned = _pinned_symbol(sympy, g.args[0] - g.args[1])
+                if pinned is not None:
+                    repl[pinned[0]] = pinned[1]
         hit = _repl_cache[env] = (len(env.guards), repl)
     return hit[1]
+
+
+def _pinned_symbol(sympy, e):
+    """(symbol, value) when `e == 0` pins its one symbol to an integer, linearly (`s1 - 1 - 1`: a
+    broadcast that guarded `Eq(s1 - 1, 1)`, so s1 is 2), else None."""
+    if len(e.free_symbols) != 1:
+        return None
+    sym, = e.free_symbols
+    poly = sympy.Poly(e, sym) if e.is_polynomial(sym) else None
+    if poly is None or poly.degree() != 1:
+        return None
+    c, d = poly.all_coeffs()
+    value = -d / c
+    return (sym, value) if value.is_Integer else None
 
 
 def _from_sympy(expr, repl: dict):
