@@ -3,6 +3,7 @@ compiled: masked activation backwards select (an inf/NaN gradient outside the ma
 input passes the gradient as ATen's formula does, softsign/tanhshrink differentiate as the
 compositions they are in PyTorch, acosh's real gradient formula, and the partitioner never
 recomputes a value the backward compares for equality (amax/amin)."""
+import contextlib
 import math
 
 import numpy as np
@@ -192,3 +193,22 @@ def test_inplace_write_to_max_values_after_it_as_pytorch(mode, name):
             d = fwad.make_dual(fl.tensor(vals), fl.ones(2, 3))
             t = fwad.unpack_dual(getattr(d, name)(0)[0]).tangent
         np.testing.assert_array_equal(t.numpy(), np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("name", NAN_GRADIENT_BY_LAYOUT)
+def test_fuzzer_reference_keeps_pytorchs_saved_input(name):
+    """Seed 1447: the fuzzer's PyTorch reference (`_by_their_formulas`) calls the function on the input
+    itself when it holds no NaN, so an in-place write to that input before backward raises as in
+    PyTorch (and in flambeau); it passed a copy, and a program that PyTorch rejects was kept."""
+    def run(m, wrapped):
+        x = m.tensor([-1.5, -0.2, 0.3, 2.0], requires_grad=True)
+        v = x * 1
+        with (_by_their_formulas(torch) if wrapped else contextlib.nullcontext()):
+            y = getattr(m.nn.functional, name)(v)
+        v.mul_(2)
+        try:
+            y.sum().backward()
+        except RuntimeError as e:
+            return "modified by an inplace operation" in str(e)
+        return False
+    assert run(torch, True) == run(torch, False) == run(fl, False)
