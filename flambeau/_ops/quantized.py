@@ -68,7 +68,7 @@ def fake_quant_values(xp, x, scale, zero_point, quant_min, quant_max, per_channe
     q = xp.rint(x.astype(ct) * inv) + zero_point.astype(ct)
     ot = ct if per_channel else np.float32
     out = (xp.clip(q, quant_min, quant_max) - zero_point.astype(ct)).astype(ot) * scale.astype(ot)
-    return np.ascontiguousarray(out.astype(x.dtype)), (q >= quant_min) & (q <= quant_max)
+    return xp.ascontiguousarray(out.astype(x.dtype)), (q >= quant_min) & (q <= quant_max)
 
 
 @defop("fake_quantize_per_tensor_affine(Tensor self, float scale, int zero_point, int quant_min, "
@@ -112,7 +112,7 @@ def _fake_quantize_per_tensor_affine_derivative(grad, self, scale, zero_point, q
        "int quant_min, int quant_max) -> Tensor", function=False)
 def fake_quantize_per_tensor_affine_tensor_qparams(xp, self, scale, zero_point, quant_min, quant_max):
     _fq_checks("fake_quantize_per_tensor_affine", D.FROM_NP[self.dtype], quant_min, quant_max,
-               [int(z) for z in np.asarray(zero_point).reshape(-1)])
+               [int(z) for z in zero_point.reshape(-1).tolist()])
     return fake_quant_values(xp, self, xp.asarray(scale).reshape(()), xp.asarray(zero_point).reshape(()),
                              quant_min, quant_max)[0]
 
@@ -159,7 +159,7 @@ def _per_channel_checks(op: str, x_shape, scale, zero_point, axis: int):
 def fake_quantize_per_channel_affine(xp, self, scale, zero_point, axis, quant_min, quant_max):
     op = "fake_quantize_per_channel_affine"
     axis = _per_channel_checks(op, self.shape, scale, zero_point, axis)
-    _fq_checks(op, D.FROM_NP[self.dtype], quant_min, quant_max, [int(z) for z in np.asarray(zero_point)])
+    _fq_checks(op, D.FROM_NP[self.dtype], quant_min, quant_max, [int(z) for z in zero_point.reshape(-1).tolist()])
     shape = [1] * self.ndim
     shape[axis] = -1
     return fake_quant_values(xp, self, scale.reshape(shape), zero_point.reshape(shape), quant_min, quant_max,
@@ -307,17 +307,18 @@ def _qd_dequantize_per_channel_meta(input, scales, zero_points, axis, quant_min,
     return _spec(input, out_dtype or D.float32)
 
 
-def qparams_from_min_max(min_val, max_val, quant_min: int, quant_max: int, eps: float):
+def qparams_from_min_max(min_val, max_val, quant_min: int, quant_max: int, eps: float, xp=np):
     """Affine (scale float64, zero_point int64) arrays from float32 min/max arrays: PyTorch's
     `determine_qparams` for per_tensor_affine without a customised range. The scale is computed
-    in float32 and widened; the zero point is quant_min - round(min / scale), clamped."""
-    zero = np.zeros((), min_val.dtype)
-    min_neg = np.minimum(min_val, zero)
-    max_pos = np.maximum(max_val, zero)
+    in float32 and widened; the zero point is quant_min - round(min / scale), clamped. `xp`: the
+    arrays' namespace (NumPy, or CuPy for cuda tensors)."""
+    zero = xp.zeros((), min_val.dtype)
+    min_neg = xp.minimum(min_val, zero)
+    max_pos = xp.maximum(max_val, zero)
     scale = (max_pos - min_neg) / min_val.dtype.type(float(quant_max - quant_min))
-    scale = np.maximum(scale, np.float32(eps).astype(scale.dtype))
-    zp = quant_min - np.rint(min_neg / scale).astype(np.int32)
-    zp = np.clip(zp, quant_min, quant_max)
+    scale = xp.maximum(scale, np.float32(eps).astype(scale.dtype))
+    zp = quant_min - xp.rint(min_neg / scale).astype(np.int32)
+    zp = xp.clip(zp, quant_min, quant_max)
     return scale.astype(np.float64), zp.astype(np.int64)
 
 
@@ -327,7 +328,7 @@ def qd_choose_qparams_tensor(xp, input, quant_min, quant_max, eps, dtype):
     _choose_checks(D.FROM_NP[input.dtype], quant_min, quant_max, dtype)
     if input.size == 0:
         return xp.ones(1, np.float64), xp.zeros(1, np.int64)
-    scale, zp = qparams_from_min_max(input.min().reshape(1), input.max().reshape(1), quant_min, quant_max, eps)
+    scale, zp = qparams_from_min_max(input.min().reshape(1), input.max().reshape(1), quant_min, quant_max, eps, xp)
     return scale, zp
 
 
