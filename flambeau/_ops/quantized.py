@@ -111,6 +111,10 @@ def _fake_quantize_per_tensor_affine_derivative(grad, self, scale, zero_point, q
 @defop("fake_quantize_per_tensor_affine.tensor_qparams(Tensor self, Tensor scale, Tensor zero_point, "
        "int quant_min, int quant_max) -> Tensor", function=False)
 def fake_quantize_per_tensor_affine_tensor_qparams(xp, self, scale, zero_point, quant_min, quant_max):
+    if xp is not np and zero_point.dtype != np.int32:
+        # ATen's cuda kernel reads the zero point as int32 (its cpu kernel converts)
+        raise RuntimeError(f"fake_quantize_per_tensor_affine: expected scalar type Int but found "
+                           f"{type_name(D.FROM_NP[zero_point.dtype])} (zero_point on cuda must be int32)")
     _fq_checks("fake_quantize_per_tensor_affine", D.FROM_NP[self.dtype], quant_min, quant_max,
                [int(z) for z in zero_point.reshape(-1).tolist()])
     return fake_quant_values(xp, self, xp.asarray(scale).reshape(()), xp.asarray(zero_point).reshape(()),
