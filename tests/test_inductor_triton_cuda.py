@@ -59,8 +59,13 @@ def test_opdb_compiled_with_triton_on_cuda(info):
             pkw = {k: _move(v, "cuda") for k, v in pkw.items()}
             if "device" in gkw:
                 pkw["device"] = "cuda"
-            eager = fn(*_move(pargs, "cuda"), **pkw)
             fl._dynamo.reset()
+            try:
+                eager = fn(*_move(pargs, "cuda"), **pkw)
+            except Exception as e:     # refused on cuda only (as PyTorch's cuda kernel): compiled too
+                with pytest.raises(type(e)):
+                    fl.compile(lambda *a, **k: fn(*a, **k))(*gargs, **gkw)
+                continue
             res = fl.compile(lambda *a, **k: fn(*a, **k))(*gargs, **gkw)
             assert [t.device for t in flat_tensors(fl, res)] == [t.device for t in flat_tensors(fl, eager)], \
                 f"{info.name}: output devices"

@@ -40,6 +40,7 @@ def fake_quantize_per_tensor_affine(x, scale, zero_point, quant_min, quant_max):
 
 @register_decomposition(Q.fake_quantize_per_tensor_affine_tensor_qparams)
 def fake_quantize_per_tensor_affine_tensor_qparams(x, scale, zero_point, quant_min, quant_max):
+    Q.check_cuda_zero_point(zero_point.device.type == "cuda", zero_point.dtype)
     ct = D.float64 if x.dtype is D.float64 else D.float32
     s = aten.view(to(scale, D.float32), [])
     return _fake_quant(x, to(aten.reciprocal(s), ct), s, aten.view(zero_point, []), quant_min, quant_max)

@@ -108,13 +108,18 @@ def _fake_quantize_per_tensor_affine_derivative(grad, self, scale, zero_point, q
     return (_straight_through(grad, self, scale, zero_point, quant_min, quant_max),)
 
 
+def check_cuda_zero_point(on_cuda: bool, zero_point_dtype) -> None:
+    """ATen's cuda kernel of fake_quantize with tensor qparams reads the zero point as int32 (its cpu
+    kernel converts): another dtype on cuda is its RuntimeError, eager and compiled alike."""
+    if on_cuda and zero_point_dtype is not D.int32:
+        raise RuntimeError(f"fake_quantize_per_tensor_affine: expected scalar type Int but found "
+                           f"{type_name(zero_point_dtype)} (zero_point on cuda must be int32)")
+
+
 @defop("fake_quantize_per_tensor_affine.tensor_qparams(Tensor self, Tensor scale, Tensor zero_point, "
        "int quant_min, int quant_max) -> Tensor", function=False)
 def fake_quantize_per_tensor_affine_tensor_qparams(xp, self, scale, zero_point, quant_min, quant_max):
-    if xp is not np and zero_point.dtype != np.int32:
-        # ATen's cuda kernel reads the zero point as int32 (its cpu kernel converts)
-        raise RuntimeError(f"fake_quantize_per_tensor_affine: expected scalar type Int but found "
-                           f"{type_name(D.FROM_NP[zero_point.dtype])} (zero_point on cuda must be int32)")
+    check_cuda_zero_point(xp is not np, D.FROM_NP[zero_point.dtype])
     _fq_checks("fake_quantize_per_tensor_affine", D.FROM_NP[self.dtype], quant_min, quant_max,
                [int(z) for z in zero_point.reshape(-1).tolist()])
     return fake_quant_values(xp, self, xp.asarray(scale).reshape(()), xp.asarray(zero_point).reshape(()),
