@@ -29,7 +29,7 @@ from typing import Callable
 from .. import _state
 from .._tensor import Tensor
 from ..autograd.engine import grad as _autograd_grad
-from ..autograd.graph import AccumulateGrad, accumulator
+from ..autograd.graph import accumulator, reachable_leaves
 from ..utils._pytree import tree_flatten, tree_unflatten
 from .._ops.creation import zeros_like, zeros, eye, ones_like
 from .._ops.shape import cat
@@ -101,20 +101,9 @@ class _Level:
         level did not make (then results must stay differentiable for it)."""
         if not self.outer_grad:
             return False
-        seen = set()
-        stack = [o.grad_fn for o in outs if isinstance(o, Tensor) and o.grad_fn is not None]
-        stack += [accumulator(o) for o in outs if isinstance(o, Tensor) and o.grad_fn is None and o._requires_grad]
-        while stack:
-            node = stack.pop()
-            if node is None or id(node) in seen:
-                continue
-            seen.add(id(node))
-            if isinstance(node, AccumulateGrad):
-                if id(node.variable) not in self.private:
-                    return True
-                continue
-            stack.extend(n for n, _ in node.next_functions)
-        return False
+        roots = [o.grad_fn for o in outs if isinstance(o, Tensor) and o.grad_fn is not None]
+        roots += [accumulator(o) for o in outs if isinstance(o, Tensor) and o.grad_fn is None and o._requires_grad]
+        return any(id(node.variable) not in self.private for node in reachable_leaves(roots))
 
 
 class _GradOn:

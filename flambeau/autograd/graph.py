@@ -12,6 +12,7 @@ import itertools
 import re
 import traceback
 import weakref
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -343,6 +344,21 @@ def accumulator(t: Tensor) -> AccumulateGrad:
         acc = AccumulateGrad(t)
         t.__dict__["_accumulator"] = weakref.ref(acc)
     return acc
+
+
+def reachable_leaves(roots) -> Iterator[AccumulateGrad]:
+    """The leaf nodes (AccumulateGrad) that the graph nodes `roots` reach, each once (a depth-first
+    walk over `next_functions`; None entries are skipped)."""
+    seen, stack = set(), list(roots)
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, AccumulateGrad):
+            yield node
+        else:
+            stack.extend(n for n, _ in node.next_functions)
 
 
 def _differentiable(t) -> bool:

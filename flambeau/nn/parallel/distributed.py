@@ -18,7 +18,7 @@ import numpy as np
 from ... import _state
 from ..._ops.creation import from_numpy
 from ..._tensor import Tensor
-from ...autograd.graph import AccumulateGrad
+from ...autograd.graph import reachable_leaves
 from ... import distributed as dist
 from ...distributed.distributed_c10d import _host
 from ..modules.module import Module
@@ -179,16 +179,8 @@ class _Reducer:
 
 def _reachable_leaves(outputs: list) -> set:
     """ids of the leaf tensors the autograd graph of `outputs` reaches."""
-    seen, stack, leaves = set(), [o.grad_fn for o in outputs if getattr(o, "grad_fn", None) is not None], set()
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, AccumulateGrad):
-            leaves.add(id(node.variable))
-        stack.extend(n for n, _ in node.next_functions)
-    return leaves
+    roots = [o.grad_fn for o in outputs if getattr(o, "grad_fn", None) is not None]
+    return {id(node.variable) for node in reachable_leaves(roots)}
 
 
 def _tensors_in(obj) -> list:
