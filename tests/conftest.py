@@ -6,6 +6,20 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def keep_log(name: str) -> tuple[list, "logging.Handler"]:
+    """Attach a handler to logger `name` that keeps each record's message: returns (messages, handler);
+    the caller removes the handler (`logging.getLogger(name).removeHandler(handler)`)."""
+    import logging
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+    handler = Keep()
+    logging.getLogger(name).addHandler(handler)
+    return records, handler
+
+
 def spy_compile_fx(monkeypatch, into: list) -> list:
     """Record every CompiledGraph the inductor backend makes (through flambeau.compile) in `into`."""
     import flambeau._inductor as inductor

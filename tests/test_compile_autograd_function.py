@@ -12,6 +12,7 @@ import flambeau
 from flambeau._counters import counters, FALLBACKS
 from flambeau._dynamo.testing import CompileCounter
 from flambeau._functorch.aot_autograd import aot_module_simplified
+from tests.conftest import keep_log
 
 
 def _functions(T):
@@ -196,13 +197,7 @@ def _untraceable(T):
 
 def test_untraceable_backward_falls_back_with_a_logged_reason(monkeypatch):
     flambeau._dynamo.reset()
-    records = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-    handler = Keep()
-    logging.getLogger("flambeau.fallbacks").addHandler(handler)
+    records, handler = keep_log("flambeau.fallbacks")
     monkeypatch.setenv("FLAMBEAU_LOGS", "fallbacks")
     try:
         before = counters[FALLBACKS].copy()

@@ -16,6 +16,7 @@ import torch
 import flambeau as fl
 from flambeau._dynamo.testing import CompileCounter, no_unexpected_fallbacks
 from flambeau._dynamo.utils import counters
+from tests.conftest import keep_log
 
 UNSUPPORTED_DTYPE = "a dtype or device the code generator does not take"
 COMPLEX_NODES = ["_to_copy", "abs", "mul.Tensor"]         # the nodes of complex_fn that touch complex64
@@ -80,13 +81,7 @@ def test_graph_breaks_and_recompiles_are_counted():
 
 
 def test_fallbacks_are_logged(monkeypatch):
-    records = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-    handler = Keep()
-    logging.getLogger("flambeau.fallbacks").addHandler(handler)
+    records, handler = keep_log("flambeau.fallbacks")
     try:
         (x, y), _ = _inputs()
         monkeypatch.setenv("FLAMBEAU_LOGS", "")
@@ -138,17 +133,6 @@ def test_compile_counter_backend():
 
 
 # ---- compile(mode=..., options=...): accepted values act or say so; others raise like torch.compile ----
-def _keep_log(name):
-    records = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-    handler = Keep()
-    logging.getLogger(name).addHandler(handler)
-    return records, handler
-
-
 @pytest.mark.parametrize("kwargs", [dict(mode="foo"), dict(options={"nonexistent": 1}),
                                     dict(options={"debug": "yes"}), dict(mode="reduce-overhead", options={}),
                                     dict(mode="max-autotune", options={"fuse": True})])
@@ -167,7 +151,7 @@ def test_bad_mode_or_options_raise_like_torch(kwargs):
 
 @pytest.mark.parametrize("mode", [None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
 def test_every_torch_mode_is_accepted_and_a_mode_without_effect_says_so(mode):
-    records, handler = _keep_log("flambeau.compiler")
+    records, handler = keep_log("flambeau.compiler")
     try:
         f = fl.compile(lambda x: x.relu() * 2, mode=mode)
         assert f(fl.tensor([-1.0, 2.0])).tolist() == [0.0, 4.0]
@@ -228,7 +212,7 @@ def test_backend_error_raises_naming_the_graph_and_node(monkeypatch):
 def test_suppress_errors_runs_eagerly_with_a_logged_warning(monkeypatch):
     _broken_sin_lowering(monkeypatch)
     monkeypatch.setattr(fl._dynamo.config, "suppress_errors", True)
-    records, handler = _keep_log("flambeau._dynamo")
+    records, handler = keep_log("flambeau._dynamo")
     try:
         x = fl.randn(3)
         out = fl.compile(lambda a: (a * 2).sin() + 1)(x)
