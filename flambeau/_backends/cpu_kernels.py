@@ -283,3 +283,13 @@ def adam_step(p, g, m, v, vmax, decay, wd, b1, b2, bc2_sqrt, eps, step_size) -> 
 def matmul_for(xp):
     """The matrix product of an array namespace: ours for NumPy, the namespace's own otherwise."""
     return matmul if xp is np else xp.matmul
+
+
+def extern_pointers():
+    """(flm_sgemm address, flm_conv2d address, threads) of the loaded library, for generated C++ that
+    calls them directly (the C++ wrapper, `flambeau._inductor.cpp_wrapper`); None when unavailable."""
+    if _load() is None:
+        return None
+    lib_fn, conv = _state["fn"], _state["conv2d"]
+    return (ctypes.cast(lib_fn, ctypes.c_void_p).value, ctypes.cast(conv, ctypes.c_void_p).value,
+            _state["threads"])

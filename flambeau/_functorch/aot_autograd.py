@@ -318,6 +318,7 @@ def _compile(flat_fn: Callable, flat_args: list, fw_compiler: Callable, bw_compi
         gm.graph.eliminate_dead_code()
         gm.recompile()
         _dump("AOT inference graph", gm)
+        gm.meta["mutated_inputs"] = list(meta.mutated)     # what freezing must leave an input (inductor)
         compiled = (inference_compiler or fw_compiler)(gm, list(flat_args))
         return _InferenceRuntime(compiled, meta)
     joint, meta, tr = _trace_graph(flat_fn, flat_args, joint=True, tracing_mode=mode, decompositions=None,

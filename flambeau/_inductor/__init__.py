@@ -13,3 +13,5 @@ loads at the first compile.
 from . import config  # noqa: F401
 from .compile_fx import CompiledGraph, compile_fx  # noqa: F401
 from .._cpp_builder import CppCompileError  # noqa: F401
+from .aoti import aoti_compile_and_package  # noqa: F401
+from .aoti_package import aoti_load_package  # noqa: F401

@@ -36,7 +36,8 @@ import warnings
 
 from .._tensor import Tensor
 from .. import _cpp_builder
-from . import codegen_cpp, codegen_numpy, codegen_triton, config
+from .._backends import cpu_kernels
+from . import codegen_cpp, codegen_numpy, codegen_triton, config, cpp_wrapper
 from .graph import GraphLowering, graph_device
 from .ir import SUPPORTED_DTYPES, Unsupported
 from .scheduler import Kernel, plan_memory, schedule
@@ -45,7 +46,7 @@ from .wrapper import WrapperCodegen
 
 log = _logging.get_logger("flambeau._inductor")
 
-counters = {"dynamic_graphs": 0, "dynamic_eager_calls": 0}
+counters = {"dynamic_graphs": 0, "dynamic_eager_calls": 0, "cpp_wrapper_graphs": 0, "cpp_wrapper_fallbacks": 0}
 WHOLE_GRAPH = "whole graph"          # the op of a fallback that runs a graph eagerly
 OTHER_SIZES = "called with other sizes than the graph was compiled for"
 INPUTS_NOT_AS_ASSUMED = "inputs don't fit the dynamic graph's assumptions (strides, a size of 0 or 1, a guard)"
@@ -57,8 +58,10 @@ _graph_ids = itertools.count()
 class CompiledArtifact:
     """One specialisation of a graph: generated sources and the callable wrapper."""
 
-    def __init__(self, graph, order, call, source, wrapper_source, backend, source_path, size_names=()):
+    def __init__(self, graph, order, call, source, wrapper_source, backend, source_path, size_names=(),
+                 cpp_wrapper=False):
         self.call = call
+        self.cpp_wrapper = cpp_wrapper          # the wrapper is generated C++ (config.cpp_wrapper)
         self.source = source
         self.wrapper_source = wrapper_source
         self.backend = backend
@@ -237,7 +240,10 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
         info = dict(_cpp_builder.detect_flags())
         info["flags"] = list(info["flags"]) + list(config.kernel_cflags)
         source = codegen_cpp.generate(kernels, info["simd_math"], size_names)
-        if kernels:
+        cpp_source = _cpp_wrapper_source(graph, order, memory, size_names) if config.cpp_wrapper else None
+        if cpp_source is not None:
+            source += cpp_source
+        if kernels or cpp_source is not None:
             try:
                 lib, source_path = _cpp_builder.load(source, info)
             except _cpp_builder.CppCompileError as e:
@@ -248,15 +254,23 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
             if codegen_cpp.DATA_OFFSET is not None:
                 kernels_ns.update({k.name + "_obj": getattr(lib, k.name + "_obj") for k in kernels})
             kernels_ns["fl_take_error"] = lib.fl_take_error
+            if cpp_source is not None:
+                kernels_ns["fl_graph_run_obj"] = cpp_wrapper.bind_jit(lib, graph, size_names)
         else:
             kernels_ns = {}
     else:
         source = codegen_numpy.generate(kernels, size_names)
         kernels_ns = codegen_numpy.load(source)
-    wc = WrapperCodegen(graph, order, memory, backend, kernels_ns, size_names, _eager_runner(gm), device)
+    if "fl_graph_run_obj" in kernels_ns:
+        wc = cpp_wrapper.CppShimCodegen(graph, order, memory, size_names, _eager_runner(gm), device,
+                                        *kernels_ns["fl_graph_run_obj"])
+        counters["cpp_wrapper_graphs"] += 1
+    else:
+        wc = WrapperCodegen(graph, order, memory, backend, kernels_ns, size_names, _eager_runner(gm), device)
     wrapper_source = wc.generate()
     exec(compile(wrapper_source, f"<flambeau-inductor-wrapper-{gid}>", "exec"), wc.ns)
-    art = CompiledArtifact(graph, order, wc.ns["call"], source, wrapper_source, backend, source_path, size_names)
+    art = CompiledArtifact(graph, order, wc.ns["call"], source, wrapper_source, backend, source_path, size_names,
+                           cpp_wrapper="fl_graph_run_obj" in kernels_ns)
     if graph.dynamic:
         counters["dynamic_graphs"] += 1
     if config.output_code or _logging.enabled("output_code"):
@@ -266,6 +280,18 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     if config.debug:
         _dump(gm, graph, order, art, gid)
     return art
+
+
+def _cpp_wrapper_source(graph, order, memory, size_names) -> str | None:
+    """The C++ wrapper of this graph (cpp_wrapper.py), or None where it can't run a step: the graph
+    then keeps the Python wrapper, and the reason is logged and counted."""
+    try:
+        return cpp_wrapper.CppWrapper(graph, order, memory, size_names,
+                                      cpu_kernels.extern_pointers() is not None).generate()
+    except Unsupported as e:
+        counters["cpp_wrapper_fallbacks"] += 1
+        log.info("cpp_wrapper: keeping the Python wrapper: %s", e)
+        return None
 
 
 def _size_names(graph) -> list:

@@ -21,6 +21,16 @@ debug_dir: str = os.environ.get("FLAMBEAU_COMPILE_DEBUG_DIR", os.path.join(os.ge
 # compiler is found. Graphs on cuda tensors always use "triton" (kernels compiled for the GPU).
 backend: str = os.environ.get("FLAMBEAU_INDUCTOR_BACKEND", "cpp")
 
+# The per-call wrapper of cpu graphs as generated C++ (cpp_wrapper.py: one ctypes call per graph call)
+# instead of generated Python; a graph with a step the C++ wrapper can't run keeps the Python wrapper
+# (counted in compile_fx.counters["cpp_wrapper_fallbacks"]). FLAMBEAU_CPP_WRAPPER=1 turns it on.
+cpp_wrapper: bool = os.environ.get("FLAMBEAU_CPP_WRAPPER", "0") not in ("", "0")
+# Freezing (freezing.py): parameters and buffers of an inference graph become constants of the compiled
+# code, subgraphs of constants are folded once at compile time and the folded weights stored contiguous
+# (the layout the GEMM reads, e.g. a linear layer's weight transposed once). JIT graphs are frozen only
+# when nothing needs gradients; AOTInductor always stores the weights as constants, and folds with it.
+freezing: bool = os.environ.get("FLAMBEAU_FREEZING", "0") not in ("", "0")
+
 fuse: bool = True                 # group buffers into shared loop nests
 keep_locals: bool = True          # keep kernel-internal buffers in registers
 reuse_buffers: bool = True        # memory planning: reuse freed buffers of the same size/dtype

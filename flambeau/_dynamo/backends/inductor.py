@@ -7,10 +7,10 @@ from __future__ import annotations
 import contextlib
 
 from ..._decomp import core_aten_decompositions
-from ..._functorch.aot_autograd import aot_module_simplified
+from ..._functorch.aot_autograd import aot_module_simplified, named_state
 from ..._functorch.partitioners import min_cut_rematerialization_partition
 from ... import _inductor
-from ..._inductor import config as inductor_config
+from ..._inductor import config as inductor_config, freezing
 from ..._inductor.decompositions import decomposition_table
 from ..repro.after_aot import wrap_compiler_debug
 from .registry import register_builtin
@@ -47,13 +47,24 @@ def _inductor_options(options: dict | None):
 
 
 def inductor(gm, example_inputs, options=None):
+    n_state = len(named_state(gm))
+
     def compile_graph(g, ex):
         with _inductor_options(options):
             return _inductor.compile_fx(g, ex)      # looked up per call: tools and tests wrap it
+
+    def compile_inference(g, ex):
+        """config.freezing: the module's parameters and buffers (inputs 0..n_state-1, those the graph
+        does not write) become constants, folded (freezing.py); otherwise as compile_graph."""
+        with _inductor_options(options):
+            if inductor_config.freezing:
+                return freezing.compile_frozen(g, ex, n_state, _inductor.compile_fx)
+            return _inductor.compile_fx(g, ex)
     compile_graph = wrap_compiler_debug(compile_graph, "inductor")      # FLAMBEAU_REPRO_AFTER=aot
     return aot_module_simplified(gm, example_inputs, fw_compiler=compile_graph, bw_compiler=compile_graph,
                                  partition_fn=min_cut_rematerialization_partition,
-                                 decompositions=decomposition_table(core_aten_decompositions()))
+                                 decompositions=decomposition_table(core_aten_decompositions()),
+                                 inference_compiler=wrap_compiler_debug(compile_inference, "inductor"))
 
 
 register_builtin("inductor", inductor)

@@ -1,0 +1,443 @@
+"""AOTInductor: `aoti_compile_and_package(ep, package_path=...)` compiles an ExportedProgram ahead of time.
+
+    ExportedProgram --run_decompositions(inductor table)--> core graph
+      -> parameters, buffers and constants lifted into constants of the graph (freezing.py; with
+         config.freezing also folded: constant subgraphs computed once, weights stored contiguous)
+      -> GraphLowering / schedule / plan_memory (as compile_fx)
+      -> model.cpp: the C++ kernels (codegen_cpp), the C++ wrapper owning the buffers and calling them
+         (cpp_wrapper.py) and the model's tables (input/output specs, size binding and range checks,
+         output shapes, the weights' offsets and checksum), compiled with aoti_runtime.cpp (the C API
+         of aoti_runtime.h) and flambeau's GEMM/convolution (cpu_kernels.cpp) into one model.so
+      -> a zip (.pt2): archive_format, version, metadata.json, model.so, model.cpp, aoti_runtime.h,
+         weights.bin (the constants, each at a 64-byte aligned offset; the index is in metadata.json
+         and compiled into model.so)
+
+Dynamic sizes (export's Dims) stay symbolic: the kernels take them as arguments, model.so reads them
+from the input shapes and checks each against its Dim's range. Loading and running: aoti_package.py.
+Programs that update buffers, take non-tensor inputs, or need an op the C++ wrapper can't run (it
+runs mm, bmm and 2-D convolution besides the generated kernels) are refused with a RuntimeError
+naming the reason.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tempfile
+import zipfile
+
+import numpy as np
+
+from .. import _cpp_builder
+from .. import _dtype as D
+from .._decomp import core_aten_decompositions
+from .._device import CPU
+from .._tensor import Tensor
+from ..utils import _pytree as pytree
+from . import codegen_cpp, config, freezing
+from .compile_fx import _size_names
+from .cpp_wrapper import CppWrapper, output_bases
+from .decompositions import decomposition_table
+from .graph import GraphLowering
+from .ir import SUPPORTED_DTYPES, InputBuffer, StridedView, Unsupported
+from .scheduler import Kernel, plan_memory, schedule
+from .sizevars import SizeExpr, derived_definition
+
+ARCHIVE_FORMAT = b"flambeau-aoti"
+PACKAGE_VERSION = 1
+ABI_VERSION = 1                     # FL_AOTI_ABI_VERSION of aoti_runtime.h
+ALIGN = 64
+HERE = os.path.dirname(os.path.abspath(__file__))
+HEADER = os.path.join(HERE, "aoti_runtime.h")
+RUNTIME_SRC = os.path.join(HERE, "aoti_runtime.cpp")
+GEMM_SRC = os.path.join(os.path.dirname(HERE), "_backends", "cpu_kernels.cpp")
+DTYPE_CODES = {D.float32: 0, D.float64: 1, D.int64: 2, D.int32: 3, D.int16: 4, D.int8: 5, D.uint8: 6, D.bool: 7}
+STATE_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
+
+
+class AOTICompileError(RuntimeError):
+    """A program AOTInductor can't package (the message names why)."""
+
+
+@contextlib.contextmanager
+def _options(options: dict | None):
+    saved = {}
+    try:
+        for k, v in (options or {}).items():
+            key = k.replace(".", "_")
+            if key not in config.__annotations__:
+                raise RuntimeError(f"aoti_compile_and_package: unknown inductor config {k!r}")
+            saved[key] = getattr(config, key)
+            setattr(config, key, v)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(config, k, v)
+
+
+def aoti_compile_and_package(ep, package_path: str | os.PathLike | io.IOBase | None = None,
+                             inductor_configs: dict | None = None) -> str:
+    """Compile `ep` (an ExportedProgram) into a package at `package_path` (default: a temporary
+    .pt2 file); returns the path. See module docstring."""
+    with _options(inductor_configs):
+        return _package(ep, package_path)
+
+
+def _package(ep, package_path) -> str:
+    prog = ep.run_decompositions(decomposition_table(core_aten_decompositions()))
+    sig = prog.graph_signature
+    updates = [s.target for s in sig.output_specs if s.kind.name != "USER_OUTPUT"]
+    if updates:
+        raise AOTICompileError(f"aoti_compile_and_package: the program updates {updates}; AOTInductor packages "
+                               "inference programs without state updates (export the module in eval mode)")
+    gm = prog.graph_module
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    state = iter(prog._state_inputs())
+    lifted, user_names = {}, []
+    for node, spec in zip(placeholders, sig.input_specs):
+        if spec.kind.name in STATE_KINDS:
+            lifted[node] = next(state).detach().contiguous()
+        elif spec.kind.name == "USER_INPUT":
+            user_names.append(spec.arg.name)
+        else:
+            raise AOTICompileError(f"aoti_compile_and_package: input {spec.arg.name} of kind {spec.kind.name} "
+                                   "is not supported")
+    freezing.lift_to_constants(gm, lifted)
+    folded = freezing.constant_fold(gm) if config.freezing else 0
+    examples = [t.contiguous() for t in pytree.tree_leaves(ep.example_inputs) if isinstance(t, Tensor)]
+    if len(examples) != len(user_names):
+        raise AOTICompileError("aoti_compile_and_package: the program takes non-tensor inputs "
+                               f"({len(user_names)} inputs, {len(examples)} tensors)")
+    try:
+        graph = GraphLowering(gm, examples, CPU, SUPPORTED_DTYPES).run()
+        size_names = _size_names(graph)
+        order = schedule(graph)
+        memory = plan_memory(order, graph)
+        kernels = [k for k in order if isinstance(k, Kernel)]
+        info = dict(_cpp_builder.detect_flags())
+        wrapper = CppWrapper(graph, order, memory, size_names).generate()
+        weights, offsets = _weights(graph)
+        model = ModelSource(graph, size_names, user_names, prog.range_constraints, offsets, weights).generate()
+    except Unsupported as e:
+        raise AOTICompileError(f"aoti_compile_and_package: {e}") from None
+    source = '#include "aoti_runtime.h"\n' + codegen_cpp.generate(kernels, info["simd_math"], size_names) + \
+        wrapper + model
+    so = _build(source, info)
+    meta = _metadata(ep, graph, user_names, prog.range_constraints, offsets, weights, folded)
+    return _write(package_path, so, source, weights, meta)
+
+
+# ---- weights -------------------------------------------------------------------------------------
+def _weights(graph) -> tuple:
+    """(weights.bin bytes, byte offset of each constant in graph.constants order)."""
+    blob = bytearray()
+    offsets = []
+    for b in graph.constants.values():
+        data = np.ascontiguousarray(b.constant._data)
+        if not b.layout.is_contiguous():
+            raise Unsupported(f"constant {b.name} is not contiguous")
+        blob += b"\0" * (-len(blob) % ALIGN)
+        offsets.append(len(blob))
+        blob += data.tobytes()
+    return bytes(blob), offsets
+
+
+def checksum(data: bytes) -> int:
+    """fl_aoti_checksum of aoti_runtime.cpp: sum of the little-endian 8-byte words times 2i+1, mod 2**64."""
+    words = np.frombuffer(data + b"\0" * (-len(data) % 8), dtype="<u8")
+    with np.errstate(over="ignore"):
+        return int((words * (np.arange(len(words), dtype=np.uint64) * np.uint64(2) + np.uint64(1))).sum(
+            dtype=np.uint64))
+
+
+# ---- the model's C++ tables ----------------------------------------------------------------------
+def _c(e) -> str:
+    return f"(int64_t)({e})" if isinstance(e, SizeExpr) else f"INT64_C({int(e)})"
+
+
+def _sympy_c(e) -> str:
+    """C source of a derived size symbol's definition (floor divisions of base symbols)."""
+    name = type(e).__name__
+    if e.is_Symbol:
+        return e.name
+    if e.is_Integer:
+        return f"INT64_C({int(e)})"
+    if name == "Add":
+        return "(" + " + ".join(_sympy_c(a) for a in e.args) + ")"
+    if name == "Mul":
+        return "(" + " * ".join(_sympy_c(a) for a in e.args) + ")"
+    if name == "FloorDiv":
+        return f"fl_floordiv_i({_sympy_c(e.args[0])}, {_sympy_c(e.args[1])})"
+    if name in ("Mod", "PythonMod"):
+        return f"fl_mod_i({_sympy_c(e.args[0])}, {_sympy_c(e.args[1])})"
+    raise Unsupported(f"the size expression {e} has no C spelling here")
+
+
+def _plain_symbol(e):
+    if isinstance(e, SizeExpr) and len(e.terms) == 1 and e.terms[0][1] == 1 and len(e.terms[0][0]) == 1:
+        return e.terms[0][0][0]
+    return None
+
+
+def _ranges(range_constraints) -> dict:
+    """{symbol name: (lower, upper)}; an unbounded upper end is -1."""
+    out = {}
+    for sym, r in range_constraints.items():
+        lo, hi = _int_or(r.lower, 0), _int_or(r.upper, -1)
+        out[str(sym)] = (max(lo, 1), hi if hi < (1 << 62) else -1)
+    return out
+
+
+def _int_or(v, default: int) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError):     # an infinite end of a range
+        return default
+
+
+class ModelSource:
+    """The generated part of model.so that aoti_runtime.cpp reads (FlAotiModelInfo)."""
+
+    def __init__(self, graph, size_names, user_names, range_constraints, offsets, weights):
+        self.g = graph
+        self.size_names = size_names
+        self.user_names = user_names
+        self.ranges = _ranges(range_constraints)
+        self.offsets = offsets
+        self.weights = weights
+        self.inputs = sorted(graph.inputs, key=lambda b: b.position)
+        self.outputs = graph.outputs if isinstance(graph.outputs, list) else [graph.outputs]
+        if graph.mutations:
+            raise Unsupported("the program writes its inputs")
+
+    def _sizes_locals(self) -> list:
+        return [f"    const int64_t {n} = sizes[{k}];" for k, n in enumerate(self.size_names)]
+
+    def _spec(self, tag: str, i: int, name: str, layout, lines: list) -> str:
+        shape, lower, upper = [], [], []
+        for s in layout.shape:
+            if isinstance(s, SizeExpr):
+                lo, hi = self.ranges.get(_plain_symbol(s), (-1, -1))
+                shape.append(-1)
+                lower.append(lo)
+                upper.append(hi)
+            else:
+                shape += [int(s)]
+                lower += [int(s)]
+                upper += [int(s)]
+        for what, vals in (("shape", shape), ("lower", lower), ("upper", upper)):
+            lines.append(f"static const int64_t fl_{tag}{i}_{what}[] = {{{', '.join(map(str, vals)) or '0'}}};")
+        code = DTYPE_CODES.get(layout.dtype)
+        if code is None:
+            raise Unsupported(f"{tag} {name} has dtype {layout.dtype.name}, which the C API does not name")
+        return (f'{{"{name}", {code}, {len(shape)}, fl_{tag}{i}_shape, fl_{tag}{i}_lower, '
+                f"fl_{tag}{i}_upper}}")
+
+    def generate(self) -> str:
+        L: list = []
+        ins = [self._spec("in", i, self.user_names[i], b.layout, L) for i, b in enumerate(self.inputs)]
+        for i, o in enumerate(self.outputs):
+            if not hasattr(o, "layout"):
+                raise Unsupported(f"output {i} is not a tensor ({type(o).__name__})")
+        outs = [self._spec("out", i, f"output{i}", o.layout, L) for i, o in enumerate(self.outputs)]
+        L.append(f"static const FlAotiTensorSpec fl_inputs[] = {{{', '.join(ins) or '{}'}}};")
+        L.append(f"static const FlAotiTensorSpec fl_outputs[] = {{{', '.join(outs) or '{}'}}};")
+        L.append(f"static const int64_t fl_offsets[] = {{{', '.join(map(str, self.offsets)) or '0'}}};")
+        L += self._bind() + self._output_shape() + self._run()
+        L.append(f"""extern "C" const FlAotiModelInfo* fl_aoti_model_info(void) {{
+    static const FlAotiModelInfo info = {{{ABI_VERSION}, {len(ins)}, fl_inputs, {len(outs)}, fl_outputs,
+        {len(self.offsets)}, fl_offsets, INT64_C({len(self.weights)}), UINT64_C({checksum(self.weights)}),
+        {len(self.size_names)}, fl_bind_sizes, fl_output_shape, fl_model_run}};
+    return &info;
+}}""")
+        return COPY_HELPER + "\n".join(L) + "\n"
+
+    def _bind(self) -> list:
+        L = ["static int fl_bind_sizes(const int64_t* const* shapes, int64_t* sizes, char* err, int n) {"]
+        where = {}
+        for pos, dim, e in self.g.size_inputs:
+            name = _plain_symbol(e)
+            if dim is None:
+                raise Unsupported("the program takes a size as an integer input")
+            if name is not None and name not in where:
+                where[name] = (pos, dim)
+        for name in self.size_names:
+            d = derived_definition(name)
+            if d is not None:
+                L.append(f"    const int64_t {name} = {_sympy_c(d)};")
+                continue
+            pos, dim = where[name]
+            lo, hi = self.ranges.get(name, (1, -1))
+            who = f"input {self.user_names[pos]} dim {dim}"
+            L.append(f"    const int64_t {name} = shapes[{pos}][{dim}];")
+            cond = f"{name} < {lo}" + (f" || {name} > {hi}" if hi >= 0 else "")
+            rng = f"[{lo}, {hi if hi >= 0 else 'inf'}]"
+            L.append(f"    if ({cond}) {{ snprintf(err, n, \"{who}: size %lld is outside the range {rng} of its "
+                     f"dynamic dim ({name})\", (long long){name}); return {SHAPE_ERROR}; }}")
+        for b in self.inputs:
+            for d, s in enumerate(b.layout.shape):
+                if _plain_symbol(s) is not None and where.get(_plain_symbol(s)) == (b.position, d):
+                    continue
+                who = f"input {self.user_names[b.position]} dim {d}"
+                L.append(f"    if (shapes[{b.position}][{d}] != {_c(s)}) {{ snprintf(err, n, \"{who}: size %lld, "
+                         f"the program needs %lld ({s})\", (long long)shapes[{b.position}][{d}], (long long){_c(s)}); "
+                         f"return {SHAPE_ERROR}; }}")
+        L += [f"    sizes[{k}] = {n};" for k, n in enumerate(self.size_names)]
+        L += ["    return 0;", "}"]
+        return L
+
+    def _output_shape(self) -> list:
+        L = ["static void fl_output_shape(int i, const int64_t* sizes, int64_t* shape) {"] + self._sizes_locals()
+        L.append("    switch (i) {")
+        for i, o in enumerate(self.outputs):
+            L.append(f"    case {i}:" + "".join(f" shape[{d}] = {_c(s)};" for d, s in enumerate(o.layout.shape))
+                     + " break;")
+        L += ["    default: break;", "    }", "}"]
+        return L
+
+    def _run(self) -> list:
+        """Output bases that are plain contiguous outputs are the runner's output buffers; the others
+        are temporaries, and every other output is copied (strided) into its buffer."""
+        bases = output_bases(self.g)
+        index = {b.name: k for k, b in enumerate(bases)}
+        consts = {name: j for j, name in enumerate(self.g.constants)}
+        direct, copies = {}, []
+        for i, o in enumerate(self.outputs):
+            name = getattr(o, "name", None)
+            if name in index and name not in direct and o.layout.is_contiguous():
+                direct[name] = i
+            else:
+                copies.append(i)
+        L = ["static int fl_model_run(void* const* in, void* const* out, const int64_t* sizes, void* const* consts) {"]
+        L += self._sizes_locals()
+        L.append(f"    void* bases[{max(1, len(bases))}];")
+        for k, b in enumerate(bases):
+            if b.name in direct:
+                L.append(f"    bases[{k}] = out[{direct[b.name]}];")
+            else:
+                L.append(f"    bases[{k}] = fl_alloc({_c(b.layout.numel)} * {b.dtype.itemsize});")
+        L.append("    int code = fl_graph_run(in, bases, sizes, consts);")
+        for i in copies:
+            o = self.outputs[i]
+            base = o.base if isinstance(o, StridedView) else o
+            if isinstance(base, InputBuffer) and base.position is not None:
+                src = f"in[{base.position}]"
+            elif isinstance(base, InputBuffer):
+                src = f"consts[{consts[base.name]}]"
+            elif base.name in index:
+                src = f"bases[{index[base.name]}]"
+            else:
+                raise Unsupported(f"output {i} ({o!r}) can't be copied out")
+            lay = o.layout
+            nd = len(lay.shape)
+            shape = ", ".join(_c(s) for s in lay.shape) or "0"
+            strides = ", ".join(_c(s) for s in lay.strides) or "0"
+            L.append(f"    {{ const int64_t shp[] = {{{shape}}}; const int64_t st[] = {{{strides}}}; "
+                     f"fl_copy_strided((char*)out[{i}], (const char*){src} + {_c(lay.offset)} * {lay.dtype.itemsize}, "
+                     f"{nd}, shp, st, {lay.dtype.itemsize}); }}")
+        for k, b in enumerate(bases):
+            if b.name not in direct:
+                L.append(f"    fl_free(bases[{k}]);")
+        L += ["    return code;", "}"]
+        return L
+
+
+SHAPE_ERROR = 4                      # FL_AOTI_ERR_SHAPE
+COPY_HELPER = r"""
+#include <cstdio>
+// dst (C-contiguous) = the strided view (shape, element strides) at src, item by item.
+static void fl_copy_strided(char* dst, const char* src, int ndim, const int64_t* shape, const int64_t* st, int64_t item) {
+    if (ndim == 0) { std::memcpy(dst, src, item); return; }
+    int64_t inner = 1;
+    for (int d = 1; d < ndim; d++) inner *= shape[d];
+    for (int64_t i = 0; i < shape[0]; i++)
+        fl_copy_strided(dst + i * inner * item, src + i * st[0] * item, ndim - 1, shape + 1, st + 1, item);
+}
+"""
+
+
+# ---- building ------------------------------------------------------------------------------------
+def _object(src_path: str, flags: list, info: dict) -> str:
+    """Compile one static source (the runtime, the GEMM) to an object file, cached on disk."""
+    with open(src_path, "rb") as f:
+        text = f.read()
+    with open(HEADER, "rb") as f:
+        text += f.read()
+    key = hashlib.sha256(text + " ".join(flags).encode() + info["version"].encode()).hexdigest()[:32]
+    path = os.path.join(_cpp_builder.cache_dir, "aoti", f"{key}.o")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        _run([info["cxx"], *flags, "-I", HERE, "-c", src_path, "-o", tmp], src_path)
+        os.replace(tmp, path)
+    return path
+
+
+def _run(cmd: list, what: str):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        msg = (r.stderr or r.stdout).strip()[:4000]
+        raise _cpp_builder.CppCompileError(f"AOTInductor: compiling {what} failed.\n  command: {' '.join(cmd)}\n{msg}")
+
+
+def _build(source: str, info: dict) -> bytes:
+    """model.so's bytes: model.cpp + aoti_runtime.cpp + cpu_kernels.cpp, linked with -Bsymbolic (two
+    packages loaded in one process each call their own code)."""
+    flags = [f for f in info["flags"] if f != "-shared"]
+    with tempfile.TemporaryDirectory(prefix="flambeau_aoti_build_") as d:
+        model = os.path.join(d, "model.cpp")
+        with open(model, "w") as f:
+            f.write(source)
+        objs = [os.path.join(d, "model.o")]
+        _run([info["cxx"], *flags, *config.kernel_cflags, "-I", HERE, "-c", model, "-o", objs[0]], model)
+        objs.append(_object(RUNTIME_SRC, flags, info))
+        gemm_flags = flags + ["-ffp-contract=fast"] + (["-DFLM_SIMD_MATH"] if info.get("simd_math") else [])
+        objs.append(_object(GEMM_SRC, gemm_flags, info))
+        so = os.path.join(d, "model.so")
+        _run([info["cxx"], *info["flags"], *objs, "-o", so, "-Wl,-Bsymbolic", *info["libs"]], "model.so")
+        with open(so, "rb") as f:
+            return f.read()
+
+
+# ---- the package ---------------------------------------------------------------------------------
+def _dims(layout) -> list:
+    return [int(s) if not isinstance(s, SizeExpr) else str(s) for s in layout.shape]
+
+
+def _metadata(ep, graph, user_names, range_constraints, offsets, weights, folded) -> dict:
+    ranges = _ranges(range_constraints)
+    inputs = sorted(graph.inputs, key=lambda b: b.position)
+    outputs = graph.outputs if isinstance(graph.outputs, list) else [graph.outputs]
+    return {
+        "format": ARCHIVE_FORMAT.decode(), "version": PACKAGE_VERSION, "abi_version": ABI_VERSION,
+        "inputs": [{"name": n, "dtype": b.dtype.name, "shape": _dims(b.layout)}
+                   for n, b in zip(user_names, inputs)],
+        "outputs": [{"dtype": o.dtype.name, "shape": _dims(o.layout)} for o in outputs],
+        "dynamic_dims": {n: {"min": lo, "max": None if hi < 0 else hi} for n, (lo, hi) in ranges.items()},
+        "constants": [{"name": b.name, "dtype": b.dtype.name,
+                       "shape": list(b.layout.shape), "offset": off}
+                      for b, off in zip(graph.constants.values(), offsets)],
+        "weights_nbytes": len(weights), "weights_checksum": str(checksum(weights)),
+        "in_spec": pytree.treespec_dumps(ep.call_spec.in_spec),
+        "out_spec": pytree.treespec_dumps(ep.call_spec.out_spec),
+        "freezing": bool(config.freezing), "folded_constants": folded,
+    }
+
+
+def _write(package_path, so: bytes, source: str, weights: bytes, meta: dict) -> str:
+    if package_path is None:
+        fd, package_path = tempfile.mkstemp(suffix=".pt2", prefix="flambeau_aoti_")
+        os.close(fd)
+    entries = {"archive_format": ARCHIVE_FORMAT, "version": str(PACKAGE_VERSION).encode(),
+               "metadata.json": json.dumps(meta, indent=1).encode(), "model.so": so,
+               "model.cpp": source.encode(), "weights.bin": weights}
+    with open(HEADER, "rb") as f:
+        entries["aoti_runtime.h"] = f.read()
+    target = package_path if isinstance(package_path, io.IOBase) else os.fspath(package_path)
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+    return package_path if isinstance(package_path, io.IOBase) else os.fspath(package_path)

@@ -1,0 +1,277 @@
+"""The C++ wrapper: one compiled graph's call as generated C++ (`config.cpp_wrapper`, AOTInductor).
+
+`CppWrapper(graph, order, memory, size_names).generate()` prints, after the kernels of the same
+source (codegen_cpp.py), one function that owns the graph's intermediate memory and runs every step:
+
+    extern "C" int fl_graph_run(void* const* in, void* const* out, const int64_t* sym,
+                                void* const* consts) {
+        float* arg0 = (float*)in[0];                  // graph inputs, by position
+        float* buf3 = (float*)out[0];                 // output bases: memory the caller owns
+        float* buf0 = (float*)fl_alloc(4 * (32));     // the memory plan: fresh or a freed buffer
+        fl_sgemm(1, 4, 8, 8, arg0, ...);              // extern products: flambeau's packed GEMM
+        kernel0(buf0, arg1, buf3);
+        fl_free(buf0);
+        return fl_take_error();                       // an error a kernel recorded (wrapper.kernel_error)
+    }
+
+`out` holds the *output bases*: each buffer an output is (or is a view of), allocated by the caller
+with its layout's shape. `sym` holds the size symbols' values (`size_names` order); the kernels take
+them as trailing arguments. The extern steps the C++ wrapper can run are float32 `mm`, `bmm` and 2-D
+`convolution` (groups 1), through function pointers set once by `fl_set_externs` (the JIT path hands
+it the eager library's `flm_sgemm`/`flm_conv2d`, an AOTInductor package its own copies). Any other
+step raises `Unsupported`: the JIT path then keeps the Python wrapper (wrapper.py), AOTInductor
+refuses the graph.
+
+`fl_graph_run_obj(...)` is the JIT entry: the input and output arrays as NumPy array objects (their
+data pointer read at codegen_cpp.DATA_OFFSET), the sizes as integers, the constants' pointer table
+last; `python_shim` prints the Python that calls it (one ctypes call per graph call).
+"""
+from __future__ import annotations
+
+import ctypes
+
+from .. import _dtype as D
+from .._backends import cpu_kernels
+from . import codegen_cpp
+from .ir import Buffer, ExternKernel, InputBuffer, Layout, MultiOutput, StridedView, Unsupported
+from .scheduler import Kernel
+from .sizevars import SizeExpr
+from .wrapper import WrapperCodegen, kernel_error
+
+CPP_EXTERN_OPS = ("mm", "bmm", "convolution")
+PARALLEL_MACS = 1 << 20          # as cpu_kernels.PARALLEL_MACS: smaller products run on one thread
+
+RUNTIME = r"""
+#include <cstdlib>
+typedef void (*fl_sgemm_fn)(int64_t, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, int64_t,
+                            const float*, int64_t, int64_t, int64_t, float*, int64_t, int64_t, int, int);
+typedef void (*fl_conv2d_fn)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                             int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, const float*,
+                             const float*, float*, int);
+static fl_sgemm_fn fl_sgemm = nullptr;
+static fl_conv2d_fn fl_conv2d = nullptr;
+static int fl_ext_threads = 1;
+extern "C" void fl_set_externs(void* sgemm, void* conv2d, int threads) {
+    fl_sgemm = (fl_sgemm_fn)sgemm; fl_conv2d = (fl_conv2d_fn)conv2d; fl_ext_threads = threads;
+}
+static inline int fl_threads(int64_t macs) { return macs < %(parallel)d ? 1 : fl_ext_threads; }
+static inline void* fl_alloc(int64_t nbytes) {
+    return std::aligned_alloc(64, (size_t)((nbytes + 63) / 64 * 64 + 64));
+}
+static inline void fl_free(void* p) { std::free(p); }
+""" % {"parallel": PARALLEL_MACS}
+
+
+def _c(e) -> str:
+    """C source of an int | SizeExpr (a polynomial of the size symbols, locals of the function)."""
+    return f"(int64_t)({e})" if isinstance(e, SizeExpr) else str(int(e))
+
+
+def output_bases(graph) -> list:
+    """The buffers the caller allocates: each non-input buffer an output is, or is a view of."""
+    bases: list = []
+    for o in graph.flat_outputs():
+        b = o.base if isinstance(o, StridedView) else o
+        if isinstance(b, Buffer) and not isinstance(b, InputBuffer) and b not in bases:
+            bases.append(b)
+    return bases
+
+
+class CppWrapper:
+    """See module docstring."""
+
+    def __init__(self, graph, order, memory, size_names=(), externs_available: bool = True):
+        self.externs_available = externs_available
+        self.g = graph
+        self.order = order
+        self.mem = memory
+        self.size_names = list(size_names)
+        self.lines: list = []
+        self.bases = output_bases(graph)
+        for b in self.bases:
+            if isinstance(b, MultiOutput) or b.layout is None:
+                raise Unsupported(f"the C++ wrapper can't return {b.name} (an output of a multi-output op)")
+
+    def line(self, s: str):
+        self.lines.append("    " + s)
+
+    def generate(self) -> str:
+        g = self.g
+        self.lines = []
+        for k, name in enumerate(self.size_names):
+            self.line(f"const int64_t {name} = sym[{k}];")
+        for b in g.inputs:
+            self.line(f"{self._t(b)}* {b.name} = ({self._t(b)}*)in[{b.position}];")
+        for j, b in enumerate(g.constants.values()):
+            self.line(f"{self._t(b)}* {b.name} = ({self._t(b)}*)consts[{j}];")
+        index = {b.name: i for i, b in enumerate(self.bases)}
+        roots: list = []
+        self.extern_roots = set()
+        for i, step in enumerate(self.order):
+            if isinstance(step, Kernel):
+                for b in step.stores:
+                    self._place(b, index, roots, self.mem["allocs"][b.name])
+                args = [b.name for b in step.loads + step.stores] + self.size_names
+                self.line(f"{step.name}({', '.join(args)});")
+            else:
+                ek = step.node
+                self._place(ek, index, roots, ("alloc", None), extern=True)
+                self._extern(ek)
+            for name in self.mem["frees"][i]:
+                if name not in self.mem["allocs"] and name not in index and name in self.extern_roots:
+                    self.line(f"fl_free({name});")
+        for name in roots:
+            self.line(f"fl_free({name});")
+        self.line("return fl_take_error();")
+        body = "\n".join(self.lines)
+        sig = "void* const* in, void* const* out, const int64_t* sym, void* const* consts"
+        return RUNTIME + f'\nextern "C" int fl_graph_run({sig}) {{\n{body}\n}}\n' + self._obj_entry()
+
+    def _t(self, b) -> str:
+        t = codegen_cpp.CTYPES.get(b.dtype)
+        if t is None:
+            raise Unsupported(f"the C++ wrapper has no type for {b.dtype.name} buffer {b.name}")
+        return t
+
+    def _place(self, b, index, roots, alloc, extern=False):
+        t = self._t(b)
+        if b.name in index:
+            self.line(f"{t}* {b.name} = ({t}*)out[{index[b.name]}];")
+            return
+        act, other = alloc
+        if act == "reuse":
+            self.line(f"{t}* {b.name} = ({t}*){other};")
+            return
+        self.line(f"{t}* {b.name} = ({t}*)fl_alloc({_c(b.layout.numel)} * {b.dtype.itemsize});")
+        if extern:
+            self.extern_roots.add(b.name)
+        else:
+            roots.append(b.name)
+
+    # ---- extern steps --------------------------------------------------------------------------
+    def _extern(self, ek: ExternKernel):
+        name = getattr(ek.op, "name", str(ek.op))
+        if ek.kind != "extern" or name not in CPP_EXTERN_OPS or ek.layout is None:
+            raise Unsupported(f"the C++ wrapper can't run op {name} ({ek.kind}): it runs {', '.join(CPP_EXTERN_OPS)}")
+        tensors = [a for a in ek.args if isinstance(a, (Buffer, StridedView))]
+        if any(a.dtype is not D.float32 for a in tensors) or ek.layout.dtype is not D.float32:
+            raise Unsupported(f"the C++ wrapper runs {name} on float32 only (got "
+                              f"{[a.dtype.name for a in tensors]})")
+        if not self.externs_available:
+            raise Unsupported("the C++ wrapper's GEMM and convolution are unavailable (flambeau's CPU kernels "
+                              "did not build here)")
+        getattr(self, f"_extern_{name}")(ek)
+
+    @staticmethod
+    def _operand(a):
+        """(C pointer expression, layout) of an extern operand: a buffer or a strided view of one."""
+        if isinstance(a, StridedView):
+            return f"({a.base.name} + {_c(a.layout.offset)})", a.layout
+        return a.name, a.layout
+
+    def _extern_mm(self, ek):
+        (pa, la), (pb, lb) = (self._operand(x) for x in ek.args[:2])
+        M, K = la.shape
+        N = lb.shape[1]
+        sa, sb = [_c(s) for s in la.strides], [_c(s) for s in lb.strides]
+        self.line(f"fl_sgemm(1, {_c(M)}, {_c(N)}, {_c(K)}, {pa}, 0, {sa[0]}, {sa[1]}, {pb}, 0, {sb[0]}, {sb[1]}, "
+                  f"{ek.name}, 0, {_c(N)}, 0, fl_threads({_c(M)} * {_c(N)} * {_c(K)}));")
+
+    def _extern_bmm(self, ek):
+        (pa, la), (pb, lb) = (self._operand(x) for x in ek.args[:2])
+        B, M, K = la.shape
+        N = lb.shape[2]
+        sa, sb = [_c(s) for s in la.strides], [_c(s) for s in lb.strides]
+        self.line(f"fl_sgemm({_c(B)}, {_c(M)}, {_c(N)}, {_c(K)}, {pa}, {sa[0]}, {sa[1]}, {sa[2]}, {pb}, {sb[0]}, "
+                  f"{sb[1]}, {sb[2]}, {ek.name}, {_c(M)} * {_c(N)}, {_c(N)}, 0, "
+                  f"fl_threads({_c(B)} * {_c(M)} * {_c(N)} * {_c(K)}));")
+
+    def _extern_convolution(self, ek):
+        x, w, bias, stride, padding, dilation, transposed, _, groups = ek.args
+        if transposed or groups != 1 or len(x.layout.shape) != 4:
+            raise Unsupported("the C++ wrapper runs 2-D convolutions of groups 1 only")
+        ops = [(x, "input"), (w, "weight")] + ([(bias, "bias")] if bias is not None else [])
+        for a, what in ops:
+            if not a.layout.is_contiguous() and not (isinstance(a, StridedView) and _contiguous_at_offset(a.layout)):
+                raise Unsupported(f"the C++ wrapper runs convolutions of contiguous operands only ({what} is strided)")
+        (px, lx), (pwt, lw) = self._operand(x), self._operand(w)
+        pbias = self._operand(bias)[0] if bias is not None else "nullptr"
+        N, C, H, W = (_c(s) for s in lx.shape)
+        O, _, KH, KW = (_c(s) for s in lw.shape)
+        OH, OW = (_c(s) for s in ek.layout.shape[2:])
+        sh, sw = (_c(s) for s in stride)
+        ph, pw = (_c(s) for s in padding)
+        dh, dw = (_c(s) for s in dilation)
+        self.line(f"fl_conv2d({N}, {C}, {H}, {W}, {O}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, {OW}, "
+                  f"{px}, {pwt}, {pbias}, {ek.name}, fl_threads({N} * {O} * {OH} * {OW} * {C} * {KH} * {KW}));")
+
+    # ---- the JIT entry ---------------------------------------------------------------------------
+    def _obj_entry(self) -> str:
+        off = codegen_cpp.DATA_OFFSET
+        if off is None:
+            raise Unsupported("NumPy arrays' data pointer offset is unknown here: the C++ wrapper needs it")
+        n_in = max([b.position for b in self.g.inputs] + [p for p, _, _ in self.g.size_inputs] + [-1]) + 1
+        ins = {b.position: b for b in self.g.inputs}
+        params = [f"const char* i{p}" for p in sorted(ins)] + [f"const char* o{k}" for k in range(len(self.bases))]
+        params += [f"int64_t {s}" for s in self.size_names] + ["void* const* consts"]
+        ptr = "*(void* const*)({} + %d)" % off
+        in_arr = ", ".join(ptr.format(f"i{p}") if p in ins else "nullptr" for p in range(n_in)) or "nullptr"
+        out_arr = ", ".join(ptr.format(f"o{k}") for k in range(len(self.bases))) or "nullptr"
+        sym = ", ".join(self.size_names) or "0"
+        return (f'extern "C" int fl_graph_run_obj({", ".join(params)}) {{\n'
+                f"    void* in[] = {{{in_arr}}};\n    void* out[] = {{{out_arr}}};\n"
+                f"    const int64_t sym[] = {{{sym}}};\n    return fl_graph_run(in, out, sym, consts);\n}}\n")
+
+
+def _contiguous_at_offset(layout) -> bool:
+    return Layout(layout.shape, layout.dtype, layout.strides).is_contiguous()
+
+
+class CppShimCodegen(WrapperCodegen):
+    """The Python of a graph whose wrapper is C++: unpack the inputs, read the sizes (and check them,
+    as wrapper.py does for a dynamic graph), allocate the output bases, one call of
+    `fl_graph_run_obj`, raise a kernel's error, return the outputs (views of the bases, inputs)."""
+
+    def __init__(self, graph, order, memory, size_names, eager, device, run, consts, arrays):
+        super().__init__(graph, order, memory, "cpp", {}, size_names, eager, device)
+        self.ns.update({"_run": run, "_consts": consts, "_kernel_error": kernel_error, "_const_arrays": arrays})
+
+    def generate(self) -> str:
+        g, L = self.g, self.lines
+        L.append("def call(args):")
+        positions = sorted({b.position for b in g.inputs} | {p for p, d, _ in g.size_inputs if d is None})
+        if positions:
+            L.append(f"    {', '.join(f'_in{p}' for p in positions)}{',' if len(positions) == 1 else ''} = args")
+            for b in g.inputs:
+                L.append(f"    {b.name} = _in{b.position}._data")
+        if g.dynamic:
+            self._bind_sizes()
+        bases = output_bases(g)
+        for b in bases:
+            L.append(f"    {b.name} = _empty({tuple(b.layout.shape)!r}, {self._dtype(b.dtype)})")
+        args = [b.name for b in sorted(g.inputs, key=lambda b: b.position)] + [b.name for b in bases]
+        L.append(f"    _e = _run({', '.join(args + self.size_names + ['_consts'])})")
+        L.append("    if _e:")
+        L.append("        _kernel_error(_e)")
+        for pos, buf in g.mutations.items():
+            L.append(f"    _copyto(_in{pos}._data, {buf.name})")
+        L.append(f"    return {self._outputs()}")
+        return "\n".join(L) + "\n"
+
+
+def bind_jit(lib, graph, size_names):
+    """(run, consts, arrays): the library's `fl_graph_run_obj` with its argument types, externs set
+    to the eager library's GEMM and convolution, the constants' pointer table and their arrays (which
+    the caller keeps alive with the table)."""
+    ptrs = cpu_kernels.extern_pointers()
+    lib.fl_set_externs.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.fl_set_externs.restype = None
+    if ptrs is not None:
+        lib.fl_set_externs(*ptrs)
+    run = lib.fl_graph_run_obj
+    n_arrays = len(graph.inputs) + len(output_bases(graph))
+    run.argtypes = [ctypes.py_object] * n_arrays + [ctypes.c_int64] * len(size_names) + [ctypes.c_void_p]
+    run.restype = ctypes.c_int
+    arrays = [c.constant._data for c in graph.constants.values()]
+    consts = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
+    return run, consts, arrays

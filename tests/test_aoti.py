@@ -1,0 +1,265 @@
+"""AOTInductor (flambeau._inductor.aoti_compile_and_package / aoti_load_package) and freezing.
+
+Packages of an MLP, a CNN with BatchNorm, a small GPT and a dynamic-batch MLP run from Python and
+from a C++ program built against the C API (aoti_runtime.h) and run with an empty environment (no
+Python involved), each compared with flambeau's eager outputs; hostile and corrupted packages are
+refused with clear errors; freezing turns weights into folded constants without changing values.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+import flambeau as fl
+import flambeau.nn as nn
+import flambeau.nn.functional as F
+from flambeau._inductor import aoti_compile_and_package, aoti_load_package, config
+from flambeau._inductor.aoti_package import (AOTIPackageError, build_example_program, extract_package,
+                                             read_tensor_file, write_tensor_file)
+from flambeau.export import Dim, export
+
+compile_fx = sys.modules["flambeau._inductor.compile_fx"]
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def small_gpt(vocab=96, d=32, heads=4, layers=2, block=16):
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+            q, k, v = (z.view(B, T, heads, C // heads).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(block, d)
+            self.blocks = nn.Sequential(*[Block() for _ in range(layers)])
+            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+        def forward(self, idx):
+            x = self.tok(idx) + self.pos(fl.arange(idx.shape[1]))
+            return self.head(self.ln(self.blocks(x)))
+    return GPT().eval()
+
+
+def _model(name):
+    fl.manual_seed(0)
+    if name == "mlp":
+        return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)), (fl.randn(8, 8),)
+    if name == "cnn":
+        m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 8 * 8, 10))
+        with fl.no_grad():                      # running statistics that are not the initial 0/1
+            m[1].running_mean.copy_(fl.randn(8) * 0.1)
+            m[1].running_var.copy_(fl.rand(8) + 0.5)
+        return m.eval(), (fl.randn(2, 3, 8, 8),)
+    return small_gpt(), (fl.randint(0, 96, (2, 16)),)
+
+
+def _eager(m, args):
+    with fl.no_grad():
+        return m(*args)
+
+
+@pytest.fixture
+def freezing():
+    saved = config.freezing
+    yield
+    config.freezing = saved
+
+
+def _package(tmp_path, m, args, name="m", **kw):
+    return aoti_compile_and_package(export(m, args, **kw), package_path=str(tmp_path / f"{name}.pt2"))
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["plain", "freezing"])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "gpt"])
+def test_aoti_package_from_python_matches_eager(tmp_path, freezing, name, frozen):
+    m, args = _model(name)
+    config.freezing = frozen
+    run = aoti_load_package(_package(tmp_path, m, args))
+    np.testing.assert_allclose(run(*args).numpy(), _eager(m, args).numpy(), rtol=RTOL, atol=ATOL)
+    assert (run.metadata["folded_constants"] > 0) == frozen
+
+
+def _run_cpp(pkg, tmp_path, tensors, repeat=0):
+    d = tmp_path / "pkg"
+    extract_package(pkg, str(d))
+    exe = build_example_program(str(d), str(tmp_path / "run"))
+    for i, t in enumerate(tensors):
+        write_tensor_file(str(tmp_path / f"input{i}.bin"), t)
+    r = subprocess.run([exe, str(d), str(tmp_path), str(tmp_path)] + ([str(repeat)] if repeat else []),
+                       capture_output=True, text=True, env={})          # no Python anywhere
+    return r, d
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "gpt"])
+def test_aoti_package_from_cpp_program_matches_eager(tmp_path, name):
+    m, args = _model(name)
+    r, _ = _run_cpp(_package(tmp_path, m, args), tmp_path, args)
+    assert r.returncode == 0, r.stderr
+    y = read_tensor_file(str(tmp_path / "output0.bin"))
+    np.testing.assert_allclose(y.numpy(), _eager(m, args).numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_aoti_dynamic_batch_from_python_and_cpp(tmp_path):
+    m, (x,) = _model("mlp")
+    pkg = _package(tmp_path, m, (x,), dynamic_shapes={"input": {0: Dim("batch", min=2, max=64)}})
+    run = aoti_load_package(pkg)
+    assert run.metadata["inputs"][0]["shape"][0] == "s0"
+    for b in (2, 5, 64):
+        xb = fl.randn(b, 8)
+        np.testing.assert_allclose(run(xb).numpy(), _eager(m, (xb,)).numpy(), rtol=RTOL, atol=ATOL)
+    with pytest.raises(RuntimeError, match=r"size 65 is outside the range \[2, 64\]"):
+        run(fl.randn(65, 8))
+    with pytest.raises(RuntimeError, match="dim 1: size 9, the program needs 8"):
+        run(fl.randn(4, 9))
+    x13 = fl.randn(13, 8)
+    r, _ = _run_cpp(pkg, tmp_path, [x13])
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose(read_tensor_file(str(tmp_path / "output0.bin")).numpy(), _eager(m, (x13,)).numpy(),
+                               rtol=RTOL, atol=ATOL)
+    r, _ = _run_cpp(pkg, tmp_path, [fl.randn(1, 8)])
+    assert r.returncode == 1 and "size 1 is outside the range [2, 64]" in r.stderr
+
+
+def test_aoti_kernel_error_raises_index_error(tmp_path):
+    m = nn.Embedding(10, 4)
+    pkg = _package(tmp_path, m, (fl.tensor([1, 2, 3]),))
+    run = aoti_load_package(pkg)
+    with pytest.raises(IndexError, match="index out of range"):
+        run(fl.tensor([1, 20, 3]))
+
+
+def test_aoti_cpp_runner_refuses_weights_of_another_package(tmp_path):
+    m, args = _model("mlp")
+    pkg = _package(tmp_path, m, args)
+    r, d = _run_cpp(pkg, tmp_path, args)
+    assert r.returncode == 0, r.stderr
+    w = bytearray((d / "weights.bin").read_bytes())
+    w[0] ^= 0xFF
+    (d / "weights.bin").write_bytes(bytes(w))
+    r = subprocess.run([str(tmp_path / "run"), str(d), str(tmp_path), str(tmp_path)], capture_output=True, text=True,
+                       env={})
+    assert r.returncode == 1 and "checksum" in r.stderr
+    (d / "weights.bin").write_bytes(bytes(w[:-4]))
+    r = subprocess.run([str(tmp_path / "run"), str(d), str(tmp_path), str(tmp_path)], capture_output=True, text=True,
+                       env={})
+    assert r.returncode == 1 and "bytes, the library expects" in r.stderr
+
+
+def _rewrite(src, dst, change):
+    with zipfile.ZipFile(src) as z:
+        entries = {i.filename: z.read(i) for i in z.infolist()}
+    entries = change(entries)
+    with zipfile.ZipFile(dst, "w") as z:
+        for n, data in entries.items():
+            z.writestr(n, data)
+
+
+def test_hostile_packages_are_refused(tmp_path):
+    m, args = _model("mlp")
+    pkg = _package(tmp_path, m, args)
+    data = open(pkg, "rb").read()
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(AOTIPackageError, match="truncated or corrupt"):
+        aoti_load_package(str(bad))
+    cases = {
+        "traversal": (lambda e: {**e, "../evil.so": b"x"}, "unexpected entry '../evil.so'"),
+        "absolute": (lambda e: {**e, "/tmp/evil": b"x"}, "unexpected entry"),
+        "missing": (lambda e: {k: v for k, v in e.items() if k != "weights.bin"}, "lacks weights.bin"),
+        "version": (lambda e: {**e, "version": b"99"}, "package version b'99'"),
+        "format": (lambda e: {**e, "archive_format": b"pickle"}, "unknown archive format"),
+        "metadata": (lambda e: {**e, "metadata.json": b"{"}, "metadata.json is not JSON"),
+        "metadata version": (lambda e: {**e, "metadata.json": e["metadata.json"].replace(b'"version": 1',
+                                                                                         b'"version": 7')},
+                             "metadata.json says version 7"),
+    }
+    for what, (change, msg) in cases.items():
+        _rewrite(pkg, bad, change)
+        with pytest.raises(AOTIPackageError, match=msg.replace("(", r"\(").replace("[", r"\[")):
+            aoti_load_package(str(bad))
+    assert not os.path.exists("/tmp/evil") and not (tmp_path.parent / "evil.so").exists()
+
+
+def test_aoti_refuses_a_program_that_updates_buffers(tmp_path):
+    m = nn.BatchNorm1d(4)                    # training mode: running statistics are updated
+    with pytest.raises(RuntimeError, match="updates .*running_mean.*inference programs"):
+        _package(tmp_path, m, (fl.randn(3, 4),))
+
+
+def test_freezing_folds_constants_into_generated_code_and_keeps_values(tmp_path, freezing):
+    m, args = _model("cnn")
+    sources = {}
+    for frozen in (False, True):
+        config.freezing = frozen
+        pkg = _package(tmp_path, m, args, name=f"f{frozen}")
+        run = aoti_load_package(pkg)
+        np.testing.assert_allclose(run(*args).numpy(), _eager(m, args).numpy(), rtol=RTOL, atol=ATOL)
+        with zipfile.ZipFile(pkg) as z:
+            sources[frozen] = z.read("model.cpp").decode()
+        assert run.metadata["freezing"] is frozen
+    # BatchNorm's rsqrt(var + eps) * weight is computed at compile time: no sqrt left in the kernels
+    assert "sqrt" in sources[False] and "sqrt" not in sources[True]
+
+
+def test_jit_freezing_makes_weights_constants(freezing):
+    m, args = _model("cnn")
+    graphs = []
+    orig = compile_fx.compile_fx
+
+    def spy(gm, ex):
+        graphs.append(orig(gm, ex))
+        return graphs[-1]
+    config.freezing = True
+    compile_fx_attr = fl._inductor.compile_fx
+    fl._inductor.compile_fx = spy
+    try:
+        fl._dynamo.reset()
+        with fl.no_grad():
+            y = fl.compile(m)(*args)
+    finally:
+        fl._inductor.compile_fx = compile_fx_attr
+        fl._dynamo.reset()
+    np.testing.assert_allclose(y.numpy(), _eager(m, args).numpy(), rtol=RTOL, atol=ATOL)
+    (g,) = graphs
+    assert g.artifact.wrapper_source.startswith("def call(args):\n    _in0, = args")   # the weights are not inputs
+    assert "const" in g.artifact.wrapper_source and "sqrt" not in g.source
+
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_aoti_outputs_of_every_kind_in_the_output_pytree(tmp_path, dynamic):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 3)
+
+        def forward(self, x, y):
+            h = self.l(x)
+            return {"t": h.t(), "same": y, "arg": h.argmax(1), "view": x[:, 1:3]}
+    fl.manual_seed(0)
+    m, x, y = M(), fl.randn(5, 4), fl.randn(2, 2)
+    dyn = {"x": {0: Dim("b", min=2, max=10)}, "y": None} if dynamic else None
+    run = aoti_load_package(_package(tmp_path, m, (x, y), dynamic_shapes=dyn))
+    x7 = fl.randn(7, 4) if dynamic else x
+    out, ref = run(x7, y), _eager(m, (x7, y))
+    assert list(out) == list(ref)
+    for k in ref:
+        assert out[k].shape == ref[k].shape and out[k].dtype == ref[k].dtype, k
+        np.testing.assert_allclose(out[k].numpy(), ref[k].numpy(), rtol=RTOL, atol=ATOL)
