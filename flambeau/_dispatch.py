@@ -11,6 +11,11 @@ Layers, top first:
   3. the device backend: the op's kernel over the device's array namespace (NumPy, CuPy), or its
      meta function on `meta` tensors.
 In-place ops (`add_`) run their functional op and copy the result into `self`; `out=` likewise.
+
+Wrapper tensor subclasses (DTensor) hold no data of their own: their `_device` is `WRAPPER_DEVICE`, so
+a call with one among its arguments reaches, below autograd, the class's
+`__torch_dispatch__(op, types, args, kwargs)` instead of a kernel (PyTorch's Python dispatch key),
+and an in-place result is written into one by its `_wrapper_write(res)`.
 """
 from __future__ import annotations
 
@@ -24,9 +29,12 @@ from ._fp_errors import (quiet as _fp_quiet, restore as _fp_restore, run_quiet a
 from ._tags import Tag
 from ._tensor import Tensor
 from ._backends import MetaArray, array_namespaces as _XP, get as _backend
-from ._device import canonical, QUANTIZED_CPU
+from ._device import canonical, device as Device, QUANTIZED_CPU
 
 _ndarray = np.ndarray
+WRAPPER_DEVICE = object.__new__(Device)            # the `_device` of every wrapper subclass tensor
+object.__setattr__(WRAPPER_DEVICE, "type", "wrapper")
+object.__setattr__(WRAPPER_DEVICE, "index", None)
 # The layers above register here when they are imported (this module imports none of them):
 _graph = None          # flambeau.autograd.graph: record, record_not_implemented, record_inplace
 _forward_ad = None     # flambeau.autograd.forward_ad: propagate, set_inplace_tangent
@@ -203,6 +211,8 @@ def _scan_all(op, tensors):
             raise _quantized_unsupported(op)
         if dev is None:
             dev = d
+        elif d != dev and (d is WRAPPER_DEVICE or dev is WRAPPER_DEVICE):
+            dev = WRAPPER_DEVICE       # the wrapper subclass decides what a plain tensor beside it means
         elif d != dev:
             # a 0-dim cpu tensor may join an op on another device (PyTorch's cpu-scalar rule)
             if d.type == "cpu" and t._data.ndim == 0:
@@ -282,7 +292,7 @@ def call_functional(op, args, kwargs, record=True):
             return r
     if dev is None:
         dev = _factory_device(op, args, kwargs)
-    if op.out_device is not None or dev.type == "meta" or op.kernel is None:
+    if op.out_device is not None or dev.type == "meta" or op.kernel is None or dev is WRAPPER_DEVICE:
         out = _unusual_call(op, args, kwargs, uargs, ukwargs, dev)
     else:
         xp = _XP.get(dev.type) or _backend(dev.type).xp
@@ -343,7 +353,12 @@ def _run_kernel(op, xp, uargs, ukwargs):
 
 def _unusual_call(op, args, kwargs, uargs, ukwargs, dev):
     """`call_functional` on a meta device, for an op whose output device is its own (`out_device`),
-    or for one without a kernel."""
+    for one without a kernel, or with a wrapper subclass tensor among the arguments."""
+    if dev is WRAPPER_DEVICE:
+        out = _wrapper_call(op, args, kwargs)
+        if op.return_type is not None and type(out) is tuple:
+            out = op.return_type(*out)
+        return out
     out_dev = op.out_device(*args, **(kwargs or {})) if op.out_device is not None else dev
     if dev.type == "meta" or out_dev.type == "meta":
         out = _meta_call(op, args, kwargs, out_dev)
@@ -355,6 +370,12 @@ def _unusual_call(op, args, kwargs, uargs, ukwargs, dev):
     if op.return_type is not None and type(out) is tuple:
         out = op.return_type(*out)
     return out
+
+
+def _wrapper_call(op, args, kwargs):
+    tensors = flat_tensors(args, kwargs)
+    cls = next(type(t) for t in tensors if t._device is WRAPPER_DEVICE)
+    return cls.__torch_dispatch__(op, tuple({type(t) for t in tensors}), tuple(args), kwargs or {})
 
 
 def _nondiff(op):
@@ -472,6 +493,10 @@ def check_inplace_autograd(self: Tensor):
 def write_into(self: Tensor, res: Tensor, opname: str, overlap_ok: bool = False):
     """Copy `res` into `self` with PyTorch's in-place dtype and shape rules; `overlap_ok` lets a
     self whose elements share memory (an expanded tensor) be written, as PyTorch's fill_ does."""
+    if self._device is WRAPPER_DEVICE:
+        self._wrapper_write(res, opname)
+        self._version[0] += 1
+        return
     if not can_cast(res._dtype, self._dtype):
         raise RuntimeError(f"result type {type_name(res._dtype)} can't be cast to the desired output type "
                            f"{type_name(self._dtype)}")

@@ -17,7 +17,7 @@ from ._registry import defop, export, make_inplace, Op, register, TensorSpec, NN
 from ._helpers import result_type, opmath, round_to, broadcast_shapes, shape_of, wrap_dim, pointwise_strides
 from .._dispatch import type_name, resize_out
 from .._device import canonical
-from . import _batching
+from . import _batching, _sharding
 
 
 def _np_erf(xp, x):
@@ -868,3 +868,8 @@ _EXPORTS.update(_EXTRA)
 # ---- vmap batching rules ----------------------------------------------------------------------------
 glu.def_batching_rule(_batching.dim_rule(glu, "dim"))
 _normalize.def_batching_rule(_batching.dim_rule(_normalize, "dim"))
+
+
+# ---- DTensor sharding rules (elementwise, not tagged pointwise) ----------------------------------------
+for _elementwise in (gelu, relu, silu):
+    _elementwise.def_sharding_rule(_sharding.pointwise_rule)

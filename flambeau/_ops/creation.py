@@ -19,6 +19,7 @@ from .. import _state
 from .._tensor import Tensor
 from ..storage import TypedStorage, UntypedStorage
 from .._device import canonical
+from .._dispatch import WRAPPER_DEVICE
 from .._backends import get as backend, MetaArray
 from ._registry import METHODS, defop, export, TensorSpec, Tag
 
@@ -143,6 +144,8 @@ def empty(*size, dtype=None, device=None, requires_grad=False, layout=None, pin_
 def _like(fn):
     def like(input, *args, dtype=None, device=None, requires_grad=False, layout=None, memory_format=None,
              pin_memory=False):
+        if input._device is WRAPPER_DEVICE:      # a DTensor: its layout, filled locally
+            return input._wrapper_like(fn, args, dict(dtype=dtype, requires_grad=requires_grad))
         return fn(input.shape, *args, dtype=dtype or input.dtype,
                   device=device if device is not None else input.device, requires_grad=requires_grad)
     return like
@@ -156,6 +159,8 @@ empty_like = export("empty_like")(_like(empty))
 @export()
 def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False, layout=None,
               memory_format=None, pin_memory=False):
+    if input._device is WRAPPER_DEVICE:
+        return input._wrapper_like(full, (fill_value,), dict(dtype=dtype, requires_grad=requires_grad))
     return full(input.shape, fill_value, dtype=dtype or input.dtype,
                 device=device if device is not None else input.device, requires_grad=requires_grad)
 

@@ -23,7 +23,7 @@ from ._registry import defop, export, autocast_policy, TensorSpec, LINALG, Tag
 from ._helpers import broadcast_shapes, opmath, wrap_dim
 from .._dispatch import type_name as tn
 from .creation import ones, eye
-from . import _batching
+from . import _batching, _sharding
 
 
 def type_name(dt) -> str:
@@ -681,3 +681,11 @@ def cross(input, other, dim=None, *, out=None):
 # ---- vmap batching rules ----------------------------------------------------------------------------
 for _op in (matmul, mm, bmm, mv, dot):
     _op.def_batching_rule(_batching.matmul_rule(_op))
+
+
+# ---- DTensor sharding rules -------------------------------------------------------------------------
+mm.def_sharding_rule(_sharding.mm_rule)
+addmm.def_sharding_rule(_sharding.addmm_rule)
+bmm.def_sharding_rule(_sharding.bmm_rule)
+baddbmm.def_sharding_rule(_sharding.baddbmm_rule)
+matmul.def_sharding_rule(_sharding.matmul_rule)

@@ -8,7 +8,7 @@ from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 from .linalg import einsum, lt_gemm
 from .._dispatch import type_name
-from . import _batching
+from . import _batching, _sharding
 
 
 def _check(input, weight, bias):
@@ -90,3 +90,7 @@ def _linear_batching(in_dims, input, weight, bias=None):
         b = _batching.materialize(bias, db, size)
         y = y + b.reshape((size,) + (1,) * len(lead) + (w.shape[1],))
     return y, 0
+
+
+# ---- DTensor sharding rule --------------------------------------------------------------------------
+linear.def_sharding_rule(_sharding.linear_rule)

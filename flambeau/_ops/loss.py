@@ -26,7 +26,7 @@ from .activation import pointwise_family, _sigmoid, _softplus, relu, log_sigmoid
     cosine_similarity, pairwise_distance
 from .._dispatch import type_name
 from .creation import full_like
-from . import _batching
+from . import _batching, _sharding
 
 _RED = {"none": 0, "mean": 1, "sum": 2}
 
@@ -697,3 +697,7 @@ def _class_loss_batching(op):
 
 for _op in (cross_entropy_loss, nll_loss_nd):
     _op.def_batching_rule(_class_loss_batching(_op))
+
+
+# ---- DTensor sharding rule --------------------------------------------------------------------------
+cross_entropy_loss.def_sharding_rule(_sharding.cross_entropy_rule)

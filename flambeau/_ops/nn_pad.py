@@ -17,7 +17,7 @@ from .nn_resample import _taps_gather
 from .._dispatch import type_name
 from .._tensor import _no_grad
 from .creation import tensor
-from . import _batching
+from . import _batching, _sharding
 
 
 def _padded_shape(shape, pad, name="constant_pad_nd"):
@@ -361,3 +361,7 @@ def _embedding_batching(in_dims, weight, indices, padding_idx=-1, scale_grad_by_
 
 
 constant_pad_nd.def_batching_rule(_batching.dim_rule(constant_pad_nd))
+
+
+# ---- DTensor sharding rule --------------------------------------------------------------------------
+embedding.def_sharding_rule(_sharding.embedding_rule)

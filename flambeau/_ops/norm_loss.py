@@ -20,7 +20,7 @@ from ._helpers import opmath, undefined_grad as _undefined_grad
 from .._dispatch import type_name
 from .activation import _rng as rng
 from .creation import ones_like, ones
-from . import _batching
+from . import _batching, _sharding
 
 
 def _float(name, x):
@@ -613,3 +613,7 @@ def _native_layer_norm_batching(in_dims, input, normalized_shape, weight, bias, 
         return NotImplemented
     x = _batching.front(input, in_dims[0])
     return native_layer_norm(x, normalized_shape, weight, bias, eps), (0, 0, 0)
+
+
+# ---- DTensor sharding rule --------------------------------------------------------------------------
+native_layer_norm.def_sharding_rule(_sharding.layer_norm_rule)

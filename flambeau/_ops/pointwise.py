@@ -21,7 +21,7 @@ from ._helpers import (binary_kernel, binary_meta, unary_kernel, unary_meta, dty
                        lay_out_pointwise)
 from .._dispatch import type_name, write_into, check_inplace_autograd
 from .creation import zeros_like
-from . import _batching
+from . import _batching, _sharding
 
 
 def _conj(x):
@@ -792,3 +792,11 @@ heaviside = binary("heaviside(Tensor self, Tensor values) -> Tensor", _heaviside
 for _op in (conj_physical, _div_trunc, floor_divide, rsub, float_power, fmax, fmin, copysign, xlogy, ldexp,
             logaddexp, logaddexp2, logical_xor, isclose, gcd, lcm, heaviside):
     _op.def_batching_rule(_batching.pointwise_rule(_op))
+
+
+# ---- DTensor sharding rules (the other pointwise ops share _sharding.pointwise_rule by their tag) --------
+add.def_sharding_rule(_sharding.linear_pointwise_rule("sum_all"))
+sub.def_sharding_rule(_sharding.linear_pointwise_rule("sum_all"))
+mul.def_sharding_rule(_sharding.linear_pointwise_rule("one_factor"))
+div.def_sharding_rule(_sharding.linear_pointwise_rule("numerator"))
+neg.def_sharding_rule(_sharding.linear_pointwise_rule("unary"))

@@ -24,7 +24,7 @@ from .._backends import triton_launch, is_cupy
 from ._registry import defop, export, EXPORTS, LINALG, TensorSpec, Tag
 from ._helpers import wrap_dim, wrap_dims, opmath, PAR_MIN, parallel_blocks
 from .._backends import cpu_kernels, cuda_kernels
-from . import _batching
+from . import _batching, _sharding
 
 
 
@@ -891,3 +891,12 @@ for _op in (_max_dim, _min_dim, softmax, log_softmax):
     _op.def_batching_rule(_batching.dim_rule(_op, "dim"))
 _max_all.def_batching_rule(_batching.full_reduction_rule(_max_all, amax))
 _min_all.def_batching_rule(_batching.full_reduction_rule(_min_all, amin))
+
+
+# ---- DTensor sharding rules -------------------------------------------------------------------------
+sum.def_sharding_rule(_sharding.reduction_rule("sum", linear=True))
+mean.def_sharding_rule(_sharding.reduction_rule("sum", linear=True, mean=True))
+amax.def_sharding_rule(_sharding.reduction_rule("max"))
+amin.def_sharding_rule(_sharding.reduction_rule("min"))
+softmax.def_sharding_rule(_sharding.softmax_rule)
+log_softmax.def_sharding_rule(_sharding.softmax_rule)

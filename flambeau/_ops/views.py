@@ -18,7 +18,7 @@ from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
 from ._helpers import wrap_dim
 from .creation import zeros, arange, tensor
 from .._dispatch import type_name
-from . import _batching
+from . import _batching, _sharding
 
 
 def infer_size(shape, numel):
@@ -840,3 +840,16 @@ slice_.def_batching_rule(_batching.dim_rule(slice_, "dim"))
 select.def_batching_rule(_batching.dim_rule(select, "dim"))
 diagonal.def_batching_rule(_batching.dim_rule(diagonal, "dim1", "dim2"))
 unfold.def_batching_rule(_batching.dim_rule(unfold, "dimension"))
+
+
+# ---- DTensor sharding rules -------------------------------------------------------------------------
+_view.def_sharding_rule(_sharding.view_rule)
+_expand.def_sharding_rule(_sharding.expand_rule)
+transpose.def_sharding_rule(_sharding.transpose_rule)
+_permute.def_sharding_rule(_sharding.permute_rule)
+unsqueeze.def_sharding_rule(_sharding.unsqueeze_rule)
+_squeeze.def_sharding_rule(_sharding.squeeze_rule)
+slice_.def_sharding_rule(_sharding.slice_rule)
+select.def_sharding_rule(_sharding.select_rule)
+for _like_op in (clone, _to_copy, alias):
+    _like_op.def_sharding_rule(_sharding.like_rule)

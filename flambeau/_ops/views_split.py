@@ -13,7 +13,7 @@ from ._registry import defop, export, TensorSpec
 from ._helpers import wrap_dim
 from .views import _sel, take_view, _view, _permute, reshape, transpose, infer_size, slice_
 from .shape import cat, stack
-from . import _batching
+from . import _batching, _sharding
 
 
 # ---- multi-output views: split_with_sizes, unbind and their composites ----------------------------
@@ -229,3 +229,7 @@ def t(self):
 # ---- vmap batching rules ----------------------------------------------------------------------------
 split_with_sizes.def_batching_rule(_batching.dim_rule(split_with_sizes, "dim"))
 unbind.def_batching_rule(_batching.dim_rule(unbind, "dim"))
+
+
+# ---- DTensor sharding rule --------------------------------------------------------------------------
+split_with_sizes.def_sharding_rule(_sharding.split_rule)

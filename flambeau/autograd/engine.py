@@ -14,11 +14,14 @@ import warnings
 from .._dtype import FLOATING
 from .. import _state
 from .._tensor import Tensor
+from .._dispatch import WRAPPER_DEVICE
 from .graph import AccumulateGrad, _edge
 from .._ops.creation import ones_like, tensor, zeros_like
 
 
 def _reduce_to(g: Tensor, shape, dtype, device, node, i) -> Tensor:
+    if g._device is WRAPPER_DEVICE:
+        return g._wrapper_reduce_to(shape, dtype, device)    # device: the input's layout (graph._meta_of)
     if g._data.shape != tuple(shape):
         gs = g._data.shape
         nd = len(gs) - len(shape)

@@ -21,7 +21,7 @@ from .. import _state
 from .._tensor import Tensor
 from .._ops.creation import tensor as _tensor, zeros, ones
 from .._ops.views import storage_positions
-from .._dispatch import type_name
+from .._dispatch import WRAPPER_DEVICE, type_name
 
 _seq = itertools.count()
 
@@ -173,7 +173,7 @@ class SavedTensor:
                 f"{self.version} instead. Hint: enable anomaly detection to find the operation that "
                 "failed to compute its gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False).")
         if self.is_output:
-            o = Tensor._make(t._data, t._device, t._dtype)
+            o = Tensor._make(t._data, t._device, t._dtype) if t._device is not WRAPPER_DEVICE else t.detach()
             o._version = t._version
             o._grad_fn = node
             o._output_nr = self.out_nr
@@ -217,6 +217,8 @@ class TensorMeta:
 
 
 def _meta_of(t):
+    if t._device is WRAPPER_DEVICE:
+        return t._wrapper_meta()       # (global shape, dtype, layout): the engine hands the layout back
     return (t._data.shape, t._dtype, t._device)
 
 
@@ -298,7 +300,8 @@ class OpNode(Node):
         for i, g in enumerate(grads):
             if g is None and not (optional and i):
                 shape, dt, dev = self._out_meta[i]
-                grads[i] = zeros(shape, dtype=dt, device=dev)
+                grads[i] = zeros(shape, dtype=dt, device=dev) if dev is not None and not hasattr(dev, "zeros") \
+                    else dev.zeros(dt)                # a DTensor's layout makes its own zeros
                 grads[i]._undefined_grad = True       # see flambeau._ops._helpers.undefined_grad
         kw = {}
         for k, v in self._saved.items():

@@ -21,6 +21,8 @@ class Parameter(Tensor):
             data = _empty_default()
         if not isinstance(data, Tensor):
             raise TypeError(f"Parameter.__new__ expected a Tensor, got {type(data).__name__}")
+        if hasattr(type(data), "_wrapper_parameter"):     # a DTensor stays one (PyTorch's custom-tensor rule)
+            return type(data)._wrapper_parameter(data, requires_grad)
         p = cls._from(data.detach())
         p._requires_grad = False
         p.requires_grad = requires_grad

@@ -38,14 +38,14 @@ def scatter(flat, tensors) -> None:
     """Write consecutive slices of `flat` back into each tensor's memory (in place)."""
     off = 0
     for t in tensors:
-        n = t.numel()
+        n = t._data.size          # local elements (a DTensor steps its shard)
         t._data[...] = flat[off:off + n].reshape(t._data.shape)
         t._version[0] += 1
         off += n
 
 
 def sizes(tensors):
-    return np.asarray([t.numel() for t in tensors], dtype=np.int64)
+    return np.asarray([t._data.size for t in tensors], dtype=np.int64)
 
 
 def expand(xp, per_tensor, counts):
@@ -71,7 +71,7 @@ class FlatState:
         self.flat = gather(xp, [t._data for t in tensors])
         off = 0
         for t in tensors:
-            n = t.numel()
+            n = t._data.size          # local elements (a DTensor steps its shard)
             t._data = self.flat[off:off + n].reshape(t._data.shape)
             off += n
         self.key = key

@@ -1,0 +1,150 @@
+"""DTensor's op interpreter: what `DTensor.__torch_dispatch__` does with every operator call.
+
+Below autograd (which records the call on the DTensors themselves, so gradients are DTensors), a call
+with DTensor arguments:
+  1. asks the op's sharding rule (`Op.sharding_rule`, declared with the op in `flambeau/_ops`; ops
+     tagged `pointwise` share `_sharding.pointwise_rule`) once per mesh dimension, giving it each
+     DTensor as an `ArgSpec` (global shape, placement on that dimension);
+  2. redistributes the inputs whose placements differ from the rule's choice;
+  3. runs the op on the local tensors (or the rule's `local` function), and
+  4. wraps the local results as DTensors with the rule's output placements and the global shapes the
+     op's meta function gives for the global inputs.
+An op with no rule runs by the fallback: inputs replicated, op computed on whole tensors, outputs
+replicated; each such call is logged (logger `flambeau.distributed.tensor`, level DEBUG) and counted
+in `FALLBACK_COUNTS`. A 0-dim plain tensor beside DTensors counts as replicated; any other plain
+tensor is an error, as in PyTorch.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+
+from ... import _state
+from ..._backends import MetaArray
+from ..._device import device as Device
+from ..._ops import _batching
+from ..._ops._registry import OPS
+from ..._ops._sharding import ArgSpec, LocalContext, pointwise_rule, replicate_all
+from ..._tags import Tag
+from ..._tensor import Tensor
+from ..collectives import all_reduce
+from ._redistribute import REPLICATE, normalize, redistribute_local
+from ._utils import compute_local_shape_and_global_offset
+
+log = logging.getLogger("flambeau.distributed.tensor")
+FALLBACK_COUNTS: collections.Counter = collections.Counter()   # op name -> calls run by the fallback
+_META = Device("meta")
+
+
+def rule_of(op):
+    """The op's sharding rule: declared, or the shared pointwise one; None when it has neither."""
+    if op.sharding_rule is not None:
+        return op.sharding_rule
+    if Tag.pointwise in op.tags:
+        return pointwise_rule
+    return None
+
+
+def ops_with_rules() -> list:
+    """Names of the operators DTensor runs by a sharding rule (the rest run by the fallback)."""
+    return sorted(name for name, op in OPS.items() if rule_of(op) is not None)
+
+
+def _map(values, fn):
+    """`values` with every Tensor (also inside lists) replaced by fn(tensor)."""
+    out = []
+    for v in values:
+        if isinstance(v, Tensor):
+            out.append(fn(v))
+        elif type(v) in (list, tuple) and any(isinstance(x, Tensor) for x in v):
+            out.append(type(v)(fn(x) if isinstance(x, Tensor) else x for x in v))
+        else:
+            out.append(v)
+    return out
+
+
+def _flat(values) -> list:
+    out = []
+    for v in values:
+        if isinstance(v, Tensor):
+            out.append(v)
+        elif type(v) in (list, tuple):
+            out.extend(x for x in v if isinstance(x, Tensor))
+    return out
+
+
+def _as_dtensors(op, values, dtensor_cls):
+    """`values` with 0-dim plain tensors made replicated DTensors; the common mesh."""
+    first = next(t for t in _flat(values) if isinstance(t, dtensor_cls))
+    mesh = first.device_mesh
+
+    def lift(t):
+        if isinstance(t, dtensor_cls):
+            if t.device_mesh != mesh:
+                raise NotImplementedError(f"{op}: DTensor arguments on different meshes ({mesh} and "
+                                          f"{t.device_mesh}) are not supported")
+            return t
+        if t.dim() == 0:
+            return dtensor_cls._make(t, mesh, (REPLICATE,) * mesh.ndim, (), requires_grad=False)
+        raise RuntimeError(f"{op}: got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to "
+                           "DTensor before calling distributed operators!")
+    return _map(values, lift), mesh
+
+
+def _global_outputs(op, values):
+    """The op's outputs computed on meta tensors of the global shapes (metadata only)."""
+    def meta(t):
+        return Tensor._make(MetaArray(tuple(t.shape), t.dtype.np), _META, t.dtype)
+    return _batching.call(op, _map(values, meta))
+
+
+def dispatch(op, args: tuple, kwargs: dict, dtensor_cls):
+    values, mesh = _as_dtensors(op, list(op.bind(*args, **kwargs)), dtensor_cls)
+    dts = _flat(values)
+    rule = rule_of(op)
+    if rule is None or op.meta is None:
+        log.debug("DTensor: %s has no sharding rule; its inputs are replicated (fallback)", op)
+        FALLBACK_COUNTS[op.name] += 1
+        rule = replicate_all
+    decisions = []
+    for i in range(mesh.ndim):
+        def spec(t, i=i):
+            return ArgSpec(tuple(t.shape), normalize(t.placements, t.ndim)[i], mesh.size(i))
+        decisions.append(rule(*_map(values, spec)))
+    want = [tuple(d.inputs[k] for d in decisions) for k in range(len(dts))]
+    locals_ = {}
+    for t, w in zip(dts, want):
+        locals_[id(t)] = redistribute_local(t._local_tensor, mesh, t.placements, w, tuple(t.shape))
+    local_values = _map(values, lambda t: locals_[id(t)])
+    global_out = _global_outputs(op, values)
+    outs = global_out if type(global_out) in (list, tuple) else [global_out]
+    out_placements = []
+    for k in range(len(outs)):
+        out_placements.append(tuple(d.output[k] if type(d.output) is tuple else d.output for d in decisions))
+    local_out = _run_local(op, local_values, decisions, mesh, outs, out_placements)
+    locals_out = local_out if type(local_out) in (list, tuple) else [local_out]
+    wrapped = []
+    for g, loc, pl in zip(outs, locals_out, out_placements):
+        if isinstance(g, Tensor) and isinstance(loc, Tensor):
+            wrapped.append(dtensor_cls._make(loc, mesh, pl, tuple(g.shape), requires_grad=False))
+        else:
+            wrapped.append(loc)
+    if type(global_out) in (list, tuple):
+        return type(local_out)(wrapped) if type(local_out) in (list, tuple) else wrapped
+    return wrapped[0]
+
+
+def _run_local(op, local_values, decisions, mesh, outs, out_placements):
+    prev = _state.grad_enabled
+    _state.grad_enabled = False          # below autograd: the DTensor call is what autograd records
+    try:
+        for i, d in enumerate(decisions):
+            if d.local is not None:
+                shapes = [compute_local_shape_and_global_offset(tuple(g.shape), mesh, pl)[0]
+                          if isinstance(g, Tensor) else None for g, pl in zip(outs, out_placements)]
+                group = mesh.get_group(i)
+                ctx = LocalContext(shapes, mesh.get_local_rank(i), lambda t, g=group: all_reduce(t, group=g))
+                return d.local(op, *local_values, ctx=ctx)
+        return _batching.call(op, local_values)
+    finally:
+        _state.grad_enabled = prev
