@@ -1,0 +1,354 @@
+"""FSDP2: `fully_shard(module)` shards the module's parameters over a mesh as DTensors (`Shard(0)`).
+
+Each call makes one parameter group: the parameters of `module` not already in a group of a submodule
+sharded before it (shard the blocks, then the root). Between uses the module holds the sharded
+parameters, so `module.parameters()` are DTensors, the optimizer steps shards and its state is sharded.
+Around the group's forward:
+  - pre-forward: all-gather (one collective for the group's flat shards, uneven pieces as torch.chunk
+    cuts them, cast to `mp_policy.param_dtype` first) into plain leaf tensors swapped in as the
+    module's parameters; floating inputs cast to the param dtype; the next group's all-gather started
+    asynchronously (forward prefetch: `set_modules_to_forward_prefetch`, by default the group that ran
+    next in the first iteration);
+  - post-forward: the sharded parameters put back; with `reshard_after_forward` (not for the root) the
+    gathered memory is dropped and a hook on the outputs gathers it again before their backward runs
+    (prefetching the group that runs backward next);
+  - as backward accumulates each gathered parameter's gradient, once the whole group has them: one
+    reduce-scatter of the flat gradients (cast to `mp_policy.reduce_dtype`), averaged over the mesh,
+    accumulated into the sharded parameters' `.grad` (DTensors, Shard(0)); the group reshards.
+`set_requires_gradient_sync(False)` keeps the gathered gradients for the next synchronised backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ... import _state
+from ..._ops.creation import empty
+from ..._ops.shape import cat
+from ..._tensor import Tensor
+from ...nn.parameter import Parameter
+from ..collectives import all_gather, reduce_scatter
+from ..device_mesh import DeviceMesh, init_device_mesh
+from ..distributed_c10d import ReduceOp, get_world_size
+from ..tensor._api import DTensor
+from ..tensor._redistribute import redistribute_local
+from ..tensor.placement_types import Replicate, Shard
+
+__all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "CPUOffloadPolicy", "UnshardHandle"]
+
+
+@dataclass(frozen=True)
+class MixedPrecisionPolicy:
+    """param_dtype: the dtype parameters are gathered and computed in; reduce_dtype: the dtype gradients
+    are reduced in (default: param_dtype); output_dtype: the forward outputs' dtype; cast_forward_inputs:
+    cast floating inputs to param_dtype."""
+    param_dtype: object = None
+    reduce_dtype: object = None
+    output_dtype: object = None
+    cast_forward_inputs: bool = True
+
+
+class OffloadPolicy:
+    """No offloading (the default policy)."""
+
+
+@dataclass(frozen=True)
+class CPUOffloadPolicy(OffloadPolicy):
+    """Keep sharded parameters on the host: what a cpu mesh does anyway (refused on cuda, not built)."""
+    pin_memory: bool = True
+
+
+class _Param:
+    """One managed parameter: where it lives, its sharded DTensor and its gathered leaf tensor."""
+    __slots__ = ("owner", "name", "sharded", "shape", "unsharded")
+
+    def __init__(self, owner, name: str, sharded: DTensor, shape: tuple) -> None:
+        self.owner, self.name, self.sharded, self.shape = owner, name, sharded, shape
+        self.unsharded = None
+
+
+class UnshardHandle:
+    """An all-gather in flight (`unshard(async_op=True)`); `wait()` installs the gathered parameters."""
+
+    def __init__(self, group: "_ParamGroup", work, buffers) -> None:
+        self._group, self._work, self._buffers = group, work, buffers
+
+    def wait(self) -> None:
+        if self._group._pending is self:
+            self._work.wait()
+            self._group._finish_unshard(self._buffers)
+
+
+def _no_grad(fn, *args):
+    prev = _state.grad_enabled
+    _state.grad_enabled = False
+    try:
+        return fn(*args)
+    finally:
+        _state.grad_enabled = prev
+
+
+class _ParamGroup:
+    """The parameters one `fully_shard` call manages, and their gather / reduce-scatter (module docstring)."""
+
+    def __init__(self, module, mesh: DeviceMesh, reshard_after_forward: bool, mp: MixedPrecisionPolicy) -> None:
+        self.module, self.mesh, self.mp = module, mesh, mp
+        self.reshard_after_forward = reshard_after_forward
+        self.params: list = []
+        self.unsharded = False
+        self.sync_grads = True
+        self.is_root = None
+        self.forward_prefetch = None          # groups to gather when this one's forward starts
+        self.backward_prefetch = None
+        self._pending = None
+        self._grads_ready: set = set()
+        self.group = mesh.get_group()
+        self.n, self.rank = mesh.size(), mesh.get_local_rank()
+
+    def add(self, owner, name: str, p) -> None:
+        shape = tuple(p.shape)
+        local = _no_grad(redistribute_local, p.detach(), self.mesh, (Replicate(),), (Shard(0),), shape)
+        sharded = Parameter(DTensor._make(local.contiguous(), self.mesh, (Shard(0),), shape), p.requires_grad)
+        owner._parameters[name] = sharded
+        self.params.append(_Param(owner, name, sharded, shape))
+
+    # -- all-gather ------------------------------------------------------------------------------------
+    def _rows(self, fp: _Param, r: int) -> int:
+        return Shard.local_range(fp.shape[0], self.n, r)[1] if fp.shape else 1
+
+    def _row_numel(self, fp: _Param) -> int:
+        n = 1
+        for s in fp.shape[1:]:
+            n *= s
+        return n
+
+    def unshard(self, async_op: bool = False):
+        if self._pending is not None and not async_op:
+            self._pending.wait()
+        if self.unsharded or self._pending is not None:
+            return self._pending
+        dtype = self.mp.param_dtype
+        shards = [fp.sharded._local_tensor.to(dtype) if dtype is not None else fp.sharded._local_tensor
+                  for fp in self.params]
+        flat = _no_grad(lambda: cat([s.reshape(-1) for s in shards]) if shards else empty(0))
+        counts = [sum(self._rows(fp, r) * self._row_numel(fp) for fp in self.params) for r in range(self.n)]
+        buffers = [empty((c,), dtype=flat.dtype, device=flat.device) for c in counts]
+        work = all_gather(buffers, flat, group=self.group, async_op=True)
+        self._pending = UnshardHandle(self, work, buffers)
+        if not async_op:
+            self._pending.wait()
+            return None
+        return self._pending
+
+    def _finish_unshard(self, buffers) -> None:
+        self._pending = None
+        offsets = [0] * self.n
+        for fp in self.params:
+            pieces = []
+            for r in range(self.n):
+                k = self._rows(fp, r) * self._row_numel(fp)
+                pieces.append(buffers[r].narrow(0, offsets[r], k).reshape((self._rows(fp, r),) + fp.shape[1:]))
+                offsets[r] += k
+            full = _no_grad(lambda: cat(pieces, 0).reshape(fp.shape).contiguous())
+            if fp.unsharded is None:
+                fp.unsharded = full.detach().requires_grad_(fp.sharded.requires_grad)
+                if fp.sharded.requires_grad:
+                    fp.unsharded.register_post_accumulate_grad_hook(self._on_grad(fp))
+            else:                               # same tensor (autograd saved it): new memory, same version
+                fp.unsharded._data = full._data
+                fp.unsharded._dtype = full._dtype
+        self.unsharded = True
+
+    def use_unsharded(self) -> None:
+        for fp in self.params:
+            fp.owner._parameters[fp.name] = fp.unsharded
+
+    def use_sharded(self) -> None:
+        for fp in self.params:
+            fp.owner._parameters[fp.name] = fp.sharded
+
+    def reshard(self) -> None:
+        """Drop the gathered memory (the tensors stay, for autograd's saved references)."""
+        if self._pending is not None:
+            self._pending.wait()
+        self.use_sharded()
+        if self.unsharded:
+            for fp in self.params:
+                fp.unsharded._data = fp.unsharded._data[:0]
+            self.unsharded = False
+
+    # -- gradients -----------------------------------------------------------------------------------------
+    def _on_grad(self, fp: _Param):
+        def reduce_when_group_ready(t: Tensor) -> None:
+            if not self.sync_grads:          # accumulating locally: the synchronised backward counts afresh
+                return
+            self._grads_ready.add(id(fp))
+            wanted = {id(p) for p in self.params if p.sharded.requires_grad}
+            if self._grads_ready >= wanted:
+                self._grads_ready = set()
+                self.reduce_grads()
+        return reduce_when_group_ready
+
+    def reduce_grads(self) -> None:
+        ps = [fp for fp in self.params if fp.unsharded is not None and fp.unsharded.grad is not None]
+        if not ps:
+            return
+        dtype = self.mp.reduce_dtype or self.mp.param_dtype
+        inputs = []
+        for r in range(self.n):
+            pieces = []
+            for fp in ps:
+                start, rows = Shard.local_range(fp.shape[0], self.n, r) if fp.shape else (0, 1)
+                g = fp.unsharded.grad.reshape((-1,) + fp.shape[1:]) if fp.shape else fp.unsharded.grad.reshape(1)
+                g = g.narrow(0, start, rows)
+                pieces.append((g.to(dtype) if dtype is not None else g).reshape(-1))
+            inputs.append(_no_grad(lambda: cat(pieces).contiguous()))
+        out = empty(tuple(inputs[self.rank].shape), dtype=inputs[0].dtype, device=inputs[0].device)
+        reduce_scatter(out, inputs, op=ReduceOp.AVG, group=self.group)
+        offset = 0
+        for fp in ps:
+            local = fp.sharded._local_tensor
+            k = local.numel()
+            g = out.narrow(0, offset, k).reshape(tuple(local.shape)).to(local.dtype)
+            offset += k
+            sharded_grad = DTensor._make(_no_grad(lambda: g.contiguous()), self.mesh, (Shard(0),), fp.shape)
+            if fp.sharded.grad is None:
+                fp.sharded.grad = sharded_grad
+            else:
+                _no_grad(fp.sharded.grad.add_, sharded_grad)
+            fp.unsharded.grad = None
+        self.reshard()
+
+
+class FSDPModule:
+    """What `fully_shard` mixes into the module's class: PyTorch's FSDPModule methods."""
+
+    def reshard(self) -> None:
+        """Free the gathered parameters (the module holds its sharded ones)."""
+        self._fsdp_group.reshard()
+
+    def unshard(self, async_op: bool = False):
+        """All-gather the parameters now (and install them); with async_op, a handle to `wait()` on."""
+        handle = self._fsdp_group.unshard(async_op)
+        if not async_op:
+            self._fsdp_group.use_unsharded()
+        return handle
+
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
+        """False: backward keeps the gathered gradients (accumulating) instead of reduce-scattering."""
+        for m in (self.modules() if recurse else [self]):
+            if isinstance(m, FSDPModule):
+                m._fsdp_group.sync_grads = requires_gradient_sync
+
+    def set_reshard_after_forward(self, reshard_after_forward: bool, recurse: bool = True) -> None:
+        for m in (self.modules() if recurse else [self]):
+            if isinstance(m, FSDPModule):
+                m._fsdp_group.reshard_after_forward = reshard_after_forward
+
+    def set_modules_to_forward_prefetch(self, modules: list) -> None:
+        self._fsdp_group.forward_prefetch = [m._fsdp_group for m in modules]
+
+    def set_modules_to_backward_prefetch(self, modules: list) -> None:
+        self._fsdp_group.backward_prefetch = [m._fsdp_group for m in modules]
+
+
+class _Iteration:
+    """Which groups ran forward, in order, during the current root forward (for default prefetching)."""
+    active_root = None
+    order: list = []
+
+
+def _cast(x, dtype):
+    if isinstance(x, Tensor) and x.dtype.is_floating_point and dtype is not None and x.dtype != dtype:
+        return x.to(dtype)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_cast(v, dtype) for v in x)
+    return x
+
+
+def _pre_forward(module, args, kwargs):
+    g = module._fsdp_group
+    if _Iteration.active_root is None:
+        _Iteration.active_root, _Iteration.order = g, []
+        if g.is_root is None:
+            g.is_root = True
+    elif g.is_root is None:
+        g.is_root = False
+    if _Iteration.order:
+        prev = _Iteration.order[-1]
+        if prev.forward_prefetch is None:
+            prev.forward_prefetch = [g]             # first iteration: learn the order
+    _Iteration.order.append(g)
+    g.unshard()
+    g.use_unsharded()
+    for nxt in g.forward_prefetch or ():
+        nxt.unshard(async_op=True)
+    if g.mp.cast_forward_inputs and g.mp.param_dtype is not None:
+        args, kwargs = _cast(args, g.mp.param_dtype), {k: _cast(v, g.mp.param_dtype) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _post_forward(module, args, output):
+    g = module._fsdp_group
+    if g.reshard_after_forward and not g.is_root:
+        g.reshard()
+        _register_pre_backward(g, output)
+    else:
+        g.use_sharded()
+    if _Iteration.active_root is g:
+        _Iteration.active_root = None
+        _link_backward_prefetch(_Iteration.order)
+    return _cast(output, g.mp.output_dtype) if g.mp.output_dtype is not None else output
+
+
+def _link_backward_prefetch(order: list) -> None:
+    for i in range(1, len(order)):
+        if order[i].backward_prefetch is None:
+            order[i].backward_prefetch = [order[i - 1]]
+
+
+def _register_pre_backward(g: _ParamGroup, output) -> None:
+    tensors = [output] if isinstance(output, Tensor) else [o for o in output if isinstance(o, Tensor)] \
+        if isinstance(output, (tuple, list)) else []
+
+    def unshard_before_backward(grad):
+        g.unshard()
+        for prev in g.backward_prefetch or ():
+            if prev.reshard_after_forward and not prev.is_root:
+                prev.unshard(async_op=True)
+        return None
+    for t in tensors:
+        if t.requires_grad:
+            t.register_hook(unshard_before_backward)
+
+
+_FSDP_CLASSES: dict = {}
+
+
+def fully_shard(module, *, mesh: DeviceMesh | None = None, reshard_after_forward: bool = True,
+                shard_placement_fn=None, mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
+                offload_policy=None, ignored_params=None):
+    """Shard `module`'s parameters (those not in a group already) over `mesh` (a 1-D mesh of every
+    rank by default); the module becomes an `FSDPModule` (module docstring)."""
+    if shard_placement_fn is not None:
+        raise NotImplementedError("fully_shard: shard_placement_fn is not supported (parameters shard on dim 0)")
+    if mesh is None:
+        mesh = init_device_mesh("cpu", (get_world_size(),))
+    if isinstance(offload_policy, CPUOffloadPolicy) and mesh.device_type != "cpu":
+        raise NotImplementedError("fully_shard: CPUOffloadPolicy on a cuda mesh is not supported")
+    if mesh.ndim != 1:
+        raise ValueError(f"fully_shard: a 1-D mesh is supported (HSDP's 2-D mesh is not), got {mesh.ndim}-D")
+    ignored = {id(p) for p in (ignored_params or ())}
+    group = _ParamGroup(module, mesh, reshard_after_forward, mp_policy)
+    for owner in module.modules():
+        for name, p in list(owner._parameters.items()):
+            if p is None or id(p) in ignored or isinstance(p, DTensor):   # DTensor: a nested group's
+                continue
+            group.add(owner, name, p)
+    cls = type(module)
+    if cls not in _FSDP_CLASSES:
+        _FSDP_CLASSES[cls] = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+    module.__class__ = _FSDP_CLASSES[cls]
+    module._fsdp_group = group
+    module.register_forward_pre_hook(_pre_forward, with_kwargs=True)
+    module.register_forward_hook(_post_forward)
+    return module

@@ -1,0 +1,83 @@
+"""FSDP2 on every rank (float64): a 2-block model sharded per block and at the root trains on this rank's
+slice of each batch (data parallel), with reshard_after_forward True and False, with gradient sync
+skipped on a first micro-batch, and in mixed precision (bfloat16 compute, float32 reduction); losses,
+final weights and what the forward saw to <out>/rank<R>.npz. A PyTorch script run on flambeau."""
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tp_models import B, STEPS, build_model, fsdp_batch  # noqa: E402
+
+out_dir = sys.argv[1]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+mesh = init_device_mesh("cpu", (world,))
+res = {}
+
+
+Model = build_model(torch)
+
+
+def data(step):
+    x, y = fsdp_batch(torch, step, world)
+    return x[rank * B:(rank + 1) * B], y[rank * B:(rank + 1) * B]
+
+
+def train(tag, reshard, mp=None, dtype=torch.float64, accumulate=False):
+    torch.manual_seed(0)
+    model = Model().to(dtype)
+    for k, v in model.state_dict().items():
+        res[f"{tag}/init/{k}"] = v.float().numpy().astype(np.float64) if dtype != torch.float64 else v.numpy().copy()
+    kw = {"mp_policy": mp} if mp is not None else {}
+    for b in model.blocks:
+        fully_shard(b, mesh=mesh, reshard_after_forward=reshard, **kw)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kw)
+    res[f"{tag}/sharded"] = np.array(all(isinstance(p, DTensor) for p in model.parameters()))
+    res[f"{tag}/is_fsdp"] = np.array(isinstance(model, FSDPModule) and isinstance(model.blocks[0], FSDPModule))
+    seen = []
+    model.blocks[0].q.register_forward_hook(lambda m, a, o: seen.append((str(m.weight.dtype), type(m.weight).__name__,
+                                                                         tuple(m.weight.shape))))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    losses = []
+    for step in range(STEPS):
+        x, y = data(step)
+        if accumulate:
+            model.set_requires_gradient_sync(False)
+            half = B // 2
+            ((model(x[:half]) - y[:half]) ** 2).mean().mul(0.5).backward()
+            model.set_requires_gradient_sync(True)
+            out, yy = model(x[half:]), y[half:]
+            loss = ((out - yy) ** 2).mean().mul(0.5)
+        else:
+            out = model(x)
+            loss = ((out - y) ** 2).mean()
+        opt.zero_grad() if not accumulate else None
+        loss.backward()
+        res[f"{tag}/grad_layout"] = np.array(str(model.head.weight.grad.placements))
+        opt.step()
+        if accumulate:
+            opt.zero_grad()
+        total = loss.detach().double().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.AVG)
+        losses.append(total.item())
+    res[f"{tag}/losses"] = np.array(losses)
+    res[f"{tag}/dtypes"] = np.array(f"{model.head.weight.dtype},{model.head.weight.grad.dtype}")
+    res[f"{tag}/seen"] = np.array([",".join(map(str, s)) for s in seen[:1]])
+    for k, p in model.named_parameters():
+        res[f"{tag}/final/{k}"] = p.full_tensor().detach().double().numpy()
+
+
+train("reshard", True)
+train("keep", False)
+train("accumulate", True, accumulate=True)
+train("mixed", True, mp=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+      dtype=torch.float32)
+np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **res)
+dist.destroy_process_group()

@@ -1,0 +1,68 @@
+"""FSDP2 (`fully_shard` per block and at the root) on 2 and 3 MPI ranks, float64: data-parallel training
+equals one PyTorch process on the concatenated batch (losses and weights), with reshard_after_forward on
+and off, with a no-sync micro-batch first (gradient accumulation); parameters and gradients are
+Shard(0) DTensors; mixed precision computes in bfloat16 (tests/dist_workers/fsdp.py)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from tests.dist_helpers import launch
+from tests.dist_workers.tp_models import B, STEPS, build_model, fsdp_batch
+
+Model = build_model(torch)
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"world{w}")
+def ranks(request, tmp_path_factory):
+    world = request.param
+    out = tmp_path_factory.mktemp(f"fsdp{world}")
+    rc, so, se = launch("fsdp.py", world, str(out))
+    assert rc == 0, f"workers failed (rc {rc}):\n{so}\n{se}"
+    return [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(world)]
+
+
+def _reference(tag, res, world, accumulate=False):
+    model = Model().double()
+    prefix = f"{tag}/init/"
+    model.load_state_dict({k[len(prefix):]: torch.from_numpy(v) for k, v in res.items() if k.startswith(prefix)})
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    losses = []
+    for step in range(STEPS):
+        x, y = fsdp_batch(torch, step, world)
+        out = model(x)
+        loss = ((out - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if accumulate:      # what the workers report: the second half-batch's 0.5 * mean, averaged over ranks
+            per = ((out - y) ** 2).reshape(world, B, -1)[:, B // 2:].mean(dim=(1, 2))
+            losses.append(0.5 * per.mean().item())
+        else:
+            losses.append(loss.item())
+    return losses, {k: v.detach().numpy() for k, v in model.named_parameters()}
+
+
+@pytest.mark.parametrize("tag", ["reshard", "keep", "accumulate"])
+def test_fsdp_training_equals_one_process_on_the_whole_batch(ranks, tag):
+    losses, final = _reference(tag, ranks[0], len(ranks), accumulate=tag == "accumulate")
+    for r, res in enumerate(ranks):
+        assert bool(res[f"{tag}/sharded"]) and bool(res[f"{tag}/is_fsdp"])
+        assert str(res[f"{tag}/grad_layout"]) == "(Shard(dim=0),)"
+        np.testing.assert_allclose(res[f"{tag}/losses"], losses, rtol=1e-10, atol=1e-12)
+        for k, v in final.items():
+            np.testing.assert_allclose(res[f"{tag}/final/{k}"], v, rtol=1e-9, atol=1e-11, err_msg=f"rank {r} {k}")
+        # the forward sees whole gathered parameters (plain tensors), not the shards
+        assert str(res[f"{tag}/seen"][0]) == "torch.float64,Tensor,(12, 12)"
+
+
+def test_mixed_precision_computes_in_bfloat16(ranks):
+    losses, _ = _reference("mixed", ranks[0], len(ranks))
+    for res in ranks:
+        assert str(res["mixed/seen"][0]) == "torch.bfloat16,Tensor,(12, 12)"
+        np.testing.assert_allclose(res["mixed/losses"], losses, rtol=2e-2)
+        assert not np.allclose(res["mixed/losses"], losses, rtol=1e-7, atol=0)   # bfloat16 rounding is there
+        assert str(res["mixed/dtypes"]) == "torch.float32,torch.float32"       # shards and their grads stay fp32
