@@ -61,6 +61,7 @@ def train(tag, reshard, mp=None, dtype=torch.float64, accumulate=False):
         opt.zero_grad() if not accumulate else None
         loss.backward()
         res[f"{tag}/grad_layout"] = np.array(str(model.head.weight.grad.placements))
+        res[f"{tag}/dtypes"] = np.array(f"{model.head.weight.dtype},{model.head.weight.grad.dtype}")
         opt.step()
         if accumulate:
             opt.zero_grad()
@@ -68,7 +69,6 @@ def train(tag, reshard, mp=None, dtype=torch.float64, accumulate=False):
         dist.all_reduce(total, op=dist.ReduceOp.AVG)
         losses.append(total.item())
     res[f"{tag}/losses"] = np.array(losses)
-    res[f"{tag}/dtypes"] = np.array(f"{model.head.weight.dtype},{model.head.weight.grad.dtype}")
     res[f"{tag}/seen"] = np.array([",".join(map(str, s)) for s in seen[:1]])
     for k, p in model.named_parameters():
         res[f"{tag}/final/{k}"] = p.full_tensor().detach().double().numpy()
