@@ -8,12 +8,14 @@ reference here rebuilds the inputs and runs the case's function on PyTorch tenso
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from tests.dist_helpers import launch
+from tests.dist_helpers import RUN_TIMEOUT_S, WORKERS, launch
 from tests.dist_workers.dtensor_cases import CASES, PLACEMENTS, REDIST_SHAPE, inputs
 
 # the layout a rule must choose (a fallback or a needless all-gather shows up here)
@@ -109,3 +111,39 @@ def test_rule_count_and_fallback_log():
                "sum.dim_IntList", "mean.dim", "add.Tensor", "tanh"):
         assert op in names, op
     assert len(names) >= 80
+
+
+# where our rules choose another valid layout than PyTorch's (cheaper by our cost, or exact where PyTorch
+# replicates), or PyTorch's DTensor raises (uneven mean of cross_entropy, a MaskPartial backward, cat
+# of split gradients)
+DIFFERENT_CHOICE = {"mean_all", "mean_uneven", "mm_s0_s0", "mul_div_neg"}
+PYTORCH_RAISES = {"cross_entropy_mean", "embedding_rows", "split_unsqueeze"}
+
+
+@pytest.fixture(scope="module")
+def pytorch_ranks(tmp_path_factory):
+    """The same worker on PyTorch's DTensor: 2 processes under torchrun with gloo."""
+    out = tmp_path_factory.mktemp("dtensor_pytorch")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH="")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.join(WORKERS, "dtensor.py"), str(out)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(2)]
+
+
+@pytest.mark.parametrize("name", sorted(set(CASES) - PYTORCH_RAISES))
+def test_layouts_and_values_agree_with_pytorch_dtensor(ranks, pytorch_ranks, name):
+    if len(ranks) != 2:
+        pytest.skip("compared at world size 2")
+    for ours, theirs in zip(ranks, pytorch_ranks):
+        assert f"{name}/error" not in theirs, str(theirs[f"{name}/error"])
+        np.testing.assert_allclose(ours[f"{name}/out"], theirs[f"{name}/out"], rtol=1e-10, atol=1e-12)
+        same = str(ours[f"{name}/placements"]) == str(theirs[f"{name}/placements"])
+        assert same != (name in DIFFERENT_CHOICE), (name, str(ours[f"{name}/placements"]),
+                                                    str(theirs[f"{name}/placements"]))
+
+
+def test_pytorch_dtensor_raises_where_we_compute(pytorch_ranks):
+    for name in PYTORCH_RAISES:
+        assert f"{name}/error" in pytorch_ranks[0]

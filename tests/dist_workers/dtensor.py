@@ -1,6 +1,7 @@
 """DTensor on a 1-D mesh of every rank: each case of dtensor_cases.py and every redistribution between
 placements; whole results (full_tensor) and gradients saved to <out>/rank<R>.npz. Written as a PyTorch
-script (the launcher runs it on flambeau); errors are saved per case so one broken rule fails one test."""
+script: the launcher runs it on flambeau, torchrun on PyTorch's own DTensor (the layouts are compared);
+errors are saved per case so one broken rule fails one test."""
 import os
 import sys
 import traceback
@@ -60,7 +61,7 @@ for src in PLACEMENTS:
         try:
             if src == "P":
                 leaf = torch.from_numpy(parts[rank].copy()).requires_grad_(True)
-                x = DTensor.from_local(leaf, mesh, [Partial()], shape=REDIST_SHAPE)
+                x = DTensor.from_local(leaf, mesh, [Partial()], shape=REDIST_SHAPE, stride=(REDIST_SHAPE[1], 1))
             else:
                 x = distribute_tensor(full, mesh, [placement(src)]).requires_grad_(True)
                 leaf = x
