@@ -327,12 +327,13 @@ _FSDP_CLASSES: dict = {}
 def fully_shard(module, *, mesh: DeviceMesh | None = None, reshard_after_forward: bool = True,
                 shard_placement_fn=None, mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
                 offload_policy=None, ignored_params=None):
-    """Shard `module`'s parameters (those not in a group already) over `mesh` (a 1-D mesh of every
-    rank by default); the module becomes an `FSDPModule` (module docstring)."""
+    """Shard `module`'s parameters (those not in a group already) over `mesh` (by default a 1-D mesh of
+    every rank on the parameters' device type); the module becomes an `FSDPModule` (module docstring)."""
     if shard_placement_fn is not None:
         raise NotImplementedError("fully_shard: shard_placement_fn is not supported (parameters shard on dim 0)")
     if mesh is None:
-        mesh = init_device_mesh("cpu", (get_world_size(),))
+        first = next(iter(module.parameters()), None)
+        mesh = init_device_mesh(first.device.type if first is not None else "cpu", (get_world_size(),))
     if isinstance(offload_policy, CPUOffloadPolicy) and mesh.device_type != "cpu":
         raise NotImplementedError("fully_shard: CPUOffloadPolicy on a cuda mesh is not supported")
     if mesh.ndim != 1:
