@@ -4,8 +4,11 @@
                               [--steps 10] [--no-profile]
 
 `compiled` is `torch.compile(model)` / `flambeau.compile(model)` (default mode; flambeau's generated
-Triton kernels on cuda); its flambeau line adds the generated kernels and cuBLASLt products launched per step, how many
-kernels were compiled or came from the on-disk cache, and what ran eagerly inside compiled code.
+Triton kernels on cuda); any other mode name (`reduce-overhead`, `max-autotune`,
+`max-autotune-no-cudagraphs`) compiles with `mode=` that mode. A compiled flambeau line adds the
+generated kernels and cuBLASLt products launched per step outside CUDA graphs, the CUDA graphs
+replayed per step and recorded so far, how many kernels were compiled or came from the on-disk
+cache, and what ran eagerly (or without a CUDA graph) inside compiled code.
 
 Workloads (issue 11, item 7), all with bf16 autocast and AdamW (each library's default, foreach on cuda):
   gpt     GPT-2 124M (12 layers, d 768, 12 heads, vocab 50257, tied embeddings), B 8 x T 1024
@@ -75,6 +78,8 @@ def run(name, lib, mode, steps, profile):
     fwd = model
     if mode == "compiled":
         fwd = m.compile(model)
+    elif mode != "eager":                   # reduce-overhead, max-autotune, ...: torch.compile's modes
+        fwd = m.compile(model, mode=mode)
 
     def step():
         return gpu_models.train_step(m, fwd, opt, x, y, m.bfloat16)
@@ -93,7 +98,7 @@ def run(name, lib, mode, steps, profile):
     ms = (time.perf_counter() - t0) * 1e3 / steps
     res = {"workload": name, "system": lib, "mode": mode, "first_step_ms": round(first, 1),
            "ms_per_step": round(ms, 2), "peak_mb": round(_peak(m), 1), "loss": round(float(loss.item()), 4)}
-    if lib == "flambeau" and mode == "compiled":
+    if lib == "flambeau" and mode != "eager":
         res.update(_flambeau_compiled_facts(step))
     if profile:
         res.update({k: v for k, v in counts(step).items()})
@@ -108,13 +113,16 @@ def _flambeau_compiled_facts(step) -> dict:
     (whole graphs, single ops) since the process started, by reason."""
     from flambeau._backends import cublaslt
     from flambeau._counters import FALLBACKS, counters
-    from flambeau._inductor import triton_runtime
+    from flambeau._inductor import cudagraphs, triton_runtime
     before, gemms = triton_runtime.stats["launches"], cublaslt.calls["gemm"]
+    replays = cudagraphs.stats["replays"]
     step()
     _sync(flambeau)
     fallbacks = {str(k): v for k, v in counters[FALLBACKS].items()}
     return {"triton_launches_per_step": triton_runtime.stats["launches"] - before,
             "cublaslt_gemms_per_step": cublaslt.calls["gemm"] - gemms,
+            "cuda_graph_replays_per_step": cudagraphs.stats["replays"] - replays,
+            "cuda_graphs_recorded": cudagraphs.stats["recordings"],
             "kernels_compiled": triton_runtime.stats["compiled"], "cubin_cache_hits": triton_runtime.stats["cubin_cache_hits"],
             "eager_fallbacks": dict(list(fallbacks.items())[:8])}
 

@@ -44,10 +44,13 @@ __all__ = ["compile", "list_backends", "register_backend", "lookup_backend", "re
            "wrap_numpy"]
 
 Unsupported = _dynamo.exc.Unsupported
-_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# what each mode would change, none of which the code generator does yet (it compiles as "default")
-_MODE_NOT_YET = {"reduce-overhead": "CUDA graphs", "max-autotune": "autotuning and CUDA graphs",
-                 "max-autotune-no-cudagraphs": "autotuning"}
+# each mode as the inductor options it sets (PyTorch's torch._inductor.list_mode_options); the
+# inductor says, per graph, where one does not apply (a cpu graph gets no CUDA graph, C++ kernels no
+# block-size tuning)
+MODE_OPTIONS = {"default": {}, "reduce-overhead": {"triton.cudagraphs": True},
+                "max-autotune": {"max_autotune": True, "triton.cudagraphs": True},
+                "max-autotune-no-cudagraphs": {"max_autotune": True}}
+_MODES = tuple(MODE_OPTIONS)
 _log = _logging.get_logger("flambeau.compiler")
 
 
@@ -74,6 +77,8 @@ def compile(model: Callable | None = None, *, fullgraph: bool = False, dynamic: 
     _check_mode_and_options(backend, mode, options)
     if disable:
         return model
+    if mode is not None and backend == "inductor":
+        options = dict(MODE_OPTIONS[mode])
     be = lookup_backend(backend, options)
     if isinstance(model, Module):
         return OptimizedModule(model, _frontend()(model, be, fullgraph=fullgraph, dynamic=dynamic, module=model))
@@ -91,17 +96,14 @@ register_compiler(compile)          # what nn.Module.compile calls (nn sits belo
 
 
 def _check_mode_and_options(backend, mode: str | None, options: dict | None) -> None:
-    """PyTorch's rules: an unknown mode or option raises RuntimeError; a mode that changes nothing
-    yet, or options a backend does not take, are said in one log line (options for the registered
-    debug backends raise: nothing would act on them)."""
+    """PyTorch's rules: an unknown mode or option raises RuntimeError; a mode given to a backend other
+    than the inductor is said in one log line (options for the registered debug backends raise:
+    nothing would act on them)."""
     from ._dynamo.backends.inductor import check_inductor_options  # deferred: the inductor loads at first compile
     if mode is not None and mode not in _MODES:
         raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(_MODES)}")
     if backend == "inductor":
         check_inductor_options(options or {})
-        if mode in _MODE_NOT_YET:
-            _log.warning("mode=%r: %s are not implemented yet; compiling as mode='default'", mode,
-                         _MODE_NOT_YET[mode])
         return
     name = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
     if options:
@@ -123,7 +125,8 @@ def is_exporting() -> bool:
 
 
 def cudagraph_mark_step_begin() -> None:
-    """Marks a new step for CUDA-graph trees; flambeau records no CUDA graphs, so there is none to mark."""
+    """Marks a new step for CUDA-graph trees. flambeau's recordings need no mark: a replay kills the
+    outputs it overwrites whenever it runs (`flambeau._inductor.cudagraphs`)."""
 
 
 def reset() -> None:

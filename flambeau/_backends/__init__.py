@@ -66,6 +66,7 @@ class Backend:
 
 
 peak_bytes: dict[int, int] = {}     # cuda device index -> most bytes in use at once
+extra_bytes: dict[int, int] = {}    # cuda device index -> bytes held by CUDA graph pools (cuda_graphs.py)
 _cupy_namespace: list = [None]      # the cupy module once the cuda backend exists (`is_cupy`)
 _allocator_installed = []
 
@@ -82,7 +83,7 @@ def install_cuda_allocator() -> None:
     def malloc(size):
         p = pool.malloc(size)
         dev = device_id()
-        used = pool.used_bytes()
+        used = pool.used_bytes() + extra_bytes.get(dev, 0)
         if used > peak_bytes.get(dev, 0):
             peak_bytes[dev] = used
         return p

@@ -34,10 +34,11 @@ import os
 import time
 import warnings
 
+from .._device import CPU
 from .._tensor import Tensor
 from .. import _cpp_builder
 from .._backends import cpu_kernels
-from . import codegen_cpp, codegen_numpy, codegen_triton, config, cpp_wrapper
+from . import codegen_cpp, codegen_numpy, codegen_triton, config, cpp_wrapper, cudagraphs
 from .graph import GraphLowering, graph_device
 from .ir import SUPPORTED_DTYPES, Unsupported
 from .scheduler import Kernel, plan_memory, schedule
@@ -48,6 +49,7 @@ log = _logging.get_logger("flambeau._inductor")
 
 counters = {"dynamic_graphs": 0, "dynamic_eager_calls": 0, "cpp_wrapper_graphs": 0, "cpp_wrapper_fallbacks": 0}
 WHOLE_GRAPH = "whole graph"          # the op of a fallback that runs a graph eagerly
+AUTOTUNE = "block-size autotuning"   # the op of the note that max_autotune does not apply to a graph
 OTHER_SIZES = "called with other sizes than the graph was compiled for"
 INPUTS_NOT_AS_ASSUMED = "inputs don't fit the dynamic graph's assumptions (strides, a size of 0 or 1, a guard)"
 _warned_no_compiler = [False]
@@ -73,6 +75,9 @@ class CompiledArtifact:
         self.input_shapes = [tuple(b.layout.shape) for b in graph.inputs]
         self.size_names = list(size_names)      # the size symbols its kernels take (dynamic graphs)
         self.dynamic = graph.dynamic            # traced with symbolic sizes: the wrapper checks its inputs
+        self.mutated_inputs = sorted(graph.mutations)   # input positions the graph writes (copy_)
+        self.device_flag = None                 # cuda: the error flag its kernels set (raised at the next sync)
+        self.device = None                      # the device its kernels run on
 
 
 class CompiledGraph:
@@ -146,9 +151,21 @@ class CompiledGraph:
         return art.call(args)
 
 
-def compile_fx(gm, example_inputs=None, **kwargs) -> CompiledGraph:
-    """Compile a GraphModule of core operators into C++ kernels plus a Python wrapper."""
-    return CompiledGraph(gm, example_inputs)
+def compile_fx(gm, example_inputs=None, static_input_idxs=(), **kwargs):
+    """Compile a GraphModule of core operators into kernels plus a Python wrapper (a CompiledGraph);
+    under `config.triton_cudagraphs` that is recorded and replayed as CUDA graphs
+    (`cudagraphs.cudagraphify`; `static_input_idxs`: inputs at fixed addresses, the module's
+    parameters and buffers)."""
+    compiled = CompiledGraph(gm, example_inputs)
+    if not config.triton_cudagraphs:
+        return compiled
+    return cudagraphs.cudagraphify(compiled, _device_of(compiled, example_inputs), static_input_idxs)
+
+
+def _device_of(compiled, example_inputs):
+    if compiled.artifact is not None:
+        return compiled.artifact.device
+    return next((a.device for a in example_inputs or () if isinstance(a, Tensor)), CPU)
 
 
 def _backend(device) -> str:
@@ -219,6 +236,9 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
         ex = list(example_inputs)
     device = graph_device(gm, ex)
     backend = _backend(device)
+    if config.max_autotune and (backend != "triton" or device.type != "cuda"):
+        record_fallback(AUTOTUNE, "the C++ kernels have no block sizes to tune" if backend != "triton" else
+                        "Triton's interpreter runs one program at a time: nothing to tune")
     dtypes = codegen_triton.DTYPES if backend == "triton" else SUPPORTED_DTYPES
     graph = GraphLowering(gm, ex, device, dtypes).run()
     size_names = _size_names(graph)
@@ -234,7 +254,8 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
         if kernels:
             rt = _triton_runtime()
             mod, key = rt.load_module(source, device)
-            kernels_ns = {k.name: rt.Launcher(mod, launches[k.name], device, key) for k in kernels}
+            kernels_ns = {k.name: rt.Launcher(mod, launches[k.name], device, key, config.max_autotune)
+                          for k in kernels}
             source_path = mod.__file__
     elif backend == "cpp":
         info = dict(_cpp_builder.detect_flags())
@@ -271,6 +292,9 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     exec(compile(wrapper_source, f"<flambeau-inductor-wrapper-{gid}>", "exec"), wc.ns)
     art = CompiledArtifact(graph, order, wc.ns["call"], source, wrapper_source, backend, source_path, size_names,
                            cpp_wrapper="fl_graph_run_obj" in kernels_ns)
+    art.device = device
+    if "_flag_pending" in wc.ns:
+        art.device_flag = wc.ns["_err"]
     if graph.dynamic:
         counters["dynamic_graphs"] += 1
     if config.output_code or _logging.enabled("output_code"):

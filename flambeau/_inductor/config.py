@@ -66,3 +66,10 @@ triton_column_block: tuple = (64, 16)  # (XBLOCK, RBLOCK) of an outer (column) r
 triton_split_min: int = 8192
 triton_split_programs: int = 512
 triton_interpret_split_programs: int = 4
+
+# Modes of flambeau.compile (PyTorch's list_mode_options): "reduce-overhead" sets triton_cudagraphs,
+# "max-autotune" both, "max-autotune-no-cudagraphs" max_autotune; options={"triton.cudagraphs": True}
+# and friends set them directly.
+triton_cudagraphs: bool = False       # record each compiled cuda graph as a CUDA graph and replay it (cudagraphs.py)
+cudagraph_max_recordings: int = 8     # input layouts recorded per compiled graph; later ones run without
+max_autotune: bool = False            # benchmark block sizes of generated Triton kernels (autotune.py)

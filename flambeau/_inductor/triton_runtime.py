@@ -36,6 +36,7 @@ from triton.runtime.interpreter import TensorHandle
 
 from .. import _backends, _cpp_builder
 from .._backends import triton_launch as TL
+from . import autotune as autotune_mod
 from .codegen_triton import TL as TL_NAMES
 
 ALIGN = 16                          # bytes: pointers promised aligned to Triton (vectorised access)
@@ -145,7 +146,7 @@ class Launcher:
     """Calls one scheduled kernel's generated function(s) (`Launch`, then `Launch.then`):
     `launcher(*arrays, *sizes[, err])`, the grid computed from the sizes."""
 
-    def __init__(self, module, launch, device, module_key: str):
+    def __init__(self, module, launch, device, module_key: str, autotune: bool = False):
         self.chain = []
         la = launch
         while la is not None:
@@ -161,6 +162,8 @@ class Launcher:
         self.tl_dtypes = [_tl_dtype(b.dtype) for b in launch.buffers]
         self._compiled: dict = {}
         self._workspace: dict = {}
+        self.autotune = autotune and not self.interpret and autotune_mod.tunable(self.chain)
+        self._tuned: dict = {}               # size values -> the Launch variant chosen (autotune.py)
 
     def workspace(self, la) -> list:
         """The scratch arrays of a launch (a split reduction's partial results), by name, shared by
@@ -191,13 +194,33 @@ class Launcher:
                     [HostArray(x, _tl_dtype(dt)) for x, (_, dt, _) in zip(ws, la.workspace)]
                 fn[g](*arrays, *map(_interpreter_int, sizes), *extra, **la.constexprs)
                 continue
-            e = tuple(e) + tuple(ws)
-            ptrs = [a.data.ptr for a in bufs] + [x.data.ptr for x in e]
-            aligned = tuple(i for i, p in enumerate(ptrs) if p % ALIGN == 0)
-            k = self._compiled.get((la.name, aligned))
-            if k is None:
-                k = self._compiled[la.name, aligned] = self._kernel(la, fn, aligned)
-            TL.launch(k, g, *[TL.Ptr(p) for p in ptrs[:nb]], *sizes, *[TL.Ptr(p) for p in ptrs[nb:]])
+            ptrs = [a.data.ptr for a in bufs] + [x.data.ptr for x in tuple(e) + tuple(ws)]
+            if self.autotune:
+                la = self._tuned_launch(la, fn, ptrs, sizes, env)
+                g = la.grid(env)
+            self._launch(la, fn, g, ptrs, sizes)
+
+    def _launch(self, la, fn, g, ptrs, sizes):
+        aligned = tuple(i for i, p in enumerate(ptrs) if p % ALIGN == 0)
+        k = self._compiled.get((la.name, la.xblock, la.num_warps, aligned))
+        if k is None:
+            k = self._compiled[la.name, la.xblock, la.num_warps, aligned] = self._kernel(la, fn, aligned)
+        nb = self.n_bufs
+        TL.launch(k, g, *[TL.Ptr(p) for p in ptrs[:nb]], *sizes, *[TL.Ptr(p) for p in ptrs[nb:]])
+
+    def _tuned_launch(self, la, fn, ptrs, sizes, env):
+        """The variant of `la` that autotuning chose for these sizes (see autotune.py)."""
+        key = tuple(sizes)
+        best = self._tuned.get(key)
+        if best is None:
+            def run(v):
+                self._launch(v, fn, v.grid(env), ptrs, sizes)
+            best = autotune_mod.choose(self, la, env, run, _cupy(), cache_dir(), device_key(self.device),
+                                       _write_atomic)
+            if best is None:                 # capturing, nothing known: the generator's choice, not kept
+                return la
+            self._tuned[key] = best
+        return best
 
     def _kernel(self, la, fn, aligned: tuple):
         """The cubin for these pointer alignments: from the disk cache, else compiled and cached."""

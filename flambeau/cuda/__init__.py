@@ -10,7 +10,8 @@ from __future__ import annotations
 
 
 from .. import _backends, _state
-from .._backends import cupy_available, device_checks, install_cuda_allocator, peak_bytes, reset_peak_bytes
+from .._backends.cuda_graphs import CupyGraphs
+from .._backends import cupy_available, device_checks, extra_bytes, install_cuda_allocator, peak_bytes, reset_peak_bytes
 from .._device import cuda_index as _index, device as _Device, device as Device
 from ..random import generator_for
 from .._tensor_types import CUDA_TYPES
@@ -114,7 +115,7 @@ def memory_allocated(device=None) -> int:
     install_cuda_allocator()
     cp = _cupy()
     with cp.cuda.Device(_index(device)):
-        return int(cp.get_default_memory_pool().used_bytes())
+        return int(cp.get_default_memory_pool().used_bytes()) + extra_bytes.get(_index(device), 0)
 
 
 def max_memory_allocated(device=None) -> int:
@@ -133,7 +134,7 @@ def memory_reserved(device=None) -> int:
         return 0
     cp = _cupy()
     with cp.cuda.Device(_index(device)):
-        return int(cp.get_default_memory_pool().total_bytes())
+        return int(cp.get_default_memory_pool().total_bytes()) + extra_bytes.get(_index(device), 0)
 
 
 def empty_cache() -> None:
@@ -239,23 +240,68 @@ def init() -> None:
 
 
 class CUDAGraph:
-    """torch.cuda.CUDAGraph. Graph capture is not built in flambeau yet; the class exists so code
-    that names it (type hints, isinstance checks) imports, and making one says so."""
+    """torch.cuda.CUDAGraph: work queued between `capture_begin()` and `capture_end()` is recorded
+    (not run) and `replay()` runs it again on the current stream. Memory allocated while capturing
+    comes from the graph's private pool (`pool()`, which another capture may share) and keeps its
+    address: write new inputs into tensors made before or during the capture, read results from
+    tensors made during it. Built on `flambeau._backends.cuda_graphs` (CuPy stream capture, relaxed
+    mode: `capture_error_mode` is accepted and not used)."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        raise RuntimeError("torch.cuda.CUDAGraph: CUDA graph capture is not supported by flambeau yet")
+    def __init__(self, keep_graph: bool = False) -> None:
+        self._graph = None
+        self._backend = None
+
+    def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
+        self._backend = pool if pool is not None else CupyGraphs(Device("cuda", current_device()))
+        self._backend.begin([])
+
+    def capture_end(self) -> None:
+        self._graph = self._backend.end()
+
+    def _abandon(self) -> None:
+        self._backend.end(failed=True)
+
+    def replay(self) -> None:
+        if self._graph is None:
+            raise RuntimeError("CUDAGraph.replay: nothing was captured (capture_begin() ... capture_end() first)")
+        self._backend.launch(self._graph)
+
+    def reset(self) -> None:
+        self._graph = None
+
+    def pool(self):
+        """The memory pool handle: pass it as `pool=` to share this graph's memory with another capture."""
+        return self._backend
+
+
+def graph_pool_handle():
+    """A new memory pool for captures to share (`graph(..., pool=graph_pool_handle())`)."""
+    return CupyGraphs(Device("cuda", current_device()))
 
 
 class graph:
-    """torch.cuda.graph(cuda_graph, ...): the capture context. Not built (see CUDAGraph)."""
+    """`with flambeau.cuda.graph(g):` captures the block into CUDAGraph `g` (synchronises the device
+    first, as PyTorch). `stream=` is accepted; capture runs on the pool's own stream."""
 
-    def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode: str = "global") -> None:
-        raise RuntimeError("torch.cuda.graph: CUDA graph capture is not supported by flambeau yet")
+    def __init__(self, cuda_graph: CUDAGraph, pool=None, stream=None, capture_error_mode: str = "global") -> None:
+        self.cuda_graph = cuda_graph
+        self.pool = pool
+        self.capture_error_mode = capture_error_mode
+
+    def __enter__(self) -> None:
+        synchronize()
+        self.cuda_graph.capture_begin(self.pool, self.capture_error_mode)
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.cuda_graph.capture_end()
+        else:
+            self.cuda_graph._abandon()
 
 
 def is_current_stream_capturing() -> bool:
-    """False: flambeau never captures a CUDA graph."""
-    return False
+    """Whether work on the current stream is being captured into a CUDA graph."""
+    return is_available() and bool(_cupy().cuda.get_current_stream().is_capturing())
 
 
 _BF16_MIN_CAPABILITY = (8, 0)      # Ampere: the first GPUs with bfloat16 tensor cores (PyTorch's test)

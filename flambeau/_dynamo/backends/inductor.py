@@ -47,21 +47,23 @@ def _inductor_options(options: dict | None):
 
 
 def inductor(gm, example_inputs, options=None):
-    n_state = len(named_state(gm))
+    n_state = len(named_state(gm))            # the module's parameters and buffers: the forward's first inputs
 
-    def compile_graph(g, ex):
-        with _inductor_options(options):
-            return _inductor.compile_fx(g, ex)      # looked up per call: tools and tests wrap it
+    def compile_with(static):
+        def compile_graph(g, ex):
+            with _inductor_options(options):
+                return _inductor.compile_fx(g, ex, static_input_idxs=static)  # looked up per call: tools and tests wrap it
+        return wrap_compiler_debug(compile_graph, "inductor")       # FLAMBEAU_REPRO_AFTER=aot
 
     def compile_inference(g, ex):
         """config.freezing: the module's parameters and buffers (inputs 0..n_state-1, those the graph
-        does not write) become constants, folded (freezing.py); otherwise as compile_graph."""
+        does not write) become constants, folded (freezing.py); otherwise as the forward."""
         with _inductor_options(options):
             if inductor_config.freezing:
                 return freezing.compile_frozen(g, ex, n_state, _inductor.compile_fx)
-            return _inductor.compile_fx(g, ex)
-    compile_graph = wrap_compiler_debug(compile_graph, "inductor")      # FLAMBEAU_REPRO_AFTER=aot
-    return aot_module_simplified(gm, example_inputs, fw_compiler=compile_graph, bw_compiler=compile_graph,
+            return _inductor.compile_fx(g, ex, static_input_idxs=range(n_state))
+    compile_forward, compile_graph = compile_with(range(n_state)), compile_with(())
+    return aot_module_simplified(gm, example_inputs, fw_compiler=compile_forward, bw_compiler=compile_graph,
                                  partition_fn=min_cut_rematerialization_partition,
                                  decompositions=decomposition_table(core_aten_decompositions()),
                                  inference_compiler=wrap_compiler_debug(compile_inference, "inductor"))
