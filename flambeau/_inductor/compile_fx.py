@@ -256,6 +256,7 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
             mod, key = rt.load_module(source, device)
             kernels_ns = {k.name: rt.Launcher(mod, launches[k.name], device, key, config.max_autotune)
                           for k in kernels}
+            rt.precompile(mod, [launches[k.name] for k in kernels], key, device)
             source_path = mod.__file__
     elif backend == "cpp":
         info = dict(_cpp_builder.detect_flags())

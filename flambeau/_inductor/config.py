@@ -73,3 +73,6 @@ triton_interpret_split_programs: int = 4
 triton_cudagraphs: bool = False       # record each compiled cuda graph as a CUDA graph and replay it (cudagraphs.py)
 cudagraph_max_recordings: int = 8     # input layouts recorded per compiled graph; later ones run without
 max_autotune: bool = False            # benchmark block sizes of generated Triton kernels (autotune.py)
+# Worker processes compiling a cuda graph's Triton kernels in parallel (triton_runtime.precompile;
+# PyTorch's compile_threads); 1 compiles each kernel in the launching process at its first launch.
+compile_threads: int = int(os.environ.get("FLAMBEAU_COMPILE_THREADS", min(32, os.cpu_count() or 1)))

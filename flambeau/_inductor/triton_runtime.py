@@ -19,13 +19,17 @@ functions on the interpreter's NumPy blocks.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import math
 import os
+import queue
+import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton
@@ -36,13 +40,13 @@ from triton.runtime.interpreter import TensorHandle
 
 from .. import _backends, _cpp_builder
 from .._backends import triton_launch as TL
-from . import autotune as autotune_mod
+from . import autotune as autotune_mod, config
 from .codegen_triton import TL as TL_NAMES
 
 ALIGN = 16                          # bytes: pointers promised aligned to Triton (vectorised access)
 _modules: dict = {}
 _lock = threading.Lock()
-stats = {"launches": 0, "compiled": 0, "cubin_cache_hits": 0}
+stats = {"launches": 0, "compiled": 0, "cubin_cache_hits": 0, "compiled_in_workers": 0}
 
 
 def triton_version() -> str:
@@ -224,7 +228,7 @@ class Launcher:
 
     def _kernel(self, la, fn, aligned: tuple):
         """The cubin for these pointer alignments: from the disk cache, else compiled and cached."""
-        names = [b.name for b in la.buffers] + (["fl_err"] if la.error_flag else []) + [w for w, _, _ in la.workspace]
+        names = _arg_names(la)
         return load_or_compile(fn, la.signature(), la.constexprs, la.num_warps, tuple(names[i] for i in aligned),
                                device_key(self.device), self.module_key)
 
@@ -249,10 +253,18 @@ def build_cubin(fn, sig: dict, constexprs: dict, num_warps: int, aligned: tuple,
     return compiled.asm["cubin"], meta
 
 
+def _cubin_base(key: str) -> str:
+    return os.path.join(cache_dir(), key[:2], key)
+
+
 def load_or_compile(fn, sig, constexprs, num_warps, aligned, dkey, module_key):
     cupy = _cupy()
     key = _cubin_key(module_key, fn.__name__, sig, constexprs, num_warps, aligned, dkey)
-    base = os.path.join(cache_dir(), key[:2], key)
+    base = _cubin_base(key)
+    pending = _pending.pop(base, None)
+    if pending is not None:                  # a worker is compiling it (`precompile`): wait for its batch
+        with contextlib.suppress(Exception):
+            pending.result()
     if os.path.exists(base + ".json") and os.path.exists(base + ".cubin"):
         with open(base + ".json") as f:
             meta = json.load(f)
@@ -271,6 +283,114 @@ def load_or_compile(fn, sig, constexprs, num_warps, aligned, dkey, module_key):
         cupy.cuda.driver.funcSetAttribute(function.ptr, TL._MAX_DYNAMIC_SHARED_SIZE_BYTES, meta["shared"])
     arg_types = tuple(t for t in sig.values() if t != "constexpr")
     return TL.kernel_of(function, module, arg_types, meta["num_warps"], meta["shared"], meta["global_scratch"])
+
+
+# ---- compiling in parallel -------------------------------------------------------------------------
+_pending: dict = {}                 # cubin cache path (no suffix) -> Future of the worker batch compiling it
+_executor: list = []
+
+
+def _arg_names(la) -> tuple:
+    return tuple(b.name for b in la.buffers) + (("fl_err",) if la.error_flag else ()) + \
+        tuple(w for w, _, _ in la.workspace)
+
+
+def precompile(module, launches, module_key: str, device) -> None:
+    """Start compiling a cuda module's kernels in up to `config.compile_threads` worker processes
+    (`_Worker`s, kept for later graphs, each writing cubins into the disk cache), with
+    every pointer assumed 16-byte aligned (CuPy's allocations are); a launch waits in
+    `load_or_compile` for the batch holding its kernel, and compiles itself what a worker could not."""
+    if device.type == "cuda":
+        precompile_for(module, launches, module_key, device_key(device))
+
+
+def precompile_for(module, launches, module_key: str, dkey: str) -> list:
+    """`precompile` for device key `dkey` ("sm90"); returns the batches' futures."""
+    if config.compile_threads <= 1:
+        return []
+    jobs = []
+    for la in launches:
+        while la is not None:
+            names, sig = _arg_names(la), la.signature()
+            base = _cubin_base(_cubin_key(module_key, la.name, sig, la.constexprs, la.num_warps, names, dkey))
+            if base not in _pending and not os.path.exists(base + ".json"):
+                jobs.append([la.name, sig, la.constexprs, la.num_warps, list(names), base])
+            la = la.then
+    if len(jobs) < MIN_PARALLEL_JOBS:
+        return []
+    if not _executor:
+        _executor.append(ThreadPoolExecutor(max_workers=config.compile_threads, thread_name_prefix="flambeau-compile"))
+    n = min(config.compile_threads, -(-len(jobs) // MIN_PARALLEL_JOBS))
+    futures = []
+    for i in range(n):
+        batch = jobs[i::n]
+        fut = _executor[0].submit(_run_worker, module.__file__, int(dkey[2:]), batch)
+        futures.append(fut)
+        for job in batch:
+            _pending[job[-1]] = fut
+    return futures
+
+
+MIN_PARALLEL_JOBS = 2               # kernels per worker process at least (a process costs an import of Triton)
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class _Worker:
+    """One compile worker process (`python -m flambeau._inductor.triton_runtime`), kept for the next
+    batch: a batch is one JSON line in, the number of kernels compiled one line out."""
+
+    def __init__(self):
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
+        self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, env=env)
+
+    def run(self, spec: dict) -> int | None:
+        """Kernels compiled, or None when the process is gone."""
+        try:
+            self.proc.stdin.write(json.dumps(spec) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except OSError:
+            return None
+        return int(line) if line.strip() else None
+
+
+_idle: queue.SimpleQueue = queue.SimpleQueue()
+
+
+def _run_worker(path: str, capability: int, jobs: list) -> int:
+    """Compile `jobs` in an idle worker process (started on demand); the number of kernels it compiled."""
+    try:
+        w = _idle.get_nowait()
+    except queue.Empty:
+        w = _Worker()
+    n = w.run({"path": path, "capability": capability, "jobs": jobs})
+    if n is None:                    # the worker died: the launching process compiles what is missing
+        return 0
+    _idle.put(w)
+    stats["compiled_in_workers"] += n
+    return n
+
+
+def _compile_jobs(spec: dict) -> int:
+    """A worker's batch: import the generated module from its file, compile each kernel, write its cubin."""
+    mod_spec = importlib.util.spec_from_file_location("flambeau_triton_worker", spec["path"])
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    n = 0
+    for name, sig, constexprs, num_warps, aligned, base in spec["jobs"]:
+        if os.path.exists(base + ".json"):
+            continue
+        try:
+            cubin, meta = build_cubin(getattr(mod, name), sig, constexprs, num_warps, tuple(aligned),
+                                      spec["capability"])
+        except Exception:           # left to the launching process, which reports the error
+            continue
+        _write_atomic(base + ".cubin", cubin, "wb")
+        _write_atomic(base + ".json", json.dumps(meta))
+        n += 1
+    return n
 
 
 # ---- libdevice for the interpreter ---------------------------------------------------------------
@@ -321,3 +441,8 @@ class InterpreterLibdevice:
             return tl.tensor(TensorHandle(r, ty.scalar), out_ty)
         call.__name__ = name
         return call
+
+
+if __name__ == "__main__":          # a compile worker (`precompile`): a batch per line in, its count out
+    for _line in sys.stdin:
+        print(_compile_jobs(json.loads(_line)), flush=True)
