@@ -123,7 +123,9 @@ def _flambeau_compiled_facts(step) -> dict:
             "cublaslt_gemms_per_step": cublaslt.calls["gemm"] - gemms,
             "cuda_graph_replays_per_step": cudagraphs.stats["replays"] - replays,
             "cuda_graphs_recorded": cudagraphs.stats["recordings"],
-            "kernels_compiled": triton_runtime.stats["compiled"], "cubin_cache_hits": triton_runtime.stats["cubin_cache_hits"],
+            "kernels_compiled": triton_runtime.stats["compiled"],
+            "kernels_compiled_in_workers": triton_runtime.stats.get("compiled_in_workers", 0),
+            "cubin_cache_hits": triton_runtime.stats["cubin_cache_hits"],
             "eager_fallbacks": dict(list(fallbacks.items())[:8])}
 
 
