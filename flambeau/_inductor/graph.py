@@ -61,6 +61,7 @@ class GraphLowering:
         self.gm = gm
         self.device = device          # where every tensor of the graph lives (see graph_device)
         self.dtypes = dtypes          # the dtypes the chosen code generator takes
+        self.triton = device.type == "cuda" or config.backend == "triton"   # lowered for codegen_triton
         self.example_inputs = example_inputs
         self.buffers: list = []
         self.inputs: list = []
@@ -310,14 +311,19 @@ class GraphLowering:
         raise Unsupported(f"cannot fall back on {target}: unknown output {type(val).__name__}")
 
     def _maybe_realize(self, node):
-        """Inline a pointwise value into its consumers unless recomputing it would be costly."""
+        """Inline a pointwise value into its consumers unless recomputing it would be costly. For the
+        Triton code generator a transcendental (exp, tanh) alone is no reason to store a value with
+        several users: a GPU kernel is bound by memory, so writing and re-reading the value (a
+        softmax's exp(x - max) over GPT-2's logits: 1.65 GB of float32) costs more than computing
+        it twice."""
         x = self.env[node]
         if not isinstance(x, Pointwise) or x.realized is not None:
             return
         st = x.stats()
         users = len(node.users)
+        heavy = st.heavy > 0 and not self.triton
         if st.ops > config.max_inline_ops or \
-                (users > 1 and (st.heavy > 0 or st.ops > config.inline_ops_multi_use)):
+                (users > 1 and (heavy or st.ops > config.inline_ops_multi_use)):
             self.realize(x)
 
     def _outputs(self, out):
