@@ -7,6 +7,7 @@ DistNetworkError (RuntimeError subclasses, as PyTorch's) close to the requested 
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import os
 import socket
 import subprocess
@@ -221,10 +222,11 @@ def test_world_of_two_without_mpiexec_says_how_to_launch(one_process_group):
                                 timeout=datetime.timedelta(seconds=5))
 
 
-def test_nccl_backend_is_not_built_and_says_so():
-    with pytest.raises(RuntimeError, match="nccl"):
-        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:1", rank=0, world_size=1)
-    assert dist.is_nccl_available() is False
+def test_unknown_backend_says_which_are_registered():
+    with pytest.raises(RuntimeError, match="'ucc' is not available.*'nccl'"):
+        dist.init_process_group("ucc", init_method="tcp://127.0.0.1:1", rank=0, world_size=1)
+    if importlib.util.find_spec("cupy") is None:
+        assert dist.is_nccl_available() is False
 
 
 def test_async_collective_on_world_of_one_has_future(one_process_group):

@@ -3,7 +3,8 @@
 Layout: `store.py` (HashStore, FileStore, PrefixStore, TCPStore; its asyncio/uvloop server in
 `_tcp_server.py`), `rendezvous.py` (env:// tcp:// file://), `distributed_c10d.py` (process groups, Work,
 the backend registry), `collectives.py` (collectives on tensors), `_mpi_backend.py` (the CPU engine: MPI
-through mpi4py, behind backend="gloo" and "mpi"), `run.py` (the launcher, mpiexec underneath).
+through mpi4py, behind backend="gloo" and "mpi"), `_nccl_backend.py` (the cuda engine: NCCL through CuPy,
+backend="nccl"), `run.py` (the launcher, mpiexec underneath).
 The CPU engine needs the `distributed` extra (`pip install flambeau[distributed]`: mpi4py, mpich, uvloop).
 """
 from __future__ import annotations
@@ -45,8 +46,9 @@ def is_mpi_available() -> bool:
 
 
 def is_nccl_available() -> bool:
-    """False: the NCCL backend is not built yet."""
-    return False
+    """Whether backend "nccl" can run here: CuPy with its NCCL bindings and libnccl."""
+    from ._nccl_backend import is_available  # deferred: asks CuPy, which only cuda machines have
+    return is_available()
 
 
 def is_torchelastic_launched() -> bool:

@@ -1,5 +1,6 @@
-"""The collectives on tensors: each checks its arguments as PyTorch does, gives the engine contiguous
-host buffers, and writes results back into the output tensors when the operation completes.
+"""The collectives on tensors: each checks its arguments as PyTorch does, gives the engine of the tensors'
+device (`ProcessGroup.engine_for`) contiguous buffers (host arrays for MPI, device arrays for NCCL), and
+writes results back into the output tensors when the operation completes.
 
 `async_op=True` returns a `Work`; otherwise the call waits (bounded by the group's timeout). A process
 outside `group` (`GroupMember.NON_GROUP_MEMBER`) returns None at once, as in PyTorch.
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .distributed_c10d import (ReduceOp, Work, _avg, _check_tensor, _group, _host, _member, _op_name, _peer,
-                               _run, _same_dtype, _seconds, _write_back)
+from .distributed_c10d import (ReduceOp, Work, _avg, _buf, _check_tensor, _engine, _group, _member, _op_name,
+                               _peer, _run, _same_dtype, _seconds, _write_back, _xp)
 from .store import DistStoreError
 
 __all__ = ["all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -30,11 +31,13 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     if not _member(group):
         return None
     g, name = _group(group), _op_name(op)
-    buf = _host(tensor)
-    req = g.engine.all_reduce(buf, "SUM" if name == "AVG" else name)
+    engine = _engine(g, tensor)
+    buf = _buf(engine, tensor)
+    post_avg = name == "AVG" and not getattr(engine, "native_avg", False)
+    req = engine.all_reduce(buf, "SUM" if post_avg else name)
 
     def finish_all_reduce() -> None:
-        if name == "AVG":
+        if post_avg:
             _avg(buf, g.size())
         _write_back(tensor, buf)
     return _run(g, req, finish_all_reduce, [tensor], async_op)
@@ -46,8 +49,9 @@ def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False
         return None
     g = _group(group)
     root = _peer(g, src, group_src, "broadcast")
-    buf = _host(tensor)
-    return _run(g, g.engine.broadcast(buf, root), lambda: _write_back(tensor, buf), [tensor], async_op)
+    engine = _engine(g, tensor)
+    buf = _buf(engine, tensor)
+    return _run(g, engine.broadcast(buf, root), lambda: _write_back(tensor, buf), [tensor], async_op)
 
 
 def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -57,12 +61,14 @@ def reduce(tensor, dst: int | None = None, op=ReduceOp.SUM, group=None, async_op
         return None
     g, name = _group(group), _op_name(op)
     root = _peer(g, dst, group_dst, "reduce")
-    buf = _host(tensor)
-    req = g.engine.reduce(buf, "SUM" if name == "AVG" else name, root)
+    engine = _engine(g, tensor)
+    buf = _buf(engine, tensor)
+    post_avg = name == "AVG" and not getattr(engine, "native_avg", False)
+    req = engine.reduce(buf, "SUM" if post_avg else name, root)
 
     def finish_reduce() -> None:
         if g.rank() == root:
-            if name == "AVG":
+            if post_avg:
                 _avg(buf, g.size())
             _write_back(tensor, buf)
     return _run(g, req, finish_reduce, [tensor], async_op)
@@ -91,8 +97,10 @@ def all_gather(tensor_list: list, tensor, group=None, async_op: bool = False):
         raise ValueError(f"all_gather: tensor_list[{g.rank()}] has {tensor_list[g.rank()].numel()} elements, the "
                          f"input has {tensor.numel()}")
     counts = [t.numel() for t in tensor_list]
-    flat = np.empty(sum(counts), dtype=_host(tensor).dtype)
-    req = g.engine.all_gather(_host(tensor), flat, counts)
+    engine = _engine(g, tensor)
+    send = _buf(engine, tensor)
+    flat = _xp(send).empty(sum(counts), dtype=send.dtype)
+    req = engine.all_gather(send, flat, counts)
     return _run(g, req, _scatter_back(flat, tensor_list, counts), tensor_list, async_op)
 
 
@@ -107,17 +115,19 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     if output_tensor.numel() != input_tensor.numel() * g.size():
         raise ValueError(f"all_gather_into_tensor: output size {tuple(output_tensor.shape)} must hold world_size "
                          f"({g.size()}) times the input size {tuple(input_tensor.shape)}")
-    out = _host(output_tensor)
-    req = g.engine.all_gather(_host(input_tensor), out, [input_tensor.numel()] * g.size())
+    engine = _engine(g, output_tensor)
+    out = _buf(engine, output_tensor)
+    req = engine.all_gather(_buf(engine, input_tensor), out, [input_tensor.numel()] * g.size())
     return _run(g, req, lambda: _write_back(output_tensor, out), [output_tensor], async_op)
 
 
-def _reduce_scatter_flat(g, flat: np.ndarray, out: np.ndarray, counts: list, op, async_op, finish_out, result):
+def _reduce_scatter_flat(g, engine, flat, out, counts: list, op, async_op, finish_out, result):
     name = _op_name(op)
-    req = g.engine.reduce_scatter(flat, out, counts, "SUM" if name == "AVG" else name)
+    post_avg = name == "AVG" and not getattr(engine, "native_avg", False)
+    req = engine.reduce_scatter(flat, out, counts, "SUM" if post_avg else name)
 
     def finish_reduce_scatter() -> None:
-        if name == "AVG":
+        if post_avg:
             _avg(out, g.size())
         finish_out()
     return _run(g, req, finish_reduce_scatter, result, async_op)
@@ -136,9 +146,11 @@ def reduce_scatter(output, input_list: list, op=ReduceOp.SUM, group=None, async_
     if counts[g.rank()] != output.numel():
         raise ValueError(f"reduce_scatter: input_list[{g.rank()}] has {counts[g.rank()]} elements, the output "
                          f"has {output.numel()}")
-    flat = np.concatenate([_host(t).reshape(-1) for t in input_list]) if input_list else np.empty(0)
-    out = _host(output)
-    return _reduce_scatter_flat(g, flat, out, counts, op, async_op, lambda: _write_back(output, out), [output])
+    engine = _engine(g, output)
+    out = _buf(engine, output)
+    flat = _xp(out).concatenate([_buf(engine, t).reshape(-1) for t in input_list])
+    return _reduce_scatter_flat(g, engine, flat, out, counts, op, async_op, lambda: _write_back(output, out),
+                                [output])
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False):
@@ -152,8 +164,9 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
     if input.numel() != output.numel() * g.size():
         raise ValueError(f"reduce_scatter_tensor: input size {tuple(input.shape)} must be world_size ({g.size()}) "
                          f"times the output size {tuple(output.shape)}")
-    out = _host(output)
-    return _reduce_scatter_flat(g, _host(input), out, [output.numel()] * g.size(), op, async_op,
+    engine = _engine(g, output)
+    out = _buf(engine, output)
+    return _reduce_scatter_flat(g, engine, _buf(engine, input), out, [output.numel()] * g.size(), op, async_op,
                                 lambda: _write_back(output, out), [output])
 
 
@@ -166,10 +179,12 @@ def all_to_all(output_tensor_list: list, input_tensor_list: list, group=None, as
         raise ValueError(f"all_to_all: both lists need {g.size()} tensors, got {len(output_tensor_list)} outputs "
                          f"and {len(input_tensor_list)} inputs")
     _same_dtype(output_tensor_list + input_tensor_list, "all_to_all")
-    send = np.concatenate([_host(t).reshape(-1) for t in input_tensor_list])
+    engine = _engine(g, input_tensor_list[0])
+    parts = [_buf(engine, t).reshape(-1) for t in input_tensor_list]
+    send = _xp(parts[0]).concatenate(parts)
     recv_counts = [t.numel() for t in output_tensor_list]
-    recv = np.empty(sum(recv_counts), dtype=send.dtype)
-    req = g.engine.all_to_all(send, [t.numel() for t in input_tensor_list], recv, recv_counts)
+    recv = _xp(send).empty(sum(recv_counts), dtype=send.dtype)
+    req = engine.all_to_all(send, [t.numel() for t in input_tensor_list], recv, recv_counts)
     return _run(g, req, _scatter_back(recv, output_tensor_list, recv_counts), output_tensor_list, async_op)
 
 
@@ -197,8 +212,9 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     _same_dtype([output, input], "all_to_all_single")
     send_counts = _split_counts(input, input_split_sizes, g.size(), "input")
     recv_counts = _split_counts(output, output_split_sizes, g.size(), "output")
-    out = _host(output)
-    req = g.engine.all_to_all(_host(input), send_counts, out, recv_counts)
+    engine = _engine(g, output)
+    out = _buf(engine, output)
+    req = engine.all_to_all(_buf(engine, input), send_counts, out, recv_counts)
     return _run(g, req, lambda: _write_back(output, out), [output], async_op)
 
 
@@ -209,17 +225,19 @@ def gather(tensor, gather_list: list | None = None, dst: int | None = None, grou
         return None
     g = _group(group)
     root = _peer(g, 0 if dst is None and group_dst is None else dst, group_dst, "gather")
+    engine = _engine(g, tensor)
+    send = _buf(engine, tensor)
     if g.rank() == root:
         if not gather_list or len(gather_list) != g.size():
             raise ValueError(f"gather: the destination needs gather_list with {g.size()} tensors")
         _same_dtype(gather_list + [tensor], "gather")
         counts = [t.numel() for t in gather_list]
-        flat = np.empty(sum(counts), dtype=_host(tensor).dtype)
-        req = g.engine.gather(_host(tensor), flat, counts, root)
+        flat = _xp(send).empty(sum(counts), dtype=send.dtype)
+        req = engine.gather(send, flat, counts, root)
         return _run(g, req, _scatter_back(flat, gather_list, counts), gather_list, async_op)
     if gather_list:
         raise ValueError("Argument ``gather_list`` must NOT be specified on non-destination ranks.")
-    return _run(g, g.engine.gather(_host(tensor), None, [], root), None, [], async_op)
+    return _run(g, engine.gather(send, None, [], root), None, [], async_op)
 
 
 def scatter(tensor, scatter_list: list | None = None, src: int | None = None, group=None, async_op: bool = False,
@@ -229,17 +247,18 @@ def scatter(tensor, scatter_list: list | None = None, src: int | None = None, gr
         return None
     g = _group(group)
     root = _peer(g, 0 if src is None and group_src is None else src, group_src, "scatter")
-    out = _host(tensor)
+    engine = _engine(g, tensor)
+    out = _buf(engine, tensor)
     if g.rank() == root:
         if not scatter_list or len(scatter_list) != g.size():
             raise ValueError(f"scatter: the source needs scatter_list with {g.size()} tensors")
         _same_dtype(scatter_list + [tensor], "scatter")
-        send = np.concatenate([_host(t).reshape(-1) for t in scatter_list])
-        req = g.engine.scatter(send, [t.numel() for t in scatter_list], out, root)
+        send = _xp(out).concatenate([_buf(engine, t).reshape(-1) for t in scatter_list])
+        req = engine.scatter(send, [t.numel() for t in scatter_list], out, root)
     else:
         if scatter_list:
             raise ValueError("Argument ``scatter_list`` must NOT be specified on non-source ranks.")
-        req = g.engine.scatter(None, [], out, root)
+        req = engine.scatter(None, [], out, root)
     return _run(g, req, lambda: _write_back(tensor, out), [tensor], async_op)
 
 
@@ -248,7 +267,8 @@ def isend(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: i
     if not _member(group):
         return None
     g = _group(group)
-    return _run(g, g.engine.send(_host(tensor), _peer(g, dst, group_dst, "isend"), tag), None, [tensor], True)
+    engine = _engine(g, tensor)
+    return _run(g, engine.send(_buf(engine, tensor), _peer(g, dst, group_dst, "isend"), tag), None, [tensor], True)
 
 
 def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: int | None = None) -> Work | None:
@@ -257,8 +277,9 @@ def irecv(tensor, src: int | None = None, group=None, tag: int = 0, group_src: i
         return None
     g = _group(group)
     peer = None if src is None and group_src is None else _peer(g, src, group_src, "irecv")
-    buf = _host(tensor)
-    return _run(g, g.engine.recv(buf, peer, tag), lambda: _write_back(tensor, buf), [tensor], True)
+    engine = _engine(g, tensor)
+    buf = _buf(engine, tensor)
+    return _run(g, engine.recv(buf, peer, tag), lambda: _write_back(tensor, buf), [tensor], True)
 
 
 def send(tensor, dst: int | None = None, group=None, tag: int = 0, group_dst: int | None = None) -> None:
@@ -293,12 +314,24 @@ def batch_isend_irecv(p2p_op_list: list) -> list:
     if not p2p_op_list or not all(isinstance(p, P2POp) for p in p2p_op_list):
         raise ValueError("Invalid ``p2p_op_list``. Each op is expected to to be of type "
                          "``torch.distributed.P2POp``.")
-    works = []
+    grouped = []             # NCCL engines: their sends and receives are one NCCL group call
     for p in p2p_op_list:
-        if p.op is isend:
-            works.append(isend(p.tensor, p.peer, p.group, p.tag, p.group_peer))
-        else:
-            works.append(irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer))
+        if _member(p.group):
+            engine = _engine(_group(p.group), p.tensor)
+            if hasattr(engine, "group_start") and all(e is not engine for e in grouped):
+                grouped.append(engine)
+    for engine in grouped:
+        engine.group_start()
+    works = []
+    try:
+        for p in p2p_op_list:
+            if p.op is isend:
+                works.append(isend(p.tensor, p.peer, p.group, p.tag, p.group_peer))
+            else:
+                works.append(irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer))
+    finally:
+        for engine in reversed(grouped):
+            engine.group_end()
     return works
 
 

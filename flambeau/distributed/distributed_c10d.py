@@ -1,10 +1,13 @@
 """Process groups and collectives on tensors (PyTorch's `torch.distributed.distributed_c10d`).
 
 `init_process_group` meets the other processes through a store (env://, tcp://, file:// or a given
-store), then asks the registered backend factory for the collective engine (`Backend.register_backend`;
-"gloo" and "mpi" give `_mpi_backend.MPIBackend`, "nccl" slots in the same way). Collectives here turn
-tensors into contiguous host arrays (the tensor's own memory when it is a contiguous CPU tensor), start
-the engine's nonblocking operation and return a `Work` (`async_op=True`) or wait for it. Ranks given to
+store), then asks the registered backend factory for the collective engine of each device type
+(`Backend.register_backend`; "gloo" and "mpi" give `_mpi_backend.MPIBackend`, "nccl" gives
+`_nccl_backend.NCCLBackend`; "cpu:gloo,cuda:nccl" gives both, chosen per tensor by its device).
+Collectives here turn tensors into contiguous buffers of their engine (host arrays for MPI, the tensor's
+own memory when it is a contiguous CPU tensor; CuPy arrays on the tensor's device for NCCL), start the
+engine's nonblocking operation and return a `Work` (`async_op=True`) or wait for it (on NCCL the wait
+is the current stream's, not the host's). Ranks given to
 collectives (src, dst, peer) are global ranks, as in PyTorch; `group_src`/`group_dst` are group ranks.
 """
 from __future__ import annotations
@@ -76,6 +79,11 @@ def _mpi_factory(name):
     return make_mpi_backend
 
 
+def _nccl_factory(store, rank: int, world_size: int, timeout):
+    from ._nccl_backend import make_nccl_backend  # deferred: needs CuPy only when a cuda collective runs
+    return make_nccl_backend(store, rank, world_size, timeout)
+
+
 class Backend(str):
     """Backend names as PyTorch spells them (`Backend("GLOO") == "gloo"`), and their registry."""
     UNDEFINED = "undefined"
@@ -84,7 +92,7 @@ class Backend(str):
     MPI = "mpi"
     UCC = "ucc"
     XCCL = "xccl"
-    _factories: dict = {"gloo": _mpi_factory("gloo"), "mpi": _mpi_factory("mpi")}
+    _factories: dict = {"gloo": _mpi_factory("gloo"), "mpi": _mpi_factory("mpi"), "nccl": _nccl_factory}
 
     def __new__(cls, name: str):
         if not isinstance(name, str):
@@ -101,12 +109,36 @@ class Backend(str):
 _DEFAULT_BACKEND = {"cpu": Backend.GLOO, "cuda": Backend.NCCL}
 
 
-class ProcessGroup:
-    """A set of ranks and the engine joining them; `rank()`/`size()` are this process's place in it."""
+def _device_backends(backend: str) -> dict:
+    """PyTorch's backend string as {device type: backend name}: "nccl" -> {"cuda": "nccl"},
+    "cpu:gloo,cuda:nccl" -> both, "gloo"/"mpi" -> {"default": ...} (every device, staged through host)."""
+    out = {}
+    for part in Backend(backend).split(","):
+        device, sep, name = part.strip().rpartition(":")
+        if not sep:
+            return {"cuda" if name == Backend.NCCL else "default": name}
+        out[device] = name
+    return out
 
-    def __init__(self, engine, ranks: list, backend: str, store: Store | None, name: str, timeout) -> None:
+
+class ProcessGroup:
+    """A set of ranks and the engines joining them; `rank()`/`size()` are this process's place in it.
+
+    `engine` is the group's main engine (object collectives, barrier, `new_group`); `engines` maps a
+    device type ("cpu", "cuda", or "default" for any) to the engine its tensors use."""
+
+    def __init__(self, engine, ranks: list, backend: str, store: Store | None, name: str, timeout,
+                 engines: dict | None = None) -> None:
         self.engine, self.ranks, self.backend, self.store = engine, list(ranks), backend, store
         self.group_name, self.timeout = name, timeout
+        self.engines = engines if engines is not None else {"default": engine}
+
+    def engine_for(self, device_type: str):
+        """The engine collectives on `device_type` tensors run on (PyTorch's error when there is none)."""
+        engine = self.engines.get(device_type, self.engines.get("default"))
+        if engine is None:
+            raise RuntimeError(f"No backend type associated with device type {device_type}")
+        return engine
 
     def rank(self) -> int:
         return self.engine.rank()
@@ -169,15 +201,17 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise ValueError("Cannot specify both init_method and store.")
     if store is not None and (world_size <= 0 or rank < 0):
         raise ValueError("world_size and rank must be given with store")
-    name = Backend(backend or Backend.GLOO).split(":")[0].split(",")[0]
-    name = "gloo" if name.startswith("cpu") else name
-    if name not in Backend._factories:
-        raise RuntimeError(f"init_process_group: backend {name!r} is not available in flambeau (registered: "
-                           f"{sorted(Backend._factories)}); the NCCL backend is not built yet, use 'gloo'")
+    by_device = _device_backends(backend or Backend.GLOO)
+    by_device = {d: ("gloo" if n.startswith("cpu") else n) for d, n in by_device.items()}
+    missing = sorted(set(by_device.values()) - set(Backend._factories))
+    if missing:
+        raise RuntimeError(f"init_process_group: backend {missing[0]!r} is not available in flambeau (registered: "
+                           f"{sorted(Backend._factories)})")
+    names = list(dict.fromkeys(by_device.values()))
     timeout = default_pg_timeout if timeout is None else timeout
-    if name in (Backend.GLOO, Backend.MPI):
+    if Backend.GLOO in names or Backend.MPI in names:
         _mpi()
-    if store is None and name == Backend.MPI and init_method is None and "MASTER_ADDR" not in os.environ:
+    if store is None and names == [Backend.MPI] and init_method is None and "MASTER_ADDR" not in os.environ:
         world = _mpi().MPI.COMM_WORLD
         rank = world.Get_rank() if rank < 0 else rank
         world_size = world.Get_size() if world_size < 0 else world_size
@@ -186,9 +220,12 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     if store is not None:
         store.set_timeout(timeout)
         store = PrefixStore("default_pg", store)
-    engine = Backend._factories[name](store, rank, world_size, timeout)
-    _World.default = GroupMember.WORLD = ProcessGroup(engine, list(range(world_size)), name, store,
-                                                      group_name or "0", timeout)
+    made = {n: Backend._factories[n](store, rank, world_size, timeout) for n in names}
+    engines = {d: made[n] for d, n in by_device.items()}
+    engine = engines.get("cpu", engines.get("default", made[names[0]]))
+    label = names[0] if len(names) == 1 else Backend(backend)
+    _World.default = GroupMember.WORLD = ProcessGroup(engine, list(range(world_size)), label, store,
+                                                      group_name or "0", timeout, engines)
     _World.groups = [_World.default]
 
 
@@ -198,13 +235,18 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         if _World.default is None:
             raise AssertionError("Process group cannot be None")
         for g in _World.groups:
-            g.engine.free()
+            _free_engines(g)
         _World.default = GroupMember.WORLD = None
         _World.groups = []
         return
     if group is not GroupMember.NON_GROUP_MEMBER:
-        group.engine.free()
+        _free_engines(group)
         _World.groups.remove(group)
+
+
+def _free_engines(g: ProcessGroup) -> None:
+    for engine in {id(e): e for e in g.engines.values()}.values():
+        engine.free()
 
 
 def new_group(ranks: list | None = None, timeout=None, backend: str | None = None, pg_options=None,
@@ -215,12 +257,14 @@ def new_group(ranks: list | None = None, timeout=None, backend: str | None = Non
     bad = [r for r in ranks if not 0 <= r < world.size()]
     if bad or len(set(ranks)) != len(ranks):
         raise ValueError(f"new_group: ranks {ranks} must be distinct ranks of the world of size {world.size()}")
-    engine = world.engine.split(ranks)
+    split = {id(e): e.split(ranks) for e in world.engines.values()}
     _World.count += 1
+    engine = split[id(world.engine)]
     if engine is None:
         return GroupMember.NON_GROUP_MEMBER
     pg = ProcessGroup(engine, ranks, world.backend, world.store, str(_World.count),
-                      world.timeout if timeout is None else timeout)
+                      world.timeout if timeout is None else timeout,
+                      {d: split[id(e)] for d, e in world.engines.items()})
     _World.groups.append(pg)
     return pg
 
@@ -284,7 +328,26 @@ def _host(t) -> np.ndarray:
     return np.array(a, order="C", copy=True)
 
 
-def _write_back(t, arr: np.ndarray) -> None:
+def _engine(g: ProcessGroup, t):
+    return g.engine_for(t._device.type)
+
+
+def _buf(engine, t):
+    """`t`'s data as a contiguous buffer of `engine`: a host array (MPI) or an array on `t`'s device (NCCL)."""
+    if getattr(engine, "device_type", "cpu") == "cpu":
+        return _host(t)
+    return engine.buffer(t)
+
+
+def _xp(arr):
+    """The array namespace of `arr` (NumPy, or CuPy for an NCCL buffer)."""
+    if isinstance(arr, np.ndarray):
+        return np
+    from .. import _backends  # deferred: the cuda namespace is loaded only where cuda runs
+    return _backends.get("cuda").xp
+
+
+def _write_back(t, arr) -> None:
     """Make `arr` the contents of `t` (nothing to copy when `arr` is `t`'s memory): a version bump."""
     if arr is t._data:
         t._version[0] += 1
@@ -292,7 +355,10 @@ def _write_back(t, arr: np.ndarray) -> None:
     prev = _state.grad_enabled
     _state.grad_enabled = False
     try:
-        t.copy_(from_numpy(arr.reshape(tuple(t.shape))))
+        if isinstance(arr, np.ndarray):
+            t.copy_(from_numpy(arr.reshape(tuple(t.shape))))
+        else:
+            t.copy_(Tensor._make(arr.reshape(tuple(t.shape)), t._device, t._dtype))
     finally:
         _state.grad_enabled = prev
 
@@ -336,7 +402,7 @@ class Work:
 
     def wait(self, timeout=None) -> bool:
         limit = self._timeout if timeout is None else timeout
-        if limit is None:
+        if limit is None or getattr(self._request, "waits_on_device", False):
             self._request.wait()
         else:
             deadline, sleep, spins = time.monotonic() + _seconds(limit), 0.0, 0

@@ -69,7 +69,8 @@ def _nproc(value: str) -> int:
     if value in ("auto", "cpu"):
         return os.cpu_count() or 1
     if value == "gpu":
-        raise ValueError("--nproc-per-node gpu: the NCCL backend is not built yet; give a number")
+        from .._backends import cuda_device_count  # deferred: asks CuPy only for this spelling
+        return cuda_device_count()
     return int(value)
 
 

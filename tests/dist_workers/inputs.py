@@ -13,8 +13,12 @@ FLOATS = ("float32", "float64", "float16", "bfloat16")
 INTS = ("int8", "uint8", "int32", "int64")
 
 
-def ops_for(dtype: str) -> list:
-    """The ReduceOps each dtype supports (as PyTorch: no bitwise ops on floats, no MIN/MAX on complex)."""
+def ops_for(dtype: str, backend: str = "gloo") -> list:
+    """The ReduceOps each dtype supports (as PyTorch: no bitwise ops on floats, no MIN/MAX on complex; on
+    NCCL no bitwise ops at all, and complex only SUM and AVG)."""
+    if backend != "gloo":
+        return [op for op in ops_for(dtype) if op not in ("BAND", "BOR", "BXOR")
+                and not (dtype == "complex64" and op == "PRODUCT")]
     if dtype in FLOATS:
         return ["SUM", "AVG", "PRODUCT", "MIN", "MAX"]
     if dtype == "complex64":

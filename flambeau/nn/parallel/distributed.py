@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import contextlib
 
-import numpy as np
-
-from ... import _state
-from ..._ops.creation import from_numpy
+from ... import _dtype, _state
+from ..._ops import functions as torch       # the operator functions flambeau exports
 from ..._tensor import Tensor
 from ...autograd.graph import reachable_leaves
 from ... import distributed as dist
-from ...distributed.distributed_c10d import _host
 from ..modules.module import Module
 
 __all__ = ["DistributedDataParallel", "GradBucket"]
@@ -137,15 +134,19 @@ class _Reducer:
             self._finalize()
 
     def _launch(self, bucket: _Bucket) -> None:
+        """Flatten the bucket's gradients on their device (no host copy) and start its reduction."""
         parts = []
-        for p in bucket.params:
-            if id(p) in self.used and p.grad is not None:
-                parts.append(_host(p.grad).reshape(-1))
-            else:
-                parts.append(np.zeros(p.numel(), dtype=_host(p.detach()).dtype))
-        flat = from_numpy(np.concatenate(parts))
-        if str(bucket.params[0].device) != "cpu":
-            flat = flat.to(bucket.params[0].device)
+        prev = _state.grad_enabled
+        _state.grad_enabled = False
+        try:
+            for p in bucket.params:
+                if id(p) in self.used and p.grad is not None:
+                    parts.append(p.grad.detach().reshape(-1))
+                else:
+                    parts.append(torch.zeros(p.numel(), dtype=p.dtype, device=p.device))
+            flat = torch.cat(parts)
+        finally:
+            _state.grad_enabled = prev
         grad_bucket = GradBucket(bucket.index, flat, bucket.params, bucket.index == len(self.buckets) - 1)
         bucket.future = self.hook(self.hook_state, grad_bucket)
 
@@ -153,9 +154,10 @@ class _Reducer:
         self.active = False
         globally_used = None
         if self.find_unused:
-            used = from_numpy(np.array([id(p) in self.used for p in self.params], dtype=np.int32))
+            used = torch.tensor([id(p) in self.used for p in self.params], dtype=_dtype.int32,
+                                device=self.params[0].device)
             dist.all_reduce(used, group=self.group)
-            globally_used = used.numpy()
+            globally_used = used.tolist()
         prev = _state.grad_enabled
         _state.grad_enabled = False
         try:

@@ -1,0 +1,199 @@
+"""The NCCL backend's parts that need no GPU: the unique id's trip through the store (a fake NCCL library
+and a fake CuPy stand in for the real ones), routing of tensors by device under "nccl" and
+"cpu:gloo,cuda:nccl", and PyTorch's rules for which reductions NCCL takes. The collectives themselves
+run on GPUs in tests/test_distributed_collectives.py (configurations nccl-world1, nccl-world2; marked cuda).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import types
+
+import numpy as np
+import pytest
+
+import flambeau
+import flambeau.distributed as dist
+from flambeau.distributed import _nccl_backend as nb
+from flambeau.distributed.distributed_c10d import _device_backends
+
+THREAD_TIMEOUT_S = 30
+
+
+class FakeNccl:
+    """CuPy's nccl module as far as communicator creation goes: records who asked for ids and comms."""
+    available = True
+
+    def __init__(self) -> None:
+        self.ids_made, self.comms, self.lock = [], [], threading.Lock()
+
+    def get_unique_id(self):
+        rng = np.random.default_rng(len(self.ids_made))
+        uid = tuple(int(v) for v in rng.integers(-128, 128, size=nb.NCCL_UNIQUE_ID_BYTES))
+        with self.lock:
+            self.ids_made.append(uid)
+        return uid
+
+    def NcclCommunicator(self, size, uid, rank):  # noqa: N802  CuPy's spelling
+        if not isinstance(uid, bytes):
+            raise TypeError("Argument 'commId' has incorrect type (expected bytes, got tuple)")     # CuPy 14
+        with self.lock:
+            self.comms.append((size, nb.decode_unique_id(uid), rank))
+        return types.SimpleNamespace(size=size, uid=uid, rank=rank, destroy=lambda: None)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    cuda = types.SimpleNamespace(Device=lambda device=None: contextlib.nullcontext())
+    monkeypatch.setattr(nb, "_cupy", lambda: types.SimpleNamespace(cuda=cuda))
+
+
+def _on_ranks(world: int, body) -> list:
+    """body(rank) in `world` threads; their results (a failure in any thread fails the test)."""
+    results, errors = [None] * world, []
+
+    def run(r):
+        try:
+            results[r] = body(r)
+        except BaseException as e:  # noqa: BLE001  re-raised in the test's thread below
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(THREAD_TIMEOUT_S)
+    assert not any(t.is_alive() for t in threads), "a rank is still waiting for the unique id"
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.mark.parametrize("store_kind", ["hash", "file", "tcp"])
+def test_unique_id_travels_through_the_store(fake_cupy, tmp_path, store_kind):
+    world = 3
+    if store_kind == "hash":
+        stores = [dist.HashStore()] * world
+    elif store_kind == "file":
+        stores = [dist.FileStore(str(tmp_path / "store"), world) for _ in range(world)]
+    else:
+        master = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+        stores = [master] + [dist.TCPStore("127.0.0.1", master.port, world, is_master=False)
+                             for _ in range(world - 1)]
+    lib = FakeNccl()
+
+    def make(r):
+        engine = nb.NCCLBackend(dist.PrefixStore("default_pg", stores[r]), r, world, library=lib)
+        engine.communicator(0)
+        sub = engine.split([0, 2])
+        if sub is not None:
+            sub.communicator(0)
+        return engine
+    _on_ranks(world, make)
+    assert len(lib.ids_made) == 2                       # rank 0 of the world, rank 0 of the group {0, 2}
+    world_comms = [c for c in lib.comms if c[1] == lib.ids_made[0]]
+    group_comms = [c for c in lib.comms if c[1] == lib.ids_made[1]]
+    assert sorted(c[2] for c in world_comms) == [0, 1, 2] and {c[0] for c in world_comms} == {3}
+    assert sorted(c[2] for c in group_comms) == [0, 1] and {c[0] for c in group_comms} == {2}
+
+
+def test_unique_id_bytes_round_trip():
+    uid = tuple(range(-64, 64))
+    data = nb.encode_unique_id(uid)
+    assert isinstance(data, bytes) and len(data) == nb.NCCL_UNIQUE_ID_BYTES
+    assert nb.decode_unique_id(data) == uid
+    with pytest.raises(ValueError, match="128"):
+        nb.encode_unique_id(uid[:5])
+
+
+def test_communicator_stays_on_its_device(fake_cupy):
+    engine = nb.NCCLBackend(dist.HashStore(), 0, 1, library=FakeNccl())
+    engine.communicator(0)
+    with pytest.raises(ValueError, match="cuda:1.*cuda:0"):
+        engine.communicator(1)
+
+
+def test_backend_strings_name_an_engine_per_device():
+    assert _device_backends("nccl") == {"cuda": "nccl"}
+    assert _device_backends("gloo") == {"default": "gloo"}
+    assert _device_backends("cpu:gloo,cuda:nccl") == {"cpu": "gloo", "cuda": "nccl"}
+    assert _device_backends("CPU:GLOO,CUDA:NCCL") == {"cpu": "gloo", "cuda": "nccl"}
+
+
+def test_nccl_group_refuses_cpu_tensors_as_pytorch():
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert dist.get_backend() == "nccl"
+        assert isinstance(dist.group.WORLD.engine_for("cuda"), nb.NCCLBackend)
+        with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+            dist.all_reduce(flambeau.ones(3))
+        sub = dist.new_group([0])
+        assert isinstance(sub.engine_for("cuda"), nb.NCCLBackend) and sub.engine_for("cuda").key == "0.1"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("op,dtype,want", [("SUM", "float32", nb.NCCL_SUM), ("AVG", "bfloat16", nb.NCCL_AVG),
+                                           ("PRODUCT", "int64", nb.NCCL_PROD), ("MIN", "float16", nb.NCCL_MIN),
+                                           ("SUM", "bool", nb.NCCL_MAX), ("PRODUCT", "bool", nb.NCCL_MIN),
+                                           ("AVG", "complex64", nb.NCCL_AVG)])
+def test_reductions_map_to_nccl_ops_as_pytorch(op, dtype, want):
+    assert nb.nccl_op(op, dtype) == want
+
+
+@pytest.mark.parametrize("op,dtype,message", [("BAND", "int32", "Cannot use ReduceOp.BAND with NCCL"),
+                                              ("BXOR", "bool", "Cannot use ReduceOp.BXOR with NCCL"),
+                                              ("AVG", "bool", "Cannot use ReduceOp.AVG with boolean inputs"),
+                                              ("MAX", "complex64", "MAX on complex")])
+def test_reductions_nccl_lacks_raise_as_pytorch(op, dtype, message):
+    with pytest.raises(ValueError, match=message):
+        nb.nccl_op(op, dtype)
+
+
+# ---- on the GPU (world size 1 in this process; world size 2 through the launcher in test_distributed_collectives)
+@pytest.fixture
+def nccl_world1():
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.cuda
+def test_cupy_has_nccl():
+    assert nb.is_available() and dist.is_nccl_available()
+
+
+@pytest.mark.cuda
+def test_async_work_waits_on_the_stream_of_the_caller(nccl_world1):
+    x = flambeau.arange(1 << 20, dtype=flambeau.float32, device="cuda")
+    side = flambeau.cuda.Stream()
+    with flambeau.cuda.stream(side):
+        y = x * 2
+        work = dist.all_reduce(y, op=dist.ReduceOp.MAX, async_op=True)
+    work.wait()                            # the current (default) stream now waits for the side stream's event
+    z = y + 1
+    np.testing.assert_array_equal(z.cpu().numpy(), np.arange(1 << 20, dtype=np.float32) * 2 + 1)
+    flambeau.cuda.synchronize()
+    assert work.is_completed()
+
+
+@pytest.mark.cuda
+def test_ddp_step_on_nccl_makes_no_host_syncs(nccl_world1):
+    pytest.importorskip("torch")
+    from bench import gpu_models
+    from bench.gpu_profile import counts
+    flambeau.manual_seed(0)
+    model = gpu_models.gpt(flambeau, vocab=96, block=64, d=64, layers=2, heads=4).to("cuda")
+    ddp = flambeau.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.05)
+    assert len(ddp.reducer.buckets) > 1
+    opt = flambeau.optim.AdamW(ddp.parameters(), lr=1e-3)
+    rng = np.random.default_rng(0)
+    x = flambeau.tensor(rng.integers(0, 96, (4, 64)), device="cuda")
+    y = flambeau.tensor(rng.integers(0, 96, (4, 64)), device="cuda")
+
+    def step():
+        return gpu_models.train_step(flambeau, ddp, opt, x, y, flambeau.bfloat16)
+    step()
+    step()
+    c = counts(step, steps=2, stacks=True)
+    assert c["kernels"] > 100
+    assert c["d2h"] == 0, c["d2h_sites"]
