@@ -125,7 +125,9 @@ class ProcessGroup:
     """A set of ranks and the engines joining them; `rank()`/`size()` are this process's place in it.
 
     `engine` is the group's main engine (object collectives, barrier, `new_group`); `engines` maps a
-    device type ("cpu", "cuda", or "default" for any) to the engine its tensors use."""
+    device type ("cpu", "cuda", or "default" for any) to the engine its tensors use. Compiled code treats a
+    group as a constant of the trace (its name, ranks and this process's rank never change)."""
+    _dynamo_trace_constant = True
 
     def __init__(self, engine, ranks: list, backend: str, store: Store | None, name: str, timeout,
                  engines: dict | None = None) -> None:

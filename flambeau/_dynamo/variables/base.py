@@ -149,6 +149,8 @@ def is_constant_value(v) -> bool:
         return all(is_constant_value(x) for x in v)
     if t in (inspect.Signature, inspect.Parameter) or isinstance(v, (np.dtype, np.generic)):
         return True
+    if getattr(t, "_dynamo_trace_constant", False):     # a type declaring its instances fixed for a trace
+        return True                                      # (distributed's ProcessGroup: PyTorch's ProcessGroupVariable)
     return isinstance(v, enum.Enum)      # a member is an immutable singleton (transformers' `Action.RAISE`)
 
 
