@@ -1,0 +1,248 @@
+"""GPT-2 trained with DistributedDataParallel on N processes vs one process, flambeau next to PyTorch.
+
+    python bench/distributed_train.py [--device cuda] [--nproc 2] [--systems flambeau,torch]
+                                      [--modes eager,compiled] [--steps 10] [--warmup 3] [--small]
+                                      [--parallel ddp|fsdp2] [--checkpoint DIR]
+
+Each configuration is a launch of this file as a worker: under `python -m flambeau.distributed.run`
+(`import torch` is flambeau there) or `python -m torch.distributed.run` (PyTorch), one process per GPU
+(cuda: NCCL, bf16 autocast) or per CPU core (cpu: gloo, float32). The model is bench/gpu_models.py's
+GPT-2 124M (`--small`: a 2-layer GPT of width 64, for checking this script's logic on CPU), seeded
+identically in every process, AdamW. Every step draws one global batch of nproc x B sequences of T
+tokens (B 8, T 1024; `--small`: B 2, T 32); configurations:
+
+    ref     1 process on the whole global batch (the losses DDP must reproduce)
+    single  1 process on B sequences (the 1-GPU throughput for scaling efficiency)
+    ddp     nproc processes, DDP, each on its B sequences of the global batch
+
+`--parallel fsdp2` replaces DDP by FSDP2 (`fully_shard` on every block, then on the model, over a 1-D
+DeviceMesh). `--checkpoint DIR` runs two configurations instead: `ddp` saves model and optimizer state with
+`distributed.checkpoint.save` (`get_state_dict`) after its steps, then trains RESUME_STEPS more steps;
+`resume` (1 process) loads that checkpoint into a fresh model and optimizer (`set_state_dict`) and trains the
+same RESUME_STEPS steps on the whole global batch; the driver compares their losses.
+
+`compiled` wraps the model in `compile` before DDP (after sharding for FSDP2). Each worker prints one JSON
+line: ms per step (mean
+over --steps after --warmup steps, wall clock between device synchronisations; losses are read after the
+timing) and the losses of every step (in DDP the mean over ranks). The driver adds, per system and mode:
+the largest relative difference between the ddp and ref losses, the scaling efficiency
+(single ms / ddp ms: nproc-process throughput over nproc x 1-process throughput) and, per mode, flambeau's
+ddp step time over PyTorch's. A configuration that fails prints its error instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHERS = {"flambeau": "flambeau.distributed.run", "torch": "torch.distributed.run"}
+GPT2 = dict(vocab=50257, block=1024, d=768, layers=12, heads=12, batch=8, seq=1024)
+SMALL = dict(vocab=96, block=32, d=64, layers=2, heads=2, batch=2, seq=32)
+LR = 3e-4
+DATA_SEED = 1234
+RESUME_STEPS = 2
+
+
+def _parallelize(torch, model, args, world_size: int, cuda: bool, local: int):
+    """The model wrapped for `world_size` processes (DDP or FSDP2), compiled in `compiled` mode."""
+    if world_size > 1 and args.parallel == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cuda" if cuda else "cpu", (world_size,))
+        for block in model.h:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    if args.mode == "compiled":
+        model = torch.compile(model)
+    if world_size > 1 and args.parallel == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None)
+    return model
+
+
+def _checkpoint_state(torch, model, opt):
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_sd, optim_sd = get_state_dict(model, opt)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def _save(torch, model, opt, folder: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    dcp.save(_checkpoint_state(torch, model, opt), checkpoint_id=folder)
+
+
+def _load(torch, model, opt, folder: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    state = _checkpoint_state(torch, model, opt)
+    dcp.load(state, checkpoint_id=folder)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def worker(args) -> None:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    sys.path.insert(0, ROOT)
+    from bench import gpu_models
+    cfg = SMALL if args.small else GPT2
+    cuda = args.device == "cuda"
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+    device = f"cuda:{local}" if cuda else "cpu"
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank() if world_size > 1 else 0
+    torch.manual_seed(0)
+    model = gpu_models.gpt(torch, vocab=cfg["vocab"], block=cfg["block"], d=cfg["d"], layers=cfg["layers"],
+                           heads=cfg["heads"]).to(device)
+    model = _parallelize(torch, model, args, world_size, cuda, local)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
+    rows = cfg["batch"] * args.batch_factor
+    rng = np.random.default_rng(DATA_SEED)
+    steps = args.warmup + args.steps
+    data = rng.integers(0, cfg["vocab"], (steps + RESUME_STEPS, 2, args.global_batch, cfg["seq"]))
+    mine = data[:, :, rank * rows:(rank + 1) * rows]
+    batches = [(torch.tensor(mine[s, 0], device=device), torch.tensor(mine[s, 1], device=device))
+               for s in range(steps + RESUME_STEPS)]
+    amp = torch.bfloat16 if cuda else None
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    losses = []
+    if args.config == "resume":
+        _load(torch, model, opt, args.checkpoint)
+        losses = [gpu_models.train_step(torch, model, opt, *batches[s], amp).detach()
+                  for s in range(steps, steps + RESUME_STEPS)]
+        print(json.dumps({"workload": _workload(args), "system": _system(torch), "mode": args.mode,
+                          "config": "resume", "world_size": 1,
+                          "losses": [float(v) for v in torch.stack(losses).float().tolist()]}), flush=True)
+        return
+    for s in range(args.warmup):
+        losses.append(gpu_models.train_step(torch, model, opt, *batches[s], amp).detach())
+    sync()
+    start = time.perf_counter()
+    for s in range(args.warmup, steps):
+        losses.append(gpu_models.train_step(torch, model, opt, *batches[s], amp).detach())
+    sync()
+    ms = (time.perf_counter() - start) / args.steps * 1e3
+    if args.checkpoint:
+        _save(torch, model, opt, args.checkpoint)
+        losses = [gpu_models.train_step(torch, model, opt, *batches[s], amp).detach()
+                  for s in range(steps, steps + RESUME_STEPS)]
+    stacked = torch.stack(losses).float()
+    if world_size > 1:
+        dist.all_reduce(stacked, op=dist.ReduceOp.AVG if cuda else dist.ReduceOp.SUM)
+        if not cuda:
+            stacked = stacked / world_size
+    if rank == 0:
+        print(json.dumps({"workload": _workload(args), "system": _system(torch),
+                          "mode": args.mode, "config": args.config, "device": args.device,
+                          "world_size": world_size, "batch_per_rank": rows, "seq": cfg["seq"],
+                          "ms_per_step": ms, "tokens_per_s": world_size * rows * cfg["seq"] / ms * 1e3,
+                          "losses": [float(v) for v in stacked.cpu().tolist()]}), flush=True)
+    if world_size > 1:
+        dist.destroy_process_group()
+
+
+def _system(torch) -> str:
+    return "flambeau" if torch.__name__ == "flambeau" else "torch"
+
+
+def _workload(args) -> str:
+    return ("gpt-small-" if args.small else "gpt2-") + args.parallel + ("-checkpoint" if args.checkpoint else "")
+
+
+def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
+    nproc = args.nproc if config == "ddp" else 1
+    factor = args.nproc if config in ("ref", "resume") else 1
+    cmd = [sys.executable, "-m", LAUNCHERS[system], "--nproc-per-node", str(nproc), os.path.abspath(__file__),
+           "--worker", "--device", args.device, "--mode", mode, "--config", config, "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--batch-factor", str(factor),
+           "--global-batch", str(args.nproc * (SMALL if args.small else GPT2)["batch"]),
+           "--parallel", args.parallel] + (["--small"] if args.small else []) + \
+        (["--checkpoint", os.path.join(args.checkpoint, system)] if args.checkpoint else [])
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NCCL_NVLS_ENABLE="0",
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    base = {"workload": _workload(args), "system": system, "mode": mode, "config": config}
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return dict(base, error=f"timed out after {timeout:.0f} s")
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-6:]
+        return dict(base, error=f"rc {p.returncode}: " + " | ".join(tail))
+    return json.loads(lines[-1])
+
+
+def _summaries(results: list, systems: list, modes: list, parallel: str) -> list:
+    out = []
+    get = {(r["system"], r["mode"], r["config"]): r for r in results if "error" not in r}
+    for system in systems:
+        for mode in modes:
+            ref, single, ddp = (get.get((system, mode, c)) for c in ("ref", "single", "ddp"))
+            row = {"summary": f"{parallel}-vs-one-process", "system": system, "mode": mode}
+            resume = get.get((system, mode, "resume"))
+            if resume and ddp:
+                row["max_rel_loss_diff_after_resume"] = max(abs(a - b) / max(abs(b), 1e-12) for a, b in
+                                                            zip(resume["losses"], ddp["losses"][-RESUME_STEPS:]))
+            if ref and ddp:
+                row["max_rel_loss_diff"] = max(abs(a - b) / max(abs(b), 1e-12)
+                                               for a, b in zip(ddp["losses"], ref["losses"]))
+            if single and ddp:
+                row["scaling_efficiency"] = single["ms_per_step"] / ddp["ms_per_step"]
+            out.append(row)
+    for mode in modes:
+        f, t = get.get(("flambeau", mode, "ddp")), get.get(("torch", mode, "ddp"))
+        if f and t and "ms_per_step" in f and "ms_per_step" in t:
+            out.append({"summary": "flambeau-vs-torch", "mode": mode, "parallel": parallel,
+                        "ms": [f["ms_per_step"], t["ms_per_step"]], "ratio": f["ms_per_step"] / t["ms_per_step"]})
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--systems", default="flambeau,torch")
+    p.add_argument("--modes", default="eager,compiled")
+    p.add_argument("--configs", default="ref,single,ddp")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--small", action="store_true")
+    p.add_argument("--parallel", choices=("ddp", "fsdp2"), default="ddp")
+    p.add_argument("--checkpoint", default="", help="save after the N-process run, resume in 1 process (DIR)")
+    p.add_argument("--budget-s", type=float, default=1e9, help="skip configurations once this much time is spent")
+    p.add_argument("--timeout-s", type=float, default=600)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="eager", help=argparse.SUPPRESS)
+    p.add_argument("--config", default="ddp", help=argparse.SUPPRESS)
+    p.add_argument("--batch-factor", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--global-batch", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    systems, modes = args.systems.split(","), args.modes.split(",")
+    configs = ["ddp", "resume"] if args.checkpoint else args.configs.split(",")
+    start, results = time.monotonic(), []
+    for mode in modes:
+        for system in systems:
+            for config in configs:
+                left = args.budget_s - (time.monotonic() - start)
+                if left <= 0:
+                    r = {"system": system, "mode": mode, "config": config, "error": "skipped: time budget spent"}
+                else:
+                    r = _launch(system, mode, config, args, min(args.timeout_s, left))
+                results.append(r)
+                print(json.dumps(r), flush=True)
+    for row in _summaries(results, systems, modes, args.parallel):
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
