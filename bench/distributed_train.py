@@ -210,7 +210,7 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--systems", default="flambeau,torch")
     p.add_argument("--modes", default="eager,compiled")
-    p.add_argument("--configs", default="ref,single,ddp")
+    p.add_argument("--configs", default="ddp,single,ref", help="run in this order (each for every system)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--small", action="store_true")
@@ -231,8 +231,8 @@ def main() -> None:
     configs = ["ddp", "resume"] if args.checkpoint else args.configs.split(",")
     start, results = time.monotonic(), []
     for mode in modes:
-        for system in systems:
-            for config in configs:
+        for config in configs:
+            for system in systems:
                 left = args.budget_s - (time.monotonic() - start)
                 if left <= 0:
                     r = {"system": system, "mode": mode, "config": config, "error": "skipped: time budget spent"}
