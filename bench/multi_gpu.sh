@@ -10,7 +10,9 @@
 #       when flambeau has flambeau.distributed.checkpoint
 #
 #   bench/multi_gpu.sh [OUT_DIR]        env: DEVICE=cuda|cpu (cpu: the MPI engine and a small GPT, to check
-#                                       this script's logic without GPUs), NPROC (2), TRAIN_BUDGET_S (part c)
+#                                       this script's logic without GPUs), NPROC (2), TOTAL_S (seconds for the
+#                                       whole run: parts c-e take what a-b leave, configurations past it are
+#                                       skipped and say so), SELECT (pytest -k of part a)
 # Logs and JSON lines go to OUT_DIR (default /tmp/multi_gpu); the exit status is 1 if any part failed.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -19,18 +21,19 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${1:-/tmp/multi_gpu}
 DEVICE=${DEVICE:-cuda}
 NPROC=${NPROC:-2}
-TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-240}
+TOTAL_S=${TOTAL_S:-3600}
 mkdir -p "$OUT"
 status=0
+left() { echo $((TOTAL_S - SECONDS)); }
 
 part() { echo; echo "=== ($1) $2  [$(date -u +%H:%M:%S)]"; }
 has() { python3 -c "import importlib, sys; m = importlib.import_module('$1'); sys.exit(0 if hasattr(m, '$2') else 1)" \
         2>/dev/null; }
 
 if [ "$DEVICE" = cuda ]; then
-    SELECT="nccl"; SIZE=(); MODES=eager,compiled; BW_ARGS=()
+    SELECT=${SELECT:-nccl}; SIZE=(); MODES=eager,compiled; BW_ARGS=()
 else
-    SELECT="world2 or gloo"; SIZE=(--small --steps 3 --warmup 1); MODES=eager; BW_ARGS=(--sizes 1M,16M --min-time 0.2)
+    SELECT=${SELECT:-world2 or gloo}; SIZE=(--small --steps 3 --warmup 1); MODES=eager; BW_ARGS=(--sizes 1M,16M --min-time 0.2)
 fi
 
 part a "collectives at world size $NPROC vs references"
@@ -42,22 +45,23 @@ python3 bench/distributed.py --device "$DEVICE" --nproc "$NPROC" "${BW_ARGS[@]}"
     || status=1
 
 part c "GPT-2 DDP on $NPROC vs 1, flambeau vs PyTorch"
-python3 bench/distributed_train.py --device "$DEVICE" --nproc "$NPROC" --budget-s "$TRAIN_BUDGET_S" --modes "$MODES" \
+python3 bench/distributed_train.py --device "$DEVICE" --nproc "$NPROC" --budget-s "$(left)" --modes "$MODES" \
     "${SIZE[@]}" 2>&1 | tee "$OUT/c_ddp.jsonl" || status=1
 grep -q '"error"' "$OUT/c_ddp.jsonl" && echo "(c) some configurations failed or were skipped (see error fields)"
 
 part d "FSDP2"
 if has flambeau.distributed.fsdp fully_shard; then
     python3 bench/distributed_train.py --device "$DEVICE" --nproc "$NPROC" --parallel fsdp2 --modes eager \
-        --budget-s "$TRAIN_BUDGET_S" "${SIZE[@]}" 2>&1 | tee "$OUT/d_fsdp2.jsonl" || status=1
+        --budget-s "$(left)" "${SIZE[@]}" 2>&1 | tee "$OUT/d_fsdp2.jsonl" || status=1
 else
     echo "(d) skipped: flambeau.distributed.fsdp.fully_shard does not exist on this checkout"
 fi
 
 part e "distributed checkpoint: saved by $NPROC ranks, loaded by 1"
 if has flambeau.distributed.checkpoint save; then
-    python3 bench/distributed_train.py --device "$DEVICE" --nproc "$NPROC" --parallel fsdp2 --checkpoint "$OUT/dcp" \
-        --systems flambeau --modes eager "${SIZE[@]}" 2>&1 | tee "$OUT/e_dcp.jsonl" || status=1
+    PARALLEL=ddp; has flambeau.distributed.fsdp fully_shard && PARALLEL=fsdp2
+    python3 bench/distributed_train.py --device "$DEVICE" --nproc "$NPROC" --parallel $PARALLEL --checkpoint "$OUT/dcp" \
+        --systems flambeau --modes eager --budget-s "$(left)" "${SIZE[@]}" 2>&1 | tee "$OUT/e_dcp.jsonl" || status=1
 else
     echo "(e) skipped: flambeau.distributed.checkpoint.save does not exist on this checkout"
 fi
