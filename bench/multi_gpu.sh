@@ -12,7 +12,7 @@
 #   bench/multi_gpu.sh [OUT_DIR]        env: DEVICE=cuda|cpu (cpu: the MPI engine and a small GPT, to check
 #                                       this script's logic without GPUs), NPROC (2), TOTAL_S (seconds for the
 #                                       whole run: parts c-e take what a-b leave, configurations past it are
-#                                       skipped and say so), SELECT (pytest -k of part a)
+#                                       skipped and say so), SELECT (pytest -k of part a), CKPT_DIR (part e)
 # Logs and JSON lines go to OUT_DIR (default /tmp/multi_gpu); the exit status is 1 if any part failed.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +22,7 @@ OUT=${1:-/tmp/multi_gpu}
 DEVICE=${DEVICE:-cuda}
 NPROC=${NPROC:-2}
 TOTAL_S=${TOTAL_S:-3600}
+CKPT_DIR=${CKPT_DIR:-/tmp/multi_gpu_dcp}     # part e's checkpoint (GBs for GPT-2: kept out of OUT_DIR)
 mkdir -p "$OUT"
 status=0
 left() { echo $((TOTAL_S - SECONDS)); }
@@ -60,7 +61,7 @@ fi
 part e "distributed checkpoint: saved by $NPROC ranks, loaded by 1"
 if has flambeau.distributed.checkpoint save; then
     PARALLEL=ddp; has flambeau.distributed.fsdp fully_shard && PARALLEL=fsdp2
-    python3 bench/distributed_train.py --device "$DEVICE" --nproc "$NPROC" --parallel $PARALLEL --checkpoint "$OUT/dcp" \
+    python3 bench/distributed_train.py --device "$DEVICE" --nproc "$NPROC" --parallel $PARALLEL --checkpoint "$CKPT_DIR" \
         --systems flambeau --modes eager --budget-s "$(left)" "${SIZE[@]}" 2>&1 | tee "$OUT/e_dcp.jsonl" || status=1
 else
     echo "(e) skipped: flambeau.distributed.checkpoint.save does not exist on this checkout"
