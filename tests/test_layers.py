@@ -47,7 +47,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("functorch", ("flambeau._functorch", "flambeau._higher_order_ops")),
     ("inductor", ("flambeau._inductor",)),
     ("dynamo", ("flambeau._dynamo",)),
-    ("compiler", ("flambeau.compiler",)),
+    ("compiler", ("flambeau.compiler",        # functional collectives: custom operators for compiled code
+                  "flambeau.distributed._functional_collectives", "flambeau.distributed.nn")),
     ("quantization", ("flambeau.ao",)),     # observers, dynamic modules, the PT2E flow (traces with make_fx)
     ("export", ("flambeau.export", "flambeau.onnx")),
     ("entry", ("flambeau", "flambeau.compat", "flambeau.run", "flambeau.demo",
@@ -69,8 +70,9 @@ PUBLIC_NAMESPACE_USERS: dict[str, str] = {
 # runtime, `compile_fx._triton_runtime`, imports Triton, optional and ~1 s to import; 83: the CPU
 # collective engine, `distributed_c10d._mpi`, imports mpi4py, optional, and importing it starts MPI,
 # which must happen only in init_process_group, never at `import flambeau`; 82: the repro script's two
-# AOT autograd imports moved up, flambeau.export loads it at import; onnx, optional, added).
-MAX_DEFERRED = 82
+# AOT autograd imports moved up, flambeau.export loads it at import; onnx, optional, added; 83: the cuda
+# collective engine, `_nccl_backend.nccl_library`, imports CuPy's NCCL module, optional, only where NCCL runs).
+MAX_DEFERRED = 83
 
 # The largest strongly connected component of the module-level import graph (imports executed at
 # import time: function bodies and `if TYPE_CHECKING:` blocks left out). May only shrink. The one

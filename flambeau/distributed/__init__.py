@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from ._nccl_backend import is_available as _nccl_is_available
 from .collectives import *  # noqa: F401,F403
 from .collectives import __all__ as _collectives_all
 from .distributed_c10d import *  # noqa: F401,F403
@@ -47,8 +48,7 @@ def is_mpi_available() -> bool:
 
 def is_nccl_available() -> bool:
     """Whether backend "nccl" can run here: CuPy with its NCCL bindings and libnccl."""
-    from ._nccl_backend import is_available  # deferred: asks CuPy, which only cuda machines have
-    return is_available()
+    return _nccl_is_available()
 
 
 def is_torchelastic_launched() -> bool:

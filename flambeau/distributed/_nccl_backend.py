@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import pickle
 
+from .. import _backends
 from .store import DistBackendError
 
 # ncclDataType_t and ncclRedOp_t (nccl.h); passed to CuPy as plain integers
@@ -38,9 +39,8 @@ _BOOL_OPS = {"SUM": NCCL_MAX, "MAX": NCCL_MAX, "PRODUCT": NCCL_MIN, "MIN": NCCL_
 
 
 def _cupy():
-    """CuPy (the one seam to it: tests on machines without a GPU replace this function)."""
-    import cupy  # deferred: optional dependency, present only where cuda is used
-    return cupy
+    """CuPy, the cuda backend's namespace (the one seam to it: tests without a GPU replace this function)."""
+    return _backends.get("cuda").xp
 
 
 def nccl_library():

@@ -19,10 +19,11 @@ import time
 
 import numpy as np
 
-from .. import _state
+from .. import _backends, _state
 from .._ops.creation import from_numpy
 from .._tensor import Tensor
 from ..futures import Future
+from ._nccl_backend import make_nccl_backend
 from .rendezvous import rendezvous
 from .store import DistBackendError, PrefixStore, Store, default_pg_timeout
 
@@ -79,11 +80,6 @@ def _mpi_factory(name):
     return make_mpi_backend
 
 
-def _nccl_factory(store, rank: int, world_size: int, timeout):
-    from ._nccl_backend import make_nccl_backend  # deferred: needs CuPy only when a cuda collective runs
-    return make_nccl_backend(store, rank, world_size, timeout)
-
-
 class Backend(str):
     """Backend names as PyTorch spells them (`Backend("GLOO") == "gloo"`), and their registry."""
     UNDEFINED = "undefined"
@@ -92,7 +88,7 @@ class Backend(str):
     MPI = "mpi"
     UCC = "ucc"
     XCCL = "xccl"
-    _factories: dict = {"gloo": _mpi_factory("gloo"), "mpi": _mpi_factory("mpi"), "nccl": _nccl_factory}
+    _factories: dict = {"gloo": _mpi_factory("gloo"), "mpi": _mpi_factory("mpi"), "nccl": make_nccl_backend}
 
     def __new__(cls, name: str):
         if not isinstance(name, str):
@@ -343,10 +339,7 @@ def _buf(engine, t):
 
 def _xp(arr):
     """The array namespace of `arr` (NumPy, or CuPy for an NCCL buffer)."""
-    if isinstance(arr, np.ndarray):
-        return np
-    from .. import _backends  # deferred: the cuda namespace is loaded only where cuda runs
-    return _backends.get("cuda").xp
+    return np if isinstance(arr, np.ndarray) else _backends.get("cuda").xp
 
 
 def _write_back(t, arr) -> None:

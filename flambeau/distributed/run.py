@@ -23,6 +23,8 @@ import tempfile
 import time
 import uuid
 
+from .._backends import cuda_device_count
+
 MONITOR_INTERVAL_S = 0.1      # how often the launcher looks for a failed worker
 FAILURE_GRACE_S = 2.0         # after a failure, how long the group has to stop by itself
 STOP_GRACE_S = 5.0            # after SIGTERM, how long before SIGKILL
@@ -69,7 +71,6 @@ def _nproc(value: str) -> int:
     if value in ("auto", "cpu"):
         return os.cpu_count() or 1
     if value == "gpu":
-        from .._backends import cuda_device_count  # deferred: asks CuPy only for this spelling
         return cuda_device_count()
     return int(value)
 
