@@ -4,6 +4,7 @@
     python bench/cuda_host_profile.py add|resnet|gpt  # a loop to run under a sampling profiler
     python bench/cuda_host_profile.py summary FILE    # top frames (self and inclusive) of collapsed stacks
     python bench/cuda_host_profile.py ops             # cProfile of single small ops: where each one's host time goes
+    python bench/cuda_host_profile.py steps mlp,resnet  # cProfile of training steps: top functions, us per step
 
 `micro` prints one JSON line per piece: CuPy's own launch paths (ufunc, ElementwiseKernel, RawKernel
 with a preallocated output), the allocation, flambeau's binary kernel, the Tensor wrapper and the
@@ -183,6 +184,65 @@ def train_loop(name: str) -> None:
     print(json.dumps({"loop": name, "ms_per_step": round((time.perf_counter() - t0) * 1e3 / TRAIN_STEPS, 2)}))
 
 
+PROFILED_STEPS = 5
+STEP_ROWS = 40
+
+
+def steps_profile(names: str) -> None:
+    """For each workload of bench/gpu_train.py, cProfile over PROFILED_STEPS flambeau training steps
+    (after warm-up): the unprofiled step time, how many operator calls reach the backend per step,
+    and the top functions by own and by inclusive time, in us per step."""
+    import cProfile
+    import pstats
+    import flambeau
+    from flambeau import _dispatch
+    from bench import gpu_models, gpu_train
+    for name in names.split(","):
+        spec = gpu_train.WORKLOADS[name]
+        rng = np.random.default_rng(0)
+        model = spec["build"](flambeau).to("cuda")
+        xs, ys = spec["batch"](rng)
+        x, y = flambeau.tensor(xs, device="cuda"), flambeau.tensor(ys, device="cuda")
+        opt = flambeau.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+
+        def step():
+            gpu_models.train_step(flambeau, model, opt, x, y, flambeau.bfloat16)
+        for _ in range(3):
+            step()
+        flambeau.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(TRAIN_STEPS):
+            step()
+        flambeau.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 1e3 / TRAIN_STEPS
+        calls = [0]
+        real = _dispatch.call_functional
+
+        def counting(op, args, kwargs, record=True):
+            calls[0] += 1
+            return real(op, args, kwargs, record)
+        _dispatch.call_functional = counting
+        try:
+            step()
+        finally:
+            _dispatch.call_functional = real
+        flambeau.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(PROFILED_STEPS):
+            step()
+        flambeau.cuda.synchronize()
+        prof.disable()
+        print(f"== {name}: {ms:.2f} ms per step (unprofiled), {calls[0]} operator calls per step", flush=True)
+        st = pstats.Stats(prof)
+        for title, col in (("own", 2), ("inclusive", 3)):
+            print(f"-- top by {title} time, us per step", flush=True)
+            rows = sorted(st.stats.items(), key=lambda kv: -kv[1][col])[:STEP_ROWS]
+            for (file, line, fname), (cc, nc, tt, ct, _) in rows:
+                print(f"  {tt / PROFILED_STEPS * 1e6:9.1f} own {ct / PROFILED_STEPS * 1e6:9.1f} incl "
+                      f"{nc / PROFILED_STEPS:7.1f}x  {os.path.basename(file)}:{line}({fname})", flush=True)
+
+
 def _frame_name(frame: str) -> str:
     return frame.strip()
 
@@ -222,6 +282,8 @@ if __name__ == "__main__":
         train_loop(what)
     elif what == "ops":
         ops_profile()
+    elif what == "steps":
+        steps_profile(sys.argv[2] if len(sys.argv) > 2 else "mlp,resnet")
     elif what == "summary":
         summary(sys.argv[2])
     else:

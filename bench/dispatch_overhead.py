@@ -10,7 +10,11 @@ Compare two checkouts by running this same script against each:
 
     PYTHONPATH=/path/to/tree python bench/dispatch_overhead.py [--instructions] [--ops add,relu]
 
-PyTorch is not the peer here: the figure of interest is flambeau before vs after a change.
+The training-step workloads (`mlp_step`, `mlp_step_amp`, `conv_step`: a whole step of a tiny model,
+forward, backward and AdamW, so the kernels cost little and the host path is what is timed) also
+print `ops_per_step` (operator calls reaching the backend: flambeau's `call_functional`, PyTorch's
+ATen ops under a dispatch mode) and `us_per_op` = step time / ops; `--peer torch` adds PyTorch's line
+for the same workloads (`python bench/dispatch_overhead.py --peer torch --ops mlp_step,conv_step`).
 """
 from __future__ import annotations
 
@@ -23,11 +27,19 @@ import sys
 import tempfile
 import timeit
 
+import contextlib
+
 import numpy as np
 
 SECONDS_PER_RUN = 0.05       # length of one timeit run
 CALLS_COUNTED = 1000         # calls per op under callgrind
 WARMUP_CALLS = 200           # lets CPython specialise the bytecode before counting
+STEP_WIDTH = 16              # features of the tiny MLP of the step workloads
+STEP_BATCH = 4
+STEP_CHANNELS = 4            # channels, image side and batch of the conv-bn-relu step
+STEP_SIDE = 4
+STEP_IMAGES = 2
+STEP_WORKLOADS = ("mlp_step", "mlp_step_amp", "conv_step")
 
 _HELPER_C = r"""
 #include <valgrind/callgrind.h>
@@ -53,7 +65,7 @@ def workloads(m) -> dict:
         loss.backward()
 
     an, bn = a.numpy(), b.numpy()
-    return {
+    return {**_steps(m),
         "numpy_add": lambda: np.add(an, bn),      # the floor: the kernel alone, no dispatch
         "add": lambda: a + b,
         "mul": lambda: a * b,
@@ -62,8 +74,93 @@ def workloads(m) -> dict:
         "view": lambda: a.view(64),
         "transpose": lambda: a.t(),
         "slice": lambda: a[1:3],
+        "reshape": lambda: a.reshape(-1),
+        "sum_dim": lambda: a.sum(0),
+        "to_bf16": lambda: a.to(m.bfloat16),
+        "add_grad": lambda: a + b1[:8],                # records an autograd node
+        "linear_grad": lambda: F.linear(x, w1, b1),    # records an autograd node
         "mlp_fwd_bwd": mlp_step,
     }
+
+
+def _steps(m) -> dict:
+    """The training-step workloads: bench/gpu_models.py's MLP and a conv-BN-ReLU residual block,
+    shrunk so that the host path is the cost; AdamW; `mlp_step_amp` under cpu bf16 autocast."""
+    nn, F = m.nn, m.nn.functional
+    m.manual_seed(0)
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(STEP_WIDTH, STEP_WIDTH) for _ in range(4)])
+
+        def forward(self, x, targets):
+            for i, layer in enumerate(self.layers):
+                x = layer(x)
+                if i < len(self.layers) - 1:
+                    x = F.relu(x)
+            return F.cross_entropy(x, targets)
+
+    class ConvBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            c = STEP_CHANNELS
+            self.conv1, self.bn1 = nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c)
+            self.conv2, self.bn2 = nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c)
+            self.fc = nn.Linear(c, c)
+
+        def forward(self, x, targets):
+            out = F.relu(self.bn1(self.conv1(x)))
+            out = F.relu(self.bn2(self.conv2(out)) + x)
+            return F.cross_entropy(self.fc(m.flatten(F.adaptive_avg_pool2d(out, 1), 1)), targets)
+
+    def make_step(model, x, y, amp):
+        opt = m.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+
+        def step():
+            ctx = m.autocast(device_type="cpu", dtype=m.bfloat16) if amp else contextlib.nullcontext()
+            with ctx:
+                loss = model(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    mx, my = m.randn(STEP_BATCH, STEP_WIDTH), m.randint(0, STEP_WIDTH, (STEP_BATCH,))
+    cx = m.randn(STEP_IMAGES, STEP_CHANNELS, STEP_SIDE, STEP_SIDE)
+    cy = m.randint(0, STEP_CHANNELS, (STEP_IMAGES,))
+    return {"mlp_step": make_step(MLP(), mx, my, False), "mlp_step_amp": make_step(MLP(), mx, my, True),
+            "conv_step": make_step(ConvBlock(), cx, cy, False)}
+
+
+def ops_per_call(m, fn) -> int:
+    """Operator calls that reach the backend during one call of `fn` (after a warm-up call)."""
+    fn()
+    if m.__name__ == "torch":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Count(TorchDispatchMode):
+            n = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                Count.n += 1
+                return func(*args, **(kwargs or {}))
+        with Count():
+            fn()
+        return Count.n
+    from flambeau import _dispatch
+    calls = [0]
+    real = _dispatch.call_functional
+
+    def counting(op, args, kwargs, record=True):
+        calls[0] += 1
+        return real(op, args, kwargs, record)
+    _dispatch.call_functional = counting
+    try:
+        fn()
+    finally:
+        _dispatch.call_functional = real
+    return calls[0]
 
 
 def _time(fn, repeats: int) -> float:
@@ -129,6 +226,7 @@ def main() -> None:
     p.add_argument("--instructions", action="store_true", help="also count instructions with callgrind")
     p.add_argument("--keep", help="folder for the callgrind files of --instructions")
     p.add_argument("--no-time", action="store_true", help="skip the wall-time figure")
+    p.add_argument("--peer", choices=["torch"], help="also time PyTorch on the step workloads")
     p.add_argument("--in-callgrind", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     import flambeau
@@ -138,13 +236,26 @@ def main() -> None:
         _count_in_callgrind(names, ops)
         return
     counts = _count(names, args.keep) if args.instructions else {}
+    peer = None
+    if args.peer:
+        import torch
+        peer = _steps(torch)
     for name in names:
         row = {"workload": name, "system": "flambeau-eager", "tree": os.path.dirname(flambeau.__path__[0])}
         if not args.no_time:
             row["us_per_call"] = round(_time(ops[name], args.repeats), 3)
         if name in counts:
             row["instr_per_call"] = round(counts[name])
+        if name in STEP_WORKLOADS:
+            row["ops_per_step"] = ops_per_call(flambeau, ops[name])
+            if "us_per_call" in row:
+                row["us_per_op"] = round(row["us_per_call"] / row["ops_per_step"], 2)
         print(json.dumps(row), flush=True)
+        if peer is not None and name in STEP_WORKLOADS:
+            row = {"workload": name, "system": "torch-eager", "us_per_call": round(_time(peer[name], args.repeats), 3),
+                   "ops_per_step": ops_per_call(torch, peer[name])}
+            row["us_per_op"] = round(row["us_per_call"] / row["ops_per_step"], 2)
+            print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

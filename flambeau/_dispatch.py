@@ -61,9 +61,9 @@ def register_autocast(cast_inputs, call_composite) -> None:
 def dispatch(op, args, kwargs):
     """Run `op` on `args`/`kwargs` through the layers above. The hot callers (Tensor methods and
     operators, `Op.__call__`) skip this frame for a functional op called without keyword arguments
-    while no autocast region or mode is active, and call `call_functional` directly: keep the
-    conditions there in step with the branches here."""
-    if _state.autocast:
+    while no mode is active and no autocast region casts its inputs (`op.autocast_tagged`), and call
+    `call_functional` directly: keep the conditions there in step with the branches here."""
+    if _state.autocast and op.autocast_tagged:
         args, kwargs = _cast_inputs(op, args, kwargs)
     if _state.modes:
         return _to_mode(op, args, kwargs)
@@ -382,12 +382,12 @@ def _nondiff(op):
     return Tag.nondifferentiable in op.tags
 
 
-_device_arrays: set = set()   # array types of the accelerator backends seen by `_wrap` (cupy.ndarray)
+device_array_types: set = set()   # array types of the accelerator backends seen by `_wrap` (cupy.ndarray)
 
 
 def _wrap(r, dev):
     t = type(r)
-    if t is _ndarray or t in _device_arrays:
+    if t is _ndarray or t in device_array_types:
         return Tensor._make(r, dev)
     if t is tuple or t is list:
         return t(_wrap(x, dev) for x in r)
@@ -397,7 +397,7 @@ def _wrap(r, dev):
         return r
     if hasattr(r, "__cuda_array_interface__") or type(r).__name__ == "ndarray":
         if t.__name__ == "ndarray":
-            _device_arrays.add(t)
+            device_array_types.add(t)
         return Tensor._make(r, dev)
     return r
 

@@ -72,7 +72,7 @@ def _binary_dunder(opname):
         if not isinstance(other, (Tensor, int, float, complex, bool)) and not hasattr(other, "dtype"):
             return NotImplemented
         if _registry._fx_hook is None and type(f) is Op:
-            if _state.modes or _state.autocast:
+            if _state.modes or (_state.autocast and f.autocast_tagged):
                 return _dispatch.dispatch(f, (self, other), {})     # what f(self, other) does, see _method
             return _dispatch.call_functional(f, (self, other), {})
         return f(self, other)
@@ -102,12 +102,13 @@ def install() -> None:
 def _method(fn):
     if isinstance(fn, Op):
         inplace = fn.is_inplace
+        autocast_tagged = fn.autocast_tagged
 
         def m(self, *args, **kwargs):
             # Op.__call__'s route without its cost: calling an Op object goes through the `__call__`
             # slot and repacks the arguments (~1000 instructions on CPython 3.11)
             if _registry._fx_hook is None:
-                if kwargs or inplace or _state.modes or _state.autocast:
+                if kwargs or inplace or _state.modes or (_state.autocast and autocast_tagged):
                     return _dispatch.dispatch(fn, (self, *args), kwargs)
                 return _dispatch.call_functional(fn, (self, *args), kwargs)
             return fn(self, *args, **kwargs)

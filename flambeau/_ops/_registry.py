@@ -91,6 +91,8 @@ class TensorSpec:
 
 
 _SCHEMA_TAGS = frozenset({Tag.view, Tag.inplace})
+# every autocast policy tag (`flambeau.amp.autocast_mode` reads which one applies on which device)
+_AUTOCAST_POLICY_TAGS = frozenset(t for t in Tag if t.name.startswith(("autocast_", "cpu_autocast_")))
 
 
 def _tags(op_name: str, tags, schema) -> frozenset:
@@ -136,6 +138,9 @@ class Op:
         self.is_inplace = Tag.inplace in self._tags
         self.nondeterministic = Tag.nondeterministic_seeded in self._tags
         self.optional_output_grads = Tag.optional_output_grads in self._tags
+        # autocast casts this op's inputs on some device: without such a tag, an autocast region
+        # leaves its calls alone, and the hot callers skip the autocast layer (`_dispatch.dispatch`)
+        self.autocast_tagged = not self._tags.isdisjoint(_AUTOCAST_POLICY_TAGS)
         # NumPy's FP errors are silenced around the kernel unless it computes nothing that can raise one
         self.quiet_fp_errors = not (self.is_view or Tag.no_fp_errors in self._tags)
         self.pointwise = pointwise
@@ -204,7 +209,7 @@ class Op:
             r = _fx_hook(self, args, kwargs)
             if r is not NotImplemented:
                 return r
-        elif not (kwargs or self.is_inplace or _state.modes or _state.autocast):
+        elif not (kwargs or self.is_inplace or _state.modes or (_state.autocast and self.autocast_tagged)):
             return _dispatch.call_functional(self, args, kwargs)
         return _dispatch.dispatch(self, args, kwargs)
 

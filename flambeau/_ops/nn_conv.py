@@ -35,8 +35,12 @@ from . import _batching
 
 
 def ntuple(v, n: int, name: str) -> tuple:
-    if type(v) is tuple and len(v) == n and all(type(x) is int for x in v):
-        return v
+    if type(v) is tuple and len(v) == n:
+        for x in v:                    # a loop, not all(<genexpr>): this runs several times per convolution
+            if type(x) is not int:
+                break
+        else:
+            return v
     if isinstance(v, (list, tuple)):
         if len(v) == 1 and n != 1:
             return (int(v[0]),) * n

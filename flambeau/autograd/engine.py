@@ -131,17 +131,25 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                 outs = _apply(node, grads)
                 if not retain_graph:
                     node.release()
+            in_meta = node._in_meta
+            n_meta = len(in_meta)
             for i, ((nx, nr), g) in enumerate(zip(node.next_functions, outs)):
                 if nx is None:
                     continue
                 if g is not None:
-                    meta = node._in_meta[i] if i < len(node._in_meta) else None
-                    if meta is not None:
+                    meta = in_meta[i] if i < n_meta else None
+                    # the common case, a gradient already of the input's shape, dtype and device, skips the call
+                    if meta is not None and (g._data.shape != meta[0] or g._dtype is not meta[1]
+                                             or g._device is not meta[2]):
                         g = _reduce_to(g, meta[0], meta[1], meta[2], node, i)
-                    b = buffers.setdefault(nx, {})
-                    b[nr] = g if b.get(nr) is None else b[nr] + g
-                deps[nx] -= 1
-                if deps[nx] == 0:
+                    b = buffers.get(nx)
+                    if b is None:
+                        buffers[nx] = {nr: g}
+                    else:
+                        b[nr] = g if b.get(nr) is None else b[nr] + g
+                left = deps[nx] - 1
+                deps[nx] = left
+                if left == 0:
                     heapq.heappush(ready, (-nx._sequence_nr, id(nx), nx))
     finally:
         _state.grad_enabled = prev

@@ -51,19 +51,29 @@ class RemovableHandle:
 
 
 class Node:
-    """A backward function. `apply(grads_wrt_outputs) -> grads_wrt_inputs` (one per next edge)."""
+    """A backward function. `apply(grads_wrt_outputs) -> grads_wrt_inputs` (one per next edge).
+
+    One is made per recorded op, so a node stores only its sequence number and edges; its hooks and
+    `metadata` are class-level empties until first registered or read."""
+    _tensor_hooks = None          # {output_nr: [(id, fn)]}, tensor.register_hook
+    _retain_hooks = None          # {output_nr: weakref(tensor)}
+    _pre_hooks = ()               # [(id, fn)], node.register_prehook
+    _post_hooks = ()              # [(id, fn)], node.register_hook
 
     def __init__(self, next_functions=(), in_meta=()):
         self._sequence_nr = next(_seq)
         self.next_functions = tuple(next_functions)
         self._in_meta = tuple(in_meta)     # (shape, dtype, device) of each forward input, per edge
-        self._tensor_hooks = None          # {output_nr: [(id, fn)]}, tensor.register_hook
-        self._retain_hooks = None          # {output_nr: weakref(tensor)}
-        self._pre_hooks = []               # node.register_prehook
-        self._post_hooks = []              # node.register_hook
-        self.metadata = {}
         if _state.anomaly:
             self.metadata["traceback_"] = traceback.format_stack()[:-3]
+
+    @property
+    def metadata(self) -> dict:
+        """A dict for the user's annotations (and anomaly mode's forward traceback)."""
+        d = self.__dict__.get("_metadata")
+        if d is None:
+            d = self.__dict__["_metadata"] = {}
+        return d
 
     def name(self) -> str:
         return type(self).__name__
@@ -78,11 +88,15 @@ class Node:
         return self.apply(list(grads))
 
     def register_hook(self, fn):
+        if "_post_hooks" not in self.__dict__:
+            self._post_hooks = []
         h = RemovableHandle(self._post_hooks)
         self._post_hooks.append((h.id, fn))
         return h
 
     def register_prehook(self, fn):
+        if "_pre_hooks" not in self.__dict__:
+            self._pre_hooks = []
         h = RemovableHandle(self._pre_hooks)
         self._pre_hooks.append((h.id, fn))
         return h
@@ -280,7 +294,12 @@ class OpNode(Node):
     """The backward of one dispatched op: calls the op's derivative with what it saved."""
 
     def __init__(self, op, saved, next_functions, in_meta, out_meta, tensor_layout):
-        super().__init__(next_functions, in_meta)
+        # Node.__init__ inlined (one is made per recorded op)
+        self._sequence_nr = next(_seq)
+        self.next_functions = tuple(next_functions)
+        self._in_meta = tuple(in_meta)
+        if _state.anomaly:
+            self.metadata["traceback_"] = traceback.format_stack()[:-2]
         self._op = op
         self._saved = saved
         self._out_meta = out_meta          # (shape, dtype, device) per output, for zero grads
@@ -375,16 +394,56 @@ def result_index(name: str):
     return None
 
 
+# What `record` saves for each derivative parameter (`_RecordPlan.saved`): kinds of entries
+_SAVE_ARG, _SAVE_RESULT, _SAVE_RESULT_K, _SAVE_GEOMETRY, _SAVE_META = range(5)
+
+
+class _RecordPlan:
+    """What `record` derives from an op's schema and derivative signature, computed once per op (on
+    its first recorded call, again if `saved_names` is replaced): the node's name, and for each
+    derivative parameter what to save and from which bound argument."""
+    __slots__ = ("saved_names", "node_name", "nargs", "saved", "result_needed_idx")
+
+    def __init__(self, op):
+        names = [a.name for a in op._schema.args]
+        self.saved_names = op.saved_names
+        self.node_name = _camel(op._schema.name) + "Backward0"
+        self.nargs = len(names)
+        self.result_needed_idx = tuple(names.index(a) for a in op.result_needed_for)
+        saved = []
+        for n in op.saved_names:
+            k = result_index(n)
+            if n == "result":
+                saved.append((n, _SAVE_RESULT, 0))
+            elif k is not None:            # one output alone (`result1`): the others are not kept alive
+                saved.append((n, _SAVE_RESULT_K, k))
+            elif n.endswith("_geometry") and n not in names:
+                saved.append((n, _SAVE_GEOMETRY, names.index(n[:-9])))
+            elif n.endswith("_meta") and n not in names:
+                saved.append((n, _SAVE_META, names.index(n[:-5])))
+            else:
+                saved.append((n, _SAVE_ARG, names.index(n)))
+        self.saved = tuple(saved)
+
+
+def _plan(op) -> _RecordPlan:
+    plan = op.__dict__.get("_record_plan")
+    if plan is None or plan.saved_names is not op.saved_names:
+        plan = op._record_plan = _RecordPlan(op)
+    return plan
+
+
 def record(op, args, kwargs, out, node_cls=None):
     """Attach a backward node for `op(*args, **kwargs) -> out` to the outputs."""
-    bound = op.bind(*args, **(kwargs or {}))
-    sargs = op._schema.args
+    plan = _plan(op)
+    # all arguments given positionally: they are the bound arguments (the binder only fills defaults)
+    bound = args if not kwargs and len(args) == plan.nargs else op.bind(*args, **(kwargs or {}))
     next_fns, in_meta, layout = [], [], []
     for i in op.tensor_args:
         v = bound[i]
         if isinstance(v, Tensor):
             next_fns.append(_edge(v))
-            in_meta.append(_meta_of(v))
+            in_meta.append((v._data.shape, v._dtype, v._device))
             layout.append(None)
         elif isinstance(v, (list, tuple)):
             layout.append(len(v))
@@ -399,41 +458,38 @@ def record(op, args, kwargs, out, node_cls=None):
             next_fns.append((None, 0))
             in_meta.append(None)
             layout.append(None)
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    node_name = _camel(op._schema.name) + "Backward0"
+    single = isinstance(out, Tensor)
+    outs = (out,) if single else out
+    node_name = plan.node_name
     saved = {}
-    names = [a.name for a in sargs]
-    result_unused = bool(op.result_needed_for) and not any(
-        isinstance(bound[names.index(a)], Tensor) for a in op.result_needed_for)
-    for n in op.saved_names:
-        if n == "result" and result_unused:
-            saved[n] = None
-            continue
-        if n == "result":
-            saved[n] = (SavedTensor(out, True, node_name, 0) if isinstance(out, Tensor) else
-                        tuple(SavedTensor(o, True, node_name, k) if isinstance(o, Tensor) else o
-                              for k, o in enumerate(outs)))
-            continue
-        k = result_index(n)
-        if k is not None:              # one output alone (`result1`): the others are not kept alive
-            o = outs[k]
-            saved[n] = SavedTensor(o, True, node_name, k) if isinstance(o, Tensor) else o
-            continue
-        if n.endswith("_geometry") and n not in names:
-            saved[n] = TensorMeta.geometry(bound[names.index(n[:-9])])
-            continue
-        if n.endswith("_meta") and n not in names:
-            v = bound[names.index(n[:-5])]
+    for n, kind, i in plan.saved:
+        if kind == _SAVE_ARG:
+            v = bound[i]
+            if isinstance(v, Tensor):
+                v = SavedTensor(v, False, node_name)
+            elif isinstance(v, (list, tuple)) and v and any(isinstance(x, Tensor) for x in v):
+                v = [SavedTensor(x, False, node_name) if isinstance(x, Tensor) else x for x in v]
+            saved[n] = v
+        elif kind == _SAVE_RESULT:
+            if plan.result_needed_idx and not any(isinstance(bound[j], Tensor) for j in plan.result_needed_idx):
+                saved[n] = None
+            else:
+                saved[n] = (SavedTensor(out, True, node_name, 0) if single else
+                            tuple(SavedTensor(o, True, node_name, k) if isinstance(o, Tensor) else o
+                                  for k, o in enumerate(outs)))
+        elif kind == _SAVE_RESULT_K:
+            o = outs[i]
+            saved[n] = SavedTensor(o, True, node_name, i) if isinstance(o, Tensor) else o
+        elif kind == _SAVE_GEOMETRY:
+            saved[n] = TensorMeta.geometry(bound[i])
+        else:
+            v = bound[i]
             saved[n] = TensorMeta(v) if isinstance(v, Tensor) else \
                 [TensorMeta(x) if isinstance(x, Tensor) else None for x in v] if isinstance(v, (list, tuple)) else v
-            continue
-        v = bound[names.index(n)]
-        if isinstance(v, Tensor):
-            v = SavedTensor(v, False, node_name)
-        elif isinstance(v, (list, tuple)) and v and any(isinstance(x, Tensor) for x in v):
-            v = [SavedTensor(x, False, node_name) if isinstance(x, Tensor) else x for x in v]
-        saved[n] = v
-    out_meta = [_meta_of(o) if isinstance(o, Tensor) else None for o in outs]
+    if single:
+        out_meta = [(out._data.shape, out._dtype, out._device)]
+    else:
+        out_meta = [_meta_of(o) if isinstance(o, Tensor) else None for o in outs]
     node = (node_cls or OpNode)(op, saved, next_fns, in_meta, out_meta, layout)
     for k, o in enumerate(outs):
         if _differentiable(o):

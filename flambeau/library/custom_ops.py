@@ -50,7 +50,7 @@ def split_qualname(qualname: str) -> tuple[str, str]:
 
 
 def _is_array(a) -> bool:
-    return type(a) is np.ndarray or type(a) in _dispatch._device_arrays or hasattr(a, "__cuda_array_interface__")
+    return type(a) is np.ndarray or type(a) in _dispatch.device_array_types or hasattr(a, "__cuda_array_interface__")
 
 
 def _device_of(xp, args, kwargs) -> tuple:

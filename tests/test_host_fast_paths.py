@@ -1,0 +1,194 @@
+"""The per-op host fast paths of eager execution (issue 11 item 6, issue 12 item 5), each against
+PyTorch on the inputs that take it and on the edges that must not:
+- `autograd.graph.record` reads a plan made once per op (what each derivative parameter saves, from
+  which argument), rebuilt when the op's `saved_names` change, and skips binding for positional calls;
+- the autocast layer is skipped for ops without an autocast policy tag (`Op.autocast_tagged`);
+- `reshape` of a contiguous array goes straight to `view`;
+- the backward engine skips `_reduce_to` when a gradient already has its input's shape, dtype, device.
+"""
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+from flambeau import _ops
+from flambeau.autograd import graph
+
+
+def _pair(shape, seed=0, dtype=np.float32):
+    a = np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+    return flambeau.tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+
+
+def _close(f, t, rtol=1.3e-6, atol=1e-5):
+    if t is None:                  # an input the function does not use has no gradient in either
+        assert f is None
+        return
+    assert str(f.dtype).split(".")[-1] == str(t.dtype).split(".")[-1]
+    np.testing.assert_allclose(f.detach().float().numpy(), t.detach().float().numpy(), rtol=rtol, atol=atol)
+
+
+# ---- record: every kind of saved entry, positional and keyword calls -----------------------------
+_RECORDED = {
+    # argument tensors saved (mul), the result saved (exp), `<arg>_meta` (sum), a list of tensors (cat)
+    "mul": lambda m, x, y: (x * y).sum(),
+    "exp": lambda m, x, y: x.exp().sum(),
+    "sum_dim_keyword": lambda m, x, y: x.sum(dim=1, keepdim=True).mul(y[:, :1]).sum(),
+    "cat": lambda m, x, y: m.cat([x, y * 2], 1).pow(2).sum(),
+    # pow by a number: `result` not needed (result_needed_for names a non-tensor), so not saved
+    "pow_scalar": lambda m, x, y: x.pow(3).sum(),
+    "pow_tensor": lambda m, x, y: x.abs().pow(y.abs()).sum(),
+    # one output alone of several (`result1`/`result2`: layer norm's statistics)
+    "layer_norm": lambda m, x, y: m.nn.functional.layer_norm(x, (4,), y[0], y[1]).pow(2).sum(),
+    # linear by positional and keyword arguments (the binder fills defaults)
+    "linear_positional": lambda m, x, y: m.nn.functional.linear(x, y, y[0]).sum(),
+    "linear_keyword": lambda m, x, y: m.nn.functional.linear(x, weight=y).sum(),
+    # a view's geometry (`self_geometry` of as_strided)
+    "as_strided": lambda m, x, y: x.as_strided((2, 2), (1, 2), 1).exp().sum(),
+    # `<arg>_meta` of an argument that is not the first (index_add's source)
+    "index_add": lambda m, x, y: x.index_add(0, m.tensor([0, 2]), y[1:3] * 3).pow(2).sum(),
+    # max over a dim: values and indices, indices saved
+    "max_dim": lambda m, x, y: x.max(1).values.mul(y[:, 0]).sum(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RECORDED))
+def test_recorded_gradients_match_pytorch(name):
+    fx, tx = _pair((4, 4), 0)
+    fy, ty = _pair((4, 4), 1)
+    fn = _RECORDED[name]
+    fl, tl = fn(flambeau, fx, fy), fn(torch, tx, ty)
+    _close(fl, tl, rtol=1e-5)
+    fl.backward()
+    tl.backward()
+    _close(fx.grad, tx.grad, rtol=1e-5)
+    _close(fy.grad, ty.grad, rtol=1e-5)
+
+
+def test_record_plan_follows_a_replaced_derivative(monkeypatch):
+    """An op whose derivative (and so its saved names) is replaced after it was first recorded gets a
+    new plan: backward calls the new derivative with what it names."""
+    op = _ops.OPS["mul.Tensor"]
+    x = flambeau.tensor([1.0, 2.0], requires_grad=True)
+    (x * x).sum().backward()                       # the plan for the original derivative exists now
+    assert list(x.grad.numpy()) == [2.0, 4.0]
+    seen = []
+
+    def self_only(grad, self):
+        seen.append(self)
+        return grad * 10, None
+    monkeypatch.setattr(op, "derivative", self_only)
+    monkeypatch.setattr(op, "saved_names", ("self",))
+    x.grad = None
+    (x * flambeau.tensor([5.0, 5.0])).sum().backward()
+    assert len(seen) == 1 and list(x.grad.numpy()) == [10.0, 10.0]
+
+
+def test_record_saves_a_tensor_later_modified_in_place_and_reports_it():
+    """The plan saves argument tensors with their version: an in-place change before backward is caught."""
+    fx, tx = _pair((3,), 0)
+    for m, x in ((flambeau, fx), (torch, tx)):
+        w = x.detach().clone().requires_grad_()
+        y = x * w
+        w.detach().add_(1)                         # a detached alias shares the version counter
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
+def test_node_hooks_and_metadata_work_on_recorded_nodes():
+    """Node hooks and metadata are made on first use (a recorded node stores none up front)."""
+    calls = []
+    for m in (flambeau, torch):
+        x = m.ones(3, requires_grad=True)
+        y = x * 2
+        node = y.grad_fn
+        assert node.metadata == {}
+        node.metadata["tag"] = m.__name__
+        h1 = node.register_prehook(lambda go, m=m: calls.append((m.__name__, "pre")))
+        h2 = node.register_hook(lambda gi, go, m=m: calls.append((m.__name__, "post")))
+        y.sum().backward(retain_graph=True)
+        h1.remove()
+        h2.remove()
+        y.sum().backward()
+        assert node.metadata["tag"] == m.__name__
+        assert list(x.grad.numpy() if m is flambeau else x.grad.numpy()) == [4.0, 4.0, 4.0]
+    assert calls == [("flambeau", "pre"), ("flambeau", "post"), ("torch", "pre"), ("torch", "post")]
+
+
+def test_anomaly_mode_keeps_the_forward_traceback_on_recorded_nodes():
+    with flambeau.autograd.detect_anomaly():
+        y = flambeau.ones(2, requires_grad=True) * 3
+    tb = "".join(y.grad_fn.metadata["traceback_"])
+    assert "test_anomaly_mode_keeps_the_forward_traceback_on_recorded_nodes" in tb
+    assert "graph.py" not in tb.splitlines()[-2]    # the stack ends at the caller, not inside record
+
+
+# ---- autocast: ops without a policy skip the layer; ops with one are cast ------------------------
+def _autocast_chain(m, x, w, b):
+    h = x @ w                      # matmul: lower precision
+    r = m.relu(h)                  # no policy: stays as it comes
+    s = r + b                      # no policy: promotes bf16 + fp32 to fp32
+    v = s.reshape(-1).view(4, 4)   # views: no policy
+    return h, r, s, v, v.softmax(-1), m.nn.functional.linear(v, w)
+
+
+def test_autocast_casts_tagged_ops_only_as_pytorch():
+    fx, tx = _pair((4, 4), 0)
+    fw, tw = _pair((4, 4), 1)
+    fb, tb = _pair((4,), 2)
+    with flambeau.autocast("cpu", dtype=flambeau.bfloat16):
+        fo = _autocast_chain(flambeau, fx, fw, fb)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        to = _autocast_chain(torch, tx, tw, tb)
+    for f, t in zip(fo, to):
+        _close(f, t, rtol=1.6e-2, atol=1e-2)
+    (fo[-1].float().sum() + fo[-2].sum()).backward()
+    (to[-1].float().sum() + to[-2].sum()).backward()
+    for f, t in ((fx, tx), (fw, tw), (fb, tb)):
+        _close(f.grad, t.grad, rtol=3e-2, atol=3e-2)
+
+
+def test_autocast_tags_mark_exactly_the_ops_with_a_policy():
+    from flambeau.amp import autocast_mode
+    for op in _ops.OPS.values():
+        has_rule = any(autocast_mode._rule(op, d) is not None for d in ("cpu", "cuda"))
+        assert op.autocast_tagged == has_rule, op.name
+
+
+# ---- reshape of a contiguous array is a view; of a non-contiguous one a copy ---------------------
+@pytest.mark.parametrize("make,shape", [(lambda x: x, (-1,)), (lambda x: x, (2, 8)), (lambda x: x[1:3], (8,)),
+                                        (lambda x: x.t(), (-1,)), (lambda x: x[:, ::2], (8,)),
+                                        (lambda x: x[:0], (0, 3)), (lambda x: x.expand(2, 4, 4), (32,))])
+def test_reshape_views_or_copies_as_pytorch(make, shape):
+    fx, tx = _pair((4, 4), 0)
+    fs, ts = make(fx.detach()), make(tx.detach())
+    fr, tr = fs.reshape(*shape), ts.reshape(*shape)
+    _close(fr, tr)
+    shares = tr.data_ptr() == ts.data_ptr() or tr.numel() == 0
+    assert (fr.data_ptr() == fs.data_ptr()) == shares or tr.numel() == 0
+    if tr.numel():
+        fr.view(-1)[0] = 100.0
+        tr.view(-1)[0] = 100.0
+        _close(fs, ts)
+        assert (float(fs.reshape(-1)[0]) == 100.0) == shares
+    fr2, tr2 = make(fx).reshape(*shape), make(tx).reshape(*shape)
+    (fr2 * fr2).sum().backward()
+    (tr2 * tr2).sum().backward()
+    _close(fx.grad, tx.grad)
+
+
+# ---- the engine reduces gradients to their input's shape and dtype ------------------------------
+def test_gradients_reduced_to_broadcast_inputs_and_their_dtypes_as_pytorch():
+    a32, ta32 = _pair((3, 1), 0)
+    b, tb = _pair((3, 4), 1)
+    c = flambeau.ones(4, dtype=flambeau.bfloat16, requires_grad=True)        # broadcast and cast
+    tc = torch.ones(4, dtype=torch.bfloat16, requires_grad=True)
+    d = flambeau.ones(3, 4, dtype=flambeau.bfloat16, requires_grad=True)     # cast alone
+    td = torch.ones(3, 4, dtype=torch.bfloat16, requires_grad=True)
+    f = ((a32 * b) + c + d).sum()
+    t = ((ta32 * tb) + tc + td).sum()
+    f.backward()
+    t.backward()
+    for x, y in ((a32, ta32), (b, tb), (c, tc), (d, td)):
+        _close(x.grad, y.grad, rtol=1e-5)
+        assert tuple(x.grad.shape) == tuple(y.grad.shape)
