@@ -280,7 +280,13 @@ def call_functional(op, args, kwargs, record=True):
                     break
         i += 1
     ukwargs = kwargs
-    if general or kwargs:
+    if kwargs and not general:
+        # keyword arguments holding no tensor (dim=, dtype=, keepdim=) leave the scan above complete
+        for a in kwargs.values():
+            if isinstance(a, Tensor) or ((type(a) is list or type(a) is tuple) and _has_tensor(a)):
+                general = True
+                break
+    if general:
         uargs, ukwargs, dev, rg, fw = _scan(op, args, kwargs)
     if dev is QUANTIZED_CPU:
         raise _quantized_unsupported(op)
@@ -510,14 +516,28 @@ def write_into(self: Tensor, res: Tensor, opname: str, overlap_ok: bool = False)
             raise _device_mismatch(opname, self._device, res._device)
         dst = self._data
         src = res._data
-        token = _fp_quiet()               # a cast that overflows gives inf silently, as in PyTorch
-        try:
-            if dst.dtype != src.dtype:
-                src = src.astype(dst.dtype)
-            dst[...] = src
-        finally:
-            _fp_restore(token)
+        if res._dtype is self._dtype:
+            _copy_same_dtype(dst, src)
+        else:
+            token = _fp_quiet()               # a cast that overflows gives inf silently, as in PyTorch
+            try:
+                dst[...] = src.astype(dst.dtype)
+            finally:
+                _fp_restore(token)
     self._version[0] += 1
+
+
+def _copy_same_dtype(dst, src) -> None:
+    """dst[...] = src for arrays of one dtype and shape; on cuda, two C-contiguous arrays are copied as
+    one device-to-device memcpy on the current stream (a few us of host time, where CuPy's
+    element-wise copy kernel costs a launch): every in-place op and out= write ends here."""
+    if (type(dst) is not _ndarray and type(dst) in device_array_types and type(dst).__module__.startswith("cupy")
+            and dst.flags.c_contiguous and src.flags.c_contiguous and dst.shape == src.shape and dst.nbytes):
+        dptr, sptr = dst.data, src.data
+        if dptr.ptr != sptr.ptr and dptr.device_id == sptr.device_id:
+            dptr.copy_from_device_async(sptr, dst.nbytes)
+            return
+    dst[...] = src
 
 
 def _inplace(op, args, kwargs):
@@ -530,9 +550,13 @@ def _inplace(op, args, kwargs):
                            f"({self._dtype}); dequantize() first")
     f = op.functional
     check_inplace_autograd(self)
-    rg = _state.grad_enabled and any(t._requires_grad or _stale_view_requires_grad(t)
-                                     for t in flat_tensors(args, kwargs))
-    fw = any(t._fw_grad is not None for t in flat_tensors(args, kwargs))
+    tensors = flat_tensors(args, kwargs)
+    rg = _state.grad_enabled and any(t._requires_grad or _stale_view_requires_grad(t) for t in tensors)
+    fw = False
+    for t in tensors:
+        if t._fw_grad is not None:
+            fw = True
+            break
     orig = None
     if rg and self._base is not None:
         _graph.refresh_view(self)

@@ -192,3 +192,41 @@ def test_gradients_reduced_to_broadcast_inputs_and_their_dtypes_as_pytorch():
     for x, y in ((a32, ta32), (b, tb), (c, tc), (d, td)):
         _close(x.grad, y.grad, rtol=1e-5)
         assert tuple(x.grad.shape) == tuple(y.grad.shape)
+
+
+# ---- Tensor.to(dtype): the positional fast path -------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "int32"])
+def test_to_dtype_as_pytorch(dtype):
+    fx, tx = _pair((3, 4), 0)
+    fy, ty = fx.to(getattr(flambeau, dtype)), tx.to(getattr(torch, dtype))
+    assert (fy is fx) == (ty is tx)
+    _close(fy, ty, rtol=1.6e-2)
+    if ty.is_floating_point():
+        (fy.float() * 3).sum().backward()
+        (ty.float() * 3).sum().backward()
+        _close(fx.grad, tx.grad)
+
+
+# ---- in-place writes: on cuda a contiguous same-dtype result is one device-to-device copy ---------
+_INPLACE = {
+    "contiguous": lambda m, x, y: x.add_(y),
+    "row_view": lambda m, x, y: x[1].mul_(y[0]),                  # contiguous with an offset into its base
+    "column_view": lambda m, x, y: x[:, 1].sub_(y[:, 0]),         # strided: CuPy's copy kernel
+    "transposed": lambda m, x, y: x.t().add_(y),
+    "cast_into_float16": lambda m, x, y: x.half().add_(y),        # result float32 written into float16
+    "out_arg": lambda m, x, y: m.mul(x, y, out=m.empty_like(x)),
+    "zero_sized": lambda m, x, y: x[:0].add_(1),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("name", sorted(_INPLACE))
+def test_inplace_writes_as_pytorch(name, device):
+    a = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal((4, 4)).astype(np.float32)
+    fx, fy = flambeau.tensor(a, device=device), flambeau.tensor(b, device=device)
+    tx, ty = torch.tensor(a, device=device), torch.tensor(b, device=device)
+    fr, tr = _INPLACE[name](flambeau, fx, fy), _INPLACE[name](torch, tx, ty)
+    np.testing.assert_allclose(fr.cpu().float().numpy(), tr.cpu().float().numpy(), rtol=1e-3)
+    np.testing.assert_allclose(fx.cpu().numpy(), tx.cpu().numpy(), rtol=1e-6)
+    assert fx._version[0] == tx._version

@@ -445,6 +445,10 @@ def _parse_to(args, kwargs):
 
 @export("to", method=True, function=False)
 def to(self, *args, **kwargs):
+    if not kwargs and len(args) == 1 and type(args[0]) is D.dtype:     # `t.to(dtype)`, autocast's cast
+        if args[0] is self._dtype:
+            return self
+        return _to_copy(self, dtype=args[0], device=None, non_blocking=False)
     dtype, device, copy, non_blocking = _parse_to(args, dict(kwargs))
     if device is not None:
         device = canonical(device)
