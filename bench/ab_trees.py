@@ -8,8 +8,9 @@ loaded machine only the median of those paired ratios means something (load that
 rounds cancels to first order); absolute times are printed for reference only. One JSON object per
 workload: median ratio, ratio range, median µs per call of each tree.
 
-Workloads: `add`, `mul_scalar`, `relu`, `view`, `transpose`, `slice` (8×8 float32), `mlp_fwd_bwd`
-(bench/dispatch_overhead.py's two-layer step), `bigram_eval` (bench/cpu_models.py's bigram
+Workloads: `add`, `mul_scalar`, `relu`, `view`, `transpose`, `slice`, `reshape`, `sum_dim`, `to_bf16`,
+`add_grad`, `linear_grad` (8×8 float32), `mlp_fwd_bwd` (bench/dispatch_overhead.py's two-layer step), its
+training steps `mlp_step`, `mlp_step_amp`, `conv_step`, `bigram_eval` (bench/cpu_models.py's bigram
 estimate_loss iteration: get_batch from a 1M-token corpus, forward under no_grad, loss.item()).
 """
 from __future__ import annotations
@@ -25,7 +26,8 @@ import time
 VOCAB = 65
 BLOCK = 8
 BATCH = 32
-SMALL_OPS = ("add", "relu", "view", "transpose", "slice", "mlp_fwd_bwd")
+SMALL_OPS = ("add", "relu", "view", "transpose", "slice", "reshape", "sum_dim", "to_bf16", "add_grad", "linear_grad",
+             "mlp_fwd_bwd", "mlp_step", "mlp_step_amp", "conv_step")
 
 
 def workloads(m) -> dict:
