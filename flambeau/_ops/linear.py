@@ -56,13 +56,17 @@ def _(input, weight, bias=None):
 def _(grad, input, weight, bias):
     gi = grad @ weight if weight.ndim == 2 else grad.unsqueeze(-1) * weight
     if weight.ndim == 2:
-        g2 = grad.reshape(-1, weight.shape[0])
-        gw = g2.t() @ input.reshape(-1, weight.shape[1])
+        # a 2-D layer input (an MLP's) needs no reshape: each one is a dispatched view op
+        g2 = grad if grad.ndim == 2 else grad.reshape(-1, weight.shape[0])
+        gw = g2.t() @ (input if input.ndim == 2 else input.reshape(-1, weight.shape[1]))
     else:
         gw = (grad.unsqueeze(-1) * input).reshape(-1, weight.shape[0]).sum(0)
     gb = None
     if bias is not None:
-        gb = grad.reshape(-1, *bias.shape).sum(0) if grad.ndim > bias.ndim else grad
+        if grad.ndim > bias.ndim:
+            gb = (grad if grad.ndim == 2 and bias.ndim == 1 else grad.reshape(-1, *bias.shape)).sum(0)
+        else:
+            gb = grad
     return gi, gw, gb
 
 
