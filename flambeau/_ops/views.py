@@ -17,7 +17,7 @@ from .._backends import MetaArray, contiguous_strides, cuda_cast, device_checks,
 from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
 from ._helpers import wrap_dim
 from .creation import zeros, arange, tensor
-from .._dispatch import type_name, device_array_types
+from .._dispatch import type_name, device_array_types, WRAPPER_DEVICE
 from . import _batching, _sharding
 
 
@@ -164,7 +164,7 @@ def view_dtype(self, dtype):
 def reshape(self, *shape):
     shape = _size_args(shape)
     new = infer_size(shape, self.numel())
-    a = self._data
+    a = self._data if self._device is not WRAPPER_DEVICE else None     # a DTensor's _data is its local shard
     if (type(a) is np.ndarray or type(a) in device_array_types) and a.flags.c_contiguous:
         return _view(self, new)               # a contiguous array always has a view of any shape
     if view_strides(self.shape, self.stride(), new) is not None:

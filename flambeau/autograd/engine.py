@@ -138,9 +138,10 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                     continue
                 if g is not None:
                     meta = in_meta[i] if i < n_meta else None
-                    # the common case, a gradient already of the input's shape, dtype and device, skips the call
-                    if meta is not None and (g._data.shape != meta[0] or g._dtype is not meta[1]
-                                             or g._device is not meta[2]):
+                    # the common case, a gradient already of the input's device, shape and dtype, skips the
+                    # call (a wrapper tensor's device is never its input's layout: it always takes the call)
+                    if meta is not None and (g._device is not meta[2] or g._data.shape != meta[0]
+                                             or g._dtype is not meta[1]):
                         g = _reduce_to(g, meta[0], meta[1], meta[2], node, i)
                     b = buffers.get(nx)
                     if b is None:

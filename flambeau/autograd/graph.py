@@ -443,7 +443,7 @@ def record(op, args, kwargs, out, node_cls=None):
         v = bound[i]
         if isinstance(v, Tensor):
             next_fns.append(_edge(v))
-            in_meta.append((v._data.shape, v._dtype, v._device))
+            in_meta.append(_meta_of(v))
             layout.append(None)
         elif isinstance(v, (list, tuple)):
             layout.append(len(v))
@@ -486,10 +486,7 @@ def record(op, args, kwargs, out, node_cls=None):
             v = bound[i]
             saved[n] = TensorMeta(v) if isinstance(v, Tensor) else \
                 [TensorMeta(x) if isinstance(x, Tensor) else None for x in v] if isinstance(v, (list, tuple)) else v
-    if single:
-        out_meta = [(out._data.shape, out._dtype, out._device)]
-    else:
-        out_meta = [_meta_of(o) if isinstance(o, Tensor) else None for o in outs]
+    out_meta = [_meta_of(out)] if single else [_meta_of(o) if isinstance(o, Tensor) else None for o in outs]
     node = (node_cls or OpNode)(op, saved, next_fns, in_meta, out_meta, layout)
     for k, o in enumerate(outs):
         if _differentiable(o):
