@@ -263,3 +263,13 @@ def test_aoti_outputs_of_every_kind_in_the_output_pytree(tmp_path, dynamic):
     for k in ref:
         assert out[k].shape == ref[k].shape and out[k].dtype == ref[k].dtype, k
         np.testing.assert_allclose(out[k].numpy(), ref[k].numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_aoti_gpt_dynamic_batch_from_one_up(tmp_path):
+    m, (idx,) = _model("gpt")
+    run = aoti_load_package(_package(tmp_path, m, (idx,), dynamic_shapes={"idx": {0: Dim("batch", min=1, max=32)}}))
+    for b in (1, 3, 32):
+        x = fl.randint(0, 96, (b, 16))
+        np.testing.assert_allclose(run(x).numpy(), _eager(m, (x,)).numpy(), rtol=RTOL, atol=ATOL)
+    with pytest.raises(RuntimeError, match="dim 1: size 8, the program needs 16"):
+        run(fl.randint(0, 96, (2, 8)))

@@ -113,3 +113,14 @@ def test_cpp_wrapper_module_with_buffers_inplace(graphs):
     np.testing.assert_allclose(y.detach().numpy(), me(x).detach().numpy(), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(m.running_var.numpy(), me.running_var.numpy(), rtol=RTOL, atol=ATOL)
     _assert_cpp(graphs)
+
+
+def test_cpp_wrapper_with_freezing(graphs, monkeypatch):
+    monkeypatch.setattr(fl._inductor.config, "freezing", True)
+    m, args = _model("gpt")
+    with fl.no_grad():
+        y = fl.compile(m, options=OPTIONS)(*args)
+        ref = m(*args)
+    np.testing.assert_allclose(y.numpy(), ref.numpy(), rtol=RTOL, atol=ATOL)
+    _assert_cpp(graphs)
+    assert graphs[0].artifact.wrapper_source.startswith("def call(args):\n    _in0, = args")   # weights are constants
