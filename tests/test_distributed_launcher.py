@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
+import uuid
 
 import pytest
 
-from tests.dist_helpers import launch
+from flambeau.distributed.run import LAUNCH_ID_VAR, process_tree
+from tests.dist_helpers import ROOT, WORKERS, launch
 
 STOPPED_WITHIN_S = 90          # a failed group must be stopped long before the launch timeout
+HANG_TIMEOUT_S = 40            # the launch timeout of the hung group (long enough for 2 workers to start)
+GONE_WITHIN_S = 15             # after the kill, how long the group's processes may take to disappear
 
 
 def test_environment_traceback_and_restart(tmp_path):
@@ -52,3 +59,51 @@ def test_launcher_help_and_bad_arguments():
     p = subprocess.run([sys.executable, "-m", "flambeau.distributed.run", "--help"], capture_output=True, text=True,
                        timeout=120, env=dict(os.environ, PYTHONPATH=os.getcwd()))
     assert p.returncode == 0 and "--nproc-per-node" in p.stdout and "--max-restarts" in p.stdout
+
+
+def _survivors(launch_id: str) -> list:
+    """Live (not zombie) processes carrying the launch id, after up to GONE_WITHIN_S for them to go."""
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while True:
+        alive = []
+        for pid in process_tree(None, launch_id):
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        alive.append(pid)
+            except OSError:
+                continue
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def test_a_hung_rank_is_killed_with_its_whole_group_on_timeout(tmp_path):
+    pytest.importorskip("mpi4py")
+    launch_id = uuid.uuid4().hex
+    with pytest.raises(subprocess.TimeoutExpired):
+        launch("launcher.py", 2, "hang", str(tmp_path), timeout=HANG_TIMEOUT_S, launch_id=launch_id)
+    assert (tmp_path / "started0").exists() and (tmp_path / "started1").exists(), "the workers never started"
+    assert _survivors(launch_id) == []
+
+
+def test_the_launcher_stops_its_group_when_terminated(tmp_path):
+    pytest.importorskip("mpi4py")
+    launch_id = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", **{LAUNCH_ID_VAR: launch_id})
+    cmd = [sys.executable, "-m", "flambeau.distributed.run", "--nproc-per-node", "2",
+           os.path.join(WORKERS, "launcher.py"), "hang", str(tmp_path)]
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as p:
+        try:
+            deadline = time.monotonic() + HANG_TIMEOUT_S
+            while not ((tmp_path / "started0").exists() and (tmp_path / "started1").exists()):
+                assert time.monotonic() < deadline and p.poll() is None, "the workers never started"
+                time.sleep(0.2)
+            p.send_signal(signal.SIGTERM)                       # what `timeout` or a CI runner sends
+            _, se = p.communicate(timeout=GONE_WITHIN_S + 10)
+            assert p.returncode != 0 and "stopped by SIGTERM" in se, se
+            assert _survivors(launch_id) == []
+        finally:
+            from flambeau.distributed.run import kill_tree
+            kill_tree(p.pid if p.poll() is None else None, launch_id, 1.0)

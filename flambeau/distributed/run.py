@@ -7,6 +7,12 @@ TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS. When a worker fails, the 
 worker aborts the MPI job; the launcher also stops mpiexec as soon as a failure is recorded) and its
 traceback is shown; with `--max-restarts K` the whole group is started again up to K times.
 Only one node for now (`--nnodes 1`).
+
+Stopping a group stops every process of it: mpiexec, Hydra's proxy and the workers each run in a session
+of their own, so a signal to mpiexec's process group reaches none of the others, and a worker spinning in
+a collective outlives a killed mpiexec. `kill_tree` finds them by parent links and by the launch id every
+one of them carries in its environment (FLAMBEAU_LAUNCH_ID, found even after a process was reparented),
+and the launcher runs it on failure, on exit and on SIGTERM/SIGINT/SIGHUP (what `timeout` and CI send).
 """
 from __future__ import annotations
 
@@ -28,6 +34,8 @@ from .._backends import cuda_device_count
 MONITOR_INTERVAL_S = 0.1      # how often the launcher looks for a failed worker
 FAILURE_GRACE_S = 2.0         # after a failure, how long the group has to stop by itself
 STOP_GRACE_S = 5.0            # after SIGTERM, how long before SIGKILL
+LAUNCH_ID_VAR = "FLAMBEAU_LAUNCH_ID"   # set in every process of a launch (inherited if already set)
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,19 +92,97 @@ def _failures(folder: str) -> list:
     return sorted(out, key=lambda r: r["timestamp"])
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+def _children_by_parent() -> dict:
+    out: dict = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            out.setdefault(ppid, []).append(int(name))
+    return out
+
+
+def _carrying(marker: str) -> list:
+    """Pids of this user's processes whose environment holds FLAMBEAU_LAUNCH_ID=marker."""
+    needle = f"{LAUNCH_ID_VAR}={marker}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    if needle in fh.read().split(b"\0"):
+                        found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def process_tree(pid: int | None, marker: str | None = None) -> list:
+    """`pid` and all its descendants, plus every process carrying the launch id `marker`."""
+    children = _children_by_parent()
+    found, todo = [], [] if pid is None else [pid]
+    while todo:
+        p = todo.pop()
+        if p not in found:
+            found.append(p)
+            todo.extend(children.get(p, ()))
+    if marker:
+        found += [p for p in _carrying(marker) if p not in found]
+    return found
+
+
+def _signal_all(pids, sig) -> None:
+    for p in pids:
         try:
-            proc.wait(STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_tree(pid: int | None, marker: str | None = None, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop `pid` (a live child, or None), its descendants and the processes of launch `marker`: SIGTERM,
+    then SIGKILL after `grace_s` for any still alive (found again, so processes started meanwhile go too)."""
+    pids = [p for p in process_tree(pid, marker) if p != os.getpid()]
+    _signal_all(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(MONITOR_INTERVAL_S)
+    pids += [p for p in process_tree(pid, marker) if p != os.getpid() and p not in pids]
+    _signal_all(pids, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _stop(proc: subprocess.Popen, marker: str) -> None:
+    """Stop the group; an mpiexec already reaped has no pid to follow (it may be reused), only the marker."""
+    kill_tree(proc.pid if proc.poll() is None else None, marker)
+    proc.wait()
+
+
+class _Stopped(Exception):
+    """The launcher got a stop signal; the group is stopped on the way out."""
+
+
+def _raise_stopped(signum, frame):
+    for sig in _STOP_SIGNALS:                   # a second signal must not interrupt the stopping
+        signal.signal(sig, signal.SIG_IGN)
+    raise _Stopped(signal.Signals(signum).name)
 
 
 def _run_group(cmd: list, env: dict, folder: str, interval: float) -> int:
-    """Run the workers until they all exit or one fails; returns mpiexec's exit code (or 1)."""
+    """Run the workers until they all exit or one fails; returns mpiexec's exit code (or 1). However it
+    ends (failure, exception, stop signal), no process of the group is left running."""
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    marker = env[LAUNCH_ID_VAR]
     failed_at = None
     try:
         while proc.poll() is None:
@@ -104,9 +190,9 @@ def _run_group(cmd: list, env: dict, folder: str, interval: float) -> int:
             if failed_at is None and _failures(folder):
                 failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:
-                _stop(proc)
+                _stop(proc, marker)
     finally:
-        _stop(proc)
+        _stop(proc, marker)
     return proc.returncode if failed_at is None else (proc.returncode or 1)
 
 
@@ -138,6 +224,19 @@ def main(argv: list | None = None) -> None:
     run_id = args.rdzv_id or uuid.uuid4().hex[:8]
     target = ([] if args.no_python else [sys.executable, "-m", "flambeau.distributed._worker"]) \
         + (["-m"] if args.module else []) + [args.training_script] + list(args.training_script_args)
+    launch_id = os.environ.get(LAUNCH_ID_VAR) or uuid.uuid4().hex
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in _STOP_SIGNALS}
+    try:
+        _attempts(args, nproc, host, port, run_id, target, launch_id)
+    except _Stopped as e:
+        print(f"flambeau.distributed.run: stopped by {e}; the workers were stopped", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _attempts(args, nproc: int, host: str, port: int, run_id: str, target: list, launch_id: str) -> None:
     rc = 1
     for attempt in range(args.max_restarts + 1):
         folder = tempfile.mkdtemp(prefix="flambeau_run_")
@@ -145,7 +244,7 @@ def main(argv: list | None = None) -> None:
                    WORLD_SIZE=str(nproc), GROUP_RANK=str(args.node_rank), GROUP_WORLD_SIZE="1",
                    TORCHELASTIC_RUN_ID=run_id, TORCHELASTIC_RESTART_COUNT=str(attempt),
                    TORCHELASTIC_MAX_RESTARTS=str(args.max_restarts), FLAMBEAU_ERROR_DIR=folder,
-                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **{LAUNCH_ID_VAR: launch_id})
         cmd = [mpiexec_path(), "-n", str(nproc), "-launcher", "fork"] + target
         try:
             rc = _run_group(cmd, env, folder, args.monitor_interval)

@@ -5,6 +5,8 @@ env:      every rank writes its torchrun environment to OUT/env<R>.json; on rest
 kill:     rank 1 kills itself (SIGKILL) after init while rank 0 waits in a barrier.
 raise:    rank 0 raises after init while rank 1 waits in an all_reduce.
 monitored: rank 1 reaches monitored_barrier 5 s late; rank 0 waits 1 s and must name it.
+hang:     after init every rank writes OUT/started<R>; rank 1 then sleeps forever while rank 0 spins in a
+          barrier (only a kill of the whole group ends it).
 The entry point carries `@record`, as torchrun scripts write it.
 """
 import datetime
@@ -40,6 +42,10 @@ def main():
         os.kill(os.getpid(), signal.SIGKILL)
     elif mode == "raise" and rank == 0:
         raise KeyError("rank 0 raised on purpose")
+    elif mode == "hang":
+        open(os.path.join(out, f"started{rank}"), "w").close()
+        while rank == 1:
+            time.sleep(1)
     elif mode == "monitored":
         if rank == 1:
             time.sleep(5)                    # late: rank 0's monitored_barrier must name it
