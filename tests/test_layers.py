@@ -42,7 +42,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "flambeau._pt_format", "flambeau._weights_only", "flambeau.testing",
                  "flambeau._numpy")),
     ("tracing", ("flambeau._subclasses", "flambeau.fx", "flambeau.library",
-                 "flambeau.utils.tensorboard")),   # add_graph traces with fx
+                 "flambeau.utils.tensorboard",     # add_graph traces with fx
+                 "flambeau.distributed.pipelining")),   # pipeline() cuts an fx trace into stages
     ("decompositions", ("flambeau._decomp",)),
     ("functorch", ("flambeau._functorch", "flambeau._higher_order_ops")),
     ("inductor", ("flambeau._inductor",)),

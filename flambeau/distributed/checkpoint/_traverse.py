@@ -16,6 +16,11 @@ import math
 
 from ..._tensor import Tensor
 
+try:                           # DTensor's package, landing separately (issue 17 item 5)
+    from ..tensor._utils import compute_local_shape_and_global_offset
+except ImportError:
+    compute_local_shape_and_global_offset = None
+
 PATH_KEY, PATH_INT_KEY, PATH_INDEX = "key", "int", "idx"     # dict key (str), dict key (int), list index
 
 
@@ -68,7 +73,9 @@ def tensor_piece(value) -> TensorPiece | None:
     if isinstance(value, LocalChunk):
         return TensorPiece(value.tensor, value.global_shape, value.offsets)
     if _is_dtensor(value):
-        from ..tensor._utils import compute_local_shape_and_global_offset  # deferred: DTensor's package
+        if compute_local_shape_and_global_offset is None:
+            raise RuntimeError("distributed checkpoint: a DTensor was given but flambeau.distributed.tensor is "
+                               "not available")
         size = tuple(value.shape)
         _, offsets = compute_local_shape_and_global_offset(size, value.device_mesh, value.placements)
         return TensorPiece(value.to_local(), size, tuple(offsets))

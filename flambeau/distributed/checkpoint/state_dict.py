@@ -18,6 +18,7 @@ from ..._tensor import Tensor
 from ...autograd.grad_mode import no_grad
 from ...nn.modules.module import Module
 from ...optim.optimizer import Optimizer
+from .. import distributed_c10d as c10d
 from ._traverse import _is_dtensor, tensor_piece
 
 WRAPPER_ATTRS = ("module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
@@ -63,7 +64,6 @@ def _parameter_names(model: Module) -> dict:
 
 
 def _rank() -> int:
-    from .. import distributed_c10d as c10d
     return c10d.get_rank() if c10d.is_initialized() else 0
 
 
