@@ -114,11 +114,12 @@ def test_sdpa_dropout(path):
 
 
 def test_sdpa_auto_selects_blocked(monkeypatch):
+    """Long float64 inputs (which the fused cpu kernel does not take) run the blocked path."""
     monkeypatch.setattr(A, "AUTO_BLOCKED_ELEMENTS", 100)
     calls = []
     orig = A._sdpa_blocked.kernel
     monkeypatch.setattr(A._sdpa_blocked, "kernel", lambda *a, **k: calls.append(1) or orig(*a, **k))
-    x = flambeau.ones(1, 20, 4)
+    x = flambeau.ones(1, 20, 4, dtype=flambeau.float64)
     F.scaled_dot_product_attention(x, x, x)
     assert calls
 

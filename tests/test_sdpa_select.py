@@ -95,7 +95,7 @@ def test_enable_flags_act_on_the_choice(kernels_ready):
     (dict(kshape=(2, 2, 16, 64)), B.MATH),                                            # heads differ, no gqa
     (dict(kshape=(2, 2, 16, 64), enable_gqa=True), B.CUDNN_ATTENTION),
     (dict(qshape=(4, 16, 64)), B.MATH),                                               # 3-d
-    (dict(device="cpu"), B.MATH),
+    (dict(device="cpu"), B.FLASH_ATTENTION),                                          # the fused cpu kernel
 ])
 def test_cuda_choice_rules(kernels_ready, kw, expect):
     E = kw.pop("E", 64)
@@ -129,10 +129,18 @@ def test_forced_efficient_runs_blocked_where_the_kernel_cannot(kernels_ready):
 
 
 def test_cpu_choice_keeps_math_and_blocked_paths():
-    x = flambeau.ones(1, 2, 8, 4)
-    assert AF.select_backend(x, x, x) == B.MATH
-    with A.sdpa_kernel(B.FLASH_ATTENTION):
+    """float32/bfloat16/float16 on cpu: the fused kernel (FLASH_ATTENTION, attention_cpu.py) unless only
+    the math or the memory-efficient (blocked) path is enabled; float64: math, or blocked when forced."""
+    x, x64 = flambeau.ones(1, 2, 8, 4), flambeau.ones(1, 2, 8, 4, dtype=flambeau.float64)
+    assert AF.select_backend(x, x, x) == B.FLASH_ATTENTION
+    assert AF._choose(x, x, x, None, 0.0, False, False) == (B.FLASH_ATTENTION, AF.CPU_FLASH)
+    assert AF.select_backend(x64, x64, x64) == B.MATH
+    with A.sdpa_kernel(B.MATH):
+        assert AF.select_backend(x, x, x) == B.MATH
+    with A.sdpa_kernel(B.EFFICIENT_ATTENTION):
         assert AF.select_backend(x, x, x) == B.EFFICIENT_ATTENTION        # the blocked path
+    with A.sdpa_kernel(B.FLASH_ATTENTION):
+        assert AF.select_backend(x64, x64, x64) == B.EFFICIENT_ATTENTION  # the blocked path
     with A.sdpa_kernel(B.CUDNN_ATTENTION), pytest.raises(RuntimeError, match="No available kernel"):
         flambeau.nn.functional.scaled_dot_product_attention(x, x, x)
 

@@ -4,7 +4,8 @@
 as PyTorch's sdp_utils: on cuda it tries the enabled backends in priority order (default cuDNN,
 flash, memory-efficient, math) and takes the first whose constraints hold (memory-efficient forced
 without math, on inputs the kernel cannot take, runs the blocked path); on other devices
-FLASH/EFFICIENT mean the blocked path of attention.py. When no enabled backend can run, it raises
+FLASH means the fused kernel of attention_cpu.py on cpu where it takes the inputs, else (and
+EFFICIENT) the blocked path of attention.py. When no enabled backend can run, it raises
 PyTorch's "No available kernel" RuntimeError with the reasons.
 
 The fused op `_sdpa_fused` (and its backward) runs one of two kernels, `impl` naming which:
@@ -29,10 +30,12 @@ from .._backends import cudnn_attention, triton_launch
 from ._registry import defop, export, TensorSpec, Tag
 from . import attention as A
 from .attention import SDPBackend
+from .attention_cpu import _sdpa_flash_cpu, cpu_flash_reasons
 
 FUSED_DTYPES = (D.float16, D.bfloat16)
 TRITON_HEAD_DIMS = (16, 32, 64, 128)
 _SEED_BOUND = 2 ** 62
+CPU_FLASH = "cpu"           # _choose's answer for the fused cpu kernel
 
 
 def _cudnn_ready() -> bool:
@@ -101,12 +104,16 @@ def _backend_reasons(backend, query, key, attn_mask, dtype, is_causal, dropout_p
 
 
 def _choose(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
-    """(backend, fused): the SDPBackend to run and whether a fused cuda kernel runs it (else the math
-    or the blocked path of attention.py)."""
+    """(backend, fused): the SDPBackend to run and whether a fused kernel runs it: True for a cuda
+    kernel, CPU_FLASH for the cpu one (attention_cpu.py), False for the math or the blocked path of
+    attention.py."""
     order = A.priority_order()
     dev = query.device.type
     if dev != "cuda":
         blocked = SDPBackend.FLASH_ATTENTION in order or SDPBackend.EFFICIENT_ATTENTION in order
+        if dev == "cpu" and SDPBackend.FLASH_ATTENTION in order and not cpu_flash_reasons(query, key, value, attn_mask, dropout_p,
+                                                              _effective_dtype(query, dev)):
+            return SDPBackend.FLASH_ATTENTION, CPU_FLASH
         small = query.shape[-2] * key.shape[-2] < A.AUTO_BLOCKED_ELEMENTS
         if SDPBackend.MATH in order and (not blocked or small):
             return SDPBackend.MATH, False
@@ -140,6 +147,8 @@ def select_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     backend, fused = _choose(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    if fused is CPU_FLASH:
+        return _sdpa_flash_cpu(query, key, value, attn_mask, is_causal, scale, enable_gqa)[0]
     if fused:
         return _sdpa_fused(query, key, value, attn_mask, dropout_p, is_causal, scale, int(backend))[0]
     if backend == SDPBackend.MATH:

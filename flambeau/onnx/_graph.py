@@ -238,6 +238,17 @@ def _reduce_rule(c: Converter, node, x, dim=None, keepdim=False, dtype=None):
 @rule("_sdpa_math")
 def _sdpa_rule(c: Converter, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                enable_gqa=False):
+    out, probs = _attention(c, q, k, v, attn_mask, is_causal, scale)
+    return [out, probs, None]
+
+
+@rule("_sdpa_flash_cpu")
+def _sdpa_flash_cpu_rule(c: Converter, node, q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    return [_attention(c, q, k, v, attn_mask, is_causal, scale)[0], None]
+
+
+def _attention(c: Converter, q, k, v, attn_mask, is_causal, scale):
+    """(output, probabilities) of scaled-dot-product attention as ONNX MatMul/Softmax nodes."""
     qv = q.meta["val"]
     e = qv.shape[-1]
     sc = scale if scale is not None else 1.0 / math.sqrt(int(e))
@@ -256,7 +267,7 @@ def _sdpa_rule(c: Converter, node, q, k, v, attn_mask=None, dropout_p=0.0, is_ca
         else:
             scores = c.b.op1("Add", [scores, c.value(attn_mask)])
     probs = c.b.op1("Softmax", [scores], axis=-1)
-    return [c.b.op1("MatMul", [probs, c.value(v)]), probs, None]
+    return c.b.op1("MatMul", [probs, c.value(v)]), probs
 
 
 @rule("_taps_gather")

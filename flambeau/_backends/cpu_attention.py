@@ -1,0 +1,164 @@
+"""Fused scaled-dot-product attention for the CPU: the flash-attention kernels of `cpu_attention.cpp`
+(forward with an online softmax, backward recomputing each block from the saved log-sum-exp),
+loaded with ctypes.
+
+`forward(q, k, v, mask, is_causal, scale, enable_gqa) -> (out, lse)` and `backward(...)
+-> (dq, dk, dv)` take NumPy arrays of float32, bfloat16 or float16 of any strides and PyTorch's
+shapes: (..., L, E) with broadcast batch dims, grouped-query attention on dim -3, a bool or
+additive mask broadcastable to (..., L, S). They bring the operands to 4-d (batch, heads, L, E)
+views (a copy only when more than one batch dim must be broadcast), pass element strides (0 where
+broadcast) and reduce the gradients of broadcast operands back to their shapes. The float workspace
+(`flm_attention_workspace` floats, O(L + S) per head) is a NumPy array, so tracemalloc sees the
+kernels' whole memory (bench/sdpa_memory.py). The library is built
+once through `flambeau._cpp_builder`; `available()` is False without a C++ compiler, and callers
+then keep their NumPy paths.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+
+import numpy as np
+
+from .. import _cpp_builder, _dtype as D
+from . import cpu_kernels
+
+_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_attention.cpp")
+DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(D.bfloat16.np): 1, np.dtype(np.float16): 2}
+_F32 = np.dtype(np.float32)
+_state: dict = {}
+
+
+def _load():
+    """(forward, backward, workspace size) ctypes functions, or None where the kernels can't be built (decided once)."""
+    if "fns" in _state:
+        return _state["fns"]
+    fns = None
+    try:
+        info = dict(_cpp_builder.detect_flags())
+        info["flags"] = list(info["flags"]) + ["-ffp-contract=fast"] + \
+            (["-DFLM_SIMD_MATH"] if info.get("simd_math") else [])
+        with open(_SRC) as f:
+            lib, _ = _cpp_builder.load(f.read(), info)
+        p, i, fl = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+        fwd, bwd, ws = lib.flm_attention_forward, lib.flm_attention_backward, lib.flm_attention_workspace
+        fwd.argtypes = [p, p, i, p, p, p, p, i, fl, p, p, p, i]
+        bwd.argtypes = [p, p, i, p, p, p, p, i, fl, p, p, p, p, p, p, p, i]
+        fwd.restype = bwd.restype = None
+        ws.argtypes, ws.restype = [p, i, i], ctypes.c_int64
+        fns = (fwd, bwd, ws)
+    except (_cpp_builder.CppCompileError, _cpp_builder.NoCompilerError, OSError):
+        fns = None
+    _state["fns"] = fns
+    return fns
+
+
+def available() -> bool:
+    return _load() is not None
+
+
+def supports(dtype) -> bool:
+    """Whether the kernels take operands of this (flambeau) dtype."""
+    return np.dtype(dtype.np) in DTYPE_CODES
+
+
+class _Layout:
+    """The 4-d (B, H, L, E) problem of one call: the operands as 4-d views and the sizes."""
+
+    def __init__(self, q, k, v, mask, enable_gqa):
+        self.shapes = (q.shape, k.shape, v.shape)
+        nd = max(q.ndim, k.ndim, v.ndim)
+        self.lead = np.broadcast_shapes(*(x.shape[:-3] for x in (q, k, v))) if nd > 3 else ()
+        q, k, v = (self._four(x) for x in (q, k, v))
+        hq, hk = q.shape[1], k.shape[1]
+        self.rep = hq // hk if enable_gqa and hk != hq and hq % hk == 0 else 1
+        B = np.broadcast_shapes((q.shape[0],), (k.shape[0],), (v.shape[0],))[0]
+        H = hq if self.rep > 1 else np.broadcast_shapes((hq,), (hk,), (v.shape[1],))[0]
+        Hk = H // self.rep
+        self.q = np.broadcast_to(q, (B, H) + q.shape[2:])
+        self.k = np.broadcast_to(k, (B, Hk) + k.shape[2:])
+        self.v = np.broadcast_to(v, (B, Hk) + v.shape[2:])
+        self.B, self.H, self.Hk = B, H, Hk
+        self.L, self.E = q.shape[2], q.shape[3]
+        self.S, self.Ev = k.shape[2], v.shape[3]
+        self.batch = self.lead + (H,)          # the output's batch dims
+        self.mask = None
+        if mask is not None:
+            m = np.where(mask, np.float32(0), np.float32(-np.inf)) if mask.dtype == bool else mask.astype(_F32, copy=False)
+            self.mask = self._four(np.broadcast_to(m, self.batch + (self.L, self.S)))
+
+    def _four(self, x):
+        """x as (batch, heads, rows, cols): one batch dim kept as is (broadcast later by strides),
+        several broadcast to the common ones and flattened (a copy)."""
+        if x.ndim == 3:
+            return x[None]
+        if len(self.lead) == 1:
+            return x
+        return np.broadcast_to(x, self.lead + x.shape[-3:]).reshape((-1,) + x.shape[-3:])
+
+    def sizes(self):
+        return np.array([self.B, self.H, self.Hk, self.L, self.S, self.E, self.Ev], np.int64)
+
+    def strides(self, *extra):
+        st = []
+        for a in (self.q, self.k, self.v):
+            st += [s // a.itemsize for s in a.strides]
+        st += [s // 4 for s in self.mask.strides] if self.mask is not None else [0, 0, 0, 0]
+        for a in extra:
+            st += [s // a.itemsize for s in a.strides]
+        return np.array(st, np.int64)
+
+    def reduce_to(self, g, shape):
+        """A gradient computed at the 4-d broadcast shape, summed back to an operand's `shape`."""
+        g = g.reshape(self.lead + g.shape[1:])
+        if g.shape == tuple(shape):
+            return g
+        extra = g.ndim - len(shape)
+        axes = tuple(range(extra)) + tuple(extra + i for i, n in enumerate(shape) if n == 1 and g.shape[extra + i] != 1)
+        return g.astype(_F32).sum(axis=axes).reshape(shape).astype(g.dtype)
+
+
+def _threads(work: int) -> int:
+    return cpu_kernels._threads(work) if cpu_kernels.available() else 1
+
+
+def forward(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """(out, lse): attention of NumPy arrays q, k, v (one dtype of DTYPE_CODES); lse float32."""
+    fwd, _, ws = _load()
+    lay = _Layout(q, k, v, mask, enable_gqa)
+    sc = 1.0 / math.sqrt(lay.E) if scale is None else float(scale)
+    out = np.empty((lay.B, lay.H, lay.L, lay.Ev), q.dtype)
+    lse = np.empty((lay.B, lay.H, lay.L), _F32)
+    st, sz = lay.strides(), lay.sizes()
+    if out.size:
+        threads = _threads(out.size * lay.S * 4)
+        work = np.empty(ws(sz.ctypes.data, 0, threads), _F32)
+        fwd(sz.ctypes.data, st.ctypes.data, DTYPE_CODES[q.dtype], lay.q.ctypes.data, lay.k.ctypes.data,
+            lay.v.ctypes.data, None if lay.mask is None else lay.mask.ctypes.data, int(bool(is_causal)), sc,
+            out.ctypes.data, lse.ctypes.data, work.ctypes.data, threads)
+    return out.reshape(lay.batch + (lay.L, lay.Ev)), lse.reshape(lay.batch + (lay.L,))
+
+
+def backward(dout, q, k, v, out, lse, mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """(dq, dk, dv) of `forward`'s attention, shaped as q, k, v."""
+    _, bwd, ws = _load()
+    lay = _Layout(q, k, v, mask, enable_gqa)
+    sc = 1.0 / math.sqrt(lay.E) if scale is None else float(scale)
+    four = (lay.B, lay.H, lay.L)
+    d4 = np.ascontiguousarray(dout, dtype=q.dtype).reshape(four + (lay.Ev,))
+    o4 = np.ascontiguousarray(out).reshape(four + (lay.Ev,))
+    lse4 = np.ascontiguousarray(lse, dtype=_F32).reshape(four)
+    dq = np.zeros(four + (lay.E,), q.dtype)
+    dk = np.zeros((lay.B, lay.Hk, lay.S, lay.E), q.dtype)
+    dv = np.zeros((lay.B, lay.Hk, lay.S, lay.Ev), q.dtype)
+    st, sz = lay.strides(d4, o4), lay.sizes()
+    if dq.size and lay.S:
+        threads = _threads(dq.size * lay.S * 8)
+        work = np.empty(ws(sz.ctypes.data, 1, threads), _F32)
+        bwd(sz.ctypes.data, st.ctypes.data, DTYPE_CODES[q.dtype], lay.q.ctypes.data, lay.k.ctypes.data,
+            lay.v.ctypes.data, None if lay.mask is None else lay.mask.ctypes.data, int(bool(is_causal)), sc,
+            d4.ctypes.data, o4.ctypes.data, lse4.ctypes.data, dq.ctypes.data, dk.ctypes.data, dv.ctypes.data,
+            work.ctypes.data, threads)
+    qs, ks, vs = lay.shapes
+    return lay.reduce_to(dq, qs), lay.reduce_to(dk, ks), lay.reduce_to(dv, vs)
