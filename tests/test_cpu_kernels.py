@@ -292,3 +292,47 @@ def test_fused_adam_step_is_bitwise_the_numpy_rule_and_close_to_torch(name, wd, 
         x, y = a.detach().numpy(), b.detach().numpy()
         assert np.array_equal(x, y), f"fused vs NumPy rule: {int((x != y).sum())} differ, max {np.abs(x - y).max()}"
         torch.testing.assert_close(torch.from_numpy(x), c.detach(), rtol=1e-5, atol=1e-5)
+
+
+BF16_SHAPES = [(64, 256, 256, 0, 0, None), (97, 301, 65, 1, 0, None), (13, 7, 33, 0, 1, None),
+               (130, 513, 70, 1, 1, None), (48, 64, 96, 0, 0, 5), (33, 80, 40, 0, 1, 3)]
+
+
+@pytest.mark.skipif(not cpu_kernels.bf16_native(), reason="no AVX-512 BF16: bfloat16 products compute in float32")
+@pytest.mark.parametrize("M,K,N,ta,tb,batch", BF16_SHAPES)
+@pytest.mark.parametrize("parallel", [False, True])
+def test_bfloat16_gemm_vs_pytorch_and_float64(M, K, N, ta, tb, batch, parallel, monkeypatch):
+    """bfloat16 products on AVX-512 BF16 dot products (odd K: a zero-padded pair), float accumulation,
+    rounded once: within PyTorch's bfloat16 tolerance of torch.matmul and no farther from the float64
+    product than PyTorch's own."""
+    import ml_dtypes
+    monkeypatch.setattr(cpu_kernels, "MIN_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "SMALL_ITEM_MACS", 0)
+    monkeypatch.setattr(cpu_kernels, "PARALLEL_MACS", 0 if parallel else 1 << 62)
+    rng = np.random.default_rng(M + K + N)
+    lead = (batch,) if batch else ()
+    a = rng.standard_normal(lead + ((K, M) if ta else (M, K))).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal(lead + ((N, K) if tb else (K, N))).astype(ml_dtypes.bfloat16)
+    a, b = (np.swapaxes(a, -1, -2) if ta else a), (np.swapaxes(b, -1, -2) if tb else b)
+    got = cpu_kernels.matmul_bf16(a, b)
+    assert got is not None and got.dtype == a.dtype
+    ta_, tb_ = (torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(torch.bfloat16) for x in (a, b))
+    want = torch.matmul(ta_, tb_)
+    g = torch.from_numpy(got.view(np.int16)).view(torch.bfloat16)
+    torch.testing.assert_close(g, want)
+    exact = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    err = lambda x: np.abs(x.float().numpy().astype(np.float64) - exact).max()      # noqa: E731
+    assert err(g) <= 1.01 * err(want) + 1e-6
+
+
+@pytest.mark.skipif(not cpu_kernels.bf16_native(), reason="no AVX-512 BF16")
+def test_flambeau_bfloat16_mm_uses_the_bf16_kernel(monkeypatch):
+    calls = []
+    orig = cpu_kernels.matmul_bf16
+    monkeypatch.setattr(cpu_kernels, "matmul_bf16", lambda a, b: calls.append(1) or orig(a, b))
+    x = flambeau.randn(128, 256).to(flambeau.bfloat16)
+    w = flambeau.randn(256, 192).to(flambeau.bfloat16)
+    got = x @ w
+    assert calls and got.dtype == flambeau.bfloat16
+    want = torch.from_numpy(x.float().numpy()).bfloat16() @ torch.from_numpy(w.float().numpy()).bfloat16()
+    torch.testing.assert_close(torch.from_numpy(got.float().numpy()), want.float(), rtol=1.6e-2, atol=1e-5)

@@ -1,5 +1,8 @@
 // flambeau's float32 matrix product for the CPU: C = A @ B (or C += A @ B), batched, any strides.
 //
+// bfloat16 operands (`flm_gemm_bf16`) run the same blocking with AVX-512 BF16 dot products where the
+// CPU has them (see the section below).
+//
 // Blocked the classic way (Goto / BLIS): for each block of KC rows of B and NC columns, B is packed
 // into panels NR columns wide (k-major, contiguous, zero-padded at the edge); for each block of MC
 // rows of A, A is packed into panels MR rows tall; a register-blocked micro-kernel then multiplies one
@@ -155,26 +158,119 @@ static thread_local int64_t t_bpack_cap = 0;
 static thread_local float* t_copies = nullptr;      // the implicit-GEMM conv's copy table
 static thread_local int64_t t_copies_cap = 0;
 
+// ---- bfloat16 operands: AVX-512 BF16 dot products (vdpbf16ps) ------------------------------------
+// Packed in pairs along k: an A panel holds, per pair (k, k+1), MR 32-bit words (row i's two values),
+// a B panel NR words (column j's two values), zero-padded to an even kc; the micro-kernel multiplies
+// a broadcast word of A by the two B vectors of 16 columns, accumulating both products of each pair
+// in float (vdpbf16ps flushes subnormal inputs and results, as PyTorch's oneDNN kernels on such
+// CPUs). The float tile is stored as the float32 product's.
+#ifdef __AVX512BF16__
+static void pack_a_bf16(int64_t mc, int64_t kc, const uint16_t* a, int64_t rsa, int64_t csa, uint16_t* dst) {
+    const int64_t kp = (kc + 1) & ~int64_t(1);
+    for (int64_t p = 0; p < mc; p += MR) {
+        const int64_t m = std::min<int64_t>(MR, mc - p);
+        uint16_t* d = dst + p * kp;
+        for (int64_t k = 0; k < kp; k++)
+            for (int64_t i = 0; i < MR; i++)
+                d[(k >> 1) * 2 * MR + 2 * i + (k & 1)] = (i < m && k < kc) ? a[(p + i) * rsa + k * csa] : 0;
+    }
+}
+
+static void pack_b_bf16(int64_t kc, int64_t n, const uint16_t* b, int64_t rsb, int64_t csb, uint16_t* dst) {
+    const int64_t kp = (kc + 1) & ~int64_t(1);
+    for (int64_t k = 0; k < kp; k++) {
+        uint16_t* d = dst + (k >> 1) * 2 * NR + (k & 1);
+        if (k >= kc) { for (int64_t j = 0; j < NR; j++) d[2 * j] = 0; continue; }
+        const uint16_t* s = b + k * rsb;
+        for (int64_t j = 0; j < n; j++) d[2 * j] = s[j * csb];
+        for (int64_t j = n; j < NR; j++) d[2 * j] = 0;
+    }
+}
+
+static inline void micro_bf16(int64_t kc, const uint16_t* __restrict__ ap, const uint16_t* __restrict__ bp,
+                              float* __restrict__ c, int64_t ldc, int64_t m, int64_t n, bool accumulate) {
+    __m512 acc[MR][2];
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; i++) { acc[i][0] = _mm512_setzero_ps(); acc[i][1] = _mm512_setzero_ps(); }
+    const int64_t pairs = (kc + 1) >> 1;
+    for (int64_t kk = 0; kk < pairs; kk++) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + kk * 2 * NR);
+        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + kk * 2 * NR + NR);
+        const uint16_t* a = ap + kk * 2 * MR;
+#pragma GCC unroll 12
+        for (int i = 0; i < MR; i++) {
+            int32_t w;
+            std::memcpy(&w, a + 2 * i, 4);
+            const __m512bh av = (__m512bh)_mm512_set1_epi32(w);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], av, b0);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], av, b1);
+        }
+    }
+    alignas(64) float tile[MR][NR];
+    for (int i = 0; i < MR; i++) { _mm512_store_ps(&tile[i][0], acc[i][0]); _mm512_store_ps(&tile[i][16], acc[i][1]); }
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++)
+            c[i * ldc + j] = accumulate ? c[i * ldc + j] + tile[i][j] : tile[i][j];
+}
+#endif
+
+// The blocked driver's operations for one element type: packing and the micro-kernel.
+struct Float32Ops {
+    typedef float In;
+    typedef float Packed;
+    static int64_t packed_k(int64_t kc) { return kc; }
+    static void pack_a(int64_t mc, int64_t kc, const float* a, int64_t rsa, int64_t csa, float* d) {
+        ::pack_a(mc, kc, a, rsa, csa, d);
+    }
+    static void pack_b(int64_t kc, int64_t n, const float* b, int64_t rsb, int64_t csb, float* d) {
+        pack_b_panel(kc, n, b, rsb, csb, d);
+    }
+    static void micro(int64_t kc, const float* ap, const float* bp, float* c, int64_t ldc, int64_t m, int64_t n,
+                      bool acc) {
+        ::micro(kc, ap, bp, c, ldc, m, n, acc);
+    }
+};
+
+#ifdef __AVX512BF16__
+struct BFloat16Ops {
+    typedef uint16_t In;
+    typedef uint16_t Packed;
+    static int64_t packed_k(int64_t kc) { return (kc + 1) & ~int64_t(1); }
+    static void pack_a(int64_t mc, int64_t kc, const uint16_t* a, int64_t rsa, int64_t csa, uint16_t* d) {
+        pack_a_bf16(mc, kc, a, rsa, csa, d);
+    }
+    static void pack_b(int64_t kc, int64_t n, const uint16_t* b, int64_t rsb, int64_t csb, uint16_t* d) {
+        pack_b_bf16(kc, n, b, rsb, csb, d);
+    }
+    static void micro(int64_t kc, const uint16_t* ap, const uint16_t* bp, float* c, int64_t ldc, int64_t m,
+                      int64_t n, bool acc) {
+        micro_bf16(kc, ap, bp, c, ldc, m, n, acc);
+    }
+};
+#endif
+
 // One product on the calling thread (no OpenMP inside).
-static void gemm_serial(int64_t M, int64_t N, int64_t K, const float* a, int64_t rsa, int64_t csa,
-                        const float* b, int64_t rsb, int64_t csb, float* c, int64_t ldc, bool beta) {
+template <class Ops>
+static void gemm_serial(int64_t M, int64_t N, int64_t K, const typename Ops::In* a, int64_t rsa, int64_t csa,
+                        const typename Ops::In* b, int64_t rsb, int64_t csb, float* c, int64_t ldc, bool beta) {
+    typedef typename Ops::Packed P;
     const int64_t mc_max = std::min<int64_t>(MC, ((M + MR - 1) / MR) * MR);
-    float* ap = scratch(t_apack, t_apack_cap, mc_max * KC);
-    float* bp = scratch(t_bpack, t_bpack_cap, KC * std::min<int64_t>(NC, ((N + NR - 1) / NR) * NR));
+    P* ap = (P*)scratch(t_apack, t_apack_cap, mc_max * KC);       // (a bfloat16 panel: half the bytes)
+    P* bp = (P*)scratch(t_bpack, t_bpack_cap, KC * std::min<int64_t>(NC, ((N + NR - 1) / NR) * NR));
     for (int64_t jc = 0; jc < N; jc += NC) {
         const int64_t nc = std::min<int64_t>(NC, N - jc);
         for (int64_t pc = 0; pc < K; pc += KC) {
-            const int64_t kc = std::min<int64_t>(KC, K - pc);
+            const int64_t kc = std::min<int64_t>(KC, K - pc), kp = Ops::packed_k(kc);
             const bool acc = beta || pc > 0;
             for (int64_t jr = 0; jr < nc; jr += NR)
-                pack_b_panel(kc, std::min<int64_t>(NR, nc - jr), b + pc * rsb + (jc + jr) * csb, rsb, csb, bp + jr * kc);
+                Ops::pack_b(kc, std::min<int64_t>(NR, nc - jr), b + pc * rsb + (jc + jr) * csb, rsb, csb, bp + jr * kp);
             for (int64_t ic = 0; ic < M; ic += MC) {
                 const int64_t mc = std::min<int64_t>(MC, M - ic);
-                pack_a(mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
+                Ops::pack_a(mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
                 for (int64_t jr = 0; jr < nc; jr += NR)
                     for (int64_t ir = 0; ir < mc; ir += MR)
-                        micro(kc, ap + ir * kc, bp + jr * kc, c + (ic + ir) * ldc + jc + jr, ldc,
-                              std::min<int64_t>(MR, mc - ir), std::min<int64_t>(NR, nc - jr), acc);
+                        Ops::micro(kc, ap + ir * kp, bp + jr * kp, c + (ic + ir) * ldc + jc + jr, ldc,
+                                   std::min<int64_t>(MR, mc - ir), std::min<int64_t>(NR, nc - jr), acc);
             }
         }
     }
@@ -184,8 +280,10 @@ static void gemm_serial(int64_t M, int64_t N, int64_t K, const float* a, int64_t
 // share of C's column panels (or of its row tiles, when there are more of those) and computes it
 // with gemm_serial, packing its own copies (no barriers inside, which matters when idle OpenMP
 // threads sleep after a short spin).
-static void gemm_parallel(int64_t M, int64_t N, int64_t K, const float* a, int64_t rsa, int64_t csa,
-                          const float* b, int64_t rsb, int64_t csb, float* c, int64_t ldc, bool beta, int threads) {
+template <class Ops>
+static void gemm_parallel(int64_t M, int64_t N, int64_t K, const typename Ops::In* a, int64_t rsa, int64_t csa,
+                          const typename Ops::In* b, int64_t rsb, int64_t csb, float* c, int64_t ldc, bool beta,
+                          int threads) {
     const int64_t col_panels = (N + NR - 1) / NR, row_tiles = (M + MR - 1) / MR;
     const bool by_cols = col_panels >= row_tiles || col_panels >= 4 * threads;
 #pragma omp parallel num_threads(threads)
@@ -198,11 +296,11 @@ static void gemm_parallel(int64_t M, int64_t N, int64_t K, const float* a, int64
         if (by_cols) {
             const int64_t p0 = col_panels * t / nt, p1 = col_panels * (t + 1) / nt;
             const int64_t n0 = p0 * NR, n1 = std::min<int64_t>(N, p1 * NR);
-            if (n1 > n0) gemm_serial(M, n1 - n0, K, a, rsa, csa, b + n0 * csb, rsb, csb, c + n0, ldc, beta);
+            if (n1 > n0) gemm_serial<Ops>(M, n1 - n0, K, a, rsa, csa, b + n0 * csb, rsb, csb, c + n0, ldc, beta);
         } else {
             const int64_t q0 = row_tiles * t / nt, q1 = row_tiles * (t + 1) / nt;
             const int64_t m0 = q0 * MR, m1 = std::min<int64_t>(M, q1 * MR);
-            if (m1 > m0) gemm_serial(m1 - m0, N, K, a + m0 * rsa, rsa, csa, b, rsb, csb, c + m0 * ldc, ldc, beta);
+            if (m1 > m0) gemm_serial<Ops>(m1 - m0, N, K, a + m0 * rsa, rsa, csa, b, rsb, csb, c + m0 * ldc, ldc, beta);
         }
     }
 }
@@ -210,10 +308,11 @@ static void gemm_parallel(int64_t M, int64_t N, int64_t K, const float* a, int64
 // C[t] (+)= A[t] @ B[t] for t < batch; element strides for everything. `threads`: 1 runs on the
 // calling thread, otherwise batches of small products go item-per-thread and a single large product
 // is split by columns.
-extern "C" void flm_sgemm(int64_t batch, int64_t M, int64_t N, int64_t K,
-                          const float* a, int64_t sba, int64_t rsa, int64_t csa,
-                          const float* b, int64_t sbb, int64_t rsb, int64_t csb,
-                          float* c, int64_t sbc, int64_t ldc, int beta, int threads) {
+template <class Ops>
+static void gemm_batched(int64_t batch, int64_t M, int64_t N, int64_t K,
+                         const typename Ops::In* a, int64_t sba, int64_t rsa, int64_t csa,
+                         const typename Ops::In* b, int64_t sbb, int64_t rsb, int64_t csb,
+                         float* c, int64_t sbc, int64_t ldc, int beta, int threads) {
     if (M == 0 || N == 0) return;
     if (K == 0) {
         if (!beta)
@@ -223,15 +322,49 @@ extern "C" void flm_sgemm(int64_t batch, int64_t M, int64_t N, int64_t K,
     }
     if (threads <= 1) {
         for (int64_t t = 0; t < batch; t++)
-            gemm_serial(M, N, K, a + t * sba, rsa, csa, b + t * sbb, rsb, csb, c + t * sbc, ldc, beta);
+            gemm_serial<Ops>(M, N, K, a + t * sba, rsa, csa, b + t * sbb, rsb, csb, c + t * sbc, ldc, beta);
     } else if (batch >= threads && N <= 4 * NR * threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t t = 0; t < batch; t++)
-            gemm_serial(M, N, K, a + t * sba, rsa, csa, b + t * sbb, rsb, csb, c + t * sbc, ldc, beta);
+            gemm_serial<Ops>(M, N, K, a + t * sba, rsa, csa, b + t * sbb, rsb, csb, c + t * sbc, ldc, beta);
     } else {
         for (int64_t t = 0; t < batch; t++)
-            gemm_parallel(M, N, K, a + t * sba, rsa, csa, b + t * sbb, rsb, csb, c + t * sbc, ldc, beta, threads);
+            gemm_parallel<Ops>(M, N, K, a + t * sba, rsa, csa, b + t * sbb, rsb, csb, c + t * sbc, ldc, beta, threads);
     }
+}
+
+extern "C" void flm_sgemm(int64_t batch, int64_t M, int64_t N, int64_t K,
+                          const float* a, int64_t sba, int64_t rsa, int64_t csa,
+                          const float* b, int64_t sbb, int64_t rsb, int64_t csb,
+                          float* c, int64_t sbc, int64_t ldc, int beta, int threads) {
+    gemm_batched<Float32Ops>(batch, M, N, K, a, sba, rsa, csa, b, sbb, rsb, csb, c, sbc, ldc, beta, threads);
+}
+
+extern "C" int flm_gemm_bf16_native() {
+#ifdef __AVX512BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// out (batch x M x N contiguous, bfloat16) = A[t] @ B[t] of bfloat16 operands (element strides),
+// accumulated in float in `work` (batch x M x N floats), then rounded to nearest even.
+extern "C" void flm_gemm_bf16(int64_t batch, int64_t M, int64_t N, int64_t K,
+                              const uint16_t* a, int64_t sba, int64_t rsa, int64_t csa,
+                              const uint16_t* b, int64_t sbb, int64_t rsb, int64_t csb,
+                              float* work, uint16_t* out, int threads) {
+#ifdef __AVX512BF16__
+    gemm_batched<BFloat16Ops>(batch, M, N, K, a, sba, rsa, csa, b, sbb, rsb, csb, work, M * N, N, 0, threads);
+    const int64_t n = batch * M * N;
+#pragma omp parallel for simd schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        std::memcpy(&u, &work[i], 4);
+        const uint16_t r = uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+        out[i] = work[i] != work[i] ? uint16_t(0x7FC0) : r;
+    }
+#endif
 }
 
 // A product planned once for fixed shapes and layouts (the compiled graphs' externs): the arrays come

@@ -7,6 +7,8 @@
 - `gemm_plan(a_layout, b_layout)`: the same product planned once for fixed shapes and layouts (the
   compiled graphs' matrix-product externs): a call passes the two arrays as objects and gets the
   result, without the ~10 us of checks and argument conversion that `matmul` spends per call.
+- `matmul_bf16(a, b)`: bfloat16 products on AVX-512 BF16 dot products (float accumulation) where the
+  CPU has them (`bf16_native()`); elsewhere callers compute bfloat16 products in float32.
 - `conv2d`: convolution as an implicit GEMM (B panels packed straight from the input, no column
   buffer).
 - `softmax_lastdim`: softmax / log_softmax in one pass per row.
@@ -24,9 +26,10 @@ import os
 
 import numpy as np
 
-from .. import _cpp_builder
+from .. import _cpp_builder, _dtype as D
 
 _F32 = np.dtype(np.float32)
+_BF16 = np.dtype(D.bfloat16.np)
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_kernels.cpp")
 _state: dict = {}
 # Below this many multiply-adds a product runs on one thread (waking the OpenMP team costs more).
@@ -91,6 +94,11 @@ def _load():
                 ad.argtypes = [i64, p, p, p, p, p] + [f] * 8 + [ctypes.c_int]
                 ad.restype = None
                 _state["adam"] = ad
+                if lib.flm_gemm_bf16_native():
+                    bf = lib.flm_gemm_bf16
+                    bf.argtypes = [i64, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, p, ctypes.c_int]
+                    bf.restype = None
+                    _state["bf16"] = bf
                 planned = lib.flm_sgemm_planned
                 planned.argtypes = [p, ctypes.py_object, ctypes.py_object, ctypes.py_object]
                 planned.restype = None
@@ -125,6 +133,33 @@ def gemm_is_outer(a, b) -> bool:
     paths) gives +0.0. Floating operands only (integers have no signed zero)."""
     return (b.ndim == 2 and a.ndim >= 2 and a.shape[-1] == 1 and b.shape[0] == 1 and b.shape[1] >= 2
             and a.size >= 2 and a.dtype.kind == "f")
+
+
+def bf16_native() -> bool:
+    """Whether bfloat16 products run on AVX-512 BF16 dot products here (`matmul_bf16`)."""
+    return _load() is not None and "bf16" in _state
+
+
+def matmul_bf16(a, b):
+    """a @ b of bfloat16 arrays (2-D by 2-D, or 3-D by 3-D of one batch size) as a bfloat16 array,
+    accumulated in float by `flm_gemm_bf16`; None where that does not apply (the caller computes in
+    float32, as PyTorch's fallback)."""
+    if not bf16_native() or a.dtype != _BF16 or b.dtype != _BF16 or a.ndim != b.ndim or a.ndim not in (2, 3):
+        return None
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    batch = a.shape[0] if a.ndim == 3 else None
+    if b.shape[-2] != K or (batch is not None and b.shape[0] != batch) or min(M, N, K) < 2 or \
+            not _uses_kernel(batch, M, N, K):
+        return None
+    sa, sb = tuple(s // 2 for s in a.strides), tuple(s // 2 for s in b.strides)
+    items = batch or 1
+    out = np.empty(a.shape[:-2] + (M, N), _BF16)
+    work = np.empty(out.shape, _F32)
+    _state["bf16"](items, M, N, K, a.ctypes.data, sa[0] if batch else 0, sa[-2], sa[-1],
+                   b.ctypes.data, sb[0] if batch else 0, sb[-2], sb[-1], work.ctypes.data, out.ctypes.data,
+                   _threads(items * M * N * K))
+    return out
 
 
 def matmul(a, b, out=None):

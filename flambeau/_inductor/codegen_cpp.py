@@ -10,6 +10,10 @@ below are what those spellings call. Transcendentals call libm; where glibc's li
 the functions the ops name as `simd` are declared so and the compiler vectorises them
 (`cpp_builder` detects this once).
 
+bfloat16/float16 (`LOWP`): a buffer holds the 16-bit patterns (`STORAGE`), a load widens to float
+(`load_expr`), ops compute in float, a store (`store_expr`) and an explicit cast round to nearest
+even, as PyTorch's CPU Inductor does.
+
 Symbolic sizes: every kernel of a graph with size symbols takes them all as trailing `int64_t s0,
 int64_t s1, ...` arguments; loop bounds and index arithmetic print the `SizeExpr` polynomials over
 them, and a parallel decision that depends on them becomes an OpenMP `if(parallel: ...)` clause
@@ -22,17 +26,28 @@ import math
 import numpy as np
 
 from .. import _dtype as D
+from .._decomp._table import aten
 from .._backends.cpu_kernels import array_data_offset
 from .._ops import OPS
 from .._ops._spelling import KIND
 from . import config
 from .index import FloorDiv, Index, Indirect, Sym, contiguous_strides, offset_of
-from .ir import Handler, set_handler, ops
+from .ir import CAST, Handler, set_handler, ops
 from .sizevars import SizeExpr, Unsupported, known_lt, known_nonneg
 from .scheduler import expand_groups, strip
 
+# bfloat16/float16 values are computed in float: a buffer of them holds the 16-bit patterns
+# (`STORAGE`), a load widens (`fl_*_to_f32`), a store and an explicit cast round to nearest even
+# (`fl_f32_to_*`, PyTorch's rounding).
+LOWP = (D.bfloat16, D.float16)
 CTYPES = {D.float32: "float", D.float64: "double", D.int64: "int64_t", D.int32: "int32_t",
-          D.int16: "int16_t", D.int8: "int8_t", D.uint8: "uint8_t", D.bool: "bool"}
+          D.int16: "int16_t", D.int8: "int8_t", D.uint8: "uint8_t", D.bool: "bool",
+          D.bfloat16: "float", D.float16: "float"}          # the C type a value of the dtype is computed in
+STORAGE = {**CTYPES, **{dt: "uint16_t" for dt in LOWP}}    # the element type of a buffer
+WIDEN = {D.bfloat16: "fl_bf16_to_f32", D.float16: "fl_f16_to_f32"}
+NARROW = {D.bfloat16: "fl_f32_to_bf16", D.float16: "fl_f32_to_f16"}
+ROUND = {D.bfloat16: "fl_round_bf16", D.float16: "fl_round_f16"}
+DTYPES = frozenset(CTYPES)     # the dtypes this code generator takes
 
 # The C math functions libmvec vectorises, as the ops declare them (`PointwiseSpelling.simd`), by arity.
 SIMD1 = tuple(op.pointwise.simd for op in OPS.values() if op.pointwise is not None and op.pointwise.simd
@@ -145,6 +160,35 @@ static inline float fl_exp(float x) {
   return x != x ? x : y;
 }
 static inline double fl_exp(double x) { return exp(x); }
+// bfloat16 and float16 <-> float, on the bit patterns, written without branches so that the simd
+// loops vectorise them (a bfloat16 is a float's upper half: widening is a shift; float16 is
+// re-biased, its subnormals through one float subtraction). Narrowing rounds to nearest even, as
+// PyTorch's c10::BFloat16 / c10::Half: NaN becomes bfloat16 0x7FC0, float16 0x7E00 (sign kept),
+// a float16 overflow infinity.
+static inline float fl_bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint32_t fl_f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+static inline float fl_bf16_to_f32(uint16_t h) { return fl_bits_f32(uint32_t(h) << 16); }
+static inline uint16_t fl_f32_to_bf16(float f) {
+  uint32_t u = fl_f32_bits(f);
+  uint16_t r = uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  return f != f ? uint16_t(0x7FC0) : r;
+}
+static inline float fl_f16_to_f32(uint16_t h) {
+  uint32_t o = (uint32_t(h) & 0x7FFFu) << 13, e = o & (0x7C00u << 13);
+  uint32_t normal = o + ((127u - 15u) << 23) + (e == (0x7C00u << 13) ? ((128u - 16u) << 23) : 0u);
+  uint32_t sub = fl_f32_bits(fl_bits_f32(o + (113u << 23)) - fl_bits_f32(113u << 23));
+  return fl_bits_f32((e == 0 ? sub : normal) | ((uint32_t(h) & 0x8000u) << 16));
+}
+static inline uint16_t fl_f32_to_f16(float f) {
+  uint32_t u = fl_f32_bits(f), sign = u & 0x80000000u, x = u ^ sign;
+  uint32_t big = x > 0x7F800000u ? 0x7E00u : 0x7C00u;                       // NaN / overflow
+  uint32_t sub = fl_f32_bits(fl_bits_f32(x) + fl_bits_f32(126u << 23)) - (126u << 23);   // < 2^-14
+  uint32_t normal = (x + ((15u - 127u) << 23) + 0xFFFu + ((x >> 13) & 1u)) >> 13;
+  uint32_t r = x >= 0x47800000u ? big : (x < 0x38800000u ? sub : normal);
+  return uint16_t(r | (sign >> 16));
+}
+static inline float fl_round_bf16(float f) { return fl_bf16_to_f32(fl_f32_to_bf16(f)); }
+static inline float fl_round_f16(float f) { return fl_f16_to_f32(fl_f32_to_f16(f)); }
 static inline int64_t fl_floordiv_i(int64_t a, int64_t b) { int64_t q = a / b, r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q; }
 static inline int64_t fl_mod_i(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 #pragma omp declare reduction(flmax : float, double, int64_t, int32_t, int16_t, int8_t, uint8_t : omp_out = fl_max(omp_out, omp_in)) initializer(omp_priv = omp_orig)
@@ -229,7 +273,7 @@ def literal(v, dtype) -> str:
         if math.isinf(v):
             s = "INFINITY" if v > 0 else "-INFINITY"
             return s if dtype is D.float64 else f"static_cast<float>({s})"
-        if dtype is D.float32:
+        if CTYPES[dtype] == "float":           # (bfloat16/float16 compute in float, as PyTorch's opmath)
             return f"{float(np.float32(v))!r}f"
         return repr(v)
     iv = int(v) if not isinstance(v, float) or math.isfinite(v) else 0
@@ -255,11 +299,25 @@ def c_expr(op, args, dtype) -> str:
     declared spelling (`op.pointwise.cpp`), formatted."""
     t = args[0].dtype
     sp = op.pointwise
+    if op is CAST and dtype in LOWP:           # a cast to half precision rounds, then computes on in float
+        return f"{ROUND[dtype]}({args[0].name})"
+    if t in LOWP and op is aten.nextafter:
+        raise Unsupported("nextafter steps in the storage dtype; the C++ backend computes half precision in float")
     tmpl = sp.by_kind["cpp"][KIND[dtype if sp.by_result else t]]
     if tmpl is None:
         raise NotImplementedError(f"{op.name} has no C++ spelling for {t.name} operands")
-    return tmpl.format(*(x.name for x in args), f="f" if t is D.float32 else "",
+    return tmpl.format(*(x.name for x in args), f="f" if CTYPES[t] == "float" else "",
                        one=literal(1, t) if t in CTYPES else "1", T=CTYPES[dtype])
+
+
+def load_expr(dtype, element: str) -> str:
+    """The computed value of a buffer element (bfloat16/float16 widened to float)."""
+    return f"{WIDEN[dtype]}({element})" if dtype in LOWP else element
+
+
+def store_expr(dtype, value: str) -> str:
+    """What a value stores into a buffer of `dtype` (bfloat16/float16 rounded)."""
+    return f"{NARROW[dtype]}({value})" if dtype in LOWP else value
 
 
 class CppHandler(Handler):
@@ -284,7 +342,7 @@ class CppHandler(Handler):
         loc = self.p.locals.get(buf.name)
         if loc is not None:
             return loc
-        return self._emit(f"{buf.name}[{render_c(index)}]", buf.dtype)
+        return self._emit(load_expr(buf.dtype, f"{buf.name}[{render_c(index)}]"), buf.dtype)
 
     def constant(self, value, dtype):
         if isinstance(value, SizeExpr):
@@ -353,8 +411,8 @@ class KernelPrinter:
 
     def generate(self) -> str:
         k = self.k
-        params = [f"const {CTYPES[b.dtype]}* __restrict__ {b.name}" for b in k.loads] + \
-                 [f"{CTYPES[b.dtype]}* __restrict__ {b.name}" for b in k.stores] + \
+        params = [f"const {STORAGE[b.dtype]}* __restrict__ {b.name}" for b in k.loads] + \
+                 [f"{STORAGE[b.dtype]}* __restrict__ {b.name}" for b in k.stores] + \
                  [f"int64_t {s}" for s in self.size_names]
         if k.column or k.scatter is not None:
             with set_handler(CppHandler(self)):
@@ -408,7 +466,7 @@ class KernelPrinter:
                 self.locals[n.name] = v
             else:
                 off = offset_of(idx, contiguous_strides(n.ranges))
-                self.line(f"{n.name}[{render_c(off)}] = {v.name};")
+                self.line(f"{n.name}[{render_c(off)}] = {store_expr(n.buf.dtype, v.name)};")
         for _ in step.inner_groups:
             self._close()
 
@@ -447,7 +505,7 @@ class KernelPrinter:
         self.locals[n.name] = val
         if n.name not in self.k.locals:
             off = offset_of(idx, contiguous_strides(n.ranges))
-            self.line(f"{n.name}[{render_c(off)}] = {val.name};")
+            self.line(f"{n.name}[{render_c(off)}] = {store_expr(dt, val.name)};")
 
     def _column(self):
         """A lone reduction read contiguously along its last output dim: a block of COLUMN_BLOCK
@@ -485,7 +543,7 @@ class KernelPrinter:
         self.line("#pragma omp simd")
         self._open("for (int64_t xi = 0; xi < nb; xi++)")
         off = offset_of(idx, contiguous_strides(n.ranges))
-        self.line(f"{n.name}[{render_c(off)}] = static_cast<{CTYPES[red.dtype]}>(acc[xi]);")
+        self.line(f"{n.name}[{render_c(off)}] = {store_expr(red.dtype, f'static_cast<{CTYPES[red.dtype]}>(acc[xi])')};")
         self._close()
         self._close()
         for _ in lead:
@@ -503,7 +561,7 @@ class KernelPrinter:
                            at_least(math.prod(sc.ranges), config.parallel_threshold))
         idx = node_index(n, iter(syms), sc.ranges)
         v = self._as_dtype(sc.init_fn(idx), sc.dtype)
-        self.line(f"{out}[{render_c(offset_of(idx, contiguous_strides(sc.ranges)))}] = {v.name};")
+        self.line(f"{out}[{render_c(offset_of(idx, contiguous_strides(sc.ranges)))}] = {store_expr(sc.dtype, v.name)};")
         for _ in strip(sc.ranges):
             self._close()
         self.cse = {}
@@ -521,7 +579,12 @@ class KernelPrinter:
         target = f"{out}[{render_c(sc.target_fn(idx))}]"
         v = self._as_dtype(sc.value_fn(idx), sc.dtype).name
         if sc.reduce is None:
-            self.line(f"{target} = {v};")
+            self.line(f"{target} = {store_expr(sc.dtype, v)};")
+        elif sc.dtype in LOWP:                     # widen, combine in float, round back
+            old = load_expr(sc.dtype, target)
+            new = f"{old} {'+' if sc.reduce == 'sum' else '*'} {v}" if sc.reduce in ("sum", "prod") else \
+                f"fl_{sc.reduce}({old}, {v})"
+            self.line(f"{target} = {store_expr(sc.dtype, new)};")
         elif sc.dtype is D.bool:
             self.line(f"{target} = {target} {'||' if sc.reduce in ('sum', 'max') else '&&'} {v};")
         elif sc.reduce in ("sum", "prod"):
@@ -563,8 +626,8 @@ def object_entry(k, size_names) -> str:
     """`<kernel>_obj`: the kernel taking its arrays as NumPy array objects (ctypes.py_object),
     reading each one's data pointer at DATA_OFFSET."""
     params = [f"const char* {b.name}" for b in k.loads + k.stores] + [f"int64_t {s}" for s in size_names]
-    args = [f"*(const {CTYPES[b.dtype]}* const*)({b.name} + {DATA_OFFSET})" for b in k.loads] + \
-           [f"*({CTYPES[b.dtype]}* const*)({b.name} + {DATA_OFFSET})" for b in k.stores] + list(size_names)
+    args = [f"*(const {STORAGE[b.dtype]}* const*)({b.name} + {DATA_OFFSET})" for b in k.loads] + \
+           [f"*({STORAGE[b.dtype]}* const*)({b.name} + {DATA_OFFSET})" for b in k.stores] + list(size_names)
     return f'extern "C" void {k.name}_obj({", ".join(params)}) {{ {k.name}({", ".join(args)}); }}\n'
 
 

@@ -239,7 +239,7 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     if config.max_autotune and (backend != "triton" or device.type != "cuda"):
         record_fallback(AUTOTUNE, "the C++ kernels have no block sizes to tune" if backend != "triton" else
                         "Triton's interpreter runs one program at a time: nothing to tune")
-    dtypes = codegen_triton.DTYPES if backend == "triton" else SUPPORTED_DTYPES
+    dtypes = {"triton": codegen_triton.DTYPES, "cpp": codegen_cpp.DTYPES}.get(backend, SUPPORTED_DTYPES)
     graph = GraphLowering(gm, ex, device, dtypes).run()
     size_names = _size_names(graph)
     order = schedule(graph)

@@ -128,7 +128,7 @@ class CppWrapper:
         return RUNTIME + f'\nextern "C" int fl_graph_run({sig}) {{\n{body}\n}}\n' + self._obj_entry()
 
     def _t(self, b) -> str:
-        t = codegen_cpp.CTYPES.get(b.dtype)
+        t = codegen_cpp.STORAGE.get(b.dtype)        # (bfloat16/float16 buffers: their bit patterns)
         if t is None:
             raise Unsupported(f"the C++ wrapper has no type for {b.dtype.name} buffer {b.name}")
         return t

@@ -53,8 +53,13 @@ _FAST_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _prod(xp, fn, *arrays):
-    """Run a product in the op-math dtype and cast back to the operands' dtype."""
+    """Run a product in the op-math dtype and cast back to the operands' dtype (bfloat16 products on
+    the CPU's BF16 dot products where it has them, `cpu_kernels.matmul_bf16`)."""
     dt = _dt(arrays[0])
+    if dt is D.bfloat16 and fn is cpu_kernels.matmul and len(arrays) == 2:
+        r = cpu_kernels.matmul_bf16(*arrays)
+        if r is not None:
+            return r
     cd = opmath(dt)
     r = fn(*(a.astype(cd, copy=False) for a in arrays))
     return xp.asarray(r).astype(dt.np, copy=False)
