@@ -87,7 +87,7 @@ def aoti_compile_and_package(ep, package_path: str | os.PathLike | io.IOBase | N
 
 
 def _package(ep, package_path) -> str:
-    prog = ep.run_decompositions(decomposition_table(core_aten_decompositions()))
+    prog = ep.run_decompositions(decomposition_table(core_aten_decompositions(), python_externs=False))
     sig = prog.graph_signature
     updates = [s.target for s in sig.output_specs if s.kind.name != "USER_OUTPUT"]
     if updates:

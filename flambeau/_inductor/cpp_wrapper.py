@@ -115,6 +115,8 @@ class CppWrapper:
                 self.line(f"{step.name}({', '.join(args)});")
             else:
                 ek = step.node
+                if ek.layout is None:
+                    raise Unsupported(f"the C++ wrapper can't run op {getattr(ek.op, 'name', ek.op)}: several outputs")
                 self._place(ek, index, roots, ("alloc", None), extern=True)
                 self._extern(ek)
             for name in self.mem["frees"][i]:

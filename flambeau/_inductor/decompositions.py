@@ -34,7 +34,9 @@ def _scale(query, scale) -> float:
     return 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
 
 
-def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+def _sdpa_math_parts(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                     enable_gqa=False):
+    """(out, probabilities, keep, (row max, row sum)) of the math path, or NotImplemented."""
     if not _plain(query, key, value, dropout_p, enable_gqa) or (attn_mask is not None and is_causal):
         return NotImplemented
     L, S = query.shape[-2], key.shape[-2]
@@ -57,7 +59,23 @@ def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     den = aten.sum(e, [-1], True)
     p = aten.div(e, aten.where(aten.eq(den, full((), 0.0, den)), full((), 1.0, den), den))
     keep = aten.full((0,), False, dtype=D.bool, device=query.device)
-    return p @ value, p, keep
+    return p @ value, p, keep, (m, den)
+
+
+def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    r = _sdpa_math_parts(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return r if r is NotImplemented else r[:3]
+
+
+def sdpa_flash_cpu(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """The fused CPU kernel's op (out, logsumexp) as the math decomposition, for graphs whose wrapper
+    calls no Python extern (config.cpp_wrapper, AOTInductor)."""
+    r = _sdpa_math_parts(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    if r is NotImplemented:
+        return NotImplemented
+    out, _, _, (m, den) = r
+    lse = aten.where(aten.eq(den, full((), 0.0, den)), full((), -math.inf, den), aten.add(m, aten.log(den)))
+    return out, aten._to_copy(aten.squeeze(lse, [-1]), dtype=D.float32)
 
 
 def sdpa_math_backward(grad_out, query, key, value, probs, keep, attn_mask, dropout_p, scale, enable_gqa):
@@ -84,9 +102,12 @@ def inductor_decompositions() -> dict:
     return {aten._sdpa_math: sdpa_math, aten._sdpa_math_backward: sdpa_math_backward}
 
 
-def decomposition_table(core: dict) -> dict:
+def decomposition_table(core: dict, python_externs: bool = True) -> dict:
     """The inductor backend's table: the `core` decompositions less the views it lowers itself
-    (LOWERED_VIEWS), plus `inductor_decompositions()`."""
+    (LOWERED_VIEWS), plus `inductor_decompositions()`; without `python_externs` (a C++ wrapper) the
+    fused CPU attention is decomposed too."""
     table = {op: fn for op, fn in core.items() if op not in LOWERED_VIEWS}
     table.update(inductor_decompositions())
+    if not python_externs:
+        table[aten._sdpa_flash_cpu] = sdpa_flash_cpu
     return table

@@ -63,9 +63,11 @@ def inductor(gm, example_inputs, options=None):
                 return freezing.compile_frozen(g, ex, n_state, _inductor.compile_fx)
             return _inductor.compile_fx(g, ex, static_input_idxs=range(n_state))
     compile_forward, compile_graph = compile_with(range(n_state)), compile_with(())
+    with _inductor_options(options):        # a C++ wrapper calls no Python extern (the fused CPU attention)
+        python_externs = not inductor_config.cpp_wrapper
     return aot_module_simplified(gm, example_inputs, fw_compiler=compile_forward, bw_compiler=compile_graph,
                                  partition_fn=min_cut_rematerialization_partition,
-                                 decompositions=decomposition_table(core_aten_decompositions()),
+                                 decompositions=decomposition_table(core_aten_decompositions(), python_externs),
                                  inference_compiler=wrap_compiler_debug(compile_inference, "inductor"))
 
 
