@@ -303,14 +303,6 @@ def _sdpa_blocked(m, *a, **k):
         return m.nn.functional.scaled_dot_product_attention(*a, **k)
 
 
-def _sdpa_flash_cpu(m, *a, **k):
-    if m.__name__ == "torch":
-        return m.nn.functional.scaled_dot_product_attention(*a, **k)
-    from flambeau._ops import attention as A
-    with A.sdpa_kernel(A.SDPBackend.FLASH_ATTENTION):
-        return m.nn.functional.scaled_dot_product_attention(*a, **k)
-
-
 def sdpa_samples(d):
     return [S(T((2, 3, 5, 4)), T((2, 3, 6, 4)), T((2, 3, 6, 3))),
             S(T((2, 5, 4)), T((2, 5, 4)), T((2, 5, 4)), is_causal=True),
@@ -319,12 +311,10 @@ def sdpa_samples(d):
 
 ATTN = [
     OpInfo("scaled_dot_product_attention", sdpa_samples, fn=F + "scaled_dot_product_attention",
-           ops=("_sdpa_math", "_sdpa_math_backward"), tol={"float32": (1e-5, 1e-5)}),
+           ops=("_sdpa_math", "_sdpa_math_backward", "_sdpa_flash_cpu", "_sdpa_flash_cpu_backward"),
+           tol={"float32": (1e-5, 1e-5)}),     # float32 runs the fused cpu kernel, float64 the math path
     OpInfo("scaled_dot_product_attention_blocked", sdpa_samples, call=_sdpa_blocked,
            ops=("_sdpa_blocked", "_sdpa_blocked_backward"), tol={"float32": (1e-5, 1e-5)}),
-    # float32: the fused cpu kernel (float64, which it does not take, runs the blocked path)
-    OpInfo("scaled_dot_product_attention_flash_cpu", sdpa_samples, call=_sdpa_flash_cpu,
-           ops=("_sdpa_flash_cpu", "_sdpa_flash_cpu_backward"), tol={"float32": (1e-5, 1e-5)}),
 ]
 
 OPS = ACT + DIST + NORM + DROPOUT + LOSS + ATTN
