@@ -107,3 +107,33 @@ def test_the_launcher_stops_its_group_when_terminated(tmp_path):
         finally:
             from flambeau.distributed.run import kill_tree
             kill_tree(p.pid if p.poll() is None else None, launch_id, 1.0)
+
+
+@pytest.mark.parametrize("version, dialect", [
+    ("HYDRA build details:\n    Version:                                 4.3.0", ["-launcher", "fork"]),
+    ("mpiexec (Open MPI) 4.1.5\n\nReport bugs to https://www.open-mpi.org/community/help/",
+     ["--oversubscribe", "--bind-to", "none"]),
+])
+def test_mpiexec_command_speaks_the_dialect_of_the_mpi_found(tmp_path, monkeypatch, version, dialect):
+    # A system Open MPI's mpiexec refuses Hydra's -launcher (the GPU machine's /usr/bin/mpiexec did).
+    from flambeau.distributed import run
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\ncat <<'END'\n" + version + "\nEND\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(run, "mpiexec_path", lambda: str(fake))
+    cmd = run.mpiexec_command(3)
+    assert cmd[:3] == [str(fake), "-n", "3"] and cmd[3:3 + len(dialect)] == dialect
+    other = ["--oversubscribe"] if dialect[0] == "-launcher" else ["-launcher"]
+    assert not set(other) & set(cmd)
+
+
+def test_worker_reads_open_mpi_ranks(monkeypatch):
+    from flambeau.distributed import _worker
+    for name in ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(_worker.os, "environ", dict(_worker.os.environ, OMPI_COMM_WORLD_RANK="2",
+                                                    OMPI_COMM_WORLD_SIZE="4", OMPI_COMM_WORLD_LOCAL_RANK="0",
+                                                    OMPI_COMM_WORLD_LOCAL_SIZE="2"))
+    assert _worker._set_env() == 2
+    env = _worker.os.environ
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("2", "4", "0", "2")

@@ -1,7 +1,8 @@
 """One worker of `flambeau.distributed.run`: started by mpiexec, it sets torchrun's environment and runs
 the script the way `python -m flambeau.run` does (so `import torch` scripts run on flambeau).
 
-Environment set from mpiexec's (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS): RANK, WORLD_SIZE,
+Environment set from mpiexec's (Hydra's PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS, or Open MPI's
+OMPI_COMM_WORLD_*): RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK. An uncaught exception writes `rank_<N>.json`
 (message, traceback, time) into FLAMBEAU_ERROR_DIR for the launcher to report, prints the traceback,
 and aborts the MPI job (if MPI was started) so no other rank waits forever in a collective.
@@ -19,12 +20,18 @@ from ..run import main as run_script
 WORKER_EXIT_FAILURE = 1
 
 
+def _mpi_env(hydra: str, open_mpi: str, default: str) -> str:
+    """A value of mpiexec's environment under MPICH's Hydra name, else Open MPI's, else `default`."""
+    return os.environ.get(hydra, os.environ.get(open_mpi, default))
+
+
 def _set_env() -> int:
-    rank = os.environ.get("PMI_RANK", "0")
-    local_world = os.environ.get("MPI_LOCALNRANKS", os.environ.get("PMI_SIZE", "1"))
-    os.environ.setdefault("WORLD_SIZE", os.environ.get("PMI_SIZE", "1"))
-    os.environ.update(RANK=rank, LOCAL_RANK=os.environ.get("MPI_LOCALRANKID", rank), LOCAL_WORLD_SIZE=local_world,
-                      ROLE_RANK=rank, ROLE_WORLD_SIZE=os.environ["WORLD_SIZE"])
+    rank = _mpi_env("PMI_RANK", "OMPI_COMM_WORLD_RANK", "0")
+    size = _mpi_env("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "1")
+    local_world = _mpi_env("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", size)
+    os.environ.setdefault("WORLD_SIZE", size)
+    os.environ.update(RANK=rank, LOCAL_RANK=_mpi_env("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", rank),
+                      LOCAL_WORLD_SIZE=local_world, ROLE_RANK=rank, ROLE_WORLD_SIZE=os.environ["WORLD_SIZE"])
     return int(rank)
 
 

@@ -17,6 +17,7 @@ and the launcher runs it on failure, on exit and on SIGTERM/SIGINT/SIGHUP (what 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ from .._backends import cuda_device_count
 MONITOR_INTERVAL_S = 0.1      # how often the launcher looks for a failed worker
 FAILURE_GRACE_S = 2.0         # after a failure, how long the group has to stop by itself
 STOP_GRACE_S = 5.0            # after SIGTERM, how long before SIGKILL
+VERSION_TIMEOUT_S = 10.0      # how long `mpiexec --version` may take to say which MPI it is
 LAUNCH_ID_VAR = "FLAMBEAU_LAUNCH_ID"   # set in every process of a launch (inherited if already set)
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -67,6 +69,26 @@ def mpiexec_path() -> str:
         raise RuntimeError("flambeau.distributed.run needs mpiexec: pip install 'flambeau[distributed]' "
                            "(the mpich and mpi4py wheels)")
     return found
+
+
+def mpiexec_command(nproc: int) -> list:
+    """mpiexec's arguments to start `nproc` local workers, in the dialect of the MPI found (MPICH's Hydra,
+    as the wheel ships, or a system Open MPI, whose mpiexec refuses Hydra's `-launcher` and root)."""
+    path = mpiexec_path()
+    if not _is_open_mpi(path):
+        return [path, "-n", str(nproc), "-launcher", "fork"]
+    root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    return [path, "-n", str(nproc), "--oversubscribe", "--bind-to", "none"] + root
+
+
+@functools.lru_cache(maxsize=None)
+def _is_open_mpi(path: str) -> bool:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    text = out.stdout + out.stderr
+    return "Open MPI" in text or "OpenRTE" in text
 
 
 def _free_port(host: str) -> int:
@@ -245,7 +267,7 @@ def _attempts(args, nproc: int, host: str, port: int, run_id: str, target: list,
                    TORCHELASTIC_RUN_ID=run_id, TORCHELASTIC_RESTART_COUNT=str(attempt),
                    TORCHELASTIC_MAX_RESTARTS=str(args.max_restarts), FLAMBEAU_ERROR_DIR=folder,
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **{LAUNCH_ID_VAR: launch_id})
-        cmd = [mpiexec_path(), "-n", str(nproc), "-launcher", "fork"] + target
+        cmd = mpiexec_command(nproc) + target
         try:
             rc = _run_group(cmd, env, folder, args.monitor_interval)
             if rc == 0:
