@@ -176,8 +176,9 @@ def test_state_dict_errors_as_pytorch(tmp_path):
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_flattened_keys_equal_pytorchs(tmp_path):
     import torch.distributed.checkpoint as tdcp
-    nested = {"a": [1, 2], "nest": {"b": [torch.ones(2), 5], "c": {"d": torch.zeros(1)}}, "s": "x"}
-    theirs = tdcp.save(nested, checkpoint_id=tmp_path / "t", no_dist=True)
-    ours = dcp.save({"a": [1, 2], "nest": {"b": [flambeau.ones(2), 5], "c": {"d": flambeau.zeros(1)}}, "s": "x"},
-                    checkpoint_id=tmp_path / "f")
+    def nested(lib):
+        return {"a": [1, [2, 3]], "nest": {"b": [lib.ones(2), 5], "c": {"d": lib.zeros(1)}, "empty": {}}, "s": "x",
+                "groups": [{"lr": 0.1, "params": ["w", "b"]}, {"lr": 0.2, "params": []}], "t": (1, 2.5)}
+    theirs = tdcp.save(nested(torch), checkpoint_id=tmp_path / "t", no_dist=True)
+    ours = dcp.save(nested(flambeau), checkpoint_id=tmp_path / "f")
     assert sorted(ours.state_dict_metadata) == sorted(theirs.state_dict_metadata)

@@ -1,7 +1,8 @@
 """Flattening a nested state dict into dotted keys, and the pieces of a tensor this rank holds.
 
-PyTorch's DCP flattens `{"model": {"w": t}, "optim": {...}}` into "model.w", ...: dicts are walked, lists and
-tuples too when they hold a tensor somewhere; anything else is a leaf value stored as JSON. Each leaf keeps
+PyTorch's DCP flattens `{"model": {"w": t}, "optim": {...}}` into "model.w", ...: dicts are always walked (an
+empty one leaves nothing), lists and tuples when they hold a tensor or a dict somewhere; anything else is a
+leaf value stored as JSON. Each leaf keeps
 its container so `load` can write values back in place, and its path so a nested dict can be rebuilt.
 
 A tensor leaf is one chunk of a global tensor: a plain tensor is the whole of it (replicated on every rank
@@ -15,11 +16,7 @@ import json
 import math
 
 from ..._tensor import Tensor
-
-try:                           # DTensor's package, landing separately (issue 17 item 5)
-    from ..tensor._utils import compute_local_shape_and_global_offset
-except ImportError:
-    compute_local_shape_and_global_offset = None
+from ..tensor._utils import compute_local_shape_and_global_offset
 
 PATH_KEY, PATH_INT_KEY, PATH_INDEX = "key", "int", "idx"     # dict key (str), dict key (int), list index
 
@@ -73,9 +70,6 @@ def tensor_piece(value) -> TensorPiece | None:
     if isinstance(value, LocalChunk):
         return TensorPiece(value.tensor, value.global_shape, value.offsets)
     if _is_dtensor(value):
-        if compute_local_shape_and_global_offset is None:
-            raise RuntimeError("distributed checkpoint: a DTensor was given but flambeau.distributed.tensor is "
-                               "not available")
         size = tuple(value.shape)
         _, offsets = compute_local_shape_and_global_offset(size, value.device_mesh, value.placements)
         return TensorPiece(value.to_local(), size, tuple(offsets))
@@ -84,14 +78,15 @@ def tensor_piece(value) -> TensorPiece | None:
     return None
 
 
-def _holds_tensor(x) -> bool:
-    if tensor_piece(x) is not None:
-        return True
-    if isinstance(x, dict):
-        return any(_holds_tensor(v) for v in x.values())
-    if isinstance(x, (list, tuple)):
-        return any(_holds_tensor(v) for v in x)
-    return False
+def _is_leaf_sequence(value) -> bool:
+    """Whether a list or tuple is stored whole: PyTorch's rule, a list holding no tensor, no dict and only
+    such lists (a tuple likewise here, when it holds no tensor)."""
+    for entry in value:
+        if isinstance(entry, dict) or tensor_piece(entry) is not None:
+            return False
+        if isinstance(entry, (list, tuple)) and not _is_leaf_sequence(entry):
+            return False
+    return True
 
 
 def _path_item(container, slot) -> tuple:
@@ -105,14 +100,14 @@ def flatten_state_dict(state_dict: dict) -> dict:
     out: dict = {}
 
     def visit(value, container, slot, path):
-        if isinstance(value, dict) and value and tensor_piece(value) is None:
+        if isinstance(value, dict):
             for k, v in value.items():
                 if not isinstance(k, (str, int)) or isinstance(k, bool):
                     raise TypeError(f"distributed checkpoint: state dict key {k!r} at "
                                     f"'{_join(path)}' is not a str or int")
                 visit(v, value, k, path + [_path_item(value, k)])
             return
-        if isinstance(value, (list, tuple)) and _holds_tensor(value):
+        if isinstance(value, (list, tuple)) and not _is_leaf_sequence(value):
             for i, v in enumerate(value):
                 visit(v, value if isinstance(value, list) else None, i, path + [(PATH_INDEX, i)])
             return
