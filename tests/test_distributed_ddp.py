@@ -66,6 +66,22 @@ def test_ddp_training_equals_one_pytorch_process_on_the_whole_batch(ranks):
             np.testing.assert_allclose(ranks[r][f"final/{k}"], v.numpy(), rtol=1e-6, atol=1e-6)
 
 
+def test_gradient_as_bucket_view_trains_the_same_with_grads_in_the_buckets(ranks):
+    ref = _mlp(_prefixed(ranks[0], "init/"))
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for step in range(4):
+        x, y = _batch(step, BATCH * WORLD)
+        loss = ((ref(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    for r in range(WORLD):
+        np.testing.assert_allclose(ranks[r]["as_view/losses"], losses, rtol=1e-6, atol=1e-6)
+        assert ranks[r]["as_view/grads_are_views"].all()
+
+
 def test_no_sync_accumulates_then_reduces_the_total(ranks):
     x, y = _batch(10, 2 * BATCH * WORLD)
     per_rank = []

@@ -112,6 +112,64 @@ def test_communicator_stays_on_its_device(fake_cupy):
         engine.communicator(1)
 
 
+class _StreamLog:
+    """A fake CuPy `cuda` namespace that logs event records, stream waits and the NCCL calls' streams."""
+
+    def __init__(self) -> None:
+        self.log, self.current, self.events = [], types.SimpleNamespace(ptr=0, name="compute"), []
+        log = self.log
+
+        class Stream:
+            def __init__(self, non_blocking=False):
+                self.ptr, self.name, self.non_blocking = 100 + len(log), "nccl", non_blocking
+
+            def wait_event(self, event):
+                log.append(("wait", self.name, event.n))
+
+        class Event:
+            def __init__(inner, disable_timing=False):
+                inner.n, inner.done = len(self.events), False
+                self.events.append(inner)
+
+            def record(inner, stream):
+                log.append(("record", inner.n, stream.name))
+
+        self.current.wait_event = lambda event: log.append(("wait", "compute", event.n))
+        self.cuda = types.SimpleNamespace(Device=lambda device=None: contextlib.nullcontext(), Stream=Stream,
+                                          Event=Event, get_current_stream=lambda: self.current)
+
+    def comm(self, size, uid, rank):
+        return types.SimpleNamespace(
+            allReduce=lambda send, recv, count, dtype, op, stream: self.log.append(("allReduce", stream)),
+            destroy=lambda: None)
+
+
+def test_collectives_run_on_the_nccl_stream_after_the_callers_stream(monkeypatch):
+    """Overlap: the all_reduce is queued on the engine's own stream (which first waits for what the caller's
+    stream has queued), the caller's stream waits only when the request is waited for, and an unwaited
+    request keeps its buffer until its event has happened."""
+    fake = _StreamLog()
+    monkeypatch.setattr(nb, "_cupy", lambda: fake)
+    lib = FakeNccl()
+    lib.NcclCommunicator = fake.comm
+    engine = nb.NCCLBackend(dist.HashStore(), 0, 1, library=lib)
+    buf = types.SimpleNamespace(device=types.SimpleNamespace(id=0), data=types.SimpleNamespace(ptr=1 << 20),
+                                size=8, dtype=np.dtype("float32"))
+    req = engine.all_reduce(buf, "SUM")
+    nccl_ptr = engine.nccl_stream(0).ptr
+    assert nccl_ptr != fake.current.ptr
+    assert fake.log == [("record", 0, "compute"), ("wait", "nccl", 0), ("allReduce", nccl_ptr),
+                        ("record", 1, "nccl")]
+    fake.log.clear()
+    req.wait()
+    assert fake.log == [("wait", "compute", 1)]
+    del req
+    assert engine._inflight[0].keep == (buf,)           # dropped unwaited, its buffer is still held
+    fake.events[1].done = True
+    engine.all_reduce(buf, "SUM")
+    assert len(engine._inflight) == 1 and engine._inflight[0].event is fake.events[-1]
+
+
 def test_backend_strings_name_an_engine_per_device():
     assert _device_backends("nccl") == {"cuda": "nccl"}
     assert _device_backends("gloo") == {"default": "gloo"}

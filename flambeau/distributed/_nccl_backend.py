@@ -7,9 +7,12 @@ through the process group's store: the group's rank 0 asks NCCL for one and sets
 rank derives the same way (the group's key and how many communicators this engine made), the others
 read it (blocking, bounded by the store's timeout). So any init_method that gives a store works.
 
-Every operation is enqueued on the current CuPy stream of the tensor's device (no host synchronisation);
-a CUDA event recorded after it is the `DeviceRequest`: `wait()` makes the then-current stream wait on the
-event, `test()` asks whether it has happened. Collectives NCCL lacks are NCCL group calls: uneven
+Every operation runs on the engine's own NCCL stream of the tensor's device (as PyTorch's ProcessGroupNCCL),
+after the caller's current stream has reached it (an event recorded there, waited for by the NCCL stream;
+no host synchronisation), so communication overlaps the computation the caller queues next. A CUDA event
+recorded after it is the `DeviceRequest`: `wait()` makes the then-current stream wait on the event, `test()`
+asks whether it has happened. The buffers of a request stay referenced until its event has happened (also
+when the caller drops the request unwaited), so the memory pool cannot hand them to other work too early. Collectives NCCL lacks are NCCL group calls: uneven
 all_gather as one broadcast per rank, uneven reduce_scatter as one reduce per rank, all_to_all, gather and
 scatter as sends and receives. Reductions: SUM/AVG/PRODUCT/MIN/MAX natively (AVG is ncclAvg; integers
 divide truncating); bool reduces as uint8 (SUM is MAX, PRODUCT is MIN, as PyTorch's); complex reduces
@@ -113,11 +116,13 @@ class DeviceRequest:
 
     def __init__(self, keep: tuple = (), source: int | None = None, host_wait: bool = False) -> None:
         self.event, self.keep, self.host_wait = None, keep, host_wait
+        self.stream = None
         self.status = None if source is None else _Source(source)
 
     def record(self, cupy, stream) -> None:
         self.event = cupy.cuda.Event(disable_timing=True)
         self.event.record(stream)
+        self.stream = stream
 
     def wait(self) -> None:
         if self.host_wait:
@@ -142,6 +147,8 @@ class NCCLBackend:
         self.store, self._rank, self._size, self.timeout, self.key = store, rank, world_size, timeout, key
         self._library, self.comm, self.device, self.made, self.splits, self.object_rounds = library, None, None, 0, 0, 0
         self._grouped: list | None = None
+        self._streams: dict = {}          # device -> the NCCL stream of this engine
+        self._inflight: list = []         # requests whose event has not happened yet (their buffers kept)
 
     # ---- the communicator -----------------------------------------------------------------------
     def rank(self) -> int:
@@ -194,13 +201,28 @@ class NCCLBackend:
         with cupy.cuda.Device(a.device.id):
             return cupy.ascontiguousarray(a)
 
+    def nccl_stream(self, device: int):
+        """The stream this engine's operations on cuda device `device` run on (made on first use)."""
+        stream = self._streams.get(device)
+        if stream is None:
+            cupy = _cupy()
+            with cupy.cuda.Device(device):
+                stream = self._streams[device] = cupy.cuda.Stream(non_blocking=True)
+        return stream
+
     def _start(self, *arrays, source: int | None = None, host_wait: bool = False):
-        """(communicator, stream pointer, request) for an operation on `arrays` (the first on the device)."""
+        """(communicator, NCCL stream, request) for an operation on `arrays` (the first on the device): the
+        NCCL stream is made to wait for what the caller's current stream has queued so far."""
         cupy = _cupy()
         device = arrays[0].device.id
         comm = self.communicator(device)
+        stream = self.nccl_stream(device)
         with cupy.cuda.Device(device):
-            stream = cupy.cuda.get_current_stream()
+            ready = cupy.cuda.Event(disable_timing=True)
+            ready.record(cupy.cuda.get_current_stream())
+        stream.wait_event(ready)
+        while self._inflight and self._inflight[0].test():
+            self._inflight.pop(0)
         req = DeviceRequest(arrays, source, host_wait)
         return comm, stream, req
 
@@ -210,6 +232,7 @@ class NCCLBackend:
         else:
             cupy = _cupy()
             req.record(cupy, stream)
+            self._inflight.append(req)
         return req
 
     def group_start(self) -> None:
@@ -225,6 +248,7 @@ class NCCLBackend:
         cupy = _cupy()
         for req, stream in pending:
             req.record(cupy, stream)
+            self._inflight.append(req)
 
     def _grouped_calls(self, calls, *arrays):
         """Run `calls(comm, stream_ptr)` inside one NCCL group; one request for all of it."""
@@ -402,6 +426,7 @@ class NCCLBackend:
             except Exception as e:  # noqa: BLE001  NCCL's error type is CuPy's; report it as PyTorch's
                 raise DistBackendError(f"NCCL: destroying the communicator failed: {e}") from None
             self.comm = None
+        self._inflight = []
 
 
 def _units(arr) -> int:

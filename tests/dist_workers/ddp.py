@@ -53,6 +53,29 @@ res["losses"] = np.array(losses)
 for k, v in model.state_dict().items():
     res[f"final/{k}"] = v.numpy().copy()
 
+# 1b. the same training with gradient_as_bucket_view: .grad are views of the buckets (no copy back),
+# zeroed in place (set_to_none=False) on odd steps so backward accumulates straight into the buckets
+torch.manual_seed(rank)
+model = mlp()
+ddp = DDP(model, bucket_cap_mb=0.0005, gradient_as_bucket_view=True)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+losses = []
+for step in range(4):
+    x, y = batch(step, BATCH * world)
+    loss = ((ddp(x[rank * BATCH:(rank + 1) * BATCH]) - y[rank * BATCH:(rank + 1) * BATCH]) ** 2).mean()
+    opt.zero_grad(set_to_none=step % 2 == 0)
+    loss.backward()
+    opt.step()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+    losses.append(mean.item())
+res["as_view/losses"] = np.array(losses)
+grads_are_views = []
+for b in ddp.reducer.buckets:
+    for p, v in zip(b.params, b.views):
+        grads_are_views.append(p.grad is v)
+res["as_view/grads_are_views"] = np.array(grads_are_views)
+
 # 2. no_sync: the first micro-batch accumulates locally, the second reduces the total
 torch.manual_seed(0)
 model = mlp()

@@ -2,11 +2,12 @@
 
 At construction the parameters are checked to agree across ranks and rank 0's parameters and buffers are
 broadcast. Parameters (in reverse registration order, roughly the order backward produces their
-gradients) are packed into buckets of `bucket_cap_mb` (the first bucket 1 MiB, as PyTorch's). A hook
-after each gradient accumulation marks its parameter ready; a bucket whose parameters are all ready is
-flattened and its all-reduce started asynchronously while backward goes on (buckets start in the same
-order on every rank). When the last bucket has started, the reductions are waited for and the averaged
-gradients written back. `register_comm_hook` replaces the all-reduce (see
+gradients) are packed into buckets of `bucket_cap_mb` (the first bucket 1 MiB, as PyTorch's), each with a
+flat gradient buffer made once. A hook after each gradient accumulation copies the gradient into its
+bucket's view; a bucket whose parameters are all ready has its all-reduce started asynchronously while
+backward goes on (buckets start in the same order on every rank; on cuda NCCL runs on its own stream).
+When the last bucket has started, the reductions are waited for and the averaged gradients copied back
+(with `gradient_as_bucket_view=True` the parameters' `.grad` are views of the buckets: no copy back). `register_comm_hook` replaces the all-reduce (see
 `flambeau.distributed.algorithms.ddp_comm_hooks.default_hooks` for fp16/bf16 compression).
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = ["DistributedDataParallel", "GradBucket"]
 DEFAULT_BUCKET_CAP_MB = 25
 FIRST_BUCKET_BYTES = 1024 * 1024
 MB = 1024 * 1024
+_ARRAY_NATIVE_KINDS = "biufc"     # NumPy dtype kinds whose copies CuPy and NumPy both run (not bfloat16's 'V')
 
 
 class GradBucket:
@@ -57,11 +59,20 @@ class GradBucket:
 
 
 class _Bucket:
+    """One bucket: its parameters, the flat buffer their gradients are reduced in (made once) and views
+    of that buffer in the parameters' shapes."""
+
     def __init__(self, index: int, params: list) -> None:
         self.index, self.params = index, params
         self.numel = sum(p.numel() for p in params)
         self.pending = len(params)
         self.future = None
+        with _no_grad():
+            self.flat = torch.zeros(self.numel, dtype=params[0].dtype, device=params[0].device)
+            self.views, start = [], 0
+            for p in params:
+                self.views.append(self.flat[start:start + p.numel()].view(p.shape))
+                start += p.numel()
 
 
 def _assign_buckets(params: list, cap_bytes: int, first_bytes: int) -> list:
@@ -80,19 +91,42 @@ def _assign_buckets(params: list, cap_bytes: int, first_bytes: int) -> list:
     return [_Bucket(i, ps) for i, ps in enumerate(buckets)]
 
 
+def _copy_into(dst, src) -> None:
+    """dst[...] = src (same shape and dtype) on the arrays themselves, off the dispatcher: the reducer's copies
+    run once per parameter per step, where an operator call's host cost would add up. Dtypes the array
+    library has no kernels for (bfloat16 on CuPy) go through `copy_`."""
+    if dst._data.dtype.kind in _ARRAY_NATIVE_KINDS:
+        dst._data[...] = src._data
+        dst._version[0] += 1
+    else:
+        with _no_grad():
+            dst.copy_(src)
+
+
+def _zero(t) -> None:
+    with _no_grad():
+        t.zero_()
+
+
 def _default_allreduce(group, bucket: GradBucket):
-    buf = bucket.buffer()
-    buf.div_(dist.get_world_size(group))
-    return dist.all_reduce(buf, group=group, async_op=True).get_future()
+    return dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.AVG, group=group, async_op=True).get_future()
 
 
 class _Reducer:
-    """The per-iteration state: which parameters are ready, which buckets have started."""
+    """The per-iteration state: which parameters are ready, which buckets have started.
 
-    def __init__(self, params: list, group, cap_bytes: int, first_bytes: int, find_unused: bool) -> None:
-        self.params, self.group, self.find_unused = params, group, find_unused
+    As each parameter's gradient is accumulated its hook copies it into its bucket's view (nothing to copy
+    when the gradient already is that view); a bucket whose gradients are all in is reduced at once,
+    asynchronously (on cuda the engine runs it on its NCCL stream, so it overlaps the rest of backward).
+    When the last bucket has started the reductions are waited for (on cuda: the compute stream waits,
+    the host goes on) and the averaged gradients copied back, or with `gradient_as_bucket_view` the
+    parameters' `.grad` are the bucket views themselves."""
+
+    def __init__(self, params: list, group, cap_bytes: int, first_bytes: int, find_unused: bool,
+                 as_view: bool) -> None:
+        self.params, self.group, self.find_unused, self.as_view = params, group, find_unused, as_view
         self.buckets = _assign_buckets(params, cap_bytes, first_bytes)
-        self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self.slot_of = {id(p): (b, v) for b in self.buckets for p, v in zip(b.params, b.views)}
         self.index_of = {id(p): i for i, p in enumerate(params)}
         self.hook_state, self.hook = group, _default_allreduce
         self.active, self.next_bucket, self.used = False, 0, set()
@@ -106,7 +140,7 @@ class _Reducer:
                 "unused parameter detection by passing the keyword argument `find_unused_parameters=True` to "
                 "`torch.nn.parallel.DistributedDataParallel`, and by making sure all `forward` function outputs "
                 "participate in calculating loss. Parameters that did not receive a gradient: "
-                + ", ".join(str(i) for i, p in enumerate(self.params) if self.bucket_of[id(p)].pending
+                + ", ".join(str(i) for i, p in enumerate(self.params) if self.slot_of[id(p)][0].pending
                             and id(p) not in self.used))
 
     def prepare_for_backward(self, outputs: list) -> None:
@@ -117,15 +151,23 @@ class _Reducer:
             reached = _reachable_leaves(outputs)
             for p in self.params:
                 if id(p) not in reached:
+                    _zero(self.slot_of[id(p)][1])
                     self._mark_ready(p)
 
     def _on_grad(self, param) -> None:
-        if self.active:
-            self.used.add(id(param))
-            self._mark_ready(param)
+        if not self.active:
+            return
+        self.used.add(id(param))
+        bucket, view = self.slot_of[id(param)]
+        grad = param.grad
+        if grad is not view:
+            _copy_into(view, grad)
+            if self.as_view:
+                param.grad = view
+        self._mark_ready(param)
 
     def _mark_ready(self, param) -> None:
-        bucket = self.bucket_of[id(param)]
+        bucket = self.slot_of[id(param)][0]
         bucket.pending -= 1
         while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
             self._launch(self.buckets[self.next_bucket])
@@ -134,20 +176,8 @@ class _Reducer:
             self._finalize()
 
     def _launch(self, bucket: _Bucket) -> None:
-        """Flatten the bucket's gradients on their device (no host copy) and start its reduction."""
-        parts = []
-        prev = _state.grad_enabled
-        _state.grad_enabled = False
-        try:
-            for p in bucket.params:
-                if id(p) in self.used and p.grad is not None:
-                    parts.append(p.grad.detach().reshape(-1))
-                else:
-                    parts.append(torch.zeros(p.numel(), dtype=p.dtype, device=p.device))
-            flat = torch.cat(parts)
-        finally:
-            _state.grad_enabled = prev
-        grad_bucket = GradBucket(bucket.index, flat, bucket.params, bucket.index == len(self.buckets) - 1)
+        """Start the reduction of the bucket's flat buffer (its gradients are in it)."""
+        grad_bucket = GradBucket(bucket.index, bucket.flat, bucket.params, bucket.index == len(self.buckets) - 1)
         bucket.future = self.hook(self.hook_state, grad_bucket)
 
     def _finalize(self) -> None:
@@ -158,25 +188,24 @@ class _Reducer:
                                 device=self.params[0].device)
             dist.all_reduce(used, group=self.group)
             globally_used = used.tolist()
-        prev = _state.grad_enabled
-        _state.grad_enabled = False
-        try:
-            for b in self.buckets:
-                value = b.future.wait()
-                flat = value[0] if isinstance(value, (list, tuple)) else value
-                start = 0
-                for p in b.params:
-                    i = self.index_of[id(p)]
-                    piece = flat[start:start + p.numel()].view(p.shape)
-                    start += p.numel()
-                    if globally_used is not None and not globally_used[i]:
-                        continue
-                    if p.grad is None:
-                        p.grad = piece.clone()
-                    else:
-                        p.grad.copy_(piece)
-        finally:
-            _state.grad_enabled = prev
+        for b in self.buckets:
+            value = b.future.wait()
+            flat = value[0] if isinstance(value, (list, tuple)) else value
+            if flat is not b.flat:
+                _copy_into(b.flat, flat)
+            for p, view in zip(b.params, b.views):
+                if globally_used is not None and not globally_used[self.index_of[id(p)]]:
+                    continue
+                grad = p.grad
+                if grad is view:
+                    continue
+                if self.as_view:
+                    p.grad = view
+                elif grad is None:
+                    with _no_grad():
+                        p.grad = view.clone()
+                else:
+                    _copy_into(grad, view)
 
 
 def _reachable_leaves(outputs: list) -> set:
@@ -227,7 +256,8 @@ class DistributedDataParallel(Module):
             self._sync_module_states()
         cap = int((DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * MB)
         first = FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap       # PyTorch: a given cap applies to all
-        self.reducer = _Reducer(params, self.process_group, cap, first, find_unused_parameters)
+        self.reducer = _Reducer(params, self.process_group, cap, first, find_unused_parameters,
+                                gradient_as_bucket_view)
 
     def _verify_same_model(self, params: list) -> None:
         mine = [(tuple(p.shape), str(p.dtype)) for p in params]
