@@ -76,6 +76,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import flambeau  # noqa: E402
+from bench.small_gpt import small_gpt  # noqa: E402
 
 VOCAB = 65                      # tiny-shakespeare's character set
 CHAR_GPT = dict(n_embd=384, n_head=6, n_layer=6, block_size=256, dropout=0.2)
@@ -169,38 +170,6 @@ def bigram(m):
     return BigramLanguageModel()
 
 
-def small_gpt(m, layers, d, heads, block):
-    nn, F = m.nn, m.nn.functional
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-        def forward(self, x):
-            B, T, C = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-            q, k, v = (z.view(B, T, heads, C // heads).transpose(1, 2) for z in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
-            return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(VOCAB, d), nn.Embedding(block, d)
-            self.blocks = nn.Sequential(*[Block() for _ in range(layers)])
-            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, VOCAB)
-
-        def forward(self, idx, targets):
-            x = self.tok(idx) + self.pos(m.arange(idx.shape[1]))
-            logits = self.head(self.ln(self.blocks(x)))
-            return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
-    return GPT()
-
-
 # ---- one workload for one library ----------------------------------------------------------------
 class Step:
     """`run()` does one step of workload `name` in library m; both libraries start from one set of weights."""
@@ -276,7 +245,8 @@ def workloads(only, layers, batch):
     if "small" in only:
         s = SMALL_GPT
         for n in layers:
-            out[f"small_{n}"] = ((lambda m, n=n: small_gpt(m, n, s["d"], s["heads"], s["block"])),
+            out[f"small_{n}"] = ((lambda m, n=n: small_gpt(m, vocab=VOCAB, d=s["d"], heads=s["heads"], layers=n,
+                                                          block=s["block"], with_loss=True)),
                                  _batch(rng, s["batch"], s["block"]), True, True)
     return out
 

@@ -39,6 +39,7 @@ import flambeau  # noqa: E402
 from flambeau._inductor import aoti_compile_and_package, aoti_load_package  # noqa: E402
 from flambeau._inductor.aoti_package import build_example_program, extract_package, write_tensor_file  # noqa: E402
 from flambeau.export import export  # noqa: E402
+from bench.small_gpt import small_gpt  # noqa: E402
 
 GPT = dict(vocab=96, d=128, heads=4, layers=2, block=64)
 # libgomp's spin before a thread sleeps, for the C++ program: what flambeau sets for its own OpenMP in
@@ -50,37 +51,6 @@ GOMP_SPINCOUNT = "10000"
 def mlp(m):
     nn = m.nn
     return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
-
-
-def small_gpt(m, vocab, d, heads, layers, block):
-    nn, F = m.nn, m.nn.functional
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-        def forward(self, x):
-            B, T, C = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-            q, k, v = (z.view(B, T, heads, C // heads).transpose(1, 2) for z in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
-            return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-    class GPTModel(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(block, d)
-            self.blocks = nn.Sequential(*[Block() for _ in range(layers)])
-            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
-
-        def forward(self, idx):
-            x = self.tok(idx) + self.pos(m.arange(idx.shape[1]))
-            return self.head(self.ln(self.blocks(x)))
-    return GPTModel()
 
 
 def workload(name):

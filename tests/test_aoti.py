@@ -15,9 +15,9 @@ import zipfile
 import numpy as np
 import pytest
 
+from bench.small_gpt import small_gpt as gpt_model
 import flambeau as fl
 import flambeau.nn as nn
-import flambeau.nn.functional as F
 from flambeau._inductor import aoti_compile_and_package, aoti_load_package, config
 from flambeau._inductor.aoti_package import (AOTIPackageError, build_example_program, extract_package,
                                              read_tensor_file, write_tensor_file)
@@ -28,32 +28,7 @@ RTOL, ATOL = 1e-5, 1e-5
 
 
 def small_gpt(vocab=96, d=32, heads=4, layers=2, block=16):
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-        def forward(self, x):
-            B, T, C = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-            q, k, v = (z.view(B, T, heads, C // heads).transpose(1, 2) for z in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
-            return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(block, d)
-            self.blocks = nn.Sequential(*[Block() for _ in range(layers)])
-            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
-
-        def forward(self, idx):
-            x = self.tok(idx) + self.pos(fl.arange(idx.shape[1]))
-            return self.head(self.ln(self.blocks(x)))
-    return GPT().eval()
+    return gpt_model(fl, vocab=vocab, d=d, heads=heads, layers=layers, block=block).eval()
 
 
 def _model(name):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.small_gpt import small_gpt
 import flambeau as fl
 from flambeau import _cpp_builder as cpp_builder
 from flambeau._dynamo.testing import no_unexpected_fallbacks
@@ -181,38 +182,8 @@ def test_scatter_add_into_bfloat16(made):
 
 
 def char_gpt(lib, vocab=65, d=64, heads=4, layers=2, block=32):
-    """A character-level GPT (pre-norm blocks, causal scaled_dot_product_attention, GELU MLP, tied
-    embeddings), written once for flambeau and torch."""
-    nn, F = lib.nn, lib.nn.functional
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-        def forward(self, x):
-            B, T, C = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-            q, k, v = (z.view(B, T, heads, C // heads).transpose(1, 2) for z in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
-            return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(block, d)
-            self.blocks = nn.Sequential(*[Block() for _ in range(layers)])
-            self.ln = nn.LayerNorm(d)
-            self.head = nn.Linear(d, vocab, bias=False)
-            self.head.weight = self.tok.weight
-
-        def forward(self, idx):
-            x = self.tok(idx) + self.pos(lib.arange(idx.shape[1]))
-            return self.head(self.ln(self.blocks(x)))
-    return GPT()
+    """A character-level GPT with the head tied to the token embedding (bench/small_gpt.py)."""
+    return small_gpt(lib, vocab=vocab, d=d, heads=heads, layers=layers, block=block, tied_head=True)
 
 
 def test_autocast_bfloat16_char_gpt_training_step_compiled_vs_eager(made):

@@ -21,13 +21,13 @@ import os
 import shutil
 import subprocess
 import tempfile
-import zipfile
 
 import numpy as np
 
 from .. import _cpp_builder
 from .. import _dtype as D
 from .._device import CPU
+from .._strict_zip import read_strict_zip
 from .._tensor import Tensor
 from ..utils import _pytree as pytree
 from .aoti import ABI_VERSION, ARCHIVE_FORMAT, PACKAGE_VERSION
@@ -62,34 +62,8 @@ def _spec(text):
 
 def read_package(path) -> dict:
     """{entry name: bytes} of a package, refusing anything else (see module docstring)."""
-    try:
-        z = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        raise AOTIPackageError(f"aoti_load_package: {path!s} is not an AOTInductor package ({e}); the file is "
-                               "truncated or corrupt") from None
-    with z:
-        infos = z.infolist()
-        names = [i.filename for i in infos]
-        for n in names:
-            if n not in ENTRIES:
-                raise AOTIPackageError(f"aoti_load_package: unexpected entry {n!r} in the package (path names, "
-                                       f"'..' and unknown files are refused; expected {', '.join(ENTRIES)})")
-        if len(set(names)) != len(names):
-            raise AOTIPackageError("aoti_load_package: the package has duplicate entries")
-        missing = [n for n in ENTRIES if n not in names]
-        if missing:
-            raise AOTIPackageError(f"aoti_load_package: the package lacks {', '.join(missing)}")
-        out = {}
-        for i in infos:
-            if i.file_size > MAX_ENTRY_BYTES:
-                raise AOTIPackageError(f"aoti_load_package: entry {i.filename} claims {i.file_size} bytes")
-            try:
-                out[i.filename] = z.read(i)
-            except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
-                raise AOTIPackageError(f"aoti_load_package: entry {i.filename} is corrupt ({e}); the file is "
-                                       "truncated or altered") from None
-    if out["archive_format"] != ARCHIVE_FORMAT:
-        raise AOTIPackageError(f"aoti_load_package: unknown archive format {out['archive_format'][:40]!r}")
+    out = read_strict_zip(path, ENTRIES, archive_format=ARCHIVE_FORMAT, max_entry_bytes=MAX_ENTRY_BYTES,
+                          error=AOTIPackageError, caller="aoti_load_package", what="AOTInductor package")
     if out["version"] != str(PACKAGE_VERSION).encode():
         raise AOTIPackageError(f"aoti_load_package: package version {out['version'][:20]!r}; this flambeau reads "
                                f"version {PACKAGE_VERSION}")

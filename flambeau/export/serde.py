@@ -23,6 +23,7 @@ import operator
 import zipfile
 
 from .. import serialization
+from .._strict_zip import read_strict_zip
 from .._dtype import BY_NAME as DTYPES_BY_NAME
 from .._device import device as Device
 from .._ops import OPS, Op
@@ -381,35 +382,8 @@ def save(ep: ExportedProgram, f, *, extra_files: dict | None = None, opset_versi
 
 
 def _read_archive(f) -> dict:
-    try:
-        z = zipfile.ZipFile(f)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        raise SerializeError(f"flambeau.export.load: not an exported-program archive ({e}); the file is truncated "
-                             "or corrupt") from None
-    with z:
-        infos = z.infolist()
-        names = [i.filename for i in infos]
-        for n in names:
-            if n not in ENTRIES:
-                raise SerializeError(f"flambeau.export.load: unexpected entry {n!r} in the archive (path names, "
-                                     f"'..' and unknown files are refused; expected {', '.join(ENTRIES)})")
-        if len(set(names)) != len(names):
-            raise SerializeError("flambeau.export.load: the archive has duplicate entries")
-        missing = [n for n in ENTRIES if n not in names]
-        if missing:
-            raise SerializeError(f"flambeau.export.load: the archive lacks {', '.join(missing)}")
-        out = {}
-        for i in infos:
-            if i.file_size > MAX_ENTRY_BYTES:
-                raise SerializeError(f"flambeau.export.load: entry {i.filename} claims {i.file_size} bytes")
-            try:
-                out[i.filename] = z.read(i)
-            except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
-                raise SerializeError(f"flambeau.export.load: entry {i.filename} is corrupt ({e}); the file is "
-                                     "truncated or altered") from None
-    if out["archive_format"] != ARCHIVE_FORMAT:
-        raise SerializeError(f"flambeau.export.load: unknown archive format {out['archive_format'][:40]!r}")
-    return out
+    return read_strict_zip(f, ENTRIES, archive_format=ARCHIVE_FORMAT, max_entry_bytes=MAX_ENTRY_BYTES,
+                           error=SerializeError, caller="flambeau.export.load", what="exported-program archive")
 
 
 def _load_tensors(data: bytes) -> dict:
