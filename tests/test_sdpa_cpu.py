@@ -170,3 +170,62 @@ def test_workspace_is_linear_in_length():
         small, big = (ws(sizes(T).ctypes.data, backward, 2) for T in (2048, 8192))
         assert big <= 4.2 * small, (backward, small, big)
         assert big * 4 < 8192 * 8192 * 4 // 4, "a quarter of one head's score matrix"
+
+
+VMAP_CASES = ["plain", "causal_short_q", "bool_mask", "float_mask_bcast", "gqa", "three_d", "batch_broadcast"]
+
+
+def _per_example(fn, in_dims, args, n):
+    """`fn` run on each example of the batch and stacked: the loop that vmap must equal."""
+    outs = [fn(*(a if d is None else a.select(d, i) for a, d in zip(args, in_dims))) for i in range(n)]
+    if isinstance(outs[0], tuple):
+        return tuple(flambeau.stack([o[j] for o in outs]) for j in range(len(outs[0])))
+    return flambeau.stack(outs)
+
+
+@pytest.mark.parametrize("case", VMAP_CASES)
+def test_vmap_folds_the_batch_into_one_kernel_call(case, calls):
+    """vmap of the kernel op and of its backward (some operands unbatched, one batched at dim 1) equals the
+    loop over the batch, in one kernel call each: the batching rules, not vmap's loop fallback."""
+    n = 3
+    arrays = [_inputs(case, seed=s)[0] for s in range(n)]
+    cfg = _inputs(case)[1]
+    mask = cfg.get("attn_mask")
+    mask = None if mask is None else flambeau.tensor(mask)
+    causal, gqa = cfg.get("is_causal", False), cfg.get("enable_gqa", False)
+    q = flambeau.tensor(np.stack([a[0] for a in arrays]))                # batched at 0
+    k = flambeau.tensor(arrays[0][1])                                    # unbatched
+    v = flambeau.tensor(np.stack([a[2] for a in arrays], axis=1))        # batched at 1
+    fwd = lambda q, k, v: AC._sdpa_flash_cpu(q, k, v, mask, causal, None, gqa)  # noqa: E731
+    dims = (0, None, 1)
+    got = flambeau.func.vmap(fwd, in_dims=dims)(q, k, v)
+    assert calls["forward"] == 1
+    want = _per_example(fwd, dims, (q, k, v), n)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
+    g = flambeau.tensor(np.stack([a[3] for a in arrays]))
+    bwd = lambda g, q, k, v, o, lse: AC._sdpa_flash_cpu_backward(g, q, k, v, o, lse, mask, causal, None, gqa)  # noqa: E731
+    dims = (0, 0, None, 1, 0, 0)
+    args = (g, q, k, v, got[0], got[1])
+    grads = flambeau.func.vmap(bwd, in_dims=dims)(*args)
+    assert calls["backward"] == 1
+    for a, b in zip(grads, _per_example(bwd, dims, args, n)):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_per_sample_gradients_through_vmap_of_grad_match_pytorch(calls):
+    """vmap(grad(...)) over sdpa with the weights unbatched: per-example gradients as torch.func gives."""
+    (q, k, v, _), _ = _inputs("plain")
+    xs = np.random.default_rng(1).standard_normal((3,) + q.shape[1:]).astype(np.float32)
+
+    def loss(lib, w, x):
+        return (lib.nn.functional.scaled_dot_product_attention(x * w, x, x, is_causal=True) ** 2).sum()
+
+    w = q[0, 0, 0]
+    got = flambeau.func.vmap(flambeau.func.grad(lambda w, x: loss(flambeau, w, x)), in_dims=(None, 0))(
+        flambeau.tensor(w), flambeau.tensor(xs))
+    assert calls == {"forward": 1, "backward": 1}
+    want = torch.func.vmap(torch.func.grad(lambda w, x: loss(torch, w, x)), in_dims=(None, 0))(
+        torch.tensor(w), torch.tensor(xs))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
