@@ -3,8 +3,10 @@ over the samples (one backward each) and against PyTorch's `torch.func.vmap(grad
 
     python bench/func.py [--batch 64] [--steps 5]
 
-One JSON line per system: ms_per_step (median of --steps after one warm-up), first_call_ms; the last
-line gives the ratios loop/vmap and flambeau-vmap/torch-func. Timings from a loaded machine are noise."""
+One JSON line per system: ms_per_step (median wall time of --steps after one warm-up), cpu_ms_per_step
+(median process CPU time, all threads: steadier than wall time on a shared machine), first_call_ms;
+the last line gives the ratios loop/vmap and flambeau-vmap/torch-func of both. Wall timings from a
+loaded machine are noise."""
 from __future__ import annotations
 
 import argparse
@@ -45,12 +47,13 @@ def _time(step, steps):
     t0 = time.perf_counter()
     step()
     first = (time.perf_counter() - t0) * 1e3
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
         times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times)), first
+        cpu.append((time.process_time() - c0) * 1e3)
+    return float(np.median(times)), float(np.median(cpu)), first
 
 
 def main() -> None:
@@ -65,19 +68,22 @@ def main() -> None:
     rng = np.random.default_rng(0)
     xs = rng.standard_normal((args.batch, 1, 28, 28)).astype(np.float32)
     ts = rng.integers(0, NUM_CLASSES, args.batch)
-    results = {}
+    results, cpu_results = {}, {}
     for system, m, func in (("flambeau-vmap", fl, fl.func), ("flambeau-loop", fl, None),
                             ("torch-func", torch, torch.func)):
         model = _model(m)
         x, t = m.tensor(xs), m.tensor(ts)
         step = _vmap_grad(m, func, model, x, t) if func is not None else _loop(m, model, x, t)
-        ms, first = _time(step, args.steps)
-        results[system] = ms
+        ms, cpu_ms, first = _time(step, args.steps)
+        results[system], cpu_results[system] = ms, cpu_ms
         print(json.dumps({"workload": f"per_sample_grad_cnn_b{args.batch}", "system": system,
-                          "ms_per_step": round(ms, 3), "first_call_ms": round(first, 3)}))
-    print(json.dumps({"workload": f"per_sample_grad_cnn_b{args.batch}",
-                      "loop_over_vmap": round(results["flambeau-loop"] / results["flambeau-vmap"], 3),
-                      "flambeau_vmap_over_torch_func": round(results["flambeau-vmap"] / results["torch-func"], 3)}))
+                          "ms_per_step": round(ms, 3), "cpu_ms_per_step": round(cpu_ms, 3),
+                          "first_call_ms": round(first, 3)}))
+    ratios = {}
+    for kind, r in (("", results), ("cpu_", cpu_results)):
+        ratios[kind + "loop_over_vmap"] = round(r["flambeau-loop"] / r["flambeau-vmap"], 3)
+        ratios[kind + "flambeau_vmap_over_torch_func"] = round(r["flambeau-vmap"] / r["torch-func"], 3)
+    print(json.dumps({"workload": f"per_sample_grad_cnn_b{args.batch}", **ratios}))
 
 
 if __name__ == "__main__":

@@ -63,6 +63,21 @@ def opmath(dt: D.dtype) -> np.dtype:
     return dt.np
 
 
+_SAME_WIDTH_INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def zero_where(xp, cond, v):
+    """`where(cond, 0, v)` in `v`'s dtype. On NumPy with `cond` of `v`'s shape, the select is a
+    bitwise AND of `v`'s bits with a mask (NumPy's `where` branches per element, ~10x slower on
+    data-dependent masks such as relu's); -0.0 and NaN in `v` are kept as they are."""
+    if xp is np and isinstance(v, np.ndarray) and v.ndim and v.dtype.kind in "fiu" and cond.shape == v.shape:
+        ity = _SAME_WIDTH_INT.get(v.dtype.itemsize)
+        if ity is not None:
+            mask = np.negative(~cond, dtype=ity)        # keep: all ones, zero: all zeros
+            return np.bitwise_and(v.view(ity), mask, out=mask).view(v.dtype)
+    return xp.where(cond, 0, v)
+
+
 def cast(xp, x, npdt):
     """Bring an operand to the compute dtype: arrays are converted, Python scalars stay scalars."""
     t = type(x)

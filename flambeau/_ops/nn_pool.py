@@ -2,14 +2,16 @@
 avg_pool1d/2d/3d, adaptive_avg/max_pool1d/2d/3d, max_unpool1d/2d/3d, interpolate/upsample
 (nearest, nearest-exact, linear, bilinear, trilinear, bicubic, area).
 
-Max pooling gathers every window of every plane into one array (a flat index table built on the
-host: window positions outside the input point at a -inf sentinel) and takes an argmax: its
-backward is `_plane_scatter_add`. Everything linear and separable (average pooling, adaptive
+Max pooling on NumPy, with every window inside the plane, takes a running max over one strided
+view per kernel position; otherwise it gathers every window of every plane into one array (a flat
+index table built on the host: window positions outside the input point at a -inf sentinel) and
+takes an argmax. Its backward is `_plane_scatter_add`. Everything linear and separable (average pooling, adaptive
 average pooling, interpolation) builds per-dim index/weight tables with PyTorch's exact
 coordinate conventions and runs `_taps_gather` (nn_resample.py).
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -91,8 +93,44 @@ def _window_max(xp, x, nd, table):
     t = xp.asarray(table)
     g = xf[:, t]
     am = xp.argmax(g, axis=-1)
+    if np.dtype(cd).kind == "f":              # a NaN takes the place, so the last NaN wins (ATen's CPU loop)
+        nan = xp.isnan(g)
+        am = xp.where(nan.any(-1), g.shape[-1] - 1 - xp.argmax(nan[..., ::-1], axis=-1), am)
     vals = xp.take_along_axis(g, am[..., None], axis=-1)[..., 0]
     idx = t[xp.arange(t.shape[0])[None, :], am]
+    return vals.astype(x.dtype, copy=False), idx
+
+
+def _inside(S, out, ks, st, pd, dl) -> bool:
+    """Every window lies inside the plane (no padding, no ceil_mode window past the edge)."""
+    return not any(pd) and all((o - 1) * s + (k - 1) * d < n for n, o, k, s, d in zip(S, out, ks, st, dl))
+
+
+def _strided_window_max(x, nd, out, ks, st, dl):
+    """NumPy max pooling of windows inside the plane: one strided view of the input per kernel
+    position, a running max and its flat index (ATen's CPU loop: a larger value or a NaN takes the
+    place, so ties keep the first position and a NaN the last) -> values, indices (..., *out)."""
+    S = x.shape[-nd:]
+    dt = D.FROM_NP[x.dtype]
+    xc = x.astype(opmath(dt) if dt.category >= D.FLOATING else x.dtype, copy=False)
+    floating = xc.dtype.kind == "f"
+    lead = (slice(None),) * (x.ndim - nd)
+    base = np.zeros(out, np.int64)                       # flat index of each window's first element
+    for i in range(nd):
+        base = base + (np.arange(out[i]) * st[i] * math.prod(S[i + 1:])).reshape((-1,) + (1,) * (nd - 1 - i))
+    vals = idx = None
+    for pos in itertools.product(*[range(k) for k in ks]):
+        win = xc[lead + tuple(slice(p * d, p * d + s * (o - 1) + 1, s) for p, d, s, o in zip(pos, dl, st, out))]
+        offset = sum(p * d * math.prod(S[i + 1:]) for i, (p, d) in enumerate(zip(pos, dl)))
+        if vals is None:
+            vals = win.copy()
+            idx = np.broadcast_to(base + offset, vals.shape).copy()
+            continue
+        take = win > vals
+        if floating:
+            take |= np.isnan(win)
+        np.copyto(vals, win, where=take)
+        np.copyto(idx, base + offset, where=take)
     return vals.astype(x.dtype, copy=False), idx
 
 
@@ -147,6 +185,8 @@ def _def_max_pool(nd):
         ks, st, pd, dl = _pool_args(nd, kernel_size, stride, padding, dilation)
         shape = _pool_shape(f"max_pool{nd}d", self.shape, nd, ks, st, pd, dl, ceil_mode)
         geometry = (tuple(self.shape[-nd:]), tuple(shape[-nd:]), ks, st, pd, dl)
+        if xp is np and _inside(*geometry):
+            return _strided_window_max(self, nd, geometry[1], ks, st, dl)
         table = _cached_table(xp, ("max",) + geometry, lambda: xp.asarray(_max_pool_tables(*geometry)))
         vals, idx = _window_max(xp, self, nd, table)
         return vals.reshape(shape), idx.reshape(shape)

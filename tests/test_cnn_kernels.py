@@ -1,0 +1,60 @@
+"""The CNN kernels' fast NumPy paths against PyTorch bit for bit: max pooling's indices where windows
+tie or hold NaN (the strided running-max path, every window inside the plane, and the gathered path
+with padding both follow ATen's CPU loop), and relu's select (`_helpers.zero_where`, a bitwise mask)
+on -0.0, NaN and inf values and gradients."""
+import numpy as np
+import pytest
+import torch
+
+import flambeau as fl
+
+CASES = [  # (shape, kernel_size, stride, padding, dilation, ceil_mode)
+    ((2, 3, 8, 8), 2, None, 0, 1, False),
+    ((2, 3, 9, 11), 3, 2, 0, 1, False),
+    ((2, 3, 9, 11), (2, 3), (1, 2), 0, (2, 1), True),
+    ((2, 3, 9, 11), 3, 2, 1, 1, False),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])) + f"_k{c[1]}_p{c[3]}")
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_max_pool2d_ties_and_nans_pick_atens_index(case, dtype):
+    shape, k, s, p, d, ceil = case
+    rng = np.random.default_rng(0)
+    x = rng.integers(-2, 2, shape).astype(dtype)          # many ties
+    if dtype != "int64":
+        x[rng.random(shape) < 0.15] = np.nan
+        x[rng.random(shape) < 0.05] = -np.inf
+    got = fl.nn.functional.max_pool2d(fl.tensor(x), k, s, p, d, ceil, True)
+    want = torch.nn.functional.max_pool2d(torch.tensor(x), k, s, p, d, ceil, True)
+    np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
+    np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
+
+
+def test_max_pool3d_and_1d_strided_windows_as_pytorch():
+    rng = np.random.default_rng(1)
+    x = rng.integers(-2, 2, (1, 2, 5, 6, 7)).astype(np.float32)
+    for fn, arr, args in (("max_pool3d", x, (2, None, 0, 1, True)), ("max_pool1d", x[0, 0], (2, 1, 0, 2, False))):
+        got = getattr(fl.nn.functional, fn)(fl.tensor(arr), *args, return_indices=True)
+        want = getattr(torch.nn.functional, fn)(torch.tensor(arr), *args, return_indices=True)
+        np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
+        np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
+
+
+SPECIALS = [-1.0, -0.0, 0.0, np.nan, -np.nan, 2.0, np.inf, -np.inf, 1e-45, -1e-45]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int8", "int64"])
+def test_relu_and_its_gradient_bit_for_bit_as_pytorch(dtype):
+    rng = np.random.default_rng(2)
+    x = np.concatenate([np.array(SPECIALS if dtype.startswith("float") else [-3, 0, 5, 1]), rng.standard_normal(64) * 9])
+    x = x.astype(dtype).reshape(-1, 2)
+    g = np.where(np.arange(x.size) % 3 == 0, np.inf, np.arange(x.size) - 7.0).reshape(x.shape).astype(dtype) \
+        if dtype.startswith("float") else None
+    got, want = fl.relu(fl.tensor(x)).numpy(), torch.relu(torch.tensor(x)).numpy()
+    np.testing.assert_array_equal(got.view(f"u{x.itemsize}"), want.view(f"u{x.itemsize}"))    # sign of zeros too
+    if g is not None:
+        a, b = fl.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+        fl.relu(a).backward(fl.tensor(g))
+        torch.relu(b).backward(torch.tensor(g))
+        np.testing.assert_array_equal(a.grad.numpy().view(f"u{x.itemsize}"), b.grad.numpy().view(f"u{x.itemsize}"))
