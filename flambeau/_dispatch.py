@@ -15,7 +15,8 @@ In-place ops (`add_`) run their functional op and copy the result into `self`; `
 Wrapper tensor subclasses (DTensor) hold no data of their own: their `_device` is `WRAPPER_DEVICE`, so
 a call with one among its arguments reaches, below autograd, the class's
 `__torch_dispatch__(op, types, args, kwargs)` instead of a kernel (PyTorch's Python dispatch key),
-and an in-place result is written into one by its `_wrapper_write(res)`.
+and an in-place result is written into one by its `_wrapper_write(res)`. A class that declares
+`_wrapper_owns_autograd` (sparse tensors) is called above autograd instead: its handlers record their graph.
 """
 from __future__ import annotations
 
@@ -290,6 +291,8 @@ def call_functional(op, args, kwargs, record=True):
         uargs, ukwargs, dev, rg, fw = _scan(op, args, kwargs)
     if dev is QUANTIZED_CPU:
         raise _quantized_unsupported(op)
+    if dev is WRAPPER_DEVICE and record and _wrapper_class(args, kwargs)._wrapper_owns_autograd:
+        return _wrapper_call(op, args, kwargs)      # sparse tensors: their handlers record their own graph
     if (rg or fw) and record and op.derivative is None and op.decomposition is not None and _state.grad_enabled:
         # no derivative formula: differentiate through the decomposition (its ops have formulas),
         # unless it declines these inputs (NotImplemented): then the op runs and backward raises
@@ -376,6 +379,10 @@ def _unusual_call(op, args, kwargs, uargs, ukwargs, dev):
     if op.return_type is not None and type(out) is tuple:
         out = op.return_type(*out)
     return out
+
+
+def _wrapper_class(args, kwargs) -> type:
+    return next(type(t) for t in flat_tensors(args, kwargs) if t._device is WRAPPER_DEVICE)
 
 
 def _wrapper_call(op, args, kwargs):

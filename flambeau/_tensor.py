@@ -78,6 +78,9 @@ class Tensor:
     _fw_grad = None
     # a quantized tensor's map from its integers to reals (flambeau._ops.quantized_tensor), else None
     _quantizer = None
+    # a wrapper subclass (`_device` is the dispatcher's WRAPPER_DEVICE) whose __torch_dispatch__ runs above
+    # autograd and records its own graph sets this (flambeau.sparse's SparseTensor)
+    _wrapper_owns_autograd = False
 
     @staticmethod
     def _make(data, device: Device, dtype=None) -> "Tensor":
@@ -544,6 +547,7 @@ class memory_format:
 
 strided = _Layout("strided")
 sparse_coo = _Layout("sparse_coo")
+sparse_csr = _Layout("sparse_csr")
 contiguous_format = memory_format("contiguous_format")
 channels_last = memory_format("channels_last")
 channels_last_3d = memory_format("channels_last_3d")

@@ -13,7 +13,7 @@ import warnings
 
 from .._dtype import FLOATING
 from .. import _state
-from .._tensor import Tensor
+from .._tensor import Tensor, strided
 from .._dispatch import WRAPPER_DEVICE
 from .graph import AccumulateGrad, _edge
 from .._ops.creation import ones_like, tensor, zeros_like
@@ -43,6 +43,14 @@ def _reduce_to(g: Tensor, shape, dtype, device, node, i) -> Tensor:
     if g._device != device:
         g = g.to(device)
     return g
+
+
+def _sum_grads(a: Tensor, b: Tensor) -> Tensor:
+    """Two gradients of one tensor summed; a sparse and a dense one give a dense sum (PyTorch's
+    engine adds the sparse one to the dense one: `sparse + dense` itself is an error)."""
+    if a._device is WRAPPER_DEVICE and a.layout is not strided and b.layout is strided:
+        return b + a
+    return a + b
 
 
 def _run_hooks(hooks, g):
@@ -85,7 +93,7 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
         if node is None:
             continue
         buf = buffers.setdefault(node, {})
-        buf[nr] = g if nr not in buf else buf[nr] + g
+        buf[nr] = g if nr not in buf else _sum_grads(buf[nr], g)
     ready = []
     for (node, _nr), _ in roots:
         if node is not None and deps.get(node, 0) == 0 and node not in [r[2] for r in ready]:
@@ -147,7 +155,7 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                     if b is None:
                         buffers[nx] = {nr: g}
                     else:
-                        b[nr] = g if b.get(nr) is None else b[nr] + g
+                        b[nr] = g if b.get(nr) is None else _sum_grads(b[nr], g)
                 left = deps[nx] - 1
                 deps[nx] = left
                 if left == 0:
@@ -217,6 +225,8 @@ def _accumulate(t: Tensor, g: Tensor, create_graph: bool):
             t._grad = g.detach().clone()
     elif create_graph or t._grad._requires_grad:
         t._grad = t._grad + g
+    elif t._grad.layout is not strided or g.layout is not strided:
+        t._grad = _sum_grads(t._grad, g.detach())       # a sparse gradient: out of place (its layout may change)
     else:
         prev = _state.grad_enabled
         _state.grad_enabled = False

@@ -1,0 +1,16 @@
+"""`flambeau.sparse`: PyTorch's sparse tensors.
+
+COO and CSR tensors (`flambeau.sparse_coo_tensor`, `Tensor.to_sparse()`, `to_sparse_csr()`, `to_dense()`)
+with `sparse.mm` (and `reduce=`), `sparse.sum`, `sparse.addmm` and `torch.mm`/`@`/`addmm` with a sparse
+left operand, forward and backward on cpu (`_tensor.py`, `_ops.py`); 2:4 semi-structured sparsity
+(`to_sparse_semi_structured`, `SparseSemiStructuredTensor`) in `semi_structured.py`.
+"""
+from __future__ import annotations
+
+from ._tensor import SparseTensor
+from ._ops import (addmm, coalesce, dense_to_sparse, install_methods, mm, sparse_coo_tensor, sparse_csr_tensor,
+                   sum, to_dense, to_sparse_csr)
+
+install_methods()
+
+__all__ = ["SparseTensor", "addmm", "mm", "sum", "sparse_coo_tensor", "sparse_csr_tensor"]
