@@ -2,7 +2,7 @@
 
     python bench/distributed_train.py [--device cuda] [--nproc 2] [--systems flambeau,torch]
                                       [--modes eager,compiled] [--steps 10] [--warmup 3] [--small]
-                                      [--parallel ddp|fsdp2] [--checkpoint DIR]
+                                      [--parallel ddp|fsdp2|tp] [--checkpoint DIR] [--profile DIR]
 
 Each configuration is a launch of this file as a worker: under `python -m flambeau.distributed.run`
 (`import torch` is flambeau there) or `python -m torch.distributed.run` (PyTorch), one process per GPU
@@ -16,7 +16,12 @@ tokens (B 8, T 1024; `--small`: B 2, T 32); configurations:
     ddp     nproc processes, DDP, each on its B sequences of the global batch
 
 `--parallel fsdp2` replaces DDP by FSDP2 (`fully_shard` on every block, then on the model, over a 1-D
-DeviceMesh). `--checkpoint DIR` runs two configurations instead: `ddp` saves model and optimizer state with
+DeviceMesh). `--parallel tp` is 2-way (nproc-way) Megatron tensor parallelism (`parallelize_module`: per
+block c_attn and c_fc ColwiseParallel, both c_proj RowwiseParallel; embeddings, norms and the tied head
+replicated): every rank trains on the same B sequences, so its losses are compared with `single` (1 process
+on those B sequences) and there is no scaling efficiency. c_attn's fused q|k|v rows are reordered first so
+each rank's column shard holds its heads' q, k and v (the attention then splits its local output in three:
+the same model, its output features permuted). `--checkpoint DIR` runs two configurations instead: `ddp` saves model and optimizer state with
 `distributed.checkpoint.save` (`get_state_dict`) after its steps, then trains RESUME_STEPS more steps;
 `resume` (1 process) loads that checkpoint into a fresh model and optimizer (`set_state_dict`) and trains the
 same RESUME_STEPS steps on the whole global batch; the driver compares their losses.
@@ -27,7 +32,11 @@ over --steps after --warmup steps, wall clock between device synchronisations; l
 timing) and the losses of every step (in DDP the mean over ranks). The driver adds, per system and mode:
 the largest relative difference between the ddp and ref losses, the scaling efficiency
 (single ms / ddp ms: nproc-process throughput over nproc x 1-process throughput) and, per mode, flambeau's
-ddp step time over PyTorch's. A configuration that fails prints its error instead.
+ddp step time over PyTorch's. Each worker also reports host_ms_per_step (the host's time to queue the timed
+steps, before the closing synchronisation: near ms_per_step means the host is the bottleneck). `--profile
+DIR`: after the timed steps, rank 0 of each configuration runs PROFILE_STEPS more under cProfile and writes
+the top functions (by own time, and by cumulative time) to DIR/<system>-<mode>-<config>.txt.
+A configuration that fails prints its error instead.
 """
 from __future__ import annotations
 
@@ -45,10 +54,52 @@ SMALL = dict(vocab=96, block=32, d=64, layers=2, heads=2, batch=2, seq=32)
 LR = 3e-4
 DATA_SEED = 1234
 RESUME_STEPS = 2
+PROFILE_STEPS = 3
+PROFILE_ROWS = 40
 
 
-def _parallelize(torch, model, args, world_size: int, cuda: bool, local: int):
-    """The model wrapped for `world_size` processes (DDP or FSDP2), compiled in `compiled` mode."""
+def _tp_attention_forward(torch, heads: int):
+    """GPT-2 attention on a column shard of c_attn (rows reordered by `_tensor_parallel`): the local output
+    is this rank's heads' q | k | v; the row-parallel c_proj sums the heads' contributions over ranks."""
+    F = torch.nn.functional
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = self.c_attn(x).chunk(3, dim=2)
+        width = q.shape[-1]
+        local_heads = width * heads // x.shape[-1]
+        q, k, v = (z.view(B, T, local_heads, width // local_heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.drop(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, width)))
+    return forward
+
+
+def _tensor_parallel(torch, model, cfg: dict, world_size: int, cuda: bool) -> None:
+    """Megatron-style tensor parallelism of every block over a 1-D mesh of `world_size` ranks."""
+    import types
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    mesh = init_device_mesh("cuda" if cuda else "cpu", (world_size,))
+    d = cfg["d"]
+    order = [part * d + r * (d // world_size) + i for r in range(world_size) for part in range(3)
+             for i in range(d // world_size)]
+    index = torch.tensor(order, device=model.h[0].attn.c_attn.weight.device)
+    forward = _tp_attention_forward(torch, cfg["heads"])
+    with torch.no_grad():
+        for block in model.h:
+            attn = block.attn
+            attn.c_attn.weight.copy_(attn.c_attn.weight.index_select(0, index))
+            attn.c_attn.bias.copy_(attn.c_attn.bias.index_select(0, index))
+            attn.forward = types.MethodType(forward, attn)
+    for block in model.h:
+        parallelize_module(block, mesh, {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
+                                         "c_fc": ColwiseParallel(), "c_proj": RowwiseParallel()})
+
+
+def _parallelize(torch, model, args, cfg: dict, world_size: int, cuda: bool, local: int):
+    """The model wrapped for `world_size` processes (DDP, FSDP2 or TP), compiled in `compiled` mode."""
+    if world_size > 1 and args.parallel == "tp":
+        _tensor_parallel(torch, model, cfg, world_size, cuda)
     if world_size > 1 and args.parallel == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -101,13 +152,14 @@ def worker(args) -> None:
     torch.manual_seed(0)
     model = gpu_models.gpt(torch, vocab=cfg["vocab"], block=cfg["block"], d=cfg["d"], layers=cfg["layers"],
                            heads=cfg["heads"]).to(device)
-    model = _parallelize(torch, model, args, world_size, cuda, local)
+    model = _parallelize(torch, model, args, cfg, world_size, cuda, local)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
     rows = cfg["batch"] * args.batch_factor
     rng = np.random.default_rng(DATA_SEED)
     steps = args.warmup + args.steps
     data = rng.integers(0, cfg["vocab"], (steps + RESUME_STEPS, 2, args.global_batch, cfg["seq"]))
-    mine = data[:, :, rank * rows:(rank + 1) * rows]
+    first = 0 if args.parallel == "tp" else rank * rows          # TP: every rank on the same rows
+    mine = data[:, :, first:first + rows]
     batches = [(torch.tensor(mine[s, 0], device=device), torch.tensor(mine[s, 1], device=device))
                for s in range(steps + RESUME_STEPS)]
     amp = torch.bfloat16 if cuda else None
@@ -127,8 +179,11 @@ def worker(args) -> None:
     start = time.perf_counter()
     for s in range(args.warmup, steps):
         losses.append(gpu_models.train_step(torch, model, opt, *batches[s], amp).detach())
+    host_ms = (time.perf_counter() - start) / args.steps * 1e3
     sync()
     ms = (time.perf_counter() - start) / args.steps * 1e3
+    if args.profile:
+        _profile(args, torch, rank, lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp), sync)
     if args.checkpoint:
         _save(torch, model, opt, args.checkpoint)
         losses = [gpu_models.train_step(torch, model, opt, *batches[s], amp).detach()
@@ -142,10 +197,36 @@ def worker(args) -> None:
         print(json.dumps({"workload": _workload(args), "system": _system(torch),
                           "mode": args.mode, "config": args.config, "device": args.device,
                           "world_size": world_size, "batch_per_rank": rows, "seq": cfg["seq"],
-                          "ms_per_step": ms, "tokens_per_s": world_size * rows * cfg["seq"] / ms * 1e3,
+                          "ms_per_step": ms, "host_ms_per_step": host_ms,
+                          "tokens_per_s": (1 if args.parallel == "tp" else world_size) * rows * cfg["seq"] / ms * 1e3,
+                          "cpus": len(os.sched_getaffinity(0)),
                           "losses": [float(v) for v in stacked.cpu().tolist()]}), flush=True)
     if world_size > 1:
         dist.destroy_process_group()
+
+
+def _profile(args, torch, rank: int, step, sync) -> None:
+    """PROFILE_STEPS steps under cProfile (every rank steps; rank 0 writes the tables)."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    sync()
+    prof.enable()
+    for _ in range(PROFILE_STEPS):
+        step()
+    sync()
+    prof.disable()
+    if rank != 0:
+        return
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(PROFILE_ROWS)
+    stats.sort_stats("cumulative").print_stats(PROFILE_ROWS)
+    os.makedirs(args.profile, exist_ok=True)
+    name = f"{_system(torch)}-{args.mode}-{args.config}-{args.parallel}.txt"
+    with open(os.path.join(args.profile, name), "w") as f:
+        f.write(f"{PROFILE_STEPS} steps\n" + out.getvalue())
 
 
 def _system(torch) -> str:
@@ -164,6 +245,7 @@ def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
            "--warmup", str(args.warmup), "--batch-factor", str(factor),
            "--global-batch", str(args.nproc * (SMALL if args.small else GPT2)["batch"]),
            "--parallel", args.parallel] + (["--small"] if args.small else []) + \
+        (["--profile", os.path.abspath(args.profile)] if args.profile else []) + \
         (["--checkpoint", os.path.join(args.checkpoint, system)] if args.checkpoint else [])
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NCCL_NVLS_ENABLE="0",
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
@@ -190,10 +272,13 @@ def _summaries(results: list, systems: list, modes: list, parallel: str) -> list
             if resume and ddp:
                 row["max_rel_loss_diff_after_resume"] = max(abs(a - b) / max(abs(b), 1e-12) for a, b in
                                                             zip(resume["losses"], ddp["losses"][-RESUME_STEPS:]))
-            if ref and ddp:
+            same = single if parallel == "tp" else ref          # the 1-process run on the same rows
+            if same and ddp:
                 row["max_rel_loss_diff"] = max(abs(a - b) / max(abs(b), 1e-12)
-                                               for a, b in zip(ddp["losses"], ref["losses"]))
-            if single and ddp:
+                                               for a, b in zip(ddp["losses"], same["losses"]))
+            if single and ddp and parallel == "tp":
+                row["speedup_over_one_process"] = single["ms_per_step"] / ddp["ms_per_step"]
+            elif single and ddp:
                 row["scaling_efficiency"] = single["ms_per_step"] / ddp["ms_per_step"]
             out.append(row)
     for mode in modes:
@@ -214,7 +299,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--small", action="store_true")
-    p.add_argument("--parallel", choices=("ddp", "fsdp2"), default="ddp")
+    p.add_argument("--parallel", choices=("ddp", "fsdp2", "tp"), default="ddp")
+    p.add_argument("--profile", default="", help="cProfile tables of rank 0 of each configuration into DIR")
     p.add_argument("--checkpoint", default="", help="save after the N-process run, resume in 1 process (DIR)")
     p.add_argument("--budget-s", type=float, default=1e9, help="skip configurations once this much time is spent")
     p.add_argument("--timeout-s", type=float, default=600)
