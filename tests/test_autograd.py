@@ -316,6 +316,22 @@ def test_post_accumulate_grad_hook():
     assert a == b
 
 
+def test_queue_callback_runs_when_backward_ends():
+    for mod in BOTH:
+        x = mod.tensor([1.0, 2.0], requires_grad=True)
+        y = mod.tensor([3.0], requires_grad=True)
+        seen = []
+
+        def queue(t):
+            seen.append(("hook", y.grad))
+            mod.autograd.Variable._execution_engine.queue_callback(lambda: seen.append(("end", y.grad.tolist())))
+        x.register_post_accumulate_grad_hook(queue)
+        ((x * 2).sum() + y.sum() * 0 + (y * y).sum()).backward()
+        assert [s[0] for s in seen] == ["hook", "end"] and seen[1][1] == [6.0]
+    a, b = same_error(lambda m: m.autograd.Variable._execution_engine.queue_callback(print))
+    assert a == b
+
+
 def test_retain_grad():
     for mod in BOTH:
         x = mod.tensor([1.0, 2.0], requires_grad=True)

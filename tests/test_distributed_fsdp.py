@@ -27,6 +27,8 @@ def ranks(request, tmp_path_factory):
 
 def _reference(tag, res, world, accumulate=False):
     model = Model().double()
+    if tag == "unused":
+        model.extra = torch.nn.Linear(3, 2).double()
     prefix = f"{tag}/init/"
     model.load_state_dict({k[len(prefix):]: torch.from_numpy(v) for k, v in res.items() if k.startswith(prefix)})
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -46,7 +48,7 @@ def _reference(tag, res, world, accumulate=False):
     return losses, {k: v.detach().numpy() for k, v in model.named_parameters()}
 
 
-@pytest.mark.parametrize("tag", ["reshard", "keep", "accumulate"])
+@pytest.mark.parametrize("tag", ["reshard", "keep", "accumulate", "unused"])
 def test_fsdp_training_equals_one_process_on_the_whole_batch(ranks, tag):
     losses, final = _reference(tag, ranks[0], len(ranks), accumulate=tag == "accumulate")
     for r, res in enumerate(ranks):
@@ -57,6 +59,22 @@ def test_fsdp_training_equals_one_process_on_the_whole_batch(ranks, tag):
             np.testing.assert_allclose(res[f"{tag}/final/{k}"], v, rtol=1e-9, atol=1e-11, err_msg=f"rank {r} {k}")
         # the forward sees whole gathered parameters (plain tensors), not the shards
         assert str(res[f"{tag}/seen"][0]) == "torch.float64,Tensor,(12, 12)"
+
+
+def test_unused_parameter_leaves_its_grad_none(ranks):
+    for res in ranks:                    # the reference's AdamW skips it: its weights stay the initial ones
+        np.testing.assert_array_equal(res["unused/final/extra.weight"], res["unused/init/extra.weight"])
+
+
+def test_reduce_scatters_overlap_the_rest_of_backward(ranks):
+    """Every group's reduce-scatter starts during backward and is waited for only after the input's
+    gradient (the last node of backward) has been computed."""
+    for res in ranks:
+        timeline = res["overlap/timeline"].tolist()
+        last = timeline.index("input gradient")
+        assert timeline[:last].count("reduce_scatter started") >= 2, timeline     # the blocks at least
+        assert "reduce_scatter waited" not in timeline[:last], timeline
+        assert timeline.count("reduce_scatter waited") == timeline.count("reduce_scatter started") == 3
 
 
 def test_mixed_precision_computes_in_bfloat16(ranks):

@@ -9,6 +9,7 @@ from .grad_mode import (no_grad, enable_grad, set_grad_enabled, inference_mode, 
                         is_grad_enabled, set_detect_anomaly, detect_anomaly, is_anomaly_enabled)
 from .function import Function, FunctionCtx, once_differentiable, InplaceFunction  # noqa: F401
 from . import graph  # noqa: F401
+from . import engine as _engine
 from .graph import Node  # noqa: F401
 
 from . import forward_ad, functional  # noqa: F401,E402
@@ -40,3 +41,4 @@ Variable.backward = _tensor_backward
 Variable.register_hook = _tensor_register_hook
 Variable.register_post_accumulate_grad_hook = _tensor_register_post_accumulate_grad_hook
 Variable.retain_grad = _tensor_retain_grad
+Variable._execution_engine = _engine          # Variable._execution_engine.queue_callback(fn), as PyTorch's

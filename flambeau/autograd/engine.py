@@ -61,6 +61,9 @@ def _run_hooks(hooks, g):
     return g
 
 
+_final_callbacks: list = []    # per backward pass running (innermost last): callbacks queued to run at its end
+
+
 def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accumulate=True,
             only_leaves=None):
     """Run backward from `roots` = [(edge, grad)].
@@ -102,6 +105,7 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
     prev = _state.grad_enabled
     _state.grad_enabled = create_graph
     prev_autocast, _state.autocast = _state.autocast, {}     # backward keeps the forward's casts only
+    _final_callbacks.append([])
     try:
         while ready:
             _, _, node = heapq.heappop(ready)
@@ -160,10 +164,22 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                 deps[nx] = left
                 if left == 0:
                     heapq.heappush(ready, (-nx._sequence_nr, id(nx), nx))
+        callbacks = _final_callbacks[-1]
+        while callbacks:
+            callbacks.pop(0)()
     finally:
+        _final_callbacks.pop()
         _state.grad_enabled = prev
         _state.autocast = prev_autocast
     return captured
+
+
+def queue_callback(callback) -> None:
+    """Run `callback()` once the backward pass now running has finished (PyTorch's
+    `Variable._execution_engine.queue_callback`; DDP and FSDP finish their reductions there)."""
+    if not _final_callbacks:
+        raise RuntimeError("Final callbacks can only be installed during backward pass.")
+    _final_callbacks[-1].append(callback)
 
 
 def _needed(nodes, targets):

@@ -30,9 +30,11 @@ def data(step):
     return x[rank * B:(rank + 1) * B], y[rank * B:(rank + 1) * B]
 
 
-def train(tag, reshard, mp=None, dtype=torch.float64, accumulate=False):
+def train(tag, reshard, mp=None, dtype=torch.float64, accumulate=False, unused=False):
     torch.manual_seed(0)
     model = Model().to(dtype)
+    if unused:                       # a root parameter that never gets a gradient
+        model.extra = torch.nn.Linear(3, 2).to(dtype)
     for k, v in model.state_dict().items():
         res[f"{tag}/init/{k}"] = v.float().numpy().astype(np.float64) if dtype != torch.float64 else v.numpy().copy()
     kw = {"mp_policy": mp} if mp is not None else {}
@@ -74,7 +76,47 @@ def train(tag, reshard, mp=None, dtype=torch.float64, accumulate=False):
         res[f"{tag}/final/{k}"] = p.full_tensor().detach().double().numpy()
 
 
+timeline = []
+
+
+def record_reduce_scatter(real):
+    def reduce_scatter(*args, **kwargs):
+        work = real(*args, **kwargs)
+        timeline.append("reduce_scatter started")
+        wait = work.wait
+
+        def recorded_wait(*a, **k):
+            timeline.append("reduce_scatter waited")
+            return wait(*a, **k)
+        work.wait = recorded_wait
+        return work
+    return reduce_scatter
+
+
+def overlap():
+    """The order of events in one backward: reduce-scatters started, the input's gradient computed (the
+    last node of backward), reduce-scatters waited for."""
+    fs = torch.distributed.fsdp._fully_shard
+    real = fs.reduce_scatter
+    fs.reduce_scatter = record_reduce_scatter(real)
+    try:
+        torch.manual_seed(0)
+        model = Model().double()
+        for b in model.blocks:
+            fully_shard(b, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        x, y = data(0)
+        x = x.clone().requires_grad_()
+        x.register_hook(lambda g: timeline.append("input gradient"))
+        ((model(x) - y) ** 2).mean().backward()
+    finally:
+        fs.reduce_scatter = real
+    res["overlap/timeline"] = np.array(timeline)
+
+
 train("reshard", True)
+train("unused", True, unused=True)
+overlap()
 train("keep", False)
 train("accumulate", True, accumulate=True)
 train("mixed", True, mp=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),

@@ -14,7 +14,11 @@ Around the group's forward:
     (prefetching the group that runs backward next);
   - as backward accumulates each gathered parameter's gradient, once the whole group has them: one
     reduce-scatter of the flat gradients (cast to `mp_policy.reduce_dtype`), averaged over the mesh,
-    accumulated into the sharded parameters' `.grad` (DTensors, Shard(0)); the group reshards.
+    started asynchronously (on cuda on the NCCL engine's stream, overlapping the rest of backward); the
+    group reshards at once. At the end of backward (an autograd final callback) the reductions are waited
+    for and accumulated into the sharded parameters' `.grad` (DTensors, Shard(0)); a group some of whose
+    parameters got no gradient in this backward is reduced there with the gradients it has (instead of
+    waiting for ever), those parameters' `.grad` left as they were.
 `set_requires_gradient_sync(False)` keeps the gathered gradients for the next synchronised backward.
 """
 from __future__ import annotations
@@ -25,13 +29,16 @@ from ... import _state
 from ..._ops.creation import empty
 from ..._ops.shape import cat
 from ..._tensor import Tensor
+from ...autograd import engine
 from ...nn.parameter import Parameter
 from ..collectives import all_gather, reduce_scatter
 from ..device_mesh import DeviceMesh, init_device_mesh
-from ..distributed_c10d import ReduceOp, get_world_size
+from ..distributed_c10d import ReduceOp, _xp, get_world_size
 from ..tensor._api import DTensor
 from ..tensor._redistribute import redistribute_local
 from ..tensor.placement_types import Replicate, Shard
+
+_ARRAY_NATIVE_KINDS = "biufc"     # NumPy dtype kinds NumPy and CuPy both copy (not bfloat16's 'V')
 
 __all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "CPUOffloadPolicy", "UnshardHandle"]
 
@@ -142,13 +149,23 @@ class _ParamGroup:
     def _finish_unshard(self, buffers) -> None:
         self._pending = None
         offsets = [0] * self.n
+        arrays = [b._data for b in buffers]
+        raw = bool(arrays) and arrays[0].dtype.kind in _ARRAY_NATIVE_KINDS
         for fp in self.params:
-            pieces = []
-            for r in range(self.n):
-                k = self._rows(fp, r) * self._row_numel(fp)
-                pieces.append(buffers[r].narrow(0, offsets[r], k).reshape((self._rows(fp, r),) + fp.shape[1:]))
+            counts = [self._rows(fp, r) * self._row_numel(fp) for r in range(self.n)]
+            if raw:                             # one array copy per rank's piece, off the dispatcher
+                data = _xp(arrays[0]).empty((sum(counts),), dtype=arrays[0].dtype)
+                at = 0
+                for r, k in enumerate(counts):
+                    data[at:at + k] = arrays[r][offsets[r]:offsets[r] + k]
+                    at += k
+                full = Tensor._make(data.reshape(fp.shape), buffers[0]._device, buffers[0]._dtype)
+            else:
+                pieces = [buffers[r].narrow(0, offsets[r], k).reshape((self._rows(fp, r),) + fp.shape[1:])
+                          for r, k in enumerate(counts)]
+                full = _no_grad(lambda: cat(pieces, 0).reshape(fp.shape).contiguous())
+            for r, k in enumerate(counts):
                 offsets[r] += k
-            full = _no_grad(lambda: cat(pieces, 0).reshape(fp.shape).contiguous())
             if fp.unsharded is None:
                 fp.unsharded = full.detach().requires_grad_(fp.sharded.requires_grad)
                 if fp.sharded.requires_grad:
@@ -181,6 +198,7 @@ class _ParamGroup:
         def reduce_when_group_ready(t: Tensor) -> None:
             if not self.sync_grads:          # accumulating locally: the synchronised backward counts afresh
                 return
+            _BACKWARD.track(self)
             self._grads_ready.add(id(fp))
             wanted = {id(p) for p in self.params if p.sharded.requires_grad}
             if self._grads_ready >= wanted:
@@ -189,6 +207,7 @@ class _ParamGroup:
         return reduce_when_group_ready
 
     def reduce_grads(self) -> None:
+        """Start the reduce-scatter of the gathered gradients (finished by `_BACKWARD` at the end of backward)."""
         ps = [fp for fp in self.params if fp.unsharded is not None and fp.unsharded.grad is not None]
         if not ps:
             return
@@ -203,7 +222,15 @@ class _ParamGroup:
                 pieces.append((g.to(dtype) if dtype is not None else g).reshape(-1))
             inputs.append(_no_grad(lambda: cat(pieces).contiguous()))
         out = empty(tuple(inputs[self.rank].shape), dtype=inputs[0].dtype, device=inputs[0].device)
-        reduce_scatter(out, inputs, op=ReduceOp.AVG, group=self.group)
+        work = reduce_scatter(out, inputs, op=ReduceOp.AVG, group=self.group, async_op=True)
+        for fp in ps:
+            fp.unsharded.grad = None
+        self.reshard()
+        _BACKWARD.pending.append((self, work, out, ps))
+
+    def finish_reduce(self, work, out, ps: list) -> None:
+        """Wait for a reduce-scatter (on cuda: the current stream waits) and accumulate the shards' `.grad`."""
+        work.wait()
         offset = 0
         for fp in ps:
             local = fp.sharded._local_tensor
@@ -215,8 +242,37 @@ class _ParamGroup:
                 fp.sharded.grad = sharded_grad
             else:
                 _no_grad(fp.sharded.grad.add_, sharded_grad)
-            fp.unsharded.grad = None
-        self.reshard()
+
+
+class _BackwardReductions:
+    """The groups that got gradients in the backward pass now running and their reduce-scatters in flight;
+    `finish` (queued as an autograd final callback when the first group gets a gradient) completes them."""
+
+    def __init__(self) -> None:
+        self.groups: list = []
+        self.pending: list = []
+        self.queued_on = None             # the callback list of the backward pass `finish` is queued on
+
+    def track(self, group: _ParamGroup) -> None:
+        running = engine._final_callbacks[-1] if engine._final_callbacks else None
+        if self.queued_on is not running:
+            engine.queue_callback(self.finish)
+            self.queued_on = running
+        if group not in self.groups:
+            self.groups.append(group)
+
+    def finish(self) -> None:
+        groups, self.groups, self.queued_on = self.groups, [], None
+        for g in groups:
+            if g._grads_ready:               # parameters without a gradient this time: reduce what came
+                g._grads_ready = set()
+                g.reduce_grads()
+        pending, self.pending = self.pending, []
+        for group, work, out, ps in pending:
+            group.finish_reduce(work, out, ps)
+
+
+_BACKWARD = _BackwardReductions()
 
 
 class FSDPModule:
