@@ -99,8 +99,9 @@ def test_aoti_dynamic_batch_from_python_and_cpp(tmp_path):
     for b in (2, 5, 64):
         xb = fl.randn(b, 8)
         np.testing.assert_allclose(run(xb).numpy(), _eager(m, (xb,)).numpy(), rtol=RTOL, atol=ATOL)
-    with pytest.raises(RuntimeError, match=r"size 65 is outside the range \[2, 64\]"):
+    with pytest.raises(RuntimeError, match=r"size 65 is outside the range \[2, 64\] of the Dim batch"):
         run(fl.randn(65, 8))
+    assert run.metadata["dynamic_dims"] == {"s0": {"min": 2, "max": 64, "name": "batch"}}
     with pytest.raises(RuntimeError, match="dim 1: size 9, the program needs 8"):
         run(fl.randn(4, 9))
     x13 = fl.randn(13, 8)
@@ -109,7 +110,23 @@ def test_aoti_dynamic_batch_from_python_and_cpp(tmp_path):
     np.testing.assert_allclose(read_tensor_file(str(tmp_path / "output0.bin")).numpy(), _eager(m, (x13,)).numpy(),
                                rtol=RTOL, atol=ATOL)
     r, _ = _run_cpp(pkg, tmp_path, [fl.randn(1, 8)])
-    assert r.returncode == 1 and "size 1 is outside the range [2, 64]" in r.stderr
+    assert r.returncode == 1 and "size 1 is outside the range [2, 64] of the Dim batch" in r.stderr
+
+
+def test_aoti_shape_errors_name_the_users_dims(tmp_path):
+    """A derived Dim (batch + 1) and its root: the package's errors spell the Dim, not the symbol s0."""
+    class Shifted(nn.Module):
+        def forward(self, x, y):
+            return x[1:] * 2 + y
+    b = Dim("batch", min=2, max=32)
+    ep = export(Shifted(), (fl.randn(5, 3), fl.randn(4, 3)), dynamic_shapes={"x": {0: b + 1}, "y": {0: b}})
+    run = aoti_load_package(aoti_compile_and_package(ep, str(tmp_path / "shifted.pt2")))
+    x, y = fl.randn(7, 3), fl.randn(6, 3)
+    np.testing.assert_allclose(run(x, y).numpy(), (x[1:] * 2 + y).numpy(), rtol=RTOL, atol=ATOL)
+    with pytest.raises(RuntimeError, match=r"input x dim 0: size 7, the program needs 6 \(batch \+ 1\)$"):
+        run(x, fl.randn(5, 3))
+    with pytest.raises(RuntimeError, match=r"input y dim 0: size 39 is outside the range \[2, 32\] of the Dim batch$"):
+        run(fl.randn(40, 3), fl.randn(39, 3))
 
 
 def test_aoti_kernel_error_raises_index_error(tmp_path):

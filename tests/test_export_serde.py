@@ -54,7 +54,8 @@ def test_save_load_keeps_dims_and_cond(tmp_path):
     assert [(r.lower, r.upper) for r in ep2.range_constraints.values()] == [(2, 32)]
     out, n = ep2.module()(fl.ones(10), fl.ones(2))
     assert tuple(out.shape) == (5, 2) and n == 5
-    with pytest.raises(AssertionError, match="Guard failed"):
+    assert ep2.dim_names == ep.dim_names == {"s0": "b"}
+    with pytest.raises(AssertionError, match=r"Guard failed: .* <= 32 \(got 33: the Dim b ranges over \[2, 32\]\)"):
         ep2.module()(fl.ones(66), fl.ones(2))
     m = _Cond()
     x = fl.randn(3, 4)

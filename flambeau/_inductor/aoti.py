@@ -25,6 +25,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import tempfile
 import zipfile
@@ -56,6 +57,7 @@ RUNTIME_SRC = os.path.join(HERE, "aoti_runtime.cpp")
 GEMM_SRC = os.path.join(os.path.dirname(HERE), "_backends", "cpu_kernels.cpp")
 DTYPE_CODES = {D.float32: 0, D.float64: 1, D.int64: 2, D.int32: 3, D.int16: 4, D.int8: 5, D.uint8: 6, D.bool: 7}
 STATE_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
+SYMBOL = re.compile(r"\bs\d+\b")           # a size symbol's name in a size expression's text
 
 
 class AOTICompileError(RuntimeError):
@@ -120,7 +122,8 @@ def _package(ep, package_path) -> str:
         info = dict(_cpp_builder.detect_flags())
         wrapper = CppWrapper(graph, order, memory, size_names).generate()
         weights, offsets = _weights(graph)
-        model = ModelSource(graph, size_names, user_names, prog.range_constraints, offsets, weights).generate()
+        model = ModelSource(graph, size_names, user_names, prog.range_constraints, offsets, weights,
+                            prog.dim_names).generate()
     except Unsupported as e:
         raise AOTICompileError(f"aoti_compile_and_package: {e}") from None
     source = '#include "aoti_runtime.h"\n' + codegen_cpp.generate(kernels, info["simd_math"], size_names) + \
@@ -191,6 +194,19 @@ def _ranges(range_constraints) -> dict:
     return out
 
 
+def _spelt(e, dim_names: dict) -> str:
+    """The size expression `e` as C format text, its symbols spelt as the user's Dim names ('batch + 1')."""
+    text = SYMBOL.sub(lambda m: dim_names.get(m.group(0), m.group(0)), str(e))
+    if text.startswith("(") and text.endswith(")") and "(" not in text[1:-1]:
+        text = text[1:-1]
+    return _c_text(text)
+
+
+def _c_text(text: str) -> str:
+    """`text` escaped for a C string literal that is an snprintf format."""
+    return json.dumps(text)[1:-1].replace("%", "%%")
+
+
 def _int_or(v, default: int) -> int:
     try:
         return int(v)
@@ -201,8 +217,9 @@ def _int_or(v, default: int) -> int:
 class ModelSource:
     """The generated part of model.so that aoti_runtime.cpp reads (FlAotiModelInfo)."""
 
-    def __init__(self, graph, size_names, user_names, range_constraints, offsets, weights):
+    def __init__(self, graph, size_names, user_names, range_constraints, offsets, weights, dim_names=None):
         self.g = graph
+        self.dim_names = dict(dim_names or {})
         self.size_names = size_names
         self.user_names = user_names
         self.ranges = _ranges(range_constraints)
@@ -275,15 +292,17 @@ class ModelSource:
             L.append(f"    const int64_t {name} = shapes[{pos}][{dim}];")
             cond = f"{name} < {lo}" + (f" || {name} > {hi}" if hi >= 0 else "")
             rng = f"[{lo}, {hi if hi >= 0 else 'inf'}]"
-            L.append(f"    if ({cond}) {{ snprintf(err, n, \"{who}: size %lld is outside the range {rng} of its "
-                     f"dynamic dim ({name})\", (long long){name}); return {SHAPE_ERROR}; }}")
+            dim = f"the Dim {_c_text(self.dim_names[name])}" if name in self.dim_names else f"its dynamic dim ({name})"
+            L.append(f"    if ({cond}) {{ snprintf(err, n, \"{who}: size %lld is outside the range {rng} of "
+                     f"{dim}\", (long long){name}); return {SHAPE_ERROR}; }}")
         for b in self.inputs:
             for d, s in enumerate(b.layout.shape):
                 if _plain_symbol(s) is not None and where.get(_plain_symbol(s)) == (b.position, d):
                     continue
                 who = f"input {self.user_names[b.position]} dim {d}"
-                L.append(f"    if (shapes[{b.position}][{d}] != {_c(s)}) {{ snprintf(err, n, \"{who}: size %lld, "
-                         f"the program needs %lld ({s})\", (long long)shapes[{b.position}][{d}], (long long){_c(s)}); "
+                got = f"shapes[{b.position}][{d}]"
+                L.append(f"    if ({got} != {_c(s)}) {{ snprintf(err, n, \"{who}: size %lld, the program needs %lld "
+                         f"({_spelt(s, self.dim_names)})\", (long long){got}, (long long){_c(s)}); "
                          f"return {SHAPE_ERROR}; }}")
         L += [f"    sizes[{k}] = {n};" for k, n in enumerate(self.size_names)]
         L += ["    return 0;", "}"]
@@ -416,7 +435,8 @@ def _metadata(ep, graph, user_names, range_constraints, offsets, weights, folded
         "inputs": [{"name": n, "dtype": b.dtype.name, "shape": _dims(b.layout)}
                    for n, b in zip(user_names, inputs)],
         "outputs": [{"dtype": o.dtype.name, "shape": _dims(o.layout)} for o in outputs],
-        "dynamic_dims": {n: {"min": lo, "max": None if hi < 0 else hi} for n, (lo, hi) in ranges.items()},
+        "dynamic_dims": {n: {"min": lo, "max": None if hi < 0 else hi, "name": ep.dim_names.get(n, n)}
+                         for n, (lo, hi) in ranges.items()},
         "constants": [{"name": b.name, "dtype": b.dtype.name,
                        "shape": list(b.layout.shape), "offset": off}
                       for b, off in zip(graph.constants.values(), offsets)],

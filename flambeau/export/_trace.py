@@ -236,7 +236,8 @@ class _Capture:
                 constants[n] = t
         call_sig = ModuleCallSignature(self.in_spec, out_spec, [_ident(n) for n in self.names])
         return ExportedProgram(gm, gm.graph, sig, state_dict, self.table.range_constraints(), constants,
-                               call_sig, example_inputs=(self.args, self.kwargs), strict=strict)
+                               call_sig, example_inputs=(self.args, self.kwargs), strict=strict,
+                               dim_names=self.table.dim_names())
 
     def _lift_constants(self, gm: GraphModule) -> dict:
         """get_attr tensors the trace made (tensor attributes, tensors built in forward) -> placeholders."""

@@ -27,6 +27,7 @@ __all__ = ["Dim", "DerivedDim", "DimHint", "ShapesCollection", "ValueRanges"]
 SIZE_OBLIVIOUS_MIN = 2       # guards that only exclude sizes below this are accepted (0/1 specialisation)
 INT_OO = math.inf
 _UNCHECKED = ("AUTO", "DERIVED")   # dims whose guards export accepts: AUTO ones, dynamo's symbols of derived dims
+GUARD_SAMPLES = 64          # sizes tried for a guard sympy cannot solve (a divisibility guard): lo .. lo + 64
 
 
 class DimHint:
@@ -287,6 +288,10 @@ class SymbolTable:
     def range_constraints(self) -> dict:
         return {s: ValueRanges(i.lo, i.hi) for s, i in self.infos.items()}
 
+    def dim_names(self) -> dict:
+        """{symbol name: the user's Dim name} of the symbols made for Dims (not for AUTO/DYNAMIC dims)."""
+        return {s.name: i.name for s, i in self.infos.items() if i.kind == "Dim"}
+
 
 # ---- checking the guards against the Dims ------------------------------------------------------------
 def _range_text(info: DimInfo) -> str:
@@ -312,8 +317,10 @@ def _holds_on_range(guard, sym, lo: int, hi) -> tuple:
         sol = sp.solve_univariate_inequality(g, var, relational=False) if not isinstance(g, (sp.Eq, sp.Ne)) \
             else (sp.FiniteSet(*sp.solve(g.lhs - g.rhs, var)) if isinstance(g, sp.Eq)
                   else sp.Complement(sp.S.Reals, sp.FiniteSet(*sp.solve(g.lhs - g.rhs, var))))
-    except (NotImplementedError, TypeError, ValueError):
-        return True, None
+    except (NotImplementedError, TypeError, ValueError):      # e.g. a divisibility guard: try the sizes
+        top = lo + GUARD_SAMPLES if hi == INT_OO else min(hi, lo + GUARD_SAMPLES)
+        holds = all(bool(guard.xreplace({sym: v})) for v in range(max(lo, SIZE_OBLIVIOUS_MIN), top + 1))
+        return holds, None
     span = sp.Interval(max(lo, SIZE_OBLIVIOUS_MIN), sp.oo if hi == INT_OO else hi)
     if span.is_subset(sol):
         return True, None
@@ -327,6 +334,16 @@ def _holds_on_range(guard, sym, lo: int, hi) -> tuple:
     return False, (new_lo, new_hi)
 
 
+def _constant_of(guard, sym):
+    """The integer `guard` (an equation in `sym` alone) pins `sym` to, or None (a divisibility guard)."""
+    sp = _sp()
+    try:
+        vals = sp.solve(guard.lhs - guard.rhs, sym)
+    except (NotImplementedError, TypeError, ValueError):
+        return None
+    return int(vals[0]) if len(vals) == 1 and vals[0].is_Integer else None
+
+
 def check_constraints(shape_env, table: SymbolTable) -> None:
     """Raise UserError naming every Dim that the recorded guards specialise, equate or restrict."""
     sp = _sp()
@@ -336,20 +353,25 @@ def check_constraints(shape_env, table: SymbolTable) -> None:
     def name(s) -> str:
         return table.infos[s].name
 
+    constant = {}                       # symbol -> the constant a guard specialises it to
+    for g in shape_env.guards:
+        syms = [s for s in g.free_symbols if s in table.infos]
+        if isinstance(g, sp.Eq) and len(syms) == 1 and syms[0] not in constant:
+            val = _constant_of(g, syms[0])
+            if val is not None:
+                constant[syms[0]] = val
     for g in shape_env.guards:
         syms = sorted((s for s in g.free_symbols if s in table.infos), key=lambda s: s.name)
         if not syms:
             continue
         text = expr_to_python(g, sources)
-        if isinstance(g, sp.Eq) and len(syms) == 1:
+        if any(s in constant for s in syms) and not (len(syms) == 1 and _constant_of(g, syms[0]) is not None):
+            continue                    # implied by the specialisation, which is reported
+        if isinstance(g, sp.Eq) and len(syms) == 1 and syms[0] in constant:
             info = table.infos[syms[0]]
             if info.kind in _UNCHECKED:
                 continue
-            try:
-                vals = sp.solve(g.lhs - g.rhs, syms[0])
-            except NotImplementedError:
-                vals = []
-            val = int(vals[0]) if len(vals) == 1 and vals[0].is_Integer else text
+            val = constant[syms[0]]
             names.append(info.name)
             problems.append(f"You marked {info.name} as dynamic but your code specialized it to be a constant "
                             f"({val}). If you're using Dim.DYNAMIC, replace it with either Dim.STATIC or Dim.AUTO.")

@@ -17,11 +17,12 @@ from .._decomp import core_aten_decompositions
 from .._functorch.aot_autograd import retrace
 from .._tensor import Tensor
 from ..autograd.grad_mode import no_grad
-from ..fx._symbolic_shapes import SymInt, expr_to_python
+from ..fx._symbolic_shapes import SymInt, _sp, expr_to_python
 from ..fx.graph_module import GraphModule
 from ..nn.modules.module import Module
 from ..nn.parameter import Parameter
 from ..utils import _pytree as pytree
+from .dynamic_shapes import INT_OO
 from .graph_signature import ExportGraphSignature, InputKind, OutputKind, OutputSpec, SymIntArgument, TensorArgument
 
 __all__ = ["ExportedProgram", "ModuleCallSignature"]
@@ -40,7 +41,7 @@ class ExportedProgram:
 
     def __init__(self, root: GraphModule, graph, graph_signature: ExportGraphSignature, state_dict: dict,
                  range_constraints: dict, constants: dict, call_signature: ModuleCallSignature,
-                 example_inputs=None, strict: bool = False):
+                 example_inputs=None, strict: bool = False, dim_names: dict | None = None):
         self._graph_module = root
         root.graph = graph
         self._graph_signature = graph_signature
@@ -50,6 +51,7 @@ class ExportedProgram:
         self._call_signature = call_signature
         self.example_inputs = example_inputs
         self._strict = strict
+        self._dim_names = dict(dim_names or {})     # size symbol name -> the user's Dim name
 
     # ---- PyTorch's read-only views ---------------------------------------------------------------
     @property
@@ -79,6 +81,12 @@ class ExportedProgram:
     @property
     def range_constraints(self) -> dict:
         return self._range_constraints
+
+    @property
+    def dim_names(self) -> dict:
+        """{size symbol name ('s0'): the name of the user's Dim ('batch')} (flambeau's: error messages
+        of `module()`, AOTInductor packages and save/load name the Dim rather than the symbol)."""
+        return self._dim_names
 
     @property
     def call_spec(self) -> ModuleCallSignature:
@@ -142,7 +150,7 @@ class ExportedProgram:
                  for s, v in zip(self._graph_signature.output_specs, outs)]
         sig = ExportGraphSignature(list(self._graph_signature.input_specs), specs)
         return ExportedProgram(new, new.graph, sig, self._state_dict, self._range_constraints, self._constants,
-                               self._call_signature, self.example_inputs, self._strict)
+                               self._call_signature, self.example_inputs, self._strict, self._dim_names)
 
     def __str__(self) -> str:
         code = self._graph_module.print_readable(print_output=False).replace("\n", "\n    ")
@@ -167,6 +175,19 @@ class _InputChecker:
         phs = {n.name: n for n in ep.graph.find_nodes(op="placeholder")}
         self.shapes = [tuple(phs[n].meta["val"].shape) for n in self.names]
         self.ranges = ep.range_constraints
+        self.dim_names = ep.dim_names
+
+    def _named(self, expr) -> str:
+        """`expr` with its size symbols spelt as the user's Dim names ('batch + 1')."""
+        sp = _sp()
+        names = {s: sp.Symbol(self.dim_names[s.name]) for s in expr.free_symbols if s.name in self.dim_names}
+        return str(expr.xreplace(names)) if names else ""
+
+    def _range(self, sym) -> str:
+        r = self.ranges[sym]
+        hi = "inf" if r.upper == INT_OO else r.upper
+        name = self.dim_names.get(sym.name)
+        return f": the Dim {name} ranges over [{r.lower}, {hi}]" if name else ""
 
     def check(self, tensors: list) -> None:
         values: dict = {}
@@ -188,10 +209,14 @@ class _InputChecker:
                     a, b = expr.coeff(sym), expr.subs(sym, 0)
                     if a.is_Integer and b.is_Integer and sym not in values and (got - int(b)) % int(a) == 0:
                         values[sym] = (got - int(b)) // int(a)
-                        where[sym] = f"({src} - {int(b)}) // {int(a)}"
+                        shifted = f"{src} - {int(b)}" if int(b) else src
+                        where[sym] = shifted if int(a) == 1 else f"({shifted}) // {int(a)}"
                 if expr.is_Symbol:
                     if expr in values and values[expr] != got:
-                        raise AssertionError(f"Guard failed: {src} == {where[expr]} (got {got} and {values[expr]})")
+                        name = self._named(expr)
+                        both = f": both are the Dim {name}" if name else ""
+                        raise AssertionError(f"Guard failed: {src} == {where[expr]} (got {got} and {values[expr]}"
+                                             f"{both})")
                     values.setdefault(expr, got)
                     where.setdefault(expr, src)
         for name, shape, t in zip(self.names, self.shapes, tensors):
@@ -200,15 +225,16 @@ class _InputChecker:
                     expected = _eval(want.expr, values)
                     if expected is not None and expected != got:
                         text = expr_to_python(want.expr, where)
+                        dim = self._named(want.expr)
                         raise AssertionError(f"Guard failed: {name}.size()[{d}] == {text} (got {got}, expected "
-                                             f"{expected})")
+                                             f"{expected}{f': the Dim {dim}' if dim else ''})")
         for sym, val in values.items():
             r = self.ranges.get(sym)
             if r is not None:
                 if val < r.lower:
-                    raise AssertionError(f"Guard failed: {where[sym]} >= {r.lower} (got {val})")
+                    raise AssertionError(f"Guard failed: {where[sym]} >= {r.lower} (got {val}{self._range(sym)})")
                 if val > r.upper:
-                    raise AssertionError(f"Guard failed: {where[sym]} <= {r.upper} (got {val})")
+                    raise AssertionError(f"Guard failed: {where[sym]} <= {r.upper} (got {val}{self._range(sym)})")
 
 
 def _eval(expr, values: dict):

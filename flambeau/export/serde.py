@@ -46,7 +46,7 @@ from .graph_signature import (ConstantArgument, ExportGraphSignature, InputKind,
 
 __all__ = ["save", "load", "SerializeError", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = (1, 0)
+SCHEMA_VERSION = (1, 1)              # 1.1: "dim_names" (the user's Dim name of each size symbol)
 ARCHIVE_FORMAT = b"flambeau-export"
 ENTRIES = ("archive_format", "program.json", "weights.safetensors", "constants.safetensors")
 MAX_ENTRY_BYTES = 1 << 36               # refuse archives that claim more than 64 GiB in one entry
@@ -353,6 +353,7 @@ def _program_json(ep: ExportedProgram) -> dict:
         "input_names": list(ep.call_spec.input_names),
         "requires_grad": {k: bool(v.requires_grad) for k, v in ep.state_dict.items()},
         "parameters": [s.target for s in sig.input_specs if s.kind is InputKind.PARAMETER],
+        "dim_names": dict(ep.dim_names),
     }
 
 
@@ -436,5 +437,9 @@ def _program(j: dict, entries: dict) -> ExportedProgram:
     ranges = {loader.symbols[k]: ValueRanges(int(lo), INT_OO if hi is None else int(hi))
               for k, (lo, hi) in j["range_constraints"].items()}
     call = ModuleCallSignature(_spec_loads(j["in_spec"]), _spec_loads(j["out_spec"]), list(j["input_names"]))
+    dim_names = j.get("dim_names", {})
+    if not (isinstance(dim_names, dict) and all(k in loader.symbols and isinstance(v, str)
+                                                for k, v in dim_names.items())):
+        raise SerializeError("flambeau.export.load: dim_names must map size symbols to Dim names")
     return ExportedProgram(gm, gm.graph, ExportGraphSignature(input_specs, output_specs), state_dict, ranges,
-                           constants, call)
+                           constants, call, dim_names=dim_names)
