@@ -2,6 +2,8 @@
 coalesce, sparse.mm (with reduce=), sparse.sum, torch.mm/@/addmm with a sparse left operand, forward
 values and gradients (a sparse input's gradient is sparse with its pattern, as in PyTorch), and the
 errors for what is not supported. 2:4 semi-structured sparsity is in test_sparse_semi_structured.py."""
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -301,6 +303,12 @@ def test_errors_match_pytorch_types():
     _same_error(lambda: flambeau.mm(fs, flambeau.ones(4, 2)), lambda: torch.mm(ts, torch.ones(4, 2)))
     _same_error(lambda: flambeau.mm(fs, flambeau.ones(5, 2, dtype=flambeau.float64)),
                 lambda: torch.mm(ts, torch.ones(5, 2, dtype=torch.float64)))
+
+
+def test_save_refuses_with_a_clear_error():
+    fs, _, _, _ = _pair(requires_grad=False)
+    with pytest.raises(RuntimeError, match="has no single array to save.*to_dense"):
+        flambeau.save(fs, io.BytesIO())
 
 
 def test_repr_names_layout_and_pattern():

@@ -11,6 +11,11 @@ from ._tensor import SparseTensor
 from ._ops import (addmm, coalesce, dense_to_sparse, install_methods, mm, sparse_coo_tensor, sparse_csr_tensor,
                    sum, to_dense, to_sparse_csr)
 
+from .semi_structured import (SparseSemiStructuredTensor, SparseSemiStructuredTensorCUSPARSELT,
+                              SparseSemiStructuredTensorCUTLASS, semi_structured_mask, to_sparse_semi_structured)
+
 install_methods()
 
-__all__ = ["SparseTensor", "addmm", "mm", "sum", "sparse_coo_tensor", "sparse_csr_tensor"]
+__all__ = ["SparseTensor", "addmm", "mm", "sum", "sparse_coo_tensor", "sparse_csr_tensor", "SparseSemiStructuredTensor",
+           "SparseSemiStructuredTensorCUTLASS", "SparseSemiStructuredTensorCUSPARSELT", "to_sparse_semi_structured",
+           "semi_structured_mask"]

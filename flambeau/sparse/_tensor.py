@@ -194,6 +194,10 @@ class SparseTensor(Tensor):
     def __array__(self, dtype=None, copy=None):
         self.numpy()
 
+    def _host(self):
+        raise RuntimeError(f"a {self.layout} tensor has no single array to save or copy out: flambeau.save and "
+                           "NumPy conversions need to_dense() (or its indices()/values())")
+
     def item(self):
         if self.numel() != 1:
             raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to Scalar")
