@@ -5,6 +5,7 @@
     python bench/cuda_host_profile.py summary FILE    # top frames (self and inclusive) of collapsed stacks
     python bench/cuda_host_profile.py ops             # cProfile of single small ops: where each one's host time goes
     python bench/cuda_host_profile.py steps mlp,resnet  # cProfile of training steps: top functions, us per step
+    python bench/cuda_host_profile.py conv            # per-call host cost of each layer of a cuDNN convolution
 
 `micro` prints one JSON line per piece: CuPy's own launch paths (ufunc, ElementwiseKernel, RawKernel
 with a preallocated output), the allocation, flambeau's binary kernel, the Tensor wrapper and the
@@ -38,6 +39,7 @@ def _per_call(fn, sync, n=20000) -> float:
 
 
 def micro() -> None:
+    import ctypes
     import cupy
     import torch
     import flambeau
@@ -60,7 +62,13 @@ def micro() -> None:
     import ml_dtypes
     bf16 = np.dtype(ml_dtypes.bfloat16)
     stream = cupy.cuda.get_current_stream()
+    slots = (ctypes.c_void_p(a.data.ptr), ctypes.c_void_p(b.data.ptr), ctypes.c_void_p(out.data.ptr),
+             ctypes.c_int64(64))
+    params = (ctypes.c_void_p * 4)(*[ctypes.addressof(v) for v in slots])
+    fptr, sptr, pptr = raw.kernel.ptr, stream.ptr, ctypes.addressof(params)
+    launch = cupy.cuda.driver.launchKernel
     pieces = {
+        "driver.launchKernel (prebuilt params)": lambda: launch(fptr, 1, 1, 1, 128, 1, 1, 0, sptr, pptr, 0),
         "cupy.add (ufunc)": lambda: cupy.add(a, b),
         "cupy.add out=": lambda: cupy.add(a, b, out=out),
         "ElementwiseKernel(a,b)": lambda: ew(a, b),
@@ -105,6 +113,77 @@ def micro() -> None:
             print(json.dumps({"piece": name, "us_per_call": round(_per_call(fn, sync), 2)}), flush=True)
         except Exception as e:  # a piece that fails is reported, the others still run
             print(json.dumps({"piece": name, "error": f"{type(e).__name__}: {e}"}), flush=True)
+
+
+CONV_SHAPES = {"small": ((2, 64, 8, 8), (64, 64, 3, 3)),        # host-bound: the call's own cost
+               "resnet": ((64, 64, 56, 56), (64, 64, 3, 3))}  # a ResNet-50 layer-1 convolution
+
+
+def conv_micro() -> None:
+    """Per-call wall time of a bf16 3x3 convolution through each layer: flambeau's conv2d (forward,
+    forward+backward), cudnn.forward/backward_data/backward_filter, the cached plan's execute, the
+    bare cudnnBackendExecute with a prebuilt variant pack, the pieces around it; PyTorch's for reference."""
+    import cupy
+    import ml_dtypes
+    import torch
+    import flambeau
+    from flambeau._backends import cudnn
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    sync = cupy.cuda.Device().synchronize
+    rng = np.random.default_rng(0)
+    for label, (xs, ws) in CONV_SHAPES.items():
+        x = cupy.asarray(rng.standard_normal(xs).astype(bf16))
+        w = cupy.asarray(rng.standard_normal(ws).astype(bf16))
+        y = cudnn.forward(x, w, None, (1, 1), (1, 1), (1, 1), 1)
+        gy = cupy.ones_like(y)
+        st = ((1, 1), (1, 1), (1, 1))
+        key = ("forward", cupy.cuda.runtime.getDevice(), x.shape, w.shape, y.shape, *st, 1, "bfloat16",
+               cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark, cudnn.use_graph_api)
+        plan = cudnn._plans[key]
+        h = cudnn._handle()
+        ptrs = (x.data.ptr, w.data.ptr, y.data.ptr)
+        work = cupy.empty(max(plan.ws, 1), dtype=cupy.uint8)
+        pack = plan._variant_pack(ptrs + (work.data.ptr if plan.ws else 0,))
+        X = flambeau.tensor(cupy.asnumpy(x).astype(np.float32), device="cuda").bfloat16()
+        W = flambeau.tensor(cupy.asnumpy(w).astype(np.float32), device="cuda").bfloat16().requires_grad_()
+        TX = torch.tensor(cupy.asnumpy(x).astype(np.float32), device="cuda").bfloat16()
+        TW = torch.tensor(cupy.asnumpy(w).astype(np.float32), device="cuda").bfloat16().requires_grad_()
+        pieces = {
+            "flambeau F.conv2d (no grad)": lambda: flambeau.nn.functional.conv2d(X.detach(), W.detach(), padding=1),
+            "flambeau F.conv2d fwd+bwd (weight grad only)":
+                lambda: flambeau.nn.functional.conv2d(X, W, padding=1).sum().backward(),
+            "torch F.conv2d (no grad)": lambda: torch.nn.functional.conv2d(TX, TW.detach(), padding=1),
+            "torch F.conv2d fwd+bwd (weight grad only)":
+                lambda: torch.nn.functional.conv2d(TX, TW, padding=1).sum().backward(),
+            "cudnn.forward": lambda: cudnn.forward(x, w, None, *st, 1),
+            "cudnn.backward_data": lambda: cudnn.backward_data(gy, w, *st, 1, xs[2:]),
+            "cudnn.backward_filter": lambda: cudnn.backward_filter(x, gy, ws, *st, 1),
+            "plan.execute(h, ptrs)": lambda: plan.execute(h, ptrs),
+            "cudnnBackendExecute (prebuilt pack)": lambda: plan.lib.cudnnBackendExecute(h, plan.plan, pack),
+            "cudnnGetVersion() (a bare ctypes call)": plan.lib.cudnnGetVersion,
+            "cudnn.forward, legacy API": lambda: _legacy(cudnn, lambda: cudnn.forward(x, w, None, *st, 1)),
+            "cudnn._handle()": cudnn._handle,
+            "cupy.empty(y.shape)": lambda: cupy.empty(y.shape, bf16),
+            "cudnn._ready(x)": lambda: cudnn._ready(x),
+            "cudnn._supported(x, w)": lambda: cudnn._supported(x, w),
+        }
+        print(json.dumps({"conv": label, "x": xs, "w": ws, "plan_ws_bytes": plan.ws,
+                          "plan": type(plan).__name__}), flush=True)
+        for name, fn in pieces.items():
+            try:
+                us = _per_call(fn, sync, n=2000 if label == "small" else 200)
+                print(json.dumps({"conv": label, "piece": name, "us_per_call": round(us, 2)}), flush=True)
+            except Exception as e:  # a piece that fails is reported, the others still run
+                print(json.dumps({"conv": label, "piece": name, "error": f"{type(e).__name__}: {e}"[:300]}),
+                      flush=True)
+
+
+def _legacy(cudnn, fn):
+    cudnn.use_graph_api = False
+    try:
+        return fn()
+    finally:
+        cudnn.use_graph_api = True
 
 
 OPS_CALLS = 3000
@@ -215,6 +294,7 @@ def steps_profile(names: str) -> None:
             step()
         flambeau.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3 / TRAIN_STEPS
+        gc_time, gc_count = _gc_time(step)
         calls = [0]
         real = _dispatch.call_functional
 
@@ -233,7 +313,8 @@ def steps_profile(names: str) -> None:
             step()
         flambeau.cuda.synchronize()
         prof.disable()
-        print(f"== {name}: {ms:.2f} ms per step (unprofiled), {calls[0]} operator calls per step", flush=True)
+        print(f"== {name}: {ms:.2f} ms per step (unprofiled), {calls[0]} operator calls per step, "
+              f"garbage collector {gc_time:.2f} ms in {gc_count:.1f} collections per step", flush=True)
         st = pstats.Stats(prof)
         for title, col in (("own", 2), ("inclusive", 3)):
             print(f"-- top by {title} time, us per step", flush=True)
@@ -241,6 +322,26 @@ def steps_profile(names: str) -> None:
             for (file, line, fname), (cc, nc, tt, ct, _) in rows:
                 print(f"  {tt / PROFILED_STEPS * 1e6:9.1f} own {ct / PROFILED_STEPS * 1e6:9.1f} incl "
                       f"{nc / PROFILED_STEPS:7.1f}x  {os.path.basename(file)}:{line}({fname})", flush=True)
+
+
+def _gc_time(step, steps: int = 5) -> tuple:
+    """Milliseconds the garbage collector ran per step, and collections per step (gc.callbacks)."""
+    import gc
+    spent, starts = [0.0, 0], {}
+
+    def hook(phase, info):
+        if phase == "start":
+            starts["t"] = time.perf_counter()
+        else:
+            spent[0] += time.perf_counter() - starts.pop("t", time.perf_counter())
+            spent[1] += 1
+    gc.callbacks.append(hook)
+    try:
+        for _ in range(steps):
+            step()
+    finally:
+        gc.callbacks.remove(hook)
+    return spent[0] * 1e3 / steps, spent[1] / steps
 
 
 def _frame_name(frame: str) -> str:
@@ -284,6 +385,8 @@ if __name__ == "__main__":
         ops_profile()
     elif what == "steps":
         steps_profile(sys.argv[2] if len(sys.argv) > 2 else "mlp,resnet")
+    elif what == "conv":
+        conv_micro()
     elif what == "summary":
         summary(sys.argv[2])
     else:

@@ -3,7 +3,8 @@ of the process, CuPy's and cuBLAS's included, so the same count serves flambeau 
 
     counts(fn, steps=1, stacks=False) -> dict
         kernels, d2h (device-to-host copies), h2d, syncs (stream/device/event synchronisations)
-        per step, and with stacks=True `d2h_sites` / `h2d_sites`: for each copy, the innermost
+        per step, gpu_busy_ms (the union of kernel, copy and memset intervals per step: the time the
+        GPU worked, to set beside the step's wall time), and with stacks=True `d2h_sites` / `h2d_sites`: for each copy, the innermost
         Python frames (from the profiler's Python tracer) that were running when it happened.
         `syncs` includes the two synchronisations the counting itself makes.
 
@@ -51,8 +52,23 @@ def _sites(events, copies, depth=6):
     return [{"count": n, "frames": k} for k, n in out.most_common()]
 
 
-def counts(fn, steps: int = 1, stacks: bool = False) -> dict:
-    """Kernels, copies and synchronisations per step of `fn` (run `steps` times under the profiler)."""
+def _busy_us(events) -> float:
+    """Microseconds covered by at least one of `events` (intervals merged: kernels may overlap)."""
+    total, end = 0.0, None
+    for e in sorted(events, key=lambda e: e["ts"]):
+        s, f = e["ts"], e["ts"] + e.get("dur", 0)
+        if end is None or s > end:
+            total += f - s
+            end = f
+        elif f > end:
+            total += f - end
+            end = f
+    return total
+
+
+def counts(fn, steps: int = 1, stacks: bool = False, top: int = 0) -> dict:
+    """Kernels, copies and synchronisations per step of `fn` (run `steps` times under the profiler);
+    with `top`, the `top` kernel names launched most often (`top_kernels`: name, count and ms per step)."""
     events = _trace(fn, steps, stacks)
     kernels = [e for e in events if e.get("cat") == "kernel"]
     copies = [e for e in events if e.get("cat") == "gpu_memcpy"]
@@ -60,7 +76,16 @@ def counts(fn, steps: int = 1, stacks: bool = False) -> dict:
     h2d = [e for e in copies if "HtoD" in e.get("name", "")]
     syncs = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("name") in _SYNC_CALLS]
     res = {"kernels": len(kernels) / steps, "d2h": len(d2h) / steps, "h2d": len(h2d) / steps,
-           "syncs": len(syncs) / steps}
+           "syncs": len(syncs) / steps,
+           "gpu_busy_ms": round(_busy_us([e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")])
+                                / steps / 1e3, 2)}
+    if top:
+        by = collections.defaultdict(lambda: [0, 0.0])
+        for k in kernels:
+            by[k["name"][:90]][0] += 1
+            by[k["name"][:90]][1] += k.get("dur", 0)
+        res["top_kernels"] = [(n, c / steps, round(d / steps / 1e3, 3))
+                              for n, (c, d) in sorted(by.items(), key=lambda kv: -kv[1][0])[:top]]
     if stacks:
         res["d2h_sites"] = _sites(events, d2h)
         res["h2d_sites"] = _sites(events, h2d)

@@ -64,7 +64,7 @@ def _peak(m):
     return m.cuda.max_memory_allocated() / 2**20
 
 
-def run(name, lib, mode, steps, profile):
+def run(name, lib, mode, steps, profile, top=0):
     m = LIBS[lib]
     spec = WORKLOADS[name]
     rng = np.random.default_rng(0)
@@ -101,7 +101,7 @@ def run(name, lib, mode, steps, profile):
     if lib == "flambeau" and mode != "eager":
         res.update(_flambeau_compiled_facts(step))
     if profile:
-        res.update({k: v for k, v in counts(step).items()})
+        res.update({k: v for k, v in counts(step, top=top).items()})
     del model, opt, fwd, x, y, loss
     gc.collect()
     m.cuda.empty_cache()
@@ -136,6 +136,7 @@ def main(argv=None):
     ap.add_argument("--modes", default="eager")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--top", type=int, default=0, help="with the profile: the N kernels launched most often")
     a = ap.parse_args(argv)
     try:
         from flambeau._backends import cublaslt
@@ -149,7 +150,7 @@ def main(argv=None):
         for mode in a.modes.split(","):
             for lib in a.systems.split(","):
                 try:
-                    r = run(name, lib, mode, a.steps, not a.no_profile)
+                    r = run(name, lib, mode, a.steps, not a.no_profile, a.top)
                 except Exception as e:            # one failing system must not hide the others' figures
                     r = {"workload": name, "system": lib, "mode": mode, "error": f"{type(e).__name__}: {e}"[:500],
                          "where": traceback.format_exc().splitlines()[-3:]}

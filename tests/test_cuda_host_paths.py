@@ -1,16 +1,18 @@
-"""The cheaper host paths of cuda ops (issue 11, item 6): Triton launches with per-kernel argument
-conversion (`_backends/triton_launch.py`), dtype casts as one raw kernel (`_backends/cuda_cast.py`),
+"""The cheaper host paths of cuda ops (issue 11, item 6): Triton launches straight to cuLaunchKernel
+through a parameter block made once per kernel and thread (`_backends/triton_launch.py`), dtype casts as one raw kernel (`_backends/cuda_cast.py`),
 no zero gradients made for unused statistics outputs (`Tag.optional_output_grads`), CuPy
 reductions returned without a copy, zero fills as memsets.
 
-On cpu: the launch argument conversion against a recording fake kernel, the cast's choice of
+On cpu: the launch's parameter block read back by a recording fake driver, the cast's choice of
 operands and kernel against a fake CuPy namespace, the cast source compiled by nvcc (when present)
 without flush-to-zero instructions, and the count of zero-filled tensors in a backward against
 PyTorch's. On the GPU (`cuda` marks): every cast pair bit for bit against PyTorch cuda, sums,
 means, fills and BatchNorm/LayerNorm backward against PyTorch cuda.
 """
+import ctypes
 import shutil
 import subprocess
+import threading
 import warnings
 
 import ml_dtypes
@@ -29,50 +31,81 @@ SPECIAL = [0.0, -0.0, 1.0, -1.5, float("inf"), float("-inf"), float("nan"), 1e-3
            1e300, 1e-300]
 
 
-class _Recorder:
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, grid, block, args, shared_mem=0):
-        self.calls.append((grid, block, args, shared_mem))
+class _Function:
+    """What a launch reads of a loaded kernel: its address."""
+    ptr = 0xF00
 
 
-def _fake_kernel(arg_types, global_scratch=0):
-    return TL.kernel_of(_Recorder(), None, arg_types, 4, 96, global_scratch)
+class _Driver:
+    """cuLaunchKernel and the current stream, recording each launch with the parameter values read
+    back from the block's `void*[]` through their slots' C types."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, []
+
+    def launch(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        types = TL.c_types(self.kernel.arg_types)
+        addresses = (ctypes.c_void_p * len(types)).from_address(params)
+        values = [t.from_address(a).value for t, a in zip(types, addresses)]
+        self.calls.append(((gx, gy, gz), (bx, by, bz), values, shared, stream, f, extra))
 
 
-def test_launch_converts_each_argument_by_its_signature_type():
-    k = _fake_kernel(("*fp32", "*bf16", "*fp32", "i32", "i64", "fp32", "fp64"))
-    arr = object()                        # a CuPy array goes through as it is (CuPy passes its pointer)
-    TL.launch(k, (3, 2), arr, TL.Ptr(4096), None, 7, 2 ** 40, 0.1, 0.1)
-    (grid, block, args, shared), = k.function.calls
-    assert grid == (3, 2, 1) and block == (128, 1, 1) and shared == 96
-    assert args[0] is arr
-    assert type(args[1]) is np.uint64 and args[1] == 4096
-    assert type(args[2]) is np.uint64 and args[2] == 0
-    assert type(args[3]) is np.int32 and args[3] == 7
-    assert type(args[4]) is np.int64 and args[4] == 2 ** 40
-    assert type(args[5]) is np.float32 and args[5] == np.float32(0.1)
-    assert type(args[6]) is np.float64 and args[6] == 0.1
-    assert len(args) == 9 and args[7] == 0 and args[8] == 0          # global and profile scratch: null
+@pytest.fixture
+def fake_driver(monkeypatch):
+    def make(arg_types, global_scratch=0):
+        k = TL.kernel_of(_Function(), None, arg_types, 4, 96, global_scratch)
+        d = _Driver(k)
+        monkeypatch.setattr(TL, "_driver", [d.launch, lambda: 0x5EA])
+        return k, d
+    return make
 
 
-def test_launch_takes_a_float_beyond_float32_as_infinity_without_a_warning():
-    k = _fake_kernel(("fp32", "fp32"))
+class _Array:
+    """A CuPy array as a launch reads it: its data pointer."""
+
+    def __init__(self, ptr):
+        self.data = type("D", (), {"ptr": ptr})()
+
+
+def test_launch_writes_each_argument_into_a_slot_of_its_signature_type(fake_driver):
+    k, d = fake_driver(("*fp32", "*bf16", "*fp32", "i32", "i64", "fp32", "fp64"))
+    TL.launch(k, (3, 2), _Array(8192), TL.Ptr(4096), None, 7, 2 ** 40, 0.1, 0.1)
+    (grid, block, values, shared, stream, f, extra), = d.calls
+    assert grid == (3, 2, 1) and block == (128, 1, 1) and shared == 96 and stream == 0x5EA and f == 0xF00
+    assert extra == 0
+    assert values[:5] == [8192, 4096, 0, 7, 2 ** 40]
+    assert values[5] == float(np.float32(0.1)) and values[6] == 0.1
+    assert len(values) == 9 and values[7] == 0 and values[8] == 0      # global and profile scratch: null
+
+
+def test_launch_reuses_its_parameter_block_per_thread(fake_driver):
+    k, d = fake_driver(("*fp32", "i32"))
+    TL.launch(k, (1,), None, 1)
+    TL.launch(k, (1,), TL.Ptr(64), 2)
+    assert [c[2][:2] for c in d.calls] == [[0, 1], [64, 2]]
+    assert len(k.blocks) == 1
+    other = []
+    t = threading.Thread(target=lambda: other.append(TL.param_block(k)))
+    t.start()
+    t.join()
+    assert other[0] is not TL.param_block(k) and len(k.blocks) == 2
+
+
+def test_launch_takes_a_float_beyond_float32_as_infinity_without_a_warning(fake_driver):
+    k, d = fake_driver(("fp32", "fp32"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         TL.launch(k, (1,), 1e300, -1e300)
-    args = k.function.calls[0][2]
-    assert type(args[0]) is np.float32 and args[0] == np.inf and args[1] == -np.inf
+    assert d.calls[0][2][:2] == [np.inf, -np.inf]
 
 
-def test_launch_refuses_a_wrong_argument_count_and_skips_an_empty_grid():
-    k = _fake_kernel(("*fp32", "i32"))
+def test_launch_refuses_a_wrong_argument_count_and_skips_an_empty_grid(fake_driver):
+    k, d = fake_driver(("*fp32", "i32"))
     with pytest.raises(TypeError, match="takes 2 runtime arguments, got 1"):
         TL.launch(k, (1,), None)
     TL.launch(k, (4, 0), None, 1)
     TL.launch(k, (0,), None, 1)
-    assert k.function.calls == []
+    assert d.calls == []
 
 
 def test_triton_types_of_dtypes():

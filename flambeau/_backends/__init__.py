@@ -80,11 +80,14 @@ def install_cuda_allocator() -> None:
     # CuPy's thread-local current device (no driver call); the runtime query where CuPy lacks it
     device_id = getattr(cupy.cuda.device, "get_device_id", cupy.cuda.runtime.getDevice)
 
+    # bound once: this runs for every allocation (about 1200 a ResNet-50 training step)
+    pool_malloc, used_bytes, extra, peak = pool.malloc, pool.used_bytes, extra_bytes.get, peak_bytes.get
+
     def malloc(size):
-        p = pool.malloc(size)
+        p = pool_malloc(size)
         dev = device_id()
-        used = pool.used_bytes() + extra_bytes.get(dev, 0)
-        if used > peak_bytes.get(dev, 0):
+        used = used_bytes() + extra(dev, 0)
+        if used > peak(dev, 0):
             peak_bytes[dev] = used
         return p
 

@@ -9,13 +9,19 @@ scratch pointers Triton 3.x appends (global and profile scratch, null when the k
 Compiled kernels are cached per (function, signature, constexprs, options) in this process, and
 Triton's on-disk cache makes a second process cheap.
 
-Pointer arguments are passed as CuPy arrays (CuPy hands the kernel their data pointers), `Ptr(address)`
-or None (a null pointer); integers and floats by their signature type. The conversion of each
-argument is chosen once per compiled kernel, so a launch costs little more than CuPy's own
-`Function` call (about 8 us of host time on an H200 against 15.6 before; `bench/cuda_host_profile.py ops`).
+Pointer arguments are passed as CuPy arrays (their data pointers are taken), `Ptr(address)` or None
+(a null pointer); integers and floats by their signature type. A launch goes straight to the driver's
+cuLaunchKernel (`cupy.cuda.driver.launchKernel`) with a parameter block made once per kernel and
+thread: one ctypes slot per parameter, of its C type, and the `void*[]` of their addresses; a launch
+writes the arguments into the slots (the conversion chosen once per kernel) and hands the block's
+address over. CuPy's `Function` call converts and boxes every argument on every launch (about 6 us
+for four arguments on an H100 against 3.3 us for the bare driver call, `bench/cuda_host_profile.py
+micro`). The blocks are per thread: another thread's launch must not overwrite the slots between
+the writes and the driver call, which copies them.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Any, NamedTuple
 
@@ -24,20 +30,10 @@ import numpy as np
 _SMEM_STATIC_LIMIT = 48 * 1024     # bytes of shared memory a launch may use without opting in
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _THREADS_PER_WARP = 32
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-def _fp32(v):
-    """A float32 argument; a number beyond float32 becomes +-inf without NumPy's overflow warning (the
-    dispatcher does not silence NumPy's FP errors around cuda kernels)."""
-    if -_FLOAT32_MAX <= v <= _FLOAT32_MAX:
-        return np.float32(v)
-    with np.errstate(over="ignore"):
-        return np.float32(v)
-
-
-_SCALARS = {"i32": np.int32, "i64": np.int64, "u32": np.uint32, "u64": np.uint64, "fp32": _fp32,
-            "fp64": np.float64}
+_C_TYPES = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "u32": ctypes.c_uint32, "u64": ctypes.c_uint64,
+            "fp32": ctypes.c_float, "fp64": ctypes.c_double}
+_POINTER = ctypes.c_uint64
+_SCRATCH_POINTERS = 2               # Triton 3.x appends the global and the profile scratch pointers
 _MULTIPROCESSOR_COUNT = 16          # cudaDevAttrMultiProcessorCount
 _cache: dict = {}
 _sm_counts: dict = {}
@@ -57,24 +53,63 @@ class Kernel(NamedTuple):
     shared: int
     scratch: int            # number of trailing scratch pointers (global, profile)
     global_scratch: int     # bytes of global scratch each program needs (0: none)
-    converters: tuple       # per runtime argument: the function making what CuPy's launch takes
+    converters: tuple       # per runtime argument: the function making what its parameter slot takes
+    blocks: dict            # thread id -> ParamBlock
 
 
-_NULL = np.uint64(0)
+class ParamBlock:
+    """cuLaunchKernel's `kernelParams` for one kernel: a ctypes slot per parameter (its C type) and the
+    array of the slots' addresses, made once and rewritten by each launch."""
+    __slots__ = ("slots", "array", "address")
+
+    def __init__(self, c_types: tuple):
+        self.slots = tuple(t() for t in c_types)
+        self.array = (ctypes.c_void_p * len(c_types))(*[ctypes.addressof(v) for v in self.slots])
+        self.address = ctypes.addressof(self.array)
 
 
-def _pointer(a):
-    """A pointer argument: a CuPy array as it is (CuPy passes its data pointer), `Ptr`, or None."""
+def _address(a) -> int:
+    """A pointer argument: a CuPy array (its data pointer), `Ptr`, or None (null)."""
     if a is None:
-        return _NULL
+        return 0
     if type(a) is Ptr:
-        return np.uint64(a.address)
-    return a
+        return a.address
+    return a.data.ptr
+
+
+def _same(v):
+    return v
 
 
 def converters(arg_types: tuple) -> tuple:
-    """What `launch` applies to each runtime argument of a kernel with these signature types."""
-    return tuple(_pointer if ty.startswith("*") else _SCALARS[ty] for ty in arg_types)
+    """What `launch` applies to each runtime argument of a kernel with these signature types before
+    writing it into its slot (ctypes converts numbers; a float beyond float32 becomes +-inf)."""
+    return tuple(_address if ty.startswith("*") else _same for ty in arg_types)
+
+
+def c_types(arg_types: tuple) -> tuple:
+    """The ctypes type of each parameter slot: the runtime arguments, then the scratch pointers."""
+    return tuple(_POINTER if ty.startswith("*") else _C_TYPES[ty] for ty in arg_types) + \
+        (_POINTER,) * _SCRATCH_POINTERS
+
+
+def param_block(kernel: Kernel) -> ParamBlock:
+    """The calling thread's parameter block of `kernel`."""
+    tid = threading.get_ident()
+    blk = kernel.blocks.get(tid)
+    if blk is None:
+        blk = kernel.blocks[tid] = ParamBlock(c_types(kernel.arg_types))
+    return blk
+
+
+_driver: list = []          # (cuLaunchKernel, current stream pointer), looked up at the first launch
+
+
+def _driver_calls():
+    if not _driver:
+        import cupy  # deferred: optional dependency, present only where cuda is used
+        _driver[:] = [cupy.cuda.driver.launchKernel, lambda: cupy.cuda.get_current_stream().ptr]
+    return _driver
 
 
 def type_of(dtype) -> str:
@@ -170,12 +205,8 @@ def _build(fn, signature, constexprs, num_warps, num_stages, aligned) -> Kernel:
 def kernel_of(function, module, arg_types: tuple, num_warps: int, shared: int, global_scratch: int) -> Kernel:
     """The one way to make a `Kernel` from a loaded cubin's function (this module's kernels and the
     inductor's): its argument converters derive from its signature types."""
-    return Kernel(function, module, arg_types, num_warps, shared, 2, global_scratch, converters(arg_types))
-
-
-def pack(kernel: Kernel, args: tuple) -> list:
-    """The runtime arguments as CuPy's launch takes them (see `converters`)."""
-    return [f(a) for f, a in zip(kernel.converters, args)]
+    return Kernel(function, module, arg_types, num_warps, shared, _SCRATCH_POINTERS, global_scratch,
+                  converters(arg_types), {})
 
 
 def launch(kernel: Kernel, grid: tuple, *args) -> None:
@@ -188,12 +219,19 @@ def launch(kernel: Kernel, grid: tuple, *args) -> None:
     g2 = int(grid[2]) if n > 2 else 1
     if not (g0 and g1 and g2):
         return
-    packed = pack(kernel, args)
-    if kernel.global_scratch:
+    blk = kernel.blocks.get(threading.get_ident()) or param_block(kernel)
+    slots = blk.slots
+    i = 0
+    for f, a in zip(kernel.converters, args):
+        slots[i].value = f(a)
+        i += 1
+    scratch = None
+    if kernel.global_scratch:           # kept alive until the launch is queued (the pool orders reuse)
         import cupy  # deferred: optional dependency, present only where cuda is used
-        packed.append(cupy.empty(kernel.global_scratch * g0 * g1 * g2, dtype=np.uint8))
-    else:
-        packed.append(_NULL)
-    packed.append(_NULL)                # profile scratch: no instrumentation
-    kernel.function((g0, g1, g2), (kernel.num_warps * _THREADS_PER_WARP, 1, 1), tuple(packed),
-                    shared_mem=kernel.shared)
+        scratch = cupy.empty(kernel.global_scratch * g0 * g1 * g2, dtype=np.uint8)
+        slots[i].value = scratch.data.ptr
+    # the profile scratch pointer stays null: no instrumentation
+    run, stream = _driver or _driver_calls()
+    run(kernel.function.ptr, g0, g1, g2, kernel.num_warps * _THREADS_PER_WARP, 1, 1, kernel.shared, stream(),
+        blk.address, 0)
+    del scratch

@@ -173,6 +173,8 @@ class Op:
     def def_derivative(self, fn, *, result_needed_for: tuple[str, ...] = ()):
         """`fn(grad, <schema argument names it needs>, result=...)` -> grads per Tensor argument.
 
+        A parameter named `output_mask` receives, per Tensor argument, whether its gradient is needed
+        (`flambeau.autograd.graph.OUTPUT_MASK`): the derivative may return None for the others.
         result_needed_for: the arguments whose gradient alone reads `result`; when none of them is a
         Tensor (PyTorch's overload taking a number there, e.g. pow.Tensor_Scalar) the output is not
         saved and arrives as None, so it may be modified in place before backward."""

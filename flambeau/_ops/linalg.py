@@ -137,19 +137,25 @@ def _(self, other):
 
 
 @matmul.def_derivative
-def _(grad, self, other):
+def _matmul_derivative(grad, self, other, output_mask):
+    """Only the gradients `output_mask` asks for (no product for an operand without grad)."""
     a, b = self, other
+    ga = gb = None
     if a.ndim == 1 and b.ndim == 1:
-        return grad * b.conj(), grad * a.conj()
+        return grad * b.conj() if output_mask[0] else None, grad * a.conj() if output_mask[1] else None
     if a.ndim == 1:
-        ga = (grad.unsqueeze(-2) @ b.mT.conj()).squeeze(-2)
-        gb = a.conj().unsqueeze(-1) @ grad.unsqueeze(-2)
+        if output_mask[0]:
+            ga = (grad.unsqueeze(-2) @ b.mT.conj()).squeeze(-2)
+        if output_mask[1]:
+            gb = a.conj().unsqueeze(-1) @ grad.unsqueeze(-2)
         return ga, gb
     if b.ndim == 1:
-        ga = grad.unsqueeze(-1) @ b.conj().unsqueeze(-2)
-        gb = (a.mT.conj() @ grad.unsqueeze(-1)).squeeze(-1)
+        if output_mask[0]:
+            ga = grad.unsqueeze(-1) @ b.conj().unsqueeze(-2)
+        if output_mask[1]:
+            gb = (a.mT.conj() @ grad.unsqueeze(-1)).squeeze(-1)
         return ga, gb
-    return grad @ b.mT.conj(), a.mT.conj() @ grad
+    return grad @ b.mT.conj() if output_mask[0] else None, a.mT.conj() @ grad if output_mask[1] else None
 
 
 # ---- fixed-rank products ---------------------------------------------------------------------
@@ -213,8 +219,8 @@ mm.def_meta(lambda self, mat2: TensorSpec(_mm_shape(self, mat2), self.dtype))
 
 
 @mm.def_derivative
-def _(grad, self, mat2):
-    return grad.mm(mat2.mH), self.mH.mm(grad)
+def _mm_derivative(grad, self, mat2, output_mask):
+    return grad.mm(mat2.mH) if output_mask[0] else None, self.mH.mm(grad) if output_mask[1] else None
 
 
 @defop("bmm(Tensor self, Tensor mat2) -> Tensor", method=True,
@@ -230,8 +236,8 @@ bmm.def_meta(lambda self, mat2: TensorSpec(_bmm_shape(self, mat2), self.dtype))
 
 
 @bmm.def_derivative
-def _(grad, self, mat2):
-    return grad.bmm(mat2.mH), self.mH.bmm(grad)
+def _bmm_derivative(grad, self, mat2, output_mask):
+    return grad.bmm(mat2.mH) if output_mask[0] else None, self.mH.bmm(grad) if output_mask[1] else None
 
 
 @defop("mv(Tensor self, Tensor vec) -> Tensor", method=True, tags=(Tag.extern, Tag.autocast_lower_precision))

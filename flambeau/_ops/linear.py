@@ -53,16 +53,18 @@ def _(input, weight, bias=None):
 
 
 @linear.def_derivative
-def _(grad, input, weight, bias):
-    gi = grad @ weight if weight.ndim == 2 else grad.unsqueeze(-1) * weight
-    if weight.ndim == 2:
+def _linear_derivative(grad, input, weight, bias, output_mask):
+    """Only the gradients `output_mask` asks for: no input gradient for a data input."""
+    gi = gw = gb = None
+    if output_mask[0]:
+        gi = grad @ weight if weight.ndim == 2 else grad.unsqueeze(-1) * weight
+    if output_mask[1] and weight.ndim == 2:
         # a 2-D layer input (an MLP's) needs no reshape: each one is a dispatched view op
         g2 = grad if grad.ndim == 2 else grad.reshape(-1, weight.shape[0])
         gw = g2.t() @ (input if input.ndim == 2 else input.reshape(-1, weight.shape[1]))
-    else:
+    elif output_mask[1]:
         gw = (grad.unsqueeze(-1) * input).reshape(-1, weight.shape[0]).sum(0)
-    gb = None
-    if bias is not None:
+    if bias is not None and output_mask[2]:
         if grad.ndim > bias.ndim:
             gb = (grad if grad.ndim == 2 and bias.ndim == 1 else grad.reshape(-1, *bias.shape)).sum(0)
         else:

@@ -508,19 +508,28 @@ def _adjoint_output_padding(size, y_spatial, ks, stride, padding, dilation):
 
 
 @convolution.def_derivative
-def _(grad, input, weight, bias_meta, stride, padding, dilation, transposed, groups):
+def _convolution_derivative(grad, input, weight, bias_meta, stride, padding, dilation, transposed, groups,
+                            output_mask):
+    """Only the gradients `output_mask` asks for (PyTorch's convolution_backward): the first layer of a
+    network computes no input gradient."""
     nd = weight.ndim - 2
     ks = tuple(weight.shape[2:])
+    gi = gw = gb = None
     if not transposed:
-        op = _adjoint_output_padding(input.shape[2:], grad.shape[2:], ks, stride, padding, dilation)
-        gi = convolution(grad, weight, None, stride, padding, dilation, True, op, groups)
-        gw = _convolution_weight_grad(input, grad, tuple(weight.shape), stride, padding, dilation, groups)
+        if output_mask[0]:
+            op = _adjoint_output_padding(input.shape[2:], grad.shape[2:], ks, stride, padding, dilation)
+            gi = convolution(grad, weight, None, stride, padding, dilation, True, op, groups)
+        if output_mask[1]:
+            gw = _convolution_weight_grad(input, grad, tuple(weight.shape), stride, padding, dilation, groups)
     else:
-        gi = convolution(grad, weight, None, stride, padding, dilation, False, [0] * nd, groups)
-        if tuple(gi.shape[2:]) != tuple(input.shape[2:]):  # output_padding with stride 1: trailing rows unused
-            gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in input.shape[2:])]
-        gw = _convolution_weight_grad(grad, input, tuple(weight.shape), stride, padding, dilation, groups)
-    gb = grad.sum([0] + list(range(2, grad.ndim))) if bias_meta is not None else None
+        if output_mask[0]:
+            gi = convolution(grad, weight, None, stride, padding, dilation, False, [0] * nd, groups)
+            if tuple(gi.shape[2:]) != tuple(input.shape[2:]):  # output_padding with stride 1: trailing rows unused
+                gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in input.shape[2:])]
+        if output_mask[1]:
+            gw = _convolution_weight_grad(grad, input, tuple(weight.shape), stride, padding, dilation, groups)
+    if bias_meta is not None and output_mask[2]:
+        gb = grad.sum([0] + list(range(2, grad.ndim)))
     return gi, gw, gb
 
 

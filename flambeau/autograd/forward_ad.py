@@ -22,7 +22,7 @@ from .._tensor import Tensor
 from .._ops.creation import zeros_like, zeros
 from .._dispatch import write_into
 from .._backends import get as _backend
-from .graph import TensorMeta, result_index
+from .graph import OUTPUT_MASK, TensorMeta, result_index
 from .engine import grad as _grad
 
 _current_level = -1
@@ -183,6 +183,9 @@ def _jvp_by_double_vjp(op, args, kwargs, out, grad_was_enabled):
     for n in op.saved_names:
         if n == "result":
             kw[n] = _strip(out)
+        elif n == OUTPUT_MASK:          # the gradients paired with a tangent
+            kw[n] = tuple(t is not None and (type(t) is not list or any(x is not None for x in t))
+                          for t in tangents)
         elif (k := result_index(n)) is not None:
             kw[n] = _strip(outs[k])
         elif n.endswith("_geometry") and n not in names:

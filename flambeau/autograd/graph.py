@@ -395,7 +395,12 @@ def result_index(name: str):
 
 
 # What `record` saves for each derivative parameter (`_RecordPlan.saved`): kinds of entries
-_SAVE_ARG, _SAVE_RESULT, _SAVE_RESULT_K, _SAVE_GEOMETRY, _SAVE_META = range(5)
+_SAVE_ARG, _SAVE_RESULT, _SAVE_RESULT_K, _SAVE_GEOMETRY, _SAVE_META, _SAVE_OUTPUT_MASK = range(6)
+OUTPUT_MASK = "output_mask"
+"""A derivative parameter of this name receives, per Tensor argument of the op (schema order), whether
+its gradient goes anywhere (PyTorch's `output_mask` / `grad_input_mask` of derivatives.yaml): False for
+an input that does not require grad, so the derivative may skip that gradient (the first convolution's
+input gradient, an MLP's data input) and return None for it."""
 
 
 class _RecordPlan:
@@ -415,6 +420,8 @@ class _RecordPlan:
             k = result_index(n)
             if n == "result":
                 saved.append((n, _SAVE_RESULT, 0))
+            elif n == OUTPUT_MASK:
+                saved.append((n, _SAVE_OUTPUT_MASK, 0))
             elif k is not None:            # one output alone (`result1`): the others are not kept alive
                 saved.append((n, _SAVE_RESULT_K, k))
             elif n.endswith("_geometry") and n not in names:
@@ -482,6 +489,8 @@ def record(op, args, kwargs, out, node_cls=None):
             saved[n] = SavedTensor(o, True, node_name, i) if isinstance(o, Tensor) else o
         elif kind == _SAVE_GEOMETRY:
             saved[n] = TensorMeta.geometry(bound[i])
+        elif kind == _SAVE_OUTPUT_MASK:
+            saved[n] = _output_mask(next_fns, layout)
         else:
             v = bound[i]
             saved[n] = TensorMeta(v) if isinstance(v, Tensor) else \
@@ -494,6 +503,16 @@ def record(op, args, kwargs, out, node_cls=None):
             o._output_nr = k
             o._requires_grad = True
     return node
+
+
+def _output_mask(next_fns, layout) -> tuple:
+    """Per Tensor argument (a list argument: any of its tensors): whether its gradient has an edge."""
+    mask, k = [], 0
+    for lay in layout:
+        n = 1 if lay is None else lay
+        mask.append(any(fn is not None for fn, _ in next_fns[k:k + n]))
+        k += n
+    return tuple(mask)
 
 
 def record_not_implemented(op, args, kwargs, out):
