@@ -39,10 +39,11 @@ from ._atomic import write_atomic
 from ._pt_format import dumps_pt, loads_pt
 from ._weights_only import (add_safe_globals, clear_safe_globals, get_safe_globals,  # noqa: F401
                             safe_globals, unpickle_objects)
-from ._tensor import Tensor, Size
+from ._tensor import Tensor, Size, strided
 from ._device import CPU, device, privateuse1_name
 from ._ops.creation import tensor
 from .nn.parameter import Parameter
+from .sparse import sparse_coo_tensor, sparse_csr_tensor
 
 MAGIC_V1 = "flambeau-checkpoint-v1"
 FORMAT_V2 = "flambeau-checkpoint-v2"
@@ -201,6 +202,20 @@ class _Encoder:
         return {"__tensor__": self.ids[key], "requires_grad": x.requires_grad, "device": str(x.device),
                 "param": type(x).__name__ == "Parameter", "complex128": x.dtype is D.complex128}
 
+    def sparse(self, x: Tensor, depth: int) -> dict:
+        """A COO/CSR tensor as its index and value tensors (rebuilt, and checked, by the constructors)."""
+        requires_grad, x = x.requires_grad, x.detach()
+        if x.layout.name == "sparse_coo":
+            parts = {"indices": x._indices(), "values": x._values()}
+        elif x.layout.name == "sparse_csr":
+            parts = {"crow": x.crow_indices(), "indices": x.col_indices(), "values": x.values()}
+        else:
+            raise pickle.PicklingError(f"flambeau.save: cannot store a {type(x).__name__} ({x.layout}); save its "
+                                       "to_dense()")
+        out = {k: self.enc(v, depth) for k, v in parts.items()}
+        out.update({"__sparse__": x.layout.name, "size": list(x.shape), "requires_grad": requires_grad})
+        return out
+
     def enc(self, x, depth=0):
         if depth > _MAX_DEPTH:
             raise RuntimeError(f"flambeau.save: the object nests deeper than {_MAX_DEPTH} levels")
@@ -209,7 +224,7 @@ class _Encoder:
                 return {"__float__": repr(x)}
             return x
         if isinstance(x, Tensor):
-            return self.tensor(x)
+            return self.tensor(x) if x.layout is strided else self.sparse(x, depth + 1)
         if isinstance(x, D.dtype):
             return {"__dtype__": x.name}
         if isinstance(x, Size):
@@ -254,6 +269,8 @@ class _Decoder:
             return x
         if "__tensor__" in x:
             return self.tensor(x)
+        if "__sparse__" in x:
+            return self.sparse(x, d)
         if "__dtype__" in x:
             return D.BY_NAME[x["__dtype__"]]
         if "__size__" in x:
@@ -276,6 +293,17 @@ class _Decoder:
                 raise UnpicklingError(_WEIGHTS_ONLY)
             return self.objects[x["__object__"]]
         raise RuntimeError(f"checkpoint structure is corrupt: unknown entry {list(x)[:3]}")
+
+    def sparse(self, x: dict, depth: int) -> Tensor:
+        size = [int(v) for v in x["size"]]
+        values, indices = self.dec(x["values"], depth), self.dec(x["indices"], depth)
+        if x["__sparse__"] == "sparse_coo":
+            t = sparse_coo_tensor(indices, values, size)
+        elif x["__sparse__"] == "sparse_csr":
+            t = sparse_csr_tensor(self.dec(x["crow"], depth), indices, values, size)
+        else:
+            raise RuntimeError(f"checkpoint structure is corrupt: unknown sparse layout {x['__sparse__']!r}")
+        return t.requires_grad_(True) if x.get("requires_grad") else t
 
     def tensor(self, x: dict) -> Tensor:
         t = self.tensors[x["__tensor__"]]

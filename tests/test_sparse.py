@@ -305,10 +305,21 @@ def test_errors_match_pytorch_types():
                 lambda: torch.mm(ts, torch.ones(5, 2, dtype=torch.float64)))
 
 
-def test_save_refuses_with_a_clear_error():
+def test_save_and_load_round_trip():
     fs, _, _, _ = _pair(requires_grad=False)
-    with pytest.raises(RuntimeError, match="has no single array to save.*to_dense"):
-        flambeau.save(fs, io.BytesIO())
+    leaf = fs.coalesce().requires_grad_()
+    buf = io.BytesIO()
+    flambeau.save({"coo": fs, "leaf": leaf, "csr": fs.to_sparse_csr(), "dense": flambeau.ones(2)}, buf)
+    buf.seek(0)
+    back = flambeau.load(buf)
+    assert back["coo"].layout is flambeau.sparse_coo and not back["coo"].is_coalesced()
+    np.testing.assert_array_equal(back["coo"]._indices().numpy(), fs._indices().numpy())
+    np.testing.assert_array_equal(back["coo"]._values().detach().numpy(), fs._values().detach().numpy())
+    assert back["leaf"].requires_grad and back["leaf"].is_coalesced()
+    assert back["csr"].layout is flambeau.sparse_csr
+    _close(back["csr"], fs)
+    with pytest.raises(RuntimeError, match="no single array to copy out.*to_dense"):
+        np.asarray(fs.cpu()._host())
 
 
 def test_repr_names_layout_and_pattern():

@@ -195,8 +195,8 @@ class SparseTensor(Tensor):
         self.numpy()
 
     def _host(self):
-        raise RuntimeError(f"a {self.layout} tensor has no single array to save or copy out: flambeau.save and "
-                           "NumPy conversions need to_dense() (or its indices()/values())")
+        raise RuntimeError(f"a {self.layout} tensor has no single array to copy out: NumPy conversions need "
+                           "to_dense() (or its indices()/values())")
 
     def item(self):
         if self.numel() != 1:
