@@ -268,6 +268,49 @@ def test_sparse_gradients_accumulate_with_dense_ones():
     _close(fs.grad, ts.grad)
 
 
+@pytest.mark.parametrize("name", ["abs", "sqrt", "sin", "tanh", "relu", "square", "expm1", "sign", "isnan"])
+def test_zero_preserving_unary_ops(name):
+    fs, ts, fv, tv = _pair(values=[3.0, 4.0, 5.0, 1.0, 2.0, 0.5])
+    fo, to = getattr(flambeau, name)(fs), getattr(torch, name)(ts)
+    assert fo.layout is flambeau.sparse_coo
+    _close(fo, to)
+    if to.dtype.is_floating_point:
+        flambeau.sparse.sum(fo).backward()
+        getattr(torch, name)(ts.to_dense()).sum().backward()     # PyTorch's sparse backward lacks several of these
+        _close(fv.grad, tv.grad)
+
+
+def test_pow_mul_dense_and_sparse_mask():
+    fs, ts, fv, tv = _pair()
+    fd, td = _dense_pair(*SHAPE, seed=20)
+    fo, to = (fs ** 2) * fd, (ts ** 2) * td
+    assert fo.layout is flambeau.sparse_coo
+    _close(fo, to)
+    flambeau.sparse.sum(fo).backward()
+    torch.sparse.sum(to).backward()
+    _close(fv.grad, tv.grad)
+    _close(fd.grad, td.grad)
+    fm, tm = fd.sparse_mask(fs.coalesce()), td.sparse_mask(ts.coalesce())
+    _same_pattern(fm, tm)
+    _close(fm.values(), tm.values())
+    with pytest.raises(NotImplementedError):
+        fs ** -1
+
+
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_sparse_softmax(fn, dim):
+    fs, ts, fv, tv = _pair()
+    fo, to = getattr(flambeau.sparse, fn)(fs, dim), getattr(torch.sparse, fn)(ts, dim)
+    assert fo.layout is flambeau.sparse_coo
+    _same_pattern(fo, to)
+    _close(fo.values(), to.coalesce().values())
+    w = np.random.default_rng(21).standard_normal(SHAPE).astype(np.float32)
+    (fo.to_dense() * flambeau.tensor(w)).sum().backward()
+    (to.to_dense() * torch.tensor(w)).sum().backward()
+    _close(fv.grad, tv.grad)
+
+
 # ---- errors ---------------------------------------------------------------------------------------------------
 def _same_error(fn_f, fn_t):
     with pytest.raises(Exception) as et:

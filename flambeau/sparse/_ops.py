@@ -17,7 +17,7 @@ from .._tensor import Tensor, sparse_coo, sparse_csr, strided
 from .._dispatch import type_name
 from .._ops.creation import tensor as _tensor, zeros
 from .._ops.shape import cat
-from ._tensor import (INDEX_DTYPE, SparsePattern, SparseTensor, SparseMMDenseGrad, csr_row_pointers,
+from ._tensor import (INDEX_DTYPE, SparsePattern, SparseTensor, SparseMMDenseGrad, csr_row_pointers, gather_at,
                       values_of, with_values)
 
 REDUCTIONS = {"sum": "sum", "mean": "mean", "amax": "amax", "amin": "amin", "max": "amax", "min": "amin"}
@@ -316,10 +316,15 @@ def _sub_handler(op, a, b, *, alpha=1):
 
 
 def _scale(s: SparseTensor, factor) -> SparseTensor:
-    if isinstance(factor, SparseTensor) or (isinstance(factor, Tensor) and factor.dim() > 0):
-        raise NotImplementedError(f"mul: flambeau multiplies a {s.layout} tensor by a scalar or a 0-d tensor only; "
-                                  f"got a {'sparse' if isinstance(factor, SparseTensor) else 'dense'} tensor of shape "
-                                  f"{list(factor.shape)}")
+    """S * a scalar, a 0-d tensor, or a dense tensor of S's shape (read at S's entries): S's pattern."""
+    if isinstance(factor, SparseTensor):
+        raise NotImplementedError(f"mul: flambeau multiplies a {s.layout} tensor by a scalar or a dense tensor, not by "
+                                  "another sparse tensor")
+    if isinstance(factor, Tensor) and factor.dim() > 0:
+        if tuple(factor.shape) != tuple(s.shape):
+            raise RuntimeError(f"mul: a sparse tensor of shape {list(s.shape)} multiplies a dense tensor of its own "
+                               f"shape only, got {list(factor.shape)}")
+        return with_values(values_of(s) * gather_at(factor, s._pattern), s._pattern)
     return with_values(values_of(s) * factor, s._pattern)
 
 
