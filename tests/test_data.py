@@ -147,11 +147,12 @@ def test_distributed_sampler_shards_like_torch(n, drop_last):
                 lambda: td.DistributedSampler(range(4), num_replicas=2, rank=2))
 
 
-def test_distributed_sampler_without_a_process_group_like_torch(monkeypatch):
-    """Without num_replicas/rank the sampler asks torch.distributed; where that is not available
-    (flambeau's today, PyTorch's when built without it) both raise the same error."""
-    monkeypatch.setattr(torch.distributed, "is_available", lambda: False)
-    assert not flambeau.distributed.is_available()
+@pytest.mark.parametrize("available", [True, False])
+def test_distributed_sampler_without_a_process_group_like_torch(monkeypatch, available):
+    """Without num_replicas/rank the sampler asks torch.distributed: with the package available (as both are)
+    and no group, and where it is not (PyTorch built without it), both raise the same error."""
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: available)
+    monkeypatch.setattr(flambeau.distributed, "is_available", lambda: available)
     _same_error(lambda: fd.DistributedSampler(range(4)), lambda: td.DistributedSampler(range(4)))
     _same_error(lambda: fd.DistributedSampler(range(4), rank=0), lambda: td.DistributedSampler(range(4), rank=0))
     assert len(fd.DistributedSampler(range(5), num_replicas=2, rank=1)) == 3

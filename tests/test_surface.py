@@ -35,7 +35,7 @@ def test_distributed_calls_without_a_process_group_raise_as_pytorch(name):
 
 
 def test_distributed_is_available_and_destroy_without_group_raises_as_pytorch():
-    assert flambeau.distributed.is_available() is False     # until DTensor exists: see its docstring
+    assert flambeau.distributed.is_available() is torch.distributed.is_available() is True
     assert flambeau.distributed.is_initialized() is torch.distributed.is_initialized() is False
     assert _outcome(flambeau.distributed.destroy_process_group)[0] == \
         _outcome(torch.distributed.destroy_process_group)[0]
@@ -52,9 +52,27 @@ def test_distributed_enums_and_backend_names_match():
     assert flambeau.distributed.Backend("GLOO") == torch.distributed.Backend("GLOO") == "gloo"
 
 
-def test_distributed_sampler_without_distributed_asks_for_the_package():
-    with pytest.raises(RuntimeError, match="Requires distributed package"):   # is_available() is False
-        flambeau.utils.data.DistributedSampler(list(range(4)))
+def test_distributed_sampler_without_a_process_group_raises_as_pytorch():
+    theirs = _outcome(lambda: torch.utils.data.DistributedSampler(list(range(4))))
+    ours = _outcome(lambda: flambeau.utils.data.DistributedSampler(list(range(4))))
+    assert ours == theirs == ("ValueError", None)
+
+
+def test_libraries_import_what_is_available_promises():
+    """transformers imports these at import time when `distributed.is_available()` is True."""
+    from flambeau.distributed._functional_collectives import (all_gather_tensor_autograd,  # noqa: F401
+                                                               all_to_all_single_autograd, wait_tensor)
+    from flambeau.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
+    from flambeau.distributed.tensor.placement_types import _StridedShard
+    from torch.distributed.tensor.placement_types import _StridedShard as TorchStridedShard
+    assert (repr(_StridedShard(0, split_factor=2)), _StridedShard(1, sf=2).is_shard()) == \
+        (repr(TorchStridedShard(0, split_factor=2)), TorchStridedShard(1, sf=2).is_shard())
+    with pytest.raises(NotImplementedError, match="HuggingFaceStorageWriter"):
+        HuggingFaceStorageWriter("unused")
+    from flambeau.distributed.fsdp import FullyShardedDataParallel
+    assert not isinstance(flambeau.nn.Linear(2, 2), FullyShardedDataParallel)
+    with pytest.raises(NotImplementedError, match="fully_shard"):
+        FullyShardedDataParallel(flambeau.nn.Linear(2, 2))
 
 
 # ---- torch.nn.parallel ---------------------------------------------------------------------------

@@ -29,12 +29,12 @@ __all__ = sorted(set(_collectives_all) | set(_c10d_all) | {
 
 
 def is_available() -> bool:
-    """False until `torch.distributed.tensor` (DTensor), `device_mesh` and `checkpoint` exist (issue 17 item 5).
+    """True: the whole package exists (stores, process groups, collectives, functional collectives, DDP,
+    DeviceMesh/DTensor, FSDP2, tensor parallel, pipelining, checkpoint, the launcher).
 
-    Stores, process groups, collectives, DDP and the launcher all work whatever this answers; libraries
-    read True as the promise of the whole package and import DTensor at import time (transformers 5.24:
-    `transformers.distributed.sharding_utils`), so answering True now would break them."""
-    return False
+    Libraries read True as the promise of the whole package and import its submodules at import time
+    (transformers: `distributed._functional_collectives`, `distributed.tensor`, `checkpoint`, `fsdp`)."""
+    return True
 
 
 def is_gloo_available() -> bool:

@@ -24,7 +24,8 @@ from . import collectives as c
 from .distributed_c10d import GroupMember, ProcessGroup, ReduceOp, _World
 
 __all__ = ["all_reduce", "all_gather_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast",
-           "wait_tensor", "AsyncCollectiveTensor", "all_reduce_coalesced", "all_gather_into_tensor_coalesced"]
+           "wait_tensor", "AsyncCollectiveTensor", "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
+           "all_gather_tensor_autograd", "reduce_scatter_tensor_autograd", "all_to_all_single_autograd"]
 
 NAMESPACE = "_c10d_functional"
 _SCHEMAS = {
@@ -286,3 +287,19 @@ def all_reduce_coalesced(self: list, reduceOp: str, group, tag: str = "") -> lis
 
 def all_gather_into_tensor_coalesced(self: list, group, tag: str = "") -> list:
     return [all_gather_tensor(t, 0, group, tag) for t in self]
+
+
+def all_gather_tensor_autograd(self: Tensor, gather_dim: int, group, tag: str = "") -> Tensor:
+    """`all_gather_tensor` (differentiable like every functional collective here, as PyTorch's `*_autograd`)."""
+    return all_gather_tensor(self, gather_dim, group, tag)
+
+
+def reduce_scatter_tensor_autograd(self: Tensor, reduceOp: str, scatter_dim: int, group,  # noqa: N803
+                                   tag: str = "") -> Tensor:
+    """`reduce_scatter_tensor` (differentiable, as PyTorch's `*_autograd`)."""
+    return reduce_scatter_tensor(self, reduceOp, scatter_dim, group, tag)
+
+
+def all_to_all_single_autograd(self: Tensor, output_split_sizes, input_split_sizes, group, tag: str = "") -> Tensor:
+    """`all_to_all_single` (differentiable, as PyTorch's `*_autograd`)."""
+    return all_to_all_single(self, output_split_sizes, input_split_sizes, group, tag)
