@@ -6,19 +6,16 @@ environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER
 TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS. When a worker fails, the others are stopped (the
 worker aborts the MPI job; the launcher also stops mpiexec as soon as a failure is recorded) and its
 traceback is shown; with `--max-restarts K` the whole group is started again up to K times.
-Only one node for now (`--nnodes 1`).
+Several nodes (`--nnodes M --node-rank R --rdzv-endpoint host:port`, one launcher per node): `_multinode.py`.
 
-Stopping a group stops every process of it: mpiexec, Hydra's proxy and the workers each run in a session
-of their own, so a signal to mpiexec's process group reaches none of the others, and a worker spinning in
-a collective outlives a killed mpiexec. `kill_tree` finds them by parent links and by the launch id every
-one of them carries in its environment (FLAMBEAU_LAUNCH_ID, found even after a process was reparented),
-and the launcher runs it on failure, on exit and on SIGTERM/SIGINT/SIGHUP (what `timeout` and CI send).
+Stopping a group stops every process of it (`_processes.kill_tree`: mpiexec, Hydra's proxy and the workers
+each run in a session of their own), on failure, on exit and on SIGTERM/SIGINT/SIGHUP (what `timeout` and
+CI send).
 """
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import shutil
 import signal
@@ -31,13 +28,13 @@ import time
 import uuid
 
 from .._backends import cuda_device_count
+from ._multinode import DEFAULT_JOIN_TIMEOUT_S, run_nodes
+from ._processes import (LAUNCH_ID_VAR, MONITOR_INTERVAL_S, STOP_SIGNALS, Stopped, kill_tree,  # noqa: F401
+                         process_tree, raise_stopped, read_failures, summary)
 
-MONITOR_INTERVAL_S = 0.1      # how often the launcher looks for a failed worker
 FAILURE_GRACE_S = 2.0         # after a failure, how long the group has to stop by itself
-STOP_GRACE_S = 5.0            # after SIGTERM, how long before SIGKILL
 VERSION_TIMEOUT_S = 10.0      # how long `mpiexec --version` may take to say which MPI it is
-LAUNCH_ID_VAR = "FLAMBEAU_LAUNCH_ID"   # set in every process of a launch (inherited if already set)
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+RDZV_BACKENDS = ("static", "c10d")   # both mean: node 0's launcher serves the store at the endpoint
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default="")
     p.add_argument("--rdzv-backend", "--rdzv_backend", default="static")
     p.add_argument("--rdzv-id", "--rdzv_id", default="")
+    p.add_argument("--rdzv-conf", "--rdzv_conf", default="", help="key=value,... (join_timeout: seconds)")
     p.add_argument("--standalone", action="store_true")
     p.add_argument("--max-restarts", "--max_restarts", type=int, default=0)
     p.add_argument("--monitor-interval", "--monitor_interval", type=float, default=MONITOR_INTERVAL_S)
@@ -105,99 +103,10 @@ def _nproc(value: str) -> int:
     return int(value)
 
 
-def _failures(folder: str) -> list:
-    out = []
-    for name in sorted(os.listdir(folder)):
-        if name.startswith("rank_") and name.endswith(".json"):
-            with open(os.path.join(folder, name)) as fh:
-                out.append(json.load(fh))
-    return sorted(out, key=lambda r: r["timestamp"])
-
-
-def _children_by_parent() -> dict:
-    out: dict = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as fh:
-                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            out.setdefault(ppid, []).append(int(name))
-    return out
-
-
-def _carrying(marker: str) -> list:
-    """Pids of this user's processes whose environment holds FLAMBEAU_LAUNCH_ID=marker."""
-    needle = f"{LAUNCH_ID_VAR}={marker}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            try:
-                with open(f"/proc/{name}/environ", "rb") as fh:
-                    if needle in fh.read().split(b"\0"):
-                        found.append(int(name))
-            except OSError:
-                continue
-    return found
-
-
-def process_tree(pid: int | None, marker: str | None = None) -> list:
-    """`pid` and all its descendants, plus every process carrying the launch id `marker`."""
-    children = _children_by_parent()
-    found, todo = [], [] if pid is None else [pid]
-    while todo:
-        p = todo.pop()
-        if p not in found:
-            found.append(p)
-            todo.extend(children.get(p, ()))
-    if marker:
-        found += [p for p in _carrying(marker) if p not in found]
-    return found
-
-
-def _signal_all(pids, sig) -> None:
-    for p in pids:
-        try:
-            os.kill(p, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def kill_tree(pid: int | None, marker: str | None = None, grace_s: float = STOP_GRACE_S) -> None:
-    """Stop `pid` (a live child, or None), its descendants and the processes of launch `marker`: SIGTERM,
-    then SIGKILL after `grace_s` for any still alive (found again, so processes started meanwhile go too)."""
-    pids = [p for p in process_tree(pid, marker) if p != os.getpid()]
-    _signal_all(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(MONITOR_INTERVAL_S)
-    pids += [p for p in process_tree(pid, marker) if p != os.getpid() and p not in pids]
-    _signal_all(pids, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _stop(proc: subprocess.Popen, marker: str) -> None:
     """Stop the group; an mpiexec already reaped has no pid to follow (it may be reused), only the marker."""
     kill_tree(proc.pid if proc.poll() is None else None, marker)
     proc.wait()
-
-
-class _Stopped(Exception):
-    """The launcher got a stop signal; the group is stopped on the way out."""
-
-
-def _raise_stopped(signum, frame):
-    for sig in _STOP_SIGNALS:                   # a second signal must not interrupt the stopping
-        signal.signal(sig, signal.SIG_IGN)
-    raise _Stopped(signal.Signals(signum).name)
 
 
 def _run_group(cmd: list, env: dict, folder: str, interval: float) -> int:
@@ -209,7 +118,7 @@ def _run_group(cmd: list, env: dict, folder: str, interval: float) -> int:
     try:
         while proc.poll() is None:
             time.sleep(interval)
-            if failed_at is None and _failures(folder):
+            if failed_at is None and read_failures(folder):
                 failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:
                 _stop(proc, marker)
@@ -218,39 +127,54 @@ def _run_group(cmd: list, env: dict, folder: str, interval: float) -> int:
     return proc.returncode if failed_at is None else (proc.returncode or 1)
 
 
-def _summary(script: str, failures: list, rc: int, attempt: int) -> str:
-    bar = "=" * 60
-    lines = [bar, f"{script} FAILED (attempt {attempt}, exit code {rc})", "-" * 60]
-    if not failures:
-        lines.append("no worker recorded an error (a worker was killed by a signal or exited before reporting)")
-    for i, f in enumerate(failures):
-        lines.append(("Root Cause (first observed failure):" if i == 0 else "Other failure:")
-                     + f"\n  rank: {f['rank']} (pid {f['pid']})\n  error: {f['message']}")
-        if i == 0:
-            lines.append("  traceback:\n" + "".join("    " + ln + "\n" for ln in f["traceback"].splitlines()))
-    lines.append(bar)
-    return "\n".join(lines)
+def _nnodes(value: str) -> int:
+    low, _, high = value.partition(":")
+    if high and high != low:
+        raise SystemExit(f"flambeau.distributed.run: --nnodes {value}: elastic membership (MIN:MAX) is not "
+                         "supported; give a fixed number of nodes")
+    return int(low)
+
+
+def _join_timeout(conf: str) -> float:
+    pairs = dict(item.split("=", 1) for item in conf.split(",") if "=" in item)
+    return float(pairs.get("join_timeout", DEFAULT_JOIN_TIMEOUT_S))
+
+
+def _rendezvous(args, nnodes: int) -> tuple:
+    """(host, port) of the rendezvous: --rdzv-endpoint, else --master-addr/--master-port."""
+    if args.rdzv_backend not in RDZV_BACKENDS:
+        raise SystemExit(f"flambeau.distributed.run: --rdzv-backend {args.rdzv_backend} is not supported; "
+                         f"use one of {', '.join(RDZV_BACKENDS)}")
+    host, port = args.master_addr, args.master_port
+    if args.rdzv_endpoint:
+        h, _, p = args.rdzv_endpoint.rpartition(":")
+        host, port = (h, int(p)) if h else (p, port)
+    if nnodes > 1 and not port:
+        raise SystemExit("flambeau.distributed.run: --nnodes > 1 needs --rdzv-endpoint host:port (or "
+                         "--master-addr and --master-port) that every node can reach")
+    return host, port
 
 
 def main(argv: list | None = None) -> None:
     args = _parser().parse_args(argv)
-    if args.nnodes not in ("1", "1:1"):
-        raise SystemExit("flambeau.distributed.run: only --nnodes 1 is implemented so far (multi-node is "
-                         "issue 17, item 7)")
+    nnodes = _nnodes(args.nnodes)
     nproc = _nproc(args.nproc_per_node)
-    host = args.master_addr
-    port = args.master_port
-    if args.rdzv_endpoint:
-        host, _, p = args.rdzv_endpoint.rpartition(":")
-        port = int(p) if p else port
-    run_id = args.rdzv_id or uuid.uuid4().hex[:8]
+    host, port = _rendezvous(args, nnodes)
     target = ([] if args.no_python else [sys.executable, "-m", "flambeau.distributed._worker"]) \
         + (["-m"] if args.module else []) + [args.training_script] + list(args.training_script_args)
     launch_id = os.environ.get(LAUNCH_ID_VAR) or uuid.uuid4().hex
-    previous = {sig: signal.signal(sig, _raise_stopped) for sig in _STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, raise_stopped) for sig in STOP_SIGNALS}
     try:
-        _attempts(args, nproc, host, port, run_id, target, launch_id)
-    except _Stopped as e:
+        if nnodes > 1:
+            path = mpiexec_path()
+            if _is_open_mpi(path):
+                raise SystemExit(f"flambeau.distributed.run: --nnodes > 1 needs MPICH's Hydra mpiexec (the mpich "
+                                 f"wheel: pip install 'flambeau[distributed]'); {path} is Open MPI's")
+            run_nodes(args, nproc, nnodes, host, port, args.rdzv_id or "none", path, target, launch_id,
+                      _join_timeout(args.rdzv_conf))
+        else:
+            _attempts(args, nproc, host, port, args.rdzv_id or uuid.uuid4().hex[:8], target, launch_id)
+    except Stopped as e:
         print(f"flambeau.distributed.run: stopped by {e}; the workers were stopped", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     finally:
@@ -272,7 +196,7 @@ def _attempts(args, nproc: int, host: str, port: int, run_id: str, target: list,
             rc = _run_group(cmd, env, folder, args.monitor_interval)
             if rc == 0:
                 return
-            print(_summary(args.training_script, _failures(folder), rc, attempt), file=sys.stderr, flush=True)
+            print(summary(args.training_script, read_failures(folder), rc, attempt), file=sys.stderr, flush=True)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         if attempt < args.max_restarts:

@@ -1,0 +1,302 @@
+"""Several nodes under `flambeau.distributed.run --nnodes M --node-rank R --rdzv-endpoint host:port`.
+
+One launcher runs on every node (torchrun's model); they meet at a TCPStore served by node 0's launcher at
+the rendezvous endpoint. The MPI job spanning the nodes is one Hydra job: node 0 runs
+`mpiexec -launcher manual -genvnone -hosts node0,...,node{M-1} -ppn N`, which prints the command of
+one Hydra proxy per node instead of starting it over ssh; node 0 publishes proxy R's command in the store
+and node R's launcher runs it. Each proxy connects back to mpiexec, starts its node's N workers with
+its own launcher's environment (`-genvnone`: no variable of node 0's is forced on the others) and they
+form one MPI world of M x N ranks, numbered node by node (RANK = GROUP_RANK x N + LOCAL_RANK, as torchrun).
+
+Store keys (under `flambeau_run/<rdzv id>/`): `joined/R` (a node arrived; a second node with the same rank
+is refused), per attempt K `aK/proxy/R` (proxy command and the workers' MASTER_PORT), `aK/failures/R`
+(the failure records of node R's workers, published as they appear), `aK/node/R` (a node that stopped or
+lost its proxy says why), `aK/stop` (node 0 ends the attempt: every node stops its processes), `aK/result`
+(mpiexec's exit code), then `final` and `done/R` (node R read the final result; node 0 waits for these
+before its store goes away).
+
+Failure of one node tears the others down: a worker's failure aborts the MPI job (Hydra kills every
+proxy's workers) and is recorded; a node whose launcher is stopped or whose proxy dies ends the job
+(mpiexec loses that proxy); node 0 then sets `aK/stop`, and a node that cannot reach node 0's store any
+more stops its own workers. Every launcher prints the root cause it can see and exits non-zero.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from ._processes import LAUNCH_ID_VAR, MONITOR_INTERVAL_S, Stopped, kill_tree, read_failures, summary
+from .store import DistError, PrefixStore, TCPStore
+
+DEFAULT_JOIN_TIMEOUT_S = 600.0   # how long nodes may take to arrive (torchrun's rdzv join_timeout)
+LAUNCH_LINES_TIMEOUT_S = 30.0    # how long mpiexec may take to print the proxy commands
+FAILURE_GRACE_S = 2.0            # after a failure, how long the job has to stop by itself
+RESULT_WAIT_S = 30.0             # after its proxy ended, how long a node waits for node 0's verdict
+FINAL_ACK_S = 10.0               # how long node 0 keeps its store up for the other nodes to read the end
+STORE_OP_TIMEOUT_S = 30.0        # one store request (the server is node 0's launcher)
+LAUNCH_PREFIX = "HYDRA_LAUNCH: "
+LAUNCH_END = "HYDRA_LAUNCH_END"
+
+
+class NodeFailure(Exception):
+    """This node cannot go on (rendezvous lost or timed out, duplicate node rank); the message says why."""
+
+
+def _say(node: int, text: str) -> None:
+    print(f"flambeau.distributed.run (node {node}): {text}", file=sys.stderr, flush=True)
+
+
+def _store(host: str, port: int, node: int, run_id: str, join_timeout: float):
+    """Node 0 serves the rendezvous store at host:port; the others connect (within the join timeout)."""
+    try:
+        store = TCPStore(host, port, is_master=node == 0, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=join_timeout if node else STORE_OP_TIMEOUT_S))
+    except (DistError, OSError) as e:
+        where = "serve" if node == 0 else "reach"
+        raise NodeFailure(f"could not {where} the rendezvous at {host}:{port}: {e}") from None
+    store.set_timeout(datetime.timedelta(seconds=STORE_OP_TIMEOUT_S))
+    return PrefixStore(f"flambeau_run/{run_id}", store)
+
+
+def _first_present(store, keys: list, timeout_s: float, what: str) -> str:
+    """The first of `keys` the store holds, polling until `timeout_s` (NodeFailure then)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for key in keys:
+            if store.check([key]):
+                return key
+        if time.monotonic() > deadline:
+            raise NodeFailure(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(MONITOR_INTERVAL_S)
+
+
+def _join(store, node: int, nnodes: int, join_timeout: float) -> None:
+    if store.add(f"joined/{node}", 1) > 1:
+        raise NodeFailure(f"another launcher already joined the rendezvous as node {node} (--node-rank must be "
+                          "unique)")
+    if node == 0:
+        deadline = time.monotonic() + join_timeout
+        while True:
+            missing = [r for r in range(1, nnodes) if not store.check([f"joined/{r}"])]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise NodeFailure(f"nodes {missing} did not join the rendezvous within {join_timeout:.0f} s")
+            time.sleep(MONITOR_INTERVAL_S)
+
+
+def _proxy_commands(mpiexec: subprocess.Popen, nnodes: int) -> list:
+    """Read the proxy commands mpiexec prints; its later output (the workers') is passed to our stdout."""
+    lines: queue.Queue = queue.Queue()
+
+    def relay_mpiexec_output() -> None:
+        ended = False
+        for line in mpiexec.stdout:
+            if ended:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            elif line.startswith(LAUNCH_END):
+                ended = True
+                lines.put(None)
+            elif line.startswith(LAUNCH_PREFIX):
+                lines.put(line[len(LAUNCH_PREFIX):].split())
+            else:
+                sys.stdout.write(line)
+        lines.put(None)
+
+    threading.Thread(target=relay_mpiexec_output, daemon=True).start()
+    commands = []
+    while True:
+        try:
+            item = lines.get(timeout=LAUNCH_LINES_TIMEOUT_S)
+        except queue.Empty:
+            raise NodeFailure(f"mpiexec printed no proxy commands within {LAUNCH_LINES_TIMEOUT_S:.0f} s") from None
+        if item is None:
+            break
+        commands.append(item)
+    if len(commands) != nnodes:
+        raise NodeFailure(f"mpiexec printed {len(commands)} proxy commands for {nnodes} nodes")
+    return commands
+
+
+def _publish_failures(store, key: str, folder: str, sent: int) -> int:
+    records = read_failures(folder)
+    if len(records) > sent:
+        store.set(key, json.dumps(records))
+    return len(records)
+
+
+def _all_failures(store, attempt: int, nnodes: int) -> list:
+    out = []
+    for r in range(nnodes):
+        if store.check([f"a{attempt}/failures/{r}"]):
+            out += json.loads(store.get(f"a{attempt}/failures/{r}"))
+    return sorted(out, key=lambda rec: rec["timestamp"])
+
+
+def _node_notes(store, attempt: int, nnodes: int) -> list:
+    return [f"node {r}: {store.get(f'a{attempt}/node/{r}').decode()}" for r in range(nnodes)
+            if store.check([f"a{attempt}/node/{r}"])]
+
+
+def _report(store, script: str, attempt: int, nnodes: int, rc: int) -> None:
+    text = summary(script, _all_failures(store, attempt, nnodes), rc, attempt)
+    notes = _node_notes(store, attempt, nnodes)
+    print(text + ("\n" + "\n".join(notes) if notes else ""), file=sys.stderr, flush=True)
+
+
+def _run_attempt(store, node: int, nnodes: int, proxy_cmd: list, env: dict, attempt: int,
+                 mpiexec: subprocess.Popen | None) -> int:
+    """Run this node's proxy (and, on node 0, watch mpiexec) until the attempt ends; the exit code seen here.
+    However it ends, none of this node's processes of the attempt is left running."""
+    folder, marker = env["FLAMBEAU_ERROR_DIR"], env[LAUNCH_ID_VAR]
+    proxy = subprocess.Popen(proxy_cmd, env=env, start_new_session=True)
+    lead = mpiexec if mpiexec is not None else proxy
+    sent, failed_at, rc = 0, None, None
+    try:
+        while lead.poll() is None:
+            time.sleep(MONITOR_INTERVAL_S)
+            sent = _publish_failures(store, f"a{attempt}/failures/{node}", folder, sent)
+            if failed_at is None and (sent or store.check([f"a{attempt}/stop"]) or
+                                      (node == 0 and _any_failure(store, attempt, nnodes))):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:
+                break
+        if mpiexec is None and proxy.poll() not in (None, 0) and not sent:
+            _note(store, attempt, node, f"its Hydra proxy exited with code {proxy.returncode}")
+        _publish_failures(store, f"a{attempt}/failures/{node}", folder, sent)
+        rc = lead.poll()
+    finally:
+        for proc in ([mpiexec] if mpiexec is not None else []) + [proxy]:
+            kill_tree(proc.pid if proc.poll() is None else None, marker)
+            proc.wait()
+    if rc is None or failed_at is not None:
+        return rc or 1
+    return rc
+
+
+def _any_failure(store, attempt: int, nnodes: int) -> bool:
+    return any(store.check([f"a{attempt}/{kind}/{r}"]) for r in range(nnodes) for kind in ("failures", "node"))
+
+
+def _note(store, attempt: int, node: int, text: str) -> None:
+    """Tell the other nodes (through the store, if it is still there) why this node ended its attempt."""
+    if store is not None:
+        try:
+            store.set(f"a{attempt}/node/{node}", text)
+        except (DistError, OSError):
+            pass
+
+
+def _worker_env(args, nproc: int, nnodes: int, node: int, host: str, master_port: int, run_id: str,
+                attempt: int, folder: str, launch_id: str) -> dict:
+    return dict(os.environ, MASTER_ADDR=host, MASTER_PORT=str(master_port), WORLD_SIZE=str(nproc * nnodes),
+                GROUP_RANK=str(node), GROUP_WORLD_SIZE=str(nnodes), TORCHELASTIC_RUN_ID=run_id,
+                TORCHELASTIC_RESTART_COUNT=str(attempt), TORCHELASTIC_MAX_RESTARTS=str(args.max_restarts),
+                FLAMBEAU_ERROR_DIR=folder, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+                **{LAUNCH_ID_VAR: launch_id})
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def run_nodes(args, nproc: int, nnodes: int, host: str, port: int, run_id: str, mpiexec_path: str,
+              target: list, launch_id: str, join_timeout: float) -> None:
+    """This node's part of a multi-node launch (see the module docstring); SystemExit with the job's code."""
+    node = args.node_rank
+    if not 0 <= node < nnodes:
+        raise SystemExit(f"flambeau.distributed.run: --node-rank {node} is outside [0, {nnodes})")
+    attempt, store = 0, None
+    try:
+        store = _store(host, port, node, run_id, join_timeout)
+        _join(store, node, nnodes, join_timeout)
+        while True:
+            rc = _attempt(store, args, node, nproc, nnodes, host, run_id, mpiexec_path, target, launch_id,
+                          attempt, join_timeout)
+            if rc == 0 or attempt >= args.max_restarts:
+                break
+            attempt += 1
+            _say(node, f"restarting the workers ({attempt}/{args.max_restarts})")
+        if node == 0:
+            store.set("final", str(rc))
+            _wait_for_acks(store, nnodes)
+        else:
+            store.set(f"done/{node}", "1")
+    except Stopped as e:
+        _note(store, attempt, node, f"its launcher was stopped by {e}")
+        raise
+    except (DistError, OSError) as e:
+        _say(node, f"lost the rendezvous at {host}:{port} (node 0's launcher is gone?): {e}; this node's "
+                   "workers were stopped")
+        raise SystemExit(1) from None
+    except NodeFailure as e:
+        _say(node, str(e))
+        raise SystemExit(1) from None
+    if rc != 0:
+        raise SystemExit(rc if rc > 0 else 1)
+
+
+def _attempt(store, args, node: int, nproc: int, nnodes: int, host: str, run_id: str, mpiexec_path: str,
+             target: list, launch_id: str, attempt: int, join_timeout: float) -> int:
+    folder = tempfile.mkdtemp(prefix="flambeau_run_")
+    try:
+        if node == 0:
+            return _lead_attempt(store, args, nproc, nnodes, host, run_id, mpiexec_path, target, launch_id,
+                                 attempt, folder)
+        key = _first_present(store, [f"a{attempt}/proxy/{node}", "final"], join_timeout,
+                             f"node 0 to start attempt {attempt}")
+        if key == "final":
+            return int(store.get("final"))
+        plan = json.loads(store.get(key))
+        env = _worker_env(args, nproc, nnodes, node, host, plan["master_port"], run_id, attempt, folder, launch_id)
+        _run_attempt(store, node, nnodes, plan["proxy"], env, attempt, None)
+        _first_present(store, [f"a{attempt}/result"], RESULT_WAIT_S, f"node 0's result of attempt {attempt}")
+        rc = int(store.get(f"a{attempt}/result"))
+        if rc != 0:
+            _report(store, args.training_script, attempt, nnodes, rc)
+        return rc
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _lead_attempt(store, args, nproc: int, nnodes: int, host: str, run_id: str, mpiexec_path: str, target: list,
+                  launch_id: str, attempt: int, folder: str) -> int:
+    master_port = _free_port(host)
+    env = _worker_env(args, nproc, nnodes, 0, host, master_port, run_id, attempt, folder, launch_id)
+    cmd = [mpiexec_path, "-launcher", "manual", "-genvnone", "-hosts", ",".join(f"node{r}" for r in range(nnodes)),
+           "-ppn", str(nproc), "-n", str(nproc * nnodes)] + target
+    mpiexec = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        proxies = _proxy_commands(mpiexec, nnodes)
+    except NodeFailure:
+        kill_tree(mpiexec.pid, launch_id)
+        mpiexec.wait()
+        raise
+    for r in range(1, nnodes):
+        store.set(f"a{attempt}/proxy/{r}", json.dumps({"proxy": proxies[r], "master_port": master_port}))
+    try:
+        rc = _run_attempt(store, 0, nnodes, proxies[0], env, attempt, mpiexec)
+    finally:
+        store.set(f"a{attempt}/stop", "1")
+    store.set(f"a{attempt}/result", str(rc))
+    if rc != 0:
+        _report(store, args.training_script, attempt, nnodes, rc)
+    return rc
+
+
+def _wait_for_acks(store, nnodes: int) -> None:
+    deadline = time.monotonic() + FINAL_ACK_S
+    while time.monotonic() < deadline and not all(store.check([f"done/{r}"]) for r in range(1, nnodes)):
+        time.sleep(MONITOR_INTERVAL_S)

@@ -1,0 +1,126 @@
+"""The processes of a launch: finding and stopping them, and what their failures left behind.
+
+mpiexec, Hydra's proxy and the workers each run in a session of their own, so a signal to mpiexec's
+process group reaches none of the others, and a worker spinning in a collective outlives a killed mpiexec.
+`kill_tree` finds them by parent links and by the launch id every one of them carries in its environment
+(FLAMBEAU_LAUNCH_ID, found even after a process was reparented). A failing worker leaves a record
+(`rank_<N>.json`: message, traceback, time) in FLAMBEAU_ERROR_DIR; `read_failures` and `summary` turn the
+records into the launcher's report. Used by `run.py` (one node) and `_multinode.py` (several).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+MONITOR_INTERVAL_S = 0.1      # how often a launcher looks for a failed worker
+STOP_GRACE_S = 5.0            # after SIGTERM, how long before SIGKILL
+LAUNCH_ID_VAR = "FLAMBEAU_LAUNCH_ID"   # set in every process of a launch (inherited if already set)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def read_failures(folder: str) -> list:
+    """The failure records (`rank_<N>.json`, written by `_worker`) in `folder`, oldest first."""
+    out = []
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("rank_") and name.endswith(".json"):
+            with open(os.path.join(folder, name)) as fh:
+                out.append(json.load(fh))
+    return sorted(out, key=lambda r: r["timestamp"])
+
+
+def _children_by_parent() -> dict:
+    out: dict = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            out.setdefault(ppid, []).append(int(name))
+    return out
+
+
+def _carrying(marker: str) -> list:
+    """Pids of this user's processes whose environment holds FLAMBEAU_LAUNCH_ID=marker."""
+    needle = f"{LAUNCH_ID_VAR}={marker}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    if needle in fh.read().split(b"\0"):
+                        found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def process_tree(pid: int | None, marker: str | None = None) -> list:
+    """`pid` and all its descendants, plus every process carrying the launch id `marker`."""
+    children = _children_by_parent()
+    found, todo = [], [] if pid is None else [pid]
+    while todo:
+        p = todo.pop()
+        if p not in found:
+            found.append(p)
+            todo.extend(children.get(p, ()))
+    if marker:
+        found += [p for p in _carrying(marker) if p not in found]
+    return found
+
+
+def _signal_all(pids, sig) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_tree(pid: int | None, marker: str | None = None, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop `pid` (a live child, or None), its descendants and the processes of launch `marker`: SIGTERM,
+    then SIGKILL after `grace_s` for any still alive (found again, so processes started meanwhile go too)."""
+    pids = [p for p in process_tree(pid, marker) if p != os.getpid()]
+    _signal_all(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(MONITOR_INTERVAL_S)
+    pids += [p for p in process_tree(pid, marker) if p != os.getpid() and p not in pids]
+    _signal_all(pids, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class Stopped(Exception):
+    """The launcher got a stop signal; the group is stopped on the way out."""
+
+
+def raise_stopped(signum, frame) -> None:
+    """Signal handler of a launcher: ignore further stop signals, unwind with `Stopped`."""
+    for sig in STOP_SIGNALS:                   # a second signal must not interrupt the stopping
+        signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signal.Signals(signum).name)
+
+
+def summary(script: str, failures: list, rc: int, attempt: int) -> str:
+    """The report a launcher prints when its group failed: the root cause first, with its traceback."""
+    bar = "=" * 60
+    lines = [bar, f"{script} FAILED (attempt {attempt}, exit code {rc})", "-" * 60]
+    if not failures:
+        lines.append("no worker recorded an error (a worker was killed by a signal or exited before reporting)")
+    for i, f in enumerate(failures):
+        lines.append(("Root Cause (first observed failure):" if i == 0 else "Other failure:")
+                     + f"\n  rank: {f['rank']} (pid {f['pid']})\n  error: {f['message']}")
+        if i == 0:
+            lines.append("  traceback:\n" + "".join("    " + ln + "\n" for ln in f["traceback"].splitlines()))
+    lines.append(bar)
+    return "\n".join(lines)

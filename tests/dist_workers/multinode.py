@@ -1,0 +1,37 @@
+"""Two launchers as two nodes: `multinode.py MODE OUT`. A PyTorch script (runs on flambeau through the aliasing).
+
+env:   every rank writes its torchrun environment and the all_reduce of its rank over the world to
+       OUT/env<R>.json.
+raise: the last rank (on the last node) raises after init while the others wait in an all_reduce.
+hang:  every rank writes OUT/started<R>; then the last rank sleeps forever while the others wait in a
+       barrier (only stopping a node ends it).
+"""
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+mode, out = sys.argv[1], sys.argv[2]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+if mode == "raise" and rank == world - 1:
+    raise RuntimeError(f"rank {rank} on node {os.environ['GROUP_RANK']} raised on purpose")
+if mode == "hang":
+    open(os.path.join(out, f"started{rank}"), "w").close()
+    while rank == world - 1:
+        time.sleep(1)
+    dist.barrier()
+t = torch.tensor([float(rank)])
+dist.all_reduce(t)
+if mode == "env":
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+            "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "NODE_MARK")
+    found = {k: os.environ.get(k) for k in keys}
+    found.update(rank=rank, world=world, total=t.item())
+    with open(os.path.join(out, f"env{rank}.json"), "w") as fh:
+        json.dump(found, fh)
+dist.barrier()
+dist.destroy_process_group()

@@ -1,0 +1,117 @@
+"""`python -m flambeau.distributed.run --nnodes 2`: two launchers, as two nodes on this machine, meet at one
+rendezvous endpoint and run one world of 4 ranks; a failure on either node ends both with the cause shown.
+
+Each launcher is a separate process bounded in time; on a timeout its whole process tree is killed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from flambeau.distributed.run import LAUNCH_ID_VAR, kill_tree, process_tree
+from tests.dist_helpers import ROOT, WORKERS
+
+NODES, PER_NODE = 2, 2
+NODE_TIMEOUT_S = 180           # one launcher; a hang fails the test instead of stalling CI
+STARTED_WITHIN_S = 120         # the hang case: how long the 4 workers may take to start
+GONE_WITHIN_S = 30             # after one node is stopped, how long the other may take to end
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_nodes(mode: str, out, *extra: str) -> list:
+    pytest.importorskip("mpi4py")
+    endpoint = f"127.0.0.1:{_free_port()}"
+    procs = []
+    for node in range(NODES):
+        launch_id = uuid.uuid4().hex
+        env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", NODE_MARK=f"n{node}",
+                   **{LAUNCH_ID_VAR: launch_id})
+        cmd = [sys.executable, "-m", "flambeau.distributed.run", "--nnodes", str(NODES), "--node_rank", str(node),
+               "--rdzv_endpoint", endpoint, "--rdzv_backend", "c10d", "--rdzv_id", "job7",
+               "--nproc_per_node", str(PER_NODE), *extra, os.path.join(WORKERS, "multinode.py"), mode, str(out)]
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                             start_new_session=True)
+        procs.append((p, launch_id))
+    return procs
+
+
+def _finish(procs, timeout: float = NODE_TIMEOUT_S) -> list:
+    """(returncode, stdout, stderr) of each node; every node's processes are gone afterwards."""
+    results, deadline = [], time.monotonic() + timeout
+    try:
+        for p, _ in procs:
+            so, se = p.communicate(timeout=max(deadline - time.monotonic(), 1))
+            results.append((p.returncode, so, se))
+    finally:
+        for p, launch_id in procs:
+            kill_tree(p.pid if p.poll() is None else None, launch_id, 1.0)
+    return results
+
+
+def test_two_launchers_form_one_world_with_torchruns_environment(tmp_path):
+    results = _finish(_start_nodes("env", tmp_path))
+    assert [rc for rc, _, _ in results] == [0, 0], [se[-3000:] for _, _, se in results]
+    records = [json.load(open(tmp_path / f"env{r}.json")) for r in range(NODES * PER_NODE)]
+    assert len({rec["MASTER_PORT"] for rec in records}) == 1
+    for r, rec in enumerate(records):
+        node, local = divmod(r, PER_NODE)
+        assert (rec["rank"], rec["world"], rec["total"]) == (r, 4, 6.0)       # one all_reduce over both nodes
+        assert (rec["RANK"], rec["LOCAL_RANK"], rec["GROUP_RANK"]) == (str(r), str(local), str(node))
+        assert (rec["WORLD_SIZE"], rec["LOCAL_WORLD_SIZE"], rec["GROUP_WORLD_SIZE"]) == ("4", "2", "2")
+        assert rec["TORCHELASTIC_RUN_ID"] == "job7" and rec["MASTER_ADDR"] == "127.0.0.1"
+        assert rec["NODE_MARK"] == f"n{node}"            # each node's workers run in their own launcher's env
+
+
+def test_a_rank_failing_on_one_node_stops_both_with_its_cause(tmp_path):
+    results = _finish(_start_nodes("raise", tmp_path))
+    for rc, _, se in results:
+        assert rc != 0
+        assert "Root Cause" in se and "rank: 3" in se and "rank 3 on node 1 raised on purpose" in se, se[-3000:]
+
+
+def test_a_stopped_node_stops_the_other(tmp_path):
+    procs = _start_nodes("hang", tmp_path)
+    try:
+        deadline = time.monotonic() + STARTED_WITHIN_S
+        while not all((tmp_path / f"started{r}").exists() for r in range(NODES * PER_NODE)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p, _ in procs), "workers never started"
+            time.sleep(0.2)
+        procs[1][0].send_signal(signal.SIGTERM)                 # what `timeout` or a scheduler sends a node
+    finally:
+        results = _finish(procs, GONE_WITHIN_S)
+    (rc0, _, se0), (rc1, _, se1) = results
+    assert rc1 != 0 and "stopped by SIGTERM" in se1, se1[-3000:]
+    assert rc0 != 0 and "node 1: its launcher was stopped by SIGTERM" in se0, se0[-3000:]
+    for _, launch_id in procs:
+        assert [p for p in process_tree(None, launch_id) if _live(p)] == []
+
+
+def test_a_node_waits_for_the_others_only_as_long_as_the_join_timeout(tmp_path):
+    pytest.importorskip("mpi4py")
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "flambeau.distributed.run", "--nnodes", "2", "--node_rank", "0",
+           "--rdzv_endpoint", f"127.0.0.1:{_free_port()}", "--rdzv_conf", "join_timeout=2",
+           "--nproc_per_node", "1", os.path.join(WORKERS, "multinode.py"), "env", str(tmp_path)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=NODE_TIMEOUT_S, cwd=ROOT)
+    assert p.returncode != 0 and "nodes [1] did not join the rendezvous within 2 s" in p.stderr, p.stderr
+
+
+def _live(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
