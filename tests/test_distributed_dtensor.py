@@ -27,7 +27,10 @@ EXPECTED_PLACEMENTS = {"add_s0_s0": "S(0)", "add_bcast_s1": "S(1)", "add_bcast_s
                        "permute_t": "P(sum)", "split_unsqueeze": "S(1)", "embedding_rows": "P(sum)",
                        "embedding_cols": "S(2)", "embedding_ids": "S(0)", "layer_norm": "S(0)",
                        "softmax_other_dim": "S(0)", "log_softmax_same_dim": "R", "cross_entropy_mean": "P(sum)",
-                       "cross_entropy_sum": "P(sum)", "cross_entropy_none": "S(0)", "fallback_cumsum": "R"}
+                       "cross_entropy_sum": "P(sum)", "cross_entropy_none": "S(0)", "fallback_cumsum": "R",
+                       "slice_sharded_dim": "R", "slice_other_dim_step": "S(0)", "narrow_other_dim": "S(1)",
+                       "select_sharded_dim": "R", "select_other_dim": "S(0)", "select_3d_after": "S(1)",
+                       "index_dtensor_ids": "R", "index_plain_ids": "R", "index_plain_cols": "R"}
 UNEVEN_HEADS = {3: {"view_split_heads": "R"}}     # 4 heads do not split over 3 ranks: gathered, not cut
 
 
@@ -115,9 +118,10 @@ def test_rule_count_and_fallback_log():
 
 # where our rules choose another valid layout than PyTorch's (cheaper by our cost, or exact where PyTorch
 # replicates), or PyTorch's DTensor raises (uneven mean of cross_entropy, a MaskPartial backward, cat
-# of split gradients)
+# of split gradients, a plain index tensor: ours counts it as replicated)
 DIFFERENT_CHOICE = {"mean_all", "mean_uneven", "mm_s0_s0", "mul_div_neg"}
-PYTORCH_RAISES = {"cross_entropy_mean", "embedding_rows", "split_unsqueeze"}
+PYTORCH_RAISES = {"cross_entropy_mean", "embedding_rows", "split_unsqueeze",
+                  "index_plain_ids", "index_plain_cols"}   # a plain index tensor: "got mixed torch.Tensor and DTensor"
 
 
 @pytest.fixture(scope="module")

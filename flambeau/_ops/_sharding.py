@@ -496,6 +496,27 @@ def select_rule(self, dim, index) -> Decision:
     return Decision([self.placement], Shard(d - (d > at)))
 
 
+def slice_scatter_rule(self, src, dim=0, start=None, end=None, step=1) -> Decision:
+    """Sharded along another dimension than the scattered one, both pieces line up (same size there):
+    scatter locally. (A slice's backward: `grad.new_zeros(shape).slice_scatter(grad, ...)`.)"""
+    at = _wrap(dim, self.ndim)
+    for spec in (src, self):
+        d = spec.shard_dim()
+        if d is not None and d != at:
+            return Decision([Shard(d), Shard(d)], Shard(d))
+    return Decision([R, R], R)
+
+
+def select_scatter_rule(self, src, dim, index) -> Decision:
+    """As slice_scatter; `src` lacks dimension `dim`, so its dimension k is self's k + (k >= dim)."""
+    at = _wrap(dim, self.ndim)
+    d_src, d_self = src.shard_dim(), self.shard_dim()
+    d = d_src + (d_src >= at) if d_src is not None else d_self if d_self != at else None
+    if d is None:
+        return Decision([R, R], R)
+    return Decision([Shard(d), Shard(d - (d > at))], Shard(d))
+
+
 # ---- nn ops ----------------------------------------------------------------------------------------------
 def softmax_rule(self, dim, *rest) -> Decision:
     """softmax / log_softmax: shards on other dimensions stay; the softmax dimension is gathered."""

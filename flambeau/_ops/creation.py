@@ -167,6 +167,8 @@ def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False
 
 def _new(fn):
     def new(self, *size, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False):
+        if self._device is WRAPPER_DEVICE and device is None:   # a DTensor: a DTensor on its mesh
+            return self._wrapper_new(fn, _size(size), dict(dtype=dtype, requires_grad=requires_grad))
         return fn(*size, dtype=dtype or self.dtype, device=device if device is not None else self.device,
                   requires_grad=requires_grad)
     return new

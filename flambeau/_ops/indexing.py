@@ -148,7 +148,7 @@ def _(self, indices):
 
 @index.def_derivative
 def _(grad, self_meta, indices):
-    return zeros(self_meta.shape, dtype=grad.dtype, device=grad.device).index_put(indices, grad, True), None
+    return grad.new_zeros(self_meta.shape).index_put(indices, grad, True), None
 
 
 @defop("index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor",

@@ -17,7 +17,7 @@ from ._helpers import wrap_dim, wrap_dims, result_type, broadcast_shapes
 from .views import as_strided, diagonal as _diagonal, expand, reshape, select, slice_
 from .._dispatch import resize_out
 from .creation import zeros, tensor, zeros_like
-from . import _batching
+from . import _batching, _sharding
 
 
 def with_out(res, out):
@@ -643,3 +643,5 @@ diag_embed.def_batching_rule(_batching.dim_rule(diag_embed, "dim1", "dim2", extr
 select_scatter.def_batching_rule(_batching.written_rule(select_scatter, "dim"))
 slice_scatter.def_batching_rule(_batching.written_rule(slice_scatter, "dim"))
 diagonal_scatter.def_batching_rule(_batching.written_rule(diagonal_scatter, "dim1", "dim2"))
+select_scatter.def_sharding_rule(_sharding.select_scatter_rule)
+slice_scatter.def_sharding_rule(_sharding.slice_scatter_rule)

@@ -584,8 +584,7 @@ def _(self, dim=0, start=None, end=None, step=1):
 
 @slice_.def_derivative
 def _(grad, self_meta, dim, start, end, step):
-    z = zeros(self_meta.shape, dtype=grad.dtype, device=grad.device)
-    return z.slice_scatter(grad, dim, start, end, step)
+    return grad.new_zeros(self_meta.shape).slice_scatter(grad, dim, start, end, step)
 
 
 def _check_index(what, self_shape, dim, index):
@@ -617,7 +616,7 @@ def _(self, dim, index):
 
 @select.def_derivative
 def _(grad, self_meta, dim, index):
-    return zeros(self_meta.shape, dtype=grad.dtype, device=grad.device).select_scatter(grad, dim, index)
+    return grad.new_zeros(self_meta.shape).select_scatter(grad, dim, index)
 
 
 @export("narrow", method=True)

@@ -35,7 +35,7 @@ for name, (fn, specs, differentiable, ints) in CASES.items():
         arrays = inputs(name, specs, ints)
         xs = []
         for i, (a, (shape, p)) in enumerate(zip(arrays, specs)):
-            x = distribute_tensor(torch.from_numpy(a), mesh, [placement(p)])
+            x = torch.from_numpy(a) if p == "plain" else distribute_tensor(torch.from_numpy(a), mesh, [placement(p)])
             if differentiable and i not in ints:
                 x.requires_grad_(True)
             xs.append(x)

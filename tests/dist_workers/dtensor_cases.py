@@ -2,7 +2,8 @@
 the test (tests/test_distributed_dtensor.py, where `torch` is PyTorch and computes the reference on the
 whole tensors): each case is (name, fn, [(shape, placement), ...], differentiable).
 
-Placements are written as strings ("S0", "S1", "R") so both sides can read them; shapes are uneven
+Placements are written as strings ("S0", "S1", "R"; "plain": a torch.Tensor, not distributed) so both sides
+can read them; shapes are uneven
 for 2 and 3 ranks on purpose (torch.chunk's cut leaves short and empty pieces).
 """
 import numpy as np
@@ -75,6 +76,15 @@ CASES = {
     "cross_entropy_none": (lambda torch, x, t: torch.nn.functional.cross_entropy(x, t, reduction="none"),
                            [((7, 5), "S0"), ((7,), "S0")], True, {1: 5}),
     "fallback_cumsum": (lambda torch, a: torch.cumsum(a, 0), [((5, 7), "S0")], True, {}),
+    "slice_sharded_dim": (lambda torch, a: a[1:4] * 1.5, [((5, 7), "S0")], True, {}),
+    "slice_other_dim_step": (lambda torch, a: a[:, 1:6:2], [((5, 7), "S0")], True, {}),
+    "narrow_other_dim": (lambda torch, a: a.narrow(0, 1, 3), [((5, 7), "S1")], True, {}),
+    "select_sharded_dim": (lambda torch, a: a[2], [((5, 7), "S0")], True, {}),
+    "select_other_dim": (lambda torch, a: a.select(1, 3), [((5, 7), "S0")], True, {}),
+    "select_3d_after": (lambda torch, a: a[:, 1], [((3, 4, 5), "S2")], True, {}),
+    "index_dtensor_ids": (lambda torch, a, i: a[i], [((5, 7), "S0"), ((4,), "R")], True, {1: 5}),
+    "index_plain_ids": (lambda torch, a, i: a[i], [((5, 7), "S0"), ((4,), "plain")], True, {1: 5}),
+    "index_plain_cols": (lambda torch, a, i: a[:, i] * 2, [((5, 7), "S1"), ((6,), "plain")], True, {1: 7}),
 }
 
 PLACEMENTS = ["S0", "S1", "R", "P"]

@@ -260,6 +260,15 @@ class DTensor(Tensor):
         return DTensor._make(out, self.device_mesh, placements, self._spec.shape,
                              requires_grad=bool(kwargs.get("requires_grad")))
 
+    def _wrapper_new(self, fn, size: tuple, kwargs: dict) -> "DTensor":
+        """`new_zeros`/`new_ones`/`new_empty` (PyTorch's new-factory rule): this DTensor's layout when the size
+        is its own, else replicated (every rank makes the whole tensor)."""
+        if tuple(size) == tuple(self._spec.shape):
+            return self._wrapper_like(fn, (), kwargs)
+        local = fn(tuple(size), dtype=kwargs.get("dtype") or self._dtype, device=self._local_tensor.device)
+        return DTensor._make(local, self.device_mesh, (REPLICATE,) * self.device_mesh.ndim, tuple(size),
+                             requires_grad=bool(kwargs.get("requires_grad")))
+
     @classmethod
     def _wrapper_parameter(cls, data: "DTensor", requires_grad: bool) -> "DTensor":
         p = _DTensorParameter._from(data.detach())

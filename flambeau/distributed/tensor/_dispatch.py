@@ -11,8 +11,10 @@ with DTensor arguments:
      op's meta function gives for the global inputs.
 An op with no rule runs by the fallback: inputs replicated, op computed on whole tensors, outputs
 replicated; each such call is logged (logger `flambeau.distributed.tensor`, level DEBUG) and counted
-in `FALLBACK_COUNTS`. A 0-dim plain tensor beside DTensors counts as replicated; any other plain
-tensor is an error, as in PyTorch.
+in `FALLBACK_COUNTS`. A 0-dim plain tensor beside DTensors counts as replicated, and so do plain integer
+or bool tensors inside an index list (`x[idx]`, `x[:, mask]`, index_put's indices: every rank holds the
+same indices; PyTorch raises there outside `implicit_replication()`); any other plain tensor is an
+error, as in PyTorch.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import logging
 from ... import _state
 from ..._backends import MetaArray
 from ..._device import device as Device
+from ..._dtype import BOOL, INTEGER
 from ..._ops import _batching
 from ..._ops._registry import OPS
 from ..._ops._sharding import ArgSpec, LocalContext, pointwise_rule, replicate_all
@@ -34,6 +37,7 @@ from ._utils import compute_local_shape_and_global_offset
 log = logging.getLogger("flambeau.distributed.tensor")
 FALLBACK_COUNTS: collections.Counter = collections.Counter()   # op name -> calls run by the fallback
 _META = Device("meta")
+INDEX_CATEGORIES = (BOOL, INTEGER)      # dtypes of the plain tensors an index list may hold
 
 
 def rule_of(op):
@@ -88,7 +92,16 @@ def _as_dtensors(op, values, dtensor_cls):
             return dtensor_cls._make(t, mesh, (REPLICATE,) * mesh.ndim, (), requires_grad=False)
         raise RuntimeError(f"{op}: got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to "
                            "DTensor before calling distributed operators!")
-    return _map(values, lift), mesh
+    return _map(_replicated_index_lists(values, mesh, dtensor_cls), lift), mesh
+
+
+def _replicated_index_lists(values, mesh, dtensor_cls) -> list:
+    """`values` with the plain integer/bool tensors inside lists (index lists) made replicated DTensors."""
+    def index(t):
+        if isinstance(t, Tensor) and not isinstance(t, dtensor_cls) and t.dtype.category in INDEX_CATEGORIES:
+            return dtensor_cls._make(t, mesh, (REPLICATE,) * mesh.ndim, tuple(t.shape), requires_grad=False)
+        return t
+    return [type(v)(index(x) for x in v) if type(v) in (list, tuple) else v for v in values]
 
 
 def _global_outputs(op, values):
