@@ -126,7 +126,14 @@ class DeviceMesh:
         if dims != sorted(dims):
             order = np.argsort(np.argsort(dims))
             sub = np.transpose(sub, order)
-        return DeviceMesh(self.device_type, sub, mesh_dim_names=names, _groups=[self._groups[d] for d in dims])
+        out = DeviceMesh(self.device_type, sub, mesh_dim_names=names, _groups=[self._groups[d] for d in dims])
+        out._root_mesh = self._get_root_mesh()
+        return out
+
+    def _get_root_mesh(self) -> "DeviceMesh":
+        """The mesh this one was sliced from (itself when it was not): FSDP over a TP sub-mesh lays its
+        parameters out on their common root."""
+        return getattr(self, "_root_mesh", None) or self
 
     def __eq__(self, other) -> bool:
         return isinstance(other, DeviceMesh) and self.device_type == other.device_type and \

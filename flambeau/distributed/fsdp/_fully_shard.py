@@ -19,6 +19,8 @@ Around the group's forward:
     for and accumulated into the sharded parameters' `.grad` (DTensors, Shard(0)); a group some of whose
     parameters got no gradient in this backward is reduced there with the gradients it has (instead of
     waiting for ever), those parameters' `.grad` left as they were.
+On a 2-D mesh (HSDP) parameters are `(Replicate(), Shard(0))`: gathered and reduce-scattered within
+mesh dimension 1, and each reduced shard averaged over dimension 0 (its replicas) by an all-reduce.
 `set_requires_gradient_sync(False)` keeps the gathered gradients for the next synchronised backward.
 """
 from __future__ import annotations
@@ -31,12 +33,12 @@ from ..._ops.shape import cat
 from ..._tensor import Tensor
 from ...autograd import engine
 from ...nn.parameter import Parameter
-from ..collectives import all_gather, reduce_scatter
+from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..device_mesh import DeviceMesh, init_device_mesh
 from ..distributed_c10d import ReduceOp, _xp, get_world_size
 from ..tensor._api import DTensor
 from ..tensor._redistribute import redistribute_local
-from ..tensor.placement_types import Replicate, Shard
+from ..tensor.placement_types import Partial, Replicate, Shard
 
 _ARRAY_NATIVE_KINDS = "biufc"     # NumPy dtype kinds NumPy and CuPy both copy (not bfloat16's 'V')
 
@@ -65,12 +67,32 @@ class CPUOffloadPolicy(OffloadPolicy):
 
 
 class _Param:
-    """One managed parameter: where it lives, its sharded DTensor and its gathered leaf tensor."""
-    __slots__ = ("owner", "name", "sharded", "shape", "unsharded")
+    """One managed parameter: where it lives, its sharded DTensor and its gathered leaf tensor.
 
-    def __init__(self, owner, name: str, sharded: DTensor, shape: tuple) -> None:
+    `shape` is the shape FSDP gathers (the whole parameter, or this rank's tensor-parallel piece);
+    `layout` the sharded DTensor's (mesh, placements, global shape); `tp` the tensor-parallel layout of the
+    gathered leaf, (tp mesh, placement, global shape), or None when the leaf is a plain tensor."""
+    __slots__ = ("owner", "name", "sharded", "shape", "unsharded", "layout", "tp")
+
+    def __init__(self, owner, name: str, sharded: DTensor, shape: tuple, layout: tuple, tp=None) -> None:
         self.owner, self.name, self.sharded, self.shape = owner, name, sharded, shape
+        self.layout, self.tp = layout, tp
         self.unsharded = None
+
+    def leaf(self, full: Tensor) -> Tensor:
+        """The gathered parameter the forward uses: `full`, or a DTensor of the TP layout around it."""
+        if self.tp is not None:
+            mesh, placement, shape = self.tp
+            full = DTensor._make(full, mesh, (placement,), shape)
+        return full.detach().requires_grad_(self.sharded.requires_grad)
+
+    def holder(self) -> Tensor:
+        """The plain tensor whose memory a reshard drops and an unshard refills."""
+        return self.unsharded._local_tensor if self.tp is not None else self.unsharded
+
+    def local_grad(self) -> Tensor:
+        g = self.unsharded.grad
+        return g._local_tensor if isinstance(g, DTensor) else g
 
 
 class UnshardHandle:
@@ -104,19 +126,70 @@ class _ParamGroup:
         self.unsharded = False
         self.sync_grads = True
         self.is_root = None
+        self.replicas: list = []              # FSDP x TP parameters kept whole over the mesh (see add_tensor_parallel)
         self.forward_prefetch = None          # groups to gather when this one's forward starts
         self.backward_prefetch = None
         self._pending = None
         self._grads_ready: set = set()
-        self.group = mesh.get_group()
-        self.n, self.rank = mesh.size(), mesh.get_local_rank()
+        shard_dim = mesh.ndim - 1           # HSDP (2-D mesh): replicate over mesh dim 0, shard over dim 1
+        self.placements = (Replicate(),) * shard_dim + (Shard(0),)
+        self.group = mesh.get_group(shard_dim)
+        self.replicate_group = mesh.get_group(0) if shard_dim else None
+        self.n, self.rank = mesh.size(shard_dim), mesh.get_local_rank(shard_dim)
 
     def add(self, owner, name: str, p) -> None:
         shape = tuple(p.shape)
-        local = _no_grad(redistribute_local, p.detach(), self.mesh, (Replicate(),), (Shard(0),), shape)
-        sharded = Parameter(DTensor._make(local.contiguous(), self.mesh, (Shard(0),), shape), p.requires_grad)
+        local = _no_grad(redistribute_local, p.detach(), self.mesh, (Replicate(),) * self.mesh.ndim,
+                         self.placements, shape)
+        sharded = Parameter(DTensor._make(local.contiguous(), self.mesh, self.placements, shape), p.requires_grad)
         owner._parameters[name] = sharded
-        self.params.append(_Param(owner, name, sharded, shape))
+        self.params.append(_Param(owner, name, sharded, shape, (self.mesh, self.placements, shape)))
+
+    def add_tensor_parallel(self, owner, name: str, p: DTensor) -> None:
+        """FSDP x TP: `p` is a DTensor on a 1-D tensor-parallel mesh; this group's 1-D mesh and that one are
+        slices of one 2-D root mesh. This rank's TP piece is sharded on dim 0 over this mesh, the result a
+        DTensor on the 2-D (fsdp, tp) mesh: `(Shard(0), tp placement)`. A piece whose TP placement is
+        Shard(0) too (colwise weights and biases) would be a strided shard (PyTorch's `_StridedShard`): it
+        stays whole over this mesh, `(Replicate(), Shard(0))`, its gradient averaged by an all-reduce."""
+        tp_mesh, (tp_p,) = p.device_mesh, p.placements
+        if self.mesh.ndim != 1 or tp_mesh.ndim != 1 or not (self.mesh.mesh_dim_names and tp_mesh.mesh_dim_names) \
+                or self.mesh._get_root_mesh() is not tp_mesh._get_root_mesh():
+            raise NotImplementedError(f"fully_shard: parameter '{name}' is a DTensor on {tp_mesh}; FSDP x TP needs "
+                                      "1-D named sub-meshes of one 2-D mesh (mesh['dp'], mesh['tp'])")
+        if isinstance(tp_p, Partial) or self.mp.param_dtype is not None:
+            raise NotImplementedError(f"fully_shard: parameter '{name}': FSDP x TP supports Shard/Replicate "
+                                      "parameters without mixed precision")
+        mesh2d = self.mesh._get_root_mesh()[self.mesh.mesh_dim_names[0], tp_mesh.mesh_dim_names[0]]
+        local, gshape, tp = p._local_tensor.detach(), tuple(p.shape), (tp_mesh, tp_p, tuple(p.shape))
+        if tp_p == Shard(0):
+            layout = (mesh2d, (Replicate(), tp_p), gshape)
+            sharded = Parameter(DTensor._make(local.contiguous(), *layout), p.requires_grad)
+            fp = _Param(owner, name, sharded, tuple(local.shape), layout, tp)
+            fp.unsharded = DTensor._make(sharded._local_tensor, tp_mesh, (tp_p,), gshape).requires_grad_(
+                p.requires_grad)
+            if p.requires_grad:
+                fp.unsharded.register_post_accumulate_grad_hook(self._on_replica_grad(fp))
+            self.replicas.append(fp)
+        else:
+            piece = _no_grad(redistribute_local, local, self.mesh, (Replicate(),), (Shard(0),), tuple(local.shape))
+            layout = (mesh2d, (Shard(0), tp_p), gshape)
+            sharded = Parameter(DTensor._make(piece.contiguous(), *layout), p.requires_grad)
+            self.params.append(_Param(owner, name, sharded, tuple(local.shape), layout, tp))
+        owner._parameters[name] = sharded
+
+    def _on_replica_grad(self, fp: _Param):
+        def average_replica_grad(t: Tensor) -> None:
+            if not self.sync_grads:
+                return
+            g = fp.local_grad().contiguous()
+            _no_grad(all_reduce, g, ReduceOp.AVG, self.group)
+            grad = DTensor._make(g, *fp.layout)
+            if fp.sharded.grad is None:
+                fp.sharded.grad = grad
+            else:
+                _no_grad(fp.sharded.grad.add_, grad)
+            fp.unsharded.grad = None
+        return average_replica_grad
 
     # -- all-gather ------------------------------------------------------------------------------------
     def _rows(self, fp: _Param, r: int) -> int:
@@ -167,20 +240,20 @@ class _ParamGroup:
             for r, k in enumerate(counts):
                 offsets[r] += k
             if fp.unsharded is None:
-                fp.unsharded = full.detach().requires_grad_(fp.sharded.requires_grad)
+                fp.unsharded = fp.leaf(full)
                 if fp.sharded.requires_grad:
                     fp.unsharded.register_post_accumulate_grad_hook(self._on_grad(fp))
             else:                               # same tensor (autograd saved it): new memory, same version
-                fp.unsharded._data = full._data
-                fp.unsharded._dtype = full._dtype
+                fp.holder()._data = full._data
+                fp.holder()._dtype = full._dtype
         self.unsharded = True
 
     def use_unsharded(self) -> None:
-        for fp in self.params:
+        for fp in self.params + self.replicas:
             fp.owner._parameters[fp.name] = fp.unsharded
 
     def use_sharded(self) -> None:
-        for fp in self.params:
+        for fp in self.params + self.replicas:
             fp.owner._parameters[fp.name] = fp.sharded
 
     def reshard(self) -> None:
@@ -190,7 +263,7 @@ class _ParamGroup:
         self.use_sharded()
         if self.unsharded:
             for fp in self.params:
-                fp.unsharded._data = fp.unsharded._data[:0]
+                fp.holder()._data = fp.holder()._data[:0]
             self.unsharded = False
 
     # -- gradients -----------------------------------------------------------------------------------------
@@ -217,7 +290,7 @@ class _ParamGroup:
             pieces = []
             for fp in ps:
                 start, rows = Shard.local_range(fp.shape[0], self.n, r) if fp.shape else (0, 1)
-                g = fp.unsharded.grad.reshape((-1,) + fp.shape[1:]) if fp.shape else fp.unsharded.grad.reshape(1)
+                g = fp.local_grad().reshape((-1,) + fp.shape[1:]) if fp.shape else fp.local_grad().reshape(1)
                 g = g.narrow(0, start, rows)
                 pieces.append((g.to(dtype) if dtype is not None else g).reshape(-1))
             inputs.append(_no_grad(lambda: cat(pieces).contiguous()))
@@ -231,13 +304,15 @@ class _ParamGroup:
     def finish_reduce(self, work, out, ps: list) -> None:
         """Wait for a reduce-scatter (on cuda: the current stream waits) and accumulate the shards' `.grad`."""
         work.wait()
+        if self.replicate_group is not None:           # HSDP: then the mean over the replicas of the shard
+            all_reduce(out, op=ReduceOp.AVG, group=self.replicate_group)
         offset = 0
         for fp in ps:
             local = fp.sharded._local_tensor
             k = local.numel()
             g = out.narrow(0, offset, k).reshape(tuple(local.shape)).to(local.dtype)
             offset += k
-            sharded_grad = DTensor._make(_no_grad(lambda: g.contiguous()), self.mesh, (Shard(0),), fp.shape)
+            sharded_grad = DTensor._make(_no_grad(lambda: g.contiguous()), *fp.layout)
             if fp.sharded.grad is None:
                 fp.sharded.grad = sharded_grad
             else:
@@ -378,6 +453,7 @@ def _register_pre_backward(g: _ParamGroup, output) -> None:
 
 
 _FSDP_CLASSES: dict = {}
+FSDP_SHARDED_ATTR = "_fsdp_sharded"     # set on the sharded parameters a fully_shard call made
 
 
 def fully_shard(module, *, mesh: DeviceMesh | None = None, reshard_after_forward: bool = True,
@@ -392,15 +468,21 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None, reshard_after_forward
         mesh = init_device_mesh(first.device.type if first is not None else "cpu", (get_world_size(),))
     if isinstance(offload_policy, CPUOffloadPolicy) and mesh.device_type != "cpu":
         raise NotImplementedError("fully_shard: CPUOffloadPolicy on a cuda mesh is not supported")
-    if mesh.ndim != 1:
-        raise ValueError(f"fully_shard: a 1-D mesh is supported (HSDP's 2-D mesh is not), got {mesh.ndim}-D")
+    if mesh.ndim not in (1, 2):
+        raise ValueError(f"fully_shard: expected a 1-D mesh (FSDP) or a 2-D mesh (HSDP: replicate over "
+                         f"dim 0, shard over dim 1), got {mesh.ndim}-D")
     ignored = {id(p) for p in (ignored_params or ())}
     group = _ParamGroup(module, mesh, reshard_after_forward, mp_policy)
     for owner in module.modules():
         for name, p in list(owner._parameters.items()):
-            if p is None or id(p) in ignored or isinstance(p, DTensor):   # DTensor: a nested group's
+            if p is None or id(p) in ignored or getattr(p, FSDP_SHARDED_ATTR, False):   # a nested group's
                 continue
-            group.add(owner, name, p)
+            if isinstance(p, DTensor):
+                group.add_tensor_parallel(owner, name, p)
+            else:
+                group.add(owner, name, p)
+    for fp in group.params + group.replicas:
+        setattr(fp.sharded, FSDP_SHARDED_ATTR, True)
     cls = type(module)
     if cls not in _FSDP_CLASSES:
         _FSDP_CLASSES[cls] = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})

@@ -1,0 +1,70 @@
+"""FSDP2 on a 2-D mesh of 4 ranks (float64): HSDP (`fully_shard(mesh=(2, 2))`: replicate over mesh dim 0,
+shard over dim 1; data parallel over all 4 ranks) and FSDP x TP (blocks tensor-parallel over mesh["tp"], then
+`fully_shard` over mesh["dp"]; data parallel over the 2 dp slices, the tp pair sees the same rows). Losses,
+final weights and gradient layouts to <out>/rank<R>.npz. A PyTorch script run on flambeau."""
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tp_models import B, STEPS, build_model, fsdp_batch  # noqa: E402
+
+out_dir = sys.argv[1]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+Model = build_model(torch)
+BLOCK_PLAN = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel(),
+              "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
+res = {}
+
+
+def train(tag, data_parallel, slice_index):
+    model = Model().double()
+    g = np.random.default_rng(5)            # the same weights on flambeau and PyTorch (their RNGs differ)
+    with torch.no_grad():
+        for v in model.state_dict().values():
+            v.copy_(torch.from_numpy(0.3 * g.standard_normal(tuple(v.shape))))
+    for k, v in model.state_dict().items():
+        res[f"{tag}/init/{k}"] = v.numpy().copy()
+    if tag == "hsdp":
+        for b in model.blocks:
+            fully_shard(b, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    else:
+        for b in model.blocks:
+            parallelize_module(b, mesh["tp"], BLOCK_PLAN)
+            fully_shard(b, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    res[f"{tag}/sharded"] = np.array(all(isinstance(p, DTensor) for p in model.parameters()))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    losses = []
+    for step in range(STEPS):
+        x, y = fsdp_batch(torch, step, data_parallel)
+        x, y = x[slice_index * B:(slice_index + 1) * B], y[slice_index * B:(slice_index + 1) * B]
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        for name in ("head.weight", "blocks.0.q.weight", "blocks.0.o.weight", "blocks.0.q.bias"):
+            p = model.get_parameter(name)
+            res[f"{tag}/layout/{name}"] = np.array(f"{p.placements}|{p.grad.placements}")
+        opt.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.AVG)
+        losses.append(total.item())
+    res[f"{tag}/losses"] = np.array(losses)
+    for k, p in model.named_parameters():
+        res[f"{tag}/final/{k}"] = p.full_tensor().detach().numpy()
+
+
+train("hsdp", world, rank)
+train("fsdp_tp", 2, mesh.get_coordinate()[0])
+np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **res)
+dist.destroy_process_group()

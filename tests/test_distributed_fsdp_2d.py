@@ -1,0 +1,96 @@
+"""FSDP2 on a 2-D mesh, 4 MPI ranks, float64 (tests/dist_workers/fsdp_2d.py): HSDP (replicate over mesh
+dim 0, shard over dim 1) trains as one PyTorch process on the 4 ranks' concatenated batch, FSDP x TP
+(tensor parallel inside each dp slice, FSDP across them) as one process on the 2 slices' batch; losses and
+final weights to 1e-10; the same worker on PyTorch's FSDP2 (torchrun, gloo) gives the same losses and
+layouts, except where PyTorch uses a strided shard (`_StridedShard`: colwise TP pieces, kept whole over dp here)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from tests.dist_helpers import RUN_TIMEOUT_S, WORKERS, launch
+from tests.dist_workers.tp_models import STEPS, build_model, fsdp_batch
+
+WORLD = 4
+Model = build_model(torch)
+# parameter layout | gradient layout on the 2x2 mesh
+LAYOUTS = {
+    "hsdp": {"head.weight": "(Replicate(), Shard(dim=0))|(Replicate(), Shard(dim=0))",
+             "blocks.0.q.weight": "(Replicate(), Shard(dim=0))|(Replicate(), Shard(dim=0))",
+             "blocks.0.o.weight": "(Replicate(), Shard(dim=0))|(Replicate(), Shard(dim=0))",
+             "blocks.0.q.bias": "(Replicate(), Shard(dim=0))|(Replicate(), Shard(dim=0))"},
+    "fsdp_tp": {"head.weight": "(Shard(dim=0),)|(Shard(dim=0),)",
+                # PyTorch: (_StridedShard(dim=0, sf=2), Shard(dim=0)); kept whole over dp here
+                "blocks.0.q.weight": "(Replicate(), Shard(dim=0))|(Replicate(), Shard(dim=0))",
+                "blocks.0.o.weight": "(Shard(dim=0), Shard(dim=1))|(Shard(dim=0), Shard(dim=1))",
+                "blocks.0.q.bias": "(Replicate(), Shard(dim=0))|(Replicate(), Shard(dim=0))"},
+}
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp2d")
+    rc, so, se = launch("fsdp_2d.py", WORLD, str(out))
+    assert rc == 0, f"workers failed (rc {rc}):\n{so}\n{se}"
+    return [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(WORLD)]
+
+
+def _reference(tag, res, data_parallel):
+    model = Model().double()
+    prefix = f"{tag}/init/"
+    model.load_state_dict({k[len(prefix):]: torch.from_numpy(v) for k, v in res.items() if k.startswith(prefix)})
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    losses = []
+    for step in range(STEPS):
+        x, y = fsdp_batch(torch, step, data_parallel)
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().numpy() for k, v in model.named_parameters()}
+
+
+@pytest.mark.parametrize("tag,data_parallel", [("hsdp", WORLD), ("fsdp_tp", 2)])
+def test_2d_training_equals_one_process_on_the_whole_batch(ranks, tag, data_parallel):
+    losses, final = _reference(tag, ranks[0], data_parallel)
+    for r, res in enumerate(ranks):
+        assert bool(res[f"{tag}/sharded"])
+        np.testing.assert_allclose(res[f"{tag}/losses"], losses, rtol=1e-10, atol=1e-12)
+        for k, v in final.items():
+            np.testing.assert_allclose(res[f"{tag}/final/{k}"], v, rtol=1e-9, atol=1e-11, err_msg=f"rank {r} {k}")
+
+
+@pytest.mark.parametrize("tag", ["hsdp", "fsdp_tp"])
+def test_2d_parameter_and_gradient_layouts(ranks, tag):
+    for res in ranks:
+        for name, want in LAYOUTS[tag].items():
+            assert str(res[f"{tag}/layout/{name}"]) == want, name
+
+
+STRIDED_IN_PYTORCH = {"blocks.0.q.weight", "blocks.0.q.bias"}
+
+
+@pytest.fixture(scope="module")
+def pytorch_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp2d_pytorch")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH="")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+           os.path.join(WORKERS, "fsdp_2d.py"), str(out)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("tag", ["hsdp", "fsdp_tp"])
+def test_2d_agrees_with_pytorch_fsdp2(ranks, pytorch_ranks, tag):
+    for ours, theirs in zip(ranks, pytorch_ranks):
+        np.testing.assert_allclose(ours[f"{tag}/losses"], theirs[f"{tag}/losses"], rtol=1e-10)
+        for name in LAYOUTS[tag]:
+            same = str(ours[f"{tag}/layout/{name}"]) == str(theirs[f"{tag}/layout/{name}"])
+            assert same != (tag == "fsdp_tp" and name in STRIDED_IN_PYTORCH), name
