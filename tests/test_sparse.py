@@ -311,6 +311,15 @@ def test_sparse_softmax(fn, dim):
     _close(fv.grad, tv.grad)
 
 
+def test_empty_sparse_tensors():
+    fz, tz = flambeau.zeros(3, 4).to_sparse(), torch.zeros(3, 4).to_sparse()
+    assert fz._nnz() == tz._nnz() == 0
+    fd, td = _dense_pair(4, 2, seed=22)
+    _close(flambeau.sparse.mm(fz, fd), torch.sparse.mm(tz, td))
+    _close(flambeau.sparse.sum(fz), torch.sparse.sum(tz))
+    _close(fz.to_sparse_csr(), tz.to_sparse_csr())
+
+
 # ---- errors ---------------------------------------------------------------------------------------------------
 def _same_error(fn_f, fn_t):
     with pytest.raises(Exception) as et:

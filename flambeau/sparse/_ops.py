@@ -131,10 +131,7 @@ def to_dense(t: Tensor, dtype=None, *, masked_grad=None) -> Tensor:
     vals = values_of(t)
     if dtype is not None:
         vals = vals.to(dtype)
-    out = zeros(p.shape, dtype=vals.dtype)
-    if p.nnz == 0:
-        return out + vals.sum() * 0 if vals.requires_grad else out
-    return out.index_put(p.index_tensors(), vals, accumulate=True)
+    return zeros(p.shape, dtype=vals.dtype).index_put(p.index_tensors(), vals, accumulate=True)
 
 
 def dense_to_sparse(x: Tensor, sparse_dim: int | None = None, *, layout=None, blocksize=None,
