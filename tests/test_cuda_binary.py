@@ -139,3 +139,33 @@ def test_cuda_devices_are_one_object_per_index():
     assert a is canonical("cuda:0") is canonical(fl.device("cuda", 0)) is canonical(fl.device("cuda:0"))
     assert canonical("cuda:1") is canonical(fl.device("cuda", 1))
     assert canonical("cuda:1") is not a and canonical("cuda:1") == fl.device("cuda:1")
+
+
+_INT64_EDGES = [0, 1, -1, 2 ** 63 - 1, -2 ** 63, 2 ** 62, -(2 ** 40) - 3, 12345678901]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", ["add", "sub", "mul"])
+def test_int64_with_int64_or_a_python_int_wraps_as_pytorch(op):
+    """int64 add/sub/mul take the raw kernel (BatchNorm's num_batches_tracked += 1) and wrap around
+    at the int64 range as PyTorch's do; an int64 division or a float number keeps the general path."""
+    from flambeau._backends import cuda_binary
+    rng = np.random.default_rng(5)
+    ia = np.concatenate([np.array(_INT64_EDGES, dtype=np.int64), rng.integers(-2 ** 62, 2 ** 62, 40)])
+    ib = np.concatenate([np.array(_INT64_EDGES[::-1], dtype=np.int64), rng.integers(-2 ** 62, 2 ** 62, 40)])
+    fa, fb = fl.tensor(ia, device="cuda"), fl.tensor(ib, device="cuda")
+    ta, tb = torch.tensor(ia, device="cuda"), torch.tensor(ib, device="cuda")
+    cuda_binary._functions.clear()
+    for f, t in [(getattr(fl, op)(fa, fb), getattr(torch, op)(ta, tb)),
+                 (getattr(fl, op)(fa, 2 ** 62 + 7), getattr(torch, op)(ta, 2 ** 62 + 7)),
+                 (getattr(fl, op)(fa, -3), getattr(torch, op)(ta, -3))]:
+        assert str(f.dtype) == str(t.dtype) == "torch.int64"
+        np.testing.assert_array_equal(f.cpu().numpy(), t.cpu().numpy())
+    assert {(k[0], k[2]) for k in cuda_binary._functions} == {(op, "tt"), (op, "ts")}
+    cuda_binary._functions.clear()
+    _same(getattr(fl, op)(fa, 0.5), getattr(torch, op)(ta, 0.5))        # a float number: float32 result
+    _same(fl.div(fa, fb), torch.div(ta, tb))
+    assert not cuda_binary._functions
+    n = fl.tensor(3, device="cuda")
+    n.add_(1)
+    assert int(n.item()) == 4 and str(n.dtype) == "torch.int64"

@@ -1,7 +1,8 @@
 """The cheaper host paths of cuda ops (issue 11, item 6): Triton launches straight to cuLaunchKernel
-through a parameter block made once per kernel and thread (`_backends/triton_launch.py`), dtype casts as one raw kernel (`_backends/cuda_cast.py`),
-no zero gradients made for unused statistics outputs (`Tag.optional_output_grads`), CuPy
-reductions returned without a copy, zero fills as memsets.
+through a parameter block made once per kernel and thread (`_backends/triton_launch.py`), dtype casts
+as one raw kernel launched the same way (`_backends/cuda_cast.py`), no zero gradients made for unused
+statistics outputs (`Tag.optional_output_grads`), CuPy reductions returned without a copy, zero fills
+as memsets.
 
 On cpu: the launch's parameter block read back by a recording fake driver, the cast's choice of
 operands and kernel against a fake CuPy namespace, the cast source compiled by nvcc (when present)
@@ -119,16 +120,19 @@ def test_triton_types_of_dtypes():
 
 class _FakeArray:
     """What `cuda_cast.cast` reads of a CuPy array."""
+    _next_ptr = [0x10000]
 
     def __init__(self, shape, dtype, contiguous=True, device=0):
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.size = int(np.prod(shape))
         self.flags = type("F", (), {"c_contiguous": contiguous})()
-        self.data = type("D", (), {"device_id": device})()
+        self._next_ptr[0] += 0x1000
+        self.data = type("D", (), {"device_id": device, "ptr": self._next_ptr[0]})()
 
 
 class _FakeCupy:
-    """A CuPy namespace whose RawModule records the source and the launches."""
+    """A CuPy namespace whose RawModule records the source; with the fake driver below, the launches
+    (kernel name, grid, block, the cast's (pointer, pointer, int64) parameters read back)."""
 
     __name__ = "cupy"
 
@@ -136,6 +140,7 @@ class _FakeCupy:
         self.ndarray = _FakeArray
         self.launches = []
         self.sources = []
+        self.names = {}
         fake = self
 
         class RawModule:
@@ -143,10 +148,18 @@ class _FakeCupy:
                 fake.sources.append(code)
 
             def get_function(self, name):
-                return lambda grid, block, args: fake.launches.append((name, grid, block, args))
+                f = type("Function", (), {"ptr": 0x100 + len(fake.names)})()
+                fake.names[f.ptr] = name
+                return type("RawKernel", (), {"kernel": f})()
         self.RawModule = RawModule
         self.cuda = type("C", (), {"device": type("Dv", (), {"get_device_id": staticmethod(lambda: 0)}),
                                    "runtime": type("R", (), {"getDevice": staticmethod(lambda: 0)})})()
+
+    def launch(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        types = (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64)
+        addresses = (ctypes.c_void_p * len(types)).from_address(params)
+        values = [t.from_address(a).value for t, a in zip(types, addresses)]
+        self.launches.append((self.names[f], (gx, gy, gz), (bx, by, bz), values))
 
 
 @pytest.fixture
@@ -154,7 +167,9 @@ def fake_cupy(monkeypatch):
     monkeypatch.setattr(cuda_cast, "_module", [])
     monkeypatch.setattr(cuda_cast, "_functions", {})
     monkeypatch.setattr(cuda_cast, "_device_id", [])
-    return _FakeCupy()
+    fake = _FakeCupy()
+    monkeypatch.setattr(TL, "_driver", [fake.launch, lambda: 0])
+    return fake
 
 
 def test_cast_launches_the_kernel_of_its_dtype_pair(fake_cupy, monkeypatch):
@@ -164,10 +179,10 @@ def test_cast_launches_the_kernel_of_its_dtype_pair(fake_cupy, monkeypatch):
     assert type(out) is _FakeArray and out.shape == (3, 700) and out.dtype == np.dtype(ml_dtypes.bfloat16)
     (name, grid, block, args), = fake_cupy.launches
     assert name == "flm_cast_f32_bf16"
-    assert grid == (5,) and block == (cuda_cast.THREADS,)         # 9 blocks wanted, the grid-stride loop does the rest
-    assert args[0] is a and args[1] is out and args[2] == 2100 and type(args[2]) is np.int64
+    assert grid == (5, 1, 1) and block == (cuda_cast.THREADS, 1, 1)   # 9 blocks wanted, the grid-stride loop does the rest
+    assert args == [a.data.ptr, out.data.ptr, 2100]
     cuda_cast.cast(fake_cupy, _FakeArray((4,), np.float64), np.dtype(np.float16))
-    assert fake_cupy.launches[-1][0] == "flm_cast_f64_f16" and fake_cupy.launches[-1][1] == (1,)
+    assert fake_cupy.launches[-1][0] == "flm_cast_f64_f16" and fake_cupy.launches[-1][1] == (1, 1, 1)
     assert len(fake_cupy.sources) == 1                               # one module, compiled once
 
 

@@ -256,3 +256,31 @@ def test_linear_backward_of_2d_input_dispatches_no_view_and_matches_pytorch():
     assert "view" not in mode.names and "_unsafe_view" not in mode.names, mode.names
     for f, t in ((fx, tx), (fw, tw), (fb, tb)):
         _close(f.grad, t.grad, rtol=1e-5)
+
+
+def test_convolution_geometry_remembered_per_shapes_and_parameters_as_pytorch():
+    """The eager convolution remembers a validated geometry (`nn_conv._eager_geometry`): calls on the
+    same shapes with each parameter changed in turn still give PyTorch's results, and an invalid call
+    raises PyTorch's error every time."""
+    from flambeau._ops import nn_conv
+    nn_conv._GEOMETRIES.clear()
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 4, 9, 9))
+    w = rng.standard_normal((4, 2, 3, 3))
+    calls = [dict(stride=1, padding=0, dilation=1, groups=2), dict(stride=2, padding=0, dilation=1, groups=2),
+             dict(stride=1, padding=1, dilation=1, groups=2), dict(stride=1, padding=0, dilation=2, groups=2),
+             dict(stride=[2, 1], padding=[1, 0], dilation=1, groups=2)]
+    for kw in calls + calls:
+        f = flambeau.nn.functional.conv2d(flambeau.tensor(x), flambeau.tensor(w), **kw)
+        t = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), **kw)
+        np.testing.assert_allclose(f.numpy(), t.numpy(), rtol=1e-10, atol=1e-12, err_msg=str(kw))
+    wt = rng.standard_normal((4, 3, 3, 3))
+    for kw in (dict(stride=2, output_padding=1, groups=1), dict(stride=2, output_padding=0, groups=1),
+               dict(stride=2, output_padding=1, groups=1)):
+        f = flambeau.nn.functional.conv_transpose2d(flambeau.tensor(x), flambeau.tensor(wt), **kw)
+        t = torch.nn.functional.conv_transpose2d(torch.tensor(x), torch.tensor(wt), **kw)
+        np.testing.assert_allclose(f.numpy(), t.numpy(), rtol=1e-10, atol=1e-12, err_msg=str(kw))
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="expected weight to be divisible by 3 at dimension 0"):
+            flambeau.nn.functional.conv2d(flambeau.tensor(x), flambeau.tensor(w), groups=3)
+    assert len(nn_conv._GEOMETRIES) == 7          # 5 + 2 geometries; the invalid call is not kept

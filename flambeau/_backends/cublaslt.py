@@ -390,7 +390,7 @@ def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
     a 1-D array of length n (added after alpha's scaling, through the epilogue when it can)."""
     import cupy  # deferred: optional dependency, present only where cuda is used
     if c is None and b.ndim == 2 and (a.ndim == 2 or a.flags.c_contiguous) and \
-            a.size * b.shape[1] >= PAD_MIN_MACS and _misaligned(a.reshape(-1, a.shape[-1]), b):
+            a.size * b.shape[1] >= PAD_MIN_MACS and _misaligned_2d(a, b):
         return _padded_gemm(cupy, a.reshape(-1, a.shape[-1]), b, bias, alpha).reshape(a.shape[:-1] + b.shape[-1:])
     lib = _lib_state["lib"]
     p = _plan_for(a, b)
@@ -426,7 +426,7 @@ def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
         aligns = (alignment(ptr_a, sa), alignment(ptr_b, sb), alignment(ptr_d, sd), alignment(ptr_d, sd),
                   alignment(bias_ptr) if bias_ptr else 0)
     name = (_NAMES or _names())[a.dtype]
-    dev = d.device.id
+    dev = d.data.device_id
     key = (dev, name, _state.float32_matmul_precision, allow_fp16_reduced_precision_reduction,
            allow_bf16_reduced_precision_reduction, p.key, epilogue, aligns)
     comp = _plans.get(key)
@@ -464,6 +464,20 @@ def _rowmajor(x) -> bool:
 
 def _ld(x) -> int:
     return x.strides[-2] if _rowmajor(x) else x.strides[-1]
+
+
+_misaligned_cache: dict = {}    # (shapes, byte strides, itemsize) -> `_misaligned` of the 2-D product
+
+
+def _misaligned_2d(a, b) -> bool:
+    """`_misaligned` of a (rows folded) with 2-D b, remembered per layout (it runs for every large product)."""
+    key = (a.shape, a.strides, b.shape, b.strides, a.itemsize)
+    r = _misaligned_cache.get(key)
+    if r is None:
+        r = _misaligned(a.reshape(-1, a.shape[-1]), b)
+        if len(_misaligned_cache) < MAX_CACHED:
+            _misaligned_cache[key] = r
+    return r
 
 
 def _misaligned(a, b) -> bool:

@@ -5,7 +5,8 @@ broadcasting, output allocation, argument packing; `bench/cuda_host_profile.py m
 flambeau's whole 8x8 add. A `RawKernel` launch with a given output costs about 6.4 us. `binary` takes
 the common case of a training step — two C-contiguous arrays of one shape and dtype, or one array and
 a Python number on the right — for float32/float64/float16/bfloat16 arrays of at most
-`MAX_ELEMENTS`, and launches a kernel compiled
+`MAX_ELEMENTS` (and int64 add/sub/mul with an int64 array or a Python int, wrapping around as
+PyTorch's: BatchNorm's `num_batches_tracked += 1` each step), and launches a kernel compiled
 once per (op, dtype, operand kind). Arithmetic as PyTorch's cuda kernels: float32 for the half types
 (the Python number taken as float32; a division by it is a product with its reciprocal, as
 PyTorch's), rounded once to nearest-even into the storage type; float64 in float64. Anything else returns None and takes the general path.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 import ml_dtypes
+
+from . import triton_launch as TL
 
 _HEADER = r"""
 struct f16_t { unsigned short b; };
@@ -55,12 +58,31 @@ __device__ __forceinline__ void binary_ts(const S* x, C s, S* z, long long n) {
         st(z + i, apply<OP>(ld(x[i]), s));
 }
 """
+_INT_HEADER = r"""
+/* int64 arithmetic wraps around, as PyTorch's (unsigned: signed overflow is undefined in C++) */
+template <int OP> __device__ __forceinline__ long long apply_int(long long x, long long y) {
+    const unsigned long long a = (unsigned long long)x, b = (unsigned long long)y;
+    return (long long)(OP == 0 ? a + b : OP == 1 ? a - b : a * b);
+}
+template <int OP> __device__ __forceinline__ void int_tt(const long long* x, const long long* y, long long* z, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)blockDim.x * gridDim.x)
+        z[i] = apply_int<OP>(x[i], y[i]);
+}
+template <int OP> __device__ __forceinline__ void int_ts(const long long* x, long long s, long long* z, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)blockDim.x * gridDim.x)
+        z[i] = apply_int<OP>(x[i], s);
+}
+"""
 OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3}
+INT_OPS = ("add", "sub", "mul")      # int64 division is true division (a float result): the general path
 # storage dtype -> (kernel suffix, C storage type, C compute type, NumPy type of the scalar argument)
 TYPES = {np.dtype(np.float32): ("f32", "float", "float", np.float32),
          np.dtype(np.float64): ("f64", "double", "double", np.float64),
          np.dtype(np.float16): ("f16", "f16_t", "float", np.float32),
          np.dtype(ml_dtypes.bfloat16): ("bf16", "bf16_t", "float", np.float32)}
+INT64 = np.dtype(np.int64)
+_INT_SPEC = ("i64", "long long", "long long", np.int64)     # as TYPES (not among them: no int64 casts)
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 THREADS = 256
 MAX_BLOCKS = 1 << 16          # grid-stride loop beyond this many blocks
 # Larger arrays take the general path: there the launch cost is small beside the kernel's time, and
@@ -72,7 +94,13 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _source() -> str:
-    lines = [_HEADER]
+    lines = [_HEADER, _INT_HEADER]
+    for op in INT_OPS:
+        code = OPS[op]
+        lines.append(f'extern "C" __global__ void flm_{op}_tt_i64(const long long* x, const long long* y, long long* z, '
+                     f'long long n) {{ int_tt<{code}>(x, y, z, n); }}')
+        lines.append(f'extern "C" __global__ void flm_{op}_ts_i64(const long long* x, long long s, long long* z, '
+                     f'long long n) {{ int_ts<{code}>(x, s, z, n); }}')
     for op, code in OPS.items():
         for suffix, s, c, _ in TYPES.values():
             lines.append(f'extern "C" __global__ void flm_{op}_tt_{suffix}(const {s}* x, const {s}* y, {s}* z, '
@@ -83,23 +111,30 @@ def _source() -> str:
 
 
 _module: list = []            # the compiled RawModule, per process (CuPy caches the binary on disk)
-_functions: dict = {}         # (op, dtype, "tt"/"ts", device id) -> cupy RawKernel function
+_functions: dict = {}         # (op, dtype, "tt"/"ts", device id) -> its kernel (triton_launch.Kernel)
 _device_id: list = []         # CuPy's cached current-device query (the runtime's where CuPy lacks it)
 
 
-def _function(cupy, name: str, dt: np.dtype, kind: str, dev: int):
+_SCALAR_TYPES = {np.float32: "fp32", np.float64: "fp64", np.int64: "i64"}   # the scalar parameter's type in a launch
+
+
+def _function(cupy, name: str, dt: np.dtype, kind: str, dev: int) -> TL.Kernel:
     key = (name, dt, kind, dev)
     f = _functions.get(key)
     if f is None:
         if not _module:
             _module.append(cupy.RawModule(code=_source(), options=("--std=c++14",)))
-        f = _functions[key] = _module[0].get_function(f"flm_{name}_{kind}_{TYPES[dt][0]}")
+        spec = TYPES.get(dt) or _INT_SPEC
+        fn = _module[0].get_function(f"flm_{name}_{kind}_{spec[0]}").kernel      # the loaded Function
+        second = "*" if kind == "tt" else _SCALAR_TYPES[spec[3]]
+        f = _functions[key] = TL.raw_kernel(fn, ("*", second, "*", "i64"), THREADS)
     return f
 
 
 def _launch(f, n: int, args: tuple) -> None:
+    """One launch of a grid-stride kernel over n elements (through the driver: `triton_launch.launch`)."""
     blocks = (n + THREADS - 1) // THREADS
-    f((blocks if blocks < MAX_BLOCKS else MAX_BLOCKS,), (THREADS,), args)
+    TL.launch(f, (blocks if blocks < MAX_BLOCKS else MAX_BLOCKS,), *args)
 
 
 def binary(cupy, a, b, name: str):
@@ -112,6 +147,8 @@ def binary(cupy, a, b, name: str):
         return None
     dt = a.dtype
     spec = TYPES.get(dt)
+    if spec is None and dt == INT64 and name in INT_OPS:
+        spec = _INT_SPEC
     n = a.size
     if spec is None or not n or n > MAX_ELEMENTS or not a.flags.c_contiguous:
         return None
@@ -125,7 +162,13 @@ def binary(cupy, a, b, name: str):
         if b.dtype != dt or b.shape != a.shape or not b.flags.c_contiguous or b.data.device_id != dev:
             return None
         out = _ndarray(a.shape, dt)
-        _launch(_function(cupy, name, dt, "tt", dev), n, (a, b, out, np.int64(n)))
+        _launch(_function(cupy, name, dt, "tt", dev), n, (a, b, out, n))
+        return out
+    if spec is _INT_SPEC:             # an int64 array with a Python int in its range (a float promotes)
+        if tb is not int or not _INT64_MIN <= b <= _INT64_MAX:
+            return None
+        out = _ndarray(a.shape, dt)
+        _launch(_function(cupy, name, dt, "ts", dev), n, (a, b, out, n))
         return out
     if tb is float or (tb is int and -_SCALAR_LIMIT <= b <= _SCALAR_LIMIT):
         c = spec[3]
@@ -148,6 +191,6 @@ def binary(cupy, a, b, name: str):
             return None
         s = c(v)
         out = _ndarray(a.shape, dt)
-        _launch(_function(cupy, name, dt, "ts", dev), n, (a, s, out, np.int64(n)))
+        _launch(_function(cupy, name, dt, "ts", dev), n, (a, s, out, n))
         return out
     return None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import triton_launch as TL
 from .cuda_binary import TYPES, THREADS, MAX_BLOCKS, _HEADER as _BINARY_HEADER
 
 _HEADER = _BINARY_HEADER + r"""
@@ -45,17 +46,18 @@ def _source() -> str:
 
 
 _module: list = []            # the compiled RawModule, per process (CuPy caches the binary on disk)
-_functions: dict = {}         # (source dtype, target dtype, device id) -> cupy RawKernel function
+_functions: dict = {}         # (source dtype, target dtype, device id) -> its kernel (triton_launch.Kernel)
 _device_id: list = []         # CuPy's cached current-device query
 
 
-def _function(cupy, src: np.dtype, dst: np.dtype, dev: int):
+def _function(cupy, src: np.dtype, dst: np.dtype, dev: int) -> TL.Kernel:
     key = (src, dst, dev)
     f = _functions.get(key)
     if f is None:
         if not _module:
             _module.append(cupy.RawModule(code=_source(), options=("--std=c++14",)))
-        f = _functions[key] = _module[0].get_function(f"flm_cast_{TYPES[src][0]}_{TYPES[dst][0]}")
+        fn = _module[0].get_function(f"flm_cast_{TYPES[src][0]}_{TYPES[dst][0]}").kernel    # the loaded Function
+        f = _functions[key] = TL.raw_kernel(fn, ("*", "*", "i64"), THREADS)
     return f
 
 
@@ -78,6 +80,5 @@ def cast(cupy, a, dtype, device_index=None):
         return None
     out = _ndarray(a.shape, dtype)
     blocks = (n + THREADS - 1) // THREADS
-    _function(cupy, src, out.dtype, dev)((blocks if blocks < MAX_BLOCKS else MAX_BLOCKS,), (THREADS,),
-                                         (a, out, np.int64(n)))
+    TL.launch(_function(cupy, src, out.dtype, dev), (blocks if blocks < MAX_BLOCKS else MAX_BLOCKS,), a, out, n)
     return out

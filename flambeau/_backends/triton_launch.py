@@ -209,6 +209,13 @@ def kernel_of(function, module, arg_types: tuple, num_warps: int, shared: int, g
                   converters(arg_types), {})
 
 
+def raw_kernel(function, arg_types: tuple, threads: int) -> Kernel:
+    """A CUDA C kernel (a loaded `cupy.cuda.Function`: a RawModule kernel's `.kernel`) launched like a
+    Triton one, `threads` per block (a multiple of 32). The two scratch slots after its parameters are
+    never read: the driver takes as many parameters as the kernel declares."""
+    return kernel_of(function, None, arg_types, threads // _THREADS_PER_WARP, 0, 0)
+
+
 def launch(kernel: Kernel, grid: tuple, *args) -> None:
     """Run `kernel` over `grid` (up to 3 dims) on CuPy's current stream."""
     if len(args) != len(kernel.arg_types):

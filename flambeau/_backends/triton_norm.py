@@ -7,8 +7,8 @@ Forward: one program per row computes the mean, rstd = 1/sqrt(var + eps) (biased
 y = (x - mean) * rstd * w + b, storing y, mean and rstd.
 Backward: each program walks `rows_per_program` rows; per row, with xhat = (x - mean) * rstd and
 gh = dy * w, dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)); it accumulates dy * xhat and dy
-over its rows and writes them as one row of a (programs, 2, cols) float32 buffer, summed by the
-caller into the weight and bias gradients (one reduction kernel).
+over its rows and writes them as one row of a (programs, 2, cols) float32 buffer, summed over the
+programs by `triton_sum.sum_partials` (one launch) into the weight and bias gradients.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ try:
 except ImportError:     # the interpreter tests (tests/scripts) run these kernels on cpu without CuPy
     cupy = None
 
-from . import triton_launch as TL
+from . import triton_launch as TL, triton_sum
 
 MAX_COLS = 16384
 PROGRAMS_PER_SM = 4     # backward programs per multiprocessor (each owns one partial-sum row)
@@ -134,4 +134,4 @@ def backward(grad_out, x, mean, rstd, weight, cols: int):
     kern = TL.compile_kernel(_ln_bwd, sig, dict(HAS_W=weight is not None, BLOCK_N=block), num_warps=_warps(block),
                              num_stages=1)
     TL.launch(kern, (programs,), dy, x, weight, mean, rstd, dx, part, rows, cols, per)
-    return dx, part.sum(axis=0)
+    return dx, triton_sum.sum_partials(part)

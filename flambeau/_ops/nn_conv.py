@@ -123,6 +123,30 @@ def conv_output_shape(inp, weight, bias, stride, padding, dilation, transposed, 
     return (ish[0], nout) + tuple(spatial)
 
 
+_GEOMETRIES: dict = {}       # an eager call's shapes and parameters -> (output shape, stride, padding, dilation)
+_MAX_GEOMETRIES = 4096
+
+
+def _key(v):
+    return tuple(v) if type(v) is list else v
+
+
+def _eager_geometry(inp, weight, bias, stride, padding, dilation, transposed, output_padding, groups) -> tuple:
+    """`conv_output_shape` and the normalised stride, padding and dilation of an eager call (arrays:
+    concrete sizes), remembered per geometry once validated (the checks cost ~10 us a call)."""
+    key = (inp.shape, weight.shape, None if bias is None else bias.shape, _key(stride), _key(padding),
+           _key(dilation), transposed, _key(output_padding), groups)
+    g = _GEOMETRIES.get(key)
+    if g is None:
+        shape = conv_output_shape(inp, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+        nd = weight.ndim - 2
+        g = (shape, ntuple(stride, nd, "stride"), ntuple(padding, nd, "padding"), ntuple(dilation, nd, "dilation"))
+        if len(_GEOMETRIES) >= _MAX_GEOMETRIES:
+            _GEOMETRIES.clear()
+        _GEOMETRIES[key] = g
+    return g
+
+
 def _dtype_checks(inp, weight, bias):
     di, dw = D.FROM_NP[inp.dtype] if not hasattr(inp, "_dtype") else inp._dtype, \
         D.FROM_NP[weight.dtype] if not hasattr(weight, "_dtype") else weight._dtype
@@ -481,9 +505,8 @@ def conv_weight_grad_arrays(xp, x, gy, wshape, st, pad, dil, groups):
        tags=(Tag.core, Tag.extern, Tag.autocast_lower_precision))
 def convolution(xp, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     dt = _dtype_checks(input, weight, bias)
-    shape = conv_output_shape(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
-    nd = weight.ndim - 2
-    st, pd, dl = ntuple(stride, nd, "stride"), ntuple(padding, nd, "padding"), ntuple(dilation, nd, "dilation")
+    shape, st, pd, dl = _eager_geometry(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                                        groups)
     cd = opmath(dt) if xp is np else dt.np      # cuda: half/bfloat16 stay so (conv_*_arrays cast where needed)
     x, w = input.astype(cd, copy=False), weight.astype(cd, copy=False)
     b = None if bias is None else bias.astype(cd, copy=False)
