@@ -320,6 +320,42 @@ def test_empty_sparse_tensors():
     _close(fz.to_sparse_csr(), tz.to_sparse_csr())
 
 
+def _gcn_losses(lib, adj_idx, feats, labels, w1, w2, steps=5):
+    """A two-layer GCN (normalised sparse adjacency, sparse.mm) trained with SGD; the losses per step."""
+    n = feats.shape[0]
+    idx = lib.tensor(adj_idx)
+    adj = lib.sparse_coo_tensor(idx, lib.ones(idx.shape[1]), (n, n)).coalesce()
+    deg = lib.sparse.sum(adj, dim=1).to_dense()
+    adj = lib.sparse_coo_tensor(adj.indices(), adj.values() / deg[adj.indices()[0]], (n, n))
+    x, y = lib.tensor(feats), lib.tensor(labels)
+    p1, p2 = lib.tensor(w1, requires_grad=True), lib.tensor(w2, requires_grad=True)
+    opt = lib.optim.SGD([p1, p2], lr=0.5)
+    losses = []
+    for _ in range(steps):
+        h = lib.relu(lib.sparse.mm(adj, x @ p1))
+        logits = lib.sparse.mm(adj, h @ p2)
+        loss = lib.nn.functional.cross_entropy(logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_gcn_training_matches_pytorch():
+    rng = np.random.default_rng(23)
+    n, f, c = 30, 8, 3
+    edges = rng.integers(0, n, (2, 90))
+    adj_idx = np.concatenate([edges, edges[::-1], np.stack([np.arange(n)] * 2)], axis=1)
+    feats = rng.standard_normal((n, f)).astype(np.float32)
+    labels = rng.integers(0, c, n)
+    w1 = (rng.standard_normal((f, 16)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((16, c)) * 0.3).astype(np.float32)
+    ours, theirs = _gcn_losses(flambeau, adj_idx, feats, labels, w1, w2), _gcn_losses(torch, adj_idx, feats, labels, w1, w2)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4)
+    assert ours[-1] < ours[0]
+
+
 # ---- errors ---------------------------------------------------------------------------------------------------
 def _same_error(fn_f, fn_t):
     with pytest.raises(Exception) as et:
