@@ -67,6 +67,10 @@ class _State:
     def __init__(self, mod: Module):
         self.params = list(mod.named_parameters(remove_duplicate=True))
         self.buffers = [(n, b) for n, b in mod.named_buffers(remove_duplicate=True) if b is not None]
+        first = {id(t): n for n, t in self.params + self.buffers}
+        self.aliases = {n: first[id(t)] for n, t in [*mod.named_parameters(remove_duplicate=False),
+                                                     *mod.named_buffers(remove_duplicate=False)]
+                        if t is not None and first[id(t)] != n}     # a tied weight's other name -> its first
         self.non_persistent = set()
         self.attr_constants: dict = {}      # id(tensor) -> fqn of a plain tensor attribute
         for prefix, m in mod.named_modules(remove_duplicate=True):
@@ -82,25 +86,80 @@ class _State:
 
 
 class _Swap:
-    """Module state replaced by fake tensors for the duration of a trace (by fully qualified name)."""
+    """Module state replaced by fake tensors for the duration of a trace (by fully qualified name; a
+    tensor registered under several names, a tied weight, is replaced under each of them)."""
 
     def __init__(self, mod: Module, names: list, values: list):
         self.mod, self.names, self.values, self.saved = mod, names, values, []
 
     def __enter__(self):
+        fake_of = {}
         for name, v in zip(self.names, self.values):
             *path, leaf = name.split(".")
             m = self.mod
             for p in path:
                 m = m._modules[p]
             store = m._parameters if leaf in m._parameters else m._buffers
-            self.saved.append((store, leaf, store[leaf]))
-            store[leaf] = v
+            fake_of[id(store[leaf])] = v
+        for _, m in self.mod.named_modules(remove_duplicate=False):
+            for store in (m._parameters, m._buffers):
+                for leaf, t in store.items():
+                    if t is not None and id(t) in fake_of:
+                        self.saved.append((store, leaf, t))
+                        store[leaf] = fake_of[id(t)]
         return self
 
     def __exit__(self, *exc):
         for store, leaf, old in reversed(self.saved):
             store[leaf] = old
+        return False
+
+
+class _ModuleStack:
+    """Stamps each node the trace records with `meta["nn_module_stack"]`: {call key: (fqn, module type)}
+    of the module calls it was recorded in, outermost first (PyTorch's metadata, read by `unflatten`).
+    A module's second call gets the key `fqn@1`. Forward (pre-)hooks on every submodule mark the calls,
+    and are removed afterwards."""
+
+    def __init__(self, mod: Module, graph):
+        self.mod, self.graph = mod, graph
+        self.stack: list = []
+        self.calls: dict = {}
+        self.handles: list = []
+        self.done: set = set()
+
+    def _stamp(self) -> None:
+        meta = {key: value for key, value in self.stack}
+        for n in reversed(self.graph.nodes):
+            if n in self.done:
+                break
+            self.done.add(n)
+            if n.op != "placeholder":
+                n.meta["nn_module_stack"] = dict(meta)
+
+    def _enter(self, fqn: str, m: Module) -> None:
+        self._stamp()
+        k = self.calls.get(fqn, 0)
+        self.calls[fqn] = k + 1
+        cls = type(m)
+        self.stack.append((fqn if k == 0 else f"{fqn}@{k}", (fqn, f"{cls.__module__}.{cls.__qualname__}")))
+
+    def _exit(self) -> None:
+        self._stamp()
+        self.stack.pop()
+
+    def __enter__(self):
+        for fqn, m in self.mod.named_modules(remove_duplicate=True):
+            if fqn:
+                self.handles.append(m.register_forward_pre_hook(
+                    lambda mod, args, fqn=fqn: self._enter(fqn, mod)))
+                self.handles.append(m.register_forward_hook(lambda mod, args, out: self._exit()))
+        return self
+
+    def __exit__(self, *exc):
+        self._stamp()
+        for h in self.handles:
+            h.remove()
         return False
 
 
@@ -198,7 +257,7 @@ class _Capture:
             return out_leaves
 
         try:
-            with no_grad():
+            with no_grad(), _ModuleStack(self.mod, tr.rec.graph):
                 res = tr.run(lambda *a: run_functionalized(flat_fn, a), *prims, *user)
         except DataDependentOutputException as e:
             raise GuardOnDataDependentSymNode(
@@ -237,7 +296,8 @@ class _Capture:
         call_sig = ModuleCallSignature(self.in_spec, out_spec, [_ident(n) for n in self.names])
         return ExportedProgram(gm, gm.graph, sig, state_dict, self.table.range_constraints(), constants,
                                call_sig, example_inputs=(self.args, self.kwargs), strict=strict,
-                               dim_names=self.table.dim_names())
+                               dim_names=self.table.dim_names(), state_aliases=self.state.aliases,
+                               module_fqns=[n for n, _ in self.mod.named_modules() if n])
 
     def _lift_constants(self, gm: GraphModule) -> dict:
         """get_attr tensors the trace made (tensor attributes, tensors built in forward) -> placeholders."""

@@ -25,7 +25,7 @@ from ..utils import _pytree as pytree
 from .dynamic_shapes import INT_OO
 from .graph_signature import ExportGraphSignature, InputKind, OutputKind, OutputSpec, SymIntArgument, TensorArgument
 
-__all__ = ["ExportedProgram", "ModuleCallSignature"]
+__all__ = ["ExportedProgram", "ModuleCallSignature", "ModuleCallEntry"]
 
 
 @dataclasses.dataclass
@@ -36,12 +36,20 @@ class ModuleCallSignature:
     input_names: list
 
 
+@dataclasses.dataclass
+class ModuleCallEntry:
+    """One module of the exported module's tree (`ep.module_call_graph`, in `named_modules()` order)."""
+    fqn: str
+    signature: ModuleCallSignature | None = None
+
+
 class ExportedProgram:
     """See module docstring."""
 
     def __init__(self, root: GraphModule, graph, graph_signature: ExportGraphSignature, state_dict: dict,
                  range_constraints: dict, constants: dict, call_signature: ModuleCallSignature,
-                 example_inputs=None, strict: bool = False, dim_names: dict | None = None):
+                 example_inputs=None, strict: bool = False, dim_names: dict | None = None,
+                 state_aliases: dict | None = None, module_fqns: list | None = None):
         self._graph_module = root
         root.graph = graph
         self._graph_signature = graph_signature
@@ -52,6 +60,8 @@ class ExportedProgram:
         self.example_inputs = example_inputs
         self._strict = strict
         self._dim_names = dict(dim_names or {})     # size symbol name -> the user's Dim name
+        self.state_aliases = dict(state_aliases or {})  # other FQN of a tied weight -> its FQN in the signature
+        self._module_fqns = list(module_fqns or [])      # the submodules, in named_modules() order
 
     # ---- PyTorch's read-only views ---------------------------------------------------------------
     @property
@@ -87,6 +97,11 @@ class ExportedProgram:
         """{size symbol name ('s0'): the name of the user's Dim ('batch')} (flambeau's: error messages
         of `module()`, AOTInductor packages and save/load name the Dim rather than the symbol)."""
         return self._dim_names
+
+    @property
+    def module_call_graph(self) -> list:
+        """[ModuleCallEntry]: the root (with the call signature), then each submodule's FQN."""
+        return [ModuleCallEntry("", self._call_signature)] + [ModuleCallEntry(f) for f in self._module_fqns]
 
     @property
     def call_spec(self) -> ModuleCallSignature:
@@ -150,7 +165,8 @@ class ExportedProgram:
                  for s, v in zip(self._graph_signature.output_specs, outs)]
         sig = ExportGraphSignature(list(self._graph_signature.input_specs), specs)
         return ExportedProgram(new, new.graph, sig, self._state_dict, self._range_constraints, self._constants,
-                               self._call_signature, self.example_inputs, self._strict, self._dim_names)
+                               self._call_signature, self.example_inputs, self._strict, self._dim_names,
+                               self.state_aliases, self._module_fqns)
 
     def __str__(self) -> str:
         code = self._graph_module.print_readable(print_output=False).replace("\n", "\n    ")
@@ -294,31 +310,36 @@ class _UnliftedModule(Module):
 
     def forward(self, *args, **kwargs):
         ep = self.__dict__["_ep"]
-        cs = ep.call_spec
-        try:
-            leaves = cs.in_spec.flatten_up_to((args, kwargs))
-        except ValueError as e:
-            raise TypeError(f"The exported program was called with inputs of a different structure than it was "
-                            f"exported with ({e})") from None
-        flat = [leaf for sub in leaves for leaf in pytree.tree_leaves(sub)]
-        tensors = [x for x in flat if isinstance(x, Tensor)]
+        tensors = user_tensors(ep, args, kwargs)
         self.__dict__["_checker"].check(tensors)
-        state = self._state()
-        outs = ep.graph_module(*state, *tensors)
-        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-        n_mut = 0
-        for spec, v in zip(ep.graph_signature.output_specs, outs):
-            if spec.kind is OutputKind.BUFFER_MUTATION:
-                with no_grad():
-                    self._get(spec.target).copy_(v)
-                n_mut += 1
-            elif spec.kind is OutputKind.USER_INPUT_MUTATION:
-                user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind is InputKind.USER_INPUT]
-                with no_grad():
-                    tensors[user.index(spec.target)].copy_(v)
-                n_mut += 1
-            elif spec.kind is OutputKind.PARAMETER_MUTATION:
-                with no_grad():
-                    self._get(spec.target).copy_(v)
-                n_mut += 1
-        return cs.out_spec.unflatten(outs[n_mut:])
+        outs = ep.graph_module(*self._state(), *tensors)
+        return write_back(ep, self._get, tensors, outs)
+
+
+def user_tensors(ep: ExportedProgram, args: tuple, kwargs: dict) -> list:
+    """The tensor leaves of a call's (args, kwargs) in the program's input order (its pytree checked)."""
+    try:
+        leaves = ep.call_spec.in_spec.flatten_up_to((args, kwargs))
+    except ValueError as e:
+        raise TypeError(f"The exported program was called with inputs of a different structure than it was "
+                        f"exported with ({e})") from None
+    flat = [leaf for sub in leaves for leaf in pytree.tree_leaves(sub)]
+    return [x for x in flat if isinstance(x, Tensor)]
+
+
+def write_back(ep: ExportedProgram, get_state, tensors: list, outs) -> object:
+    """Apply the graph's state and input updates (`get_state(fqn)` gives the tensor to write) and return
+    the user outputs in the program's output pytree."""
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind is InputKind.USER_INPUT]
+    n_mut = 0
+    for spec, v in zip(ep.graph_signature.output_specs, outs):
+        if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
+            with no_grad():
+                get_state(spec.target).copy_(v)
+            n_mut += 1
+        elif spec.kind is OutputKind.USER_INPUT_MUTATION:
+            with no_grad():
+                tensors[user.index(spec.target)].copy_(v)
+            n_mut += 1
+    return ep.call_spec.out_spec.unflatten(outs[n_mut:])

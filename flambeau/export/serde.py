@@ -30,7 +30,7 @@ from .._ops import OPS, Op
 from .._subclasses.fake_tensor import FakeTensorMode
 from .._backends import MetaArray, contiguous_strides
 from .._device import META
-from .._tensor import Tensor
+from .._tensor import Tensor, channels_last, channels_last_3d, contiguous_format, preserve_format
 from ..fx._symbolic_shapes import ShapeEnv, SymInt, _sp, sym_size
 from ..fx.graph import Graph
 from ..fx.graph_module import GraphModule
@@ -46,7 +46,9 @@ from .graph_signature import (ConstantArgument, ExportGraphSignature, InputKind,
 
 __all__ = ["save", "load", "SerializeError", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = (1, 1)              # 1.1: "dim_names" (the user's Dim name of each size symbol)
+# 1.1 adds "dim_names" (the Dim of each size symbol), "state_aliases" (tied weights), "module_fqns" and
+# the nodes' "nn_module_stack" (the module tree and calls unflatten rebuilds)
+SCHEMA_VERSION = (1, 1)
 ARCHIVE_FORMAT = b"flambeau-export"
 ENTRIES = ("archive_format", "program.json", "weights.safetensors", "constants.safetensors")
 MAX_ENTRY_BYTES = 1 << 36               # refuse archives that claim more than 64 GiB in one entry
@@ -55,6 +57,7 @@ _FUNCTIONS = {"operator.getitem": operator.getitem, "operator.add": operator.add
               "operator.pow": operator.pow, "sym_size": sym_size, "higher_order.cond": cond_op,
               "higher_order.map": map_op}
 _FUNCTION_NAMES = {id(v): k for k, v in _FUNCTIONS.items()}
+_MEMORY_FORMATS = {f.name: f for f in (contiguous_format, channels_last, channels_last_3d, preserve_format)}
 _TREE_TYPES = ("builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict")
 
 
@@ -149,6 +152,8 @@ def _arg_to_json(a, where: str):
         return {"device": str(a)}
     if isinstance(a, complex):
         return {"complex": [a.real, a.imag]}
+    if _MEMORY_FORMATS.get(getattr(a, "name", None)) is a:
+        return {"memory_format": a.name}
     raise SerializeError(f"flambeau.export.save: cannot serialize the argument {a!r} ({type(a).__name__}) of {where}")
 
 
@@ -182,6 +187,8 @@ def _arg_from_json(j, env: dict):
         return Device(v)
     if k == "complex":
         return complex(*v)
+    if k == "memory_format" and v in _MEMORY_FORMATS:
+        return _MEMORY_FORMATS[v]
     raise SerializeError(f"flambeau.export.load: bad argument {j!r}")
 
 
@@ -226,7 +233,17 @@ def _graph_to_json(gm: GraphModule) -> dict:
                       "args": _arg_to_json(tuple(n.args), n.name)["tuple"],
                       "kwargs": _arg_to_json(dict(n.kwargs), n.name)["dict"],
                       "val": _val_to_json(n.meta.get("val"))})
+        if n.meta.get("nn_module_stack"):
+            nodes[-1]["nn_module_stack"] = [[k, fqn, cls] for k, (fqn, cls) in n.meta["nn_module_stack"].items()]
     return {"nodes": nodes, "subgraphs": subgraphs}
+
+
+def _module_stack(j) -> dict:
+    """A node's module calls ([[key, fqn, type name], ...]: strings only) as node.meta holds them."""
+    if not (isinstance(j, list) and all(isinstance(e, list) and len(e) == 3 and all(isinstance(x, str) for x in e)
+                                        for e in j)):
+        raise SerializeError(f"flambeau.export.load: bad nn_module_stack {str(j)[:80]}")
+    return {k: (fqn, cls) for k, fqn, cls in j}
 
 
 class _Loader:
@@ -288,10 +305,15 @@ class _Loader:
             elif op == "output":
                 node = g.output(args[0])
             else:
-                node = g.call_function(target, args, kwargs)
+                name = nj["name"]
+                if not (isinstance(name, str) and name.isidentifier()):
+                    raise SerializeError(f"flambeau.export.load: invalid node name {name!r}")
+                node = g.create_node("call_function", target, args, kwargs, name=name)
             if node.name != nj["name"]:
                 raise SerializeError(f"flambeau.export.load: duplicate or invalid node name {nj['name']!r}")
             node.meta["val"] = self.val(nj["val"])
+            if "nn_module_stack" in nj:
+                node.meta["nn_module_stack"] = _module_stack(nj["nn_module_stack"])
             env[node.name] = node
         gm = GraphModule(root, g)
         gm.meta["fake_mode"] = self.fake_mode
@@ -354,6 +376,8 @@ def _program_json(ep: ExportedProgram) -> dict:
         "requires_grad": {k: bool(v.requires_grad) for k, v in ep.state_dict.items()},
         "parameters": [s.target for s in sig.input_specs if s.kind is InputKind.PARAMETER],
         "dim_names": dict(ep.dim_names),
+        "state_aliases": dict(ep.state_aliases),
+        "module_fqns": [e.fqn for e in ep.module_call_graph[1:]],
     }
 
 
@@ -441,5 +465,12 @@ def _program(j: dict, entries: dict) -> ExportedProgram:
     if not (isinstance(dim_names, dict) and all(k in loader.symbols and isinstance(v, str)
                                                 for k, v in dim_names.items())):
         raise SerializeError("flambeau.export.load: dim_names must map size symbols to Dim names")
+    aliases = j.get("state_aliases", {})
+    if not (isinstance(aliases, dict) and all(isinstance(k, str) and v in state_dict for k, v in aliases.items())):
+        raise SerializeError("flambeau.export.load: state_aliases must map names to entries of the weights")
+    fqns = j.get("module_fqns", [])
+    if not (isinstance(fqns, list) and all(isinstance(f, str) and all(p.isidentifier() or p.isdigit()
+                                                                       for p in f.split(".")) for f in fqns)):
+        raise SerializeError("flambeau.export.load: module_fqns must be a list of module paths")
     return ExportedProgram(gm, gm.graph, ExportGraphSignature(input_specs, output_specs), state_dict, ranges,
-                           constants, call, dim_names=dim_names)
+                           constants, call, dim_names=dim_names, state_aliases=aliases, module_fqns=fqns)

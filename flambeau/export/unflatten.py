@@ -1,0 +1,225 @@
+"""`flambeau.export.unflatten(ep)`: the module hierarchy of an ExportedProgram rebuilt (PyTorch's).
+
+Export records, on every node, the module calls it was traced in (`meta["nn_module_stack"]`,
+outermost first; `_trace._ModuleStack`). `unflatten` cuts the flat graph along those calls: each run
+of consecutive nodes inside one call of a submodule becomes that submodule's own graph, called from
+its parent's graph with `call_module`. Values a call reads from outside are its placeholders, values
+read after it are its outputs (a tuple when several). Parameters, buffers and tensor attributes are
+registered under their original fully qualified names, so `named_parameters()` and `state_dict()`
+match the original module; a submodule's graph reads its own state with `get_attr`, state of another
+branch (a tied weight) comes in as an input.
+
+The result, an `UnflattenedModule`, takes the original (nested) inputs, checks their shapes as
+`ep.module()` does, writes buffer updates back and returns the original output structure. Every
+module of the hierarchy is an `InterpreterModule` (a GraphModule: `.graph`, `.code`, readable). A
+module called more than once keeps its first call's graph; the nodes of later calls stay in the
+caller's graph (the outputs are the same; PyTorch makes `name@1` copies instead). Nodes without
+the metadata (a program made by `run_decompositions` or loaded from a file) stay in the root graph.
+"""
+from __future__ import annotations
+
+import operator
+
+from ..fx.graph import Graph
+from ..fx.graph_module import GraphModule
+from ..fx.node import map_arg
+from ..nn.modules.module import Module
+from ..nn.parameter import Parameter
+from .exported_program import ExportedProgram, _InputChecker, user_tensors, write_back
+from .graph_signature import InputKind
+
+__all__ = ["unflatten", "UnflattenedModule", "InterpreterModule"]
+
+STACK = "nn_module_stack"
+
+
+class InterpreterModule(GraphModule):
+    """One module of an unflattened program: its state and children, and the graph of its call."""
+
+    def __init__(self, graph: Graph | None = None):
+        super().__init__({}, Graph())
+        if graph is not None:
+            self.graph = graph
+
+
+class UnflattenedModule(InterpreterModule):
+    """The root of an unflattened program (see module docstring)."""
+
+    def __init__(self, ep: ExportedProgram):
+        super().__init__()
+        self.__dict__["_ep"] = ep
+        self.__dict__["_checker"] = _InputChecker(ep)
+
+    def __call__(self, *args, **kwargs):
+        ep = self.__dict__["_ep"]
+        tensors = user_tensors(ep, args, kwargs)
+        self.__dict__["_checker"].check(tensors)
+        return write_back(ep, self.get_submodule_state, tensors, self.forward(*tensors))
+
+    def get_submodule_state(self, fqn: str):
+        """The parameter or buffer at `fqn`."""
+        *path, leaf = fqn.split(".")
+        m = self.get_submodule(".".join(path)) if path else self
+        return m._parameters[leaf] if leaf in m._parameters else m._buffers[leaf]
+
+
+def _module_at(root: Module, fqn: str) -> Module:
+    m = root
+    for p in fqn.split(".") if fqn else ():
+        if p not in m._modules:
+            m._modules[p] = InterpreterModule()
+        m = m._modules[p]
+    return m
+
+
+def _place_state(root: UnflattenedModule, ep: ExportedProgram) -> dict:
+    """Register every parameter, buffer and constant at its FQN; {placeholder name: FQN}."""
+    where = {}
+    for s in ep.graph_signature.input_specs:
+        if s.kind is InputKind.USER_INPUT:
+            continue
+        where[s.arg.name] = s.target
+        owner, _, leaf = s.target.rpartition(".")
+        m = _module_at(root, owner)
+        if s.kind is InputKind.PARAMETER:
+            p = ep.state_dict[s.target]
+            m.register_parameter(leaf, p if isinstance(p, Parameter) else Parameter(p))
+        elif s.kind is InputKind.BUFFER:
+            persistent = s.persistent is not False
+            m.register_buffer(leaf, ep.state_dict[s.target] if persistent else ep.constants[s.target],
+                              persistent=persistent)
+        else:
+            m.__dict__[leaf] = ep.constants[s.target]
+    targets = set(where.values())
+    for alias, target in ep.state_aliases.items():       # a tied weight under its other names too
+        if target in targets:
+            owner, _, leaf = alias.rpartition(".")
+            m = _module_at(root, owner)
+            t = root.get_submodule_state(target)
+            if isinstance(t, Parameter):
+                m.register_parameter(leaf, t)
+            else:
+                m.register_buffer(leaf, t)
+    return where
+
+
+def _inside(fqn: str, owner: str) -> bool:
+    return not owner or fqn.startswith(owner + ".")
+
+
+def _relative(fqn: str, owner: str) -> str:
+    return fqn[len(owner) + 1:] if owner else fqn
+
+
+class _Builder:
+    """Cuts the program's graph along its module calls (see module docstring)."""
+
+    def __init__(self, ep: ExportedProgram, root: UnflattenedModule, state: dict):
+        self.ep, self.root = ep, root
+        self.attr_of: dict = {}            # original node -> the FQNs (a tied weight has several) it reads
+        self.built: set = set()            # modules that have a graph already
+        nodes = list(ep.graph.nodes)
+        for n in nodes:
+            if n.op == "placeholder" and n.name in state:
+                target = state[n.name]
+                self.attr_of[n] = [target] + [a for a, t in ep.state_aliases.items() if t == target]
+            elif n.op == "get_attr":         # subgraphs of cond/map: attributes of the root
+                self.attr_of[n] = [n.target]
+                setattr(root, n.target, getattr(ep.graph_module, n.target))
+        self.body = [n for n in nodes if n.op not in ("placeholder", "output", "get_attr")]
+        self.position = {n: i for i, n in enumerate(nodes)}
+
+    @staticmethod
+    def _calls(n) -> list:
+        return list(n.meta.get(STACK, {}).items())
+
+    def build(self) -> Graph:
+        g = Graph()
+        env = {}
+        for n in self.ep.graph.find_nodes(op="placeholder"):
+            if n not in self.attr_of:
+                env[n] = g.node_copy(n)
+        self._emit(self.body, 0, g, env, "")
+        out = self.ep.graph.output_node()
+        g.output(map_arg(out.args[0], lambda a: self._lookup(a, g, env, "")))
+        return g
+
+    def _lookup(self, a, g: Graph, env: dict, owner: str):
+        if a not in env:                   # state or an attribute inside this module's subtree
+            fqn = next(f for f in self.attr_of[a] if _inside(f, owner))
+            node = g.get_attr(_relative(fqn, owner))
+            node.meta = dict(a.meta)
+            env[a] = node
+        return env[a]
+
+    def _groups(self, nodes: list, depth: int) -> list:
+        """Consecutive runs of `nodes`: (call key, fqn, nodes) for a submodule call, (None, None, [node])
+        for a node of this level."""
+        out = []
+        for n in nodes:
+            calls = self._calls(n)
+            if len(calls) <= depth:
+                out.append((None, None, [n]))
+                continue
+            key, (fqn, _) = calls[depth]
+            if out and out[-1][0] == key:
+                out[-1][2].append(n)
+            else:
+                out.append((key, fqn, [n]))
+        return out
+
+    def _emit(self, nodes: list, depth: int, g: Graph, env: dict, owner: str) -> None:
+        for key, fqn, group in self._groups(nodes, depth):
+            if key is not None and fqn not in self.built and _inside(fqn, owner):
+                self._call(fqn, group, depth, g, env, owner)
+                continue
+            for n in group:                  # this level's nodes, or a later call of a module: inline
+                env[n] = g.node_copy(n, lambda a: self._lookup(a, g, env, owner))
+
+    def _call(self, fqn: str, group: list, depth: int, g: Graph, env: dict, owner: str) -> None:
+        members = set(group)
+        inputs = []
+        for n in group:
+            for a in n.all_input_nodes:
+                if a in members or a in inputs:
+                    continue
+                if a in self.attr_of and any(_inside(f, fqn) for f in self.attr_of[a]):
+                    continue                 # read inside with get_attr
+                inputs.append(a)
+        outputs = [n for n in group if any(u not in members for u in n.users)]
+        self.built.add(fqn)
+        sub = Graph()
+        sub_env = {}
+        for a in inputs:
+            ph = sub.placeholder(a.name)
+            ph.meta = dict(a.meta)
+            sub_env[a] = ph
+        self._emit(group, depth + 1, sub, sub_env, fqn)
+        result = [sub_env[o] for o in outputs]
+        sub.output(result[0] if len(result) == 1 else tuple(result))
+        _module_at(self.root, fqn).graph = sub
+        call = g.call_module(_relative(fqn, owner), tuple(self._lookup(a, g, env, owner) for a in inputs))
+        if len(outputs) == 1:
+            env[outputs[0]] = call
+            call.meta = dict(outputs[0].meta)
+            return
+        for k, o in enumerate(outputs):
+            item = g.call_function(operator.getitem, (call, k))
+            item.meta = dict(o.meta)
+            env[o] = item
+
+
+def unflatten(module: ExportedProgram, flat_args_adapter=None) -> UnflattenedModule:
+    """`torch.export.unflatten`: the module hierarchy of `module` rebuilt (see module docstring)."""
+    if not isinstance(module, ExportedProgram):
+        raise TypeError(f"unflatten expects an ExportedProgram, got {type(module).__name__}")
+    if flat_args_adapter is not None:
+        raise NotImplementedError("unflatten: flat_args_adapter is not supported (the program's input "
+                                  "structure is used as exported)")
+    root = UnflattenedModule(module)
+    root.training = False
+    for entry in module.module_call_graph[1:]:          # the original's module order
+        _module_at(root, entry.fqn)
+    state = _place_state(root, module)
+    root.graph = _Builder(module, root, state).build()
+    return root

@@ -1,0 +1,104 @@
+"""`flambeau.export.unflatten` vs `torch.export.unflatten`: the module hierarchy rebuilt from an
+ExportedProgram (submodule FQNs, parameter and buffer names, state_dict keys as the original module's
+and PyTorch's) and outputs equal to the eager module, with dynamic batch, tied weights, buffer updates,
+a module called twice, strict export and save/load."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau as fl
+from bench.small_gpt import small_gpt
+from flambeau.export import Dim, export, load, save, unflatten
+
+
+def cnn(lib):
+    nn = lib.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8))
+            self.act = nn.ReLU()
+            self.head = nn.Sequential(nn.Flatten(), nn.Linear(8 * 6 * 6, 5))
+            self.register_buffer("calls", lib.zeros(()))
+
+        def forward(self, x):
+            self.calls.add_(1)
+            y = self.act(self.features(x))
+            return self.head(self.act(y - 0.5)), y.mean()
+    return Net()
+
+
+def _models(lib, name):
+    if name == "gpt":
+        return small_gpt(lib, vocab=50, d=32, heads=4, layers=2, block=16, tied_head=True).eval()
+    return cnn(lib).train()
+
+
+def _pair(name):
+    fl.manual_seed(0)
+    fm = _models(fl, name)
+    tm = _models(torch, name)
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in fm.state_dict().items()})
+    return fm, tm
+
+
+def _inputs(lib, name, batch):
+    rng = np.random.default_rng(batch)
+    if name == "gpt":
+        return (lib.tensor(rng.integers(0, 50, (batch, 16))),)
+    return (lib.tensor(rng.standard_normal((batch, 3, 6, 6)).astype(np.float32)),)
+
+
+def _dims(name):
+    key = "idx" if name == "gpt" else "x"
+    return lambda D: {key: {0: D("batch", min=2, max=16)}}
+
+
+def _names(m) -> tuple:
+    """Module and parameter FQNs in order; buffers as a set (PyTorch's strict export orders them its way)."""
+    mods = [n for n, _ in m.named_modules() if "@" not in n]
+    return mods, [n for n, _ in m.named_parameters()], sorted(n for n, _ in m.named_buffers()), sorted(m.state_dict())
+
+
+def _numpy(out):
+    return [o.detach().numpy() for o in (out if isinstance(out, tuple) else (out,))]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("name", ["gpt", "cnn"])
+def test_unflatten_rebuilds_the_hierarchy_as_pytorch(name, strict):
+    fm, tm = _pair(name)
+    tep = torch.export.export(tm, _inputs(torch, name, 4), dynamic_shapes=_dims(name)(torch.export.Dim),
+                              strict=strict)
+    fep = export(fm, _inputs(fl, name, 4), dynamic_shapes=_dims(name)(Dim), strict=strict)
+    tu, fu = torch.export.unflatten(tep), unflatten(fep)
+    assert _names(fu) == _names(tu) == _names(fm)
+    # every submodule with a graph runs its own code: the root calls its children by name
+    children = [n for n, _ in fm.named_children()]
+    assert all(f"self.{c}(" in fu.code for c in children if c != "act"), fu.code
+    for batch in (3, 9):
+        want = _numpy(tm(*_inputs(torch, name, batch)))
+        got = _numpy(fu(*_inputs(fl, name, batch)))
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    if name == "cnn":           # buffer updates land in the unflattened module's buffers, as in PyTorch's
+        for k in ("features.1.running_mean", "features.1.running_var", "calls"):
+            np.testing.assert_allclose(fu.state_dict()[k].numpy(), tm.state_dict()[k].numpy(), rtol=1e-5,
+                                       atol=1e-6, err_msg=k)
+
+
+def test_unflatten_of_a_loaded_program_and_its_guards(tmp_path):
+    fm, _ = _pair("gpt")
+    ep = export(fm, _inputs(fl, "gpt", 4), dynamic_shapes=_dims("gpt")(Dim))
+    save(ep, tmp_path / "gpt.pt2")
+    fu = unflatten(load(tmp_path / "gpt.pt2"))
+    assert "self.blocks(" in fu.code and "self.qkv(" in fu.blocks.get_submodule("0").code
+    x = _inputs(fl, "gpt", 5)
+    np.testing.assert_allclose(fu(*x).detach().numpy(), fm(*x).detach().numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(AssertionError, match="the Dim batch ranges over"):
+        fu(*_inputs(fl, "gpt", 17))
+    with pytest.raises(TypeError, match="ExportedProgram"):
+        unflatten(fm)
