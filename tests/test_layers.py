@@ -27,7 +27,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "flambeau"
 # Bottom first. A module belongs to the layer of its longest listed prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("flambeau._state", "flambeau._dtype", "flambeau._logging", "flambeau._png",
-                    "flambeau._cpp_builder", "flambeau._counters", "flambeau._atomic",
+                    "flambeau._cpp_builder", "flambeau._counters", "flambeau._atomic", "flambeau._strict_zip",
                     "flambeau._tags", "flambeau._fp_errors", "flambeau._public", "flambeau.torch_version",
                     "flambeau.version", "flambeau.futures")),
     ("device", ("flambeau._device",)),
