@@ -402,13 +402,17 @@ class OutputGraph:
                     items.append(TensorVariable(self.graph.call_function(operator.getitem, (node, i)), o))
                 elif isinstance(o, SymInt):
                     items.append(SymNodeVariable(self.graph.call_function(operator.getitem, (node, i)), o))
-                elif isinstance(o, (tuple, list)) and _holds_tensors(o):    # nested: grad_and_value(has_aux=True)
+                elif isinstance(o, (tuple, list, dict)) and _holds_tensors(o):  # nested: grad_and_value(has_aux=True)
                     items.append(self._wrap_output(self.graph.call_function(operator.getitem, (node, i)), o, ()))
                 else:
                     items.append(wrap_constant_like(o))
             if isinstance(out, list):
                 return ListVariable(items)
             return TupleVariable(items, cls=type(out))
+        if type(out) is dict and _holds_tensors(out):        # flambeau.func.grad of a dict of parameters
+            node.meta["example_value"] = out
+            return DictVariable({k: self._wrap_output(self.graph.call_function(operator.getitem, (node, k)), o, ())
+                                 for k, o in out.items()})
         if out is None and node.op == "call_function" and node.target not in _STATE_FNS:
             return ConstantVariable(None)       # ops with effects (e.g. in-place) keep their node
         self.graph.erase_node(node)
@@ -573,4 +577,6 @@ class OutputGraph:
 def _holds_tensors(x) -> bool:
     if isinstance(x, (Tensor, SymInt)):
         return True
+    if type(x) is dict:
+        return any(_holds_tensors(o) for o in x.values())
     return isinstance(x, (tuple, list)) and any(_holds_tensors(o) for o in x)

@@ -24,7 +24,7 @@ from ..._tensor import Size, Tensor
 from .objects import ClassVariable, PythonModuleVariable, ObjectVariable
 from .torch import (torch_functions, TorchFunctionVariable, special_function, TorchSpecialVariable, GradModeExit,
                     GradModeExitVariable, AutocastVariable, OpNamespaceVariable, operator_target, is_op_namespace,
-                    FUNC_TRANSFORMS, FuncTransformVariable)
+                    FUNC_TRANSFORMS, FUNC_CALLS, FuncTransformVariable, FuncCallVariable)
 from ...fx._aten import OpOverloadPacket
 from ...amp.autocast_mode import autocast
 from .tensor import NumpyVariable, NumpyNdarrayVariable, numpy_function_name, np_wrappers
@@ -62,6 +62,8 @@ def wrap_constant_like(v) -> VariableTracker:
 def _callable_without_source(v):
     if isinstance(v, types.FunctionType) and v in FUNC_TRANSFORMS:
         return FuncTransformVariable(v)
+    if isinstance(v, types.FunctionType) and v in FUNC_CALLS:
+        return FuncCallVariable(v)
     np_name = numpy_function_name(v)
     if np_name is not None:
         return NumpyVariable(v, *np_name)

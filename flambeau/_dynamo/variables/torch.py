@@ -8,14 +8,26 @@ records `_set_grad_enabled` nodes so the graph runs each op under the right mode
 are answered at trace time (`is_grad_enabled`, `get_default_dtype`), and functions with global
 effects (`manual_seed`, `save`, `set_default_dtype`, ...) break the graph.
 
-`flambeau.func` transforms that return a function (grad, grad_and_value, vmap, jacrev, jacfwd,
-hessian, composed in any order) are `FuncTransformVariable`s: calling the transformed function on
-traced tensors records ONE call_function node whose target is the transform applied to the user's
-real function (PyTorch captures them as higher-order ops); its outputs come from running it on fake
-tensors, and backends trace through it (AOT autograd records the transform's operations, so the
-inductor compiles them). The user's function must be a real function object (module-level, or
-defined in the frame with no free variables); like a traced autograd.Function, the Python it runs is
-specialised without guards of its own. Anything else keeps the transform a graph break with the reason.
+`flambeau.func` transforms (the last part of this file; PyTorch captures them as functorch
+higher-order ops): grad, grad_and_value, vmap, jacrev, jacfwd and hessian return a function:
+`FuncTransformVariable` is the transform, and once applied, the function it transformed (`fn`,
+possibly another transformed function: they compose in any order) with the transform's options.
+Calling it records ONE call_function node. jvp(f, primals, tangents) is one node too; vjp(f, *primals) and
+linearize(f, *primals) are a node for the outputs and return a function (`LinearFunctionVariable`)
+whose call is another node that evaluates the transform again at the same primals (a graph holds no
+function values; the forward is computed twice, which the compiler may share).
+
+A node's target (`_transform_call`) rebuilds the user's function and applies the transforms each time
+the node runs: on fake tensors for the node's metadata, on AOT autograd's proxies (so the
+transform's operations land in the compiled forward and backward graphs as primitive ops and the
+inductor compiles them), on real tensors for the eager backend. The user's function is a function
+object, a bound method, or a function made in the traced frame; the tensors it closes over are the
+node's extra operands, rebound into fresh cells at each run (graph inputs: values and gradients flow
+through them, and to the transforms they are captured constants, as in torch.func); its other free
+variables (constants, modules, functions) are baked. Like a traced autograd.Function, the Python the
+function runs is specialised without guards of its own. A function that cannot be rebuilt, or a body
+that fails on fake tensors (data-dependent Python, `.item()`), is a graph break with the reason
+(FLAMBEAU_LOGS=graph_breaks): the transform then runs eagerly.
 """
 from __future__ import annotations
 
@@ -26,11 +38,11 @@ from ... import _api, _state, _tensor
 from ..._public import PACKAGE, public_namespace
 from ..exc import Unsupported
 from ..compiled_state import is_compiling
+from ..utils import is_disabled
 from .base import VariableTracker, ValueVariable, const
 from ..._device import device, canonical
-from ...autograd import grad_mode
 from ..._functorch import eager_transforms, vmap as _vmap
-from ..utils import is_disabled
+from ...autograd import grad_mode
 from ...amp import autocast_mode
 from ...amp.autocast_mode import autocast
 from .tensor import TensorVariable, NumpyNdarrayVariable, as_tensor_vt, np_wrappers
@@ -184,68 +196,6 @@ def operator_target(v):
 
 def is_op_namespace(v) -> bool:
     return isinstance(v, (_Ops, _Namespace, _CustomNamespace, CustomOpPacket))
-
-
-# the flambeau.func transforms traced as graph nodes (by object), each named for messages
-FUNC_TRANSFORMS = {eager_transforms.grad: "grad", eager_transforms.grad_and_value: "grad_and_value",
-                   _vmap.vmap: "vmap", eager_transforms.jacrev: "jacrev", eager_transforms.jacfwd: "jacfwd",
-                   eager_transforms.hessian: "hessian"}
-
-
-class FuncTransformVariable(VariableTracker):
-    """A `flambeau.func` transform (`grad`), or a function it transformed (`grad(f, argnums=1)`:
-    `fn` is the tracker of f, `options` the transform's other arguments), see the module docstring."""
-
-    def __init__(self, transform, fn=None, options: tuple = (), kw_options: dict | None = None):
-        self.transform = transform
-        self.fn = fn
-        self.options = options
-        self.kw_options = kw_options or {}
-        self._real = None
-
-    def __repr__(self):
-        inner = "" if self.fn is None else f"({self.fn})"
-        return f"FuncTransformVariable({FUNC_TRANSFORMS[self.transform]}{inner})"
-
-    def python_type(self):
-        return types.FunctionType
-
-    def call_function(self, tx, args, kwargs):
-        name = FUNC_TRANSFORMS[self.transform]
-        if self.fn is None:                       # grad(f, ...): the transformed function
-            if not args:
-                raise Unsupported(f"flambeau.func.{name}() without a function")
-            opts = list(args[1:]) + list(kwargs.values())
-            if not all(o.is_python_constant() for o in opts):
-                raise Unsupported(f"flambeau.func.{name}: options that are not constants")
-            return FuncTransformVariable(self.transform, args[0], tuple(a.as_python_constant() for a in args[1:]),
-                                         {k: v.as_python_constant() for k, v in kwargs.items()})
-        return tx.output.call_in_graph(tx, "call_function", self.realize(), args, kwargs)
-
-    def realize(self):
-        """The transformed function as a real callable (the transform applied to the user's function)."""
-        if self._real is None:
-            self._real = self.transform(real_function(self.fn, FUNC_TRANSFORMS[self.transform]), *self.options,
-                                        **self.kw_options)
-        return self._real
-
-    def reconstruct(self, cg):
-        return cg.const(self.transform if self.fn is None else self.realize())
-
-
-def real_function(vt, transform: str):
-    """The Python callable a flambeau.func transform is applied to, from its tracker."""
-    if isinstance(vt, FuncTransformVariable) and vt.fn is not None:
-        return vt.realize()
-    if isinstance(vt, TorchFunctionVariable):
-        return vt.value
-    if isinstance(vt, kinds.functions.UserFunctionVariable) and not is_disabled(vt.value):
-        return vt.value
-    if isinstance(vt, kinds.functions.NestedUserFunctionVariable) and not vt.code.co_freevars and \
-            (vt.defaults is None or vt.defaults.is_python_constant()) and vt.kwdefaults is None:
-        return vt.signature_fn()
-    raise Unsupported(f"flambeau.func.{transform} of {vt}: only a function object without free variables "
-                      "is traced (this transform runs eagerly)")
 
 
 class AutogradFunctionApplyVariable(ValueVariable):
@@ -459,3 +409,243 @@ def class_call(tx, cls, args, kwargs):
         return AutocastVariable(cls(*(a.as_python_constant() for a in args),
                                     **{k: v.as_python_constant() for k, v in kwargs.items()}))
     return None
+
+
+# ---- flambeau.func transforms (see the module docstring) ------------------------------------------
+# the transforms returning a function, traced as graph nodes (by object), each named for messages
+FUNC_TRANSFORMS = {eager_transforms.grad: "grad", eager_transforms.grad_and_value: "grad_and_value",
+                   _vmap.vmap: "vmap", eager_transforms.jacrev: "jacrev", eager_transforms.jacfwd: "jacfwd",
+                   eager_transforms.hessian: "hessian"}
+# the transforms called on primals directly
+FUNC_CALLS = {eager_transforms.jvp: "jvp", eager_transforms.vjp: "vjp", eager_transforms.linearize: "linearize"}
+
+
+class _Builder:
+    """How a node rebuilds the user's (transformed) function from its extra operands: `make(extras)`
+    returns the callable; `operands` are the trackers of the extras (the closure's tensors)."""
+
+    def __init__(self, make, operands: list, name: str):
+        self.make = make
+        self.operands = operands
+        self.name = name
+
+
+def function_builder(tx, vt, api: str) -> _Builder:
+    """The `_Builder` of the function tracker `vt` that `flambeau.func.<api>` is applied to."""
+    if isinstance(vt, FuncTransformVariable) and vt.fn is not None:
+        inner = function_builder(tx, vt.fn, FUNC_TRANSFORMS[vt.transform])
+        transform, options, kw_options = vt.transform, vt.options, vt.kw_options
+        return _Builder(lambda extras: transform(inner.make(extras), *options, **kw_options), inner.operands,
+                        f"{FUNC_TRANSFORMS[transform]}_{inner.name}")
+    if isinstance(vt, TorchFunctionVariable):
+        return _constant_builder(vt.value)
+    if isinstance(vt, kinds.functions.UserFunctionVariable) and not is_disabled(vt.value):
+        return _constant_builder(vt.value)
+    if isinstance(vt, kinds.functions.UserMethodVariable) and hasattr(vt.obj, "value") and \
+            not is_disabled(vt.value):
+        return _constant_builder(types.MethodType(vt.value, vt.obj.value))
+    if isinstance(vt, kinds.functions.NestedUserFunctionVariable):
+        return _closure_builder(tx, vt, api)
+    raise Unsupported(f"flambeau.func.{api} of {vt}: only a function, a bound method or a function made in the "
+                      "frame is traced (this transform runs eagerly)")
+
+
+def _constant_builder(fn) -> _Builder:
+    return _Builder(lambda extras: fn, [], getattr(fn, "__name__", "fn"))
+
+
+def _closure_builder(tx, vt, api: str) -> _Builder:
+    """A function made in the frame: its cells hold baked values or extra operands (tensors)."""
+    if tx is None:
+        raise Unsupported(f"flambeau.func.{api} of {vt.name}, a function made in the frame, live after the graph")
+    if vt.kwdefaults is not None or (vt.defaults is not None and not vt.defaults.is_python_constant()):
+        raise Unsupported(f"flambeau.func.{api} of {vt.name}: defaults that are not constants")
+    defaults = None if vt.defaults is None else tuple(d.as_python_constant() for d in vt.defaults.items)
+    template, operands = [], []
+    for name, cell in zip(vt.code.co_freevars, vt.closure or ()):
+        value = _cell_tracker(tx, cell, name)
+        if _holds_tensor(value):
+            template.append((True, len(operands)))
+            operands.append(value)
+        elif value.is_python_constant():
+            template.append((False, value.as_python_constant()))
+        elif hasattr(value, "value") and not isinstance(value, _containers()):
+            template.append((False, value.value))          # a module, a function, an object of the frame
+        else:
+            raise Unsupported(f"flambeau.func.{api} of {vt.name}: its free variable {name!r} is {value}, which "
+                              "cannot be passed to the transformed function")
+    code, f_globals, fname = vt.code, vt.f_globals, vt.name
+
+    def make(extras):
+        cells = tuple(types.CellType(extras[v] if is_operand else v) for is_operand, v in template)
+        return types.FunctionType(code, f_globals, fname, defaults, cells or None)
+    return _Builder(make, operands, fname.rsplit(".", 1)[-1].replace("<lambda>", "lambda"))
+
+
+def _cell_tracker(tx, cell, name: str) -> VariableTracker:
+    if isinstance(cell, kinds.functions.CellVariable):
+        if cell.value is None:
+            raise Unsupported(f"NameError: free variable {name!r} referenced before assignment")
+        return cell.value
+    pending = tx.output.side_effects.pending_cell(cell)
+    if pending is not None:
+        return pending
+    try:
+        value = cell.cell.cell_contents
+    except ValueError:
+        raise Unsupported(f"NameError: free variable {name!r} referenced before assignment")
+    if cell.source is None:
+        return kinds.builder.wrap_constant_like(value)
+    return kinds.builder.build(tx, value, cell.source)
+
+
+def _containers() -> tuple:
+    c = kinds.containers
+    return c.TupleVariable, c.ListVariable, c.DictVariable
+
+
+def _holds_tensor(vt) -> bool:
+    if isinstance(vt, TensorVariable):
+        return True
+    if isinstance(vt, _containers()[:2]):
+        return any(_holds_tensor(x) for x in vt.items)
+    if isinstance(vt, kinds.containers.DictVariable):
+        return any(_holds_tensor(x) for x in vt.items.values())
+    return False
+
+
+def _transform_call(name: str, make, n_lead: int, apply):
+    """A node target: `apply(fn, *lead)` with `fn = make(extras)`, the operands after the first
+    `n_lead` being the extras."""
+    def call(*args, **kwargs):
+        return apply(make(args[n_lead:]), *args[:n_lead], **kwargs)
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _record(tx, name: str, builder: _Builder, lead: list, apply, kwargs: dict | None = None):
+    target = _transform_call(name, builder.make, len(lead), apply)
+    return tx.output.call_in_graph(tx, "call_function", target, list(lead) + builder.operands, kwargs or {})
+
+
+class FuncTransformVariable(VariableTracker):
+    """A `flambeau.func` transform (`grad`), or a function it transformed (`grad(f, argnums=1)`:
+    `fn` is the tracker of f, `options` the transform's other arguments), see the module docstring."""
+
+    def __init__(self, transform, fn=None, options: tuple = (), kw_options: dict | None = None):
+        self.transform = transform
+        self.fn = fn
+        self.options = options
+        self.kw_options = kw_options or {}
+
+    def __repr__(self):
+        inner = "" if self.fn is None else f"({self.fn})"
+        return f"FuncTransformVariable({FUNC_TRANSFORMS[self.transform]}{inner})"
+
+    def python_type(self):
+        return types.FunctionType
+
+    def call_function(self, tx, args, kwargs):
+        name = FUNC_TRANSFORMS[self.transform]
+        if self.fn is None:                       # grad(f, ...): the transformed function
+            if not args:
+                raise Unsupported(f"flambeau.func.{name}() without a function")
+            opts = list(args[1:]) + list(kwargs.values())
+            if not all(o.is_python_constant() for o in opts):
+                raise Unsupported(f"flambeau.func.{name}: options that are not constants")
+            return FuncTransformVariable(self.transform, args[0], tuple(a.as_python_constant() for a in args[1:]),
+                                         {k: v.as_python_constant() for k, v in kwargs.items()})
+        builder = function_builder(tx, self, name)
+        return _record(tx, builder.name, builder, list(args), _call_with, kwargs)
+
+    def reconstruct(self, cg):
+        if self.fn is None:
+            return cg.const(self.transform)
+        builder = function_builder(None, self, FUNC_TRANSFORMS[self.transform])
+        return cg.const(builder.make(()))
+
+
+def _call_with(fn, *args, **kwargs):
+    return fn(*args, **kwargs)
+
+
+class FuncCallVariable(VariableTracker):
+    """`flambeau.func.jvp`, `vjp` or `linearize` (see the module docstring)."""
+
+    def __init__(self, fn):
+        self.value = fn
+        self.name = FUNC_CALLS[fn]
+
+    def __repr__(self):
+        return f"FuncCallVariable({self.name})"
+
+    def python_type(self):
+        return types.FunctionType
+
+    def as_python_constant(self):
+        return self.value
+
+    def reconstruct(self, cg):
+        return cg.const(self.value)
+
+    def call_function(self, tx, args, kwargs):
+        if not args:
+            raise Unsupported(f"flambeau.func.{self.name}() without a function")
+        if not all(v.is_python_constant() for v in kwargs.values()):
+            raise Unsupported(f"flambeau.func.{self.name}: options that are not constants")
+        options = {k: v.as_python_constant() for k, v in kwargs.items()}
+        builder = function_builder(tx, args[0], self.name)
+        if self.name == "jvp":
+            if len(args) != 3:
+                raise Unsupported("flambeau.func.jvp(f, primals, tangents) with other arguments")
+            return _record(tx, f"jvp_{builder.name}", builder, [args[1], args[2]],
+                           lambda fn, primals, tangents: eager_transforms.jvp(fn, primals, tangents, **options))
+        primals = kinds.containers.TupleVariable(list(args[1:]))
+        fn_api = self.value
+        if self.name == "vjp":
+            out = _record(tx, f"vjp_{builder.name}", builder, [primals],
+                          lambda fn, p: _without_function(fn_api(fn, *p, **options)))
+            items = out.items if isinstance(out, kinds.containers.TupleVariable) else [out]
+            vjp_fn = LinearFunctionVariable("vjp", builder, primals, options)
+            return kinds.containers.TupleVariable([items[0], vjp_fn] + items[1:])
+        out = _record(tx, f"linearize_{builder.name}", builder, [primals], lambda fn, p: fn_api(fn, *p)[0])
+        return kinds.containers.TupleVariable([out, LinearFunctionVariable("linearize", builder, primals, options)])
+
+
+def _without_function(result: tuple) -> tuple:
+    """vjp's `(out, vjp_fn[, aux])` without vjp_fn: the node's outputs."""
+    return (result[0],) + tuple(result[2:])
+
+
+class LinearFunctionVariable(VariableTracker):
+    """The `vjp_fn` of `vjp(f, *primals)` or the `jvp_fn` of `linearize(f, *primals)`: a call is one
+    node evaluating the transform at the primals again (see the module docstring)."""
+
+    def __init__(self, api: str, builder: _Builder, primals, options: dict):
+        self.api = api
+        self.builder = builder
+        self.primals = primals
+        self.options = options
+
+    def __repr__(self):
+        return f"LinearFunctionVariable({self.api}_fn of {self.builder.name})"
+
+    def python_type(self):
+        return types.FunctionType
+
+    def reconstruct(self, cg):
+        raise Unsupported(f"the function returned by flambeau.func.{self.api} is live after the graph")
+
+    def call_function(self, tx, args, kwargs):
+        options = self.options
+        if not all(v.is_python_constant() for v in kwargs.values()):
+            raise Unsupported(f"{self.api}_fn: options that are not constants")
+        fn_kwargs = {k: v.as_python_constant() for k, v in kwargs.items()}
+        if self.api == "vjp":
+            def apply(fn, primals, cotangents):
+                return eager_transforms.vjp(fn, *primals, **options)[1](*cotangents, **fn_kwargs)
+        else:
+            def apply(fn, primals, tangents):
+                return eager_transforms.jvp(fn, primals, tangents)[1]
+        return _record(tx, f"{self.api}_fn_{self.builder.name}", self.builder,
+                       [self.primals, kinds.containers.TupleVariable(list(args))], apply)
