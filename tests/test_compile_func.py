@@ -213,6 +213,7 @@ def test_transform_whose_body_cannot_be_traced_breaks_with_a_logged_reason(monke
     def fn(x):
         return flambeau.func.grad(data_dependent)(x * 2) + 1
 
+    monkeypatch.setattr(flambeau._logging, "_overrides", {})     # no set_logs() of an earlier test in effect
     monkeypatch.setenv("FLAMBEAU_LOGS", "graph_breaks")
     flambeau._dynamo.reset()
     counters.clear()
