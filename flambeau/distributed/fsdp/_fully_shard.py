@@ -107,6 +107,20 @@ class UnshardHandle:
             self._group._finish_unshard(self._buffers)
 
 
+def _raw_ok(tensors: list, dtype) -> bool:
+    """Whether `tensors` can be flattened, cut and joined as arrays (off the dispatcher): one dtype that
+    NumPy and CuPy both copy, and no cast to another dtype asked for."""
+    if not tensors or tensors[0]._data.dtype.kind not in _ARRAY_NATIVE_KINDS:
+        return False
+    first = tensors[0]._dtype
+    return (dtype is None or dtype == first) and all(t._dtype == first for t in tensors)
+
+
+def _array_tensor(arr, like: Tensor) -> Tensor:
+    """A tensor of array `arr` on `like`'s device, of its dtype."""
+    return Tensor._make(arr, like._device, like._dtype)
+
+
 def _no_grad(fn, *args):
     prev = _state.grad_enabled
     _state.grad_enabled = False
@@ -207,9 +221,13 @@ class _ParamGroup:
         if self.unsharded or self._pending is not None:
             return self._pending
         dtype = self.mp.param_dtype
-        shards = [fp.sharded._local_tensor.to(dtype) if dtype is not None else fp.sharded._local_tensor
-                  for fp in self.params]
-        flat = _no_grad(lambda: cat([s.reshape(-1) for s in shards]) if shards else empty(0))
+        locals_ = [fp.sharded._local_tensor for fp in self.params]
+        if _raw_ok(locals_, dtype):          # one array concatenation, off the dispatcher
+            flat = _array_tensor(_xp(locals_[0]._data).concatenate([t._data.reshape(-1) for t in locals_]),
+                                 locals_[0])
+        else:
+            shards = [t.to(dtype) if dtype is not None else t for t in locals_]
+            flat = _no_grad(lambda: cat([s.reshape(-1) for s in shards]) if shards else empty(0))
         counts = [sum(self._rows(fp, r) * self._row_numel(fp) for fp in self.params) for r in range(self.n)]
         buffers = [empty((c,), dtype=flat.dtype, device=flat.device) for c in counts]
         work = all_gather(buffers, flat, group=self.group, async_op=True)
@@ -285,15 +303,23 @@ class _ParamGroup:
         if not ps:
             return
         dtype = self.mp.reduce_dtype or self.mp.param_dtype
+        grads = [fp.local_grad() for fp in ps]
+        raw = _raw_ok(grads, dtype)
         inputs = []
         for r in range(self.n):
             pieces = []
-            for fp in ps:
+            for fp, grad in zip(ps, grads):
                 start, rows = Shard.local_range(fp.shape[0], self.n, r) if fp.shape else (0, 1)
-                g = fp.local_grad().reshape((-1,) + fp.shape[1:]) if fp.shape else fp.local_grad().reshape(1)
+                if raw:                      # array views and one concatenation per rank
+                    pieces.append(grad._data.reshape((-1,) + fp.shape[1:])[start:start + rows].reshape(-1))
+                    continue
+                g = grad.reshape((-1,) + fp.shape[1:]) if fp.shape else grad.reshape(1)
                 g = g.narrow(0, start, rows)
                 pieces.append((g.to(dtype) if dtype is not None else g).reshape(-1))
-            inputs.append(_no_grad(lambda: cat(pieces).contiguous()))
+            if raw:
+                inputs.append(_array_tensor(_xp(pieces[0]).concatenate(pieces), grads[0]))
+            else:
+                inputs.append(_no_grad(lambda: cat(pieces).contiguous()))
         out = empty(tuple(inputs[self.rank].shape), dtype=inputs[0].dtype, device=inputs[0].device)
         work = reduce_scatter(out, inputs, op=ReduceOp.AVG, group=self.group, async_op=True)
         for fp in ps:
@@ -310,9 +336,12 @@ class _ParamGroup:
         for fp in ps:
             local = fp.sharded._local_tensor
             k = local.numel()
-            g = out.narrow(0, offset, k).reshape(tuple(local.shape)).to(local.dtype)
+            if _raw_ok([out], local.dtype):  # a view of the reduced array
+                g = _array_tensor(out._data[offset:offset + k].reshape(local._data.shape), out)
+            else:
+                g = _no_grad(lambda: out.narrow(0, offset, k).reshape(tuple(local.shape)).to(local.dtype).contiguous())
             offset += k
-            sharded_grad = DTensor._make(_no_grad(lambda: g.contiguous()), *fp.layout)
+            sharded_grad = DTensor._make(g, *fp.layout)
             if fp.sharded.grad is None:
                 fp.sharded.grad = sharded_grad
             else:
