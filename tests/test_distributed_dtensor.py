@@ -151,3 +151,25 @@ def test_layouts_and_values_agree_with_pytorch_dtensor(ranks, pytorch_ranks, nam
 def test_pytorch_dtensor_raises_where_we_compute(pytorch_ranks):
     for name in PYTORCH_RAISES:
         assert f"{name}/error" in pytorch_ranks[0]
+
+
+def test_cast_backward_of_a_dtensor_stays_a_dtensor_on_its_local_device():
+    """Autocast casts DTensor parameters (tensor parallel under bf16 autocast): the cast's derivative names the
+    input's device, which for a DTensor is its local tensors' device, not the dispatcher's wrapper device."""
+    pytest.importorskip("mpi4py")
+    import flambeau
+    import flambeau.distributed as dist
+    from flambeau.distributed.device_mesh import init_device_mesh
+    from flambeau.distributed.tensor import DTensor, Shard, distribute_tensor
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        w = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+        d = distribute_tensor(flambeau.tensor(w), init_device_mesh("cpu", (1,)), [Shard(0)]).requires_grad_()
+        (d.to(flambeau.bfloat16).float() * 2).sum().backward()
+        ref = torch.tensor(w, requires_grad=True)
+        (ref.to(torch.bfloat16).float() * 2).sum().backward()
+        assert isinstance(d.grad, DTensor) and d.grad.placements == (Shard(0),)
+        assert d.grad.dtype == flambeau.float32
+        np.testing.assert_array_equal(d.grad.full_tensor().numpy(), ref.grad.numpy())
+    finally:
+        dist.destroy_process_group()

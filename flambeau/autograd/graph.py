@@ -203,7 +203,8 @@ class TensorMeta:
     def __init__(self, t: Tensor):
         self.shape = t.shape
         self.dtype = t._dtype
-        self.device = t._device
+        device = t._device
+        self.device = t.device if device is WRAPPER_DEVICE else device   # a wrapper's (DTensor's) local device
         self.ndim = len(self.shape)
         self._t = None
 
