@@ -256,8 +256,9 @@ def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
         return dict(base, error=f"timed out after {timeout:.0f} s")
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
-        tail = (p.stderr or p.stdout).strip().splitlines()[-6:]
-        return dict(base, error=f"rc {p.returncode}: " + " | ".join(tail))
+        text = (p.stderr or p.stdout).strip().splitlines()
+        errors = [ln.strip() for ln in text if "Error" in ln and "error_file" not in ln][-2:]
+        return dict(base, error=f"rc {p.returncode}: " + " | ".join(errors + text[-4:]))
     return json.loads(lines[-1])
 
 
