@@ -356,6 +356,17 @@ def test_gcn_training_matches_pytorch():
     assert ours[-1] < ours[0]
 
 
+def test_compile_runs_sparse_inputs_eagerly_and_fullgraph_refuses():
+    fs, ts, _, _ = _pair(requires_grad=False)
+    fd, td = _dense_pair(5, 3, seed=24)
+
+    def f(s, d):
+        return flambeau.sparse.mm(s, d).relu() + 1
+    _close(flambeau.compile(f)(fs, fd.detach()), torch.sparse.mm(ts, td.detach()).relu() + 1)
+    with pytest.raises(RuntimeError, match="does not support sparse Tensors"):
+        flambeau.compile(f, fullgraph=True)(fs, fd.detach())
+
+
 # ---- errors ---------------------------------------------------------------------------------------------------
 def _same_error(fn_f, fn_t):
     with pytest.raises(Exception) as et:

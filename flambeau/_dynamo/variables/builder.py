@@ -135,6 +135,9 @@ def _build(tx, value, source) -> VariableTracker:
     if isinstance(value, Tensor):
         if source is None:
             raise Unsupported("a tensor reached without a source")
+        if value._wrapper_owns_autograd:        # sparse COO/CSR and 2:4 tensors run eagerly, as in PyTorch
+            raise Unsupported(f"torch.compile does not support sparse Tensors ({type(value).__name__} "
+                              f"{source.name()}, layout {value.layout})")
         return tx.output.add_graph_input(value, source)
     if type(value) is np.ndarray and config.trace_numpy:
         return _numpy_array(tx, value, source)
