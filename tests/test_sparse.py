@@ -219,6 +219,25 @@ def test_sparse_addmm():
     _close(fb.grad, tb.grad)
 
 
+def test_sampled_addmm_csr():
+    fs, ts, _, _ = _pair(requires_grad=False)
+    fc, tc = fs.to_sparse_csr().requires_grad_(), ts.to_sparse_csr().requires_grad_()
+    fa, ta = _dense_pair(4, 6, seed=25)
+    fb, tb = _dense_pair(6, 5, seed=26)
+    fo = flambeau.sparse.sampled_addmm(fc, fa, fb, beta=0.5, alpha=2.0)
+    to = torch.sparse.sampled_addmm(tc, ta, tb, beta=0.5, alpha=2.0)
+    assert fo.layout is flambeau.sparse_csr
+    _same_pattern(fo, to)
+    _close(fo.values(), to.values())
+    w = np.random.default_rng(27).standard_normal(fo._nnz()).astype(np.float32)
+    (fo.values() * flambeau.tensor(w)).sum().backward()
+    (to.values() * torch.tensor(w)).sum().backward()
+    _close(fa.grad, ta.grad)
+    _close(fb.grad, tb.grad)
+    _close(fc.grad.values(), tc.grad.values())
+    _same_error(lambda: flambeau.sparse.sampled_addmm(fs, fa, fb), lambda: torch.sparse.sampled_addmm(ts, ta, tb))
+
+
 # ---- reductions and arithmetic --------------------------------------------------------------------------------
 @pytest.mark.parametrize("dim", [None, 0, 1, (0, 1)])
 def test_sparse_sum(dim):

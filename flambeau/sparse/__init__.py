@@ -9,8 +9,8 @@ cpu (`_tensor.py`, `_ops.py`, `_elementwise.py`); 2:4 semi-structured sparsity
 from __future__ import annotations
 
 from ._tensor import SparseTensor
-from ._ops import (addmm, coalesce, dense_to_sparse, install_methods, mm, sparse_coo_tensor, sparse_csr_tensor,
-                   sum, to_dense, to_sparse_csr)
+from ._ops import (addmm, coalesce, dense_to_sparse, install_methods, mm, sampled_addmm, sparse_coo_tensor,
+                   sparse_csr_tensor, sum, to_dense, to_sparse_csr)
 from ._elementwise import install_methods as _install_elementwise_methods, log_softmax, softmax
 
 from .semi_structured import (SparseSemiStructuredTensor, SparseSemiStructuredTensorCUSPARSELT,
@@ -19,6 +19,6 @@ from .semi_structured import (SparseSemiStructuredTensor, SparseSemiStructuredTe
 install_methods()
 _install_elementwise_methods()
 
-__all__ = ["SparseTensor", "addmm", "mm", "sum", "softmax", "log_softmax", "sparse_coo_tensor", "sparse_csr_tensor",
+__all__ = ["SparseTensor", "addmm", "mm", "sampled_addmm", "sum", "softmax", "log_softmax", "sparse_coo_tensor", "sparse_csr_tensor",
            "SparseSemiStructuredTensor", "SparseSemiStructuredTensorCUTLASS", "SparseSemiStructuredTensorCUSPARSELT", "to_sparse_semi_structured",
            "semi_structured_mask"]

@@ -223,6 +223,23 @@ def addmm(mat: Tensor, mat1: Tensor, mat2: Tensor, *, beta=1, alpha=1) -> Tensor
     return mat * beta + mm(mat1, mat2) * alpha
 
 
+def sampled_addmm(input: SparseTensor, mat1: Tensor, mat2: Tensor, *, beta=1.0, alpha=1.0) -> SparseTensor:
+    """`torch.sparse.sampled_addmm`: beta * input + alpha * (mat1 @ mat2) at input's entries (CSR), each
+    entry (r, c) the dot product of mat1's row r and mat2's column c."""
+    if not isinstance(input, SparseTensor) or input._pattern.layout is not sparse_csr:
+        raise NotImplementedError("Could not run 'aten::sparse_sampled_addmm' with arguments from the "
+                                  f"'{'SparseCPU' if isinstance(input, SparseTensor) else 'CPU'}' backend: "
+                                  "sparse.sampled_addmm needs a CSR input (to_sparse_csr())")
+    if mat1.dim() != 2 or mat2.dim() != 2 or mat1.shape[1] != mat2.shape[0] or \
+            (mat1.shape[0], mat2.shape[1]) != tuple(input.shape):
+        raise RuntimeError(f"sampled_addmm: expected mat1 {list(mat1.shape)} @ mat2 {list(mat2.shape)} to have the "
+                           f"input's shape {list(input.shape)}")
+    p = input._pattern
+    rows, cols = _tensor(p.idx[0]), _tensor(p.idx[1])
+    dots = (mat1.index_select(0, rows) * mat2.t().index_select(0, cols)).sum(1)
+    return with_values(values_of(input) * beta + dots * alpha, p)
+
+
 def sparse_mm_dense_grad(name: str, s: SparseTensor, d: Tensor) -> Tensor:
     """torch.mm / @ / addmm with a sparse left operand: S's gradient is dense, as in PyTorch."""
     if isinstance(d, SparseTensor):
