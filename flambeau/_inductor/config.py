@@ -45,6 +45,10 @@ accumulate_float_in_double: bool = True   # float32 sums/products accumulate in 
 # too): every op rounds as its eager kernel does, and a value that a kernel computes twice is equal to
 # itself (with a*b - a*b fused into fma(a, b, -(a*b)), isfinite(x) = (x - x == 0) was False for finite x).
 kernel_cflags: tuple = ("-ffp-contract=off",)
+# A PT2E-converted graph's dequantize -> linear (-> relu) (-> quantize) runs as one int8 GEMM with int32
+# accumulation (onednn::qlinear_pointwise on AVX-512 VNNI, quantization.py) instead of float kernels around
+# the float GEMM.
+quantized_linear: bool = True
 # Opt-in (off by default; FLAMBEAU_TUNE_MALLOC=1 or set this before the first compile): keep freed
 # memory in the process (glibc: mmap threshold 32 MiB, no heap trimming below 1 GiB) so that the
 # buffers of each call of a compiled graph reuse pages instead of faulting fresh ones in (measured: a

@@ -1,5 +1,6 @@
 """Op-database entries of the quantization ops: fake quantization (straight-through gradients) and
-the `quantized_decomposed` library, compared with `torch.ops.quantized_decomposed`."""
+the `quantized_decomposed` library, compared with `torch.ops.quantized_decomposed`; the int8 linear
+layer `onednn::qlinear_prepack` + `qlinear_pointwise`, compared with PyTorch's x86 (oneDNN) ops."""
 from __future__ import annotations
 
 import importlib
@@ -92,7 +93,53 @@ def _choose_samples(dtype):
                                                                     2 ** -12, "int8")]
 
 
+def _qlinear_samples(dtype):
+    def qx(shape, signed=False, noncontig=False):
+        return T(shape, dtype="int8" if signed else "uint8", low=-128 if signed else 0, high=127 if signed else 255,
+                 noncontig=noncontig)
+
+    def w(n, k):
+        return (T((n, k), dtype="int8", low=-127, high=127), T((n,), dtype="float32", low=0.002, high=0.02,
+                                                                 requires_grad=False),
+                T((n,), dtype="int64", values=[0] * n), T((n,), dtype="float32", low=-1, high=1, requires_grad=False))
+    qw, ws, wz, b = w(6, 20)
+    qw2, ws2, wz2, b2 = w(33, 40)
+    return [S(qx((5, 20)), 0.05, 128, qw, ws, wz, b, 1.0, 0, "float32", "none"),
+            S(qx((5, 20)), 0.05, 128, qw, ws, wz, None, 0.03, 7, None, "relu"),
+            S(qx((2, 13, 40), noncontig=True), 0.021, 100, qw2, ws2, wz2, b2, 0.08, 0, "uint8", "none"),
+            S(qx((14, 40), signed=True), 0.04, 3, qw2, ws2, wz2, b2, 0.05, -4, "int8", "relu"),
+            S(qx((3, 40)), 0.04, 0, qw2, ws2, wz2, b2, 1.0, 0, "bfloat16", "relu")]
+
+
+def _qlinear(m, qx, x_scale, x_zp, qw, w_scale, w_zp, bias, out_scale, out_zp, out_dtype, post_op):
+    packed = m.ops.onednn.qlinear_prepack(qw, list(qx.shape))
+    return m.ops.onednn.qlinear_pointwise(qx, x_scale, x_zp, packed, w_scale, w_zp, bias, out_scale, out_zp,
+                                          out_dtype and getattr(m, out_dtype), post_op, [], "")
+
+
+def _qlinear_tensor(m, qx, x_scale, x_zp, qw, w_scale, w_zp, bias, out_scale, out_zp, out_dtype, post_op):
+    packed = m.ops.onednn.qlinear_prepack(qw, list(qx.shape))
+    return m.ops.onednn.qlinear_pointwise.tensor(qx, m.tensor(x_scale), m.tensor(x_zp), packed, w_scale, w_zp, bias,
+                                                 out_scale, out_zp, out_dtype and getattr(m, out_dtype), post_op,
+                                                 [], "")
+
+
+def _qlinear_errors():
+    from tests.opdb import ErrorSample
+    qw, ws, wz = (T((6, 20), dtype="int8", low=-127, high=127), T((6,), dtype="float32", values=[0.01] * 6),
+                  T((6,), dtype="int64", values=[0] * 6))
+    return [ErrorSample(S(T((5, 20)), 0.05, 128, qw, ws, wz, None, 1.0, 0, "float32", "none"), RuntimeError,
+                        "uint8 or int8 input"),
+            ErrorSample(S(T((5, 21), dtype="uint8", low=0, high=255), 0.05, 128, qw, ws, wz, None, 1.0, 0, "float32",
+                          "none"), RuntimeError, "cannot be multiplied"),
+            ErrorSample(S(T((5, 20), dtype="uint8", low=0, high=255), 0.05, 128, qw, ws, wz, None, 1.0, 0, "float32",
+                          "foo"), RuntimeError, "post op")]
+
 OPS = [
+    OpInfo("onednn.qlinear_pointwise", _qlinear_samples, dtypes=("float32",), grad=False, call=_qlinear,
+           errors=_qlinear_errors, ops=("onednn::qlinear_prepack", "onednn::qlinear_pointwise")),
+    OpInfo("onednn.qlinear_pointwise.tensor", _qlinear_samples, dtypes=("float32",), grad=False,
+           call=_qlinear_tensor, ops=("onednn::qlinear_pointwise.tensor",)),
     OpInfo("fake_quantize_per_tensor_affine", _fq_samples, ops=("fake_quantize_per_tensor_affine",),
            gradcheck=False, errors=_fq_errors, skip=STE),
     OpInfo("fake_quantize_per_tensor_affine.tensor_qparams", _fq_qparams_samples,

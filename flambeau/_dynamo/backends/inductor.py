@@ -1,5 +1,6 @@
-"""The "inductor" backend: AOT autograd with the core-op decompositions (plus the inductor's own,
-e.g. attention as batched products and a softmax) and the min-cut partitioner, each graph compiled
+"""The "inductor" backend: the quantization pass (int8 linear layers of PT2E-converted graphs), AOT
+autograd with the core-op decompositions (plus the inductor's own, e.g. attention as batched
+products and a softmax) and the min-cut partitioner, each graph compiled
 by `flambeau._inductor.compile_fx` (C++/OpenMP kernels). `options` of `flambeau.compile` set
 `flambeau._inductor.config` knobs for the duration of the compile."""
 from __future__ import annotations
@@ -10,7 +11,7 @@ from ..._decomp import core_aten_decompositions
 from ..._functorch.aot_autograd import aot_module_simplified, named_state
 from ..._functorch.partitioners import min_cut_rematerialization_partition
 from ... import _inductor
-from ..._inductor import config as inductor_config, freezing
+from ..._inductor import config as inductor_config, freezing, quantization
 from ..._inductor.decompositions import decomposition_table
 from ..repro.after_aot import wrap_compiler_debug
 from .registry import register_builtin
@@ -65,6 +66,8 @@ def inductor(gm, example_inputs, options=None):
     compile_forward, compile_graph = compile_with(range(n_state)), compile_with(())
     with _inductor_options(options):        # a C++ wrapper calls no Python extern (the fused CPU attention)
         python_externs = not inductor_config.cpp_wrapper
+        if python_externs:                  # int8 linear layers, before AOT decomposes their q/dq ops
+            quantization.fuse_quantized_linear(gm)
     return aot_module_simplified(gm, example_inputs, fw_compiler=compile_forward, bw_compiler=compile_graph,
                                  partition_fn=min_cut_rematerialization_partition,
                                  decompositions=decomposition_table(core_aten_decompositions(), python_externs),

@@ -1,0 +1,204 @@
+// flambeau's int8 matrix product for the CPU: the quantized linear layer of PT2E-converted and
+// dynamically quantized models, out = epilogue(sum_k (a[m,k] - a_zp) * (b[k,n] - b_zp[n])).
+//
+// A holds u8 or s8 activations (s8 are shifted by 128 into u8, with the zero point shifted alike:
+// (a + 128) - (zp + 128) = a - zp exactly), B int8 weights (K x N, any strides). Both are packed:
+// A into rows of K rounded up to 4 bytes, B into panels of NR columns holding, for each group of
+// 4 k, the 4 bytes of each column side by side (64 bytes per 16 columns), zero-padded. The
+// micro-kernel keeps an MR x NR tile of int32 sums in registers and, per group of 4 k, broadcasts
+// 4 bytes of an A row against two B vectors with AVX-512 VNNI `vpdpbusd` (u8 x s8 products, 4 summed
+// into each int32 lane, no saturation). Zero points are taken out afterwards with the column sums
+// of B and the row sums of A. Without VNNI (or AVX-512BW) `flm_int8_vnni` returns 0 and Python
+// computes the same integers with NumPy.
+//
+// The epilogue is oneDNN's for PyTorch's `onednn::qlinear_pointwise` on x86: v = ((float)acc *
+// x_scale) * w_scale[n] + bias[n] (two roundings, no fused multiply-add: this file is compiled
+// without -ffp-contract=fast), then ReLU, then either v stored as float, or requantized as
+// clamp(nearbyint(v * (1 / out_scale)) + out_zp) into u8/s8.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define FLM_VNNI 1
+#endif
+
+#pragma GCC optimize("fp-contract=off")
+
+enum { MR = 12, NR = 32 };
+enum { OUT_FLOAT32 = 0, OUT_UINT8 = 1, OUT_INT8 = 2 };
+
+extern "C" int flm_int8_vnni() {
+#ifdef FLM_VNNI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifdef FLM_VNNI
+// A (M x K, row stride lda, contiguous along k) into rows of kp bytes as u8, with each row's sum; the
+// rows up to a multiple of MR are zeros (the micro-kernel always computes MR rows).
+static void pack_a(int64_t M, int64_t K, const uint8_t* a, int64_t lda, int is_signed, uint8_t* dst, int32_t* rowsum) {
+    const int64_t kp = (K + 3) & ~int64_t(3), rows = (M + MR - 1) / MR * MR;
+    const uint8_t flip = is_signed ? 0x80 : 0;
+    for (int64_t m = 0; m < rows; m++) {
+        uint8_t* d = dst + m * kp;
+        if (m >= M) { std::memset(d, 0, kp); continue; }
+        const uint8_t* s = a + m * lda;
+        int32_t sum = 0;
+        for (int64_t k = 0; k < K; k++) { d[k] = s[k] ^ flip; sum += d[k]; }
+        for (int64_t k = K; k < kp; k++) d[k] = 0;
+        rowsum[m] = sum;
+    }
+}
+
+// B (K x N, element strides rsb, csb) into NR-column panels of 4-k groups, with each column's sum;
+// read a row of the panel at a time (contiguous when csb == 1).
+static void pack_b(int64_t K, int64_t N, const int8_t* b, int64_t rsb, int64_t csb, int8_t* dst, int32_t* colsum) {
+    const int64_t kp = (K + 3) & ~int64_t(3), panels = (N + NR - 1) / NR;
+    for (int64_t p = 0; p < panels; p++) {
+        int8_t* d = dst + p * NR * kp;
+        const int64_t n0 = p * NR, n = std::min<int64_t>(NR, N - n0);
+        int32_t sum[NR] = {0};
+        std::memset(d, 0, NR * kp);
+        for (int64_t k = 0; k < K; k++) {
+            const int8_t* s = b + k * rsb + n0 * csb;
+            int8_t* row = d + (k >> 2) * 4 * NR + (k & 3);
+            for (int64_t j = 0; j < n; j++) {
+                const int8_t v = s[j * csb];
+                row[4 * j] = v;
+                sum[j] += v;
+            }
+        }
+        for (int64_t j = 0; j < n; j++) colsum[n0 + j] = sum[j];
+    }
+}
+
+// The int32 tile of MR packed rows and panel p: tile[i][j] = sum over kp of a'[i, k] * b[k, j].
+static inline void micro(int64_t kp, const uint8_t* __restrict__ ap, const int8_t* __restrict__ bp,
+                         int32_t tile[MR][NR]) {
+    __m512i acc[MR][2];
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; i++) { acc[i][0] = _mm512_setzero_si512(); acc[i][1] = _mm512_setzero_si512(); }
+    for (int64_t g = 0; g < kp / 4; g++) {
+        const __m512i b0 = _mm512_loadu_si512(bp + g * 4 * NR);
+        const __m512i b1 = _mm512_loadu_si512(bp + g * 4 * NR + 64);
+#pragma GCC unroll 12
+        for (int i = 0; i < MR; i++) {
+            int32_t w;
+            std::memcpy(&w, ap + i * kp + 4 * g, 4);
+            const __m512i av = _mm512_set1_epi32(w);
+            acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], av, b0);
+            acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], av, b1);
+        }
+    }
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; i++) {
+        _mm512_store_si512(&tile[i][0], acc[i][0]);
+        _mm512_store_si512(&tile[i][16], acc[i][1]);
+    }
+}
+#endif
+
+struct Epilogue {
+    int32_t a_zp;                 // the activations' zero point (shifted by 128 for s8)
+    const int32_t* b_zp;          // the weights' zero points per column, or null (all 0)
+    int64_t K;
+    float x_scale;
+    const float* w_scale;         // per column
+    const float* bias;            // per column, or null
+    int relu;
+    int out_kind;                 // OUT_*
+    float out_inv_scale;
+    float out_zp;
+    void* out;
+    int64_t ldc;
+};
+
+// The tile's rows m0.. and columns n0.. of the output; rs/cs: the tile's row and column sums.
+static inline void finish(const Epilogue& e, int64_t m0, int64_t m, int64_t n0, int64_t n, int32_t tile[MR][NR],
+                          const int32_t* rs, const int32_t* cs) {
+    const float lo = e.out_kind == OUT_INT8 ? -128.f : 0.f, hi = e.out_kind == OUT_INT8 ? 127.f : 255.f;
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t c = n0 + j;
+            const int32_t bz = e.b_zp ? e.b_zp[c] : 0;
+            const int32_t acc = tile[i][j] - e.a_zp * cs[j] - bz * rs[i] + int32_t(e.K) * e.a_zp * bz;
+            float v = (float(acc) * e.x_scale) * e.w_scale[c];
+            if (e.bias) v = v + e.bias[c];
+            if (e.relu) v = v > 0.f ? v : 0.f;
+            const int64_t at = (m0 + i) * e.ldc + c;
+            if (e.out_kind == OUT_FLOAT32) {
+                ((float*)e.out)[at] = v;
+            } else {
+                const float q = std::min(std::max(std::nearbyint(v * e.out_inv_scale) + e.out_zp, lo), hi);
+                if (e.out_kind == OUT_UINT8) ((uint8_t*)e.out)[at] = uint8_t(q);
+                else ((int8_t*)e.out)[at] = int8_t(q);
+            }
+        }
+    }
+}
+
+#ifdef FLM_VNNI
+// Rows [m0, m1) x columns [n0, n1) of the output on the calling thread, packing its own operands.
+static void qlinear_part(int64_t K, const uint8_t* a, int64_t lda, int a_signed, const int8_t* b, int64_t rsb,
+                         int64_t csb, const Epilogue& e, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    const int64_t kp = (K + 3) & ~int64_t(3), M = m1 - m0, N = n1 - n0;
+    const int64_t rows = (M + MR - 1) / MR * MR, panels = (N + NR - 1) / NR;
+    std::vector<uint8_t> pa(rows * kp);
+    std::vector<int8_t> pb(panels * NR * kp);
+    std::vector<int32_t> rowsum(rows), colsum(panels * NR);
+    pack_a(M, K, a + m0 * lda, lda, a_signed, pa.data(), rowsum.data());
+    pack_b(K, N, b + n0 * csb, rsb, csb, pb.data(), colsum.data());
+    alignas(64) int32_t tile[MR][NR];
+    for (int64_t p = 0; p < panels; p++) {
+        for (int64_t r = 0; r < rows; r += MR) {
+            micro(kp, pa.data() + r * kp, pb.data() + p * NR * kp, tile);
+            finish(e, m0 + r, std::min<int64_t>(MR, M - r), n0 + p * NR, std::min<int64_t>(NR, N - p * NR), tile,
+                   rowsum.data() + r, colsum.data() + p * NR);
+        }
+    }
+}
+#endif
+
+// out (M x N, row stride ldc) = epilogue(A @ B) as in the header. One OpenMP fork/join: each thread
+// takes a share of the column panels (or of the row tiles, when there are more of those) and packs
+// what it reads itself, so no barrier waits on a descheduled thread of a loaded machine.
+extern "C" void flm_qlinear(int64_t M, int64_t N, int64_t K, const uint8_t* a, int64_t lda, int a_signed,
+                            int32_t a_zp, const int8_t* b, int64_t rsb, int64_t csb, const int32_t* b_zp,
+                            float x_scale, const float* w_scale, const float* bias, int relu, int out_kind,
+                            float out_inv_scale, int32_t out_zp, void* out, int64_t ldc, int threads) {
+#ifdef FLM_VNNI
+    if (M == 0 || N == 0) return;
+    const Epilogue e{a_signed ? a_zp + 128 : a_zp, b_zp, K, x_scale, w_scale, bias, relu, out_kind, out_inv_scale,
+                     float(out_zp), out, ldc};
+    const int64_t tiles = (M + MR - 1) / MR, panels = (N + NR - 1) / NR;
+    if (threads <= 1) {
+        qlinear_part(K, a, lda, a_signed, b, rsb, csb, e, 0, M, 0, N);
+        return;
+    }
+    const bool by_cols = panels >= tiles || panels >= 4 * threads;
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+        const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+#else
+        const int64_t nt = 1, t = 0;
+#endif
+        if (by_cols) {
+            const int64_t n0 = panels * t / nt * NR, n1 = std::min<int64_t>(N, panels * (t + 1) / nt * NR);
+            if (n1 > n0) qlinear_part(K, a, lda, a_signed, b, rsb, csb, e, 0, M, n0, n1);
+        } else {
+            const int64_t m0 = tiles * t / nt * MR, m1 = std::min<int64_t>(M, tiles * (t + 1) / nt * MR);
+            if (m1 > m0) qlinear_part(K, a, lda, a_signed, b, rsb, csb, e, m0, m1, 0, N);
+        }
+    }
+#endif
+}

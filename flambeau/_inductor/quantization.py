@@ -1,0 +1,172 @@
+"""The inductor's quantization pass: a PT2E-converted graph's float linear layers between quantize and
+dequantize become int8 GEMMs (PyTorch's `torch/_inductor/fx_passes/quantization.py`, for linear).
+
+    fuse_quantized_linear(gm) -> int      rewrites in place; returns how many layers it fused
+
+It runs on the captured graph before AOT autograd decomposes the `quantized_decomposed` ops, and
+recognises, with u8/s8 activations and int8 weights (per tensor or per channel):
+
+    dequantize_per_tensor[.tensor](qx) --+
+    dequantize_per_channel(qw) | dequantize_per_tensor(qw)  -> linear(x, w, bias) | mm(x, w^T) |
+                                                               addmm(bias, x, w^T)
+        [-> relu] [-> quantize_per_tensor(u8/s8, full range)]
+
+as `onednn::qlinear_pointwise[.tensor](qx, ..., qlinear_prepack(qw), ...)`: int32 accumulation on
+AVX-512 VNNI, dequantize (float32 out) or requantize (u8/s8 out) fused after the product, the ReLU
+too (`flambeau/_ops/quantized_linear.py`). Results equal PyTorch's x86 ops; against the float
+graph of dequantized values they differ by float rounding, which a requantization can turn into one
+step of the output scale (as in PyTorch's x86 inductor path). A layer whose bias requires grad
+(grad mode on) keeps the float path: the int8 op has no derivative. `config.quantized_linear = False`
+turns the pass off.
+"""
+from __future__ import annotations
+
+from .. import _dtype as D
+from .._ops import EXPORTS, quantized as Q
+from .._ops import quantized_linear as QL
+from .._ops._registry import OPS
+from .._tensor import Tensor
+from ..autograd.grad_mode import is_grad_enabled
+from ..fx.node import Node
+from . import config
+
+_DQ_X = (Q.qd_dequantize_per_tensor, Q.qd_dequantize_per_tensor_tensor)
+_FULL_RANGE = {D.uint8: (0, 255), D.int8: (-128, 127)}
+_CONSTANT_PREFIX = "_qlinear_constant"
+
+
+def _is(node, *ops) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and any(node.target is op for op in ops)
+
+
+def _arg(node, i: int, name: str, default=None):
+    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+
+def _float_out(node) -> bool:
+    return node.kwargs.get("out_dtype") in (None, D.float32)
+
+
+def _activation(node):
+    """(qx, scale, zero point, tensor qparams) of an activation's dequantize node, or None."""
+    if not _is(node, *_DQ_X) or len(node.args) != 6 or not _float_out(node) or node.args[5] not in _FULL_RANGE:
+        return None
+    return node.args[0], node.args[1], node.args[2], node.target is Q.qd_dequantize_per_tensor_tensor
+
+
+def _weight(node):
+    """(qw (N, K), scales, zero points) of an int8 weight's dequantize node, or None."""
+    if _is(node, Q.qd_dequantize_per_channel) and len(node.args) == 7 and _float_out(node) and \
+            node.args[6] is D.int8 and node.args[3] == 0 and node.args[2] is not None:
+        return node.args[0], node.args[1], node.args[2]
+    if _is(node, Q.qd_dequantize_per_tensor) and len(node.args) == 6 and _float_out(node) and node.args[5] is D.int8:
+        return node.args[0], [float(node.args[1])], [int(node.args[2])]
+    return None
+
+
+def _transposed(node):
+    """The 2-D node that `node` transposes (permute [1, 0], or the methods .permute(1, 0) and .t()), or None."""
+    if _is(node, OPS["permute"]) and len(node.args) == 2 and list(node.args[1]) == [1, 0]:
+        return node.args[0]
+    if isinstance(node, Node) and node.op == "call_method" and not node.kwargs and (
+            (node.target == "t" and len(node.args) == 1) or
+            (node.target == "permute" and [list(a) if isinstance(a, (list, tuple)) else a for a in node.args[1:]]
+             in ([1, 0], [[1, 0]]))):
+        return node.args[0]
+    return None
+
+
+def _val(gm, node):
+    """The example value of `node` (a tensor attribute for get_attr), or None."""
+    if not hasattr(node, "meta"):
+        return None
+    if node.op == "get_attr":
+        return getattr(gm, node.target, None)
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+def _product(gm, node):
+    """(x, w (N, K), bias) of a linear layer written as linear, mm or addmm, or None."""
+    if _is(node, OPS["linear"]):
+        return _arg(node, 0, "input"), _arg(node, 1, "weight"), _arg(node, 2, "bias")
+    if _is(node, OPS["mm"]) and len(node.args) == 2:
+        w = _transposed(node.args[1])
+        return None if w is None else (node.args[0], w, None)
+    if _is(node, OPS["addmm"]) and len(node.args) == 3 and not node.kwargs:
+        w = _transposed(node.args[2])
+        bias = node.args[0]
+        val = _val(gm, bias)
+        if w is None or not isinstance(val, Tensor) or val.ndim != 1:
+            return None
+        return node.args[1], w, bias
+    return None
+
+
+def _only_user(node):
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _output_quantize(node):
+    """(quantize node, scale, zero point, dtype) when `node`'s only user requantizes it over the full
+    range of u8/s8, else None."""
+    q = _only_user(node)
+    if q is None or not _is(q, Q.qd_quantize_per_tensor) or len(q.args) != 6 or q.args[5] not in _FULL_RANGE or \
+            (q.args[3], q.args[4]) != _FULL_RANGE[q.args[5]]:
+        return None
+    return q, float(q.args[1]), int(q.args[2]), q.args[5]
+
+
+def _constant(gm, value: list, dtype):
+    """A get_attr node of a new constant tensor of `gm` (a per-tensor weight's scale or zero point)."""
+    n = sum(1 for k in vars(gm) if k.startswith(_CONSTANT_PREFIX))
+    name = f"{_CONSTANT_PREFIX}{n}"
+    setattr(gm, name, EXPORTS["tensor"](value, dtype=dtype))
+    return gm.graph.get_attr(name)
+
+
+def _float32(gm, node) -> bool:
+    val = _val(gm, node)
+    return isinstance(val, Tensor) and val.dtype is D.float32 and val.ndim >= 1
+
+
+def fuse_quantized_linear(gm) -> int:
+    """Rewrite each quantized linear layer of `gm` (module docstring) in place; returns how many."""
+    if not config.quantized_linear:
+        return 0
+    graph = gm.graph
+    fused = 0
+    for node in list(graph.nodes):
+        prod = _product(gm, node)
+        if prod is None or not _float32(gm, node):
+            continue
+        x, w, bias = prod
+        act, weight = _activation(x), _weight(w)
+        if act is None or weight is None:
+            continue
+        if bias is not None and (not isinstance(bias, Node) or not _float32(gm, bias) or
+                                 (is_grad_enabled() and _val(gm, bias).requires_grad)):
+            continue        # the int8 op has no derivative: a bias being trained keeps the float path
+        qx, x_scale, x_zp, tensor_qparams = act
+        qw, w_scales, w_zps = weight
+        last, post = node, "none"
+        relu = _only_user(node)
+        if relu is not None and _is(relu, OPS["relu"]):
+            last, post = relu, "relu"
+        requant = _output_quantize(last)
+        out_scale, out_zp, out_dtype = (1.0, 0, D.float32) if requant is None else requant[1:]
+        with graph.inserting_before(node):
+            if isinstance(w_scales, list):
+                w_scales, w_zps = _constant(gm, w_scales, D.float32), _constant(gm, w_zps, D.int64)
+            packed = graph.call_function(QL.qlinear_prepack, (qw, None))
+            op = QL.qlinear_pointwise_tensor if tensor_qparams else QL.qlinear_pointwise
+            new = graph.call_function(op, (qx, x_scale, x_zp, packed, w_scales, w_zps, bias, out_scale, out_zp,
+                                           out_dtype, post, [], ""))
+        replaced = last if requant is None else requant[0]
+        new.meta = {k: v for k, v in replaced.meta.items() if k not in ("val", "example_value")}
+        replaced.replace_all_uses_with(new)
+        fused += 1
+    if fused:
+        graph.eliminate_dead_code()
+        gm.recompile()
+    return fused

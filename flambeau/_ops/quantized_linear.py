@@ -1,0 +1,150 @@
+"""The int8 linear layer as PyTorch's x86 ops: `onednn::qlinear_prepack` and `onednn::qlinear_pointwise`
+(+ `.tensor`, activation scale and zero point as tensors), running the AVX-512 VNNI kernel of
+`flambeau/_backends/cpu_int8.cpp` (int32 accumulation, dequantize or requantize fused after it).
+
+    qw = qlinear_prepack(w_int8 (N, K), x_shape)         the weight in the kernel's layout: (K, N)
+    y = qlinear_pointwise(qx, x_scale, x_zp, qw, w_scale (N,), w_zp (N,), bias, out_scale, out_zp,
+                          out_dtype, post_op_name, post_op_args, post_op_algorithm)
+
+qx is uint8 or int8 (..., K); y is float32/bfloat16 (out_dtype; the dequantized product, out_scale 1
+and out_zp 0) or, with out_dtype None/uint8/int8, requantized with out_scale/out_zp (None: uint8).
+post_op_name "none" or "relu". Integers are exact and the epilogue rounds as oneDNN's, so results
+equal PyTorch's ops; unlike them, non-zero weight zero points are honoured (PyTorch's x86 weights
+are symmetric). The inductor's quantization pass (`flambeau/_inductor/quantization.py`) rewrites a
+converted model's dequantize -> linear (-> relu) (-> quantize) into these ops; tagged extern, so
+compiled graphs call the kernel as a library call.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _dtype as D
+from .._backends import cpu_int8
+from . import _batching
+from ._registry import defop, TensorSpec, Tag
+
+ONEDNN = "onednn"
+POST_OPS = ("none", "relu")
+OUT_DTYPES = (D.float32, D.bfloat16, D.uint8, D.int8)
+
+
+def _on_cpu(name, *arrays):
+    if any(type(a).__module__.startswith("cupy") for a in arrays):
+        raise RuntimeError(f"{name}: an x86 cpu kernel, got cuda tensors")
+
+
+@defop("qlinear_prepack(Tensor weight, int[]? x_shape) -> Tensor", op_namespace=ONEDNN, function=False,
+       tags=(Tag.core, Tag.extern))
+def qlinear_prepack(xp, weight, x_shape=None):
+    _on_cpu("onednn::qlinear_prepack", weight)
+    return xp.ascontiguousarray(weight.T)
+
+
+@qlinear_prepack.def_meta
+def _qlinear_prepack_meta(weight, x_shape=None):
+    if weight.dtype is not D.int8 or weight.ndim != 2:
+        raise RuntimeError(f"onednn::qlinear_prepack: expected a 2-D int8 weight, got {weight.dtype} of shape "
+                           f"{tuple(weight.shape)}")
+    return TensorSpec((weight.shape[1], weight.shape[0]), D.int8)
+
+
+def _checks(qx_dtype, x_shape, qw, w_scale, bias, output_scale, output_zero_point, output_dtype, post_op_name):
+    name = "onednn::qlinear_pointwise"
+    if qx_dtype not in (D.uint8, D.int8):
+        raise RuntimeError(f"{name}: expected a uint8 or int8 input, got {qx_dtype}")
+    if qw.dtype is not D.int8 or len(qw.shape) != 2:
+        raise RuntimeError(f"{name}: expected a packed 2-D int8 weight (qlinear_prepack), got {qw.dtype} of shape "
+                           f"{tuple(qw.shape)}")
+    if not x_shape or x_shape[-1] != qw.shape[0]:
+        raise RuntimeError(f"{name}: input of shape {tuple(x_shape)} and weight of shape {tuple(qw.shape)} "
+                           "cannot be multiplied")
+    if w_scale.shape[0] not in (1, qw.shape[1]) or (bias is not None and tuple(bias.shape) != (qw.shape[1],)):
+        raise RuntimeError(f"{name}: weight scales of shape {tuple(w_scale.shape)} or bias of shape "
+                           f"{None if bias is None else tuple(bias.shape)} do not match {qw.shape[1]} output channels")
+    od = output_dtype or D.uint8
+    if od not in OUT_DTYPES:
+        raise RuntimeError(f"{name}: unsupported output dtype {od}")
+    if od.is_floating_point and (output_scale != 1.0 or output_zero_point != 0):
+        raise RuntimeError(f"{name}: a {od} output takes output_scale 1.0 and output_zero_point 0")
+    if post_op_name not in POST_OPS:
+        raise RuntimeError(f"{name}: post op {post_op_name!r} is not supported (supported: {', '.join(POST_OPS)})")
+    return od
+
+
+def _qlinear(xp, qx, x_scale, x_zero_point, qw, w_scale, w_zero_point, bias, output_scale, output_zero_point,
+             output_dtype, post_op_name):
+    _on_cpu("onednn::qlinear_pointwise", qx, qw)
+    od = _checks(D.FROM_NP[qx.dtype], qx.shape, _Meta(qw), _Meta(w_scale),
+                 None if bias is None else _Meta(bias), output_scale, output_zero_point, output_dtype, post_op_name)
+    n = qw.shape[1]
+    scales = np.broadcast_to(np.asarray(w_scale, np.float32).reshape(-1), (n,))
+    zps = np.broadcast_to(np.asarray(w_zero_point).reshape(-1), (n,))
+    kernel_dtype = np.float32 if od.is_floating_point else od.np
+    out = cpu_int8.qlinear(qx, x_scale, int(x_zero_point), qw, scales, zps, bias, output_scale, output_zero_point,
+                           kernel_dtype, relu=post_op_name == "relu")
+    return out if od.np == out.dtype else out.astype(od.np)
+
+
+class _Meta:
+    """Shape and dtype of a NumPy array, as the checks read them from metadata."""
+
+    def __init__(self, a):
+        self.shape, self.dtype = a.shape, D.FROM_NP[a.dtype]
+
+
+def _qlinear_meta(qx, x_scale, x_zero_point, qw, w_scale, w_zero_point, bias, output_scale, output_zero_point,
+                  output_dtype, post_op_name, post_op_args, post_op_algorithm):
+    od = _checks(qx.dtype, qx.shape, qw, w_scale, bias, output_scale, output_zero_point, output_dtype, post_op_name)
+    return TensorSpec(tuple(qx.shape[:-1]) + (qw.shape[1],), od)
+
+
+def _scalar(t, what: str):
+    if t.size != 1:
+        raise RuntimeError(f"onednn::qlinear_pointwise: expected a one-element {what} tensor, got {t.size} elements")
+    return t.reshape(()).item()
+
+
+@defop("qlinear_pointwise(Tensor qx, float x_scale, int x_zero_point, Tensor qw, Tensor w_scale, "
+       "Tensor w_zero_point, Tensor? bias, float output_scale, int output_zero_point, ScalarType? output_dtype, "
+       "str post_op_name, Scalar?[] post_op_args, str post_op_algorithm) -> Tensor", op_namespace=ONEDNN,
+       function=False, tags=(Tag.core, Tag.extern))
+def qlinear_pointwise(xp, qx, x_scale, x_zero_point, qw, w_scale, w_zero_point, bias, output_scale,
+                      output_zero_point, output_dtype, post_op_name, post_op_args, post_op_algorithm):
+    return _qlinear(xp, qx, x_scale, x_zero_point, qw, w_scale, w_zero_point, bias, output_scale,
+                    output_zero_point, output_dtype, post_op_name)
+
+
+qlinear_pointwise.def_meta(_qlinear_meta)
+
+
+@defop("qlinear_pointwise.tensor(Tensor qx, Tensor x_scale, Tensor x_zero_point, Tensor qw, Tensor w_scale, "
+       "Tensor w_zero_point, Tensor? bias, float output_scale, int output_zero_point, ScalarType? output_dtype, "
+       "str post_op_name, Scalar?[] post_op_args, str post_op_algorithm) -> Tensor", op_namespace=ONEDNN,
+       function=False, tags=(Tag.core, Tag.extern))
+def qlinear_pointwise_tensor(xp, qx, x_scale, x_zero_point, qw, w_scale, w_zero_point, bias, output_scale,
+                             output_zero_point, output_dtype, post_op_name, post_op_args, post_op_algorithm):
+    return _qlinear(xp, qx, float(_scalar(x_scale, "scale")), int(_scalar(x_zero_point, "zero point")), qw, w_scale,
+                    w_zero_point, bias, output_scale, output_zero_point, output_dtype, post_op_name)
+
+
+qlinear_pointwise_tensor.def_meta(_qlinear_meta)
+
+
+# ---- vmap batching rules ----------------------------------------------------------------------------
+@qlinear_prepack.def_batching_rule
+def _qlinear_prepack_batching(in_dims, weight, x_shape=None):
+    return _batching.front(weight, in_dims[0]).transpose(1, 2).contiguous(), 0
+
+
+def _qlinear_batching(op):
+    """A batched input folds into its leading dims (the weights and qparams unbatched); otherwise decline."""
+    def rule(in_dims, qx, *rest):
+        if any(d is not None for d in in_dims[1:]):
+            return NotImplemented
+        return _batching.call(op, (_batching.front(qx, in_dims[0]),) + rest), 0
+    rule.__name__ = f"_{op.name.split('::')[-1].replace('.', '_')}_batching"
+    return rule
+
+
+qlinear_pointwise.def_batching_rule(_qlinear_batching(qlinear_pointwise))
+qlinear_pointwise_tensor.def_batching_rule(_qlinear_batching(qlinear_pointwise_tensor))

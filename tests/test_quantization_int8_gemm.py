@@ -1,0 +1,217 @@
+"""The int8 GEMM of compiled quantized graphs: the kernel (`flambeau/_backends/cpu_int8.cpp`, AVX-512
+VNNI, and its NumPy fallback) and the `onednn::qlinear_pointwise` op against PyTorch's x86 (oneDNN)
+op bit for bit; the inductor's pass (`flambeau/_inductor/quantization.py`) rewriting dequantize ->
+linear/mm/addmm (-> relu) (-> quantize) into it, with per-tensor and per-channel weights, u8 and s8
+activations and dynamic (tensor) qparams, compiled results equal to PyTorch's fused ops; a
+PT2E-converted MLP compiled with every linear layer as an int8 GEMM, within one output step of the
+eager q/dq graph."""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+from flambeau._backends import cpu_int8
+from flambeau._dynamo.testing import no_unexpected_fallbacks
+from flambeau._inductor import config as inductor_config
+from flambeau.ao.quantization.quantize_pt2e import capture_pre_autograd_graph, convert_pt2e, prepare_pt2e
+from flambeau.ao.quantization.quantizer import x86_inductor_quantizer as xiq
+from tests.conftest import spy_compile_fx
+from tests.quantization_models import build_mlp, calibration
+
+importlib.import_module("torch.ao.quantization.fx._decomposed")    # registers torch.ops.quantized_decomposed
+QD = flambeau.ops.quantized_decomposed
+TQD = torch.ops.quantized_decomposed
+OUT = {"float32": (np.float32, torch.float32), "uint8": (np.uint8, torch.uint8), "int8": (np.int8, torch.int8)}
+
+
+def _torch_qlinear(qx, x_scale, x_zp, qw, w_scales, bias, out_scale, out_zp, out_dtype, post):
+    packed = torch.ops.onednn.qlinear_prepack(torch.tensor(qw), list(qx.shape))
+    return torch.ops.onednn.qlinear_pointwise(torch.tensor(qx), x_scale, x_zp, packed, torch.tensor(w_scales),
+                                              torch.zeros(len(w_scales), dtype=torch.int64),
+                                              None if bias is None else torch.tensor(bias), out_scale, out_zp,
+                                              OUT[out_dtype][1], post, [], "").numpy()
+
+
+def _problem(rng, M, K, N, signed):
+    qx = rng.integers(-128, 128, (M, K)).astype(np.int8) if signed else rng.integers(0, 256, (M, K)).astype(np.uint8)
+    qw = rng.integers(-127, 128, (N, K)).astype(np.int8)
+    return qx, qw, rng.uniform(0.001, 0.02, N).astype(np.float32), rng.standard_normal(N).astype(np.float32)
+
+
+KERNEL_CASES = [  # M, K, N, signed activations, relu, output dtype
+    (64, 128, 48, False, False, "float32"), (7, 20, 5, False, True, "uint8"), (33, 77, 70, True, False, "float32"),
+    (130, 256, 100, False, True, "uint8"), (5, 19, 3, True, True, "int8"), (1, 4, 1, False, False, "float32"),
+    (97, 1030, 65, False, False, "uint8"), (20, 600, 300, True, True, "uint8")]   # threads split rows / columns
+
+
+@pytest.mark.parametrize("numpy_fallback", [False, True], ids=["vnni", "numpy"])
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=[str(c[:3]) + ("s8" if c[3] else "u8") + c[5] for c in KERNEL_CASES])
+def test_kernel_equals_pytorchs_onednn_qlinear(case, numpy_fallback, monkeypatch):
+    """Tile edges (M, N not multiples of 12/32, K not of 4), several threads, both activation types and
+    all outputs: the integers and the epilogue's roundings equal oneDNN's exactly."""
+    if not numpy_fallback and not cpu_int8.vnni():
+        pytest.skip("no AVX-512 VNNI here")
+    if numpy_fallback:
+        monkeypatch.setitem(cpu_int8._state, "fns", None)
+    M, K, N, signed, relu, od = case
+    rng = np.random.default_rng(M * K + N)
+    qx, qw, ws, b = _problem(rng, M, K, N, signed)
+    x_scale, x_zp = 0.037, (5 if signed else 128)
+    out_scale, out_zp = (1.0, 0) if od == "float32" else (0.07, -2 if od == "int8" else 3)
+    got = cpu_int8.qlinear(qx, x_scale, x_zp, qw.T, ws, np.zeros(N, np.int64), b, out_scale, out_zp, OUT[od][0], relu)
+    want = _torch_qlinear(qx, x_scale, x_zp, qw, ws, b, out_scale, out_zp, od, "relu" if relu else "none")
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_weight_zero_points_are_honoured():
+    """PyTorch's x86 weights are symmetric (it ignores a weight zero point); ours subtracts it: vs int64 math."""
+    rng = np.random.default_rng(3)
+    qx, qw, ws, b = _problem(rng, 30, 50, 40, False)
+    wz = rng.integers(-5, 6, 40)
+    got = cpu_int8.qlinear(qx, 0.05, 100, qw.T, ws, wz, b, 1.0, 0, np.float32)
+    acc = (qx.astype(np.int64) - 100) @ (qw.astype(np.int64) - wz[:, None]).T
+    np.testing.assert_array_equal(got, (acc.astype(np.float32) * np.float32(0.05)) * ws + b)
+
+
+# ---- the inductor's pass ---------------------------------------------------------------------------
+def _externs(made) -> list:
+    """The op names of the extern calls of the graphs compiled."""
+    return [getattr(e.op, "name", str(e.op)) for c in made for e in c.artifact.externs]
+
+
+def _layer(m, qd, x, qw, ws, bias, x_scale, x_zp, xdt, form, per_channel, relu, out):
+    """A q -> dq -> linear (-> relu) (-> q) layer written with `m`'s ops (flambeau or torch); `ws` is a
+    tensor of scales per channel, a float per tensor."""
+    qx = qd.quantize_per_tensor.default(x, x_scale, x_zp, *_RANGE[xdt], getattr(m, xdt))
+    dx = qd.dequantize_per_tensor.default(qx, x_scale, x_zp, *_RANGE[xdt], getattr(m, xdt))
+    if per_channel:
+        dw = qd.dequantize_per_channel.default(qw, ws, m.zeros(ws.shape[0], dtype=m.int64), 0, -128, 127, m.int8)
+    else:
+        dw = qd.dequantize_per_tensor.default(qw, ws, 0, -128, 127, m.int8)
+    if form == "linear":
+        y = m.nn.functional.linear(dx, dw, bias)
+    elif form == "mm":
+        y = m.mm(dx, dw.permute(1, 0))
+    else:
+        y = m.addmm(bias, dx, dw.permute(1, 0))
+    if relu:
+        y = m.relu(y)
+    if out is not None:
+        y = qd.quantize_per_tensor.default(y, out[0], out[1], *_RANGE[out[2]], getattr(m, out[2]))
+    return y
+
+
+_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+PASS_CASES = {   # form, per_channel, activation dtype, relu, requantized output (scale, zp, dtype)
+    "linear_per_channel": ("linear", True, "uint8", False, None),
+    "linear_relu_requant": ("linear", True, "uint8", True, (0.05, 2, "uint8")),
+    "linear_per_tensor_s8": ("linear", False, "int8", False, None),
+    "mm_requant_s8": ("mm", True, "uint8", False, (0.3, -1, "int8")),
+    "addmm_relu": ("addmm", False, "uint8", True, None),
+}
+
+
+def _onednn_reference(x, qw, ws, bias, x_scale, x_zp, xdt, relu, out):
+    qx = TQD.quantize_per_tensor.default(torch.tensor(x), x_scale, x_zp, *_RANGE[xdt], getattr(torch, xdt)).numpy()
+    out_scale, out_zp, od = (1.0, 0, "float32") if out is None else out
+    return _torch_qlinear(qx, x_scale, x_zp, qw, ws, bias, out_scale, out_zp, od, "relu" if relu else "none")
+
+
+@pytest.mark.parametrize("case", list(PASS_CASES))
+def test_compiled_pattern_becomes_one_int8_gemm_equal_to_pytorchs(case, monkeypatch):
+    form, per_channel, xdt, relu, out = PASS_CASES[case]
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((24, 40)) * 2).astype(np.float32)
+    _, qw, ws, b = _problem(rng, 1, 40, 36, False)
+    bias = None if form == "mm" else b
+    x_scale, x_zp = 0.03, (0 if xdt == "int8" else 120)
+    if not per_channel:
+        ws = np.full_like(ws, ws[0])
+    fws, fqw = flambeau.tensor(ws) if per_channel else float(ws[0]), flambeau.tensor(qw)
+    fb = None if bias is None else flambeau.tensor(bias)
+
+    def fn(t):
+        return _layer(flambeau, QD, t, fqw, fws, fb, x_scale, x_zp, xdt, form, per_channel, relu, out)
+    made = spy_compile_fx(monkeypatch, [])
+    with flambeau.no_grad(), no_unexpected_fallbacks():
+        got = flambeau.compile(fn)(flambeau.tensor(x)).numpy()
+    assert _externs(made) == ["onednn::qlinear_prepack", "onednn::qlinear_pointwise"], _externs(made)
+    want = _onednn_reference(x, qw, ws, bias, x_scale, x_zp, xdt, relu, out)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    eager = fn(flambeau.tensor(x)).numpy()            # the q/dq float graph: within one output step
+    step = 1 if out is not None else 1e-5 * max(1.0, float(np.abs(want).max()))
+    assert np.abs(got.astype(np.float64) - eager.astype(np.float64)).max() <= step
+
+
+def test_dynamic_qparams_use_the_tensor_overload(monkeypatch):
+    """choose_qparams -> quantize/dequantize.tensor -> linear (the dynamic PT2E config) runs
+    qlinear_pointwise.tensor, equal to PyTorch's op with the same qparams."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((9, 40)) * 3).astype(np.float32)
+    _, qw, ws, b = _problem(rng, 1, 40, 20, False)
+
+    fqw, fws, fwz, fb = flambeau.tensor(qw), flambeau.tensor(ws), flambeau.zeros(20, dtype=flambeau.int64), \
+        flambeau.tensor(b)
+
+    def fn(t):
+        s, z = QD.choose_qparams.tensor(t, 0, 255, 1.1920928955078125e-07, flambeau.uint8)
+        qx = QD.quantize_per_tensor.tensor(t, s, z, 0, 255, flambeau.uint8)
+        dx = QD.dequantize_per_tensor.tensor(qx, s, z, 0, 255, flambeau.uint8)
+        dw = QD.dequantize_per_channel.default(fqw, fws, fwz, 0, -128, 127, flambeau.int8)
+        return flambeau.nn.functional.linear(dx, dw, fb)
+    made = spy_compile_fx(monkeypatch, [])
+    with flambeau.no_grad(), no_unexpected_fallbacks():
+        got = flambeau.compile(fn)(flambeau.tensor(x)).numpy()
+    assert _externs(made) == ["onednn::qlinear_prepack", "onednn::qlinear_pointwise.tensor"], _externs(made)
+    s, z = TQD.choose_qparams.tensor(torch.tensor(x), 0, 255, 1.1920928955078125e-07, torch.uint8)
+    qx = TQD.quantize_per_tensor.tensor(torch.tensor(x), s, z, 0, 255, torch.uint8).numpy()
+    want = _torch_qlinear(qx, float(s), int(z), qw, ws, b, 1.0, 0, "float32", "none")
+    np.testing.assert_array_equal(got, want)
+
+
+def test_pt2e_mlp_compiles_every_linear_layer_to_the_int8_gemm(monkeypatch):
+    """A converted MLP (X86InductorQuantizer, per-channel weights): three int8 GEMMs, no float mm, no
+    q/dq kernels between them; outputs within one step of the last layer's input scale of eager's."""
+    flambeau.manual_seed(0)
+    model = build_mlp(flambeau, skip=False).eval()
+    data = calibration((16, 20))
+    prepared = prepare_pt2e(capture_pre_autograd_graph(model, (flambeau.tensor(data[0]),)),
+                            xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config()))
+    for x in data:
+        prepared(flambeau.tensor(x))
+    converted = convert_pt2e(prepared)
+    made = spy_compile_fx(monkeypatch, [])
+    x = flambeau.tensor(data[1])
+    with flambeau.no_grad(), no_unexpected_fallbacks():
+        got = flambeau.compile(converted)(x).numpy()
+    assert _externs(made) == ["onednn::qlinear_prepack", "onednn::qlinear_pointwise"] * 3, _externs(made)
+    assert sum(len(c.artifact.kernels) for c in made) == 1      # the input's quantize; none between the layers
+    with flambeau.no_grad():
+        eager = converted(x).numpy()
+    # exact integer sums vs float sums of dequantized values: float rounding only on these inputs (a
+    # requantization flipped by it would move the output by a whole step, ~1e-2)
+    np.testing.assert_allclose(got, eager, rtol=0, atol=1e-5 * np.abs(eager).max())
+    monkeypatch.setattr(inductor_config, "quantized_linear", False)
+    flambeau._dynamo.reset()
+    with flambeau.no_grad():
+        floats = flambeau.compile(converted)(x).numpy()
+    np.testing.assert_allclose(floats, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_a_bias_being_trained_keeps_the_float_path(monkeypatch):
+    """Grad mode on and a bias requiring grad: the int8 op has no derivative, so the layer stays float
+    and its bias gets a gradient."""
+    rng = np.random.default_rng(5)
+    _, qw, ws, b = _problem(rng, 1, 16, 8, False)
+    fqw, fws, fb = flambeau.tensor(qw), flambeau.tensor(ws), flambeau.tensor(b, requires_grad=True)
+    made = spy_compile_fx(monkeypatch, [])
+    out = flambeau.compile(lambda t: _layer(flambeau, QD, t, fqw, fws, fb, 0.05, 128, "uint8", "linear", True, False,
+                                            None))(flambeau.tensor(rng.standard_normal((4, 16)).astype(np.float32)))
+    out.sum().backward()
+    assert "onednn::qlinear_pointwise" not in _externs(made) and fb.grad is not None
