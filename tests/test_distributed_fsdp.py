@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tests.dist_helpers import launch
-from tests.dist_workers.tp_models import B, STEPS, build_model, fsdp_batch
+from bench import gpu_models
+from tests.dist_workers.tp_models import B, STEPS, TIED_GPT, build_model, fsdp_batch, tied_batch
 
 Model = build_model(torch)
 
@@ -59,6 +60,24 @@ def test_fsdp_training_equals_one_process_on_the_whole_batch(ranks, tag):
             np.testing.assert_allclose(res[f"{tag}/final/{k}"], v, rtol=1e-9, atol=1e-11, err_msg=f"rank {r} {k}")
         # the forward sees whole gathered parameters (plain tensors), not the shards
         assert str(res[f"{tag}/seen"][0]) == "torch.float64,Tensor,(12, 12)"
+
+
+def test_tied_parameter_stays_one_parameter(ranks):
+    """GPT-2's lm_head weight is wte's: sharded once, its two uses' gradients summed, as one process trains."""
+    model = gpu_models.gpt(torch, **TIED_GPT).double()
+    prefix = "tied/init/"
+    model.load_state_dict({k[len(prefix):]: torch.from_numpy(v) for k, v in ranks[0].items() if k.startswith(prefix)})
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    losses = []
+    for step in range(STEPS):
+        loss = model(*(torch.from_numpy(a) for a in tied_batch(step, len(ranks))))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    for res in ranks:
+        assert bool(res["tied/still_tied"])
+        np.testing.assert_allclose(res["tied/losses"], losses, rtol=1e-10, atol=1e-12)
 
 
 def test_unused_parameter_leaves_its_grad_none(ranks):

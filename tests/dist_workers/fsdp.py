@@ -13,7 +13,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tp_models import B, STEPS, build_model, fsdp_batch  # noqa: E402
+from tp_models import B, STEPS, TIED_GPT, build_model, fsdp_batch, tied_batch  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 out_dir = sys.argv[1]
 dist.init_process_group("gloo")
@@ -114,8 +115,34 @@ def overlap():
     res["overlap/timeline"] = np.array(timeline)
 
 
+def tied():
+    """The small GPT (lm_head's weight is wte's) sharded per block and at the root: the tie must hold."""
+    from bench import gpu_models
+    torch.manual_seed(0)
+    model = gpu_models.gpt(torch, **TIED_GPT).double()
+    for k, v in model.state_dict().items():
+        res[f"tied/init/{k}"] = v.numpy().copy()
+    for b in model.h:
+        fully_shard(b, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    res["tied/still_tied"] = np.array(model.lm_head.weight is model.wte.weight)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    losses = []
+    for step in range(STEPS):
+        idx, tgt = (torch.from_numpy(a[rank * B:(rank + 1) * B]) for a in tied_batch(step, world))
+        loss = model(idx, tgt)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.AVG)
+        losses.append(total.item())
+    res["tied/losses"] = np.array(losses)
+
+
 train("reshard", True)
 train("unused", True, unused=True)
+tied()
 overlap()
 train("keep", False)
 train("accumulate", True, accumulate=True)

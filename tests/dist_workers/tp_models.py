@@ -5,6 +5,7 @@ import math
 import numpy as np
 
 H, HEADS, HIDDEN, B, S, STEPS, OUT = 12, 6, 24, 2, 6, 3, 5
+TIED_GPT = dict(vocab=16, block=8, d=8, layers=2, heads=2)     # bench/gpu_models.gpt: lm_head tied to wte
 
 
 def build(torch):
@@ -74,3 +75,10 @@ def batch(torch, step):
     x = torch.from_numpy(g.standard_normal((B, S, H)))
     y = torch.from_numpy(g.standard_normal((B, S, H)))
     return x, y
+
+
+def tied_batch(step, world):
+    """Token ids and targets (numpy) of the tied-GPT FSDP step `step`: B rows per rank."""
+    g = np.random.default_rng(3000 + step)
+    return (g.integers(0, TIED_GPT["vocab"], (B * world, TIED_GPT["block"])),
+            g.integers(0, TIED_GPT["vocab"], (B * world, TIED_GPT["block"])))

@@ -71,13 +71,20 @@ class _Param:
 
     `shape` is the shape FSDP gathers (the whole parameter, or this rank's tensor-parallel piece);
     `layout` the sharded DTensor's (mesh, placements, global shape); `tp` the tensor-parallel layout of the
-    gathered leaf, (tp mesh, placement, global shape), or None when the leaf is a plain tensor."""
-    __slots__ = ("owner", "name", "sharded", "shape", "unsharded", "layout", "tp")
+    gathered leaf, (tp mesh, placement, global shape), or None when the leaf is a plain tensor. `slots` are
+    the (module, attribute name) pairs holding it: more than one for a tied parameter (GPT-2's wte and
+    lm_head weight), which stays one parameter, sharded, gathered and reduced once."""
+    __slots__ = ("slots", "sharded", "shape", "unsharded", "layout", "tp")
 
     def __init__(self, owner, name: str, sharded: DTensor, shape: tuple, layout: tuple, tp=None) -> None:
-        self.owner, self.name, self.sharded, self.shape = owner, name, sharded, shape
+        self.slots, self.sharded, self.shape = [(owner, name)], sharded, shape
         self.layout, self.tp = layout, tp
         self.unsharded = None
+
+    def install(self, t: Tensor) -> None:
+        """Make `t` the parameter in every module slot holding this one."""
+        for owner, name in self.slots:
+            owner._parameters[name] = t
 
     def leaf(self, full: Tensor) -> Tensor:
         """The gathered parameter the forward uses: `full`, or a DTensor of the TP layout around it."""
@@ -151,15 +158,16 @@ class _ParamGroup:
         self.replicate_group = mesh.get_group(0) if shard_dim else None
         self.n, self.rank = mesh.size(shard_dim), mesh.get_local_rank(shard_dim)
 
-    def add(self, owner, name: str, p) -> None:
+    def add(self, owner, name: str, p) -> _Param:
         shape = tuple(p.shape)
         local = _no_grad(redistribute_local, p.detach(), self.mesh, (Replicate(),) * self.mesh.ndim,
                          self.placements, shape)
         sharded = Parameter(DTensor._make(local.contiguous(), self.mesh, self.placements, shape), p.requires_grad)
         owner._parameters[name] = sharded
         self.params.append(_Param(owner, name, sharded, shape, (self.mesh, self.placements, shape)))
+        return self.params[-1]
 
-    def add_tensor_parallel(self, owner, name: str, p: DTensor) -> None:
+    def add_tensor_parallel(self, owner, name: str, p: DTensor) -> _Param:
         """FSDP x TP: `p` is a DTensor on a 1-D tensor-parallel mesh; this group's 1-D mesh and that one are
         slices of one 2-D root mesh. This rank's TP piece is sharded on dim 0 over this mesh, the result a
         DTensor on the 2-D (fsdp, tp) mesh: `(Shard(0), tp placement)`. A piece whose TP placement is
@@ -188,8 +196,10 @@ class _ParamGroup:
             piece = _no_grad(redistribute_local, local, self.mesh, (Replicate(),), (Shard(0),), tuple(local.shape))
             layout = (mesh2d, (Shard(0), tp_p), gshape)
             sharded = Parameter(DTensor._make(piece.contiguous(), *layout), p.requires_grad)
-            self.params.append(_Param(owner, name, sharded, tuple(local.shape), layout, tp))
+            fp = _Param(owner, name, sharded, tuple(local.shape), layout, tp)
+            self.params.append(fp)
         owner._parameters[name] = sharded
+        return fp
 
     def _on_replica_grad(self, fp: _Param):
         def average_replica_grad(t: Tensor) -> None:
@@ -268,11 +278,11 @@ class _ParamGroup:
 
     def use_unsharded(self) -> None:
         for fp in self.params + self.replicas:
-            fp.owner._parameters[fp.name] = fp.unsharded
+            fp.install(fp.unsharded)
 
     def use_sharded(self) -> None:
         for fp in self.params + self.replicas:
-            fp.owner._parameters[fp.name] = fp.sharded
+            fp.install(fp.sharded)
 
     def reshard(self) -> None:
         """Drop the gathered memory (the tensors stay, for autograd's saved references)."""
@@ -502,14 +512,18 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None, reshard_after_forward
                          f"dim 0, shard over dim 1), got {mesh.ndim}-D")
     ignored = {id(p) for p in (ignored_params or ())}
     group = _ParamGroup(module, mesh, reshard_after_forward, mp_policy)
+    managed: dict = {}                  # id of an original parameter -> its _Param (tied parameters stay one)
     for owner in module.modules():
         for name, p in list(owner._parameters.items()):
             if p is None or id(p) in ignored or getattr(p, FSDP_SHARDED_ATTR, False):   # a nested group's
                 continue
-            if isinstance(p, DTensor):
-                group.add_tensor_parallel(owner, name, p)
-            else:
-                group.add(owner, name, p)
+            fp = managed.get(id(p))
+            if fp is not None:
+                fp.slots.append((owner, name))
+                owner._parameters[name] = fp.sharded
+                continue
+            managed[id(p)] = group.add_tensor_parallel(owner, name, p) if isinstance(p, DTensor) \
+                else group.add(owner, name, p)
     for fp in group.params + group.replicas:
         setattr(fp.sharded, FSDP_SHARDED_ATTR, True)
     cls = type(module)
