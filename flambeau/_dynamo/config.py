@@ -6,6 +6,7 @@ automatic_dynamic_shapes: bool = True  # a recompile caused by a size change mak
 suppress_errors: bool = False        # True: an internal or backend error runs the frame eagerly, with a warning
 max_inline_depth: int = 64           # nested inlined calls before the call breaks the graph
 inline_inbuilt_nn_modules: bool = True   # trace built-in layers' forwards (False: one call_module node each)
+optimize_ddp: bool = True           # compiled DDP modules: graph split at gradient-bucket boundaries (backends/distributed.py)
 trace_numpy: bool = True             # NumPy arrays and np.* calls become graph nodes (flambeau._numpy); False: graph breaks
 
 # the minifier (flambeau._dynamo.repro; PyTorch's TORCHDYNAMO_REPRO_AFTER / _LEVEL)

@@ -24,6 +24,7 @@ from typing import Callable
 from ..nn.modules.module import Module
 from . import config, _logging, resume
 from .._counters import counters, record_fallback
+from .backends.distributed import ddp_optimizer_for
 from .backends.registry import lookup_backend
 from .exc import InternalTorchDynamoError, SkipFrame, TorchDynamoException, Unsupported
 from .convert_frame import convert_frame, CompileStats
@@ -291,7 +292,7 @@ def wrap_inline(fn):
 def optimize_for_compiler(model, backend, *, fullgraph: bool = False, dynamic=None, module=None):
     """The front-end entry point `flambeau.compile` uses: a callable running `model` compiled."""
     if isinstance(model, Module):
-        return _ModuleCall(model, backend, fullgraph, dynamic)
+        return _ModuleCall(model, ddp_optimizer_for(model, backend), fullgraph, dynamic)
     return CompiledFunction(wrap_inline(model), backend, fullgraph=fullgraph, dynamic=dynamic)
 
 

@@ -256,6 +256,7 @@ class DistributedDataParallel(Module):
             self._sync_module_states()
         cap = int((DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * MB)
         first = FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap       # PyTorch: a given cap applies to all
+        self.bucket_bytes_cap, self.first_bucket_bytes_cap = cap, first    # read by the compiler's DDPOptimizer
         self.reducer = _Reducer(params, self.process_group, cap, first, find_unused_parameters,
                                 gradient_as_bucket_view)
 

@@ -1,0 +1,166 @@
+"""DDPOptimizer: a DDP-wrapped module's captured graph split at its gradient-bucket boundaries.
+
+A compiled graph is one autograd Function: its backward returns every parameter's gradient at the end,
+so DDP's buckets could only start their all-reduces after the whole backward, with nothing left to
+overlap. Like PyTorch's `torch._dynamo.backends.distributed.DDPOptimizer`, when `flambeau.compile` is
+given a `DistributedDataParallel` module (and `config.optimize_ddp` is on), its graph is cut into
+subgraphs holding about one bucket of parameters each, walking the graph from its end as DDP fills
+buckets from the last parameters (the first bucket `first_bucket_bytes`, then `bucket_bytes_cap`).
+Each subgraph is compiled by the real backend, so each is its own autograd Function: the gradients of
+the last subgraph's parameters are complete once its backward ends, before the earlier subgraphs'
+backward runs. (Their bucket's all-reduce starts from DDP's post-accumulate hooks; flambeau's autograd
+engine runs a leaf's AccumulateGrad in creation order, not first as PyTorch's does, so after the first
+step those hooks may still wait for the earlier subgraphs: the split is there, the overlap depends on
+the engine.)
+
+Subgraph example inputs come from running the graph once on the example inputs under no_grad. Graphs with
+symbolic sizes (`dynamic=True`) or with one bucket's worth of parameters are compiled whole; the
+reason is logged on `flambeau._dynamo` at DEBUG.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from ..._tensor import Tensor
+from ...fx.graph import Graph
+from ...fx.graph_module import GraphModule
+from ...fx.interpreter import Interpreter
+from ...fx.node import map_arg
+from ...nn.parallel.distributed import DistributedDataParallel
+from ...nn.parameter import Parameter
+from .. import config
+
+log = logging.getLogger("flambeau._dynamo")
+SKIPPED_OPS = ("placeholder", "output")
+
+
+def ddp_optimizer_for(model, backend: Callable) -> Callable:
+    """`backend`, wrapped by a DDPOptimizer when `model` is a DDP module and `config.optimize_ddp` is on."""
+    if config.optimize_ddp and isinstance(model, DistributedDataParallel):
+        return DDPOptimizer(model.bucket_bytes_cap, backend, first_bucket_bytes=model.first_bucket_bytes_cap)
+    return backend
+
+
+class DDPOptimizer:
+    """`DDPOptimizer(bucket_bytes_cap, backend_compile_fn)(gm, example_inputs)`: see the module docstring.
+    `subgraphs` is the number of pieces the last graph was compiled in."""
+
+    def __init__(self, bucket_bytes_cap: int, backend_compile_fn: Callable, first_bucket_bytes: int | None = None):
+        self.bucket_bytes_cap = bucket_bytes_cap
+        self.first_bucket_bytes = bucket_bytes_cap if first_bucket_bytes is None else first_bucket_bytes
+        self.backend_compile_fn = backend_compile_fn
+        self.compiler_name = f"ddp_optimizer({getattr(backend_compile_fn, '__name__', 'backend')})"
+        self.subgraphs = 0
+
+    def __call__(self, gm: GraphModule, example_inputs: list) -> Callable:
+        if "shape_env" in gm.meta:
+            return self._whole(gm, example_inputs, "symbolic sizes")
+        parts = self.partitions(gm)
+        if max(parts.values(), default=0) == 0:
+            return self._whole(gm, example_inputs, "its parameters fit one bucket")
+        pieces = _split(gm, parts)
+        compiled = _compile_pieces(pieces, example_inputs, self.backend_compile_fn)
+        self.subgraphs = len(compiled)
+        log.debug("DDPOptimizer: graph split in %d subgraphs at bucket boundaries", len(compiled))
+
+        def run_ddp_subgraphs(*args):
+            env = dict(zip(pieces[0].graph_inputs, args))
+            for piece, fn in zip(pieces, compiled):
+                out = fn(*[env[n] for n in piece.inputs])
+                env.update(zip(piece.outputs, out))
+            return _final_output(gm, env)
+        return run_ddp_subgraphs
+
+    def _whole(self, gm, example_inputs, reason: str) -> Callable:
+        log.debug("DDPOptimizer: graph compiled whole (%s)", reason)
+        self.subgraphs = 1
+        return self.backend_compile_fn(gm, example_inputs)
+
+    def partitions(self, gm: GraphModule) -> dict:
+        """node -> partition index (0 first in the graph), cutting a new one whenever the bucket being
+        filled from the end of the graph is full."""
+        buckets: list = [[0, []]]             # [bytes, nodes], last partition first
+        for node in reversed(list(gm.graph.nodes)):
+            if node.op in SKIPPED_OPS:
+                continue
+            cap = self.first_bucket_bytes if len(buckets) == 1 else self.bucket_bytes_cap
+            if buckets[-1][0] >= cap:
+                buckets.append([0, []])
+            if node.op == "get_attr":
+                value = _attr(gm, node.target)
+                if isinstance(value, Parameter) and value.requires_grad:
+                    buckets[-1][0] += value.numel() * value.element_size()
+            buckets[-1][1].append(node)
+        if not buckets[-1][1] or buckets[-1][0] == 0 and len(buckets) > 1:
+            tail = buckets.pop()              # no parameters left: fold into the partition after it
+            buckets[-1][1].extend(tail[1])
+        last = len(buckets) - 1
+        return {n: last - i for i, (_, nodes) in enumerate(buckets) for n in nodes}
+
+
+class _Piece:
+    """One subgraph: its GraphModule, the original nodes it takes and gives."""
+
+    def __init__(self, gm: GraphModule, inputs: list, outputs: list, graph_inputs: list) -> None:
+        self.gm, self.inputs, self.outputs, self.graph_inputs = gm, inputs, outputs, graph_inputs
+
+
+def _attr(gm, target: str):
+    obj = gm
+    for name in target.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def _split(gm: GraphModule, parts: dict) -> list:
+    """One GraphModule per partition: inputs are the original placeholders and values of earlier
+    partitions it uses, outputs the values later partitions or the graph's output use."""
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    out_node = next(n for n in nodes if n.op == "output")
+    count = max(parts.values()) + 1
+    pieces = []
+    for k in range(count):
+        mine = [n for n in nodes if parts.get(n) == k]
+        needed, seen = [], set()
+        for n in mine:
+            for a in n.all_input_nodes:
+                if parts.get(a) != k and a not in seen:
+                    seen.add(a)
+                    needed.append(a)
+        later = [n for n in mine if any(parts.get(u, count) > k for u in n.users) or n in out_node.all_input_nodes]
+        graph = Graph()
+        env = {a: graph.placeholder(a.name) for a in needed}
+        for n in mine:
+            env[n] = graph.node_copy(n, lambda a: env[a])
+        graph.output(tuple(env[n] for n in later))
+        sub = GraphModule(gm, graph, f"DDPSubgraph{k}")
+        pieces.append(_Piece(sub, needed, later, placeholders))
+    return pieces
+
+
+def _compile_pieces(pieces: list, example_inputs: list, backend: Callable) -> list:
+    """Each piece compiled by `backend` on example inputs found by running the pieces in order (in the
+    caller's grad mode, so a value passed between pieces requires grad as it will when the graph runs:
+    AOT autograd differentiates only with respect to inputs that do)."""
+    env = dict(zip(pieces[0].graph_inputs, example_inputs))
+    compiled = []
+    for piece in pieces:
+        args = [env[n] for n in piece.inputs]
+        compiled.append(backend(piece.gm, args))
+        out = Interpreter(piece.gm).run(*args)
+        env.update((n, _detached(v)) for n, v in zip(piece.outputs, out))
+    return compiled
+
+
+def _detached(value):
+    if isinstance(value, Tensor):
+        return value.detach().requires_grad_(value.requires_grad)
+    return value
+
+
+def _final_output(gm: GraphModule, env: dict):
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    return map_arg(out_node.args[0], lambda n: env[n])
+

@@ -1,0 +1,67 @@
+"""DDP under flambeau.compile on 2 ranks (the DDPOptimizer): a 4-layer MLP whose buckets hold one layer each
+is trained 3 steps compiled (aot_eager, graph split at bucket boundaries), compiled with
+`optimize_ddp=False` (one graph) and eagerly, from the same weights on the same data slices; subgraph
+counts, losses and final weights to <out>/rank<R>.npz. A flambeau script (the compiler has no PyTorch twin here)."""
+import os
+import sys
+
+import numpy as np
+
+import flambeau as torch
+import flambeau.distributed as dist
+import flambeau.nn as nn
+from flambeau._dynamo import config
+from flambeau._dynamo.backends.registry import lookup_backend
+from flambeau.nn.parallel import DistributedDataParallel as DDP
+
+out_dir = sys.argv[1]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+WIDTH, LAYERS, STEPS, BATCH = 32, 4, 3, 4
+LAYER_BYTES = (WIDTH * WIDTH + WIDTH) * 4           # one Linear's float32 weight and bias: one bucket each
+res = {}
+
+
+def batch(step):
+    g = np.random.default_rng(300 + step)
+    x = g.standard_normal((BATCH * world, WIDTH)).astype(np.float32)
+    y = g.standard_normal((BATCH * world, WIDTH)).astype(np.float32)
+    return torch.from_numpy(x[rank * BATCH:(rank + 1) * BATCH]), torch.from_numpy(y[rank * BATCH:(rank + 1) * BATCH])
+
+
+def train(tag, compiled, optimize_ddp=True):
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.Tanh())])
+    ddp = DDP(model, bucket_cap_mb=LAYER_BYTES / 2 ** 20)
+    graphs = []
+
+    def counting_aot_eager(gm, example_inputs):
+        graphs.append(gm)
+        return lookup_backend("aot_eager")(gm, example_inputs)
+    config.optimize_ddp = optimize_ddp
+    try:
+        run = torch.compile(ddp, backend=counting_aot_eager) if compiled else ddp
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        losses = []
+        for step in range(STEPS):
+            x, y = batch(step)
+            loss = ((run(x) - y) ** 2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total = loss.detach().clone()
+            dist.all_reduce(total, op=dist.ReduceOp.AVG)
+            losses.append(total.item())
+    finally:
+        config.optimize_ddp = True
+    res[f"{tag}/graphs"] = np.array(len(graphs))
+    res[f"{tag}/losses"] = np.array(losses)
+    for k, v in model.state_dict().items():
+        res[f"{tag}/final/{k}"] = v.numpy().copy()
+
+
+train("eager", False)
+train("split", True)
+train("whole", True, optimize_ddp=False)
+np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **res)
+dist.destroy_process_group()

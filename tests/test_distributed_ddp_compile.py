@@ -1,0 +1,35 @@
+"""DDPOptimizer (flambeau/_dynamo/backends/distributed.py) on 2 MPI ranks (tests/dist_workers/ddp_compile.py):
+a compiled DDP module's graph is split at its bucket boundaries, one subgraph per bucket, and trains to
+eager DDP's losses and weights; with `optimize_ddp=False` the graph stays whole."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tests.dist_helpers import launch
+
+WORLD, LAYERS = 2, 4
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp_compile")
+    rc, so, se = launch("ddp_compile.py", WORLD, str(out))
+    assert rc == 0, f"workers failed (rc {rc}):\n{so}\n{se}"
+    return [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(WORLD)]
+
+
+def test_compiled_ddp_graph_is_split_one_subgraph_per_bucket(ranks):
+    for res in ranks:
+        assert int(res["split/graphs"]) == LAYERS
+        assert int(res["whole/graphs"]) == 1
+
+
+@pytest.mark.parametrize("tag", ["split", "whole"])
+def test_compiled_ddp_trains_as_eager_ddp(ranks, tag):
+    for res in ranks:
+        np.testing.assert_allclose(res[f"{tag}/losses"], res["eager/losses"], rtol=1e-6)
+        for k in [k for k in res if k.startswith("eager/final/")]:
+            np.testing.assert_allclose(res[k.replace("eager", tag, 1)], res[k], rtol=1e-5, atol=1e-6, err_msg=k)
