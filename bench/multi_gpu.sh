@@ -7,7 +7,8 @@
 #   (c) GPT-2 124M, B 8 x T 1024 per GPU, bf16 autocast, AdamW: DDP on 2 GPUs vs 1 GPU on the same global
 #       batch (losses), vs 1 GPU on B 8 (scaling efficiency), next to PyTorch DDP (bench/distributed_train.py)
 #   (d) FSDP2 (fully_shard) when flambeau has it; (e) a distributed checkpoint saved by 2 ranks and loaded by 1
-#       when flambeau has flambeau.distributed.checkpoint
+#       when flambeau has flambeau.distributed.checkpoint; (f) 2-way tensor parallel (parallelize_module,
+#       Megatron layout) vs 1 process on the same rows
 #
 #   bench/multi_gpu.sh [OUT_DIR]        env: DEVICE=cuda|cpu (cpu: the MPI engine and a small GPT, to check
 #                                       this script's logic without GPUs), NPROC (2), TOTAL_S (seconds for the
@@ -66,6 +67,10 @@ if has flambeau.distributed.checkpoint save; then
 else
     echo "(e) skipped: flambeau.distributed.checkpoint.save does not exist on this checkout"
 fi
+
+part f "GPT-2 ${NPROC}-way tensor parallel vs 1 process on the same rows, flambeau vs PyTorch"
+python3 bench/distributed_train.py --device "$DEVICE" --nproc "$NPROC" --parallel tp --modes eager --configs ddp,single \
+    --budget-s "$(left)" "${SIZE[@]}" 2>&1 | tee "$OUT/f_tp.jsonl" || status=1
 
 echo; echo "=== done [$(date -u +%H:%M:%S)], status $status; logs in $OUT"
 exit $status
