@@ -2,6 +2,8 @@
 errors, compositions, per-sample gradients of a CNN, model ensembles, and use under compile."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -302,3 +304,23 @@ def test_transforms_are_captured_under_compile_and_match_eager():
     close(out, f(x))
     assert cnt.frame_count == 1
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize("name,kw", [("sum", {}), ("mean", {"dim": 0, "keepdim": True}), ("amax", {"dim": -1}),
+                                     ("argmax", {"dim": 0}), ("softmax", {"dim": 0}), ("logsumexp", {"dim": [0]}),
+                                     ("max", {"dim": 0})])
+def test_reductions_of_scalar_examples_run_their_rule_not_the_loop(name, kw):
+    """vmap of a reduction whose examples are 0-d (a per-example loss's `.mean()`): the op's batching
+    rule over a new one-element dimension, no loop fallback (its performance warning is an error
+    here); values, shapes and a bad dim's IndexError as torch.func."""
+    x = np.random.default_rng(3).standard_normal(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        got = ff.vmap(lambda v: getattr(fl, name)(v, **kw))(_t(fl, x))
+    want = tf.vmap(lambda v: getattr(torch, name)(v, **kw))(_t(torch, x))
+    if isinstance(want, tuple):
+        assert type(got).__name__ == type(want).__name__
+        got, want = got[0], want[0]
+    close(got, want)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        ff.vmap(lambda v: getattr(fl, name)(v, 1))(_t(fl, x))

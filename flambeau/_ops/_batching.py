@@ -114,10 +114,12 @@ def unary_rule(op):
     return rule
 
 
-def dim_rule(op, *names, extra: int = 0, all_when_none: bool = False):
+def dim_rule(op, *names, extra: int = 0, all_when_none: bool = False, scalar_examples: bool = False):
     """`self` batched; the arguments `names` hold logical dimensions (an int or a list): they shift by
     one past the batch dimension (moved to 0). `extra`: the op's output has that many more
-    dimensions than its input (unsqueeze). `all_when_none`: a None dim means every logical dimension."""
+    dimensions than its input (unsqueeze). `all_when_none`: a None dim means every logical dimension.
+    `scalar_examples`: a reduction-like op whose 0-d examples reduce over themselves (see
+    `_scalar_examples`); other ops leave 0-d examples to the loop, which raises as the op does."""
     idx = [[a.name for a in op._schema.args].index(n) for n in names]
 
     def rule(in_dims, *values):
@@ -125,6 +127,8 @@ def dim_rule(op, *names, extra: int = 0, all_when_none: bool = False):
             return NotImplemented
         x = front(values[0], in_dims[0])
         n = x.dim() - 1 + extra
+        if n == 0 and scalar_examples:
+            return _scalar_examples(op, idx, x, values, all_when_none)
         new = list(values)
         new[0] = x
         for i in idx:
@@ -145,6 +149,32 @@ def dim_rule(op, *names, extra: int = 0, all_when_none: bool = False):
         return out, (tuple(0 for _ in out) if isinstance(out, (tuple, list)) else 0)
     rule.__name__ = f"_{op.__name__}_dim_batching"
     return rule
+
+
+def _scalar_examples(op, idx, x, values, all_when_none: bool):
+    """A dim op on 0-d examples (`loss.mean()` of a per-example scalar): the op over a new dimension 1
+    of one element (the only dims a 0-d tensor takes are 0, -1, [] and None, all meaning itself),
+    that dimension dropped again where keepdim kept it."""
+    new = list(values)
+    new[0] = x.unsqueeze(1)
+    for i in idx:
+        v = values[i]
+        if v is None and not all_when_none:
+            return NotImplemented
+        if isinstance(v, int):
+            wrap_dim(v, 0)                      # the op's IndexError for a dim a 0-d tensor lacks
+        elif v is not None:
+            for d in v:
+                wrap_dim(d, 0)
+        new[i] = 1 if isinstance(v, int) else [1]
+    out = call(op, new)
+
+    def drop(t):
+        return t.squeeze(1) if isinstance(t, Tensor) and t.dim() == 2 else t
+    if isinstance(out, (tuple, list)):
+        items = [drop(t) for t in out]
+        return (type(out)(*items) if hasattr(out, "_fields") else type(out)(items)), tuple(0 for _ in out)
+    return drop(out), 0
 
 
 def full_reduction_rule(op, dim_op):

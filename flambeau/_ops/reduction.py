@@ -884,11 +884,9 @@ def _f_softmin(input, dim=None, _stacklevel=3, dtype=None):
 # ---- vmap: reductions over logical dimensions (shifted past the batch dimension) --------------------
 for _op in (sum, nansum, mean, nanmean, _var, _std, _var_mean, _std_mean, amax, amin, logsumexp, _norm, all, any,
             count_nonzero):
-    _op.def_batching_rule(_batching.dim_rule(_op, "dim", all_when_none=True))
-for _op in (prod, argmax, argmin, aminmax):
-    _op.def_batching_rule(_batching.dim_rule(_op, "dim"))
-for _op in (_max_dim, _min_dim, softmax, log_softmax):
-    _op.def_batching_rule(_batching.dim_rule(_op, "dim"))
+    _op.def_batching_rule(_batching.dim_rule(_op, "dim", all_when_none=True, scalar_examples=True))
+for _op in (prod, argmax, argmin, aminmax, _max_dim, _min_dim, softmax, log_softmax):
+    _op.def_batching_rule(_batching.dim_rule(_op, "dim", scalar_examples=True))
 _max_all.def_batching_rule(_batching.full_reduction_rule(_max_all, amax))
 _min_all.def_batching_rule(_batching.full_reduction_rule(_min_all, amin))
 
