@@ -82,6 +82,16 @@ def test_a_rank_failing_on_one_node_stops_both_with_its_cause(tmp_path):
         assert "Root Cause" in se and "rank: 3" in se and "rank 3 on node 1 raised on purpose" in se, se[-3000:]
 
 
+def test_a_failed_attempt_restarts_every_node(tmp_path):
+    results = _finish(_start_nodes("flaky", tmp_path, "--max-restarts", "1"))
+    assert [rc for rc, _, _ in results] == [0, 0], [se[-3000:] for _, _, se in results]
+    for _, _, se in results:
+        assert "rank 3 on node 1 raised on purpose" in se and "restarting the workers (1/1)" in se, se[-3000:]
+    records = [json.load(open(tmp_path / f"env{r}.json")) for r in range(NODES * PER_NODE)]
+    assert [(rec["rank"], rec["total"], rec["TORCHELASTIC_RESTART_COUNT"]) for rec in records] == \
+        [(r, 6.0, "1") for r in range(NODES * PER_NODE)]
+
+
 def test_a_stopped_node_stops_the_other(tmp_path):
     procs = _start_nodes("hang", tmp_path)
     try:

@@ -3,6 +3,7 @@
 env:   every rank writes its torchrun environment and the all_reduce of its rank over the world to
        OUT/env<R>.json.
 raise: the last rank (on the last node) raises after init while the others wait in an all_reduce.
+flaky: as raise on restart attempt 0, as env on attempt 1.
 hang:  every rank writes OUT/started<R>; then the last rank sleeps forever while the others wait in a
        barrier (only stopping a node ends it).
 """
@@ -17,7 +18,8 @@ import torch.distributed as dist
 mode, out = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-if mode == "raise" and rank == world - 1:
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if (mode == "raise" or mode == "flaky" and attempt == 0) and rank == world - 1:
     raise RuntimeError(f"rank {rank} on node {os.environ['GROUP_RANK']} raised on purpose")
 if mode == "hang":
     open(os.path.join(out, f"started{rank}"), "w").close()
@@ -26,8 +28,8 @@ if mode == "hang":
     dist.barrier()
 t = torch.tensor([float(rank)])
 dist.all_reduce(t)
-if mode == "env":
-    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+if mode in ("env", "flaky"):
+    keys = ("TORCHELASTIC_RESTART_COUNT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
             "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "NODE_MARK")
     found = {k: os.environ.get(k) for k in keys}
     found.update(rank=rank, world=world, total=t.item())
