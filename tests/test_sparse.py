@@ -386,6 +386,29 @@ def test_compile_runs_sparse_inputs_eagerly_and_fullgraph_refuses():
         flambeau.compile(f, fullgraph=True)(fs, fd.detach())
 
 
+@pytest.mark.parametrize("how", ["index_select0", "index_select1", "select0", "select1", "getitem"])
+def test_index_select_and_select(how):
+    fs, ts, fv, tv = _pair()
+    d = int(how[-1]) if how[-1].isdigit() else 0
+    ix = [2, 2, 0] if d == 0 else [2, 2, 0, 4]
+
+    def ref(x):
+        if how.startswith("index_select"):
+            return x.index_select(d, torch.tensor(ix))
+        return x[1] if how == "getitem" else x.select(d, 2)
+    if how.startswith("index_select"):
+        fo = fs.index_select(d, flambeau.tensor(ix))
+    else:
+        fo = fs[1] if how == "getitem" else fs.select(d, 2)
+    to = ref(ts)
+    assert fo.layout is flambeau.sparse_coo and tuple(fo.shape) == tuple(to.shape)
+    _close(fo, to)
+    w = np.random.default_rng(28).standard_normal(tuple(to.shape)).astype(np.float32)
+    (fo.to_dense() * flambeau.tensor(w)).sum().backward()
+    (ref(ts.to_dense()) * torch.tensor(w)).sum().backward()     # PyTorch's sparse index_select has no backward
+    _close(fv.grad, tv.grad)
+
+
 # ---- errors ---------------------------------------------------------------------------------------------------
 def _same_error(fn_f, fn_t):
     with pytest.raises(Exception) as et:
@@ -398,6 +421,7 @@ def _same_error(fn_f, fn_t):
 def test_errors_match_pytorch_types():
     fs, ts, _, _ = _pair(requires_grad=False)
     m, _ = _same_error(lambda: fs.view(20), lambda: ts.view(20))
+    _same_error(lambda: fs[9], lambda: ts[9])
     assert m.startswith("Could not run 'aten::view' with arguments from the 'SparseCPU' backend")
     m, tm = _same_error(lambda: fs.exp(), lambda: ts.exp())
     assert "aten::exp" in m

@@ -391,6 +391,59 @@ def transpose(s: SparseTensor, dim0: int, dim1: int) -> SparseTensor:
     return with_values(values_of(s), SparsePattern(sparse_coo, shape, idx, None, False, p.device))
 
 
+def index_select(s: SparseTensor, dim: int, index: Tensor) -> SparseTensor:
+    """COO `index_select` along a sparse dimension: entry e appears once per position p with index[p] equal
+    to its coordinate, at coordinate p (uncoalesced, as PyTorch's)."""
+    s = dense_to_sparse(s)
+    p = s._pattern
+    dim = dim % len(p.shape)
+    if dim >= p.sparse_dim:
+        raise NotImplementedError("index_select: flambeau selects along a sparse dimension of a sparse tensor only")
+    ix = np.asarray(index.detach().cpu().numpy(), dtype=INDEX_DTYPE).reshape(-1)
+    if ix.size and (ix.min() < -p.shape[dim] or ix.max() >= p.shape[dim]):
+        raise IndexError(f"index_select(): index out of range in self (dim {dim} of size {p.shape[dim]})")
+    ix = ix % max(p.shape[dim], 1)
+    order = np.argsort(ix, kind="stable")
+    coord = p.idx[dim]
+    lo, hi = np.searchsorted(ix[order], coord, "left"), np.searchsorted(ix[order], coord, "right")
+    counts = hi - lo
+    entries = np.repeat(np.arange(p.nnz), counts)
+    starts = np.repeat(lo - np.cumsum(counts) + counts, counts)
+    positions = order[starts + np.arange(entries.shape[0])]
+    idx = p.idx[:, entries].copy()
+    idx[dim] = positions
+    shape = list(p.shape)
+    shape[dim] = ix.shape[0]
+    vals = values_of(s).index_select(0, _tensor(entries))
+    return with_values(vals, SparsePattern(sparse_coo, shape, idx, None, False, p.device))
+
+
+def select(s: SparseTensor, dim: int, i: int) -> SparseTensor:
+    """COO `select` (`S[i]`) along a sparse dimension: that slice, one dimension fewer."""
+    s = dense_to_sparse(s)
+    p = s._pattern
+    dim = dim % len(p.shape)
+    if dim >= p.sparse_dim:
+        raise NotImplementedError("select: flambeau selects along a sparse dimension of a sparse tensor only")
+    if not -p.shape[dim] <= i < p.shape[dim]:
+        raise IndexError(f"select(): index {i} out of range for tensor of size {list(p.shape)} at dimension {dim}")
+    keep = np.nonzero(p.idx[dim] == i % p.shape[dim])[0]
+    idx = np.delete(p.idx[:, keep], dim, axis=0)
+    shape = p.shape[:dim] + p.shape[dim + 1:]
+    vals = values_of(s).index_select(0, _tensor(keep))
+    if p.sparse_dim == 1:
+        return vals.sum(0)
+    return with_values(vals, SparsePattern(sparse_coo, shape, idx, None, p.coalesced, p.device))
+
+
+def _index_select_handler(op, a, dim, index):
+    return index_select(a, dim, index)
+
+
+def _select_handler(op, a, dim, index):
+    return select(a, dim, index)
+
+
 def _transpose_handler(op, a, dim0, dim1):
     return transpose(a, dim0, dim1)
 
@@ -411,7 +464,8 @@ SparseTensor._handlers.update({
     "mm": _mm_handler, "matmul": _matmul_handler, "addmm": _addmm_handler, "add": _add_handler,
     "sub": _sub_handler, "mul": _mul_handler, "div": _div_handler, "neg": _neg_handler,
     "clone": _clone_handler, "zeros_like": _zeros_like_handler, "_to_copy": _to_copy_handler,
-    "transpose": _transpose_handler, "t": _t_handler, "sum": _sum_handler,
+    "transpose": _transpose_handler, "t": _t_handler, "sum": _sum_handler, "index_select": _index_select_handler,
+    "select": _select_handler,
 })
 
 
