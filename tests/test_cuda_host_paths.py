@@ -100,6 +100,17 @@ def test_launch_takes_a_float_beyond_float32_as_infinity_without_a_warning(fake_
     assert d.calls[0][2][:2] == [np.inf, -np.inf]
 
 
+@pytest.mark.parametrize("value", [2 ** 31, -(2 ** 31) - 1, 2 ** 40])
+def test_launch_refuses_an_i32_argument_beyond_32_bits_instead_of_wrapping(fake_driver, value):
+    k, d = fake_driver(("*fp32", "i32"))
+    TL.launch(k, (1,), None, 2 ** 31 - 1)
+    TL.launch(k, (1,), None, -(2 ** 31))
+    assert [c[2][1] for c in d.calls] == [2 ** 31 - 1, -(2 ** 31)]
+    with pytest.raises(OverflowError, match=f"integer argument {value} does not fit the kernel's 32-bit"):
+        TL.launch(k, (1,), None, value)
+    assert len(d.calls) == 2
+
+
 def test_launch_refuses_a_wrong_argument_count_and_skips_an_empty_grid(fake_driver):
     k, d = fake_driver(("*fp32", "i32"))
     with pytest.raises(TypeError, match="takes 2 runtime arguments, got 1"):

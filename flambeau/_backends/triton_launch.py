@@ -81,10 +81,23 @@ def _same(v):
     return v
 
 
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _int32(v):
+    """An `i32` argument: ctypes would wrap a value beyond 32 bits silently, so refuse it (a size or
+    stride that large needs the kernel compiled with an `i64` parameter)."""
+    if _I32_MIN <= v <= _I32_MAX:
+        return v
+    raise OverflowError(f"triton launch: the integer argument {v} does not fit the kernel's 32-bit (i32) "
+                        "parameter; the kernel must be specialised for 64-bit sizes")
+
+
 def converters(arg_types: tuple) -> tuple:
     """What `launch` applies to each runtime argument of a kernel with these signature types before
-    writing it into its slot (ctypes converts numbers; a float beyond float32 becomes +-inf)."""
-    return tuple(_address if ty.startswith("*") else _same for ty in arg_types)
+    writing it into its slot (ctypes converts numbers; a float beyond float32 becomes +-inf; a 32-bit
+    integer out of range raises rather than wrapping)."""
+    return tuple(_address if ty.startswith("*") else _int32 if ty == "i32" else _same for ty in arg_types)
 
 
 def c_types(arg_types: tuple) -> tuple:
