@@ -329,10 +329,32 @@ def test_bfloat16_gemm_vs_pytorch_and_float64(M, K, N, ta, tb, batch, parallel, 
 def test_flambeau_bfloat16_mm_uses_the_bf16_kernel(monkeypatch):
     calls = []
     orig = cpu_kernels.matmul_bf16
-    monkeypatch.setattr(cpu_kernels, "matmul_bf16", lambda a, b: calls.append(1) or orig(a, b))
+    monkeypatch.setattr(cpu_kernels, "matmul_bf16", lambda a, b, bias=None: calls.append(1) or orig(a, b, bias))
     x = flambeau.randn(128, 256).to(flambeau.bfloat16)
     w = flambeau.randn(256, 192).to(flambeau.bfloat16)
     got = x @ w
     assert calls and got.dtype == flambeau.bfloat16
     want = torch.from_numpy(x.float().numpy()).bfloat16() @ torch.from_numpy(w.float().numpy()).bfloat16()
     torch.testing.assert_close(torch.from_numpy(got.float().numpy()), want.float(), rtol=1.6e-2, atol=1e-5)
+
+
+@pytest.mark.skipif(not cpu_kernels.bf16_native(), reason="no AVX-512 BF16")
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_flambeau_bfloat16_linear_uses_the_bf16_kernel(with_bias, monkeypatch):
+    """Eager bf16 `linear` (3-d input, the bias added to the float sums before the one rounding) runs
+    on the BF16 dot products, within PyTorch's bf16 tolerance of torch's bf16 linear and no farther
+    from the float64 result than it."""
+    calls = []
+    orig = cpu_kernels.matmul_bf16
+    monkeypatch.setattr(cpu_kernels, "matmul_bf16", lambda a, b, bias=None: calls.append(1) or orig(a, b, bias))
+    rng = np.random.default_rng(4)
+    xs, ws, bs = rng.standard_normal((4, 32, 256)), rng.standard_normal((192, 256)), rng.standard_normal(192) * 4
+    bf = lambda a: flambeau.tensor(a.astype(np.float32)).to(flambeau.bfloat16)          # noqa: E731
+    tbf = lambda a: torch.tensor(a.astype(np.float32)).bfloat16()                       # noqa: E731
+    got = flambeau.nn.functional.linear(bf(xs), bf(ws), bf(bs) if with_bias else None)
+    assert calls and got.dtype == flambeau.bfloat16
+    want = torch.nn.functional.linear(tbf(xs), tbf(ws), tbf(bs) if with_bias else None)
+    g = torch.from_numpy(got.float().numpy())
+    torch.testing.assert_close(g, want.float(), rtol=1.6e-2, atol=1e-5)
+    exact = torch.nn.functional.linear(tbf(xs).double(), tbf(ws).double(), tbf(bs).double() if with_bias else None)
+    assert (g.double() - exact).abs().max() <= 1.01 * (want.double() - exact).abs().max() + 1e-6

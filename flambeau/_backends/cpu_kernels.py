@@ -140,10 +140,11 @@ def bf16_native() -> bool:
     return _load() is not None and "bf16" in _state
 
 
-def matmul_bf16(a, b):
-    """a @ b of bfloat16 arrays (2-D by 2-D, or 3-D by 3-D of one batch size) as a bfloat16 array,
-    accumulated in float by `flm_gemm_bf16`; None where that does not apply (the caller computes in
-    float32, as PyTorch's fallback)."""
+def matmul_bf16(a, b, bias=None):
+    """a @ b (+ bias, a float32 or bfloat16 vector added to the float sums before the one rounding) of
+    bfloat16 arrays (2-D by 2-D, or 3-D by 3-D of one batch size) as a bfloat16 array, accumulated in
+    float by `flm_gemm_bf16`; None where that does not apply (the caller computes in float32, as
+    PyTorch's fallback)."""
     if not bf16_native() or a.dtype != _BF16 or b.dtype != _BF16 or a.ndim != b.ndim or a.ndim not in (2, 3):
         return None
     M, K = a.shape[-2:]
@@ -159,6 +160,9 @@ def matmul_bf16(a, b):
     _state["bf16"](items, M, N, K, a.ctypes.data, sa[0] if batch else 0, sa[-2], sa[-1],
                    b.ctypes.data, sb[0] if batch else 0, sb[-2], sb[-1], work.ctypes.data, out.ctypes.data,
                    _threads(items * M * N * K))
+    if bias is not None:
+        work += bias.astype(_F32, copy=False)
+        return work.astype(_BF16)          # round to nearest even, once
     return out
 
 

@@ -1,8 +1,10 @@
 """Dense layers: `linear` (an op with a BLAS kernel and a fused derivative) and `bilinear`.
-On cuda, `linear` is one cuBLASLt product with the bias as its epilogue (`linalg.lt_gemm`)."""
+On cuda, `linear` is one cuBLASLt product with the bias as its epilogue (`linalg.lt_gemm`); bfloat16 on
+the CPU runs on its BF16 dot products where it has them (`cpu_kernels.matmul_bf16`)."""
 from __future__ import annotations
 
 from .. import _dtype as D
+from .._backends import cpu_kernels
 from .._backends.cpu_kernels import matmul_for
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
@@ -35,6 +37,12 @@ def linear(xp, input, weight, bias=None):
         if r is not None:
             return r.reshape(tuple(input.shape[:-1]) + (weight.shape[0],))
     dt = D.FROM_NP[input.dtype]
+    if dt is D.bfloat16 and weight.ndim == 2 and input.ndim >= 2 and (bias is None or bias.ndim <= 1) and \
+            matmul_for(xp) is cpu_kernels.matmul:       # the CPU's BF16 dot products, bias before the rounding
+        r = cpu_kernels.matmul_bf16(input.reshape(-1, input.shape[-1]), weight.T,
+                                    None if bias is None else bias.reshape(-1))
+        if r is not None:
+            return r.reshape(tuple(input.shape[:-1]) + (weight.shape[0],))
     cd = opmath(dt)
     x = input.astype(cd, copy=False)
     w = weight.astype(cd, copy=False)
