@@ -109,6 +109,31 @@ def test_a_stopped_node_stops_the_other(tmp_path):
         assert [p for p in process_tree(None, launch_id) if _live(p)] == []
 
 
+def test_a_killed_node_takes_its_processes_along_and_ends_the_job(tmp_path):
+    procs = _start_nodes("hang", tmp_path)
+    try:
+        deadline = time.monotonic() + STARTED_WITHIN_S
+        while not all((tmp_path / f"started{r}").exists() for r in range(NODES * PER_NODE)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p, _ in procs), "workers never started"
+            time.sleep(0.2)
+        procs[1][0].kill()                            # SIGKILL: node 1's launcher runs no cleanup at all
+        survivors = _wait_gone(procs[1][1])
+    finally:
+        results = _finish(procs, GONE_WITHIN_S)
+    assert survivors == [], "node 1's mpiexec proxy or workers outlived its launcher"
+    rc0, _, se0 = results[0]
+    assert rc0 != 0 and "FAILED" in se0, se0[-3000:]
+
+
+def _wait_gone(launch_id: str) -> list:
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while True:
+        alive = [p for p in process_tree(None, launch_id) if _live(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
 def test_a_node_waits_for_the_others_only_as_long_as_the_join_timeout(tmp_path):
     pytest.importorskip("mpi4py")
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")

@@ -18,7 +18,8 @@ before its store goes away).
 Failure of one node tears the others down: a worker's failure aborts the MPI job (Hydra kills every
 proxy's workers) and is recorded; a node whose launcher is stopped or whose proxy dies ends the job
 (mpiexec loses that proxy); node 0 then sets `aK/stop`, and a node that cannot reach node 0's store any
-more stops its own workers. Every launcher prints the root cause it can see and exits non-zero.
+more stops its own workers. Every launcher prints the root cause it can see and exits non-zero. A
+launcher killed outright (SIGKILL) takes its mpiexec/proxy and their workers with it (`_parent_death`).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import tempfile
 import threading
 import time
 
+from . import _parent_death as parent_death
 from ._processes import LAUNCH_ID_VAR, MONITOR_INTERVAL_S, Stopped, kill_tree, read_failures, summary
 from .store import DistError, PrefixStore, TCPStore
 
@@ -159,7 +161,7 @@ def _run_attempt(store, node: int, nnodes: int, proxy_cmd: list, env: dict, atte
     """Run this node's proxy (and, on node 0, watch mpiexec) until the attempt ends; the exit code seen here.
     However it ends, none of this node's processes of the attempt is left running."""
     folder, marker = env["FLAMBEAU_ERROR_DIR"], env[LAUNCH_ID_VAR]
-    proxy = subprocess.Popen(proxy_cmd, env=env, start_new_session=True)
+    proxy = subprocess.Popen(parent_death.command(proxy_cmd), env=env, start_new_session=True)
     lead = mpiexec if mpiexec is not None else proxy
     sent, failed_at, rc = 0, None, None
     try:
@@ -277,7 +279,8 @@ def _lead_attempt(store, args, nproc: int, nnodes: int, host: str, run_id: str, 
     env = _worker_env(args, nproc, nnodes, 0, host, master_port, run_id, attempt, folder, launch_id)
     cmd = [mpiexec_path, "-launcher", "manual", "-genvnone", "-hosts", ",".join(f"node{r}" for r in range(nnodes)),
            "-ppn", str(nproc), "-n", str(nproc * nnodes)] + target
-    mpiexec = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    mpiexec = subprocess.Popen(parent_death.command(cmd), env=env, stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
     try:
         proxies = _proxy_commands(mpiexec, nnodes)
     except NodeFailure:

@@ -16,6 +16,7 @@ import time
 import traceback
 
 from ..run import main as run_script
+from ._parent_death import die_with_parent
 
 WORKER_EXIT_FAILURE = 1
 
@@ -56,6 +57,7 @@ def _abort_mpi() -> None:
 
 
 def main(argv: list) -> None:
+    die_with_parent()                  # Hydra's proxy gone (its launcher killed): this worker goes too
     rank = _set_env()
     try:
         run_script(argv)

@@ -28,6 +28,7 @@ import time
 import uuid
 
 from .._backends import cuda_device_count
+from . import _parent_death as parent_death
 from ._multinode import DEFAULT_JOIN_TIMEOUT_S, run_nodes
 from ._processes import (LAUNCH_ID_VAR, MONITOR_INTERVAL_S, STOP_SIGNALS, Stopped, kill_tree,  # noqa: F401
                          process_tree, raise_stopped, read_failures, summary)
@@ -112,7 +113,7 @@ def _stop(proc: subprocess.Popen, marker: str) -> None:
 def _run_group(cmd: list, env: dict, folder: str, interval: float) -> int:
     """Run the workers until they all exit or one fails; returns mpiexec's exit code (or 1). However it
     ends (failure, exception, stop signal), no process of the group is left running."""
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = subprocess.Popen(parent_death.command(cmd), env=env, start_new_session=True)
     marker = env[LAUNCH_ID_VAR]
     failed_at = None
     try:
