@@ -265,3 +265,85 @@ def test_aoti_gpt_dynamic_batch_from_one_up(tmp_path):
         np.testing.assert_allclose(run(x).numpy(), _eager(m, (x,)).numpy(), rtol=RTOL, atol=ATOL)
     with pytest.raises(RuntimeError, match="dim 1: size 8, the program needs 16"):
         run(fl.randint(0, 96, (2, 8)))
+
+
+def _wide_mlp():
+    """Products with K = 300 (two of the GEMM's 256-row blocks), N = 300 and 40 (a padded last panel);
+    at batch 64 the first is split over threads by columns."""
+    fl.manual_seed(0)
+    return nn.Sequential(nn.Linear(300, 300), nn.ReLU(), nn.Linear(300, 40)).eval()
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["plain", "freezing"])
+def test_aoti_packs_constant_weights_once_at_load(tmp_path, freezing, frozen):
+    """The weights' GEMM panels are packed when the package is loaded (fl_graph_prepack), and every
+    product reads them (fl_sgemm_packed: no per-call packing of B); outputs as eager's."""
+    config.freezing = frozen
+    m = _wide_mlp()
+    pkg = _package(tmp_path, m, (fl.randn(64, 300),), dynamic_shapes={"input": {0: Dim("batch", max=128)}})
+    with zipfile.ZipFile(pkg) as z:
+        src = z.read("model.cpp").decode()
+    run_src = src[src.index('extern "C" int fl_graph_run('):src.index("fl_graph_num_packed")]
+    assert run_src.count("fl_sgemm_packed(") == 2 and "fl_sgemm(" not in run_src
+    assert 'int fl_graph_num_packed(void) { return 2; }' in src
+    run = aoti_load_package(pkg)
+    for b in (64, 3):
+        x = fl.randn(b, 300)
+        np.testing.assert_allclose(run(x).numpy(), _eager(m, (x,)).numpy(), rtol=RTOL, atol=ATOL)
+    x = fl.randn(64, 300)
+    r, _ = _run_cpp(pkg, tmp_path, [x])
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose(read_tensor_file(str(tmp_path / "output0.bin")).numpy(), _eager(m, (x,)).numpy(),
+                               rtol=RTOL, atol=ATOL)
+
+
+def test_jit_freezing_with_cpp_wrapper_packs_weights_once(freezing, monkeypatch):
+    monkeypatch.setattr(config, "cpp_wrapper", True)
+    config.freezing = True
+    m = _wide_mlp()
+    graphs = []
+    orig = compile_fx.compile_fx
+
+    def spy(gm, ex):
+        graphs.append(orig(gm, ex))
+        return graphs[-1]
+    monkeypatch.setattr(fl._inductor, "compile_fx", spy)
+    fl._dynamo.reset()
+    try:
+        with fl.no_grad():
+            f = fl.compile(m)
+            for b in (64, 64):
+                x = fl.randn(b, 300)
+                np.testing.assert_allclose(f(x).numpy(), _eager(m, (x,)).numpy(), rtol=RTOL, atol=ATOL)
+    finally:
+        fl._dynamo.reset()
+    (g,) = graphs
+    assert g.artifact.cpp_wrapper and g.source.count("fl_sgemm_packed(") == 2
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["plain", "freezing"])
+def test_jit_python_wrapper_packs_frozen_weights_once(freezing, monkeypatch, frozen):
+    """The Python wrapper of a frozen graph packs each weight's panels when it is compiled (once), not
+    per call; without freezing the weights are read live (nothing packed)."""
+    from flambeau._backends import cpu_kernels
+    if not cpu_kernels.available():
+        pytest.skip("flambeau's GEMM is not built here")
+    config.freezing = frozen
+    made = []
+    orig = cpu_kernels.gemm_plan_packed
+
+    def spy(a_layout, b):
+        made.append(orig(a_layout, b))
+        return made[-1]
+    monkeypatch.setattr(cpu_kernels, "gemm_plan_packed", spy)
+    m = _wide_mlp()
+    fl._dynamo.reset()
+    try:
+        with fl.no_grad():
+            f = fl.compile(m)
+            for _ in range(2):
+                x = fl.randn(64, 300)
+                np.testing.assert_allclose(f(x).numpy(), _eager(m, (x,)).numpy(), rtol=RTOL, atol=ATOL)
+    finally:
+        fl._dynamo.reset()
+    assert len(made) == (2 if frozen else 0) and all(p is not None for p in made)

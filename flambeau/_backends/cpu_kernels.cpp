@@ -249,21 +249,34 @@ struct BFloat16Ops {
 };
 #endif
 
-// One product on the calling thread (no OpenMP inside).
+// B packed once for good (a constant weight; flm_pack_b): for each block of KC rows, every NR-column
+// panel of all of B's columns, as gemm_serial packs one (jc, pc) block, so block pc starts at
+// pc * npad and the panel of column jr at + jr * kc. `n_off`: the first column a call starts at.
+struct PackedB {
+    const void* data = nullptr;
+    int64_t npad = 0, n_off = 0;
+};
+
+// One product on the calling thread (no OpenMP inside); B's panels read from `pk` when given.
 template <class Ops>
 static void gemm_serial(int64_t M, int64_t N, int64_t K, const typename Ops::In* a, int64_t rsa, int64_t csa,
-                        const typename Ops::In* b, int64_t rsb, int64_t csb, float* c, int64_t ldc, bool beta) {
+                        const typename Ops::In* b, int64_t rsb, int64_t csb, float* c, int64_t ldc, bool beta,
+                        const PackedB& pk = PackedB()) {
     typedef typename Ops::Packed P;
     const int64_t mc_max = std::min<int64_t>(MC, ((M + MR - 1) / MR) * MR);
     P* ap = (P*)scratch(t_apack, t_apack_cap, mc_max * KC);       // (a bfloat16 panel: half the bytes)
-    P* bp = (P*)scratch(t_bpack, t_bpack_cap, KC * std::min<int64_t>(NC, ((N + NR - 1) / NR) * NR));
+    P* bp = pk.data ? nullptr : (P*)scratch(t_bpack, t_bpack_cap, KC * std::min<int64_t>(NC, ((N + NR - 1) / NR) * NR));
     for (int64_t jc = 0; jc < N; jc += NC) {
         const int64_t nc = std::min<int64_t>(NC, N - jc);
         for (int64_t pc = 0; pc < K; pc += KC) {
             const int64_t kc = std::min<int64_t>(KC, K - pc), kp = Ops::packed_k(kc);
             const bool acc = beta || pc > 0;
-            for (int64_t jr = 0; jr < nc; jr += NR)
-                Ops::pack_b(kc, std::min<int64_t>(NR, nc - jr), b + pc * rsb + (jc + jr) * csb, rsb, csb, bp + jr * kp);
+            if (pk.data)
+                bp = (P*)pk.data + pc * pk.npad + (pk.n_off + jc) * kp;
+            else
+                for (int64_t jr = 0; jr < nc; jr += NR)
+                    Ops::pack_b(kc, std::min<int64_t>(NR, nc - jr), b + pc * rsb + (jc + jr) * csb, rsb, csb,
+                                bp + jr * kp);
             for (int64_t ic = 0; ic < M; ic += MC) {
                 const int64_t mc = std::min<int64_t>(MC, M - ic);
                 Ops::pack_a(mc, kc, a + ic * rsa + pc * csa, rsa, csa, ap);
@@ -283,7 +296,7 @@ static void gemm_serial(int64_t M, int64_t N, int64_t K, const typename Ops::In*
 template <class Ops>
 static void gemm_parallel(int64_t M, int64_t N, int64_t K, const typename Ops::In* a, int64_t rsa, int64_t csa,
                           const typename Ops::In* b, int64_t rsb, int64_t csb, float* c, int64_t ldc, bool beta,
-                          int threads) {
+                          int threads, const PackedB& pk = PackedB()) {
     const int64_t col_panels = (N + NR - 1) / NR, row_tiles = (M + MR - 1) / MR;
     const bool by_cols = col_panels >= row_tiles || col_panels >= 4 * threads;
 #pragma omp parallel num_threads(threads)
@@ -296,11 +309,14 @@ static void gemm_parallel(int64_t M, int64_t N, int64_t K, const typename Ops::I
         if (by_cols) {
             const int64_t p0 = col_panels * t / nt, p1 = col_panels * (t + 1) / nt;
             const int64_t n0 = p0 * NR, n1 = std::min<int64_t>(N, p1 * NR);
-            if (n1 > n0) gemm_serial<Ops>(M, n1 - n0, K, a, rsa, csa, b + n0 * csb, rsb, csb, c + n0, ldc, beta);
+            PackedB mine = pk;
+            mine.n_off = pk.n_off + n0;
+            if (n1 > n0) gemm_serial<Ops>(M, n1 - n0, K, a, rsa, csa, b + n0 * csb, rsb, csb, c + n0, ldc, beta, mine);
         } else {
             const int64_t q0 = row_tiles * t / nt, q1 = row_tiles * (t + 1) / nt;
             const int64_t m0 = q0 * MR, m1 = std::min<int64_t>(M, q1 * MR);
-            if (m1 > m0) gemm_serial<Ops>(m1 - m0, N, K, a + m0 * rsa, rsa, csa, b, rsb, csb, c + m0 * ldc, ldc, beta);
+            if (m1 > m0)
+                gemm_serial<Ops>(m1 - m0, N, K, a + m0 * rsa, rsa, csa, b, rsb, csb, c + m0 * ldc, ldc, beta, pk);
         }
     }
 }
@@ -338,6 +354,36 @@ extern "C" void flm_sgemm(int64_t batch, int64_t M, int64_t N, int64_t K,
                           const float* b, int64_t sbb, int64_t rsb, int64_t csb,
                           float* c, int64_t sbc, int64_t ldc, int beta, int threads) {
     gemm_batched<Float32Ops>(batch, M, N, K, a, sba, rsa, csa, b, sbb, rsb, csb, c, sbc, ldc, beta, threads);
+}
+
+// A constant B (K x N, any strides) packed once: flm_packed_b_floats(N, K) floats at `dst`
+// (64-byte aligned), read by flm_sgemm_packed for every product with it (no per-call packing).
+extern "C" int64_t flm_packed_b_floats(int64_t N, int64_t K) { return K * (((N + NR - 1) / NR) * NR); }
+
+extern "C" void flm_pack_b(int64_t N, int64_t K, const float* b, int64_t rsb, int64_t csb, float* dst) {
+    const int64_t npad = ((N + NR - 1) / NR) * NR;
+    for (int64_t pc = 0; pc < K; pc += KC) {
+        const int64_t kc = std::min<int64_t>(KC, K - pc);
+        for (int64_t jr = 0; jr < N; jr += NR)
+            pack_b_panel(kc, std::min<int64_t>(NR, N - jr), b + pc * rsb + jr * csb, rsb, csb, dst + pc * npad + jr * kc);
+    }
+}
+
+// C (M x N, row stride ldc) = A (M x K, strides rsa, csa) @ B, B packed by flm_pack_b.
+extern "C" void flm_sgemm_packed(int64_t M, int64_t N, int64_t K, const float* a, int64_t rsa, int64_t csa,
+                                 const float* bpacked, float* c, int64_t ldc, int threads) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        for (int64_t i = 0; i < M; i++) std::memset(c + i * ldc, 0, N * sizeof(float));
+        return;
+    }
+    PackedB pk;
+    pk.data = bpacked;
+    pk.npad = ((N + NR - 1) / NR) * NR;
+    if (threads <= 1)
+        gemm_serial<Float32Ops>(M, N, K, a, rsa, csa, nullptr, 0, 0, c, ldc, false, pk);
+    else
+        gemm_parallel<Float32Ops>(M, N, K, a, rsa, csa, nullptr, 0, 0, c, ldc, false, threads, pk);
 }
 
 extern "C" int flm_gemm_bf16_native() {
@@ -391,6 +437,16 @@ extern "C" void flm_sgemm_planned(const int64_t* p, const char* a, const char* b
     flm_sgemm(p[PLAN_BATCH], p[PLAN_M], p[PLAN_N], p[PLAN_K], pa, p[PLAN_SBA], p[PLAN_RSA], p[PLAN_CSA],
               pb, p[PLAN_SBB], p[PLAN_RSB], p[PLAN_CSB], pc, p[PLAN_SBC], p[PLAN_LDC], 0,
               flm_forked ? 1 : (int)p[PLAN_THREADS]);
+}
+
+// A planned product (plan as flm_sgemm_planned's, batch 1; its B fields unused) whose B was packed once
+// by flm_pack_b: a constant weight of a frozen graph.
+extern "C" void flm_sgemm_packed_planned(const int64_t* p, const char* a, const float* bpacked, const char* c) {
+    const int64_t off = p[PLAN_DATA_OFFSET];
+    const float* pa = *(const float* const*)(a + off) + p[PLAN_A_OFFSET];
+    float* pc = *(float* const*)(c + off);
+    flm_sgemm_packed(p[PLAN_M], p[PLAN_N], p[PLAN_K], pa, p[PLAN_RSA], p[PLAN_CSA], bpacked, pc, p[PLAN_LDC],
+                     flm_forked ? 1 : (int)p[PLAN_THREADS]);
 }
 
 // ---- 2-D convolution as an implicit GEMM ---------------------------------------------------------

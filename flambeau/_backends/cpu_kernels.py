@@ -45,6 +45,8 @@ PLAN_FIELDS = ("batch", "M", "N", "K", "a_offset", "a_batch_stride", "a_row_stri
                "b_batch_stride", "b_row_stride", "b_col_stride", "c_batch_stride", "c_row_stride", "threads",
                "data_offset")
 PLAN_THREADS = PLAN_FIELDS.index("threads")
+NR = 32                 # the GEMM's panel width (cpu_kernels.cpp's NR): packed operands are padded to it
+ALIGN_FLOATS = 16       # packed panels are read as 64-byte vectors
 
 
 def array_data_offset() -> int | None:
@@ -81,6 +83,10 @@ def _load():
                                ctypes.c_int, ctypes.c_int]
                 fn.restype = None
                 _state["threads"] = int(lib.flm_gemm_threads())
+                _state["sgemm_packed"], _state["pack_b"] = lib.flm_sgemm_packed, lib.flm_pack_b
+                lib.flm_packed_b_floats.restype = ctypes.c_int64
+                if lib.flm_packed_b_floats(ctypes.c_int64(1), ctypes.c_int64(1)) != NR:
+                    raise RuntimeError("cpu_kernels.NR differs from cpu_kernels.cpp's panel width")
                 conv = lib.flm_conv2d
                 conv.argtypes = [i64] * 15 + [p, p, p, p, ctypes.c_int]
                 conv.restype = None
@@ -99,6 +105,12 @@ def _load():
                     bf.argtypes = [i64, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, p, ctypes.c_int]
                     bf.restype = None
                     _state["bf16"] = bf
+                pp = lib.flm_sgemm_packed_planned
+                pp.argtypes = [p, ctypes.py_object, p, ctypes.py_object]
+                pp.restype = None
+                _state["packed_planned"] = pp
+                lib.flm_pack_b.argtypes = [i64, i64, p, i64, i64, p]
+                lib.flm_pack_b.restype = None
                 planned = lib.flm_sgemm_planned
                 planned.argtypes = [p, ctypes.py_object, ctypes.py_object, ctypes.py_object]
                 planned.restype = None
@@ -257,6 +269,33 @@ def gemm_plan(a_layout, b_layout):
     return planned_gemm
 
 
+def gemm_plan_packed(a_layout, b: np.ndarray):
+    """`fn(a) -> a @ b` for a constant 2-D float32 `b` (a frozen weight, any strides) packed into the
+    GEMM's panels here, once; `a`'s layout is fixed as in `gemm_plan`. None where `gemm_plan` would
+    not use the kernel."""
+    if _load() is None or DATA_OFFSET is None or _state["planned"] is None:
+        return None
+    sa, sta, oa = a_layout
+    if len(sa) != 2 or b.ndim != 2 or b.dtype != _F32 or sa[1] != b.shape[0]:
+        return None
+    (M, K), N = sa, b.shape[1]
+    if min(M, N, K) < 2 or not _uses_kernel(None, M, N, K):
+        return None
+    packed = aligned_empty(K * ((N + NR - 1) // NR * NR))
+    rsb, csb = _strides(b)
+    _state["pack_b"](N, K, b.ctypes.data, rsb, csb, packed.ctypes.data)
+    plan = np.array([1, M, N, K, oa, 0, sta[0], sta[1], 0, 0, 0, 0, M * N, N, _threads(M * N * K), DATA_OFFSET],
+                    np.int64)
+    ptr, bptr, run, empty = plan.ctypes.data, packed.ctypes.data, _state["packed_planned"], np.empty
+
+    def packed_gemm(a):
+        out = empty((M, N), _F32)
+        run(ptr, a, bptr, out)
+        return out
+    packed_gemm.keep = (plan, packed)        # the plan's and the panels' memory live with the function
+    return packed_gemm
+
+
 def _flat3(x, batch):
     """One element stride that walks all batch dims of `x` in order, or None."""
     st = _strides(x)[:len(batch)]
@@ -325,10 +364,17 @@ def matmul_for(xp):
 
 
 def extern_pointers():
-    """(flm_sgemm address, flm_conv2d address, threads) of the loaded library, for generated C++ that
-    calls them directly (the C++ wrapper, `flambeau._inductor.cpp_wrapper`); None when unavailable."""
+    """(flm_sgemm, flm_conv2d, flm_sgemm_packed, flm_pack_b addresses, threads) of the loaded library,
+    for generated C++ that calls them directly (the C++ wrapper, `flambeau._inductor.cpp_wrapper`);
+    None when unavailable."""
     if _load() is None:
         return None
-    lib_fn, conv = _state["fn"], _state["conv2d"]
-    return (ctypes.cast(lib_fn, ctypes.c_void_p).value, ctypes.cast(conv, ctypes.c_void_p).value,
-            _state["threads"])
+    fns = (_state["fn"], _state["conv2d"], _state["sgemm_packed"], _state["pack_b"])
+    return tuple(ctypes.cast(f, ctypes.c_void_p).value for f in fns) + (_state["threads"],)
+
+
+def aligned_empty(n: int) -> np.ndarray:
+    """An uninitialised float32 array of `n` elements whose data is 64-byte aligned (packed panels)."""
+    raw = np.empty(n + ALIGN_FLOATS, _F32)
+    skip = (-raw.ctypes.data % (4 * ALIGN_FLOATS)) // 4
+    return raw[skip:skip + n]

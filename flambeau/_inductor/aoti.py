@@ -120,7 +120,7 @@ def _package(ep, package_path) -> str:
         memory = plan_memory(order, graph)
         kernels = [k for k in order if isinstance(k, Kernel)]
         info = dict(_cpp_builder.detect_flags())
-        wrapper = CppWrapper(graph, order, memory, size_names).generate()
+        wrapper = CppWrapper(graph, order, memory, size_names, constants_frozen=True).generate()
         weights, offsets = _weights(graph)
         model = ModelSource(graph, size_names, user_names, prog.range_constraints, offsets, weights,
                             prog.dim_names).generate()

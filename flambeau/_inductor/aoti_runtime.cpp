@@ -3,8 +3,9 @@
 // Linked into every package's model.so next to the generated kernels and wrapper (model.cpp, which
 // defines fl_aoti_model_info) and flambeau's GEMM/convolution (cpu_kernels.cpp). A runner reads
 // weights.bin once (size and checksum checked against the library's), keeps a pointer per constant,
-// and per run: binds the size symbols from the input shapes (model code: checks each dim, and each
-// dynamic size against its range), allocates the outputs, calls the generated wrapper.
+// packs the constant operands of matrix products once (fl_graph_prepack of the C++ wrapper), and per
+// run: binds the size symbols from the input shapes (model code: checks each dim, and each dynamic
+// size against its range), allocates the outputs, calls the generated wrapper.
 #include "aoti_runtime.h"
 
 #include <cstdio>
@@ -13,7 +14,13 @@
 #include <string>
 #include <vector>
 
-extern "C" void fl_set_externs(void* sgemm, void* conv2d, int threads);
+extern "C" void fl_set_externs(void* sgemm, void* conv2d, void* sgemm_packed, void* pack_b, int threads);
+extern "C" int fl_graph_num_packed(void);
+extern "C" int64_t fl_graph_packed_floats(int k);
+extern "C" void fl_graph_prepack(void* const* consts);
+extern "C" void flm_sgemm_packed(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, float*,
+                                 int64_t, int);
+extern "C" void flm_pack_b(int64_t, int64_t, const float*, int64_t, int64_t, float*);
 extern "C" void flm_sgemm(int64_t, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, int64_t,
                           const float*, int64_t, int64_t, int64_t, float*, int64_t, int64_t, int, int);
 extern "C" void flm_conv2d(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
@@ -42,7 +49,8 @@ static int64_t fl_itemsize(int dtype) {
 struct FlAotiRunner {
     const FlAotiModelInfo* info = nullptr;
     void* weights = nullptr;
-    std::vector<void*> constants;
+    std::vector<void*> constants;       // each constant in weights, then the packed GEMM operands
+    std::vector<void*> packed;
     std::vector<int64_t> sizes;
     std::vector<void*> outputs;
     std::vector<std::vector<int64_t>> output_shapes;
@@ -53,6 +61,7 @@ struct FlAotiRunner {
     }
     ~FlAotiRunner() {
         release_outputs();
+        for (void* p : packed) std::free(p);
         std::free(weights);
     }
 };
@@ -123,7 +132,19 @@ extern "C" int fl_aoti_create(const char* package_dir, FlAotiRunner** runner) {
     r->sizes.assign(info->n_sizes + 1, 0);
     r->outputs.assign(info->n_outputs, nullptr);
     r->output_shapes.assign(info->n_outputs, std::vector<int64_t>());
-    fl_set_externs((void*)&flm_sgemm, (void*)&flm_conv2d, flm_gemm_threads());
+    fl_set_externs((void*)&flm_sgemm, (void*)&flm_conv2d, (void*)&flm_sgemm_packed, (void*)&flm_pack_b,
+                   flm_gemm_threads());
+    for (int k = 0; k < fl_graph_num_packed(); k++) {   // constant GEMM operands packed once, here
+        int64_t bytes = fl_graph_packed_floats(k) * (int64_t)sizeof(float);
+        void* p = std::aligned_alloc(FL_ALIGN, (size_t)((bytes + FL_ALIGN - 1) / FL_ALIGN * FL_ALIGN + FL_ALIGN));
+        if (!p) {
+            delete r;
+            return fl_fail(FL_AOTI_ERR_MEMORY, "fl_aoti_create: out of memory for the packed weights");
+        }
+        r->packed.push_back(p);
+        r->constants.push_back(p);
+    }
+    fl_graph_prepack(r->constants.data());
     *runner = r;
     return FL_AOTI_OK;
 }

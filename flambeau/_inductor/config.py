@@ -30,6 +30,9 @@ cpp_wrapper: bool = os.environ.get("FLAMBEAU_CPP_WRAPPER", "0") not in ("", "0")
 # (the layout the GEMM reads, e.g. a linear layer's weight transposed once). JIT graphs are frozen only
 # when nothing needs gradients; AOTInductor always stores the weights as constants, and folds with it.
 freezing: bool = os.environ.get("FLAMBEAU_FREEZING", "0") not in ("", "0")
+# The C++ wrapper packs a matrix product's constant right operand (a frozen or AOTInductor weight) into
+# the GEMM's panel layout once, when the compiled graph or package is loaded, instead of at every call.
+prepack_weights: bool = True
 
 fuse: bool = True                 # group buffers into shared loop nests
 keep_locals: bool = True          # keep kernel-internal buffers in registers

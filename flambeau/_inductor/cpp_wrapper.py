@@ -22,6 +22,12 @@ it the eager library's `flm_sgemm`/`flm_conv2d`, an AOTInductor package its own 
 step raises `Unsupported`: the JIT path then keeps the Python wrapper (wrapper.py), AOTInductor
 refuses the graph.
 
+A product whose right operand is a frozen constant (`config.freezing`, or any AOTInductor weight;
+`config.prepack_weights`)
+reads it from a buffer packed once into the GEMM's panel layout (`flm_pack_b`) when the graph or
+package is loaded: `fl_graph_prepack(consts)` fills the buffers the loader appends to the constants'
+table (`fl_graph_num_packed`, `fl_graph_packed_floats(k)`), `fl_sgemm_packed` multiplies with them.
+
 `fl_graph_run_obj(...)` is the JIT entry: the input and output arrays as NumPy array objects (their
 data pointer read at codegen_cpp.DATA_OFFSET), the sizes as integers, the constants' pointer table
 last; `python_shim` prints the Python that calls it (one ctypes call per graph call).
@@ -32,7 +38,7 @@ import ctypes
 
 from .. import _dtype as D
 from .._backends import cpu_kernels
-from . import codegen_cpp
+from . import codegen_cpp, config
 from .ir import Buffer, ExternKernel, InputBuffer, Layout, MultiOutput, StridedView, Unsupported
 from .scheduler import Kernel
 from .sizevars import SizeExpr
@@ -48,11 +54,17 @@ typedef void (*fl_sgemm_fn)(int64_t, int64_t, int64_t, int64_t, const float*, in
 typedef void (*fl_conv2d_fn)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                              int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, const float*,
                              const float*, float*, int);
+typedef void (*fl_sgemm_packed_fn)(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, float*,
+                                   int64_t, int);
+typedef void (*fl_pack_b_fn)(int64_t, int64_t, const float*, int64_t, int64_t, float*);
 static fl_sgemm_fn fl_sgemm = nullptr;
 static fl_conv2d_fn fl_conv2d = nullptr;
+static fl_sgemm_packed_fn fl_sgemm_packed = nullptr;
+static fl_pack_b_fn fl_pack_b = nullptr;
 static int fl_ext_threads = 1;
-extern "C" void fl_set_externs(void* sgemm, void* conv2d, int threads) {
+extern "C" void fl_set_externs(void* sgemm, void* conv2d, void* sgemm_packed, void* pack_b, int threads) {
     fl_sgemm = (fl_sgemm_fn)sgemm; fl_conv2d = (fl_conv2d_fn)conv2d; fl_ext_threads = threads;
+    fl_sgemm_packed = (fl_sgemm_packed_fn)sgemm_packed; fl_pack_b = (fl_pack_b_fn)pack_b;
 }
 static inline int fl_threads(int64_t macs) { return macs < %(parallel)d ? 1 : fl_ext_threads; }
 static inline void* fl_alloc(int64_t nbytes) {
@@ -80,13 +92,16 @@ def output_bases(graph) -> list:
 class CppWrapper:
     """See module docstring."""
 
-    def __init__(self, graph, order, memory, size_names=(), externs_available: bool = True):
+    def __init__(self, graph, order, memory, size_names=(), externs_available: bool = True,
+                 constants_frozen: bool = False):
         self.externs_available = externs_available
+        self.constants_frozen = constants_frozen or config.freezing   # (AOTInductor: always)
         self.g = graph
         self.order = order
         self.mem = memory
         self.size_names = list(size_names)
         self.lines: list = []
+        self.packed: dict = {}       # (constant, offset, strides) -> (slot, K, N): B operands packed at load
         self.bases = output_bases(graph)
         for b in self.bases:
             if isinstance(b, MultiOutput) or b.layout is None:
@@ -127,7 +142,26 @@ class CppWrapper:
         self.line("return fl_take_error();")
         body = "\n".join(self.lines)
         sig = "void* const* in, void* const* out, const int64_t* sym, void* const* consts"
-        return RUNTIME + f'\nextern "C" int fl_graph_run({sig}) {{\n{body}\n}}\n' + self._obj_entry()
+        return RUNTIME + f'\nextern "C" int fl_graph_run({sig}) {{\n{body}\n}}\n' + self._prepack() + \
+            self._obj_entry()
+
+    def _prepack(self) -> str:
+        """fl_graph_num_packed / fl_graph_packed_floats(k) / fl_graph_prepack(consts): the loader makes
+        a buffer of packed_floats(k) floats (64-byte aligned) per packed operand, appends them to the
+        constants' table and calls prepack once; the products then read them (see module docstring)."""
+        n_const = len(self.g.constants)
+        floats, packs = [], []
+        for (name, offset, (rs, cs)), (slot, K, N) in self.packed.items():
+            floats.append(f"fl_packed_b_floats({N}, {K})")
+            j = list(self.g.constants).index(name)
+            packs.append(f"    fl_pack_b({N}, {K}, (const float*)consts[{j}] + {offset}, {rs}, {cs}, "
+                         f"(float*)consts[{n_const + slot}]);")
+        sizes = ", ".join(floats) or "0"
+        return (f'extern "C" int fl_graph_num_packed(void) {{ return {len(packs)}; }}\n'
+                f"static inline int64_t fl_packed_b_floats(int64_t N, int64_t K) {{ return K * ((N + {cpu_kernels.NR} - 1) / "
+                f"{cpu_kernels.NR} * {cpu_kernels.NR}); }}\n"
+                f'extern "C" int64_t fl_graph_packed_floats(int k) {{ const int64_t n[] = {{{sizes}}}; return n[k]; }}\n'
+                f'extern "C" void fl_graph_prepack(void* const* consts) {{\n' + "\n".join(packs) + "\n}\n")
 
     def _t(self, b) -> str:
         t = codegen_cpp.STORAGE.get(b.dtype)        # (bfloat16/float16 buffers: their bit patterns)
@@ -171,11 +205,32 @@ class CppWrapper:
             return f"({a.base.name} + {_c(a.layout.offset)})", a.layout
         return a.name, a.layout
 
+    def _packed_slot(self, b) -> int | None:
+        """The packed-buffer slot of a product's right operand when it is a constant of static layout."""
+        base = b.base if isinstance(b, StridedView) else b
+        lay = b.layout
+        if not (config.prepack_weights and self.constants_frozen and isinstance(base, InputBuffer)
+                and base.position is None
+                and base.name in self.g.constants):
+            return None
+        if not all(isinstance(v, int) for v in (*lay.shape, *lay.strides, lay.offset)):
+            return None
+        key = (base.name, lay.offset, tuple(lay.strides))
+        if key not in self.packed:
+            self.packed[key] = (len(self.packed), lay.shape[0], lay.shape[1])
+        return self.packed[key][0]
+
     def _extern_mm(self, ek):
         (pa, la), (pb, lb) = (self._operand(x) for x in ek.args[:2])
         M, K = la.shape
         N = lb.shape[1]
         sa, sb = [_c(s) for s in la.strides], [_c(s) for s in lb.strides]
+        slot = self._packed_slot(ek.args[1])
+        if slot is not None:
+            packed = f"(const float*)consts[{len(self.g.constants) + slot}]"
+            self.line(f"fl_sgemm_packed({_c(M)}, {_c(N)}, {_c(K)}, {pa}, {sa[0]}, {sa[1]}, {packed}, {ek.name}, "
+                      f"{_c(N)}, fl_threads({_c(M)} * {_c(N)} * {_c(K)}));")
+            return
         self.line(f"fl_sgemm(1, {_c(M)}, {_c(N)}, {_c(K)}, {pa}, 0, {sa[0]}, {sa[1]}, {pb}, 0, {sb[0]}, {sb[1]}, "
                   f"{ek.name}, 0, {_c(N)}, 0, fl_threads({_c(M)} * {_c(N)} * {_c(K)}));")
 
@@ -266,14 +321,20 @@ def bind_jit(lib, graph, size_names):
     to the eager library's GEMM and convolution, the constants' pointer table and their arrays (which
     the caller keeps alive with the table)."""
     ptrs = cpu_kernels.extern_pointers()
-    lib.fl_set_externs.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    p = ctypes.c_void_p
+    lib.fl_set_externs.argtypes = [p, p, p, p, ctypes.c_int]
     lib.fl_set_externs.restype = None
     if ptrs is not None:
         lib.fl_set_externs(*ptrs)
     run = lib.fl_graph_run_obj
     n_arrays = len(graph.inputs) + len(output_bases(graph))
-    run.argtypes = [ctypes.py_object] * n_arrays + [ctypes.c_int64] * len(size_names) + [ctypes.c_void_p]
+    run.argtypes = [ctypes.py_object] * n_arrays + [ctypes.c_int64] * len(size_names) + [p]
     run.restype = ctypes.c_int
     arrays = [c.constant._data for c in graph.constants.values()]
-    consts = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
+    lib.fl_graph_packed_floats.argtypes = [ctypes.c_int]
+    lib.fl_graph_packed_floats.restype = ctypes.c_int64
+    arrays += [cpu_kernels.aligned_empty(lib.fl_graph_packed_floats(k)) for k in range(lib.fl_graph_num_packed())]
+    consts = (p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
+    lib.fl_graph_prepack.argtypes = [p]
+    lib.fl_graph_prepack(consts)
     return run, consts, arrays

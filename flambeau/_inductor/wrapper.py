@@ -151,9 +151,14 @@ def _matmul_extern(args, index):
     """np.matmul on the operands as arrays: a product planned once for its fixed layouts
     (`cpu_kernels.gemm_plan`, handed the operands' base arrays as they are), else `cpu_kernels.matmul`
     on views built with the fast constructor."""
+    ia, ib = (index[a.base.name if isinstance(a, StridedView) else a.name] for a in args)
+    weight = _constant_operand(args[1])
+    if weight is not None and _plan_layout(args[0]) is not None:
+        packed = cpu_kernels.gemm_plan_packed(_plan_layout(args[0]), weight)
+        if packed is not None:
+            return lambda *arrays: packed(arrays[ia])
     planned = cpu_kernels.gemm_plan(*[_plan_layout(a) for a in args]) if all(
         _plan_layout(a) is not None for a in args) else None
-    ia, ib = (index[a.base.name if isinstance(a, StridedView) else a.name] for a in args)
     if planned is not None:
         if (ia, ib) == (0, 1):
             return planned                # the wrapper's arguments are the two bases, in order
@@ -171,6 +176,17 @@ def _matmul_extern(args, index):
     def call(*arrays):
         return matmul(fa(arrays), fb(arrays))
     return call
+
+
+def _constant_operand(a):
+    """The array of a product's right operand when it is a frozen weight (`config.freezing`) of a static
+    2-D layout and `config.prepack_weights` is on: its GEMM panels are then packed once. (Without
+    freezing a graph's constants are read live, so a weight changed in place stays seen.)"""
+    base = a.base if isinstance(a, StridedView) else a
+    if not (config.prepack_weights and config.freezing and isinstance(base, InputBuffer) and getattr(base, "constant", None) is not None
+            and a.dtype == D.float32 and len(a.layout.shape) == 2 and not a.layout.is_symbolic()):
+        return None
+    return strided_array(base.constant._data, a.layout) if isinstance(a, StridedView) else base.constant._data
 
 
 def _plan_layout(a):
