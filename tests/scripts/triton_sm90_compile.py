@@ -5,6 +5,7 @@ and launch each once: every runtime argument must reach the launch, converted by
 The kernels of a graph are first compiled by worker processes (`triton_runtime.precompile_for`, into a
 fresh cache directory), so the loader finds most in the cache. Run without TRITON_INTERPRET; prints one
 line per kernel and `OK <n>` at the end."""
+import ctypes
 import os
 import sys
 import tempfile
@@ -36,9 +37,16 @@ def sm90_compile_fx(gm, example_inputs, **kwargs):
             names = triton_runtime._arg_names(la)
             k = triton_runtime.load_or_compile(getattr(mod, la.name), la.signature(), la.constexprs,
                                                la.num_warps, tuple(names), "sm90", key)
-            TL.launch(k, (1,), *[TL.Ptr(0) if t.startswith("*") else 1 for t in k.arg_types])
-            (_, _, packed, _), = k.function.calls
-            assert len(packed) == len(k.arg_types) + k.scratch, (la.name, k.arg_types, packed)
+            sent = [TL.Ptr(0) if t.startswith("*") else 3 for t in k.arg_types]
+            TL.launch(k, (1,), *sent)
+            (f, params), = _launches
+            _launches.clear()
+            types = TL.c_types(k.arg_types)
+            addresses = (ctypes.c_void_p * len(types)).from_address(params)
+            packed = [t.from_address(a).value for t, a in zip(types, addresses)]
+            assert f == k.function.ptr and len(types) == len(k.arg_types) + k.scratch, (la.name, k.arg_types)
+            assert packed == [0 if t.startswith("*") else 3 for t in k.arg_types] + [0] * k.scratch, \
+                (la.name, k.arg_types, packed)
             print(la.name, k.shared, flush=True)
             compiled[0] += 1
             la = la.then
@@ -48,12 +56,22 @@ def sm90_compile_fx(gm, example_inputs, **kwargs):
 _inductor.compile_fx = sm90_compile_fx
 
 
-class _Recorder:
-    def __init__(self):
-        self.calls = []
+_launches = []
 
-    def __call__(self, grid, block, args, shared_mem=0):
-        self.calls.append((grid, block, args, shared_mem))
+
+class _Recorder:
+    """A loaded kernel function: only its address is read (by the driver launch below)."""
+
+    def __init__(self):
+        self.ptr = id(self)
+
+
+def _driver_launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+    """cuLaunchKernel, recording the function and the address of its parameter block."""
+    _launches.append((f, params))
+
+
+TL._driver[:] = [_driver_launch, lambda: 0]
 
 
 class _RecordingModule:
