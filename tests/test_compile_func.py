@@ -225,3 +225,67 @@ def test_transform_whose_body_cannot_be_traced_breaks_with_a_logged_reason(monke
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
     assert counters["graph_break"], "expected a graph break"
     assert "while tracing" in err and "item" in err, err
+
+
+LIN_W = _RNG.standard_normal((2, 3)).astype(np.float32)
+LIN_B = _RNG.standard_normal(2).astype(np.float32)
+STATE = {}           # per system: the module and the scale tensor the transformed functions read as globals
+
+
+def scaled_by_globals(T, x):
+    model, scale = STATE[T.__name__]
+    return T.func.vmap(lambda r: model(r) * scale)(x).pow(2).sum()
+
+
+def scaled_by_global_names(x):
+    return flambeau.func.vmap(lambda r: GLOBAL_MODEL(r) * GLOBAL_SCALE)(x).pow(2).sum()
+
+
+def _linear(T):
+    m = T.nn.Linear(3, 2)
+    m.load_state_dict({"weight": T.tensor(LIN_W), "bias": T.tensor(LIN_B)})
+    return m
+
+
+GLOBAL_MODEL = _linear(flambeau)
+GLOBAL_SCALE = flambeau.tensor([1.5, -2.0], requires_grad=True)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_modules_and_tensors_a_transformed_function_reads_get_gradients(backend):
+    """A function closing over a module and a tensor (through the frame's locals) or reading them as
+    globals: their parameters and values are node operands (not constants baked into the AOT
+    graph), so the module's and the tensor's gradients match eager and torch.func; rebinding the
+    global tensor recompiles (its read is guarded) rather than reusing the old value."""
+    want = {}
+    for T in (torch, flambeau):
+        STATE[T.__name__] = (_linear(T), T.tensor([1.5, -2.0], requires_grad=True))
+        scaled_by_globals(T, T.tensor(XS)).backward()
+        model, scale = STATE[T.__name__]
+        want[T.__name__] = [model.weight.grad.numpy(), model.bias.grad.numpy(), scale.grad.numpy()]
+        model.zero_grad()
+        scale.grad = None
+    np.testing.assert_allclose(want["flambeau"][0], want["torch"][0], rtol=1e-5)
+    flambeau._dynamo.reset()
+    counters.clear()
+    model, scale = STATE["flambeau"]
+    flambeau.compile(lambda x: scaled_by_globals(flambeau, x), backend=backend, fullgraph=True)(
+        flambeau.tensor(XS)).backward()
+    for got, w in zip([model.weight.grad, model.bias.grad, scale.grad], want["torch"]):
+        np.testing.assert_allclose(got.numpy(), w, rtol=1e-5, atol=1e-6)
+
+    global GLOBAL_SCALE
+    flambeau._dynamo.reset()
+    fn = flambeau.compile(scaled_by_global_names, backend=backend, fullgraph=True)
+    GLOBAL_MODEL.zero_grad()
+    GLOBAL_SCALE.grad = None
+    fn(flambeau.tensor(XS)).backward()
+    np.testing.assert_allclose(GLOBAL_MODEL.weight.grad.numpy(), want["torch"][0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(GLOBAL_SCALE.grad.numpy(), want["torch"][2], rtol=1e-5, atol=1e-6)
+    saved, GLOBAL_SCALE = GLOBAL_SCALE, flambeau.tensor([3.0, 0.5])
+    try:
+        np.testing.assert_allclose(fn(flambeau.tensor(XS)).item(), scaled_by_global_names(flambeau.tensor(XS)).item(),
+                                   rtol=1e-5)
+    finally:
+        GLOBAL_SCALE = saved
+    assert not counters["graph_break"], dict(counters["graph_break"])

@@ -23,14 +23,18 @@ transform's operations land in the compiled forward and backward graphs as primi
 inductor compiles them), on real tensors for the eager backend. The user's function is a function
 object, a bound method, or a function made in the traced frame; the tensors it closes over are the
 node's extra operands, rebound into fresh cells at each run (graph inputs: values and gradients flow
-through them, and to the transforms they are captured constants, as in torch.func); its other free
-variables (constants, modules, functions) are baked. Like a traced autograd.Function, the Python the
-function runs is specialised without guards of its own. A function that cannot be rebuilt, or a body
+through them, and to the transforms they are captured constants, as in torch.func); so are the
+parameters and buffers of modules it closes over (swapped into the module while it runs) and the
+tensors and modules it reads as globals of the traced frame (read through dynamo, so guarded like
+the frame's own reads); constants, functions, classes and Python modules are baked. Globals of other
+modules, and the Python of functions it calls, are specialised without guards of their own. A function that cannot be rebuilt, or a body
 that fails on fake tensors (data-dependent Python, `.item()`), is a graph break with the reason
 (FLAMBEAU_LOGS=graph_breaks): the transform then runs eagerly.
 """
 from __future__ import annotations
 
+import contextlib
+import dis
 import importlib
 import types
 
@@ -42,6 +46,7 @@ from ..utils import is_disabled
 from .base import VariableTracker, ValueVariable, const
 from ..._device import device, canonical
 from ..._functorch import eager_transforms, vmap as _vmap
+from ..._functorch.functional_call import _Swapped
 from ...autograd import grad_mode
 from ...amp import autocast_mode
 from ...amp.autocast_mode import autocast
@@ -440,7 +445,11 @@ def function_builder(tx, vt, api: str) -> _Builder:
     if isinstance(vt, TorchFunctionVariable):
         return _constant_builder(vt.value)
     if isinstance(vt, kinds.functions.UserFunctionVariable) and not is_disabled(vt.value):
-        return _constant_builder(vt.value)
+        fn = vt.value
+        if fn.__kwdefaults__ is not None:
+            return _constant_builder(fn)
+        return _rebuilt(tx, fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, [(False, c) for c in
+                        (fn.__closure__ or ())], [], [], cells_are_cells=True)
     if isinstance(vt, kinds.functions.UserMethodVariable) and hasattr(vt.obj, "value") and \
             not is_disabled(vt.value):
         return _constant_builder(types.MethodType(vt.value, vt.obj.value))
@@ -461,7 +470,7 @@ def _closure_builder(tx, vt, api: str) -> _Builder:
     if vt.kwdefaults is not None or (vt.defaults is not None and not vt.defaults.is_python_constant()):
         raise Unsupported(f"flambeau.func.{api} of {vt.name}: defaults that are not constants")
     defaults = None if vt.defaults is None else tuple(d.as_python_constant() for d in vt.defaults.items)
-    template, operands = [], []
+    template, operands, swaps = [], [], []
     for name, cell in zip(vt.code.co_freevars, vt.closure or ()):
         value = _cell_tracker(tx, cell, name)
         if _holds_tensor(value):
@@ -469,17 +478,79 @@ def _closure_builder(tx, vt, api: str) -> _Builder:
             operands.append(value)
         elif value.is_python_constant():
             template.append((False, value.as_python_constant()))
-        elif hasattr(value, "value") and not isinstance(value, _containers()):
-            template.append((False, value.value))          # a module, a function, an object of the frame
+        elif isinstance(value, kinds.nn_module.NNModuleVariable) and value.source is not None:
+            template.append((False, value.value))
+            swaps.append((value.value, _lift_module_state(tx, value, operands)))
+        elif isinstance(getattr(value, "value", None), _STATELESS) and not isinstance(value, _containers()):
+            template.append((False, value.value))          # a function, a class, a Python module, an op
         else:
             raise Unsupported(f"flambeau.func.{api} of {vt.name}: its free variable {name!r} is {value}, which "
                               "cannot be passed to the transformed function")
-    code, f_globals, fname = vt.code, vt.f_globals, vt.name
+    return _rebuilt(tx, vt.code, vt.f_globals, vt.name, defaults, template, operands, swaps)
+
+
+def _rebuilt(tx, code, f_globals, fname, defaults, template, operands, swaps, cells_are_cells=False):
+    """The `_Builder` of a function rebuilt from its code: `template` gives each closure cell (a baked
+    value, or a cell as it is, or an operand index); the tensors and modules it reads as globals of
+    the traced frame are lifted too (`_lift_globals`)."""
+    overrides = _lift_globals(tx, code, f_globals, operands, swaps) if tx is not None else {}
 
     def make(extras):
-        cells = tuple(types.CellType(extras[v] if is_operand else v) for is_operand, v in template)
-        return types.FunctionType(code, f_globals, fname, defaults, cells or None)
+        cells = tuple(types.CellType(extras[v]) if is_operand else (v if cells_are_cells else types.CellType(v))
+                      for is_operand, v in template)
+        g = f_globals if not overrides else {**f_globals, **{k: extras[i] for k, i in overrides.items()}}
+        fn = types.FunctionType(code, g, fname, defaults, cells or None)
+        if not swaps:
+            return fn
+        state = [(module, {k: extras[i] for k, i in names.items()}) for module, names in swaps]
+
+        def with_module_state(*args, **kwargs):
+            with contextlib.ExitStack() as stack:
+                for module, tensors in state:
+                    stack.enter_context(_Swapped(module, tensors))
+                return fn(*args, **kwargs)
+        return with_module_state
     return _Builder(make, operands, fname.rsplit(".", 1)[-1].replace("<lambda>", "lambda"))
+
+
+def _lift_globals(tx, code, f_globals, operands: list, swaps: list) -> dict:
+    """The globals of the traced frame that `code` loads, read through dynamo (so they are guarded
+    like the frame's own reads): tensors become operands (returned as {name: operand index}, bound
+    in a copy of the globals when the node runs), modules have their state lifted."""
+    if f_globals is not tx.f_globals:
+        return {}
+    overrides = {}
+    for name in dict.fromkeys(i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"):
+        if name not in f_globals:
+            continue
+        value = tx.load_global(name)
+        if isinstance(value, TensorVariable):
+            overrides[name] = len(operands)
+            operands.append(value)
+        elif isinstance(value, kinds.nn_module.NNModuleVariable):
+            swaps.append((value.value, _lift_module_state(tx, value, operands)))
+    return overrides
+
+
+# free variables baked into a rebuilt function as they are: values that hold no tensors of their own
+_STATELESS = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType, Op)
+
+
+def _lift_module_state(tx, module_vt, operands: list) -> dict:
+    """A module the function closes over: its parameters and buffers (as the graph's get_attr
+    tensors) become operands, swapped into the module while the function runs, so AOT autograd sees
+    them as inputs and gradients reach them. Returns {name: operand index}."""
+    names = {}
+    for store, items in (("_parameters", module_vt.value.named_parameters(remove_duplicate=False)),
+                         ("_buffers", module_vt.value.named_buffers(remove_duplicate=False))):
+        for qualified, t in items:
+            src = module_vt.source
+            *path, leaf = qualified.split(".")
+            for part in path:
+                src = src.attr("_modules").item(part)
+            names[qualified] = len(operands)
+            operands.append(tx.output.module_tensor(t, src.attr(store).item(leaf), is_param=store == "_parameters"))
+    return names
 
 
 def _cell_tracker(tx, cell, name: str) -> VariableTracker:
