@@ -40,6 +40,12 @@ _sm_counts: dict = {}
 _lock = threading.Lock()
 
 
+def _cupy():
+    """CuPy, imported at its first use here (an optional dependency, present only where cuda is used)."""
+    import cupy  # deferred: optional dependency, present only where cuda is used
+    return cupy
+
+
 class Ptr(NamedTuple):
     """A device address passed to a pointer parameter."""
     address: int
@@ -120,7 +126,7 @@ _driver: list = []          # (cuLaunchKernel, current stream pointer), looked u
 
 def _driver_calls():
     if not _driver:
-        import cupy  # deferred: optional dependency, present only where cuda is used
+        cupy = _cupy()
         _driver[:] = [cupy.cuda.driver.launchKernel, lambda: cupy.cuda.get_current_stream().ptr]
     return _driver
 
@@ -146,7 +152,7 @@ _device_id: list = []       # CuPy's current-device query, looked up once
 def current_device() -> int:
     """The current cuda device index through CuPy's cached query (`cupy.cuda.Device()` builds an object)."""
     if not _device_id:
-        import cupy  # deferred: optional dependency, present only where cuda is used
+        cupy = _cupy()
         _device_id.append(getattr(cupy.cuda.device, "get_device_id", cupy.cuda.runtime.getDevice))
     return _device_id[0]()
 
@@ -164,7 +170,7 @@ def available() -> bool:
 def multiprocessors() -> int:
     """The current device's multiprocessor count, read once per device (CuPy's `Device.attributes`
     queries every attribute on each use)."""
-    import cupy  # deferred: optional dependency, present only where cuda is used
+    cupy = _cupy()
     dev = cupy.cuda.runtime.getDevice()
     n = _sm_counts.get(dev)
     if n is None:
@@ -173,7 +179,7 @@ def multiprocessors() -> int:
 
 
 def _target():
-    import cupy  # deferred: optional dependency, present only where cuda is used
+    cupy = _cupy()
     from triton.backends.compiler import GPUTarget  # deferred: optional dependency (cuda only)
     dev = cupy.cuda.Device()
     major, minor = dev.compute_capability[:-1], dev.compute_capability[-1]
@@ -198,7 +204,7 @@ def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int = 4,
 
 
 def _build(fn, signature, constexprs, num_warps, num_stages, aligned) -> Kernel:
-    import cupy  # deferred: optional dependency, present only where cuda is used
+    cupy = _cupy()
     import triton  # deferred: optional dependency, present only where cuda is used
     from triton.compiler import ASTSource  # deferred: optional dependency, present only where cuda is used
     names = list(fn.arg_names)
@@ -247,7 +253,7 @@ def launch(kernel: Kernel, grid: tuple, *args) -> None:
         i += 1
     scratch = None
     if kernel.global_scratch:           # kept alive until the launch is queued (the pool orders reuse)
-        import cupy  # deferred: optional dependency, present only where cuda is used
+        cupy = _cupy()
         scratch = cupy.empty(kernel.global_scratch * g0 * g1 * g2, dtype=np.uint8)
         slots[i].value = scratch.data.ptr
     # the profile scratch pointer stays null: no instrumentation
