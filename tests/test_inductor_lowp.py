@@ -218,3 +218,19 @@ def test_autocast_bfloat16_char_gpt_training_step_compiled_vs_eager(made):
     assert rmse(comp) <= 3 * rmse(eager) + 1e-6, (rmse(comp), rmse(eager))
     assert_generated(made, WIDEN["bfloat16"], NARROW["bfloat16"])
     assert any("_sdpa_flash_cpu" in c.artifact.wrapper_source for c in made)
+
+
+@pytest.mark.parametrize("name", list(LOWP))
+def test_nextafter_steps_in_the_storage_dtype(name, made):
+    """nextafter of bfloat16/float16 compiles into the kernel (no eager fallback) and steps one unit of
+    the storage dtype, bit for bit as PyTorch: toward larger and smaller values, both signs, from and
+    to zero, equal operands, infinities and NaN, the operand computed in float first."""
+    fdt, tdt = LOWP[name]
+    a = torch.tensor([1.0, 1.0, -1.0, -1.0, 0.0, 0.0, -0.0, 3.5, 65504.0, float("inf"), float("nan"), 2.0, 1e-3,
+                      -7.25]).to(tdt)
+    b = torch.tensor([2.0, 0.0, 0.0, -2.0, 1.0, -1.0, 0.0, 3.5, float("inf"), 0.0, 1.0, float("nan"), -1.0,
+                      -7.0]).to(tdt)
+    got = fl.compile(lambda x, y: fl.nextafter(x * 1, y))(fl_of(a), fl_of(b))
+    assert got.dtype == fdt
+    same_bits(torch_of(got).float(), torch.nextafter(a, b).float())
+    assert_generated(made, "fl_nextafter_" + ("bf16" if name == "bfloat16" else "f16"))

@@ -47,6 +47,7 @@ STORAGE = {**CTYPES, **{dt: "uint16_t" for dt in LOWP}}    # the element type of
 WIDEN = {D.bfloat16: "fl_bf16_to_f32", D.float16: "fl_f16_to_f32"}
 NARROW = {D.bfloat16: "fl_f32_to_bf16", D.float16: "fl_f32_to_f16"}
 ROUND = {D.bfloat16: "fl_round_bf16", D.float16: "fl_round_f16"}
+NEXTAFTER = {D.bfloat16: "fl_nextafter_bf16", D.float16: "fl_nextafter_f16"}
 DTYPES = frozenset(CTYPES)     # the dtypes this code generator takes
 
 # The C math functions libmvec vectorises, as the ops declare them (`PointwiseSpelling.simd`), by arity.
@@ -189,6 +190,25 @@ static inline uint16_t fl_f32_to_f16(float f) {
 }
 static inline float fl_round_bf16(float f) { return fl_bf16_to_f32(fl_f32_to_bf16(f)); }
 static inline float fl_round_f16(float f) { return fl_f16_to_f32(fl_f32_to_f16(f)); }
+// nextafter in the storage dtype: both operands rounded to it, the bit pattern stepped one unit toward
+// `b` (from zero to the smallest subnormal of b's sign), NaN in -> NaN out, a == b -> b (eager's rule).
+// `up`/`down`: a's pattern plus/minus one (larger/smaller magnitude), `tiny`: the smallest subnormal.
+static inline float fl_nextafter_lowp(float a, float b, float up, float down, float tiny) {
+  float s = (b > a) == (a > 0) ? up : down;
+  return a != a || b != b ? a + b : (a == b ? b : (a == 0 ? (b > 0 ? tiny : -tiny) : s));
+}
+static inline float fl_nextafter_bf16(float x, float y) {
+  float a = fl_round_bf16(x), b = fl_round_bf16(y);
+  uint16_t h = fl_f32_to_bf16(a);
+  return fl_nextafter_lowp(a, b, fl_bf16_to_f32(uint16_t(h + 1)), fl_bf16_to_f32(uint16_t(h - 1)),
+                           fl_bf16_to_f32(1));
+}
+static inline float fl_nextafter_f16(float x, float y) {
+  float a = fl_round_f16(x), b = fl_round_f16(y);
+  uint16_t h = fl_f32_to_f16(a);
+  return fl_nextafter_lowp(a, b, fl_f16_to_f32(uint16_t(h + 1)), fl_f16_to_f32(uint16_t(h - 1)),
+                           fl_f16_to_f32(1));
+}
 static inline int64_t fl_floordiv_i(int64_t a, int64_t b) { int64_t q = a / b, r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q; }
 static inline int64_t fl_mod_i(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 #pragma omp declare reduction(flmax : float, double, int64_t, int32_t, int16_t, int8_t, uint8_t : omp_out = fl_max(omp_out, omp_in)) initializer(omp_priv = omp_orig)
@@ -301,8 +321,8 @@ def c_expr(op, args, dtype) -> str:
     sp = op.pointwise
     if op is CAST and dtype in LOWP:           # a cast to half precision rounds, then computes on in float
         return f"{ROUND[dtype]}({args[0].name})"
-    if t in LOWP and op is aten.nextafter:
-        raise Unsupported("nextafter steps in the storage dtype; the C++ backend computes half precision in float")
+    if t in LOWP and op is aten.nextafter:     # steps in the storage dtype, not in float
+        return f"{NEXTAFTER[t]}({args[0].name}, {args[1].name})"
     tmpl = sp.by_kind["cpp"][KIND[dtype if sp.by_result else t]]
     if tmpl is None:
         raise NotImplementedError(f"{op.name} has no C++ spelling for {t.name} operands")
