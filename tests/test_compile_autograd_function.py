@@ -7,6 +7,7 @@ import logging
 import numpy as np
 import pytest
 import torch
+import torch._dynamo.testing  # the reference CompileCounter (not loaded by `import torch`)
 
 import flambeau
 from flambeau._counters import counters, FALLBACKS
