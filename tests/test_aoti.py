@@ -57,8 +57,9 @@ def freezing():
     config.freezing = saved
 
 
-def _package(tmp_path, m, args, name="m", **kw):
-    return aoti_compile_and_package(export(m, args, **kw), package_path=str(tmp_path / f"{name}.pt2"))
+def _package(tmp_path, m, args, name="m", configs=None, **kw):
+    return aoti_compile_and_package(export(m, args, **kw), package_path=str(tmp_path / f"{name}.pt2"),
+                                    inductor_configs=configs)
 
 
 @pytest.mark.parametrize("frozen", [False, True], ids=["plain", "freezing"])
@@ -347,3 +348,33 @@ def test_jit_python_wrapper_packs_frozen_weights_once(freezing, monkeypatch, fro
     finally:
         fl._dynamo.reset()
     assert len(made) == (2 if frozen else 0) and all(p is not None for p in made)
+
+
+def _cpu_flags() -> set:
+    with open("/proc/cpuinfo") as f:
+        line = next((ln for ln in f if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="reads the CPU's flags from /proc/cpuinfo")
+def test_aoti_march_portable_package_and_cpu_feature_check(tmp_path):
+    """aoti_march: a package for a baseline CPU runs here (no AVX2 code in it); one compiled for a CPU with
+    features this one lacks (Sapphire Rapids' AMX and AVX512-FP16) is refused at load, from Python and
+    from C++, with a message naming the missing features."""
+    m, args = _model("mlp")
+    pkg = _package(tmp_path, m, args, name="v2", configs={"aoti_march": "x86-64-v2"})
+    run = aoti_load_package(pkg)
+    assert run.metadata["march"] == "x86-64-v2" and "avx2" not in run.metadata["cpu_features"] \
+        and "sse4.2" in run.metadata["cpu_features"]
+    np.testing.assert_allclose(run(*args).numpy(), _eager(m, args).numpy(), rtol=RTOL, atol=ATOL)
+    native = aoti_load_package(_package(tmp_path, m, args, name="native"))
+    assert native.metadata["march"] == "native"
+    if {"amx_tile", "avx512_fp16"} <= _cpu_flags():
+        pytest.skip("this CPU has Sapphire Rapids' features: nothing to refuse")
+    pkg = _package(tmp_path, m, args, name="spr", configs={"aoti_march": "sapphirerapids"})
+    with pytest.raises(AOTIPackageError, match=r"compiled for CPU features this CPU lacks: .*(amx-tile|avx512fp16)"):
+        aoti_load_package(pkg)
+    r, _ = _run_cpp(pkg, tmp_path, list(args))
+    assert r.returncode == 1 and "this CPU lacks" in r.stderr and "-march=sapphirerapids" in r.stderr
+    with pytest.raises(RuntimeError, match="refuses -march=no-such-cpu"):
+        _package(tmp_path, m, args, name="bad", configs={"aoti_march": "no-such-cpu"})

@@ -58,6 +58,13 @@ GEMM_SRC = os.path.join(os.path.dirname(HERE), "_backends", "cpu_kernels.cpp")
 DTYPE_CODES = {D.float32: 0, D.float64: 1, D.int64: 2, D.int32: 3, D.int16: 4, D.int8: 5, D.uint8: 6, D.bool: 7}
 STATE_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
 SYMBOL = re.compile(r"\bs\d+\b")           # a size symbol's name in a size expression's text
+# CPU features a package's code may use: the compiler's predefined macro -> __builtin_cpu_supports name
+CPU_FEATURES = {"__SSE4_2__": "sse4.2", "__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma", "__F16C__": "f16c",
+                "__BMI__": "bmi", "__BMI2__": "bmi2", "__AVX512F__": "avx512f", "__AVX512BW__": "avx512bw",
+                "__AVX512DQ__": "avx512dq", "__AVX512VL__": "avx512vl", "__AVX512VNNI__": "avx512vnni",
+                "__AVX512BF16__": "avx512bf16", "__AVX512FP16__": "avx512fp16", "__AMX_TILE__": "amx-tile",
+                "__AMX_BF16__": "amx-bf16", "__AMX_INT8__": "amx-int8"}
+TARGET_FLAGS = ("-march=", "-mprefer-vector-width=")     # the flags that choose the CPU code is built for
 
 
 class AOTICompileError(RuntimeError):
@@ -119,7 +126,7 @@ def _package(ep, package_path) -> str:
         order = schedule(graph)
         memory = plan_memory(order, graph)
         kernels = [k for k in order if isinstance(k, Kernel)]
-        info = dict(_cpp_builder.detect_flags())
+        info, features = _target(dict(_cpp_builder.detect_flags()))
         wrapper = CppWrapper(graph, order, memory, size_names, constants_frozen=True).generate()
         weights, offsets = _weights(graph)
         model = ModelSource(graph, size_names, user_names, prog.range_constraints, offsets, weights,
@@ -127,10 +134,29 @@ def _package(ep, package_path) -> str:
     except Unsupported as e:
         raise AOTICompileError(f"aoti_compile_and_package: {e}") from None
     source = '#include "aoti_runtime.h"\n' + codegen_cpp.generate(kernels, info["simd_math"], size_names) + \
-        wrapper + model
+        wrapper + model + (f'extern "C" const char* fl_aoti_cpu_features(void) {{ return "{" ".join(features)}"; }}\n'
+                           f'extern "C" const char* fl_aoti_march(void) {{ return "{config.aoti_march}"; }}\n')
     so = _build(source, info)
     meta = _metadata(ep, graph, user_names, prog.range_constraints, offsets, weights, folded)
+    meta.update(march=config.aoti_march, cpu_features=features)
     return _write(package_path, so, source, weights, meta)
+
+
+def _target(info: dict) -> tuple:
+    """(the build info for `config.aoti_march`, the CPU features the compiler may use for it)."""
+    march = config.aoti_march
+    flags = list(info["flags"])
+    if march != "native":
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", march):
+            raise AOTICompileError(f"aoti_compile_and_package: bad aoti_march {march!r}")
+        flags = [f for f in flags if not f.startswith(TARGET_FLAGS)] + [f"-march={march}"]
+    r = subprocess.run([info["cxx"], *[f for f in flags if f.startswith("-m")], "-dM", "-E", "-x", "c++", os.devnull],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise AOTICompileError(f"aoti_compile_and_package: the compiler refuses -march={march}: "
+                               f"{(r.stderr or r.stdout).strip()[:400]}")
+    macros = {line.split()[1] for line in r.stdout.splitlines() if line.startswith("#define ")}
+    return dict(info, flags=flags), sorted(v for k, v in CPU_FEATURES.items() if k in macros)
 
 
 # ---- weights -------------------------------------------------------------------------------------
@@ -412,7 +438,8 @@ def _build(source: str, info: dict) -> bytes:
             f.write(source)
         objs = [os.path.join(d, "model.o")]
         _run([info["cxx"], *flags, *config.kernel_cflags, "-I", HERE, "-c", model, "-o", objs[0]], model)
-        objs.append(_object(RUNTIME_SRC, flags, info))
+        # the runtime checks the CPU's features before any model code runs: built for any x86-64
+        objs.append(_object(RUNTIME_SRC, [f for f in flags if not f.startswith(TARGET_FLAGS)], info))
         gemm_flags = flags + ["-ffp-contract=fast"] + (["-DFLM_SIMD_MATH"] if info.get("simd_math") else [])
         objs.append(_object(GEMM_SRC, gemm_flags, info))
         so = os.path.join(d, "model.so")

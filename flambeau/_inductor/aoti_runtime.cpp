@@ -15,6 +15,8 @@
 #include <vector>
 
 extern "C" void fl_set_externs(void* sgemm, void* conv2d, void* sgemm_packed, void* pack_b, int threads);
+extern "C" const char* fl_aoti_cpu_features(void);
+extern "C" const char* fl_aoti_march(void);
 extern "C" int fl_graph_num_packed(void);
 extern "C" int64_t fl_graph_packed_floats(int k);
 extern "C" void fl_graph_prepack(void* const* consts);
@@ -115,9 +117,51 @@ static int fl_read_weights(FlAotiRunner* r, const char* dir) {
     return FL_AOTI_OK;
 }
 
+// Whether this CPU has `f` (a name of aoti.CPU_FEATURES); a name this runtime does not know counts as absent.
+static bool fl_cpu_has(const std::string& f) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (f == "sse4.2") return __builtin_cpu_supports("sse4.2");
+    if (f == "avx") return __builtin_cpu_supports("avx");
+    if (f == "avx2") return __builtin_cpu_supports("avx2");
+    if (f == "fma") return __builtin_cpu_supports("fma");
+    if (f == "f16c") return __builtin_cpu_supports("f16c");
+    if (f == "bmi") return __builtin_cpu_supports("bmi");
+    if (f == "bmi2") return __builtin_cpu_supports("bmi2");
+    if (f == "avx512f") return __builtin_cpu_supports("avx512f");
+    if (f == "avx512bw") return __builtin_cpu_supports("avx512bw");
+    if (f == "avx512dq") return __builtin_cpu_supports("avx512dq");
+    if (f == "avx512vl") return __builtin_cpu_supports("avx512vl");
+    if (f == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
+    if (f == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
+    if (f == "avx512fp16") return __builtin_cpu_supports("avx512fp16");
+    if (f == "amx-tile") return __builtin_cpu_supports("amx-tile");
+    if (f == "amx-bf16") return __builtin_cpu_supports("amx-bf16");
+    if (f == "amx-int8") return __builtin_cpu_supports("amx-int8");
+#endif
+    return false;
+}
+
+// Refuse a package whose code uses CPU features this CPU lacks, before any of that code runs (this
+// file is built for a baseline CPU).
+static int fl_check_cpu(void) {
+    std::string missing, f;
+    const std::string features = std::string(fl_aoti_cpu_features()) + " ";
+    for (char ch : features) {
+        if (ch != ' ') { f += ch; continue; }
+        if (!f.empty() && !fl_cpu_has(f)) missing += (missing.empty() ? "" : ", ") + f;
+        f.clear();
+    }
+    if (missing.empty()) return FL_AOTI_OK;
+    return fl_fail(FL_AOTI_ERR_CPU, "fl_aoti_create: the package was compiled for CPU features this CPU lacks: " +
+                   missing + " (built with -march=" + fl_aoti_march() + "); compile it on this machine, or for a "
+                   "CPU this one covers with inductor_configs={'aoti_march': 'x86-64-v3'} (or another -march name)");
+}
+
 extern "C" int fl_aoti_create(const char* package_dir, FlAotiRunner** runner) {
     if (!package_dir || !runner) return fl_fail(FL_AOTI_ERR_ARGUMENT, "fl_aoti_create: null argument");
     *runner = nullptr;
+    if (fl_check_cpu() != FL_AOTI_OK) return FL_AOTI_ERR_CPU;
     const FlAotiModelInfo* info = fl_aoti_model_info();
     if (info->abi_version != FL_AOTI_ABI_VERSION)
         return fl_fail(FL_AOTI_ERR_FORMAT, "fl_aoti_create: the model library has ABI version " +

@@ -39,7 +39,8 @@ enum FlAotiStatus {
     FL_AOTI_ERR_FORMAT = 3,     /* weights.bin of another package, or a library of another ABI version */
     FL_AOTI_ERR_SHAPE = 4,      /* an input's shape differs from the program's, or a dynamic size is out of range */
     FL_AOTI_ERR_KERNEL = 5,     /* a kernel found an error (an index out of range, an integer division by zero) */
-    FL_AOTI_ERR_MEMORY = 6
+    FL_AOTI_ERR_MEMORY = 6,
+    FL_AOTI_ERR_CPU = 7         /* the package was compiled for CPU features this CPU lacks (the message names them) */
 };
 
 enum FlAotiDtype {

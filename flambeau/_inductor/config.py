@@ -33,6 +33,11 @@ freezing: bool = os.environ.get("FLAMBEAU_FREEZING", "0") not in ("", "0")
 # The C++ wrapper packs a matrix product's constant right operand (a frozen or AOTInductor weight) into
 # the GEMM's panel layout once, when the compiled graph or package is loaded, instead of at every call.
 prepack_weights: bool = True
+# The CPU an AOTInductor package is compiled for: "native" (this machine's -march=native: fastest, runs
+# on CPUs with the same features) or any -march name of the compiler ("x86-64-v3", "skylake-avx512")
+# for a package that runs on more machines. The package records the CPU features its code may use
+# and refuses to load, with a message naming them, on a CPU that lacks any.
+aoti_march: str = "native"
 
 fuse: bool = True                 # group buffers into shared loop nests
 keep_locals: bool = True          # keep kernel-internal buffers in registers
