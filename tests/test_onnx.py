@@ -10,6 +10,8 @@ import pytest
 
 import flambeau as fl
 
+torch = pytest.importorskip("torch")
+
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
@@ -78,6 +80,64 @@ def test_cnn_with_batchnorm_runs_in_onnxruntime():
 def test_gpt_block_runs_in_onnxruntime():
     m = _Block().eval()
     _run(m, fl.randint(0, 50, (2, 16)), [fl.randint(0, 50, (3, 16))], {"inp": {0: "batch"}}, 1e-4)
+
+
+def _lstm(lib):
+    class Tagger(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = lib.nn.LSTM(6, 12, num_layers=2, batch_first=True)
+            self.head = lib.nn.Linear(12, 3)
+
+        def forward(self, x):
+            out, (h, c) = self.lstm(x)
+            return self.head(out + h[-1].unsqueeze(1) + c[0].unsqueeze(1))
+    return Tagger()
+
+
+def test_lstm_runs_in_onnxruntime_as_pytorch():
+    """A 2-layer batch-first LSTM (zero initial state: ConstantOfShape of the dynamic batch) and its last
+    states: onnxruntime's outputs equal PyTorch's LSTM with the same weights, at two batch sizes."""
+    fl.manual_seed(0)
+    m = _lstm(fl).eval()
+    tm = _lstm(torch).eval()
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in m.state_dict().items()})
+    buf = io.BytesIO()
+    fl.onnx.export(m, (fl.randn(2, 5, 6),), buf, input_names=["x"], output_names=["y"],
+                   dynamic_axes={"x": {0: "batch"}})
+    sess = ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"])
+    for b in (2, 7):
+        x = np.random.default_rng(b).standard_normal((b, 5, 6)).astype(np.float32)
+        with torch.no_grad():
+            want = tm(torch.tensor(x)).numpy()
+        np.testing.assert_allclose(sess.run(["y"], {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+
+
+class _Cond(fl.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = fl.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return fl.cond(x.sum() > 0, lambda x: self.lin(x).sin(), lambda x: x.cos() * 2, (x,)) + 1
+
+
+def test_cond_runs_in_onnxruntime_as_an_if():
+    """flambeau.cond as an ONNX If (both branches kept, the weight read inside one from the outer scope):
+    each branch taken by the data, outputs as PyTorch's."""
+    fl.manual_seed(0)
+    m = _Cond().eval()
+    w, b = (torch.tensor(p.detach().numpy()) for p in (m.lin.weight, m.lin.bias))
+    buf = io.BytesIO()
+    prog = fl.onnx.export(m, (fl.randn(3, 4),), buf, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "batch"}})
+    assert [n.op_type for n in prog.model_proto.graph.node].count("If") == 1
+    sess = ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"])
+    for sign, rows in ((1, 3), (-1, 5)):
+        x = (sign * np.abs(np.random.default_rng(rows).standard_normal((rows, 4)))).astype(np.float32)
+        t = torch.tensor(x)
+        want = (torch.nn.functional.linear(t, w, b).sin() if t.sum() > 0 else t.cos() * 2) + 1
+        np.testing.assert_allclose(sess.run(["y"], {"x": x})[0], want.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_unsupported_programs_are_refused_by_name():

@@ -132,9 +132,8 @@ def _to_model(onnx, ep, in_names: list, output_names, opset: int, dims: list):
     for node in ep.graph.nodes:
         if node.op == "call_function":
             c.env[node.name] = convert_call(c, node)
-        elif node.op == "get_attr":
-            raise OnnxExporterError(f"flambeau.onnx.export: the graph reads the subgraph {node.target} (cond/map "
-                                    "are not exported to ONNX yet)")
+        elif node.op == "get_attr":          # a cond branch: read by the If rule
+            c.env[node.name] = getattr(ep.graph_module, node.target)
     out_node = ep.graph.output_node()
     outs = []
     vals = list(out_node.args[0])

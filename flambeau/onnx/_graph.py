@@ -5,7 +5,8 @@ buffer updates) and builds an `onnx.ModelProto` with the `onnx` package: module 
 initializers (named by its fully qualified name), user inputs graph inputs with `dim_param` names
 for the dynamic dims, every call a few ONNX nodes. A size read in the graph (`sym_size`, size
 arithmetic) is a 1-element int64 tensor (`Shape(x, start=d, end=d+1)`), so a `view` to a shape with
-dynamic entries is a `Reshape` to a `Concat` of them. An operator without a rule raises
+dynamic entries is a `Reshape` to a `Concat` of them. `flambeau.cond` becomes an `If` whose branches
+are the two subgraphs (reading the operands from the outer scope). An operator without a rule raises
 `OnnxExporterError` naming it.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import operator
 
 import numpy as np
 
+from .._higher_order_ops._cond import cond_op
 from ..fx._symbolic_shapes import SymInt, sym_size
 from .._tensor import Tensor
 
@@ -356,6 +358,43 @@ def _cat_rule(c: Converter, node, tensors, dim=0):
     return c.b.op1("Concat", [c.value(t) for t in tensors], axis=int(dim) % _rank(node))
 
 
+@rule("full")
+def _full_rule(c: Converter, node, size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
+    value = np.array([fill_value], _np_dtype(node.meta["val"]))
+    return c.b.op1("ConstantOfShape", [c.size_list(size)], value=c.b.onnx.numpy_helper.from_array(value))
+
+
+# ---- control flow: flambeau.cond as an If of two subgraphs ----------------------------------------------
+def _branch(c: Converter, gm, operands, name: str):
+    """The GraphProto of a cond branch: its placeholders are the operands (outer-scope names), its
+    constants go to the main graph's initializers (visible inside)."""
+    sub = Converter(c.b)
+    saved, c.b.nodes = c.b.nodes, []
+    try:
+        for ph, v in zip(gm.graph.find_nodes(op="placeholder"), operands):
+            sub.env[ph.name] = v
+        for n in gm.graph.nodes:
+            if n.op == "call_function":
+                sub.env[n.name] = convert_call(sub, n)
+        outs = []
+        for v in gm.graph.output_node().args[0]:
+            out = c.b.fresh(f"{name}_out")
+            c.b.nodes.append(c.b.helper.make_node("Identity", [sub.env[v.name]], [out], name=c.b.fresh("n_out")))
+            val = v.meta["val"]
+            outs.append(c.b.helper.make_tensor_value_info(out, _onnx_type(c, v), [None] * len(val.shape)))
+        return c.b.helper.make_graph(c.b.nodes, name, [], outs)
+    finally:
+        c.b.nodes = saved
+
+
+def _cond_rule(c: Converter, node, pred, true_gm, false_gm, operands):
+    ops = [c.value(o) for o in operands]
+    then_g = _branch(c, c.env[true_gm.name], ops, c.b.fresh("then"))
+    else_g = _branch(c, c.env[false_gm.name], ops, c.b.fresh("else"))
+    cond = c.b.op1("Cast", [c.value(pred)], to=ONNX_BOOL)
+    return c.b.op("If", [cond], len(then_g.output), then_branch=then_g, else_branch=else_g)
+
+
 # ---- Python-level nodes ---------------------------------------------------------------------------------
 _SIZE_OPS = {operator.add: "Add", operator.sub: "Sub", operator.mul: "Mul", operator.floordiv: "Div"}
 
@@ -364,6 +403,8 @@ def convert_call(c: Converter, node):
     t = node.target
     if t is operator.getitem:
         return c.env[node.args[0].name][node.args[1]]
+    if t is cond_op:
+        return _cond_rule(c, node, *node.args)
     if t is sym_size:
         return c.b.op1("Shape", [c.env[node.args[0].name]], start=node.args[1], end=node.args[1] + 1)
     if t in _SIZE_OPS:
