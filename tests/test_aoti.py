@@ -378,3 +378,36 @@ def test_aoti_march_portable_package_and_cpu_feature_check(tmp_path):
     assert r.returncode == 1 and "this CPU lacks" in r.stderr and "-march=sapphirerapids" in r.stderr
     with pytest.raises(RuntimeError, match="refuses -march=no-such-cpu"):
         _package(tmp_path, m, args, name="bad", configs={"aoti_march": "no-such-cpu"})
+
+
+def _cnn1d(lib):
+    nn = lib.nn
+    return nn.Sequential(nn.Conv1d(3, 8, 5, stride=2, padding=2, dilation=2), nn.BatchNorm1d(8), nn.ReLU(),
+                         nn.Conv1d(8, 4, 1), nn.Flatten(), nn.Linear(4 * 4, 6))
+
+
+def test_aoti_conv1d_package_matches_pytorch(tmp_path):
+    """1-D convolutions (stride, padding, dilation) run in the C++ wrapper as 2-D ones of the (N, C, 1, L)
+    view: the package's outputs (Python and C++) equal PyTorch eager's with the same weights."""
+    import torch
+    fl.manual_seed(0)
+    m = _cnn1d(fl)
+    with fl.no_grad():
+        m[1].running_mean.copy_(fl.randn(8) * 0.1)
+        m[1].running_var.copy_(fl.rand(8) + 0.5)
+    m.eval()
+    tm = _cnn1d(torch).eval()
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in m.state_dict().items()})
+    pkg = _package(tmp_path, m, (fl.randn(2, 3, 12),), dynamic_shapes={"input": {0: Dim("batch", max=16)}})
+    run = aoti_load_package(pkg)
+    for b in (2, 7):
+        x = fl.randn(b, 3, 12)
+        with torch.no_grad():
+            want = tm(torch.tensor(x.numpy())).numpy()
+        np.testing.assert_allclose(run(x).numpy(), want, rtol=RTOL, atol=ATOL)
+    x = fl.randn(5, 3, 12)
+    r, _ = _run_cpp(pkg, tmp_path, [x])
+    assert r.returncode == 0, r.stderr
+    with torch.no_grad():
+        want = tm(torch.tensor(x.numpy())).numpy()
+    np.testing.assert_allclose(read_tensor_file(str(tmp_path / "output0.bin")).numpy(), want, rtol=RTOL, atol=ATOL)

@@ -16,8 +16,8 @@ source (codegen_cpp.py), one function that owns the graph's intermediate memory 
 
 `out` holds the *output bases*: each buffer an output is (or is a view of), allocated by the caller
 with its layout's shape. `sym` holds the size symbols' values (`size_names` order); the kernels take
-them as trailing arguments. The extern steps the C++ wrapper can run are float32 `mm`, `bmm` and 2-D
-`convolution` (groups 1), through function pointers set once by `fl_set_externs` (the JIT path hands
+them as trailing arguments. The extern steps the C++ wrapper can run are float32 `mm`, `bmm` and 1-D
+and 2-D `convolution` (groups 1), through function pointers set once by `fl_set_externs` (the JIT path hands
 it the eager library's `flm_sgemm`/`flm_conv2d`, an AOTInductor package its own copies). Any other
 step raises `Unsupported`: the JIT path then keeps the Python wrapper (wrapper.py), AOTInductor
 refuses the graph.
@@ -244,21 +244,24 @@ class CppWrapper:
                   f"fl_threads({_c(B)} * {_c(M)} * {_c(N)} * {_c(K)}));")
 
     def _extern_convolution(self, ek):
+        """A 2-D convolution of groups 1; a 1-D one runs as the 2-D convolution of its (N, C, 1, L) view
+        (the same memory, kernel (1, K), stride/padding/dilation 1/0/1 in the new dim)."""
         x, w, bias, stride, padding, dilation, transposed, _, groups = ek.args
-        if transposed or groups != 1 or len(x.layout.shape) != 4:
-            raise Unsupported("the C++ wrapper runs 2-D convolutions of groups 1 only")
+        if transposed or groups != 1 or len(x.layout.shape) not in (3, 4):
+            raise Unsupported("the C++ wrapper runs 1-D and 2-D convolutions of groups 1 only")
         ops = [(x, "input"), (w, "weight")] + ([(bias, "bias")] if bias is not None else [])
         for a, what in ops:
             if not a.layout.is_contiguous() and not (isinstance(a, StridedView) and _contiguous_at_offset(a.layout)):
                 raise Unsupported(f"the C++ wrapper runs convolutions of contiguous operands only ({what} is strided)")
         (px, lx), (pwt, lw) = self._operand(x), self._operand(w)
         pbias = self._operand(bias)[0] if bias is not None else "nullptr"
-        N, C, H, W = (_c(s) for s in lx.shape)
-        O, _, KH, KW = (_c(s) for s in lw.shape)
-        OH, OW = (_c(s) for s in ek.layout.shape[2:])
-        sh, sw = (_c(s) for s in stride)
-        ph, pw = (_c(s) for s in padding)
-        dh, dw = (_c(s) for s in dilation)
+        one = len(lx.shape) == 3
+        N, C, H, W = (_c(s) for s in (lx.shape[:2] + (1,) + lx.shape[2:] if one else lx.shape))
+        O, _, KH, KW = (_c(s) for s in (lw.shape[:2] + (1,) + lw.shape[2:] if one else lw.shape))
+        OH, OW = (_c(s) for s in ((1,) + tuple(ek.layout.shape[2:]) if one else ek.layout.shape[2:]))
+        sh, sw = (_c(s) for s in ((1,) + tuple(stride) if one else stride))
+        ph, pw = (_c(s) for s in ((0,) + tuple(padding) if one else padding))
+        dh, dw = (_c(s) for s in ((1,) + tuple(dilation) if one else dilation))
         self.line(f"fl_conv2d({N}, {C}, {H}, {W}, {O}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, {OW}, "
                   f"{px}, {pwt}, {pbias}, {ek.name}, fl_threads({N} * {O} * {OH} * {OW} * {C} * {KH} * {KW}));")
 
