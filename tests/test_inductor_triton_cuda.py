@@ -188,6 +188,36 @@ def test_large_reductions_split_on_cuda():
         np.testing.assert_allclose(g.cpu().double().numpy(), e.numpy(), rtol=1e-4, atol=1e-2)
 
 
+def test_batchnorm_training_splits_its_channel_sums_on_cuda(monkeypatch):
+    """BatchNorm + ReLU in training at a ResNet-50 stem size (64 channels, 32 x 56 x 56 elements each):
+    the forward's mean and variance and the backward's per-channel sums split over the GPU
+    (triton_schedule.py; each sum was one of 64 programs), values and gradients against float64 eager."""
+    from flambeau._inductor import triton_runtime
+    rng = np.random.default_rng(0)
+    x, gy = (rng.standard_normal((32, 64, 56, 56)).astype(np.float32) for _ in range(2))
+    w, b = (rng.standard_normal(64).astype(np.float32) for _ in range(2))
+
+    def fn(x, w, b):
+        return F.relu(F.batch_norm(x, None, None, w, b, training=True))
+    from flambeau import _inductor
+    made, orig = [], _inductor.compile_fx
+    monkeypatch.setattr(_inductor, "compile_fx", lambda gm, ex=None, **kw: made.append(orig(gm, ex, **kw)) or made[-1])
+    args = [fl.tensor(v, device="cuda", requires_grad=True) for v in (x, w, b)]
+    before = triton_runtime.stats["launches"]
+    with no_unexpected_fallbacks({}):
+        out = fl.compile(fn)(*args)
+        out.backward(fl.tensor(gy, device="cuda"))
+    assert triton_runtime.stats["launches"] - before >= 6
+    assert len(made) == 2 and all("_final(" in g.source for g in made), "the channel sums were not split"
+    assert "ws1_v" in made[1].source, "the backward's sums were not split together"
+    ref = [fl.tensor(v.astype(np.float64), requires_grad=True) for v in (x, w, b)]
+    want = fn(*ref)
+    want.backward(fl.tensor(gy.astype(np.float64)))
+    np.testing.assert_allclose(out.detach().cpu().numpy(), want.detach().numpy(), rtol=1e-3, atol=1e-3)
+    for g, e in zip(args, ref):
+        np.testing.assert_allclose(g.grad.cpu().double().numpy(), e.grad.numpy(), rtol=1e-3, atol=2e-2)
+
+
 def test_compiled_index_error_raises_at_the_next_sync():
     """A compiled graph's out-of-range index on cuda is raised at the next synchronisation (the graph
     never reads its error flag on the host), once, and the flag is clear afterwards."""

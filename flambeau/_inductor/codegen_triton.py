@@ -9,7 +9,9 @@ step's result is `[XBLOCK, 1]` and broadcasts into the steps after it (LayerNorm
 then the normalised output, one kernel). A kernel without an outer loop and with one pointwise
 step takes its elements as `xindex` (a flat 1-D grid). A lone reduction with too few outputs to
 fill the GPU (a full reduction: one) is *split*: a 2-D grid of (x block, part) programs reduces
-the parts into a workspace, and a second kernel combines each output's parts (`SplitPlan`).
+the parts into a workspace, and a second kernel combines each output's parts (`SplitPlan`); so are
+several independent reductions over the same elements (BatchNorm's per-channel sums, the pointwise
+steps after them running in the second kernel).
 Scatter kernels (index_put, scatter_add) copy the destination, then write every scattered element
 at once (atomic adds for sums; plain stores, where duplicates land in an unspecified order as on
 PyTorch's cuda); products, min/max and narrow-dtype sums store element by element in one program.
@@ -36,7 +38,8 @@ from .._ops._spelling import KIND, TRITON_HELPERS
 from . import config
 from .index import FloorDiv, Index, Indirect, Sym, contiguous_strides, offset_of
 from .ir import CAST, Handler, Unsupported, ops, set_handler
-from .scheduler import Kernel, _assign_locals, expand_groups, strip
+from .scheduler import expand_groups, strip
+from .triton_schedule import SPLIT_MAX_PARTS, SPLIT_MIN_BLOCKS, SplitPlan, split_programs, would_split
 from .sizevars import SizeExpr, known_nonneg
 
 LOWP = (D.bfloat16, D.float16)
@@ -431,91 +434,130 @@ class TritonKernelPrinter:
         return self._launch(xnumel, xblock, consts, self._warps(widest), single)
 
     # ---- split reductions ------------------------------------------------------------------------
-    def _split_plan(self) -> "SplitPlan | None":
-        """How to cut a lone reduction with too few programs for the GPU (a full reduction is one
-        program; a column sum over many rows a handful) into parts: None to keep one pass."""
+    def _split_steps(self) -> int:
+        """How many leading steps of the kernel a split can take: its reductions, each of one node,
+        over the same number of inner elements, none reading another's result (BatchNorm's backward:
+        sum(dy) and sum(dy * x_hat) over (N, H, W) per channel), followed only by pointwise steps
+        (run by the final kernel); 0 when the kernel is not of that form."""
         k = self.k
-        if k.scatter is not None or len(k.steps) != 1 or k.steps[0].kind != "reduction" or not k.steps[0].inner_groups:
+        n_red = 0
+        while n_red < len(k.steps) and k.steps[n_red].kind == "reduction":
+            n_red += 1
+        reds, rest = k.steps[:n_red], k.steps[n_red:]
+        if not reds or any(s.kind != "pointwise" for s in rest) or any(len(s.nodes) != 1 or not s.inner_groups
+                                                                       for s in reds):
+            return 0
+        rn = {math.prod(s.inner) for s in reds + rest}
+        names = {s.nodes[0].name for s in reds}
+        if (n_red > 1 or rest) and (not all(isinstance(r, int) for r in rn) or len({math.prod(s.inner) for s in reds})
+                                    > 1 or any(s.nodes[0].read_names & names for s in reds)):
+            return 0
+        return n_red
+
+    def _split_plan(self) -> "SplitPlan | None":
+        """How to cut the reductions of a kernel with too few programs for the GPU (a full reduction
+        is one program; a column sum over many rows, or BatchNorm's per-channel sums, a handful) into
+        parts: None to keep one pass."""
+        k = self.k
+        n_red = self._split_steps() if k.scatter is None else 0
+        if not n_red:
             return None
         xnumel, rnumel = math.prod(k.outer), math.prod(k.steps[0].inner)
         if not isinstance(xnumel, int):
             return None
-        target = config.triton_interpret_split_programs if self.interpret else config.triton_split_programs
+        target = split_programs(self.interpret)
         if k.column:
             xblock, rblock = config.triton_column_block
         else:
             xblock, rblock = 1, config.triton_loop_block if not self.interpret else self._target_elems()
-        xprograms = -(-xnumel // xblock)
         if not isinstance(rnumel, int):                # sizes known at run time: full reductions only
-            if xnumel != 1:
-                return None
-            return SplitPlan(target, xblock, rblock)
-        if rnumel < config.triton_split_min or 2 * xprograms > target:
+            return SplitPlan(target, xblock, rblock, 1) if xnumel == 1 and len(k.steps) == 1 else None
+        if not would_split(xnumel, rnumel, k.column, self.interpret):
             return None
         rblock = min(rblock, next_pow2(rnumel))
-        parts = min(target // xprograms, -(-rnumel // (rblock * SPLIT_MIN_BLOCKS)), SPLIT_MAX_PARTS)
+        parts = min(target // -(-xnumel // xblock), -(-rnumel // (rblock * SPLIT_MIN_BLOCKS)), SPLIT_MAX_PARTS)
         parts = 1 << (parts.bit_length() - 1) if parts > 0 else 0
-        return SplitPlan(parts, xblock, rblock) if parts >= 2 else None
+        return SplitPlan(parts, xblock, rblock, n_red) if parts >= 2 else None
 
     def _split_workspace(self, plan) -> list:
-        red = self.k.steps[0].nodes[0].buf.data
-        rt = red.reduction_type
+        """[(name, dtype, numel)]: each split reduction's partial results (`ws<i>_v`; an arg reduction's
+        indices `ws<i>_i`), one per (part, output)."""
         n = plan.parts * math.prod(self.k.outer)
-        if rt in ("any", "all"):
-            return [("ws_v", D.int8, n)]
-        dt = _ACC_DTYPES[_acc_init(rt, compute_dtype(red.src_dtype))[0]]
-        return [("ws_v", dt, n)] + ([("ws_i", D.int64, n)] if rt in ("argmax", "argmin") else [])
+        out = []
+        for i, step in enumerate(self.k.steps[:plan.reductions]):
+            red = step.nodes[0].buf.data
+            rt = red.reduction_type
+            if rt in ("any", "all"):
+                out.append((f"ws{i}_v", D.int8, n))
+                continue
+            out.append((f"ws{i}_v", _ACC_DTYPES[_acc_init(rt, compute_dtype(red.src_dtype))[0]], n))
+            if rt in ("argmax", "argmin"):
+                out.append((f"ws{i}_i", D.int64, n))
+        return out
 
     def _split_partials(self, plan) -> Launch:
         """The first kernel of a split reduction: program (x block, part) reduces its part of the
-        inner elements into the workspace, at [part, x]."""
+        inner elements of each reduction into the workspace, at [part, x]."""
         k = self.k
-        step = k.steps[0]
-        xnumel, rnumel = math.prod(k.outer), math.prod(step.inner)
+        xnumel, rnumel = math.prod(k.outer), math.prod(k.steps[0].inner)
         pid = "tl.program_id(1).to(tl.int64)" if self.int64 else "tl.program_id(1)"
         self.line(f"rpart = {pid}")
         xouter = self._x_vars(k.outer_groups, xnumel)
-        n, idx, res = self._accumulate(step, xouter, 0, "R0BLOCK", rnumel, True,
-                                       span=("rpart * R0BLOCK", plan.parts * plan.rblock))
-        rt = n.buf.data.reduction_type
         at = f"rpart * {xnumel} + xindex"
-        if rt in ("argmax", "argmin"):
-            self.line(f"tl.store(ws_v + ({at}), acc0_v[:, None], mask=xmask)")
-            self.line(f"tl.store(ws_i + ({at}), acc0_r[:, None], mask=xmask)")
-        else:
-            self.line(f"tl.store(ws_v + ({at}), ({res}).to({TL[self._split_workspace(plan)[0][1]]})[:, None], "
-                      f"mask=xmask)")
-        la = self._launch(xnumel, plan.xblock, {"R0BLOCK": plan.rblock}, self._warps(plan.xblock * plan.rblock))
+        ws = dict((w, dt) for w, dt, _ in self._split_workspace(plan))
+        consts = {}
+        for i, step in enumerate(k.steps[:plan.reductions]):
+            self.cse = {}
+            consts[f"R{i}BLOCK"] = plan.rblock
+            n, idx, res = self._accumulate(step, xouter, i, f"R{i}BLOCK", rnumel, True,
+                                           span=(f"rpart * R{i}BLOCK", plan.parts * plan.rblock))
+            if n.buf.data.reduction_type in ("argmax", "argmin"):
+                self.line(f"tl.store(ws{i}_v + ({at}), acc{i}_v[:, None], mask=xmask)")
+                self.line(f"tl.store(ws{i}_i + ({at}), acc{i}_r[:, None], mask=xmask)")
+            else:
+                self.line(f"tl.store(ws{i}_v + ({at}), ({res}).to({TL[ws[f'ws{i}_v']]})[:, None], mask=xmask)")
+        la = self._launch(xnumel, plan.xblock, consts, self._warps(plan.xblock * plan.rblock))
         la.splits, la.workspace = plan.parts, self._split_workspace(plan)
         return la
 
     def _split_final(self, plan) -> Launch:
-        """The second kernel: each output reduces its parts' partial results."""
+        """The second kernel: each output reduces its parts' partial results, then the kernel's
+        pointwise steps after the reductions run on them."""
         k = self.k
-        n = k.steps[0].nodes[0]
-        red = n.buf.data
-        rt = red.reduction_type
         xnumel = math.prod(k.outer)
-        xblock = max(1, min(config.triton_block // plan.parts, next_pow2(xnumel)))
+        rest = k.steps[plan.reductions:]
+        rn = [math.prod(s.inner) for s in rest]
+        rblocks = [min(self._target_elems() if self.interpret else config.triton_loop_block, next_pow2(r))
+                   if r > 1 else 1 for r in rn]
+        xblock = max(1, min(config.triton_block // max([plan.parts] + rblocks), next_pow2(xnumel)))
         xouter = self._x_vars(k.outer_groups, xnumel)
         self.line(f"rp = tl.arange(0, {next_pow2(plan.parts)})[None, :]")
         self.line(f"rpmask = rp < {plan.parts}")
         at = f"rp * {xnumel} + xindex"
-        ws = self._split_workspace(plan)
-        init = "0" if rt in ("any", "all") else _acc_init(rt, compute_dtype(red.src_dtype))[1]
-        self.line(f"part = tl.load(ws_v + ({at}), mask=xmask & rpmask, other={init})")
-        if rt in ("argmax", "argmin"):
-            self.line(f"part_i = tl.load(ws_i + ({at}), mask=xmask & rpmask, other=-1)")
-            self.line(f"_, part_r = tl.reduce((part, part_i), 1, fl_{rt}_combine)")
-            res = "tl.where(part_r < 0, 0, part_r)"
-        elif rt in ("any", "all"):
-            res = f"tl.{'max' if rt == 'any' else 'min'}(tl.where(rpmask, part, {1 if rt == 'all' else 0}), 1) != 0"
-        else:
-            res = _final(rt, "part")
-        idx = node_index(n, iter(xouter), n.ranges)
-        self._reduced(n, idx, res)
-        la = self._launch(xnumel, xblock, {}, self._warps(xblock * plan.parts))
-        la.workspace = ws
+        for i, step in enumerate(k.steps[:plan.reductions]):
+            n = step.nodes[0]
+            red = n.buf.data
+            rt = red.reduction_type
+            init = "0" if rt in ("any", "all") else _acc_init(rt, compute_dtype(red.src_dtype))[1]
+            self.line(f"part{i} = tl.load(ws{i}_v + ({at}), mask=xmask & rpmask, other={init})")
+            if rt in ("argmax", "argmin"):
+                self.line(f"part{i}_i = tl.load(ws{i}_i + ({at}), mask=xmask & rpmask, other=-1)")
+                self.line(f"_, part{i}_r = tl.reduce((part{i}, part{i}_i), 1, fl_{rt}_combine)")
+                res = f"tl.where(part{i}_r < 0, 0, part{i}_r)"
+            elif rt in ("any", "all"):
+                res = f"tl.{'max' if rt == 'any' else 'min'}(tl.where(rpmask, part{i}, {1 if rt == 'all' else 0}), 1) != 0"
+            else:
+                res = _final(rt, f"part{i}")
+            self._reduced(n, node_index(n, iter(xouter), n.ranges), res)
+        consts = {}
+        for j, (step, rb, r) in enumerate(zip(rest, rblocks, rn)):
+            i = plan.reductions + j
+            self.cse = {}
+            self._barrier_if_needed(i)
+            consts[f"R{i}BLOCK"] = rb
+            self._pointwise(step, xouter, i, f"R{i}BLOCK", r, r > rb)
+        la = self._launch(xnumel, xblock, consts, self._warps(xblock * max([plan.parts] + rblocks)))
+        la.workspace = self._split_workspace(plan)
         return la
 
     def _barrier_if_needed(self, i):
@@ -710,17 +752,6 @@ class TritonKernelPrinter:
         return self._launch(1, xblock, {}, 4, single=True)
 
 
-@dataclass
-class SplitPlan:
-    """A split reduction: `parts` programs per x block; part p reduces the inner blocks (of `rblock`
-    elements) p, p + parts, p + 2 * parts, ..."""
-    parts: int
-    xblock: int
-    rblock: int
-
-
-SPLIT_MIN_BLOCKS = 4                # a part loops over at least this many blocks
-SPLIT_MAX_PARTS = 1024              # the final kernel loads every part of an output in one block
 _ACC_DTYPES = {t: d for d, t in TL.items() if d is not D.bool}     # accumulator type -> workspace dtype
 
 ATOMIC_ADD_DTYPES = (D.float32, D.float64, D.int32, D.int64)
@@ -768,27 +799,6 @@ def _final(rt, acc) -> str:
     return {"sum": f"tl.sum({acc}, 1)", "prod": f"tl.reduce({acc}, 1, fl_mul)",
             "max": f"tl.reduce({acc}, 1, fl_max)", "min": f"tl.reduce({acc}, 1, fl_min)",
             "any": f"tl.max({acc}.to(tl.int8), 1) != 0", "all": f"tl.min({acc}.to(tl.int8), 1) != 0"}[rt]
-
-
-def split_for_grid(order, graph) -> list:
-    """The schedule with every kernel that has no outer loop but several steps cut into one kernel
-    per step (Triton programs can't wait for each other between steps), locals reassigned: a
-    value one of them passes to the next is stored."""
-    if not any(isinstance(k, Kernel) and not k.outer and k.scatter is None and len(k.steps) > 1 for k in order):
-        return order
-    out = []
-    for k in order:
-        if not isinstance(k, Kernel):
-            out.append(k)
-            continue
-        parts = [(f"{k.name}_{i}", [s]) for i, s in enumerate(k.steps)] \
-            if not k.outer and k.scatter is None and len(k.steps) > 1 else [(k.name, k.steps)]
-        for name, steps in parts:
-            nk = Kernel(name, [n for s in steps for n in s.nodes] if steps else k.nodes, k.outer)
-            nk.steps, nk.outer_groups, nk.column, nk.scatter = steps, k.outer_groups, k.column, k.scatter
-            out.append(nk)
-    _assign_locals(out, graph)
-    return out
 
 
 def generate(kernels, size_names=(), interpret: bool = False) -> tuple:

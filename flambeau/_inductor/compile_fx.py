@@ -38,7 +38,7 @@ from .._device import CPU
 from .._tensor import Tensor
 from .. import _cpp_builder
 from .._backends import cpu_kernels
-from . import codegen_cpp, codegen_numpy, codegen_triton, config, cpp_wrapper, cudagraphs
+from . import codegen_cpp, codegen_numpy, codegen_triton, config, cpp_wrapper, cudagraphs, triton_schedule
 from .graph import GraphLowering, graph_device
 from .ir import SUPPORTED_DTYPES, Unsupported
 from .scheduler import Kernel, plan_memory, schedule
@@ -244,7 +244,7 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     size_names = _size_names(graph)
     order = schedule(graph)
     if backend == "triton":
-        order = codegen_triton.split_for_grid(order, graph)
+        order = triton_schedule.split_for_grid(order, graph, interpret=device.type == "cpu")
     memory = plan_memory(order, graph)
     kernels = [k for k in order if isinstance(k, Kernel)]
     source_path = None

@@ -11,7 +11,7 @@ import sys
 import tempfile
 
 import flambeau as fl
-from flambeau._inductor import codegen_triton, triton_runtime
+from flambeau._inductor import codegen_triton, triton_runtime, triton_schedule
 from flambeau._inductor.graph import GraphLowering
 from flambeau._inductor.compile_fx import _size_names
 from flambeau._inductor.scheduler import Kernel, schedule
@@ -25,7 +25,7 @@ _inductor.config.compile_threads = 2
 
 def sm90_compile_fx(gm, example_inputs, **kwargs):
     graph = GraphLowering(gm, list(example_inputs), example_inputs[0].device, codegen_triton.DTYPES).run()
-    order = codegen_triton.split_for_grid(schedule(graph), graph)
+    order = triton_schedule.split_for_grid(schedule(graph), graph)
     kernels = [k for k in order if isinstance(k, Kernel)]
     source, launches = codegen_triton.generate(kernels, _size_names(graph))
     mod, key = triton_runtime.load_module(source, CUDA_KEY)
@@ -119,6 +119,8 @@ def cases():
     yield lambda a, i: F.embedding(i, a), (x, fl.tensor([[1, 2], [1, 0]]))
     yield lambda a: (a.sum(), a.argmax(), (a > 0).all(), a.sum(0), a.prod()), (fl.randn(300, 400),)   # split
     yield lambda a, i, v: a.index_put((i,), v), (x, fl.tensor([1, 1, 4]), fl.randn(3, 70))
+    yield lambda a, w, b: F.relu(F.batch_norm(a, None, None, w, b, training=True)), \
+        (fl.randn(8, 4, 48, 48), fl.randn(4), fl.randn(4))                            # split BatchNorm sums
 
 
 for fn, args in cases():
