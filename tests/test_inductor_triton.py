@@ -364,6 +364,42 @@ def test_batchnorm_sums_split_as_one_kernel_pair(triton_backend, monkeypatch):
     assert any("ws1_v" in g.source and "_final(" in g.source for g in made), "no kernel split two reductions"
 
 
+def test_misaligned_products_are_padded_where_their_operands_are_made(triton_backend, monkeypatch):
+    """GPT-2's lm_head and loss under bfloat16 autocast at a small size (vocabulary 37, off the 8
+    bfloat16 elements cuBLASLt's fast kernels need): every product computes on padded operands
+    (pad_mm.py: 37 -> 40); the weight's bfloat16 cast is stored once, padded, and saved for the
+    backward as a slice of it; the logits gradient is stored padded by the kernel that computes it
+    and read by both backward products. Loss and gradients against PyTorch."""
+    from flambeau._inductor import pad_mm
+    monkeypatch.setattr(pad_mm, "PAD_MIN_MACS", 1)
+    rng = np.random.default_rng(5)
+    h, w = rng.standard_normal((16, 24)).astype(np.float32), rng.standard_normal((37, 24)).astype(np.float32)
+    t = rng.integers(0, 37, 16)
+
+    def fn(lib, h, w, t):
+        with lib.autocast(device_type="cpu", dtype=lib.bfloat16):
+            return lib.nn.functional.cross_entropy(h.to(lib.bfloat16) @ w.t(), t)
+    made, restore = _graphs()
+    try:
+        fh, fw = (fl.tensor(v, requires_grad=True) for v in (h, w))
+        with no_unexpected_fallbacks({}):
+            loss = fl.compile(lambda *a: fn(fl, *a))(fh, fw, fl.tensor(t))
+            loss.backward()
+    finally:
+        restore()
+    th, tw = (torch.tensor(v, requires_grad=True) for v in (h, w))
+    want = fn(torch, th, tw, torch.tensor(t))
+    want.backward()
+    np.testing.assert_allclose(loss.item(), want.item(), rtol=1e-2)
+    for g, e in ((fh, th), (fw, tw)):
+        np.testing.assert_allclose(g.grad.numpy(), e.grad.numpy(), rtol=2e-2, atol=2e-2)
+    shapes = [[tuple(e.layout.shape) for e in g.artifact.externs] for g in made]
+    assert shapes == [[(16, 40)], [(16, 24), (24, 40)]], shapes
+    stored = [[b.layout.numel for k in g.artifact.kernels for b in k.stores] for g in made]
+    assert 37 * 24 not in stored[0] and 40 * 24 in stored[0], stored
+    assert stored[1].count(16 * 40) == 1, stored
+
+
 def test_softmax_backward_stores_no_full_size_exp(triton_backend):
     """A transcendental with several users is recomputed, not stored, by the Triton generator (memory,
     not arithmetic, bounds a GPU kernel): a cross-entropy backward over (N, C) logits writes only its

@@ -218,6 +218,38 @@ def test_batchnorm_training_splits_its_channel_sums_on_cuda(monkeypatch):
         np.testing.assert_allclose(g.grad.cpu().double().numpy(), e.grad.numpy(), rtol=1e-3, atol=2e-2)
 
 
+def test_lm_head_products_padded_at_their_producers_on_cuda(monkeypatch):
+    """GPT-2's lm_head and loss (vocabulary 50257) under bf16 autocast, compiled: the three products run
+    on operands padded to 50264 where they are made (pad_mm.py), no padded copy in cuBLASLt; loss and
+    gradients against eager on cuda."""
+    from flambeau import _inductor
+    from flambeau._backends import cublaslt
+    made, orig = [], _inductor.compile_fx
+    monkeypatch.setattr(_inductor, "compile_fx", lambda gm, ex=None, **kw: made.append(orig(gm, ex, **kw)) or made[-1])
+    rng = np.random.default_rng(1)
+    h = rng.standard_normal((2048, 768)).astype(np.float32)
+    w = (rng.standard_normal((50257, 768)) * 0.02).astype(np.float32)
+    t = rng.integers(0, 50257, 2048)
+
+    def fn(h, w, t):
+        with fl.autocast(device_type="cuda", dtype=fl.bfloat16):
+            return F.cross_entropy(h @ w.t(), t)
+    results = []
+    for f in (fn, fl.compile(fn)):
+        fh, fw = (fl.tensor(v, device="cuda", requires_grad=True) for v in (h, w))
+        padded = cublaslt.calls["padded"]
+        loss = f(fh, fw, fl.tensor(t, device="cuda"))
+        loss.backward()
+        results.append((loss.item(), fh.grad.cpu().numpy(), fw.grad.cpu().numpy(), cublaslt.calls["padded"] - padded))
+    (le, he, we, pe), (lc, hc, wc, pc) = results
+    assert pe > 0 and pc == 0, (pe, pc)          # eager pads copies; compiled, none
+    shapes = [[tuple(e.layout.shape) for e in g.artifact.externs] for g in made]
+    assert shapes == [[(2048, 50264)], [(2048, 768), (768, 50264)]], shapes
+    np.testing.assert_allclose(lc, le, rtol=1e-3)
+    np.testing.assert_allclose(hc, he, rtol=2e-2, atol=2e-3)
+    np.testing.assert_allclose(wc, we, rtol=2e-2, atol=2e-3)
+
+
 def test_compiled_index_error_raises_at_the_next_sync():
     """A compiled graph's out-of-range index on cuda is raised at the next synchronisation (the graph
     never reads its error flag on the host), once, and the flag is clear afterwards."""

@@ -38,7 +38,7 @@ from .._device import CPU
 from .._tensor import Tensor
 from .. import _cpp_builder
 from .._backends import cpu_kernels
-from . import codegen_cpp, codegen_numpy, codegen_triton, config, cpp_wrapper, cudagraphs, triton_schedule
+from . import codegen_cpp, codegen_numpy, codegen_triton, config, cpp_wrapper, cudagraphs, pad_mm, triton_schedule
 from .graph import GraphLowering, graph_device
 from .ir import SUPPORTED_DTYPES, Unsupported
 from .scheduler import Kernel, plan_memory, schedule
@@ -240,6 +240,8 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
         record_fallback(AUTOTUNE, "the C++ kernels have no block sizes to tune" if backend != "triton" else
                         "Triton's interpreter runs one program at a time: nothing to tune")
     dtypes = {"triton": codegen_triton.DTYPES, "cpp": codegen_cpp.DTYPES}.get(backend, SUPPORTED_DTYPES)
+    if backend == "triton":
+        pad_mm.pad_matrix_products(gm)
     graph = GraphLowering(gm, ex, device, dtypes).run()
     size_names = _size_names(graph)
     order = schedule(graph)

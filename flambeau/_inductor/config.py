@@ -79,6 +79,10 @@ triton_split_min: int = 8192
 triton_split_programs: int = 512
 triton_interpret_split_programs: int = 4
 
+# Large bfloat16/float16 matrix products on cuda with a size off 16 bytes (GPT-2's vocabulary, 50257)
+# compute on operands zero-padded where they are produced (pad_mm.py; PyTorch's shape_padding).
+shape_padding: bool = True
+
 # Modes of flambeau.compile (PyTorch's list_mode_options): "reduce-overhead" sets triton_cudagraphs,
 # "max-autotune" both, "max-autotune-no-cudagraphs" max_autotune; options={"triton.cudagraphs": True}
 # and friends set them directly.

@@ -36,6 +36,7 @@ from ..fx.node import Node
 from ..fx._symbolic_shapes import SymInt, sym_size
 from .._counters import record_fallback
 from . import config
+from .pad_mm import PAD_MM
 from . import lowerings  # noqa: F401  (attaches each core op's `op.lowering`)
 from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
                  Pointwise, Reduction, Scatter, StridedView, SUPPORTED_DTYPES, Unsupported, as_strided_view)
@@ -69,6 +70,7 @@ class GraphLowering:
         self.outputs: list = []
         self.env: dict = {}
         self.node = None              # the FX node being lowered
+        self.pad_views: set = set()   # ids of the slices of padded products/operands (pad_mm.py)
         self.fallback_ops: list = []
         self._n = 0
         self.dynamic = _is_dynamic(gm)
@@ -149,6 +151,10 @@ class GraphLowering:
                 except Exception as e:
                     raise LoweringException(node, e) from e
                 self._note_alias(node)
+                if node.meta.get(PAD_MM) == "pad":
+                    self.realize(self.env[node])
+                elif node.meta.get(PAD_MM) == "view":
+                    self.pad_views.add(id(self.env[node]))
                 self._maybe_realize(node)
             elif node.op == "output":
                 self.outputs = self._outputs(node.args[0])
@@ -328,6 +334,8 @@ class GraphLowering:
 
     def _outputs(self, out):
         def one(x):
+            if id(x) in self.pad_views:          # a slice of a padded product or operand: a strided view
+                return self._realize_or_view(x)
             if isinstance(x, (Pointwise, Reduction)):
                 return self.realize(x)
             return x
