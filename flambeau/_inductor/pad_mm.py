@@ -62,8 +62,8 @@ def _padded_sizes(node):
     """((m, k, n), (m', k', n')) of an mm node to pad, None to leave it."""
     a, b = (x.meta.get("val") if hasattr(x, "meta") else None for x in node.args[:2])
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.dtype not in PADDED_DTYPES or \
-            a.ndim != 2 or b.ndim != 2:
-        return None
+            a.ndim != 2 or b.ndim != 2 or getattr(a, "fake_mode", None) is None:
+        return None                          # (new nodes' values are computed in the graph's fake mode)
     (m, k), n = tuple(a.shape), b.shape[1]
     if not all(type(s) is int for s in (m, k, n)) or m * k * n < PAD_MIN_MACS:
         return None
