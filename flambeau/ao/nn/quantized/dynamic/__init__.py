@@ -4,7 +4,8 @@ once, activations quantized per call from their own min/max, int32 accumulation,
 The arithmetic is FBGEMM's `linear_dynamic`: the input's range (widened to hold 0) gives an
 unsigned 8-bit scale and zero point by FBGEMM's ChooseQuantizationParams (7 bits under
 reduce_range, as PyTorch's x86 default), the input is quantized with the weight-independent
-rounding of `quantize_per_tensor`, the integer products are summed exactly, and
+rounding of `quantize_per_tensor`, the integer products are summed exactly (the int8 GEMM of
+`flambeau/_backends/cpu_int8.cpp`, AVX-512 VNNI), and
 out = float(acc) * (input_scale * weight_scale) + bias in float32.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .....nn.modules.module import Module
 from .....nn.modules.linear import Linear as FloatLinear
 from ....._ops import EXPORTS as F
 from ....._ops.quantized_tensor import _quantize_values
+from ....._backends import cpu_int8
 from ....quantization.observer import MinMaxObserver
 
 SMALL_SCALE_THRESHOLD = 6.1e-5      # FBGEMM's floor for a scale (float)
@@ -58,21 +60,22 @@ def linear_dynamic(x: Tensor, qweight: Tensor, bias: Tensor | None, reduce_range
                            f"({int(np.prod(a.shape[:-1]))}x{k} and {qweight.shape[1]}x{qweight.shape[0]})")
     lo, hi = (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
     x_scale, x_zp = choose_qparams(lo, hi, 0, 127 if reduce_range else 255)
-    qx = _quantize_values(a.reshape(-1, k), np.float32(x_scale), x_zp, D.quint8).astype(np.float64) - x_zp
+    qx = _quantize_values(a.reshape(-1, k), np.float32(x_scale), x_zp, D.quint8)
     qz = qweight._quantizer
-    w = qweight._data.astype(np.float64)
+    n = qweight.shape[0]
     if qweight.qscheme() in (D.per_tensor_affine, D.per_tensor_symmetric):
-        w = w - qz.zero_point
+        w_zps = np.full(n, qz.zero_point, np.int64)
         w_scale = np.float32(qz.scale)
     else:
-        w = w - qz.zero_points._data.reshape(-1, 1)
+        w_zps = qz.zero_points._data.reshape(-1)
         w_scale = qz.scales._data.astype(np.float32)
-    acc = qx @ w.T                                # exact: integers well inside float64's 53 bits
+    # the exact int32 sums, as float32, from the int8 GEMM (AVX-512 VNNI; unit scales leave float(acc))
+    acc = cpu_int8.qlinear(qx, 1.0, x_zp, qweight._data.T, np.ones(n, np.float32), w_zps, None, 1.0, 0, np.float32)
     mult = np.float32(x_scale) * w_scale
     if bias is None:
-        out = acc.astype(np.float32) * mult
+        out = acc * mult
     else:       # one rounding of acc * mult + bias, as the FMA in FBGEMM's requantization
-        out = (acc.astype(np.float32).astype(np.float64) * mult.astype(np.float64)
+        out = (acc.astype(np.float64) * mult.astype(np.float64)
                + np.asarray(bias._data, dtype=np.float32)).astype(np.float32)
     return Tensor._make(out.reshape(a.shape[:-1] + (qweight.shape[0],)), x._device)
 
