@@ -174,3 +174,62 @@ def test_distributed_sampler_against_pytorch(n, replicas, shuffle, drop_last):
     for s in ours:
         s.set_epoch(1)
     assert [list(s) for s in ours] != shards
+
+
+class _WithUnused(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16),
+                                        torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        self.unused = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_static_graph_trains_a_model_with_an_unused_parameter_as_one_process(ranks):
+    init = _prefixed(ranks[0], "static/init/")
+    ref = _WithUnused()
+    ref.load_state_dict({k: torch.from_numpy(v) for k, v in init.items()})
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for step in range(4):
+        x, y = _batch(step, BATCH * WORLD)
+        loss = ((ref(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    for r in range(WORLD):
+        np.testing.assert_allclose(ranks[r]["static/losses"], losses, rtol=1e-6, atol=1e-6)
+        for k, v in ref.state_dict().items():
+            np.testing.assert_allclose(ranks[r][f"static/final/{k}"], v.numpy(), rtol=1e-6, atol=1e-6)
+        assert bool(ranks[r]["static/unused_grad_is_none"])       # unused everywhere: grad left as PyTorch's
+        assert int(ranks[r]["static/graph_walks"]) == 1           # the first iteration's answer is reused
+
+
+PERMUTED_FORWARD_ORDER = (2, 0, 3, 1)
+
+
+@pytest.mark.parametrize("tag", ["rebuild", "rebuild_static"])
+def test_buckets_are_rebuilt_in_gradient_arrival_order_after_the_first_iteration(ranks, tag):
+    arrival = list(reversed(PERMUTED_FORWARD_ORDER))      # backward reaches the last-applied layer first
+    for r in range(WORLD):
+        before = ranks[r][f"{tag}/before"]
+        assert [b[0] for b in before] == [3, 2, 1, 0]               # registration order, reversed
+        assert all(len(set(b)) == 1 for b in before)                # one layer per bucket
+        np.testing.assert_array_equal(ranks[r][f"{tag}/after1"], before)   # rebuilt at the next forward
+        after = ranks[r][f"{tag}/after2"]
+        assert [b[0] for b in after] == arrival and all(len(set(b)) == 1 for b in after)
+    ref = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(4))
+    ref.load_state_dict({k[len("layers."):]: torch.from_numpy(v)
+                         for k, v in _prefixed(ranks[0], f"{tag}/init/").items()})
+    for _ in range(2):                                    # two iterations, both ranks' inputs: mean over ranks
+        for r in range(WORLD):
+            x = torch.ones(2, 4) * (r + 1)
+            for i in PERMUTED_FORWARD_ORDER:
+                x = torch.tanh(ref[i](x))
+            (x.sum() / WORLD).backward()
+    for r in range(WORLD):
+        for k, p in ref.named_parameters():
+            np.testing.assert_allclose(ranks[r][f"{tag}/grad/layers.{k}"], p.grad.numpy(), rtol=1e-6, atol=1e-6)

@@ -1,4 +1,4 @@
-"""DDP on 2 ranks: training, no_sync, unused parameters, the fp16 hook, overlap; results to <out>/rank<R>.npz.
+"""DDP on 2 ranks: training, no_sync, unused parameters, the fp16 hook, overlap, static_graph, the bucket rebuild; results to <out>/rank<R>.npz.
 
 Written as a PyTorch script (run on flambeau by the launcher). Each rank starts from different weights
 (seeded by rank) so the broadcast at construction matters; data are the same on every rank and each
@@ -155,6 +155,79 @@ res["bn/weight"] = bn.weight.detach().numpy().copy()
 
 # 8. DistributedSampler takes num_replicas and rank from the process group
 res["sampler"] = np.array(list(torch.utils.data.DistributedSampler(range(11), seed=3)))
+
+# 9. static_graph with a parameter nobody uses, no find_unused_parameters: trains as one process would, the
+# unused parameters are found by one graph walk (the first iteration), never again
+class WithUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.unused = mlp(), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+walks = []
+reducer_module = sys.modules[type(DDP(nn.Linear(1, 1)).reducer).__module__]
+real_walk = reducer_module._reachable_leaves
+reducer_module._reachable_leaves = lambda outputs: walks.append(1) or real_walk(outputs)
+torch.manual_seed(rank)
+net = WithUnused()
+ddp = DDP(net, bucket_cap_mb=0.0005, static_graph=True)
+for k, v in net.state_dict().items():
+    res[f"static/init/{k}"] = v.numpy().copy()
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+losses = []
+for step in range(4):
+    x, y = batch(step, BATCH * world)
+    loss = ((ddp(x[rank * BATCH:(rank + 1) * BATCH]) - y[rank * BATCH:(rank + 1) * BATCH]) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+    losses.append(mean.item())
+reducer_module._reachable_leaves = real_walk
+res["static/losses"] = np.array(losses)
+res["static/graph_walks"] = np.array(len(walks))
+res["static/unused_grad_is_none"] = np.array(net.unused.weight.grad is None)
+for k, v in net.state_dict().items():
+    res[f"static/final/{k}"] = v.numpy().copy()
+
+
+# 10. buckets rebuilt in gradient-arrival order after the first iteration: four layers registered 0..3,
+# applied in the order FORWARD_ORDER, one layer per bucket
+class Permuted(nn.Module):
+    FORWARD_ORDER = (2, 0, 3, 1)
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(4))
+
+    def forward(self, x):
+        for i in self.FORWARD_ORDER:
+            x = torch.tanh(self.layers[i](x))
+        return x
+
+
+def bucket_layers(ddp, net):
+    """Per bucket, the layer index of each of its parameters."""
+    layer_of = {id(p): i for i, layer in enumerate(net.layers) for p in layer.parameters()}
+    return [[layer_of[id(p)] for p in b.params] for b in ddp.reducer.buckets]
+
+
+for tag, kwargs in (("rebuild", {}), ("rebuild_static", {"static_graph": True})):
+    torch.manual_seed(0)
+    net = Permuted()
+    ddp = DDP(net, bucket_cap_mb=(4 * 4 + 4) * 4 / 2 ** 20, **kwargs)    # one Linear(4, 4) per bucket
+    res[f"{tag}/before"] = np.array(bucket_layers(ddp, net))
+    for k, v in net.state_dict().items():
+        res[f"{tag}/init/{k}"] = v.numpy().copy()
+    for step in range(2):
+        ddp(torch.ones(2, 4) * (rank + 1)).sum().backward()
+        res[f"{tag}/after{step + 1}"] = np.array(bucket_layers(ddp, net))
+    for k, p in net.named_parameters():
+        res[f"{tag}/grad/{k}"] = p.grad.numpy().copy()
 
 np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **res)
 dist.destroy_process_group()

@@ -9,6 +9,12 @@ backward goes on (buckets start in the same order on every rank; on cuda NCCL ru
 When the last bucket has started, the reductions are waited for and the averaged gradients copied back
 (with `gradient_as_bucket_view=True` the parameters' `.grad` are views of the buckets: no copy back). `register_comm_hook` replaces the all-reduce (see
 `flambeau.distributed.algorithms.ddp_comm_hooks.default_hooks` for fp16/bf16 compression).
+
+As PyTorch's reducer: the order gradients arrive in during the first synced backward is recorded and, at the
+next forward, the buckets are rebuilt once in that order (rank 0's order, broadcast), unless
+`find_unused_parameters` without `static_graph`. With `static_graph=True` the first iteration finds the
+unused parameters (graph walk, used map all-reduced) and later iterations reuse that answer: no graph walk,
+no used-map all-reduce, the unused ones marked ready as backward starts.
 """
 from __future__ import annotations
 
@@ -75,10 +81,10 @@ class _Bucket:
                 start += p.numel()
 
 
-def _assign_buckets(params: list, cap_bytes: int, first_bytes: int) -> list:
-    """Parameters (reversed) into buckets of one dtype and device, closing each at its byte cap."""
+def _assign_buckets(ordered: list, cap_bytes: int, first_bytes: int) -> list:
+    """Parameters, in the order given, into buckets of one dtype and device, closing each at its byte cap."""
     buckets, open_ = [], {}
-    for p in reversed(params):
+    for p in ordered:
         key = (p.dtype, str(p.device))
         cur = open_.setdefault(key, [[], 0])
         cur[0].append(p)
@@ -123,14 +129,50 @@ class _Reducer:
     parameters' `.grad` are the bucket views themselves."""
 
     def __init__(self, params: list, group, cap_bytes: int, first_bytes: int, find_unused: bool,
-                 as_view: bool) -> None:
+                 as_view: bool, static_graph: bool = False) -> None:
         self.params, self.group, self.find_unused, self.as_view = params, group, find_unused, as_view
-        self.buckets = _assign_buckets(params, cap_bytes, first_bytes)
-        self.slot_of = {id(p): (b, v) for b in self.buckets for p, v in zip(b.params, b.views)}
+        self.cap_bytes, self.first_bytes, self.static_graph = cap_bytes, first_bytes, static_graph
+        self._set_buckets(_assign_buckets(list(reversed(params)), cap_bytes, first_bytes))
         self.index_of = {id(p): i for i, p in enumerate(params)}
+        self.arrival, self.has_rebuilt = [], False       # gradient arrival order (param indices), once
+        self.static_unused, self.static_used_map = None, None   # static_graph: the first iteration's answer
         self.hook_state, self.hook = group, _default_allreduce
         self.active, self.next_bucket, self.used = False, 0, set()
         self.handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+
+    def _set_buckets(self, buckets: list) -> None:
+        self.buckets = buckets
+        self.slot_of = {id(p): (b, v) for b in buckets for p, v in zip(b.params, b.views)}
+
+    def should_rebuild(self) -> bool:
+        """PyTorch's `should_rebuild_buckets`: once, unless unused parameters are searched every iteration."""
+        return (self.static_graph or not self.find_unused) and not self.has_rebuilt
+
+    def needs_graph_walk(self) -> bool:
+        """Whether the next backward must find the unused parameters by walking the autograd graph."""
+        return self.find_unused and not (self.static_graph and self.static_unused is not None) \
+            or self.static_graph and self.static_unused is None
+
+    def rebuild_buckets(self) -> bool:
+        """PyTorch's `_rebuild_buckets`: after the first synced backward, buckets in gradient-arrival order
+        (rank 0's, broadcast so every rank reduces the same buckets in the same order); True if rebuilt."""
+        if not self.should_rebuild() or not self.arrival:
+            return False
+        seen = set(self.arrival)
+        order = self.arrival + [i for i in range(len(self.params)) if i not in seen]   # never ready: last
+        order_t = torch.tensor(order, dtype=_dtype.int64, device=self.params[0].device)
+        dist.broadcast(order_t, src=dist.get_global_rank(self.group, 0), group=self.group)
+        old = self.slot_of
+        self._set_buckets(_assign_buckets([self.params[i] for i in order_t.tolist()], self.cap_bytes,
+                                          self.first_bytes))
+        if self.as_view:                 # the .grad that were views of the old buckets move into the new ones
+            for p in self.params:
+                if p.grad is not None and p.grad is old[id(p)][1]:
+                    view = self.slot_of[id(p)][1]
+                    _copy_into(view, p.grad)
+                    p.grad = view
+        self.arrival, self.has_rebuilt = [], True
+        return True
 
     def prepare_for_forward(self) -> None:
         if self.active:
@@ -147,17 +189,25 @@ class _Reducer:
         for b in self.buckets:
             b.pending, b.future = len(b.params), None
         self.active, self.next_bucket, self.used = True, 0, set()
-        if self.find_unused:
+        if self.needs_graph_walk():
             reached = _reachable_leaves(outputs)
-            for p in self.params:
-                if id(p) not in reached:
-                    _zero(self.slot_of[id(p)][1])
-                    self._mark_ready(p)
+            unused = [p for p in self.params if id(p) not in reached]
+            if self.static_graph:
+                self.static_unused = unused
+        elif self.static_graph:
+            unused = self.static_unused
+        else:
+            return
+        for p in unused:
+            _zero(self.slot_of[id(p)][1])
+            self._mark_ready(p)
 
     def _on_grad(self, param) -> None:
         if not self.active:
             return
         self.used.add(id(param))
+        if self.should_rebuild():
+            self.arrival.append(self.index_of[id(param)])
         bucket, view = self.slot_of[id(param)]
         grad = param.grad
         if grad is not view:
@@ -182,12 +232,14 @@ class _Reducer:
 
     def _finalize(self) -> None:
         self.active = False
-        globally_used = None
-        if self.find_unused:
+        globally_used = self.static_used_map
+        if self.find_unused and not self.static_graph or self.static_graph and globally_used is None:
             used = torch.tensor([id(p) in self.used for p in self.params], dtype=_dtype.int32,
                                 device=self.params[0].device)
             dist.all_reduce(used, group=self.group)
             globally_used = used.tolist()
+            if self.static_graph:
+                self.static_used_map = globally_used
         for b in self.buckets:
             value = b.future.wait()
             flat = value[0] if isinstance(value, (list, tuple)) else value
@@ -258,7 +310,7 @@ class DistributedDataParallel(Module):
         first = FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap       # PyTorch: a given cap applies to all
         self.bucket_bytes_cap, self.first_bucket_bytes_cap = cap, first    # read by the compiler's DDPOptimizer
         self.reducer = _Reducer(params, self.process_group, cap, first, find_unused_parameters,
-                                gradient_as_bucket_view)
+                                gradient_as_bucket_view, static_graph)
 
     def _verify_same_model(self, params: list) -> None:
         mine = [(tuple(p.shape), str(p.dtype)) for p in params]
@@ -284,11 +336,12 @@ class DistributedDataParallel(Module):
         sync = _state.grad_enabled and self.require_backward_grad_sync
         if sync:
             self.reducer.prepare_for_forward()
+            self.reducer.rebuild_buckets()
         if self.broadcast_buffers and _state.grad_enabled:
             self._sync_buffers()
         out = self.module(*inputs, **kwargs)
         if sync:
-            self.reducer.prepare_for_backward(_tensors_in(out) if self.find_unused_parameters else [])
+            self.reducer.prepare_for_backward(_tensors_in(out) if self.reducer.needs_graph_walk() else [])
         return out
 
     @contextlib.contextmanager
@@ -308,7 +361,8 @@ class DistributedDataParallel(Module):
         self.reducer.hook_state, self.reducer.hook = state, hook
 
     def _set_static_graph(self) -> None:
-        self.static_graph = True
+        """PyTorch's: declare the graph static after construction (before the first iteration)."""
+        self.static_graph = self.reducer.static_graph = True
 
 
 @contextlib.contextmanager
