@@ -260,6 +260,11 @@ class _Reducer:
                     _copy_into(grad, view)
 
 
+# a one-time host decision with a broadcast: run eagerly under flambeau.compile (as PyTorch's DDP `_pre_forward`
+# is dynamo-disabled), so the state it flips is not guarded on and the compiled forward is not recompiled
+_Reducer.rebuild_buckets._flambeau_dynamo_disable = True
+
+
 def _reachable_leaves(outputs: list) -> set:
     """ids of the leaf tensors the autograd graph of `outputs` reaches."""
     roots = [o.grad_fn for o in outputs if getattr(o, "grad_fn", None) is not None]
