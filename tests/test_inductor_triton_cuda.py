@@ -45,7 +45,7 @@ def test_opdb_compiled_with_triton_on_cuda(info):
     dt = compile_dtype(fl, info, 2)
     assert dt is not None
     fn = info.resolve(fl)
-    ran = 0
+    ran = refused = 0
     allowed = expected_fallbacks(info, None)
     if info.name in MIXED_DEVICES:
         allowed["whole graph"] = MIXED_DEVICES[info.name]
@@ -65,13 +65,14 @@ def test_opdb_compiled_with_triton_on_cuda(info):
             except Exception as e:     # refused on cuda only (as PyTorch's cuda kernel): compiled too
                 with pytest.raises(type(e)):
                     fl.compile(lambda *a, **k: fn(*a, **k))(*gargs, **gkw)
+                refused += 1
                 continue
             res = fl.compile(lambda *a, **k: fn(*a, **k))(*gargs, **gkw)
             assert [t.device for t in flat_tensors(fl, res)] == [t.device for t in flat_tensors(fl, eager)], \
                 f"{info.name}: output devices"
             assert_outputs_match(fl, info, _move(eager, "cpu"), _move(res, "cpu"), f"sample {i} ({dt}) on cuda")
             ran += 1
-    assert ran
+    assert ran or refused    # a cpu-only op (oneDNN's) is refused on cuda eagerly and compiled, as test_ops checks
 
 
 def test_dynamic_graph_serves_every_size_on_cuda():

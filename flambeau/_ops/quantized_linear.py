@@ -30,7 +30,8 @@ OUT_DTYPES = (D.float32, D.bfloat16, D.uint8, D.int8)
 
 def _on_cpu(name, *arrays):
     if any(type(a).__module__.startswith("cupy") for a in arrays):
-        raise RuntimeError(f"{name}: an x86 cpu kernel, got cuda tensors")
+        raise NotImplementedError(f"Could not run '{name}' with arguments from the 'CUDA' backend: it is an x86 "
+                                  "cpu kernel (oneDNN's); move the tensors to the cpu")
 
 
 @defop("qlinear_prepack(Tensor weight, int[]? x_shape) -> Tensor", op_namespace=ONEDNN, function=False,
