@@ -813,3 +813,24 @@ def test_float_with_grad_written_into_bool_view_records_nothing():
         b.reshape(-1)[0] = x * 2
         flags.append((b.requires_grad, b.grad_fn is None, b.tolist()))
     assert flags[0] == flags[1] == (False, True, True)
+
+
+def test_accumulate_grad_runs_as_soon_as_ready_as_pytorch():
+    """A leaf's gradient is accumulated (and its post-accumulate hooks run) as soon as it is ready, before the
+    backward of earlier layers, in every step: DDP starts bucket all-reduces from those hooks. (The leaf's
+    AccumulateGrad is reused while the last step's graph is alive, so ordering it by creation put it last.)"""
+    def order(lib):
+        lib.manual_seed(0)
+        m = lib.nn.Sequential(lib.nn.Linear(4, 4), lib.nn.Tanh(), lib.nn.Linear(4, 4), lib.nn.Tanh(), lib.nn.Linear(4, 4))
+        events = []
+        for i in (0, 4):
+            m[i].weight.register_post_accumulate_grad_hook(lambda p, i=i: events.append(f"accumulated{i}"))
+        x = lib.randn(2, 4, requires_grad=True)
+        loss = None
+        for _ in range(2):        # as a training loop: the last step's loss (and graph) alive during this one
+            h = m[0](x)
+            h.register_hook(lambda g: events.append("first_layer_output_grad"))
+            loss = m[4](m[3](m[2](m[1](h)))).sum()
+            loss.backward()
+        return events
+    assert order(fl) == order(torch) == ["accumulated4", "first_layer_output_grad", "accumulated0"] * 2

@@ -1,6 +1,7 @@
 """DDPOptimizer (flambeau/_dynamo/backends/distributed.py) on 2 MPI ranks (tests/dist_workers/ddp_compile.py):
 a compiled DDP module's graph is split at its bucket boundaries, one subgraph per bucket, and trains to
-eager DDP's losses and weights; with `optimize_ddp=False` the graph stays whole."""
+eager DDP's losses and weights, and a bucket's all-reduce starts before backward reaches the input; with
+`optimize_ddp=False` the graph stays whole."""
 from __future__ import annotations
 
 import os
@@ -33,3 +34,14 @@ def test_compiled_ddp_trains_as_eager_ddp(ranks, tag):
         np.testing.assert_allclose(res[f"{tag}/losses"], res["eager/losses"], rtol=1e-6)
         for k in [k for k in res if k.startswith("eager/final/")]:
             np.testing.assert_allclose(res[k.replace("eager", tag, 1)], res[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_split_graph_reduces_a_bucket_before_backward_reaches_the_input(ranks):
+    """Split: the last subgraph's bucket starts before the first subgraph's backward gives the input its
+    gradient (overlap). Whole: one backward node yields every gradient at once and the input's, made last,
+    is accumulated first: no bucket can start earlier."""
+    for res in ranks:
+        for tag, first in (("split", "bucket"), ("whole", "input_grad"), ("eager", "bucket")):
+            events = [str(e) for e in res[f"{tag}/events"]]
+            assert events.count("bucket") == LAYERS and events.count("input_grad") == 1, (tag, events)
+            assert events[0] == first, (tag, events)

@@ -346,11 +346,19 @@ class OpNode(Node):
         return flat
 
 
+# The engine runs ready nodes highest sequence number first. A leaf's AccumulateGrad is reused while a graph
+# holding it is alive (a training loop's previous loss), so by its creation number it would wait behind every
+# later op's backward: the last layer's gradient hooks, where DDP starts its bucket all-reduces, ran after
+# the whole backward.
+ACCUMULATE_FIRST = 1 << 62
+
+
 class AccumulateGrad(Node):
     """Sink for a leaf tensor: accumulates into `.grad` and runs its hooks."""
 
     def __init__(self, variable: Tensor):
         super().__init__()
+        self._sequence_nr += ACCUMULATE_FIRST     # run as soon as ready, as PyTorch's (UINT64_MAX priority)
         self.variable = variable
 
     def name(self):

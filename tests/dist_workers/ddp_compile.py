@@ -1,7 +1,8 @@
 """DDP under flambeau.compile on 2 ranks (the DDPOptimizer): a 4-layer MLP whose buckets hold one layer each
 is trained 3 steps compiled (aot_eager, graph split at bucket boundaries), compiled with
 `optimize_ddp=False` (one graph) and eagerly, from the same weights on the same data slices; subgraph
-counts, losses and final weights to <out>/rank<R>.npz. A flambeau script (the compiler has no PyTorch twin here)."""
+counts, losses, final weights and the order of the last step's bucket all-reduces and the input's gradient
+to <out>/rank<R>.npz. A flambeau script (the compiler has no PyTorch twin here)."""
 import os
 import sys
 
@@ -12,6 +13,7 @@ import flambeau.distributed as dist
 import flambeau.nn as nn
 from flambeau._dynamo import config
 from flambeau._dynamo.backends.registry import lookup_backend
+from flambeau.distributed.algorithms.ddp_comm_hooks import default_hooks
 from flambeau.nn.parallel import DistributedDataParallel as DDP
 
 out_dir = sys.argv[1]
@@ -33,6 +35,12 @@ def train(tag, compiled, optimize_ddp=True):
     torch.manual_seed(0)
     model = nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.Tanh())])
     ddp = DDP(model, bucket_cap_mb=LAYER_BYTES / 2 ** 20)
+    events = []
+
+    def recording_allreduce(state, bucket):
+        events.append("bucket")
+        return default_hooks.allreduce_hook(state, bucket)
+    ddp.register_comm_hook(None, recording_allreduce)
     graphs = []
 
     def counting_aot_eager(gm, example_inputs):
@@ -45,6 +53,9 @@ def train(tag, compiled, optimize_ddp=True):
         losses = []
         for step in range(STEPS):
             x, y = batch(step)
+            x.requires_grad_(True)
+            x.register_hook(lambda g: events.append("input_grad"))
+            events.clear()
             loss = ((run(x) - y) ** 2).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -56,6 +67,7 @@ def train(tag, compiled, optimize_ddp=True):
         config.optimize_ddp = True
     res[f"{tag}/graphs"] = np.array(len(graphs))
     res[f"{tag}/losses"] = np.array(losses)
+    res[f"{tag}/events"] = np.array(events)
     for k, v in model.state_dict().items():
         res[f"{tag}/final/{k}"] = v.numpy().copy()
 

@@ -8,12 +8,10 @@ subgraphs holding about one bucket of parameters each, walking the graph from it
 buckets from the last parameters (the first bucket `first_bucket_bytes`, then `bucket_bytes_cap`).
 Each subgraph is compiled by the real backend, so each is its own autograd Function: the gradients of
 the last subgraph's parameters are complete once its backward ends, before the earlier subgraphs'
-backward runs. (Their bucket's all-reduce starts from DDP's post-accumulate hooks; flambeau's autograd
-engine runs a leaf's AccumulateGrad in creation order, not first as PyTorch's does, so after the first
-step those hooks may still wait for the earlier subgraphs: the split is there, the overlap depends on
-the engine.)
+backward runs; the autograd engine accumulates them at once (AccumulateGrad first, as PyTorch's), and
+DDP's post-accumulate hooks start their bucket's all-reduce.
 
-Subgraph example inputs come from running the graph once on the example inputs under no_grad. Graphs with
+Subgraph example inputs come from running the pieces once on the example inputs. Graphs with
 symbolic sizes (`dynamic=True`) or with one bucket's worth of parameters are compiled whole; the
 reason is logged on `flambeau._dynamo` at DEBUG.
 """
