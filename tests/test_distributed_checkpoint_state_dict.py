@@ -114,6 +114,14 @@ def test_single_file_converters_round_trip(tmp_path):
     np.testing.assert_array_equal(whole["optim"]["state"]["0.weight"]["exp_avg"].numpy(),
                                   osd["state"]["0.weight"]["exp_avg"].numpy())
     assert whole["optim"]["param_groups"][0]["params"] == osd["param_groups"][0]["params"]
+    theirs = torch.load(tmp_path / "one.pt", weights_only=True)        # PyTorch's .pt zip, read by PyTorch
+    assert theirs["tag"] == "x" and list(theirs["model"]) == list(msd)
+    for k, v in msd.items():
+        np.testing.assert_array_equal(theirs["model"][k].numpy(), v.numpy())
+        assert theirs["model"][k].dtype == getattr(torch, str(v.dtype).split(".")[-1])
+    np.testing.assert_array_equal(theirs["optim"]["state"]["0.weight"]["exp_avg"].numpy(),
+                                  osd["state"]["0.weight"]["exp_avg"].numpy())
+    assert theirs["optim"]["param_groups"][0]["lr"] == osd["param_groups"][0]["lr"]
     format_utils.torch_save_to_dcp(tmp_path / "one.pt", tmp_path / "back")
     target = {"model": {k: flambeau.zeros_like(v) for k, v in msd.items()}, "tag": ""}
     dcp.load(target, checkpoint_id=tmp_path / "back")

@@ -1,6 +1,6 @@
 """Converting between a distributed checkpoint folder and a single-file checkpoint (PyTorch's
 `torch.distributed.checkpoint.format_utils`): `dcp_to_torch_save` assembles every tensor whole from its
-chunks and rebuilds the nested state dict from the recorded key paths; `torch_save_to_dcp` splits a
+chunks, rebuilds the nested state dict from the recorded key paths and writes it as PyTorch's `.pt` zip; `torch_save_to_dcp` splits a
 `flambeau.save`/`torch.save` file into a one-rank checkpoint folder.
 """
 from __future__ import annotations
@@ -30,8 +30,9 @@ def _full_state_dict(dcp_checkpoint_dir) -> dict:
 
 
 def dcp_to_torch_save(dcp_checkpoint_dir: str | os.PathLike, torch_save_path: str | os.PathLike) -> None:
-    """Write the whole checkpoint in `dcp_checkpoint_dir` as one file readable by `flambeau.load`."""
-    save_file(_full_state_dict(dcp_checkpoint_dir), torch_save_path)
+    """Write the whole checkpoint in `dcp_checkpoint_dir` as one file in PyTorch's `.pt` zip format (what
+    `torch.save` writes: `torch.load` and `flambeau.load` read it)."""
+    save_file(_full_state_dict(dcp_checkpoint_dir), torch_save_path, format="pt")
 
 
 def torch_save_to_dcp(torch_save_path: str | os.PathLike, dcp_checkpoint_dir: str | os.PathLike) -> None:
