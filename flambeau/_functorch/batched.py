@@ -29,6 +29,7 @@ from .._tensor import Tensor
 from .._backends import MetaArray
 from .._ops import _batching
 from .._ops.shape import stack
+from . import conv_batching
 
 _LEVELS: list = []          # the active VmapModes, outermost first (a mode's level is its index + 1)
 
@@ -355,3 +356,6 @@ def pop_level(mode: VmapMode) -> None:
         if _state.modes[i] is mode:
             del _state.modes[i]
             break
+
+
+conv_batching.install()
