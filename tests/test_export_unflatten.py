@@ -76,9 +76,9 @@ def test_unflatten_rebuilds_the_hierarchy_as_pytorch(name, strict):
     fep = export(fm, _inputs(fl, name, 4), dynamic_shapes=_dims(name)(Dim), strict=strict)
     tu, fu = torch.export.unflatten(tep), unflatten(fep)
     assert _names(fu) == _names(tu) == _names(fm)
-    # every submodule with a graph runs its own code: the root calls its children by name
-    children = [n for n, _ in fm.named_children()]
-    assert all(f"self.{c}(" in fu.code for c in children if c != "act"), fu.code
+    # every submodule runs its own code: the root calls its children by name, as PyTorch's (the CNN's
+    # ReLU twice: both calls run the same graph)
+    assert _calls(fu) == _calls(tu), fu.code
     for batch in (3, 9):
         want = _numpy(tm(*_inputs(torch, name, batch)))
         got = _numpy(fu(*_inputs(fl, name, batch)))
@@ -102,3 +102,57 @@ def test_unflatten_of_a_loaded_program_and_its_guards(tmp_path):
         fu(*_inputs(fl, "gpt", 17))
     with pytest.raises(TypeError, match="ExportedProgram"):
         unflatten(fm)
+
+
+def twice(lib):
+    """A block called twice with different code (`blk@1` in PyTorch) whose inner Linear runs the same
+    graph both times (shared, called again), and a ReLU called twice the same way."""
+    nn = lib.nn
+
+    class Blk(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.register_buffer("scale", lib.full((4,), 2.0))
+
+        def forward(self, x, scaled=False):
+            y = self.lin(x)
+            return y * self.scale if scaled else y
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blk = Blk()
+            self.act = nn.ReLU()
+            self.out = nn.Linear(4, 2)
+
+        def forward(self, x):
+            y = self.act(self.blk(x))
+            return self.out(self.act(self.blk(y, True)))
+    return Net()
+
+
+def _calls(m) -> list:
+    return [str(n.target) for n in m.graph.nodes if n.op == "call_module"]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_unflatten_of_a_module_called_twice_as_pytorch(strict):
+    fl.manual_seed(0)
+    fm = twice(fl)
+    tm = twice(torch)
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in fm.state_dict().items()})
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    tu = torch.export.unflatten(torch.export.export(tm, (torch.tensor(x),), strict=strict))
+    fu = unflatten(export(fm, (fl.tensor(x),), strict=strict))
+    for dup in (True, False):
+        assert [n for n, _ in fu.named_modules(remove_duplicate=dup)] == \
+            [n for n, _ in tu.named_modules(remove_duplicate=dup)]
+    assert [n for n, _ in fu.named_parameters()] == [n for n, _ in tu.named_parameters()]
+    assert list(fu.state_dict()) == list(tu.state_dict())       # blk@1.lin.weight, blk@1.scale too
+    for m in ("", "blk", "blk@1"):
+        assert _calls(fu.get_submodule(m)) == _calls(tu.get_submodule(m)), (m, fu.get_submodule(m).code)
+    copy = fu.get_submodule("blk@1")
+    assert copy.lin is fu.blk.lin and copy.scale is fu.blk.scale
+    np.testing.assert_allclose(fu(fl.tensor(x)).detach().numpy(), tm(torch.tensor(x)).detach().numpy(),
+                               rtol=1e-6, atol=1e-6)

@@ -11,10 +11,15 @@ branch (a tied weight) comes in as an input.
 
 The result, an `UnflattenedModule`, takes the original (nested) inputs, checks their shapes as
 `ep.module()` does, writes buffer updates back and returns the original output structure. Every
-module of the hierarchy is an `InterpreterModule` (a GraphModule: `.graph`, `.code`, readable). A
-module called more than once keeps its first call's graph; the nodes of later calls stay in the
-caller's graph (the outputs are the same; PyTorch makes `name@1` copies instead). Nodes without
-the metadata (a program made by `run_decompositions` or loaded from a file) stay in the root graph.
+module of the hierarchy is an `InterpreterModule` (a GraphModule: `.graph`, `.code`, readable).
+
+A module called more than once (stack keys `fqn`, `fqn@1`, ...) gets a graph for each call, as
+PyTorch's: a later call whose graph equals an earlier call's (same ops, targets and argument wiring)
+calls that module again; otherwise it becomes a copy `name@k` registered beside the original in the
+caller's module, holding that call's graph and sharing the original's parameters, buffers and
+children (so `state_dict()` lists them under `name@k.` as well, `named_parameters()` once). Nodes
+without the metadata (a program made by `run_decompositions` or loaded from a file) stay in the root
+graph.
 """
 from __future__ import annotations
 
@@ -111,13 +116,51 @@ def _relative(fqn: str, owner: str) -> str:
     return fqn[len(owner) + 1:] if owner else fqn
 
 
+def _attach(parent: Module, name: str, child: Module) -> None:
+    """Register `child` at the dotted `name` under `parent` (missing levels become empty modules)."""
+    *path, leaf = name.split(".")
+    _module_at(parent, ".".join(path))._modules[leaf] = child
+
+
+def _graph_key(graph: Graph) -> list:
+    """What makes two call graphs interchangeable: each node's op, target and argument wiring (node
+    names and placeholder targets aside), as PyTorch's `_check_graph_equivalence`."""
+    index: dict = {}
+    key = []
+    for i, n in enumerate(graph.nodes):
+        wire = map_arg((n.args, n.kwargs), lambda a: f"%{index[a]}")
+        key.append((n.op, "" if n.op in ("placeholder", "output") else str(n.target), repr(wire)))
+        index[n] = i
+    return key
+
+
+def _share_state(copy: Module, original: Module, graph: Graph) -> None:
+    """Give `copy` (a later call's module) every attribute its graph reads, taken from `original`:
+    the same Parameter, buffer and child objects, not clones."""
+    for n in graph.find_nodes(op="get_attr"):
+        *path, leaf = n.target.split(".")
+        m, o = copy, original
+        for p in path:
+            if p not in m._modules:
+                m._modules[p] = o._modules[p]
+            m, o = m._modules[p], o._modules[p]
+        if m is o:
+            continue
+        if leaf in o._parameters:
+            m.register_parameter(leaf, o._parameters[leaf])
+        elif leaf in o._buffers:
+            m.register_buffer(leaf, o._buffers[leaf], persistent=leaf not in o._non_persistent_buffers_set)
+        else:
+            m.__dict__[leaf] = getattr(o, leaf)
+
+
 class _Builder:
     """Cuts the program's graph along its module calls (see module docstring)."""
 
     def __init__(self, ep: ExportedProgram, root: UnflattenedModule, state: dict):
         self.ep, self.root = ep, root
         self.attr_of: dict = {}            # original node -> the FQNs (a tied weight has several) it reads
-        self.built: set = set()            # modules that have a graph already
+        self.versions: dict = {}           # fqn -> [(graph key, module, call index)] of its distinct calls
         nodes = list(ep.graph.nodes)
         for n in nodes:
             if n.op == "placeholder" and n.name in state:
@@ -139,7 +182,7 @@ class _Builder:
         for n in self.ep.graph.find_nodes(op="placeholder"):
             if n not in self.attr_of:
                 env[n] = g.node_copy(n)
-        self._emit(self.body, 0, g, env, "")
+        self._emit(self.body, 0, g, env, "", self.root)
         out = self.ep.graph.output_node()
         g.output(map_arg(out.args[0], lambda a: self._lookup(a, g, env, "")))
         return g
@@ -168,15 +211,17 @@ class _Builder:
                 out.append((key, fqn, [n]))
         return out
 
-    def _emit(self, nodes: list, depth: int, g: Graph, env: dict, owner: str) -> None:
+    def _emit(self, nodes: list, depth: int, g: Graph, env: dict, owner: str, module: Module) -> None:
+        """Emit `nodes` into `g`, the graph of `module` (at `owner`); submodule calls become calls."""
         for key, fqn, group in self._groups(nodes, depth):
-            if key is not None and fqn not in self.built and _inside(fqn, owner):
-                self._call(fqn, group, depth, g, env, owner)
+            if key is not None and _inside(fqn, owner):
+                self._call(key, fqn, group, depth, g, env, owner, module)
                 continue
-            for n in group:                  # this level's nodes, or a later call of a module: inline
+            for n in group:                  # this level's nodes (or a call of a module outside `owner`)
                 env[n] = g.node_copy(n, lambda a: self._lookup(a, g, env, owner))
 
-    def _call(self, fqn: str, group: list, depth: int, g: Graph, env: dict, owner: str) -> None:
+    def _call(self, key: str, fqn: str, group: list, depth: int, g: Graph, env: dict, owner: str,
+              parent: Module) -> None:
         members = set(group)
         inputs = []
         for n in group:
@@ -187,18 +232,30 @@ class _Builder:
                     continue                 # read inside with get_attr
                 inputs.append(a)
         outputs = [n for n in group if any(u not in members for u in n.users)]
-        self.built.add(fqn)
+        index = int(key[len(fqn) + 1:]) if key != fqn else 0
+        versions = self.versions.setdefault(fqn, [])
+        original = _module_at(self.root, fqn)
+        child = original if not versions else InterpreterModule()
         sub = Graph()
         sub_env = {}
         for a in inputs:
             ph = sub.placeholder(a.name)
             ph.meta = dict(a.meta)
             sub_env[a] = ph
-        self._emit(group, depth + 1, sub, sub_env, fqn)
+        self._emit(group, depth + 1, sub, sub_env, fqn, child)
         result = [sub_env[o] for o in outputs]
         sub.output(result[0] if len(result) == 1 else tuple(result))
-        _module_at(self.root, fqn).graph = sub
-        call = g.call_module(_relative(fqn, owner), tuple(self._lookup(a, g, env, owner) for a in inputs))
+        graph_key = _graph_key(sub)
+        same = next((v for v in versions if v[0] == graph_key), None)
+        if same is None:
+            child.graph = sub
+            if child is not original:
+                _share_state(child, original, sub)
+            same = (graph_key, child, index)
+            versions.append(same)
+        name = _relative(fqn, owner) + (f"@{same[2]}" if same[2] else "")
+        _attach(parent, name, same[1])
+        call = g.call_module(name, tuple(self._lookup(a, g, env, owner) for a in inputs))
         if len(outputs) == 1:
             env[outputs[0]] = call
             call.meta = dict(outputs[0].meta)
