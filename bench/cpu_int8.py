@@ -16,6 +16,9 @@ InductorQuantizer's pattern), float output. Systems (inference, no grad):
     torch-int8-compile       torch.compile of the same q/dq graph with freezing (PyTorch's PT2E path)
     torch-fp32-eager         the float MLP in PyTorch
 
+flambeau's systems compile with `config.freezing` (as PyTorch's compile with freezing): weights are
+constants, and the int8 weights' `qlinear_prepack` (the VNNI panel packing) runs once at compile time.
+
 Reports the median time per call over rounds (systems interleaved), ratios, and whether flambeau's
 int8 output equals PyTorch's int8 eager output exactly. The environment settings of
 bench/compile_training.py apply (it is imported first). Output: JSON lines.
@@ -152,6 +155,7 @@ def main():
     ws, bs, qws, scales, x = _params(opts.width, opts.batch)
     fx, tx = flambeau.tensor(x), torch.tensor(x)
     fns, first, outs = {}, {}, {}
+    inductor_config.freezing = True
     try:
         qdq = _qdq_mlp(flambeau, flambeau.ops.quantized_decomposed, qws, bs, scales)
         fns["flambeau-int8-compile"], first["flambeau-int8-compile"], outs["flambeau-int8"] = \

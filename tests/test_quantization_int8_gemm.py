@@ -215,3 +215,58 @@ def test_a_bias_being_trained_keeps_the_float_path(monkeypatch):
                                             None))(flambeau.tensor(rng.standard_normal((4, 16)).astype(np.float32)))
     out.sum().backward()
     assert "onednn::qlinear_pointwise" not in _externs(made) and fb.grad is not None
+
+
+def _count_packing(monkeypatch) -> list:
+    """Record each call of the weight-packing routine (`cpu_int8.pack_weight`)."""
+    calls = []
+    real = cpu_int8.pack_weight
+
+    def counted_pack_weight(w):
+        calls.append(w.shape)
+        return real(w)
+    monkeypatch.setattr(cpu_int8, "pack_weight", counted_pack_weight)
+    return calls
+
+
+def test_frozen_compiled_mlp_packs_each_weight_once(monkeypatch):
+    """Freezing folds `qlinear_prepack` at compile time: three int8 layers pack three weights once
+    across several calls (the kernel reads the packed panels and column sums, no per-call packing)."""
+    flambeau.manual_seed(0)
+    model = build_mlp(flambeau, skip=False).eval()
+    data = calibration((16, 20))
+    prepared = prepare_pt2e(capture_pre_autograd_graph(model, (flambeau.tensor(data[0]),)),
+                            xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config()))
+    for x in data:
+        prepared(flambeau.tensor(x))
+    converted = convert_pt2e(prepared)
+    monkeypatch.setattr(inductor_config, "freezing", True)
+    flambeau._dynamo.reset()
+    calls = _count_packing(monkeypatch)
+    compiled = flambeau.compile(converted)
+    with flambeau.no_grad():
+        outs = [compiled(flambeau.tensor(x)).numpy() for x in data[:3]]
+        eager = converted(flambeau.tensor(data[2])).numpy()
+    assert len(calls) == 3, calls
+    np.testing.assert_allclose(outs[2], eager, rtol=0, atol=1e-5 * np.abs(eager).max())
+
+
+def test_prepacked_weight_is_packed_once_and_equals_pytorch(monkeypatch):
+    """onednn::qlinear_prepack packs once; three qlinear_pointwise calls on it pack nothing and equal
+    PyTorch's op; a dynamically quantized Linear packs its weight once, at conversion."""
+    calls = _count_packing(monkeypatch)
+    rng = np.random.default_rng(11)
+    qx, qw, ws, b = _problem(rng, 9, 37, 45, False)
+    packed = flambeau.ops.onednn.qlinear_prepack(flambeau.tensor(qw), None)
+    for _ in range(3):
+        got = flambeau.ops.onednn.qlinear_pointwise(flambeau.tensor(qx), 0.02, 7, packed, flambeau.tensor(ws),
+                                                    flambeau.zeros(45, dtype=flambeau.int64), flambeau.tensor(b),
+                                                    1.0, 0, flambeau.float32, "relu", [], "").numpy()
+    np.testing.assert_array_equal(got, _torch_qlinear(qx, 0.02, 7, qw, ws, b, 1.0, 0, "float32", "relu"))
+    assert len(calls) == 1
+    lin = flambeau.ao.quantization.quantize_dynamic(flambeau.nn.Sequential(flambeau.nn.Linear(37, 45)),
+                                                    {flambeau.nn.Linear}, dtype=flambeau.qint8)
+    packed_at_conversion = len(calls)
+    for _ in range(3):
+        lin(flambeau.tensor(rng.standard_normal((4, 37)).astype(np.float32)))
+    assert len(calls) == packed_at_conversion

@@ -2,14 +2,16 @@
 // dynamically quantized models, out = epilogue(sum_k (a[m,k] - a_zp) * (b[k,n] - b_zp[n])).
 //
 // A holds u8 or s8 activations (s8 are shifted by 128 into u8, with the zero point shifted alike:
-// (a + 128) - (zp + 128) = a - zp exactly), B int8 weights (K x N, any strides). Both are packed:
-// A into rows of K rounded up to 4 bytes, B into panels of NR columns holding, for each group of
-// 4 k, the 4 bytes of each column side by side (64 bytes per 16 columns), zero-padded. The
-// micro-kernel keeps an MR x NR tile of int32 sums in registers and, per group of 4 k, broadcasts
-// 4 bytes of an A row against two B vectors with AVX-512 VNNI `vpdpbusd` (u8 x s8 products, 4 summed
-// into each int32 lane, no saturation). Zero points are taken out afterwards with the column sums
-// of B and the row sums of A. Without VNNI (or AVX-512BW) `flm_int8_vnni` returns 0 and Python
-// computes the same integers with NumPy.
+// (a + 128) - (zp + 128) = a - zp exactly), packed per call into rows of K rounded up to 4 bytes
+// (kp). B, the int8 weights, comes prepacked once (`onednn::qlinear_prepack`, `pack_weight` in
+// cpu_int8.py): panels of NR columns (the last one narrower: its width w), each holding, for each
+// group of 4 k, the 4 bytes of each of its columns side by side (4 * w bytes a group, k zero-padded
+// to kp); panel p starts at byte p * NR * kp, and the N int32 column sums follow the kp * N bytes of
+// panels. The micro-kernel keeps an MR x NR tile of int32 sums in registers and, per group of 4 k,
+// broadcasts 4 bytes of an A row against two B vectors (masked loads for a narrow panel) with
+// AVX-512 VNNI `vpdpbusd` (u8 x s8 products, 4 summed into each int32 lane, no saturation). Zero
+// points are taken out afterwards with the column sums of B and the row sums of A. Without VNNI
+// (or AVX-512BW) `flm_int8_vnni` returns 0 and Python computes the same integers with NumPy.
 //
 // The epilogue is oneDNN's for PyTorch's `onednn::qlinear_pointwise` on x86: v = ((float)acc *
 // x_scale) * w_scale[n] + bias[n] (two roundings, no fused multiply-add: this file is compiled
@@ -59,37 +61,22 @@ static void pack_a(int64_t M, int64_t K, const uint8_t* a, int64_t lda, int is_s
     }
 }
 
-// B (K x N, element strides rsb, csb) into NR-column panels of 4-k groups, with each column's sum;
-// read a row of the panel at a time (contiguous when csb == 1).
-static void pack_b(int64_t K, int64_t N, const int8_t* b, int64_t rsb, int64_t csb, int8_t* dst, int32_t* colsum) {
-    const int64_t kp = (K + 3) & ~int64_t(3), panels = (N + NR - 1) / NR;
-    for (int64_t p = 0; p < panels; p++) {
-        int8_t* d = dst + p * NR * kp;
-        const int64_t n0 = p * NR, n = std::min<int64_t>(NR, N - n0);
-        int32_t sum[NR] = {0};
-        std::memset(d, 0, NR * kp);
-        for (int64_t k = 0; k < K; k++) {
-            const int8_t* s = b + k * rsb + n0 * csb;
-            int8_t* row = d + (k >> 2) * 4 * NR + (k & 3);
-            for (int64_t j = 0; j < n; j++) {
-                const int8_t v = s[j * csb];
-                row[4 * j] = v;
-                sum[j] += v;
-            }
-        }
-        for (int64_t j = 0; j < n; j++) colsum[n0 + j] = sum[j];
-    }
+// The mask of the first `bytes` bytes of a 64-byte vector (all of it from 64 on).
+static inline __mmask64 first_bytes(int64_t bytes) {
+    return bytes >= 64 ? ~__mmask64(0) : bytes <= 0 ? __mmask64(0) : (__mmask64(1) << bytes) - 1;
 }
 
-// The int32 tile of MR packed rows and panel p: tile[i][j] = sum over kp of a'[i, k] * b[k, j].
-static inline void micro(int64_t kp, const uint8_t* __restrict__ ap, const int8_t* __restrict__ bp,
+// The int32 tile of MR packed rows and a panel of w <= NR columns: tile[i][j] = sum over kp of
+// a'[i, k] * b[k, j] (columns from w on: 0).
+static inline void micro(int64_t kp, const uint8_t* __restrict__ ap, const int8_t* __restrict__ bp, int64_t w,
                          int32_t tile[MR][NR]) {
+    const __mmask64 mask0 = first_bytes(4 * w), mask1 = first_bytes(4 * w - 64);
     __m512i acc[MR][2];
 #pragma GCC unroll 12
     for (int i = 0; i < MR; i++) { acc[i][0] = _mm512_setzero_si512(); acc[i][1] = _mm512_setzero_si512(); }
     for (int64_t g = 0; g < kp / 4; g++) {
-        const __m512i b0 = _mm512_loadu_si512(bp + g * 4 * NR);
-        const __m512i b1 = _mm512_loadu_si512(bp + g * 4 * NR + 64);
+        const __m512i b0 = _mm512_maskz_loadu_epi8(mask0, bp + g * 4 * w);
+        const __m512i b1 = _mm512_maskz_loadu_epi8(mask1, bp + g * 4 * w + 64);
 #pragma GCC unroll 12
         for (int i = 0; i < MR; i++) {
             int32_t w;
@@ -147,41 +134,43 @@ static inline void finish(const Epilogue& e, int64_t m0, int64_t m, int64_t n0, 
 }
 
 #ifdef FLM_VNNI
-// Rows [m0, m1) x columns [n0, n1) of the output on the calling thread, packing its own operands.
-static void qlinear_part(int64_t K, const uint8_t* a, int64_t lda, int a_signed, const int8_t* b, int64_t rsb,
-                         int64_t csb, const Epilogue& e, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    const int64_t kp = (K + 3) & ~int64_t(3), M = m1 - m0, N = n1 - n0;
-    const int64_t rows = (M + MR - 1) / MR * MR, panels = (N + NR - 1) / NR;
+// Rows [m0, m1) x columns [n0, n1) (n0 a multiple of NR) of the output on the calling thread, packing
+// its rows of A; bp/colsum: the prepacked weight's panels and column sums (all N columns).
+static void qlinear_part(int64_t K, int64_t N, const uint8_t* a, int64_t lda, int a_signed, const int8_t* bp,
+                         const int32_t* colsum, const Epilogue& e, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    const int64_t kp = (K + 3) & ~int64_t(3), M = m1 - m0;
+    const int64_t rows = (M + MR - 1) / MR * MR;
     std::vector<uint8_t> pa(rows * kp);
-    std::vector<int8_t> pb(panels * NR * kp);
-    std::vector<int32_t> rowsum(rows), colsum(panels * NR);
+    std::vector<int32_t> rowsum(rows);
     pack_a(M, K, a + m0 * lda, lda, a_signed, pa.data(), rowsum.data());
-    pack_b(K, N, b + n0 * csb, rsb, csb, pb.data(), colsum.data());
     alignas(64) int32_t tile[MR][NR];
-    for (int64_t p = 0; p < panels; p++) {
+    for (int64_t c = n0; c < n1; c += NR) {
+        const int64_t w = std::min<int64_t>(NR, N - c);
         for (int64_t r = 0; r < rows; r += MR) {
-            micro(kp, pa.data() + r * kp, pb.data() + p * NR * kp, tile);
-            finish(e, m0 + r, std::min<int64_t>(MR, M - r), n0 + p * NR, std::min<int64_t>(NR, N - p * NR), tile,
-                   rowsum.data() + r, colsum.data() + p * NR);
+            micro(kp, pa.data() + r * kp, bp + c * kp, w, tile);
+            finish(e, m0 + r, std::min<int64_t>(MR, M - r), c, std::min<int64_t>(w, n1 - c), tile, rowsum.data() + r,
+                   colsum + c);
         }
     }
 }
 #endif
 
-// out (M x N, row stride ldc) = epilogue(A @ B) as in the header. One OpenMP fork/join: each thread
-// takes a share of the column panels (or of the row tiles, when there are more of those) and packs
-// what it reads itself, so no barrier waits on a descheduled thread of a loaded machine.
+// out (M x N, row stride ldc) = epilogue(A @ B) as in the header, B prepacked. One OpenMP fork/join:
+// each thread takes a share of the column panels (or of the row tiles, when there are more of those)
+// and packs the rows of A it reads itself, so no barrier waits on a descheduled thread of a loaded
+// machine.
 extern "C" void flm_qlinear(int64_t M, int64_t N, int64_t K, const uint8_t* a, int64_t lda, int a_signed,
-                            int32_t a_zp, const int8_t* b, int64_t rsb, int64_t csb, const int32_t* b_zp,
+                            int32_t a_zp, const int8_t* packed, const int32_t* b_zp,
                             float x_scale, const float* w_scale, const float* bias, int relu, int out_kind,
                             float out_inv_scale, int32_t out_zp, void* out, int64_t ldc, int threads) {
 #ifdef FLM_VNNI
     if (M == 0 || N == 0) return;
     const Epilogue e{a_signed ? a_zp + 128 : a_zp, b_zp, K, x_scale, w_scale, bias, relu, out_kind, out_inv_scale,
                      float(out_zp), out, ldc};
-    const int64_t tiles = (M + MR - 1) / MR, panels = (N + NR - 1) / NR;
+    const int64_t kp = (K + 3) & ~int64_t(3), tiles = (M + MR - 1) / MR, panels = (N + NR - 1) / NR;
+    const int32_t* colsum = reinterpret_cast<const int32_t*>(packed + kp * N);
     if (threads <= 1) {
-        qlinear_part(K, a, lda, a_signed, b, rsb, csb, e, 0, M, 0, N);
+        qlinear_part(K, N, a, lda, a_signed, packed, colsum, e, 0, M, 0, N);
         return;
     }
     const bool by_cols = panels >= tiles || panels >= 4 * threads;
@@ -194,10 +183,10 @@ extern "C" void flm_qlinear(int64_t M, int64_t N, int64_t K, const uint8_t* a, i
 #endif
         if (by_cols) {
             const int64_t n0 = panels * t / nt * NR, n1 = std::min<int64_t>(N, panels * (t + 1) / nt * NR);
-            if (n1 > n0) qlinear_part(K, a, lda, a_signed, b, rsb, csb, e, 0, M, n0, n1);
+            if (n1 > n0) qlinear_part(K, N, a, lda, a_signed, packed, colsum, e, 0, M, n0, n1);
         } else {
             const int64_t m0 = tiles * t / nt * MR, m1 = std::min<int64_t>(M, tiles * (t + 1) / nt * MR);
-            if (m1 > m0) qlinear_part(K, a, lda, a_signed, b, rsb, csb, e, m0, m1, 0, N);
+            if (m1 > m0) qlinear_part(K, N, a, lda, a_signed, packed, colsum, e, m0, m1, 0, N);
         }
     }
 #endif

@@ -1,13 +1,19 @@
 """int8 matrix products for the CPU: the quantized linear layer (`qlinear`), in C++ (`cpu_int8.cpp`,
 AVX-512 VNNI `vpdpbusd`, int32 accumulation, a fused dequantize/requantize epilogue), loaded with ctypes.
 
-`qlinear(qx, x_scale, x_zp, qw, w_scales, w_zps, bias, out_scale, out_zp, out_dtype, relu)` takes
-NumPy arrays: u8 or s8 activations (..., K), int8 weights (K, N) of any strides (PyTorch's
-prepacked `onednn::qlinear_prepack` layout: the transposed weight), float32 per-channel scales
-and integer zero points (N,), an optional float32 bias; it returns (..., N) in float32 (the
-dequantized product) or, requantized with `out_scale`/`out_zp`, in uint8/int8. The integers are
-exact and the epilogue rounds as oneDNN's (see the C++ file), so results equal PyTorch's
-`onednn::qlinear_pointwise`.
+    packed = pack_weight(w)          int8 weights (N, K) -> the kernel's layout, once per weight
+    qlinear_packed(qx, x_scale, x_zp, packed, w_scales, w_zps, bias, out_scale, out_zp, out_dtype, relu)
+    qlinear(qx, ..., qw (K, N), ...)  the same, packing qw (any strides) for this one call
+
+take NumPy arrays: u8 or s8 activations (..., K), float32 per-channel scales and integer zero
+points (N,), an optional float32 bias; they return (..., N) in float32 (the dequantized product)
+or, requantized with `out_scale`/`out_zp`, in uint8/int8. The integers are exact and the epilogue
+rounds as oneDNN's (see the C++ file), so results equal PyTorch's `onednn::qlinear_pointwise`.
+
+The packed weight is an opaque int8 array of shape (K + PACK_EXTRA_ROWS, N) (so K and N read off
+its shape): the VNNI panels of NR columns, 4 k a group (the C++ file's header), then the int32
+column sums for the activation zero point's correction; `onednn::qlinear_prepack` returns it, so a
+compiled graph (frozen: at compile time) or a dynamically quantized Linear packs each weight once.
 
 The library is built once through `flambeau._cpp_builder`, like the float GEMM. Without a compiler,
 without VNNI, or with `FLAMBEAU_GEMM=0`, `vnni()` is False and the same arithmetic runs in NumPy.
@@ -26,6 +32,9 @@ _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_int8.cpp")
 OUT_KINDS = {np.dtype(np.float32): 0, np.dtype(np.uint8): 1, np.dtype(np.int8): 2}
 QMIN_QMAX = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127)}
 _state: dict = {}
+NR = 32                 # columns per panel (the C++ kernel's NR)
+K_GROUP = 4             # k per vpdpbusd group
+PACK_EXTRA_ROWS = 7     # rows of the packed weight beyond K: k padding (<= 3) and the int32 column sums (4)
 
 
 def _load():
@@ -41,7 +50,7 @@ def _load():
             if lib.flm_int8_vnni():
                 i64, p, i, fl = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
                 q = lib.flm_qlinear
-                q.argtypes = [i64, i64, i64, p, i64, i, ctypes.c_int32, p, i64, i64, p, fl, p, p, i, i, fl,
+                q.argtypes = [i64, i64, i64, p, i64, i, ctypes.c_int32, p, p, fl, p, p, i, i, fl,
                               ctypes.c_int32, p, i64, i]
                 q.restype = None
                 fns = q
@@ -69,11 +78,55 @@ def _epilogue_numpy(acc, x_scale, w_scales, bias, relu, out_scale, out_zp, out_d
     return np.clip(q, lo, hi).astype(out_dtype)
 
 
+def _kp(K: int) -> int:
+    return (K + K_GROUP - 1) // K_GROUP * K_GROUP
+
+
+def pack_weight(w):
+    """int8 weights (N, K), any strides -> the packed (K + PACK_EXTRA_ROWS, N) int8 array (module docstring)."""
+    N, K = w.shape
+    kp = _kp(K)
+    padded = np.zeros((N, kp), np.int8)
+    padded[:, :K] = w
+    blob = np.zeros((K + PACK_EXTRA_ROWS) * N, np.int8)
+    for n0 in range(0, N, NR):
+        width = min(NR, N - n0)
+        panel = padded[n0:n0 + width].reshape(width, kp // K_GROUP, K_GROUP).transpose(1, 0, 2)
+        blob[n0 * kp:(n0 + width) * kp] = panel.reshape(-1)
+    blob[kp * N:(kp + 4) * N] = padded.sum(axis=1, dtype=np.int32).view(np.int8)
+    return blob.reshape(K + PACK_EXTRA_ROWS, N)
+
+
+def packed_dims(packed) -> tuple[int, int]:
+    """(K, N) of a packed weight."""
+    return packed.shape[0] - PACK_EXTRA_ROWS, packed.shape[1]
+
+
+def unpack_weight(packed):
+    """The (K, N) int8 weight of a packed one (the NumPy fallback's operand)."""
+    K, N = packed_dims(packed)
+    kp = _kp(K)
+    blob = np.ascontiguousarray(packed).reshape(-1)
+    out = np.empty((N, kp), np.int8)
+    for n0 in range(0, N, NR):
+        width = min(NR, N - n0)
+        panel = blob[n0 * kp:(n0 + width) * kp].reshape(kp // K_GROUP, width, K_GROUP).transpose(1, 0, 2)
+        out[n0:n0 + width] = panel.reshape(width, kp)
+    return out[:, :K].T
+
+
 def qlinear(qx, x_scale: float, x_zp: int, qw, w_scales, w_zps, bias, out_scale: float, out_zp: int,
             out_dtype, relu: bool = False):
-    """The quantized linear layer (module docstring) of NumPy arrays."""
+    """The quantized linear layer (module docstring) of NumPy arrays, qw (K, N) packed for this call."""
+    return qlinear_packed(qx, x_scale, x_zp, pack_weight(qw.T), w_scales, w_zps, bias, out_scale, out_zp, out_dtype,
+                          relu)
+
+
+def qlinear_packed(qx, x_scale: float, x_zp: int, packed, w_scales, w_zps, bias, out_scale: float, out_zp: int,
+                   out_dtype, relu: bool = False):
+    """The quantized linear layer (module docstring) of NumPy arrays with a `pack_weight` weight."""
     out_dtype = np.dtype(out_dtype)
-    K, N = qw.shape
+    K, N = packed_dims(packed)
     lead = qx.shape[:-1]
     a = np.ascontiguousarray(qx.reshape(-1, K))
     M = a.shape[0]
@@ -82,12 +135,14 @@ def qlinear(qx, x_scale: float, x_zp: int, qw, w_scales, w_zps, bias, out_scale:
     b32 = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
     fns = _load()
     if fns is None or M == 0 or N == 0:
+        qw = unpack_weight(packed)
         acc = (a.astype(np.int64) - x_zp) @ (qw.astype(np.int64) - zps.astype(np.int64))
         return _epilogue_numpy(acc, x_scale, scales, b32, relu, out_scale, out_zp, out_dtype).reshape(lead + (N,))
+    packed = np.ascontiguousarray(packed)
     out = np.empty((M, N), out_dtype)
     threads = cpu_kernels._threads(M * N * K) if cpu_kernels.available() else 1
-    fns(M, N, K, a.ctypes.data, K, int(a.dtype == np.int8), int(x_zp), qw.ctypes.data, qw.strides[0], qw.strides[1],
-       zps.ctypes.data if zps.any() else None, float(np.float32(x_scale)), scales.ctypes.data,
-       None if b32 is None else b32.ctypes.data, int(relu), OUT_KINDS[out_dtype],
-       float(np.float32(1) / np.float32(out_scale)), int(out_zp), out.ctypes.data, N, threads)
+    fns(M, N, K, a.ctypes.data, K, int(a.dtype == np.int8), int(x_zp), packed.ctypes.data,
+        zps.ctypes.data if zps.any() else None, float(np.float32(x_scale)), scales.ctypes.data,
+        None if b32 is None else b32.ctypes.data, int(relu), OUT_KINDS[out_dtype],
+        float(np.float32(1) / np.float32(out_scale)), int(out_zp), out.ctypes.data, N, threads)
     return out.reshape(lead + (N,))

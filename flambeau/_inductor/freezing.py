@@ -11,7 +11,9 @@ evaluates, eagerly and once, every node whose tensor inputs are all constants (a
 new constant, stored C-contiguous: the transposed weight of a linear layer is written once in the
 row-major layout the GEMM reads, instead of being read through strides on every call. Folding
 never grows the weights (a node whose result has more elements than its constant inputs together,
-an `expand`, stays), never folds random ops, and never folds sizes (SymInt arguments).
+an `expand`, stays; except a weight-packing op, `onednn::qlinear_prepack`, whose packed int8 weight
+has a few rows more for its column sums: packed once here, never per call), never folds random ops,
+and never folds sizes (SymInt arguments).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from .._tensor import contiguous_format
 
 FROZEN_PREFIX = "_frozen_param"
 FOLDED_PREFIX = "_folded_constant"
+PACKING_OPS = ("onednn::qlinear_prepack",)      # fold though their result is larger than their input
 
 
 def lift_to_constants(gm, values: dict) -> list:
@@ -90,7 +93,8 @@ def constant_fold(gm) -> int:
         kwargs = _map(node.kwargs, consts)
         with no_grad():
             value = node.target(*args, **kwargs)
-        if not isinstance(value, Tensor) or value.numel() > sum(consts[i].numel() for i in set(inputs)):
+        if not isinstance(value, Tensor) or (value.numel() > sum(consts[i].numel() for i in set(inputs)) and
+                                             getattr(node.target, "name", None) not in PACKING_OPS):
             continue
         value = value.clone(memory_format=contiguous_format)
         name = f"{FOLDED_PREFIX}{folded}"

@@ -2,10 +2,12 @@
 (+ `.tensor`, activation scale and zero point as tensors), running the AVX-512 VNNI kernel of
 `flambeau/_backends/cpu_int8.cpp` (int32 accumulation, dequantize or requantize fused after it).
 
-    qw = qlinear_prepack(w_int8 (N, K), x_shape)         the weight in the kernel's layout: (K, N)
+    qw = qlinear_prepack(w_int8 (N, K), x_shape)         the weight in the kernel's packed layout, once
     y = qlinear_pointwise(qx, x_scale, x_zp, qw, w_scale (N,), w_zp (N,), bias, out_scale, out_zp,
                           out_dtype, post_op_name, post_op_args, post_op_algorithm)
 
+qw is opaque: int8 of shape (K + 7, N), the VNNI panels and the column sums (`cpu_int8.pack_weight`),
+so qlinear_pointwise packs no weight per call; under freezing the prepack is folded at compile time.
 qx is uint8 or int8 (..., K); y is float32/bfloat16 (out_dtype; the dequantized product, out_scale 1
 and out_zp 0) or, with out_dtype None/uint8/int8, requantized with out_scale/out_zp (None: uint8).
 post_op_name "none" or "relu". Integers are exact and the epilogue rounds as oneDNN's, so results
@@ -20,7 +22,7 @@ import numpy as np
 
 from .. import _dtype as D
 from .._backends import cpu_int8
-from . import _batching
+from . import _batching, EXPORTS
 from ._registry import defop, TensorSpec, Tag
 
 ONEDNN = "onednn"
@@ -38,7 +40,7 @@ def _on_cpu(name, *arrays):
        tags=(Tag.core, Tag.extern))
 def qlinear_prepack(xp, weight, x_shape=None):
     _on_cpu("onednn::qlinear_prepack", weight)
-    return xp.ascontiguousarray(weight.T)
+    return cpu_int8.pack_weight(weight)
 
 
 @qlinear_prepack.def_meta
@@ -46,22 +48,23 @@ def _qlinear_prepack_meta(weight, x_shape=None):
     if weight.dtype is not D.int8 or weight.ndim != 2:
         raise RuntimeError(f"onednn::qlinear_prepack: expected a 2-D int8 weight, got {weight.dtype} of shape "
                            f"{tuple(weight.shape)}")
-    return TensorSpec((weight.shape[1], weight.shape[0]), D.int8)
+    return TensorSpec((weight.shape[1] + cpu_int8.PACK_EXTRA_ROWS, weight.shape[0]), D.int8)
 
 
 def _checks(qx_dtype, x_shape, qw, w_scale, bias, output_scale, output_zero_point, output_dtype, post_op_name):
     name = "onednn::qlinear_pointwise"
     if qx_dtype not in (D.uint8, D.int8):
         raise RuntimeError(f"{name}: expected a uint8 or int8 input, got {qx_dtype}")
-    if qw.dtype is not D.int8 or len(qw.shape) != 2:
+    if qw.dtype is not D.int8 or len(qw.shape) != 2 or qw.shape[0] < cpu_int8.PACK_EXTRA_ROWS:
         raise RuntimeError(f"{name}: expected a packed 2-D int8 weight (qlinear_prepack), got {qw.dtype} of shape "
                            f"{tuple(qw.shape)}")
-    if not x_shape or x_shape[-1] != qw.shape[0]:
-        raise RuntimeError(f"{name}: input of shape {tuple(x_shape)} and weight of shape {tuple(qw.shape)} "
-                           "cannot be multiplied")
-    if w_scale.shape[0] not in (1, qw.shape[1]) or (bias is not None and tuple(bias.shape) != (qw.shape[1],)):
+    k, n = cpu_int8.packed_dims(qw)
+    if not x_shape or x_shape[-1] != k:
+        raise RuntimeError(f"{name}: input of shape {tuple(x_shape)} and packed weight of {k} x {n} (shape "
+                           f"{tuple(qw.shape)}) cannot be multiplied")
+    if w_scale.shape[0] not in (1, n) or (bias is not None and tuple(bias.shape) != (n,)):
         raise RuntimeError(f"{name}: weight scales of shape {tuple(w_scale.shape)} or bias of shape "
-                           f"{None if bias is None else tuple(bias.shape)} do not match {qw.shape[1]} output channels")
+                           f"{None if bias is None else tuple(bias.shape)} do not match {n} output channels")
     od = output_dtype or D.uint8
     if od not in OUT_DTYPES:
         raise RuntimeError(f"{name}: unsupported output dtype {od}")
@@ -81,7 +84,7 @@ def _qlinear(xp, qx, x_scale, x_zero_point, qw, w_scale, w_zero_point, bias, out
     scales = np.broadcast_to(np.asarray(w_scale, np.float32).reshape(-1), (n,))
     zps = np.broadcast_to(np.asarray(w_zero_point).reshape(-1), (n,))
     kernel_dtype = np.float32 if od.is_floating_point else od.np
-    out = cpu_int8.qlinear(qx, x_scale, int(x_zero_point), qw, scales, zps, bias, output_scale, output_zero_point,
+    out = cpu_int8.qlinear_packed(qx, x_scale, int(x_zero_point), qw, scales, zps, bias, output_scale, output_zero_point,
                            kernel_dtype, relu=post_op_name == "relu")
     return out if od.np == out.dtype else out.astype(od.np)
 
@@ -134,7 +137,8 @@ qlinear_pointwise_tensor.def_meta(_qlinear_meta)
 # ---- vmap batching rules ----------------------------------------------------------------------------
 @qlinear_prepack.def_batching_rule
 def _qlinear_prepack_batching(in_dims, weight, x_shape=None):
-    return _batching.front(weight, in_dims[0]).transpose(1, 2).contiguous(), 0
+    ws = _batching.front(weight, in_dims[0])
+    return EXPORTS["stack"]([_batching.call(qlinear_prepack, (w, x_shape)) for w in ws.unbind(0)]), 0
 
 
 def _qlinear_batching(op):

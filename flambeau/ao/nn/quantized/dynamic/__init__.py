@@ -5,7 +5,8 @@ The arithmetic is FBGEMM's `linear_dynamic`: the input's range (widened to hold 
 unsigned 8-bit scale and zero point by FBGEMM's ChooseQuantizationParams (7 bits under
 reduce_range, as PyTorch's x86 default), the input is quantized with the weight-independent
 rounding of `quantize_per_tensor`, the integer products are summed exactly (the int8 GEMM of
-`flambeau/_backends/cpu_int8.cpp`, AVX-512 VNNI), and
+`flambeau/_backends/cpu_int8.cpp`, AVX-512 VNNI, on the weight that `Linear` packs once into the
+kernel's layout when it is set, not per call), and
 out = float(acc) * (input_scale * weight_scale) + bias in float32.
 """
 from __future__ import annotations
@@ -49,8 +50,10 @@ def choose_qparams(lo: float, hi: float, qmin: int, qmax: int) -> tuple[float, i
     return float(np.float32(scale)), zero_point
 
 
-def linear_dynamic(x: Tensor, qweight: Tensor, bias: Tensor | None, reduce_range: bool = True) -> Tensor:
-    """`quantized::linear_dynamic` (module docstring) for a per-tensor or per-channel qint8 weight."""
+def linear_dynamic(x: Tensor, qweight: Tensor, bias: Tensor | None, reduce_range: bool = True,
+                   packed=None) -> Tensor:
+    """`quantized::linear_dynamic` (module docstring) for a per-tensor or per-channel qint8 weight;
+    `packed`: its `cpu_int8.pack_weight` (else packed for this call)."""
     if x._dtype is not D.float32:
         raise RuntimeError(f"linear_dynamic: expected a float32 input, got {x._dtype}")
     a = np.asarray(x._data, dtype=np.float32)
@@ -70,7 +73,9 @@ def linear_dynamic(x: Tensor, qweight: Tensor, bias: Tensor | None, reduce_range
         w_zps = qz.zero_points._data.reshape(-1)
         w_scale = qz.scales._data.astype(np.float32)
     # the exact int32 sums, as float32, from the int8 GEMM (AVX-512 VNNI; unit scales leave float(acc))
-    acc = cpu_int8.qlinear(qx, 1.0, x_zp, qweight._data.T, np.ones(n, np.float32), w_zps, None, 1.0, 0, np.float32)
+    if packed is None:
+        packed = cpu_int8.pack_weight(qweight._data)
+    acc = cpu_int8.qlinear_packed(qx, 1.0, x_zp, packed, np.ones(n, np.float32), w_zps, None, 1.0, 0, np.float32)
     mult = np.float32(x_scale) * w_scale
     if bias is None:
         out = acc * mult
@@ -91,11 +96,17 @@ class Linear(Module):
         self.in_features, self.out_features = in_features, out_features
         self.version = 4
         w = F["zeros"](out_features, in_features)
-        self._qweight = F["quantize_per_tensor"](w, 1.0, 0, D.qint8)
         self._bias = F["zeros"](out_features) if bias_ else None
+        self.set_weight_bias(F["quantize_per_tensor"](w, 1.0, 0, D.qint8), self._bias)
+
+    def _packed_weight(self):
+        """The kernel's packed layout of the weight, made once per weight tensor set."""
+        if self._packed[0] is not self._qweight:
+            self._packed = (self._qweight, cpu_int8.pack_weight(self._qweight._data))
+        return self._packed[1]
 
     def forward(self, x: Tensor) -> Tensor:
-        return linear_dynamic(x, self._qweight, self._bias, reduce_range=True)
+        return linear_dynamic(x, self._qweight, self._bias, reduce_range=True, packed=self._packed_weight())
 
     def weight(self) -> Tensor:
         return self._qweight
@@ -105,6 +116,7 @@ class Linear(Module):
 
     def set_weight_bias(self, w: Tensor, b: Tensor | None) -> None:
         self._qweight, self._bias = w, b
+        self._packed = (w, cpu_int8.pack_weight(w._data))
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, dtype={self._qweight.dtype}, "
