@@ -31,6 +31,31 @@ def test_max_pool2d_ties_and_nans_pick_atens_index(case, dtype):
     np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
 
 
+GRAD_CASES = CASES + [  # disjoint windows (stride >= extent: the indexed-assignment backward) and overlapping ones
+    ((2, 3, 9, 11), 2, 3, 1, 1, True),
+    ((2, 3, 9, 11), 2, 2, 0, 2, False),
+    ((2, 3, 9, 11), (2, 1), (3, 1), 0, (2, 1), False),
+]
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: "x".join(map(str, c[0])) + f"_k{c[1]}_s{c[2]}_p{c[3]}_d{c[4]}")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_max_pool2d_gradient_goes_to_the_chosen_index_bit_for_bit(case, dtype):
+    shape, k, s, p, d, ceil = case
+    rng = np.random.default_rng(3)
+    x = rng.integers(-2, 2, shape).astype(dtype)          # ties, NaN and -inf: the forward's index gets the gradient
+    x[rng.random(shape) < 0.15] = np.nan
+    x[rng.random(shape) < 0.05] = -np.inf
+    a, b = fl.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out = fl.nn.functional.max_pool2d(a, k, s, p, d, ceil)
+    g = (np.round(rng.standard_normal(tuple(out.shape)) * 8) / 8).astype(dtype)   # overlapping sums exact in any order
+    g.reshape(-1)[::4] = -0.0                              # -0.0 + 0 = +0.0 where ATen accumulates
+    g.reshape(-1)[1::7] = np.nan
+    out.backward(fl.tensor(g))
+    torch.nn.functional.max_pool2d(b, k, s, p, d, ceil).backward(torch.tensor(g))
+    np.testing.assert_array_equal(a.grad.numpy().view(f"u{x.itemsize}"), b.grad.numpy().view(f"u{x.itemsize}"))
+
+
 def test_max_pool3d_and_1d_strided_windows_as_pytorch():
     rng = np.random.default_rng(1)
     x = rng.integers(-2, 2, (1, 2, 5, 6, 7)).astype(np.float32)

@@ -73,7 +73,7 @@ def zero_where(xp, cond, v):
     if xp is np and isinstance(v, np.ndarray) and v.ndim and v.dtype.kind in "fiu" and cond.shape == v.shape:
         ity = _SAME_WIDTH_INT.get(v.dtype.itemsize)
         if ity is not None:
-            mask = np.negative(~cond, dtype=ity)        # keep: all ones, zero: all zeros
+            mask = np.subtract(cond, 1, dtype=ity)      # keep: 0 - 1 = all ones, zero: 1 - 1 = all zeros
             return np.bitwise_and(v.view(ity), mask, out=mask).view(v.dtype)
     return xp.where(cond, 0, v)
 

@@ -106,6 +106,12 @@ def _inside(S, out, ks, st, pd, dl) -> bool:
     return not any(pd) and all((o - 1) * s + (k - 1) * d < n for n, o, k, s, d in zip(S, out, ks, st, dl))
 
 
+def _disjoint(ks, st, dl) -> bool:
+    """No two windows share an input position (each stride at least its window's extent), so each
+    input position receives at most one gradient."""
+    return all(s >= (k - 1) * d + 1 for k, s, d in zip(ks, st, dl))
+
+
 def _strided_window_max(x, nd, out, ks, st, dl):
     """NumPy max pooling of windows inside the plane: one strided view of the input per kernel
     position, a running max and its flat index (ATen's CPU loop: a larger value or a NaN takes the
@@ -198,8 +204,9 @@ def _def_max_pool(nd):
         return TensorSpec(shape, self.dtype), TensorSpec(shape, D.int64)
 
     @op.def_derivative
-    def _(grad, self_meta, result):
-        return _plane_scatter_add(grad[0], result[1], tuple(self_meta.shape), nd)
+    def _(grad, self_meta, result, kernel_size, stride, dilation):
+        ks, st, _pd, dl = _pool_args(nd, kernel_size, stride, 0, dilation)
+        return _plane_scatter_add(grad[0], result[1], tuple(self_meta.shape), nd, _disjoint(ks, st, dl))
 
     op.def_batching_rule(_planes_batching(op, nd))
 
@@ -368,8 +375,9 @@ def _def_adaptive_max(nd):
         return TensorSpec(_shape(self, output_size), self.dtype), TensorSpec(_shape(self, output_size), D.int64)
 
     @op.def_derivative
-    def _(grad, self_meta, result):
-        return _plane_scatter_add(grad[0], result[1], tuple(self_meta.shape), nd)
+    def _(grad, self_meta, result, kernel_size, stride, dilation):
+        ks, st, _pd, dl = _pool_args(nd, kernel_size, stride, 0, dilation)
+        return _plane_scatter_add(grad[0], result[1], tuple(self_meta.shape), nd, _disjoint(ks, st, dl))
 
     op.def_batching_rule(_planes_batching(op, nd))
 

@@ -133,20 +133,27 @@ def _(grad, self_meta, indices, plane_dims):
     return _plane_scatter_add(grad, indices, tuple(self_meta.shape), plane_dims), None
 
 
-@defop("_plane_scatter_add(Tensor self, Tensor indices, SymInt[] size, int plane_dims) -> Tensor", function=False,
-       tags=(Tag.core, Tag.extern))
-def _plane_scatter_add(xp, self, indices, size, plane_dims):
+@defop("_plane_scatter_add(Tensor self, Tensor indices, SymInt[] size, int plane_dims, bool unique=False) -> Tensor",
+       function=False, tags=(Tag.core, Tag.extern))
+def _plane_scatter_add(xp, self, indices, size, plane_dims, unique=False):
+    """`unique`: the caller knows no two indices of a plane are equal (max pooling whose windows do
+    not overlap), so the sum is an indexed assignment; `+ 0` turns a -0.0 gradient into the +0.0
+    that adding it to a zero gives (as ATen's `grad_input[index] += grad`)."""
     lead, R, P = _planes(tuple(size), plane_dims)
     if R == 0 or self.size == 0:
         return xp.zeros(tuple(size), self.dtype)
     idx = indices.reshape(R, -1)
     flat = (xp.arange(R, dtype=xp.int64) * P)[:, None] + idx
+    if unique:
+        r = xp.zeros(R * P, self.dtype)
+        r[flat.reshape(-1)] = self.reshape(-1) + self.dtype.type(0)
+        return r.reshape(tuple(size))
     r = _bincount(xp, flat.reshape(-1), self.reshape(-1).astype(xp.float64), R * P)
     return r.reshape(tuple(size)).astype(self.dtype)
 
 
 @_plane_scatter_add.def_meta
-def _(self, indices, size, plane_dims):
+def _(self, indices, size, plane_dims, unique=False):
     return TensorSpec(tuple(size), self.dtype)
 
 
