@@ -375,9 +375,8 @@ def _def_adaptive_max(nd):
         return TensorSpec(_shape(self, output_size), self.dtype), TensorSpec(_shape(self, output_size), D.int64)
 
     @op.def_derivative
-    def _(grad, self_meta, result, kernel_size, stride, dilation):
-        ks, st, _pd, dl = _pool_args(nd, kernel_size, stride, 0, dilation)
-        return _plane_scatter_add(grad[0], result[1], tuple(self_meta.shape), nd, _disjoint(ks, st, dl))
+    def _(grad, self_meta, result):
+        return _plane_scatter_add(grad[0], result[1], tuple(self_meta.shape), nd)
 
     op.def_batching_rule(_planes_batching(op, nd))
 
