@@ -49,7 +49,7 @@ class FakeCupy:
 
 
 class Owner:
-    module_key = "mod"
+    kernel_key = "k"
 
 
 def _write(path, text):

@@ -194,10 +194,13 @@ def min_cut_rematerialization_partition(joint_module: GraphModule, _joint_inputs
     saved_list, fw_set, _ = _default_saved(joint_module, num_fwd_outputs)
     saved = set(saved_list)
     _, bw_outs = _outputs(joint_module, num_fwd_outputs)
+    position = {n: i for i, n in enumerate(joint_module.graph.nodes)}
     changed = True
     while changed:
         changed = False
-        for n in sorted(saved, key=_nbytes, reverse=True):
+        # largest first, ties in graph order: a set of nodes iterates in address order, which would make
+        # the choice (hence the compiled graphs and their kernel-cache keys) differ from one compile to the next
+        for n in sorted(saved, key=lambda x: (-_nbytes(x), position[x])):
             if n not in saved or not _recomputable(n) or n in bw_outs or _materialized(n, fw_set) \
                     or _compared_exactly(n, fw_set):
                 continue

@@ -46,15 +46,15 @@ def candidates(la, xnumel: int) -> list:
     return out
 
 
-def _path(cache_dir: str, module_key: str, name: str, env: dict, dkey: str) -> str:
-    key = hashlib.sha256(json.dumps([module_key, name, sorted(env.items()), dkey]).encode()).hexdigest()
+def _path(cache_dir: str, kernel_key: str, name: str, env: dict, dkey: str) -> str:
+    key = hashlib.sha256(json.dumps([kernel_key, name, sorted(env.items()), dkey]).encode()).hexdigest()
     return os.path.join(cache_dir, "autotune", key[:2], key + ".json")
 
 
 def choose(launcher, la, env: dict, run, cupy, cache_dir: str, dkey: str, write):
     """The Launch variant to use for these sizes: from the disk cache, else timed with `run(variant)`
     (which launches it once) and cached. None while the stream is capturing and nothing is known."""
-    path = _path(cache_dir, launcher.module_key, la.name, env, dkey)
+    path = _path(cache_dir, launcher.kernel_key, la.name, env, dkey)
     if os.path.exists(path):
         with open(path) as f:
             best = json.load(f)

@@ -255,10 +255,9 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
         kernels_ns = {}
         if kernels:
             rt = _triton_runtime()
-            mod, key = rt.load_module(source, device)
-            kernels_ns = {k.name: rt.Launcher(mod, launches[k.name], device, key, config.max_autotune)
-                          for k in kernels}
-            rt.precompile(mod, [launches[k.name] for k in kernels], key, device)
+            mod, _ = rt.load_module(source, device)
+            kernels_ns = {k.name: rt.Launcher(mod, launches[k.name], device, config.max_autotune) for k in kernels}
+            rt.precompile(mod, [launches[k.name] for k in kernels], device)
             source_path = mod.__file__
     elif backend == "cpp":
         info = dict(_cpp_builder.detect_flags())

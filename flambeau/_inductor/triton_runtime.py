@@ -6,9 +6,11 @@ and imported from there (Triton's `@triton.jit` reads a function's source from i
 
 On cuda each kernel is built for the current device with `triton.compile` on first launch and
 launched through CuPy on its current stream (`flambeau._backends.triton_launch`: no PyTorch, no
-Triton launcher). Its cubin and launch metadata are cached on disk next to the module, keyed by
-source, signature, block sizes, pointer alignment, compute capability and Triton version, so a
-second process loads the cubin without compiling.
+Triton launcher). Its cubin and launch metadata are cached on disk next to the module, keyed by the
+kernel's own source (`kernel_key`: the function and the module prelude it calls, not the whole
+module, so a graph that differs in one kernel reuses the others' cubins), signature, block sizes,
+pointer alignment, compute capability and Triton version, so a second process, or a second compile
+of the same model, loads the cubin without compiling.
 
 On cpu tensors the kernels run in Triton's interpreter, which `TRITON_INTERPRET=1` turns on (it
 must be set before Triton is imported), and each NumPy array is passed wrapped in `HostArray`,
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -41,7 +44,7 @@ from triton.runtime.interpreter import TensorHandle
 from .. import _backends, _cpp_builder
 from .._backends import triton_launch as TL
 from . import autotune as autotune_mod, config
-from .codegen_triton import TL as TL_NAMES
+from .codegen_triton import HEADER, REDUCE_HELPERS, TL as TL_NAMES, TRITON_HELPERS
 
 ALIGN = 16                          # bytes: pointers promised aligned to Triton (vectorised access)
 _modules: dict = {}
@@ -66,6 +69,18 @@ def device_key(device) -> str:
     if device.type == "cpu":
         return "interpret"
     return f"sm{_cupy().cuda.Device().compute_capability}"
+
+
+_PRELUDE = HEADER + TRITON_HELPERS + REDUCE_HELPERS    # what a generated kernel may call besides itself
+
+
+def kernel_key(fn) -> str:
+    """The cache identity of one generated `@triton.jit` function: a hash of its source and the
+    module prelude (helpers, imports) it calls into; the module's other kernels don't enter it."""
+    src = getattr(fn, "src", None)          # a JITFunction's; Triton's interpreter keeps the plain function
+    if src is None:
+        src = inspect.getsource(fn.fn)
+    return hashlib.sha256(f"{_PRELUDE}\n{src}".encode()).hexdigest()
 
 
 def _write_atomic(path: str, data, mode="w"):
@@ -150,7 +165,7 @@ class Launcher:
     """Calls one scheduled kernel's generated function(s) (`Launch`, then `Launch.then`):
     `launcher(*arrays, *sizes[, err])`, the grid computed from the sizes."""
 
-    def __init__(self, module, launch, device, module_key: str, autotune: bool = False):
+    def __init__(self, module, launch, device, autotune: bool = False):
         self.chain = []
         la = launch
         while la is not None:
@@ -159,7 +174,7 @@ class Launcher:
         self.launch = launch
         self.error_flag = any(la.error_flag for la, _ in self.chain)
         self.device = device
-        self.module_key = module_key
+        self.kernel_key = kernel_key(self.chain[0][1])   # what autotuning results are cached under
         self.interpret = device.type == "cpu"
         self.n_bufs = len(launch.buffers)
         self.size_names = launch.size_names
@@ -230,11 +245,11 @@ class Launcher:
         """The cubin for these pointer alignments: from the disk cache, else compiled and cached."""
         names = _arg_names(la)
         return load_or_compile(fn, la.signature(), la.constexprs, la.num_warps, tuple(names[i] for i in aligned),
-                               device_key(self.device), self.module_key)
+                               device_key(self.device))
 
 
-def _cubin_key(module_key, name, sig, constexprs, num_warps, aligned, dkey) -> str:
-    blob = json.dumps([module_key, name, sorted(sig.items()), sorted(constexprs.items()), num_warps,
+def _cubin_key(fn, name, sig, constexprs, num_warps, aligned, dkey) -> str:
+    blob = json.dumps([kernel_key(fn), name, sorted(sig.items()), sorted(constexprs.items()), num_warps,
                        list(aligned), dkey, triton_version()])
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -257,9 +272,11 @@ def _cubin_base(key: str) -> str:
     return os.path.join(cache_dir(), key[:2], key)
 
 
-def load_or_compile(fn, sig, constexprs, num_warps, aligned, dkey, module_key):
+def load_or_compile(fn, sig, constexprs, num_warps, aligned, dkey):
+    """The loaded kernel of `fn` for these launch facts: its cubin from the disk cache (a hit counts in
+    `stats["cubin_cache_hits"]`), else compiled (`stats["compiled"]`) and cached."""
     cupy = _cupy()
-    key = _cubin_key(module_key, fn.__name__, sig, constexprs, num_warps, aligned, dkey)
+    key = _cubin_key(fn, fn.__name__, sig, constexprs, num_warps, aligned, dkey)
     base = _cubin_base(key)
     pending = _pending.pop(base, None)
     if pending is not None:                  # a worker is compiling it (`precompile`): wait for its batch
@@ -295,16 +312,16 @@ def _arg_names(la) -> tuple:
         tuple(w for w, _, _ in la.workspace)
 
 
-def precompile(module, launches, module_key: str, device) -> None:
+def precompile(module, launches, device) -> None:
     """Start compiling a cuda module's kernels in up to `config.compile_threads` worker processes
     (`_Worker`s, kept for later graphs, each writing cubins into the disk cache), with
     every pointer assumed 16-byte aligned (CuPy's allocations are); a launch waits in
     `load_or_compile` for the batch holding its kernel, and compiles itself what a worker could not."""
     if device.type == "cuda":
-        precompile_for(module, launches, module_key, device_key(device))
+        precompile_for(module, launches, device_key(device))
 
 
-def precompile_for(module, launches, module_key: str, dkey: str) -> list:
+def precompile_for(module, launches, dkey: str) -> list:
     """`precompile` for device key `dkey` ("sm90"); returns the batches' futures."""
     if config.compile_threads <= 1:
         return []
@@ -312,7 +329,7 @@ def precompile_for(module, launches, module_key: str, dkey: str) -> list:
     for la in launches:
         while la is not None:
             names, sig = _arg_names(la), la.signature()
-            base = _cubin_base(_cubin_key(module_key, la.name, sig, la.constexprs, la.num_warps, names, dkey))
+            base = _cubin_base(_cubin_key(getattr(module, la.name), la.name, sig, la.constexprs, la.num_warps, names, dkey))
             if base not in _pending and not os.path.exists(base + ".json"):
                 jobs.append([la.name, sig, la.constexprs, la.num_warps, list(names), base])
             la = la.then

@@ -28,15 +28,15 @@ def sm90_compile_fx(gm, example_inputs, **kwargs):
     order = triton_schedule.split_for_grid(schedule(graph), graph)
     kernels = [k for k in order if isinstance(k, Kernel)]
     source, launches = codegen_triton.generate(kernels, _size_names(graph))
-    mod, key = triton_runtime.load_module(source, CUDA_KEY)
-    for fut in triton_runtime.precompile_for(mod, [launches[k.name] for k in kernels], key, "sm90"):
+    mod, _ = triton_runtime.load_module(source, CUDA_KEY)
+    for fut in triton_runtime.precompile_for(mod, [launches[k.name] for k in kernels], "sm90"):
         fut.result()
     for k in kernels:
         la = launches[k.name]
         while la is not None:
             names = triton_runtime._arg_names(la)
             k = triton_runtime.load_or_compile(getattr(mod, la.name), la.signature(), la.constexprs,
-                                               la.num_warps, tuple(names), "sm90", key)
+                                               la.num_warps, tuple(names), "sm90")
             sent = [TL.Ptr(0) if t.startswith("*") else 3 for t in k.arg_types]
             TL.launch(k, (1,), *sent)
             (f, params), = _launches

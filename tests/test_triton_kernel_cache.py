@@ -1,0 +1,163 @@
+"""A second compile of the same model reuses every compiled Triton kernel (issue 13's kernel cache):
+
+- the min-cut partitioner chooses the saved values independently of the address order in which a
+  set of graph nodes iterates (it broke ties by that order, so two compiles of GPT-2 saved different
+  activations and generated different forward/backward kernels);
+- two compiles of a small GPT training step (after `flambeau._dynamo.reset()`, and of a second model
+  instance) generate byte-identical Triton modules, and the second one loads every kernel's cubin
+  from the disk cache (`triton_runtime.stats`), counted through the real cubin loader
+  (`load_or_compile`) with `triton.compile` and CuPy replaced by recorders (no GPU here);
+- the cubin cache is keyed per kernel (`triton_runtime.kernel_key`): a module that differs in one
+  kernel compiles only that one.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import flambeau as fl
+from bench import gpu_models
+from flambeau import _cpp_builder, _inductor
+from flambeau._functorch import partitioners
+from flambeau._inductor import codegen_triton, pad_mm, triton_schedule
+from flambeau._inductor.compile_fx import _size_names
+from flambeau._inductor.graph import GraphLowering
+from flambeau._inductor.scheduler import Kernel, schedule
+
+triton_runtime = pytest.importorskip("flambeau._inductor.triton_runtime")
+
+VOCAB, BLOCK = 64, 16
+
+
+class ShuffledSet(set):
+    """A set that iterates in another order than a plain set's (as another memory layout would)."""
+
+    def __iter__(self):
+        items = list(super().__iter__())
+        random.Random(len(items)).shuffle(items)
+        return iter(items)
+
+    def __or__(self, other):
+        return ShuffledSet(set.__or__(self, other))
+
+
+def _capture(monkeypatch) -> list:
+    """Make compile_fx record (source, launches) of the Triton code generated for cuda (without
+    running it: the graph itself runs), as compile_fx builds them."""
+    modules = []
+
+    def capture(gm, example_inputs, **kwargs):
+        pad_mm.pad_matrix_products(gm)
+        graph = GraphLowering(gm, list(example_inputs), example_inputs[0].device, codegen_triton.DTYPES).run()
+        kernels = [k for k in triton_schedule.split_for_grid(schedule(graph), graph) if isinstance(k, Kernel)]
+        modules.append(codegen_triton.generate(kernels, _size_names(graph)))
+        return gm
+    monkeypatch.setattr(_inductor, "compile_fx", capture)
+    return modules
+
+
+def _gpt_step(seed: int, layers: int = 2):
+    fl.manual_seed(seed)
+    model = fl.compile(gpu_models.gpt(fl, vocab=VOCAB, block=BLOCK, d=32, layers=layers, heads=2))
+    with fl.autocast(device_type="cpu", dtype=fl.bfloat16):
+        loss = model(fl.randint(0, VOCAB, (2, BLOCK)), fl.randint(0, VOCAB, (2, BLOCK)))
+    loss.backward()
+
+
+def _graphs_of_a_step(monkeypatch, seed=0, layers=2) -> list:
+    modules = _capture(monkeypatch)
+    fl._dynamo.reset()
+    _gpt_step(seed, layers)
+    fl._dynamo.reset()
+    return modules
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    """The cubin loader of a cuda device 'sm90' in a fresh cache directory, with `build_cubin`
+    (triton.compile) and CuPy's module loading replaced by recorders."""
+    class Function:
+        ptr = 1
+
+    class Module:
+        def load(self, cubin):
+            assert cubin == b"cubin"
+
+        def get_function(self, name):
+            return Function()
+
+    class Cupy:
+        class cuda:
+            pass
+    Cupy.cuda.Module = Module
+    built = []
+
+    def build_cubin(fn, sig, constexprs, num_warps, aligned, capability):
+        built.append(fn.__name__)
+        return b"cubin", {"name": fn.__name__, "num_warps": num_warps, "shared": 0, "global_scratch": 0}
+    monkeypatch.setattr(_cpp_builder, "cache_dir", str(tmp_path))
+    monkeypatch.setattr(triton_runtime, "_cupy", lambda: Cupy)
+    monkeypatch.setattr(triton_runtime, "build_cubin", build_cubin)
+    return built
+
+
+def _load_all(source: str, launches: dict) -> int:
+    """Load every kernel of a generated module as a launch on 'sm90' would; the number of cache hits."""
+    from flambeau._device import CPU
+    mod, _ = triton_runtime.load_module(source, CPU)
+    before = triton_runtime.stats["cubin_cache_hits"]
+    for la in launches.values():
+        while la is not None:
+            triton_runtime.load_or_compile(getattr(mod, la.name), la.signature(), la.constexprs, la.num_warps,
+                                           triton_runtime._arg_names(la), "sm90")
+            la = la.then
+    return triton_runtime.stats["cubin_cache_hits"] - before
+
+
+def _n_functions(launches: dict) -> int:
+    n = 0
+    for la in launches.values():
+        while la is not None:
+            n, la = n + 1, la.then
+    return n
+
+
+def test_partition_does_not_depend_on_set_order(monkeypatch):
+    saved = []
+    real_split = partitioners._split
+
+    def spy(joint, chosen, num_fwd_outputs):
+        saved.append([n.name for n in sorted(set(chosen), key=list(joint.graph.nodes).index)])
+        return real_split(joint, chosen, num_fwd_outputs)
+    monkeypatch.setattr(partitioners, "_split", spy)
+    _graphs_of_a_step(monkeypatch, layers=4)
+    monkeypatch.setattr(partitioners, "set", ShuffledSet, raising=False)
+    _graphs_of_a_step(monkeypatch, layers=4)
+    assert len(saved) == 2 and saved[0] == saved[1]
+
+
+def test_second_compile_and_second_instance_hit_the_cache_for_every_kernel(monkeypatch, fake_gpu):
+    first = _graphs_of_a_step(monkeypatch, seed=0)
+    again = _graphs_of_a_step(monkeypatch, seed=0)        # after reset: same model code, new instance
+    other = _graphs_of_a_step(monkeypatch, seed=1)        # other weights: the same kernels
+    assert len(first) == 2                                # forward and backward
+    assert [s for s, _ in first] == [s for s, _ in again] == [s for s, _ in other]
+    n = sum(_n_functions(la) for _, la in first)
+    assert sum(_load_all(s, la) for s, la in first) == 0 and len(fake_gpu) == n
+    assert sum(_load_all(s, la) for s, la in again) == n and len(fake_gpu) == n
+    assert sum(_load_all(s, la) for s, la in other) == n and len(fake_gpu) == n
+
+
+def test_cubins_are_keyed_per_kernel(monkeypatch, fake_gpu):
+    (source, launches), _ = _graphs_of_a_step(monkeypatch)
+    _load_all(source, launches)
+    name, la = next(iter(launches.items()))
+    changed = dict(launches)
+    first = source.index(f"def {name}(")
+    end = source.index("\n\n", first)
+    edited = source[:end] + "\n    XBLOCK = XBLOCK" + source[end:]     # one kernel's source differs
+    built = len(fake_gpu)
+    hits = _load_all(edited, changed)
+    assert len(fake_gpu) - built == 1 and fake_gpu[-1] == name
+    assert hits == _n_functions(launches) - 1
