@@ -156,3 +156,54 @@ def test_unflatten_of_a_module_called_twice_as_pytorch(strict):
     assert copy.lin is fu.blk.lin and copy.scale is fu.blk.scale
     np.testing.assert_allclose(fu(fl.tensor(x)).detach().numpy(), tm(torch.tensor(x)).detach().numpy(),
                                rtol=1e-6, atol=1e-6)
+
+
+def with_cond(lib, twice: bool):
+    """`cond` inside a submodule, one branch using the submodule's child; `twice`: the submodule called
+    again with another constant (a `blk@1` copy with its own branches)."""
+    nn = lib.nn
+
+    class Blk(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, k=2.0):
+            return lib.cond(x.sum() > 0, lambda x: self.lin(x) * k, lambda x: x - k, (x,))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blk = Blk()
+            self.out = nn.Linear(4, 2)
+
+        def forward(self, x):
+            y = self.blk(x)
+            return self.out(self.blk(y, 3.0) if twice else y)
+    return Net()
+
+
+@pytest.mark.parametrize("twice", [False, True])
+@pytest.mark.parametrize("strict", [False, True])
+def test_unflatten_puts_cond_subgraphs_in_the_calling_module_as_pytorch(strict, twice):
+    fl.manual_seed(0)
+    fm = with_cond(fl, twice)
+    tm = with_cond(torch, twice)
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in fm.state_dict().items()})
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    tu = torch.export.unflatten(torch.export.export(tm, (torch.tensor(x),), strict=strict))
+    fu = unflatten(export(fm, (fl.tensor(x),), strict=strict))
+    # PyTorch registers the branches in its own order (false_graph_0 first): compare as sets
+    for dup in (True, False):
+        assert sorted(n for n, _ in fu.named_modules(remove_duplicate=dup)) == \
+            sorted(n for n, _ in tu.named_modules(remove_duplicate=dup))
+    assert list(fu.state_dict()) == list(tu.state_dict())
+    for m in ("", "blk") + (("blk@1",) if twice else ()):
+        assert _calls(fu.get_submodule(m)) == _calls(tu.get_submodule(m)), (m, fu.get_submodule(m).code)
+        subgraphs = [n.target for n in fu.get_submodule(m).graph.find_nodes(op="get_attr") if "graph" in n.target]
+        assert sorted(subgraphs) == sorted(n.target for n in tu.get_submodule(m).graph.find_nodes(op="get_attr")
+                                           if "graph" in n.target), fu.get_submodule(m).code
+    for sign in (1, -1):                     # both branches
+        xs = sign * np.abs(x)
+        np.testing.assert_allclose(fu(fl.tensor(xs)).detach().numpy(), tm(torch.tensor(xs)).detach().numpy(),
+                                   rtol=1e-6, atol=1e-6)

@@ -6,7 +6,8 @@ of consecutive nodes inside one call of a submodule becomes that submodule's own
 its parent's graph with `call_module`. Values a call reads from outside are its placeholders, values
 read after it are its outputs (a tuple when several). Parameters, buffers and tensor attributes are
 registered under their original fully qualified names, so `named_parameters()` and `state_dict()`
-match the original module; a submodule's graph reads its own state with `get_attr`, state of another
+match the original module, and the subgraphs of `cond`/`map` under the module whose code called them
+(`blk.true_graph_0`, as PyTorch); a submodule's graph reads its own state with `get_attr`, state of another
 branch (a tied weight) comes in as an input.
 
 The result, an `UnflattenedModule`, takes the original (nested) inputs, checks their shapes as
@@ -135,8 +136,8 @@ def _graph_key(graph: Graph) -> list:
 
 
 def _share_state(copy: Module, original: Module, graph: Graph) -> None:
-    """Give `copy` (a later call's module) every attribute its graph reads, taken from `original`:
-    the same Parameter, buffer and child objects, not clones."""
+    """Give `copy` (a later call's module) every attribute its graph reads and every child of
+    `original`: the same Parameter, buffer and module objects, not clones."""
     for n in graph.find_nodes(op="get_attr"):
         *path, leaf = n.target.split(".")
         m, o = copy, original
@@ -150,8 +151,12 @@ def _share_state(copy: Module, original: Module, graph: Graph) -> None:
             m.register_parameter(leaf, o._parameters[leaf])
         elif leaf in o._buffers:
             m.register_buffer(leaf, o._buffers[leaf], persistent=leaf not in o._non_persistent_buffers_set)
+        elif leaf in o._modules:             # a cond/map subgraph
+            m._modules[leaf] = o._modules[leaf]
         else:
             m.__dict__[leaf] = getattr(o, leaf)
+    for name, child in original._modules.items():   # and all the original's children, as PyTorch's copies
+        copy._modules.setdefault(name, child)
 
 
 class _Builder:
@@ -166,9 +171,11 @@ class _Builder:
             if n.op == "placeholder" and n.name in state:
                 target = state[n.name]
                 self.attr_of[n] = [target] + [a for a, t in ep.state_aliases.items() if t == target]
-            elif n.op == "get_attr":         # subgraphs of cond/map: attributes of the root
-                self.attr_of[n] = [n.target]
-                setattr(root, n.target, getattr(ep.graph_module, n.target))
+            elif n.op == "get_attr":         # a cond/map subgraph: an attribute of the module that called it
+                calls = self._calls(n)
+                owner = calls[-1][1][0] if calls else ""
+                self.attr_of[n] = [f"{owner}.{n.target}" if owner else n.target]
+                setattr(_module_at(root, owner), n.target, getattr(ep.graph_module, n.target))
         self.body = [n for n in nodes if n.op not in ("placeholder", "output", "get_attr")]
         self.position = {n: i for i, n in enumerate(nodes)}
 
