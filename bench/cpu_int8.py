@@ -70,22 +70,30 @@ def _params(width: int, batch: int):
 
 
 def _qdq_mlp(m, qd, qws, bs, scales):
-    """The converted model's graph written with library m's quantized_decomposed ops."""
-    qw = [(m.tensor(q), m.tensor(s), m.zeros(len(s), dtype=m.int64)) for q, s in qws]
-    b = [m.tensor(v) for v in bs]
+    """The converted model's graph written with library m's quantized_decomposed ops, as a module whose
+    int8 weights, scales and biases are buffers (constants under freezing, as a converted model's)."""
+    class QdqMLP(m.nn.Module):
+        def __init__(self):
+            super().__init__()
+            for i, (q, s) in enumerate(qws):
+                self.register_buffer(f"qw{i}", m.tensor(q))
+                self.register_buffer(f"ws{i}", m.tensor(s))
+                self.register_buffer(f"wz{i}", m.zeros(len(s), dtype=m.int64))
+                self.register_buffer(f"b{i}", m.tensor(bs[i]))
 
-    def fn(x):
-        s, z = scales[0]
-        h = qd.quantize_per_tensor.default(x, s, z, 0, 255, m.uint8)
-        for i in range(LAYERS):
-            s, z = scales[i]
-            dx = qd.dequantize_per_tensor.default(h, s, z, 0, 255, m.uint8)
-            dw = qd.dequantize_per_channel.default(qw[i][0], qw[i][1], qw[i][2], 0, -127, 127, m.int8)
-            h = m.nn.functional.linear(dx, dw, b[i])
-            if i < LAYERS - 1:
-                h = qd.quantize_per_tensor.default(m.relu(h), scales[i + 1][0], scales[i + 1][1], 0, 255, m.uint8)
-        return h
-    return fn
+        def forward(self, x):
+            s, z = scales[0]
+            h = qd.quantize_per_tensor.default(x, s, z, 0, 255, m.uint8)
+            for i in range(LAYERS):
+                s, z = scales[i]
+                dx = qd.dequantize_per_tensor.default(h, s, z, 0, 255, m.uint8)
+                dw = qd.dequantize_per_channel.default(getattr(self, f"qw{i}"), getattr(self, f"ws{i}"),
+                                                       getattr(self, f"wz{i}"), 0, -127, 127, m.int8)
+                h = m.nn.functional.linear(dx, dw, getattr(self, f"b{i}"))
+                if i < LAYERS - 1:
+                    h = qd.quantize_per_tensor.default(m.relu(h), scales[i + 1][0], scales[i + 1][1], 0, 255, m.uint8)
+            return h
+    return QdqMLP().eval()
 
 
 def _torch_int8_eager(qws, bs, scales, batch):
