@@ -161,3 +161,19 @@ def test_cubins_are_keyed_per_kernel(monkeypatch, fake_gpu):
     hits = _load_all(edited, changed)
     assert len(fake_gpu) - built == 1 and fake_gpu[-1] == name
     assert hits == _n_functions(launches) - 1
+
+
+def test_indirect_index_names_of_the_analysis_are_not_reused():
+    """The analysis named an indirect index after id() of its value, which a freed value gives to the
+    next one: distinct gathers then compared equal or not by memory layout (GPT-2's forward module
+    differed between processes)."""
+    from flambeau import _dtype as D
+    from flambeau._inductor.ir import AnalysisHandler, _AVal
+    names = set()
+    for _ in range(20):
+        index = AnalysisHandler().indirect_indexing(_AVal(D.int64), 5)    # the value is freed after each
+        names |= {a.name for a in index.atoms()}
+    assert len(names) == 20
+    h = AnalysisHandler()
+    v = _AVal(D.int64)
+    assert h.indirect_indexing(v, 5).key() == h.indirect_indexing(v, 5).key()

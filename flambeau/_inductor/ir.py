@@ -18,6 +18,7 @@ Each printer formats the op's spelling for its language, so a formula exists onc
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 
 from .. import _dtype as D
@@ -368,9 +369,13 @@ class Stats:
         self.heavy = 0                 # transcendental ops
 
 
+_indirect_names = itertools.count()     # analysis-only names of indirect indices: unique in the process
+
+
 class AnalysisHandler(Handler):
     def __init__(self):
         self.stats = Stats()
+        self.indirect: dict = {}       # id(value) -> (value, name): the value kept alive so its id is not reused
 
     def _op(self, op, args, dtype):
         self.stats.ops += 1
@@ -389,7 +394,10 @@ class AnalysisHandler(Handler):
         return _AVal(dtype)
 
     def indirect_indexing(self, value, size, wrap=True):
-        return Index.of(Indirect(f"ind{id(value)}", size))
+        got = self.indirect.get(id(value))
+        if got is None:
+            got = self.indirect[id(value)] = (value, f"ind{next(_indirect_names)}")
+        return Index.of(Indirect(got[1], size))
 
     def masked(self, mask, body, other):
         return _AVal(body().dtype)
