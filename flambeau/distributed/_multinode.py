@@ -177,6 +177,9 @@ def _run_attempt(store, node: int, nnodes: int, proxy_cmd: list, env: dict, atte
             _note(store, attempt, node, f"its Hydra proxy exited with code {proxy.returncode}")
         _publish_failures(store, f"a{attempt}/failures/{node}", folder, sent)
         rc = lead.poll()
+    except Stopped as e:    # say why before this node's processes go: the other nodes' mpiexec sees that at once
+        _note(store, attempt, node, f"its launcher was stopped by {e}")
+        raise
     finally:
         for proc in ([mpiexec] if mpiexec is not None else []) + [proxy]:
             kill_tree(proc.pid if proc.poll() is None else None, marker)
