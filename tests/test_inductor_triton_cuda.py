@@ -24,7 +24,8 @@ F = fl.nn.functional
 # Entries whose function builds cpu tensors (index tensors, as PyTorch allows with cuda tensors): the
 # graph spans two devices and runs eagerly, recorded as a whole-graph fallback.
 MIXED_DEVICES = {"setitem_adv": "index tensor made on cpu", "setitem_mask": "mask made on cpu",
-                 "setitem_mixed": "index tensor made on cpu"}
+                 "setitem_mixed": "index tensor made on cpu",
+                 "onednn.qlinear_pointwise.tensor": "scale and zero-point tensors made on cpu"}
 
 
 def _move(x, device):
