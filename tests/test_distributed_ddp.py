@@ -44,6 +44,28 @@ def _prefixed(d, prefix):
     return {k[len(prefix):]: v for k, v in d.items() if k.startswith(prefix)}
 
 
+def _train_on_the_whole_batch(ref, steps: int = 4) -> list:
+    """One PyTorch process trained on every rank's rows at once (SGD with momentum): its losses."""
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        x, y = _batch(step, BATCH * WORLD)
+        loss = ((ref(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _assert_ranks_trained_as(ranks, prefix: str, ref, losses) -> None:
+    """Every rank's losses and final weights (worker keys under `prefix`) equal the reference's."""
+    for r in range(WORLD):
+        np.testing.assert_allclose(ranks[r][f"{prefix}losses"], losses, rtol=1e-6, atol=1e-6)
+        for k, v in ref.state_dict().items():
+            np.testing.assert_allclose(ranks[r][f"{prefix}final/{k}"], v.numpy(), rtol=1e-6, atol=1e-6)
+
+
 def test_ddp_training_equals_one_pytorch_process_on_the_whole_batch(ranks):
     init = _prefixed(ranks[0], "init/")
     for r in range(WORLD):                    # broadcast at construction: every rank starts from rank 0's
@@ -51,32 +73,13 @@ def test_ddp_training_equals_one_pytorch_process_on_the_whole_batch(ranks):
             np.testing.assert_array_equal(v, init[k])
     assert int(ranks[0]["n_buckets"]) >= 2
     ref = _mlp(init)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for step in range(4):
-        x, y = _batch(step, BATCH * WORLD)
-        loss = ((ref(x) - y) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    for r in range(WORLD):
-        np.testing.assert_allclose(ranks[r]["losses"], losses, rtol=1e-6, atol=1e-6)
-        for k, v in ref.state_dict().items():
-            np.testing.assert_allclose(ranks[r][f"final/{k}"], v.numpy(), rtol=1e-6, atol=1e-6)
+    losses = _train_on_the_whole_batch(ref)
+    _assert_ranks_trained_as(ranks, "", ref, losses)
 
 
 def test_gradient_as_bucket_view_trains_the_same_with_grads_in_the_buckets(ranks):
     ref = _mlp(_prefixed(ranks[0], "init/"))
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for step in range(4):
-        x, y = _batch(step, BATCH * WORLD)
-        loss = ((ref(x) - y) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = _train_on_the_whole_batch(ref)
     for r in range(WORLD):
         np.testing.assert_allclose(ranks[r]["as_view/losses"], losses, rtol=1e-6, atol=1e-6)
         assert ranks[r]["as_view/grads_are_views"].all()
@@ -191,19 +194,9 @@ def test_static_graph_trains_a_model_with_an_unused_parameter_as_one_process(ran
     init = _prefixed(ranks[0], "static/init/")
     ref = _WithUnused()
     ref.load_state_dict({k: torch.from_numpy(v) for k, v in init.items()})
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for step in range(4):
-        x, y = _batch(step, BATCH * WORLD)
-        loss = ((ref(x) - y) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = _train_on_the_whole_batch(ref)
+    _assert_ranks_trained_as(ranks, "static/", ref, losses)
     for r in range(WORLD):
-        np.testing.assert_allclose(ranks[r]["static/losses"], losses, rtol=1e-6, atol=1e-6)
-        for k, v in ref.state_dict().items():
-            np.testing.assert_allclose(ranks[r][f"static/final/{k}"], v.numpy(), rtol=1e-6, atol=1e-6)
         assert bool(ranks[r]["static/unused_grad_is_none"])       # unused everywhere: grad left as PyTorch's
         assert int(ranks[r]["static/graph_walks"]) == 1           # the first iteration's answer is reused
 
