@@ -32,23 +32,29 @@ def mlp():
 
 
 # 1. training equals one process on the concatenated batch (checked by the test against PyTorch)
+def train(ddp, steps: int = 4) -> list:
+    """SGD with momentum on this rank's rows of each step's batch; the losses averaged over the ranks."""
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        x, y = batch(step, BATCH * world)
+        loss = ((ddp(x[rank * BATCH:(rank + 1) * BATCH]) - y[rank * BATCH:(rank + 1) * BATCH]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+        losses.append(mean.item())
+    return losses
+
+
 torch.manual_seed(rank)
 model = mlp()
 ddp = DDP(model, bucket_cap_mb=0.0005)                    # ~500 bytes: several buckets
 res["n_buckets"] = np.array(len(ddp.reducer.buckets))
 for k, v in model.state_dict().items():
     res[f"init/{k}"] = v.numpy().copy()
-opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
-losses = []
-for step in range(4):
-    x, y = batch(step, BATCH * world)
-    loss = ((ddp(x[rank * BATCH:(rank + 1) * BATCH]) - y[rank * BATCH:(rank + 1) * BATCH]) ** 2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    mean = loss.detach().clone()
-    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
-    losses.append(mean.item())
+losses = train(ddp)
 res["losses"] = np.array(losses)
 for k, v in model.state_dict().items():
     res[f"final/{k}"] = v.numpy().copy()
@@ -176,17 +182,7 @@ net = WithUnused()
 ddp = DDP(net, bucket_cap_mb=0.0005, static_graph=True)
 for k, v in net.state_dict().items():
     res[f"static/init/{k}"] = v.numpy().copy()
-opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
-losses = []
-for step in range(4):
-    x, y = batch(step, BATCH * world)
-    loss = ((ddp(x[rank * BATCH:(rank + 1) * BATCH]) - y[rank * BATCH:(rank + 1) * BATCH]) ** 2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    mean = loss.detach().clone()
-    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
-    losses.append(mean.item())
+losses = train(ddp)
 reducer_module._reachable_leaves = real_walk
 res["static/losses"] = np.array(losses)
 res["static/graph_walks"] = np.array(len(walks))
