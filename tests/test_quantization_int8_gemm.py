@@ -7,6 +7,7 @@ PT2E-converted MLP compiled with every linear layer as an int8 GEMM, within one 
 eager q/dq graph."""
 from __future__ import annotations
 
+import collections
 import importlib
 
 import numpy as np
@@ -218,8 +219,9 @@ def test_a_bias_being_trained_keeps_the_float_path(monkeypatch):
 
 
 def _count_packing(monkeypatch) -> list:
-    """Record each call of the weight-packing routine (`cpu_int8.pack_weight`)."""
+    """Record each call of the weight-packing routine (`cpu_int8.pack_weight`), on an empty cache."""
     calls = []
+    monkeypatch.setattr(cpu_int8, "_pack_cache", collections.OrderedDict())
     real = cpu_int8.pack_weight
 
     def counted_pack_weight(w):
@@ -229,9 +231,8 @@ def _count_packing(monkeypatch) -> list:
     return calls
 
 
-def test_frozen_compiled_mlp_packs_each_weight_once(monkeypatch):
-    """Freezing folds `qlinear_prepack` at compile time: three int8 layers pack three weights once
-    across several calls (the kernel reads the packed panels and column sums, no per-call packing)."""
+def _converted_mlp():
+    """A PT2E-converted MLP (X86InductorQuantizer, calibrated) and its data."""
     flambeau.manual_seed(0)
     model = build_mlp(flambeau, skip=False).eval()
     data = calibration((16, 20))
@@ -239,7 +240,13 @@ def test_frozen_compiled_mlp_packs_each_weight_once(monkeypatch):
                             xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config()))
     for x in data:
         prepared(flambeau.tensor(x))
-    converted = convert_pt2e(prepared)
+    return convert_pt2e(prepared), data
+
+
+def test_frozen_compiled_mlp_packs_each_weight_once(monkeypatch):
+    """Freezing folds `qlinear_prepack` at compile time: three int8 layers pack three weights once
+    across several calls (the kernel reads the packed panels and column sums, no per-call packing)."""
+    converted, data = _converted_mlp()
     monkeypatch.setattr(inductor_config, "freezing", True)
     flambeau._dynamo.reset()
     calls = _count_packing(monkeypatch)
@@ -249,6 +256,25 @@ def test_frozen_compiled_mlp_packs_each_weight_once(monkeypatch):
         eager = converted(flambeau.tensor(data[2])).numpy()
     assert len(calls) == 3, calls
     np.testing.assert_allclose(outs[2], eager, rtol=0, atol=1e-5 * np.abs(eager).max())
+
+
+def test_unfrozen_compiled_mlp_packs_each_weight_once_until_it_changes(monkeypatch):
+    """Without freezing the graph calls `qlinear_prepack` every time: it returns the cached packing of
+    an unchanged weight (three packings over three calls) and packs again a weight changed in place,
+    whose new values the next call uses (equal to the eager q/dq graph)."""
+    converted, data = _converted_mlp()
+    calls = _count_packing(monkeypatch)
+    compiled = flambeau.compile(converted)
+    with flambeau.no_grad():
+        for x in data[:3]:
+            compiled(flambeau.tensor(x))
+        assert len(calls) == 3, calls
+        weight = next(t for t in converted.state_dict().values() if t.dtype is flambeau.int8 and t.ndim == 2)
+        weight.mul_(-1)
+        got = compiled(flambeau.tensor(data[1])).numpy()
+        eager = converted(flambeau.tensor(data[1])).numpy()
+    assert len(calls) == 4, calls
+    np.testing.assert_allclose(got, eager, rtol=0, atol=1e-5 * np.abs(eager).max())
 
 
 def test_prepacked_weight_is_packed_once_and_equals_pytorch(monkeypatch):

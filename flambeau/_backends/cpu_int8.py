@@ -20,8 +20,10 @@ without VNNI, or with `FLAMBEAU_GEMM=0`, `vnni()` is False and the same arithmet
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
+import threading
 
 import numpy as np
 
@@ -35,6 +37,9 @@ _state: dict = {}
 NR = 32                 # columns per panel (the C++ kernel's NR)
 K_GROUP = 4             # k per vpdpbusd group
 PACK_EXTRA_ROWS = 7     # rows of the packed weight beyond K: k padding (<= 3) and the int32 column sums (4)
+PACK_CACHE_ENTRIES = 256  # packed weights kept by `pack_weight_cached` (least recently used dropped)
+_pack_cache: collections.OrderedDict = collections.OrderedDict()
+_pack_lock = threading.Lock()
 
 
 def _load():
@@ -95,6 +100,26 @@ def pack_weight(w):
         blob[n0 * kp:(n0 + width) * kp] = panel.reshape(-1)
     blob[kp * N:(kp + 4) * N] = padded.sum(axis=1, dtype=np.int32).view(np.int8)
     return blob.reshape(K + PACK_EXTRA_ROWS, N)
+
+
+def pack_weight_cached(w):
+    """`pack_weight(w)`, reusing the packing of an earlier call on the same memory (address, shape,
+    strides) whose bytes are unchanged; the cached array is shared, so treat it as read-only."""
+    key = (w.__array_interface__["data"][0], w.shape, w.strides)
+    raw = w.tobytes()
+    with _pack_lock:
+        hit = _pack_cache.get(key)
+        if hit is not None and hit[0] == raw:
+            _pack_cache.move_to_end(key)
+            return hit[1]
+    packed = pack_weight(w)
+    packed.flags.writeable = False
+    with _pack_lock:
+        _pack_cache[key] = (raw, packed)
+        _pack_cache.move_to_end(key)
+        while len(_pack_cache) > PACK_CACHE_ENTRIES:
+            _pack_cache.popitem(last=False)
+    return packed
 
 
 def packed_dims(packed) -> tuple[int, int]:

@@ -7,7 +7,8 @@
                           out_dtype, post_op_name, post_op_args, post_op_algorithm)
 
 qw is opaque: int8 of shape (K + 7, N), the VNNI panels and the column sums (`cpu_int8.pack_weight`),
-so qlinear_pointwise packs no weight per call; under freezing the prepack is folded at compile time.
+so qlinear_pointwise packs no weight per call; under freezing the prepack is folded at compile time,
+otherwise it returns the packing cached for the unchanged weight (`cpu_int8.pack_weight_cached`).
 qx is uint8 or int8 (..., K); y is float32/bfloat16 (out_dtype; the dequantized product, out_scale 1
 and out_zp 0) or, with out_dtype None/uint8/int8, requantized with out_scale/out_zp (None: uint8).
 post_op_name "none" or "relu". Integers are exact and the epilogue rounds as oneDNN's, so results
@@ -40,7 +41,7 @@ def _on_cpu(name, *arrays):
        tags=(Tag.core, Tag.extern))
 def qlinear_prepack(xp, weight, x_shape=None):
     _on_cpu("onednn::qlinear_prepack", weight)
-    return cpu_int8.pack_weight(weight)
+    return cpu_int8.pack_weight_cached(weight)
 
 
 @qlinear_prepack.def_meta
