@@ -472,3 +472,33 @@ def test_functions_modelled_at_trace_time_are_the_public_ones():
         assert special_function(getattr(flambeau, name)) == name
     assert special_function(flambeau.compiler.is_compiling) == "is_compiling"
     assert special_function(flambeau.autograd.no_grad) == "no_grad"
+
+
+# ---- compiled code does not keep a model alive ------------------------------------------------------------
+def test_deleted_compiled_model_frees_its_weights(lib):
+    """A compiled, trained and deleted model is freed with its weights (as PyTorch's guards hold the
+    module weakly and drop the cache entry with it); a new model of the same class compiles afresh."""
+    import gc
+    import weakref
+
+    def train(m):
+        opt = lib.optim.AdamW(m.parameters())
+        f = lib.compile(m)
+        for _ in range(2):
+            f(lib.ones(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        return f
+
+    m = lib.nn.Sequential(lib.nn.Linear(8, 8), lib.nn.ReLU(), lib.nn.Linear(8, 2))
+    f = train(m)
+    module, weight = weakref.ref(m), weakref.ref(m[0].weight)
+    del m, f
+    gc.collect()
+    gc.collect()
+    assert module() is None and weight() is None
+    m2 = lib.nn.Sequential(lib.nn.Linear(8, 8), lib.nn.ReLU(), lib.nn.Linear(8, 2))
+    with lib.no_grad():
+        same(lib, lib.compile(m2)(lib.ones(3, 8)), m2(lib.ones(3, 8)))
+    if lib.__name__ == "flambeau":
+        assert flambeau._counters.counters["frames"]["ok"] >= 2      # both models were compiled

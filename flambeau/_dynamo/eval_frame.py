@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import types
+import weakref
 from inspect import CO_VARARGS, CO_VARKEYWORDS
 import warnings
 from typing import Callable
@@ -38,7 +39,7 @@ WHOLE_FRAME = "whole frame"   # the op of a fallback that runs a frame eagerly (
 
 
 class CodeCache:
-    __slots__ = ("entries", "skip", "warned", "frame_sizes", "dynamic_dims", "code")
+    __slots__ = ("entries", "skip", "warned", "frame_sizes", "dynamic_dims", "code", "__weakref__")
 
     def __init__(self, code):
         self.code = code
@@ -47,6 +48,13 @@ class CodeCache:
         self.warned = False
         self.frame_sizes: dict = {}
         self.dynamic_dims: dict = {}
+
+
+def _drop_entry(cache_ref, entry_ref) -> None:
+    """Forget an entry whose guarded model died (its guards can never hold again)."""
+    cache, entry = cache_ref(), entry_ref()
+    if cache is not None and entry is not None and entry in cache.entries:
+        cache.entries.remove(entry)
 
 
 def reset() -> None:
@@ -189,6 +197,7 @@ class CompiledFunction(CompiledWrapper):
             return self.fn(*args, **kwargs)
         counters["frames"]["ok"] += 1
         cache.entries.insert(0, entry)
+        entry.guards.drop_with(functools.partial(_drop_entry, weakref.ref(cache), weakref.ref(entry)))
         return entry.entry(self.fn, *L)
 
     def original(self):

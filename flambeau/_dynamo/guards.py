@@ -16,9 +16,13 @@ import itertools
 import keyword
 import operator
 import re
+import weakref
 
 from .. import _state
 from .._tensor import Tensor
+from ..nn.modules.module import Module
+
+_WEAKLY_HELD = (Module,)          # identity-guarded by weak reference (see GuardSet.id_match)
 
 _ident = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -98,6 +102,7 @@ class GuardSet:
         self._seen: set = set()
         self.consts: dict = {}            # name -> object referenced by the guard code
         self._const_ids: dict = {}
+        self.weak: list = []              # weakrefs to the objects identity-guarded by weak reference
         self._module_state = None
 
     def const(self, obj) -> str:
@@ -120,8 +125,32 @@ class GuardSet:
     def type_match(self, src: Source, tp: type) -> None:
         self.add(src, f"type({{S}}) is {self.const(tp)}", f"TYPE_MATCH: type({src.name()}) is {tp.__name__}")
 
+    def weak_const(self, obj) -> str:
+        """A name the guard code calls to get `obj` back (None once it died): the entry does not
+        keep it alive, and dies with it (see `drop_with`)."""
+        k = ("weak", id(obj))
+        name = self._const_ids.get(k)
+        if name is None:
+            ref = weakref.ref(obj)
+            name = f"___c{len(self.consts)}"
+            self.consts[name] = ref
+            self._const_ids[k] = name
+            self.weak.append(ref)
+        return name
+
     def id_match(self, src: Source, obj) -> None:
+        if isinstance(obj, _WEAKLY_HELD):      # a model: its compiled code must not keep its weights alive
+            self.add(src, f"{{S}} is {self.weak_const(obj)}()", f"ID_MATCH: {src.name()} is {_short(obj)}")
+            return
         self.add(src, f"{{S}} is {self.const(obj)}", f"ID_MATCH: {src.name()} is {_short(obj)}")
+
+    def drop_with(self, on_death) -> None:
+        """Call `on_death()` once when any weakly guarded object dies (an entry that can never match
+        again is dropped, as PyTorch's guards invalidate their cache entry)."""
+        for ref in self.weak:
+            obj = ref()
+            if obj is not None:
+                weakref.finalize(obj, on_death)
 
     def equals_match(self, src: Source, value) -> None:
         self.type_match(src, type(value))

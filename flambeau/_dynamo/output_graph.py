@@ -105,7 +105,7 @@ class SideEffects:
 
 class CompiledEntry:
     """One cache entry: its guard function and the entry to call when the guards hold."""
-    __slots__ = ("guard", "entry", "guards", "guard_src", "entry_src", "gm", "argnames", "globals")
+    __slots__ = ("guard", "entry", "guards", "guard_src", "entry_src", "gm", "argnames", "globals", "__weakref__")
 
     def __init__(self, guard, entry, guards, guard_src, entry_src, gm, argnames, globals_):
         self.guard = guard
