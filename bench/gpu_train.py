@@ -1,7 +1,7 @@
 """Training steps on one GPU: PyTorch and flambeau running the same model code (bench/gpu_models.py).
 
     python bench/gpu_train.py [--only gpt,resnet,mlp] [--systems torch,flambeau] [--modes eager,compiled]
-                              [--steps 10] [--no-profile]
+                              [--steps 10] [--no-profile] [--repeat 3] [--same-process]
 
 `compiled` is `torch.compile(model)` / `flambeau.compile(model)` (default mode; flambeau's generated
 Triton kernels on cuda); any other mode name (`reduce-overhead`, `max-autotune`,
@@ -23,6 +23,11 @@ included), and, unless --no-profile, kernels / d2h / h2d / syncs per step, count
 step under PyTorch's profiler (bench/gpu_profile.py; d2h = device-to-host copies, each a host
 synchronisation). A mode that fails prints its error in the line instead. The last line per
 workload gives flambeau/torch ratios. Each library trains its own randomly initialised copy.
+
+Each (workload, mode, system) runs in a fresh process of its own (--same-process runs them all in
+this one): on the device VM a host-bound step varies by up to 40% between identical processes, and
+a process that ran other models first measures them too. With --repeat N the rounds are interleaved
+(torch, flambeau, torch, ...) and the summary line gives the medians and each system's range.
 """
 from __future__ import annotations
 
@@ -30,6 +35,8 @@ import argparse
 import gc
 import json
 import os
+import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -129,6 +136,45 @@ def _flambeau_compiled_facts(step) -> dict:
             "eager_fallbacks": dict(list(fallbacks.items())[:8])}
 
 
+def _in_child(name: str, lib: str, mode: str, a) -> dict:
+    """One measurement in a fresh process (see the module docstring)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--same-process", "--only", name, "--systems", lib,
+           "--modes", mode, "--steps", str(a.steps), "--top", str(a.top)] + (["--no-profile"] if a.no_profile else [])
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    rows = [r for r in rows if r.get("workload") == name and not r.get("summary")]
+    if not rows:
+        return {"workload": name, "system": lib, "mode": mode, "error": f"exit {p.returncode}",
+                "where": p.stderr.splitlines()[-3:]}
+    return rows[0]
+
+
+def _measure(name: str, lib: str, mode: str, a) -> dict:
+    if not a.same_process:
+        return _in_child(name, lib, mode, a)
+    try:
+        return run(name, lib, mode, a.steps, not a.no_profile, a.top)
+    except Exception as e:            # one failing system must not hide the others' figures
+        gc.collect()
+        LIBS[lib].cuda.empty_cache()
+        return {"workload": name, "system": lib, "mode": mode, "error": f"{type(e).__name__}: {e}"[:500],
+                "where": traceback.format_exc().splitlines()[-3:]}
+
+
+def _summary(name: str, mode: str, t: list, f: list) -> dict | None:
+    tm = [r["ms_per_step"] for r in t if "ms_per_step" in r]
+    fm = [r["ms_per_step"] for r in f if "ms_per_step" in r]
+    if not tm or not fm:
+        return None
+    out = {"workload": name, "mode": mode, "summary": True,
+           "time_ratio": round(statistics.median(fm) / statistics.median(tm), 2),
+           "memory_ratio": round(f[0]["peak_mb"] / max(t[0]["peak_mb"], 1e-9), 2)}
+    if len(tm) > 1 or len(fm) > 1:
+        out.update({"torch_ms": [min(tm), round(statistics.median(tm), 2), max(tm)],
+                    "flambeau_ms": [min(fm), round(statistics.median(fm), 2), max(fm)]})
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="gpt,resnet,mlp")
@@ -137,6 +183,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--top", type=int, default=0, help="with the profile: the N kernels launched most often")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds, interleaved; the summary gives medians and ranges")
+    ap.add_argument("--same-process", action="store_true", help="measure everything in this process")
     a = ap.parse_args(argv)
     try:
         from flambeau._backends import cublaslt
@@ -144,26 +192,20 @@ def main(argv=None):
     except ImportError:                 # a flambeau from before the cuBLASLt products
         lt = None
     print(json.dumps({"config": True, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                      "steps": a.steps, "cublaslt": lt}), flush=True)
+                      "steps": a.steps, "cublaslt": lt, "isolated": not a.same_process,
+                      "repeat": a.repeat}), flush=True)
     for name in a.only.split(","):
-        rows = {}
+        rows: dict = {}
+        for _ in range(a.repeat):
+            for mode in a.modes.split(","):
+                for lib in a.systems.split(","):
+                    r = _measure(name, lib, mode, a)
+                    rows.setdefault((lib, mode), []).append(r)
+                    print(json.dumps(r), flush=True)
         for mode in a.modes.split(","):
-            for lib in a.systems.split(","):
-                try:
-                    r = run(name, lib, mode, a.steps, not a.no_profile, a.top)
-                except Exception as e:            # one failing system must not hide the others' figures
-                    r = {"workload": name, "system": lib, "mode": mode, "error": f"{type(e).__name__}: {e}"[:500],
-                         "where": traceback.format_exc().splitlines()[-3:]}
-                    gc.collect()
-                    LIBS[lib].cuda.empty_cache()
-                rows[(lib, mode)] = r
-                print(json.dumps(r), flush=True)
-        for mode in a.modes.split(","):
-            t, f = rows.get(("torch", mode), {}), rows.get(("flambeau", mode), {})
-            if "ms_per_step" in t and "ms_per_step" in f:
-                print(json.dumps({"workload": name, "mode": mode, "summary": True,
-                                  "time_ratio": round(f["ms_per_step"] / t["ms_per_step"], 2),
-                                  "memory_ratio": round(f["peak_mb"] / max(t["peak_mb"], 1e-9), 2)}), flush=True)
+            line = _summary(name, mode, rows.get(("torch", mode), []), rows.get(("flambeau", mode), []))
+            if line is not None:
+                print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":
