@@ -16,8 +16,11 @@ import numpy as np
 from .. import _dtype as D
 from .. import _fp_errors
 from .. import _state
+from .._device import QUANTIZED_CPU
 from .._tensor import Tensor
-from .._backends import triton_launch, cuda_binary, is_cupy
+from .._dispatch import WRAPPER_DEVICE
+from .._backends import triton_launch, cuda_binary, is_cupy, array_namespaces
+from . import _registry
 from ._registry import TensorSpec
 
 _SCALARS = (builtins.bool, int, float, complex)
@@ -443,6 +446,45 @@ def undefined_grad(t) -> bool:
     """True for the zeros the autograd engine passes a derivative for an output that received no
     gradient (PyTorch's undefined tensor): a derivative may skip the work such a term would add."""
     return t is None or getattr(t, "_undefined_grad", False)
+
+
+def direct_device(*tensors):
+    """The device of `tensors` when a derivative may run op kernels on their arrays directly
+    (`direct_call`), else None. That is when nothing would see the dispatched calls: grad mode off
+    (a backward without create_graph records nothing), no dispatch mode (tracing, fake tensors,
+    vmap, functionalization) and no FX hook, and every tensor (None entries skipped) a dense one
+    without a forward-mode tangent on one cpu/cuda/third-party device object. The kernels are the
+    ones the dispatcher would run, so the results are the same, bit for bit."""
+    if _state.grad_enabled or _state.modes or _registry._fx_hook is not None:
+        return None
+    dev = None
+    for t in tensors:
+        if t is None:
+            continue
+        if not isinstance(t, Tensor) or t._fw_grad is not None:
+            return None
+        if dev is None:
+            dev = t._device
+        elif t._device is not dev and t._device != dev:
+            return None
+    if dev is None or dev is WRAPPER_DEVICE or dev is QUANTIZED_CPU or dev.type not in array_namespaces:
+        return None
+    return dev
+
+
+def direct_call(op, dev, *arrays, **kwargs) -> Tensor:
+    """`op`'s kernel on arrays of `dev` (see `direct_device`), its result as a new Tensor; NumPy's
+    floating-point errors silenced on the cpu, as the dispatcher runs kernels."""
+    xp = array_namespaces[dev.type]
+    if xp is np:
+        token = _fp_errors.quiet()
+        try:
+            r = op.kernel(xp, *arrays, **kwargs)
+        finally:
+            _fp_errors.restore(token)
+    else:
+        r = op.kernel(xp, *arrays, **kwargs)
+    return Tensor._make(xp.asarray(r), dev)
 
 
 def binary_meta(*, to_float=False, out_dtype=None):

@@ -7,8 +7,9 @@ from .. import _dtype as D
 from .._backends import cpu_kernels
 from .._backends.cpu_kernels import matmul_for
 from ._registry import defop, export, TensorSpec, Tag
-from ._helpers import opmath
-from .linalg import einsum, lt_gemm
+from ._helpers import opmath, direct_device, direct_call
+from .linalg import einsum, lt_gemm, matmul
+from .reduction import sum as sum_op
 from .._dispatch import type_name
 from . import _batching, _sharding
 
@@ -63,6 +64,8 @@ def _(input, weight, bias=None):
 @linear.def_derivative
 def _linear_derivative(grad, input, weight, bias, output_mask):
     """Only the gradients `output_mask` asks for: no input gradient for a data input."""
+    if weight.ndim == 2 and (dev := direct_device(grad, input, weight, bias)) is not None:
+        return _linear_backward_direct(dev, grad, input, weight, bias, output_mask)
     gi = gw = gb = None
     if output_mask[0]:
         gi = grad @ weight if weight.ndim == 2 else grad.unsqueeze(-1) * weight
@@ -77,6 +80,24 @@ def _linear_derivative(grad, input, weight, bias, output_mask):
             gb = (grad if grad.ndim == 2 and bias.ndim == 1 else grad.reshape(-1, *bias.shape)).sum(0)
         else:
             gb = grad
+    return gi, gw, gb
+
+
+def _linear_backward_direct(dev, grad, input, weight, bias, output_mask):
+    """`_linear_derivative` for a 2-D weight on arrays: the same matmul and sum kernels, no dispatched
+    reshape/transpose/product/sum calls (six per layer, each a Tensor in and out; see `direct_device`)."""
+    g, w = grad._data, weight._data
+    gi = gw = gb = None
+    if output_mask[0]:
+        gi = direct_call(matmul, dev, g, w)
+    if output_mask[1] or (bias is not None and output_mask[2]):
+        g2 = g if g.ndim == 2 else g.reshape(-1, w.shape[0])
+        if output_mask[1]:
+            x = input._data
+            gw = direct_call(matmul, dev, g2.T, x if x.ndim == 2 else x.reshape(-1, w.shape[1]))
+        if bias is not None and output_mask[2]:
+            gb = direct_call(sum_op, dev, g2 if bias.ndim == 1 else g.reshape(-1, *bias.shape), 0) \
+                if g.ndim > bias.ndim else grad
     return gi, gw, gb
 
 

@@ -1,0 +1,167 @@
+"""Derivatives that run op kernels on arrays directly (`_ops._helpers.direct_device` / `direct_call`),
+skipping the dispatcher when nothing would see the dispatched calls: a backward without create_graph,
+no dispatch mode, no FX hook, dense tensors without tangents on one device.
+
+The linear layer's backward is the first such derivative (six dispatched reshape/transpose/product/
+sum calls per layer otherwise). Its gradients must equal, bit for bit, those of the dispatched path
+(the same kernels run), and PyTorch's; the ops it skips must not reach the dispatcher; anything that
+observes dispatch (create_graph, a dispatch mode, forward-mode tangents) takes the dispatched path.
+"""
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+from flambeau import _dispatch
+from flambeau._ops import linear as linear_mod
+from flambeau.utils._python_dispatch import TorchDispatchMode
+
+_SHAPES = {"2d": ((5, 3), (4, 3), (4,)), "3d": ((2, 5, 3), (4, 3), (4,)), "3d_nobias": ((2, 5, 3), (4, 3), None)}
+_DTYPES = {"float32": np.float32, "float64": np.float64, "bfloat16": ml_dtypes.bfloat16}
+_TOL = {"float32": dict(rtol=1.3e-6, atol=1e-5), "float64": dict(rtol=1e-12, atol=1e-12),
+        "bfloat16": dict(rtol=1.6e-2, atol=1e-5)}
+
+
+def _cases():
+    for shape, dt in itertools.product(_SHAPES, _DTYPES):
+        n = 3 if _SHAPES[shape][2] is not None else 2
+        for need in itertools.product((False, True), repeat=n):
+            if any(need):
+                yield pytest.param(shape, dt, need, id=f"{shape}-{dt}-{''.join('g' if x else '-' for x in need)}")
+
+
+def _grads(m, arrays, need, device, grad):
+    ts = [None if a is None else m.tensor(a, device=device).requires_grad_(n) for a, n in zip(arrays, need + (False,))]
+    out = m.nn.functional.linear(*ts)
+    out.backward(m.tensor(grad, device=device))
+    return [None if t is None or t.grad is None else t.grad for t in ts]
+
+
+class _Names:
+    """The ops that reach the dispatcher's autograd/kernel layer while it is active."""
+
+    def __init__(self):
+        self.names = []
+
+    def __enter__(self):
+        real = self.real = _dispatch.call_functional
+
+        def counting(op, args, kwargs, record=True):
+            self.names.append(op.name)
+            return real(op, args, kwargs, record)
+        _dispatch.call_functional = counting
+        return self
+
+    def __exit__(self, *exc):
+        _dispatch.call_functional = self.real
+
+
+def _run_case(shape, dt, need, device):
+    rng = np.random.default_rng(0)
+    arrays = [None if s is None else rng.standard_normal(s).astype(np.float32).astype(_DTYPES[dt])
+              for s in _SHAPES[shape]]
+    out_shape = _SHAPES[shape][0][:-1] + (_SHAPES[shape][1][0],)
+    grad = rng.standard_normal(out_shape).astype(np.float32).astype(_DTYPES[dt])
+    with _Names() as fast:
+        got = _grads(flambeau, arrays, need, device, grad)
+    orig = linear_mod.direct_device
+    linear_mod.direct_device = lambda *ts: None         # the dispatched derivative
+    try:
+        with _Names() as slow:
+            ref = _grads(flambeau, arrays, need, device, grad)
+    finally:
+        linear_mod.direct_device = orig
+    return arrays, grad, got, ref, fast.names, slow.names
+
+
+@pytest.mark.parametrize("shape,dt,need", list(_cases()))
+def test_linear_backward_on_arrays_equals_the_dispatched_derivative_and_pytorch(shape, dt, need):
+    arrays, grad, got, ref, fast, slow = _run_case(shape, dt, need, "cpu")
+    for g, r in zip(got, ref):
+        assert (g is None) == (r is None)
+        if g is not None:
+            assert g.dtype == r.dtype and g.shape == r.shape
+            np.testing.assert_array_equal(g.float().numpy(), r.float().numpy())     # the same kernels ran
+    # no product, transpose, reshape or sum reached the dispatcher in backward (the forward's linear did)
+    assert [n for n in fast if n != "linear"] == [], fast
+    assert any(n in ("matmul", "sum.dim_IntList") for n in slow), slow
+    tdt = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}[dt]
+    ts = [None if a is None else torch.tensor(a.astype(np.float64), dtype=tdt).requires_grad_(n)
+          for a, n in zip(arrays, need + (False,))]
+    torch.nn.functional.linear(*ts).backward(torch.tensor(grad.astype(np.float64), dtype=tdt))
+    for g, t in zip(got, ts):
+        if t is not None and t.grad is not None:
+            np.testing.assert_allclose(g.float().numpy(), t.grad.float().numpy(), **_TOL[dt])
+
+
+def test_create_graph_takes_the_dispatched_path_and_second_derivatives_match_pytorch():
+    rng = np.random.default_rng(1)
+    x, w, b = rng.standard_normal((3, 4)), rng.standard_normal((2, 4)), rng.standard_normal(2)
+    res = {}
+    for m in (flambeau, torch):
+        X, W, B = (m.tensor(a, requires_grad=True) for a in (x, w, b))
+        out = (m.nn.functional.linear(X, W, B) ** 2).sum()
+        gx, gw = m.autograd.grad(out, (X, W), create_graph=True)
+        (gx.sum() + (gw ** 2).sum()).backward()
+        res[m.__name__] = [t.detach().numpy() for t in (gx, gw, X.grad, W.grad, B.grad)]
+    for f, t in zip(res["flambeau"], res["torch"]):
+        np.testing.assert_allclose(f, t, rtol=1e-10, atol=1e-12)
+
+
+class _Seen(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_dispatch_mode_sees_every_op_of_the_derivative():
+    x = flambeau.randn(2, 5, 3, requires_grad=True)
+    w = flambeau.randn(4, 3, requires_grad=True)
+    b = flambeau.randn(4, requires_grad=True)
+    out = flambeau.nn.functional.linear(x, w, b)
+    with _Seen() as mode:
+        out.backward(flambeau.ones_like(out))
+    assert mode.names.count("matmul") == 2 and any(n.startswith("sum") for n in mode.names), mode.names
+
+
+def test_direct_device_declines_what_dispatch_must_see():
+    from flambeau._ops._helpers import direct_device
+    a, b = flambeau.randn(2, 2), flambeau.randn(2, 2)
+    assert direct_device(a, b) is None                      # grad mode on: calls may be recorded
+    with flambeau.no_grad():
+        assert direct_device(a, None, b) is a._device
+        assert direct_device(a, flambeau.randn(2, 2, device="meta")) is None
+        assert direct_device(flambeau.randn(2, 2, device="meta")) is None
+        assert direct_device(a, np.ones((2, 2))) is None
+        with _Seen():
+            assert direct_device(a, b) is None
+    import flambeau.autograd.forward_ad as fwAD
+    with fwAD.dual_level(), flambeau.no_grad():
+        d = fwAD.make_dual(a, flambeau.ones_like(a))
+        assert direct_device(d, b) is None
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape,dt,need", [c for c in _cases() if "bfloat16" in c.id or "float32" in c.id])
+def test_linear_backward_on_cuda_arrays_equals_the_dispatched_derivative_and_pytorch(shape, dt, need):
+    arrays, grad, got, ref, fast, slow = _run_case(shape, dt, need, "cuda")
+    for g, r in zip(got, ref):
+        assert (g is None) == (r is None)
+        if g is not None:
+            np.testing.assert_array_equal(g.float().cpu().numpy(), r.float().cpu().numpy())
+    assert [n for n in fast if n != "linear"] == [], fast
+    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dt]
+    ts = [None if a is None else torch.tensor(a.astype(np.float32), dtype=tdt, device="cuda").requires_grad_(n)
+          for a, n in zip(arrays, need + (False,))]
+    torch.nn.functional.linear(*ts).backward(torch.tensor(grad.astype(np.float32), dtype=tdt, device="cuda"))
+    for g, t in zip(got, ts):
+        if t is not None and t.grad is not None:
+            np.testing.assert_allclose(g.float().cpu().numpy(), t.grad.float().cpu().numpy(),
+                                       **(_TOL[dt] if dt == "bfloat16" else dict(rtol=1e-4, atol=1e-4)))
