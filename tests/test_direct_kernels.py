@@ -165,3 +165,38 @@ def test_linear_backward_on_cuda_arrays_equals_the_dispatched_derivative_and_pyt
         if t is not None and t.grad is not None:
             np.testing.assert_allclose(g.float().cpu().numpy(), t.grad.float().cpu().numpy(),
                                        **(_TOL[dt] if dt == "bfloat16" else dict(rtol=1e-4, atol=1e-4)))
+
+
+def test_cast_backward_on_arrays_equals_the_dispatched_derivative_and_pytorch():
+    """Autocast's casts (bf16 copies of fp32 weights and activations) get their gradient cast back by the
+    kernel on the array: the same values and dtypes as the dispatched `_to_copy`, and PyTorch's."""
+    from flambeau._ops import views as views_mod
+    rng = np.random.default_rng(3)
+    x, w, b = rng.standard_normal((6, 8)), rng.standard_normal((5, 8)), rng.standard_normal(5)
+
+    def run(m, names=None):
+        X, W, B = (m.tensor(a, dtype=m.float32, requires_grad=True) for a in (x, w, b))
+        with m.autocast("cpu", dtype=m.bfloat16):
+            out = m.nn.functional.linear(X, W, B)
+        loss = (out.float() ** 2).sum()
+        if names is None:
+            loss.backward()
+        else:
+            with names:
+                loss.backward()
+        return [t.grad for t in (X, W, B)]
+    fast = _Names()
+    got = run(flambeau, fast)
+    orig = views_mod.direct_device
+    views_mod.direct_device = lambda *ts: None
+    try:
+        slow = _Names()
+        ref = run(flambeau, slow)
+    finally:
+        views_mod.direct_device = orig
+    assert "_to_copy" not in fast.names and "_to_copy" in slow.names, (fast.names, slow.names)
+    want = run(torch)
+    for g, r, t in zip(got, ref, want):
+        assert g.dtype == r.dtype == flambeau.float32
+        np.testing.assert_array_equal(g.numpy(), r.numpy())
+        np.testing.assert_allclose(g.numpy(), t.numpy(), rtol=1.6e-2, atol=1e-2)

@@ -15,7 +15,7 @@ from .._tensor import Tensor, _ptr, storage_owner, contiguous_format, channels_l
 from .._device import canonical, device as Device
 from .._backends import MetaArray, contiguous_strides, cuda_cast, device_checks, get as backend, namespace_backend
 from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
-from ._helpers import wrap_dim
+from ._helpers import wrap_dim, direct_device, direct_call
 from .creation import zeros, arange, tensor
 from .._dispatch import type_name, device_array_types, WRAPPER_DEVICE
 from . import _batching, _sharding
@@ -410,7 +410,12 @@ def _to_copy_meta(self, *, dtype=None, device=None, non_blocking=False):
 
 
 @_to_copy.def_derivative
-def _(grad, self_meta):
+def _to_copy_derivative(grad, self_meta):
+    """The gradient cast back to the input's dtype and device: on the same device, when nothing observes
+    dispatch (`direct_device`), the kernel on the array (autocast's casts: one per weight and activation)."""
+    dev = direct_device(grad)
+    if dev is not None and (dev is self_meta.device or dev == self_meta.device):
+        return direct_call(_to_copy, dev, grad._data, dtype=self_meta.dtype, device=self_meta.device)
     return _to_copy(grad, dtype=self_meta.dtype, device=self_meta.device)
 
 
