@@ -102,17 +102,18 @@ def pack_weight(w):
     return blob.reshape(K + PACK_EXTRA_ROWS, N)
 
 
-def pack_weight_cached(w):
-    """`pack_weight(w)`, reusing the packing of an earlier call on the same memory (address, shape,
-    strides) whose bytes are unchanged; the cached array is shared, so treat it as read-only."""
-    key = (w.__array_interface__["data"][0], w.shape, w.strides)
+def cached(tag, w, make):
+    """`make()`, the packing of weight `w`, reusing the one made for an earlier call with the same `tag`
+    on the same memory (address, shape, strides) whose bytes are unchanged; the cached array is shared
+    and read-only."""
+    key = (tag, w.__array_interface__["data"][0], w.shape, w.strides)
     raw = w.tobytes()
     with _pack_lock:
         hit = _pack_cache.get(key)
         if hit is not None and hit[0] == raw:
             _pack_cache.move_to_end(key)
             return hit[1]
-    packed = pack_weight(w)
+    packed = make()
     packed.flags.writeable = False
     with _pack_lock:
         _pack_cache[key] = (raw, packed)
@@ -120,6 +121,11 @@ def pack_weight_cached(w):
         while len(_pack_cache) > PACK_CACHE_ENTRIES:
             _pack_cache.popitem(last=False)
     return packed
+
+
+def pack_weight_cached(w):
+    """`pack_weight(w)` through the cache (`cached`)."""
+    return cached("linear", w, lambda: pack_weight(w))
 
 
 def packed_dims(packed) -> tuple[int, int]:
@@ -148,8 +154,10 @@ def qlinear(qx, x_scale: float, x_zp: int, qw, w_scales, w_zps, bias, out_scale:
 
 
 def qlinear_packed(qx, x_scale: float, x_zp: int, packed, w_scales, w_zps, bias, out_scale: float, out_zp: int,
-                   out_dtype, relu: bool = False):
-    """The quantized linear layer (module docstring) of NumPy arrays with a `pack_weight` weight."""
+                   out_dtype, relu: bool = False, out=None):
+    """The quantized linear layer (module docstring) of NumPy arrays with a `pack_weight` weight; `out`, a
+    2-D (rows, N) array of out_dtype with unit column stride, receives the result (a column block of a
+    wider output: the groups of a convolution)."""
     out_dtype = np.dtype(out_dtype)
     K, N = packed_dims(packed)
     lead = qx.shape[:-1]
@@ -162,12 +170,21 @@ def qlinear_packed(qx, x_scale: float, x_zp: int, packed, w_scales, w_zps, bias,
     if fns is None or M == 0 or N == 0:
         qw = unpack_weight(packed)
         acc = (a.astype(np.int64) - x_zp) @ (qw.astype(np.int64) - zps.astype(np.int64))
-        return _epilogue_numpy(acc, x_scale, scales, b32, relu, out_scale, out_zp, out_dtype).reshape(lead + (N,))
+        r = _epilogue_numpy(acc, x_scale, scales, b32, relu, out_scale, out_zp, out_dtype)
+        if out is None:
+            return r.reshape(lead + (N,))
+        out[...] = r
+        return out
     packed = np.ascontiguousarray(packed)
-    out = np.empty((M, N), out_dtype)
+    if out is None:
+        out = np.empty((M, N), out_dtype)
+    elif out.dtype != out_dtype or out.shape != (M, N) or out.strides[1] != out.itemsize:
+        raise ValueError(f"qlinear_packed: out must be a ({M}, {N}) {out_dtype} array with unit column stride, got "
+                         f"{out.dtype} {out.shape} strides {out.strides}")
     threads = cpu_kernels._threads(M * N * K) if cpu_kernels.available() else 1
     fns(M, N, K, a.ctypes.data, K, int(a.dtype == np.int8), int(x_zp), packed.ctypes.data,
         zps.ctypes.data if zps.any() else None, float(np.float32(x_scale)), scales.ctypes.data,
         None if b32 is None else b32.ctypes.data, int(relu), OUT_KINDS[out_dtype],
-        float(np.float32(1) / np.float32(out_scale)), int(out_zp), out.ctypes.data, N, threads)
+        float(np.float32(1) / np.float32(out_scale)), int(out_zp), out.ctypes.data, out.strides[0] // out.itemsize,
+        threads)
     return out.reshape(lead + (N,))

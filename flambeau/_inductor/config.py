@@ -57,6 +57,9 @@ kernel_cflags: tuple = ("-ffp-contract=off",)
 # accumulation (onednn::qlinear_pointwise on AVX-512 VNNI, quantization.py) instead of float kernels around
 # the float GEMM.
 quantized_linear: bool = True
+# The same for dequantize -> 2-D convolution (-> relu) (-> quantize): onednn::qconv2d_pointwise, an int8
+# im2col feeding the same GEMM (quantization.py).
+quantized_conv: bool = True
 # Opt-in (off by default; FLAMBEAU_TUNE_MALLOC=1 or set this before the first compile): keep freed
 # memory in the process (glibc: mmap threshold 32 MiB, no heap trimming below 1 GiB) so that the
 # buffers of each call of a compiled graph reuse pages instead of faulting fresh ones in (measured: a

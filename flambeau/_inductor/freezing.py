@@ -26,7 +26,7 @@ from .._tensor import contiguous_format
 
 FROZEN_PREFIX = "_frozen_param"
 FOLDED_PREFIX = "_folded_constant"
-PACKING_OPS = ("onednn::qlinear_prepack",)      # fold though their result is larger than their input
+PACKING_OPS = ("onednn::qlinear_prepack", "onednn::qconv_prepack")   # folded though larger than their input
 
 
 def lift_to_constants(gm, values: dict) -> list:

@@ -1,7 +1,9 @@
-"""The inductor's quantization pass: a PT2E-converted graph's float linear layers between quantize and
-dequantize become int8 GEMMs (PyTorch's `torch/_inductor/fx_passes/quantization.py`, for linear).
+"""The inductor's quantization pass: a PT2E-converted graph's float linear and 2-D convolution layers
+between quantize and dequantize become int8 GEMMs and convolutions (PyTorch's
+`torch/_inductor/fx_passes/quantization.py`).
 
     fuse_quantized_linear(gm) -> int      rewrites in place; returns how many layers it fused
+                                          (linear layers, then convolutions: `fuse_quantized_conv`)
 
 It runs on the captured graph before AOT autograd decomposes the `quantized_decomposed` ops, and
 recognises, with u8/s8 activations and int8 weights (per tensor or per channel):
@@ -22,7 +24,9 @@ turns the pass off.
 from __future__ import annotations
 
 from .. import _dtype as D
+from .. import nn
 from .._ops import EXPORTS, quantized as Q
+from .._ops import quantized_conv as QC
 from .._ops import quantized_linear as QL
 from .._ops._registry import OPS
 from .._tensor import Tensor
@@ -102,6 +106,42 @@ def _product(gm, node):
     return None
 
 
+def _ints2(v):
+    """A 2-D convolution's stride/padding/dilation as two ints, or None (a string padding, 3 values)."""
+    v = [v, v] if isinstance(v, int) else v
+    if not isinstance(v, (list, tuple)) or len(v) not in (1, 2) or not all(isinstance(i, int) for i in v):
+        return None
+    return [int(v[0]), int(v[-1])]
+
+
+def _convolution(gm, node):
+    """(x, w, bias, stride, padding, dilation, groups) of a 2-D convolution node, or None."""
+    if _is(node, OPS["convolution"]) and len(node.args) == 9 and not node.kwargs:
+        x, w, bias, stride, padding, dilation, transposed, output_padding, groups = node.args
+        if transposed or any(output_padding):
+            return None
+    elif isinstance(node, Node) and node.op == "call_function" and any(
+            node.target is f for f in (nn.functional.conv2d, EXPORTS.get("conv2d"))):
+        names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+        defaults = (None, None, None, 1, 0, 1, 1)
+        x, w, bias, stride, padding, dilation, groups = (_arg(node, i, n, d)
+                                                         for i, (n, d) in enumerate(zip(names, defaults)))
+    else:
+        return None
+    pairs = [_ints2(v) for v in (stride, padding, dilation)]
+    val = _val(gm, node)
+    if None in pairs or not isinstance(groups, int) or not isinstance(val, Tensor) or val.ndim != 4:
+        return None
+    return (x, w, bias, *pairs, groups)
+
+
+def _is_relu(node) -> bool:
+    if _is(node, OPS["relu"]):
+        return True
+    return isinstance(node, Node) and node.op == "call_function" and len(node.args) == 1 and \
+        not node.kwargs.get("inplace", False) and any(node.target is f for f in (nn.functional.relu, EXPORTS["relu"]))
+
+
 def _only_user(node):
     users = list(node.users)
     return users[0] if len(users) == 1 else None
@@ -151,7 +191,7 @@ def fuse_quantized_linear(gm) -> int:
         qw, w_scales, w_zps = weight
         last, post = node, "none"
         relu = _only_user(node)
-        if relu is not None and _is(relu, OPS["relu"]):
+        if relu is not None and _is_relu(relu):
             last, post = relu, "relu"
         requant = _output_quantize(last)
         out_scale, out_zp, out_dtype = (1.0, 0, D.float32) if requant is None else requant[1:]
@@ -162,6 +202,49 @@ def fuse_quantized_linear(gm) -> int:
             op = QL.qlinear_pointwise_tensor if tensor_qparams else QL.qlinear_pointwise
             new = graph.call_function(op, (qx, x_scale, x_zp, packed, w_scales, w_zps, bias, out_scale, out_zp,
                                            out_dtype, post, [], ""))
+        replaced = last if requant is None else requant[0]
+        new.meta = {k: v for k, v in replaced.meta.items() if k not in ("val", "example_value")}
+        replaced.replace_all_uses_with(new)
+        fused += 1
+    if fused:
+        graph.eliminate_dead_code()
+        gm.recompile()
+    return fused + fuse_quantized_conv(gm)
+
+
+def fuse_quantized_conv(gm) -> int:
+    """Rewrite each quantized 2-D convolution of `gm` (module docstring) in place; returns how many."""
+    if not config.quantized_conv:
+        return 0
+    graph = gm.graph
+    fused = 0
+    for node in list(graph.nodes):
+        conv = _convolution(gm, node)
+        if conv is None or not _float32(gm, node):
+            continue
+        x, w, bias, stride, padding, dilation, groups = conv
+        act, weight = _activation(x), _weight(w)
+        if act is None or weight is None or x.args[5] is not D.uint8:
+            continue        # PyTorch's x86 convolution takes u8 activations only
+        if bias is not None and (not isinstance(bias, Node) or not _float32(gm, bias) or
+                                 (is_grad_enabled() and _val(gm, bias).requires_grad)):
+            continue
+        qx, x_scale, x_zp, tensor_qparams = act
+        qw, w_scales, w_zps = weight
+        last, post = node, "none"
+        relu = _only_user(node)
+        if relu is not None and _is_relu(relu):
+            last, post = relu, "relu"
+        requant = _output_quantize(last)
+        out_scale, out_zp, out_dtype = (1.0, 0, D.float32) if requant is None else requant[1:]
+        with graph.inserting_before(node):
+            if isinstance(w_scales, list):
+                w_scales, w_zps = _constant(gm, w_scales, D.float32), _constant(gm, w_zps, D.int64)
+            packed = graph.call_function(QC.qconv_prepack, (qw, w_scales, 1.0, 0, stride, padding, dilation, groups,
+                                                            None))
+            op = QC.qconv2d_pointwise_tensor if tensor_qparams else QC.qconv2d_pointwise
+            new = graph.call_function(op, (qx, x_scale, x_zp, packed, w_scales, w_zps, bias, stride, padding,
+                                           dilation, groups, out_scale, out_zp, out_dtype, post, [], ""))
         replaced = last if requant is None else requant[0]
         new.meta = {k: v for k, v in replaced.meta.items() if k not in ("val", "example_value")}
         replaced.replace_all_uses_with(new)

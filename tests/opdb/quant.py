@@ -1,6 +1,7 @@
 """Op-database entries of the quantization ops: fake quantization (straight-through gradients) and
 the `quantized_decomposed` library, compared with `torch.ops.quantized_decomposed`; the int8 linear
-layer `onednn::qlinear_prepack` + `qlinear_pointwise`, compared with PyTorch's x86 (oneDNN) ops."""
+layer `onednn::qlinear_prepack` + `qlinear_pointwise` and the int8 convolution `onednn::qconv_prepack` +
+`qconv2d_pointwise`, compared with PyTorch's x86 (oneDNN) ops."""
 from __future__ import annotations
 
 import importlib
@@ -135,7 +136,51 @@ def _qlinear_errors():
             ErrorSample(S(T((5, 20), dtype="uint8", low=0, high=255), 0.05, 128, qw, ws, wz, None, 1.0, 0, "float32",
                           "foo"), RuntimeError, "post op")]
 
+def _qconv_samples(dtype):
+    def qx(shape, noncontig=False):
+        return T(shape, dtype="uint8", low=0, high=255, noncontig=noncontig)
+
+    def w(o, cg, kh, kw):
+        return (T((o, cg, kh, kw), dtype="int8", low=-127, high=127),
+                T((o,), dtype="float32", low=0.002, high=0.02, requires_grad=False), T((o,), dtype="int64", values=[0] * o),
+                T((o,), dtype="float32", low=-1, high=1, requires_grad=False))
+    qw, ws, wz, b = w(6, 4, 3, 3)
+    dw, dws, dwz, db = w(8, 1, 3, 3)
+    return [S(qx((2, 4, 7, 7)), 0.05, 128, qw, ws, wz, b, [1, 1], [1, 1], [1, 1], 1, 1.0, 0, "float32", "none"),
+            S(qx((1, 4, 9, 6), noncontig=True), 0.03, 7, qw, ws, wz, None, [2, 1], [0, 1], [1, 2], 1, 0.04, 5, None,
+              "relu"),
+            S(qx((2, 8, 5, 5)), 0.02, 0, dw, dws, dwz, db, [1, 1], [1, 1], [1, 1], 8, 0.05, -3, "int8", "relu"),
+            S(qx((1, 4, 5, 5)), 0.04, 9, qw, ws, wz, b, [1, 1], [0, 0], [1, 1], 1, 1.0, 0, "bfloat16", "none")]
+
+
+def _qconv(m, qx, x_scale, x_zp, qw, w_scale, w_zp, bias, stride, padding, dilation, groups, out_scale, out_zp,
+           out_dtype, attr, tensor_qparams=False):
+    packed = m.ops.onednn.qconv_prepack(qw, w_scale, x_scale, x_zp, stride, padding, dilation, groups, list(qx.shape))
+    op = m.ops.onednn.qconv2d_pointwise
+    xs, xz = (m.tensor(x_scale), m.tensor(x_zp)) if tensor_qparams else (x_scale, x_zp)
+    return (op.tensor if tensor_qparams else op.default)(qx, xs, xz, packed, w_scale, w_zp, bias, stride, padding,
+                                                         dilation, groups, out_scale, out_zp,
+                                                         out_dtype and getattr(m, out_dtype), attr, [], "")
+
+
+def _qconv_errors():
+    from tests.opdb import ErrorSample
+    qw, ws, wz = (T((6, 4, 3, 3), dtype="int8", low=-127, high=127), T((6,), dtype="float32", values=[0.01] * 6),
+                  T((6,), dtype="int64", values=[0] * 6))
+    geometry = ([1, 1], [1, 1], [1, 1], 1)
+    return [ErrorSample(S(T((1, 4, 5, 5), dtype="int8", low=-128, high=127), 0.05, 0, qw, ws, wz, None, *geometry,
+                          1.0, 0, "float32", "none"), RuntimeError, "uint8"),
+            ErrorSample(S(T((1, 4, 5, 5), dtype="uint8", low=0, high=255), 0.05, 0, qw, ws, wz, None, *geometry,
+                          1.0, 0, "float32", "gelu"), RuntimeError, "Unsupported post op gelu"),
+            ErrorSample(S(T((1, 4, 5, 5), dtype="uint8", low=0, high=255), 0.05, 0, qw, ws, wz, None, *geometry,
+                          0.5, 0, "float32", "none"), RuntimeError, "output_scale must be 1.0")]
+
+
 OPS = [
+    OpInfo("onednn.qconv2d_pointwise", _qconv_samples, dtypes=("float32",), grad=False, call=_qconv,
+           errors=_qconv_errors, ops=("onednn::qconv_prepack", "onednn::qconv2d_pointwise")),
+    OpInfo("onednn.qconv2d_pointwise.tensor", _qconv_samples, dtypes=("float32",), grad=False,
+           call=lambda m, *a: _qconv(m, *a, tensor_qparams=True), ops=("onednn::qconv2d_pointwise.tensor",)),
     OpInfo("onednn.qlinear_pointwise", _qlinear_samples, dtypes=("float32",), grad=False, call=_qlinear,
            errors=_qlinear_errors, ops=("onednn::qlinear_prepack", "onednn::qlinear_pointwise")),
     OpInfo("onednn.qlinear_pointwise.tensor", _qlinear_samples, dtypes=("float32",), grad=False,

@@ -1,0 +1,197 @@
+"""The int8 convolution of compiled quantized graphs: `onednn::qconv_prepack` + `qconv2d_pointwise`
+(`flambeau/_ops/quantized_conv.py`, an int8 im2col feeding the VNNI GEMM, and its NumPy fallback)
+against PyTorch's x86 (oneDNN) ops bit for bit; the inductor's pass rewriting dequantize ->
+convolution (-> relu) (-> quantize) into it; a PT2E-converted CNN compiled with every convolution
+and linear layer in int8, packing each weight once with and without freezing."""
+from __future__ import annotations
+
+import collections
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+from flambeau._backends import cpu_int8
+from flambeau._dynamo.testing import no_unexpected_fallbacks
+from flambeau._inductor import config as inductor_config
+from flambeau.ao.quantization.quantize_pt2e import capture_pre_autograd_graph, convert_pt2e, prepare_pt2e
+from flambeau.ao.quantization.quantizer import x86_inductor_quantizer as xiq
+from tests.conftest import spy_compile_fx
+from tests.quantization_models import build_cnn, calibration
+
+importlib.import_module("torch.ao.quantization.fx._decomposed")    # registers torch.ops.quantized_decomposed
+QD = flambeau.ops.quantized_decomposed
+TQD = torch.ops.quantized_decomposed
+
+CASES = {   # N, C, H, W, O, kernel, stride, padding, dilation, groups, output dtype, post op
+    "3x3_pad_f32": (2, 8, 9, 9, 16, (3, 3), 1, 1, 1, 1, "float32", "none"),
+    "3x3_s2_groups3_u8_relu": (1, 6, 10, 7, 12, (3, 3), 2, 1, 1, 3, "uint8", "relu"),
+    "1x1_f32_relu": (2, 16, 8, 8, 32, (1, 1), 1, 0, 1, 1, "float32", "relu"),
+    "5x3_strided_dilated_u8": (1, 4, 11, 11, 8, (5, 3), (2, 1), (2, 0), (2, 1), 1, "uint8", "none"),
+    "depthwise_f32": (2, 8, 9, 9, 8, (3, 3), 1, 1, 1, 8, "float32", "none"),
+    "s8_out_relu": (2, 8, 6, 6, 8, (3, 3), 1, 1, 1, 1, "int8", "relu"),
+    "bf16_out_40ch": (1, 8, 6, 6, 40, (3, 3), 1, 1, 1, 1, "bfloat16", "relu"),
+    "wide_threads": (4, 64, 14, 14, 96, (3, 3), 1, 1, 1, 1, "uint8", "relu"),
+}
+
+
+def _pair(v):
+    return list(v) if isinstance(v, tuple) else [v, v]
+
+
+def _problem(case, seed=0):
+    N, C, H, W, O, k, s, p, d, g, od, attr = case
+    rng = np.random.default_rng(seed)
+    qx = rng.integers(0, 256, (N, C, H, W)).astype(np.uint8)
+    qw = rng.integers(-127, 128, (O, C // g) + k).astype(np.int8)
+    ws = rng.uniform(0.001, 0.02, O).astype(np.float32)
+    bias = rng.standard_normal(O).astype(np.float32)
+    out_scale, out_zp = (0.05, -3 if od == "int8" else 3) if od in ("uint8", "int8") else (1.0, 0)
+    return qx, qw, ws, bias, (_pair(s), _pair(p), _pair(d), g), (out_scale, out_zp, od, attr)
+
+
+def _qconv(m, qx, x_scale, x_zp, qw, ws, bias, geometry, out, tensor_qparams=False):
+    stride, padding, dilation, groups = geometry
+    out_scale, out_zp, od, attr = out
+    packed = m.ops.onednn.qconv_prepack(m.tensor(qw), m.tensor(ws), x_scale, x_zp, stride, padding, dilation, groups,
+                                        list(qx.shape))
+    op = m.ops.onednn.qconv2d_pointwise
+    xs, xz = (m.tensor(x_scale), m.tensor(x_zp)) if tensor_qparams else (x_scale, x_zp)
+    return (op.tensor if tensor_qparams else op.default)(
+        m.tensor(qx), xs, xz, packed, m.tensor(ws), m.zeros(len(ws), dtype=m.int64),
+        None if bias is None else m.tensor(bias), stride, padding, dilation, groups, out_scale, out_zp,
+        getattr(m, od), attr, [], "")
+
+
+@pytest.mark.parametrize("numpy_fallback", [False, True], ids=["vnni", "numpy"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_qconv2d_equals_pytorchs_onednn_op(case, numpy_fallback, monkeypatch):
+    """Padding (read as the zero point), strides, dilation, groups and depthwise, 1x1, every output dtype
+    and ReLU: the integers and the epilogue's roundings equal oneDNN's; shape and channels-last strides too."""
+    if not numpy_fallback and not cpu_int8.vnni():
+        pytest.skip("no AVX-512 VNNI here")
+    if numpy_fallback:
+        monkeypatch.setitem(cpu_int8._state, "fns", None)
+    qx, qw, ws, bias, geometry, out = _problem(CASES[case], seed=len(case))
+    got = _qconv(flambeau, qx, 0.02, 7, qw, ws, bias, geometry, out, tensor_qparams=case.startswith("s8"))
+    want = _qconv(torch, qx, 0.02, 7, qw, ws, bias, geometry, out)
+    assert tuple(got.shape) == tuple(want.shape) and got.stride() == want.stride() and str(got.dtype) == str(want.dtype)
+    np.testing.assert_array_equal(got.float().numpy(), want.float().numpy())
+
+
+def test_qconv2d_refuses_what_pytorchs_refuses():
+    qx, qw, ws, bias, geometry, _ = _problem(CASES["3x3_pad_f32"])
+    with pytest.raises(RuntimeError, match="uint8"):
+        _qconv(flambeau, qx.view(np.int8), 0.02, 7, qw, ws, bias, geometry, (1.0, 0, "float32", "none"))
+    with pytest.raises(RuntimeError, match="Unsupported post op gelu"):
+        _qconv(flambeau, qx, 0.02, 7, qw, ws, bias, geometry, (1.0, 0, "float32", "gelu"))
+    with pytest.raises(RuntimeError, match="output_scale must be 1.0"):
+        _qconv(flambeau, qx, 0.02, 7, qw, ws, bias, geometry, (0.5, 0, "float32", "none"))
+    with pytest.raises(RuntimeError, match="does not match a packed weight"):
+        _qconv(flambeau, qx[:, :5], 0.02, 7, qw, ws, bias, geometry, (1.0, 0, "float32", "none"))
+
+
+# ---- the inductor's pass ---------------------------------------------------------------------------
+def _externs(made) -> list:
+    return [getattr(e.op, "name", str(e.op)) for c in made for e in c.artifact.externs]
+
+
+def _conv_layer(m, qd, x, qw, ws, bias, geometry, per_channel, relu, out, functional):
+    """q -> dq -> conv (-> relu) (-> q) written with `m`'s ops; `ws` a tensor per channel, a float per tensor."""
+    stride, padding, dilation, groups = geometry
+    qx = qd.quantize_per_tensor.default(x, 0.03, 120, 0, 255, m.uint8)
+    dx = qd.dequantize_per_tensor.default(qx, 0.03, 120, 0, 255, m.uint8)
+    if per_channel:
+        dw = qd.dequantize_per_channel.default(qw, ws, m.zeros(ws.shape[0], dtype=m.int64), 0, -128, 127, m.int8)
+    else:
+        dw = qd.dequantize_per_tensor.default(qw, ws, 0, -128, 127, m.int8)
+    if functional:
+        y = m.nn.functional.conv2d(dx, dw, bias, stride, padding, dilation, groups)
+    else:
+        y = m.ops.aten.convolution.default(dx, dw, bias, stride, padding, dilation, False, [0, 0], groups)
+    if relu:
+        y = m.relu(y)
+    if out is not None:
+        y = qd.quantize_per_tensor.default(y, out[0], out[1], 0, 255, m.uint8)
+    return y
+
+
+PASS_CASES = {   # problem, per-channel weights, relu, requantized output (scale, zp), F.conv2d (else aten.convolution)
+    "conv2d_per_channel": ("3x3_pad_f32", True, False, None, True),
+    "conv_relu_requant": ("3x3_s2_groups3_u8_relu", True, True, (0.05, 2), False),
+    "conv_per_tensor_1x1": ("1x1_f32_relu", False, False, None, False),
+    "conv2d_relu_depthwise": ("depthwise_f32", True, True, None, True),
+}
+
+
+@pytest.mark.parametrize("case", list(PASS_CASES))
+def test_compiled_pattern_becomes_one_int8_conv_equal_to_pytorchs(case, monkeypatch):
+    problem, per_channel, relu, out, functional = PASS_CASES[case]
+    qx, qw, ws, bias, geometry, _ = _problem(CASES[problem], seed=3)
+    x = ((qx.astype(np.float32) - 128) / 40).astype(np.float32)
+    w_scale = ws if per_channel else float(ws[0])
+    ours = [flambeau.tensor(a) for a in (qw, bias)] + [flambeau.tensor(ws) if per_channel else w_scale]
+    made = spy_compile_fx(monkeypatch, [])
+    with flambeau.no_grad(), no_unexpected_fallbacks():
+        got = flambeau.compile(lambda t: _conv_layer(flambeau, QD, t, ours[0], ours[2], ours[1], geometry,
+                                                     per_channel, relu, out, functional))(flambeau.tensor(x))
+    assert [e for e in _externs(made) if "conv" in e] == ["onednn::qconv_prepack", "onednn::qconv2d_pointwise"], \
+        _externs(made)
+    tqx = TQD.quantize_per_tensor.default(torch.tensor(x), 0.03, 120, 0, 255, torch.uint8).numpy()
+    ws_full = ws if per_channel else np.full_like(ws, w_scale)
+    want = _qconv(torch, tqx, 0.03, 120, qw, ws_full, bias, geometry,
+                  (1.0, 0, "float32", "relu" if relu else "none") if out is None else
+                  (out[0], out[1], "uint8", "relu" if relu else "none"))
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def _converted_cnn():
+    flambeau.manual_seed(0)
+    model = build_cnn(flambeau).eval()
+    data = calibration((4, 3, 16, 16))
+    prepared = prepare_pt2e(capture_pre_autograd_graph(model, (flambeau.tensor(data[0]),)),
+                            xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config()))
+    for x in data:
+        prepared(flambeau.tensor(x))
+    return convert_pt2e(prepared), data
+
+
+def _count_packing(monkeypatch) -> list:
+    calls = []
+    real = cpu_int8.pack_weight
+    monkeypatch.setattr(cpu_int8, "_pack_cache", collections.OrderedDict())
+
+    def counted_pack_weight(w):
+        calls.append(w.shape)
+        return real(w)
+    monkeypatch.setattr(cpu_int8, "pack_weight", counted_pack_weight)
+    return calls
+
+
+@pytest.mark.parametrize("freezing", [False, True], ids=["unfrozen", "frozen"])
+def test_pt2e_cnn_compiles_every_layer_to_int8_and_packs_once(freezing, monkeypatch):
+    """A converted CNN (two convolutions + ReLU + max-pool, one linear layer): two int8 convolutions and
+    one int8 GEMM, equal to the eager q/dq graph to float rounding; three calls pack each weight once."""
+    converted, data = _converted_cnn()
+    monkeypatch.setattr(inductor_config, "freezing", freezing)
+    flambeau._dynamo.reset()
+    calls = _count_packing(monkeypatch)
+    made = spy_compile_fx(monkeypatch, [])
+    compiled = flambeau.compile(converted)
+    with flambeau.no_grad(), no_unexpected_fallbacks():
+        outs = [compiled(flambeau.tensor(x)).numpy() for x in data]
+        eager = converted(flambeau.tensor(data[2])).numpy()
+    names = _externs(made)
+    assert names.count("onednn::qconv2d_pointwise") == 2 and names.count("onednn::qlinear_pointwise") == 1, names
+    assert "convolution" not in names, names
+    assert len(calls) == 3, calls
+    np.testing.assert_allclose(outs[2], eager, rtol=0, atol=1e-5 * np.abs(eager).max())
+    monkeypatch.setattr(inductor_config, "quantized_conv", False)
+    flambeau._dynamo.reset()
+    made.clear()
+    with flambeau.no_grad():
+        floats = flambeau.compile(converted)(flambeau.tensor(data[2])).numpy()
+    assert "onednn::qconv2d_pointwise" not in _externs(made)
+    np.testing.assert_allclose(floats, eager, rtol=1e-5, atol=1e-5)
