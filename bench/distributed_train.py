@@ -3,6 +3,7 @@
     python bench/distributed_train.py [--device cuda] [--nproc 2] [--systems flambeau,torch]
                                       [--modes eager,compiled] [--steps 10] [--warmup 3] [--small]
                                       [--parallel ddp|fsdp2|tp] [--checkpoint DIR] [--profile DIR]
+                                      [--trace DIR]
 
 Each configuration is a launch of this file as a worker: under `python -m flambeau.distributed.run`
 (`import torch` is flambeau there) or `python -m torch.distributed.run` (PyTorch), one process per GPU
@@ -35,7 +36,12 @@ the largest relative difference between the ddp and ref losses, the scaling effi
 ddp step time over PyTorch's. Each worker also reports host_ms_per_step (the host's time to queue the timed
 steps, before the closing synchronisation: near ms_per_step means the host is the bottleneck). `--profile
 DIR`: after the timed steps, rank 0 of each configuration runs PROFILE_STEPS more under cProfile and writes
-the top functions (by own time, and by cumulative time) to DIR/<system>-<mode>-<config>.txt.
+the top functions (by own time, and by cumulative time) to DIR/<system>-<mode>-<config>.txt. `--trace DIR`:
+after the timed steps every rank of each configuration records PROFILE_STEPS more under PyTorch's profiler
+(bench/stream_timeline.py: kernels by stream, the compute stream's idle gaps, CUDA API calls) into
+DIR/<system>-<mode>-<config>-<parallel>-r<rank>.json.gz; read them with `python bench/stream_timeline.py`.
+Every worker's host time per step is reported too (host_ms_per_rank: a slow rank's host holds the others'
+collectives back).
 A configuration that fails prints its error instead.
 """
 from __future__ import annotations
@@ -184,6 +190,12 @@ def worker(args) -> None:
     ms = (time.perf_counter() - start) / args.steps * 1e3
     if args.profile:
         _profile(args, torch, rank, lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp), sync)
+    if args.trace:
+        _trace(args, torch, rank, local, lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp))
+    host_ms_per_rank = [host_ms]
+    if world_size > 1:
+        host_ms_per_rank = [None] * world_size
+        dist.all_gather_object(host_ms_per_rank, host_ms)
     if args.checkpoint:
         _save(torch, model, opt, args.checkpoint)
         losses = [gpu_models.train_step(torch, model, opt, *batches[s], amp).detach()
@@ -197,7 +209,7 @@ def worker(args) -> None:
         print(json.dumps({"workload": _workload(args), "system": _system(torch),
                           "mode": args.mode, "config": args.config, "device": args.device,
                           "world_size": world_size, "batch_per_rank": rows, "seq": cfg["seq"],
-                          "ms_per_step": ms, "host_ms_per_step": host_ms,
+                          "ms_per_step": ms, "host_ms_per_step": host_ms, "host_ms_per_rank": host_ms_per_rank,
                           "tokens_per_s": (1 if args.parallel == "tp" else world_size) * rows * cfg["seq"] / ms * 1e3,
                           "cpus": len(os.sched_getaffinity(0)),
                           "losses": [float(v) for v in stacked.cpu().tolist()]}), flush=True)
@@ -229,6 +241,18 @@ def _profile(args, torch, rank: int, step, sync) -> None:
         f.write(f"{PROFILE_STEPS} steps\n" + out.getvalue())
 
 
+def _trace(args, torch, rank: int, local: int, step) -> None:
+    """PROFILE_STEPS steps of every rank under PyTorch's profiler (bench/stream_timeline.py); in a flambeau
+    worker `import torch` is flambeau until the alias is lifted, so the real PyTorch can profile."""
+    if _system(torch) == "flambeau":
+        from flambeau import compat
+        compat.disable()
+    from bench import stream_timeline
+    os.makedirs(args.trace, exist_ok=True)
+    name = f"{_system(torch)}-{args.mode}-{args.config}-{args.parallel}-r{rank}.json.gz"
+    stream_timeline.record(step, PROFILE_STEPS, os.path.join(args.trace, name), local)
+
+
 def _system(torch) -> str:
     return "flambeau" if torch.__name__ == "flambeau" else "torch"
 
@@ -246,6 +270,7 @@ def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
            "--global-batch", str(args.nproc * (SMALL if args.small else GPT2)["batch"]),
            "--parallel", args.parallel] + (["--small"] if args.small else []) + \
         (["--profile", os.path.abspath(args.profile)] if args.profile else []) + \
+        (["--trace", os.path.abspath(args.trace)] if args.trace else []) + \
         (["--checkpoint", os.path.join(args.checkpoint, system)] if args.checkpoint else [])
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NCCL_NVLS_ENABLE="0",
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
@@ -302,6 +327,7 @@ def main() -> None:
     p.add_argument("--small", action="store_true")
     p.add_argument("--parallel", choices=("ddp", "fsdp2", "tp"), default="ddp")
     p.add_argument("--profile", default="", help="cProfile tables of rank 0 of each configuration into DIR")
+    p.add_argument("--trace", default="", help="every rank's device timeline (PyTorch's profiler) into DIR")
     p.add_argument("--checkpoint", default="", help="save after the N-process run, resume in 1 process (DIR)")
     p.add_argument("--budget-s", type=float, default=1e9, help="skip configurations once this much time is spent")
     p.add_argument("--timeout-s", type=float, default=600)

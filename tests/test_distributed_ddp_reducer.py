@@ -1,0 +1,121 @@
+"""What DDP's reducer does per training step, counted in one process (world size 1 on the CPU engine).
+
+On a GPU each gradient copy is a kernel and each allocation a trip to the memory pool, so the step's device
+time depends on these counts: one copy into the bucket per gradient that is not already its bucket view,
+one copy back per gradient outside view mode, one all-reduce per bucket on the bucket's own flat buffer
+(made once: the same memory every step), and no operator calls of the reducer's own (the step issues
+the same operators as the model trained without DDP).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flambeau
+import flambeau.distributed as dist
+from flambeau.nn.parallel import distributed as ddp_module
+from flambeau.utils._python_dispatch import TorchDispatchMode
+
+STEPS = 4
+BUCKET_CAP_MB = 0.002           # several buckets for the small model below
+
+
+@pytest.fixture
+def world1():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+class _OpCount(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _model():
+    flambeau.manual_seed(0)
+    return flambeau.nn.Sequential(flambeau.nn.Linear(8, 32), flambeau.nn.Tanh(), flambeau.nn.Linear(32, 32),
+                                  flambeau.nn.Tanh(), flambeau.nn.Linear(32, 4))
+
+
+def _step(model, opt, set_to_none: bool, step: int):
+    g = np.random.default_rng(step)
+    x = flambeau.tensor(g.standard_normal((6, 8)).astype(np.float32))
+    opt.zero_grad(set_to_none=set_to_none)
+    (model(x) ** 2).mean().backward()
+    opt.step()
+
+
+def _counted(monkeypatch):
+    """Wrap the reducer's copy and the all-reduce: the log of what each step did."""
+    log = {"copy": [], "all_reduce": []}
+    copy, all_reduce = ddp_module._copy_into, dist.all_reduce
+
+    def counting_copy(dst, src):
+        log["copy"].append((dst, src))
+        copy(dst, src)
+
+    def counting_all_reduce(tensor, *args, **kwargs):
+        log["all_reduce"].append(tensor)
+        return all_reduce(tensor, *args, **kwargs)
+    monkeypatch.setattr(ddp_module, "_copy_into", counting_copy)
+    monkeypatch.setattr(dist, "all_reduce", counting_all_reduce)
+    return log
+
+
+@pytest.mark.parametrize("as_view,set_to_none,copies_in,copies_back", [
+    (False, True, 1, 1), (False, False, 1, 1),
+    (True, True, 1, 0),          # fresh gradients each step: copied in once, then the views are the .grad
+    (True, False, 0, 0)])        # zeroed in place: backward accumulates straight into the bucket views
+def test_reducer_work_per_step(world1, monkeypatch, as_view, set_to_none, copies_in, copies_back):
+    model = ddp_module.DistributedDataParallel(_model(), bucket_cap_mb=BUCKET_CAP_MB,
+                                               gradient_as_bucket_view=as_view)
+    opt = flambeau.optim.SGD(model.parameters(), lr=0.1)
+    for s in range(2):                               # the first iteration and the bucket rebuild
+        _step(model, opt, set_to_none, s)
+    reducer = model.reducer
+    params = reducer.params
+    views = {id(v) for b in reducer.buckets for v in b.views}
+    flats = [(b.flat, b.flat._data) for b in reducer.buckets]
+    assert len(flats) > 1
+    log = _counted(monkeypatch)
+    for s in range(2, 2 + STEPS):
+        _step(model, opt, set_to_none, s)
+        if as_view:
+            assert all(id(p.grad) in views for p in params)
+        else:
+            assert not any(id(p.grad) in views for p in params)
+    ins = [c for c in log["copy"] if id(c[0]) in views]
+    backs = [c for c in log["copy"] if id(c[1]) in views]
+    assert len(ins) == copies_in * len(params) * STEPS
+    assert len(backs) == copies_back * len(params) * STEPS
+    assert len(log["copy"]) == len(ins) + len(backs)
+    assert len(log["all_reduce"]) == len(reducer.buckets) * STEPS
+    assert [id(t) for t in log["all_reduce"]] == [id(b.flat) for b in reducer.buckets] * STEPS
+    assert [(b.flat, b.flat._data) for b in reducer.buckets] == flats        # no bucket made again
+    for b in reducer.buckets:
+        for v in b.views:
+            assert np.shares_memory(v._data, b.flat._data)
+
+
+def test_reducer_issues_no_operators_of_its_own(world1):
+    """A DDP step at world size 1 dispatches exactly the operators of the same step without DDP: the
+    reducer's copies and all-reduces run on the arrays, off the dispatcher (each operator call would
+    add host time per parameter per step)."""
+    counts = []
+    for wrap in (False, True):
+        model = _model()
+        if wrap:
+            model = ddp_module.DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
+        opt = flambeau.optim.SGD(model.parameters(), lr=0.1)
+        for s in range(2):
+            _step(model, opt, True, s)
+        with _OpCount() as c:
+            _step(model, opt, True, 2)
+        counts.append(c.n)
+    assert counts[0] > 10 and counts[1] == counts[0]
