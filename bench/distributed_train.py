@@ -41,12 +41,14 @@ after the timed steps every rank of each configuration records PROFILE_STEPS mor
 (bench/stream_timeline.py: kernels by stream, the compute stream's idle gaps, CUDA API calls) into
 DIR/<system>-<mode>-<config>-<parallel>-r<rank>.json.gz; read them with `python bench/stream_timeline.py`.
 Every worker's host time per step is reported too (host_ms_per_rank: a slow rank's host holds the others'
-collectives back).
+collectives back), with the garbage collector's time per step and its full collections in the timed steps
+(gc_ms_per_rank, gc_full_per_rank).
 A configuration that fails prints its error instead.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -182,20 +184,23 @@ def worker(args) -> None:
     for s in range(args.warmup):
         losses.append(gpu_models.train_step(torch, model, opt, *batches[s], amp).detach())
     sync()
+    gc_clock = _GcClock()
     start = time.perf_counter()
     for s in range(args.warmup, steps):
         losses.append(gpu_models.train_step(torch, model, opt, *batches[s], amp).detach())
     host_ms = (time.perf_counter() - start) / args.steps * 1e3
     sync()
     ms = (time.perf_counter() - start) / args.steps * 1e3
+    gc_clock.stop()
     if args.profile:
         _profile(args, torch, rank, lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp), sync)
     if args.trace:
         _trace(args, torch, rank, local, lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp))
-    host_ms_per_rank = [host_ms]
+    host = [host_ms, gc_clock.ms / args.steps, gc_clock.full]
+    per_rank = [host]
     if world_size > 1:
-        host_ms_per_rank = [None] * world_size
-        dist.all_gather_object(host_ms_per_rank, host_ms)
+        per_rank = [None] * world_size
+        dist.all_gather_object(per_rank, host)
     if args.checkpoint:
         _save(torch, model, opt, args.checkpoint)
         losses = [gpu_models.train_step(torch, model, opt, *batches[s], amp).detach()
@@ -209,7 +214,8 @@ def worker(args) -> None:
         print(json.dumps({"workload": _workload(args), "system": _system(torch),
                           "mode": args.mode, "config": args.config, "device": args.device,
                           "world_size": world_size, "batch_per_rank": rows, "seq": cfg["seq"],
-                          "ms_per_step": ms, "host_ms_per_step": host_ms, "host_ms_per_rank": host_ms_per_rank,
+                          "ms_per_step": ms, "host_ms_per_step": host_ms, "host_ms_per_rank": [r[0] for r in per_rank],
+                          "gc_ms_per_rank": [r[1] for r in per_rank], "gc_full_per_rank": [r[2] for r in per_rank],
                           "tokens_per_s": (1 if args.parallel == "tp" else world_size) * rows * cfg["seq"] / ms * 1e3,
                           "cpus": len(os.sched_getaffinity(0)),
                           "losses": [float(v) for v in stacked.cpu().tolist()]}), flush=True)
@@ -239,6 +245,25 @@ def _profile(args, torch, rank: int, step, sync) -> None:
     name = f"{_system(torch)}-{args.mode}-{args.config}-{args.parallel}.txt"
     with open(os.path.join(args.profile, name), "w") as f:
         f.write(f"{PROFILE_STEPS} steps\n" + out.getvalue())
+
+
+class _GcClock:
+    """Time the cyclic garbage collector takes while this exists (`gc.callbacks`), and how many of its
+    collections were full ones (generation 2): a pause on one rank holds every rank's collectives back."""
+
+    def __init__(self) -> None:
+        self.ms, self.full, self._start = 0.0, 0, 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        self.ms += (time.perf_counter() - self._start) * 1e3
+        self.full += info["generation"] == 2
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._on_gc)
 
 
 def _trace(args, torch, rank: int, local: int, step) -> None:

@@ -8,6 +8,8 @@ the same operators as the model trained without DDP).
 """
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 
@@ -119,3 +121,50 @@ def test_reducer_issues_no_operators_of_its_own(world1):
             _step(model, opt, True, 2)
         counts.append(c.n)
     assert counts[0] > 10 and counts[1] == counts[0]
+
+
+class _FakeDeviceArray:
+    """What `_copy_into` reads of a CuPy array: layout, dtype, size and device pointer."""
+
+    def __init__(self, ptr: int, nbytes: int, dtype, contiguous: bool = True) -> None:
+        self.data = types.SimpleNamespace(ptr=ptr)
+        self.nbytes, self.dtype = nbytes, np.dtype(dtype)
+        self.flags = types.SimpleNamespace(c_contiguous=contiguous)
+        self.assigned = None
+
+    def __setitem__(self, key, value) -> None:
+        self.assigned = value
+
+
+def _fake_cuda_tensor(array):
+    return types.SimpleNamespace(_data=array, _device=types.SimpleNamespace(type="cuda"), _version=[0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "V2"])        # "V2": how NumPy sees bfloat16 (no CuPy kernels)
+def test_device_copies_are_one_memcpy_on_the_current_stream(monkeypatch, dtype):
+    calls = []
+    runtime = types.SimpleNamespace(memcpyAsync=lambda *args: calls.append(args))
+    cuda = types.SimpleNamespace(runtime=runtime, get_current_stream=lambda: types.SimpleNamespace(ptr=77))
+    monkeypatch.setattr(ddp_module._backends, "get", lambda device: types.SimpleNamespace(xp=types.SimpleNamespace(
+        cuda=cuda)))
+    dst = _fake_cuda_tensor(_FakeDeviceArray(1000, 4096, dtype))
+    src = _fake_cuda_tensor(_FakeDeviceArray(9000, 4096, dtype))
+    ddp_module._copy_into(dst, src)
+    assert calls == [(1000, 9000, 4096, ddp_module.CUDA_MEMCPY_DEVICE_TO_DEVICE, 77)]
+    assert dst._version == [1]
+    strided = _fake_cuda_tensor(_FakeDeviceArray(9000, 4096, "float32", contiguous=False))
+    dst = _fake_cuda_tensor(_FakeDeviceArray(1000, 4096, "float32"))
+    ddp_module._copy_into(dst, strided)                     # a strided source: an array copy, not a memcpy
+    assert len(calls) == 1 and dst._data.assigned is strided._data
+
+
+def test_forward_does_not_walk_the_module_for_buffers(world1, monkeypatch):
+    """The buffers are found once, at construction (PyTorch's `modules_buffers`); a model without any syncs
+    none and walks nothing per forward (GPT-2's module tree is ~100 modules)."""
+    model = ddp_module.DistributedDataParallel(_model(), bucket_cap_mb=BUCKET_CAP_MB)
+    walks = []
+    monkeypatch.setattr(type(model.module), "buffers", lambda self, recurse=True: walks.append(1) or iter(()))
+    opt = flambeau.optim.SGD(model.parameters(), lr=0.1)
+    for s in range(3):
+        _step(model, opt, True, s)
+    assert walks == [] and model.modules_buffers == [] and not model.will_sync_module_buffers()

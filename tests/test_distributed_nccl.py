@@ -255,3 +255,27 @@ def test_ddp_step_on_nccl_makes_no_host_syncs(nccl_world1):
     c = counts(step, steps=2, stacks=True)
     assert c["kernels"] > 100
     assert c["d2h"] == 0, c["d2h_sites"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype,as_view", [("float32", False), ("bfloat16", False), ("float32", True)])
+def test_ddp_gradients_equal_the_unwrapped_model_on_nccl(nccl_world1, dtype, as_view):
+    """At world size 1 the average is the gradient itself: DDP's bucket copies (cudaMemcpyAsync, bf16 too)
+    must hand back every gradient bit for bit, before and after the bucket rebuild."""
+    dt = getattr(flambeau, dtype)
+
+    def model():
+        flambeau.manual_seed(0)
+        return flambeau.nn.Sequential(flambeau.nn.Linear(16, 64), flambeau.nn.Tanh(), flambeau.nn.Linear(64, 8)
+                                      ).to(device="cuda", dtype=dt)
+    plain = model()
+    ddp = flambeau.nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=0.001, gradient_as_bucket_view=as_view)
+    assert len(ddp.reducer.buckets) > 1
+    rng = np.random.default_rng(0)
+    for step in range(3):
+        x = flambeau.tensor(rng.standard_normal((4, 16)), device="cuda", dtype=dt)
+        for m in (plain, ddp):
+            m.zero_grad(set_to_none=step != 1)
+            (m(x).float() ** 2).sum().backward()
+        for p, q in zip(plain.parameters(), ddp.module.parameters()):
+            np.testing.assert_array_equal(q.grad.float().cpu().numpy(), p.grad.float().cpu().numpy())
