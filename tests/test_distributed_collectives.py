@@ -8,6 +8,7 @@ launcher's aliasing); each rank saves its results and the tests below rebuild ev
 """
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -155,3 +156,26 @@ def test_new_group_of_first_and_last(run):
             _close(ranks[r]["group_bcast"], np.full(2, world - 1, dtype=np.float32), "float32")
         else:
             assert "group" not in ranks[r]
+
+
+@pytest.mark.parametrize("mode", ["pinned", "free"])
+def test_an_oversubscribed_host_waits_by_sleeping(tmp_path, mode):
+    """Two ranks on one core: a rank waiting for its late peer sleeps OVERSUBSCRIBED_POLL_S between tests
+    from the start (sync and async waits), leaving the core to the peer; with a core each the async wait is
+    MPI's own (no sleep) and the sync one tests SPIN_TESTS times before its first sleep."""
+    from flambeau.distributed._mpi_backend import OVERSUBSCRIBED_POLL_S
+    if mode == "free" and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    rc, so, se = launch("waiting.py", 2, str(tmp_path), mode)
+    assert rc == 0, f"workers failed (rc {rc}):\n{so}\n{se}"
+    waiter = json.load(open(tmp_path / "rank0.json"))
+    for kind in ("sync", "async"):
+        assert waiter[kind]["values"] == [3.0]                   # 1 + 2 on every element
+    if mode == "pinned":
+        assert waiter["idle_sleep_s"] == OVERSUBSCRIBED_POLL_S
+        for kind in ("sync", "async"):
+            assert waiter[kind]["sleeps"] and set(waiter[kind]["sleeps"]) == {OVERSUBSCRIBED_POLL_S}, kind
+    else:
+        assert waiter["idle_sleep_s"] == 0.0
+        assert waiter["async"]["sleeps"] == []
+        assert waiter["sync"]["sleeps"] and len(set(waiter["sync"]["sleeps"])) > 1    # growing sleeps

@@ -148,6 +148,21 @@ def test_buffers_and_parameters_broadcast_from_rank_0(ranks):
         np.testing.assert_array_equal(ranks[r]["bn/weight"], ranks[0]["bn/weight"])
 
 
+def test_each_training_forward_starts_from_rank_0s_buffers(ranks):
+    """Rank r's buffers after two forwards: rank 0's after the first forward, updated by rank r's second batch."""
+    def x(step, rank):
+        return torch.from_numpy(np.random.default_rng(50 + 10 * step + rank).standard_normal((6, 3)).astype(np.float32))
+    torch.manual_seed(0)
+    first = torch.nn.Sequential(torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3))
+    first(x(0, 0))
+    for r in range(WORLD):
+        ref = torch.nn.Sequential(torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3))
+        ref.load_state_dict(first.state_dict())
+        ref(x(1, r))
+        for k, b in ref.named_buffers():
+            np.testing.assert_allclose(ranks[r][f"bn_sync/{k}"], b.numpy(), rtol=1e-6, atol=1e-7, err_msg=k)
+
+
 def test_distributed_sampler_shards_by_the_process_group(ranks):
     shards = [ranks[r]["sampler"].tolist() for r in range(WORLD)]
     assert [len(s) for s in shards] == [6, 6]                       # ceil(11 / 2), padded

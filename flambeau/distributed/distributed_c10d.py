@@ -29,6 +29,7 @@ from .store import DistBackendError, PrefixStore, Store, default_pg_timeout
 
 SPIN_TESTS = 200               # a waiting collective first polls this many times without sleeping,
 MAX_POLL_SLEEP_S = 1e-3        # then sleeps between polls, doubling up to this
+MIN_POLL_SLEEP_S = 1e-5
 
 __all__ = ["ReduceOp", "Backend", "ProcessGroup", "GroupMember", "Work", "init_process_group",
            "destroy_process_group", "new_group", "is_initialized", "get_rank", "get_world_size", "get_backend",
@@ -400,17 +401,27 @@ class Work:
         if limit is None or getattr(self._request, "waits_on_device", False):
             self._request.wait()
         else:
-            deadline, sleep, spins = time.monotonic() + _seconds(limit), 0.0, 0
-            while not self._request.test():
-                if time.monotonic() > deadline:
-                    raise DistBackendError(f"Work.wait: the collective did not complete within {_seconds(limit)} "
-                                           "seconds (a peer may have died or issued collectives in another order)")
-                spins += 1
-                if spins > SPIN_TESTS:
-                    sleep = min(MAX_POLL_SLEEP_S, max(sleep * 2, 1e-5))
-                    time.sleep(sleep)
+            self._poll(_seconds(limit))
         self._complete()
         return True
+
+    def _poll(self, limit: float) -> None:
+        """Test the request until it completes, raising after `limit` seconds: SPIN_TESTS tests, then sleeps
+        between tests growing to MAX_POLL_SLEEP_S. The engine's `idle_sleep_s` (> 0 when this host runs more
+        ranks than it has cores) makes every failed test sleep that long at once, so the ranks with work get
+        the cores (`_mpi_backend`'s docstring has the figures)."""
+        idle = getattr(self._request, "idle_sleep_s", 0.0)
+        deadline, sleep, spins = time.monotonic() + limit, 0.0, 0
+        while not self._request.test():
+            if time.monotonic() > deadline:
+                raise DistBackendError(f"Work.wait: the collective did not complete within {limit} "
+                                       "seconds (a peer may have died or issued collectives in another order)")
+            spins += 1
+            if idle:
+                time.sleep(idle)
+            elif spins > SPIN_TESTS:
+                sleep = min(MAX_POLL_SLEEP_S, max(sleep * 2, MIN_POLL_SLEEP_S))
+                time.sleep(sleep)
 
     def is_completed(self) -> bool:
         if self._request.test():

@@ -159,6 +159,16 @@ DDP(bn)
 res["bn/running_mean"] = bn.running_mean.numpy().copy()
 res["bn/weight"] = bn.weight.detach().numpy().copy()
 
+# 7b. every training forward starts from rank 0's buffers (three dtypes' worth: running stats, the int64
+# counter; one coalesced broadcast per dtype), then updates them with this rank's batch
+bn2 = nn.Sequential(nn.BatchNorm1d(3), nn.BatchNorm1d(3))
+bn_ddp = DDP(bn2)
+for step in range(2):
+    xs = np.random.default_rng(50 + 10 * step + rank).standard_normal((6, 3)).astype(np.float32)
+    bn_ddp(torch.from_numpy(xs)).sum().backward()
+for k, b in bn2.named_buffers():
+    res[f"bn_sync/{k}"] = b.numpy().copy()
+
 # 8. DistributedSampler takes num_replicas and rank from the process group
 res["sampler"] = np.array(list(torch.utils.data.DistributedSampler(range(11), seed=3)))
 

@@ -341,9 +341,23 @@ class DistributedDataParallel(Module):
         return self.broadcast_buffers and len(self.modules_buffers) > 0
 
     def _sync_buffers(self) -> None:
+        """Rank 0's buffers to every rank: one broadcast per dtype and device (a group's buffers flattened into
+        one tensor when there are several, as PyTorch's broadcast_coalesced)."""
         src = dist.get_global_rank(self.process_group, 0)
+        groups: dict = {}
         for b in self.modules_buffers:
-            dist.broadcast(b, src=src, group=self.process_group)
+            groups.setdefault((b.dtype, str(b.device)), []).append(b)
+        for bufs in groups.values():
+            if len(bufs) == 1:
+                dist.broadcast(bufs[0], src=src, group=self.process_group)
+                continue
+            with _no_grad():
+                flat = torch.cat([b.reshape(-1) for b in bufs])
+                dist.broadcast(flat, src=src, group=self.process_group)
+                start = 0
+                for b in bufs:
+                    _copy_into(b, flat[start:start + b.numel()].view(b.shape))
+                    start += b.numel()
 
     def _pre_forward(self, sync: bool) -> None:
         """PyTorch's `_pre_forward`: the reducer's one-time bucket rebuild and the buffer broadcast."""
