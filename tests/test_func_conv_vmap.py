@@ -75,12 +75,13 @@ def test_per_sample_second_derivatives_through_shared_conv_weights_match_torch_f
 
 def test_forward_with_shared_weights_is_one_ungrouped_convolution(monkeypatch):
     """Each layer's forward under vmap(grad) with unbatched parameters: one kernel call, groups as
-    declared, the vmap batch folded into N (weight gradients: one grouped call per layer)."""
+    declared, the vmap batch folded into N, the bias added by the kernel (weight gradients: one
+    grouped call per layer)."""
     calls = []
     forward, wgrad = nn_conv.conv_forward_arrays, nn_conv.conv_weight_grad_arrays
 
     def count_forward(xp, x, w, st, pad, dil, groups, bias=None):
-        calls.append(("forward", x.shape[0], w.shape[0], groups))
+        calls.append(("forward", x.shape[0], w.shape[0], groups, bias is not None))
         return forward(xp, x, w, st, pad, dil, groups, bias)
 
     def count_wgrad(xp, x, gy, wshape, st, pad, dil, groups):
@@ -90,6 +91,20 @@ def test_forward_with_shared_weights_is_one_ungrouped_convolution(monkeypatch):
     monkeypatch.setattr(nn_conv, "conv_weight_grad_arrays", count_wgrad)
     ours, _ = _pair()
     ff.vmap(ff.grad(_loss(ff, fl, ours)), in_dims=(None, 0, 0))(_params(ours), fl.tensor(XS), fl.tensor(TS))
-    assert [c for c in calls if c[0] == "forward"] == [("forward", BATCH, 4, 1), ("forward", BATCH, 6, 2)]
+    assert [c for c in calls if c[0] == "forward"] == [("forward", BATCH, 4, 1, True), ("forward", BATCH, 6, 2, True)]
     assert sorted(c for c in calls if c[0] == "weight_grad") == [("weight_grad", 1, BATCH * 4, BATCH),
                                                                  ("weight_grad", 1, BATCH * 6, 2 * BATCH)]
+
+
+def test_shared_weight_with_a_batched_bias_matches_torch_func():
+    """A weight shared by the batch (grad's expand) with a per-example bias: the bias is added after
+    the one convolution, and both gradients stay per example."""
+    rng = np.random.default_rng(3)
+    w, b, x = rng.standard_normal((4, 2, 3, 3)), rng.standard_normal((BATCH, 4)), rng.standard_normal((BATCH, 2, 7, 7))
+
+    def run(F, m):
+        def loss(w, b, x):
+            return m.nn.functional.conv2d(x.unsqueeze(0), w, b, padding=1).tanh().sum()
+        return F.vmap(F.grad(loss, argnums=(0, 1)), in_dims=(None, 0, 0))(m.tensor(w), m.tensor(b), m.tensor(x))
+    for got, want in zip(run(ff, fl), run(tf, torch)):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-11)

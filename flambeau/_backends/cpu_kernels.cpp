@@ -712,3 +712,38 @@ extern "C" void flm_adam_f32(int64_t n, float* __restrict__ p, const float* __re
     }
 }
 #pragma GCC pop_options
+
+// ---- 2-D max pooling with indices (float32 planes, windows inside the plane) -------------------
+// ATen's CPU loop: a larger value or a NaN takes the place (ties keep the first position, a NaN the
+// last); the index is the flat position in the plane. An output row at a time, kernel position by
+// kernel position, branch-free selects over the row (vectorised).
+extern "C" void flm_max_pool2d_f32(int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t kh,
+                                   int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, const float* x,
+                                   float* y, int64_t* idx, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < planes; p++) {
+        const float* xp = x + p * H * W;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            float* __restrict__ yr = y + (p * OH + oh) * OW;
+            int64_t* __restrict__ ir = idx + (p * OH + oh) * OW;
+            const int64_t h0 = oh * sh;
+            for (int64_t i = 0; i < kh; i++)
+                for (int64_t j = 0; j < kw; j++) {
+                    const int64_t row = (h0 + i * dh) * W + j * dw;
+                    const float* __restrict__ xr = xp + row;
+                    if (i == 0 && j == 0) {
+#pragma omp simd
+                        for (int64_t ow = 0; ow < OW; ow++) { yr[ow] = xr[ow * sw]; ir[ow] = row + ow * sw; }
+                        continue;
+                    }
+#pragma omp simd
+                    for (int64_t ow = 0; ow < OW; ow++) {
+                        const float v = xr[ow * sw], m = yr[ow];
+                        const bool take = v > m || v != v;
+                        yr[ow] = take ? v : m;
+                        ir[ow] = take ? row + ow * sw : ir[ow];
+                    }
+                }
+        }
+    }
+}

@@ -12,6 +12,7 @@
 - `conv2d`: convolution as an implicit GEMM (B panels packed straight from the input, no column
   buffer).
 - `softmax_lastdim`: softmax / log_softmax in one pass per row.
+- `max_pool2d`: max pooling with indices, one pass per window (ATen's tie and NaN rules).
 - `adam_step`: one Adam/AdamW update, bit for bit the NumPy rule of flambeau/optim/adam.py.
 
 The library is built once by the system C++ compiler through `flambeau._cpp_builder` (and its
@@ -40,6 +41,10 @@ MIN_MACS = 1 << 19
 # whatever the batch: OpenBLAS multiplies such small matrices without packing them, 2-7x faster per
 # item than our packed kernel (one thread; bench/cpu_models.py's small GPT).
 SMALL_ITEM_MACS = 1 << 16
+# Likewise a batch of products of at most this many rows each (per-example convolution weight
+# gradients under vmap: 64 x 16x121 by 121x72): our 12-row tiles run a third empty and each item is
+# packed alone; NumPy's BLAS was 2.5-4x faster on such batches (one thread, process CPU time).
+SMALL_ITEM_ROWS = 16
 # A planned product's integers, in the order of flm_sgemm_planned's PLAN_* enum.
 PLAN_FIELDS = ("batch", "M", "N", "K", "a_offset", "a_batch_stride", "a_row_stride", "a_col_stride", "b_offset",
                "b_batch_stride", "b_row_stride", "b_col_stride", "c_batch_stride", "c_row_stride", "threads",
@@ -95,6 +100,10 @@ def _load():
                 sm.argtypes = [i64, i64, p, p, ctypes.c_int, ctypes.c_int]
                 sm.restype = None
                 _state["softmax"] = sm
+                mp = lib.flm_max_pool2d_f32
+                mp.argtypes = [i64] * 11 + [p, p, p, ctypes.c_int]
+                mp.restype = None
+                _state["max_pool2d"] = mp
                 ad = lib.flm_adam_f32
                 f = ctypes.c_float
                 ad.argtypes = [i64, p, p, p, p, p] + [f] * 8 + [ctypes.c_int]
@@ -182,6 +191,12 @@ def matmul(a, b, out=None):
     """`np.matmul(a, b, out=out)` for NumPy arrays, through our kernel when it applies."""
     if gemm_is_outer(a, b):
         return np.multiply(a, b, out=out)
+    if a.shape[-1] == 1 and a.ndim >= 2 and b.ndim >= 2 and a.dtype.kind == "f" and a.dtype == b.dtype \
+            and b.shape[-2] == 1 and (out is None or out.dtype == a.dtype):
+        # a batched inner size of 1 (vmap's per-example outer products): the broadcast product, 4x
+        # NumPy's matmul; + 0.0 makes a -0.0 product +0.0, as a sum started from zero (PyTorch's bmm)
+        r = np.multiply(a, b, out=out)
+        return np.add(r, 0.0, out=r)
     fn = _state.get("fn", 0)
     if fn == 0:
         fn = _load()
@@ -231,7 +246,7 @@ def _uses_kernel(batch: int | None, M: int, N: int, K: int) -> bool:
     """Whether `matmul` gives a float32 product of these sizes (batch None: 2-D) to our kernel."""
     macs = M * N * K
     if batch is not None:
-        if macs < SMALL_ITEM_MACS:
+        if macs < SMALL_ITEM_MACS or M <= SMALL_ITEM_ROWS:
             return False
         macs *= batch
     return macs >= MIN_MACS
@@ -330,6 +345,22 @@ def conv2d(x, w, bias, stride, pads, dilation, out_hw):
                      OH, OW, x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
                      _threads(N * O * OH * OW * C * KH * KW))
     return y
+
+
+def max_pool2d(x, out_hw, ks, st, dl):
+    """Max pooling with indices of a float32 array (..., H, W) whose windows lie inside the plane:
+    (values, int64 flat indices in the plane) of shape (..., *out_hw), or None when not handled."""
+    if _load() is None or x.dtype != _F32 or x.ndim < 2:
+        return None
+    x = np.ascontiguousarray(x)
+    H, W = x.shape[-2:]
+    OH, OW = out_hw
+    y = np.empty(x.shape[:-2] + (OH, OW), _F32)
+    idx = np.empty(y.shape, np.int64)
+    if y.size:
+        _state["max_pool2d"](y.size // (OH * OW), H, W, OH, OW, ks[0], ks[1], st[0], st[1], dl[0], dl[1],
+                             x.ctypes.data, y.ctypes.data, idx.ctypes.data, _threads(y.size * ks[0] * ks[1] * 16))
+    return y, idx
 
 
 def softmax_lastdim(x, log: bool):

@@ -6,8 +6,10 @@ gradient comes out per example. The convolution's own batching rule (`_ops.nn_co
 batched weight and runs a B-group convolution (one input channel per group for a first layer: the
 slow depthwise path). All examples see the same weight values, so this rule (PyTorch's for an
 unbatched weight) folds the vmap batch into the minibatch and runs ONE convolution with the shared
-weight. The per-example weight gradient arises in the backward, where the output gradient is
-batched: one grouped weight-gradient call (the groups trick, examples never mix).
+weight; a bias shared the same way is added by that convolution (a per-example bias is added after
+it). The per-example weight gradient arises in the backward, where the output gradient is batched:
+one grouped weight-gradient call (the groups trick, examples never mix); the bias gradient is the
+output gradient summed per example.
 
 The fold needs its own backward (a plain `w[0]` would sum the examples' gradients into one), hence
 an `autograd.Function`, which lives above the operator layer: this module wraps the op's declared
@@ -23,18 +25,19 @@ from .._ops import _batching
 
 
 class SharedWeightConvolution(Function):
-    """`x [B, N, C, *s]` convolved per example with `w [B, O, C/g, *k]`, whose B rows are one
-    weight (a stride-0 expand): forward is one convolution of `[B*N, C, *s]`; backward gives the
-    per-example weight gradient. Under `create_graph` the input gradient uses the per-example
+    """`x [B, N, C, *s]` convolved per example with `w [B, O, C/g, *k]` (+ bias `b [B, O]` or None),
+    whose B rows are one weight (a stride-0 expand; the bias likewise): forward is one convolution
+    of `[B*N, C, *s]`, the bias added by the convolution itself; backward gives the per-example
+    weight and bias gradients. Under `create_graph` the input gradient uses the per-example
     weights (a grouped convolution), so second derivatives keep the examples apart."""
 
     @staticmethod
-    def forward(ctx, x, w, stride, padding, dilation, groups):
+    def forward(ctx, x, w, b, stride, padding, dilation, groups):
         ctx.save_for_backward(x, w)
         ctx.geometry = (stride, padding, dilation, groups)
         size, n = x.shape[0], x.shape[1]
-        y = convolution(x.reshape((size * n,) + tuple(x.shape[2:])), w[0], None, stride, padding, dilation,
-                        False, [0] * (w.dim() - 3), groups)
+        y = convolution(x.reshape((size * n,) + tuple(x.shape[2:])), w[0], None if b is None else b[0], stride,
+                        padding, dilation, False, [0] * (w.dim() - 3), groups)
         return y.reshape((size, n) + tuple(y.shape[1:]))
 
     @staticmethod
@@ -43,7 +46,7 @@ class SharedWeightConvolution(Function):
         stride, padding, dilation, groups = ctx.geometry
         size, n, c = x.shape[0], x.shape[1], x.shape[2]
         o, ks = w.shape[1], tuple(w.shape[3:])
-        gx = gw = None
+        gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             op = _adjoint_output_padding(x.shape[3:], gy.shape[3:], ks, stride, padding, dilation)
             if _state.grad_enabled:
@@ -60,7 +63,9 @@ class SharedWeightConvolution(Function):
             gf = gy.movedim(0, 1).reshape((n, size * o) + tuple(gy.shape[3:]))
             gw = _convolution_weight_grad(xf, gf, (size * o,) + tuple(w.shape[2:]), stride, padding, dilation,
                                           groups * size).reshape(tuple(w.shape))
-        return gx, gw, None, None, None, None
+        if ctx.needs_input_grad[2]:
+            gb = gy.sum([1] + list(range(3, gy.dim())))
+        return gx, gw, gb, None, None, None, None
 
 
 def _shared_weight(weight, dw) -> bool:
@@ -80,9 +85,10 @@ def convolution_batching(in_dims, input, weight, bias, stride, padding, dilation
     minibatch = x.dim() == w.dim()
     if not minibatch:
         x = x.unsqueeze(1)
-    y = SharedWeightConvolution.apply(x, w, stride, padding, dilation, groups)
-    if bias is not None:
-        b = _batching.materialize(bias, db, x.shape[0])
+    b = None if bias is None else _batching.materialize(bias, db, x.shape[0])
+    shared_bias = b is None or _shared_weight(b, 0)
+    y = SharedWeightConvolution.apply(x, w, b if shared_bias else None, stride, padding, dilation, groups)
+    if not shared_bias:
         y = y + b.reshape((b.shape[0], 1, b.shape[1]) + (1,) * (y.dim() - 3))
     return (y, 0) if minibatch else (y[:, 0], 0)
 

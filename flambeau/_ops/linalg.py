@@ -155,7 +155,23 @@ def _matmul_derivative(grad, self, other, output_mask):
         if output_mask[1]:
             gb = (a.mT.conj() @ grad.unsqueeze(-1)).squeeze(-1)
         return ga, gb
-    return grad @ b.mT.conj() if output_mask[0] else None, a.mT.conj() @ grad if output_mask[1] else None
+    if output_mask[0]:
+        ga = (b.conj() @ grad.mT).mT if _column_major(a) else grad @ b.mT.conj()
+    if output_mask[1]:
+        if b.ndim == 2 and a.ndim > 2:         # a folded product (PyTorch's matmul: one mm, no batch sum)
+            a, grad = a.reshape(-1, a.shape[-1]), grad.reshape(-1, grad.shape[-1])
+        gb = (grad.mT @ a.conj()).mT if _column_major(b) else a.mT.conj() @ grad
+    return ga, gb
+
+
+def _column_major(t) -> bool:
+    """Whether matrix operand `t` is stored column by column (a transposed view: `weight.T`, an expanded
+    parameter under vmap(grad)): its gradient is then computed transposed, so the product writes it
+    in the operand's own layout (PyTorch's mm_mat2_backward). Sizes and strides must be known ints."""
+    st, sh = t.stride()[-2:], tuple(t.shape[-2:])
+    if not all(type(v) is int for v in st + sh):
+        return False
+    return st[0] == 1 and st[1] >= sh[0] > 1 and sh[1] > 1
 
 
 # ---- fixed-rank products ---------------------------------------------------------------------
