@@ -289,3 +289,124 @@ def test_modules_and_tensors_a_transformed_function_reads_get_gradients(backend)
     finally:
         GLOBAL_SCALE = saved
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def _linear_pair():
+    ours, ref = _linear(flambeau), _linear(torch)
+    return {"flambeau": ours, "torch": ref}
+
+
+def call_with_given_weight(T, model, w, x):
+    """functional_call at the compiled function's own level, the weight given, the bias the module's."""
+    return T.func.functional_call(model, {"weight": w}, (x,)).sin().sum()
+
+
+@pytest.mark.parametrize("backend", ["counter", "aot_eager", "inductor"])
+def test_functional_call_at_the_frames_level_is_one_graph_with_gradients(backend):
+    """Gradients reach the given tensor and the module's own parameter it did not replace."""
+    models, grads = _linear_pair(), {}
+    for T in (torch, flambeau):
+        model = models[T.__name__]
+        w = T.tensor(LIN_W * 2, requires_grad=True)
+        fn = lambda a, b: call_with_given_weight(T, model, a, b)
+        if T is flambeau:
+            flambeau._dynamo.reset()
+            counters.clear()
+            cnt = CompileCounter()
+            fn = flambeau.compile(fn, backend=cnt if backend == "counter" else backend)
+        out = fn(w, T.tensor(XS))
+        out.backward()
+        grads[T.__name__] = [out.detach().numpy(), w.grad.numpy(), model.bias.grad.numpy()]
+        assert model.weight.grad is None
+    for g, w in zip(grads["flambeau"], grads["torch"]):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    if backend == "counter":
+        assert cnt.frame_count == 1
+
+
+def ensemble(T, base, params, buffers, x):
+    """PyTorch's model-ensembling recipe: vmap a functional call of one model over stacked states."""
+    return T.func.vmap(lambda p, b, xb: T.func.functional_call(base, (p, b), (xb,)), in_dims=(0, 0, None))(
+        params, buffers, x)
+
+
+def _ensemble_models(T):
+    T.manual_seed(0)
+    models = [_linear(T) for _ in range(3)]
+    for i, m in enumerate(models):
+        m.weight.data.mul_(i + 1.0)
+    return models
+
+
+@pytest.mark.parametrize("backend", ["counter", "aot_eager", "inductor"])
+def test_vmap_of_functional_call_over_stacked_states_is_one_graph(backend):
+    results = {}
+    for T in (torch, flambeau):
+        models = _ensemble_models(T)
+        params, buffers = T.func.stack_module_state(models)
+        fn = lambda p, b, x: ensemble(T, models[0], p, b, x)
+        if T is flambeau:
+            flambeau._dynamo.reset()
+            counters.clear()
+            cnt = CompileCounter()
+            fn = flambeau.compile(fn, backend=cnt if backend == "counter" else backend)
+        out = fn(params, buffers, T.tensor(XS))
+        out.sum().backward()
+        results[T.__name__] = (out.detach().numpy(), params["weight"].grad.numpy(), params["bias"].grad.numpy())
+    for g, w in zip(results["flambeau"], results["torch"]):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    if backend == "counter":
+        assert cnt.frame_count == 1
+
+
+def test_stack_module_state_in_a_compiled_function_breaks_with_its_reason():
+    """Its outputs are new leaves that require grad: it runs eagerly, the rest compiles, gradients
+    reach the stacked leaves as in torch.func."""
+    results = {}
+    for T in (torch, flambeau):
+        models = _ensemble_models(T)
+
+        def fn(x):
+            params, buffers = T.func.stack_module_state(models)
+            return ensemble(T, models[0], params, buffers, x), params
+        if T is flambeau:
+            flambeau._dynamo.reset()
+            counters.clear()
+            fn = flambeau.compile(fn, backend="aot_eager")
+        out, params = fn(T.tensor(XS))
+        out.sum().backward()
+        results[T.__name__] = (out.detach().numpy(), params["weight"].grad.numpy(), params["weight"].is_leaf)
+    for g, w in zip(results["flambeau"][:2], results["torch"][:2]):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert results["flambeau"][2] and results["torch"][2]
+    assert any("stack_module_state" in r for r in counters["graph_break"]), dict(counters["graph_break"])
+
+
+def returns_linear_functions(T, w):
+    out, vjp_fn = T.func.vjp(wavy_pair, w, w * 2)
+    tangent_out, jvp_fn = T.func.linearize(torch_free_tanh, w)
+    return out, vjp_fn, jvp_fn
+
+
+@pytest.mark.parametrize("backend", ["counter", "aot_eager", "inductor"])
+def test_vjp_fn_and_jvp_fn_returned_from_a_compiled_function(backend):
+    """The frame compiles (one graph, no break); the returned functions match torch.func's."""
+    results = {}
+    for T in (torch, flambeau):
+        fn = lambda w: returns_linear_functions(T, w)
+        if T is flambeau:
+            flambeau._dynamo.reset()
+            counters.clear()
+            cnt = CompileCounter()
+            fn = flambeau.compile(fn, backend=cnt if backend == "counter" else backend)
+        out, vjp_fn, jvp_fn = fn(T.tensor(W))
+        results[T.__name__] = _flat((out, vjp_fn((T.tensor(XS[0]), T.tensor(XS[1]))), jvp_fn(T.tensor(XS[2]))))
+    assert len(results["flambeau"]) == len(results["torch"])
+    for g, w in zip(results["flambeau"], results["torch"]):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1
+    if backend == "counter":
+        assert cnt.frame_count == 1

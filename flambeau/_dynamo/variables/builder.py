@@ -24,7 +24,8 @@ from ..._tensor import Size, Tensor
 from .objects import ClassVariable, PythonModuleVariable, ObjectVariable
 from .torch import (torch_functions, TorchFunctionVariable, special_function, TorchSpecialVariable, GradModeExit,
                     GradModeExitVariable, AutocastVariable, OpNamespaceVariable, operator_target, is_op_namespace,
-                    FUNC_TRANSFORMS, FUNC_CALLS, FuncTransformVariable, FuncCallVariable)
+                    FUNC_TRANSFORMS, FUNC_CALLS, FUNC_MODULE_CALLS, FuncTransformVariable, FuncCallVariable,
+                    FuncModuleCallVariable)
 from ...fx._aten import OpOverloadPacket
 from ...amp.autocast_mode import autocast
 from .tensor import NumpyVariable, NumpyNdarrayVariable, numpy_function_name, np_wrappers
@@ -64,6 +65,8 @@ def _callable_without_source(v):
         return FuncTransformVariable(v)
     if isinstance(v, types.FunctionType) and v in FUNC_CALLS:
         return FuncCallVariable(v)
+    if isinstance(v, types.FunctionType) and v in FUNC_MODULE_CALLS:
+        return FuncModuleCallVariable(v)
     np_name = numpy_function_name(v)
     if np_name is not None:
         return NumpyVariable(v, *np_name)

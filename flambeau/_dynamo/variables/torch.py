@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dis
+import functools
 import importlib
 import types
 
@@ -46,7 +47,7 @@ from ..utils import is_disabled
 from .base import VariableTracker, ValueVariable, const
 from ..._device import device, canonical
 from ..._functorch import eager_transforms, vmap as _vmap
-from ..._functorch.functional_call import _Swapped
+from ..._functorch.functional_call import _Swapped, functional_call, stack_module_state
 from ...autograd import grad_mode
 from ...amp import autocast_mode
 from ...amp.autocast_mode import autocast
@@ -423,6 +424,8 @@ FUNC_TRANSFORMS = {eager_transforms.grad: "grad", eager_transforms.grad_and_valu
                    eager_transforms.hessian: "hessian"}
 # the transforms called on primals directly
 FUNC_CALLS = {eager_transforms.jvp: "jvp", eager_transforms.vjp: "vjp", eager_transforms.linearize: "linearize"}
+# the calls of modules with their state given or stacked (`FuncModuleCallVariable`)
+FUNC_MODULE_CALLS = {functional_call: "functional_call", stack_module_state: "stack_module_state"}
 
 
 class _Builder:
@@ -705,7 +708,11 @@ class LinearFunctionVariable(VariableTracker):
         return types.FunctionType
 
     def reconstruct(self, cg):
-        raise Unsupported(f"the function returned by flambeau.func.{self.api} is live after the graph")
+        """Returned from the compiled function (or live across a graph break): made after the graph
+        by the eager transform at the same primals, from the function's operands (graph values)."""
+        operands = "(" + "".join(cg.reconstruct(o) + ", " for o in self.builder.operands) + ")"
+        made = cg.const(functools.partial(_linear_function_after_graph, self.api, self.builder.make, self.options))
+        return cg.new_temp(f"{made}({cg.reconstruct(self.primals)}, {operands})")
 
     def call_function(self, tx, args, kwargs):
         options = self.options
@@ -720,3 +727,62 @@ class LinearFunctionVariable(VariableTracker):
                 return eager_transforms.jvp(fn, primals, tangents)[1]
         return _record(tx, f"{self.api}_fn_{self.builder.name}", self.builder,
                        [self.primals, kinds.containers.TupleVariable(list(args))], apply)
+
+
+def _linear_function_after_graph(api: str, make, options: dict, primals: tuple, extras: tuple):
+    """The `vjp_fn` of `vjp(f, *primals)` (or the `jvp_fn` of `linearize`), `f = make(extras)`, made
+    eagerly by the entry of a compiled frame that returns it."""
+    if api == "vjp":
+        return eager_transforms.vjp(make(extras), *primals, **options)[1]
+    return eager_transforms.linearize(make(extras), *primals)[1]
+
+
+class FuncModuleCallVariable(VariableTracker):
+    """`flambeau.func.functional_call(module, params, args, kwargs)` at the traced frame's own level:
+    one call_function node whose target swaps the module's own parameters and buffers (node
+    operands, as for a transformed function closing over a module: see `_lift_module_state`) into it
+    and calls functional_call, so gradients reach both the given and the module's own tensors and
+    AOT autograd traces the module's forward as flat ops. `stack_module_state` breaks the graph with
+    its reason: its outputs are new leaves."""
+
+    def __init__(self, fn):
+        self.value = fn
+        self.name = FUNC_MODULE_CALLS[fn]
+
+    def __repr__(self):
+        return f"FuncModuleCallVariable({self.name})"
+
+    def python_type(self):
+        return types.FunctionType
+
+    def as_python_constant(self):
+        return self.value
+
+    def reconstruct(self, cg):
+        return cg.const(self.value)
+
+    def call_function(self, tx, args, kwargs):
+        if not all(v.is_python_constant() for v in kwargs.values() if not _holds_tensor(v)):
+            raise Unsupported(f"flambeau.func.{self.name}: options that are not constants")
+        if self.name == "stack_module_state":
+            raise Unsupported("flambeau.func.stack_module_state makes new leaf tensors that require grad, which a "
+                              "graph cannot return: it runs eagerly (call it outside the compiled function)")
+        if not args:
+            raise Unsupported("flambeau.func.functional_call() without a module")
+        module = args[0]
+        if not isinstance(module, kinds.nn_module.NNModuleVariable) or module.source is None:
+            raise Unsupported(f"flambeau.func.functional_call of {module}: only a module read from the frame is traced")
+        options = {k: v.as_python_constant() for k, v in kwargs.items() if k != "kwargs"}
+        operands = []
+        names = _lift_module_state(tx, module, operands)
+        fn, value = self.value, module.value
+
+        def make(extras):
+            own = {k: extras[i] for k, i in names.items()}
+
+            def call(*lead_values, **kw):
+                with _Swapped(value, own):
+                    return fn(value, *lead_values, **kw, **options)
+            return call
+        return _record(tx, self.name, _Builder(make, operands, self.name), list(args[1:]), _call_with,
+                       {k: v for k, v in kwargs.items() if k == "kwargs"})
