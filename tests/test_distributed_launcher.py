@@ -20,6 +20,7 @@ from tests.dist_helpers import ROOT, WORKERS, launch
 
 STOPPED_WITHIN_S = 90          # a failed group must be stopped long before the launch timeout
 HANG_TIMEOUT_S = 40            # the launch timeout of the hung group (long enough for 2 workers to start)
+FROZEN_AT_LEAST = 10000       # objects of flambeau's import the worker freezes before the script (~57k)
 GONE_WITHIN_S = 15             # after the kill, how long the group's processes may take to disappear
 
 
@@ -38,6 +39,7 @@ def test_environment_traceback_and_restart(tmp_path):
         assert rec["MASTER_ADDR"] == "127.0.0.1" and rec["TORCHELASTIC_RESTART_COUNT"] == "1"
         assert rec["TORCHELASTIC_MAX_RESTARTS"] == "1" and rec["launched"] is True
         assert rec["torch"] == "flambeau" and rec["args"] == ["extra"]
+        assert rec["frozen"] > FROZEN_AT_LEAST and rec["collected"] >= 1   # flambeau's import frozen, not the script's
 
 
 @pytest.mark.parametrize("mode,message", [("kill", "killed by a signal"),

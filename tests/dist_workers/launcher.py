@@ -10,6 +10,7 @@ hang:     after init every rank writes OUT/started<R>; rank 1 then sleeps foreve
 The entry point carries `@record`, as torchrun scripts write it.
 """
 import datetime
+import gc
 import json
 import os
 import signal
@@ -34,8 +35,12 @@ def main():
         keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
         found = {k: os.environ.get(k) for k in keys}
+        cycle = []
+        cycle.append(cycle)                  # the script's own garbage is still collected
+        del cycle
         found.update(torch=torch.__name__, rank=dist.get_rank(), world=dist.get_world_size(), args=sys.argv[3:],
-                      launched=dist.is_torchelastic_launched())
+                      launched=dist.is_torchelastic_launched(), frozen=gc.get_freeze_count(),
+                      collected=gc.collect())
         with open(os.path.join(out, f"env{rank}.json"), "w") as fh:
             json.dump(found, fh)
     elif mode == "kill" and rank == 1:
