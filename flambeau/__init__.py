@@ -22,6 +22,7 @@ from ._dtype import int32 as int, int64 as long, complex64 as cfloat, complex128
 from ._device import device  # noqa: F401
 from ._tags import Tag  # noqa: F401
 from ._tensor import (Tensor, Size, is_tensor, strided, sparse_coo, sparse_csr, contiguous_format,  # noqa: F401
+                      sparse_csc, sparse_bsr, sparse_bsc,
                       channels_last, channels_last_3d, preserve_format, memory_format)
 from . import _ops
 from ._ops import EXPORTS as _EXPORTS
@@ -39,7 +40,8 @@ from .storage import UntypedStorage, TypedStorage  # noqa: E402,F401
 globals().update(_CPU_TYPES)          # torch.FloatTensor, torch.LongTensor, ... (legacy tensor types)
 from . import nn, linalg, special  # noqa: F401,E402
 from . import sparse  # noqa: E402,F401
-from .sparse import sparse_coo_tensor, sparse_csr_tensor  # noqa: E402,F401
+from .sparse import (sparse_coo_tensor, sparse_csr_tensor, sparse_csc_tensor, sparse_bsr_tensor,  # noqa: E402,F401
+                     sparse_bsc_tensor, sparse_compressed_tensor)
 from .serialization import save, load  # noqa: E402,F401
 from . import compat  # noqa: E402,F401
 from . import amp, cpu  # noqa: E402,F401

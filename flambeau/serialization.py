@@ -39,11 +39,13 @@ from ._atomic import write_atomic
 from ._pt_format import dumps_pt, loads_pt
 from ._weights_only import (add_safe_globals, clear_safe_globals, get_safe_globals,  # noqa: F401
                             safe_globals, unpickle_objects)
-from ._tensor import Tensor, Size, strided
+from ._tensor import Tensor, Size, sparse_bsc, sparse_bsr, sparse_csc, sparse_csr, strided
 from ._device import CPU, device, privateuse1_name
 from ._ops.creation import tensor
 from .nn.parameter import Parameter
-from .sparse import sparse_coo_tensor, sparse_csr_tensor
+from .sparse import sparse_compressed_tensor, sparse_coo_tensor
+
+COMPRESSED_LAYOUTS = {lay.name: lay for lay in (sparse_csr, sparse_csc, sparse_bsr, sparse_bsc)}
 
 MAGIC_V1 = "flambeau-checkpoint-v1"
 FORMAT_V2 = "flambeau-checkpoint-v2"
@@ -203,12 +205,15 @@ class _Encoder:
                 "param": type(x).__name__ == "Parameter", "complex128": x.dtype is D.complex128}
 
     def sparse(self, x: Tensor, depth: int) -> dict:
-        """A COO/CSR tensor as its index and value tensors (rebuilt, and checked, by the constructors)."""
+        """A COO/CSR/CSC/BSR/BSC tensor as its index and value tensors (rebuilt, and checked, by the
+        constructors); "crow" holds a compressed layout's compressed indices, "indices" its plain ones."""
         requires_grad, x = x.requires_grad, x.detach()
         if x.layout.name == "sparse_coo":
             parts = {"indices": x._indices(), "values": x._values()}
-        elif x.layout.name == "sparse_csr":
+        elif x.layout.name in ("sparse_csr", "sparse_bsr"):
             parts = {"crow": x.crow_indices(), "indices": x.col_indices(), "values": x.values()}
+        elif x.layout.name in ("sparse_csc", "sparse_bsc"):
+            parts = {"crow": x.ccol_indices(), "indices": x.row_indices(), "values": x.values()}
         else:
             raise pickle.PicklingError(f"flambeau.save: cannot store a {type(x).__name__} ({x.layout}); save its "
                                        "to_dense()")
@@ -299,8 +304,9 @@ class _Decoder:
         values, indices = self.dec(x["values"], depth), self.dec(x["indices"], depth)
         if x["__sparse__"] == "sparse_coo":
             t = sparse_coo_tensor(indices, values, size)
-        elif x["__sparse__"] == "sparse_csr":
-            t = sparse_csr_tensor(self.dec(x["crow"], depth), indices, values, size)
+        elif x["__sparse__"] in COMPRESSED_LAYOUTS:
+            t = sparse_compressed_tensor(self.dec(x["crow"], depth), indices, values, size,
+                                         layout=COMPRESSED_LAYOUTS[x["__sparse__"]])
         else:
             raise RuntimeError(f"checkpoint structure is corrupt: unknown sparse layout {x['__sparse__']!r}")
         return t.requires_grad_(True) if x.get("requires_grad") else t

@@ -1,4 +1,4 @@
-"""The COO/CSR operations: construction, conversions, coalesce, `sparse.mm` (with `reduce=`),
+"""The COO/CSR operations (CSC/BSR/BSC through `_compressed.py`): construction, conversions, coalesce, `sparse.mm` (with `reduce=`),
 `sparse.sum`, and the handlers that `SparseTensor.__torch_dispatch__` runs for operators called on a
 sparse tensor (mm/addmm/matmul, add/sub/mul/div/neg, sum, clone, zeros_like, `to`, t/transpose).
 
@@ -13,12 +13,13 @@ import numpy as np
 
 from .. import _dtype as D
 from .._device import canonical
-from .._tensor import Tensor, sparse_coo, sparse_csr, strided
+from .._tensor import Tensor, sparse_coo, sparse_csc, sparse_csr, strided
 from .._dispatch import type_name
 from .._ops.creation import tensor as _tensor, zeros
 from .._ops.shape import cat
-from ._tensor import (INDEX_DTYPE, SparsePattern, SparseTensor, SparseMMDenseGrad, csr_row_pointers, gather_at,
-                      values_of, with_values)
+from ._compressed import blocked_to_coo, check_blocksize, compress
+from ._tensor import (BLOCKED, COMPRESSED, INDEX_DTYPE, SparsePattern, SparseTensor, SparseMMDenseGrad, gather_at,
+                      layout_kind, values_of, with_values)
 
 REDUCTIONS = {"sum": "sum", "mean": "mean", "amax": "amax", "amin": "amin", "max": "amax", "min": "amin"}
 
@@ -127,6 +128,7 @@ def to_dense(t: Tensor, dtype=None, *, masked_grad=None) -> Tensor:
     """The dense tensor; its gradient reaches a sparse input as a sparse gradient with its pattern."""
     if not isinstance(t, SparseTensor):
         return t if dtype is None else t.to(dtype)
+    t = _elements(t)
     p = t._pattern
     vals = values_of(t)
     if dtype is not None:
@@ -134,18 +136,28 @@ def to_dense(t: Tensor, dtype=None, *, masked_grad=None) -> Tensor:
     return zeros(p.shape, dtype=vals.dtype).index_put(p.index_tensors(), vals, accumulate=True)
 
 
+def _elements(s: SparseTensor) -> SparseTensor:
+    """A blocked (BSR/BSC) tensor as COO (`blocked_to_coo`); the others as they are (their coordinates
+    are of elements)."""
+    return blocked_to_coo(s) if isinstance(s, SparseTensor) and s._pattern.block else s
+
+
 def dense_to_sparse(x: Tensor, sparse_dim: int | None = None, *, layout=None, blocksize=None,
                     dense_dim=None) -> SparseTensor:
-    """`Tensor.to_sparse(sparse_dim)` / `to_sparse(layout=...)` on a dense tensor or a sparse one."""
-    if layout is sparse_csr:
-        return to_sparse_csr(x)
+    """`Tensor.to_sparse(sparse_dim)` / `to_sparse(layout=..., blocksize=...)` on a dense tensor or a sparse one."""
+    if layout in COMPRESSED:
+        return to_compressed(x, layout, check_blocksize(layout, blocksize))
     if layout is not None and layout not in (sparse_coo, strided):
-        raise NotImplementedError(f"to_sparse: conversion to {layout} is not supported by flambeau (coo, csr)")
+        raise NotImplementedError(f"to_sparse: conversion to {layout} is not supported by flambeau")
     if isinstance(x, SparseTensor):
-        if x._pattern.layout is sparse_coo:
-            return x
         p = x._pattern
-        return with_values(values_of(x), SparsePattern(sparse_coo, p.shape, p.idx, None, True, p.device))
+        if p.layout is sparse_coo:
+            return x
+        if p.block:
+            return blocked_to_coo(x)
+        # CSC: the entries in column order, uncoalesced (as PyTorch's)
+        return with_values(values_of(x), SparsePattern(sparse_coo, p.shape, p.idx, None, p.layout is sparse_csr,
+                                                       p.device))
     _check_cpu("to_sparse", x.device)
     sdim = x.dim() if sparse_dim is None else int(sparse_dim)
     if not 0 <= sdim <= x.dim():
@@ -160,18 +172,45 @@ def dense_to_sparse(x: Tensor, sparse_dim: int | None = None, *, layout=None, bl
     return with_values(vals, pattern)
 
 
-def to_sparse_csr(x: Tensor, dense_dim=None) -> SparseTensor:
-    """CSR from a dense 2-D tensor or a COO one (coalesced first)."""
-    if isinstance(x, SparseTensor) and x._pattern.layout is sparse_csr:
-        return x
+def to_compressed(x: Tensor, layout, blocksize: tuple | None = None) -> SparseTensor:
+    """CSR/CSC/BSR/BSC from a dense 2-D tensor or a sparse one, through a coalesced COO tensor."""
+    name = "to_sparse_" + layout.name[len("sparse_"):]
+    if isinstance(x, SparseTensor):
+        p = x._pattern
+        if p.layout is layout and (blocksize is None or p.block == tuple(blocksize)):
+            return x
+        if p.block and layout not in BLOCKED:
+            raise RuntimeError(f"sparse_compressed_{name}: expected SparseCsr or SparseCsc layout but got "
+                               f"{layout_kind(p.layout)}")
+        if p.block and p.block != tuple(blocksize):
+            where = name if p.layout is layout else f"sparse_compressed_{name}"
+            raise RuntimeError(f"{where}: conversion from {layout_kind(p.layout)} to {layout_kind(layout)} with "
+                               f"blocksize changed from {list(p.block)} to {list(blocksize)} is not supported")
     if x.dim() != 2:
-        raise RuntimeError(f"to_sparse_csr: expected a 2-D tensor (batched CSR is not supported), got {x.dim()}-D")
-    s = coalesce(x) if isinstance(x, SparseTensor) else dense_to_sparse(x)
-    p = s._pattern
-    if p.sparse_dim != 2:
-        raise RuntimeError("to_sparse_csr: a hybrid COO tensor (dense dimensions) cannot become CSR")
-    crow = csr_row_pointers(p.idx[0], p.shape[0])
-    return with_values(values_of(s), SparsePattern(sparse_csr, p.shape, p.idx, crow, True, p.device))
+        raise RuntimeError(f"{name}: expected a 2-D tensor (batched compressed layouts are not supported), got "
+                           f"{x.dim()}-D")
+    s = coalesce(dense_to_sparse(x)) if isinstance(x, SparseTensor) else dense_to_sparse(x)
+    return compress(s, layout, blocksize)
+
+
+def to_sparse_csr(x: Tensor, dense_dim=None) -> SparseTensor:
+    """CSR from a dense 2-D tensor or a COO/CSC one (coalesced first)."""
+    return to_compressed(x, sparse_csr)
+
+
+def to_sparse_csc(x: Tensor, dense_dim=None) -> SparseTensor:
+    """`Tensor.to_sparse_csc()`: CSC from a dense 2-D tensor or a COO/CSR one."""
+    return to_compressed(x, sparse_csc)
+
+
+def to_sparse_bsr(x: Tensor, blocksize, dense_dim=None) -> SparseTensor:
+    """`Tensor.to_sparse_bsr(blocksize)`: the blocks (bh, bw) holding a stored or non-zero entry."""
+    return to_compressed(x, BLOCKED[0], check_blocksize(BLOCKED[0], blocksize))
+
+
+def to_sparse_bsc(x: Tensor, blocksize, dense_dim=None) -> SparseTensor:
+    """`Tensor.to_sparse_bsc(blocksize)`: as `to_sparse_bsr`, blocks ordered by block column."""
+    return to_compressed(x, BLOCKED[1], check_blocksize(BLOCKED[1], blocksize))
 
 
 # ---- products -----------------------------------------------------------------------------------------------
@@ -206,6 +245,7 @@ def mm(mat1: Tensor, mat2: Tensor, reduce: str | None = None) -> Tensor:
                                       "sparse.mm with reduce= needs a CSR mat1 (to_sparse_csr())")
     if not isinstance(mat1, SparseTensor):
         return mat1.mm(mat2)
+    mat1 = _elements(mat1)
     _check_mm("sparse.mm", mat1, mat2)
     if isinstance(mat2, SparseTensor):
         return dense_to_sparse(mm(mat1, to_dense(mat2)))
@@ -254,6 +294,7 @@ def sum(input: Tensor, dim=None, dtype=None) -> Tensor:  # noqa: A001 (torch.spa
     dimensions (dense once every sparse dimension is summed). The gradient is sparse with S's pattern."""
     if not isinstance(input, SparseTensor):
         return input.sum() if dim is None else input.sum(dim)
+    input = _elements(input)
     vals = values_of(input)
     if dtype is not None:
         vals = vals.to(dtype)
@@ -335,6 +376,7 @@ def _scale(s: SparseTensor, factor) -> SparseTensor:
         raise NotImplementedError(f"mul: flambeau multiplies a {s.layout} tensor by a scalar or a dense tensor, not by "
                                   "another sparse tensor")
     if isinstance(factor, Tensor) and factor.dim() > 0:
+        s = _elements(s)
         if tuple(factor.shape) != tuple(s.shape):
             raise RuntimeError(f"mul: a sparse tensor of shape {list(s.shape)} multiplies a dense tensor of its own "
                                f"shape only, got {list(factor.shape)}")
@@ -491,10 +533,13 @@ def _is_sparse_csr_dense(self: Tensor) -> bool:
 
 
 def install_methods() -> None:
-    """Tensor.to_sparse / to_sparse_coo / to_sparse_csr / to_dense / coalesce / is_coalesced."""
+    """Tensor.to_sparse / to_sparse_coo / to_sparse_csr / _csc / _bsr / _bsc / to_dense / coalesce / is_coalesced."""
     Tensor.to_sparse = dense_to_sparse
     Tensor.to_sparse_coo = _to_sparse_coo_method
     Tensor.to_sparse_csr = to_sparse_csr
+    Tensor.to_sparse_csc = to_sparse_csc
+    Tensor.to_sparse_bsr = to_sparse_bsr
+    Tensor.to_sparse_bsc = to_sparse_bsc
     Tensor.to_dense = to_dense
     Tensor.coalesce = _coalesce_method
     Tensor.is_coalesced = _is_coalesced_method

@@ -1,8 +1,9 @@
-"""SparseTensor: COO and CSR tensors, a wrapper subclass of Tensor that runs its own autograd.
+"""SparseTensor: COO, CSR, CSC, BSR and BSC tensors, a wrapper subclass of Tensor that runs its own autograd.
 
 A sparse tensor is a `SparsePattern` (layout, size, the coordinates of its stored entries as a NumPy
-int64 array, for CSR also the compressed row pointers) and a dense `values` Tensor of shape
-(nnz, *dense_dims). Its `_device` is the dispatcher's `WRAPPER_DEVICE` and the class declares
+int64 array, for the compressed layouts also the compressed pointers: of rows for CSR/BSR, of columns
+for CSC/BSC, the entries ordered accordingly) and a dense `values` Tensor of shape (nnz, *dense_dims);
+for the blocked layouts (BSR/BSC) the coordinates are those of blocks and the values (nnzb, bh, bw). Its `_device` is the dispatcher's `WRAPPER_DEVICE` and the class declares
 `_wrapper_owns_autograd`, so an operator called with one reaches `SparseTensor.__torch_dispatch__`
 above the autograd layer (PyTorch's sparse kernels carry their own derivative formulas): the handlers
 in `flambeau.sparse._ops` compose every sparse op from two differentiable primitives defined here,
@@ -21,22 +22,32 @@ import numpy as np
 
 from .._backends import MetaArray
 from .._dispatch import WRAPPER_DEVICE
-from .._tensor import Size, Tensor, sparse_coo, sparse_csr, strided
+from .._tensor import Size, Tensor, sparse_bsc, sparse_bsr, sparse_coo, sparse_csc, sparse_csr, strided
 from .._ops.creation import tensor as _tensor, zeros
 from ..autograd.function import Function
 
 INDEX_DTYPE = np.int64
+COMPRESSED = (sparse_csr, sparse_csc, sparse_bsr, sparse_bsc)
+BLOCKED = (sparse_bsr, sparse_bsc)
+ROW_COMPRESSED = (sparse_csr, sparse_bsr)      # crow_indices / col_indices
+COLUMN_COMPRESSED = (sparse_csc, sparse_bsc)   # ccol_indices / row_indices
+# handlers that only transform the values, so they keep a blocked pattern; the others see COO (`blocked_to_coo`)
+VALUE_ONLY_HANDLERS = frozenset({"neg", "clone", "div", "_to_copy", "mul"})
 
 
 class SparsePattern:
     """Where a sparse tensor's entries are: layout, size, sparse_dim, the (sparse_dim, nnz) int64
-    coordinates `idx`, the CSR row pointers `crow` (None for COO), and whether the coordinates are
-    sorted and unique (`coalesced`). Immutable: tensors and gradients share one pattern object."""
-    __slots__ = ("layout", "shape", "sparse_dim", "idx", "crow", "coalesced", "device")
+    coordinates `idx` (of blocks for BSR/BSC), the compressed pointers `crow` (of rows for CSR/BSR, of
+    columns for CSC/BSC; None for COO), whether the coordinates are sorted and unique (`coalesced`),
+    and the block size `block` ((bh, bw) for BSR/BSC, else None). Immutable: tensors and gradients
+    share one pattern object."""
+    __slots__ = ("layout", "shape", "sparse_dim", "idx", "crow", "coalesced", "device", "block")
 
-    def __init__(self, layout, shape, idx: np.ndarray, crow: np.ndarray | None, coalesced: bool, device) -> None:
+    def __init__(self, layout, shape, idx: np.ndarray, crow: np.ndarray | None, coalesced: bool, device,
+                 block: tuple | None = None) -> None:
         self.layout, self.shape, self.idx, self.crow = layout, tuple(int(s) for s in shape), idx, crow
         self.sparse_dim, self.coalesced, self.device = idx.shape[0], bool(coalesced), device
+        self.block = block
 
     @property
     def nnz(self) -> int:
@@ -73,8 +84,15 @@ def make_sparse(pattern: SparsePattern, values: Tensor) -> "SparseTensor":
     return t
 
 
+def layout_kind(layout) -> str:
+    """PyTorch's name of a layout in messages: SparseCsr, SparseCsc, SparseBsr, SparseBsc, Sparse, Strided."""
+    if layout is sparse_coo:
+        return "Sparse"
+    return "".join(part.capitalize() for part in layout.name.split("_"))
+
+
 def _backend_name(t: "SparseTensor") -> str:
-    kind = "SparseCsr" if t._pattern.layout is sparse_csr else "Sparse"
+    kind = "SparseCsr" if t._pattern.layout in COMPRESSED else "Sparse"
     return kind + t._pattern.device.type.upper()
 
 
@@ -84,9 +102,14 @@ class SparseTensor(Tensor):
     _wrapper_owns_autograd = True      # the dispatcher calls __torch_dispatch__ above autograd
     _handlers: dict = {}               # op name -> handler(op, args, kwargs), filled by flambeau.sparse._ops
 
+    _blocked_to_coo = None             # BSR/BSC -> COO, set by flambeau.sparse._compressed
+
     @classmethod
     def __torch_dispatch__(cls, op, types, args, kwargs):
         handler = cls._handlers.get(op.__name__)
+        if handler is not None and op.__name__ not in VALUE_ONLY_HANDLERS:
+            args = tuple(cls._blocked_to_coo(a) if isinstance(a, SparseTensor) and a._pattern.block else a
+                         for a in args)
         if handler is None:
             s = next(a for a in list(args) + list(kwargs.values()) if isinstance(a, SparseTensor))
             raise NotImplementedError(
@@ -170,18 +193,31 @@ class SparseTensor(Tensor):
         return values_of(self)
 
     def crow_indices(self) -> Tensor:
-        self._need(sparse_csr, "crow_indices")
+        self._need(ROW_COMPRESSED, "crow_indices")
         return _tensor(self._pattern.crow)
 
     def col_indices(self) -> Tensor:
-        self._need(sparse_csr, "col_indices")
+        self._need(ROW_COMPRESSED, "col_indices")
         return _tensor(self._pattern.idx[1])
 
-    def _need(self, layout, what: str) -> None:
-        if self._pattern.layout is not layout:
-            if layout is sparse_csr:
-                raise RuntimeError(f"{what} expected sparse row compressed tensor layout but got {self.layout}")
-            raise RuntimeError(f"{what} expected sparse coordinate tensor layout but got {self.layout}")
+    def ccol_indices(self) -> Tensor:
+        self._need(COLUMN_COMPRESSED, "ccol_indices")
+        return _tensor(self._pattern.crow)
+
+    def row_indices(self) -> Tensor:
+        self._need(COLUMN_COMPRESSED, "row_indices")
+        return _tensor(self._pattern.idx[0])
+
+    def _need(self, layouts, what: str) -> None:
+        if self._pattern.layout is layouts or (isinstance(layouts, tuple) and self._pattern.layout in layouts):
+            return
+        if layouts is ROW_COMPRESSED:
+            raise RuntimeError(f"{what} expected sparse row compressed tensor layout but got "
+                               f"{layout_kind(self.layout)}")
+        if layouts is COLUMN_COMPRESSED:
+            raise RuntimeError(f"{what} expected sparse column compressed tensor layout but got "
+                               f"{layout_kind(self.layout)}")
+        raise RuntimeError(f"{what} expected sparse coordinate tensor layout but got {self.layout}")
 
     # -- what a dense tensor would read from `_data` --------------------------------------------------------
     def detach(self) -> "SparseTensor":
@@ -240,8 +276,11 @@ class SparseTensor(Tensor):
         p = self._pattern
         if p.layout is sparse_coo:
             parts = [("indices", _tensor(p.idx)), ("values", self._vals)]
-        else:
+        elif p.layout in ROW_COMPRESSED:
             parts = [("crow_indices", _tensor(p.crow)), ("col_indices", _tensor(p.idx[1])),
+                     ("values", self._vals)]
+        else:
+            parts = [("ccol_indices", _tensor(p.crow)), ("row_indices", _tensor(p.idx[0])),
                      ("values", self._vals)]
         lines = []
         for name, comp in parts:

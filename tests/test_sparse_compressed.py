@@ -1,0 +1,157 @@
+"""CSC, BSR and BSC tensors (`flambeau/sparse/_compressed.py`) against torch 2.13: every conversion between
+dense, COO, CSR, CSC, BSR and BSC gives PyTorch's components (or its refusal), the constructors rebuild
+PyTorch's matrices, products with a dense matrix and their gradients (PyTorch has none for these
+layouts) against float64 math, value-only ops keep the layout, and save/load round trips."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+
+LAYOUTS = ("dense", "coo", "csr", "csc", "bsr", "bsc")
+BLOCK = (2, 2)
+
+
+def _matrix(seed=0, shape=(6, 8), density=0.3):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * (rng.random(shape) < density)
+    x[2:4, 2:4] = 0          # an empty block
+    return x.astype(np.float32)
+
+
+def _to(m, t, layout, block=BLOCK):
+    if layout == "dense":
+        return t.to_dense() if t.layout is not m.strided else t
+    if layout == "coo":
+        return t.to_sparse()
+    if layout in ("bsr", "bsc"):
+        return getattr(t, f"to_sparse_{layout}")(block)
+    return getattr(t, f"to_sparse_{layout}")()
+
+
+def _components(t) -> list:
+    """What a layout stores, as lists: PyTorch's component accessors."""
+    name = str(t.layout).split(".")[-1]
+    if name == "strided":
+        return [name, t.tolist()]
+    if name == "sparse_coo":
+        return [name, t._indices().tolist(), t._values().tolist(), t.is_coalesced()]
+    if name in ("sparse_csr", "sparse_bsr"):
+        return [name, t.crow_indices().tolist(), t.col_indices().tolist(), t.values().tolist()]
+    return [name, t.ccol_indices().tolist(), t.row_indices().tolist(), t.values().tolist()]
+
+
+def _both(fn):
+    """fn(torch) and fn(flambeau): their results, or the exception types and messages."""
+    out = []
+    for m in (torch, flambeau):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out.append(fn(m))
+        except (RuntimeError, NotImplementedError) as e:
+            out.append((type(e).__name__, str(e).split("\n")[0]))
+    return out
+
+
+@pytest.mark.parametrize("src", LAYOUTS)
+@pytest.mark.parametrize("dst", LAYOUTS)
+def test_conversions_give_pytorchs_components(src, dst):
+    x = _matrix()
+    want, got = _both(lambda m: _components(_to(m, _to(m, m.tensor(x), src), dst)))
+    if isinstance(want, tuple):       # PyTorch refuses (BSR/BSC -> CSR/CSC)
+        assert isinstance(got, tuple) and got[0] == want[0], (want, got)
+        return
+    assert got == want
+
+
+@pytest.mark.parametrize("dst", ["bsr", "bsc"])
+def test_blocked_conversions_refuse_a_changed_or_indivisible_blocksize(dst):
+    x = _matrix()
+    for fn in (lambda m: _to(m, m.tensor(x).to_sparse_bsr((2, 2)), dst, (2, 1)),
+               lambda m: _to(m, m.tensor(x), dst, (4, 3)),
+               lambda m: m.tensor(x).to_sparse(layout=getattr(m, f"sparse_{dst}"))):
+        want, got = _both(fn)
+        assert isinstance(want, tuple) and isinstance(got, tuple) and want[0] == got[0], (want, got)
+    want, got = _both(lambda m: _to(m, m.tensor(x).to_sparse_bsr((2, 2)), dst, (2, 1)))
+    assert got == want
+
+
+@pytest.mark.parametrize("layout", ["csc", "bsr", "bsc"])
+def test_constructors_rebuild_pytorchs_matrix(layout):
+    t = _to(torch, torch.tensor(_matrix(1)), layout)
+    comp = t.crow_indices() if layout == "bsr" else t.ccol_indices()
+    plain = t.col_indices() if layout == "bsr" else t.row_indices()
+    parts = [flambeau.tensor(a.numpy()) for a in (comp, plain, t.values())]
+    made = getattr(flambeau, f"sparse_{layout}_tensor")(*parts, tuple(t.shape))
+    general = flambeau.sparse_compressed_tensor(*parts, tuple(t.shape), layout=getattr(flambeau, f"sparse_{layout}"))
+    for s in (made, general):
+        assert str(s.layout) == str(t.layout) and s._nnz() == t._nnz()
+        np.testing.assert_array_equal(s.to_dense().numpy(), t.to_dense().numpy())
+    assert repr(made).splitlines()[0].split("=")[0] == repr(t).splitlines()[0].split("=")[0]
+    with pytest.raises(RuntimeError, match="compressed indices"):
+        getattr(flambeau, f"sparse_{layout}_tensor")(parts[0][:-1], *parts[1:], tuple(t.shape))
+
+
+def test_component_accessors_refuse_the_other_orientation():
+    x = flambeau.tensor(_matrix())
+    for fn, t in ((lambda s: s.crow_indices(), x.to_sparse_csc()), (lambda s: s.ccol_indices(), x.to_sparse_csr()),
+                  (lambda s: s.row_indices(), x.to_sparse_bsr(BLOCK))):
+        name = str(t.layout).split(".")[-1]
+        want = _both(lambda m: fn(_to(m, m.tensor(_matrix()), name[len("sparse_"):])))[0]
+        with pytest.raises(RuntimeError) as e:
+            fn(t)
+        assert str(e.value) == want[1]
+
+
+@pytest.mark.parametrize("layout", ["csc", "bsr", "bsc"])
+def test_products_with_a_dense_matrix_and_their_gradients(layout):
+    """S @ D, torch.sparse.mm and S.to_dense() of each layout against float64 math; the gradient of S's
+    values is (G @ D^T) read at each stored element (every element of a stored block), D's is S^T G."""
+    x = _matrix(2).astype(np.float64)
+    rng = np.random.default_rng(3)
+    d = rng.standard_normal((8, 5))
+    g = rng.standard_normal((6, 5))
+    s = _to(flambeau, flambeau.tensor(x), layout).detach().requires_grad_()
+    for product in (lambda a, b: a @ b, flambeau.sparse.mm, lambda a, b: a.to_dense() @ b):
+        s.grad = None
+        dd = flambeau.tensor(d, requires_grad=True)
+        y = product(s, dd)
+        np.testing.assert_allclose(y.detach().numpy(), x @ d, rtol=1e-12, atol=1e-12)
+        y.backward(flambeau.tensor(g))
+        np.testing.assert_allclose(dd.grad.numpy(), x.T @ g, rtol=1e-12, atol=1e-12)
+        full = g @ d.T
+        gv = s.grad.values().detach().numpy() if s.grad.layout is s.layout else None
+        if gv is None:          # a dense gradient (torch.mm's rule): compare where S stores entries
+            np.testing.assert_allclose(s.grad.numpy()[x != 0], full[x != 0], rtol=1e-12)
+            continue
+        t = _to(torch, torch.tensor(x), layout)
+        if layout == "csc":
+            want = full[t.row_indices().numpy(), np.repeat(np.arange(8), np.diff(t.ccol_indices().numpy()))]
+        else:
+            comp, plain = ((t.crow_indices(), t.col_indices()) if layout == "bsr" else
+                           (t.ccol_indices(), t.row_indices()))
+            major = np.repeat(np.arange(len(comp) - 1), np.diff(comp.numpy()))
+            rows, cols = (major, plain.numpy()) if layout == "bsr" else (plain.numpy(), major)
+            want = np.stack([full[r * 2:r * 2 + 2, c * 2:c * 2 + 2] for r, c in zip(rows, cols)])
+        np.testing.assert_allclose(gv, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["csc", "bsr", "bsc"])
+def test_value_only_ops_keep_the_layout_as_pytorchs(layout):
+    x = _matrix(4)
+    for fn in (lambda t: -t, lambda t: t * 2.5, lambda t: t.clone(), lambda t: t.to(t.dtype)):
+        want, got = _both(lambda m: _components(fn(_to(m, m.tensor(x), layout))))
+        assert got == want
+
+
+@pytest.mark.parametrize("layout", ["csc", "bsr", "bsc"])
+def test_save_and_load_round_trip(layout, tmp_path):
+    s = _to(flambeau, flambeau.tensor(_matrix(5)), layout)
+    flambeau.save({"w": s}, tmp_path / "s.pt")
+    back = flambeau.load(tmp_path / "s.pt")["w"]
+    assert _components(back) == _components(s)
