@@ -200,3 +200,69 @@ def test_cast_backward_on_arrays_equals_the_dispatched_derivative_and_pytorch():
         assert g.dtype == r.dtype == flambeau.float32
         np.testing.assert_array_equal(g.numpy(), r.numpy())
         np.testing.assert_allclose(g.numpy(), t.numpy(), rtol=1.6e-2, atol=1e-2)
+
+
+def _fast_and_dispatched(run, *modules):
+    """`run(names)` with the array paths on, then with `direct_device` declining in `modules`."""
+    fast = _Names()
+    got = run(flambeau, fast)
+    saved = [m.direct_device for m in modules]
+    for m in modules:
+        m.direct_device = lambda *ts: None
+    try:
+        slow = _Names()
+        ref = run(flambeau, slow)
+    finally:
+        for m, f in zip(modules, saved):
+            m.direct_device = f
+    return got, ref, fast.names, slow.names
+
+
+def _same_grads(got, ref, want, tol):
+    for g, r, t in zip(got, ref, want):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        np.testing.assert_array_equal(g.float().numpy(), r.float().numpy())
+        np.testing.assert_allclose(g.float().numpy(), t.float().numpy(), **tol)
+
+
+def test_view_and_transpose_backward_on_arrays_equal_the_dispatched_derivatives_and_pytorch():
+    """A non-contiguous gradient reaching a view (the attention's head split) is copied by the reshape."""
+    from flambeau._ops import views as views_mod
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((2, 6, 8)), rng.standard_normal((2, 2, 4, 6))
+
+    def run(m, names=None):
+        X = m.tensor(x, requires_grad=True)
+        y = X.view(2, 6, 2, 4).transpose(1, 2).transpose(2, 3)          # (2, 2, 4, 6)
+        loss = (y * m.tensor(w)).sum()
+        with names or _Names():
+            loss.backward()
+        return [X.grad]
+    got, ref, fast, slow = _fast_and_dispatched(run, views_mod)
+    assert not {"view", "transpose.int", "clone"} & set(fast), fast
+    assert {"view", "transpose.int"} <= set(slow), slow
+    _same_grads(got, ref, run(torch), dict(rtol=1e-12, atol=1e-12))
+
+
+@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
+def test_engine_sums_reduces_and_casts_gradients_on_arrays_as_dispatched_and_pytorch(dt):
+    """The engine's own work: two gradients of one tensor summed, a broadcast input's gradient summed
+    down to its shape, a gradient cast to its input's dtype (fp32 + bf16 -> fp32 output)."""
+    from flambeau.autograd import engine
+    rng = np.random.default_rng(5)
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((3, 1), (2, 3, 4), (4,)))
+
+    def run(m, names=None):
+        tdt = getattr(m, dt)
+        A = m.tensor(a, requires_grad=True)
+        B = m.tensor(b, dtype=tdt, requires_grad=True)
+        C = m.tensor(c, requires_grad=True)
+        y = (A + B) * C + A.exp()                 # A: broadcast sum + cast back from B's promotion
+        loss = (y * y).sum()
+        with names or _Names():
+            loss.backward()
+        return [A.grad, B.grad, C.grad]
+    got, ref, fast, slow = _fast_and_dispatched(run, engine)
+    assert not {"add.Tensor", "sum.dim_IntList", "view", "_to_copy"} & set(fast), fast
+    assert {"add.Tensor", "sum.dim_IntList"} <= set(slow), slow
+    _same_grads(got, ref, run(torch), _TOL[dt] if dt == "bfloat16" else dict(rtol=1e-5, atol=1e-5))

@@ -448,13 +448,17 @@ def undefined_grad(t) -> bool:
     return t is None or getattr(t, "_undefined_grad", False)
 
 
+_DIRECT_DEVICE_TYPES = ("cpu", "cuda")
+
+
 def direct_device(*tensors):
     """The device of `tensors` when a derivative may run op kernels on their arrays directly
     (`direct_call`), else None. That is when nothing would see the dispatched calls: grad mode off
     (a backward without create_graph records nothing), no dispatch mode (tracing, fake tensors,
     vmap, functionalization) and no FX hook, and every tensor (None entries skipped) a dense one
-    without a forward-mode tangent on one cpu/cuda/third-party device object. The kernels are the
-    ones the dispatcher would run, so the results are the same, bit for bit."""
+    without a forward-mode tangent on one cpu or cuda device (NumPy or CuPy arrays: a derivative may
+    reshape or transpose them as arrays). The kernels are the ones the dispatcher would run, so the
+    results are the same, bit for bit."""
     if _state.grad_enabled or _state.modes or _registry._fx_hook is not None:
         return None
     dev = None
@@ -467,7 +471,7 @@ def direct_device(*tensors):
             dev = t._device
         elif t._device is not dev and t._device != dev:
             return None
-    if dev is None or dev is WRAPPER_DEVICE or dev is QUANTIZED_CPU or dev.type not in array_namespaces:
+    if dev is None or dev is WRAPPER_DEVICE or dev is QUANTIZED_CPU or dev.type not in _DIRECT_DEVICE_TYPES:
         return None
     return dev
 

@@ -117,7 +117,12 @@ def _(self, size):
 
 
 @_view.def_derivative
-def _(grad, self_meta):
+def _view_derivative(grad, self_meta):
+    """The gradient reshaped to the input's shape (a copy where the strides allow no view, as
+    `reshape`); on the array itself when nothing observes dispatch (`direct_device`)."""
+    dev = direct_device(grad)
+    if dev is not None:
+        return Tensor._make(grad._data.reshape(tuple(self_meta.shape)), dev)
     return grad.reshape(self_meta.shape)
 
 
@@ -204,7 +209,10 @@ def _(self, dim0, dim1):
 
 
 @transpose.def_derivative
-def _(grad, dim0, dim1):
+def _transpose_derivative(grad, dim0, dim1):
+    dev = direct_device(grad)
+    if dev is not None:
+        return direct_call(transpose, dev, grad._data, dim0, dim1)
     return grad.transpose(dim0, dim1)
 
 

@@ -17,6 +17,10 @@ from .._tensor import Tensor, strided
 from .._dispatch import WRAPPER_DEVICE
 from .graph import AccumulateGrad, _edge
 from .._ops.creation import ones_like, tensor, zeros_like
+from .._ops._helpers import direct_device, direct_call
+from .._ops.pointwise import add
+from .._ops.reduction import sum as sum_op
+from .._ops.views import _to_copy
 
 
 def _reduce_to(g: Tensor, shape, dtype, device, node, i) -> Tensor:
@@ -30,15 +34,21 @@ def _reduce_to(g: Tensor, shape, dtype, device, node, i) -> Tensor:
             raise RuntimeError(f"Function {node.name()} returned an invalid gradient at index {i} - got "
                                f"{list(gs)} but expected shape compatible with {list(shape)}")
         dims = tuple(range(nd)) + tuple(nd + k for k, s in enumerate(shape) if s == 1 and gs[nd + k] != 1)
-        if dims:
-            g = g.sum(dims, keepdim=True)
-        if nd:
-            g = g.reshape(shape)
-        elif g._data.shape != tuple(shape):
-            g = g.reshape(shape)
+        dev = direct_device(g)
+        if dev is not None:                  # no create_graph: the sum kernel and a reshape on the array
+            g = direct_call(sum_op, dev, g._data, dims, True) if dims else g
+            g = Tensor._make(g._data.reshape(tuple(shape)), dev)
+        else:
+            if dims:
+                g = g.sum(dims, keepdim=True)
+            if nd or g._data.shape != tuple(shape):
+                g = g.reshape(shape)
     if g._dtype is not dtype:
         if dtype.category < FLOATING:
             return g
+        dev = direct_device(g)
+        if dev is not None and (dev is device or dev == device):    # the cast kernel on the array
+            return direct_call(_to_copy, dev, g._data, dtype=dtype, device=device)
         g = g.to(dtype)
     if g._device != device:
         g = g.to(device)
@@ -47,7 +57,11 @@ def _reduce_to(g: Tensor, shape, dtype, device, node, i) -> Tensor:
 
 def _sum_grads(a: Tensor, b: Tensor) -> Tensor:
     """Two gradients of one tensor summed; a sparse and a dense one give a dense sum (PyTorch's
-    engine adds the sparse one to the dense one: `sparse + dense` itself is an error)."""
+    engine adds the sparse one to the dense one: `sparse + dense` itself is an error). Without
+    create_graph the add kernel runs on the arrays (`direct_device`: a residual stream's gradient)."""
+    dev = direct_device(a, b)
+    if dev is not None:
+        return direct_call(add, dev, a._data, b._data)
     if a._device is WRAPPER_DEVICE and a.layout is not strided and b.layout is strided:
         return b + a
     return a + b
