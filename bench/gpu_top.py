@@ -28,13 +28,13 @@ import torch  # noqa: E402
 import flambeau  # noqa: E402
 from bench import gpu_models  # noqa: E402
 from bench.gpu_profile import _trace  # noqa: E402
-from bench.gpu_train import LIBS, WORKLOADS  # noqa: E402
+from bench.gpu_train import WORKLOADS, library  # noqa: E402
 
 NAME_WIDTH = 110
 
 
 def _setup(name, lib, mode="eager"):
-    m = LIBS[lib]
+    m = library(lib)
     rng = np.random.default_rng(0)
     m.manual_seed(0)
     model = WORKLOADS[name]["build"](m).to("cuda")

@@ -28,11 +28,18 @@ Each (workload, mode, system) runs in a fresh process of its own (--same-process
 this one): on the device VM a host-bound step varies by up to 40% between identical processes, and
 a process that ran other models first measures them too. With --repeat N the rounds are interleaved
 (torch, flambeau, torch, ...) and the summary line gives the medians and each system's range.
+
+Each line also gives the garbage collector's time per measured step, its collections per generation
+and the objects it tracks: a full collection walks every tracked object, and a host-bound flambeau
+step that holds one is slower by all of it. A measuring process imports only its own library (and
+torch's profiler after the timed steps, unless --no-profile); `--gc-freeze` calls
+`gc.freeze()` after the warm-up (both systems), so full collections skip what exists by then.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
 import statistics
@@ -45,9 +52,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torch  # noqa: E402
-
-import flambeau  # noqa: E402
 from bench import gpu_models  # noqa: E402
 from bench.gpu_profile import counts  # noqa: E402
 
@@ -60,7 +64,15 @@ WORKLOADS = {
     "mlp": dict(build=lambda m: gpu_models.mlp(m), batch=lambda rng: (rng.standard_normal((64, 256)).astype(np.float32),
                                                                       rng.integers(0, 256, 64))),
 }
-LIBS = {"torch": torch, "flambeau": flambeau}
+SYSTEMS = ("torch", "flambeau")
+
+
+def library(name: str):
+    """The library of system `name`, imported at first use: a measuring process imports only its own
+    (a flambeau process without torch's objects, whose full garbage collections walk them all)."""
+    if name not in SYSTEMS:
+        raise SystemExit(f"unknown system {name!r}: one of {SYSTEMS}")
+    return importlib.import_module(name)
 
 
 def _sync(m):
@@ -71,8 +83,8 @@ def _peak(m):
     return m.cuda.max_memory_allocated() / 2**20
 
 
-def run(name, lib, mode, steps, profile, top=0):
-    m = LIBS[lib]
+def run(name, lib, mode, steps, profile, top=0, gc_freeze=False):
+    m = library(lib)
     spec = WORKLOADS[name]
     rng = np.random.default_rng(0)
     m.manual_seed(0)
@@ -98,13 +110,19 @@ def run(name, lib, mode, steps, profile, top=0):
     for _ in range(2):
         step()
     _sync(m)
+    if gc_freeze:
+        gc.freeze()
+    meter = _GcMeter()
     t0 = time.perf_counter()
-    for _ in range(steps):
-        loss = step()
-    _sync(m)
+    with meter:
+        for _ in range(steps):
+            loss = step()
+        _sync(m)
     ms = (time.perf_counter() - t0) * 1e3 / steps
     res = {"workload": name, "system": lib, "mode": mode, "first_step_ms": round(first, 1),
-           "ms_per_step": round(ms, 2), "peak_mb": round(_peak(m), 1), "loss": round(float(loss.item()), 4)}
+           "ms_per_step": round(ms, 2), "peak_mb": round(_peak(m), 1), "loss": round(float(loss.item()), 4),
+           "gc_ms_per_step": round(meter.seconds * 1e3 / steps, 2), "gc_collections": meter.collections,
+           "gc_tracked_objects": len(gc.get_objects())}
     if lib == "flambeau" and mode != "eager":
         res.update(_flambeau_compiled_facts(step))
     if profile:
@@ -113,6 +131,29 @@ def run(name, lib, mode, steps, profile, top=0):
     gc.collect()
     m.cuda.empty_cache()
     return res
+
+
+class _GcMeter:
+    """Time Python's cyclic garbage collector ran inside the block, and its collections per generation
+    (gc.callbacks). A full (generation 2) collection walks every tracked object of the process, so a
+    host-bound step that happens to hold one is slower by all of it."""
+
+    def __init__(self):
+        self.seconds, self.collections, self._start = 0.0, {0: 0, 1: 0, 2: 0}, 0.0
+
+    def _hook(self, phase, info):
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+            self.collections[info["generation"]] += 1
+
+    def __enter__(self):
+        gc.callbacks.append(self._hook)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._hook)
 
 
 def _flambeau_compiled_facts(step) -> dict:
@@ -124,7 +165,7 @@ def _flambeau_compiled_facts(step) -> dict:
     before, gemms = triton_runtime.stats["launches"], cublaslt.calls["gemm"]
     replays = cudagraphs.stats["replays"]
     step()
-    _sync(flambeau)
+    _sync(library("flambeau"))
     fallbacks = {str(k): v for k, v in counters[FALLBACKS].items()}
     return {"triton_launches_per_step": triton_runtime.stats["launches"] - before,
             "cublaslt_gemms_per_step": cublaslt.calls["gemm"] - gemms,
@@ -139,7 +180,8 @@ def _flambeau_compiled_facts(step) -> dict:
 def _in_child(name: str, lib: str, mode: str, a) -> dict:
     """One measurement in a fresh process (see the module docstring)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--same-process", "--only", name, "--systems", lib,
-           "--modes", mode, "--steps", str(a.steps), "--top", str(a.top)] + (["--no-profile"] if a.no_profile else [])
+           "--modes", mode, "--steps", str(a.steps), "--top", str(a.top)] + (["--no-profile"] if a.no_profile else []) + \
+        (["--gc-freeze"] if a.gc_freeze else [])
     p = subprocess.run(cmd, capture_output=True, text=True)
     rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
     rows = [r for r in rows if r.get("workload") == name and not r.get("summary")]
@@ -153,10 +195,10 @@ def _measure(name: str, lib: str, mode: str, a) -> dict:
     if not a.same_process:
         return _in_child(name, lib, mode, a)
     try:
-        return run(name, lib, mode, a.steps, not a.no_profile, a.top)
+        return run(name, lib, mode, a.steps, not a.no_profile, a.top, a.gc_freeze)
     except Exception as e:            # one failing system must not hide the others' figures
         gc.collect()
-        LIBS[lib].cuda.empty_cache()
+        library(lib).cuda.empty_cache()
         return {"workload": name, "system": lib, "mode": mode, "error": f"{type(e).__name__}: {e}"[:500],
                 "where": traceback.format_exc().splitlines()[-3:]}
 
@@ -184,14 +226,20 @@ def main(argv=None):
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--top", type=int, default=0, help="with the profile: the N kernels launched most often")
     ap.add_argument("--repeat", type=int, default=1, help="rounds, interleaved; the summary gives medians and ranges")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="gc.freeze() after the warm-up steps: full collections skip what exists by then")
     ap.add_argument("--same-process", action="store_true", help="measure everything in this process")
     a = ap.parse_args(argv)
-    try:
-        from flambeau._backends import cublaslt
-        lt = cublaslt.version()
-    except ImportError:                 # a flambeau from before the cuBLASLt products
-        lt = None
-    print(json.dumps({"config": True, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    lt = None
+    if "flambeau" in a.systems.split(","):
+        try:
+            from flambeau._backends import cublaslt
+            lt = cublaslt.version()
+        except ImportError:                 # a flambeau from before the cuBLASLt products
+            pass
+    first = library(a.systems.split(",")[0])
+    print(json.dumps({"config": True, "device": first.cuda.get_device_name(),
+                      "torch": getattr(sys.modules.get("torch"), "__version__", None),
                       "steps": a.steps, "cublaslt": lt, "isolated": not a.same_process,
                       "repeat": a.repeat}), flush=True)
     for name in a.only.split(","):
