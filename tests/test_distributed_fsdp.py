@@ -103,3 +103,32 @@ def test_mixed_precision_computes_in_bfloat16(ranks):
         np.testing.assert_allclose(res["mixed/losses"], losses, rtol=2e-2)
         assert not np.allclose(res["mixed/losses"], losses, rtol=1e-7, atol=0)   # bfloat16 rounding is there
         assert str(res["mixed/dtypes"]) == "torch.float32,torch.float32"       # shards and their grads stay fp32
+
+
+def test_even_pieces_are_gathered_into_one_buffer(monkeypatch):
+    """A group whose pieces are the same size on every rank is all-gathered straight into one flat buffer
+    (no per-rank buffers copied out after the collective); at world size 1 every split is even. The
+    gradients equal the unsharded model's."""
+    import flambeau
+    import flambeau.distributed as dist
+    from flambeau.distributed.fsdp import _fully_shard as fs
+    gathered = []
+    into_tensor = fs.all_gather_into_tensor
+    monkeypatch.setattr(fs, "all_gather_into_tensor", lambda *a, **k: gathered.append(1) or into_tensor(*a, **k))
+    monkeypatch.setattr(fs, "all_gather", lambda *a, **k: pytest.fail("even pieces took the per-rank path"))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        flambeau.manual_seed(0)
+        plain = flambeau.nn.Sequential(flambeau.nn.Linear(4, 6), flambeau.nn.Tanh(), flambeau.nn.Linear(6, 2))
+        sharded = flambeau.nn.Sequential(flambeau.nn.Linear(4, 6), flambeau.nn.Tanh(), flambeau.nn.Linear(6, 2))
+        sharded.load_state_dict(plain.state_dict())
+        fs.fully_shard(sharded[0])
+        fs.fully_shard(sharded)
+        x = flambeau.tensor(np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32))
+        for m in (plain, sharded):
+            (m(x) ** 2).sum().backward()
+        assert gathered
+        for p, q in zip(plain.parameters(), sharded.parameters()):
+            np.testing.assert_allclose(q.grad.full_tensor().numpy(), p.grad.numpy(), rtol=1e-6, atol=1e-6)
+    finally:
+        dist.destroy_process_group()

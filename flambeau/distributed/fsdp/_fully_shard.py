@@ -33,7 +33,7 @@ from ..._ops.shape import cat
 from ..._tensor import Tensor
 from ...autograd import engine
 from ...nn.parameter import Parameter
-from ..collectives import all_gather, all_reduce, reduce_scatter
+from ..collectives import all_gather, all_gather_into_tensor, all_reduce, reduce_scatter
 from ..device_mesh import DeviceMesh, init_device_mesh
 from ..distributed_c10d import ReduceOp, _xp, get_world_size
 from ..tensor._api import DTensor
@@ -239,8 +239,13 @@ class _ParamGroup:
             shards = [t.to(dtype) if dtype is not None else t for t in locals_]
             flat = _no_grad(lambda: cat([s.reshape(-1) for s in shards]) if shards else empty(0))
         counts = [sum(self._rows(fp, r) * self._row_numel(fp) for fp in self.params) for r in range(self.n)]
-        buffers = [empty((c,), dtype=flat.dtype, device=flat.device) for c in counts]
-        work = all_gather(buffers, flat, group=self.group, async_op=True)
+        if len(set(counts)) == 1:            # even pieces: gathered into one buffer, no copy out per rank
+            out = empty((counts[0] * self.n,), dtype=flat.dtype, device=flat.device)
+            work = all_gather_into_tensor(out, flat, group=self.group, async_op=True)
+            buffers = [_array_tensor(out._data[r * counts[0]:(r + 1) * counts[0]], out) for r in range(self.n)]
+        else:
+            buffers = [empty((c,), dtype=flat.dtype, device=flat.device) for c in counts]
+            work = all_gather(buffers, flat, group=self.group, async_op=True)
         self._pending = UnshardHandle(self, work, buffers)
         if not async_op:
             self._pending.wait()
