@@ -411,3 +411,63 @@ def test_aoti_conv1d_package_matches_pytorch(tmp_path):
     with torch.no_grad():
         want = tm(torch.tensor(x.numpy())).numpy()
     np.testing.assert_allclose(read_tensor_file(str(tmp_path / "output0.bin")).numpy(), want, rtol=RTOL, atol=ATOL)
+
+
+def _gpt_pair(dtype):
+    """A flambeau small GPT in `dtype` and PyTorch's with the same weights in float64 (the reference)."""
+    import torch
+    fl.manual_seed(0)
+    m = gpt_model(fl, vocab=96, d=64, heads=4, layers=2, block=32).eval().to(dtype)
+    tm = gpt_model(torch, vocab=96, d=64, heads=4, layers=2, block=32).eval()
+    tm.load_state_dict({k: torch.tensor(v.float().numpy()) for k, v in m.state_dict().items()})
+    return m, tm
+
+
+def _rmse(a, ref):
+    return float(np.sqrt(np.mean((np.asarray(a, np.float64) - ref) ** 2)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_aoti_gpt_calls_the_fused_attention_and_bf16_gemm(tmp_path, dtype):
+    """A small GPT packages with `_sdpa_flash_cpu` as an extern of the C++ wrapper (the fused kernel of
+    cpu_attention.cpp linked into model.so, one call per layer, no math-path softmax) and, in bfloat16,
+    its Linear layers as bfloat16 GEMMs: outputs from Python and from the C++ program vs PyTorch's
+    float64 forward with the same weights (float32: 1e-5; bfloat16: RMSE no worse than 1.5x PyTorch's
+    own bfloat16 forward)."""
+    import torch
+    m, tm = _gpt_pair(getattr(fl, dtype))
+    x = fl.randint(0, 96, (3, 32))
+    pkg = _package(tmp_path, m, (x,), dynamic_shapes={"idx": {0: Dim("batch", max=8)}})
+    with zipfile.ZipFile(pkg) as z:
+        source = z.read("model.cpp").decode()
+    assert source.count("fl_attention_forward(fl_sz") == 2 and "amax" not in source
+    assert (source.count("fl_gemm_bf16(1") == 9) == (dtype == "bfloat16")
+    run = aoti_load_package(pkg)
+    x5 = fl.randint(0, 96, (5, 32))
+    r, _ = _run_cpp(pkg, tmp_path, [x5])
+    assert r.returncode == 0, r.stderr
+    outs = [(x, run(x)), (x5, read_tensor_file(str(tmp_path / "output0.bin")))]
+    for xi, y in outs:
+        assert y.dtype is getattr(fl, dtype) and tuple(y.shape) == (xi.shape[0], 32, 96)
+        tx = torch.tensor(xi.numpy())
+        with torch.no_grad():
+            ref = tm.double()(tx).numpy()
+            if dtype == "float32":
+                np.testing.assert_allclose(y.numpy(), ref, rtol=RTOL, atol=ATOL)
+                continue
+            peer = tm.to(torch.bfloat16)(tx).double().numpy()
+        assert _rmse(y.float().numpy(), ref) <= 1.5 * _rmse(peer, ref)
+
+
+def test_aoti_portable_bf16_package_widens_its_products_to_float(tmp_path):
+    """Built for x86-64-v2 (no AVX-512 BF16), a bfloat16 MLP's products take flm_gemm_bf16's portable
+    path (operands widened to float, the float32 kernel, one rounding): outputs within bfloat16's
+    tolerance of float64 math with the same weights."""
+    fl.manual_seed(0)
+    m = nn.Sequential(nn.Linear(40, 72), nn.ReLU(), nn.Linear(72, 24)).eval().to(fl.bfloat16)
+    x = fl.randn(6, 40).to(fl.bfloat16)
+    run = aoti_load_package(_package(tmp_path, m, (x,), configs={"aoti_march": "x86-64-v2"}))
+    assert "avx512bf16" not in run.metadata["cpu_features"]
+    w1, b1, w2, b2 = (p.detach().float().numpy().astype(np.float64) for p in m.parameters())
+    ref = np.maximum(x.float().numpy().astype(np.float64) @ w1.T + b1, 0) @ w2.T + b2
+    np.testing.assert_allclose(run(x).float().numpy(), ref, rtol=1.6e-2, atol=1.6e-2)

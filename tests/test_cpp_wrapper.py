@@ -124,3 +124,29 @@ def test_cpp_wrapper_with_freezing(graphs, monkeypatch):
     np.testing.assert_allclose(y.numpy(), ref.numpy(), rtol=RTOL, atol=ATOL)
     _assert_cpp(graphs)
     assert graphs[0].artifact.wrapper_source.startswith("def call(args):\n    _in0, = args")   # weights are constants
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cpp_wrapper_calls_the_fused_attention_and_bf16_gemm(graphs, dtype):
+    """The small GPT (and attention alone, its output being a graph output of the two-output op) compiled
+    with the C++ wrapper call `_sdpa_flash_cpu` as an extern from C++ (not the math decomposition) and, in
+    bfloat16, the Linear layers' bfloat16 GEMM; outputs vs eager."""
+    from flambeau._backends import cpu_kernels
+    if dtype == "bfloat16" and not cpu_kernels.bf16_native():
+        pytest.skip("no AVX-512 BF16 here: bfloat16 products keep the Python wrapper in the JIT path")
+    m, (x,) = _model("gpt")
+    m = m.to(getattr(fl, dtype))
+    tol = {"float32": 1e-5, "bfloat16": 1.6e-2}[dtype]
+    with fl.no_grad():
+        y = fl.compile(m, options=OPTIONS)(x)
+        ref = m(x)
+        q, k, v = (fl.randn(2, 4, 8, 16, dtype=getattr(fl, dtype)) for _ in range(3))
+        attn = fl.compile(lambda q, k, v: nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                          options=OPTIONS)
+        np.testing.assert_allclose(attn(q, k, v).float().numpy(),
+                                   nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).float().numpy(),
+                                   rtol=tol, atol=tol)
+    np.testing.assert_allclose(y.float().numpy(), ref.float().numpy(), rtol=tol, atol=tol)
+    _assert_cpp(graphs)
+    assert [g.source.count("fl_attention_forward(fl_sz") for g in graphs] == [2, 1]
+    assert ("fl_gemm_bf16(1" in graphs[0].source) == (dtype == "bfloat16")

@@ -58,6 +58,16 @@ def available() -> bool:
     return _load() is not None
 
 
+def extern_pointers() -> dict:
+    """{symbol: address} of flm_attention_forward and flm_attention_workspace, for generated C++ that
+    calls them (the C++ wrapper, `flambeau._inductor.cpp_wrapper`); empty when unavailable."""
+    fns = _load()
+    if fns is None:
+        return {}
+    return {"flm_attention_forward": ctypes.cast(fns[0], ctypes.c_void_p).value,
+            "flm_attention_workspace": ctypes.cast(fns[2], ctypes.c_void_p).value}
+
+
 def supports(dtype) -> bool:
     """Whether the kernels take operands of this (flambeau) dtype."""
     return np.dtype(dtype.np) in DTYPE_CODES

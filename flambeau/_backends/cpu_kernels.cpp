@@ -394,14 +394,36 @@ extern "C" int flm_gemm_bf16_native() {
 #endif
 }
 
+// A bfloat16 operand (batch x rows x cols, element strides) widened into a contiguous float copy.
+static float* widen_bf16(int64_t batch, int64_t rows, int64_t cols, const uint16_t* x, int64_t sb, int64_t rs,
+                         int64_t cs) {
+    float* w = (float*)std::malloc(sizeof(float) * std::max<int64_t>(1, batch * rows * cols));
+    for (int64_t t = 0; t < batch; t++)
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++) {
+                const uint32_t u = uint32_t(x[t * sb + i * rs + j * cs]) << 16;
+                std::memcpy(&w[(t * rows + i) * cols + j], &u, 4);
+            }
+    return w;
+}
+
 // out (batch x M x N contiguous, bfloat16) = A[t] @ B[t] of bfloat16 operands (element strides),
-// accumulated in float in `work` (batch x M x N floats), then rounded to nearest even.
+// accumulated in float in `work` (batch x M x N floats), then rounded to nearest even. Built without
+// AVX-512 BF16 (a portable AOTInductor package), the operands are widened to float copies and
+// multiplied by the float32 kernel: the same float sums, rounded the same way.
 extern "C" void flm_gemm_bf16(int64_t batch, int64_t M, int64_t N, int64_t K,
                               const uint16_t* a, int64_t sba, int64_t rsa, int64_t csa,
                               const uint16_t* b, int64_t sbb, int64_t rsb, int64_t csb,
                               float* work, uint16_t* out, int threads) {
 #ifdef __AVX512BF16__
     gemm_batched<BFloat16Ops>(batch, M, N, K, a, sba, rsa, csa, b, sbb, rsb, csb, work, M * N, N, 0, threads);
+#else
+    float* fa = widen_bf16(batch, M, K, a, sba, rsa, csa);
+    float* fb = widen_bf16(batch, K, N, b, sbb, rsb, csb);
+    gemm_batched<Float32Ops>(batch, M, N, K, fa, M * K, K, 1, fb, K * N, N, 1, work, M * N, N, 0, threads);
+    std::free(fa);
+    std::free(fb);
+#endif
     const int64_t n = batch * M * N;
 #pragma omp parallel for simd schedule(static) num_threads(threads)
     for (int64_t i = 0; i < n; i++) {
@@ -410,7 +432,6 @@ extern "C" void flm_gemm_bf16(int64_t batch, int64_t M, int64_t N, int64_t K,
         const uint16_t r = uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
         out[i] = work[i] != work[i] ? uint16_t(0x7FC0) : r;
     }
-#endif
 }
 
 // A product planned once for fixed shapes and layouts (the compiled graphs' externs): the arrays come

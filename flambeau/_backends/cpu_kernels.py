@@ -394,14 +394,22 @@ def matmul_for(xp):
     return matmul if xp is np else xp.matmul
 
 
-def extern_pointers():
-    """(flm_sgemm, flm_conv2d, flm_sgemm_packed, flm_pack_b addresses, threads) of the loaded library,
-    for generated C++ that calls them directly (the C++ wrapper, `flambeau._inductor.cpp_wrapper`);
-    None when unavailable."""
+def extern_pointers() -> dict | None:
+    """{symbol: address} of the loaded library's functions that generated C++ calls directly (the C++
+    wrapper, `flambeau._inductor.cpp_wrapper`): flm_sgemm, flm_conv2d, flm_sgemm_packed, flm_pack_b,
+    and flm_gemm_bf16 where the CPU has AVX-512 BF16; None when unavailable."""
     if _load() is None:
         return None
-    fns = (_state["fn"], _state["conv2d"], _state["sgemm_packed"], _state["pack_b"])
-    return tuple(ctypes.cast(f, ctypes.c_void_p).value for f in fns) + (_state["threads"],)
+    fns = {"flm_sgemm": _state["fn"], "flm_conv2d": _state["conv2d"], "flm_sgemm_packed": _state["sgemm_packed"],
+           "flm_pack_b": _state["pack_b"]}
+    if "bf16" in _state:
+        fns["flm_gemm_bf16"] = _state["bf16"]
+    return {sym: ctypes.cast(f, ctypes.c_void_p).value for sym, f in fns.items()}
+
+
+def gemm_threads() -> int:
+    """The threads the library's products may use (1 where it is unavailable)."""
+    return _state["threads"] if _load() is not None else 1
 
 
 def aligned_empty(n: int) -> np.ndarray:

@@ -7,7 +7,8 @@
       -> model.cpp: the C++ kernels (codegen_cpp), the C++ wrapper owning the buffers and calling them
          (cpp_wrapper.py) and the model's tables (input/output specs, size binding and range checks,
          output shapes, the weights' offsets and checksum), compiled with aoti_runtime.cpp (the C API
-         of aoti_runtime.h) and flambeau's GEMM/convolution (cpu_kernels.cpp) into one model.so
+         of aoti_runtime.h), flambeau's GEMM/convolution (cpu_kernels.cpp) and fused attention
+         (cpu_attention.cpp) into one model.so
       -> a zip (.pt2): archive_format, version, metadata.json, model.so, model.cpp, aoti_runtime.h,
          weights.bin (the constants, each at a 64-byte aligned offset; the index is in metadata.json
          and compiled into model.so)
@@ -15,7 +16,8 @@
 Dynamic sizes (export's Dims) stay symbolic: the kernels take them as arguments, model.so reads them
 from the input shapes and checks each against its Dim's range. Loading and running: aoti_package.py.
 Programs that update buffers, take non-tensor inputs, or need an op the C++ wrapper can't run (it
-runs mm, bmm and 2-D convolution besides the generated kernels) are refused with a RuntimeError
+runs float32/bfloat16 mm and bmm, float32 1-D/2-D convolution and the fused CPU attention besides
+the generated kernels) are refused with a RuntimeError
 naming the reason.
 """
 from __future__ import annotations
@@ -40,10 +42,10 @@ from .._tensor import Tensor
 from ..utils import _pytree as pytree
 from . import codegen_cpp, config, freezing
 from .compile_fx import _size_names
-from .cpp_wrapper import CppWrapper, output_bases
+from .cpp_wrapper import CppWrapper, link_externs_source, output_bases
 from .decompositions import decomposition_table
 from .graph import GraphLowering
-from .ir import SUPPORTED_DTYPES, InputBuffer, StridedView, Unsupported
+from .ir import InputBuffer, StridedView, Unsupported
 from .scheduler import Kernel, plan_memory, schedule
 from .sizevars import SizeExpr, derived_definition
 
@@ -55,7 +57,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = os.path.join(HERE, "aoti_runtime.h")
 RUNTIME_SRC = os.path.join(HERE, "aoti_runtime.cpp")
 GEMM_SRC = os.path.join(os.path.dirname(HERE), "_backends", "cpu_kernels.cpp")
-DTYPE_CODES = {D.float32: 0, D.float64: 1, D.int64: 2, D.int32: 3, D.int16: 4, D.int8: 5, D.uint8: 6, D.bool: 7}
+ATTENTION_SRC = os.path.join(os.path.dirname(HERE), "_backends", "cpu_attention.cpp")
+DTYPE_CODES = {D.float32: 0, D.float64: 1, D.int64: 2, D.int32: 3, D.int16: 4, D.int8: 5, D.uint8: 6, D.bool: 7,
+               D.bfloat16: 8, D.float16: 9}
 STATE_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
 SYMBOL = re.compile(r"\bs\d+\b")           # a size symbol's name in a size expression's text
 # CPU features a package's code may use: the compiler's predefined macro -> __builtin_cpu_supports name
@@ -121,13 +125,14 @@ def _package(ep, package_path) -> str:
         raise AOTICompileError("aoti_compile_and_package: the program takes non-tensor inputs "
                                f"({len(user_names)} inputs, {len(examples)} tensors)")
     try:
-        graph = GraphLowering(gm, examples, CPU, SUPPORTED_DTYPES).run()
+        graph = GraphLowering(gm, examples, CPU, codegen_cpp.DTYPES).run()
         size_names = _size_names(graph)
         order = schedule(graph)
         memory = plan_memory(order, graph)
         kernels = [k for k in order if isinstance(k, Kernel)]
         info, features = _target(dict(_cpp_builder.detect_flags()))
-        wrapper = CppWrapper(graph, order, memory, size_names, constants_frozen=True).generate()
+        wrapper = CppWrapper(graph, order, memory, size_names, constants_frozen=True).generate() + \
+            link_externs_source()
         weights, offsets = _weights(graph)
         model = ModelSource(graph, size_names, user_names, prog.range_constraints, offsets, weights,
                             prog.dim_names).generate()
@@ -429,8 +434,8 @@ def _run(cmd: list, what: str):
 
 
 def _build(source: str, info: dict) -> bytes:
-    """model.so's bytes: model.cpp + aoti_runtime.cpp + cpu_kernels.cpp, linked with -Bsymbolic (two
-    packages loaded in one process each call their own code)."""
+    """model.so's bytes: model.cpp + aoti_runtime.cpp + cpu_kernels.cpp + cpu_attention.cpp, linked with
+    -Bsymbolic (two packages loaded in one process each call their own code)."""
     flags = [f for f in info["flags"] if f != "-shared"]
     with tempfile.TemporaryDirectory(prefix="flambeau_aoti_build_") as d:
         model = os.path.join(d, "model.cpp")
@@ -441,7 +446,7 @@ def _build(source: str, info: dict) -> bytes:
         # the runtime checks the CPU's features before any model code runs: built for any x86-64
         objs.append(_object(RUNTIME_SRC, [f for f in flags if not f.startswith(TARGET_FLAGS)], info))
         gemm_flags = flags + ["-ffp-contract=fast"] + (["-DFLM_SIMD_MATH"] if info.get("simd_math") else [])
-        objs.append(_object(GEMM_SRC, gemm_flags, info))
+        objs += [_object(GEMM_SRC, gemm_flags, info), _object(ATTENTION_SRC, gemm_flags, info)]
         so = os.path.join(d, "model.so")
         _run([info["cxx"], *info["flags"], *objs, "-o", so, "-Wl,-Bsymbolic", *info["libs"]], "model.so")
         with open(so, "rb") as f:

@@ -19,7 +19,7 @@ static int64_t item_size(int64_t dtype) {
     switch (dtype) {
         case FL_AOTI_FLOAT64: case FL_AOTI_INT64: return 8;
         case FL_AOTI_FLOAT32: case FL_AOTI_INT32: return 4;
-        case FL_AOTI_INT16: return 2;
+        case FL_AOTI_INT16: case FL_AOTI_BFLOAT16: case FL_AOTI_FLOAT16: return 2;
         default: return 1;
     }
 }

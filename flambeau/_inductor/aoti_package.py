@@ -34,7 +34,8 @@ from .aoti import ABI_VERSION, ARCHIVE_FORMAT, PACKAGE_VERSION
 
 ENTRIES = ("archive_format", "version", "metadata.json", "model.so", "model.cpp", "weights.bin", "aoti_runtime.h")
 MAX_ENTRY_BYTES = 1 << 34
-DTYPES = {0: D.float32, 1: D.float64, 2: D.int64, 3: D.int32, 4: D.int16, 5: D.int8, 6: D.uint8, 7: D.bool}
+DTYPES = {0: D.float32, 1: D.float64, 2: D.int64, 3: D.int32, 4: D.int16, 5: D.int8, 6: D.uint8, 7: D.bool,
+          8: D.bfloat16, 9: D.float16}
 TREE_TYPES = (None, "builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict",
               "collections.namedtuple", "collections.defaultdict")
 ERR_SHAPE, ERR_KERNEL = 4, 5

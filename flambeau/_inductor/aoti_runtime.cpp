@@ -1,7 +1,8 @@
 // flambeau AOTInductor runtime: the C API of aoti_runtime.h over the generated model code.
 //
 // Linked into every package's model.so next to the generated kernels and wrapper (model.cpp, which
-// defines fl_aoti_model_info) and flambeau's GEMM/convolution (cpu_kernels.cpp). A runner reads
+// defines fl_aoti_model_info) and flambeau's GEMM/convolution (cpu_kernels.cpp) and
+// fused attention (cpu_attention.cpp). A runner reads
 // weights.bin once (size and checksum checked against the library's), keeps a pointer per constant,
 // packs the constant operands of matrix products once (fl_graph_prepack of the C++ wrapper), and per
 // run: binds the size symbols from the input shapes (model code: checks each dim, and each dynamic
@@ -14,20 +15,12 @@
 #include <string>
 #include <vector>
 
-extern "C" void fl_set_externs(void* sgemm, void* conv2d, void* sgemm_packed, void* pack_b, int threads);
+extern "C" void fl_link_externs(int threads);
 extern "C" const char* fl_aoti_cpu_features(void);
 extern "C" const char* fl_aoti_march(void);
 extern "C" int fl_graph_num_packed(void);
 extern "C" int64_t fl_graph_packed_floats(int k);
 extern "C" void fl_graph_prepack(void* const* consts);
-extern "C" void flm_sgemm_packed(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, float*,
-                                 int64_t, int);
-extern "C" void flm_pack_b(int64_t, int64_t, const float*, int64_t, int64_t, float*);
-extern "C" void flm_sgemm(int64_t, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, int64_t,
-                          const float*, int64_t, int64_t, int64_t, float*, int64_t, int64_t, int, int);
-extern "C" void flm_conv2d(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, const float*,
-                           const float*, float*, int);
 extern "C" int flm_gemm_threads();
 
 static thread_local std::string fl_last_error;
@@ -43,7 +36,7 @@ static int64_t fl_itemsize(int dtype) {
     switch (dtype) {
         case FL_AOTI_FLOAT64: case FL_AOTI_INT64: return 8;
         case FL_AOTI_FLOAT32: case FL_AOTI_INT32: return 4;
-        case FL_AOTI_INT16: return 2;
+        case FL_AOTI_INT16: case FL_AOTI_BFLOAT16: case FL_AOTI_FLOAT16: return 2;
         default: return 1;
     }
 }
@@ -176,8 +169,7 @@ extern "C" int fl_aoti_create(const char* package_dir, FlAotiRunner** runner) {
     r->sizes.assign(info->n_sizes + 1, 0);
     r->outputs.assign(info->n_outputs, nullptr);
     r->output_shapes.assign(info->n_outputs, std::vector<int64_t>());
-    fl_set_externs((void*)&flm_sgemm, (void*)&flm_conv2d, (void*)&flm_sgemm_packed, (void*)&flm_pack_b,
-                   flm_gemm_threads());
+    fl_link_externs(flm_gemm_threads());    // the wrapper's GEMM, convolution and attention: this library's
     for (int k = 0; k < fl_graph_num_packed(); k++) {   // constant GEMM operands packed once, here
         int64_t bytes = fl_graph_packed_floats(k) * (int64_t)sizeof(float);
         void* p = std::aligned_alloc(FL_ALIGN, (size_t)((bytes + FL_ALIGN - 1) / FL_ALIGN * FL_ALIGN + FL_ALIGN));

@@ -45,7 +45,8 @@ enum FlAotiStatus {
 
 enum FlAotiDtype {
     FL_AOTI_FLOAT32 = 0, FL_AOTI_FLOAT64 = 1, FL_AOTI_INT64 = 2, FL_AOTI_INT32 = 3, FL_AOTI_INT16 = 4,
-    FL_AOTI_INT8 = 5, FL_AOTI_UINT8 = 6, FL_AOTI_BOOL = 7
+    FL_AOTI_INT8 = 5, FL_AOTI_UINT8 = 6, FL_AOTI_BOOL = 7,
+    FL_AOTI_BFLOAT16 = 8, FL_AOTI_FLOAT16 = 9   /* their 16-bit patterns (bfloat16: a float's upper half) */
 };
 
 typedef struct FlAotiRunner FlAotiRunner;

@@ -37,7 +37,6 @@ import warnings
 from .._device import CPU
 from .._tensor import Tensor
 from .. import _cpp_builder
-from .._backends import cpu_kernels
 from . import codegen_cpp, codegen_numpy, codegen_triton, config, cpp_wrapper, cudagraphs, pad_mm, triton_schedule
 from .graph import GraphLowering, graph_device
 from .ir import SUPPORTED_DTYPES, Unsupported
@@ -312,8 +311,7 @@ def _cpp_wrapper_source(graph, order, memory, size_names) -> str | None:
     """The C++ wrapper of this graph (cpp_wrapper.py), or None where it can't run a step: the graph
     then keeps the Python wrapper, and the reason is logged and counted."""
     try:
-        return cpp_wrapper.CppWrapper(graph, order, memory, size_names,
-                                      cpu_kernels.extern_pointers() is not None).generate()
+        return cpp_wrapper.CppWrapper(graph, order, memory, size_names, cpp_wrapper.jit_externs()).generate()
     except Unsupported as e:
         counters["cpp_wrapper_fallbacks"] += 1
         log.info("cpp_wrapper: keeping the Python wrapper: %s", e)

@@ -16,11 +16,13 @@ source (codegen_cpp.py), one function that owns the graph's intermediate memory 
 
 `out` holds the *output bases*: each buffer an output is (or is a view of), allocated by the caller
 with its layout's shape. `sym` holds the size symbols' values (`size_names` order); the kernels take
-them as trailing arguments. The extern steps the C++ wrapper can run are float32 `mm`, `bmm` and 1-D
-and 2-D `convolution` (groups 1), through function pointers set once by `fl_set_externs` (the JIT path hands
-it the eager library's `flm_sgemm`/`flm_conv2d`, an AOTInductor package its own copies). Any other
-step raises `Unsupported`: the JIT path then keeps the Python wrapper (wrapper.py), AOTInductor
-refuses the graph.
+them as trailing arguments. The extern steps the C++ wrapper can run are `mm` and `bmm` of float32 or
+bfloat16 (float sums rounded once), float32 1-D and 2-D `convolution` (groups 1) and the fused CPU
+attention `_sdpa_flash_cpu` (4-d operands without a mask, `flash_reason`; a two-output op: out and its
+logsumexp), through the function pointers of `EXTERNS`, set once by `fl_set_externs(table, threads)`
+(the JIT path hands it the eager libraries' functions, an AOTInductor package the copies linked into
+its model.so). Any other step raises `Unsupported`: the JIT path then keeps the Python wrapper
+(wrapper.py), AOTInductor refuses the graph.
 
 A product whose right operand is a frozen constant (`config.freezing`, or any AOTInductor weight;
 `config.prepack_weights`)
@@ -37,41 +39,80 @@ from __future__ import annotations
 import ctypes
 
 from .. import _dtype as D
-from .._backends import cpu_kernels
+from .._backends import cpu_attention, cpu_kernels
 from . import codegen_cpp, config
-from .ir import Buffer, ExternKernel, InputBuffer, Layout, MultiOutput, StridedView, Unsupported
+from .ir import Buffer, ExternKernel, InputBuffer, Layout, StridedView, Unsupported
 from .scheduler import Kernel
 from .sizevars import SizeExpr
 from .wrapper import WrapperCodegen, kernel_error
 
-CPP_EXTERN_OPS = ("mm", "bmm", "convolution")
+CPP_EXTERN_OPS = ("mm", "bmm", "convolution", "_sdpa_flash_cpu")
 PARALLEL_MACS = 1 << 20          # as cpu_kernels.PARALLEL_MACS: smaller products run on one thread
+LOWP_CODES = {D.float32: 0, D.bfloat16: 1, D.float16: 2}     # cpu_attention.cpp's operand dtype codes
+# The library functions the generated wrapper calls, in the order of fl_set_externs' table: the wrapper's
+# name -> (library symbol, return type, parameter types). The JIT path hands the table the eager
+# libraries' addresses (`jit_externs`: cpu_kernels, cpu_attention), an AOTInductor package the copies
+# linked into its model.so (`link_externs_source`).
+_I = "int64_t"
+EXTERNS = {
+    "fl_sgemm": ("flm_sgemm", "void", f"{_I}, {_I}, {_I}, {_I}, const float*, {_I}, {_I}, {_I}, const float*, "
+                 f"{_I}, {_I}, {_I}, float*, {_I}, {_I}, int, int"),
+    "fl_conv2d": ("flm_conv2d", "void", ", ".join([_I] * 15) + ", const float*, const float*, const float*, "
+                  "float*, int"),
+    "fl_sgemm_packed": ("flm_sgemm_packed", "void", f"{_I}, {_I}, {_I}, const float*, {_I}, {_I}, const float*, "
+                        f"float*, {_I}, int"),
+    "fl_pack_b": ("flm_pack_b", "void", f"{_I}, {_I}, const float*, {_I}, {_I}, float*"),
+    "fl_gemm_bf16": ("flm_gemm_bf16", "void", f"{_I}, {_I}, {_I}, {_I}, const uint16_t*, {_I}, {_I}, {_I}, "
+                     f"const uint16_t*, {_I}, {_I}, {_I}, float*, uint16_t*, int"),
+    "fl_attention_forward": ("flm_attention_forward", "void", "const int64_t*, const int64_t*, int, const void*, "
+                             "const void*, const void*, const float*, int, float, void*, float*, float*, int"),
+    "fl_attention_workspace": ("flm_attention_workspace", _I, "const int64_t*, int, int"),
+}
 
-RUNTIME = r"""
+
+def _runtime() -> str:
+    """The helpers every C++ wrapper starts with: the externs' pointers and fl_set_externs, the
+    thread count of a product, the buffers' allocation."""
+    decls = "\n".join(f"typedef {ret} (*{name}_fn)({params});\nstatic {name}_fn {name} = nullptr;"
+                       for name, (_, ret, params) in EXTERNS.items())
+    sets = " ".join(f"{name} = ({name}_fn)table[{k}];" for k, name in enumerate(EXTERNS))
+    return f"""
 #include <cstdlib>
-typedef void (*fl_sgemm_fn)(int64_t, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, int64_t,
-                            const float*, int64_t, int64_t, int64_t, float*, int64_t, int64_t, int, int);
-typedef void (*fl_conv2d_fn)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                             int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, const float*,
-                             const float*, float*, int);
-typedef void (*fl_sgemm_packed_fn)(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, float*,
-                                   int64_t, int);
-typedef void (*fl_pack_b_fn)(int64_t, int64_t, const float*, int64_t, int64_t, float*);
-static fl_sgemm_fn fl_sgemm = nullptr;
-static fl_conv2d_fn fl_conv2d = nullptr;
-static fl_sgemm_packed_fn fl_sgemm_packed = nullptr;
-static fl_pack_b_fn fl_pack_b = nullptr;
+{decls}
 static int fl_ext_threads = 1;
-extern "C" void fl_set_externs(void* sgemm, void* conv2d, void* sgemm_packed, void* pack_b, int threads) {
-    fl_sgemm = (fl_sgemm_fn)sgemm; fl_conv2d = (fl_conv2d_fn)conv2d; fl_ext_threads = threads;
-    fl_sgemm_packed = (fl_sgemm_packed_fn)sgemm_packed; fl_pack_b = (fl_pack_b_fn)pack_b;
-}
-static inline int fl_threads(int64_t macs) { return macs < %(parallel)d ? 1 : fl_ext_threads; }
-static inline void* fl_alloc(int64_t nbytes) {
+extern "C" void fl_set_externs(void* const* table, int threads) {{
+    {sets}
+    fl_ext_threads = threads;
+}}
+static inline int fl_threads(int64_t macs) {{ return macs < {PARALLEL_MACS} ? 1 : fl_ext_threads; }}
+static inline void* fl_alloc(int64_t nbytes) {{
     return std::aligned_alloc(64, (size_t)((nbytes + 63) / 64 * 64 + 64));
-}
-static inline void fl_free(void* p) { std::free(p); }
-""" % {"parallel": PARALLEL_MACS}
+}}
+static inline void fl_free(void* p) {{ std::free(p); }}
+"""
+
+
+RUNTIME = _runtime()
+
+
+def link_externs_source() -> str:
+    """`fl_link_externs(threads)`: an AOTInductor package's wrapper pointed at the library functions
+    linked into its own model.so (called once by aoti_runtime.cpp's fl_aoti_create)."""
+    decls = "\n".join(f'extern "C" {ret} {sym}({params});' for sym, ret, params in EXTERNS.values())
+    table = ", ".join(f"(void*)&{sym}" for sym, _, _ in EXTERNS.values())
+    return f"""{decls}
+extern "C" void fl_link_externs(int threads) {{
+    void* const table[] = {{{table}}};
+    fl_set_externs(table, threads);
+}}
+"""
+
+
+def jit_externs() -> dict:
+    """{wrapper name: address} of the externs the eager libraries provide here (cpu_kernels' GEMM,
+    convolution and, with AVX-512 BF16, bfloat16 GEMM; cpu_attention's flash attention)."""
+    by_symbol = {**(cpu_kernels.extern_pointers() or {}), **cpu_attention.extern_pointers()}
+    return {name: by_symbol[sym] for name, (sym, _, _) in EXTERNS.items() if sym in by_symbol}
 
 
 def _c(e) -> str:
@@ -92,9 +133,8 @@ def output_bases(graph) -> list:
 class CppWrapper:
     """See module docstring."""
 
-    def __init__(self, graph, order, memory, size_names=(), externs_available: bool = True,
-                 constants_frozen: bool = False):
-        self.externs_available = externs_available
+    def __init__(self, graph, order, memory, size_names=(), externs=None, constants_frozen: bool = False):
+        self.externs = frozenset(EXTERNS) if externs is None else frozenset(externs)   # (None: all, linked)
         self.constants_frozen = constants_frozen or config.freezing   # (AOTInductor: always)
         self.g = graph
         self.order = order
@@ -103,9 +143,6 @@ class CppWrapper:
         self.lines: list = []
         self.packed: dict = {}       # (constant, offset, strides) -> (slot, K, N): B operands packed at load
         self.bases = output_bases(graph)
-        for b in self.bases:
-            if isinstance(b, MultiOutput) or b.layout is None:
-                raise Unsupported(f"the C++ wrapper can't return {b.name} (an output of a multi-output op)")
 
     def line(self, s: str):
         self.lines.append("    " + s)
@@ -121,7 +158,7 @@ class CppWrapper:
             self.line(f"{self._t(b)}* {b.name} = ({self._t(b)}*)consts[{j}];")
         index = {b.name: i for i, b in enumerate(self.bases)}
         roots: list = []
-        self.extern_roots = set()
+        self.extern_roots = []         # extern results (a multi-output op's: each output) this function allocated
         for i, step in enumerate(self.order):
             if isinstance(step, Kernel):
                 for b in step.stores:
@@ -130,14 +167,14 @@ class CppWrapper:
                 self.line(f"{step.name}({', '.join(args)});")
             else:
                 ek = step.node
-                if ek.layout is None:
-                    raise Unsupported(f"the C++ wrapper can't run op {getattr(ek.op, 'name', ek.op)}: several outputs")
-                self._place(ek, index, roots, ("alloc", None), extern=True)
+                for b in ek.outputs if ek.layout is None else [ek]:
+                    self._place(b, index, roots, ("alloc", None), extern=True)
                 self._extern(ek)
             for name in self.mem["frees"][i]:
-                if name not in self.mem["allocs"] and name not in index and name in self.extern_roots:
+                if name in self.extern_roots:
                     self.line(f"fl_free({name});")
-        for name in roots:
+                    self.extern_roots.remove(name)
+        for name in roots + self.extern_roots:       # (an extern result nothing read: a logsumexp)
             self.line(f"fl_free({name});")
         self.line("return fl_take_error();")
         body = "\n".join(self.lines)
@@ -180,23 +217,31 @@ class CppWrapper:
             return
         self.line(f"{t}* {b.name} = ({t}*)fl_alloc({_c(b.layout.numel)} * {b.dtype.itemsize});")
         if extern:
-            self.extern_roots.add(b.name)
+            self.extern_roots.append(b.name)
         else:
             roots.append(b.name)
 
     # ---- extern steps --------------------------------------------------------------------------
     def _extern(self, ek: ExternKernel):
         name = getattr(ek.op, "name", str(ek.op))
-        if ek.kind != "extern" or name not in CPP_EXTERN_OPS or ek.layout is None:
+        if ek.kind != "extern" or name not in CPP_EXTERN_OPS:
             raise Unsupported(f"the C++ wrapper can't run op {name} ({ek.kind}): it runs {', '.join(CPP_EXTERN_OPS)}")
-        tensors = [a for a in ek.args if isinstance(a, (Buffer, StridedView))]
-        if any(a.dtype is not D.float32 for a in tensors) or ek.layout.dtype is not D.float32:
-            raise Unsupported(f"the C++ wrapper runs {name} on float32 only (got "
-                              f"{[a.dtype.name for a in tensors]})")
-        if not self.externs_available:
-            raise Unsupported("the C++ wrapper's GEMM and convolution are unavailable (flambeau's CPU kernels "
-                              "did not build here)")
         getattr(self, f"_extern_{name}")(ek)
+
+    def _need(self, fn: str, what: str):
+        if fn not in self.externs:
+            raise Unsupported(f"the C++ wrapper's {what} is unavailable here ({EXTERNS[fn][0]} of flambeau's CPU "
+                              "kernels did not build, or this CPU lacks its instructions)")
+
+    @staticmethod
+    def _product_dtype(ek, name: str, dtypes=(D.float32, D.bfloat16)):
+        """The one dtype of a product's or convolution's operands and result, if the wrapper runs it."""
+        tensors = [a for a in ek.args if isinstance(a, (Buffer, StridedView))]
+        found = {a.dtype for a in tensors} | {ek.layout.dtype}
+        if len(found) != 1 or next(iter(found)) not in dtypes:
+            raise Unsupported(f"the C++ wrapper runs {name} on {' or '.join(d.name for d in dtypes)} operands of "
+                              f"one dtype (got {[a.dtype.name for a in tensors]} -> {ek.layout.dtype.name})")
+        return next(iter(found))
 
     @staticmethod
     def _operand(a):
@@ -209,7 +254,7 @@ class CppWrapper:
         """The packed-buffer slot of a product's right operand when it is a constant of static layout."""
         base = b.base if isinstance(b, StridedView) else b
         lay = b.layout
-        if not (config.prepack_weights and self.constants_frozen and isinstance(base, InputBuffer)
+        if not (config.prepack_weights and self.constants_frozen and lay.dtype is D.float32 and isinstance(base, InputBuffer)
                 and base.position is None
                 and base.name in self.g.constants):
             return None
@@ -225,6 +270,10 @@ class CppWrapper:
         M, K = la.shape
         N = lb.shape[1]
         sa, sb = [_c(s) for s in la.strides], [_c(s) for s in lb.strides]
+        if self._product_dtype(ek, "mm") is D.bfloat16:
+            self._gemm_bf16(ek, 1, M, N, K, pa, ("0", *sa), pb, ("0", *sb))
+            return
+        self._need("fl_sgemm", "GEMM")
         slot = self._packed_slot(ek.args[1])
         if slot is not None:
             packed = f"(const float*)consts[{len(self.g.constants) + slot}]"
@@ -239,6 +288,10 @@ class CppWrapper:
         B, M, K = la.shape
         N = lb.shape[2]
         sa, sb = [_c(s) for s in la.strides], [_c(s) for s in lb.strides]
+        if self._product_dtype(ek, "bmm") is D.bfloat16:
+            self._gemm_bf16(ek, B, M, N, K, pa, sa, pb, sb)
+            return
+        self._need("fl_sgemm", "GEMM")
         self.line(f"fl_sgemm({_c(B)}, {_c(M)}, {_c(N)}, {_c(K)}, {pa}, {sa[0]}, {sa[1]}, {sa[2]}, {pb}, {sb[0]}, "
                   f"{sb[1]}, {sb[2]}, {ek.name}, {_c(M)} * {_c(N)}, {_c(N)}, 0, "
                   f"fl_threads({_c(B)} * {_c(M)} * {_c(N)} * {_c(K)}));")
@@ -247,6 +300,8 @@ class CppWrapper:
         """A 2-D convolution of groups 1; a 1-D one runs as the 2-D convolution of its (N, C, 1, L) view
         (the same memory, kernel (1, K), stride/padding/dilation 1/0/1 in the new dim)."""
         x, w, bias, stride, padding, dilation, transposed, _, groups = ek.args
+        self._product_dtype(ek, "convolution", (D.float32,))
+        self._need("fl_conv2d", "convolution")
         if transposed or groups != 1 or len(x.layout.shape) not in (3, 4):
             raise Unsupported("the C++ wrapper runs 1-D and 2-D convolutions of groups 1 only")
         ops = [(x, "input"), (w, "weight")] + ([(bias, "bias")] if bias is not None else [])
@@ -265,6 +320,38 @@ class CppWrapper:
         self.line(f"fl_conv2d({N}, {C}, {H}, {W}, {O}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, {OW}, "
                   f"{px}, {pwt}, {pbias}, {ek.name}, fl_threads({N} * {O} * {OH} * {OW} * {C} * {KH} * {KW}));")
 
+    def _gemm_bf16(self, ek, B, M, N, K, pa, sa, pb, sb):
+        """A bfloat16 product (batch B, element strides sa/sb as (batch, row, column)): float sums in a
+        workspace, rounded once into the result (cpu_kernels.cpp's flm_gemm_bf16)."""
+        self._need("fl_gemm_bf16", "bfloat16 GEMM")
+        mnb = f"{_c(B)} * {_c(M)} * {_c(N)}"
+        self.line(f"{{ float* fl_work = (float*)fl_alloc({mnb} * 4);")
+        self.line(f"  fl_gemm_bf16({_c(B)}, {_c(M)}, {_c(N)}, {_c(K)}, {pa}, {sa[0]}, {sa[1]}, {sa[2]}, {pb}, "
+                  f"{sb[0]}, {sb[1]}, {sb[2]}, fl_work, {ek.name}, fl_threads({mnb} * {_c(K)}));")
+        self.line("  fl_free(fl_work); }")
+
+    def _extern__sdpa_flash_cpu(self, ek):
+        """The fused CPU attention (cpu_attention.cpp's forward) on 4-d operands: out (B, H, L, Ev) in
+        the operands' dtype and the float logsumexp (B, H, L), both contiguous; see flash_reason."""
+        q, k, v, mask, causal, scale, gqa = ek.op.bind(*ek.args, **ek.kwargs)
+        why = flash_reason(q.dtype, [a.layout.shape for a in (q, k, v)], mask is not None, gqa, _same_size)
+        if why:
+            raise Unsupported(f"the C++ wrapper can't run _sdpa_flash_cpu: {why}")
+        self._need("fl_attention_forward", "fused attention")
+        (pq, lq), (pk, lk), (pv, lv) = (self._operand(a) for a in (q, k, v))
+        B, H, L, E = lq.shape
+        Hk, S = lk.shape[1], lk.shape[2]
+        sizes = ", ".join(_c(s) for s in (B, H, Hk, L, S, E, lv.shape[3]))
+        strides = ", ".join(_c(s) for s in (*lq.strides, *lk.strides, *lv.strides)) + ", 0, 0, 0, 0"
+        out, lse = (next(o.name for o in ek.outputs if o.i == i) for i in (0, 1))
+        sc = f"(float)(1.0 / std::sqrt((double){_c(E)}))" if scale is None else repr(float(scale))
+        self.line(f"{{ const int64_t fl_sz[] = {{{sizes}}}; const int64_t fl_st[] = {{{strides}}};")
+        self.line(f"  const int fl_th = fl_threads({_c(B)} * {H} * {_c(L)} * {_c(S)} * {_c(lv.shape[3])} * 4);")
+        self.line("  float* fl_work = (float*)fl_alloc(fl_attention_workspace(fl_sz, 0, fl_th) * 4);")
+        self.line(f"  fl_attention_forward(fl_sz, fl_st, {LOWP_CODES[q.dtype]}, {pq}, {pk}, {pv}, nullptr, "
+                  f"{int(bool(causal))}, {sc}, {out}, {lse}, fl_work, fl_th);")
+        self.line("  fl_free(fl_work); }")
+
     # ---- the JIT entry ---------------------------------------------------------------------------
     def _obj_entry(self) -> str:
         off = codegen_cpp.DATA_OFFSET
@@ -281,6 +368,31 @@ class CppWrapper:
         return (f'extern "C" int fl_graph_run_obj({", ".join(params)}) {{\n'
                 f"    void* in[] = {{{in_arr}}};\n    void* out[] = {{{out_arr}}};\n"
                 f"    const int64_t sym[] = {{{sym}}};\n    return fl_graph_run(in, out, sym, consts);\n}}\n")
+
+
+def _same_size(a, b) -> bool:
+    """Two sizes known equal at compile time (ints, or the same size expression)."""
+    return a == b if isinstance(a, int) and isinstance(b, int) else str(a) == str(b)
+
+
+def flash_reason(dtype, shapes, has_mask: bool, enable_gqa: bool, same=_same_size) -> str:
+    """Why a C++ wrapper can't call the fused CPU attention on operands of this dtype and these
+    (query, key, value) shapes (empty when it can): 4-d operands of one batch size, static head
+    counts (equal, or grouped-query), no mask. The inductor decomposes the others into the math path
+    (decompositions.sdpa_flash_cpu) for graphs without Python externs."""
+    if dtype not in LOWP_CODES:
+        return f"dtype {dtype.name}"
+    if any(len(s) != 4 for s in shapes):
+        return "operands that are not 4-d"
+    (b, hq, _, _), (bk, hk, _, _), (bv, hv, _, _) = shapes
+    if has_mask:
+        return "a mask"
+    if not (same(b, bk) and same(b, bv)):
+        return "broadcast batch sizes"
+    if not all(isinstance(h, int) for h in (hq, hk, hv)) or hk != hv or \
+            not (hq == hk or (enable_gqa and hq % hk == 0)):
+        return "head counts that are dynamic, broadcast or not grouped-query"
+    return ""
 
 
 def _contiguous_at_offset(layout) -> bool:
@@ -321,14 +433,14 @@ class CppShimCodegen(WrapperCodegen):
 
 def bind_jit(lib, graph, size_names):
     """(run, consts, arrays): the library's `fl_graph_run_obj` with its argument types, externs set
-    to the eager library's GEMM and convolution, the constants' pointer table and their arrays (which
-    the caller keeps alive with the table)."""
-    ptrs = cpu_kernels.extern_pointers()
+    to the eager libraries' functions (`jit_externs`), the constants' pointer table and their arrays
+    (which the caller keeps alive with the table)."""
     p = ctypes.c_void_p
-    lib.fl_set_externs.argtypes = [p, p, p, p, ctypes.c_int]
+    found = jit_externs()
+    table = (p * len(EXTERNS))(*[found.get(name) for name in EXTERNS])
+    lib.fl_set_externs.argtypes = [p, ctypes.c_int]
     lib.fl_set_externs.restype = None
-    if ptrs is not None:
-        lib.fl_set_externs(*ptrs)
+    lib.fl_set_externs(table, cpu_kernels.gemm_threads())
     run = lib.fl_graph_run_obj
     n_arrays = len(graph.inputs) + len(output_bases(graph))
     run.argtypes = [ctypes.py_object] * n_arrays + [ctypes.c_int64] * len(size_names) + [p]
