@@ -90,6 +90,30 @@ def test_unflatten_rebuilds_the_hierarchy_as_pytorch(name, strict):
                                        atol=1e-6, err_msg=k)
 
 
+def _all_calls(m) -> dict:
+    return {name: _calls(sub) for name, sub in m.named_modules() if hasattr(sub, "graph")}
+
+
+@pytest.mark.parametrize("name", ["gpt", "cnn"])
+def test_unflatten_after_run_decompositions_as_pytorch(name):
+    """run_decompositions keeps each node's module stack on the nodes it decomposes into, so the
+    decomposed program unflattens into the same hierarchy as PyTorch's decomposed program: names,
+    every module's call_module targets, outputs, buffer updates."""
+    fm, tm = _pair(name)
+    tep = torch.export.export(tm, _inputs(torch, name, 4), dynamic_shapes=_dims(name)(torch.export.Dim))
+    fep = export(fm, _inputs(fl, name, 4), dynamic_shapes=_dims(name)(Dim)).run_decompositions()
+    tu, fu = torch.export.unflatten(tep.run_decompositions()), unflatten(fep)
+    assert _names(fu) == _names(tu) == _names(fm)
+    assert _all_calls(fu) == _all_calls(tu), fu.code
+    for batch in (3, 9):
+        for g, w in zip(_numpy(fu(*_inputs(fl, name, batch))), _numpy(tm(*_inputs(torch, name, batch)))):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    if name == "cnn":
+        for k in ("features.1.running_mean", "features.1.running_var", "calls"):
+            np.testing.assert_allclose(fu.state_dict()[k].numpy(), tm.state_dict()[k].numpy(), rtol=1e-5,
+                                       atol=1e-6, err_msg=k)
+
+
 def test_unflatten_of_a_loaded_program_and_its_guards(tmp_path):
     fm, _ = _pair("gpt")
     ep = export(fm, _inputs(fl, "gpt", 4), dynamic_shapes=_dims("gpt")(Dim))
@@ -207,3 +231,50 @@ def test_unflatten_puts_cond_subgraphs_in_the_calling_module_as_pytorch(strict, 
         xs = sign * np.abs(x)
         np.testing.assert_allclose(fu(fl.tensor(xs)).detach().numpy(), tm(torch.tensor(xs)).detach().numpy(),
                                    rtol=1e-6, atol=1e-6)
+
+
+def adder(lib):
+    class Add(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = lib.nn.Linear(4, 3)
+
+        def forward(self, x, y):
+            return self.lin(x) + y
+    return Add()
+
+
+def test_flat_args_adapter_as_pytorch(capsys):
+    """A call with an extra input: without an adapter PyTorch's TypeError; with one that keeps the
+    first two flat inputs, the outputs of PyTorch's unflattened module; an adapter returning too few
+    inputs, PyTorch's TypeError. The adapter sees the same target/input specs' leaf counts as PyTorch's."""
+    fl.manual_seed(0)
+    fm, tm = adder(fl), adder(torch)
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in fm.state_dict().items()})
+    rng = np.random.default_rng(0)
+    x, y, z = (rng.standard_normal(s).astype(np.float32) for s in ((2, 4), (2, 3), (5,)))
+    seen = []
+
+    def adapter(lib, keep):
+        class Keep(getattr(lib.export, "FlatArgsAdapter")):
+            def adapt(self, target_spec, input_spec, input_args, metadata=None, obj=None):
+                seen.append((lib.__name__, target_spec.num_leaves, input_spec.num_leaves, len(input_args)))
+                return input_args[:keep]
+        return Keep()
+
+    outs = {}
+    for lib in (torch, fl):
+        ep = lib.export.export(fm if lib is fl else tm, (lib.tensor(x), lib.tensor(y)))
+        u = lib.export.unflatten(ep)
+        with pytest.raises(TypeError, match="There is no flat args adapter specified"):
+            u(lib.tensor(x), lib.tensor(y), lib.tensor(z))
+        u = lib.export.unflatten(ep, flat_args_adapter=adapter(lib, 2))
+        outs[lib.__name__] = u(lib.tensor(x), lib.tensor(y), lib.tensor(z)).detach().numpy()
+        with pytest.raises(TypeError, match="Flat args adaption failed, number of args mismatch"):
+            lib.export.unflatten(ep, flat_args_adapter=adapter(lib, 1))(lib.tensor(x), lib.tensor(y), lib.tensor(z))
+    np.testing.assert_allclose(outs["flambeau"], outs["torch"], rtol=1e-6, atol=1e-6)
+    by_lib = {}
+    for name, *counts in seen:
+        by_lib.setdefault(name, []).append(counts)
+    assert by_lib["flambeau"] == by_lib["torch"] == [[2, 3, 3], [2, 3, 3]]
+    assert capsys.readouterr().out.count("Adapting flat arg to match exported module's treespec") == 6

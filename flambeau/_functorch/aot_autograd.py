@@ -50,6 +50,7 @@ from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
 from ..fx.experimental.proxy_tensor import ProxyTorchDispatchMode, _Recorder
 from ..fx.graph_module import GraphModule
+from ..fx.interpreter import Interpreter
 from ..fx._symbolic_shapes import ShapeEnv, SymInt, expr_to_python
 from .._subclasses.fake_tensor import FakeTensorMode
 from ..nn.modules.module import Module
@@ -288,10 +289,31 @@ def _trace_graph(flat_fn: Callable, flat_args: list, *, joint: bool, tracing_mod
     return gm, meta, tr
 
 
-def retrace(gm: GraphModule, symbolic: bool, fake_mode, decompositions: dict) -> GraphModule:
+class _MetaCarrier(Interpreter):
+    """Runs a graph node by node (inside a retrace) and copies the `keys` of each node's meta onto the
+    nodes the retrace recorded while it ran (export's nn_module_stack survives run_decompositions)."""
+
+    def __init__(self, gm: GraphModule, graph, keys: tuple):
+        super().__init__(gm)
+        self.out_graph, self.keys = graph, keys
+        self.done = set(graph.nodes)
+
+    def run_node(self, n: Node):
+        result = super().run_node(n)
+        meta = {k: n.meta[k] for k in self.keys if k in n.meta}
+        for new in reversed(self.out_graph.nodes):
+            if new in self.done:
+                break
+            self.done.add(new)
+            new.meta.update({k: dict(v) if isinstance(v, dict) else v for k, v in meta.items()})
+        return result
+
+
+def retrace(gm: GraphModule, symbolic: bool, fake_mode, decompositions: dict, keep_meta: tuple = ()) -> GraphModule:
     """Trace `gm` again, functionalized, through `decompositions`, on its placeholders' fake values
     (`fake_mode` and its shape environment; `symbolic` keeps sizes symbolic): AOT autograd's joint
-    graph and `ExportedProgram.run_decompositions` both retrace this way."""
+    graph and `ExportedProgram.run_decompositions` both retrace this way. Each new node gets the
+    `keep_meta` entries of the node whose run recorded it."""
     tr2 = _Trace("symbolic" if symbolic else "fake", fake_mode)
     vals = []
     for n in gm.graph.find_nodes(op="placeholder"):
@@ -301,8 +323,9 @@ def retrace(gm: GraphModule, symbolic: bool, fake_mode, decompositions: dict) ->
         ph.meta["val"] = v
         tr2.rec.note_sizes(ph, v)
         vals.append(v)
+    fn = _MetaCarrier(gm, tr2.rec.graph, keep_meta).run if keep_meta else gm.forward
     with no_grad():
-        out = tr2.run(lambda *a: run_functionalized(_decomposed(gm.forward, decompositions), a).out, *vals)
+        out = tr2.run(lambda *a: run_functionalized(_decomposed(fn, decompositions), a).out, *vals)
     return tr2.finish(list(out))
 
 

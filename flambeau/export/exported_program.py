@@ -7,7 +7,8 @@ original (nested) arguments, checking their shapes against the export's (static 
 equal and derived Dims; `AssertionError("Guard failed: ...")` as PyTorch's unlifted module raises),
 applying buffer updates, and returning the original output structure. Calling the ExportedProgram
 itself raises, as in PyTorch. `run_decompositions()` retraces the graph through the decomposition
-table (default: every non-core op that has a decomposition) into core operators.
+table (default: every non-core op that has a decomposition) into core operators; each new node keeps
+the module stack of the node it came from (`KEPT_NODE_META`), so `unflatten` works on the result.
 """
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ from .dynamic_shapes import INT_OO
 from .graph_signature import ExportGraphSignature, InputKind, OutputKind, OutputSpec, SymIntArgument, TensorArgument
 
 __all__ = ["ExportedProgram", "ModuleCallSignature", "ModuleCallEntry"]
+
+# node metadata run_decompositions carries from each node to the nodes it decomposes into (unflatten
+# reads the module stacks of a decomposed program, as PyTorch's)
+KEPT_NODE_META = ("nn_module_stack", "stack_trace")
 
 
 @dataclasses.dataclass
@@ -154,7 +159,7 @@ class ExportedProgram:
         gm = self._graph_module
         fake_mode = gm.meta.get("fake_mode")
         symbolic = fake_mode is not None and fake_mode.shape_env is not None
-        new = retrace(gm, symbolic, fake_mode, table)
+        new = retrace(gm, symbolic, fake_mode, table, keep_meta=KEPT_NODE_META)
         new.graph.eliminate_dead_code()
         for name, sub in gm.named_children():
             if isinstance(sub, GraphModule):

@@ -10,20 +10,21 @@ match the original module, and the subgraphs of `cond`/`map` under the module wh
 (`blk.true_graph_0`, as PyTorch); a submodule's graph reads its own state with `get_attr`, state of another
 branch (a tied weight) comes in as an input.
 
-The result, an `UnflattenedModule`, takes the original (nested) inputs, checks their shapes as
-`ep.module()` does, writes buffer updates back and returns the original output structure. Every
+The result, an `UnflattenedModule`, takes the original (nested) inputs (or, through a
+`FlatArgsAdapter`, inputs of another structure), checks their shapes as `ep.module()` does, writes buffer updates back and returns the original output structure. Every
 module of the hierarchy is an `InterpreterModule` (a GraphModule: `.graph`, `.code`, readable).
 
 A module called more than once (stack keys `fqn`, `fqn@1`, ...) gets a graph for each call, as
 PyTorch's: a later call whose graph equals an earlier call's (same ops, targets and argument wiring)
 calls that module again; otherwise it becomes a copy `name@k` registered beside the original in the
 caller's module, holding that call's graph and sharing the original's parameters, buffers and
-children (so `state_dict()` lists them under `name@k.` as well, `named_parameters()` once). Nodes
-without the metadata (a program made by `run_decompositions` or loaded from a file) stay in the root
-graph.
+children (so `state_dict()` lists them under `name@k.` as well, `named_parameters()` once). The
+metadata survives `run_decompositions` (each decomposed node keeps its module stack) and save/load;
+nodes without it stay in the root graph.
 """
 from __future__ import annotations
 
+import abc
 import operator
 
 from ..fx.graph import Graph
@@ -31,10 +32,12 @@ from ..fx.graph_module import GraphModule
 from ..fx.node import map_arg
 from ..nn.modules.module import Module
 from ..nn.parameter import Parameter
+from .._tensor import Tensor
+from ..utils import _pytree as pytree
 from .exported_program import ExportedProgram, _InputChecker, user_tensors, write_back
 from .graph_signature import InputKind
 
-__all__ = ["unflatten", "UnflattenedModule", "InterpreterModule"]
+__all__ = ["unflatten", "UnflattenedModule", "InterpreterModule", "FlatArgsAdapter"]
 
 STACK = "nn_module_stack"
 
@@ -48,19 +51,59 @@ class InterpreterModule(GraphModule):
             self.graph = graph
 
 
+class FlatArgsAdapter(abc.ABC):
+    """PyTorch's `torch.export.FlatArgsAdapter`: turns the flat inputs of a call whose structure differs
+    from the exported one (`input_spec`) into the exported program's flat inputs (`target_spec`)."""
+
+    @abc.abstractmethod
+    def adapt(self, target_spec: pytree.TreeSpec, input_spec: pytree.TreeSpec, input_args: list,
+              metadata: dict | None = None, obj=None) -> list:
+        """The flat inputs for `target_spec` (may change `input_args`)."""
+
+    def get_flat_arg_paths(self) -> list:
+        """The paths of the adapted flat inputs (names for error messages); none by default."""
+        return []
+
+
 class UnflattenedModule(InterpreterModule):
     """The root of an unflattened program (see module docstring)."""
 
-    def __init__(self, ep: ExportedProgram):
+    def __init__(self, ep: ExportedProgram, flat_args_adapter: FlatArgsAdapter | None = None):
         super().__init__()
         self.__dict__["_ep"] = ep
         self.__dict__["_checker"] = _InputChecker(ep)
+        self.__dict__["flat_args_adapter"] = flat_args_adapter
+        self.__dict__["adapted"] = False
 
     def __call__(self, *args, **kwargs):
         ep = self.__dict__["_ep"]
-        tensors = user_tensors(ep, args, kwargs)
+        tensors = self._user_tensors(ep, args, kwargs)
         self.__dict__["_checker"].check(tensors)
         return write_back(ep, self.get_submodule_state, tensors, self.forward(*tensors))
+
+    def _user_tensors(self, ep: ExportedProgram, args: tuple, kwargs: dict) -> list:
+        """The call's tensor inputs in the program's order; inputs of another structure are adapted by
+        the `flat_args_adapter` (PyTorch's TypeErrors without one, or when it returns too few or many)."""
+        try:
+            return user_tensors(ep, args, kwargs)
+        except TypeError:
+            pass
+        target = ep.call_spec.in_spec
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if not self.__dict__["adapted"]:              # (printed as PyTorch's, until a call was adapted)
+            print(f"Input treespec does not match with exported module's: \nInput treespec: {spec}. ",
+                  f"Exported module treespec: {target}")
+            print("Adapting flat arg to match exported module's treespec")
+        adapter = self.__dict__["flat_args_adapter"]
+        if adapter is None:
+            raise TypeError("There is no flat args adapter specified. Are you sure you are calling this "
+                            "with the right arguments? ")
+        flat = adapter.adapt(target_spec=target, input_spec=spec, input_args=flat, metadata=self.meta, obj=args)
+        if len(flat) != target.num_leaves:
+            raise TypeError(f"Flat args adaption failed, number of args mismatch Adapted: {len(flat)} \n"
+                            f"Exported module: {target.num_leaves}")
+        self.__dict__["adapted"] = True
+        return [x for x in flat if isinstance(x, Tensor)]
 
     def get_submodule_state(self, fqn: str):
         """The parameter or buffer at `fqn`."""
@@ -273,14 +316,12 @@ class _Builder:
             env[o] = item
 
 
-def unflatten(module: ExportedProgram, flat_args_adapter=None) -> UnflattenedModule:
-    """`torch.export.unflatten`: the module hierarchy of `module` rebuilt (see module docstring)."""
+def unflatten(module: ExportedProgram, flat_args_adapter: FlatArgsAdapter | None = None) -> UnflattenedModule:
+    """`torch.export.unflatten`: the module hierarchy of `module` rebuilt (see module docstring);
+    `flat_args_adapter` adapts calls whose input structure differs from the exported one."""
     if not isinstance(module, ExportedProgram):
         raise TypeError(f"unflatten expects an ExportedProgram, got {type(module).__name__}")
-    if flat_args_adapter is not None:
-        raise NotImplementedError("unflatten: flat_args_adapter is not supported (the program's input "
-                                  "structure is used as exported)")
-    root = UnflattenedModule(module)
+    root = UnflattenedModule(module, flat_args_adapter)
     root.training = False
     for entry in module.module_call_graph[1:]:          # the original's module order
         _module_at(root, entry.fqn)
