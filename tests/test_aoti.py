@@ -471,3 +471,82 @@ def test_aoti_portable_bf16_package_widens_its_products_to_float(tmp_path):
     w1, b1, w2, b2 = (p.detach().float().numpy().astype(np.float64) for p in m.parameters())
     ref = np.maximum(x.float().numpy().astype(np.float64) @ w1.T + b1, 0) @ w2.T + b2
     np.testing.assert_allclose(run(x).float().numpy(), ref, rtol=1.6e-2, atol=1.6e-2)
+
+
+def _weighted(lib):
+    """A batched product with a constant (3, 300, 40) weight (K = 300: two k-blocks; N = 40: a padded
+    panel), one with a weight broadcast over the batch, and a convolution."""
+    nn = lib.nn
+
+    class Weighted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(lib.randn(3, 300, 40) * 0.05)
+            self.shared = nn.Parameter(lib.randn(1, 40, 20) * 0.1)
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x, img):
+            y = lib.bmm(x, self.w)
+            return lib.matmul(y, self.shared.expand(3, 40, 20)), self.conv(img)
+    return Weighted()
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["plain", "freezing"])
+def test_aoti_packs_bmm_and_conv_weights_once_at_load(tmp_path, freezing, frozen):
+    """Constant right operands of batched products (each batch item's panels; one for a broadcast weight)
+    and convolution weights (flm_conv_pack_w) are packed when the package is loaded: fl_graph_run calls
+    only fl_sgemm_packed / fl_conv2d_packed; outputs from Python and C++ vs PyTorch with the same weights."""
+    import torch
+    config.freezing = frozen
+    fl.manual_seed(0)
+    m = _weighted(fl).eval()
+    tm = _weighted(torch).eval()
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in m.state_dict().items()})
+    args = (fl.randn(3, 5, 300), fl.randn(2, 3, 8, 8))
+    pkg = _package(tmp_path, m, args, dynamic_shapes=({1: Dim("rows", max=64)}, {0: Dim("batch", max=8)}))
+    with zipfile.ZipFile(pkg) as z:
+        src = z.read("model.cpp").decode()
+    run_src = src[src.index('extern "C" int fl_graph_run('):src.index("fl_graph_num_packed")]
+    assert run_src.count("fl_sgemm_packed(") == 2 and run_src.count("fl_conv2d_packed(") == 1
+    assert "fl_sgemm(" not in run_src and "fl_conv2d(" not in run_src
+    assert 'int fl_graph_num_packed(void) { return 3; }' in src
+    run = aoti_load_package(pkg)
+    x, img = fl.randn(3, 7, 300), fl.randn(4, 3, 8, 8)
+    r, _ = _run_cpp(pkg, tmp_path, [x, img])
+    assert r.returncode == 0, r.stderr
+    with torch.no_grad():
+        want = tm(torch.tensor(x.numpy()), torch.tensor(img.numpy()))
+    got = [run(x, img), [read_tensor_file(str(tmp_path / f"output{i}.bin")) for i in range(2)]]
+    for outs in got:
+        for g, w in zip(outs, want):
+            np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_jit_freezing_with_cpp_wrapper_packs_bmm_and_conv_weights_once(freezing, monkeypatch):
+    """The JIT C++ wrapper of a frozen graph packs the same operands once, when the graph is compiled."""
+    import torch
+    monkeypatch.setattr(config, "cpp_wrapper", True)
+    config.freezing = True
+    fl.manual_seed(0)
+    m = _weighted(fl).eval()
+    tm = _weighted(torch).eval()
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in m.state_dict().items()})
+    graphs = []
+    orig = compile_fx.compile_fx
+
+    def spy(gm, ex):
+        graphs.append(orig(gm, ex))
+        return graphs[-1]
+    monkeypatch.setattr(fl._inductor, "compile_fx", spy)
+    fl._dynamo.reset()
+    try:
+        x, img = fl.randn(3, 5, 300), fl.randn(2, 3, 8, 8)
+        with fl.no_grad(), torch.no_grad():
+            got = fl.compile(m)(x, img)
+            want = tm(torch.tensor(x.numpy()), torch.tensor(img.numpy()))
+    finally:
+        fl._dynamo.reset()
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-4, atol=1e-5)
+    (g,) = graphs
+    assert g.artifact.cpp_wrapper and g.source.count("fl_sgemm_packed(") == 2 and g.source.count("fl_conv2d_packed(") == 1

@@ -475,7 +475,7 @@ extern "C" void flm_sgemm_packed_planned(const int64_t* p, const char* a, const 
 // panels are packed straight from the input. A panel of NR consecutive output positions splits into
 // runs that lie in one output row; for each row k = (c, kh, kw) of B, a run reads one input row
 // (contiguous when the stride is 1) and is zero outside the image (the padding). Weights are packed
-// once; the work items (image, block of NCONV output positions) are split over the OpenMP team.
+// once per call (flm_conv2d), or once for all calls (flm_conv_pack_w + flm_conv2d_packed); the work items (image, block of NCONV output positions) are split over the OpenMP team.
 enum { NCONV = 256 };
 
 struct Conv2d {
@@ -616,20 +616,27 @@ static void pack_cols(const Conv2d& g, const float* x, int64_t k0, int64_t kc, i
     }
 }
 
-extern "C" void flm_conv2d(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW,
-                           int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
-                           int64_t OH, int64_t OW, const float* x, const float* w, const float* bias, float* y,
-                           int threads) {
+// Floats of a convolution's packed weights (O x K, K = C*KH*KW): k-block b, tile q at
+// b*tiles*MR*KC + q*MR*kc. flm_conv_pack_w packs them (contiguous weights); a constant weight of a
+// compiled graph or package is packed once and read by every flm_conv2d_packed call.
+extern "C" int64_t flm_conv_packed_w_floats(int64_t O, int64_t K) {
+    return ((K + KC - 1) / KC) * ((O + MR - 1) / MR) * MR * KC;
+}
+
+extern "C" void flm_conv_pack_w(int64_t O, int64_t K, const float* w, float* wp) {
+    const int64_t tiles = (O + MR - 1) / MR;
+    for (int64_t b = 0; b * KC < K; b++)
+        pack_a(O, std::min<int64_t>(KC, K - b * KC), w + b * KC, K, 1, wp + b * tiles * MR * KC);
+}
+
+extern "C" void flm_conv2d_packed(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW,
+                                  int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                                  int64_t OH, int64_t OW, const float* x, const float* wp, const float* bias,
+                                  float* y, int threads) {
     const Conv2d g{C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW};
     const int64_t K = C * KH * KW, L = OH * OW;
     const int64_t tiles = (O + MR - 1) / MR, kblocks = (K + KC - 1) / KC;
     if (L == 0 || O == 0 || N == 0) return;
-    // weights packed once: k-block b, tile q at wp + b*tiles*MR*KC + q*MR*kc
-    float* wp = (float*)std::aligned_alloc(64, ((kblocks * tiles * MR * KC * sizeof(float) + 63) / 64) * 64);
-    for (int64_t b = 0; b < kblocks; b++) {
-        const int64_t kc = std::min<int64_t>(KC, K - b * KC);
-        pack_a(O, kc, w + b * KC, K, 1, wp + b * tiles * MR * KC);
-    }
     const int64_t lblocks = (L + NCONV - 1) / NCONV, items = N * lblocks;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t it = 0; it < items; it++) {
@@ -666,6 +673,17 @@ extern "C" void flm_conv2d(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O
                           std::min<int64_t>(MR, O - q * MR), std::min<int64_t>(NR, nc - p * NR), acc);
         }
     }
+}
+
+extern "C" void flm_conv2d(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW,
+                           int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                           int64_t OH, int64_t OW, const float* x, const float* w, const float* bias, float* y,
+                           int threads) {
+    if (OH * OW == 0 || O == 0 || N == 0) return;
+    const int64_t K = C * KH * KW;
+    float* wp = (float*)std::aligned_alloc(64, ((flm_conv_packed_w_floats(O, K) * sizeof(float) + 63) / 64) * 64);
+    flm_conv_pack_w(O, K, w, wp);          // the weights packed once per call
+    flm_conv2d_packed(N, C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, x, wp, bias, y, threads);
     std::free(wp);
 }
 

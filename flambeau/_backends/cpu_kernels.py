@@ -88,6 +88,7 @@ def _load():
                                ctypes.c_int, ctypes.c_int]
                 fn.restype = None
                 _state["threads"] = int(lib.flm_gemm_threads())
+                _state["lib"] = lib
                 _state["sgemm_packed"], _state["pack_b"] = lib.flm_sgemm_packed, lib.flm_pack_b
                 lib.flm_packed_b_floats.restype = ctypes.c_int64
                 if lib.flm_packed_b_floats(ctypes.c_int64(1), ctypes.c_int64(1)) != NR:
@@ -396,12 +397,14 @@ def matmul_for(xp):
 
 def extern_pointers() -> dict | None:
     """{symbol: address} of the loaded library's functions that generated C++ calls directly (the C++
-    wrapper, `flambeau._inductor.cpp_wrapper`): flm_sgemm, flm_conv2d, flm_sgemm_packed, flm_pack_b,
-    and flm_gemm_bf16 where the CPU has AVX-512 BF16; None when unavailable."""
+    wrapper, `flambeau._inductor.cpp_wrapper`): the GEMM and convolution with their packed-operand
+    forms, and flm_gemm_bf16 where the CPU has AVX-512 BF16; None when unavailable."""
     if _load() is None:
         return None
-    fns = {"flm_sgemm": _state["fn"], "flm_conv2d": _state["conv2d"], "flm_sgemm_packed": _state["sgemm_packed"],
-           "flm_pack_b": _state["pack_b"]}
+    lib = _state["lib"]
+    fns = {sym: getattr(lib, sym) for sym in ("flm_sgemm", "flm_conv2d", "flm_sgemm_packed", "flm_pack_b",
+                                              "flm_packed_b_floats", "flm_conv2d_packed", "flm_conv_pack_w",
+                                              "flm_conv_packed_w_floats")}
     if "bf16" in _state:
         fns["flm_gemm_bf16"] = _state["bf16"]
     return {sym: ctypes.cast(f, ctypes.c_void_p).value for sym, f in fns.items()}

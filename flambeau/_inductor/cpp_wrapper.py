@@ -24,11 +24,12 @@ logsumexp), through the function pointers of `EXTERNS`, set once by `fl_set_exte
 its model.so). Any other step raises `Unsupported`: the JIT path then keeps the Python wrapper
 (wrapper.py), AOTInductor refuses the graph.
 
-A product whose right operand is a frozen constant (`config.freezing`, or any AOTInductor weight;
-`config.prepack_weights`)
-reads it from a buffer packed once into the GEMM's panel layout (`flm_pack_b`) when the graph or
-package is loaded: `fl_graph_prepack(consts)` fills the buffers the loader appends to the constants'
-table (`fl_graph_num_packed`, `fl_graph_packed_floats(k)`), `fl_sgemm_packed` multiplies with them.
+A float32 product or convolution whose right operand (weight) is a frozen constant (`config.freezing`,
+or any AOTInductor weight; `config.prepack_weights`) reads it from a buffer packed once when the graph
+or package is loaded: the GEMM's B panels (`flm_pack_b`; a batched product's per batch item, one for
+a weight broadcast over the batch) or the convolution's weight tiles (`flm_conv_pack_w`).
+`fl_graph_prepack(consts)` fills the buffers the loader appends to the constants' table
+(`fl_graph_num_packed`, `fl_graph_packed_floats(k)`); `fl_sgemm_packed` / `fl_conv2d_packed` read them.
 
 `fl_graph_run_obj(...)` is the JIT entry: the input and output arrays as NumPy array objects (their
 data pointer read at codegen_cpp.DATA_OFFSET), the sizes as integers, the constants' pointer table
@@ -62,12 +63,22 @@ EXTERNS = {
     "fl_sgemm_packed": ("flm_sgemm_packed", "void", f"{_I}, {_I}, {_I}, const float*, {_I}, {_I}, const float*, "
                         f"float*, {_I}, int"),
     "fl_pack_b": ("flm_pack_b", "void", f"{_I}, {_I}, const float*, {_I}, {_I}, float*"),
+    "fl_packed_b_floats": ("flm_packed_b_floats", _I, f"{_I}, {_I}"),
+    "fl_conv2d_packed": ("flm_conv2d_packed", "void", ", ".join([_I] * 15) + ", const float*, const float*, "
+                         "const float*, float*, int"),
+    "fl_conv_pack_w": ("flm_conv_pack_w", "void", f"{_I}, {_I}, const float*, float*"),
+    "fl_conv_packed_w_floats": ("flm_conv_packed_w_floats", _I, f"{_I}, {_I}"),
     "fl_gemm_bf16": ("flm_gemm_bf16", "void", f"{_I}, {_I}, {_I}, {_I}, const uint16_t*, {_I}, {_I}, {_I}, "
                      f"const uint16_t*, {_I}, {_I}, {_I}, float*, uint16_t*, int"),
     "fl_attention_forward": ("flm_attention_forward", "void", "const int64_t*, const int64_t*, int, const void*, "
                              "const void*, const void*, const float*, int, float, void*, float*, float*, int"),
     "fl_attention_workspace": ("flm_attention_workspace", _I, "const int64_t*, int, int"),
 }
+
+# the externs that pack a constant operand of each kind at load, and multiply with it
+PACKING = {"mm": ("fl_pack_b", "fl_packed_b_floats", "fl_sgemm_packed"),
+           "bmm": ("fl_pack_b", "fl_packed_b_floats", "fl_sgemm_packed"),
+           "conv": ("fl_conv_pack_w", "fl_conv_packed_w_floats", "fl_conv2d_packed")}
 
 
 def _runtime() -> str:
@@ -141,7 +152,7 @@ class CppWrapper:
         self.mem = memory
         self.size_names = list(size_names)
         self.lines: list = []
-        self.packed: dict = {}       # (constant, offset, strides) -> (slot, K, N): B operands packed at load
+        self.packed: dict = {}       # (kind, constant, layout) -> (slot, floats, pack statement): packed at load
         self.bases = output_bases(graph)
 
     def line(self, s: str):
@@ -187,16 +198,10 @@ class CppWrapper:
         a buffer of packed_floats(k) floats (64-byte aligned) per packed operand, appends them to the
         constants' table and calls prepack once; the products then read them (see module docstring)."""
         n_const = len(self.g.constants)
-        floats, packs = [], []
-        for (name, offset, (rs, cs)), (slot, K, N) in self.packed.items():
-            floats.append(f"fl_packed_b_floats({N}, {K})")
-            j = list(self.g.constants).index(name)
-            packs.append(f"    fl_pack_b({N}, {K}, (const float*)consts[{j}] + {offset}, {rs}, {cs}, "
-                         f"(float*)consts[{n_const + slot}]);")
+        floats = [f for _, f, _ in self.packed.values()]
+        packs = [f"    {pack.format(dst=f'(float*)consts[{n_const + slot}]')}" for slot, _, pack in self.packed.values()]
         sizes = ", ".join(floats) or "0"
         return (f'extern "C" int fl_graph_num_packed(void) {{ return {len(packs)}; }}\n'
-                f"static inline int64_t fl_packed_b_floats(int64_t N, int64_t K) {{ return K * ((N + {cpu_kernels.NR} - 1) / "
-                f"{cpu_kernels.NR} * {cpu_kernels.NR}); }}\n"
                 f'extern "C" int64_t fl_graph_packed_floats(int k) {{ const int64_t n[] = {{{sizes}}}; return n[k]; }}\n'
                 f'extern "C" void fl_graph_prepack(void* const* consts) {{\n' + "\n".join(packs) + "\n}\n")
 
@@ -250,20 +255,34 @@ class CppWrapper:
             return f"({a.base.name} + {_c(a.layout.offset)})", a.layout
         return a.name, a.layout
 
-    def _packed_slot(self, b) -> int | None:
-        """The packed-buffer slot of a product's right operand when it is a constant of static layout."""
+    def _frozen_constant(self, b) -> str | None:
+        """`consts[j] + offset` (C) when operand `b` is a float32 constant of static layout that may be
+        packed once at load (config.prepack_weights, constants frozen)."""
         base = b.base if isinstance(b, StridedView) else b
         lay = b.layout
-        if not (config.prepack_weights and self.constants_frozen and lay.dtype is D.float32 and isinstance(base, InputBuffer)
-                and base.position is None
-                and base.name in self.g.constants):
+        if not (config.prepack_weights and self.constants_frozen and lay.dtype is D.float32
+                and isinstance(base, InputBuffer) and base.position is None and base.name in self.g.constants):
             return None
         if not all(isinstance(v, int) for v in (*lay.shape, *lay.strides, lay.offset)):
             return None
-        key = (base.name, lay.offset, tuple(lay.strides))
+        return f"(const float*)consts[{list(self.g.constants).index(base.name)}] + {lay.offset}"
+
+    def _packed_slot(self, kind: str, b, floats: str, pack: str) -> int | None:
+        """The packed-buffer slot of constant operand `b` (None when it is not one), made once per
+        (kind, constant, layout): `floats` its size, `pack` the statement filling it ({src}, {dst})."""
+        src = self._frozen_constant(b)
+        if src is None:
+            return None
+        for fn in PACKING[kind]:
+            self._need(fn, f"packed {kind} operand")
+        lay = b.layout
+        key = (kind, src, tuple(lay.shape), tuple(lay.strides))
         if key not in self.packed:
-            self.packed[key] = (len(self.packed), lay.shape[0], lay.shape[1])
+            self.packed[key] = (len(self.packed), floats, pack.format(src=src, dst="{dst}"))
         return self.packed[key][0]
+
+    def _packed(self, slot: int) -> str:
+        return f"(const float*)consts[{len(self.g.constants) + slot}]"
 
     def _extern_mm(self, ek):
         (pa, la), (pb, lb) = (self._operand(x) for x in ek.args[:2])
@@ -274,11 +293,11 @@ class CppWrapper:
             self._gemm_bf16(ek, 1, M, N, K, pa, ("0", *sa), pb, ("0", *sb))
             return
         self._need("fl_sgemm", "GEMM")
-        slot = self._packed_slot(ek.args[1])
+        slot = self._packed_slot("mm", ek.args[1], f"fl_packed_b_floats({N}, {K})",
+                                 f"fl_pack_b({N}, {K}, {{src}}, {sb[0]}, {sb[1]}, {{dst}});")
         if slot is not None:
-            packed = f"(const float*)consts[{len(self.g.constants) + slot}]"
-            self.line(f"fl_sgemm_packed({_c(M)}, {_c(N)}, {_c(K)}, {pa}, {sa[0]}, {sa[1]}, {packed}, {ek.name}, "
-                      f"{_c(N)}, fl_threads({_c(M)} * {_c(N)} * {_c(K)}));")
+            self.line(f"fl_sgemm_packed({_c(M)}, {_c(N)}, {_c(K)}, {pa}, {sa[0]}, {sa[1]}, {self._packed(slot)}, "
+                      f"{ek.name}, {_c(N)}, fl_threads({_c(M)} * {_c(N)} * {_c(K)}));")
             return
         self.line(f"fl_sgemm(1, {_c(M)}, {_c(N)}, {_c(K)}, {pa}, 0, {sa[0]}, {sa[1]}, {pb}, 0, {sb[0]}, {sb[1]}, "
                   f"{ek.name}, 0, {_c(N)}, 0, fl_threads({_c(M)} * {_c(N)} * {_c(K)}));")
@@ -292,9 +311,31 @@ class CppWrapper:
             self._gemm_bf16(ek, B, M, N, K, pa, sa, pb, sb)
             return
         self._need("fl_sgemm", "GEMM")
+        if self._bmm_packed(ek, B, M, N, K, pa, sa, lb):
+            return
         self.line(f"fl_sgemm({_c(B)}, {_c(M)}, {_c(N)}, {_c(K)}, {pa}, {sa[0]}, {sa[1]}, {sa[2]}, {pb}, {sb[0]}, "
                   f"{sb[1]}, {sb[2]}, {ek.name}, {_c(M)} * {_c(N)}, {_c(N)}, 0, "
                   f"fl_threads({_c(B)} * {_c(M)} * {_c(N)} * {_c(K)}));")
+
+    def _bmm_packed(self, ek, B, M, N, K, pa, sa, lb) -> bool:
+        """A batched product whose right operand is a constant: each batch item's panels packed once at
+        load (one for all when the operand is broadcast over the batch), one packed product per item."""
+        sbb = lb.strides[0] if isinstance(lb.strides[0], int) else None
+        if sbb is None or not isinstance(B, int):
+            return False
+        items = 1 if sbb == 0 else B
+        rs, cs = lb.strides[1], lb.strides[2]
+        pack = "".join(f"fl_pack_b({N}, {K}, {{src}} + {t * sbb}, {rs}, {cs}, {{dst}} + {t} * fl_packed_b_floats({N}, {K})); "
+                       for t in range(items))
+        slot = self._packed_slot("bmm", ek.args[1], f"{items} * fl_packed_b_floats({N}, {K})", pack.rstrip())
+        if slot is None:
+            return False
+        step = "0" if items == 1 else f"fl_packed_b_floats({N}, {K})"
+        self.line(f"for (int64_t fl_t = 0; fl_t < {B}; fl_t++)")
+        self.line(f"    fl_sgemm_packed({_c(M)}, {N}, {K}, {pa} + fl_t * {sa[0]}, {sa[1]}, {sa[2]}, "
+                  f"{self._packed(slot)} + fl_t * {step}, {ek.name} + fl_t * {_c(M)} * {N}, {N}, "
+                  f"fl_threads({_c(M)} * {N} * {K}));")
+        return True
 
     def _extern_convolution(self, ek):
         """A 2-D convolution of groups 1; a 1-D one runs as the 2-D convolution of its (N, C, 1, L) view
@@ -317,7 +358,10 @@ class CppWrapper:
         sh, sw = (_c(s) for s in ((1,) + tuple(stride) if one else stride))
         ph, pw = (_c(s) for s in ((0,) + tuple(padding) if one else padding))
         dh, dw = (_c(s) for s in ((1,) + tuple(dilation) if one else dilation))
-        self.line(f"fl_conv2d({N}, {C}, {H}, {W}, {O}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, {OW}, "
+        slot = self._packed_slot("conv", w, f"fl_conv_packed_w_floats({O}, {C} * {KH} * {KW})",
+                                 f"fl_conv_pack_w({O}, {C} * {KH} * {KW}, {{src}}, {{dst}});")
+        fn, pwt = ("fl_conv2d", pwt) if slot is None else ("fl_conv2d_packed", self._packed(slot))
+        self.line(f"{fn}({N}, {C}, {H}, {W}, {O}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, {OW}, "
                   f"{px}, {pwt}, {pbias}, {ek.name}, fl_threads({N} * {O} * {OH} * {OW} * {C} * {KH} * {KW}));")
 
     def _gemm_bf16(self, ek, B, M, N, K, pa, sa, pb, sb):
