@@ -550,3 +550,51 @@ def test_jit_freezing_with_cpp_wrapper_packs_bmm_and_conv_weights_once(freezing,
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-4, atol=1e-5)
     (g,) = graphs
     assert g.artifact.cpp_wrapper and g.source.count("fl_sgemm_packed(") == 2 and g.source.count("fl_conv2d_packed(") == 1
+
+
+def _pool_cnn(lib):
+    nn = lib.nn
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True),
+                         nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=8), nn.ReLU(),
+                         nn.Conv2d(8, 12, 1, groups=4), nn.MaxPool2d(2, dilation=2), nn.Flatten(), nn.Linear(48, 5))
+
+
+def test_aoti_max_pool_and_grouped_convolutions_match_pytorch(tmp_path):
+    """MaxPool2d (padding, ceil_mode, dilation) and grouped convolutions (depthwise, groups 4) run in the
+    C++ wrapper: a package from Python (batch 2 and 5) and from C++ (batch 3) vs PyTorch with the same
+    weights; the max pool's indices are returned as F.max_pool2d(..., return_indices=True)'s."""
+    import torch
+    fl.manual_seed(0)
+    m = _pool_cnn(fl).eval()
+    tm = _pool_cnn(torch).eval()
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in m.state_dict().items()})
+    pkg = _package(tmp_path, m, (fl.randn(2, 3, 9, 9),), dynamic_shapes={"input": {0: Dim("batch", max=16)}})
+    run = aoti_load_package(pkg)
+    with zipfile.ZipFile(pkg) as z:
+        src = z.read("model.cpp").decode()
+    assert src.count("fl_max_pool2d(") == 3 and src.count("        fl_conv2d(1, ") == 2
+    x3 = fl.randn(3, 3, 9, 9)
+    r, _ = _run_cpp(pkg, tmp_path, [x3])
+    assert r.returncode == 0, r.stderr
+    outs = [(fl.randn(b, 3, 9, 9), None) for b in (2, 5)] + [(x3, read_tensor_file(str(tmp_path / "output0.bin")))]
+    for x, y in outs:
+        with torch.no_grad():
+            want = tm(torch.tensor(x.numpy())).numpy()
+        np.testing.assert_allclose((run(x) if y is None else y).numpy(), want, rtol=RTOL, atol=ATOL)
+    pool = aoti_load_package(_package(tmp_path, lambda_module(lambda x: tuple(nn.functional.max_pool2d(
+        x, 3, 2, 1, ceil_mode=True, return_indices=True))), (fl.randn(2, 4, 7, 7),), name="pool"))
+    x = fl.randn(2, 4, 7, 7)
+    x[0, 0, 1, 1] = float("nan")
+    vals, idx = pool(x)
+    tv, ti = torch.nn.functional.max_pool2d(torch.tensor(x.numpy()), 3, 2, 1, ceil_mode=True, return_indices=True)
+    np.testing.assert_array_equal(vals.numpy(), tv.numpy())
+    np.testing.assert_array_equal(idx.numpy(), ti.numpy())
+
+
+class lambda_module(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)

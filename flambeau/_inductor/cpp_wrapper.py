@@ -17,8 +17,8 @@ source (codegen_cpp.py), one function that owns the graph's intermediate memory 
 `out` holds the *output bases*: each buffer an output is (or is a view of), allocated by the caller
 with its layout's shape. `sym` holds the size symbols' values (`size_names` order); the kernels take
 them as trailing arguments. The extern steps the C++ wrapper can run are `mm` and `bmm` of float32 or
-bfloat16 (float sums rounded once), float32 1-D and 2-D `convolution` (groups 1) and the fused CPU
-attention `_sdpa_flash_cpu` (4-d operands without a mask, `flash_reason`; a two-output op: out and its
+bfloat16 (float sums rounded once), float32 1-D and 2-D `convolution` (grouped: one call per image and
+group), float32 `max_pool2d_with_indices` (MAX_POOL, generated here) and the fused CPU attention `_sdpa_flash_cpu` (4-d operands without a mask, `flash_reason`; a two-output op: out and its
 logsumexp), through the function pointers of `EXTERNS`, set once by `fl_set_externs(table, threads)`
 (the JIT path hands it the eager libraries' functions, an AOTInductor package the copies linked into
 its model.so). Any other step raises `Unsupported`: the JIT path then keeps the Python wrapper
@@ -41,13 +41,14 @@ import ctypes
 
 from .. import _dtype as D
 from .._backends import cpu_attention, cpu_kernels
+from .._ops.nn_pool import _pool_args
 from . import codegen_cpp, config
 from .ir import Buffer, ExternKernel, InputBuffer, Layout, StridedView, Unsupported
 from .scheduler import Kernel
 from .sizevars import SizeExpr
 from .wrapper import WrapperCodegen, kernel_error
 
-CPP_EXTERN_OPS = ("mm", "bmm", "convolution", "_sdpa_flash_cpu")
+CPP_EXTERN_OPS = ("mm", "bmm", "convolution", "_sdpa_flash_cpu", "max_pool2d_with_indices")
 PARALLEL_MACS = 1 << 20          # as cpu_kernels.PARALLEL_MACS: smaller products run on one thread
 LOWP_CODES = {D.float32: 0, D.bfloat16: 1, D.float16: 2}     # cpu_attention.cpp's operand dtype codes
 # The library functions the generated wrapper calls, in the order of fl_set_externs' table: the wrapper's
@@ -80,6 +81,33 @@ PACKING = {"mm": ("fl_pack_b", "fl_packed_b_floats", "fl_sgemm_packed"),
            "bmm": ("fl_pack_b", "fl_packed_b_floats", "fl_sgemm_packed"),
            "conv": ("fl_conv_pack_w", "fl_conv_packed_w_floats", "fl_conv2d_packed")}
 
+# max_pool2d_with_indices on contiguous float planes, as PyTorch's CPU kernel: each window's max (a NaN
+# wins), the flat index (ih * W + iw) of the element taken, padding never taken; planes split over threads
+MAX_POOL = r"""
+static void fl_max_pool2d(int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t kh, int64_t kw,
+                          int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, const float* x,
+                          float* y, int64_t* idx, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < planes; p++)
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int64_t h0 = oh * sh - ph, w0 = ow * sw - pw;
+                while (h0 < 0) h0 += dh;
+                while (w0 < 0) w0 += dw;
+                int64_t best = h0 * W + w0;
+                float m = -__builtin_inff();
+                for (int64_t ih = oh * sh - ph, i = 0; i < kh; i++, ih += dh)
+                    for (int64_t iw = ow * sw - pw, j = 0; j < kw; j++, iw += dw) {
+                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                        const float v = x[p * H * W + ih * W + iw];
+                        if (v > m || v != v) { m = v; best = ih * W + iw; }
+                    }
+                y[(p * OH + oh) * OW + ow] = m;
+                idx[(p * OH + oh) * OW + ow] = best;
+            }
+}
+"""
+
 
 def _runtime() -> str:
     """The helpers every C++ wrapper starts with: the externs' pointers and fl_set_externs, the
@@ -100,7 +128,7 @@ static inline void* fl_alloc(int64_t nbytes) {{
     return std::aligned_alloc(64, (size_t)((nbytes + 63) / 64 * 64 + 64));
 }}
 static inline void fl_free(void* p) {{ std::free(p); }}
-"""
+{MAX_POOL}"""
 
 
 RUNTIME = _runtime()
@@ -343,8 +371,8 @@ class CppWrapper:
         x, w, bias, stride, padding, dilation, transposed, _, groups = ek.args
         self._product_dtype(ek, "convolution", (D.float32,))
         self._need("fl_conv2d", "convolution")
-        if transposed or groups != 1 or len(x.layout.shape) not in (3, 4):
-            raise Unsupported("the C++ wrapper runs 1-D and 2-D convolutions of groups 1 only")
+        if transposed or len(x.layout.shape) not in (3, 4):
+            raise Unsupported("the C++ wrapper runs 1-D and 2-D convolutions only (not transposed ones)")
         ops = [(x, "input"), (w, "weight")] + ([(bias, "bias")] if bias is not None else [])
         for a, what in ops:
             if not a.layout.is_contiguous() and not (isinstance(a, StridedView) and _contiguous_at_offset(a.layout)):
@@ -358,11 +386,45 @@ class CppWrapper:
         sh, sw = (_c(s) for s in ((1,) + tuple(stride) if one else stride))
         ph, pw = (_c(s) for s in ((0,) + tuple(padding) if one else padding))
         dh, dw = (_c(s) for s in ((1,) + tuple(dilation) if one else dilation))
+        if groups != 1:
+            self._grouped_convolution(ek, groups, (N, C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW), px, pwt,
+                                      pbias)
+            return
         slot = self._packed_slot("conv", w, f"fl_conv_packed_w_floats({O}, {C} * {KH} * {KW})",
                                  f"fl_conv_pack_w({O}, {C} * {KH} * {KW}, {{src}}, {{dst}});")
         fn, pwt = ("fl_conv2d", pwt) if slot is None else ("fl_conv2d_packed", self._packed(slot))
         self.line(f"{fn}({N}, {C}, {H}, {W}, {O}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, {OW}, "
                   f"{px}, {pwt}, {pbias}, {ek.name}, fl_threads({N} * {O} * {OH} * {OW} * {C} * {KH} * {KW}));")
+
+    def _grouped_convolution(self, ek, groups, dims, px, pwt, pbias):
+        """A convolution of `groups` groups (depthwise: one channel each) as one groups-1 convolution per
+        image and group on the channel slices, the (image, group) pairs split over threads."""
+        N, C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW = dims
+        cg, og = f"({C} / {groups})", f"({O} / {groups})"
+        bias = "nullptr" if pbias == "nullptr" else f"{pbias} + fl_g * {og}"
+        self.line(f"#pragma omp parallel for collapse(2) schedule(static) "
+                  f"num_threads(fl_threads({N} * {O} * {OH} * {OW} * {cg} * {KH} * {KW}))")
+        self.line(f"for (int64_t fl_n = 0; fl_n < {N}; fl_n++)")
+        self.line(f"    for (int64_t fl_g = 0; fl_g < {groups}; fl_g++)")
+        self.line(f"        fl_conv2d(1, {cg}, {H}, {W}, {og}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, "
+                  f"{OW}, {px} + (fl_n * {C} + fl_g * {cg}) * {H} * {W}, {pwt} + fl_g * {og} * {cg} * {KH} * {KW}, "
+                  f"{bias}, {ek.name} + (fl_n * {O} + fl_g * {og}) * {OH} * {OW}, 1);")
+
+    def _extern_max_pool2d_with_indices(self, ek):
+        """max_pool2d_with_indices of a contiguous float32 (N, C, H, W) or (C, H, W) input (MAX_POOL)."""
+        x, kernel_size, stride, padding, dilation, _ = ek.op.bind(*ek.args, **ek.kwargs)
+        if x.dtype is not D.float32 or not (x.layout.is_contiguous() or (
+                isinstance(x, StridedView) and _contiguous_at_offset(x.layout))):
+            raise Unsupported("the C++ wrapper runs max_pool2d_with_indices on contiguous float32 inputs only")
+        ks, st, pd, dl = _pool_args(2, kernel_size, stride, padding, dilation)
+        px, lx = self._operand(x)
+        H, W = (_c(s) for s in lx.shape[-2:])
+        planes = " * ".join(_c(s) for s in lx.shape[:-2])
+        values, indices = (next(o for o in ek.outputs if o.i == i) for i in (0, 1))
+        OH, OW = (_c(s) for s in values.layout.shape[-2:])
+        self.line(f"fl_max_pool2d({planes}, {H}, {W}, {OH}, {OW}, {ks[0]}, {ks[1]}, {st[0]}, {st[1]}, {pd[0]}, "
+                  f"{pd[1]}, {dl[0]}, {dl[1]}, {px}, {values.name}, {indices.name}, "
+                  f"fl_threads({planes} * {OH} * {OW} * {ks[0] * ks[1]}));")
 
     def _gemm_bf16(self, ek, B, M, N, K, pa, sa, pb, sb):
         """A bfloat16 product (batch B, element strides sa/sb as (batch, row, column)): float sums in a
