@@ -9,7 +9,7 @@ and aborts the MPI job (if MPI was started) so no other rank waits forever in a 
 
 Before the script runs, the objects alive in the worker (flambeau's import: its operator registry,
 decompositions and modules, about 57k objects) are moved out of the cyclic garbage collector's reach
-(`gc.freeze()`): they live as long as the process, and a full collection scanning them takes ~36-45 ms,
+(`gc.freeze()`): they live as long as the process, and a full collection scanning them takes ~30-40 ms,
 which in data-parallel training stalls every rank (the others wait for this one in the next collective).
 The script's own objects are collected as usual.
 """
