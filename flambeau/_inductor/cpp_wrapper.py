@@ -18,7 +18,8 @@ source (codegen_cpp.py), one function that owns the graph's intermediate memory 
 with its layout's shape. `sym` holds the size symbols' values (`size_names` order); the kernels take
 them as trailing arguments. The extern steps the C++ wrapper can run are `mm` and `bmm` of float32 or
 bfloat16 (float sums rounded once), float32 1-D and 2-D `convolution` (grouped: one call per image and
-group), float32 `max_pool2d_with_indices` (MAX_POOL, generated here) and the fused CPU attention `_sdpa_flash_cpu` (4-d operands without a mask, `flash_reason`; a two-output op: out and its
+group), float32 `max_pool2d_with_indices` and `_taps_gather` (interpolate, average pooling, pads; MAX_POOL,
+generated here) and the fused CPU attention `_sdpa_flash_cpu` (4-d operands without a mask, `flash_reason`; a two-output op: out and its
 logsumexp), through the function pointers of `EXTERNS`, set once by `fl_set_externs(table, threads)`
 (the JIT path hands it the eager libraries' functions, an AOTInductor package the copies linked into
 its model.so). Any other step raises `Unsupported`: the JIT path then keeps the Python wrapper
@@ -48,7 +49,7 @@ from .scheduler import Kernel
 from .sizevars import SizeExpr
 from .wrapper import WrapperCodegen, kernel_error
 
-CPP_EXTERN_OPS = ("mm", "bmm", "convolution", "_sdpa_flash_cpu", "max_pool2d_with_indices")
+CPP_EXTERN_OPS = ("mm", "bmm", "convolution", "_sdpa_flash_cpu", "max_pool2d_with_indices", "_taps_gather")
 PARALLEL_MACS = 1 << 20          # as cpu_kernels.PARALLEL_MACS: smaller products run on one thread
 LOWP_CODES = {D.float32: 0, D.bfloat16: 1, D.float16: 2}     # cpu_attention.cpp's operand dtype codes
 # The library functions the generated wrapper calls, in the order of fl_set_externs' table: the wrapper's
@@ -105,6 +106,22 @@ static void fl_max_pool2d(int64_t planes, int64_t H, int64_t W, int64_t OH, int6
                 y[(p * OH + oh) * OW + ow] = m;
                 idx[(p * OH + oh) * OW + ow] = best;
             }
+}
+
+// one axis of _taps_gather (nn_resample.py) on a contiguous float array seen as (outer, nin, inner):
+// y[p, o, :] = sum over taps t of x[p, idx[o, t], :] * w[o, t] (w null: the pure gather x[p, idx[o, 0], :])
+static void fl_taps_axis(int64_t outer, int64_t nin, int64_t nout, int64_t inner, int64_t taps, const float* x,
+                         const int64_t* idx, const float* w, float* y, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < outer; p++)
+        for (int64_t o = 0; o < nout; o++) {
+            float* yo = y + (p * nout + o) * inner;
+            for (int64_t t = 0; t < (w ? taps : 1); t++) {
+                const float* xs = x + (p * nin + idx[o * taps + t]) * inner;
+                const float wt = w ? w[o * taps + t] : 1.0f;
+                for (int64_t i = 0; i < inner; i++) yo[i] = t == 0 ? xs[i] * wt : yo[i] + xs[i] * wt;
+            }
+        }
 }
 """
 
@@ -425,6 +442,36 @@ class CppWrapper:
         self.line(f"fl_max_pool2d({planes}, {H}, {W}, {OH}, {OW}, {ks[0]}, {ks[1]}, {st[0]}, {st[1]}, {pd[0]}, "
                   f"{pd[1]}, {dl[0]}, {dl[1]}, {px}, {values.name}, {indices.name}, "
                   f"fl_threads({planes} * {OH} * {OW} * {ks[0] * ks[1]}));")
+
+    def _extern__taps_gather(self, ek):
+        """_taps_gather (interpolate, average and adaptive average pooling, reflect/replicate pads) of a
+        contiguous float32 input: one fl_taps_axis pass per resampled trailing dim, through temporaries."""
+        x, indices, weights = ek.op.bind(*ek.args, **ek.kwargs)
+        tables = list(indices) + list(weights)
+        if x.dtype is not D.float32 or any(w.dtype is not D.float32 for w in weights) or \
+                any(i.dtype is not D.int64 for i in indices):
+            raise Unsupported("the C++ wrapper runs _taps_gather on float32 inputs (int64 indices, float32 weights)")
+        for a in [x] + tables:
+            if not (a.layout.is_contiguous() or (isinstance(a, StridedView) and _contiguous_at_offset(a.layout))):
+                raise Unsupported("the C++ wrapper runs _taps_gather on contiguous operands only")
+        shape = list(x.layout.shape)
+        src, n = self._operand(x)[0], len(indices)
+        for i, idx in enumerate(indices):
+            ax = len(shape) - n + i
+            nout, taps = idx.layout.shape
+            outer = " * ".join(_c(s) for s in shape[:ax]) or "1"
+            inner = " * ".join(_c(s) for s in shape[ax + 1:]) or "1"
+            nin = _c(shape[ax])
+            shape[ax] = nout
+            dst = ek.name if i == n - 1 else f"fl_taps{i}_{ek.name}"
+            if i < n - 1:
+                self.line(f"float* {dst} = (float*)fl_alloc({' * '.join(_c(s) for s in shape)} * 4);")
+            w = self._operand(weights[i])[0] if weights else "nullptr"
+            self.line(f"fl_taps_axis({outer}, {nin}, {_c(nout)}, {inner}, {_c(taps)}, {src}, {self._operand(idx)[0]}, "
+                      f"{w}, {dst}, fl_threads({outer} * {_c(nout)} * {inner} * {_c(taps)}));")
+            if i > 0:
+                self.line(f"fl_free({src});")
+            src = dst
 
     def _gemm_bf16(self, ek, B, M, N, K, pa, sa, pb, sb):
         """A bfloat16 product (batch B, element strides sa/sb as (batch, row, column)): float sums in a
