@@ -2,7 +2,8 @@
 dim 0, shard over dim 1) trains as one PyTorch process on the 4 ranks' concatenated batch, FSDP x TP
 (tensor parallel inside each dp slice, FSDP across them) as one process on the 2 slices' batch; losses and
 final weights to 1e-10; the same worker on PyTorch's FSDP2 (torchrun, gloo) gives the same losses and
-layouts, except where PyTorch uses a strided shard (`_StridedShard`: colwise TP pieces, kept whole over dp here)."""
+layouts (colwise TP pieces sharded over dp as PyTorch's `_StridedShard`), and each rank's piece is the same block
+of the global tensor (`compute_local_shape_and_global_offset`, what distributed checkpoints read)."""
 from __future__ import annotations
 
 import os
@@ -25,10 +26,11 @@ LAYOUTS = {
              "blocks.0.o.weight": "(Replicate(), Shard(dim=0))|(Replicate(), Shard(dim=0))",
              "blocks.0.q.bias": "(Replicate(), Shard(dim=0))|(Replicate(), Shard(dim=0))"},
     "fsdp_tp": {"head.weight": "(Shard(dim=0),)|(Shard(dim=0),)",
-                # PyTorch: (_StridedShard(dim=0, sf=2), Shard(dim=0)); kept whole over dp here
-                "blocks.0.q.weight": "(Replicate(), Shard(dim=0))|(Replicate(), Shard(dim=0))",
+                "blocks.0.q.weight": "(_StridedShard(dim=0, sf=2), Shard(dim=0))|(_StridedShard(dim=0, sf=2), "
+                                     "Shard(dim=0))",
                 "blocks.0.o.weight": "(Shard(dim=0), Shard(dim=1))|(Shard(dim=0), Shard(dim=1))",
-                "blocks.0.q.bias": "(Replicate(), Shard(dim=0))|(Replicate(), Shard(dim=0))"},
+                "blocks.0.q.bias": "(_StridedShard(dim=0, sf=2), Shard(dim=0))|(_StridedShard(dim=0, sf=2), "
+                                   "Shard(dim=0))"},
 }
 
 
@@ -73,9 +75,6 @@ def test_2d_parameter_and_gradient_layouts(ranks, tag):
             assert str(res[f"{tag}/layout/{name}"]) == want, name
 
 
-STRIDED_IN_PYTORCH = {"blocks.0.q.weight", "blocks.0.q.bias"}
-
-
 @pytest.fixture(scope="module")
 def pytorch_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp2d_pytorch")
@@ -87,10 +86,26 @@ def pytorch_ranks(tmp_path_factory):
     return [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(WORLD)]
 
 
+def test_strided_layout_cuts_and_joins_as_pytorch(ranks, pytorch_ranks):
+    """distribute_tensor to (_StridedShard(0, sf=2), Shard(0)) of 12 rows: each rank's piece as PyTorch's
+    (tp cuts 6 | 6, dp cuts each again: rank (dp 1, tp 0) holds rows 3-5), full_tensor the whole again."""
+    whole = np.arange(36.0).reshape(12, 3)
+    np.testing.assert_array_equal(ranks[2]["strided/local"], whole[3:6])        # rank 2: dp 1, tp 0
+    for ours, theirs in zip(ranks, pytorch_ranks):
+        np.testing.assert_array_equal(ours["strided/local"], theirs["strided/local"])
+        np.testing.assert_array_equal(ours["strided/full"], whole)
+
+
 @pytest.mark.parametrize("tag", ["hsdp", "fsdp_tp"])
 def test_2d_agrees_with_pytorch_fsdp2(ranks, pytorch_ranks, tag):
     for ours, theirs in zip(ranks, pytorch_ranks):
         np.testing.assert_allclose(ours[f"{tag}/losses"], theirs[f"{tag}/losses"], rtol=1e-10)
         for name in LAYOUTS[tag]:
-            same = str(ours[f"{tag}/layout/{name}"]) == str(theirs[f"{tag}/layout/{name}"])
-            assert same != (tag == "fsdp_tp" and name in STRIDED_IN_PYTORCH), name
+            assert str(ours[f"{tag}/layout/{name}"]) == str(theirs[f"{tag}/layout/{name}"]), name
+            np.testing.assert_array_equal(ours[f"{tag}/block/{name}"], theirs[f"{tag}/block/{name}"], err_msg=name)
+            np.testing.assert_allclose(ours[f"{tag}/local/{name}"], theirs[f"{tag}/local/{name}"], rtol=1e-10,
+                                       atol=1e-12, err_msg=name)
+            assert str(ours[f"{tag}/ops/{name}"]) == str(theirs[f"{tag}/ops/{name}"]), name
+            for what in ("ops_local", "ops_sum"):
+                np.testing.assert_allclose(ours[f"{tag}/{what}/{name}"], theirs[f"{tag}/{what}/{name}"], rtol=1e-10,
+                                           atol=1e-12, err_msg=f"{what} {name}")

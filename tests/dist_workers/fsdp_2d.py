@@ -10,7 +10,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -55,6 +57,14 @@ def train(tag, data_parallel, slice_index):
         for name in ("head.weight", "blocks.0.q.weight", "blocks.0.o.weight", "blocks.0.q.bias"):
             p = model.get_parameter(name)
             res[f"{tag}/layout/{name}"] = np.array(f"{p.placements}|{p.grad.placements}")
+            shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+            res[f"{tag}/block/{name}"] = np.array([list(shape), list(offset)])
+            res[f"{tag}/local/{name}"] = p.to_local().detach().numpy().copy()
+            with torch.no_grad():                # DTensor ops on the layout: elementwise keeps it, sum gathers
+                e = p * 2 + p.grad
+                res[f"{tag}/ops/{name}"] = np.array(f"{e.placements}")
+                res[f"{tag}/ops_local/{name}"] = e.to_local().numpy().copy()
+                res[f"{tag}/ops_sum/{name}"] = p.sum().full_tensor().numpy().copy()
         opt.step()
         total = loss.detach().clone()
         dist.all_reduce(total, op=dist.ReduceOp.AVG)
@@ -64,6 +74,11 @@ def train(tag, data_parallel, slice_index):
         res[f"{tag}/final/{k}"] = p.full_tensor().detach().numpy()
 
 
+# a strided layout made from a whole tensor (12 rows cut by tp, each piece by dp: PyTorch needs even cuts), and back
+whole = torch.arange(12 * 3, dtype=torch.float64).reshape(12, 3)
+strided = distribute_tensor(whole, mesh, (_StridedShard(0, split_factor=2), Shard(0)))
+res["strided/local"] = strided.to_local().numpy().copy()
+res["strided/full"] = strided.full_tensor().numpy().copy()
 train("hsdp", world, rank)
 train("fsdp_tp", 2, mesh.get_coordinate()[0])
 np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **res)

@@ -21,6 +21,9 @@ Around the group's forward:
     waiting for ever), those parameters' `.grad` left as they were.
 On a 2-D mesh (HSDP) parameters are `(Replicate(), Shard(0))`: gathered and reduce-scattered within
 mesh dimension 1, and each reduced shard averaged over dimension 0 (its replicas) by an all-reduce.
+FSDP x TP (a 1-D dp mesh, parameters already DTensors on the tp slice of the same 2-D mesh): each rank's TP
+piece is sharded on dim 0 over dp, `(Shard(0), tp placement)`, or `(_StridedShard(0, sf=tp), Shard(0))` for
+colwise pieces, so every parameter's memory is divided by the dp size.
 `set_requires_gradient_sync(False)` keeps the gathered gradients for the next synchronised backward.
 """
 from __future__ import annotations
@@ -38,7 +41,7 @@ from ..device_mesh import DeviceMesh, init_device_mesh
 from ..distributed_c10d import ReduceOp, _xp, get_world_size
 from ..tensor._api import DTensor
 from ..tensor._redistribute import redistribute_local
-from ..tensor.placement_types import Partial, Replicate, Shard
+from ..tensor.placement_types import Partial, Replicate, Shard, _StridedShard
 
 _ARRAY_NATIVE_KINDS = "biufc"     # NumPy dtype kinds NumPy and CuPy both copy (not bfloat16's 'V')
 
@@ -147,7 +150,6 @@ class _ParamGroup:
         self.unsharded = False
         self.sync_grads = True
         self.is_root = None
-        self.replicas: list = []              # FSDP x TP parameters kept whole over the mesh (see add_tensor_parallel)
         self.forward_prefetch = None          # groups to gather when this one's forward starts
         self.backward_prefetch = None
         self._pending = None
@@ -170,9 +172,9 @@ class _ParamGroup:
     def add_tensor_parallel(self, owner, name: str, p: DTensor) -> _Param:
         """FSDP x TP: `p` is a DTensor on a 1-D tensor-parallel mesh; this group's 1-D mesh and that one are
         slices of one 2-D root mesh. This rank's TP piece is sharded on dim 0 over this mesh, the result a
-        DTensor on the 2-D (fsdp, tp) mesh: `(Shard(0), tp placement)`. A piece whose TP placement is
-        Shard(0) too (colwise weights and biases) would be a strided shard (PyTorch's `_StridedShard`): it
-        stays whole over this mesh, `(Replicate(), Shard(0))`, its gradient averaged by an all-reduce."""
+        DTensor on the 2-D (fsdp, tp) mesh: `(Shard(0), tp placement)`, or, when the TP placement is Shard(0)
+        too (colwise weights and biases: the fsdp cut is a cut of the TP piece), `(_StridedShard(0,
+        sf=tp size), Shard(0))` as PyTorch's."""
         tp_mesh, (tp_p,) = p.device_mesh, p.placements
         if self.mesh.ndim != 1 or tp_mesh.ndim != 1 or not (self.mesh.mesh_dim_names and tp_mesh.mesh_dim_names) \
                 or self.mesh._get_root_mesh() is not tp_mesh._get_root_mesh():
@@ -183,37 +185,14 @@ class _ParamGroup:
                                       "parameters without mixed precision")
         mesh2d = self.mesh._get_root_mesh()[self.mesh.mesh_dim_names[0], tp_mesh.mesh_dim_names[0]]
         local, gshape, tp = p._local_tensor.detach(), tuple(p.shape), (tp_mesh, tp_p, tuple(p.shape))
-        if tp_p == Shard(0):
-            layout = (mesh2d, (Replicate(), tp_p), gshape)
-            sharded = Parameter(DTensor._make(local.contiguous(), *layout), p.requires_grad)
-            fp = _Param(owner, name, sharded, tuple(local.shape), layout, tp)
-            fp.unsharded = DTensor._make(sharded._local_tensor, tp_mesh, (tp_p,), gshape).requires_grad_(
-                p.requires_grad)
-            if p.requires_grad:
-                fp.unsharded.register_post_accumulate_grad_hook(self._on_replica_grad(fp))
-            self.replicas.append(fp)
-        else:
-            piece = _no_grad(redistribute_local, local, self.mesh, (Replicate(),), (Shard(0),), tuple(local.shape))
-            layout = (mesh2d, (Shard(0), tp_p), gshape)
-            sharded = Parameter(DTensor._make(piece.contiguous(), *layout), p.requires_grad)
-            fp = _Param(owner, name, sharded, tuple(local.shape), layout, tp)
-            self.params.append(fp)
+        fsdp_p = _StridedShard(0, split_factor=tp_mesh.size()) if tp_p == Shard(0) else Shard(0)
+        piece = _no_grad(redistribute_local, local, self.mesh, (Replicate(),), (Shard(0),), tuple(local.shape))
+        layout = (mesh2d, (fsdp_p, tp_p), gshape)
+        sharded = Parameter(DTensor._make(piece.contiguous(), *layout), p.requires_grad)
+        fp = _Param(owner, name, sharded, tuple(local.shape), layout, tp)
+        self.params.append(fp)
         owner._parameters[name] = sharded
         return fp
-
-    def _on_replica_grad(self, fp: _Param):
-        def average_replica_grad(t: Tensor) -> None:
-            if not self.sync_grads:
-                return
-            g = fp.local_grad().contiguous()
-            _no_grad(all_reduce, g, ReduceOp.AVG, self.group)
-            grad = DTensor._make(g, *fp.layout)
-            if fp.sharded.grad is None:
-                fp.sharded.grad = grad
-            else:
-                _no_grad(fp.sharded.grad.add_, grad)
-            fp.unsharded.grad = None
-        return average_replica_grad
 
     # -- all-gather ------------------------------------------------------------------------------------
     def _rows(self, fp: _Param, r: int) -> int:
@@ -282,11 +261,11 @@ class _ParamGroup:
         self.unsharded = True
 
     def use_unsharded(self) -> None:
-        for fp in self.params + self.replicas:
+        for fp in self.params:
             fp.install(fp.unsharded)
 
     def use_sharded(self) -> None:
-        for fp in self.params + self.replicas:
+        for fp in self.params:
             fp.install(fp.sharded)
 
     def reshard(self) -> None:
@@ -529,7 +508,7 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None, reshard_after_forward
                 continue
             managed[id(p)] = group.add_tensor_parallel(owner, name, p) if isinstance(p, DTensor) \
                 else group.add(owner, name, p)
-    for fp in group.params + group.replicas:
+    for fp in group.params:
         setattr(fp.sharded, FSDP_SHARDED_ATTR, True)
     cls = type(module)
     if cls not in _FSDP_CLASSES:

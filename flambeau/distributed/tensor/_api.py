@@ -25,7 +25,7 @@ from ..collectives import broadcast
 from ..device_mesh import DeviceMesh
 from . import _dispatch
 from ._redistribute import REPLICATE, normalize, redistribute_local
-from ._utils import compute_local_shape_and_global_offset
+from ._utils import check_strided, compute_local_shape_and_global_offset
 from .placement_types import Partial, Placement, Replicate, Shard, _StridedShard
 
 __all__ = ["DTensor", "DTensorSpec", "distribute_tensor"]
@@ -60,10 +60,9 @@ def _check_placements(placements, mesh: DeviceMesh, ndim: int, what: str) -> tup
     for p in placements:
         if not isinstance(p, Placement):
             raise TypeError(f"{what}: placements must be Shard/Replicate/Partial, got {p!r}")
-        if isinstance(p, _StridedShard):
-            raise NotImplementedError(f"{what}: {p!r} placements are not supported; use Shard/Replicate/Partial")
-        if isinstance(p, Shard) and not -ndim <= p.dim < max(ndim, 1):
+        if isinstance(p, (Shard, _StridedShard)) and not -ndim <= p.dim < max(ndim, 1):
             raise IndexError(f"{what}: {p} is out of range for a tensor of {ndim} dimensions")
+    check_strided(placements, mesh.shape, what)
     return normalize(placements, ndim)
 
 

@@ -15,6 +15,11 @@ in `FALLBACK_COUNTS`. A 0-dim plain tensor beside DTensors counts as replicated,
 or bool tensors inside an index list (`x[idx]`, `x[:, mask]`, index_put's indices: every rank holds the
 same indices; PyTorch raises there outside `implicit_replication()`); any other plain tensor is an
 error, as in PyTorch.
+
+A `_StridedShard(d)` argument (FSDP x TP's colwise pieces) is shown to the rule as `Shard(d)`: when the rule
+keeps every such argument at `Shard(d)`, makes every output `Shard(d)` and needs no `local` function (the
+elementwise ops: gradient accumulation, optimizer math), the op runs on the local pieces and the outputs keep
+the strided placement; otherwise the rule is asked again with those arguments replicated (an all-gather).
 """
 from __future__ import annotations
 
@@ -27,12 +32,13 @@ from ..._device import device as Device
 from ..._dtype import BOOL, INTEGER
 from ..._ops import _batching
 from ..._ops._registry import OPS
-from ..._ops._sharding import ArgSpec, LocalContext, pointwise_rule, replicate_all
+from ..._ops._sharding import ArgSpec, Decision, LocalContext, Shard, pointwise_rule, replicate_all
 from ..._tags import Tag
 from ..._tensor import Tensor
 from ..collectives import all_reduce
 from ._redistribute import REPLICATE, normalize, redistribute_local
 from ._utils import compute_local_shape_and_global_offset
+from .placement_types import _StridedShard
 
 log = logging.getLogger("flambeau.distributed.tensor")
 FALLBACK_COUNTS: collections.Counter = collections.Counter()   # op name -> calls run by the fallback
@@ -121,9 +127,16 @@ def dispatch(op, args: tuple, kwargs: dict, dtensor_cls):
         rule = replicate_all
     decisions = []
     for i in range(mesh.ndim):
-        def spec(t, i=i):
-            return ArgSpec(tuple(t.shape), normalize(t.placements, t.ndim)[i], mesh.size(i))
-        decisions.append(rule(*_map(values, spec)))
+        def spec(t, i=i, strided_as=Shard):
+            p = normalize(t.placements, t.ndim)[i]
+            if isinstance(p, _StridedShard):
+                p = Shard(p.dim) if strided_as is Shard else REPLICATE
+            return ArgSpec(tuple(t.shape), p, mesh.size(i))
+        decision = rule(*_map(values, spec))
+        strided = {t.placements[i] for t in dts if isinstance(t.placements[i], _StridedShard)}
+        if strided:
+            decision = _strided(decision, dts, i, strided) or rule(*_map(values, lambda t: spec(t, strided_as=None)))
+        decisions.append(decision)
     want = [tuple(d.inputs[k] for d in decisions) for k in range(len(dts))]
     locals_ = {}
     for t, w in zip(dts, want):
@@ -145,6 +158,29 @@ def dispatch(op, args: tuple, kwargs: dict, dtensor_cls):
     if type(global_out) in (list, tuple):
         return type(local_out)(wrapped) if type(local_out) in (list, tuple) else wrapped
     return wrapped[0]
+
+
+def _strided(decision: Decision, dts: list, i: int, strided: set) -> Decision | None:
+    """The rule's decision on mesh dimension `i` with the strided placement put back, when it keeps every
+    strided argument's Shard(d) and shards every output the same way with no `local` function; else None."""
+    (placement,) = strided if len(strided) == 1 else (None,)
+    if placement is None or decision.local is not None:
+        return None
+    as_shard = Shard(placement.dim)
+    outputs = decision.output if type(decision.output) is tuple else (decision.output,)
+    if any(o != as_shard for o in outputs):
+        return None
+    inputs = []
+    for t, p in zip(dts, decision.inputs):
+        if isinstance(t.placements[i], _StridedShard):
+            if p != as_shard:
+                return None
+            p = placement
+        elif p == as_shard:
+            return None                  # a plain Shard(d) argument would need the strided cut
+        inputs.append(p)
+    output = tuple(placement for _ in outputs) if type(decision.output) is tuple else placement
+    return Decision(inputs, output)
 
 
 def _run_local(op, local_values, decisions, mesh, outs, out_placements):

@@ -4,7 +4,9 @@ Per mesh dimension: Shard -> Replicate is an all-gather (uneven pieces as torch.
 Partial -> Replicate an all-reduce, Partial -> Shard a reduce-scatter, Replicate -> Shard a local cut,
 Replicate -> Partial a local fill (rank 0 keeps the value for a sum, the others hold zeros); any other
 change passes through Replicate. Shards are undone right to left and made left to right, because a
-tensor dimension cut by two mesh dimensions is cut by the first and each piece again by the second.
+tensor dimension cut by two mesh dimensions is cut by the first and each piece again by the second. A
+`_StridedShard` is the innermost cut (it cuts the later mesh dimensions' pieces, `_utils`): undone first (an
+all-gather of its pieces of this rank's piece), made last (a local cut of it).
 
 `redistribute_local` works on plain local tensors (no autograd; DTensor's `redistribute` wraps it in a
 differentiable function). The collectives are `flambeau.distributed`'s, on each mesh dimension's group.
@@ -17,7 +19,7 @@ from ..._ops.shape import cat
 from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..distributed_c10d import ReduceOp
 from ._utils import local_shape_at
-from .placement_types import Partial, Replicate, Shard
+from .placement_types import Partial, Replicate, Shard, _StridedShard
 
 _REDUCE = {"sum": ReduceOp.SUM, "avg": ReduceOp.AVG, "max": ReduceOp.MAX, "min": ReduceOp.MIN,
            "product": ReduceOp.PRODUCT}
@@ -102,6 +104,11 @@ def _must_unshard(cur: list, dst: tuple) -> list:
 
 
 def _redistribute(local, mesh, cur: list, dst: tuple, global_shape: tuple):
+    strided = [i for i, p in enumerate(cur) if isinstance(p, _StridedShard)]
+    for i in strided:
+        d = cur[i].dim
+        local = _gather(local, mesh, i, d, _piece_sizes(global_shape, mesh, cur, i, d))
+        cur[i] = REPLICATE
     for i in _must_unshard(cur, dst):
         d = cur[i].dim
         local = _gather(local, mesh, i, d, _piece_sizes(global_shape, mesh, cur, i, d))
@@ -112,7 +119,7 @@ def _redistribute(local, mesh, cur: list, dst: tuple, global_shape: tuple):
             cur[i] = REPLICATE
     for i, want in enumerate(dst):
         c = cur[i]
-        if c == want:
+        if c == want or isinstance(want, _StridedShard):
             continue
         if isinstance(want, Shard):
             local = _reduce_scatter(local, mesh, i, want.dim, c.reduce_op) if isinstance(c, Partial) else \
@@ -120,4 +127,7 @@ def _redistribute(local, mesh, cur: list, dst: tuple, global_shape: tuple):
         elif isinstance(want, Partial):
             local = _to_partial(local, mesh, i, want)
         cur[i] = want
+    for i, want in enumerate(dst):
+        if isinstance(want, _StridedShard):
+            local = _cut(local, mesh, i, want.dim)
     return local

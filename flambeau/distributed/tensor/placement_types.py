@@ -3,8 +3,9 @@
 `Shard(dim)`: each rank of the mesh dimension holds one piece of tensor dimension `dim`, cut as
 `torch.chunk` cuts. `Replicate()`: every rank holds the whole tensor. `Partial(reduce_op)`: every rank
 holds a full-shape term and the value is their reduction. The classes are declared in the ops layer
-(`flambeau._ops._sharding`), where the per-op sharding rules speak them. `_StridedShard` (one chunk from
-each of `split_factor` groups of a dimension) exists for libraries that name it; DTensor refuses it.
+(`flambeau._ops._sharding`), where the per-op sharding rules speak them. `_StridedShard(d, sf)` cuts the
+pieces that the later mesh dimensions' `Shard(d)` make (`sf` of them) again: FSDP x TP's colwise pieces,
+`(_StridedShard(0, sf=tp), Shard(0))`; a rank's piece is one block of the tensor (`_utils`).
 """
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ __all__ = ["Placement", "Shard", "Replicate", "Partial"]
 class _StridedShard(Placement):
     """PyTorch's strided shard of dimension `dim` in `split_factor` groups (not a `Shard`, as in PyTorch).
 
-    Named by transformers' tensor-parallel plans for fused projections; no DTensor here is laid out by it:
-    `distribute_tensor`, `from_local` and `redistribute` raise NotImplementedError when given one."""
+    Supported where the later mesh dimensions cut `dim` in `split_factor` pieces, each cut again by this one
+    (as torch.chunk, so uneven pieces follow FSDP's cut of its tensor-parallel piece); other uses raise
+    NotImplementedError. Elementwise ops keep it, other ops gather it first (`_dispatch`)."""
     __slots__ = ("dim", "split_factor")
 
     def __init__(self, dim: int, *, split_factor: int = 1, sf: int | None = None) -> None:
