@@ -170,6 +170,50 @@ def test_collectives_run_on_the_nccl_stream_after_the_callers_stream(monkeypatch
     assert len(engine._inflight) == 1 and engine._inflight[0].event is fake.events[-1]
 
 
+def _logging_engine(monkeypatch, rank: int, size: int):
+    """An engine of rank `rank` in a world of `size` whose communicator logs its sends and receives as
+    (call, address, NCCL count, NCCL dtype, peer); the log of NCCL group starts/ends beside it."""
+    fake = _StreamLog()
+    monkeypatch.setattr(nb, "_cupy", lambda: fake)
+    lib = FakeNccl()
+    lib.groupStart, lib.groupEnd = (lambda: fake.log.append("groupStart")), (lambda: fake.log.append("groupEnd"))
+    engine = nb.NCCLBackend(dist.HashStore(), rank, size, library=lib)
+    calls = []
+    engine.comm, engine.device = types.SimpleNamespace(
+        send=lambda ptr, n, dtype, peer, stream: calls.append(("send", ptr, n, dtype, peer)),
+        recv=lambda ptr, n, dtype, peer, stream: calls.append(("recv", ptr, n, dtype, peer)),
+        destroy=lambda: None), 0
+    return engine, calls, fake.log
+
+
+def _device_array(ptr: int, size: int, dtype: str):
+    return types.SimpleNamespace(device=types.SimpleNamespace(id=0), data=types.SimpleNamespace(ptr=ptr), size=size,
+                                 dtype=np.dtype(dtype), itemsize=np.dtype(dtype).itemsize)
+
+
+@pytest.mark.parametrize("dtype,unit,nccl_dtype", [("float32", 1, nb.NCCL_FLOAT32), ("complex64", 2, nb.NCCL_FLOAT32)])
+def test_gather_and_scatter_are_sends_and_receives_at_each_ranks_offset(monkeypatch, dtype, unit, nccl_dtype):
+    """Uneven gather/scatter over 3 ranks (counts 2, 3, 1; root 1) as the NCCL calls of one group: the root
+    moves rank r's piece at r's byte offset into/out of the whole buffer, every rank sends/receives its own
+    (complex as its real pairs); off the root only the one call."""
+    counts, root, item = [2, 3, 1], 1, np.dtype(dtype).itemsize
+    whole, own = 1 << 20, 1 << 24
+    at = {0: whole, 1: whole + 2 * item, 2: whole + 5 * item}
+    engine, calls, log = _logging_engine(monkeypatch, root, 3)
+    engine.gather(_device_array(own, 3, dtype), _device_array(whole, 6, dtype), counts, root)
+    assert calls == [("recv", at[r], n * unit, nccl_dtype, r) for r, n in enumerate(counts)] + \
+        [("send", own, 3 * unit, nccl_dtype, root)]
+    assert [e for e in log if isinstance(e, str)] == ["groupStart", "groupEnd"]
+    calls.clear()
+    engine.scatter(_device_array(whole, 6, dtype), counts, _device_array(own, 3, dtype), root)
+    assert calls == [("send", at[r], n * unit, nccl_dtype, r) for r, n in enumerate(counts)] + \
+        [("recv", own, 3 * unit, nccl_dtype, root)]
+    engine, calls, _ = _logging_engine(monkeypatch, 2, 3)
+    engine.gather(_device_array(own, 1, dtype), None, counts, root)
+    engine.scatter(None, counts, _device_array(own, 1, dtype), root)
+    assert calls == [("send", own, unit, nccl_dtype, root), ("recv", own, unit, nccl_dtype, root)]
+
+
 def test_backend_strings_name_an_engine_per_device():
     assert _device_backends("nccl") == {"cuda": "nccl"}
     assert _device_backends("gloo") == {"default": "gloo"}

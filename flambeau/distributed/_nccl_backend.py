@@ -332,28 +332,26 @@ class NCCLBackend:
         return self._grouped_calls(exchange, send, recv)
 
     def gather(self, send, recv, counts: list, root: int) -> DeviceRequest:
-        _, dtype = _count_type(send)
-        unit = _units(send)
-
-        def to_root(comm, stream):
-            if self._rank == root:
-                offsets = _offsets(counts, recv.itemsize)
-                for r, n in enumerate(counts):
-                    comm.recv(recv.data.ptr + offsets[r], n * unit, dtype, r, stream)
-            comm.send(send.data.ptr, send.size * unit, dtype, root, stream)
-        return self._grouped_calls(to_root, *([send] if recv is None else [send, recv]))
+        return self._rooted_exchange(send, recv, counts, root, to_root=True)
 
     def scatter(self, send, counts: list, recv, root: int) -> DeviceRequest:
-        _, dtype = _count_type(recv)
-        unit = _units(recv)
+        return self._rooted_exchange(recv, send, counts, root, to_root=False)
 
-        def from_root(comm, stream):
+    def _rooted_exchange(self, own, parts, counts: list, root: int, to_root: bool) -> DeviceRequest:
+        """gather (`to_root`: every rank sends `own` to the root, which receives rank r's into `parts` at
+        r's offset) or scatter (the root sends each rank its piece of `parts`, every rank receives into
+        `own`), as sends and receives in one NCCL group; `parts` is None off the root."""
+        _, dtype = _count_type(own)
+        unit = _units(own)
+
+        def exchange(comm, stream):
+            root_side, own_side = (comm.recv, comm.send) if to_root else (comm.send, comm.recv)
             if self._rank == root:
-                offsets = _offsets(counts, send.itemsize)
+                offsets = _offsets(counts, parts.itemsize)
                 for r, n in enumerate(counts):
-                    comm.send(send.data.ptr + offsets[r], n * unit, dtype, r, stream)
-            comm.recv(recv.data.ptr, recv.size * unit, dtype, root, stream)
-        return self._grouped_calls(from_root, *([recv] if send is None else [recv, send]))
+                    root_side(parts.data.ptr + offsets[r], n * unit, dtype, r, stream)
+            own_side(own.data.ptr, own.size * unit, dtype, root, stream)
+        return self._grouped_calls(exchange, *([own] if parts is None else [own, parts]))
 
     def send(self, buf, dst: int, tag: int) -> DeviceRequest:
         count, dtype = _count_type(buf)
