@@ -172,6 +172,26 @@ def test_workspace_is_linear_in_length():
         assert big * 4 < 8192 * 8192 * 4 // 4, "a quarter of one head's score matrix"
 
 
+def test_softmax_exponentials_are_accurate_to_float_rounding():
+    """Two keys with scores 0 and x per query row (x from -87 to 20, and -inf through an additive mask):
+    the kernel's logsumexp log(e^0 + e^x) and output (v0 + e^x v1) / (1 + e^x) against float64, to a
+    few float32 ulps (its inline vector exp must be as accurate as expf)."""
+    x = np.concatenate([np.linspace(-87.0, 20.0, 2003), [-np.inf, -0.34657, 0.34657, 0.5 * np.log(2)]])
+    q = np.ones((1, 1, x.size, 1), np.float32)
+    k = np.array([0.0, 1.0], np.float32).reshape(1, 1, 2, 1)
+    v = np.array([[0.25, -1.0], [1.5, 2.0]], np.float32).reshape(1, 1, 2, 2)
+    mask = np.zeros((1, 1, x.size, 2), np.float32)
+    mask[0, 0, :, 1] = x.astype(np.float32)        # scores q.k + mask: 0 and x
+    out, lse = cpu_attention.forward(q, k, v, mask=mask, is_causal=False, scale=0.0)
+    x64 = x.astype(np.float32).astype(np.float64)
+    m = np.maximum(x64, 0.0)
+    e0, e1 = np.exp(-m), np.exp(x64 - m)
+    want_lse = m + np.log(e0 + e1)
+    want_out = (e0[:, None] * v[0, 0, 0].astype(np.float64) + e1[:, None] * v[0, 0, 1]) / (e0 + e1)[:, None]
+    np.testing.assert_allclose(lse[0, 0], want_lse, rtol=4e-7, atol=1e-7)
+    np.testing.assert_allclose(out[0, 0], want_out, rtol=1e-6, atol=1e-7)
+
+
 VMAP_CASES = ["plain", "causal_short_q", "bool_mask", "float_mask_bcast", "gqa", "three_d", "batch_broadcast"]
 
 

@@ -202,34 +202,69 @@ struct Problem {
     float scale;
 };
 
-// The scores of query rows [i0, i0+nq) against keys [j0, j0+nk) (in s, row stride ld), masked:
-// + mask, -inf above the diagonal when causal.
+// The scores of query rows [i0, i0+nq) against keys [j0, j0+nk) (in s, row stride ld) plus the
+// additive mask, if any (the causal mask is not written: `causal_keys` bounds each row instead).
 static void mask_scores(const Problem& p, int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t j0, int64_t nk,
                         float* s, int64_t ld) {
-    if (p.mask) {
-        for (int64_t i = 0; i < nq; i++) {
-            const float* m = p.mask + b * p.m0 + h * p.m1 + (i0 + i) * p.m2 + j0 * p.m3;
-            for (int64_t j = 0; j < nk; j++) s[i * ld + j] += m[j * p.m3];
-        }
-    }
-    if (p.causal && j0 + nk - 1 > i0) {
-        for (int64_t i = 0; i < nq; i++)
-            for (int64_t j = std::max<int64_t>(0, i0 + i + 1 - j0); j < nk; j++) s[i * ld + j] = NEG_INF;
+    if (!p.mask) return;
+    for (int64_t i = 0; i < nq; i++) {
+        const float* m = p.mask + b * p.m0 + h * p.m1 + (i0 + i) * p.m2 + j0 * p.m3;
+        for (int64_t j = 0; j < nk; j++) s[i * ld + j] += m[j * p.m3];
     }
 }
 
-// p = exp(s - m) in place for one row (0 where s is -inf), returns the row's sum.
-static inline float exp_row(float* s, int64_t n, float m) {
-    float sum = 0.0f;
-#pragma omp simd reduction(+:sum)
-    for (int64_t j = 0; j < n; j++) {
-        const float x = s[j];
-        const float e = expf(std::max(x - m, MIN_EXP_ARG));
-        const float r = x == NEG_INF ? 0.0f : e;
-        s[j] = r;
-        sum += r;
+// How many of the keys [j0, j0+nk) query row i sees: all, or those up to the diagonal when causal.
+static inline int64_t causal_keys(const Problem& p, int64_t i, int64_t j0, int64_t nk) {
+    return p.causal ? std::max<int64_t>(0, std::min<int64_t>(nk, i + 1 - j0)) : nk;
+}
+
+typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
+static const vi16 LANES = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+static const float EXP_ROUND = 12582912.0f;     // 1.5 * 2^23: x + EXP_ROUND - EXP_ROUND rounds x to an integer
+static const float LOG2E = 1.44269504088896341f;
+static const float LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;   // ln 2 = LN2_HI + LN2_LO (Cephes)
+
+// exp of 16 floats of at most ~88, inline (so a row's exps run without a library call per 16 lanes):
+// arguments below MIN_EXP_ARG are clamped there; x = n ln2 + r, |r| <= ln2/2, exp(r) by Cephes' expf
+// polynomial, 2^n put in the exponent bits. Within 2 ulp of expf; NaN stays NaN.
+static inline v16 exp16(v16 x) {
+    const v16 lo = v16{} + MIN_EXP_ARG;
+    x = x < lo ? lo : x;
+    const v16 t = x * LOG2E + EXP_ROUND;
+    const v16 n = t - EXP_ROUND;
+    const v16 r = x - n * LN2_HI - n * LN2_LO;
+    v16 y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    const vi16 pow2 = ((vi16)t - (vi16)(v16{} + EXP_ROUND) + 127) << 23;
+    return y * (v16)pow2;
+}
+
+// The largest of s[0, n) and m.
+static inline float row_max(const float* s, int64_t n, float m) {
+#pragma omp simd reduction(max:m)
+    for (int64_t j = 0; j < n; j++) m = std::max(m, s[j]);
+    return m;
+}
+
+// p = exp(s - m) in place for s[0, n) (0 where s is -inf), s[n, padded) set to 0 (padded: n rounded
+// up to 16 lanes, within the row's storage); returns the row's sum.
+static inline float exp_row(float* s, int64_t n, int64_t padded, float m) {
+    v16 sum = v16{};
+    const v16 ninf = v16{} + NEG_INF;
+    for (int64_t j = 0; j < padded; j += VW) {
+        const v16 x = *(const v16*)(s + j);
+        const vi16 off = (x == ninf) | (LANES >= (int32_t)(n - j));
+        const v16 e = off ? v16{} : exp16(x - m);
+        *(v16*)(s + j) = e;
+        sum += e;
     }
-    return sum;
+    float total = 0.0f;
+    for (int k = 0; k < VW; k++) total += sum[k];
+    return total;
 }
 
 // the key blocks query rows [i0, i0+nq) attend to: all of them, or up to the diagonal when causal
@@ -293,12 +328,11 @@ static void forward(const Problem& p, void* out, float* lse, float* work, int th
                 mask_scores(p, b, h, i0, nq, j0, nk, s, ld);
                 for (int64_t i = 0; i < nq; i++) {
                     float* row = s + i * ld;
-                    float mx = m[i];
-#pragma omp simd reduction(max:mx)
-                    for (int64_t j = 0; j < nk; j++) mx = std::max(mx, row[j]);
+                    const int64_t seen = causal_keys(p, i0 + i, j0, nk);
+                    const float mx = row_max(row, seen, m[i]);
                     const float msafe = mx == NEG_INF ? 0.0f : mx;
                     const float alpha = m[i] == NEG_INF ? 0.0f : expf(m[i] - msafe);
-                    l[i] = l[i] * alpha + exp_row(row, nk, msafe);
+                    l[i] = l[i] * alpha + exp_row(row, seen, nkp, msafe);
                     m[i] = mx;
                     if (alpha != 1.0f) {
                         float* a = acc + i * Evp;
@@ -360,8 +394,7 @@ static void backward(const Problem& p, const View& dout, const View& o, const fl
                             const float li = lse[bh * p.L + i0 + i];
                             float* row = P.data() + i * ld;
                             if (li == NEG_INF) { std::fill(row, row + nkp, 0.0f); continue; }
-                            exp_row(row, nk, li);
-                            for (int64_t j = nk; j < nkp; j++) row[j] = 0.0f;
+                            exp_row(row, causal_keys(p, i0 + i, j0, nk), nkp, li);
                         }
                         // dV[j0:] += P^T dO_i
                         gemm(nk, Evp, nq, P.data(), 1, ld, dOi, Evp, dV.data() + j0 * Evp, Evp, true);
