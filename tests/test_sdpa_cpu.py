@@ -192,6 +192,29 @@ def test_softmax_exponentials_are_accurate_to_float_rounding():
     np.testing.assert_allclose(out[0, 0], want_out, rtol=1e-6, atol=1e-7)
 
 
+def test_layouts_are_made_once_per_signature_and_read_each_calls_arrays(monkeypatch):
+    """Unmasked 4-d calls remember their layout by shapes and strides: calls with new arrays of a known
+    layout read those arrays, a transposed operand of the same shape gets its own layout; forward and
+    backward match PyTorch's flash kernel each time."""
+    monkeypatch.setattr(cpu_attention, "_LAYOUTS", {})
+    rng = np.random.default_rng(3)
+    aten = torch.ops.aten
+    for seed in range(3):
+        q, k, v, g = (rng.standard_normal((2, 3, 20, 8)).astype(np.float32) for _ in range(4))
+        if seed == 2:                               # k as the transpose of a (.., E, S) array: other strides
+            k = np.ascontiguousarray(k.swapaxes(-1, -2)).swapaxes(-1, -2)
+        out, lse = cpu_attention.forward(q, k, v, is_causal=True)
+        grads = cpu_attention.backward(g, q, k, v, out, lse, is_causal=True)
+        tq, tk, tv = (torch.tensor(np.ascontiguousarray(a)) for a in (q, k, v))   # its kernel assumes unit column strides
+        to, tl = aten._scaled_dot_product_flash_attention_for_cpu(tq, tk, tv, 0.0, True)[:2]
+        tgrads = aten._scaled_dot_product_flash_attention_for_cpu_backward(torch.tensor(g), tq, tk, tv, to, tl, 0.0, True)
+        np.testing.assert_allclose(out, to.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(lse, tl.numpy(), rtol=1e-5, atol=1e-6)
+        for a, b in zip(grads, tgrads):
+            np.testing.assert_allclose(a, b.numpy(), rtol=1e-4, atol=1e-5)
+    assert len(cpu_attention._LAYOUTS) == 2
+
+
 VMAP_CASES = ["plain", "causal_short_q", "bool_mask", "float_mask_bcast", "gqa", "three_d", "batch_broadcast"]
 
 

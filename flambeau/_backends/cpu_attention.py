@@ -97,6 +97,10 @@ class _Layout:
         if mask is not None:
             m = np.where(mask, np.float32(0), np.float32(-np.inf)) if mask.dtype == bool else mask.astype(_F32, copy=False)
             self.mask = self._four(np.broadcast_to(m, self.batch + (self.L, self.S)))
+        self.operand_strides = [s // a.itemsize for a in (self.q, self.k, self.v) for s in a.strides]
+        self.operand_strides += [s // 4 for s in self.mask.strides] if self.mask is not None else [0, 0, 0, 0]
+        self.sz = np.array([self.B, self.H, self.Hk, self.L, self.S, self.E, self.Ev], np.int64)
+        self.workspace = {}             # (backward, threads) -> floats
 
     def _four(self, x):
         """x as (batch, heads, rows, cols): one batch dim kept as is (broadcast later by strides),
@@ -107,17 +111,16 @@ class _Layout:
             return x
         return np.broadcast_to(x, self.lead + x.shape[-3:]).reshape((-1,) + x.shape[-3:])
 
-    def sizes(self):
-        return np.array([self.B, self.H, self.Hk, self.L, self.S, self.E, self.Ev], np.int64)
-
     def strides(self, *extra):
-        st = []
-        for a in (self.q, self.k, self.v):
-            st += [s // a.itemsize for s in a.strides]
-        st += [s // 4 for s in self.mask.strides] if self.mask is not None else [0, 0, 0, 0]
-        for a in extra:
-            st += [s // a.itemsize for s in a.strides]
-        return np.array(st, np.int64)
+        """The kernel's element strides: q, k, v, the mask's (0 without one), then `extra` arrays'."""
+        return np.array(self.operand_strides + [s // a.itemsize for a in extra for s in a.strides], np.int64)
+
+    def work(self, backward: int, threads: int) -> np.ndarray:
+        """A fresh float workspace for a forward or backward call on `threads` threads."""
+        n = self.workspace.get((backward, threads))
+        if n is None:
+            n = self.workspace[backward, threads] = _load()[2](self.sz.ctypes.data, backward, threads)
+        return np.empty(n, _F32)
 
     def reduce_to(self, g, shape):
         """A gradient computed at the 4-d broadcast shape, summed back to an operand's `shape`."""
@@ -129,31 +132,53 @@ class _Layout:
         return g.astype(_F32).sum(axis=axes).reshape(shape).astype(g.dtype)
 
 
+_LAYOUTS: dict = {}
+MAX_LAYOUTS = 512       # distinct unmasked 4-d call signatures remembered (a model has a handful)
+
+
+def _layout(q, k, v, mask, enable_gqa):
+    """(_Layout, the arrays the kernel reads for q, k and v). Unmasked 4-d operands are read where they
+    are, so their layout (sizes, strides, the forward's strides array) is made once per shapes and
+    strides and holds no arrays; other calls build theirs (broadcast copies, the mask)."""
+    if mask is not None or not q.ndim == k.ndim == v.ndim == 4:
+        lay = _Layout(q, k, v, mask, enable_gqa)
+        lay.st = lay.strides()
+        return lay, lay.q, lay.k, lay.v
+    key = (q.shape, q.strides, k.shape, k.strides, v.shape, v.strides, q.itemsize, enable_gqa)
+    lay = _LAYOUTS.get(key)
+    if lay is None:
+        lay = _Layout(q, k, v, None, enable_gqa)
+        lay.st = lay.strides()
+        lay.q = lay.k = lay.v = None
+        if len(_LAYOUTS) < MAX_LAYOUTS:
+            _LAYOUTS[key] = lay
+    return lay, q, k, v
+
+
 def _threads(work: int) -> int:
     return cpu_kernels._threads(work) if cpu_kernels.available() else 1
 
 
 def forward(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
     """(out, lse): attention of NumPy arrays q, k, v (one dtype of DTYPE_CODES); lse float32."""
-    fwd, _, ws = _load()
-    lay = _Layout(q, k, v, mask, enable_gqa)
+    fwd = _load()[0]
+    lay, qa, ka, va = _layout(q, k, v, mask, enable_gqa)
     sc = 1.0 / math.sqrt(lay.E) if scale is None else float(scale)
     out = np.empty((lay.B, lay.H, lay.L, lay.Ev), q.dtype)
     lse = np.empty((lay.B, lay.H, lay.L), _F32)
-    st, sz = lay.strides(), lay.sizes()
     if out.size:
         threads = _threads(out.size * lay.S * 4)
-        work = np.empty(ws(sz.ctypes.data, 0, threads), _F32)
-        fwd(sz.ctypes.data, st.ctypes.data, DTYPE_CODES[q.dtype], lay.q.ctypes.data, lay.k.ctypes.data,
-            lay.v.ctypes.data, None if lay.mask is None else lay.mask.ctypes.data, int(bool(is_causal)), sc,
+        work = lay.work(0, threads)
+        fwd(lay.sz.ctypes.data, lay.st.ctypes.data, DTYPE_CODES[q.dtype], qa.ctypes.data, ka.ctypes.data,
+            va.ctypes.data, None if lay.mask is None else lay.mask.ctypes.data, int(bool(is_causal)), sc,
             out.ctypes.data, lse.ctypes.data, work.ctypes.data, threads)
     return out.reshape(lay.batch + (lay.L, lay.Ev)), lse.reshape(lay.batch + (lay.L,))
 
 
 def backward(dout, q, k, v, out, lse, mask=None, is_causal=False, scale=None, enable_gqa=False):
     """(dq, dk, dv) of `forward`'s attention, shaped as q, k, v."""
-    _, bwd, ws = _load()
-    lay = _Layout(q, k, v, mask, enable_gqa)
+    bwd = _load()[1]
+    lay, qa, ka, va = _layout(q, k, v, mask, enable_gqa)
     sc = 1.0 / math.sqrt(lay.E) if scale is None else float(scale)
     four = (lay.B, lay.H, lay.L)
     d4 = np.ascontiguousarray(dout, dtype=q.dtype).reshape(four + (lay.Ev,))
@@ -162,13 +187,12 @@ def backward(dout, q, k, v, out, lse, mask=None, is_causal=False, scale=None, en
     dq = np.zeros(four + (lay.E,), q.dtype)
     dk = np.zeros((lay.B, lay.Hk, lay.S, lay.E), q.dtype)
     dv = np.zeros((lay.B, lay.Hk, lay.S, lay.Ev), q.dtype)
-    st, sz = lay.strides(d4, o4), lay.sizes()
     if dq.size and lay.S:
         threads = _threads(dq.size * lay.S * 8)
-        work = np.empty(ws(sz.ctypes.data, 1, threads), _F32)
-        bwd(sz.ctypes.data, st.ctypes.data, DTYPE_CODES[q.dtype], lay.q.ctypes.data, lay.k.ctypes.data,
-            lay.v.ctypes.data, None if lay.mask is None else lay.mask.ctypes.data, int(bool(is_causal)), sc,
-            d4.ctypes.data, o4.ctypes.data, lse4.ctypes.data, dq.ctypes.data, dk.ctypes.data, dv.ctypes.data,
-            work.ctypes.data, threads)
+        work = lay.work(1, threads)
+        bwd(lay.sz.ctypes.data, lay.strides(d4, o4).ctypes.data, DTYPE_CODES[q.dtype], qa.ctypes.data,
+            ka.ctypes.data, va.ctypes.data, None if lay.mask is None else lay.mask.ctypes.data,
+            int(bool(is_causal)), sc, d4.ctypes.data, o4.ctypes.data, lse4.ctypes.data, dq.ctypes.data,
+            dk.ctypes.data, dv.ctypes.data, work.ctypes.data, threads)
     qs, ks, vs = lay.shapes
     return lay.reduce_to(dq, qs), lay.reduce_to(dk, ks), lay.reduce_to(dv, vs)
