@@ -189,8 +189,8 @@ def backward(dout, q, k, v, out, lse, mask=None, is_causal=False, scale=None, en
     dv = np.zeros((lay.B, lay.Hk, lay.S, lay.Ev), q.dtype)
     if dq.size and lay.S:
         threads = _threads(dq.size * lay.S * 8)
-        work = lay.work(1, threads)
-        bwd(lay.sz.ctypes.data, lay.strides(d4, o4).ctypes.data, DTYPE_CODES[q.dtype], qa.ctypes.data,
+        work, st = lay.work(1, threads), lay.strides(d4, o4)      # st alive until the call returns
+        bwd(lay.sz.ctypes.data, st.ctypes.data, DTYPE_CODES[q.dtype], qa.ctypes.data,
             ka.ctypes.data, va.ctypes.data, None if lay.mask is None else lay.mask.ctypes.data,
             int(bool(is_causal)), sc, d4.ctypes.data, o4.ctypes.data, lse4.ctypes.data, dq.ctypes.data,
             dk.ctypes.data, dv.ctypes.data, work.ctypes.data, threads)
