@@ -83,3 +83,16 @@ def test_relu_and_its_gradient_bit_for_bit_as_pytorch(dtype):
         fl.relu(a).backward(fl.tensor(g))
         torch.relu(b).backward(torch.tensor(g))
         np.testing.assert_array_equal(a.grad.numpy().view(f"u{x.itemsize}"), b.grad.numpy().view(f"u{x.itemsize}"))
+
+
+def test_max_pool2d_backward_of_overlapping_windows_adds_in_float32_as_aten():
+    """Overlapping windows (3x3, stride 1): an input position gets several gradients, added in float32
+    in ATen's order (the C++ scatter-add), so arbitrary float32 gradients match PyTorch bit for bit."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(-1, 2, (3, 4, 12, 12)).astype(np.float32)        # ties: a position wins many windows
+    a, b = fl.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out = fl.nn.functional.max_pool2d(a, 3, 1)
+    g = rng.standard_normal(tuple(out.shape)).astype(np.float32)
+    out.backward(fl.tensor(g))
+    torch.nn.functional.max_pool2d(b, 3, 1).backward(torch.tensor(g))
+    np.testing.assert_array_equal(a.grad.numpy().view(np.uint32), b.grad.numpy().view(np.uint32))

@@ -108,3 +108,19 @@ def test_shared_weight_with_a_batched_bias_matches_torch_func():
         return F.vmap(F.grad(loss, argnums=(0, 1)), in_dims=(None, 0, 0))(m.tensor(w), m.tensor(b), m.tensor(x))
     for got, want in zip(run(ff, fl), run(tf, torch)):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-11)
+
+
+def test_per_example_weight_gradients_a_few_groups_at_a_time_match_torch_func(monkeypatch):
+    """The grouped weight gradient of one item (the examples are its groups) taken in chunks of
+    groups (`nn_conv._weight_grad_by_groups`, forced here by tiny block sizes: 2 groups a chunk)."""
+    calls = []
+    by_groups = nn_conv._weight_grad_by_groups
+
+    def counted(*args):
+        calls.append(args[-1])
+        return by_groups(*args)
+    monkeypatch.setattr(nn_conv, "_BLOCK_BYTES", 1)
+    monkeypatch.setattr(nn_conv, "_GROUP_BLOCK_BYTES", 2 * 4 * 9 * 25 * 8)
+    monkeypatch.setattr(nn_conv, "_weight_grad_by_groups", counted)
+    test_per_sample_gradients_with_shared_conv_weights_match_torch_func(0)
+    assert calls and all(c < BATCH for c in calls), calls

@@ -786,3 +786,24 @@ extern "C" void flm_max_pool2d_f32(int64_t planes, int64_t H, int64_t W, int64_t
         }
     }
 }
+
+// ---- scatter-add of each plane's values at flat indices (max pooling's backward) ------------------
+// gx (planes x P) = 0, then gx[p][idx[p][j]] += g[p][j] in j order, in float32 (ATen's CPU loop:
+// bit for bit also where windows overlap). Returns the first plane holding an index outside
+// [0, P) (nothing of it written), or -1.
+extern "C" int64_t flm_plane_scatter_add_f32(int64_t planes, int64_t P, int64_t Q, const float* g,
+                                             const int64_t* idx, float* gx) {
+    for (int64_t p = 0; p < planes; p++) {
+        const int64_t* ip = idx + p * Q;
+        for (int64_t j = 0; j < Q; j++)
+            if (ip[j] < 0 || ip[j] >= P) return p;
+    }
+    std::memset(gx, 0, sizeof(float) * planes * P);
+    for (int64_t p = 0; p < planes; p++) {
+        const float* gp = g + p * Q;
+        const int64_t* ip = idx + p * Q;
+        float* out = gx + p * P;
+        for (int64_t j = 0; j < Q; j++) out[ip[j]] += gp[j];
+    }
+    return -1;
+}

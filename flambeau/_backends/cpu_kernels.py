@@ -12,7 +12,8 @@
 - `conv2d`: convolution as an implicit GEMM (B panels packed straight from the input, no column
   buffer).
 - `softmax_lastdim`: softmax / log_softmax in one pass per row.
-- `max_pool2d`: max pooling with indices, one pass per window (ATen's tie and NaN rules).
+- `max_pool2d`: max pooling with indices, one pass per window (ATen's tie and NaN rules);
+  `plane_scatter_add`: its backward, float32 additions in ATen's order.
 - `adam_step`: one Adam/AdamW update, bit for bit the NumPy rule of flambeau/optim/adam.py.
 
 The library is built once by the system C++ compiler through `flambeau._cpp_builder` (and its
@@ -101,6 +102,10 @@ def _load():
                 sm.argtypes = [i64, i64, p, p, ctypes.c_int, ctypes.c_int]
                 sm.restype = None
                 _state["softmax"] = sm
+                sa = lib.flm_plane_scatter_add_f32
+                sa.argtypes = [i64, i64, i64, p, p, p]
+                sa.restype = i64
+                _state["plane_scatter_add"] = sa
                 mp = lib.flm_max_pool2d_f32
                 mp.argtypes = [i64] * 11 + [p, p, p, ctypes.c_int]
                 mp.restype = None
@@ -362,6 +367,20 @@ def max_pool2d(x, out_hw, ks, st, dl):
         _state["max_pool2d"](y.size // (OH * OW), H, W, OH, OW, ks[0], ks[1], st[0], st[1], dl[0], dl[1],
                              x.ctypes.data, y.ctypes.data, idx.ctypes.data, _threads(y.size * ks[0] * ks[1] * 16))
     return y, idx
+
+
+def plane_scatter_add(g, idx, planes: int, P: int):
+    """(planes, P) float32 zeros with each plane's `g` values added at its flat `idx` positions in
+    order, in float32 (max pooling's backward, as ATen's loop); None when not handled here (another
+    dtype, no kernel, an index outside its plane)."""
+    if _load() is None or g.dtype != _F32 or idx.dtype != np.int64 or g.size != idx.size:
+        return None
+    g, idx = np.ascontiguousarray(g), np.ascontiguousarray(idx)
+    out = np.empty((planes, P), _F32)
+    if _state["plane_scatter_add"](planes, P, g.size // planes if planes else 0, g.ctypes.data, idx.ctypes.data,
+                                   out.ctypes.data) >= 0:
+        return None
+    return out
 
 
 def softmax_lastdim(x, log: bool):

@@ -241,6 +241,7 @@ def col2im_arrays(xp, cols, size, ks, st, pad, dil):
 # CuPy: one column buffer for the whole batch in (C*K, N*L) layout, one cuBLAS GEMM (batched over
 # groups only), one transposing copy back to (N, O, *out) that also adds the bias.
 _BLOCK_BYTES = 1 << 21
+_GROUP_BLOCK_BYTES = 1 << 18      # column buffer of `_weight_grad_by_groups`' chunks of groups
 
 
 def _blocks(N, out, row_bytes):
@@ -337,6 +338,10 @@ def _cpu_weight_grad(x, gy, wshape, st, pads, dil, G):
     K, Cg, Og = math.prod(ks), C // G, O // G
     rest = math.prod(out[1:])
     L = out[0] * rest
+    per_group = Cg * K * L * x.itemsize
+    chunk = max(1, _GROUP_BLOCK_BYTES // per_group)
+    if N == 1 and chunk < G and per_group * G > _BLOCK_BYTES and not _pointwise(ks, st, pads):
+        return _weight_grad_by_groups(x, gy, wshape, st, pads, dil, G, chunk)
     gyv = gy.reshape(N, G, Og, L)
     if _pointwise(ks, st, pads):
         return cpu_kernels.matmul(gyv, x.reshape(N, G, Cg, L).swapaxes(-1, -2)).sum(0).reshape(wshape)
@@ -353,6 +358,19 @@ def _cpu_weight_grad(x, gy, wshape, st, pads, dil, G):
         cpu_kernels.matmul(gyv[n0:n1, :, :, r0 * rest:r1 * rest], cols[:b, :, :, :r * rest].swapaxes(-1, -2), out=part[:b])
         acc += part[:b].sum(0) if b > 1 else part[0]
     return acc.reshape(wshape)
+
+
+def _weight_grad_by_groups(x, gy, wshape, st, pads, dil, G, chunk):
+    """The weight gradient of a one-item, many-group convolution (vmap's per-example weight
+    gradients: the examples are the groups) a few groups at a time, so its column buffer stays
+    small (a whole-batch buffer is megabytes of fresh pages each step)."""
+    Cg, Og = x.shape[1] // G, wshape[0] // G
+    gw = np.empty(wshape, x.dtype)
+    for g0 in range(0, G, chunk):
+        g1 = min(G, g0 + chunk)
+        gw[g0 * Og:g1 * Og] = _cpu_weight_grad(x[:, g0 * Cg:g1 * Cg], gy[:, g0 * Og:g1 * Og],
+                                               ((g1 - g0) * Og,) + tuple(wshape[1:]), st, pads, dil, g1 - g0)
+    return gw
 
 
 def _cpu_col2im_adjoint(gy, w, st, pad, dil, G, size):

@@ -9,14 +9,17 @@ tables built on the host by the caller. Its backward is the adjoint (a scatter-a
 and the backward's derivative is the forward again, so higher orders come for free.
 
 `_plane_gather(x, idx)` / `_plane_scatter_add(g, idx, size)` index each (n, c) plane by flat
-position (as max pooling numbers its indices); they are each other's adjoints.
+position (as max pooling numbers its indices); they are each other's adjoints. On the CPU a float32
+scatter-add is one C++ pass adding in ATen's order (`cpu_kernels.plane_scatter_add`).
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import _dtype as D
-from .._backends import cuda_index_kernels
+from .._backends import cpu_kernels, cuda_index_kernels
 from ._registry import defop, TensorSpec, Tag
 from ._helpers import opmath
 
@@ -142,6 +145,10 @@ def _plane_scatter_add(xp, self, indices, size, plane_dims, unique=False):
     lead, R, P = _planes(tuple(size), plane_dims)
     if R == 0 or self.size == 0:
         return xp.zeros(tuple(size), self.dtype)
+    if xp is np:
+        r = cpu_kernels.plane_scatter_add(self, indices, R, P)
+        if r is not None:
+            return r.reshape(tuple(size))
     idx = indices.reshape(R, -1)
     flat = (xp.arange(R, dtype=xp.int64) * P)[:, None] + idx
     if unique:
