@@ -30,6 +30,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench import compile_training as CT  # noqa: E402  (sets the environment before the libraries load)
+from bench import measure  # noqa: E402
 
 import argparse  # noqa: E402
 import importlib  # noqa: E402
@@ -149,17 +150,10 @@ def main():
     opts = ap.parse_args()
     warnings.simplefilter("ignore")
     importlib.import_module("torch.ao.quantization.fx._decomposed")
-    flags = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                flags = line
-                break
     print(json.dumps({"config": True, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                       "cpus": os.cpu_count(), "rounds": opts.rounds, "min_time_s": opts.min_time,
                       "batch": opts.batch, "width": opts.width, "layers": LAYERS, "vnni_kernel": cpu_int8.vnni(),
-                      "cpu_has": [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_int8")
-                                  if f" {f}" in flags]}), flush=True)
+                      "cpu_has": measure.cpu_has(("avx512f", "avx512_vnni", "avx512_bf16", "amx_int8"))}), flush=True)
     ws, bs, qws, scales, x = _params(opts.width, opts.batch)
     fx, tx = flambeau.tensor(x), torch.tensor(x)
     fns, first, outs = {}, {}, {}

@@ -25,6 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench import compile_training as CT  # noqa: E402  (sets the environment before the libraries load)
+from bench import measure  # noqa: E402
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
@@ -40,6 +41,8 @@ import torch  # noqa: E402
 
 import flambeau  # noqa: E402
 from flambeau._dynamo.utils import counters  # noqa: E402
+
+CPU_EXTENSIONS = ("avx512f", "avx512_bf16", "amx_bf16", "f16c", "avx512_fp16")   # reported in the config line
 
 
 class GptStep:
@@ -156,16 +159,9 @@ def main():
     ap.add_argument("--only", default="gpt,sdpa")
     opts = ap.parse_args()
     warnings.simplefilter("ignore")
-    flags = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                flags = line
-                break
     print(json.dumps({"config": True, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                       "cpus": os.cpu_count(), "rounds": opts.rounds, "min_time_s": opts.min_time,
-                      "cpu_has": [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "f16c", "avx512_fp16")
-                                  if f" {f}" in flags]}), flush=True)
+                      "cpu_has": measure.cpu_has(CPU_EXTENSIONS)}), flush=True)
     try:
         if "gpt" in opts.only:
             gpt(opts)

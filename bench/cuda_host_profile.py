@@ -274,8 +274,7 @@ def steps_profile(names: str) -> None:
     import cProfile
     import pstats
     import flambeau
-    from flambeau import _dispatch
-    from bench import gpu_models, gpu_train
+    from bench import gpu_models, gpu_train, measure
     for name in names.split(","):
         spec = gpu_train.WORKLOADS[name]
         rng = np.random.default_rng(0)
@@ -295,17 +294,7 @@ def steps_profile(names: str) -> None:
         flambeau.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3 / TRAIN_STEPS
         gc_time, gc_count = _gc_time(step)
-        calls = [0]
-        real = _dispatch.call_functional
-
-        def counting(op, args, kwargs, record=True):
-            calls[0] += 1
-            return real(op, args, kwargs, record)
-        _dispatch.call_functional = counting
-        try:
-            step()
-        finally:
-            _dispatch.call_functional = real
+        calls = measure.functional_calls(step)
         flambeau.cuda.synchronize()
         prof = cProfile.Profile()
         prof.enable()
@@ -313,7 +302,7 @@ def steps_profile(names: str) -> None:
             step()
         flambeau.cuda.synchronize()
         prof.disable()
-        print(f"== {name}: {ms:.2f} ms per step (unprofiled), {calls[0]} operator calls per step, "
+        print(f"== {name}: {ms:.2f} ms per step (unprofiled), {calls} operator calls per step, "
               f"garbage collector {gc_time:.2f} ms in {gc_count:.1f} collections per step", flush=True)
         st = pstats.Stats(prof)
         for title, col in (("own", 2), ("inclusive", 3)):

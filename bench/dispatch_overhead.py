@@ -148,19 +148,8 @@ def ops_per_call(m, fn) -> int:
         with Count():
             fn()
         return Count.n
-    from flambeau import _dispatch
-    calls = [0]
-    real = _dispatch.call_functional
-
-    def counting(op, args, kwargs, record=True):
-        calls[0] += 1
-        return real(op, args, kwargs, record)
-    _dispatch.call_functional = counting
-    try:
-        fn()
-    finally:
-        _dispatch.call_functional = real
-    return calls[0]
+    from bench import measure
+    return measure.functional_calls(fn)
 
 
 def _time(fn, repeats: int) -> float:

@@ -12,36 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
+import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench import measure  # noqa: E402
+
 WARMUP = 3
 REPS = 20
-
-
-def _median_ms(fn, sync_events):
-    start, end = sync_events
-    for _ in range(WARMUP):
-        fn()
-    times = []
-    for _ in range(REPS):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start_end_ms(start, end))
-    return statistics.median(times)
-
-
-def start_end_ms(start, end):
-    import cupy
-    return cupy.cuda.get_elapsed_time(start, end)
-
-
-def _events():
-    import cupy
-    return cupy.cuda.Event(), cupy.cuda.Event()
 
 
 def bench_flambeau(B, H, T, E, backend):
@@ -57,7 +37,7 @@ def bench_flambeau(B, H, T, E, backend):
         with A.sdpa_kernel(backend):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         flambeau.autograd.grad(out, [q, k, v], g)
-    return _median_ms(step, _events())
+    return measure.median_event_ms(step, WARMUP, REPS)
 
 
 def bench_kernels(B, H, T, E, which):
@@ -82,7 +62,7 @@ def bench_kernels(B, H, T, E, which):
         def step():
             o, st = triton_attention.forward(q, k, v, None, 0.0, rng, True, sc)
             triton_attention.backward(g, q, k, v, o, st, None, 0.0, rng, True, sc)
-    return _median_ms(step, _events())
+    return measure.median_event_ms(step, WARMUP, REPS)
 
 
 def _bf16():
@@ -101,17 +81,7 @@ def bench_torch(B, H, T, E, backend_name):
         with sdpa_kernel(be):
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         torch.autograd.grad(out, [q, k, v], g)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(WARMUP):
-        step()
-    times = []
-    for _ in range(REPS):
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return measure.median_event_ms(step, WARMUP, REPS, measure.torch_events())
 
 
 def sweep(B, H, T, E):

@@ -14,26 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench import measure  # noqa: E402
 
 WARMUP = 3
 REPS = 10
-
-
-def _median_ms(fn, sync) -> float:
-    import cupy
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    for _ in range(WARMUP):
-        fn()
-    sync()
-    times = []
-    for _ in range(REPS):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
-    return statistics.median(times)
 
 
 def _operands(n: int, dtype: str):
@@ -73,8 +61,8 @@ def bench(n: int, dtype: str) -> list:
     SparseSemiStructuredTensor._FORCE_CUTLASS = False
     fs = to_sparse_semi_structured(fa)
     sync = cupy.cuda.Device().synchronize
-    dense_ms = _median_ms(lambda: flambeau.mm(fa_dense, fb_dense), sync)
-    sparse_ms = _median_ms(lambda: flambeau.mm(fs, fb), sync)
+    dense_ms = measure.median_event_ms(lambda: flambeau.mm(fa_dense, fb_dense), WARMUP, REPS, sync=sync)
+    sparse_ms = measure.median_event_ms(lambda: flambeau.mm(fs, fb), WARMUP, REPS, sync=sync)
     row = {"workload": f"2:4 mm {dtype} {n}^3", "system": "flambeau", "dense_ms": dense_ms, "sparse_ms": sparse_ms,
            "speedup_vs_dense": dense_ms / sparse_ms, "cusparselt": fs._cslt is not None}
     if dtype != "int8":
@@ -84,8 +72,8 @@ def bench(n: int, dtype: str) -> list:
     ts = torch.sparse.to_sparse_semi_structured(ta)
     tdense = (lambda: torch._int_mm(ta, tb)) if dtype == "int8" else (lambda: torch.mm(ta, tb))
     tsync = torch.cuda.synchronize
-    t_dense = _median_ms(tdense, tsync)
-    t_sparse = _median_ms(lambda: torch.mm(ts, tb), tsync)
+    t_dense = measure.median_event_ms(tdense, WARMUP, REPS, sync=tsync)
+    t_sparse = measure.median_event_ms(lambda: torch.mm(ts, tb), WARMUP, REPS, sync=tsync)
     rows.append({"workload": f"2:4 mm {dtype} {n}^3", "system": "torch", "dense_ms": t_dense, "sparse_ms": t_sparse,
                  "speedup_vs_dense": t_dense / t_sparse})
     return rows

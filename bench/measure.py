@@ -1,0 +1,69 @@
+"""What several benchmarks measure the same way: the operator calls that reach flambeau's backend during
+one call of a function, a function's median device time between two CUDA events (CuPy's or PyTorch's),
+and which of some instruction-set extensions the CPU has (/proc/cpuinfo's flags). Imported as
+`from bench import measure` (the repository root on sys.path)."""
+from __future__ import annotations
+
+import statistics
+
+CPUINFO = "/proc/cpuinfo"
+
+
+def functional_calls(fn) -> int:
+    """How many operator calls reach flambeau's backend (`_dispatch.call_functional`) during `fn()`."""
+    from flambeau import _dispatch
+    calls = [0]
+    real = _dispatch.call_functional
+
+    def counting(op, args, kwargs, record=True):
+        calls[0] += 1
+        return real(op, args, kwargs, record)
+    _dispatch.call_functional = counting
+    try:
+        fn()
+    finally:
+        _dispatch.call_functional = real
+    return calls[0]
+
+
+def cupy_events() -> tuple:
+    """(start, end, elapsed_ms) on CuPy's current stream."""
+    import cupy
+    return cupy.cuda.Event(), cupy.cuda.Event(), cupy.cuda.get_elapsed_time
+
+
+def torch_events() -> tuple:
+    """(start, end, elapsed_ms) on PyTorch's current cuda stream."""
+    import torch
+    return (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
+            lambda start, end: start.elapsed_time(end))
+
+
+def median_event_ms(fn, warmup: int, reps: int, events: tuple | None = None, sync=None) -> float:
+    """fn's median time in ms over `reps` calls, each between the records of `events` = (start, end,
+    elapsed_ms) (CuPy's when None), after `warmup` untimed calls and then `sync()` where given."""
+    start, end, elapsed_ms = events if events is not None else cupy_events()
+    for _ in range(warmup):
+        fn()
+    if sync is not None:
+        sync()
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(elapsed_ms(start, end))
+    return statistics.median(times)
+
+
+def cpu_has(extensions: tuple, cpuinfo: str = CPUINFO) -> list:
+    """Those of `extensions` (flag names such as "avx512_bf16") among the words of the first flags line of
+    `cpuinfo` (whole words: "avx512f" is not found in "avx512fp16")."""
+    flags: set = set()
+    with open(cpuinfo) as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.partition(":")[2].split())
+                break
+    return [e for e in extensions if e in flags]

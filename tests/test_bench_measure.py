@@ -1,0 +1,58 @@
+"""bench/measure.py, the helpers several benchmarks share, against known answers: the operator calls a
+function sends to flambeau's backend (counted by hand), the median of event intervals (fake events with
+set intervals), and the CPU flags found in a cpuinfo text (whole words only)."""
+from __future__ import annotations
+
+import numpy as np
+
+import flambeau
+from bench import measure
+from flambeau import _dispatch
+
+
+def test_functional_calls_counts_each_backend_call_and_restores_the_dispatcher():
+    a, b = flambeau.tensor(np.ones(3, np.float32)), flambeau.tensor(np.ones(3, np.float32))
+    real = _dispatch.call_functional
+    assert measure.functional_calls(lambda: None) == 0
+    assert measure.functional_calls(lambda: (a + b).relu()) == 2
+    assert measure.functional_calls(lambda: [a * b for _ in range(5)]) == 5
+    assert _dispatch.call_functional is real
+
+
+class _Events:
+    """(start, end, elapsed_ms) whose intervals are `intervals_ms` in turn; logs records, syncs, calls."""
+
+    def __init__(self, intervals_ms: list) -> None:
+        self.log, self.intervals = [], list(intervals_ms)
+        log = self.log
+
+        class Event:
+            def __init__(self, name):
+                self.name = name
+
+            def record(self):
+                log.append(f"record {self.name}")
+
+            def synchronize(self):
+                log.append(f"sync {self.name}")
+        self.start, self.end = Event("start"), Event("end")
+
+    def events(self) -> tuple:
+        return self.start, self.end, lambda start, end: self.intervals.pop(0)
+
+
+def test_median_event_ms_times_each_call_between_the_events_after_warmup():
+    fake = _Events([5.0, 1.0, 9.0, 3.0, 4.0])
+    ms = measure.median_event_ms(lambda: fake.log.append("call"), 2, 5, fake.events(),
+                                 sync=lambda: fake.log.append("sync device"))
+    assert ms == 4.0
+    assert fake.log == ["call", "call", "sync device"] + ["record start", "call", "record end", "sync end"] * 5
+
+
+def test_cpu_has_reads_whole_words_of_the_first_flags_line(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx512fp16 avx512_bf16 amx_int8\n"
+                    "processor\t: 1\nflags\t\t: fpu avx512f\n")
+    assert measure.cpu_has(("avx512f", "avx512_bf16", "amx_int8", "f16c"), str(info)) == ["avx512_bf16", "amx_int8"]
+    (tmp_path / "bare").write_text("processor\t: 0\n")
+    assert measure.cpu_has(("avx512f",), str(tmp_path / "bare")) == []
