@@ -34,6 +34,10 @@ LAYOUTS = {
 }
 
 
+LAYOUTS["fsdp_tp_mp"] = LAYOUTS["fsdp_tp"]
+MP_RTOL = 1e-5              # float32 compute against the float64 one-process reference
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp2d")
@@ -58,17 +62,25 @@ def _reference(tag, res, data_parallel):
     return losses, {k: v.detach().numpy() for k, v in model.named_parameters()}
 
 
-@pytest.mark.parametrize("tag,data_parallel", [("hsdp", WORLD), ("fsdp_tp", 2)])
+@pytest.mark.parametrize("tag,data_parallel", [("hsdp", WORLD), ("fsdp_tp", 2), ("fsdp_tp_mp", 2)])
 def test_2d_training_equals_one_process_on_the_whole_batch(ranks, tag, data_parallel):
+    """Mixed precision (fsdp_tp_mp): float64 shards and gradients, the forward in float32, within MP_RTOL."""
     losses, final = _reference(tag, ranks[0], data_parallel)
+    rtol = MP_RTOL if tag.endswith("_mp") else 1e-10
     for r, res in enumerate(ranks):
         assert bool(res[f"{tag}/sharded"])
-        np.testing.assert_allclose(res[f"{tag}/losses"], losses, rtol=1e-10, atol=1e-12)
+        assert str(res[f"{tag}/compute_dtype"]) == ("float32" if tag.endswith("_mp") else "float64")
+        for name in LAYOUTS[tag]:
+            assert str(res[f"{tag}/dtypes/{name}"]) == "torch.float64|torch.float64", name
+        np.testing.assert_allclose(res[f"{tag}/losses"], losses, rtol=rtol, atol=rtol * 1e-2)
         for k, v in final.items():
-            np.testing.assert_allclose(res[f"{tag}/final/{k}"], v, rtol=1e-9, atol=1e-11, err_msg=f"rank {r} {k}")
+            if tag.endswith("_mp") and k.endswith("k.bias"):
+                continue            # its exact gradient is 0 (softmax's shift invariance): AdamW steps the rounding
+            np.testing.assert_allclose(res[f"{tag}/final/{k}"], v, rtol=rtol * 10, atol=rtol * 1e-1,
+                                       err_msg=f"rank {r} {k}")
 
 
-@pytest.mark.parametrize("tag", ["hsdp", "fsdp_tp"])
+@pytest.mark.parametrize("tag", ["hsdp", "fsdp_tp", "fsdp_tp_mp"])
 def test_2d_parameter_and_gradient_layouts(ranks, tag):
     for res in ranks:
         for name, want in LAYOUTS[tag].items():
@@ -96,16 +108,18 @@ def test_strided_layout_cuts_and_joins_as_pytorch(ranks, pytorch_ranks):
         np.testing.assert_array_equal(ours["strided/full"], whole)
 
 
-@pytest.mark.parametrize("tag", ["hsdp", "fsdp_tp"])
+@pytest.mark.parametrize("tag", ["hsdp", "fsdp_tp", "fsdp_tp_mp"])
 def test_2d_agrees_with_pytorch_fsdp2(ranks, pytorch_ranks, tag):
+    rtol = 1e-5 if tag.endswith("_mp") else 1e-10      # float32 sums in another order
     for ours, theirs in zip(ranks, pytorch_ranks):
-        np.testing.assert_allclose(ours[f"{tag}/losses"], theirs[f"{tag}/losses"], rtol=1e-10)
+        np.testing.assert_allclose(ours[f"{tag}/losses"], theirs[f"{tag}/losses"], rtol=rtol)
+        assert str(ours[f"{tag}/compute_dtype"]) == str(theirs[f"{tag}/compute_dtype"])
         for name in LAYOUTS[tag]:
             assert str(ours[f"{tag}/layout/{name}"]) == str(theirs[f"{tag}/layout/{name}"]), name
             np.testing.assert_array_equal(ours[f"{tag}/block/{name}"], theirs[f"{tag}/block/{name}"], err_msg=name)
-            np.testing.assert_allclose(ours[f"{tag}/local/{name}"], theirs[f"{tag}/local/{name}"], rtol=1e-10,
-                                       atol=1e-12, err_msg=name)
+            np.testing.assert_allclose(ours[f"{tag}/local/{name}"], theirs[f"{tag}/local/{name}"], rtol=rtol,
+                                       atol=rtol * 1e-2, err_msg=name)
             assert str(ours[f"{tag}/ops/{name}"]) == str(theirs[f"{tag}/ops/{name}"]), name
             for what in ("ops_local", "ops_sum"):
-                np.testing.assert_allclose(ours[f"{tag}/{what}/{name}"], theirs[f"{tag}/{what}/{name}"], rtol=1e-10,
-                                           atol=1e-12, err_msg=f"{what} {name}")
+                np.testing.assert_allclose(ours[f"{tag}/{what}/{name}"], theirs[f"{tag}/{what}/{name}"], rtol=rtol,
+                                           atol=rtol * 1e-2, err_msg=f"{what} {name}")

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -28,7 +28,7 @@ BLOCK_PLAN = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParall
 res = {}
 
 
-def train(tag, data_parallel, slice_index):
+def train(tag, data_parallel, slice_index, mp=None):
     model = Model().double()
     g = np.random.default_rng(5)            # the same weights on flambeau and PyTorch (their RNGs differ)
     with torch.no_grad():
@@ -41,22 +41,26 @@ def train(tag, data_parallel, slice_index):
             fully_shard(b, mesh=mesh)
         fully_shard(model, mesh=mesh)
     else:
+        policy = {} if mp is None else {"mp_policy": mp}
         for b in model.blocks:
             parallelize_module(b, mesh["tp"], BLOCK_PLAN)
-            fully_shard(b, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
+            fully_shard(b, mesh=mesh["dp"], **policy)
+        fully_shard(model, mesh=mesh["dp"], **policy)
     res[f"{tag}/sharded"] = np.array(all(isinstance(p, DTensor) for p in model.parameters()))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     losses = []
     for step in range(STEPS):
         x, y = fsdp_batch(torch, step, data_parallel)
         x, y = x[slice_index * B:(slice_index + 1) * B], y[slice_index * B:(slice_index + 1) * B]
-        loss = ((model(x) - y) ** 2).mean()
+        out = model(x)
+        res[f"{tag}/compute_dtype"] = np.array(str(out.dtype).split(".")[-1])
+        loss = ((out - y) ** 2).mean()
         opt.zero_grad()
         loss.backward()
         for name in ("head.weight", "blocks.0.q.weight", "blocks.0.o.weight", "blocks.0.q.bias"):
             p = model.get_parameter(name)
             res[f"{tag}/layout/{name}"] = np.array(f"{p.placements}|{p.grad.placements}")
+            res[f"{tag}/dtypes/{name}"] = np.array(f"{p.dtype}|{p.grad.dtype}".replace("flambeau.", "torch."))
             shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
             res[f"{tag}/block/{name}"] = np.array([list(shape), list(offset)])
             res[f"{tag}/local/{name}"] = p.to_local().detach().numpy().copy()
@@ -81,5 +85,7 @@ res["strided/local"] = strided.to_local().numpy().copy()
 res["strided/full"] = strided.full_tensor().numpy().copy()
 train("hsdp", world, rank)
 train("fsdp_tp", 2, mesh.get_coordinate()[0])
+# FSDP x TP in mixed precision: float64 shards, gathered and computed in float32, gradients reduced in float32
+train("fsdp_tp_mp", 2, mesh.get_coordinate()[0], MixedPrecisionPolicy(torch.float32, torch.float32))
 np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **res)
 dist.destroy_process_group()

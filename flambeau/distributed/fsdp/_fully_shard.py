@@ -23,7 +23,8 @@ On a 2-D mesh (HSDP) parameters are `(Replicate(), Shard(0))`: gathered and redu
 mesh dimension 1, and each reduced shard averaged over dimension 0 (its replicas) by an all-reduce.
 FSDP x TP (a 1-D dp mesh, parameters already DTensors on the tp slice of the same 2-D mesh): each rank's TP
 piece is sharded on dim 0 over dp, `(Shard(0), tp placement)`, or `(_StridedShard(0, sf=tp), Shard(0))` for
-colwise pieces, so every parameter's memory is divided by the dp size.
+colwise pieces, so every parameter's memory is divided by the dp size; `mp_policy` applies to them as to
+plain parameters (the gathered TP piece in param_dtype, its gradient reduced in reduce_dtype).
 `set_requires_gradient_sync(False)` keeps the gathered gradients for the next synchronised backward.
 """
 from __future__ import annotations
@@ -180,9 +181,9 @@ class _ParamGroup:
                 or self.mesh._get_root_mesh() is not tp_mesh._get_root_mesh():
             raise NotImplementedError(f"fully_shard: parameter '{name}' is a DTensor on {tp_mesh}; FSDP x TP needs "
                                       "1-D named sub-meshes of one 2-D mesh (mesh['dp'], mesh['tp'])")
-        if isinstance(tp_p, Partial) or self.mp.param_dtype is not None:
+        if isinstance(tp_p, Partial):
             raise NotImplementedError(f"fully_shard: parameter '{name}': FSDP x TP supports Shard/Replicate "
-                                      "parameters without mixed precision")
+                                      "tensor-parallel parameters, not Partial")
         mesh2d = self.mesh._get_root_mesh()[self.mesh.mesh_dim_names[0], tp_mesh.mesh_dim_names[0]]
         local, gshape, tp = p._local_tensor.detach(), tuple(p.shape), (tp_mesh, tp_p, tuple(p.shape))
         fsdp_p = _StridedShard(0, split_factor=tp_mesh.size()) if tp_p == Shard(0) else Shard(0)
