@@ -35,8 +35,9 @@ the largest relative difference between the ddp and ref losses, the scaling effi
 (single ms / ddp ms: nproc-process throughput over nproc x 1-process throughput) and, per mode, flambeau's
 ddp step time over PyTorch's. Each worker also reports host_ms_per_step (the host's time to queue the timed
 steps, before the closing synchronisation: near ms_per_step means the host is the bottleneck). `--profile
-DIR`: after the timed steps, rank 0 of each configuration runs PROFILE_STEPS more under cProfile and writes
-the top functions (by own time, and by cumulative time) to DIR/<system>-<mode>-<config>.txt. `--trace DIR`:
+DIR`: after the timed steps, rank 0 of each configuration runs PROFILE_STEPS more under cProfile timed by the
+process's CPU clock (a loaded machine's waits for the CPU do not count; MPI's busy waits do) and writes the
+top functions (by own time, and by cumulative time) to DIR/<system>-<mode>-<config>.txt. `--trace DIR`:
 after the timed steps every rank of each configuration records PROFILE_STEPS more under PyTorch's profiler
 (bench/stream_timeline.py: kernels by stream, the compute stream's idle gaps, CUDA API calls) into
 DIR/<system>-<mode>-<config>-<parallel>-r<rank>.json.gz; read them with `python bench/stream_timeline.py`.
@@ -224,11 +225,11 @@ def worker(args) -> None:
 
 
 def _profile(args, torch, rank: int, step, sync) -> None:
-    """PROFILE_STEPS steps under cProfile (every rank steps; rank 0 writes the tables)."""
+    """PROFILE_STEPS steps under cProfile on process CPU time (every rank steps; rank 0 writes the tables)."""
     import cProfile
     import io
     import pstats
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.process_time)
     sync()
     prof.enable()
     for _ in range(PROFILE_STEPS):
@@ -244,7 +245,7 @@ def _profile(args, torch, rank: int, step, sync) -> None:
     os.makedirs(args.profile, exist_ok=True)
     name = f"{_system(torch)}-{args.mode}-{args.config}-{args.parallel}.txt"
     with open(os.path.join(args.profile, name), "w") as f:
-        f.write(f"{PROFILE_STEPS} steps\n" + out.getvalue())
+        f.write(f"{PROFILE_STEPS} steps, times are process CPU seconds\n" + out.getvalue())
 
 
 class _GcClock:
