@@ -121,3 +121,54 @@ def test_quantize_dynamic_by_name_and_3d_input():
     x = np.random.default_rng(4).standard_normal((3, 5, 32)).astype(np.float32)
     np.testing.assert_allclose(qo(flambeau.tensor(x)).detach().numpy(), qr(torch.tensor(x)).detach().numpy(),
                                rtol=0, atol=1e-6)
+
+
+class _RNNModel:
+    """An embedding-free language-model body: LSTM then a Linear decoder, built from either library."""
+
+    @staticmethod
+    def build(m, input_size, hidden, layers, bidirectional, batch_first):
+        class Model(m.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.rnn = m.nn.LSTM(input_size, hidden, layers, bidirectional=bidirectional, batch_first=batch_first)
+                self.dec = m.nn.Linear(hidden * (2 if bidirectional else 1), 5)
+
+            def forward(self, x, hx=None):
+                out, (h, c) = self.rnn(x, hx)
+                return self.dec(out), h, c
+        return Model().eval()
+
+
+LSTM_CASES = {  # input size, hidden, layers, bidirectional, batch_first, (T, B), initial state
+    "one_layer": (10, 16, 1, False, False, (6, 3), False),
+    "two_layers_bidirectional_batch_first": (8, 12, 2, True, True, (7, 2), False),
+    "initial_state": (6, 20, 1, False, False, (12, 4), True),
+}
+
+
+@pytest.mark.parametrize("case", list(LSTM_CASES))
+def test_quantize_dynamic_lstm_matches_pytorch(case):
+    """The default `quantize_dynamic` (no qconfig_spec) swaps nn.LSTM and nn.Linear as PyTorch's does; the
+    dynamically quantized LSTM's outputs and final states equal PyTorch's `quantized_lstm` to float
+    rounding of the gates (the int8 effect itself, vs the float model, is ~1e-3)."""
+    size, hidden, layers, bi, bf, (T, B), with_state = LSTM_CASES[case]
+    torch.manual_seed(0)
+    ref = _RNNModel.build(torch, size, hidden, layers, bi, bf)
+    ours = _RNNModel.build(flambeau, size, hidden, layers, bi, bf)
+    ours.load_state_dict({k: flambeau.tensor(v.detach().numpy()) for k, v in ref.state_dict().items()})
+    qr = torch.ao.quantization.quantize_dynamic(ref)
+    qo = flambeau.ao.quantization.quantize_dynamic(ours)
+    assert type(qo.rnn).__module__.startswith("flambeau.ao.nn.quantized.dynamic") and type(qo.dec).__name__ == "Linear"
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((B, T, size) if bf else (T, B, size)).astype(np.float32)
+    state = [rng.standard_normal((layers * (2 if bi else 1), B, hidden)).astype(np.float32) for _ in range(2)]
+    args_r = (torch.tensor(x), tuple(torch.tensor(s) for s in state) if with_state else None)
+    args_o = (flambeau.tensor(x), tuple(flambeau.tensor(s) for s in state) if with_state else None)
+    with torch.no_grad():
+        want = [t.numpy() for t in qr(*args_r)]
+    got = [t.detach().numpy() for t in qo(*args_o)]
+    floats = [t.detach().numpy() for t in ours(*args_o)]
+    for g, w, f in zip(got, want, floats):
+        np.testing.assert_allclose(g, w, rtol=0, atol=2e-6)
+        assert np.abs(g - f).max() > 1e-4          # quantized: not the float model

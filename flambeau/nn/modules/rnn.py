@@ -109,9 +109,13 @@ class RNNBase(Module):
         w_hr = g("weight_hr") if self.proj_size > 0 else None
         return g("weight_ih"), g("weight_hh"), b_ih, b_hh, w_hr
 
+    def _linear(self, x, w, b):
+        """The layer's products (a dynamically quantized LSTM runs int8 ones: ao.nn.quantized.dynamic)."""
+        return F.linear(x, w, b)
+
     def _cell(self, gi, h, c, w_hh, b_hh, w_hr):
         """One step given the precomputed input projection gi; returns (h', c')."""
-        gh = F.linear(h, w_hh, b_hh)
+        gh = self._linear(h, w_hh, b_hh)
         if self.mode == "LSTM":
             i, f, g, o = (gi + gh).chunk(4, -1)
             c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
@@ -131,7 +135,7 @@ class RNNBase(Module):
 
     def _run_direction(self, x, layer, d, h, c, mask):
         w_ih, w_hh, b_ih, b_hh, w_hr = self._weights(layer, d)
-        gi_all = F.linear(x, w_ih, b_ih)
+        gi_all = self._linear(x, w_ih, b_ih)
         steps = range(x.shape[0] - 1, -1, -1) if d == 1 else range(x.shape[0])
         outs = [None] * x.shape[0]
         for t in steps:

@@ -1,5 +1,8 @@
 """Dynamically quantized modules (PyTorch's `torch.ao.nn.quantized.dynamic`): int8 weights quantized
 once, activations quantized per call from their own min/max, int32 accumulation, float output.
+`Linear`, and `LSTM`: the float LSTM's recurrence (`nn.LSTM`) with each product a `linear_dynamic`
+(the input projection of a whole sequence quantized at once, then the hidden state's at each step,
+as PyTorch's `quantized_lstm` on cpu), biases packed with their weights, gates in float32.
 
 The arithmetic is FBGEMM's `linear_dynamic`: the input's range (widened to hold 0) gives an
 unsigned 8-bit scale and zero point by FBGEMM's ChooseQuantizationParams (7 bits under
@@ -11,12 +14,15 @@ out = float(acc) * (input_scale * weight_scale) + bias in float32.
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ..... import _dtype as D
 from ....._tensor import Tensor
 from .....nn.modules.module import Module
 from .....nn.modules.linear import Linear as FloatLinear
+from .....nn.modules.rnn import LSTM as FloatLSTM
 from ....._ops import EXPORTS as F
 from ....._ops.quantized_tensor import _quantize_values
 from ....._backends import cpu_int8
@@ -142,3 +148,66 @@ class Linear(Module):
         out = cls(mod.in_features, mod.out_features, mod.bias is not None)
         out.set_weight_bias(qw, mod.bias.detach().float().clone() if mod.bias is not None else None)
         return out
+
+
+class _PackedWeight:
+    """A qint8 weight and its `cpu_int8.pack_weight` layout, made once."""
+
+    def __init__(self, qweight: Tensor):
+        self.qweight, self.packed = qweight, cpu_int8.pack_weight(qweight._data)
+
+
+class LSTM(FloatLSTM):
+    """`torch.ao.nn.quantized.dynamic.LSTM`: qint8 weights (per tensor, from the qconfig's weight
+    observer), float biases; eval-mode semantics of `nn.LSTM` (batch_first, layers, bidirectional,
+    initial states, packed sequences), every product a dynamically quantized int8 GEMM."""
+    _FLOAT_MODULE = FloatLSTM
+
+    def _linear(self, x, w, b):
+        if x._dtype is not D.float32:
+            raise RuntimeError(f"quantized::quantized_lstm: expected a float32 input, got {x._dtype}")
+        return linear_dynamic(x, w.qweight, b, reduce_range=True, packed=w.packed)
+
+    def _weights(self, layer, d):
+        w_ih, w_hh, b_ih, b_hh, _ = self._qweights[(layer, d)]
+        return w_ih, w_hh, b_ih, b_hh, None
+
+    def _load_from_float(self, mod: Module, weight_observer) -> None:
+        self._qweights = {}
+        for layer in range(mod.num_layers):
+            for d in range(2 if mod.bidirectional else 1):
+                w_ih, w_hh, b_ih, b_hh, _ = FloatLSTM._weights(mod, layer, d)
+                packed = []
+                for w in (w_ih, w_hh):
+                    obs = weight_observer()
+                    w = w.detach().float()
+                    obs(w)
+                    scale, zp = obs.calculate_qparams()
+                    packed.append(_PackedWeight(F["quantize_per_tensor"](w, float(scale), int(zp), D.qint8)))
+                biases = [None if b is None else b.detach().float().clone() for b in (b_ih, b_hh)]
+                self._qweights[(layer, d)] = (*packed, *biases, None)
+
+    @classmethod
+    def from_float(cls, mod: Module, weight_observer=None) -> "LSTM":
+        """Quantize each weight with its qconfig's weight observer (default: MinMax, qint8, symmetric)."""
+        if not isinstance(mod, cls._FLOAT_MODULE):
+            raise AssertionError(f"nnqd.LSTM.from_float only works for {cls._FLOAT_MODULE.__name__}, "
+                                 f"got {type(mod).__name__}")
+        if mod.proj_size:
+            raise RuntimeError("nnqd.LSTM.from_float: an LSTM with proj_size is not supported")
+        if weight_observer is None:
+            qconfig = getattr(mod, "qconfig", None)
+            weight_observer = qconfig.weight if qconfig is not None else \
+                (lambda: MinMaxObserver(dtype=D.qint8, qscheme=D.per_tensor_symmetric))
+        else:
+            observer = weight_observer
+            weight_observer = (lambda: copy.deepcopy(observer))
+        out = object.__new__(cls)
+        Module.__init__(out)
+        for name in ("mode", "input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout",
+                     "bidirectional", "proj_size"):
+            setattr(out, name, getattr(mod, name))
+        out._flat_weights_names = []
+        out._load_from_float(mod, weight_observer)
+        return out.train(False)
+
