@@ -15,7 +15,9 @@ possibly another transformed function: they compose in any order) with the trans
 Calling it records ONE call_function node. jvp(f, primals, tangents) is one node too; vjp(f, *primals) and
 linearize(f, *primals) are a node for the outputs and return a function (`LinearFunctionVariable`)
 whose call is another node that evaluates the transform again at the same primals (a graph holds no
-function values; the forward is computed twice, which the compiler may share).
+function values; the forward is computed twice, which the compiler may share); returned from the
+compiled function, it is made after the graph by the eager transform. `functional_call(module, ...)`
+is one node too (`FuncModuleCallVariable`: the module's own state lifted as below).
 
 A node's target (`_transform_call`) rebuilds the user's function and applies the transforms each time
 the node runs: on fake tensors for the node's metadata, on AOT autograd's proxies (so the
