@@ -417,3 +417,86 @@ def test_softmax_backward_stores_no_full_size_exp(triton_backend):
     backward = made[-1]
     full = [b.name for k in backward.artifact.kernels for b in k.stores if b.layout.numel == x.numel()]
     assert len(full) == 1, full
+
+
+def _colmajor_double(x: fl.Tensor) -> fl.Tensor:
+    return (x * 2).t().contiguous().t()          # 2x, laid out column-major (as attention's (B, L, H, E) outputs)
+
+
+fl.library.custom_op("inductortriton::colmajor_double", _colmajor_double, mutates_args=())
+fl.library.register_fake("inductortriton::colmajor_double", lambda x: fl.empty(x.shape[::-1]).t())
+fl.library.custom_op("inductortriton::colmajor_double_says_rowmajor", _colmajor_double, mutates_args=())
+fl.library.register_fake("inductortriton::colmajor_double_says_rowmajor", lambda x: fl.empty_like(x))
+
+
+from flambeau._ops.views import preserved_strides  # noqa: E402
+
+
+def _double_in_input_order(x: fl.Tensor) -> fl.Tensor:
+    return x * 2                                  # NumPy keeps the input's order of strides (as empty_like)
+
+
+fl.library.custom_op("inductortriton::double_in_input_order", _double_in_input_order, mutates_args=())
+fl.library.register_fake("inductortriton::double_in_input_order",
+                         lambda x: fl.empty_strided(x.shape, preserved_strides(x.shape, x.stride()), device=x.device))
+
+
+@pytest.mark.parametrize("op, copies", [("colmajor_double", 0), ("colmajor_double_says_rowmajor", 1)])
+def test_extern_outputs_are_read_in_the_layout_their_fake_gives(triton_backend, op, copies):
+    """An extern's output is taken in the dense layout its fake (meta) function gives: a kernel reads
+    a column-major output in place, no copy; an output laid out otherwise than its fake says is copied
+    into the layout the graph assumed. Values equal PyTorch's either way."""
+    from flambeau._inductor import wrapper
+    fn = getattr(fl.ops.inductortriton, op)
+
+    def f(x):
+        y = fn(x)
+        return y.t() + 1, (y * y).sum(0)        # the transpose of a column-major buffer is a contiguous view
+    x = np.random.default_rng(3).standard_normal((6, 9)).astype(np.float32)
+    cf = fl.compile(f)
+    cf(fl.tensor(x))
+    before = wrapper.stats["extern_output_copies"]
+    with no_unexpected_fallbacks({}):
+        got = cf(fl.tensor(x))
+    assert wrapper.stats["extern_output_copies"] - before == copies
+    tx = torch.tensor(x) * 2
+    for g, w in zip(got, (tx.t() + 1, (tx * tx).sum(0))):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_extern_output_in_an_unexpected_layout_is_conformed():
+    """`wrapper.conform`: an array already in the layout passes through; one in another is copied into it."""
+    from flambeau._inductor.ir import Layout
+    from flambeau._inductor.wrapper import conform
+    lay = Layout((4, 3, 5), fl.float32, (5, 20, 1))           # dims 0 and 1 swapped in memory
+    a = np.arange(60, dtype=np.float32).reshape(3, 4, 5).transpose(1, 0, 2)
+    assert conform(lay)(a) is a
+    b = np.ascontiguousarray(a)
+    c = conform(lay)(b)
+    assert c.strides == (20, 80, 4) and np.array_equal(c, b)
+    assert conform(Layout((4, 3, 5), fl.float32))(b) is b
+
+
+@pytest.mark.parametrize("realised", [False, True])
+def test_extern_output_layout_follows_its_inputs_as_laid_out_in_the_graph(triton_backend, realised):
+    """An extern whose output follows its input's layout (attention's out and gradients, here a custom
+    op): fed a transposed view it returns a transposed buffer, read in place; fed a value the trace saw
+    transposed (a.t() + 1 keeps its input's strides) but the graph computes into a fresh contiguous
+    buffer, it returns a contiguous one, and that is the layout assumed: no copy either way (the
+    layout from the trace's fake strides copied the second)."""
+    from flambeau._inductor import wrapper
+    op = fl.ops.inductortriton.double_in_input_order
+
+    def f(a):
+        y = op(a.t() + 1 if realised else a.t())
+        return y + 1, y.sum(0)
+    x = np.random.default_rng(4).standard_normal((5, 7)).astype(np.float32)
+    cf = fl.compile(f)
+    cf(fl.tensor(x))
+    before = wrapper.stats["extern_output_copies"]
+    with no_unexpected_fallbacks({}):
+        got = cf(fl.tensor(x))
+    assert wrapper.stats["extern_output_copies"] == before
+    ty = (torch.tensor(x).t() + (1 if realised else 0)) * 2
+    for g, w in zip(got, (ty + 1, ty.sum(0))):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-5)

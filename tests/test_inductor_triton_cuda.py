@@ -265,3 +265,52 @@ def test_compiled_index_error_raises_at_the_next_sync():
     with pytest.raises(IndexError, match="index out of range"):
         fl.cuda.synchronize()
     assert f(x, fl.tensor([1]).cuda()).cpu().shape == (1, 3)
+
+
+@pytest.mark.xfail(strict=False, reason="on the H100 with extern layouts from the trace's fake strides (before "
+                   "_meta_outputs) this 2-layer GPT still copied extern outputs (count not captured); the layouts "
+                   "from the graph's own inputs were not run on a GPU")
+def test_attention_outputs_are_taken_in_place_on_cuda():
+    """A compiled GPT-2 layer's training step under bf16 autocast copies no extern output: the fused
+    attention's out and gradients come back in the (B, T, H, E) layouts their meta gives
+    (`wrapper.stats`; each layer copied its out, dq, dk and dv before), and the loss equals eager's."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench import gpu_models
+    from flambeau._inductor import wrapper
+    build = lambda: gpu_models.gpt(fl, vocab=512, block=128, layers=2)   # noqa: E731
+    batch = (fl.randint(0, 512, (2, 128)), fl.randint(0, 512, (2, 128)))
+    le, _ = _train_grads(build, batch, False, amp=True)
+    before = wrapper.stats["extern_output_copies"]
+    with no_unexpected_fallbacks(declared_eager_fallbacks()):
+        lc, _ = _train_grads(build, batch, True, amp=True)
+    assert wrapper.stats["extern_output_copies"] == before
+    np.testing.assert_allclose(lc, le, rtol=1e-2)
+
+
+def test_compiled_products_are_planned_once_on_cuda(monkeypatch):
+    """A compiled graph's mm/bmm find their cuBLASLt plan at the first call (extern_gemm.py); later
+    calls go straight to cublasLtMatmul, never through the eager `cublaslt.gemm`, and equal eager's
+    results (transposed and batched operands, a view at an offset). An operand off the 256-byte
+    alignment the plan assumes runs the eager product, still right."""
+    from flambeau._backends import cublaslt
+
+    def f(x, w, a, b):
+        return x @ w.t(), fl.bmm(a, b.transpose(1, 2)), x[:, 32:] @ w[:, 32:].t()
+    x, w = fl.randn(256, 96).cuda().bfloat16(), fl.randn(512, 96).cuda().bfloat16()
+    a, b = fl.randn(3, 32, 64).cuda().bfloat16(), fl.randn(3, 40, 64).cuda().bfloat16()
+    cf = fl.compile(f)
+    with no_unexpected_fallbacks({}):
+        cf(x, w, a, b)
+        eager_calls = []
+        real = cublaslt.gemm
+        monkeypatch.setattr(cublaslt, "gemm", lambda *p, **k: eager_calls.append(1) or real(*p, **k))
+        before = cublaslt.calls["gemm"]
+        got = cf(x, w, a, b)
+        assert cublaslt.calls["gemm"] - before == 3 and not eager_calls
+        xo = fl.randn(257 * 96).cuda().bfloat16()[96:].view(256, 96)       # 192 bytes past an allocation
+        got_off = cf(xo, w, a, b)
+    assert len(eager_calls) == 2            # x's two products; bmm's operands are aligned
+    for g, e in zip(list(got) + list(got_off), list(f(x, w, a, b)) + list(f(xo, w, a, b))):
+        np.testing.assert_allclose(g.float().cpu().numpy(), e.float().cpu().numpy(), rtol=2e-2, atol=2e-2)

@@ -202,3 +202,28 @@ def test_transformer_encoder_layer_runs_sdpa(monkeypatch):
     to = tl(torch.tensor(x), src_mask=mask, is_causal=True)
     assert calls, "TransformerEncoderLayer did not go through scaled_dot_product_attention"
     np.testing.assert_allclose(fo.detach().numpy(), to.detach().numpy(), rtol=1e-7, atol=1e-9)
+
+
+def _projection_heads(lib, B=2, T=16, H=4, E=8):
+    """q, k, v as GPT-2 makes them: (B, T, 3 * H * E) split and viewed (B, H, T, E) (meta tensors)."""
+    qkv = lib.empty(B, T, 3 * H * E, device="meta", dtype=lib.bfloat16)
+    return [t.view(B, T, H, E).transpose(1, 2) for t in qkv.split(H * E, 2)]
+
+
+def test_fused_attention_meta_lays_outputs_out_as_the_kernels_and_pytorch():
+    """The fused op's meta gives the layouts the kernels return (compiled code reads them in place):
+    for heads viewed out of a (B, T, H*E) projection, out and the cuDNN gradients dense in the
+    inputs' (B, T, H, E) order, as PyTorch's _scaled_dot_product_cudnn_attention(_backward) metas;
+    the Triton backward's dk and dv (B, S, H, E) memory whatever the inputs' layout."""
+    q, k, v = _projection_heads(flambeau)
+    o, lse, rng = AF._sdpa_fused(q, k, v, None, 0.0, True, None, int(B.CUDNN_ATTENTION))
+    tq, tk, tv = _projection_heads(torch)
+    r = torch.ops.aten._scaled_dot_product_cudnn_attention(tq, tk, tv, None, True, 0.0, True, False)
+    assert o.stride() == r[0].stride() and lse.shape == r[1].shape[:3]
+    grads = AF._sdpa_fused_backward(o, q, k, v, o, lse, rng, None, 0.0, True, None, int(B.CUDNN_ATTENTION))
+    want = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(r[0], tq, tk, tv, r[0], r[1], r[6], r[7], None,
+                                                                       r[2], r[3], 16, 16, 0.0, True)
+    assert [g.stride() for g in grads] == [w.stride() for w in want]
+    qc, kc, vc = (flambeau.empty(2, 4, 16, 8, device="meta", dtype=flambeau.bfloat16) for _ in range(3))
+    grads = AF._sdpa_fused_backward(qc, qc, kc, vc, qc, lse, rng, None, 0.0, True, None, int(B.FLASH_ATTENTION))
+    assert grads[0].stride() == (512, 128, 8, 1) and grads[1].stride() == grads[2].stride() == (512, 8, 32, 1)

@@ -31,6 +31,8 @@ import operator
 from .._ops import Op
 from .._tags import Tag
 from .._device import CPU
+from .. import _state
+from .._ops.creation import empty_strided
 from .._tensor import Tensor
 from ..fx.node import Node
 from ..fx._symbolic_shapes import SymInt, sym_size
@@ -40,7 +42,7 @@ from .pad_mm import PAD_MM
 from . import lowerings  # noqa: F401  (attaches each core op's `op.lowering`)
 from .ir import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, IRNode, Layout, MultiOutput,
                  Pointwise, Reduction, Scatter, StridedView, SUPPORTED_DTYPES, Unsupported, as_strided_view)
-from .index import contiguous_strides
+from .index import contiguous_strides, dense_strides
 from .sizevars import SizeExpr, collect_derived, from_sym, known_nonneg, size_tuple
 from ..fx.node import Node
 from .lowering_views import _try
@@ -295,9 +297,10 @@ class GraphLowering:
         val = node.meta.get("val")
         name = self.new_name()
         check = _check_sizes if self.dynamic else _check_static
+        metas = self._meta_outputs(target, args, kwargs)
         if isinstance(val, Tensor):
             check(val)
-            ek = ExternKernel(name, Layout(val.shape, val.dtype), target, args, kwargs, kind)
+            ek = ExternKernel(name, self._extern_layout(val, metas), target, args, kwargs, kind)
             self.buffers.append(ek)
             return ek
         if isinstance(val, (tuple, list)):
@@ -308,13 +311,47 @@ class GraphLowering:
             for i, v in enumerate(val):
                 if isinstance(v, Tensor):
                     check(v)
-                    mo = MultiOutput(f"{name}_{i}", Layout(v.shape, v.dtype), ek, i)
+                    meta = metas[i] if isinstance(metas, (tuple, list)) and len(metas) == len(val) else None
+                    mo = MultiOutput(f"{name}_{i}", self._extern_layout(v, meta), ek, i)
                     ek.outputs.append(mo)
                     outs.append(mo)
                 else:
                     outs.append(v)
             return type(val)(outs) if type(val) in (tuple, list) else tuple(outs)
         raise Unsupported(f"cannot fall back on {target}: unknown output {type(val).__name__}")
+
+    def _meta_outputs(self, target, args, kwargs):
+        """For the Triton code generator with static sizes: the op's outputs as its meta function gives
+        them for inputs laid out as the extern will get them (`args`' buffers and views: a value the
+        trace saw as a strided view may be realised contiguous here), on meta tensors, autocast off;
+        None when that cannot be computed."""
+        if not self.triton or self.dynamic:
+            return None
+
+        def meta(a):
+            if isinstance(a, (Buffer, StridedView)):
+                return empty_strided(a.layout.shape, a.layout.strides, dtype=a.dtype, device="meta")
+            return a
+        saved = dict(_state.autocast)
+        _state.autocast.clear()
+        try:
+            return target(*_map_ir(args, meta), **_map_ir(kwargs, meta))
+        except Exception:                   # a meta function that needs values, an op without one: contiguous
+            return None
+        finally:
+            _state.autocast.update(saved)
+
+    def _extern_layout(self, val, meta) -> Layout:
+        """The layout an extern's output is taken in: for the Triton code generator the strides its meta
+        function gives for the inputs as laid out in this graph (`_meta_outputs`), when they are dense (a
+        permutation of contiguous strides: attention's (B, H, L, E) views of (B, L, H, E) memory), so
+        consumers read the kernel's output in place; the wrapper copies an output that comes back
+        otherwise (`wrapper.conform`). Else contiguous."""
+        if isinstance(meta, Tensor) and tuple(meta.shape) == tuple(val.shape):
+            strides = tuple(meta.stride())
+            if all(type(s) is int for s in strides) and dense_strides(tuple(val.shape), strides):
+                return Layout(val.shape, val.dtype, strides)
+        return Layout(val.shape, val.dtype)
 
     def _maybe_realize(self, node):
         """Inline a pointwise value into its consumers unless recomputing it would be costly. For the

@@ -337,6 +337,20 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(st))
 
 
+def dense_strides(shape: tuple, strides: tuple) -> bool:
+    """Whether `strides` lay `shape` out densely, without overlap: a permutation of contiguous strides
+    (dims of size 1 may have any stride); an empty shape is not."""
+    if 0 in shape:
+        return False
+    dims = sorted((st, s) for s, st in zip(shape, strides) if s != 1)
+    acc = 1
+    for st, s in dims:
+        if st != acc:
+            return False
+        acc *= s
+    return True
+
+
 def offset_of(index, strides, offset: int = 0) -> Index:
     """`offset + sum(index_i * stride_i)`."""
     out = Index(None, offset)

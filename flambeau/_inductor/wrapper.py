@@ -37,7 +37,7 @@ from .._backends import cpu_kernels, device_checks
 from .._device import CPU
 from .._tensor import Tensor
 from ..fx._symbolic_shapes import expr_to_python
-from . import codegen_cpp, config
+from . import codegen_cpp, config, extern_gemm
 from .ir import Buffer, InputBuffer, MultiOutput, StridedView
 from .scheduler import ExternStep, Kernel
 from .sizevars import SizeExpr, derived_definition, evaluate, replacements
@@ -67,13 +67,45 @@ def _strided_device(base, layout):
     return array(layout.shape, base.dtype, base.data + layout.offset * it, strides=tuple(st * it for st in layout.strides))
 
 
+stats = {"extern_output_copies": 0}     # extern outputs copied into the layout the graph assumed
+
+
 def _contig(r):
     if type(r) is np.ndarray and r.flags.c_contiguous:
         return r
     if hasattr(r, "__cuda_array_interface__"):
-        return r if r.flags.c_contiguous else r.copy()
+        if r.flags.c_contiguous:
+            return r
+        stats["extern_output_copies"] += 1
+        return r.copy()
     r = np.asarray(r)
-    return r if r.flags.c_contiguous else np.ascontiguousarray(r)
+    if r.flags.c_contiguous:
+        return r
+    stats["extern_output_copies"] += 1
+    return np.ascontiguousarray(r)
+
+
+def conform(layout):
+    """fn(array) -> the array when it is laid out as `layout` says (a dense layout: graph.py's
+    `_extern_layout`), else a copy laid out so: what an extern's output goes through before the
+    kernels that read it with the layout's strides."""
+    if layout is None or layout.is_contiguous():
+        return _contig
+    shape, strides = layout.shape, layout.strides
+    dims = [d for d, s in enumerate(shape) if s != 1]
+    order = sorted(range(len(shape)), key=lambda d: -strides[d])
+    back = tuple(order.index(d) for d in range(len(shape)))
+
+    def to_layout(r):
+        it = r.itemsize
+        if all(r.strides[d] == strides[d] * it for d in dims):
+            return r
+        xp = np if type(r) is np.ndarray else _backends.get("cuda").xp
+        stats["extern_output_copies"] += 1
+        out = xp.empty(tuple(shape[d] for d in order), r.dtype).transpose(back)
+        out[...] = r
+        return out
+    return to_layout
 
 
 class ConcreteLayout:
@@ -125,6 +157,11 @@ def make_extern(ek, xp=np):
     kernel = ek.op.kernel
     args, kwargs = ek.args, ek.kwargs
     multi = ek.layout is None
+    if multi:
+        layouts = {o.i: o.layout for o in ek.outputs}
+        fixes = [conform(layouts.get(i)) for i in range(getattr(ek, "n_outputs", 0))]
+    else:
+        fix = conform(ek.layout)
     symbolic = _symbolic_args(args) or _symbolic_args(kwargs)
     if xp is np and getattr(ek.op, "name", None) in ("mm", "bmm") and not kwargs and not symbolic and \
             all(isinstance(a, (Buffer, StridedView)) and a.dtype in _BLAS_DTYPES for a in args):
@@ -136,11 +173,15 @@ def make_extern(ek, xp=np):
             arrays, env = arrays[:-1], arrays[-1]
         r = kernel(xp, *build(args, arrays, env), **build_kw(kwargs, arrays, env))
         if multi:
-            return tuple(_contig(x) if x is not None and not isinstance(x, (int, float, bool)) else x for x in r)
-        return _contig(r)
+            return tuple(f(x) if x is not None and not isinstance(x, (int, float, bool)) else x
+                         for f, x in zip(fixes, r)) + tuple(r[len(fixes):])
+        return fix(r)
 
     def build_kw(kw, arrays, env):
         return {k: build(v, arrays, env) for k, v in kw.items()} if kw else {}
+    if xp is not np and getattr(ek.op, "name", None) in extern_gemm.PRODUCTS and not kwargs and not symbolic and \
+            len(args) == 2 and all(isinstance(a, (Buffer, StridedView)) for a in args):
+        return extern_gemm.planned_product(args, index, lambda arrays: build(args, arrays, None), call), bases, False
     return call, bases, symbolic
 
 

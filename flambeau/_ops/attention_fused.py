@@ -31,6 +31,7 @@ from ._registry import defop, export, TensorSpec, Tag
 from . import attention as A
 from .attention import SDPBackend
 from .attention_cpu import _sdpa_flash_cpu, cpu_flash_reasons
+from .views import preserved_strides
 
 FUSED_DTYPES = (D.float16, D.bfloat16)
 TRITON_HEAD_DIMS = (16, 32, 64, 128)
@@ -197,8 +198,9 @@ def _sdpa_fused(xp, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
 def _sdpa_fused_meta(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, impl=3):
     A._check(query, key, value, attn_mask, is_causal)
     B, H, L, _ = query.shape
-    return (TensorSpec((B, H, L, value.shape[-1]), query.dtype), TensorSpec((B, H, L), D.float32),
-            TensorSpec((2,), D.int64))
+    out = (B, H, L, value.shape[-1])
+    return (TensorSpec(out, query.dtype, preserved_strides(out, query.stride())),
+            TensorSpec((B, H, L), D.float32), TensorSpec((2,), D.int64))
 
 
 @defop("_sdpa_fused_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
@@ -218,8 +220,18 @@ def _sdpa_fused_backward(xp, grad_out, query, key, value, out, lse, rng, attn_ma
 @_sdpa_fused_backward.def_meta
 def _sdpa_fused_backward_meta(grad_out, query, key, value, out, lse, rng, attn_mask, dropout_p, is_causal, scale,
                               impl):
-    return (TensorSpec(query.shape, query.dtype), TensorSpec(key.shape, key.dtype),
-            TensorSpec(value.shape, value.dtype))
+    """The gradients laid out as the kernels lay them out (so compiled code takes them without a copy):
+    dense in the order of their input's strides (PyTorch's layout for a (B, L, H, E) projection viewed as
+    (B, H, L, E)); the Triton kernel's dk and dv always (B, S, H, E) memory viewed as (B, H, S, E)."""
+    def like(t):
+        return TensorSpec(t.shape, t.dtype, preserved_strides(t.shape, t.stride()))
+
+    def heads_inner(t):
+        B, H, S, E = t.shape
+        return TensorSpec(t.shape, t.dtype, (S * H * E, E, H * E, 1))
+    if impl == SDPBackend.CUDNN_ATTENTION or key.shape[1] != query.shape[1]:
+        return like(query), like(key), like(value)
+    return like(query), heads_inner(key), heads_inner(value)
 
 
 @_sdpa_fused.def_derivative
