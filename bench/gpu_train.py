@@ -6,8 +6,8 @@
 `compiled` is `torch.compile(model)` / `flambeau.compile(model)` (default mode; flambeau's generated
 Triton kernels on cuda); any other mode name (`reduce-overhead`, `max-autotune`,
 `max-autotune-no-cudagraphs`) compiles with `mode=` that mode. A compiled flambeau line adds the
-generated kernels and cuBLASLt products launched per step outside CUDA graphs, the CUDA graphs
-replayed per step and recorded so far, how many kernels were compiled or came from the on-disk
+generated kernels and cuBLASLt products launched per step outside CUDA graphs, the extern outputs
+copied per step into the layout the compiled code assumed, the CUDA graphs replayed per step and recorded so far, how many kernels were compiled or came from the on-disk
 cache, and what ran eagerly (or without a CUDA graph) inside compiled code.
 
 Workloads (issue 11, item 7), all with bf16 autocast and AdamW (each library's default, foreach on cuda):
@@ -161,14 +161,15 @@ def _flambeau_compiled_facts(step) -> dict:
     (whole graphs, single ops) since the process started, by reason."""
     from flambeau._backends import cublaslt
     from flambeau._counters import FALLBACKS, counters
-    from flambeau._inductor import cudagraphs, triton_runtime
+    from flambeau._inductor import cudagraphs, triton_runtime, wrapper
     before, gemms = triton_runtime.stats["launches"], cublaslt.calls["gemm"]
-    replays = cudagraphs.stats["replays"]
+    replays, copies = cudagraphs.stats["replays"], wrapper.stats.get("extern_output_copies", 0)
     step()
     _sync(library("flambeau"))
     fallbacks = {str(k): v for k, v in counters[FALLBACKS].items()}
     return {"triton_launches_per_step": triton_runtime.stats["launches"] - before,
             "cublaslt_gemms_per_step": cublaslt.calls["gemm"] - gemms,
+            "extern_output_copies_per_step": wrapper.stats.get("extern_output_copies", 0) - copies,
             "cuda_graph_replays_per_step": cudagraphs.stats["replays"] - replays,
             "cuda_graphs_recorded": cudagraphs.stats["recordings"],
             "kernels_compiled": triton_runtime.stats["compiled"],
