@@ -43,7 +43,15 @@ def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp2d")
     rc, so, se = launch("fsdp_2d.py", WORLD, str(out))
     assert rc == 0, f"workers failed (rc {rc}):\n{so}\n{se}"
-    return [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(WORLD)]
+    return _Ranks([dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(WORLD)], out)
+
+
+class _Ranks(list):
+    """Every rank's saved results, and `path`: the first rank's file (the launch's output folder beside it)."""
+
+    def __init__(self, items: list, out) -> None:
+        super().__init__(items)
+        self.path = os.path.join(out, "rank0.npz")
 
 
 def _reference(tag, res, data_parallel):
@@ -96,6 +104,20 @@ def pytorch_ranks(tmp_path_factory):
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert p.returncode == 0, p.stderr[-3000:]
     return [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in range(WORLD)]
+
+
+def test_fsdp_tp_checkpoint_holds_the_whole_parameters(ranks, tmp_path_factory):
+    """The DCP checkpoint the 4 FSDP x TP ranks wrote (strided colwise pieces among them), made one `.pt` file
+    by dcp_to_torch_save and read by torch.load, holds every parameter whole: equal to the ranks' full_tensor()."""
+    from flambeau.distributed.checkpoint.format_utils import dcp_to_torch_save
+    folder = os.path.join(os.path.dirname(ranks.path), "dcp_fsdp_tp")
+    whole = tmp_path_factory.mktemp("dcp_whole") / "model.pt"
+    dcp_to_torch_save(folder, whole)
+    state = torch.load(whole, weights_only=True)
+    finals = {k[len("fsdp_tp/final/"):]: v for k, v in ranks[0].items() if k.startswith("fsdp_tp/final/")}
+    assert sorted(state) == sorted(finals)
+    for k, v in finals.items():
+        np.testing.assert_array_equal(state[k].numpy(), v, err_msg=k)
 
 
 def test_strided_layout_cuts_and_joins_as_pytorch(ranks, pytorch_ranks):

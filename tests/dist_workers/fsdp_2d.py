@@ -76,6 +76,9 @@ def train(tag, data_parallel, slice_index, mp=None):
     res[f"{tag}/losses"] = np.array(losses)
     for k, p in model.named_parameters():
         res[f"{tag}/final/{k}"] = p.full_tensor().detach().numpy()
+    if tag == "fsdp_tp":                 # every rank writes its pieces (strided ones too) of one checkpoint
+        import torch.distributed.checkpoint as dcp
+        dcp.save(model.state_dict(), checkpoint_id=os.path.join(out_dir, "dcp_fsdp_tp"))
 
 
 # a strided layout made from a whole tensor (12 rows cut by tp, each piece by dp: PyTorch needs even cuts), and back
