@@ -1,8 +1,9 @@
 """The op database drives the sparse element-wise ops: every zero-preserving unary operator that
-flambeau's COO/CSR tensors take (`flambeau.sparse._elementwise.ZERO_PRESERVING_UNARY`) runs over its
-database entry's samples, sparsified (a fixed mask zeroes about half of each sample), as COO and as
-CSR: layout and values against torch 2.13's sparse kernels, and the gradient reaching the dense input
-(through `to_sparse`) against the dense operator's own gradient read at the stored entries."""
+flambeau's sparse tensors take (`flambeau.sparse._elementwise.ZERO_PRESERVING_UNARY`) runs over its
+database entry's samples, sparsified (a fixed mask zeroes about half of each sample), as COO, and for
+2-D samples as CSR, CSC, BSR and BSC: layout and values against torch 2.13's sparse kernels, and the
+gradient reaching the dense input (through the conversion) against the dense operator's own gradient
+read at the stored entries (every element of a stored block)."""
 from __future__ import annotations
 
 import warnings
@@ -13,10 +14,13 @@ import torch
 
 import flambeau
 from flambeau.sparse._elementwise import ZERO_PRESERVING_UNARY
+from flambeau.sparse._ops import to_dense
+from flambeau.sparse._tensor import values_of, with_values
 from tests.opdb import T, all_opinfos, materialize
 
 INFOS = {i.name: i for i in all_opinfos()}
 UNARY = [INFOS[n] for n in ZERO_PRESERVING_UNARY if n in INFOS]
+LAYOUTS = ("coo", "csr", "csc", "bsr", "bsc")
 # names of ZERO_PRESERVING_UNARY without an entry of their own: NumPy-style aliases of entries that have one
 ALIASES_WITHOUT_ENTRY = {"arctan": "atan", "arcsinh": "asinh"}
 
@@ -37,7 +41,7 @@ def _samples(info, layout):
         if len(s.args) != 1 or not isinstance(s.args[0], T):
             continue
         nd = len(s.args[0].shape)
-        if nd == 0 or (layout == "csr" and nd != 2):
+        if nd == 0 or (layout != "coo" and nd != 2):
             continue
         yield i, s
 
@@ -49,10 +53,12 @@ def _sparse_input(m, info, s, i, layout, grad):
     x = x * m.tensor(mask).to(x.dtype) if x.dtype is not m.bool else x & m.tensor(mask)
     if grad:
         x = x.requires_grad_()
-    return x, (x.to_sparse() if layout == "coo" else x.to_sparse_csr()), kwargs
+    if layout in ("bsr", "bsc"):        # blocks of 2 where the extent is even
+        return x, getattr(x, f"to_sparse_{layout}")(tuple(2 if n % 2 == 0 else 1 for n in x.shape)), kwargs
+    return x, (x.to_sparse() if layout == "coo" else getattr(x, f"to_sparse_{layout}")()), kwargs
 
 
-@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("info", UNARY, ids=[i.name for i in UNARY])
 def test_sparse_unary_op_matches_pytorch(info, layout):
     compared = 0
@@ -81,7 +87,7 @@ def test_sparse_unary_op_matches_pytorch(info, layout):
         pytest.skip(f"no {layout} sample of {info.name} that PyTorch runs sparse")
 
 
-@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("info", [i for i in UNARY if i.grad], ids=[i.name for i in UNARY if i.grad])
 def test_sparse_unary_op_gradient_is_the_dense_ones_at_the_stored_entries(info, layout):
     ran = 0
@@ -96,7 +102,7 @@ def test_sparse_unary_op_gradient_is_the_dense_ones_at_the_stored_entries(info, 
         (out.to_dense() * g).sum().backward()
         xd = x.detach().clone().requires_grad_()
         (info.resolve(flambeau)(xd, **kwargs) * g).sum().backward()
-        stored = (x.detach() != 0).numpy()
+        stored = to_dense(with_values(flambeau.ones_like(values_of(sp.detach())), sp._pattern)).numpy() != 0
         np.testing.assert_allclose(x.grad.numpy(), np.where(stored, xd.grad.numpy(), 0), rtol=1e-10, atol=1e-12,
                                    err_msg=f"{info.name}[{i}] {layout}")
         ran += 1

@@ -146,6 +146,23 @@ def compress(coo: SparseTensor, layout, block: tuple | None = None) -> SparseTen
     return with_values(out, SparsePattern(layout, p.shape, idx, ptr, True, p.device, (bh, bw)))
 
 
+def dense_blocks(x: Tensor, layout, block: tuple) -> SparseTensor:
+    """A dense 2-D tensor as BSR/BSC: the blocks holding a non-zero, their values read from x (every
+    element of such a block, -0.0 too, keeps its gradient path to x, as PyTorch's)."""
+    bh, bw = (int(b) for b in block)
+    if bh < 1 or bw < 1 or x.shape[0] % bh or x.shape[1] % bw:
+        raise RuntimeError(f"to_sparse: tensor sizes {list(x.shape)} must be divisible by the blocksize {[bh, bw]}")
+    grid = (x.shape[0] // bh, x.shape[1] // bw)
+    tiles = x.reshape(grid[0], bh, grid[1], bw).permute(0, 2, 1, 3)
+    keep = (tiles.detach() != 0).numpy().any(axis=(2, 3))
+    column_major = layout in COLUMN_COMPRESSED
+    brow, bcol = np.nonzero(keep.T)[::-1] if column_major else np.nonzero(keep)
+    idx = np.stack([brow, bcol]).astype(INDEX_DTYPE).reshape(2, -1)
+    ptr = csr_row_pointers(idx[1] if column_major else idx[0], grid[1] if column_major else grid[0])
+    vals = tiles[(_tensor(idx[0]), _tensor(idx[1]))]
+    return with_values(vals, SparsePattern(layout, x.shape, idx, ptr, True, x.device, (bh, bw)))
+
+
 def check_blocksize(layout, blocksize) -> tuple:
     """PyTorch's check of `to_sparse(layout=, blocksize=)`: BSR/BSC need one of two ints, the others none."""
     if layout in BLOCKED:

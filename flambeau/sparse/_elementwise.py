@@ -1,4 +1,4 @@
-"""Element-wise ops and softmax on COO/CSR tensors: zero-preserving unary operators (abs, sqrt, sin,
+"""Element-wise ops and softmax on sparse tensors (the unary ones keep any layout, CSC/BSR/BSC too): zero-preserving unary operators (abs, sqrt, sin,
 tanh, relu, ..., as PyTorch's sparse kernels list them), `pow` by a positive scalar, `Tensor.sparse_mask`, and `sparse.softmax` /
 `sparse.log_softmax` (over the stored entries of each slice; unstored ones count as -inf).
 
@@ -97,6 +97,7 @@ def log_softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
 
 SparseTensor._handlers.update({name: _unary_handler for name in ZERO_PRESERVING_UNARY})
 SparseTensor._handlers["pow"] = _pow_handler
+SparseTensor._value_only_handlers.update(ZERO_PRESERVING_UNARY + ("pow",))
 
 
 def install_methods() -> None:

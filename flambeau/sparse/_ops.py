@@ -17,7 +17,7 @@ from .._tensor import Tensor, sparse_coo, sparse_csc, sparse_csr, strided
 from .._dispatch import type_name
 from .._ops.creation import tensor as _tensor, zeros
 from .._ops.shape import cat
-from ._compressed import blocked_to_coo, check_blocksize, compress
+from ._compressed import blocked_to_coo, check_blocksize, compress, dense_blocks
 from ._tensor import (BLOCKED, COMPRESSED, INDEX_DTYPE, SparsePattern, SparseTensor, SparseMMDenseGrad, gather_at,
                       layout_kind, values_of, with_values)
 
@@ -189,6 +189,8 @@ def to_compressed(x: Tensor, layout, blocksize: tuple | None = None) -> SparseTe
     if x.dim() != 2:
         raise RuntimeError(f"{name}: expected a 2-D tensor (batched compressed layouts are not supported), got "
                            f"{x.dim()}-D")
+    if not isinstance(x, SparseTensor) and layout in BLOCKED:
+        return dense_blocks(x, layout, blocksize)
     s = coalesce(dense_to_sparse(x)) if isinstance(x, SparseTensor) else dense_to_sparse(x)
     return compress(s, layout, blocksize)
 

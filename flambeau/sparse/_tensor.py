@@ -31,8 +31,6 @@ COMPRESSED = (sparse_csr, sparse_csc, sparse_bsr, sparse_bsc)
 BLOCKED = (sparse_bsr, sparse_bsc)
 ROW_COMPRESSED = (sparse_csr, sparse_bsr)      # crow_indices / col_indices
 COLUMN_COMPRESSED = (sparse_csc, sparse_bsc)   # ccol_indices / row_indices
-# handlers that only transform the values, so they keep a blocked pattern; the others see COO (`blocked_to_coo`)
-VALUE_ONLY_HANDLERS = frozenset({"neg", "clone", "div", "_to_copy", "mul"})
 
 
 class SparsePattern:
@@ -103,11 +101,14 @@ class SparseTensor(Tensor):
     _handlers: dict = {}               # op name -> handler(op, args, kwargs), filled by flambeau.sparse._ops
 
     _blocked_to_coo = None             # BSR/BSC -> COO, set by flambeau.sparse._compressed
+    # handlers that only transform the values, so they keep a blocked pattern (the modules registering
+    # handlers add theirs); the others see a BSR/BSC argument as COO (`_blocked_to_coo`)
+    _value_only_handlers: set = {"neg", "clone", "div", "_to_copy", "mul"}
 
     @classmethod
     def __torch_dispatch__(cls, op, types, args, kwargs):
         handler = cls._handlers.get(op.__name__)
-        if handler is not None and op.__name__ not in VALUE_ONLY_HANDLERS:
+        if handler is not None and op.__name__ not in cls._value_only_handlers:
             args = tuple(cls._blocked_to_coo(a) if isinstance(a, SparseTensor) and a._pattern.block else a
                          for a in args)
         if handler is None:
