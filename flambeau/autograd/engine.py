@@ -13,10 +13,10 @@ import warnings
 
 from .._dtype import FLOATING
 from .. import _state
-from .._tensor import Tensor, strided
+from .._tensor import Tensor, strided, contiguous_format, _ptr
 from .._dispatch import WRAPPER_DEVICE
 from .graph import AccumulateGrad, _edge
-from .._ops.creation import ones_like, tensor, zeros_like
+from .._ops.creation import empty_strided, ones_like, tensor, zeros_like
 from .._ops._helpers import direct_device, direct_call
 from .._ops.pointwise import add
 from .._ops.reduction import sum as sum_op
@@ -116,6 +116,7 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
         if node is not None and deps.get(node, 0) == 0 and node not in [r[2] for r in ready]:
             heapq.heappush(ready, (-node._sequence_nr, id(node), node))
     captured = {}
+    stored: dict = {}           # owner array id -> byte ranges of the gradients leaves took over in this pass
     prev = _state.grad_enabled
     _state.grad_enabled = create_graph
     prev_autocast, _state.autocast = _state.autocast, {}     # backward keeps the forward's casts only
@@ -145,7 +146,7 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                     buf = {i: x for i, x in enumerate(r)}
             if type(node) is AccumulateGrad:
                 if accumulate and (only_leaves is None or node in only_leaves) and buf.get(0) is not None:
-                    _accumulate(node.variable, buf[0], create_graph)
+                    _accumulate(node.variable, buf[0], create_graph, stored)
                 continue
             if needed is not None and node not in needed:
                 outs = [None] * len(node.next_functions)
@@ -246,13 +247,83 @@ def _apply(node, grads):
     return outs
 
 
-def _accumulate(t: Tensor, g: Tensor, create_graph: bool):
+def _extent(a) -> tuple:
+    """(owner id, first byte, one past the last byte) of the memory NumPy/CuPy array `a` spans."""
+    root = a
+    while getattr(root, "base", None) is not None:       # views chain through `.base` to the owner
+        root = root.base
+    lo = hi = _ptr(a)
+    for n, st in zip(a.shape, a.strides):
+        if n == 0:
+            return id(root), lo, lo
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    return id(root), lo, hi + a.itemsize
+
+
+def _overlaps(extent, stored: dict) -> bool:
+    root, lo, hi = extent
+    return any(lo < h and l < hi for l, h in stored.get(root, ()))
+
+
+def _dense_arrays(*tensors) -> bool:
+    """Whether each tensor is a strided one holding a NumPy/CuPy array (not sparse, a wrapper or meta)."""
+    return all(t._device is not WRAPPER_DEVICE and t.layout is strided and hasattr(t._data, "strides")
+               for t in tensors)
+
+
+def _non_overlapping_and_dense(shape, strides) -> bool:
+    expected = 1
+    for st, n in sorted((st, n) for n, st in zip(shape, strides) if n != 1):
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _obeys_layout(grad: Tensor, var: Tensor) -> bool:
+    """PyTorch's `obeys_layout_contract`: a dense non-overlapping leaf's gradient has its strides (sizes of
+    one aside); any other leaf's gradient is contiguous."""
+    if grad._data.strides == var._data.strides:
+        return True
+    shape, gs = var.shape, grad.stride()
+    if 0 in shape:
+        return True
+    if _non_overlapping_and_dense(shape, var.stride()):
+        return all(a == b for a, b, n in zip(gs, var.stride(), shape) if n != 1)
+    return grad.is_contiguous()
+
+
+def _stealable_or_copy(var: Tensor, grad: Tensor, stored: dict) -> Tensor:
+    """What AccumulateGrad keeps as a leaf's first gradient, as PyTorch's: the incoming gradient itself when
+    no other leaf of this backward holds any of its memory (`x + w` passes one gradient to both) and its layout
+    follows the leaf's, else a copy in the leaf's layout (an expanded `sum` gradient, a transposed leaf).
+    Later accumulation adds into it in place, so it must own its memory and have no overlapping elements."""
+    extent = _extent(grad._data)
+    if not _overlaps(extent, stored) and _obeys_layout(grad, var):
+        stored.setdefault(extent[0], []).append(extent[1:])
+        return grad
+    if _non_overlapping_and_dense(var.shape, var.stride()):
+        out = empty_strided(var.shape, var.stride(), dtype=grad.dtype, device=grad.device)
+        out.copy_(grad)
+    else:
+        out = grad.clone(memory_format=contiguous_format)
+    extent = _extent(out._data)
+    stored.setdefault(extent[0], []).append(extent[1:])
+    return out
+
+
+def _accumulate(t: Tensor, g: Tensor, create_graph: bool, stored: dict | None = None):
     if t._hooks:
         g = _run_hooks(t._hooks, g)
     if t._grad is None:
         t._grad = g if create_graph else (g.detach() if not g._requires_grad else g.detach())
         if not create_graph and getattr(g, "_is_root_grad", False):
             t._grad = g.detach().clone()
+        elif not create_graph and stored is not None and _dense_arrays(t, g):
+            t._grad = _stealable_or_copy(t, t._grad, stored)
     elif create_graph or t._grad._requires_grad:
         t._grad = t._grad + g
     elif t._grad.layout is not strided or g.layout is not strided:

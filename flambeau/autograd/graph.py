@@ -304,7 +304,7 @@ class OpNode(Node):
         self._op = op
         self._saved = saved
         self._out_meta = out_meta          # (shape, dtype, device) per output, for zero grads
-        self._layout = tensor_layout       # per Tensor arg: None (single) or list length
+        self._layout = tensor_layout       # per Tensor arg: None (single) or list length; None: all single
 
     def name(self):
         s = self._op._schema.name
@@ -334,6 +334,10 @@ class OpNode(Node):
             kw[k] = v
         g = grads[0] if len(grads) == 1 else tuple(grads)
         res = self._op.derivative(g, **kw)
+        if self._layout is None:           # every Tensor argument a single tensor: one gradient each
+            if not isinstance(res, (tuple, list)):
+                return [res]
+            return list(res[:len(self.next_functions)])
         if not isinstance(res, (tuple, list)) or (len(self._layout) == 1 and self._layout[0] is not None
                                                    and isinstance(res, list)):
             res = (res,)
@@ -454,14 +458,24 @@ def record(op, args, kwargs, out, node_cls=None):
     plan = _plan(op)
     # all arguments given positionally: they are the bound arguments (the binder only fills defaults)
     bound = args if not kwargs and len(args) == plan.nargs else op.bind(*args, **(kwargs or {}))
-    next_fns, in_meta, layout = [], [], []
-    for i in op.tensor_args:
+    next_fns, in_meta = [], []
+    layout = None       # per Tensor argument, None (one tensor) or a list's length; None throughout: no list
+    for k, i in enumerate(op.tensor_args):
         v = bound[i]
         if isinstance(v, Tensor):
-            next_fns.append(_edge(v))
-            in_meta.append(_meta_of(v))
-            layout.append(None)
+            if v._base is None and v._device is not WRAPPER_DEVICE:      # `_edge` and `_meta_of`, inlined
+                fn = v._grad_fn
+                next_fns.append((fn, v._output_nr) if fn is not None else
+                                (accumulator(v), 0) if v._requires_grad else (None, 0))
+                in_meta.append((v._data.shape, v._dtype, v._device))
+            else:
+                next_fns.append(_edge(v))
+                in_meta.append(_meta_of(v))
+            if layout is not None:
+                layout.append(None)
         elif isinstance(v, (list, tuple)):
+            if layout is None:
+                layout = [None] * k
             layout.append(len(v))
             for x in v:
                 if isinstance(x, Tensor):
@@ -473,7 +487,8 @@ def record(op, args, kwargs, out, node_cls=None):
         else:
             next_fns.append((None, 0))
             in_meta.append(None)
-            layout.append(None)
+            if layout is not None:
+                layout.append(None)
     single = isinstance(out, Tensor)
     outs = (out,) if single else out
     node_name = plan.node_name
@@ -504,7 +519,7 @@ def record(op, args, kwargs, out, node_cls=None):
             v = bound[i]
             saved[n] = TensorMeta(v) if isinstance(v, Tensor) else \
                 [TensorMeta(x) if isinstance(x, Tensor) else None for x in v] if isinstance(v, (list, tuple)) else v
-    out_meta = [_meta_of(out)] if single else [_meta_of(o) if isinstance(o, Tensor) else None for o in outs]
+    out_meta = (_meta_of(out),) if single else tuple(_meta_of(o) if isinstance(o, Tensor) else None for o in outs)
     node = (node_cls or OpNode)(op, saved, next_fns, in_meta, out_meta, layout)
     for k, o in enumerate(outs):
         if _differentiable(o):
@@ -516,6 +531,8 @@ def record(op, args, kwargs, out, node_cls=None):
 
 def _output_mask(next_fns, layout) -> tuple:
     """Per Tensor argument (a list argument: any of its tensors): whether its gradient has an edge."""
+    if layout is None:
+        return tuple(fn is not None for fn, _ in next_fns)
     mask, k = [], 0
     for lay in layout:
         n = 1 if lay is None else lay
