@@ -16,7 +16,7 @@
 Dynamic sizes (export's Dims) stay symbolic: the kernels take them as arguments, model.so reads them
 from the input shapes and checks each against its Dim's range. Loading and running: aoti_package.py.
 Programs that update buffers, take non-tensor inputs, or need an op the C++ wrapper can't run (it
-runs float32/bfloat16 mm and bmm, float32 1-D/2-D convolution (grouped too), 2-D max pooling, the
+runs float32/bfloat16 mm and bmm, float32 1-D/2-D convolution (grouped, transposed), 2-D max pooling, the
 resampling gather of interpolate/average pooling/pads and the fused CPU attention besides the generated
 kernels) are refused with a RuntimeError
 naming the reason.

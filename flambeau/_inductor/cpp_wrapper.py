@@ -18,7 +18,7 @@ source (codegen_cpp.py), one function that owns the graph's intermediate memory 
 with its layout's shape. `sym` holds the size symbols' values (`size_names` order); the kernels take
 them as trailing arguments. The extern steps the C++ wrapper can run are `mm` and `bmm` of float32 or
 bfloat16 (float sums rounded once), float32 1-D and 2-D `convolution` (grouped: one call per image and
-group), float32 `max_pool2d_with_indices` and `_taps_gather` (interpolate, average pooling, pads; MAX_POOL,
+group; transposed: the GEMM then fl_col2im), float32 `max_pool2d_with_indices` and `_taps_gather` (interpolate, average pooling, pads; MAX_POOL,
 generated here) and the fused CPU attention `_sdpa_flash_cpu` (4-d operands without a mask, `flash_reason`; a two-output op: out and its
 logsumexp), through the function pointers of `EXTERNS`, set once by `fl_set_externs(table, threads)`
 (the JIT path hands it the eager libraries' functions, an AOTInductor package the copies linked into
@@ -106,6 +106,30 @@ static void fl_max_pool2d(int64_t planes, int64_t H, int64_t W, int64_t OH, int6
                 y[(p * OH + oh) * OW + ow] = m;
                 idx[(p * OH + oh) * OW + ow] = best;
             }
+}
+
+// a transposed convolution's output plane by plane: y[o] = bias[o] + every column entry (o, kh, kw, ih, iw)
+// of cols (O*KH*KW x H*W) added at (ih*sh - ph + kh*dh, iw*sw - pw + kw*dw) where that lies in the output
+static void fl_col2im(int64_t O, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t ph,
+                      int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, const float* cols, const float* bias,
+                      float* y, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t o = 0; o < O; o++) {
+        float* yo = y + o * OH * OW;
+        for (int64_t i = 0; i < OH * OW; i++) yo[i] = bias ? bias[o] : 0.0f;
+        for (int64_t kh = 0; kh < KH; kh++)
+            for (int64_t kw = 0; kw < KW; kw++) {
+                const float* row = cols + ((o * KH + kh) * KW + kw) * H * W;
+                for (int64_t ih = 0; ih < H; ih++) {
+                    const int64_t oh = ih * sh - ph + kh * dh;
+                    if (oh < 0 || oh >= OH) continue;
+                    for (int64_t iw = 0; iw < W; iw++) {
+                        const int64_t ow = iw * sw - pw + kw * dw;
+                        if (ow >= 0 && ow < OW) yo[oh * OW + ow] += row[ih * W + iw];
+                    }
+                }
+            }
+    }
 }
 
 // one axis of _taps_gather (nn_resample.py) on a contiguous float array seen as (outer, nin, inner):
@@ -388,8 +412,8 @@ class CppWrapper:
         x, w, bias, stride, padding, dilation, transposed, _, groups = ek.args
         self._product_dtype(ek, "convolution", (D.float32,))
         self._need("fl_conv2d", "convolution")
-        if transposed or len(x.layout.shape) not in (3, 4):
-            raise Unsupported("the C++ wrapper runs 1-D and 2-D convolutions only (not transposed ones)")
+        if len(x.layout.shape) not in (3, 4) or (transposed and groups != 1):
+            raise Unsupported("the C++ wrapper runs 1-D and 2-D convolutions (transposed ones of groups 1)")
         ops = [(x, "input"), (w, "weight")] + ([(bias, "bias")] if bias is not None else [])
         for a, what in ops:
             if not a.layout.is_contiguous() and not (isinstance(a, StridedView) and _contiguous_at_offset(a.layout)):
@@ -403,6 +427,10 @@ class CppWrapper:
         sh, sw = (_c(s) for s in ((1,) + tuple(stride) if one else stride))
         ph, pw = (_c(s) for s in ((0,) + tuple(padding) if one else padding))
         dh, dw = (_c(s) for s in ((1,) + tuple(dilation) if one else dilation))
+        if transposed:
+            self._transposed_convolution(ek, (N, C, H, W, _c(lw.shape[1]), KH, KW, sh, sw, ph, pw, dh, dw, OH, OW),
+                                         px, pwt, pbias)
+            return
         if groups != 1:
             self._grouped_convolution(ek, groups, (N, C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW), px, pwt,
                                       pbias)
@@ -426,6 +454,21 @@ class CppWrapper:
         self.line(f"        fl_conv2d(1, {cg}, {H}, {W}, {og}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, "
                   f"{OW}, {px} + (fl_n * {C} + fl_g * {cg}) * {H} * {W}, {pwt} + fl_g * {og} * {cg} * {KH} * {KW}, "
                   f"{bias}, {ek.name} + (fl_n * {O} + fl_g * {og}) * {OH} * {OW}, 1);")
+
+    def _transposed_convolution(self, ek, dims, px, pwt, pbias):
+        """A transposed convolution, per image: cols = W^T @ x[n] (the GEMM, W (C, O*KH*KW) read transposed),
+        then fl_col2im adds each column into the output positions it reaches (and the bias)."""
+        self._need("fl_sgemm", "GEMM")
+        N, C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW = dims
+        rows, hw = f"{O} * {KH} * {KW}", f"{H} * {W}"
+        self.line(f"{{ float* fl_cols = (float*)fl_alloc({rows} * {hw} * 4);")
+        self.line(f"  for (int64_t fl_n = 0; fl_n < {N}; fl_n++) {{")
+        self.line(f"    fl_sgemm(1, {rows}, {hw}, {C}, {pwt}, 0, 1, {rows}, {px} + fl_n * {C} * {hw}, 0, {hw}, 1, "
+                  f"fl_cols, 0, {hw}, 0, fl_threads({rows} * {hw} * {C}));")
+        self.line(f"    fl_col2im({O}, {H}, {W}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, {OW}, fl_cols, "
+                  f"{pbias}, {ek.name} + fl_n * {O} * {OH} * {OW}, fl_threads({rows} * {hw}));")
+        self.line("  }")
+        self.line("  fl_free(fl_cols); }")
 
     def _extern_max_pool2d_with_indices(self, ek):
         """max_pool2d_with_indices of a contiguous float32 (N, C, H, W) or (C, H, W) input (MAX_POOL)."""
