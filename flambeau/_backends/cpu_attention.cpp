@@ -40,28 +40,7 @@ static const float NEG_INF = -std::numeric_limits<float>::infinity();
 
 static inline int64_t pad16(int64_t n) { return (n + VW - 1) / VW * VW; }
 
-// ---- bfloat16 / float16 <-> float (round to nearest even, as c10::BFloat16 / c10::Half) ------------
-static inline float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-static inline uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-static inline float bf16_f32(uint16_t h) { return bits_f32(uint32_t(h) << 16); }
-static inline uint16_t f32_bf16(float f) {
-    uint32_t u = f32_bits(f);
-    return f != f ? uint16_t(0x7FC0) : uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-static inline float f16_f32(uint16_t h) {
-    uint32_t o = (uint32_t(h) & 0x7FFFu) << 13, e = o & (0x7C00u << 13);
-    uint32_t normal = o + ((127u - 15u) << 23) + (e == (0x7C00u << 13) ? ((128u - 16u) << 23) : 0u);
-    uint32_t sub = f32_bits(bits_f32(o + (113u << 23)) - bits_f32(113u << 23));
-    return bits_f32((e == 0 ? sub : normal) | ((uint32_t(h) & 0x8000u) << 16));
-}
-static inline uint16_t f32_f16(float f) {
-    uint32_t u = f32_bits(f), sign = u & 0x80000000u, x = u ^ sign;
-    uint32_t big = x > 0x7F800000u ? 0x7E00u : 0x7C00u;
-    uint32_t sub = f32_bits(bits_f32(x) + bits_f32(126u << 23)) - (126u << 23);
-    uint32_t normal = (x + ((15u - 127u) << 23) + 0xFFFu + ((x >> 13) & 1u)) >> 13;
-    uint32_t r = x >= 0x47800000u ? big : (x < 0x38800000u ? sub : normal);
-    return uint16_t(r | (sign >> 16));
-}
+#include "lowp.h"     // bfloat16 / float16 <-> float (round to nearest even, as c10::BFloat16 / c10::Half)
 
 template <int DT> struct Elem;
 template <> struct Elem<F32> {
@@ -71,13 +50,13 @@ template <> struct Elem<F32> {
 };
 template <> struct Elem<BF16> {
     typedef uint16_t T;
-    static float load(T x) { return bf16_f32(x); }
-    static T store(float x) { return f32_bf16(x); }
+    static float load(T x) { return fl_bf16_to_f32(x); }
+    static T store(float x) { return fl_f32_to_bf16(x); }
 };
 template <> struct Elem<F16> {
     typedef uint16_t T;
-    static float load(T x) { return f16_f32(x); }
-    static T store(float x) { return f32_f16(x); }
+    static float load(T x) { return fl_f16_to_f32(x); }
+    static T store(float x) { return fl_f32_to_f16(x); }
 };
 
 // A 4-d operand: element (b, h, i, j) at p[b*s0 + h*s1 + i*s2 + j*s3].

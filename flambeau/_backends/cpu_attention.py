@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from .. import _cpp_builder, _dtype as D
-from . import cpu_kernels
+from . import cpp_headers, cpu_kernels
 
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_attention.cpp")
 DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(D.bfloat16.np): 1, np.dtype(np.float16): 2}
@@ -40,7 +40,7 @@ def _load():
         info["flags"] = list(info["flags"]) + ["-ffp-contract=fast"] + \
             (["-DFLM_SIMD_MATH"] if info.get("simd_math") else [])
         with open(_SRC) as f:
-            lib, _ = _cpp_builder.load(f.read(), info)
+            lib, _ = _cpp_builder.load(cpp_headers.with_headers(f.read()), info)
         p, i, fl = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
         fwd, bwd, ws = lib.flm_attention_forward, lib.flm_attention_backward, lib.flm_attention_workspace
         fwd.argtypes = [p, p, i, p, p, p, p, i, fl, p, p, p, i]

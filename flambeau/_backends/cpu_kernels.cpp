@@ -19,6 +19,7 @@
 #include <cstring>
 #include <algorithm>
 #include <pthread.h>
+#include "lowp.h"     // bfloat16 / float16 <-> float
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -400,10 +401,8 @@ static float* widen_bf16(int64_t batch, int64_t rows, int64_t cols, const uint16
     float* w = (float*)std::malloc(sizeof(float) * std::max<int64_t>(1, batch * rows * cols));
     for (int64_t t = 0; t < batch; t++)
         for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < cols; j++) {
-                const uint32_t u = uint32_t(x[t * sb + i * rs + j * cs]) << 16;
-                std::memcpy(&w[(t * rows + i) * cols + j], &u, 4);
-            }
+            for (int64_t j = 0; j < cols; j++)
+                w[(t * rows + i) * cols + j] = fl_bf16_to_f32(x[t * sb + i * rs + j * cs]);
     return w;
 }
 
@@ -426,12 +425,7 @@ extern "C" void flm_gemm_bf16(int64_t batch, int64_t M, int64_t N, int64_t K,
 #endif
     const int64_t n = batch * M * N;
 #pragma omp parallel for simd schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        std::memcpy(&u, &work[i], 4);
-        const uint16_t r = uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-        out[i] = work[i] != work[i] ? uint16_t(0x7FC0) : r;
-    }
+    for (int64_t i = 0; i < n; i++) out[i] = fl_f32_to_bf16(work[i]);
 }
 
 // A product planned once for fixed shapes and layouts (the compiled graphs' externs): the arrays come

@@ -29,6 +29,7 @@ import os
 import numpy as np
 
 from .. import _cpp_builder, _dtype as D
+from . import cpp_headers
 
 _F32 = np.dtype(np.float32)
 _BF16 = np.dtype(D.bfloat16.np)
@@ -81,7 +82,7 @@ def _load():
             info["flags"] = list(info["flags"]) + ["-ffp-contract=fast"] + \
                 (["-DFLM_SIMD_MATH"] if info.get("simd_math") else [])
             with open(_SRC) as f:
-                lib, _ = _cpp_builder.load(f.read(), info)
+                lib, _ = _cpp_builder.load(cpp_headers.with_headers(f.read()), info)
             if lib.flm_gemm_native():
                 fn = lib.flm_sgemm
                 i64, p = ctypes.c_int64, ctypes.c_void_p

@@ -36,6 +36,7 @@ import zipfile
 import numpy as np
 
 from .. import _cpp_builder
+from .._backends import cpp_headers
 from .. import _dtype as D
 from .._decomp import core_aten_decompositions
 from .._device import CPU
@@ -413,8 +414,8 @@ static void fl_copy_strided(char* dst, const char* src, int ndim, const int64_t*
 # ---- building ------------------------------------------------------------------------------------
 def _object(src_path: str, flags: list, info: dict) -> str:
     """Compile one static source (the runtime, the GEMM) to an object file, cached on disk."""
-    with open(src_path, "rb") as f:
-        text = f.read()
+    with open(src_path) as f:
+        text = cpp_headers.with_headers(f.read()).encode()      # the key covers the _backends headers it includes
     with open(HEADER, "rb") as f:
         text += f.read()
     key = hashlib.sha256(text + " ".join(flags).encode() + info["version"].encode()).hexdigest()[:32]
