@@ -37,6 +37,7 @@ import warnings
 from .._device import CPU
 from .._tensor import Tensor
 from .. import _cpp_builder
+from .._backends import cpu_allocator
 from . import codegen_cpp, codegen_numpy, codegen_triton, config, cpp_wrapper, cudagraphs, pad_mm, triton_schedule
 from .graph import GraphLowering, graph_device
 from .ir import SUPPORTED_DTYPES, Unsupported
@@ -126,9 +127,11 @@ class CompiledGraph:
 
     def __call__(self, *args):
         token = _fp_errors.quiet()   # generated NumPy code and extern kernels: inf/nan silent, as in PyTorch
+        memory = cpu_allocator.using_cache() if config.cpu_cache_allocator else None
         try:
             return self._call(args)
         finally:
+            cpu_allocator.restore(memory)
             _fp_errors.restore(token)
 
     def _call(self, args):

@@ -66,6 +66,11 @@ quantized_conv: bool = True
 # fifth of a small training step). It changes glibc's allocator for the whole process, for good,
 # which a library must not do unasked; hence opt-in. Applied once, at the first compile.
 tune_malloc: bool = os.environ.get("FLAMBEAU_TUNE_MALLOC", "0") not in ("", "0")
+# The arrays a compiled CPU graph makes (outputs, saved activations, temporaries) are allocated by
+# flambeau's caching allocator (_backends/cpu_allocator.py: NumPy's allocation policy, set around each
+# compiled call only), so each call reuses the blocks earlier calls freed instead of faulting fresh pages
+# in: the scoped counterpart of tune_malloc, on by default.
+cpu_cache_allocator: bool = True
 
 # Triton kernel shapes (codegen_triton.py). Elements per program: a flat pointwise kernel's block, and
 # the XBLOCK * RBLOCK a row kernel aims at; the interpreter runs programs one after another, so it
