@@ -2,7 +2,7 @@
 allocation policy set around compiled calls only. The arrays a compiled graph makes come from it
 (NumPy's handler name says so) and everything else keeps NumPy's default; freed blocks are reused
 by size; reused blocks asked for zeros are zero; resizing keeps data; the limit bounds what is kept;
-compiled results match eager ones and PyTorch's, also from two threads at once.
+compiled results match PyTorch's; two threads share the cache safely.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import torch
 
 import flambeau
 from flambeau._backends import cpu_allocator
-from flambeau._inductor import config
 
 try:
     from numpy._core.multiarray import get_handler_name
@@ -102,26 +101,25 @@ def test_compiled_graphs_allocate_from_the_cache_and_match_pytorch():
     np.testing.assert_allclose(model[0].weight.grad.numpy(), ref[0].weight.grad.numpy(), rtol=1e-4, atol=1e-3)
 
 
-def test_compiled_calls_from_two_threads_match_eager(monkeypatch):
-    monkeypatch.setattr(config, "cpu_cache_allocator", True)
-    model = _mlp(flambeau)
-    fn = flambeau.compile(model)
-    xs = [np.random.default_rng(s).standard_normal((64, 256)).astype(np.float32) for s in range(2)]
-    with flambeau.no_grad():
-        want = [model(flambeau.tensor(x)).numpy() for x in xs]
-        fn(flambeau.tensor(xs[0]))
+def test_two_threads_allocating_from_the_cache_keep_their_data():
+    """Each thread sets the cache in its own context; blocks taken and returned concurrently never
+    hand one thread's live array to the other."""
     errors = []
 
     def work(i):
+        token = cpu_allocator.using_cache()
         try:
-            with flambeau.no_grad():
-                for _ in range(20):
-                    np.testing.assert_allclose(fn(flambeau.tensor(xs[i])).numpy(), want[i], rtol=1e-5, atol=1e-6)
-        except Exception as e:          # reported by the main thread
-            errors.append(e)
+            for n in range(200):
+                a = np.full(BIG + 1000 * (n % 3), float(i))
+                b = np.zeros(BIG)
+                if get_handler_name(a) != "flambeau_cpu_cache" or (a != i).any() or b.any():
+                    errors.append((i, n))
+                del a, b
+        finally:
+            cpu_allocator.restore(token)
     threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not errors, errors
+    assert not errors, errors[:5]

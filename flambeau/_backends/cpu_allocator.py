@@ -20,6 +20,11 @@ import numpy as np
 
 from .. import _cpp_builder
 
+try:
+    from numpy._core import _multiarray_umath as _NUMPY_CORE
+except ImportError:      # NumPy 1.x
+    from numpy.core import _multiarray_umath as _NUMPY_CORE
+
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_allocator.cpp")
 # PyDataMem_SetHandler's slot in NumPy's C-API table (numpy/__multiarray_api.h; stable since 1.22)
 SET_HANDLER_SLOT = 304
@@ -30,16 +35,12 @@ _state: dict = {}
 def _numpy_set_handler():
     """NumPy's PyDataMem_SetHandler as a ctypes function (handler) -> previous handler, or None."""
     try:
-        try:
-            from numpy._core import _multiarray_umath as mu
-        except ImportError:      # NumPy 1.x
-            from numpy.core import _multiarray_umath as mu
         get = ctypes.pythonapi.PyCapsule_GetPointer
         get.argtypes, get.restype = [ctypes.py_object, ctypes.c_char_p], ctypes.c_void_p
-        table = get(mu._ARRAY_API, None)
+        table = get(_NUMPY_CORE._ARRAY_API, None)
         addr = ctypes.c_void_p.from_address(table + SET_HANDLER_SLOT * ctypes.sizeof(ctypes.c_void_p)).value
         return ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object)(addr)
-    except (ImportError, AttributeError, ValueError, OSError):
+    except (AttributeError, ValueError, OSError):
         return None
 
 
