@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -30,6 +29,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
+
+from bench import measure  # noqa: E402
 
 import flambeau  # noqa: E402
 from flambeau._decomp import DecompositionMode  # noqa: E402
@@ -131,11 +132,7 @@ def main():
             tc(*tx)
             first["torch-compile"] = time.perf_counter() - t0
             systems["torch-compile"] = lambda: tc(*tx)
-        times = {k: [] for k in systems}
-        for _ in range(opts.rounds):
-            for k, f in systems.items():
-                times[k].append(median_time(f))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        times, med = measure.interleaved_rounds(systems, opts.rounds, median_time)
         for k, v in med.items():
             rec = {"workload": name, "system": k, "step_ms": round(v * 1e3, 4),
                    "vs_torch_eager": round(med["torch-eager"] / v, 3)}

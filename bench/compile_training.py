@@ -72,7 +72,6 @@ import argparse  # noqa: E402
 import copy  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -80,6 +79,7 @@ import warnings  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench import measure  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -281,11 +281,7 @@ def measure(names, opts):
         first_losses = {k: (None if not w.train else round(float(w.step()), 5)) for k, w in systems.items()}
         for w in systems.values():
             w.step()
-        times = {k: [] for k in systems}
-        for _ in range(opts.rounds):
-            for k, w in systems.items():
-                times[k].append(mean_step_time(w.step, opts.min_time))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        times, med = measure.interleaved_rounds(systems, opts.rounds, lambda s: mean_step_time(s.step, opts.min_time))
         for k, v in med.items():
             rec = {"workload": name, "system": k, "step_ms": round(v * 1e3, 3),
                    "min_ms": round(min(times[k]) * 1e3, 3), "vs_torch_eager": round(v / med["torch-eager"], 3)}

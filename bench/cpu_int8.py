@@ -36,7 +36,6 @@ import argparse  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
-import statistics  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 
@@ -180,11 +179,7 @@ def main():
             print(json.dumps({"system": "torch-int8-compile", "error": f"{type(e).__name__}: {str(e)[:200]}"}))
         tf = _float_mlp(torch, ws, bs)
         fns["torch-fp32-eager"] = lambda: tf(tx)
-        times = {k: [] for k in fns}
-        for _ in range(opts.rounds):
-            for k, f in fns.items():
-                times[k].append(CT.mean_step_time(f, opts.min_time))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        times, med = measure.interleaved_rounds(fns, opts.rounds, lambda s: CT.mean_step_time(s, opts.min_time))
         for k, v in med.items():
             print(json.dumps({"workload": "int8_mlp", "system": k, "ms": round(v * 1e3, 3),
                               "first_call_s": round(first[k], 2) if k in first else None}), flush=True)

@@ -31,7 +31,6 @@ import argparse  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
-import statistics  # noqa: E402
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -41,6 +40,7 @@ import flambeau  # noqa: E402
 from flambeau._backends import cpu_int8  # noqa: E402
 from flambeau._inductor import config as inductor_config  # noqa: E402
 from bench.cpu_int8 import _compiled  # noqa: E402
+from bench import measure  # noqa: E402
 
 # (in channels, out channels, kernel, stride, padding)
 LAYERS = [(3, 64, 7, 2, 3), (64, 64, 3, 1, 1), (64, 64, 3, 1, 1), (64, 128, 3, 2, 1), (128, 128, 3, 1, 1),
@@ -158,11 +158,7 @@ def main():
                 fns[name], first[name], _ = _compiled(torch, fn, tx)
             except Exception as e:  # noqa: BLE001  (a peer that does not compile here is reported, not fatal)
                 print(json.dumps({"system": name, "error": f"{type(e).__name__}: {str(e)[:200]}"}))
-        times = {k: [] for k in fns}
-        for _ in range(opts.rounds):
-            for k, f in fns.items():
-                times[k].append(CT.mean_step_time(f, opts.min_time))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        times, med = measure.interleaved_rounds(fns, opts.rounds, lambda s: CT.mean_step_time(s, opts.min_time))
         for k, v in med.items():
             print(json.dumps({"workload": "int8_cnn", "system": k, "ms": round(v * 1e3, 2),
                               "range_ms": [round(min(times[k]) * 1e3, 2), round(max(times[k]) * 1e3, 2)],

@@ -31,7 +31,6 @@ import argparse  # noqa: E402
 import copy  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
-import statistics  # noqa: E402
 import time  # noqa: E402
 import tracemalloc  # noqa: E402
 import warnings  # noqa: E402
@@ -86,11 +85,7 @@ def gpt(opts):
                               "first_call_s": round(time.perf_counter() - t0, 2), "first_loss": round(loss, 4)}),
                   flush=True)
     fallbacks = dict(counters["inductor_fallbacks"])
-    times = {k: [] for k in systems}
-    for _ in range(opts.rounds):
-        for k, w in systems.items():
-            times[k].append(CT.mean_step_time(w.step, opts.min_time))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    times, med = measure.interleaved_rounds(systems, opts.rounds, lambda s: CT.mean_step_time(s.step, opts.min_time))
     for k, v in med.items():
         print(json.dumps({"workload": "gpt_train", "system": k, "step_ms": round(v * 1e3, 2),
                           "min_ms": round(min(times[k]) * 1e3, 2)}), flush=True)
@@ -135,11 +130,7 @@ def sdpa(opts):
                     return out
                 run()
                 fns[label] = run
-            times = {k: [] for k in fns}
-            for _ in range(opts.rounds):
-                for k, f in fns.items():
-                    times[k].append(CT.mean_step_time(f, opts.min_time))
-            med = {k: statistics.median(v) for k, v in times.items()}
+            times, med = measure.interleaved_rounds(fns, opts.rounds, lambda s: CT.mean_step_time(s, opts.min_time))
             print(json.dumps({"workload": "sdpa", "T": T, "head_dim": 64, "batch_heads": 8, "causal": causal,
                               "backward": backward, "flambeau_ms": round(med["flambeau"] * 1e3, 2),
                               "torch_ms": round(med["torch"] * 1e3, 2),

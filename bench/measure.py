@@ -1,6 +1,6 @@
 """What several benchmarks measure the same way: the operator calls that reach flambeau's backend during
 one call of a function, a function's median device time between two CUDA events (CuPy's or PyTorch's),
-and which of some instruction-set extensions the CPU has (/proc/cpuinfo's flags). Imported as
+several systems timed in interleaved rounds, and which of some instruction-set extensions the CPU has (/proc/cpuinfo's flags). Imported as
 `from bench import measure` (the repository root on sys.path)."""
 from __future__ import annotations
 
@@ -67,3 +67,14 @@ def cpu_has(extensions: tuple, cpuinfo: str = CPUINFO) -> list:
                 flags = set(line.partition(":")[2].split())
                 break
     return [e for e in extensions if e in flags]
+
+
+def interleaved_rounds(systems: dict, rounds: int, time_one) -> tuple:
+    """`time_one(system)` for every system of `systems` ({name: system}), `rounds` times over, interleaved
+    (a round times each system once, so a change in the machine's load falls on all alike):
+    ({name: [time per round]}, {name: median time})."""
+    times: dict = {k: [] for k in systems}
+    for _ in range(rounds):
+        for k, system in systems.items():
+            times[k].append(time_one(system))
+    return times, {k: statistics.median(v) for k, v in times.items()}

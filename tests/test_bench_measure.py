@@ -56,3 +56,15 @@ def test_cpu_has_reads_whole_words_of_the_first_flags_line(tmp_path):
     assert measure.cpu_has(("avx512f", "avx512_bf16", "amx_int8", "f16c"), str(info)) == ["avx512_bf16", "amx_int8"]
     (tmp_path / "bare").write_text("processor\t: 0\n")
     assert measure.cpu_has(("avx512f",), str(tmp_path / "bare")) == []
+
+
+def test_interleaved_rounds_times_every_system_once_a_round():
+    order, clock = [], iter([3.0, 10.0, 1.0, 30.0, 2.0, 20.0])
+
+    def time_one(system):
+        order.append(system)
+        return next(clock)
+    times, med = measure.interleaved_rounds({"a": "A", "b": "B"}, 3, time_one)
+    assert order == ["A", "B"] * 3
+    assert times == {"a": [3.0, 1.0, 2.0], "b": [10.0, 30.0, 20.0]}
+    assert med == {"a": 2.0, "b": 20.0}
