@@ -14,9 +14,8 @@ A device-to-host copy of pageable memory blocks the host until the GPU has caugh
 from __future__ import annotations
 
 import collections
-import json
-import os
-import tempfile
+
+from bench import measure
 
 _SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize",
                "cuCtxSynchronize", "cuEventSynchronize")
@@ -30,14 +29,7 @@ def _trace(fn, steps, stacks):
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            return json.load(f)["traceEvents"]
-    finally:
-        os.unlink(path)
+    return measure.trace_events(prof)
 
 
 def _sites(events, copies, depth=6):
@@ -54,16 +46,7 @@ def _sites(events, copies, depth=6):
 
 def _busy_us(events) -> float:
     """Microseconds covered by at least one of `events` (intervals merged: kernels may overlap)."""
-    total, end = 0.0, None
-    for e in sorted(events, key=lambda e: e["ts"]):
-        s, f = e["ts"], e["ts"] + e.get("dur", 0)
-        if end is None or s > end:
-            total += f - s
-            end = f
-        elif f > end:
-            total += f - end
-            end = f
-    return total
+    return measure.union_us((e["ts"], e["ts"] + e.get("dur", 0)) for e in events)
 
 
 def counts(fn, steps: int = 1, stacks: bool = False, top: int = 0) -> dict:

@@ -1,10 +1,14 @@
 """What several benchmarks measure the same way: the operator calls that reach flambeau's backend during
 one call of a function, a function's median device time between two CUDA events (CuPy's or PyTorch's),
-several systems timed in interleaved rounds, and which of some instruction-set extensions the CPU has (/proc/cpuinfo's flags). Imported as
+several systems timed in interleaved rounds, a profiler's Chrome-trace events and the time a set of
+intervals covers, and which of some instruction-set extensions the CPU has (/proc/cpuinfo's flags). Imported as
 `from bench import measure` (the repository root on sys.path)."""
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import tempfile
 
 CPUINFO = "/proc/cpuinfo"
 
@@ -78,3 +82,28 @@ def interleaved_rounds(systems: dict, rounds: int, time_one) -> tuple:
         for k, system in systems.items():
             times[k].append(time_one(system))
     return times, {k: statistics.median(v) for k, v in times.items()}
+
+
+def trace_events(prof) -> list:
+    """The Chrome-trace events ("traceEvents") of a finished PyTorch profiler `prof`."""
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            return json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+
+
+def union_us(intervals) -> float:
+    """How long at least one of the (start, end) `intervals` covers (overlaps counted once)."""
+    total, end = 0.0, None
+    for s, f in sorted(intervals):
+        if end is None or s > end:
+            total += f - s
+            end = f
+        elif f > end:
+            total += f - end
+            end = f
+    return total

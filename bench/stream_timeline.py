@@ -19,7 +19,10 @@ import collections
 import gzip
 import json
 import os
-import tempfile
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench import measure  # noqa: E402
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 API_CATS = ("cuda_runtime", "cuda_driver")
@@ -41,30 +44,11 @@ def record(step, steps: int, path: str, device_index: int) -> None:
             with record_function(f"{STEP_PREFIX}{i}"):
                 step()
         torch.cuda.synchronize()
-    fd, tmp = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(tmp)
-        with open(tmp) as f:
-            events = json.load(f)["traceEvents"]
-    finally:
-        os.unlink(tmp)
+    events = measure.trace_events(prof)
     kept = [e for e in events if e.get("cat") in DEVICE_CATS + API_CATS
             or str(e.get("name", "")).startswith(STEP_PREFIX)]
     with gzip.open(path, "wt") as f:
         json.dump({"steps": steps, "events": kept}, f)
-
-
-def _union_us(intervals: list) -> float:
-    total, end = 0.0, None
-    for s, f in sorted(intervals):
-        if end is None or s > end:
-            total += f - s
-            end = f
-        elif f > end:
-            total += f - end
-            end = f
-    return total
 
 
 def _kernels(events: list) -> list:
@@ -100,9 +84,9 @@ def report(path: str, rows: int, base: str | None = None) -> None:
     t0 = min(e["ts"] for e in kernels)
     t1 = max(e["ts"] + e["dur"] for e in kernels)
     print(f"  device span {(t1 - t0) / steps / 1e3:.2f} ms/step, busy (all streams) "
-          f"{_union_us([(e['ts'], e['ts'] + e['dur']) for e in kernels]) / steps / 1e3:.2f} ms/step")
+          f"{measure.union_us([(e['ts'], e['ts'] + e['dur']) for e in kernels]) / steps / 1e3:.2f} ms/step")
     for (dev, stream), evs in sorted(streams.items(), key=lambda kv: -len(kv[1])):
-        busy = _union_us([(e["ts"], e["ts"] + e["dur"]) for e in evs])
+        busy = measure.union_us([(e["ts"], e["ts"] + e["dur"]) for e in evs])
         print(f"  device {dev} stream {stream}: {len(evs) / steps:.0f} kernels+copies/step, "
               f"busy {busy / steps / 1e3:.2f} ms/step, summed {sum(e['dur'] for e in evs) / steps / 1e3:.2f}")
     compute = max(streams.values(), key=len)

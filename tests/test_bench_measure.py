@@ -1,7 +1,10 @@
 """bench/measure.py, the helpers several benchmarks share, against known answers: the operator calls a
 function sends to flambeau's backend (counted by hand), the median of event intervals (fake events with
-set intervals), and the CPU flags found in a cpuinfo text (whole words only)."""
+set intervals), interleaved rounds (a set clock), the union of intervals, a profiler's exported trace
+(a fake profiler) and the CPU flags found in a cpuinfo text (whole words only)."""
 from __future__ import annotations
+
+import json
 
 import numpy as np
 
@@ -68,3 +71,16 @@ def test_interleaved_rounds_times_every_system_once_a_round():
     assert order == ["A", "B"] * 3
     assert times == {"a": [3.0, 1.0, 2.0], "b": [10.0, 30.0, 20.0]}
     assert med == {"a": 2.0, "b": 20.0}
+
+
+def test_union_us_counts_overlaps_once():
+    assert measure.union_us([(5.0, 6.0), (0.0, 2.0), (1.0, 3.0), (1.5, 2.5)]) == 4.0
+    assert measure.union_us([]) == 0.0
+
+
+def test_trace_events_reads_the_exported_trace():
+    class Prof:
+        def export_chrome_trace(self, path):
+            with open(path, "w") as f:
+                json.dump({"traceEvents": [{"name": "k", "ts": 1, "dur": 2}]}, f)
+    assert measure.trace_events(Prof()) == [{"name": "k", "ts": 1, "dur": 2}]
