@@ -170,81 +170,47 @@ def _float32(gm, node) -> bool:
     return isinstance(val, Tensor) and val.dtype is D.float32 and val.ndim >= 1
 
 
-def fuse_quantized_linear(gm) -> int:
-    """Rewrite each quantized linear layer of `gm` (module docstring) in place; returns how many."""
-    if not config.quantized_linear:
-        return 0
+def _bias_stays_float(gm, bias) -> bool:
+    """A bias the int8 op can't take: not a float32 graph value, or one being trained (the int8 op has
+    no derivative)."""
+    return bias is not None and (not isinstance(bias, Node) or not _float32(gm, bias) or
+                                 (is_grad_enabled() and _val(gm, bias).requires_grad))
+
+
+def _epilogue(node):
+    """What the fused op absorbs after `node`: (last node absorbed, post-op name, requantize match or
+    None, output scale, zero point, dtype)."""
+    last, post = node, "none"
+    relu = _only_user(node)
+    if relu is not None and _is_relu(relu):
+        last, post = relu, "relu"
+    requant = _output_quantize(last)
+    out_scale, out_zp, out_dtype = (1.0, 0, D.float32) if requant is None else requant[1:]
+    return last, post, requant, out_scale, out_zp, out_dtype
+
+
+def _fuse(gm, match, build) -> int:
+    """Rewrite every node whose operands `match(gm, node)` returns (None: not a candidate) with the int8
+    node `build(graph, operands, qx, x_scale, x_zp, tensor_qparams, qw, w_scales, w_zps, epilogue)`
+    makes; returns how many."""
     graph = gm.graph
     fused = 0
     for node in list(graph.nodes):
-        prod = _product(gm, node)
-        if prod is None or not _float32(gm, node):
+        operands = match(gm, node)
+        if operands is None or not _float32(gm, node):
             continue
-        x, w, bias = prod
+        x, w, bias = operands[:3]
         act, weight = _activation(x), _weight(w)
-        if act is None or weight is None:
-            continue
-        if bias is not None and (not isinstance(bias, Node) or not _float32(gm, bias) or
-                                 (is_grad_enabled() and _val(gm, bias).requires_grad)):
-            continue        # the int8 op has no derivative: a bias being trained keeps the float path
-        qx, x_scale, x_zp, tensor_qparams = act
-        qw, w_scales, w_zps = weight
-        last, post = node, "none"
-        relu = _only_user(node)
-        if relu is not None and _is_relu(relu):
-            last, post = relu, "relu"
-        requant = _output_quantize(last)
-        out_scale, out_zp, out_dtype = (1.0, 0, D.float32) if requant is None else requant[1:]
-        with graph.inserting_before(node):
-            if isinstance(w_scales, list):
-                w_scales, w_zps = _constant(gm, w_scales, D.float32), _constant(gm, w_zps, D.int64)
-            packed = graph.call_function(QL.qlinear_prepack, (qw, None))
-            op = QL.qlinear_pointwise_tensor if tensor_qparams else QL.qlinear_pointwise
-            new = graph.call_function(op, (qx, x_scale, x_zp, packed, w_scales, w_zps, bias, out_scale, out_zp,
-                                           out_dtype, post, [], ""))
-        replaced = last if requant is None else requant[0]
-        new.meta = {k: v for k, v in replaced.meta.items() if k not in ("val", "example_value")}
-        replaced.replace_all_uses_with(new)
-        fused += 1
-    if fused:
-        graph.eliminate_dead_code()
-        gm.recompile()
-    return fused + fuse_quantized_conv(gm)
-
-
-def fuse_quantized_conv(gm) -> int:
-    """Rewrite each quantized 2-D convolution of `gm` (module docstring) in place; returns how many."""
-    if not config.quantized_conv:
-        return 0
-    graph = gm.graph
-    fused = 0
-    for node in list(graph.nodes):
-        conv = _convolution(gm, node)
-        if conv is None or not _float32(gm, node):
-            continue
-        x, w, bias, stride, padding, dilation, groups = conv
-        act, weight = _activation(x), _weight(w)
-        if act is None or weight is None or x.args[5] is not D.uint8:
-            continue        # PyTorch's x86 convolution takes u8 activations only
-        if bias is not None and (not isinstance(bias, Node) or not _float32(gm, bias) or
-                                 (is_grad_enabled() and _val(gm, bias).requires_grad)):
+        if act is None or weight is None or _bias_stays_float(gm, bias):
             continue
         qx, x_scale, x_zp, tensor_qparams = act
         qw, w_scales, w_zps = weight
-        last, post = node, "none"
-        relu = _only_user(node)
-        if relu is not None and _is_relu(relu):
-            last, post = relu, "relu"
-        requant = _output_quantize(last)
-        out_scale, out_zp, out_dtype = (1.0, 0, D.float32) if requant is None else requant[1:]
+        epilogue = _epilogue(node)
+        last, requant = epilogue[0], epilogue[2]
         with graph.inserting_before(node):
             if isinstance(w_scales, list):
                 w_scales, w_zps = _constant(gm, w_scales, D.float32), _constant(gm, w_zps, D.int64)
-            packed = graph.call_function(QC.qconv_prepack, (qw, w_scales, 1.0, 0, stride, padding, dilation, groups,
-                                                            None))
-            op = QC.qconv2d_pointwise_tensor if tensor_qparams else QC.qconv2d_pointwise
-            new = graph.call_function(op, (qx, x_scale, x_zp, packed, w_scales, w_zps, bias, stride, padding,
-                                           dilation, groups, out_scale, out_zp, out_dtype, post, [], ""))
+            new = build(graph, operands, qx, x_scale, x_zp, tensor_qparams, qw, w_scales, w_zps, epilogue)
         replaced = last if requant is None else requant[0]
         new.meta = {k: v for k, v in replaced.meta.items() if k not in ("val", "example_value")}
         replaced.replace_all_uses_with(new)
@@ -253,3 +219,45 @@ def fuse_quantized_conv(gm) -> int:
         graph.eliminate_dead_code()
         gm.recompile()
     return fused
+
+
+def _linear_node(graph, operands, qx, x_scale, x_zp, tensor_qparams, qw, w_scales, w_zps, epilogue):
+    bias = operands[2]
+    _, post, _, out_scale, out_zp, out_dtype = epilogue
+    packed = graph.call_function(QL.qlinear_prepack, (qw, None))
+    op = QL.qlinear_pointwise_tensor if tensor_qparams else QL.qlinear_pointwise
+    return graph.call_function(op, (qx, x_scale, x_zp, packed, w_scales, w_zps, bias, out_scale, out_zp,
+                                    out_dtype, post, [], ""))
+
+
+def _conv_node(graph, operands, qx, x_scale, x_zp, tensor_qparams, qw, w_scales, w_zps, epilogue):
+    _, _, bias, stride, padding, dilation, groups = operands
+    _, post, _, out_scale, out_zp, out_dtype = epilogue
+    packed = graph.call_function(QC.qconv_prepack, (qw, w_scales, 1.0, 0, stride, padding, dilation, groups, None))
+    op = QC.qconv2d_pointwise_tensor if tensor_qparams else QC.qconv2d_pointwise
+    return graph.call_function(op, (qx, x_scale, x_zp, packed, w_scales, w_zps, bias, stride, padding,
+                                    dilation, groups, out_scale, out_zp, out_dtype, post, [], ""))
+
+
+def _u8_convolution(gm, node):
+    """A convolution whose activation is a dequantized uint8 tensor (PyTorch's x86 convolution takes u8
+    activations only), or None."""
+    conv = _convolution(gm, node)
+    if conv is None:
+        return None
+    x = conv[0]
+    return conv if _activation(x) is not None and x.args[5] is D.uint8 else None
+
+
+def fuse_quantized_linear(gm) -> int:
+    """Rewrite each quantized linear layer of `gm` (module docstring) in place; returns how many."""
+    if not config.quantized_linear:
+        return 0
+    return _fuse(gm, _product, _linear_node) + fuse_quantized_conv(gm)
+
+
+def fuse_quantized_conv(gm) -> int:
+    """Rewrite each quantized 2-D convolution of `gm` (module docstring) in place; returns how many."""
+    if not config.quantized_conv:
+        return 0
+    return _fuse(gm, _u8_convolution, _conv_node)
