@@ -645,15 +645,16 @@ def _call_with(fn, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
-class FuncCallVariable(VariableTracker):
-    """`flambeau.func.jvp`, `vjp` or `linearize` (see the module docstring)."""
+class _FuncApiVariable(VariableTracker):
+    """A `flambeau.func` function called at the traced frame's own level, named by its class's table."""
+    NAMES: dict = {}
 
     def __init__(self, fn):
         self.value = fn
-        self.name = FUNC_CALLS[fn]
+        self.name = self.NAMES[fn]
 
     def __repr__(self):
-        return f"FuncCallVariable({self.name})"
+        return f"{type(self).__name__}({self.name})"
 
     def python_type(self):
         return types.FunctionType
@@ -663,6 +664,12 @@ class FuncCallVariable(VariableTracker):
 
     def reconstruct(self, cg):
         return cg.const(self.value)
+
+
+class FuncCallVariable(_FuncApiVariable):
+    """`flambeau.func.jvp`, `vjp` or `linearize` (see the module docstring)."""
+
+    NAMES = FUNC_CALLS
 
     def call_function(self, tx, args, kwargs):
         if not args:
@@ -739,7 +746,7 @@ def _linear_function_after_graph(api: str, make, options: dict, primals: tuple, 
     return eager_transforms.linearize(make(extras), *primals)[1]
 
 
-class FuncModuleCallVariable(VariableTracker):
+class FuncModuleCallVariable(_FuncApiVariable):
     """`flambeau.func.functional_call(module, params, args, kwargs)` at the traced frame's own level:
     one call_function node whose target swaps the module's own parameters and buffers (node
     operands, as for a transformed function closing over a module: see `_lift_module_state`) into it
@@ -747,21 +754,7 @@ class FuncModuleCallVariable(VariableTracker):
     AOT autograd traces the module's forward as flat ops. `stack_module_state` breaks the graph with
     its reason: its outputs are new leaves."""
 
-    def __init__(self, fn):
-        self.value = fn
-        self.name = FUNC_MODULE_CALLS[fn]
-
-    def __repr__(self):
-        return f"FuncModuleCallVariable({self.name})"
-
-    def python_type(self):
-        return types.FunctionType
-
-    def as_python_constant(self):
-        return self.value
-
-    def reconstruct(self, cg):
-        return cg.const(self.value)
+    NAMES = FUNC_MODULE_CALLS
 
     def call_function(self, tx, args, kwargs):
         if not all(v.is_python_constant() for v in kwargs.values() if not _holds_tensor(v)):
