@@ -129,12 +129,12 @@ def _rows(xp, a):
     return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
 
 
-def _shifted(xp, x):
-    """(s, m): s = x - max(x) along the class axis as a fresh C-contiguous array (the one N x C
-    temporary of the class-index path; callers overwrite it in place)."""
+def _shifted(xp, x, out=None):
+    """(s, m): s = x - max(x) along the class axis as a fresh C-contiguous array, or in `out` (the one
+    N x C temporary of the class-index path; callers overwrite it in place)."""
     m = x.max(axis=-1, keepdims=True) if x.shape[-1] else x.sum(axis=-1, keepdims=True)
     m = xp.where(xp.isfinite(m), m, 0)
-    s = xp.empty(x.shape, dtype=x.dtype)
+    s = xp.empty(x.shape, dtype=x.dtype) if out is None else out
     xp.subtract(x, m, out=s)
     return s, m
 
@@ -167,36 +167,44 @@ def _class_forward(xp, x, target, weight, reduction, ignore_index, ls, fused_sof
     return per.reshape(x.shape[:-1])
 
 
-def _class_backward(xp, g, x, target, weight, reduction, ignore_index, ls, fused_softmax, cd):
-    """d loss / dx for class-index targets, written into one N x C array (the gradient itself):
+def _class_backward(xp, g, x, target, weight, reduction, ignore_index, ls, fused_softmax, cd, out=None):
+    """d loss / dx for class-index targets, written into one N x C array (the gradient itself; `out`,
+    a class-last view of memory in the input's layout, where given):
     g * (sum_c(A) * softmax(x) - A) with A = alpha [c == t] + beta w, the target term scattered."""
     ts, valid, alpha, beta = _class_coeffs(xp, x.shape, target, weight, reduction, ignore_index, ls, cd)
     if reduction == _RED["mean"]:  # every target ignored: the loss is 0/0 but PyTorch's gradient is zero
         alpha, beta = xp.where(valid, alpha, 0), xp.where(valid, beta, 0)
     g = xp.broadcast_to(g, x.shape[:-1]).reshape(-1).astype(cd, copy=False)
-    rows = xp.arange(ts.shape[0])
+    lead = x.shape[:-1]
+    at_targets = (xp.unravel_index(xp.arange(ts.shape[0]), lead) if lead else ()) + (ts,)
+
+    def per_row(v):
+        return v.reshape(lead + (1,))
     if not fused_softmax:
-        gx = xp.zeros(x.shape, dtype=cd)
-        _rows(xp, gx)[rows, ts] = -g * alpha
+        if out is None:
+            gx = xp.zeros(x.shape, dtype=cd)
+        else:
+            gx = out
+            gx[...] = 0
+        gx[at_targets] = -g * alpha
         return gx
-    gx, _ = _shifted(xp, x)
-    gx2 = _rows(xp, gx)
-    xp.exp(gx2, out=gx2)
-    gx2 /= gx2.sum(axis=-1, keepdims=True)
+    gx, _ = _shifted(xp, x, out)
+    xp.exp(gx, out=gx)
+    gx /= gx.sum(axis=-1, keepdims=True)
     c = x.shape[-1]
     if ls and weight is not None:
         # g (sumA p - beta w) = g beta (p sumA / beta - w); a row with beta == 0 is all zero
         w = weight.astype(cd, copy=False)
         gb = g * beta
         suma_over_beta = (alpha + beta * w.sum()) / xp.where(beta == 0, 1, beta)
-        gx2 *= suma_over_beta[:, None]
-        gx2 -= w
-        gx2 *= gb[:, None]
+        gx *= per_row(suma_over_beta)
+        gx -= w
+        gx *= per_row(gb)
     else:
-        gx2 *= (g * (alpha + beta * c))[:, None]
+        gx *= per_row(g * (alpha + beta * c))
         if ls:
-            gx2 -= (g * beta)[:, None]
-    gx2[rows, ts] -= g * alpha
+            gx -= per_row(g * beta)
+    gx[at_targets] -= g * alpha
     return gx
 
 
@@ -244,7 +252,10 @@ def _ce_backward(xp, grad, self, target, weight, reduction, ignore_index, ls, fu
     x = _last(xp, self.astype(cd, copy=False))
     g = grad.astype(cd, copy=False)
     if _dt(target).category < D.FLOATING:
-        gx = _class_backward(xp, g, x, target, weight, reduction, ignore_index, ls, fused_softmax, cd)
+        # a K-dim input's gradient is computed in the input's layout (class axis 1), so it comes back with
+        # the leaf's strides (AccumulateGrad would copy a class-last one)
+        out = _last(xp, xp.empty(self.shape, dtype=cd)) if self.ndim > 2 else None
+        gx = _class_backward(xp, g, x, target, weight, reduction, ignore_index, ls, fused_softmax, cd, out)
         gt = gw = None
     else:
         gx, gt, gw = _prob_backward(xp, g if reduction == 0 else xp.broadcast_to(g, x.shape[:-1]), x, target,
