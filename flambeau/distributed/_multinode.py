@@ -298,8 +298,18 @@ def _lead_attempt(store, args, nproc: int, nnodes: int, host: str, run_id: str, 
         store.set(f"a{attempt}/stop", "1")
     store.set(f"a{attempt}/result", str(rc))
     if rc != 0:
+        _await_causes(store, attempt, nnodes)
         _report(store, args.training_script, attempt, nnodes, rc)
     return rc
+
+
+def _await_causes(store, attempt: int, nnodes: int) -> None:
+    """Give the other nodes up to FAILURE_GRACE_S to publish why the attempt failed before node 0 reports:
+    a rank's MPI_Abort can end mpiexec here before its own node's launcher has put its record in the store."""
+    deadline = time.monotonic() + FAILURE_GRACE_S
+    while not (_all_failures(store, attempt, nnodes) or _node_notes(store, attempt, nnodes)) and \
+            time.monotonic() < deadline:
+        time.sleep(MONITOR_INTERVAL_S)
 
 
 def _wait_for_acks(store, nnodes: int) -> None:
