@@ -33,6 +33,21 @@ def spy_compile_fx(monkeypatch, into: list) -> list:
     return into
 
 
+def op_names_mode():
+    """A flambeau dispatch mode recording, in `.names`, the name of every op that reaches dispatch."""
+    from flambeau.utils._python_dispatch import TorchDispatchMode
+
+    class OpNames(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+    return OpNames()
+
+
 def _has_cuda():
     try:
         import flambeau

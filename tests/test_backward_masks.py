@@ -13,19 +13,9 @@ import pytest
 import torch
 
 import flambeau
-from flambeau.utils._python_dispatch import TorchDispatchMode
+from tests.conftest import op_names_mode
 
 _PRODUCTS = {"mm", "bmm", "matmul", "convolution", "_convolution_weight_grad", "linear", "mv", "dot"}
-
-
-class _FlambeauNames(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 class _TorchProducts(torch.utils._python_dispatch.TorchDispatchMode):
@@ -77,7 +67,7 @@ def test_backward_runs_only_the_needed_products_as_pytorch(name, need):
     ta = [torch.tensor(a, requires_grad=n) for a, n in zip(arrays, need)]
     fo, to = fn(flambeau, *fa), fn(torch, *ta)
     g = rng.standard_normal(tuple(to.shape))
-    with _FlambeauNames() as mode:
+    with op_names_mode() as mode:
         fo.backward(flambeau.tensor(g))
     with _TorchProducts() as tmode:
         to.backward(torch.tensor(g))
@@ -105,7 +95,7 @@ def test_a_first_layer_gets_no_input_gradient_but_its_weights_do():
     mods["flambeau"].load_state_dict({k: flambeau.tensor(v.detach().numpy())
                                      for k, v in mods["torch"].state_dict().items()})
     loss = mods["flambeau"](flambeau.tensor(x)).sum()
-    with _FlambeauNames() as mode:
+    with op_names_mode() as mode:
         loss.backward()
     mods["torch"](torch.tensor(x)).sum().backward()
     assert mode.names.count("convolution") == 1, mode.names      # the second layer's input gradient only

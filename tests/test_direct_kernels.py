@@ -17,7 +17,7 @@ import torch
 import flambeau
 from flambeau import _dispatch
 from flambeau._ops import linear as linear_mod
-from flambeau.utils._python_dispatch import TorchDispatchMode
+from tests.conftest import op_names_mode
 
 _SHAPES = {"2d": ((5, 3), (4, 3), (4,)), "3d": ((2, 5, 3), (4, 3), (4,)), "3d_nobias": ((2, 5, 3), (4, 3), None)}
 _DTYPES = {"float32": np.float32, "float64": np.float64, "bfloat16": ml_dtypes.bfloat16}
@@ -111,22 +111,12 @@ def test_create_graph_takes_the_dispatched_path_and_second_derivatives_match_pyt
         np.testing.assert_allclose(f, t, rtol=1e-10, atol=1e-12)
 
 
-class _Seen(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_dispatch_mode_sees_every_op_of_the_derivative():
     x = flambeau.randn(2, 5, 3, requires_grad=True)
     w = flambeau.randn(4, 3, requires_grad=True)
     b = flambeau.randn(4, requires_grad=True)
     out = flambeau.nn.functional.linear(x, w, b)
-    with _Seen() as mode:
+    with op_names_mode() as mode:
         out.backward(flambeau.ones_like(out))
     assert mode.names.count("matmul") == 2 and any(n.startswith("sum") for n in mode.names), mode.names
 
@@ -140,7 +130,7 @@ def test_direct_device_declines_what_dispatch_must_see():
         assert direct_device(a, flambeau.randn(2, 2, device="meta")) is None
         assert direct_device(flambeau.randn(2, 2, device="meta")) is None
         assert direct_device(a, np.ones((2, 2))) is None
-        with _Seen():
+        with op_names_mode():
             assert direct_device(a, b) is None
     import flambeau.autograd.forward_ad as fwAD
     with fwAD.dual_level(), flambeau.no_grad():

@@ -13,6 +13,7 @@ import torch
 import flambeau
 from flambeau import _ops
 from flambeau.autograd import graph
+from tests.conftest import op_names_mode
 
 
 def _pair(shape, seed=0, dtype=np.float32):
@@ -234,23 +235,13 @@ def test_inplace_writes_as_pytorch(name, device):
 
 # ---- linear's derivative: no reshapes of 2-D operands -------------------------------------------
 def test_linear_backward_of_2d_input_dispatches_no_view_and_matches_pytorch():
-    from flambeau.utils._python_dispatch import TorchDispatchMode
-
-    class Names(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__)
-            return func(*args, **(kwargs or {}))
     fx, tx = _pair((5, 3), 0)
     fw, tw = _pair((4, 3), 1)
     fb, tb = _pair((4,), 2)
     fl = flambeau.nn.functional.linear(fx, fw, fb)
     tl = torch.nn.functional.linear(tx, tw, tb)
     g = np.random.default_rng(3).standard_normal((5, 4)).astype(np.float32)
-    with Names() as mode:
+    with op_names_mode() as mode:
         fl.backward(flambeau.tensor(g))
     tl.backward(torch.tensor(g))
     assert "view" not in mode.names and "_unsafe_view" not in mode.names, mode.names
