@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import zipfile
 
 import numpy as np
@@ -22,8 +21,8 @@ from flambeau._inductor import aoti_compile_and_package, aoti_load_package, conf
 from flambeau._inductor.aoti_package import (AOTIPackageError, build_example_program, extract_package,
                                              read_tensor_file, write_tensor_file)
 from flambeau.export import Dim, export
+from tests.conftest import spy_compile_fx
 
-compile_fx = sys.modules["flambeau._inductor.compile_fx"]
 RTOL, ATOL = 1e-5, 1e-5
 
 
@@ -211,23 +210,15 @@ def test_freezing_folds_constants_into_generated_code_and_keeps_values(tmp_path,
     assert "sqrt" in sources[False] and "sqrt" not in sources[True]
 
 
-def test_jit_freezing_makes_weights_constants(freezing):
+def test_jit_freezing_makes_weights_constants(freezing, monkeypatch):
     m, args = _model("cnn")
-    graphs = []
-    orig = compile_fx.compile_fx
-
-    def spy(gm, ex):
-        graphs.append(orig(gm, ex))
-        return graphs[-1]
+    graphs = spy_compile_fx(monkeypatch, [])
     config.freezing = True
-    compile_fx_attr = fl._inductor.compile_fx
-    fl._inductor.compile_fx = spy
     try:
         fl._dynamo.reset()
         with fl.no_grad():
             y = fl.compile(m)(*args)
     finally:
-        fl._inductor.compile_fx = compile_fx_attr
         fl._dynamo.reset()
     np.testing.assert_allclose(y.numpy(), _eager(m, args).numpy(), rtol=RTOL, atol=ATOL)
     (g,) = graphs
@@ -302,13 +293,7 @@ def test_jit_freezing_with_cpp_wrapper_packs_weights_once(freezing, monkeypatch)
     monkeypatch.setattr(config, "cpp_wrapper", True)
     config.freezing = True
     m = _wide_mlp()
-    graphs = []
-    orig = compile_fx.compile_fx
-
-    def spy(gm, ex):
-        graphs.append(orig(gm, ex))
-        return graphs[-1]
-    monkeypatch.setattr(fl._inductor, "compile_fx", spy)
+    graphs = spy_compile_fx(monkeypatch, [])
     fl._dynamo.reset()
     try:
         with fl.no_grad():
@@ -531,13 +516,7 @@ def test_jit_freezing_with_cpp_wrapper_packs_bmm_and_conv_weights_once(freezing,
     m = _weighted(fl).eval()
     tm = _weighted(torch).eval()
     tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in m.state_dict().items()})
-    graphs = []
-    orig = compile_fx.compile_fx
-
-    def spy(gm, ex):
-        graphs.append(orig(gm, ex))
-        return graphs[-1]
-    monkeypatch.setattr(fl._inductor, "compile_fx", spy)
+    graphs = spy_compile_fx(monkeypatch, [])
     fl._dynamo.reset()
     try:
         x, img = fl.randn(3, 5, 300), fl.randn(2, 3, 8, 8)
