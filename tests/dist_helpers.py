@@ -27,7 +27,7 @@ def launch(script: str, nproc: int, *args: str, extra: tuple = (), timeout: floa
     pytest.importorskip("mpi4py")
     launch_id = launch_id or uuid.uuid4().hex
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **{LAUNCH_ID_VAR: launch_id})
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **{LAUNCH_ID_VAR: launch_id})
     cmd = [sys.executable, "-m", "flambeau.distributed.run", "--nproc-per-node", str(nproc), *extra,
            os.path.join(WORKERS, script), *args]
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
