@@ -6,6 +6,8 @@ compiled results match PyTorch's; two threads share the cache safely.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -123,3 +125,31 @@ def test_two_threads_allocating_from_the_cache_keep_their_data():
     for t in threads:
         t.join()
     assert not errors, errors[:5]
+
+
+_OUTLIVES_MODULE_STATE = r"""
+import ctypes, gc, sys, warnings
+import numpy as np
+from flambeau._backends import cpu_allocator
+token = cpu_allocator.using_cache()
+arr = np.ones(1 << 20)
+cpu_allocator.restore(token)
+cpu_allocator._state.clear()      # what interpreter exit does to the module's objects before arr dies
+gc.collect()
+junk = [ctypes.create_string_buffer(b"overwritten") for _ in range(20000)]    # reuse their memory
+with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    del arr
+print("freed")
+"""
+
+
+def test_arrays_outliving_the_module_state_are_freed_through_their_handler():
+    """An array keeps the handler's capsule, and NumPy finds the handler by the capsule's name when the
+    array dies, which may be at interpreter exit after the module's objects are gone: the name must not
+    live in one of them (it did: NumPy then failed to free the array, and reading the freed name can
+    crash the process)."""
+    r = subprocess.run([sys.executable, "-c", _OUTLIVES_MODULE_STATE], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "freed", r.stderr
+    assert "PyDataMem_UserFREE" not in r.stderr, r.stderr

@@ -85,6 +85,11 @@ Handler handler = {"flambeau_cpu_cache", 1, {nullptr, pool_malloc, pool_calloc, 
 
 extern "C" void* flm_pool_handler() { return &handler; }
 
+// The name NumPy looks the handler up by in its capsule. A capsule keeps the pointer, not a copy, and
+// arrays keep the capsule until they die, which may be at interpreter exit after every Python object
+// holding a copy of the name is gone: the name lives here, in the library, which is never unloaded.
+extern "C" const char* flm_pool_capsule_name() { return "mem_handler"; }
+
 extern "C" int64_t flm_pool_kept() {
     std::lock_guard<std::mutex> g(pool_lock);
     return (int64_t)kept;

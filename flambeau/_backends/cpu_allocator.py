@@ -45,7 +45,7 @@ def _numpy_set_handler():
 
 
 def _load():
-    """(set_handler, our handler capsule, library, the capsule's name buffer) or None (decided once)."""
+    """(set_handler, our handler capsule, library) or None (decided once)."""
     if "fns" in _state:
         return _state["fns"]
     fns = None
@@ -57,11 +57,11 @@ def _load():
             lib.flm_pool_handler.restype = ctypes.c_void_p
             lib.flm_pool_kept.restype = ctypes.c_int64
             lib.flm_pool_set_limit.argtypes = [ctypes.c_int64]
+            lib.flm_pool_capsule_name.restype = ctypes.c_void_p
             new = ctypes.pythonapi.PyCapsule_New
             new.argtypes, new.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], ctypes.py_object
-            name = ctypes.create_string_buffer(b"mem_handler")     # the capsule keeps the pointer, not a copy
-            capsule = new(lib.flm_pool_handler(), ctypes.addressof(name), None)
-            fns = (setter, capsule, lib, name)
+            capsule = new(lib.flm_pool_handler(), lib.flm_pool_capsule_name(), None)
+            fns = (setter, capsule, lib)
         except (_cpp_builder.CppCompileError, _cpp_builder.NoCompilerError, OSError):
             fns = None
     _state["fns"] = fns
