@@ -1,6 +1,6 @@
 """Eager-mode dynamic quantization (PyTorch's `torch.ao.quantization.quantize_dynamic`): swap the
-chosen float modules (nn.Linear, nn.LSTM) for their dynamically quantized versions
-(`flambeau.ao.nn.quantized.dynamic`)."""
+chosen float modules (nn.Linear, nn.LSTM, nn.GRU, nn.RNNCell, nn.LSTMCell, nn.GRUCell) for their
+dynamically quantized versions (`flambeau.ao.nn.quantized.dynamic`)."""
 from __future__ import annotations
 
 import copy
@@ -8,11 +8,12 @@ import copy
 from ... import _dtype as D
 from ...nn.modules.module import Module
 from ...nn.modules.linear import Linear
-from ...nn.modules.rnn import LSTM
+from ...nn.modules.rnn import GRU, LSTM, GRUCell, LSTMCell, RNNCell
 from ..nn.quantized import dynamic as nnqd
 from .qconfig import QConfig, default_dynamic_qconfig
 
-DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS = {Linear: nnqd.Linear, LSTM: nnqd.LSTM}
+DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS = {Linear: nnqd.Linear, LSTM: nnqd.LSTM, GRU: nnqd.GRU, RNNCell: nnqd.RNNCell,
+                                         LSTMCell: nnqd.LSTMCell, GRUCell: nnqd.GRUCell}
 
 
 def get_default_dynamic_quant_module_mappings() -> dict:
@@ -22,8 +23,8 @@ def get_default_dynamic_quant_module_mappings() -> dict:
 def _qconfig_spec(qconfig_spec, dtype) -> dict:
     if dtype is not D.qint8:
         raise NotImplementedError(f"quantize_dynamic: dtype {dtype} is not supported yet (qint8 is)")
-    if qconfig_spec is None:        # PyTorch's default also names GRU and the cells, not supported here
-        return {Linear: default_dynamic_qconfig, LSTM: default_dynamic_qconfig}
+    if qconfig_spec is None:        # PyTorch's default for qint8
+        return {m: default_dynamic_qconfig for m in (Linear, LSTM, GRU, LSTMCell, RNNCell, GRUCell)}
     if isinstance(qconfig_spec, (set, frozenset, list, tuple)):
         return {k: default_dynamic_qconfig for k in qconfig_spec}
     return dict(qconfig_spec)
