@@ -15,7 +15,9 @@
 
 Dynamic sizes (export's Dims) stay symbolic: the kernels take them as arguments, model.so reads them
 from the input shapes and checks each against its Dim's range. Loading and running: aoti_package.py.
-Programs that update buffers, take non-tensor inputs, or need an op the C++ wrapper can't run (it
+Buffers the program updates (BUFFER_MUTATION: BatchNorm in training mode, counters, caches) are
+constants the runner owns and model.so rewrites after each run (StateTable). Programs that write
+their inputs, take non-tensor inputs, or need an op the C++ wrapper can't run (it
 runs float32/bfloat16 mm and bmm, float32 1-D/2-D convolution (grouped, transposed), 2-D max pooling, the
 resampling gather of interpolate/average pooling/pads and the fused CPU attention besides the generated
 kernels) are refused with a RuntimeError
@@ -53,7 +55,7 @@ from .sizevars import SizeExpr, derived_definition
 
 ARCHIVE_FORMAT = b"flambeau-aoti"
 PACKAGE_VERSION = 1
-ABI_VERSION = 1                     # FL_AOTI_ABI_VERSION of aoti_runtime.h
+ABI_VERSION = 2                     # FL_AOTI_ABI_VERSION of aoti_runtime.h
 ALIGN = 64
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = os.path.join(HERE, "aoti_runtime.h")
@@ -63,6 +65,7 @@ ATTENTION_SRC = os.path.join(os.path.dirname(HERE), "_backends", "cpu_attention.
 DTYPE_CODES = {D.float32: 0, D.float64: 1, D.int64: 2, D.int32: 3, D.int16: 4, D.int8: 5, D.uint8: 6, D.bool: 7,
                D.bfloat16: 8, D.float16: 9}
 STATE_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
+OUTPUT_KINDS = ("USER_OUTPUT", "BUFFER_MUTATION")
 SYMBOL = re.compile(r"\bs\d+\b")           # a size symbol's name in a size expression's text
 # CPU features a package's code may use: the compiler's predefined macro -> __builtin_cpu_supports name
 CPU_FEATURES = {"__SSE4_2__": "sse4.2", "__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma", "__F16C__": "f16c",
@@ -104,47 +107,51 @@ def aoti_compile_and_package(ep, package_path: str | os.PathLike | io.IOBase | N
 def _package(ep, package_path) -> str:
     prog = ep.run_decompositions(decomposition_table(core_aten_decompositions(), python_externs=False))
     sig = prog.graph_signature
-    updates = [s.target for s in sig.output_specs if s.kind.name != "USER_OUTPUT"]
-    if updates:
-        raise AOTICompileError(f"aoti_compile_and_package: the program updates {updates}; AOTInductor packages "
-                               "inference programs without state updates (export the module in eval mode)")
+    for s in sig.output_specs:
+        if s.kind.name not in OUTPUT_KINDS:
+            raise AOTICompileError(f"aoti_compile_and_package: the program's output {s.arg.name} is a "
+                                   f"{s.kind.name} ({s.target}); AOTInductor packages user outputs and buffer updates")
     gm = prog.graph_module
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     state = iter(prog._state_inputs())
-    lifted, user_names = {}, []
+    lifted, fqns, user_names = {}, [], []
     for node, spec in zip(placeholders, sig.input_specs):
         if spec.kind.name in STATE_KINDS:
             lifted[node] = next(state).detach().contiguous()
+            fqns.append(spec.target)
         elif spec.kind.name == "USER_INPUT":
             user_names.append(spec.arg.name)
         else:
             raise AOTICompileError(f"aoti_compile_and_package: input {spec.arg.name} of kind {spec.kind.name} "
                                    "is not supported")
-    freezing.lift_to_constants(gm, lifted)
-    folded = freezing.constant_fold(gm) if config.freezing else 0
+    attr_fqn = dict(zip(freezing.lift_to_constants(gm, lifted), fqns))
+    mutated = {i: s.target for i, s in enumerate(sig.output_specs) if s.kind.name == "BUFFER_MUTATION"}
+    mutable = {a for a, f in attr_fqn.items() if f in mutated.values()}
+    folded = freezing.constant_fold(gm, keep=mutable) if config.freezing else 0
     examples = [t.contiguous() for t in pytree.tree_leaves(ep.example_inputs) if isinstance(t, Tensor)]
     if len(examples) != len(user_names):
         raise AOTICompileError("aoti_compile_and_package: the program takes non-tensor inputs "
                                f"({len(user_names)} inputs, {len(examples)} tensors)")
     try:
         graph = GraphLowering(gm, examples, CPU, codegen_cpp.DTYPES).run()
+        state = StateTable(gm, graph, attr_fqn, mutated)
         size_names = _size_names(graph)
         order = schedule(graph)
         memory = plan_memory(order, graph)
         kernels = [k for k in order if isinstance(k, Kernel)]
         info, features = _target(dict(_cpp_builder.detect_flags()))
-        wrapper = CppWrapper(graph, order, memory, size_names, constants_frozen=True).generate() + \
-            link_externs_source()
+        wrapper = CppWrapper(graph, order, memory, size_names, constants_frozen=True,
+                             mutable_constants=state.mutable_names).generate() + link_externs_source()
         weights, offsets = _weights(graph)
         model = ModelSource(graph, size_names, user_names, prog.range_constraints, offsets, weights,
-                            prog.dim_names).generate()
+                            prog.dim_names, state).generate()
     except Unsupported as e:
         raise AOTICompileError(f"aoti_compile_and_package: {e}") from None
     source = '#include "aoti_runtime.h"\n' + codegen_cpp.generate(kernels, info["simd_math"], size_names) + \
         wrapper + model + (f'extern "C" const char* fl_aoti_cpu_features(void) {{ return "{" ".join(features)}"; }}\n'
                            f'extern "C" const char* fl_aoti_march(void) {{ return "{config.aoti_march}"; }}\n')
     so = _build(source, info)
-    meta = _metadata(ep, graph, user_names, prog.range_constraints, offsets, weights, folded)
+    meta = _metadata(ep, graph, state, user_names, prog.range_constraints, offsets, weights, folded)
     meta.update(march=config.aoti_march, cpu_features=features)
     return _write(package_path, so, source, weights, meta)
 
@@ -247,10 +254,34 @@ def _int_or(v, default: int) -> int:
         return default
 
 
+class StateTable:
+    """The package's constants as the program's state: each constant's FQN (the parameter, buffer or
+    constant of the exported module it holds; '' for a folded one) and the buffers the program updates
+    (BUFFER_MUTATION outputs): graph output index -> the positions of the constants holding that
+    buffer. model.so copies each update into its constant after a run, so a runner's buffers carry the
+    state from call to call (BatchNorm's running statistics in training mode, counters, caches), as
+    PyTorch's AOTInductor keeps mutated buffers in the runner's constants."""
+
+    def __init__(self, gm, graph, attr_fqn: dict, mutated: dict):
+        by_id = {id(getattr(gm, a)): f for a, f in attr_fqn.items()}
+        self.fqns = [by_id.get(id(b.constant), "") for b in graph.constants.values()]
+        self.updates = {}
+        for i, fqn in mutated.items():
+            self.updates[i] = [j for j, f in enumerate(self.fqns) if f == fqn]
+            if not self.updates[i]:
+                raise Unsupported(f"the program updates buffer {fqn}, which has no constant in the package")
+        names = list(graph.constants)
+        self.mutable_names = {names[j] for js in self.updates.values() for j in js}
+
+    def mutable(self, j: int) -> bool:
+        return any(j in js for js in self.updates.values())
+
+
 class ModelSource:
     """The generated part of model.so that aoti_runtime.cpp reads (FlAotiModelInfo)."""
 
-    def __init__(self, graph, size_names, user_names, range_constraints, offsets, weights, dim_names=None):
+    def __init__(self, graph, size_names, user_names, range_constraints, offsets, weights, dim_names=None,
+                 state: StateTable | None = None):
         self.g = graph
         self.dim_names = dict(dim_names or {})
         self.size_names = size_names
@@ -258,8 +289,12 @@ class ModelSource:
         self.ranges = _ranges(range_constraints)
         self.offsets = offsets
         self.weights = weights
+        self.state = state
         self.inputs = sorted(graph.inputs, key=lambda b: b.position)
-        self.outputs = graph.outputs if isinstance(graph.outputs, list) else [graph.outputs]
+        outputs = graph.outputs if isinstance(graph.outputs, list) else [graph.outputs]
+        updates = state.updates if state is not None else {}
+        self.outputs = [o for i, o in enumerate(outputs) if i not in updates]
+        self.state_outputs = [(outputs[i], js) for i, js in updates.items()]
         if graph.mutations:
             raise Unsupported("the program writes its inputs")
 
@@ -296,14 +331,28 @@ class ModelSource:
         L.append(f"static const FlAotiTensorSpec fl_inputs[] = {{{', '.join(ins) or '{}'}}};")
         L.append(f"static const FlAotiTensorSpec fl_outputs[] = {{{', '.join(outs) or '{}'}}};")
         L.append(f"static const int64_t fl_offsets[] = {{{', '.join(map(str, self.offsets)) or '0'}}};")
-        L += self._bind() + self._output_shape() + self._run()
+        L += self._constants() + self._bind() + self._output_shape() + self._run()
         L.append(f"""extern "C" const FlAotiModelInfo* fl_aoti_model_info(void) {{
     static const FlAotiModelInfo info = {{{ABI_VERSION}, {len(ins)}, fl_inputs, {len(outs)}, fl_outputs,
         {len(self.offsets)}, fl_offsets, INT64_C({len(self.weights)}), UINT64_C({checksum(self.weights)}),
-        {len(self.size_names)}, fl_bind_sizes, fl_output_shape, fl_model_run}};
+        {len(self.size_names)}, fl_bind_sizes, fl_output_shape, fl_model_run, fl_constants}};
     return &info;
 }}""")
         return COPY_HELPER + "\n".join(L) + "\n"
+
+    def _constants(self) -> list:
+        """fl_constants: each constant's FQN, dtype, shape and whether runs write it (FlAotiConstantSpec)."""
+        L, specs = [], []
+        for j, b in enumerate(self.g.constants.values()):
+            fqn = self.state.fqns[j] if self.state is not None else ""
+            shape = ", ".join(str(int(s)) for s in b.layout.shape) or "0"
+            L.append(f"static const int64_t fl_const{j}_shape[] = {{{shape}}};")
+            if b.dtype not in DTYPE_CODES:
+                raise Unsupported(f"constant {fqn or b.name} has dtype {b.dtype.name}, which the C API does not name")
+            specs.append(f'{{{json.dumps(fqn)}, {DTYPE_CODES[b.dtype]}, {len(b.layout.shape)}, fl_const{j}_shape, '
+                         f"{int(self.state is not None and self.state.mutable(j))}}}")
+        L.append(f"static const FlAotiConstantSpec fl_constants[] = {{{', '.join(specs) or '{}'}}};")
+        return L
 
     def _bind(self) -> list:
         L = ["static int fl_bind_sizes(const int64_t* const* shapes, int64_t* sizes, char* err, int n) {"]
@@ -373,28 +422,44 @@ class ModelSource:
                 L.append(f"    bases[{k}] = fl_alloc({_c(b.layout.numel)} * {b.dtype.itemsize});")
         L.append("    int code = fl_graph_run(in, bases, sizes, consts);")
         for i in copies:
-            o = self.outputs[i]
-            base = o.base if isinstance(o, StridedView) else o
-            if isinstance(base, InputBuffer) and base.position is not None:
-                src = f"in[{base.position}]"
-            elif isinstance(base, InputBuffer):
-                src = f"consts[{consts[base.name]}]"
-            elif base.name in index:
-                src = f"bases[{index[base.name]}]"
-            else:
-                raise Unsupported(f"output {i} ({o!r}) can't be copied out")
-            lay = o.layout
-            nd = len(lay.shape)
-            shape = ", ".join(_c(s) for s in lay.shape) or "0"
-            strides = ", ".join(_c(s) for s in lay.strides) or "0"
-            L.append(f"    {{ const int64_t shp[] = {{{shape}}}; const int64_t st[] = {{{strides}}}; "
-                     f"fl_copy_strided((char*)out[{i}], (const char*){src} + {_c(lay.offset)} * {lay.dtype.itemsize}, "
-                     f"{nd}, shp, st, {lay.dtype.itemsize}); }}")
+            L.append("    " + self._copy_out(f"(char*)out[{i}]", self.outputs[i], index, consts, f"output {i}"))
+        L += self._write_state(index, consts)
         for k, b in enumerate(bases):
             if b.name not in direct:
                 L.append(f"    fl_free(bases[{k}]);")
         L += ["    return code;", "}"]
         return L
+
+    def _copy_out(self, dst: str, o, index: dict, consts: dict, what: str) -> str:
+        """C statement: the C-contiguous copy at `dst` of value `o` (a buffer or a strided view of an
+        output base, an input or a constant)."""
+        base = o.base if isinstance(o, StridedView) else o
+        if isinstance(base, InputBuffer) and base.position is not None:
+            src = f"in[{base.position}]"
+        elif isinstance(base, InputBuffer):
+            src = f"consts[{consts[base.name]}]"
+        elif base.name in index:
+            src = f"bases[{index[base.name]}]"
+        else:
+            raise Unsupported(f"{what} ({o!r}) can't be copied out")
+        lay = o.layout
+        shape = ", ".join(_c(s) for s in lay.shape) or "0"
+        strides = ", ".join(_c(s) for s in lay.strides) or "0"
+        return (f"{{ const int64_t shp[] = {{{shape}}}; const int64_t st[] = {{{strides}}}; "
+                f"fl_copy_strided({dst}, (const char*){src} + {_c(lay.offset)} * {lay.dtype.itemsize}, "
+                f"{len(lay.shape)}, shp, st, {lay.dtype.itemsize}); }}")
+
+    def _write_state(self, index: dict, consts: dict) -> list:
+        """After a successful run, each updated buffer's new value copied into its constant(s). Every
+        update is a value the run computed (functionalization's copy, realised by the lowering), never a
+        constant itself, so writing one constant can't change the source of another."""
+        L = ["    if (code == 0) {"] if self.state_outputs else []
+        for o, js in self.state_outputs:
+            base = o.base if isinstance(o, StridedView) else o
+            if isinstance(base, InputBuffer) and base.position is None:
+                raise Unsupported(f"the update of buffer {self.state.fqns[js[0]]} reads constant {base.name} in place")
+            L += ["        " + self._copy_out(f"(char*)consts[{j}]", o, index, consts, "a buffer update") for j in js]
+        return L + (["    }"] if self.state_outputs else [])
 
 
 SHAPE_ERROR = 4                      # FL_AOTI_ERR_SHAPE
@@ -460,10 +525,11 @@ def _dims(layout) -> list:
     return [int(s) if not isinstance(s, SizeExpr) else str(s) for s in layout.shape]
 
 
-def _metadata(ep, graph, user_names, range_constraints, offsets, weights, folded) -> dict:
+def _metadata(ep, graph, state, user_names, range_constraints, offsets, weights, folded) -> dict:
     ranges = _ranges(range_constraints)
     inputs = sorted(graph.inputs, key=lambda b: b.position)
     outputs = graph.outputs if isinstance(graph.outputs, list) else [graph.outputs]
+    outputs = [o for i, o in enumerate(outputs) if i not in state.updates]
     return {
         "format": ARCHIVE_FORMAT.decode(), "version": PACKAGE_VERSION, "abi_version": ABI_VERSION,
         "inputs": [{"name": n, "dtype": b.dtype.name, "shape": _dims(b.layout)}
@@ -471,9 +537,9 @@ def _metadata(ep, graph, user_names, range_constraints, offsets, weights, folded
         "outputs": [{"dtype": o.dtype.name, "shape": _dims(o.layout)} for o in outputs],
         "dynamic_dims": {n: {"min": lo, "max": None if hi < 0 else hi, "name": ep.dim_names.get(n, n)}
                          for n, (lo, hi) in ranges.items()},
-        "constants": [{"name": b.name, "dtype": b.dtype.name,
-                       "shape": list(b.layout.shape), "offset": off}
-                      for b, off in zip(graph.constants.values(), offsets)],
+        "constants": [{"name": b.name, "fqn": fqn, "dtype": b.dtype.name, "shape": list(b.layout.shape),
+                       "offset": off, "mutable": state.mutable(j)}
+                      for j, (b, off, fqn) in enumerate(zip(graph.constants.values(), offsets, state.fqns))],
         "weights_nbytes": len(weights), "weights_checksum": str(checksum(weights)),
         "in_spec": pytree.treespec_dumps(ep.call_spec.in_spec),
         "out_spec": pytree.treespec_dumps(ep.call_spec.out_spec),

@@ -5,8 +5,9 @@
 //
 // Reads input i from <in dir>/input<i>.bin, writes output i to <out dir>/output<i>.bin, each file an
 // int64 dtype code (FlAotiDtype), an int64 rank, the int64 sizes, then the C-contiguous data. With
-// `repeat` it then runs the program that many more times and prints "per_call_us <microseconds>"
-// (the mean over the runs; tests/test_aoti.py and bench/export_aoti.py use it).
+// `repeat` it runs the program that many more times and prints "per_call_us <microseconds>" (the mean
+// over the runs; tests/test_aoti.py and bench/export_aoti.py use it). The outputs written are the last
+// run's; each buffer the program updates is written to <out dir>/state.<fqn>.bin after the runs.
 #include "aoti_runtime.h"
 
 #include <chrono>
@@ -88,6 +89,13 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "error: %s\n", fl_aoti_last_error());
         return 1;
     }
+    int repeat = argc > 4 ? std::atoi(argv[4]) : 0;
+    if (repeat > 0) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (int r = 0; r < repeat; r++) fl_aoti_run(runner, inputs.data(), shapes.data());
+        auto t1 = std::chrono::steady_clock::now();
+        std::printf("per_call_us %.3f\n", std::chrono::duration<double, std::micro>(t1 - t0).count() / repeat);
+    }
     for (int i = 0; i < fl_aoti_num_outputs(runner); i++) {
         std::string path = std::string(argv[3]) + "/output" + std::to_string(i) + ".bin";
         if (!write_blob(path, fl_aoti_output_dtype(runner, i), fl_aoti_output_ndim(runner, i),
@@ -96,12 +104,14 @@ int main(int argc, char** argv) {
             return 1;
         }
     }
-    int repeat = argc > 4 ? std::atoi(argv[4]) : 0;
-    if (repeat > 0) {
-        auto t0 = std::chrono::steady_clock::now();
-        for (int r = 0; r < repeat; r++) fl_aoti_run(runner, inputs.data(), shapes.data());
-        auto t1 = std::chrono::steady_clock::now();
-        std::printf("per_call_us %.3f\n", std::chrono::duration<double, std::micro>(t1 - t0).count() / repeat);
+    for (int j = 0; j < fl_aoti_num_constants(runner); j++) {     // the buffers the runs updated
+        if (!fl_aoti_constant_mutable(runner, j)) continue;
+        std::string path = std::string(argv[3]) + "/state." + fl_aoti_constant_fqn(runner, j) + ".bin";
+        if (!write_blob(path, fl_aoti_constant_dtype(runner, j), fl_aoti_constant_ndim(runner, j),
+                        fl_aoti_constant_shape(runner, j), fl_aoti_constant_data(runner, j))) {
+            std::fprintf(stderr, "error: cannot write %s\n", path.c_str());
+            return 1;
+        }
     }
     fl_aoti_free(runner);
     return 0;

@@ -103,7 +103,9 @@ def _bind(lib):
             "fl_aoti_last_error": ([], ctypes.c_char_p), "fl_aoti_run": ([p, p, p], i32),
             "fl_aoti_num_outputs": ([p], i32), "fl_aoti_output_ndim": ([p, i32], i32),
             "fl_aoti_output_dtype": ([p, i32], i32), "fl_aoti_output_shape": ([p, i32], i64p),
-            "fl_aoti_output_data": ([p, i32], p)}
+            "fl_aoti_output_data": ([p, i32], p), "fl_aoti_num_constants": ([p], i32),
+            "fl_aoti_constant_fqn": ([p, i32], ctypes.c_char_p), "fl_aoti_constant_data": ([p, i32], p),
+            "fl_aoti_set_constant": ([p, i32, p, i32], i32)}
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, res
@@ -144,6 +146,12 @@ class AOTICompiledModel:
                           for i, o in enumerate(self.metadata["outputs"])]
         self._ptrs = (ctypes.c_void_p * max(1, self._n_in))()
         self._shapes = (ctypes.c_void_p * max(1, self._n_in))()
+        self._constants: dict = {}      # fqn -> the indices of the constants holding it
+        for j in range(self._lib.fl_aoti_num_constants(runner)):
+            fqn = self._lib.fl_aoti_constant_fqn(runner, j).decode()
+            if fqn:
+                self._constants.setdefault(fqn, []).append(j)
+        self._user_managed = {}          # index -> the caller's tensor the runner reads (kept alive here)
 
     def __del__(self):
         lib, runner = getattr(self, "_lib", None), getattr(self, "_runner", None)
@@ -192,6 +200,41 @@ class AOTICompiledModel:
             buf = (ctypes.c_char * n).from_address(ptr) if n else b""
             outs.append(Tensor._make(np.frombuffer(buf, npdt).reshape(shape).copy(), CPU))
         return pytree.tree_unflatten(outs, self.out_spec)
+
+
+    def get_constant_fqns(self) -> list:
+        """The FQNs of the parameters, buffers and constants the package holds (not those folded away
+        at compile time), as PyTorch's AOTICompiledModel.get_constant_fqns."""
+        return list(self._constants)
+
+    def load_constants(self, constants_map: dict, *, check_full_update: bool, user_managed: bool = False) -> None:
+        """Replace constants by FQN (PyTorch's): each tensor copied into the runner, or with
+        `user_managed` read (and, for a buffer the program updates, written) in place by every later run;
+        the caller keeps it alive. `check_full_update`: every constant must be given."""
+        entries = {c["fqn"]: c for c in self.metadata.get("constants", []) if c.get("fqn")}
+        unknown = [k for k in constants_map if k not in self._constants]
+        if unknown:
+            raise RuntimeError(f"Constant not found: {unknown[0]}")
+        if check_full_update and set(constants_map) != set(self._constants):
+            raise RuntimeError("load_constants: check_full_update, but these constants are not given: "
+                               f"{sorted(set(self._constants) - set(constants_map))}")
+        for fqn, t in constants_map.items():
+            want = entries[fqn]
+            if not isinstance(t, Tensor) or t.device.type != "cpu" or t.dtype.name != want["dtype"] or \
+                    list(t.shape) != list(want["shape"]):
+                raise RuntimeError(f"load_constants: constant {fqn} must be a cpu {want['dtype']} tensor of shape "
+                                   f"{tuple(want['shape'])} (got {getattr(t, 'dtype', type(t).__name__)} "
+                                   f"{tuple(getattr(t, 'shape', ()))})")
+            if user_managed and not t.is_contiguous():
+                raise RuntimeError(f"load_constants: user_managed constant {fqn} must be contiguous")
+            a = t._data if user_managed else np.ascontiguousarray(t._data)
+            for j in self._constants[fqn]:
+                if self._lib.fl_aoti_set_constant(self._runner, j, a.ctypes.data, int(user_managed)):
+                    raise RuntimeError(self._lib.fl_aoti_last_error().decode())
+                if user_managed:
+                    self._user_managed[j] = t
+                else:
+                    self._user_managed.pop(j, None)
 
 
 def aoti_load_package(path) -> AOTICompiledModel:

@@ -6,7 +6,9 @@
 // weights.bin once (size and checksum checked against the library's), keeps a pointer per constant,
 // packs the constant operands of matrix products once (fl_graph_prepack of the C++ wrapper), and per
 // run: binds the size symbols from the input shapes (model code: checks each dim, and each dynamic
-// size against its range), allocates the outputs, calls the generated wrapper.
+// size against its range), allocates the outputs, calls the generated wrapper (which then writes the
+// buffers the program updates into their constants). Constants can be read and replaced by index
+// (fl_aoti_constant_*, fl_aoti_set_constant: copied, or the caller's memory used from then on).
 #include "aoti_runtime.h"
 
 #include <cstdio>
@@ -62,6 +64,64 @@ struct FlAotiRunner {
 };
 
 extern "C" const char* fl_aoti_last_error(void) { return fl_last_error.c_str(); }
+
+static const FlAotiConstantSpec* fl_constant_spec(const FlAotiRunner* r, int i) {
+    if (!r) return nullptr;
+    if (i < 0 || i >= r->info->n_constants) {
+        fl_fail(FL_AOTI_ERR_ARGUMENT, "constant index " + std::to_string(i) + " out of range (the package has " +
+                std::to_string(r->info->n_constants) + ")");
+        return nullptr;
+    }
+    return &r->info->constants[i];
+}
+
+extern "C" int fl_aoti_num_constants(const FlAotiRunner* r) { return r ? r->info->n_constants : -1; }
+
+extern "C" const char* fl_aoti_constant_fqn(const FlAotiRunner* r, int i) {
+    const FlAotiConstantSpec* s = fl_constant_spec(r, i);
+    return s ? s->fqn : nullptr;
+}
+
+extern "C" int fl_aoti_constant_dtype(const FlAotiRunner* r, int i) {
+    const FlAotiConstantSpec* s = fl_constant_spec(r, i);
+    return s ? s->dtype : -1;
+}
+
+extern "C" int fl_aoti_constant_ndim(const FlAotiRunner* r, int i) {
+    const FlAotiConstantSpec* s = fl_constant_spec(r, i);
+    return s ? s->ndim : -1;
+}
+
+extern "C" const int64_t* fl_aoti_constant_shape(const FlAotiRunner* r, int i) {
+    const FlAotiConstantSpec* s = fl_constant_spec(r, i);
+    return s ? s->shape : nullptr;
+}
+
+extern "C" int fl_aoti_constant_mutable(const FlAotiRunner* r, int i) {
+    const FlAotiConstantSpec* s = fl_constant_spec(r, i);
+    return s ? s->is_mutable : -1;
+}
+
+extern "C" void* fl_aoti_constant_data(FlAotiRunner* r, int i) {
+    return fl_constant_spec(r, i) ? r->constants[i] : nullptr;
+}
+
+extern "C" int fl_aoti_set_constant(FlAotiRunner* r, int i, void* data, int user_managed) {
+    const FlAotiConstantSpec* s = fl_constant_spec(r, i);
+    if (!s) return FL_AOTI_ERR_ARGUMENT;
+    if (!data) return fl_fail(FL_AOTI_ERR_ARGUMENT, "fl_aoti_set_constant: null data");
+    void* own = (char*)r->weights + r->info->constant_offsets[i];
+    if (user_managed) {
+        r->constants[i] = data;
+    } else {
+        int64_t n = fl_itemsize(s->dtype);
+        for (int d = 0; d < s->ndim; d++) n *= s->shape[d];
+        r->constants[i] = own;
+        std::memmove(own, data, (size_t)n);
+    }
+    fl_graph_prepack(r->constants.data());
+    return FL_AOTI_OK;
+}
 
 extern "C" uint64_t fl_aoti_checksum(const void* data, int64_t nbytes) {
     const unsigned char* p = (const unsigned char*)data;

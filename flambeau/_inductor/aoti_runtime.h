@@ -30,7 +30,7 @@
 extern "C" {
 #endif
 
-#define FL_AOTI_ABI_VERSION 1
+#define FL_AOTI_ABI_VERSION 2
 
 enum FlAotiStatus {
     FL_AOTI_OK = 0,
@@ -72,7 +72,32 @@ int fl_aoti_output_dtype(const FlAotiRunner* runner, int i);
 const int64_t* fl_aoti_output_shape(const FlAotiRunner* runner, int i);
 const void* fl_aoti_output_data(const FlAotiRunner* runner, int i);
 
+/* The package's constants (its parameters, buffers and folded constants), each C-contiguous and
+ * owned by the runner unless set with user_managed. fl_aoti_constant_fqn names the module attribute a
+ * constant holds ("bn.running_mean"; "" for a constant folded at compile time); a constant that is
+ * mutable is a buffer the program updates (BatchNorm's running statistics in training mode, a counter):
+ * every successful run writes its new value there, so the state carries over from run to run.
+ * fl_aoti_set_constant replaces a constant's value: copied into the runner's memory, or with
+ * user_managed the runner reads (and updates) the caller's buffer from then on, which must outlive
+ * the runner's use of it; products that read a constant from packed panels are repacked. */
+int fl_aoti_num_constants(const FlAotiRunner* runner);
+const char* fl_aoti_constant_fqn(const FlAotiRunner* runner, int i);
+int fl_aoti_constant_dtype(const FlAotiRunner* runner, int i);
+int fl_aoti_constant_ndim(const FlAotiRunner* runner, int i);
+const int64_t* fl_aoti_constant_shape(const FlAotiRunner* runner, int i);
+int fl_aoti_constant_mutable(const FlAotiRunner* runner, int i);
+void* fl_aoti_constant_data(FlAotiRunner* runner, int i);
+int fl_aoti_set_constant(FlAotiRunner* runner, int i, void* data, int user_managed);
+
 /* ---- between the runtime and the generated model code (not for users) ---- */
+typedef struct {
+    const char* fqn;               /* "" for a folded constant */
+    int dtype;
+    int ndim;
+    const int64_t* shape;
+    int is_mutable;                /* runs write it */
+} FlAotiConstantSpec;
+
 typedef struct {
     const char* name;
     int dtype;
@@ -97,6 +122,7 @@ typedef struct {
     int (*bind_sizes)(const int64_t* const* shapes, int64_t* sizes, char* err, int err_len);
     void (*output_shape)(int i, const int64_t* sizes, int64_t* shape);
     int (*run)(void* const* inputs, void* const* outputs, const int64_t* sizes, void* const* constants);
+    const FlAotiConstantSpec* constants;   /* n_constants of them */
 } FlAotiModelInfo;
 
 const FlAotiModelInfo* fl_aoti_model_info(void);

@@ -213,9 +213,11 @@ def output_bases(graph) -> list:
 class CppWrapper:
     """See module docstring."""
 
-    def __init__(self, graph, order, memory, size_names=(), externs=None, constants_frozen: bool = False):
+    def __init__(self, graph, order, memory, size_names=(), externs=None, constants_frozen: bool = False,
+                 mutable_constants=frozenset()):
         self.externs = frozenset(EXTERNS) if externs is None else frozenset(externs)   # (None: all, linked)
         self.constants_frozen = constants_frozen or config.freezing   # (AOTInductor: always)
+        self.mutable = frozenset(mutable_constants)    # constants runs write (never packed)
         self.g = graph
         self.order = order
         self.mem = memory
@@ -330,7 +332,8 @@ class CppWrapper:
         base = b.base if isinstance(b, StridedView) else b
         lay = b.layout
         if not (config.prepack_weights and self.constants_frozen and lay.dtype is D.float32
-                and isinstance(base, InputBuffer) and base.position is None and base.name in self.g.constants):
+                and isinstance(base, InputBuffer) and base.position is None and base.name in self.g.constants
+                and base.name not in self.mutable):
             return None
         if not all(isinstance(v, int) for v in (*lay.shape, *lay.strides, lay.offset)):
             return None

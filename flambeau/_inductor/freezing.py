@@ -79,9 +79,11 @@ def _foldable(node) -> bool:
     return not any(isinstance(a, SymInt) for a in _flat(node.args, node.kwargs))
 
 
-def constant_fold(gm) -> int:
-    """Fold every node whose tensor inputs are all constants of `gm` (see module docstring)."""
-    consts: dict = {n: t for n in gm.graph.nodes if (t := _constant_of(gm, n)) is not None}
+def constant_fold(gm, keep=frozenset()) -> int:
+    """Fold every node whose tensor inputs are all constants of `gm` (see module docstring). The
+    attributes named in `keep` are state the compiled code writes (buffers a program updates): not
+    constant, never folded, their get_attr nodes kept even when nothing reads them."""
+    consts: dict = {n: t for n in gm.graph.nodes if (t := _constant_of(gm, n)) is not None and n.target not in keep}
     folded = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
@@ -106,7 +108,7 @@ def constant_fold(gm) -> int:
         gm.graph.erase_node(node)
         consts[attr] = value
         folded += 1
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or (n.op == "get_attr" and n.target in keep))
     gm.recompile()
     return folded
 
