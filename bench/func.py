@@ -1,16 +1,19 @@
 """Per-sample gradients of a small CNN (batch 64): flambeau's `vmap(grad(loss))` against a Python loop
-over the samples (one backward each) and against PyTorch's `torch.func.vmap(grad(...))`, in one run.
+over the samples (one backward each) and against PyTorch's `torch.func.vmap(grad(...))` and PyTorch's own
+loop, in one run.
 
     python bench/func.py [--batch 64] [--steps 5]
 
 One JSON line per system: ms_per_step (median wall time of --steps after one warm-up), cpu_ms_per_step
-(median process CPU time, all threads: steadier than wall time on a shared machine), first_call_ms;
-the last line gives the ratios loop/vmap and flambeau-vmap/torch-func of both. Wall timings from a
-loaded machine are noise."""
+(median process CPU time, all threads: steadier than wall time on a shared machine), first_call_ms,
+minflt_per_step (median minor page faults: memory given back to the system and faulted in again);
+the last line gives the ratios loop/vmap of both libraries and flambeau-vmap/torch-func. Wall timings
+from a loaded machine are noise."""
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 
 import numpy as np
@@ -47,13 +50,15 @@ def _time(step, steps):
     t0 = time.perf_counter()
     step()
     first = (time.perf_counter() - t0) * 1e3
-    times, cpu = [], []
+    times, cpu, faults = [], [], []
     for _ in range(steps):
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0, c0 = time.perf_counter(), time.process_time()
         step()
         times.append((time.perf_counter() - t0) * 1e3)
         cpu.append((time.process_time() - c0) * 1e3)
-    return float(np.median(times)), float(np.median(cpu)), first
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    return float(np.median(times)), float(np.median(cpu)), first, int(np.median(faults))
 
 
 def main() -> None:
@@ -70,19 +75,20 @@ def main() -> None:
     ts = rng.integers(0, NUM_CLASSES, args.batch)
     results, cpu_results = {}, {}
     for system, m, func in (("flambeau-vmap", fl, fl.func), ("flambeau-loop", fl, None),
-                            ("torch-func", torch, torch.func)):
+                            ("torch-func", torch, torch.func), ("torch-loop", torch, None)):
         model = _model(m)
         x, t = m.tensor(xs), m.tensor(ts)
         step = _vmap_grad(m, func, model, x, t) if func is not None else _loop(m, model, x, t)
-        ms, cpu_ms, first = _time(step, args.steps)
+        ms, cpu_ms, first, faults = _time(step, args.steps)
         results[system], cpu_results[system] = ms, cpu_ms
         print(json.dumps({"workload": f"per_sample_grad_cnn_b{args.batch}", "system": system,
                           "ms_per_step": round(ms, 3), "cpu_ms_per_step": round(cpu_ms, 3),
-                          "first_call_ms": round(first, 3)}))
+                          "first_call_ms": round(first, 3), "minflt_per_step": faults}))
     ratios = {}
     for kind, r in (("", results), ("cpu_", cpu_results)):
         ratios[kind + "loop_over_vmap"] = round(r["flambeau-loop"] / r["flambeau-vmap"], 3)
         ratios[kind + "flambeau_vmap_over_torch_func"] = round(r["flambeau-vmap"] / r["torch-func"], 3)
+        ratios[kind + "torch_loop_over_torch_func"] = round(r["torch-loop"] / r["torch-func"], 3)
     print(json.dumps({"workload": f"per_sample_grad_cnn_b{args.batch}", **ratios}))
 
 

@@ -349,6 +349,14 @@ def call_functional(op, args, kwargs, record=True):
     return out
 
 
+def use_kernel_runner(run):
+    """Make `run` (an `_fp_errors.run_quiet`-like callable: `run(kernel, *args)`) the one eager kernels
+    quiet about FP errors are called through; returns the previous one, to be put back the same way."""
+    global _run_quiet
+    previous, _run_quiet = _run_quiet, run
+    return previous
+
+
 def _run_kernel(op, xp, uargs, ukwargs):
     """The op's kernel on unwrapped arguments, NumPy's FP errors silenced by setting the error state
     (where `_fp_errors.run_quiet`'s context is taken: another thread's kernel, or an op run by a kernel)."""

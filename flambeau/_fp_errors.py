@@ -19,6 +19,10 @@ thread, or an op run by a kernel), the call raises `RuntimeError` before running
 `context_taken(e)` says so; the dispatcher then falls back to `quiet()`/`restore()`. Inside it,
 other context variables read as they were when flambeau was imported (kernels read none but NumPy's).
 
+`quiet_runner_with(setup)` makes another such runner, over a copy of that context in which `setup()`
+ran (vmap's kernels allocate from flambeau's caching allocator this way: NumPy's allocation policy is a
+context variable too); it returns None on NumPy 1.
+
 `quiet()`/`restore()` are `numpy.errstate(all="ignore")` at a tenth of its cost: on NumPy 2 the error state is one
 context variable, set and reset here directly by C-level callables (a `functools.partial` and a
 bound method: no Python frame; about a tenth of `errstate`'s time, measured side by side), which
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+from typing import Callable
 
 import numpy as np
 
@@ -46,6 +51,12 @@ if _STATE is not None:
     _QUIET = contextvars.copy_context()
     _QUIET.run(_STATE.set, _IGNORE)
     run_quiet = _QUIET.run                             # run_quiet(fn, *args, **kwargs) -> fn(...) quietly
+
+    def quiet_runner_with(setup: Callable[[], object]) -> Callable | None:
+        """A `run_quiet` over its own copy of the quiet context, with `setup()` run in it."""
+        context = _QUIET.copy()
+        context.run(setup)
+        return context.run
 else:
     def quiet():
         """Ignore floating-point errors until `restore(token)`; returns the token."""
@@ -60,6 +71,10 @@ else:
         """`fn(*args, **kwargs)` with floating-point errors ignored."""
         with np.errstate(all="ignore"):
             return fn(*args, **kwargs)
+
+    def quiet_runner_with(setup: Callable[[], object]) -> Callable | None:
+        """None: NumPy 1 has no error-state context variable to run kernels in a context of their own."""
+        return None
 
 
 _TAKEN = "cannot enter context"

@@ -254,6 +254,60 @@ def test_per_sample_gradients_of_a_cnn_match_torch_func():
             close(g_ours[k][i], p.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_vmap_allocates_from_the_cache_allocator_and_puts_numpy_policy_back(monkeypatch):
+    """An outermost vmap call sets the caching allocator for its duration (its arrays come from it, so a
+    second call reuses the first call's freed blocks: both still match torch.func); a nested vmap keeps
+    it; afterwards, and with config.vmap_cache_allocator off, NumPy's own policy is back."""
+    from flambeau._backends import cpu_allocator
+    from flambeau._functorch import config
+    try:
+        from numpy._core.multiarray import get_handler_name
+    except ImportError:         # NumPy 1.x
+        from numpy.core.multiarray import get_handler_name
+    if cpu_allocator._load() is None:
+        pytest.skip("no C++ compiler or NumPy without allocation handlers")
+    seen = []
+
+    def allocator(t):
+        a = t.numpy()
+        while a.base is not None:       # a view's memory belongs to its base
+            a = a.base
+        return get_handler_name(a)
+
+    def inner(x):
+        seen.append(("inner", get_handler_name()))
+        return x.sin()
+
+    def outer(x):
+        seen.append(("outer", get_handler_name()))
+        y = ff.vmap(inner)(x)
+        seen.append(("after inner", get_handler_name()))
+        return y * 2
+    ff.vmap(outer)(fl.ones(2, 3, 4))
+    assert seen == [("outer", "flambeau_cpu_cache"), ("inner", "flambeau_cpu_cache"),
+                    ("after inner", "flambeau_cpu_cache")]
+    assert get_handler_name() == "default_allocator"
+    ours, ref = _CNN.build(fl), _CNN.build(torch)
+    _copy_weights(ours, ref)
+    xs = RNG.standard_normal((32, 1, 8, 8)).astype(np.float32)
+    ts = RNG.integers(0, 10, 32)
+
+    def per_sample(F, m, model):
+        params = {k: v.detach() for k, v in model.named_parameters()}
+
+        def loss(p, x, t):
+            return m.nn.functional.cross_entropy(F.functional_call(model, p, (x.unsqueeze(0),)), t.unsqueeze(0))
+        return F.vmap(F.grad(loss), in_dims=(None, 0, 0))(params, m.tensor(xs), m.tensor(ts))
+    g_ref = per_sample(tf, torch, ref)
+    for _ in range(2):
+        g_ours = per_sample(ff, fl, ours)
+        assert {allocator(g) for g in g_ours.values()} == {"flambeau_cpu_cache"}
+        close(g_ours, g_ref, rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(config, "vmap_cache_allocator", False)
+    g_ours = per_sample(ff, fl, ours)
+    assert {allocator(g) for g in g_ours.values()} == {"default_allocator"}
+
+
 def test_model_ensemble_with_stack_module_state_matches_torch():
     models = [_CNN.build(fl) for _ in range(3)]
     for k, mod in enumerate(models):

@@ -7,6 +7,10 @@ each compiled call with them, so the arrays a compiled graph makes (its outputs,
 temporaries) take and return blocks of the cache wherever they die, and a training step reuses the
 previous step's memory instead of faulting fresh pages in. Other code keeps NumPy's default policy.
 
+Eager kernels run inside a context of their own (`_fp_errors.run_quiet`), where this policy is not
+seen; `kernel_runner()` is a runner like `run_quiet` whose context has it (the dispatcher calls kernels
+through it while vmap wants cached memory, `_dispatch.use_kernel_runner`).
+
 `kept_bytes()` and `release()` (free everything kept) serve tests and memory-conscious users;
 `set_limit(bytes)` bounds what is kept (1 GiB by default). Without a C++ compiler or NumPy's C-API
 handler functions, `using_cache()` returns None and nothing changes.
@@ -18,7 +22,7 @@ import os
 
 import numpy as np
 
-from .. import _cpp_builder
+from .. import _cpp_builder, _fp_errors
 
 try:
     from numpy._core import _multiarray_umath as _NUMPY_CORE
@@ -81,6 +85,14 @@ def restore(token) -> None:
     """Put back the allocation policy `using_cache` replaced."""
     if token is not None:
         _state["fns"][0](token)
+
+
+def kernel_runner():
+    """`_fp_errors.run_quiet`'s counterpart whose kernels allocate through the cache (made once), or None
+    where the cache or a kernel context of its own is not available."""
+    if "runner" not in _state:
+        _state["runner"] = _fp_errors.quiet_runner_with(using_cache) if _load() is not None else None
+    return _state["runner"]
 
 
 def kept_bytes() -> int:

@@ -3,17 +3,21 @@
 
 The function runs once, on `BatchedTensor`s (`batched.py`), under a new vmap level; the results'
 batch dimensions are moved to `out_dims`. With `chunk_size` the batch is split and each chunk runs
-the function once; the results are concatenated.
+the function once; the results are concatenated. An outermost vmap call allocates its arrays from
+flambeau's caching allocator (`config.vmap_cache_allocator`).
 """
 from __future__ import annotations
 
 import functools
 from typing import Any, Callable
 
+from .. import _dispatch
+from .._backends import cpu_allocator
 from .._tensor import Tensor
 from ..utils._pytree import tree_flatten, tree_unflatten
 from .._ops.shape import cat
 from . import batched as _batched
+from . import config
 
 
 def _fname(func) -> str:
@@ -79,16 +83,38 @@ def vmap(func: Callable, in_dims: Any = 0, out_dims: Any = 0, randomness: str = 
                              f"{sizes} for the mapped dimension")
         size = sizes[0]
         dims = [d % x.dim() if d is not None else None for x, d in zip(flat, dims)]
-        if chunk_size is None or chunk_size >= size:
-            return _run(func, flat, dims, spec, kwargs, size, out_dims, randomness, name)
-        parts = []
-        for start in range(0, size, chunk_size):
-            stop = min(start + chunk_size, size)
-            chunk = [x.narrow(d, start, stop - start) if d is not None else x for x, d in zip(flat, dims)]
-            parts.append(_run(func, chunk, dims, spec, kwargs, stop - start, out_dims, randomness, name))
-        return _concat(parts, out_dims, name)
+        memory = _cached_memory()
+        try:
+            if chunk_size is None or chunk_size >= size:
+                return _run(func, flat, dims, spec, kwargs, size, out_dims, randomness, name)
+            parts = []
+            for start in range(0, size, chunk_size):
+                stop = min(start + chunk_size, size)
+                chunk = [x.narrow(d, start, stop - start) if d is not None else x for x, d in zip(flat, dims)]
+                parts.append(_run(func, chunk, dims, spec, kwargs, stop - start, out_dims, randomness, name))
+            return _concat(parts, out_dims, name)
+        finally:
+            _restore_memory(memory)
     wrapped._flambeau_dynamo_disable = True
     return wrapped
+
+
+def _cached_memory():
+    """For an outermost vmap call (config.vmap_cache_allocator): NumPy arrays made in this context and by
+    eager kernels come from flambeau's caching allocator; returns what `_restore_memory` puts back."""
+    if not config.vmap_cache_allocator or _batched.depth():
+        return None
+    runner = cpu_allocator.kernel_runner()
+    if runner is None:
+        return None
+    return cpu_allocator.using_cache(), _dispatch.use_kernel_runner(runner)
+
+
+def _restore_memory(memory) -> None:
+    if memory is not None:
+        token, runner = memory
+        _dispatch.use_kernel_runner(runner)
+        cpu_allocator.restore(token)
 
 
 def _run(func, flat, dims, spec, kwargs, size, out_dims, randomness, name):

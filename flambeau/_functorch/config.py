@@ -1,0 +1,15 @@
+"""Settings of `flambeau.func`'s transforms (PyTorch's `torch._functorch.config`).
+
+    FLAMBEAU_VMAP_CACHE_ALLOCATOR=0    turn off vmap_cache_allocator (below)
+"""
+from __future__ import annotations
+
+import os
+
+# The NumPy arrays made while an outermost `vmap` call runs (its batched activations, per-example
+# gradients, temporaries) are allocated by flambeau's caching allocator (_backends/cpu_allocator.py:
+# NumPy's allocation policy, a context variable set for the call only, as around compiled graphs), so
+# the next call reuses the blocks this one freed. With glibc's own policy a per-sample-gradient step of
+# bench/func.py's CNN gives its ~9 MB of freed heap back to the system and faults it in again at the
+# next (~2200 minor faults, a third of the step's process CPU time).
+vmap_cache_allocator: bool = os.environ.get("FLAMBEAU_VMAP_CACHE_ALLOCATOR", "1") not in ("", "0")
