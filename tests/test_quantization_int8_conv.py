@@ -93,6 +93,70 @@ def test_qconv2d_refuses_what_pytorchs_refuses():
         _qconv(flambeau, qx[:, :5], 0.02, 7, qw, ws, bias, geometry, (1.0, 0, "float32", "none"))
 
 
+BINARY_CASES = {   # problem, accum/output dtype, (out scale, zp), (accum scale, zp), unary post-op
+    "u8_relu": ("3x3_pad_f32", "uint8", (0.05, 3), (0.04, 5), "relu"),
+    "u8_groups_strided": ("3x3_s2_groups3_u8_relu", "uint8", (0.13, 128), (0.07, 100), "none"),
+    "f32_relu": ("1x1_f32_relu", "float32", (1.0, 0), (1.0, 0), "relu"),
+    "bf16": ("depthwise_f32", "bfloat16", (1.0, 0), (1.0, 0), "none"),
+}
+
+
+def _qconv_binary(m, qx, qw, ws, bias, geometry, accum, out, accum_q, unary, tensor_qparams=False):
+    stride, padding, dilation, groups = geometry
+    packed = m.ops.onednn.qconv_prepack(m.tensor(qw), m.tensor(ws), 0.02, 7, stride, padding, dilation, groups,
+                                        list(qx.shape))
+    op = m.ops.onednn.qconv2d_pointwise
+    xs, xz = (m.tensor(0.02), m.tensor(7)) if tensor_qparams else (0.02, 7)
+    return (op.binary_tensor if tensor_qparams else op.binary)(
+        m.tensor(qx), xs, xz, packed, m.tensor(ws), m.zeros(len(ws), dtype=m.int64), accum, m.tensor(bias), stride,
+        padding, dilation, groups, out[0], out[1], accum.dtype, accum_q[0], accum_q[1], "sum", 1.0, unary, [], "")
+
+
+@pytest.mark.parametrize("numpy_fallback", [False, True], ids=["vnni", "numpy"])
+@pytest.mark.parametrize("case", list(BINARY_CASES))
+def test_qconv2d_binary_sum_equals_pytorchs_onednn_op(case, numpy_fallback, monkeypatch):
+    """conv + dequantized residual (oneDNN's sum post-op) -> [relu] -> output dtype, bit for bit, with small
+    weight scales so the outputs lie inside the u8 range (not saturated)."""
+    if not numpy_fallback and not cpu_int8.vnni():
+        pytest.skip("no AVX-512 VNNI here")
+    if numpy_fallback:
+        monkeypatch.setitem(cpu_int8._state, "fns", None)
+    problem, dtype, out, accum_q, unary = BINARY_CASES[case]
+    qx, qw, ws, bias, geometry, _ = _problem(CASES[problem], seed=len(case))
+    ws = ws / 50
+    shape = tuple(_qconv(torch, qx, 0.02, 7, qw, ws, bias, geometry, (1.0, 0, "float32", "none")).shape)
+    rng = np.random.default_rng(len(case) + 1)
+    accum = (rng.integers(0, 256, shape).astype(np.uint8) if dtype == "uint8" else
+             rng.standard_normal(shape).astype(np.float32))
+    t_acc = torch.tensor(accum).to(getattr(torch, dtype)).contiguous(memory_format=torch.channels_last)
+    f_acc = flambeau.tensor(accum).to(getattr(flambeau, dtype))
+    got = _qconv_binary(flambeau, qx, qw, ws, bias, geometry, f_acc, out, accum_q, unary, case == "u8_relu")
+    want = _qconv_binary(torch, qx, qw, ws, bias, geometry, t_acc.clone(), out, accum_q, unary)
+    assert tuple(got.shape) == tuple(want.shape) and got.stride() == want.stride() and str(got.dtype) == str(want.dtype)
+    if dtype == "uint8":
+        assert 0.5 < float(((want > 0) & (want < 255)).float().mean())
+    np.testing.assert_array_equal(got.float().numpy(), want.float().numpy())
+    np.testing.assert_array_equal(f_acc.float().numpy(), t_acc.float().numpy())    # functional: accum unchanged
+
+
+def test_qconv2d_binary_refuses_what_pytorchs_refuses():
+    qx, qw, ws, bias, geometry, _ = _problem(CASES["3x3_pad_f32"])
+    acc = flambeau.zeros(2, 16, 9, 9)
+    call = (lambda accum, out=(1.0, 0), accum_q=(1.0, 0), unary="relu", binary="sum":
+            flambeau.ops.onednn.qconv2d_pointwise.binary(
+                flambeau.tensor(qx), 0.02, 7, flambeau.ops.onednn.qconv_prepack(
+                    flambeau.tensor(qw), flambeau.tensor(ws), 0.02, 7, *geometry, list(qx.shape)),
+                flambeau.tensor(ws), flambeau.zeros(16, dtype=flambeau.int64), accum, flambeau.tensor(bias),
+                *geometry, out[0], out[1], accum.dtype, accum_q[0], accum_q[1], binary, 1.0, unary, [], ""))
+    assert call(acc).shape == (2, 16, 9, 9)
+    with pytest.raises(RuntimeError, match="post_op sum or post_op sum_relu is supported.*add"):
+        call(acc, binary="add")
+    with pytest.raises(RuntimeError, match="accum_scale must be 1.0"):
+        call(acc, accum_q=(0.5, 0))
+    with pytest.raises(RuntimeError, match="does not match the output"):
+        call(acc[:1])
+
+
 # ---- the inductor's pass ---------------------------------------------------------------------------
 def _externs(made) -> list:
     return [getattr(e.op, "name", str(e.op)) for c in made for e in c.artifact.externs]
@@ -144,6 +208,47 @@ def test_compiled_pattern_becomes_one_int8_conv_equal_to_pytorchs(case, monkeypa
     want = _qconv(torch, tqx, 0.03, 120, qw, ws_full, bias, geometry,
                   (1.0, 0, "float32", "relu" if relu else "none") if out is None else
                   (out[0], out[1], "uint8", "relu" if relu else "none"))
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("residual", ["quantized", "float"])
+def test_compiled_conv_add_relu_becomes_one_binary_int8_conv_equal_to_pytorchs(residual, monkeypatch):
+    """dq -> conv -> add(residual) -> relu -> q: a residual dequantized from u8 (PyTorch's X86 conv + add
+    pattern) is the integer accum of one `qconv2d_pointwise.binary` with the requantization fused; a float
+    residual is a float accum (the quantize after it stays generated code); both equal PyTorch's ops."""
+    qx, qw, ws, bias, geometry, _ = _problem(CASES["3x3_pad_f32"], seed=5)
+    ws = ws / 50
+    x = ((qx.astype(np.float32) - 128) / 40).astype(np.float32)
+    r = np.random.default_rng(8).standard_normal((2, 16, 9, 9)).astype(np.float32)
+
+    def block(m, qd, t, res, qw_, ws_, bias_):
+        y = _conv_layer(m, qd, t, qw_, ws_, bias_, geometry, True, False, None, True)
+        if residual == "quantized":
+            res = qd.dequantize_per_tensor.default(qd.quantize_per_tensor.default(res, 0.04, 100, 0, 255, m.uint8),
+                                                   0.04, 100, 0, 255, m.uint8)
+        return qd.quantize_per_tensor.default(m.relu(y + res), 0.05, 3, 0, 255, m.uint8)
+    made = spy_compile_fx(monkeypatch, [])
+    with flambeau.no_grad(), no_unexpected_fallbacks():
+        got = flambeau.compile(lambda t, res: block(flambeau, QD, t, res, flambeau.tensor(qw), flambeau.tensor(ws),
+                                                    flambeau.tensor(bias)))(flambeau.tensor(x), flambeau.tensor(r))
+    assert [e for e in _externs(made) if "conv" in e] == ["onednn::qconv_prepack",
+                                                          "onednn::qconv2d_pointwise.binary"], _externs(made)
+    tqx = TQD.quantize_per_tensor.default(torch.tensor(x), 0.03, 120, 0, 255, torch.uint8).numpy()
+    stride, padding, dilation, groups = geometry
+    packed = torch.ops.onednn.qconv_prepack(torch.tensor(qw), torch.tensor(ws), 0.03, 120, stride, padding, dilation,
+                                            groups, list(tqx.shape))
+    if residual == "quantized":
+        accum, out, accum_q = TQD.quantize_per_tensor.default(torch.tensor(r), 0.04, 100, 0, 255, torch.uint8), \
+            (0.05, 3, torch.uint8), (0.04, 100)
+    else:
+        accum, out, accum_q = torch.tensor(r), (1.0, 0, torch.float32), (1.0, 0)
+    want = torch.ops.onednn.qconv2d_pointwise.binary(
+        torch.tensor(tqx), 0.03, 120, packed, torch.tensor(ws), torch.zeros(16, dtype=torch.int64),
+        accum.contiguous(memory_format=torch.channels_last), torch.tensor(bias), stride, padding, dilation, groups,
+        *out, *accum_q, "sum", 1.0, "relu", [], "")
+    if residual == "float":
+        want = TQD.quantize_per_tensor.default(want, 0.05, 3, 0, 255, torch.uint8)
+    assert 0.3 < float(((want > 3) & (want < 255)).float().mean())     # half of it is under the relu
     np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 

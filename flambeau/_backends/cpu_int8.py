@@ -74,11 +74,17 @@ def _epilogue_numpy(acc, x_scale, w_scales, bias, relu, out_scale, out_zp, out_d
     v = (acc.astype(np.float32) * np.float32(x_scale)) * w_scales
     if bias is not None:
         v = v + bias
+    return finish_numpy(v, relu, out_scale, out_zp, out_dtype)
+
+
+def finish_numpy(v, relu: bool, out_scale: float, out_zp: int, out_dtype):
+    """The end of the epilogue on float32 values v: ReLU, then v itself (float32) or requantized as
+    clamp(nearbyint(v * (1 / out_scale)) + out_zp) into u8/s8, as the C++ kernel."""
     if relu:
         v = np.maximum(v, np.float32(0))
     if out_dtype == np.float32:
         return v
-    lo, hi = QMIN_QMAX[out_dtype]
+    lo, hi = QMIN_QMAX[np.dtype(out_dtype)]
     q = np.rint(v * (np.float32(1) / np.float32(out_scale))) + np.float32(out_zp)
     return np.clip(q, lo, hi).astype(out_dtype)
 

@@ -4,7 +4,12 @@ dequantize/requantize epilogue), one GEMM per group.
 
     packed = pack_conv_weight(w (O, C/groups, kh, kw) int8, groups)      once per weight
     y = qconv2d_packed(qx (N, C, H, W), x_scale, x_zp, packed, groups, w_scales, w_zps, bias,
-                       stride, padding, dilation, out_scale, out_zp, out_dtype, relu)
+                       stride, padding, dilation, out_scale, out_zp, out_dtype, relu,
+                       accum=None, accum_scale=1.0, accum_zp=0)
+
+With `accum` (N, O, OH, OW; u8/s8 with its scale and zero point, or float) the sum post-op of
+`qconv2d_pointwise.binary`: v = conv + (accum - accum_zp) * accum_scale in float32, then ReLU and
+the output's requantization (`cpu_int8.finish_numpy`), as oneDNN's sum.
 
 A patch row is (kh, kw, C/groups) of channels-last input, padded with the activation's zero point
 (the integer of real 0, as oneDNN pads), so a 1x1 convolution of stride 1 without padding reads a
@@ -72,8 +77,15 @@ def _patches(x_nhwc, x_zp: int, c0: int, cg: int, kh: int, kw: int, stride, padd
 
 
 def qconv2d_packed(qx, x_scale: float, x_zp: int, packed, groups: int, w_scales, w_zps, bias, stride, padding,
-                   dilation, out_scale: float, out_zp: int, out_dtype, relu: bool = False):
+                   dilation, out_scale: float, out_zp: int, out_dtype, relu: bool = False, accum=None,
+                   accum_scale: float = 1.0, accum_zp: int = 0):
     """The quantized convolution (module docstring) of NumPy arrays with a `pack_conv_weight` weight."""
+    if accum is not None:
+        conv = qconv2d_packed(qx, x_scale, x_zp, packed, groups, w_scales, w_zps, bias, stride, padding, dilation,
+                              1.0, 0, np.float32).transpose(0, 2, 3, 1)         # channels-last memory, in place
+        other = accum.transpose(0, 2, 3, 1).astype(np.float32)
+        v = conv + (other - np.float32(accum_zp)) * np.float32(accum_scale)
+        return cpu_int8.finish_numpy(v, relu, out_scale, out_zp, np.dtype(out_dtype)).transpose(0, 3, 1, 2)
     O, cg, kh, kw = packed_conv_dims(packed)
     N, C, H, W = qx.shape
     OH, OW = (out_size(H, kh, stride[0], padding[0], dilation[0]), out_size(W, kw, stride[1], padding[1], dilation[1]))

@@ -15,13 +15,22 @@ recognises, with u8/s8 activations and int8 weights (per tensor or per channel):
 
 as `onednn::qlinear_pointwise[.tensor](qx, ..., qlinear_prepack(qw), ...)`: int32 accumulation on
 AVX-512 VNNI, dequantize (float32 out) or requantize (u8/s8 out) fused after the product, the ReLU
-too (`flambeau/_ops/quantized_linear.py`). Results equal PyTorch's x86 ops; against the float
+too (`flambeau/_ops/quantized_linear.py`). A u8 convolution whose only user adds a residual,
+
+    dequantize(qx) -> convolution -> add(_, dequantize(q_res) | float32 residual) [-> relu] [-> quantize]
+
+becomes `onednn::qconv2d_pointwise.binary` (oneDNN's sum post-op, `fuse_quantized_conv`): with the
+residual dequantized from u8/s8 and the output requantized to that dtype, the integer residual is the
+accum (PyTorch's X86 conv + add pattern); any other residual is a float accum, float output, the
+quantize after it left to the generated code. Results equal PyTorch's x86 ops; against the float
 graph of dequantized values they differ by float rounding, which a requantization can turn into one
 step of the output scale (as in PyTorch's x86 inductor path). A layer whose bias requires grad
 (grad mode on) keeps the float path: the int8 op has no derivative. `config.quantized_linear = False`
 turns the pass off.
 """
 from __future__ import annotations
+
+import operator
 
 from .. import _dtype as D
 from .. import nn
@@ -257,7 +266,75 @@ def fuse_quantized_linear(gm) -> int:
 
 
 def fuse_quantized_conv(gm) -> int:
-    """Rewrite each quantized 2-D convolution of `gm` (module docstring) in place; returns how many."""
+    """Rewrite each quantized 2-D convolution of `gm` (module docstring) in place, those adding a residual
+    first; returns how many."""
     if not config.quantized_conv:
         return 0
-    return _fuse(gm, _u8_convolution, _conv_node)
+    return _fuse_conv_add(gm) + _fuse(gm, _u8_convolution, _conv_node)
+
+
+def _is_add(node) -> bool:
+    if _is(node, OPS["add.Tensor"]):
+        return len(node.args) == 2 and node.kwargs.get("alpha", 1) == 1
+    return isinstance(node, Node) and node.op == "call_function" and len(node.args) == 2 and not node.kwargs and \
+        any(node.target is f for f in (operator.add, EXPORTS.get("add")))
+
+
+def _residual(gm, conv):
+    """(add node, the other addend) when the convolution's only user adds a float32 tensor of its shape to
+    it, else None."""
+    add = _only_user(conv)
+    if add is None or not _is_add(add) or add.args[0] is add.args[1]:
+        return None
+    other = add.args[1] if add.args[0] is conv else add.args[0]
+    val, conv_val = _val(gm, other), _val(gm, conv)
+    if not isinstance(other, Node) or not isinstance(val, Tensor) or val.dtype is not D.float32 or \
+            tuple(val.shape) != tuple(conv_val.shape) or not _float32(gm, add):
+        return None
+    return add, other
+
+
+def _fuse_conv_add(gm) -> int:
+    """dequantize(u8) -> convolution -> add(_, residual) [-> relu] [-> quantize] as one
+    `qconv2d_pointwise.binary` (oneDNN's sum post-op): a residual dequantized from u8/s8 with the output
+    requantized to the same dtype becomes the integer accum (PyTorch's X86 pattern), any other float32
+    residual a float accum with float output (a quantize after it stays)."""
+    graph = gm.graph
+    fused = 0
+    for node in list(graph.nodes):
+        conv = _u8_convolution(gm, node)
+        residual = None if conv is None or not _float32(gm, node) else _residual(gm, node)
+        if residual is None:
+            continue
+        x, w, bias = conv[:3]
+        weight = _weight(w)
+        if weight is None or _bias_stays_float(gm, bias):
+            continue
+        add, other = residual
+        qx, x_scale, x_zp, tensor_qparams = _activation(x)
+        qw, w_scales, w_zps = weight
+        last, post, requant, out_scale, out_zp, out_dtype = _epilogue(add)
+        accum = _activation(other)
+        if requant is not None and accum is not None and not accum[3] and other.args[5] is out_dtype:
+            accum, accum_scale, accum_zp = accum[0], float(accum[1]), int(accum[2])
+        else:
+            accum, accum_scale, accum_zp = other, 1.0, 0
+            requant, out_scale, out_zp, out_dtype = None, 1.0, 0, D.float32
+        with graph.inserting_before(add):
+            if isinstance(w_scales, list):
+                w_scales, w_zps = _constant(gm, w_scales, D.float32), _constant(gm, w_zps, D.int64)
+            _, _, _, stride, padding, dilation, groups = conv
+            packed = graph.call_function(QC.qconv_prepack, (qw, w_scales, 1.0, 0, stride, padding, dilation, groups,
+                                                            None))
+            op = QC.qconv2d_pointwise_binary_tensor if tensor_qparams else QC.qconv2d_pointwise_binary
+            new = graph.call_function(op, (qx, x_scale, x_zp, packed, w_scales, w_zps, accum, bias, stride, padding,
+                                           dilation, groups, out_scale, out_zp, out_dtype, accum_scale, accum_zp,
+                                           "sum", 1.0, post, [], ""))
+        replaced = last if requant is None else requant[0]
+        new.meta = {k: v for k, v in replaced.meta.items() if k not in ("val", "example_value")}
+        replaced.replace_all_uses_with(new)
+        fused += 1
+    if fused:
+        graph.eliminate_dead_code()
+        gm.recompile()
+    return fused

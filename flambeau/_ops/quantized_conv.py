@@ -11,7 +11,17 @@ qw is opaque (int8 (O, kh, kw, L), `cpu_int8_conv.pack_conv_weight`), as PyTorch
 tensor); packing is cached for an unchanged weight and folded at compile time under freezing.
 qx is uint8 (PyTorch's refuses int8); y (N, O, OH, OW), channels-last memory, is float32/bfloat16 (out_dtype; the
 dequantized product, out_scale 1 and out_zp 0) or, with out_dtype None/uint8/int8, requantized with
-out_scale/out_zp. attr "none" or "relu". Padding reads the activation's zero point (real 0). The
+out_scale/out_zp. attr "none" or "relu". Padding reads the activation's zero point (real 0).
+
+    y = qconv2d_pointwise.binary(qx, ..., qw, w_scale, w_zp, qaccum, bias, ..., out_scale, out_zp, out_dtype,
+                                 accum_scale, accum_zp, "sum", alpha, unary_attr, scalars, algorithm)
+
+adds a residual (oneDNN's sum post-op; `.binary_tensor` for tensor activation qparams): qaccum (N, O, OH,
+OW), u8/s8 with accum_scale/accum_zp for an integer output dtype, float32/bfloat16 with 1 and 0 for a
+float one, dequantized and added to the convolution before the ReLU ("relu" or "none") and the
+output's requantization; the result has qaccum's dtype, as PyTorch's.
+PyTorch's op writes the result into qaccum and returns it; this one is functional (qaccum is read,
+a new tensor returned), which is what a compiled graph needs. The
 integers are exact and the epilogue rounds as oneDNN's, so results equal PyTorch's ops. The
 inductor's quantization pass (`flambeau/_inductor/quantization.py`) rewrites a converted model's
 dequantize -> convolution (-> relu) (-> quantize) into these ops; tagged extern.
@@ -143,6 +153,88 @@ def qconv2d_pointwise_tensor(xp, qx, x_scale, x_zero_point, qw, w_scale, w_zero_
 
 
 qconv2d_pointwise_tensor.def_meta(_qconv_meta)
+
+
+BINARY_NAME = "onednn::qconv2d_pointwise.binary"
+BINARY_SCHEMA_TAIL = ("Tensor w_scale, Tensor w_zero_point, Tensor qaccum, Tensor? bias, int[] stride, int[] padding, "
+                      "int[] dilation, int groups, float output_scale, int output_zero_point, "
+                      "ScalarType? output_dtype, float accum_scale, int accum_zero_point, str binary_attr, Scalar? alpha, str? unary_attr, "
+                      "Scalar?[] unary_scalars, str? unary_algorithm) -> Tensor")
+
+
+def _binary_checks(qx_dtype, x_shape, qw, w_scale, qaccum, bias, stride, padding, dilation, groups, output_scale,
+                   output_zero_point, output_dtype, accum_scale, accum_zero_point, binary_attr, alpha, unary_attr):
+    """(result dtype, shape, geometry) after PyTorch's checks of the sum post-op's arguments; the result
+    has the accum's dtype (oneDNN writes the sum into it), its values the output dtype's kind."""
+    unary = unary_attr or "none"
+    if binary_attr != "sum" or unary not in POST_OPS:
+        raise RuntimeError(f"{BINARY_NAME}: post_op sum or post_op sum_relu is supported for quantized pointwise "
+                           f"conv2d. Got binary_post_op: {binary_attr} unary_post_op: {unary}.")
+    if alpha is not None and alpha != 1:
+        raise RuntimeError(f"{BINARY_NAME}: only alpha 1 is supported for post op sum, got {alpha}")
+    od, shape, geometry = _checks(qx_dtype, x_shape, qw, w_scale, bias, stride, padding, dilation, groups,
+                                  output_scale, output_zero_point, output_dtype, unary)
+    if od.is_floating_point and (accum_scale != 1.0 or accum_zero_point != 0):
+        raise RuntimeError(f"{BINARY_NAME}: fp32 or bf16 output, accum_scale must be 1.0 and accum_zero_point 0")
+    if tuple(qaccum.shape) != shape or qaccum.dtype not in OUT_DTYPES or \
+            qaccum.dtype.is_floating_point != od.is_floating_point:
+        raise RuntimeError(f"{BINARY_NAME}: accum of shape {tuple(qaccum.shape)} and dtype {qaccum.dtype} does not "
+                           f"match the output's {shape} and {od} (float accum for a float output, u8/s8 for an "
+                           f"integer one)")
+    return qaccum.dtype, shape, geometry
+
+
+def _qconv_binary(xp, qx, x_scale, x_zero_point, qw, w_scale, w_zero_point, qaccum, bias, stride, padding, dilation,
+                  groups, output_scale, output_zero_point, output_dtype, accum_scale, accum_zero_point, binary_attr,
+                  alpha, unary_attr):
+    _on_cpu(BINARY_NAME, qx, qw, qaccum)
+    od, _, (stride, padding, dilation) = _binary_checks(
+        D.FROM_NP[qx.dtype], qx.shape, _Meta(qw), _Meta(w_scale), _Meta(qaccum),
+        None if bias is None else _Meta(bias), stride, padding, dilation, groups, output_scale, output_zero_point,
+        output_dtype, accum_scale, accum_zero_point, binary_attr, alpha, unary_attr)
+    kernel_dtype = np.float32 if od.is_floating_point else od.np
+    out = cpu_int8_conv.qconv2d_packed(qx, x_scale, int(x_zero_point), qw, groups, w_scale, w_zero_point, bias,
+                                       stride, padding, dilation, output_scale, output_zero_point, kernel_dtype,
+                                       relu=unary_attr == "relu", accum=qaccum, accum_scale=accum_scale,
+                                       accum_zp=int(accum_zero_point))
+    return out if od.np == out.dtype else out.astype(od.np)
+
+
+def _qconv_binary_meta(qx, x_scale, x_zero_point, qw, w_scale, w_zero_point, qaccum, bias, stride, padding,
+                       dilation, groups, output_scale, output_zero_point, output_dtype, accum_scale, accum_zero_point,
+                       binary_attr, alpha, unary_attr, unary_scalars, unary_algorithm):
+    od, (n, o, oh, ow), _ = _binary_checks(qx.dtype, qx.shape, qw, w_scale, qaccum, bias, stride, padding, dilation,
+                                           groups, output_scale, output_zero_point, output_dtype, accum_scale,
+                                           accum_zero_point, binary_attr, alpha, unary_attr)
+    return TensorSpec((n, o, oh, ow), od, strides=(o * oh * ow, 1, ow * o, o))
+
+
+@defop("qconv2d_pointwise.binary(Tensor qx, float x_scale, int x_zero_point, Tensor qw, " + BINARY_SCHEMA_TAIL,
+       op_namespace=ONEDNN, function=False, tags=(Tag.core, Tag.extern))
+def qconv2d_pointwise_binary(xp, qx, x_scale, x_zero_point, qw, w_scale, w_zero_point, qaccum, bias, stride, padding,
+                             dilation, groups, output_scale, output_zero_point, output_dtype, accum_scale,
+                             accum_zero_point, binary_attr, alpha, unary_attr, unary_scalars, unary_algorithm):
+    return _qconv_binary(xp, qx, x_scale, x_zero_point, qw, w_scale, w_zero_point, qaccum, bias, stride, padding,
+                         dilation, groups, output_scale, output_zero_point, output_dtype, accum_scale,
+                         accum_zero_point, binary_attr, alpha, unary_attr)
+
+
+qconv2d_pointwise_binary.def_meta(_qconv_binary_meta)
+
+
+@defop("qconv2d_pointwise.binary_tensor(Tensor qx, Tensor x_scale, Tensor x_zero_point, Tensor qw, " +
+       BINARY_SCHEMA_TAIL, op_namespace=ONEDNN, function=False, tags=(Tag.core, Tag.extern))
+def qconv2d_pointwise_binary_tensor(xp, qx, x_scale, x_zero_point, qw, w_scale, w_zero_point, qaccum, bias, stride,
+                                    padding, dilation, groups, output_scale, output_zero_point, output_dtype,
+                                    accum_scale, accum_zero_point, binary_attr, alpha, unary_attr, unary_scalars,
+                                    unary_algorithm):
+    return _qconv_binary(xp, qx, float(_scalar(x_scale, "scale")), int(_scalar(x_zero_point, "zero point")), qw,
+                         w_scale, w_zero_point, qaccum, bias, stride, padding, dilation, groups, output_scale,
+                         output_zero_point, output_dtype, accum_scale, accum_zero_point, binary_attr, alpha,
+                         unary_attr)
+
+
+qconv2d_pointwise_binary_tensor.def_meta(_qconv_binary_meta)
 
 
 # ---- vmap batching rules ----------------------------------------------------------------------------

@@ -176,7 +176,37 @@ def _qconv_errors():
                           0.5, 0, "float32", "none"), RuntimeError, "output_scale must be 1.0")]
 
 
+def _qconv_binary_samples(dtype):
+    qw, ws, wz, b = (T((6, 4, 3, 3), dtype="int8", low=-127, high=127),
+                     T((6,), dtype="float32", low=0.0001, high=0.0005, requires_grad=False),
+                     T((6,), dtype="int64", values=[0] * 6), T((6,), dtype="float32", low=-1, high=1,
+                                                                requires_grad=False))
+    qx = T((2, 4, 7, 7), dtype="uint8", low=0, high=255)
+    geometry = ([1, 1], [1, 1], [1, 1], 1)
+    return [S(qx, 0.05, 128, qw, ws, wz, T((2, 6, 7, 7), dtype="uint8", low=0, high=255), b, *geometry, 0.05, 3,
+              "uint8", 0.04, 5, "relu"),
+            S(qx, 0.05, 128, qw, ws, wz, T((2, 6, 7, 7), dtype="float32", requires_grad=False), None, *geometry,
+              1.0, 0, "float32", 1.0, 0, "none")]
+
+
+def _qconv_binary(m, qx, x_scale, x_zp, qw, w_scale, w_zp, accum, bias, stride, padding, dilation, groups, out_scale,
+                  out_zp, out_dtype, accum_scale, accum_zp, unary, tensor_qparams=False):
+    """PyTorch's op writes into a channels-last accum: each call gets a channels-last copy of the sample's."""
+    packed = m.ops.onednn.qconv_prepack(qw, w_scale, x_scale, x_zp, stride, padding, dilation, groups, list(qx.shape))
+    op = m.ops.onednn.qconv2d_pointwise
+    xs, xz = (m.tensor(x_scale), m.tensor(x_zp)) if tensor_qparams else (x_scale, x_zp)
+    accum = accum.clone().contiguous(memory_format=m.channels_last)
+    return (op.binary_tensor if tensor_qparams else op.binary)(
+        qx, xs, xz, packed, w_scale, w_zp, accum, bias, stride, padding, dilation, groups, out_scale, out_zp,
+        getattr(m, out_dtype), accum_scale, accum_zp, "sum", 1.0, unary, [], "")
+
+
 OPS = [
+    OpInfo("onednn.qconv2d_pointwise.binary", _qconv_binary_samples, dtypes=("float32",), grad=False,
+           call=_qconv_binary, ops=("onednn::qconv2d_pointwise.binary",)),
+    OpInfo("onednn.qconv2d_pointwise.binary_tensor", _qconv_binary_samples, dtypes=("float32",), grad=False,
+           call=lambda m, *a: _qconv_binary(m, *a, tensor_qparams=True),
+           ops=("onednn::qconv2d_pointwise.binary_tensor",)),
     OpInfo("onednn.qconv2d_pointwise", _qconv_samples, dtypes=("float32",), grad=False, call=_qconv,
            errors=_qconv_errors, ops=("onednn::qconv_prepack", "onednn::qconv2d_pointwise")),
     OpInfo("onednn.qconv2d_pointwise.tensor", _qconv_samples, dtypes=("float32",), grad=False,
