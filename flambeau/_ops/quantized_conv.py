@@ -261,3 +261,28 @@ def _qconv_batching(op):
 
 qconv2d_pointwise.def_batching_rule(_qconv_batching(qconv2d_pointwise))
 qconv2d_pointwise_tensor.def_batching_rule(_qconv_batching(qconv2d_pointwise_tensor))
+
+
+def _fold_batch(t):
+    """(B, N, ...) -> (B N, ...)."""
+    return t.reshape((t.shape[0] * t.shape[1],) + tuple(t.shape[2:]))
+
+
+def _qconv_binary_batching(op):
+    """A batched input and/or accum (B, N, ...) fold into N, an unbatched one broadcast over B (weights and
+    qparams unbatched); otherwise decline."""
+    def rule(in_dims, qx, x_scale, x_zero_point, qw, w_scale, w_zero_point, qaccum, *rest):
+        dims = list(in_dims)
+        if any(d is not None for i, d in enumerate(dims) if i not in (0, 6)):
+            return NotImplemented
+        b = _batching.batch_size((qx, qaccum), (dims[0], dims[6]))
+        x, acc = _batching.materialize(qx, dims[0], b), _batching.materialize(qaccum, dims[6], b)
+        y = _batching.call(op, (_fold_batch(x), x_scale, x_zero_point, qw, w_scale, w_zero_point,
+                                _fold_batch(acc)) + rest)
+        return y.reshape((b, x.shape[1]) + tuple(y.shape[1:])), 0
+    rule.__name__ = f"_{op.name.split('::')[-1].replace('.', '_')}_batching"
+    return rule
+
+
+qconv2d_pointwise_binary.def_batching_rule(_qconv_binary_batching(qconv2d_pointwise_binary))
+qconv2d_pointwise_binary_tensor.def_batching_rule(_qconv_binary_batching(qconv2d_pointwise_binary_tensor))
