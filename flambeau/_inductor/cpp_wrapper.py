@@ -16,10 +16,13 @@ source (codegen_cpp.py), one function that owns the graph's intermediate memory 
 
 `out` holds the *output bases*: each buffer an output is (or is a view of), allocated by the caller
 with its layout's shape. `sym` holds the size symbols' values (`size_names` order); the kernels take
-them as trailing arguments. The extern steps the C++ wrapper can run are `mm` and `bmm` of float32 or
-bfloat16 (float sums rounded once), float32 1-D and 2-D `convolution` (grouped: one call per image and
-group; transposed: the GEMM then fl_col2im), float32 `max_pool2d_with_indices` and `_taps_gather` (interpolate, average pooling, pads; MAX_POOL,
-generated here) and the fused CPU attention `_sdpa_flash_cpu` (4-d operands without a mask, `flash_reason`; a two-output op: out and its
+them as trailing arguments. The extern steps the C++ wrapper can run are `mm` and `bmm` (float32 and
+bfloat16 through flambeau's GEMMs, float sums rounded once; float64 with double sums), 1-D and 2-D
+`convolution` (grouped: one call per image and group; transposed: the GEMM then fl_col2im),
+`max_pool2d_with_indices` and `_taps_gather` (interpolate, average pooling, pads), float32 or float64
+(the C++ of cpp_wrapper_kernels.py); bfloat16/float16 operands of these are widened to float and
+the results rounded once (`_widened`, WIDENED_OPS); and the fused CPU attention `_sdpa_flash_cpu`
+(4-d operands without a mask, `flash_reason`; a two-output op: out and its
 logsumexp), through the function pointers of `EXTERNS`, set once by `fl_set_externs(table, threads)`
 (the JIT path hands it the eager libraries' functions, an AOTInductor package the copies linked into
 its model.so). Any other step raises `Unsupported`: the JIT path then keeps the Python wrapper
@@ -38,18 +41,24 @@ last; `python_shim` prints the Python that calls it (one ctypes call per graph c
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 
 from .. import _dtype as D
 from .._backends import cpu_attention, cpu_kernels
 from .._ops.nn_pool import _pool_args
 from . import codegen_cpp, config
+from .cpp_wrapper_kernels import CONV2D, GEMM, KERNELS, LOWP_CODE
 from .ir import Buffer, ExternKernel, InputBuffer, Layout, StridedView, Unsupported
 from .scheduler import Kernel
 from .sizevars import SizeExpr
 from .wrapper import WrapperCodegen, kernel_error
 
 CPP_EXTERN_OPS = ("mm", "bmm", "convolution", "_sdpa_flash_cpu", "max_pool2d_with_indices", "_taps_gather")
+# the externs whose bfloat16/float16 operands are widened to float for their float32 code (bfloat16
+# products have their own GEMM, the attention its own lowp paths)
+PRODUCT_DTYPES = (D.float32, D.float64, D.bfloat16)     # mm/bmm operands run as they are (float16: widened)
+WIDENED_OPS = ("mm", "bmm", "convolution", "max_pool2d_with_indices", "_taps_gather")
 PARALLEL_MACS = 1 << 20          # as cpu_kernels.PARALLEL_MACS: smaller products run on one thread
 LOWP_CODES = {D.float32: 0, D.bfloat16: 1, D.float16: 2}     # cpu_attention.cpp's operand dtype codes
 # The library functions the generated wrapper calls, in the order of fl_set_externs' table: the wrapper's
@@ -82,74 +91,6 @@ PACKING = {"mm": ("fl_pack_b", "fl_packed_b_floats", "fl_sgemm_packed"),
            "bmm": ("fl_pack_b", "fl_packed_b_floats", "fl_sgemm_packed"),
            "conv": ("fl_conv_pack_w", "fl_conv_packed_w_floats", "fl_conv2d_packed")}
 
-# max_pool2d_with_indices on contiguous float planes, as PyTorch's CPU kernel: each window's max (a NaN
-# wins), the flat index (ih * W + iw) of the element taken, padding never taken; planes split over threads
-MAX_POOL = r"""
-static void fl_max_pool2d(int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t kh, int64_t kw,
-                          int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, const float* x,
-                          float* y, int64_t* idx, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t p = 0; p < planes; p++)
-        for (int64_t oh = 0; oh < OH; oh++)
-            for (int64_t ow = 0; ow < OW; ow++) {
-                int64_t h0 = oh * sh - ph, w0 = ow * sw - pw;
-                while (h0 < 0) h0 += dh;
-                while (w0 < 0) w0 += dw;
-                int64_t best = h0 * W + w0;
-                float m = -__builtin_inff();
-                for (int64_t ih = oh * sh - ph, i = 0; i < kh; i++, ih += dh)
-                    for (int64_t iw = ow * sw - pw, j = 0; j < kw; j++, iw += dw) {
-                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                        const float v = x[p * H * W + ih * W + iw];
-                        if (v > m || v != v) { m = v; best = ih * W + iw; }
-                    }
-                y[(p * OH + oh) * OW + ow] = m;
-                idx[(p * OH + oh) * OW + ow] = best;
-            }
-}
-
-// a transposed convolution's output plane by plane: y[o] = bias[o] + every column entry (o, kh, kw, ih, iw)
-// of cols (O*KH*KW x H*W) added at (ih*sh - ph + kh*dh, iw*sw - pw + kw*dw) where that lies in the output
-static void fl_col2im(int64_t O, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t ph,
-                      int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, const float* cols, const float* bias,
-                      float* y, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t o = 0; o < O; o++) {
-        float* yo = y + o * OH * OW;
-        for (int64_t i = 0; i < OH * OW; i++) yo[i] = bias ? bias[o] : 0.0f;
-        for (int64_t kh = 0; kh < KH; kh++)
-            for (int64_t kw = 0; kw < KW; kw++) {
-                const float* row = cols + ((o * KH + kh) * KW + kw) * H * W;
-                for (int64_t ih = 0; ih < H; ih++) {
-                    const int64_t oh = ih * sh - ph + kh * dh;
-                    if (oh < 0 || oh >= OH) continue;
-                    for (int64_t iw = 0; iw < W; iw++) {
-                        const int64_t ow = iw * sw - pw + kw * dw;
-                        if (ow >= 0 && ow < OW) yo[oh * OW + ow] += row[ih * W + iw];
-                    }
-                }
-            }
-    }
-}
-
-// one axis of _taps_gather (nn_resample.py) on a contiguous float array seen as (outer, nin, inner):
-// y[p, o, :] = sum over taps t of x[p, idx[o, t], :] * w[o, t] (w null: the pure gather x[p, idx[o, 0], :])
-static void fl_taps_axis(int64_t outer, int64_t nin, int64_t nout, int64_t inner, int64_t taps, const float* x,
-                         const int64_t* idx, const float* w, float* y, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t p = 0; p < outer; p++)
-        for (int64_t o = 0; o < nout; o++) {
-            float* yo = y + (p * nout + o) * inner;
-            for (int64_t t = 0; t < (w ? taps : 1); t++) {
-                const float* xs = x + (p * nin + idx[o * taps + t]) * inner;
-                const float wt = w ? w[o * taps + t] : 1.0f;
-                for (int64_t i = 0; i < inner; i++) yo[i] = t == 0 ? xs[i] * wt : yo[i] + xs[i] * wt;
-            }
-        }
-}
-"""
-
-
 def _runtime() -> str:
     """The helpers every C++ wrapper starts with: the externs' pointers and fl_set_externs, the
     thread count of a product, the buffers' allocation."""
@@ -169,7 +110,7 @@ static inline void* fl_alloc(int64_t nbytes) {{
     return std::aligned_alloc(64, (size_t)((nbytes + 63) / 64 * 64 + 64));
 }}
 static inline void fl_free(void* p) {{ std::free(p); }}
-{MAX_POOL}"""
+{KERNELS}"""
 
 
 RUNTIME = _runtime()
@@ -302,12 +243,65 @@ class CppWrapper:
         name = getattr(ek.op, "name", str(ek.op))
         if ek.kind != "extern" or name not in CPP_EXTERN_OPS:
             raise Unsupported(f"the C++ wrapper can't run op {name} ({ek.kind}): it runs {', '.join(CPP_EXTERN_OPS)}")
+        lowp = {a.dtype for a in _tensors(ek)} & set(LOWP_CODE)
+        if lowp and name in WIDENED_OPS and not (name in ("mm", "bmm") and lowp == {D.bfloat16}):
+            self._widened(ek, name, lowp.pop())
+            return
         getattr(self, f"_extern_{name}")(ek)
+
+    def _widened(self, ek, name: str, dtype):
+        """`ek` on bfloat16/float16 operands run by its float32 emitter: each such operand widened into
+        a contiguous float temporary, each such result computed in one and rounded once (fl_narrow)."""
+        code, temps = LOWP_CODE[dtype], []
+
+        def widen(a):
+            if isinstance(a, (list, tuple)):
+                return type(a)(widen(x) for x in a)
+            if not isinstance(a, (Buffer, StridedView)) or a.dtype is not dtype:
+                return a
+            p, lay = self._operand(a)
+            tmp = f"fl_w{len(temps)}_{ek.name}"
+            shape = ", ".join(_c(d) for d in lay.shape) or "0"
+            strides = ", ".join(_c(d) for d in lay.strides) or "0"
+            self.line(f"float* {tmp} = (float*)fl_alloc({_c(lay.numel)} * 4);")
+            self.line(f"{{ const int64_t shp[] = {{{shape}}}; const int64_t st[] = {{{strides}}}; "
+                      f"fl_widen({tmp}, (const uint16_t*){p}, {len(lay.shape)}, shp, st, {code}); }}")
+            temps.append(tmp)
+            return Buffer(tmp, Layout(lay.shape, D.float32))
+
+        def wide_result(b):
+            """A copy of result `b`: computed in a float temporary when `b` is of `dtype`."""
+            w = copy.copy(b)
+            if b.layout is None or b.dtype is not dtype:
+                return w, None
+            w.name, w.layout = f"fl_wo_{b.name}", Layout(b.layout.shape, D.float32, b.layout.strides)
+            self.line(f"float* {w.name} = (float*)fl_alloc({_c(b.layout.numel)} * 4);")
+            return w, (b, w)
+
+        args, kwargs = widen(ek.args), {k: widen(v) for k, v in ek.kwargs.items()}
+        if ek.layout is not None:
+            sub, narrow = wide_result(ek)
+            narrows = [narrow]
+        else:
+            sub = copy.copy(ek)
+            pairs = [wide_result(o) for o in ek.outputs]
+            sub.outputs, narrows = [w for w, _ in pairs], [n for _, n in pairs]
+        sub.args, sub.kwargs = args, kwargs
+        getattr(self, f"_extern_{name}")(sub)
+        for b, w in filter(None, narrows):
+            self.line(f"fl_narrow((uint16_t*){b.name}, {w.name}, {_c(b.layout.numel)}, {code});")
+            temps.append(w.name)
+        for tmp in temps:
+            self.line(f"fl_free({tmp});")
 
     def _need(self, fn: str, what: str):
         if fn not in self.externs:
             raise Unsupported(f"the C++ wrapper's {what} is unavailable here ({EXTERNS[fn][0]} of flambeau's CPU "
                               "kernels did not build, or this CPU lacks its instructions)")
+
+    def _need_gemm(self, dt):
+        if dt is D.float32:
+            self._need("fl_sgemm", "GEMM")
 
     @staticmethod
     def _product_dtype(ek, name: str, dtypes=(D.float32, D.bfloat16)):
@@ -361,17 +355,18 @@ class CppWrapper:
         M, K = la.shape
         N = lb.shape[1]
         sa, sb = [_c(s) for s in la.strides], [_c(s) for s in lb.strides]
-        if self._product_dtype(ek, "mm") is D.bfloat16:
+        dt = self._product_dtype(ek, "mm", PRODUCT_DTYPES)
+        if dt is D.bfloat16:
             self._gemm_bf16(ek, 1, M, N, K, pa, ("0", *sa), pb, ("0", *sb))
             return
-        self._need("fl_sgemm", "GEMM")
+        self._need_gemm(dt)
         slot = self._packed_slot("mm", ek.args[1], f"fl_packed_b_floats({N}, {K})",
                                  f"fl_pack_b({N}, {K}, {{src}}, {sb[0]}, {sb[1]}, {{dst}});")
         if slot is not None:
             self.line(f"fl_sgemm_packed({_c(M)}, {_c(N)}, {_c(K)}, {pa}, {sa[0]}, {sa[1]}, {self._packed(slot)}, "
                       f"{ek.name}, {_c(N)}, fl_threads({_c(M)} * {_c(N)} * {_c(K)}));")
             return
-        self.line(f"fl_sgemm(1, {_c(M)}, {_c(N)}, {_c(K)}, {pa}, 0, {sa[0]}, {sa[1]}, {pb}, 0, {sb[0]}, {sb[1]}, "
+        self.line(f"{GEMM[dt]}(1, {_c(M)}, {_c(N)}, {_c(K)}, {pa}, 0, {sa[0]}, {sa[1]}, {pb}, 0, {sb[0]}, {sb[1]}, "
                   f"{ek.name}, 0, {_c(N)}, 0, fl_threads({_c(M)} * {_c(N)} * {_c(K)}));")
 
     def _extern_bmm(self, ek):
@@ -379,13 +374,14 @@ class CppWrapper:
         B, M, K = la.shape
         N = lb.shape[2]
         sa, sb = [_c(s) for s in la.strides], [_c(s) for s in lb.strides]
-        if self._product_dtype(ek, "bmm") is D.bfloat16:
+        dt = self._product_dtype(ek, "bmm", PRODUCT_DTYPES)
+        if dt is D.bfloat16:
             self._gemm_bf16(ek, B, M, N, K, pa, sa, pb, sb)
             return
-        self._need("fl_sgemm", "GEMM")
+        self._need_gemm(dt)
         if self._bmm_packed(ek, B, M, N, K, pa, sa, lb):
             return
-        self.line(f"fl_sgemm({_c(B)}, {_c(M)}, {_c(N)}, {_c(K)}, {pa}, {sa[0]}, {sa[1]}, {sa[2]}, {pb}, {sb[0]}, "
+        self.line(f"{GEMM[dt]}({_c(B)}, {_c(M)}, {_c(N)}, {_c(K)}, {pa}, {sa[0]}, {sa[1]}, {sa[2]}, {pb}, {sb[0]}, "
                   f"{sb[1]}, {sb[2]}, {ek.name}, {_c(M)} * {_c(N)}, {_c(N)}, 0, "
                   f"fl_threads({_c(B)} * {_c(M)} * {_c(N)} * {_c(K)}));")
 
@@ -413,8 +409,9 @@ class CppWrapper:
         """A 2-D convolution of groups 1; a 1-D one runs as the 2-D convolution of its (N, C, 1, L) view
         (the same memory, kernel (1, K), stride/padding/dilation 1/0/1 in the new dim)."""
         x, w, bias, stride, padding, dilation, transposed, _, groups = ek.args
-        self._product_dtype(ek, "convolution", (D.float32,))
-        self._need("fl_conv2d", "convolution")
+        dt = self._product_dtype(ek, "convolution", (D.float32, D.float64))
+        if dt is D.float32:
+            self._need("fl_conv2d", "convolution")
         if len(x.layout.shape) not in (3, 4) or (transposed and groups != 1):
             raise Unsupported("the C++ wrapper runs 1-D and 2-D convolutions (transposed ones of groups 1)")
         ops = [(x, "input"), (w, "weight")] + ([(bias, "bias")] if bias is not None else [])
@@ -431,20 +428,20 @@ class CppWrapper:
         ph, pw = (_c(s) for s in ((0,) + tuple(padding) if one else padding))
         dh, dw = (_c(s) for s in ((1,) + tuple(dilation) if one else dilation))
         if transposed:
-            self._transposed_convolution(ek, (N, C, H, W, _c(lw.shape[1]), KH, KW, sh, sw, ph, pw, dh, dw, OH, OW),
-                                         px, pwt, pbias)
+            self._transposed_convolution(ek, dt, (N, C, H, W, _c(lw.shape[1]), KH, KW, sh, sw, ph, pw, dh, dw, OH,
+                                                  OW), px, pwt, pbias)
             return
         if groups != 1:
-            self._grouped_convolution(ek, groups, (N, C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW), px, pwt,
-                                      pbias)
+            self._grouped_convolution(ek, dt, groups, (N, C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW), px,
+                                      pwt, pbias)
             return
         slot = self._packed_slot("conv", w, f"fl_conv_packed_w_floats({O}, {C} * {KH} * {KW})",
                                  f"fl_conv_pack_w({O}, {C} * {KH} * {KW}, {{src}}, {{dst}});")
-        fn, pwt = ("fl_conv2d", pwt) if slot is None else ("fl_conv2d_packed", self._packed(slot))
+        fn, pwt = (CONV2D[dt], pwt) if slot is None else ("fl_conv2d_packed", self._packed(slot))
         self.line(f"{fn}({N}, {C}, {H}, {W}, {O}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, {OW}, "
                   f"{px}, {pwt}, {pbias}, {ek.name}, fl_threads({N} * {O} * {OH} * {OW} * {C} * {KH} * {KW}));")
 
-    def _grouped_convolution(self, ek, groups, dims, px, pwt, pbias):
+    def _grouped_convolution(self, ek, dt, groups, dims, px, pwt, pbias):
         """A convolution of `groups` groups (depthwise: one channel each) as one groups-1 convolution per
         image and group on the channel slices, the (image, group) pairs split over threads."""
         N, C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW = dims
@@ -454,53 +451,56 @@ class CppWrapper:
                   f"num_threads(fl_threads({N} * {O} * {OH} * {OW} * {cg} * {KH} * {KW}))")
         self.line(f"for (int64_t fl_n = 0; fl_n < {N}; fl_n++)")
         self.line(f"    for (int64_t fl_g = 0; fl_g < {groups}; fl_g++)")
-        self.line(f"        fl_conv2d(1, {cg}, {H}, {W}, {og}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, "
+        self.line(f"        {CONV2D[dt]}(1, {cg}, {H}, {W}, {og}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, "
                   f"{OW}, {px} + (fl_n * {C} + fl_g * {cg}) * {H} * {W}, {pwt} + fl_g * {og} * {cg} * {KH} * {KW}, "
                   f"{bias}, {ek.name} + (fl_n * {O} + fl_g * {og}) * {OH} * {OW}, 1);")
 
-    def _transposed_convolution(self, ek, dims, px, pwt, pbias):
+    def _transposed_convolution(self, ek, dt, dims, px, pwt, pbias):
         """A transposed convolution, per image: cols = W^T @ x[n] (the GEMM, W (C, O*KH*KW) read transposed),
         then fl_col2im adds each column into the output positions it reaches (and the bias)."""
-        self._need("fl_sgemm", "GEMM")
+        self._need_gemm(dt)
         N, C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW = dims
-        rows, hw = f"{O} * {KH} * {KW}", f"{H} * {W}"
-        self.line(f"{{ float* fl_cols = (float*)fl_alloc({rows} * {hw} * 4);")
+        rows, hw, ct = f"{O} * {KH} * {KW}", f"{H} * {W}", self._t(ek)
+        self.line(f"{{ {ct}* fl_cols = ({ct}*)fl_alloc({rows} * {hw} * {dt.itemsize});")
         self.line(f"  for (int64_t fl_n = 0; fl_n < {N}; fl_n++) {{")
-        self.line(f"    fl_sgemm(1, {rows}, {hw}, {C}, {pwt}, 0, 1, {rows}, {px} + fl_n * {C} * {hw}, 0, {hw}, 1, "
+        self.line(f"    {GEMM[dt]}(1, {rows}, {hw}, {C}, {pwt}, 0, 1, {rows}, {px} + fl_n * {C} * {hw}, 0, {hw}, 1, "
                   f"fl_cols, 0, {hw}, 0, fl_threads({rows} * {hw} * {C}));")
-        self.line(f"    fl_col2im({O}, {H}, {W}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, {OW}, fl_cols, "
+        self.line(f"    fl_col2im<{ct}>({O}, {H}, {W}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, {OW}, fl_cols, "
                   f"{pbias}, {ek.name} + fl_n * {O} * {OH} * {OW}, fl_threads({rows} * {hw}));")
         self.line("  }")
         self.line("  fl_free(fl_cols); }")
 
     def _extern_max_pool2d_with_indices(self, ek):
-        """max_pool2d_with_indices of a contiguous float32 (N, C, H, W) or (C, H, W) input (MAX_POOL)."""
+        """max_pool2d_with_indices of a contiguous float32/float64 (N, C, H, W) or (C, H, W) input
+        (cpp_wrapper_kernels.fl_max_pool2d; bfloat16/float16 widened to float, exact)."""
         x, kernel_size, stride, padding, dilation, _ = ek.op.bind(*ek.args, **ek.kwargs)
-        if x.dtype is not D.float32 or not (x.layout.is_contiguous() or (
+        if x.dtype not in GEMM or not (x.layout.is_contiguous() or (
                 isinstance(x, StridedView) and _contiguous_at_offset(x.layout))):
-            raise Unsupported("the C++ wrapper runs max_pool2d_with_indices on contiguous float32 inputs only")
+            raise Unsupported("the C++ wrapper runs max_pool2d_with_indices on contiguous float inputs only")
         ks, st, pd, dl = _pool_args(2, kernel_size, stride, padding, dilation)
         px, lx = self._operand(x)
         H, W = (_c(s) for s in lx.shape[-2:])
         planes = " * ".join(_c(s) for s in lx.shape[:-2])
         values, indices = (next(o for o in ek.outputs if o.i == i) for i in (0, 1))
         OH, OW = (_c(s) for s in values.layout.shape[-2:])
-        self.line(f"fl_max_pool2d({planes}, {H}, {W}, {OH}, {OW}, {ks[0]}, {ks[1]}, {st[0]}, {st[1]}, {pd[0]}, "
+        self.line(f"fl_max_pool2d<{self._t(x)}>({planes}, {H}, {W}, {OH}, {OW}, {ks[0]}, {ks[1]}, {st[0]}, {st[1]}, {pd[0]}, "
                   f"{pd[1]}, {dl[0]}, {dl[1]}, {px}, {values.name}, {indices.name}, "
                   f"fl_threads({planes} * {OH} * {OW} * {ks[0] * ks[1]}));")
 
     def _extern__taps_gather(self, ek):
         """_taps_gather (interpolate, average and adaptive average pooling, reflect/replicate pads) of a
-        contiguous float32 input: one fl_taps_axis pass per resampled trailing dim, through temporaries."""
+        contiguous float32/float64 input (bfloat16/float16: widened): one fl_taps_axis pass per resampled
+        trailing dim, through temporaries."""
         x, indices, weights = ek.op.bind(*ek.args, **ek.kwargs)
         tables = list(indices) + list(weights)
-        if x.dtype is not D.float32 or any(w.dtype is not D.float32 for w in weights) or \
+        if x.dtype not in GEMM or any(w.dtype is not x.dtype for w in weights) or \
                 any(i.dtype is not D.int64 for i in indices):
-            raise Unsupported("the C++ wrapper runs _taps_gather on float32 inputs (int64 indices, float32 weights)")
+            raise Unsupported("the C++ wrapper runs _taps_gather on float inputs (int64 indices, weights of the "
+                              f"input's dtype; got {x.dtype.name}, {[w.dtype.name for w in weights]})")
         for a in [x] + tables:
             if not (a.layout.is_contiguous() or (isinstance(a, StridedView) and _contiguous_at_offset(a.layout))):
                 raise Unsupported("the C++ wrapper runs _taps_gather on contiguous operands only")
-        shape = list(x.layout.shape)
+        shape, ct = list(x.layout.shape), self._t(x)
         src, n = self._operand(x)[0], len(indices)
         for i, idx in enumerate(indices):
             ax = len(shape) - n + i
@@ -511,9 +511,9 @@ class CppWrapper:
             shape[ax] = nout
             dst = ek.name if i == n - 1 else f"fl_taps{i}_{ek.name}"
             if i < n - 1:
-                self.line(f"float* {dst} = (float*)fl_alloc({' * '.join(_c(s) for s in shape)} * 4);")
+                self.line(f"{ct}* {dst} = ({ct}*)fl_alloc({' * '.join(_c(s) for s in shape)} * {x.dtype.itemsize});")
             w = self._operand(weights[i])[0] if weights else "nullptr"
-            self.line(f"fl_taps_axis({outer}, {nin}, {_c(nout)}, {inner}, {_c(taps)}, {src}, {self._operand(idx)[0]}, "
+            self.line(f"fl_taps_axis<{ct}>({outer}, {nin}, {_c(nout)}, {inner}, {_c(taps)}, {src}, {self._operand(idx)[0]}, "
                       f"{w}, {dst}, fl_threads({outer} * {_c(nout)} * {inner} * {_c(taps)}));")
             if i > 0:
                 self.line(f"fl_free({src});")
@@ -567,6 +567,21 @@ class CppWrapper:
         return (f'extern "C" int fl_graph_run_obj({", ".join(params)}) {{\n'
                 f"    void* in[] = {{{in_arr}}};\n    void* out[] = {{{out_arr}}};\n"
                 f"    const int64_t sym[] = {{{sym}}};\n    return fl_graph_run(in, out, sym, consts);\n}}\n")
+
+
+def _tensors(ek) -> list:
+    """An extern's tensor operands and results (Buffers and StridedViews)."""
+    out: list = []
+
+    def visit(a):
+        if isinstance(a, (Buffer, StridedView)):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x)
+    visit(list(ek.args))
+    visit(list(ek.kwargs.values()))
+    return out + ([ek] if ek.layout is not None else [o for o in ek.outputs if o.layout is not None])
 
 
 def _same_size(a, b) -> bool:

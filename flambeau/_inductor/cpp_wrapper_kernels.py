@@ -1,0 +1,156 @@
+"""The C++ helpers of the C++ wrapper (cpp_wrapper.py): the extern steps it runs with code of its own.
+
+`KERNELS` is C++ that every generated wrapper holds (after the kernels' prelude, codegen_cpp.HELPERS,
+whose lowp.h conversions it uses):
+
+- `fl_max_pool2d<T>`: max_pool2d_with_indices on contiguous planes, as PyTorch's CPU kernel;
+- `fl_col2im<T>`: a transposed convolution's columns added into its output;
+- `fl_taps_axis<T>`: one axis of `_taps_gather` (interpolate, average pooling, pads);
+- `fl_dgemm` / `fl_conv2d_f64`: float64 products and convolutions with double sums (the signatures of
+  flambeau's float32 `flm_sgemm` / `flm_conv2d`, so one emitter serves both dtypes; loops blocked
+  for the cache, rows or images over OpenMP: correct and moderate, float64 models are rare in
+  deployment);
+- `fl_widen` / `fl_narrow`: a bfloat16/float16 operand widened to float (any strides, into a
+  contiguous copy) and a float result rounded once into bfloat16/float16, so the float32 paths run
+  low-precision convolutions, poolings, resamplings and float16 products with float sums, as
+  PyTorch's CPU kernels accumulate them.
+
+`GEMM` and `CONV2D` name the product and convolution function of each dtype.
+"""
+from __future__ import annotations
+
+from .. import _dtype as D
+
+GEMM = {D.float32: "fl_sgemm", D.float64: "fl_dgemm"}
+CONV2D = {D.float32: "fl_conv2d", D.float64: "fl_conv2d_f64"}
+LOWP_CODE = {D.bfloat16: 1, D.float16: 2}          # fl_widen / fl_narrow's dtype codes
+DGEMM_BLOCK = 64                                   # fl_dgemm's k-block (a 64 x N panel of B stays in cache)
+
+KERNELS = r"""
+// max_pool2d_with_indices on contiguous planes, as PyTorch's CPU kernel: each window's max (a NaN
+// wins), the flat index (ih * W + iw) of the element taken, padding never taken; planes split over threads
+template <typename T>
+static void fl_max_pool2d(int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t kh, int64_t kw,
+                          int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, const T* x,
+                          T* y, int64_t* idx, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < planes; p++)
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int64_t h0 = oh * sh - ph, w0 = ow * sw - pw;
+                while (h0 < 0) h0 += dh;
+                while (w0 < 0) w0 += dw;
+                int64_t best = h0 * W + w0;
+                T m = -std::numeric_limits<T>::infinity();
+                for (int64_t ih = oh * sh - ph, i = 0; i < kh; i++, ih += dh)
+                    for (int64_t iw = ow * sw - pw, j = 0; j < kw; j++, iw += dw) {
+                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                        const T v = x[p * H * W + ih * W + iw];
+                        if (v > m || v != v) { m = v; best = ih * W + iw; }
+                    }
+                y[(p * OH + oh) * OW + ow] = m;
+                idx[(p * OH + oh) * OW + ow] = best;
+            }
+}
+
+// a transposed convolution's output plane by plane: y[o] = bias[o] + every column entry (o, kh, kw, ih, iw)
+// of cols (O*KH*KW x H*W) added at (ih*sh - ph + kh*dh, iw*sw - pw + kw*dw) where that lies in the output
+template <typename T>
+static void fl_col2im(int64_t O, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t ph,
+                      int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, const T* cols, const T* bias,
+                      T* y, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t o = 0; o < O; o++) {
+        T* yo = y + o * OH * OW;
+        for (int64_t i = 0; i < OH * OW; i++) yo[i] = bias ? bias[o] : T(0);
+        for (int64_t kh = 0; kh < KH; kh++)
+            for (int64_t kw = 0; kw < KW; kw++) {
+                const T* row = cols + ((o * KH + kh) * KW + kw) * H * W;
+                for (int64_t ih = 0; ih < H; ih++) {
+                    const int64_t oh = ih * sh - ph + kh * dh;
+                    if (oh < 0 || oh >= OH) continue;
+                    for (int64_t iw = 0; iw < W; iw++) {
+                        const int64_t ow = iw * sw - pw + kw * dw;
+                        if (ow >= 0 && ow < OW) yo[oh * OW + ow] += row[ih * W + iw];
+                    }
+                }
+            }
+    }
+}
+
+// one axis of _taps_gather (nn_resample.py) on a contiguous array seen as (outer, nin, inner):
+// y[p, o, :] = sum over taps t of x[p, idx[o, t], :] * w[o, t] (w null: the pure gather x[p, idx[o, 0], :])
+template <typename T>
+static void fl_taps_axis(int64_t outer, int64_t nin, int64_t nout, int64_t inner, int64_t taps, const T* x,
+                         const int64_t* idx, const T* w, T* y, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < outer; p++)
+        for (int64_t o = 0; o < nout; o++) {
+            T* yo = y + (p * nout + o) * inner;
+            for (int64_t t = 0; t < (w ? taps : 1); t++) {
+                const T* xs = x + (p * nin + idx[o * taps + t]) * inner;
+                const T wt = w ? w[o * taps + t] : T(1);
+                for (int64_t i = 0; i < inner; i++) yo[i] = t == 0 ? xs[i] * wt : yo[i] + xs[i] * wt;
+            }
+        }
+}
+
+// float64 C[t] = A[t] @ B[t] (flm_sgemm's arguments: element strides per batch item, row and column;
+// ldc C's row stride; beta 1 adds to C): double sums, k blocked, rows over threads
+static void fl_dgemm(int64_t batch, int64_t M, int64_t N, int64_t K, const double* a, int64_t sba, int64_t rsa,
+                     int64_t csa, const double* b, int64_t sbb, int64_t rsb, int64_t csb, double* c, int64_t sbc,
+                     int64_t ldc, int beta, int threads) {
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < batch; t++)
+        for (int64_t i = 0; i < M; i++) {
+            double* ci = c + t * sbc + i * ldc;
+            if (!beta) for (int64_t j = 0; j < N; j++) ci[j] = 0.0;
+            for (int64_t k0 = 0; k0 < K; k0 += DGEMM_BLOCK)
+                for (int64_t k = k0; k < std::min<int64_t>(K, k0 + DGEMM_BLOCK); k++) {
+                    const double aik = a[t * sba + i * rsa + k * csa];
+                    const double* bk = b + t * sbb + k * rsb;
+                    for (int64_t j = 0; j < N; j++) ci[j] += aik * bk[j * csb];
+                }
+        }
+}
+
+// float64 2-D convolution of groups 1 (flm_conv2d's arguments): y[n, o] = bias[o] + sum over (c, kh, kw)
+// of w[o, c, kh, kw] * x[n, c, ih, iw], double sums; (image, output channel) planes over threads
+static void fl_conv2d_f64(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW, int64_t sh,
+                          int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW,
+                          const double* x, const double* w, const double* bias, double* y, int threads) {
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o = 0; o < O; o++) {
+            double* yo = y + (n * O + o) * OH * OW;
+            for (int64_t i = 0; i < OH * OW; i++) yo[i] = bias ? bias[o] : 0.0;
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t kh = 0; kh < KH; kh++)
+                    for (int64_t kw = 0; kw < KW; kw++) {
+                        const double wv = w[((o * C + c) * KH + kh) * KW + kw];
+                        const double* xc = x + (n * C + c) * H * W;
+                        for (int64_t oh = 0; oh < OH; oh++) {
+                            const int64_t ih = oh * sh - ph + kh * dh;
+                            if (ih < 0 || ih >= H) continue;
+                            for (int64_t ow = 0; ow < OW; ow++) {
+                                const int64_t iw = ow * sw - pw + kw * dw;
+                                if (iw >= 0 && iw < W) yo[oh * OW + ow] += wv * xc[ih * W + iw];
+                            }
+                        }
+                    }
+        }
+}
+
+// dst (contiguous float) = the bfloat16 (code 1) or float16 (code 2) strided view (shape, element strides) at src
+static void fl_widen(float* dst, const uint16_t* src, int ndim, const int64_t* shape, const int64_t* st, int code) {
+    if (ndim == 0) { *dst = code == 1 ? fl_bf16_to_f32(*src) : fl_f16_to_f32(*src); return; }
+    int64_t inner = 1;
+    for (int d = 1; d < ndim; d++) inner *= shape[d];
+    for (int64_t i = 0; i < shape[0]; i++) fl_widen(dst + i * inner, src + i * st[0], ndim - 1, shape + 1, st + 1, code);
+}
+
+// dst[i] = src[i] rounded to bfloat16 (code 1) or float16 (code 2), i < n
+static void fl_narrow(uint16_t* dst, const float* src, int64_t n, int code) {
+    for (int64_t i = 0; i < n; i++) dst[i] = code == 1 ? fl_f32_to_bf16(src[i]) : fl_f32_to_f16(src[i]);
+}
+""".replace("DGEMM_BLOCK", str(DGEMM_BLOCK))

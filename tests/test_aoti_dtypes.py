@@ -1,0 +1,109 @@
+"""AOTInductor packages of float64, bfloat16 and float16 models (the C++ wrapper's externs of every dtype).
+
+A CNN with every extern the C++ wrapper runs besides the attention (convolutions plain, grouped and
+transposed, max pooling, bilinear upsampling, adaptive average pooling, a linear layer) and an MLP of
+batched products, each in float64 (double kernels: fl_dgemm, fl_conv2d_f64, the templated pooling and
+resampling) and in bfloat16/float16 (operands widened to float, results rounded once), packaged with a
+dynamic batch and run from Python and from the C++ program (no Python), against PyTorch eager with the
+same weights: float64 to 1e-10; low precision judged against PyTorch's float64 forward, our RMSE no
+worse than 1.5x that of PyTorch's own low-precision forward.
+"""
+from __future__ import annotations
+
+import copy
+import zipfile
+
+import numpy as np
+import pytest
+
+import flambeau as fl
+from flambeau._inductor import aoti_compile_and_package, aoti_load_package
+from flambeau._inductor.aoti_package import read_tensor_file
+from flambeau.export import Dim, export
+from tests.test_aoti import _run_cpp
+
+DTYPES = ["float64", "bfloat16", "float16"]
+
+
+def _cnn(lib):
+    nn = lib.nn
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, ceil_mode=True),
+                         nn.Conv2d(8, 8, 3, padding=1, groups=4), nn.Upsample(scale_factor=2, mode="bilinear"),
+                         nn.ConvTranspose2d(8, 4, 3, stride=2), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+                         nn.Linear(16, 5))
+
+
+class _Mixer:
+    """x (B, T, D) -> per-example products with a shared weight (bmm) and a projection (mm)."""
+
+    @staticmethod
+    def make(lib):
+        nn = lib.nn
+
+        class Mixer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Linear(6, 6)
+                self.mix = nn.Parameter(lib.randn(6, 6) * 0.3)
+
+            def forward(self, x):
+                h = self.proj(x).relu()
+                return lib.bmm(h, self.mix.expand(x.shape[0], 6, 6)) + h @ h.transpose(1, 2) @ x
+        return Mixer()
+
+
+NETS = {"cnn": (_cnn, (2, 3, 9, 9)), "mixer": (_Mixer.make, (2, 4, 6))}
+
+
+def _pair(name, dtype):
+    import torch
+    make, shape = NETS[name]
+    fl.manual_seed(0)
+    m = make(fl).eval()
+    tm = make(torch).eval()
+    sd = {k: v.detach().numpy() for k, v in m.state_dict().items()}
+    tm.load_state_dict({k: torch.tensor(v) for k, v in sd.items()})
+    return m.to(getattr(fl, dtype)), tm, shape
+
+
+def _torch_forward(tm, x, dtype):
+    import torch
+    with torch.no_grad():
+        return copy.deepcopy(tm).to(getattr(torch, dtype))(torch.tensor(x).to(getattr(torch, dtype))).double().numpy()
+
+
+def _check(got, x64, tm, dtype):
+    want = _torch_forward(tm, x64, "float64")
+    if dtype == "float64":
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+        return
+    theirs = _torch_forward(tm, x64, dtype)
+    rmse, ref = np.sqrt(np.mean((got - want) ** 2)), np.sqrt(np.mean((theirs - want) ** 2))
+    assert rmse <= 1.5 * ref + 1e-6, (rmse, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(NETS))
+def test_aoti_package_of_each_dtype_matches_pytorch(tmp_path, name, dtype):
+    m, tm, shape = _pair(name, dtype)
+    low = getattr(fl, dtype)
+    pkg = aoti_compile_and_package(export(m, (fl.randn(*shape).to(low),),
+                                          dynamic_shapes={"input" if name == "cnn" else "x": {0: Dim("batch", max=8)}}),
+                                   package_path=str(tmp_path / "m.pt2"))
+    with zipfile.ZipFile(pkg) as z:
+        src = z.read("model.cpp").decode()
+    if dtype == "float64":
+        assert ("fl_conv2d_f64(" if name == "cnn" else "fl_dgemm(") in src.split("fl_graph_run(", 1)[1]
+    elif name == "mixer" and dtype == "bfloat16":        # bfloat16 products: their own GEMM
+        assert "fl_gemm_bf16(" in src and "fl_widen(fl_w" not in src
+    else:
+        assert src.count("fl_widen(fl_w") >= 3 and src.count("fl_narrow(") >= 3
+    run = aoti_load_package(pkg)
+    fl.manual_seed(1)
+    for b in (2, 5):
+        x = fl.randn(b, *shape[1:]).to(low)
+        _check(run(x).double().numpy(), x.double().numpy(), tm, dtype)
+    x3 = fl.randn(3, *shape[1:]).to(low)
+    r, _ = _run_cpp(pkg, tmp_path, [x3])
+    assert r.returncode == 0, r.stderr
+    _check(read_tensor_file(str(tmp_path / "output0.bin")).double().numpy(), x3.double().numpy(), tm, dtype)
