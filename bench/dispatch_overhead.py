@@ -14,7 +14,8 @@ The training-step workloads (`mlp_step`, `mlp_step_amp`, `conv_step`: a whole st
 forward, backward and AdamW, so the kernels cost little and the host path is what is timed) also
 print `ops_per_step` (operator calls reaching the backend: flambeau's `call_functional`, PyTorch's
 ATen ops under a dispatch mode) and `us_per_op` = step time / ops; `--peer torch` adds PyTorch's line
-for the same workloads (`python bench/dispatch_overhead.py --peer torch --ops mlp_step,conv_step`).
+for the same workloads, timed right after flambeau's in the same process (`python bench/dispatch_overhead.py
+--peer torch --ops add,matmul,mlp_step`).
 """
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ def workloads(m) -> dict:
         "numpy_add": lambda: np.add(an, bn),      # the floor: the kernel alone, no dispatch
         "add": lambda: a + b,
         "mul": lambda: a * b,
+        "matmul": lambda: a @ b,
         "relu": lambda: m.relu(a),
         "sum": lambda: a.sum(),
         "view": lambda: a.view(64),
@@ -228,7 +230,7 @@ def main() -> None:
     peer = None
     if args.peer:
         import torch
-        peer = _steps(torch)
+        peer = workloads(torch)
     for name in names:
         row = {"workload": name, "system": "flambeau-eager", "tree": os.path.dirname(flambeau.__path__[0])}
         if not args.no_time:
@@ -240,10 +242,11 @@ def main() -> None:
             if "us_per_call" in row:
                 row["us_per_op"] = round(row["us_per_call"] / row["ops_per_step"], 2)
         print(json.dumps(row), flush=True)
-        if peer is not None and name in STEP_WORKLOADS:
-            row = {"workload": name, "system": "torch-eager", "us_per_call": round(_time(peer[name], args.repeats), 3),
-                   "ops_per_step": ops_per_call(torch, peer[name])}
-            row["us_per_op"] = round(row["us_per_call"] / row["ops_per_step"], 2)
+        if peer is not None and name != "numpy_add":
+            row = {"workload": name, "system": "torch-eager", "us_per_call": round(_time(peer[name], args.repeats), 3)}
+            if name in STEP_WORKLOADS:
+                row["ops_per_step"] = ops_per_call(torch, peer[name])
+                row["us_per_op"] = round(row["us_per_call"] / row["ops_per_step"], 2)
             print(json.dumps(row), flush=True)
 
 

@@ -479,6 +479,28 @@ class Tensor:
     __array_priority__ = 1000
 
 
+# The attributes a Tensor instance stores on the hot paths (`_make`, the dispatcher, autograd's `record`,
+# the engine). CPython keeps one key table for all instance dictionaries of a class and adds a new name to it
+# only while the table has room, and each instance created takes room away: a name first stored after a few
+# dozen tensors exist (`_grad_fn` when a model's parameters are built before its first recorded op) no longer
+# fits, and from then on every tensor storing it carries a dictionary object of its own (one more object for
+# the garbage collector to track and walk, and more memory). Storing them all once at import puts them in
+# the table while it has room (tests/test_gc_garbage.py::test_graph_tensors_carry_no_dictionary_object).
+_INSTANCE_ATTRS = ("_data", "_dtype", "_device", "_version", "_requires_grad", "_fw_grad", "_grad_fn",
+                   "_output_nr", "_base", "_view_version", "_view_untracked", "_no_grad_view", "_grad", "_hooks",
+                   "_accumulator", "_undefined_grad", "_is_root_grad", "_retains_grad", "_post_acc_hooks",
+                   "_quantizer", "_pinned")
+
+
+def _share_instance_keys() -> None:
+    t = object.__new__(Tensor)
+    for name in _INSTANCE_ATTRS:
+        setattr(t, name, None)
+
+
+_share_instance_keys()
+
+
 def storage_owner(a):
     """The array owning the memory of array `a`: the end of its chain of bases, passing through
     NumPy's stride-trick wrappers (an expanded view's base is a `DummyArray` without a dtype)."""

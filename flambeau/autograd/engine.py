@@ -93,7 +93,7 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
     while stack:
         n = stack.pop()
         nodes.append(n)
-        for nx, _ in n.next_functions:
+        for nx in n._next_nodes:
             if nx is not None:
                 deps[nx] = deps.get(nx, 0) + 1
                 if nx not in seen:
@@ -149,9 +149,9 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                     _accumulate(node.variable, buf[0], create_graph, stored)
                 continue
             if needed is not None and node not in needed:
-                outs = [None] * len(node.next_functions)
+                outs = [None] * len(node._next_nodes)
             elif not buf:
-                outs = [None] * len(node.next_functions)
+                outs = [None] * len(node._next_nodes)
             else:
                 nout = max(len(getattr(node, "_out_meta", ())), max(buf) + 1)
                 grads = [buf.get(i) for i in range(nout)]
@@ -160,7 +160,7 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                     node.release()
             in_meta = node._in_meta
             n_meta = len(in_meta)
-            for i, ((nx, nr), g) in enumerate(zip(node.next_functions, outs)):
+            for i, (nx, nr, g) in enumerate(zip(node._next_nodes, node._next_nrs, outs)):
                 if nx is None:
                     continue
                 if g is not None:
@@ -207,7 +207,7 @@ def _needed(nodes, targets):
         for n in nodes:
             if n in needed:
                 continue
-            if n in targets or any(nx in needed or nx in targets for nx, _ in n.next_functions if nx is not None):
+            if n in targets or any(nx in needed or nx in targets for nx in n._next_nodes if nx is not None):
                 needed.add(n)
                 changed = True
     return needed
@@ -236,7 +236,7 @@ def _apply(node, grads):
     else:
         outs = node.apply(list(grads))
     outs = list(outs)
-    n = len(node.next_functions)
+    n = len(node._next_nodes)
     if len(outs) != n:
         raise RuntimeError(f"function {node.name()} returned an incorrect number of gradients (expected {n}, got {len(outs)})")
     if node._post_hooks:

@@ -8,6 +8,7 @@ Function's `apply`; AOT autograd then traces through both graphs, so both are co
 from __future__ import annotations
 
 import functools
+import weakref
 
 from .. import _state
 from .._tensor import Tensor
@@ -24,7 +25,14 @@ class FunctionCtx:
         self._non_diff = set()
         self.materialize_grads = True
         self.needs_input_grad = ()
-        self._node = None
+        self._node_ref = None
+
+    @property
+    def _node(self):
+        """The graph node of this call (None before it is recorded, or once the graph is gone). The node
+        holds the ctx and the ctx only a weak reference back: no ctx <-> node cycle, so a step's graph is
+        freed by reference counting when its last tensor goes, not by the next garbage collection."""
+        return self._node_ref() if self._node_ref is not None else None
 
     def save_for_backward(self, *tensors):
         self.to_save = tensors
@@ -64,8 +72,7 @@ class BackwardCFunction(Node):
         return self._cls.__name__ + "Backward"
 
     def release(self):
-        # ctx.to_save holds the forward's tensors and ctx <-> node form a cycle: drop both so the
-        # activations are freed after backward, not at the next garbage collection
+        # the forward's tensors are freed after backward, whoever still holds the ctx
         self._ctx._saved = None
         self._ctx.to_save = ()
 
@@ -157,7 +164,7 @@ class Function(metaclass=_FunctionMeta):
         out_meta = [_meta_of(o) if isinstance(o, Tensor) else None for o in outs]
         node = BackwardCFunction(cls, ctx, next_fns, in_meta, out_meta, [i for i, _ in tensors])
         node._nargs = len(args)
-        ctx._node = node
+        ctx._node_ref = weakref.ref(node)
         for k, o in enumerate(outs):
             if isinstance(o, Tensor) and id(o) not in ctx._non_diff and _differentiable(o):
                 if id(o) in ctx._dirty:

@@ -53,19 +53,30 @@ class RemovableHandle:
 class Node:
     """A backward function. `apply(grads_wrt_outputs) -> grads_wrt_inputs` (one per next edge).
 
-    One is made per recorded op, so a node stores only its sequence number and edges; its hooks and
-    `metadata` are class-level empties until first registered or read."""
+    One is made per recorded op and lives until the step's backward, so a node holds few objects that
+    the garbage collector tracks: its edges as a tuple of nodes and a tuple of output numbers (ints, which
+    the collector does not track) rather than a tuple of pairs, `next_functions` building the pairs when
+    asked; its hooks and `metadata` are class-level empties until first registered or read."""
     _tensor_hooks = None          # {output_nr: [(id, fn)]}, tensor.register_hook
     _retain_hooks = None          # {output_nr: weakref(tensor)}
     _pre_hooks = ()               # [(id, fn)], node.register_prehook
     _post_hooks = ()              # [(id, fn)], node.register_hook
 
+    _next_nodes = _next_nrs = ()        # no edges (a leaf's AccumulateGrad)
+
     def __init__(self, next_functions=(), in_meta=()):
         self._sequence_nr = next(_seq)
-        self.next_functions = tuple(next_functions)
+        if next_functions:
+            self._next_nodes = tuple([n for n, _ in next_functions])
+            self._next_nrs = tuple([nr for _, nr in next_functions])
         self._in_meta = tuple(in_meta)     # (shape, dtype, device) of each forward input, per edge
         if _state.anomaly:
             self.metadata["traceback_"] = traceback.format_stack()[:-3]
+
+    @property
+    def next_functions(self) -> tuple:
+        """((node, output number), ...) per forward input: where its gradient goes (None: nowhere)."""
+        return tuple(zip(self._next_nodes, self._next_nrs))
 
     @property
     def metadata(self) -> dict:
@@ -294,10 +305,11 @@ def _edge(t: Tensor):
 class OpNode(Node):
     """The backward of one dispatched op: calls the op's derivative with what it saved."""
 
-    def __init__(self, op, saved, next_functions, in_meta, out_meta, tensor_layout):
+    def __init__(self, op, saved, next_nodes, next_nrs, in_meta, out_meta, tensor_layout):
         # Node.__init__ inlined (one is made per recorded op)
         self._sequence_nr = next(_seq)
-        self.next_functions = tuple(next_functions)
+        self._next_nodes = tuple(next_nodes)
+        self._next_nrs = tuple(next_nrs)
         self._in_meta = tuple(in_meta)
         if _state.anomaly:
             self.metadata["traceback_"] = traceback.format_stack()[:-2]
@@ -337,7 +349,7 @@ class OpNode(Node):
         if self._layout is None:           # every Tensor argument a single tensor: one gradient each
             if not isinstance(res, (tuple, list)):
                 return [res]
-            return list(res[:len(self.next_functions)])
+            return list(res[:len(self._next_nodes)])
         if not isinstance(res, (tuple, list)) or (len(self._layout) == 1 and self._layout[0] is not None
                                                    and isinstance(res, list)):
             res = (res,)
@@ -364,6 +376,15 @@ class AccumulateGrad(Node):
         super().__init__()
         self._sequence_nr += ACCUMULATE_FIRST     # run as soon as ready, as PyTorch's (UINT64_MAX priority)
         self.variable = variable
+        self._meta = _meta_of(variable)            # the leaf's metadata, which every edge into this node shares
+
+    def meta(self):
+        """The leaf's (shape, dtype, device), one tuple shared by the nodes that use it (`record`),
+        renewed when the leaf's data changed shape, dtype or device (`p.data = p.data.half()`)."""
+        m, v = self._meta, self.variable
+        if v._device is WRAPPER_DEVICE or m[1] is not v._dtype or m[2] is not v._device or m[0] != v._data.shape:
+            m = self._meta = _meta_of(v)
+        return m
 
     def name(self):
         return "torch::autograd::AccumulateGrad"
@@ -393,7 +414,7 @@ def reachable_leaves(roots) -> Iterator[AccumulateGrad]:
         if isinstance(node, AccumulateGrad):
             yield node
         else:
-            stack.extend(n for n, _ in node.next_functions)
+            stack.extend(node._next_nodes)
 
 
 def _differentiable(t) -> bool:
@@ -458,19 +479,35 @@ def record(op, args, kwargs, out, node_cls=None):
     plan = _plan(op)
     # all arguments given positionally: they are the bound arguments (the binder only fills defaults)
     bound = args if not kwargs and len(args) == plan.nargs else op.bind(*args, **(kwargs or {}))
-    next_fns, in_meta = [], []
+    # Edges and input metadata. An input's metadata is the tuple its producer recorded for it, or its
+    # leaf's (`AccumulateGrad.meta`): shared, not one new tuple per use; an input that needs no gradient
+    # has none (the engine reads the metadata of an edge only).
+    nodes, nrs, in_meta = [], [], []
     layout = None       # per Tensor argument, None (one tensor) or a list's length; None throughout: no list
     for k, i in enumerate(op.tensor_args):
         v = bound[i]
         if isinstance(v, Tensor):
             if v._base is None and v._device is not WRAPPER_DEVICE:      # `_edge` and `_meta_of`, inlined
                 fn = v._grad_fn
-                next_fns.append((fn, v._output_nr) if fn is not None else
-                                (accumulator(v), 0) if v._requires_grad else (None, 0))
-                in_meta.append((v._data.shape, v._dtype, v._device))
+                if fn is not None:
+                    nodes.append(fn)
+                    nrs.append(v._output_nr)
+                    in_meta.append(fn._out_meta[v._output_nr] if type(fn) is OpNode else
+                                   (v._data.shape, v._dtype, v._device))
+                elif v._requires_grad:
+                    fn = accumulator(v)
+                    nodes.append(fn)
+                    nrs.append(0)
+                    in_meta.append(fn.meta())
+                else:
+                    nodes.append(None)
+                    nrs.append(0)
+                    in_meta.append(None)
             else:
-                next_fns.append(_edge(v))
-                in_meta.append(_meta_of(v))
+                fn, nr = _edge(v)
+                nodes.append(fn)
+                nrs.append(nr)
+                in_meta.append(_input_meta(v, fn, nr))
             if layout is not None:
                 layout.append(None)
         elif isinstance(v, (list, tuple)):
@@ -479,13 +516,17 @@ def record(op, args, kwargs, out, node_cls=None):
             layout.append(len(v))
             for x in v:
                 if isinstance(x, Tensor):
-                    next_fns.append(_edge(x))
-                    in_meta.append(_meta_of(x))
+                    fn, nr = _edge(x)
+                    nodes.append(fn)
+                    nrs.append(nr)
+                    in_meta.append(_input_meta(x, fn, nr))
                 else:
-                    next_fns.append((None, 0))
+                    nodes.append(None)
+                    nrs.append(0)
                     in_meta.append(None)
         else:
-            next_fns.append((None, 0))
+            nodes.append(None)
+            nrs.append(0)
             in_meta.append(None)
             if layout is not None:
                 layout.append(None)
@@ -514,13 +555,13 @@ def record(op, args, kwargs, out, node_cls=None):
         elif kind == _SAVE_GEOMETRY:
             saved[n] = TensorMeta.geometry(bound[i])
         elif kind == _SAVE_OUTPUT_MASK:
-            saved[n] = _output_mask(next_fns, layout)
+            saved[n] = _output_mask(nodes, layout)
         else:
             v = bound[i]
             saved[n] = TensorMeta(v) if isinstance(v, Tensor) else \
                 [TensorMeta(x) if isinstance(x, Tensor) else None for x in v] if isinstance(v, (list, tuple)) else v
     out_meta = (_meta_of(out),) if single else tuple(_meta_of(o) if isinstance(o, Tensor) else None for o in outs)
-    node = (node_cls or OpNode)(op, saved, next_fns, in_meta, out_meta, layout)
+    node = (node_cls or OpNode)(op, saved, nodes, nrs, in_meta, out_meta, layout)
     for k, o in enumerate(outs):
         if _differentiable(o):
             o._grad_fn = node
@@ -529,14 +570,25 @@ def record(op, args, kwargs, out, node_cls=None):
     return node
 
 
-def _output_mask(next_fns, layout) -> tuple:
+def _input_meta(t: Tensor, fn, nr: int):
+    """The metadata `record` keeps for input `t` reaching node `fn` at output `nr` (see there)."""
+    if fn is None:
+        return None
+    if type(fn) is OpNode:
+        return fn._out_meta[nr]
+    if type(fn) is AccumulateGrad:
+        return fn.meta()
+    return _meta_of(t)
+
+
+def _output_mask(nodes, layout) -> tuple:
     """Per Tensor argument (a list argument: any of its tensors): whether its gradient has an edge."""
     if layout is None:
-        return tuple(fn is not None for fn, _ in next_fns)
+        return tuple(fn is not None for fn in nodes)
     mask, k = [], 0
     for lay in layout:
         n = 1 if lay is None else lay
-        mask.append(any(fn is not None for fn, _ in next_fns[k:k + n]))
+        mask.append(any(fn is not None for fn in nodes[k:k + n]))
         k += n
     return tuple(mask)
 
