@@ -1,6 +1,7 @@
 """Paired wall-time ratios of two flambeau checkouts on small eager workloads (a change's speed-up).
 
     python bench/ab_trees.py BASE_TREE NEW_TREE [--rounds 9] [--min-time 0.3] [--only add,bigram_eval]
+                             [--clock wall|thread]
 
 Each round starts one process per tree (the order alternates between rounds), each process times
 every workload for about --min-time seconds after a warm-up; the round's ratio is new / base. On a
@@ -26,7 +27,7 @@ import time
 VOCAB = 65
 BLOCK = 8
 BATCH = 32
-SMALL_OPS = ("add", "relu", "view", "transpose", "slice", "reshape", "sum_dim", "to_bf16", "add_grad", "linear_grad",
+SMALL_OPS = ("add", "matmul", "relu", "view", "transpose", "slice", "reshape", "sum_dim", "to_bf16", "add_grad", "linear_grad",
              "mlp_fwd_bwd", "mlp_step", "mlp_step_amp", "conv_step")
 
 
@@ -53,16 +54,20 @@ def workloads(m) -> dict:
     return ops
 
 
-def _child(names, min_time: float) -> None:
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
+def _child(names, min_time: float, clock: str) -> None:
     import flambeau
     ops = workloads(flambeau)
+    now = CLOCKS[clock]
     out = {}
     for name in names:
         fn = ops[name]
         for _ in range(50):
             fn()
-        n, t0 = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - t0) < min_time:
+        n, t0 = 0, now()
+        while (elapsed := now() - t0) < min_time:
             for _ in range(20):
                 fn()
             n += 20
@@ -77,12 +82,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--min-time", type=float, default=0.3)
     ap.add_argument("--only", default="")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="thread: the process's CPU time (steadier than wall time on a loaded machine)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     names = [n for n in args.only.split(",") if n] or ["add", "mul_scalar", "relu", "view", "transpose", "slice",
                                                        "mlp_fwd_bwd", "bigram_eval"]
     if args.child:
-        _child(names, args.min_time)
+        _child(names, args.min_time, args.clock)
         return
     trees = {"base": os.path.abspath(args.base), "new": os.path.abspath(args.new)}
     runs = {"base": [], "new": []}
@@ -90,7 +97,7 @@ def main() -> None:
         for which in (("base", "new") if r % 2 == 0 else ("new", "base")):
             env = dict(os.environ, PYTHONPATH=trees[which])
             p = subprocess.run([sys.executable, __file__, trees["base"], "--child", "--only", ",".join(names),
-                                "--min-time", str(args.min_time)], env=env, capture_output=True, text=True, check=True)
+                                "--min-time", str(args.min_time), "--clock", args.clock], env=env, capture_output=True, text=True, check=True)
             runs[which].append(json.loads(p.stdout.strip().splitlines()[-1]))
     for name in names:
         ratios = [n[name] / b[name] for b, n in zip(runs["base"], runs["new"])]
