@@ -2,8 +2,8 @@
 // dynamically quantized models, out = epilogue(sum_k (a[m,k] - a_zp) * (b[k,n] - b_zp[n])).
 //
 // A holds u8 or s8 activations (s8 are shifted by 128 into u8, with the zero point shifted alike:
-// (a + 128) - (zp + 128) = a - zp exactly), packed per call into rows of K rounded up to 4 bytes
-// (kp). B, the int8 weights, comes prepacked once (`onednn::qlinear_prepack`, `pack_weight` in
+// (a + 128) - (zp + 128) = a - zp exactly), packed per call, MB rows at a time, into rows of K
+// rounded up to 4 bytes (kp). B, the int8 weights, comes prepacked once (`onednn::qlinear_prepack`, `pack_weight` in
 // cpu_int8.py): panels of NR columns (the last one narrower: its width w), each holding, for each
 // group of 4 k, the 4 bytes of each of its columns side by side (4 * w bytes a group, k zero-padded
 // to kp); panel p starts at byte p * NR * kp, and the N int32 column sums follow the kp * N bytes of
@@ -16,7 +16,7 @@
 // The epilogue is oneDNN's for PyTorch's `onednn::qlinear_pointwise` on x86: v = ((float)acc *
 // x_scale) * w_scale[n] + bias[n] (two roundings, no fused multiply-add: this file is compiled
 // without -ffp-contract=fast), then ReLU, then either v stored as float, or requantized as
-// clamp(nearbyint(v * (1 / out_scale)) + out_zp) into u8/s8.
+// clamp(nearbyint(v * (1 / out_scale)) + out_zp) into u8/s8; AVX-512, 16 columns at a time.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -33,7 +33,7 @@
 
 #pragma GCC optimize("fp-contract=off")
 
-enum { MR = 12, NR = 32 };
+enum { MR = 12, NR = 32, MB = 16 * MR };   // MB: rows of A packed at a time
 enum { OUT_FLOAT32 = 0, OUT_UINT8 = 1, OUT_INT8 = 2 };
 
 extern "C" int flm_int8_vnni() {
@@ -45,25 +45,31 @@ extern "C" int flm_int8_vnni() {
 }
 
 #ifdef FLM_VNNI
+// The mask of the first `bytes` bytes of a 64-byte vector (all of it from 64 on).
+static inline __mmask64 first_bytes(int64_t bytes) {
+    return bytes >= 64 ? ~__mmask64(0) : bytes <= 0 ? __mmask64(0) : (__mmask64(1) << bytes) - 1;
+}
+
 // A (M x K, row stride lda, contiguous along k) into rows of kp bytes as u8, with each row's sum; the
-// rows up to a multiple of MR are zeros (the micro-kernel always computes MR rows).
+// rows up to a multiple of MR are zeros (the micro-kernel always computes MR rows). 64 bytes a step:
+// masked load (k from K to kp reads as 0), the sign flip, store, and the byte sum by vpsadbw.
 static void pack_a(int64_t M, int64_t K, const uint8_t* a, int64_t lda, int is_signed, uint8_t* dst, int32_t* rowsum) {
     const int64_t kp = (K + 3) & ~int64_t(3), rows = (M + MR - 1) / MR * MR;
-    const uint8_t flip = is_signed ? 0x80 : 0;
+    const __m512i flip = _mm512_set1_epi8(is_signed ? char(0x80) : 0), zero = _mm512_setzero_si512();
     for (int64_t m = 0; m < rows; m++) {
         uint8_t* d = dst + m * kp;
         if (m >= M) { std::memset(d, 0, kp); continue; }
         const uint8_t* s = a + m * lda;
-        int32_t sum = 0;
-        for (int64_t k = 0; k < K; k++) { d[k] = s[k] ^ flip; sum += d[k]; }
-        for (int64_t k = K; k < kp; k++) d[k] = 0;
-        rowsum[m] = sum;
+        __m512i sums = zero;
+        for (int64_t k = 0; k < kp; k += 64) {
+            const __mmask64 in = first_bytes(K - k), out = first_bytes(kp - k);
+            const __m512i v = _mm512_xor_si512(_mm512_maskz_loadu_epi8(in, s + k), flip);
+            const __m512i kept = _mm512_maskz_mov_epi8(in, v);
+            _mm512_mask_storeu_epi8(d + k, out, kept);
+            sums = _mm512_add_epi64(sums, _mm512_sad_epu8(kept, zero));
+        }
+        rowsum[m] = int32_t(_mm512_reduce_add_epi64(sums));
     }
-}
-
-// The mask of the first `bytes` bytes of a 64-byte vector (all of it from 64 on).
-static inline __mmask64 first_bytes(int64_t bytes) {
-    return bytes >= 64 ? ~__mmask64(0) : bytes <= 0 ? __mmask64(0) : (__mmask64(1) << bytes) - 1;
 }
 
 // The int32 tile of MR packed rows and a panel of w <= NR columns: tile[i][j] = sum over kp of
@@ -109,47 +115,71 @@ struct Epilogue {
     int64_t ldc;
 };
 
-// The tile's rows m0.. and columns n0.. of the output; rs/cs: the tile's row and column sums.
+#ifdef FLM_VNNI
+// The tile's rows m0.. and columns n0.. of the output; rs/cs: the tile's row and column sums. 16
+// columns a step (masked at the panel's edge), each lane the scalar recipe of the header: the same
+// float32 operations in the same order (no FMA), nearbyint as round-to-nearest-even, the clamp in
+// float, then an exact conversion to u8/s8.
 static inline void finish(const Epilogue& e, int64_t m0, int64_t m, int64_t n0, int64_t n, int32_t tile[MR][NR],
                           const int32_t* rs, const int32_t* cs) {
-    const float lo = e.out_kind == OUT_INT8 ? -128.f : 0.f, hi = e.out_kind == OUT_INT8 ? 127.f : 255.f;
-    for (int64_t i = 0; i < m; i++) {
-        for (int64_t j = 0; j < n; j++) {
-            const int64_t c = n0 + j;
-            const int32_t bz = e.b_zp ? e.b_zp[c] : 0;
-            const int32_t acc = tile[i][j] - e.a_zp * cs[j] - bz * rs[i] + int32_t(e.K) * e.a_zp * bz;
-            float v = (float(acc) * e.x_scale) * e.w_scale[c];
-            if (e.bias) v = v + e.bias[c];
-            if (e.relu) v = v > 0.f ? v : 0.f;
+    const __m512 lo = _mm512_set1_ps(e.out_kind == OUT_INT8 ? -128.f : 0.f);
+    const __m512 hi = _mm512_set1_ps(e.out_kind == OUT_INT8 ? 127.f : 255.f);
+    const __m512 x_scale = _mm512_set1_ps(e.x_scale), inv = _mm512_set1_ps(e.out_inv_scale);
+    const __m512 out_zp = _mm512_set1_ps(e.out_zp), fzero = _mm512_setzero_ps();
+    const __m512i a_zp = _mm512_set1_epi32(e.a_zp), K = _mm512_set1_epi32(int32_t(e.K));
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        const __mmask16 lanes = n - j0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j0)) - 1);
+        const int64_t c = n0 + j0;
+        const __m512i colsum = _mm512_maskz_loadu_epi32(lanes, cs + j0);
+        const __m512i bz = e.b_zp ? _mm512_maskz_loadu_epi32(lanes, e.b_zp + c) : _mm512_setzero_si512();
+        const __m512 w_scale = _mm512_maskz_loadu_ps(lanes, e.w_scale + c);
+        const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(lanes, e.bias + c) : fzero;
+        // acc - a_zp * colsum + K * a_zp * bz, then - bz * rowsum per row (int32, wrapping as the scalar)
+        const __m512i fixed = _mm512_sub_epi32(_mm512_mullo_epi32(_mm512_mullo_epi32(K, a_zp), bz),
+                                               _mm512_mullo_epi32(a_zp, colsum));
+        for (int64_t i = 0; i < m; i++) {
+            const __m512i row = _mm512_sub_epi32(_mm512_loadu_si512(&tile[i][j0]),
+                                                 _mm512_mullo_epi32(bz, _mm512_set1_epi32(rs[i])));
+            __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(row, fixed)), x_scale),
+                                     w_scale);
+            if (e.bias) v = _mm512_add_ps(v, bias);
+            if (e.relu) v = _mm512_mask_mov_ps(fzero, _mm512_cmp_ps_mask(v, fzero, _CMP_GT_OQ), v);
             const int64_t at = (m0 + i) * e.ldc + c;
             if (e.out_kind == OUT_FLOAT32) {
-                ((float*)e.out)[at] = v;
-            } else {
-                const float q = std::min(std::max(std::nearbyint(v * e.out_inv_scale) + e.out_zp, lo), hi);
-                if (e.out_kind == OUT_UINT8) ((uint8_t*)e.out)[at] = uint8_t(q);
-                else ((int8_t*)e.out)[at] = int8_t(q);
+                _mm512_mask_storeu_ps((float*)e.out + at, lanes, v);
+                continue;
             }
+            const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m512i q = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_add_ps(r, out_zp), lo), hi));
+            if (e.out_kind == OUT_UINT8) _mm_mask_storeu_epi8((uint8_t*)e.out + at, lanes, _mm512_cvtusepi32_epi8(q));
+            else _mm_mask_storeu_epi8((int8_t*)e.out + at, lanes, _mm512_cvtsepi32_epi8(q));
         }
     }
 }
+#endif
 
 #ifdef FLM_VNNI
 // Rows [m0, m1) x columns [n0, n1) (n0 a multiple of NR) of the output on the calling thread, packing
-// its rows of A; bp/colsum: the prepacked weight's panels and column sums (all N columns).
+// its rows of A a block of MB rows at a time (the block stays in L2 while every column panel passes
+// over it; one small buffer, so a large A costs no fresh pages); bp/colsum: the prepacked weight's
+// panels and column sums (all N columns).
 static void qlinear_part(int64_t K, int64_t N, const uint8_t* a, int64_t lda, int a_signed, const int8_t* bp,
                          const int32_t* colsum, const Epilogue& e, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    const int64_t kp = (K + 3) & ~int64_t(3), M = m1 - m0;
-    const int64_t rows = (M + MR - 1) / MR * MR;
-    std::vector<uint8_t> pa(rows * kp);
-    std::vector<int32_t> rowsum(rows);
-    pack_a(M, K, a + m0 * lda, lda, a_signed, pa.data(), rowsum.data());
+    const int64_t kp = (K + 3) & ~int64_t(3);
+    const int64_t block = std::min<int64_t>(MB, (m1 - m0 + MR - 1) / MR * MR);
+    std::vector<uint8_t> pa(block * kp);
+    std::vector<int32_t> rowsum(block);
     alignas(64) int32_t tile[MR][NR];
-    for (int64_t c = n0; c < n1; c += NR) {
-        const int64_t w = std::min<int64_t>(NR, N - c);
-        for (int64_t r = 0; r < rows; r += MR) {
-            micro(kp, pa.data() + r * kp, bp + c * kp, w, tile);
-            finish(e, m0 + r, std::min<int64_t>(MR, M - r), c, std::min<int64_t>(w, n1 - c), tile, rowsum.data() + r,
-                   colsum + c);
+    for (int64_t mb = m0; mb < m1; mb += MB) {
+        const int64_t M = std::min<int64_t>(MB, m1 - mb), rows = (M + MR - 1) / MR * MR;
+        pack_a(M, K, a + mb * lda, lda, a_signed, pa.data(), rowsum.data());
+        for (int64_t c = n0; c < n1; c += NR) {
+            const int64_t w = std::min<int64_t>(NR, N - c);
+            for (int64_t r = 0; r < rows; r += MR) {
+                micro(kp, pa.data() + r * kp, bp + c * kp, w, tile);
+                finish(e, mb + r, std::min<int64_t>(MR, M - r), c, std::min<int64_t>(w, n1 - c), tile,
+                       rowsum.data() + r, colsum + c);
+            }
         }
     }
 }
