@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import flambeau as fl
+from flambeau._backends import cpu_kernels
 
 CASES = [  # (shape, kernel_size, stride, padding, dilation, ceil_mode)
     ((2, 3, 8, 8), 2, None, 0, 1, False),
@@ -70,12 +71,21 @@ SPECIALS = [-1.0, -0.0, 0.0, np.nan, -np.nan, 2.0, np.inf, -np.inf, 1e-45, -1e-4
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int8", "int64"])
-def test_relu_and_its_gradient_bit_for_bit_as_pytorch(dtype):
+def test_relu_and_its_gradient_bit_for_bit_as_pytorch(dtype, monkeypatch):
+    """Values, gradients and signs of zero (also of a -0.0 gradient) as PyTorch's; float32/float64 run the
+    one-pass C++ select forward and backward (`cpu_kernels.zero_where_negative`)."""
+    calls = []
+    key = ("zero_where_negative", np.dtype(dtype))
+    if cpu_kernels.available() and key in cpu_kernels._state:
+        real = cpu_kernels._state[key]
+        monkeypatch.setitem(cpu_kernels._state, key, lambda *a: calls.append(a[4]) or real(*a))
     rng = np.random.default_rng(2)
     x = np.concatenate([np.array(SPECIALS if dtype.startswith("float") else [-3, 0, 5, 1]), rng.standard_normal(64) * 9])
     x = x.astype(dtype).reshape(-1, 2)
     g = np.where(np.arange(x.size) % 3 == 0, np.inf, np.arange(x.size) - 7.0).reshape(x.shape).astype(dtype) \
         if dtype.startswith("float") else None
+    if g is not None:
+        g[::5, 1] = -0.0
     got, want = fl.relu(fl.tensor(x)).numpy(), torch.relu(torch.tensor(x)).numpy()
     np.testing.assert_array_equal(got.view(f"u{x.itemsize}"), want.view(f"u{x.itemsize}"))    # sign of zeros too
     if g is not None:
@@ -83,6 +93,8 @@ def test_relu_and_its_gradient_bit_for_bit_as_pytorch(dtype):
         fl.relu(a).backward(fl.tensor(g))
         torch.relu(b).backward(torch.tensor(g))
         np.testing.assert_array_equal(a.grad.numpy().view(f"u{x.itemsize}"), b.grad.numpy().view(f"u{x.itemsize}"))
+    if dtype in ("float32", "float64") and cpu_kernels.available():
+        assert calls == [0, 0, 1]       # relu of x, relu of the leaf, the backward's inclusive select
 
 
 def test_max_pool2d_backward_of_overlapping_windows_adds_in_float32_as_aten():

@@ -31,16 +31,38 @@ def test_gradient_of_a_transposed_operand_has_its_layout(lead, transposed):
     assert gw.stride() == tw.stride() == ((6, 1) if transposed else (5, 1))
 
 
-def test_batched_outer_products_match_torch_bmm_bit_for_bit():
-    specials = np.array([-1.0, -0.0, 0.0, 2.0, np.inf, np.nan, 1e-30], np.float32)
+def _outer_operands(m, case, dtype):
+    """(a, b) tensors of library `m` for a product over an inner size of 1; the strided cases are views."""
+    specials = np.array([-1.0, -0.0, 0.0, 2.0, np.inf, np.nan, 1e-30, -3.5], dtype)
     rng = np.random.default_rng(1)
-    a = rng.choice(specials, (4, 7, 1))
-    b = rng.choice(specials, (4, 1, 9))
-    for x, y in ((a, b), (a.transpose(0, 2, 1).copy().transpose(0, 2, 1), b)):
-        got = fl.matmul(fl.tensor(x), fl.tensor(y)).numpy()
-        want = torch.bmm(torch.tensor(x), torch.tensor(y)).numpy()
-        np.testing.assert_array_equal(got, want)
-        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    a = m.tensor(rng.choice(specials, (4, 7, 1)))
+    b = m.tensor(rng.choice(specials, (4, 1, 37)))      # 37: a vector body and a remainder
+    if case == "a_strided":                 # a's column read with a stride of 2 elements
+        a = m.tensor(rng.choice(specials, (4, 14, 1)))[:, ::2]
+    elif case == "b_strided":               # b's row read with a stride of 3 elements
+        b = m.tensor(rng.choice(specials, (4, 1, 111)))[:, :, ::3]
+    elif case == "broadcast":               # a 4-d batch of a, one b shared by it
+        a, b = m.tensor(rng.choice(specials, (2, 3, 7, 1))), m.tensor(rng.choice(specials, (1, 1, 37)))
+    elif case == "broadcast_mixed":         # b broadcast over the first batch dim only: NumPy's product
+        a, b = m.tensor(rng.choice(specials, (2, 3, 7, 1))), m.tensor(rng.choice(specials, (3, 1, 37)))
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", ["contiguous", "a_strided", "b_strided", "broadcast", "broadcast_mixed"])
+def test_batched_outer_products_match_torch_bmm_bit_for_bit(case, dtype, monkeypatch):
+    """Values and signs of zero as PyTorch's bmm/matmul; float32 runs `flm_batched_outer_f32` where the
+    batch dims of each operand walk with one stride."""
+    calls = []
+    if cpu_kernels.available():
+        real = cpu_kernels._state["batched_outer"]
+        monkeypatch.setitem(cpu_kernels._state, "batched_outer", lambda *a: calls.append(a) or real(*a))
+    got = fl.matmul(*_outer_operands(fl, case, dtype)).numpy()
+    want = torch.matmul(*_outer_operands(torch, case, dtype)).numpy()
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    assert len(calls) == (dtype == np.float32 and cpu_kernels.available() and case != "broadcast_mixed")
 
 
 def test_batched_outer_products_take_the_broadcast_multiply(monkeypatch):

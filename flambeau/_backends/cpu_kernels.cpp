@@ -781,6 +781,53 @@ extern "C" void flm_max_pool2d_f32(int64_t planes, int64_t H, int64_t W, int64_t
     }
 }
 
+// ---- ReLU's select: out = (x < 0, or x <= 0 when inclusive) ? +0 : v, one pass -----------------------
+// relu (v = x: -0.0 and NaN stay as they are) and its backward (v = the gradient, x the input or result:
+// a NaN x passes the gradient, ATen's `x <= 0 ? 0 : g`). A compare and a blend per vector.
+template <typename T>
+static void zero_where_negative(int64_t n, const T* __restrict__ x, const T* __restrict__ v, T* __restrict__ out,
+                                int inclusive, int threads) {
+    if (inclusive) {
+#pragma omp parallel for simd schedule(static) num_threads(threads)
+        for (int64_t i = 0; i < n; i++) out[i] = x[i] <= T(0) ? T(0) : v[i];
+    } else {
+#pragma omp parallel for simd schedule(static) num_threads(threads)
+        for (int64_t i = 0; i < n; i++) out[i] = x[i] < T(0) ? T(0) : v[i];
+    }
+}
+
+extern "C" void flm_zero_where_negative_f32(int64_t n, const float* x, const float* v, float* out, int inclusive,
+                                            int threads) {
+    zero_where_negative(n, x, v, out, inclusive, threads);
+}
+
+extern "C" void flm_zero_where_negative_f64(int64_t n, const double* x, const double* v, double* out, int inclusive,
+                                            int threads) {
+    zero_where_negative(n, x, v, out, inclusive, threads);
+}
+
+// ---- batched outer products (a product over an inner size of 1: vmap's per-example gradients) -------
+// out[p][i][j] = a[p][i] * b[p][j] + 0.0f, out C-contiguous (B, M, N): one pass over the output where
+// NumPy takes two (the broadcast product, then + 0 so that a -0.0 product is +0.0, the sum from zero
+// of PyTorch's bmm). A contracted FMA with the + 0 rounds the exact product once: the same value.
+extern "C" void flm_batched_outer_f32(int64_t B, int64_t M, int64_t N, const float* a, int64_t sab, int64_t sam,
+                                      const float* b, int64_t sbb, int64_t sbn, float* out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < B; p++) {
+        const float* __restrict__ bp = b + p * sbb;
+        for (int64_t i = 0; i < M; i++) {
+            const float s = a[p * sab + i * sam];
+            float* __restrict__ o = out + (p * M + i) * N;
+            if (sbn == 1) {
+#pragma omp simd
+                for (int64_t j = 0; j < N; j++) o[j] = s * bp[j] + 0.0f;
+            } else {
+                for (int64_t j = 0; j < N; j++) o[j] = s * bp[j * sbn] + 0.0f;
+            }
+        }
+    }
+}
+
 // ---- scatter-add of each plane's values at flat indices (max pooling's backward) ------------------
 // gx (planes x P) = 0, then gx[p][idx[p][j]] += g[p][j] in j order, in float32 (ATen's CPU loop:
 // bit for bit also where windows overlap). Returns the first plane holding an index outside

@@ -12,6 +12,8 @@
 - `conv2d`: convolution as an implicit GEMM (B panels packed straight from the input, no column
   buffer).
 - `softmax_lastdim`: softmax / log_softmax in one pass per row.
+- `zero_where_negative`: ReLU's select (forward and backward) in one pass.
+- `batched_outer`: products over an inner size of 1 (`matmul`'s (..., M, 1) @ (..., 1, N)) in one pass.
 - `max_pool2d`: max pooling with indices, one pass per window (ATen's tie and NaN rules);
   `plane_scatter_add`: its backward, float32 additions in ATen's order.
 - `adam_step`: one Adam/AdamW update, bit for bit the NumPy rule of flambeau/optim/adam.py.
@@ -107,6 +109,15 @@ def _load():
                 sa.argtypes = [i64, i64, i64, p, p, p]
                 sa.restype = i64
                 _state["plane_scatter_add"] = sa
+                for suffix, dt in (("f32", _F32), ("f64", np.dtype(np.float64))):
+                    zw = getattr(lib, "flm_zero_where_negative_" + suffix)
+                    zw.argtypes = [i64, p, p, p, ctypes.c_int, ctypes.c_int]
+                    zw.restype = None
+                    _state["zero_where_negative", dt] = zw
+                bo = lib.flm_batched_outer_f32
+                bo.argtypes = [i64, i64, i64, p, i64, i64, p, i64, i64, p, ctypes.c_int]
+                bo.restype = None
+                _state["batched_outer"] = bo
                 mp = lib.flm_max_pool2d_f32
                 mp.argtypes = [i64] * 11 + [p, p, p, ctypes.c_int]
                 mp.restype = None
@@ -202,6 +213,10 @@ def matmul(a, b, out=None):
             and b.shape[-2] == 1 and (out is None or out.dtype == a.dtype):
         # a batched inner size of 1 (vmap's per-example outer products): the broadcast product, 4x
         # NumPy's matmul; + 0.0 makes a -0.0 product +0.0, as a sum started from zero (PyTorch's bmm)
+        if out is None:
+            r = batched_outer(a, b)
+            if r is not None:
+                return r
         r = np.multiply(a, b, out=out)
         return np.add(r, 0.0, out=r)
     fn = _state.get("fn", 0)
@@ -246,6 +261,40 @@ def matmul(a, b, out=None):
     sa, sb = _strides(ab)[-2:], _strides(bb)[-2:]
     fn(B, M, N, K, ab.ctypes.data, a3, sa[0], sa[1], bb.ctypes.data, b3, sb[0], sb[1],
        out.ctypes.data, c3, out.strides[-2] // 4, 0, _threads(B * M * N * K))
+    return out
+
+
+def zero_where_negative(x, v, inclusive: bool):
+    """`where(x <= 0 if inclusive else x < 0, 0, v)` for C-contiguous float32/float64 arrays of one shape
+    and dtype, as a fresh array in one pass; None where that does not apply."""
+    if _load() is None or x.dtype != v.dtype or x.shape != v.shape or not x.flags.c_contiguous \
+            or not v.flags.c_contiguous:
+        return None
+    fn = _state.get(("zero_where_negative", x.dtype))
+    if fn is None:
+        return None
+    out = np.empty(x.shape, x.dtype)
+    fn(x.size, x.ctypes.data, v.ctypes.data, out.ctypes.data, int(inclusive), _threads(x.size * 4))
+    return out
+
+
+def batched_outer(a, b):
+    """`a @ b` for float32 a (..., M, 1) and b (..., 1, N) with broadcast batch dims, in one pass of
+    `flm_batched_outer_f32` into a fresh C-contiguous array (a -0.0 product is +0.0, as PyTorch's bmm);
+    None where it does not apply (the caller computes it with NumPy)."""
+    if _load() is None or a.dtype != _F32 or b.dtype != _F32 or a.ndim < 2 or b.ndim < 2 \
+            or a.shape[-1] != 1 or b.shape[-2] != 1 or any(s % 4 for s in a.strides + b.strides):
+        return None
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    M, N = a.shape[-2], b.shape[-1]
+    ab, bb = np.broadcast_to(a, batch + (M, 1)), np.broadcast_to(b, batch + (1, N))
+    a3, b3 = _flat3(ab, batch), _flat3(bb, batch)
+    if a3 is None or b3 is None:
+        return None
+    out = np.empty(batch + (M, N), _F32)
+    if out.size:
+        _state["batched_outer"](out.size // (M * N), M, N, ab.ctypes.data, a3, ab.strides[-2] // 4, bb.ctypes.data,
+                                b3, bb.strides[-1] // 4, out.ctypes.data, _threads(out.size))
     return out
 
 

@@ -19,7 +19,7 @@ from .. import _state
 from .._device import QUANTIZED_CPU
 from .._tensor import Tensor
 from .._dispatch import WRAPPER_DEVICE
-from .._backends import triton_launch, cuda_binary, is_cupy, array_namespaces
+from .._backends import triton_launch, cuda_binary, cpu_kernels, is_cupy, array_namespaces
 from . import _registry
 from ._registry import TensorSpec
 
@@ -79,6 +79,17 @@ def zero_where(xp, cond, v):
             mask = np.subtract(cond, 1, dtype=ity)      # keep: 0 - 1 = all ones, zero: 1 - 1 = all zeros
             return np.bitwise_and(v.view(ity), mask, out=mask).view(v.dtype)
     return xp.where(cond, 0, v)
+
+
+def zero_where_negative(xp, x, v, inclusive: bool):
+    """`zero_where(xp, x <= 0 if inclusive else x < 0, v)` (ReLU's select: forward with v = x, backward
+    with v the gradient); float32/float64 NumPy arrays of one shape and layout in one C++ pass
+    (`cpu_kernels.zero_where_negative`) instead of a compare, a mask and a select."""
+    if xp is np and type(x) is np.ndarray and type(v) is np.ndarray:
+        r = cpu_kernels.zero_where_negative(x, v, inclusive)
+        if r is not None:
+            return r
+    return zero_where(xp, x <= 0 if inclusive else x < 0, v)
 
 
 def cast(xp, x, npdt):

@@ -14,7 +14,7 @@ import numpy as np
 from .. import _dtype as D, random as R
 from .._backends import triton_launch, is_cupy, namespace_device
 from ._registry import defop, export, make_inplace, Op, register, TensorSpec, NN_FUNCTIONAL, Tag, EXPORTS
-from ._helpers import result_type, opmath, round_to, zero_where, broadcast_shapes, shape_of, wrap_dim, pointwise_strides
+from ._helpers import result_type, opmath, round_to, zero_where_negative, broadcast_shapes, shape_of, wrap_dim, pointwise_strides
 from .._dispatch import type_name, resize_out
 from .._device import canonical
 from . import _batching, _sharding
@@ -184,8 +184,8 @@ def _softplus(xp, x):
 # mask: an inf or NaN gradient outside the mask gives 0, not NaN. A NaN input passes the gradient
 # where ATen's formula (its CUDA kernel, its CPU scalar loop) compares `x <= lo`-style; PyTorch's
 # CPU vector blocks of hardtanh/hardswish/hard- and softshrink give 0 or NaN there instead, by layout.
-relu = pointwise_family("relu", fwd=lambda xp, x: zero_where(xp, x < 0, x),   # relu(-0.0) is -0.0, as PyTorch's
-                        bwd=lambda xp, g, x: zero_where(xp, x <= 0, g), ints=True, method=True, function=True,
+relu = pointwise_family("relu", fwd=lambda xp, x: zero_where_negative(xp, x, x, False),   # relu(-0.0) is -0.0
+                        bwd=lambda xp, g, x: zero_where_negative(xp, x, g, True), ints=True, method=True, function=True,
                         inplace=True, tags=(Tag.recomputable, Tag.no_fp_errors), fused_kind=lambda: _FUSED_RELU,
                         from_result=True)
 
