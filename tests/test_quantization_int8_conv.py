@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import flambeau
-from flambeau._backends import cpu_int8
+from flambeau._backends import cpu_int8, cpu_int8_conv
 from flambeau._dynamo.testing import no_unexpected_fallbacks
 from flambeau._inductor import config as inductor_config
 from flambeau.ao.quantization.quantize_pt2e import capture_pre_autograd_graph, convert_pt2e, prepare_pt2e
@@ -300,3 +300,57 @@ def test_pt2e_cnn_compiles_every_layer_to_int8_and_packs_once(freezing, monkeypa
         floats = flambeau.compile(converted)(flambeau.tensor(data[2])).numpy()
     assert "onednn::qconv2d_pointwise" not in _externs(made)
     np.testing.assert_allclose(floats, eager, rtol=1e-5, atol=1e-5)
+
+
+def _residual_block(m):
+    class Block(m.nn.Module):
+        """stem conv -> relu -> conv -> relu -> conv + identity -> relu -> conv: ResNet's basic block."""
+
+        def __init__(self):
+            super().__init__()
+            self.stem, self.c1 = m.nn.Conv2d(3, 8, 3, padding=1), m.nn.Conv2d(8, 8, 3, padding=1)
+            self.c2, self.head = m.nn.Conv2d(8, 8, 3, padding=1), m.nn.Conv2d(8, 4, 1)
+
+        def forward(self, x):
+            x = m.relu(self.stem(x))
+            return self.head(m.relu(self.c2(m.relu(self.c1(x))) + x))
+    return Block()
+
+
+def test_pt2e_residual_block_quantizes_the_identity_and_compiles_the_add_into_the_int8_conv(monkeypatch):
+    """X86InductorQuantizer annotates conv -> add(identity) as PyTorch's `_annotate_conv2d_binary_unary`:
+    the identity is observed (sharing the observer of c1's input, the same edge and spec), so the
+    converted add reads a dequantized u8 tensor, and the compiled block is 3 plain int8 convolutions +
+    one `qconv2d_pointwise.binary` whose accum is that u8 tensor (the add's output requantized for the
+    head); equal to the eager q/dq graph to float rounding."""
+    flambeau.manual_seed(0)
+    model = _residual_block(flambeau).eval()
+    data = calibration((2, 3, 12, 12))
+    prepared = prepare_pt2e(capture_pre_autograd_graph(model, (flambeau.tensor(data[0]),)),
+                            xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config()))
+    add = next(n for n in prepared.graph.nodes if n.target is flambeau.ops.aten.add.Tensor)
+    conv1 = [n for n in prepared.graph.nodes if n.target is flambeau.ops.aten.convolution.default][1]
+    extra = add.args[1] if add.args[0].target is flambeau.ops.aten.convolution.default else add.args[0]
+    assert extra.op == "call_module" and extra is conv1.args[0], (extra, conv1.args)
+    for x in data:
+        prepared(flambeau.tensor(x))
+    converted = convert_pt2e(prepared)
+    add = next(n for n in converted.graph.nodes if n.target is flambeau.ops.aten.add.Tensor)
+    assert any(a.target is QD.dequantize_per_tensor.default for a in add.args), add.args
+    flambeau._dynamo.reset()
+    made = spy_compile_fx(monkeypatch, [])
+    accums = []
+    real = cpu_int8_conv.qconv2d_packed
+
+    def recording_qconv2d_packed(*args, accum=None, **kwargs):
+        accums.append(None if accum is None else accum.dtype)
+        return real(*args, accum=accum, **kwargs)
+    monkeypatch.setattr(cpu_int8_conv, "qconv2d_packed", recording_qconv2d_packed)
+    with flambeau.no_grad(), no_unexpected_fallbacks():
+        got = flambeau.compile(converted)(flambeau.tensor(data[1])).numpy()
+        eager = converted(flambeau.tensor(data[1])).numpy()
+    names = _externs(made)
+    assert names.count("onednn::qconv2d_pointwise") == 3 and names.count("onednn::qconv2d_pointwise.binary") == 1, \
+        names
+    assert [a for a in accums if a is not None] == [np.uint8], accums
+    np.testing.assert_allclose(got, eager, rtol=0, atol=1e-5 * np.abs(eager).max())

@@ -3,9 +3,13 @@ annotates convolutions and linears for x86 int8 inference: uint8 affine activati
 observer; placeholder when dynamic; fused moving-average fake quantization under QAT) and int8
 symmetric per-output-channel weights, the configuration of `get_default_x86_inductor_quantization_config`.
 
-Only the operators' inputs are annotated (as PyTorch does for a convolution or linear not followed
-by an int8-consuming op); fused conv/linear + relu/add output patterns and the int8-in-int8-out
-propagation through pooling are not (yet) annotated.
+A convolution whose only user adds it to another tensor (ResNet's residual: conv -> add [-> relu])
+also gets the add's other input annotated with the activation spec, as PyTorch's
+`_annotate_conv2d_binary(_unary)`: the converted graph adds a dequantized residual, which the
+inductor's pass takes as the integer accum of `qconv2d_pointwise.binary`. Otherwise only the
+operators' inputs are annotated (as PyTorch does for a convolution or linear not followed by an
+int8-consuming op); linear + add, and the int8-in-int8-out propagation through pooling, are not
+(yet) annotated.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 from .... import _dtype as D
 from ....fx._aten import ops
 from ....fx.graph_module import GraphModule
+from ....fx.node import Node
 from ..observer import (HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver, MovingAverageMinMaxObserver,
                         MovingAveragePerChannelMinMaxObserver)
 from ..fake_quantize import FakeQuantize, FusedMovingAvgObsFakeQuantize
@@ -22,6 +27,13 @@ from . import ANNOTATION_KEY, QuantizationAnnotation, QuantizationSpec, Quantize
 X86_EPS = 2 ** -12       # the eps of PyTorch's x86 qconfig
 # the weighted operators the quantizer annotates: (op, position of the weight)
 _WEIGHTED = ((ops.aten.convolution.default, 1), (ops.aten.linear.default, 1))
+
+
+def _is_plain_conv(node) -> bool:
+    """A 2-D, not transposed `aten.convolution` node."""
+    return isinstance(node, Node) and node.op == "call_function" and \
+        node.target is ops.aten.convolution.default and len(node.args) == 9 and not node.args[6] and \
+        len(node.args[3]) == 2
 
 
 @dataclass(eq=True, frozen=True)
@@ -78,22 +90,45 @@ class X86InductorQuantizer(Quantizer):
                 return self.module_type_config[mtype]
         return self.global_config
 
+    def _annotate_weighted(self, node, w_pos: int) -> QuantizationConfig | None:
+        """Annotate a convolution's or linear's activation and weight; returns the config used (None: the
+        node is left alone)."""
+        config = self._config_for(node)
+        if config is None or ANNOTATION_KEY in node.meta:
+            return None
+        inputs = {}
+        if config.input_activation is not None:
+            inputs[node.args[0]] = config.input_activation
+        if config.weight is not None and len(node.args) > w_pos:
+            inputs[node.args[w_pos]] = config.weight
+        node.meta[ANNOTATION_KEY] = QuantizationAnnotation(input_qspec_map=inputs, _annotated=True)
+        return config
+
+    def _annotate_conv_add(self, model: GraphModule) -> None:
+        """conv -> add(conv, extra): the convolution as usual, and the add's extra input quantized (the
+        first operand that is such a convolution is the one fused, as PyTorch's)."""
+        for node in model.graph.nodes:
+            if node.op != "call_function" or node.target is not ops.aten.add.Tensor or len(node.args) != 2 or \
+                    node.kwargs.get("alpha", 1) != 1 or ANNOTATION_KEY in node.meta:
+                continue
+            for conv_pos in (0, 1):
+                conv, extra = node.args[conv_pos], node.args[1 - conv_pos]
+                if not _is_plain_conv(conv) or len(conv.users) != 1 or not isinstance(extra, Node):
+                    continue
+                config = self._annotate_weighted(conv, 1)
+                if config is not None and config.input_activation is not None:
+                    node.meta[ANNOTATION_KEY] = QuantizationAnnotation(
+                        input_qspec_map={extra: config.input_activation}, _annotated=True)
+                break
+
     def annotate(self, model: GraphModule) -> GraphModule:
+        self._annotate_conv_add(model)
         for node in model.graph.nodes:
             if node.op != "call_function":
                 continue
             for target, w_pos in _WEIGHTED:
-                if node.target is not target:
-                    continue
-                config = self._config_for(node)
-                if config is None or ANNOTATION_KEY in node.meta:
-                    continue
-                inputs = {}
-                if config.input_activation is not None:
-                    inputs[node.args[0]] = config.input_activation
-                if config.weight is not None and len(node.args) > w_pos:
-                    inputs[node.args[w_pos]] = config.weight
-                node.meta[ANNOTATION_KEY] = QuantizationAnnotation(input_qspec_map=inputs, _annotated=True)
+                if node.target is target:
+                    self._annotate_weighted(node, w_pos)
         return model
 
     def validate(self, model: GraphModule) -> None:
