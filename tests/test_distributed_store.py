@@ -150,6 +150,29 @@ def test_tcp_store_client_in_another_process_and_pytorch_layout():
     assert p.stdout.strip() == "5" and master.get("from_child") == b"hi"
 
 
+_SERVER_AT_EXIT = r"""
+import atexit, sys, threading
+
+def report():          # registered first, so it runs after flambeau's own atexit handlers
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("flambeau-tcpstore")]
+    print("server threads at exit:", alive, flush=True)
+
+atexit.register(report)
+from flambeau.distributed import TCPStore
+store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+store.set("k", b"v")
+kept = store           # alive until the interpreter is finalized, like a rank's default store
+"""
+
+
+def test_tcp_store_server_thread_is_stopped_before_the_interpreter_is_finalized():
+    """A server thread still running while Python finalizes can be woken by a peer (libuv's read callback
+    takes the GIL) and crash the process: it must be stopped by the time atexit handlers are done."""
+    r = subprocess.run([sys.executable, "-c", _SERVER_AT_EXIT], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "server threads at exit: []" in r.stdout, r.stdout + r.stderr
+
+
 def test_file_store_shared_by_two_handles_and_deleted_by_the_last(tmp_path):
     path = str(tmp_path / "shared")
     a, b = dist.FileStore(path, 2), dist.FileStore(path, 2)

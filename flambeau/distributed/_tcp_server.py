@@ -1,5 +1,10 @@
 """The TCPStore server: one asyncio event loop in a daemon thread, on uvloop (libuv) when installed.
 
+Every live server is stopped, its thread joined, by an `atexit` handler: Python finalizes the interpreter
+after its atexit handlers while daemon threads still run, and a server thread woken then (a peer closing its
+connection as the job ends) enters the finalized interpreter from libuv's read callback and crashes the
+process with SIGSEGV, after faulthandler is gone (a rank of the CI's 2-process runs died so, now and then).
+
 Requests are frames of byte strings (see `store._frame`): an operation name and its arguments. Each
 operation runs atomically on the loop's dict (`store.apply_op`); `wait` parks the connection until its
 keys exist or its deadline passes, without blocking other clients (PyTorch's TCPStore on libuv, 2.4).
@@ -7,10 +12,12 @@ keys exist or its deadline passes, without blocking other clients (PyTorch's TCP
 from __future__ import annotations
 
 import asyncio
+import atexit
 import socket
 import struct
 import sys
 import threading
+import weakref
 
 from ._store_ops import MISSING, apply_op, decode_arg, encode_arg, frame
 
@@ -48,6 +55,7 @@ class StoreServer:
         self._thread.start()
         if not ready.wait(SERVER_START_S):
             raise RuntimeError(f"TCPStore: the server on port {self.port} did not start")
+        _live.add(self)
 
     def _serve(self, sock: socket.socket, ready: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
@@ -102,3 +110,15 @@ class StoreServer:
             self.loop.call_soon_threadsafe(self._shutdown)
             if not sys.is_finalizing():
                 self._thread.join(SERVER_STOP_S)
+
+
+_live: weakref.WeakSet = weakref.WeakSet()       # servers whose loop may still run
+
+
+def _close_live_servers() -> None:
+    """Stop every live server and join its thread before the interpreter is finalized (module docstring)."""
+    for server in list(_live):
+        server.close()
+
+
+atexit.register(_close_live_servers)
