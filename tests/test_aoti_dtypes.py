@@ -6,7 +6,8 @@ batched products, each in float64 (double kernels: fl_dgemm, fl_conv2d_f64, the 
 resampling) and in bfloat16/float16 (operands widened to float, results rounded once), packaged with a
 dynamic batch and run from Python and from the C++ program (no Python), against PyTorch eager with the
 same weights: float64 to 1e-10; low precision judged against PyTorch's float64 forward, our RMSE no
-worse than 1.5x that of PyTorch's own low-precision forward.
+worse than 1.5x that of PyTorch's own low-precision forward. `sort` and `topk` (any dtype) against
+PyTorch's stable sort and topk, values and indices exactly.
 """
 from __future__ import annotations
 
@@ -107,3 +108,53 @@ def test_aoti_package_of_each_dtype_matches_pytorch(tmp_path, name, dtype):
     r, _ = _run_cpp(pkg, tmp_path, [x3])
     assert r.returncode == 0, r.stderr
     _check(read_tensor_file(str(tmp_path / "output0.bin")).double().numpy(), x3.double().numpy(), tm, dtype)
+
+
+class _Sorter:
+    @staticmethod
+    def make(lib):
+        class Sorter(lib.nn.Module):
+            def forward(self, x, y):
+                return (*x.sort(dim=1, descending=True), *x.sort(dim=0), *y.topk(3), *y.topk(2, dim=1, largest=False))
+        return Sorter()
+
+
+def _sort_inputs(b, dtype, seed):
+    """x: values with ties (and a NaN for float dtypes) to sort; y: each row a permutation of 0..7 (no
+    ties: PyTorch's topk orders ties as it likes) with a NaN, the largest, in row 0."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-3, 4, (b, 8)).astype(np.float64)
+    y = np.stack([rng.permutation(8) for _ in range(b)]).astype(np.float64)
+    if dtype != "int64":
+        x[0, 3], y[0, 5] = np.nan, np.nan
+        x = x + rng.integers(0, 2, x.shape) * 0.5
+    return fl.tensor(x).to(getattr(fl, dtype)), fl.tensor(y).to(getattr(fl, dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "int64"])
+def test_aoti_sort_and_topk_match_pytorch(tmp_path, dtype):
+    """sort (stable: ties in order, NaN the largest) and topk (largest/smallest) run in the C++ wrapper:
+    values and indices equal to PyTorch's (sort stable=True) from Python (batch 3 and 6) and C++ (batch 4)."""
+    import torch
+    m, tm = _Sorter.make(fl), _Sorter.make(torch)
+    x, y = _sort_inputs(3, dtype, 0)
+    pkg = aoti_compile_and_package(export(m, (x, y), dynamic_shapes={"x": {0: Dim("b", max=8)}, "y": {0: Dim("c", max=8)}}),
+                                   package_path=str(tmp_path / "s.pt2"))
+    with zipfile.ZipFile(pkg) as z:
+        assert z.read("model.cpp").decode().count("fl_sort<") == 4
+    run = aoti_load_package(pkg)
+    x4, y4 = _sort_inputs(4, dtype, 1)
+    r, _ = _run_cpp(pkg, tmp_path, [x4, y4])
+    assert r.returncode == 0, r.stderr
+    cpp = [read_tensor_file(str(tmp_path / f"output{i}.bin")) for i in range(8)]
+    torch_sort = torch.Tensor.sort
+    for (xs, ys), got in [(_sort_inputs(b, dtype, b), None) for b in (3, 6)] + [((x4, y4), cpp)]:
+        got = run(xs, ys) if got is None else got
+        tx, ty = (torch.tensor(t.double().numpy()).to(getattr(torch, dtype)) for t in (xs, ys))
+        torch.Tensor.sort = lambda t, *a, **k: torch_sort(t, *a, stable=True, **k)
+        try:
+            want = tm(tx, ty)
+        finally:
+            torch.Tensor.sort = torch_sort
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.double().numpy(), w.double().numpy())

@@ -19,8 +19,8 @@ Buffers the program updates (BUFFER_MUTATION: BatchNorm in training mode, counte
 constants the runner owns and model.so rewrites after each run (StateTable). Programs that write
 their inputs, take non-tensor inputs, or need an op the C++ wrapper can't run (it runs mm and bmm,
 1-D/2-D convolution (grouped, transposed), 2-D max pooling and the resampling gather of
-interpolate/average pooling/pads in float32, float64, bfloat16 and float16, and the fused CPU
-attention, besides the generated kernels) are refused with a RuntimeError naming the reason.
+interpolate/average pooling/pads in float32, float64, bfloat16 and float16, sort and topk, and the
+fused CPU attention, besides the generated kernels) are refused with a RuntimeError naming the reason.
 """
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ with its layout's shape. `sym` holds the size symbols' values (`size_names` orde
 them as trailing arguments. The extern steps the C++ wrapper can run are `mm` and `bmm` (float32 and
 bfloat16 through flambeau's GEMMs, float sums rounded once; float64 with double sums), 1-D and 2-D
 `convolution` (grouped: one call per image and group; transposed: the GEMM then fl_col2im),
-`max_pool2d_with_indices` and `_taps_gather` (interpolate, average pooling, pads), float32 or float64
-(the C++ of cpp_wrapper_kernels.py); bfloat16/float16 operands of these are widened to float and
+`max_pool2d_with_indices` and `_taps_gather` (interpolate, average pooling, pads), float32 or float64,
+`sort` and `topk` of any dtype (the C++ of cpp_wrapper_kernels.py); bfloat16/float16 operands of these are widened to float and
 the results rounded once (`_widened`, WIDENED_OPS); and the fused CPU attention `_sdpa_flash_cpu`
 (4-d operands without a mask, `flash_reason`; a two-output op: out and its
 logsumexp), through the function pointers of `EXTERNS`, set once by `fl_set_externs(table, threads)`
@@ -54,11 +54,12 @@ from .scheduler import Kernel
 from .sizevars import SizeExpr
 from .wrapper import WrapperCodegen, kernel_error
 
-CPP_EXTERN_OPS = ("mm", "bmm", "convolution", "_sdpa_flash_cpu", "max_pool2d_with_indices", "_taps_gather")
+CPP_EXTERN_OPS = ("mm", "bmm", "convolution", "_sdpa_flash_cpu", "max_pool2d_with_indices", "_taps_gather", "sort",
+                  "topk")
 # the externs whose bfloat16/float16 operands are widened to float for their float32 code (bfloat16
 # products have their own GEMM, the attention its own lowp paths)
 PRODUCT_DTYPES = (D.float32, D.float64, D.bfloat16)     # mm/bmm operands run as they are (float16: widened)
-WIDENED_OPS = ("mm", "bmm", "convolution", "max_pool2d_with_indices", "_taps_gather")
+WIDENED_OPS = ("mm", "bmm", "convolution", "max_pool2d_with_indices", "_taps_gather", "sort", "topk")
 PARALLEL_MACS = 1 << 20          # as cpu_kernels.PARALLEL_MACS: smaller products run on one thread
 LOWP_CODES = {D.float32: 0, D.bfloat16: 1, D.float16: 2}     # cpu_attention.cpp's operand dtype codes
 # The library functions the generated wrapper calls, in the order of fl_set_externs' table: the wrapper's
@@ -518,6 +519,29 @@ class CppWrapper:
             if i > 0:
                 self.line(f"fl_free({src});")
             src = dst
+
+    def _extern_sort(self, ek):
+        x, dim, descending, _ = ek.op.bind(*ek.args, **ek.kwargs)
+        self._sort(ek, x, dim, None, descending)
+
+    def _extern_topk(self, ek):
+        x, k, dim, largest, _ = ek.op.bind(*ek.args, **ek.kwargs)
+        self._sort(ek, x, dim, k, largest)
+
+    def _sort(self, ek, x, dim, k, descending):
+        """sort (k None: every element) or topk along `dim` of a contiguous input (cpp_wrapper_kernels.fl_sort:
+        stable, NaN the largest, as the eager kernels; bfloat16/float16 widened, exact)."""
+        if not (x.layout.is_contiguous() or (isinstance(x, StridedView) and _contiguous_at_offset(x.layout))):
+            raise Unsupported(f"the C++ wrapper runs {ek.op.name} on contiguous inputs only")
+        shape = list(x.layout.shape) or [1]
+        d = dim % len(shape)
+        outer = " * ".join(_c(s) for s in shape[:d]) or "1"
+        inner = " * ".join(_c(s) for s in shape[d + 1:]) or "1"
+        values, indices = (next(o for o in ek.outputs if o.i == i) for i in (0, 1))
+        n = _c(shape[d])
+        kk = n if k is None else _c(k)
+        self.line(f"fl_sort<{self._t(x)}>({outer}, {n}, {inner}, {kk}, {self._operand(x)[0]}, {values.name}, "
+                  f"{indices.name}, {int(bool(descending))}, fl_threads({outer} * {inner} * {n} * 16));")
 
     def _gemm_bf16(self, ek, B, M, N, K, pa, sa, pb, sb):
         """A bfloat16 product (batch B, element strides sa/sb as (batch, row, column)): float sums in a

@@ -6,6 +6,7 @@ whose lowp.h conversions it uses):
 - `fl_max_pool2d<T>`: max_pool2d_with_indices on contiguous planes, as PyTorch's CPU kernel;
 - `fl_col2im<T>`: a transposed convolution's columns added into its output;
 - `fl_taps_axis<T>`: one axis of `_taps_gather` (interpolate, average pooling, pads);
+- `fl_sort<T>`: `sort` and `topk` along a dim (stable, NaN as the largest value);
 - `fl_dgemm` / `fl_conv2d_f64`: float64 products and convolutions with double sums (the signatures of
   flambeau's float32 `flm_sgemm` / `flm_conv2d`, so one emitter serves both dtypes; loops blocked
   for the cache, rows or images over OpenMP: correct and moderate, float64 models are rare in
@@ -27,6 +28,8 @@ LOWP_CODE = {D.bfloat16: 1, D.float16: 2}          # fl_widen / fl_narrow's dtyp
 DGEMM_BLOCK = 64                                   # fl_dgemm's k-block (a 64 x N panel of B stays in cache)
 
 KERNELS = r"""
+#include <numeric>
+#include <vector>
 // max_pool2d_with_indices on contiguous planes, as PyTorch's CPU kernel: each window's max (a NaN
 // wins), the flat index (ih * W + iw) of the element taken, padding never taken; planes split over threads
 template <typename T>
@@ -139,6 +142,33 @@ static void fl_conv2d_f64(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O,
                         }
                     }
         }
+}
+
+// sort / topk along one dim of a contiguous array seen as (outer, n, inner): for each line the first k of
+// its elements in stable order (ascending: NaN last; descending: NaN first; ties in their original order,
+// as flambeau's eager sort and PyTorch's stable sort), values into y and positions into idx ((outer, k, inner))
+template <typename T>
+static void fl_sort(int64_t outer, int64_t n, int64_t inner, int64_t k, const T* x, T* y, int64_t* idx,
+                    int descending, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < outer * inner; p++) {
+        const int64_t o = p / inner, i = p % inner;
+        const T* xs = x + o * n * inner + i;
+        std::vector<int64_t> order(n);
+        std::iota(order.begin(), order.end(), int64_t(0));
+        if (descending)
+            std::stable_sort(order.begin(), order.end(), [xs, inner](int64_t a, int64_t b) {
+                const T u = xs[a * inner], v = xs[b * inner];
+                return (u != u && v == v) || u > v; });
+        else
+            std::stable_sort(order.begin(), order.end(), [xs, inner](int64_t a, int64_t b) {
+                const T u = xs[a * inner], v = xs[b * inner];
+                return (u == u && v != v) || u < v; });
+        for (int64_t j = 0; j < k; j++) {
+            y[(o * k + j) * inner + i] = xs[order[j] * inner];
+            idx[(o * k + j) * inner + i] = order[j];
+        }
+    }
 }
 
 // dst (contiguous float) = the bfloat16 (code 1) or float16 (code 2) strided view (shape, element strides) at src
