@@ -155,3 +155,57 @@ def test_save_and_load_round_trip(layout, tmp_path):
     flambeau.save({"w": s}, tmp_path / "s.pt")
     back = flambeau.load(tmp_path / "s.pt")["w"]
     assert _components(back) == _components(s)
+
+
+def _hybrid(seed=1):
+    """(6, 8, 2) with whole entries zero and one entry zero in one of its two dense elements."""
+    x = np.repeat(_matrix(seed)[:, :, None], 2, axis=2) * np.array([1.0, -0.5], np.float32)
+    x[0, 0] = [0.0, 3.0]
+    return x.astype(np.float32)
+
+
+HYBRID = {
+    "csr": lambda m, t: t.to_sparse_csr(dense_dim=1),
+    "csc": lambda m, t: t.to_sparse_csc(dense_dim=1),
+    "bsr": lambda m, t: t.to_sparse_bsr((2, 4), dense_dim=1),
+    "bsc": lambda m, t: t.to_sparse_bsc((3, 2), dense_dim=1),
+    "layout_kwarg": lambda m, t: t.to_sparse(layout=m.sparse_csr, dense_dim=1),
+    "coo_to_csr": lambda m, t: t.to_sparse(2).to_sparse_csr(),
+    "csr_to_csc": lambda m, t: t.to_sparse_csr(dense_dim=1).to_sparse_csc(),
+}
+
+
+@pytest.mark.parametrize("case", list(HYBRID))
+def test_hybrid_compressed_tensors_match_pytorch(case):
+    """Two sparse dimensions then a dense one (`dense_dim=1`): an entry is stored where any of its dense
+    elements is non-zero; PyTorch's components, values (nnz[, bh, bw], 2), dense_dim and to_dense."""
+    x = _hybrid()
+    want, got = HYBRID[case](torch, torch.tensor(x)), HYBRID[case](flambeau, flambeau.tensor(x))
+    assert str(got.layout) == str(want.layout) and got.dense_dim() == want.dense_dim() == 1
+    assert _components(got)[:-1] == _components(want)[:-1]
+    np.testing.assert_array_equal(got.values().detach().numpy(), want.values().numpy())
+    np.testing.assert_array_equal(got.to_dense().numpy(), x)
+
+
+def test_hybrid_csr_constructor_and_gradients():
+    """`sparse_csr_tensor` with (nnz, 2) values builds PyTorch's hybrid matrix; the gradient of to_dense
+    through a hybrid CSR reaches the dense input at the stored entries only, all their dense elements
+    (float64 math; PyTorch's CSR has no backward here)."""
+    args = ([0, 1, 1, 3], [2, 0, 1], [[1.0, 2.0], [3.0, 0.0], [0.0, -1.0]])
+    want = torch.sparse_csr_tensor(*(torch.tensor(a) for a in args), size=(3, 3, 2))
+    got = flambeau.sparse_csr_tensor(*(flambeau.tensor(a) for a in args), size=(3, 3, 2))
+    np.testing.assert_array_equal(got.to_dense().numpy(), want.to_dense().numpy())
+    x = _hybrid()
+    w = np.random.default_rng(2).standard_normal(x.shape)
+    t = flambeau.tensor(x.astype(np.float64), requires_grad=True)
+    (t.to_sparse_csr(dense_dim=1).to_dense() * flambeau.tensor(w)).sum().backward()
+    stored = (x != 0).any(axis=2, keepdims=True)
+    np.testing.assert_allclose(t.grad.numpy(), w * stored, rtol=0, atol=1e-12)
+
+
+def test_batched_compressed_layouts_are_refused_with_the_batch_named():
+    x = flambeau.tensor(_hybrid())
+    with pytest.raises(RuntimeError, match=r"batched compressed layouts are not supported.*1 batch dimension"):
+        x.to_sparse_csr()
+    with pytest.raises(RuntimeError, match="expected 2 sparse dimensions and dense_dim=2"):
+        x.to_sparse_csr(dense_dim=2)

@@ -146,7 +146,7 @@ def dense_to_sparse(x: Tensor, sparse_dim: int | None = None, *, layout=None, bl
                     dense_dim=None) -> SparseTensor:
     """`Tensor.to_sparse(sparse_dim)` / `to_sparse(layout=..., blocksize=...)` on a dense tensor or a sparse one."""
     if layout in COMPRESSED:
-        return to_compressed(x, layout, check_blocksize(layout, blocksize))
+        return to_compressed(x, layout, check_blocksize(layout, blocksize), dense_dim)
     if layout is not None and layout not in (sparse_coo, strided):
         raise NotImplementedError(f"to_sparse: conversion to {layout} is not supported by flambeau")
     if isinstance(x, SparseTensor):
@@ -172,8 +172,10 @@ def dense_to_sparse(x: Tensor, sparse_dim: int | None = None, *, layout=None, bl
     return with_values(vals, pattern)
 
 
-def to_compressed(x: Tensor, layout, blocksize: tuple | None = None) -> SparseTensor:
-    """CSR/CSC/BSR/BSC from a dense 2-D tensor or a sparse one, through a coalesced COO tensor."""
+def to_compressed(x: Tensor, layout, blocksize: tuple | None = None, dense_dim: int | None = None) -> SparseTensor:
+    """CSR/CSC/BSR/BSC from a dense tensor (2-D, or hybrid: 2 sparse dimensions then `dense_dim` dense
+    ones, an entry stored where any of its dense elements is non-zero) or a sparse one, through a
+    coalesced COO tensor."""
     name = "to_sparse_" + layout.name[len("sparse_"):]
     if isinstance(x, SparseTensor):
         p = x._pattern
@@ -186,33 +188,38 @@ def to_compressed(x: Tensor, layout, blocksize: tuple | None = None) -> SparseTe
             where = name if p.layout is layout else f"sparse_compressed_{name}"
             raise RuntimeError(f"{where}: conversion from {layout_kind(p.layout)} to {layout_kind(layout)} with "
                                f"blocksize changed from {list(p.block)} to {list(blocksize)} is not supported")
-    if x.dim() != 2:
-        raise RuntimeError(f"{name}: expected a 2-D tensor (batched compressed layouts are not supported), got "
-                           f"{x.dim()}-D")
-    if not isinstance(x, SparseTensor) and layout in BLOCKED:
+    if isinstance(x, SparseTensor):
+        return compress(coalesce(dense_to_sparse(x)), layout, blocksize)
+    dense_dim = 0 if dense_dim is None else int(dense_dim)
+    if dense_dim < 0 or x.dim() - dense_dim < 2:
+        raise RuntimeError(f"{name}: expected 2 sparse dimensions and dense_dim={dense_dim} dense ones, got a "
+                           f"{x.dim()}-D tensor")
+    if x.dim() - dense_dim != 2:
+        raise RuntimeError(f"{name}: batched compressed layouts are not supported by flambeau: a {x.dim()}-D tensor "
+                           f"with dense_dim={dense_dim} has {x.dim() - dense_dim - 2} batch dimension(s)")
+    if layout in BLOCKED and not dense_dim:
         return dense_blocks(x, layout, blocksize)
-    s = coalesce(dense_to_sparse(x)) if isinstance(x, SparseTensor) else dense_to_sparse(x)
-    return compress(s, layout, blocksize)
+    return compress(dense_to_sparse(x, 2), layout, blocksize)
 
 
 def to_sparse_csr(x: Tensor, dense_dim=None) -> SparseTensor:
-    """CSR from a dense 2-D tensor or a COO/CSC one (coalesced first)."""
-    return to_compressed(x, sparse_csr)
+    """CSR from a dense 2-D (or hybrid, `dense_dim`) tensor or a COO/CSC one (coalesced first)."""
+    return to_compressed(x, sparse_csr, None, dense_dim)
 
 
 def to_sparse_csc(x: Tensor, dense_dim=None) -> SparseTensor:
     """`Tensor.to_sparse_csc()`: CSC from a dense 2-D tensor or a COO/CSR one."""
-    return to_compressed(x, sparse_csc)
+    return to_compressed(x, sparse_csc, None, dense_dim)
 
 
 def to_sparse_bsr(x: Tensor, blocksize, dense_dim=None) -> SparseTensor:
     """`Tensor.to_sparse_bsr(blocksize)`: the blocks (bh, bw) holding a stored or non-zero entry."""
-    return to_compressed(x, BLOCKED[0], check_blocksize(BLOCKED[0], blocksize))
+    return to_compressed(x, BLOCKED[0], check_blocksize(BLOCKED[0], blocksize), dense_dim)
 
 
 def to_sparse_bsc(x: Tensor, blocksize, dense_dim=None) -> SparseTensor:
     """`Tensor.to_sparse_bsc(blocksize)`: as `to_sparse_bsr`, blocks ordered by block column."""
-    return to_compressed(x, BLOCKED[1], check_blocksize(BLOCKED[1], blocksize))
+    return to_compressed(x, BLOCKED[1], check_blocksize(BLOCKED[1], blocksize), dense_dim)
 
 
 # ---- products -----------------------------------------------------------------------------------------------
