@@ -203,9 +203,73 @@ def test_hybrid_csr_constructor_and_gradients():
     np.testing.assert_allclose(t.grad.numpy(), w * stored, rtol=0, atol=1e-12)
 
 
-def test_batched_compressed_layouts_are_refused_with_the_batch_named():
-    x = flambeau.tensor(_hybrid())
-    with pytest.raises(RuntimeError, match=r"batched compressed layouts are not supported.*1 batch dimension"):
-        x.to_sparse_csr()
-    with pytest.raises(RuntimeError, match="expected 2 sparse dimensions and dense_dim=2"):
-        x.to_sparse_csr(dense_dim=2)
+def _batched(seed=3, shape=(2, 2, 3, 4, 2), per_batch=4):
+    """Batches of matrices with the same number of stored entries (PyTorch's rule), hybrid when 5-D."""
+    rng = np.random.default_rng(seed)
+    x = np.zeros(shape, np.float32)
+    for b in np.ndindex(*shape[:-3 if len(shape) == 5 else -2]):
+        for q in rng.choice(shape[-3] * shape[-2] if len(shape) == 5 else shape[-2] * shape[-1], per_batch,
+                            replace=False):
+            n = shape[-2] if len(shape) == 5 else shape[-1]
+            x[b + (q // n, q % n)] = rng.standard_normal(shape[-1] if len(shape) == 5 else ()) + 2
+    return x
+
+
+BATCHED = {   # input, conversion
+    "csr": ((2, 3, 4), lambda t: t.to_sparse_csr()),
+    "csc": ((2, 3, 4), lambda t: t.to_sparse_csc()),
+    "csr_two_batch_dims_hybrid": ((2, 2, 3, 4, 2), lambda t: t.to_sparse_csr(dense_dim=1)),
+    "csc_two_batch_dims_hybrid": ((2, 2, 3, 4, 2), lambda t: t.to_sparse_csc(dense_dim=1)),
+    "csr_to_csc": ((2, 3, 4), lambda t: t.to_sparse_csr().to_sparse_csc()),
+    "csc_to_csr": ((2, 3, 4), lambda t: t.to_sparse_csc().to_sparse_csr()),
+}
+
+
+@pytest.mark.parametrize("case", list(BATCHED))
+def test_batched_compressed_tensors_match_pytorch(case):
+    """Batch dimensions before the matrix: PyTorch's crow/col (or ccol/row) of shape (*batch, ...), values
+    (*batch, nnz, *dense), _nnz per batch, sparse_dim 2, to_dense, to_sparse (COO over batch + matrix
+    dimensions), value-wise ops keeping the layout, and the constructor rebuilding it (size inferred)."""
+    shape, convert = BATCHED[case]
+    x = _batched(shape=shape)
+    want, got = convert(torch.tensor(x)), convert(flambeau.tensor(x))
+    assert str(got.layout) == str(want.layout) and got._nnz() == want._nnz()
+    assert (got.sparse_dim(), got.dense_dim()) == (want.sparse_dim(), want.dense_dim())
+    assert _components(got) == _components(want)
+    np.testing.assert_array_equal(got.to_dense().numpy(), x)
+    np.testing.assert_array_equal(got.to_sparse()._indices().numpy(), want.to_sparse()._indices().numpy())
+    for op in (lambda t: t * 2, lambda t: t.sin(), lambda t: -t):
+        assert _components(op(got))[:-1] == _components(op(want))[:-1]
+        np.testing.assert_allclose(op(got).to_dense().numpy(), op(want).to_dense().numpy(), rtol=1e-6)
+    row = str(want.layout) == "torch.sparse_csr"
+    parts = [want.crow_indices(), want.col_indices()] if row else [want.ccol_indices(), want.row_indices()]
+    ctor = flambeau.sparse_csr_tensor if row else flambeau.sparse_csc_tensor
+    built = ctor(*(flambeau.tensor(t.numpy()) for t in parts), flambeau.tensor(want.values().numpy()))
+    assert tuple(built.shape) == x.shape
+    np.testing.assert_array_equal(built.to_dense().numpy(), x)
+
+
+def test_batched_csr_gradients_and_refusals():
+    """values() of a batched CSR made from a dense tensor carries the gradient to the stored entries
+    (float64 math); PyTorch's refusals: batches of different nnz, a 3-D COO to CSR; products of batched
+    compressed tensors are refused (PyTorch has none either), as are batched blocked layouts."""
+    x = _batched(shape=(2, 3, 4))
+    t = flambeau.tensor(x.astype(np.float64), requires_grad=True)
+    w = np.random.default_rng(4).standard_normal((2, 4))
+    (t.to_sparse_csr().values() * flambeau.tensor(w)).sum().backward()
+    want = np.zeros_like(x, dtype=np.float64)
+    b, r, c = np.nonzero(x)
+    want[b, r, c] = w.reshape(-1)
+    np.testing.assert_allclose(t.grad.numpy(), want, rtol=0, atol=1e-12)
+    uneven = x.copy()
+    uneven[0, 0, 0] = 5.0 if x[0, 0, 0] == 0 else 0.0
+    for m in (torch, flambeau):
+        with pytest.raises(RuntimeError, match="Expect the same number of specified elements per batch"):
+            m.tensor(uneven).to_sparse_csr()
+        with pytest.raises(RuntimeError, match=r"coo_to_sparse_csr: conversion from Sparse to SparseCsr for input "
+                                               r"tensors with sparse_dim\(\)!=2 is not supported"):
+            m.tensor(x).to_sparse().to_sparse_csr()
+    with pytest.raises(NotImplementedError, match="SparseCsrCPU"):
+        flambeau.tensor(x).to_sparse_csr() @ flambeau.ones(4, 2)
+    with pytest.raises(RuntimeError, match="batched blocked layouts are not supported"):
+        flambeau.tensor(x).to_sparse_bsr((1, 2))

@@ -37,7 +37,10 @@ def sparse_compressed_tensor(compressed_indices, plain_indices, values, size=Non
         raise RuntimeError(f"sparse_compressed_tensor: expected layout sparse_csr, sparse_csc, sparse_bsr or "
                            f"sparse_bsc, got {layout}")
     name = CONSTRUCTOR[layout]
-    comp = np.asarray(_as_tensor(compressed_indices).detach().numpy(), dtype=INDEX_DTYPE).reshape(-1)
+    comp = np.asarray(_as_tensor(compressed_indices).detach().numpy(), dtype=INDEX_DTYPE)
+    if comp.ndim > 1:
+        return batched_compressed_tensor(comp, plain_indices, values, size, dtype, layout, device, requires_grad)
+    comp = comp.reshape(-1)
     plain = np.asarray(_as_tensor(plain_indices).detach().numpy(), dtype=INDEX_DTYPE).reshape(-1)
     values = _as_tensor(values, dtype)
     if dtype is not None and values.dtype is not dtype:
@@ -82,6 +85,77 @@ def sparse_compressed_tensor(compressed_indices, plain_indices, values, size=Non
     if requires_grad:
         out = out.detach().requires_grad_()
     return out
+
+
+def batched_compressed_tensor(comp, plain_indices, values, size, dtype, layout, device, requires_grad):
+    """A batched CSR/CSC tensor: compressed (*batch, n + 1), plain (*batch, nnz) and values (*batch, nnz,
+    *dense), every batch a matrix of the same nnz (PyTorch's rule); stored as the coordinates (batch...,
+    row, col) of all entries, batch-major, with the compressed pointers kept per batch."""
+    name = CONSTRUCTOR[layout]
+    if layout in BLOCKED:
+        raise NotImplementedError(f"{name}: batched blocked layouts are not supported by flambeau")
+    plain = np.asarray(_as_tensor(plain_indices).detach().numpy(), dtype=INDEX_DTYPE)
+    values = _as_tensor(values, dtype)
+    if dtype is not None and values.dtype is not dtype:
+        values = values.to(dtype)
+    batch, nb = tuple(comp.shape[:-1]), comp.ndim - 1
+    nnz = plain.shape[-1]
+    if plain.shape[:-1] != batch or tuple(values.shape[:nb + 1]) != batch + (nnz,) or \
+            np.any(comp[..., 0] != 0) or np.any(comp[..., -1] != nnz) or np.any(np.diff(comp, axis=-1) < 0):
+        raise RuntimeError(f"{name}: batched compressed indices {list(comp.shape)}, plain indices {list(plain.shape)} "
+                           f"and values {list(values.shape)} do not describe {batch} matrices of {nnz} entries each: "
+                           "each batch's compressed indices must be non-decreasing, start at 0 and end at nnz")
+    n_comp = comp.shape[-1] - 1
+    column_major = layout in COLUMN_COMPRESSED
+    extra = tuple(values.shape[nb + 1:])
+    if size is None:
+        n_plain = int(plain.max()) + 1 if plain.size else 0
+        size = batch + ((n_plain, n_comp) if column_major else (n_comp, n_plain)) + extra
+    size = tuple(int(v) for v in size)
+    plain_extent = size[nb] if column_major else size[nb + 1]
+    if len(size) != nb + 2 + len(extra) or size[:nb] != batch or n_comp != size[nb + (1 if column_major else 0)]:
+        raise RuntimeError(f"{name}: size {list(size)} does not match batched compressed indices of shape "
+                           f"{list(comp.shape)} and values of shape {list(values.shape)}")
+    if plain.size and (plain.min() < 0 or plain.max() >= plain_extent):
+        raise RuntimeError(f"{name}: plain indices must be in [0, {plain_extent}), got a maximum of {plain.max()}")
+    B = int(np.prod(batch))
+    flat_comp = comp.reshape(B, n_comp + 1)
+    major = np.concatenate([np.repeat(np.arange(n_comp, dtype=INDEX_DTYPE), np.diff(c)) for c in flat_comp]) \
+        if B else np.zeros(0, INDEX_DTYPE)
+    coords = np.unravel_index(np.repeat(np.arange(B, dtype=INDEX_DTYPE), nnz), batch) if B else [np.zeros(0)] * nb
+    minor = plain.reshape(-1)
+    idx = np.stack([*coords, minor, major] if column_major else [*coords, major, minor]).astype(INDEX_DTYPE)
+    dev = canonical(device) if device is not None else values.device
+    pattern = SparsePattern(layout, size, idx.reshape(nb + 2, -1), comp.copy(), True, dev)
+    out = with_values(values.reshape((B * nnz,) + extra), pattern)
+    if requires_grad:
+        out = out.detach().requires_grad_()
+    return out
+
+
+def compress_batched(coo: SparseTensor, layout, n_batch: int) -> SparseTensor:
+    """A coalesced COO tensor whose first `n_batch` sparse dimensions are batches as batched CSR/CSC;
+    PyTorch's refusal when the batches hold different numbers of entries."""
+    p = coo._pattern
+    batch = p.shape[:n_batch]
+    B = int(np.prod(batch))
+    bidx = np.ravel_multi_index(tuple(p.idx[:n_batch]), batch) if p.nnz else np.zeros(0, INDEX_DTYPE)
+    counts = np.bincount(bidx, minlength=B)
+    if B and np.any(counts != counts[0]):
+        raise RuntimeError("Expect the same number of specified elements per batch.")
+    column_major = layout in COLUMN_COMPRESSED
+    rows, cols = p.idx[n_batch], p.idx[n_batch + 1]
+    vals = values_of(coo)
+    order = np.lexsort((rows, cols, bidx)) if column_major else np.arange(p.nnz)
+    idx = p.idx[:, order]
+    if column_major:
+        vals = vals.index_select(0, _tensor(order))
+    n_major = p.shape[n_batch + 1] if column_major else p.shape[n_batch]
+    major = idx[n_batch + 1] if column_major else idx[n_batch]
+    per_batch = np.bincount(bidx[order] * n_major + major, minlength=B * n_major).reshape(B, n_major)
+    ptr = np.zeros((B, n_major + 1), INDEX_DTYPE)
+    np.cumsum(per_batch, axis=1, out=ptr[:, 1:])
+    return with_values(vals, SparsePattern(layout, p.shape, idx, ptr.reshape(batch + (n_major + 1,)), True, p.device))
 
 
 def sparse_csc_tensor(ccol_indices, row_indices, values, size=None, **kw) -> SparseTensor:

@@ -17,7 +17,8 @@ from .._tensor import Tensor, sparse_coo, sparse_csc, sparse_csr, strided
 from .._dispatch import type_name
 from .._ops.creation import tensor as _tensor, zeros
 from .._ops.shape import cat
-from ._compressed import blocked_to_coo, check_blocksize, compress, dense_blocks
+from ._compressed import (batched_compressed_tensor, blocked_to_coo, check_blocksize, compress, compress_batched,
+                          dense_blocks)
 from ._tensor import (BLOCKED, COMPRESSED, INDEX_DTYPE, SparsePattern, SparseTensor, SparseMMDenseGrad, gather_at,
                       layout_kind, values_of, with_values)
 
@@ -84,6 +85,8 @@ def sparse_csr_tensor(crow_indices, col_indices, values, size=None, *, dtype=Non
                       pin_memory=False, requires_grad: bool = False, check_invariants=None) -> SparseTensor:
     """`torch.sparse_csr_tensor`: row i holds entries crow[i]:crow[i+1] of col_indices/values."""
     crow = np.asarray(_as_tensor(crow_indices).detach().numpy(), dtype=INDEX_DTYPE)
+    if crow.ndim > 1:
+        return batched_compressed_tensor(crow, col_indices, values, size, dtype, sparse_csr, device, requires_grad)
     col = np.asarray(_as_tensor(col_indices).detach().numpy(), dtype=INDEX_DTYPE)
     values = _as_tensor(values, dtype)
     if dtype is not None and values.dtype is not dtype:
@@ -189,14 +192,23 @@ def to_compressed(x: Tensor, layout, blocksize: tuple | None = None, dense_dim: 
             raise RuntimeError(f"{where}: conversion from {layout_kind(p.layout)} to {layout_kind(layout)} with "
                                f"blocksize changed from {list(p.block)} to {list(blocksize)} is not supported")
     if isinstance(x, SparseTensor):
-        return compress(coalesce(dense_to_sparse(x)), layout, blocksize)
+        if p.layout is sparse_coo and p.sparse_dim != 2:
+            raise RuntimeError(f"coo_{name}: conversion from Sparse to {layout_kind(layout)} for input tensors with "
+                               "sparse_dim()!=2 is not supported")
+        coo = coalesce(dense_to_sparse(x))
+        if p.batch_shape and layout not in BLOCKED:       # batched CSR <-> CSC
+            return compress_batched(coo, layout, len(p.batch_shape))
+        return compress(coo, layout, blocksize)
     dense_dim = 0 if dense_dim is None else int(dense_dim)
     if dense_dim < 0 or x.dim() - dense_dim < 2:
         raise RuntimeError(f"{name}: expected 2 sparse dimensions and dense_dim={dense_dim} dense ones, got a "
                            f"{x.dim()}-D tensor")
-    if x.dim() - dense_dim != 2:
-        raise RuntimeError(f"{name}: batched compressed layouts are not supported by flambeau: a {x.dim()}-D tensor "
-                           f"with dense_dim={dense_dim} has {x.dim() - dense_dim - 2} batch dimension(s)")
+    n_batch = x.dim() - dense_dim - 2
+    if n_batch:
+        if layout in BLOCKED:
+            raise RuntimeError(f"{name}: batched blocked layouts are not supported by flambeau: a {x.dim()}-D "
+                               f"tensor with dense_dim={dense_dim} has {n_batch} batch dimension(s)")
+        return compress_batched(dense_to_sparse(x, n_batch + 2), layout, n_batch)
     if layout in BLOCKED and not dense_dim:
         return dense_blocks(x, layout, blocksize)
     return compress(dense_to_sparse(x, 2), layout, blocksize)

@@ -51,6 +51,12 @@ class SparsePattern:
     def nnz(self) -> int:
         return self.idx.shape[1]
 
+    @property
+    def batch_shape(self) -> tuple:
+        """The batch dimensions of a batched compressed tensor (its compressed pointers (*batch, n + 1);
+        the coordinates then lead with the batch ones), else ()."""
+        return tuple(self.crow.shape[:-1]) if self.crow is not None else ()
+
     def linear(self) -> np.ndarray:
         """The coordinates as row-major linear positions in the sparse dimensions."""
         if self.nnz == 0:
@@ -108,6 +114,12 @@ class SparseTensor(Tensor):
     @classmethod
     def __torch_dispatch__(cls, op, types, args, kwargs):
         handler = cls._handlers.get(op.__name__)
+        batched = next((a for a in args if isinstance(a, SparseTensor) and a._pattern.batch_shape), None)
+        if batched is not None and op.__name__ not in cls._value_only_handlers:
+            raise NotImplementedError(
+                f"Could not run 'aten::{op.name}' with arguments from the '{_backend_name(batched)}' backend: "
+                f"flambeau's batched {batched.layout} tensors support to_dense, to_sparse, values and value-wise "
+                "ops (mul, neg, the zero-preserving unary ops); call to_dense() first.")
         if handler is not None and op.__name__ not in cls._value_only_handlers:
             args = tuple(cls._blocked_to_coo(a) if isinstance(a, SparseTensor) and a._pattern.block else a
                          for a in args)
@@ -148,13 +160,18 @@ class SparseTensor(Tensor):
         return -1 if self.is_cpu else (self._pattern.device.index or 0)
 
     def sparse_dim(self) -> int:
-        return self._pattern.sparse_dim
+        return 2 if self._pattern.layout in COMPRESSED else self._pattern.sparse_dim
 
     def dense_dim(self) -> int:
         return len(self._pattern.shape) - self._pattern.sparse_dim
 
     def _nnz(self) -> int:
-        return self._pattern.nnz
+        return self._pattern.nnz // max(1, int(np.prod(self._pattern.batch_shape)))
+
+    def _per_batch(self, a: np.ndarray) -> np.ndarray:
+        """An array over all entries (nnz of every batch, batch-major) as (*batch, nnz, ...)."""
+        p = self._pattern
+        return a.reshape(p.batch_shape + (self._nnz(),) + a.shape[1:]) if p.batch_shape else a
 
     def is_coalesced(self) -> bool:
         if self._pattern.layout is not sparse_coo:
@@ -189,9 +206,11 @@ class SparseTensor(Tensor):
         return values_of(self)
 
     def values(self) -> Tensor:
-        if self._pattern.layout is sparse_coo and not self._pattern.coalesced:
+        p = self._pattern
+        if p.layout is sparse_coo and not p.coalesced:
             raise RuntimeError("Cannot get values on an uncoalesced tensor, please call .coalesce() first")
-        return values_of(self)
+        v = values_of(self)
+        return v.reshape(p.batch_shape + (self._nnz(),) + tuple(v.shape[1:])) if p.batch_shape else v
 
     def crow_indices(self) -> Tensor:
         self._need(ROW_COMPRESSED, "crow_indices")
@@ -199,7 +218,7 @@ class SparseTensor(Tensor):
 
     def col_indices(self) -> Tensor:
         self._need(ROW_COMPRESSED, "col_indices")
-        return _tensor(self._pattern.idx[1])
+        return _tensor(self._per_batch(self._pattern.idx[-1]))
 
     def ccol_indices(self) -> Tensor:
         self._need(COLUMN_COMPRESSED, "ccol_indices")
@@ -207,7 +226,7 @@ class SparseTensor(Tensor):
 
     def row_indices(self) -> Tensor:
         self._need(COLUMN_COMPRESSED, "row_indices")
-        return _tensor(self._pattern.idx[0])
+        return _tensor(self._per_batch(self._pattern.idx[-2]))
 
     def _need(self, layouts, what: str) -> None:
         if self._pattern.layout is layouts or (isinstance(layouts, tuple) and self._pattern.layout in layouts):
@@ -275,20 +294,19 @@ class SparseTensor(Tensor):
 
     def __repr__(self, *, tensor_contents=None):
         p = self._pattern
+        vals = self.detach().values() if p.layout in COMPRESSED else self._vals
         if p.layout is sparse_coo:
             parts = [("indices", _tensor(p.idx)), ("values", self._vals)]
         elif p.layout in ROW_COMPRESSED:
-            parts = [("crow_indices", _tensor(p.crow)), ("col_indices", _tensor(p.idx[1])),
-                     ("values", self._vals)]
+            parts = [("crow_indices", self.crow_indices()), ("col_indices", self.col_indices()), ("values", vals)]
         else:
-            parts = [("ccol_indices", _tensor(p.crow)), ("row_indices", _tensor(p.idx[0])),
-                     ("values", self._vals)]
+            parts = [("ccol_indices", self.ccol_indices()), ("row_indices", self.row_indices()), ("values", vals)]
         lines = []
         for name, comp in parts:
             pad = " " * (len("tensor(") + len(name) + 1)
             lines.append(f"{name}=" + repr(comp).replace("\n", "\n" + pad))
         dtype = "" if self._dtype.name == "float32" else f", dtype={self._dtype}"
-        tail = f"size={p.shape}, nnz={p.nnz}{dtype}, layout={p.layout}"
+        tail = f"size={p.shape}, nnz={self._nnz()}{dtype}, layout={p.layout}"
         if self._grad_fn is not None:
             tail += f", grad_fn=<{self._grad_fn.name()}>"
         elif self._requires_grad:
