@@ -195,6 +195,17 @@ def test_gradients_reduced_to_broadcast_inputs_and_their_dtypes_as_pytorch():
         assert tuple(x.grad.shape) == tuple(y.grad.shape)
 
 
+def test_engine_refuses_a_node_returning_too_few_gradients():
+    """The engine's inlined node call (no anomaly mode, no post hooks) keeps its count check, with the
+    message of PyTorch's engine (validate_outputs)."""
+    x, y = _pair((2,), 0)[0], _pair((2,), 1)[0]
+    z = x * y
+    z.grad_fn.apply = lambda grads: [grads[0]]           # a derivative that forgot one input
+    with pytest.raises(RuntimeError, match=r"function MulBackward0 returned an incorrect number of gradients "
+                                           r"\(expected 2, got 1\)"):
+        z.backward(flambeau.ones(2))
+
+
 # ---- Tensor.to(dtype): the positional fast path -------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "int32"])
 def test_to_dtype_as_pytorch(dtype):

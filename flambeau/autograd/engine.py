@@ -154,8 +154,18 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                 outs = [None] * len(node._next_nodes)
             else:
                 nout = max(len(getattr(node, "_out_meta", ())), max(buf) + 1)
-                grads = [buf.get(i) for i in range(nout)]
-                outs = _apply(node, grads)
+                if nout == 1:
+                    grads = [buf.get(0)]
+                else:
+                    grads = [buf.get(i) for i in range(nout)]
+                if _state.anomaly or node._post_hooks:
+                    outs = _apply(node, grads)
+                else:                      # `_apply` without anomaly mode and post hooks, inlined
+                    outs = node.apply(list(grads))
+                    if type(outs) is not list:
+                        outs = list(outs)
+                    if len(outs) != len(node._next_nodes):
+                        _wrong_count(node, outs)
                 if not retain_graph:
                     node.release()
             in_meta = node._in_meta
@@ -236,15 +246,19 @@ def _apply(node, grads):
     else:
         outs = node.apply(list(grads))
     outs = list(outs)
-    n = len(node._next_nodes)
-    if len(outs) != n:
-        raise RuntimeError(f"function {node.name()} returned an incorrect number of gradients (expected {n}, got {len(outs)})")
+    if len(outs) != len(node._next_nodes):
+        _wrong_count(node, outs)
     if node._post_hooks:
         for _, fn in node._post_hooks:
             r = fn(tuple(outs), tuple(grads_out))
             if r is not None:
                 outs = list(r)
     return outs
+
+
+def _wrong_count(node, outs):
+    n = len(node._next_nodes)
+    raise RuntimeError(f"function {node.name()} returned an incorrect number of gradients (expected {n}, got {len(outs)})")
 
 
 def _extent(a) -> tuple:

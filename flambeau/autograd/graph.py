@@ -62,7 +62,7 @@ class Node:
     _pre_hooks = ()               # [(id, fn)], node.register_prehook
     _post_hooks = ()              # [(id, fn)], node.register_hook
 
-    _next_nodes = _next_nrs = ()        # no edges (a leaf's AccumulateGrad)
+    _next_nodes = _next_nrs = _in_meta = ()        # no edges (a leaf's AccumulateGrad)
 
     def __init__(self, next_functions=(), in_meta=()):
         self._sequence_nr = next(_seq)
@@ -338,7 +338,11 @@ class OpNode(Node):
         kw = {}
         for k, v in self._saved.items():
             if type(v) is SavedTensor:
-                v = v.unpack(self)
+                t = v.t
+                if v.is_output or v.packed is not None or t._version[0] != v.version:
+                    v = v.unpack(self)
+                else:
+                    v = t                  # `SavedTensor.unpack` of a saved input, inlined
             elif type(v) is list and any(type(x) is SavedTensor for x in v):
                 v = [x.unpack(self) if type(x) is SavedTensor else x for x in v]
             elif type(v) is tuple and v and type(v[0]) is SavedTensor:
@@ -373,8 +377,11 @@ class AccumulateGrad(Node):
     """Sink for a leaf tensor: accumulates into `.grad` and runs its hooks."""
 
     def __init__(self, variable: Tensor):
-        super().__init__()
-        self._sequence_nr += ACCUMULATE_FIRST     # run as soon as ready, as PyTorch's (UINT64_MAX priority)
+        # Node.__init__ inlined (one is made per leaf per step); run as soon as ready, as PyTorch's
+        # (UINT64_MAX priority)
+        self._sequence_nr = next(_seq) + ACCUMULATE_FIRST
+        if _state.anomaly:
+            self.metadata["traceback_"] = traceback.format_stack()[:-2]
         self.variable = variable
         self._meta = _meta_of(variable)            # the leaf's metadata, which every edge into this node shares
 
@@ -476,7 +483,9 @@ def _plan(op) -> _RecordPlan:
 
 def record(op, args, kwargs, out, node_cls=None):
     """Attach a backward node for `op(*args, **kwargs) -> out` to the outputs."""
-    plan = _plan(op)
+    plan = op.__dict__.get("_record_plan")                 # `_plan`, inlined (this runs per recorded op)
+    if plan is None or plan.saved_names is not op.saved_names:
+        plan = _plan(op)
     # all arguments given positionally: they are the bound arguments (the binder only fills defaults)
     bound = args if not kwargs and len(args) == plan.nargs else op.bind(*args, **(kwargs or {}))
     # Edges and input metadata. An input's metadata is the tuple its producer recorded for it, or its
@@ -560,7 +569,16 @@ def record(op, args, kwargs, out, node_cls=None):
             v = bound[i]
             saved[n] = TensorMeta(v) if isinstance(v, Tensor) else \
                 [TensorMeta(x) if isinstance(x, Tensor) else None for x in v] if isinstance(v, (list, tuple)) else v
-    out_meta = (_meta_of(out),) if single else tuple(_meta_of(o) if isinstance(o, Tensor) else None for o in outs)
+    if single:                                              # `_meta_of` and `_differentiable`, inlined
+        out_meta = ((out._data.shape, out._dtype, out._device) if out._device is not WRAPPER_DEVICE else
+                    _meta_of(out),)
+        node = (node_cls or OpNode)(op, saved, nodes, nrs, in_meta, out_meta, layout)
+        if out._dtype.category >= FLOATING:
+            out._grad_fn = node
+            out._output_nr = 0
+            out._requires_grad = True
+        return node
+    out_meta = tuple(_meta_of(o) if isinstance(o, Tensor) else None for o in outs)
     node = (node_cls or OpNode)(op, saved, nodes, nrs, in_meta, out_meta, layout)
     for k, o in enumerate(outs):
         if _differentiable(o):
@@ -584,7 +602,7 @@ def _input_meta(t: Tensor, fn, nr: int):
 def _output_mask(nodes, layout) -> tuple:
     """Per Tensor argument (a list argument: any of its tensors): whether its gradient has an edge."""
     if layout is None:
-        return tuple(fn is not None for fn in nodes)
+        return tuple([fn is not None for fn in nodes])
     mask, k = [], 0
     for lay in layout:
         n = 1 if lay is None else lay
