@@ -28,7 +28,7 @@ from . import _ops
 from ._ops import EXPORTS as _EXPORTS
 from . import autograd  # noqa: F401
 from .autograd import no_grad, enable_grad, set_grad_enabled, inference_mode, is_grad_enabled  # noqa: F401
-from .autograd.grad_mode import is_inference_mode_enabled  # noqa: F401
+from .autograd.grad_mode import is_inference_mode_enabled, is_anomaly_enabled, is_anomaly_check_nan_enabled  # noqa: F401
 globals().update(_EXPORTS)
 _ops.install()
 from . import cuda  # noqa: F401,E402

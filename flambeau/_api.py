@@ -32,11 +32,11 @@ def get_default_dtype():
 
 
 def set_default_device(device) -> None:
-    _state.default_device = None if device is None else Device(device)
+    _state.tls.default_device = None if device is None else Device(device)
 
 
 def get_default_device():
-    return canonical(_state.default_device)
+    return canonical(_state.tls.default_device)
 
 
 def result_type(tensor1, tensor2):

@@ -82,12 +82,12 @@ class device:
 
     # `with flambeau.device('meta'):` sets the default device for factories
     def __enter__(self):
-        self._prev = _state.default_device
-        _state.default_device = self
+        self._prev = _state.tls.default_device
+        _state.tls.default_device = self
         return self
 
     def __exit__(self, *exc):
-        _state.default_device = self._prev
+        _state.tls.default_device = self._prev
         return False
 
     def __reduce__(self):

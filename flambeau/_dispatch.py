@@ -1,9 +1,9 @@
 """The dispatcher: every operator call passes through `dispatch(op, args, kwargs)`.
 
 Layers, top first:
-  0. autocast (`_state.autocast` non-empty): inputs cast by the op's mixed-precision policy
-     (`flambeau.amp.autocast_mode.cast_inputs`), above the modes so that they see the casts;
-  1. the mode stack (`_state.modes`): the innermost mode's `__torch_dispatch__` sees the call with
+  0. autocast (the thread's `_state.tls.autocast` non-empty): inputs cast by the op's mixed-precision
+     policy (`flambeau.amp.autocast_mode.cast_inputs`), above the modes so that they see the casts;
+  1. the thread's mode stack (`_state.tls.modes`): the innermost mode's `__torch_dispatch__` sees the call with
      itself popped, so calling the op again inside it goes to the next layer (vmap batching,
      functionalization, proxy tracing, fake tensors and user modes are all modes);
   2. autograd: when grad mode is on and an input requires grad, a graph node is recorded
@@ -33,6 +33,7 @@ from ._backends import MetaArray, array_namespaces as _XP, get as _backend
 from ._device import canonical, device as Device, QUANTIZED_CPU
 
 _ndarray = np.ndarray
+_tls = _state.tls
 WRAPPER_DEVICE = object.__new__(Device)            # the `_device` of every wrapper subclass tensor
 object.__setattr__(WRAPPER_DEVICE, "type", "wrapper")
 object.__setattr__(WRAPPER_DEVICE, "index", None)
@@ -64,10 +65,12 @@ def dispatch(op, args, kwargs):
     operators, `Op.__call__`) skip this frame for a functional op called without keyword arguments
     while no mode is active and no autocast region casts its inputs (`op.autocast_tagged`), and call
     `call_functional` directly: keep the conditions there in step with the branches here."""
-    if _state.autocast and op.autocast_tagged:
-        args, kwargs = _cast_inputs(op, args, kwargs)
-    if _state.modes:
-        return _to_mode(op, args, kwargs)
+    if _state.interposed:
+        t = _tls
+        if t.autocast and op.autocast_tagged:
+            args, kwargs = _cast_inputs(op, args, kwargs)
+        if t.modes:
+            return _to_mode(op, args, kwargs)
     if kwargs and "out" in kwargs:
         return _with_out(op, args, kwargs)
     if op.is_inplace:
@@ -76,22 +79,21 @@ def dispatch(op, args, kwargs):
 
 
 def _to_mode(op, args, kwargs):
-    mode = _state.modes.pop()
+    mode = _state.pop_mode()
     try:
         types = tuple({type(t) for t in flat_tensors(args, kwargs)})
         return mode.__torch_dispatch__(op, types, args, kwargs or {})
     finally:
-        _state.modes.append(mode)
+        _state.push_mode(mode)
 
 
 def redispatch_below_modes(op, args, kwargs):
     """Run an op skipping the whole mode stack (what a mode calls to reach autograd + backend)."""
-    saved = _state.modes[:]
-    _state.modes.clear()
+    saved = _state.set_modes(())
     try:
         return dispatch(op, args, kwargs)
     finally:
-        _state.modes[:] = saved
+        _state.set_modes(saved)
 
 
 def flat_tensors(args, kwargs=None):
@@ -250,7 +252,7 @@ def _factory_device(op, args, kwargs):
     except TypeError:
         d = kwargs.get("device") if kwargs else None
     if d is None:
-        d = _state.default_device
+        d = _tls.default_device
     return canonical(d)
 
 
@@ -293,7 +295,7 @@ def call_functional(op, args, kwargs, record=True):
         raise _quantized_unsupported(op)
     if dev is WRAPPER_DEVICE and record and _wrapper_class(args, kwargs)._wrapper_owns_autograd:
         return _wrapper_call(op, args, kwargs)      # sparse tensors: their handlers record their own graph
-    if (rg or fw) and record and op.derivative is None and op.decomposition is not None and _state.grad_enabled:
+    if (rg or fw) and record and op.derivative is None and op.decomposition is not None and _tls.grad_enabled:
         # no derivative formula: differentiate through the decomposition (its ops have formulas),
         # unless it declines these inputs (NotImplemented): then the op runs and backward raises
         r = op.decomposition(*args, **(kwargs or {}))
@@ -340,11 +342,12 @@ def call_functional(op, args, kwargs, record=True):
     if op.is_view:
         _mark_views(args[0] if args else kwargs["self"], out, op)
     if record and (rg or fw):
-        if rg and _state.grad_enabled and op.derivative is not None:
-            _graph.record(op, args, kwargs, out)
-        elif rg and _state.grad_enabled and op.derivative is None and not _nondiff(op):
-            _graph.record_not_implemented(op, args, kwargs, out)
-        if fw and _state.fwd_grad_enabled:
+        if rg and _tls.grad_enabled:
+            if op.derivative is not None:
+                _graph.record(op, args, kwargs, out)
+            elif not _nondiff(op):
+                _graph.record_not_implemented(op, args, kwargs, out)
+        if fw and _tls.fwd_grad_enabled:
             _forward_ad.propagate(op, args, kwargs, out)
     return out
 
@@ -429,7 +432,7 @@ def _mark_views(base, out, op):
         out._base = b
         out._version = base._version
         out._view_version = base._version[0]
-        if not _state.grad_enabled:
+        if not _tls.grad_enabled:
             out._view_untracked = True
             out._no_grad_view = ""
         elif base._no_grad_view is not None:
@@ -500,7 +503,7 @@ def _raise_if_overlapping(shape, strides):
 
 
 def check_inplace_autograd(self: Tensor):
-    if not _state.grad_enabled:
+    if not _tls.grad_enabled:
         return
     if self._no_grad_view is not None and self._base._requires_grad:
         raise RuntimeError(_graph.no_grad_view_error(self, "is being modified inplace with grad mode enabled"))
@@ -566,7 +569,7 @@ def _inplace(op, args, kwargs):
     f = op.functional
     check_inplace_autograd(self)
     tensors = flat_tensors(args, kwargs)
-    rg = _state.grad_enabled and any(t._requires_grad or _stale_view_requires_grad(t) for t in tensors)
+    rg = _tls.grad_enabled and any(t._requires_grad or _stale_view_requires_grad(t) for t in tensors)
     fw = False
     for t in tensors:
         if t._fw_grad is not None:
@@ -596,14 +599,14 @@ def _with_out(op, args, kwargs):
     out = kwargs.pop("out")
     if out is None:
         return dispatch(op, args, kwargs)
-    if _state.grad_enabled and any(t._requires_grad for t in flat_tensors(args, kwargs)):
+    if _tls.grad_enabled and any(t._requires_grad for t in flat_tensors(args, kwargs)):
         raise RuntimeError(f"{op.__name__}(): functions with out=... arguments don't support automatic "
                            "differentiation, but one of the arguments requires grad.")
-    saved, _state.autocast = _state.autocast, {}      # out= variants are not autocast (PyTorch's rule)
+    saved = _state.set_autocast({})      # out= variants are not autocast (PyTorch's rule)
     try:
         res = dispatch(op, args, kwargs)
     finally:
-        _state.autocast = saved
+        _state.set_autocast(saved)
     if isinstance(out, (tuple, list)):
         for o, r in zip(out, res):
             resize_out(o, r)

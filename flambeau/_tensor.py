@@ -544,11 +544,11 @@ def _wrap_dim(dim: int, ndim: int, what: str = "") -> int:
 
 class _no_grad:
     def __enter__(self):
-        self.prev = _state.grad_enabled
-        _state.grad_enabled = False
+        self.prev = _state.tls.grad_enabled
+        _state.tls.grad_enabled = False
 
     def __exit__(self, *a):
-        _state.grad_enabled = self.prev
+        _state.tls.grad_enabled = self.prev
 
 
 class _Layout:

@@ -174,7 +174,7 @@ def tensor_repr(t, prefix: str = "tensor(") -> str:
     default_float = _state.default_dtype
     default_complex = D.complex128 if default_float is D.float64 else D.complex64
     has_default_dtype = t.dtype in (default_float, default_complex, D.int64, D.bool)
-    default_dev = _state.default_device.type if _state.default_device is not None else "cpu"
+    default_dev = _state.tls.default_device.type if _state.tls.default_device is not None else "cpu"
     if t.device.type != default_dev or (t.device.type == "cuda" and t.device.index not in (None, 0)):
         suffixes.append(f"device='{t.device}'")
     if t.device.type == "meta":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -153,3 +154,31 @@ def test_arrays_outliving_the_module_state_are_freed_through_their_handler():
                        timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "freed", r.stderr
     assert "PyDataMem_UserFREE" not in r.stderr, r.stderr
+
+
+def test_threads_loading_the_allocator_at_once_share_one_handler(monkeypatch):
+    """The first compiled calls of several threads at once load the allocator once: one handler
+    capsule for all, the library built once (before bebcaa7 moved the capsule's name into the
+    library, a second capsule freed the first one's name under live arrays: NumPy's
+    'PyCapsule_GetPointer called with incorrect name' at their free)."""
+    made = []
+    real = cpu_allocator._make
+
+    def slow_make():
+        made.append(1)
+        time.sleep(0.2)                 # the other thread asks meanwhile
+        return real()
+    monkeypatch.setattr(cpu_allocator, "_make", slow_make)
+    monkeypatch.setattr(cpu_allocator, "_state", {})
+    start = threading.Barrier(2)
+    handlers = []
+
+    def load():
+        start.wait(10)
+        handlers.append(cpu_allocator._load())
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and len(handlers) == 2 and handlers[0] is handlers[1]

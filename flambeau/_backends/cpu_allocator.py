@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 
 import numpy as np
 
@@ -34,6 +35,7 @@ _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_allocator.c
 SET_HANDLER_SLOT = 304
 DEFAULT_LIMIT = 1 << 30    # bytes of freed blocks kept (cpu_allocator.cpp's initial limit)
 _state: dict = {}
+_load_lock = threading.Lock()
 
 
 def _numpy_set_handler():
@@ -49,9 +51,16 @@ def _numpy_set_handler():
 
 
 def _load():
-    """(set_handler, our handler capsule, library) or None (decided once)."""
-    if "fns" in _state:
-        return _state["fns"]
+    """(set_handler, our handler capsule, library) or None (decided once, by one thread: threads
+    making their first compiled calls at once share one handler and build the library once)."""
+    with _load_lock:
+        if "fns" not in _state:
+            _state["fns"] = _make()
+    return _state["fns"]
+
+
+def _make():
+    """The handler, its capsule and library, built from cpu_allocator.cpp; None without them."""
     fns = None
     setter = _numpy_set_handler() if np.lib.NumpyVersion(np.__version__) >= "1.22.0" else None
     if setter is not None:
@@ -68,7 +77,6 @@ def _load():
             fns = (setter, capsule, lib)
         except (_cpp_builder.CppCompileError, _cpp_builder.NoCompilerError, OSError):
             fns = None
-    _state["fns"] = fns
     return fns
 
 

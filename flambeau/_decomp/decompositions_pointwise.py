@@ -30,7 +30,7 @@ def _inplace_decomposition(op):
         if not overlap_ok:
             check_no_internal_overlap(self)       # as the eager op: only fill_/zero_ may write an expanded self
         src = self
-        if _state.grad_enabled and any(getattr(x, "requires_grad", False) for x in (self,) + rest):
+        if _state.tls.grad_enabled and any(getattr(x, "requires_grad", False) for x in (self,) + rest):
             src = aten.clone(self)          # autograd may save the input; copy_ is about to overwrite it
         r = by_name(f, (src,) + rest)
         if not can_cast(r.dtype, self.dtype):

@@ -304,7 +304,7 @@ def fill_tensor(self, value):
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     if weight.ndim != 2:
         return NotImplemented
-    if (padding_idx >= 0 or scale_grad_by_freq) and weight.requires_grad and _state.grad_enabled:
+    if (padding_idx >= 0 or scale_grad_by_freq) and weight.requires_grad and _state.tls.grad_enabled:
         return NotImplemented       # the gradient rule differs from indexing's; the op keeps its own
     return aten.index(weight, [indices])
 

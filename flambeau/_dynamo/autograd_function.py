@@ -129,12 +129,12 @@ def trace_function(cls: type, args: list, fake_mode) -> tuple[TracedFunction, li
     box: dict = {}
 
     def forward():
-        prev = _state.grad_enabled
-        _state.grad_enabled = False          # Function.apply runs the forward without grad mode
+        prev = _state.tls.grad_enabled
+        _state.tls.grad_enabled = False          # Function.apply runs the forward without grad mode
         try:
             out = cls.forward(*args) if uses_setup else cls.forward(ctx, *args)
         finally:
-            _state.grad_enabled = prev
+            _state.tls.grad_enabled = prev
         if uses_setup:
             cls.setup_context(ctx, tuple(args), out)
         single = not isinstance(out, tuple)

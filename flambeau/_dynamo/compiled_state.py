@@ -1,16 +1,28 @@
 """What the variable kinds ask of compiled code without importing it (eval_frame imports them,
 through convert_frame): whether a frame is being translated (`is_compiling`), and the original
 callable behind a compiled wrapper (`unwrap_compiled`, which a compiled caller inlines instead of
-calling the wrapper). eval_frame's wrappers derive from `CompiledWrapper` and count `tracing`."""
+calling the wrapper). eval_frame's wrappers derive from `CompiledWrapper` and count, per thread
+(`thread`), the frames being translated and the `disable`d functions running: another thread calling a
+compiled function meanwhile runs its compiled code, and `is_compiling()` is False there, as in PyTorch."""
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
-tracing = [0]                 # > 0 while a frame is being translated (nested compiled calls run eagerly)
+
+class _ThreadCompileState(threading.local):
+    """One thread's counts: frames being translated, `flambeau._dynamo.disable`d functions running."""
+
+    def __init__(self) -> None:
+        self.tracing = 0              # > 0 while a frame is being translated (nested compiled calls run eagerly)
+        self.disabled = 0             # > 0 inside a disabled function (compiled calls run eagerly)
+
+
+thread = _ThreadCompileState()
 
 
 def is_compiling() -> bool:
-    return tracing[0] > 0
+    return thread.tracing > 0
 
 
 class CompiledWrapper:

@@ -24,17 +24,17 @@ from typing import Callable
 
 from ..nn.modules.module import Module
 from . import config, _logging, resume
+from .._compile_lock import compile_lock
 from .._counters import counters, record_fallback
 from .backends.distributed import ddp_optimizer_for
 from .backends.registry import lookup_backend
 from .exc import InternalTorchDynamoError, SkipFrame, TorchDynamoException, Unsupported
 from .convert_frame import convert_frame, CompileStats
-from .compiled_state import CompiledWrapper, is_compiling, tracing as _tracing  # noqa: F401  (is_compiling: flambeau._dynamo's)
+from .compiled_state import CompiledWrapper, is_compiling, thread as _thread  # noqa: F401  (is_compiling: flambeau._dynamo's)
 from .repro.debug_utils import AccuracyError, check_config
 from .variables.tensor import tensor_method_name
 
 _caches: dict = {}            # (code, backend key) -> CodeCache
-_disabled = [0]               # > 0 inside a flambeau._dynamo.disable'd function
 WHOLE_FRAME = "whole frame"   # the op of a fallback that runs a frame eagerly (suppress_errors, cache_size_limit)
 
 
@@ -127,7 +127,8 @@ class CompiledFunction(CompiledWrapper):
     def __call__(self, *args, **kwargs):
         if self.self_obj is not None:
             args = (self.self_obj,) + args
-        if _tracing[0] or _disabled[0]:
+        t = _thread
+        if t.tracing or t.disabled:
             return self.fn(*args, **kwargs)
         if self.simple and not kwargs and len(args) == self.nargs:
             L = args
@@ -144,11 +145,35 @@ class CompiledFunction(CompiledWrapper):
             for e in cache.entries:
                 if e.guard(fn, *L):
                     return e.entry(fn, *L)
-        return self._miss(cache, L, args, kwargs)
+        return self._miss(L, args, kwargs)
 
-    def _miss(self, cache, L, args, kwargs):
+    def _miss(self, L, args, kwargs):
+        """Translate the frame for these arguments and call the new entry. One thread at a time
+        compiles (`compile_lock`); a thread that waited looks again for an entry whose guards hold,
+        which the thread before it may have added. The entry or the eager call runs without the lock."""
+        with compile_lock:
+            entry = self._entry_after_waiting(L)
+            if entry is None:
+                entry = self._compile(L)
+        if entry is None:
+            return self.fn(*args, **kwargs)
+        return entry.entry(self.fn, *L)
+
+    def _entry_after_waiting(self, L):
+        cache = _caches.get(self.key)
+        if cache is not None and not cache.skip:
+            for e in cache.entries:
+                if e.guard(self.fn, *L):
+                    return e
+        return None
+
+    def _compile(self, L):
+        """A new entry for arguments `L` (added to the cache), or None to run the frame eagerly."""
+        cache = _caches.get(self.key)
         if cache is None:
             cache = _caches[self.key] = CodeCache(self.code)
+        if cache.skip:
+            return None
         if len(cache.entries) >= config.cache_size_limit:
             if not cache.warned:
                 cache.warned = True
@@ -157,7 +182,7 @@ class CompiledFunction(CompiledWrapper):
                               "it now runs eagerly. Last guard failures: "
                               f"{'; '.join(self._failures(cache.entries[0], L)[:3])}")
             record_fallback(WHOLE_FRAME, f"{self.code.co_name}: cache_size_limit reached", log=False)
-            return self.fn(*args, **kwargs)
+            return None
         if cache.entries:
             counters["recompiles"][self.code.co_name] += 1
             reasons = self._failures(cache.entries[0], L)
@@ -166,7 +191,7 @@ class CompiledFunction(CompiledWrapper):
                            self.code.co_firstlineno, "\n    - ".join(reasons))
         values = dict(zip(self.argnames, L))
         check_config()                          # a minifier setting the user got wrong raises as is
-        _tracing[0] += 1
+        _thread.tracing += 1
         counters["frames"]["total"] += 1
         try:
             entry = convert_frame(self.fn, self.code, values, self.backend, one_graph=self.fullgraph,
@@ -176,7 +201,7 @@ class CompiledFunction(CompiledWrapper):
             _logging.trace("graph_breaks", "Skipping frame %s (%s:%d): %s", self.code.co_name,
                            self.code.co_filename, self.code.co_firstlineno, e)
             cache.skip = e.permanent
-            entry = None
+            return None
         except Unsupported:
             raise
         except Exception as e:                  # a capture or backend failure: raise, or run eagerly and say why
@@ -190,15 +215,13 @@ class CompiledFunction(CompiledWrapper):
                                  self.code.co_firstlineno, type(e).__name__, e)
             record_fallback(WHOLE_FRAME, f"{self.code.co_name}: {type(e).__name__}: {e}")
             cache.skip = True
-            entry = None
+            return None
         finally:
-            _tracing[0] -= 1
-        if entry is None:
-            return self.fn(*args, **kwargs)
+            _thread.tracing -= 1
         counters["frames"]["ok"] += 1
         cache.entries.insert(0, entry)
         entry.guards.drop_with(functools.partial(_drop_entry, weakref.ref(cache), weakref.ref(entry)))
-        return entry.entry(self.fn, *L)
+        return entry
 
     def original(self):
         return self.fn if self.self_obj is None else types.MethodType(self.fn, self.self_obj)
@@ -347,11 +370,12 @@ def disable(fn=None, recursive: bool = True, reason: str | None = None):
     def run_eagerly(*args, **kwargs):
         if not recursive:
             return fn(*args, **kwargs)
-        _disabled[0] += 1
+        t = _thread
+        t.disabled += 1
         try:
             return fn(*args, **kwargs)
         finally:
-            _disabled[0] -= 1
+            t.disabled -= 1
     run_eagerly._flambeau_dynamo_disable = True
     return run_eagerly
 

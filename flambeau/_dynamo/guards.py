@@ -192,10 +192,10 @@ class GuardSet:
                  f"TENSOR_MATCH: {src.name()} {t.dtype} {t.device} requires_grad={t.requires_grad} size={size_desc}")
 
     def grad_mode(self) -> None:
-        self.add(None, f"{self.const(_state)}.grad_enabled is {_state.grad_enabled}",
-                 f"GLOBAL_STATE: grad_enabled is {_state.grad_enabled}")
-        self.add(None, f"{self.const(_state)}.autocast == {self.const(dict(_state.autocast))}",
-                 f"GLOBAL_STATE: autocast == {dict(_state.autocast)!r}")
+        self.add(None, f"{self.const(_state.tls)}.grad_enabled is {_state.tls.grad_enabled}",
+                 f"GLOBAL_STATE: grad_enabled is {_state.tls.grad_enabled}")
+        self.add(None, f"{self.const(_state.tls)}.autocast == {self.const(dict(_state.tls.autocast))}",
+                 f"GLOBAL_STATE: autocast == {dict(_state.tls.autocast)!r}")
         self.add(None, f"{self.const(_state)}.default_dtype is {self.const(_state.default_dtype)}",
                  f"GLOBAL_STATE: default_dtype is {_state.default_dtype}")
 

@@ -155,8 +155,8 @@ class OutputGraph:
         self.input_by_node: dict = {}
         self.attrs: dict = {}                  # get_attr target -> object
         self._attr_names: dict = {}
-        self.grad_enabled = _state.grad_enabled
-        self.initial_grad = _state.grad_enabled
+        self.grad_enabled = _state.tls.grad_enabled
+        self.initial_grad = _state.tls.grad_enabled
         self.root_tx = None
         self.result: CompiledEntry | None = None
         self.sym_sources: dict = {}            # sympy symbol -> [source expr of a size]
@@ -294,8 +294,8 @@ class OutputGraph:
         return vt.as_python_constant()
 
     def _run_fake(self, fn):
-        saved = _state.grad_enabled
-        _state.grad_enabled = self.grad_enabled
+        saved = _state.tls.grad_enabled
+        _state.tls.grad_enabled = self.grad_enabled
         try:
             with self.fake_mode:
                 return fn()
@@ -304,7 +304,7 @@ class OutputGraph:
         except Exception as e:
             raise Unsupported(f"{type(e).__name__} while tracing: {e}")
         finally:
-            _state.grad_enabled = saved
+            _state.tls.grad_enabled = saved
 
     def call_in_graph(self, tx, kind: str, target, args: list, kwargs: dict) -> VariableTracker:
         """One node calling `target`. A higher-order op (`flambeau.cond`, `map`) takes its functions as they
@@ -364,12 +364,12 @@ class OutputGraph:
         try:
             if kwargs:
                 raise NotTraceable("keyword arguments to apply")
-            saved = _state.grad_enabled
-            _state.grad_enabled = self.grad_enabled
+            saved = _state.tls.grad_enabled
+            _state.tls.grad_enabled = self.grad_enabled
             try:
                 traced, pos = trace_function(cls, ex_args, self.fake_mode)
             finally:
-                _state.grad_enabled = saved
+                _state.tls.grad_enabled = saved
         except NotTraceable as e:
             record_fallback(f"{cls.__name__}.apply", f"autograd.Function not traced, called as one opaque node: {e}")
             return self.call_in_graph(tx, "call_function", cls.apply, args, kwargs)

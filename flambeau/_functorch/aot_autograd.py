@@ -36,6 +36,7 @@ backends use (compile once for these inputs).
 from __future__ import annotations
 
 from .. import _logging, _state
+from .._compile_lock import compile_lock
 
 from typing import Callable
 
@@ -334,7 +335,7 @@ def _compile(flat_fn: Callable, flat_args: list, fw_compiler: Callable, bw_compi
              partition_fn: Callable, decompositions: dict | None, inference_compiler: Callable | None,
              dynamic: bool, dynamic_dims: list | None = None, shape_env: ShapeEnv | None = None) -> Callable:
     mode = "symbolic" if dynamic else "fake"
-    needs_grad = _state.grad_enabled and any(isinstance(a, Tensor) and a._requires_grad for a in flat_args)
+    needs_grad = _state.tls.grad_enabled and any(isinstance(a, Tensor) and a._requires_grad for a in flat_args)
     if not needs_grad:
         gm, meta, _ = _trace_graph(flat_fn, flat_args, joint=False, tracing_mode=mode, decompositions=decompositions,
                                    dynamic_dims=dynamic_dims, shape_env=shape_env)
@@ -389,14 +390,13 @@ def _finish(meta: _Meta, args, graph_vals) -> list:
 def _without_autocast(compiled: Callable, args) -> list:
     """Run a compiled graph with autocast off: its casts were traced into it (PyTorch's rule), so
     they must not be applied a second time to the graph's own ops."""
-    saved = _state.autocast
+    saved = _state.set_autocast({})
     if not saved:
         return compiled(*args)
-    _state.autocast = {}
     try:
         return compiled(*args)
     finally:
-        _state.autocast = saved
+        _state.set_autocast(saved)
 
 
 class _InferenceRuntime:
@@ -455,7 +455,7 @@ class _TrainingRuntime:
                             for k, g in enumerate(given)]
                 hit = rt.compiled_bw.get(absent)
                 if hit is None:
-                    hit = rt.compiled_bw[absent] = rt.compile_backward(absent, saved, tangents)
+                    hit = rt.compile_backward(absent, saved, tangents)
                 compiled_bw, kept = hit
                 res = list(compiled_bw(*saved, *[tangents[k] for k in kept]))
                 for i, g in zip(meta.grad_inputs, res):
@@ -465,7 +465,15 @@ class _TrainingRuntime:
         self.fn = CompiledFunction
 
     def compile_backward(self, absent: frozenset, saved: list, tangents: list) -> tuple:
-        """(the backward compiled for these absent tangents, the tangent numbers it takes)."""
+        """(the backward compiled for these absent tangents, the tangent numbers it takes), compiled
+        at its first use and kept; threads running it for the first time at once compile it once."""
+        with compile_lock:
+            hit = self.compiled_bw.get(absent)
+            if hit is None:
+                hit = self.compiled_bw[absent] = self._compile_backward(absent, saved, tangents)
+        return hit
+
+    def _compile_backward(self, absent: frozenset, saved: list, tangents: list) -> tuple:
         if absent:
             gm, kept = prune_absent_tangents(self.bw_gm, absent, self.fake_mode)
             _dump(f"AOT backward graph without tangents {sorted(k + 1 for k in absent)}", gm)
@@ -486,7 +494,7 @@ def _zeros_like_meta(shape: tuple, dtype, device) -> Tensor:
 
 # ---- public entry points ---------------------------------------------------------------------------
 def _key(args) -> tuple:
-    return (_state.grad_enabled, tuple(_state.autocast.items())) + tuple(
+    return (_state.tls.grad_enabled, tuple(_state.tls.autocast.items())) + tuple(
         (tuple(a.shape), a.stride(), a._dtype, str(a.device), a._requires_grad) if isinstance(a, Tensor)
         else (type(a), a) for a in args)
 

@@ -21,6 +21,7 @@ and `unpeel` reverses it. A transform differentiates physical tensors; examples 
 """
 from __future__ import annotations
 
+import threading
 import warnings
 
 from .. import _state
@@ -31,12 +32,22 @@ from .._ops import _batching
 from .._ops.shape import stack
 from . import conv_batching
 
-_LEVELS: list = []          # the active VmapModes, outermost first (a mode's level is its index + 1)
+
+
+class _ThreadLevels(threading.local):
+    """One thread's active VmapModes, outermost first (a mode's level is its index + 1); per thread,
+    as the mode stack they sit on."""
+
+    def __init__(self) -> None:
+        self.levels: list = []
+
+
+_levels = _ThreadLevels()
 
 
 def depth() -> int:
     """How many vmap levels are active."""
-    return len(_LEVELS)
+    return len(_levels.levels)
 
 
 class BatchedTensor(Tensor):
@@ -104,7 +115,7 @@ def level_of(t) -> int:
 
 
 def batch_size(level: int) -> int:
-    return _LEVELS[level - 1].batch_size
+    return _levels.levels[level - 1].batch_size
 
 
 # ---- physical views for the differentiation transforms --------------------------------------------
@@ -198,11 +209,11 @@ class VmapMode:
         if func.decomposition is None or func in self._decomposing:
             return NotImplemented
         self._decomposing.add(func)
-        _state.modes.append(self)
+        _state.push_mode(self)
         try:
             return func.decomposition(*args, **kwargs)
         finally:
-            _state.modes.pop()
+            _state.pop_mode()
             self._decomposing.discard(func)
 
     def _fallback(self, func, phys, dims):
@@ -344,18 +355,16 @@ def _rewrap(out, out_dims, level: int):
 def push_level(batch_size: int, randomness: str) -> VmapMode:
     if randomness not in _RANDOMNESS:
         raise RuntimeError(f"Only allowed values for randomness are 'error', 'different', or 'same'. Got {randomness}")
-    mode = VmapMode(len(_LEVELS) + 1, batch_size, randomness)
-    _LEVELS.append(mode)
-    _state.modes.append(mode)
+    levels = _levels.levels
+    mode = VmapMode(len(levels) + 1, batch_size, randomness)
+    levels.append(mode)
+    _state.push_mode(mode)
     return mode
 
 
 def pop_level(mode: VmapMode) -> None:
-    _LEVELS.remove(mode)
-    for i in range(len(_state.modes) - 1, -1, -1):
-        if _state.modes[i] is mode:
-            del _state.modes[i]
-            break
+    _levels.levels.remove(mode)
+    _state.remove_mode(mode)
 
 
 conv_batching.install()

@@ -49,7 +49,7 @@ class SharedWeightConvolution(Function):
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             op = _adjoint_output_padding(x.shape[3:], gy.shape[3:], ks, stride, padding, dilation)
-            if _state.grad_enabled:
+            if _state.tls.grad_enabled:
                 g = gy.movedim(0, 1).reshape((n, size * o) + tuple(gy.shape[3:]))
                 gx = convolution(g, w.reshape((size * o,) + tuple(w.shape[2:])), None, stride, padding, dilation,
                                  True, op, groups * size)

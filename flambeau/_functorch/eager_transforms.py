@@ -78,7 +78,7 @@ class _Level:
     """The inputs one transform differentiates and whether its results stay attached outside."""
 
     def __init__(self):
-        self.outer_grad = _state.grad_enabled
+        self.outer_grad = _state.tls.grad_enabled
         self.private: set = set()        # ids of the leaves this level made
         self.leaves: list = []           # keep them alive while their ids are in `private`
         self.depth = _batched.depth()    # vmap levels active at entry: they are peeled into physical dims
@@ -108,11 +108,11 @@ class _Level:
 
 class _GradOn:
     def __enter__(self):
-        self.prev = _state.grad_enabled
-        _state.grad_enabled = True
+        self.prev = _state.tls.grad_enabled
+        _state.tls.grad_enabled = True
 
     def __exit__(self, *exc):
-        _state.grad_enabled = self.prev
+        _state.tls.grad_enabled = self.prev
         return False
 
 
@@ -130,8 +130,8 @@ def _grads(outs, ins, gouts, create_graph: bool, retain_graph: bool = True):
 
 class _GradOff(_GradOn):
     def __enter__(self):
-        self.prev = _state.grad_enabled
-        _state.grad_enabled = False
+        self.prev = _state.tls.grad_enabled
+        _state.tls.grad_enabled = False
 
 
 def _finish(level: _Level, t, attached: bool):
@@ -199,7 +199,7 @@ def _vjp_with_argnums(func, *primals, argnums=None, has_aux=False):
                 raise RuntimeError(f"Mismatch in shape: grad_output[0] has a shape of {ct.shape} and "
                                    f"output[0] has a shape of {o.shape}.")
             gouts.append(_batched.peel(ct, level.depth))
-        graph = attached if create_graph is None else (create_graph and _state.grad_enabled) or attached
+        graph = attached if create_graph is None else (create_graph and _state.tls.grad_enabled) or attached
         res = _grads(phys_out, leaves, gouts, graph, retain_graph)
         res = [_finish(level, r, graph) for r in res]
         return tree_unflatten(res, diff_spec)

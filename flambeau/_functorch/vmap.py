@@ -9,6 +9,7 @@ flambeau's caching allocator (`config.vmap_cache_allocator`).
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Callable
 
 from .. import _dispatch
@@ -99,6 +100,33 @@ def vmap(func: Callable, in_dims: Any = 0, out_dims: Any = 0, randomness: str = 
     return wrapped
 
 
+class _KernelRunnerUsers:
+    """The outermost vmap calls running in any thread (vmap levels are per thread): the first one to
+    start installs the caching allocator's kernel runner, the last one to end puts back the runner it
+    replaced, in whatever order the threads' calls end."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+        self.replaced = None
+
+    def enter(self, runner) -> None:
+        with self.lock:
+            if self.count == 0:
+                self.replaced = _dispatch.use_kernel_runner(runner)
+            self.count += 1
+
+    def exit(self) -> None:
+        with self.lock:
+            self.count -= 1
+            if self.count == 0:
+                _dispatch.use_kernel_runner(self.replaced)
+                self.replaced = None
+
+
+_runner_users = _KernelRunnerUsers()
+
+
 def _cached_memory():
     """For an outermost vmap call (config.vmap_cache_allocator): NumPy arrays made in this context and by
     eager kernels come from flambeau's caching allocator; returns what `_restore_memory` puts back."""
@@ -107,13 +135,13 @@ def _cached_memory():
     runner = cpu_allocator.kernel_runner()
     if runner is None:
         return None
-    return cpu_allocator.using_cache(), _dispatch.use_kernel_runner(runner)
+    _runner_users.enter(runner)
+    return cpu_allocator.using_cache()
 
 
-def _restore_memory(memory) -> None:
-    if memory is not None:
-        token, runner = memory
-        _dispatch.use_kernel_runner(runner)
+def _restore_memory(token) -> None:
+    if token is not None:
+        _runner_users.exit()
         cpu_allocator.restore(token)
 
 

@@ -63,7 +63,7 @@ class _BranchRecorder(_Recorder):
 
 def active_tracer():
     """The innermost make_fx tracing mode on the mode stack, or None."""
-    for m in reversed(_state.modes):
+    for m in reversed(_state.tls.modes):
         if isinstance(m, ProxyTorchDispatchMode):
             return m
     return None
@@ -75,13 +75,11 @@ def trace_branch(fn, inputs: list, outer: ProxyTorchDispatchMode, what: str):
     for i, t in enumerate(inputs):
         rec.add_input(t, f"arg{i}_1")
     sub = ProxyTorchDispatchMode(rec)
-    modes = _state.modes
-    saved = list(modes)
-    modes[:] = [sub if m is outer else m for m in modes]
+    saved = _state.set_modes(sub if m is outer else m for m in _state.tls.modes)
     try:
         res = run_functionalized(lambda *a: fn(*a), tuple(inputs))
     finally:
-        modes[:] = saved
+        _state.set_modes(saved)
     if res.mutations:
         raise UnsupportedAliasMutationException(f"{what} might be modifying the input! (input {res.mutations[0][0]} "
                                                 "is written in place)")
@@ -122,7 +120,7 @@ def union_free(*lists) -> list:
 
 
 def check_no_grad(tensors: list, what: str) -> None:
-    if _state.grad_enabled and any(t._requires_grad for t in tensors):
+    if _state.tls.grad_enabled and any(t._requires_grad for t in tensors):
         raise NotImplementedError(f"{what}: differentiating through it is not supported yet (an input requires grad "
                                   "and grad mode is on); trace it under flambeau.no_grad()")
 

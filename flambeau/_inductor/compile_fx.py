@@ -26,6 +26,7 @@ Everything that runs eagerly (a whole graph, a call sent to eager) is recorded a
 from __future__ import annotations
 
 from .. import _fp_errors, _logging
+from .._compile_lock import compile_lock
 from .._counters import record_fallback
 
 import ctypes
@@ -148,8 +149,10 @@ class CompiledGraph:
             return self.gm(*args)         # the graph is specialised to its sizes: run it as is
         art = self.variants.get(key)
         if art is None:
-            art = _compile(self.gm, list(args), self.id)
-            self.variants[key] = art
+            with compile_lock:                # one thread compiles a variant, the others then find it
+                art = self.variants.get(key)
+                if art is None:
+                    art = self.variants[key] = _compile(self.gm, list(args), self.id)
         return art.call(args)
 
 

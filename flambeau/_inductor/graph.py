@@ -332,14 +332,13 @@ class GraphLowering:
             if isinstance(a, (Buffer, StridedView)):
                 return empty_strided(a.layout.shape, a.layout.strides, dtype=a.dtype, device="meta")
             return a
-        saved = dict(_state.autocast)
-        _state.autocast.clear()
+        saved = _state.set_autocast({})
         try:
             return target(*_map_ir(args, meta), **_map_ir(kwargs, meta))
         except Exception:                   # a meta function that needs values, an op without one: contiguous
             return None
         finally:
-            _state.autocast.update(saved)
+            _state.set_autocast(saved)
 
     def _extern_layout(self, val, meta) -> Layout:
         """The layout an extern's output is taken in: for the Triton code generator the strides its meta

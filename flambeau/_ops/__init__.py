@@ -16,6 +16,7 @@ from . import quantized_tensor, quantized_linear, quantized_conv  # noqa: F401
 from .._tensor import Tensor
 from .._dtype import scalar_dtype
 from .. import _dispatch, _state
+_tls = _state.tls
 
 
 def _fn(name):
@@ -72,7 +73,7 @@ def _binary_dunder(opname):
         if not isinstance(other, (Tensor, int, float, complex, bool)) and not hasattr(other, "dtype"):
             return NotImplemented
         if _registry._fx_hook is None and type(f) is Op:
-            if _state.modes or (_state.autocast and f.autocast_tagged):
+            if _state.interposed and (_tls.modes or (_tls.autocast and f.autocast_tagged)):
                 return _dispatch.dispatch(f, (self, other), {})     # what f(self, other) does, see _method
             return _dispatch.call_functional(f, (self, other), {})
         return f(self, other)
@@ -108,7 +109,7 @@ def _method(fn):
             # Op.__call__'s route without its cost: calling an Op object goes through the `__call__`
             # slot and repacks the arguments (~1000 instructions on CPython 3.11)
             if _registry._fx_hook is None:
-                if kwargs or inplace or _state.modes or (_state.autocast and autocast_tagged):
+                if kwargs or inplace or (_state.interposed and (_tls.modes or (_tls.autocast and autocast_tagged))):
                     return _dispatch.dispatch(fn, (self, *args), kwargs)
                 return _dispatch.call_functional(fn, (self, *args), kwargs)
             return fn(self, *args, **kwargs)

@@ -470,7 +470,7 @@ def direct_device(*tensors):
     without a forward-mode tangent on one cpu or cuda device (NumPy or CuPy arrays: a derivative may
     reshape or transpose them as arrays). The kernels are the ones the dispatcher would run, so the
     results are the same, bit for bit."""
-    if _state.grad_enabled or _state.modes or _registry._fx_hook is not None:
+    if (_state.interposed and _state.tls.modes) or _registry._fx_hook is not None or _state.tls.grad_enabled:
         return None
     dev = None
     for t in tensors:

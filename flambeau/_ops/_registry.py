@@ -211,7 +211,8 @@ class Op:
             r = _fx_hook(self, args, kwargs)
             if r is not NotImplemented:
                 return r
-        elif not (kwargs or self.is_inplace or _state.modes or (_state.autocast and self.autocast_tagged)):
+        elif not (kwargs or self.is_inplace
+                  or (_state.interposed and (_state.tls.modes or (_state.tls.autocast and self.autocast_tagged)))):
             return _dispatch.call_functional(self, args, kwargs)
         return _dispatch.dispatch(self, args, kwargs)
 
@@ -342,7 +343,7 @@ def autocast_policy(name: str, tags):
 
     def wrap(fn):
         def with_policy(*args, **kwargs):
-            if _state.autocast:
+            if _state.interposed and _state.tls.autocast:
                 return _dispatch._call_composite(op, fn, args, kwargs)
             return fn(*args, **kwargs)
         with_policy.__name__ = with_policy.__qualname__ = fn.__name__

@@ -53,7 +53,7 @@ def _triton_ready() -> bool:
 
 def _effective_dtype(t, device_type):
     """The dtype `t` will have inside the op: autocast's dtype for a float32 tensor under autocast."""
-    cast = _state.autocast.get(device_type)
+    cast = _state.tls.autocast.get(device_type)
     return cast if cast is not None and t.dtype == D.float32 else t.dtype
 
 

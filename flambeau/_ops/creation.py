@@ -70,7 +70,7 @@ def _finish(t: Tensor, requires_grad: bool) -> Tensor:
 
 
 def _xp_for(device):
-    return backend(canonical(device if device is not None else _state.default_device).type).xp
+    return backend(canonical(device if device is not None else _state.tls.default_device).type).xp
 
 
 # ---- full-like factories (ops, so tracing and meta see them) ---------------------------------
@@ -294,7 +294,7 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=Fal
     else:
         dt = _dt(dtype)
     dev = canonical(device if device is not None else (data.device if isinstance(data, Tensor) and device is None
-                                                       and _state.default_device is None else _state.default_device))
+                                                       and _state.tls.default_device is None else _state.tls.default_device))
     shape = _nested_shape(data) if isinstance(data, (list, tuple)) else None
     host = _to_host(data)
     try:

@@ -577,7 +577,7 @@ def tensordot(a, b, dims=2, out=None):
         da, db = ([d] if isinstance(d, int) else list(d) for d in dims)
     if len(da) != len(db):
         raise RuntimeError(f"both dimension lists should have same length")
-    if a.dtype is not b.dtype and (a.device.type == "cpu" or a.device.type not in _state.autocast):
+    if a.dtype is not b.dtype and (a.device.type == "cpu" or a.device.type not in _state.tls.autocast):
         raise RuntimeError("both inputs should have same dtype")     # (cuda autocast promotes them first)
     da = [wrap_dim(d, a.ndim) for d in da]
     db = [wrap_dim(d, b.ndim) for d in db]

@@ -370,7 +370,7 @@ def resize_(self, *sizes, memory_format=None):
     shape = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else tuple(sizes)
     if any(s < 0 for s in shape):
         raise RuntimeError(f"Trying to create tensor with negative dimension {min(shape)}: {list(shape)}")
-    if _state.grad_enabled and self._requires_grad:
+    if _state.tls.grad_enabled and self._requires_grad:
         raise RuntimeError("cannot resize variables that require grad")
     if tuple(self.shape) == shape:
         return self

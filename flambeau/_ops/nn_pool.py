@@ -238,7 +238,7 @@ def _device_tables(key: tuple, device, make):
     """Index/weight tensors of a pooling geometry made by `make()`; on cuda, outside any dispatch mode,
     kept per geometry and device (no host-to-device copies per call)."""
     dev = canonical(device)
-    if dev.type != "cuda" or _state.modes:
+    if dev.type != "cuda" or _state.tls.modes:
         return make()
     return _remembered(key + (dev,), make)
 

@@ -86,7 +86,7 @@ def _(grad, self, result, dim):
     divided = reverse_cumsum(grad * result.conj(), dim) / self.conj()
     if not traced and not builtins.bool((self == 0).any()):
         return divided
-    if not _state.grad_enabled:
+    if not _state.tls.grad_enabled:
         return _cumprod_backward_masked(grad, self, result, wrap_dim(dim, self.ndim))
     d = wrap_dim(dim, self.ndim)
     x, g = self.transpose(d, -1), grad.transpose(d, -1)

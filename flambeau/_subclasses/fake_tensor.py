@@ -167,7 +167,7 @@ class FakeTensorMode(TorchDispatchMode):
                 raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
                                    f"devices, {dev} and {d}! (when checking argument for {func.__name__})")
         if dev is None:
-            dev = _state.default_device
+            dev = _state.tls.default_device
             dev = canonical(dev) if dev is not None else CPU
         return dev
 

@@ -1,9 +1,10 @@
 """Automatic mixed precision: the `autocast` region and the casts it applies to operator inputs.
 
-State: `_state.autocast` maps each device type where autocast is on to its dtype (an empty dict
+State: `_state.tls.autocast` (per thread, as PyTorch's) maps each device type where autocast is on to its dtype (an empty dict
 means off everywhere, which is what the dispatcher tests on its hot path); it is replaced, never
 mutated, so a saved reference restores it exactly. The requested dtype of each device is kept
-here even while autocast is off there (`get_autocast_dtype`).
+here even while autocast is off there (`get_autocast_dtype`). Like PyTorch's, all of this is per
+thread (`_thread`): a new thread starts with autocast off and the default dtypes.
 
 When autocast is on, `flambeau._dispatch.dispatch` hands every call to `cast_inputs(op, ...)`,
 which applies the policy the op declares with its tags (`Tag.autocast_*` for cuda and every device
@@ -23,6 +24,7 @@ are cached (PyTorch's cache_enabled). Backward passes run with autocast off (the
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 
 from .. import _dispatch, _state, cuda
@@ -31,10 +33,19 @@ from .._tags import Tag
 from .._tensor import Tensor
 
 _DEVICE_TYPES = ("cpu", "cuda", "xpu", "hpu", "mps", "xla", "mtia", "maia", "ipu", "privateuseone")
-_dtypes = {"cpu": D.bfloat16}          # requested dtype per device type; default float16 elsewhere
-_nesting = 0
-_cache_enabled = True
-_cache: dict = {}                      # id(weight) -> (weight, version, dtype, cast)
+
+
+class _ThreadAutocast(threading.local):
+    """One thread's autocast settings besides its on/off map (`_state.tls.autocast`)."""
+
+    def __init__(self) -> None:
+        self.dtypes = {"cpu": D.bfloat16}      # requested dtype per device type; default float16 elsewhere
+        self.nesting = 0
+        self.cache_enabled = True
+        self.cache: dict = {}                  # id(weight) -> (weight, version, dtype, cast)
+
+
+_thread = _ThreadAutocast()
 
 
 # ---- the policies -------------------------------------------------------------------------------
@@ -47,15 +58,16 @@ def _eligible(t, dev_type) -> bool:
 def _cast(t, dev_type, dtype):
     if not _eligible(t, dev_type) or t._dtype is dtype:
         return t
-    cacheable = (_cache_enabled and _state.grad_enabled and dtype is not D.float32 and t._dtype is D.float32
+    cache = _thread.cache
+    cacheable = (_thread.cache_enabled and _state.tls.grad_enabled and dtype is not D.float32 and t._dtype is D.float32
                  and t._requires_grad and t.grad_fn is None and t._base is None)
     if cacheable:
-        hit = _cache.get(id(t))
+        hit = cache.get(id(t))
         if hit is not None and hit[0] is t and hit[1] == t._version[0] and hit[2] is dtype:
             return hit[3]
     out = t.to(dtype)
     if cacheable:
-        _cache[id(t)] = (t, t._version[0], dtype, out)
+        cache[id(t)] = (t, t._version[0], dtype, out)
     return out
 
 
@@ -144,7 +156,7 @@ def cast_inputs(op, args, kwargs):
     """The dispatcher's autocast layer: return (args, kwargs) cast by the op's policy on each device."""
     if kwargs and "out" in kwargs:
         return args, kwargs            # out= variants are not autocast (PyTorch's rule)
-    for dev_type, dtype in _state.autocast.items():
+    for dev_type, dtype in _state.tls.autocast.items():
         rule = _rule(op, dev_type)
         if rule is not None:
             args, kwargs = rule(op, dev_type, dtype, args, kwargs)
@@ -156,23 +168,23 @@ def call_composite(op, fn, args, kwargs):
     an op's, then run its body with autocast off on the devices whose policy applied, so that its
     inner ops are not cast again (PyTorch runs an op's kernel below its autocast layer)."""
     args, kwargs = cast_inputs(op, args, kwargs)
-    saved = _state.autocast
-    _state.autocast = {d: t for d, t in saved.items() if _rule(op, d) is None}
+    saved = _state.tls.autocast
+    _state.set_autocast({d: t for d, t in saved.items() if _rule(op, d) is None})
     try:
         return fn(*args, **kwargs)
     finally:
-        _state.autocast = saved
+        _state.set_autocast(saved)
 
 
-# ---- global state -------------------------------------------------------------------------------
+# ---- per-thread state -------------------------------------------------------------------------------
 def _set(device_type, enabled, dtype):
-    on = dict(_state.autocast)
-    _dtypes[device_type] = dtype
+    on = dict(_state.tls.autocast)
+    _thread.dtypes[device_type] = dtype
     if enabled:
         on[device_type] = dtype
     else:
         on.pop(device_type, None)
-    _state.autocast = on
+    _state.set_autocast(on)
 
 
 def _check_device(device_type):
@@ -187,7 +199,7 @@ def is_autocast_available(device_type: str) -> bool:
 
 def is_autocast_enabled(device_type: str | None = None) -> bool:
     """Whether autocast is on for `device_type` (no argument: cuda, as in PyTorch)."""
-    return ("cuda" if device_type is None else device_type) in _state.autocast
+    return ("cuda" if device_type is None else device_type) in _state.tls.autocast
 
 
 def set_autocast_enabled(device_type, enabled=None) -> None:
@@ -200,7 +212,7 @@ def set_autocast_enabled(device_type, enabled=None) -> None:
 
 def get_autocast_dtype(device_type: str):
     """The dtype autocast uses on `device_type` (bfloat16 on cpu, float16 on cuda unless changed)."""
-    return _dtypes.get(device_type, D.float16)
+    return _thread.dtypes.get(device_type, D.float16)
 
 
 def set_autocast_dtype(device_type: str, dtype) -> None:
@@ -209,28 +221,25 @@ def set_autocast_dtype(device_type: str, dtype) -> None:
 
 
 def is_autocast_cache_enabled() -> bool:
-    return _cache_enabled
+    return _thread.cache_enabled
 
 
 def set_autocast_cache_enabled(enabled: bool) -> None:
-    global _cache_enabled
-    _cache_enabled = bool(enabled)
+    _thread.cache_enabled = bool(enabled)
 
 
 def clear_autocast_cache() -> None:
-    _cache.clear()
+    _thread.cache.clear()
 
 
 def autocast_increment_nesting() -> int:
-    global _nesting
-    _nesting += 1
-    return _nesting
+    _thread.nesting += 1
+    return _thread.nesting
 
 
 def autocast_decrement_nesting() -> int:
-    global _nesting
-    _nesting -= 1
-    return _nesting
+    _thread.nesting -= 1
+    return _thread.nesting
 
 
 def is_autocast_cpu_enabled() -> bool:
@@ -273,7 +282,7 @@ class autocast:
         self.device = device_type
         self.fast_dtype = get_autocast_dtype(device_type) if dtype is None else dtype
         _check_device(device_type)
-        self._cache_enabled = _cache_enabled if cache_enabled is None else bool(cache_enabled)
+        self._cache_enabled = _thread.cache_enabled if cache_enabled is None else bool(cache_enabled)
         name = device_type.upper()
         if enabled:
             if device_type == "cuda":
@@ -289,7 +298,7 @@ class autocast:
         self._saved = []
 
     def __enter__(self):
-        self._saved.append((is_autocast_enabled(self.device), get_autocast_dtype(self.device), _cache_enabled))
+        self._saved.append((is_autocast_enabled(self.device), get_autocast_dtype(self.device), _thread.cache_enabled))
         _set(self.device, self._enabled, self.fast_dtype)
         autocast_increment_nesting()
         set_autocast_cache_enabled(self._cache_enabled)

@@ -9,6 +9,7 @@ into leaves' `.grad`; `grad` returns the gradients of chosen inputs instead.
 from __future__ import annotations
 
 import heapq
+import threading
 import warnings
 
 from .._dtype import FLOATING
@@ -75,7 +76,15 @@ def _run_hooks(hooks, g):
     return g
 
 
-_final_callbacks: list = []    # per backward pass running (innermost last): callbacks queued to run at its end
+class _ThreadPasses(threading.local):
+    """The backward passes running in one thread (innermost last): each one's final callbacks."""
+
+    def __init__(self) -> None:
+        self.final_callbacks: list = []
+
+
+_passes = _ThreadPasses()
+_accumulate_lock = threading.RLock()    # held while a leaf's .grad is set or added to (`_accumulate_locked`)
 
 
 def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accumulate=True,
@@ -117,10 +126,11 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
             heapq.heappush(ready, (-node._sequence_nr, id(node), node))
     captured = {}
     stored: dict = {}           # owner array id -> byte ranges of the gradients leaves took over in this pass
-    prev = _state.grad_enabled
-    _state.grad_enabled = create_graph
-    prev_autocast, _state.autocast = _state.autocast, {}     # backward keeps the forward's casts only
-    _final_callbacks.append([])
+    prev = _state.tls.grad_enabled
+    _state.tls.grad_enabled = create_graph
+    prev_autocast = _state.set_autocast({})     # backward keeps the forward's casts only
+    final_callbacks = _passes.final_callbacks
+    final_callbacks.append([])
     try:
         while ready:
             _, _, node = heapq.heappop(ready)
@@ -189,22 +199,29 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                 deps[nx] = left
                 if left == 0:
                     heapq.heappush(ready, (-nx._sequence_nr, id(nx), nx))
-        callbacks = _final_callbacks[-1]
+        callbacks = final_callbacks[-1]
         while callbacks:
             callbacks.pop(0)()
     finally:
-        _final_callbacks.pop()
-        _state.grad_enabled = prev
-        _state.autocast = prev_autocast
+        final_callbacks.pop()
+        _state.tls.grad_enabled = prev
+        _state.set_autocast(prev_autocast)
     return captured
 
 
 def queue_callback(callback) -> None:
     """Run `callback()` once the backward pass now running has finished (PyTorch's
     `Variable._execution_engine.queue_callback`; DDP and FSDP finish their reductions there)."""
-    if not _final_callbacks:
+    running = running_callbacks()
+    if running is None:
         raise RuntimeError("Final callbacks can only be installed during backward pass.")
-    _final_callbacks[-1].append(callback)
+    running.append(callback)
+
+
+def running_callbacks() -> list | None:
+    """The final-callback list of the backward pass running in this thread (innermost), or None."""
+    passes = _passes.final_callbacks
+    return passes[-1] if passes else None
 
 
 def _needed(nodes, targets):
@@ -332,6 +349,15 @@ def _stealable_or_copy(var: Tensor, grad: Tensor, stored: dict) -> Tensor:
 def _accumulate(t: Tensor, g: Tensor, create_graph: bool, stored: dict | None = None):
     if t._hooks:
         g = _run_hooks(t._hooks, g)
+    with _accumulate_lock:
+        _accumulate_locked(t, g, create_graph, stored)
+    for _, fn in t.__dict__.get("_post_acc_hooks", ()):
+        fn(t)
+
+
+def _accumulate_locked(t: Tensor, g: Tensor, create_graph: bool, stored: dict | None) -> None:
+    """`t.grad` = g, or += g: one thread at a time (backward passes of several threads may reach one
+    leaf at once; PyTorch holds a mutex per AccumulateGrad), so no update is lost."""
     if t._grad is None:
         t._grad = g if create_graph else (g.detach() if not g._requires_grad else g.detach())
         if not create_graph and getattr(g, "_is_root_grad", False):
@@ -343,14 +369,12 @@ def _accumulate(t: Tensor, g: Tensor, create_graph: bool, stored: dict | None = 
     elif t._grad.layout is not strided or g.layout is not strided:
         t._grad = _sum_grads(t._grad, g.detach())       # a sparse gradient: out of place (its layout may change)
     else:
-        prev = _state.grad_enabled
-        _state.grad_enabled = False
+        prev = _state.tls.grad_enabled
+        _state.tls.grad_enabled = False
         try:
             t._grad.add_(g.detach())
         finally:
-            _state.grad_enabled = prev
-    for _, fn in t.__dict__.get("_post_acc_hooks", ()):
-        fn(t)
+            _state.tls.grad_enabled = prev
 
 
 def _make_roots(tensors, grad_tensors, what="backward"):
@@ -370,7 +394,7 @@ def _make_roots(tensors, grad_tensors, what="backward"):
             if g.shape != t.shape:
                 raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of {g.shape} and "
                                    f"output[{i}] has a shape of {t.shape}.")
-            g = g.detach() if not _state.grad_enabled else g
+            g = g.detach() if not _state.tls.grad_enabled else g
             g.__dict__["_is_root_grad"] = True
         roots.append((_edge(t), g))
     return roots
@@ -392,12 +416,12 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, 
         raise RuntimeError(f"got {len(grads)} tensors and {len(tensors)} gradients")
     if retain_graph is None:
         retain_graph = create_graph
-    prev = _state.grad_enabled
-    _state.grad_enabled = create_graph
+    prev = _state.tls.grad_enabled
+    _state.tls.grad_enabled = create_graph
     try:
         roots = _make_roots(tensors, grads)
     finally:
-        _state.grad_enabled = prev
+        _state.tls.grad_enabled = prev
     only = None
     if inputs is not None:
         inputs = _as_tuple(inputs)
@@ -428,12 +452,12 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     for t in inputs:
         if not t.requires_grad:
             raise RuntimeError("One of the differentiated Tensors does not require grad")
-    prev = _state.grad_enabled
-    _state.grad_enabled = create_graph
+    prev = _state.tls.grad_enabled
+    _state.tls.grad_enabled = create_graph
     try:
         roots = _make_roots(outputs, gouts)
     finally:
-        _state.grad_enabled = prev
+        _state.tls.grad_enabled = prev
     capture = {}
     for i, t in enumerate(inputs):
         capture[_edge(t)] = i

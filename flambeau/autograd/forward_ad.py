@@ -89,12 +89,12 @@ def make_dual(tensor: Tensor, tangent: Tensor, *, level: int | None = None) -> T
         raise RuntimeError("Trying to set a forward gradient that has a different size than that of the "
                            f"original Tensor, this is not supported. Tensor is of size {list(tensor.shape)} "
                            f"while the given forward gradient is of size {list(tangent.shape)}.")
-    prev = _state.fwd_grad_enabled
-    _state.fwd_grad_enabled = False
+    prev = _state.tls.fwd_grad_enabled
+    _state.tls.fwd_grad_enabled = False
     try:
         out = tensor.view(tensor.shape)
     finally:
-        _state.fwd_grad_enabled = prev
+        _state.tls.fwd_grad_enabled = prev
     if tangent.dtype is not tensor.dtype:
         tangent = tangent.to(tensor.dtype)
     _set_tangent(out, tangent)
@@ -107,12 +107,12 @@ def unpack_dual(tensor: Tensor, *, level: int | None = None) -> UnpackedDualTens
         return UnpackedDualTensor(tensor, None)
     if tensor._fw_grad is None:
         return UnpackedDualTensor(tensor, None)
-    prev = _state.fwd_grad_enabled
-    _state.fwd_grad_enabled = False
+    prev = _state.tls.fwd_grad_enabled
+    _state.tls.fwd_grad_enabled = False
     try:
         primal = tensor.view(tensor.shape)
     finally:
-        _state.fwd_grad_enabled = prev
+        _state.tls.fwd_grad_enabled = prev
     primal._fw_grad = None
     return UnpackedDualTensor(primal, tensor._fw_grad)
 
@@ -150,8 +150,8 @@ def propagate(op, args, kwargs, out) -> None:
     """Give the outputs of `op(*args, **kwargs) -> out` their tangents."""
     if _current_level < 0:
         return
-    prev_fw, prev_grad = _state.fwd_grad_enabled, _state.grad_enabled
-    _state.fwd_grad_enabled = False
+    prev_fw, prev_grad = _state.tls.fwd_grad_enabled, _state.tls.grad_enabled
+    _state.tls.fwd_grad_enabled = False
     try:
         if op.is_view:
             self = args[0] if args else kwargs["self"]
@@ -162,7 +162,7 @@ def propagate(op, args, kwargs, out) -> None:
             return
         _jvp_by_double_vjp(op, args, kwargs or {}, out, prev_grad)
     finally:
-        _state.fwd_grad_enabled, _state.grad_enabled = prev_fw, prev_grad
+        _state.tls.fwd_grad_enabled, _state.tls.grad_enabled = prev_fw, prev_grad
 
 
 def _jvp_by_double_vjp(op, args, kwargs, out, grad_was_enabled):
@@ -177,7 +177,7 @@ def _jvp_by_double_vjp(op, args, kwargs, out, grad_was_enabled):
     create = grad_was_enabled and (any(isinstance(v, Tensor) and v._requires_grad
                                        for v in _flat(bound)) or
                                    any(t is not None and t._requires_grad for t in _flat(tangents)))
-    _state.grad_enabled = True
+    _state.tls.grad_enabled = True
     us = [zeros_like(o).requires_grad_() if d else None for o, d in zip(outs, diff)]
     kw = {}
     for n in op.saved_names:
@@ -217,7 +217,7 @@ def _jvp_by_double_vjp(op, args, kwargs, out, grad_was_enabled):
         jvps = [None] * len(live)
     else:
         jvps = list(_grad(total, live, allow_unused=True, create_graph=create))
-    _state.grad_enabled = grad_was_enabled
+    _state.tls.grad_enabled = grad_was_enabled
     k = 0
     for o, d in zip(outs, diff):
         if not d:
@@ -243,8 +243,8 @@ def set_inplace_tangent(self: Tensor, new_tangent) -> None:
     """After `self.op_(...)`: write the new tangent into self's tangent in place (views share it)."""
     if new_tangent is None:
         return
-    prev = _state.fwd_grad_enabled, _state.grad_enabled
-    _state.fwd_grad_enabled = False
+    prev = _state.tls.fwd_grad_enabled, _state.tls.grad_enabled
+    _state.tls.fwd_grad_enabled = False
     try:
         if self._fw_grad is None and self._base is not None:
             _give_base_tangent(self)
@@ -253,7 +253,7 @@ def set_inplace_tangent(self: Tensor, new_tangent) -> None:
             return
         write_into(self._fw_grad, new_tangent.detach(), "copy_")
     finally:
-        _state.fwd_grad_enabled, _state.grad_enabled = prev
+        _state.tls.fwd_grad_enabled, _state.tls.grad_enabled = prev
 
 
 def _give_base_tangent(view: Tensor) -> None:

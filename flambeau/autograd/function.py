@@ -132,18 +132,18 @@ class Function(metaclass=_FunctionMeta):
     def apply(cls, *args, **kwargs):
         ctx = FunctionCtx()
         tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, Tensor)]
-        record = _state.grad_enabled and any(a.requires_grad for _, a in tensors)
+        record = _state.tls.grad_enabled and any(a.requires_grad for _, a in tensors)
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         uses_setup = cls.setup_context is not Function.setup_context
-        prev = _state.grad_enabled
-        _state.grad_enabled = False
+        prev = _state.tls.grad_enabled
+        _state.tls.grad_enabled = False
         try:
             if uses_setup:
                 out = cls.forward(*args, **kwargs)
             else:
                 out = cls.forward(ctx, *args, **kwargs)
         finally:
-            _state.grad_enabled = prev
+            _state.tls.grad_enabled = prev
         if uses_setup:
             cls.setup_context(ctx, args, out)
         single = not isinstance(out, tuple)
@@ -201,12 +201,12 @@ def _forward_jvp(cls, ctx, args, outs):
 def once_differentiable(fn):
     @functools.wraps(fn)
     def wrapper(ctx, *args):
-        prev = _state.grad_enabled
-        _state.grad_enabled = False
+        prev = _state.tls.grad_enabled
+        _state.tls.grad_enabled = False
         try:
             return fn(ctx, *args)
         finally:
-            _state.grad_enabled = prev
+            _state.tls.grad_enabled = prev
     wrapper.once_differentiable = True
     return wrapper
 
@@ -226,9 +226,9 @@ class _TracedFunction(Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        prev = _state.grad_enabled
+        prev = _state.tls.grad_enabled
         if ctx.once:
-            _state.grad_enabled = False
+            _state.tls.grad_enabled = False
         try:
             if any(g is None for g in grads) and ctx.replay is not None:
                 res = ctx.replay(grads, ctx.saved_tensors)      # the user's backward, absent gradients as None
@@ -237,7 +237,7 @@ class _TracedFunction(Function):
                          for g, m in zip(grads, ctx._node._out_meta)]   # the traced backward takes every gradient
                 res = ctx.bwd(*grads, *ctx.saved_tensors)
         finally:
-            _state.grad_enabled = prev
+            _state.tls.grad_enabled = prev
         return (None,) * _TRACED_FUNCTION_OPTIONS + tuple(res)
 
 

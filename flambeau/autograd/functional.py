@@ -28,13 +28,13 @@ def _as_tuple(x, arg_name="inputs", fn_name="jacobian"):
 
 
 def _prep(inputs, create_graph):
-    prev = _state.grad_enabled
-    _state.grad_enabled = True
+    prev = _state.tls.grad_enabled
+    _state.tls.grad_enabled = True
     try:
         return tuple(x.view_as(x) if create_graph and x.requires_grad else x.detach().requires_grad_(True)
                      for x in inputs)
     finally:
-        _state.grad_enabled = prev
+        _state.tls.grad_enabled = prev
 
 
 def _post(xs, create_graph):
@@ -60,12 +60,12 @@ def _zeros_for(res, ins):
 
 
 def _call(func, ins, name):
-    with_grad = _state.grad_enabled
-    _state.grad_enabled = True
+    with_grad = _state.tls.grad_enabled
+    _state.tls.grad_enabled = True
     try:
         out = func(*ins)
     finally:
-        _state.grad_enabled = with_grad
+        _state.tls.grad_enabled = with_grad
     is_tuple, outs = _as_tuple(out, "outputs of the user-provided function", name)
     return is_tuple, outs
 
@@ -100,8 +100,8 @@ def jvp(func, inputs, v=None, create_graph=False, strict=False):
     else:
         vs = _as_tuple(v, "v", "jvp")[1]
     out_tuple, outs = _call(func, ins, "jvp")
-    prev = _state.grad_enabled
-    _state.grad_enabled = True
+    prev = _state.tls.grad_enabled
+    _state.tls.grad_enabled = True
     try:
         us = tuple(zeros_like(o).requires_grad_(True) for o in outs)
         gi = _grads(outs, ins, us, True, strict)
@@ -112,7 +112,7 @@ def jvp(func, inputs, v=None, create_graph=False, strict=False):
         else:
             res = (None,) * len(us)
     finally:
-        _state.grad_enabled = prev
+        _state.tls.grad_enabled = prev
     res = _post(_zeros_for(res, outs), create_graph)
     outs = _post(outs, create_graph)
     return (outs if out_tuple else outs[0]), (res if out_tuple else res[0])

@@ -1,4 +1,7 @@
-"""Grad modes: no_grad, enable_grad, set_grad_enabled, inference_mode (context managers and decorators)."""
+"""Grad modes: no_grad, enable_grad, set_grad_enabled, inference_mode (context managers and decorators).
+
+Grad and inference mode are per thread (`_state.tls`), as PyTorch's: a new thread starts with grad
+enabled whatever its parent has. Anomaly mode is process-wide, as PyTorch's."""
 from __future__ import annotations
 
 import functools
@@ -58,36 +61,36 @@ class no_grad(_DecoratorContextManager):
         return self
 
     def __enter__(self):
-        self.prev = _state.grad_enabled
-        _state.grad_enabled = False
+        self.prev = _state.tls.grad_enabled
+        _state.tls.grad_enabled = False
 
     def __exit__(self, *a):
-        _state.grad_enabled = self.prev
+        _state.tls.grad_enabled = self.prev
 
 
 class enable_grad(no_grad):
     def __enter__(self):
-        self.prev = _state.grad_enabled
-        _state.grad_enabled = True
+        self.prev = _state.tls.grad_enabled
+        _state.tls.grad_enabled = True
 
 
 class set_grad_enabled(_DecoratorContextManager):
     def __init__(self, mode: bool):
-        self.prev = _state.grad_enabled
+        self.prev = _state.tls.grad_enabled
         self.mode = bool(mode)
-        _state.grad_enabled = self.mode
+        _state.tls.grad_enabled = self.mode
 
     def __enter__(self):
         pass
 
     def __exit__(self, *a):
-        _state.grad_enabled = self.prev
+        _state.tls.grad_enabled = self.prev
 
     def clone(self):
         return set_grad_enabled(self.mode)
 
     def __call__(self, fn):
-        _state.grad_enabled = self.prev
+        _state.tls.grad_enabled = self.prev
         return super().__call__(fn)
 
 
@@ -103,24 +106,24 @@ class inference_mode(_DecoratorContextManager):
         return self
 
     def __enter__(self):
-        self.prev = (_state.grad_enabled, _state.inference_mode)
+        self.prev = (_state.tls.grad_enabled, _state.tls.inference_mode)
         if self.mode:
-            _state.grad_enabled = False
-            _state.inference_mode = True
+            _state.tls.grad_enabled = False
+            _state.tls.inference_mode = True
 
     def __exit__(self, *a):
-        _state.grad_enabled, _state.inference_mode = self.prev
+        _state.tls.grad_enabled, _state.tls.inference_mode = self.prev
 
     def clone(self):
         return inference_mode(self.mode)
 
 
 def is_grad_enabled() -> bool:
-    return _state.grad_enabled
+    return _state.tls.grad_enabled
 
 
 def is_inference_mode_enabled() -> bool:
-    return _state.inference_mode
+    return _state.tls.inference_mode
 
 
 class set_detect_anomaly:
@@ -156,3 +159,7 @@ class detect_anomaly(_DecoratorContextManager):
 
 def is_anomaly_enabled() -> bool:
     return _state.anomaly
+
+
+def is_anomaly_check_nan_enabled() -> bool:
+    return _state.anomaly_check_nan

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
+import threading
 import traceback
 import weakref
 from collections.abc import Iterator
@@ -128,8 +129,15 @@ _FREED = ("Trying to backward through the graph a second time (or directly acces
           "through the graph a second time or if you need to access saved tensors after calling backward.")
 
 
-# (pack_hook, unpack_hook) pairs of the `saved_tensors_hooks` contexts entered, innermost last
-_SAVED_TENSORS_HOOKS: list[tuple] = []
+class _ThreadSavedHooks(threading.local):
+    """The (pack_hook, unpack_hook) pairs of the `saved_tensors_hooks` contexts one thread has entered,
+    innermost last (per thread, as PyTorch's: a tensor saved in another thread is not packed)."""
+
+    def __init__(self) -> None:
+        self.stack: list[tuple] = []
+
+
+_saved_hooks = _ThreadSavedHooks()
 
 
 class saved_tensors_hooks:
@@ -141,11 +149,11 @@ class saved_tensors_hooks:
         self.pack_hook, self.unpack_hook = pack_hook, unpack_hook
 
     def __enter__(self) -> saved_tensors_hooks:
-        _SAVED_TENSORS_HOOKS.append((self.pack_hook, self.unpack_hook))
+        _saved_hooks.stack.append((self.pack_hook, self.unpack_hook))
         return self
 
     def __exit__(self, *exc) -> None:
-        _SAVED_TENSORS_HOOKS.pop()
+        _saved_hooks.stack.pop()
 
 
 class save_on_cpu(saved_tensors_hooks):
@@ -174,12 +182,13 @@ class SavedTensor:
         self.node_name = node_name
         self.out_nr = out_nr
         self.packed = None
-        if _SAVED_TENSORS_HOOKS:
-            pack, unpack = _SAVED_TENSORS_HOOKS.pop()    # what the pack hook itself saves is not packed
+        hooks = _saved_hooks.stack
+        if hooks:
+            pack, unpack = hooks.pop()    # what the pack hook itself saves is not packed
             try:
                 self.packed = (unpack, pack(self.t))
             finally:
-                _SAVED_TENSORS_HOOKS.append((pack, unpack))
+                hooks.append((pack, unpack))
             self.t = None
 
     def unpack(self, node):
@@ -278,7 +287,7 @@ def refresh_view(t: Tensor, strict: bool | None = None) -> bool:
     if t._version[0] == t._view_version:
         return t._requires_grad
     if t._no_grad_view is not None and base._requires_grad:
-        if strict or (strict is None and _state.grad_enabled):
+        if strict or (strict is None and _state.tls.grad_enabled):
             raise RuntimeError(no_grad_view_error(
                 t, "its base or another view of its base has been modified inplace with grad mode enabled"))
         return t._requires_grad

@@ -348,15 +348,15 @@ def _write_back(t, arr) -> None:
     if arr is t._data:
         t._version[0] += 1
         return
-    prev = _state.grad_enabled
-    _state.grad_enabled = False
+    prev = _state.tls.grad_enabled
+    _state.tls.grad_enabled = False
     try:
         if isinstance(arr, np.ndarray):
             t.copy_(from_numpy(arr.reshape(tuple(t.shape))))
         else:
             t.copy_(Tensor._make(arr.reshape(tuple(t.shape)), t._device, t._dtype))
     finally:
-        _state.grad_enabled = prev
+        _state.tls.grad_enabled = prev
 
 
 def _same_dtype(tensors: list, what: str) -> None:

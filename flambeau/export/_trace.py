@@ -471,10 +471,10 @@ def export(mod: Module, args: tuple, kwargs: dict | None = None, *, dynamic_shap
     """`torch.export.export`: a sound full-graph capture of `mod(*args, **kwargs)` (see module docstring)."""
     _check_args(mod, args, kwargs)
     kwargs = dict(kwargs or {})
-    saved = _state.grad_enabled
+    saved = _state.tls.grad_enabled
     try:
         if strict:
             return export_strict(mod, args, kwargs, dynamic_shapes)
         return export_non_strict(mod, args, kwargs, dynamic_shapes)
     finally:
-        _state.grad_enabled = saved
+        _state.tls.grad_enabled = saved

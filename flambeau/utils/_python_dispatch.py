@@ -1,7 +1,7 @@
 """User dispatch modes (`flambeau.utils._python_dispatch.TorchDispatchMode`).
 
 A mode is a context manager that pushes itself onto the dispatcher's mode stack
-(`flambeau._state.modes`). Every operator call, including those run by derivative formulas during
+of the calling thread (`flambeau._state.tls.modes`). Every operator call, including those run by derivative formulas during
 backward, goes to the innermost mode's `__torch_dispatch__(func, types, args, kwargs)`. While the
 handler runs, the dispatcher has popped the mode, so calling `func(*args, **kwargs)` inside it
 reaches the next mode (or autograd + the kernel when the stack is empty).
@@ -21,15 +21,11 @@ class TorchDispatchMode:
         raise NotImplementedError
 
     def __enter__(self):
-        _state.modes.append(self)
+        _state.push_mode(self)
         return self
 
     def __exit__(self, exc_type, exc_val, exc_tb):
-        # the innermost occurrence of this mode leaves the stack (modes nest LIFO)
-        for i in range(len(_state.modes) - 1, -1, -1):
-            if _state.modes[i] is self:
-                del _state.modes[i]
-                break
+        _state.remove_mode(self)      # its innermost occurrence (modes nest LIFO)
         return False
 
     @classmethod
@@ -45,30 +41,31 @@ class TorchDispatchMode:
 
 def _get_current_dispatch_mode():
     """The innermost active mode, or None."""
-    return _state.modes[-1] if _state.modes else None
+    modes = _state.tls.modes
+    return modes[-1] if modes else None
 
 
 def _get_current_dispatch_mode_stack() -> list:
-    return list(_state.modes)
+    return list(_state.tls.modes)
 
 
 def _len_torch_dispatch_stack() -> int:
-    return len(_state.modes)
+    return len(_state.tls.modes)
 
 
 def _pop_mode(k=None):
-    return _state.modes.pop()
+    return _state.pop_mode()
 
 
 class _pop_mode_temporarily:
     """Run with the innermost mode removed (restored on exit)."""
 
     def __enter__(self):
-        self.mode = _state.modes.pop()
+        self.mode = _state.pop_mode()
         return self.mode
 
     def __exit__(self, *exc):
-        _state.modes.append(self.mode)
+        _state.push_mode(self.mode)
         return False
 
 

@@ -75,7 +75,7 @@ _in_graph: dict | None = None
 
 def _set_grad_enabled(mode: bool) -> None:
     """Recorded in graphs to switch grad mode at run time (inside `with no_grad():` etc.)."""
-    _state.grad_enabled = mode
+    _state.tls.grad_enabled = mode
 
 
 def torch_functions() -> dict:
@@ -258,9 +258,9 @@ class TorchSpecialVariable(VariableTracker):
         if k == "get_default_dtype":
             return const(_state.default_dtype)
         if k == "get_default_device":
-            return const(canonical(_state.default_device))
+            return const(canonical(_state.tls.default_device))
         if k == "is_inference_mode_enabled":
-            return const(_state.inference_mode)
+            return const(_state.tls.inference_mode)
         if k == "is_tensor":
             return const(isinstance(args[0], TensorVariable))
         if k in ("no_grad", "enable_grad"):
@@ -321,7 +321,7 @@ class GradModeExit:
         self.prev = prev
 
     def __call__(self, *exc):
-        _state.grad_enabled = self.prev
+        _state.tls.grad_enabled = self.prev
         return False
 
 

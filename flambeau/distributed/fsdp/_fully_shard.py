@@ -133,12 +133,12 @@ def _array_tensor(arr, like: Tensor) -> Tensor:
 
 
 def _no_grad(fn, *args):
-    prev = _state.grad_enabled
-    _state.grad_enabled = False
+    prev = _state.tls.grad_enabled
+    _state.tls.grad_enabled = False
     try:
         return fn(*args)
     finally:
-        _state.grad_enabled = prev
+        _state.tls.grad_enabled = prev
 
 
 class _ParamGroup:
@@ -353,7 +353,7 @@ class _BackwardReductions:
         self.queued_on = None             # the callback list of the backward pass `finish` is queued on
 
     def track(self, group: _ParamGroup) -> None:
-        running = engine._final_callbacks[-1] if engine._final_callbacks else None
+        running = engine.running_callbacks()
         if self.queued_on is not running:
             engine.queue_callback(self.finish)
             self.queued_on = running

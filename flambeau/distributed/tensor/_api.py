@@ -222,12 +222,12 @@ class DTensor(Tensor):
                                f"{list(res.shape)}")
         src = redistribute_local(res._local_tensor, self.device_mesh, res.placements, self.placements,
                                  self._spec.shape)
-        prev = _state.grad_enabled
-        _state.grad_enabled = False
+        prev = _state.tls.grad_enabled
+        _state.tls.grad_enabled = False
         try:
             self._local_tensor.copy_(src)
         finally:
-            _state.grad_enabled = prev
+            _state.tls.grad_enabled = prev
 
     def _wrapper_meta(self) -> tuple:
         return (Size(self._spec.shape), self._dtype, self._spec)
@@ -391,8 +391,8 @@ def distribute_tensor(tensor: Tensor, device_mesh: DeviceMesh | None = None, pla
     placements = _check_placements(placements, mesh, tensor.dim(), "distribute_tensor")
     if any(isinstance(p, Partial) for p in placements):
         raise RuntimeError("distribute_tensor: Partial placements are not supported; use DTensor.from_local")
-    prev = _state.grad_enabled
-    _state.grad_enabled = False
+    prev = _state.tls.grad_enabled
+    _state.tls.grad_enabled = False
     try:
         full = tensor.detach().contiguous().clone()
         if src_data_rank is not None:        # rank (0, ..., 0) of the mesh to every rank, a dimension at a time
@@ -400,6 +400,6 @@ def distribute_tensor(tensor: Tensor, device_mesh: DeviceMesh | None = None, pla
                 broadcast(full, group_src=0, group=mesh.get_group(i))
         local = redistribute_local(full, mesh, (REPLICATE,) * mesh.ndim, placements, tuple(tensor.shape))
     finally:
-        _state.grad_enabled = prev
+        _state.tls.grad_enabled = prev
     return DTensor._make(local.contiguous(), mesh, placements, tuple(tensor.shape),
                          requires_grad=tensor.requires_grad)

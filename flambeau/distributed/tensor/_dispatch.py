@@ -184,8 +184,8 @@ def _strided(decision: Decision, dts: list, i: int, strided: set) -> Decision | 
 
 
 def _run_local(op, local_values, decisions, mesh, outs, out_placements):
-    prev = _state.grad_enabled
-    _state.grad_enabled = False          # below autograd: the DTensor call is what autograd records
+    prev = _state.tls.grad_enabled
+    _state.tls.grad_enabled = False          # below autograd: the DTensor call is what autograd records
     try:
         for i, d in enumerate(decisions):
             if d.local is not None:
@@ -196,4 +196,4 @@ def _run_local(op, local_values, decisions, mesh, outs, out_placements):
                 return d.local(op, *local_values, ctx=ctx)
         return _batching.call(op, local_values)
     finally:
-        _state.grad_enabled = prev
+        _state.tls.grad_enabled = prev

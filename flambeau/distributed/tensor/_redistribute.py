@@ -84,12 +84,12 @@ def redistribute_local(local, mesh, src: tuple, dst: tuple, global_shape: tuple)
     src, dst = normalize(src, ndim), normalize(dst, ndim)
     if src == dst:
         return local
-    prev = _state.grad_enabled
-    _state.grad_enabled = False
+    prev = _state.tls.grad_enabled
+    _state.tls.grad_enabled = False
     try:
         return _redistribute(local, mesh, list(src), dst, global_shape)
     finally:
-        _state.grad_enabled = prev
+        _state.tls.grad_enabled = prev
 
 
 def _must_unshard(cur: list, dst: tuple) -> list:

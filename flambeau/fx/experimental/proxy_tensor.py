@@ -186,11 +186,11 @@ class ProxyTorchDispatchMode(TorchDispatchMode):
         kwargs = kwargs or {}
         decomp = self.decomposition_table.get(func)
         if decomp is not None:
-            _state.modes.append(self)
+            _state.push_mode(self)
             try:
                 return decomp(*args, **kwargs)
             finally:
-                _state.modes.pop()
+                _state.pop_mode()
         rec = self.recorder
         node_args = rec.to_arg(tuple(args))
         node_kwargs = rec.to_arg(dict(kwargs))

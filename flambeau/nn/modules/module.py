@@ -757,4 +757,4 @@ class Module:
 
 
 def _grad_enabled() -> bool:
-    return _state.grad_enabled
+    return _state.tls.grad_enabled

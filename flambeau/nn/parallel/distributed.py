@@ -364,11 +364,11 @@ class DistributedDataParallel(Module):
         if sync:
             self.reducer.prepare_for_forward()
             self.reducer.rebuild_buckets()
-        if _state.grad_enabled and self.will_sync_module_buffers():
+        if _state.tls.grad_enabled and self.will_sync_module_buffers():
             self._sync_buffers()
 
     def forward(self, *inputs, **kwargs):
-        sync = _state.grad_enabled and self.require_backward_grad_sync
+        sync = _state.tls.grad_enabled and self.require_backward_grad_sync
         self._pre_forward(sync)
         out = self.module(*inputs, **kwargs)
         if sync:
@@ -404,9 +404,9 @@ DistributedDataParallel._pre_forward._flambeau_dynamo_disable = True
 
 @contextlib.contextmanager
 def _no_grad():
-    prev = _state.grad_enabled
-    _state.grad_enabled = False
+    prev = _state.tls.grad_enabled
+    _state.tls.grad_enabled = False
     try:
         yield
     finally:
-        _state.grad_enabled = prev
+        _state.tls.grad_enabled = prev
