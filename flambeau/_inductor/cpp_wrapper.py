@@ -22,7 +22,7 @@ bfloat16 through flambeau's GEMMs, float sums rounded once; float64 with double 
 `max_pool2d_with_indices` and `_taps_gather` (interpolate, average pooling, pads), float32 or float64,
 `sort` and `topk` of any dtype (the C++ of cpp_wrapper_kernels.py); bfloat16/float16 operands of these are widened to float and
 the results rounded once (`_widened`, WIDENED_OPS); and the fused CPU attention `_sdpa_flash_cpu`
-(4-d operands without a mask, `flash_reason`; a two-output op: out and its
+(3-d or 4-d operands, masks, `flash_reason`; a two-output op: out and its
 logsumexp), through the function pointers of `EXTERNS`, set once by `fl_set_externs(table, threads)`
 (the JIT path hands it the eager libraries' functions, an AOTInductor package the copies linked into
 its model.so). Any other step raises `Unsupported`: the JIT path then keeps the Python wrapper
@@ -554,26 +554,51 @@ class CppWrapper:
         self.line("  fl_free(fl_work); }")
 
     def _extern__sdpa_flash_cpu(self, ek):
-        """The fused CPU attention (cpu_attention.cpp's forward) on 4-d operands: out (B, H, L, Ev) in
-        the operands' dtype and the float logsumexp (B, H, L), both contiguous; see flash_reason."""
+        """The fused CPU attention (cpu_attention.cpp's forward) on 4-d operands (3-d ones as one batch):
+        out (B, H, L, Ev) in the operands' dtype and the float logsumexp (B, H, L), both contiguous; a mask
+        read where it is, broadcast to (B, H, L, S) by zero strides (a float32 one), or first made float
+        (fl_mask_float: bool as 0/-inf, bfloat16/float16 widened); see flash_reason."""
         q, k, v, mask, causal, scale, gqa = ek.op.bind(*ek.args, **ek.kwargs)
-        why = flash_reason(q.dtype, [a.layout.shape for a in (q, k, v)], mask is not None, gqa, _same_size)
+        why = flash_reason(q.dtype, [a.layout.shape for a in (q, k, v)], None if mask is None else mask.dtype, gqa,
+                           _same_size)
         if why:
             raise Unsupported(f"the C++ wrapper can't run _sdpa_flash_cpu: {why}")
         self._need("fl_attention_forward", "fused attention")
         (pq, lq), (pk, lk), (pv, lv) = (self._operand(a) for a in (q, k, v))
-        B, H, L, E = lq.shape
-        Hk, S = lk.shape[1], lk.shape[2]
-        sizes = ", ".join(_c(s) for s in (B, H, Hk, L, S, E, lv.shape[3]))
-        strides = ", ".join(_c(s) for s in (*lq.strides, *lk.strides, *lv.strides)) + ", 0, 0, 0, 0"
+        four = [(lay.shape, lay.strides) if len(lay.shape) == 4 else ((1, *lay.shape), (0, *lay.strides))
+                for lay in (lq, lk, lv)]
+        (B, H, L, E), (_, Hk, S, _), (_, _, _, Ev) = (shape for shape, _ in four)
+        sizes = ", ".join(_c(s) for s in (B, H, Hk, L, S, E, Ev))
+        pm, mask_strides = self._attention_mask(ek, mask, (B, H, L, S))
+        strides = ", ".join(_c(s) for _, st in four for s in st) + ", " + ", ".join(mask_strides)
         out, lse = (next(o.name for o in ek.outputs if o.i == i) for i in (0, 1))
         sc = f"(float)(1.0 / std::sqrt((double){_c(E)}))" if scale is None else repr(float(scale))
         self.line(f"{{ const int64_t fl_sz[] = {{{sizes}}}; const int64_t fl_st[] = {{{strides}}};")
-        self.line(f"  const int fl_th = fl_threads({_c(B)} * {H} * {_c(L)} * {_c(S)} * {_c(lv.shape[3])} * 4);")
+        self.line(f"  const int fl_th = fl_threads({_c(B)} * {H} * {_c(L)} * {_c(S)} * {_c(Ev)} * 4);")
         self.line("  float* fl_work = (float*)fl_alloc(fl_attention_workspace(fl_sz, 0, fl_th) * 4);")
-        self.line(f"  fl_attention_forward(fl_sz, fl_st, {LOWP_CODES[q.dtype]}, {pq}, {pk}, {pv}, nullptr, "
+        self.line(f"  fl_attention_forward(fl_sz, fl_st, {LOWP_CODES[q.dtype]}, {pq}, {pk}, {pv}, {pm}, "
                   f"{int(bool(causal))}, {sc}, {out}, {lse}, fl_work, fl_th);")
         self.line("  fl_free(fl_work); }")
+        if pm.startswith("fl_mask_"):
+            self.line(f"fl_free({pm});")
+
+    def _attention_mask(self, ek, mask, target) -> tuple:
+        """(C pointer of the float mask, its 4 element strides broadcast to `target` (B, H, L, S))."""
+        if mask is None:
+            return "nullptr", ["0"] * 4
+        pm, lm = self._operand(mask)
+        shape, strides = list(lm.shape), list(lm.strides)
+        if mask.dtype is not D.float32:
+            name = f"fl_mask_{ek.name}"
+            dims = ", ".join(_c(s) for s in shape) or "0"
+            st = ", ".join(_c(s) for s in strides) or "0"
+            code = 0 if mask.dtype is D.bool else LOWP_CODES[mask.dtype]
+            self.line(f"float* {name} = (float*)fl_alloc({_c(lm.numel)} * 4);")
+            self.line(f"{{ const int64_t shp[] = {{{dims}}}; const int64_t st[] = {{{st}}}; "
+                      f"fl_mask_float({name}, (const char*){pm}, {len(shape)}, shp, st, {code}); }}")
+            pm, strides = name, list(Layout(shape, D.float32).strides)
+        shape, strides = [1] * (4 - len(shape)) + shape, [0] * (4 - len(strides)) + strides
+        return pm, [_c(st) if not _same_size(n, 1) else "0" for n, st in zip(shape, strides)]
 
     # ---- the JIT entry ---------------------------------------------------------------------------
     def _obj_entry(self) -> str:
@@ -613,18 +638,19 @@ def _same_size(a, b) -> bool:
     return a == b if isinstance(a, int) and isinstance(b, int) else str(a) == str(b)
 
 
-def flash_reason(dtype, shapes, has_mask: bool, enable_gqa: bool, same=_same_size) -> str:
+def flash_reason(dtype, shapes, mask_dtype, enable_gqa: bool, same=_same_size) -> str:
     """Why a C++ wrapper can't call the fused CPU attention on operands of this dtype and these
-    (query, key, value) shapes (empty when it can): 4-d operands of one batch size, static head
-    counts (equal, or grouped-query), no mask. The inductor decomposes the others into the math path
+    (query, key, value) shapes with a mask of `mask_dtype` (None: no mask) (empty when it can): all 4-d
+    of one batch size or all 3-d, static head counts (equal, or grouped-query), a bool mask or one of
+    the operands' dtype. The inductor decomposes the others into the math path
     (decompositions.sdpa_flash_cpu) for graphs without Python externs."""
     if dtype not in LOWP_CODES:
         return f"dtype {dtype.name}"
-    if any(len(s) != 4 for s in shapes):
-        return "operands that are not 4-d"
-    (b, hq, _, _), (bk, hk, _, _), (bv, hv, _, _) = shapes
-    if has_mask:
-        return "a mask"
+    if {len(s) for s in shapes} not in ({3}, {4}):
+        return "operands that are not all 3-d or all 4-d"
+    (b, hq, _, _), (bk, hk, _, _), (bv, hv, _, _) = (s if len(s) == 4 else (1, *s) for s in shapes)
+    if mask_dtype is not None and mask_dtype not in (D.bool, dtype):
+        return f"a {mask_dtype.name} mask"
     if not (same(b, bk) and same(b, bv)):
         return "broadcast batch sizes"
     if not all(isinstance(h, int) for h in (hq, hk, hv)) or hk != hv or \

@@ -7,6 +7,8 @@ whose lowp.h conversions it uses):
 - `fl_col2im<T>`: a transposed convolution's columns added into its output;
 - `fl_taps_axis<T>`: one axis of `_taps_gather` (interpolate, average pooling, pads);
 - `fl_sort<T>`: `sort` and `topk` along a dim (stable, NaN as the largest value);
+- `fl_mask_float`: a bool or low-precision attention mask as the float additive mask the fused
+  attention reads;
 - `fl_dgemm` / `fl_conv2d_f64`: float64 products and convolutions with double sums (the signatures of
   flambeau's float32 `flm_sgemm` / `flm_conv2d`, so one emitter serves both dtypes; loops blocked
   for the cache, rows or images over OpenMP: correct and moderate, float64 models are rare in
@@ -177,6 +179,23 @@ static void fl_widen(float* dst, const uint16_t* src, int ndim, const int64_t* s
     int64_t inner = 1;
     for (int d = 1; d < ndim; d++) inner *= shape[d];
     for (int64_t i = 0; i < shape[0]; i++) fl_widen(dst + i * inner, src + i * st[0], ndim - 1, shape + 1, st + 1, code);
+}
+
+// dst (contiguous float) = an attention mask as the fused kernel reads it: a bool mask (code 0) as 0 where
+// true and -inf where false, a bfloat16 (1) or float16 (2) additive one widened; src a strided view
+static void fl_mask_float(float* dst, const char* src, int ndim, const int64_t* shape, const int64_t* st, int code) {
+    const int64_t item = code == 0 ? 1 : 2;
+    if (ndim == 0) {
+        uint16_t h = 0;
+        std::memcpy(&h, src, item);
+        *dst = code == 0 ? (h ? 0.0f : -std::numeric_limits<float>::infinity())
+                         : code == 1 ? fl_bf16_to_f32(h) : fl_f16_to_f32(h);
+        return;
+    }
+    int64_t inner = 1;
+    for (int d = 1; d < ndim; d++) inner *= shape[d];
+    for (int64_t i = 0; i < shape[0]; i++)
+        fl_mask_float(dst + i * inner, src + i * st[0] * item, ndim - 1, shape + 1, st + 1, code);
 }
 
 // dst[i] = src[i] rounded to bfloat16 (code 1) or float16 (code 2), i < n

@@ -71,9 +71,9 @@ def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 def sdpa_flash_cpu(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
     """The fused CPU kernel's op (out, logsumexp) as the math decomposition, for graphs whose wrapper
     calls no Python extern (config.cpp_wrapper, AOTInductor) where that C++ wrapper can't call the
-    kernel itself (cpp_wrapper.flash_reason: masks, broadcast or 3-d operands)."""
+    kernel itself (cpp_wrapper.flash_reason: broadcast or mixed-rank operands, dynamic heads)."""
     shapes = [tuple(t.shape) for t in (query, key, value)]
-    if not flash_reason(query.dtype, shapes, attn_mask is not None, enable_gqa):
+    if not flash_reason(query.dtype, shapes, None if attn_mask is None else attn_mask.dtype, enable_gqa):
         return NotImplemented
     r = _sdpa_math_parts(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
     if r is NotImplemented:
