@@ -252,6 +252,38 @@ def test_compiled_conv_add_relu_becomes_one_binary_int8_conv_equal_to_pytorchs(r
     np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
+@pytest.mark.parametrize("requant", [False, True], ids=["f32_out", "relu_requant"])
+def test_compiled_conv1d_becomes_an_int8_conv_equal_to_pytorchs_qconv_pointwise(requant, monkeypatch):
+    """dq -> conv1d (stride 2, padding 1, groups 2) [-> relu -> q] runs as a height-1 int8 convolution,
+    bit-equal to PyTorch's 1-D `onednn::qconv_pointwise`."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 8, 21)).astype(np.float32)
+    qw = rng.integers(-127, 128, (12, 4, 3)).astype(np.int8)
+    ws = rng.uniform(0.001, 0.02, 12).astype(np.float32)
+    bias = rng.standard_normal(12).astype(np.float32)
+
+    def layer(m, qd, t, qw_, ws_, bias_):
+        dx = qd.dequantize_per_tensor.default(qd.quantize_per_tensor.default(t, 0.03, 120, 0, 255, m.uint8),
+                                              0.03, 120, 0, 255, m.uint8)
+        dw = qd.dequantize_per_channel.default(qw_, ws_, m.zeros(12, dtype=m.int64), 0, -128, 127, m.int8)
+        y = m.nn.functional.conv1d(dx, dw, bias_, 2, 1, 1, 2)
+        return qd.quantize_per_tensor.default(m.relu(y), 0.05, 3, 0, 255, m.uint8) if requant else y
+    made = spy_compile_fx(monkeypatch, [])
+    ours = [flambeau.tensor(a) for a in (qw, ws, bias)]
+    with flambeau.no_grad(), no_unexpected_fallbacks():
+        got = flambeau.compile(lambda t: layer(flambeau, QD, t, *ours))(flambeau.tensor(x))
+    assert [e for e in _externs(made) if "conv" in e] == ["onednn::qconv_prepack", "onednn::qconv2d_pointwise"], \
+        _externs(made)
+    tqx = TQD.quantize_per_tensor.default(torch.tensor(x), 0.03, 120, 0, 255, torch.uint8)
+    packed = torch.ops.onednn.qconv_prepack(torch.tensor(qw), torch.tensor(ws), 0.03, 120, [2], [1], [1], 2,
+                                            list(tqx.shape))
+    out = (0.05, 3, torch.uint8, "relu") if requant else (1.0, 0, torch.float32, "none")
+    want = torch.ops.onednn.qconv_pointwise(tqx, 0.03, 120, packed, torch.tensor(ws), torch.zeros(12, dtype=torch.int64),
+                                            torch.tensor(bias), [2], [1], [1], 2, *out, [], "")
+    assert tuple(got.shape) == tuple(want.shape)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 def _converted_cnn():
     flambeau.manual_seed(0)
     model = build_cnn(flambeau).eval()

@@ -1,4 +1,4 @@
-"""The inductor's quantization pass: a PT2E-converted graph's float linear and 2-D convolution layers
+"""The inductor's quantization pass: a PT2E-converted graph's float linear and 1-D/2-D convolution layers
 between quantize and dequantize become int8 GEMMs and convolutions (PyTorch's
 `torch/_inductor/fx_passes/quantization.py`).
 
@@ -115,33 +115,40 @@ def _product(gm, node):
     return None
 
 
-def _ints2(v):
-    """A 2-D convolution's stride/padding/dilation as two ints, or None (a string padding, 3 values)."""
-    v = [v, v] if isinstance(v, int) else v
-    if not isinstance(v, (list, tuple)) or len(v) not in (1, 2) or not all(isinstance(i, int) for i in v):
+def _ints(v, n: int):
+    """A convolution's stride/padding/dilation as n ints, or None (a string padding, a wrong length)."""
+    v = [v] * n if isinstance(v, int) else v
+    if not isinstance(v, (list, tuple)) or len(v) not in (1, n) or not all(isinstance(i, int) for i in v):
         return None
-    return [int(v[0]), int(v[-1])]
+    return [int(i) for i in v] * (n // len(v))
 
 
 def _convolution(gm, node):
-    """(x, w, bias, stride, padding, dilation, groups) of a 2-D convolution node, or None."""
+    """(x, w, bias, stride, padding, dilation, groups, spatial dims) of a 1-D or 2-D convolution node, as
+    a 2-D one (a 1-D convolution is one of height 1: stride/padding/dilation led by 1/0/1), or None."""
     if _is(node, OPS["convolution"]) and len(node.args) == 9 and not node.kwargs:
         x, w, bias, stride, padding, dilation, transposed, output_padding, groups = node.args
         if transposed or any(output_padding):
             return None
     elif isinstance(node, Node) and node.op == "call_function" and any(
-            node.target is f for f in (nn.functional.conv2d, EXPORTS.get("conv2d"))):
+            node.target is f for f in (nn.functional.conv2d, EXPORTS.get("conv2d"), nn.functional.conv1d,
+                                       EXPORTS.get("conv1d"))):
         names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
         defaults = (None, None, None, 1, 0, 1, 1)
         x, w, bias, stride, padding, dilation, groups = (_arg(node, i, n, d)
                                                          for i, (n, d) in enumerate(zip(names, defaults)))
     else:
         return None
-    pairs = [_ints2(v) for v in (stride, padding, dilation)]
     val = _val(gm, node)
-    if None in pairs or not isinstance(groups, int) or not isinstance(val, Tensor) or val.ndim != 4:
+    if not isinstance(val, Tensor) or val.ndim not in (3, 4) or not isinstance(groups, int):
         return None
-    return (x, w, bias, *pairs, groups)
+    spatial = val.ndim - 2
+    triples = [_ints(v, spatial) for v in (stride, padding, dilation)]
+    if None in triples:
+        return None
+    if spatial == 1:
+        triples = [[lead] + t for lead, t in zip((1, 0, 1), triples)]
+    return (x, w, bias, *triples, groups, spatial)
 
 
 def _is_relu(node) -> bool:
@@ -240,12 +247,15 @@ def _linear_node(graph, operands, qx, x_scale, x_zp, tensor_qparams, qw, w_scale
 
 
 def _conv_node(graph, operands, qx, x_scale, x_zp, tensor_qparams, qw, w_scales, w_zps, epilogue):
-    _, _, bias, stride, padding, dilation, groups = operands
+    _, _, bias, stride, padding, dilation, groups, spatial = operands
     _, post, _, out_scale, out_zp, out_dtype = epilogue
+    if spatial == 1:        # as a 2-D convolution of height 1 (PyTorch's 1-D int8 conv gives the same numbers)
+        qx, qw = (graph.call_function(OPS["unsqueeze"], (t, 2)) for t in (qx, qw))
     packed = graph.call_function(QC.qconv_prepack, (qw, w_scales, 1.0, 0, stride, padding, dilation, groups, None))
     op = QC.qconv2d_pointwise_tensor if tensor_qparams else QC.qconv2d_pointwise
-    return graph.call_function(op, (qx, x_scale, x_zp, packed, w_scales, w_zps, bias, stride, padding,
-                                    dilation, groups, out_scale, out_zp, out_dtype, post, [], ""))
+    out = graph.call_function(op, (qx, x_scale, x_zp, packed, w_scales, w_zps, bias, stride, padding,
+                                   dilation, groups, out_scale, out_zp, out_dtype, post, [], ""))
+    return graph.call_function(OPS["squeeze.dims"], (out, [2])) if spatial == 1 else out
 
 
 def _u8_convolution(gm, node):
@@ -266,7 +276,7 @@ def fuse_quantized_linear(gm) -> int:
 
 
 def fuse_quantized_conv(gm) -> int:
-    """Rewrite each quantized 2-D convolution of `gm` (module docstring) in place, those adding a residual
+    """Rewrite each quantized 1-D or 2-D convolution of `gm` (module docstring) in place, those adding a residual
     first; returns how many."""
     if not config.quantized_conv:
         return 0
@@ -303,7 +313,7 @@ def _fuse_conv_add(gm) -> int:
     fused = 0
     for node in list(graph.nodes):
         conv = _u8_convolution(gm, node)
-        residual = None if conv is None or not _float32(gm, node) else _residual(gm, node)
+        residual = None if conv is None or conv[7] != 2 or not _float32(gm, node) else _residual(gm, node)
         if residual is None:
             continue
         x, w, bias = conv[:3]
@@ -323,7 +333,7 @@ def _fuse_conv_add(gm) -> int:
         with graph.inserting_before(add):
             if isinstance(w_scales, list):
                 w_scales, w_zps = _constant(gm, w_scales, D.float32), _constant(gm, w_zps, D.int64)
-            _, _, _, stride, padding, dilation, groups = conv
+            _, _, _, stride, padding, dilation, groups, _ = conv
             packed = graph.call_function(QC.qconv_prepack, (qw, w_scales, 1.0, 0, stride, padding, dilation, groups,
                                                             None))
             op = QC.qconv2d_pointwise_binary_tensor if tensor_qparams else QC.qconv2d_pointwise_binary
