@@ -31,21 +31,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_nodes(mode: str, out, *extra: str) -> list:
+def _start_node(node: int, endpoint: str, nnodes: str, mode: str, out, *extra: str) -> tuple:
+    """(launcher process, its launch id) of node `node` (marked n<node> in its workers' environment)."""
     pytest.importorskip("mpi4py")
+    launch_id = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
+               NODE_MARK=f"n{node}", **{LAUNCH_ID_VAR: launch_id})
+    cmd = [sys.executable, "-m", "flambeau.distributed.run", "--nnodes", nnodes, "--node_rank", str(node),
+           "--rdzv_endpoint", endpoint, "--rdzv_backend", "c10d", "--rdzv_id", "job7",
+           "--nproc_per_node", str(PER_NODE), *extra, os.path.join(WORKERS, "multinode.py"), mode, str(out)]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         start_new_session=True)
+    return p, launch_id
+
+
+def _start_nodes(mode: str, out, *extra: str) -> list:
     endpoint = f"127.0.0.1:{_free_port()}"
-    procs = []
-    for node in range(NODES):
-        launch_id = uuid.uuid4().hex
-        env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", NODE_MARK=f"n{node}",
-                   **{LAUNCH_ID_VAR: launch_id})
-        cmd = [sys.executable, "-m", "flambeau.distributed.run", "--nnodes", str(NODES), "--node_rank", str(node),
-               "--rdzv_endpoint", endpoint, "--rdzv_backend", "c10d", "--rdzv_id", "job7",
-               "--nproc_per_node", str(PER_NODE), *extra, os.path.join(WORKERS, "multinode.py"), mode, str(out)]
-        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                             start_new_session=True)
-        procs.append((p, launch_id))
-    return procs
+    return [_start_node(node, endpoint, str(NODES), mode, out, *extra) for node in range(NODES)]
 
 
 def _finish(procs, timeout: float = NODE_TIMEOUT_S) -> list:
@@ -150,3 +152,62 @@ def _live(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+ELASTIC_TIMEOUT_S = 240        # an elastic job of two rounds
+
+
+def _wait_for(paths: list, procs: list, within: float = STARTED_WITHIN_S) -> None:
+    deadline = time.monotonic() + within
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline and all(p.poll() is None for p, _ in procs), "workers never started"
+        time.sleep(0.2)
+
+
+def _records(out, world: int) -> list:
+    return [json.load(open(out / f"env{r}.json")) for r in range(world)]
+
+
+def test_a_node_joining_an_elastic_job_restarts_it_at_the_larger_size(tmp_path):
+    """`--nnodes 1:2`: node 0 runs alone (world 2); node 1 arrives, node 0's workers are stopped and both
+    re-rendezvous into one world of 4, which completes. A membership change is not a restart."""
+    endpoint = f"127.0.0.1:{_free_port()}"
+    conf = ("--rdzv_conf", "last_call_timeout=1")
+    procs = [_start_node(0, endpoint, "1:2", "elastic4", tmp_path, *conf)]
+    try:
+        _wait_for([tmp_path / f"started{r}_w2" for r in range(PER_NODE)], procs)
+        procs.append(_start_node(1, endpoint, "1:2", "elastic4", tmp_path, *conf))
+    finally:
+        results = _finish(procs, ELASTIC_TIMEOUT_S)
+    assert [rc for rc, _, _ in results] == [0, 0], [se[-3000:] for _, _, se in results]
+    assert "nodes are waiting to join" in results[0][2], results[0][2][-3000:]
+    for r, rec in enumerate(_records(tmp_path, NODES * PER_NODE)):
+        node, local = divmod(r, PER_NODE)
+        assert (rec["rank"], rec["world"], rec["total"]) == (r, 4, 6.0)
+        assert (rec["RANK"], rec["LOCAL_RANK"], rec["GROUP_RANK"], rec["NODE_MARK"]) == \
+            (str(r), str(local), str(node), f"n{node}")
+        assert (rec["WORLD_SIZE"], rec["ROLE_WORLD_SIZE"], rec["GROUP_WORLD_SIZE"]) == ("4", "4", "2")
+        assert (rec["TORCHELASTIC_RESTART_COUNT"], rec["ROLE_NAME"]) == ("0", "default")
+
+
+def test_a_node_killed_in_an_elastic_job_leaves_and_the_rest_completes_after_a_restart(tmp_path):
+    """`--nnodes 1:2 --max-restarts 1`: both nodes form a world of 4; the launcher that is not the host is
+    SIGKILLed mid-run; the job fails, the host re-rendezvous alone (after the last call) and completes at
+    world 2 with TORCHELASTIC_RESTART_COUNT 1."""
+    endpoint = f"127.0.0.1:{_free_port()}"
+    extra = ("--rdzv_conf", "last_call_timeout=15", "--max-restarts", "1")
+    procs = [_start_node(n, endpoint, "1:2", "elastic2", tmp_path, *extra) for n in range(NODES)]
+    try:
+        _wait_for([tmp_path / f"started{r}_w4" for r in range(NODES * PER_NODE)], procs)
+        guest = int((tmp_path / f"started{NODES * PER_NODE - 1}_w4").read_text()[1:])   # group rank 1's node
+        procs[guest][0].kill()
+        survivors = _wait_gone(procs[guest][1])
+    finally:
+        results = _finish(procs, ELASTIC_TIMEOUT_S)
+    assert survivors == [], "the killed node's proxy or workers outlived its launcher"
+    rc, _, se = results[1 - guest]
+    assert rc == 0 and "restarting the workers (1/1)" in se, se[-3000:]
+    for r, rec in enumerate(_records(tmp_path, PER_NODE)):
+        assert (rec["rank"], rec["world"], rec["total"]) == (r, 2, 1.0)
+        assert (rec["GROUP_RANK"], rec["GROUP_WORLD_SIZE"], rec["ROLE_WORLD_SIZE"]) == ("0", "1", "2")
+        assert (rec["NODE_MARK"], rec["TORCHELASTIC_RESTART_COUNT"]) == (f"n{1 - guest}", "1")

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Callable
 
 from . import _parent_death as parent_death
 from ._processes import LAUNCH_ID_VAR, MONITOR_INTERVAL_S, Stopped, kill_tree, read_failures, summary
@@ -45,6 +46,8 @@ FAILURE_GRACE_S = 2.0            # after a failure, how long the job has to stop
 RESULT_WAIT_S = 30.0             # after its proxy ended, how long a node waits for node 0's verdict
 FINAL_ACK_S = 10.0               # how long node 0 keeps its store up for the other nodes to read the end
 STORE_OP_TIMEOUT_S = 30.0        # one store request (the server is node 0's launcher)
+ROLE_NAME = "default"            # torchrun's worker role (one role: ROLE_RANK = RANK, ROLE_WORLD_SIZE = WORLD_SIZE)
+INTERRUPTED = "interrupted"      # node 0's result of an attempt it ended for a new rendezvous round
 LAUNCH_PREFIX = "HYDRA_LAUNCH: "
 LAUNCH_END = "HYDRA_LAUNCH_END"
 
@@ -157,9 +160,10 @@ def _report(store, script: str, attempt: int, nnodes: int, rc: int) -> None:
 
 
 def _run_attempt(store, node: int, nnodes: int, proxy_cmd: list, env: dict, attempt: int,
-                 mpiexec: subprocess.Popen | None) -> int:
-    """Run this node's proxy (and, on node 0, watch mpiexec) until the attempt ends; the exit code seen here.
-    However it ends, none of this node's processes of the attempt is left running."""
+                 mpiexec: subprocess.Popen | None, interrupt: Callable[[], bool] | None = None) -> int | None:
+    """Run this node's proxy (and, on node 0, watch mpiexec) until the attempt ends; the exit code seen here,
+    or None when `interrupt()` (asked on node 0 while the workers run) ended it. However it ends, none of
+    this node's processes of the attempt is left running."""
     folder, marker = env["FLAMBEAU_ERROR_DIR"], env[LAUNCH_ID_VAR]
     proxy = subprocess.Popen(parent_death.command(proxy_cmd), env=env, start_new_session=True)
     lead = mpiexec if mpiexec is not None else proxy
@@ -167,6 +171,8 @@ def _run_attempt(store, node: int, nnodes: int, proxy_cmd: list, env: dict, atte
     try:
         while lead.poll() is None:
             time.sleep(MONITOR_INTERVAL_S)
+            if failed_at is None and interrupt is not None and interrupt():
+                return None
             sent = _publish_failures(store, f"a{attempt}/failures/{node}", folder, sent)
             if failed_at is None and (sent or store.check([f"a{attempt}/stop"]) or
                                       (node == 0 and _any_failure(store, attempt, nnodes))):
@@ -203,10 +209,10 @@ def _note(store, attempt: int, node: int, text: str) -> None:
 
 
 def _worker_env(args, nproc: int, nnodes: int, node: int, host: str, master_port: int, run_id: str,
-                attempt: int, folder: str, launch_id: str) -> dict:
+                restarts: int, folder: str, launch_id: str) -> dict:
     return dict(os.environ, MASTER_ADDR=host, MASTER_PORT=str(master_port), WORLD_SIZE=str(nproc * nnodes),
-                GROUP_RANK=str(node), GROUP_WORLD_SIZE=str(nnodes), TORCHELASTIC_RUN_ID=run_id,
-                TORCHELASTIC_RESTART_COUNT=str(attempt), TORCHELASTIC_MAX_RESTARTS=str(args.max_restarts),
+                GROUP_RANK=str(node), GROUP_WORLD_SIZE=str(nnodes), TORCHELASTIC_RUN_ID=run_id, ROLE_NAME=ROLE_NAME,
+                TORCHELASTIC_RESTART_COUNT=str(restarts), TORCHELASTIC_MAX_RESTARTS=str(args.max_restarts),
                 FLAMBEAU_ERROR_DIR=folder, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                 **{LAUNCH_ID_VAR: launch_id})
 
@@ -228,8 +234,8 @@ def run_nodes(args, nproc: int, nnodes: int, host: str, port: int, run_id: str, 
         store = _store(host, port, node, run_id, join_timeout)
         _join(store, node, nnodes, join_timeout)
         while True:
-            rc = _attempt(store, args, node, nproc, nnodes, host, run_id, mpiexec_path, target, launch_id,
-                          attempt, join_timeout)
+            rc = attempt_on_node(store, args, node, nproc, nnodes, host, run_id, mpiexec_path, target, launch_id,
+                                 attempt, join_timeout, attempt)
             if rc == 0 or attempt >= args.max_restarts:
                 break
             attempt += 1
@@ -253,22 +259,29 @@ def run_nodes(args, nproc: int, nnodes: int, host: str, port: int, run_id: str, 
         raise SystemExit(rc if rc > 0 else 1)
 
 
-def _attempt(store, args, node: int, nproc: int, nnodes: int, host: str, run_id: str, mpiexec_path: str,
-             target: list, launch_id: str, attempt: int, join_timeout: float) -> int:
+def attempt_on_node(store, args, node: int, nproc: int, nnodes: int, host: str, run_id: str, mpiexec_path: str,
+                    target: list, launch_id: str, attempt: int, join_timeout: float, restarts: int,
+                    interrupt: Callable[[], bool] | None = None) -> int | None:
+    """Node `node`'s part of attempt `attempt` (its store keys `a<attempt>/...`) of `nnodes` nodes, with
+    TORCHELASTIC_RESTART_COUNT = `restarts`: the job's exit code, or None when node 0's `interrupt()` ended
+    it (the elastic launcher's membership change: `_elastic.py`)."""
     folder = tempfile.mkdtemp(prefix="flambeau_run_")
     try:
         if node == 0:
             return _lead_attempt(store, args, nproc, nnodes, host, run_id, mpiexec_path, target, launch_id,
-                                 attempt, folder)
+                                 attempt, folder, restarts, interrupt)
         key = _first_present(store, [f"a{attempt}/proxy/{node}", "final"], join_timeout,
                              f"node 0 to start attempt {attempt}")
         if key == "final":
             return int(store.get("final"))
         plan = json.loads(store.get(key))
-        env = _worker_env(args, nproc, nnodes, node, host, plan["master_port"], run_id, attempt, folder, launch_id)
+        env = _worker_env(args, nproc, nnodes, node, host, plan["master_port"], run_id, restarts, folder, launch_id)
         _run_attempt(store, node, nnodes, plan["proxy"], env, attempt, None)
         _first_present(store, [f"a{attempt}/result"], RESULT_WAIT_S, f"node 0's result of attempt {attempt}")
-        rc = int(store.get(f"a{attempt}/result"))
+        result = store.get(f"a{attempt}/result").decode()
+        if result == INTERRUPTED:
+            return None
+        rc = int(result)
         if rc != 0:
             _report(store, args.training_script, attempt, nnodes, rc)
         return rc
@@ -277,9 +290,10 @@ def _attempt(store, args, node: int, nproc: int, nnodes: int, host: str, run_id:
 
 
 def _lead_attempt(store, args, nproc: int, nnodes: int, host: str, run_id: str, mpiexec_path: str, target: list,
-                  launch_id: str, attempt: int, folder: str) -> int:
+                  launch_id: str, attempt: int, folder: str, restarts: int,
+                  interrupt: Callable[[], bool] | None) -> int | None:
     master_port = _free_port(host)
-    env = _worker_env(args, nproc, nnodes, 0, host, master_port, run_id, attempt, folder, launch_id)
+    env = _worker_env(args, nproc, nnodes, 0, host, master_port, run_id, restarts, folder, launch_id)
     cmd = [mpiexec_path, "-launcher", "manual", "-genvnone", "-hosts", ",".join(f"node{r}" for r in range(nnodes)),
            "-ppn", str(nproc), "-n", str(nproc * nnodes)] + target
     mpiexec = subprocess.Popen(parent_death.command(cmd), env=env, stdout=subprocess.PIPE, text=True,
@@ -293,10 +307,12 @@ def _lead_attempt(store, args, nproc: int, nnodes: int, host: str, run_id: str, 
     for r in range(1, nnodes):
         store.set(f"a{attempt}/proxy/{r}", json.dumps({"proxy": proxies[r], "master_port": master_port}))
     try:
-        rc = _run_attempt(store, 0, nnodes, proxies[0], env, attempt, mpiexec)
+        rc = _run_attempt(store, 0, nnodes, proxies[0], env, attempt, mpiexec, interrupt)
     finally:
         store.set(f"a{attempt}/stop", "1")
-    store.set(f"a{attempt}/result", str(rc))
+    store.set(f"a{attempt}/result", INTERRUPTED if rc is None else str(rc))
+    if rc is None:
+        return None
     if rc != 0:
         _await_causes(store, attempt, nnodes)
         _report(store, args.training_script, attempt, nnodes, rc)

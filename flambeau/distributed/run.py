@@ -6,7 +6,8 @@ environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER
 TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS. When a worker fails, the others are stopped (the
 worker aborts the MPI job; the launcher also stops mpiexec as soon as a failure is recorded) and its
 traceback is shown; with `--max-restarts K` the whole group is started again up to K times.
-Several nodes (`--nnodes M --node-rank R --rdzv-endpoint host:port`, one launcher per node): `_multinode.py`.
+Several nodes (`--nnodes M --node-rank R --rdzv-endpoint host:port`, one launcher per node): `_multinode.py`;
+an elastic number of them (`--nnodes MIN:MAX --rdzv-backend c10d`, nodes joining and leaving): `_elastic.py`.
 
 Stopping a group stops every process of it (`_processes.kill_tree`: mpiexec, Hydra's proxy and the workers
 each run in a session of their own), on failure, on exit and on SIGTERM/SIGINT/SIGHUP (what `timeout` and
@@ -29,7 +30,8 @@ import uuid
 
 from .._backends import cuda_device_count
 from . import _parent_death as parent_death
-from ._multinode import DEFAULT_JOIN_TIMEOUT_S, run_nodes
+from ._elastic import LAST_CALL_TIMEOUT_S, run_elastic
+from ._multinode import DEFAULT_JOIN_TIMEOUT_S, ROLE_NAME, run_nodes
 from ._processes import (LAUNCH_ID_VAR, MONITOR_INTERVAL_S, STOP_SIGNALS, Stopped, kill_tree,  # noqa: F401
                          process_tree, raise_stopped, read_failures, summary)
 
@@ -128,17 +130,20 @@ def _run_group(cmd: list, env: dict, folder: str, interval: float) -> int:
     return proc.returncode if failed_at is None else (proc.returncode or 1)
 
 
-def _nnodes(value: str) -> int:
+def _nnodes(value: str) -> tuple:
+    """(MIN, MAX) of `--nnodes N` or `--nnodes MIN:MAX`."""
     low, _, high = value.partition(":")
-    if high and high != low:
-        raise SystemExit(f"flambeau.distributed.run: --nnodes {value}: elastic membership (MIN:MAX) is not "
-                         "supported; give a fixed number of nodes")
-    return int(low)
+    low, high = int(low), int(high or low)
+    if not 1 <= low <= high:
+        raise SystemExit(f"flambeau.distributed.run: --nnodes {value}: need 1 <= MIN <= MAX")
+    return low, high
 
 
-def _join_timeout(conf: str) -> float:
+def _rdzv_conf(conf: str) -> tuple:
+    """(join_timeout, last_call_timeout) in seconds from --rdzv-conf key=value,..."""
     pairs = dict(item.split("=", 1) for item in conf.split(",") if "=" in item)
-    return float(pairs.get("join_timeout", DEFAULT_JOIN_TIMEOUT_S))
+    return (float(pairs.get("join_timeout", DEFAULT_JOIN_TIMEOUT_S)),
+            float(pairs.get("last_call_timeout", LAST_CALL_TIMEOUT_S)))
 
 
 def _rendezvous(args, nnodes: int) -> tuple:
@@ -158,9 +163,13 @@ def _rendezvous(args, nnodes: int) -> tuple:
 
 def main(argv: list | None = None) -> None:
     args = _parser().parse_args(argv)
-    nnodes = _nnodes(args.nnodes)
+    min_nodes, nnodes = _nnodes(args.nnodes)
+    if min_nodes < nnodes and args.rdzv_backend != "c10d":
+        raise SystemExit(f"flambeau.distributed.run: --nnodes {args.nnodes} (elastic) needs --rdzv-backend c10d; "
+                         f"the {args.rdzv_backend} rendezvous has a fixed number of nodes")
     nproc = _nproc(args.nproc_per_node)
     host, port = _rendezvous(args, nnodes)
+    join_timeout, last_call = _rdzv_conf(args.rdzv_conf)
     target = ([] if args.no_python else [sys.executable, "-m", "flambeau.distributed._worker"]) \
         + (["-m"] if args.module else []) + [args.training_script] + list(args.training_script_args)
     launch_id = os.environ.get(LAUNCH_ID_VAR) or uuid.uuid4().hex
@@ -171,8 +180,12 @@ def main(argv: list | None = None) -> None:
             if _is_open_mpi(path):
                 raise SystemExit(f"flambeau.distributed.run: --nnodes > 1 needs MPICH's Hydra mpiexec (the mpich "
                                  f"wheel: pip install 'flambeau[distributed]'); {path} is Open MPI's")
-            run_nodes(args, nproc, nnodes, host, port, args.rdzv_id or "none", path, target, launch_id,
-                      _join_timeout(args.rdzv_conf))
+            if min_nodes < nnodes:
+                run_elastic(args, nproc, min_nodes, nnodes, host, port, args.rdzv_id or "none", path, target,
+                            launch_id, join_timeout, last_call)
+            else:
+                run_nodes(args, nproc, nnodes, host, port, args.rdzv_id or "none", path, target, launch_id,
+                          join_timeout)
         else:
             _attempts(args, nproc, host, port, args.rdzv_id or uuid.uuid4().hex[:8], target, launch_id)
     except Stopped as e:
@@ -189,7 +202,7 @@ def _attempts(args, nproc: int, host: str, port: int, run_id: str, target: list,
         folder = tempfile.mkdtemp(prefix="flambeau_run_")
         env = dict(os.environ, MASTER_ADDR=host, MASTER_PORT=str(port or _free_port(host)),
                    WORLD_SIZE=str(nproc), GROUP_RANK=str(args.node_rank), GROUP_WORLD_SIZE="1",
-                   TORCHELASTIC_RUN_ID=run_id, TORCHELASTIC_RESTART_COUNT=str(attempt),
+                   TORCHELASTIC_RUN_ID=run_id, TORCHELASTIC_RESTART_COUNT=str(attempt), ROLE_NAME=ROLE_NAME,
                    TORCHELASTIC_MAX_RESTARTS=str(args.max_restarts), FLAMBEAU_ERROR_DIR=folder,
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **{LAUNCH_ID_VAR: launch_id})
         cmd = mpiexec_command(nproc) + target
