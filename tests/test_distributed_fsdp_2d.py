@@ -35,6 +35,9 @@ LAYOUTS = {
 
 
 LAYOUTS["fsdp_tp_mp"] = LAYOUTS["fsdp_tp"]
+# each block's rowwise bias a Partial TP parameter: (Shard(0), Partial()) as PyTorch shards it
+LAYOUTS["fsdp_tp_partial"] = dict(LAYOUTS["fsdp_tp"], **{"blocks.0.o.bias": "(Shard(dim=0), Partial(sum))|"
+                                                                          "(Shard(dim=0), Partial(sum))"})
 MP_RTOL = 1e-5              # float32 compute against the float64 one-process reference
 
 
@@ -70,7 +73,8 @@ def _reference(tag, res, data_parallel):
     return losses, {k: v.detach().numpy() for k, v in model.named_parameters()}
 
 
-@pytest.mark.parametrize("tag,data_parallel", [("hsdp", WORLD), ("fsdp_tp", 2), ("fsdp_tp_mp", 2)])
+@pytest.mark.parametrize("tag,data_parallel", [("hsdp", WORLD), ("fsdp_tp", 2), ("fsdp_tp_mp", 2),
+                                               ("fsdp_tp_partial", 2)])
 def test_2d_training_equals_one_process_on_the_whole_batch(ranks, tag, data_parallel):
     """Mixed precision (fsdp_tp_mp): float64 shards and gradients, the forward in float32, within MP_RTOL."""
     losses, final = _reference(tag, ranks[0], data_parallel)
@@ -88,7 +92,7 @@ def test_2d_training_equals_one_process_on_the_whole_batch(ranks, tag, data_para
                                        err_msg=f"rank {r} {k}")
 
 
-@pytest.mark.parametrize("tag", ["hsdp", "fsdp_tp", "fsdp_tp_mp"])
+@pytest.mark.parametrize("tag", ["hsdp", "fsdp_tp", "fsdp_tp_mp", "fsdp_tp_partial"])
 def test_2d_parameter_and_gradient_layouts(ranks, tag):
     for res in ranks:
         for name, want in LAYOUTS[tag].items():
@@ -145,3 +149,12 @@ def test_2d_agrees_with_pytorch_fsdp2(ranks, pytorch_ranks, tag):
             for what in ("ops_local", "ops_sum"):
                 np.testing.assert_allclose(ours[f"{tag}/{what}/{name}"], theirs[f"{tag}/{what}/{name}"], rtol=rtol,
                                            atol=rtol * 1e-2, err_msg=f"{what} {name}")
+
+
+def test_partial_tp_parameter_is_sharded_as_pytorch(ranks, pytorch_ranks):
+    """A Partial TP bias under FSDP: the same layout and first loss as PyTorch's FSDP2 (whose backward then
+    refuses the Partial gradient; ours trains as one process: test_2d_training_equals_one_process_on_the_whole_batch)."""
+    name, tag = "blocks.0.o.bias", "fsdp_tp_partial"
+    for ours, theirs in zip(ranks, pytorch_ranks):
+        assert str(ours[f"{tag}/layout/{name}"]).split("|")[0] == str(theirs[f"{tag}/layout/{name}"]).split("|")[0]
+        np.testing.assert_allclose(ours[f"{tag}/losses"][:1], theirs[f"{tag}/losses"], rtol=1e-10)

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -28,7 +28,13 @@ BLOCK_PLAN = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParall
 res = {}
 
 
-def train(tag, data_parallel, slice_index, mp=None):
+PARTIAL_SHARES = (0.25, 0.75)      # the tp ranks' pieces of a Partial bias: unequal, adding up to the bias
+
+
+def train(tag, data_parallel, slice_index, mp=None, partial=False):
+    """partial: each block's rowwise `o` bias becomes a Partial TP parameter (tp rank t holds PARTIAL_SHARES[t]
+    of it). PyTorch 2.13 shards it as ours does but its backward refuses to make the gradient Partial
+    ("redistributing to Partial is for internal use only"): on PyTorch only the layout and the first loss."""
     model = Model().double()
     g = np.random.default_rng(5)            # the same weights on flambeau and PyTorch (their RNGs differ)
     with torch.no_grad():
@@ -44,6 +50,9 @@ def train(tag, data_parallel, slice_index, mp=None):
         policy = {} if mp is None else {"mp_policy": mp}
         for b in model.blocks:
             parallelize_module(b, mesh["tp"], BLOCK_PLAN)
+            if partial:
+                share = PARTIAL_SHARES[mesh["tp"].get_local_rank()]
+                b.o.bias = torch.nn.Parameter(DTensor.from_local(b.o.bias.to_local() * share, mesh["tp"], [Partial()]))
             fully_shard(b, mesh=mesh["dp"], **policy)
         fully_shard(model, mesh=mesh["dp"], **policy)
     res[f"{tag}/sharded"] = np.array(all(isinstance(p, DTensor) for p in model.parameters()))
@@ -55,9 +64,16 @@ def train(tag, data_parallel, slice_index, mp=None):
         out = model(x)
         res[f"{tag}/compute_dtype"] = np.array(str(out.dtype).split(".")[-1])
         loss = ((out - y) ** 2).mean()
+        if partial and torch.__name__ == "torch":
+            total = loss.detach().clone()
+            dist.all_reduce(total, op=dist.ReduceOp.AVG)
+            res[f"{tag}/losses"] = np.array([total.item()])
+            res[f"{tag}/layout/blocks.0.o.bias"] = np.array(f"{model.get_parameter('blocks.0.o.bias').placements}|")
+            return
         opt.zero_grad()
         loss.backward()
-        for name in ("head.weight", "blocks.0.q.weight", "blocks.0.o.weight", "blocks.0.q.bias"):
+        for name in ("head.weight", "blocks.0.q.weight", "blocks.0.o.weight", "blocks.0.q.bias") + \
+                (("blocks.0.o.bias",) if partial else ()):
             p = model.get_parameter(name)
             res[f"{tag}/layout/{name}"] = np.array(f"{p.placements}|{p.grad.placements}")
             res[f"{tag}/dtypes/{name}"] = np.array(f"{p.dtype}|{p.grad.dtype}".replace("flambeau.", "torch."))
@@ -90,5 +106,6 @@ train("hsdp", world, rank)
 train("fsdp_tp", 2, mesh.get_coordinate()[0])
 # FSDP x TP in mixed precision: float64 shards, gathered and computed in float32, gradients reduced in float32
 train("fsdp_tp_mp", 2, mesh.get_coordinate()[0], MixedPrecisionPolicy(torch.float32, torch.float32))
+train("fsdp_tp_partial", 2, mesh.get_coordinate()[0], partial=True)
 np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **res)
 dist.destroy_process_group()

@@ -23,7 +23,9 @@ On a 2-D mesh (HSDP) parameters are `(Replicate(), Shard(0))`: gathered and redu
 mesh dimension 1, and each reduced shard averaged over dimension 0 (its replicas) by an all-reduce.
 FSDP x TP (a 1-D dp mesh, parameters already DTensors on the tp slice of the same 2-D mesh): each rank's TP
 piece is sharded on dim 0 over dp, `(Shard(0), tp placement)`, or `(_StridedShard(0, sf=tp), Shard(0))` for
-colwise pieces, so every parameter's memory is divided by the dp size; `mp_policy` applies to them as to
+colwise pieces, so every parameter's memory is divided by the dp size (a Partial(sum/avg) TP parameter, whose
+pieces add up to it, is `(Shard(0), Partial())` as PyTorch's; its gradient, Replicate, is made Partial before
+the reduce-scatter: `_Param.local_grad`); `mp_policy` applies to them as to
 plain parameters (the gathered TP piece in param_dtype, its gradient reduced in reduce_dtype).
 `set_requires_gradient_sync(False)` keeps the gathered gradients for the next synchronised backward.
 """
@@ -44,6 +46,7 @@ from ..tensor._api import DTensor
 from ..tensor._redistribute import redistribute_local
 from ..tensor.placement_types import Partial, Replicate, Shard, _StridedShard
 
+PARTIAL_PARAMETER_OPS = ("sum", "avg")   # Partial TP parameters FSDP shards: their pieces' sum or mean
 _ARRAY_NATIVE_KINDS = "biufc"     # NumPy dtype kinds NumPy and CuPy both copy (not bfloat16's 'V')
 
 __all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "CPUOffloadPolicy", "UnshardHandle"]
@@ -102,8 +105,18 @@ class _Param:
         return self.unsharded._local_tensor if self.tp is not None else self.unsharded
 
     def local_grad(self) -> Tensor:
+        """This rank's gradient of the gathered piece, in the piece's TP placement (PyTorch's
+        `_get_grad_inner_tensor`): a gradient laid out otherwise is redistributed to it first. A Partial
+        parameter's gradient is Replicate (each piece's gradient is the whole parameter's); made Partial, the
+        tp group's rank 0 keeps it and the others get zeros (sum; avg: every piece keeps it), so the optimizer
+        moves the pieces' sum as one process moves the whole parameter (AdamW too: zero gradients, zero step)."""
         g = self.unsharded.grad
-        return g._local_tensor if isinstance(g, DTensor) else g
+        if not isinstance(g, DTensor):
+            return g
+        mesh, placement, shape = self.tp
+        if g.placements == (placement,):
+            return g._local_tensor
+        return _no_grad(redistribute_local, g._local_tensor, mesh, g.placements, (placement,), shape)
 
 
 class UnshardHandle:
@@ -181,9 +194,9 @@ class _ParamGroup:
                 or self.mesh._get_root_mesh() is not tp_mesh._get_root_mesh():
             raise NotImplementedError(f"fully_shard: parameter '{name}' is a DTensor on {tp_mesh}; FSDP x TP needs "
                                       "1-D named sub-meshes of one 2-D mesh (mesh['dp'], mesh['tp'])")
-        if isinstance(tp_p, Partial):
-            raise NotImplementedError(f"fully_shard: parameter '{name}': FSDP x TP supports Shard/Replicate "
-                                      "tensor-parallel parameters, not Partial")
+        if isinstance(tp_p, Partial) and tp_p.reduce_op not in PARTIAL_PARAMETER_OPS:
+            raise NotImplementedError(f"fully_shard: parameter '{name}' is {tp_p}: a Partial tensor-parallel "
+                                      f"parameter must reduce by {' or '.join(PARTIAL_PARAMETER_OPS)}")
         mesh2d = self.mesh._get_root_mesh()[self.mesh.mesh_dim_names[0], tp_mesh.mesh_dim_names[0]]
         local, gshape, tp = p._local_tensor.detach(), tuple(p.shape), (tp_mesh, tp_p, tuple(p.shape))
         fsdp_p = _StridedShard(0, split_factor=tp_mesh.size()) if tp_p == Shard(0) else Shard(0)
