@@ -31,7 +31,7 @@ import json
 import time
 import uuid
 
-from ._multinode import FINAL_ACK_S, STORE_OP_TIMEOUT_S, NodeFailure, _say, attempt_on_node
+from ._multinode import FINAL_ACK_S, STORE_OP_TIMEOUT_S, MpiLauncher, NodeFailure, _say, attempt_on_node
 from ._processes import MONITOR_INTERVAL_S
 from .store import DistError, PrefixStore, TCPStore
 
@@ -110,7 +110,7 @@ def _membership(store, node_id: str, round_: int, wait_s: float) -> tuple:
 
 
 def run_elastic(args, nproc: int, min_nodes: int, max_nodes: int, host: str, port: int, run_id: str,
-                mpiexec_path: str, target: list, launch_id: str, join_timeout: float, last_call: float) -> None:
+                mpi: MpiLauncher, target: list, launch_id: str, join_timeout: float, last_call: float) -> None:
     """This launcher's part of an elastic job (see the module docstring); SystemExit with the job's code."""
     node_id, store, rank, round_, restarts, rc = uuid.uuid4().hex, None, 0, 0, 0, 1
     try:
@@ -128,7 +128,7 @@ def run_elastic(args, nproc: int, min_nodes: int, max_nodes: int, host: str, por
             rank = members.index(node_id)
             _say(rank, f"rendezvous round {round_}: {len(members)} nodes, this one is node {rank}")
             waiting = _waiting(store, round_ + 1) if is_host and len(members) < max_nodes else None
-            rc = attempt_on_node(store, args, rank, nproc, len(members), host, run_id, mpiexec_path, target,
+            rc = attempt_on_node(store, args, rank, nproc, len(members), host, run_id, mpi, target,
                                  launch_id, round_, join_timeout, restarts, waiting)
             round_ += 1
             if not is_host:

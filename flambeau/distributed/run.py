@@ -31,7 +31,7 @@ import uuid
 from .._backends import cuda_device_count
 from . import _parent_death as parent_death
 from ._elastic import LAST_CALL_TIMEOUT_S, run_elastic
-from ._multinode import DEFAULT_JOIN_TIMEOUT_S, ROLE_NAME, run_nodes
+from ._multinode import DEFAULT_JOIN_TIMEOUT_S, ROLE_NAME, MpiLauncher, run_nodes
 from ._processes import (LAUNCH_ID_VAR, MONITOR_INTERVAL_S, STOP_SIGNALS, Stopped, kill_tree,  # noqa: F401
                          process_tree, raise_stopped, read_failures, summary)
 
@@ -177,14 +177,12 @@ def main(argv: list | None = None) -> None:
     try:
         if nnodes > 1:
             path = mpiexec_path()
-            if _is_open_mpi(path):
-                raise SystemExit(f"flambeau.distributed.run: --nnodes > 1 needs MPICH's Hydra mpiexec (the mpich "
-                                 f"wheel: pip install 'flambeau[distributed]'); {path} is Open MPI's")
+            mpi = MpiLauncher(path, _is_open_mpi(path))
             if min_nodes < nnodes:
-                run_elastic(args, nproc, min_nodes, nnodes, host, port, args.rdzv_id or "none", path, target,
+                run_elastic(args, nproc, min_nodes, nnodes, host, port, args.rdzv_id or "none", mpi, target,
                             launch_id, join_timeout, last_call)
             else:
-                run_nodes(args, nproc, nnodes, host, port, args.rdzv_id or "none", path, target, launch_id,
+                run_nodes(args, nproc, nnodes, host, port, args.rdzv_id or "none", mpi, target, launch_id,
                           join_timeout)
         else:
             _attempts(args, nproc, host, port, args.rdzv_id or uuid.uuid4().hex[:8], target, launch_id)
