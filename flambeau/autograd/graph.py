@@ -172,26 +172,47 @@ class save_on_cpu(saved_tensors_hooks):
 
 class SavedTensor:
     """A tensor saved for backward, with the version it had when saved (or, under
-    saved_tensors_hooks, what the pack hook made of it and the unpack hook to call)."""
-    __slots__ = ("t", "version", "is_output", "node_name", "out_nr", "packed")
+    saved_tensors_hooks, what the pack hook made of it and the unpack hook to call).
+
+    A saved input keeps the Tensor itself (`t`). A saved output of a device array keeps its array, device,
+    dtype and version counter (`data`, `device`, `dtype`, `vref`; `t` None) rather than a detached Tensor,
+    which would be one more object per saved output for the garbage collector to track while the graph
+    lives; a wrapper subclass's output (DTensor) keeps `t.detach()`."""
+    __slots__ = ("t", "version", "is_output", "node_name", "out_nr", "packed", "data", "device", "dtype", "vref")
 
     def __init__(self, t: Tensor, is_output: bool, node_name: str = "", out_nr: int = 0):
-        self.t = t.detach() if is_output else t
         self.version = t._version[0]
         self.is_output = is_output
         self.node_name = node_name
         self.out_nr = out_nr
         self.packed = None
+        self.vref = None
         hooks = _saved_hooks.stack
         if hooks:
+            self.t = t.detach() if is_output else t
             pack, unpack = hooks.pop()    # what the pack hook itself saves is not packed
             try:
                 self.packed = (unpack, pack(self.t))
             finally:
                 hooks.append((pack, unpack))
             self.t = None
+        elif is_output and t._device is not WRAPPER_DEVICE:
+            self.t = None
+            self.data, self.device, self.dtype, self.vref = t._data, t._device, t._dtype, t._version
+        else:
+            self.t = t.detach() if is_output else t
 
     def unpack(self, node):
+        vref = self.vref
+        if vref is not None:                 # a saved output of a device array
+            if vref[0] != self.version:
+                self._raise_modified(self.dtype, self.data.shape, vref[0])
+            o = Tensor._make(self.data, self.device, self.dtype)
+            o._version = vref
+            o._grad_fn = node
+            o._output_nr = self.out_nr
+            o._requires_grad = True
+            return o
         if self.packed is not None:
             unpack, packed = self.packed
             t = unpack(packed)
@@ -200,12 +221,7 @@ class SavedTensor:
         else:
             t = self.t
         if self.packed is None and t._version[0] != self.version:
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an inplace "
-                f"operation: [torch.{type_name(t._dtype)}Tensor {list(t.shape)}], which is output "
-                f"{self.out_nr} of {self.node_name}, is at version {t._version[0]}; expected version "
-                f"{self.version} instead. Hint: enable anomaly detection to find the operation that "
-                "failed to compute its gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False).")
+            self._raise_modified(t._dtype, t.shape, t._version[0])
         if self.is_output:
             o = Tensor._make(t._data, t._device, t._dtype) if t._device is not WRAPPER_DEVICE else t.detach()
             o._version = t._version
@@ -214,6 +230,14 @@ class SavedTensor:
             o._requires_grad = True
             return o
         return t
+
+    def _raise_modified(self, dtype, shape, version: int):
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an inplace "
+            f"operation: [torch.{type_name(dtype)}Tensor {list(shape)}], which is output "
+            f"{self.out_nr} of {self.node_name}, is at version {version}; expected version "
+            f"{self.version} instead. Hint: enable anomaly detection to find the operation that "
+            "failed to compute its gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False).")
 
 
 class TensorMeta:
