@@ -34,6 +34,7 @@ import numpy as np
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # after PYTHONPATH: A/B of trees
 
 from bench import gpu_models  # noqa: E402
+from bench.measure import GcMeter  # noqa: E402
 
 
 def build(m, name: str, layers: int):
@@ -71,27 +72,6 @@ class Promotions:
             self._old = len(gc.get_objects(generation=2))
         else:
             self.count += len(gc.get_objects(generation=2)) - self._old
-
-    def __enter__(self):
-        gc.callbacks.append(self._hook)
-        return self
-
-    def __exit__(self, *exc):
-        gc.callbacks.remove(self._hook)
-
-
-class GcMeter:
-    """Collector time and collections per generation inside the block (gc.callbacks)."""
-
-    def __init__(self):
-        self.seconds, self.collections, self._t = 0.0, [0, 0, 0], 0.0
-
-    def _hook(self, phase, info):
-        if phase == "start":
-            self._t = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._t
-            self.collections[info["generation"]] += 1
 
     def __enter__(self):
         gc.callbacks.append(self._hook)

@@ -52,7 +52,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench import gpu_models  # noqa: E402
+from bench import gpu_models, measure  # noqa: E402
 from bench.gpu_profile import counts  # noqa: E402
 
 WORKLOADS = {
@@ -112,7 +112,7 @@ def run(name, lib, mode, steps, profile, top=0, gc_freeze=False):
     _sync(m)
     if gc_freeze:
         gc.freeze()
-    meter = _GcMeter()
+    meter = measure.GcMeter()
     t0 = time.perf_counter()
     with meter:
         for _ in range(steps):
@@ -121,7 +121,8 @@ def run(name, lib, mode, steps, profile, top=0, gc_freeze=False):
     ms = (time.perf_counter() - t0) * 1e3 / steps
     res = {"workload": name, "system": lib, "mode": mode, "first_step_ms": round(first, 1),
            "ms_per_step": round(ms, 2), "peak_mb": round(_peak(m), 1), "loss": round(float(loss.item()), 4),
-           "gc_ms_per_step": round(meter.seconds * 1e3 / steps, 2), "gc_collections": meter.collections,
+           "gc_ms_per_step": round(meter.seconds * 1e3 / steps, 2),
+           "gc_collections": dict(enumerate(meter.collections)),
            "gc_tracked_objects": len(gc.get_objects())}
     if lib == "flambeau" and mode != "eager":
         res.update(_flambeau_compiled_facts(step))
@@ -131,29 +132,6 @@ def run(name, lib, mode, steps, profile, top=0, gc_freeze=False):
     gc.collect()
     m.cuda.empty_cache()
     return res
-
-
-class _GcMeter:
-    """Time Python's cyclic garbage collector ran inside the block, and its collections per generation
-    (gc.callbacks). A full (generation 2) collection walks every tracked object of the process, so a
-    host-bound step that happens to hold one is slower by all of it."""
-
-    def __init__(self):
-        self.seconds, self.collections, self._start = 0.0, {0: 0, 1: 0, 2: 0}, 0.0
-
-    def _hook(self, phase, info):
-        if phase == "start":
-            self._start = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._start
-            self.collections[info["generation"]] += 1
-
-    def __enter__(self):
-        gc.callbacks.append(self._hook)
-        return self
-
-    def __exit__(self, *exc):
-        gc.callbacks.remove(self._hook)
 
 
 def _flambeau_compiled_facts(step) -> dict:

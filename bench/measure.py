@@ -1,14 +1,16 @@
 """What several benchmarks measure the same way: the operator calls that reach flambeau's backend during
 one call of a function, a function's median device time between two CUDA events (CuPy's or PyTorch's),
-several systems timed in interleaved rounds, a profiler's Chrome-trace events and the time a set of
-intervals covers, and which of some instruction-set extensions the CPU has (/proc/cpuinfo's flags). Imported as
+several systems timed in interleaved rounds, the time Python's garbage collector ran inside a block, a
+profiler's Chrome-trace events and the time a set of intervals covers, and which of some instruction-set extensions the CPU has (/proc/cpuinfo's flags). Imported as
 `from bench import measure` (the repository root on sys.path)."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
 import tempfile
+import time
 
 CPUINFO = "/proc/cpuinfo"
 
@@ -82,6 +84,29 @@ def interleaved_rounds(systems: dict, rounds: int, time_one) -> tuple:
         for k, system in systems.items():
             times[k].append(time_one(system))
     return times, {k: statistics.median(v) for k, v in times.items()}
+
+
+class GcMeter:
+    """Time Python's cyclic garbage collector ran inside the block, and its collections per generation
+    (`collections[g]`, through gc.callbacks). A full (generation 2) collection walks every tracked object
+    of the process, so a host-bound step that happens to hold one is slower by all of it."""
+
+    def __init__(self) -> None:
+        self.seconds, self.collections, self._start = 0.0, [0, 0, 0], 0.0
+
+    def _hook(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+            self.collections[info["generation"]] += 1
+
+    def __enter__(self) -> "GcMeter":
+        gc.callbacks.append(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._hook)
 
 
 def trace_events(prof) -> list:

@@ -1,9 +1,11 @@
 """bench/measure.py, the helpers several benchmarks share, against known answers: the operator calls a
 function sends to flambeau's backend (counted by hand), the median of event intervals (fake events with
-set intervals), interleaved rounds (a set clock), the union of intervals, a profiler's exported trace
+set intervals), interleaved rounds (a set clock), the garbage collector's collections in a block (explicit
+collections, the automatic ones off), the union of intervals, a profiler's exported trace
 (a fake profiler) and the CPU flags found in a cpuinfo text (whole words only)."""
 from __future__ import annotations
 
+import gc
 import json
 
 import numpy as np
@@ -84,3 +86,22 @@ def test_trace_events_reads_the_exported_trace():
             with open(path, "w") as f:
                 json.dump({"traceEvents": [{"name": "k", "ts": 1, "dur": 2}]}, f)
     assert measure.trace_events(Prof()) == [{"name": "k", "ts": 1, "dur": 2}]
+
+
+def test_gc_meter_counts_the_collections_of_its_block_per_generation():
+    """Explicit collections inside the block (automatic ones off) are counted by generation and timed;
+    those after it are not, and the callback is gone."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with measure.GcMeter() as meter:
+            gc.collect(0)
+            gc.collect(2)
+            gc.collect(2)
+        gc.collect(1)
+    finally:
+        if enabled:
+            gc.enable()
+    assert meter.collections == [1, 0, 2]
+    assert meter.seconds > 0
+    assert meter._hook not in gc.callbacks
