@@ -16,7 +16,9 @@
 // The epilogue is oneDNN's for PyTorch's `onednn::qlinear_pointwise` on x86: v = ((float)acc *
 // x_scale) * w_scale[n] + bias[n] (two roundings, no fused multiply-add: this file is compiled
 // without -ffp-contract=fast), then ReLU, then either v stored as float, or requantized as
-// clamp(nearbyint(v * (1 / out_scale)) + out_zp) into u8/s8; AVX-512, 16 columns at a time.
+// clamp(nearbyint(v * (1 / out_scale)) + out_zp) into u8/s8; AVX-512, 16 columns at a time. With an
+// accum (the sum post-op of `qconv2d_pointwise.binary`), v + (accum - accum_zp) * accum_scale before
+// the ReLU.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -35,6 +37,7 @@
 
 enum { MR = 12, NR = 32, MB = 16 * MR };   // MB: rows of A packed at a time
 enum { OUT_FLOAT32 = 0, OUT_UINT8 = 1, OUT_INT8 = 2 };
+enum { ACCUM_NONE = 0, ACCUM_FLOAT32 = 1, ACCUM_UINT8 = 2, ACCUM_INT8 = 3 };   // the sum post-op's operand
 
 extern "C" int flm_int8_vnni() {
 #ifdef FLM_VNNI
@@ -113,6 +116,10 @@ struct Epilogue {
     float out_zp;
     void* out;
     int64_t ldc;
+    const void* accum;            // the sum post-op's operand (M x N, row stride ld_accum), or null
+    int accum_kind;               // ACCUM_*
+    float accum_scale, accum_zp;
+    int64_t ld_accum;
 };
 
 #ifdef FLM_VNNI
@@ -127,6 +134,7 @@ static inline void finish(const Epilogue& e, int64_t m0, int64_t m, int64_t n0, 
     const __m512 x_scale = _mm512_set1_ps(e.x_scale), inv = _mm512_set1_ps(e.out_inv_scale);
     const __m512 out_zp = _mm512_set1_ps(e.out_zp), fzero = _mm512_setzero_ps();
     const __m512i a_zp = _mm512_set1_epi32(e.a_zp), K = _mm512_set1_epi32(int32_t(e.K));
+    const __m512 accum_scale = _mm512_set1_ps(e.accum_scale), accum_zp = _mm512_set1_ps(e.accum_zp);
     for (int64_t j0 = 0; j0 < n; j0 += 16) {
         const __mmask16 lanes = n - j0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j0)) - 1);
         const int64_t c = n0 + j0;
@@ -143,6 +151,14 @@ static inline void finish(const Epilogue& e, int64_t m0, int64_t m, int64_t n0, 
             __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(row, fixed)), x_scale),
                                      w_scale);
             if (e.bias) v = _mm512_add_ps(v, bias);
+            if (e.accum_kind != ACCUM_NONE) {       // + (accum - accum_zp) * accum_scale, as oneDNN's sum
+                const int64_t ai = (m0 + i) * e.ld_accum + c;
+                const __m512 a = e.accum_kind == ACCUM_FLOAT32 ? _mm512_maskz_loadu_ps(lanes, (const float*)e.accum + ai)
+                    : _mm512_cvtepi32_ps(e.accum_kind == ACCUM_UINT8
+                        ? _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(lanes, (const uint8_t*)e.accum + ai))
+                        : _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(lanes, (const int8_t*)e.accum + ai)));
+                v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_sub_ps(a, accum_zp), accum_scale));
+            }
             if (e.relu) v = _mm512_mask_mov_ps(fzero, _mm512_cmp_ps_mask(v, fzero, _CMP_GT_OQ), v);
             const int64_t at = (m0 + i) * e.ldc + c;
             if (e.out_kind == OUT_FLOAT32) {
@@ -192,11 +208,13 @@ static void qlinear_part(int64_t K, int64_t N, const uint8_t* a, int64_t lda, in
 extern "C" void flm_qlinear(int64_t M, int64_t N, int64_t K, const uint8_t* a, int64_t lda, int a_signed,
                             int32_t a_zp, const int8_t* packed, const int32_t* b_zp,
                             float x_scale, const float* w_scale, const float* bias, int relu, int out_kind,
-                            float out_inv_scale, int32_t out_zp, void* out, int64_t ldc, int threads) {
+                            float out_inv_scale, int32_t out_zp, void* out, int64_t ldc, int threads,
+                            const void* accum, int accum_kind, float accum_scale, int32_t accum_zp,
+                            int64_t ld_accum) {
 #ifdef FLM_VNNI
     if (M == 0 || N == 0) return;
     const Epilogue e{a_signed ? a_zp + 128 : a_zp, b_zp, K, x_scale, w_scale, bias, relu, out_kind, out_inv_scale,
-                     float(out_zp), out, ldc};
+                     float(out_zp), out, ldc, accum, accum_kind, accum_scale, float(accum_zp), ld_accum};
     const int64_t kp = (K + 3) & ~int64_t(3), tiles = (M + MR - 1) / MR, panels = (N + NR - 1) / NR;
     const int32_t* colsum = reinterpret_cast<const int32_t*>(packed + kp * N);
     if (threads <= 1) {

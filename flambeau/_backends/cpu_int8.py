@@ -32,6 +32,7 @@ from . import cpu_kernels
 
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_int8.cpp")
 OUT_KINDS = {np.dtype(np.float32): 0, np.dtype(np.uint8): 1, np.dtype(np.int8): 2}
+ACCUM_KINDS = {np.dtype(np.float32): 1, np.dtype(np.uint8): 2, np.dtype(np.int8): 3}   # the C++ ACCUM_*
 QMIN_QMAX = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127)}
 _state: dict = {}
 NR = 32                 # columns per panel (the C++ kernel's NR)
@@ -56,7 +57,7 @@ def _load():
                 i64, p, i, fl = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
                 q = lib.flm_qlinear
                 q.argtypes = [i64, i64, i64, p, i64, i, ctypes.c_int32, p, p, fl, p, p, i, i, fl,
-                              ctypes.c_int32, p, i64, i]
+                              ctypes.c_int32, p, i64, i, p, i, fl, ctypes.c_int32, i64]
                 q.restype = None
                 fns = q
         except (_cpp_builder.CppCompileError, _cpp_builder.NoCompilerError, OSError):
@@ -70,10 +71,13 @@ def vnni() -> bool:
     return _load() is not None
 
 
-def _epilogue_numpy(acc, x_scale, w_scales, bias, relu, out_scale, out_zp, out_dtype):
+def _epilogue_numpy(acc, x_scale, w_scales, bias, relu, out_scale, out_zp, out_dtype, accum=None,
+                    accum_scale: float = 1.0, accum_zp: int = 0):
     v = (acc.astype(np.float32) * np.float32(x_scale)) * w_scales
     if bias is not None:
         v = v + bias
+    if accum is not None:
+        v = v + (accum.astype(np.float32) - np.float32(accum_zp)) * np.float32(accum_scale)
     return finish_numpy(v, relu, out_scale, out_zp, out_dtype)
 
 
@@ -160,10 +164,11 @@ def qlinear(qx, x_scale: float, x_zp: int, qw, w_scales, w_zps, bias, out_scale:
 
 
 def qlinear_packed(qx, x_scale: float, x_zp: int, packed, w_scales, w_zps, bias, out_scale: float, out_zp: int,
-                   out_dtype, relu: bool = False, out=None):
+                   out_dtype, relu: bool = False, out=None, accum=None, accum_scale: float = 1.0, accum_zp: int = 0):
     """The quantized linear layer (module docstring) of NumPy arrays with a `pack_weight` weight; `out`, a
     2-D (rows, N) array of out_dtype with unit column stride, receives the result (a column block of a
-    wider output: the groups of a convolution)."""
+    wider output: the groups of a convolution). `accum`, a (rows, N) float32/u8/s8 array with unit
+    column stride, is the sum post-op's operand: (accum - accum_zp) * accum_scale added before the ReLU."""
     out_dtype = np.dtype(out_dtype)
     K, N = packed_dims(packed)
     lead = qx.shape[:-1]
@@ -176,12 +181,17 @@ def qlinear_packed(qx, x_scale: float, x_zp: int, packed, w_scales, w_zps, bias,
     if fns is None or M == 0 or N == 0:
         qw = unpack_weight(packed)
         acc = (a.astype(np.int64) - x_zp) @ (qw.astype(np.int64) - zps.astype(np.int64))
-        r = _epilogue_numpy(acc, x_scale, scales, b32, relu, out_scale, out_zp, out_dtype)
+        r = _epilogue_numpy(acc, x_scale, scales, b32, relu, out_scale, out_zp, out_dtype, accum, accum_scale,
+                            accum_zp)
         if out is None:
             return r.reshape(lead + (N,))
         out[...] = r
         return out
     packed = np.ascontiguousarray(packed)
+    if accum is not None and (accum.dtype not in ACCUM_KINDS or accum.shape != (M, N) or
+                              accum.strides[1] != accum.itemsize):
+        raise ValueError(f"qlinear_packed: accum must be a ({M}, {N}) float32/uint8/int8 array with unit column "
+                         f"stride, got {accum.dtype} {accum.shape} strides {accum.strides}")
     if out is None:
         out = np.empty((M, N), out_dtype)
     elif out.dtype != out_dtype or out.shape != (M, N) or out.strides[1] != out.itemsize:
@@ -192,5 +202,6 @@ def qlinear_packed(qx, x_scale: float, x_zp: int, packed, w_scales, w_zps, bias,
         zps.ctypes.data if zps.any() else None, float(np.float32(x_scale)), scales.ctypes.data,
         None if b32 is None else b32.ctypes.data, int(relu), OUT_KINDS[out_dtype],
         float(np.float32(1) / np.float32(out_scale)), int(out_zp), out.ctypes.data, out.strides[0] // out.itemsize,
-        threads)
+        threads, None if accum is None else accum.ctypes.data, 0 if accum is None else ACCUM_KINDS[accum.dtype],
+        float(np.float32(accum_scale)), int(accum_zp), 0 if accum is None else accum.strides[0] // accum.itemsize)
     return out.reshape(lead + (N,))

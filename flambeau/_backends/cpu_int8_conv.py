@@ -9,7 +9,8 @@ dequantize/requantize epilogue), one GEMM per group.
 
 With `accum` (N, O, OH, OW; u8/s8 with its scale and zero point, or float) the sum post-op of
 `qconv2d_pointwise.binary`: v = conv + (accum - accum_zp) * accum_scale in float32, then ReLU and
-the output's requantization (`cpu_int8.finish_numpy`), as oneDNN's sum.
+the output's requantization, as oneDNN's sum: in the GEMM's epilogue (f32/u8/s8 accum), or after it
+in NumPy (bf16, `cpu_int8.finish_numpy`).
 
 A patch row is (kh, kw, C/groups) of channels-last input, padded with the activation's zero point
 (the integer of real 0, as oneDNN pads), so a 1x1 convolution of stride 1 without padding reads a
@@ -80,7 +81,7 @@ def qconv2d_packed(qx, x_scale: float, x_zp: int, packed, groups: int, w_scales,
                    dilation, out_scale: float, out_zp: int, out_dtype, relu: bool = False, accum=None,
                    accum_scale: float = 1.0, accum_zp: int = 0):
     """The quantized convolution (module docstring) of NumPy arrays with a `pack_conv_weight` weight."""
-    if accum is not None:
+    if accum is not None and np.dtype(accum.dtype) not in cpu_int8.ACCUM_KINDS:     # bf16: added after
         conv = qconv2d_packed(qx, x_scale, x_zp, packed, groups, w_scales, w_zps, bias, stride, padding, dilation,
                               1.0, 0, np.float32).transpose(0, 2, 3, 1)         # channels-last memory, in place
         other = accum.transpose(0, 2, 3, 1).astype(np.float32)
@@ -96,11 +97,13 @@ def qconv2d_packed(qx, x_scale: float, x_zp: int, packed, groups: int, w_scales,
     per_group = og * kh * kw * packed.shape[3]
     scales = np.broadcast_to(np.asarray(w_scales, np.float32).reshape(-1), (O,))
     zps = np.broadcast_to(np.asarray(w_zps).reshape(-1), (O,))
+    acc_rows = None if accum is None else np.ascontiguousarray(accum.transpose(0, 2, 3, 1)).reshape(-1, O)
     for g in range(groups):
         rows = _patches(x_nhwc, x_zp, g * cg, cg, kh, kw, stride, padding, dilation, OH, OW)
         wg = blob[g * per_group:g * per_group + (k + cpu_int8.PACK_EXTRA_ROWS) * og].reshape(-1, og)
         cols = slice(g * og, (g + 1) * og)
         cpu_int8.qlinear_packed(rows, x_scale, x_zp, wg, scales[cols], zps[cols],
                                 None if bias is None else bias[cols], out_scale, out_zp, out.dtype, relu,
-                                out=out[:, cols])
+                                out=out[:, cols], accum=None if acc_rows is None else acc_rows[:, cols],
+                                accum_scale=accum_scale, accum_zp=accum_zp)
     return out.reshape(N, OH, OW, O).transpose(0, 3, 1, 2)
