@@ -42,7 +42,8 @@ after the timed steps every rank of each configuration records PROFILE_STEPS mor
 (bench/stream_timeline.py: kernels by stream, the compute stream's idle gaps, CUDA API calls) into
 DIR/<system>-<mode>-<config>-<parallel>-r<rank>.json.gz; read them with `python bench/stream_timeline.py`.
 Every worker's host time per step is reported too (host_ms_per_rank: a slow rank's host holds the others'
-collectives back), with the garbage collector's time per step and its full collections in the timed steps
+collectives back), its process CPU time per step (cpu_ms_per_rank: what a loaded machine's waits for a core
+do not inflate; MPI's busy waits count, gloo's blocking waits do not), with the garbage collector's time per step and its full collections in the timed steps
 (gc_ms_per_rank, gc_full_per_rank).
 A configuration that fails prints its error instead.
 """
@@ -186,18 +187,19 @@ def worker(args) -> None:
         losses.append(gpu_models.train_step(torch, model, opt, *batches[s], amp).detach())
     sync()
     gc_clock = _GcClock()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for s in range(args.warmup, steps):
         losses.append(gpu_models.train_step(torch, model, opt, *batches[s], amp).detach())
     host_ms = (time.perf_counter() - start) / args.steps * 1e3
     sync()
     ms = (time.perf_counter() - start) / args.steps * 1e3
+    cpu_ms = (time.process_time() - cpu_start) / args.steps * 1e3
     gc_clock.stop()
     if args.profile:
         _profile(args, torch, rank, lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp), sync)
     if args.trace:
         _trace(args, torch, rank, local, lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp))
-    host = [host_ms, gc_clock.ms / args.steps, gc_clock.full]
+    host = [host_ms, gc_clock.ms / args.steps, gc_clock.full, cpu_ms]
     per_rank = [host]
     if world_size > 1:
         per_rank = [None] * world_size
@@ -217,6 +219,7 @@ def worker(args) -> None:
                           "world_size": world_size, "batch_per_rank": rows, "seq": cfg["seq"],
                           "ms_per_step": ms, "host_ms_per_step": host_ms, "host_ms_per_rank": [r[0] for r in per_rank],
                           "gc_ms_per_rank": [r[1] for r in per_rank], "gc_full_per_rank": [r[2] for r in per_rank],
+                          "cpu_ms_per_rank": [r[3] for r in per_rank],
                           "tokens_per_s": (1 if args.parallel == "tp" else world_size) * rows * cfg["seq"] / ms * 1e3,
                           "cpus": len(os.sched_getaffinity(0)),
                           "losses": [float(v) for v in stacked.cpu().tolist()]}), flush=True)
