@@ -49,8 +49,9 @@ def _swap(module: Module, spec: dict, mapping: dict, prefix: str, inherited) -> 
 
 
 def quantize_dynamic(model: Module, qconfig_spec=None, dtype=D.qint8, mapping=None, inplace: bool = False) -> Module:
-    """Replace the modules named or typed in `qconfig_spec` (default: every `nn.Linear`) by dynamically
-    quantized ones with int8 weights; returns the model (a copy unless `inplace`)."""
+    """Replace the modules named or typed in `qconfig_spec` (default: every Linear, LSTM, GRU and
+    recurrent cell, PyTorch's qint8 default) by dynamically quantized ones with int8 weights; returns
+    the model (a copy unless `inplace`)."""
     spec = _qconfig_spec(qconfig_spec, dtype)
     mapping = get_default_dynamic_quant_module_mappings() if mapping is None else mapping
     if not inplace:
