@@ -18,7 +18,7 @@ source (codegen_cpp.py), one function that owns the graph's intermediate memory 
 with its layout's shape. `sym` holds the size symbols' values (`size_names` order); the kernels take
 them as trailing arguments. The extern steps the C++ wrapper can run are `mm` and `bmm` (float32 and
 bfloat16 through flambeau's GEMMs, float sums rounded once; float64 with double sums), 1-D and 2-D
-`convolution` (grouped: one call per image and group; transposed: the GEMM then fl_col2im),
+`convolution` (grouped: one call per image and group; transposed, grouped too: the GEMM then fl_col2im),
 `max_pool2d_with_indices` and `_taps_gather` (interpolate, average pooling, pads), float32 or float64,
 `sort` and `topk` of any dtype (the C++ of cpp_wrapper_kernels.py); bfloat16/float16 operands of these are widened to float and
 the results rounded once (`_widened`, WIDENED_OPS); and the fused CPU attention `_sdpa_flash_cpu`
@@ -413,8 +413,8 @@ class CppWrapper:
         dt = self._product_dtype(ek, "convolution", (D.float32, D.float64))
         if dt is D.float32:
             self._need("fl_conv2d", "convolution")
-        if len(x.layout.shape) not in (3, 4) or (transposed and groups != 1):
-            raise Unsupported("the C++ wrapper runs 1-D and 2-D convolutions (transposed ones of groups 1)")
+        if len(x.layout.shape) not in (3, 4):
+            raise Unsupported("the C++ wrapper runs 1-D and 2-D convolutions")
         ops = [(x, "input"), (w, "weight")] + ([(bias, "bias")] if bias is not None else [])
         for a, what in ops:
             if not a.layout.is_contiguous() and not (isinstance(a, StridedView) and _contiguous_at_offset(a.layout)):
@@ -429,8 +429,8 @@ class CppWrapper:
         ph, pw = (_c(s) for s in ((0,) + tuple(padding) if one else padding))
         dh, dw = (_c(s) for s in ((1,) + tuple(dilation) if one else dilation))
         if transposed:
-            self._transposed_convolution(ek, dt, (N, C, H, W, _c(lw.shape[1]), KH, KW, sh, sw, ph, pw, dh, dw, OH,
-                                                  OW), px, pwt, pbias)
+            self._transposed_convolution(ek, dt, groups, (N, C, H, W, _c(lw.shape[1]), KH, KW, sh, sw, ph, pw, dh,
+                                                          dw, OH, OW), px, pwt, pbias)
             return
         if groups != 1:
             self._grouped_convolution(ek, dt, groups, (N, C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW), px,
@@ -456,18 +456,21 @@ class CppWrapper:
                   f"{OW}, {px} + (fl_n * {C} + fl_g * {cg}) * {H} * {W}, {pwt} + fl_g * {og} * {cg} * {KH} * {KW}, "
                   f"{bias}, {ek.name} + (fl_n * {O} + fl_g * {og}) * {OH} * {OW}, 1);")
 
-    def _transposed_convolution(self, ek, dt, dims, px, pwt, pbias):
-        """A transposed convolution, per image: cols = W^T @ x[n] (the GEMM, W (C, O*KH*KW) read transposed),
-        then fl_col2im adds each column into the output positions it reaches (and the bias)."""
+    def _transposed_convolution(self, ek, dt, groups, dims, px, pwt, pbias):
+        """A transposed convolution, per image and group: cols = W_g^T @ x[n, g] (the GEMM; W_g, the group's
+        (C/groups, O*KH*KW) rows of the weight, read transposed; O the output channels of a group), then
+        fl_col2im adds each column into the output positions it reaches (and the group's bias)."""
         self._need_gemm(dt)
         N, C, H, W, O, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW = dims
-        rows, hw, ct = f"{O} * {KH} * {KW}", f"{H} * {W}", self._t(ek)
+        rows, hw, ct, cg = f"{O} * {KH} * {KW}", f"{H} * {W}", self._t(ek), f"({C} / {groups})"
+        bias = "nullptr" if pbias == "nullptr" else f"{pbias} + fl_g * {O}"
         self.line(f"{{ {ct}* fl_cols = ({ct}*)fl_alloc({rows} * {hw} * {dt.itemsize});")
-        self.line(f"  for (int64_t fl_n = 0; fl_n < {N}; fl_n++) {{")
-        self.line(f"    {GEMM[dt]}(1, {rows}, {hw}, {C}, {pwt}, 0, 1, {rows}, {px} + fl_n * {C} * {hw}, 0, {hw}, 1, "
-                  f"fl_cols, 0, {hw}, 0, fl_threads({rows} * {hw} * {C}));")
+        self.line(f"  for (int64_t fl_n = 0; fl_n < {N}; fl_n++) for (int64_t fl_g = 0; fl_g < {groups}; fl_g++) {{")
+        self.line(f"    {GEMM[dt]}(1, {rows}, {hw}, {cg}, {pwt} + fl_g * {cg} * {rows}, 0, 1, {rows}, "
+                  f"{px} + (fl_n * {C} + fl_g * {cg}) * {hw}, 0, {hw}, 1, fl_cols, 0, {hw}, 0, "
+                  f"fl_threads({rows} * {hw} * {cg}));")
         self.line(f"    fl_col2im<{ct}>({O}, {H}, {W}, {KH}, {KW}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw}, {OH}, {OW}, fl_cols, "
-                  f"{pbias}, {ek.name} + fl_n * {O} * {OH} * {OW}, fl_threads({rows} * {hw}));")
+                  f"{bias}, {ek.name} + (fl_n * {groups} + fl_g) * {O} * {OH} * {OW}, fl_threads({rows} * {hw}));")
         self.line("  }")
         self.line("  fl_free(fl_cols); }")
 
