@@ -279,11 +279,14 @@ def literal(v, dtype) -> str:
 
 
 class CVar:
-    __slots__ = ("name", "dtype")
+    """A C value. `level`: how many of the loops of the step being printed it depends on, outermost
+    first (0: the same in every iteration of them; `KernelPrinter.hoists`)."""
+    __slots__ = ("name", "dtype", "level")
 
-    def __init__(self, name, dtype):
+    def __init__(self, name, dtype, level=0):
         self.name = name
         self.dtype = dtype
+        self.level = level
 
     def __str__(self):
         return self.name
@@ -319,51 +322,65 @@ class CppHandler(Handler):
     def __init__(self, printer: "KernelPrinter"):
         self.p = printer
 
-    def _emit(self, expr: str, dtype) -> CVar:
+    def _emit(self, expr: str, dtype, level: int) -> CVar:
+        """A temporary holding `expr`, which depends on the step's loops up to `level`: computed in the
+        innermost loop only when it varies there, else before the first loop it varies in
+        (`KernelPrinter.hoist`); one the same for all of them is shared by the kernel's later steps."""
         p = self.p
-        hit = p.cse.get(expr)
+        hit = p.cse.get(expr) or p.invariant.get(expr)
         if hit is not None:
             return hit
-        v = CVar(f"tmp{p.n_tmp}", dtype)
+        v = CVar(f"tmp{p.n_tmp}", dtype, level)
         p.n_tmp += 1
-        p.line(f"{CTYPES[dtype]} {v.name} = {expr};")
-        p.cse[expr] = v
+        line = f"{CTYPES[dtype]} {v.name} = {expr};"
+        if level == 0 and p.at_outer:
+            p.line(line)
+        elif not p.hoist(line, level):
+            v.level = p.innermost()
+            p.line(line)
+            p.cse[expr] = v
+            return v
+        (p.invariant if level == 0 else p.cse)[expr] = v
         return v
 
     def _op(self, op, args, dtype):
-        return self._emit(c_expr(op, args, dtype), dtype)
+        return self._emit(c_expr(op, args, dtype), dtype, max((a.level for a in args), default=0))
 
     def load(self, buf, index):
-        loc = self.p.locals.get(buf.name)
+        p = self.p
+        loc = p.locals.get(buf.name)
         if loc is not None:
             return loc
-        return self._emit(load_expr(buf.dtype, f"{buf.name}[{render_c(index)}]"), buf.dtype)
+        level = p.innermost() if buf.name in p.stored else p.level(index)    # (a buffer this kernel writes: in place)
+        return self._emit(load_expr(buf.dtype, f"{buf.name}[{render_c(index)}]"), buf.dtype, level)
 
     def constant(self, value, dtype):
         if isinstance(value, SizeExpr):
-            return self._emit(f"static_cast<{CTYPES[dtype]}>({value})", dtype)
+            return self._emit(f"static_cast<{CTYPES[dtype]}>({value})", dtype, 0)
         return CVar(literal(value, dtype), dtype)
 
     def index_expr(self, index, dtype):
-        return self._emit(f"static_cast<{CTYPES[dtype]}>({render_c(index)})", dtype)
+        return self._emit(f"static_cast<{CTYPES[dtype]}>({render_c(index)})", dtype, self.p.level(index))
 
     def indirect_indexing(self, value, size, wrap=True):
         v = value.name
-        var = self._emit(f"{'fl_index' if wrap else 'fl_index_nowrap'}({v}, {size})", D.int64)
+        var = self._emit(f"{'fl_index' if wrap else 'fl_index_nowrap'}({v}, {size})", D.int64, value.level)
+        self.p.level_of[var.name] = var.level
         return Index.of(Indirect(var.name, size))
 
     def masked(self, mask, body, other):
         p = self.p
-        saved_lines, saved_cse = p.lines, p.cse
-        p.lines, p.cse = [], dict(saved_cse)
+        saved_lines, saved_cse, saved_hoists, saved_outer = p.lines, p.cse, p.hoists, p.at_outer
+        p.lines, p.cse, p.at_outer = [], dict(saved_cse), False   # (nothing leaves a condition's body)
+        p.hoists = None
         p.depth += 1
         try:
             v = body()
         finally:
             inner = p.lines
-            p.lines, p.cse = saved_lines, saved_cse
+            p.lines, p.cse, p.hoists, p.at_outer = saved_lines, saved_cse, saved_hoists, saved_outer
             p.depth -= 1
-        out = CVar(f"tmp{p.n_tmp}", v.dtype)
+        out = CVar(f"tmp{p.n_tmp}", v.dtype, p.innermost())
         p.n_tmp += 1
         other = literal(other, v.dtype)
         p.line(f"{CTYPES[v.dtype]} {out.name} = {other};")
@@ -392,9 +409,37 @@ class KernelPrinter:
         self.locals: dict = {}
         self.n_tmp = 0
         self.depth = 1
+        self.stored = {b.name for b in kernel.stores}
+        self.invariant: dict = {}     # expression -> CVar computed before some step's innermost loops
+        self.hoists = None            # [line position, depth] before each loop of the step being printed
+        self.level_of: dict = {}      # loop variable (or index read in a loop) -> its level (1 + its loop's)
+        self.at_outer = False         # printing a step without loops of its own: every value is invariant
 
     def line(self, s: str):
         self.lines.append("    " * self.depth + s)
+
+    def hoist(self, s: str, level: int) -> bool:
+        """Put a line computing a value of `level` before the step's loop number `level` (inside the loops
+        it depends on); False where it belongs in the innermost loop or nothing may move."""
+        if self.hoists is None or level >= len(self.hoists):
+            return False
+        at, depth = self.hoists[level]
+        self.lines.insert(at, "    " * depth + s)
+        for h in self.hoists[level:]:
+            h[0] += 1
+        return True
+
+    def innermost(self) -> int:
+        return len(self.hoists) if self.hoists else 0
+
+    def level(self, index: Index) -> int:
+        """The level of `index`: the deepest of the step's loops whose variable it reads."""
+        return max((self.level_of.get(n, 0) for n in _names(index)), default=0)
+
+    def _hoist_before(self, var: str):
+        """The next loop (of variable `var`) opens here: values not depending on it go before it."""
+        self.hoists.append([len(self.lines), self.depth])
+        self.level_of[var] = len(self.hoists)
 
     def _open(self, s):
         self.line(s + " {")
@@ -437,12 +482,20 @@ class KernelPrinter:
             self._close()
         return f'extern "C" {_NOINLINE} void {k.name}({", ".join(params)}) {{\n' + "\n".join(self.lines) + "\n}\n"
 
-    def _loops(self, prefix, groups, parallel, simd_clause="", simd=True):
-        """Open one loop per merged group; return per-dim index expressions."""
+    def _loops(self, prefix, groups, parallel, simd_clause="", simd=True, hoist=False):
+        """Open one loop per merged group; return per-dim index expressions. With `hoist`, values that
+        don't depend on these loops' variables are computed once before them (`CppHandler._emit`): an
+        embedding's row index, a layer norm's mean, so that the innermost loop stays vectorisable
+        (GCC turns a load at an index computed inside an `omp simd` loop into a gather)."""
         sizes = [math.prod(g) for g in groups]
         syms = [Index.of(Sym(f"{prefix}{j}", s)) for j, s in enumerate(sizes)]
+        if hoist:
+            self.hoists = [] if sizes and not any(s == 0 for s in sizes) else None  # (an empty loop computes nothing)
+            self.level_of = {}
         for j, s in enumerate(sizes):
             last = j == len(sizes) - 1
+            if self.hoists is not None:
+                self._hoist_before(f"{prefix}{j}")
             if parallel is not False and j == 0:
                 self.line("#pragma omp parallel for" + (" simd" if last else "") + simd_clause + if_clause(parallel))
             elif last and simd:
@@ -451,19 +504,21 @@ class KernelPrinter:
         return expand_groups(groups, syms)
 
     def _pointwise(self, step, outer, parallel):
-        syms = self._loops("y", step.inner_groups, both(parallel, bool(step.inner)))
+        syms = self._loops("y", step.inner_groups, both(parallel, bool(step.inner)), hoist=True)
+        self.at_outer = not step.inner_groups
         for n in step.nodes:
             it = iter(outer + syms)
             idx = node_index(n, it, n.ranges)
             v = n.buf.data.inner_fn(idx)
             v = self._as_dtype(v, n.buf.dtype)
-            if n.name in self.k.locals:
+            if n.name in self.k.locals or self.at_outer:    # (a value per outer index: later steps read it as is)
                 self.locals[n.name] = v
-            else:
+            if n.name not in self.k.locals:
                 off = offset_of(idx, contiguous_strides(n.ranges))
                 self.line(f"{n.name}[{render_c(off)}] = {store_expr(n.buf.dtype, v.name)};")
         for _ in step.inner_groups:
             self._close()
+        self.hoists, self.at_outer = None, False
 
     def _as_dtype(self, v, dtype):
         return ops.to_dtype(v, dtype)
@@ -481,7 +536,8 @@ class KernelPrinter:
             at, init = _acc_type_init(rt, src)
             self.line(f"{at} {acc} = {init};")
             clause = f" reduction({_SIMPLE_RED[rt]}:{acc})"
-        rsyms = self._loops("r", step.inner_groups, both(parallel, bool(step.inner) and bool(clause)), clause)
+        rsyms = self._loops("r", step.inner_groups, both(parallel, bool(step.inner) and bool(clause)), clause,
+                            hoist=True)
         idx = node_index(n, iter(outer), n.ranges)
         ridx = node_index(n, iter(rsyms), n.reduction_ranges)
         x = self._as_dtype(red.inner_fn(idx, ridx), src).name
@@ -494,6 +550,7 @@ class KernelPrinter:
             self.line(_combine(rt, acc, x))
         for _ in step.inner_groups:
             self._close()
+        self.hoists = None
         res = f"{acc}_i < 0 ? 0 : {acc}_i" if rt in ("argmax", "argmin") else acc
         self.line(f"{CTYPES[dt]} {n.name}_v = static_cast<{CTYPES[dt]}>({res});")
         val = CVar(f"{n.name}_v", dt)
@@ -523,7 +580,9 @@ class KernelPrinter:
         at, init = _acc_type_init(red.reduction_type, red.src_dtype)
         self.line(f"{at} acc[{B}];")
         self.line(f"for (int64_t xi = 0; xi < {B}; xi++) acc[xi] = {init};")
-        rsyms = self._loops("r", step.inner_groups, False, simd=False)
+        rsyms = self._loops("r", step.inner_groups, False, simd=False, hoist=True)
+        if self.hoists is not None:
+            self._hoist_before("xi")
         self.line("#pragma omp simd")
         self._open("for (int64_t xi = 0; xi < nb; xi++)")
         outer = expand_groups(k.outer_groups, lead_syms + [Index.of(Sym("xb", L)) + Index.of(Sym("xi", B))])
@@ -534,7 +593,7 @@ class KernelPrinter:
         self._close()
         for _ in step.inner_groups:
             self._close()
-        self.cse = {}
+        self.cse, self.hoists = {}, None
         self.line("#pragma omp simd")
         self._open("for (int64_t xi = 0; xi < nb; xi++)")
         off = offset_of(idx, contiguous_strides(n.ranges))
@@ -591,6 +650,17 @@ class KernelPrinter:
 
 
 COLUMN_BLOCK = 64
+
+
+def _names(e: Index) -> set:
+    """The names of the loop variables and read indices that index `e` depends on."""
+    out = set()
+    for a, _ in e.terms.values():
+        if isinstance(a, (Sym, Indirect)):
+            out.add(a.name)
+        else:
+            out |= _names(a.arg)
+    return out
 
 
 def _acc_type_init(rt, src):

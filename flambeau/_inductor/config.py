@@ -45,6 +45,7 @@ reuse_buffers: bool = True        # memory planning: reuse freed buffers of the 
 poison_buffers: bool = False      # fill every buffer the wrapper allocates with NaN / -1 (tests: unwritten elements)
 max_inline_ops: int = 200         # realise a pointwise value whose expression grows beyond this
 inline_ops_multi_use: int = 12    # ... or that has several users and costs more than this
+realize_saved_outputs: bool = True  # ... or that has several users, one of them the graph's output (graph.py)
 parallel_threshold: int = 1 << 15  # elements of work below which a kernel runs on one thread (with
 #   GOMP_SPINCOUNT=10000, set by _cpp_builder for libgomp's load only, the team is still spinning
 #   between kernels: 2 threads win from ~16K up)

@@ -357,7 +357,12 @@ class GraphLowering:
         Triton code generator a transcendental (exp, tanh) alone is no reason to store a value with
         several users: a GPU kernel is bound by memory, so writing and re-reading the value (a
         softmax's exp(x - max) over GPT-2's logits: 1.65 GB of float32) costs more than computing
-        it twice."""
+        it twice.
+
+        A value with several users of which one is the graph's output (an activation the forward saves
+        for the backward: a residual stream) is stored anyway, so it is stored where it is computed and
+        the other users read it (PyTorch's GraphLowering.run_node does the same) instead of recomputing
+        it: otherwise every layer norm of a residual stream re-adds all earlier layers' outputs."""
         x = self.env[node]
         if not isinstance(x, Pointwise) or x.realized is not None:
             return
@@ -365,7 +370,8 @@ class GraphLowering:
         users = len(node.users)
         heavy = st.heavy > 0 and not self.triton
         if st.ops > config.max_inline_ops or \
-                (users > 1 and (heavy or st.ops > config.inline_ops_multi_use)):
+                (users > 1 and (heavy or st.ops > config.inline_ops_multi_use
+                                or (config.realize_saved_outputs and any(u.op == "output" for u in node.users)))):
             self.realize(x)
 
     def _outputs(self, out):

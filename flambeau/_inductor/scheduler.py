@@ -248,7 +248,9 @@ COLUMN_TYPES = ("sum", "prod", "max", "min", "any", "all")
 
 def _is_column(n: SNode) -> bool:
     """A reduction whose reads are contiguous along its innermost output dim and strided along
-    every reduced dim (a column sum): better computed a block of outputs at a time."""
+    every reduced dim (a column sum): better computed a block of outputs at a time. A read that does
+    not depend on that output dim may run along a reduced dim (a layer norm's row statistics in its
+    weight's gradient): the block loop reads it once per reduced index."""
     outs = _dim_syms(n)
     rs = [f"a{len(n.ranges) + j}" for j, s in enumerate(n.reduction_ranges) if s != 1]
     if n.buf.data.reduction_type not in COLUMN_TYPES or not outs or not rs:
@@ -258,7 +260,7 @@ def _is_column(n: SNode) -> bool:
         if not idx.is_affine_in(set(outs + rs)):
             return False
         c = idx.coeff(Sym(outs[-1], 0))
-        if c not in (0, 1) or any(idx.coeff(Sym(r, 0)) in (1, -1) for r in rs):
+        if c not in (0, 1) or (c == 1 and any(idx.coeff(Sym(r, 0)) in (1, -1) for r in rs)):
             return False
         contiguous |= c == 1
     return contiguous

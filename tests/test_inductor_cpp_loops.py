@@ -1,0 +1,157 @@
+"""The C++ code generator's loop nests: what is computed inside the innermost (vectorised) loops and what
+before them, and which values a compiled graph stores instead of recomputing. Values vs PyTorch.
+
+An `omp simd` loop that reads memory at an index computed inside it (an embedding's row, a value per
+row) is compiled with AVX-512 gathers; values that don't vary in the loop are computed once before it
+(codegen_cpp.CppHandler._emit). A pointwise value with several users one of which is the graph's
+output (a residual stream saved for the backward) is stored where it is computed and read by the
+others (graph.GraphLowering._maybe_realize), so a layer norm does not recompute all earlier layers.
+"""
+import re
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau
+from flambeau import _cpp_builder as cpp_builder
+from flambeau._inductor import config
+from tests.conftest import spy_compile_fx
+from tests.test_inductor import check, randn
+
+
+
+def _has_compiler() -> bool:
+    try:
+        cpp_builder.detect_flags()
+        return True
+    except cpp_builder.NoCompilerError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _has_compiler(), reason="no C++ compiler")
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setattr(cpp_builder, "cache_dir", str(tmp_path_factory.getbasetemp() / "inductor_cache"))
+
+
+def innermost_bodies(source: str) -> list:
+    """The statements inside each `omp simd` loop of the C++ source (the loop after each pragma)."""
+    lines, out = source.splitlines(), []
+    for i, line in enumerate(lines):
+        if "#pragma omp" in line and "simd" in line:
+            depth, body = 0, []
+            for s in lines[i + 1:]:
+                depth += s.count("{") - s.count("}")
+                body.append(s)
+                if depth <= 0:
+                    break
+            out.append(body)
+    return out
+
+
+def _embedding_layer_norm(T, idx, w, pos, g, b):
+    x = T.nn.functional.embedding(idx, w) + pos
+    return T.nn.functional.layer_norm(x, (x.shape[-1],), g, b)
+
+
+def invariant_loads(source: str) -> list:
+    """Loads inside an `omp simd` loop at an index that doesn't depend on the loop: its variable or a
+    value computed in the loop's body."""
+    out = []
+    for body in innermost_bodies(source):
+        var = re.match(r"\s*for \(int64_t (\w+) =", body[0]).group(1)
+        local = set(re.findall(r"^\s*\w+ (tmp\d+) =", "\n".join(body), re.M))
+        for name, index in re.findall(r"= (\w+)\[([^\]]*)\];", "\n".join(body)):
+            if not ({var} | local) & set(re.findall(r"\w+", index)):
+                out.append(f"{name}[{index}]")
+    return out
+
+
+def test_a_row_index_is_read_before_the_inner_loop():
+    idx = flambeau.tensor(np.random.default_rng(0).integers(0, 65, (8, 32)))
+    w, pos, g, b = randn(65, 64), randn(32, 64), randn(64), randn(64)
+    c = check(_embedding_layer_norm, idx, w, pos, g, b, atol=1e-5, rtol=1e-5)
+    assert innermost_bodies(c.source) and "fl_index(" in c.source
+    assert not any("fl_index(" in s for body in innermost_bodies(c.source) for s in body), c.source
+    assert invariant_loads(c.source) == [], c.source
+
+
+def test_a_value_per_row_is_read_in_the_row_loop_not_the_column_loop():
+    x, d, t = randn(37, 65), randn(37).abs() + 0.5, flambeau.randint(0, 65, (37,))
+    c = check(lambda T, x, d, t: (x / d[:, None] - (t[:, None] == T.arange(65)).float()) * (t[:, None] != 3),
+              x, d, t, kernels=1)
+    assert "for (int64_t y1" in c.source and invariant_loads(c.source) == [], c.source
+
+
+def test_a_weight_gradient_over_normalised_rows_is_a_column_reduction():
+    x, dy, g = randn(300, 48), randn(300, 48), randn(48)
+    mean, rstd = x.mean(1), x.var(1, unbiased=False).add(1e-5).rsqrt()
+    c = check(lambda T, x, dy, g, mean, rstd: [(dy * (x - mean[:, None]) * rstd[:, None]).sum(0), (dy * g).sum(0)],
+              x, dy, g, mean, rstd, rtol=1e-5, atol=1e-5)
+    assert c.source.count("acc[xi] +=") == 2, c.source      # both read a block of columns per row
+    assert invariant_loads(c.source) == [], c.source       # (the row's mean and deviation: once per row)
+
+
+def test_a_hoisted_out_of_range_index_still_raises():
+    warnings.simplefilter("ignore")
+    f = flambeau.compile(lambda w, i: flambeau.nn.functional.layer_norm(flambeau.nn.functional.embedding(i, w), (16,)),
+                         backend="inductor")
+    w = flambeau.randn(5, 16)
+    ok = f(w, flambeau.tensor([[0, 4], [1, -5]]))
+    ref = torch.nn.functional.layer_norm(torch.nn.functional.embedding(torch.tensor([[0, 4], [1, 0]]),
+                                                                       torch.from_numpy(w.numpy())), (16,))
+    torch.testing.assert_close(torch.from_numpy(ok.numpy()), ref)
+    with pytest.raises(IndexError):
+        f(w, flambeau.tensor([[0, 7], [1, 2]]))
+
+
+def test_invariants_inside_and_outside_a_masked_body():
+    x, y, s = randn(6, 5), randn(6, 7), randn(6)
+    check(lambda T, x, y, s: [T.cat([x * s[:, None].exp(), y - s[:, None].exp()], 1).softmax(1),
+                              T.cat([x, y], 1) * s[:, None].exp()], x, y, s)
+
+
+def _residual_net(lib, width, depth):
+    nn = lib.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norms = nn.ModuleList([nn.LayerNorm(width) for _ in range(depth)])
+            self.lins = nn.ModuleList([nn.Linear(width, width) for _ in range(depth)])
+
+        def forward(self, x):
+            for ln, lin in zip(self.norms, self.lins):
+                x = x + lin(ln(x))
+            return x.square().mean()
+    return Net()
+
+
+@pytest.mark.parametrize("realize", [True, False], ids=["stored", "recomputed"])
+def test_a_saved_residual_stream_is_read_not_recomputed(monkeypatch, realize):
+    warnings.simplefilter("ignore")
+    monkeypatch.setattr(config, "realize_saved_outputs", realize)
+    depth = 6
+    graphs = spy_compile_fx(monkeypatch, [])
+    model = _residual_net(flambeau, 32, depth)
+    ref = _residual_net(torch, 32, depth)
+    ref.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in model.state_dict().items()})
+    x = randn(16, 32)
+    loss = flambeau.compile(model)(x)
+    loss.backward()
+    r = ref(torch.from_numpy(x.numpy().copy()))
+    r.backward()
+    torch.testing.assert_close(torch.tensor(loss.item()), r.detach(), rtol=1e-5, atol=1e-6)
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(torch.from_numpy(p.grad.numpy()), q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    forward = graphs[0].source
+    assert invariant_loads(forward) == [], forward     # (the saved mean and deviation: scalars of the row)
+    reads = [len(re.findall(r"const float\* __restrict__", sig))
+             for sig in re.findall(r'extern "C" __attribute__\(\(noinline\)\) void kernel\d+\(([^)]*)\)', forward)]
+    # stored: each layer norm reads the stream's last value, the new product and its bias, its weight
+    # and bias; recomputed, the last one re-adds every earlier layer's product and bias
+    assert (max(reads) <= 5) == realize, (reads, forward)
