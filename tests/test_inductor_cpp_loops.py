@@ -3,7 +3,8 @@ before them, and which values a compiled graph stores instead of recomputing. Va
 
 An `omp simd` loop that reads memory at an index computed inside it (an embedding's row, a value per
 row) is compiled with AVX-512 gathers; values that don't vary in the loop are computed once before it
-(codegen_cpp.CppHandler._emit). A pointwise value with several users one of which is the graph's
+(codegen_cpp.CppHandler._emit); a loop whose conditional loads are at divided indices (a cat of
+transposed pieces) is left scalar. A pointwise value with several users one of which is the graph's
 output (a residual stream saved for the backward) is stored where it is computed and read by the
 others (graph.GraphLowering._maybe_realize), so a layer norm does not recompute all earlier layers.
 """
@@ -94,6 +95,16 @@ def test_a_weight_gradient_over_normalised_rows_is_a_column_reduction():
               x, dy, g, mean, rstd, rtol=1e-5, atol=1e-5)
     assert c.source.count("acc[xi] +=") == 2, c.source      # both read a block of columns per row
     assert invariant_loads(c.source) == [], c.source       # (the row's mean and deviation: once per row)
+
+
+def test_a_cat_of_transposed_pieces_runs_a_scalar_loop_and_matches():
+    q, k, v = randn(2, 4, 8, 16), randn(2, 4, 8, 16), randn(2, 4, 8, 16)
+    c = check(lambda T, q, k, v: T.cat([z.transpose(1, 2).reshape(2, 8, 64) for z in (q, k, v)], 2) * 2, q, k, v)
+    assert "if (" in c.source, c.source
+    assert not any("if (" in s for body in innermost_bodies(c.source) for s in body), c.source
+    x, y = randn(4, 3), randn(4, 5)        # contiguous pieces: vectorised conditional loads stay simd
+    c = check(lambda T, x, y: T.cat([x, y.exp()], dim=1), x, y)
+    assert any("if (" in s for body in innermost_bodies(c.source) for s in body), c.source
 
 
 def test_a_hoisted_out_of_range_index_still_raises():
