@@ -53,6 +53,9 @@ def test_a_failing_worker_stops_the_group(tmp_path, mode, message):
     assert "FAILED" in se and message in se, se
     if mode == "raise":
         assert "[rank0]: Traceback" in se and "rank: 0" in se
+    mapped = [path for r in range(2) for path in (tmp_path / f"shm{r}.txt").read_text().split()]
+    assert mapped, "the workers mapped no shared memory (MPICH's intranode transport uses it)"
+    assert [path for path in mapped if os.path.exists(path)] == [], "a failed job left MPI's shared memory behind"
 
 
 def test_launcher_help_and_bad_arguments():

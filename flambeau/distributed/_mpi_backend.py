@@ -32,6 +32,7 @@ from mpi4py import MPI
 
 import ml_dtypes
 
+from ._processes import record_shared_memory
 from .store import DistBackendError
 
 _BOOL_OPS = {"SUM": "MAX", "MAX": "MAX", "BOR": "MAX", "PRODUCT": "MIN", "MIN": "MIN", "BAND": "MIN",
@@ -220,6 +221,7 @@ def _host_ranks(world: MPI.Comm) -> int:
 
 def world_backend(name: str, rank: int, world_size: int) -> MPIBackend:
     """The communicator of this job, its ranks numbered as the rendezvous numbered them."""
+    record_shared_memory()         # MPI is up: its segments exist (the launcher removes them after the job)
     world = MPI.COMM_WORLD
     if world_size == 1:
         return MPIBackend(MPI.COMM_SELF.Dup(), name)

@@ -42,7 +42,8 @@ from typing import Callable
 
 from . import _parent_death as parent_death
 from ._ompi_agent import ATTEMPT_VAR, HOST_PREFIX, PREFIX_VAR, STORE_VAR
-from ._processes import LAUNCH_ID_VAR, MONITOR_INTERVAL_S, Stopped, kill_tree, read_failures, summary
+from ._processes import (LAUNCH_ID_VAR, MONITOR_INTERVAL_S, Stopped, kill_tree, read_failures,
+                         remove_shared_memory, summary)
 from .store import DistError, PrefixStore, TCPStore
 
 DEFAULT_JOIN_TIMEOUT_S = 600.0   # how long nodes may take to arrive (torchrun's rdzv join_timeout)
@@ -305,6 +306,7 @@ def attempt_on_node(store, args, node: int, nproc: int, nnodes: int, host: str, 
             _report(store, args.training_script, attempt, nnodes, rc)
         return rc
     finally:
+        remove_shared_memory(folder)
         shutil.rmtree(folder, ignore_errors=True)
 
 

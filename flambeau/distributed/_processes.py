@@ -6,6 +6,11 @@ process group reaches none of the others, and a worker spinning in a collective 
 (FLAMBEAU_LAUNCH_ID, found even after a process was reparented). A failing worker leaves a record
 (`rank_<N>.json`: message, traceback, time) in FLAMBEAU_ERROR_DIR; `read_failures` and `summary` turn the
 records into the launcher's report. Used by `run.py` (one node) and `_multinode.py` (several).
+
+MPICH unlinks its shared-memory segments (/dev/shm/mpich_shm_*, 2 MiB per rank) in MPI_Finalize, so a job
+that ends otherwise (a rank's MPI_Abort, a killed rank) would leave them there for good: each worker
+notes the segments it maps in FLAMBEAU_ERROR_DIR (`record_shared_memory`, called by the MPI engine once
+MPI is up) and the launcher unlinks those still there when the job is over (`remove_shared_memory`).
 """
 from __future__ import annotations
 
@@ -18,6 +23,40 @@ MONITOR_INTERVAL_S = 0.1      # how often a launcher looks for a failed worker
 STOP_GRACE_S = 5.0            # after SIGTERM, how long before SIGKILL
 LAUNCH_ID_VAR = "FLAMBEAU_LAUNCH_ID"   # set in every process of a launch (inherited if already set)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+SHM_DIR = "/dev/shm/"
+MPI_SHM_PREFIXES = ("mpich_shm_",)     # the file names of MPICH's shared-memory segments
+SHM_RECORD = "shm_{pid}.txt"          # a worker's note of its segments, in FLAMBEAU_ERROR_DIR
+
+
+def record_shared_memory() -> None:
+    """Note in FLAMBEAU_ERROR_DIR (if set) the MPI shared-memory files this process maps."""
+    folder = os.environ.get("FLAMBEAU_ERROR_DIR")
+    if not folder:
+        return
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = {line.split(None, 5)[5].strip() for line in fh if SHM_DIR in line}
+        mine = sorted(p for p in paths if p.startswith(SHM_DIR) and p[len(SHM_DIR):].startswith(MPI_SHM_PREFIXES))
+        with open(os.path.join(folder, SHM_RECORD.format(pid=os.getpid())), "w") as fh:
+            fh.write("\n".join(mine))
+    except (OSError, IndexError):      # no /proc (not Linux), or the folder is gone: nothing to note
+        pass
+
+
+def remove_shared_memory(folder: str) -> None:
+    """Unlink the shared-memory files the workers of a finished job noted in `folder`, where still there."""
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith("shm_") and n.endswith(".txt")]
+    except OSError:
+        return
+    for name in names:
+        with open(os.path.join(folder, name)) as fh:
+            for path in fh.read().split():
+                if path.startswith(SHM_DIR) and path[len(SHM_DIR):].startswith(MPI_SHM_PREFIXES):
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
 
 
 def read_failures(folder: str) -> list:

@@ -33,7 +33,7 @@ from . import _parent_death as parent_death
 from ._elastic import LAST_CALL_TIMEOUT_S, run_elastic
 from ._multinode import DEFAULT_JOIN_TIMEOUT_S, ROLE_NAME, MpiLauncher, run_nodes
 from ._processes import (LAUNCH_ID_VAR, MONITOR_INTERVAL_S, STOP_SIGNALS, Stopped, kill_tree,  # noqa: F401
-                         process_tree, raise_stopped, read_failures, summary)
+                         process_tree, raise_stopped, read_failures, remove_shared_memory, summary)
 
 FAILURE_GRACE_S = 2.0         # after a failure, how long the group has to stop by itself
 VERSION_TIMEOUT_S = 10.0      # how long `mpiexec --version` may take to say which MPI it is
@@ -210,6 +210,7 @@ def _attempts(args, nproc: int, host: str, port: int, run_id: str, target: list,
                 return
             print(summary(args.training_script, read_failures(folder), rc, attempt), file=sys.stderr, flush=True)
         finally:
+            remove_shared_memory(folder)
             shutil.rmtree(folder, ignore_errors=True)
         if attempt < args.max_restarts:
             print(f"flambeau.distributed.run: restarting the workers ({attempt + 1}/{args.max_restarts})",

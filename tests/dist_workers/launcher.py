@@ -7,6 +7,7 @@ raise:    rank 0 raises after init while rank 1 waits in an all_reduce.
 monitored: rank 1 reaches monitored_barrier 5 s late; rank 0 waits 1 s and must name it.
 hang:     after init every rank writes OUT/started<R>; rank 1 then sleeps forever while rank 0 spins in a
           barrier (only a kill of the whole group ends it).
+After init every rank writes OUT/shm<R>.txt: the /dev/shm files it maps (MPI's shared memory).
 The entry point carries `@record`, as torchrun scripts write it.
 """
 import datetime
@@ -31,6 +32,8 @@ def main():
     if mode == "env" and attempt == 0 and rank == 1:
         raise ValueError("rank 1 fails on attempt 0")
     dist.init_process_group("gloo")
+    with open("/proc/self/maps") as fh, open(os.path.join(out, f"shm{rank}.txt"), "w") as note:
+        note.write("\n".join(sorted({line.split()[-1] for line in fh if "/dev/shm/" in line})))
     if mode == "env":
         keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
