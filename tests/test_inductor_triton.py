@@ -29,6 +29,7 @@ triton = pytest.importorskip("triton")
 from flambeau._inductor import config, triton_runtime  # noqa: E402
 from flambeau._device import CPU  # noqa: E402
 from flambeau._dynamo.testing import no_unexpected_fallbacks  # noqa: E402
+from tests.conftest import spy_compile_fx  # noqa: E402
 from tests.opdb import all_opinfos, check_compiled_or_expected_failure  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,55 +77,35 @@ def test_opdb_through_triton_dynamic(triton_backend, name):
     assert _launches() > before, f"{name}: no Triton kernel ran"
 
 
-def _graphs():
-    """(list, restore): the list collects every CompiledGraph compile_fx makes until restore()."""
-    from flambeau import _inductor
-    made = []
-    orig = _inductor.compile_fx
-
-    def spy(gm, ex=None, **kw):
-        g = orig(gm, ex, **kw)
-        made.append(g)
-        return g
-    _inductor.compile_fx = spy
-    return made, lambda: setattr(_inductor, "compile_fx", orig)
-
-
-def test_one_kernel_serves_every_size(triton_backend):
+def test_one_kernel_serves_every_size(triton_backend, monkeypatch):
     """dynamic=True: one compile, the sizes are kernel arguments, three sizes (persistent and
     looped rows) agree with PyTorch, nothing runs eagerly."""
     def f(x, w, b):
         return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b)) * x.sum(0)
-    made, restore = _graphs()
-    try:
-        cf = fl.compile(f, dynamic=True)
-        with no_unexpected_fallbacks({}):
-            for n, m in ((5, 8), (7, 300), (3, 5000)):
-                rng = np.random.default_rng(n)
-                x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((n, m), (m,), (m,)))
-                got = cf(fl.tensor(x), fl.tensor(w), fl.tensor(b)).numpy()
-                tx, tw, tb = (torch.tensor(a) for a in (x, w, b))
-                want = torch.nn.functional.gelu(torch.nn.functional.layer_norm(tx, (m,), tw, tb)) * tx.sum(0)
-                np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
-    finally:
-        restore()
+    made = spy_compile_fx(monkeypatch, [])
+    cf = fl.compile(f, dynamic=True)
+    with no_unexpected_fallbacks({}):
+        for n, m in ((5, 8), (7, 300), (3, 5000)):
+            rng = np.random.default_rng(n)
+            x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((n, m), (m,), (m,)))
+            got = cf(fl.tensor(x), fl.tensor(w), fl.tensor(b)).numpy()
+            tx, tw, tb = (torch.tensor(a) for a in (x, w, b))
+            want = torch.nn.functional.gelu(torch.nn.functional.layer_norm(tx, (m,), tw, tb)) * tx.sum(0)
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
     assert len(made) == 1 and made[0].size_names, "one graph, its sizes symbolic"
     assert "@triton.jit" in made[0].source and "s1" in made[0].source
 
 
-def test_bfloat16_loads_stores_fp32_compute(triton_backend):
+def test_bfloat16_loads_stores_fp32_compute(triton_backend, monkeypatch):
     def f(x, w):
         h = F.silu(x * w) + 1
         return h, F.softmax(h, -1), h.sum(0)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((24, 40)).astype(np.float32)
     w = rng.standard_normal(40).astype(np.float32)
-    made, restore = _graphs()
-    try:
-        with no_unexpected_fallbacks({}):
-            got = fl.compile(f)(fl.tensor(x).to(fl.bfloat16), fl.tensor(w).to(fl.bfloat16))
-    finally:
-        restore()
+    made = spy_compile_fx(monkeypatch, [])
+    with no_unexpected_fallbacks({}):
+        got = fl.compile(f)(fl.tensor(x).to(fl.bfloat16), fl.tensor(w).to(fl.bfloat16))
     tx, tw = torch.tensor(x).bfloat16(), torch.tensor(w).bfloat16()
     th = torch.nn.functional.silu(tx * tw) + 1
     want = (th, torch.softmax(th, -1), th.sum(0))
@@ -205,15 +186,12 @@ def test_no_read_of_memory_stored_by_another_lane(triton_backend, monkeypatch):
     sys.path.insert(0, ROOT)
     from bench import gpu_models
     monkeypatch.setattr(config, "triton_interpret_block", config.triton_block)
-    made, restore = _graphs()
-    try:
-        fl.manual_seed(0)
-        model = fl.compile(gpu_models.gpt(fl, vocab=512, block=32, layers=1))
-        with fl.autocast(device_type="cpu", dtype=fl.bfloat16):
-            loss = model(fl.randint(0, 512, (1, 32)), fl.randint(0, 512, (1, 32)))
-        loss.backward()
-    finally:
-        restore()
+    made = spy_compile_fx(monkeypatch, [])
+    fl.manual_seed(0)
+    model = fl.compile(gpu_models.gpt(fl, vocab=512, block=32, layers=1))
+    with fl.autocast(device_type="cpu", dtype=fl.bfloat16):
+        loss = model(fl.randint(0, 512, (1, 32)), fl.randint(0, 512, (1, 32)))
+    loss.backward()
     assert len(made) == 2
     bad = [b for g in made for b in unsynchronised_reads(g.source)]
     assert not bad, bad
@@ -310,20 +288,17 @@ def test_split_reductions_match_torch(triton_backend, monkeypatch, case, dynamic
     monkeypatch.setattr(config, "triton_interpret_block", 64)
     fn = SPLIT_CASES[case]
     cf = fl.compile(fn, dynamic=dynamic)
-    made, restore = _graphs()
-    try:
-        for n in ((300, 7), (500, 3)) if dynamic else ((300, 7),):
-            x = np.random.default_rng(n[0]).standard_normal(n).astype(np.float32)
-            x[5, 0] = x[40, 1] = x.max() + 1          # a tie for argmax: the first index wins
-            x[50, 2] = x.min() - 1
-            x[55, 1] = x.min()                        # and for argmin
-            with no_unexpected_fallbacks({}):
-                got = cf(fl.tensor(x))
-            want = fn(torch.tensor(x))
-            for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
-                np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-5)
-    finally:
-        restore()
+    made = spy_compile_fx(monkeypatch, [])
+    for n in ((300, 7), (500, 3)) if dynamic else ((300, 7),):
+        x = np.random.default_rng(n[0]).standard_normal(n).astype(np.float32)
+        x[5, 0] = x[40, 1] = x.max() + 1          # a tie for argmax: the first index wins
+        x[50, 2] = x.min() - 1
+        x[55, 1] = x.min()                        # and for argmin
+        with no_unexpected_fallbacks({}):
+            got = cf(fl.tensor(x))
+        want = fn(torch.tensor(x))
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-5)
     if dynamic and case in ("column_sum", "few_rows_amax"):
         return                        # (with symbolic sizes only full reductions split)
     assert made and all("_final(" in g.source for g in made), "no split reduction was generated"
@@ -346,14 +321,11 @@ def test_batchnorm_sums_split_as_one_kernel_pair(triton_backend, monkeypatch):
 
     def fn(lib, x, w, b):
         return lib.nn.functional.relu(lib.nn.functional.batch_norm(x, None, None, w, b, training=True))
-    made, restore = _graphs()
-    try:
-        fx, fw, fb = (fl.tensor(v, requires_grad=True) for v in (x, w, b))
-        with no_unexpected_fallbacks({}):
-            out = fl.compile(lambda *a: fn(fl, *a))(fx, fw, fb)
-            out.backward(fl.tensor(gy))
-    finally:
-        restore()
+    made = spy_compile_fx(monkeypatch, [])
+    fx, fw, fb = (fl.tensor(v, requires_grad=True) for v in (x, w, b))
+    with no_unexpected_fallbacks({}):
+        out = fl.compile(lambda *a: fn(fl, *a))(fx, fw, fb)
+        out.backward(fl.tensor(gy))
     tx, tw, tb = (torch.tensor(v, requires_grad=True) for v in (x, w, b))
     want = fn(torch, tx, tw, tb)
     want.backward(torch.tensor(gy))
@@ -379,14 +351,11 @@ def test_misaligned_products_are_padded_where_their_operands_are_made(triton_bac
     def fn(lib, h, w, t):
         with lib.autocast(device_type="cpu", dtype=lib.bfloat16):
             return lib.nn.functional.cross_entropy(h.to(lib.bfloat16) @ w.t(), t)
-    made, restore = _graphs()
-    try:
-        fh, fw = (fl.tensor(v, requires_grad=True) for v in (h, w))
-        with no_unexpected_fallbacks({}):
-            loss = fl.compile(lambda *a: fn(fl, *a))(fh, fw, fl.tensor(t))
-            loss.backward()
-    finally:
-        restore()
+    made = spy_compile_fx(monkeypatch, [])
+    fh, fw = (fl.tensor(v, requires_grad=True) for v in (h, w))
+    with no_unexpected_fallbacks({}):
+        loss = fl.compile(lambda *a: fn(fl, *a))(fh, fw, fl.tensor(t))
+        loss.backward()
     th, tw = (torch.tensor(v, requires_grad=True) for v in (h, w))
     want = fn(torch, th, tw, torch.tensor(t))
     want.backward()
@@ -402,17 +371,14 @@ def test_misaligned_products_are_padded_where_their_operands_are_made(triton_bac
     assert stored[1].count(16 * 40) == 1, stored
 
 
-def test_softmax_backward_stores_no_full_size_exp(triton_backend):
+def test_softmax_backward_stores_no_full_size_exp(triton_backend, monkeypatch):
     """A transcendental with several users is recomputed, not stored, by the Triton generator (memory,
     not arithmetic, bounds a GPU kernel): a cross-entropy backward over (N, C) logits writes only its
     (N, C) gradient, no float32 exp(x - max) beside it (GPT-2: 1.65 GB, 2.3 ms of a step)."""
-    made, restore = _graphs()
-    try:
-        x = fl.randn(6, 300, requires_grad=True)
-        t = fl.randint(0, 300, (6,))
-        fl.compile(lambda a, b: fl.nn.functional.cross_entropy(a, b))(x, t).backward()
-    finally:
-        restore()
+    made = spy_compile_fx(monkeypatch, [])
+    x = fl.randn(6, 300, requires_grad=True)
+    t = fl.randint(0, 300, (6,))
+    fl.compile(lambda a, b: fl.nn.functional.cross_entropy(a, b))(x, t).backward()
     torch_x = torch.from_numpy(x.detach().numpy()).requires_grad_()
     torch.nn.functional.cross_entropy(torch_x, torch.from_numpy(t.numpy())).backward()
     torch.testing.assert_close(torch.from_numpy(x.grad.numpy()), torch_x.grad)

@@ -13,6 +13,7 @@ import pytest
 
 import flambeau as fl
 from flambeau._dynamo.testing import no_unexpected_fallbacks
+from tests.conftest import spy_compile_fx
 from tests.opdb import (all_opinfos, assert_outputs_match, compile_dtype, declared_eager_fallbacks, eager_samples,
                         expected_fallbacks, flat_tensors, materialize)
 
@@ -203,9 +204,7 @@ def test_batchnorm_training_splits_its_channel_sums_on_cuda(monkeypatch):
 
     def fn(x, w, b):
         return F.relu(F.batch_norm(x, None, None, w, b, training=True))
-    from flambeau import _inductor
-    made, orig = [], _inductor.compile_fx
-    monkeypatch.setattr(_inductor, "compile_fx", lambda gm, ex=None, **kw: made.append(orig(gm, ex, **kw)) or made[-1])
+    made = spy_compile_fx(monkeypatch, [])
     args = [fl.tensor(v, device="cuda", requires_grad=True) for v in (x, w, b)]
     before = triton_runtime.stats["launches"]
     with no_unexpected_fallbacks({}):
@@ -226,10 +225,8 @@ def test_lm_head_products_padded_at_their_producers_on_cuda(monkeypatch):
     """GPT-2's lm_head and loss (vocabulary 50257) under bf16 autocast, compiled: the three products run
     on operands padded to 50264 where they are made (pad_mm.py), no padded copy in cuBLASLt; loss and
     gradients against eager on cuda."""
-    from flambeau import _inductor
     from flambeau._backends import cublaslt
-    made, orig = [], _inductor.compile_fx
-    monkeypatch.setattr(_inductor, "compile_fx", lambda gm, ex=None, **kw: made.append(orig(gm, ex, **kw)) or made[-1])
+    made = spy_compile_fx(monkeypatch, [])
     rng = np.random.default_rng(1)
     h = rng.standard_normal((2048, 768)).astype(np.float32)
     w = (rng.standard_normal((50257, 768)) * 0.02).astype(np.float32)
