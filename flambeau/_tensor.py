@@ -78,6 +78,8 @@ class Tensor:
     _fw_grad = None
     # a quantized tensor's map from its integers to reals (flambeau._ops.quantized_tensor), else None
     _quantizer = None
+    # a leaf's (shape, dtype, device), kept across steps for its AccumulateGrad nodes (autograd.graph._leaf_meta)
+    _leaf_meta = None
     # a wrapper subclass (`_device` is the dispatcher's WRAPPER_DEVICE) whose __torch_dispatch__ runs above
     # autograd and records its own graph sets this (flambeau.sparse's SparseTensor)
     _wrapper_owns_autograd = False
@@ -489,7 +491,7 @@ class Tensor:
 _INSTANCE_ATTRS = ("_data", "_dtype", "_device", "_version", "_requires_grad", "_fw_grad", "_grad_fn",
                    "_output_nr", "_base", "_view_version", "_view_untracked", "_no_grad_view", "_grad", "_hooks",
                    "_accumulator", "_undefined_grad", "_is_root_grad", "_retains_grad", "_post_acc_hooks",
-                   "_quantizer", "_pinned")
+                   "_quantizer", "_pinned", "_leaf_meta")
 
 
 def _share_instance_keys() -> None:

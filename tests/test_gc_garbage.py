@@ -7,7 +7,8 @@
   training's ctx <-> node cycle kept every step's graph edges for the collector).
 - The graph a step keeps alive is compact in objects the collector tracks (each survivor of a young
   collection is walked by every later full one, and their number paces full collections): edges as a
-  tuple of nodes plus one of ints, input metadata shared with the producer's output metadata, saved
+  tuple of nodes plus one of ints, input metadata shared with the producer's output metadata (a leaf's
+  kept on the leaf across steps), saved
   outputs kept as their arrays (no detached Tensor each), and no per-tensor dictionary object
   (`_tensor._INSTANCE_ATTRS`).
 """
@@ -25,7 +26,7 @@ import flambeau
 from bench.small_gpt import small_gpt
 
 # tracked objects alive per graph node after a small GPT's forward: 8.9 before the shared metadata and split
-# edges, 6.4-6.5 since (the figure moves by ~0.1 with what ran before in the process); fresh metadata
+# edges, ~6.1 since (the figure moves by ~0.1 with what ran before in the process); fresh metadata
 # tuples per edge again give 7.45
 MAX_TRACKED_PER_NODE = 7.0
 
@@ -146,6 +147,21 @@ def test_saved_output_keeps_no_second_tensor():
     assert sum(type(o) is flambeau.Tensor for o in gc.get_objects()) - before == 1      # y alone
     y.backward(flambeau.ones(3, dtype=flambeau.float64))
     np.testing.assert_allclose(x.grad.numpy(), np.exp(np.full(3, 0.5)), rtol=1e-15)
+
+
+def test_a_leaf_keeps_one_metadata_tuple_across_graphs():
+    """Each graph's new AccumulateGrad of a parameter reuses the parameter's metadata tuple (no new tracked
+    tuple per parameter per step); a parameter whose data changed dtype gets a new one, and its gradient
+    the new dtype, as in PyTorch."""
+    w, tw = flambeau.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+    first = (w * 2).grad_fn._in_meta[0]
+    second = (w * 3).grad_fn._in_meta[0]            # the first graph and its AccumulateGrad are gone
+    assert second is first
+    w.data, tw.data = w.data.double(), tw.data.double()
+    (w * 2).sum().backward()
+    (tw * 2).sum().backward()
+    assert str(w.grad.dtype) == str(tw.grad.dtype) == "torch.float64"
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy())
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="instance dictionaries are objects before CPython 3.11")

@@ -416,14 +416,14 @@ class AccumulateGrad(Node):
         if _state.anomaly:
             self.metadata["traceback_"] = traceback.format_stack()[:-2]
         self.variable = variable
-        self._meta = _meta_of(variable)            # the leaf's metadata, which every edge into this node shares
+        self._meta = _leaf_meta(variable)          # the leaf's metadata, which every edge into this node shares
 
     def meta(self):
         """The leaf's (shape, dtype, device), one tuple shared by the nodes that use it (`record`),
         renewed when the leaf's data changed shape, dtype or device (`p.data = p.data.half()`)."""
         m, v = self._meta, self.variable
         if v._device is WRAPPER_DEVICE or m[1] is not v._dtype or m[2] is not v._device or m[0] != v._data.shape:
-            m = self._meta = _meta_of(v)
+            m = self._meta = _leaf_meta(v)
         return m
 
     def name(self):
@@ -431,6 +431,17 @@ class AccumulateGrad(Node):
 
     def apply(self, grads):
         return []
+
+
+def _leaf_meta(v: Tensor) -> tuple:
+    """A leaf's metadata tuple, kept on the leaf (`Tensor._leaf_meta`) while it describes it: each step's new
+    AccumulateGrad of a parameter reuses it instead of making one more tracked tuple."""
+    if v._device is WRAPPER_DEVICE:
+        return _meta_of(v)
+    m = v._leaf_meta
+    if m is None or m[1] is not v._dtype or m[2] is not v._device or m[0] != v._data.shape:
+        m = v._leaf_meta = (v._data.shape, v._dtype, v._device)
+    return m
 
 
 def accumulator(t: Tensor) -> AccumulateGrad:
