@@ -137,10 +137,7 @@ def test_a_failed_attempt_restarts_every_node(tmp_path):
 def test_a_stopped_node_stops_the_other(tmp_path):
     procs = _start_nodes("hang", tmp_path)
     try:
-        deadline = time.monotonic() + STARTED_WITHIN_S
-        while not all((tmp_path / f"started{r}").exists() for r in range(NODES * PER_NODE)):
-            assert time.monotonic() < deadline and all(p.poll() is None for p, _ in procs), "workers never started"
-            time.sleep(0.2)
+        _wait_for([tmp_path / f"started{r}" for r in range(NODES * PER_NODE)], procs)
         procs[1][0].send_signal(signal.SIGTERM)                 # what `timeout` or a scheduler sends a node
     finally:
         results = _finish(procs, GONE_WITHIN_S)
@@ -154,10 +151,7 @@ def test_a_stopped_node_stops_the_other(tmp_path):
 def test_a_killed_node_takes_its_processes_along_and_ends_the_job(tmp_path):
     procs = _start_nodes("hang", tmp_path)
     try:
-        deadline = time.monotonic() + STARTED_WITHIN_S
-        while not all((tmp_path / f"started{r}").exists() for r in range(NODES * PER_NODE)):
-            assert time.monotonic() < deadline and all(p.poll() is None for p, _ in procs), "workers never started"
-            time.sleep(0.2)
+        _wait_for([tmp_path / f"started{r}" for r in range(NODES * PER_NODE)], procs)
         procs[1][0].kill()                            # SIGKILL: node 1's launcher runs no cleanup at all
         survivors = _wait_gone(procs[1][1])
     finally:
