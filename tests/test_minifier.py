@@ -64,8 +64,15 @@ def repro_env(monkeypatch, tmp_path):
 
 
 def script_graph(path):
-    """The compute nodes' operator names of a repro script's graph, and the script's namespace."""
-    ns = runpy.run_path(str(path))
+    """The compute nodes' operator names of a repro script's graph, and the script's namespace. The script
+    sets every code generator knob as the failing run had it (`backend = 'numpy'` here): they are put back
+    after, so no later test of this process compiles with them."""
+    saved = {k: v for k, v in vars(iconfig).items() if not k.startswith("__")}
+    try:
+        ns = runpy.run_path(str(path))
+    finally:
+        for k, v in saved.items():
+            setattr(iconfig, k, v)
     gm = flambeau.fx.symbolic_trace(ns["Repro"]())
     names = [getattr(n.target, "name", None) or str(n.target) for n in gm.graph.nodes
              if n.op not in ("placeholder", "output")]
