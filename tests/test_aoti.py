@@ -664,3 +664,41 @@ def test_aoti_grouped_transposed_convolutions_match_pytorch(tmp_path):
         with torch.no_grad():
             want = tm(torch.tensor(x.numpy())).numpy()
         np.testing.assert_allclose((run(x) if y is None else y).numpy(), want, rtol=RTOL, atol=ATOL)
+
+
+def _volume_net(lib):
+    nn = lib.nn
+    return nn.Sequential(nn.Conv3d(2, 4, 3, padding=1), nn.ReLU(), nn.MaxPool3d(2, stride=(1, 2, 2), padding=1),
+                         nn.Conv3d(4, 3, (2, 3, 1), stride=(1, 2, 1), dilation=(2, 1, 1), bias=False),
+                         nn.MaxPool3d(2, ceil_mode=True), nn.Flatten(), nn.Linear(12, 4))
+
+
+def test_aoti_3d_convolutions_and_max_pooling_match_pytorch(tmp_path):
+    """Conv3d (padding, stride, dilation, no bias) and MaxPool3d (padding, ceil_mode) run in the C++ wrapper
+    (fl_conv3d, fl_max_pool3d): package outputs from Python (batch 2 and 5) and C++ (batch 3) vs PyTorch, and
+    max_pool3d's indices equal to PyTorch's."""
+    import torch
+    fl.manual_seed(0)
+    m = _volume_net(fl).eval()
+    tm = _volume_net(torch).eval()
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in m.state_dict().items()})
+    pkg = _package(tmp_path, m, (fl.randn(2, 2, 5, 6, 7),), dynamic_shapes={"input": {0: Dim("batch", max=8)}})
+    with zipfile.ZipFile(pkg) as z:
+        src = z.read("model.cpp").decode()
+    assert src.count("fl_conv3d<float>(fl_g") == 2 and src.count("fl_max_pool3d<float>(fl_g") == 2
+    run = aoti_load_package(pkg)
+    x3 = fl.randn(3, 2, 5, 6, 7)
+    r, _ = _run_cpp(pkg, tmp_path, [x3])
+    assert r.returncode == 0, r.stderr
+    for x, y in [(fl.randn(b, 2, 5, 6, 7), None) for b in (2, 5)] + [(x3, read_tensor_file(str(tmp_path / "output0.bin")))]:
+        with torch.no_grad():
+            want = tm(torch.tensor(x.numpy())).numpy()
+        np.testing.assert_allclose((run(x) if y is None else y).numpy(), want, rtol=RTOL, atol=ATOL)
+    pool = aoti_load_package(_package(tmp_path, lambda_module(lambda x: tuple(nn.functional.max_pool3d(
+        x, 3, 2, 1, ceil_mode=True, return_indices=True))), (fl.randn(2, 3, 5, 6, 7),), name="pool3"))
+    x = fl.randn(2, 3, 5, 6, 7)
+    x[0, 0, 1, 1, 1] = float("nan")
+    vals, idx = pool(x)
+    tv, ti = torch.nn.functional.max_pool3d(torch.tensor(x.numpy()), 3, 2, 1, ceil_mode=True, return_indices=True)
+    np.testing.assert_array_equal(vals.numpy(), tv.numpy())
+    np.testing.assert_array_equal(idx.numpy(), ti.numpy())

@@ -18,7 +18,7 @@ from the input shapes and checks each against its Dim's range. Loading and runni
 Buffers the program updates (BUFFER_MUTATION: BatchNorm in training mode, counters, caches) are
 constants the runner owns and model.so rewrites after each run (StateTable). Programs that write
 their inputs, take non-tensor inputs, or need an op the C++ wrapper can't run (it runs mm and bmm,
-1-D/2-D convolution (grouped, transposed), 2-D max pooling and the resampling gather of
+1-D/2-D convolution (grouped, transposed), 3-D convolution, 2-D/3-D max pooling and the resampling gather of
 interpolate/average pooling/pads in float32, float64, bfloat16 and float16, sort and topk, and the
 fused CPU attention, besides the generated kernels) are refused with a RuntimeError naming the reason.
 """

@@ -18,8 +18,8 @@ source (codegen_cpp.py), one function that owns the graph's intermediate memory 
 with its layout's shape. `sym` holds the size symbols' values (`size_names` order); the kernels take
 them as trailing arguments. The extern steps the C++ wrapper can run are `mm` and `bmm` (float32 and
 bfloat16 through flambeau's GEMMs, float sums rounded once; float64 with double sums), 1-D and 2-D
-`convolution` (grouped: one call per image and group; transposed, grouped too: the GEMM then fl_col2im),
-`max_pool2d_with_indices` and `_taps_gather` (interpolate, average pooling, pads), float32 or float64,
+`convolution` (grouped: one call per image and group; transposed, grouped too: the GEMM then fl_col2im;
+3-D of groups 1), `max_pool2d_with_indices`, `max_pool3d_with_indices` and `_taps_gather` (interpolate, average pooling, pads), float32 or float64,
 `sort` and `topk` of any dtype (the C++ of cpp_wrapper_kernels.py); bfloat16/float16 operands of these are widened to float and
 the results rounded once (`_widened`, WIDENED_OPS); and the fused CPU attention `_sdpa_flash_cpu`
 (3-d or 4-d operands, masks, `flash_reason`; a two-output op: out and its
@@ -54,12 +54,13 @@ from .scheduler import Kernel
 from .sizevars import SizeExpr
 from .wrapper import WrapperCodegen, kernel_error
 
-CPP_EXTERN_OPS = ("mm", "bmm", "convolution", "_sdpa_flash_cpu", "max_pool2d_with_indices", "_taps_gather", "sort",
-                  "topk")
+CPP_EXTERN_OPS = ("mm", "bmm", "convolution", "_sdpa_flash_cpu", "max_pool2d_with_indices", "max_pool3d_with_indices",
+                  "_taps_gather", "sort", "topk")
 # the externs whose bfloat16/float16 operands are widened to float for their float32 code (bfloat16
 # products have their own GEMM, the attention its own lowp paths)
 PRODUCT_DTYPES = (D.float32, D.float64, D.bfloat16)     # mm/bmm operands run as they are (float16: widened)
-WIDENED_OPS = ("mm", "bmm", "convolution", "max_pool2d_with_indices", "_taps_gather", "sort", "topk")
+WIDENED_OPS = ("mm", "bmm", "convolution", "max_pool2d_with_indices", "max_pool3d_with_indices", "_taps_gather",
+               "sort", "topk")
 PARALLEL_MACS = 1 << 20          # as cpu_kernels.PARALLEL_MACS: smaller products run on one thread
 LOWP_CODES = {D.float32: 0, D.bfloat16: 1, D.float16: 2}     # cpu_attention.cpp's operand dtype codes
 # The library functions the generated wrapper calls, in the order of fl_set_externs' table: the wrapper's
@@ -413,12 +414,19 @@ class CppWrapper:
         dt = self._product_dtype(ek, "convolution", (D.float32, D.float64))
         if dt is D.float32:
             self._need("fl_conv2d", "convolution")
-        if len(x.layout.shape) not in (3, 4):
-            raise Unsupported("the C++ wrapper runs 1-D and 2-D convolutions")
+        if len(x.layout.shape) not in (3, 4, 5) or (len(x.layout.shape) == 5 and (transposed or groups != 1)):
+            raise Unsupported("the C++ wrapper runs 1-D and 2-D convolutions and 3-D ones of groups 1")
         ops = [(x, "input"), (w, "weight")] + ([(bias, "bias")] if bias is not None else [])
         for a, what in ops:
             if not a.layout.is_contiguous() and not (isinstance(a, StridedView) and _contiguous_at_offset(a.layout)):
                 raise Unsupported(f"the C++ wrapper runs convolutions of contiguous operands only ({what} is strided)")
+        if len(x.layout.shape) == 5:
+            dims = (*x.layout.shape[:2], *x.layout.shape[2:], w.layout.shape[0], *w.layout.shape[2:], *stride,
+                    *padding, *dilation, *ek.layout.shape[2:])
+            self._geometry_call(f"fl_conv3d<{self._t(ek)}>", dims, self._operand(x)[0], self._operand(w)[0],
+                                self._operand(bias)[0] if bias is not None else "nullptr", ek.name,
+                                f"fl_threads({' * '.join(_c(s) for s in (*ek.layout.shape, *w.layout.shape[1:]))})")
+            return
         (px, lx), (pwt, lw) = self._operand(x), self._operand(w)
         pbias = self._operand(bias)[0] if bias is not None else "nullptr"
         one = len(lx.shape) == 3
@@ -473,6 +481,26 @@ class CppWrapper:
                   f"{bias}, {ek.name} + (fl_n * {groups} + fl_g) * {O} * {OH} * {OW}, fl_threads({rows} * {hw}));")
         self.line("  }")
         self.line("  fl_free(fl_cols); }")
+
+    def _geometry_call(self, fn: str, dims, *args):
+        """`fn(g, *args)` with the int64 table g of `dims` (sizes, kernel, stride, padding, dilation; ints, size
+        expressions or C text)."""
+        table = ", ".join(d if isinstance(d, str) else _c(d) for d in dims)
+        self.line(f"{{ const int64_t fl_g[] = {{{table}}}; {fn}(fl_g, {', '.join(args)}); }}")
+
+    def _extern_max_pool3d_with_indices(self, ek):
+        """max_pool3d_with_indices of a contiguous float (N, C, D, H, W) or (C, D, H, W) input (fl_max_pool3d)."""
+        x, kernel_size, stride, padding, dilation, _ = ek.op.bind(*ek.args, **ek.kwargs)
+        if x.dtype not in GEMM or not (x.layout.is_contiguous() or (
+                isinstance(x, StridedView) and _contiguous_at_offset(x.layout))):
+            raise Unsupported("the C++ wrapper runs max_pool3d_with_indices on contiguous float inputs only")
+        ks, st, pd, dl = _pool_args(3, kernel_size, stride, padding, dilation)
+        px, lx = self._operand(x)
+        values, indices = (next(o for o in ek.outputs if o.i == i) for i in (0, 1))
+        planes = " * ".join(_c(s) for s in lx.shape[:-3])
+        dims = (planes, *lx.shape[-3:], *values.layout.shape[-3:], *ks, *st, *pd, *dl)
+        self._geometry_call(f"fl_max_pool3d<{self._t(x)}>", dims, px, values.name, indices.name,
+                            f"fl_threads({' * '.join(_c(s) for s in values.layout.shape)} * {ks[0] * ks[1] * ks[2]})")
 
     def _extern_max_pool2d_with_indices(self, ek):
         """max_pool2d_with_indices of a contiguous float32/float64 (N, C, H, W) or (C, H, W) input

@@ -6,6 +6,7 @@ whose lowp.h conversions it uses):
 - `fl_max_pool2d<T>`: max_pool2d_with_indices on contiguous planes, as PyTorch's CPU kernel;
 - `fl_col2im<T>`: a transposed convolution's columns added into its output;
 - `fl_taps_axis<T>`: one axis of `_taps_gather` (interpolate, average pooling, pads);
+- `fl_conv3d<T>` / `fl_max_pool3d<T>`: 3-D convolutions of groups 1 and max pooling (direct loops);
 - `fl_sort<T>`: `sort` and `topk` along a dim (stable, NaN as the largest value);
 - `fl_mask_float`: a bool or low-precision attention mask as the float additive mask the fused
   attention reads;
@@ -98,6 +99,68 @@ static void fl_taps_axis(int64_t outer, int64_t nin, int64_t nout, int64_t inner
                 for (int64_t i = 0; i < inner; i++) yo[i] = t == 0 ? xs[i] * wt : yo[i] + xs[i] * wt;
             }
         }
+}
+
+// 3-D convolution of groups 1 ((N, C, D, H, W) input, (O, C, KD, KH, KW) weight, contiguous), sums in T: a
+// direct loop over the taps, (image, output channel) volumes over threads; max_pool3d_with_indices as the
+// 2-D one (a NaN wins, flat indices (id * H + ih) * W + iw, padding never taken)
+template <typename T>
+static void fl_conv3d(const int64_t* g, const T* x, const T* w, const T* bias, T* y, int threads) {
+    const int64_t N = g[0], C = g[1], D = g[2], H = g[3], W = g[4], O = g[5], KD = g[6], KH = g[7], KW = g[8];
+    const int64_t OD = g[18], OH = g[19], OW = g[20];
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o = 0; o < O; o++) {
+            T* yo = y + (n * O + o) * OD * OH * OW;
+            for (int64_t i = 0; i < OD * OH * OW; i++) yo[i] = bias ? bias[o] : T(0);
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t kd = 0; kd < KD; kd++)
+                    for (int64_t kh = 0; kh < KH; kh++)
+                        for (int64_t kw = 0; kw < KW; kw++) {
+                            const T wv = w[(((o * C + c) * KD + kd) * KH + kh) * KW + kw];
+                            const T* xc = x + (n * C + c) * D * H * W;
+                            for (int64_t od = 0; od < OD; od++) {
+                                const int64_t id = od * g[9] - g[12] + kd * g[15];
+                                if (id < 0 || id >= D) continue;
+                                for (int64_t oh = 0; oh < OH; oh++) {
+                                    const int64_t ih = oh * g[10] - g[13] + kh * g[16];
+                                    if (ih < 0 || ih >= H) continue;
+                                    for (int64_t ow = 0; ow < OW; ow++) {
+                                        const int64_t iw = ow * g[11] - g[14] + kw * g[17];
+                                        if (iw >= 0 && iw < W) yo[(od * OH + oh) * OW + ow] += wv * xc[(id * H + ih) * W + iw];
+                                    }
+                                }
+                            }
+                        }
+        }
+}
+
+// g: planes, D, H, W, OD, OH, OW, then kernel, stride, padding, dilation (3 each)
+template <typename T>
+static void fl_max_pool3d(const int64_t* g, const T* x, T* y, int64_t* idx, int threads) {
+    const int64_t P = g[0], D = g[1], H = g[2], W = g[3], OD = g[4], OH = g[5], OW = g[6];
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t od = 0; od < OD; od++)
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    int64_t d0 = od * g[10] - g[13], h0 = oh * g[11] - g[14], w0 = ow * g[12] - g[15];
+                    while (d0 < 0) d0 += g[16];
+                    while (h0 < 0) h0 += g[17];
+                    while (w0 < 0) w0 += g[18];
+                    int64_t best = (d0 * H + h0) * W + w0;
+                    T m = -std::numeric_limits<T>::infinity();
+                    for (int64_t a = 0, id = od * g[10] - g[13]; a < g[7]; a++, id += g[16])
+                        for (int64_t b = 0, ih = oh * g[11] - g[14]; b < g[8]; b++, ih += g[17])
+                            for (int64_t c = 0, iw = ow * g[12] - g[15]; c < g[9]; c++, iw += g[18]) {
+                                if (id < 0 || id >= D || ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                                const T v = x[p * D * H * W + (id * H + ih) * W + iw];
+                                if (v > m || v != v) { m = v; best = (id * H + ih) * W + iw; }
+                            }
+                    const int64_t at = ((p * OD + od) * OH + oh) * OW + ow;
+                    y[at] = m;
+                    idx[at] = best;
+                }
 }
 
 // float64 C[t] = A[t] @ B[t] (flm_sgemm's arguments: element strides per batch item, row and column;
