@@ -69,10 +69,16 @@ def _params(width: int, batch: int):
     return ws, bs, qws, scales, x
 
 
-def _qdq_mlp(m, qd, qws, bs, scales):
-    """The converted model's graph written with library m's quantized_decomposed ops, as a module whose
-    int8 weights, scales and biases are buffers (constants under freezing, as a converted model's)."""
-    class QdqMLP(m.nn.Module):
+def qdq_stack(m, qws, bs, scales, layer):
+    """A converted model's graph written with library m's quantized_decomposed ops, as a module whose
+    int8 weights, scales and biases are buffers (constants under freezing, as a converted model's): the
+    input quantized to uint8 (scales[0]); for each layer i, its input and its per-channel int8 weight
+    dequantized, `layer(i, dx, dw, b)` (the float op with its activation), the result quantized for the
+    next layer (scales[i + 1]); float output. bench/cpu_int8_cnn.py builds its conv stack with it."""
+    qd = m.ops.quantized_decomposed
+    last = len(qws) - 1
+
+    class QdqStack(m.nn.Module):
         def __init__(self):
             super().__init__()
             for i, (q, s) in enumerate(qws):
@@ -82,18 +88,25 @@ def _qdq_mlp(m, qd, qws, bs, scales):
                 self.register_buffer(f"b{i}", m.tensor(bs[i]))
 
         def forward(self, x):
-            s, z = scales[0]
-            h = qd.quantize_per_tensor.default(x, s, z, 0, 255, m.uint8)
-            for i in range(LAYERS):
+            h = qd.quantize_per_tensor.default(x, scales[0][0], scales[0][1], 0, 255, m.uint8)
+            for i in range(last + 1):
                 s, z = scales[i]
                 dx = qd.dequantize_per_tensor.default(h, s, z, 0, 255, m.uint8)
                 dw = qd.dequantize_per_channel.default(getattr(self, f"qw{i}"), getattr(self, f"ws{i}"),
                                                        getattr(self, f"wz{i}"), 0, -127, 127, m.int8)
-                h = m.nn.functional.linear(dx, dw, getattr(self, f"b{i}"))
-                if i < LAYERS - 1:
-                    h = qd.quantize_per_tensor.default(m.relu(h), scales[i + 1][0], scales[i + 1][1], 0, 255, m.uint8)
+                h = layer(i, dx, dw, getattr(self, f"b{i}"))
+                if i < last:
+                    h = qd.quantize_per_tensor.default(h, scales[i + 1][0], scales[i + 1][1], 0, 255, m.uint8)
             return h
-    return QdqMLP().eval()
+    return QdqStack().eval()
+
+
+def _qdq_mlp(m, qws, bs, scales):
+    """The MLP as a converted model (qdq_stack): linear, ReLU between the layers."""
+    def linear_relu(i, dx, dw, b):
+        h = m.nn.functional.linear(dx, dw, b)
+        return h if i == LAYERS - 1 else m.relu(h)
+    return qdq_stack(m, qws, bs, scales, linear_relu)
 
 
 def _torch_int8_eager(qws, bs, scales, batch):
@@ -158,7 +171,7 @@ def main():
     fns, first, outs = {}, {}, {}
     inductor_config.freezing = True
     try:
-        qdq = _qdq_mlp(flambeau, flambeau.ops.quantized_decomposed, qws, bs, scales)
+        qdq = _qdq_mlp(flambeau, qws, bs, scales)
         fns["flambeau-int8-compile"], first["flambeau-int8-compile"], outs["flambeau-int8"] = \
             _compiled(flambeau, qdq, fx)
         inductor_config.quantized_linear = False
@@ -174,7 +187,7 @@ def main():
             import torch._inductor.config as tic
             tic.freezing = True
             fns["torch-int8-compile"], first["torch-int8-compile"], _ = _compiled(
-                torch, _qdq_mlp(torch, torch.ops.quantized_decomposed, qws, bs, scales), tx)
+                torch, _qdq_mlp(torch, qws, bs, scales), tx)
         except Exception as e:  # noqa: BLE001  (a peer that does not compile here is reported, not fatal)
             print(json.dumps({"system": "torch-int8-compile", "error": f"{type(e).__name__}: {str(e)[:200]}"}))
         tf = _float_mlp(torch, ws, bs)

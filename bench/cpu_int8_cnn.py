@@ -39,7 +39,7 @@ import torch  # noqa: E402
 import flambeau  # noqa: E402
 from flambeau._backends import cpu_int8  # noqa: E402
 from flambeau._inductor import config as inductor_config  # noqa: E402
-from bench.cpu_int8 import _compiled  # noqa: E402
+from bench.cpu_int8 import _compiled, qdq_stack  # noqa: E402
 from bench import measure  # noqa: E402
 
 # (in channels, out channels, kernel, stride, padding)
@@ -69,29 +69,11 @@ def _params(batch: int, size: int):
 
 
 def _qdq_cnn(m, qws, bs, scales):
-    qd = m.ops.quantized_decomposed
-
-    class QdqCNN(m.nn.Module):
-        def __init__(self):
-            super().__init__()
-            for i, (q, s) in enumerate(qws):
-                self.register_buffer(f"qw{i}", m.tensor(q))
-                self.register_buffer(f"ws{i}", m.tensor(s))
-                self.register_buffer(f"wz{i}", m.zeros(len(s), dtype=m.int64))
-                self.register_buffer(f"b{i}", m.tensor(bs[i]))
-
-        def forward(self, x):
-            h = qd.quantize_per_tensor.default(x, scales[0][0], scales[0][1], 0, 255, m.uint8)
-            for i, (_, _, _, stride, pad) in enumerate(LAYERS):
-                s, z = scales[i]
-                dx = qd.dequantize_per_tensor.default(h, s, z, 0, 255, m.uint8)
-                dw = qd.dequantize_per_channel.default(getattr(self, f"qw{i}"), getattr(self, f"ws{i}"),
-                                                       getattr(self, f"wz{i}"), 0, -127, 127, m.int8)
-                h = m.relu(m.nn.functional.conv2d(dx, dw, getattr(self, f"b{i}"), stride, pad))
-                if i < len(LAYERS) - 1:
-                    h = qd.quantize_per_tensor.default(h, scales[i + 1][0], scales[i + 1][1], 0, 255, m.uint8)
-            return h
-    return QdqCNN().eval()
+    """The conv stack as a converted model (bench/cpu_int8.py's qdq_stack): conv2d then ReLU, every layer."""
+    def conv_relu(i, dx, dw, b):
+        _, _, _, stride, pad = LAYERS[i]
+        return m.relu(m.nn.functional.conv2d(dx, dw, b, stride, pad))
+    return qdq_stack(m, qws, bs, scales, conv_relu)
 
 
 def _float_cnn(m, ws, bs):
