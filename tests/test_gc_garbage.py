@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import flambeau
+from bench.gc_step import graph_nodes
 from bench.small_gpt import small_gpt
 
 # tracked objects alive per graph node after a small GPT's forward: 8.9 before the shared metadata and split
@@ -113,17 +114,6 @@ def test_dropped_function_graph_is_freed_without_the_collector():
     np.testing.assert_allclose(w.grad.numpy(), np.full(3, 4.0))
 
 
-def _graph_nodes(root) -> int:
-    seen, stack = set(), [root]
-    while stack:
-        n = stack.pop()
-        if n is None or id(n) in seen:
-            continue
-        seen.add(id(n))
-        stack.extend(f for f, _ in n.next_functions)
-    return len(seen)
-
-
 def test_forward_graph_keeps_few_tracked_objects_per_node():
     net, _, x, y = _workload("gpt")
     for _ in range(2):
@@ -133,7 +123,7 @@ def test_forward_graph_keeps_few_tracked_objects_per_node():
     loss = net(x, y)
     gc.collect()
     alive = len(gc.get_objects()) - before
-    nodes = _graph_nodes(loss.grad_fn)
+    nodes = graph_nodes(loss.grad_fn)
     assert alive / nodes <= MAX_TRACKED_PER_NODE, f"{alive} tracked objects for {nodes} graph nodes"
 
 
