@@ -80,6 +80,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench import measure  # noqa: E402
+from bench.small_gpt import small_gpt  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -106,40 +107,11 @@ def mlp_model(m):
 
 
 def gpt_model(m, vocab=65, d=128, heads=4, layers=4, block=64):
-    F = m.nn.functional
-
-    class Block(m.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = m.nn.LayerNorm(d), m.nn.LayerNorm(d)
-            self.qkv, self.proj = m.nn.Linear(d, 3 * d), m.nn.Linear(d, d)
-            self.fc, self.out = m.nn.Linear(d, 4 * d), m.nn.Linear(4 * d, d)
-
-        def forward(self, x):
-            B, T, C = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-            q, k, v = (z.view(B, T, heads, C // heads).transpose(1, 2) for z in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
-            return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-    class GPT(m.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok = m.nn.Embedding(vocab, d)
-            self.pos = m.nn.Embedding(block, d)
-            self.blocks = m.nn.Sequential(*[Block() for _ in range(layers)])
-            self.ln = m.nn.LayerNorm(d)
-            self.head = m.nn.Linear(d, vocab, bias=False)
-            self.head.weight = self.tok.weight                  # tied embeddings
-            with m.no_grad():
-                self.tok.weight.mul_(0.02)                      # nanoGPT's embedding scale
-
-        def forward(self, idx):
-            T = idx.shape[1]
-            x = self.tok(idx) + self.pos(m.arange(T))
-            return self.head(self.ln(self.blocks(x)))
-    return GPT()
+    """bench/small_gpt.py's GPT with its head tied to the token embedding, that embedding scaled as nanoGPT's."""
+    model = small_gpt(m, vocab=vocab, d=d, heads=heads, layers=layers, block=block, tied_head=True)
+    with m.no_grad():
+        model.tok.weight.mul_(0.02)
+    return model
 
 
 def _copy_weights(src, dst):
