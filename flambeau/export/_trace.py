@@ -470,6 +470,11 @@ def export(mod: Module, args: tuple, kwargs: dict | None = None, *, dynamic_shap
            preserve_module_call_signature: tuple = ()) -> ExportedProgram:
     """`torch.export.export`: a sound full-graph capture of `mod(*args, **kwargs)` (see module docstring)."""
     _check_args(mod, args, kwargs)
+    if preserve_module_call_signature:
+        raise NotImplementedError(
+            f"export(preserve_module_call_signature={tuple(preserve_module_call_signature)!r}): flambeau's export "
+            "does not keep submodules' call signatures yet (torch.export.unflatten then cannot swap those "
+            "submodules); export without it")
     kwargs = dict(kwargs or {})
     saved = _state.tls.grad_enabled
     try:
