@@ -260,3 +260,25 @@ def test_async_collective_on_world_of_one_has_future(one_process_group):
     fut = work.get_future().then(lambda f: f.value()[0] + 1)
     assert fut.wait().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert work.is_completed()
+
+
+def test_a_closed_tcp_store_server_leaves_no_garbage():
+    """A stopped server closes its event loop: an open stopped loop stays in reference cycles the collector
+    cannot free (uvloop's objects), one per server, for the rest of the process."""
+    import gc
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store.set("k", b"v")
+    server = store._server
+    del store
+    server._thread.join(30)
+    assert not server._thread.is_alive()
+    del server
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        loops = [o for o in gc.garbage if type(o).__name__ == "Loop"]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert loops == []

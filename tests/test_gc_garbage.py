@@ -51,12 +51,33 @@ def _workload(name: str):
     return net, net, x, y
 
 
+# measurements of one step: a step that makes cycles makes them every time, while garbage another test left
+# to be released later (a TCPStore server thread ending, a finalizer) shows up in one measurement only
+GARBAGE_ATTEMPTS = 3
+
+
 def _garbage_of(step) -> tuple[int, collections.Counter]:
-    """Objects the collector finds unreachable after `step()` (collector off while it runs), by type."""
+    """The fewest objects the collector finds unreachable after `step()` (collector off while it runs), by
+    type, over GARBAGE_ATTEMPTS measurements."""
+    found, kinds = _garbage_once(step)
+    for _ in range(GARBAGE_ATTEMPTS - 1):
+        if found == 0:
+            break
+        found, kinds = min((found, kinds), _garbage_once(step), key=lambda fk: fk[0])
+    return found, kinds
+
+
+def _garbage_once(step) -> tuple[int, collections.Counter]:
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
+    kept: list = []
     try:
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        kept = list(gc.garbage)       # cycles the collector cannot free (left by others): reachable, not counted
+        gc.garbage.clear()
+        gc.set_debug(0)
         step()
         gc.set_debug(gc.DEBUG_SAVEALL)
         found = gc.collect()
@@ -64,6 +85,7 @@ def _garbage_of(step) -> tuple[int, collections.Counter]:
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
+        kept.clear()
         if was_enabled:
             gc.enable()
     return found, kinds

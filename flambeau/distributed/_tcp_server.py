@@ -65,7 +65,20 @@ class StoreServer:
             self._server = await asyncio.start_server(self._client, sock=sock)
             ready.set()
         self.loop.run_until_complete(start())
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            self._close_loop()
+
+    def _close_loop(self) -> None:
+        """Cancel the clients' tasks and close the stopped loop: a loop left open keeps its handles in
+        reference cycles that uvloop's objects do not let the collector free (one leaked loop per server)."""
+        tasks = asyncio.all_tasks(self.loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self.loop.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
