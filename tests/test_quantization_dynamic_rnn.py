@@ -123,3 +123,13 @@ def test_quantize_dynamic_packed_sequences_match_pytorch(name):
     np.testing.assert_allclose(out_o.data.detach().numpy(), out_r.data.numpy(), rtol=0, atol=ATOL)
     _assert_quantized_match([first(state_o).detach().numpy()], [first(state_r).numpy()],
                             [first(state_f).detach().numpy()])
+
+
+@pytest.mark.parametrize("kind", ["RNNCell", "LSTMCell", "GRUCell"])
+def test_dynamic_cells_print_as_pytorch(kind):
+    kwargs = {"nonlinearity": "relu"} if kind == "RNNCell" else {}
+    mods = [m.nn.Sequential(getattr(m.nn, kind)(4, 3, **kwargs)) for m in (flambeau, torch)]
+    ours = flambeau.ao.quantization.quantize_dynamic(mods[0], dtype=flambeau.qint8)[0]
+    theirs = torch.ao.quantization.quantize_dynamic(mods[1], dtype=torch.qint8)[0]
+    assert type(ours).__module__.startswith("flambeau.ao.nn.quantized.dynamic"), type(ours)
+    assert ours.extra_repr() == theirs.extra_repr()

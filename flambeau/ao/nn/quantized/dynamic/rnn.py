@@ -174,13 +174,7 @@ class RNNCellBase(Module):
     def get_bias(self) -> dict:
         return self._weight_bias()["bias"]
 
-    def extra_repr(self) -> str:
-        s = f"{self.input_size}, {self.hidden_size}"
-        if self.bias is not True:
-            s += f", bias={self.bias}"
-        if getattr(self, "nonlinearity", "tanh") != "tanh":
-            s += f", nonlinearity={self.nonlinearity}"
-        return s
+    extra_repr = float_rnn.RNNCellBase.extra_repr      # the float cells' repr, as PyTorch's dynamic cells
 
     def _check(self, x: Tensor, hx: Tensor, label: str = "") -> None:
         """PyTorch's check_forward_input/check_forward_hidden (a cell takes batched 2-D input only)."""
