@@ -488,15 +488,20 @@ class CppWrapper:
         table = ", ".join(d if isinstance(d, str) else _c(d) for d in dims)
         self.line(f"{{ const int64_t fl_g[] = {{{table}}}; {fn}(fl_g, {', '.join(args)}); }}")
 
-    def _extern_max_pool3d_with_indices(self, ek):
-        """max_pool3d_with_indices of a contiguous float (N, C, D, H, W) or (C, D, H, W) input (fl_max_pool3d)."""
+    def _max_pool_operands(self, ek, nd: int) -> tuple:
+        """(x, (kernel, stride, padding, dilation), x's C pointer, x's layout, values, indices) of a
+        max_pool{nd}d_with_indices extern, whose input must be a contiguous float tensor."""
         x, kernel_size, stride, padding, dilation, _ = ek.op.bind(*ek.args, **ek.kwargs)
         if x.dtype not in GEMM or not (x.layout.is_contiguous() or (
                 isinstance(x, StridedView) and _contiguous_at_offset(x.layout))):
-            raise Unsupported("the C++ wrapper runs max_pool3d_with_indices on contiguous float inputs only")
-        ks, st, pd, dl = _pool_args(3, kernel_size, stride, padding, dilation)
+            raise Unsupported(f"the C++ wrapper runs max_pool{nd}d_with_indices on contiguous float inputs only")
         px, lx = self._operand(x)
         values, indices = (next(o for o in ek.outputs if o.i == i) for i in (0, 1))
+        return x, _pool_args(nd, kernel_size, stride, padding, dilation), px, lx, values, indices
+
+    def _extern_max_pool3d_with_indices(self, ek):
+        """max_pool3d_with_indices of a contiguous float (N, C, D, H, W) or (C, D, H, W) input (fl_max_pool3d)."""
+        x, (ks, st, pd, dl), px, lx, values, indices = self._max_pool_operands(ek, 3)
         planes = " * ".join(_c(s) for s in lx.shape[:-3])
         dims = (planes, *lx.shape[-3:], *values.layout.shape[-3:], *ks, *st, *pd, *dl)
         self._geometry_call(f"fl_max_pool3d<{self._t(x)}>", dims, px, values.name, indices.name,
@@ -505,15 +510,9 @@ class CppWrapper:
     def _extern_max_pool2d_with_indices(self, ek):
         """max_pool2d_with_indices of a contiguous float32/float64 (N, C, H, W) or (C, H, W) input
         (cpp_wrapper_kernels.fl_max_pool2d; bfloat16/float16 widened to float, exact)."""
-        x, kernel_size, stride, padding, dilation, _ = ek.op.bind(*ek.args, **ek.kwargs)
-        if x.dtype not in GEMM or not (x.layout.is_contiguous() or (
-                isinstance(x, StridedView) and _contiguous_at_offset(x.layout))):
-            raise Unsupported("the C++ wrapper runs max_pool2d_with_indices on contiguous float inputs only")
-        ks, st, pd, dl = _pool_args(2, kernel_size, stride, padding, dilation)
-        px, lx = self._operand(x)
+        x, (ks, st, pd, dl), px, lx, values, indices = self._max_pool_operands(ek, 2)
         H, W = (_c(s) for s in lx.shape[-2:])
         planes = " * ".join(_c(s) for s in lx.shape[:-2])
-        values, indices = (next(o for o in ek.outputs if o.i == i) for i in (0, 1))
         OH, OW = (_c(s) for s in values.layout.shape[-2:])
         self.line(f"fl_max_pool2d<{self._t(x)}>({planes}, {H}, {W}, {OH}, {OW}, {ks[0]}, {ks[1]}, {st[0]}, {st[1]}, {pd[0]}, "
                   f"{pd[1]}, {dl[0]}, {dl[1]}, {px}, {values.name}, {indices.name}, "
