@@ -26,6 +26,11 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 SHM_DIR = "/dev/shm/"
 MPI_SHM_PREFIXES = ("mpich_shm_",)     # the file names of MPICH's shared-memory segments
 SHM_RECORD = "shm_{pid}.txt"          # a worker's note of its segments, in FLAMBEAU_ERROR_DIR
+_RECORD_HEAD, _RECORD_TAIL = SHM_RECORD.split("{pid}")
+
+
+def _is_mpi_segment(path: str) -> bool:
+    return path.startswith(SHM_DIR) and path[len(SHM_DIR):].startswith(MPI_SHM_PREFIXES)
 
 
 def record_shared_memory() -> None:
@@ -36,7 +41,7 @@ def record_shared_memory() -> None:
     try:
         with open("/proc/self/maps") as fh:
             paths = {line.split(None, 5)[5].strip() for line in fh if SHM_DIR in line}
-        mine = sorted(p for p in paths if p.startswith(SHM_DIR) and p[len(SHM_DIR):].startswith(MPI_SHM_PREFIXES))
+        mine = sorted(p for p in paths if _is_mpi_segment(p))
         with open(os.path.join(folder, SHM_RECORD.format(pid=os.getpid())), "w") as fh:
             fh.write("\n".join(mine))
     except (OSError, IndexError):      # no /proc (not Linux), or the folder is gone: nothing to note
@@ -46,13 +51,13 @@ def record_shared_memory() -> None:
 def remove_shared_memory(folder: str) -> None:
     """Unlink the shared-memory files the workers of a finished job noted in `folder`, where still there."""
     try:
-        names = [n for n in os.listdir(folder) if n.startswith("shm_") and n.endswith(".txt")]
+        names = [n for n in os.listdir(folder) if n.startswith(_RECORD_HEAD) and n.endswith(_RECORD_TAIL)]
     except OSError:
         return
     for name in names:
         with open(os.path.join(folder, name)) as fh:
             for path in fh.read().split():
-                if path.startswith(SHM_DIR) and path[len(SHM_DIR):].startswith(MPI_SHM_PREFIXES):
+                if _is_mpi_segment(path):
                     try:
                         os.unlink(path)
                     except FileNotFoundError:
