@@ -2,10 +2,12 @@
 avg_pool1d/2d/3d, adaptive_avg/max_pool1d/2d/3d, max_unpool1d/2d/3d, interpolate/upsample
 (nearest, nearest-exact, linear, bilinear, trilinear, bicubic, area).
 
-Max pooling on NumPy, with every window inside the plane, takes a running max over one strided
-view per kernel position; otherwise it gathers every window of every plane into one array (a flat
-index table built on the host: window positions outside the input point at a -inf sentinel) and
-takes an argmax. Its backward is `_plane_scatter_add`. Everything linear and separable (average pooling, adaptive
+Max pooling on cuda (float dtypes) is one Triton kernel each way (`_backends/triton_max_pool.py`; the
+backward, `_max_pool_backward`, a gather over the windows covering each input element). On NumPy,
+with every window inside the plane, it takes a running max over one strided view per kernel
+position; otherwise it gathers every window of every plane into one array (a flat index table built
+on the host: window positions outside the input point at a -inf sentinel) and takes an argmax; its
+backward is `_plane_scatter_add`. Everything linear and separable (average pooling, adaptive
 average pooling, interpolation) builds per-dim index/weight tables with PyTorch's exact
 coordinate conventions and runs `_taps_gather` (nn_resample.py).
 """
@@ -22,9 +24,9 @@ from .._device import canonical
 from ._registry import defop, export, autocast_policy, TensorSpec, Tag
 from ._helpers import opmath
 from .nn_conv import ntuple
-from .nn_resample import _taps_gather, _plane_scatter_add
+from .nn_resample import _taps_gather, _plane_scatter_add, _plane_gather
 from .._dispatch import type_name
-from .._backends import cpu_kernels
+from .._backends import cpu_kernels, triton_launch
 from .creation import tensor
 from . import _batching
 
@@ -168,6 +170,51 @@ def _max_pool_tables(S, out, ks, st, pd, dl):
     return _flat_windows(S, pos, valid)
 
 
+def _triton_max_pool(xp):
+    """`_backends.triton_max_pool` on cuda when Triton can be loaded, else None."""
+    if getattr(xp, "__name__", "") != "cupy" or not triton_launch.available():
+        return None
+    from .._backends import triton_max_pool  # deferred: imports Triton, optional (cuda only)
+    return triton_max_pool
+
+
+@defop("_max_pool_backward(Tensor grad_output, Tensor indices, SymInt[] self_size, int[] kernel_size, int[] stride, "
+       "int[] padding, int[] dilation) -> Tensor", function=False, tags=(Tag.core, Tag.extern))
+def _max_pool_backward(xp, grad_output, indices, self_size, kernel_size, stride, padding, dilation):
+    """The input gradient of max pooling over `len(kernel_size)` spatial dims from its output gradient
+    and saved indices: on cuda one Triton gather (each input element adds the gradients of the
+    windows that chose it, in float32, as ATen's max_pool_backward), else `_plane_scatter_add`
+    (an indexed assignment when the windows are disjoint)."""
+    nd, size = len(kernel_size), tuple(self_size)
+    fused = _triton_max_pool(xp)
+    if fused and fused.backward_supported(grad_output, indices, size, nd):
+        return fused.backward(grad_output, indices, size, nd, kernel_size, stride, padding, dilation)
+    return _plane_scatter_add.kernel(xp, grad_output, indices, size, nd, _disjoint(kernel_size, stride, dilation))
+
+
+@_max_pool_backward.def_meta
+def _max_pool_backward_meta(grad_output, indices, self_size, kernel_size, stride, padding, dilation):
+    return TensorSpec(tuple(self_size), grad_output.dtype)
+
+
+@_max_pool_backward.def_derivative
+def _max_pool_backward_derivative(grad, indices, kernel_size):
+    return _plane_gather(grad, indices, len(kernel_size)), None
+
+
+@_max_pool_backward.def_batching_rule
+def _max_pool_backward_batching(in_dims, grad_output, indices, self_size, kernel_size, stride, padding, dilation):
+    """vmap: the batch joins the planes (the indices address one plane, so they are unchanged)."""
+    nd = len(kernel_size)
+    B = _batching.batch_size((grad_output, indices), in_dims[:2])
+    g, i = (_batching.materialize(t, d, B) for t, d in zip((grad_output, indices), in_dims[:2]))
+    out, lead = tuple(g.shape[-nd:]), len(self_size) - nd
+    planes = (B * math.prod(self_size[:lead]),) + tuple(self_size[lead:])
+    r = _max_pool_backward(g.reshape((-1,) + out), i.reshape((-1,) + out), planes, kernel_size, stride, padding,
+                           dilation)
+    return r.reshape((B,) + tuple(self_size)), 0
+
+
 def _planes_batching(op, nd):
     """vmap of a pooling op over planes (its last `nd` dimensions, each pooled alone): the batch joins
     the leading dimensions (indices address one plane, so they are unchanged)."""
@@ -192,6 +239,9 @@ def _def_max_pool(nd):
         ks, st, pd, dl = _pool_args(nd, kernel_size, stride, padding, dilation)
         shape = _pool_shape(f"max_pool{nd}d", self.shape, nd, ks, st, pd, dl, ceil_mode)
         geometry = (tuple(self.shape[-nd:]), tuple(shape[-nd:]), ks, st, pd, dl)
+        fused = _triton_max_pool(xp)
+        if fused and fused.supported(self, nd):
+            return fused.forward(self, nd, geometry[1], ks, st, pd, dl)
         if xp is np and _inside(*geometry):
             r = cpu_kernels.max_pool2d(self, geometry[1], ks, st, dl) if nd == 2 else None
             return r if r is not None else _strided_window_max(self, nd, geometry[1], ks, st, dl)
@@ -206,9 +256,9 @@ def _def_max_pool(nd):
         return TensorSpec(shape, self.dtype), TensorSpec(shape, D.int64)
 
     @op.def_derivative
-    def _(grad, self_meta, result, kernel_size, stride, dilation):
-        ks, st, _pd, dl = _pool_args(nd, kernel_size, stride, 0, dilation)
-        return _plane_scatter_add(grad[0], result[1], tuple(self_meta.shape), nd, _disjoint(ks, st, dl))
+    def _(grad, self_meta, result, kernel_size, stride, padding, dilation):
+        return _max_pool_backward(grad[0], result[1], tuple(self_meta.shape),
+                                  *_pool_args(nd, kernel_size, stride, padding, dilation))
 
     op.def_batching_rule(_planes_batching(op, nd))
 

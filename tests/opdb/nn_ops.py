@@ -235,7 +235,7 @@ OPS = [
     OpInfo("max_pool1d", max_pool1d_samples, fn=F + "max_pool1d", ops=("max_pool1d_with_indices",),
            dtypes=FLOATS_AND_LOWP),
     OpInfo("max_pool2d", max_pool2d_samples, fn=F + "max_pool2d",
-           ops=("max_pool2d_with_indices", "_plane_scatter_add", "_plane_gather"),
+           ops=("max_pool2d_with_indices", "_max_pool_backward", "_plane_scatter_add", "_plane_gather"),
            dtypes=FLOATS_AND_LOWP + ("int64",), errors=pool_errors),
     OpInfo("max_pool3d", max_pool3d_samples, fn=F + "max_pool3d", ops=("max_pool3d_with_indices",),
            dtypes=FLOATS_AND_LOWP),

@@ -3,12 +3,16 @@ on a machine without a GPU (Triton's interpreter accepts code the GPU compiler r
 inductor's own cubin loader (`triton_runtime.load_or_compile`, CuPy's module replaced by a recorder),
 and launch each once: every runtime argument must reach the launch, converted by its signature type.
 The kernels of a graph are first compiled by worker processes (`triton_runtime.precompile_for`, into a
-fresh cache directory), so the loader finds most in the cache. Run without TRITON_INTERPRET; prints one
-line per kernel and `OK <n>` at the end."""
+fresh cache directory), so the loader finds most in the cache. Then flambeau's eager max-pooling kernels
+are compiled by `triton_launch` as on an sm_90 GPU and launched once the same way. Run without
+TRITON_INTERPRET; prints one line per kernel and `OK <n>` at the end."""
 import ctypes
 import os
 import sys
 import tempfile
+
+import ml_dtypes
+import numpy as np
 
 import flambeau as fl
 from flambeau._inductor import codegen_triton, triton_runtime, triton_schedule
@@ -37,20 +41,26 @@ def sm90_compile_fx(gm, example_inputs, **kwargs):
             names = triton_runtime._arg_names(la)
             k = triton_runtime.load_or_compile(getattr(mod, la.name), la.signature(), la.constexprs,
                                                la.num_warps, tuple(names), "sm90")
-            sent = [TL.Ptr(0) if t.startswith("*") else 3 for t in k.arg_types]
-            TL.launch(k, (1,), *sent)
-            (f, params), = _launches
-            _launches.clear()
-            types = TL.c_types(k.arg_types)
-            addresses = (ctypes.c_void_p * len(types)).from_address(params)
-            packed = [t.from_address(a).value for t, a in zip(types, addresses)]
-            assert f == k.function.ptr and len(types) == len(k.arg_types) + k.scratch, (la.name, k.arg_types)
-            assert packed == [0 if t.startswith("*") else 3 for t in k.arg_types] + [0] * k.scratch, \
-                (la.name, k.arg_types, packed)
-            print(la.name, k.shared, flush=True)
-            compiled[0] += 1
+            _launch_once(k, la.name)
             la = la.then
     return gm
+
+
+def _launch_once(k, name):
+    """Launch compiled kernel `k` against the recorder: every runtime argument must reach its slot,
+    converted by its signature type."""
+    sent = [TL.Ptr(0) if t.startswith("*") else 3 for t in k.arg_types]
+    TL.launch(k, (1,), *sent)
+    (f, params), = _launches
+    _launches.clear()
+    types = TL.c_types(k.arg_types)
+    addresses = (ctypes.c_void_p * len(types)).from_address(params)
+    packed = [t.from_address(a).value for t, a in zip(types, addresses)]
+    assert f == k.function.ptr and len(types) == len(k.arg_types) + k.scratch, (name, k.arg_types)
+    assert packed == [0 if t.startswith("*") else 3 for t in k.arg_types] + [0] * k.scratch, \
+        (name, k.arg_types, packed)
+    print(name, k.shared, flush=True)
+    compiled[0] += 1
 
 
 _inductor.compile_fx = sm90_compile_fx
@@ -136,6 +146,23 @@ if "--gpt" in sys.argv:              # a small GPT-2 training step under bf16 au
     with fl.autocast(device_type="cpu", dtype=fl.bfloat16):
         loss = model(fl.randint(0, 64, (2, 16)), fl.randint(0, 64, (2, 16)))
     loss.backward()
+
+def eager_kernels():
+    """flambeau's eager max-pooling kernels (`_backends/triton_max_pool.py`) compiled by
+    `triton_launch.compile_kernel` for sm_90 with the signatures their launches use, per dtype."""
+    from triton.backends.compiler import GPUTarget
+    from flambeau._backends import triton_max_pool as MP
+    TL._cupy = lambda: _FakeCupy
+    TL._target = lambda: GPUTarget("cuda", 90, TL._THREADS_PER_WARP)
+    TL.current_device = lambda: 0
+    for dtype in (ml_dtypes.bfloat16, np.float16, np.float32, np.float64):
+        for fn, signature in ((MP._max_pool_fwd, MP.forward_signature), (MP._max_pool_bwd, MP.backward_signature)):
+            sig, const = signature(np.dtype(dtype))
+            _launch_once(TL.compile_kernel(fn, sig, const, num_warps=MP.NUM_WARPS, num_stages=1),
+                         f"{fn.__name__}[{np.dtype(dtype).name}]")
+
+
+eager_kernels()
 stats = triton_runtime.stats
 print("workers compiled", stats["compiled_in_workers"], "of", stats["compiled_in_workers"] + stats["compiled"])
 assert stats["compiled_in_workers"] > stats["compiled"], stats

@@ -1,0 +1,107 @@
+"""Run flambeau's Triton max-pooling kernels (flambeau/_backends/triton_max_pool.py) under Triton's
+interpreter (TRITON_INTERPRET=1, set by the caller) on CPU tensors and compare them with PyTorch on
+the CPU: the forward's values and indices exactly (ties, NaN, -inf, a plane of -inf under padding),
+the input gradient of float32/float64 bit for bit (ATen's CPU backward adds in the same order)
+and of float16 against the float64 gradient rounded once (bfloat16 within one unit in the last
+place: the interpreter truncates float32 to bfloat16 where the GPU rounds to nearest even). 1-d, 2-d and 3-d, padding,
+dilation, ceil_mode, strides, contiguous, channels-last and sliced inputs, a non-contiguous output
+gradient. Prints one line per case and exits non-zero on a mismatch. Used by tests/test_max_pool_cuda.py."""
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton.language as tl
+import interp_numpy2  # noqa: F401  (before any kernel runs)
+from interp_numpy2 import report
+
+from flambeau._backends import triton_max_pool as MP
+
+# (spatial dims, input shape, kernel, stride, padding, dilation, ceil_mode, layout, dtype, values)
+CASES = (
+    (2, (2, 3, 9, 8), 3, 2, 1, 1, False, "contiguous", "float32", "ties"),           # ResNet's stem pool
+    (2, (2, 3, 9, 8), 3, 2, 1, 1, False, "channels_last", "bfloat16", "ties"),
+    (2, (2, 3, 8, 8), 2, 2, 0, 1, False, "contiguous", "float16", "randn"),
+    (2, (2, 2, 7, 9), (3, 2), (2, 1), 1, (1, 2), True, "contiguous", "float32", "nan"),
+    (2, (3, 7, 7), 3, 2, 1, 2, True, "sliced", "float32", "randn"),
+    (2, (1, 2, 6, 5), 2, None, 0, 1, True, "contiguous", "bfloat16", "nan"),
+    (2, (1, 2, 5, 5), 3, 1, 1, 1, False, "contiguous", "float32", "-inf"),
+    (1, (2, 3, 11), 3, 2, 1, 2, True, "contiguous", "float32", "ties"),
+    (1, (3, 10), 3, 2, 1, 1, True, "contiguous", "float16", "nan"),
+    (1, (2, 3, 12), 4, 3, 2, 1, False, "sliced", "bfloat16", "randn"),
+    (3, (1, 2, 5, 6, 7), (2, 3, 2), (2, 1, 2), (1, 1, 0), 1, True, "contiguous", "float32", "ties"),
+    (3, (1, 2, 4, 5, 5), 2, 2, 1, 1, False, "channels_last", "float32", "nan"),
+    (3, (2, 4, 5, 5), 3, 1, 1, (2, 1, 1), False, "contiguous", "float16", "randn"),
+    (2, (2, 3, 7, 7), 3, 2, 1, 1, True, "channels_last", "float64", "nan"),
+)
+
+
+def _input(shape, layout, dtype, values, g):
+    full = list(shape)
+    if layout == "sliced":
+        full[-1] = 2 * shape[-1]
+    if values == "ties":
+        x = torch.randint(-3, 3, full, generator=g).float()
+    else:
+        x = torch.randn(full, generator=g)
+    if values == "nan":
+        x.view(-1)[torch.randperm(x.numel(), generator=g)[: max(2, x.numel() // 6)]] = float("nan")
+        x.view(-1)[3] = float("-inf")
+    if values == "-inf":
+        x[0, 0] = float("-inf")
+    x = x.to(getattr(torch, dtype))
+    if layout == "sliced":
+        x = x[..., ::2]
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+    return x
+
+
+def _elements(t):
+    return tuple(t.stride())
+
+
+def run(nd, shape, kernel, stride, padding, dilation, ceil_mode, layout, dtype, values):
+    g = torch.Generator().manual_seed(sum(shape) + nd)
+    x = _input(shape, layout, dtype, values, g)
+    pool = getattr(F, f"max_pool{nd}d")
+    ref, ref_idx = pool(x, kernel, stride, padding, dilation, ceil_mode, return_indices=True)
+    ks, st, pd, dl = (tuple(v) if isinstance(v, tuple) else (v,) * nd
+                      for v in (kernel, kernel if stride is None else stride, padding, dilation))
+    out = tuple(ref.shape[-nd:])
+    acc = tl.float64 if dtype == "float64" else tl.float32
+    y = torch.empty(ref.shape, dtype=x.dtype)
+    idx = torch.empty(ref.shape, dtype=torch.int64)
+    args = MP.forward_args(tuple(x.shape), _elements(x), nd, out, ks, st, pd, dl)
+    MP._max_pool_fwd[(-(-args[-1] // MP.BLOCK),)](x, y, idx, *args, ACC=acc, BLOCK=MP.BLOCK)
+    bad = int(not torch.equal(idx, ref_idx)) + int(not torch.equal(y.isnan(), ref.isnan()))
+    bad += int(not torch.equal(torch.nan_to_num(y.float(), 0.0), torch.nan_to_num(ref.float(), 0.0)))
+
+    # the output gradient: a transposed copy (non-contiguous), with -0.0 in it
+    base = torch.randn(tuple(reversed(ref.shape)), generator=g).to(x.dtype)
+    base.view(-1)[:2] = -0.0
+    dy = base.permute(*reversed(range(ref.dim())))
+    dx = torch.empty(x.shape, dtype=x.dtype)
+    bargs = MP.backward_args(tuple(x.shape), _elements(dy), _elements(idx), nd, out, ks, st, pd, dl)
+    MP._max_pool_bwd[(-(-bargs[-1] // MP.BLOCK),)](dy, idx, dx, *bargs, ACC=acc, BLOCK=MP.BLOCK)
+    if dtype in ("float32", "float64"):
+        xr = x.detach().clone().requires_grad_()
+        pool(xr, kernel, stride, padding, dilation, ceil_mode).backward(dy)
+        want = xr.grad
+        bad += int(not torch.equal(dx, want)) + int(not torch.equal(dx.signbit(), want.signbit()))
+    else:
+        want = torch.zeros(x.shape, dtype=torch.float64).view(x.shape[:len(x.shape) - nd] + (-1,))
+        want.scatter_add_(-1, ref_idx.reshape(want.shape[:-1] + (-1,)), dy.double().reshape(want.shape[:-1] + (-1,)))
+        want = want.reshape(x.shape)
+        if dtype == "bfloat16":     # the interpreter truncates float32 -> bfloat16 (the GPU rounds to nearest even)
+            bad += int(not bool(((dx.double() - want).abs() <= want.abs() * 2.0 ** -7).all()))
+        else:
+            bad += int(not torch.equal(dx, want.to(x.dtype)))
+    return float(bad)
+
+
+def main() -> int:
+    return report(CASES, run, "nd, shape, kernel, stride, padding, dilation, ceil, layout, dtype, values", 0.5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
