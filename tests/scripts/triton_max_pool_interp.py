@@ -3,18 +3,25 @@ interpreter (TRITON_INTERPRET=1, set by the caller) on CPU tensors and compare t
 the CPU: the forward's values and indices exactly (ties, NaN, -inf, a plane of -inf under padding),
 the input gradient of float32/float64 bit for bit (ATen's CPU backward adds in the same order)
 and of float16 against the float64 gradient rounded once (bfloat16 within one unit in the last
-place: the interpreter truncates float32 to bfloat16 where the GPU rounds to nearest even). 1-d, 2-d and 3-d, padding,
-dilation, ceil_mode, strides, contiguous, channels-last and sliced inputs, a non-contiguous output
-gradient. Prints one line per case and exits non-zero on a mismatch. Used by tests/test_max_pool_cuda.py."""
+place: the interpreter truncates float32 to bfloat16 where the GPU rounds to nearest even). 1-d,
+2-d and 3-d, padding, dilation, ceil_mode, strides, contiguous, channels-last and sliced inputs, a
+non-contiguous output gradient. Then flambeau's own F.max_pool1d/2d/3d forward and backward on CPU tensors with the cuda
+dispatch taken (NumPy standing in for CuPy, the interpreter for the launcher): exactly one launch
+each way, values, indices and gradients against PyTorch (the wrapper's strides, shapes and the
+derivative's arguments). Prints one line per case (its number of mismatching checks) and exits
+non-zero on a mismatch. Used by tests/test_max_pool_cuda.py."""
 import sys
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import triton.language as tl
 import interp_numpy2  # noqa: F401  (before any kernel runs)
 from interp_numpy2 import report
 
+from flambeau._backends import triton_launch as TL
 from flambeau._backends import triton_max_pool as MP
+from flambeau._inductor.triton_runtime import HostArray
 
 # (spatial dims, input shape, kernel, stride, padding, dilation, ceil_mode, layout, dtype, values)
 CASES = (
@@ -99,8 +106,84 @@ def run(nd, shape, kernel, stride, padding, dilation, ceil_mode, layout, dtype, 
     return float(bad)
 
 
+# ---- through flambeau's ops: the cuda dispatch with a host stand-in for CuPy and the launcher -------
+class _HostLauncher:
+    """`triton_launch` as the interpreter runs a kernel: `compile_kernel` keeps the signature, `launch`
+    passes NumPy arrays as `HostArray`s of their signature type and counts the launches."""
+    launches = []
+
+    @staticmethod
+    def compile_kernel(fn, signature, constexprs, **options):
+        return fn, signature, constexprs
+
+    @classmethod
+    def launch(cls, kernel, grid, *args):
+        fn, sig, const = kernel
+        types = [sig[n] for n in fn.arg_names if sig[n] != "constexpr"]
+        assert len(types) == len(args), (fn.__name__, len(types), len(args))
+        cls.launches.append(fn.__name__)
+        fn[grid](*[HostArray(a, getattr(tl, _TL[t[1:]])) if t.startswith("*") else a for t, a in zip(types, args)],
+                 **const)
+
+    current_device = staticmethod(lambda: 0)
+    type_of = staticmethod(TL.type_of)
+
+
+_TL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64", "i64": "int64"}
+
+
+class _HostCupy:
+    ndarray = staticmethod(lambda shape, dtype: np.empty(shape, dtype))
+
+
+# (spatial dims, input shape, kernel, stride, padding, dilation, ceil_mode, layout, dtype)
+GLUE_CASES = (
+    (2, (2, 3, 9, 8), 3, 2, 1, 1, False, "channels_last", "bfloat16"),
+    (2, (3, 9, 9), 2, None, 0, 1, True, "sliced", "float32"),
+    (1, (2, 3, 12), 3, 2, 1, 2, True, "contiguous", "float16"),
+    (3, (1, 2, 5, 6, 7), (2, 3, 2), (2, 1, 2), 1, 1, True, "contiguous", "float32"),
+)
+
+
+def run_glue(nd, shape, kernel, stride, padding, dilation, ceil_mode, layout, dtype):
+    """flambeau's F.max_pool{nd}d forward and backward with the Triton kernels routed in as on cuda
+    (one launch each way) against PyTorch on the CPU; the number of mismatching checks."""
+    import flambeau
+    g = torch.Generator().manual_seed(sum(shape))
+    x = _input(shape, layout, "float32", "nan", g).to(getattr(torch, dtype))
+    xt = x.detach().requires_grad_()
+    ref, ref_idx = getattr(F, f"max_pool{nd}d")(xt, kernel, stride, padding, dilation, ceil_mode, return_indices=True)
+    dy = torch.randn(ref.shape, generator=g).to(x.dtype)
+    ref.backward(dy)
+    fx = flambeau.tensor(x.float().numpy()).to(getattr(flambeau, dtype))
+    if layout == "channels_last":
+        fx = fx.contiguous(memory_format=flambeau.channels_last)
+    elif layout == "sliced":
+        fx = flambeau.tensor(_input(shape, layout, "float32", "nan", torch.Generator().manual_seed(sum(shape)))
+                             ._base.numpy())[..., ::2]
+    fx = fx.detach().requires_grad_()
+    assert fx.stride() == x.stride(), (fx.stride(), x.stride())
+    before = len(_HostLauncher.launches)
+    y, idx = getattr(flambeau.nn.functional, f"max_pool{nd}d")(fx, kernel, stride, padding, dilation, ceil_mode,
+                                                               return_indices=True)
+    y.backward(flambeau.tensor(dy.float().numpy()).to(getattr(flambeau, dtype)))
+    bad = int(_HostLauncher.launches[before:] != ["_max_pool_fwd", "_max_pool_bwd"])
+    bad += int(not np.array_equal(idx.numpy(), ref_idx.numpy()))
+    bad += int(not np.array_equal(y.detach().float().numpy(), ref.detach().float().numpy(), equal_nan=True))
+    want = xt.grad.double().numpy()
+    got = fx.grad.double().numpy()
+    bad += int(not np.allclose(got, want, rtol=2.0 ** -7, atol=1e-3)) if dtype != "float32" else \
+        int(not np.array_equal(got, want))
+    return float(bad)
+
+
 def main() -> int:
-    return report(CASES, run, "nd, shape, kernel, stride, padding, dilation, ceil, layout, dtype, values", 0.5)
+    status = report(CASES, run, "nd, shape, kernel, stride, padding, dilation, ceil, layout, dtype, values", 0.5)
+    from flambeau._ops import nn_pool
+    MP.TL, MP.cupy = _HostLauncher, _HostCupy
+    nn_pool._triton_max_pool = lambda xp: MP
+    return status | report(GLUE_CASES, run_glue, "through flambeau: nd, shape, kernel, stride, padding, dilation, "
+                           "ceil, layout, dtype", 0.5)
 
 
 if __name__ == "__main__":
