@@ -17,6 +17,13 @@ Backward, three launches: `_bn_bwd_reduce` sums dy and dy * (x - mean) per (chan
 `_bn_bwd_finalize` gives the weight and bias gradients and the coefficients of
 dx = (dy - mean(dy)) * rstd * w - (x - mean) * rstd^3 * w * mean(dy * (x - mean)), and `_bn_bwd_apply`
 computes dx.
+
+A channel of at most ONCHIP_MAX elements (ResNet-50's 14x14 and 7x7 stages at batch 64: 12544 and
+3136) is one program's block instead: `_bn_fwd_onchip` loads it once, takes the mean and the sum of
+squared deviations from the loaded values (two passes on chip, no merging), and writes y, the saved
+and the running statistics; `_bn_bwd_onchip` loads dy and x once and writes dx and the parameter
+gradients. One launch each way, and x (forward) or dy and x (backward) are read from memory once,
+not twice; the same formulas as the split kernels.
 """
 from __future__ import annotations
 
@@ -33,6 +40,8 @@ except ImportError:     # the interpreter tests (tests/scripts) run these kernel
 from . import triton_launch as TL
 
 BLOCK = 2048              # elements per block of a reduction or pointwise program
+ONCHIP_MAX = 16384        # channels of at most this many elements run as one program each way
+ONCHIP_ELEMENTS_PER_THREAD = 16
 BLOCK_C = 128             # channels per finalize program
 NUM_WARPS = 8
 PROGRAMS_PER_SM = 4       # reduction programs aimed for per multiprocessor (C * S of them)
@@ -180,6 +189,69 @@ def _bn_bwd_apply(DY, X, MEAN, COEF, DX, C, HW, n, BLOCK: tl.constexpr):
     tl.store(DX + idx, ((dy - a) * k - (x - mean) * p).to(DX.dtype.element_ty), mask=m)
 
 
+@triton.jit
+def _bn_fwd_onchip(X, Y, MEAN, RSTD, W, B, RM, RV, C, HW, M, momentum, eps, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                   HAS_RUN: tl.constexpr, BLOCK_M: tl.constexpr):
+    c = tl.program_id(0)
+    j = tl.arange(0, BLOCK_M)
+    m = j < M
+    off = _offsets(j, c, C, HW)
+    x = tl.load(X + off, mask=m, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / M
+    d = tl.where(m, x - mean, 0.0)
+    m2 = tl.sum(d * d, axis=0)
+    rstd = 1.0 / tl.sqrt(m2 / M + eps)
+    scale = rstd
+    if HAS_W:
+        scale = scale * tl.load(W + c).to(tl.float32)
+    shift = 0.0
+    if HAS_B:
+        shift = tl.load(B + c).to(tl.float32)
+    tl.store(Y + off, (d * scale + shift).to(Y.dtype.element_ty), mask=m)
+    tl.store(MEAN + c, mean)
+    tl.store(RSTD + c, rstd)
+    if HAS_RUN:
+        unbiased = m2 / (M - 1.0)          # one element: 0 / 0, NaN as PyTorch
+        rm = tl.load(RM + c).to(tl.float32)
+        rv = tl.load(RV + c).to(tl.float32)
+        tl.store(RM + c, ((1.0 - momentum) * rm + momentum * mean).to(RM.dtype.element_ty))
+        tl.store(RV + c, ((1.0 - momentum) * rv + momentum * unbiased).to(RV.dtype.element_ty))
+
+
+@triton.jit
+def _bn_bwd_onchip(DY, X, MEAN, RSTD, W, DX, GW, GB, C, HW, M, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                   BLOCK_M: tl.constexpr):
+    c = tl.program_id(0)
+    j = tl.arange(0, BLOCK_M)
+    m = j < M
+    off = _offsets(j, c, C, HW)
+    dy = tl.load(DY + off, mask=m, other=0.0).to(tl.float32)
+    x = tl.load(X + off, mask=m, other=0.0).to(tl.float32)
+    mean = tl.load(MEAN + c).to(tl.float32)
+    rstd = tl.load(RSTD + c).to(tl.float32)
+    xc = tl.where(m, x - mean, 0.0)
+    sdy = tl.sum(dy, axis=0)
+    sdyxc = tl.sum(dy * xc, axis=0)
+    k = rstd
+    if HAS_W:
+        k = k * tl.load(W + c).to(tl.float32)
+        tl.store(GW + c, (sdyxc * rstd).to(GW.dtype.element_ty))
+    if HAS_B:
+        tl.store(GB + c, sdy.to(GB.dtype.element_ty))
+    dx = (dy - sdy / M) * k - xc * (k * rstd * rstd * sdyxc / M)
+    tl.store(DX + off, dx.to(DX.dtype.element_ty), mask=m)
+
+
+def onchip_block(M: int) -> int:
+    """The power-of-two block of `_bn_fwd_onchip`/`_bn_bwd_onchip` for channels of M elements."""
+    return max(16, 1 << (M - 1).bit_length())
+
+
+def onchip_warps(block: int) -> int:
+    """Warps of an on-chip program: about ONCHIP_ELEMENTS_PER_THREAD elements per thread, 1 to 32 warps."""
+    return min(32, max(1, block // (32 * ONCHIP_ELEMENTS_PER_THREAD)))
+
+
 def supported(x, *others) -> bool:
     """Whether a training-mode BatchNorm of CuPy array `x` (N, C, ...) with the per-channel arrays
     `others` (weight, bias, running statistics, saved statistics; None allowed) can run here."""
@@ -238,6 +310,10 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
     statistics (both or neither) are updated in place; the saved statistics are float32."""
     x = cupy.ascontiguousarray(x)
     C, HW, M, S, chunk = _geometry(x)
+    has_run = running_mean is not None and running_var is not None
+    rm, rv = (running_mean, running_var) if has_run else (None, None)
+    if M <= ONCHIP_MAX:
+        return _forward_onchip(x, weight, bias, rm, rv, momentum, eps, C, HW, M)
     part = _f32((S, 3, C))
     stats = _kernel(_bn_stats, (x.dtype,), lambda: (
         {"X": _ty(x), "PART": "*fp32", "C": "i32", "HW": "i32", "M": "i32", "chunk": "i32", "BLOCK": "constexpr"},
@@ -246,8 +322,6 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
     mean = _f32((C,))
     rstd = _f32((C,))
     coef = _f32((2, C))
-    has_run = running_mean is not None and running_var is not None
-    rm, rv = (running_mean, running_var) if has_run else (None, None)
     fin = _kernel(_bn_finalize, (_dt(weight), _dt(bias), _dt(rm), _dt(rv)), lambda: (
         {"PART": "*fp32", "S": "i32", "C": "i32", "MEAN": "*fp32", "RSTD": "*fp32", "COEF": "*fp32",
          "W": _ty(weight), "B": _ty(bias), "RM": _ty(rm), "RV": _ty(rv), "momentum": "fp32",
@@ -269,6 +343,8 @@ def backward(grad_out, x, weight, bias, save_mean, save_rstd):
     x = cupy.ascontiguousarray(x)
     dy = cupy.ascontiguousarray(grad_out)
     C, HW, M, S, chunk = _geometry(x)
+    if M <= ONCHIP_MAX:
+        return _backward_onchip(dy, x, weight, bias, save_mean, save_rstd, C, HW, M)
     part = _f32((S, 2, C))
     red = _kernel(_bn_bwd_reduce, (dy.dtype, x.dtype, save_mean.dtype), lambda: (
         {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "PART": "*fp32", "C": "i32", "HW": "i32", "M": "i32",
@@ -287,4 +363,48 @@ def backward(grad_out, x, weight, bias, save_mean, save_rstd):
         {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "COEF": "*fp32", "DX": _ty(dx), "C": "i32",
          "HW": "i32", "n": "i32", "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), NUM_WARPS))
     TL.launch(apply, ((x.size + BLOCK - 1) // BLOCK,), dy, x, save_mean, coef, dx, C, HW, x.size)
+    return dx, gw, gb
+
+
+def _ptr(dtype) -> str:
+    return "*" + ("fp32" if dtype is None else TL.type_of(dtype))
+
+
+def fwd_onchip_signature(x, weight, bias, rm, rv, block: int) -> tuple:
+    """(signature, constexprs, num_warps) of `_bn_fwd_onchip` for these dtypes (None: absent) and block."""
+    return ({"X": _ptr(x), "Y": _ptr(x), "MEAN": "*fp32", "RSTD": "*fp32", "W": _ptr(weight), "B": _ptr(bias),
+             "RM": _ptr(rm), "RV": _ptr(rv), "C": "i32", "HW": "i32", "M": "i32", "momentum": "fp32", "eps": "fp32",
+             "HAS_W": "constexpr", "HAS_B": "constexpr", "HAS_RUN": "constexpr", "BLOCK_M": "constexpr"},
+            dict(HAS_W=weight is not None, HAS_B=bias is not None, HAS_RUN=rm is not None, BLOCK_M=block),
+            onchip_warps(block))
+
+
+def bwd_onchip_signature(dy, x, mean, rstd, weight, bias, block: int) -> tuple:
+    """(signature, constexprs, num_warps) of `_bn_bwd_onchip` for these dtypes (None: absent) and block;
+    the parameter gradients take their parameters' dtypes."""
+    return ({"DY": _ptr(dy), "X": _ptr(x), "MEAN": _ptr(mean), "RSTD": _ptr(rstd), "W": _ptr(weight), "DX": _ptr(x),
+             "GW": _ptr(weight), "GB": _ptr(bias), "C": "i32", "HW": "i32", "M": "i32", "HAS_W": "constexpr",
+             "HAS_B": "constexpr", "BLOCK_M": "constexpr"},
+            dict(HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_M=block), onchip_warps(block))
+
+
+def _forward_onchip(x, weight, bias, rm, rv, momentum, eps, C, HW, M):
+    """`forward` of channels of at most ONCHIP_MAX elements: one `_bn_fwd_onchip` program per channel."""
+    key = (x.dtype, _dt(weight), _dt(bias), _dt(rm), _dt(rv), onchip_block(M))
+    k = _kernel(_bn_fwd_onchip, key, lambda: fwd_onchip_signature(*key))
+    y = cupy.ndarray(x.shape, x.dtype)
+    mean = _f32((C,))
+    rstd = _f32((C,))
+    TL.launch(k, (C,), x, y, mean, rstd, weight, bias, rm, rv, C, HW, M, momentum, eps)
+    return y, mean, rstd
+
+
+def _backward_onchip(dy, x, weight, bias, save_mean, save_rstd, C, HW, M):
+    """`backward` of channels of at most ONCHIP_MAX elements: one `_bn_bwd_onchip` program per channel."""
+    key = (dy.dtype, x.dtype, save_mean.dtype, save_rstd.dtype, _dt(weight), _dt(bias), onchip_block(M))
+    k = _kernel(_bn_bwd_onchip, key, lambda: bwd_onchip_signature(*key))
+    gw = None if weight is None else cupy.ndarray((C,), weight.dtype)
+    gb = None if bias is None else cupy.ndarray((C,), bias.dtype)
+    dx = cupy.ndarray(x.shape, x.dtype)
+    TL.launch(k, (C,), dy, x, save_mean, save_rstd, weight, dx, gw, gb, C, HW, M)
     return dx, gw, gb

@@ -1,12 +1,14 @@
 """Run flambeau's Triton BatchNorm kernels (flambeau/_backends/triton_batch_norm.py) under Triton's
 interpreter (TRITON_INTERPRET=1, set by the caller) on float32 CPU tensors and compare the output,
-running statistics and the three gradients with float64 PyTorch (training mode). Prints one line
-per case and exits non-zero on a mismatch. Used by tests/test_batch_norm_cuda.py."""
+running statistics and the three gradients with float64 PyTorch (training mode), the split kernels
+and the one-program-per-channel pair (`_bn_fwd_onchip`, `_bn_bwd_onchip`); then the module's
+`forward`/`backward` wrappers on NumPy arrays (interp_numpy2.HostCupy/HostLauncher) with their
+launch counts. Prints one line per case and exits non-zero on a mismatch. Used by tests/test_batch_norm_cuda.py."""
 import sys
 
 import torch
 import interp_numpy2  # noqa: F401  (before any kernel runs)
-from interp_numpy2 import report
+from interp_numpy2 import HostCupy, HostLauncher, report
 
 from flambeau._backends import triton_batch_norm as BN
 
@@ -66,8 +68,91 @@ def run(shape, has_w, has_b, has_run, sms):
     return max(float(e) for e in errs)
 
 
+# channels of at most ONCHIP_MAX elements: one program per channel each way (shape, weight, bias, running)
+ONCHIP_CASES = (((3, 4, 25, 40), True, True, True), ((64, 3), True, False, True), ((2, 5, 7), False, True, False),
+                ((4, 2, 3, 3), True, True, True), ((2, 3, 1), True, True, True), ((2, 3, 64, 128), True, True, True))
+
+
+def run_onchip(shape, has_w, has_b, has_run):
+    g = torch.Generator().manual_seed(sum(shape) + 1)
+    C = shape[1]
+    x = torch.randn(shape, generator=g) * 3 + 5
+    w = torch.randn(C, generator=g) if has_w else None
+    b = torch.randn(C, generator=g) if has_b else None
+    rm, rv = (torch.randn(C, generator=g), torch.rand(C, generator=g) + 0.5) if has_run else (None, None)
+    dy = torch.randn(shape, generator=g)
+    M = x.numel() // C
+    HW = M // shape[0]
+    block = BN.onchip_block(M)
+    assert M <= BN.ONCHIP_MAX and block >= M
+    dummy = torch.zeros(1)
+    rm_k = rm.clone() if has_run else dummy
+    rv_k = rv.clone() if has_run else dummy
+    y, mean, rstd = torch.empty(shape), torch.empty(C), torch.empty(C)
+    BN._bn_fwd_onchip[(C,)](x, y, mean, rstd, w if has_w else dummy, b if has_b else dummy, rm_k, rv_k, C, HW, M,
+                            MOMENTUM, EPS, HAS_W=has_w, HAS_B=has_b, HAS_RUN=has_run, BLOCK_M=block)
+    dx, gw, gb = torch.empty(shape), torch.empty(C), torch.empty(C)
+    BN._bn_bwd_onchip[(C,)](dy, x, mean, rstd, w if has_w else dummy, dx, gw, gb, C, HW, M, HAS_W=has_w, HAS_B=has_b,
+                            BLOCK_M=block)
+    leaves = [t.double().requires_grad_() if t is not None else None for t in (x, w, b)]
+    rm64 = rm.double() if has_run else None
+    rv64 = rv.double() if has_run else None
+    ref = torch.nn.functional.batch_norm(leaves[0], rm64, rv64, leaves[1], leaves[2], True, MOMENTUM, EPS)
+    ref.backward(dy.double())
+    dims = [0] + list(range(2, x.dim()))
+    x64 = x.double()
+    errs = [(y - ref.detach()).abs().max(), (dx - leaves[0].grad).abs().max(), (mean.double() - x64.mean(dims)).abs().max(),
+            (rstd.double() - 1 / (x64.var(dims, unbiased=False) + EPS).sqrt()).abs().max()]
+    if has_run:
+        errs += [(rm_k - rm64).abs().max(), (rv_k - rv64).abs().max()]
+    if has_w:
+        errs.append((gw - leaves[1].grad).abs().max() / max(1.0, float(leaves[1].grad.abs().max())))
+    if has_b:
+        errs.append((gb - leaves[2].grad).abs().max() / max(1.0, float(leaves[2].grad.abs().max())))
+    return max(float(e) for e in errs)
+
+
+# through the wrappers `forward`/`backward` (NumPy standing in for CuPy): (shape, weight, bias, running,
+# launches each way)
+WRAPPER_CASES = (((3, 4, 25, 40), True, True, True, 1), ((4, 3, 70, 70), True, True, True, 3),
+                 ((2, 5, 7), False, False, False, 1), ((2, 2, 150, 60), False, True, False, 3))
+
+
+def run_wrappers(shape, has_w, has_b, has_run, launches):
+    """`forward` and `backward` as `native_batch_norm` calls them on cuda; the launches each way must
+    be `launches` (1: one program per channel; 3: the split kernels)."""
+    import numpy as np
+    g = torch.Generator().manual_seed(sum(shape) + 2)
+    C = shape[1]
+    x = torch.randn(shape, generator=g) * 3 + 5
+    w = torch.randn(C, generator=g) if has_w else None
+    b = torch.randn(C, generator=g) if has_b else None
+    rm, rv = (torch.randn(C, generator=g), torch.rand(C, generator=g) + 0.5) if has_run else (None, None)
+    dy = torch.randn(shape, generator=g)
+    arr = [None if t is None else t.numpy().copy() for t in (x, w, b, rm, rv, dy)]
+    before = len(HostLauncher.launches)
+    y, mean, rstd = BN.forward(*arr[:5], MOMENTUM, EPS)
+    dx, gw, gb = BN.backward(arr[5], arr[0], arr[1], arr[2], mean, rstd)
+    ran = HostLauncher.launches[before:]
+    leaves = [t.double().requires_grad_() if t is not None else None for t in (x, w, b)]
+    ref = torch.nn.functional.batch_norm(leaves[0], None if rm is None else rm.double(),
+                                         None if rv is None else rv.double(), leaves[1], leaves[2], True, MOMENTUM, EPS)
+    ref.backward(dy.double())
+    errs = [np.abs(y - ref.detach().numpy()).max(), np.abs(dx - leaves[0].grad.numpy()).max()]
+    if has_run:
+        ref_rm = (1 - MOMENTUM) * rm.double() + MOMENTUM * x.double().mean([0] + list(range(2, x.dim())))
+        errs.append(np.abs(arr[3] - ref_rm.numpy()).max())
+    for got, leaf in ((gw, leaves[1]), (gb, leaves[2])):
+        if leaf is not None:
+            errs.append(np.abs(got - leaf.grad.numpy()).max() / max(1.0, float(leaf.grad.abs().max())))
+    return max(float(e) for e in errs) + (0.0 if len(ran) == 2 * launches else 1.0)
+
+
 def main() -> int:
-    return report(CASES, run, "shape, weight, bias, running, sms", 1e-4)
+    status = report(CASES, run, "shape, weight, bias, running, sms", 1e-4) | \
+        report(ONCHIP_CASES, run_onchip, "one program per channel: shape, weight, bias, running", 1e-4)
+    BN.TL, BN.cupy = HostLauncher, HostCupy
+    return status | report(WRAPPER_CASES, run_wrappers, "wrappers: shape, weight, bias, running, launches", 1e-4)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,9 @@ import torch
 import torch.nn.functional as F
 import triton.language as tl
 import interp_numpy2  # noqa: F401  (before any kernel runs)
-from interp_numpy2 import report
+from interp_numpy2 import HostCupy, HostLauncher, report
 
-from flambeau._backends import triton_launch as TL
 from flambeau._backends import triton_max_pool as MP
-from flambeau._inductor.triton_runtime import HostArray
 
 # (spatial dims, input shape, kernel, stride, padding, dilation, ceil_mode, layout, dtype, values)
 CASES = (
@@ -107,35 +105,6 @@ def run(nd, shape, kernel, stride, padding, dilation, ceil_mode, layout, dtype, 
 
 
 # ---- through flambeau's ops: the cuda dispatch with a host stand-in for CuPy and the launcher -------
-class _HostLauncher:
-    """`triton_launch` as the interpreter runs a kernel: `compile_kernel` keeps the signature, `launch`
-    passes NumPy arrays as `HostArray`s of their signature type and counts the launches."""
-    launches = []
-
-    @staticmethod
-    def compile_kernel(fn, signature, constexprs, **options):
-        return fn, signature, constexprs
-
-    @classmethod
-    def launch(cls, kernel, grid, *args):
-        fn, sig, const = kernel
-        types = [sig[n] for n in fn.arg_names if sig[n] != "constexpr"]
-        assert len(types) == len(args), (fn.__name__, len(types), len(args))
-        cls.launches.append(fn.__name__)
-        fn[grid](*[HostArray(a, getattr(tl, _TL[t[1:]])) if t.startswith("*") else a for t, a in zip(types, args)],
-                 **const)
-
-    current_device = staticmethod(lambda: 0)
-    type_of = staticmethod(TL.type_of)
-
-
-_TL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64", "i64": "int64"}
-
-
-class _HostCupy:
-    ndarray = staticmethod(lambda shape, dtype: np.empty(shape, dtype))
-
-
 # (spatial dims, input shape, kernel, stride, padding, dilation, ceil_mode, layout, dtype)
 GLUE_CASES = (
     (2, (2, 3, 9, 8), 3, 2, 1, 1, False, "channels_last", "bfloat16"),
@@ -163,11 +132,11 @@ def run_glue(nd, shape, kernel, stride, padding, dilation, ceil_mode, layout, dt
                              ._base.numpy())[..., ::2]
     fx = fx.detach().requires_grad_()
     assert fx.stride() == x.stride(), (fx.stride(), x.stride())
-    before = len(_HostLauncher.launches)
+    before = len(HostLauncher.launches)
     y, idx = getattr(flambeau.nn.functional, f"max_pool{nd}d")(fx, kernel, stride, padding, dilation, ceil_mode,
                                                                return_indices=True)
     y.backward(flambeau.tensor(dy.float().numpy()).to(getattr(flambeau, dtype)))
-    bad = int(_HostLauncher.launches[before:] != ["_max_pool_fwd", "_max_pool_bwd"])
+    bad = int(HostLauncher.launches[before:] != ["_max_pool_fwd", "_max_pool_bwd"])
     bad += int(not np.array_equal(idx.numpy(), ref_idx.numpy()))
     bad += int(not np.array_equal(y.detach().float().numpy(), ref.detach().float().numpy(), equal_nan=True))
     want = xt.grad.double().numpy()
@@ -180,7 +149,7 @@ def run_glue(nd, shape, kernel, stride, padding, dilation, ceil_mode, layout, dt
 def main() -> int:
     status = report(CASES, run, "nd, shape, kernel, stride, padding, dilation, ceil, layout, dtype, values", 0.5)
     from flambeau._ops import nn_pool
-    MP.TL, MP.cupy = _HostLauncher, _HostCupy
+    MP.TL, MP.cupy = HostLauncher, HostCupy
     nn_pool._triton_max_pool = lambda xp: MP
     return status | report(GLUE_CASES, run_glue, "through flambeau: nd, shape, kernel, stride, padding, dilation, "
                            "ceil, layout, dtype", 0.5)

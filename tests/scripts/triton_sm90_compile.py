@@ -148,9 +148,11 @@ if "--gpt" in sys.argv:              # a small GPT-2 training step under bf16 au
     loss.backward()
 
 def eager_kernels():
-    """flambeau's eager max-pooling kernels (`_backends/triton_max_pool.py`) compiled by
-    `triton_launch.compile_kernel` for sm_90 with the signatures their launches use, per dtype."""
+    """flambeau's eager max-pooling kernels (`_backends/triton_max_pool.py`) and one-program-per-channel
+    BatchNorm pair (`_backends/triton_batch_norm.py`) compiled by `triton_launch.compile_kernel` for
+    sm_90 with the signatures their launches use, per dtype (BatchNorm: the smallest and largest block)."""
     from triton.backends.compiler import GPUTarget
+    from flambeau._backends import triton_batch_norm as BN
     from flambeau._backends import triton_max_pool as MP
     TL._cupy = lambda: _FakeCupy
     TL._target = lambda: GPUTarget("cuda", 90, TL._THREADS_PER_WARP)
@@ -160,6 +162,14 @@ def eager_kernels():
             sig, const = signature(np.dtype(dtype))
             _launch_once(TL.compile_kernel(fn, sig, const, num_warps=MP.NUM_WARPS, num_stages=1),
                          f"{fn.__name__}[{np.dtype(dtype).name}]")
+    f32, bf16 = np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)
+    for block in (BN.onchip_block(1), BN.onchip_block(BN.ONCHIP_MAX)):
+        for fn, (sig, const, warps) in ((BN._bn_fwd_onchip, BN.fwd_onchip_signature(bf16, f32, f32, f32, f32, block)),
+                                        (BN._bn_fwd_onchip, BN.fwd_onchip_signature(f32, None, None, None, None, block)),
+                                        (BN._bn_bwd_onchip, BN.bwd_onchip_signature(bf16, bf16, f32, f32, f32, f32, block)),
+                                        (BN._bn_bwd_onchip, BN.bwd_onchip_signature(f32, f32, f32, f32, None, None, block))):
+            _launch_once(TL.compile_kernel(fn, sig, const, num_warps=warps, num_stages=1),
+                         f"{fn.__name__}[{sig['X']}, block {block}, {warps} warps]")
 
 
 eager_kernels()
