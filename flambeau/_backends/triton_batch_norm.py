@@ -18,8 +18,9 @@ Backward, three launches: `_bn_bwd_reduce` sums dy and dy * (x - mean) per (chan
 dx = (dy - mean(dy)) * rstd * w - (x - mean) * rstd^3 * w * mean(dy * (x - mean)), and `_bn_bwd_apply`
 computes dx.
 
-A channel of at most ONCHIP_MAX elements (ResNet-50's 14x14 and 7x7 stages at batch 64: 12544 and
-3136) is one program's block instead: `_bn_fwd_onchip` loads it once, takes the mean and the sum of
+A channel of at most ONCHIP_MAX elements, when there are at least as many channels as
+multiprocessors (ResNet-50's 14x14 and 7x7 stages at batch 64: 256-2048 channels of 12544 and 3136),
+is one program's block instead: `_bn_fwd_onchip` loads it once, takes the mean and the sum of
 squared deviations from the loaded values (two passes on chip, no merging), and writes y, the saved
 and the running statistics; `_bn_bwd_onchip` loads dy and x once and writes dx and the parameter
 gradients. One launch each way, and x (forward) or dy and x (backward) are read from memory once,
@@ -242,6 +243,12 @@ def _bn_bwd_onchip(DY, X, MEAN, RSTD, W, DX, GW, GB, C, HW, M, HAS_W: tl.constex
     tl.store(DX + off, dx.to(DX.dtype.element_ty), mask=m)
 
 
+def _onchip(C: int, M: int) -> bool:
+    """Whether channels of M elements run as one program each (`_bn_fwd_onchip`): they fit, and the C
+    programs fill the multiprocessors (fewer, larger channels go faster split)."""
+    return M <= ONCHIP_MAX and C >= TL.multiprocessors()
+
+
 def onchip_block(M: int) -> int:
     """The power-of-two block of `_bn_fwd_onchip`/`_bn_bwd_onchip` for channels of M elements."""
     return max(16, 1 << (M - 1).bit_length())
@@ -312,7 +319,7 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
     C, HW, M, S, chunk = _geometry(x)
     has_run = running_mean is not None and running_var is not None
     rm, rv = (running_mean, running_var) if has_run else (None, None)
-    if M <= ONCHIP_MAX:
+    if _onchip(C, M):
         return _forward_onchip(x, weight, bias, rm, rv, momentum, eps, C, HW, M)
     part = _f32((S, 3, C))
     stats = _kernel(_bn_stats, (x.dtype,), lambda: (
@@ -343,7 +350,7 @@ def backward(grad_out, x, weight, bias, save_mean, save_rstd):
     x = cupy.ascontiguousarray(x)
     dy = cupy.ascontiguousarray(grad_out)
     C, HW, M, S, chunk = _geometry(x)
-    if M <= ONCHIP_MAX:
+    if _onchip(C, M):
         return _backward_onchip(dy, x, weight, bias, save_mean, save_rstd, C, HW, M)
     part = _f32((S, 2, C))
     red = _kernel(_bn_bwd_reduce, (dy.dtype, x.dtype, save_mean.dtype), lambda: (

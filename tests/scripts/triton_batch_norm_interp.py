@@ -114,8 +114,10 @@ def run_onchip(shape, has_w, has_b, has_run):
 
 # through the wrappers `forward`/`backward` (NumPy standing in for CuPy): (shape, weight, bias, running,
 # launches each way)
-WRAPPER_CASES = (((3, 4, 25, 40), True, True, True, 1), ((4, 3, 70, 70), True, True, True, 3),
-                 ((2, 5, 7), False, False, False, 1), ((2, 2, 150, 60), False, True, False, 3))
+# (HostLauncher reports 8 multiprocessors: fewer channels take the split kernels)
+WRAPPER_CASES = (((3, 8, 25, 40), True, True, True, 1), ((4, 3, 70, 70), True, True, True, 3),
+                 ((2, 9, 7), False, False, False, 1), ((2, 2, 150, 60), False, True, False, 3),
+                 ((3, 4, 5, 5), True, True, True, 3))
 
 
 def run_wrappers(shape, has_w, has_b, has_run, launches):
