@@ -141,10 +141,12 @@ def _fits(a) -> bool:
         sum((n - 1) * s for n, s in zip(a.shape, a.strides)) // a.itemsize <= MAX_OFFSET
 
 
-def supported(x, nd: int) -> bool:
-    """Whether CuPy array `x`, (N, C, *S) or (C, *S) with `nd` spatial dims, can be max-pooled here."""
+def supported(x, nd: int, out: tuple) -> bool:
+    """Whether CuPy array `x`, (N, C, *S) or (C, *S) with `nd` spatial dims, can be max-pooled here to
+    spatial size `out`."""
     return x.dtype in _DTYPES and 1 <= nd <= 3 and x.ndim in (nd + 1, nd + 2) and x.size > 0 and _fits(x) \
-        and all(s % x.itemsize == 0 for s in x.strides)
+        and all(s % x.itemsize == 0 for s in x.strides) \
+        and int(np.prod(x.shape[:x.ndim - nd])) * int(np.prod(out)) <= MAX_OFFSET
 
 
 def _pad3(v, fill):

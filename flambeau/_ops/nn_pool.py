@@ -240,7 +240,7 @@ def _def_max_pool(nd):
         shape = _pool_shape(f"max_pool{nd}d", self.shape, nd, ks, st, pd, dl, ceil_mode)
         geometry = (tuple(self.shape[-nd:]), tuple(shape[-nd:]), ks, st, pd, dl)
         fused = _triton_max_pool(xp)
-        if fused and fused.supported(self, nd):
+        if fused and fused.supported(self, nd, geometry[1]):
             return fused.forward(self, nd, geometry[1], ks, st, pd, dl)
         if xp is np and _inside(*geometry):
             r = cpu_kernels.max_pool2d(self, geometry[1], ks, st, dl) if nd == 2 else None
