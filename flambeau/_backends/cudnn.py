@@ -11,9 +11,14 @@ heuristics filtered by the flags, the first that finalizes into an execution pla
 `benchmark`, the fastest of the first eight, timed). Where that fails, or with
 `use_graph_api = False`, the legacy API: tensor, filter and convolution descriptors, an algorithm
 from the `_v7` heuristics (or, with `benchmark`, from timing them with the Find*Ex calls). 1-d
-convolutions run as 2-d; workspaces are CuPy allocations; calls go on CuPy's current stream. Descriptors and algorithms are cached per (shapes, dtype, parameters, flags).
-Inputs are made contiguous first (descriptors describe packed NCHW layouts). float16 and bfloat16
-run as they are, with float32 accumulation.
+convolutions run as 2-d; workspaces are CuPy allocations; calls go on CuPy's current stream.
+Descriptors and algorithms are cached per (shapes, layout, dtype, parameters, flags).
+Layouts, as PyTorch's cuDNN convolutions: a call is channels-last when the caller asks for it (the
+op's rule: input or weight channels-last) or an operand is; then x, w and y are all packed NHWC
+(NDHWC) and the descriptors give those strides (the graph API's tensors, the legacy API's strided
+tensors and NHWC filters), else all packed NCHW. An operand in the other layout, not packed or
+misaligned is copied first; `copies` counts those copies. float16 and bfloat16 run as they are,
+with float32 accumulation.
 
 Flags, as torch.backends.cudnn (exported as flambeau.backends.cudnn):
 - `enabled`: use cuDNN at all (default True).
@@ -46,6 +51,7 @@ deterministic = False
 benchmark = False
 workspace_limit = 1 << 30     # bytes an algorithm's workspace may take at most
 calls = {"forward": 0, "backward_data": 0, "backward_filter": 0}
+copies = {"forward": 0, "backward_data": 0, "backward_filter": 0}   # operands re-laid out before a call
 
 _SUB_LIBS = ("libcudnn_engines_precompiled", "libcudnn_engines_runtime_compiled", "libcudnn_heuristic",
              "libcudnn_graph", "libcudnn_ops", "libcudnn_cnn", "libcudnn_adv")
@@ -260,10 +266,25 @@ def _packed_strides(shape):
     return tuple(reversed(st))
 
 
+def _channels_last_strides(shape):
+    """Packed NHWC (NDHWC) element strides of an N, C, *spatial shape: C fastest, then the last
+    spatial dim, ..., N slowest (PyTorch's channels_last / channels_last_3d strides)."""
+    st, acc = [0] * len(shape), 1
+    for d in (1,) + tuple(range(len(shape) - 1, 1, -1)) + (0,):
+        st[d] = acc
+        acc *= shape[d]
+    return tuple(st)
+
+
+def tensor_strides(shape, channels_last: bool):
+    """The strides a descriptor of this operand gives: packed NCHW, or packed NHWC for a channels-last call."""
+    return _channels_last_strides(shape) if channels_last else _packed_strides(shape)
+
+
 class _Plan:
     """Descriptors of one convolution geometry, plus the chosen algorithm and its workspace size."""
 
-    def __init__(self, x_shape, w_shape, y_shape, st, pad, dil, groups, dtype, kind):
+    def __init__(self, x_shape, w_shape, y_shape, st, pad, dil, groups, dtype, kind, channels_last=False):
         lib = self.lib = _state["lib"]
         self.algo, self.ws = None, 0
         self.scalar = "d" if dtype == "float64" else "f"
@@ -275,9 +296,11 @@ class _Plan:
         _check(lib.cudnnCreateFilterDescriptor(ctypes.byref(self.w)), "cudnnCreateFilterDescriptor")
         _check(lib.cudnnCreateConvolutionDescriptor(ctypes.byref(self.conv)), "cudnnCreateConvolutionDescriptor")
         for d, shape in ((self.x, x_shape), (self.y, y_shape)):
-            _check(lib.cudnnSetTensorNdDescriptor(d, dt, len(shape), _ints(shape), _ints(_packed_strides(shape))),
+            _check(lib.cudnnSetTensorNdDescriptor(d, dt, len(shape), _ints(shape),
+                                                  _ints(tensor_strides(shape, channels_last))),
                    f"cudnnSetTensorNdDescriptor({list(shape)})")
-        _check(lib.cudnnSetFilterNdDescriptor(self.w, dt, TensorFormat.NCHW, len(w_shape), _ints(w_shape)),
+        fmt = TensorFormat.NHWC if channels_last else TensorFormat.NCHW
+        _check(lib.cudnnSetFilterNdDescriptor(self.w, dt, fmt, len(w_shape), _ints(w_shape)),
                f"cudnnSetFilterNdDescriptor({list(w_shape)})")
         compute = _DATA["float64"] if dtype == "float64" else _DATA["float32"]
         _check(lib.cudnnSetConvolutionNdDescriptor(self.conv, len(st), _ints(pad), _ints(st), _ints(dil),
@@ -374,7 +397,7 @@ heuristic_modes = (HeurMode.INSTANT, HeurMode.FALLBACK)   # tried in order until
 class _GraphPlan:
     """One convolution geometry as a cuDNN graph-API execution plan (`None` engines -> RuntimeError)."""
 
-    def __init__(self, x_shape, w_shape, y_shape, st, pad, dil, dtype, kind, h, ptrs=None):
+    def __init__(self, x_shape, w_shape, y_shape, st, pad, dil, dtype, kind, h, ptrs=None, channels_last=False):
         self.lib = _state["lib"]
         self.kind, self.descs = kind, []
         dt = _DATA[dtype]
@@ -386,7 +409,7 @@ class _GraphPlan:
             t = self._new(BE.TENSOR_DESCRIPTOR)
             self._set(t, A.TENSOR_DATA_TYPE, T.DATA_TYPE, ctypes.c_int, [dt])
             self._set(t, A.TENSOR_DIMENSIONS, T.INT64, ctypes.c_int64, shape)
-            self._set(t, A.TENSOR_STRIDES, T.INT64, ctypes.c_int64, _packed_strides(shape))
+            self._set(t, A.TENSOR_STRIDES, T.INT64, ctypes.c_int64, tensor_strides(shape, channels_last))
             self._set(t, A.TENSOR_UNIQUE_ID, T.INT64, ctypes.c_int64, [uid[role]])
             self._set(t, A.TENSOR_BYTE_ALIGNMENT, T.INT64, ctypes.c_int64, [_ALIGNMENT])
             self._finalize(t, f"tensor {role} {list(shape)}")
@@ -610,34 +633,58 @@ def _supported(a, b):
     return 0 < a.size < (1 << 31) and 0 < b.size < (1 << 31)
 
 
-def _ready(a):
-    """A packed array whose data pointer is 16-byte aligned (what cuDNN's kernels assume)."""
+def _has_strides(a, want) -> bool:
+    """Whether array `a` has these element strides (a dim of size 1 may have any)."""
+    it = a.itemsize
+    return all(b == w * it for b, w, n in zip(a.strides, want, a.shape) if n != 1)
+
+
+def _is_channels_last(a) -> bool:
+    return a.ndim in (4, 5) and not a.flags.c_contiguous and _has_strides(a, _channels_last_strides(a.shape))
+
+
+def _empty(shape, dtype, channels_last: bool):
+    """A new CuPy array packed in the call's layout."""
     import cupy  # deferred: optional dependency, present only where cuda is used
-    a = cupy.ascontiguousarray(a)
-    if a.data.ptr % _ALIGNMENT:
-        a = a.copy()
-    return a
+    if not channels_last:
+        return cupy.empty(shape, dtype)
+    nd = len(shape)
+    packed = cupy.empty((shape[0],) + tuple(shape[2:]) + (shape[1],), dtype)     # N, *spatial, C
+    return packed.transpose((0, nd - 1) + tuple(range(1, nd - 1)))
 
 
-def _plan(kind, x_shape, w_shape, y_shape, st, pad, dil, groups, dtype, ptrs_fn):
-    key = (kind, _device_id(), x_shape, w_shape, y_shape, st, pad, dil, groups, dtype,
+def _ready(a, channels_last: bool, kind: str):
+    """`a` packed in the call's layout with a 16-byte aligned data pointer (what cuDNN's kernels
+    assume): `a` itself when it is, else a copy (counted in `copies`)."""
+    if (a.flags.c_contiguous if not channels_last else _has_strides(a, _channels_last_strides(a.shape))) \
+            and not a.data.ptr % _ALIGNMENT:
+        return a
+    copies[kind] += 1
+    out = _empty(a.shape, a.dtype, channels_last)
+    out[...] = a
+    return out
+
+
+def _plan(kind, x_shape, w_shape, y_shape, st, pad, dil, groups, dtype, ptrs_fn, channels_last=False):
+    key = (kind, _device_id(), x_shape, w_shape, y_shape, channels_last, st, pad, dil, groups, dtype,
            allow_tf32, deterministic, benchmark, use_graph_api)
     plan = _plans.get(key, False)
     if plan is False:
         xs, ws, ys = x_shape, w_shape, y_shape
-        if len(x_shape) == 3:
+        if len(x_shape) == 3:         # (1-d convolutions are never channels-last)
             xs, ws, ys = _as_2d(x_shape), _as_2d(w_shape), _as_2d(y_shape)
             st, pad, dil = (1,) + st, (0,) + pad, (1,) + dil
         plan = None
         if use_graph_api and hasattr(_state["lib"], "cudnnBackendExecute"):
             try:
-                plan = _GraphPlan(xs, ws, ys, st, pad, dil, dtype, kind, _handle(), ptrs_fn() if benchmark else None)
+                plan = _GraphPlan(xs, ws, ys, st, pad, dil, dtype, kind, _handle(), ptrs_fn() if benchmark else None,
+                                  channels_last)
             except (RuntimeError, AttributeError) as e:
                 _state["plan_error"] = str(e)
                 plan = None
         if plan is None:
             try:
-                plan = _Plan(xs, ws, ys, st, pad, dil, groups, dtype, kind)
+                plan = _Plan(xs, ws, ys, st, pad, dil, groups, dtype, kind, channels_last)
                 if not plan.choose(_handle(), ptrs_fn() if benchmark else None):
                     plan = None
             except RuntimeError as e:
@@ -674,20 +721,28 @@ def _run(kind, plan, a, b, out):
 
 
 # ---- the three convolutions ----------------------------------------------------------------------
-def forward(x, w, bias, stride, padding, dilation, groups):
+def _call_layout(channels_last, *arrays) -> bool:
+    """Whether a call runs channels-last: asked for, or an operand is (4-d/5-d only)."""
+    if arrays[0].ndim not in (4, 5):
+        return False
+    return bool(channels_last) or any(_is_channels_last(a) for a in arrays)
+
+
+def forward(x, w, bias, stride, padding, dilation, groups, channels_last=False):
     """y = conv(x, w) + bias (cross-correlation, PyTorch's convolution), or None when cuDNN does not
-    take this case (the caller then uses its own kernel)."""
-    import cupy  # deferred: optional dependency, present only where cuda is used
+    take this case (the caller then uses its own kernel). `channels_last`: y packed NHWC (see the
+    module docstring)."""
     if not (available() and _supported(x, w) and w.ndim == x.ndim):
         return None
     st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
     y_shape = _out_shape(x.shape, w.shape, st, pad, dil)
     if any(s <= 0 for s in y_shape[2:]):
         return None
-    x, w = _ready(x), _ready(w)
-    y = cupy.empty(y_shape, x.dtype)
+    cl = _call_layout(channels_last, x, w)
+    x, w = _ready(x, cl, "forward"), _ready(w, cl, "forward")
+    y = _empty(y_shape, x.dtype, cl)
     plan = _plan("forward", x.shape, w.shape, y_shape, st, pad, dil, groups, _dtype_name(x.dtype),
-                 lambda: (x.data.ptr, w.data.ptr, y.data.ptr))
+                 lambda: (x.data.ptr, w.data.ptr, y.data.ptr), cl)
     if plan is None:
         return None
     _run("forward", plan, x, w, y)
@@ -696,39 +751,39 @@ def forward(x, w, bias, stride, padding, dilation, groups):
     return y
 
 
-def backward_data(gy, w, stride, padding, dilation, groups, size):
+def backward_data(gy, w, stride, padding, dilation, groups, size, channels_last=False):
     """The input gradient of conv (the transposed convolution): gy (N, O, *out) with w (O, Cg, *k)
     -> (N, Cg*groups, *size), or None when cuDNN does not take this case."""
-    import cupy  # deferred: optional dependency, present only where cuda is used
     if not (available() and _supported(gy, w) and w.ndim == gy.ndim):
         return None
     st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
     x_shape = (gy.shape[0], w.shape[1] * groups) + tuple(size)
     if _out_shape(x_shape, w.shape, st, pad, dil) != tuple(gy.shape) or math.prod(x_shape) >= (1 << 31):
         return None
-    gy, w = _ready(gy), _ready(w)
-    gx = cupy.empty(x_shape, gy.dtype)
+    cl = _call_layout(channels_last, gy, w)
+    gy, w = _ready(gy, cl, "backward_data"), _ready(w, cl, "backward_data")
+    gx = _empty(x_shape, gy.dtype, cl)
     plan = _plan("backward_data", x_shape, w.shape, gy.shape, st, pad, dil, groups, _dtype_name(gy.dtype),
-                 lambda: (w.data.ptr, gy.data.ptr, gx.data.ptr))
+                 lambda: (w.data.ptr, gy.data.ptr, gx.data.ptr), cl)
     if plan is None:
         return None
     return _run("backward_data", plan, w, gy, gx)
 
 
-def backward_filter(x, gy, w_shape, stride, padding, dilation, groups):
+def backward_filter(x, gy, w_shape, stride, padding, dilation, groups, channels_last=False):
     """The weight gradient of conv: x (N, C, *S), gy (N, O, *out) -> (O, C/groups, *k), or None when
     cuDNN does not take this case."""
-    import cupy  # deferred: optional dependency, present only where cuda is used
     if not (available() and _supported(x, gy) and len(w_shape) == x.ndim == gy.ndim):
         return None
     st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
     w_shape = tuple(w_shape)
     if _out_shape(x.shape, w_shape, st, pad, dil) != tuple(gy.shape):
         return None
-    x, gy = _ready(x), _ready(gy)
-    gw = cupy.empty(w_shape, x.dtype)
+    cl = _call_layout(channels_last, x, gy)
+    x, gy = _ready(x, cl, "backward_filter"), _ready(gy, cl, "backward_filter")
+    gw = _empty(w_shape, x.dtype, cl)
     plan = _plan("backward_filter", x.shape, w_shape, gy.shape, st, pad, dil, groups, _dtype_name(x.dtype),
-                 lambda: (x.data.ptr, gy.data.ptr, gw.data.ptr))
+                 lambda: (x.data.ptr, gy.data.ptr, gw.data.ptr), cl)
     if plan is None:
         return None
     return _run("backward_filter", plan, x, gy, gw)

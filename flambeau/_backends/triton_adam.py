@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from . import triton_launch as TL
+from .triton_pointwise import same_dense_layout
 
 CHUNK = 65536           # elements per program (as PyTorch's multi-tensor apply)
 BLOCK = 2048            # elements per inner iteration of a program
@@ -130,15 +131,17 @@ def _device_table(key, addresses, numels):
     return hit
 
 
-def supported(p, g) -> bool:
-    """Whether one (parameter, gradient) pair of CuPy arrays can go through the kernel."""
-    return (p.dtype == np.float32 and g.dtype == np.float32 and p.shape == g.shape and p.flags.c_contiguous
-            and g.flags.c_contiguous and 0 < p.size < 2 ** 31)
+def supported(p, g, *states) -> bool:
+    """Whether one (parameter, gradient) pair of CuPy arrays, with its optimizer states, can go through
+    the kernel: float32, all C-contiguous or all of one dense layout (a channels-last convolution
+    weight, its gradient and its `zeros_like` states); the kernel walks memory."""
+    return (p.dtype == np.float32 and g.dtype == np.float32 and p.shape == g.shape and 0 < p.size < 2 ** 31
+            and same_dense_layout((p, g) + states))
 
 
 def step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, lr, beta1: float, beta2: float,
          eps: float, weight_decay: float, step: float, amsgrad: bool, maximize: bool, decoupled: bool) -> None:
-    """Update float32 CuPy arrays in place (all contiguous, each gradient shaped as its parameter).
+    """Update float32 CuPy arrays in place (see `supported`, each gradient shaped as its parameter).
     `lr` is a float or a CuPy float scalar array; `step` the step count of every tensor."""
     import cupy  # deferred: optional dependency, present only where cuda is used
     vmaxs = max_exp_avg_sqs if amsgrad else exp_avgs

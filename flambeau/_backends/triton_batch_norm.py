@@ -1,6 +1,6 @@
 """BatchNorm in training on cuda as Triton kernels launched through CuPy (`triton_launch`).
 
-The input is (N, C, *spatial), contiguous; a channel's M = N * prod(spatial) elements are its
+The input is (N, C, *spatial), contiguous (or channels-last, below); a channel's M = N * prod(spatial) elements are its
 positions j = n * HW + s, at offset n * C * HW + c * HW + s. Arithmetic is float32 whatever the
 storage type (float32, bfloat16, float16), as PyTorch's cuda kernels; the saved mean and rstd are
 float32.
@@ -24,7 +24,14 @@ is one program's block instead: `_bn_fwd_onchip` loads it once, takes the mean a
 squared deviations from the loaded values (two passes on chip, no merging), and writes y, the saved
 and the running statistics; `_bn_bwd_onchip` loads dy and x once and writes dx and the parameter
 gradients. One launch each way, and x (forward) or dy and x (backward) are read from memory once,
-not twice; the same formulas as the split kernels.
+not twice; the same formulas as the split kernels (NCHW inputs only).
+
+Channels-last inputs (N, C, *spatial packed with C fastest: a channel's position j is at offset
+j * C + c) run without copies: `_bn_stats_cl` and `_bn_bwd_reduce_cl` read (BLOCK_M, BLOCK_CL)
+tiles, rows of positions by a block of channels (contiguous loads along C), and write the same
+partial buffers as their NCHW forms; the apply kernels find an element's channel as idx % C (CL).
+The outputs take the input's layout. An input in neither layout, or a gradient in another layout
+than the input's, is copied first (`copies` counts those).
 """
 from __future__ import annotations
 
@@ -47,6 +54,9 @@ BLOCK_C = 128             # channels per finalize program
 NUM_WARPS = 8
 PROGRAMS_PER_SM = 4       # reduction programs aimed for per multiprocessor (C * S of them)
 MAX_ELEMENTS = 2**31 - 1  # offsets are int32
+BLOCK_M = 64              # positions per tile row block of the channels-last reductions
+BLOCK_CL = 32             # channels per tile of the channels-last reductions
+copies = {"forward": 0, "backward": 0}     # operands re-laid out before a launch
 _DTYPES = frozenset((np.dtype(np.float16), np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)))
 _FLOAT32 = np.dtype(np.float32)
 
@@ -81,6 +91,35 @@ def _bn_stats(X, PART, C, HW, M, chunk, BLOCK: tl.constexpr):
     tl.store(base, cnt)
     tl.store(base + C, mean)
     tl.store(base + 2 * C, m2)
+
+
+@triton.jit
+def _bn_stats_cl(X, PART, C, M, chunk, BLOCK_M: tl.constexpr, BLOCK_CL: tl.constexpr):
+    cs = tl.program_id(0) * BLOCK_CL + tl.arange(0, BLOCK_CL)
+    s = tl.program_id(1)
+    okc = cs < C
+    lo = s * chunk
+    hi = tl.minimum(lo + chunk, M)
+    cnt = tl.zeros((BLOCK_CL,), dtype=tl.float32)
+    mean = tl.zeros((BLOCK_CL,), dtype=tl.float32)
+    m2 = tl.zeros((BLOCK_CL,), dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_M):
+        j = start + tl.arange(0, BLOCK_M)
+        mj = j < hi
+        m = mj[:, None] & okc[None, :]
+        x = tl.load(X + j[:, None] * C + cs[None, :], mask=m, other=0.0).to(tl.float32)
+        nb = tl.sum(mj.to(tl.float32), axis=0)
+        mb = tl.sum(x, axis=0) / nb
+        d = tl.where(m, x - mb[None, :], 0.0)
+        tot = cnt + nb
+        delta = mb - mean
+        mean = mean + delta * (nb / tot)
+        m2 = m2 + tl.sum(d * d, axis=0) + delta * delta * (cnt * nb / tot)
+        cnt = tot
+    base = PART + s * 3 * C + cs
+    tl.store(base, cnt, mask=okc)
+    tl.store(base + C, mean, mask=okc)
+    tl.store(base + 2 * C, m2, mask=okc)
 
 
 @triton.jit
@@ -122,10 +161,17 @@ def _bn_finalize(PART, S, C, MEAN, RSTD, COEF, W, B, RM, RV, momentum, eps, HAS_
 
 
 @triton.jit
-def _bn_apply(X, Y, MEAN, COEF, C, HW, n, BLOCK: tl.constexpr):
+def _channel(idx, C, HW, CL: tl.constexpr):
+    if CL:
+        return idx % C
+    return (idx // HW) % C
+
+
+@triton.jit
+def _bn_apply(X, Y, MEAN, COEF, C, HW, n, CL: tl.constexpr, BLOCK: tl.constexpr):
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = idx < n
-    c = (idx // HW) % C
+    c = _channel(idx, C, HW, CL)
     x = tl.load(X + idx, mask=m, other=0.0).to(tl.float32)
     mean = tl.load(MEAN + c, mask=m, other=0.0)
     scale = tl.load(COEF + c, mask=m, other=0.0)
@@ -155,6 +201,28 @@ def _bn_bwd_reduce(DY, X, MEAN, PART, C, HW, M, chunk, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _bn_bwd_reduce_cl(DY, X, MEAN, PART, C, M, chunk, BLOCK_M: tl.constexpr, BLOCK_CL: tl.constexpr):
+    cs = tl.program_id(0) * BLOCK_CL + tl.arange(0, BLOCK_CL)
+    s = tl.program_id(1)
+    okc = cs < C
+    lo = s * chunk
+    hi = tl.minimum(lo + chunk, M)
+    mean = tl.load(MEAN + cs, mask=okc, other=0.0).to(tl.float32)
+    sdy = tl.zeros((BLOCK_CL,), dtype=tl.float32)
+    sdyxc = tl.zeros((BLOCK_CL,), dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_M):
+        j = start + tl.arange(0, BLOCK_M)
+        m = (j < hi)[:, None] & okc[None, :]
+        off = j[:, None] * C + cs[None, :]
+        dy = tl.load(DY + off, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(X + off, mask=m, other=0.0).to(tl.float32)
+        sdy += tl.sum(dy, axis=0)
+        sdyxc += tl.sum(dy * tl.where(m, x - mean[None, :], 0.0), axis=0)
+    tl.store(PART + s * 2 * C + cs, sdy, mask=okc)
+    tl.store(PART + s * 2 * C + C + cs, sdyxc, mask=okc)
+
+
+@triton.jit
 def _bn_bwd_finalize(PART, S, C, M, RSTD, W, COEF, GW, GB, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                      BLOCK_C: tl.constexpr):
     cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -177,10 +245,10 @@ def _bn_bwd_finalize(PART, S, C, M, RSTD, W, COEF, GW, GB, HAS_W: tl.constexpr, 
 
 
 @triton.jit
-def _bn_bwd_apply(DY, X, MEAN, COEF, DX, C, HW, n, BLOCK: tl.constexpr):
+def _bn_bwd_apply(DY, X, MEAN, COEF, DX, C, HW, n, CL: tl.constexpr, BLOCK: tl.constexpr):
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = idx < n
-    c = (idx // HW) % C
+    c = _channel(idx, C, HW, CL)
     dy = tl.load(DY + idx, mask=m, other=0.0).to(tl.float32)
     x = tl.load(X + idx, mask=m, other=0.0).to(tl.float32)
     mean = tl.load(MEAN + c, mask=m, other=0.0).to(tl.float32)
@@ -270,13 +338,52 @@ def supported(x, *others) -> bool:
     return True
 
 
-def splits(C: int, M: int, sms: int) -> tuple:
-    """(S, chunk): each channel's M elements cut into S chunks of `chunk` (a multiple of BLOCK), so
-    that the C * S reduction programs fill about PROGRAMS_PER_SM per multiprocessor."""
-    blocks = -(-M // BLOCK)
+def splits(C: int, M: int, sms: int, block: int = BLOCK) -> tuple:
+    """(S, chunk): each channel's M elements cut into S chunks of `chunk` (a multiple of `block`), so
+    that the C * S reduction programs (channels-last: C is the count of channel blocks) fill about
+    PROGRAMS_PER_SM per multiprocessor."""
+    blocks = -(-M // block)
     want = max(1, min(blocks, -(-PROGRAMS_PER_SM * sms // C)))
-    chunk = -(-blocks // want) * BLOCK
+    chunk = -(-blocks // want) * block
     return -(-M // chunk), chunk
+
+
+def _has_strides(a, want) -> bool:
+    it = a.itemsize
+    return all(b == w * it for b, w, n in zip(a.strides, want, a.shape) if n != 1)
+
+
+def channels_last_strides(shape) -> tuple:
+    """Element strides of a packed channels-last (N, C, *spatial) array: C fastest, N slowest."""
+    st, acc = [0] * len(shape), 1
+    for d in (1,) + tuple(range(len(shape) - 1, 1, -1)) + (0,):
+        st[d] = acc
+        acc *= shape[d]
+    return tuple(st)
+
+
+def is_channels_last(a) -> bool:
+    """Whether array `a` (4-d or 5-d) is packed channels-last and not also C-contiguous."""
+    return a.ndim in (4, 5) and not a.flags.c_contiguous and _has_strides(a, channels_last_strides(a.shape))
+
+
+def _like(x, cl: bool):
+    """A new CuPy array of x's shape and dtype, packed channels-last when `cl`."""
+    if not cl:
+        return cupy.ndarray(x.shape, x.dtype)
+    nd = x.ndim
+    packed = cupy.ndarray((x.shape[0],) + tuple(x.shape[2:]) + (x.shape[1],), x.dtype)
+    return packed.transpose((0, nd - 1) + tuple(range(1, nd - 1)))
+
+
+def _packed(a, cl: bool, kind: str):
+    """`a` itself when it is packed in the layout asked for, else a copy (counted)."""
+    if (_has_strides(a, channels_last_strides(a.shape)) if cl else a.flags.c_contiguous):
+        return a
+    copies[kind] += 1
+    out = _like(a, cl)
+    out[...] = a
+    return out
 
 
 def _ty(a, default="fp32"):
@@ -300,11 +407,14 @@ def _kernel(fn, key: tuple, make):
     return k
 
 
-def _geometry(x):
+def _geometry(x, cl: bool = False):
     C = x.shape[1]
     HW = x.size // (x.shape[0] * C)
     M = x.size // C
-    S, chunk = splits(C, M, TL.multiprocessors())
+    if cl:
+        S, chunk = splits(-(-C // BLOCK_CL), M, TL.multiprocessors(), BLOCK_M)
+    else:
+        S, chunk = splits(C, M, TL.multiprocessors())
     return C, HW, M, S, chunk
 
 
@@ -315,17 +425,24 @@ def _f32(shape):
 def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: float):
     """(y, save_mean, save_rstd) of a training-mode BatchNorm of CuPy array `x`; the running
     statistics (both or neither) are updated in place; the saved statistics are float32."""
-    x = cupy.ascontiguousarray(x)
-    C, HW, M, S, chunk = _geometry(x)
+    cl = is_channels_last(x)
+    x = _packed(x, cl, "forward")
+    C, HW, M, S, chunk = _geometry(x, cl)
     has_run = running_mean is not None and running_var is not None
     rm, rv = (running_mean, running_var) if has_run else (None, None)
-    if _onchip(C, M):
+    if not cl and _onchip(C, M):
         return _forward_onchip(x, weight, bias, rm, rv, momentum, eps, C, HW, M)
     part = _f32((S, 3, C))
-    stats = _kernel(_bn_stats, (x.dtype,), lambda: (
-        {"X": _ty(x), "PART": "*fp32", "C": "i32", "HW": "i32", "M": "i32", "chunk": "i32", "BLOCK": "constexpr"},
-        dict(BLOCK=BLOCK), NUM_WARPS))
-    TL.launch(stats, (C, S), x, part, C, HW, M, chunk)
+    if cl:
+        stats = _kernel(_bn_stats_cl, (x.dtype,), lambda: (
+            {"X": _ty(x), "PART": "*fp32", "C": "i32", "M": "i32", "chunk": "i32", "BLOCK_M": "constexpr",
+             "BLOCK_CL": "constexpr"}, dict(BLOCK_M=BLOCK_M, BLOCK_CL=BLOCK_CL), 4))
+        TL.launch(stats, (-(-C // BLOCK_CL), S), x, part, C, M, chunk)
+    else:
+        stats = _kernel(_bn_stats, (x.dtype,), lambda: (
+            {"X": _ty(x), "PART": "*fp32", "C": "i32", "HW": "i32", "M": "i32", "chunk": "i32",
+             "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), NUM_WARPS))
+        TL.launch(stats, (C, S), x, part, C, HW, M, chunk)
     mean = _f32((C,))
     rstd = _f32((C,))
     coef = _f32((2, C))
@@ -336,10 +453,10 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
         dict(HAS_W=weight is not None, HAS_B=bias is not None, HAS_RUN=has_run, BLOCK_C=BLOCK_C), 4))
     TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, mean, rstd, coef, weight, bias, rm, rv,
               momentum, eps)
-    y = cupy.ndarray(x.shape, x.dtype)
-    apply = _kernel(_bn_apply, (x.dtype,), lambda: (
+    y = _like(x, cl)
+    apply = _kernel(_bn_apply, (x.dtype, cl), lambda: (
         {"X": _ty(x), "Y": _ty(y), "MEAN": "*fp32", "COEF": "*fp32", "C": "i32", "HW": "i32", "n": "i32",
-         "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), NUM_WARPS))
+         "CL": "constexpr", "BLOCK": "constexpr"}, dict(CL=cl, BLOCK=BLOCK), NUM_WARPS))
     TL.launch(apply, ((x.size + BLOCK - 1) // BLOCK,), x, y, mean, coef, C, HW, x.size)
     return y, mean, rstd
 
@@ -347,16 +464,24 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
 def backward(grad_out, x, weight, bias, save_mean, save_rstd):
     """(dx, grad_weight or None, grad_bias or None) of `forward` (training mode), the parameter
     gradients in their parameters' dtypes."""
-    x = cupy.ascontiguousarray(x)
-    dy = cupy.ascontiguousarray(grad_out)
-    C, HW, M, S, chunk = _geometry(x)
-    if _onchip(C, M):
+    cl = is_channels_last(x)
+    x = _packed(x, cl, "backward")
+    dy = _packed(grad_out, cl, "backward")
+    C, HW, M, S, chunk = _geometry(x, cl)
+    if not cl and _onchip(C, M):
         return _backward_onchip(dy, x, weight, bias, save_mean, save_rstd, C, HW, M)
     part = _f32((S, 2, C))
-    red = _kernel(_bn_bwd_reduce, (dy.dtype, x.dtype, save_mean.dtype), lambda: (
-        {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "PART": "*fp32", "C": "i32", "HW": "i32", "M": "i32",
-         "chunk": "i32", "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), NUM_WARPS))
-    TL.launch(red, (C, S), dy, x, save_mean, part, C, HW, M, chunk)
+    if cl:
+        red = _kernel(_bn_bwd_reduce_cl, (dy.dtype, x.dtype, save_mean.dtype), lambda: (
+            {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "PART": "*fp32", "C": "i32", "M": "i32",
+             "chunk": "i32", "BLOCK_M": "constexpr", "BLOCK_CL": "constexpr"},
+            dict(BLOCK_M=BLOCK_M, BLOCK_CL=BLOCK_CL), 4))
+        TL.launch(red, (-(-C // BLOCK_CL), S), dy, x, save_mean, part, C, M, chunk)
+    else:
+        red = _kernel(_bn_bwd_reduce, (dy.dtype, x.dtype, save_mean.dtype), lambda: (
+            {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "PART": "*fp32", "C": "i32", "HW": "i32",
+             "M": "i32", "chunk": "i32", "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), NUM_WARPS))
+        TL.launch(red, (C, S), dy, x, save_mean, part, C, HW, M, chunk)
     gw = None if weight is None else cupy.ndarray((C,), weight.dtype)
     gb = None if bias is None else cupy.ndarray((C,), bias.dtype)
     coef = _f32((3, C))
@@ -365,10 +490,10 @@ def backward(grad_out, x, weight, bias, save_mean, save_rstd):
          "COEF": "*fp32", "GW": _ty(gw), "GB": _ty(gb), "HAS_W": "constexpr", "HAS_B": "constexpr",
          "BLOCK_C": "constexpr"}, dict(HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_C=BLOCK_C), 4))
     TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, float(M), save_rstd, weight, coef, gw, gb)
-    dx = cupy.ndarray(x.shape, x.dtype)
-    apply = _kernel(_bn_bwd_apply, (dy.dtype, x.dtype, save_mean.dtype), lambda: (
+    dx = _like(x, cl)
+    apply = _kernel(_bn_bwd_apply, (dy.dtype, x.dtype, save_mean.dtype, cl), lambda: (
         {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "COEF": "*fp32", "DX": _ty(dx), "C": "i32",
-         "HW": "i32", "n": "i32", "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), NUM_WARPS))
+         "HW": "i32", "n": "i32", "CL": "constexpr", "BLOCK": "constexpr"}, dict(CL=cl, BLOCK=BLOCK), NUM_WARPS))
     TL.launch(apply, ((x.size + BLOCK - 1) // BLOCK,), dy, x, save_mean, coef, dx, C, HW, x.size)
     return dx, gw, gb
 

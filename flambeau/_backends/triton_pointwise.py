@@ -1,7 +1,8 @@
 """GELU (erf and tanh forms), SiLU and ReLU, forward and backward, on cuda as one Triton kernel each
 (launched through CuPy by `triton_launch`) instead of a chain of CuPy ufuncs with temporaries.
 
-Contiguous float32/bfloat16/float16 arrays; arithmetic in float32, results in the input's dtype.
+Dense float32/bfloat16/float16 arrays of one layout (C-contiguous, or all channels-last, or any one
+dense stride order: the kernels walk memory, the result takes the operands' strides); arithmetic in float32, results in the input's dtype.
 tanh(u) is computed as 1 - 2 / (exp(2u) + 1) and sigmoid(x) as 1 / (1 + exp(-x)) (both saturate
 cleanly at +-inf). ReLU keeps NaN and -0.0 (x < 0 ? 0 : x) and its gradient is PyTorch's
 threshold_backward (x <= 0 ? 0 : grad).
@@ -85,16 +86,55 @@ def _act_bwd(G, X, DX, n, KIND: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(DX + idx, gx.to(DX.dtype.element_ty), mask=m)
 
 
+def _elem_strides(x) -> tuple:
+    it = x.itemsize
+    return tuple(b // it for b in x.strides)
+
+
+def _dense(shape, strides) -> bool:
+    """Whether these element strides cover exactly prod(shape) elements from the first, none twice."""
+    acc = 1
+    for st, n in sorted((st, n) for n, st in zip(shape, strides) if n != 1):
+        if st != acc:
+            return False
+        acc *= n
+    return True
+
+
+def same_dense_layout(arrays) -> bool:
+    """Whether these arrays (one shape) are all C-contiguous, or all dense with the same strides (a
+    channels-last activation and its gradient): then element i of each is at offset i of its memory."""
+    a = arrays[0]
+    if a.flags.c_contiguous:
+        return all(x.flags.c_contiguous for x in arrays)
+    st = _elem_strides(a)
+    if not _dense(a.shape, st):
+        return False
+    for x in arrays[1:]:
+        if x.shape != a.shape or any(p != q for p, q, n in zip(_elem_strides(x), st, a.shape) if n != 1):
+            return False
+    return True
+
+
+def new_like(x, dtype):
+    """A new CuPy array of x's shape in x's (dense) layout."""
+    if x.flags.c_contiguous:
+        return cupy.ndarray(x.shape, dtype)
+    it = np.dtype(dtype).itemsize
+    flat = cupy.ndarray((x.size,), dtype)
+    return cupy.lib.stride_tricks.as_strided(flat, x.shape, tuple(s * it for s in _elem_strides(x)))
+
+
 def supported(*arrays) -> bool:
-    """Whether these CuPy arrays (same shape, C-contiguous, float32/bfloat16/float16) can go here."""
+    """Whether these CuPy arrays (same shape and dense layout, float32/bfloat16/float16) can go here."""
     a = arrays[0]
     if not a.size:
         return False
     shape = a.shape
     for x in arrays:
-        if x.dtype not in _DTYPES or not x.flags.c_contiguous or x.shape != shape:
+        if x.dtype not in _DTYPES or x.shape != shape:
             return False
-    return True
+    return same_dense_layout(arrays)
 
 
 def _sig(names):
@@ -119,7 +159,7 @@ def _blocks(n: int) -> int:
 
 def forward(x, kind: int):
     """The activation `kind` of CuPy array `x` (see `supported`), a new array of x's dtype."""
-    y = cupy.ndarray(x.shape, x.dtype)
+    y = new_like(x, x.dtype)
     dt = x.dtype
     TL.launch(_act_kernel(_act_fwd, ("X", "Y"), (dt, dt), kind), (_blocks(x.size),), x, y, x.size)
     return y
@@ -127,7 +167,7 @@ def forward(x, kind: int):
 
 def backward(g, x, kind: int):
     """grad * activation'(x), a new array of x's dtype."""
-    dx = cupy.ndarray(x.shape, x.dtype)
+    dx = new_like(x, x.dtype)
     kern = _act_kernel(_act_bwd, ("G", "X", "DX"), (g.dtype, x.dtype, x.dtype), kind)
     TL.launch(kern, (_blocks(x.size),), g, x, dx, x.size)
     return dx
@@ -162,20 +202,19 @@ _FLOAT32 = np.dtype(np.float32)
 
 
 def _is_array(x, like) -> bool:
-    return (cupy is not None and isinstance(x, cupy.ndarray) and x.dtype in _DTYPES and x.shape == like.shape
-            and x.flags.c_contiguous)
+    return cupy is not None and isinstance(x, cupy.ndarray) and x.dtype in _DTYPES and x.shape == like.shape
 
 
 def binary_supported(a, b, out_dtype) -> bool:
-    """Whether `binary` takes these operands into `out_dtype` (a NumPy dtype): C-contiguous CuPy
-    arrays of one shape, or one array and a Python int/float; a float16/bfloat16 result from
+    """Whether `binary` takes these operands into `out_dtype` (a NumPy dtype): CuPy arrays of one shape
+    and dense layout (`same_dense_layout`), or one array and a Python int/float; a float16/bfloat16 result from
     operands of its dtype, or a float32 result from two arrays of which one is half precision (a
     float32 residual stream plus a bfloat16 branch)."""
     arr = a if type(a) not in (int, float) else b
     if type(arr) in (int, float) or not _is_array(arr, arr) or not arr.size:
         return False
     arrays = [x for x in (a, b) if type(x) not in (int, float)]
-    if not all(_is_array(x, arr) for x in arrays):
+    if not all(_is_array(x, arr) for x in arrays) or not same_dense_layout(arrays):
         return False
     out = np.dtype(out_dtype)
     if out in _HALF_DTYPES:
@@ -188,7 +227,7 @@ def binary(a, b, op: str, out_dtype):
     `out_dtype`."""
     sa, sb = type(a) in (int, float), type(b) in (int, float)
     arr = b if sa else a
-    y = cupy.ndarray(arr.shape, out_dtype)
+    y = new_like(arr, out_dtype)
     da, db = (b if sa else a).dtype, (a if sb else b).dtype
     key = (_binary, da, db, y.dtype, op, sa, sb, TL.current_device())
     kern = _kernels.get(key)

@@ -16,6 +16,7 @@ from .._backends import triton_launch, is_cupy, namespace_device
 from ._registry import defop, export, make_inplace, Op, register, TensorSpec, NN_FUNCTIONAL, Tag, EXPORTS
 from ._helpers import result_type, opmath, round_to, zero_where_negative, broadcast_shapes, shape_of, wrap_dim, pointwise_strides
 from .._dispatch import type_name, resize_out
+from .memory_format import empty_strided_array
 from .._device import canonical
 from . import _batching, _sharding
 
@@ -35,11 +36,20 @@ def _type_name(dt):
 _FAST_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def fit(xp, r, shape, npdt):
-    """A fresh contiguous array of `shape`/`npdt` holding `r` (broadcast)."""
-    if getattr(r, "base", 0) is None and r.shape == tuple(shape) and r.dtype == npdt and r.flags.c_contiguous:
-        return r                                   # already a fresh array of the right kind
-    out = xp.empty(shape, dtype=npdt)
+def fit(xp, r, shape, npdt, inputs=()):
+    """A fresh array of `shape`/`npdt` holding `r` (broadcast), laid out as PyTorch lays out a pointwise
+    result of `inputs` (`pointwise_perm`: C order unless the inputs' strides order the dims otherwise,
+    e.g. a channels-last activation)."""
+    want = pointwise_strides(shape, *inputs) if inputs else None
+    if want is None:
+        if getattr(r, "base", 0) is None and r.shape == tuple(shape) and r.dtype == npdt and r.flags.c_contiguous:
+            return r                                   # already a fresh array of the right kind
+        out = xp.empty(shape, dtype=npdt)
+    else:
+        if getattr(r, "base", 0) is None and r.shape == tuple(shape) and r.dtype == npdt and \
+                all(b // r.itemsize == w for b, w, n in zip(r.strides, want, shape) if n != 1):
+            return r
+        out = empty_strided_array(xp, shape, want, npdt)
     out[...] = r
     return out
 
@@ -95,28 +105,30 @@ def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False
                 and a[0].dtype in _FAST_FLOATS:
             x = a[0]                               # fast path: one float32/64 array, default params
             r = fwd(xp, x)                         # a fresh array of x's shape and dtype (ufuncs of x)
-            return r if r.flags.c_contiguous else fit(xp, r, x.shape, x.dtype)
+            return r if r.flags.c_contiguous and x.flags.c_contiguous else fit(xp, r, x.shape, x.dtype, (x,))
         b = op.bind(*a, **k)
         fused = fused_kind and _fused_pointwise(xp, fused_kind(*b[nin:]), b[:nin])
         if fused:
             return fused.forward(b[0], fused_kind(*b[nin:]))
         dt, cd, arrs = _prepare(name, b[:nin], ints)
         r = fwd(xp, *arrs, *b[nin:])
-        return fit(xp, r, broadcast_shapes(*(shape_of(x) for x in b[:nin])), dt.np)
+        return fit(xp, r, broadcast_shapes(*(shape_of(x) for x in b[:nin])), dt.np, b[:nin])
 
     def meta(*a, **k):
         b = op.bind(*a, **k)
         dt = result_type(*b[:nin])
         if dt.category < D.FLOATING and not (ints and dt.category == D.INTEGER):
             raise RuntimeError(f"\"{name}\" not implemented for '{_type_name(dt)}'")
-        return TensorSpec(broadcast_shapes(*(shape_of(x) for x in b[:nin])), dt)
+        shape = broadcast_shapes(*(shape_of(x) for x in b[:nin]))
+        return TensorSpec(shape, dt, pointwise_strides(shape, *b[:nin]))
 
     def bkernel(xp, *a, **k):
         if not params and nin == 1 and len(a) == 2 and not k and type(a[0]) is np.ndarray \
                 and type(a[1]) is np.ndarray and a[0].dtype in _FAST_FLOATS and a[1].dtype == a[0].dtype \
                 and a[0].shape == a[1].shape:
             r = bwd(xp, *a)                        # fast path: gradient and input of one float32/64 shape
-            return r if r.flags.c_contiguous else fit(xp, r, r.shape, r.dtype)
+            return r if r.flags.c_contiguous and a[0].flags.c_contiguous and a[1].flags.c_contiguous \
+                else fit(xp, r, r.shape, r.dtype, a)
         b = bop.bind(*a, **k)
         g, ins = b[0], b[1:1 + nin]
         fused = fused_kind and _fused_pointwise(xp, fused_kind(*b[1 + nin:]), (g, *ins))
@@ -126,14 +138,15 @@ def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False
         shape = broadcast_shapes(shape_of(g), *(shape_of(x) for x in ins))
         r = bwd(xp, g.astype(cd, copy=False), *arrs, *b[1 + nin:])
         if nin == 1:
-            return fit(xp, r, shape, dt.np)
-        return tuple(None if x is None else fit(xp, x, shape, dt.np) for x in r)
+            return fit(xp, r, shape, dt.np, (g, *ins))
+        return tuple(None if x is None else fit(xp, x, shape, dt.np, (g, *ins)) for x in r)
 
     def bmeta(*a, **k):
         b = bop.bind(*a, **k)
         shape = broadcast_shapes(*(shape_of(x) for x in b[:1 + nin]))
         dt = result_type(*b[1:1 + nin])
-        return TensorSpec(shape, dt) if nin == 1 else tuple(TensorSpec(shape, dt) for _ in range(nin))
+        st = pointwise_strides(shape, *b[:1 + nin])
+        return TensorSpec(shape, dt, st) if nin == 1 else tuple(TensorSpec(shape, dt, st) for _ in range(nin))
 
     names = [x.name for x in op._schema.args]
     want = set(grads or tensors)

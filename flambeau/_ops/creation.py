@@ -16,12 +16,13 @@ import numpy as np
 
 from .. import _dtype as D
 from .. import _state
-from .._tensor import Tensor
+from .._tensor import Tensor, contiguous_format, preserve_format
 from ..storage import TypedStorage, UntypedStorage
 from .._device import canonical
 from .._dispatch import WRAPPER_DEVICE
 from .._backends import get as backend, MetaArray
 from ._registry import METHODS, defop, export, TensorSpec, Tag
+from .memory_format import check_format, is_plain, like_strides
 
 
 def _size(size) -> tuple:
@@ -141,19 +142,39 @@ def empty(*size, dtype=None, device=None, requires_grad=False, layout=None, pin_
     return _finish(t, requires_grad) if out is None else out.resize_(t.shape)
 
 
-def _like(fn):
+def like_layout(t: Tensor, input: Tensor, memory_format, requires_grad: bool = False) -> Tensor:
+    """`t` (a fresh contiguous tensor of input's shape) in the layout `empty_like(input, memory_format=)`
+    takes: preserve_format (None) keeps a dense input's strides, as PyTorch's *_like factories do."""
+    if memory_format is contiguous_format or (memory_format in (None, preserve_format) and input.is_contiguous()):
+        return _finish(t, requires_grad)
+    strides = like_strides(input, memory_format)
+    if is_plain(t.shape, strides):
+        return _finish(t, requires_grad)
+    out = _empty_strided(tuple(t.shape), strides, dtype=t.dtype, device=t.device)
+    return _finish(out.copy_(t), requires_grad)
+
+
+def _like(fn, zero=False):
     def like(input, *args, dtype=None, device=None, requires_grad=False, layout=None, memory_format=None,
              pin_memory=False):
         if input._device is WRAPPER_DEVICE:      # a DTensor: its layout, filled locally
             return input._wrapper_like(fn, args, dict(dtype=dtype, requires_grad=requires_grad))
-        return fn(input.shape, *args, dtype=dtype or input.dtype,
-                  device=device if device is not None else input.device, requires_grad=requires_grad)
+        if memory_format is not None and memory_format is not preserve_format:
+            check_format(memory_format, input.ndim, fn.__name__ + "_like")
+        dev = device if device is not None else input.device
+        if zero and not (memory_format is contiguous_format or (memory_format in (None, preserve_format)
+                                                               and input.is_contiguous())):
+            strides = like_strides(input, memory_format)     # a zeroed buffer in the layout asked for
+            return _finish(_empty_strided(tuple(input.shape), strides, dtype=dtype or input.dtype, device=dev),
+                           requires_grad)
+        t = fn(input.shape, *args, dtype=dtype or input.dtype, device=dev)
+        return like_layout(t, input, memory_format, requires_grad)
     return like
 
 
-zeros_like = export("zeros_like")(_like(zeros))
+zeros_like = export("zeros_like")(_like(zeros, zero=True))
 ones_like = export("ones_like")(_like(ones))
-empty_like = export("empty_like")(_like(empty))
+empty_like = export("empty_like")(_like(empty, zero=True))
 
 
 @export()
@@ -161,8 +182,11 @@ def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False
               memory_format=None, pin_memory=False):
     if input._device is WRAPPER_DEVICE:
         return input._wrapper_like(full, (fill_value,), dict(dtype=dtype, requires_grad=requires_grad))
-    return full(input.shape, fill_value, dtype=dtype or input.dtype,
-                device=device if device is not None else input.device, requires_grad=requires_grad)
+    if memory_format is not None and memory_format is not preserve_format:
+        check_format(memory_format, input.ndim, "full_like")
+    t = full(input.shape, fill_value, dtype=dtype or input.dtype,
+             device=device if device is not None else input.device)
+    return like_layout(t, input, memory_format, requires_grad)
 
 
 def _new(fn):

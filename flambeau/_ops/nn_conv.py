@@ -29,6 +29,8 @@ from .. import _dtype as D
 from .._backends import cpu_kernels, cudnn, is_cupy
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
+from .memory_format import as_format, conv_memory_format, format_strides
+from .._tensor import contiguous_format
 from .._dispatch import type_name
 from .nn_pad import constant_pad_nd
 from . import _batching
@@ -453,6 +455,10 @@ def _gpu_col2im_adjoint(xp, gy, w, st, pad, dil, G, size):
     return xp.ascontiguousarray(acc[(slice(None), slice(None)) + crop])
 
 
+def _is_cl(memory_format) -> bool:
+    return memory_format is not None and memory_format is not contiguous_format
+
+
 def _plain_gemm(ks, st, pad) -> bool:
     """A 1×1, stride-1, unpadded convolution is one GEMM: cuBLAS beats cuDNN's legacy algorithms
     for it (bench/conv_cudnn.py), so the cuda path skips cuDNN there."""
@@ -469,22 +475,25 @@ def _up(*arrays):
     return tuple(a if a is None or not _low_precision(a) else a.astype(np.float32) for a in arrays)
 
 
-def conv_forward_arrays(xp, x, w, st, pad, dil, groups, bias=None):
+def conv_forward_arrays(xp, x, w, st, pad, dil, groups, bias=None, memory_format=None):
+    """The convolution of x with w; `memory_format`: the layout the caller wants (cuDNN writes it
+    directly; the other paths leave the result C-contiguous for the caller to lay out)."""
     pads = [(p, p) for p in pad]
     if not is_cupy(xp):
         return _cpu_forward(x, w, bias, st, pads, dil, groups)
     if (_low_precision(x) or not _plain_gemm(w.shape[2:], st, pad)) and \
-            (r := cudnn.forward(x, w, bias, st, pad, dil, groups)) is not None:
+            (r := cudnn.forward(x, w, bias, st, pad, dil, groups, channels_last=_is_cl(memory_format))) is not None:
         return r
     x, w, bias = _up(x, w, bias)
     return _gpu_forward(xp, x, w, bias, st, pads, dil, groups)
 
 
-def conv_adjoint_arrays(xp, y, w, st, pad, dil, groups, size, bias=None):
+def conv_adjoint_arrays(xp, y, w, st, pad, dil, groups, size, bias=None, memory_format=None):
     """The transposed convolution: y (N, O, *out) with w (O, Cg, *k) -> (N, Cg*groups, *size). With
     stride 1 it is a forward convolution of y with the flipped, group-transposed kernel."""
     if xp is not np and (_low_precision(y) or not _plain_gemm(w.shape[2:], st, pad)) and \
-            (r := cudnn.backward_data(y, w, st, pad, dil, groups, size)) is not None:
+            (r := cudnn.backward_data(y, w, st, pad, dil, groups, size,
+                                      channels_last=_is_cl(memory_format))) is not None:
         if bias is not None:
             r += bias.reshape((-1,) + (1,) * (r.ndim - 2))
         return r
@@ -509,12 +518,13 @@ def conv_adjoint_arrays(xp, y, w, st, pad, dil, groups, size, bias=None):
     return r
 
 
-def conv_weight_grad_arrays(xp, x, gy, wshape, st, pad, dil, groups):
+def conv_weight_grad_arrays(xp, x, gy, wshape, st, pad, dil, groups, memory_format=None):
     pads = [(p, p) for p in pad]
     if xp is np:
         return _cpu_weight_grad(x, gy, wshape, st, pads, dil, groups)
     if (_low_precision(x) or not _plain_gemm(wshape[2:], st, pad)) and \
-            (r := cudnn.backward_filter(x, gy, wshape, st, pad, dil, groups)) is not None:
+            (r := cudnn.backward_filter(x, gy, wshape, st, pad, dil, groups,
+                                        channels_last=_is_cl(memory_format))) is not None:
         return r
     x, gy = _up(x, gy)
     return _gpu_weight_grad(xp, x, gy, wshape, st, pads, dil, groups)
@@ -531,18 +541,20 @@ def convolution(xp, input, weight, bias, stride, padding, dilation, transposed, 
     cd = opmath(dt) if xp is np else dt.np      # cuda: half/bfloat16 stay so (conv_*_arrays cast where needed)
     x, w = input.astype(cd, copy=False), weight.astype(cd, copy=False)
     b = None if bias is None else bias.astype(cd, copy=False)
+    mf = conv_memory_format(input, weight, xp is not np)
     if transposed:
-        r = conv_adjoint_arrays(xp, x, w, st, pd, dl, groups, shape[2:], b)
+        r = conv_adjoint_arrays(xp, x, w, st, pd, dl, groups, shape[2:], b, memory_format=mf)
     else:
-        r = conv_forward_arrays(xp, x, w, st, pd, dl, groups, b)
-    return r.astype(dt.np, copy=False)
+        r = conv_forward_arrays(xp, x, w, st, pd, dl, groups, b, memory_format=mf)
+    return as_format(xp, r.astype(dt.np, copy=False), mf)
 
 
 @convolution.def_meta
 def _(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     dt = _dtype_checks(input, weight, bias)
-    return TensorSpec(conv_output_shape(input, weight, bias, stride, padding, dilation, transposed,
-                                        output_padding, groups), dt)
+    shape = conv_output_shape(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    return TensorSpec(shape, dt, format_strides(shape, conv_memory_format(input, weight,
+                                                                          input.device.type == "cuda")))
 
 
 def _adjoint_output_padding(size, y_spatial, ks, stride, padding, dilation):
@@ -555,8 +567,10 @@ def _adjoint_output_padding(size, y_spatial, ks, stride, padding, dilation):
 def _convolution_derivative(grad, input, weight, bias_meta, stride, padding, dilation, transposed, groups,
                             output_mask):
     """Only the gradients `output_mask` asks for (PyTorch's convolution_backward): the first layer of a
-    network computes no input gradient."""
+    network computes no input gradient. The input and weight gradients take the forward's memory
+    format (channels-last when the input or the weight is), whatever the incoming gradient's."""
     nd = weight.ndim - 2
+    mf = conv_memory_format(input, weight, input.device.type == "cuda")
     ks = tuple(weight.shape[2:])
     gi = gw = gb = None
     if not transposed:
@@ -574,6 +588,8 @@ def _convolution_derivative(grad, input, weight, bias_meta, stride, padding, dil
             gw = _convolution_weight_grad(grad, input, tuple(weight.shape), stride, padding, dilation, groups)
     if bias_meta is not None and output_mask[2]:
         gb = grad.sum([0] + list(range(2, grad.ndim)))
+    gi = None if gi is None else gi.contiguous(memory_format=mf)      # (no copy when it already is)
+    gw = None if gw is None else gw.contiguous(memory_format=mf)
     return gi, gw, gb
 
 
@@ -584,14 +600,16 @@ def _convolution_weight_grad(xp, input, grad_output, weight_size, stride, paddin
     st, pd, dl = ntuple(stride, nd, "stride"), ntuple(padding, nd, "padding"), ntuple(dilation, nd, "dilation")
     dt = D.FROM_NP[input.dtype]
     cd = opmath(dt) if xp is np else dt.np
+    mf = conv_memory_format(input, grad_output, xp is not np)    # channels-last activations: a channels-last gradient
     r = conv_weight_grad_arrays(xp, input.astype(cd, copy=False), grad_output.astype(cd, copy=False),
-                                tuple(weight_size), st, pd, dl, groups)
-    return r.astype(dt.np, copy=False)
+                                tuple(weight_size), st, pd, dl, groups, memory_format=mf)
+    return as_format(xp, r.astype(dt.np, copy=False), mf)
 
 
 @_convolution_weight_grad.def_meta
 def _(input, grad_output, weight_size, stride, padding, dilation, groups):
-    return TensorSpec(tuple(weight_size), input.dtype)
+    mf = conv_memory_format(input, grad_output, input.device.type == "cuda")
+    return TensorSpec(tuple(weight_size), input.dtype, format_strides(tuple(weight_size), mf))
 
 
 @_convolution_weight_grad.def_derivative

@@ -13,6 +13,8 @@ import numpy as np
 from .. import _dtype as D
 from .._backends import cuda_index_kernels, device_checks
 from ._registry import defop, export, autocast_policy, TensorSpec, Tag
+from .memory_format import empty_strided_array, format_strides, suggest_memory_format
+from .._tensor import contiguous_format
 from .nn_resample import _taps_gather
 from .._dispatch import type_name
 from .._tensor import _no_grad
@@ -41,7 +43,12 @@ def _padded_shape(shape, pad, name="constant_pad_nd"):
 @defop("constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor")
 def constant_pad_nd(xp, self, pad, value=0):
     shape, pad = _padded_shape(self.shape, pad)
-    out = xp.full(shape, value, dtype=self.dtype)
+    mf = suggest_memory_format(self)         # PyTorch: the input's memory format
+    if mf is contiguous_format:
+        out = xp.full(shape, value, dtype=self.dtype)
+    else:
+        out = empty_strided_array(xp, shape, format_strides(shape, mf), self.dtype)
+        out[...] = value
     src, dst = [slice(None)] * self.ndim, [slice(None)] * self.ndim
     for i in range(len(pad) // 2):
         d = self.ndim - 1 - i
@@ -55,7 +62,8 @@ def constant_pad_nd(xp, self, pad, value=0):
 
 @constant_pad_nd.def_meta
 def _(self, pad, value=0):
-    return TensorSpec(_padded_shape(tuple(self.shape), pad)[0], self.dtype)
+    shape = _padded_shape(tuple(self.shape), pad)[0]
+    return TensorSpec(shape, self.dtype, format_strides(shape, suggest_memory_format(self)))
 
 
 @constant_pad_nd.def_derivative

@@ -23,6 +23,7 @@ from .. import _state
 from .._device import canonical
 from ._registry import defop, export, autocast_policy, TensorSpec, Tag
 from ._helpers import opmath
+from .memory_format import as_format, format_strides, suggest_memory_format
 from .nn_conv import ntuple
 from .nn_resample import _taps_gather, _plane_scatter_add, _plane_gather
 from .._dispatch import type_name
@@ -188,13 +189,15 @@ def _max_pool_backward(xp, grad_output, indices, self_size, kernel_size, stride,
     nd, size = len(kernel_size), tuple(self_size)
     fused = _triton_max_pool(xp)
     if fused and fused.backward_supported(grad_output, indices, size, nd):
-        return fused.backward(grad_output, indices, size, nd, kernel_size, stride, padding, dilation)
+        return as_format(xp, fused.backward(grad_output, indices, size, nd, kernel_size, stride, padding, dilation),
+                         suggest_memory_format(indices))       # the input's format, as the indices'
     return _plane_scatter_add.kernel(xp, grad_output, indices, size, nd, _disjoint(kernel_size, stride, dilation))
 
 
 @_max_pool_backward.def_meta
 def _max_pool_backward_meta(grad_output, indices, self_size, kernel_size, stride, padding, dilation):
-    return TensorSpec(tuple(self_size), grad_output.dtype)
+    return TensorSpec(tuple(self_size), grad_output.dtype,
+                      format_strides(tuple(self_size), suggest_memory_format(indices)))
 
 
 @_max_pool_backward.def_derivative
@@ -239,21 +242,25 @@ def _def_max_pool(nd):
         ks, st, pd, dl = _pool_args(nd, kernel_size, stride, padding, dilation)
         shape = _pool_shape(f"max_pool{nd}d", self.shape, nd, ks, st, pd, dl, ceil_mode)
         geometry = (tuple(self.shape[-nd:]), tuple(shape[-nd:]), ks, st, pd, dl)
+        mf = suggest_memory_format(self, (nd + 2,))      # values and indices in the input's format, as PyTorch's
         fused = _triton_max_pool(xp)
         if fused and fused.supported(self, nd, geometry[1]):
-            return fused.forward(self, nd, geometry[1], ks, st, pd, dl)
+            vals, idx = fused.forward(self, nd, geometry[1], ks, st, pd, dl)
+            return as_format(xp, vals, mf), as_format(xp, idx, mf)
         if xp is np and _inside(*geometry):
             r = cpu_kernels.max_pool2d(self, geometry[1], ks, st, dl) if nd == 2 else None
-            return r if r is not None else _strided_window_max(self, nd, geometry[1], ks, st, dl)
+            r = r if r is not None else _strided_window_max(self, nd, geometry[1], ks, st, dl)
+            return as_format(xp, r[0], mf), as_format(xp, r[1], mf)
         table = _cached_table(xp, ("max",) + geometry, lambda: xp.asarray(_max_pool_tables(*geometry)))
         vals, idx = _window_max(xp, self, nd, table)
-        return vals.reshape(shape), idx.reshape(shape)
+        return as_format(xp, vals.reshape(shape), mf), as_format(xp, idx.reshape(shape), mf)
 
     @op.def_meta
     def _(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
         ks, st, pd, dl = _pool_args(nd, kernel_size, stride, padding, dilation)
         shape = _pool_shape(f"max_pool{nd}d", tuple(self.shape), nd, ks, st, pd, dl, ceil_mode)
-        return TensorSpec(shape, self.dtype), TensorSpec(shape, D.int64)
+        strides = format_strides(shape, suggest_memory_format(self, (nd + 2,)))
+        return TensorSpec(shape, self.dtype, strides), TensorSpec(shape, D.int64, strides)
 
     @op.def_derivative
     def _(grad, self_meta, result, kernel_size, stride, padding, dilation):
@@ -420,11 +427,14 @@ def _def_adaptive_max(nd):
             valid.append(v)
         vals, idx = _window_max(xp, self, nd, _flat_windows(S, pos, valid))
         shape = _shape(self, output_size)
-        return vals.reshape(shape), idx.reshape(shape)
+        mf = suggest_memory_format(self, (4,) if nd == 2 else ())
+        return as_format(xp, vals.reshape(shape), mf), as_format(xp, idx.reshape(shape), mf)
 
     @op.def_meta
     def _(self, output_size):
-        return TensorSpec(_shape(self, output_size), self.dtype), TensorSpec(_shape(self, output_size), D.int64)
+        shape = _shape(self, output_size)
+        strides = format_strides(shape, suggest_memory_format(self, (4,) if nd == 2 else ()))
+        return TensorSpec(shape, self.dtype, strides), TensorSpec(shape, D.int64, strides)
 
     @op.def_derivative
     def _(grad, self_meta, result):

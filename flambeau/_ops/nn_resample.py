@@ -22,6 +22,7 @@ from .. import _dtype as D
 from .._backends import cpu_kernels, cuda_index_kernels
 from ._registry import defop, TensorSpec, Tag
 from ._helpers import opmath
+from .memory_format import as_format, format_strides, suggest_memory_format
 
 
 def _check_tables(self_shape, indices, weights):
@@ -65,6 +66,12 @@ def _scatter_axis(xp, g, idx, w, ax, n):
     return xp.moveaxis(r.reshape(lead + (n,)), -1, ax)
 
 
+def _taps_format(x, n):
+    """The memory format of a gather over x's last `n` dims (pooling, upsampling, padding), as PyTorch's
+    CPU kernels: channels-last for 2-d ones of a 4-d channels-last input; 3-d ones stay contiguous."""
+    return suggest_memory_format(x, (4,) if n == 2 else ())
+
+
 @defop("_taps_gather(Tensor self, Tensor[] indices, Tensor[] weights) -> Tensor", function=False,
        tags=(Tag.core, Tag.extern))
 def _taps_gather(xp, self, indices, weights):
@@ -77,12 +84,13 @@ def _taps_gather(xp, self, indices, weights):
     for i in range(n):
         x = _gather_axis(xp, x, indices[i], weights[i].astype(cd, copy=False) if weights else None,
                          self.ndim - n + i)
-    return xp.ascontiguousarray(x).astype(self.dtype, copy=False)
+    return as_format(xp, xp.ascontiguousarray(x).astype(self.dtype, copy=False), _taps_format(self, len(indices)))
 
 
 @_taps_gather.def_meta
 def _(self, indices, weights):
-    return TensorSpec(_check_tables(self.shape, indices, weights), self.dtype)
+    shape = _check_tables(self.shape, indices, weights)
+    return TensorSpec(shape, self.dtype, format_strides(shape, _taps_format(self, len(indices))))
 
 
 @_taps_gather.def_derivative
@@ -99,12 +107,14 @@ def _taps_gather_backward(xp, grad, indices, weights, self_size):
     for i in range(n):
         ax = nd - n + i
         g = _scatter_axis(xp, g, indices[i], weights[i] if weights else None, ax, self_size[ax])
-    return xp.ascontiguousarray(g).astype(grad.dtype, copy=False)
+    return as_format(xp, xp.ascontiguousarray(g).astype(grad.dtype, copy=False),
+                     _taps_format(grad, len(indices)))
 
 
 @_taps_gather_backward.def_meta
 def _(grad, indices, weights, self_size):
-    return TensorSpec(tuple(self_size), grad.dtype)
+    return TensorSpec(tuple(self_size), grad.dtype,
+                      format_strides(tuple(self_size), _taps_format(grad, len(indices))))
 
 
 @_taps_gather_backward.def_derivative
@@ -123,12 +133,13 @@ def _plane_gather(xp, self, indices, plane_dims):
     lead, R, P = _planes(self.shape, plane_dims)
     idx = indices.reshape(R, -1) if R else indices.reshape(0, 0)
     r = xp.take_along_axis(self.reshape(R, P), idx, axis=1) if R else xp.empty(indices.shape, self.dtype)
-    return r.reshape(indices.shape)
+    return as_format(xp, r.reshape(indices.shape), suggest_memory_format(self))
 
 
 @_plane_gather.def_meta
 def _(self, indices, plane_dims):
-    return TensorSpec(tuple(indices.shape), self.dtype)
+    return TensorSpec(tuple(indices.shape), self.dtype,
+                      format_strides(tuple(indices.shape), suggest_memory_format(self)))
 
 
 @_plane_gather.def_derivative
@@ -141,7 +152,13 @@ def _(grad, self_meta, indices, plane_dims):
 def _plane_scatter_add(xp, self, indices, size, plane_dims, unique=False):
     """`unique`: the caller knows no two indices of a plane are equal (max pooling whose windows do
     not overlap), so the sum is an indexed assignment; `+ 0` turns a -0.0 gradient into the +0.0
-    that adding it to a zero gives (as ATen's `grad_input[index] += grad`)."""
+    that adding it to a zero gives (as ATen's `grad_input[index] += grad`). The result takes the
+    memory format of `indices` (max pooling's are in its input's format)."""
+    return as_format(xp, _plane_scatter_add_planes(xp, self, indices, size, plane_dims, unique),
+                     suggest_memory_format(indices))
+
+
+def _plane_scatter_add_planes(xp, self, indices, size, plane_dims, unique):
     lead, R, P = _planes(tuple(size), plane_dims)
     if R == 0 or self.size == 0:
         return xp.zeros(tuple(size), self.dtype)
@@ -161,7 +178,8 @@ def _plane_scatter_add(xp, self, indices, size, plane_dims, unique=False):
 
 @_plane_scatter_add.def_meta
 def _(self, indices, size, plane_dims, unique=False):
-    return TensorSpec(tuple(size), self.dtype)
+    return TensorSpec(tuple(size), self.dtype,
+                      format_strides(tuple(size), suggest_memory_format(indices)))
 
 
 @_plane_scatter_add.def_derivative

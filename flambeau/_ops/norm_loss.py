@@ -16,6 +16,7 @@ import numpy as np
 from .. import _dtype as D
 from .._backends import triton_launch
 from ._registry import defop, export, TensorSpec, Tag
+from .memory_format import as_format, format_strides, in_layout_of, like_strides, suggest_memory_format
 from ._helpers import opmath, undefined_grad as _undefined_grad
 from .._dispatch import type_name
 from .activation import _rng as rng
@@ -280,7 +281,8 @@ def native_batch_norm(xp, input, weight, bias, running_mean, running_var, traini
         y = y * _bn_shape(x, _c(weight, cd))
     if bias is not None:
         y = y + _bn_shape(x, _c(bias, cd))
-    return y.astype(dt.np), mean.reshape(-1).astype(cd), rstd.reshape(-1).astype(cd)
+    y = as_format(xp, y.astype(dt.np, copy=False), suggest_memory_format(input))     # PyTorch: input's format
+    return y, mean.reshape(-1).astype(cd), rstd.reshape(-1).astype(cd)
 
 
 @native_batch_norm.def_meta
@@ -288,7 +290,8 @@ def _(input, weight, bias, running_mean, running_var, training, momentum, eps):
     _bn_check(input, weight, bias, running_mean, running_var)
     sdt = D.FROM_NP[opmath(input.dtype)]
     c = (input.shape[1],)
-    return TensorSpec(input.shape, input.dtype), TensorSpec(c, sdt), TensorSpec(c, sdt)
+    return (TensorSpec(input.shape, input.dtype, format_strides(input.shape, suggest_memory_format(input))),
+            TensorSpec(c, sdt), TensorSpec(c, sdt))
 
 
 @defop("native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor save_mean, "
@@ -310,11 +313,12 @@ def native_batch_norm_backward(xp, grad_out, input, weight, save_mean, save_invs
         gx = g * rstd * (1 if gamma is None else gamma)
     gw = None if weight is None else (g * xhat).sum(axis=axes).astype(weight.dtype)
     gb = None if bias is None else g.sum(axis=axes).astype(bias.dtype)
-    return gx.astype(dt.np), gw, gb
+    return as_format(xp, gx.astype(dt.np, copy=False), suggest_memory_format(input)), gw, gb
 
 
 native_batch_norm_backward.def_meta(lambda grad_out, input, weight, save_mean, save_invstd, train, bias: (
-    TensorSpec(input.shape, input.dtype), None if weight is None else TensorSpec(weight.shape, weight.dtype),
+    TensorSpec(input.shape, input.dtype, format_strides(input.shape, suggest_memory_format(input))),
+    None if weight is None else TensorSpec(weight.shape, weight.dtype),
     None if bias is None else TensorSpec(bias.shape, bias.dtype)))
 
 
@@ -474,22 +478,24 @@ def _rng(xp):
 def native_dropout(xp, input, p, train):
     dt = D.FROM_NP[input.dtype]
     if train is False:
-        return input.copy(), xp.ones(input.shape, dtype=bool)
+        return input.copy(order="K"), in_layout_of(xp, xp.ones(input.shape, dtype=bool), input)
     scale = 1.0 / (1.0 - p) if p < 1 else 0.0
     cd = opmath(dt)
     if xp is not np:
-        keep = _rng(xp).random(input.shape) >= p if p > 0 else xp.ones(input.shape, dtype=bool)
+        keep = in_layout_of(xp, _rng(xp).random(input.shape) >= p if p > 0 else xp.ones(input.shape, dtype=bool),
+                            input)
         return (input.astype(cd, copy=False) * keep * scale).astype(dt.np), keep
     # NumPy: float32 draws (24 random bits resolve p) at ~60% of a float64 draw's time, and the
     # product computed once in the op-math dtype, scaled in place
     keep = _rng(xp).random(input.shape, dtype=np.float32) >= p if p > 0 else np.ones(input.shape, dtype=bool)
+    keep = in_layout_of(xp, keep, input)          # mask and output in input's layout (PyTorch's empty_like)
     out = np.multiply(input, keep, dtype=cd)
     out *= scale
     return out.astype(dt.np, copy=False), keep
 
 
-native_dropout.def_meta(lambda input, p, train: (TensorSpec(input.shape, input.dtype),
-                                                 TensorSpec(input.shape, D.bool)))
+native_dropout.def_meta(lambda input, p, train: (TensorSpec(input.shape, input.dtype, like_strides(input)),
+                                                 TensorSpec(input.shape, D.bool, like_strides(input))))
 
 
 @native_dropout.def_derivative

@@ -11,11 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtype as D
-from .._tensor import Tensor, _ptr, storage_owner, contiguous_format, channels_last
+from .._tensor import Tensor, _ptr, storage_owner, contiguous_format, preserve_format
 from .._device import canonical, device as Device
 from .._backends import MetaArray, contiguous_strides, cuda_cast, device_checks, get as backend, namespace_backend
 from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
 from ._helpers import wrap_dim, direct_device, direct_call
+from .memory_format import check_format, empty_strided_array, format_strides, suggest_memory_format
 from .creation import zeros, arange, tensor
 from .._dispatch import type_name, device_array_types, WRAPPER_DEVICE
 from . import _batching, _sharding
@@ -329,11 +330,13 @@ def sum_to_size(self, *size):
 @defop("clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", method=True,
        tags=(Tag.core, Tag.recomputable, Tag.no_fp_errors))
 def clone(xp, self, *, memory_format=None):
+    if memory_format is None or memory_format is preserve_format:
+        return xp.array(self, order="K", copy=True)     # dense: the same strides; else dense in their order
     if memory_format is contiguous_format:
         return xp.array(self, order="C", copy=True)
-    if memory_format is channels_last and self.ndim == 4:
-        return xp.ascontiguousarray(self.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-    out = xp.array(self, order="K", copy=True)
+    check_format(memory_format, self.ndim, "clone")
+    out = empty_strided_array(xp, self.shape, format_strides(self.shape, memory_format), self.dtype)
+    out[...] = self
     return out
 
 
@@ -350,9 +353,12 @@ def preserved_strides(shape, strides) -> list:
 
 @clone.def_meta
 def _clone_meta(self, *, memory_format=None):
-    if memory_format is contiguous_format or self.is_contiguous():
+    if memory_format is contiguous_format or (memory_format in (None, preserve_format) and self.is_contiguous()):
         return TensorSpec(self.shape, self.dtype)
-    return TensorSpec(self.shape, self.dtype, preserved_strides(self.shape, self.stride()))
+    if memory_format in (None, preserve_format):
+        return TensorSpec(self.shape, self.dtype, preserved_strides(self.shape, self.stride()))
+    check_format(memory_format, self.ndim, "clone")
+    return TensorSpec(self.shape, self.dtype, format_strides(self.shape, memory_format))
 
 
 @clone.def_derivative
@@ -435,7 +441,7 @@ def _parse_to(args, kwargs):
     device = kwargs.pop("device", None)
     copy = kwargs.pop("copy", False)
     non_blocking = kwargs.pop("non_blocking", False)
-    kwargs.pop("memory_format", None)
+    memory_format = kwargs.pop("memory_format", None)
     if kwargs:
         raise TypeError(f"to() received an invalid combination of arguments - got unexpected {list(kwargs)}")
     for a in args:
@@ -453,21 +459,32 @@ def _parse_to(args, kwargs):
                 device = a
             else:
                 raise TypeError(f"to() received an invalid combination of arguments - got ({type(a).__name__})")
-    return dtype, device, copy, non_blocking
+    return dtype, device, copy, non_blocking, memory_format
 
 
 @export("to", method=True, function=False)
 def to(self, *args, **kwargs):
+    """PyTorch's `Tensor.to`: `self` when nothing changes (for a memory format: when `self` already
+    suggests it), else a copy; `memory_format=` lays the copy out in that format."""
     if not kwargs and len(args) == 1 and type(args[0]) is D.dtype:     # `t.to(dtype)`, autocast's cast
         if args[0] is self._dtype:
             return self
         return _to_copy(self, dtype=args[0], device=None, non_blocking=False)
-    dtype, device, copy, non_blocking = _parse_to(args, dict(kwargs))
+    dtype, device, copy, non_blocking, mf = _parse_to(args, dict(kwargs))
     if device is not None:
         device = canonical(device)
-    if (dtype is None or dtype is self.dtype) and (device is None or device == self.device) and not copy:
+    keep_format = mf is None or mf is preserve_format
+    if mf is not None and not keep_format:
+        check_format(mf, self.ndim, "to")
+    same = (dtype is None or dtype is self.dtype) and (device is None or device == self.device)
+    if same and not copy and (keep_format or suggest_memory_format(self) is mf):
         return self
-    return _to_copy(self, dtype=dtype, device=device, non_blocking=non_blocking)
+    if keep_format:
+        return _to_copy(self, dtype=dtype, device=device, non_blocking=non_blocking)
+    if same:
+        return clone(self, memory_format=mf)
+    r = _to_copy(self, dtype=dtype, device=device, non_blocking=non_blocking)
+    return r if r.is_contiguous(memory_format=mf) else clone(r, memory_format=mf)
 
 
 def _conv(dtype):

@@ -76,7 +76,8 @@ class Adam(Optimizer):
         if not fused or not triton_launch.available():
             return params
         from .._backends import triton_adam  # deferred: imports Triton, optional (cuda only)
-        taken = [p for p in params if p.device.type == "cuda" and triton_adam.supported(p._data, p.grad._data)]
+        taken = [p for p in params if p.device.type == "cuda" and triton_adam.supported(
+            p._data, p.grad._data, *(v._data for k, v in self.state[p].items() if k != "step"))]
         if not taken:
             return params
         by_step: dict = {}

@@ -76,11 +76,11 @@ def _addindent(s: str, n: int) -> str:
 
 
 def _parse_to(*args, **kwargs):
-    """Parse `Module.to`'s overloads: (device, dtype, non_blocking), (dtype), (tensor)."""
+    """Parse `Module.to`'s overloads: (device, dtype, non_blocking), (dtype), (tensor), (memory_format=)."""
     device = kwargs.pop("device", None)
     dtype = kwargs.pop("dtype", None)
     non_blocking = kwargs.pop("non_blocking", False)
-    kwargs.pop("memory_format", None)
+    memory_format = kwargs.pop("memory_format", None)
     if kwargs:
         raise TypeError(f"to() received an invalid combination of arguments - got unexpected {list(kwargs)}")
     for a in args:
@@ -96,4 +96,4 @@ def _parse_to(*args, **kwargs):
             raise TypeError(f"to() received an invalid combination of arguments - got ({_typename(a)})")
     if device is not None:
         device = Device(f"cuda:{device}" if isinstance(device, int) else device)
-    return device, dtype, non_blocking
+    return device, dtype, non_blocking, memory_format

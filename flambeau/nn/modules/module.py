@@ -388,13 +388,15 @@ class Module:
         return self
 
     def to(self, *args, **kwargs) -> "Module":
-        device, dtype, non_blocking = _parse_to(*args, **kwargs)
+        device, dtype, non_blocking, memory_format = _parse_to(*args, **kwargs)
         if dtype is not None and dtype.category < D.FLOATING:
             raise TypeError("nn.Module.to only accepts floating point or complex dtypes, but got desired "
                             f"dtype={dtype}")
 
         def convert(t):
             cast = dtype if dtype is not None and (t.is_floating_point() or t.is_complex()) else None
+            if memory_format is not None and t.dim() in (4, 5):      # as PyTorch: 4-d and 5-d tensors only
+                return t.to(device, cast, non_blocking, memory_format=memory_format)
             if cast is None and device is None:
                 return t
             if cast is None:
