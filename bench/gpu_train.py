@@ -13,6 +13,9 @@ cache, and what ran eagerly (or without a CUDA graph) inside compiled code.
 Workloads (issue 11, item 7), all with bf16 autocast and AdamW (each library's default, foreach on cuda):
   gpt     GPT-2 124M (12 layers, d 768, 12 heads, vocab 50257, tied embeddings), B 8 x T 1024
   resnet  ResNet-50, B 64, 3 x 224 x 224, 1000 classes
+  resnet_cl  the same, channels-last: model.to(memory_format=channels_last), input
+          x.contiguous(memory_format=channels_last) (NHWC cuDNN convolutions, no layout conversions);
+          not in the default --only
   mlp     4 x Linear(256, 256) with ReLU, B 64, 256 classes
 
 For each workload, system and mode, one JSON line: first_step_ms (the first step of a fresh model,
@@ -61,6 +64,9 @@ WORKLOADS = {
     "resnet": dict(build=lambda m: gpu_models.resnet50(m),
                    batch=lambda rng: (rng.standard_normal((64, 3, 224, 224)).astype(np.float32),
                                       rng.integers(0, 1000, 64))),
+    "resnet_cl": dict(build=lambda m: gpu_models.resnet50(m), channels_last=True,
+                      batch=lambda rng: (rng.standard_normal((64, 3, 224, 224)).astype(np.float32),
+                                         rng.integers(0, 1000, 64))),
     "mlp": dict(build=lambda m: gpu_models.mlp(m), batch=lambda rng: (rng.standard_normal((64, 256)).astype(np.float32),
                                                                       rng.integers(0, 256, 64))),
 }
@@ -93,6 +99,9 @@ def run(name, lib, mode, steps, profile, top=0, gc_freeze=False):
     model = spec["build"](m).to("cuda")
     xs, ys = spec["batch"](rng)
     x, y = m.tensor(xs, device="cuda"), m.tensor(ys, device="cuda")
+    if spec.get("channels_last"):
+        model = model.to(memory_format=m.channels_last)
+        x = x.contiguous(memory_format=m.channels_last)
     opt = m.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     fwd = model
     if mode == "compiled":

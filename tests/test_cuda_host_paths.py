@@ -133,9 +133,14 @@ class _FakeArray:
     """What `cuda_cast.cast` reads of a CuPy array."""
     _next_ptr = [0x10000]
 
-    def __init__(self, shape, dtype, contiguous=True, device=0):
+    def __init__(self, shape, dtype, contiguous=True, device=0, strides=None):
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.size = int(np.prod(shape))
+        self.itemsize = self.dtype.itemsize
+        if strides is None:                   # C order, or (not contiguous) every other element
+            strides = np.zeros(self.shape, self.dtype).strides if contiguous else \
+                np.zeros(self.shape[:-1] + (2 * self.shape[-1],), self.dtype)[..., ::2].strides
+        self.strides = tuple(strides)
         self.flags = type("F", (), {"c_contiguous": contiguous})()
         self._next_ptr[0] += 0x1000
         self.data = type("D", (), {"device_id": device, "ptr": self._next_ptr[0]})()
@@ -166,6 +171,12 @@ class _FakeCupy:
         self.cuda = type("C", (), {"device": type("Dv", (), {"get_device_id": staticmethod(lambda: 0)}),
                                    "runtime": type("R", (), {"getDevice": staticmethod(lambda: 0)})})()
 
+        def as_strided(x, shape, strides):
+            out = _FakeArray(shape, x.dtype, contiguous=False, strides=strides)
+            out.data = x.data
+            return out
+        self.lib = type("L", (), {"stride_tricks": type("S", (), {"as_strided": staticmethod(as_strided)})})()
+
     def launch(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         types = (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64)
         addresses = (ctypes.c_void_p * len(types)).from_address(params)
@@ -195,6 +206,17 @@ def test_cast_launches_the_kernel_of_its_dtype_pair(fake_cupy, monkeypatch):
     cuda_cast.cast(fake_cupy, _FakeArray((4,), np.float64), np.dtype(np.float16))
     assert fake_cupy.launches[-1][0] == "flm_cast_f64_f16" and fake_cupy.launches[-1][1] == (1, 1, 1)
     assert len(fake_cupy.sources) == 1                               # one module, compiled once
+
+
+def test_cast_keeps_a_channels_last_layout(fake_cupy):
+    """A dense permuted array (channels-last activations under autocast) casts in the same one kernel,
+    its result in its layout: element i of the output at offset i, as of the input."""
+    t = torch.empty(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    a = _FakeArray(t.shape, np.float32, contiguous=False, strides=[s * 4 for s in t.stride()])
+    out = cuda_cast.cast(fake_cupy, a, np.dtype(ml_dtypes.bfloat16))
+    assert out.shape == a.shape and out.strides == tuple(s * 2 for s in t.stride())
+    (name, _, _, args), = fake_cupy.launches
+    assert name == "flm_cast_f32_bf16" and args == [a.data.ptr, out.data.ptr, 120]
 
 
 @pytest.mark.parametrize("case", ["same dtype", "not contiguous", "integer source", "integer target", "empty",

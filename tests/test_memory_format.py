@@ -427,3 +427,19 @@ def test_cudnn_plans_are_cached_per_layout(monkeypatch):
     p2 = cudnn._plan(*args, channels_last=True)
     assert cudnn._plan(*args, channels_last=True) is p2 and cudnn._plan(*args, channels_last=False) is p1
     assert p1 is not p2 and made == [False, True]
+
+
+def test_flat_triton_kernels_take_one_dense_layout():
+    """triton_pointwise (activations, half-precision binaries) and triton_adam walk memory: they take
+    operands that are all C-contiguous or all of one dense layout (channels-last activations and
+    gradients), not a mix, not a strided slice."""
+    pytest.importorskip("triton")
+    from flambeau._backends.triton_pointwise import same_dense_layout
+    a = np.zeros((2, 3, 4, 5), np.float32)
+    cl = np.zeros((2, 4, 5, 3), np.float32).transpose(0, 3, 1, 2)
+    cl3 = np.zeros((2, 4, 5, 6, 3), np.float16).transpose(0, 4, 1, 2, 3)
+    assert same_dense_layout((a, a.copy())) and same_dense_layout((cl, cl.copy(order="K")))
+    assert same_dense_layout((cl3, cl3.copy(order="K")))
+    assert not same_dense_layout((cl, a)) and not same_dense_layout((a, cl))
+    assert not same_dense_layout((a[:, :, ::2], a[:, :, ::2].copy()))
+    assert not same_dense_layout((cl[:, 1:], cl[:, 1:]))
