@@ -443,3 +443,52 @@ def test_flat_triton_kernels_take_one_dense_layout():
     assert not same_dense_layout((cl, a)) and not same_dense_layout((a, cl))
     assert not same_dense_layout((a[:, :, ::2], a[:, :, ::2].copy()))
     assert not same_dense_layout((cl[:, 1:], cl[:, 1:]))
+
+
+def _cnn(m):
+    nn = m.nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+            self.c2, self.b2 = nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            return m.relu(self.b2(self.c2(m.relu(self.b1(self.c1(x))))) + x)
+
+    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.MaxPool2d(3, 2, 1), Block(), nn.Dropout(0.0), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 5))
+
+
+def test_channels_last_cnn_trains_as_pytorch():
+    """A small ResNet-style model (conv, BatchNorm, ReLU, max pool, residual add, adaptive pool, linear)
+    made channels-last with its input: activations (forward hooks), parameter gradients and two SGD
+    steps equal PyTorch's, strides included."""
+    tm, fm = _cnn(torch), _cnn(flambeau)
+    fm.load_state_dict({k: flambeau.tensor(v.numpy()) for k, v in tm.state_dict().items()})
+    tm.to(memory_format=torch.channels_last)
+    fm.to(memory_format=flambeau.channels_last)
+    x = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
+    y = np.array([0, 1, 2, 4])
+    xt = torch.tensor(x).contiguous(memory_format=torch.channels_last)
+    xf = flambeau.tensor(x).contiguous(memory_format=flambeau.channels_last)
+    seen = {"t": [], "f": []}
+    for k, mod in (("t", tm), ("f", fm)):
+        for layer in mod:
+            layer.register_forward_hook(lambda _m, _i, o, k=k: seen[k].append(o))
+    ot, of = torch.optim.SGD(tm.parameters(), lr=0.1), flambeau.optim.SGD(fm.parameters(), lr=0.1)
+    for step in range(2):
+        seen["t"].clear(), seen["f"].clear()
+        lt = torch.nn.functional.cross_entropy(tm(xt), torch.tensor(y))
+        lf = flambeau.nn.functional.cross_entropy(fm(xf), flambeau.tensor(y))
+        for a, b in zip(seen["f"], seen["t"]):
+            assert _layout(a) == _layout(b), f"step {step}: {tuple(b.shape)} {a.stride()} != torch's {b.stride()}"
+        ot.zero_grad(), of.zero_grad()
+        lt.backward(), lf.backward()
+        assert lf.item() == pytest.approx(lt.item(), rel=1e-5)
+        for (n, a), (_, b) in zip(fm.named_parameters(), tm.named_parameters()):
+            assert a.grad.stride() == b.grad.stride(), n
+            np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=n)
+        ot.step(), of.step()
