@@ -219,6 +219,26 @@ def test_cast_keeps_a_channels_last_layout(fake_cupy):
     assert name == "flm_cast_f32_bf16" and args == [a.data.ptr, out.data.ptr, 120]
 
 
+def test_raw_binary_kernel_keeps_one_dense_layout(fake_cupy, monkeypatch):
+    """add/sub/mul/div's raw kernel walks memory: two channels-last operands (a residual add) run in
+    it with the result channels-last; a channels-last and a contiguous one go the general way."""
+    from flambeau._backends import cuda_binary
+    launched = []
+    monkeypatch.setattr(cuda_binary, "_device_id", [])
+    monkeypatch.setattr(cuda_binary, "_function", lambda *a: "kernel")
+    monkeypatch.setattr(cuda_binary, "_launch", lambda f, n, args: launched.append((n, args)))
+    t = torch.empty(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    cl = [s * 4 for s in t.stride()]
+    a, b = (_FakeArray(t.shape, np.float32, contiguous=False, strides=cl) for _ in range(2))
+    out = cuda_binary.binary(fake_cupy, a, b, "add")
+    assert out.strides == tuple(cl) and launched == [(120, (a, b, out, 120))]
+    assert cuda_binary.binary(fake_cupy, a, 2.0, "mul").strides == tuple(cl)
+    assert cuda_binary.binary(fake_cupy, a, _FakeArray(t.shape, np.float32), "add") is None
+    assert cuda_binary.binary(fake_cupy, _FakeArray(t.shape, np.float32), b, "add") is None
+    assert cuda_binary.binary(fake_cupy, _FakeArray(t.shape, np.float32, contiguous=False), b, "add") is None
+    assert len(launched) == 2
+
+
 @pytest.mark.parametrize("case", ["same dtype", "not contiguous", "integer source", "integer target", "empty",
                                   "other device", "to another device", "not a cupy array"])
 def test_cast_leaves_other_operands_to_cupy(fake_cupy, case):

@@ -137,10 +137,32 @@ def _launch(f, n: int, args: tuple) -> None:
     TL.launch(f, (blocks if blocks < MAX_BLOCKS else MAX_BLOCKS,), *args)
 
 
+def dense_strides(a):
+    """a's element strides when they cover exactly a.size elements from the first, none twice (a
+    channels-last activation: a kernel may walk it as memory); else False."""
+    it = a.itemsize
+    strides = tuple(b // it for b in a.strides)
+    acc = 1
+    for st, n in sorted((st, n) for n, st in zip(a.shape, strides) if n != 1):
+        if st != acc:
+            return False
+        acc *= n
+    return strides
+
+
+def new_in_layout(cupy, shape, dtype, strides):
+    """A new CuPy array of `shape` with these dense element strides."""
+    n = 1
+    for d in shape:
+        n *= d
+    it = np.dtype(dtype).itemsize
+    return cupy.lib.stride_tricks.as_strided(cupy.ndarray((n,), dtype), tuple(shape), tuple(s * it for s in strides))
+
+
 def binary(cupy, a, b, name: str):
     """`a <name> b` for CuPy array `a` and a CuPy array `b` of its shape and dtype, or a Python
-    int/float `b`, both C-contiguous, on the current device; None when these operands are not
-    handled here (the caller computes it the general way). `cupy` is the cuda array namespace the
+    int/float `b`, both C-contiguous or of one dense layout (channels-last), on the current device;
+    the result in that layout; None when these operands are not handled here (the caller computes it the general way). `cupy` is the cuda array namespace the
     dispatcher passes to kernels (this module imports no CuPy, so CPU-only machines load it too)."""
     _ndarray = getattr(cupy, "ndarray", None)
     if type(a) is not _ndarray:
@@ -150,7 +172,10 @@ def binary(cupy, a, b, name: str):
     if spec is None and dt == INT64 and name in INT_OPS:
         spec = _INT_SPEC
     n = a.size
-    if spec is None or not n or n > MAX_ELEMENTS or not a.flags.c_contiguous:
+    if spec is None or not n or n > MAX_ELEMENTS:
+        return None
+    strides = None if a.flags.c_contiguous else dense_strides(a)
+    if strides is False:
         return None
     if not _device_id:
         _device_id.append(getattr(cupy.cuda.device, "get_device_id", cupy.cuda.runtime.getDevice))
@@ -159,15 +184,16 @@ def binary(cupy, a, b, name: str):
         return None
     tb = type(b)
     if tb is _ndarray:
-        if b.dtype != dt or b.shape != a.shape or not b.flags.c_contiguous or b.data.device_id != dev:
+        if b.dtype != dt or b.shape != a.shape or b.data.device_id != dev or \
+                not (b.flags.c_contiguous if strides is None else dense_strides(b) == strides):
             return None
-        out = _ndarray(a.shape, dt)
+        out = _ndarray(a.shape, dt) if strides is None else new_in_layout(cupy, a.shape, dt, strides)
         _launch(_function(cupy, name, dt, "tt", dev), n, (a, b, out, n))
         return out
     if spec is _INT_SPEC:             # an int64 array with a Python int in its range (a float promotes)
         if tb is not int or not _INT64_MIN <= b <= _INT64_MAX:
             return None
-        out = _ndarray(a.shape, dt)
+        out = _ndarray(a.shape, dt) if strides is None else new_in_layout(cupy, a.shape, dt, strides)
         _launch(_function(cupy, name, dt, "ts", dev), n, (a, b, out, n))
         return out
     if tb is float or (tb is int and -_SCALAR_LIMIT <= b <= _SCALAR_LIMIT):
@@ -190,7 +216,7 @@ def binary(cupy, a, b, name: str):
         if c is np.float32 and not -_FLOAT32_MAX <= v <= _FLOAT32_MAX:
             return None
         s = c(v)
-        out = _ndarray(a.shape, dt)
+        out = _ndarray(a.shape, dt) if strides is None else new_in_layout(cupy, a.shape, dt, strides)
         _launch(_function(cupy, name, dt, "ts", dev), n, (a, s, out, n))
         return out
     return None

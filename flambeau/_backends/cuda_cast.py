@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import triton_launch as TL
-from .cuda_binary import TYPES, THREADS, MAX_BLOCKS, _HEADER as _BINARY_HEADER
+from .cuda_binary import TYPES, THREADS, MAX_BLOCKS, _HEADER as _BINARY_HEADER, dense_strides, new_in_layout
 
 _HEADER = _BINARY_HEADER + r"""
 __device__ __forceinline__ float narrow(double v) { float f; asm("cvt.rn.f32.f64 %0, %1;" : "=f"(f) : "d"(v)); return f; }
@@ -62,23 +62,26 @@ def _function(cupy, src: np.dtype, dst: np.dtype, dev: int) -> TL.Kernel:
 
 
 def cast(cupy, a, dtype, device_index=None):
-    """A new C-contiguous copy of CuPy array `a` in NumPy dtype `dtype`, or None when `a` (a
-    C-contiguous float32/float64/float16/bfloat16 array on the current device) or `dtype` is not
-    handled here, or `device_index` (where the copy must go; None: the current device) is another
+    """A new copy of CuPy array `a` in NumPy dtype `dtype`, in a's layout, or None when `a` (a dense
+    float32/float64/float16/bfloat16 array on the current device: C-contiguous, or any one dense stride
+    order such as channels-last, which the kernel walks as memory) or `dtype` is not handled here, or `device_index` (where the copy must go; None: the current device) is another
     device. `cupy` is the cuda array namespace (this module imports no CuPy)."""
     _ndarray = getattr(cupy, "ndarray", None)
     if type(a) is not _ndarray or getattr(cupy, "__name__", None) != "cupy":   # not a third-party device's
         return None
     src = a.dtype
     n = a.size
-    if src == dtype or src not in TYPES or dtype not in TYPES or not n or not a.flags.c_contiguous:
+    if src == dtype or src not in TYPES or dtype not in TYPES or not n:
+        return None
+    strides = None if a.flags.c_contiguous else dense_strides(a)
+    if strides is False:
         return None
     if not _device_id:
         _device_id.append(getattr(cupy.cuda.device, "get_device_id", cupy.cuda.runtime.getDevice))
     dev = _device_id[0]()
     if a.data.device_id != dev or (device_index is not None and device_index != dev):
         return None
-    out = _ndarray(a.shape, dtype)
+    out = _ndarray(a.shape, dtype) if strides is None else new_in_layout(cupy, a.shape, dtype, strides)
     blocks = (n + THREADS - 1) // THREADS
     TL.launch(_function(cupy, src, out.dtype, dev), (blocks if blocks < MAX_BLOCKS else MAX_BLOCKS,), a, out, n)
     return out
