@@ -492,3 +492,32 @@ def test_channels_last_cnn_trains_as_pytorch():
             assert a.grad.stride() == b.grad.stride(), n
             np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=n)
         ot.step(), of.step()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_channels_last_block_on_cuda_without_copies(dtype, monkeypatch):
+    """On the GPU: conv (cuDNN, NHWC) -> BatchNorm (Triton, channels-last kernels) -> ReLU -> + residual,
+    forward and backward, channels-last throughout: values vs PyTorch cuda, strides as PyTorch's, and
+    no operand re-laid out (cudnn.copies, triton_batch_norm.copies unchanged)."""
+    from flambeau._backends import cudnn, triton_batch_norm
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)      # exact float32, as flambeau's here
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 32, 14, 14)).astype(np.float32)
+    w = (rng.standard_normal((32, 32, 3, 3)) * 0.1).astype(np.float32)
+    gy = rng.standard_normal(x.shape).astype(np.float32)
+    res, before = {}, (dict(cudnn.copies), dict(triton_batch_norm.copies))
+    for m in (torch, flambeau):
+        cl = m.channels_last
+        dt = getattr(m, dtype)
+        xt = m.tensor(x, device="cuda").to(dt).contiguous(memory_format=cl).requires_grad_()
+        wt = m.tensor(w, device="cuda").to(dt).contiguous(memory_format=cl).requires_grad_()
+        y = m.nn.functional.conv2d(xt, wt, padding=1)
+        y = m.relu(m.nn.functional.batch_norm(y, None, None, training=True)) + xt
+        gx, gw = m.autograd.grad(y, (xt, wt), m.tensor(gy, device="cuda").to(dt).contiguous(memory_format=cl))
+        res[m.__name__] = [(t.stride(), t.float().cpu().numpy()) for t in (y, gx, gw)]
+    assert (dict(cudnn.copies), dict(triton_batch_norm.copies)) == before
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == "bfloat16" else dict(rtol=1e-4, atol=1e-4)
+    for (sf, vf), (st, vt) in zip(res["flambeau"], res["torch"]):
+        assert sf == st
+        np.testing.assert_allclose(vf, vt, **tol)
