@@ -377,6 +377,19 @@ def _contiguous(x) -> bool:
     return x.is_contiguous() if isinstance(x, Tensor) else x.flags.c_contiguous
 
 
+def _c_ordered(shape, strides) -> bool:
+    """Whether these strides, over the dims of size > 1 not broadcast (stride 0), decrease strictly:
+    such an input asks for C order (TensorIterator's sort leaves those dims in place)."""
+    prev = None
+    for n, st in zip(shape, strides):
+        if n == 1 or st == 0:
+            continue
+        if prev is not None and st >= prev:
+            return False
+        prev = st
+    return True
+
+
 def pointwise_perm(shape, *inputs):
     """The dim order of a pointwise op's output, as PyTorch's TensorIterator chooses it: dims ordered
     like the inputs' strides (the first input that orders two dims decides; broadcast dims are
@@ -391,8 +404,8 @@ def pointwise_perm(shape, *inputs):
     all_strides = [_estrides(x) for x in arrays]
     if not all(type(v) is int for v in shape) or not all(type(v) is int for st in all_strides for v in st):
         return None
-    if all(_contiguous(x) for x in arrays):
-        return None
+    if all(_contiguous(x) or _c_ordered(x.shape, st) for x, st in zip(arrays, all_strides)):
+        return None                       # (an expanded gradient: no input orders the dims otherwise)
     strides = []
     for x, xs in zip(arrays, all_strides):
         lead = nd - x.ndim

@@ -142,13 +142,24 @@ def empty(*size, dtype=None, device=None, requires_grad=False, layout=None, pin_
     return _finish(t, requires_grad) if out is None else out.resize_(t.shape)
 
 
-def like_layout(t: Tensor, input: Tensor, memory_format, requires_grad: bool = False) -> Tensor:
-    """`t` (a fresh contiguous tensor of input's shape) in the layout `empty_like(input, memory_format=)`
-    takes: preserve_format (None) keeps a dense input's strides, as PyTorch's *_like factories do."""
-    if memory_format is contiguous_format or (memory_format in (None, preserve_format) and input.is_contiguous()):
-        return _finish(t, requires_grad)
+def like_strides_of(input: Tensor, memory_format, op: str):
+    """The strides `empty_like(input, memory_format=)` gives, None for C order (the common case, decided
+    from the array's flags): preserve_format (None) keeps a dense input's strides, as PyTorch's."""
+    if memory_format is None or memory_format is preserve_format:
+        flags = getattr(input._data, "flags", None)
+        if flags.c_contiguous if flags is not None else input.is_contiguous():
+            return None
+    elif memory_format is contiguous_format:
+        return None
+    else:
+        check_format(memory_format, input.ndim, op)
     strides = like_strides(input, memory_format)
-    if is_plain(t.shape, strides):
+    return None if is_plain(tuple(input.shape), strides) else strides
+
+
+def like_layout(t: Tensor, strides, requires_grad: bool = False) -> Tensor:
+    """`t` (a fresh C-order tensor) copied into these strides (`like_strides_of`; None: `t` itself)."""
+    if strides is None:
         return _finish(t, requires_grad)
     out = _empty_strided(tuple(t.shape), strides, dtype=t.dtype, device=t.device)
     return _finish(out.copy_(t), requires_grad)
@@ -159,16 +170,12 @@ def _like(fn, zero=False):
              pin_memory=False):
         if input._device is WRAPPER_DEVICE:      # a DTensor: its layout, filled locally
             return input._wrapper_like(fn, args, dict(dtype=dtype, requires_grad=requires_grad))
-        if memory_format is not None and memory_format is not preserve_format:
-            check_format(memory_format, input.ndim, fn.__name__ + "_like")
         dev = device if device is not None else input.device
-        if zero and not (memory_format is contiguous_format or (memory_format in (None, preserve_format)
-                                                               and input.is_contiguous())):
-            strides = like_strides(input, memory_format)     # a zeroed buffer in the layout asked for
+        strides = like_strides_of(input, memory_format, fn.__name__ + "_like")
+        if zero and strides is not None:          # a zeroed buffer in the layout asked for
             return _finish(_empty_strided(tuple(input.shape), strides, dtype=dtype or input.dtype, device=dev),
                            requires_grad)
-        t = fn(input.shape, *args, dtype=dtype or input.dtype, device=dev)
-        return like_layout(t, input, memory_format, requires_grad)
+        return like_layout(fn(input.shape, *args, dtype=dtype or input.dtype, device=dev), strides, requires_grad)
     return like
 
 
@@ -182,11 +189,10 @@ def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False
               memory_format=None, pin_memory=False):
     if input._device is WRAPPER_DEVICE:
         return input._wrapper_like(full, (fill_value,), dict(dtype=dtype, requires_grad=requires_grad))
-    if memory_format is not None and memory_format is not preserve_format:
-        check_format(memory_format, input.ndim, "full_like")
+    strides = like_strides_of(input, memory_format, "full_like")
     t = full(input.shape, fill_value, dtype=dtype or input.dtype,
              device=device if device is not None else input.device)
-    return like_layout(t, input, memory_format, requires_grad)
+    return like_layout(t, strides, requires_grad)
 
 
 def _new(fn):

@@ -14,6 +14,8 @@ Kernels compute in whatever layout suits them and `as_format` lays the result ou
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .._tensor import Tensor, contiguous_format, channels_last, channels_last_3d, preserve_format
 
 # fastest-moving dim first, as c10's loops over `{1, 3, 2, 0}` and `{1, 4, 3, 2, 0}`
@@ -56,6 +58,12 @@ def format_strides(shape, mf) -> tuple:
     return tuple(st)
 
 
+def meta_strides(shape, mf):
+    """A meta function's strides for a result in format `mf`: None (C order) when contiguous, so
+    symbolic sizes meet no comparisons."""
+    return None if mf is contiguous_format or mf is None else format_strides(shape, mf)
+
+
 def _channels_last_like(shape, strides) -> bool:
     """c10's is_channels_last_strides_2d/3d: the strides order the dims C, W, (D,) H, N."""
     order = _ORDER.get(len(shape))
@@ -75,9 +83,16 @@ def suggest_memory_format(x, ranks=(4, 5)):
     """c10's `suggest_memory_format()` of a Tensor, an array or an autograd `_geometry`. `ranks=(4,)`:
     the rule of PyTorch's CPU pooling and resampling kernels, which keep 5-d results contiguous."""
     shape = tuple(x.shape)
-    if len(shape) in ranks and _channels_last_like(shape, _strides_of(x)):
-        return _FORMAT_OF_RANK[len(shape)]
-    return contiguous_format
+    if len(shape) not in ranks:
+        return contiguous_format
+    strides = _strides_of(x)
+    if not _all_ints(shape, strides):        # symbolic sizes: contiguous, as pointwise_perm (no new guards)
+        return contiguous_format
+    return _FORMAT_OF_RANK[len(shape)] if _channels_last_like(shape, strides) else contiguous_format
+
+
+def _all_ints(*seqs) -> bool:
+    return all(isinstance(v, (int, np.integer)) for seq in seqs for v in seq)
 
 
 def conv_memory_format(input, weight, on_cuda=False):
@@ -116,6 +131,8 @@ def like_strides(x, mf=None) -> tuple:
     shape = tuple(x.shape)
     if mf is None or mf is preserve_format:
         strides = _strides_of(x)
+        if not _all_ints(shape, strides):     # symbolic sizes: as the strides say when contiguous, else C order
+            return tuple(strides) if x.is_contiguous() else format_strides(shape, contiguous_format)
         if _dense_non_overlapping(shape, strides):
             return tuple(strides)
         return dense_strides_like(shape, strides)

@@ -29,7 +29,7 @@ from .. import _dtype as D
 from .._backends import cpu_kernels, cudnn, is_cupy
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
-from .memory_format import as_format, conv_memory_format, format_strides
+from .memory_format import as_format, conv_memory_format, meta_strides
 from .._tensor import contiguous_format
 from .._dispatch import type_name
 from .nn_pad import constant_pad_nd
@@ -553,7 +553,7 @@ def convolution(xp, input, weight, bias, stride, padding, dilation, transposed, 
 def _(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     dt = _dtype_checks(input, weight, bias)
     shape = conv_output_shape(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
-    return TensorSpec(shape, dt, format_strides(shape, conv_memory_format(input, weight,
+    return TensorSpec(shape, dt, meta_strides(shape, conv_memory_format(input, weight,
                                                                           input.device.type == "cuda")))
 
 
@@ -588,8 +588,9 @@ def _convolution_derivative(grad, input, weight, bias_meta, stride, padding, dil
             gw = _convolution_weight_grad(grad, input, tuple(weight.shape), stride, padding, dilation, groups)
     if bias_meta is not None and output_mask[2]:
         gb = grad.sum([0] + list(range(2, grad.ndim)))
-    gi = None if gi is None else gi.contiguous(memory_format=mf)      # (no copy when it already is)
-    gw = None if gw is None else gw.contiguous(memory_format=mf)
+    if mf is not contiguous_format:        # (no copy when it already is; symbolic sizes are always contiguous)
+        gi = None if gi is None else gi.contiguous(memory_format=mf)
+        gw = None if gw is None else gw.contiguous(memory_format=mf)
     return gi, gw, gb
 
 
@@ -609,7 +610,7 @@ def _convolution_weight_grad(xp, input, grad_output, weight_size, stride, paddin
 @_convolution_weight_grad.def_meta
 def _(input, grad_output, weight_size, stride, padding, dilation, groups):
     mf = conv_memory_format(input, grad_output, input.device.type == "cuda")
-    return TensorSpec(tuple(weight_size), input.dtype, format_strides(tuple(weight_size), mf))
+    return TensorSpec(tuple(weight_size), input.dtype, meta_strides(tuple(weight_size), mf))
 
 
 @_convolution_weight_grad.def_derivative

@@ -13,7 +13,7 @@ import numpy as np
 from .. import _dtype as D
 from .._backends import cuda_index_kernels, device_checks
 from ._registry import defop, export, autocast_policy, TensorSpec, Tag
-from .memory_format import empty_strided_array, format_strides, suggest_memory_format
+from .memory_format import empty_strided_array, format_strides, meta_strides, suggest_memory_format
 from .._tensor import contiguous_format
 from .nn_resample import _taps_gather
 from .._dispatch import type_name
@@ -63,7 +63,7 @@ def constant_pad_nd(xp, self, pad, value=0):
 @constant_pad_nd.def_meta
 def _(self, pad, value=0):
     shape = _padded_shape(tuple(self.shape), pad)[0]
-    return TensorSpec(shape, self.dtype, format_strides(shape, suggest_memory_format(self)))
+    return TensorSpec(shape, self.dtype, meta_strides(shape, suggest_memory_format(self)))
 
 
 @constant_pad_nd.def_derivative

@@ -23,7 +23,7 @@ from .. import _state
 from .._device import canonical
 from ._registry import defop, export, autocast_policy, TensorSpec, Tag
 from ._helpers import opmath
-from .memory_format import as_format, format_strides, suggest_memory_format
+from .memory_format import as_format, meta_strides, suggest_memory_format
 from .nn_conv import ntuple
 from .nn_resample import _taps_gather, _plane_scatter_add, _plane_gather
 from .._dispatch import type_name
@@ -259,7 +259,7 @@ def _def_max_pool(nd):
     def _(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
         ks, st, pd, dl = _pool_args(nd, kernel_size, stride, padding, dilation)
         shape = _pool_shape(f"max_pool{nd}d", tuple(self.shape), nd, ks, st, pd, dl, ceil_mode)
-        strides = format_strides(shape, suggest_memory_format(self, (nd + 2,)))
+        strides = meta_strides(shape, suggest_memory_format(self, (nd + 2,)))
         return TensorSpec(shape, self.dtype, strides), TensorSpec(shape, D.int64, strides)
 
     @op.def_derivative
@@ -433,7 +433,7 @@ def _def_adaptive_max(nd):
     @op.def_meta
     def _(self, output_size):
         shape = _shape(self, output_size)
-        strides = format_strides(shape, suggest_memory_format(self, (4,) if nd == 2 else ()))
+        strides = meta_strides(shape, suggest_memory_format(self, (4,) if nd == 2 else ()))
         return TensorSpec(shape, self.dtype, strides), TensorSpec(shape, D.int64, strides)
 
     @op.def_derivative

@@ -22,7 +22,7 @@ from .. import _dtype as D
 from .._backends import cpu_kernels, cuda_index_kernels
 from ._registry import defop, TensorSpec, Tag
 from ._helpers import opmath
-from .memory_format import as_format, format_strides, suggest_memory_format
+from .memory_format import as_format, meta_strides, suggest_memory_format
 
 
 def _check_tables(self_shape, indices, weights):
@@ -90,7 +90,7 @@ def _taps_gather(xp, self, indices, weights):
 @_taps_gather.def_meta
 def _(self, indices, weights):
     shape = _check_tables(self.shape, indices, weights)
-    return TensorSpec(shape, self.dtype, format_strides(shape, _taps_format(self, len(indices))))
+    return TensorSpec(shape, self.dtype, meta_strides(shape, _taps_format(self, len(indices))))
 
 
 @_taps_gather.def_derivative
@@ -114,7 +114,7 @@ def _taps_gather_backward(xp, grad, indices, weights, self_size):
 @_taps_gather_backward.def_meta
 def _(grad, indices, weights, self_size):
     return TensorSpec(tuple(self_size), grad.dtype,
-                      format_strides(tuple(self_size), _taps_format(grad, len(indices))))
+                      meta_strides(tuple(self_size), _taps_format(grad, len(indices))))
 
 
 @_taps_gather_backward.def_derivative
@@ -139,7 +139,7 @@ def _plane_gather(xp, self, indices, plane_dims):
 @_plane_gather.def_meta
 def _(self, indices, plane_dims):
     return TensorSpec(tuple(indices.shape), self.dtype,
-                      format_strides(tuple(indices.shape), suggest_memory_format(self)))
+                      meta_strides(tuple(indices.shape), suggest_memory_format(self)))
 
 
 @_plane_gather.def_derivative
@@ -179,7 +179,7 @@ def _plane_scatter_add_planes(xp, self, indices, size, plane_dims, unique):
 @_plane_scatter_add.def_meta
 def _(self, indices, size, plane_dims, unique=False):
     return TensorSpec(tuple(size), self.dtype,
-                      format_strides(tuple(size), suggest_memory_format(indices)))
+                      meta_strides(tuple(size), suggest_memory_format(indices)))
 
 
 @_plane_scatter_add.def_derivative

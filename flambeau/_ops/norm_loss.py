@@ -16,7 +16,7 @@ import numpy as np
 from .. import _dtype as D
 from .._backends import triton_launch
 from ._registry import defop, export, TensorSpec, Tag
-from .memory_format import as_format, format_strides, in_layout_of, like_strides, suggest_memory_format
+from .memory_format import as_format, meta_strides, in_layout_of, like_strides, suggest_memory_format
 from ._helpers import opmath, undefined_grad as _undefined_grad
 from .._dispatch import type_name
 from .activation import _rng as rng
@@ -290,7 +290,7 @@ def _(input, weight, bias, running_mean, running_var, training, momentum, eps):
     _bn_check(input, weight, bias, running_mean, running_var)
     sdt = D.FROM_NP[opmath(input.dtype)]
     c = (input.shape[1],)
-    return (TensorSpec(input.shape, input.dtype, format_strides(input.shape, suggest_memory_format(input))),
+    return (TensorSpec(input.shape, input.dtype, meta_strides(input.shape, suggest_memory_format(input))),
             TensorSpec(c, sdt), TensorSpec(c, sdt))
 
 
@@ -317,7 +317,7 @@ def native_batch_norm_backward(xp, grad_out, input, weight, save_mean, save_invs
 
 
 native_batch_norm_backward.def_meta(lambda grad_out, input, weight, save_mean, save_invstd, train, bias: (
-    TensorSpec(input.shape, input.dtype, format_strides(input.shape, suggest_memory_format(input))),
+    TensorSpec(input.shape, input.dtype, meta_strides(input.shape, suggest_memory_format(input))),
     None if weight is None else TensorSpec(weight.shape, weight.dtype),
     None if bias is None else TensorSpec(bias.shape, bias.dtype)))
 
@@ -494,8 +494,10 @@ def native_dropout(xp, input, p, train):
     return out.astype(dt.np, copy=False), keep
 
 
-native_dropout.def_meta(lambda input, p, train: (TensorSpec(input.shape, input.dtype, like_strides(input)),
-                                                 TensorSpec(input.shape, D.bool, like_strides(input))))
+@native_dropout.def_meta
+def _native_dropout_meta(input, p, train):
+    st = None if input.is_contiguous() else like_strides(input)     # output and mask as empty_like(input)
+    return TensorSpec(input.shape, input.dtype, st), TensorSpec(input.shape, D.bool, st)
 
 
 @native_dropout.def_derivative

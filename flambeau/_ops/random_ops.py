@@ -16,13 +16,12 @@ import math
 import numpy as np
 
 from .. import _dtype as D
-from .._tensor import Tensor, preserve_format
+from .._tensor import Tensor
 from .._device import canonical
 from .._backends import is_cupy, namespace_device
 from ._registry import defop, export, make_inplace, TensorSpec, Tag
 from ._helpers import broadcast_shapes
-from .creation import _size, _size_kw, _dt, _finish, zeros_like, tensor, like_layout
-from .memory_format import check_format
+from .creation import _size, _size_kw, _dt, _finish, zeros_like, tensor, like_layout, like_strides_of
 from .._dispatch import type_name
 from ..random import generator_for, Generator
 
@@ -162,11 +161,10 @@ def randperm(n, *, generator=None, dtype=None, device=None, requires_grad=False,
 def _like(fn):
     def like(input, *args, generator=None, dtype=None, device=None, requires_grad=False, layout=None,
              memory_format=None, pin_memory=False):
-        if memory_format is not None and memory_format is not preserve_format:
-            check_format(memory_format, input.ndim, fn.__name__ + "_like")
+        strides = like_strides_of(input, memory_format, fn.__name__ + "_like")
         t = fn(*args, input.shape, generator=generator, dtype=dtype or input.dtype,
                device=device if device is not None else input.device)
-        return like_layout(t, input, memory_format, requires_grad)
+        return like_layout(t, strides, requires_grad)
     return like
 
 
