@@ -73,9 +73,10 @@ PUBLIC_NAMESPACE_USERS: dict[str, str] = {
 # which must happen only in init_process_group, never at `import flambeau`; 82: the repro script's two
 # AOT autograd imports moved up, flambeau.export loads it at import; onnx, optional, added; 83: the cuda
 # collective engine, `_nccl_backend.nccl_library`, imports CuPy's NCCL module, optional, only where NCCL runs;
-# 79: the Triton launcher's seven CuPy imports are one `triton_launch._cupy()`; 76: the cuDNN wrapper's
-# three calls allocate through `cudnn._empty`).
-MAX_DEFERRED = 76
+# 79: the Triton launcher's seven CuPy imports are one `triton_launch._cupy()`; 77: main had 80 (the
+# eager max-pooling Triton module, `nn_pool._triton_max_pool`, is imported at first use), and the cuDNN
+# wrapper's three calls now allocate through `cudnn._empty`).
+MAX_DEFERRED = 77
 
 # The largest strongly connected component of the module-level import graph (imports executed at
 # import time: function bodies and `if TYPE_CHECKING:` blocks left out). May only shrink. The one

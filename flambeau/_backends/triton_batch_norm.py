@@ -418,6 +418,31 @@ def _geometry(x, cl: bool = False):
     return C, HW, M, S, chunk
 
 
+def stats_cl_signature(x) -> tuple:
+    """(signature, constexprs, num_warps) of `_bn_stats_cl` for input dtype `x`."""
+    return ({"X": _ptr(x), "PART": "*fp32", "C": "i32", "M": "i32", "chunk": "i32", "BLOCK_M": "constexpr",
+             "BLOCK_CL": "constexpr"}, dict(BLOCK_M=BLOCK_M, BLOCK_CL=BLOCK_CL), 4)
+
+
+def apply_signature(x, cl: bool) -> tuple:
+    """(signature, constexprs, num_warps) of `_bn_apply` for input dtype `x`, NCHW or channels-last."""
+    return ({"X": _ptr(x), "Y": _ptr(x), "MEAN": "*fp32", "COEF": "*fp32", "C": "i32", "HW": "i32", "n": "i32",
+             "CL": "constexpr", "BLOCK": "constexpr"}, dict(CL=cl, BLOCK=BLOCK), NUM_WARPS)
+
+
+def bwd_reduce_cl_signature(dy, x, mean) -> tuple:
+    """(signature, constexprs, num_warps) of `_bn_bwd_reduce_cl` for these dtypes."""
+    return ({"DY": _ptr(dy), "X": _ptr(x), "MEAN": _ptr(mean), "PART": "*fp32", "C": "i32", "M": "i32",
+             "chunk": "i32", "BLOCK_M": "constexpr", "BLOCK_CL": "constexpr"},
+            dict(BLOCK_M=BLOCK_M, BLOCK_CL=BLOCK_CL), 4)
+
+
+def bwd_apply_signature(dy, x, mean, cl: bool) -> tuple:
+    """(signature, constexprs, num_warps) of `_bn_bwd_apply` for these dtypes, NCHW or channels-last."""
+    return ({"DY": _ptr(dy), "X": _ptr(x), "MEAN": _ptr(mean), "COEF": "*fp32", "DX": _ptr(x), "C": "i32",
+             "HW": "i32", "n": "i32", "CL": "constexpr", "BLOCK": "constexpr"}, dict(CL=cl, BLOCK=BLOCK), NUM_WARPS)
+
+
 def _f32(shape):
     return cupy.ndarray(shape, _FLOAT32)
 
@@ -434,9 +459,7 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
         return _forward_onchip(x, weight, bias, rm, rv, momentum, eps, C, HW, M)
     part = _f32((S, 3, C))
     if cl:
-        stats = _kernel(_bn_stats_cl, (x.dtype,), lambda: (
-            {"X": _ty(x), "PART": "*fp32", "C": "i32", "M": "i32", "chunk": "i32", "BLOCK_M": "constexpr",
-             "BLOCK_CL": "constexpr"}, dict(BLOCK_M=BLOCK_M, BLOCK_CL=BLOCK_CL), 4))
+        stats = _kernel(_bn_stats_cl, (x.dtype,), lambda: stats_cl_signature(x.dtype))
         TL.launch(stats, (-(-C // BLOCK_CL), S), x, part, C, M, chunk)
     else:
         stats = _kernel(_bn_stats, (x.dtype,), lambda: (
@@ -454,9 +477,7 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
     TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, mean, rstd, coef, weight, bias, rm, rv,
               momentum, eps)
     y = _like(x, cl)
-    apply = _kernel(_bn_apply, (x.dtype, cl), lambda: (
-        {"X": _ty(x), "Y": _ty(y), "MEAN": "*fp32", "COEF": "*fp32", "C": "i32", "HW": "i32", "n": "i32",
-         "CL": "constexpr", "BLOCK": "constexpr"}, dict(CL=cl, BLOCK=BLOCK), NUM_WARPS))
+    apply = _kernel(_bn_apply, (x.dtype, cl), lambda: apply_signature(x.dtype, cl))
     TL.launch(apply, ((x.size + BLOCK - 1) // BLOCK,), x, y, mean, coef, C, HW, x.size)
     return y, mean, rstd
 
@@ -472,10 +493,8 @@ def backward(grad_out, x, weight, bias, save_mean, save_rstd):
         return _backward_onchip(dy, x, weight, bias, save_mean, save_rstd, C, HW, M)
     part = _f32((S, 2, C))
     if cl:
-        red = _kernel(_bn_bwd_reduce_cl, (dy.dtype, x.dtype, save_mean.dtype), lambda: (
-            {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "PART": "*fp32", "C": "i32", "M": "i32",
-             "chunk": "i32", "BLOCK_M": "constexpr", "BLOCK_CL": "constexpr"},
-            dict(BLOCK_M=BLOCK_M, BLOCK_CL=BLOCK_CL), 4))
+        red = _kernel(_bn_bwd_reduce_cl, (dy.dtype, x.dtype, save_mean.dtype),
+                      lambda: bwd_reduce_cl_signature(dy.dtype, x.dtype, save_mean.dtype))
         TL.launch(red, (-(-C // BLOCK_CL), S), dy, x, save_mean, part, C, M, chunk)
     else:
         red = _kernel(_bn_bwd_reduce, (dy.dtype, x.dtype, save_mean.dtype), lambda: (
@@ -491,9 +510,8 @@ def backward(grad_out, x, weight, bias, save_mean, save_rstd):
          "BLOCK_C": "constexpr"}, dict(HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_C=BLOCK_C), 4))
     TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, float(M), save_rstd, weight, coef, gw, gb)
     dx = _like(x, cl)
-    apply = _kernel(_bn_bwd_apply, (dy.dtype, x.dtype, save_mean.dtype, cl), lambda: (
-        {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "COEF": "*fp32", "DX": _ty(dx), "C": "i32",
-         "HW": "i32", "n": "i32", "CL": "constexpr", "BLOCK": "constexpr"}, dict(CL=cl, BLOCK=BLOCK), NUM_WARPS))
+    apply = _kernel(_bn_bwd_apply, (dy.dtype, x.dtype, save_mean.dtype, cl),
+                    lambda: bwd_apply_signature(dy.dtype, x.dtype, save_mean.dtype, cl))
     TL.launch(apply, ((x.size + BLOCK - 1) // BLOCK,), dy, x, save_mean, coef, dx, C, HW, x.size)
     return dx, gw, gb
 

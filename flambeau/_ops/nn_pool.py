@@ -197,7 +197,7 @@ def _max_pool_backward(xp, grad_output, indices, self_size, kernel_size, stride,
 @_max_pool_backward.def_meta
 def _max_pool_backward_meta(grad_output, indices, self_size, kernel_size, stride, padding, dilation):
     return TensorSpec(tuple(self_size), grad_output.dtype,
-                      format_strides(tuple(self_size), suggest_memory_format(indices)))
+                      meta_strides(tuple(self_size), suggest_memory_format(indices)))
 
 
 @_max_pool_backward.def_derivative

@@ -148,8 +148,8 @@ if "--gpt" in sys.argv:              # a small GPT-2 training step under bf16 au
     loss.backward()
 
 def eager_kernels():
-    """flambeau's eager max-pooling kernels (`_backends/triton_max_pool.py`) and one-program-per-channel
-    BatchNorm pair (`_backends/triton_batch_norm.py`) compiled by `triton_launch.compile_kernel` for
+    """flambeau's eager max-pooling kernels (`_backends/triton_max_pool.py`), one-program-per-channel
+    BatchNorm pair and channels-last BatchNorm kernels (`_backends/triton_batch_norm.py`) compiled by `triton_launch.compile_kernel` for
     sm_90 with the signatures their launches use, per dtype (BatchNorm: the smallest and largest block)."""
     from triton.backends.compiler import GPUTarget
     from flambeau._backends import triton_batch_norm as BN
@@ -170,6 +170,13 @@ def eager_kernels():
                                         (BN._bn_bwd_onchip, BN.bwd_onchip_signature(f32, f32, f32, f32, None, None, block))):
             _launch_once(TL.compile_kernel(fn, sig, const, num_warps=warps, num_stages=1),
                          f"{fn.__name__}[{sig['X']}, block {block}, {warps} warps]")
+    for dt in (bf16, f32):                 # the split kernels' channels-last forms
+        for fn, (sig, const, warps) in ((BN._bn_stats_cl, BN.stats_cl_signature(dt)),
+                                        (BN._bn_apply, BN.apply_signature(dt, True)),
+                                        (BN._bn_bwd_reduce_cl, BN.bwd_reduce_cl_signature(dt, dt, f32)),
+                                        (BN._bn_bwd_apply, BN.bwd_apply_signature(dt, dt, f32, True))):
+            _launch_once(TL.compile_kernel(fn, sig, const, num_warps=warps, num_stages=1),
+                         f"{fn.__name__}[{sig['X']}, channels-last]")
 
 
 eager_kernels()
