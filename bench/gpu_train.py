@@ -15,7 +15,8 @@ Workloads (issue 11, item 7), all with bf16 autocast and AdamW (each library's d
   resnet  ResNet-50, B 64, 3 x 224 x 224, 1000 classes
   resnet_cl  the same, channels-last: model.to(memory_format=channels_last), input
           x.contiguous(memory_format=channels_last) (NHWC cuDNN convolutions, no layout conversions);
-          not in the default --only
+          not in the default --only; flambeau's lines add layout_copies_per_step (operands re-laid out
+          before cuDNN calls and Triton BatchNorm launches)
   mlp     4 x Linear(256, 256) with ReLU, B 64, 256 classes
 
 For each workload, system and mode, one JSON line: first_step_ms (the first step of a fresh model,
@@ -89,6 +90,19 @@ def _peak(m):
     return m.cuda.max_memory_allocated() / 2**20
 
 
+def _layout_copies(lib) -> dict:
+    """flambeau's counts of operands re-laid out before a cuDNN call or a Triton BatchNorm launch (a
+    channels-last model should make none); empty for PyTorch."""
+    if lib != "flambeau":
+        return {}
+    from flambeau._backends import cudnn
+    out = {f"cudnn_{k}": v for k, v in cudnn.copies.items()}
+    bn = sys.modules.get("flambeau._backends.triton_batch_norm")
+    if bn is not None:
+        out.update({f"batch_norm_{k}": v for k, v in bn.copies.items()})
+    return out
+
+
 def run(name, lib, mode, steps, profile, top=0, gc_freeze=False):
     m = library(lib)
     spec = WORKLOADS[name]
@@ -122,17 +136,21 @@ def run(name, lib, mode, steps, profile, top=0, gc_freeze=False):
     if gc_freeze:
         gc.freeze()
     meter = measure.GcMeter()
+    copies0 = _layout_copies(lib)
     t0 = time.perf_counter()
     with meter:
         for _ in range(steps):
             loss = step()
         _sync(m)
     ms = (time.perf_counter() - t0) * 1e3 / steps
+    copies = {k: round((v - copies0.get(k, 0)) / steps, 2) for k, v in _layout_copies(lib).items()}
     res = {"workload": name, "system": lib, "mode": mode, "first_step_ms": round(first, 1),
            "ms_per_step": round(ms, 2), "peak_mb": round(_peak(m), 1), "loss": round(float(loss.item()), 4),
            "gc_ms_per_step": round(meter.seconds * 1e3 / steps, 2),
            "gc_collections": dict(enumerate(meter.collections)),
            "gc_tracked_objects": len(gc.get_objects())}
+    if copies:
+        res["layout_copies_per_step"] = copies
     if lib == "flambeau" and mode != "eager":
         res.update(_flambeau_compiled_facts(step))
     if profile:
