@@ -701,9 +701,26 @@ def _out_shape(x_shape, w_shape, st, pad, dil):
                                             for i in range(len(st)))
 
 
+_recorded: list = []     # the lists `record_calls` blocks collect into (innermost last)
+
+
+@contextlib.contextmanager
+def record_calls():
+    """Collect (kind, plan, a, b, out) of each cuDNN convolution `_run` makes inside the block: a
+    compiled graph plans its convolutions from their first call's (_inductor/extern_conv.py)."""
+    seen: list = []
+    _recorded.append(seen)
+    try:
+        yield seen
+    finally:
+        _recorded.remove(seen)
+
+
 def _run(kind, plan, a, b, out):
     """Run one convolution call: `a`, `b` the two inputs in the call's order, `out` the result."""
     import cupy  # deferred: optional dependency, present only where cuda is used
+    if _recorded:
+        _recorded[-1].append((kind, plan, a, b, out))
     lib, h = _state["lib"], _handle()
     if isinstance(plan, _GraphPlan):
         plan.execute(h, plan.roles(a.data.ptr, b.data.ptr, out.data.ptr))

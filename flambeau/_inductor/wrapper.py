@@ -37,7 +37,7 @@ from .._backends import cpu_kernels, device_checks
 from .._device import CPU
 from .._tensor import Tensor
 from ..fx._symbolic_shapes import expr_to_python
-from . import codegen_cpp, config, extern_gemm
+from . import codegen_cpp, config, extern_conv, extern_gemm
 from .ir import Buffer, InputBuffer, MultiOutput, StridedView
 from .scheduler import ExternStep, Kernel
 from .sizevars import SizeExpr, derived_definition, evaluate, replacements
@@ -130,30 +130,72 @@ def _symbolic_args(a) -> bool:
     return False
 
 
+def _getter(a, index: dict):
+    """fn(arrays, env) -> the value of extern argument `a` at a call, built once when the graph is
+    compiled; None when `a` is a constant (passed as it is). A StridedView becomes a view of its
+    base's array, a Buffer that array, a SizeExpr its value; lists and tuples are rebuilt only when
+    they hold something of these."""
+    if isinstance(a, StridedView):
+        i, lay = index[a.base.name], a.layout
+        if lay.is_symbolic():
+            return lambda arrays, env: strided_array(arrays[i], ConcreteLayout(lay, env))
+        return lambda arrays, env: strided_array(arrays[i], lay)
+    if isinstance(a, Buffer):
+        i = index[a.name]
+        return lambda arrays, env: arrays[i]
+    if isinstance(a, SizeExpr):
+        return lambda arrays, env: a.evaluate(env)
+    if isinstance(a, (list, tuple)):
+        parts = [(x, _getter(x, index)) for x in a]
+        if all(g is None for _, g in parts):
+            return None
+        kind = list if isinstance(a, list) else tuple
+        return lambda arrays, env: kind([x if g is None else g(arrays, env) for x, g in parts])
+    return None
+
+
+def _arguments(args: tuple, kwargs: dict, index: dict):
+    """fn(arrays, env) -> (positional list, keyword dict) of an extern call: the constants placed once,
+    the getters (`_getter`) filling in the rest."""
+    template = list(args)
+    fills = [(i, g) for i, a in enumerate(args) if (g := _getter(a, index)) is not None]
+    kw = dict(kwargs)
+    kw_fills = [(k, g) for k, v in kwargs.items() if (g := _getter(v, index)) is not None]
+    if not kw_fills:
+        if len(fills) == len(template) and all(isinstance(args[i], Buffer) and not isinstance(args[i], StridedView)
+                                               for i, _ in fills):
+            at = [index[a.name] for a in args]            # every argument an array as it is
+            return lambda arrays, env: ([arrays[i] for i in at], kw)
+
+        def positional(arrays, env):
+            vals = template.copy()
+            for i, g in fills:
+                vals[i] = g(arrays, env)
+            return vals, kw
+        return positional
+
+    def both(arrays, env):
+        vals = template.copy()
+        for i, g in fills:
+            vals[i] = g(arrays, env)
+        d = kw.copy()
+        for k, g in kw_fills:
+            d[k] = g(arrays, env)
+        return vals, d
+    return both
+
+
 def make_extern(ek, xp=np):
     """(fn, bases, symbolic): fn(*arrays of ek's input buffers, in `ek.inputs()` order) -> array or
     tuple of arrays; when `symbolic`, fn takes the size symbols' values {name: int} last. `xp` is
-    the array namespace of the graph's device (NumPy, CuPy)."""
+    the array namespace of the graph's device (NumPy, CuPy). How each argument is made from the
+    arrays is worked out here, once (`_arguments`), not at each call."""
     bases = []
     index = {}
     for b in ek.inputs():
         if b.name not in index:
             index[b.name] = len(bases)
             bases.append(b)
-
-    def build(a, arrays, env):
-        if isinstance(a, StridedView):
-            lay = a.layout if env is None else ConcreteLayout(a.layout, env)
-            return strided_array(arrays[index[a.base.name]], lay)
-        if isinstance(a, Buffer):
-            return arrays[index[a.name]]
-        if isinstance(a, SizeExpr):
-            return a.evaluate(env)
-        if isinstance(a, list):
-            return [build(x, arrays, env) for x in a]
-        if isinstance(a, tuple):
-            return tuple(build(x, arrays, env) for x in a)
-        return a
     kernel = ek.op.kernel
     args, kwargs = ek.args, ek.kwargs
     multi = ek.layout is None
@@ -166,22 +208,24 @@ def make_extern(ek, xp=np):
     if xp is np and getattr(ek.op, "name", None) in ("mm", "bmm") and not kwargs and not symbolic and \
             all(isinstance(a, (Buffer, StridedView)) and a.dtype in _BLAS_DTYPES for a in args):
         return _matmul_extern(args, index), bases, False   # straight to BLAS (shapes and dtypes are static)
+    arguments = _arguments(tuple(args), kwargs or {}, index)
 
     def call(*arrays):
         env = None
         if symbolic:
             arrays, env = arrays[:-1], arrays[-1]
-        r = kernel(xp, *build(args, arrays, env), **build_kw(kwargs, arrays, env))
+        vals, kw = arguments(arrays, env)
+        r = kernel(xp, *vals, **kw)
         if multi:
             return tuple(f(x) if x is not None and not isinstance(x, (int, float, bool)) else x
                          for f, x in zip(fixes, r)) + tuple(r[len(fixes):])
         return fix(r)
-
-    def build_kw(kw, arrays, env):
-        return {k: build(v, arrays, env) for k, v in kw.items()} if kw else {}
     if xp is not np and getattr(ek.op, "name", None) in extern_gemm.PRODUCTS and not kwargs and not symbolic and \
             len(args) == 2 and all(isinstance(a, (Buffer, StridedView)) for a in args):
-        return extern_gemm.planned_product(args, index, lambda arrays: build(args, arrays, None), call), bases, False
+        return extern_gemm.planned_product(args, index, lambda arrays: arguments(arrays, None)[0], call), bases, False
+    if xp is not np and getattr(ek.op, "name", None) in extern_conv.CONVOLUTIONS and not kwargs and not symbolic \
+            and not multi:
+        return extern_conv.planned_convolution(ek.op.name, arguments, call, xp.empty), bases, False
     return call, bases, symbolic
 
 

@@ -1,0 +1,282 @@
+"""A compiled graph's convolution externs on cuda: argument getters built once (wrapper.make_extern) and
+the planned cuDNN path (_inductor/extern_conv.py).
+
+On cpu the cuda path runs against fakes: a NumPy array type that offers CuPy's `.data.ptr`, a fake
+`cupy` module, and a cuDNN plan whose `execute` computes the convolution with PyTorch (float64 on the
+arrays found at the pointers it is handed); the eager kernels (`_ops/nn_conv.py`, `cudnn.forward`,
+`backward_data`, `backward_filter`) run as they are. Values are compared with PyTorch's convolutions.
+The cuda tests at the end run the real thing on the GPU machine.
+"""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau as fl
+from flambeau import _backends
+from flambeau import _dtype as D
+from flambeau._backends import cudnn
+from flambeau._inductor import extern_conv, wrapper
+from flambeau._inductor.ir import InputBuffer, Layout
+from flambeau._ops import nn_conv
+
+_live: list = []                  # every fake device array made, so a pointer finds its array
+
+
+class DevArray(np.ndarray):
+    """A NumPy array with CuPy's `.data.ptr` / `.data.device_id` (and its interface's name, which the
+    wrapper's output check reads as "a device array")."""
+    __cuda_array_interface__: dict = {}
+
+    def __array_finalize__(self, obj):
+        _live.append(self)
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.ctypes.data, device_id=0)
+
+
+def _dev(a) -> DevArray:
+    out = np.empty(a.shape, a.dtype).view(DevArray)
+    out[...] = a
+    return out
+
+
+def _find(ptr, shape):
+    for a in reversed(_live):
+        if a.ctypes.data == ptr and a.shape == tuple(shape):
+            return np.asarray(a)
+    raise AssertionError(f"no array at {ptr:#x} of shape {shape}")
+
+
+class _FakePlan(cudnn._GraphPlan):
+    """A plan whose execution is PyTorch's convolution (float64) on the arrays at its pointers."""
+
+    def __init__(self, kind, xs, ws, ys, st, pad, dil, groups):
+        self.kind, self.shapes, self.params = kind, (xs, ws, ys), (st, pad, dil, groups)
+        self.ws, self.descs = 0, []
+
+    def execute(self, h, ptrs):
+        (xs, ws, ys), (st, pad, dil, groups) = self.shapes, self.params
+        x, w, y = (_find(p, s) for p, s in zip(ptrs, (xs, ws, ys)))
+        t = lambda a: torch.from_numpy(np.array(a, np.float64))        # noqa: E731
+        if self.kind == "forward":
+            y[...] = torch.nn.functional.conv2d(t(x), t(w), None, st, pad, dil, groups).numpy()
+        elif self.kind == "backward_data":
+            x[...] = torch.nn.grad.conv2d_input(xs, t(w), t(y), st, pad, dil, groups).numpy()
+        else:
+            w[...] = torch.nn.grad.conv2d_weight(t(x), ws, t(y), st, pad, dil, groups).numpy()
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """The eager cuda convolution path over the fakes; returns the list of plans made."""
+    xp = types.SimpleNamespace(empty=lambda shape, dtype=np.float32: np.empty(shape, dtype).view(DevArray),
+                               ascontiguousarray=lambda a: a if a.flags.c_contiguous else _dev(a), float32=np.float32,
+                               uint8=np.uint8, ndarray=DevArray)
+    xp.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0))
+    monkeypatch.setitem(__import__("sys").modules, "cupy", xp)
+    monkeypatch.setattr(_backends, "_cupy_namespace", [xp])
+    plans = []
+
+    def plan(kind, xs, ws, ys, st, pad, dil, groups, dtype, ptrs_fn):
+        plans.append(kind)
+        return _FakePlan(kind, xs, ws, ys, st, pad, dil, groups)
+    monkeypatch.setattr(cudnn, "_plan", plan)
+    monkeypatch.setattr(cudnn, "available", lambda: True)
+    monkeypatch.setattr(cudnn, "_supported", lambda a, b: True)
+    monkeypatch.setattr(cudnn, "_handle", lambda: None)
+    monkeypatch.setattr(cudnn, "_device_id", lambda: 0)
+    monkeypatch.setattr(cudnn, "_ALIGNMENT", 16)
+    _live.clear()
+    yield xp, plans
+    _live.clear()
+
+
+def _extern(op, args, xp):
+    """make_extern of an extern node calling `op` on `args` (InputBuffers for the arrays)."""
+    bufs = [a for a in args if isinstance(a, InputBuffer)]
+    ek = types.SimpleNamespace(op=op, args=args, kwargs={}, layout=None, inputs=lambda: bufs, name="buf9")
+    ek.layout = Layout((1,), D.float32)            # (a contiguous output: conform keeps cuDNN's array)
+    return wrapper.make_extern(ek, xp)
+
+
+def _buf(name, a):
+    return InputBuffer(name, Layout(a.shape, D.float32))
+
+
+def _rand(*shape, seed=0):
+    return np.random.default_rng(seed + len(shape)).standard_normal(shape).astype(np.float32)
+
+
+CASES = [  # (op, kind, arrays, constants after the arrays, reference)
+    ("forward", dict(stride=(2, 2), padding=(1, 1), dilation=(1, 1), groups=1)),
+    ("forward_bias_groups", dict(stride=(1, 1), padding=(2, 2), dilation=(2, 2), groups=2)),
+    ("transposed", dict(stride=(2, 2), padding=(1, 1), dilation=(1, 1), groups=1)),
+    ("weight_grad", dict(stride=(2, 2), padding=(1, 1), dilation=(1, 1), groups=2)),
+]
+
+
+def _case(name, p):
+    x, w, b = _rand(2, 4, 9, 9), _rand(6, 4 // p["groups"], 3, 3, seed=1), _rand(6, seed=2)
+    st, pad, dil, g = p["stride"], p["padding"], p["dilation"], p["groups"]
+    T = lambda a: torch.from_numpy(a).double()          # noqa: E731
+    if name.startswith("forward"):
+        bias = b if "bias" in name else None
+        ref = torch.nn.functional.conv2d(T(x), T(w), None if bias is None else T(bias), st, pad, dil, g)
+        arrays = [x, w] + ([bias] if bias is not None else [])
+        make = lambda bufs: [bufs[0], bufs[1], bufs[2] if bias is not None else None, st, pad, dil, False,  # noqa: E731
+                             (0, 0), g]
+        return nn_conv.convolution, "forward", arrays, make, ref.numpy()
+    if name == "transposed":
+        gy = _rand(2, 6, 5, 5, seed=3)
+        ref = torch.nn.grad.conv2d_input((2, 4, 9, 9), T(w), T(gy), st, pad, dil, g)
+        make = lambda bufs: [bufs[0], bufs[1], None, st, pad, dil, True, [0, 0], g]        # noqa: E731
+        return nn_conv.convolution, "backward_data", [gy, w], make, ref.numpy()
+    gy = _rand(2, 6, 5, 5, seed=3)
+    ref = torch.nn.grad.conv2d_weight(T(x), w.shape, T(gy), st, pad, dil, g)
+    make = lambda bufs: [bufs[0], bufs[1], tuple(w.shape), st, pad, dil, g]                 # noqa: E731
+    return nn_conv._convolution_weight_grad, "backward_filter", [x, gy], make, ref.numpy()
+
+
+@pytest.mark.parametrize("name,p", CASES, ids=[c[0] for c in CASES])
+def test_planned_convolution_runs_the_first_calls_plan_and_matches_pytorch(fake_cuda, monkeypatch, name, p):
+    """The first call runs eagerly and keeps its cuDNN plan; later calls run that plan without the eager
+    kernel (cudnn.forward/backward_* not called, no new plan) and give PyTorch's values, the bias added."""
+    xp, plans = fake_cuda
+    op, kind, arrays, make, ref = _case(name, p)
+    bufs = [_buf(f"arg{i}", a) for i, a in enumerate(arrays)]
+    fn, bases, symbolic = _extern(op, make(bufs), xp)
+    dev = [_dev(a) for a in arrays]
+    before = dict(extern_conv.stats)
+    first = fn(*dev)
+    np.testing.assert_allclose(np.asarray(first), ref, rtol=1e-5, atol=1e-5)
+    assert extern_conv.stats["planned"] == before["planned"] + 1 and plans == [kind]
+    eager = []
+    real = getattr(cudnn, kind)
+    monkeypatch.setattr(cudnn, kind, lambda *a, **k: eager.append(1) or real(*a, **k))
+    calls = cudnn.calls[kind]
+    dev2 = [_dev(a * 0.5) for a in arrays]
+    second = fn(*dev2)
+    assert not eager and plans == [kind] and cudnn.calls[kind] == calls + 1
+    assert extern_conv.stats["fast"] == before["fast"] + 1
+    scale = 0.25 if not (name == "forward_bias_groups") else None
+    if scale is not None:
+        np.testing.assert_allclose(np.asarray(second), ref * scale, rtol=1e-5, atol=1e-5)
+    else:                                   # (x/2 * w/2 + b/2)
+        _, _, _, _, ref2 = _case(name, p)
+        x, w, b = (torch.from_numpy(a).double() for a in arrays)
+        ref2 = torch.nn.functional.conv2d(x / 2, w / 2, b / 2, p["stride"], p["padding"], p["dilation"], p["groups"])
+        np.testing.assert_allclose(np.asarray(second), ref2.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_misaligned_operand_or_changed_flags_run_the_eager_kernel(fake_cuda, monkeypatch):
+    """An operand 4 bytes past an aligned address (the plan promised 16) and a cuDNN flag changed since
+    the plan: those calls run the eager kernel (which copies the operand aligned), still right."""
+    xp, plans = fake_cuda
+    op, kind, arrays, make, ref = _case("forward", CASES[0][1])
+    fn, _, _ = _extern(op, make([_buf(f"arg{i}", a) for i, a in enumerate(arrays)]), xp)
+    fn(*[_dev(a) for a in arrays])
+    raw = np.empty(arrays[0].size + 1, np.float32).view(DevArray)
+    x_off = raw[1:].reshape(arrays[0].shape)
+    x_off[...] = arrays[0]
+    assert x_off.data.ptr % 16
+    before = dict(extern_conv.stats)
+    got = fn(x_off, _dev(arrays[1]))
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5)
+    assert extern_conv.stats["eager"] == before["eager"] + 1 and extern_conv.stats["fast"] == before["fast"]
+    monkeypatch.setattr(cudnn, "allow_tf32", not cudnn.allow_tf32)
+    got = fn(*[_dev(a) for a in arrays])
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5)
+    assert extern_conv.stats["eager"] == before["eager"] + 2 and extern_conv.stats["fast"] == before["fast"]
+
+
+def test_a_first_call_that_copied_an_operand_is_not_planned(fake_cuda):
+    """When cuDNN got a copy of an operand at the first call (misaligned: `_ready` copied it), there is
+    no plan: every call runs the eager kernel."""
+    xp, plans = fake_cuda
+    op, kind, arrays, make, ref = _case("forward", CASES[0][1])
+    fn, _, _ = _extern(op, make([_buf(f"arg{i}", a) for i, a in enumerate(arrays)]), xp)
+    raw = np.empty(arrays[0].size + 1, np.float32).view(DevArray)
+    x_off = raw[1:].reshape(arrays[0].shape)
+    x_off[...] = arrays[0]
+    before = dict(extern_conv.stats)
+    fn(x_off, _dev(arrays[1]))
+    got = fn(*[_dev(a) for a in arrays])
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5)
+    assert extern_conv.stats["planned"] == before["planned"] and extern_conv.stats["eager"] == before["eager"] + 2
+
+
+def test_extern_arguments_are_built_once_constants_kept():
+    """make_extern's getters: arrays placed where the buffers were, constants passed as they are (the
+    same objects each call), nested tuples holding a buffer rebuilt; keyword arguments too."""
+    got = []
+    op = types.SimpleNamespace(name="probe", kernel=lambda xp, *a, **k: got.append((a, k)) or np.zeros(1, np.float32))
+    a, b = InputBuffer("a", Layout((2,), D.float32)), InputBuffer("b", Layout((3,), D.float32))
+    pads = [1, 2]
+    args = [b, (3, a), pads, None, a]
+    ek = types.SimpleNamespace(op=op, args=args, kwargs={"k": (a, 1), "c": 5}, layout=Layout((1,), D.float32),
+                               inputs=lambda: [b, a], name="buf1")
+    fn, bases, symbolic = wrapper.make_extern(ek, np)
+    assert [x.name for x in bases] == ["b", "a"] and not symbolic
+    xa, xb = np.ones(2, np.float32), np.ones(3, np.float32)
+    fn(xb, xa)
+    fn(xb, xa)
+    for vals, kw in got:
+        assert vals[0] is xb and vals[1] == (3, xa) and vals[1][1] is xa and vals[2] is pads and vals[3] is None
+        assert vals[4] is xa and kw["k"][0] is xa and kw["k"][1] == 1 and kw["c"] == 5
+
+
+# ---- on the GPU machine ----------------------------------------------------------------------------
+def _conv_block():
+    nn = fl.nn
+    fl.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=2), nn.ReLU(),
+                         nn.Conv2d(16, 8, 1, bias=True)).cuda()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_conv_training_runs_planned_convolutions_on_cuda(dtype, monkeypatch):
+    """A compiled training step's convolutions (forward, input and weight gradients) plan at the first
+    call; the later calls run the plans (extern_conv.stats["fast"] grows, cudnn.forward/backward_data/
+    backward_filter are not called) and give eager's loss and gradients. An input 4 bytes past an
+    allocation's start runs those convolutions eagerly, still right."""
+    from flambeau._dynamo.testing import no_unexpected_fallbacks
+    from tests.opdb import declared_eager_fallbacks
+    dt = getattr(fl, dtype)
+    m = _conv_block().to(dt)
+
+    def step(x):
+        loss = m(x).float().square().mean()
+        loss.backward()
+        return loss
+    x = fl.randn(4, 8, 16, 16).cuda().to(dt)
+    ref_loss = step(x)
+    ref = [p.grad.float().cpu().numpy().copy() for p in m.parameters()]
+    cs = fl.compile(step)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == "bfloat16" else dict(rtol=1e-4, atol=1e-5)
+    eager = []
+    for kind in ("forward", "backward_data", "backward_filter"):
+        monkeypatch.setattr(cudnn, kind, lambda *a, _r=getattr(cudnn, kind), **k: eager.append(1) or _r(*a, **k))
+    with no_unexpected_fallbacks(declared_eager_fallbacks()):
+        for i in range(2):
+            m.zero_grad(set_to_none=True)
+            before, eager[:] = dict(extern_conv.stats), []
+            loss = cs(x)
+        assert not eager and extern_conv.stats["fast"] - before["fast"] >= 3
+        np.testing.assert_allclose(loss.item(), ref_loss.item(), **tol)
+        for p, r in zip(m.parameters(), ref):
+            np.testing.assert_allclose(p.grad.float().cpu().numpy(), r, **tol)
+        raw = fl.empty(x.numel() + 2, dtype=dt, device="cuda")
+        x_off = raw[2:].view(x.shape) if dtype == "bfloat16" else raw[1:-1].view(x.shape)
+        x_off.copy_(x)
+        before = dict(extern_conv.stats)
+        m.zero_grad(set_to_none=True)
+        loss = cs(x_off)
+    assert extern_conv.stats["eager"] > before["eager"]
+    np.testing.assert_allclose(loss.item(), ref_loss.item(), **tol)
