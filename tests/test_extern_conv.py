@@ -21,6 +21,7 @@ from flambeau import _dtype as D
 from flambeau._backends import cudnn
 from flambeau._inductor import extern_conv, wrapper
 from flambeau._inductor.ir import InputBuffer, Layout
+from flambeau._inductor.sizevars import SizeExpr
 from flambeau._ops import nn_conv
 
 _live: list = []                  # every fake device array made, so a pointer finds its array
@@ -280,3 +281,66 @@ def test_compiled_conv_training_runs_planned_convolutions_on_cuda(dtype, monkeyp
         loss = cs(x_off)
     assert extern_conv.stats["eager"] > before["eager"]
     np.testing.assert_allclose(loss.item(), ref_loss.item(), **tol)
+
+
+# ---- the Triton launcher's static path (a compiled graph on cuda without size symbols) ------------------
+def test_static_launcher_writes_pointers_and_grids_as_the_general_path(monkeypatch):
+    """A Launcher of a static graph on cuda (`_static_call`: grids and scratch worked out once, the
+    values written straight into the parameter slots) hands the driver the same grid and parameters as
+    the general path with sizes (`TL.launch` with converters): buffers, the error flag, the scratch
+    array; a chain's second kernel too; an empty grid launches nothing."""
+    import ctypes
+
+    from flambeau._backends import triton_launch as TL
+    from flambeau._device import device
+    from flambeau._inductor import triton_runtime as rt
+    from flambeau._inductor.codegen_triton import Launch
+
+    class Arr:
+        def __init__(self, ptr):
+            self.data = types.SimpleNamespace(ptr=ptr)
+    fn = types.SimpleNamespace(src="def k(): pass", __name__="k")
+    a, b = InputBuffer("a", Layout((10,), D.float32)), InputBuffer("b", Layout((10,), D.float32))
+
+    def make(sizes, numel):
+        second = Launch("k2", [a, b], sizes, numel, 4, error_flag=True)
+        return Launch("k1", [a, b], sizes, numel, 4, workspace=[("ws0", D.float32, 8)], then=second)
+    module = types.SimpleNamespace(k1=fn, k2=fn)
+    launched = []
+
+    def driver(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        k = kernels[f]
+        types_ = TL.c_types(k.arg_types)
+        addresses = (ctypes.c_void_p * len(types_)).from_address(params)
+        launched.append((f, (gx, gy, gz), [t.from_address(p).value for t, p in zip(types_, addresses)]))
+    monkeypatch.setattr(TL, "_driver", [driver, lambda: 0])
+    kernels = {}
+
+    def kernel(self, la, fn, aligned):
+        sig = la.signature()
+        k = TL.kernel_of(types.SimpleNamespace(ptr=len(kernels) + 1), None,
+                         tuple(t for t in sig.values() if t != "constexpr"), 4, 0, 0)
+        kernels[k.function.ptr] = k
+        return k
+    monkeypatch.setattr(rt.Launcher, "_kernel", kernel)
+    monkeypatch.setattr(rt, "_cupy", lambda: types.SimpleNamespace(
+        empty=lambda n, dt: Arr(0xA000)))
+    cuda = device("cuda")
+    static = rt.Launcher(module, make([], 10), cuda)
+    general = rt.Launcher(module, make(["s0"], SizeExpr.symbol("s0")), cuda)
+    err = Arr(0xE000)
+    static(Arr(0x1000), Arr(0x2000), err)
+    static(Arr(0x1010), Arr(0x2004), err)                      # a misaligned one: another kernel entry
+    got_static = [(g, v) for _, g, v in launched]
+    launched.clear()
+    general(Arr(0x1000), Arr(0x2000), 10, err)
+    general(Arr(0x1010), Arr(0x2004), 10, err)
+    got_general = [(g, [x for i, x in enumerate(v) if i != 2]) for _, g, v in launched]      # (minus s0)
+    assert got_static == got_general
+    assert got_static[0] == ((3, 1, 1), [0x1000, 0x2000, 0xA000, 0, 0])
+    assert got_static[1] == ((3, 1, 1), [0x1000, 0x2000, 0xE000, 0, 0])
+    assert got_static[3] == ((3, 1, 1), [0x1010, 0x2004, 0xE000, 0, 0])
+    assert len(kernels) == 8                                    # 2 per alignment per launcher
+    launched.clear()
+    rt.Launcher(module, make([], 0), cuda)(Arr(0x1000), Arr(0x2000), err)
+    assert launched == []

@@ -239,6 +239,18 @@ def launch(kernel: Kernel, grid: tuple, *args) -> None:
     """Run `kernel` over `grid` (up to 3 dims) on CuPy's current stream."""
     if len(args) != len(kernel.arg_types):
         raise TypeError(f"{kernel.function} takes {len(kernel.arg_types)} runtime arguments, got {len(args)}")
+    launch_values(kernel, grid, [f(a) for f, a in zip(kernel.converters, args)])
+
+
+def takes_values(kernel: Kernel) -> bool:
+    """Whether every runtime argument of `kernel` is a pointer or an int64, whose slots take a Python
+    int as it is (`launch_values` then needs no conversion: a compiled graph's kernels)."""
+    return all(t.startswith("*") or t == "i64" for t in kernel.arg_types)
+
+
+def launch_values(kernel: Kernel, grid: tuple, values) -> None:
+    """`launch` with the runtime arguments already as their slots take them (pointers as int addresses,
+    integers in range), as many as the kernel's signature has."""
     n = len(grid)
     g0 = int(grid[0])
     g1 = int(grid[1]) if n > 1 else 1
@@ -248,8 +260,8 @@ def launch(kernel: Kernel, grid: tuple, *args) -> None:
     blk = kernel.blocks.get(threading.get_ident()) or param_block(kernel)
     slots = blk.slots
     i = 0
-    for f, a in zip(kernel.converters, args):
-        slots[i].value = f(a)
+    for v in values:
+        slots[i].value = v
         i += 1
     scratch = None
     if kernel.global_scratch:           # kept alive until the launch is queued (the pool orders reuse)

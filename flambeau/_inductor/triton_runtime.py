@@ -183,6 +183,7 @@ class Launcher:
         self._workspace: dict = {}
         self.autotune = autotune and not self.interpret and autotune_mod.tunable(self.chain)
         self._tuned: dict = {}               # size values -> the Launch variant chosen (autotune.py)
+        self._static = None                  # [(launch, fn, grid, scratch pointers)] (`_static_call`)
 
     def workspace(self, la) -> list:
         """The scratch arrays of a launch (a split reduction's partial results), by name, shared by
@@ -198,6 +199,8 @@ class Launcher:
 
     def __call__(self, *args):
         nb, ns = self.n_bufs, len(self.size_names)
+        if not ns and not self.interpret and not self.autotune:
+            return self._static_call(args)
         bufs, sizes, err = args[:nb], args[nb:nb + ns], args[nb + ns:]
         env = dict(zip(self.size_names, sizes)) if sizes else {}
         for la, fn in self.chain:
@@ -219,13 +222,35 @@ class Launcher:
                 g = la.grid(env)
             self._launch(la, fn, g, ptrs, sizes)
 
+    def _static_call(self, args):
+        """A call of a graph with static sizes on cuda: each launch's grid, scratch arrays and kernel
+        entry worked out once (`_static`), the buffers' pointers read once for the chain."""
+        static = self._static
+        if static is None:
+            static = self._static = [(la, fn, la.grid({}), tuple(a.data.ptr for a in self.workspace(la)))
+                                     for la, fn in self.chain]
+        nb = self.n_bufs
+        bufs = [a.data.ptr for a in args[:nb]]
+        err = [x.data.ptr for x in args[nb:]]
+        for la, fn, g, ws in static:
+            if g[0] == 0:
+                continue
+            stats["launches"] += 1
+            ptrs = bufs + err + list(ws) if la.error_flag else bufs + list(ws)
+            self._launch(la, fn, g, ptrs, ())
+
     def _launch(self, la, fn, g, ptrs, sizes):
         aligned = tuple(i for i, p in enumerate(ptrs) if p % ALIGN == 0)
-        k = self._compiled.get((la.name, la.xblock, la.num_warps, aligned))
-        if k is None:
-            k = self._compiled[la.name, la.xblock, la.num_warps, aligned] = self._kernel(la, fn, aligned)
+        entry = self._compiled.get((la.name, la.xblock, la.num_warps, aligned))
+        if entry is None:
+            k = self._kernel(la, fn, aligned)
+            entry = self._compiled[la.name, la.xblock, la.num_warps, aligned] = (k, TL.takes_values(k))
+        k, direct = entry
         nb = self.n_bufs
-        TL.launch(k, g, *[TL.Ptr(p) for p in ptrs[:nb]], *sizes, *[TL.Ptr(p) for p in ptrs[nb:]])
+        if direct:
+            TL.launch_values(k, g, ptrs[:nb] + list(sizes) + ptrs[nb:])
+        else:
+            TL.launch(k, g, *[TL.Ptr(p) for p in ptrs[:nb]], *sizes, *[TL.Ptr(p) for p in ptrs[nb:]])
 
     def _tuned_launch(self, la, fn, ptrs, sizes, env):
         """The variant of `la` that autotuning chose for these sizes (see autotune.py)."""
