@@ -83,7 +83,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(_backends, "_cupy_namespace", [xp])
     plans = []
 
-    def plan(kind, xs, ws, ys, st, pad, dil, groups, dtype, ptrs_fn):
+    def plan(kind, xs, ws, ys, st, pad, dil, groups, dtype, ptrs_fn, *layout):
         plans.append(kind)
         return _FakePlan(kind, xs, ws, ys, st, pad, dil, groups)
     monkeypatch.setattr(cudnn, "_plan", plan)
