@@ -183,7 +183,7 @@ class Launcher:
         self._workspace: dict = {}
         self.autotune = autotune and not self.interpret and autotune_mod.tunable(self.chain)
         self._tuned: dict = {}               # size values -> the Launch variant chosen (autotune.py)
-        self._static = None                  # [(launch, fn, grid, scratch pointers)] (`_static_call`)
+        self._static = None                  # [(launch, fn, grid, scratch pointers, kernels)] (`_static_call`)
 
     def workspace(self, la) -> list:
         """The scratch arrays of a launch (a split reduction's partial results), by name, shared by
@@ -223,29 +223,41 @@ class Launcher:
             self._launch(la, fn, g, ptrs, sizes)
 
     def _static_call(self, args):
-        """A call of a graph with static sizes on cuda: each launch's grid, scratch arrays and kernel
-        entry worked out once (`_static`), the buffers' pointers read once for the chain."""
+        """A call of a graph with static sizes on cuda: each launch's grid, scratch pointers and kernels
+        (per pointer alignment) worked out once (`_static`), the buffers' pointers read once per call."""
         static = self._static
         if static is None:
-            static = self._static = [(la, fn, la.grid({}), tuple(a.data.ptr for a in self.workspace(la)))
+            static = self._static = [(la, fn, la.grid({}), [a.data.ptr for a in self.workspace(la)], {})
                                      for la, fn in self.chain]
         nb = self.n_bufs
         bufs = [a.data.ptr for a in args[:nb]]
         err = [x.data.ptr for x in args[nb:]]
-        for la, fn, g, ws in static:
+        for la, fn, g, ws, entries in static:
             if g[0] == 0:
                 continue
             stats["launches"] += 1
-            ptrs = bufs + err + list(ws) if la.error_flag else bufs + list(ws)
-            self._launch(la, fn, g, ptrs, ())
+            ptrs = bufs + err + ws if la.error_flag else bufs + ws
+            aligned = tuple(i for i, p in enumerate(ptrs) if p % ALIGN == 0)
+            entry = entries.get(aligned)
+            if entry is None:
+                entry = entries[aligned] = self._entry(la, fn, aligned)
+            k, direct = entry
+            if direct:
+                TL.launch_values(k, g, ptrs)
+            else:
+                TL.launch(k, g, *[TL.Ptr(p) for p in ptrs])
 
-    def _launch(self, la, fn, g, ptrs, sizes):
-        aligned = tuple(i for i, p in enumerate(ptrs) if p % ALIGN == 0)
+    def _entry(self, la, fn, aligned) -> tuple:
+        """(kernel, whether `TL.launch_values` takes its arguments) of `la` for these pointer alignments."""
         entry = self._compiled.get((la.name, la.xblock, la.num_warps, aligned))
         if entry is None:
             k = self._kernel(la, fn, aligned)
             entry = self._compiled[la.name, la.xblock, la.num_warps, aligned] = (k, TL.takes_values(k))
-        k, direct = entry
+        return entry
+
+    def _launch(self, la, fn, g, ptrs, sizes):
+        aligned = tuple(i for i, p in enumerate(ptrs) if p % ALIGN == 0)
+        k, direct = self._entry(la, fn, aligned)
         nb = self.n_bufs
         if direct:
             TL.launch_values(k, g, ptrs[:nb] + list(sizes) + ptrs[nb:])
