@@ -345,21 +345,3 @@ def test_nested_tensor_attribute_is_a_constant_with_its_fqn():
     assert consts == [("c_inner_k", "inner.k"), ("c_lifted_tensor_0", "lifted_tensor_0")]
     assert sorted(ep.constants) == ["inner.k", "lifted_tensor_0"]
     np.testing.assert_allclose(ep.module()(fl.ones(3, 2)).numpy(), [[1.5, 2.5]] * 3)
-
-
-def test_preserve_module_call_signature_is_refused_not_ignored():
-    """An accepted option acts or raises: flambeau's export does not keep submodule call signatures, so
-    asking for it raises (it was silently ignored)."""
-    class Outer(fl.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.sub = fl.nn.Linear(3, 3)
-
-        def forward(self, x):
-            return self.sub(x).relu()
-
-    x = fl.randn(2, 3)
-    with pytest.raises(NotImplementedError, match="preserve_module_call_signature=\\('sub',\\)"):
-        export(Outer(), (x,), preserve_module_call_signature=("sub",))
-    ep = export(Outer(), (x,), preserve_module_call_signature=())
-    assert ep.module()(x).shape == (2, 3)

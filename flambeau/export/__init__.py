@@ -19,8 +19,9 @@ from .exported_program import ExportedProgram, ModuleCallEntry, ModuleCallSignat
 from .graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind, OutputSpec
 from . import graph_signature  # noqa: F401
 from .serde import save, load, SerializeError
-from .unflatten import FlatArgsAdapter, InterpreterModule, UnflattenedModule, unflatten
+from .unflatten import FlatArgsAdapter, InterpreterModule, InterpreterModuleDispatcher, UnflattenedModule, unflatten
 
 __all__ = ["export", "save", "load", "Dim", "DerivedDim", "DimHint", "ShapesCollection", "ExportedProgram",
            "ModuleCallSignature", "ModuleCallEntry", "ExportGraphSignature", "InputKind", "InputSpec", "OutputKind", "OutputSpec",
-           "SerializeError", "unflatten", "UnflattenedModule", "InterpreterModule", "FlatArgsAdapter"]
+           "SerializeError", "unflatten", "UnflattenedModule", "InterpreterModule", "InterpreterModuleDispatcher",
+           "FlatArgsAdapter"]

@@ -14,6 +14,12 @@ data-dependent branches are errors of dynamo's, naming file and line); dynamo's 
 checked against the Dims; then dynamo's graph is traced as above, its state matched to the module's
 by identity, so the result has the same signature as non-strict export.
 
+`preserve_module_call_signature=("sub", ...)`: each call of those submodules keeps its boundary, as
+PyTorch's: forward hooks record the graph values of its flat `(args, kwargs)` and result and their
+pytrees (`ep.module_call_graph` signatures; a later call is `sub@1`), those values survive dead-code
+elimination (an unused output too), and the state the call updated is listed (`state_writes`), so
+`unflatten` can rebuild the module with its original calling convention.
+
 A data-dependent branch in non-strict mode raises `GuardOnDataDependentSymNode` naming the user's
 file and line; violated Dims raise `UserError` (dynamic_shapes.check_constraints).
 """
@@ -119,11 +125,15 @@ class _ModuleStack:
     """Stamps each node the trace records with `meta["nn_module_stack"]`: {call key: (fqn, module type)}
     of the module calls it was recorded in, outermost first (PyTorch's metadata, read by `unflatten`).
     A module's second call gets the key `fqn@1`. Forward (pre-)hooks on every submodule mark the calls,
-    and are removed afterwards."""
+    and are removed afterwards. For the modules of `preserve` (export's `preserve_module_call_signature`)
+    it also records each call's boundary: the pytree of its `(args, kwargs)` and of its result, and the
+    graph value (node, size node or constant) of every leaf (`calls`: call key -> _Boundary)."""
 
-    def __init__(self, mod: Module, graph):
-        self.mod, self.graph = mod, graph
+    def __init__(self, mod: Module, rec, preserve: tuple = ()):
+        self.mod, self.rec, self.graph = mod, rec, rec.graph
+        self.preserve = set(preserve)
         self.stack: list = []
+        self.counts: dict = {}
         self.calls: dict = {}
         self.handles: list = []
         self.done: set = set()
@@ -137,23 +147,54 @@ class _ModuleStack:
             if n.op != "placeholder":
                 n.meta["nn_module_stack"] = dict(meta)
 
-    def _enter(self, fqn: str, m: Module) -> None:
-        self._stamp()
-        k = self.calls.get(fqn, 0)
-        self.calls[fqn] = k + 1
-        cls = type(m)
-        self.stack.append((fqn if k == 0 else f"{fqn}@{k}", (fqn, f"{cls.__module__}.{cls.__qualname__}")))
+    def _values(self, tree) -> tuple:
+        """(spec, [graph value of each leaf]) of a call's inputs or outputs."""
+        leaves, spec = pytree.tree_flatten(tree)
+        out = []
+        for v in leaves:
+            if isinstance(v, Tensor):
+                out.append(self.rec.node_of(v))
+            elif isinstance(v, SymInt):
+                out.append(self.rec.expr_node(v.expr))
+            else:
+                out.append(v)
+        return spec, out
 
-    def _exit(self) -> None:
+    def _enter(self, fqn: str, m: Module, args=None, kwargs=None) -> None:
+        k = self.counts.get(fqn, 0)
+        key = fqn if k == 0 else f"{fqn}@{k}"
+        if fqn in self.preserve:               # (size nodes for the inputs belong to the caller)
+            self.calls[key] = _Boundary(*self._values((tuple(args), dict(kwargs))), self._state_nodes(fqn, m))
+        self._stamp()
+        self.counts[fqn] = k + 1
+        cls = type(m)
+        self.stack.append((key, (fqn, f"{cls.__module__}.{cls.__qualname__}")))
+
+    def _state_nodes(self, fqn: str, m: Module) -> dict:
+        """{fqn: current graph value} of the state of `m`'s subtree."""
+        return {f"{fqn}.{n}": self.rec.node_of(t) for n, t in [*m.named_parameters(), *m.named_buffers()]
+                if isinstance(t, Tensor)}
+
+    def _exit(self, m: Module, out=None) -> None:
+        key, (fqn, _) = self.stack[-1]
+        b = self.calls.get(key)
+        if b is not None:
+            b.out_spec, b.outputs = self._values(out)
+            b.writes = {n: v for n, v in self._state_nodes(fqn, m).items() if b.writes.get(n) is not v}
         self._stamp()
         self.stack.pop()
 
     def __enter__(self):
         for fqn, m in self.mod.named_modules(remove_duplicate=True):
-            if fqn:
+            if not fqn:
+                continue
+            if fqn in self.preserve:
                 self.handles.append(m.register_forward_pre_hook(
-                    lambda mod, args, fqn=fqn: self._enter(fqn, mod)))
-                self.handles.append(m.register_forward_hook(lambda mod, args, out: self._exit()))
+                    lambda mod, args, kwargs, fqn=fqn: self._enter(fqn, mod, args, kwargs), with_kwargs=True))
+                self.handles.append(m.register_forward_hook(lambda mod, args, out: self._exit(mod, out)))
+                continue
+            self.handles.append(m.register_forward_pre_hook(lambda mod, args, fqn=fqn: self._enter(fqn, mod)))
+            self.handles.append(m.register_forward_hook(lambda mod, args, out: self._exit(mod)))
         return self
 
     def __exit__(self, *exc):
@@ -161,6 +202,25 @@ class _ModuleStack:
         for h in self.handles:
             h.remove()
         return False
+
+
+class _Boundary:
+    """One call of a preserved module: its input pytree and leaves, then its output pytree and leaves, and
+    the new values of the state of its subtree it updated (`writes`; at entry: the state's values)."""
+
+    def __init__(self, in_spec, inputs: list, state: dict):
+        self.in_spec, self.inputs, self.writes = in_spec, inputs, state
+        self.out_spec, self.outputs = None, []
+
+    def nodes(self) -> list:
+        return [v for v in (*self.inputs, *self.outputs, *self.writes.values()) if hasattr(v, "op")]
+
+    def signature(self, replaced: dict) -> ModuleCallSignature:
+        def arg(v):
+            v = replaced.get(v, v) if hasattr(v, "op") else v
+            return _argument(v) if hasattr(v, "op") else ConstantArgument("", v)
+        return ModuleCallSignature([arg(v) for v in self.inputs], [arg(v) for v in self.outputs], self.in_spec,
+                                   self.out_spec, state_writes={n: arg(v) for n, v in self.writes.items()})
 
 
 def _fake_input(tr: _Trace, t: Tensor, name: str, shape: tuple) -> Tensor:
@@ -214,8 +274,8 @@ def _leaf_source(path, names: list) -> str:
 class _Capture:
     """One export: inputs, the traced graph, and what the signature needs to know."""
 
-    def __init__(self, mod: Module, args: tuple, kwargs: dict, dynamic_shapes):
-        self.mod, self.args, self.kwargs = mod, args, kwargs
+    def __init__(self, mod: Module, args: tuple, kwargs: dict, dynamic_shapes, preserve: tuple = ()):
+        self.mod, self.args, self.kwargs, self.preserve = mod, args, kwargs, tuple(preserve)
         self.names = input_names(mod.forward, args, kwargs)
         self.paths, self.in_spec = pytree.tree_flatten_with_path((args, kwargs))
         self.leaves = [leaf for _, leaf in self.paths]
@@ -256,8 +316,9 @@ class _Capture:
             out_spec.append(spec)
             return out_leaves
 
+        self.stack = _ModuleStack(self.mod, tr.rec, self.preserve)
         try:
-            with no_grad(), _ModuleStack(self.mod, tr.rec.graph):
+            with no_grad(), self.stack:
                 res = tr.run(lambda *a: run_functionalized(flat_fn, a), *prims, *user)
         except DataDependentOutputException as e:
             raise GuardOnDataDependentSymNode(
@@ -279,7 +340,8 @@ class _Capture:
                 kind, target = OutputKind.USER_INPUT_MUTATION, self.user_names[i - n_state]
             mutated.append((kind, target, final))
         gm = tr.finish([f for _, _, f in mutated] + list(res.out))
-        gm.graph.eliminate_dead_code()
+        boundary = {n for b in self.stack.calls.values() for n in b.nodes()}   # kept, used or not (PyTorch's)
+        gm.graph.eliminate_dead_code(lambda n: n.is_impure() or n in boundary)
         constants = self._lift_constants(gm)
         self._order_placeholders(gm)
         input_specs = self._input_specs(gm)
@@ -293,16 +355,18 @@ class _Capture:
         for n, t in self.state.buffers:
             if n in self.state.non_persistent:
                 constants[n] = t
-        call_sig = ModuleCallSignature(self.in_spec, out_spec, [_ident(n) for n in self.names])
+        call_sig = ModuleCallSignature([], [], self.in_spec, out_spec, [_ident(n) for n in self.names])
+        preserved = {key: b.signature(self.replaced) for key, b in self.stack.calls.items()}
         return ExportedProgram(gm, gm.graph, sig, state_dict, self.table.range_constraints(), constants,
                                call_sig, example_inputs=(self.args, self.kwargs), strict=strict,
                                dim_names=self.table.dim_names(), state_aliases=self.state.aliases,
-                               module_fqns=[n for n, _ in self.mod.named_modules() if n])
+                               module_fqns=[n for n, _ in self.mod.named_modules() if n], preserved=preserved)
 
     def _lift_constants(self, gm: GraphModule) -> dict:
         """get_attr tensors the trace made (tensor attributes, tensors built in forward) -> placeholders."""
         constants = {}
         self.const_targets = {}             # placeholder name -> the constant's fully qualified name
+        self.replaced = {}                  # get_attr node -> its placeholder
         first_user = next((n for n in gm.graph.nodes if n.op == "placeholder" and n.name in set(self.user_names)), None)
         n_lifted = 0
         for node in list(gm.graph.nodes):
@@ -322,6 +386,7 @@ class _Capture:
             ph.meta["val"] = node.meta.get("val")
             self.const_targets[ph.name] = target
             node.replace_all_uses_with(ph)
+            self.replaced[node] = ph
             gm.graph.erase_node(node)
             delattr(gm, node.target)
             constants[target] = value
@@ -398,16 +463,16 @@ def _check_args(mod, args, kwargs) -> None:
                         f"Expecting `kwargs` to be a dict of example keyword inputs, got {type(kwargs)}")
 
 
-def export_non_strict(mod: Module, args: tuple, kwargs: dict, dynamic_shapes) -> ExportedProgram:
-    cap = _Capture(mod, args, kwargs, dynamic_shapes)
+def export_non_strict(mod: Module, args: tuple, kwargs: dict, dynamic_shapes, preserve: tuple = ()) -> ExportedProgram:
+    cap = _Capture(mod, args, kwargs, dynamic_shapes, preserve)
     tr, res, out_spec, n_state = cap.trace(_call_module(mod))
     return cap.finish(tr, res, out_spec, n_state, strict=False)
 
 
-def export_strict(mod: Module, args: tuple, kwargs: dict, dynamic_shapes) -> ExportedProgram:
+def export_strict(mod: Module, args: tuple, kwargs: dict, dynamic_shapes, preserve: tuple = ()) -> ExportedProgram:
     """Dynamo captures the forward with fullgraph=True first: its errors (graph breaks, data-dependent
     branches) and its size guards are the program's; then the module is traced as in non-strict mode."""
-    cap = _Capture(mod, args, kwargs, dynamic_shapes)
+    cap = _Capture(mod, args, kwargs, dynamic_shapes, preserve)
     aliases = []
     for i in cap.tensor_pos:
         t = cap.leaves[i]
@@ -470,16 +535,14 @@ def export(mod: Module, args: tuple, kwargs: dict | None = None, *, dynamic_shap
            preserve_module_call_signature: tuple = ()) -> ExportedProgram:
     """`torch.export.export`: a sound full-graph capture of `mod(*args, **kwargs)` (see module docstring)."""
     _check_args(mod, args, kwargs)
-    if preserve_module_call_signature:
-        raise NotImplementedError(
-            f"export(preserve_module_call_signature={tuple(preserve_module_call_signature)!r}): flambeau's export "
-            "does not keep submodules' call signatures yet (torch.export.unflatten then cannot swap those "
-            "submodules); export without it")
+    preserve = tuple(preserve_module_call_signature)
+    for fqn in preserve:
+        mod.get_submodule(fqn)                 # an unknown path raises AttributeError, as PyTorch's
     kwargs = dict(kwargs or {})
     saved = _state.tls.grad_enabled
     try:
         if strict:
-            return export_strict(mod, args, kwargs, dynamic_shapes)
-        return export_non_strict(mod, args, kwargs, dynamic_shapes)
+            return export_strict(mod, args, kwargs, dynamic_shapes, preserve)
+        return export_non_strict(mod, args, kwargs, dynamic_shapes, preserve)
     finally:
         _state.tls.grad_enabled = saved

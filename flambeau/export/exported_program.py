@@ -19,12 +19,14 @@ from .._functorch.aot_autograd import retrace
 from .._tensor import Tensor
 from ..autograd.grad_mode import no_grad
 from ..fx._symbolic_shapes import SymInt, _sp, expr_to_python
+from ..fx.graph import Graph
 from ..fx.graph_module import GraphModule
 from ..nn.modules.module import Module
 from ..nn.parameter import Parameter
 from ..utils import _pytree as pytree
 from .dynamic_shapes import INT_OO
-from .graph_signature import ExportGraphSignature, InputKind, OutputKind, OutputSpec, SymIntArgument, TensorArgument
+from .graph_signature import (ConstantArgument, ExportGraphSignature, InputKind, OutputKind, OutputSpec, SymIntArgument,
+                              TensorArgument)
 
 __all__ = ["ExportedProgram", "ModuleCallSignature", "ModuleCallEntry"]
 
@@ -35,10 +37,22 @@ KEPT_NODE_META = ("nn_module_stack", "stack_trace")
 
 @dataclasses.dataclass
 class ModuleCallSignature:
-    """How the original module was called: the input and output pytree specs, the parameter names."""
+    """How a module was called (PyTorch's): `inputs`/`outputs` are the graph values of its flat inputs and
+    outputs (TensorArgument, SymIntArgument or ConstantArgument, in pytree order), `in_spec` the pytree
+    of its `(args, kwargs)` and `out_spec` of its result; `forward_arg_names` the root's parameter names
+    (None for a submodule). The root's `inputs`/`outputs` are empty, as PyTorch's. flambeau's graph is
+    functional, so a call's updates of its own state are listed too (`state_writes`: FQN -> the new
+    value's TensorArgument): `unflatten` writes them inside the call's module."""
+    inputs: list
+    outputs: list
     in_spec: object
     out_spec: object
-    input_names: list
+    forward_arg_names: list | None = None
+    state_writes: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def input_names(self) -> list:
+        return self.forward_arg_names or []
 
 
 @dataclasses.dataclass
@@ -54,7 +68,8 @@ class ExportedProgram:
     def __init__(self, root: GraphModule, graph, graph_signature: ExportGraphSignature, state_dict: dict,
                  range_constraints: dict, constants: dict, call_signature: ModuleCallSignature,
                  example_inputs=None, strict: bool = False, dim_names: dict | None = None,
-                 state_aliases: dict | None = None, module_fqns: list | None = None):
+                 state_aliases: dict | None = None, module_fqns: list | None = None,
+                 preserved: dict | None = None):
         self._graph_module = root
         root.graph = graph
         self._graph_signature = graph_signature
@@ -67,6 +82,7 @@ class ExportedProgram:
         self._dim_names = dict(dim_names or {})     # size symbol name -> the user's Dim name
         self.state_aliases = dict(state_aliases or {})  # other FQN of a tied weight -> its FQN in the signature
         self._module_fqns = list(module_fqns or [])      # the submodules, in named_modules() order
+        self._preserved = dict(preserved or {})          # call key ('sub', 'sub@1') -> ModuleCallSignature
 
     # ---- PyTorch's read-only views ---------------------------------------------------------------
     @property
@@ -105,8 +121,12 @@ class ExportedProgram:
 
     @property
     def module_call_graph(self) -> list:
-        """[ModuleCallEntry]: the root (with the call signature), then each submodule's FQN."""
-        return [ModuleCallEntry("", self._call_signature)] + [ModuleCallEntry(f) for f in self._module_fqns]
+        """[ModuleCallEntry]: the root (with the call signature), then each submodule in `named_modules()`
+        order, the calls of `preserve_module_call_signature`'s modules with their signatures (later calls,
+        `sub@1`, after the modules, in call order), as PyTorch's."""
+        first = [ModuleCallEntry(f, self._preserved.get(f)) for f in self._module_fqns]
+        later = [ModuleCallEntry(k, s) for k, s in self._preserved.items() if k not in self._module_fqns]
+        return [ModuleCallEntry("", self._call_signature)] + first + later
 
     @property
     def call_spec(self) -> ModuleCallSignature:
@@ -159,8 +179,21 @@ class ExportedProgram:
         gm = self._graph_module
         fake_mode = gm.meta.get("fake_mode")
         symbolic = fake_mode is not None and fake_mode.shape_env is not None
+        keep = _boundary_nodes(gm, self._preserved)
+        if keep:                     # preserved calls' inputs and outputs: extra outputs while retracing
+            gm = _with_outputs(gm, keep)
         new = retrace(gm, symbolic, fake_mode, table, keep_meta=KEPT_NODE_META)
-        new.graph.eliminate_dead_code()
+        preserved = self._preserved
+        if keep:
+            out = new.graph.output_node()
+            values = list(out.args[0])
+            renamed = {n.name: v for n, v in zip(keep, values[len(values) - len(keep):])}
+            out.args = (tuple(values[:len(values) - len(keep)]),)
+            preserved = {k: _renamed_signature(s, renamed) for k, s in preserved.items()}
+            kept = set(v for v in renamed.values() if hasattr(v, "op"))
+            new.graph.eliminate_dead_code(lambda n: n.is_impure() or n in kept)
+        else:
+            new.graph.eliminate_dead_code()
         for name, sub in gm.named_children():
             if isinstance(sub, GraphModule):
                 setattr(new, name, sub)
@@ -171,7 +204,7 @@ class ExportedProgram:
         sig = ExportGraphSignature(list(self._graph_signature.input_specs), specs)
         return ExportedProgram(new, new.graph, sig, self._state_dict, self._range_constraints, self._constants,
                                self._call_signature, self.example_inputs, self._strict, self._dim_names,
-                               self.state_aliases, self._module_fqns)
+                               self.state_aliases, self._module_fqns, preserved)
 
     def __str__(self) -> str:
         code = self._graph_module.print_readable(print_output=False).replace("\n", "\n    ")
@@ -180,6 +213,38 @@ class ExportedProgram:
                 f"{self._range_constraints}\n")
 
     __repr__ = __str__
+
+
+def _boundary_nodes(gm: GraphModule, preserved: dict) -> list:
+    """The graph nodes the preserved calls' signatures name (each once, in graph order)."""
+    names = {a.name for s in preserved.values() for a in (*s.inputs, *s.outputs, *s.state_writes.values())
+             if isinstance(a, (TensorArgument, SymIntArgument))}
+    return [n for n in gm.graph.nodes if n.name in names and n.op != "output"]
+
+
+def _with_outputs(gm: GraphModule, extra: list) -> GraphModule:
+    """A copy of `gm` returning `extra` after its outputs (so a retrace keeps and renames them)."""
+    g = Graph()
+    env: dict = {}
+    for n in gm.graph.nodes:
+        if n.op == "output":
+            g.output(tuple(env[o] if hasattr(o, "op") else o for o in n.args[0]) + tuple(env[e] for e in extra))
+        else:
+            env[n] = g.node_copy(n, lambda a: env[a])
+    out = GraphModule(gm, g)
+    out.meta.update(gm.meta)
+    return out
+
+
+def _renamed_signature(sig: ModuleCallSignature, renamed: dict) -> ModuleCallSignature:
+    def arg(a):
+        if not isinstance(a, (TensorArgument, SymIntArgument)):
+            return a
+        v = renamed[a.name]
+        return _rename(a, v) if hasattr(v, "op") else ConstantArgument("", v)
+    return ModuleCallSignature([arg(a) for a in sig.inputs], [arg(a) for a in sig.outputs], sig.in_spec,
+                               sig.out_spec, sig.forward_arg_names,
+                               {k: arg(a) for k, a in sig.state_writes.items()})
 
 
 def _rename(arg, value):
@@ -339,7 +404,9 @@ def write_back(ep: ExportedProgram, get_state, tensors: list, outs) -> object:
     user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind is InputKind.USER_INPUT]
     n_mut = 0
     for spec, v in zip(ep.graph_signature.output_specs, outs):
-        if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
+        if v is None:                    # (unflatten: a preserved call wrote it itself)
+            n_mut += spec.kind is not OutputKind.USER_OUTPUT
+        elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION):
             with no_grad():
                 get_state(spec.target).copy_(v)
             n_mut += 1

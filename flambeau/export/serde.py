@@ -47,8 +47,9 @@ from .graph_signature import (ConstantArgument, ExportGraphSignature, InputKind,
 __all__ = ["save", "load", "SerializeError", "SCHEMA_VERSION"]
 
 # 1.1 adds "dim_names" (the Dim of each size symbol), "state_aliases" (tied weights), "module_fqns" and
-# the nodes' "nn_module_stack" (the module tree and calls unflatten rebuilds)
-SCHEMA_VERSION = (1, 1)
+# the nodes' "nn_module_stack" (the module tree and calls unflatten rebuilds); 1.2 adds "preserved" (the
+# signatures of export's preserve_module_call_signature calls)
+SCHEMA_VERSION = (1, 2)
 ARCHIVE_FORMAT = b"flambeau-export"
 ENTRIES = ("archive_format", "program.json", "weights.safetensors", "constants.safetensors")
 MAX_ENTRY_BYTES = 1 << 36               # refuse archives that claim more than 64 GiB in one entry
@@ -377,7 +378,13 @@ def _program_json(ep: ExportedProgram) -> dict:
         "parameters": [s.target for s in sig.input_specs if s.kind is InputKind.PARAMETER],
         "dim_names": dict(ep.dim_names),
         "state_aliases": dict(ep.state_aliases),
-        "module_fqns": [e.fqn for e in ep.module_call_graph[1:]],
+        "module_fqns": [e.fqn for e in ep.module_call_graph[1:] if "@" not in e.fqn],
+        "preserved": {e.fqn: {"inputs": [_arg_json(a) for a in e.signature.inputs],
+                              "outputs": [_arg_json(a) for a in e.signature.outputs],
+                              "in_spec": pytree.treespec_dumps(e.signature.in_spec),
+                              "out_spec": pytree.treespec_dumps(e.signature.out_spec),
+                              "state_writes": {k: _arg_json(a) for k, a in e.signature.state_writes.items()}}
+                      for e in ep.module_call_graph[1:] if e.signature is not None},
     }
 
 
@@ -460,7 +467,7 @@ def _program(j: dict, entries: dict) -> ExportedProgram:
             raise SerializeError(f"flambeau.export.load: the constants lack {s.target!r}")
     ranges = {loader.symbols[k]: ValueRanges(int(lo), INT_OO if hi is None else int(hi))
               for k, (lo, hi) in j["range_constraints"].items()}
-    call = ModuleCallSignature(_spec_loads(j["in_spec"]), _spec_loads(j["out_spec"]), list(j["input_names"]))
+    call = ModuleCallSignature([], [], _spec_loads(j["in_spec"]), _spec_loads(j["out_spec"]), list(j["input_names"]))
     dim_names = j.get("dim_names", {})
     if not (isinstance(dim_names, dict) and all(k in loader.symbols and isinstance(v, str)
                                                 for k, v in dim_names.items())):
@@ -473,4 +480,29 @@ def _program(j: dict, entries: dict) -> ExportedProgram:
                                                                        for p in f.split(".")) for f in fqns)):
         raise SerializeError("flambeau.export.load: module_fqns must be a list of module paths")
     return ExportedProgram(gm, gm.graph, ExportGraphSignature(input_specs, output_specs), state_dict, ranges,
-                           constants, call, dim_names=dim_names, state_aliases=aliases, module_fqns=fqns)
+                           constants, call, dim_names=dim_names, state_aliases=aliases, module_fqns=fqns,
+                           preserved=_preserved(j.get("preserved", {}), gm, fqns))
+
+
+def _preserved(j, gm: GraphModule, fqns: list) -> dict:
+    """The preserved calls' signatures: keys are module calls ('sub', 'sub@1'), names are graph values."""
+    if not isinstance(j, dict):
+        raise SerializeError("flambeau.export.load: preserved must map module calls to signatures")
+    names = {n.name for n in gm.graph.nodes}
+    out = {}
+    for key, sig in j.items():
+        fqn, _, k = key.partition("@")
+        if fqn not in fqns or (k and not k.isdigit()):
+            raise SerializeError(f"flambeau.export.load: preserved call {key[:80]!r} is not a call of a module "
+                                 "of the program")
+        args = [[_arg_back(a) for a in sig[side]] for side in ("inputs", "outputs")]
+        writes = {k: _arg_back(a) for k, a in sig.get("state_writes", {}).items()}
+        for a in [*args[0], *args[1], *writes.values()]:
+            if isinstance(a, (TensorArgument, SymIntArgument)) and a.name not in names:
+                raise SerializeError(f"flambeau.export.load: preserved call {key!r} names {a.name[:80]!r}, "
+                                     "which is not a value of the graph")
+        if not all(isinstance(k, str) and k.startswith(fqn + ".") for k in writes):
+            raise SerializeError(f"flambeau.export.load: preserved call {key!r} writes state outside its module")
+        out[key] = ModuleCallSignature(*args, _spec_loads(sig["in_spec"]), _spec_loads(sig["out_spec"]),
+                                       state_writes=writes)
+    return out

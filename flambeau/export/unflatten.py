@@ -21,6 +21,15 @@ caller's module, holding that call's graph and sharing the original's parameters
 children (so `state_dict()` lists them under `name@k.` as well, `named_parameters()` once). The
 metadata survives `run_decompositions` (each decomposed node keeps its module stack) and save/load;
 nodes without it stay in the root graph.
+
+A call of a module named in export's `preserve_module_call_signature` keeps its original calling
+convention instead (`_call_preserved`): its graph takes the original positional and keyword arguments,
+flattens them against the exported pytree, writes its own state updates (`_write_state`) and returns
+the original result's structure; the caller builds the arguments from its values and reads the
+result's leaves back. So `u.sub = other_module` (an eager module of the same signature) replaces it, as
+PyTorch's. A preserved module called several times is an `InterpreterModuleDispatcher` (each call runs
+the next call's graph). A value crossing the boundary other than through the signature is a size (read
+again from a tensor the graph has), state the call updated (read again from the module), or an error.
 """
 from __future__ import annotations
 
@@ -33,11 +42,13 @@ from ..fx.node import map_arg
 from ..nn.modules.module import Module
 from ..nn.parameter import Parameter
 from .._tensor import Tensor
+from ..autograd.grad_mode import no_grad
+from ..fx._symbolic_shapes import SymInt, sym_size
 from ..utils import _pytree as pytree
 from .exported_program import ExportedProgram, _InputChecker, user_tensors, write_back
-from .graph_signature import InputKind
+from .graph_signature import InputKind, SymIntArgument, TensorArgument
 
-__all__ = ["unflatten", "UnflattenedModule", "InterpreterModule", "FlatArgsAdapter"]
+__all__ = ["unflatten", "UnflattenedModule", "InterpreterModule", "InterpreterModuleDispatcher", "FlatArgsAdapter"]
 
 STACK = "nn_module_stack"
 
@@ -49,6 +60,52 @@ class InterpreterModule(GraphModule):
         super().__init__({}, Graph())
         if graph is not None:
             self.graph = graph
+
+
+class InterpreterModuleDispatcher(Module):
+    """A preserved module called several times with different graphs (PyTorch's): each call runs the next
+    call's InterpreterModule, wrapping around after the last. Its children, parameters and buffers are the
+    first call's (all calls share them)."""
+
+    def __init__(self, call_modules: list):
+        super().__init__()
+        first = call_modules[0]
+        self._modules, self._parameters, self._buffers = first._modules, first._parameters, first._buffers
+        self._non_persistent_buffers_set = first._non_persistent_buffers_set
+        self.__dict__["_call_modules"] = list(call_modules)
+        self.__dict__["_num_calls"] = 0
+
+    def call_modules(self) -> list:
+        return list(self.__dict__["_call_modules"])
+
+    def forward(self, *args, **kwargs):
+        mods = self.__dict__["_call_modules"]
+        k = self.__dict__["_num_calls"]
+        self.__dict__["_num_calls"] = (k + 1) % len(mods)
+        try:
+            return mods[k](*args, **kwargs)
+        except Exception:
+            self.__dict__["_num_calls"] = 0
+            raise
+
+    def print_readable(self, print_output: bool = True) -> str:
+        return "\n".join(m.print_readable(print_output) for m in self.__dict__["_call_modules"])
+
+
+def _flatten_to_spec(tree, spec) -> list:
+    """The leaves of a preserved call's `(args, kwargs)` or result, in the exported pytree's order (a
+    module swapped in must keep that structure)."""
+    leaves, got = pytree.tree_flatten(tree)
+    if got != spec:
+        raise TypeError(f"unflatten: a preserved module's call has the structure {got}, but the program was "
+                        f"exported with {spec}; a module swapped in must take and return the same structure")
+    return leaves
+
+
+def _write_state(state: Tensor, value: Tensor) -> None:
+    """A preserved module's buffer update, done inside its own graph (so a module swapped in owns its own)."""
+    with no_grad():
+        state.copy_(value)
 
 
 class FlatArgsAdapter(abc.ABC):
@@ -188,7 +245,7 @@ def _share_state(copy: Module, original: Module, graph: Graph) -> None:
             if p not in m._modules:
                 m._modules[p] = o._modules[p]
             m, o = m._modules[p], o._modules[p]
-        if m is o:
+        if m is o or leaf in m.__dict__ or leaf in m._modules:   # (a copy's own pytree specs and calls)
             continue
         if leaf in o._parameters:
             m.register_parameter(leaf, o._parameters[leaf])
@@ -221,6 +278,28 @@ class _Builder:
                 setattr(_module_at(root, owner), n.target, getattr(ep.graph_module, n.target))
         self.body = [n for n in nodes if n.op not in ("placeholder", "output", "get_attr")]
         self.position = {n: i for i, n in enumerate(nodes)}
+        self._init_preserved(nodes)
+
+    def _init_preserved(self, nodes: list) -> None:
+        """The calls of `preserve_module_call_signature`'s modules: their signatures' values, the nodes
+        computed inside them that only they see (`hidden`), and the state updates they make."""
+        by_name = {n.name: n for n in nodes}
+        self.preserved: dict = {}          # call key -> (signature, input values, output values)
+        for e in self.ep.module_call_graph[1:]:
+            if e.signature is not None:
+                s = e.signature
+                vals = [[by_name[a.name] if isinstance(a, (TensorArgument, SymIntArgument)) else a.value
+                         for a in args] for args in (s.inputs, s.outputs, s.state_writes.values())]
+                self.preserved[e.fqn] = (s, *vals)
+        outs = {key: {v for v in p[2] if hasattr(v, "op")} for key, p in self.preserved.items()}
+        self.hidden: dict = {}             # node -> depth of the outermost preserved call hiding it
+        for n in self.body:
+            depths = [d for d, (key, _) in enumerate(self._calls(n)) if key in outs and n not in outs[key]]
+            if depths:
+                self.hidden[n] = depths[0]
+        self.written = {v: fqn for s, _, _, writes in self.preserved.values()   # state values a preserved
+                        for fqn, v in zip(s.state_writes, writes) if hasattr(v, "op")}  # call writes itself
+        self.dispatch: dict = {}           # fqn -> {"calls": [module per call], "sites": [(parent, name)]}
 
     @staticmethod
     def _calls(n) -> list:
@@ -234,16 +313,52 @@ class _Builder:
                 env[n] = g.node_copy(n)
         self._emit(self.body, 0, g, env, "", self.root)
         out = self.ep.graph.output_node()
-        g.output(map_arg(out.args[0], lambda a: self._lookup(a, g, env, "")))
+        g.output(tuple(None if a in self.written else map_arg(a, lambda x: self._lookup(x, g, env, ""))
+                       for a in out.args[0]))
+        for info in self.dispatch.values():
+            calls = info["calls"]
+            if len(calls) > 1:             # a preserved module called again: a dispatcher, as PyTorch's
+                disp = InterpreterModuleDispatcher(calls)
+                for parent, name in info["sites"]:
+                    _attach(parent, name, disp)
         return g
 
     def _lookup(self, a, g: Graph, env: dict, owner: str):
         if a not in env:                   # state or an attribute inside this module's subtree
-            fqn = next(f for f in self.attr_of[a] if _inside(f, owner))
+            fqn = next((f for f in self.attr_of.get(a, ()) if _inside(f, owner)), None)
+            if fqn is None:
+                return self._outside(a, g, env, owner)
             node = g.get_attr(_relative(fqn, owner))
             node.meta = dict(a.meta)
             env[a] = node
         return env[a]
+
+    def _outside(self, a, g: Graph, env: dict, owner: str):
+        """A value this graph can't be handed (it crosses a preserved call's boundary): a size is read
+        again from a tensor the graph has; anything else is an error naming the call."""
+        target = self.written.get(a)
+        if target is not None and _inside(target, owner):     # state a preserved call updated: read it again
+            env[a] = g.get_attr(_relative(target, owner))
+            env[a].meta = dict(a.meta)
+            return env[a]
+        val = a.meta.get("val")
+        if isinstance(val, SymInt):
+            for orig, new in list(env.items()):
+                t = orig.meta.get("val")
+                for d, size in enumerate(t.shape if isinstance(t, Tensor) else ()):
+                    if isinstance(size, SymInt) and size.expr == val.expr:
+                        env[a] = g.call_function(sym_size, (new, d))
+                        env[a].meta = dict(a.meta)
+                        return env[a]
+        inside = [k for k, _ in self._calls(a) if k in self.preserved]
+        where = f"the module {owner!r}" if owner else "the root module"
+        if inside:
+            raise RuntimeError(f"unflatten: {where} reads {a.name}, a value computed inside the preserved call "
+                               f"{inside[-1]!r} that is not one of its outputs (does the call write its input or "
+                               "another module's state in place?); export without preserving it")
+        raise RuntimeError(f"unflatten: the preserved call of {owner!r} reads {a.name}, a value from outside its "
+                           "inputs (another module's state or an outer tensor); pass it as an argument or export "
+                           "without preserving it")
 
     def _groups(self, nodes: list, depth: int) -> list:
         """Consecutive runs of `nodes`: (call key, fqn, nodes) for a submodule call, (None, None, [node])
@@ -272,6 +387,8 @@ class _Builder:
 
     def _call(self, key: str, fqn: str, group: list, depth: int, g: Graph, env: dict, owner: str,
               parent: Module) -> None:
+        if key in self.preserved:
+            return self._call_preserved(key, fqn, group, depth, g, env, owner, parent)
         members = set(group)
         inputs = []
         for n in group:
@@ -281,7 +398,7 @@ class _Builder:
                 if a in self.attr_of and any(_inside(f, fqn) for f in self.attr_of[a]):
                     continue                 # read inside with get_attr
                 inputs.append(a)
-        outputs = [n for n in group if any(u not in members for u in n.users)]
+        outputs = [n for n in group if self.hidden.get(n, 0) <= depth and any(u not in members for u in n.users)]
         index = int(key[len(fqn) + 1:]) if key != fqn else 0
         versions = self.versions.setdefault(fqn, [])
         original = _module_at(self.root, fqn)
@@ -314,6 +431,69 @@ class _Builder:
             item = g.call_function(operator.getitem, (call, k))
             item.meta = dict(o.meta)
             env[o] = item
+
+
+    def _call_preserved(self, key: str, fqn: str, group: list, depth: int, g: Graph, env: dict, owner: str,
+                        parent: Module) -> None:
+        """A preserved call: the child's graph takes the original `(args, kwargs)` and returns the original
+        result's structure (so an eager module with that signature can replace it); the caller builds the
+        arguments from its values and reads the result's leaves back (PyTorch's calling convention)."""
+        sig, ins, outs, writes = self.preserved[key]
+        info = self.dispatch.setdefault(fqn, {"calls": [], "sites": []})
+        original = _module_at(self.root, fqn)
+        child = original if not info["calls"] else InterpreterModule()
+        args_spec, kwargs_spec = sig.in_spec.children_specs
+        kw_names = list(kwargs_spec.context)
+        sub = Graph()
+        pos = tuple(sub.placeholder(f"_positional_arg_{i}") for i in range(args_spec.num_children))
+        kws = {k: sub.placeholder(k) for k in kw_names}
+        flat = sub.call_function(_flatten_to_spec, ((pos, kws), sub.get_attr(_spec_attr(child, sig.in_spec))))
+        sub_env: dict = {}
+        for i, v in enumerate(ins):
+            if hasattr(v, "op") and v not in sub_env:
+                sub_env[v] = sub.call_function(operator.getitem, (flat, i))
+                sub_env[v].meta = dict(v.meta)
+        self._emit(group, depth + 1, sub, sub_env, fqn, child)
+        for target, v in zip(sig.state_writes, writes):      # its own state's updates, by its own graph
+            if hasattr(v, "op"):
+                sub.call_function(_write_state, (sub.get_attr(_relative(target, fqn)),
+                                                 self._lookup(v, sub, sub_env, fqn)))
+        result = [self._lookup(v, sub, sub_env, fqn) if hasattr(v, "op") else v for v in outs]
+        sub.output(sub.call_function(pytree.tree_unflatten, (result, sub.get_attr(_spec_attr(child, sig.out_spec)))))
+        graph_key = (_graph_key(sub), repr(sig.in_spec), repr(sig.out_spec))
+        same = next((m for k, m in info.get("keys", []) if k == graph_key), None)
+        if same is None:
+            specs = {n.target: getattr(child, n.target) for n in sub.find_nodes(op="get_attr")
+                     if n.target.startswith("_spec_")}
+            child.graph = sub
+            if child is not original:
+                _share_state(child, original, sub)
+            child.__dict__.update(specs)
+            info.setdefault("keys", []).append((graph_key, child))
+            same = child
+        info["calls"].append(same)
+        name = _relative(fqn, owner)
+        info["sites"].append((parent, name))
+        _attach(parent, name, same)
+        leaves = [self._lookup(v, g, env, owner) if hasattr(v, "op") else v for v in ins]
+        tree = g.call_function(pytree.tree_unflatten, (leaves, g.get_attr(_spec_attr(parent, sig.in_spec))))
+        args, kwargs = (g.call_function(operator.getitem, (tree, i)) for i in (0, 1))
+        call = g.call_module(name, tuple(g.call_function(operator.getitem, (args, i)) for i in range(len(pos))),
+                             {k: g.call_function(operator.getitem, (kwargs, k)) for k in kw_names})
+        flat_out = g.call_function(_flatten_to_spec, (call, g.get_attr(_spec_attr(parent, sig.out_spec))))
+        for i, v in enumerate(outs):
+            if hasattr(v, "op"):
+                env[v] = g.call_function(operator.getitem, (flat_out, i))
+                env[v].meta = dict(v.meta)
+
+
+def _spec_attr(module: Module, spec) -> str:
+    """A new attribute `_spec_<i>` of `module` holding a pytree spec (read by the graph with get_attr)."""
+    i = 0
+    while f"_spec_{i}" in module.__dict__:
+        i += 1
+    module.__dict__[f"_spec_{i}"] = spec
+    return f"_spec_{i}"
 
 
 def unflatten(module: ExportedProgram, flat_args_adapter: FlatArgsAdapter | None = None) -> UnflattenedModule:

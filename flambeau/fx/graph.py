@@ -341,9 +341,10 @@ class _CodeGen:
             return name
         qual = getattr(target, "__qualname__", None)
         if qual and mod.startswith("flambeau") and "<" not in qual:
-            try:
-                obj = importlib.import_module(mod)
-                for part in qual.split("."):
+            try:                # the dotted path as the generated code reads it, attribute by attribute
+                importlib.import_module(mod)        # (a name may shadow its module: flambeau.export.unflatten)
+                obj = importlib.import_module("flambeau")
+                for part in f"{mod}.{qual}".split(".")[1:]:
                     obj = getattr(obj, part)
                 if obj is target:
                     return f"{mod}.{qual}"
