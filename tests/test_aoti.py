@@ -702,3 +702,37 @@ def test_aoti_3d_convolutions_and_max_pooling_match_pytorch(tmp_path):
     tv, ti = torch.nn.functional.max_pool3d(torch.tensor(x.numpy()), 3, 2, 1, ceil_mode=True, return_indices=True)
     np.testing.assert_array_equal(vals.numpy(), tv.numpy())
     np.testing.assert_array_equal(idx.numpy(), ti.numpy())
+
+
+def _volume_decoder(lib):
+    nn = lib.nn
+    return nn.Sequential(nn.Conv3d(2, 4, 3, padding=1, groups=2), nn.ReLU(),
+                         nn.Conv3d(4, 4, (3, 1, 2), stride=(2, 1, 1), dilation=(1, 1, 2), groups=4, bias=False),
+                         nn.AvgPool3d(2, stride=(1, 2, 2), padding=1, count_include_pad=False, ceil_mode=True),
+                         nn.ConvTranspose3d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2),
+                         nn.ConvTranspose3d(6, 3, (2, 3, 1), stride=(1, 2, 3), dilation=(2, 1, 1), bias=False),
+                         nn.AvgPool3d(3, 2, 1), nn.AdaptiveAvgPool3d((2, 1, 3)), nn.Flatten(), nn.Linear(18, 4))
+
+
+def test_aoti_grouped_and_transposed_3d_convolutions_and_average_pooling_match_pytorch(tmp_path):
+    """Grouped and depthwise Conv3d, ConvTranspose3d (grouped with output_padding; dilated, no bias) run in
+    the C++ wrapper (fl_conv3d with groups, fl_conv_transpose3d: were refused), AvgPool3d (count_include_pad
+    False, ceil_mode) and AdaptiveAvgPool3d through _taps_gather: package outputs from Python (batch 2 and 5)
+    and C++ (batch 3) vs PyTorch."""
+    import torch
+    fl.manual_seed(0)
+    m = _volume_decoder(fl).eval()
+    tm = _volume_decoder(torch).eval()
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in m.state_dict().items()})
+    pkg = _package(tmp_path, m, (fl.randn(2, 2, 5, 6, 7),), dynamic_shapes={"input": {0: Dim("batch", max=8)}})
+    with zipfile.ZipFile(pkg) as z:
+        src = z.read("model.cpp").decode()
+    assert src.count("fl_conv3d<float>(fl_g") == 2 and src.count("fl_conv_transpose3d<float>(fl_g") == 2
+    run = aoti_load_package(pkg)
+    x3 = fl.randn(3, 2, 5, 6, 7)
+    r, _ = _run_cpp(pkg, tmp_path, [x3])
+    assert r.returncode == 0, r.stderr
+    for x, y in [(fl.randn(b, 2, 5, 6, 7), None) for b in (2, 5)] + [(x3, read_tensor_file(str(tmp_path / "output0.bin")))]:
+        with torch.no_grad():
+            want = tm(torch.tensor(x.numpy())).numpy()
+        np.testing.assert_allclose((run(x) if y is None else y).numpy(), want, rtol=RTOL, atol=ATOL)

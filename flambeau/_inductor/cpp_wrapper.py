@@ -19,7 +19,7 @@ with its layout's shape. `sym` holds the size symbols' values (`size_names` orde
 them as trailing arguments. The extern steps the C++ wrapper can run are `mm` and `bmm` (float32 and
 bfloat16 through flambeau's GEMMs, float sums rounded once; float64 with double sums), 1-D and 2-D
 `convolution` (grouped: one call per image and group; transposed, grouped too: the GEMM then fl_col2im;
-3-D of groups 1), `max_pool2d_with_indices`, `max_pool3d_with_indices` and `_taps_gather` (interpolate, average pooling, pads), float32 or float64,
+3-D ones, grouped and transposed too, as direct loops), `max_pool2d_with_indices`, `max_pool3d_with_indices` and `_taps_gather` (interpolate, average pooling, pads), float32 or float64,
 `sort` and `topk` of any dtype (the C++ of cpp_wrapper_kernels.py); bfloat16/float16 operands of these are widened to float and
 the results rounded once (`_widened`, WIDENED_OPS); and the fused CPU attention `_sdpa_flash_cpu`
 (3-d or 4-d operands, masks, `flash_reason`; a two-output op: out and its
@@ -414,16 +414,17 @@ class CppWrapper:
         dt = self._product_dtype(ek, "convolution", (D.float32, D.float64))
         if dt is D.float32:
             self._need("fl_conv2d", "convolution")
-        if len(x.layout.shape) not in (3, 4, 5) or (len(x.layout.shape) == 5 and (transposed or groups != 1)):
-            raise Unsupported("the C++ wrapper runs 1-D and 2-D convolutions and 3-D ones of groups 1")
+        if len(x.layout.shape) not in (3, 4, 5):
+            raise Unsupported("the C++ wrapper runs 1-D, 2-D and 3-D convolutions")
         ops = [(x, "input"), (w, "weight")] + ([(bias, "bias")] if bias is not None else [])
         for a, what in ops:
             if not a.layout.is_contiguous() and not (isinstance(a, StridedView) and _contiguous_at_offset(a.layout)):
                 raise Unsupported(f"the C++ wrapper runs convolutions of contiguous operands only ({what} is strided)")
-        if len(x.layout.shape) == 5:
-            dims = (*x.layout.shape[:2], *x.layout.shape[2:], w.layout.shape[0], *w.layout.shape[2:], *stride,
-                    *padding, *dilation, *ek.layout.shape[2:])
-            self._geometry_call(f"fl_conv3d<{self._t(ek)}>", dims, self._operand(x)[0], self._operand(w)[0],
+        if len(x.layout.shape) == 5:           # output channels: the result's (a transposed weight is (C, O/g, ...))
+            dims = (*x.layout.shape, ek.layout.shape[1], *w.layout.shape[2:], *stride, *padding, *dilation,
+                    *ek.layout.shape[2:], groups)
+            fn = "fl_conv_transpose3d" if transposed else "fl_conv3d"
+            self._geometry_call(f"{fn}<{self._t(ek)}>", dims, self._operand(x)[0], self._operand(w)[0],
                                 self._operand(bias)[0] if bias is not None else "nullptr", ek.name,
                                 f"fl_threads({' * '.join(_c(s) for s in (*ek.layout.shape, *w.layout.shape[1:]))})")
             return

@@ -6,7 +6,8 @@ whose lowp.h conversions it uses):
 - `fl_max_pool2d<T>`: max_pool2d_with_indices on contiguous planes, as PyTorch's CPU kernel;
 - `fl_col2im<T>`: a transposed convolution's columns added into its output;
 - `fl_taps_axis<T>`: one axis of `_taps_gather` (interpolate, average pooling, pads);
-- `fl_conv3d<T>` / `fl_max_pool3d<T>`: 3-D convolutions of groups 1 and max pooling (direct loops);
+- `fl_conv3d<T>` / `fl_conv_transpose3d<T>` / `fl_max_pool3d<T>`: 3-D convolutions (grouped, transposed)
+  and max pooling (direct loops);
 - `fl_sort<T>`: `sort` and `topk` along a dim (stable, NaN as the largest value);
 - `fl_mask_float`: a bool or low-precision attention mask as the float additive mask the fused
   attention reads;
@@ -101,24 +102,28 @@ static void fl_taps_axis(int64_t outer, int64_t nin, int64_t nout, int64_t inner
         }
 }
 
-// 3-D convolution of groups 1 ((N, C, D, H, W) input, (O, C, KD, KH, KW) weight, contiguous), sums in T: a
-// direct loop over the taps, (image, output channel) volumes over threads; max_pool3d_with_indices as the
-// 2-D one (a NaN wins, flat indices (id * H + ih) * W + iw, padding never taken)
+// 3-D convolutions ((N, C, D, H, W) input, contiguous), sums in T, direct loops, (image, output channel)
+// volumes over threads. g: N, C, D, H, W, O (output channels), KD, KH, KW, stride, padding, dilation (3
+// each), OD, OH, OW, groups. fl_conv3d: weight (O, C/groups, KD, KH, KW), output channel o reads the input
+// channels of its group. fl_conv_transpose3d: weight (C, O/groups, KD, KH, KW); each output gathers the
+// inputs whose taps reach it (od = id * stride - padding + kd * dilation), so no two threads write one
+// place. max_pool3d_with_indices as the 2-D one (a NaN wins, flat indices (id * H + ih) * W + iw, padding
+// never taken)
 template <typename T>
 static void fl_conv3d(const int64_t* g, const T* x, const T* w, const T* bias, T* y, int threads) {
     const int64_t N = g[0], C = g[1], D = g[2], H = g[3], W = g[4], O = g[5], KD = g[6], KH = g[7], KW = g[8];
-    const int64_t OD = g[18], OH = g[19], OW = g[20];
+    const int64_t OD = g[18], OH = g[19], OW = g[20], cg = C / g[21], og = O / g[21];
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++)
         for (int64_t o = 0; o < O; o++) {
             T* yo = y + (n * O + o) * OD * OH * OW;
             for (int64_t i = 0; i < OD * OH * OW; i++) yo[i] = bias ? bias[o] : T(0);
-            for (int64_t c = 0; c < C; c++)
+            for (int64_t cl = 0; cl < cg; cl++)
                 for (int64_t kd = 0; kd < KD; kd++)
                     for (int64_t kh = 0; kh < KH; kh++)
                         for (int64_t kw = 0; kw < KW; kw++) {
-                            const T wv = w[(((o * C + c) * KD + kd) * KH + kh) * KW + kw];
-                            const T* xc = x + (n * C + c) * D * H * W;
+                            const T wv = w[(((o * cg + cl) * KD + kd) * KH + kh) * KW + kw];
+                            const T* xc = x + (n * C + o / og * cg + cl) * D * H * W;
                             for (int64_t od = 0; od < OD; od++) {
                                 const int64_t id = od * g[9] - g[12] + kd * g[15];
                                 if (id < 0 || id >= D) continue;
@@ -132,6 +137,46 @@ static void fl_conv3d(const int64_t* g, const T* x, const T* w, const T* bias, T
                                 }
                             }
                         }
+        }
+}
+
+// the input position a transposed convolution's output position o reads through tap k (-1: none)
+static inline int64_t fl_tap_source(int64_t o, int64_t k, int64_t stride, int64_t pad, int64_t dil, int64_t n) {
+    const int64_t t = o + pad - k * dil;
+    if (t < 0 || t % stride) return -1;
+    return t / stride < n ? t / stride : -1;
+}
+
+template <typename T>
+static void fl_conv_transpose3d(const int64_t* g, const T* x, const T* w, const T* bias, T* y, int threads) {
+    const int64_t N = g[0], C = g[1], D = g[2], H = g[3], W = g[4], O = g[5], KD = g[6], KH = g[7], KW = g[8];
+    const int64_t OD = g[18], OH = g[19], OW = g[20], cg = C / g[21], og = O / g[21];
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o = 0; o < O; o++) {
+            T* yo = y + (n * O + o) * OD * OH * OW;
+            for (int64_t i = 0; i < OD * OH * OW; i++) yo[i] = bias ? bias[o] : T(0);
+            for (int64_t cl = 0; cl < cg; cl++) {
+                const int64_t c = o / og * cg + cl;
+                const T* xc = x + (n * C + c) * D * H * W;
+                for (int64_t kd = 0; kd < KD; kd++)
+                    for (int64_t kh = 0; kh < KH; kh++)
+                        for (int64_t kw = 0; kw < KW; kw++) {
+                            const T wv = w[(((c * og + o % og) * KD + kd) * KH + kh) * KW + kw];
+                            for (int64_t od = 0; od < OD; od++) {
+                                const int64_t id = fl_tap_source(od, kd, g[9], g[12], g[15], D);
+                                if (id < 0) continue;
+                                for (int64_t oh = 0; oh < OH; oh++) {
+                                    const int64_t ih = fl_tap_source(oh, kh, g[10], g[13], g[16], H);
+                                    if (ih < 0) continue;
+                                    for (int64_t ow = 0; ow < OW; ow++) {
+                                        const int64_t iw = fl_tap_source(ow, kw, g[11], g[14], g[17], W);
+                                        if (iw >= 0) yo[(od * OH + oh) * OW + ow] += wv * xc[(id * H + ih) * W + iw];
+                                    }
+                                }
+                            }
+                        }
+            }
         }
 }
 
