@@ -338,6 +338,57 @@ def test_jit_python_wrapper_packs_frozen_weights_once(freezing, monkeypatch, fro
     assert len(made) == (2 if frozen else 0) and all(p is not None for p in made)
 
 
+def _conv_net(lib):
+    nn = lib.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = nn.Conv2d(3, 16, 3, stride=2, padding=1)
+            self.c2 = nn.Conv2d(16, 8, 1, bias=False)
+            self.c3 = nn.Conv1d(8, 4, 3, padding=2, dilation=2)
+
+        def forward(self, x):
+            return self.c3(self.c2(self.c1(x).relu()).flatten(2)).tanh()
+    return Net()
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["plain", "freezing"])
+def test_jit_python_wrapper_packs_frozen_convolution_weights_once(freezing, monkeypatch, frozen):
+    """The Python wrapper of a frozen graph packs each 1-D/2-D convolution weight's tiles when it is
+    compiled (once: cpu_kernels.conv2d_plan_packed), and its calls never pack again (the eager kernel's
+    cpu_kernels.conv2d, which packs per call, is not called); without freezing nothing is packed at compile
+    and the eager kernel runs per call. Outputs vs PyTorch."""
+    import torch
+    from flambeau._backends import cpu_kernels
+    if not cpu_kernels.available():
+        pytest.skip("flambeau's GEMM is not built here")
+    config.freezing = frozen
+    made, per_call = [], []
+    plan, conv = cpu_kernels.conv2d_plan_packed, cpu_kernels.conv2d
+    monkeypatch.setattr(cpu_kernels, "conv2d_plan_packed", lambda w: made.append(plan(w)) or made[-1])
+    monkeypatch.setattr(cpu_kernels, "conv2d", lambda *a: per_call.append(1) or conv(*a))
+    fl.manual_seed(0)
+    m = _conv_net(fl).eval()
+    tm = _conv_net(torch).eval()
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in m.state_dict().items()})
+    fl._dynamo.reset()
+    try:
+        with fl.no_grad():
+            f = fl.compile(m)
+            f(fl.randn(2, 3, 9, 10))
+            per_call.clear()
+            for _ in range(2):
+                x = fl.randn(2, 3, 9, 10)
+                with torch.no_grad():
+                    want = tm(torch.tensor(x.numpy())).numpy()
+                np.testing.assert_allclose(f(x).numpy(), want, rtol=RTOL, atol=ATOL)
+    finally:
+        fl._dynamo.reset()
+    assert len(made) == (3 if frozen else 0) and all(p is not None for p in made)
+    assert len(per_call) == (0 if frozen else 2)
+
+
 def _cpu_flags() -> set:
     with open("/proc/cpuinfo") as f:
         line = next((ln for ln in f if ln.startswith("flags")), "")

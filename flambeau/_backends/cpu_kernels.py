@@ -403,6 +403,45 @@ def conv2d(x, w, bias, stride, pads, dilation, out_hw):
     return y
 
 
+def conv2d_plan_packed(w: np.ndarray):
+    """`fn(x, bias, stride, padding, dilation) -> y` for a constant float32 (O, C, KH, KW) weight `w` (a
+    frozen weight) whose GEMM tiles are packed here, once (`flm_conv_pack_w`): each call runs
+    `flm_conv2d_packed` on the NCHW float32 `x` (symmetric padding), where `conv2d` packs per call.
+    None where the kernel is not built."""
+    if _load() is None or w.dtype != _F32 or w.ndim != 4:
+        return None
+    lib = _state["lib"]
+    if "conv2d_packed" not in _state:
+        i64, p = ctypes.c_int64, ctypes.c_void_p
+        lib.flm_conv_packed_w_floats.restype = i64
+        lib.flm_conv_packed_w_floats.argtypes = [i64, i64]
+        lib.flm_conv_pack_w.argtypes = [i64, i64, p, p]
+        lib.flm_conv_pack_w.restype = None
+        lib.flm_conv2d_packed.argtypes = [i64] * 15 + [p, p, p, p, ctypes.c_int]
+        lib.flm_conv2d_packed.restype = None
+        _state["conv2d_packed"] = lib.flm_conv2d_packed
+    w = np.ascontiguousarray(w)
+    O, C, KH, KW = w.shape
+    packed = aligned_empty(int(lib.flm_conv_packed_w_floats(O, C * KH * KW)))
+    lib.flm_conv_pack_w(O, C * KH * KW, w.ctypes.data, packed.ctypes.data)
+    run, wptr = _state["conv2d_packed"], packed.ctypes.data
+
+    def packed_conv(x, bias, stride, padding, dilation):
+        x = np.ascontiguousarray(x, _F32)
+        N, _, H, W = x.shape
+        OH = (H + 2 * padding[0] - dilation[0] * (KH - 1) - 1) // stride[0] + 1
+        OW = (W + 2 * padding[1] - dilation[1] * (KW - 1) - 1) // stride[1] + 1
+        y = np.empty((N, O, OH, OW), _F32)
+        if y.size:
+            b = None if bias is None else np.ascontiguousarray(bias, _F32)
+            run(N, C, H, W, O, KH, KW, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], OH, OW,
+                x.ctypes.data, wptr, None if b is None else b.ctypes.data, y.ctypes.data,
+                _threads(N * O * OH * OW * C * KH * KW))
+        return y
+    packed_conv.keep = packed               # the packed tiles live with the function
+    return packed_conv
+
+
 def max_pool2d(x, out_hw, ks, st, dl):
     """Max pooling with indices of a float32 array (..., H, W) whose windows lie inside the plane:
     (values, int64 flat indices in the plane) of shape (..., *out_hw), or None when not handled."""

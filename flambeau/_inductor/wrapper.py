@@ -205,6 +205,12 @@ def make_extern(ek, xp=np):
     else:
         fix = conform(ek.layout)
     symbolic = _symbolic_args(args) or _symbolic_args(kwargs)
+    conv = _packed_convolution(ek) if xp is np and not multi and not kwargs and not symbolic else None
+    if conv is not None:
+        def packed_call(*arrays):
+            x, _, bias = build(args[:3], arrays, None)
+            return fix(conv(x, bias))
+        return packed_call, bases, False
     if xp is np and getattr(ek.op, "name", None) in ("mm", "bmm") and not kwargs and not symbolic and \
             all(isinstance(a, (Buffer, StridedView)) and a.dtype in _BLAS_DTYPES for a in args):
         return _matmul_extern(args, index), bases, False   # straight to BLAS (shapes and dtypes are static)
@@ -263,15 +269,46 @@ def _matmul_extern(args, index):
     return call
 
 
-def _constant_operand(a):
-    """The array of a product's right operand when it is a frozen weight (`config.freezing`) of a static
-    2-D layout and `config.prepack_weights` is on: its GEMM panels are then packed once. (Without
-    freezing a graph's constants are read live, so a weight changed in place stays seen.)"""
+def _constant_operand(a, ndim: int = 2):
+    """The array of a product's right operand (a convolution's weight: `ndim` 3 or 4) when it is a frozen
+    weight (`config.freezing`) of a static layout and `config.prepack_weights` is on: its GEMM panels are
+    then packed once. (Without freezing a graph's constants are read live, so a weight changed in place
+    stays seen.)"""
     base = a.base if isinstance(a, StridedView) else a
     if not (config.prepack_weights and config.freezing and isinstance(base, InputBuffer) and getattr(base, "constant", None) is not None
-            and a.dtype == D.float32 and len(a.layout.shape) == 2 and not a.layout.is_symbolic()):
+            and a.dtype == D.float32 and len(a.layout.shape) == ndim and not a.layout.is_symbolic()):
         return None
     return strided_array(base.constant._data, a.layout) if isinstance(a, StridedView) else base.constant._data
+
+
+def _packed_convolution(ek):
+    """fn(x, bias) -> y for a float32 1-D or 2-D convolution of groups 1 whose weight is a frozen constant
+    (`_constant_operand`): the weight's tiles packed once, here (`cpu_kernels.conv2d_plan_packed`; a 1-D
+    one as the 2-D convolution of its (N, C, 1, L) view), where the eager kernel packs them per call.
+    None for any other extern."""
+    if getattr(ek.op, "name", None) != "convolution":
+        return None
+    x, w, bias, stride, padding, dilation, transposed, _, groups = ek.args
+    nd = len(w.layout.shape) - 2
+    if transposed or groups != 1 or nd not in (1, 2) or x.dtype != D.float32 or \
+            (bias is not None and bias.dtype != D.float32):
+        return None
+    weight = _constant_operand(w, nd + 2)
+    if weight is None:
+        return None
+    one = nd == 1
+    plan = cpu_kernels.conv2d_plan_packed(weight[:, :, None, :] if one else weight)
+    if plan is None:
+        return None
+    stride, padding, dilation = (tuple(v) * nd if len(v) == 1 else tuple(v) for v in (stride, padding, dilation))
+    if not one:
+        return lambda x, b: plan(x, b, stride, padding, dilation)
+    st, pd, dl = (1, stride[0]), (0, padding[0]), (1, dilation[0])
+
+    def conv1d(x, b):
+        y = plan(x[:, :, None, :], b, st, pd, dl)
+        return y.reshape(y.shape[0], y.shape[1], y.shape[3])
+    return conv1d
 
 
 def _plan_layout(a):
