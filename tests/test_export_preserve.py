@@ -122,7 +122,10 @@ def test_unflattened_preserved_modules_keep_their_calling_convention(strict):
     fm, tm = _pair()
     fu, tu = unflatten(_export(fl, fm, strict)), torch.export.unflatten(_export(torch, tm, strict))
     assert type(fu.sub).__name__ == type(tu.sub).__name__ == "InterpreterModuleDispatcher"
-    names = [n for n, _ in fu.named_parameters()]       # (PyTorch's dispatcher lists sub.lin.bias first)
+    assert [n for n, _ in fu.named_modules()] == [n for n, _ in tu.named_modules()] == [n for n, _ in fm.named_modules()]
+    # (PyTorch's dispatcher lists sub.lin.bias first, and loses the buffer sub.calls from state_dict)
+    assert sorted(fu.state_dict()) == sorted(fm.state_dict())
+    names = [n for n, _ in fu.named_parameters()]
     assert names == [n for n, _ in fm.named_parameters()] and sorted(names) == sorted(n for n, _ in tu.named_parameters())
     for batch in (5, 2):
         np.testing.assert_allclose(_numpy(fu(_x(fl, batch))), tu(_x(torch, batch)).detach().numpy(),

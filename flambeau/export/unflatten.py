@@ -503,8 +503,9 @@ def unflatten(module: ExportedProgram, flat_args_adapter: FlatArgsAdapter | None
         raise TypeError(f"unflatten expects an ExportedProgram, got {type(module).__name__}")
     root = UnflattenedModule(module, flat_args_adapter)
     root.training = False
-    for entry in module.module_call_graph[1:]:          # the original's module order
-        _module_at(root, entry.fqn)
+    for entry in module.module_call_graph[1:]:          # the original's module order (not later calls)
+        if "@" not in entry.fqn:
+            _module_at(root, entry.fqn)
     state = _place_state(root, module)
     root.graph = _Builder(module, root, state).build()
     return root
