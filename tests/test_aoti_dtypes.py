@@ -158,3 +158,51 @@ def test_aoti_sort_and_topk_match_pytorch(tmp_path, dtype):
             torch.Tensor.sort = torch_sort
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g.double().numpy(), w.double().numpy())
+
+
+def _sampling_head(lib):
+    nn = lib.nn
+
+    class Head(nn.Module):
+        """Positions from a mask by cumsum (bool -> int64), a running float sum, a top-p mask over sorted
+        probabilities, a float64 and a bfloat16 cumsum."""
+
+        def __init__(self):
+            super().__init__()
+            self.pos = nn.Embedding(16, 8)
+            self.out = nn.Linear(8, 12)
+
+        def forward(self, x):
+            ids = (x[..., 0] > 0).cumsum(1)
+            p = self.out(x.cumsum(1) + self.pos(ids)).softmax(-1)
+            sp, _ = p.sort(-1, descending=True)
+            keep = (sp.cumsum(-1) - sp) < 0.9
+            return sp * keep, x.cumsum(0, dtype=lib.float64), x.to(lib.bfloat16).cumsum(-1)
+    return Head()
+
+
+def test_aoti_cumsum_matches_pytorch(tmp_path):
+    """cumsum runs in the C++ wrapper (fl_cumsum: was refused): bool -> int64 positions, float32, float64 by
+    `dtype=`, bfloat16 widened and rounded once; package outputs from Python (batch 3 and 6) and C++ (batch
+    4) vs PyTorch (float32/float64 1e-5, bfloat16 1.6e-2)."""
+    import torch
+    fl.manual_seed(0)
+    m, tm = _sampling_head(fl).eval(), _sampling_head(torch).eval()
+    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in m.state_dict().items()})
+    pkg = aoti_compile_and_package(export(m, (fl.randn(2, 5, 8),), dynamic_shapes={"x": {0: Dim("b", max=8)}}),
+                                   package_path=str(tmp_path / "h.pt2"))
+    with zipfile.ZipFile(pkg) as z:
+        assert z.read("model.cpp").decode().count("fl_cumsum<") == 5
+    run = aoti_load_package(pkg)
+    x4 = fl.randn(4, 5, 8)
+    r, _ = _run_cpp(pkg, tmp_path, [x4])
+    assert r.returncode == 0, r.stderr
+    cpp = [read_tensor_file(str(tmp_path / f"output{i}.bin")) for i in range(3)]
+    for x, got in [(fl.randn(b, 5, 8), None) for b in (3, 6)] + [(x4, cpp)]:
+        got = run(x) if got is None else got
+        with torch.no_grad():
+            want = tm(torch.tensor(x.numpy()))
+        for g, w in zip(got, want):
+            assert str(g.dtype) == str(w.dtype)
+            tol = 1.6e-2 if w.dtype == torch.bfloat16 else 1e-5
+            np.testing.assert_allclose(g.double().numpy(), w.double().numpy(), rtol=tol, atol=tol)

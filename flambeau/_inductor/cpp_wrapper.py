@@ -20,7 +20,7 @@ them as trailing arguments. The extern steps the C++ wrapper can run are `mm` an
 bfloat16 through flambeau's GEMMs, float sums rounded once; float64 with double sums), 1-D and 2-D
 `convolution` (grouped: one call per image and group; transposed, grouped too: the GEMM then fl_col2im;
 3-D ones, grouped and transposed too, as direct loops), `max_pool2d_with_indices`, `max_pool3d_with_indices` and `_taps_gather` (interpolate, average pooling, pads), float32 or float64,
-`sort` and `topk` of any dtype (the C++ of cpp_wrapper_kernels.py); bfloat16/float16 operands of these are widened to float and
+`sort`, `topk` and `cumsum` of any dtype (the C++ of cpp_wrapper_kernels.py); bfloat16/float16 operands of these are widened to float and
 the results rounded once (`_widened`, WIDENED_OPS); and the fused CPU attention `_sdpa_flash_cpu`
 (3-d or 4-d operands, masks, `flash_reason`; a two-output op: out and its
 logsumexp), through the function pointers of `EXTERNS`, set once by `fl_set_externs(table, threads)`
@@ -55,12 +55,12 @@ from .sizevars import SizeExpr
 from .wrapper import WrapperCodegen, kernel_error
 
 CPP_EXTERN_OPS = ("mm", "bmm", "convolution", "_sdpa_flash_cpu", "max_pool2d_with_indices", "max_pool3d_with_indices",
-                  "_taps_gather", "sort", "topk")
+                  "_taps_gather", "sort", "topk", "cumsum")
 # the externs whose bfloat16/float16 operands are widened to float for their float32 code (bfloat16
 # products have their own GEMM, the attention its own lowp paths)
 PRODUCT_DTYPES = (D.float32, D.float64, D.bfloat16)     # mm/bmm operands run as they are (float16: widened)
 WIDENED_OPS = ("mm", "bmm", "convolution", "max_pool2d_with_indices", "max_pool3d_with_indices", "_taps_gather",
-               "sort", "topk")
+               "sort", "topk", "cumsum")
 PARALLEL_MACS = 1 << 20          # as cpu_kernels.PARALLEL_MACS: smaller products run on one thread
 LOWP_CODES = {D.float32: 0, D.bfloat16: 1, D.float16: 2}     # cpu_attention.cpp's operand dtype codes
 # The library functions the generated wrapper calls, in the order of fl_set_externs' table: the wrapper's
@@ -573,6 +573,20 @@ class CppWrapper:
         kk = n if k is None else _c(k)
         self.line(f"fl_sort<{self._t(x)}>({outer}, {n}, {inner}, {kk}, {self._operand(x)[0]}, {values.name}, "
                   f"{indices.name}, {int(bool(descending))}, fl_threads({outer} * {inner} * {n} * 16));")
+
+    def _extern_cumsum(self, ek):
+        """cumsum along `dim` of a contiguous input into the result's dtype (cpp_wrapper_kernels.fl_cumsum: a
+        double or int64 running sum, as PyTorch's CPU kernel; bfloat16/float16 widened, rounded once)."""
+        x, dim, _ = ek.op.bind(*ek.args, **ek.kwargs)
+        if not (x.layout.is_contiguous() or (isinstance(x, StridedView) and _contiguous_at_offset(x.layout))):
+            raise Unsupported("the C++ wrapper runs cumsum on contiguous inputs only")
+        shape = list(x.layout.shape) or [1]
+        d = dim % len(shape)
+        outer = " * ".join(_c(s) for s in shape[:d]) or "1"
+        inner = " * ".join(_c(s) for s in shape[d + 1:]) or "1"
+        acc = "double" if ek.dtype.is_floating_point else "int64_t"
+        self.line(f"fl_cumsum<{self._t(x)}, {self._t(ek)}, {acc}>({outer}, {_c(shape[d])}, {inner}, "
+                  f"{self._operand(x)[0]}, {ek.name}, fl_threads({outer} * {inner} * {_c(shape[d])}));")
 
     def _gemm_bf16(self, ek, B, M, N, K, pa, sa, pb, sb):
         """A bfloat16 product (batch B, element strides sa/sb as (batch, row, column)): float sums in a

@@ -9,6 +9,7 @@ whose lowp.h conversions it uses):
 - `fl_conv3d<T>` / `fl_conv_transpose3d<T>` / `fl_max_pool3d<T>`: 3-D convolutions (grouped, transposed)
   and max pooling (direct loops);
 - `fl_sort<T>`: `sort` and `topk` along a dim (stable, NaN as the largest value);
+- `fl_cumsum<TI, TO, A>`: `cumsum` along a dim (PyTorch's CPU accumulation types);
 - `fl_mask_float`: a bool or low-precision attention mask as the float additive mask the fused
   attention reads;
 - `fl_dgemm` / `fl_conv2d_f64`: float64 products and convolutions with double sums (the signatures of
@@ -252,6 +253,23 @@ static void fl_conv2d_f64(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O,
                         }
                     }
         }
+}
+
+// cumsum along one dim of a contiguous array seen as (outer, n, inner): a running sum in A from +0 (double
+// for a floating result, int64_t for an integer one: PyTorch's CPU accumulation types), each prefix stored
+// as TO; lines over threads
+template <typename TI, typename TO, typename A>
+static void fl_cumsum(int64_t outer, int64_t n, int64_t inner, const TI* x, TO* y, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < outer * inner; p++) {
+        const int64_t o = p / inner, i = p % inner;
+        A acc = A(0);
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t at = (o * n + j) * inner + i;
+            acc += A(x[at]);
+            y[at] = TO(acc);
+        }
+    }
 }
 
 // sort / topk along one dim of a contiguous array seen as (outer, n, inner): for each line the first k of
