@@ -271,6 +271,34 @@ def embedding_fn(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, 
     return embedding(weight, input, padding_idx, scale_grad_by_freq, sparse)
 
 
+def _embedding_bag_traced(input, weight, offsets, max_norm, mode, per_sample_weights, padding_idx):
+    """embedding_bag of a traced (exported, compiled) call in operators a graph holds: the bags of a 2-D
+    input (one length) gathered by `embedding` and reduced over dim 1, padding_idx entries left out (an
+    empty bag is zeros), per_sample_weights scaling each row (sum). 1-D input with offsets (bags of data-
+    dependent lengths) and max_norm (an in-place renormalisation of the weight) are refused."""
+    if input.dim() != 2 or offsets is not None:
+        raise NotImplementedError(
+            f"embedding_bag: a traced (exported or compiled) call takes a 2-D input of bags of one length, got a "
+            f"{input.dim()}-D input{' with offsets' if offsets is not None else ''} (bag sizes that depend on the "
+            "data); pad the bags to one length with padding_idx and pass a 2-D input")
+    if max_norm is not None:
+        raise NotImplementedError("embedding_bag: max_norm renormalises the weight in place, which a traced call "
+                                  "can't do; renormalise the weight before exporting and drop max_norm")
+    if padding_idx is not None and padding_idx < 0:
+        padding_idx += weight.shape[0]
+    rows = embedding(weight, input, -1, False, False)                # (B, L, D)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.unsqueeze(-1).to(rows.dtype)
+    if padding_idx is None:
+        return rows.sum(1) if mode == "sum" else rows.mean(1) if mode == "mean" else rows.amax(1)
+    keep = (input != padding_idx).unsqueeze(-1)                      # (B, L, 1)
+    if mode == "max":
+        top = rows.masked_fill(~keep, float("-inf")).amax(1)
+        return top.masked_fill(~keep.any(1), 0.0)
+    total = rows.masked_fill(~keep, 0.0).sum(1)
+    return total if mode == "sum" else total / keep.sum(1).clamp(min=1).to(rows.dtype)
+
+
 @export("embedding_bag", namespace="nn.functional", function=False)
 def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False, mode="mean",
                   sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
@@ -283,6 +311,8 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
                                   f"supported for mode='sum' (got mode='{mode}'). Please open a feature request on "
                                   "the Pytorch GitHub.")
     _check_indices(input, "embedding_bag")
+    if input._device.type == "meta" or (offsets is not None and offsets._device.type == "meta"):
+        return _embedding_bag_traced(input, weight, offsets, max_norm, mode, per_sample_weights, padding_idx)
     idx = input._host().astype(np.int64)
     if idx.ndim == 2:
         if offsets is not None:
