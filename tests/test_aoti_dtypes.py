@@ -206,3 +206,46 @@ def test_aoti_cumsum_matches_pytorch(tmp_path):
             assert str(g.dtype) == str(w.dtype)
             tol = 1.6e-2 if w.dtype == torch.bfloat16 else 1e-5
             np.testing.assert_allclose(g.double().numpy(), w.double().numpy(), rtol=tol, atol=tol)
+
+
+class _AdaptiveMax:
+    @staticmethod
+    def make(lib):
+        class Pools(lib.nn.Module):
+            def forward(self, x, v):
+                F = lib.nn.functional
+                vals, idx = F.adaptive_max_pool2d(x, (3, 2), return_indices=True)
+                return (vals, idx, F.adaptive_max_pool1d(x.flatten(2), 4, return_indices=True)[1],
+                        F.adaptive_max_pool3d(v, (2, 1, 3)))
+        return Pools()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_aoti_adaptive_max_pooling_matches_pytorch(tmp_path, dtype):
+    """adaptive_max_pool{1,2,3}d run in the C++ wrapper (fl_adaptive_max_pool: were refused): uneven windows
+    (7 -> 3, 5 -> 2), a NaN in a window; values and indices equal to PyTorch's from Python (batch 2 and 5)
+    and C++ (batch 3)."""
+    import torch
+    m, tm = _AdaptiveMax.make(fl), _AdaptiveMax.make(torch)
+
+    def inputs(b, seed):
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((b, 3, 7, 5))
+        x[0, 1, 2, 3] = np.nan
+        return (fl.tensor(x).to(getattr(fl, dtype)), fl.tensor(rng.standard_normal((b, 2, 5, 3, 7))).to(getattr(fl, dtype)))
+    b = Dim("b", max=8)
+    pkg = aoti_compile_and_package(export(m, inputs(2, 0), dynamic_shapes={"x": {0: b}, "v": {0: b}}),
+                                   package_path=str(tmp_path / "a.pt2"))
+    with zipfile.ZipFile(pkg) as z:
+        assert z.read("model.cpp").decode().count("fl_adaptive_max_pool<") == 3
+    run = aoti_load_package(pkg)
+    x3 = inputs(3, 3)
+    r, _ = _run_cpp(pkg, tmp_path, list(x3))
+    assert r.returncode == 0, r.stderr
+    cpp = [read_tensor_file(str(tmp_path / f"output{i}.bin")) for i in range(4)]
+    for xs, got in [(inputs(b, b), None) for b in (2, 5)] + [(x3, cpp)]:
+        got = run(*xs) if got is None else got
+        want = tm(*(torch.tensor(t.double().numpy()).to(getattr(torch, dtype)) for t in xs))
+        for g, w in zip(got, want):
+            assert str(g.dtype) == str(w.dtype)
+            np.testing.assert_array_equal(g.double().numpy(), w.double().numpy())

@@ -19,7 +19,7 @@ with its layout's shape. `sym` holds the size symbols' values (`size_names` orde
 them as trailing arguments. The extern steps the C++ wrapper can run are `mm` and `bmm` (float32 and
 bfloat16 through flambeau's GEMMs, float sums rounded once; float64 with double sums), 1-D and 2-D
 `convolution` (grouped: one call per image and group; transposed, grouped too: the GEMM then fl_col2im;
-3-D ones, grouped and transposed too, as direct loops), `max_pool2d_with_indices`, `max_pool3d_with_indices` and `_taps_gather` (interpolate, average pooling, pads), float32 or float64,
+3-D ones, grouped and transposed too, as direct loops), `max_pool2d_with_indices`, `max_pool3d_with_indices`, `adaptive_max_pool{1,2,3}d` and `_taps_gather` (interpolate, average pooling, pads), float32 or float64,
 `sort`, `topk` and `cumsum` of any dtype (the C++ of cpp_wrapper_kernels.py); bfloat16/float16 operands of these are widened to float and
 the results rounded once (`_widened`, WIDENED_OPS); and the fused CPU attention `_sdpa_flash_cpu`
 (3-d or 4-d operands, masks, `flash_reason`; a two-output op: out and its
@@ -55,12 +55,13 @@ from .sizevars import SizeExpr
 from .wrapper import WrapperCodegen, kernel_error
 
 CPP_EXTERN_OPS = ("mm", "bmm", "convolution", "_sdpa_flash_cpu", "max_pool2d_with_indices", "max_pool3d_with_indices",
-                  "_taps_gather", "sort", "topk", "cumsum")
+                  "_taps_gather", "sort", "topk", "cumsum", "adaptive_max_pool1d", "adaptive_max_pool2d",
+                  "adaptive_max_pool3d")
 # the externs whose bfloat16/float16 operands are widened to float for their float32 code (bfloat16
 # products have their own GEMM, the attention its own lowp paths)
 PRODUCT_DTYPES = (D.float32, D.float64, D.bfloat16)     # mm/bmm operands run as they are (float16: widened)
 WIDENED_OPS = ("mm", "bmm", "convolution", "max_pool2d_with_indices", "max_pool3d_with_indices", "_taps_gather",
-               "sort", "topk", "cumsum")
+               "sort", "topk", "cumsum", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d")
 PARALLEL_MACS = 1 << 20          # as cpu_kernels.PARALLEL_MACS: smaller products run on one thread
 LOWP_CODES = {D.float32: 0, D.bfloat16: 1, D.float16: 2}     # cpu_attention.cpp's operand dtype codes
 # The library functions the generated wrapper calls, in the order of fl_set_externs' table: the wrapper's
@@ -518,6 +519,30 @@ class CppWrapper:
         self.line(f"fl_max_pool2d<{self._t(x)}>({planes}, {H}, {W}, {OH}, {OW}, {ks[0]}, {ks[1]}, {st[0]}, {st[1]}, {pd[0]}, "
                   f"{pd[1]}, {dl[0]}, {dl[1]}, {px}, {values.name}, {indices.name}, "
                   f"fl_threads({planes} * {OH} * {OW} * {ks[0] * ks[1]}));")
+
+    def _adaptive_max_pool(self, ek, nd: int):
+        """adaptive_max_pool{nd}d of a contiguous float input, its planes seen as 3-D ones
+        (cpp_wrapper_kernels.fl_adaptive_max_pool: PyTorch's windows, a NaN wins, flat indices)."""
+        x, _ = ek.op.bind(*ek.args, **ek.kwargs)
+        if x.dtype not in GEMM or not (x.layout.is_contiguous() or (
+                isinstance(x, StridedView) and _contiguous_at_offset(x.layout))):
+            raise Unsupported(f"the C++ wrapper runs adaptive_max_pool{nd}d on contiguous float inputs only")
+        px, lx = self._operand(x)
+        values, indices = (next(o for o in ek.outputs if o.i == i) for i in (0, 1))
+        planes = " * ".join(_c(s) for s in lx.shape[:-nd]) or "1"
+        ones = (1,) * (3 - nd)
+        dims = (planes, *ones, *lx.shape[-nd:], *ones, *values.layout.shape[-nd:])
+        self._geometry_call(f"fl_adaptive_max_pool<{self._t(x)}>", dims, px, values.name, indices.name,
+                            f"fl_threads({' * '.join(_c(s) for s in lx.shape)})")
+
+    def _extern_adaptive_max_pool1d(self, ek):
+        self._adaptive_max_pool(ek, 1)
+
+    def _extern_adaptive_max_pool2d(self, ek):
+        self._adaptive_max_pool(ek, 2)
+
+    def _extern_adaptive_max_pool3d(self, ek):
+        self._adaptive_max_pool(ek, 3)
 
     def _extern__taps_gather(self, ek):
         """_taps_gather (interpolate, average and adaptive average pooling, reflect/replicate pads) of a

@@ -10,6 +10,7 @@ whose lowp.h conversions it uses):
   and max pooling (direct loops);
 - `fl_sort<T>`: `sort` and `topk` along a dim (stable, NaN as the largest value);
 - `fl_cumsum<TI, TO, A>`: `cumsum` along a dim (PyTorch's CPU accumulation types);
+- `fl_adaptive_max_pool<T>`: adaptive_max_pool{1,2,3}d (PyTorch's windows and indices);
 - `fl_mask_float`: a bool or low-precision attention mask as the float additive mask the fused
   attention reads;
 - `fl_dgemm` / `fl_conv2d_f64`: float64 products and convolutions with double sums (the signatures of
@@ -253,6 +254,34 @@ static void fl_conv2d_f64(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O,
                         }
                     }
         }
+}
+
+// adaptive_max_pool{1,2,3}d on contiguous planes seen as 3-D ones (missing leading dims of size 1). g: planes,
+// D, H, W, OD, OH, OW. Output (od, oh, ow) is the max of the input window [od * D / OD, ceil((od + 1) * D / OD))
+// x ... (PyTorch's windows), a NaN wins, its flat index in the plane ((d * H + h) * W + w); planes over threads
+template <typename T>
+static void fl_adaptive_max_pool(const int64_t* g, const T* x, T* y, int64_t* idx, int threads) {
+    const int64_t P = g[0], D = g[1], H = g[2], W = g[3], OD = g[4], OH = g[5], OW = g[6];
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t od = 0; od < OD; od++)
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    const int64_t d0 = od * D / OD, d1 = ((od + 1) * D + OD - 1) / OD;
+                    const int64_t h0 = oh * H / OH, h1 = ((oh + 1) * H + OH - 1) / OH;
+                    const int64_t w0 = ow * W / OW, w1 = ((ow + 1) * W + OW - 1) / OW;
+                    int64_t best = (d0 * H + h0) * W + w0;
+                    T m = -std::numeric_limits<T>::infinity();
+                    for (int64_t d = d0; d < d1; d++)
+                        for (int64_t h = h0; h < h1; h++)
+                            for (int64_t w = w0; w < w1; w++) {
+                                const T v = x[p * D * H * W + (d * H + h) * W + w];
+                                if (v > m || v != v) { m = v; best = (d * H + h) * W + w; }
+                            }
+                    const int64_t at = ((p * OD + od) * OH + oh) * OW + ow;
+                    y[at] = m;
+                    idx[at] = best;
+                }
 }
 
 // cumsum along one dim of a contiguous array seen as (outer, n, inner): a running sum in A from +0 (double
