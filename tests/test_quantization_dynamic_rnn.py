@@ -133,3 +133,16 @@ def test_dynamic_cells_print_as_pytorch(kind):
     theirs = torch.ao.quantization.quantize_dynamic(mods[1], dtype=torch.qint8)[0]
     assert type(ours).__module__.startswith("flambeau.ao.nn.quantized.dynamic"), type(ours)
     assert ours.extra_repr() == theirs.extra_repr()
+
+
+@pytest.mark.parametrize("kind", ["RNNCell", "LSTMCell", "GRUCell", "LSTM", "GRU"])
+def test_quantize_dynamic_refuses_bias_free_recurrent_modules_as_pytorch(kind):
+    """PyTorch's dynamic recurrent layers and cells have no bias-free form: quantize_dynamic of one
+    raises AssertionError("mod.bias must be True"), ours the same (was: converted)."""
+    errors = []
+    for m in (torch, flambeau):
+        with pytest.raises(AssertionError, match="mod.bias must be True") as info:
+            m.ao.quantization.quantize_dynamic(m.nn.Sequential(getattr(m.nn, kind)(4, 3, bias=False)))
+        errors.append(info.type)
+    assert errors[0] is errors[1]
+    assert kind in str(info.value)                 # ours names the module

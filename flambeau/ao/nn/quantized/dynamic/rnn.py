@@ -62,6 +62,14 @@ def _float_bias(b: Tensor | None) -> Tensor | None:
     return None if b is None else b.detach().float().clone()
 
 
+def _check_bias(cls, mod: Module) -> None:
+    """PyTorch's dynamic recurrent layers and cells have no bias-free form: `from_float` refuses one."""
+    if not mod.bias:
+        raise AssertionError(f"mod.bias must be True: nnqd.{cls.__name__}.from_float has no bias-free form "
+                             f"(PyTorch's neither); leave this {type(mod).__name__} out of quantize_dynamic's "
+                             f"qconfig_spec or give it biases")
+
+
 class _DynamicRNNBase:
     """What the dynamically quantized LSTM and GRU add to the float layer: int8 products, weights
     quantized from a float module, no parameters of their own (eval-mode semantics)."""
@@ -101,6 +109,7 @@ class _DynamicRNNBase:
         if type(mod) is not cls._FLOAT_MODULE:
             raise AssertionError(f"nnqd.{cls.__name__}.from_float only works for {cls._FLOAT_MODULE.__name__}, "
                                  f"got {type(mod).__name__}")
+        _check_bias(cls, mod)
         if getattr(mod, "proj_size", 0):
             raise RuntimeError(f"nnqd.{cls.__name__}.from_float: an LSTM with proj_size is not supported")
         make_observer = _observer_factory(mod, weight_observer)
@@ -206,6 +215,7 @@ class RNNCellBase(Module):
         if type(mod) is not cls._FLOAT_MODULE:
             raise AssertionError(f"nnqd.{cls.__name__}.from_float only works for {cls._FLOAT_MODULE.__name__}, "
                                  f"got {type(mod).__name__}")
+        _check_bias(cls, mod)
         make_observer = _observer_factory(mod, weight_observer)
         kwargs = {"nonlinearity": mod.nonlinearity} if isinstance(mod, float_rnn.RNNCell) else {}
         out = cls(mod.input_size, mod.hidden_size, mod.bias, **kwargs)
