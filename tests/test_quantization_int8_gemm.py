@@ -296,3 +296,197 @@ def test_prepacked_weight_is_packed_once_and_equals_pytorch(monkeypatch):
     for _ in range(3):
         lin(flambeau.tensor(rng.standard_normal((4, 37)).astype(np.float32)))
     assert len(calls) == packed_at_conversion
+
+
+# ---- the binary (add / sum) post-ops ----------------------------------------------------------------
+LOWP = {"bfloat16": torch.bfloat16}
+BINARY_CASES = {  # M (or 3-D lead), K, N, post op, other dtype, (other scale, zp), unary, output (scale, zp, dtype)
+    "add_f32_out": ((24,), 40, 36, "add", "float32", (1.0, 0), "none", (1.0, 0, "float32")),
+    "add_relu_u8_out": ((2, 13), 77, 70, "add", "float32", (0.2, 9), "relu", (0.05, 3, "uint8")),  # other qparams unused
+    "add_relu_s8_out": ((30,), 64, 33, "add", "float32", (1.0, 0), "relu", (0.04, -2, "int8")),
+    "add_bf16_other_bf16_out": ((9,), 50, 40, "add", "bfloat16", (1.0, 0), "relu", (1.0, 0, "bfloat16")),
+    "add_u8_other_raw": ((7,), 20, 5, "add", "uint8", (1.0, 0), "none", (1.0, 0, "float32")),
+    "sum_f32_relu": ((130,), 256, 100, "sum", "float32", (1.0, 0), "relu", (1.0, 0, "float32")),
+    "sum_u8_accum": ((33,), 40, 65, "sum", "uint8", (0.04, 90), "none", (0.05, 100, "uint8")),
+    "sum_s8_accum_relu": ((20,), 600, 300, "sum", "int8", (0.03, 2), "relu", (0.05, 0, "int8")),
+    "sum_bf16": ((5,), 19, 3, "sum", "bfloat16", (1.0, 0), "none", (1.0, 0, "bfloat16")),
+}
+
+
+def _binary_problem(rng, lead, K, N, other_dtype):
+    M = int(np.prod(lead))
+    qx, qw, ws, b = _problem(rng, M, K, N, False)
+    if other_dtype in ("uint8", "int8"):
+        lo, hi = _RANGE[other_dtype]
+        other = torch.tensor(rng.integers(lo, hi + 1, lead + (N,)).astype(OUT[other_dtype][0]))
+    else:
+        other = torch.tensor((rng.standard_normal(lead + (N,)) * 3).astype(np.float32)).to(getattr(torch, other_dtype))
+    return qx.reshape(lead + (K,)), qw, ws, b, other
+
+
+def _to_flambeau(t):
+    return flambeau.tensor(t.float().numpy()).to(flambeau.bfloat16) if t.dtype is torch.bfloat16 \
+        else flambeau.tensor(t.numpy())
+
+
+def _as_numpy(t):
+    """float32 values of a bf16 result (exact), else the array."""
+    return t.float().numpy() if t.dtype in (torch.bfloat16, flambeau.bfloat16) else t.numpy()
+
+
+@pytest.mark.parametrize("numpy_fallback", [False, True], ids=["vnni", "numpy"])
+@pytest.mark.parametrize("tensor_qparams", [False, True], ids=["binary", "binary_tensor"])
+@pytest.mark.parametrize("case", list(BINARY_CASES))
+def test_qlinear_binary_equals_pytorchs_onednn_op(case, tensor_qparams, numpy_fallback, monkeypatch):
+    """qlinear_pointwise.binary(_tensor) vs PyTorch's: "add" (other's values as they are, any float/int
+    dtype, other qparams unused) and "sum" (the accum dequantized), ReLU, float32/bf16/u8/s8 outputs,
+    3-D input: dtype, shape and values bit for bit; other unchanged (ours is functional)."""
+    if not numpy_fallback and not cpu_int8.vnni():
+        pytest.skip("no AVX-512 VNNI here")
+    if numpy_fallback:
+        monkeypatch.setitem(cpu_int8._state, "fns", None)
+    lead, K, N, post, odt, (o_scale, o_zp), unary, (out_scale, out_zp, od) = BINARY_CASES[case]
+    rng = np.random.default_rng(K * N)
+    qx, qw, ws, b, other = _binary_problem(rng, lead, K, N, odt)
+    x_scale, x_zp = 0.021, 128
+    out_dtype = getattr(torch, od)
+    tpacked = torch.ops.onednn.qlinear_prepack(torch.tensor(qw), list(qx.shape))
+    want = torch.ops.onednn.qlinear_pointwise.binary(
+        torch.tensor(qx), x_scale, x_zp, tpacked, torch.tensor(ws), torch.zeros(N, dtype=torch.int64), other.clone(),
+        torch.tensor(b), out_scale, out_zp, out_dtype, o_scale, o_zp, post, 1.0, unary, [], "")
+    fother = _to_flambeau(other)
+    before = _as_numpy(fother).copy()
+    fpacked = flambeau.ops.onednn.qlinear_prepack(flambeau.tensor(qw), list(qx.shape))
+    xs, xz = (flambeau.tensor(x_scale), flambeau.tensor(x_zp)) if tensor_qparams else (x_scale, x_zp)
+    op = flambeau.ops.onednn.qlinear_pointwise.binary_tensor if tensor_qparams else \
+        flambeau.ops.onednn.qlinear_pointwise.binary
+    got = op(flambeau.tensor(qx), xs, xz, fpacked, flambeau.tensor(ws), flambeau.zeros(N, dtype=flambeau.int64),
+             fother, flambeau.tensor(b), out_scale, out_zp, getattr(flambeau, od), o_scale, o_zp, post, 1.0, unary, [],
+             "")
+    assert str(got.dtype).split(".")[-1] == od and tuple(got.shape) == tuple(want.shape)
+    np.testing.assert_array_equal(_as_numpy(got), _as_numpy(want))
+    np.testing.assert_array_equal(_as_numpy(fother), before)
+    base = torch.ops.onednn.qlinear_pointwise(torch.tensor(qx), x_scale, x_zp, tpacked, torch.tensor(ws),
+                                              torch.zeros(N, dtype=torch.int64), torch.tensor(b), 1.0, 0,
+                                              torch.float32, "none", [], "")
+    assert not torch.equal(want.float(), base.float())          # the post-op changes the result
+
+
+def test_qlinear_binary_refuses_what_pytorchs_refuses():
+    rng = np.random.default_rng(1)
+    qx, qw, ws, b, other = _binary_problem(rng, (4,), 8, 6, "float32")
+    args = {m: (m.tensor(qx), 0.1, 128, m.ops.onednn.qlinear_prepack(m.tensor(qw), [4, 8]), m.tensor(ws),
+                m.zeros(6, dtype=m.int64)) for m in (torch, flambeau)}
+    fo = flambeau.tensor(other.numpy())
+    bad = [  # (other, output dtype, other scale, zp, binary, alpha, unary), what both say
+        ((other, "float32", 1.0, 0, "mul", 1.0, "none"), "unsupported binary post op"),
+        ((other, "float32", 1.0, 0, "add", 2.0, "none"), "alpha != 1"),
+        ((other, "float32", 1.0, 0, "add", 1.0, "gelu"), "unsupported unary post op"),
+        ((None, "float32", 1.0, 0, "add", 1.0, "none"), "extra input is missing"),
+        ((other, "float32", 2.0, 3, "add", 1.0, "none"), "expect extra input scale = 1.0 and zero point = 0"),
+        ((other, "bfloat16", 1.0, 0, "sum", 1.0, "none"), "should be .*same as output dtype"),
+    ]
+    for (o, od, s, z, post, alpha, unary), message in bad:
+        for m, oth in ((torch, o), (flambeau, None if o is None else fo)):
+            with pytest.raises(RuntimeError, match=message):
+                m.ops.onednn.qlinear_pointwise.binary(*args[m], oth, None, 1.0, 0, getattr(m, od), s, z, post, alpha,
+                                                      unary, [], "")
+    with pytest.raises(RuntimeError, match=r"qlinear_pointwise.binary: extra input of shape \(4, 7\)"):
+        flambeau.ops.onednn.qlinear_pointwise.binary(*args[flambeau], flambeau.zeros(4, 7), None, 1.0, 0,
+                                                     flambeau.float32, 1.0, 0, "add", 1.0, "none", [], "")
+
+
+ADD_PASS_CASES = {   # form, relu, requantized output (scale, zp, dtype), other first in the add
+    "linear_add": ("linear", False, None, False),
+    "linear_add_relu_requant_u8": ("linear", True, (0.05, 2, "uint8"), True),
+    "addmm_add_requant_s8": ("addmm", False, (0.3, -1, "int8"), False),
+    "mm_add_relu": ("mm", True, None, True),
+}
+
+
+@pytest.mark.parametrize("tensor_qparams", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("case", list(ADD_PASS_CASES))
+def test_compiled_linear_add_becomes_one_binary_int8_gemm_equal_to_pytorchs(case, tensor_qparams, monkeypatch):
+    """dequantize -> linear/addmm/mm -> add(_, float residual) [-> relu] [-> quantize]: exactly prepack +
+    qlinear_pointwise.binary(_tensor) with the add post-op, bit-equal to PyTorch's op (what its X86
+    inductor pass makes of the same pattern)."""
+    form, relu, out, swap = ADD_PASS_CASES[case]
+    rng = np.random.default_rng(17)
+    x = (rng.standard_normal((24, 40)) * 2).astype(np.float32)
+    res = (rng.standard_normal((24, 36)) * 3).astype(np.float32)
+    _, qw, ws, b = _problem(rng, 1, 40, 36, False)
+    bias = None if form == "mm" else b
+    fqw, fws, fb = flambeau.tensor(qw), flambeau.tensor(ws), None if bias is None else flambeau.tensor(bias)
+
+    def fn(t, r):
+        if tensor_qparams:
+            s, z = QD.choose_qparams.tensor(t, 0, 255, 1.1920928955078125e-07, flambeau.uint8)
+            dx = QD.dequantize_per_tensor.tensor(QD.quantize_per_tensor.tensor(t, s, z, 0, 255, flambeau.uint8),
+                                                 s, z, 0, 255, flambeau.uint8)
+        else:
+            dx = QD.dequantize_per_tensor.default(QD.quantize_per_tensor.default(t, 0.03, 120, 0, 255, flambeau.uint8),
+                                                  0.03, 120, 0, 255, flambeau.uint8)
+        dw = QD.dequantize_per_channel.default(fqw, fws, flambeau.zeros(36, dtype=flambeau.int64), 0, -128, 127,
+                                               flambeau.int8)
+        y = {"linear": lambda: flambeau.nn.functional.linear(dx, dw, fb), "mm": lambda: flambeau.mm(dx, dw.t()),
+             "addmm": lambda: flambeau.addmm(fb, dx, dw.permute(1, 0))}[form]()
+        y = r + y if swap else y + r
+        if relu:
+            y = flambeau.relu(y)
+        if out is not None:
+            y = QD.quantize_per_tensor.default(y, out[0], out[1], *_RANGE[out[2]], getattr(flambeau, out[2]))
+        return y
+    made = spy_compile_fx(monkeypatch, [])
+    with flambeau.no_grad(), no_unexpected_fallbacks():
+        got = flambeau.compile(fn)(flambeau.tensor(x), flambeau.tensor(res)).numpy()
+    binary = "onednn::qlinear_pointwise.binary" + ("_tensor" if tensor_qparams else "")
+    assert _externs(made) == ["onednn::qlinear_prepack", binary], _externs(made)
+    if tensor_qparams:
+        s, z = TQD.choose_qparams.tensor(torch.tensor(x), 0, 255, 1.1920928955078125e-07, torch.uint8)
+        x_scale, x_zp = float(s), int(z)
+    else:
+        x_scale, x_zp = 0.03, 120
+    qx = TQD.quantize_per_tensor.default(torch.tensor(x), x_scale, x_zp, 0, 255, torch.uint8)
+    out_scale, out_zp, od = (1.0, 0, "float32") if out is None else out
+    want = torch.ops.onednn.qlinear_pointwise.binary(
+        qx, x_scale, x_zp, torch.ops.onednn.qlinear_prepack(torch.tensor(qw), [24, 40]), torch.tensor(ws),
+        torch.zeros(36, dtype=torch.int64), torch.tensor(res), None if bias is None else torch.tensor(bias), out_scale,
+        out_zp, getattr(torch, od), 1.0, 0, "add", 1.0, "relu" if relu else "none", [], "").numpy()
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def build_residual_mlp(m, d=32, classes=4):
+    class ResidualMLP(m.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.l2, self.l3 = m.nn.Linear(20, d), m.nn.Linear(d, d), m.nn.Linear(d, classes)
+
+        def forward(self, x):
+            h = m.relu(self.l1(x))
+            return self.l3(m.relu(self.l2(h) + h))
+    return ResidualMLP()
+
+
+def test_pt2e_residual_mlp_compiles_the_add_into_the_int8_gemm(monkeypatch):
+    """A converted MLP with a residual linear + add + relu (X86InductorQuantizer: the add's other input
+    not quantized, as PyTorch's `_annotate_linear_binary_unary`): l2 + add + relu + l3's input
+    quantize become one qlinear_pointwise.binary with a u8 output; within float rounding of eager's."""
+    flambeau.manual_seed(0)
+    model = build_residual_mlp(flambeau).eval()
+    data = calibration((16, 20))
+    prepared = prepare_pt2e(capture_pre_autograd_graph(model, (flambeau.tensor(data[0]),)),
+                            xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config()))
+    for x in data:
+        prepared(flambeau.tensor(x))
+    converted = convert_pt2e(prepared)
+    made = spy_compile_fx(monkeypatch, [])
+    x = flambeau.tensor(data[1])
+    with flambeau.no_grad(), no_unexpected_fallbacks():
+        got = flambeau.compile(converted)(x).numpy()
+    assert _externs(made) == ["onednn::qlinear_prepack", "onednn::qlinear_pointwise", "onednn::qlinear_prepack",
+                              "onednn::qlinear_pointwise.binary", "onednn::qlinear_prepack",
+                              "onednn::qlinear_pointwise"], _externs(made)
+    with flambeau.no_grad():
+        eager = converted(x).numpy()
+    np.testing.assert_allclose(got, eager, rtol=0, atol=1e-5 * np.abs(eager).max())

@@ -22,7 +22,13 @@ too (`flambeau/_ops/quantized_linear.py`). A u8 convolution whose only user adds
 becomes `onednn::qconv2d_pointwise.binary` (oneDNN's sum post-op, `fuse_quantized_conv`): with the
 residual dequantized from u8/s8 and the output requantized to that dtype, the integer residual is the
 accum (PyTorch's X86 conv + add pattern); any other residual is a float accum, float output, the
-quantize after it left to the generated code. Results equal PyTorch's x86 ops; against the float
+quantize after it left to the generated code. A linear layer whose only user adds a float32 tensor of
+its shape (`_fuse_linear_add`),
+
+    dequantize(qx) -> linear | mm | addmm -> add(_, other) [-> relu] [-> quantize]
+
+becomes `onednn::qlinear_pointwise.binary` with the add post-op (other's float values, as PyTorch's
+X86 linear + add, whose recipe leaves other unquantized). Results equal PyTorch's x86 ops; against the float
 graph of dequantized values they differ by float rounding, which a requantization can turn into one
 step of the output scale (as in PyTorch's x86 inductor path). A layer whose bias requires grad
 (grad mode on) keeps the float path: the int8 op has no derivative. `config.quantized_linear = False`
@@ -205,6 +211,20 @@ def _epilogue(node):
     return last, post, requant, out_scale, out_zp, out_dtype
 
 
+def _swap_in(new, last, requant) -> None:
+    """Let the fused node `new` stand for the pattern ending at `last` (or at its requantization)."""
+    replaced = last if requant is None else requant[0]
+    new.meta = {k: v for k, v in replaced.meta.items() if k not in ("val", "example_value")}
+    replaced.replace_all_uses_with(new)
+
+
+def _cleaned(gm, fused: int) -> int:
+    if fused:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return fused
+
+
 def _fuse(gm, match, build) -> int:
     """Rewrite every node whose operands `match(gm, node)` returns (None: not a candidate) with the int8
     node `build(graph, operands, qx, x_scale, x_zp, tensor_qparams, qw, w_scales, w_zps, epilogue)`
@@ -227,14 +247,9 @@ def _fuse(gm, match, build) -> int:
             if isinstance(w_scales, list):
                 w_scales, w_zps = _constant(gm, w_scales, D.float32), _constant(gm, w_zps, D.int64)
             new = build(graph, operands, qx, x_scale, x_zp, tensor_qparams, qw, w_scales, w_zps, epilogue)
-        replaced = last if requant is None else requant[0]
-        new.meta = {k: v for k, v in replaced.meta.items() if k not in ("val", "example_value")}
-        replaced.replace_all_uses_with(new)
+        _swap_in(new, last, requant)
         fused += 1
-    if fused:
-        graph.eliminate_dead_code()
-        gm.recompile()
-    return fused
+    return _cleaned(gm, fused)
 
 
 def _linear_node(graph, operands, qx, x_scale, x_zp, tensor_qparams, qw, w_scales, w_zps, epilogue):
@@ -272,7 +287,7 @@ def fuse_quantized_linear(gm) -> int:
     """Rewrite each quantized linear layer of `gm` (module docstring) in place; returns how many."""
     if not config.quantized_linear:
         return 0
-    return _fuse(gm, _product, _linear_node) + fuse_quantized_conv(gm)
+    return _fuse_linear_add(gm) + _fuse(gm, _product, _linear_node) + fuse_quantized_conv(gm)
 
 
 def fuse_quantized_conv(gm) -> int:
@@ -291,8 +306,8 @@ def _is_add(node) -> bool:
 
 
 def _residual(gm, conv):
-    """(add node, the other addend) when the convolution's only user adds a float32 tensor of its shape to
-    it, else None."""
+    """(add node, the other addend) when the convolution's (or linear layer's) only user adds a float32
+    tensor of its shape to it, else None."""
     add = _only_user(conv)
     if add is None or not _is_add(add) or add.args[0] is add.args[1]:
         return None
@@ -340,11 +355,39 @@ def _fuse_conv_add(gm) -> int:
             new = graph.call_function(op, (qx, x_scale, x_zp, packed, w_scales, w_zps, accum, bias, stride, padding,
                                            dilation, groups, out_scale, out_zp, out_dtype, accum_scale, accum_zp,
                                            "sum", 1.0, post, [], ""))
-        replaced = last if requant is None else requant[0]
-        new.meta = {k: v for k, v in replaced.meta.items() if k not in ("val", "example_value")}
-        replaced.replace_all_uses_with(new)
+        _swap_in(new, last, requant)
         fused += 1
-    if fused:
-        graph.eliminate_dead_code()
-        gm.recompile()
-    return fused
+    return _cleaned(gm, fused)
+
+
+def _fuse_linear_add(gm) -> int:
+    """dequantize -> linear -> add(_, other) [-> relu] [-> quantize] as one `qlinear_pointwise.binary`
+    with oneDNN's add post-op (PyTorch's X86 linear + add patterns): other is any float32 tensor of the
+    product's shape (the X86 recipe does not quantize it), added after the bias and before the ReLU;
+    the output requantized when a full-range quantize follows, else float32 (PyTorch's "sum" there,
+    the same numbers: ours is functional)."""
+    graph = gm.graph
+    fused = 0
+    for node in list(graph.nodes):
+        operands = _product(gm, node)
+        residual = None if operands is None or not _float32(gm, node) else _residual(gm, node)
+        if residual is None:
+            continue
+        x, w, bias = operands
+        act, weight = _activation(x), _weight(w)
+        if act is None or weight is None or _bias_stays_float(gm, bias):
+            continue
+        add, other = residual
+        qx, x_scale, x_zp, tensor_qparams = act
+        qw, w_scales, w_zps = weight
+        last, post, requant, out_scale, out_zp, out_dtype = _epilogue(add)
+        with graph.inserting_before(add):
+            if isinstance(w_scales, list):
+                w_scales, w_zps = _constant(gm, w_scales, D.float32), _constant(gm, w_zps, D.int64)
+            packed = graph.call_function(QL.qlinear_prepack, (qw, None))
+            op = QL.qlinear_pointwise_binary_tensor if tensor_qparams else QL.qlinear_pointwise_binary
+            new = graph.call_function(op, (qx, x_scale, x_zp, packed, w_scales, w_zps, other, bias, out_scale, out_zp,
+                                           out_dtype, 1.0, 0, "add", 1.0, post, [], ""))
+        _swap_in(new, last, requant)
+        fused += 1
+    return _cleaned(gm, fused)

@@ -1,6 +1,6 @@
 """Op-database entries of the quantization ops: fake quantization (straight-through gradients) and
 the `quantized_decomposed` library, compared with `torch.ops.quantized_decomposed`; the int8 linear
-layer `onednn::qlinear_prepack` + `qlinear_pointwise` and the int8 convolution `onednn::qconv_prepack` +
+layer `onednn::qlinear_prepack` + `qlinear_pointwise` (+ `.binary`) and the int8 convolution `onednn::qconv_prepack` +
 `qconv2d_pointwise`, compared with PyTorch's x86 (oneDNN) ops."""
 from __future__ import annotations
 
@@ -201,6 +201,31 @@ def _qconv_binary(m, qx, x_scale, x_zp, qw, w_scale, w_zp, accum, bias, stride, 
         getattr(m, out_dtype), accum_scale, accum_zp, "sum", 1.0, unary, [], "")
 
 
+def _qlinear_binary_samples(dtype):
+    qw, ws, wz, b = (T((33, 40), dtype="int8", low=-127, high=127),
+                     T((33,), dtype="float32", low=0.0005, high=0.002, requires_grad=False),
+                     T((33,), dtype="int64", values=[0] * 33), T((33,), dtype="float32", low=-1, high=1,
+                                                                  requires_grad=False))
+    qx = T((2, 13, 40), dtype="uint8", low=0, high=255)
+    return [S(qx, 0.05, 128, qw, ws, wz, T((2, 13, 33), dtype="float32", requires_grad=False), b, 1.0, 0, "float32",
+              1.0, 0, "add", "relu"),
+            S(qx, 0.05, 128, qw, ws, wz, T((2, 13, 33), dtype="float32", requires_grad=False), None, 0.06, 3, "uint8",
+              1.0, 0, "add", "none"),
+            S(qx, 0.05, 128, qw, ws, wz, T((2, 13, 33), dtype="uint8", low=0, high=255), b, 0.05, 3, "uint8", 0.04, 5,
+              "sum", "relu")]
+
+
+def _qlinear_binary(m, qx, x_scale, x_zp, qw, w_scale, w_zp, other, bias, out_scale, out_zp, out_dtype, other_scale,
+                    other_zp, binary, unary, tensor_qparams=False):
+    """PyTorch's "sum" writes into other: each call gets a copy of the sample's."""
+    packed = m.ops.onednn.qlinear_prepack(qw, list(qx.shape))
+    op = m.ops.onednn.qlinear_pointwise
+    xs, xz = (m.tensor(x_scale), m.tensor(x_zp)) if tensor_qparams else (x_scale, x_zp)
+    return (op.binary_tensor if tensor_qparams else op.binary)(
+        qx, xs, xz, packed, w_scale, w_zp, other.clone(), bias, out_scale, out_zp, getattr(m, out_dtype), other_scale,
+        other_zp, binary, 1.0, unary, [], "")
+
+
 OPS = [
     OpInfo("onednn.qconv2d_pointwise.binary", _qconv_binary_samples, dtypes=("float32",), grad=False,
            call=_qconv_binary, ops=("onednn::qconv2d_pointwise.binary",)),
@@ -215,6 +240,11 @@ OPS = [
            errors=_qlinear_errors, ops=("onednn::qlinear_prepack", "onednn::qlinear_pointwise")),
     OpInfo("onednn.qlinear_pointwise.tensor", _qlinear_samples, dtypes=("float32",), grad=False,
            call=_qlinear_tensor, ops=("onednn::qlinear_pointwise.tensor",)),
+    OpInfo("onednn.qlinear_pointwise.binary", _qlinear_binary_samples, dtypes=("float32",), grad=False,
+           call=_qlinear_binary, ops=("onednn::qlinear_pointwise.binary",)),
+    OpInfo("onednn.qlinear_pointwise.binary_tensor", _qlinear_binary_samples, dtypes=("float32",), grad=False,
+           call=lambda m, *a: _qlinear_binary(m, *a, tensor_qparams=True),
+           ops=("onednn::qlinear_pointwise.binary_tensor",)),
     OpInfo("fake_quantize_per_tensor_affine", _fq_samples, ops=("fake_quantize_per_tensor_affine",),
            gradcheck=False, errors=_fq_errors, skip=STE),
     OpInfo("fake_quantize_per_tensor_affine.tensor_qparams", _fq_qparams_samples,
