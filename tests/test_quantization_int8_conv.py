@@ -34,6 +34,9 @@ CASES = {   # N, C, H, W, O, kernel, stride, padding, dilation, groups, output d
     "s8_out_relu": (2, 8, 6, 6, 8, (3, 3), 1, 1, 1, 1, "int8", "relu"),
     "bf16_out_40ch": (1, 8, 6, 6, 40, (3, 3), 1, 1, 1, 1, "bfloat16", "relu"),
     "wide_threads": (4, 64, 14, 14, 96, (3, 3), 1, 1, 1, 1, "uint8", "relu"),
+    "7x7_s2_stem_3ch": (2, 3, 23, 19, 64, (7, 7), 2, 3, 1, 1, "uint8", "relu"),
+    "80ch_w_dilated": (1, 80, 9, 10, 24, (3, 3), 1, (1, 2), (1, 2), 1, "float32", "none"),
+    "1x1_s2": (2, 16, 9, 9, 8, (1, 1), 2, 0, 1, 1, "uint8", "none"),
 }
 
 
@@ -69,13 +72,20 @@ def _qconv(m, qx, x_scale, x_zp, qw, ws, bias, geometry, out, tensor_qparams=Fal
 @pytest.mark.parametrize("case", list(CASES))
 def test_qconv2d_equals_pytorchs_onednn_op(case, numpy_fallback, monkeypatch):
     """Padding (read as the zero point), strides, dilation, groups and depthwise, 1x1, every output dtype
-    and ReLU: the integers and the epilogue's roundings equal oneDNN's; shape and channels-last strides too."""
+    and ReLU: the integers and the epilogue's roundings equal oneDNN's; shape and channels-last strides too.
+    On VNNI the patch rows are gathered while A is packed (a 7x7 stem of 3 channels, 80 channels a tap,
+    dilation along the width): no im2col is built except the in-place 1x1 of stride 1."""
     if not numpy_fallback and not cpu_int8.vnni():
         pytest.skip("no AVX-512 VNNI here")
     if numpy_fallback:
         monkeypatch.setitem(cpu_int8._state, "fns", None)
+    im2col = []
+    patches = cpu_int8_conv._patches
+    monkeypatch.setattr(cpu_int8_conv, "_patches", lambda *a: im2col.append(a[5:7]) or patches(*a))
     qx, qw, ws, bias, geometry, out = _problem(CASES[case], seed=len(case))
     got = _qconv(flambeau, qx, 0.02, 7, qw, ws, bias, geometry, out, tensor_qparams=case.startswith("s8"))
+    in_place = case == "1x1_f32_relu"
+    assert bool(im2col) == (numpy_fallback or in_place), im2col
     want = _qconv(torch, qx, 0.02, 7, qw, ws, bias, geometry, out)
     assert tuple(got.shape) == tuple(want.shape) and got.stride() == want.stride() and str(got.dtype) == str(want.dtype)
     np.testing.assert_array_equal(got.float().numpy(), want.float().numpy())

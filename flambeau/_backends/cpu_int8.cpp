@@ -39,6 +39,15 @@ enum { MR = 12, NR = 32, MB = 16 * MR };   // MB: rows of A packed at a time
 enum { OUT_FLOAT32 = 0, OUT_UINT8 = 1, OUT_INT8 = 2 };
 enum { ACCUM_NONE = 0, ACCUM_FLOAT32 = 1, ACCUM_UINT8 = 2, ACCUM_INT8 = 3 };   // the sum post-op's operand
 
+// A convolution's A read in place (an implicit im2col): row m is output pixel (n, oh, ow) of an
+// N x H x W x C channels-last u8/s8 input, its K = kh kw cg bytes the taps (i, j) in order, each the
+// cg channels c0.. of input pixel (oh sh - ph + i dh, ow sw - pw + j dw), or cg copies of the zero
+// point where that pixel lies in the padding (oneDNN pads with the zero point).
+struct ConvGeom {
+    int64_t H, W, C, c0, cg, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW;
+    int32_t zp;
+};
+
 extern "C" int flm_int8_vnni() {
 #ifdef FLM_VNNI
     return 1;
@@ -69,6 +78,51 @@ static void pack_a(int64_t M, int64_t K, const uint8_t* a, int64_t lda, int is_s
             const __m512i v = _mm512_xor_si512(_mm512_maskz_loadu_epi8(in, s + k), flip);
             const __m512i kept = _mm512_maskz_mov_epi8(in, v);
             _mm512_mask_storeu_epi8(d + k, out, kept);
+            sums = _mm512_add_epi64(sums, _mm512_sad_epu8(kept, zero));
+        }
+        rowsum[m] = int32_t(_mm512_reduce_add_epi64(sums));
+    }
+}
+
+// Rows [m0, m0 + M) of a convolution's A (ConvGeom) into rows of kp bytes as u8, with each row's sum, as
+// pack_a: the taps gathered into the row, then the flip and the byte sums over the whole row. Stores are
+// whole vectors (masked stores are slow on some x86 CPUs): a tap's spill is overwritten by the next
+// tap or row, the last row's lands in the 64 bytes of slack after dst's rows.
+static void pack_a_conv(const ConvGeom& g, const uint8_t* x, int64_t m0, int64_t M, int64_t K, int is_signed,
+                        uint8_t* dst, int32_t* rowsum) {
+    const int64_t kp = (K + 3) & ~int64_t(3), rows = (M + MR - 1) / MR * MR;
+    const __m512i flip = _mm512_set1_epi8(is_signed ? char(0x80) : 0), zero = _mm512_setzero_si512();
+    const __m512i pad = _mm512_set1_epi8(char(g.zp));
+    for (int64_t m = 0; m < rows; m++) {
+        uint8_t* d = dst + m * kp;
+        if (m >= M) { std::memset(d, 0, kp); continue; }
+        const int64_t r = m0 + m, n = r / (g.OH * g.OW), oh = r / g.OW % g.OH, ow = r % g.OW;
+        uint8_t* t = d;
+        const int64_t iw0 = ow * g.sw - g.pw, span = g.kw * g.cg;
+        const bool row_inside = g.dw == 1 && g.cg == g.C && iw0 >= 0 && iw0 + g.kw <= g.W;
+        for (int64_t i = 0; i < g.kh; i++) {
+            const int64_t ih = oh * g.sh - g.ph + i * g.dh;
+            if (row_inside && ih >= 0 && ih < g.H) {      // the kw taps are kw cg contiguous input bytes
+                const uint8_t* s = x + ((n * g.H + ih) * g.W + iw0) * g.C;
+                for (int64_t c = 0; c < span; c += 64)
+                    _mm512_storeu_si512(t + c, _mm512_maskz_loadu_epi8(first_bytes(span - c), s + c));
+                t += span;
+                continue;
+            }
+            for (int64_t j = 0; j < g.kw; j++, t += g.cg) {
+                const int64_t iw = ow * g.sw - g.pw + j * g.dw;
+                const bool inside = ih >= 0 && ih < g.H && iw >= 0 && iw < g.W;
+                const uint8_t* s = x + ((n * g.H + ih) * g.W + iw) * g.C + g.c0;
+                for (int64_t c = 0; c < g.cg; c += 64)      // whole-vector stores: the next tap overwrites the spill
+                    _mm512_storeu_si512(t + c, inside ? _mm512_maskz_loadu_epi8(first_bytes(g.cg - c), s + c) : pad);
+            }
+        }
+        __m512i sums = zero;
+        for (int64_t k = 0; k < kp; k += 64) {
+            const __mmask64 in = first_bytes(K - k), out = first_bytes(kp - k);
+            const __m512i kept = _mm512_maskz_mov_epi8(in, _mm512_xor_si512(_mm512_maskz_loadu_epi8(in, d + k), flip));
+            if (k + 64 <= kp) _mm512_storeu_si512(d + k, kept);
+            else _mm512_mask_storeu_epi8(d + k, out, kept);
             sums = _mm512_add_epi64(sums, _mm512_sad_epu8(kept, zero));
         }
         rowsum[m] = int32_t(_mm512_reduce_add_epi64(sums));
@@ -176,19 +230,21 @@ static inline void finish(const Epilogue& e, int64_t m0, int64_t m, int64_t n0, 
 
 #ifdef FLM_VNNI
 // Rows [m0, m1) x columns [n0, n1) (n0 a multiple of NR) of the output on the calling thread, packing
-// its rows of A a block of MB rows at a time (the block stays in L2 while every column panel passes
+// its rows of A (rows of stride lda, or a convolution's taps when geom is given) a block of MB rows at a time (the block stays in L2 while every column panel passes
 // over it; one small buffer, so a large A costs no fresh pages); bp/colsum: the prepacked weight's
 // panels and column sums (all N columns).
 static void qlinear_part(int64_t K, int64_t N, const uint8_t* a, int64_t lda, int a_signed, const int8_t* bp,
-                         const int32_t* colsum, const Epilogue& e, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+                         const int32_t* colsum, const Epilogue& e, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
+                         const ConvGeom* geom) {
     const int64_t kp = (K + 3) & ~int64_t(3);
     const int64_t block = std::min<int64_t>(MB, (m1 - m0 + MR - 1) / MR * MR);
-    std::vector<uint8_t> pa(block * kp);
+    std::vector<uint8_t> pa(block * kp + 64);        // + the slack pack_a_conv's whole-vector stores use
     std::vector<int32_t> rowsum(block);
     alignas(64) int32_t tile[MR][NR];
     for (int64_t mb = m0; mb < m1; mb += MB) {
         const int64_t M = std::min<int64_t>(MB, m1 - mb), rows = (M + MR - 1) / MR * MR;
-        pack_a(M, K, a + mb * lda, lda, a_signed, pa.data(), rowsum.data());
+        if (geom) pack_a_conv(*geom, a, mb, M, K, a_signed, pa.data(), rowsum.data());
+        else pack_a(M, K, a + mb * lda, lda, a_signed, pa.data(), rowsum.data());
         for (int64_t c = n0; c < n1; c += NR) {
             const int64_t w = std::min<int64_t>(NR, N - c);
             for (int64_t r = 0; r < rows; r += MR) {
@@ -205,12 +261,12 @@ static void qlinear_part(int64_t K, int64_t N, const uint8_t* a, int64_t lda, in
 // each thread takes a share of the column panels (or of the row tiles, when there are more of those)
 // and packs the rows of A it reads itself, so no barrier waits on a descheduled thread of a loaded
 // machine.
-extern "C" void flm_qlinear(int64_t M, int64_t N, int64_t K, const uint8_t* a, int64_t lda, int a_signed,
-                            int32_t a_zp, const int8_t* packed, const int32_t* b_zp,
-                            float x_scale, const float* w_scale, const float* bias, int relu, int out_kind,
-                            float out_inv_scale, int32_t out_zp, void* out, int64_t ldc, int threads,
-                            const void* accum, int accum_kind, float accum_scale, int32_t accum_zp,
-                            int64_t ld_accum) {
+static void qlinear_run(int64_t M, int64_t N, int64_t K, const uint8_t* a, int64_t lda, int a_signed,
+                        int32_t a_zp, const int8_t* packed, const int32_t* b_zp,
+                        float x_scale, const float* w_scale, const float* bias, int relu, int out_kind,
+                        float out_inv_scale, int32_t out_zp, void* out, int64_t ldc, int threads,
+                        const void* accum, int accum_kind, float accum_scale, int32_t accum_zp,
+                        int64_t ld_accum, const ConvGeom* geom) {
 #ifdef FLM_VNNI
     if (M == 0 || N == 0) return;
     const Epilogue e{a_signed ? a_zp + 128 : a_zp, b_zp, K, x_scale, w_scale, bias, relu, out_kind, out_inv_scale,
@@ -218,7 +274,7 @@ extern "C" void flm_qlinear(int64_t M, int64_t N, int64_t K, const uint8_t* a, i
     const int64_t kp = (K + 3) & ~int64_t(3), tiles = (M + MR - 1) / MR, panels = (N + NR - 1) / NR;
     const int32_t* colsum = reinterpret_cast<const int32_t*>(packed + kp * N);
     if (threads <= 1) {
-        qlinear_part(K, N, a, lda, a_signed, packed, colsum, e, 0, M, 0, N);
+        qlinear_part(K, N, a, lda, a_signed, packed, colsum, e, 0, M, 0, N, geom);
         return;
     }
     const bool by_cols = panels >= tiles || panels >= 4 * threads;
@@ -231,11 +287,36 @@ extern "C" void flm_qlinear(int64_t M, int64_t N, int64_t K, const uint8_t* a, i
 #endif
         if (by_cols) {
             const int64_t n0 = panels * t / nt * NR, n1 = std::min<int64_t>(N, panels * (t + 1) / nt * NR);
-            if (n1 > n0) qlinear_part(K, N, a, lda, a_signed, packed, colsum, e, 0, M, n0, n1);
+            if (n1 > n0) qlinear_part(K, N, a, lda, a_signed, packed, colsum, e, 0, M, n0, n1, geom);
         } else {
             const int64_t m0 = tiles * t / nt * MR, m1 = std::min<int64_t>(M, tiles * (t + 1) / nt * MR);
-            if (m1 > m0) qlinear_part(K, N, a, lda, a_signed, packed, colsum, e, m0, m1, 0, N);
+            if (m1 > m0) qlinear_part(K, N, a, lda, a_signed, packed, colsum, e, m0, m1, 0, N, geom);
         }
     }
 #endif
+}
+
+extern "C" void flm_qlinear(int64_t M, int64_t N, int64_t K, const uint8_t* a, int64_t lda, int a_signed,
+                            int32_t a_zp, const int8_t* packed, const int32_t* b_zp,
+                            float x_scale, const float* w_scale, const float* bias, int relu, int out_kind,
+                            float out_inv_scale, int32_t out_zp, void* out, int64_t ldc, int threads,
+                            const void* accum, int accum_kind, float accum_scale, int32_t accum_zp,
+                            int64_t ld_accum) {
+    qlinear_run(M, N, K, a, lda, a_signed, a_zp, packed, b_zp, x_scale, w_scale, bias, relu, out_kind, out_inv_scale,
+                out_zp, out, ldc, threads, accum, accum_kind, accum_scale, accum_zp, ld_accum, nullptr);
+}
+
+// One group of a 2-D convolution: the product above with A the implicit im2col of x (N x H x W x C
+// channels-last; `geom` as ConvGeom's fields in order: H, W, C, c0, cg, kh, kw, sh, sw, ph, pw, dh, dw,
+// OH, OW), M = N OH OW rows, K = kh kw cg, the activation zero point also the padding's value.
+extern "C" void flm_qconv(int64_t M, int64_t N, int64_t K, const uint8_t* x, const int64_t* geom, int a_signed,
+                          int32_t a_zp, const int8_t* packed, const int32_t* b_zp,
+                          float x_scale, const float* w_scale, const float* bias, int relu, int out_kind,
+                          float out_inv_scale, int32_t out_zp, void* out, int64_t ldc, int threads,
+                          const void* accum, int accum_kind, float accum_scale, int32_t accum_zp,
+                          int64_t ld_accum) {
+    const ConvGeom g{geom[0], geom[1], geom[2], geom[3], geom[4], geom[5], geom[6], geom[7], geom[8], geom[9],
+                     geom[10], geom[11], geom[12], geom[13], geom[14], a_zp};
+    qlinear_run(M, N, K, x, 0, a_signed, a_zp, packed, b_zp, x_scale, w_scale, bias, relu, out_kind, out_inv_scale,
+                out_zp, out, ldc, threads, accum, accum_kind, accum_scale, accum_zp, ld_accum, &g);
 }

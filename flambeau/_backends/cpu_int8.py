@@ -55,11 +55,13 @@ def _load():
                 lib, _ = _cpp_builder.load(f.read(), info)
             if lib.flm_int8_vnni():
                 i64, p, i, fl = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-                q = lib.flm_qlinear
+                q, c = lib.flm_qlinear, lib.flm_qconv
                 q.argtypes = [i64, i64, i64, p, i64, i, ctypes.c_int32, p, p, fl, p, p, i, i, fl,
                               ctypes.c_int32, p, i64, i, p, i, fl, ctypes.c_int32, i64]
-                q.restype = None
+                c.argtypes = [i64, i64, i64, p, p] + q.argtypes[5:]
+                q.restype = c.restype = None
                 fns = q
+                _state["conv"] = c
         except (_cpp_builder.CppCompileError, _cpp_builder.NoCompilerError, OSError):
             fns = None
     _state["fns"] = fns
@@ -163,6 +165,24 @@ def qlinear(qx, x_scale: float, x_zp: int, qw, w_scales, w_zps, bias, out_scale:
                           relu)
 
 
+def qconv_implicit(x_nhwc, geometry, x_scale: float, x_zp: int, packed, w_scales, w_zps, bias, out_scale: float,
+                   out_zp: int, relu: bool, out, accum=None, accum_scale: float = 1.0, accum_zp: int = 0) -> bool:
+    """One group of a 2-D convolution on the VNNI kernel, its patch rows gathered while A is packed (no
+    im2col in memory): x_nhwc a contiguous (N, H, W, C) u8/s8 array; geometry (c0, cg, kh, kw, sh, sw,
+    ph, pw, dh, dw, OH, OW); packed the group's `pack_weight` blob (K = kh kw cg rows); `out` the
+    (N OH OW, columns) block receiving the result, `accum` as `qlinear_packed`'s. False (nothing done)
+    where the kernel can't run: the caller computes the patch rows and calls `qlinear_packed`."""
+    if _load() is None:
+        return False
+    N, H, W, C = x_nhwc.shape
+    c0, cg, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW = geometry
+    geom = np.array([H, W, C, c0, cg, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW], np.int64)
+    x = np.ascontiguousarray(x_nhwc)
+    _run(_state["conv"], N * OH * OW, x, geom.ctypes.data, int(x.dtype == np.int8), x_scale, x_zp, packed, w_scales,
+         w_zps, bias, out_scale, out_zp, out.dtype, relu, out, accum, accum_scale, accum_zp)
+    return True
+
+
 def qlinear_packed(qx, x_scale: float, x_zp: int, packed, w_scales, w_zps, bias, out_scale: float, out_zp: int,
                    out_dtype, relu: bool = False, out=None, accum=None, accum_scale: float = 1.0, accum_zp: int = 0):
     """The quantized linear layer (module docstring) of NumPy arrays with a `pack_weight` weight; `out`, a
@@ -187,6 +207,20 @@ def qlinear_packed(qx, x_scale: float, x_zp: int, packed, w_scales, w_zps, bias,
             return r.reshape(lead + (N,))
         out[...] = r
         return out
+    out = _run(fns, M, a, K, int(a.dtype == np.int8), x_scale, x_zp, packed, scales, zps, b32, out_scale, out_zp,
+               out_dtype, relu, out, accum, accum_scale, accum_zp)
+    return out.reshape(lead + (N,))
+
+
+def _run(fn, M: int, a, lda_or_geometry, a_signed: int, x_scale, x_zp, packed, w_scales, w_zps, bias, out_scale,
+         out_zp, out_dtype, relu, out, accum, accum_scale, accum_zp):
+    """Call the C++ product `fn` (flm_qlinear: A rows of stride lda; flm_qconv: A a convolution's input,
+    the geometry array's address) into `out` (made when None); returns out (M, N)."""
+    out_dtype = np.dtype(out_dtype)
+    K, N = packed_dims(packed)
+    scales = np.ascontiguousarray(w_scales, dtype=np.float32)
+    zps = np.ascontiguousarray(w_zps, dtype=np.int32)
+    b32 = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
     packed = np.ascontiguousarray(packed)
     if accum is not None and (accum.dtype not in ACCUM_KINDS or accum.shape != (M, N) or
                               accum.strides[1] != accum.itemsize):
@@ -198,10 +232,10 @@ def qlinear_packed(qx, x_scale: float, x_zp: int, packed, w_scales, w_zps, bias,
         raise ValueError(f"qlinear_packed: out must be a ({M}, {N}) {out_dtype} array with unit column stride, got "
                          f"{out.dtype} {out.shape} strides {out.strides}")
     threads = cpu_kernels._threads(M * N * K) if cpu_kernels.available() else 1
-    fns(M, N, K, a.ctypes.data, K, int(a.dtype == np.int8), int(x_zp), packed.ctypes.data,
-        zps.ctypes.data if zps.any() else None, float(np.float32(x_scale)), scales.ctypes.data,
-        None if b32 is None else b32.ctypes.data, int(relu), OUT_KINDS[out_dtype],
-        float(np.float32(1) / np.float32(out_scale)), int(out_zp), out.ctypes.data, out.strides[0] // out.itemsize,
-        threads, None if accum is None else accum.ctypes.data, 0 if accum is None else ACCUM_KINDS[accum.dtype],
-        float(np.float32(accum_scale)), int(accum_zp), 0 if accum is None else accum.strides[0] // accum.itemsize)
-    return out.reshape(lead + (N,))
+    fn(M, N, K, a.ctypes.data, lda_or_geometry, a_signed, int(x_zp), packed.ctypes.data,
+       zps.ctypes.data if zps.any() else None, float(np.float32(x_scale)), scales.ctypes.data,
+       None if b32 is None else b32.ctypes.data, int(relu), OUT_KINDS[out_dtype],
+       float(np.float32(1) / np.float32(out_scale)), int(out_zp), out.ctypes.data, out.strides[0] // out.itemsize,
+       threads, None if accum is None else accum.ctypes.data, 0 if accum is None else ACCUM_KINDS[accum.dtype],
+       float(np.float32(accum_scale)), int(accum_zp), 0 if accum is None else accum.strides[0] // accum.itemsize)
+    return out

@@ -1,6 +1,8 @@
 """int8 2-D convolution for the CPU (PyTorch's `onednn::qconv2d_pointwise`): an int8 im2col in
 channels-last order feeding the VNNI GEMM of `cpu_int8` (int32 accumulation, the same fused
-dequantize/requantize epilogue), one GEMM per group.
+dequantize/requantize epilogue), one GEMM per group. On the VNNI kernel the im2col is implicit: the
+GEMM gathers each block of patch rows from the channels-last input while it packs A (`flm_qconv`),
+so no patch matrix is written (the NumPy fallback builds it).
 
     packed = pack_conv_weight(w (O, C/groups, kh, kw) int8, groups)      once per weight
     y = qconv2d_packed(qx (N, C, H, W), x_scale, x_zp, packed, groups, w_scales, w_zps, bias,
@@ -98,12 +100,16 @@ def qconv2d_packed(qx, x_scale: float, x_zp: int, packed, groups: int, w_scales,
     scales = np.broadcast_to(np.asarray(w_scales, np.float32).reshape(-1), (O,))
     zps = np.broadcast_to(np.asarray(w_zps).reshape(-1), (O,))
     acc_rows = None if accum is None else np.ascontiguousarray(accum.transpose(0, 2, 3, 1)).reshape(-1, O)
+    in_place = (kh, kw, *stride, *padding) == (1, 1, 1, 1, 0, 0)
     for g in range(groups):
-        rows = _patches(x_nhwc, x_zp, g * cg, cg, kh, kw, stride, padding, dilation, OH, OW)
         wg = blob[g * per_group:g * per_group + (k + cpu_int8.PACK_EXTRA_ROWS) * og].reshape(-1, og)
         cols = slice(g * og, (g + 1) * og)
-        cpu_int8.qlinear_packed(rows, x_scale, x_zp, wg, scales[cols], zps[cols],
-                                None if bias is None else bias[cols], out_scale, out_zp, out.dtype, relu,
-                                out=out[:, cols], accum=None if acc_rows is None else acc_rows[:, cols],
-                                accum_scale=accum_scale, accum_zp=accum_zp)
+        b, acc = None if bias is None else bias[cols], None if acc_rows is None else acc_rows[:, cols]
+        if not in_place and out.size and cpu_int8.qconv_implicit(
+                x_nhwc, (g * cg, cg, kh, kw, *stride, *padding, *dilation, OH, OW), x_scale, x_zp, wg, scales[cols],
+                zps[cols], b, out_scale, out_zp, relu, out[:, cols], acc, accum_scale, accum_zp):
+            continue
+        rows = _patches(x_nhwc, x_zp, g * cg, cg, kh, kw, stride, padding, dilation, OH, OW)
+        cpu_int8.qlinear_packed(rows, x_scale, x_zp, wg, scales[cols], zps[cols], b, out_scale, out_zp, out.dtype,
+                                relu, out=out[:, cols], accum=acc, accum_scale=accum_scale, accum_zp=accum_zp)
     return out.reshape(N, OH, OW, O).transpose(0, 3, 1, 2)
