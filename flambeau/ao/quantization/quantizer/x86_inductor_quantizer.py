@@ -8,8 +8,9 @@ also gets the add's other input annotated with the activation spec, as PyTorch's
 `_annotate_conv2d_binary(_unary)`: the converted graph adds a dequantized residual, which the
 inductor's pass takes as the integer accum of `qconv2d_pointwise.binary`. Otherwise only the
 operators' inputs are annotated (as PyTorch does for a convolution or linear not followed by an
-int8-consuming op); linear + add, and the int8-in-int8-out propagation through pooling, are not
-(yet) annotated.
+int8-consuming op). A linear followed by an add keeps the add's other input float, as PyTorch's
+`_annotate_linear_binary_unary` (the inductor fuses it as `qlinear_pointwise.binary`'s add post-op);
+the int8-in-int8-out propagation through pooling is not (yet) annotated.
 """
 from __future__ import annotations
 
