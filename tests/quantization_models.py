@@ -18,6 +18,30 @@ def build_cnn(m):
     return CNN()
 
 
+def build_cnn_bn(m):
+    """build_cnn with a batch norm after each convolution (the second convolution without a bias), its
+    affine parameters and running statistics set from a fixed seed (PT2E folds them into the weights)."""
+    class CNNBN(m.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = m.nn.Conv2d(3, 8, 3, padding=1), m.nn.BatchNorm2d(8)
+            self.c2, self.b2 = m.nn.Conv2d(8, 16, 3, padding=1, bias=False), m.nn.BatchNorm2d(16)
+            self.fc = m.nn.Linear(16 * 4 * 4, 10)
+
+        def forward(self, x):
+            x = m.nn.functional.max_pool2d(m.relu(self.b1(self.c1(x))), 2)
+            x = m.nn.functional.max_pool2d(m.relu(self.b2(self.c2(x))), 2)
+            return self.fc(x.flatten(1))
+    model = CNNBN()
+    rng = np.random.default_rng(5)
+    for bn in (model.b1, model.b2):
+        n = bn.num_features
+        for name, value in (("weight", rng.uniform(0.5, 2, n)), ("bias", rng.standard_normal(n) * 0.3),
+                            ("running_mean", rng.standard_normal(n) * 0.2), ("running_var", rng.uniform(0.3, 3, n))):
+            getattr(bn, name).data.copy_(m.tensor(value.astype(np.float32)))
+    return model
+
+
 def build_mlp(m, d_in=20, hidden=64, classes=4, skip=True):
     class MLP(m.nn.Module):
         def __init__(self):

@@ -344,29 +344,40 @@ def test_pt2e_cnn_compiles_every_layer_to_int8_and_packs_once(freezing, monkeypa
     np.testing.assert_allclose(floats, eager, rtol=1e-5, atol=1e-5)
 
 
-def _residual_block(m):
+def _residual_block(m, batch_norm=False):
     class Block(m.nn.Module):
-        """stem conv -> relu -> conv -> relu -> conv + identity -> relu -> conv: ResNet's basic block."""
+        """stem conv -> relu -> conv -> relu -> conv + identity -> relu -> conv: ResNet's basic block
+        (with batch_norm, a BatchNorm2d after each 3x3 convolution, as torchvision's)."""
 
         def __init__(self):
             super().__init__()
-            self.stem, self.c1 = m.nn.Conv2d(3, 8, 3, padding=1), m.nn.Conv2d(8, 8, 3, padding=1)
-            self.c2, self.head = m.nn.Conv2d(8, 8, 3, padding=1), m.nn.Conv2d(8, 4, 1)
+            self.stem, self.c1 = m.nn.Conv2d(3, 8, 3, padding=1), m.nn.Conv2d(8, 8, 3, padding=1, bias=not batch_norm)
+            self.c2, self.head = m.nn.Conv2d(8, 8, 3, padding=1, bias=not batch_norm), m.nn.Conv2d(8, 4, 1)
+            bn = (lambda: m.nn.BatchNorm2d(8)) if batch_norm else m.nn.Identity
+            self.b0, self.b1, self.b2 = bn(), bn(), bn()
 
         def forward(self, x):
-            x = m.relu(self.stem(x))
-            return self.head(m.relu(self.c2(m.relu(self.c1(x))) + x))
-    return Block()
+            x = m.relu(self.b0(self.stem(x)))
+            return self.head(m.relu(self.b2(self.c2(m.relu(self.b1(self.c1(x))))) + x))
+    block = Block()
+    if batch_norm:
+        rng = np.random.default_rng(2)
+        for b in (block.b0, block.b1, block.b2):
+            b.running_mean.copy_(m.tensor(rng.standard_normal(8).astype(np.float32) * 0.1))
+            b.running_var.copy_(m.tensor(rng.uniform(0.5, 2, 8).astype(np.float32)))
+    return block
 
 
-def test_pt2e_residual_block_quantizes_the_identity_and_compiles_the_add_into_the_int8_conv(monkeypatch):
+@pytest.mark.parametrize("batch_norm", [False, True], ids=["plain", "batch_norm"])
+def test_pt2e_residual_block_quantizes_the_identity_and_compiles_the_add_into_the_int8_conv(batch_norm, monkeypatch):
     """X86InductorQuantizer annotates conv -> add(identity) as PyTorch's `_annotate_conv2d_binary_unary`:
     the identity is observed (sharing the observer of c1's input, the same edge and spec), so the
     converted add reads a dequantized u8 tensor, and the compiled block is 3 plain int8 convolutions +
     one `qconv2d_pointwise.binary` whose accum is that u8 tensor (the add's output requantized for the
-    head); equal to the eager q/dq graph to float rounding."""
+    head); equal to the eager q/dq graph to float rounding. With batch norms (torchvision's block):
+    prepare_pt2e folds them into the convolutions first, so the same int8 graph comes out."""
     flambeau.manual_seed(0)
-    model = _residual_block(flambeau).eval()
+    model = _residual_block(flambeau, batch_norm).eval()
     data = calibration((2, 3, 12, 12))
     prepared = prepare_pt2e(capture_pre_autograd_graph(model, (flambeau.tensor(data[0]),)),
                             xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config()))

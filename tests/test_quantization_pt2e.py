@@ -15,12 +15,12 @@ import flambeau
 from flambeau.ao.quantization.quantize_pt2e import (capture_pre_autograd_graph, convert_pt2e, prepare_pt2e,
                                                     prepare_qat_pt2e)
 from flambeau.ao.quantization.quantizer import x86_inductor_quantizer as xiq
-from tests.quantization_models import build_cnn, build_mlp, calibration
+from tests.quantization_models import build_cnn, build_cnn_bn, build_mlp, calibration
 
 warnings.filterwarnings("ignore")
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TORCHAO = REPO / ".torchao"        # .ci/run: pip install --no-deps --target .torchao torchao==0.18.0
-MODELS = {"cnn": (build_cnn, (4, 3, 16, 16)), "mlp": (build_mlp, (5, 20))}
+MODELS = {"cnn": (build_cnn, (4, 3, 16, 16)), "mlp": (build_mlp, (5, 20)), "cnn_bn": (build_cnn_bn, (4, 3, 16, 16))}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def reference(tmp_path_factory):
 
 
 def _prepared(name, ref, dynamic=False):
-    build, shape = MODELS[name.split("_")[0]]
+    build, shape = MODELS[name.removesuffix("_dynamic")]
     model = build(flambeau).eval()
     prefix = f"{name}/state/"
     model.load_state_dict({k[len(prefix):]: flambeau.tensor(v) for k, v in ref.items() if k.startswith(prefix)})
@@ -60,8 +60,10 @@ def _observers(gm):
     return [(k, getattr(gm, k)) for k in sorted(names, key=lambda k: int(k.rsplit("_", 1)[1]))]
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "cnn_bn"])
 def test_observers_statistics_and_scales_match_pytorch_x86_flow(name, reference):
+    """cnn_bn: batch norms folded into the convolutions before observing, as PyTorch's prepare_pt2e: the
+    folded weights' statistics, scales and int8 values equal PyTorch's."""
     fp, data = _prepared(name, reference)
     ours = _observers(fp)
     assert len(ours) == 6

@@ -1,5 +1,6 @@
 """The PT2E quantization flow (PyTorch's `torch.ao.quantization.quantize_pt2e`): capture a model as an
-aten graph, let a `Quantizer` annotate it, `prepare_pt2e` inserts observers (fake quantizers with
+aten graph, let a `Quantizer` annotate it, `prepare_pt2e` folds batch norms into their convolutions
+(as PyTorch's) and inserts observers (fake quantizers with
 `prepare_qat_pt2e`) on the annotated edges, the user calibrates (or trains), and `convert_pt2e`
 replaces each observer by `quantized_decomposed` quantize/dequantize ops with the qparams it
 computed, folding weights into int8 constants. The converted graph runs eagerly, and
@@ -80,10 +81,64 @@ def _insert_observers(model: GraphModule) -> GraphModule:
     return model
 
 
+def _is_inference_batch_norm(node) -> bool:
+    return node.op == "call_function" and node.target is ops.aten.native_batch_norm.default and \
+        len(node.args) == 8 and node.args[5] is False
+
+
+def _fold_conv_bn(model: GraphModule) -> int:
+    """Fold each inference batch norm whose input is a convolution used by it alone into that
+    convolution's weight and bias (PyTorch's `_fuse_conv_bn_` in `prepare_pt2e`, with
+    `torch.nn.utils.fusion.fuse_conv_bn_weights`' arithmetic: r = rsqrt(var + eps), w * (gamma r),
+    ((b - mean) r) gamma + beta, in float32), so the weight is observed and quantized folded, as
+    PyTorch's; returns how many. The folded values are new attributes; the convolution's users read
+    it where they read the batch norm's output."""
+    graph = model.graph
+    folded = 0
+    for bn in list(graph.nodes):
+        if not _is_inference_batch_norm(bn):
+            continue
+        conv, gamma, beta, mean, var, _, _, eps = bn.args
+        if conv.op != "call_function" or conv.target is not ops.aten.convolution.default or len(conv.users) != 1:
+            continue
+        w, b = _constant_of(model, conv.args[1]), None if conv.args[2] is None else _constant_of(model, conv.args[2])
+        stats = [None if n is None else _constant_of(model, n) for n in (gamma, beta, mean, var)]
+        if w is None or (conv.args[2] is not None and b is None) or stats[2] is None or stats[3] is None or \
+                any(n is not None and t is None for n, t in zip((gamma, beta), stats[:2])):
+            continue
+        g, bt, mu, v = (t.detach() for t in (stats[0] if gamma is not None else F["ones_like"](stats[2]),
+                                              stats[1] if beta is not None else F["zeros_like"](stats[2]),
+                                              stats[2], stats[3]))
+        transposed = conv.args[6]
+        r = F["rsqrt"](v + eps)
+        shape = [1, -1] if transposed else [-1, 1]
+        fused_w = w.detach() * (g * r).reshape(shape + [1] * (w.ndim - 2))
+        fused_b = ((F["zeros_like"](mu) if b is None else b.detach()) - mu) * r * g + bt
+        with graph.inserting_before(conv):
+            args = list(conv.args)
+            args[1], args[2] = _buffer(model, graph, "_folded_weight", fused_w), \
+                _buffer(model, graph, "_folded_bias", fused_b)
+        conv.args = tuple(args)
+        for user in list(bn.users):
+            if user.op == "call_function" and user.target is operator.getitem and user.args[1] == 0:
+                user.replace_all_uses_with(conv)
+        folded += 1
+    if folded:
+        graph.eliminate_dead_code()
+        graph.lint()
+        model.recompile()
+    return folded
+
+
 def prepare_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
-    """Annotate `model` with `quantizer` and insert its observers; run calibration data through the
-    result, then `convert_pt2e` it."""
+    """Fold batch norms into their convolutions (`_fold_conv_bn`), annotate `model` with `quantizer`
+    and insert its observers; run calibration data through the result, then `convert_pt2e` it."""
     _check_graph_module(model, "prepare_pt2e")
+    _fold_conv_bn(model)
+    return _prepare(model, quantizer)
+
+
+def _prepare(model: GraphModule, quantizer: Quantizer) -> GraphModule:
     model = quantizer.transform_for_annotation(model)
     quantizer.annotate(model)
     quantizer.validate(model)
@@ -92,9 +147,10 @@ def prepare_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
 
 def prepare_qat_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
     """`prepare_pt2e` for quantization-aware training: the quantizer's QAT configuration inserts fake
-    quantizers, so training sees the rounding and its straight-through gradient."""
+    quantizers, so training sees the rounding and its straight-through gradient (batch norms stay:
+    no QAT conv-bn fusion)."""
     _check_graph_module(model, "prepare_qat_pt2e")
-    return prepare_pt2e(model, quantizer)
+    return _prepare(model, quantizer)
 
 
 # ---- convert ---------------------------------------------------------------------------------------
