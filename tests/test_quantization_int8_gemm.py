@@ -302,7 +302,8 @@ def test_prepacked_weight_is_packed_once_and_equals_pytorch(monkeypatch):
 LOWP = {"bfloat16": torch.bfloat16}
 BINARY_CASES = {  # M (or 3-D lead), K, N, post op, other dtype, (other scale, zp), unary, output (scale, zp, dtype)
     "add_f32_out": ((24,), 40, 36, "add", "float32", (1.0, 0), "none", (1.0, 0, "float32")),
-    "add_relu_u8_out": ((2, 13), 77, 70, "add", "float32", (0.2, 9), "relu", (0.05, 3, "uint8")),  # other qparams unused
+    # other's qparams are unused by "add"
+    "add_relu_u8_out": ((2, 13), 77, 70, "add", "float32", (0.2, 9), "relu", (0.05, 3, "uint8")),
     "add_relu_s8_out": ((30,), 64, 33, "add", "float32", (1.0, 0), "relu", (0.04, -2, "int8")),
     "add_bf16_other_bf16_out": ((9,), 50, 40, "add", "bfloat16", (1.0, 0), "relu", (1.0, 0, "bfloat16")),
     "add_u8_other_raw": ((7,), 20, 5, "add", "uint8", (1.0, 0), "none", (1.0, 0, "float32")),

@@ -230,9 +230,9 @@ static inline void finish(const Epilogue& e, int64_t m0, int64_t m, int64_t n0, 
 
 #ifdef FLM_VNNI
 // Rows [m0, m1) x columns [n0, n1) (n0 a multiple of NR) of the output on the calling thread, packing
-// its rows of A (rows of stride lda, or a convolution's taps when geom is given) a block of MB rows at a time (the block stays in L2 while every column panel passes
-// over it; one small buffer, so a large A costs no fresh pages); bp/colsum: the prepacked weight's
-// panels and column sums (all N columns).
+// its rows of A (rows of stride lda, or a convolution's taps when geom is given) a block of MB rows at
+// a time (the block stays in L2 while every column panel passes over it; one small buffer, so a large
+// A costs no fresh pages); bp/colsum: the prepacked weight's panels and column sums (all N columns).
 static void qlinear_part(int64_t K, int64_t N, const uint8_t* a, int64_t lda, int a_signed, const int8_t* bp,
                          const int32_t* colsum, const Epilogue& e, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
                          const ConvGeom* geom) {

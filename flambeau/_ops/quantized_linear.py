@@ -155,10 +155,10 @@ qlinear_pointwise_tensor.def_meta(_qlinear_meta)
 
 
 BINARY_NAME = "onednn::qlinear_pointwise.binary"
-BINARY_SCHEMA_TAIL = ("Tensor qw, Tensor w_scale, Tensor w_zero_point, Tensor? other, Tensor? bias, float output_scale, "
-                      "int output_zero_point, ScalarType? output_dtype, float other_scale, int other_zp, "
-                      "str binary_post_op, float binary_alpha, str unary_post_op, Scalar?[] unary_post_op_args, "
-                      "str unary_post_op_algorithm) -> Tensor")
+BINARY_SCHEMA_TAIL = ("Tensor qw, Tensor w_scale, Tensor w_zero_point, Tensor? other, Tensor? bias, "
+                      "float output_scale, int output_zero_point, ScalarType? output_dtype, float other_scale, "
+                      "int other_zp, str binary_post_op, float binary_alpha, str unary_post_op, "
+                      "Scalar?[] unary_post_op_args, str unary_post_op_algorithm) -> Tensor")
 
 
 def _binary_checks(qx_dtype, x_shape, qw, w_scale, other, bias, output_scale, output_zero_point, output_dtype,
