@@ -144,6 +144,27 @@ def _strided_window_max(x, nd, out, ks, st, dl):
     return vals.astype(x.dtype, copy=False), idx
 
 
+def _padded_window_max(x, nd, S, out, ks, st, pd, dl):
+    """Max pooling with padding (or ceil_mode windows past the edge) on the CPU: the planes padded with
+    the lowest value (-inf; an integer dtype's minimum) so every window lies inside, pooled there
+    (`cpu_kernels.max_pool2d` / `_strided_window_max`), indices mapped back to the plane. A padded
+    position wins only where no element of its window is larger, i.e. the window starts in the padding
+    and holds nothing above the lowest value: ATen's loop then keeps the window's first position inside
+    the plane, the padded one moved on by whole dilations."""
+    after = [max(0, (o - 1) * s + (k - 1) * d + 1 - n - p) for n, o, k, s, d, p in zip(S, out, ks, st, dl, pd)]
+    low = np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
+    xp_ = np.pad(x, [(0, 0)] * (x.ndim - nd) + list(zip(pd, after)), constant_values=low)
+    r = cpu_kernels.max_pool2d(xp_, out, ks, st, dl) if nd == 2 else None
+    vals, idx = r if r is not None else _strided_window_max(xp_, nd, out, ks, st, dl)
+    if nd == 2 and not (vals == low).any():            # no padded position chosen: one integer pass
+        Wp = xp_.shape[-1]
+        r = idx // Wp
+        return vals, (r - pd[0]) * S[1] + (idx - r * Wp - pd[1])
+    coords = [c - p for c, p in zip(np.unravel_index(idx, xp_.shape[-nd:]), pd)]
+    first_inside = [np.where(c < 0, np.mod(c, d), c) for c, d in zip(coords, dl)]     # ATen: start += dilation
+    return vals, np.ravel_multi_index(tuple(first_inside), S)
+
+
 _TABLE_CACHE_LIMIT = 64      # pooling geometries whose index/weight tables are kept (on their device)
 _tables: dict = {}
 
@@ -251,6 +272,9 @@ def _def_max_pool(nd):
             r = cpu_kernels.max_pool2d(self, geometry[1], ks, st, dl) if nd == 2 else None
             r = r if r is not None else _strided_window_max(self, nd, geometry[1], ks, st, dl)
             return as_format(xp, r[0], mf), as_format(xp, r[1], mf)
+        if xp is np:
+            vals, idx = _padded_window_max(self, nd, *geometry)
+            return as_format(xp, vals, mf), as_format(xp, idx, mf)
         table = _cached_table(xp, ("max",) + geometry, lambda: xp.asarray(_max_pool_tables(*geometry)))
         vals, idx = _window_max(xp, self, nd, table)
         return as_format(xp, vals.reshape(shape), mf), as_format(xp, idx.reshape(shape), mf)
