@@ -5,9 +5,10 @@ avg_pool1d/2d/3d, adaptive_avg/max_pool1d/2d/3d, max_unpool1d/2d/3d, interpolate
 Max pooling on cuda (float dtypes) is one Triton kernel each way (`_backends/triton_max_pool.py`; the
 backward, `_max_pool_backward`, a gather over the windows covering each input element). On NumPy,
 with every window inside the plane, it takes a running max over one strided view per kernel
-position; otherwise it gathers every window of every plane into one array (a flat index table built
-on the host: window positions outside the input point at a -inf sentinel) and takes an argmax; its
-backward is `_plane_scatter_add`. Everything linear and separable (average pooling, adaptive
+position (a C++ pass for float32 2-D); with padding, the same on planes padded with the lowest
+value (`_padded_window_max`). Elsewhere it gathers every window of every plane into one array (a
+flat index table built on the host: window positions outside the input point at a -inf sentinel)
+and takes an argmax; its backward is `_plane_scatter_add`. Everything linear and separable (average pooling, adaptive
 average pooling, interpolation) builds per-dim index/weight tables with PyTorch's exact
 coordinate conventions and runs `_taps_gather` (nn_resample.py).
 """
