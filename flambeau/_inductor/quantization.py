@@ -295,7 +295,25 @@ def fuse_quantized_conv(gm) -> int:
     first; returns how many."""
     if not config.quantized_conv:
         return 0
-    return _fuse_conv_add(gm) + _fuse(gm, _u8_convolution, _conv_node)
+    fused = _fuse_conv_add(gm) + _fuse(gm, _u8_convolution, _conv_node)
+    if fused:
+        _views_as_reshapes(gm)
+    return fused
+
+
+def _views_as_reshapes(gm) -> None:
+    """The int8 convolutions return channels-last memory (as PyTorch's), which pooling now keeps: a
+    captured `aten.view` downstream (a flatten before the classifier, recorded on contiguous float
+    activations) may no longer be expressible as a view, so every view of the graph becomes a reshape
+    (the same values; a copy only where the layout needs one; a converted inference graph writes
+    through none of its views)."""
+    changed = False
+    for node in gm.graph.nodes:
+        if _is(node, OPS["view"]):
+            node.target = EXPORTS["reshape"]
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 def _is_add(node) -> bool:
