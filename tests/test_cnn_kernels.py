@@ -14,13 +14,19 @@ CASES = [  # (shape, kernel_size, stride, padding, dilation, ceil_mode)
     ((2, 3, 9, 11), 3, 2, 0, 1, False),
     ((2, 3, 9, 11), (2, 3), (1, 2), 0, (2, 1), True),
     ((2, 3, 9, 11), 3, 2, 1, 1, False),
+    ((2, 3, 7, 70), 2, 2, 0, 1, False),               # rows of 35 outputs: two 16-lane chunks and a tail
+    ((2, 3, 9, 50), 3, (2, 3), 0, (1, 2), False),       # column stride 3 (gathered lanes), dilation 2
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])) + f"_k{c[1]}_p{c[3]}")
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
-def test_max_pool2d_ties_and_nans_pick_atens_index(case, dtype):
+def test_max_pool2d_ties_and_nans_pick_atens_index(case, dtype, monkeypatch):
     shape, k, s, p, d, ceil = case
+    calls = []
+    if dtype == "float32" and cpu_kernels.available():
+        real = cpu_kernels._state["max_pool2d"]
+        monkeypatch.setitem(cpu_kernels._state, "max_pool2d", lambda *a: calls.append(a[8]) or real(*a))
     rng = np.random.default_rng(0)
     x = rng.integers(-2, 2, shape).astype(dtype)          # many ties
     if dtype != "int64":
@@ -30,6 +36,8 @@ def test_max_pool2d_ties_and_nans_pick_atens_index(case, dtype):
     want = torch.nn.functional.max_pool2d(torch.tensor(x), k, s, p, d, ceil, True)
     np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
     np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
+    if dtype == "float32" and cpu_kernels.available() and p == 0:
+        assert calls == [(s or k) if isinstance(s or k, int) else (s or k)[1]]   # the C++ kernel ran, column stride
 
 
 GRAD_CASES = CASES + [  # disjoint windows (stride >= extent: the indexed-assignment backward) and overlapping ones

@@ -749,13 +749,66 @@ extern "C" void flm_adam_f32(int64_t n, float* __restrict__ p, const float* __re
 // ---- 2-D max pooling with indices (float32 planes, windows inside the plane) -------------------
 // ATen's CPU loop: a larger value or a NaN takes the place (ties keep the first position, a NaN the
 // last); the index is the flat position in the plane. An output row at a time, kernel position by
-// kernel position, branch-free selects over the row (vectorised).
+// kernel position, branch-free selects over the row (vectorised). With a column stride above 1 the
+// compiler's row loop gathers lane by lane (1 ms for bench/func.py's 64x8x26x26, 2x2 windows of
+// stride 2): `max_pool_row_strided` takes 16 outputs at a time, a stride-2 row as two loads and one
+// even-lane permute, a wider stride as one gather.
+#ifdef __AVX512F__
+static inline __m512 strided_load(const float* src, int64_t sw, int64_t n, __m512i lanes_sw, __m512i evens) {
+    const __mmask16 keep = (__mmask16)((1u << n) - 1);
+    if (sw == 2) {
+        const int64_t need = 2 * (n - 1) + 1;         // floats read: lanes 0, 2, ..., 2(n-1)
+        const __m512 lo = _mm512_maskz_loadu_ps((__mmask16)((1u << std::min<int64_t>(need, 16)) - 1), src);
+        const __m512 hi = need > 16 ? _mm512_maskz_loadu_ps((__mmask16)((1u << (need - 16)) - 1), src + 16)
+                                    : _mm512_setzero_ps();
+        return _mm512_permutex2var_ps(lo, evens, hi);
+    }
+    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keep, lanes_sw, src, 4);
+}
+
+static void max_pool_row_strided(const float* xp, int64_t W, int64_t OW, int64_t kh, int64_t kw, int64_t row0,
+                                 int64_t sw, int64_t dh, int64_t dw, float* yr, int64_t* ir) {
+    const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i lanes_sw = _mm512_mullo_epi32(lanes, _mm512_set1_epi32((int)sw));
+    const __m512i evens = _mm512_add_epi32(lanes, lanes);
+    for (int64_t ow0 = 0; ow0 < OW; ow0 += 16) {
+        const int64_t n = std::min<int64_t>(16, OW - ow0);
+        __m512 m = _mm512_setzero_ps();
+        __m512i at = _mm512_setzero_si512();            // int32 flat positions in the plane
+        for (int64_t i = 0; i < kh; i++)
+            for (int64_t j = 0; j < kw; j++) {
+                const int64_t q = row0 + i * dh * W + ow0 * sw + j * dw;
+                const __m512 v = strided_load(xp + q, sw, n, lanes_sw, evens);
+                const __m512i pos = _mm512_add_epi32(_mm512_set1_epi32((int)q), lanes_sw);
+                if (i == 0 && j == 0) { m = v; at = pos; continue; }
+                const __mmask16 take = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+                m = _mm512_mask_blend_ps(take, m, v);
+                at = _mm512_mask_blend_epi32(take, at, pos);
+            }
+        const __mmask16 keep = (__mmask16)((1u << n) - 1);
+        _mm512_mask_storeu_ps(yr + ow0, keep, m);
+        _mm512_mask_storeu_epi64(ir + ow0, (__mmask8)(keep & 0xff), _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)));
+        if (n > 8)
+            _mm512_mask_storeu_epi64(ir + ow0 + 8, (__mmask8)(keep >> 8),
+                                     _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1)));
+    }
+}
+#endif
+
 extern "C" void flm_max_pool2d_f32(int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t kh,
                                    int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, const float* x,
                                    float* y, int64_t* idx, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t p = 0; p < planes; p++) {
         const float* xp = x + p * H * W;
+#ifdef __AVX512F__
+        if (sw != 1 && H * W < (int64_t(1) << 31)) {
+            for (int64_t oh = 0; oh < OH; oh++)
+                max_pool_row_strided(xp, W, OW, kh, kw, oh * sh * W, sw, dh, dw, y + (p * OH + oh) * OW,
+                                     idx + (p * OH + oh) * OW);
+            continue;
+        }
+#endif
         for (int64_t oh = 0; oh < OH; oh++) {
             float* __restrict__ yr = y + (p * OH + oh) * OW;
             int64_t* __restrict__ ir = idx + (p * OH + oh) * OW;
