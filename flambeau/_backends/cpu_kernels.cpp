@@ -681,6 +681,72 @@ extern "C" void flm_conv2d(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O
     std::free(wp);
 }
 
+// ---- weight gradient of a grouped 2-D convolution (vmap's per-example weight gradients) -------------
+// gw[g] (Og x Cg*KH*KW) = sum over images n and output positions l of gy[n, g] (Og x L) times the
+// column matrix of x[n, g] (Cg*KH*KW x L) transposed; x is already padded. Under vmap(grad) the
+// examples are the groups and each group's product is small (16 x 121 by 121 x 72 for bench/func.py's
+// second layer): packed GEMMs spend their time packing. Here a group's gy is transposed once into
+// L rows of Og lanes (padded to 16), and each column (c, kh, kw) is a sum over l of one broadcast
+// input value times that row: WG_J columns at a time in WG_J accumulator registers, the input read in
+// place (no column buffer). Groups are split over the OpenMP team.
+enum { WG_J = 8 };
+static thread_local float* t_gyt = nullptr;
+static thread_local int64_t t_gyt_cap = 0;
+
+template <int J>
+static void weight_grad_columns(int64_t L, int64_t opad, const float* gyt, const float* xg, const int64_t* base,
+                                const int64_t* koff, float* acc_out) {
+    for (int64_t o0 = 0; o0 < opad; o0 += 16) {
+        v16 acc[J];
+#pragma GCC unroll 8
+        for (int jj = 0; jj < J; jj++) acc[jj] = (v16){};
+        for (int64_t l = 0; l < L; l++) {
+            const v16 gv = *(const v16*)(gyt + l * opad + o0);
+            const float* xl = xg + base[l];
+#pragma GCC unroll 8
+            for (int jj = 0; jj < J; jj++) acc[jj] += gv * xl[koff[jj]];
+        }
+#pragma GCC unroll 8
+        for (int jj = 0; jj < J; jj++) *(v16*)(acc_out + jj * opad + o0) += acc[jj];
+    }
+}
+
+extern "C" void flm_conv2d_weight_grad_f32(int64_t N, int64_t G, int64_t Cg, int64_t H, int64_t W, int64_t Og,
+                                           int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
+                                           int64_t OH, int64_t OW, const float* x, const float* gy, float* gw,
+                                           int threads) {
+    const int64_t L = OH * OW, CK = Cg * KH * KW, opad = (Og + 15) / 16 * 16;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t g = 0; g < G; g++) {
+        // per thread: gy transposed (L x opad), the column sums (CK x opad), input offsets per l and per column
+        float* gyt = scratch(t_gyt, t_gyt_cap, L * opad + CK * opad + 2 * (L + CK));
+        float* acc = gyt + L * opad;
+        int64_t* base = (int64_t*)(acc + CK * opad);      // 64-byte aligned: opad is a multiple of 16
+        int64_t* koff = base + L;
+        for (int64_t oh = 0, l = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++, l++) base[l] = oh * sh * W + ow * sw;
+        for (int64_t c = 0, j = 0; c < Cg; c++)
+            for (int64_t kh = 0; kh < KH; kh++)
+                for (int64_t kw = 0; kw < KW; kw++, j++) koff[j] = c * H * W + kh * dh * W + kw * dw;
+        std::memset(acc, 0, sizeof(float) * CK * opad);
+        for (int64_t n = 0; n < N; n++) {
+            const float* gyg = gy + (n * G + g) * Og * L;
+            for (int64_t l = 0; l < L; l++) {
+                float* row = gyt + l * opad;
+                for (int64_t o = 0; o < Og; o++) row[o] = gyg[o * L + l];
+                for (int64_t o = Og; o < opad; o++) row[o] = 0.0f;
+            }
+            const float* xg = x + (n * G + g) * Cg * H * W;
+            int64_t j = 0;
+            for (; j + WG_J <= CK; j += WG_J) weight_grad_columns<WG_J>(L, opad, gyt, xg, base, koff + j, acc + j * opad);
+            for (; j < CK; j++) weight_grad_columns<1>(L, opad, gyt, xg, base, koff + j, acc + j * opad);
+        }
+        float* out = gw + g * Og * CK;
+        for (int64_t o = 0; o < Og; o++)
+            for (int64_t j = 0; j < CK; j++) out[o * CK + j] = acc[j * opad + o];
+    }
+}
+
 // ---- softmax / log_softmax over the last dim (float32 rows) ----------------------------------------
 // Three passes over a row that stays in cache: max, exp(x - max) and its sum, then the scale (or,
 // for log_softmax, x - max - log(sum)); float accumulation as in PyTorch's CPU kernel. With

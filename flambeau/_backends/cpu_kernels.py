@@ -14,6 +14,8 @@
 - `softmax_lastdim`: softmax / log_softmax in one pass per row.
 - `zero_where_negative`: ReLU's select (forward and backward) in one pass.
 - `batched_outer`: products over an inner size of 1 (`matmul`'s (..., M, 1) @ (..., 1, N)) in one pass.
+- `conv2d_weight_grad`: a grouped convolution's weight gradient (vmap's per-example gradients: the
+  examples are the groups), per group without a column buffer.
 - `max_pool2d`: max pooling with indices, one pass per window (ATen's tie and NaN rules);
   `plane_scatter_add`: its backward, float32 additions in ATen's order.
 - `adam_step`: one Adam/AdamW update, bit for bit the NumPy rule of flambeau/optim/adam.py.
@@ -118,6 +120,10 @@ def _load():
                 bo.argtypes = [i64, i64, i64, p, i64, i64, p, i64, i64, p, ctypes.c_int]
                 bo.restype = None
                 _state["batched_outer"] = bo
+                wg = lib.flm_conv2d_weight_grad_f32
+                wg.argtypes = [i64] * 14 + [p, p, p, ctypes.c_int]
+                wg.restype = None
+                _state["conv2d_weight_grad"] = wg
                 mp = lib.flm_max_pool2d_f32
                 mp.argtypes = [i64] * 11 + [p, p, p, ctypes.c_int]
                 mp.restype = None
@@ -440,6 +446,24 @@ def conv2d_plan_packed(w: np.ndarray):
         return y
     packed_conv.keep = packed               # the packed tiles live with the function
     return packed_conv
+
+
+def conv2d_weight_grad(x, gy, wshape, groups, stride, dilation):
+    """The weight gradient (`wshape` = (O, C/groups, KH, KW)) of a float32 2-D convolution of the padded
+    NCHW `x` with output gradient `gy`, group by group without a column buffer
+    (`flm_conv2d_weight_grad_f32`); None when the kernel can't take it."""
+    if _load() is None or x.dtype != _F32 or gy.dtype != _F32 or x.ndim != 4 or gy.ndim != 4:
+        return None
+    x, gy = np.ascontiguousarray(x), np.ascontiguousarray(gy)
+    N, C, H, W = x.shape
+    O, Cg, KH, KW = wshape
+    OH, OW = gy.shape[2:]
+    gw = np.empty(wshape, _F32)
+    if gw.size:
+        _state["conv2d_weight_grad"](N, groups, Cg, H, W, O // groups, KH, KW, stride[0], stride[1], dilation[0],
+                                     dilation[1], OH, OW, x.ctypes.data, gy.ctypes.data, gw.ctypes.data,
+                                     _threads(N * O * OH * OW * Cg * KH * KW) if groups > 1 else 1)
+    return gw
 
 
 def max_pool2d(x, out_hw, ks, st, dl):

@@ -249,6 +249,11 @@ _BLOCK_BYTES = 1 << 21
 _GROUP_BLOCK_BYTES = 1 << 20
 
 
+# A grouped 2-D weight gradient with at least this many output channels per group goes to
+# `cpu_kernels.conv2d_weight_grad` (one group's outputs are the lanes of its accumulators, padded to 16).
+_KERNEL_WEIGHT_GRAD_MIN_OG = 8
+
+
 def _blocks(N, out, row_bytes):
     """(items per block, rows per block, [(n0, n1, r0, r1)]) for a per-output-row column size."""
     fit = max(1, _BLOCK_BYTES // max(row_bytes, 1))
@@ -343,6 +348,10 @@ def _cpu_weight_grad(x, gy, wshape, st, pads, dil, G):
     K, Cg, Og = math.prod(ks), C // G, O // G
     rest = math.prod(out[1:])
     L = out[0] * rest
+    if G > 1 and Og >= _KERNEL_WEIGHT_GRAD_MIN_OG and len(ks) == 2:
+        r = cpu_kernels.conv2d_weight_grad(_padded(np, x, pads), gy, wshape, G, st, dil)
+        if r is not None:
+            return r
     per_group = Cg * K * L * x.itemsize
     chunk = max(1, _GROUP_BLOCK_BYTES // per_group)
     if N == 1 and chunk < G and per_group * G > _BLOCK_BYTES and not _pointwise(ks, st, pads):
