@@ -834,3 +834,34 @@ def test_accumulate_grad_runs_as_soon_as_ready_as_pytorch():
             loss.backward()
         return events
     assert order(fl) == order(torch) == ["accumulated4", "first_layer_output_grad", "accumulated0"] * 2
+
+
+def test_grad_of_a_deep_chain_settles_the_needed_nodes_in_linear_time(monkeypatch):
+    """`autograd.grad` marks the nodes on a path to its inputs (`engine._needed`) in sweeps from the leaves
+    up: a chain of 300 nodes is settled in one sweep plus the confirming one (the sweep from the root
+    settled one node per sweep: ~45000 node visits). Gradient checked against PyTorch."""
+    import torch
+    from flambeau.autograd import engine
+    visits = [0]
+    real = engine._needed
+
+    class Targets(set):
+        def __contains__(self, n):           # asked once per visit of a node not yet marked
+            visits[0] += 1
+            return set.__contains__(self, n)
+
+    def counted(nodes, targets):
+        return real(nodes, Targets(targets))
+    monkeypatch.setattr(engine, "_needed", counted)
+    x = fl.tensor([0.5, -1.5], requires_grad=True)
+    y = x
+    for _ in range(300):
+        y = y * 1.001
+    (g,) = fl.autograd.grad(y.sum(), x)
+    tx = torch.tensor([0.5, -1.5], requires_grad=True)
+    ty = tx
+    for _ in range(300):
+        ty = ty * 1.001
+    (tg,) = torch.autograd.grad(ty.sum(), tx)
+    np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1e-6)
+    assert 0 < visits[0] <= 3 * 302, visits[0]

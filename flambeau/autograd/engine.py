@@ -227,11 +227,14 @@ def running_callbacks() -> list | None:
 def _needed(nodes, targets):
     needed = set()
     # iterate until fixpoint; graphs are DAGs so a reverse topological sweep would do, but the DFS
-    # order above is not topological for shared subgraphs
+    # order above is not topological for shared subgraphs. The sweep goes from the DFS's last nodes
+    # (nearest the leaves) to the roots, so a chain is settled in one pass (root first, a pass
+    # settled one node: quadratic in the graph's depth)
     changed = True
+    order = nodes[::-1]
     while changed:
         changed = False
-        for n in nodes:
+        for n in order:
             if n in needed:
                 continue
             if n in targets or any(nx in needed or nx in targets for nx in n._next_nodes if nx is not None):
