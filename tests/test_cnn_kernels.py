@@ -143,3 +143,33 @@ def test_padded_max_pool_picks_atens_index_where_a_window_holds_only_the_lowest_
             np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
             checked += 1
     assert checked > 60
+
+
+DIRECT_CONV_CASES = [  # (N, C, H, W, O, kernel, stride, padding, dilation, bias)
+    (3, 1, 28, 28, 8, (3, 3), 1, 0, 1, True),
+    (2, 8, 13, 13, 16, (3, 3), 1, 0, 1, True),
+    (2, 16, 11, 11, 8, (3, 3), 1, 2, 1, False),            # an input gradient's padded adjoint
+    (2, 3, 9, 40, 12, (3, 5), (2, 1), (1, 2), (2, 2), True),  # 36 columns: two chunks and a tail; row stride 2
+    (1, 2, 5, 6, 3, (2, 2), 1, (1, 3), 1, False),            # padding wider than the kernel reach
+]
+
+
+@pytest.mark.parametrize("case", DIRECT_CONV_CASES, ids=lambda c: f"n{c[0]}c{c[1]}o{c[4]}w{c[3]}")
+def test_conv2d_with_few_output_channels_runs_direct_as_pytorch(case, monkeypatch):
+    """float32 convolutions with <= 16 output channels and column stride 1 run `flm_conv2d_direct` (no
+    column panels) and match PyTorch's float64 result to float32 accuracy."""
+    if not cpu_kernels.available():
+        pytest.skip("no C++ kernels here")
+    n, c, h, w, o, k, s, p, d, with_bias = case
+    calls = []
+    real = cpu_kernels._state["conv2d_direct"]
+    monkeypatch.setitem(cpu_kernels._state, "conv2d_direct", lambda *a: calls.append(a[4]) or real(*a))
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((o, c) + k).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32) if with_bias else None
+    got = fl.nn.functional.conv2d(fl.tensor(x), fl.tensor(wt), None if b is None else fl.tensor(b), s, p, d)
+    want = torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float64), torch.tensor(wt, dtype=torch.float64),
+                                      None if b is None else torch.tensor(b, dtype=torch.float64), s, p, d)
+    assert calls == [o]
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)

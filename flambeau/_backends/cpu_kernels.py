@@ -10,7 +10,7 @@
 - `matmul_bf16(a, b)`: bfloat16 products on AVX-512 BF16 dot products (float accumulation) where the
   CPU has them (`bf16_native()`); elsewhere callers compute bfloat16 products in float32.
 - `conv2d`: convolution as an implicit GEMM (B panels packed straight from the input, no column
-  buffer).
+  buffer); with few output channels, direct (16 output columns by all channels in registers).
 - `softmax_lastdim`: softmax / log_softmax in one pass per row.
 - `zero_where_negative`: ReLU's select (forward and backward) in one pass.
 - `batched_outer`: products over an inner size of 1 (`matmul`'s (..., M, 1) @ (..., 1, N)) in one pass.
@@ -51,6 +51,10 @@ SMALL_ITEM_MACS = 1 << 16
 # gradients under vmap: 64 x 16x121 by 121x72): our 12-row tiles run a third empty and each item is
 # packed alone; NumPy's BLAS was 2.5-4x faster on such batches (one thread, process CPU time).
 SMALL_ITEM_ROWS = 16
+# A convolution with at most this many output channels (and column stride 1) runs direct
+# (`flm_conv2d_direct`: no column panels, one accumulator register per output channel); with more, the
+# implicit GEMM's packing is shared by enough channels to pay.
+DIRECT_CONV_MAX_O = 16
 # A planned product's integers, in the order of flm_sgemm_planned's PLAN_* enum.
 PLAN_FIELDS = ("batch", "M", "N", "K", "a_offset", "a_batch_stride", "a_row_stride", "a_col_stride", "b_offset",
                "b_batch_stride", "b_row_stride", "b_col_stride", "c_batch_stride", "c_row_stride", "threads",
@@ -103,6 +107,10 @@ def _load():
                 conv.argtypes = [i64] * 15 + [p, p, p, p, ctypes.c_int]
                 conv.restype = None
                 _state["conv2d"] = conv
+                direct = lib.flm_conv2d_direct
+                direct.argtypes = conv.argtypes
+                direct.restype = ctypes.c_int
+                _state["conv2d_direct"] = direct
                 sm = lib.flm_softmax_f32
                 sm.argtypes = [i64, i64, p, p, ctypes.c_int, ctypes.c_int]
                 sm.restype = None
@@ -403,9 +411,12 @@ def conv2d(x, w, bias, stride, pads, dilation, out_hw):
     if y.size == 0:
         return y
     b = None if bias is None else np.ascontiguousarray(bias)
-    _state["conv2d"](N, C, H, W, O, KH, KW, stride[0], stride[1], pads[0][0], pads[1][0], dilation[0], dilation[1],
-                     OH, OW, x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
-                     _threads(N * O * OH * OW * C * KH * KW))
+    args = (N, C, H, W, O, KH, KW, stride[0], stride[1], pads[0][0], pads[1][0], dilation[0], dilation[1], OH, OW,
+            x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
+            _threads(N * O * OH * OW * C * KH * KW))
+    if O <= DIRECT_CONV_MAX_O and _state["conv2d_direct"](*args):
+        return y
+    _state["conv2d"](*args)
     return y
 
 

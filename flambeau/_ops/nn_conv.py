@@ -279,7 +279,7 @@ def _cpu_forward(x, w, bias, st, pads, dil, G):
     N, C, O, ks, out = _geometry(x, w.shape, st, dil, pads)
     K, Cg, Og = math.prod(ks), C // G, O // G
     if G == 1 and len(ks) == 2 and not _pointwise(ks, st, pads):
-        r = cpu_kernels.conv2d(x, w, bias, st, pads, dil, out)      # implicit GEMM, no column buffer
+        r = cpu_kernels.conv2d(x, w, bias, st, pads, dil, out)      # implicit GEMM or direct, no column buffer
         if r is not None:
             return r
     rest = math.prod(out[1:])
