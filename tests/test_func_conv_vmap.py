@@ -130,6 +130,7 @@ WEIGHT_GRAD_CASES = [  # (N, groups, C/groups, O/groups, size, kernel, stride, p
     (1, 5, 2, 8, (9, 11), (3, 3), (1, 1), (0, 0), (1, 1)),
     (2, 3, 3, 20, (10, 9), (2, 3), (2, 1), (1, 2), (1, 2)),      # 20 channels: a 16-lane tail; 18 columns
     (3, 2, 1, 16, (7, 7), (3, 1), (1, 2), (2, 0), (2, 1)),
+    (2, 4, 1, 8, (12, 12), (3, 3), (1, 1), (0, 0), (1, 1)),      # 8 channels: 8-lane rows; 9 columns as 4 + 5
 ]
 
 

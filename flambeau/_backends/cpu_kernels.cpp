@@ -686,28 +686,46 @@ extern "C" void flm_conv2d(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O
 // column matrix of x[n, g] (Cg*KH*KW x L) transposed; x is already padded. Under vmap(grad) the
 // examples are the groups and each group's product is small (16 x 121 by 121 x 72 for bench/func.py's
 // second layer): packed GEMMs spend their time packing. Here a group's gy is transposed once into
-// L rows of Og lanes (padded to 16), and each column (c, kh, kw) is a sum over l of one broadcast
-// input value times that row: WG_J columns at a time in WG_J accumulator registers, the input read in
+// L rows of Og lanes (padded to 8 or 16), and each column (c, kh, kw) is a sum over l of one broadcast
+// input value times that row: up to WG_J columns at a time in as many accumulator registers, the input read in
 // place (no column buffer). Groups are split over the OpenMP team.
 enum { WG_J = 8 };
+typedef float v8 __attribute__((vector_size(32), aligned(32)));
 static thread_local float* t_gyt = nullptr;
 static thread_local int64_t t_gyt_cap = 0;
 
-template <int J>
+// Columns [0, J) (input offsets koff) of one group's weight gradient, V-wide chunks of output channels.
+template <typename V, int J>
 static void weight_grad_columns(int64_t L, int64_t opad, const float* gyt, const float* xg, const int64_t* base,
                                 const int64_t* koff, float* acc_out) {
-    for (int64_t o0 = 0; o0 < opad; o0 += 16) {
-        v16 acc[J];
+    constexpr int lanes = sizeof(V) / sizeof(float);
+    for (int64_t o0 = 0; o0 < opad; o0 += lanes) {
+        V acc[J];
 #pragma GCC unroll 8
-        for (int jj = 0; jj < J; jj++) acc[jj] = (v16){};
+        for (int jj = 0; jj < J; jj++) acc[jj] = (V){};
         for (int64_t l = 0; l < L; l++) {
-            const v16 gv = *(const v16*)(gyt + l * opad + o0);
+            const V gv = *(const V*)(gyt + l * opad + o0);
             const float* xl = xg + base[l];
 #pragma GCC unroll 8
             for (int jj = 0; jj < J; jj++) acc[jj] += gv * xl[koff[jj]];
         }
 #pragma GCC unroll 8
-        for (int jj = 0; jj < J; jj++) *(v16*)(acc_out + jj * opad + o0) += acc[jj];
+        for (int jj = 0; jj < J; jj++) *(V*)(acc_out + jj * opad + o0) += acc[jj];
+    }
+}
+
+template <typename V>
+static void weight_grad_block(int J, int64_t L, int64_t opad, const float* gyt, const float* xg, const int64_t* base,
+                              const int64_t* koff, float* acc_out) {
+    switch (J) {
+        case 1: weight_grad_columns<V, 1>(L, opad, gyt, xg, base, koff, acc_out); break;
+        case 2: weight_grad_columns<V, 2>(L, opad, gyt, xg, base, koff, acc_out); break;
+        case 3: weight_grad_columns<V, 3>(L, opad, gyt, xg, base, koff, acc_out); break;
+        case 4: weight_grad_columns<V, 4>(L, opad, gyt, xg, base, koff, acc_out); break;
+        case 5: weight_grad_columns<V, 5>(L, opad, gyt, xg, base, koff, acc_out); break;
+        case 6: weight_grad_columns<V, 6>(L, opad, gyt, xg, base, koff, acc_out); break;
+        case 7: weight_grad_columns<V, 7>(L, opad, gyt, xg, base, koff, acc_out); break;
+        default: weight_grad_columns<V, 8>(L, opad, gyt, xg, base, koff, acc_out); break;
     }
 }
 
@@ -715,7 +733,9 @@ extern "C" void flm_conv2d_weight_grad_f32(int64_t N, int64_t G, int64_t Cg, int
                                            int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
                                            int64_t OH, int64_t OW, const float* x, const float* gy, float* gw,
                                            int threads) {
-    const int64_t L = OH * OW, CK = Cg * KH * KW, opad = (Og + 15) / 16 * 16;
+    // 8 lanes for at most 8 output channels a group (a first layer's 1 -> 8), else 16
+    const int64_t L = OH * OW, CK = Cg * KH * KW, lanes = Og <= 8 ? 8 : 16, opad = (Og + lanes - 1) / lanes * lanes;
+    const int64_t blocks = (CK + WG_J - 1) / WG_J;       // columns split evenly: no lone latency-bound column
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t g = 0; g < G; g++) {
         // per thread: gy transposed (L x opad), the column sums (CK x opad), input offsets per l and per column
@@ -731,15 +751,20 @@ extern "C" void flm_conv2d_weight_grad_f32(int64_t N, int64_t G, int64_t Cg, int
         std::memset(acc, 0, sizeof(float) * CK * opad);
         for (int64_t n = 0; n < N; n++) {
             const float* gyg = gy + (n * G + g) * Og * L;
-            for (int64_t l = 0; l < L; l++) {
-                float* row = gyt + l * opad;
-                for (int64_t o = 0; o < Og; o++) row[o] = gyg[o * L + l];
-                for (int64_t o = Og; o < opad; o++) row[o] = 0.0f;
+            for (int64_t o = 0; o < opad; o++) {          // read along l, a channel at a time
+                if (o < Og)
+                    for (int64_t l = 0; l < L; l++) gyt[l * opad + o] = gyg[o * L + l];
+                else
+                    for (int64_t l = 0; l < L; l++) gyt[l * opad + o] = 0.0f;
             }
             const float* xg = x + (n * G + g) * Cg * H * W;
-            int64_t j = 0;
-            for (; j + WG_J <= CK; j += WG_J) weight_grad_columns<WG_J>(L, opad, gyt, xg, base, koff + j, acc + j * opad);
-            for (; j < CK; j++) weight_grad_columns<1>(L, opad, gyt, xg, base, koff + j, acc + j * opad);
+            for (int64_t b = 0; b < blocks; b++) {
+                const int64_t j0 = b * CK / blocks, j1 = (b + 1) * CK / blocks;
+                if (lanes == 8)
+                    weight_grad_block<v8>((int)(j1 - j0), L, opad, gyt, xg, base, koff + j0, acc + j0 * opad);
+                else
+                    weight_grad_block<v16>((int)(j1 - j0), L, opad, gyt, xg, base, koff + j0, acc + j0 * opad);
+            }
         }
         float* out = gw + g * Og * CK;
         for (int64_t o = 0; o < Og; o++)
