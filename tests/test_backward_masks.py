@@ -127,3 +127,24 @@ def test_forward_mode_uses_the_mask_of_the_tangents(which, api):
     to, tt = run(torch)
     np.testing.assert_allclose(fo.detach().numpy(), to.detach().numpy(), rtol=1e-12)
     np.testing.assert_allclose(ft.detach().numpy(), tt.detach().numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("need", [(True, False), (False, True), (True, True)], ids=["self", "other", "both"])
+def test_division_computes_the_divisors_gradient_only_when_needed(need):
+    """`a / b`'s backward: one division for a's gradient; the divisor's gradient (neg, mul, div) only
+    when b requires grad (a per-example mean's count under vmap(grad) does not). Gradients vs PyTorch."""
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((4, 3)), rng.uniform(1, 2, (4, 3))
+    fa, fb = (flambeau.tensor(v, requires_grad=n) for v, n in zip((a, b), need))
+    ta, tb = (torch.tensor(v, requires_grad=n) for v, n in zip((a, b), need))
+    loss = (fa / fb).sum()
+    with op_names_mode() as mode:
+        loss.backward()
+    (ta / tb).sum().backward()
+    assert mode.names.count("div") == 1 + need[1] and mode.names.count("neg") == need[1], mode.names
+    assert mode.names.count("mul") == need[1], mode.names
+    for f, t in zip((fa, fb), (ta, tb)):
+        if t.grad is None:
+            assert f.grad is None
+        else:
+            np.testing.assert_allclose(f.grad.numpy(), t.grad.numpy(), rtol=1e-12)

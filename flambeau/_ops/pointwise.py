@@ -99,9 +99,11 @@ div.def_meta(binary_meta(to_float=True))
 
 
 @div.def_derivative
-def _(grad, self, other):
+def _div_derivative(grad, self, other, output_mask):
+    """The divisor's gradient (two more products) only when it needs one: a mean's count, a
+    normalisation by a constant, do not."""
     g_self = grad / _conj(other)
-    return g_self, -g_self * _conj(self) / _conj(other)
+    return g_self if output_mask[0] else None, -g_self * _conj(self) / _conj(other) if output_mask[1] else None
 
 
 @defop("neg(Tensor self) -> Tensor", method=True, inplace=True, tags=(Tag.core, Tag.pointwise, Tag.recomputable),
