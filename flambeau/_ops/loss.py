@@ -698,10 +698,13 @@ def _class_loss_batching(op):
         loss = loss.reshape((size,) + tuple(t.shape[1:]))
         if reduction == 0:
             return loss, 0
-        total = loss.reshape(size, -1).sum(1)
+        if t.numel() == size:                          # one target an example (a minibatch of one): no sums
+            total, valid = loss.reshape(size), (t.reshape(size) != ignore_index)
+        else:
+            total, valid = loss.reshape(size, -1).sum(1), (t != ignore_index).reshape(size, -1).sum(1)
         if reduction == 2:
             return total, 0
-        return total / (t != ignore_index).reshape(size, -1).sum(1).to(loss.dtype), 0
+        return total / valid.to(loss.dtype), 0
     rule.__name__ = f"_{op.__name__}_batching"
     return rule
 
