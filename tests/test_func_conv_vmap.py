@@ -183,3 +183,17 @@ def test_float32_per_sample_gradients_of_a_cnn_match_torch_func(monkeypatch):
     assert sorted(calls) == [6, 6]
     for key in want:
         np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+def test_unbatched_parameters_are_exposed_by_one_expand_each():
+    """grad under vmap sees each unbatched parameter as a stride-0 view over the batch (`batched.expose`):
+    one expand per parameter (no unsqueeze first), and the gradients still match torch.func."""
+    from tests.conftest import op_names_mode
+    ours, ref = _pair()
+    with op_names_mode() as mode:
+        got = ff.vmap(ff.grad(_loss(ff, fl, ours)), in_dims=(None, 0, 0))(_params(ours), fl.tensor(XS), fl.tensor(TS))
+    n = len(_params(ours))
+    assert [name.split(".")[0] for name in mode.names[:n]] == ["expand"] * n, mode.names[:2 * n]
+    want = tf.vmap(tf.grad(_loss(tf, torch, ref)), in_dims=(None, 0, 0))(_params(ref), torch.tensor(XS),
+                                                                         torch.tensor(TS))
+    _close(got, want)

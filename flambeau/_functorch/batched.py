@@ -127,6 +127,8 @@ def expose(t: Tensor, level: int) -> Tensor:
         return t._value.movedim(t._bdim, 0) if t._bdim else t._value
     if lv > level:
         return make(expose(t._value, level), t._bdim + 1, lv)
+    if lv == 0:                  # a plain tensor (a parameter under vmap(grad)): one expand adds the dimension
+        return t.expand((batch_size(level),) + tuple(t.shape))
     return t.unsqueeze(0).expand((batch_size(level),) + tuple(t.shape))
 
 
