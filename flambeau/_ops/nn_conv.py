@@ -250,7 +250,7 @@ _GROUP_BLOCK_BYTES = 1 << 20
 
 
 # A grouped 2-D weight gradient with at least this many output channels per group goes to
-# `cpu_kernels.conv2d_weight_grad` (one group's outputs are the lanes of its accumulators, padded to 16).
+# `cpu_kernels.conv2d_weight_grad` (one group's outputs are the lanes of its accumulators, padded to 8 or 16).
 _KERNEL_WEIGHT_GRAD_MIN_OG = 8
 
 
