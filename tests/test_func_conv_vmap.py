@@ -80,13 +80,13 @@ def test_forward_with_shared_weights_is_one_ungrouped_convolution(monkeypatch):
     calls = []
     forward, wgrad = nn_conv.conv_forward_arrays, nn_conv.conv_weight_grad_arrays
 
-    def count_forward(xp, x, w, st, pad, dil, groups, bias=None):
+    def count_forward(xp, x, w, st, pad, dil, groups, bias=None, **kwargs):
         calls.append(("forward", x.shape[0], w.shape[0], groups, bias is not None))
-        return forward(xp, x, w, st, pad, dil, groups, bias)
+        return forward(xp, x, w, st, pad, dil, groups, bias, **kwargs)
 
-    def count_wgrad(xp, x, gy, wshape, st, pad, dil, groups):
+    def count_wgrad(xp, x, gy, wshape, st, pad, dil, groups, **kwargs):
         calls.append(("weight_grad", x.shape[0], wshape[0], groups))
-        return wgrad(xp, x, gy, wshape, st, pad, dil, groups)
+        return wgrad(xp, x, gy, wshape, st, pad, dil, groups, **kwargs)
     monkeypatch.setattr(nn_conv, "conv_forward_arrays", count_forward)
     monkeypatch.setattr(nn_conv, "conv_weight_grad_arrays", count_wgrad)
     ours, _ = _pair()
