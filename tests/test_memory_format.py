@@ -521,3 +521,18 @@ def test_channels_last_block_on_cuda_without_copies(dtype, monkeypatch):
     for (sf, vf), (st, vt) in zip(res["flambeau"], res["torch"]):
         assert sf == st
         np.testing.assert_allclose(vf, vt, **tol)
+
+
+def test_vmap_of_a_channels_last_clone_lays_out_each_example():
+    """vmap of clone(memory_format=channels_last) over a batch of 4-d examples (PyTorch's vmap raises NYI
+    here; flambeau folds the batch into N): each example equals the input and is channels-last in memory,
+    for a batch dim in front or inside; a logical rank other than 4 raises PyTorch's eager error."""
+    from flambeau.func import vmap
+    x = np.random.default_rng(0).standard_normal((3, 2, 4, 5, 6)).astype(np.float32)
+    t = flambeau.tensor(x)
+    clone_cl = lambda a: a.clone(memory_format=flambeau.channels_last)      # noqa: E731
+    for y in (vmap(clone_cl)(t), vmap(clone_cl, in_dims=1)(t.movedim(0, 1))):
+        np.testing.assert_array_equal(y.numpy(), x)
+        assert all(y[i].is_contiguous(memory_format=flambeau.channels_last) for i in range(3))
+    with pytest.raises(RuntimeError, match="required rank 4 tensor to use channels_last format"):
+        vmap(clone_cl)(t[:, 0])

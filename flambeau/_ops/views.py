@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dtype as D
-from .._tensor import Tensor, _ptr, storage_owner, contiguous_format, preserve_format
+from .._tensor import Tensor, _ptr, storage_owner, contiguous_format, preserve_format, channels_last, channels_last_3d
 from .._device import canonical, device as Device
 from .._backends import MetaArray, contiguous_strides, cuda_cast, device_checks, get as backend, namespace_backend
 from ._registry import defop, export, TensorSpec, Tag, PointwiseSpelling
@@ -868,8 +868,20 @@ def _squeeze_batching(in_dims, self, dim):
     return (_squeeze(x, dims) if dims else x), 0
 
 
-for _op in (clone, _to_copy, alias):
+for _op in (_to_copy, alias):
     _op.def_batching_rule(_batching.unary_rule(_op))
+
+
+@clone.def_batching_rule
+def _clone_batching(in_dims, self, memory_format=None):
+    """A channels-last clone lays out each example as PyTorch's vmap does: the batch dimension is folded
+    into the leading (N) one, so the physical tensor keeps the logical rank the format needs."""
+    if memory_format not in (channels_last, channels_last_3d):
+        return clone(self, memory_format=memory_format), in_dims[0]
+    x = _batching.front(self, in_dims[0])
+    flat = x.reshape((x.shape[0] * x.shape[1],) + tuple(x.shape[2:])) if x.dim() > 1 else x
+    out = clone(flat, memory_format=memory_format)
+    return out.reshape(tuple(x.shape)), 0
 transpose.def_batching_rule(_batching.dim_rule(transpose, "dim0", "dim1"))
 unsqueeze.def_batching_rule(_batching.dim_rule(unsqueeze, "dim", extra=1))
 slice_.def_batching_rule(_batching.dim_rule(slice_, "dim"))
