@@ -12,7 +12,10 @@ workload: median ratio, ratio range, median µs per call of each tree.
 Workloads: `add`, `mul_scalar`, `relu`, `view`, `transpose`, `slice`, `reshape`, `sum_dim`, `to_bf16`,
 `add_grad`, `linear_grad` (8×8 float32), `mlp_fwd_bwd` (bench/dispatch_overhead.py's two-layer step), its
 training steps `mlp_step`, `mlp_step_amp`, `conv_step`, `bigram_eval` (bench/cpu_models.py's bigram
-estimate_loss iteration: get_batch from a 1M-token corpus, forward under no_grad, loss.item()).
+estimate_loss iteration: get_batch from a 1M-token corpus, forward under no_grad, loss.item()), `bigram_train`
+(its training step: get_batch, forward, backward, AdamW), and get_batch's own ops: `iter32` (iterating a
+32-element index tensor), `add_int` (0-dim integer tensor + Python int), `slice_tensor_bounds` (`corpus[i:j]`
+with 0-dim tensor bounds), `stack32` (32 slices of 8), plus `cross_entropy` (forward + backward, 256 x 65).
 """
 from __future__ import annotations
 
@@ -50,7 +53,31 @@ def workloads(m) -> dict:
             logits = table(xb)
             return F.cross_entropy(logits.view(BATCH * BLOCK, VOCAB), yb.view(BATCH * BLOCK)).item()
 
-    ops.update(mul_scalar=lambda: ops_input * 0.5, bigram_eval=bigram_eval)
+    opt = m.optim.AdamW(table.parameters(), lr=1e-3)
+
+    def bigram_train():
+        ix = m.randint(len(corpus) - BLOCK, (BATCH,))
+        xb = m.stack([corpus[i:i + BLOCK] for i in ix])
+        yb = m.stack([corpus[i + 1:i + BLOCK + 1] for i in ix])
+        logits = table(xb)
+        loss = F.cross_entropy(logits.view(BATCH * BLOCK, VOCAB), yb.view(BATCH * BLOCK))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    ix = m.randint(len(corpus) - BLOCK, (BATCH,))
+    i = ix[3]
+    j = i + BLOCK
+    pieces = [corpus[k:k + BLOCK] for k in ix]
+    logits = m.tensor(rng.standard_normal((BATCH * BLOCK, VOCAB)).astype(np.float32), requires_grad=True)
+    targets = m.tensor(rng.integers(0, VOCAB, size=BATCH * BLOCK))
+
+    def cross_entropy():
+        F.cross_entropy(logits, targets).backward()
+
+    ops.update(mul_scalar=lambda: ops_input * 0.5, bigram_eval=bigram_eval, bigram_train=bigram_train,
+               iter32=lambda: list(ix), add_int=lambda: i + BLOCK, slice_tensor_bounds=lambda: corpus[i:j],
+               stack32=lambda: m.stack(pieces), cross_entropy=cross_entropy)
     return ops
 
 

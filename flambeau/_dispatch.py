@@ -414,7 +414,8 @@ def _wrap(r, dev):
     if t is _ndarray or t in device_array_types:
         return Tensor._make(r, dev)
     if t is tuple or t is list:
-        return t(_wrap(x, dev) for x in r)
+        make = Tensor._make
+        return t([make(x, dev) if type(x) is _ndarray else _wrap(x, dev) for x in r])
     if isinstance(r, np.generic):
         return Tensor._make(np.asarray(r), dev)
     if r is None or isinstance(r, (int, float, bool, Tensor)):
@@ -438,8 +439,15 @@ def _mark_views(base, out, op):
         elif base._no_grad_view is not None:
             out._no_grad_view = _graph.node_title(op)
     elif isinstance(out, (tuple, list)):
-        for o in out:
-            _mark_views(base, o, op)
+        plain = _tls.grad_enabled and base._no_grad_view is None
+        version = base._version
+        for o in out:                  # unbind/split: the tensor branch above per piece, inlined when plain
+            if plain and type(o) is Tensor:
+                o._base = b
+                o._version = version
+                o._view_version = version[0]
+            else:
+                _mark_views(base, o, op)
 
 
 def _meta_call(op, args, kwargs, dev):

@@ -79,6 +79,40 @@ def test_get_batch_slices_match_pytorch():
     _same(fd[flambeau.tensor(-5, dtype=flambeau.int32):], td[torch.tensor(-5, dtype=torch.int32):])
 
 
+@pytest.mark.parametrize("shape,dim", [((5,), 0), ((3, 4), 0), ((3, 4), 1), ((2, 3, 4), -1)])
+def test_unbind_pieces_are_views_as_pytorch(shape, dim):
+    """`for i in ix` (unbind): each piece, 0-dim ones included, is a view sharing the tensor's memory,
+    base and version counter; values, strides, gradients and the in-place check as PyTorch's."""
+    a = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    fw, tw = _pair(a, requires_grad=True)
+    fb, tb = fw * 1, tw * 1
+    fp, tp = fb.unbind(dim), tb.unbind(dim)
+    assert len(fp) == len(tp)
+    for f, t in zip(fp, tp):
+        _same(f, t)
+        assert f.stride() == t.stride() and f.storage_offset() == t.storage_offset()
+        assert f._base is fb and t._base is tb
+    if len(tp) >= 2:
+        (fp[0] * 2 + fp[-1] * 3).sum().backward()
+        (tp[0] * 2 + tp[-1] * 3).sum().backward()
+        _same(fw.grad, tw.grad)
+        fy, ty = (fb.unbind(dim)[0] ** 2).sum(), (tb.unbind(dim)[0] ** 2).sum()
+        fb.add_(1)
+        tb.add_(1)
+        for y in (fy, ty):
+            with pytest.raises(RuntimeError, match="modified inplace|modified by an inplace operation"):
+                y.backward()
+    fx, tx = _pair(a)
+    for f, t in zip(fx.unbind(dim), tx.unbind(dim)):
+        f.mul_(-1)
+        t.mul_(-1)
+    _same(fx, tx)
+    for m, x in ((flambeau, fx), (torch, tx)):
+        with m.no_grad():
+            pieces = x.unbind(dim)
+        assert all(p._base is x for p in pieces)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "int32"])
 @pytest.mark.parametrize("scalar", [3, -7, 0.5, 2 ** 31 - 1, 2 ** 31, 2 ** 40])
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])

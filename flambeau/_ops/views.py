@@ -571,8 +571,9 @@ def _sel(dim, key):
 
 
 def take_view(xp, a, dim, i):
-    """`a` indexed by `i` along `dim` as a view (plain NumPy indexing gives a scalar copy for 1-D)."""
-    return xp.squeeze(a[_sel(dim, slice(i, i + 1))], axis=dim)
+    """`a` indexed by `i` (0 <= i < size) along `dim` as a view: the trailing Ellipsis keeps a 0-dim result
+    an array sharing `a`'s memory (`a[i]` of a 1-D array is a scalar copy)."""
+    return a[i, ...] if dim == 0 else a[(slice(None),) * dim + (i, ...)]
 
 
 def slice_bounds(size, start, end, step):
