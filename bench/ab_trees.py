@@ -13,9 +13,8 @@ Workloads: `add`, `mul_scalar`, `relu`, `view`, `transpose`, `slice`, `reshape`,
 `add_grad`, `linear_grad` (8×8 float32), `mlp_fwd_bwd` (bench/dispatch_overhead.py's two-layer step), its
 training steps `mlp_step`, `mlp_step_amp`, `conv_step`, `bigram_eval` (bench/cpu_models.py's bigram
 estimate_loss iteration: get_batch from a 1M-token corpus, forward under no_grad, loss.item()), `bigram_train`
-(its training step: get_batch, forward, backward, AdamW), and get_batch's own ops: `iter32` (iterating a
-32-element index tensor), `add_int` (0-dim integer tensor + Python int), `slice_tensor_bounds` (`corpus[i:j]`
-with 0-dim tensor bounds), `stack32` (32 slices of 8), plus `cross_entropy` (forward + backward, 256 x 65).
+(its training step: get_batch, forward, backward, AdamW), `cross_entropy` (forward + backward, 256 x 65), and
+bench/dispatch_overhead.py's get_batch ops (`iter32`, `add_int`, `slice_tensor_bounds`, `stack32`, `get_batch`).
 """
 from __future__ import annotations
 
@@ -31,7 +30,8 @@ VOCAB = 65
 BLOCK = 8
 BATCH = 32
 SMALL_OPS = ("add", "matmul", "relu", "view", "transpose", "slice", "reshape", "sum_dim", "to_bf16", "add_grad", "linear_grad",
-             "mlp_fwd_bwd", "mlp_step", "mlp_step_amp", "conv_step")
+             "mlp_fwd_bwd", "mlp_step", "mlp_step_amp", "conv_step", "iter32", "add_int", "slice_tensor_bounds", "stack32",
+             "get_batch")
 
 
 def workloads(m) -> dict:
@@ -65,10 +65,6 @@ def workloads(m) -> dict:
         loss.backward()
         opt.step()
 
-    ix = m.randint(len(corpus) - BLOCK, (BATCH,))
-    i = ix[3]
-    j = i + BLOCK
-    pieces = [corpus[k:k + BLOCK] for k in ix]
     logits = m.tensor(rng.standard_normal((BATCH * BLOCK, VOCAB)).astype(np.float32), requires_grad=True)
     targets = m.tensor(rng.integers(0, VOCAB, size=BATCH * BLOCK))
 
@@ -76,8 +72,7 @@ def workloads(m) -> dict:
         F.cross_entropy(logits, targets).backward()
 
     ops.update(mul_scalar=lambda: ops_input * 0.5, bigram_eval=bigram_eval, bigram_train=bigram_train,
-               iter32=lambda: list(ix), add_int=lambda: i + BLOCK, slice_tensor_bounds=lambda: corpus[i:j],
-               stack32=lambda: m.stack(pieces), cross_entropy=cross_entropy)
+               cross_entropy=cross_entropy)
     return ops
 
 

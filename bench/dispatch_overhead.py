@@ -41,7 +41,7 @@ STEP_BATCH = 4
 STEP_CHANNELS = 4            # channels, image side and batch of the conv-bn-relu step
 STEP_SIDE = 4
 STEP_IMAGES = 2
-STEP_WORKLOADS = ("mlp_step", "mlp_step_amp", "conv_step")
+STEP_WORKLOADS = ("mlp_step", "mlp_step_amp", "conv_step", "get_batch")     # workloads printed with ops_per_step
 
 _HELPER_C = r"""
 #include <valgrind/callgrind.h>
@@ -83,7 +83,25 @@ def workloads(m) -> dict:
         "add_grad": lambda: a + b1[:8],                # records an autograd node
         "linear_grad": lambda: F.linear(x, w1, b1),    # records an autograd node
         "mlp_fwd_bwd": mlp_step,
+        **_get_batch(m),
     }
+
+
+def _get_batch(m) -> dict:
+    """bigram.py's get_batch (B 32, T 8, 1M-token corpus: ~200 tiny integer ops) and its parts: `iter32`
+    (iterating the 32 drawn offsets), `add_int` (0-dim int64 tensor + Python int), `slice_tensor_bounds`
+    (`corpus[i:j]`, 0-dim tensor bounds), `stack32` (stacking 32 slices of 8)."""
+    corpus = m.tensor(np.random.default_rng(1).integers(0, 65, size=1_000_000), dtype=m.long)
+    ix = m.randint(len(corpus) - 8, (32,))
+    i = ix[3]
+    j = i + 8
+    pieces = [corpus[k:k + 8] for k in ix]
+
+    def get_batch():
+        ix = m.randint(len(corpus) - 8, (32,))
+        return m.stack([corpus[i:i + 8] for i in ix]), m.stack([corpus[i + 1:i + 8 + 1] for i in ix])
+    return {"iter32": lambda: list(ix), "add_int": lambda: i + 8, "slice_tensor_bounds": lambda: corpus[i:j],
+            "stack32": lambda: m.stack(pieces), "get_batch": get_batch}
 
 
 def _steps(m) -> dict:

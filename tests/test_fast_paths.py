@@ -113,6 +113,47 @@ def test_unbind_pieces_are_views_as_pytorch(shape, dim):
         assert all(p._base is x for p in pieces)
 
 
+def test_slices_and_int_keys_reach_modes_and_tracing_as_pytorch():
+    """`x[a:b]` and `x[k]` skip `Op.__call__` (`_registry.call`) only where it would go straight to
+    `call_functional`: a dispatch mode still sees slice/select (as PyTorch's sees them), so does the FX
+    hook; gradients as PyTorch's."""
+    from tests.conftest import op_names_mode
+    from flambeau.utils._python_dispatch import TorchDispatchMode as FlambeauMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+    assert issubclass(type(op_names_mode()), FlambeauMode)
+    a = np.arange(24, dtype=np.float32).reshape(6, 4)
+    for m, mode in ((flambeau, op_names_mode()), (torch, Names())):
+        x = m.tensor(a, requires_grad=True)
+        i = m.tensor(1)
+        with mode:
+            y = x[1:5:2].sum() + x[i:i + 2].sum() * 2 + x[3].sum() * 3 + x[-1].sum()
+        names = [n.split(".")[0] for n in mode.names]
+        assert names.count("slice") == 2 and names.count("select") == 2, (m.__name__, names)
+        y.backward()
+        if m is flambeau:
+            fgrad = x.grad.numpy().copy()
+        else:
+            np.testing.assert_array_equal(fgrad, x.grad.numpy())
+    from flambeau._ops import _registry
+    seen = []
+    previous = _registry.set_fx_hook(lambda op, args, kwargs: seen.append(str(getattr(op, "name", "")).split(".")[0]) or NotImplemented)
+    try:
+        x = flambeau.tensor(a)
+        x[1:3], x[x.new_tensor(1):], x[0]
+    finally:
+        _registry.set_fx_hook(previous)
+    assert seen.count("slice") == 2 and seen.count("select") == 1, seen
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "int32"])
 @pytest.mark.parametrize("scalar", [3, -7, 0.5, 2 ** 31 - 1, 2 ** 31, 2 ** 40])
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
@@ -124,6 +165,33 @@ def test_tensor_with_python_number_matches_pytorch(dtype, scalar, op):
         assert str(fr.dtype).split(".")[-1] == str(tr.dtype).split(".")[-1]
         assert tuple(fr.stride()) == tuple(tr.stride())
         np.testing.assert_allclose(fr.numpy(), tr.numpy(), rtol=1.3e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "int32"])
+def test_zero_dim_tensor_with_python_number_takes_numpy_scalar_arithmetic(dtype, monkeypatch):
+    """`i + block` on a 0-dim tensor: NumPy's scalar operator instead of the ufunc (counted), with the
+    ufunc's results: values, dtypes, int32 wrap-around, inf and nan from division, 0-dim views."""
+    from flambeau._ops import _helpers
+    calls = []
+    for ufunc, fn in list(_helpers._SCALAR_OPS.items()):
+        monkeypatch.setitem(_helpers._SCALAR_OPS, ufunc, lambda a, b, fn=fn: calls.append(fn) or fn(a, b))
+    scalars = [3, -7, 0, 2 ** 31 - 1] + ([0.5, -0.0, 1e30] if dtype.startswith("float") else [])
+    values = np.array([5, -3, 0, 2 ** 30 + 7], dtype=dtype)
+    for i in range(values.size):
+        fv, tv = _pair(values)
+        for f, t in ((fv[i], tv[i]), (fv.unbind(0)[i], tv.unbind(0)[i])):
+            for s in scalars:
+                for op in ("add", "sub", "mul", "div"):
+                    fr, tr = getattr(flambeau, op)(f, s), getattr(torch, op)(t, s)
+                    assert str(fr.dtype).split(".")[-1] == str(tr.dtype).split(".")[-1]
+                    assert fr.shape == () and fr._base is None
+                    np.testing.assert_allclose(fr.numpy(), tr.numpy(), rtol=1.3e-6)
+            _same(f + 8, t + 8)
+            _same(8 * f, 8 * t)
+    assert len(calls) >= values.size * 2 * len(scalars) * (4 if dtype.startswith("float") else 3)
+    r = flambeau.tensor(np.array(7, dtype=dtype)) + 1
+    r += 2                                   # the result owns its memory
+    assert r.item() == 10
 
 
 # ---- compiled C++ kernels take their arrays as objects ------------------------------------------

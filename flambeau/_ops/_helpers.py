@@ -8,6 +8,7 @@ scalar exactly as PyTorch does.
 from __future__ import annotations
 
 import builtins
+import operator
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -312,14 +313,17 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
                 except ValueError:
                     broadcast_shapes(a.shape, b.shape)
                     raise
-            if a.flags.c_contiguous and b.flags.c_contiguous:
+            if r.ndim < 2 or a.flags.c_contiguous and b.flags.c_contiguous:     # lay_out_pointwise's own tests
                 return r
             return lay_out_pointwise(xp, r, a, b)
         if out_dtype is None and type(a) is np.ndarray and _keeps_dtype(a.dtype, b, fast):
             # an array and a Python number that leaves its dtype (`i + block`, `x * 0.5`): what the
             # general path below computes, without its promotion and casts
+            if a.ndim == 0 and (scalar_op := _SCALAR_OPS.get(ufunc)) is not None:
+                # NumPy's scalar arithmetic: the ufunc's rules (NEP 50) and rounding without its machinery
+                return np.asarray(scalar_op(a[()], b))
             r = fn(xp, a, b) if ufunc is None else ufunc(a, b)
-            return r if a.flags.c_contiguous else lay_out_pointwise(xp, r, a, b)
+            return r if a.ndim < 2 or a.flags.c_contiguous else lay_out_pointwise(xp, r, a, b)
         dt = result_type(a, b)
         if to_float and dt.category < D.FLOATING:
             dt = _state.default_dtype
@@ -348,6 +352,9 @@ def binary_kernel(fn, *, to_float=False, out_dtype=None, name="", ufunc=None):
 
 
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+# `binary_kernel`'s ufuncs whose NumPy-scalar operator computes what the ufunc does on a 0-dim array
+_SCALAR_OPS = {np.add: operator.add, np.subtract: operator.sub, np.multiply: operator.mul,
+               np.true_divide: operator.truediv}
 
 
 def _keeps_dtype(dt: np.dtype, x, fast) -> bool:

@@ -230,6 +230,15 @@ class Op:
         return self
 
 
+def call(op: Op, args: tuple):
+    """`op(*args)` routed as `Op.__call__` routes it, for positional arguments, without the call slot's
+    repacking of them (hot Python composites: `Tensor.__getitem__`'s slices)."""
+    if _fx_hook is None and not (op.is_inplace or (_state.interposed and (
+            _state.tls.modes or (_state.tls.autocast and op.autocast_tagged)))):
+        return _dispatch.call_functional(op, args, {})
+    return op(*args)
+
+
 def defop(schema: str, *, method: bool | str = False, function: bool | str = True,
           inplace: bool = False, namespace: str | None = None, inplace_tags=(), **kw):
     """Declare an operator whose kernel is the decorated function.

@@ -17,7 +17,7 @@ import numpy as np
 from .. import _dtype as D
 from .._backends import MetaArray, device_checks, is_cupy
 from .._tensor import Tensor
-from ._registry import defop, export, TensorSpec, OPS, Tag
+from ._registry import defop, export, TensorSpec, OPS, Tag, call
 from ._helpers import wrap_dim, broadcast_shapes
 from .views import slice_, select, unsqueeze, alias, expand_shape
 from .._dispatch import check_no_internal_overlap, type_name
@@ -281,33 +281,37 @@ def apply_index(self, index):
     return r, idx
 
 
-def _slice_of_ints(key: slice) -> slice:
-    """A slice whose 0-dim integer cpu Tensor bounds are read as ints, as `apply_index` reads them
-    (any other bound is left for it to judge)."""
-    def bound(b):
-        if type(b) is Tensor and b._data.ndim == 0 and b._dtype.category == D.INTEGER and b._dtype is not D.uint8 \
-                and b._device.type == "cpu":
-            return int(b._data)
-        return b
-    return slice(bound(key.start), bound(key.stop), key.step)
+def _int_bound(b):
+    """A 0-dim integer cpu Tensor slice bound read as an int, as `apply_index` reads it (any other bound
+    is left for it to judge)."""
+    if b._data.ndim == 0 and b._dtype.category == D.INTEGER and b._dtype is not D.uint8 and b._device.type == "cpu":
+        return int(b._data)
+    return b
+
+
+_INT_OR_NONE = (int, type(None))
 
 
 @export("__getitem__", method=True, function=False)
 def getitem(self, key):
     t = type(key)
     if self.ndim:                        # fast paths for the commonest keys; same ops as below
-        if t is builtins.slice and (type(key.start) is Tensor or type(key.stop) is Tensor):
-            key = _slice_of_ints(key)    # data[i:i + n] with i drawn by randint (get_batch)
-        if t is builtins.slice and (key.step is None or type(key.step) is int and key.step > 0) \
-                and type(key.start) in (int, type(None)) and type(key.stop) in (int, type(None)):
-            if key.start is None and key.stop is None and key.step in (None, 1):
-                return alias(self)
-            return slice_(self, 0, key.start, key.stop, 1 if key.step is None else key.step)
+        if t is builtins.slice:
+            start, stop, step = key.start, key.stop, key.step
+            if type(start) is Tensor or type(stop) is Tensor:     # data[i:i + n] with i drawn by randint (get_batch)
+                start = _int_bound(start) if type(start) is Tensor else start
+                stop = _int_bound(stop) if type(stop) is Tensor else stop
+                key = slice(start, stop, step)
+            if (step is None or type(step) is int and step > 0) and type(start) in _INT_OR_NONE \
+                    and type(stop) in _INT_OR_NONE:
+                if start is None and stop is None and step in (None, 1):
+                    return alias(self)
+                return call(slice_, (self, 0, start, stop, 1 if step is None else step))
         if t is int:
             size = self.shape[0]
             if not -size <= key < size:
                 raise IndexError(f"index {key} is out of bounds for dimension 0 with size {size}")
-            return select(self, 0, key)
+            return call(select, (self, 0, key))
         if t is Tensor and key.ndim and key.dtype in (D.int64, D.int32) and key.device == self.device:
             return index(self, [key])
     r, idx = apply_index(self, key)
