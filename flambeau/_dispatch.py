@@ -148,7 +148,8 @@ def _scan(op, args, kwargs):
                         dev = x._device
                     elif x._device is not dev:
                         tensors = True
-                    if x._requires_grad or _stale_view_requires_grad(x):
+                    if x._requires_grad or (x._base is not None and x._version[0] != x._view_version
+                                            and _graph.refresh_view(x)):     # `_stale_view_requires_grad`
                         rg = True
                     if x._fw_grad is not None:
                         fw = True

@@ -56,6 +56,21 @@ def test_stack_promotes_and_checks_shapes_as_pytorch():
     _same(out, torch.stack([torch.ones(2), torch.zeros(2)]))
 
 
+def test_stack_of_views_whose_base_took_a_grad_in_place_records_them_as_pytorch():
+    """A view in the list (the dispatcher's list scan) whose base was later modified in place by a
+    tensor that requires grad is regenerated and carries gradient to it, as PyTorch's."""
+    grads = []
+    for m in (flambeau, torch):
+        w = m.ones(4, requires_grad=True)
+        a = m.zeros(4)
+        v = a[:2]
+        a.add_(w * 3)
+        out = m.stack([v, v]).sum() * 2 + v.sum()
+        out.backward()
+        grads.append(w.grad.numpy().copy())
+    np.testing.assert_array_equal(*grads)
+
+
 def test_cat_of_alike_arrays_matches_pytorch():
     rng = np.random.default_rng(1)
     arrays = [rng.integers(0, 9, size=(3, 2)) for _ in range(5)]

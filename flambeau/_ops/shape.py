@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import _dtype as D
 from .._tensor import Tensor
-from ._registry import defop, export, TensorSpec, Tag
+from ._registry import defop, export, TensorSpec, Tag, call
 from ._helpers import wrap_dim, wrap_dims, result_type, broadcast_shapes
 from .views import as_strided, diagonal as _diagonal, expand, reshape, select, slice_
 from .._dispatch import resize_out
@@ -110,16 +110,18 @@ def stack(tensors, dim=0, *, out=None):
     tensors = list(tensors)
     if not tensors:
         raise RuntimeError("stack expects a non-empty TensorList")
-    for i, t in enumerate(tensors[1:], 1):
-        if t.shape != tensors[0].shape:
-            raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} at "
+    first = tensors[0].shape
+    for i in range(1, len(tensors)):
+        t = tensors[i]
+        if (t._data.shape if type(t) is Tensor else t.shape) != first:       # no Size object per plain tensor
+            raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(first)} at "
                                f"entry 0 and {list(t.shape)} at entry {i}")
     d = wrap_dim(dim, tensors[0].ndim + 1)
     shape = tensors[0].shape
     if d < len(shape) and shape[d]:
         # one cat along d, its blocks then split into a new dimension: the layout stack's result
         # has, with one op call in place of one unsqueeze per tensor
-        res = cat(tensors, d).view(*shape[:d], len(tensors), *shape[d:])
+        res = call(cat, (tensors, d)).view(*shape[:d], len(tensors), *shape[d:])
         if type(res) is Tensor:
             res._base = None         # nothing else sees the cat result: not a view, as PyTorch's stack
         return with_out(res, out)
