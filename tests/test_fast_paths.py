@@ -273,3 +273,89 @@ def test_compiled_products_of_views_run_planned_and_match_pytorch(monkeypatch):
     assert len(planned_calls) >= 6           # forward and backward products
     for g, w_ in zip(results["flambeau"], results["torch"]):
         np.testing.assert_allclose(g, w_, rtol=2e-4, atol=2e-4)
+
+
+# ---- cross-entropy over 2-D float32 logits: one C++ pass per row each way (cpu_kernels.ce_*) ----
+def _taken(calls, name, result):
+    if result is not None:
+        calls.append(name)
+    return result
+
+
+def _ce_pair(logits, targets, **kw):
+    out = []
+    for m in (flambeau, torch):
+        x = m.tensor(logits, requires_grad=True)
+        loss = m.nn.functional.cross_entropy(x, m.tensor(targets), **kw)
+        loss.backward(m.ones_like(loss))
+        out.append((loss.detach().numpy(), x.grad.numpy()))
+    return out
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_rows_kernel_matches_pytorch(reduction, monkeypatch):
+    from flambeau._backends import cpu_kernels
+    if not cpu_kernels.available():
+        pytest.skip("no C++ compiler / AVX-512 here: the NumPy path serves")
+    calls = []
+    for name in ("ce_forward", "ce_backward"):
+        real = getattr(cpu_kernels, name)
+        monkeypatch.setattr(cpu_kernels, name, lambda *a, real=real, name=name: _taken(calls, name, real(*a)))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((37, 65)).astype(np.float32) * 4
+    x[3, 5] = -np.inf                          # a masked class
+    x[4] = -np.inf                             # a row of -inf: nan loss, as PyTorch's
+    x[7, 2] = np.nan
+    x[8] *= 1e6                                # far apart logits
+    t = rng.integers(0, 65, size=37)
+    t[9:12] = -100                             # ignored rows
+    t[12], t[13] = 0, 64                       # the first and last class
+    (fl, fg), (tl, tg) = _ce_pair(x, t, reduction=reduction)
+    np.testing.assert_allclose(fl, tl, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fg, tg, rtol=1e-5, atol=1e-6)
+    assert calls == ["ce_forward", "ce_backward"]
+    (fl, fg), (tl, tg) = _ce_pair(x[:1, :1].copy() * 0 + 3, t[:1] * 0, reduction=reduction)     # one class
+    np.testing.assert_array_equal(fl, tl)
+    np.testing.assert_array_equal(fg, tg)
+    (fl, fg), (tl, tg) = _ce_pair(x[9:12], t[9:12], reduction=reduction)        # every target ignored
+    np.testing.assert_array_equal(fl, tl)
+    np.testing.assert_array_equal(fg, tg)
+    # a +inf logit: PyTorch's row is all nan, flambeau's NumPy path keeps the finite classes; the kernel
+    # computes what that path does
+    x[6, 1] = np.inf
+    fast = _ce_pair(x, t, reduction=reduction)[0]
+    monkeypatch.setattr(cpu_kernels, "_ce_operands", lambda x, t: False)
+    general = _ce_pair(x, t, reduction=reduction)[0]
+    for a, b in zip(fast, general):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert calls == ["ce_forward", "ce_backward"] * 4      # the finite, one-class, all-ignored and +inf cases
+    for m, exc in ((flambeau, IndexError), (torch, IndexError)):
+        bad = t.copy()
+        bad[0] = 65
+        with pytest.raises(exc, match="out of bounds"):
+            m.nn.functional.cross_entropy(m.tensor(x), m.tensor(bad), reduction=reduction)
+
+
+def test_cross_entropy_rows_kernel_declines_what_it_does_not_compute(monkeypatch):
+    """Class weights, label smoothing, float64 and K-dim inputs keep the NumPy path (not counted), as PyTorch."""
+    from flambeau._backends import cpu_kernels
+    calls = []
+    for name in ("ce_forward", "ce_backward"):
+        real = getattr(cpu_kernels, name)
+        monkeypatch.setattr(cpu_kernels, name, lambda *a, real=real, name=name: _taken(calls, name, real(*a)))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    t = rng.integers(0, 5, size=6)
+    w = rng.random(5).astype(np.float32)
+    for logits, targets, kw in ((x, t, dict(weight=w)), (x, t, dict(label_smoothing=0.1)),
+                                (x.astype(np.float64), t, {}), (x.reshape(2, 5, 3), t.reshape(2, 3), {})):
+        out = []
+        for m in (flambeau, torch):
+            xt = m.tensor(logits, requires_grad=True)
+            kwm = {k: m.tensor(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+            loss = m.nn.functional.cross_entropy(xt, m.tensor(targets), **kwm)
+            loss.backward()
+            out.append((loss.detach().numpy(), xt.grad.numpy()))
+        np.testing.assert_allclose(out[0][0], out[1][0], rtol=1e-5)
+        np.testing.assert_allclose(out[0][1], out[1][1], rtol=1e-5, atol=1e-7)
+    assert calls == []

@@ -18,6 +18,8 @@
   examples are the groups), per group without a column buffer.
 - `max_pool2d`: max pooling with indices, one pass per window (ATen's tie and NaN rules);
   `plane_scatter_add`: its backward, float32 additions in ATen's order.
+- `ce_forward`, `ce_backward`: cross-entropy over class-index targets of 2-D float32 logits (no class
+  weight, no label smoothing), one pass per row each way.
 - `adam_step`: one Adam/AdamW update, bit for bit the NumPy rule of flambeau/optim/adam.py.
 
 The library is built once by the system C++ compiler through `flambeau._cpp_builder` (and its
@@ -115,6 +117,14 @@ def _load():
                 sm.argtypes = [i64, i64, p, p, ctypes.c_int, ctypes.c_int]
                 sm.restype = None
                 _state["softmax"] = sm
+                cf = lib.flm_ce_forward_f32
+                cf.argtypes = [i64, i64, p, p, p, ctypes.c_int]
+                cf.restype = None
+                _state["ce_forward"] = cf
+                cb = lib.flm_ce_backward_f32
+                cb.argtypes = [i64, i64, p, p, p, p, p, ctypes.c_int]
+                cb.restype = None
+                _state["ce_backward"] = cb
                 sa = lib.flm_plane_scatter_add_f32
                 sa.argtypes = [i64, i64, i64, p, p, p]
                 sa.restype = i64
@@ -515,6 +525,34 @@ def softmax_lastdim(x, log: bool):
     y = np.empty_like(x)
     _state["softmax"](x.size // cols, cols, x.ctypes.data, y.ctypes.data, int(log), _threads(x.size * 8))
     return y
+
+
+def _ce_operands(x, t) -> bool:
+    return (type(x) is np.ndarray and x.dtype == _F32 and x.ndim == 2 and x.flags.c_contiguous and x.size > 0
+            and type(t) is np.ndarray and t.dtype == np.int64 and t.shape == x.shape[:1] and t.flags.c_contiguous
+            and _load() is not None)
+
+
+def ce_forward(x, t):
+    """The log-softmax at each row's target of a C-contiguous 2-D float32 array (`t`: int64 targets in
+    range, one per row), as a float32 vector; None where the kernel does not take these operands."""
+    if not _ce_operands(x, t):
+        return None
+    y = np.empty(x.shape[0], _F32)
+    _state["ce_forward"](x.shape[0], x.shape[1], x.ctypes.data, t.ctypes.data, y.ctypes.data, _threads(x.size * 8))
+    return y
+
+
+def ce_backward(x, t, a, b):
+    """softmax(x) scaled by `a` per row, minus `b` per row at the targets `t` (float32 vectors): the
+    gradient of cross-entropy over 2-D float32 logits; None where the kernel does not take the operands."""
+    if not _ce_operands(x, t) or any(type(v) is not np.ndarray or v.dtype != _F32 or v.shape != t.shape
+                                     or not v.flags.c_contiguous for v in (a, b)):
+        return None
+    g = np.empty_like(x)
+    _state["ce_backward"](x.shape[0], x.shape[1], x.ctypes.data, t.ctypes.data, a.ctypes.data, b.ctypes.data,
+                          g.ctypes.data, _threads(x.size * 8))
+    return g
 
 
 def adam_step(p, g, m, v, vmax, decay, wd, b1, b2, bc2_sqrt, eps, step_size) -> bool:

@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 
 from .. import _dtype as D
-from .._backends import device_checks, triton_launch
+from .._backends import cpu_kernels, device_checks, triton_launch
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath
 from .activation import pointwise_family, _sigmoid, _softplus, relu, log_sigmoid, softplus, \
@@ -92,7 +92,7 @@ def _ce_check(x, target, weight, prob):
 
 
 def _last(xp, a):
-    return xp.moveaxis(a, 1, -1) if a.ndim >= 2 else a
+    return xp.moveaxis(a, 1, -1) if a.ndim > 2 else a          # a 2-D array has its class axis last
 
 
 def _prob_coeffs(xp, shape_last, target, weight, reduction, ls, cd):
@@ -114,7 +114,9 @@ def _class_coeffs(xp, shape_last, target, weight, reduction, ignore_index, ls, c
     t = target.astype(np.int64, copy=False).reshape(-1)
     valid = t != ignore_index
     device_checks.check_range(xp, t, 0, c, IndexError, "Target {} is out of bounds.", skip=ignore_index)
-    ts = xp.clip(xp.where(valid, t, 0), 0, max(c - 1, 0))
+    ts = xp.where(valid, t, 0)
+    if xp is not np:          # NumPy's check_range raised already for any target outside [0, c); cuda's checks later
+        ts = xp.clip(ts, 0, max(c - 1, 0))
     vf = valid.astype(cd)
     wt = vf if weight is None else weight.astype(cd, copy=False)[ts] * vf
     alpha, beta = wt, vf * (ls / c)
@@ -152,6 +154,8 @@ def _class_forward(xp, x, target, weight, reduction, ignore_index, ls, fused_sof
     if not fused_softmax:
         picked = xp.take_along_axis(x, ts.reshape(x.shape[:-1] + (1,)), axis=-1)
         return -alpha.reshape(x.shape[:-1]) * picked[..., 0]
+    if not ls and weight is None and xp is np and (lp := cpu_kernels.ce_forward(x, ts)) is not None:
+        return (-alpha * lp).reshape(x.shape[:-1])       # the path below in one C++ pass per row
     s, _ = _shifted(xp, x)
     s2 = _rows(xp, s)
     picked = s2[rows, ts]
@@ -188,6 +192,10 @@ def _class_backward(xp, g, x, target, weight, reduction, ignore_index, ls, fused
             gx[...] = 0
         gx[at_targets] = -g * alpha
         return gx
+    if out is None and not ls and weight is None and xp is np:
+        coef = g * alpha                       # alpha + beta * c is alpha without label smoothing
+        if (gx := cpu_kernels.ce_backward(x, ts, coef, coef)) is not None:
+            return gx                          # the path below in one C++ pass per row
     gx, _ = _shifted(xp, x, out)
     xp.exp(gx, out=gx)
     gx /= gx.sum(axis=-1, keepdims=True)
