@@ -31,7 +31,8 @@ def test_core_op_is_lowered_or_extern(name):
 
 def test_core_set_size_and_halves():
     core = core_ops()
-    assert len(core) == 181      # 172 + the int8 linear layer (onednn::qlinear_prepack, qlinear_pointwise(.tensor))
+    assert len(core) == 183      # 172 + the int8 linear layer (onednn::qlinear_prepack, qlinear_pointwise(.tensor,
+    #                              .binary, .binary_tensor))
     #                              + the int8 convolution (onednn::qconv_prepack, qconv2d_pointwise(.tensor,
     #                              .binary, .binary_tensor)) + _max_pool_backward (max pooling's gradient, an
     #                              extern: one Triton gather on cuda)
