@@ -407,11 +407,13 @@ def test_vmap_of_cross_entropy_with_ignored_targets_matches_torch_func(per_examp
         assert "sum" not in [n.split(".")[0] for n in mode.names[:mode.names.index("cross_entropy_loss") + 4]]
 
 
-@pytest.mark.xfail(strict=True, reason="known: the vmap rule's per-example mean divides by a count of 0, whose "
-                   "gradient is nan where PyTorch's is 0 (the value, nan, agrees)")
-def test_mean_cross_entropy_of_an_all_ignored_example_has_zero_gradient_under_vmap():
-    x = np.random.default_rng(9).standard_normal((3, 1, 4))
-    t = np.array([[1], [-100], [2]])
+@pytest.mark.parametrize("shape", [(3, 1, 4), (3, 2, 4), (3, 4)], ids=["one-target", "two-targets", "unbatched-2d"])
+def test_mean_cross_entropy_of_an_all_ignored_example_has_zero_gradient_under_vmap(shape):
+    """An example whose targets are all ignored: its mean loss is nan (0/0) and its gradient 0, as
+    torch.func's (a plain division by the count gave a nan gradient)."""
+    x = np.random.default_rng(9).standard_normal(shape)
+    t = {1: np.array([[1], [-100], [2]]), 2: np.array([[1, 3], [-100, -100], [2, -100]])}[shape[1]] \
+        if len(shape) == 3 else np.array([1, -100, 2])
 
     def run(F, m):
         return F.vmap(F.grad(lambda xi, ti: m.nn.functional.cross_entropy(xi, ti)))(m.tensor(x), m.tensor(t))

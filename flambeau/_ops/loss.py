@@ -698,7 +698,7 @@ def _class_loss_batching(op):
         if x.dim() == 2:                               # one unbatched example: the vmap batch is the minibatch
             loss = _batching.call(op, [x, t, weight, 0, ignore_index, *rest])
             if reduction == 1:
-                loss = loss / (t != ignore_index).to(loss.dtype)
+                loss = _mean_over_valid(loss, t != ignore_index)
             return loss, 0
         n = x.shape[1]
         loss = _batching.call(op, [x.reshape((size * n,) + tuple(x.shape[2:])),
@@ -712,9 +712,17 @@ def _class_loss_batching(op):
             total, valid = loss.reshape(size, -1).sum(1), (t != ignore_index).reshape(size, -1).sum(1)
         if reduction == 2:
             return total, 0
-        return total / valid.to(loss.dtype), 0
+        return _mean_over_valid(total, valid), 0
     rule.__name__ = f"_{op.__name__}_batching"
     return rule
+
+
+def _mean_over_valid(total, valid):
+    """Each example's sum over its count of non-ignored targets: nan (0/0) for an example with none, as
+    PyTorch's mean, but with a zero gradient there as PyTorch's backward gives (a plain division's
+    gradient would be 0 * inf = nan)."""
+    none = valid == 0
+    return (total / valid.to(total.dtype).clamp(min=1)).masked_fill(none, float("nan"))
 
 
 for _op in (cross_entropy_loss, nll_loss_nd):
