@@ -904,7 +904,7 @@ extern "C" void flm_ce_forward_f32(int64_t rows, int64_t cols, const float* x, c
         float m = -__builtin_inff();
 #pragma omp simd reduction(max : m)
         for (int64_t j = 0; j < cols; j++) m = xr[j] > m ? xr[j] : m;
-        if (!std::isfinite(m)) m = 0.0f;
+        if (m == -__builtin_inff()) m = 0.0f;   // a +inf max leaves the row nan, as PyTorch's
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
         for (int64_t j = 0; j < cols; j++) s += expf(xr[j] - m);
@@ -921,7 +921,7 @@ extern "C" void flm_ce_backward_f32(int64_t rows, int64_t cols, const float* x, 
         float m = -__builtin_inff();
 #pragma omp simd reduction(max : m)
         for (int64_t j = 0; j < cols; j++) m = xr[j] > m ? xr[j] : m;
-        if (!std::isfinite(m)) m = 0.0f;
+        if (m == -__builtin_inff()) m = 0.0f;   // a +inf max leaves the row nan, as PyTorch's
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
         for (int64_t j = 0; j < cols; j++) {

@@ -132,10 +132,10 @@ def _rows(xp, a):
 
 
 def _shifted(xp, x, out=None):
-    """(s, m): s = x - max(x) along the class axis as a fresh C-contiguous array, or in `out` (the one
+    """(s, m): s = x - max(x) along the class axis (a row whose max is -inf shifted by 0) as a fresh C-contiguous array, or in `out` (the one
     N x C temporary of the class-index path; callers overwrite it in place)."""
     m = x.max(axis=-1, keepdims=True) if x.shape[-1] else x.sum(axis=-1, keepdims=True)
-    m = xp.where(xp.isfinite(m), m, 0)
+    m = xp.where(m == -np.inf, 0, m)         # a row of -inf gives nan (as PyTorch's); +inf's row nan too
     s = xp.empty(x.shape, dtype=x.dtype) if out is None else out
     xp.subtract(x, m, out=s)
     return s, m
