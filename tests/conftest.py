@@ -21,8 +21,10 @@ def keep_log(name: str) -> tuple[list, "logging.Handler"]:
 
 
 def spy_compile_fx(monkeypatch, into: list) -> list:
-    """Record every CompiledGraph the inductor backend makes (through flambeau.compile) in `into`."""
+    """Record every CompiledGraph the inductor backend makes (through flambeau.compile) in `into`, with
+    its kernels and extern IR nodes kept for inspection (`artifact.kernels`, `.externs`: config.keep_ir)."""
     import flambeau._inductor as inductor
+    monkeypatch.setattr(inductor.config, "keep_ir", True)
     real = inductor.compile_fx
 
     def spy(gm, example_inputs=None, **kw):

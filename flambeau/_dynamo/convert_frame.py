@@ -17,9 +17,11 @@ from .variables.functions import is_generator_code
 
 
 class CompileStats:
-    """What explain() reports: graphs given to the backend and the reasons of graph breaks."""
+    """What explain() reports: graphs given to the backend (kept only with `keep_graphs`: a graph and the
+    fake tensors of its nodes are of no use once compiled) and the reasons of graph breaks."""
 
-    def __init__(self):
+    def __init__(self, keep_graphs: bool = False):
+        self.keep_graphs = keep_graphs
         self.graphs: list = []
         self.break_reasons: list = []
         self.compile_times: list = []

@@ -70,7 +70,7 @@ def explain(fn, *extra_args, **extra_kwargs):
     ExplainOutput (`explain(fn, *args)` is accepted too, as in older PyTorch)."""
     def inner(*args, **kwargs):
         reset()
-        stats = CompileStats()
+        stats = CompileStats(keep_graphs=True)
         guards = []
         compile_graph = lookup_backend(EXPLAIN_BACKEND)
         before = collections.Counter(counters[FALLBACKS])

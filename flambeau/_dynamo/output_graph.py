@@ -105,15 +105,14 @@ class SideEffects:
 
 class CompiledEntry:
     """One cache entry: its guard function and the entry to call when the guards hold."""
-    __slots__ = ("guard", "entry", "guards", "guard_src", "entry_src", "gm", "argnames", "globals", "__weakref__")
+    __slots__ = ("guard", "entry", "guards", "guard_src", "entry_src", "argnames", "globals", "__weakref__")
 
-    def __init__(self, guard, entry, guards, guard_src, entry_src, gm, argnames, globals_):
+    def __init__(self, guard, entry, guards, guard_src, entry_src, argnames, globals_):
         self.guard = guard
         self.entry = entry
         self.guards = guards
         self.guard_src = guard_src
         self.entry_src = entry_src
-        self.gm = gm
         self.argnames = argnames
         self.globals = globals_
 
@@ -525,7 +524,8 @@ class OutputGraph:
                 gm.meta["fake_mode"] = self.fake_mode
             example_inputs = [t for _, _, t in self.inputs]
             _logging.trace("graph", "graph of %s:\n%s", self.code.co_name, gm.code)
-            self.stats.graphs.append(gm)
+            if self.stats.keep_graphs:
+                self.stats.graphs.append(gm)
             counters["stats"]["unique_graphs"] += 1
             try:
                 compiled = call_backend(self.backend, gm, example_inputs)     # FLAMBEAU_REPRO_AFTER=dynamo
@@ -548,7 +548,7 @@ class OutputGraph:
         _logging.trace("bytecode", "entry of %s:\n%s", self.code.co_name, src)
         _logging.trace("guards", "guards of %s:\n%s", self.code.co_name,
                        "\n".join(d for _, _, d in self.guards.checks))
-        self.result = CompiledEntry(guard_fn, ns["___entry"], self.guards, guard_src, src, gm, argnames,
+        self.result = CompiledEntry(guard_fn, ns["___entry"], self.guards, guard_src, src, argnames,
                                     self.f_globals)
 
     def _argnames(self) -> list:

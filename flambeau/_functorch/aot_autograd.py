@@ -53,6 +53,7 @@ from ..fx.experimental.proxy_tensor import ProxyTorchDispatchMode, _Recorder
 from ..fx.graph_module import GraphModule
 from ..fx.interpreter import Interpreter
 from ..fx._symbolic_shapes import ShapeEnv, SymInt, expr_to_python
+from ..fx.passes.example_values import VALUES_DROPPED, drop_values, restore_values
 from .._subclasses.fake_tensor import FakeTensorMode
 from ..nn.modules.module import Module
 from .functionalization import run_functionalized, flat_input_tensors, _apply_step
@@ -475,11 +476,28 @@ class _TrainingRuntime:
 
     def _compile_backward(self, absent: frozenset, saved: list, tangents: list) -> tuple:
         if absent:
-            gm, kept = prune_absent_tangents(self.bw_gm, absent, self.fake_mode)
+            gm, kept = self._pruned(absent, saved, tangents)
             _dump(f"AOT backward graph without tangents {sorted(k + 1 for k in absent)}", gm)
         else:
             gm, kept = self.bw_gm, list(range(len(tangents)))
-        return self.bw_compiler(gm, saved + [tangents[k] for k in kept]), kept
+        compiled = self.bw_compiler(gm, saved + [tangents[k] for k in kept])
+        if self.bw_gm.meta.get(VALUES_DROPPED):
+            self.fake_mode = None       # its fakes were the graph's values; a later pruning makes a new mode
+        return compiled, kept
+
+    def _pruned(self, absent: frozenset, saved: list, tangents: list) -> tuple:
+        """prune_absent_tangents of the backward graph, whose example values are recomputed first for
+        these inputs if its compiler dropped them (absent tangents as dense zeros, as traced)."""
+        if not self.bw_gm.meta.get(VALUES_DROPPED):
+            return prune_absent_tangents(self.bw_gm, absent, self.fake_mode)
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        dense = [t if k not in absent else zeros(t.shape, dtype=t.dtype, device=t.device)
+                 for k, t in enumerate(tangents)]
+        restore_values(self.bw_gm, saved + dense, fake_mode)
+        try:
+            return prune_absent_tangents(self.bw_gm, absent, fake_mode)
+        finally:
+            drop_values(self.bw_gm)
 
     def __call__(self, *args):
         vals = self.fn.apply(*args)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -252,12 +253,19 @@ def node_index(n, syms_iter, ranges) -> list:
     return [next(syms_iter) if s != 1 else Index() for s in ranges]
 
 
+class LaunchBuffer(NamedTuple):
+    """A buffer a kernel takes as a pointer: what a Launch keeps of it (not the IR node, whose
+    lowering state is freed once the graph is compiled)."""
+    name: str
+    dtype: object
+
+
 @dataclass
 class Launch:
     """How the wrapper launches one generated kernel: its name, pointer and size arguments, the
     grid's x extent (an int or Python source over the size symbols), its block sizes."""
     name: str
-    buffers: list                   # Buffers passed as pointers, in order (loads, then stores)
+    buffers: list                   # LaunchBuffers passed as pointers, in order (loads, then stores)
     size_names: list
     xnumel: object                  # int | SizeExpr: outer elements
     xblock: int
@@ -354,7 +362,8 @@ class TritonKernelPrinter:
         return launch
 
     def _launch(self, xnumel, xblock, consts, warps=4, single=False) -> Launch:
-        return Launch(self.k.name, list(self.k.loads) + list(self.k.stores), self.size_names, xnumel, xblock,
+        return Launch(self.k.name, [LaunchBuffer(b.name, b.dtype) for b in (*self.k.loads, *self.k.stores)],
+                      self.size_names, xnumel, xblock,
                       dict(XBLOCK=xblock, **consts), warps, single_program=single)
 
     def _x_vars(self, groups, xnumel):

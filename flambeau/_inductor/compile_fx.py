@@ -39,6 +39,7 @@ from .._device import CPU
 from .._tensor import Tensor
 from .. import _cpp_builder
 from .._backends import cpu_allocator
+from ..fx.passes.example_values import drop_values, restore_values
 from . import codegen_cpp, codegen_numpy, codegen_triton, config, cpp_wrapper, cudagraphs, pad_mm, triton_schedule
 from .graph import GraphLowering, graph_device
 from .ir import SUPPORTED_DTYPES, Unsupported
@@ -69,8 +70,13 @@ class CompiledArtifact:
         self.wrapper_source = wrapper_source
         self.backend = backend
         self.source_path = source_path
-        self.kernels = [k for k in order if isinstance(k, Kernel)]
-        self.externs = [k.node for k in order if not isinstance(k, Kernel)]
+        kernels = [k for k in order if isinstance(k, Kernel)]
+        externs = [k.node for k in order if not isinstance(k, Kernel)]
+        self.kernel_count = len(kernels)
+        self.random_ops = cudagraphs.random_ops(externs)
+        # the scheduled kernels and extern IR nodes: kept only for introspection (config.keep_ir)
+        self.kernels = kernels if config.keep_ir else None
+        self.externs = externs if config.keep_ir else None
         self.fallback_ops = list(graph.fallback_ops)
         self.input_strides = [tuple(st * b.dtype.itemsize for st in b.layout.strides) for b in graph.inputs]
         self.input_shapes = [tuple(b.layout.shape) for b in graph.inputs]
@@ -111,7 +117,7 @@ class CompiledGraph:
     # introspection used by tests and debugging
     @property
     def kernel_count(self) -> int:
-        return len(self.artifact.kernels) if self.artifact else 0
+        return self.artifact.kernel_count if self.artifact else 0
 
     @property
     def fallback_ops(self) -> list:
@@ -152,8 +158,19 @@ class CompiledGraph:
             with compile_lock:                # one thread compiles a variant, the others then find it
                 art = self.variants.get(key)
                 if art is None:
-                    art = self.variants[key] = _compile(self.gm, list(args), self.id)
+                    art = self.variants[key] = _compile_again(self.gm, list(args), self.id)
         return art.call(args)
+
+
+def _compile_again(gm, args: list, gid: int) -> CompiledArtifact:
+    """`_compile` of a graph whose example values its backend dropped once compiled (example_values.py):
+    recomputed from these inputs for the compile, dropped again after."""
+    restored = restore_values(gm, args)
+    try:
+        return _compile(gm, args, gid)
+    finally:
+        if restored:
+            drop_values(gm)
 
 
 def compile_fx(gm, example_inputs=None, static_input_idxs=(), **kwargs):

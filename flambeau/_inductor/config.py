@@ -19,6 +19,12 @@ debug_dir: str = os.environ.get("FLAMBEAU_COMPILE_DEBUG_DIR", os.path.join(os.ge
 # code) or "triton" (Triton kernels run by Triton's interpreter: set TRITON_INTERPRET=1, see
 # codegen_triton.py / triton_runtime.py); "cpp" falls back to "numpy" with a warning when no working
 # compiler is found. Graphs on cuda tensors always use "triton" (kernels compiled for the GPU).
+# keep each compiled graph's scheduled kernels and extern IR nodes on it (`CompiledGraph.artifact.kernels`,
+# `.externs`: tests and debugging read them); off, they are freed once the code is generated, so that a
+# compiled graph holds only what it runs (issue 11: a process's tracked objects pace and cost its full
+# garbage collections)
+keep_ir: bool = debug
+
 backend: str = os.environ.get("FLAMBEAU_INDUCTOR_BACKEND", "cpp")
 
 # The per-call wrapper of cpu graphs as generated C++ (cpp_wrapper.py: one ctypes call per graph call)

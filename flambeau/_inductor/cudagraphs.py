@@ -308,14 +308,18 @@ def _random_extern(ek) -> bool:
     return True
 
 
+def random_ops(externs) -> list:
+    """The names of the random ops among a graph's extern nodes (what a CUDA graph can't replay)."""
+    return sorted({getattr(ek.op, "name", str(ek.op)) for ek in externs if _random_extern(ek)})
+
+
 def why_not(compiled) -> str | None:
     """Why a compiled graph cannot be recorded at all (None: it can)."""
     art = compiled.artifact
     if art is None:
         return f"the graph runs eagerly ({compiled.eager_reason})"
-    randoms = sorted({getattr(ek.op, "name", str(ek.op)) for ek in art.externs if _random_extern(ek)})
-    if randoms:
-        return f"random ops {randoms} (a replay would repeat the recorded random numbers)"
+    if art.random_ops:
+        return f"random ops {art.random_ops} (a replay would repeat the recorded random numbers)"
     return None
 
 

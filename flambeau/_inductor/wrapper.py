@@ -149,6 +149,7 @@ def _getter(a, index: dict):
         parts = [(x, _getter(x, index)) for x in a]
         if all(g is None for _, g in parts):
             return None
+        parts = [(None if g is not None else x, g) for x, g in parts]      # no IR node kept (see _arguments)
         kind = list if isinstance(a, list) else tuple
         return lambda arrays, env: kind([x if g is None else g(arrays, env) for x, g in parts])
     return None
@@ -157,10 +158,12 @@ def _getter(a, index: dict):
 def _arguments(args: tuple, kwargs: dict, index: dict):
     """fn(arrays, env) -> (positional list, keyword dict) of an extern call: the constants placed once,
     the getters (`_getter`) filling in the rest."""
-    template = list(args)
     fills = [(i, g) for i, a in enumerate(args) if (g := _getter(a, index)) is not None]
-    kw = dict(kwargs)
     kw_fills = [(k, g) for k, v in kwargs.items() if (g := _getter(v, index)) is not None]
+    # the filled places hold None, not the IR buffers and views (which would keep the graph's lowering alive)
+    filled, kw_filled = {i for i, _ in fills}, {k for k, _ in kw_fills}
+    template = [None if i in filled else a for i, a in enumerate(args)]
+    kw = {k: None if k in kw_filled else v for k, v in kwargs.items()}
     if not kw_fills:
         if len(fills) == len(template) and all(isinstance(args[i], Buffer) and not isinstance(args[i], StridedView)
                                                for i, _ in fills):

@@ -13,6 +13,7 @@ from ..._functorch.partitioners import min_cut_rematerialization_partition
 from ... import _inductor
 from ..._inductor import config as inductor_config, freezing, quantization
 from ..._inductor.decompositions import decomposition_table
+from ...fx.passes.example_values import drop_values
 from ..repro.after_aot import wrap_compiler_debug
 from .registry import register_builtin
 
@@ -53,7 +54,9 @@ def inductor(gm, example_inputs, options=None):
     def compile_with(static):
         def compile_graph(g, ex):
             with _inductor_options(options):
-                return _inductor.compile_fx(g, ex, static_input_idxs=static)  # looked up per call: tools and tests wrap it
+                compiled = _inductor.compile_fx(g, ex, static_input_idxs=static)  # looked up per call: tools and tests wrap it
+            drop_values(g)                  # AOT's graph, kept for recompiles only (example_values.py)
+            return compiled
         return wrap_compiler_debug(compile_graph, "inductor")       # FLAMBEAU_REPRO_AFTER=aot
 
     def compile_inference(g, ex):
@@ -61,8 +64,11 @@ def inductor(gm, example_inputs, options=None):
         does not write) become constants, folded (freezing.py); otherwise as the forward."""
         with _inductor_options(options):
             if inductor_config.freezing:
-                return freezing.compile_frozen(g, ex, n_state, _inductor.compile_fx)
-            return _inductor.compile_fx(g, ex, static_input_idxs=range(n_state))
+                compiled = freezing.compile_frozen(g, ex, n_state, _inductor.compile_fx)
+            else:
+                compiled = _inductor.compile_fx(g, ex, static_input_idxs=range(n_state))
+        drop_values(g)
+        return compiled
     compile_forward, compile_graph = compile_with(range(n_state)), compile_with(())
     with _inductor_options(options):        # a C++ wrapper calls no Python extern (the fused CPU attention)
         python_externs = not inductor_config.cpp_wrapper

@@ -1,2 +1,3 @@
-"""Graph passes: shape propagation (dead-code elimination is `Graph.eliminate_dead_code`)."""
-from . import shape_prop  # noqa: F401
+"""Graph passes: shape propagation, dropping and restoring example values (dead-code elimination is
+`Graph.eliminate_dead_code`)."""
+from . import shape_prop, example_values  # noqa: F401
