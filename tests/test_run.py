@@ -36,3 +36,33 @@ def test_torch_module_aliases():
             "from torch.utils.data import DataLoader; import flambeau; "
             "assert torch is flambeau and nn is flambeau.nn and F is flambeau.nn.functional; print('RESULT ok')")
     assert _run(["-c", code])["RESULT"] == ["ok"]
+
+
+FROZEN_AT_LEAST = 10000       # objects of flambeau's import that flambeau.run freezes before the script (~57k)
+
+
+@pytest.mark.parametrize("freeze", ["1", "0"])
+def test_import_objects_are_frozen_and_the_scripts_cycles_still_collected(tmp_path, freeze):
+    """flambeau.run moves flambeau's import-time objects out of the collector's reach (FLAMBEAU_RUN_GC_FREEZE=0:
+    not), and a reference cycle the script drops is still freed by the collector, run by the allocations that
+    follow (its finalizer runs)."""
+    script = tmp_path / "cycle.py"
+    script.write_text(
+        "import gc, weakref, torch\n"
+        "class Node:\n"
+        "    pass\n"
+        "a, b = Node(), Node()\n"
+        "a.other, b.other = b, a\n"
+        "a.t = torch.ones(3)\n"
+        "freed = []\n"
+        "weakref.finalize(a, freed.append, 1)\n"
+        "del a, b\n"
+        "junk = [[] for _ in range(50000)]\n"     # the collector runs by itself (young collections)
+        "print('RESULT', gc.get_freeze_count(), len(freed))\n")
+    env = dict(os.environ, PYTHONPATH=ROOT, FLAMBEAU_RUN_GC_FREEZE=freeze)
+    p = subprocess.run([sys.executable, "-m", "flambeau.run", str(script)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    frozen, freed = (int(v) for v in p.stdout.split("RESULT")[1].split())
+    assert freed == 1, "the script's own cycle was not collected"
+    assert (frozen >= FROZEN_AT_LEAST) if freeze == "1" else (frozen == 0), frozen
