@@ -40,8 +40,8 @@ def _workload(name: str):
     flambeau.manual_seed(0)
     rng = np.random.default_rng(0)
     if name == "cnn":
-        return (small_cnn(flambeau, channels=4, blocks=1), flambeau.tensor(rng.standard_normal((2, 3, 8, 8)).astype(np.float32)),
-                flambeau.tensor(rng.integers(0, 5, 2)))
+        x = flambeau.tensor(rng.standard_normal((2, 3, 8, 8)).astype(np.float32))
+        return small_cnn(flambeau, channels=4, blocks=1), x, flambeau.tensor(rng.integers(0, 5, 2))
     net = small_gpt(flambeau, vocab=64, d=32, heads=2, layers=1, block=16, with_loss=True)
     return net, flambeau.tensor(rng.integers(0, 64, (2, 16))), flambeau.tensor(rng.integers(0, 64, (2, 16)))
 

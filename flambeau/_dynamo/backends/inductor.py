@@ -54,7 +54,8 @@ def inductor(gm, example_inputs, options=None):
     def compile_with(static):
         def compile_graph(g, ex):
             with _inductor_options(options):
-                compiled = _inductor.compile_fx(g, ex, static_input_idxs=static)  # looked up per call: tools and tests wrap it
+                # (compile_fx looked up per call: tools and tests wrap it)
+                compiled = _inductor.compile_fx(g, ex, static_input_idxs=static)
             drop_values(g)                  # AOT's graph, kept for recompiles only (example_values.py)
             return compiled
         return wrap_compiler_debug(compile_graph, "inductor")       # FLAMBEAU_REPRO_AFTER=aot
