@@ -51,10 +51,10 @@ def _new_alive(before: set, kinds) -> list:
     return [o for o in gc.get_objects() if isinstance(o, kinds) and id(o) not in before]
 
 
-@pytest.fixture(params=["cpp", "triton"])
+@pytest.fixture(params=["cpp", "triton", pytest.param("cuda", marks=pytest.mark.cuda)])
 def code_generator(request, monkeypatch):
-    """The C++ code generator, or the Triton one run by Triton's interpreter (tests/conftest.py sets
-    TRITON_INTERPRET=1 before Triton is imported)."""
+    """The C++ code generator, the Triton one run by Triton's interpreter (tests/conftest.py sets
+    TRITON_INTERPRET=1 before Triton is imported), or Triton kernels on the GPU (model and inputs on cuda)."""
     if request.param == "triton":
         triton = pytest.importorskip("triton")
         if not triton.knobs.runtime.interpret:
@@ -68,6 +68,8 @@ def test_compiled_training_step_keeps_no_compile_state(name, code_generator):
     if code_generator == "triton" and name == "gpt":
         pytest.skip("the CNN covers the Triton launchers (the interpreter is slow)")
     net, x, y = _workload(name)
+    if code_generator == "cuda":
+        net, x, y = net.cuda(), x.cuda(), y.cuda()
     opt = flambeau.optim.AdamW(net.parameters(), lr=1e-3)
     graphs = []
 
