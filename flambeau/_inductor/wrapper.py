@@ -210,8 +210,10 @@ def make_extern(ek, xp=np):
     symbolic = _symbolic_args(args) or _symbolic_args(kwargs)
     conv = _packed_convolution(ek) if xp is np and not multi and not kwargs and not symbolic else None
     if conv is not None:
+        operands = _arguments(tuple(args[:3]), {}, index)
+
         def packed_call(*arrays):
-            x, _, bias = build(args[:3], arrays, None)
+            x, _, bias = operands(arrays, None)[0]
             return fix(conv(x, bias))
         return packed_call, bases, False
     if xp is np and getattr(ek.op, "name", None) in ("mm", "bmm") and not kwargs and not symbolic and \
