@@ -40,7 +40,7 @@ def small_gpt(lib, *, vocab: int, d: int, heads: int, layers: int, block: int, t
                 self.head.weight = self.tok.weight
 
         def forward(self, idx):
-            x = self.tok(idx) + self.pos(lib.arange(idx.shape[1]))
+            x = self.tok(idx) + self.pos(lib.arange(idx.shape[1], device=idx.device))
             return self.head(self.ln(self.blocks(x)))
 
     class GPTWithLoss(GPT):

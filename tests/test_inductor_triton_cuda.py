@@ -27,6 +27,7 @@ F = fl.nn.functional
 MIXED_DEVICES = {"setitem_adv": "index tensor made on cpu", "setitem_mask": "mask made on cpu",
                  "setitem_mixed": "index tensor made on cpu",
                  "onednn.qlinear_pointwise.tensor": "scale and zero-point tensors made on cpu",
+                 "onednn.qlinear_pointwise.binary_tensor": "scale and zero-point tensors made on cpu",
                  "onednn.qconv2d_pointwise.tensor": "scale and zero-point tensors made on cpu",
                  "onednn.qconv2d_pointwise.binary_tensor": "scale and zero-point tensors made on cpu"}
 
