@@ -862,29 +862,41 @@ extern "C" float expf(float) noexcept __attribute__((simd("notinbranch")));
 extern "C" float logf(float) noexcept __attribute__((simd("notinbranch")));
 #endif
 
+// One row of a softmax-like kernel: its max, and the sum of exp(x - m) (stored in `e` when given).
+static inline float flm_row_max(const float* __restrict__ xr, int64_t cols) {
+    float m = -__builtin_inff();
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < cols; j++) m = xr[j] > m ? xr[j] : m;
+    return m;
+}
+
+static inline float flm_exp_sum(const float* __restrict__ xr, int64_t cols, float m, float* __restrict__ e) {
+    float s = 0.0f;
+    if (e) {
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < cols; j++) {
+            e[j] = expf(xr[j] - m);
+            s += e[j];
+        }
+    } else {
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < cols; j++) s += expf(xr[j] - m);
+    }
+    return s;
+}
+
 extern "C" void flm_softmax_f32(int64_t rows, int64_t cols, const float* x, float* y, int log_softmax, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t r = 0; r < rows; r++) {
         const float* __restrict__ xr = x + r * cols;
         float* __restrict__ yr = y + r * cols;
-        float m = -__builtin_inff();
-#pragma omp simd reduction(max : m)
-        for (int64_t j = 0; j < cols; j++) m = xr[j] > m ? xr[j] : m;
-        float s = 0.0f;
+        float m = flm_row_max(xr, cols);
         if (log_softmax) {
-#pragma omp simd reduction(+ : s)
-            for (int64_t j = 0; j < cols; j++) s += expf(xr[j] - m);
-            const float ls = logf(s);        // (x - max) - log(sum), in this order, as PyTorch
+            const float ls = logf(flm_exp_sum(xr, cols, m, nullptr));   // (x - max) - log(sum), as PyTorch
 #pragma omp simd
             for (int64_t j = 0; j < cols; j++) yr[j] = (xr[j] - m) - ls;
         } else {
-#pragma omp simd reduction(+ : s)
-            for (int64_t j = 0; j < cols; j++) {
-                const float e = expf(xr[j] - m);
-                yr[j] = e;
-                s += e;
-            }
-            const float inv = 1.0f / s;
+            const float inv = 1.0f / flm_exp_sum(xr, cols, m, yr);
 #pragma omp simd
             for (int64_t j = 0; j < cols; j++) yr[j] *= inv;
         }
@@ -894,21 +906,16 @@ extern "C" void flm_softmax_f32(int64_t rows, int64_t cols, const float* x, floa
 // ---- cross-entropy over class-index targets (float32 rows; no class weight, no label smoothing) ----
 // What flambeau/_ops/loss.py's NumPy path computes, in one pass per row instead of six array passes.
 // Forward: y[r] = (x[r, t] - m) - log(sum_j exp(x[r, j] - m)), the log-softmax at the target, m the
-// row's max (0 where it is not finite, as loss.py's _shifted). Backward: g[r, j] = exp(x[r, j] - m) /
+// row's max (0 where it is -inf, as loss.py's _shifted). Backward: g[r, j] = exp(x[r, j] - m) /
 // sum * a[r], then b[r] taken off at j == t[r] (loss.py's _class_backward, in its order).
 extern "C" void flm_ce_forward_f32(int64_t rows, int64_t cols, const float* x, const int64_t* t, float* y,
                                    int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t r = 0; r < rows; r++) {
         const float* __restrict__ xr = x + r * cols;
-        float m = -__builtin_inff();
-#pragma omp simd reduction(max : m)
-        for (int64_t j = 0; j < cols; j++) m = xr[j] > m ? xr[j] : m;
+        float m = flm_row_max(xr, cols);
         if (m == -__builtin_inff()) m = 0.0f;   // a +inf max leaves the row nan, as PyTorch's
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < cols; j++) s += expf(xr[j] - m);
-        y[r] = (xr[t[r]] - m) - logf(s);
+        y[r] = (xr[t[r]] - m) - logf(flm_exp_sum(xr, cols, m, nullptr));
     }
 }
 
@@ -918,17 +925,9 @@ extern "C" void flm_ce_backward_f32(int64_t rows, int64_t cols, const float* x, 
     for (int64_t r = 0; r < rows; r++) {
         const float* __restrict__ xr = x + r * cols;
         float* __restrict__ gr = g + r * cols;
-        float m = -__builtin_inff();
-#pragma omp simd reduction(max : m)
-        for (int64_t j = 0; j < cols; j++) m = xr[j] > m ? xr[j] : m;
+        float m = flm_row_max(xr, cols);
         if (m == -__builtin_inff()) m = 0.0f;   // a +inf max leaves the row nan, as PyTorch's
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < cols; j++) {
-            const float e = expf(xr[j] - m);
-            gr[j] = e;
-            s += e;
-        }
+        const float s = flm_exp_sum(xr, cols, m, gr);
         const float ar = a[r];
 #pragma omp simd
         for (int64_t j = 0; j < cols; j++) gr[j] = gr[j] / s * ar;
