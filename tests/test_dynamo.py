@@ -550,3 +550,18 @@ def test_nested_compiled_function_is_inlined(lib):
     out = c_outer(x)
     assert cnt.frame_count == 1          # inner was inlined into outer's graph
     same(lib, out, x.sin() + 1)
+
+
+def test_default_device_context_is_guarded(lib):
+    """A compiled function's factories follow `with device(...)`: the default device is guarded (PyTorch's
+    DEFAULT_DEVICE guard), so the code traced under cpu is not reused under another device (it was: the
+    meta call below returned a cpu tensor) and the cpu code is reused after the context."""
+    def f(n):
+        return lib.zeros(n) + 1
+    fn, cnt = compiled(lib, f)
+    assert fn(3).device.type == "cpu"
+    with lib.device("meta"):
+        assert fn(3).device.type == "meta"
+    assert fn(3).device.type == "cpu"
+    assert cnt.frame_count == 2
+    assert (fn(3) == 1).all()

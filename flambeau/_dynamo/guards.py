@@ -19,6 +19,7 @@ import re
 import weakref
 
 from .. import _state
+from .._device import canonical
 from .._tensor import Tensor
 from ..nn.modules.module import Module
 
@@ -198,6 +199,12 @@ class GuardSet:
                  f"GLOBAL_STATE: autocast == {dict(_state.tls.autocast)!r}")
         self.add(None, f"{self.const(_state)}.default_dtype is {self.const(_state.default_dtype)}",
                  f"GLOBAL_STATE: default_dtype is {_state.default_dtype}")
+        dev = _state.tls.default_device       # None (cpu) or the device of `with flambeau.device(...)`
+        if dev is None:
+            self.add(None, f"{self.const(_state.tls)}.default_device is None", "DEFAULT_DEVICE: cpu")
+        else:
+            self.add(None, f"{self.const(canonical)}({self.const(_state.tls)}.default_device) == "
+                           f"{self.const(canonical(dev))}", f"DEFAULT_DEVICE: {canonical(dev)}")
 
     def raw(self, cond: str, desc: str) -> None:
         self.add(None, cond, desc)
