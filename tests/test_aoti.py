@@ -724,19 +724,17 @@ def _volume_net(lib):
                          nn.MaxPool3d(2, ceil_mode=True), nn.Flatten(), nn.Linear(12, 4))
 
 
-def test_aoti_3d_convolutions_and_max_pooling_match_pytorch(tmp_path):
-    """Conv3d (padding, stride, dilation, no bias) and MaxPool3d (padding, ceil_mode) run in the C++ wrapper
-    (fl_conv3d, fl_max_pool3d): package outputs from Python (batch 2 and 5) and C++ (batch 3) vs PyTorch, and
-    max_pool3d's indices equal to PyTorch's."""
+def _volume_package_matches_pytorch(tmp_path, build) -> str:
+    """build(lib)'s (N, 2, 5, 6, 7) model packaged with a dynamic batch: outputs from Python (batch 2 and 5)
+    and from the C++ program (batch 3) vs PyTorch's with the same weights; returns model.cpp's source."""
     import torch
     fl.manual_seed(0)
-    m = _volume_net(fl).eval()
-    tm = _volume_net(torch).eval()
+    m = build(fl).eval()
+    tm = build(torch).eval()
     tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in m.state_dict().items()})
     pkg = _package(tmp_path, m, (fl.randn(2, 2, 5, 6, 7),), dynamic_shapes={"input": {0: Dim("batch", max=8)}})
     with zipfile.ZipFile(pkg) as z:
         src = z.read("model.cpp").decode()
-    assert src.count("fl_conv3d<float>(fl_g") == 2 and src.count("fl_max_pool3d<float>(fl_g") == 2
     run = aoti_load_package(pkg)
     x3 = fl.randn(3, 2, 5, 6, 7)
     r, _ = _run_cpp(pkg, tmp_path, [x3])
@@ -745,6 +743,16 @@ def test_aoti_3d_convolutions_and_max_pooling_match_pytorch(tmp_path):
         with torch.no_grad():
             want = tm(torch.tensor(x.numpy())).numpy()
         np.testing.assert_allclose((run(x) if y is None else y).numpy(), want, rtol=RTOL, atol=ATOL)
+    return src
+
+
+def test_aoti_3d_convolutions_and_max_pooling_match_pytorch(tmp_path):
+    """Conv3d (padding, stride, dilation, no bias) and MaxPool3d (padding, ceil_mode) run in the C++ wrapper
+    (fl_conv3d, fl_max_pool3d): package outputs from Python (batch 2 and 5) and C++ (batch 3) vs PyTorch, and
+    max_pool3d's indices equal to PyTorch's."""
+    import torch
+    src = _volume_package_matches_pytorch(tmp_path, _volume_net)
+    assert src.count("fl_conv3d<float>(fl_g") == 2 and src.count("fl_max_pool3d<float>(fl_g") == 2
     pool = aoti_load_package(_package(tmp_path, lambda_module(lambda x: tuple(nn.functional.max_pool3d(
         x, 3, 2, 1, ceil_mode=True, return_indices=True))), (fl.randn(2, 3, 5, 6, 7),), name="pool3"))
     x = fl.randn(2, 3, 5, 6, 7)
@@ -770,20 +778,5 @@ def test_aoti_grouped_and_transposed_3d_convolutions_and_average_pooling_match_p
     the C++ wrapper (fl_conv3d with groups, fl_conv_transpose3d: were refused), AvgPool3d (count_include_pad
     False, ceil_mode) and AdaptiveAvgPool3d through _taps_gather: package outputs from Python (batch 2 and 5)
     and C++ (batch 3) vs PyTorch."""
-    import torch
-    fl.manual_seed(0)
-    m = _volume_decoder(fl).eval()
-    tm = _volume_decoder(torch).eval()
-    tm.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in m.state_dict().items()})
-    pkg = _package(tmp_path, m, (fl.randn(2, 2, 5, 6, 7),), dynamic_shapes={"input": {0: Dim("batch", max=8)}})
-    with zipfile.ZipFile(pkg) as z:
-        src = z.read("model.cpp").decode()
+    src = _volume_package_matches_pytorch(tmp_path, _volume_decoder)
     assert src.count("fl_conv3d<float>(fl_g") == 2 and src.count("fl_conv_transpose3d<float>(fl_g") == 2
-    run = aoti_load_package(pkg)
-    x3 = fl.randn(3, 2, 5, 6, 7)
-    r, _ = _run_cpp(pkg, tmp_path, [x3])
-    assert r.returncode == 0, r.stderr
-    for x, y in [(fl.randn(b, 2, 5, 6, 7), None) for b in (2, 5)] + [(x3, read_tensor_file(str(tmp_path / "output0.bin")))]:
-        with torch.no_grad():
-            want = tm(torch.tensor(x.numpy())).numpy()
-        np.testing.assert_allclose((run(x) if y is None else y).numpy(), want, rtol=RTOL, atol=ATOL)
