@@ -176,11 +176,9 @@ def test_dynamic_qparams_use_the_tensor_overload(monkeypatch):
     np.testing.assert_array_equal(got, want)
 
 
-def test_pt2e_mlp_compiles_every_linear_layer_to_the_int8_gemm(monkeypatch):
-    """A converted MLP (X86InductorQuantizer, per-channel weights): three int8 GEMMs, no float mm, no
-    q/dq kernels between them; outputs within one step of the last layer's input scale of eager's."""
-    flambeau.manual_seed(0)
-    model = build_mlp(flambeau, skip=False).eval()
+def _converted_and_compiled(monkeypatch, model):
+    """`model` through PT2E (X86InductorQuantizer's default config, calibrated on (16, 20) batches), then
+    compiled with the inductor spied: (converted graph, compiled graphs, input, compiled output)."""
     data = calibration((16, 20))
     prepared = prepare_pt2e(capture_pre_autograd_graph(model, (flambeau.tensor(data[0]),)),
                             xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config()))
@@ -191,6 +189,15 @@ def test_pt2e_mlp_compiles_every_linear_layer_to_the_int8_gemm(monkeypatch):
     x = flambeau.tensor(data[1])
     with flambeau.no_grad(), no_unexpected_fallbacks():
         got = flambeau.compile(converted)(x).numpy()
+    return converted, made, x, got
+
+
+def test_pt2e_mlp_compiles_every_linear_layer_to_the_int8_gemm(monkeypatch):
+    """A converted MLP (X86InductorQuantizer, per-channel weights): three int8 GEMMs, no float mm, no
+    q/dq kernels between them; outputs within one step of the last layer's input scale of eager's."""
+    flambeau.manual_seed(0)
+    model = build_mlp(flambeau, skip=False).eval()
+    converted, made, x, got = _converted_and_compiled(monkeypatch, model)
     assert _externs(made) == ["onednn::qlinear_prepack", "onednn::qlinear_pointwise"] * 3, _externs(made)
     assert sum(len(c.artifact.kernels) for c in made) == 1      # the input's quantize; none between the layers
     with flambeau.no_grad():
@@ -475,16 +482,7 @@ def test_pt2e_residual_mlp_compiles_the_add_into_the_int8_gemm(monkeypatch):
     quantize become one qlinear_pointwise.binary with a u8 output; within float rounding of eager's."""
     flambeau.manual_seed(0)
     model = build_residual_mlp(flambeau).eval()
-    data = calibration((16, 20))
-    prepared = prepare_pt2e(capture_pre_autograd_graph(model, (flambeau.tensor(data[0]),)),
-                            xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config()))
-    for x in data:
-        prepared(flambeau.tensor(x))
-    converted = convert_pt2e(prepared)
-    made = spy_compile_fx(monkeypatch, [])
-    x = flambeau.tensor(data[1])
-    with flambeau.no_grad(), no_unexpected_fallbacks():
-        got = flambeau.compile(converted)(x).numpy()
+    converted, made, x, got = _converted_and_compiled(monkeypatch, model)
     assert _externs(made) == ["onednn::qlinear_prepack", "onednn::qlinear_pointwise", "onednn::qlinear_prepack",
                               "onednn::qlinear_pointwise.binary", "onednn::qlinear_prepack",
                               "onednn::qlinear_pointwise"], _externs(made)
