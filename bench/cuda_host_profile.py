@@ -4,7 +4,7 @@
     python bench/cuda_host_profile.py add|resnet|gpt  # a loop to run under a sampling profiler
     python bench/cuda_host_profile.py summary FILE    # top frames (self and inclusive) of collapsed stacks
     python bench/cuda_host_profile.py ops             # cProfile of single small ops: where each one's host time goes
-    python bench/cuda_host_profile.py steps mlp,resnet  # cProfile of training steps: top functions, us per step
+    python bench/cuda_host_profile.py steps mlp,resnet [compiled]  # cProfile of training steps: top functions, us per step
     python bench/cuda_host_profile.py conv            # per-call host cost of each layer of a cuDNN convolution
 
 `micro` prints one JSON line per piece: CuPy's own launch paths (ufunc, ElementwiseKernel, RawKernel
@@ -267,10 +267,11 @@ PROFILED_STEPS = 5
 STEP_ROWS = 40
 
 
-def steps_profile(names: str) -> None:
+def steps_profile(names: str, mode: str = "eager") -> None:
     """For each workload of bench/gpu_train.py, cProfile over PROFILED_STEPS flambeau training steps
     (after warm-up): the unprofiled step time, how many operator calls reach the backend per step,
-    and the top functions by own and by inclusive time, in us per step."""
+    and the top functions by own and by inclusive time, in us per step. `mode` "compiled" profiles
+    `flambeau.compile(model)` (default mode)."""
     import cProfile
     import pstats
     import flambeau
@@ -279,6 +280,8 @@ def steps_profile(names: str) -> None:
         spec = gpu_train.WORKLOADS[name]
         rng = np.random.default_rng(0)
         model = spec["build"](flambeau).to("cuda")
+        if mode == "compiled":
+            model = flambeau.compile(model)
         xs, ys = spec["batch"](rng)
         x, y = flambeau.tensor(xs, device="cuda"), flambeau.tensor(ys, device="cuda")
         opt = flambeau.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
@@ -302,7 +305,7 @@ def steps_profile(names: str) -> None:
             step()
         flambeau.cuda.synchronize()
         prof.disable()
-        print(f"== {name}: {ms:.2f} ms per step (unprofiled), {calls} operator calls per step, "
+        print(f"== {name} ({mode}): {ms:.2f} ms per step (unprofiled), {calls} operator calls per step, "
               f"garbage collector {gc_time:.2f} ms in {gc_count:.1f} collections per step", flush=True)
         st = pstats.Stats(prof)
         for title, col in (("own", 2), ("inclusive", 3)):
@@ -373,7 +376,8 @@ if __name__ == "__main__":
     elif what == "ops":
         ops_profile()
     elif what == "steps":
-        steps_profile(sys.argv[2] if len(sys.argv) > 2 else "mlp,resnet")
+        steps_profile(sys.argv[2] if len(sys.argv) > 2 else "mlp,resnet",
+                      sys.argv[3] if len(sys.argv) > 3 else "eager")
     elif what == "conv":
         conv_micro()
     elif what == "summary":
