@@ -71,3 +71,6 @@ from . import export  # noqa: E402,F401
 from . import onnx  # noqa: E402,F401
 from . import _higher_order_ops  # noqa: E402,F401
 from ._higher_order_ops import cond  # noqa: E402,F401
+
+from ._gc import freeze_import_objects as _freeze_import_objects  # noqa: E402
+_freeze_import_objects()               # last: flambeau's import-time objects leave the collector's scans

@@ -4,17 +4,14 @@
 resolve to flambeau's modules (see `flambeau.compat`). The script runs as `__main__` with
 `sys.argv` as if it had been started directly.
 
-Before the script runs, the objects alive after importing flambeau (its operator registry,
-decompositions and modules, ~57k objects that live as long as the process) are moved out of the
-cyclic garbage collector's reach (`gc.freeze()`, as the distributed launcher's workers do): a full
-collection scanning them took ~37-47 ms on CPU (1.4-2.9 ms without them, `bench/gc_step.py --freeze`),
-once every few training steps on a GPU. The script's own objects, cycles included, are collected as
-usual; `gc.get_objects()` no longer lists the frozen ones (`gc.unfreeze()` gives them back).
-`FLAMBEAU_RUN_GC_FREEZE=0` leaves them.
+The objects alive after importing flambeau (its operator registry, decompositions and modules, ~57k
+objects that live as long as the process) are already out of the cyclic garbage collector's reach:
+`import flambeau` freezes them (`flambeau/_gc.py`; a full collection scanning them took ~37-47 ms on
+CPU, 1.4-2.9 ms without them, `bench/gc_step.py --freeze`). The script's own objects, cycles
+included, are collected as usual. `FLAMBEAU_GC_FREEZE=0` leaves them.
 """
 from __future__ import annotations
 
-import gc
 import runpy
 import sys
 import os
@@ -28,9 +25,6 @@ def main(argv=None) -> None:
         print(__doc__.strip())
         raise SystemExit(0 if argv else 2)
     compat.enable()
-    if os.environ.get("FLAMBEAU_RUN_GC_FREEZE", "1") != "0":
-        gc.collect()                   # (no garbage of the import kept forever)
-        gc.freeze()
     if argv[0] == "-m":
         sys.argv = argv[1:]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

@@ -38,17 +38,18 @@ def test_torch_module_aliases():
     assert _run(["-c", code])["RESULT"] == ["ok"]
 
 
-FROZEN_AT_LEAST = 10000       # objects of flambeau's import that flambeau.run freezes before the script (~57k)
+FROZEN_AT_LEAST = 10000       # objects of flambeau's import that `import flambeau` freezes (~57k)
 
 
+@pytest.mark.parametrize("how", ["run", "import"])
 @pytest.mark.parametrize("freeze", ["1", "0"])
-def test_import_objects_are_frozen_and_the_scripts_cycles_still_collected(tmp_path, freeze):
-    """flambeau.run moves flambeau's import-time objects out of the collector's reach (FLAMBEAU_RUN_GC_FREEZE=0:
-    not), and a reference cycle the script drops is still freed by the collector, run by the allocations that
-    follow (its finalizer runs)."""
+def test_import_objects_are_frozen_and_the_scripts_cycles_still_collected(tmp_path, freeze, how):
+    """`import flambeau` (so also flambeau.run) moves flambeau's import-time objects out of the collector's
+    reach (FLAMBEAU_GC_FREEZE=0: not), and a reference cycle the script drops is still freed by the collector,
+    run by the allocations that follow (its finalizer runs)."""
     script = tmp_path / "cycle.py"
     script.write_text(
-        "import gc, weakref, torch\n"
+        ("import gc, weakref, torch\n" if how == "run" else "import gc, weakref, flambeau as torch\n") +
         "class Node:\n"
         "    pass\n"
         "a, b = Node(), Node()\n"
@@ -59,9 +60,9 @@ def test_import_objects_are_frozen_and_the_scripts_cycles_still_collected(tmp_pa
         "del a, b\n"
         "junk = [[] for _ in range(50000)]\n"     # the collector runs by itself (young collections)
         "print('RESULT', gc.get_freeze_count(), len(freed))\n")
-    env = dict(os.environ, PYTHONPATH=ROOT, FLAMBEAU_RUN_GC_FREEZE=freeze)
-    p = subprocess.run([sys.executable, "-m", "flambeau.run", str(script)], capture_output=True, text=True,
-                       env=env, timeout=300)
+    env = dict(os.environ, PYTHONPATH=ROOT, FLAMBEAU_GC_FREEZE=freeze)
+    cmd = [sys.executable, "-m", "flambeau.run", str(script)] if how == "run" else [sys.executable, str(script)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     frozen, freed = (int(v) for v in p.stdout.split("RESULT")[1].split())
     assert freed == 1, "the script's own cycle was not collected"
