@@ -227,3 +227,19 @@ def test_fused_attention_meta_lays_outputs_out_as_the_kernels_and_pytorch():
     qc, kc, vc = (flambeau.empty(2, 4, 16, 8, device="meta", dtype=flambeau.bfloat16) for _ in range(3))
     grads = AF._sdpa_fused_backward(qc, qc, kc, vc, qc, lse, rng, None, 0.0, True, None, int(B.FLASH_ATTENTION))
     assert grads[0].stride() == (512, 128, 8, 1) and grads[1].stride() == grads[2].stride() == (512, 8, 32, 1)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cudnn") is None, reason="nvidia-cudnn-frontend is not installed")
+def test_cudnn_frontend_is_imported_without_torch():
+    """nvidia-cudnn-frontend 1.15+ imports torch at import when it is installed (cudnn/wrapper.py); the
+    cuDNN attention backend must load it without torch coming along (flambeau never imports torch), and
+    torch stays importable afterwards. Fails with a plain `import cudnn` in `_import_frontend`."""
+    code = ("import sys\n"
+            "from flambeau._backends import cudnn_attention as c\n"
+            "m = c._import_frontend()\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "import torch\n"
+            "print('OK', m.__version__, torch.__version__)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH")) if p))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stderr[-2000:]

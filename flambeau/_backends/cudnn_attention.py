@@ -38,12 +38,30 @@ def _module():
                     import cupy  # noqa: F401  deferred: optional dependency, present only where cuda is used
                     if _cudnn_lib._lib() is None:      # load libcudnn first: the frontend then finds it by name
                         raise ImportError(f"libcudnn not loaded ({_cudnn_lib.load_error()})")
-                    import cudnn  # deferred: optional dependency, present only where cuda is used
-                    _state["module"] = cudnn
+                    _state["module"] = _import_frontend()
                 except Exception as e:      # ImportError, or the frontend failing to open libcudnn
                     _state["error"] = f"{type(e).__name__}: {e}"
                 _state["tried"] = True
     return _state["module"]
+
+
+def _import_frontend():
+    """`import cudnn` with PyTorch kept out: frontends from 1.15 import torch at import when it is
+    installed (cudnn/wrapper.py, for their torch-tensor conveniences), and flambeau never imports torch.
+    While the package loads, `torch` is an absent module to it (`sys.modules["torch"] = None`: its
+    `import torch` raises ImportError; 1.16+ catch it, 1.15.0 does not and is reported unusable); where
+    the program imported torch itself, nothing is hidden. We pass only ints and cuDNN's own types to
+    the frontend, so its later torch checks never run."""
+    import sys
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None
+    try:
+        import cudnn  # deferred: optional dependency, present only where cuda is used
+    finally:
+        if hide and sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return cudnn
 
 
 def available() -> bool:
