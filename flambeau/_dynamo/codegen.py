@@ -18,6 +18,7 @@ class EntryCodegen:
     def __init__(self, guard_consts: dict):
         self.ns: dict = dict(guard_consts)
         self._const_ids: dict = {}
+        self.prelude: list = []            # statements before the graph call (inputs copied to a device)
         self.statements: list = []
         self.outputs: list = []            # graph nodes returned by the graph, in order
         self._out_index: dict = {}
@@ -98,6 +99,7 @@ class EntryCodegen:
     # ---- rendering --------------------------------------------------------------------------------
     def render(self, argnames: list, graph_call: str | None, tail: str) -> str:
         lines = [f"def ___entry({', '.join(['F'] + argnames)}):"]
+        lines += ["    " + s for s in self.prelude]
         if graph_call is not None:
             lines.append(f"    ___o = {graph_call}")
         lines += ["    " + s for s in self.statements]

@@ -33,6 +33,7 @@ from .exc import BackendCompilerFailed, Unsupported, SkipFrame
 from .guards import GuardSet, GlobalSource, Source, graph_input_name, local_name
 from .variables import TensorVariable, SymNodeVariable, ConstantVariable, NULL, TupleVariable, ListVariable
 from .variables.base import VariableTracker
+from .variables.tensor import np_wrappers
 from .variables.torch import _set_grad_enabled, _enter_autocast, _exit_autocast, GradModeExitVariable
 from .repro.after_dynamo import call_backend
 from ..nn.parameter import UninitializedParameter
@@ -151,6 +152,7 @@ class OutputGraph:
         self.side_effects = SideEffects()
         self.built: dict = {}
         self.inputs: list = []                 # (placeholder node, source, real tensor)
+        self.moved_inputs: dict = {}           # node -> (device, fake, its version) of inputs copied to a device
         self.input_by_node: dict = {}
         self.attrs: dict = {}                  # get_attr target -> object
         self._attr_names: dict = {}
@@ -172,16 +174,23 @@ class OutputGraph:
         self.side_effects.note_container(vt)
 
     # ---- inputs and attributes -----------------------------------------------------------------
-    def add_graph_input(self, t: Tensor, source) -> TensorVariable:
+    def add_graph_input(self, t: Tensor, source, device=None) -> TensorVariable:
+        """A placeholder for the tensor at `source`, guarded by TENSOR_MATCH. With `device` (a NumPy
+        array's host view under a device context) the guards read `t` but the graph gets, at every call,
+        a copy on `device` (`moved_inputs`), written back to the array when the graph mutates it."""
         self._check_initialized(t)
         name = source.name()
         dims = self._dynamic_dims_for(t, name)
         self.guards.tensor_match(source, t, tuple(dims))
+        if device is not None:
+            t = t.to(device)
         fake = self._fake(t, dims, source)
         node = self.graph.placeholder(graph_input_name(source))
         node.meta["grapharg"] = source
         self.inputs.append((node, source, t))
         self.input_by_node[node] = source
+        if device is not None:
+            self.moved_inputs[node] = (device, fake, fake._version[0])
         return TensorVariable(node, fake, source, cls=type(t))
 
     def _dynamic_dims_for(self, t: Tensor, name: str) -> set:
@@ -501,11 +510,27 @@ class OutputGraph:
 
     def _codegen(self) -> EntryCodegen:
         cg = EntryCodegen(self.guards.consts)
-        for node, source, _ in self.inputs:
-            cg.input_tensors[node] = source.expr
+        for k, (node, source, _) in enumerate(self.inputs):
+            moved = self.moved_inputs.get(node)
+            if moved is None:
+                cg.input_tensors[node] = source.expr
+            else:           # the copy on the device, made once per call (source: from_numpy(array))
+                cg.input_tensors[node] = f"___a{k}"
+                cg.prelude.append(f"___a{k} = {cg.const(np_wrappers.to_device)}({source.base.expr}, "
+                                  f"{cg.const(moved[0])})")
         return cg
 
+    def _write_backs(self, cg: EntryCodegen) -> list:
+        """Statements copying each device input the graph mutated back into the caller's NumPy array."""
+        out = []
+        for node, source, _ in self.inputs:
+            moved = self.moved_inputs.get(node)
+            if moved is not None and moved[1]._version[0] != moved[2]:
+                out.append(f"{cg.const(np_wrappers.write_back)}({source.base.expr}, {cg.input_tensors[node]})")
+        return out
+
     def _finish(self, tx, cg: EntryCodegen, tail: str) -> None:
+        cg.statements[:0] = self._write_backs(cg)
         self.side_effects.codegen(cg, self)
         if self.entered:
             raise Unsupported("the frame ends inside an autocast block")
@@ -536,7 +561,7 @@ class OutputGraph:
                     getattr(self.backend, "__name__", type(self.backend).__name__)
                 where = f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})"
                 raise BackendCompilerFailed(name, e, where, gm.code) from e
-            args = ", ".join(src.expr for _, src, _ in self.inputs)
+            args = ", ".join(cg.input_tensors[node] for node, _, _ in self.inputs)
             graph_call = f"{cg.const(compiled)}({args})"
         self._add_shape_guards()
         argnames = [local_name(v) for v in self._argnames()]

@@ -138,6 +138,18 @@ def from_numpy(a: np.ndarray) -> Tensor:
     return F.from_numpy(a)
 
 
+def to_device(a: np.ndarray, device) -> Tensor:
+    """A numpy.ndarray graph input traced under `with flambeau.device(device)` (not cpu): a copy of it on that
+    device, where the graph computes (PyTorch passes `torch.as_tensor(a)`, which the device context moves)."""
+    return F.from_numpy(a).to(device)
+
+
+def write_back(a: np.ndarray, t: Tensor) -> None:
+    """The caller's numpy.ndarray `a` given the values of `t`, its copy on another device that the graph
+    mutated (an in-place operator, `out=`, an assignment), so the mutation is seen as in NumPy."""
+    np.copyto(a, t.numpy(force=True))
+
+
 _cache: dict = {}
 
 

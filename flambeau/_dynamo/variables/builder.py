@@ -15,6 +15,8 @@ import types
 
 import numpy as np
 
+from ... import _state
+from ..._device import canonical
 from ..exc import Unsupported
 from ..compiled_state import unwrap_compiled
 from .base import VariableTracker, ConstantVariable, is_constant_value, const
@@ -119,7 +121,10 @@ def _needs_source(v) -> bool:
 
 def _numpy_array(tx, value: np.ndarray, source) -> NumpyNdarrayVariable:
     """A numpy.ndarray read from the frame: a graph input holding the Tensor that shares its memory
-    (the entry passes `from_numpy(array)`), guarded like a tensor after its type."""
+    (the entry passes `from_numpy(array)`), guarded like a tensor after its type. Under
+    `with flambeau.device(d)` (d not cpu; the default device is guarded) the graph gets a copy on d instead
+    and computes there, as PyTorch's `torch.as_tensor(array)` input does; the guards still read the array
+    in place (see OutputGraph.add_graph_input)."""
     if source is None:
         raise Unsupported("a NumPy array reached without a source")
     try:
@@ -130,7 +135,11 @@ def _numpy_array(tx, value: np.ndarray, source) -> NumpyNdarrayVariable:
     g.type_match(source, np.ndarray)
     fn = g.const(np_wrappers.from_numpy)
     tensor_source = Source(f"{fn}({source.expr})", source, f"from_numpy({source.name()})", f"{fn}({{B}})")
-    return NumpyNdarrayVariable(tx.output.add_graph_input(t, tensor_source), source)
+    dev = _state.tls.default_device
+    device = canonical(dev) if dev is not None else None
+    if device is not None and device.type == "cpu":
+        device = None
+    return NumpyNdarrayVariable(tx.output.add_graph_input(t, tensor_source, device=device), source)
 
 
 def _build(tx, value, source) -> VariableTracker:
