@@ -6,6 +6,7 @@ numpy.ndarrays; checked against NumPy itself, and against torch.compile on the s
 import numpy as np
 import pytest
 import torch
+import torch._numpy
 
 import flambeau
 import flambeau._numpy as tnp
@@ -301,6 +302,21 @@ def test_flambeau_numpy_module_eager_matches_numpy():
     with pytest.raises(TypeError, match="same_kind"):
         x = tnp.zeros(3, dtype=np.int64)
         x += 1.5
+
+
+@pytest.mark.parametrize("api", [tnp, torch._numpy], ids=["flambeau", "torch"])
+def test_array_of_a_numpy_array_is_a_copy(api):
+    """np.array(a) copies (copy=True), np.array(a, copy=False) and np.asarray(a) share a's memory: writes
+    through each reach `a` as in NumPy (flambeau's array() shared the memory)."""
+    a = np.zeros(3)
+    api.array(a)[0] = 5.0
+    api.array(a, copy=False)[1] = 7.0
+    api.asarray(a)[2] = 9.0
+    want = np.zeros(3)
+    np.array(want)[0] = 5.0
+    np.array(want, copy=False)[1] = 7.0
+    np.asarray(want)[2] = 9.0
+    np.testing.assert_array_equal(a, want)
 
 
 def test_graph_logs_name_the_numpy_calls(monkeypatch, capsys):

@@ -162,3 +162,19 @@ def test_inputs_and_created_arrays_follow_the_default_device_as_pytorchs(lib):
             fn(*args)
     _assert_same(list(fn(*args)), P.calls_only(*args))
     assert runs == [{"inputs": ["meta"], "values": {"meta"}}, {"inputs": ["cpu"], "values": {"cpu"}}]
+
+
+@pytest.mark.parametrize("lib", [flambeau, torch], ids=["flambeau", "torch"])
+def test_numpy_api_puts_arrays_where_pytorchs_does(lib):
+    """flambeau._numpy / torch._numpy eagerly: `*_like` on the array's device (a meta array, no context), arrays
+    created or converted from NumPy inside `with device("meta")` on meta (the default device)."""
+    m = importlib.import_module(f"{lib.__name__}._numpy")
+    a = m.asarray(lib.ones(2, 3, device="meta"))
+    out = {"zeros_like": m.zeros_like(a), "ones_like": m.ones_like(a), "empty_like": m.empty_like(a),
+           "full_like": m.full_like(a, 3)}
+    with lib.device("meta"):
+        out.update({"asarray(ndarray)": m.asarray(np.ones(3)), "array(list)": m.array([1.0, 2.0]),
+                    "array(ndarray)": m.array(np.ones(2)), "arange": m.arange(3), "zeros": m.zeros(2),
+                    "ones": m.ones(2), "empty": m.empty(2), "eye": m.eye(2), "linspace": m.linspace(0, 1, 3),
+                    "identity": m.identity(2), "asarray(float32)": m.asarray(np.float32(1))})
+    assert {k: v.tensor.device.type for k, v in out.items()} == {k: "meta" for k in out}

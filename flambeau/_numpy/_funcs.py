@@ -83,7 +83,7 @@ def _like(fn_name):
         t = to_tensor(a)
         dt = fl_dtype(dtype) if dtype is not None else t.dtype
         size = _shape(shape) if shape is not None else tuple(t.shape)
-        return ndarray(getattr(F, fn_name)(size, dtype=dt))
+        return ndarray(getattr(F, fn_name)(size, dtype=dt, device=t.device))     # on `a`'s device
     like.__name__ = fn_name + "_like"
     return like
 
@@ -97,7 +97,8 @@ empty_like.__name__ = "empty_like"
 def full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None) -> ndarray:
     t = to_tensor(a)
     size = _shape(shape) if shape is not None else tuple(t.shape)
-    return ndarray(F.full(size, fill_value, dtype=fl_dtype(dtype) if dtype is not None else t.dtype))
+    return ndarray(F.full(size, fill_value, dtype=fl_dtype(dtype) if dtype is not None else t.dtype,
+                          device=t.device))
 
 
 def arange(start, stop=None, step=1, dtype=None, *, like=None) -> ndarray:
@@ -132,7 +133,8 @@ def identity(n, dtype=None, *, like=None) -> ndarray:
 
 def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, like=None) -> ndarray:
     t = to_tensor(obj, dtype)
-    if copy and (isinstance(obj, ndarray) and t is obj.tensor):
+    if copy and ((isinstance(obj, ndarray) and t is obj.tensor) or
+                 (isinstance(obj, np.ndarray) and t.device.type == "cpu" and np.shares_memory(t._data, obj))):
         t = t.clone()
     while t.dim() < ndmin:
         t = t.unsqueeze(0)

@@ -6,7 +6,8 @@ done by flambeau operators, so the same code runs eagerly, traced into a graph b
 device. This module also holds the conversions every function uses:
 
 - `to_tensor(x)`: an ndarray, Tensor, NumPy array, Python scalar or (nested) sequence as a Tensor, with
-  NumPy's default dtypes (Python floats are float64, ints int64);
+  NumPy's default dtypes (Python floats are float64, ints int64); new tensors are made on the default device
+  (`with flambeau.device(...)`), as PyTorch's `torch.as_tensor`;
 - `np_dtype(x)` / `fl_dtype(d)`: NumPy dtype of an operand (a Python scalar stays its Python type: a
   weak scalar in NumPy 2's promotion), and the flambeau dtype of a NumPy dtype;
 - `ufunc(name)`: a NumPy ufunc over flambeau ops. The loop's dtypes are NumPy's own answer
@@ -20,6 +21,7 @@ import operator
 
 import numpy as np
 
+from .. import _state
 from .._tensor import Tensor
 from .._dtype import from_numpy_dtype, dtype as _fl_dtype
 from .._ops import functions as F
@@ -182,8 +184,10 @@ def to_tensor(x, dtype=None) -> Tensor:
         t = x.tensor
     elif isinstance(x, Tensor):
         t = x
-    elif isinstance(x, np.ndarray):
+    elif isinstance(x, np.ndarray):          # on the default device, as torch.as_tensor
         t = F.from_numpy(np.ascontiguousarray(x))
+        if _state.tls.default_device is not None:
+            t = t.to(_state.tls.default_device)
     elif isinstance(x, (list, tuple)) and any(_holds_array(e) for e in x):
         parts = [to_tensor(e) for e in x]
         common = np.result_type(*[np_dtype(p) for p in parts])
