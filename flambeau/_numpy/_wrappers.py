@@ -5,7 +5,9 @@ attribute or operator becomes one call_function node whose target is one of thes
 views its Tensor arguments as `flambeau._numpy.ndarray`s, runs the flambeau._numpy function (made of
 flambeau operators, so backends trace through it) and hands the result's Tensors back. `to_numpy`
 turns a graph output back into a `numpy.ndarray` for the caller (PyTorch's torch._dynamo.utils
-numpy_to_tensor_wrapper / numpy_method_wrapper / numpy_operator_wrapper / to_numpy_helper).
+numpy_to_tensor_wrapper / numpy_method_wrapper / numpy_operator_wrapper / to_numpy_helper). Under
+`with flambeau.device(d)` the compiled entry passes `to_device(array, d)` for each ndarray input and calls
+`write_back` for the inputs the graph mutated.
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ NumPy function. Their calls, methods, attributes and operators become call_funct
 `flambeau._numpy._wrappers` (NumPy's semantics over flambeau ops); an array that leaves the graph is
 turned back into a `numpy.ndarray`; `t.numpy()` and `flambeau.from_numpy(a)` move between the two
 without leaving the graph. What flambeau._numpy lacks, and `np.random`, break the graph with the reason.
+Under `with flambeau.device(d)` the arrays read from the frame are copies on d (builder._numpy_array).
 """
 from __future__ import annotations
 
