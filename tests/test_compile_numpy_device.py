@@ -103,6 +103,8 @@ def test_graph_computes_on_the_device_and_compiles_once_per_context(device, name
         assert entry["fallbacks"] == want_fallbacks
     else:                                       # generated Triton code, not the whole graph left to eager
         assert not any(k.startswith("whole graph") for k in entry["fallbacks"]), entry["fallbacks"]
+    # only what the graph mutated is copied back (a, at each of the two calls), nothing else
+    assert entry["write_backs"] == (2 if name in ("inplace", "view_write", "mutate_then_break") else 0)
     out = entry["outside"]
     assert out["graphs"] == 2 * graphs
     assert out["example_devices"] == [["cpu"]] * graphs

@@ -3,7 +3,8 @@ fresh process, as `python compile_numpy_device.py npu OUT.json` (a third-party d
 a NumPy namespace that counts its calls and keeps its own copies of the data, so nothing reaches the caller's
 arrays unless it is copied back) or `... cuda OUT.json` (the GPU). Writes one JSON object of what it
 observed: each program's results (arrays as dtype/shape/values), the devices of every value the graph computed
-at run time (an fx Interpreter backend), compile counts, the namespace's call counts."""
+at run time (an fx Interpreter backend), compile counts, the namespace's call counts, the copies back into the
+caller's arrays."""
 import collections
 import json
 import sys
@@ -12,6 +13,7 @@ import numpy as np
 
 import flambeau
 from flambeau._counters import counters
+from flambeau._numpy import _wrappers
 from flambeau._dynamo.backends.registry import lookup_backend
 from flambeau.fx.interpreter import Interpreter
 
@@ -128,10 +130,20 @@ PROGRAMS = {"mlp_step": mlp_step, "creation": creation, "inplace": inplace,
             "view_write": view_write}
 
 
+WRITE_BACKS = collections.Counter()
+_write_back = _wrappers.write_back
+
+
+def counting_write_back(a, t):
+    WRITE_BACKS["calls"] += 1
+    _write_back(a, t)
+
+
 def run_program(name, device, backend):
     fn = PROGRAMS[name]
     flambeau._dynamo.reset()
     counters.clear()
+    WRITE_BACKS.clear()
     rec = DeviceRecorder(backend)
     compiled = flambeau.compile(fn, backend=rec, fullgraph=name != "mutate_then_break")
     calls = []
@@ -142,7 +154,8 @@ def run_program(name, device, backend):
         calls.append({"result": encode(out), "args_after": encode(list(args))})
     entry = {"calls": calls, "graphs": counters["stats"]["unique_graphs"], "example_devices": list(rec.example_devices),
              "run_devices": sorted(rec.run_devices),
-             "fallbacks": sorted(counters["inductor_fallbacks"]), "graph_breaks": sorted(counters["graph_break"])}
+             "fallbacks": sorted(counters["inductor_fallbacks"]), "graph_breaks": sorted(counters["graph_break"]),
+             "write_backs": WRITE_BACKS["calls"]}
     rec.example_devices, rec.run_devices = [], set()
     args = tuple(a.copy() for a in rng_inputs()[name])
     out = compiled(*args)                   # no device context: a new entry that computes on cpu
@@ -159,6 +172,7 @@ def main(device: str, path: str) -> None:
         # the device keeps its own copies: nothing reaches a caller's array unless it is copied back
         flambeau.utils.register_privateuse1_array_backend(
             xp, asarray=lambda data, dt: np.array(data, dtype=dt, copy=True), to_numpy=lambda a: np.array(a, copy=True))
+    _wrappers.write_back = counting_write_back      # read when an entry is generated: count the copies back
     backends = ["recorder", "aot_eager", "inductor"]
     for name in PROGRAMS:
         for backend in backends:
