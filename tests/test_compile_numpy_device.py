@@ -131,14 +131,14 @@ class _Stop(Exception):
 
 @pytest.mark.parametrize("lib", [flambeau, torch], ids=["flambeau", "torch"])
 def test_inputs_and_created_arrays_follow_the_default_device_as_pytorchs(lib):
-    """Under `with device("meta")` both libraries give the graph meta copies of the ndarray inputs and compute
-    every value on meta (np.zeros_like, np.arange included); meta results cannot come back as NumPy arrays,
-    so the backend stops after running the graph. Outside the context the default-device guard fails and the
-    graph is compiled again, on cpu."""
+    """Traced outside any context, the function is not reused under `with device("meta")`: both libraries
+    compile again, give that graph meta copies of the ndarray inputs and compute every value on meta
+    (np.zeros_like, np.arange included; meta results cannot come back as NumPy arrays, so the backend stops
+    after running the graph); after the context the cpu graph is reused."""
     runs = []
 
     def backend(gm, example_inputs):
-        run = {"inputs": sorted({t.device.type for t in example_inputs}), "values": set()}
+        run = {"inputs": sorted({t.device.type for t in example_inputs}), "values": set(), "calls": 0}
         runs.append(run)
 
         class Recording(lib.fx.Interpreter):
@@ -150,6 +150,7 @@ def test_inputs_and_created_arrays_follow_the_default_device_as_pytorchs(lib):
                 return out
 
         def call(*args):
+            run["calls"] += 1
             out = Recording(gm).run(*args)
             if run["inputs"] == ["meta"]:
                 raise _Stop
@@ -159,11 +160,13 @@ def test_inputs_and_created_arrays_follow_the_default_device_as_pytorchs(lib):
     lib._dynamo.reset()
     fn = lib.compile(P.calls_only, backend=backend, fullgraph=True)
     args = P.rng_inputs()["calls_only"]
+    _assert_same(list(fn(*args)), P.calls_only(*args))
     with lib.device("meta"):
         with pytest.raises(_Stop):
             fn(*args)
     _assert_same(list(fn(*args)), P.calls_only(*args))
-    assert runs == [{"inputs": ["meta"], "values": {"meta"}}, {"inputs": ["cpu"], "values": {"cpu"}}]
+    assert runs == [{"inputs": ["cpu"], "values": {"cpu"}, "calls": 2},
+                    {"inputs": ["meta"], "values": {"meta"}, "calls": 1}]
 
 
 @pytest.mark.parametrize("lib", [flambeau, torch], ids=["flambeau", "torch"])
