@@ -296,7 +296,8 @@ def test_compiled_conv_training_runs_planned_convolutions_on_cuda(amp, monkeypat
 
 # ---- the Triton launcher's static path (a compiled graph on cuda without size symbols) ------------------
 def test_static_launcher_writes_pointers_and_grids_as_the_general_path(monkeypatch):
-    """A Launcher of a static graph on cuda (`_static_call`: grids and scratch worked out once, the
+    """A Launcher of a static graph on cuda (`_direct_call` for aligned pointers: one PointerBlock
+    write per launch; `_static_call` for a misaligned one: grids and scratch worked out once, the
     values written straight into the parameter slots) hands the driver the same grid and parameters as
     the general path with sizes (`TL.launch` with converters): buffers, the error flag, the scratch
     array; a chain's second kernel too; an empty grid launches nothing."""
@@ -343,6 +344,7 @@ def test_static_launcher_writes_pointers_and_grids_as_the_general_path(monkeypat
     static(Arr(0x1000), Arr(0x2000), err)
     static(Arr(0x1010), Arr(0x2004), err)                      # a misaligned one: another kernel entry
     got_static = [(g, v) for _, g, v in launched]
+    assert len(static._direct) == 2                            # the aligned call ran the direct launches
     launched.clear()
     general(Arr(0x1000), Arr(0x2000), 10, err)
     general(Arr(0x1010), Arr(0x2004), 10, err)

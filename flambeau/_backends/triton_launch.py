@@ -74,6 +74,25 @@ class ParamBlock:
         self.address = ctypes.addressof(self.array)
 
 
+class PointerBlock:
+    """`kernelParams` for a kernel whose runtime arguments are all pointers: the values in one
+    `uint64[n + scratch]` array, written by a single slice assignment (`values[:n] = addresses`), and the
+    array of its elements' addresses. A compiled graph's static launches use it (`triton_runtime`)."""
+    __slots__ = ("values", "array", "address")
+
+    def __init__(self, n: int):
+        self.values = (_POINTER * (n + _SCRATCH_POINTERS))()
+        base, size = ctypes.addressof(self.values), ctypes.sizeof(_POINTER)
+        self.array = (ctypes.c_void_p * (n + _SCRATCH_POINTERS))(*[base + size * i for i in range(n + _SCRATCH_POINTERS)])
+        self.address = ctypes.addressof(self.array)
+
+
+def pointers_only(kernel: Kernel) -> bool:
+    """Whether every runtime argument of `kernel` is a pointer and it needs no global scratch: what a
+    `PointerBlock` launch takes."""
+    return not kernel.global_scratch and all(t.startswith("*") for t in kernel.arg_types)
+
+
 def _address(a) -> int:
     """A pointer argument: a CuPy array (its data pointer), `Ptr`, or None (null)."""
     if a is None:

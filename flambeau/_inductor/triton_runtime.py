@@ -184,6 +184,7 @@ class Launcher:
         self.autotune = autotune and not self.interpret and autotune_mod.tunable(self.chain)
         self._tuned: dict = {}               # size values -> the Launch variant chosen (autotune.py)
         self._static = None                  # [(launch, fn, grid, scratch pointers, kernels)] (`_static_call`)
+        self._direct = None                  # the aligned static launches (`_direct_call`); False: none
 
     def workspace(self, la) -> list:
         """The scratch arrays of a launch (a split reduction's partial results), by name, shared by
@@ -197,10 +198,16 @@ class Launcher:
             out.append(a)
         return out
 
+    def entry(self):
+        """What a wrapper calls: `_direct_call` for a graph with static sizes on cuda, else the Launcher."""
+        if not self.size_names and not self.interpret and not self.autotune:
+            return self._direct_call
+        return self
+
     def __call__(self, *args):
         nb, ns = self.n_bufs, len(self.size_names)
         if not ns and not self.interpret and not self.autotune:
-            return self._static_call(args)
+            return self._direct_call(*args)
         bufs, sizes, err = args[:nb], args[nb:nb + ns], args[nb + ns:]
         env = dict(zip(self.size_names, sizes)) if sizes else {}
         for la, fn in self.chain:
@@ -221,6 +228,53 @@ class Launcher:
                 la = self._tuned_launch(la, fn, ptrs, sizes, env)
                 g = la.grid(env)
             self._launch(la, fn, g, ptrs, sizes)
+
+    def _direct_call(self, *args):
+        """A static call whose pointers (buffers, error flag) are all 16-byte aligned, as CuPy's
+        allocations are: each launch's driver arguments worked out once (`_prepare_direct`), the
+        pointers written into its `PointerBlock` by one slice assignment, the stream read once. A
+        misaligned pointer, and a kernel with other parameters, take `_static_call`."""
+        ptrs = [a.data.ptr for a in args]
+        m = 0
+        for p in ptrs:
+            m |= p
+        direct = self._direct
+        if m % ALIGN or direct is False:
+            return self._static_call(args)
+        if direct is None:
+            direct = self._direct = self._prepare_direct(len(ptrs))
+            if direct is False:
+                return self._static_call(args)
+        stats["launches"] += len(direct)
+        run, stream = TL._driver or TL._driver_calls()
+        s, tid = stream(), threading.get_ident()
+        for fptr, g0, g1, g2, threads, shared, take, ws, n, blocks in direct:
+            blk = blocks.get(tid)
+            if blk is None:
+                blk = blocks[tid] = TL.PointerBlock(n)
+            blk.values[:n] = ptrs[:take] + ws if take is not None else ptrs
+            run(fptr, g0, g1, g2, threads, 1, 1, shared, s, blk.address, 0)
+
+    def _prepare_direct(self, n_args: int):
+        """[(function, grid x/y/z, threads, shared bytes, pointers taken of the call's (None: all),
+        scratch pointers, parameter count, per-thread blocks)] of the chain's non-empty launches for
+        aligned pointers, or False when one needs `_static_call` (misaligned scratch, a parameter
+        that is no pointer, global scratch)."""
+        out = []
+        for la, fn in self.chain:
+            ws = [a.data.ptr for a in self.workspace(la)]
+            take = n_args if la.error_flag else self.n_bufs
+            n = take + len(ws)
+            if any(p % ALIGN for p in ws):
+                return False
+            k, _ = self._entry(la, fn, tuple(range(n)))
+            if not TL.pointers_only(k):
+                return False
+            g = tuple(int(x) for x in la.grid({})) + (1, 1)
+            if g[0] and g[1] and g[2]:
+                out.append((k.function.ptr, g[0], g[1], g[2], k.num_warps * TL._THREADS_PER_WARP, k.shared,
+                            None if take == n_args and not ws else take, ws, n, {}))
+        return out
 
     def _static_call(self, args):
         """A call of a graph with static sizes on cuda: each launch's grid, scratch pointers and kernels

@@ -498,7 +498,7 @@ class WrapperCodegen:
         args = [self._ptr(b.name) for b in k.loads] + [self._ptr(b.name) for b in k.stores]
         if self.backend == "triton":
             launcher = self.kernels_ns[k.name]
-            self.ns[k.name] = launcher
+            self.ns[k.name] = launcher.entry()
             err = ["_err"] if launcher.error_flag else []
             self.lines.append(f"    {k.name}({', '.join(args + self.size_names + err)})")
             return
