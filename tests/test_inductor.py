@@ -5,6 +5,7 @@ on both. Graphs are traced with make_fx under DecompositionMode (core ops only),
 compile_fx, and compared with eager flambeau and with PyTorch.
 """
 import os
+import re
 
 import numpy as np
 import pytest
@@ -314,6 +315,38 @@ def test_memory_plan_reuses_buffers():
     x, w = randn(64, 64), randn(64, 64)
     c = check(lambda T, x, w: ((x.exp() @ w).tanh() @ w).sigmoid() @ w, x, w, rtol=1e-4, atol=1e-4)
     assert ".reshape(" in c.artifact.wrapper_source or "del " in c.artifact.wrapper_source
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_arena_keeps_live_temporaries_apart_and_reuses_dead_ones(monkeypatch, backend):
+    """With the arena on (`config.arena_devices`: cuda's default, here cpu's), a graph's kernel temporaries
+    are views of one allocation per call at offsets planned when compiling (scheduler.plan_arena). In the
+    poisoned arena two temporaries live at once that shared bytes would give wrong values against PyTorch;
+    a dead one's bytes serve a later one (fewer distinct offsets than temporaries); outputs are allocated
+    apart (an output tensor keeps no arena alive)."""
+    if backend == "triton":
+        triton = pytest.importorskip("triton")
+        if not triton.knobs.runtime.interpret:
+            pytest.skip("Triton imported without its interpreter (a cuda machine)")
+    monkeypatch.setattr(config, "backend", backend)
+    monkeypatch.setattr(config, "arena_devices", ("cpu",))
+    monkeypatch.setattr(config, "poison_buffers", True)
+    x, w = randn(4, 512), randn(512, 512) / 16
+
+    def fn(T, x, w):
+        a, b = x.exp() @ w, x.cos() @ w            # two temporaries (exp, cos) live together up to the matmuls
+        c = (a * b).tanh() @ w                    # one more, after they died
+        u = (x * x.exp().sum(0).flip(0)).cos() @ w    # a reduction's temporary, read by the kernel storing the next
+        d = (c + a + u).sigmoid() @ w
+        return (d * 2).sum(0), d.relu()
+    c = check(fn, x, w, rtol=1e-4, atol=1e-4)
+    src = c.artifact.wrapper_source
+    views = re.findall(r"(buf\d+) = _nd\(.*, _amem(?:, | \+ )(\d+)\)", src)
+    assert len(views) >= 3, src
+    assert len({off for _, off in views}) < len(views), src        # a dead temporary's bytes reused
+    assert "_arena = _empty((" in src
+    outputs = re.search(r"return \((.*)\)", src).group(1)
+    assert not any(name in outputs for name, _ in views), src
 
 
 # ---- the op database: compiled graph vs the same graph run eagerly ----------------------------

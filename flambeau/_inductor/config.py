@@ -49,6 +49,10 @@ fuse: bool = True                 # group buffers into shared loop nests
 keep_locals: bool = True          # keep kernel-internal buffers in registers
 reuse_buffers: bool = True        # memory planning: reuse freed buffers of the same size/dtype
 poison_buffers: bool = False      # fill every buffer the wrapper allocates with NaN / -1 (tests: unwritten elements)
+# Devices on which a graph with static sizes takes the kernels' temporaries (buffers dead before the call
+# returns) as views of one allocation per call, at offsets planned when compiling (scheduler.plan_arena):
+# on cuda a CuPy allocation costs microseconds of Python per buffer, a view less.
+arena_devices: tuple = ("cuda",)
 max_inline_ops: int = 200         # realise a pointwise value whose expression grows beyond this
 inline_ops_multi_use: int = 12    # ... or that has several users and costs more than this
 realize_saved_outputs: bool = True  # ... or that has several users, one of them the graph's output (graph.py)

@@ -408,4 +408,40 @@ def plan_memory(order, graph) -> dict:
             if pi == i and name not in last_use and name not in keep and key is not None \
                     and name not in frees[i]:
                 pool.setdefault(key, []).append(name)
-    return {"allocs": allocs, "frees": frees}
+    return {"allocs": allocs, "frees": frees, "keep": keep}
+
+
+ARENA_ALIGN = 512                    # bytes: each arena view's offset (CuPy's pool rounds blocks to 512 too)
+
+
+def plan_arena(order, memory: dict) -> tuple:
+    """({buffer name: byte offset}, total bytes): the kernels' temporaries of a graph with static sizes
+    (stored by a kernel, dead before the call returns: in `memory`'s free lists) placed in one arena,
+    first fit, so two that are live at once never overlap. A temporary lives from the step storing it
+    through the step that last reads it (its free list's step; the storing step when nothing reads it),
+    so a step's stores never share memory with what that step reads."""
+    dies: dict = {}
+    for i, names in enumerate(memory["frees"]):
+        for name in names:
+            dies[name] = i
+    offsets: dict = {}
+    live: list = []                  # (offset, end, last step) of the placed temporaries
+    total = 0
+    for i, k in enumerate(order):
+        if not isinstance(k, Kernel):
+            continue
+        live = [blk for blk in live if blk[2] >= i]
+        for b in k.stores:
+            if b.name in memory["keep"] or b.name not in memory["allocs"] or b.layout.is_symbolic():
+                continue
+            size = -(-b.layout.numel * b.dtype.itemsize // ARENA_ALIGN) * ARENA_ALIGN or ARENA_ALIGN
+            at = 0
+            for off, end, _ in sorted(live):
+                if at + size <= off:
+                    break
+                at = max(at, end)
+            offsets[b.name] = at
+            live.append((at, at + size, dies.get(b.name, i)))
+            total = max(total, at + size)
+    return offsets, total
+

@@ -39,7 +39,7 @@ from .._tensor import Tensor
 from ..fx._symbolic_shapes import expr_to_python
 from . import codegen_cpp, config, extern_conv, extern_gemm
 from .ir import Buffer, InputBuffer, MultiOutput, StridedView
-from .scheduler import ExternStep, Kernel
+from .scheduler import ExternStep, Kernel, plan_arena
 from .sizevars import SizeExpr, derived_definition, evaluate, replacements
 
 
@@ -331,11 +331,13 @@ def _plan_layout(a):
 
 
 def _poisoned(xp):
-    """`empty` whose memory holds NaN (floats) or -1 (integers, True for bool): an element a kernel
-    forgets to write shows instead of reading as the zeros fresh host pages happen to hold."""
+    """`empty` whose memory holds NaN (floats) or -1 (integers, True for bool; all bits set in an arena of
+    bytes, a NaN to its float views): an element a kernel forgets to write shows instead of reading as
+    the zeros fresh host pages happen to hold."""
     def empty(shape, dtype):
         a = xp.empty(shape, dtype)
-        a.fill(np.nan if np.dtype(dtype).kind == "f" or np.dtype(dtype).name == "bfloat16" else -1)
+        a.fill(np.nan if np.dtype(dtype).kind == "f" or np.dtype(dtype).name == "bfloat16" else
+               255 if np.dtype(dtype) == np.uint8 else -1)
         return a
     return empty
 
@@ -387,6 +389,8 @@ class WrapperCodegen:
         self.lines: list = []
         self.size_names = list(size_names)
         self.eager = eager
+        self.arena: dict = {}           # kernel temporary -> byte offset in the call's arena (`_plan_arena`)
+        self._stored: dict = {}         # buffer a kernel stores -> its shape
 
     def _dtype(self, dt) -> str:
         name = f"_dt_{dt.name}"
@@ -425,6 +429,7 @@ class WrapperCodegen:
         for name, c in g.constants.items():
             self.ns[f"_c_{name}"] = c.constant
             L.append(f"    {name} = _c_{name}._data")
+        self._plan_arena()
         for i, step in enumerate(self.order):
             if isinstance(step, Kernel):
                 self._kernel(step)
@@ -487,14 +492,34 @@ class WrapperCodegen:
             L.append("        return _eager(*args)")
         L.append(f"    _S = {{{', '.join(f'{n!r}: {n}' for n in self.size_names)}}}")
 
+    def _plan_arena(self):
+        """On a device in `config.arena_devices`, a graph with static sizes allocates one arena per call
+        and makes each kernel temporary a view of it at its planned offset (scheduler.plan_arena)."""
+        self.arena: dict = {}
+        if self.g.dynamic or self.device.type not in config.arena_devices:
+            return
+        offsets, total = plan_arena(self.order, self.mem)
+        if not offsets:
+            return
+        self.arena = offsets
+        self.ns["_u8"], self.ns["_nd"] = np.uint8, self.xp.ndarray
+        self.lines.append(f"    _arena = _empty(({total},), _u8)")
+        self.lines.append("    _amem = _arena" if self.xp is np else "    _amem = _arena.data")
+
     def _kernel(self, k: Kernel):
         for b in k.stores:
             act, other = self.mem["allocs"][b.name]
-            shape = _tuple_src(b.layout.shape)
-            if act == "reuse":
-                self.lines.append(f"    {b.name} = {other}.reshape({shape})")
+            shape, dtype = _tuple_src(b.layout.shape), self._dtype(b.dtype)
+            off = self.arena.get(b.name)
+            if off is not None:          # a view of the arena (NumPy: buffer and offset; CuPy: a memory pointer)
+                at = f"_amem, {off}" if self.xp is np else f"_amem + {off}"
+                self.lines.append(f"    {b.name} = _nd({shape}, {dtype}, {at})")
+            elif act == "reuse" and other not in self.arena:
+                same = tuple(self._stored[other]) == tuple(b.layout.shape)
+                self.lines.append(f"    {b.name} = {other}" if same else f"    {b.name} = {other}.reshape({shape})")
             else:
-                self.lines.append(f"    {b.name} = _empty({shape}, {self._dtype(b.dtype)})")
+                self.lines.append(f"    {b.name} = _empty({shape}, {dtype})")
+            self._stored[b.name] = b.layout.shape
         args = [self._ptr(b.name) for b in k.loads] + [self._ptr(b.name) for b in k.stores]
         if self.backend == "triton":
             launcher = self.kernels_ns[k.name]
