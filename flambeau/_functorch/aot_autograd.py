@@ -344,6 +344,7 @@ def _compile(flat_fn: Callable, flat_args: list, fw_compiler: Callable, bw_compi
         gm.recompile()
         _dump("AOT inference graph", gm)
         gm.meta["mutated_inputs"] = list(meta.mutated)     # what freezing must leave an input (inductor)
+        gm.meta["input_writes"] = _input_writes(meta)
         compiled = (inference_compiler or fw_compiler)(gm, list(flat_args))
         return _InferenceRuntime(compiled, meta)
     joint, meta, tr = _trace_graph(flat_fn, flat_args, joint=True, tracing_mode=mode, decompositions=None,
@@ -355,13 +356,27 @@ def _compile(flat_fn: Callable, flat_args: list, fw_compiler: Callable, bw_compi
     fw_gm, bw_gm = partition_fn(joint, flat_args, num_fwd_outputs=num_fwd)
     _dump("AOT forward graph", fw_gm)
     _dump("AOT backward graph", bw_gm)
+    fw_gm.meta["input_writes"] = _input_writes(meta)
     compiled_fw = fw_compiler(fw_gm, list(flat_args))
     return _TrainingRuntime(compiled_fw, bw_gm, bw_compiler or fw_compiler, meta, num_fwd, joint.meta.get("fake_mode"))
 
 
+def _input_writes(meta: _Meta) -> dict:
+    """{graph output index: input position} of the mutated inputs' final values (after the outputs and
+    the aliased bases): a compiler may store such a value into the input itself (the inductor's
+    `wrapper.in_place_writes`), and `_write_back` then has nothing to copy."""
+    n = len(meta.graph_outs) + meta.n_bases
+    return {n + k: i for k, i in enumerate(meta.mutated)}
+
+
 def _write_back(x: Tensor, final: Tensor):
-    """Copy the final value of a mutated input into it. The in-place ops that wrote it were checked when
-    decomposed (an expanded input may be written by fill_/zero_ only), so an expanded `x` is allowed here."""
+    """Copy the final value of a mutated input into it, unless the compiled graph stored it there itself
+    (`_input_writes`: `final` holds the input's own array). The in-place ops that wrote it were checked
+    when decomposed (an expanded input may be written by fill_/zero_ only), so an expanded `x` is
+    allowed here."""
+    if final._data is x._data and final._dtype is x._dtype:
+        x._version[0] += 1
+        return
     with no_grad():
         write_into(x, final, "copy_", overlap_ok=True)
 

@@ -52,6 +52,7 @@ log = _logging.get_logger("flambeau._inductor")
 counters = {"dynamic_graphs": 0, "dynamic_eager_calls": 0, "cpp_wrapper_graphs": 0, "cpp_wrapper_fallbacks": 0}
 WHOLE_GRAPH = "whole graph"          # the op of a fallback that runs a graph eagerly
 AUTOTUNE = "block-size autotuning"   # the op of the note that max_autotune does not apply to a graph
+INPUT_WRITES = "input_writes"          # gm.meta: {output index: input position} AOT autograd copies the output into
 OTHER_SIZES = "called with other sizes than the graph was compiled for"
 INPUTS_NOT_AS_ASSUMED = "inputs don't fit the dynamic graph's assumptions (strides, a size of 0 or 1, a guard)"
 _warned_no_compiler = [False]
@@ -311,7 +312,8 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
                                         *kernels_ns["fl_graph_run_obj"])
         counters["cpp_wrapper_graphs"] += 1
     else:
-        wc = WrapperCodegen(graph, order, memory, backend, kernels_ns, size_names, _eager_runner(gm), device)
+        writes = gm.meta.get(INPUT_WRITES) if config.write_inputs_in_place and not config.triton_cudagraphs else None
+        wc = WrapperCodegen(graph, order, memory, backend, kernels_ns, size_names, _eager_runner(gm), device, writes)
     wrapper_source = wc.generate()
     exec(compile(wrapper_source, f"<flambeau-inductor-wrapper-{gid}>", "exec"), wc.ns)
     art = CompiledArtifact(graph, order, wc.ns["call"], source, wrapper_source, backend, source_path, size_names,

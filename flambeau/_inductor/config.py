@@ -53,6 +53,10 @@ poison_buffers: bool = False      # fill every buffer the wrapper allocates with
 # returns) as views of one allocation per call, at offsets planned when compiling (scheduler.plan_arena):
 # on cuda a CuPy allocation costs microseconds of Python per buffer, a view less.
 arena_devices: tuple = ("cuda",)
+# A mutated input's final value (a BatchNorm running statistic), which AOT autograd would copy into the
+# input after the call, is stored into the input by the kernel computing it where that is safe
+# (wrapper.in_place_writes; not with CUDA graphs): no copy per mutated input and call.
+write_inputs_in_place: bool = True
 max_inline_ops: int = 200         # realise a pointwise value whose expression grows beyond this
 inline_ops_multi_use: int = 12    # ... or that has several users and costs more than this
 realize_saved_outputs: bool = True  # ... or that has several users, one of them the graph's output (graph.py)

@@ -163,6 +163,9 @@ def compile_frozen(gm, example_inputs: list, n_state: int, compile_fn):
     frozen = {placeholders[i]: example_inputs[i] for i in range(n_state)
               if i not in mutated and isinstance(example_inputs[i], Tensor)}
     keep = [i for i, p in enumerate(placeholders) if p not in frozen]
+    writes = gm.meta.get("input_writes")
+    if writes:                          # input positions of the graph that is compiled (mutated inputs are kept)
+        gm.meta["input_writes"] = {j: keep.index(i) for j, i in writes.items() if i in keep}
     lift_to_constants(gm, {p: t.detach().contiguous() for p, t in frozen.items()})
     constant_fold(gm)
     return FrozenGraph(compile_fn(gm, [example_inputs[i] for i in keep]), keep)

@@ -38,7 +38,7 @@ from .._device import CPU
 from .._tensor import Tensor
 from ..fx._symbolic_shapes import expr_to_python
 from . import codegen_cpp, config, extern_conv, extern_gemm
-from .ir import Buffer, InputBuffer, MultiOutput, StridedView
+from .ir import Buffer, ComputedBuffer, InputBuffer, MultiOutput, Pointwise, StridedView, analyse
 from .scheduler import ExternStep, Kernel, plan_arena
 from .sizevars import SizeExpr, derived_definition, evaluate, replacements
 
@@ -342,6 +342,61 @@ def _poisoned(xp):
     return empty
 
 
+def in_place_writes(graph, order, input_writes: dict) -> dict:
+    """{output buffer name: graph InputBuffer} of the outputs whose value the caller copies into an input
+    (`input_writes`: output index -> input position, AOT autograd's mutated inputs) that the kernel
+    computing them may store straight into that input: a pointwise buffer of the input's contiguous
+    layout, returned once; the input neither returned nor read after that kernel, and in it read only
+    by that buffer's own element function at the element it writes (so each element is read before it
+    is overwritten). The wrapper still checks per call that no other input shares the input's memory
+    (`unaliased`)."""
+    outs = graph.outputs if isinstance(graph.outputs, list) else [graph.outputs]
+    flat = graph.flat_outputs()
+    inputs = {b.position: b for b in graph.inputs if b.position is not None}
+    step_of = {b.name: i for i, k in enumerate(order) if not hasattr(k, "node") for b in k.stores}
+    found: dict = {}
+    for j, pos in input_writes.items():
+        o, inp = outs[j] if j < len(outs) else None, inputs.get(pos)
+        if not isinstance(o, ComputedBuffer) or not isinstance(o.data, Pointwise) or inp is None or \
+                o.name not in step_of or pos in graph.mutations or inp in found.values():
+            continue
+        lay, il = o.layout, inp.layout
+        if graph.dynamic or lay.dtype != il.dtype or tuple(lay.shape) != tuple(il.shape) or not lay.is_contiguous() or \
+                not il.is_contiguous() or il.offset != 0 or sum(x is o for x in flat) != 1 or \
+                any(x is inp or (isinstance(x, StridedView) and x.base is inp) for x in flat):
+            continue
+        i = step_of[o.name]
+        if any(inp.name in {b.name for b in (k.node.inputs() if hasattr(k, "node") else k.loads)} for k in order[i + 1:]):
+            continue
+        if any(n.buf is not o and inp.name in n.read_names for n in order[i].nodes):
+            continue
+        own = [idx.key() for b, idx in o.data.reads() if b.name == inp.name]
+        aligned = analyse(inp.make_loader(), o.data.ranges).loads[0][1].key()
+        if all(key == aligned for key in own):
+            found[o.name] = inp
+    return found
+
+
+def _owner(a):
+    """What owns an array's memory: a NumPy array's last base; a CuPy array's allocation (`data.mem`,
+    shared by every array made on its memory, even ones CuPy records no base for)."""
+    if isinstance(a, np.ndarray):
+        b = a.base
+        while b is not None:
+            a, b = b, getattr(b, "base", None)
+        return a
+    return a.data.mem
+
+
+def unaliased(written: tuple, others: tuple) -> bool:
+    """Whether the arrays of the inputs a graph writes in place have memory of their own: no two of
+    them, and no other input, share an owner (`_owner`)."""
+    ids = {id(_owner(w)) for w in written}
+    if len(ids) != len(written):
+        return False
+    return not any(id(_owner(a)) in ids for a in others)
+
+
 def kernel_error(code: int):
     """Raise what eager PyTorch raises for an error a generated kernel recorded."""
     if code == 1:
@@ -375,7 +430,8 @@ def guard_checker(shape_env, names: list):
 
 
 class WrapperCodegen:
-    def __init__(self, graph, order, memory, backend, kernels_ns, size_names=(), eager=None, device=CPU):
+    def __init__(self, graph, order, memory, backend, kernels_ns, size_names=(), eager=None, device=CPU,
+                 input_writes=None):
         self.g = graph
         self.order = order
         self.mem = memory
@@ -391,6 +447,8 @@ class WrapperCodegen:
         self.eager = eager
         self.arena: dict = {}           # kernel temporary -> byte offset in the call's arena (`_plan_arena`)
         self._stored: dict = {}         # buffer a kernel stores -> its shape
+        # output buffer -> the graph input its value is written into (`_in_place`)
+        self.in_place: dict = in_place_writes(graph, order, input_writes or {}) if input_writes else {}
 
     def _dtype(self, dt) -> str:
         name = f"_dt_{dt.name}"
@@ -430,6 +488,11 @@ class WrapperCodegen:
             self.ns[f"_c_{name}"] = c.constant
             L.append(f"    {name} = _c_{name}._data")
         self._plan_arena()
+        if self.in_place:
+            written = {inp.name for inp in self.in_place.values()}
+            self.ns["_unaliased"] = unaliased
+            L.append(f"    _own = _unaliased(({''.join(f'{b.name}, ' for b in g.inputs if b.name in written)}), "
+                     f"({''.join(f'{b.name}, ' for b in g.inputs if b.name not in written)}))")
         for i, step in enumerate(self.order):
             if isinstance(step, Kernel):
                 self._kernel(step)
@@ -511,7 +574,10 @@ class WrapperCodegen:
             act, other = self.mem["allocs"][b.name]
             shape, dtype = _tuple_src(b.layout.shape), self._dtype(b.dtype)
             off = self.arena.get(b.name)
-            if off is not None:          # a view of the arena (NumPy: buffer and offset; CuPy: a memory pointer)
+            inp = self.in_place.get(b.name)
+            if inp is not None:          # stored straight into the input that receives it, when no other input aliases it
+                self.lines.append(f"    {b.name} = {inp.name} if _own else _empty({shape}, {dtype})")
+            elif off is not None:          # a view of the arena (NumPy: buffer and offset; CuPy: a memory pointer)
                 at = f"_amem, {off}" if self.xp is np else f"_amem + {off}"
                 self.lines.append(f"    {b.name} = _nd({shape}, {dtype}, {at})")
             elif act == "reuse" and other not in self.arena:
