@@ -51,12 +51,13 @@ reuse_buffers: bool = True        # memory planning: reuse freed buffers of the 
 poison_buffers: bool = False      # fill every buffer the wrapper allocates with NaN / -1 (tests: unwritten elements)
 # Devices on which a graph with static sizes takes the kernels' temporaries (buffers dead before the call
 # returns) as views of one allocation per call, at offsets planned when compiling (scheduler.plan_arena):
-# on cuda a CuPy allocation costs microseconds of Python per buffer, a view less.
-arena_devices: tuple = ("cuda",)
+# on cuda a CuPy allocation costs microseconds of Python per buffer, a view less. FLAMBEAU_INDUCTOR_ARENA=0: none.
+arena_devices: tuple = ("cuda",) if os.environ.get("FLAMBEAU_INDUCTOR_ARENA", "1") != "0" else ()
 # A mutated input's final value (a BatchNorm running statistic), which AOT autograd would copy into the
 # input after the call, is stored into the input by the kernel computing it where that is safe
 # (wrapper.in_place_writes; not with CUDA graphs): no copy per mutated input and call.
-write_inputs_in_place: bool = True
+# FLAMBEAU_INDUCTOR_WRITE_INPUTS=0: copied back after the call.
+write_inputs_in_place: bool = os.environ.get("FLAMBEAU_INDUCTOR_WRITE_INPUTS", "1") != "0"
 max_inline_ops: int = 200         # realise a pointwise value whose expression grows beyond this
 inline_ops_multi_use: int = 12    # ... or that has several users and costs more than this
 realize_saved_outputs: bool = True  # ... or that has several users, one of them the graph's output (graph.py)
