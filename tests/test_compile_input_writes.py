@@ -125,3 +125,4 @@ def test_frozen_graph_writes_the_buffer_not_the_input_at_its_old_position(backen
     np.testing.assert_allclose(m.b.numpy(), 1 + a)
     np.testing.assert_allclose(out.numpy(), a * (np.arange(4) + 1) + 1 + a)
     assert copies == [] and any("if _own" in c.artifact.wrapper_source for c in made)
+

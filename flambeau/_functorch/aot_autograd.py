@@ -443,9 +443,9 @@ class _TrainingRuntime:
             def forward(ctx, *args):
                 vals = list(_without_autocast(compiled_fw, args))
                 saved = vals[num_fwd:]
-                arg_ids = {id(a): i for i, a in enumerate(args)}
-                # a saved input that the forward also mutates keeps its old value for the backward
-                saved = [s.clone() if isinstance(s, Tensor) and arg_ids.get(id(s)) in mutated else s for s in saved]
+                if mutated:             # a saved input that the forward also mutates keeps its old value for the backward
+                    written = {id(args[i]) for i in mutated}
+                    saved = [s.clone() if id(s) in written and isinstance(s, Tensor) else s for s in saved]
                 ctx.save_for_backward(*[s for s, t in zip(saved, saved_is_tensor) if t])
                 ctx.scalars = [s for s, t in zip(saved, saved_is_tensor) if not t]
                 outs = vals[:num_fwd]
