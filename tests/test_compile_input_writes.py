@@ -126,3 +126,30 @@ def test_frozen_graph_writes_the_buffer_not_the_input_at_its_old_position(backen
     np.testing.assert_allclose(out.numpy(), a * (np.arange(4) + 1) + 1 + a)
     assert copies == [] and any("if _own" in c.artifact.wrapper_source for c in made)
 
+
+
+# ---- on the GPU machine ----------------------------------------------------------------------------
+@pytest.mark.cuda
+def test_cuda_conv_batchnorm_training_stores_running_stats_in_place_with_an_arena(copies, monkeypatch):
+    """The compiled conv/BatchNorm training step on cuda: its running statistics stored by the kernels
+    (no copy-back), its temporaries views of the call's arena (`_amem` in a wrapper), values equal to
+    PyTorch's on the CPU (TF32 convolutions allowed: loose tolerances)."""
+    made = spy_compile_fx(monkeypatch, [])
+    fl._dynamo.reset()
+    m, ref = _net(fl), _net(torch)
+    ref.load_state_dict({k: torch.from_numpy(np.array(v.numpy())) for k, v in m.state_dict().items()})
+    m = m.cuda()
+    f = fl.compile(m)
+    x = np.random.default_rng(0).standard_normal((8, 3, 12, 12)).astype(np.float32)
+    for step in range(3):
+        xs = x * (step + 1)
+        f(fl.tensor(xs).cuda()).square().mean().backward()
+        ref(torch.from_numpy(xs)).square().mean().backward()
+    fl._dynamo.reset()
+    srcs = [c.artifact.wrapper_source for c in made if c.artifact is not None]
+    assert any("if _own" in s for s in srcs) and any("_amem" in s for s in srcs)
+    assert copies == []
+    for (k, v), (_, r) in zip(m.state_dict().items(), ref.state_dict().items()):
+        torch.testing.assert_close(torch.from_numpy(np.array(v.cpu().numpy())), r, rtol=2e-3, atol=2e-3, msg=k)
+    for p, r in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(torch.from_numpy(np.array(p.grad.cpu().numpy())), r.grad, rtol=2e-2, atol=2e-3)
