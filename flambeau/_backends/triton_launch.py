@@ -82,8 +82,8 @@ class PointerBlock:
 
     def __init__(self, n: int):
         self.values = (_POINTER * (n + _SCRATCH_POINTERS))()
-        base, size = ctypes.addressof(self.values), ctypes.sizeof(_POINTER)
-        self.array = (ctypes.c_void_p * (n + _SCRATCH_POINTERS))(*[base + size * i for i in range(n + _SCRATCH_POINTERS)])
+        base, size, total = ctypes.addressof(self.values), ctypes.sizeof(_POINTER), n + _SCRATCH_POINTERS
+        self.array = (ctypes.c_void_p * total)(*[base + size * i for i in range(total)])
         self.address = ctypes.addressof(self.array)
 
 

@@ -443,7 +443,7 @@ class _TrainingRuntime:
             def forward(ctx, *args):
                 vals = list(_without_autocast(compiled_fw, args))
                 saved = vals[num_fwd:]
-                if mutated:             # a saved input that the forward also mutates keeps its old value for the backward
+                if mutated:             # a saved input the forward also mutates keeps its old value for the backward
                     written = {id(args[i]) for i in mutated}
                     saved = [s.clone() if id(s) in written and isinstance(s, Tensor) else s for s in saved]
                 ctx.save_for_backward(*[s for s, t in zip(saved, saved_is_tensor) if t])

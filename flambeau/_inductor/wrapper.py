@@ -366,7 +366,8 @@ def in_place_writes(graph, order, input_writes: dict) -> dict:
                 any(x is inp or (isinstance(x, StridedView) and x.base is inp) for x in flat):
             continue
         i = step_of[o.name]
-        if any(inp.name in {b.name for b in (k.node.inputs() if hasattr(k, "node") else k.loads)} for k in order[i + 1:]):
+        later = (k.node.inputs() if hasattr(k, "node") else k.loads for k in order[i + 1:])
+        if any(inp.name == b.name for reads in later for b in reads):
             continue
         if any(n.buf is not o and inp.name in n.read_names for n in order[i].nodes):
             continue
@@ -575,7 +576,7 @@ class WrapperCodegen:
             shape, dtype = _tuple_src(b.layout.shape), self._dtype(b.dtype)
             off = self.arena.get(b.name)
             inp = self.in_place.get(b.name)
-            if inp is not None:          # stored straight into the input that receives it, when no other input aliases it
+            if inp is not None:          # stored into the input that receives it, when no other input aliases it
                 self.lines.append(f"    {b.name} = {inp.name} if _own else _empty({shape}, {dtype})")
             elif off is not None:          # a view of the arena (NumPy: buffer and offset; CuPy: a memory pointer)
                 at = f"_amem, {off}" if self.xp is np else f"_amem + {off}"
