@@ -231,6 +231,65 @@ def test_extern_arguments_are_built_once_constants_kept():
         assert vals[4] is xa and kw["k"][0] is xa and kw["k"][1] == 1 and kw["c"] == 5
 
 
+# ---- cuDNN workspaces ------------------------------------------------------------------------------
+class _RecordingLib:
+    """The cuDNN backend calls a graph plan's `execute` makes, recorded; every call succeeds."""
+
+    def __init__(self):
+        self.packs, self.executed = 0, []
+
+    def cudnnBackendCreateDescriptor(self, kind, out):
+        self.packs += 1
+        out._obj.value = 1000 + self.packs
+        return 0
+
+    def cudnnBackendSetAttribute(self, desc, attr, kind, n, values):
+        if attr == cudnn.A.VARIANT_PACK_WORKSPACE:
+            self.workspace = values[0]
+        return 0
+
+    def cudnnBackendFinalize(self, desc):
+        return 0
+
+    def cudnnBackendExecute(self, h, plan, pack):
+        self.executed.append((pack.value, self.workspace))
+        return 0
+
+    def cudnnBackendDestroyDescriptor(self, desc):
+        return 0
+
+
+def test_convolutions_share_the_streams_workspace_and_reuse_their_variant_pack(monkeypatch):
+    """A graph plan's execution takes its workspace from the current stream's (cuBLASLt's, made once per
+    device and stream) when that is large enough: two calls on the same pointers allocate nothing and
+    build one variant pack; a workspace larger than the shared one is allocated per call."""
+    from flambeau._backends import cublaslt
+    made = []
+
+    class Arr:
+        def __init__(self, n):
+            made.append(n)
+            self.data = types.SimpleNamespace(ptr=0x10000 * len(made))
+    cupy = types.SimpleNamespace(empty=lambda n, dtype=None: Arr(n), uint8=np.uint8)
+    cupy.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=7))
+    monkeypatch.setitem(__import__("sys").modules, "cupy", cupy)
+    monkeypatch.setattr(cudnn, "_device_id", lambda: 0)
+    monkeypatch.setattr(cublaslt, "_workspaces", {})
+    lib = _RecordingLib()
+    plan = object.__new__(cudnn._GraphPlan)
+    plan.lib, plan.plan, plan.uids, plan.descs, plan.ws = lib, None, (cudnn.ctypes.c_int64 * 3)(1, 2, 3), [], 4096
+    monkeypatch.setattr(cudnn._GraphPlan, "__del__", lambda self: None)
+    for _ in range(3):
+        plan.execute(None, (0x100, 0x200, 0x300))
+    assert made == [cublaslt.WORKSPACE_BYTES]                 # the stream's workspace, made once
+    assert lib.packs == 1 and len({p for p, _ in lib.executed}) == 1
+    assert lib.executed[0][1] == cublaslt._workspaces[(0, 7)].data.ptr
+    plan.ws = cublaslt.WORKSPACE_BYTES + 1
+    plan.execute(None, (0x100, 0x200, 0x300))
+    plan.execute(None, (0x100, 0x200, 0x300))
+    assert made[1:] == [cublaslt.WORKSPACE_BYTES + 1] * 2      # larger than it: one allocation a call
+
+
 # ---- on the GPU machine ----------------------------------------------------------------------------
 def _conv_block():
     nn = fl.nn

@@ -41,6 +41,7 @@ import os
 import sys
 import threading
 
+from . import cublaslt
 from .cudnn_enums import (BackendAttributeName as A, BackendAttributeType as T, BackendDescriptorType as BE,
                           ConvolutionMode, DataType, Determinism, HeurMode, MathType, NumericalNote, Status,
                           TensorFormat)
@@ -554,9 +555,9 @@ class _GraphPlan:
     def execute(self, h, ptrs):
         """Run on data pointers (x, w, y) -- the roles of the forward convolution. Variant packs are
         kept for the last `_VARIANT_PACKS` pointer sets: in a training loop CuPy's pool hands the same
-        blocks back, so most calls reuse one (six fewer cuDNN calls, about 20 us)."""
-        import cupy  # deferred: optional dependency, present only where cuda is used
-        ws = cupy.empty(self.ws, dtype=cupy.uint8) if self.ws else None
+        blocks back, and the workspace is the stream's (`_workspace`), so most calls reuse one (six
+        fewer cuDNN calls, about 20 us)."""
+        ws = _workspace(self.ws) if self.ws else None
         key = ptrs + (ws.data.ptr if ws is not None else 0,)
         packs = self.__dict__.setdefault("packs", {})
         pack = packs.pop(key, None)
@@ -716,9 +717,19 @@ def record_calls():
         _recorded.remove(seen)
 
 
+def _workspace(nbytes: int):
+    """Scratch of `nbytes` for one convolution on the current stream: the stream's cuBLASLt workspace
+    (`cublaslt.WORKSPACE_BYTES`, made once per device and stream; the convolutions and products queued
+    on one stream run one after another, so they may share it) when it is large enough, else a fresh
+    allocation (its memory back to CuPy's pool once the call has queued the convolution)."""
+    import cupy  # deferred: optional dependency, present only where cuda is used
+    if nbytes <= cublaslt.WORKSPACE_BYTES:
+        return cublaslt._workspace(cupy, _device_id(), cupy.cuda.get_current_stream().ptr)
+    return cupy.empty(nbytes, dtype=cupy.uint8)
+
+
 def _run(kind, plan, a, b, out):
     """Run one convolution call: `a`, `b` the two inputs in the call's order, `out` the result."""
-    import cupy  # deferred: optional dependency, present only where cuda is used
     if _recorded:
         _recorded[-1].append((kind, plan, a, b, out))
     lib, h = _state["lib"], _handle()
@@ -726,7 +737,7 @@ def _run(kind, plan, a, b, out):
         plan.execute(h, plan.roles(a.data.ptr, b.data.ptr, out.data.ptr))
         calls[kind] += 1
         return out
-    ws = cupy.empty(plan.ws, dtype=cupy.uint8) if plan.ws else None
+    ws = _workspace(plan.ws) if plan.ws else None
     da, db, dc, dd = plan._descs()
     fn = {"forward": lib.cudnnConvolutionForward, "backward_data": lib.cudnnConvolutionBackwardData,
           "backward_filter": lib.cudnnConvolutionBackwardFilter}[kind]
