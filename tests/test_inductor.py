@@ -349,6 +349,29 @@ def test_arena_keeps_live_temporaries_apart_and_reuses_dead_ones(monkeypatch, ba
     assert not any(name in outputs for name, _ in views), src
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last"])
+def test_global_average_pool_is_a_mean_as_pytorch(monkeypatch, channels_last):
+    """adaptive_avg_pool2d to 1x1 (ResNet's head) is PyTorch's mean over H and W: values, input gradient
+    and strides as PyTorch's (a channels-last input gives (C, 1, C, C)); compiled, the generated code
+    computes it (no `_taps_gather` extern, which on cuda ran ~40 CuPy calls a step)."""
+    from tests.conftest import spy_compile_fx
+    made = spy_compile_fx(monkeypatch, [])
+    a = np.random.default_rng(0).standard_normal((2, 6, 7, 7)).astype(np.float32)
+    x, xt = flambeau.tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+    xi, xti = (x.contiguous(memory_format=flambeau.channels_last), xt.contiguous(memory_format=torch.channels_last)) \
+        if channels_last else (x, xt)
+    y, yt = flambeau.nn.functional.adaptive_avg_pool2d(xi, 1), torch.nn.functional.adaptive_avg_pool2d(xti, 1)
+    assert y.stride() == yt.stride()
+    torch.testing.assert_close(to_torch(y.detach()), yt.detach())
+    flambeau._dynamo.reset()
+    f = flambeau.compile(lambda v: (flambeau.nn.functional.adaptive_avg_pool2d(v, 1).flatten(1) * 3).square().sum())
+    f(xi).backward()
+    (torch.nn.functional.adaptive_avg_pool2d(xti, 1).flatten(1) * 3).square().sum().backward()
+    flambeau._dynamo.reset()
+    torch.testing.assert_close(to_torch(x.grad), xt.grad)
+    assert made and not any("_taps_gather" in c.artifact.wrapper_source for c in made)
+
+
 # ---- the op database: compiled graph vs the same graph run eagerly ----------------------------
 def _opdb_cases(family, dtypes=("float32", "int64", "bool"), per_op=3):
     import tests.opdb as O

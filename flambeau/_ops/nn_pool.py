@@ -24,7 +24,7 @@ from .. import _state
 from .._device import canonical
 from ._registry import defop, export, autocast_policy, TensorSpec, Tag
 from ._helpers import opmath
-from .memory_format import as_format, meta_strides, suggest_memory_format
+from .memory_format import as_format, contiguous_format, meta_strides, suggest_memory_format
 from .nn_conv import ntuple
 from .nn_resample import _taps_gather, _plane_scatter_add, _plane_gather
 from .._dispatch import type_name
@@ -421,11 +421,23 @@ def _adaptive_avg_tables(sizes, osz, tdt, device):
     return idx, w
 
 
+def _global_avg(input, nd: int):
+    """adaptive_avg_pool{nd}d to size 1: `mean` over the pooled dims, as PyTorch computes it, with its
+    strides: a channels-last input's (N, C, 1, 1) result gets channels-last strides (C, 1, C, C)."""
+    out = input.mean(tuple(range(-nd, 0)), keepdim=True)
+    if input.dim() == nd + 2 and suggest_memory_format(input) is not contiguous_format:
+        c = input.shape[1]
+        out = out.as_strided(tuple(out.shape), (c, 1) + (c,) * nd)
+    return out
+
+
 def _def_adaptive_avg(nd):
     def adaptive_avg_pool(input, output_size):
         osz = _adaptive_sizes(f"adaptive_avg_pool{nd}d", input, nd, output_size)
         if not input.dtype.is_floating_point:
             raise NotImplementedError(f'"adaptive_avg_pool{nd}d" not implemented for \'{input.dtype}\'')
+        if all(o == 1 for o in osz):        # PyTorch's shortcut: the mean over the pooled dims (a reduction)
+            return _global_avg(input, nd)
         tdt = _table_dtype(input.dtype)
         sizes = tuple(input.shape[-nd:])
         idx, w = _device_tables(("adaptive_avg", sizes, tuple(osz), tdt), input.device,
