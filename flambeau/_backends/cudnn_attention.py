@@ -14,6 +14,7 @@ flambeau/_ops/attention_fused.py then uses the Triton kernels.
 """
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -52,7 +53,6 @@ def _import_frontend():
     `import torch` raises ImportError; 1.16+ catch it, 1.15.0 does not and is reported unusable); where
     the program imported torch itself, nothing is hidden. We pass only ints and cuDNN's own types to
     the frontend, so its later torch checks never run."""
-    import sys
     hide = "torch" not in sys.modules
     if hide:
         sys.modules["torch"] = None
