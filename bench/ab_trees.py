@@ -13,8 +13,9 @@ Workloads: `add`, `mul_scalar`, `relu`, `view`, `transpose`, `slice`, `reshape`,
 `add_grad`, `linear_grad` (8×8 float32), `mlp_fwd_bwd` (bench/dispatch_overhead.py's two-layer step), its
 training steps `mlp_step`, `mlp_step_amp`, `conv_step`, `bigram_eval` (bench/cpu_models.py's bigram
 estimate_loss iteration: get_batch from a 1M-token corpus, forward under no_grad, loss.item()), `bigram_train`
-(its training step: get_batch, forward, backward, AdamW), `cross_entropy` (forward + backward, 256 x 65), and
-bench/dispatch_overhead.py's get_batch ops (`iter32`, `add_int`, `slice_tensor_bounds`, `stack32`, `get_batch`).
+(its training step: get_batch, forward, backward, AdamW), `cross_entropy` (forward + backward, 256 x 65),
+`gpt_train` (bench/distributed_train.py --small's eager step: bench/gpu_models.py's GPT of 2 layers, width 64,
+B2 x T32, AdamW), and bench/dispatch_overhead.py's get_batch ops (`iter32`, `add_int`, `slice_tensor_bounds`, `stack32`, `get_batch`).
 """
 from __future__ import annotations
 
@@ -71,8 +72,14 @@ def workloads(m) -> dict:
     def cross_entropy():
         F.cross_entropy(logits, targets).backward()
 
+    from gpu_models import gpt, train_step
+    m.manual_seed(0)
+    model = gpt(m, vocab=96, block=32, d=64, layers=2, heads=2)
+    gpt_opt = m.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    idx, tgt = (m.tensor(rng.integers(0, 96, (2, 32))) for _ in range(2))
+
     ops.update(mul_scalar=lambda: ops_input * 0.5, bigram_eval=bigram_eval, bigram_train=bigram_train,
-               cross_entropy=cross_entropy)
+               cross_entropy=cross_entropy, gpt_train=lambda: train_step(m, model, gpt_opt, idx, tgt, None))
     return ops
 
 

@@ -223,18 +223,19 @@ elu = pointwise_family("elu", "Scalar alpha=1, Scalar scale=1, Scalar input_scal
 
 
 def _gelu_fwd(xp, x, approximate):
+    """The cube as x * x * x, as ATen's kernel (NumPy's float32 `x ** 3` calls powf: ~300x slower)."""
     if approximate == "tanh":
         k = math.sqrt(2 / math.pi)
-        return 0.5 * x * (1 + xp.tanh(k * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1 + xp.tanh(k * (x + 0.044715 * (x * x * x))))
     return 0.5 * x * (1 + _np_erf(xp, x / math.sqrt(2)))
 
 
 def _gelu_bwd(xp, g, x, approximate):
     if approximate == "tanh":
         k = math.sqrt(2 / math.pi)
-        inner = k * (x + 0.044715 * x ** 3)
-        t = xp.tanh(inner)
-        return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x))
+        x2 = x * x
+        t = xp.tanh(k * (x + 0.044715 * (x2 * x)))
+        return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x2))
     cdf = 0.5 * (1 + _np_erf(xp, x / math.sqrt(2)))
     pdf = xp.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
     return g * (cdf + x * pdf)
