@@ -9,6 +9,7 @@ into leaves' `.grad`; `grad` returns the gradients of chosen inputs instead.
 from __future__ import annotations
 
 import heapq
+from heapq import heappop, heappush
 import threading
 import warnings
 
@@ -16,7 +17,7 @@ from .._dtype import FLOATING
 from .. import _state
 from .._tensor import Tensor, strided, contiguous_format, _ptr
 from .._dispatch import WRAPPER_DEVICE
-from .graph import AccumulateGrad, _edge
+from .graph import AccumulateGrad, OpNode, _edge
 from .._ops.creation import empty_strided, ones_like, tensor, zeros_like
 from .._ops._helpers import direct_device, direct_call
 from .._ops.pointwise import add
@@ -133,8 +134,10 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
     final_callbacks.append([])
     try:
         while ready:
-            _, _, node = heapq.heappop(ready)
-            buf = buffers.pop(node, {})
+            node = heappop(ready)[2]
+            buf = buffers.pop(node, None)
+            if buf is None:
+                buf = {}
             if node._tensor_hooks:
                 for nr, hooks in node._tensor_hooks.items():
                     if buf.get(nr) is not None:
@@ -158,12 +161,13 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                 if accumulate and (only_leaves is None or node in only_leaves) and buf.get(0) is not None:
                     _accumulate(node.variable, buf[0], create_graph, stored)
                 continue
-            if needed is not None and node not in needed:
-                outs = [None] * len(node._next_nodes)
-            elif not buf:
-                outs = [None] * len(node._next_nodes)
+            next_nodes = node._next_nodes
+            if not buf or (needed is not None and node not in needed):
+                outs = [None] * len(next_nodes)
             else:
-                nout = max(len(getattr(node, "_out_meta", ())), max(buf) + 1)
+                # an OpNode's gradients arrive at its outputs only (buffer keys < len(_out_meta))
+                nout = len(node._out_meta) if type(node) is OpNode else \
+                    max(len(getattr(node, "_out_meta", ())), max(buf) + 1)
                 if nout == 1:
                     grads = [buf.get(0)]
                 else:
@@ -171,16 +175,18 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                 if _state.anomaly or node._post_hooks:
                     outs = _apply(node, grads)
                 else:                      # `_apply` without anomaly mode and post hooks, inlined
-                    outs = node.apply(list(grads))
+                    outs = node.apply(grads)           # a fresh list, read no more here
                     if type(outs) is not list:
                         outs = list(outs)
-                    if len(outs) != len(node._next_nodes):
+                    if len(outs) != len(next_nodes):
                         _wrong_count(node, outs)
                 if not retain_graph:
                     node.release()
             in_meta = node._in_meta
             n_meta = len(in_meta)
-            for i, (nx, nr, g) in enumerate(zip(node._next_nodes, node._next_nrs, outs)):
+            i = -1
+            for nx, nr, g in zip(next_nodes, node._next_nrs, outs):
+                i += 1
                 if nx is None:
                     continue
                 if g is not None:
@@ -198,7 +204,7 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                 left = deps[nx] - 1
                 deps[nx] = left
                 if left == 0:
-                    heapq.heappush(ready, (-nx._sequence_nr, id(nx), nx))
+                    heappush(ready, (-nx._sequence_nr, id(nx), nx))
         callbacks = final_callbacks[-1]
         while callbacks:
             callbacks.pop(0)()

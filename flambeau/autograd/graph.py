@@ -358,18 +358,34 @@ class OpNode(Node):
     def release(self):
         self._saved = None
 
+    def _undefined(self, i: int) -> Tensor:
+        """Zeros for output `i`, which received no gradient (PyTorch's undefined tensor)."""
+        shape, dt, dev = self._out_meta[i]
+        z = zeros(shape, dtype=dt, device=dev) if dev is not None and not hasattr(dev, "zeros") \
+            else dev.zeros(dt)                    # a DTensor's layout makes its own zeros
+        z._undefined_grad = True                  # see flambeau._ops._helpers.undefined_grad
+        return z
+
     def apply(self, grads):
-        if self._saved is None:
+        saved = self._saved
+        if saved is None:
             raise RuntimeError(_FREED)
-        optional = self._op.optional_output_grads and all(g is None for g in grads[1:])
-        for i, g in enumerate(grads):
-            if g is None and not (optional and i):
-                shape, dt, dev = self._out_meta[i]
-                grads[i] = zeros(shape, dtype=dt, device=dev) if dev is not None and not hasattr(dev, "zeros") \
-                    else dev.zeros(dt)                # a DTensor's layout makes its own zeros
-                grads[i]._undefined_grad = True       # see flambeau._ops._helpers.undefined_grad
+        op = self._op
+        if len(grads) == 1:
+            g = grads[0]
+            if g is None:
+                g = grads[0] = self._undefined(0)
+        else:
+            optional = None
+            for i, g in enumerate(grads):
+                if g is None:
+                    if optional is None:           # decided before any zeros are filled in
+                        optional = op.optional_output_grads and all(x is None for x in grads[1:])
+                    if not (optional and i):
+                        grads[i] = self._undefined(i)
+            g = tuple(grads)
         kw = {}
-        for k, v in self._saved.items():
+        for k, v in saved.items():
             if type(v) is SavedTensor:
                 t = v.t
                 if v.is_output or v.packed is not None or t._version[0] != v.version:
@@ -381,8 +397,7 @@ class OpNode(Node):
             elif type(v) is tuple and v and type(v[0]) is SavedTensor:
                 v = tuple(x.unpack(self) if type(x) is SavedTensor else x for x in v)
             kw[k] = v
-        g = grads[0] if len(grads) == 1 else tuple(grads)
-        res = self._op.derivative(g, **kw)
+        res = op.derivative(g, **kw)
         if self._layout is None:           # every Tensor argument a single tensor: one gradient each
             if not isinstance(res, (tuple, list)):
                 return [res]
