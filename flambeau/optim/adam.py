@@ -108,8 +108,12 @@ class Adam(Optimizer):
 
     def _update(self, xp, p, g, s, step, group, ex):
         b1, b2 = group["betas"]
-        bc1 = ex(per_tensor(lambda t: 1 - b1 ** t, step))
-        bc2_sqrt = ex(per_tensor(lambda t: math.sqrt(1 - b2 ** t), step))
+        if step.size == 1:         # one tensor's step: what `ex(per_tensor(...))` gives, without its arrays
+            t = step.item()
+            bc1, bc2_sqrt = float(1 - b1 ** t), float(math.sqrt(1 - b2 ** t))
+        else:
+            bc1 = ex(per_tensor(lambda t: 1 - b1 ** t, step))
+            bc2_sqrt = ex(per_tensor(lambda t: math.sqrt(1 - b2 ** t), step))
         if xp is np and step.size == 1 and self._fused_cpu(p, g, s, bc1, bc2_sqrt, group):
             return
         g = _weight_decay(p, g, group, group["decoupled_weight_decay"])
