@@ -10,6 +10,7 @@ without flush-to-zero instructions, and the count of zero-filled tensors in a ba
 PyTorch's. On the GPU (`cuda` marks): every cast pair bit for bit against PyTorch cuda, sums,
 means, fills and BatchNorm/LayerNorm backward against PyTorch cuda.
 """
+import contextlib
 import ctypes
 import shutil
 import subprocess
@@ -300,8 +301,11 @@ def _fills(names):
     return [n for n in names if any(w in n for w in ("full", "zeros", "fill", "new_zeros"))]
 
 
-@pytest.mark.parametrize("layer", ["batch_norm", "layer_norm", "max_pool2d"])
+@pytest.mark.parametrize("layer", ["batch_norm", "layer_norm", "max_pool2d", "sdpa_FLASH_ATTENTION", "sdpa_MATH",
+                                   "sdpa_EFFICIENT_ATTENTION"])
 def test_no_zero_gradients_for_unused_statistics_as_pytorch(layer):
+    """Also attention's log-sum-exp (and dropout state) outputs: flambeau's cpu flash kernel, math and blocked
+    paths (`sdpa_kernel` picks; PyTorch runs its own choice)."""
     x = np.random.default_rng(0).standard_normal((4, 3, 6, 6)).astype(np.float32)
     fills = {}
     for m, mode in ((fl, _CountFl), (torch, _CountTorch)):
@@ -310,6 +314,13 @@ def test_no_zero_gradients_for_unused_statistics_as_pytorch(layer):
             y = m.nn.functional.batch_norm(t, None, None, m.ones(3), m.zeros(3), training=True)
         elif layer == "layer_norm":
             y = m.nn.functional.layer_norm(t, (6,), m.ones(6), m.zeros(6))
+        elif layer.startswith("sdpa"):
+            from flambeau.nn.attention import SDPBackend, sdpa_kernel
+            with sdpa_kernel(getattr(SDPBackend, layer[5:])) if m is fl else contextlib.nullcontext():
+                y = m.nn.functional.scaled_dot_product_attention(t, t * 2, t * 3, is_causal=True)
+            if m is fl:
+                assert y.grad_fn.name() == {"FLASH_ATTENTION": "SdpaFlashCpuBackward0", "MATH": "SdpaMathBackward0",
+                                            "EFFICIENT_ATTENTION": "SdpaBlockedBackward0"}[layer[5:]]
         else:
             y = m.nn.functional.max_pool2d(t, 2)
         g = m.ones_like(y)

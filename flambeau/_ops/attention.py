@@ -160,7 +160,8 @@ def _f(x, cd):
 @defop("_sdpa_math(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, "
        "bool is_causal=False, float? scale=None, bool enable_gqa=False) -> (Tensor, Tensor, Tensor)",
        function=False,
-       tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
+       tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision,
+             Tag.optional_output_grads))
 def _sdpa_math(xp, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                enable_gqa=False):
     _check(query, key, value, attn_mask, is_causal)
@@ -232,7 +233,8 @@ def _(grad, query, key, value, attn_mask, dropout_p, scale, enable_gqa, result):
 @defop("_sdpa_blocked(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, "
        "bool is_causal=False, float? scale=None, bool enable_gqa=False, int block_q=128, int block_k=128) "
        "-> (Tensor, Tensor, Tensor)", function=False,
-       tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
+       tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision,
+             Tag.optional_output_grads))
 def _sdpa_blocked(xp, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                   enable_gqa=False, block_q=128, block_k=128):
     _check(query, key, value, attn_mask, is_causal)

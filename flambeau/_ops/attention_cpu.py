@@ -45,7 +45,8 @@ def _on_cpu(name, *arrays):
 
 @defop("_sdpa_flash_cpu(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, bool is_causal=False, "
        "float? scale=None, bool enable_gqa=False) -> (Tensor, Tensor)", function=False,
-       tags=(Tag.core, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision))
+       tags=(Tag.core, Tag.extern, Tag.autocast_lower_precision, Tag.cpu_autocast_lower_precision,
+             Tag.optional_output_grads))
 def _sdpa_flash_cpu(xp, query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
     A._check(query, key, value, attn_mask, is_causal)
     _on_cpu("_sdpa_flash_cpu", query, key, value)

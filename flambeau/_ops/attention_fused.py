@@ -180,7 +180,8 @@ def _softmax_scale(query, scale):
 
 @defop("_sdpa_fused(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, "
        "bool is_causal=False, float? scale=None, int impl=3) -> (Tensor, Tensor, Tensor)", function=False,
-       tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern, Tag.autocast_lower_precision))
+       tags=(Tag.core, Tag.nondeterministic_seeded, Tag.extern, Tag.autocast_lower_precision,
+             Tag.optional_output_grads))
 def _sdpa_fused(xp, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, impl=3):
     A._check(query, key, value, attn_mask, is_causal)
     _cuda_only("_sdpa_fused", query, key, value)
