@@ -148,3 +148,35 @@ def test_division_computes_the_divisors_gradient_only_when_needed(need):
             assert f.grad is None
         else:
             np.testing.assert_allclose(f.grad.numpy(), t.grad.numpy(), rtol=1e-12)
+
+
+class _TorchMuls(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.overloadpacket.__name__ == "mul"
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("need", [(True, False), (False, True), (True, True)], ids=["g-", "-g", "gg"])
+@pytest.mark.parametrize("shapes", [((5, 3), (5, 3)), ((5, 3), (3,))], ids=["same", "broadcast"])
+def test_a_product_runs_one_multiplication_per_needed_gradient_as_pytorch(shapes, need):
+    """`x * mask`, `x * scale`: mul's backward multiplies only for the operands that require grad."""
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal(s) for s in shapes]
+    fa = [flambeau.tensor(a, requires_grad=n) for a, n in zip(arrays, need)]
+    ta = [torch.tensor(a, requires_grad=n) for a, n in zip(arrays, need)]
+    g = rng.standard_normal((5, 3))
+    fo, to = fa[0] * fa[1], ta[0] * ta[1]
+    with op_names_mode() as mode:
+        fo.backward(flambeau.tensor(g))
+    with _TorchMuls() as tmode:
+        to.backward(torch.tensor(g))
+    assert mode.names.count("mul") == sum(need) == tmode.count, (mode.names, tmode.count)
+    for f, t in zip(fa, ta):
+        if t.grad is None:
+            assert f.grad is None
+        else:
+            np.testing.assert_allclose(f.grad.numpy(), t.grad.numpy(), rtol=1e-12, atol=1e-12)

@@ -84,8 +84,10 @@ mul.def_meta(binary_meta())
 
 
 @mul.def_derivative
-def _(grad, self, other):
-    return grad * _conj(other), grad * _conj(self)
+def _mul_derivative(grad, self, other, output_mask):
+    """Each operand's gradient only when it needs one (PyTorch's mask): `x * mask`, `x * scale` run one
+    product in backward, not two."""
+    return grad * _conj(other) if output_mask[0] else None, grad * _conj(self) if output_mask[1] else None
 
 
 @defop("div.Tensor(Tensor self, Tensor other) -> Tensor", method=False, function=False, inplace=True,
