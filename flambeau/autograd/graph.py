@@ -555,7 +555,9 @@ def record(op, args, kwargs, out, node_cls=None):
     for k, i in enumerate(op.tensor_args):
         v = bound[i]
         if isinstance(v, Tensor):
-            if v._base is None and v._device is not WRAPPER_DEVICE:      # `_edge` and `_meta_of`, inlined
+            # `_edge` and `_meta_of`, inlined: a plain tensor, or a view whose base was not modified in place
+            # since its node was recorded (`refresh_view` would return at once)
+            if (v._base is None or v._version[0] == v._view_version) and v._device is not WRAPPER_DEVICE:
                 fn = v._grad_fn
                 if fn is not None:
                     nodes.append(fn)
