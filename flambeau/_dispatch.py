@@ -337,7 +337,9 @@ def call_functional(op, args, kwargs, record=True):
             r = kernel(xp, uargs[0])
         else:
             r = kernel(xp, *uargs)
-        out = Tensor._make(r, dev) if type(r) is _ndarray else _wrap(r, dev)
+        tr = type(r)
+        # an array (NumPy's, or an accelerator's that `_wrap` has seen: CuPy's) becomes a Tensor here
+        out = Tensor._make(r, dev) if tr is _ndarray or tr in device_array_types else _wrap(r, dev)
         if op.return_type is not None and type(out) is tuple:
             out = op.return_type(*out)
     if op.is_view:
