@@ -126,7 +126,7 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
         if node is not None and deps.get(node, 0) == 0 and node not in [r[2] for r in ready]:
             heapq.heappush(ready, (-node._sequence_nr, id(node), node))
     captured = {}
-    stored: dict = {}           # owner array id -> byte ranges of the gradients leaves took over in this pass
+    stored: dict = {}           # owner array id -> the gradients of it that leaves took over in this pass
     prev = _state.tls.grad_enabled
     _state.tls.grad_enabled = create_graph
     prev_autocast = _state.set_autocast({})     # backward keeps the forward's casts only
@@ -287,25 +287,36 @@ def _wrong_count(node, outs):
     raise RuntimeError(f"function {node.name()} returned an incorrect number of gradients (expected {n}, got {len(outs)})")
 
 
-def _extent(a) -> tuple:
-    """(owner id, first byte, one past the last byte) of the memory NumPy/CuPy array `a` spans."""
+def _owner(a):
+    """The array owning the memory of NumPy/CuPy array `a` (views chain through `.base` to it)."""
     root = a
-    while getattr(root, "base", None) is not None:       # views chain through `.base` to the owner
+    while getattr(root, "base", None) is not None:
         root = root.base
+    return root
+
+
+def _extent(a) -> tuple:
+    """(first byte, one past the last byte) of the memory NumPy/CuPy array `a` spans."""
     lo = hi = _ptr(a)
     for n, st in zip(a.shape, a.strides):
         if n == 0:
-            return id(root), lo, lo
+            return lo, lo
         if st < 0:
             lo += (n - 1) * st
         else:
             hi += (n - 1) * st
-    return id(root), lo, hi + a.itemsize
+    return lo, hi + a.itemsize
 
 
-def _overlaps(extent, stored: dict) -> bool:
-    root, lo, hi = extent
-    return any(lo < h and l < hi for l, h in stored.get(root, ()))
+def _overlaps(a, taken) -> bool:
+    """Whether array `a` shares a byte with one of the arrays `taken` (gradients of one owner that leaves
+    took over in this pass). Addresses are read only here: the usual gradient is the first of its owner."""
+    lo, hi = _extent(a)
+    for b in taken:
+        l, h = _extent(b)
+        if lo < h and l < hi:
+            return True
+    return False
 
 
 def _dense_arrays(*tensors) -> bool:
@@ -341,18 +352,27 @@ def _stealable_or_copy(var: Tensor, grad: Tensor, stored: dict) -> Tensor:
     no other leaf of this backward holds any of its memory (`x + w` passes one gradient to both) and its layout
     follows the leaf's, else a copy in the leaf's layout (an expanded `sum` gradient, a transposed leaf).
     Later accumulation adds into it in place, so it must own its memory and have no overlapping elements."""
-    extent = _extent(grad._data)
-    if not _overlaps(extent, stored) and _obeys_layout(grad, var):
-        stored.setdefault(extent[0], []).append(extent[1:])
+    a = grad._data
+    taken = stored.get(id(_owner(a)))
+    if (taken is None or not _overlaps(a, taken)) and _obeys_layout(grad, var):
+        _keep(a, stored, taken)
         return grad
     if _non_overlapping_and_dense(var.shape, var.stride()):
         out = empty_strided(var.shape, var.stride(), dtype=grad.dtype, device=grad.device)
         out.copy_(grad)
     else:
         out = grad.clone(memory_format=contiguous_format)
-    extent = _extent(out._data)
-    stored.setdefault(extent[0], []).append(extent[1:])
+    _keep(out._data, stored, stored.get(id(_owner(out._data))))
     return out
+
+
+def _keep(a, stored: dict, taken) -> None:
+    """Note array `a` as taken over by a leaf: `stored` maps an owner's id to the arrays of it kept in this
+    pass (each keeps its owner alive, so the id stays that owner's while the pass runs)."""
+    if taken is None:
+        stored[id(_owner(a))] = [a]
+    else:
+        taken.append(a)
 
 
 def _accumulate(t: Tensor, g: Tensor, create_graph: bool, stored: dict | None = None):
