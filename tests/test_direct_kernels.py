@@ -256,3 +256,27 @@ def test_engine_sums_reduces_and_casts_gradients_on_arrays_as_dispatched_and_pyt
     assert not {"add.Tensor", "sum.dim_IntList", "view", "_to_copy"} & set(fast), fast
     assert {"add.Tensor", "sum.dim_IntList"} <= set(slow), slow
     _same_grads(got, ref, run(torch), _TOL[dt] if dt == "bfloat16" else dict(rtol=1e-5, atol=1e-5))
+
+
+@pytest.mark.parametrize("how", ["sum_all", "sum_dims", "sum_keepdim", "mean_dim", "mean_all"])
+def test_reduction_backward_on_arrays_equals_the_dispatched_derivative_and_pytorch(how):
+    """sum/mean's gradient broadcast back to the input (`reduction.expand_reduced`) by the unsqueeze and
+    expand kernels on the arrays, not dispatched views."""
+    from flambeau._ops import reduction as reduction_mod
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 4, 5))
+    w = {"sum_dims": (4,), "sum_keepdim": (3, 1, 5), "mean_dim": (3, 4)}
+    w = rng.standard_normal(w[how]) if how in w else None
+
+    def run(m, names=None):
+        X = m.tensor(x, requires_grad=True)
+        y = {"sum_all": lambda: X.sum(), "sum_dims": lambda: X.sum((0, 2)), "sum_keepdim": lambda: X.sum(1, keepdim=True),
+             "mean_dim": lambda: X.mean(-1), "mean_all": lambda: X.mean()}[how]()
+        loss = y if w is None else (y * m.tensor(w)).sum()
+        with names or _Names():
+            loss.backward()
+        return [X.grad]
+    got, ref, fast, slow = _fast_and_dispatched(run, reduction_mod)
+    assert not {"unsqueeze", "expand"} & set(fast), fast
+    assert "expand" in slow, slow
+    _same_grads(got, ref, run(torch), dict(rtol=1e-12, atol=1e-12))

@@ -22,7 +22,8 @@ from .._tensor import Tensor
 from .._dispatch import type_name, resize_out
 from .._backends import triton_launch, is_cupy
 from ._registry import defop, export, EXPORTS, LINALG, TensorSpec, Tag
-from ._helpers import wrap_dim, wrap_dims, opmath, PAR_MIN, parallel_blocks
+from ._helpers import wrap_dim, wrap_dims, opmath, PAR_MIN, parallel_blocks, direct_device, direct_call
+from .views import _expand, unsqueeze
 from .._backends import cpu_kernels, cuda_kernels
 from . import _batching, _sharding
 
@@ -67,11 +68,13 @@ def _check_empty(name, shape, dims):
 
 
 def expand_reduced(grad, shape, dim, keepdim):
-    """Broadcast a reduction's gradient back to the input shape."""
+    """Broadcast a reduction's gradient back to the input shape; the unsqueeze and expand kernels on the
+    arrays when nothing observes dispatch (`direct_device`: a backward without create_graph)."""
+    dev = direct_device(grad)
     if not keepdim and len(shape):
         for d in sorted(_dims(dim, len(shape))):
-            grad = grad.unsqueeze(d)
-    return grad.expand(shape)
+            grad = direct_call(unsqueeze, dev, grad._data, d) if dev is not None else grad.unsqueeze(d)
+    return direct_call(_expand, dev, grad._data, tuple(shape)) if dev is not None else grad.expand(shape)
 
 
 def select_backward(grad, shape, dim, indices, keepdim):
