@@ -32,14 +32,7 @@ def build_cnn_bn(m):
             x = m.nn.functional.max_pool2d(m.relu(self.b1(self.c1(x))), 2)
             x = m.nn.functional.max_pool2d(m.relu(self.b2(self.c2(x))), 2)
             return self.fc(x.flatten(1))
-    model = CNNBN()
-    rng = np.random.default_rng(5)
-    for bn in (model.b1, model.b2):
-        n = bn.num_features
-        for name, value in (("weight", rng.uniform(0.5, 2, n)), ("bias", rng.standard_normal(n) * 0.3),
-                            ("running_mean", rng.standard_normal(n) * 0.2), ("running_var", rng.uniform(0.3, 3, n))):
-            getattr(bn, name).data.copy_(m.tensor(value.astype(np.float32)))
-    return model
+    return _set_bn_statistics(CNNBN(), m, seed=5)
 
 
 def build_mlp(m, d_in=20, hidden=64, classes=4, skip=True):
@@ -58,3 +51,42 @@ def build_mlp(m, d_in=20, hidden=64, classes=4, skip=True):
 def calibration(shape, n_batches=3, seed=0):
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal(shape) * (1 + i)).astype(np.float32) for i in range(n_batches)]
+
+
+def build_qat_cnn(m):
+    """conv -> batch norm -> ReLU twice (the second convolution without a bias), a spatial mean and a
+    linear classifier: the model QAT conv-bn fusion is tested on (ReLU as a module, as PyTorch's
+    quantizer requires to annotate its output)."""
+    class QATCNN(m.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1, self.r1 = m.nn.Conv2d(3, 8, 3, padding=1), m.nn.BatchNorm2d(8), m.nn.ReLU()
+            self.c2, self.b2, self.r2 = m.nn.Conv2d(8, 8, 3, bias=False), m.nn.BatchNorm2d(8), m.nn.ReLU()
+            self.fc = m.nn.Linear(8, 4)
+
+        def forward(self, x):
+            x = self.r2(self.b2(self.c2(self.r1(self.b1(self.c1(x))))))
+            return self.fc(x.mean((2, 3)))
+    return _set_bn_statistics(QATCNN(), m, seed=7)
+
+
+def _set_bn_statistics(model, m, seed):
+    rng = np.random.default_rng(seed)
+    for bn in (model.b1, model.b2):
+        n = bn.num_features
+        for name, value in (("weight", rng.uniform(0.5, 2, n)), ("bias", rng.standard_normal(n) * 0.3),
+                            ("running_mean", rng.standard_normal(n) * 0.2), ("running_var", rng.uniform(0.3, 3, n))):
+            getattr(bn, name).data.copy_(m.tensor(value.astype(np.float32)))
+    return model
+
+
+def qat_batches(n=6, batch=8, seed=3):
+    """(input, class) batches QAT trains build_qat_cnn on: labels from the sign pattern of the mean of
+    two input channels, so the loss moves."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        x = rng.standard_normal((batch, 3, 10, 10)).astype(np.float32)
+        m = x.mean((2, 3))
+        out.append((x, ((m[:, 0] > 0) * 2 + (m[:, 1] > 0)).astype(np.int64)))
+    return out

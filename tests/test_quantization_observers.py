@@ -73,6 +73,38 @@ def test_histogram_observer_growing_range_and_infinities():
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+@pytest.mark.parametrize("weight", [False, True], ids=["activation", "per_channel_weight"])
+def test_fused_moving_average_fake_quantize_qparams_and_values_match_pytorch(weight):
+    """FusedMovingAvgObsFakeQuantize fake-quantizes with the qparams of PyTorch's fused op (FBGEMM's
+    ChooseQuantizationParams, sparsity preserved for the symmetric weights: scale = max(-min/128, max/127)
+    per channel, not the observer's max(-min, max)/127.5), over 4 steps of a moving range: channels of both
+    signs, all positive, all negative, tiny (FBGEMM's smallest scale); scales, zero points and outputs
+    bit for bit. The observer's own qparams (what convert uses) stay the observer's."""
+    rng = np.random.default_rng(0)
+    made = []
+    for lib in (torch, flambeau):
+        if weight:
+            made.append(lib.ao.quantization.FusedMovingAvgObsFakeQuantize(
+                observer=lib.ao.quantization.MovingAveragePerChannelMinMaxObserver, quant_min=-128, quant_max=127,
+                dtype=lib.int8, qscheme=lib.per_channel_symmetric, ch_axis=0, eps=2 ** -12))
+        else:
+            made.append(lib.ao.quantization.FusedMovingAvgObsFakeQuantize(quant_min=0, quant_max=255,
+                                                                          dtype=lib.quint8, eps=2 ** -12))
+    theirs, ours = made
+    for _ in range(4):
+        if weight:
+            x = (rng.standard_normal((6, 3, 2, 2)) * rng.uniform(1e-6, 2, (6, 1, 1, 1))).astype(np.float32)
+            x[4], x[3] = np.abs(x[4]) + 0.1, -np.abs(x[3])
+        else:
+            x = (rng.standard_normal(50) * 3 + rng.uniform(-2, 2)).astype(np.float32)
+        want, got = theirs(torch.tensor(x)).numpy(), ours(flambeau.tensor(x)).numpy()
+        np.testing.assert_array_equal(ours.scale.numpy(), theirs.scale.numpy())
+        np.testing.assert_array_equal(ours.zero_point.numpy(), theirs.zero_point.numpy())
+        np.testing.assert_array_equal(got, want)
+    for a, b in zip(ours.calculate_qparams(), theirs.calculate_qparams()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_observer_errors_and_defaults():
     with pytest.raises(NotImplementedError):
         flambeau.ao.quantization.MinMaxObserver(qscheme=flambeau.per_channel_affine)

@@ -9,11 +9,13 @@ import numpy as np
 import torch
 
 warnings.filterwarnings("ignore")
-from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e  # noqa: E402
+from torchao.quantization.pt2e import move_exported_model_to_eval  # noqa: E402
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e  # noqa: E402
 from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from tests.quantization_models import build_cnn, build_cnn_bn, build_mlp, calibration  # noqa: E402
+from tests.quantization_models import (build_cnn, build_cnn_bn, build_mlp, build_qat_cnn, calibration,  # noqa: E402
+                                       qat_batches)
 
 
 def run(name, build, shape, dynamic, out):
@@ -45,12 +47,44 @@ def run(name, build, shape, dynamic, out):
     out[f"{name}/output"] = converted(torch.tensor(data[1] * 3)).detach().numpy()
 
 
+def run_qat(out, lr=0.1):
+    """QAT of build_qat_cnn (conv-bn fused by prepare_qat_pt2e): the losses of each SGD step, the batch
+    norms' running statistics after training, the converted model's folded int8 weights and output."""
+    torch.manual_seed(0)
+    model = build_qat_cnn(torch).train()
+    for k, v in model.state_dict().items():
+        out[f"qat/state/{k}"] = v.detach().numpy().copy()      # training updates the tensors in place
+    batches = qat_batches()
+    gm = torch.export.export(model, (torch.tensor(batches[0][0]),)).module()
+    cfg = xiq.get_default_x86_inductor_quantization_config(is_qat=True)
+    prepared = prepare_qat_pt2e(gm, xiq.X86InductorQuantizer().set_global(cfg))
+    opt = torch.optim.SGD(prepared.parameters(), lr=lr, momentum=0.9)
+    losses = []
+    for x, y in batches:
+        loss = torch.nn.functional.cross_entropy(prepared(torch.tensor(x)), torch.tensor(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    out["qat/losses"] = np.array(losses)
+    for k, v in prepared.named_buffers():
+        if "running_" in k:
+            out[f"qat/{k.replace('.', '_')}"] = v.numpy()
+    move_exported_model_to_eval(prepared)
+    converted = convert_pt2e(prepared)
+    for k, v in converted.named_buffers():
+        if k.startswith("_frozen_param"):
+            out[f"qat/{k}"] = v.numpy()
+    out["qat/output"] = converted(torch.tensor(batches[0][0])).detach().numpy()
+
+
 def main(path):
     out = {}
     run("cnn", build_cnn, (4, 3, 16, 16), False, out)
     run("cnn_bn", build_cnn_bn, (4, 3, 16, 16), False, out)
     run("mlp", build_mlp, (5, 20), False, out)
     run("mlp_dynamic", build_mlp, (5, 20), True, out)
+    run_qat(out)
     np.savez(path, **out)
 
 

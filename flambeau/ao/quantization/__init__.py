@@ -10,4 +10,5 @@ from .qconfig import QConfig, default_dynamic_qconfig, per_channel_dynamic_qconf
 from .quantize import quantize_dynamic  # noqa: F401
 from .fake_quantize import FakeQuantize, FusedMovingAvgObsFakeQuantize  # noqa: F401
 from . import quantize_pt2e, quantizer  # noqa: F401
+from .quantize_pt2e import move_exported_model_to_eval, move_exported_model_to_train  # noqa: F401
 from .quantizer import x86_inductor_quantizer  # noqa: F401

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from ... import _dtype as D
 from ... import _ops
 from ..._tensor import Tensor
 from ...nn.modules.module import Module
 from .observer import MovingAverageMinMaxObserver, _PartialWrapper
-from .utils import is_per_channel
+from .utils import choose_qparams, is_per_channel
 
 F = _ops.EXPORTS
 
@@ -78,9 +80,27 @@ class FakeQuantize(Module):
 
 
 class FusedMovingAvgObsFakeQuantize(FakeQuantize):
-    """PyTorch's fused observer + fake quantization, computed unfused: a moving-average observer
-    (per channel for weights), then `FakeQuantize`'s steps."""
+    """PyTorch's fused observer + fake quantization (`fused_moving_avg_obs_fake_quant`), computed
+    unfused: a moving-average observer (per channel for weights), then the qparams the fused op picks,
+    FBGEMM's ChooseQuantizationParams over the running range (sparsity preserved for symmetric
+    qschemes), which differ from the observer's own `calculate_qparams` (what `convert_pt2e` uses)."""
 
     def __init__(self, observer=MovingAverageMinMaxObserver, quant_min: int = 0, quant_max: int = 255,
                  **observer_kwargs):
         super().__init__(observer, quant_min, quant_max, **observer_kwargs)
+
+    def forward(self, x: Tensor) -> Tensor:
+        obs = self.activation_post_process
+        if int(self.observer_enabled[0]) == 1:
+            obs(x.detach())
+        if int(self.fake_quant_enabled[0]) != 1:
+            return x.clone()
+        symmetric = self.qscheme in (D.per_tensor_symmetric, D.per_channel_symmetric)
+        lo, hi = np.atleast_1d(obs.min_val.numpy()), np.atleast_1d(obs.max_val.numpy())
+        qparams = [choose_qparams(a, b, obs.quant_min, obs.quant_max, symmetric) for a, b in zip(lo, hi)]
+        self.scale = F["tensor"]([q[0] for q in qparams], dtype=D.float32)
+        self.zero_point = F["tensor"]([q[1] for q in qparams], dtype=D.int32)
+        if self.is_per_channel:
+            return F["fake_quantize_per_channel_affine"](x, self.scale, self.zero_point, self.ch_axis,
+                                                         obs.quant_min, obs.quant_max)
+        return F["fake_quantize_per_tensor_affine"](x, self.scale, self.zero_point, obs.quant_min, obs.quant_max)

@@ -1,7 +1,7 @@
 """The PT2E quantization flow (PyTorch's `torch.ao.quantization.quantize_pt2e`): capture a model as an
 aten graph, let a `Quantizer` annotate it, `prepare_pt2e` folds batch norms into their convolutions
-(as PyTorch's) and inserts observers (fake quantizers with
-`prepare_qat_pt2e`) on the annotated edges, the user calibrates (or trains), and `convert_pt2e`
+and linear layers (as PyTorch's; `prepare_qat_pt2e` rewrites conv -> batch norm into PyTorch's fused
+QAT form instead) and inserts observers (fake quantizers with `prepare_qat_pt2e`) on the annotated edges, the user calibrates (or trains), and `convert_pt2e`
 replaces each observer by `quantized_decomposed` quantize/dequantize ops with the qparams it
 computed, folding weights into int8 constants. The converted graph runs eagerly, and
 `flambeau.compile` lowers its q/dq ops (their decompositions) into the generated kernels.
@@ -14,27 +14,27 @@ from __future__ import annotations
 import operator
 
 from ... import _dtype as D
-from ... import _ops
 from ...fx._aten import ops
 from ...fx.graph_module import GraphModule
 from ...fx.experimental.proxy_tensor import make_fx
 from ...nn.modules.module import Module
+from .bn_folding import add_buffer, constant_of, fold_conv_bn, fold_conv_bn_qat, fold_linear_bn, fuse_conv_bn_qat
 from .fake_quantize import FakeQuantize
 from .observer import ObserverBase, PlaceholderObserver
 from .quantizer import ANNOTATION_KEY, Quantizer
 from .utils import is_per_channel
 
-F = _ops.EXPORTS
 QD = ops.quantized_decomposed
 OBSERVER_PREFIX = "activation_post_process_"
 
 
 def capture_pre_autograd_graph(model: Module, args: tuple, kwargs: dict | None = None) -> GraphModule:
-    """The aten graph of `model(*args, **kwargs)` with parameters as attributes (get_attr nodes)."""
+    """The aten graph of `model(*args, **kwargs)` with parameters as attributes (get_attr nodes). Traced
+    on fake tensors, as torch.export: a model in training mode keeps its batch norms' running statistics
+    (a real trace would update them once)."""
     kwargs = kwargs or {}
-    if kwargs:
-        return make_fx(lambda *a: model(*a, **kwargs))(*args)
-    return make_fx(model)(*args)
+    fn = (lambda *a: model(*a, **kwargs)) if kwargs else model
+    return make_fx(fn, tracing_mode="fake")(*args)
 
 
 def _check_graph_module(model, api: str) -> None:
@@ -81,101 +81,55 @@ def _insert_observers(model: GraphModule) -> GraphModule:
     return model
 
 
-def _is_inference_batch_norm(node) -> bool:
-    return node.op == "call_function" and node.target is ops.aten.native_batch_norm.default and \
-        len(node.args) == 8 and node.args[5] is False
-
-
-def _fold_conv_bn(model: GraphModule) -> int:
-    """Fold each inference batch norm whose input is a convolution used by it alone into that
-    convolution's weight and bias (PyTorch's `_fuse_conv_bn_` in `prepare_pt2e`, with
-    `torch.nn.utils.fusion.fuse_conv_bn_weights`' arithmetic: r = rsqrt(var + eps), w * (gamma r),
-    ((b - mean) r) gamma + beta, in float32), so the weight is observed and quantized folded, as
-    PyTorch's; returns how many. The folded values are new attributes; the convolution's users read
-    it where they read the batch norm's output."""
-    graph = model.graph
-    folded = 0
-    for bn in list(graph.nodes):
-        if not _is_inference_batch_norm(bn):
-            continue
-        conv, gamma, beta, mean, var, _, _, eps = bn.args
-        if conv.op != "call_function" or conv.target is not ops.aten.convolution.default or len(conv.users) != 1:
-            continue
-        w, b = _constant_of(model, conv.args[1]), None if conv.args[2] is None else _constant_of(model, conv.args[2])
-        stats = [None if n is None else _constant_of(model, n) for n in (gamma, beta, mean, var)]
-        if w is None or (conv.args[2] is not None and b is None) or stats[2] is None or stats[3] is None or \
-                any(n is not None and t is None for n, t in zip((gamma, beta), stats[:2])):
-            continue
-        g, bt, mu, v = (t.detach() for t in (stats[0] if gamma is not None else F["ones_like"](stats[2]),
-                                              stats[1] if beta is not None else F["zeros_like"](stats[2]),
-                                              stats[2], stats[3]))
-        transposed = conv.args[6]
-        r = F["rsqrt"](v + eps)
-        shape = [1, -1] if transposed else [-1, 1]
-        fused_w = w.detach() * (g * r).reshape(shape + [1] * (w.ndim - 2))
-        fused_b = ((F["zeros_like"](mu) if b is None else b.detach()) - mu) * r * g + bt
-        with graph.inserting_before(conv):
-            args = list(conv.args)
-            args[1], args[2] = _buffer(model, graph, "_folded_weight", fused_w), \
-                _buffer(model, graph, "_folded_bias", fused_b)
-        conv.args = tuple(args)
-        for user in list(bn.users):
-            if user.op == "call_function" and user.target is operator.getitem and user.args[1] == 0:
-                user.replace_all_uses_with(conv)
-        folded += 1
-    if folded:
-        graph.eliminate_dead_code()
-        graph.lint()
-        model.recompile()
-    return folded
-
-
 def prepare_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
-    """Fold batch norms into their convolutions (`_fold_conv_bn`), annotate `model` with `quantizer`
-    and insert its observers; run calibration data through the result, then `convert_pt2e` it."""
+    """Fold inference batch norms into the convolutions and linear layers before them (`bn_folding`),
+    annotate `model` with `quantizer` and insert its observers; run calibration data through the
+    result, then `convert_pt2e` it."""
     _check_graph_module(model, "prepare_pt2e")
-    _fold_conv_bn(model)
-    return _prepare(model, quantizer)
+    fold_conv_bn(model)
+    fold_linear_bn(model)
+    return _insert_observers(_annotate(model, quantizer))
 
 
-def _prepare(model: GraphModule, quantizer: Quantizer) -> GraphModule:
+def _annotate(model: GraphModule, quantizer: Quantizer) -> GraphModule:
     model = quantizer.transform_for_annotation(model)
     quantizer.annotate(model)
     quantizer.validate(model)
-    return _insert_observers(model)
+    return model
 
 
 def prepare_qat_pt2e(model: GraphModule, quantizer: Quantizer) -> GraphModule:
     """`prepare_pt2e` for quantization-aware training: the quantizer's QAT configuration inserts fake
-    quantizers, so training sees the rounding and its straight-through gradient (batch norms stay:
-    no QAT conv-bn fusion)."""
+    quantizers, so training sees the rounding and its straight-through gradient; after annotation each
+    convolution -> batch norm becomes PyTorch's fused QAT form (`bn_folding.fuse_conv_bn_qat`: the
+    weight scaled by gamma / running std is fake-quantized), which `convert_pt2e` folds."""
     _check_graph_module(model, "prepare_qat_pt2e")
-    return _prepare(model, quantizer)
+    model = _annotate(model, quantizer)
+    fuse_conv_bn_qat(model)
+    return _insert_observers(model)
+
+
+def _set_batch_norm_training(model: GraphModule, training: bool) -> GraphModule:
+    for node in model.graph.nodes:
+        if node.op == "call_function" and node.target is ops.aten.native_batch_norm.default and len(node.args) == 8:
+            node.args = node.args[:5] + (training,) + node.args[6:]
+    model.recompile()
+    return model
+
+
+def move_exported_model_to_eval(model: GraphModule) -> GraphModule:
+    """The captured graph's batch norms use their running statistics (PyTorch's
+    `move_exported_model_to_eval`, for evaluating a QAT model; `model.eval()` does not change a
+    captured graph). Dropout is not rewritten here."""
+    return _set_batch_norm_training(model, False)
+
+
+def move_exported_model_to_train(model: GraphModule) -> GraphModule:
+    """The captured graph's batch norms use batch statistics and update the running ones again."""
+    return _set_batch_norm_training(model, True)
 
 
 # ---- convert ---------------------------------------------------------------------------------------
-def _fresh_name(model: GraphModule, base: str) -> str:
-    i = 0
-    while hasattr(model, f"{base}{i}"):
-        i += 1
-    return f"{base}{i}"
-
-
-def _buffer(model: GraphModule, graph, base: str, value):
-    name = _fresh_name(model, base)
-    model.register_buffer(name, value)
-    return graph.get_attr(name)
-
-
-def _constant_of(model: GraphModule, node):
-    if node.op != "get_attr":
-        return None
-    obj = model
-    for part in node.target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def _replace_observer(model: GraphModule, node, mod, fold_quantize: bool) -> None:
     graph = model.graph
     src = node.args[0]
@@ -195,13 +149,13 @@ def _replace_observer(model: GraphModule, node, mod, fold_quantize: bool) -> Non
                 out = graph.call_function(QD.dequantize_per_tensor.tensor, (q, scale, zp, qmin, qmax, dtype))
         else:
             scale, zp = mod.calculate_qparams()
-            const = _constant_of(model, src) if fold_quantize else None
+            const = constant_of(model, src) if fold_quantize else None
             if is_per_channel(obs.qscheme):
                 axis = obs.ch_axis
-                s_node = _buffer(model, graph, "_scale_", scale)
-                z_node = _buffer(model, graph, "_zero_point_", zp)
+                s_node = add_buffer(model, graph, "_scale_", scale)
+                z_node = add_buffer(model, graph, "_zero_point_", zp)
                 if const is not None:       # fold: the weight stored as its integers
-                    q = _buffer(model, graph, "_frozen_param",
+                    q = add_buffer(model, graph, "_frozen_param",
                                 QD.quantize_per_channel(const.detach(), scale, zp, axis, qmin, qmax, dtype))
                 else:
                     q = graph.call_function(QD.quantize_per_channel.default,
@@ -211,7 +165,7 @@ def _replace_observer(model: GraphModule, node, mod, fold_quantize: bool) -> Non
             else:
                 s, z = float(scale), int(zp)
                 if const is not None:
-                    q = _buffer(model, graph, "_frozen_param",
+                    q = add_buffer(model, graph, "_frozen_param",
                                 QD.quantize_per_tensor(const.detach(), s, z, qmin, qmax, dtype))
                 else:
                     q = graph.call_function(QD.quantize_per_tensor.default, (src, s, z, qmin, qmax, dtype))
@@ -228,6 +182,7 @@ def convert_pt2e(model: GraphModule, use_reference_representation: bool = False,
     _check_graph_module(model, "convert_pt2e")
     if use_reference_representation:
         raise NotImplementedError("convert_pt2e: use_reference_representation=True is not supported")
+    fold_conv_bn_qat(model)
     for node in list(model.graph.nodes):
         if node.op == "call_module" and node.target.startswith(OBSERVER_PREFIX):
             mod = getattr(model, node.target)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
+
 from ... import _dtype as D
 from ..._tensor import Tensor
 
@@ -66,3 +68,39 @@ def check_min_max_valid(min_val: Tensor, max_val: Tensor) -> bool:
     elif bool((min_val > max_val).any()):
         raise AssertionError(f"min {min_val} should be less than max {max_val}")
     return True
+
+
+SMALL_SCALE_THRESHOLD = 6.1e-5      # FBGEMM's floor for a scale (float)
+
+
+def choose_qparams(lo: float, hi: float, qmin: int, qmax: int, preserve_sparsity: bool = False) -> tuple[float, int]:
+    """FBGEMM's ChooseQuantizationParams (no power-of-two scale), as dynamic quantization and PyTorch's
+    fused observer + fake quantization (`fused_moving_avg_obs_fake_quant`) compute them. With
+    `preserve_sparsity` (symmetric qschemes) a range holding both signs is first widened to
+    s * [-((qmax - qmin) // 2 + 1), (qmax - qmin) // 2] with the smallest s that holds it."""
+    lo, hi = np.float32(lo), np.float32(hi)
+    if preserve_sparsity and lo < 0 < hi:
+        sym_min, sym_max = -((qmax - qmin) // 2 + 1), (qmax - qmin) // 2
+        s = float(max(abs(lo / np.float32(sym_min)), abs(hi / np.float32(sym_max))))
+        lo, hi = np.float32(s * sym_min), np.float32(s * sym_max)
+    lo, hi = np.float32(min(lo, 0.0)), np.float32(max(hi, 0.0))
+    scale = (float(hi) - float(lo)) / (float(qmax) - qmin)
+    if np.float32(scale) == 0 or np.isinf(np.float32(1) / np.float32(scale)):
+        scale = 0.1
+    if scale < np.float32(SMALL_SCALE_THRESHOLD):
+        small = float(np.float32(SMALL_SCALE_THRESHOLD))
+        if lo == 0:
+            hi = np.float32(small * (qmax - qmin))
+        elif hi == 0:
+            lo = np.float32(-small * (qmax - qmin))
+        else:
+            amplifier = np.float32(small / scale)
+            lo, hi = lo * amplifier, hi * amplifier
+        scale = small
+    from_min = qmin - float(lo) / scale
+    from_max = qmax - float(hi) / scale
+    from_min_error = abs(qmin) - abs(float(lo) / scale)
+    from_max_error = abs(qmax) - abs(float(hi) / scale)
+    initial = from_min if from_min_error < from_max_error else from_max
+    zero_point = qmin if initial < qmin else qmax if initial > qmax else int(np.rint(initial))
+    return float(np.float32(scale)), zero_point

@@ -11,9 +11,16 @@ operators' inputs are annotated (as PyTorch does for a convolution or linear not
 int8-consuming op). A linear followed by an add keeps the add's other input float, as PyTorch's
 `_annotate_linear_binary_unary` (the inductor fuses it as `qlinear_pointwise.binary`'s add post-op);
 the int8-in-int8-out propagation through pooling is not (yet) annotated.
+
+With a QAT configuration a convolution followed by a batch norm (PyTorch's `_annotate_qat_conv2d_bn*`:
+the batch norm is not folded before annotation) gets its output observed where the fused pattern ends:
+after a ReLU/Hardtanh/Hardswish/SiLU that is the batch norm's only user, after an add [-> unary] (whose
+other input is observed too), else after the batch norm. PyTorch matches the unary as a module
+(`nn.ReLU`), which a make_fx graph does not record: a functional relu counts here as well.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from .... import _dtype as D
@@ -28,6 +35,22 @@ from . import ANNOTATION_KEY, QuantizationAnnotation, QuantizationSpec, Quantize
 X86_EPS = 2 ** -12       # the eps of PyTorch's x86 qconfig
 # the weighted operators the quantizer annotates: (op, position of the weight)
 _WEIGHTED = ((ops.aten.convolution.default, 1), (ops.aten.linear.default, 1))
+
+
+_QAT_UNARY = (ops.aten.relu.default, ops.aten.hardtanh.default, ops.aten.hardswish.default, ops.aten.silu.default)
+
+
+def _only_user(node) -> Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _bn_output(conv) -> Node | None:
+    """The first output (getitem 0) of the batch norm that is `conv`'s only user, or None."""
+    bn = _only_user(conv)
+    if bn is None or bn.op != "call_function" or bn.target is not ops.aten.native_batch_norm.default:
+        return None
+    outs = [u for u in bn.users if u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0]
+    return outs[0] if len(outs) == 1 else None
 
 
 def _is_plain_conv(node) -> bool:
@@ -122,7 +145,33 @@ class X86InductorQuantizer(Quantizer):
                         input_qspec_map={extra: config.input_activation}, _annotated=True)
                 break
 
+    def _annotate_qat_conv_bn(self, model: GraphModule) -> None:
+        """QAT: conv -> batch norm [-> add(_, extra)] [-> unary]: the convolution's inputs, the add's extra
+        input, and the output of the last node of the pattern."""
+        for conv in model.graph.nodes:
+            config = self._config_for(conv)
+            if config is None or not config.is_qat or not _is_plain_conv(conv) or ANNOTATION_KEY in conv.meta:
+                continue
+            end = _bn_output(conv)
+            if end is None:
+                continue
+            self._annotate_weighted(conv, 1)
+            nxt = _only_user(end)
+            if nxt is not None and nxt.op == "call_function" and nxt.target is ops.aten.add.Tensor and \
+                    len(nxt.args) == 2 and nxt.kwargs.get("alpha", 1) == 1 and ANNOTATION_KEY not in nxt.meta:
+                extra = nxt.args[1] if nxt.args[0] is end else nxt.args[0]
+                if isinstance(extra, Node) and extra is not end:
+                    nxt.meta[ANNOTATION_KEY] = QuantizationAnnotation(
+                        input_qspec_map={extra: config.input_activation}, _annotated=True)
+                    end, nxt = nxt, _only_user(nxt)
+            if nxt is not None and nxt.op == "call_function" and nxt.target in _QAT_UNARY and \
+                    ANNOTATION_KEY not in nxt.meta:
+                end = nxt
+            ann = end.meta.setdefault(ANNOTATION_KEY, QuantizationAnnotation(_annotated=True))
+            ann.output_qspec = config.output_activation
+
     def annotate(self, model: GraphModule) -> GraphModule:
+        self._annotate_qat_conv_bn(model)
         self._annotate_conv_add(model)
         for node in model.graph.nodes:
             if node.op != "call_function":

@@ -21,34 +21,7 @@ from ....._ops import EXPORTS as F
 from ....._ops.quantized_tensor import _quantize_values
 from ....._backends import cpu_int8
 from ....quantization.observer import MinMaxObserver
-
-SMALL_SCALE_THRESHOLD = 6.1e-5      # FBGEMM's floor for a scale (float)
-
-
-def choose_qparams(lo: float, hi: float, qmin: int, qmax: int) -> tuple[float, int]:
-    """FBGEMM's ChooseQuantizationParams (no sparsity preservation, no power-of-two scale)."""
-    lo, hi = np.float32(min(lo, 0.0)), np.float32(max(hi, 0.0))
-    scale = (float(hi) - float(lo)) / (float(qmax) - qmin)
-    if np.float32(scale) == 0 or np.isinf(np.float32(1) / np.float32(scale)):
-        scale = 0.1
-    if scale < np.float32(SMALL_SCALE_THRESHOLD):
-        small = float(np.float32(SMALL_SCALE_THRESHOLD))
-        if lo == 0:
-            hi = np.float32(small * (qmax - qmin))
-        elif hi == 0:
-            lo = np.float32(-small * (qmax - qmin))
-        else:
-            amplifier = np.float32(small / scale)
-            lo, hi = lo * amplifier, hi * amplifier
-        scale = small
-    from_min = qmin - float(lo) / scale
-    from_max = qmax - float(hi) / scale
-    from_min_error = abs(qmin) - abs(float(lo) / scale)
-    from_max_error = abs(qmax) - abs(float(hi) / scale)
-    initial = from_min if from_min_error < from_max_error else from_max
-    zero_point = qmin if initial < qmin else qmax if initial > qmax else int(np.rint(initial))
-    return float(np.float32(scale)), zero_point
-
+from ....quantization.utils import choose_qparams
 
 def linear_dynamic(x: Tensor, qweight: Tensor, bias: Tensor | None, reduce_range: bool = True,
                    packed=None) -> Tensor:
