@@ -48,6 +48,21 @@ def build_mlp(m, d_in=20, hidden=64, classes=4, skip=True):
     return MLP()
 
 
+def build_mlp_bn(m, d_in=20, hidden=32, classes=4):
+    """Linear -> BatchNorm1d -> ReLU twice (the second linear without a bias) and a classifier: PT2E folds
+    the batch norms into the linear layers (2-D inputs)."""
+    class MLPBN(m.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.b1 = m.nn.Linear(d_in, hidden), m.nn.BatchNorm1d(hidden)
+            self.l2, self.b2 = m.nn.Linear(hidden, hidden, bias=False), m.nn.BatchNorm1d(hidden)
+            self.l3 = m.nn.Linear(hidden, classes)
+
+        def forward(self, x):
+            return self.l3(m.relu(self.b2(self.l2(m.relu(self.b1(self.l1(x)))))))
+    return _set_bn_statistics(MLPBN(), m, seed=9)
+
+
 def calibration(shape, n_batches=3, seed=0):
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal(shape) * (1 + i)).astype(np.float32) for i in range(n_batches)]

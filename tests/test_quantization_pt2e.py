@@ -16,12 +16,14 @@ from flambeau.ao.quantization.quantize_pt2e import (capture_pre_autograd_graph, 
                                                     prepare_qat_pt2e)
 from flambeau.ao.quantization.quantizer import x86_inductor_quantizer as xiq
 from flambeau.ao.quantization import move_exported_model_to_eval
-from tests.quantization_models import build_cnn, build_cnn_bn, build_mlp, build_qat_cnn, calibration, qat_batches
+from tests.quantization_models import (build_cnn, build_cnn_bn, build_mlp, build_mlp_bn, build_qat_cnn, calibration,
+                                       qat_batches)
 
 warnings.filterwarnings("ignore")
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TORCHAO = REPO / ".torchao"        # .ci/run: pip install --no-deps --target .torchao torchao==0.18.0
-MODELS = {"cnn": (build_cnn, (4, 3, 16, 16)), "mlp": (build_mlp, (5, 20)), "cnn_bn": (build_cnn_bn, (4, 3, 16, 16))}
+MODELS = {"cnn": (build_cnn, (4, 3, 16, 16)), "mlp": (build_mlp, (5, 20)), "cnn_bn": (build_cnn_bn, (4, 3, 16, 16)),
+          "mlp_bn": (build_mlp_bn, (5, 20))}
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +63,11 @@ def _observers(gm):
     return [(k, getattr(gm, k)) for k in sorted(names, key=lambda k: int(k.rsplit("_", 1)[1]))]
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "cnn_bn"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "cnn_bn", "mlp_bn"])
 def test_observers_statistics_and_scales_match_pytorch_x86_flow(name, reference):
-    """cnn_bn: batch norms folded into the convolutions before observing, as PyTorch's prepare_pt2e: the
-    folded weights' statistics, scales and int8 values equal PyTorch's."""
+    """cnn_bn / mlp_bn: batch norms folded into the convolutions / linear layers (BatchNorm1d after a
+    linear with a 2-D input) before observing, as PyTorch's prepare_pt2e: the folded weights' statistics,
+    scales and int8 values equal PyTorch's."""
     fp, data = _prepared(name, reference)
     ours = _observers(fp)
     assert len(ours) == 6
@@ -221,6 +224,20 @@ def test_dynamic_config_matches_pytorch(reference):
     assert sum("choose_qparams" in t for t in targets) == 3
     np.testing.assert_allclose(fc(flambeau.tensor(data[1] * 3)).detach().numpy(), reference["mlp_dynamic/output"],
                                rtol=1e-4, atol=1e-4)
+
+
+def test_linear_bn_over_a_3d_input_is_not_folded():
+    """BatchNorm1d after a linear applied to (N, C, L): the batch norm normalises C while the linear maps
+    L, so prepare_pt2e leaves it (as PyTorch's `_fuse_linear_bn_`); the prepared model computes the float
+    model's values (observers do not change them)."""
+    flambeau.manual_seed(0)
+    model = flambeau.nn.Sequential(flambeau.nn.Linear(6, 6), flambeau.nn.BatchNorm1d(4)).eval()
+    model[1].running_mean.copy_(flambeau.randn(4))
+    x = flambeau.randn(3, 4, 6)
+    prepared = prepare_pt2e(capture_pre_autograd_graph(model, (x,)),
+                            xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config()))
+    assert any(str(n.target) == "aten.native_batch_norm" for n in prepared.graph.nodes)
+    np.testing.assert_allclose(prepared(x).detach().numpy(), model(x).detach().numpy(), rtol=1e-6, atol=1e-6)
 
 
 def test_prepare_rejects_an_uncaptured_module():
