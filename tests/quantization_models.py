@@ -35,6 +35,23 @@ def build_cnn_bn(m):
     return _set_bn_statistics(CNNBN(), m, seed=5)
 
 
+def build_pool_cnn(m):
+    """conv -> ReLU module -> max pool, then two branches (conv -> ReLU, a 1x1 conv) concatenated, a padded
+    3x3/2 max pool, nn.Flatten and a linear classifier: X86InductorQuantizer propagates int8 through the
+    pools, the cat and the flatten (shared observers)."""
+    class PoolCNN(m.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.r1, self.p1 = m.nn.Conv2d(3, 8, 3, padding=1), m.nn.ReLU(), m.nn.MaxPool2d(2)
+            self.c2, self.r2, self.c3 = m.nn.Conv2d(8, 8, 3, padding=1), m.nn.ReLU(), m.nn.Conv2d(8, 8, 1)
+            self.p2, self.flat, self.fc = m.nn.MaxPool2d(3, 2, 1), m.nn.Flatten(), m.nn.Linear(16 * 4 * 4, 10)
+
+        def forward(self, x):
+            x = self.p1(self.r1(self.c1(x)))
+            return self.fc(self.flat(self.p2(m.cat([self.r2(self.c2(x)), self.c3(x)], 1))))
+    return PoolCNN()
+
+
 def build_mlp(m, d_in=20, hidden=64, classes=4, skip=True):
     class MLP(m.nn.Module):
         def __init__(self):

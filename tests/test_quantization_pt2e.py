@@ -16,14 +16,16 @@ from flambeau.ao.quantization.quantize_pt2e import (capture_pre_autograd_graph, 
                                                     prepare_qat_pt2e)
 from flambeau.ao.quantization.quantizer import x86_inductor_quantizer as xiq
 from flambeau.ao.quantization import move_exported_model_to_eval
-from tests.quantization_models import (build_cnn, build_cnn_bn, build_mlp, build_mlp_bn, build_qat_cnn, calibration,
-                                       qat_batches)
+from flambeau._inductor import config as inductor_config
+from tests.conftest import spy_compile_fx
+from tests.quantization_models import (build_cnn, build_cnn_bn, build_mlp, build_mlp_bn, build_pool_cnn, build_qat_cnn,
+                                       calibration, qat_batches)
 
 warnings.filterwarnings("ignore")
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TORCHAO = REPO / ".torchao"        # .ci/run: pip install --no-deps --target .torchao torchao==0.18.0
 MODELS = {"cnn": (build_cnn, (4, 3, 16, 16)), "mlp": (build_mlp, (5, 20)), "cnn_bn": (build_cnn_bn, (4, 3, 16, 16)),
-          "mlp_bn": (build_mlp_bn, (5, 20))}
+          "mlp_bn": (build_mlp_bn, (5, 20)), "pool_cnn": (build_pool_cnn, (4, 3, 16, 16))}
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +65,17 @@ def _observers(gm):
     return [(k, getattr(gm, k)) for k in sorted(names, key=lambda k: int(k.rsplit("_", 1)[1]))]
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "cnn_bn", "mlp_bn"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "cnn_bn", "mlp_bn", "pool_cnn"])
 def test_observers_statistics_and_scales_match_pytorch_x86_flow(name, reference):
     """cnn_bn / mlp_bn: batch norms folded into the convolutions / linear layers (BatchNorm1d after a
     linear with a 2-D input) before observing, as PyTorch's prepare_pt2e: the folded weights' statistics,
-    scales and int8 values equal PyTorch's."""
+    scales and int8 values equal PyTorch's. pool_cnn: int8 propagated through two max pools, a cat and
+    nn.Flatten (ReLU modules end the conv patterns): the same 12 observer calls on the same edges, the
+    shared instances called on the same tensors (so their histograms and scales are PyTorch's)."""
     fp, data = _prepared(name, reference)
     ours = _observers(fp)
-    assert len(ours) == 6
+    assert len(ours) == sum(k.startswith(f"{name}/obs") and k.endswith("/type") for k in reference)
+    assert len(ours) == (12 if name == "pool_cnn" else 6)
     for i, (_, a) in enumerate(ours):
         key = f"{name}/obs{i}/"
         assert type(a).__name__ == str(reference[key + "type"])
@@ -83,14 +88,19 @@ def test_observers_statistics_and_scales_match_pytorch_x86_flow(name, reference)
                     np.testing.assert_array_equal(getattr(a, buf).numpy(), reference[key + buf])
             np.testing.assert_array_equal(sa.numpy(), sb)
         else:
-            # inner activations come out of float32 conv/linear kernels: last-bit differences
-            np.testing.assert_allclose(a.histogram.numpy(), reference[key + "histogram"], atol=1)
+            # inner activations come out of float32 conv/linear kernels: last-bit differences (a value
+            # on a bin edge moves one count per call of a shared observer)
+            calls = sum(b is a for _, b in ours)
+            np.testing.assert_allclose(a.histogram.numpy(), reference[key + "histogram"], atol=calls)
             np.testing.assert_allclose(sa.numpy(), sb, rtol=1e-5)
         assert str(sa.dtype) == "torch." + str(sb.dtype) and str(za.dtype) == "torch." + str(zb.dtype)
         np.testing.assert_array_equal(za.numpy(), zb)
+    if name == "pool_cnn":           # which calls share an instance: PyTorch's grouping
+        groups = [[j for j, (_, b) in enumerate(ours) if b is a] for _, a in ours]
+        assert groups[2] == [2, 3] and groups[6] == [6, 7, 8, 9, 10], groups
     fc = convert_pt2e(fp)
     frozen = sorted(k for k, _ in fc.named_buffers() if k.startswith("_frozen_param"))
-    assert len(frozen) == 3
+    assert len(frozen) == sum(k.startswith(f"{name}/_frozen_param") for k in reference)
     for k in frozen:
         np.testing.assert_array_equal(getattr(fc, k).numpy(), reference[f"{name}/{k}"])
     assert not any(n.op == "call_module" for n in fc.graph.nodes), "an observer survived convert"
@@ -224,6 +234,40 @@ def test_dynamic_config_matches_pytorch(reference):
     assert sum("choose_qparams" in t for t in targets) == 3
     np.testing.assert_allclose(fc(flambeau.tensor(data[1] * 3)).detach().numpy(), reference["mlp_dynamic/output"],
                                rtol=1e-4, atol=1e-4)
+
+
+def test_pt2e_int8_flows_through_pooling_cat_and_flatten_compiled(reference, monkeypatch):
+    """The converted pool_cnn (shared qparams around both max pools, the cat and the flatten) compiles to
+    int8 convolutions whose u8 outputs feed max pooling, cat and the flatten as integers
+    (quantization_int8_io): both max pools run on uint8 tensors, no float convolution; the output equals
+    the eager q/dq graph's to float rounding and PyTorch's converted model's to a quantization step.
+    With `config.quantized_pooling` off the pools take float32 (the dequantize -> pool -> quantize path)."""
+    fp, data = _prepared("pool_cnn", reference)
+    converted = convert_pt2e(fp)
+    x = flambeau.tensor(data[1] * 3)
+
+    def compiled_externs():
+        flambeau._dynamo.reset()
+        made = spy_compile_fx(monkeypatch, [])
+        with flambeau.no_grad():
+            out = flambeau.compile(converted)(x).numpy()
+        return out, [(getattr(e.op, "name", str(e.op)), getattr(getattr(e.args[0], "layout", None), "dtype", None))
+                     for c in made for e in c.artifact.externs]
+    got, externs = compiled_externs()
+    names = [n for n, _ in externs]
+    pools = [dt for n, dt in externs if n == "max_pool2d_with_indices"]
+    assert pools == [flambeau.uint8, flambeau.uint8], externs
+    assert names.count("onednn::qconv2d_pointwise") == 3 and names.count("onednn::qlinear_pointwise") == 1, names
+    assert "convolution" not in names
+    with flambeau.no_grad():
+        eager = converted(x).numpy()
+    np.testing.assert_allclose(got, eager, rtol=0, atol=1e-5 * np.abs(eager).max())
+    want = reference["pool_cnn/output"]
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
+    monkeypatch.setattr(inductor_config, "quantized_pooling", False)
+    off, externs = compiled_externs()
+    assert [dt for n, dt in externs if n == "max_pool2d_with_indices"] == [flambeau.float32] * 2, externs
+    np.testing.assert_allclose(off, eager, rtol=0, atol=1e-5 * np.abs(eager).max())
 
 
 def test_linear_bn_over_a_3d_input_is_not_folded():

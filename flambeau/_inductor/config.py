@@ -76,6 +76,9 @@ quantized_linear: bool = True
 # The same for dequantize -> 2-D convolution (-> relu) (-> quantize): onednn::qconv2d_pointwise, an int8
 # im2col feeding the same GEMM (quantization.py).
 quantized_conv: bool = True
+# dequantize -> max pool / cat / view -> quantize with one set of static qparams runs the op on the int8
+# tensors (quantization_int8_io.py: X86InductorQuantizer's shared observers around pooling and cat).
+quantized_pooling: bool = True
 # Opt-in (off by default; FLAMBEAU_TUNE_MALLOC=1 or set this before the first compile): keep freed
 # memory in the process (glibc: mmap threshold 32 MiB, no heap trimming below 1 GiB) so that the
 # buffers of each call of a compiled graph reuse pages instead of faulting fresh ones in (measured: a

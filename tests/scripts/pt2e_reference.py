@@ -14,8 +14,8 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, 
 from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from tests.quantization_models import (build_cnn, build_cnn_bn, build_mlp, build_mlp_bn, build_qat_cnn,  # noqa: E402
-                                       calibration, qat_batches)
+from tests.quantization_models import (build_cnn, build_cnn_bn, build_mlp, build_mlp_bn, build_pool_cnn,  # noqa: E402
+                                       build_qat_cnn, calibration, qat_batches)
 
 
 def run(name, build, shape, dynamic, out):
@@ -29,7 +29,7 @@ def run(name, build, shape, dynamic, out):
     prepared = prepare_pt2e(gm, xiq.X86InductorQuantizer().set_global(cfg))
     for x in data:
         prepared(torch.tensor(x))
-    obs = sorted((n.target for n in prepared.graph.nodes if n.op == "call_module"
+    obs = sorted((n.target for n in prepared.graph.nodes if n.op == "call_module"       # shared ones: each call
                   and n.target.startswith("activation_post_process_")), key=lambda k: int(k.rsplit("_", 1)[1]))
     for i, k in enumerate(obs):
         m = getattr(prepared, k)
@@ -84,6 +84,7 @@ def main(path):
     run("cnn_bn", build_cnn_bn, (4, 3, 16, 16), False, out)
     run("mlp", build_mlp, (5, 20), False, out)
     run("mlp_bn", build_mlp_bn, (5, 20), False, out)
+    run("pool_cnn", build_pool_cnn, (4, 3, 16, 16), False, out)
     run("mlp_dynamic", build_mlp, (5, 20), True, out)
     run_qat(out)
     np.savez(path, **out)

@@ -11,7 +11,7 @@ from ..._decomp import core_aten_decompositions
 from ..._functorch.aot_autograd import aot_module_simplified, named_state
 from ..._functorch.partitioners import min_cut_rematerialization_partition
 from ... import _inductor
-from ..._inductor import config as inductor_config, freezing, quantization
+from ..._inductor import config as inductor_config, freezing, quantization, quantization_int8_io
 from ..._inductor.decompositions import decomposition_table
 from ...fx.passes.example_values import drop_values
 from ..repro.after_aot import wrap_compiler_debug
@@ -73,7 +73,8 @@ def inductor(gm, example_inputs, options=None):
     compile_forward, compile_graph = compile_with(range(n_state)), compile_with(())
     with _inductor_options(options):        # a C++ wrapper calls no Python extern (the fused CPU attention)
         python_externs = not inductor_config.cpp_wrapper
-        if python_externs:                  # int8 linear layers, before AOT decomposes their q/dq ops
+        if python_externs:                  # int8 layers and pooling, before AOT decomposes their q/dq ops
+            quantization_int8_io.fuse_int8_in_int8_out(gm)
             quantization.fuse_quantized_linear(gm)
     return aot_module_simplified(gm, example_inputs, fw_compiler=compile_forward, bw_compiler=compile_graph,
                                  partition_fn=min_cut_rematerialization_partition,

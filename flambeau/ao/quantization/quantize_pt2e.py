@@ -16,12 +16,13 @@ import operator
 from ... import _dtype as D
 from ...fx._aten import ops
 from ...fx.graph_module import GraphModule
+from ...fx.node import Node
 from ...fx.experimental.proxy_tensor import make_fx
 from ...nn.modules.module import Module
 from .bn_folding import add_buffer, constant_of, fold_conv_bn, fold_conv_bn_qat, fold_linear_bn, fuse_conv_bn_qat
 from .fake_quantize import FakeQuantize
 from .observer import ObserverBase, PlaceholderObserver
-from .quantizer import ANNOTATION_KEY, Quantizer
+from .quantizer import ANNOTATION_KEY, Quantizer, SharedQuantizationSpec
 from .utils import is_per_channel
 
 QD = ops.quantized_decomposed
@@ -31,10 +32,12 @@ OBSERVER_PREFIX = "activation_post_process_"
 def capture_pre_autograd_graph(model: Module, args: tuple, kwargs: dict | None = None) -> GraphModule:
     """The aten graph of `model(*args, **kwargs)` with parameters as attributes (get_attr nodes). Traced
     on fake tensors, as torch.export: a model in training mode keeps its batch norms' running statistics
-    (a real trace would update them once)."""
+    (a real trace would update them once). Nodes record the module calls they come from
+    (`nn_module_stack`), which the quantizers read (a ReLU module vs a functional relu, as PyTorch's)."""
     kwargs = kwargs or {}
-    fn = (lambda *a: model(*a, **kwargs)) if kwargs else model
-    return make_fx(fn, tracing_mode="fake")(*args)
+    if kwargs:
+        return make_fx(lambda *a: model(*a, **kwargs), tracing_mode="fake")(*args)
+    return make_fx(model, tracing_mode="fake", record_module_stack=True)(*args)
 
 
 def _check_graph_module(model, api: str) -> None:
@@ -43,40 +46,79 @@ def _check_graph_module(model, api: str) -> None:
                         f"flambeau.export.export(...).module()), got {type(model).__name__}")
 
 
-def _new_observer(model: GraphModule, spec, index: int) -> str:
-    name = f"{OBSERVER_PREFIX}{index}"
-    model.add_submodule(name, spec.observer_or_fake_quant_ctr(**spec.observer_kwargs()))
-    return name
+class _Observers:
+    """Observer insertion state (PyTorch's `prepare`): one observer per (edge source, spec), reused by
+    every annotated input reading that source with that spec; an output observer that inputs with the
+    same spec share (implicit sharing); `SharedQuantizationSpec`s reuse another edge's observer
+    instance, called again where they apply (as PyTorch, so a shared histogram sees both tensors)."""
+
+    def __init__(self, model: GraphModule):
+        self.model, self.graph, self.count = model, model.graph, 0
+        self.made: dict = {}        # (source, spec) -> observer node
+        self.edges: dict = {}       # (source, user) -> (observer node, spec)
+        self.outputs: dict = {}     # node -> (observer node, spec)
+
+    def _call(self, module, src, where):
+        """A call of `module` on `src` inserted at `where` (a graph insertion context)."""
+        name = f"{OBSERVER_PREFIX}{self.count}"
+        self.count += 1
+        self.model.add_submodule(name, module)
+        with where:
+            return self.graph.call_module(name, (src,))
+
+    @staticmethod
+    def _fresh(spec):
+        return spec.observer_or_fake_quant_ctr(**spec.observer_kwargs())
+
+    def _resolve(self, spec):
+        """(observer node, root spec) a SharedQuantizationSpec points at."""
+        key = spec.edge_or_node
+        return self.edges[key] if isinstance(key, tuple) else self.outputs[key]
+
+    def observe_input(self, node, src, spec) -> None:
+        if isinstance(spec, SharedQuantizationSpec):
+            target, root = self._resolve(spec)
+            obs = self._call(self.model.get_submodule(target.target), src, self.graph.inserting_before(node))
+        elif src in self.outputs and self.outputs[src][1] == spec:
+            obs, root = self.outputs[src][0], spec
+        else:
+            obs, root = self.made.get((src, spec)), spec
+            if obs is None:
+                obs = self.made[(src, spec)] = self._call(self._fresh(spec), src, self.graph.inserting_before(node))
+        seen = [src] + ([self.outputs[src][0]] if src in self.outputs else [])
+        node.args = _map_nodes(node.args, lambda a: obs if isinstance(a, Node) and a in seen else a)
+        self.edges[(src, node)] = (obs, root)
+
+    def observe_output(self, node, spec) -> None:
+        if isinstance(spec, SharedQuantizationSpec):
+            target, root = self._resolve(spec)
+            module = self.model.get_submodule(target.target)
+        else:
+            module, root = self._fresh(spec), spec
+        obs = self._call(module, node, self.graph.inserting_after(node))
+        node.replace_all_uses_with(obs, delete_user_cb=lambda user: user is not obs)
+        self.outputs[node] = (obs, root)
+
+
+def _map_nodes(args, fn):
+    if isinstance(args, (tuple, list)):
+        return type(args)(_map_nodes(a, fn) for a in args)
+    return fn(args)
 
 
 def _insert_observers(model: GraphModule) -> GraphModule:
-    """One observer per (edge source, spec); each annotated input reads it, an annotated output feeds it."""
-    graph = model.graph
-    made: dict = {}
-    count = 0
-    for node in list(graph.nodes):
+    """Observers on the annotated edges and outputs, in graph order (`_Observers`)."""
+    state = _Observers(model)
+    for node in list(model.graph.nodes):
         ann = node.meta.get(ANNOTATION_KEY)
         if ann is None:
             continue
         for src, spec in ann.input_qspec_map.items():
-            if spec is None:
-                continue
-            obs = made.get((src, spec))
-            if obs is None:
-                name = _new_observer(model, spec, count)
-                count += 1
-                with graph.inserting_before(node):
-                    obs = graph.call_module(name, (src,))
-                made[(src, spec)] = obs
-            node.replace_input_with(src, obs)
-        if ann.output_qspec is not None and (node, ann.output_qspec) not in made:
-            name = _new_observer(model, ann.output_qspec, count)
-            count += 1
-            with graph.inserting_after(node):
-                obs = graph.call_module(name, (node,))
-            node.replace_all_uses_with(obs, delete_user_cb=lambda user, o=obs: user is not o)
-            made[(node, ann.output_qspec)] = obs
-    graph.lint()
+            if spec is not None:
+                state.observe_input(node, src, spec)
+        if ann.output_qspec is not None:
+            state.observe_output(node, ann.output_qspec)
+    model.graph.lint()
     model.recompile()
     return model
 

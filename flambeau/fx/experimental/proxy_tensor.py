@@ -14,6 +14,8 @@ get_attr constant (`_tensor_constant0`, `_param_constant0`) stored on the GraphM
 With "fake" the inputs are FakeTensors and operators run only their meta functions; "symbolic"
 also makes input sizes SymInts, so one graph serves every size that satisfies the recorded guards
 (`gm.meta["shape_env"]`). Every node's `meta["val"]` is a FakeTensor (or SymInt / Python value).
+With `record_module_stack=True` (and `fn` a Module) every node also gets `meta["nn_module_stack"]`:
+{call key: (fqn, module type name)} of the submodule calls it was recorded in, outermost first.
 """
 from __future__ import annotations
 
@@ -204,6 +206,43 @@ class ProxyTorchDispatchMode(TorchDispatchMode):
         return out
 
 
+class _ModuleCalls:
+    """Forward (pre-)hooks on every submodule of `root` that stamp the nodes recorded since the last
+    hook with the module calls open at the time (`nn_module_stack`, PyTorch's metadata)."""
+
+    def __init__(self, root: Module, graph: Graph):
+        self.graph, self.stack, self.counts, self.stamped = graph, [], {}, set()
+        self.handles = []
+        for fqn, m in root.named_modules():
+            if fqn:
+                self.handles.append(m.register_forward_pre_hook(lambda mod, args, fqn=fqn: self._enter(fqn, mod)))
+                self.handles.append(m.register_forward_hook(lambda mod, args, out: self._exit()))
+
+    def _stamp(self) -> None:
+        for n in reversed(self.graph.nodes):
+            if n in self.stamped:
+                break
+            self.stamped.add(n)
+            if n.op != "placeholder":
+                n.meta["nn_module_stack"] = dict(self.stack)
+
+    def _enter(self, fqn: str, m: Module) -> None:
+        self._stamp()
+        k = self.counts.get(fqn, 0)
+        self.counts[fqn] = k + 1
+        cls = type(m)
+        self.stack.append((fqn if k == 0 else f"{fqn}@{k}", (fqn, f"{cls.__module__}.{cls.__qualname__}")))
+
+    def _exit(self) -> None:
+        self._stamp()
+        self.stack.pop()
+
+    def close(self) -> None:
+        self._stamp()
+        for h in self.handles:
+            h.remove()
+
+
 def make_fx(f: Callable, decomposition_table: dict | None = None, tracing_mode: str = "real",
             _allow_non_fake_inputs: bool = False, *, pre_dispatch: bool = False,
             record_module_stack: bool = False, _allow_fake_constant: bool = False,
@@ -232,12 +271,17 @@ def make_fx(f: Callable, decomposition_table: dict | None = None, tracing_mode: 
                 ph.meta["val"] = a
                 inner.append(a)
         mode = ProxyTorchDispatchMode(rec, decomposition_table)
-        if fake_mode is not None:
-            with fake_mode, mode:
-                out = f(*inner)
-        else:
-            with mode:
-                out = f(*inner)
+        calls = _ModuleCalls(f, rec.graph) if record_module_stack and isinstance(f, Module) else None
+        try:
+            if fake_mode is not None:
+                with fake_mode, mode:
+                    out = f(*inner)
+            else:
+                with mode:
+                    out = f(*inner)
+        finally:
+            if calls is not None:
+                calls.close()
         rec.graph.output(rec.to_arg(out))
         gm = GraphModule(rec.root, rec.graph)
         if fake_mode is not None:

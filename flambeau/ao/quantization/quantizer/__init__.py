@@ -39,6 +39,13 @@ class QuantizationSpec:
         return {k: v for k, v in kw.items() if v is not None or k in ("dtype",)}
 
 
+@dataclass(eq=True, frozen=True)
+class SharedQuantizationSpec:
+    """Quantize with the observer of another edge `(producer, consumer)` or of a node's output: both
+    read the same observer instance (called on each), so they get the same qparams."""
+    edge_or_node: Any
+
+
 @dataclass
 class QuantizationAnnotation:
     """A node's annotation: a spec per input node it reads, and one for its output."""

@@ -9,8 +9,16 @@ also gets the add's other input annotated with the activation spec, as PyTorch's
 inductor's pass takes as the integer accum of `qconv2d_pointwise.binary`. Otherwise only the
 operators' inputs are annotated (as PyTorch does for a convolution or linear not followed by an
 int8-consuming op). A linear followed by an add keeps the add's other input float, as PyTorch's
-`_annotate_linear_binary_unary` (the inductor fuses it as `qlinear_pointwise.binary`'s add post-op);
-the int8-in-int8-out propagation through pooling is not (yet) annotated.
+`_annotate_linear_binary_unary` (the inductor fuses it as `qlinear_pointwise.binary`'s add post-op).
+
+As PyTorch's recipe, the last node of each quantized pattern is marked `_is_output_of_quantized_pattern`
+(a convolution alone, the ReLU/ReLU6/Hardtanh/Hardswish/SiLU *module* after it, the add [or the unary
+module after it] of conv + add, a linear): a max pool whose input is such a node is annotated too
+(its input observed, its output sharing that observer: int8 in, int8 out), and so is a `cat` whose
+inputs all are (the first input observed, the others and the output sharing its observer). Module
+types come from the capture's `nn_module_stack`; a functional relu is not a pattern's end, as in
+PyTorch. An `nn.Flatten` between such a node and a quantizable op shares its observer too. Average
+pools (captured as `_taps_gather`) and a functional flatten (a plain view) are not propagated through.
 
 With a QAT configuration a convolution followed by a batch norm (PyTorch's `_annotate_qat_conv2d_bn*`:
 the batch norm is not folded before annotation) gets its output observed where the fused pattern ends:
@@ -30,14 +38,81 @@ from ....fx.node import Node
 from ..observer import (HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver, MovingAverageMinMaxObserver,
                         MovingAveragePerChannelMinMaxObserver)
 from ..fake_quantize import FakeQuantize, FusedMovingAvgObsFakeQuantize
-from . import ANNOTATION_KEY, QuantizationAnnotation, QuantizationSpec, Quantizer
+from . import ANNOTATION_KEY, QuantizationAnnotation, QuantizationSpec, Quantizer, SharedQuantizationSpec
 
 X86_EPS = 2 ** -12       # the eps of PyTorch's x86 qconfig
 # the weighted operators the quantizer annotates: (op, position of the weight)
 _WEIGHTED = ((ops.aten.convolution.default, 1), (ops.aten.linear.default, 1))
 
 
-_QAT_UNARY = (ops.aten.relu.default, ops.aten.hardtanh.default, ops.aten.hardswish.default, ops.aten.silu.default)
+# the unary modules that end a conv pattern (PyTorch's `unary_patterns`), and the aten ops they record
+_UNARY_MODULES = {"ReLU": (ops.aten.relu.default, ops.aten.relu_.default), "ReLU6": (ops.aten.hardtanh.default,),
+                  "Hardtanh": (ops.aten.hardtanh.default,), "Hardswish": (ops.aten.hardswish.default,),
+                  "SiLU": (ops.aten.silu.default,)}
+
+
+@dataclass
+class _X86InductorQuantizationAnnotation(QuantizationAnnotation):
+    """PyTorch's: `_is_output_of_quantized_pattern` marks the node whose output a quantized pattern
+    produces (what the propagation to pooling and cat looks for)."""
+    _is_output_of_quantized_pattern: bool = False
+
+
+def _is_unary_module(node) -> bool:
+    """`node` is the aten op of a ReLU/ReLU6/Hardtanh/Hardswish/SiLU module call (a graph without module
+    metadata: any of those ops)."""
+    if not isinstance(node, Node) or node.op != "call_function":
+        return False
+    if "nn_module_stack" not in node.meta:
+        return any(node.target in t for t in _UNARY_MODULES.values())
+    stack = list(node.meta["nn_module_stack"].values())
+    return bool(stack) and node.target in _UNARY_MODULES.get(stack[-1][1].rsplit(".", 1)[-1], ())
+
+
+def _flag(node) -> None:
+    """Mark `node` as the output of a quantized pattern."""
+    ann = node.meta.get(ANNOTATION_KEY)
+    if ann is None:
+        node.meta[ANNOTATION_KEY] = ann = _X86InductorQuantizationAnnotation(_annotated=True)
+    ann._is_output_of_quantized_pattern = True
+
+
+def _pool_output(node) -> Node | None:
+    """The values output (getitem 0) of a max_pool2d_with_indices node, or None."""
+    outs = [u for u in node.users if u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0]
+    return outs[0] if len(outs) == 1 else None
+
+
+def _is_quantized_op(node) -> bool:
+    """PyTorch's `_is_quantized_op_pt2e`: the node ends a quantized pattern (a max pool's values output
+    counts through the pool)."""
+    if not isinstance(node, Node):
+        return False
+    if node.op == "call_function" and node.target is operator.getitem and node.args[1] == 0 and \
+            _is_max_pool(node.args[0]):
+        node = node.args[0]
+    return bool(getattr(node.meta.get(ANNOTATION_KEY), "_is_output_of_quantized_pattern", False))
+
+
+def _is_flatten(node) -> bool:
+    """A view recorded by an `nn.Flatten` module (a functional flatten records a plain view, which
+    PyTorch would not propagate through either: not recognised)."""
+    if not isinstance(node, Node) or node.op != "call_function" or node.target is not ops.aten.view.default:
+        return False
+    stack = list(node.meta.get("nn_module_stack", {}).values())
+    return bool(stack) and stack[-1][1].rsplit(".", 1)[-1] == "Flatten"
+
+
+def _is_quantizable(node) -> bool:
+    """PyTorch's `quantizable_ops` (what a flatten's user must be for the flatten to be propagated)."""
+    return _is_plain_conv(node) or _is_max_pool(node) or _is_flatten(node) or \
+        (isinstance(node, Node) and node.op == "call_function" and
+         node.target in (ops.aten.linear.default, ops.aten.cat.default, ops.aten.mul.Tensor))
+
+
+def _is_max_pool(node) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and \
+        node.target is ops.aten.max_pool2d_with_indices.default
 
 
 def _only_user(node) -> Node | None:
@@ -125,7 +200,7 @@ class X86InductorQuantizer(Quantizer):
             inputs[node.args[0]] = config.input_activation
         if config.weight is not None and len(node.args) > w_pos:
             inputs[node.args[w_pos]] = config.weight
-        node.meta[ANNOTATION_KEY] = QuantizationAnnotation(input_qspec_map=inputs, _annotated=True)
+        node.meta[ANNOTATION_KEY] = _X86InductorQuantizationAnnotation(input_qspec_map=inputs, _annotated=True)
         return config
 
     def _annotate_conv_add(self, model: GraphModule) -> None:
@@ -141,9 +216,64 @@ class X86InductorQuantizer(Quantizer):
                     continue
                 config = self._annotate_weighted(conv, 1)
                 if config is not None and config.input_activation is not None:
-                    node.meta[ANNOTATION_KEY] = QuantizationAnnotation(
+                    node.meta[ANNOTATION_KEY] = _X86InductorQuantizationAnnotation(
                         input_qspec_map={extra: config.input_activation}, _annotated=True)
+                    relu = _only_user(node)
+                    relu = relu if relu is not None and relu.target in _UNARY_MODULES["ReLU"] and \
+                        _is_unary_module(relu) else None
+                    _flag(relu if relu is not None else node)
                 break
+
+    def _annotate_conv(self, model: GraphModule) -> None:
+        """conv [-> unary module]: the convolution's input and weight; the unary (else the convolution)
+        ends the pattern (PyTorch's `_annotate_conv2d_unary` / `_annotate_conv2d`)."""
+        for conv in model.graph.nodes:
+            if not _is_plain_conv(conv) or ANNOTATION_KEY in conv.meta:
+                continue
+            if self._annotate_weighted(conv, 1) is None:
+                continue
+            unary = _only_user(conv)
+            _flag(unary if unary is not None and _is_unary_module(unary) and ANNOTATION_KEY not in unary.meta
+                  else conv)
+
+    def _propagate(self, model: GraphModule) -> None:
+        """int8 in, int8 out (PyTorch's `_annotate_propagation_quantizable_pattern` and
+        `_annotate_output_for_int8_in_int8_out_pattern`): a max pool of a quantized pattern's output, a
+        cat of such outputs."""
+        for node in model.graph.nodes:
+            if node.op != "call_function" or ANNOTATION_KEY in node.meta:
+                continue
+            config = self._config_for(node)
+            act = None if config is None else config.input_activation
+            if act is None or act.is_dynamic:
+                continue
+            if _is_max_pool(node):
+                out, src = _pool_output(node), node.args[0]
+                if out is None or not _is_quantized_op(src) or ANNOTATION_KEY in out.meta:
+                    continue
+                node.meta[ANNOTATION_KEY] = _X86InductorQuantizationAnnotation(
+                    input_qspec_map={src: act}, _annotated=True, _is_output_of_quantized_pattern=True)
+                out.meta[ANNOTATION_KEY] = _X86InductorQuantizationAnnotation(
+                    output_qspec=SharedQuantizationSpec((src, node)), _annotated=True)
+            elif _is_flatten(node):
+                src = node.args[0]
+                if not node.users or not any(_is_quantizable(u) for u in node.users) or not _is_quantized_op(src):
+                    continue
+                node.meta[ANNOTATION_KEY] = _X86InductorQuantizationAnnotation(
+                    input_qspec_map={src: act}, output_qspec=SharedQuantizationSpec((src, node)), _annotated=True,
+                    _is_output_of_quantized_pattern=True)
+            elif node.target is ops.aten.cat.default:
+                inputs = list(node.args[0])
+                if not inputs or not all(_is_quantized_op(i) for i in inputs):
+                    continue
+                first = inputs[0]
+                shared = SharedQuantizationSpec((first, node))
+                qspecs = {first: act}
+                for i in inputs[1:]:
+                    qspecs.setdefault(i, shared)
+                node.meta[ANNOTATION_KEY] = _X86InductorQuantizationAnnotation(
+                    input_qspec_map=qspecs, output_qspec=shared, _annotated=True,
+                    _is_output_of_quantized_pattern=True)
 
     def _annotate_qat_conv_bn(self, model: GraphModule) -> None:
         """QAT: conv -> batch norm [-> add(_, extra)] [-> unary]: the convolution's inputs, the add's extra
@@ -161,24 +291,27 @@ class X86InductorQuantizer(Quantizer):
                     len(nxt.args) == 2 and nxt.kwargs.get("alpha", 1) == 1 and ANNOTATION_KEY not in nxt.meta:
                 extra = nxt.args[1] if nxt.args[0] is end else nxt.args[0]
                 if isinstance(extra, Node) and extra is not end:
-                    nxt.meta[ANNOTATION_KEY] = QuantizationAnnotation(
+                    nxt.meta[ANNOTATION_KEY] = _X86InductorQuantizationAnnotation(
                         input_qspec_map={extra: config.input_activation}, _annotated=True)
                     end, nxt = nxt, _only_user(nxt)
-            if nxt is not None and nxt.op == "call_function" and nxt.target in _QAT_UNARY and \
-                    ANNOTATION_KEY not in nxt.meta:
+            if nxt is not None and _is_unary_module(nxt) and ANNOTATION_KEY not in nxt.meta:
                 end = nxt
-            ann = end.meta.setdefault(ANNOTATION_KEY, QuantizationAnnotation(_annotated=True))
+            ann = end.meta.setdefault(ANNOTATION_KEY, _X86InductorQuantizationAnnotation(_annotated=True))
             ann.output_qspec = config.output_activation
+            _flag(end)
 
     def annotate(self, model: GraphModule) -> GraphModule:
         self._annotate_qat_conv_bn(model)
         self._annotate_conv_add(model)
+        self._annotate_conv(model)
         for node in model.graph.nodes:
             if node.op != "call_function":
                 continue
             for target, w_pos in _WEIGHTED:
-                if node.target is target:
-                    self._annotate_weighted(node, w_pos)
+                if node.target is target and self._annotate_weighted(node, w_pos) is not None and \
+                        target is ops.aten.linear.default:
+                    _flag(node)
+        self._propagate(model)
         return model
 
     def validate(self, model: GraphModule) -> None:
