@@ -20,23 +20,27 @@ CASES = [  # (shape, kernel_size, stride, padding, dilation, ceil_mode)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[0])) + f"_k{c[1]}_p{c[3]}")
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "uint8"])
 def test_max_pool2d_ties_and_nans_pick_atens_index(case, dtype, monkeypatch):
+    """uint8: the quantized graphs' int8 max pool (its C++ kernel, 16 stride-2 outputs per vector); with
+    padding the lowest value (0) is also a common real value, so many windows take the remapping path."""
     shape, k, s, p, d, ceil = case
     calls = []
-    if dtype == "float32" and cpu_kernels.available():
-        real = cpu_kernels._state["max_pool2d"]
-        monkeypatch.setitem(cpu_kernels._state, "max_pool2d", lambda *a: calls.append(a[8]) or real(*a))
+    kernel = ("max_pool2d", np.dtype(dtype))
+    if dtype in ("float32", "uint8") and cpu_kernels.available():
+        cpu_kernels._load()
+        real = cpu_kernels._state[kernel]
+        monkeypatch.setitem(cpu_kernels._state, kernel, lambda *a: calls.append(a[8]) or real(*a))
     rng = np.random.default_rng(0)
-    x = rng.integers(-2, 2, shape).astype(dtype)          # many ties
-    if dtype != "int64":
+    x = rng.integers(0 if dtype == "uint8" else -2, 2, shape).astype(dtype)          # many ties
+    if dtype not in ("int64", "uint8"):
         x[rng.random(shape) < 0.15] = np.nan
         x[rng.random(shape) < 0.05] = -np.inf
     got = fl.nn.functional.max_pool2d(fl.tensor(x), k, s, p, d, ceil, True)
     want = torch.nn.functional.max_pool2d(torch.tensor(x), k, s, p, d, ceil, True)
     np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
     np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
-    if dtype == "float32" and cpu_kernels.available() and p == 0:
+    if dtype in ("float32", "uint8") and cpu_kernels.available():
         assert calls == [(s or k) if isinstance(s or k, int) else (s or k)[1]]   # the C++ kernel ran, column stride
 
 

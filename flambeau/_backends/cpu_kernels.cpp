@@ -1011,6 +1011,35 @@ static void max_pool_row_strided(const float* xp, int64_t W, int64_t OW, int64_t
 }
 #endif
 
+// One plane's max pooling, window by window over output rows: a larger value (or a NaN) takes the place,
+// so ties keep the first position and a NaN the last (ATen's loop).
+template <typename T>
+static void max_pool2d_plane(const T* xp, int64_t W, int64_t OH, int64_t OW, int64_t kh, int64_t kw, int64_t sh,
+                             int64_t sw, int64_t dh, int64_t dw, T* y, int64_t* idx) {
+    for (int64_t oh = 0; oh < OH; oh++) {
+        T* __restrict__ yr = y + oh * OW;
+        int64_t* __restrict__ ir = idx + oh * OW;
+        const int64_t h0 = oh * sh;
+        for (int64_t i = 0; i < kh; i++)
+            for (int64_t j = 0; j < kw; j++) {
+                const int64_t row = (h0 + i * dh) * W + j * dw;
+                const T* __restrict__ xr = xp + row;
+                if (i == 0 && j == 0) {
+#pragma omp simd
+                    for (int64_t ow = 0; ow < OW; ow++) { yr[ow] = xr[ow * sw]; ir[ow] = row + ow * sw; }
+                    continue;
+                }
+#pragma omp simd
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    const T v = xr[ow * sw], m = yr[ow];
+                    const bool take = v > m || v != v;
+                    yr[ow] = take ? v : m;
+                    ir[ow] = take ? row + ow * sw : ir[ow];
+                }
+            }
+    }
+}
+
 extern "C" void flm_max_pool2d_f32(int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t kh,
                                    int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, const float* x,
                                    float* y, int64_t* idx, int threads) {
@@ -1025,28 +1054,57 @@ extern "C" void flm_max_pool2d_f32(int64_t planes, int64_t H, int64_t W, int64_t
             continue;
         }
 #endif
-        for (int64_t oh = 0; oh < OH; oh++) {
-            float* __restrict__ yr = y + (p * OH + oh) * OW;
-            int64_t* __restrict__ ir = idx + (p * OH + oh) * OW;
-            const int64_t h0 = oh * sh;
-            for (int64_t i = 0; i < kh; i++)
-                for (int64_t j = 0; j < kw; j++) {
-                    const int64_t row = (h0 + i * dh) * W + j * dw;
-                    const float* __restrict__ xr = xp + row;
-                    if (i == 0 && j == 0) {
-#pragma omp simd
-                        for (int64_t ow = 0; ow < OW; ow++) { yr[ow] = xr[ow * sw]; ir[ow] = row + ow * sw; }
-                        continue;
-                    }
-#pragma omp simd
-                    for (int64_t ow = 0; ow < OW; ow++) {
-                        const float v = xr[ow * sw], m = yr[ow];
-                        const bool take = v > m || v != v;
-                        yr[ow] = take ? v : m;
-                        ir[ow] = take ? row + ow * sw : ir[ow];
-                    }
-                }
+        max_pool2d_plane(xp, W, OH, OW, kh, kw, sh, sw, dh, dw, y + p * OH * OW, idx + p * OH * OW);
+    }
+}
+
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+// A uint8 output row with column stride 2, 16 outputs at a time: the 31 bytes under them loaded at once,
+// widened to 16-bit lanes, and the even ones kept as int32 lanes (an AND of each 32-bit pair's low half).
+static void max_pool_row_u8_stride2(const uint8_t* xp, int64_t W, int64_t OW, int64_t kh, int64_t kw, int64_t row0,
+                                    int64_t dh, int64_t dw, uint8_t* yr, int64_t* ir) {
+    const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i lanes2 = _mm512_add_epi32(lanes, lanes);
+    const __m512i low16 = _mm512_set1_epi32(0xFFFF);
+    for (int64_t ow0 = 0; ow0 < OW; ow0 += 16) {
+        const int64_t n = std::min<int64_t>(16, OW - ow0);
+        const __mmask32 bytes = (__mmask32)((1u << (2 * (n - 1) + 1)) - 1);
+        __m512i m = _mm512_setzero_si512(), at = _mm512_setzero_si512();
+        for (int64_t i = 0; i < kh; i++)
+            for (int64_t j = 0; j < kw; j++) {
+                const int64_t q = row0 + i * dh * W + ow0 * 2 + j * dw;
+                const __m512i v = _mm512_and_si512(_mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(bytes, xp + q)), low16);
+                const __m512i pos = _mm512_add_epi32(_mm512_set1_epi32((int)q), lanes2);
+                if (i == 0 && j == 0) { m = v; at = pos; continue; }
+                const __mmask16 take = _mm512_cmpgt_epi32_mask(v, m);
+                m = _mm512_mask_blend_epi32(take, m, v);
+                at = _mm512_mask_blend_epi32(take, at, pos);
+            }
+        const __mmask16 keep = (__mmask16)((1u << n) - 1);
+        _mm512_mask_cvtepi32_storeu_epi8(yr + ow0, keep, m);
+        _mm512_mask_storeu_epi64(ir + ow0, (__mmask8)(keep & 0xff), _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)));
+        if (n > 8)
+            _mm512_mask_storeu_epi64(ir + ow0 + 8, (__mmask8)(keep >> 8),
+                                     _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1)));
+    }
+}
+#endif
+
+// uint8 planes (the int8 path of a quantized graph's max pooling: the integers pooled as they are)
+extern "C" void flm_max_pool2d_u8(int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t kh,
+                                  int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, const uint8_t* x,
+                                  uint8_t* y, int64_t* idx, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < planes; p++) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+        if (sw == 2 && H * W < (int64_t(1) << 31)) {
+            for (int64_t oh = 0; oh < OH; oh++)
+                max_pool_row_u8_stride2(x + p * H * W, W, OW, kh, kw, oh * sh * W, dh, dw, y + (p * OH + oh) * OW,
+                                        idx + (p * OH + oh) * OW);
+            continue;
         }
+#endif
+        max_pool2d_plane(x + p * H * W, W, OH, OW, kh, kw, sh, sw, dh, dw, y + p * OH * OW, idx + p * OH * OW);
     }
 }
 

@@ -142,10 +142,11 @@ def _load():
                 wg.argtypes = [i64] * 14 + [p, p, p, ctypes.c_int]
                 wg.restype = None
                 _state["conv2d_weight_grad"] = wg
-                mp = lib.flm_max_pool2d_f32
-                mp.argtypes = [i64] * 11 + [p, p, p, ctypes.c_int]
-                mp.restype = None
-                _state["max_pool2d"] = mp
+                for dt, name in ((_F32, "flm_max_pool2d_f32"), (np.dtype(np.uint8), "flm_max_pool2d_u8")):
+                    mp = getattr(lib, name)
+                    mp.argtypes = [i64] * 11 + [p, p, p, ctypes.c_int]
+                    mp.restype = None
+                    _state["max_pool2d", dt] = mp
                 ad = lib.flm_adam_f32
                 f = ctypes.c_float
                 ad.argtypes = [i64, p, p, p, p, p] + [f] * 8 + [ctypes.c_int]
@@ -488,17 +489,17 @@ def conv2d_weight_grad(x, gy, wshape, groups, stride, dilation):
 
 
 def max_pool2d(x, out_hw, ks, st, dl):
-    """Max pooling with indices of a float32 array (..., H, W) whose windows lie inside the plane:
+    """Max pooling with indices of a float32 or uint8 array (..., H, W) whose windows lie inside the plane:
     (values, int64 flat indices in the plane) of shape (..., *out_hw), or None when not handled."""
-    if _load() is None or x.dtype != _F32 or x.ndim < 2:
+    if _load() is None or x.dtype not in (_F32, np.dtype(np.uint8)) or x.ndim < 2:
         return None
     x = np.ascontiguousarray(x)
     H, W = x.shape[-2:]
     OH, OW = out_hw
-    y = np.empty(x.shape[:-2] + (OH, OW), _F32)
+    y = np.empty(x.shape[:-2] + (OH, OW), x.dtype)
     idx = np.empty(y.shape, np.int64)
     if y.size:
-        _state["max_pool2d"](y.size // (OH * OW), H, W, OH, OW, ks[0], ks[1], st[0], st[1], dl[0], dl[1],
+        _state["max_pool2d", x.dtype](y.size // (OH * OW), H, W, OH, OW, ks[0], ks[1], st[0], st[1], dl[0], dl[1],
                              x.ctypes.data, y.ctypes.data, idx.ctypes.data, _threads(y.size * ks[0] * ks[1] * 16))
     return y, idx
 

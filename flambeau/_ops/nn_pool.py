@@ -157,10 +157,15 @@ def _padded_window_max(x, nd, S, out, ks, st, pd, dl):
     xp_ = np.pad(x, [(0, 0)] * (x.ndim - nd) + list(zip(pd, after)), constant_values=low)
     r = cpu_kernels.max_pool2d(xp_, out, ks, st, dl) if nd == 2 else None
     vals, idx = r if r is not None else _strided_window_max(xp_, nd, out, ks, st, dl)
-    if nd == 2 and not (vals == low).any():            # no padded position chosen: one integer pass
+    if nd == 2:                                         # one integer pass; windows at the lowest value again
         Wp = xp_.shape[-1]
         r = idx // Wp
-        return vals, (r - pd[0]) * S[1] + (idx - r * Wp - pd[1])
+        out = (r - pd[0]) * S[1] + (idx - r * Wp - pd[1])
+        at_low = vals == low
+        if at_low.any():
+            coords = [c - p for c, p in zip(np.unravel_index(idx[at_low], xp_.shape[-nd:]), pd)]
+            out[at_low] = np.ravel_multi_index(tuple(np.where(c < 0, np.mod(c, d), c) for c, d in zip(coords, dl)), S)
+        return vals, out
     coords = [c - p for c, p in zip(np.unravel_index(idx, xp_.shape[-nd:]), pd)]
     first_inside = [np.where(c < 0, np.mod(c, d), c) for c, d in zip(coords, dl)]     # ATen: start += dilation
     return vals, np.ravel_multi_index(tuple(first_inside), S)
