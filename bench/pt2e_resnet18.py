@@ -2,8 +2,10 @@
 
     python bench/pt2e_resnet18.py [--batch 32] [--size 224] [--rounds 3] [--min-time 0.3]
 
-The model is torchvision's resnet18 (BasicBlocks with BatchNorm, max/avg pooling, fc; written here for
-both libraries, the same weights and running statistics) in eval mode. Each library captures it at the
+The model is torchvision's resnet18 (BasicBlocks with BatchNorm, ReLU modules (one per call, not in
+place: torchao's partitioner refuses a module called twice), max/avg pooling, fc; written here for both
+libraries, the same weights and running statistics) in eval mode; the ReLU modules let both quantizers
+propagate int8 through the max pool. Each library captures it at the
 benchmark's batch, prepares it with its X86InductorQuantizer (default static config: the batch norms
 folded into the convolutions, histogram observers), calibrates on one batch, converts it and compiles
 it with freezing: flambeau `capture_pre_autograd_graph` + `prepare_pt2e` + `convert_pt2e` +
@@ -52,27 +54,28 @@ def resnet18(m, classes=1000):
             super().__init__()
             self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
             self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+            self.relu1, self.relu2 = nn.ReLU(), nn.ReLU()
             self.downsample = None
             if stride != 1 or cin != cout:
                 self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
 
         def forward(self, x):
             idt = x if self.downsample is None else self.downsample(x)
-            out = m.relu(self.bn1(self.conv1(x)))
-            return m.relu(self.bn2(self.conv2(out)) + idt)
+            out = self.relu1(self.bn1(self.conv1(x)))
+            return self.relu2(self.bn2(self.conv2(out)) + idt)
 
     class ResNet18(nn.Module):
         def __init__(self):
             super().__init__()
             self.conv1, self.bn1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64)
-            self.maxpool = nn.MaxPool2d(3, 2, 1)
+            self.relu, self.maxpool = nn.ReLU(), nn.MaxPool2d(3, 2, 1)
             widths = [(64, 64, 1), (64, 128, 2), (128, 256, 2), (256, 512, 2)]
             self.layers = nn.Sequential(*[nn.Sequential(BasicBlock(cin, cout, s), BasicBlock(cout, cout, 1))
                                           for cin, cout, s in widths])
             self.fc = nn.Linear(512, classes)
 
         def forward(self, x):
-            x = self.maxpool(m.relu(self.bn1(self.conv1(x))))
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
             x = self.layers(x)
             return self.fc(m.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
     return ResNet18()

@@ -45,14 +45,16 @@ def reference(tmp_path_factory):
 
 
 def _prepared(name, ref, dynamic=False):
-    build, shape = MODELS[name.removesuffix("_dynamic")]
+    build, shape = MODELS[name.removesuffix("_dynamic").removesuffix("_conv_only")]
     model = build(flambeau).eval()
     prefix = f"{name}/state/"
     model.load_state_dict({k[len(prefix):]: flambeau.tensor(v) for k, v in ref.items() if k.startswith(prefix)})
     data = calibration(shape)
     cfg = xiq.get_default_x86_inductor_quantization_config(is_dynamic=dynamic)
-    prepared = prepare_pt2e(capture_pre_autograd_graph(model, (flambeau.tensor(data[0]),)),
-                            xiq.X86InductorQuantizer().set_global(cfg))
+    quantizer = xiq.X86InductorQuantizer()
+    quantizer = quantizer.set_module_type_qconfig(flambeau.nn.Conv2d, cfg) if name.endswith("_conv_only") else \
+        quantizer.set_global(cfg)
+    prepared = prepare_pt2e(capture_pre_autograd_graph(model, (flambeau.tensor(data[0]),)), quantizer)
     for x in data:
         prepared(flambeau.tensor(x))
     return prepared, data
@@ -65,17 +67,20 @@ def _observers(gm):
     return [(k, getattr(gm, k)) for k in sorted(names, key=lambda k: int(k.rsplit("_", 1)[1]))]
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "cnn_bn", "mlp_bn", "pool_cnn"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "cnn_bn", "mlp_bn", "pool_cnn", "pool_cnn_conv_only"])
 def test_observers_statistics_and_scales_match_pytorch_x86_flow(name, reference):
     """cnn_bn / mlp_bn: batch norms folded into the convolutions / linear layers (BatchNorm1d after a
     linear with a 2-D input) before observing, as PyTorch's prepare_pt2e: the folded weights' statistics,
     scales and int8 values equal PyTorch's. pool_cnn: int8 propagated through two max pools, a cat and
     nn.Flatten (ReLU modules end the conv patterns): the same 12 observer calls on the same edges, the
-    shared instances called on the same tensors (so their histograms and scales are PyTorch's)."""
+    shared instances called on the same tensors (so their histograms and scales are PyTorch's).
+    pool_cnn_conv_only: `set_module_type_qconfig(nn.Conv2d, config)` and no global config, so only the
+    convolutions are quantized (PyTorch maps the module type to the aten operator): 5 observers (c2 and c3
+    read one), no pooling propagation."""
     fp, data = _prepared(name, reference)
     ours = _observers(fp)
     assert len(ours) == sum(k.startswith(f"{name}/obs") and k.endswith("/type") for k in reference)
-    assert len(ours) == (12 if name == "pool_cnn" else 6)
+    assert len(ours) == {"pool_cnn": 12, "pool_cnn_conv_only": 5}.get(name, 6)
     for i, (_, a) in enumerate(ours):
         key = f"{name}/obs{i}/"
         assert type(a).__name__ == str(reference[key + "type"])

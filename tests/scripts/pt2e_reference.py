@@ -18,7 +18,7 @@ from tests.quantization_models import (build_cnn, build_cnn_bn, build_mlp, build
                                        build_qat_cnn, calibration, qat_batches)
 
 
-def run(name, build, shape, dynamic, out):
+def run(name, build, shape, dynamic, out, conv_only=False):
     torch.manual_seed(0)
     model = build(torch).eval()
     for k, v in model.state_dict().items():
@@ -26,7 +26,9 @@ def run(name, build, shape, dynamic, out):
     data = calibration(shape)
     gm = torch.export.export(model, (torch.tensor(data[0]),)).module()
     cfg = xiq.get_default_x86_inductor_quantization_config(is_dynamic=dynamic)
-    prepared = prepare_pt2e(gm, xiq.X86InductorQuantizer().set_global(cfg))
+    quantizer = xiq.X86InductorQuantizer()
+    quantizer = quantizer.set_module_type_qconfig(torch.nn.Conv2d, cfg) if conv_only else quantizer.set_global(cfg)
+    prepared = prepare_pt2e(gm, quantizer)
     for x in data:
         prepared(torch.tensor(x))
     obs = sorted((n.target for n in prepared.graph.nodes if n.op == "call_module"       # shared ones: each call
@@ -85,6 +87,7 @@ def main(path):
     run("mlp", build_mlp, (5, 20), False, out)
     run("mlp_bn", build_mlp_bn, (5, 20), False, out)
     run("pool_cnn", build_pool_cnn, (4, 3, 16, 16), False, out)
+    run("pool_cnn_conv_only", build_pool_cnn, (4, 3, 16, 16), False, out, conv_only=True)
     run("mlp_dynamic", build_mlp, (5, 20), True, out)
     run_qat(out)
     np.savez(path, **out)

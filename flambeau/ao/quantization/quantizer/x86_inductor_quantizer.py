@@ -29,6 +29,7 @@ other input is observed too), else after the batch norm. PyTorch matches the una
 from __future__ import annotations
 
 import operator
+import warnings
 from dataclasses import dataclass
 
 from .... import _dtype as D
@@ -167,26 +168,43 @@ def get_default_x86_inductor_quantization_config(is_qat: bool = False, is_dynami
 
 
 class X86InductorQuantizer(Quantizer):
-    """Annotates every convolution and linear with the global configuration (`set_global`), or the
-    one given per module type (`set_module_type_qconfig`, matched by the node's `nn_module_stack`)."""
+    """Annotates convolutions and linears (and the int8-in-int8-out ops after them) with the configuration
+    of the module they come from (`set_module_name_qconfig`, by the node's `nn_module_stack`), else of
+    their operator (`set_module_type_qconfig(nn.Conv2d | nn.Linear | F.conv2d | F.linear, ...)`, which
+    PyTorch maps to the aten operator), else the global one (`set_global`); a None configuration leaves
+    the nodes float."""
 
     def __init__(self):
         super().__init__()
         self.global_config: QuantizationConfig | None = None
-        self.module_type_config: dict = {}
+        self.operator_type_config: dict = {}
+        self.module_name_config: dict = {}
 
     def set_global(self, quantization_config: QuantizationConfig | None) -> "X86InductorQuantizer":
         self.global_config = quantization_config
         return self
 
     def set_module_type_qconfig(self, module_type, quantization_config) -> "X86InductorQuantizer":
-        self.module_type_config[module_type] = quantization_config
+        from .... import nn
+        op = {nn.Conv2d: ops.aten.convolution.default, nn.functional.conv2d: ops.aten.convolution.default,
+              nn.Linear: ops.aten.linear.default, nn.functional.linear: ops.aten.linear.default}.get(module_type)
+        if op is None:
+            warnings.warn(f"Module: Unable to customize quantization config for {module_type} by X86InductorQuantizer.")
+        else:
+            self.operator_type_config[op] = quantization_config
+        return self
+
+    def set_module_name_qconfig(self, module_name: str, quantization_config) -> "X86InductorQuantizer":
+        self.module_name_config[module_name] = quantization_config
         return self
 
     def _config_for(self, node) -> QuantizationConfig | None:
-        for _, (_, mtype) in reversed(list(node.meta.get("nn_module_stack", {}).items())):
-            if mtype in self.module_type_config:
-                return self.module_type_config[mtype]
+        fqns = [fqn for fqn, _ in node.meta.get("nn_module_stack", {}).values()]
+        for name, config in self.module_name_config.items():
+            if any(f == name or f.startswith(name + ".") for f in fqns):
+                return config
+        if node.target in self.operator_type_config:
+            return self.operator_type_config[node.target]
         return self.global_config
 
     def _annotate_weighted(self, node, w_pos: int) -> QuantizationConfig | None:
