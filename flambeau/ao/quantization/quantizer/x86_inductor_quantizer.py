@@ -36,6 +36,9 @@ from .... import _dtype as D
 from ....fx._aten import ops
 from ....fx.graph_module import GraphModule
 from ....fx.node import Node
+from ....nn import functional
+from ....nn.modules.conv import Conv2d
+from ....nn.modules.linear import Linear
 from ..observer import (HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver, MovingAverageMinMaxObserver,
                         MovingAveragePerChannelMinMaxObserver)
 from ..fake_quantize import FakeQuantize, FusedMovingAvgObsFakeQuantize
@@ -185,9 +188,8 @@ class X86InductorQuantizer(Quantizer):
         return self
 
     def set_module_type_qconfig(self, module_type, quantization_config) -> "X86InductorQuantizer":
-        from .... import nn
-        op = {nn.Conv2d: ops.aten.convolution.default, nn.functional.conv2d: ops.aten.convolution.default,
-              nn.Linear: ops.aten.linear.default, nn.functional.linear: ops.aten.linear.default}.get(module_type)
+        op = {Conv2d: ops.aten.convolution.default, functional.conv2d: ops.aten.convolution.default,
+              Linear: ops.aten.linear.default, functional.linear: ops.aten.linear.default}.get(module_type)
         if op is None:
             warnings.warn(f"Module: Unable to customize quantization config for {module_type} by X86InductorQuantizer.")
         else:
