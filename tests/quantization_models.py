@@ -102,6 +102,22 @@ def build_qat_cnn(m):
     return _set_bn_statistics(QATCNN(), m, seed=7)
 
 
+def build_qat_res(m):
+    """conv -> bn -> ReLU, then conv -> bn + identity -> ReLU (ResNet's basic block, ReLU modules), a spatial
+    mean and a linear classifier: PyTorch's QAT conv-bn-add-relu annotation (the identity observed)."""
+    class QATRes(m.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1, self.r1 = m.nn.Conv2d(3, 8, 3, padding=1), m.nn.BatchNorm2d(8), m.nn.ReLU()
+            self.c2, self.b2, self.r2 = m.nn.Conv2d(8, 8, 3, padding=1, bias=False), m.nn.BatchNorm2d(8), m.nn.ReLU()
+            self.fc = m.nn.Linear(8, 4)
+
+        def forward(self, x):
+            y = self.r1(self.b1(self.c1(x)))
+            return self.fc(self.r2(self.b2(self.c2(y)) + y).mean((2, 3)))
+    return _set_bn_statistics(QATRes(), m, seed=11)
+
+
 def _set_bn_statistics(model, m, seed):
     rng = np.random.default_rng(seed)
     for bn in (model.b1, model.b2):

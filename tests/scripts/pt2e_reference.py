@@ -15,7 +15,7 @@ from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq  #
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
 from tests.quantization_models import (build_cnn, build_cnn_bn, build_mlp, build_mlp_bn, build_pool_cnn,  # noqa: E402
-                                       build_qat_cnn, calibration, qat_batches)
+                                       build_qat_cnn, build_qat_res, calibration, qat_batches)
 
 
 def run(name, build, shape, dynamic, out, conv_only=False):
@@ -49,17 +49,20 @@ def run(name, build, shape, dynamic, out, conv_only=False):
     out[f"{name}/output"] = converted(torch.tensor(data[1] * 3)).detach().numpy()
 
 
-def run_qat(out, lr=0.1):
-    """QAT of build_qat_cnn (conv-bn fused by prepare_qat_pt2e): the losses of each SGD step, the batch
-    norms' running statistics after training, the converted model's folded int8 weights and output."""
+def run_qat(out, name, build, lr=0.1):
+    """QAT of build_qat_cnn / build_qat_res (conv-bn fused by prepare_qat_pt2e): the losses of each SGD
+    step, the batch norms' running statistics after training, the converted model's folded int8 weights
+    and output."""
     torch.manual_seed(0)
-    model = build_qat_cnn(torch).train()
+    model = build(torch).train()
     for k, v in model.state_dict().items():
-        out[f"qat/state/{k}"] = v.detach().numpy().copy()      # training updates the tensors in place
+        out[f"{name}/state/{k}"] = v.detach().numpy().copy()      # training updates the tensors in place
     batches = qat_batches()
     gm = torch.export.export(model, (torch.tensor(batches[0][0]),)).module()
     cfg = xiq.get_default_x86_inductor_quantization_config(is_qat=True)
     prepared = prepare_qat_pt2e(gm, xiq.X86InductorQuantizer().set_global(cfg))
+    out[f"{name}/observer_calls"] = np.array(sum(n.op == "call_module" and n.target.startswith("activation_post_process_")
+                                                 for n in prepared.graph.nodes))
     opt = torch.optim.SGD(prepared.parameters(), lr=lr, momentum=0.9)
     losses = []
     for x, y in batches:
@@ -68,16 +71,16 @@ def run_qat(out, lr=0.1):
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    out["qat/losses"] = np.array(losses)
+    out[f"{name}/losses"] = np.array(losses)
     for k, v in prepared.named_buffers():
         if "running_" in k:
-            out[f"qat/{k.replace('.', '_')}"] = v.numpy()
+            out[f"{name}/{k.replace('.', '_')}"] = v.numpy()
     move_exported_model_to_eval(prepared)
     converted = convert_pt2e(prepared)
     for k, v in converted.named_buffers():
         if k.startswith("_frozen_param"):
-            out[f"qat/{k}"] = v.numpy()
-    out["qat/output"] = converted(torch.tensor(batches[0][0])).detach().numpy()
+            out[f"{name}/{k}"] = v.numpy()
+    out[f"{name}/output"] = converted(torch.tensor(batches[0][0])).detach().numpy()
 
 
 def main(path):
@@ -89,7 +92,8 @@ def main(path):
     run("pool_cnn", build_pool_cnn, (4, 3, 16, 16), False, out)
     run("pool_cnn_conv_only", build_pool_cnn, (4, 3, 16, 16), False, out, conv_only=True)
     run("mlp_dynamic", build_mlp, (5, 20), True, out)
-    run_qat(out)
+    run_qat(out, "qat", build_qat_cnn)
+    run_qat(out, "qat_res", build_qat_res)
     np.savez(path, **out)
 
 
