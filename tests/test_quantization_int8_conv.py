@@ -185,7 +185,9 @@ def _conv_layer(m, qd, x, qw, ws, bias, geometry, per_channel, relu, out, functi
         y = m.nn.functional.conv2d(dx, dw, bias, stride, padding, dilation, groups)
     else:
         y = m.ops.aten.convolution.default(dx, dw, bias, stride, padding, dilation, False, [0, 0], groups)
-    if relu:
+    if relu == "inplace":                   # nn.ReLU(inplace=True), as torchvision's models
+        y = m.relu_(y)
+    elif relu:
         y = m.relu(y)
     if out is not None:
         y = qd.quantize_per_tensor.default(y, out[0], out[1], 0, 255, m.uint8)
@@ -197,6 +199,7 @@ PASS_CASES = {   # problem, per-channel weights, relu, requantized output (scale
     "conv_relu_requant": ("3x3_s2_groups3_u8_relu", True, True, (0.05, 2), False),
     "conv_per_tensor_1x1": ("1x1_f32_relu", False, False, None, False),
     "conv2d_relu_depthwise": ("depthwise_f32", True, True, None, True),
+    "conv_inplace_relu_requant": ("3x3_s2_groups3_u8_relu", True, "inplace", (0.05, 2), False),
 }
 
 
@@ -213,6 +216,9 @@ def test_compiled_pattern_becomes_one_int8_conv_equal_to_pytorchs(case, monkeypa
                                                      per_channel, relu, out, functional))(flambeau.tensor(x))
     assert [e for e in _externs(made) if "conv" in e] == ["onednn::qconv_prepack", "onednn::qconv2d_pointwise"], \
         _externs(made)
+    posts = [a for c in made for e in c.artifact.externs if "qconv2d" in str(getattr(e.op, "name", e.op))
+             for a in e.args if a in ("relu", "none")]
+    assert posts == ["relu" if relu else "none"], posts               # the ReLU fused as the post-op
     tqx = TQD.quantize_per_tensor.default(torch.tensor(x), 0.03, 120, 0, 255, torch.uint8).numpy()
     ws_full = ws if per_channel else np.full_like(ws, w_scale)
     want = _qconv(torch, tqx, 0.03, 120, qw, ws_full, bias, geometry,
@@ -407,3 +413,38 @@ def test_pt2e_residual_block_quantizes_the_identity_and_compiles_the_add_into_th
         names
     assert [a for a in accums if a is not None] == [np.uint8], accums
     np.testing.assert_allclose(got, eager, rtol=0, atol=1e-5 * np.abs(eager).max())
+
+
+def test_pt2e_block_with_inplace_relu_modules_compiles_every_relu_into_the_int8_ops(monkeypatch):
+    """nn.ReLU(inplace=True) (torchvision's): the capture records relu_ and later reads of the conv's (or the
+    add's) tensor, which the pass rewrites as a functional relu, so the converted block compiles to a
+    qconv with the ReLU post-op, a uint8 max pool and a qconv2d_pointwise.binary with sum + ReLU, equal to
+    the eager q/dq graph to float rounding."""
+    nn = flambeau.nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.r1, self.pool = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)
+            self.c2, self.r2, self.c3 = nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(inplace=True), nn.Conv2d(8, 4, 1)
+
+        def forward(self, x):
+            y = self.pool(self.r1(self.c1(x)))
+            return self.c3(self.r2(self.c2(y) + y))
+    flambeau.manual_seed(0)
+    data = calibration((2, 3, 16, 16))
+    prepared = prepare_pt2e(capture_pre_autograd_graph(Block().eval(), (flambeau.tensor(data[0]),)),
+                            xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config()))
+    for x in data:
+        prepared(flambeau.tensor(x))
+    converted = convert_pt2e(prepared)
+    flambeau._dynamo.reset()
+    made = spy_compile_fx(monkeypatch, [])
+    with flambeau.no_grad():
+        got = flambeau.compile(converted)(flambeau.tensor(data[1])).numpy()
+        want = converted(flambeau.tensor(data[1])).numpy()
+    ops = [(getattr(e.op, "name", str(e.op)), [a for a in e.args if a in ("relu", "none", "sum")])
+           for c in made for e in c.artifact.externs if "prepack" not in str(getattr(e.op, "name", e.op))]
+    assert ops == [("onednn::qconv2d_pointwise", ["relu"]), ("max_pool2d_with_indices", []),
+                   ("onednn::qconv2d_pointwise.binary", ["sum", "relu"]), ("onednn::qconv2d_pointwise", ["none"])], ops
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())

@@ -283,10 +283,36 @@ def _u8_convolution(gm, node):
     return conv if _activation(x) is not None and x.args[5] is D.uint8 else None
 
 
+def _functional_relus(gm) -> None:
+    """An in-place ReLU (`nn.ReLU(inplace=True)`) of a layer's or add's output is recorded as a `relu_` node
+    without users, later reads of the tensor reading the layer itself: rewritten as `relu`, its users those
+    later reads (every other user of the output must come after it), so the patterns above match it."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    changed = False
+    for node in list(gm.graph.nodes):
+        if not _is(node, OPS["relu_"]) or node.users or len(node.args) != 1:
+            continue
+        x = node.args[0]
+        if not (_convolution(gm, x) is not None or _product(gm, x) is not None or _is_add(x)):
+            continue
+        later = [u for u in x.users if u is not node]
+        if any(order[u] < order[node] for u in later):
+            continue
+        with gm.graph.inserting_after(node):
+            relu = gm.graph.call_function(OPS["relu"], (x,))
+        for u in later:
+            u.replace_input_with(x, relu)
+        gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.recompile()
+
+
 def fuse_quantized_linear(gm) -> int:
     """Rewrite each quantized linear layer of `gm` (module docstring) in place; returns how many."""
     if not config.quantized_linear:
         return 0
+    _functional_relus(gm)
     return _fuse_linear_add(gm) + _fuse(gm, _product, _linear_node) + fuse_quantized_conv(gm)
 
 
