@@ -105,6 +105,7 @@ def _split(joint: GraphModule, saved: list, num_fwd_outputs: int):
     fw = extract_graph(joint, primals, list(fw_outs) + saved, "GraphModule")
     bw = extract_graph(joint, saved + tangents, list(bw_outs), "GraphModule")
     fw.meta["num_saved"] = len(saved)
+    fw.meta["num_fwd_outputs"] = len(fw_outs)     # the outputs the caller sees; the saved values follow
     bw.meta["num_saved"] = len(saved)
     return fw, bw
 

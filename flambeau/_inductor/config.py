@@ -110,6 +110,12 @@ triton_interpret_split_programs: int = 4
 # compute on operands zero-padded where they are produced (pad_mm.py; PyTorch's shape_padding).
 shape_padding: bool = True
 
+# Layout optimization (layout_opt.py; PyTorch's layout_opt): a graph lowered for the Triton generator
+# (cuda, or cpu with backend "triton") that has 4-d convolutions runs channels-last: convolution operands
+# and outputs and the 4-d values computed from them are NHWC in memory (cuDNN converts no operand, per-channel
+# reductions read C innermost). FLAMBEAU_LAYOUT_OPT=1 turns it on.
+layout_optimization: bool = os.environ.get("FLAMBEAU_LAYOUT_OPT", "0") not in ("", "0")
+
 # Modes of flambeau.compile (PyTorch's list_mode_options): "reduce-overhead" sets triton_cudagraphs,
 # "max-autotune" both, "max-autotune-no-cudagraphs" max_autotune; options={"triton.cudagraphs": True}
 # and friends set them directly.

@@ -46,6 +46,8 @@ from .index import contiguous_strides, dense_strides
 from .sizevars import SizeExpr, collect_derived, from_sym, known_nonneg, size_tuple
 from ..fx.node import Node
 from .lowering_views import _try
+from .layout_opt import (CONVOLUTIONS, channels_last_layout, is_channels_last, permuted, reads_channels_last,
+                         wants_layout_opt, worth_permuting)
 from .sizevars import evaluate, derived_definition
 
 
@@ -81,27 +83,52 @@ class GraphLowering:
         self.derived_names: set = set()   # derived size symbols (floor divisions) met while lowering
         self.view_parent: dict = {}       # node -> the node it aliases (a view's input, copy_'s destination)
         self.mutations: dict = {}         # graph input position -> its value after the graph's copy_s
+        self.layout_opt = wants_layout_opt(gm, self.triton, self.dynamic)   # run channels-last (layout_opt.py)
 
     # ---- naming and realisation ------------------------------------------------------------
     def new_name(self, prefix="buf") -> str:
         self._n += 1
         return f"{prefix}{self._n - 1}"
 
-    def realize(self, x) -> IRNode:
-        """Make `x` live in memory: a Buffer, or a StridedView of one."""
+    def realize(self, x, channels_last: bool | None = None) -> IRNode:
+        """Make `x` live in memory: a Buffer, or a StridedView of one. In a channels-last graph
+        (`self.layout_opt`) a 4-d value is computed channels-last when `channels_last` says so or,
+        when it is None, when it reads mostly channels-last memory (layout_opt.py)."""
         if isinstance(x, (Buffer, StridedView)):
             return x
-        if isinstance(x, Pointwise):
-            if x.realized is None:
-                buf = ComputedBuffer(self.new_name(), Layout(x.ranges, x.dtype), x)
-                self.buffers.append(buf)
-                x.realized = buf
+        if isinstance(x, Pointwise) and x.realized is not None:
             return x.realized
+        if self.layout_opt and isinstance(x, (Pointwise, Reduction)) and \
+                (reads_channels_last(x) if channels_last is None else channels_last and worth_permuting(x.ranges)):
+            p = permuted(x)
+            buf = ComputedBuffer(self.new_name(), Layout(p.ranges, x.dtype), p)
+            self.buffers.append(buf)
+            view = StridedView(buf, channels_last_layout(x.ranges, x.dtype))
+            if isinstance(x, Pointwise):
+                x.realized = view
+            return view
+        if isinstance(x, Pointwise):
+            buf = ComputedBuffer(self.new_name(), Layout(x.ranges, x.dtype), x)
+            self.buffers.append(buf)
+            x.realized = buf
+            return buf
         if isinstance(x, (Reduction, Scatter)):
             buf = ComputedBuffer(self.new_name(), Layout(x.ranges, x.dtype), x)
             self.buffers.append(buf)
             return buf
         raise TypeError(f"cannot realise {x!r}")
+
+    def _channels_last_operand(self, x) -> IRNode:
+        """A convolution's 4-d operand in a channels-last graph: channels-last memory (a value in
+        another layout, a graph input or a weight, copied into it by a kernel)."""
+        if not isinstance(x, IRNode) or len(x.shape) != 4:
+            return x
+        if isinstance(x, Pointwise) and x.realized is None and as_strided_view(x) is None:
+            return self.realize(x, channels_last=True)
+        m = self._realize_or_view(x)
+        if is_channels_last(m.layout):
+            return m
+        return self.realize(Pointwise(m.shape, m.dtype, m.make_loader()), channels_last=True)
 
     def _realize_or_view(self, x) -> IRNode:
         """An extern's input: a lazy value that only re-indexes memory is passed as a strided view
@@ -292,6 +319,8 @@ class GraphLowering:
             op = getattr(target, "name", str(target))
             self.fallback_ops.append(op)
             record_fallback(op, reason)
+        if self.layout_opt and getattr(target, "name", None) in CONVOLUTIONS:
+            args = tuple(self._channels_last_operand(a) if i < 2 else a for i, a in enumerate(args))
         args = _map_ir(args, self._realize_or_view)
         kwargs = _map_ir(kwargs, self._realize_or_view)
         val = node.meta.get("val")
@@ -375,15 +404,35 @@ class GraphLowering:
             self.realize(x)
 
     def _outputs(self, out):
-        def one(x):
+        """The graph's outputs in memory. In a channels-last graph, an output the caller sees (all of
+        them but a forward graph's saved activations, `gm.meta["num_fwd_outputs"]`) whose FX value is
+        contiguous is made contiguous (a copy of a channels-last value): the layout eager gives."""
+        flat = isinstance(out, (tuple, list))
+        nodes = out if flat else [out]
+        visible = self.gm.meta.get("num_fwd_outputs", len(nodes)) if hasattr(self.gm, "meta") else len(nodes)
+
+        def one(node, x, i):
             if id(x) in self.pad_views:          # a slice of a padded product or operand: a strided view
                 return self._realize_or_view(x)
+            if self.layout_opt and i < visible and isinstance(node, Node) and _fx_contiguous(node) and \
+                    isinstance(x, IRNode) and len(x.shape) == 4:
+                if isinstance(x, Pointwise) and x.realized is None:
+                    return self.realize(x, channels_last=False)
+                m = self._realize_or_view(x) if isinstance(x, Pointwise) else self.realize(x)
+                if is_channels_last(m.layout) and not m.layout.is_contiguous():
+                    return self.realize(Pointwise(m.shape, m.dtype, m.make_loader()), channels_last=False)
+                return m
             if isinstance(x, (Pointwise, Reduction)):
                 return self.realize(x)
             return x
-        if isinstance(out, (tuple, list)):
-            return [one(x) for x in _map_nodes(out, self.env)]
-        return one(_map_nodes(out, self.env))
+        vals = [one(n, _map_nodes(n, self.env), i) for i, n in enumerate(nodes)]
+        return vals if flat else vals[0]
+
+
+def _fx_contiguous(node) -> bool:
+    v = node.meta.get("val")
+    return isinstance(v, Tensor) and all(st == c for s, st, c in zip(v.shape, v.stride(), contiguous_strides(tuple(v.shape)))
+                                         if s != 1)
 
 
 def _live_nodes(nodes) -> set:

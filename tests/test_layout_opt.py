@@ -1,0 +1,169 @@
+"""Layout optimization (flambeau/_inductor/layout_opt.py, `config.layout_optimization`): a graph for the
+Triton code generator with 4-d convolutions runs channels-last. Run here on cpu tensors through the
+Triton backend under Triton's interpreter (TRITON_INTERPRET=1, tests/conftest.py), as
+test_inductor_triton.py does:
+
+- a conv-BatchNorm-ReLU net with a max pool, a residual add and a 1x1 convolution, forward and backward,
+  compiled with the flag on and off, against float64 PyTorch and against flambeau's eager run;
+- with the flag on, the channels-last path is taken: every convolution extern gets channels-last
+  operands, 4-d kernels store buffers laid out (N, H, W, C) and presented with channels-last strides,
+  BatchNorm's statistics are column reductions (C innermost); with it off, none of that;
+- what the caller sees keeps eager's strides: the output, the input's and the weights' gradients; an
+  inference graph returning a 4-d activation returns it contiguous;
+- the read vote (`reads_channels_last`) on hand-built values.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau as fl
+
+if not fl.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    raise RuntimeError("no GPU and TRITON_INTERPRET is not 1: tests/conftest.py sets it before Triton is imported")
+triton = pytest.importorskip("triton")
+
+from flambeau._inductor import config, layout_opt  # noqa: E402
+from flambeau._inductor.ir import InputBuffer, Layout, Pointwise  # noqa: E402
+from flambeau._dynamo.testing import no_unexpected_fallbacks  # noqa: E402
+from tests.conftest import spy_compile_fx  # noqa: E402
+
+
+@pytest.fixture
+def triton_backend(monkeypatch):
+    if not triton.knobs.runtime.interpret:
+        if fl.cuda.is_available():
+            pytest.skip("Triton was imported without its interpreter (a cuda machine)")
+        raise AssertionError("Triton was imported before this module set TRITON_INTERPRET=1")
+    monkeypatch.setattr(config, "backend", "triton")
+    fl._dynamo.reset()
+    yield
+    fl._dynamo.reset()
+
+
+def net(lib, x, w1, w2, w3, g1, b1, g2, b2):
+    F = lib.nn.functional
+    y = F.relu(F.batch_norm(F.conv2d(x, w1, padding=1), None, None, g1, b1, training=True))
+    y = F.max_pool2d(y, 2)
+    z = F.batch_norm(F.conv2d(y, w2, padding=1), None, None, g2, b2, training=True)
+    z = F.relu(z + y)
+    return F.conv2d(z, w3) * 0.5               # a 4-d output the caller sees
+
+
+def _values(seed=0, n=2, c=6):
+    rng = np.random.default_rng(seed)
+    shapes = [(n, 3, 8, 10), (c, 3, 3, 3), (c, c, 3, 3), (5, c, 1, 1), (c,), (c,), (c,), (c,)]
+    scale = [1, .3, .3, 1, 1, 1, 1, 1]
+    return [(rng.standard_normal(s) * k).astype(np.float32) for s, k in zip(shapes, scale)]
+
+
+def _contiguous(shape, strides) -> bool:
+    want = np.empty(shape, np.int8).strides
+    return all(a == b for a, b, s in zip(strides, want, shape) if s != 1)
+
+
+def _conv_operands(graphs) -> list:
+    out = []
+    for g in graphs:
+        for e in g.artifact.externs:
+            if getattr(e.op, "name", None) in layout_opt.CONVOLUTIONS:
+                out += [a for a in e.args[:2]]
+    return out
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_conv_net_forward_backward_channels_last(triton_backend, monkeypatch, on):
+    monkeypatch.setattr(config, "layout_optimization", on)
+    vals = _values()
+    graphs = spy_compile_fx(monkeypatch, [])
+    args = [fl.tensor(v, requires_grad=True) for v in vals]
+    with no_unexpected_fallbacks({"max_pool2d_with_indices", "_max_pool_backward"}):
+        out = fl.compile(lambda *a: net(fl, *a))(*args)
+        out.backward(fl.tensor(np.cos(np.arange(out.numel())).reshape(out.shape).astype(np.float32)))
+    assert len(graphs) == 2, "forward and backward graphs were not compiled"
+
+    eargs = [fl.tensor(v, requires_grad=True) for v in vals]
+    eout = net(fl, *eargs)
+    eout.backward(fl.tensor(np.cos(np.arange(out.numel())).reshape(out.shape).astype(np.float32)))
+    targs = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in vals]
+    want = net(torch, *targs)
+    want.backward(torch.cos(torch.arange(want.numel(), dtype=torch.float64)).reshape(want.shape))
+
+    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out.detach().numpy(), eout.detach().numpy(), rtol=1e-4, atol=1e-4)
+    for a, e, t in zip(args, eargs, targs):
+        np.testing.assert_allclose(a.grad.numpy(), t.grad.numpy(), rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(a.grad.numpy(), e.grad.numpy(), rtol=1e-3, atol=1e-4)
+        # what the caller sees has eager's (contiguous) strides
+        assert _contiguous(tuple(a.grad.shape), a.grad.stride()), (tuple(a.grad.shape), a.grad.stride())
+    assert _contiguous(tuple(out.shape), out.stride()), out.stride()
+
+    operands = _conv_operands(graphs)
+    assert len(operands) == 2 * 9          # forward: 3 convolutions; backward: 3 input, 3 weight gradients
+    cl_operands = [a for a in operands if layout_opt.is_channels_last(a.layout)
+                   and not _contiguous(a.layout.shape, a.layout.strides)]
+    views = [v for g in graphs for v in _cl_views(g)]
+    if on:
+        assert len(cl_operands) == len([a for a in operands if a.shape[2:] != (1, 1)]), \
+            "a convolution operand is not channels-last"
+        assert views, "no 4-d value was computed channels-last"
+        art = graphs[1].artifact           # the backward takes the saved activations as the forward left them
+        assert any(len(sh) == 4 and sh[1] > 1 and tuple(b // 4 for b in st) == layout_opt.channels_last_strides(sh)
+                   for sh, st in zip(art.input_shapes, art.input_strides)), \
+            "the forward saved no activation channels-last"
+    else:
+        assert not cl_operands and not views
+
+
+def _cl_views(g, n=2, c=6, hw=((8, 10), (4, 5))) -> list:
+    """The buffers the graph's kernels store over the (N, H, W, C) ranges of the net's activations
+    (those of values computed channels-last)."""
+    nhwc = {(n, h, w, c) for h, w in hw}
+    return [nd.buf for k in g.artifact.kernels for nd in k.nodes if tuple(nd.buf.layout.shape) in nhwc]
+
+
+def test_batchnorm_statistics_are_column_reductions(triton_backend, monkeypatch):
+    """With the flag on, BatchNorm's per-channel sums over a channels-last activation read C innermost:
+    the generated reduction loads at `x0 + C*r` (a column reduction); off, at `... + HW*x0 + r`."""
+    monkeypatch.setattr(config, "layout_optimization", True)
+    vals = _values(1)
+    graphs = spy_compile_fx(monkeypatch, [])
+    with no_unexpected_fallbacks({"max_pool2d_with_indices"}):
+        fl.compile(lambda *a: net(fl, *a))(*[fl.tensor(v) for v in vals])
+    (g,) = graphs
+    assert any(k.column for k in g.artifact.kernels), "no column reduction: BatchNorm's statistics are strided"
+
+
+def test_inference_output_keeps_eager_strides(triton_backend, monkeypatch):
+    monkeypatch.setattr(config, "layout_optimization", True)
+    vals = _values(2)
+    graphs = spy_compile_fx(monkeypatch, [])
+    with fl.no_grad(), no_unexpected_fallbacks({"max_pool2d_with_indices"}):
+        got = fl.compile(lambda *a: net(fl, *a))(*[fl.tensor(v) for v in vals])
+    want = net(torch, *[torch.tensor(v, dtype=torch.float64) for v in vals])
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+    assert _contiguous(tuple(got.shape), got.stride()), got.stride()
+    assert graphs and any(_cl_views(g) for g in graphs)
+
+
+def test_channels_last_vote():
+    """`reads_channels_last`: a value reading a channels-last buffer (C's coefficient 1) is permuted, one
+    reading a contiguous buffer, or a per-channel vector only, is not."""
+    shape = (2, 3, 4, 5)
+    cl = InputBuffer("a", Layout(shape, fl.float32, layout_opt.channels_last_strides(shape)))
+    nchw = InputBuffer("b", Layout(shape, fl.float32))
+    vec = InputBuffer("v", Layout((1, 3, 1, 1), fl.float32))
+
+    def pw(*bufs):
+        loads = [(b.make_loader(), b.shape) for b in bufs]
+        return Pointwise(shape, fl.float32, lambda i: [ld([x if s != 1 else type(x)() for x, s in zip(i, sh)])
+                                                       for ld, sh in loads][-1])
+    assert layout_opt.reads_channels_last(pw(cl))
+    assert layout_opt.reads_channels_last(pw(cl, vec))
+    assert not layout_opt.reads_channels_last(pw(nchw))
+    assert not layout_opt.reads_channels_last(pw(vec))
+    assert not layout_opt.reads_channels_last(pw(cl, nchw))       # a tie stays contiguous
+    assert layout_opt.is_channels_last(cl.layout) and not layout_opt.is_channels_last(nchw.layout)
