@@ -137,6 +137,34 @@ def test_batchnorm_statistics_are_column_reductions(triton_backend, monkeypatch)
     assert any(k.column for k in g.artifact.kernels), "no column reduction: BatchNorm's statistics are strided"
 
 
+def test_batchnorm_column_statistics_fuse_and_split(triton_backend, monkeypatch):
+    """Column reductions over one outer loop share a kernel with each other and with pointwise values over
+    that loop (scheduler._may_join: BatchNorm's sum, mean, sum of squares, rstd; its backward's two sums),
+    and such a kernel with few programs is split (partials, then a final kernel running the pointwise
+    steps); values and gradients against float64 PyTorch."""
+    monkeypatch.setattr(config, "layout_optimization", True)
+    monkeypatch.setattr(config, "triton_split_min", 64)
+    monkeypatch.setattr(config, "triton_interpret_block", 16)
+    monkeypatch.setattr(config, "triton_interpret_split_programs", 16)
+    monkeypatch.setattr(config, "triton_column_block", (4, 8))
+    vals = _values(3, n=3, c=6)
+    graphs = spy_compile_fx(monkeypatch, [])
+    args = [fl.tensor(v, requires_grad=True) for v in vals]
+    with no_unexpected_fallbacks({"max_pool2d_with_indices", "_max_pool_backward"}):
+        out = fl.compile(lambda *a: net(fl, *a))(*args)
+        out.sum().backward()
+    targs = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in vals]
+    want = net(torch, *targs)
+    want.sum().backward()
+    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-4)
+    for a, t in zip(args, targs):
+        np.testing.assert_allclose(a.grad.numpy(), t.grad.numpy(), rtol=1e-3, atol=1e-4)
+    fused = [k for g in graphs for k in g.artifact.kernels if k.column and sum(n.is_reduction for n in k.nodes) >= 2]
+    assert len(fused) >= 3, "BatchNorm's column reductions were not fused"
+    assert all(any(k.column and f"def {k.name}_final(" in g.source for k in g.artifact.kernels) for g in graphs), \
+        "no column reduction was split"
+
+
 def test_inference_output_keeps_eager_strides(triton_backend, monkeypatch):
     monkeypatch.setattr(config, "layout_optimization", True)
     vals = _values(2)

@@ -55,7 +55,6 @@ class SNode:
         self.read_names = {b.name for b, _ in self.reads}
         self.column = self.is_reduction and _is_column(self)
         self.scatter = isinstance(buf.data, Scatter)
-        self.alone = self.column or self.scatter        # scheduled as a kernel of its own
 
     def outer_syms(self, n_outer: int) -> list:
         names = [f"a{i}" for i, s in enumerate(self.ranges) if s != 1]
@@ -96,7 +95,7 @@ class Kernel:
         self.outer = outer
         self.steps: list = []
         self.outer_groups: list = []
-        self.column = len(nodes) == 1 and nodes[0].column
+        self.column = nodes[0].column          # (with column reductions and pointwise values only: _may_join)
         self.scatter = nodes[0] if len(nodes) == 1 and nodes[0].scatter else None
         self.locals: set = set()
         self.stores: list = []      # ComputedBuffers written to memory
@@ -165,6 +164,7 @@ def schedule(graph) -> list:
     Each buffer joins the earliest kernel, at or after the step producing its last input, where it
     fits; otherwise it starts a new kernel. Extern calls stay in place."""
     order: list = []                       # [nodes list, outer or None] groups and ExternSteps
+    columns = getattr(graph, "triton", False)
     pos_of: dict = {}
     for buf in graph.buffers:
         if isinstance(buf, ExternKernel):
@@ -177,7 +177,7 @@ def schedule(graph) -> list:
         placed = False
         for i in range(first, len(order) if config.fuse else 0):
             grp = order[i]
-            if isinstance(grp, ExternStep) or n.alone or grp[0][0].alone:
+            if isinstance(grp, ExternStep) or not _may_join(grp, n, columns):
                 continue
             cand = _candidate_outer(grp[0], grp[1], n)
             if cand is not None and _legal(grp[0] + [n], cand[0]):
@@ -204,6 +204,22 @@ def schedule(graph) -> list:
         out.append(k)
     _assign_locals(out, graph)
     return out
+
+
+def _may_join(grp, n: SNode, columns: bool) -> bool:
+    """Whether `n` may join group `grp` at all. A scatter is a kernel of its own; so is a column
+    reduction, except for the Triton generator (`columns`: it computes every kernel a block of outer
+    indices at a time), where column reductions over the same outer loop share a kernel with each other
+    and with pointwise values over that outer loop only (BatchNorm's statistics of a channels-last
+    activation: sum, mean, sum of squares, rstd in one kernel, not four)."""
+    first = grp[0][0]
+    if n.scatter or first.scatter:
+        return False
+    if not (n.column or first.column):
+        return True
+    if not columns or not first.column:
+        return False
+    return n.column or (not n.is_reduction and n.sizes == grp[1])
 
 
 def _candidate_outer(cur, outer, n):
