@@ -195,3 +195,88 @@ def test_channels_last_vote():
     assert not layout_opt.reads_channels_last(pw(vec))
     assert not layout_opt.reads_channels_last(pw(cl, nchw))       # a tie stays contiguous
     assert layout_opt.is_channels_last(cl.layout) and not layout_opt.is_channels_last(nchw.layout)
+
+
+def test_as_strided_reads_the_storage_eager_has(triton_backend, monkeypatch):
+    """as_strided reads its input's storage: a value the graph computed channels-last is read in its
+    eager (contiguous) order, not in the (N, H, W, C) order of its buffer."""
+    monkeypatch.setattr(config, "layout_optimization", True)
+
+    def f(lib, x, w):
+        y = lib.nn.functional.conv2d(x, w, padding=1) * 2 + 1
+        return lib.nn.functional.conv2d(y, w, padding=1), y.as_strided((2, 5), (3, 7), 1) + 0
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 4, 5, 6)).astype(np.float32)
+    w = (rng.standard_normal((4, 4, 3, 3)) * .3).astype(np.float32)
+    graphs = spy_compile_fx(monkeypatch, [])
+    got = fl.compile(lambda *a: f(fl, *a))(fl.tensor(x), fl.tensor(w))
+    want = f(torch, torch.tensor(x, dtype=torch.float64), torch.tensor(w, dtype=torch.float64))
+    for g, t in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), t.numpy(), rtol=1e-4, atol=1e-4)
+    assert any(layout_opt.is_channels_last(a.layout) and not _contiguous(a.layout.shape, a.layout.strides)
+               for a in _conv_operands(graphs)), "the graph did not run channels-last"
+
+
+def _resnet_like(lib):
+    nn, F = lib.nn, lib.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+            self.c2, self.b2 = nn.Conv2d(cout, cout, 1, bias=False), nn.BatchNorm2d(cout)
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = F.relu(self.b1(self.c1(x)), inplace=True)
+            y = self.b2(self.c2(y))
+            y += self.down(x)
+            return F.relu(y, inplace=True)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.bn = nn.Conv2d(3, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8)
+            self.pool = nn.MaxPool2d(3, 2, 1)
+            self.block = Block(8, 12, 2)
+            self.fc = nn.Linear(12, 5)
+
+        def forward(self, x):
+            x = self.pool(F.relu(self.bn(self.stem(x))))
+            return self.fc(lib.flatten(F.adaptive_avg_pool2d(self.block(x), 1), 1))
+    return Net()
+
+
+def test_resnet_like_module_trains_as_pytorch(triton_backend, monkeypatch):
+    """A ResNet-like module (BatchNorm with running statistics, in-place ReLU, a strided downsample, max
+    and adaptive average pooling, a linear head) trained 2 SGD steps compiled channels-last: losses, the
+    first step's gradients (with eager's strides) and the final state against PyTorch."""
+    monkeypatch.setattr(config, "layout_optimization", True)
+    tm, fm = _resnet_like(torch), _resnet_like(fl)
+    fm.load_state_dict({k: fl.tensor(v.detach().numpy()) for k, v in tm.state_dict().items()})
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 3, 12, 14)).astype(np.float32)
+    y = rng.integers(0, 5, 3)
+    graphs = spy_compile_fx(monkeypatch, [])
+    cm = fl.compile(fm)
+    topt, fopt = torch.optim.SGD(tm.parameters(), lr=0.1), fl.optim.SGD(fm.parameters(), lr=0.1)
+    for step in range(2):
+        tloss = torch.nn.functional.cross_entropy(tm(torch.tensor(x)), torch.tensor(y))
+        tloss.backward()
+        floss = fl.nn.functional.cross_entropy(cm(fl.tensor(x)), fl.tensor(y))
+        floss.backward()
+        np.testing.assert_allclose(float(floss.detach()), float(tloss.detach()), rtol=1e-5)
+        if step == 0:
+            tgrads = dict(tm.named_parameters())
+            for name, p in fm.named_parameters():
+                np.testing.assert_allclose(p.grad.numpy(), tgrads[name].grad.numpy(), rtol=1e-3, atol=1e-5)
+                assert p.grad.stride() == p.stride() or p.grad.shape[2:] == (1, 1), (name, p.grad.stride())
+        topt.step()
+        topt.zero_grad()
+        fopt.step()
+        fopt.zero_grad()
+    want = tm.state_dict()
+    for k, v in fm.state_dict().items():
+        np.testing.assert_allclose(v.numpy(), want[k].numpy(), rtol=1e-4, atol=1e-5, err_msg=k)
+    assert len(graphs) >= 2 and any(_cl_views(g, n=3, c=12, hw=((3, 4),)) for g in graphs), \
+        "the block's values were not computed channels-last"

@@ -84,6 +84,7 @@ class GraphLowering:
         self.view_parent: dict = {}       # node -> the node it aliases (a view's input, copy_'s destination)
         self.mutations: dict = {}         # graph input position -> its value after the graph's copy_s
         self.layout_opt = wants_layout_opt(gm, self.triton, self.dynamic)   # run channels-last (layout_opt.py)
+        self.permuted: dict = {}          # name of a buffer computed (N, H, W, C) -> its channels-last view
 
     # ---- naming and realisation ------------------------------------------------------------
     def new_name(self, prefix="buf") -> str:
@@ -103,7 +104,7 @@ class GraphLowering:
             p = permuted(x)
             buf = ComputedBuffer(self.new_name(), Layout(p.ranges, x.dtype), p)
             self.buffers.append(buf)
-            view = StridedView(buf, channels_last_layout(x.ranges, x.dtype))
+            view = self.permuted[buf.name] = StridedView(buf, channels_last_layout(x.ranges, x.dtype))
             if isinstance(x, Pointwise):
                 x.realized = view
             return view
@@ -117,6 +118,17 @@ class GraphLowering:
             self.buffers.append(buf)
             return buf
         raise TypeError(f"cannot realise {x!r}")
+
+    def storage_order(self, base: Buffer, node) -> Buffer:
+        """`base` as an op reading the storage of its input `node` (as_strided) must see it: laid out as
+        eager lays out that value. A buffer the layout optimization computed (N, H, W, C) is copied into
+        its value's (N, C, H, W) order first, unless eager's value is channels-last too."""
+        view = self.permuted.get(base.name)
+        v = node.meta.get("val") if isinstance(node, Node) else None
+        if view is None or (isinstance(v, Tensor) and v.ndim == 4 and v.shape[1] != 1 and
+                            is_channels_last(Layout(v.shape, v.dtype, v.stride()))):
+            return base
+        return self.realize(Pointwise(view.shape, view.dtype, view.make_loader()), channels_last=False)
 
     def _channels_last_operand(self, x) -> IRNode:
         """A convolution's 4-d operand in a channels-last graph: channels-last memory (a value in

@@ -236,8 +236,8 @@ def _view(g, x, size):
 
 @register_lowering(aten.as_strided)
 def _as_strided(g, x, size, stride, storage_offset=None):
-    x = g.realize(x)
-    base = x.base if isinstance(x, StridedView) else x
+    x = g.realize(x, channels_last=False)
+    base = g.storage_order(x.base if isinstance(x, StridedView) else x, g.node.args[0])
     if base.layout.offset != 0 or (base.layout.strides != contiguous_strides(base.shape)
                                    and not _is_fresh(base)):
         raise Unsupported("as_strided of a non-contiguous buffer")
