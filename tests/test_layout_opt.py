@@ -280,3 +280,49 @@ def test_resnet_like_module_trains_as_pytorch(triton_backend, monkeypatch):
         np.testing.assert_allclose(v.numpy(), want[k].numpy(), rtol=1e-4, atol=1e-5, err_msg=k)
     assert len(graphs) >= 2 and any(_cl_views(g, n=3, c=12, hw=((3, 4),)) for g in graphs), \
         "the block's values were not computed channels-last"
+
+
+# ---- on the GPU machine ----------------------------------------------------------------------------
+@pytest.mark.cuda
+@pytest.mark.parametrize("amp", [False, True], ids=["float32", "bf16_autocast"])
+def test_resnet_like_module_channels_last_on_cuda(amp, monkeypatch):
+    """On cuda with the flag on: 3 compiled training steps of the ResNet-like module give eager's losses
+    (and in float32 gradients); the convolutions get channels-last operands (no operand re-laid out by the
+    cuDNN wrapper on the last step: `cudnn.copies` unchanged) and run their plans (`extern_conv.stats["fast"]`
+    grows); the input's gradient has eager's strides."""
+    from flambeau._backends import cudnn
+    from flambeau._inductor import extern_conv
+    monkeypatch.setattr(config, "layout_optimization", True)
+    rng = np.random.default_rng(7)
+    x = fl.tensor(rng.standard_normal((4, 3, 16, 20)).astype(np.float32)).cuda()
+    y = fl.tensor(rng.integers(0, 5, 4)).cuda()
+
+    def run(compiled, steps=3):
+        fl.manual_seed(0)
+        m = _resnet_like(fl).cuda()
+        fwd = fl.compile(m) if compiled else m
+        out, counts = [], {}
+        for i in range(steps):
+            if i == steps - 1:
+                counts = {"copies": sum(cudnn.copies.values()), "fast": extern_conv.stats["fast"]}
+            xi = x.clone().requires_grad_()
+            with fl.autocast(device_type="cuda", dtype=fl.bfloat16, enabled=amp):
+                loss = fl.nn.functional.cross_entropy(fwd(xi).float(), y)
+            loss.backward()
+            out.append((float(loss), [p.grad.float().cpu().numpy().copy() for p in m.parameters()], xi.grad.stride()))
+            m.zero_grad(set_to_none=True)
+        counts = {"copies": sum(cudnn.copies.values()) - counts["copies"], "fast": extern_conv.stats["fast"] - counts["fast"]}
+        return out, counts
+    ref, _ = run(False)
+    graphs = spy_compile_fx(monkeypatch, [])
+    got, counts = run(True)
+    assert counts["copies"] == 0, f"the cuDNN wrapper re-laid out {counts['copies']} operands in a compiled step"
+    assert counts["fast"] >= 5, counts
+    assert any(layout_opt.is_channels_last(a.layout) and not _contiguous(a.layout.shape, a.layout.strides)
+               for a in _conv_operands(graphs))
+    for (lg, gg, sg), (lr, gr, sr) in zip(got, ref):
+        np.testing.assert_allclose(lg, lr, rtol=2e-2 if amp else 1e-4)
+        assert sg == sr
+        if not amp:
+            for a, b in zip(gg, gr):
+                np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
