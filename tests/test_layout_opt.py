@@ -178,8 +178,9 @@ def test_inference_output_keeps_eager_strides(triton_backend, monkeypatch):
 
 
 def test_channels_last_vote():
-    """`reads_channels_last`: a value reading a channels-last buffer (C's coefficient 1) is permuted, one
-    reading a contiguous buffer, or a per-channel vector only, is not."""
+    """`reads_channels_last`: a value reading a channels-last buffer (C's coefficient 1), or only a
+    per-channel vector broadcast over H and W, is permuted; one reading a contiguous buffer is not, nor
+    one reading as many of each."""
     shape = (2, 3, 4, 5)
     cl = InputBuffer("a", Layout(shape, fl.float32, layout_opt.channels_last_strides(shape)))
     nchw = InputBuffer("b", Layout(shape, fl.float32))
@@ -192,7 +193,8 @@ def test_channels_last_vote():
     assert layout_opt.reads_channels_last(pw(cl))
     assert layout_opt.reads_channels_last(pw(cl, vec))
     assert not layout_opt.reads_channels_last(pw(nchw))
-    assert not layout_opt.reads_channels_last(pw(vec))
+    assert layout_opt.reads_channels_last(pw(vec))
+    assert not layout_opt.reads_channels_last(pw(nchw, vec))
     assert not layout_opt.reads_channels_last(pw(cl, nchw))       # a tie stays contiguous
     assert layout_opt.is_channels_last(cl.layout) and not layout_opt.is_channels_last(nchw.layout)
 

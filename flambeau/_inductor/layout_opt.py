@@ -61,9 +61,11 @@ def worth_permuting(ranges) -> bool:
 
 
 def reads_channels_last(x) -> bool:
-    """Whether the 4-d value `x` (Pointwise or Reduction) reads more full-size operands laid out
-    channels-last (C's coefficient 1, a spatial dim's not 0) than laid out contiguous (the last
-    non-1 spatial dim's coefficient 1): its loads as the analysis sees them."""
+    """Whether the 4-d value `x` (Pointwise or Reduction) of a channels-last graph is best computed
+    channels-last: it reads more operands laid out channels-last (C's coefficient 1, a spatial dim's
+    not 0) than laid out contiguous (the last non-1 spatial dim's coefficient 1), or none of either
+    (a per-channel vector broadcast over H and W: average pooling's gradient), whose users in such a
+    graph are channels-last. Its loads as the analysis sees them."""
     ranges = x.ranges
     if not worth_permuting(ranges):
         return False
@@ -76,7 +78,7 @@ def reads_channels_last(x) -> bool:
             cl += 1
         elif c and sp[-1] == 1:
             nchw += 1
-    return cl > nchw
+    return cl > nchw or cl == nchw == 0
 
 
 def permuted(x):
