@@ -138,6 +138,17 @@ for fn, args in cases():
     fl.compile(fn, backend="inductor")(*args)
     fl._dynamo.reset()
     fl.compile(fn, backend="inductor", dynamic=True)(*args)
+# a channels-last conv-BatchNorm-ReLU block (layout optimization: NHWC kernels, fused column statistics split
+# over the grid) under bf16 autocast, forward and backward
+_inductor.config.backend, _inductor.config.layout_optimization = "triton", True
+fl._dynamo.reset()
+block_args = [fl.randn(8, 8, 48, 48, requires_grad=True), fl.randn(16, 8, 3, 3, requires_grad=True),
+              fl.randn(16, requires_grad=True), fl.randn(16, requires_grad=True)]
+with fl.autocast(device_type="cpu", dtype=fl.bfloat16):
+    block_out = fl.compile(lambda x, w, g, b: F.max_pool2d(F.relu(F.batch_norm(F.conv2d(x, w, padding=1), None, None,
+                                                                               g, b, training=True)), 2))(*block_args)
+block_out.float().sum().backward()
+_inductor.config.backend, _inductor.config.layout_optimization = "cpp", False
 if "--gpt" in sys.argv:              # a small GPT-2 training step under bf16 autocast, forward and backward
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from bench import gpu_models
