@@ -328,3 +328,21 @@ def test_resnet_like_module_channels_last_on_cuda(amp, monkeypatch):
         if not amp:
             for a, b in zip(gg, gr):
                 np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_autocast_weight_cast_is_stored_once_channels_last(triton_backend, monkeypatch):
+    """Under bfloat16 autocast a 3x3 weight's cast is also saved for the backward: it is realised
+    channels-last where it is computed (`graph._feeds_convolution`), not stored contiguous and then
+    copied again for the convolution. The forward's output against float64 PyTorch at bf16 accuracy."""
+    monkeypatch.setattr(config, "layout_optimization", True)
+    vals = _values(4)
+    graphs = spy_compile_fx(monkeypatch, [])
+    args = [fl.tensor(v, requires_grad=True) for v in vals]
+    with fl.autocast("cpu", dtype=fl.bfloat16), no_unexpected_fallbacks({"max_pool2d_with_indices"}):
+        out = fl.compile(lambda *a: net(fl, *a))(*args)
+    want = net(torch, *[torch.tensor(v, dtype=torch.float64) for v in vals]).numpy()
+    np.testing.assert_allclose(out.float().detach().numpy(), want, atol=0.05 * np.abs(want).max())
+    fw = graphs[0].artifact
+    for w in vals[1:3]:                        # the 3x3 weights: one bf16 store each
+        stores = [b for k in fw.kernels for b in k.stores if b.layout.numel == w.size and b.dtype is fl.bfloat16]
+        assert len(stores) == 1, [b.layout for b in stores]

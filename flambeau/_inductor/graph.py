@@ -413,7 +413,7 @@ class GraphLowering:
         if st.ops > config.max_inline_ops or \
                 (users > 1 and (heavy or st.ops > config.inline_ops_multi_use
                                 or (config.realize_saved_outputs and any(u.op == "output" for u in node.users)))):
-            self.realize(x)
+            self.realize(x, channels_last=True if self.layout_opt and _feeds_convolution(node) else None)
 
     def _outputs(self, out):
         """The graph's outputs in memory. In a channels-last graph, an output the caller sees (all of
@@ -439,6 +439,12 @@ class GraphLowering:
             return x
         vals = [one(n, _map_nodes(n, self.env), i) for i, n in enumerate(nodes)]
         return vals if flat else vals[0]
+
+
+def _feeds_convolution(node) -> bool:
+    """Whether `node` is a convolution's operand (an autocast weight cast also saved for the backward:
+    realised channels-last where it is computed, not copied again for the convolution)."""
+    return any(getattr(u.target, "name", None) in CONVOLUTIONS and node in u.args[:2] for u in node.users)
 
 
 def _fx_contiguous(node) -> bool:
