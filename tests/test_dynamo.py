@@ -565,3 +565,25 @@ def test_default_device_context_is_guarded(lib):
     assert fn(3).device.type == "cpu"
     assert cnt.frame_count == 2
     assert (fn(3) == 1).all()
+
+
+def test_super_calls_in_a_forward_are_captured(lib):
+    """`super().forward(x)` and `super(Child, self).forward(x)` in a module's forward are captured in one
+    graph (Python 3.12 spells them LOAD_SUPER_ATTR: without its handler the whole frame was skipped and
+    ran eagerly, found by tests/test_compile_retention.py[cuda-gpt] on the GPU machine's 3.12)."""
+    class Base(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = lib.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x).relu()
+
+    class Child(Base):
+        def forward(self, x):
+            return super().forward(x) * 2 + super(Child, self).forward(x)
+    m = Child()
+    x = lib.randn(3, 4)
+    fn, cnt = compiled(lib, m, fullgraph=True)
+    same(lib, fn(x), m(x))
+    assert cnt.frame_count == 1

@@ -215,6 +215,20 @@ def _load_attr(tx, ins):
     tx.push(obj.var_getattr(tx, ins.argval))
 
 
+@handler("LOAD_SUPER_ATTR")
+def _load_super_attr(tx, ins):
+    """Python 3.12's `super().name` / `super(cls, obj).name` in one instruction: pops obj, cls and the
+    global `super` (CPython calls it normally when that name is not the builtin); arg bit 0 asks for a
+    method load (NULL, then the bound attribute), as LOAD_ATTR's."""
+    obj, cls, sup = tx.pop(), tx.pop(), tx.pop()
+    if getattr(sup, "value", None) is not super:
+        raise Unsupported("LOAD_SUPER_ATTR: the global 'super' is not the builtin")
+    attr = tx.make_super((cls, obj)).var_getattr(tx, ins.argval)
+    if ins.arg & 1:
+        tx.push(NULL)
+    tx.push(attr)
+
+
 @handler("LOAD_METHOD")
 def _load_method(tx, ins):
     obj = tx.pop()
