@@ -473,3 +473,62 @@ def test_compile_builtins_and_callable_objects_as_pytorch(name):
     assert fc == tc == 1
     np.testing.assert_allclose(fout, tout, rtol=1e-6)
     np.testing.assert_allclose(fgrad, tg, rtol=1e-6)
+
+
+# ---- BatchNorm with momentum=None (cumulative average) -----------------------------------------------
+@pytest.mark.parametrize("backend", ["counting", "inductor"])
+def test_batchnorm_cumulative_average_compiles_in_one_graph(backend):
+    """nn.BatchNorm2d(momentum=None) in a Sequential, trained 3 steps compiled: one graph captured and run
+    each step (PyTorch 2.13 breaks at `float(num_batches_tracked)` and, inside a Sequential, runs it all
+    eagerly; flambeau keeps the 1/num_batches_tracked factor a tensor). Outputs, gradients' effect (the
+    weights after SGD) and running_mean/running_var/num_batches_tracked agree with PyTorch eager."""
+    torch.manual_seed(0)
+    tm = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4, momentum=None), torch.nn.ReLU())
+    fm = fl.nn.Sequential(fl.nn.Conv2d(3, 4, 3), fl.nn.BatchNorm2d(4, momentum=None), fl.nn.ReLU())
+    fm.load_state_dict({k: fl.tensor(v.detach().numpy()) for k, v in tm.state_dict().items()})
+    compiles, runs = [], []
+    inner = fl._dynamo.testing.CompileCounter() if backend == "counting" else \
+        fl._dynamo.backends.registry.lookup_backend("inductor")
+
+    def counting(gm, example_inputs):
+        compiles.append(gm)
+        compiled = inner(gm, example_inputs)
+
+        def run(*args):
+            runs.append(1)
+            return compiled(*args)
+        return run
+    fl.compiler.reset()
+    skipped = fl._dynamo.utils.counters["frames"]["skipped"]
+    cm = fl.compile(fm, backend=counting)
+    topt, fopt = torch.optim.SGD(tm.parameters(), lr=0.1), fl.optim.SGD(fm.parameters(), lr=0.1)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.standard_normal((4, 3, 6, 6)).astype(np.float32) * 2 + 1
+        tout, fout = tm(torch.tensor(x)), cm(fl.tensor(x))
+        np.testing.assert_allclose(fout.detach().numpy(), tout.detach().numpy(), rtol=1e-4, atol=1e-5)
+        for out, opt in ((tout, topt), (fout, fopt)):
+            opt.zero_grad()
+            (out * out).mean().backward()
+            opt.step()
+    assert len(compiles) == 1 and len(runs) == 3
+    assert fl._dynamo.utils.counters["frames"]["skipped"] == skipped
+    for k, v in tm.state_dict().items():
+        np.testing.assert_allclose(fm.state_dict()[k].numpy(), v.numpy(), rtol=1e-4, atol=1e-5, err_msg=k)
+    assert int(fm[1].num_batches_tracked) == 3
+
+
+def test_skipped_frame_is_reported():
+    """A frame dynamo gives up on (a graph break inside a loop) runs eagerly, and says so: explain() lists it
+    as a break reason naming the frame and the break, and counters["frames"]["skipped"] counts it."""
+    def f(x):
+        for _ in range(2):
+            x = x + x.sum().item()
+        return x
+    skipped = fl._dynamo.utils.counters["frames"]["skipped"]
+    out = fl._dynamo.explain(f)(fl.ones(3))
+    assert out.graph_count == 0 and out.graph_break_count == 1
+    reason = out.break_reasons[0]
+    assert "skipped frame f" in reason.reason and "item()" in reason.reason
+    assert reason.user_stack[-1][2] == "f"
+    assert fl._dynamo.utils.counters["frames"]["skipped"] == skipped + 1

@@ -198,8 +198,7 @@ class CompiledFunction(CompiledWrapper):
                                   dynamic=self.dynamic, cache=cache, compile_resume=self._compile_resume,
                                   compile_callee=self._compile_callee, stats=self.stats)
         except SkipFrame as e:
-            _logging.trace("graph_breaks", "Skipping frame %s (%s:%d): %s", self.code.co_name,
-                           self.code.co_filename, self.code.co_firstlineno, e)
+            self._record_skip(e)
             cache.skip = e.permanent
             return None
         except Unsupported:
@@ -222,6 +221,19 @@ class CompiledFunction(CompiledWrapper):
         cache.entries.insert(0, entry)
         entry.guards.drop_with(functools.partial(_drop_entry, weakref.ref(cache), weakref.ref(entry)))
         return entry
+
+    def _record_skip(self, e: SkipFrame) -> None:
+        """A frame that runs eagerly is never silent: counted (`counters["frames"]["skipped"]`), a break
+        reason of explain() ("skipped frame ...") and logged under FLAMBEAU_LOGS=graph_breaks."""
+        c = self.code
+        cause = e.__cause__ if isinstance(e.__cause__, Unsupported) else None
+        stack = list(cause.user_stack) if cause is not None else []
+        stack.append((c.co_filename, c.co_firstlineno, c.co_name))
+        self.stats.break_reasons.append(Unsupported(f"skipped frame {c.co_name} (runs eagerly): {e}",
+                                                    user_stack=stack))
+        counters["frames"]["skipped"] += 1
+        _logging.trace("graph_breaks", "Skipping frame %s (%s:%d), it runs eagerly: %s", c.co_name, c.co_filename,
+                       c.co_firstlineno, e)
 
     def original(self):
         return self.fn if self.self_obj is None else types.MethodType(self.fn, self.self_obj)

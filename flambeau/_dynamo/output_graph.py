@@ -118,6 +118,11 @@ class CompiledEntry:
         self.globals = globals_
 
 
+def _cause(reason):
+    """The exception a graph break's reason is (its user stack goes into the skipped frame's report), or None."""
+    return reason if isinstance(reason, BaseException) else None
+
+
 def _hop_function(vt):
     """The Python callable a function argument of a higher-order op stands for, or None."""
     if isinstance(vt, NestedUserFunctionVariable):
@@ -439,7 +444,7 @@ class OutputGraph:
         while instrs[end].opname in ("KW_NAMES", "PRECALL"):
             end += 1
         if set(code.co_cellvars) & set(code.co_varnames):
-            raise SkipFrame(f"graph break in {code.co_name}, whose arguments are closure cells ({reason})")
+            raise SkipFrame(f"graph break in {code.co_name}, whose arguments are closure cells ({reason})") from _cause(reason)
         self._check_loop(tx, start, end, reason)
         self._check_blocks(tx, start, reason)
         layout = tuple(x is NULL for x in tx.stack)
@@ -496,7 +501,7 @@ class OutputGraph:
             ins = tx.instrs[k]
             if ins.target is not None and ins.opname in ("JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT") and \
                     tx.index_of[id(ins.target)] <= start:
-                raise SkipFrame(f"graph break in a for/while loop ({reason})")
+                raise SkipFrame(f"graph break in a for/while loop ({reason})") from _cause(reason)
 
     def _check_blocks(self, tx, start, reason):
         ins = tx.instrs[start]
@@ -506,7 +511,7 @@ class OutputGraph:
                 if d >= 1 and d <= len(tx.stack) and isinstance(tx.stack[d - 1], GradModeExitVariable):
                     return
                 raise SkipFrame(f"graph break inside a try block or a with-block of an unsupported context "
-                                f"manager at {ins.opname} ({reason})")
+                                f"manager at {ins.opname} ({reason})") from _cause(reason)
 
     def _codegen(self) -> EntryCodegen:
         cg = EntryCodegen(self.guards.consts)

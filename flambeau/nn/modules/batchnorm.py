@@ -83,12 +83,29 @@ class _BatchNorm(_NormBase):
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             with no_grad():             # the public one: graph capture models it
                 self.num_batches_tracked.add_(1)
-            eaf = 1.0 / float(self.num_batches_tracked.item()) if self.momentum is None else self.momentum
+            if self.momentum is None and self.running_mean is not None and self.running_var is not None:
+                return self._cumulative_average(input)
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         use_stats = not self.training or self.track_running_stats
         return F.batch_norm(input, self.running_mean if use_stats else None,
                             self.running_var if use_stats else None, self.weight, self.bias, bn_training, eaf,
                             self.eps)
+
+    def _cumulative_average(self, input):
+        """momentum=None in training: the running statistics become the mean of all batches' statistics,
+        factor 1/num_batches_tracked. PyTorch reads the factor as a Python float (`float(tensor)`, a graph
+        break under compile); here it stays a tensor: batch_norm with momentum 1 writes the batch's mean and
+        unbiased variance into fresh buffers, blended into the running ones with the tensor factor, so
+        capture keeps the whole forward in one graph."""
+        rm, rv = self.running_mean, self.running_var
+        E = _ops.EXPORTS
+        batch_mean, batch_var = E["zeros_like"](rm), E["ones_like"](rv)
+        out = F.batch_norm(input, batch_mean, batch_var, self.weight, self.bias, True, 1.0, self.eps)
+        with no_grad():
+            factor = 1.0 / self.num_batches_tracked.to(rm.dtype)
+            rm.mul_(1 - factor).add_(batch_mean * factor)
+            rv.mul_(1 - factor).add_(batch_var * factor)
+        return out
 
 
 class BatchNorm1d(_BatchNorm):
