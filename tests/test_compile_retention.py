@@ -10,7 +10,8 @@ After a compiled CNN (conv, BatchNorm, max-pool, a residual) or small GPT has ru
   names and dtypes (`config.keep_ir` keeps them for inspection); C++ and Triton (interpreter) kernels;
 - no fake tensor made by the compile is alive: AOT's forward and backward graphs stay (a call with
   other strides, a backward without some tangents compiles them again), without their nodes' example
-  values, which are recomputed from the inputs of the call that needs them. Both of those recompiles
+  values, which are recomputed from the inputs of the call that needs them, and packed into bytes (no FX
+  node alive: fx/packed_graph.py) until such a recompile reads them. Both of those recompiles
   are checked against PyTorch.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from flambeau._dynamo.backends.inductor import inductor as inductor_backend
 from flambeau._inductor import config as inductor_config, index as ir_index, ir, scheduler
 from flambeau._subclasses.fake_tensor import FakeTensor
 from flambeau._backends import MetaArray
+from flambeau.fx.graph_module import GraphModule
 from flambeau.fx.node import Node
 from bench.small_cnn import small_cnn
 from bench.small_gpt import small_gpt
@@ -90,8 +92,15 @@ def test_compiled_training_step_keeps_no_compile_state(name, code_generator):
     fakes = _new_alive(before, (FakeTensor, MetaArray))
     assert not fakes, f"{len(fakes)} fake tensors / meta arrays of the compile alive"
     nodes = _new_alive(before, Node)
-    assert len({id(n.graph) for n in nodes}) == 2, "AOT's forward and backward graphs are kept (recompiles)"
-    assert not [n for n in nodes if "val" in n.meta], "the kept graphs' example values are dropped"
+    assert not nodes, f"{len(nodes)} FX nodes alive: the graphs kept for recompiles are not packed"
+    packed = [o for o in _new_alive(before, GraphModule) if "_packed_graph" in o.__dict__]
+    assert len(packed) == 2, "AOT's forward and backward graphs are kept (recompiles), packed into bytes"
+    for gm in packed:                           # reading it unpacks an equal graph: the same code, no values
+        graph = gm.graph
+        assert graph.python_code(root_module="self").src == gm.code
+        assert len(graph.nodes) > 3 and all(n.graph is graph for n in graph.nodes)
+        assert all(n in i.users for n in graph.nodes for i in n.all_input_nodes)
+    assert not [n for n in graph.nodes if "val" in n.meta], "the kept graphs' example values are dropped"
 
 
 def test_keep_ir_keeps_the_kernels_for_inspection(monkeypatch):

@@ -14,6 +14,7 @@ import linecache
 from ..nn.modules.module import Module
 from ..nn.parameter import Parameter
 from .._tensor import Tensor
+from . import packed_graph
 from .graph import Graph, PythonCode
 
 _keys = itertools.count()
@@ -77,9 +78,27 @@ class GraphModule(Module):
     def graph(self) -> Graph:
         return self._graph
 
+    def pack_graph(self) -> None:
+        """Keep the graph as bytes until it is read again (packed_graph.py): for a graph kept only for a
+        later recompile, whose nodes every full garbage collection would otherwise walk. `forward` and
+        `code` stay; the first read of `graph` unpacks it."""
+        g = self.__dict__.pop("_graph", None)
+        if g is not None:
+            self.__dict__["_packed_graph"] = packed_graph.pack(g)
+
+    def __getattr__(self, name: str):
+        if name == "_graph" and "_packed_graph" in self.__dict__:
+            g = packed_graph.unpack(self.__dict__["_packed_graph"])
+            g.owning_module = self
+            self.__dict__["_graph"] = g
+            self.__dict__.pop("_packed_graph", None)
+            return g
+        return super().__getattr__(name)
+
     @graph.setter
     def graph(self, g: Graph) -> None:
         self.__dict__["_graph"] = g
+        self.__dict__.pop("_packed_graph", None)
         g.owning_module = self
         self.recompile()
 

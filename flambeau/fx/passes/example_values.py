@@ -6,7 +6,9 @@ them, but the graph stays alive for a later compile (another input layout, a bac
 tangents), and with it two or three tracked objects per node that every full garbage collection of
 the process walks (issue 11). `drop_values(gm)` removes them from a graph with static sizes;
 `restore_values(gm, args)` recomputes them from the inputs of the call that needs them (ShapeProp
-on fake tensors). A graph with symbolic sizes keeps its values: they carry the size symbols.
+on fake tensors). A graph with symbolic sizes keeps its values: they carry the size symbols. A graph
+whose values were dropped is also packed into bytes until it is read again (packed_graph.py): its nodes
+are then not objects the collector walks either.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ def drop_values(gm) -> bool:
         for k in _VALUE_KEYS:
             n.meta.pop(k, None)
     gm.meta[VALUES_DROPPED] = True
+    gm.pack_graph()
     return True
 
 
