@@ -2,7 +2,7 @@
 GPU step paid 7-8 ms a GPT-2 step in Python's cyclic collector).
 
     PYTHONPATH=TREE python3 bench/gc_step.py [--only mlp,gpt,cnn] [--modes eager,compiled] [--layers 12]
-                                             [--heap 100000] [--steps 50] [--systems flambeau,torch] [--freeze]
+                                             [--heap 100000] [--steps 50] [--systems flambeau,torch] [--freeze] [--gc-report N]
 
 One JSON line per workload, system and mode (each in this process, one after the other):
 - `alive_per_node`: objects the collector tracks that a forward leaves alive (after a collection, which
@@ -39,6 +39,7 @@ import numpy as np
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # after PYTHONPATH: A/B of trees
 
 from bench import gpu_models  # noqa: E402
+from bench import measure as measure_mod  # noqa: E402
 from bench.measure import GcMeter  # noqa: E402
 from bench.small_cnn import small_cnn  # noqa: E402
 
@@ -142,7 +143,8 @@ def measure(lib: str, name: str, mode: str, a) -> dict:
             "steps_per_full_collection": round(a.steps / full, 1) if full else None,
             "promoted_per_step": round(promoted.count / a.steps),
             "tracked_objects": len(gc.get_objects()), "kept_by_first_steps": kept_by_compile,
-            "full_collection_ms": round(full_ms, 2)}
+            "full_collection_ms": round(full_ms, 2)} | (
+                {"gc_report": measure_mod.heap_report(a.gc_report)} if a.gc_report else {})
 
 
 def _timed_collection() -> float:
@@ -160,6 +162,8 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--heap", type=int, default=0, help="extra tracked objects kept alive (see docstring)")
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--gc-report", type=int, default=0,
+                    help="at the end: a timed full collection, the N types with the most references, the N biggest containers")
     ap.add_argument("--freeze", action="store_true",
                     help="gc.freeze() after importing the systems (as python -m flambeau.run does)")
     a = ap.parse_args(argv)

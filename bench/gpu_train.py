@@ -37,7 +37,8 @@ Each line also gives the garbage collector's time per measured step, its collect
 and the objects it tracks: a full collection walks every tracked object, and a host-bound flambeau
 step that holds one is slower by all of it. A measuring process imports only its own library (and
 torch's profiler after the timed steps, unless --no-profile); `--gc-freeze` calls
-`gc.freeze()` after the warm-up (both systems), so full collections skip what exists by then.
+`gc.freeze()` after the warm-up (both systems), so full collections skip what exists by then;
+`--gc-report N` adds what a full collection walks after the timed steps (`measure.heap_report`).
 """
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def _layout_copies(lib) -> dict:
     return out
 
 
-def run(name, lib, mode, steps, profile, top=0, gc_freeze=False):
+def run(name, lib, mode, steps, profile, top=0, gc_freeze=False, gc_report=0):
     m = library(lib)
     spec = WORKLOADS[name]
     rng = np.random.default_rng(0)
@@ -153,6 +154,8 @@ def run(name, lib, mode, steps, profile, top=0, gc_freeze=False):
         res["layout_copies_per_step"] = copies
     if lib == "flambeau" and mode != "eager":
         res.update(_flambeau_compiled_facts(step))
+    if gc_report:
+        res["gc_report"] = measure.heap_report(gc_report)
     if profile:
         res.update({k: v for k, v in counts(step, top=top).items()})
     del model, opt, fwd, x, y, loss
@@ -187,7 +190,7 @@ def _in_child(name: str, lib: str, mode: str, a) -> dict:
     """One measurement in a fresh process (see the module docstring)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--same-process", "--only", name, "--systems", lib,
            "--modes", mode, "--steps", str(a.steps), "--top", str(a.top)] + (["--no-profile"] if a.no_profile else []) + \
-        (["--gc-freeze"] if a.gc_freeze else [])
+        (["--gc-freeze"] if a.gc_freeze else []) + ["--gc-report", str(a.gc_report)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
     rows = [r for r in rows if r.get("workload") == name and not r.get("summary")]
@@ -201,7 +204,7 @@ def _measure(name: str, lib: str, mode: str, a) -> dict:
     if not a.same_process:
         return _in_child(name, lib, mode, a)
     try:
-        return run(name, lib, mode, a.steps, not a.no_profile, a.top, a.gc_freeze)
+        return run(name, lib, mode, a.steps, not a.no_profile, a.top, a.gc_freeze, a.gc_report)
     except Exception as e:            # one failing system must not hide the others' figures
         gc.collect()
         library(lib).cuda.empty_cache()
@@ -234,6 +237,9 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=1, help="rounds, interleaved; the summary gives medians and ranges")
     ap.add_argument("--gc-freeze", action="store_true",
                     help="gc.freeze() after the warm-up steps: full collections skip what exists by then")
+    ap.add_argument("--gc-report", type=int, default=0,
+                    help="after the timed steps: one timed full collection, the N types with the most references "
+                         "and the N biggest containers (measure.heap_report)")
     ap.add_argument("--same-process", action="store_true", help="measure everything in this process")
     a = ap.parse_args(argv)
     lt = None

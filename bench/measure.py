@@ -1,6 +1,7 @@
 """What several benchmarks measure the same way: the operator calls that reach flambeau's backend during
 one call of a function, a function's median device time between two CUDA events (CuPy's or PyTorch's),
-several systems timed in interleaved rounds, the time Python's garbage collector ran inside a block, a
+several systems timed in interleaved rounds, the time Python's garbage collector ran inside a block and
+what a full collection walks (`heap_report`), a
 profiler's Chrome-trace events and the time a set of intervals covers, and which of some instruction-set extensions the CPU has (/proc/cpuinfo's flags). Imported as
 `from bench import measure` (the repository root on sys.path)."""
 from __future__ import annotations
@@ -107,6 +108,31 @@ class GcMeter:
 
     def __exit__(self, *exc) -> None:
         gc.callbacks.remove(self._hook)
+
+
+def heap_report(top: int) -> dict:
+    """What a full collection walks: one timed `gc.collect()` (thread CPU time) and what it freed, the
+    tracked objects and their references (what the collector visits per pass) by type, and the `top`
+    containers with the most references (a list of 100k elements is walked element by element, ints or not)."""
+    t0 = time.thread_time()
+    freed = gc.collect()
+    ms = (time.thread_time() - t0) * 1e3
+    objs = gc.get_objects()
+    by_type: dict = {}
+    biggest = []
+    for o in objs:
+        t = f"{type(o).__module__}.{type(o).__qualname__}"
+        r = len(gc.get_referents(o))
+        n, e = by_type.get(t, (0, 0))
+        by_type[t] = (n + 1, e + r)
+        if r >= 256:
+            head = list(o)[:3] if isinstance(o, (dict, set, frozenset)) else o[:3] if isinstance(o, (list, tuple)) else ""
+            biggest.append((r, t, repr(head)[:160]))
+    biggest.sort(key=lambda b: -b[0])
+    types = sorted(by_type.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"full_collection_cpu_ms": round(ms, 2), "freed": freed, "tracked": len(objs),
+            "references": sum(e for _, e in by_type.values()),
+            "by_type": [[t, n, e] for t, (n, e) in types], "biggest": [list(b) for b in biggest[:top]]}
 
 
 def trace_events(prof) -> list:
