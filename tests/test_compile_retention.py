@@ -11,7 +11,8 @@ After a compiled CNN (conv, BatchNorm, max-pool, a residual) or small GPT has ru
 - no fake tensor made by the compile is alive: AOT's forward and backward graphs stay (a call with
   other strides, a backward without some tangents compiles them again), without their nodes' example
   values, which are recomputed from the inputs of the call that needs them, and packed into bytes (no FX
-  node alive: fx/packed_graph.py) until such a recompile reads them. Both of those recompiles
+  node alive: fx/packed_graph.py) until such a recompile reads them;
+- the guards keep their conditions as text (for recompile reasons), no guard Source object. Both of those recompiles
   are checked against PyTorch.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 import flambeau
 from flambeau._dynamo.backends.inductor import inductor as inductor_backend
+from flambeau._dynamo.guards import Source
 from flambeau._inductor import config as inductor_config, index as ir_index, ir, scheduler
 from flambeau._subclasses.fake_tensor import FakeTensor
 from flambeau._backends import MetaArray
@@ -91,6 +93,8 @@ def test_compiled_training_step_keeps_no_compile_state(name, code_generator):
     assert not state, f"{len(state)} lowering/scheduling objects alive, e.g. {[type(o).__name__ for o in state[:5]]}"
     fakes = _new_alive(before, (FakeTensor, MetaArray))
     assert not fakes, f"{len(fakes)} fake tensors / meta arrays of the compile alive"
+    sources = _new_alive(before, Source)
+    assert not sources, f"{len(sources)} guard sources alive: the guards keep more than their condition text"
     nodes = _new_alive(before, Node)
     assert not nodes, f"{len(nodes)} FX nodes alive: the graphs kept for recompiles are not packed"
     packed = [o for o in _new_alive(before, GraphModule) if "_packed_graph" in o.__dict__]

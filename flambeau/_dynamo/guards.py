@@ -99,7 +99,8 @@ class GuardSet:
     """Guards collected while translating one frame (see module docstring)."""
 
     def __init__(self):
-        self.checks: list = []            # (source or None, python condition text using {S} for the source)
+        self.checks: list = []            # (source or None, python condition text using {S} for the source);
+                                          # after build(), a tuple of (None, condition text, description)
         self._seen: set = set()
         self.consts: dict = {}            # name -> object referenced by the guard code
         self._const_ids: dict = {}
@@ -252,6 +253,11 @@ class GuardSet:
         ns = dict(self.consts)
         ns["G"] = globals_dict
         exec(compile(src, "<flambeau._dynamo guards>", "exec"), ns)
+        # kept for recompile reasons and explain() only: each check as its condition text and description,
+        # strings the garbage collector never walks (not the Source objects, nor the set of seen keys)
+        self.checks = tuple((None, cond.replace("{S}", f"({s.expr})") if s is not None else cond, desc)
+                            for s, cond, desc in self.checks)
+        self._seen = set()
         return ns["___guard"], src
 
     def failures(self, argnames: list, globals_dict: dict, F, args) -> list:
