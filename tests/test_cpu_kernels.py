@@ -358,3 +358,111 @@ def test_flambeau_bfloat16_linear_uses_the_bf16_kernel(with_bias, monkeypatch):
     torch.testing.assert_close(g, want.float(), rtol=1.6e-2, atol=1e-5)
     exact = torch.nn.functional.linear(tbf(xs).double(), tbf(ws).double(), tbf(bs).double() if with_bias else None)
     assert (g.double() - exact).abs().max() <= 1.01 * (want.double() - exact).abs().max() + 1e-6
+
+
+# ---- LayerNorm rows (cpu_kernels.layer_norm / layer_norm_backward behind native_layer_norm on CPU) ----
+def _counting(monkeypatch, calls):
+    for name in ("layer_norm", "layer_norm_backward"):
+        real = getattr(cpu_kernels, name)
+
+        def wrapped(*a, real=real, name=name):
+            r = real(*a)
+            if r is not None:
+                calls.append(name)
+            return r
+        monkeypatch.setattr(cpu_kernels, name, wrapped)
+
+
+LN_CASES = [((64, 256), (256,)), ((4096, 384), (384,)), ((7, 13), (13,)), ((3, 5, 7), (5, 7)), ((2, 1), (1,)),
+            ((9, 33), (33,))]
+
+
+@pytest.mark.parametrize("shape,ns", LN_CASES)
+@pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_layer_norm_rows_kernel_matches_pytorch(shape, ns, affine, dtype, parallel, monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "PARALLEL_MACS", 0 if parallel else 1 << 62)
+    calls = []
+    _counting(monkeypatch, calls)
+    rng = np.random.default_rng(len(shape) * 1000 + shape[-1])
+    x = (rng.standard_normal(shape) * 2 + 3).astype(dtype)
+    x.reshape(-1, int(np.prod(ns)))[0] = 1.5                   # a constant row: variance 0, rstd = 1/sqrt(eps)
+    w = rng.standard_normal(ns).astype(dtype) if affine in ("both", "weight") else None
+    b = rng.standard_normal(ns).astype(dtype) if affine in ("both", "bias") else None
+    gy = rng.standard_normal(shape).astype(dtype)
+    res = {}
+    for m in (flambeau, torch):
+        xt = m.tensor(x, requires_grad=True)
+        wt = None if w is None else m.tensor(w, requires_grad=True)
+        bt = None if b is None else m.tensor(b, requires_grad=True)
+        y, mean, rstd = m.native_layer_norm(xt, ns, wt, bt, 1e-5)
+        y.backward(m.tensor(gy))
+        res[m.__name__] = [y.detach().numpy(), mean.detach().numpy(), rstd.detach().numpy(), xt.grad.numpy()] + \
+            [t.grad.numpy() for t in (wt, bt) if t is not None]
+    assert calls == ["layer_norm", "layer_norm_backward"]          # the C++ rows ran, both ways
+    names = ["y", "mean", "rstd", "dx"] + [n for n, t in (("dw", w), ("db", b)) if t is not None]
+    for n, got, want in zip(names, res["flambeau"], res["torch"]):
+        assert got.shape == want.shape and got.dtype == want.dtype, n
+        if n in ("dw", "db"):       # column sums over up to 4096 rows, each side in its own order; ATen's
+            # xhat = x*rstd - mean*rstd carries ~eps*|x|*rstd (large on constant rows, where ours is exact)
+            r = res["torch"][2].reshape(-1, 1).astype(np.float64)
+            scale = (np.abs(gy).reshape(-1, want.size) * (1 + np.abs(x).reshape(-1, want.size) * r)).sum(0)
+            scale = scale.reshape(want.shape)
+            tol = (2e-6 if dtype == np.float32 else 1e-13) * scale
+            assert np.all(np.abs(got - want) <= tol + 1e-6 * (dtype == np.float32)), n
+        elif n == "dx":
+            # constant rows (every row of a 1-wide norm): ATen's a*g + b*x + c cancels with rstd = 316
+            # (~1e-3 off); ours is centred, so those rows are checked against float64 (xhat = 0 there:
+            # dx = rstd * (g - mean(g)), g = dy * w), the others against PyTorch
+            cols = int(np.prod(ns))
+            flat, tflat = got.reshape(-1, cols), want.reshape(-1, cols)
+            const = np.all(x.reshape(-1, cols) == x.reshape(-1, cols)[:, :1], axis=1)
+            g0 = gy.reshape(-1, cols)[const].astype(np.float64) * (1 if w is None else w.reshape(-1))
+            ref0 = (g0 - g0.mean(axis=1, keepdims=True)) / np.sqrt(np.float64(dtype(1e-5)))
+            np.testing.assert_allclose(flat[const], ref0, rtol=1e-5, atol=1e-5 * np.abs(ref0).max() + 1e-9)
+            torch.testing.assert_close(torch.from_numpy(flat[~const]), torch.from_numpy(tflat[~const]), msg=n)
+        else:
+            torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(want), msg=n)
+
+
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, False), (False, False, True),
+                                  (False, True, True), (True, False, True), (False, False, False)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_backward_output_mask_matches_aten(mask, dtype):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((130, 77)).astype(dtype)
+    w = rng.standard_normal(77).astype(dtype)
+    b = rng.standard_normal(77).astype(dtype)
+    gy = rng.standard_normal(x.shape).astype(dtype)
+    y, mean, rstd = torch.ops.aten.native_layer_norm(torch.from_numpy(x), [77], torch.from_numpy(w),
+                                                     torch.from_numpy(b), 1e-5)
+    want = torch.ops.aten.native_layer_norm_backward(torch.from_numpy(gy), torch.from_numpy(x), [77], mean, rstd,
+                                                     torch.from_numpy(w), torch.from_numpy(b), list(mask))
+    got = cpu_kernels.layer_norm_backward(gy, x, 77, mean.numpy(), rstd.numpy(), w, mask)
+    assert got is not None
+    for on, g, t in zip(mask, got, want):
+        assert (g is None) == (not on) and (t is None) == (not on)
+        if on:
+            torch.testing.assert_close(torch.from_numpy(g), t, rtol=1e-5 if dtype == np.float32 else 1e-7, atol=1e-5)
+
+
+def test_layer_norm_rows_kernel_declines_what_it_does_not_take(monkeypatch):
+    calls = []
+    _counting(monkeypatch, calls)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((24, 16)).astype(np.float32)
+    w = rng.standard_normal(24).astype(np.float32)
+    for m in (flambeau, torch):      # a transposed input: the NumPy path, still PyTorch's values
+        xt = m.tensor(x, requires_grad=True)
+        wt = m.tensor(w, requires_grad=True)
+        y = m.nn.functional.layer_norm(xt.t(), (24,), wt)
+        y.backward(m.ones_like(y))
+        if m is flambeau:
+            got = (y.detach().numpy(), xt.grad.numpy(), wt.grad.numpy())
+        else:
+            for g, t in zip(got, (y.detach().numpy(), xt.grad.numpy(), wt.grad.numpy())):
+                torch.testing.assert_close(torch.from_numpy(g), torch.from_numpy(t), rtol=1e-5, atol=1e-5)
+    assert calls == []
+    assert cpu_kernels.layer_norm(x.astype(np.float16), 16, None, None, 1e-5) is None
+    assert cpu_kernels.layer_norm(x, 16, w[:16].astype(np.float64), None, 1e-5) is None

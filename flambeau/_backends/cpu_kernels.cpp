@@ -935,6 +935,150 @@ extern "C" void flm_ce_backward_f32(int64_t rows, int64_t cols, const float* x, 
     }
 }
 
+// ---- LayerNorm over the last `cols` elements of each contiguous row (float32 / float64) ----------
+// What flambeau/_ops/norm_loss.py's NumPy path computes, in T (float for float32, as ATen's CPU
+// kernel accumulates float32 rows in float), one row at a time while it is in cache, instead of ~10
+// array passes with temporaries. Forward: mean = sum(x)/n, var = sum((x - mean)^2)/n (two passes over
+// the row: at least as accurate as ATen's Welford moments), rstd = 1/sqrt(var + eps), y = (x - mean)
+// * rstd * w + b (centred, as norm_loss.py: a constant row gives exactly b, where ATen's x*rstd -
+// mean*rstd under FMA contraction leaves a rounding residue). w, b may be null.
+// No FMA contraction here: dy*w - mean(dy*w) fused would leave a rounding residue where the exact
+// result is 0 (a constant row, a 1-wide norm), as would x*rstd - mean*rstd in the forward.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+template <typename T>
+static void ln_forward(int64_t rows, int64_t cols, const T* x, const T* w, const T* b, T eps, T* y, T* mean,
+                       T* rstd, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t r = 0; r < rows; r++) {
+        const T* __restrict__ xr = x + r * cols;
+        T* __restrict__ yr = y + r * cols;
+        T s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < cols; j++) s += xr[j];
+        const T m = s / (T)cols;
+        T q = 0;
+#pragma omp simd reduction(+ : q)
+        for (int64_t j = 0; j < cols; j++) q += (xr[j] - m) * (xr[j] - m);
+        const T a = T(1) / std::sqrt(q / (T)cols + eps);
+        mean[r] = m;
+        rstd[r] = a;
+        if (w && b) {
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) yr[j] = (xr[j] - m) * a * w[j] + b[j];
+        } else if (w) {
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) yr[j] = (xr[j] - m) * a * w[j];
+        } else if (b) {
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) yr[j] = (xr[j] - m) * a + b[j];
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) yr[j] = (xr[j] - m) * a;
+        }
+    }
+}
+
+// Backward, the NumPy path's fused formula per row (xhat = (x - mean) * rstd, g = dy * w):
+// dx = rstd * (g - sum(g)/n - xhat * sum(g*xhat)/n), centred as norm_loss.py's (no cancellation
+// against a large mean, unlike ATen's a*g + b*x + c); the column sums dw = sum_rows(dy * xhat),
+// db = sum_rows(dy) in the same pass. Any of dx, dw, db may be null (not computed). With several
+// threads each sums its rows' dw/db into its own 2*cols slice of `scratch` (zeroed by the caller),
+// and the slices are added in thread order after the loop; with one, straight into dw/db (zeroed here).
+template <typename T>
+static void ln_backward(int64_t rows, int64_t cols, const T* dy, const T* x, const T* mean, const T* rstd,
+                        const T* w, T* dx, T* dw, T* db, T* scratch, int threads) {
+    const bool colsums = dw || db;
+    if (threads <= 1 || (colsums && !scratch)) threads = 1;
+    if (threads == 1) {
+        if (dw) std::memset(dw, 0, sizeof(T) * cols);
+        if (db) std::memset(db, 0, sizeof(T) * cols);
+    }
+    const T inv_n = T(1) / (T)cols;
+#pragma omp parallel num_threads(threads)
+    {
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        T* __restrict__ pw = threads == 1 ? dw : (dw ? scratch + (int64_t)t * 2 * cols : nullptr);
+        T* __restrict__ pb = threads == 1 ? db : (db ? scratch + (int64_t)t * 2 * cols + cols : nullptr);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const T* __restrict__ dyr = dy + r * cols;
+            const T* __restrict__ xr = x + r * cols;
+            const T m = mean[r], a = rstd[r];
+            if (dx) {
+                T* __restrict__ dxr = dx + r * cols;
+                T s1 = 0, s2 = 0;
+                if (w) {
+#pragma omp simd reduction(+ : s1, s2)
+                    for (int64_t j = 0; j < cols; j++) {
+                        const T g = dyr[j] * w[j];
+                        s1 += g;
+                        s2 += g * ((xr[j] - m) * a);
+                    }
+                    const T c1 = s1 * inv_n, c2 = s2 * inv_n;
+#pragma omp simd
+                    for (int64_t j = 0; j < cols; j++) dxr[j] = a * (dyr[j] * w[j] - c1 - ((xr[j] - m) * a) * c2);
+                } else {
+#pragma omp simd reduction(+ : s1, s2)
+                    for (int64_t j = 0; j < cols; j++) {
+                        s1 += dyr[j];
+                        s2 += dyr[j] * ((xr[j] - m) * a);
+                    }
+                    const T c1 = s1 * inv_n, c2 = s2 * inv_n;
+#pragma omp simd
+                    for (int64_t j = 0; j < cols; j++) dxr[j] = a * (dyr[j] - c1 - ((xr[j] - m) * a) * c2);
+                }
+            }
+            if (pw) {
+#pragma omp simd
+                for (int64_t j = 0; j < cols; j++) pw[j] += dyr[j] * ((xr[j] - m) * a);
+            }
+            if (pb) {
+#pragma omp simd
+                for (int64_t j = 0; j < cols; j++) pb[j] += dyr[j];
+            }
+        }
+    }
+    if (colsums && threads > 1) {
+        for (int64_t j = 0; j < cols; j++) {
+            T sw = 0, sb = 0;
+            for (int t = 0; t < threads; t++) {
+                sw += scratch[(int64_t)t * 2 * cols + j];
+                sb += scratch[(int64_t)t * 2 * cols + cols + j];
+            }
+            if (dw) dw[j] = sw;
+            if (db) db[j] = sb;
+        }
+    }
+}
+
+extern "C" void flm_layer_norm_f32(int64_t rows, int64_t cols, const float* x, const float* w, const float* b,
+                                   double eps, float* y, float* mean, float* rstd, int threads) {
+    ln_forward<float>(rows, cols, x, w, b, (float)eps, y, mean, rstd, threads);
+}
+
+extern "C" void flm_layer_norm_f64(int64_t rows, int64_t cols, const double* x, const double* w, const double* b,
+                                   double eps, double* y, double* mean, double* rstd, int threads) {
+    ln_forward<double>(rows, cols, x, w, b, eps, y, mean, rstd, threads);
+}
+
+extern "C" void flm_layer_norm_backward_f32(int64_t rows, int64_t cols, const float* dy, const float* x,
+                                            const float* mean, const float* rstd, const float* w, float* dx,
+                                            float* dw, float* db, float* scratch, int threads) {
+    ln_backward<float>(rows, cols, dy, x, mean, rstd, w, dx, dw, db, scratch, threads);
+}
+
+extern "C" void flm_layer_norm_backward_f64(int64_t rows, int64_t cols, const double* dy, const double* x,
+                                            const double* mean, const double* rstd, const double* w, double* dx,
+                                            double* dw, double* db, double* scratch, int threads) {
+    ln_backward<double>(rows, cols, dy, x, mean, rstd, w, dx, dw, db, scratch, threads);
+}
+
+#pragma GCC pop_options
+
 // ---- Adam / AdamW step (float32, one parameter) -------------------------------------------------
 // The same float32 operations, in the same order and with the same rounding of the scalars, as the
 // NumPy update rule in flambeau/optim/adam.py -- so the results are bitwise equal -- but in one pass

@@ -20,6 +20,8 @@
   `plane_scatter_add`: its backward, float32 additions in ATen's order.
 - `ce_forward`, `ce_backward`: cross-entropy over class-index targets of 2-D float32 logits (no class
   weight, no label smoothing), one pass per row each way.
+- `layer_norm`, `layer_norm_backward`: LayerNorm over the last dims of contiguous float32/float64
+  rows (native_layer_norm and its backward, output mask included), one pass per row each way.
 - `adam_step`: one Adam/AdamW update, bit for bit the NumPy rule of flambeau/optim/adam.py.
 
 The library is built once by the system C++ compiler through `flambeau._cpp_builder` (and its
@@ -147,6 +149,15 @@ def _load():
                     mp.argtypes = [i64] * 11 + [p, p, p, ctypes.c_int]
                     mp.restype = None
                     _state["max_pool2d", dt] = mp
+                for suffix, dt in (("f32", _F32), ("f64", np.dtype(np.float64))):
+                    lf = getattr(lib, "flm_layer_norm_" + suffix)
+                    lf.argtypes = [i64, i64, p, p, p, ctypes.c_double, p, p, p, ctypes.c_int]
+                    lf.restype = None
+                    lb = getattr(lib, "flm_layer_norm_backward_" + suffix)
+                    lb.argtypes = [i64, i64] + [p] * 9 + [ctypes.c_int]
+                    lb.restype = None
+                    _state["layer_norm", dt] = lf
+                    _state["layer_norm_backward", dt] = lb
                 ad = lib.flm_adam_f32
                 f = ctypes.c_float
                 ad.argtypes = [i64, p, p, p, p, p] + [f] * 8 + [ctypes.c_int]
@@ -554,6 +565,63 @@ def ce_backward(x, t, a, b):
     _state["ce_backward"](x.shape[0], x.shape[1], x.ctypes.data, t.ctypes.data, a.ctypes.data, b.ctypes.data,
                           g.ctypes.data, _threads(x.size * 8))
     return g
+
+
+def _ln_rows(x, cols, *others):
+    """The row kernel for LayerNorm of `x` over its last `cols` elements: `x` and `others` (None or
+    arrays of x's dtype) C-contiguous NumPy arrays, float32 or float64; None where it does not apply."""
+    if type(x) is not np.ndarray or x.size == 0 or cols <= 0 or not x.flags.c_contiguous:
+        return None
+    fn = _state.get(("layer_norm", x.dtype), 0)
+    if fn == 0:
+        if _load() is None or ("layer_norm", x.dtype) not in _state:
+            return None
+        fn = _state["layer_norm", x.dtype]
+    for o in others:
+        if o is not None and (type(o) is not np.ndarray or o.dtype != x.dtype or not o.flags.c_contiguous):
+            return None
+    return fn
+
+
+def _ptr(a):
+    return None if a is None else a.ctypes.data
+
+
+def layer_norm(x, cols: int, w, b, eps: float):
+    """(y, mean, rstd) of LayerNorm over the last `cols` elements of a C-contiguous float32/float64
+    array (`w`, `b`: None or `cols` elements of x's dtype); mean and rstd flat, one per row. None where
+    the kernel does not take these operands (the caller's NumPy path serves)."""
+    if _ln_rows(x, cols, w, b) is None or (w is not None and w.size != cols) or (b is not None and b.size != cols):
+        return None
+    rows = x.size // cols
+    y = np.empty_like(x)
+    mean = np.empty(rows, x.dtype)
+    rstd = np.empty(rows, x.dtype)
+    _state["layer_norm", x.dtype](rows, cols, x.ctypes.data, _ptr(w), _ptr(b), eps, y.ctypes.data, mean.ctypes.data,
+                                  rstd.ctypes.data, _threads(x.size * 8))
+    return y, mean, rstd
+
+
+def layer_norm_backward(dy, x, cols: int, mean, rstd, w, output_mask=(True, True, True)):
+    """(dx, dw, db) of LayerNorm over the last `cols` elements (PyTorch's native_layer_norm_backward
+    on C-contiguous float32/float64 arrays of one dtype; `mean`, `rstd` one per row): an output is None
+    where `output_mask` leaves it out (dw also without `w`'s shape to take: dw, db are flat, `cols`
+    long). None where the kernel does not take these operands."""
+    if _ln_rows(x, cols, dy, mean, rstd, w) is None or dy.shape != x.shape or \
+            mean.size * cols != x.size or rstd.size != mean.size or (w is not None and w.size != cols):
+        return None
+    rows = x.size // cols
+    dx = np.empty_like(x) if output_mask[0] else None
+    dw = np.empty(cols, x.dtype) if output_mask[1] else None
+    db = np.empty(cols, x.dtype) if output_mask[2] else None
+    if dx is None and dw is None and db is None:
+        return None, None, None
+    threads = _threads(x.size * 8)
+    scratch = np.zeros((threads, 2 * cols), x.dtype) if threads > 1 and (dw is not None or db is not None) else None
+    _state["layer_norm_backward", x.dtype](rows, cols, dy.ctypes.data, x.ctypes.data, mean.ctypes.data,
+                                           rstd.ctypes.data, _ptr(w), _ptr(dx), _ptr(dw), _ptr(db), _ptr(scratch),
+                                           threads)
+    return dx, dw, db
 
 
 def adam_step(p, g, m, v, vmax, decay, wd, b1, b2, bc2_sqrt, eps, step_size) -> bool:

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from .. import _dtype as D
-from .._backends import triton_launch
+from .._backends import cpu_kernels, triton_launch
 from ._registry import defop, export, TensorSpec, Tag
 from .memory_format import as_format, meta_strides, in_layout_of, like_strides, suggest_memory_format
 from ._helpers import opmath, undefined_grad as _undefined_grad
@@ -109,6 +109,9 @@ def native_layer_norm(xp, input, normalized_shape, weight, bias, eps):
         y, mean, rstd = fused.forward(input, _contig(xp, weight), _contig(xp, bias), _cols(input, axes), eps)
         st = _stat_shape(input.shape, axes)
         return y, mean.reshape(st), rstd.reshape(st)
+    if xp is np and cd == input.dtype and (r := cpu_kernels.layer_norm(input, _cols(input, axes), weight, bias, eps)):
+        st = _stat_shape(input.shape, axes)            # one C++ pass per row (float32/float64, contiguous)
+        return r[0], r[1].reshape(st), r[2].reshape(st)
     x = input.astype(cd, copy=False)
     mean, _, rstd = _stats(xp, x, axes, eps)
     y = (x - mean) * rstd
@@ -138,6 +141,12 @@ def native_layer_norm_backward(xp, grad_out, input, normalized_shape, mean, rstd
         gw = None if weight is None else part[0].reshape(weight.shape).astype(weight.dtype)
         gb = None if bias is None else part[1].reshape(bias.shape).astype(bias.dtype)
         return gx, gw, gb
+    if xp is np and cd == input.dtype and input.flags.c_contiguous and grad_out.dtype == input.dtype:
+        r = cpu_kernels.layer_norm_backward(np.ascontiguousarray(grad_out), input, _cols(input, axes), mean, rstd,
+                                            weight, (True, weight is not None, bias is not None))
+        if r is not None:                              # one C++ pass per row (float32/float64, contiguous)
+            gx, gw, gb = r
+            return gx, None if gw is None else gw.reshape(weight.shape), None if gb is None else gb.reshape(bias.shape)
     g = grad_out.astype(cd, copy=False)
     rstd = _c(rstd, cd)
     xhat = (input.astype(cd, copy=False) - _c(mean, cd)) * rstd
