@@ -1055,28 +1055,57 @@ static void ln_backward(int64_t rows, int64_t cols, const T* dy, const T* x, con
     }
 }
 
-extern "C" void flm_layer_norm_f32(int64_t rows, int64_t cols, const float* x, const float* w, const float* b,
-                                   double eps, float* y, float* mean, float* rstd, int threads) {
-    ln_forward<float>(rows, cols, x, w, b, (float)eps, y, mean, rstd, threads);
+// The entry points take the arrays as NumPy array objects (ctypes.py_object) and read each data pointer
+// at byte offset `off` (cpu_kernels.DATA_OFFSET): `x.ctypes.data` costs ~1 us an array in Python, more
+// than the kernel on a 64x256 block. `has` says which optional arrays were given (the others are
+// placeholders): LN_W, LN_B; LN_DX, LN_DW, LN_DB, LN_SCRATCH for the backward.
+enum { LN_W = 1, LN_B = 2, LN_DX = 4, LN_DW = 8, LN_DB = 16, LN_SCRATCH = 32 };
+
+template <typename T>
+static inline T* ln_data(void* obj, int64_t off, int has, int bit) {
+    return (has & bit) ? *reinterpret_cast<T**>(static_cast<char*>(obj) + off) : nullptr;
 }
 
-extern "C" void flm_layer_norm_f64(int64_t rows, int64_t cols, const double* x, const double* w, const double* b,
-                                   double eps, double* y, double* mean, double* rstd, int threads) {
-    ln_forward<double>(rows, cols, x, w, b, eps, y, mean, rstd, threads);
+template <typename T>
+static void ln_forward_objs(int64_t rows, int64_t cols, void* x, void* w, void* b, double eps, void* y, void* mean,
+                            void* rstd, int64_t off, int has, int threads) {
+    const int all = -1;
+    ln_forward<T>(rows, cols, ln_data<T>(x, off, all, 1), ln_data<T>(w, off, has, LN_W), ln_data<T>(b, off, has, LN_B),
+                  (T)eps, ln_data<T>(y, off, all, 1), ln_data<T>(mean, off, all, 1), ln_data<T>(rstd, off, all, 1),
+                  threads);
 }
 
-extern "C" void flm_layer_norm_backward_f32(int64_t rows, int64_t cols, const float* dy, const float* x,
-                                            const float* mean, const float* rstd, const float* w, float* dx,
-                                            float* dw, float* db, float* scratch, int threads) {
-    ln_backward<float>(rows, cols, dy, x, mean, rstd, w, dx, dw, db, scratch, threads);
+template <typename T>
+static void ln_backward_objs(int64_t rows, int64_t cols, void* dy, void* x, void* mean, void* rstd, void* w, void* dx,
+                             void* dw, void* db, void* scratch, int64_t off, int has, int threads) {
+    const int all = -1;
+    ln_backward<T>(rows, cols, ln_data<T>(dy, off, all, 1), ln_data<T>(x, off, all, 1), ln_data<T>(mean, off, all, 1),
+                   ln_data<T>(rstd, off, all, 1), ln_data<T>(w, off, has, LN_W), ln_data<T>(dx, off, has, LN_DX),
+                   ln_data<T>(dw, off, has, LN_DW), ln_data<T>(db, off, has, LN_DB),
+                   ln_data<T>(scratch, off, has, LN_SCRATCH), threads);
 }
 
-extern "C" void flm_layer_norm_backward_f64(int64_t rows, int64_t cols, const double* dy, const double* x,
-                                            const double* mean, const double* rstd, const double* w, double* dx,
-                                            double* dw, double* db, double* scratch, int threads) {
-    ln_backward<double>(rows, cols, dy, x, mean, rstd, w, dx, dw, db, scratch, threads);
+extern "C" void flm_layer_norm_f32(int64_t rows, int64_t cols, void* x, void* w, void* b, double eps, void* y,
+                                   void* mean, void* rstd, int64_t off, int has, int threads) {
+    ln_forward_objs<float>(rows, cols, x, w, b, eps, y, mean, rstd, off, has, threads);
 }
 
+extern "C" void flm_layer_norm_f64(int64_t rows, int64_t cols, void* x, void* w, void* b, double eps, void* y,
+                                   void* mean, void* rstd, int64_t off, int has, int threads) {
+    ln_forward_objs<double>(rows, cols, x, w, b, eps, y, mean, rstd, off, has, threads);
+}
+
+extern "C" void flm_layer_norm_backward_f32(int64_t rows, int64_t cols, void* dy, void* x, void* mean, void* rstd,
+                                            void* w, void* dx, void* dw, void* db, void* scratch, int64_t off,
+                                            int has, int threads) {
+    ln_backward_objs<float>(rows, cols, dy, x, mean, rstd, w, dx, dw, db, scratch, off, has, threads);
+}
+
+extern "C" void flm_layer_norm_backward_f64(int64_t rows, int64_t cols, void* dy, void* x, void* mean, void* rstd,
+                                            void* w, void* dx, void* dw, void* db, void* scratch, int64_t off,
+                                            int has, int threads) {
+    ln_backward_objs<double>(rows, cols, dy, x, mean, rstd, w, dx, dw, db, scratch, off, has, threads);
+}
 #pragma GCC pop_options
 
 // ---- Adam / AdamW step (float32, one parameter) -------------------------------------------------

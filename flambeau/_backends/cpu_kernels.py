@@ -151,10 +151,11 @@ def _load():
                     _state["max_pool2d", dt] = mp
                 for suffix, dt in (("f32", _F32), ("f64", np.dtype(np.float64))):
                     lf = getattr(lib, "flm_layer_norm_" + suffix)
-                    lf.argtypes = [i64, i64, p, p, p, ctypes.c_double, p, p, p, ctypes.c_int]
+                    o = ctypes.py_object
+                    lf.argtypes = [i64, i64, o, o, o, ctypes.c_double, o, o, o, i64, ctypes.c_int, ctypes.c_int]
                     lf.restype = None
                     lb = getattr(lib, "flm_layer_norm_backward_" + suffix)
-                    lb.argtypes = [i64, i64] + [p] * 9 + [ctypes.c_int]
+                    lb.argtypes = [i64, i64] + [o] * 9 + [i64, ctypes.c_int, ctypes.c_int]
                     lb.restype = None
                     _state["layer_norm", dt] = lf
                     _state["layer_norm_backward", dt] = lb
@@ -570,7 +571,7 @@ def ce_backward(x, t, a, b):
 def _ln_rows(x, cols, *others):
     """The row kernel for LayerNorm of `x` over its last `cols` elements: `x` and `others` (None or
     arrays of x's dtype) C-contiguous NumPy arrays, float32 or float64; None where it does not apply."""
-    if type(x) is not np.ndarray or x.size == 0 or cols <= 0 or not x.flags.c_contiguous:
+    if type(x) is not np.ndarray or x.size == 0 or cols <= 0 or not x.flags.c_contiguous or DATA_OFFSET is None:
         return None
     fn = _state.get(("layer_norm", x.dtype), 0)
     if fn == 0:
@@ -583,30 +584,33 @@ def _ln_rows(x, cols, *others):
     return fn
 
 
-def _ptr(a):
-    return None if a is None else a.ctypes.data
+# which optional arrays a LayerNorm kernel call passes (cpu_kernels.cpp's LN_* bits)
+LN_W, LN_B, LN_DX, LN_DW, LN_DB, LN_SCRATCH = 1, 2, 4, 8, 16, 32
 
 
 def layer_norm(x, cols: int, w, b, eps: float):
     """(y, mean, rstd) of LayerNorm over the last `cols` elements of a C-contiguous float32/float64
     array (`w`, `b`: None or `cols` elements of x's dtype); mean and rstd flat, one per row. None where
-    the kernel does not take these operands (the caller's NumPy path serves)."""
-    if _ln_rows(x, cols, w, b) is None or (w is not None and w.size != cols) or (b is not None and b.size != cols):
+    the kernel does not take these operands (the caller's NumPy path serves). Arrays go to C as
+    objects (their data pointer read at DATA_OFFSET): `.ctypes.data` costs ~1 us each."""
+    fn = _ln_rows(x, cols, w, b)
+    if fn is None or (w is not None and w.size != cols) or (b is not None and b.size != cols):
         return None
     rows = x.size // cols
     y = np.empty_like(x)
     mean = np.empty(rows, x.dtype)
     rstd = np.empty(rows, x.dtype)
-    _state["layer_norm", x.dtype](rows, cols, x.ctypes.data, _ptr(w), _ptr(b), eps, y.ctypes.data, mean.ctypes.data,
-                                  rstd.ctypes.data, _threads(x.size * 8))
+    has = (0 if w is None else LN_W) | (0 if b is None else LN_B)
+    fn(rows, cols, x, x if w is None else w, x if b is None else b, eps, y, mean, rstd, DATA_OFFSET, has,
+       _threads(x.size * 8))
     return y, mean, rstd
 
 
 def layer_norm_backward(dy, x, cols: int, mean, rstd, w, output_mask=(True, True, True)):
     """(dx, dw, db) of LayerNorm over the last `cols` elements (PyTorch's native_layer_norm_backward
     on C-contiguous float32/float64 arrays of one dtype; `mean`, `rstd` one per row): an output is None
-    where `output_mask` leaves it out (dw also without `w`'s shape to take: dw, db are flat, `cols`
-    long). None where the kernel does not take these operands."""
+    where `output_mask` leaves it out (dw, db flat, `cols` long). None where the kernel does not take
+    these operands."""
     if _ln_rows(x, cols, dy, mean, rstd, w) is None or dy.shape != x.shape or \
             mean.size * cols != x.size or rstd.size != mean.size or (w is not None and w.size != cols):
         return None
@@ -618,9 +622,11 @@ def layer_norm_backward(dy, x, cols: int, mean, rstd, w, output_mask=(True, True
         return None, None, None
     threads = _threads(x.size * 8)
     scratch = np.zeros((threads, 2 * cols), x.dtype) if threads > 1 and (dw is not None or db is not None) else None
-    _state["layer_norm_backward", x.dtype](rows, cols, dy.ctypes.data, x.ctypes.data, mean.ctypes.data,
-                                           rstd.ctypes.data, _ptr(w), _ptr(dx), _ptr(dw), _ptr(db), _ptr(scratch),
-                                           threads)
+    has = ((0 if w is None else LN_W) | (0 if dx is None else LN_DX) | (0 if dw is None else LN_DW)
+           | (0 if db is None else LN_DB) | (0 if scratch is None else LN_SCRATCH))
+    _state["layer_norm_backward", x.dtype](rows, cols, dy, x, mean, rstd, x if w is None else w, x if dx is None else dx,
+                                           x if dw is None else dw, x if db is None else db,
+                                           x if scratch is None else scratch, DATA_OFFSET, has, threads)
     return dx, dw, db
 
 
