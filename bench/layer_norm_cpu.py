@@ -5,7 +5,7 @@ same run, interleaved.
 
     PYTHONPATH=$PWD python3 bench/layer_norm_cpu.py [--threads N]
 
-Shapes: 64x256 and 16*256x384 (the small GPT's rows). Prints medians over ROUNDS rounds of the per-call
+Shapes: 64x64 (bench/distributed_train.py --small), 64x256 and 16*256x384. Prints medians over ROUNDS rounds of the per-call
 process CPU time (all threads counted), and the ratios to PyTorch. The box may be shared: say `uptime`.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     real_f, real_b = cpu_kernels.layer_norm, cpu_kernels.layer_norm_backward
     rng = np.random.default_rng(0)
-    for rows, cols in ((64, 256), (16 * 256, 384)):
+    for rows, cols in ((64, 64), (64, 256), (16 * 256, 384)):
         x = rng.standard_normal((rows, cols), dtype=np.float32)
         w = rng.standard_normal(cols, dtype=np.float32)
         b = rng.standard_normal(cols, dtype=np.float32)

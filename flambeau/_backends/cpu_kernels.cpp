@@ -1008,6 +1008,25 @@ static void ln_backward(int64_t rows, int64_t cols, const T* dy, const T* x, con
             const T* __restrict__ dyr = dy + r * cols;
             const T* __restrict__ xr = x + r * cols;
             const T m = mean[r], a = rstd[r];
+            if (dx && w && pw && pb) {          // the common case: every output, in two passes over the row
+                T* __restrict__ dxr = dx + r * cols;
+                T s1 = 0, s2 = 0;
+#pragma omp simd reduction(+ : s1, s2)
+                for (int64_t j = 0; j < cols; j++) {
+                    const T g = dyr[j] * w[j];
+                    s1 += g;
+                    s2 += g * ((xr[j] - m) * a);
+                }
+                const T c1 = s1 * inv_n, c2 = s2 * inv_n;
+#pragma omp simd
+                for (int64_t j = 0; j < cols; j++) {
+                    const T xh = (xr[j] - m) * a;
+                    dxr[j] = a * (dyr[j] * w[j] - c1 - xh * c2);
+                    pw[j] += dyr[j] * xh;
+                    pb[j] += dyr[j];
+                }
+                continue;
+            }
             if (dx) {
                 T* __restrict__ dxr = dx + r * cols;
                 T s1 = 0, s2 = 0;
