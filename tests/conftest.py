@@ -81,3 +81,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def triton_backend(monkeypatch):
+    """The Triton code generator for compiled graphs, its kernels run by Triton's interpreter (TRITON_INTERPRET
+    is set above, before Triton is imported); skipped on a cuda machine, where Triton runs kernels for real.
+    Yields the launch statistics (`triton_runtime.stats`)."""
+    triton = pytest.importorskip("triton")
+    import flambeau as fl
+    from flambeau._inductor import config, triton_runtime
+    if not triton.knobs.runtime.interpret:
+        if fl.cuda.is_available():
+            pytest.skip("Triton was imported without its interpreter (a cuda machine)")
+        raise AssertionError("Triton was imported before TRITON_INTERPRET=1 was set")
+    monkeypatch.setattr(config, "backend", "triton")
+    fl._dynamo.reset()
+    yield triton_runtime.stats
+    fl._dynamo.reset()

@@ -47,16 +47,7 @@ DYNAMIC_SLICE = ("add", "sum", "softmax", "layer_norm", "var", "argmax", "roll",
 OPINFOS = {i.name: i for i in all_opinfos()}
 
 
-@pytest.fixture
-def triton_backend(monkeypatch):
-    if not triton.knobs.runtime.interpret:
-        if fl.cuda.is_available():
-            pytest.skip("Triton was imported without its interpreter (a cuda machine)")
-        raise AssertionError("Triton was imported before this module set TRITON_INTERPRET=1")
-    monkeypatch.setattr(config, "backend", "triton")
-    fl._dynamo.reset()
-    yield triton_runtime.stats
-    fl._dynamo.reset()
+# triton_backend: the fixture of tests/conftest.py
 
 
 def _launches() -> int:

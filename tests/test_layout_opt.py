@@ -32,16 +32,7 @@ from flambeau._dynamo.testing import no_unexpected_fallbacks  # noqa: E402
 from tests.conftest import spy_compile_fx  # noqa: E402
 
 
-@pytest.fixture
-def triton_backend(monkeypatch):
-    if not triton.knobs.runtime.interpret:
-        if fl.cuda.is_available():
-            pytest.skip("Triton was imported without its interpreter (a cuda machine)")
-        raise AssertionError("Triton was imported before this module set TRITON_INTERPRET=1")
-    monkeypatch.setattr(config, "backend", "triton")
-    fl._dynamo.reset()
-    yield
-    fl._dynamo.reset()
+# triton_backend: the fixture of tests/conftest.py
 
 
 def net(lib, x, w1, w2, w3, g1, b1, g2, b2):

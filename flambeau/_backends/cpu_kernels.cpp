@@ -1162,6 +1162,13 @@ extern "C" void flm_adam_f32(int64_t n, float* __restrict__ p, const float* __re
 // stride 2): `max_pool_row_strided` takes 16 outputs at a time, a stride-2 row as two loads and one
 // even-lane permute, a wider stride as one gather.
 #ifdef __AVX512F__
+// The lanes of `keep` of 16 int32 flat positions, stored as int64 indices from ir (both pooling kernels).
+static inline void store_positions(int64_t* ir, __m512i at, __mmask16 keep) {
+    _mm512_mask_storeu_epi64(ir, (__mmask8)(keep & 0xff), _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)));
+    if (keep >> 8)
+        _mm512_mask_storeu_epi64(ir + 8, (__mmask8)(keep >> 8), _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1)));
+}
+
 static inline __m512 strided_load(const float* src, int64_t sw, int64_t n, __m512i lanes_sw, __m512i evens) {
     const __mmask16 keep = (__mmask16)((1u << n) - 1);
     if (sw == 2) {
@@ -1195,10 +1202,7 @@ static void max_pool_row_strided(const float* xp, int64_t W, int64_t OW, int64_t
             }
         const __mmask16 keep = (__mmask16)((1u << n) - 1);
         _mm512_mask_storeu_ps(yr + ow0, keep, m);
-        _mm512_mask_storeu_epi64(ir + ow0, (__mmask8)(keep & 0xff), _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)));
-        if (n > 8)
-            _mm512_mask_storeu_epi64(ir + ow0 + 8, (__mmask8)(keep >> 8),
-                                     _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1)));
+        store_positions(ir + ow0, at, keep);
     }
 }
 #endif
@@ -1274,10 +1278,7 @@ static void max_pool_row_u8_stride2(const uint8_t* xp, int64_t W, int64_t OW, in
             }
         const __mmask16 keep = (__mmask16)((1u << n) - 1);
         _mm512_mask_cvtepi32_storeu_epi8(yr + ow0, keep, m);
-        _mm512_mask_storeu_epi64(ir + ow0, (__mmask8)(keep & 0xff), _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)));
-        if (n > 8)
-            _mm512_mask_storeu_epi64(ir + ow0 + 8, (__mmask8)(keep >> 8),
-                                     _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1)));
+        store_positions(ir + ow0, at, keep);
     }
 }
 #endif
