@@ -86,8 +86,9 @@ def test_2d_training_equals_one_process_on_the_whole_batch(ranks, tag, data_para
             assert str(res[f"{tag}/dtypes/{name}"]) == "torch.float64|torch.float64", name
         np.testing.assert_allclose(res[f"{tag}/losses"], losses, rtol=rtol, atol=rtol * 1e-2)
         for k, v in final.items():
-            if tag.endswith("_mp") and k.endswith("k.bias"):
-                continue            # its exact gradient is 0 (softmax's shift invariance): AdamW steps the rounding
+            if k.endswith("k.bias"):
+                continue            # its exact gradient is 0 (softmax's shift invariance): AdamW normalises the
+                # rounding noise into lr-sized steps, so its value is whichever summation order ran (float64 too)
             np.testing.assert_allclose(res[f"{tag}/final/{k}"], v, rtol=rtol * 10, atol=rtol * 1e-1,
                                        err_msg=f"rank {r} {k}")
 
