@@ -305,6 +305,8 @@ def steps_profile(names: str, mode: str = "eager") -> None:
             step()
         flambeau.cuda.synchronize()
         prof.disable()
+        if os.environ.get("PROFILE_DUMP"):      # the whole table, for pstats offline
+            prof.dump_stats(os.path.join(os.environ["PROFILE_DUMP"], f"{name}-{mode}.pstats"))
         print(f"== {name} ({mode}): {ms:.2f} ms per step (unprofiled), {calls} operator calls per step, "
               f"garbage collector {gc_time:.2f} ms in {gc_count:.1f} collections per step", flush=True)
         st = pstats.Stats(prof)
@@ -316,8 +318,10 @@ def steps_profile(names: str, mode: str = "eager") -> None:
                       f"{nc / PROFILED_STEPS:7.1f}x  {os.path.basename(file)}:{line}({fname})", flush=True)
 
 
-def _gc_time(step, steps: int = 5) -> tuple:
-    """Milliseconds the garbage collector ran per step, and collections per step (gc.callbacks)."""
+def _gc_time(step, steps: int = 20) -> tuple:
+    """Milliseconds the garbage collector ran per step, and collections per step (gc.callbacks). A full
+    collection (generation 2) costs tens of ms in a GPU process and comes every few dozen steps, so a
+    short window over- or under-states it: the full ones are printed as they come."""
     import gc
     spent, starts = [0.0, 0], {}
 
@@ -325,8 +329,11 @@ def _gc_time(step, steps: int = 5) -> tuple:
         if phase == "start":
             starts["t"] = time.perf_counter()
         else:
-            spent[0] += time.perf_counter() - starts.pop("t", time.perf_counter())
+            dt = time.perf_counter() - starts.pop("t", time.perf_counter())
+            spent[0] += dt
             spent[1] += 1
+            if info.get("generation") == 2:
+                print(f"  (full collection: {dt * 1e3:.1f} ms, {len(gc.get_objects())} tracked objects)", flush=True)
     gc.callbacks.append(hook)
     try:
         for _ in range(steps):
