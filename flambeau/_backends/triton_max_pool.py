@@ -7,6 +7,12 @@ stride 1, no padding and dilation 1. Indices are flat in the plane, (d * H + h) 
 outputs are contiguous (N, C, *out). Offsets are int32: `supported` refuses an input or output that
 does not fit.
 
+Outputs come in one of two element orders (constexpr `CL`): (N, C, *S) contiguous, or channels-last
+(N, *S, C) contiguous, C fastest, for a channels-last input (`channels_last=True`, as PyTorch keeps the
+input's memory format): then consecutive programs' lanes read consecutive channels, coalesced, and the
+caller needs no conversion copy (a compiled channels-last ResNet-50's max-pool forward took 0.80 ms
+reading NHWC in NCHW order on the H100, 0.22 ms on NCHW input, and two copies after it 1.2 ms).
+
 - `_max_pool_fwd`: one program per BLOCK outputs. Each walks its window in (d, h, w) order from
   -inf at the window's first position inside the input (the start moved past the padding by whole
   dilations), and takes a value when it is greater than the running max or NaN: PyTorch's CUDA (and
@@ -48,16 +54,25 @@ def _first_inside(start, dil):
 
 @triton.jit
 def _max_pool_fwd(X, Y, IDX, C, D, H, W, OD, OH, OW, sxn, sxc, sxd, sxh, sxw, KD, KH, KW, st_d, st_h, st_w,
-                  pd_d, pd_h, pd_w, dl_d, dl_h, dl_w, n, ACC: tl.constexpr, BLOCK: tl.constexpr):
+                  pd_d, pd_h, pd_w, dl_d, dl_h, dl_w, n, ACC: tl.constexpr, BLOCK: tl.constexpr,
+                  CL: tl.constexpr):
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = o < n
-    ow = o % OW
-    t = o // OW
+    if CL:                   # outputs (N, OD, OH, OW, C) in memory
+        c = o % C
+        t = o // C
+    else:                    # outputs (N, C, OD, OH, OW) in memory
+        t = o
+    ow = t % OW
+    t = t // OW
     oh = t % OH
     t = t // OH
     od = t % OD
     t = t // OD
-    base = (t // C) * sxn + (t % C) * sxc
+    if CL:
+        base = t * sxn + c * sxc
+    else:
+        base = (t // C) * sxn + (t % C) * sxc
     d0 = od * st_d - pd_d
     h0 = oh * st_h - pd_h
     w0 = ow * st_w - pd_w
@@ -91,17 +106,25 @@ def _window_range(pos, pad, extent, st, out):
 @triton.jit
 def _max_pool_bwd(G, IDX, DX, C, D, H, W, OD, OH, OW, sgn, sgc, sgd, sgh, sgw, sin, sic, sid, sih, siw,
                   ext_d, ext_h, ext_w, st_d, st_h, st_w, pd_d, pd_h, pd_w, cand_d, cand_h, cand_w, n,
-                  ACC: tl.constexpr, BLOCK: tl.constexpr):
+                  ACC: tl.constexpr, BLOCK: tl.constexpr, CL: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
-    w = i % W
-    t = i // W
+    if CL:                   # the input gradient (N, D, H, W, C) in memory
+        c = i % C
+        t = i // C
+    else:                    # (N, C, D, H, W)
+        t = i
+    w = t % W
+    t = t // W
     h = t % H
     t = t // H
     d = t % D
     t = t // D
-    nn = t // C
-    c = t % C
+    if CL:
+        nn = t
+    else:
+        nn = t // C
+        c = t % C
     gbase = nn * sgn + c * sgc
     ibase = nn * sin + c * sic
     target = ((d * H + h) * W + w).to(tl.int64)
@@ -156,12 +179,13 @@ def _pad3(v, fill):
 _kernels: dict = {}     # (kernel, dtype, device) -> compiled kernel: a launch builds no signature
 
 
-def _kernel(fn, dtype, signature):
-    """The compiled `fn` for storage `dtype`; `signature(dtype)` -> (signature, constexprs) on the first use."""
-    full = (fn, dtype, TL.current_device())
+def _kernel(fn, dtype, signature, cl: bool = False):
+    """The compiled `fn` for storage `dtype` and element order `cl` (channels-last); `signature(dtype, cl)` ->
+    (signature, constexprs) on the first use."""
+    full = (fn, dtype, cl, TL.current_device())
     k = _kernels.get(full)
     if k is None:
-        sig, const = signature(dtype)
+        sig, const = signature(dtype, cl)
         k = _kernels[full] = TL.compile_kernel(fn, sig, const, num_warps=NUM_WARPS, num_stages=1)
     return k
 
@@ -180,18 +204,19 @@ BWD_INTS = ("C D H W OD OH OW sgn sgc sgd sgh sgw sin sic sid sih siw ext_d ext_
             "pd_d pd_h pd_w cand_d cand_h cand_w n")
 
 
-def forward_signature(dtype) -> tuple:
-    """(signature, constexprs) of `_max_pool_fwd` for an input of NumPy `dtype`."""
+def forward_signature(dtype, cl: bool = False) -> tuple:
+    """(signature, constexprs) of `_max_pool_fwd` for an input of NumPy `dtype`, outputs channels-last if `cl`."""
     t = "*" + TL.type_of(dtype)
-    return ({"X": t, "Y": t, "IDX": "*i64", **_ints(FWD_INTS), "ACC": "constexpr", "BLOCK": "constexpr"},
-            dict(ACC=_acc(dtype), BLOCK=BLOCK))
+    return ({"X": t, "Y": t, "IDX": "*i64", **_ints(FWD_INTS), "ACC": "constexpr", "BLOCK": "constexpr",
+             "CL": "constexpr"}, dict(ACC=_acc(dtype), BLOCK=BLOCK, CL=bool(cl)))
 
 
-def backward_signature(dtype) -> tuple:
-    """(signature, constexprs) of `_max_pool_bwd` for an output gradient of NumPy `dtype`."""
+def backward_signature(dtype, cl: bool = False) -> tuple:
+    """(signature, constexprs) of `_max_pool_bwd` for an output gradient of NumPy `dtype`, the input
+    gradient channels-last if `cl`."""
     t = "*" + TL.type_of(dtype)
-    return ({"G": t, "IDX": "*i64", "DX": t, **_ints(BWD_INTS), "ACC": "constexpr", "BLOCK": "constexpr"},
-            dict(ACC=_acc(dtype), BLOCK=BLOCK))
+    return ({"G": t, "IDX": "*i64", "DX": t, **_ints(BWD_INTS), "ACC": "constexpr", "BLOCK": "constexpr",
+             "CL": "constexpr"}, dict(ACC=_acc(dtype), BLOCK=BLOCK, CL=bool(cl)))
 
 
 def forward_args(shape, strides, nd, out, ks, st, pd, dl) -> tuple:
@@ -218,13 +243,22 @@ def _elements(a):
     return tuple(s // a.itemsize for s in a.strides)
 
 
-def forward(x, nd: int, out: tuple, ks, st, pd, dl):
+def _channels_last_empty(shape, dtype):
+    """An uninitialised CuPy array of (N, C, *S) `shape` packed channels-last: a view of (N, *S, C)."""
+    nd = len(shape) - 2
+    packed = cupy.ndarray((shape[0],) + tuple(shape[2:]) + (shape[1],), dtype)
+    return packed.transpose((0, nd + 1) + tuple(range(1, nd + 1)))
+
+
+def forward(x, nd: int, out: tuple, ks, st, pd, dl, channels_last: bool = False):
     """(values, indices) of max pooling CuPy array `x` ((N, C, *S) or (C, *S), any strides) to spatial
-    size `out`; both contiguous, indices int64 and flat in each plane."""
+    size `out`; both contiguous, or packed channels-last with `channels_last` (batched input only),
+    indices int64 and flat in each plane."""
     shape = tuple(x.shape[:x.ndim - nd]) + tuple(out)
-    y = cupy.ndarray(shape, x.dtype)
-    idx = cupy.ndarray(shape, _INT64)
-    k = _kernel(_max_pool_fwd, x.dtype, forward_signature)
+    cl = bool(channels_last) and x.ndim == nd + 2 and nd >= 2
+    empty = _channels_last_empty if cl else cupy.ndarray
+    y, idx = empty(shape, x.dtype), empty(shape, _INT64)
+    k = _kernel(_max_pool_fwd, x.dtype, forward_signature, cl)
     args = forward_args(x.shape, _elements(x), nd, out, ks, st, pd, dl)
     TL.launch(k, (-(-args[-1] // BLOCK),), x, y, idx, *args)
     return y, idx
@@ -237,11 +271,12 @@ def backward_supported(grad, indices, size: tuple, nd: int) -> bool:
         and all(s % grad.itemsize == 0 for s in grad.strides) and all(s % 8 == 0 for s in indices.strides)
 
 
-def backward(grad, indices, size: tuple, nd: int, ks, st, pd, dl):
-    """The gradient (contiguous, `size`, grad's dtype) of max pooling's input from CuPy `grad` and the
-    saved `indices` (any strides)."""
-    dx = cupy.ndarray(tuple(size), grad.dtype)
-    k = _kernel(_max_pool_bwd, grad.dtype, backward_signature)
+def backward(grad, indices, size: tuple, nd: int, ks, st, pd, dl, channels_last: bool = False):
+    """The gradient (contiguous, or packed channels-last with `channels_last` for a batched input; `size`,
+    grad's dtype) of max pooling's input from CuPy `grad` and the saved `indices` (any strides)."""
+    cl = bool(channels_last) and len(size) == nd + 2 and nd >= 2
+    dx = (_channels_last_empty if cl else cupy.ndarray)(tuple(size), grad.dtype)
+    k = _kernel(_max_pool_bwd, grad.dtype, backward_signature, cl)
     args = backward_args(tuple(size), _elements(grad), _elements(indices), nd, grad.shape[len(size) - nd:], ks, st,
                          pd, dl)
     TL.launch(k, (-(-args[-1] // BLOCK),), grad, indices, dx, *args)

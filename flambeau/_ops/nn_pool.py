@@ -216,8 +216,9 @@ def _max_pool_backward(xp, grad_output, indices, self_size, kernel_size, stride,
     nd, size = len(kernel_size), tuple(self_size)
     fused = _triton_max_pool(xp)
     if fused and fused.backward_supported(grad_output, indices, size, nd):
-        return as_format(xp, fused.backward(grad_output, indices, size, nd, kernel_size, stride, padding, dilation),
-                         suggest_memory_format(indices))       # the input's format, as the indices'
+        mf = suggest_memory_format(indices)                    # the input's format, as the indices'
+        return as_format(xp, fused.backward(grad_output, indices, size, nd, kernel_size, stride, padding, dilation,
+                                            channels_last=mf is not contiguous_format), mf)
     return _plane_scatter_add.kernel(xp, grad_output, indices, size, nd, _disjoint(kernel_size, stride, dilation))
 
 
@@ -272,7 +273,7 @@ def _def_max_pool(nd):
         mf = suggest_memory_format(self, (nd + 2,))      # values and indices in the input's format, as PyTorch's
         fused = _triton_max_pool(xp)
         if fused and fused.supported(self, nd, geometry[1]):
-            vals, idx = fused.forward(self, nd, geometry[1], ks, st, pd, dl)
+            vals, idx = fused.forward(self, nd, geometry[1], ks, st, pd, dl, channels_last=mf is not contiguous_format)
             return as_format(xp, vals, mf), as_format(xp, idx, mf)
         if xp is np and _inside(*geometry):
             r = cpu_kernels.max_pool2d(self, geometry[1], ks, st, dl) if nd == 2 else None

@@ -74,10 +74,13 @@ def run(nd, shape, kernel, stride, padding, dilation, ceil_mode, layout, dtype, 
                       for v in (kernel, kernel if stride is None else stride, padding, dilation))
     out = tuple(ref.shape[-nd:])
     acc = tl.float64 if dtype == "float64" else tl.float32
-    y = torch.empty(ref.shape, dtype=x.dtype)
-    idx = torch.empty(ref.shape, dtype=torch.int64)
+    # a channels-last input is pooled in channels-last element order (CL) into channels-last outputs
+    cl = layout == "channels_last" and x.dim() == nd + 2
+    fmt = (torch.channels_last if x.dim() == 4 else torch.channels_last_3d) if cl else torch.contiguous_format
+    y = torch.empty(ref.shape, dtype=x.dtype).contiguous(memory_format=fmt)
+    idx = torch.empty(ref.shape, dtype=torch.int64).contiguous(memory_format=fmt)
     args = MP.forward_args(tuple(x.shape), _elements(x), nd, out, ks, st, pd, dl)
-    MP._max_pool_fwd[(-(-args[-1] // MP.BLOCK),)](x, y, idx, *args, ACC=acc, BLOCK=MP.BLOCK)
+    MP._max_pool_fwd[(-(-args[-1] // MP.BLOCK),)](x, y, idx, *args, ACC=acc, BLOCK=MP.BLOCK, CL=cl)
     bad = int(not torch.equal(idx, ref_idx)) + int(not torch.equal(y.isnan(), ref.isnan()))
     bad += int(not torch.equal(torch.nan_to_num(y.float(), 0.0), torch.nan_to_num(ref.float(), 0.0)))
 
@@ -85,9 +88,9 @@ def run(nd, shape, kernel, stride, padding, dilation, ceil_mode, layout, dtype, 
     base = torch.randn(tuple(reversed(ref.shape)), generator=g).to(x.dtype)
     base.view(-1)[:2] = -0.0
     dy = base.permute(*reversed(range(ref.dim())))
-    dx = torch.empty(x.shape, dtype=x.dtype)
+    dx = torch.empty(x.shape, dtype=x.dtype).contiguous(memory_format=fmt)
     bargs = MP.backward_args(tuple(x.shape), _elements(dy), _elements(idx), nd, out, ks, st, pd, dl)
-    MP._max_pool_bwd[(-(-bargs[-1] // MP.BLOCK),)](dy, idx, dx, *bargs, ACC=acc, BLOCK=MP.BLOCK)
+    MP._max_pool_bwd[(-(-bargs[-1] // MP.BLOCK),)](dy, idx, dx, *bargs, ACC=acc, BLOCK=MP.BLOCK, CL=cl)
     if dtype in ("float32", "float64"):
         xr = x.detach().clone().requires_grad_()
         pool(xr, kernel, stride, padding, dilation, ceil_mode).backward(dy)
@@ -137,6 +140,9 @@ def run_glue(nd, shape, kernel, stride, padding, dilation, ceil_mode, layout, dt
                                                                return_indices=True)
     y.backward(flambeau.tensor(dy.float().numpy()).to(getattr(flambeau, dtype)))
     bad = int(HostLauncher.launches[before:] != ["_max_pool_fwd", "_max_pool_bwd"])
+    # the input's memory format kept, as PyTorch keeps it (channels-last: made so by the kernels, no copy)
+    bad += int(y.stride() != ref.stride()) + int(idx.stride() != ref_idx.stride()) + int(fx.grad.stride() != xt.grad.stride())
+    bad += int(layout == "channels_last" and MADE_CHANNELS_LAST[-2:] != [True, True])
     bad += int(not np.array_equal(idx.numpy(), ref_idx.numpy()))
     bad += int(not np.array_equal(y.detach().float().numpy(), ref.detach().float().numpy(), equal_nan=True))
     want = xt.grad.double().numpy()
@@ -146,10 +152,23 @@ def run_glue(nd, shape, kernel, stride, padding, dilation, ceil_mode, layout, dt
     return float(bad)
 
 
+MADE_CHANNELS_LAST: list = []   # per kernel call through flambeau: whether it returned C-fastest arrays
+
+
+def _spy(fn):
+    def call(*args, **kwargs):
+        r = fn(*args, **kwargs)
+        first = r[0] if isinstance(r, tuple) else r
+        MADE_CHANNELS_LAST.append(first.ndim >= 4 and first.strides[1] == first.itemsize and first.shape[1] > 1)
+        return r
+    return call
+
+
 def main() -> int:
     status = report(CASES, run, "nd, shape, kernel, stride, padding, dilation, ceil, layout, dtype, values", 0.5)
     from flambeau._ops import nn_pool
     MP.TL, MP.cupy = HostLauncher, HostCupy
+    MP.forward, MP.backward = _spy(MP.forward), _spy(MP.backward)
     nn_pool._triton_max_pool = lambda xp: MP
     return status | report(GLUE_CASES, run_glue, "through flambeau: nd, shape, kernel, stride, padding, dilation, "
                            "ceil, layout, dtype", 0.5)

@@ -170,9 +170,10 @@ def eager_kernels():
     TL.current_device = lambda: 0
     for dtype in (ml_dtypes.bfloat16, np.float16, np.float32, np.float64):
         for fn, signature in ((MP._max_pool_fwd, MP.forward_signature), (MP._max_pool_bwd, MP.backward_signature)):
-            sig, const = signature(np.dtype(dtype))
-            _launch_once(TL.compile_kernel(fn, sig, const, num_warps=MP.NUM_WARPS, num_stages=1),
-                         f"{fn.__name__}[{np.dtype(dtype).name}]")
+            for cl in (False, True):
+                sig, const = signature(np.dtype(dtype), cl)
+                _launch_once(TL.compile_kernel(fn, sig, const, num_warps=MP.NUM_WARPS, num_stages=1),
+                             f"{fn.__name__}[{np.dtype(dtype).name}{', channels-last' if cl else ''}]")
     f32, bf16 = np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)
     for block in (BN.onchip_block(1), BN.onchip_block(BN.ONCHIP_MAX)):
         for fn, (sig, const, warps) in ((BN._bn_fwd_onchip, BN.fwd_onchip_signature(bf16, f32, f32, f32, f32, block)),
