@@ -428,15 +428,17 @@ class TritonKernelPrinter:
         if single:
             xblock = 1
         xouter = self._x_vars(k.outer_groups, xnumel)
-        consts = {}
-        for i, (step, rb, r) in enumerate(zip(k.steps, rblocks, rn)):
+        consts = {f"R{i}BLOCK": rb for i, rb in enumerate(rblocks)}
+        for run in self.reduction_groups(0, len(k.steps)):
+            i, step = run[0]
+            rb, r = rblocks[i], rn[i]
             self.cse = {}
             self._barrier_if_needed(i)
             name = f"R{i}BLOCK"
-            consts[name] = rb
             loop = not (persistent or (isinstance(r, int) and r <= rb))
             if step.kind == "reduction":
-                self._reduction(step, xouter, i, name, r, loop)
+                for n, idx, res in self._accumulate_many(run, xouter, name, r, loop):
+                    self._reduced(n, idx, res)
             else:
                 self._pointwise(step, xouter, i, name, r, loop)
         widest = max(rblocks, default=1) * xblock
@@ -514,17 +516,18 @@ class TritonKernelPrinter:
         xouter = self._x_vars(k.outer_groups, xnumel)
         at = f"rpart * {xnumel} + xindex"
         ws = dict((w, dt) for w, dt, _ in self._split_workspace(plan))
-        consts = {}
-        for i, step in enumerate(k.steps[:plan.reductions]):
+        consts = {f"R{i}BLOCK": plan.rblock for i in range(plan.reductions)}
+        for run in self.reduction_groups(0, plan.reductions):
+            i0 = run[0][0]
             self.cse = {}
-            consts[f"R{i}BLOCK"] = plan.rblock
-            n, idx, res = self._accumulate(step, xouter, i, f"R{i}BLOCK", rnumel, True,
-                                           span=(f"rpart * R{i}BLOCK", plan.parts * plan.rblock))
-            if n.buf.data.reduction_type in ("argmax", "argmin"):
-                self.line(f"tl.store(ws{i}_v + ({at}), acc{i}_v[:, None], mask=xmask)")
-                self.line(f"tl.store(ws{i}_i + ({at}), acc{i}_r[:, None], mask=xmask)")
-            else:
-                self.line(f"tl.store(ws{i}_v + ({at}), ({res}).to({TL[ws[f'ws{i}_v']]})[:, None], mask=xmask)")
+            done = self._accumulate_many(run, xouter, f"R{i0}BLOCK", rnumel, True,
+                                         span=(f"rpart * R{i0}BLOCK", plan.parts * plan.rblock))
+            for (i, _), (n, idx, res) in zip(run, done):
+                if n.buf.data.reduction_type in ("argmax", "argmin"):
+                    self.line(f"tl.store(ws{i}_v + ({at}), acc{i}_v[:, None], mask=xmask)")
+                    self.line(f"tl.store(ws{i}_i + ({at}), acc{i}_r[:, None], mask=xmask)")
+                else:
+                    self.line(f"tl.store(ws{i}_v + ({at}), ({res}).to({TL[ws[f'ws{i}_v']]})[:, None], mask=xmask)")
         la = self._launch(xnumel, plan.xblock, consts, self._warps(plan.xblock * plan.rblock))
         la.splits, la.workspace = plan.parts, self._split_workspace(plan)
         return la
@@ -628,10 +631,6 @@ class TritonKernelPrinter:
             ptr, mask = f"tl.broadcast_to({ptr}, [XBLOCK, 1])", "xmask"
         self.line(f"tl.store({ptr}, {val}{', mask=' + mask if mask else ''})")
 
-    def _reduction(self, step, xouter, i, block, rnumel, loop):
-        n, idx, res = self._accumulate(step, xouter, i, block, rnumel, loop)
-        self._reduced(n, idx, res)
-
     def _reduced(self, n, idx, res: str):
         """Bind (and store, unless local) a reduction node's result, `res` a [XBLOCK] expression."""
         dt = n.buf.data.dtype
@@ -641,53 +640,92 @@ class TritonKernelPrinter:
         if n.name not in self.k.locals:
             self._store(n.name, offset_of(idx, contiguous_strides(n.ranges)), val, dt)
 
-    def _accumulate(self, step, xouter, i, block, rnumel, loop, span=None) -> tuple:
-        """Print step i's reduction over its inner elements (those of `span`, see _open_r):
-        (node, its output index, the reduced [XBLOCK] expression); an arg reduction also leaves
-        `acc<i>_v`/`acc<i>_r`, the value and index of its winner."""
-        n = step.nodes[0]
-        red = n.buf.data
-        rt, src, dt = red.reduction_type, red.src_dtype, red.dtype
-        cs = compute_dtype(src)
-        acc_t, init = _acc_init(rt, cs)
-        has_r = rnumel != 1 and bool(step.inner_groups)
+    def _accumulate_many(self, group, xouter, block, rnumel, loop, span=None) -> list:
+        """Print the reductions of steps [(i, step)] over their (same) inner elements, those of `span`
+        (see _open_r), in one loop: [(node, its output index, the reduced [XBLOCK] expression)]; an
+        arg reduction also leaves `acc<i>_v`/`acc<i>_r`, the value and index of its winner. Several
+        steps (`reduction_groups`) load each element's inputs once for all of them (BatchNorm's
+        backward reduces dy, dy * x_hat and their scaled forms over the same (N, H, W) per channel:
+        separate loops re-read every operand once per reduction). Loop and index names are the first
+        step's."""
+        i0, first = group[0]
+        has_r = rnumel != 1 and bool(first.inner_groups)
         shape = f"[XBLOCK, {block}]" if has_r else "[XBLOCK, 1]"
-        acc = f"acc{i}"
-        arg = rt in ("argmax", "argmin")
         loop = (loop or span is not None) and has_r
-        if loop:
-            self.line(f"{acc} = tl.full({shape}, {init}, {acc_t})")
-            if arg:
-                self.line(f"{acc}_i = tl.full({shape}, -1, tl.int64)")
-        rsyms = self._open_r(i, block, rnumel, loop, step.inner_groups, span)
-        idx = node_index(n, iter(xouter), n.ranges)
-        ridx = node_index(n, iter(rsyms), n.reduction_ranges)
-        x = ops.to_dtype(red.inner_fn(idx, ridx), src).name
-        live = f"r{i}mask" if has_r else None
-        rflat = f"r{i}index" if has_r else "0"
-        xv = f"tl.broadcast_to(({x}).to({acc_t}), {shape})"
-        if live:
-            xv = f"tl.where({live}, {xv}, tl.full([], {init}, {acc_t}))"
-        if arg:
-            iv = f"tl.broadcast_to(({rflat} + tl.zeros([], tl.int64)), {shape})"
-            if live:
-                iv = f"tl.where({live}, {iv}, tl.full([], -1, tl.int64))"
+        kinds = []
+        for i, step in group:
+            red = step.nodes[0].buf.data
+            acc_t, init = _acc_init(red.reduction_type, compute_dtype(red.src_dtype))
+            kinds.append((f"acc{i}", red.reduction_type, acc_t, init))
             if loop:
-                self.line(f"{acc}, {acc}_i = fl_{rt}_combine({acc}, {acc}_i, {xv}, {iv})")
+                self.line(f"acc{i} = tl.full({shape}, {init}, {acc_t})")
+                if red.reduction_type in ("argmax", "argmin"):
+                    self.line(f"acc{i}_i = tl.full({shape}, -1, tl.int64)")
+        rsyms = self._open_r(i0, block, rnumel, loop, first.inner_groups, span)
+        live = f"r{i0}mask" if has_r else None
+        rflat = f"r{i0}index" if has_r else "0"
+        out = []
+        for (i, step), (acc, rt, acc_t, init) in zip(group, kinds):
+            n = step.nodes[0]
+            red = n.buf.data
+            idx = node_index(n, iter(xouter), n.ranges)
+            ridx = node_index(n, iter(rsyms), n.reduction_ranges)
+            x = ops.to_dtype(red.inner_fn(idx, ridx), red.src_dtype).name
+            xv = f"tl.broadcast_to(({x}).to({acc_t}), {shape})"
+            if live:
+                xv = f"tl.where({live}, {xv}, tl.full([], {init}, {acc_t}))"
+            if rt in ("argmax", "argmin"):
+                iv = f"tl.broadcast_to(({rflat} + tl.zeros([], tl.int64)), {shape})"
+                if live:
+                    iv = f"tl.where({live}, {iv}, tl.full([], -1, tl.int64))"
+                if loop:
+                    self.line(f"{acc}, {acc}_i = fl_{rt}_combine({acc}, {acc}_i, {xv}, {iv})")
+                else:
+                    self.line(f"{acc} = {xv}")
+                    self.line(f"{acc}_i = {iv}")
+            elif loop:
+                self.line(f"{acc} = {_combine(rt, acc, xv)}")
             else:
                 self.line(f"{acc} = {xv}")
-                self.line(f"{acc}_i = {iv}")
-        elif loop:
-            self.line(f"{acc} = {_combine(rt, acc, xv)}")
-        else:
-            self.line(f"{acc} = {xv}")
+            out.append((n, idx))
         if loop:
             self.depth -= 1
         self.r_mask = self.r_block = None
-        if arg:
-            self.line(f"{acc}_v, {acc}_r = tl.reduce(({acc}, {acc}_i), 1, fl_{rt}_combine)")
-            return n, idx, f"tl.where({acc}_r < 0, 0, {acc}_r)"
-        return n, idx, _final(rt, acc)
+        done = []
+        for (n, idx), (acc, rt, _, _) in zip(out, kinds):
+            if rt in ("argmax", "argmin"):
+                self.line(f"{acc}_v, {acc}_r = tl.reduce(({acc}, {acc}_i), 1, fl_{rt}_combine)")
+                done.append((n, idx, f"tl.where({acc}_r < 0, 0, {acc}_r)"))
+            else:
+                done.append((n, idx, _final(rt, acc)))
+        return done
+
+    def reduction_groups(self, first: int, last: int) -> list:
+        """Steps first..last-1 of the kernel as runs [(i, step)] printed together: consecutive
+        reduction steps of one node each over the same inner dims, none reading another's result or
+        memory an earlier step of the kernel stored, share one loop (`_accumulate_many`); every
+        other step is a run of its own."""
+        k = self.k
+        runs: list = []
+        for i in range(first, last):
+            step = k.steps[i]
+            run = runs[-1] if runs else None
+            if run and step.kind == "reduction" and len(step.nodes) == 1 and self._joins(run, i, step):
+                run.append((i, step))
+            else:
+                runs.append([(i, step)])
+        return runs
+
+    def _joins(self, run, i, step) -> bool:
+        i0, head = run[0]
+        if head.kind != "reduction" or len(head.nodes) != 1 or step.inner != head.inner or \
+                step.inner_groups != head.inner_groups or not step.inner_groups:
+            return False
+        names = {s.nodes[0].name for _, s in run}
+        k = self.k
+        stored = {n.buf.name for s in k.steps[:i] for n in s.nodes if n.buf in k.stores}
+        reads = step.nodes[0].read_names
+        return not (reads & names) and not (reads & stored)
 
     def _scatter_copy(self) -> Launch:
         """The first kernel of a parallel scatter: the destination's initial values, a flat grid."""
