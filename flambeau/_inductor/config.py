@@ -103,6 +103,9 @@ triton_column_block: tuple = (64, 16)  # (XBLOCK, RBLOCK) of an outer (column) r
 # fewer than half this many programs (a full reduction: one) is cut into parts reduced in parallel
 # into a workspace, then combined by a second kernel (the interpreter runs programs one by one: few parts).
 triton_split_min: int = 8192
+# ... and of a column reduction (outputs contiguous in memory, the reduced dim strided: a per-channel sum
+# over a channels-last activation), whose blocks are XBLOCK outputs wide (triton_column_block).
+triton_split_min_column: int = 2048
 triton_split_programs: int = 512
 triton_interpret_split_programs: int = 4
 

@@ -41,7 +41,8 @@ def split_programs(interpret: bool) -> int:
 
 def would_split(xnumel, rnumel, column: bool, interpret: bool) -> bool:
     """Whether reductions of `rnumel` elements into `xnumel` outputs have too few programs for the GPU."""
-    if not isinstance(xnumel, int) or not isinstance(rnumel, int) or rnumel < config.triton_split_min:
+    least = min(config.triton_split_min, config.triton_split_min_column) if column else config.triton_split_min
+    if not isinstance(xnumel, int) or not isinstance(rnumel, int) or rnumel < least:
         return False
     xblock = config.triton_column_block[0] if column else 1
     return 2 * -(-xnumel // xblock) <= split_programs(interpret)
