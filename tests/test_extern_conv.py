@@ -25,6 +25,7 @@ from flambeau._inductor.sizevars import SizeExpr
 from flambeau._ops import nn_conv
 
 _live: list = []                  # every fake device array made, so a pointer finds its array
+executed: list = []               # the pointers (x, w, y) each fake plan execution was handed
 
 
 class DevArray(np.ndarray):
@@ -50,6 +51,11 @@ def _find(ptr, shape):
     for a in reversed(_live):
         if a.ctypes.data == ptr and a.shape == tuple(shape):
             return np.asarray(a)
+    n = int(np.prod(shape))
+    for a in reversed(_live):         # a dense run inside a flat array (a view's memory, no view made)
+        at, it = ptr - a.ctypes.data, a.itemsize
+        if a.ndim == 1 and a.flags.c_contiguous and 0 <= at and at % it == 0 and at // it + n <= a.size:
+            return np.asarray(a)[at // it:at // it + n].reshape(shape)
     raise AssertionError(f"no array at {ptr:#x} of shape {shape}")
 
 
@@ -60,7 +66,8 @@ class _FakePlan(cudnn._GraphPlan):
         self.kind, self.shapes, self.params = kind, (xs, ws, ys), (st, pad, dil, groups)
         self.ws, self.descs = 0, []
 
-    def execute(self, h, ptrs):
+    def execute(self, h, ptrs, *where, **kw):
+        executed.append(ptrs)
         (xs, ws, ys), (st, pad, dil, groups) = self.shapes, self.params
         x, w, y = (_find(p, s) for p, s in zip(ptrs, (xs, ws, ys)))
         t = lambda a: torch.from_numpy(np.array(a, np.float64))        # noqa: E731
@@ -89,12 +96,15 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(cudnn, "_plan", plan)
     monkeypatch.setattr(cudnn, "available", lambda: True)
     monkeypatch.setattr(cudnn, "_supported", lambda a, b: True)
-    monkeypatch.setattr(cudnn, "_handle", lambda: None)
+    monkeypatch.setattr(cudnn, "_handle", lambda *a: None)
     monkeypatch.setattr(cudnn, "_device_id", lambda: 0)
+    monkeypatch.setattr(cudnn, "_current_stream", lambda: 0)
     monkeypatch.setattr(cudnn, "_ALIGNMENT", 16)
     _live.clear()
+    executed.clear()
     yield xp, plans
     _live.clear()
+    executed.clear()
 
 
 def _extern(op, args, xp):
@@ -211,6 +221,48 @@ def test_a_first_call_that_copied_an_operand_is_not_planned(fake_cuda):
     assert extern_conv.stats["planned"] == before["planned"] and extern_conv.stats["eager"] == before["eager"] + 2
 
 
+def test_a_planned_convolution_reads_a_views_pointer_without_making_the_view(fake_cuda, monkeypatch):
+    """An operand that is a view (here 4 elements into a larger buffer) is planned too: later calls hand
+    cuDNN the buffer's pointer plus the view's byte offset without making the view (no _strided_device
+    call), and the values are PyTorch's; a buffer whose view would be misaligned runs the eager kernel."""
+    xp, plans = fake_cuda
+    _, kind, (x, w), make, ref = _case("forward", CASES[0][1])
+    pad = 4                                                   # elements: 16 bytes, aligned
+    base = InputBuffer("arg0", Layout((x.size + pad,), D.float32))
+    wbuf = _buf("arg1", w)
+    ek = types.SimpleNamespace(op=nn_conv.convolution, args=make([wrapper.StridedView(
+        base, Layout(x.shape, D.float32, offset=pad)), wbuf]), kwargs={}, inputs=lambda: [base, wbuf], name="buf9",
+        layout=Layout((1,), D.float32))
+    views = []
+
+    def strided(b, lay):                                      # the wrapper's device view, on the fake arrays
+        views.append(lay)
+        it = b.itemsize
+        return np.lib.stride_tricks.as_strided(np.asarray(b)[lay.offset:], lay.shape,
+                                               tuple(st * it for st in lay.strides)).view(DevArray)
+    monkeypatch.setattr(wrapper, "_strided_device", strided)
+    fn, bases, _ = wrapper.make_extern(ek, xp)
+
+    def flat(scale, at=pad):
+        b = np.zeros(x.size + at, np.float32).view(DevArray)
+        b[at:] = (x * scale).ravel()
+        return b
+    np.testing.assert_allclose(np.asarray(fn(flat(1.0), _dev(w))), ref, rtol=1e-5, atol=1e-5)
+    assert extern_conv.stats["planned"] and len(views) == 2     # (the eager call's and the planning's)
+    before = dict(extern_conv.stats)
+    b2 = flat(0.5)
+    got = fn(b2, _dev(w))
+    np.testing.assert_allclose(np.asarray(got), ref * 0.5, rtol=1e-5, atol=1e-5)
+    assert extern_conv.stats["fast"] == before["fast"] + 1 and len(views) == 2 and plans == [kind]
+    assert executed[-1][0] == b2.ctypes.data + 4 * pad and executed[-1][2] == got.ctypes.data
+    raw = np.zeros(x.size + pad + 1, np.float32).view(DevArray)
+    b3 = raw[1:]                                              # its view 20 bytes past an aligned address
+    b3[pad:] = x.ravel()
+    got = fn(b3, _dev(w))
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5)
+    assert extern_conv.stats["fast"] == before["fast"] + 1 and extern_conv.stats["eager"] == before["eager"] + 1
+
+
 def test_extern_arguments_are_built_once_constants_kept():
     """make_extern's getters: arrays placed where the buffers were, constants passed as they are (the
     same objects each call), nested tuples holding a buffer rebuilt; keyword arguments too."""
@@ -262,19 +314,24 @@ class _RecordingLib:
 def test_convolutions_share_the_streams_workspace_and_reuse_their_variant_pack(monkeypatch):
     """A graph plan's execution takes its workspace from the current stream's (cuBLASLt's, made once per
     device and stream) when that is large enough: two calls on the same pointers allocate nothing and
-    build one variant pack; a workspace larger than the shared one is allocated per call."""
+    build one variant pack. A larger workspace is the stream's large one, kept: allocated at the first
+    call that needs it and again only when a call needs more (so its pointer, and the variant pack,
+    stay); `release_workspaces` drops it; benchmarking (`keep=False`) allocates one per call."""
     from flambeau._backends import cublaslt
     made = []
 
     class Arr:
         def __init__(self, n):
             made.append(n)
+            self.nbytes = n
             self.data = types.SimpleNamespace(ptr=0x10000 * len(made))
     cupy = types.SimpleNamespace(empty=lambda n, dtype=None: Arr(n), uint8=np.uint8)
     cupy.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=7))
     monkeypatch.setitem(__import__("sys").modules, "cupy", cupy)
     monkeypatch.setattr(cudnn, "_device_id", lambda: 0)
+    monkeypatch.setattr(cudnn, "_current_stream", lambda: 7)
     monkeypatch.setattr(cublaslt, "_workspaces", {})
+    monkeypatch.setattr(cudnn, "_large_workspaces", {})
     lib = _RecordingLib()
     plan = object.__new__(cudnn._GraphPlan)
     plan.lib, plan.plan, plan.uids, plan.descs, plan.ws = lib, None, (cudnn.ctypes.c_int64 * 3)(1, 2, 3), [], 4096
@@ -284,10 +341,24 @@ def test_convolutions_share_the_streams_workspace_and_reuse_their_variant_pack(m
     assert made == [cublaslt.WORKSPACE_BYTES]                 # the stream's workspace, made once
     assert lib.packs == 1 and len({p for p, _ in lib.executed}) == 1
     assert lib.executed[0][1] == cublaslt._workspaces[(0, 7)].data.ptr
-    plan.ws = cublaslt.WORKSPACE_BYTES + 1
+    big = cublaslt.WORKSPACE_BYTES + 1
+    plan.ws = big
+    for _ in range(3):
+        plan.execute(None, (0x100, 0x200, 0x300))
+    assert made[1:] == [big]                                  # the stream's large workspace, made once
+    assert lib.packs == 2 and lib.executed[-1][1] == lib.executed[-2][1] == cudnn._large_workspaces[(0, 7)].data.ptr
+    plan.ws = big - 1                                         # a smaller one: the same workspace, pack
+    plan.execute(None, (0x100, 0x200, 0x300))
+    assert made[1:] == [big] and lib.packs == 2
+    plan.ws = big + 1                                         # a larger one: grown
     plan.execute(None, (0x100, 0x200, 0x300))
     plan.execute(None, (0x100, 0x200, 0x300))
-    assert made[1:] == [cublaslt.WORKSPACE_BYTES + 1] * 2      # larger than it: one allocation a call
+    assert made[1:] == [big, big + 1] and lib.packs == 3
+    plan.execute(None, (0x100, 0x200, 0x300), keep=False)    # benchmarking: one allocation a call, none kept
+    plan.execute(None, (0x100, 0x200, 0x300), keep=False)
+    assert made[1:] == [big, big + 1, big + 1, big + 1] and cudnn._large_workspaces[(0, 7)].nbytes == big + 1
+    cudnn.release_workspaces()
+    assert cudnn._large_workspaces == {}
 
 
 # ---- on the GPU machine ----------------------------------------------------------------------------

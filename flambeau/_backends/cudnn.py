@@ -226,9 +226,11 @@ def _check(status, what):
         raise RuntimeError(f"cuDNN error: {msg} (status {status}) in {what}")
 
 
-def _handle():
-    import cupy  # deferred: optional dependency, present only where cuda is used
-    dev = cupy.cuda.runtime.getDevice()
+def _handle(dev=None, stream=None):
+    """This thread's cuDNN handle of device `dev` (the current one by default), bound to `stream` (a
+    stream pointer; the current stream by default)."""
+    if dev is None:
+        dev = _device_id()
     handles = getattr(_local, "handles", None)
     if handles is None:
         handles = _local.handles = {}
@@ -238,11 +240,23 @@ def _handle():
         _check(_state["lib"].cudnnCreate(ctypes.byref(h)), "cudnnCreate")
         handles[dev] = h
         h.stream = None
-    stream = cupy.cuda.get_current_stream().ptr
+    if stream is None:
+        stream = _current_stream()
     if h.stream != stream:
         _check(_state["lib"].cudnnSetStream(h, stream), "cudnnSetStream")
         h.stream = stream
     return h
+
+
+def _current_stream() -> int:
+    """The current CuPy stream's pointer."""
+    if not _stream_query:
+        import cupy  # deferred: optional dependency, present only where cuda is used
+        _stream_query.append(cupy.cuda.get_current_stream)
+    return _stream_query[0]().ptr
+
+
+_stream_query: list = []
 
 
 # ---- descriptors and plans -----------------------------------------------------------------------
@@ -531,11 +545,11 @@ class _GraphPlan:
         timed = []
         for plan, ws in plans:           # benchmark: time each candidate once after a warm-up
             self.plan, self.ws = plan, ws
-            try:
-                self.execute(h, ptrs)
+            try:                         # (a candidate's workspace is not kept: see `_workspace`)
+                self.execute(h, ptrs, keep=False)
                 start, end = cupy.cuda.Event(), cupy.cuda.Event()
                 start.record()
-                self.execute(h, ptrs)
+                self.execute(h, ptrs, keep=False)
                 end.record()
                 end.synchronize()
                 timed.append((cupy.cuda.get_elapsed_time(start, end), plan, ws))
@@ -552,13 +566,21 @@ class _GraphPlan:
             return a, b, out
         return (out, a, b) if self.kind == "backward_data" else (a, out, b)
 
-    def execute(self, h, ptrs):
-        """Run on data pointers (x, w, y) -- the roles of the forward convolution. Variant packs are
-        kept for the last `_VARIANT_PACKS` pointer sets: in a training loop CuPy's pool hands the same
-        blocks back, and the workspace is the stream's (`_workspace`), so most calls reuse one (six
-        fewer cuDNN calls, about 20 us)."""
-        ws = _workspace(self.ws) if self.ws else None
-        key = ptrs + (ws.data.ptr if ws is not None else 0,)
+    def execute(self, h, ptrs, dev=None, stream=None, keep=True):
+        """Run on data pointers (x, w, y) -- the roles of the forward convolution -- on stream `stream`
+        of device `dev` (the current ones by default; `h` bound to them). Variant packs are kept for the
+        last `_VARIANT_PACKS` pointer sets: in a training loop CuPy's pool hands the same blocks back,
+        and the workspace is the stream's (`_workspace`), so most calls reuse one (six fewer cuDNN
+        calls, about 20 us). `keep=False`: a workspace larger than cuBLASLt's is allocated for this
+        call only (benchmarking candidates)."""
+        if not self.ws:
+            key = ptrs + (0,)
+        elif keep or self.ws <= cublaslt.WORKSPACE_BYTES:
+            key = ptrs + (_workspace(self.ws, dev, stream).data.ptr,)
+        else:
+            import cupy  # deferred: optional dependency, present only where cuda is used
+            ws = cupy.empty(self.ws, dtype=cupy.uint8)
+            key = ptrs + (ws.data.ptr,)
         packs = self.__dict__.setdefault("packs", {})
         pack = packs.pop(key, None)
         if pack is None:
@@ -717,26 +739,53 @@ def record_calls():
         _recorded.remove(seen)
 
 
-def _workspace(nbytes: int):
-    """Scratch of `nbytes` for one convolution on the current stream: the stream's cuBLASLt workspace
-    (`cublaslt.WORKSPACE_BYTES`, made once per device and stream; the convolutions and products queued
-    on one stream run one after another, so they may share it) when it is large enough, else a fresh
-    allocation (its memory back to CuPy's pool once the call has queued the convolution)."""
+def _workspace(nbytes: int, dev=None, stream=None):
+    """Scratch of `nbytes` for one convolution on stream `stream` of device `dev` (the current ones by
+    default): the stream's cuBLASLt workspace (`cublaslt.WORKSPACE_BYTES`, made once per device and
+    stream; the convolutions and products queued on one stream run one after another, so they may share
+    it) when it is large enough, else the stream's large convolution workspace, kept and grown to the
+    largest size asked for (`_large_workspaces`): its pointer stays the same call after call, so the
+    plans' variant packs keep matching, and no call allocates. `release_workspaces` gives it back."""
     import cupy  # deferred: optional dependency, present only where cuda is used
+    if dev is None:
+        dev = _device_id()
+    if stream is None:
+        stream = _current_stream()
     if nbytes <= cublaslt.WORKSPACE_BYTES:
-        return cublaslt._workspace(cupy, _device_id(), cupy.cuda.get_current_stream().ptr)
-    return cupy.empty(nbytes, dtype=cupy.uint8)
+        return cublaslt._workspace(cupy, dev, stream)
+    ws = _large_workspaces.get((dev, stream))
+    if ws is None or ws.nbytes < nbytes:
+        _large_workspaces.pop((dev, stream), None)        # (the old one back to the pool first)
+        ws = _large_workspaces[(dev, stream)] = cupy.empty(nbytes, dtype=cupy.uint8)
+    return ws
+
+
+_large_workspaces: dict = {}     # (device, stream) -> the largest convolution workspace over cuBLASLt's
+
+
+def release_workspaces() -> None:
+    """Drop the kept large convolution workspaces (`flambeau.cuda.empty_cache`): their memory goes back
+    to CuPy's pool; a later convolution that needs one allocates it again."""
+    _large_workspaces.clear()
+
+
+def run_pointers(kind, plan, pa: int, pb: int, pout: int, dev: int, stream: int) -> None:
+    """`_run` of a graph-API plan on data pointers, on stream `stream` of device `dev` (a compiled
+    graph's planned convolution, _inductor/extern_conv.py: its operands checked there)."""
+    plan.execute(_handle(dev, stream), plan.roles(pa, pb, pout), dev, stream)
+    calls[kind] += 1
 
 
 def _run(kind, plan, a, b, out):
     """Run one convolution call: `a`, `b` the two inputs in the call's order, `out` the result."""
     if _recorded:
         _recorded[-1].append((kind, plan, a, b, out))
-    lib, h = _state["lib"], _handle()
     if isinstance(plan, _GraphPlan):
-        plan.execute(h, plan.roles(a.data.ptr, b.data.ptr, out.data.ptr))
+        dev, stream = _device_id(), _current_stream()
+        plan.execute(_handle(dev, stream), plan.roles(a.data.ptr, b.data.ptr, out.data.ptr), dev, stream)
         calls[kind] += 1
         return out
+    lib, h = _state["lib"], _handle()
     ws = _workspace(plan.ws) if plan.ws else None
     da, db, dc, dd = plan._descs()
     fn = {"forward": lib.cudnnConvolutionForward, "backward_data": lib.cudnnConvolutionBackwardData,

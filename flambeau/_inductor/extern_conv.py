@@ -28,10 +28,13 @@ def _flags() -> tuple:
     return C.enabled, C.allow_tf32, C.deterministic, C.benchmark, C.use_graph_api
 
 
-def planned_convolution(op_name: str, arguments, eager, empty):
+def planned_convolution(op_name: str, arguments, eager, empty, sources=()):
     """fn(*arrays) -> the extern's output, planned at its first call. `arguments(arrays, None)` gives
     the kernel's positional arguments (operand arrays, bias, constants); `eager(*arrays)` is the
-    extern's general call; `empty(shape, dtype)` allocates on the graph's device."""
+    extern's general call; `empty(shape, dtype)` allocates on the graph's device. `sources[j]` tells
+    where kernel argument j comes from (wrapper.operand_source: the index of its array in the call's
+    arrays, and for a view of it the byte offset and strides; None: unknown): a planned operand that
+    has one is read as a pointer, without making its view."""
     state: dict = {}
     bias_at = 2 if op_name == "convolution" else None
 
@@ -44,7 +47,7 @@ def planned_convolution(op_name: str, arguments, eager, empty):
         elif "fast" not in state:
             with C.record_calls() as seen:
                 r = eager(*arrays)
-            state["fast"] = _plan(seen, r, arguments, arrays, bias_at, empty)
+            state["fast"] = _plan(seen, r, arguments, arrays, bias_at, empty, sources)
             stats["planned"] += state["fast"] is not None
             stats["eager"] += 1
             return r
@@ -70,7 +73,7 @@ def _allocator(out, empty):
     return lambda: empty(permuted, dtype).transpose(back)
 
 
-def _plan(seen, result, arguments, arrays, bias_at, empty):
+def _plan(seen, result, arguments, arrays, bias_at, empty, sources=()):
     """The per-call function (arrays -> output, or None where a check fails) of a convolution whose
     first (eager) call made the cuDNN calls `seen` and returned `result`, or None when it cannot be
     planned."""
@@ -95,6 +98,11 @@ def _plan(seen, result, arguments, arrays, bias_at, empty):
     bshape = (1, -1) + (1,) * (out.ndim - 2)
     flags, dev = _flags(), C._device_id()
     run, device_id = C._run, C._device_id
+    pointers = isinstance(plan, C._GraphPlan) and _pointer_fast(
+        kind, plan, [sources[j] if j < len(sources) else None for j in where], (sa, sb), alloc,
+        None if bias is None else (lambda arrays: arguments(arrays, None)[0][bias_at]), bshape, flags, dev)
+    if pointers:
+        return pointers
 
     def fast(arrays):
         vals = arguments(arrays, None)[0]
@@ -106,6 +114,37 @@ def _plan(seen, result, arguments, arrays, bias_at, empty):
         run(kind, plan, x, y, r)
         if bias is not None:
             r += vals[bias_at].reshape(bshape)
+        stats["fast"] += 1
+        return r
+    return fast
+
+
+def _pointer_fast(kind, plan, sources, strides, alloc, bias_of, bshape, flags, dev):
+    """The per-call function of a graph-API plan whose two operands both have a known source
+    (`planned_convolution`'s `sources`): the operands' pointers read from the call's arrays (a view's
+    at its byte offset, with its fixed strides; an array itself checked for the first call's strides),
+    no view and no argument list made; None when an operand's source is unknown or disagrees with
+    what the first call saw."""
+    if any(s is None for s in sources):
+        return None
+    (ia, oa, va), (ib, ob, vb) = sources
+    sa, sb = strides
+    if (va is not None and va != sa) or (vb is not None and vb != sb):
+        return None                     # (a view's strides are its layout's: what the first call saw)
+    check_a, check_b = va is None, vb is None
+    oa, ob = oa or 0, ob or 0
+    run, device_id, stream = C.run_pointers, C._device_id, C._current_stream
+
+    def fast(arrays):
+        x, y = arrays[ia], arrays[ib]
+        px, py = x.data.ptr + oa, y.data.ptr + ob
+        if (px | py) % ALIGN or (check_a and x.strides != sa) or (check_b and y.strides != sb) or \
+                _flags() != flags or device_id() != dev:
+            return None
+        r = alloc()
+        run(kind, plan, px, py, r.data.ptr, dev, stream())
+        if bias_of is not None:
+            r += bias_of(arrays).reshape(bshape)
         stats["fast"] += 1
         return r
     return fast

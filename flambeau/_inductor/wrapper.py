@@ -155,6 +155,21 @@ def _getter(a, index: dict):
     return None
 
 
+def operand_source(a, index: dict):
+    """(i, byte offset, byte strides) of an extern argument that is array `i` of the call's arrays as
+    it is (offset and strides None) or a non-empty view of it with a static layout, else None: where
+    a pointer can be read without making the view (extern_conv's planned convolutions)."""
+    if isinstance(a, StridedView):
+        lay = a.layout
+        if lay.is_symbolic() or not all(lay.shape):
+            return None
+        it = a.dtype.itemsize
+        return index[a.base.name], lay.offset * it, tuple(st * it for st in lay.strides)
+    if isinstance(a, Buffer):
+        return index[a.name], None, None
+    return None
+
+
 def _arguments(args: tuple, kwargs: dict, index: dict):
     """fn(arrays, env) -> (positional list, keyword dict) of an extern call: the constants placed once,
     the getters (`_getter`) filling in the rest."""
@@ -236,7 +251,8 @@ def make_extern(ek, xp=np):
         return extern_gemm.planned_product(args, index, lambda arrays: arguments(arrays, None)[0], call), bases, False
     if xp is not np and getattr(ek.op, "name", None) in extern_conv.CONVOLUTIONS and not kwargs and not symbolic \
             and not multi:
-        return extern_conv.planned_convolution(ek.op.name, arguments, call, xp.empty), bases, False
+        return extern_conv.planned_convolution(ek.op.name, arguments, call, xp.empty,
+                                               [operand_source(a, index) for a in args[:2]]), bases, False
     return call, bases, symbolic
 
 

@@ -139,6 +139,8 @@ def memory_reserved(device=None) -> int:
 
 def empty_cache() -> None:
     if is_available():
+        from .._backends import cudnn  # deferred: ctypes bindings, loaded on use
+        cudnn.release_workspaces()            # the kept large convolution workspaces, then the pool's free blocks
         _cupy().get_default_memory_pool().free_all_blocks()
 
 
