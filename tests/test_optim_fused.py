@@ -9,6 +9,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -90,3 +91,106 @@ def test_fused_cases_on_cuda(case, monkeypatch):
     assert calls, "the fused kernel did not run"
     for t, f in zip(theirs, ours):
         np.testing.assert_allclose(f, t, rtol=1e-5, atol=1e-6)
+
+
+# ---- the fused step's bookkeeping, on cpu: fake cuda tensors, the kernel's update in NumPy ----------------
+class _DevArray(np.ndarray):
+    """A NumPy array with CuPy's `.data.ptr` (its address)."""
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+
+def _fake_kernel(monkeypatch):
+    """triton_adam's launches replaced by the kernel's update in float32 NumPy on the arrays at the
+    pointers they are handed; returns (launch records [(tensors, step)], `Arrays` made)."""
+    from flambeau import _backends
+    from flambeau._backends import triton_adam, triton_launch
+    at: dict = {}
+    launches, made = [], []
+
+    def register(a):
+        at[a.ctypes.data] = a
+        return a
+
+    def update(ps, gs, ms, vs, *, lr, beta1, beta2, eps, weight_decay, step, amsgrad, maximize, decoupled):
+        assert decoupled and not amsgrad and not maximize
+        bc1, bc2 = 1 - beta1 ** step, (1 - beta2 ** step) ** 0.5
+        for p, g, m, v in zip(ps, gs, ms, vs):
+            p *= np.float32(1 - lr * weight_decay)
+            m[...] = beta1 * m + (1 - beta1) * g
+            v[...] = beta2 * v + (1 - beta2) * g * g
+            p -= (lr / bc1) * m / (np.sqrt(v) / bc2 + eps)
+        launches.append((len(ps), step))
+
+    def launch(arrays, grad_ptrs, **kw):
+        p, m, v, _ = arrays.rows
+        update(*([at[a] for a in row] for row in (p, grad_ptrs, m, v)), **kw)
+
+    def step(params, grads, exp_avgs, exp_avg_sqs, vmaxs, **kw):
+        update(params, grads, exp_avgs, exp_avg_sqs, **kw)
+
+    real_arrays = triton_adam.Arrays
+    monkeypatch.setattr(triton_adam, "Arrays", lambda *a: made.append(1) or real_arrays(*a))
+    monkeypatch.setattr(triton_adam, "launch", launch)
+    monkeypatch.setattr(triton_adam, "step", step)
+    monkeypatch.setattr(triton_launch, "available", lambda: True)
+    monkeypatch.setitem(_backends._backends, "cuda", _backends.Backend("cuda", np))   # the usual path: NumPy
+    monkeypatch.setitem(_backends.array_namespaces, "cuda", np)
+    return register, launches, made
+
+
+def test_fused_step_keeps_its_plan_while_the_arrays_stay_and_matches_torch(monkeypatch):
+    """AdamW over fake cuda tensors: each step's new gradients go through one launch, the parameters'
+    and states' arrays worked out once (one `Arrays`) while they stay; a parameter given new memory makes
+    a new plan; a transposed gradient sends its parameter the usual way for that step; uneven step
+    counts take one launch per count. Parameters as torch.optim.AdamW's (cpu, float32) throughout."""
+    from flambeau._device import device
+    from flambeau._tensor import Tensor
+    register, launches, made = _fake_kernel(monkeypatch)
+    cuda = device("cuda")
+    rng = np.random.default_rng(0)
+    shapes = ((5, 7), (7,), (3, 4))
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+    def dev(a):
+        return Tensor._make(register(np.array(a, np.float32).view(_DevArray)), cuda)
+    fp = [dev(a) for a in init]
+    for p in fp:
+        p.requires_grad_(True)
+    tp = [torch.tensor(a, requires_grad=True) for a in init]
+    hyper = dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
+    fopt = flambeau.optim.AdamW(fp, **hyper)
+    topt = torch.optim.AdamW(tp, **hyper, foreach=False)
+    for p in fp:                                       # the states, made on the fake device
+        fopt.state[p].update(step=flambeau.tensor(0.0), exp_avg=dev(np.zeros(p.shape)),
+                             exp_avg_sq=dev(np.zeros(p.shape)))
+
+    def step(transposed=None):
+        for i, (f, t) in enumerate(zip(fp, tp)):
+            g = rng.standard_normal(f.shape).astype(np.float32)
+            t.grad = torch.tensor(g)
+            arr = register(np.array(g).view(_DevArray)) if i != transposed else \
+                register(np.ascontiguousarray(g.T).view(_DevArray)).T      # the same values, column-major
+            f.grad = Tensor._make(arr, cuda)
+        fopt.step()
+        topt.step()
+        for f, t in zip(fp, tp):
+            np.testing.assert_allclose(np.asarray(f._data), t.detach().numpy(), rtol=1e-5, atol=1e-6)
+    for _ in range(3):
+        step()
+    assert made == [1] and launches == [(3, 1.0), (3, 2.0), (3, 3.0)]
+    new = rng.standard_normal(shapes[1]).astype(np.float32)   # new memory for one parameter
+    fp[1]._data = register(new.copy().view(_DevArray))
+    with torch.no_grad():
+        tp[1].copy_(torch.tensor(new))
+    step()
+    assert made == [1, 1] and launches[-1] == (3, 4.0)
+    step(transposed=0)                                  # its gradient column-major: the usual path this step
+    assert made == [1, 1] and launches[-1] == (2, 5.0)
+    assert float(fopt.state[fp[0]]["step"]) == 5.0
+    fopt.state[fp[2]]["step"].fill_(9.0)                # uneven step counts
+    topt.state[tp[2]]["step"].fill_(9.0)
+    step()
+    assert sorted(launches[-2:]) == [(1, 10.0), (2, 6.0)]

@@ -139,23 +139,47 @@ def supported(p, g, *states) -> bool:
             and same_dense_layout((p, g) + states))
 
 
+class Arrays:
+    """What a step needs of the arrays that stay from step to step (parameters, moments, amsgrad maxima):
+    their address rows, element counts and alignment, read once (a CuPy array's memory never moves), and
+    the kernels compiled per variant. `launch` adds each step's gradient addresses."""
+    __slots__ = ("rows", "numels", "aligned", "kernels")
+
+    def __init__(self, params, exp_avgs, exp_avg_sqs, vmaxs):
+        self.rows = [tuple(a.data.ptr for a in arrays) for arrays in (params, exp_avgs, exp_avg_sqs, vmaxs)]
+        self.numels = tuple(int(p.size) for p in params)
+        self.aligned = all(a % ALIGN_BYTES == 0 for row in self.rows for a in row)
+        self.kernels: dict = {}
+
+
 def step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, lr, beta1: float, beta2: float,
          eps: float, weight_decay: float, step: float, amsgrad: bool, maximize: bool, decoupled: bool) -> None:
     """Update float32 CuPy arrays in place (see `supported`, each gradient shaped as its parameter).
     `lr` is a float or a CuPy float scalar array; `step` the step count of every tensor."""
+    launch(Arrays(params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else exp_avgs),
+           [g.data.ptr for g in grads], lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+           step=step, amsgrad=amsgrad, maximize=maximize, decoupled=decoupled)
+
+
+def launch(arrays: Arrays, grad_ptrs: list, *, lr, beta1: float, beta2: float, eps: float, weight_decay: float,
+           step: float, amsgrad: bool, maximize: bool, decoupled: bool) -> None:
+    """`step` on the arrays `arrays` describes and gradients at `grad_ptrs` (one a parameter)."""
     import cupy  # deferred: optional dependency, present only where cuda is used
-    vmaxs = max_exp_avg_sqs if amsgrad else exp_avgs
-    addresses = [[a.data.ptr for a in arrays] for arrays in (params, grads, exp_avgs, exp_avg_sqs, vmaxs)]
-    numels = [int(p.size) for p in params]
-    key = (cupy.cuda.Device().id, tuple(numels), *map(tuple, addresses))
-    dev, n_chunks = _device_table(key, addresses, numels)
-    aligned = all(a % ALIGN_BYTES == 0 for row in addresses for a in row)
+    p, m, v, vmax = arrays.rows
+    addresses = (p, tuple(grad_ptrs), m, v, vmax)
+    numels = arrays.numels
+    device = cupy.cuda.Device().id
+    dev, n_chunks = _device_table((device, numels, *addresses), addresses, numels)
+    aligned = arrays.aligned and all(a % ALIGN_BYTES == 0 for a in grad_ptrs)
     on_device = isinstance(lr, cupy.ndarray)
-    kern = TL.compile_kernel(_adam_chunks, SIGNATURE, dict(CHUNK=CHUNK, BLOCK=BLOCK, AMSGRAD=bool(amsgrad),
-                                                           MAXIMIZE=bool(maximize), DECOUPLED=bool(decoupled),
-                                                           LR_ON_DEVICE=on_device, ALIGNED=aligned),
-                             num_warps=NUM_WARPS, num_stages=1)
-    T = len(params)
+    variant = (bool(amsgrad), bool(maximize), bool(decoupled), on_device, aligned, device)
+    kern = arrays.kernels.get(variant)
+    if kern is None:
+        kern = arrays.kernels[variant] = TL.compile_kernel(
+            _adam_chunks, SIGNATURE, dict(CHUNK=CHUNK, BLOCK=BLOCK, AMSGRAD=variant[0], MAXIMIZE=variant[1],
+                                          DECOUPLED=variant[2], LR_ON_DEVICE=on_device, ALIGNED=aligned),
+            num_warps=NUM_WARPS, num_stages=1)
+    T = len(numels)
     base = dev.data.ptr
     tab, num, ct, ci = (TL.Ptr(base + 8 * o) for o in table_offsets(T, n_chunks))
     lr_ptr = TL.Ptr(lr.astype(np.float32, copy=False).data.ptr) if on_device else TL.Ptr(0)

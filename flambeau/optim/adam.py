@@ -5,6 +5,7 @@ once on a group's flat arrays."""
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -46,6 +47,64 @@ def _weight_decay(p, g, group, decoupled):
     return g + wd * p
 
 
+_data_of = operator.attrgetter("_data")
+
+
+class _FusedPlan:
+    """One parameter group's fused step, worked out for the parameters that had gradients: which of them
+    the kernel takes (cuda, float32, one dense layout with their states: `triton_adam.supported`), their
+    step counters and version counters, and `triton_adam.Arrays` of their arrays. `holds` says whether a
+    later step brings the same parameters with the same arrays, state dicts and state tensors (all held
+    here, so no id is reused meanwhile); `gradients` checks each step's gradients against the layouts."""
+
+    def __init__(self, params, state, amsgrad: bool, triton_adam):
+        self.ids = tuple(map(id, params))
+        self.amsgrad = amsgrad
+        self.held = []          # per parameter: (it, its array, its state dict, the dict's tensors, their arrays)
+        for p in params:
+            st = state[p]
+            tensors = tuple(st.values())
+            self.held.append((p, p._data, st, tensors, tuple(map(_data_of, tensors))))
+        # (the parameter standing in for its gradient: each step's gradients are checked in `gradients`)
+        self.taken = [p for p in params if p.device.type == "cuda" and triton_adam.supported(
+            p._data, p._data, *(v._data for k, v in state[p].items() if k != "step"))]
+        self.one_device = len({str(p.device) for p in self.taken}) <= 1
+        taken = set(map(id, self.taken))
+        self.rest = [p for p in params if id(p) not in taken]
+        self.states = [state[p] for p in self.taken]
+        self.layouts = [(p._data.shape, p._data.strides) for p in self.taken]
+        self.steps = [st["step"]._data for st in self.states]
+        self.step_versions = [st["step"]._version for st in self.states]
+        self.versions = [p._version for p in self.taken] + [
+            st[n]._version for st in self.states for n in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if n in st]
+        rows = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq" if amsgrad else "exp_avg")
+        self.arrays = triton_adam.Arrays([p._data for p in self.taken], *(
+            [st[n]._data for st in self.states] for n in rows)) if self.taken else None
+
+    def holds(self, params, state, amsgrad: bool) -> bool:
+        """Whether these are the planned parameters with the same arrays, state dicts and state tensors."""
+        if amsgrad != self.amsgrad or tuple(map(id, params)) != self.ids:
+            return False
+        is_ = operator.is_
+        for p, data, st, tensors, arrays in self.held:
+            if p._data is not data or state.get(p) is not st or len(st) != len(tensors) or \
+                    not all(map(is_, st.values(), tensors)) or not all(map(is_, map(_data_of, tensors), arrays)):
+                return False
+        return True
+
+    def gradients(self, triton_adam) -> tuple:
+        """(the taken parameters' gradient arrays, ids of the taken parameters whose gradient the kernel
+        does not take this step: another dtype or layout)."""
+        grads, others = [], set()
+        for p, (shape, strides), st in zip(self.taken, self.layouts, self.states):
+            g = p._grad._data
+            if g.dtype != np.float32 or g.shape != shape or (g.strides != strides and not triton_adam.supported(
+                    p._data, g, *(v._data for k, v in st.items() if k != "step"))):
+                others.add(id(p))
+            grads.append(g)
+        return grads, others
+
+
 class Adam(Optimizer):
     _state_names = ("exp_avg", "exp_avg_sq")
 
@@ -68,7 +127,9 @@ class Adam(Optimizer):
 
     def _fused_step(self, group, params) -> list:
         """fused=True (or unset with foreach unset, where PyTorch would pick foreach): the float32 cuda
-        parameters in one Triton launch per step count (`triton_adam`); the rest go the usual way."""
+        parameters in one Triton launch per step count (`triton_adam`); the rest go the usual way.
+        What stays from step to step (which parameters the kernel takes, their and their states' arrays
+        and addresses) is kept per group (`_FusedPlan`) while the same tensors and arrays come back."""
         fused = group.get("fused")
         if fused is None:
             fused = group.get("foreach") is None and not group.get("differentiable") and all(
@@ -76,20 +137,54 @@ class Adam(Optimizer):
         if not fused or not triton_launch.available():
             return params
         from .._backends import triton_adam  # deferred: imports Triton, optional (cuda only)
-        taken = [p for p in params if p.device.type == "cuda" and triton_adam.supported(
-            p._data, p.grad._data, *(v._data for k, v in self.state[p].items() if k != "step"))]
-        if not taken:
+        plans = self.__dict__.setdefault("_fused_plans", {})
+        plan = plans.get(id(group))
+        if plan is None or not plan.holds(params, self.state, group["amsgrad"]):
+            plan = plans[id(group)] = _FusedPlan(params, self.state, group["amsgrad"], triton_adam)
+        if not plan.taken:
             return params
+        grads, others = plan.gradients(triton_adam)
+        if others or not plan.one_device:    # a gradient the kernel does not take: those go the usual way
+            fused = [p for p in plan.taken if id(p) not in others]
+            self._fused_groups(group, fused, triton_adam)
+            fused = set(map(id, fused))
+            return [p for p in params if id(p) not in fused]
+        steps = plan.steps
+        for st in steps:
+            st[...] += 1
+        first = float(steps[0])
+        if any(float(st) != first for st in steps):     # uneven step counts: one launch per count
+            self._fused_groups(group, plan.taken, triton_adam, counted=True)
+            return plan.rest
+        for ver in plan.step_versions:
+            ver[0] += 1
+        triton_adam.launch(plan.arrays, [g.data.ptr for g in grads], lr=self._fused_lr(group), beta1=group["betas"][0],
+                           beta2=group["betas"][1], eps=group["eps"], weight_decay=group["weight_decay"], step=first,
+                           amsgrad=group["amsgrad"], maximize=group["maximize"],
+                           decoupled=group["decoupled_weight_decay"])
+        for ver in plan.versions:
+            ver[0] += 1
+        return plan.rest
+
+    @staticmethod
+    def _fused_lr(group):
+        lr = group["lr"]
+        if isinstance(lr, Tensor):
+            return lr._data if lr.device.type == "cuda" else float(lr.item())
+        return lr
+
+    def _fused_groups(self, group, taken, triton_adam, counted=False) -> None:
+        """The fused step of `taken` (parameters the kernel takes), one launch per device and step
+        count; their step counts already advanced when `counted`."""
         by_step: dict = {}
         for p in taken:
             step = self.state[p]["step"]
-            step._data[...] += 1
+            if not counted:
+                step._data[...] += 1
             step._version[0] += 1
             by_step.setdefault((str(p.device), float(step._data)), []).append(p)
         b1, b2 = group["betas"]
-        lr = group["lr"]
-        if isinstance(lr, Tensor):
-            lr = lr._data if lr.device.type == "cuda" else float(lr.item())
+        lr = self._fused_lr(group)
         for (_, step), ps in by_step.items():
             states = [self.state[p] for p in ps]
             triton_adam.step([p._data for p in ps], [p.grad._data for p in ps], [s["exp_avg"]._data for s in states],
@@ -103,8 +198,6 @@ class Adam(Optimizer):
                 for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
                     if name in s:
                         s[name]._version[0] += 1
-        kept = set(map(id, taken))
-        return [p for p in params if id(p) not in kept]
 
     def _update(self, xp, p, g, s, step, group, ex):
         b1, b2 = group["betas"]
