@@ -145,7 +145,8 @@ def test_fused_step_keeps_its_plan_while_the_arrays_stay_and_matches_torch(monke
     """AdamW over fake cuda tensors: each step's new gradients go through one launch, the parameters'
     and states' arrays worked out once (one `Arrays`) while they stay; a parameter given new memory makes
     a new plan; a transposed gradient sends its parameter the usual way for that step; uneven step
-    counts take one launch per count. Parameters as torch.optim.AdamW's (cpu, float32) throughout."""
+    counts take one launch per count; a state tensor replaced makes a new plan. Parameters as
+    torch.optim.AdamW's (cpu, float32) throughout."""
     from flambeau._device import device
     from flambeau._tensor import Tensor
     register, launches, made = _fake_kernel(monkeypatch)
@@ -174,6 +175,10 @@ def test_fused_step_keeps_its_plan_while_the_arrays_stay_and_matches_torch(monke
             arr = register(np.array(g).view(_DevArray)) if i != transposed else \
                 register(np.ascontiguousarray(g.T).view(_DevArray)).T      # the same values, column-major
             f.grad = Tensor._make(arr, cuda)
+        for st in fopt.state.values():                 # (the usual path may have given a state new arrays)
+            for v in st.values():
+                if isinstance(v._data, _DevArray):
+                    register(v._data)
         fopt.step()
         topt.step()
         for f, t in zip(fp, tp):
@@ -194,3 +199,10 @@ def test_fused_step_keeps_its_plan_while_the_arrays_stay_and_matches_torch(monke
     topt.state[tp[2]]["step"].fill_(9.0)
     step()
     assert sorted(launches[-2:]) == [(1, 10.0), (2, 6.0)]
+    fopt.state[fp[2]]["step"].fill_(6.0)
+    topt.state[tp[2]]["step"].fill_(6.0)
+    fopt.state[fp[1]]["exp_avg"] = dev(np.zeros(shapes[1]))     # a state tensor replaced: a new plan
+    topt.state[tp[1]]["exp_avg"] = torch.zeros(shapes[1])
+    n = len(made)
+    step()
+    assert len(made) == n + 1 and launches[-1] == (3, 7.0)

@@ -47,7 +47,8 @@ def _weight_decay(p, g, group, decoupled):
     return g + wd * p
 
 
-_data_of = operator.attrgetter("_data")
+_data_of, _grad_of = operator.attrgetter("_data"), operator.attrgetter("_grad")
+_layout_of = operator.attrgetter("dtype", "shape", "strides")
 
 
 class _FusedPlan:
@@ -55,16 +56,22 @@ class _FusedPlan:
     the kernel takes (cuda, float32, one dense layout with their states: `triton_adam.supported`), their
     step counters and version counters, and `triton_adam.Arrays` of their arrays. `holds` says whether a
     later step brings the same parameters with the same arrays, state dicts and state tensors (all held
-    here, so no id is reused meanwhile); `gradients` checks each step's gradients against the layouts."""
+    here, so no id is reused meanwhile); `gradients` checks each step's gradients against the layouts.
+    The checks are maps over the parameters (no Python loop body per parameter)."""
 
     def __init__(self, params, state, amsgrad: bool, triton_adam):
         self.ids = tuple(map(id, params))
         self.amsgrad = amsgrad
-        self.held = []          # per parameter: (it, its array, its state dict, the dict's tensors, their arrays)
-        for p in params:
-            st = state[p]
-            tensors = tuple(st.values())
-            self.held.append((p, p._data, st, tensors, tuple(map(_data_of, tensors))))
+        self.params = list(params)
+        self.datas = list(map(_data_of, params))
+        self.dicts = list(map(state.get, params))
+        self.names = sorted({k for st in self.dicts for k in st})
+        self.sizes = list(map(len, self.dicts))
+        get = {n: operator.itemgetter(n) for n in self.names}
+        # per state name: the tensors and their arrays (every parameter has each name: else no plan holds)
+        whole = all(n in st for st in self.dicts for n in self.names)
+        self.tensors = {n: list(map(get[n], self.dicts)) for n in self.names} if whole else None
+        self.arrays_of = {n: list(map(_data_of, t)) for n, t in self.tensors.items()} if whole else None
         # (the parameter standing in for its gradient: each step's gradients are checked in `gradients`)
         self.taken = [p for p in params if p.device.type == "cuda" and triton_adam.supported(
             p._data, p._data, *(v._data for k, v in state[p].items() if k != "step"))]
@@ -72,7 +79,7 @@ class _FusedPlan:
         taken = set(map(id, self.taken))
         self.rest = [p for p in params if id(p) not in taken]
         self.states = [state[p] for p in self.taken]
-        self.layouts = [(p._data.shape, p._data.strides) for p in self.taken]
+        self.layouts = [(np.dtype(np.float32), p._data.shape, p._data.strides) for p in self.taken]
         self.steps = [st["step"]._data for st in self.states]
         self.step_versions = [st["step"]._version for st in self.states]
         self.versions = [p._version for p in self.taken] + [
@@ -83,25 +90,33 @@ class _FusedPlan:
 
     def holds(self, params, state, amsgrad: bool) -> bool:
         """Whether these are the planned parameters with the same arrays, state dicts and state tensors."""
-        if amsgrad != self.amsgrad or tuple(map(id, params)) != self.ids:
-            return False
         is_ = operator.is_
-        for p, data, st, tensors, arrays in self.held:
-            if p._data is not data or state.get(p) is not st or len(st) != len(tensors) or \
-                    not all(map(is_, st.values(), tensors)) or not all(map(is_, map(_data_of, tensors), arrays)):
+        if amsgrad != self.amsgrad or self.tensors is None or tuple(map(id, params)) != self.ids or \
+                not all(map(is_, map(_data_of, params), self.datas)):
+            return False
+        dicts = list(map(state.get, params))
+        if not all(map(is_, dicts, self.dicts)) or list(map(len, dicts)) != self.sizes:
+            return False
+        for n in self.names:
+            try:
+                tensors = list(map(operator.itemgetter(n), dicts))
+            except KeyError:
+                return False
+            if not all(map(is_, tensors, self.tensors[n])) or not all(map(is_, map(_data_of, tensors), self.arrays_of[n])):
                 return False
         return True
 
     def gradients(self, triton_adam) -> tuple:
         """(the taken parameters' gradient arrays, ids of the taken parameters whose gradient the kernel
         does not take this step: another dtype or layout)."""
-        grads, others = [], set()
-        for p, (shape, strides), st in zip(self.taken, self.layouts, self.states):
-            g = p._grad._data
+        grads = list(map(_data_of, map(_grad_of, self.taken)))
+        if list(map(_layout_of, grads)) == self.layouts:
+            return grads, ()
+        others = set()
+        for p, g, (_, shape, strides), st in zip(self.taken, grads, self.layouts, self.states):
             if g.dtype != np.float32 or g.shape != shape or (g.strides != strides and not triton_adam.supported(
                     p._data, g, *(v._data for k, v in st.items() if k != "step"))):
                 others.add(id(p))
-            grads.append(g)
         return grads, others
 
 
@@ -150,12 +165,12 @@ class Adam(Optimizer):
             fused = set(map(id, fused))
             return [p for p in params if id(p) not in fused]
         steps = plan.steps
+        if len(set(map(float, steps))) != 1:           # uneven step counts: one launch per count
+            self._fused_groups(group, plan.taken, triton_adam)
+            return plan.rest
         for st in steps:
             st[...] += 1
         first = float(steps[0])
-        if any(float(st) != first for st in steps):     # uneven step counts: one launch per count
-            self._fused_groups(group, plan.taken, triton_adam, counted=True)
-            return plan.rest
         for ver in plan.step_versions:
             ver[0] += 1
         triton_adam.launch(plan.arrays, [g.data.ptr for g in grads], lr=self._fused_lr(group), beta1=group["betas"][0],
@@ -173,14 +188,12 @@ class Adam(Optimizer):
             return lr._data if lr.device.type == "cuda" else float(lr.item())
         return lr
 
-    def _fused_groups(self, group, taken, triton_adam, counted=False) -> None:
-        """The fused step of `taken` (parameters the kernel takes), one launch per device and step
-        count; their step counts already advanced when `counted`."""
+    def _fused_groups(self, group, taken, triton_adam) -> None:
+        """The fused step of `taken` (parameters the kernel takes), one launch per device and step count."""
         by_step: dict = {}
         for p in taken:
             step = self.state[p]["step"]
-            if not counted:
-                step._data[...] += 1
+            step._data[...] += 1
             step._version[0] += 1
             by_step.setdefault((str(p.device), float(step._data)), []).append(p)
         b1, b2 = group["betas"]
