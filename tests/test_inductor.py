@@ -349,6 +349,52 @@ def test_arena_keeps_live_temporaries_apart_and_reuses_dead_ones(monkeypatch, ba
     assert not any(name in outputs for name, _ in views), src
 
 
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_saved_activations_share_one_arena_and_train_as_pytorch(monkeypatch, backend):
+    """With the arena on (here for cpu) a compiled training forward's activations saved for the backward
+    only are views of one poisoned allocation per call, one after the other (distinct offsets, never
+    overlapping), while the output the caller sees is allocated apart; loss and every gradient as
+    PyTorch's after two steps (a second forward's arena must not disturb the first's values either)."""
+    if backend == "triton":
+        triton = pytest.importorskip("triton")
+        if not triton.knobs.runtime.interpret:
+            pytest.skip("Triton imported without its interpreter (a cuda machine)")
+    from tests.conftest import spy_compile_fx
+    monkeypatch.setattr(config, "backend", backend)
+    monkeypatch.setattr(config, "arena_devices", ("cpu",))
+    monkeypatch.setattr(config, "poison_buffers", True)
+    made = spy_compile_fx(monkeypatch, [])
+
+    def build(lib):
+        nn = lib.nn
+        return nn.Sequential(nn.Linear(32, 64), nn.LayerNorm(64), nn.GELU(), nn.Linear(64, 64), nn.Tanh(),
+                             nn.Linear(64, 8))
+    fm, tm = build(flambeau), build(torch)
+    with torch.no_grad():
+        for p, q in zip(fm.parameters(), tm.parameters()):
+            q.copy_(torch.tensor(np.asarray(p.detach()._data)))
+    cf = flambeau.compile(fm)
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        a = rng.standard_normal((16, 32)).astype(np.float32)
+        out = cf(flambeau.tensor(a))
+        loss, lt = (out ** 2).mean(), (tm(torch.tensor(a)) ** 2).mean()
+        loss.backward()
+        lt.backward()
+        np.testing.assert_allclose(float(loss.detach()), float(lt.detach()), rtol=1e-5)
+        for p, q in zip(fm.parameters(), tm.parameters()):
+            np.testing.assert_allclose(np.asarray(p.grad._data), q.grad.numpy(), rtol=1e-4, atol=1e-5)
+    src = next(c.artifact.wrapper_source for c in made if "_sarena" in c.artifact.wrapper_source)
+    views = re.findall(r"(buf\d+) = _nd\(\((.*?)\), _dt_float32, _smem(?:, | \+ )(\d+)\)", src)
+    assert len(views) >= 4 and "_sarena = _empty((" in src, src
+    spans = sorted((int(off), int(off) + 4 * int(np.prod([int(d) for d in shape.split(",") if d.strip()])))
+                   for _, shape, off in views)
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), spans      # apart
+    outputs = re.search(r"return \((.*)\)", src).group(1)
+    first_saved = outputs.split(", ")[0]
+    assert all(first_saved != f"_T({name}, _dev)" for name, _, _ in views), src      # the caller's output apart
+
+
 @pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last"])
 def test_global_average_pool_is_a_mean_as_pytorch(monkeypatch, channels_last):
     """adaptive_avg_pool2d to 1x1 (ResNet's head) is PyTorch's mean over H and W: values, input gradient

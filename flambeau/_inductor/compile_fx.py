@@ -313,7 +313,10 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
         counters["cpp_wrapper_graphs"] += 1
     else:
         writes = gm.meta.get(INPUT_WRITES) if config.write_inputs_in_place and not config.triton_cudagraphs else None
-        wc = WrapperCodegen(graph, order, memory, backend, kernels_ns, size_names, _eager_runner(gm), device, writes)
+        # (a forward graph's outputs from "num_fwd_outputs" on are the activations saved for its backward)
+        saved_from = gm.meta.get("num_fwd_outputs") if config.saved_arena and not config.triton_cudagraphs else None
+        wc = WrapperCodegen(graph, order, memory, backend, kernels_ns, size_names, _eager_runner(gm), device, writes,
+                            saved_from)
     wrapper_source = wc.generate()
     exec(compile(wrapper_source, f"<flambeau-inductor-wrapper-{gid}>", "exec"), wc.ns)
     art = CompiledArtifact(graph, order, wc.ns["call"], source, wrapper_source, backend, source_path, size_names,

@@ -53,6 +53,10 @@ poison_buffers: bool = False      # fill every buffer the wrapper allocates with
 # returns) as views of one allocation per call, at offsets planned when compiling (scheduler.plan_arena):
 # on cuda a CuPy allocation costs microseconds of Python per buffer, a view less. FLAMBEAU_INDUCTOR_ARENA=0: none.
 arena_devices: tuple = ("cuda",) if os.environ.get("FLAMBEAU_INDUCTOR_ARENA", "1") != "0" else ()
+# On those devices a training forward's activations saved for the backward only (AOT autograd's outputs
+# after the user's: they all live until the backward has run) are views of one more allocation per call
+# (wrapper `_plan_saved_arena`; not with CUDA graphs). FLAMBEAU_INDUCTOR_SAVED_ARENA=0: each its own.
+saved_arena: bool = os.environ.get("FLAMBEAU_INDUCTOR_SAVED_ARENA", "1") != "0"
 # A mutated input's final value (a BatchNorm running statistic), which AOT autograd would copy into the
 # input after the call, is stored into the input by the kernel computing it where that is safe
 # (wrapper.in_place_writes; not with CUDA graphs): no copy per mutated input and call.

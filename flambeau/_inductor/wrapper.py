@@ -39,7 +39,7 @@ from .._tensor import Tensor
 from ..fx._symbolic_shapes import expr_to_python
 from . import codegen_cpp, config, extern_conv, extern_gemm
 from .ir import Buffer, ComputedBuffer, InputBuffer, MultiOutput, Pointwise, StridedView, analyse
-from .scheduler import ExternStep, Kernel, plan_arena
+from .scheduler import ARENA_ALIGN, ExternStep, Kernel, plan_arena
 from .sizevars import SizeExpr, derived_definition, evaluate, replacements
 
 
@@ -448,7 +448,7 @@ def guard_checker(shape_env, names: list):
 
 class WrapperCodegen:
     def __init__(self, graph, order, memory, backend, kernels_ns, size_names=(), eager=None, device=CPU,
-                 input_writes=None):
+                 input_writes=None, saved_from=None):
         self.g = graph
         self.order = order
         self.mem = memory
@@ -463,6 +463,8 @@ class WrapperCodegen:
         self.size_names = list(size_names)
         self.eager = eager
         self.arena: dict = {}           # kernel temporary -> byte offset in the call's arena (`_plan_arena`)
+        self.saved_from = saved_from    # a forward graph's first output saved for the backward only (or None)
+        self.saved_arena: dict = {}     # saved activation -> byte offset in the call's saved arena
         self._stored: dict = {}         # buffer a kernel stores -> its shape
         # output buffer -> the graph input its value is written into (`_in_place`)
         self.in_place: dict = in_place_writes(graph, order, input_writes or {}) if input_writes else {}
@@ -579,12 +581,40 @@ class WrapperCodegen:
         if self.g.dynamic or self.device.type not in config.arena_devices:
             return
         offsets, total = plan_arena(self.order, self.mem)
-        if not offsets:
+        if offsets:
+            self.arena = offsets
+            self.ns["_u8"], self.ns["_nd"] = np.uint8, self.xp.ndarray
+            self.lines.append(f"    _arena = _empty(({total},), _u8)")
+            self.lines.append("    _amem = _arena" if self.xp is np else "    _amem = _arena.data")
+        self._plan_saved_arena()
+
+    def _plan_saved_arena(self):
+        """A training forward's activations saved for the backward only (outputs from `saved_from` on that
+        no earlier output is or views, stored by a kernel into a fresh buffer of their own) live from this call
+        until the backward has run, all of them: they are views of one allocation per call, one after
+        the other at `ARENA_ALIGN` offsets. The allocation is freed once the last of them is."""
+        outs = self.g.outputs
+        if self.saved_from is None or not isinstance(outs, list) or len(outs) <= self.saved_from:
             return
-        self.arena = offsets
+        # (an output the caller sees, or a view of it, would keep the whole arena alive with it)
+        visible = {id(o.base if isinstance(o, StridedView) else o) for o in outs[:self.saved_from]}
+        saved = [o for o in outs[self.saved_from:] if isinstance(o, Buffer) and id(o) not in visible]
+        stored = {b.name for k in self.order if isinstance(k, Kernel) for b in k.stores}
+        offsets, total, seen = {}, 0, set()
+        for b in saved:
+            act, other = self.mem["allocs"].get(b.name, (None, None))
+            if b.name in seen or b.name not in stored or b.name in self.in_place or b.layout.is_symbolic() or \
+                    act is None or (act == "reuse" and other not in self.arena) or not b.layout.numel:
+                continue            # (a reused buffer is another's memory: see `_kernel`)
+            seen.add(b.name)
+            offsets[b.name] = total
+            total += -(-b.layout.numel * b.dtype.itemsize // ARENA_ALIGN) * ARENA_ALIGN
+        if len(offsets) < 2:
+            return
+        self.saved_arena = offsets
         self.ns["_u8"], self.ns["_nd"] = np.uint8, self.xp.ndarray
-        self.lines.append(f"    _arena = _empty(({total},), _u8)")
-        self.lines.append("    _amem = _arena" if self.xp is np else "    _amem = _arena.data")
+        self.lines.append(f"    _sarena = _empty(({total},), _u8)")
+        self.lines.append("    _smem = _sarena" if self.xp is np else "    _smem = _sarena.data")
 
     def _kernel(self, k: Kernel):
         for b in k.stores:
@@ -596,6 +626,10 @@ class WrapperCodegen:
                 self.lines.append(f"    {b.name} = {inp.name} if _own else _empty({shape}, {dtype})")
             elif off is not None:          # a view of the arena (NumPy: buffer and offset; CuPy: a memory pointer)
                 at = f"_amem, {off}" if self.xp is np else f"_amem + {off}"
+                self.lines.append(f"    {b.name} = _nd({shape}, {dtype}, {at})")
+            elif b.name in self.saved_arena:    # a view of the saved activations' arena
+                off = self.saved_arena[b.name]
+                at = f"_smem, {off}" if self.xp is np else f"_smem + {off}"
                 self.lines.append(f"    {b.name} = _nd({shape}, {dtype}, {at})")
             elif act == "reuse" and other not in self.arena:
                 same = tuple(self._stored[other]) == tuple(b.layout.shape)
