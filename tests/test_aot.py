@@ -305,3 +305,18 @@ def test_input_reached_only_through_an_absent_tangent_gets_no_grad(dynamic):
     f(torch, tx, ty)[0].sum().backward()
     assert y.grad is None and ty.grad is None
     close(x.grad, tx.grad)
+
+
+def test_saved_values_the_backward_returns_are_marked_for_the_forward():
+    """partitioners._returned: the positions of saved values that a backward graph returns as gradients,
+    themselves or through views (what the inductor keeps out of its saved-activation arena); a value only
+    read by the backward's arithmetic is not one."""
+    from flambeau._functorch.partitioners import _returned
+
+    def bw(a, b, c):
+        return a.view(-1).unsqueeze(0), b * 2, c
+    gm = make_fx(bw)(fl.randn(2, 3), fl.randn(3), fl.randn(4))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    outs = list(gm.graph.output_node().args[0])
+    assert _returned(placeholders, outs) == {0, 2}
+    assert _returned(placeholders[1:], outs) == {1}          # (c, now at position 1)

@@ -395,6 +395,20 @@ def test_saved_activations_share_one_arena_and_train_as_pytorch(monkeypatch, bac
     assert all(first_saved != f"_T({name}, _dev)" for name, _, _ in views), src      # the caller's output apart
 
 
+def test_saved_activations_the_backward_returns_stay_out_of_the_arena(monkeypatch):
+    """A saved value the backward returns as a gradient (partitioners._returned; here every one, by a
+    stub) keeps memory of its own: with all of them so, the forward makes no saved-activation arena."""
+    from flambeau._functorch import partitioners
+    from tests.conftest import spy_compile_fx
+    monkeypatch.setattr(config, "arena_devices", ("cpu",))
+    monkeypatch.setattr(partitioners, "_returned", lambda saved, outs: frozenset(range(len(saved))))
+    made = spy_compile_fx(monkeypatch, [])
+    nn = flambeau.nn
+    m = flambeau.compile(nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4)))
+    m(flambeau.randn(4, 8)).sum().backward()
+    assert len(made) == 2 and not any("_sarena" in c.artifact.wrapper_source for c in made)
+
+
 @pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last"])
 def test_global_average_pool_is_a_mean_as_pytorch(monkeypatch, channels_last):
     """adaptive_avg_pool2d to 1x1 (ResNet's head) is PyTorch's mean over H and W: values, input gradient

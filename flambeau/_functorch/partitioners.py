@@ -106,8 +106,27 @@ def _split(joint: GraphModule, saved: list, num_fwd_outputs: int):
     bw = extract_graph(joint, saved + tangents, list(bw_outs), "GraphModule")
     fw.meta["num_saved"] = len(saved)
     fw.meta["num_fwd_outputs"] = len(fw_outs)     # the outputs the caller sees; the saved values follow
+    fw.meta[SAVED_RETURNED] = _returned(saved, bw_outs)
     bw.meta["num_saved"] = len(saved)
     return fw, bw
+
+
+SAVED_RETURNED = "saved_returned_by_backward"   # fw gm.meta: positions in the saved values (see `_returned`)
+
+
+def _returned(saved: list, bw_outs) -> frozenset:
+    """Positions of the saved values that the backward returns as a gradient, themselves or a view of them
+    (`loss = s * f(x).sum()`: s's gradient is the saved sum): such a gradient outlives the backward, so
+    the forward keeps their memory apart from the other saved values (inductor's saved-activation arena)."""
+    at = {n: i for i, n in enumerate(saved)}
+    out = set()
+    for n in bw_outs:
+        while isinstance(n, Node) and n not in at and n.op == "call_function" and is_op(n.target) and \
+                n.target.is_view and n.args:
+            n = n.args[0]
+        if isinstance(n, Node) and n in at:
+            out.add(at[n])
+    return frozenset(out)
 
 
 def _default_saved(joint: GraphModule, num_fwd_outputs: int):

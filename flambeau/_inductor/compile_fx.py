@@ -313,10 +313,12 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
         counters["cpp_wrapper_graphs"] += 1
     else:
         writes = gm.meta.get(INPUT_WRITES) if config.write_inputs_in_place and not config.triton_cudagraphs else None
-        # (a forward graph's outputs from "num_fwd_outputs" on are the activations saved for its backward)
-        saved_from = gm.meta.get("num_fwd_outputs") if config.saved_arena and not config.triton_cudagraphs else None
+        # (a forward graph's outputs from "num_fwd_outputs" on are the activations saved for its backward;
+        # those at the positions "saved_returned_by_backward" among them its backward returns as gradients)
+        saved = (gm.meta["num_fwd_outputs"], gm.meta.get("saved_returned_by_backward", frozenset())) \
+            if config.saved_arena and not config.triton_cudagraphs and "num_fwd_outputs" in gm.meta else None
         wc = WrapperCodegen(graph, order, memory, backend, kernels_ns, size_names, _eager_runner(gm), device, writes,
-                            saved_from)
+                            saved)
     wrapper_source = wc.generate()
     exec(compile(wrapper_source, f"<flambeau-inductor-wrapper-{gid}>", "exec"), wc.ns)
     art = CompiledArtifact(graph, order, wc.ns["call"], source, wrapper_source, backend, source_path, size_names,

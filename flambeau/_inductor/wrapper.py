@@ -448,7 +448,7 @@ def guard_checker(shape_env, names: list):
 
 class WrapperCodegen:
     def __init__(self, graph, order, memory, backend, kernels_ns, size_names=(), eager=None, device=CPU,
-                 input_writes=None, saved_from=None):
+                 input_writes=None, saved=None):
         self.g = graph
         self.order = order
         self.mem = memory
@@ -463,7 +463,9 @@ class WrapperCodegen:
         self.size_names = list(size_names)
         self.eager = eager
         self.arena: dict = {}           # kernel temporary -> byte offset in the call's arena (`_plan_arena`)
-        self.saved_from = saved_from    # a forward graph's first output saved for the backward only (or None)
+        # a forward graph's (first output saved for the backward only, positions among the saved ones that
+        # its backward returns as gradients), or None
+        self.saved = saved
         self.saved_arena: dict = {}     # saved activation -> byte offset in the call's saved arena
         self._stored: dict = {}         # buffer a kernel stores -> its shape
         # output buffer -> the graph input its value is written into (`_in_place`)
@@ -589,16 +591,19 @@ class WrapperCodegen:
         self._plan_saved_arena()
 
     def _plan_saved_arena(self):
-        """A training forward's activations saved for the backward only (outputs from `saved_from` on that
-        no earlier output is or views, stored by a kernel into a fresh buffer of their own) live from this call
+        """A training forward's activations saved for the backward only (outputs from `saved[0]` on that no
+        output the caller sees is or views, nor a gradient the backward returns (`saved[1]`), stored by a
+        kernel into a fresh buffer of their own) live from this call
         until the backward has run, all of them: they are views of one allocation per call, one after
         the other at `ARENA_ALIGN` offsets. The allocation is freed once the last of them is."""
         outs = self.g.outputs
-        if self.saved_from is None or not isinstance(outs, list) or len(outs) <= self.saved_from:
+        if self.saved is None or not isinstance(outs, list) or len(outs) <= self.saved[0]:
             return
-        # (an output the caller sees, or a view of it, would keep the whole arena alive with it)
-        visible = {id(o.base if isinstance(o, StridedView) else o) for o in outs[:self.saved_from]}
-        saved = [o for o in outs[self.saved_from:] if isinstance(o, Buffer) and id(o) not in visible]
+        first, returned = self.saved
+        # (an output the caller sees, a gradient, or a view of one, would keep the whole arena alive with it)
+        apart = [o for o in outs[:first]] + [o for i, o in enumerate(outs[first:]) if i in returned]
+        visible = {id(o.base if isinstance(o, StridedView) else o) for o in apart}
+        saved = [o for o in outs[first:] if isinstance(o, Buffer) and id(o) not in visible]
         stored = {b.name for k in self.order if isinstance(k, Kernel) for b in k.stores}
         offsets, total, seen = {}, 0, set()
         for b in saved:
