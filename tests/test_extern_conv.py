@@ -487,3 +487,44 @@ def test_static_launcher_writes_pointers_and_grids_as_the_general_path(monkeypat
     launched.clear()
     rt.Launcher(module, make([], 0), cuda)(Arr(0x1000), Arr(0x2000), err)
     assert launched == []
+
+
+class _Mem:
+    """A CuPy MemoryPointer over a NumPy buffer: `.ptr`, `+ bytes`."""
+
+    def __init__(self, buf, off=0):
+        self.buf, self.off, self.ptr = buf, off, buf.ctypes.data + off
+
+    def __add__(self, n):
+        return _Mem(self.buf, self.off + n)
+
+
+class _CupyLike:
+    """CuPy's constructor `ndarray(shape, dtype, memptr=None, strides=None)` over NumPy memory."""
+
+    def __init__(self, shape, dtype, memptr=None, strides=None):
+        if memptr is None:
+            memptr = _Mem(np.zeros(int(np.prod(shape)) * np.dtype(dtype).itemsize, np.uint8))
+        self.data, self.dtype = memptr, np.dtype(dtype)
+        self.a = np.ndarray(shape, dtype, memptr.buf, memptr.off, strides) if all(shape) else np.empty(shape, dtype)
+        self.itemsize, self.shape, self.strides = self.dtype.itemsize, self.a.shape, self.a.strides
+
+
+@pytest.mark.parametrize("shape,strides,offset", [((3, 4), (1, 3), 5), ((2, 5), (5, 1), 0), ((4, 0), (1, 1), 2)])
+def test_device_view_is_the_layouts_view_of_the_base(shape, strides, offset):
+    """wrapper.device_view (a compiled graph's view outputs on cuda, byte strides worked out once) makes the
+    view NumPy's as_strided gives of the same memory; a base of another item size gives the same view as
+    `_strided_device`."""
+    buf = np.arange(40, dtype=np.float32)
+    base = _CupyLike((40,), np.float32, _Mem(buf.view(np.uint8)))
+    lay = Layout(shape, D.float32, strides, offset)
+    v = wrapper.device_view(lay, 4)(base)
+    ref = np.lib.stride_tricks.as_strided(buf[offset:], shape, tuple(4 * s for s in strides)) if all(shape) \
+        else np.empty(shape, np.float32)
+    assert v.shape == ref.shape and v.dtype == np.float32
+    np.testing.assert_array_equal(v.a, ref)
+    if all(shape):
+        assert v.data.ptr == buf.ctypes.data + 4 * offset and v.strides == ref.strides
+    wide = _CupyLike((20,), np.float64, _Mem(np.zeros(160, np.uint8)))
+    w, s = wrapper.device_view(lay, 4)(wide), wrapper._strided_device(wide, lay)
+    assert (w.shape, w.strides) == (s.shape, s.strides) and (w.data.ptr == s.data.ptr or not all(shape))

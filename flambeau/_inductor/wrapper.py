@@ -67,6 +67,28 @@ def _strided_device(base, layout):
     return array(layout.shape, base.dtype, base.data + layout.offset * it, strides=tuple(st * it for st in layout.strides))
 
 
+def empty_of(xp):
+    """`xp.empty(shape, dtype)` of an array namespace; for CuPy its array type itself (`cupy.empty` is a
+    Python function around `cupy.ndarray(shape, dtype)`: one frame less per buffer)."""
+    if getattr(xp, "__name__", None) == "cupy" and isinstance(getattr(xp, "ndarray", None), type):
+        return xp.ndarray
+    return xp.empty
+
+
+def device_view(layout, itemsize: int):
+    """fn(base) -> `_strided_device(base, layout)` for a static layout, its byte strides and offset worked
+    out once here (for `itemsize`; a base of another item size takes `_strided_device`)."""
+    shape, strides, off = tuple(layout.shape), tuple(st * itemsize for st in layout.strides), layout.offset * itemsize
+    if not all(shape):
+        return lambda base: _strided_device(base, layout)
+
+    def view(base):
+        if base.itemsize != itemsize:
+            return _strided_device(base, layout)
+        return type(base)(shape, base.dtype, base.data + off if off else base.data, strides=strides)
+    return view
+
+
 stats = {"extern_output_copies": 0}     # extern outputs copied into the layout the graph assumed
 
 
@@ -251,7 +273,7 @@ def make_extern(ek, xp=np):
         return extern_gemm.planned_product(args, index, lambda arrays: arguments(arrays, None)[0], call), bases, False
     if xp is not np and getattr(ek.op, "name", None) in extern_conv.CONVOLUTIONS and not kwargs and not symbolic \
             and not multi:
-        return extern_conv.planned_convolution(ek.op.name, arguments, call, xp.empty,
+        return extern_conv.planned_convolution(ek.op.name, arguments, call, empty_of(xp),
                                                [operand_source(a, index) for a in args[:2]]), bases, False
     return call, bases, symbolic
 
@@ -455,7 +477,7 @@ class WrapperCodegen:
         self.backend = backend
         self.device = device
         self.xp = np if device.type == "cpu" else _backends.get(device.type).xp
-        self.ns = {"np": np, "_empty": _poisoned(self.xp) if config.poison_buffers else self.xp.empty,
+        self.ns = {"np": np, "_empty": _poisoned(self.xp) if config.poison_buffers else empty_of(self.xp),
                    "_T": Tensor._make, "_dev": device,
                    "_strided": strided_array, "_Concrete": ConcreteLayout, "_copyto": self.xp.copyto}
         self.kernels_ns = kernels_ns
@@ -685,6 +707,9 @@ class WrapperCodegen:
             self.ns[name] = lay
             if lay.is_symbolic():
                 return f"_T(_strided({o.base.name}, _Concrete({name}, _S)), _dev)"
+            if self.xp is not np:         # a device array's view: strides and offset in bytes worked out once
+                self.ns[name] = device_view(lay, o.base.dtype.itemsize)
+                return f"_T({name}({o.base.name}), _dev)"
             return f"_T(_strided({o.base.name}, {name}), _dev)"
         if isinstance(o, (Buffer, MultiOutput)):
             return f"_T({o.name}, _dev)"
