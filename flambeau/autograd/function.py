@@ -175,12 +175,13 @@ class Function(metaclass=_FunctionMeta):
                 o._requires_grad = True
         out_ids = {id(o): k for k, o in enumerate(outs) if isinstance(o, Tensor)}
         saved = []
+        name = node.name()               # (once: a compiled graph's forward saves hundreds of tensors)
         for t in ctx.to_save:
             if isinstance(t, Tensor):
                 if id(t) in out_ids:
-                    saved.append(SavedTensor(t, True, node.name(), out_ids[id(t)]))
+                    saved.append(SavedTensor(t, True, name, out_ids[id(t)]))
                 else:
-                    saved.append(SavedTensor(t, False, node.name()))
+                    saved.append(SavedTensor(t, False, name))
             else:
                 saved.append(t)
         ctx._saved = tuple(saved)
