@@ -69,9 +69,9 @@ def _run_both(name, kw, skip=None, lr_tensor=False):
 @pytest.mark.parametrize("name", ["Adam", "AdamW"])
 def test_fused_matches_torch_fused_on_cuda(name, amsgrad, maximize, monkeypatch):
     from flambeau._backends import triton_adam
-    calls = []
-    real = triton_adam.step
-    monkeypatch.setattr(triton_adam, "step", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = []                # kernel launches (the kept plan and the per-group path both end in `launch`)
+    real = triton_adam.launch
+    monkeypatch.setattr(triton_adam, "launch", lambda *a, **k: calls.append(1) or real(*a, **k))
     theirs, ours = _run_both(name, dict(fused=True, amsgrad=amsgrad, maximize=maximize))
     assert len(calls) == STEPS, "the fused kernel did not run once per step"
     for t, f in zip(theirs, ours):
@@ -82,9 +82,9 @@ def test_fused_matches_torch_fused_on_cuda(name, amsgrad, maximize, monkeypatch)
 @pytest.mark.parametrize("case", ["default", "lr_tensor", "uneven_steps"])
 def test_fused_cases_on_cuda(case, monkeypatch):
     from flambeau._backends import triton_adam
-    calls = []
-    real = triton_adam.step
-    monkeypatch.setattr(triton_adam, "step", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = []                # kernel launches (the kept plan and the per-group path both end in `launch`)
+    real = triton_adam.launch
+    monkeypatch.setattr(triton_adam, "launch", lambda *a, **k: calls.append(1) or real(*a, **k))
     kw = {} if case == "default" else dict(fused=True)
     theirs, ours = _run_both("AdamW", kw, skip=1 if case == "uneven_steps" else None,
                              lr_tensor=case == "lr_tensor")
