@@ -310,13 +310,19 @@ def rrelu_with_noise(self, lower, upper):
 # ---- normalisation -------------------------------------------------------------------------------
 def _stats(x, axes, eps):
     """mean, biased variance and rstd over `axes` (kept as size-1 dims)."""
+    mean, var, rstd, _ = _centered_stats(x, axes, eps)
+    return mean, var, rstd
+
+
+def _centered_stats(x, axes, eps):
+    """_stats and x - mean, the centred values the variance was taken of."""
     n = 1
     for a in axes:
         n *= x.shape[a]
     mean = aten.div(aten.sum(x, list(axes), True), n)
     xc = aten.sub(x, mean)
     var = aten.div(aten.sum(aten.mul(xc, xc), list(axes), True), n)
-    return mean, var, aten.rsqrt(aten.add(var, eps))
+    return mean, var, aten.rsqrt(aten.add(var, eps)), xc
 
 
 def _mean(x, axes):
@@ -404,8 +410,9 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     cd = compute_dtype(dt)
     x = to(input, cd)
     axes = (0,) + tuple(range(2, x.ndim))
-    if training:
-        mean, var, rstd = _stats(x, axes, eps)
+    xc = None
+    if training:            # y from the centred values the variance used: one x - mean, one saved for the backward
+        mean, var, rstd, xc = _centered_stats(x, axes, eps)
         n = x.numel() // x.shape[1] if x.shape[1] else 0
         if running_mean is not None:
             new = aten.add(aten.mul(running_mean, 1 - momentum), aten.mul(reshape(mean, (-1,)), momentum))
@@ -424,7 +431,7 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
             raise RuntimeError("running_mean and running_var must be defined in evaluation mode")
         mean = _channel(to(running_mean, cd), x.ndim)
         rstd = aten.rsqrt(aten.add(_channel(to(running_var, cd), x.ndim), eps))
-    y = aten.mul(aten.sub(x, mean), rstd)
+    y = aten.mul(aten.sub(x, mean) if xc is None else xc, rstd)
     if weight is not None:
         y = aten.mul(y, _channel(to(weight, cd), x.ndim))
     if bias is not None:
