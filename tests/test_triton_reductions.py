@@ -127,36 +127,43 @@ def test_shared_pass_loads_a_shared_input_once(triton_backend, monkeypatch):
     assert _loops(src, name) == 1 and _body(src, name).count("tl.load(") == 1, src
 
 
-def test_batchnorm_forward_stores_x_minus_mean_once(triton_backend, monkeypatch):
-    """conv -> BatchNorm -> ReLU compiled for training: the forward computes x - mean once, for the
-    variance and the output alike, and keeps that one full-size buffer for the backward (it stored
-    two identical ones before, the decomposition subtracting the mean twice). Output, running
-    statistics and gradients vs PyTorch in float64; the forward allocates two full-size buffers (the
-    output and x - mean), not three."""
+def test_batchnorm_training_saves_its_input_and_reads_it_twice_backward(triton_backend, monkeypatch):
+    """conv -> BatchNorm (running statistics) -> ReLU compiled for training. BatchNorm is one op for
+    autograd (functionalization runs it without running statistics and writes those after it), so its
+    backward is native_batch_norm_backward's: one pass for both per-channel sums, one for dx; the
+    forward saves its input (the convolution's output), no x - mean (before: the decomposition was
+    differentiated op by op, two full-size x - mean saved, five full-size backward passes). Output,
+    running statistics and gradients vs PyTorch in float64; full-size buffers the wrappers allocate:
+    forward 1 (the output), backward 1 (dx); the backward reduces 3 sums in 2 loops (dx's sums are the
+    parameter gradients' sums; before, 5 sums in 4 loops)."""
     for knob, v in (("triton_interpret_block", 16), ("triton_loop_block", 16), ("triton_persistent_limit", 16),
                     ("triton_split_min", 32), ("triton_interpret_split_programs", 16)):
         monkeypatch.setattr(config, knob, v)             # split as the GPU's BatchNorm sums are
     rng = np.random.default_rng(4)
-    vals = [rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 6, 5), (4, 3, 3, 3), (4,), (4,), (4,))]
-    vals[4] = np.abs(vals[4]) + 0.5                     # running variance
+    shapes = ((2, 3, 6, 5), (4, 3, 3, 3), (4,), (4,), (4,), (4,), (4,))
+    vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    vals[6] = np.abs(vals[6]) + 0.5                     # running variance
 
-    def fn(lib, x, k, kb, rm, rv):
+    def fn(lib, x, k, kb, w, b, rm, rv):
         F = lib.nn.functional
-        return F.relu(F.batch_norm(F.conv2d(x, k, kb, padding=1), rm, rv, training=True))
+        return F.relu(F.batch_norm(F.conv2d(x, k, kb, padding=1), rm, rv, w, b, training=True))
     made = spy_compile_fx(monkeypatch, [])
-    fx, fk, fkb = (fl.tensor(v, requires_grad=True) for v in vals[:3])
-    frm, frv = fl.tensor(vals[3]), fl.tensor(vals[4])
+    fl_params = [fl.tensor(v, requires_grad=True) for v in vals[:5]]
+    frm, frv = fl.tensor(vals[5]), fl.tensor(vals[6])
     with no_unexpected_fallbacks({}):
-        out = fl.compile(lambda *a: fn(fl, *a))(fx, fk, fkb, frm, frv)
+        out = fl.compile(lambda *a: fn(fl, *a))(*fl_params, frm, frv)
         (out * out).sum().backward()
-    tx, tk, tkb = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in vals[:3])
-    trm, trv = (torch.tensor(v, dtype=torch.float64) for v in vals[3:])
-    want = fn(torch, tx, tk, tkb, trm, trv)
+    t_params = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in vals[:5]]
+    trm, trv = (torch.tensor(v, dtype=torch.float64) for v in vals[5:])
+    want = fn(torch, *t_params, trm, trv)
     (want * want).sum().backward()
     np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-4)
-    for g, t in ((fx, tx), (fk, tk), (fkb, tkb)):
+    for g, t in zip(fl_params, t_params):
         np.testing.assert_allclose(g.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-4)
     for f, t in ((frm, trm), (frv, trv)):
         np.testing.assert_allclose(f.numpy(), t.numpy(), rtol=1e-5, atol=1e-6)
-    src = made[0].artifact.wrapper_source
-    assert src.count("_empty((2, 4, 6, 5),") == 2, src
+    fw, bw = (g.artifact.wrapper_source for g in made)
+    assert fw.count("_empty((2, 4, 6, 5),") == 1, fw
+    assert bw.count("_empty((2, 4, 6, 5),") == 1, bw
+    bsrc = made[1].source                  # sums: BatchNorm's sum(g) and sum(g * x_hat), the conv bias's; in 2 loops
+    assert len(re.findall(r"\n    acc\d+ = tl.full", bsrc)) == 3 and len(re.findall(r"for r\d+offset", bsrc)) == 2, bsrc

@@ -413,19 +413,7 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     xc = None
     if training:            # y from the centred values the variance used: one x - mean, one saved for the backward
         mean, var, rstd, xc = _centered_stats(x, axes, eps)
-        n = x.numel() // x.shape[1] if x.shape[1] else 0
-        if running_mean is not None:
-            new = aten.add(aten.mul(running_mean, 1 - momentum), aten.mul(reshape(mean, (-1,)), momentum))
-            aten.copy_(running_mean, to(new, running_mean.dtype))
-        if running_var is not None:
-            if n <= 1:
-                unbiased = aten.mul(reshape(var, (-1,)), math.nan)
-            elif isinstance(n, int):
-                unbiased = aten.mul(reshape(var, (-1,)), n / (n - 1))
-            else:                               # a symbolic count: no Python float of it exists
-                unbiased = aten.div(aten.mul(reshape(var, (-1,)), n), n - 1)
-            new = aten.add(aten.mul(running_var, 1 - momentum), aten.mul(unbiased, momentum))
-            aten.copy_(running_var, to(new, running_var.dtype))
+        batch_norm_update_running(x, running_mean, running_var, reshape(mean, (-1,)), reshape(var, (-1,)), momentum)
     else:
         if running_mean is None or running_var is None:
             raise RuntimeError("running_mean and running_var must be defined in evaluation mode")
@@ -439,6 +427,24 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     return to(y, dt), reshape(mean, (-1,)), reshape(rstd, (-1,))
 
 
+def batch_norm_update_running(x, running_mean, running_var, mean, var, momentum):
+    """Write BatchNorm's running statistics (`copy_`) from the batch's per-channel mean and biased
+    variance of `x`; the running variance takes the unbiased one, as PyTorch."""
+    n = x.numel() // x.shape[1] if x.shape[1] else 0
+    if running_mean is not None:
+        new = aten.add(aten.mul(running_mean, 1 - momentum), aten.mul(mean, momentum))
+        aten.copy_(running_mean, to(new, running_mean.dtype))
+    if running_var is not None:
+        if n <= 1:
+            unbiased = aten.mul(var, math.nan)
+        elif isinstance(n, int):
+            unbiased = aten.mul(var, n / (n - 1))
+        else:                               # a symbolic count: no Python float of it exists
+            unbiased = aten.div(aten.mul(var, n), n - 1)
+        new = aten.add(aten.mul(running_var, 1 - momentum), aten.mul(unbiased, momentum))
+        aten.copy_(running_var, to(new, running_var.dtype))
+
+
 @register_decomposition(aten.native_batch_norm_backward)
 def native_batch_norm_backward(grad_out, input, weight, save_mean, save_invstd, train, bias):
     dt = _float_check("batch_norm", input)
@@ -448,12 +454,20 @@ def native_batch_norm_backward(grad_out, input, weight, save_mean, save_invstd, 
     rstd = _channel(to(save_invstd, cd), x.ndim)
     xhat = aten.mul(aten.sub(x, _channel(to(save_mean, cd), x.ndim)), rstd)
     gamma = _channel(None if weight is None else to(weight, cd), x.ndim)
-    if train:
-        gx = _norm_backward(g, xhat, rstd, axes, gamma)
-    else:
-        gx = aten.mul(g, rstd if gamma is None else aten.mul(rstd, gamma))
-    gw = None if weight is None else to(aten.sum(aten.mul(g, xhat), list(axes)), weight.dtype)
-    gb = None if bias is None else to(aten.sum(g, list(axes)), bias.dtype)
+    scale = rstd if gamma is None else aten.mul(rstd, gamma)
+    if not train:
+        gx = aten.mul(g, scale)
+        gw = None if weight is None else to(aten.sum(aten.mul(g, xhat), list(axes)), weight.dtype)
+        gb = None if bias is None else to(aten.sum(g, list(axes)), bias.dtype)
+        return to(gx, dt), gw, gb
+    # the two per-channel sums (one pass over g and x) serve dx and the parameter gradients alike:
+    # dx = rstd * gamma * (g - mean(g) - x_hat * mean(g * x_hat)), gamma being constant per channel
+    sg = aten.sum(g, list(axes), True)
+    sgx = aten.sum(aten.mul(g, xhat), list(axes), True)
+    n = x.numel() // x.shape[1] if x.shape[1] else 1
+    gx = aten.mul(scale, aten.sub(aten.sub(g, aten.div(sg, n)), aten.mul(xhat, aten.div(sgx, n))))
+    gw = None if weight is None else to(reshape(sgx, (-1,)), weight.dtype)
+    gb = None if bias is None else to(reshape(sg, (-1,)), bias.dtype)
     return to(gx, dt), gw, gb
 
 

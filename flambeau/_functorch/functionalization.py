@@ -21,7 +21,8 @@ Limits: only views made while the mode is active are tracked (inputs that alias 
 treated as distinct), and `detach()` / `.data` results share the old value, not later updates.
 
 Ops whose kernel mutates an argument without saying so in its schema (`native_batch_norm` updating
-running statistics) run through their decomposition here, which writes with `copy_`.
+running statistics) run as their functional form (no running statistics), the update written with
+`copy_` after it.
 """
 from __future__ import annotations
 
@@ -321,16 +322,28 @@ class FunctionalTensorMode(TorchDispatchMode):
         if func is aten.native_batch_norm and func.decomposition is not None:
             b = func.bind(*args, **(kwargs or {}))
             if b[5] and (b[3] is not None or b[4] is not None):
-                self._hidden = True    # its running-statistics update is a hidden mutation
-                try:
-                    with self:
-                        r = func.decomposition(*b)
-                finally:
-                    self._hidden = False
-                return func.return_type(*r) if func.return_type is not None else r
+                return self._batch_norm_training(func, *b)
         out = func(*args, **(kwargs or {}))
         if func.is_view:
             self._track_view(func, args, kwargs or {}, out)
+        return out
+
+
+    def _batch_norm_training(self, func, x, weight, bias, running_mean, running_var, training, momentum, eps):
+        """BatchNorm in training with running statistics: the op itself without them (one node, which
+        autograd differentiates by its own derivative, native_batch_norm_backward: two per-channel sums
+        and one pointwise pass, the input saved), then the running statistics written from its mean and
+        rstd (variance = rstd^-2 - eps) as a hidden mutation (no gradient)."""
+        out = func(x, weight, bias, None, None, training, momentum, eps)
+        from .._decomp.decompositions_nn import batch_norm_update_running
+        mean, rstd = out[1].detach(), out[2].detach()
+        self._hidden = True
+        try:
+            with self:
+                var = aten.sub(aten.reciprocal(aten.mul(rstd, rstd)), eps)
+                batch_norm_update_running(x, running_mean, running_var, mean, var, momentum)
+        finally:
+            self._hidden = False
         return out
 
 
