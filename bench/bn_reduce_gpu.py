@@ -2,16 +2,14 @@
 activations, float32 parameters): the Triton reduction kernels flambeau generates, under variants
 of its code generator in one process, beside torch.compile of the same function in the same run.
 
-    python bench/bn_reduce_gpu.py [--shapes 64x256x56x56,64x64x112x112] [--variants default,separate]
+    python bench/bn_reduce_gpu.py [--shapes 64x256x56x56,64x64x112x112] [--variants default,p1024]
                                   [--reps 20] [--top 6]
 
-A step is y = relu(batch_norm(x, running_mean, running_var, w, b, training=True)) then y.backward(dy). Variants (flambeau's
-inductor config; the function is recompiled for each):
+A step is y = relu(batch_norm(x, running_mean, running_var, w, b, training=True)) then y.backward(dy).
+Variants (flambeau's inductor config; the function is recompiled for each):
   default    the tree's own defaults (the variant to compare between checkouts)
-  separate   one loop per reduction of a kernel (triton_shared_reduction_pass=False: the code before)
-  shared     reductions over the same elements in one loop (the default)
-  p1024      shared, split reductions aiming at 1024 programs (triton_split_programs)
-  r2048      shared, RBLOCK 2048 for looped rows and split parts (triton_loop_block)
+  p1024      split reductions aiming at 1024 programs (triton_split_programs; default 512)
+  r2048      RBLOCK 2048 for looped rows and split parts (triton_loop_block; default 1024)
 One JSON line per (shape, system): ms per step (median of --reps between CUDA events after warm-up),
 GPU busy ms and kernels per step (PyTorch's profiler, which sees CuPy's and Triton's kernels too), and
 the --top kernels by device time (name, launches, ms per step). Uses public API and config names
@@ -35,10 +33,8 @@ from bench.gpu_profile import _busy_us, _trace  # noqa: E402
 
 SHAPES = "64x64x112x112,64x256x56x56,64x512x28x28,64x1024x14x14,64x2048x7x7"
 VARIANTS = {"default": {},
-            "separate": {"triton_shared_reduction_pass": False},
-            "shared": {"triton_shared_reduction_pass": True},
-            "p1024": {"triton_shared_reduction_pass": True, "triton_split_programs": 1024},
-            "r2048": {"triton_shared_reduction_pass": True, "triton_loop_block": 2048}}
+            "p1024": {"triton_split_programs": 1024},
+            "r2048": {"triton_loop_block": 2048}}
 
 
 def _step_fn(lib, shape):
@@ -81,7 +77,7 @@ def _measure(lib, system, shape, args):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default=SHAPES)
-    p.add_argument("--variants", default="default,separate,p1024,r2048")
+    p.add_argument("--variants", default="default,p1024,r2048")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--top", type=int, default=6)
     args = p.parse_args()
