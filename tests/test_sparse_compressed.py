@@ -251,8 +251,8 @@ def test_batched_compressed_tensors_match_pytorch(case):
 
 def test_batched_csr_gradients_and_refusals():
     """values() of a batched CSR made from a dense tensor carries the gradient to the stored entries
-    (float64 math); PyTorch's refusals: batches of different nnz, a 3-D COO to CSR; products of batched
-    compressed tensors are refused (PyTorch has none either), as are batched blocked layouts."""
+    (float64 math); PyTorch's refusals: batches of different nnz, a 3-D COO to CSR; ops other than the
+    value-wise ones and bmm/matmul by a dense tensor are refused, as are batched blocked layouts."""
     x = _batched(shape=(2, 3, 4))
     t = flambeau.tensor(x.astype(np.float64), requires_grad=True)
     w = np.random.default_rng(4).standard_normal((2, 4))
@@ -270,6 +270,41 @@ def test_batched_csr_gradients_and_refusals():
                                                r"tensors with sparse_dim\(\)!=2 is not supported"):
             m.tensor(x).to_sparse().to_sparse_csr()
     with pytest.raises(NotImplementedError, match="SparseCsrCPU"):
-        flambeau.tensor(x).to_sparse_csr() @ flambeau.ones(4, 2)
+        flambeau.tensor(x).to_sparse_csr() + flambeau.tensor(x).to_sparse_csr()
     with pytest.raises(RuntimeError, match="batched blocked layouts are not supported"):
         flambeau.tensor(x).to_sparse_bsr((1, 2))
+
+
+@pytest.mark.parametrize("layout", ["csr", "csc"])
+@pytest.mark.parametrize("op", ["bmm", "matmul", "@", "matmul_2d"])
+def test_batched_csr_times_dense_forward_and_gradients(layout, op):
+    """A batched CSR (or CSC) tensor (B, M, K) times a dense (B, K, N) (matmul: also a (K, N) shared by the
+    batches): PyTorch's `bmm` of batched CSR (its cuda kernel; torch 2.13's cpu has none). The product, the
+    dense operand's gradient S^T @ G and the stored values' gradient (G @ D^T at the entries) vs float64
+    math. Broken: the batch offset left out of the gathered rows -> fails."""
+    x = _batched(seed=7, shape=(3, 4, 5), per_batch=6).astype(np.float64)
+    rng = np.random.default_rng(8)
+    dn = rng.standard_normal((5, 2) if op == "matmul_2d" else (3, 5, 2))
+    g = rng.standard_normal((3, 4, 2))
+    dense = flambeau.tensor(x, requires_grad=True)
+    s = dense.to_sparse_csr() if layout == "csr" else dense.to_sparse_csc()
+    d = flambeau.tensor(dn, requires_grad=True)
+    out = {"bmm": lambda: flambeau.bmm(s, d), "matmul": lambda: flambeau.matmul(s, d), "@": lambda: s @ d,
+           "matmul_2d": lambda: flambeau.matmul(s, d)}[op]()
+    assert out.layout == flambeau.strided and tuple(out.shape) == (3, 4, 2)
+    np.testing.assert_allclose(out.detach().numpy(), x @ dn, rtol=1e-12, atol=1e-12)
+    (out * flambeau.tensor(g)).sum().backward()
+    want_d = np.swapaxes(x, 1, 2) @ g
+    np.testing.assert_allclose(d.grad.numpy(), want_d.sum(0) if op == "matmul_2d" else want_d, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dense.grad.numpy(), (g @ np.swapaxes(np.broadcast_to(dn, (3, 5, 2)), 1, 2)) * (x != 0),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_batched_csr_product_errors_name_the_op():
+    s = flambeau.tensor(_batched(shape=(2, 3, 4))).to_sparse_csr()
+    with pytest.raises(RuntimeError, match="bmm: batch1 and batch2 must have same number of batches, got 2 and 3"):
+        flambeau.bmm(s, flambeau.ones(3, 4, 2))
+    with pytest.raises(RuntimeError, match=r"Expected size for first two dimensions of batch2 tensor to be: \[2, 4\]"):
+        flambeau.bmm(s, flambeau.ones(2, 3, 2))
+    with pytest.raises(RuntimeError, match="bmm: expected scalar type Float but found Double"):
+        flambeau.bmm(s, flambeau.ones(2, 4, 2, dtype=flambeau.float64))

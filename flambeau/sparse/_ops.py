@@ -352,7 +352,50 @@ def to_dense_mm(a: Tensor, b: SparseTensor) -> Tensor:
     return sparse_mm_dense_grad("mm", transpose(b, 0, 1), a.t()).t()
 
 
+def batched_mm(name: str, s: SparseTensor, d: Tensor) -> Tensor:
+    """A batched CSR/CSC tensor (*batch, M, K) times a dense (*batch, K, N) (or, for matmul, (K, N) for every
+    batch): the dense (*batch, M, N) product, as PyTorch's `bmm` of a batched CSR tensor (cuda there; its
+    cpu has none). Each entry (b, r, c, v) adds v * D[b, c] to row (b, r), by index_select and index_add,
+    so gradients reach D (and S's values) through their derivatives."""
+    p = s._pattern
+    batch, nb = p.batch_shape, len(p.batch_shape)
+    if isinstance(d, SparseTensor) or p.sparse_dim != nb + 2 or len(p.shape) != nb + 2:
+        raise NotImplementedError(f"{name}: flambeau multiplies a batched {s.layout} tensor without dense dimensions "
+                                  "by a dense tensor only")
+    M, K = p.shape[nb:]
+    B = int(np.prod(batch))
+    if name == "bmm" and (nb != 1 or d.dim() != 3):
+        raise RuntimeError("batch1 must be a 3D tensor" if nb != 1 else "batch2 must be a 3D tensor")
+    if d.dim() == 2 and name == "matmul":
+        d = d.expand(batch + tuple(d.shape))
+    if tuple(d.shape[:-2]) != batch or d.dim() != nb + 2:
+        raise RuntimeError(f"{name}: batch1 and batch2 must have same number of batches, got {B} and "
+                           f"{int(np.prod(d.shape[:-2])) if d.dim() > 2 else d.shape}")
+    if d.shape[-2] != K:
+        raise RuntimeError(f"Expected size for first two dimensions of batch2 tensor to be: [{B}, {K}] but got: "
+                           f"[{int(np.prod(d.shape[:-2]))}, {d.shape[-2]}].")
+    if s.dtype is not d.dtype:
+        raise RuntimeError(f"{name}: expected scalar type {type_name(s.dtype)} but found {type_name(d.dtype)}")
+    N = d.shape[-1]
+    flat = np.ravel_multi_index(tuple(p.idx[:nb]), batch).astype(INDEX_DTYPE) if p.nnz else np.zeros(0, INDEX_DTYPE)
+    src = _tensor(flat * K + p.idx[nb + 1])
+    dst = _tensor(flat * M + p.idx[nb])
+    terms = values_of(s).unsqueeze(1) * d.reshape(B * K, N).index_select(0, src)
+    out = zeros((B * M, N), dtype=d.dtype, device=d.device).index_add(0, dst, terms)
+    return out.reshape(batch + (M, N))
+
+
+def _bmm_handler(op, a, b):
+    if not isinstance(a, SparseTensor) or not a._pattern.batch_shape:
+        raise NotImplementedError(f"Could not run 'aten::bmm.out' with arguments from the "
+                                  f"'{'SparseCsrCPU' if isinstance(a, SparseTensor) else 'SparseCPU'}' backend: "
+                                  "flambeau's bmm takes a batched CSR/CSC left operand and a dense right one")
+    return batched_mm("bmm", a, b)
+
+
 def _matmul_handler(op, a, b):
+    if isinstance(a, SparseTensor) and a._pattern.batch_shape:
+        return batched_mm("matmul", a, b)
     if isinstance(a, SparseTensor) and b.dim() == 1:
         return sparse_mm_dense_grad("matmul", a, b.unsqueeze(1)).squeeze(1)
     return _mm_handler(op, a, b)
@@ -524,7 +567,7 @@ def _sum_handler(op, a, dim=None, keepdim=False, *, dtype=None):
 
 
 SparseTensor._handlers.update({
-    "mm": _mm_handler, "matmul": _matmul_handler, "addmm": _addmm_handler, "add": _add_handler,
+    "mm": _mm_handler, "matmul": _matmul_handler, "bmm": _bmm_handler, "addmm": _addmm_handler, "add": _add_handler,
     "sub": _sub_handler, "mul": _mul_handler, "div": _div_handler, "neg": _neg_handler,
     "clone": _clone_handler, "zeros_like": _zeros_like_handler, "_to_copy": _to_copy_handler,
     "transpose": _transpose_handler, "t": _t_handler, "sum": _sum_handler, "index_select": _index_select_handler,

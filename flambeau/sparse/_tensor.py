@@ -110,16 +110,19 @@ class SparseTensor(Tensor):
     # handlers that only transform the values, so they keep a blocked pattern (the modules registering
     # handlers add theirs); the others see a BSR/BSC argument as COO (`_blocked_to_coo`)
     _value_only_handlers: set = {"neg", "clone", "div", "_to_copy", "mul"}
+    _batched_handlers: set = {"bmm", "matmul"}     # handlers that take a batched CSR/CSC left operand too
 
     @classmethod
     def __torch_dispatch__(cls, op, types, args, kwargs):
         handler = cls._handlers.get(op.__name__)
         batched = next((a for a in args if isinstance(a, SparseTensor) and a._pattern.batch_shape), None)
-        if batched is not None and op.__name__ not in cls._value_only_handlers:
+        if batched is not None and op.__name__ not in cls._value_only_handlers and \
+                not (op.__name__ in cls._batched_handlers and args and args[0] is batched):
             raise NotImplementedError(
                 f"Could not run 'aten::{op.name}' with arguments from the '{_backend_name(batched)}' backend: "
-                f"flambeau's batched {batched.layout} tensors support to_dense, to_sparse, values and value-wise "
-                "ops (mul, neg, the zero-preserving unary ops); call to_dense() first.")
+                f"flambeau's batched {batched.layout} tensors support to_dense, to_sparse, values, value-wise "
+                "ops (mul, neg, the zero-preserving unary ops) and bmm/matmul by a dense tensor; call to_dense() "
+                "first.")
         if handler is not None and op.__name__ not in cls._value_only_handlers:
             args = tuple(cls._blocked_to_coo(a) if isinstance(a, SparseTensor) and a._pattern.block else a
                          for a in args)
