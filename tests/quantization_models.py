@@ -52,6 +52,62 @@ def build_pool_cnn(m):
     return PoolCNN()
 
 
+def build_avg_cnn(m):
+    """conv -> ReLU module -> nn.AvgPool2d(2), conv -> ReLU module -> F.avg_pool2d(3, 2, 1,
+    count_include_pad=False), conv -> nn.AdaptiveAvgPool2d((1, 1)) -> torch.flatten(x, 1) -> linear (ResNet's
+    head): X86InductorQuantizer propagates int8 through the three average pools and the flatten."""
+    class AvgCNN(m.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.r1, self.p1 = m.nn.Conv2d(3, 16, 3, padding=1), m.nn.ReLU(), m.nn.AvgPool2d(2)
+            self.c2, self.r2 = m.nn.Conv2d(16, 16, 3, padding=1), m.nn.ReLU()
+            self.c3, self.gap = m.nn.Conv2d(16, 32, 3, padding=1), m.nn.AdaptiveAvgPool2d((1, 1))
+            self.fc = m.nn.Linear(32, 10)
+
+        def forward(self, x):
+            x = self.p1(self.r1(self.c1(x)))
+            x = m.nn.functional.avg_pool2d(self.r2(self.c2(x)), 3, 2, 1, count_include_pad=False)
+            return self.fc(m.flatten(self.gap(self.c3(x)), 1))
+    return AvgCNN()
+
+
+def build_flatten_cnn(m, how):
+    """conv -> ReLU module -> max pool -> a functional flatten (`how`: "flatten" torch.flatten(x, 1),
+    "method" x.flatten(1), "view" x.view(x.size(0), -1)) -> linear."""
+    class FlattenCNN(m.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.r1, self.p1 = m.nn.Conv2d(3, 8, 3, padding=1), m.nn.ReLU(), m.nn.MaxPool2d(2)
+            self.fc = m.nn.Linear(8 * 8 * 8, 10)
+
+        def forward(self, x):
+            x = self.p1(self.r1(self.c1(x)))
+            x = {"flatten": lambda: m.flatten(x, 1), "method": lambda: x.flatten(1),
+                 "view": lambda: x.view(x.size(0), -1)}[how]()
+            return self.fc(x)
+    return FlattenCNN()
+
+
+def qdq_pattern(graph, kind):
+    """The converted graph's q/dq pattern around its operators: "kind:dq:q" for each call whose `kind(node)`
+    names it (conv, linear, max_pool, avg_pool, flatten, ...), dq whether its first input is a dequantize, q
+    whether its (values) output's only user is a quantize."""
+    def named(n, word):
+        return n.op == "call_function" and word in str(n.target)
+    out = []
+    for n in graph.nodes:
+        k = kind(n) if n.op == "call_function" else None
+        if k is None:
+            continue
+        users = list(n.users)
+        if users and all(named(u, "getitem") for u in users):
+            users = [v for u in users if u.args[1] == 0 for v in u.users]
+        dq = bool(n.args) and hasattr(n.args[0], "op") and named(n.args[0], "dequantize")
+        q = len(users) == 1 and named(users[0], "quantize_per_tensor") and not named(users[0], "dequantize")
+        out.append(f"{k}:{int(dq)}:{int(q)}")
+    return out
+
+
 def build_mlp(m, d_in=20, hidden=64, classes=4, skip=True):
     class MLP(m.nn.Module):
         def __init__(self):

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <vector>
 #include <pthread.h>
 #include "lowp.h"     // bfloat16 / float16 <-> float
 #ifdef _OPENMP
@@ -1299,6 +1300,60 @@ extern "C" void flm_max_pool2d_u8(int64_t planes, int64_t H, int64_t W, int64_t 
 #endif
         max_pool2d_plane(x + p * H * W, W, OH, OW, kh, kw, sh, sw, dh, dw, y + p * OH * OW, idx + p * OH * OW);
     }
+}
+
+// ---- int8 average pooling (a quantized graph's dequantize -> avg pool -> quantize with one set of qparams) --
+// Output (n, c, oh, ow) averages the window rows [hs, hs + hl) x columns [ws, ws + wl) of plane (n, c):
+// acc = sum(x) - hl * wl * zp in int32, m = 1.0f / (hd * wd), then nearbyint(float(acc) * m) + zp (PyTorch's
+// quantized channels-last avg_pool2d) or, adaptive, nearbyint(fma(acc, 1 / (1 / m), zp)) (its
+// adaptive_avg_pool2d, quantize_val with scale 1 / m), clamped to the type's range. Element strides for x (sN, sC, sH, sW) and y; channels innermost runs one vector lane
+// per channel (the channels-last layout that int8 convolutions produce).
+template <typename T>
+static void avg_pool2d_int8(int64_t N, int64_t C, int64_t OH, int64_t OW, const int64_t* xs, const int64_t* ys,
+                            const T* x, T* y, const int64_t* hs, const int64_t* hl, const int64_t* hd,
+                            const int64_t* ws, const int64_t* wl, const int64_t* wd, int32_t zp, int adaptive,
+                            int32_t lo, int32_t hi, int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<int32_t> acc(C);
+#pragma omp for schedule(static) collapse(2)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    const int32_t base = -(int32_t)(hl[oh] * wl[ow]) * zp;
+                    for (int64_t c = 0; c < C; c++) acc[c] = base;
+                    for (int64_t h = hs[oh]; h < hs[oh] + hl[oh]; h++)
+                        for (int64_t w = ws[ow]; w < ws[ow] + wl[ow]; w++) {
+                            const T* __restrict__ xp = x + n * xs[0] + h * xs[2] + w * xs[3];
+                            int32_t* __restrict__ a = acc.data();
+                            if (xs[1] == 1) {
+#pragma omp simd
+                                for (int64_t c = 0; c < C; c++) a[c] += xp[c];
+                            } else {
+                                for (int64_t c = 0; c < C; c++) a[c] += xp[c * xs[1]];
+                            }
+                        }
+                    const float m = 1.0f / (float)(hd[oh] * wd[ow]), inv = 1.0f / (1.0f / m);
+                    T* yp = y + n * ys[0] + oh * ys[2] + ow * ys[3];
+                    for (int64_t c = 0; c < C; c++) {
+                        int32_t r = adaptive ? (int32_t)std::nearbyint(std::fma((float)acc[c], inv, (float)zp))
+                                             : (int32_t)std::nearbyint((float)acc[c] * m) + zp;
+                        yp[c * ys[1]] = (T)std::min(std::max(r, lo), hi);
+                    }
+                }
+    }
+}
+
+extern "C" void flm_avg_pool2d_int8(int is_signed, int64_t N, int64_t C, int64_t OH, int64_t OW, const int64_t* xs,
+                                    const int64_t* ys, const void* x, void* y, const int64_t* hs, const int64_t* hl,
+                                    const int64_t* hd, const int64_t* ws, const int64_t* wl, const int64_t* wd,
+                                    int32_t zp, int adaptive, int threads) {
+    if (is_signed)
+        avg_pool2d_int8<int8_t>(N, C, OH, OW, xs, ys, (const int8_t*)x, (int8_t*)y, hs, hl, hd, ws, wl, wd, zp,
+                                adaptive, -128, 127, threads);
+    else
+        avg_pool2d_int8<uint8_t>(N, C, OH, OW, xs, ys, (const uint8_t*)x, (uint8_t*)y, hs, hl, hd, ws, wl, wd, zp,
+                                 adaptive, 0, 255, threads);
 }
 
 // ---- ReLU's select: out = (x < 0, or x <= 0 when inclusive) ? +0 : v, one pass -----------------------

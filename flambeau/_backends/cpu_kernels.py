@@ -17,6 +17,7 @@
 - `conv2d_weight_grad`: a grouped convolution's weight gradient (vmap's per-example gradients: the
   examples are the groups), per group without a column buffer.
 - `max_pool2d`: max pooling with indices, one pass per window (ATen's tie and NaN rules);
+  `avg_pool2d_int8`: average pooling of uint8/int8 integers with PyTorch's quantized rounding;
   `plane_scatter_add`: its backward, float32 additions in ATen's order.
 - `ce_forward`, `ce_backward`: cross-entropy over class-index targets of 2-D float32 logits (no class
   weight, no label smoothing), one pass per row each way.
@@ -149,6 +150,10 @@ def _load():
                     mp.argtypes = [i64] * 11 + [p, p, p, ctypes.c_int]
                     mp.restype = None
                     _state["max_pool2d", dt] = mp
+                ap = lib.flm_avg_pool2d_int8
+                ap.argtypes = [ctypes.c_int] + [i64] * 4 + [p] * 10 + [ctypes.c_int32, ctypes.c_int, ctypes.c_int]
+                ap.restype = None
+                _state["avg_pool2d_int8"] = ap
                 for suffix, dt in (("f32", _F32), ("f64", np.dtype(np.float64))):
                     lf = getattr(lib, "flm_layer_norm_" + suffix)
                     o = ctypes.py_object
@@ -514,6 +519,27 @@ def max_pool2d(x, out_hw, ks, st, dl):
         _state["max_pool2d", x.dtype](y.size // (OH * OW), H, W, OH, OW, ks[0], ks[1], st[0], st[1], dl[0], dl[1],
                              x.ctypes.data, y.ctypes.data, idx.ctypes.data, _threads(y.size * ks[0] * ks[1] * 16))
     return y, idx
+
+
+def avg_pool2d_int8(x, y, windows, zero_point: int, adaptive: bool = False) -> bool:
+    """Average pooling of the uint8/int8 array x (N, C, H, W), any strides, into y (N, C, OH, OW), any
+    strides, over integer windows ((h_start, h_len, h_div), (w_start, w_len, w_div), int64 arrays of OH /
+    OW): PyTorch's quantized rounding, `adaptive` its adaptive_avg_pool2d's (`_ops/quantized_pool.py`).
+    False when not handled here."""
+    if _load() is None or x.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)) or x.ndim != 4 or \
+            y.dtype != x.dtype:
+        return False
+    N, C = x.shape[:2]
+    OH, OW = y.shape[2:]
+    xs = np.array([s // x.itemsize for s in x.strides], np.int64)
+    ys = np.array([s // y.itemsize for s in y.strides], np.int64)
+    tables = [np.ascontiguousarray(t, np.int64) for w in windows for t in w]
+    if y.size:
+        taps = int(tables[1].mean() * tables[4].mean()) if OH and OW else 1
+        _state["avg_pool2d_int8"](int(x.dtype == np.int8), N, C, OH, OW, xs.ctypes.data, ys.ctypes.data, x.ctypes.data,
+                                  y.ctypes.data, *[t.ctypes.data for t in tables], int(zero_point), int(adaptive),
+                                  _threads(y.size * max(taps, 1) * 16))
+    return True
 
 
 def plane_scatter_add(g, idx, planes: int, P: int):

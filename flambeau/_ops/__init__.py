@@ -12,7 +12,7 @@ from ._registry import OPS, EXPORTS, METHODS, Op, defop, export, TensorSpec  # n
 from . import creation, pointwise, pointwise_math, reduction, sorting, scans  # noqa: F401
 from . import views, views_split, linalg, linalg_decomp, indexing, scatter, masking  # noqa: F401
 from . import shape, random_ops, nn_ops, norm_loss, activation, linear, nn_extra, quantized  # noqa: F401
-from . import quantized_tensor, quantized_linear, quantized_conv  # noqa: F401
+from . import quantized_tensor, quantized_linear, quantized_conv, quantized_pool  # noqa: F401
 from .._tensor import Tensor
 from .._dtype import scalar_dtype
 from .. import _dispatch, _state

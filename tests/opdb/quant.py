@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 
+from flambeau._ops import quantized_pool as QP
 from tests.opdb import OpInfo, S, T
 
 QD = "quantized_decomposed::"
@@ -226,7 +227,40 @@ def _qlinear_binary(m, qx, x_scale, x_zp, qw, w_scale, w_zp, other, bias, out_sc
         other_zp, binary, 1.0, unary, [], "")
 
 
+def _avg_int8_samples(dtype):
+    def qx(shape, noncontig=False):
+        return T(shape, dtype="uint8", low=0, high=255, noncontig=noncontig)
+    return [S(qx((2, 16, 7, 7)), (3, 3), (2, 2), (1, 1), False, True, None, 128, None),
+            S(qx((1, 4, 9, 8), noncontig=True), (2, 3), (2, 1), (1, 0), True, False, None, 100, None),
+            S(qx((1, 6, 6, 6)), (2, 2), (2, 2), (0, 0), False, True, 3, 8, None),
+            S(qx((2, 16, 7, 7)), None, None, None, None, None, None, 131, (1, 1)),
+            S(qx((1, 16, 7, 7)), None, None, None, None, None, None, 130, (3, 2))]
+
+
+def _avg_int8(m, qx, ks, st, pd, ceil, cip, div, zp, adaptive_size):
+    """flambeau's int8 average pool vs PyTorch's quantized avg_pool2d / adaptive_avg_pool2d (same scale in and
+    out), compared on the integers."""
+    if m.__name__ == "torch":
+        tq = m._make_per_tensor_quantized_tensor(qx, 0.1, zp)
+        F = m.nn.functional
+        out = F.adaptive_avg_pool2d(tq, adaptive_size) if adaptive_size else F.avg_pool2d(tq, ks, st, pd, ceil, cip,
+                                                                                          div)
+        return out.int_repr()
+    H, W = qx.shape[-2:]
+    win = QP.adaptive_avg_pool2d_windows(H, W, adaptive_size) if adaptive_size else \
+        QP.avg_pool2d_windows(H, W, ks, st, pd, ceil, cip, div)
+    return m.ops.aten._avg_pool2d_int8(qx, *win[0], *win[1], zp, bool(adaptive_size))
+
+
+def _avg_int8_errors():
+    from tests.opdb import ErrorSample
+    return [ErrorSample(S(T((1, 2, 4, 4), dtype="float32"), (2, 2), (2, 2), (0, 0), False, True, None, 0, None),
+                        RuntimeError, "uint8 or int8")]
+
+
 OPS = [
+    OpInfo("_avg_pool2d_int8", _avg_int8_samples, dtypes=("float32",), grad=False, call=_avg_int8,
+           errors=_avg_int8_errors, ops=("_avg_pool2d_int8",)),
     OpInfo("onednn.qconv2d_pointwise.binary", _qconv_binary_samples, dtypes=("float32",), grad=False,
            call=_qconv_binary, ops=("onednn::qconv2d_pointwise.binary",)),
     OpInfo("onednn.qconv2d_pointwise.binary_tensor", _qconv_binary_samples, dtypes=("float32",), grad=False,

@@ -14,8 +14,9 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, 
 from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from tests.quantization_models import (build_cnn, build_cnn_bn, build_mlp, build_mlp_bn, build_pool_cnn,  # noqa: E402
-                                       build_qat_cnn, build_qat_res, calibration, qat_batches)
+from tests.quantization_models import (build_avg_cnn, build_cnn, build_cnn_bn, build_flatten_cnn,  # noqa: E402
+                                       build_mlp, build_mlp_bn, build_pool_cnn, build_qat_cnn, build_qat_res,
+                                       calibration, qat_batches, qdq_pattern)
 
 
 def run(name, build, shape, dynamic, out, conv_only=False):
@@ -47,6 +48,16 @@ def run(name, build, shape, dynamic, out, conv_only=False):
         if k.startswith("_frozen_param"):
             out[f"{name}/{k}"] = v.numpy()
     out[f"{name}/output"] = converted(torch.tensor(data[1] * 3)).detach().numpy()
+    out[f"{name}/qdq"] = np.array(qdq_pattern(converted.graph, _kind))
+
+
+_KINDS = {"aten.conv2d.default": "conv", "aten.linear.default": "linear", "aten.max_pool2d.default": "max_pool",
+          "aten.avg_pool2d.default": "avg_pool", "aten.adaptive_avg_pool2d.default": "avg_pool",
+          "aten.flatten.using_ints": "flatten", "aten.view.default": "flatten", "aten.cat.default": "cat"}
+
+
+def _kind(node):
+    return _KINDS.get(str(node.target))
 
 
 def run_qat(out, name, build, lr=0.1):
@@ -91,6 +102,9 @@ def main(path):
     run("mlp_bn", build_mlp_bn, (5, 20), False, out)
     run("pool_cnn", build_pool_cnn, (4, 3, 16, 16), False, out)
     run("pool_cnn_conv_only", build_pool_cnn, (4, 3, 16, 16), False, out, conv_only=True)
+    run("avg_cnn", build_avg_cnn, (4, 3, 16, 16), False, out)
+    for how in ("flatten", "method", "view"):
+        run(f"flat_{how}", lambda m, how=how: build_flatten_cnn(m, how), (4, 3, 16, 16), False, out)
     run("mlp_dynamic", build_mlp, (5, 20), True, out)
     run_qat(out, "qat", build_qat_cnn)
     run_qat(out, "qat_res", build_qat_res)

@@ -17,8 +17,9 @@ module after it] of conv + add, a linear): a max pool whose input is such a node
 (its input observed, its output sharing that observer: int8 in, int8 out), and so is a `cat` whose
 inputs all are (the first input observed, the others and the output sharing its observer). Module
 types come from the capture's `nn_module_stack`; a functional relu is not a pattern's end, as in
-PyTorch. An `nn.Flatten` between such a node and a quantizable op shares its observer too. Average
-pools (captured as `_taps_gather`) and a functional flatten (a plain view) are not propagated through.
+PyTorch. Average pools (`avg_pool2d`, `adaptive_avg_pool2d`, captured as `_taps_gather` or a global
+`mean`) of such nodes, and a flatten between such a node and a quantizable op (`nn.Flatten`,
+`torch.flatten`, a view merging dims), are annotated the same way, as PyTorch's `int8_in_int8_out_ops`.
 
 With a QAT configuration a convolution followed by a batch norm (PyTorch's `_annotate_qat_conv2d_bn*`:
 the batch norm is not folded before annotation) gets its output observed where the fused pattern ends:
@@ -28,6 +29,7 @@ other input is observed too), else after the batch norm. PyTorch matches the una
 """
 from __future__ import annotations
 
+import math
 import operator
 import warnings
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ from ....fx._aten import ops
 from ....fx.graph_module import GraphModule
 from ....fx.node import Node
 from ....nn import functional
+from ...._ops import quantized_pool
 from ....nn.modules.conv import Conv2d
 from ....nn.modules.linear import Linear
 from ..observer import (HistogramObserver, PerChannelMinMaxObserver, PlaceholderObserver, MovingAverageMinMaxObserver,
@@ -98,13 +101,57 @@ def _is_quantized_op(node) -> bool:
     return bool(getattr(node.meta.get(ANNOTATION_KEY), "_is_output_of_quantized_pattern", False))
 
 
+def _shape(node):
+    v = node.meta.get("val") if isinstance(node, Node) else None
+    return tuple(int(s) for s in v.shape) if v is not None and hasattr(v, "shape") else None
+
+
 def _is_flatten(node) -> bool:
-    """A view recorded by an `nn.Flatten` module (a functional flatten records a plain view, which
-    PyTorch would not propagate through either: not recognised)."""
-    if not isinstance(node, Node) or node.op != "call_function" or node.target is not ops.aten.view.default:
+    """A view recorded by an `nn.Flatten` module, `torch.flatten`/`Tensor.flatten` or a `view`/`reshape`
+    that merges consecutive dims (`x.view(x.size(0), -1)`): the capture records each as one view, so
+    they are told apart by shape (PyTorch's `aten.flatten.using_ints` is propagated; a plain view there
+    is not, which puts its observer after the view instead: the same values, so the same statistics)."""
+    if not isinstance(node, Node) or node.op != "call_function" or \
+            node.target is not ops.aten.view.default:
         return False
     stack = list(node.meta.get("nn_module_stack", {}).values())
-    return bool(stack) and stack[-1][1].rsplit(".", 1)[-1] == "Flatten"
+    if stack and stack[-1][1].rsplit(".", 1)[-1] == "Flatten":
+        return True
+    src, out = _shape(node.args[0]), _shape(node)
+    if src is None or out is None or len(out) >= len(src):
+        return False
+    m = len(src) - len(out) + 1                 # dims folded into one
+    return any(src[:k] == out[:k] and math.prod(src[k:k + m]) == out[k] and src[k + m:] == out[k + 1:]
+               for k in range(len(out)))
+
+
+_AVG_POOL_MODULES = ("AvgPool2d", "AdaptiveAvgPool2d")
+
+
+def _is_avg_pool(model, node) -> bool:
+    """An average pool as the capture records it: `_taps_gather` over a 4-d input's last two dims with
+    tables that average windows (`avg_pool2d`, `adaptive_avg_pool2d`; an interpolation's do not), or the
+    `mean(dims (-2, -1), keepdim)` of a global pool (an `nn.AdaptiveAvgPool2d` module, or
+    `F.adaptive_avg_pool2d(x, 1)`, which spells its dims so; a user's `x.mean((2, 3), keepdim=True)` is
+    no pool, as in PyTorch). A node inside another nn module than the pools' (`nn.Upsample`) is none."""
+    if not isinstance(node, Node) or node.op != "call_function":
+        return False
+    stack = list(node.meta.get("nn_module_stack", {}).values())
+    kind = stack[-1][1].rsplit(".", 1)[-1] if stack else None
+    if kind is not None and kind not in _AVG_POOL_MODULES and stack[-1][1].startswith("flambeau.nn.modules."):
+        return False
+    src = _shape(node.args[0]) if node.args else None
+    if src is None or len(src) != 4:
+        return False
+    if node.target is ops.aten.mean.dim:
+        dims = tuple(node.args[1]) if len(node.args) > 1 else ()
+        keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        if not keep or node.kwargs.get("dtype") is not None:
+            return False
+        return dims == (-2, -1) or (kind == "AdaptiveAvgPool2d" and sorted(d % 4 for d in dims) == [2, 3])
+    if node.target is not ops.aten._taps_gather.default or len(node.args) < 3:
+        return False
+    return quantized_pool.taps_windows_of(model, node) is not None
 
 
 def _is_quantizable(node) -> bool:
@@ -258,8 +305,8 @@ class X86InductorQuantizer(Quantizer):
 
     def _propagate(self, model: GraphModule) -> None:
         """int8 in, int8 out (PyTorch's `_annotate_propagation_quantizable_pattern` and
-        `_annotate_output_for_int8_in_int8_out_pattern`): a max pool of a quantized pattern's output, a
-        cat of such outputs."""
+        `_annotate_output_for_int8_in_int8_out_pattern`): a max pool, an average pool or a flatten of a
+        quantized pattern's output (the flatten only where a user is quantizable), a cat of such outputs."""
         for node in model.graph.nodes:
             if node.op != "call_function" or ANNOTATION_KEY in node.meta:
                 continue
@@ -275,6 +322,13 @@ class X86InductorQuantizer(Quantizer):
                     input_qspec_map={src: act}, _annotated=True, _is_output_of_quantized_pattern=True)
                 out.meta[ANNOTATION_KEY] = _X86InductorQuantizationAnnotation(
                     output_qspec=SharedQuantizationSpec((src, node)), _annotated=True)
+            elif _is_avg_pool(model, node):
+                src = node.args[0]
+                if not _is_quantized_op(src):
+                    continue
+                node.meta[ANNOTATION_KEY] = _X86InductorQuantizationAnnotation(
+                    input_qspec_map={src: act}, output_qspec=SharedQuantizationSpec((src, node)), _annotated=True,
+                    _is_output_of_quantized_pattern=True)
             elif _is_flatten(node):
                 src = node.args[0]
                 if not node.users or not any(_is_quantizable(u) for u in node.users) or not _is_quantized_op(src):
