@@ -31,11 +31,11 @@ def test_core_op_is_lowered_or_extern(name):
 
 def test_core_set_size_and_halves():
     core = core_ops()
-    assert len(core) == 183      # 172 + the int8 linear layer (onednn::qlinear_prepack, qlinear_pointwise(.tensor,
+    assert len(core) == 184      # 172 + the int8 linear layer (onednn::qlinear_prepack, qlinear_pointwise(.tensor,
     #                              .binary, .binary_tensor))
     #                              + the int8 convolution (onednn::qconv_prepack, qconv2d_pointwise(.tensor,
     #                              .binary, .binary_tensor)) + _max_pool_backward (max pooling's gradient, an
-    #                              extern: one Triton gather on cuda)
+    #                              extern: one Triton gather on cuda) + _avg_pool2d_int8 (int8 average pooling)
     assert len([op for op in core if Tag.extern in op.tags and op.lowering is None]) == \
         len([op for op in core if op.lowering is None])
     assert all(is_core(op) for op in core)
