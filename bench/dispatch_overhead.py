@@ -10,7 +10,8 @@ Compare two checkouts by running this same script against each:
 
     PYTHONPATH=/path/to/tree python bench/dispatch_overhead.py [--instructions] [--ops add,relu]
 
-The training-step workloads (`mlp_step`, `mlp_step_amp`, `conv_step`: a whole step of a tiny model,
+The training-step workloads (`mlp_step`, `mlp_step_amp`, `conv_step`, `gpt_step` (distributed_train.py's
+`--small` GPT: 2 layers, width 64, B 2, T 32; 20 calls counted under callgrind): a whole step of a tiny model,
 forward, backward and AdamW, so the kernels cost little and the host path is what is timed) also
 print `ops_per_step` (operator calls reaching the backend: flambeau's `call_functional`, PyTorch's
 ATen ops under a dispatch mode) and `us_per_op` = step time / ops; `--peer torch` adds PyTorch's line
@@ -41,7 +42,9 @@ STEP_BATCH = 4
 STEP_CHANNELS = 4            # channels, image side and batch of the conv-bn-relu step
 STEP_SIDE = 4
 STEP_IMAGES = 2
-STEP_WORKLOADS = ("mlp_step", "mlp_step_amp", "conv_step", "get_batch")     # workloads printed with ops_per_step
+STEP_WORKLOADS = ("mlp_step", "mlp_step_amp", "conv_step", "get_batch", "gpt_step")   # printed with ops_per_step
+GPT_STEP = dict(vocab=96, block=32, d=64, layers=2, heads=2, batch=2, seq=32)   # distributed_train.py --small
+SLOW_CALLS = {"gpt_step": 20}  # workloads of milliseconds: fewer calls counted (and warm-up calls) under callgrind
 
 _HELPER_C = r"""
 #include <valgrind/callgrind.h>
@@ -106,7 +109,8 @@ def _get_batch(m) -> dict:
 
 def _steps(m) -> dict:
     """The training-step workloads: bench/gpu_models.py's MLP and a conv-BN-ReLU residual block,
-    shrunk so that the host path is the cost; AdamW; `mlp_step_amp` under cpu bf16 autocast."""
+    shrunk so that the host path is the cost, and its small GPT; AdamW; `mlp_step_amp` under cpu bf16
+    autocast."""
     nn, F = m.nn, m.nn.functional
     m.manual_seed(0)
 
@@ -150,8 +154,13 @@ def _steps(m) -> dict:
     mx, my = m.randn(STEP_BATCH, STEP_WIDTH), m.randint(0, STEP_WIDTH, (STEP_BATCH,))
     cx = m.randn(STEP_IMAGES, STEP_CHANNELS, STEP_SIDE, STEP_SIDE)
     cy = m.randint(0, STEP_CHANNELS, (STEP_IMAGES,))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench import gpu_models
+    g = GPT_STEP
+    gx, gy = (m.randint(0, g["vocab"], (g["batch"], g["seq"])) for _ in range(2))
+    gpt = gpu_models.gpt(m, vocab=g["vocab"], block=g["block"], d=g["d"], layers=g["layers"], heads=g["heads"])
     return {"mlp_step": make_step(MLP(), mx, my, False), "mlp_step_amp": make_step(MLP(), mx, my, True),
-            "conv_step": make_step(ConvBlock(), cx, cy, False)}
+            "conv_step": make_step(ConvBlock(), cx, cy, False), "gpt_step": make_step(gpt, gx, gy, False)}
 
 
 def ops_per_call(m, fn) -> int:
@@ -192,10 +201,10 @@ def _count_in_callgrind(names, ops) -> None:
     helper = ctypes.CDLL(os.environ["FLAMBEAU_BENCH_HELPER"])
     for name in names:
         fn = ops[name]
-        for _ in range(WARMUP_CALLS):
+        for _ in range(SLOW_CALLS.get(name, WARMUP_CALLS)):
             fn()
         helper.flambeau_bench_toggle()
-        for _ in range(CALLS_COUNTED):
+        for _ in range(SLOW_CALLS.get(name, CALLS_COUNTED)):
             fn()
         helper.flambeau_bench_toggle()
         helper.flambeau_bench_dump(name.encode())
@@ -230,7 +239,7 @@ def _count(names, keep: str | None) -> dict:
                 elif line.startswith("totals:") or line.startswith("summary:"):
                     total = int(line.split()[1])
             if name in names:
-                counts[name] = total / CALLS_COUNTED
+                counts[name] = total / SLOW_CALLS.get(name, CALLS_COUNTED)
         return counts
 
 
