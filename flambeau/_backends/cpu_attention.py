@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import _cpp_builder, _dtype as D
 from . import cpp_headers, cpu_kernels
+from .cpu_kernels import ptr
 
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_attention.cpp")
 DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(D.bfloat16.np): 1, np.dtype(np.float16): 2}
@@ -119,7 +120,7 @@ class _Layout:
         """A fresh float workspace for a forward or backward call on `threads` threads."""
         n = self.workspace.get((backward, threads))
         if n is None:
-            n = self.workspace[backward, threads] = _load()[2](self.sz.ctypes.data, backward, threads)
+            n = self.workspace[backward, threads] = _load()[2](ptr(self.sz), backward, threads)
         return np.empty(n, _F32)
 
     def reduce_to(self, g, shape):
@@ -169,9 +170,9 @@ def forward(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
     if out.size:
         threads = _threads(out.size * lay.S * 4)
         work = lay.work(0, threads)
-        fwd(lay.sz.ctypes.data, lay.st.ctypes.data, DTYPE_CODES[q.dtype], qa.ctypes.data, ka.ctypes.data,
-            va.ctypes.data, None if lay.mask is None else lay.mask.ctypes.data, int(bool(is_causal)), sc,
-            out.ctypes.data, lse.ctypes.data, work.ctypes.data, threads)
+        fwd(ptr(lay.sz), ptr(lay.st), DTYPE_CODES[q.dtype], ptr(qa), ptr(ka), ptr(va),
+            None if lay.mask is None else ptr(lay.mask), int(bool(is_causal)), sc, ptr(out), ptr(lse), ptr(work),
+            threads)
     return out.reshape(lay.batch + (lay.L, lay.Ev)), lse.reshape(lay.batch + (lay.L,))
 
 
@@ -190,9 +191,9 @@ def backward(dout, q, k, v, out, lse, mask=None, is_causal=False, scale=None, en
     if dq.size and lay.S:
         threads = _threads(dq.size * lay.S * 8)
         work, st = lay.work(1, threads), lay.strides(d4, o4)      # st alive until the call returns
-        bwd(lay.sz.ctypes.data, st.ctypes.data, DTYPE_CODES[q.dtype], qa.ctypes.data,
-            ka.ctypes.data, va.ctypes.data, None if lay.mask is None else lay.mask.ctypes.data,
-            int(bool(is_causal)), sc, d4.ctypes.data, o4.ctypes.data, lse4.ctypes.data, dq.ctypes.data,
-            dk.ctypes.data, dv.ctypes.data, work.ctypes.data, threads)
+        bwd(ptr(lay.sz), ptr(st), DTYPE_CODES[q.dtype], ptr(qa),
+            ptr(ka), ptr(va), None if lay.mask is None else ptr(lay.mask),
+            int(bool(is_causal)), sc, ptr(d4), ptr(o4), ptr(lse4), ptr(dq),
+            ptr(dk), ptr(dv), ptr(work), threads)
     qs, ks, vs = lay.shapes
     return lay.reduce_to(dq, qs), lay.reduce_to(dk, ks), lay.reduce_to(dv, vs)
