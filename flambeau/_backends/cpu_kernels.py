@@ -293,6 +293,9 @@ def matmul(a, b, out=None):
         fn(1, M, N, K, ptr(a), 0, sa[0] >> 2, sa[1] >> 2, ptr(b), 0, sb[0] >> 2, sb[1] >> 2,
            ptr(out), 0, out.strides[0] >> 2, 0, _threads(M * N * K))
         return out
+    if b.ndim == 2 and out is None and a.flags.c_contiguous:
+        # a C-contiguous stack of matrices times one matrix: one 2-D product over all their rows (ATen's fold)
+        return matmul(a.reshape(-1, K), b).reshape(a.shape[:-1] + (N,))
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     if out is None:
         out = np.empty(batch + (M, N), _F32)
