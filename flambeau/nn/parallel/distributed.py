@@ -147,6 +147,7 @@ class _Reducer:
         self.static_unused, self.static_used_map = None, None   # static_graph: the first iteration's answer
         self.hook_state, self.hook = group, _default_allreduce
         self.active, self.next_bucket, self.used = False, 0, set()
+        self.record_arrival = False          # `should_rebuild()` for the backward under way
         self.handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def _set_buckets(self, buckets: list) -> None:
@@ -198,6 +199,7 @@ class _Reducer:
         for b in self.buckets:
             b.pending, b.future = len(b.params), None
         self.active, self.next_bucket, self.used = True, 0, set()
+        self.record_arrival = self.should_rebuild()
         if self.needs_graph_walk():
             reached = _reachable_leaves(outputs)
             unused = [p for p in self.params if id(p) not in reached]
@@ -214,20 +216,28 @@ class _Reducer:
     def _on_grad(self, param) -> None:
         if not self.active:
             return
-        self.used.add(id(param))
-        if self.should_rebuild():
-            self.arrival.append(self.index_of[id(param)])
-        bucket, view = self.slot_of[id(param)]
-        grad = param.grad
+        key = id(param)
+        self.used.add(key)
+        if self.record_arrival:
+            self.arrival.append(self.index_of[key])
+        bucket, view = self.slot_of[key]
+        grad = param._grad
         if grad is not view:
             _copy_into(view, grad)
             if self.as_view:
                 param.grad = view
-        self._mark_ready(param)
+        bucket.pending -= 1
+        if not bucket.pending:              # the bucket is complete: it and the ones after it may start
+            self._launch_ready()
 
     def _mark_ready(self, param) -> None:
         bucket = self.slot_of[id(param)][0]
         bucket.pending -= 1
+        if not bucket.pending:
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        """Start the complete buckets from the next one on, in order; once all have started, finish."""
         while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].pending == 0:
             self._launch(self.buckets[self.next_bucket])
             self.next_bucket += 1
