@@ -4,7 +4,9 @@ Two figures per op, one JSON object per line:
 - `us_per_call`: the minimum over `--repeats` timeit runs (wall time; noisy on a shared machine);
 - `instr_per_call` (with `--instructions`): instructions executed per call, counted by valgrind's
   callgrind over only the timed loop (a tiny C helper toggles collection around it). Instruction
-  counts barely move with machine load, so they compare two trees on a busy machine.
+  counts barely move with machine load, so they compare two trees on a busy machine. valgrind decodes
+  no AVX-512, so the counted child runs without NumPy's AVX-512 loops and with FLAMBEAU_GEMM=0 (the C++
+  kernels off, NumPy in their place): the host path is counted, not the kernels this machine runs.
 
 Compare two checkouts by running this same script against each:
 
@@ -44,7 +46,8 @@ STEP_SIDE = 4
 STEP_IMAGES = 2
 STEP_WORKLOADS = ("mlp_step", "mlp_step_amp", "conv_step", "get_batch", "gpt_step")   # printed with ops_per_step
 GPT_STEP = dict(vocab=96, block=32, d=64, layers=2, heads=2, batch=2, seq=32)   # distributed_train.py --small
-SLOW_CALLS = {"gpt_step": 20}  # workloads of milliseconds: fewer calls counted (and warm-up calls) under callgrind
+SLOW_CALLS = {"gpt_step": 20}
+NPY_AVX512 = "AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR"  # workloads of milliseconds: fewer calls counted (and warm-up calls) under callgrind
 
 _HELPER_C = r"""
 #include <valgrind/callgrind.h>
@@ -222,7 +225,10 @@ def _count(names, keep: str | None) -> dict:
     """name -> instructions per call, from a child process run under callgrind; `keep` names a
     folder that receives the callgrind files (for callgrind_annotate)."""
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, FLAMBEAU_BENCH_HELPER=_build_helper(tmp))
+        # valgrind 3.19 decodes no AVX-512: NumPy's AVX-512 loops are switched off and our C++ kernels too
+        # (FLAMBEAU_GEMM=0: NumPy serves them), else the child dies of SIGILL on an AVX-512 machine
+        env = dict(os.environ, FLAMBEAU_BENCH_HELPER=_build_helper(tmp), FLAMBEAU_GEMM="0",
+                   NPY_DISABLE_CPU_FEATURES=NPY_AVX512)
         out = os.path.join(keep or tmp, "cg.out")
         subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={out}",
                         sys.executable, __file__, "--in-callgrind", "--ops", ",".join(names)],
