@@ -321,8 +321,10 @@ def _overlaps(a, taken) -> bool:
 
 def _dense_arrays(*tensors) -> bool:
     """Whether each tensor is a strided one holding a NumPy/CuPy array (not sparse, a wrapper or meta)."""
-    return all(t._device is not WRAPPER_DEVICE and t.layout is strided and hasattr(t._data, "strides")
-               for t in tensors)
+    for t in tensors:          # a loop, not all() over a generator: this runs for every leaf's first gradient
+        if t._device is WRAPPER_DEVICE or t.layout is not strided or not hasattr(t._data, "strides"):
+            return False
+    return True
 
 
 def _non_overlapping_and_dense(shape, strides) -> bool:
