@@ -6,7 +6,8 @@ Two figures per op, one JSON object per line:
   callgrind over only the timed loop (a tiny C helper toggles collection around it). Instruction
   counts barely move with machine load, so they compare two trees on a busy machine. valgrind decodes
   no AVX-512, so the counted child runs without NumPy's AVX-512 loops and with FLAMBEAU_GEMM=0 (the C++
-  kernels off, NumPy in their place): the host path is counted, not the kernels this machine runs.
+  kernels off, NumPy in their place; attention by the math backend): the host path is counted, not the
+  kernels this machine runs.
 
 Compare two checkouts by running this same script against each:
 
@@ -200,8 +201,15 @@ def _time(fn, repeats: int, clock: str = "wall") -> float:
 
 
 def _count_in_callgrind(names, ops) -> None:
-    """Runs inside valgrind: collect only the loops, one stats dump per op."""
+    """Runs inside valgrind: collect only the loops, one stats dump per op (attention by the math backend:
+    the fused CPU kernel is AVX-512 code)."""
+    from flambeau.nn.attention import SDPBackend, sdpa_kernel
     helper = ctypes.CDLL(os.environ["FLAMBEAU_BENCH_HELPER"])
+    with sdpa_kernel(SDPBackend.MATH):
+        _count_loops(helper, names, ops)
+
+
+def _count_loops(helper, names, ops) -> None:
     for name in names:
         fn = ops[name]
         for _ in range(SLOW_CALLS.get(name, WARMUP_CALLS)):
