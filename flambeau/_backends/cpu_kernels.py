@@ -673,9 +673,10 @@ def adam_step(p, g, m, v, vmax, decay, wd, b1, b2, bc2_sqrt, eps, step_size) -> 
     The scalars are rounded to float32 exactly as the NumPy rule's Python-float operands are."""
     if _load() is None:
         return False
-    arrays = (p, g, m, v) + (() if vmax is None else (vmax,))
-    if any(a.dtype != _F32 or not a.flags.c_contiguous or a.shape != p.shape for a in arrays):
-        return False
+    shape = p.shape
+    for a in (p, g, m, v) if vmax is None else (p, g, m, v, vmax):     # a loop: this runs per parameter per step
+        if a.dtype != _F32 or not a.flags.c_contiguous or a.shape != shape:
+            return False
     if not (p.flags.writeable and m.flags.writeable and v.flags.writeable):
         return False
     _state["adam"](p.size, ptr(p), ptr(g), ptr(m), ptr(v),
