@@ -147,7 +147,6 @@ class _Reducer:
         self.static_unused, self.static_used_map = None, None   # static_graph: the first iteration's answer
         self.hook_state, self.hook = group, _default_allreduce
         self.active, self.next_bucket, self.used = False, 0, set()
-        self.record_arrival = False          # `should_rebuild()` for the backward under way
         self.handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def _set_buckets(self, buckets: list) -> None:
@@ -199,7 +198,6 @@ class _Reducer:
         for b in self.buckets:
             b.pending, b.future = len(b.params), None
         self.active, self.next_bucket, self.used = True, 0, set()
-        self.record_arrival = self.should_rebuild()
         if self.needs_graph_walk():
             reached = _reachable_leaves(outputs)
             unused = [p for p in self.params if id(p) not in reached]
@@ -218,7 +216,7 @@ class _Reducer:
             return
         key = id(param)
         self.used.add(key)
-        if self.record_arrival:
+        if self.should_rebuild():
             self.arrival.append(self.index_of[key])
         bucket, view = self.slot_of[key]
         grad = param._grad
