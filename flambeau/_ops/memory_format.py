@@ -25,12 +25,16 @@ _RANK_OF_FORMAT = {channels_last: 4, channels_last_3d: 5}
 
 
 def _strides_of(x) -> tuple:
-    if isinstance(x, Tensor) or callable(getattr(x, "stride", None)):   # a Tensor, an autograd `_geometry`
+    """Element strides of a Tensor, a NumPy/CuPy array, a MetaArray or an autograd `_geometry`."""
+    if isinstance(x, Tensor):
         return tuple(x.stride())
-    est = getattr(x, "estrides", None)          # a MetaArray
-    if est is not None:
-        return tuple(est)
-    return tuple(b // x.itemsize for b in x.strides)
+    st = getattr(x, "strides", None)             # an array (read first: asking an array for `stride` raises)
+    if type(st) is tuple:
+        it = x.itemsize
+        return tuple([b // it for b in st])
+    if callable(getattr(x, "stride", None)):     # an autograd `_geometry`
+        return tuple(x.stride())
+    return tuple(x.estrides)                     # a MetaArray
 
 
 def check_format(mf, ndim: int, op: str):
@@ -92,7 +96,11 @@ def suggest_memory_format(x, ranks=(4, 5)):
 
 
 def _all_ints(*seqs) -> bool:
-    return all(isinstance(v, (int, np.integer)) for seq in seqs for v in seq)
+    for seq in seqs:                 # loops, not all(<genexpr>): this runs for every convolution call
+        for v in seq:
+            if type(v) is not int and not isinstance(v, (int, np.integer)):
+                return False
+    return True
 
 
 def conv_memory_format(input, weight, on_cuda=False):
