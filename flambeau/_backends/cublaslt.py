@@ -20,7 +20,9 @@ The layout logic (`matrix_operand`, `collapse`, `plan`) is pure Python and teste
 The library is found at first use: FLAMBEAU_CUBLASLT_LIB, else nvidia/cublas/lib in a site-packages
 folder on sys.path, else the system loader. Descriptors, the heuristic's algorithm and its workspace
 need are cached per layout key (shapes, strides, dtype, epilogue, pointer alignments; at most
-MAX_CACHED, then the cache starts over); a 32 MiB
+MAX_CACHED, then the cache starts over), found per call by one lookup of the operands' layout
+(`_Layout`) and one of the call's flags and alignments: a call then sets only the bias pointer, when
+it changed, and makes the cublasLtMatmul call (tests/test_cublaslt_host.py checks this on CPU); a 32 MiB
 workspace is kept per (device, stream). Calls go on CuPy's current stream. `calls` counts the
 cuBLASLt products run; `available()` is False (and callers keep CuPy's matmul) without the library.
 """
@@ -296,7 +298,7 @@ def _set(fn, obj, attr, value):
 
 class _Compiled:
     """Descriptors and the heuristic's algorithm for one layout key."""
-    __slots__ = ("desc", "la", "lb", "ld", "algo", "ws", "bias_ptr")
+    __slots__ = ("desc", "la", "lb", "ld", "algo", "ws", "bias_ptr", "by_algo")
 
     def __init__(self, lib, handle, p: Plan, dtype_name, epilogue, aligns, mask):
         dt = DATA_TYPES[dtype_name]
@@ -338,6 +340,7 @@ class _Compiled:
             raise RuntimeError(f"CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasLtMatmulAlgoGetHeuristic` "
                                f"(no algorithm for {dtype_name} batch={p.batch} m={p.m} n={p.n} k={p.k})")
         self.algo = res.algo
+        self.by_algo = ctypes.byref(self.algo)          # made once: cublasLtMatmul takes it by reference
         self.ws = res.workspaceSize
 
     def destroy(self, lib):
@@ -353,6 +356,7 @@ class _Compiled:
 
 _ONE = ctypes.c_float(1.0)
 _ZERO = ctypes.c_float(0.0)
+_BY_ONE, _BY_ZERO = ctypes.byref(_ONE), ctypes.byref(_ZERO)
 _ALIGNED = (MAX_ALIGNMENT,) * 4 + (0,)
 _ALIGNED_BIAS = (MAX_ALIGNMENT,) * 5
 
@@ -383,18 +387,42 @@ def _plan_for(a, b):
     return p
 
 
+class _Layout:
+    """What `gemm` derives from its operands' shapes, strides and dtype alone, once per layout: whether
+    the product runs on zero-padded copies (`_padded_gemm`), the plan (or the operands to copy), the
+    dtype's name, and the cuBLASLt objects made for it so far (`_Compiled` per device, precision flags,
+    epilogue and pointer alignments)."""
+    __slots__ = ("padded", "plan", "name", "compiled")
+
+    def __init__(self, a, b):
+        self.padded = b.ndim == 2 and (a.ndim == 2 or a.flags.c_contiguous) and \
+            a.size * b.shape[1] >= PAD_MIN_MACS and _misaligned_2d(a, b)
+        self.plan = _plan_for(a, b)
+        self.name = (_NAMES or _names())[a.dtype]
+        self.compiled = {}
+
+
+_layouts: dict = {}         # (shapes, byte strides, dtype) of gemm's operands -> _Layout
+
+
 def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
     """alpha * a @ b + beta * c (+ bias over the last dim) as a new contiguous CuPy array of a's dtype.
 
     `a` (..., m, k) and `b` (..., k, n) must pass `handles`; `c` broadcasts to the output; `bias` is
-    a 1-D array of length n (added after alpha's scaling, through the epilogue when it can)."""
+    a 1-D array of length n (added after alpha's scaling, through the epilogue when it can). A layout
+    seen before costs a dictionary lookup for its plan and cuBLASLt objects, then one cublasLtMatmul
+    call (and one attribute set when the bias pointer changed)."""
     import cupy  # deferred: optional dependency, present only where cuda is used
-    if c is None and b.ndim == 2 and (a.ndim == 2 or a.flags.c_contiguous) and \
-            a.size * b.shape[1] >= PAD_MIN_MACS and _misaligned_2d(a, b):
+    dtype = a.dtype
+    lay = _layouts.get((a.shape, a.strides, b.shape, b.strides, dtype))
+    if lay is None:
+        lay = _Layout(a, b)
+        if len(_layouts) < MAX_CACHED:
+            _layouts[(a.shape, a.strides, b.shape, b.strides, dtype)] = lay
+    if lay.padded and c is None:
         return _padded_gemm(cupy, a.reshape(-1, a.shape[-1]), b, bias, alpha).reshape(a.shape[:-1] + b.shape[-1:])
-    lib = _lib_state["lib"]
-    p = _plan_for(a, b)
-    if isinstance(p, str):
+    p = lay.plan
+    if type(p) is str:
         calls["copies"] += 1
         batch = _broadcast(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
         if "a" in p:
@@ -406,17 +434,18 @@ def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
             raise RuntimeError(f"cuBLASLt gemm: no layout for contiguous operands {a.shape} and {b.shape}")
     epilogue = EPILOGUE_DEFAULT
     bias_ptr = 0
-    if bias is not None and c is None and bias.dtype == a.dtype and bias.ndim == 1 and \
-            (bias.strides[0] == bias.itemsize or bias.size == 1):
-        epilogue = EPILOGUE_BIAS
-        bias_ptr = bias.data.ptr
-    elif bias is not None:
-        c, beta = (bias if c is None else c * beta + bias), 1.0    # bias through C
+    if bias is not None:
+        if c is None and bias.dtype == dtype and bias.ndim == 1 and \
+                (bias.strides[0] == bias.itemsize or bias.size == 1):
+            epilogue = EPILOGUE_BIAS
+            bias_ptr = bias.data.ptr
+        else:
+            c, beta = (bias if c is None else c * beta + bias), 1.0    # bias through C
     if c is None or beta == 0:
-        d = cupy.empty(p.out, dtype=a.dtype)
+        d = cupy.ndarray(p.out, dtype)
         beta = 0.0
     else:
-        d = cupy.array(cupy.broadcast_to(c.astype(a.dtype, copy=False), p.out), order="C")
+        d = cupy.array(cupy.broadcast_to(c.astype(dtype, copy=False), p.out), order="C")
     it = a.itemsize
     ptr_a, ptr_b, ptr_d = b.data.ptr, a.data.ptr, d.data.ptr        # cuBLAS's A is our b (D^T = B^T A^T)
     sa, sb, sd = p.a[4] * it, p.b[4] * it, p.m * p.n * it
@@ -425,32 +454,48 @@ def gemm(a, b, *, bias=None, c=None, alpha=1.0, beta=0.0):
     else:
         aligns = (alignment(ptr_a, sa), alignment(ptr_b, sb), alignment(ptr_d, sd), alignment(ptr_d, sd),
                   alignment(bias_ptr) if bias_ptr else 0)
-    name = (_NAMES or _names())[a.dtype]
     dev = d.data.device_id
-    key = (dev, name, _state.float32_matmul_precision, allow_fp16_reduced_precision_reduction,
-           allow_bf16_reduced_precision_reduction, p.key, epilogue, aligns)
-    comp = _plans.get(key)
+    ckey = (dev, _state.float32_matmul_precision, allow_fp16_reduced_precision_reduction,
+            allow_bf16_reduced_precision_reduction, epilogue, aligns)
+    comp = lay.compiled.get(ckey) if p is lay.plan else None
+    lib = _lib_state["lib"]
     handle = _handles.get(dev) or _handle(dev)
     if comp is None:
-        if len(_plans) >= MAX_CACHED:                   # many shapes (dynamic lengths): start over
-            for old in _plans.values():
-                old.destroy(lib)
-            _plans.clear()
-        comp = _plans[key] = _Compiled(lib, handle, p, name, epilogue, aligns, reduction_mask(name))
+        comp = _compiled(lib, handle, p, lay.name, ckey)
+        if p is lay.plan:
+            lay.compiled[ckey] = comp
     if bias_ptr:
-        comp.set_bias(lib.cublasLtMatmulDescSetAttribute, bias_ptr)
+        if bias_ptr != comp.bias_ptr:
+            comp.set_bias(lib.cublasLtMatmulDescSetAttribute, bias_ptr)
         calls["bias_epilogue"] += 1
     stream = cupy.cuda.get_current_stream().ptr
     ws = _workspaces.get((dev, stream))
     if ws is None:
         ws = _workspace(cupy, dev, stream)
-    al = _ONE if alpha == 1 else ctypes.c_float(alpha)
-    be = _ZERO if beta == 0 else (_ONE if beta == 1 else ctypes.c_float(beta))
-    _check(lib.cublasLtMatmul(handle, comp.desc, ctypes.byref(al), ptr_a, comp.la, ptr_b, comp.lb, ctypes.byref(be),
-                              ptr_d, comp.ld, ptr_d, comp.ld, ctypes.byref(comp.algo), ws.data.ptr,
-                              comp.ws, stream), "cublasLtMatmul")
+    status = lib.cublasLtMatmul(handle, comp.desc, _BY_ONE if alpha == 1 else ctypes.byref(ctypes.c_float(alpha)),
+                                ptr_a, comp.la, ptr_b, comp.lb,
+                                _BY_ZERO if beta == 0 else _BY_ONE if beta == 1 else ctypes.byref(ctypes.c_float(beta)),
+                                ptr_d, comp.ld, ptr_d, comp.ld, comp.by_algo, ws.data.ptr, comp.ws, stream)
+    if status:
+        _check(status, "cublasLtMatmul")
     calls["gemm"] += 1
     return d
+
+
+def _compiled(lib, handle, p: Plan, name: str, ckey: tuple) -> "_Compiled":
+    """The cuBLASLt objects of plan `p` under `ckey` (device, precision flags, epilogue, alignments),
+    made on a miss; at most MAX_CACHED are kept, then all are destroyed and made again as used."""
+    dev, precision, fp16, bf16, epilogue, aligns = ckey
+    key = (dev, name, precision, fp16, bf16, p.key, epilogue, aligns)
+    comp = _plans.get(key)
+    if comp is None:
+        if len(_plans) >= MAX_CACHED:                   # many shapes (dynamic lengths): start over
+            for old in _plans.values():
+                old.destroy(lib)
+            _plans.clear()
+            _layouts.clear()                            # (their `compiled` entries were just destroyed)
+        comp = _plans[key] = _Compiled(lib, handle, p, name, epilogue, aligns, reduction_mask(name))
+    return comp
 
 
 def _estrides(x):
