@@ -190,6 +190,7 @@ def fake_cupy(monkeypatch):
     monkeypatch.setattr(cuda_cast, "_module", [])
     monkeypatch.setattr(cuda_cast, "_functions", {})
     monkeypatch.setattr(cuda_cast, "_device_id", [])
+    monkeypatch.setattr(cuda_cast, "_namespace", [None, None])
     fake = _FakeCupy()
     monkeypatch.setattr(TL, "_driver", [fake.launch, lambda: 0])
     return fake

@@ -48,6 +48,7 @@ def _source() -> str:
 _module: list = []            # the compiled RawModule, per process (CuPy caches the binary on disk)
 _functions: dict = {}         # (source dtype, target dtype, device id) -> its kernel (triton_launch.Kernel)
 _device_id: list = []         # CuPy's cached current-device query
+_namespace: list = [None, None]   # the CuPy namespace `cast` last checked, and its ndarray type
 
 
 def _function(cupy, src: np.dtype, dst: np.dtype, dev: int) -> TL.Kernel:
@@ -66,8 +67,12 @@ def cast(cupy, a, dtype, device_index=None):
     float32/float64/float16/bfloat16 array on the current device: C-contiguous, or any one dense stride
     order such as channels-last, which the kernel walks as memory) or `dtype` is not handled here, or `device_index` (where the copy must go; None: the current device) is another
     device. `cupy` is the cuda array namespace (this module imports no CuPy)."""
-    _ndarray = getattr(cupy, "ndarray", None)
-    if type(a) is not _ndarray or getattr(cupy, "__name__", None) != "cupy":   # not a third-party device's
+    if cupy is not _namespace[0]:
+        _ndarray = getattr(cupy, "ndarray", None)
+        if type(a) is not _ndarray or getattr(cupy, "__name__", None) != "cupy":   # not a third-party device's
+            return None
+        _namespace[:] = [cupy, _ndarray]
+    elif type(a) is not _namespace[1]:
         return None
     src = a.dtype
     n = a.size
@@ -79,9 +84,12 @@ def cast(cupy, a, dtype, device_index=None):
     if not _device_id:
         _device_id.append(getattr(cupy.cuda.device, "get_device_id", cupy.cuda.runtime.getDevice))
     dev = _device_id[0]()
-    if a.data.device_id != dev or (device_index is not None and device_index != dev):
+    data = a.data
+    if data.device_id != dev or (device_index is not None and device_index != dev):
         return None
-    out = _ndarray(a.shape, dtype) if strides is None else new_in_layout(cupy, a.shape, dtype, strides)
+    out = _namespace[1](a.shape, dtype) if strides is None else new_in_layout(cupy, a.shape, dtype, strides)
+    kernel = _functions.get((src, out.dtype, dev)) or _function(cupy, src, out.dtype, dev)
     blocks = (n + THREADS - 1) // THREADS
-    TL.launch(_function(cupy, src, out.dtype, dev), (blocks if blocks < MAX_BLOCKS else MAX_BLOCKS,), a, out, n)
+    # the kernel's (pointer, pointer, int64) parameters as their slots take them: no per-argument conversion
+    TL.launch_values(kernel, (blocks if blocks < MAX_BLOCKS else MAX_BLOCKS,), (data.ptr, out.data.ptr, n))
     return out
