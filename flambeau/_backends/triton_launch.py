@@ -256,9 +256,16 @@ def raw_kernel(function, arg_types: tuple, threads: int) -> Kernel:
 
 def launch(kernel: Kernel, grid: tuple, *args) -> None:
     """Run `kernel` over `grid` (up to 3 dims) on CuPy's current stream."""
-    if len(args) != len(kernel.arg_types):
+    conv = kernel.converters
+    if len(args) != len(conv):
         raise TypeError(f"{kernel.function} takes {len(kernel.arg_types)} runtime arguments, got {len(args)}")
-    launch_values(kernel, grid, [f(a) for f, a in zip(kernel.converters, args)])
+    values = []
+    i = 0
+    for a in args:                      # `_address` inlined for arrays (most arguments), else the converter
+        f = conv[i]
+        values.append(a.data.ptr if f is _address and a is not None and type(a) is not Ptr else f(a))
+        i += 1
+    launch_values(kernel, grid, values)
 
 
 def takes_values(kernel: Kernel) -> bool:
