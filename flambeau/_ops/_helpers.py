@@ -19,7 +19,7 @@ from .. import _fp_errors
 from .. import _state
 from .._device import QUANTIZED_CPU
 from .._tensor import Tensor
-from .._dispatch import WRAPPER_DEVICE
+from .._dispatch import WRAPPER_DEVICE, device_array_types
 from .._backends import triton_launch, cuda_binary, cpu_kernels, is_cupy, array_namespaces
 from . import _registry
 from ._registry import TensorSpec
@@ -519,7 +519,9 @@ def direct_call(op, dev, *arrays, **kwargs) -> Tensor:
             _fp_errors.restore(token)
     else:
         r = op.kernel(xp, *arrays, **kwargs)
-    return Tensor._make(xp.asarray(r), dev)
+    tr = type(r)
+    # an array as it is (CuPy's asarray is a Python function); a NumPy scalar or other result through asarray
+    return Tensor._make(r if tr is np.ndarray or tr in device_array_types else xp.asarray(r), dev)
 
 
 def binary_meta(*, to_float=False, out_dtype=None):
