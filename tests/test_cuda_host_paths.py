@@ -495,3 +495,38 @@ def test_saved_activations_as_pytorch(block):
         grads[m.__name__] = t.grad.numpy()
     assert kept["flambeau"] == kept["torch"]
     np.testing.assert_allclose(grads["flambeau"], grads["torch"], rtol=1e-4, atol=1e-5)
+
+
+def test_column_sum_compiles_its_kernels_once_and_launches_both(monkeypatch):
+    """triton_sum.column_sum's host side: the two kernels are found once per (dtypes, device), not
+    rebuilt from their signature on each call; each call launches the partial sums over (column
+    blocks, row chunks) into a float32 (S, N) scratch, then the final sums into an (N,) result."""
+    pytest.importorskip("triton")
+    from flambeau._backends import triton_sum as T
+    compiled, launches = [], []
+
+    class Array:
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype, self.size = tuple(shape), np.dtype(dtype), int(np.prod(shape))
+
+    monkeypatch.setattr(T, "cupy", type("C", (), {"ndarray": Array}))
+    monkeypatch.setattr(T, "_kernels", {})
+    monkeypatch.setattr(TL, "compile_kernel", lambda fn, sig, consts, **kw: compiled.append((fn, sig)) or
+                        ("kernel", fn, sig["X" if "X" in sig else "Y"]))
+    monkeypatch.setattr(TL, "launch", lambda k, grid, *args: launches.append((k, grid, args)))
+    monkeypatch.setattr(TL, "multiprocessors", lambda: 4)
+    monkeypatch.setattr(TL, "current_device", lambda: 0)
+    x = Array((1000, 300), ml_dtypes.bfloat16)
+    for _ in range(3):
+        y = T.column_sum(x, 1000, np.dtype(np.float32))
+        assert y.shape == (300,) and y.dtype == np.float32
+    assert [(fn, sig.get("X", sig.get("Y"))) for fn, sig in compiled] == \
+        [(T._colsum_partial, "*bf16"), (T._colsum_final, "*fp32")]
+    S, rows_per = T.splits(1000, 300, 4)
+    blocks = -(-300 // T.BLOCK_N)
+    assert len(launches) == 6
+    (k1, g1, a1), (k2, g2, a2) = launches[-2:]
+    assert k1[1] is T._colsum_partial and g1 == (blocks, S) and a1[0] is x and a1[2:] == (1000, 300, rows_per)
+    assert a1[1].shape == (S, 300) and a1[1].dtype == np.float32
+    assert k2[1] is T._colsum_final and g2 == (blocks,) and a2[0] is a1[1] and a2[2:] == (S, 300)
+    assert a2[1] is y

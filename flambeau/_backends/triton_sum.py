@@ -71,20 +71,37 @@ def splits(M: int, N: int, sms: int) -> tuple:
     return -(-M // rows_per), rows_per
 
 
+_kernels: dict = {}      # (input dtype, output dtype, device) -> (partial kernel, final kernel)
+
+
+def _column_kernels(x_dtype, out_dtype) -> tuple:
+    """The two kernels of `column_sum` for these dtypes on the current device, compiled (or found in
+    `TL.compile_kernel`'s cache, whose key costs a signature dict and a sort to build) once here."""
+    key = (x_dtype, np.dtype(out_dtype), TL.current_device())
+    ks = _kernels.get(key)
+    if ks is None:
+        sig = {"X": "*" + TL.type_of(x_dtype), "PART": "*fp32", "M": "i32", "N": "i32", "rows_per": "i32",
+               "BLOCK_M": "constexpr", "BLOCK_N": "constexpr"}
+        kern = TL.compile_kernel(_colsum_partial, sig, dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N),
+                                 num_warps=NUM_WARPS, num_stages=2)
+        ks = _kernels[key] = (kern, _final_kernel(key[1]))
+    return ks
+
+
+def _final_kernel(out_dtype):
+    return TL.compile_kernel(_colsum_final, {"PART": "*fp32", "Y": "*" + TL.type_of(out_dtype), "S": "i32",
+                                             "N": "i32", "BLOCK_N": "constexpr"}, dict(BLOCK_N=BLOCK_N),
+                             num_warps=NUM_WARPS, num_stages=1)
+
+
 def column_sum(x, rows: int, out_dtype):
     """The (x.size // rows,) sums of CuPy array `x` seen as (rows, x.size // rows), in `out_dtype`."""
     N = x.size // rows
     S, rows_per = splits(rows, N, TL.multiprocessors())
-    part = cupy.empty((S, N), dtype=np.float32)
-    sig = {"X": "*" + TL.type_of(x.dtype), "PART": "*fp32", "M": "i32", "N": "i32", "rows_per": "i32",
-           "BLOCK_M": "constexpr", "BLOCK_N": "constexpr"}
-    kern = TL.compile_kernel(_colsum_partial, sig, dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N), num_warps=NUM_WARPS,
-                             num_stages=2)
+    kern, fin = _kernels.get((x.dtype, out_dtype, TL.current_device())) or _column_kernels(x.dtype, out_dtype)
+    part = cupy.ndarray((S, N), np.float32)
     TL.launch(kern, ((N + BLOCK_N - 1) // BLOCK_N, S), x, part, rows, N, rows_per)
-    y = cupy.empty(N, dtype=out_dtype)
-    fin = TL.compile_kernel(_colsum_final, {"PART": "*fp32", "Y": "*" + TL.type_of(y.dtype), "S": "i32", "N": "i32",
-                                            "BLOCK_N": "constexpr"}, dict(BLOCK_N=BLOCK_N), num_warps=NUM_WARPS,
-                            num_stages=1)
+    y = cupy.ndarray((N,), out_dtype)
     TL.launch(fin, ((N + BLOCK_N - 1) // BLOCK_N,), part, y, S, N)
     return y
 
@@ -96,8 +113,5 @@ def sum_partials(part, out_dtype=np.float32):
     S = part.shape[0]
     N = part.size // S
     y = cupy.empty(part.shape[1:], dtype=out_dtype)
-    fin = TL.compile_kernel(_colsum_final, {"PART": "*fp32", "Y": "*" + TL.type_of(y.dtype), "S": "i32", "N": "i32",
-                                            "BLOCK_N": "constexpr"}, dict(BLOCK_N=BLOCK_N), num_warps=NUM_WARPS,
-                            num_stages=1)
-    TL.launch(fin, ((N + BLOCK_N - 1) // BLOCK_N,), part, y, S, N)
+    TL.launch(_final_kernel(y.dtype), ((N + BLOCK_N - 1) // BLOCK_N,), part, y, S, N)
     return y
