@@ -138,8 +138,9 @@ def native_layer_norm_backward(xp, grad_out, input, normalized_shape, mean, rstd
     fused = _cuda_norm(xp, input, len(axes), weight, bias, grad_out, mean, rstd)
     if fused is not None:
         gx, part = fused.backward(grad_out, input, mean, rstd, _contig(xp, weight), _cols(input, axes))
-        gw = None if weight is None else part[0].reshape(weight.shape).astype(weight.dtype)
-        gb = None if bias is None else part[1].reshape(bias.shape).astype(bias.dtype)
+        # float32 parameters take the rows of the fresh (2, cols) float32 sums as they are (no copy kernel)
+        gw = None if weight is None else part[0].reshape(weight.shape).astype(weight.dtype, copy=False)
+        gb = None if bias is None else part[1].reshape(bias.shape).astype(bias.dtype, copy=False)
         return gx, gw, gb
     if xp is np and cd == input.dtype and input.flags.c_contiguous and grad_out.dtype == input.dtype:
         r = cpu_kernels.layer_norm_backward(np.ascontiguousarray(grad_out), input, _cols(input, axes), mean, rstd,
