@@ -139,6 +139,8 @@ def test_batchnorm_training_saves_its_input_and_reads_it_twice_backward(triton_b
     for knob, v in (("triton_interpret_block", 16), ("triton_loop_block", 16), ("triton_persistent_limit", 16),
                     ("triton_split_min", 32), ("triton_interpret_split_programs", 16)):
         monkeypatch.setattr(config, knob, v)             # split as the GPU's BatchNorm sums are
+    # NCHW buffers counted (channels-last adds the input's and weight's conversion copies: test_layout_opt.py)
+    monkeypatch.setattr(config, "layout_optimization", False)
     rng = np.random.default_rng(4)
     shapes = ((2, 3, 6, 5), (4, 3, 3, 3), (4,), (4,), (4,), (4,), (4,))
     vals = [rng.standard_normal(s).astype(np.float32) for s in shapes]
