@@ -68,8 +68,10 @@ def _plan(ops, operands, arrays):
     operands are laid out as `operands`, or None when the direct path does not take it."""
     cupy = _backends.get("cuda").xp
     a, b = operands
-    lib = LT._lib_state["lib"]
-    if lib is None or not hasattr(a, "__cuda_array_interface__") or not LT.handles(a, b):
+    if not hasattr(a, "__cuda_array_interface__") or not LT.handles(a, b):
+        return None
+    lib = LT._lib_state["lib"]      # (read after `handles`, which loads cuBLASLt: a process's first product
+    if lib is None:                 # was never planned when read before)
         return None
     if any(o.strides is not None and arrays[o.index].strides != o.strides for o in ops):
         return None
