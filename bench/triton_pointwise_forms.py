@@ -11,21 +11,11 @@ import triton.language as tl
 
 
 @triton.jit
-def k2d(X, M, R, W, B, Y, n, C: tl.constexpr, XBLOCK: tl.constexpr):
-    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
-    xmask = xindex < n
-    x0 = xindex // C
-    x1 = xindex % C
-    t = tl.load(X + (x1 + C * x0), mask=xmask, other=0).to(tl.float32)
-    t = (t - tl.load(M + x1, mask=xmask, other=0)) * tl.load(R + x1, mask=xmask, other=0)
-    t = t * tl.load(W + x1, mask=xmask, other=0) + tl.load(B + x1, mask=xmask, other=0)
-    t = tl.where(t < 0, 0.0, t)
-    tl.store(Y + (C * x0 + x1), t.to(tl.bfloat16), mask=xmask)
-
-
-@triton.jit
-def k1d(X, M, R, W, B, Y, n, C: tl.constexpr, XBLOCK: tl.constexpr):
-    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+def kernel(X, M, R, W, B, Y, n, C: tl.constexpr, XBLOCK: tl.constexpr, TWO_D: tl.constexpr):
+    if TWO_D:
+        xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+    else:
+        xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
     xmask = xindex < n
     x0 = xindex // C
     x1 = xindex % C
@@ -43,16 +33,16 @@ def main():
     y = torch.empty_like(x)
     m, r, w, b = (torch.randn(C, device="cuda") for _ in range(4))
     ref = torch.relu((x.float().view(-1, C) - m) * r * w + b).bfloat16().view(-1)
-    for name, k in (("2d [XBLOCK,1]", k2d), ("1d [XBLOCK]", k1d)):
+    for name, two_d in (("2d [XBLOCK,1]", True), ("1d [XBLOCK]", False)):
         for xb, warps in ((1024, 4), (1024, 8), (2048, 8), (4096, 8)):
             grid = (triton.cdiv(n, xb),)
-            k[grid](x, m, r, w, b, y, n, C=C, XBLOCK=xb, num_warps=warps)
+            kernel[grid](x, m, r, w, b, y, n, C=C, XBLOCK=xb, TWO_D=two_d, num_warps=warps)
             torch.cuda.synchronize()
             ok = torch.equal(y, ref) or (y.float() - ref.float()).abs().max().item() < 0.05
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             for _ in range(20):
-                k[grid](x, m, r, w, b, y, n, C=C, XBLOCK=xb, num_warps=warps)
+                kernel[grid](x, m, r, w, b, y, n, C=C, XBLOCK=xb, TWO_D=two_d, num_warps=warps)
             e.record()
             e.synchronize()
             ms = s.elapsed_time(e) / 20

@@ -317,13 +317,8 @@ def test_memory_plan_reuses_buffers():
     assert ".reshape(" in c.artifact.wrapper_source or "del " in c.artifact.wrapper_source
 
 
-@pytest.mark.parametrize("backend", ["cpp", "triton"])
-def test_arena_keeps_live_temporaries_apart_and_reuses_dead_ones(monkeypatch, backend):
-    """With the arena on (`config.arena_devices`: cuda's default, here cpu's), a graph's kernel temporaries
-    are views of one allocation per call at offsets planned when compiling (scheduler.plan_arena). In the
-    poisoned arena two temporaries live at once that shared bytes would give wrong values against PyTorch;
-    a dead one's bytes serve a later one (fewer distinct offsets than temporaries); outputs are allocated
-    apart (an output tensor keeps no arena alive)."""
+def _arena_on_cpu(monkeypatch, backend):
+    """The arena on for cpu graphs of `backend` (Triton: its interpreter), buffers poisoned."""
     if backend == "triton":
         triton = pytest.importorskip("triton")
         if not triton.knobs.runtime.interpret:
@@ -331,6 +326,16 @@ def test_arena_keeps_live_temporaries_apart_and_reuses_dead_ones(monkeypatch, ba
     monkeypatch.setattr(config, "backend", backend)
     monkeypatch.setattr(config, "arena_devices", ("cpu",))
     monkeypatch.setattr(config, "poison_buffers", True)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_arena_keeps_live_temporaries_apart_and_reuses_dead_ones(monkeypatch, backend):
+    """With the arena on (`config.arena_devices`: cuda's default, here cpu's), a graph's kernel temporaries
+    are views of one allocation per call at offsets planned when compiling (scheduler.plan_arena). In the
+    poisoned arena two temporaries live at once that shared bytes would give wrong values against PyTorch;
+    a dead one's bytes serve a later one (fewer distinct offsets than temporaries); outputs are allocated
+    apart (an output tensor keeps no arena alive)."""
+    _arena_on_cpu(monkeypatch, backend)
     x, w = randn(4, 512), randn(512, 512) / 16
 
     def fn(T, x, w):
@@ -355,14 +360,8 @@ def test_saved_activations_share_one_arena_and_train_as_pytorch(monkeypatch, bac
     only are views of one poisoned allocation per call, one after the other (distinct offsets, never
     overlapping), while the output the caller sees is allocated apart; loss and every gradient as
     PyTorch's after two steps (a second forward's arena must not disturb the first's values either)."""
-    if backend == "triton":
-        triton = pytest.importorskip("triton")
-        if not triton.knobs.runtime.interpret:
-            pytest.skip("Triton imported without its interpreter (a cuda machine)")
     from tests.conftest import spy_compile_fx
-    monkeypatch.setattr(config, "backend", backend)
-    monkeypatch.setattr(config, "arena_devices", ("cpu",))
-    monkeypatch.setattr(config, "poison_buffers", True)
+    _arena_on_cpu(monkeypatch, backend)
     made = spy_compile_fx(monkeypatch, [])
 
     def build(lib):

@@ -296,6 +296,23 @@ def test_split_reductions_match_torch(triton_backend, monkeypatch, case, dynamic
     assert made and all("_final(" in g.source for g in made), "no split reduction was generated"
 
 
+def _compiled_step_vs_torch(monkeypatch, fn, values, gy) -> list:
+    """fn(lib, *tensors) compiled, forward and backward with output gradient `gy`: output and input
+    gradients against PyTorch; returns the compiled graphs."""
+    made = spy_compile_fx(monkeypatch, [])
+    ins = [fl.tensor(v, requires_grad=True) for v in values]
+    with no_unexpected_fallbacks({}):
+        out = fl.compile(lambda *a: fn(fl, *a))(*ins)
+        out.backward(fl.tensor(gy))
+    tins = [torch.tensor(v, requires_grad=True) for v in values]
+    want = fn(torch, *tins)
+    want.backward(torch.tensor(gy))
+    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-5)
+    for g, t in zip(ins, tins):
+        np.testing.assert_allclose(g.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-4)
+    return made
+
+
 def test_batchnorm_sums_split_as_one_kernel_pair(triton_backend, monkeypatch):
     """BatchNorm in training over (N, C, H, W): its backward's per-channel sums (sum(dy), sum(dy * x_hat),
     independent reductions over the same N*H*W elements, fused in one kernel) have C outputs, too few
@@ -313,17 +330,7 @@ def test_batchnorm_sums_split_as_one_kernel_pair(triton_backend, monkeypatch):
 
     def fn(lib, x, w, b):
         return lib.nn.functional.relu(lib.nn.functional.batch_norm(x, None, None, w, b, training=True))
-    made = spy_compile_fx(monkeypatch, [])
-    fx, fw, fb = (fl.tensor(v, requires_grad=True) for v in (x, w, b))
-    with no_unexpected_fallbacks({}):
-        out = fl.compile(lambda *a: fn(fl, *a))(fx, fw, fb)
-        out.backward(fl.tensor(gy))
-    tx, tw, tb = (torch.tensor(v, requires_grad=True) for v in (x, w, b))
-    want = fn(torch, tx, tw, tb)
-    want.backward(torch.tensor(gy))
-    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-5)
-    for g, t in ((fx, tx), (fw, tw), (fb, tb)):
-        np.testing.assert_allclose(g.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-4)
+    made = _compiled_step_vs_torch(monkeypatch, fn, (x, w, b), gy)
     assert made, "nothing compiled"
     assert any("ws1_v" in g.source and "_final(" in g.source for g in made), "no kernel split two reductions"
 
@@ -349,17 +356,7 @@ def test_independent_reductions_share_one_loop(triton_backend, monkeypatch, form
 
     def fn(lib, x, w, b):
         return lib.nn.functional.batch_norm(lib.nn.functional.relu(x), None, None, w, b, training=True)
-    made = spy_compile_fx(monkeypatch, [])
-    fx, fw, fb = (fl.tensor(v, requires_grad=True) for v in (x, w, b))
-    with no_unexpected_fallbacks({}):
-        out = fl.compile(lambda *a: fn(fl, *a))(fx, fw, fb)
-        out.backward(fl.tensor(gy))
-    tx, tw, tb = (torch.tensor(v, requires_grad=True) for v in (x, w, b))
-    want = fn(torch, tx, tw, tb)
-    want.backward(torch.tensor(gy))
-    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-5)
-    for g, t in ((fx, tx), (fw, tw), (fb, tb)):
-        np.testing.assert_allclose(g.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-4)
+    made = _compiled_step_vs_torch(monkeypatch, fn, (x, w, b), gy)
     shared = []                       # kernels with two or more accumulators fed under one r index
     for k in (k for g in made for k in g.source.split("@triton.jit")):
         per_r: dict = {}

@@ -128,17 +128,9 @@ def test_batchnorm_statistics_are_column_reductions(triton_backend, monkeypatch)
     assert any(k.column for k in g.artifact.kernels), "no column reduction: BatchNorm's statistics are strided"
 
 
-def test_batchnorm_column_statistics_fuse_and_split(triton_backend, monkeypatch):
-    """Column reductions over one outer loop share a kernel with each other and with pointwise values over
-    that loop (scheduler._may_join: BatchNorm's sum, mean, sum of squares, rstd; its backward's two sums),
-    and such a kernel with few programs is split (partials, then a final kernel running the pointwise
-    steps); values and gradients against float64 PyTorch."""
-    monkeypatch.setattr(config, "layout_optimization", True)
-    monkeypatch.setattr(config, "triton_split_min", 64)
-    monkeypatch.setattr(config, "triton_interpret_block", 16)
-    monkeypatch.setattr(config, "triton_interpret_split_programs", 16)
-    monkeypatch.setattr(config, "triton_column_block", (4, 8))
-    vals = _values(3, n=3, c=6)
+def _train_once_vs_torch(monkeypatch, vals) -> list:
+    """The net compiled, forward and backward once on `vals`: output and gradients against float64
+    PyTorch; returns the compiled graphs (forward, backward)."""
     graphs = spy_compile_fx(monkeypatch, [])
     args = [fl.tensor(v, requires_grad=True) for v in vals]
     with no_unexpected_fallbacks({"max_pool2d_with_indices", "_max_pool_backward"}):
@@ -150,6 +142,21 @@ def test_batchnorm_column_statistics_fuse_and_split(triton_backend, monkeypatch)
     np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-4)
     for a, t in zip(args, targs):
         np.testing.assert_allclose(a.grad.numpy(), t.grad.numpy(), rtol=1e-3, atol=1e-4)
+    return graphs
+
+
+def test_batchnorm_column_statistics_fuse_and_split(triton_backend, monkeypatch):
+    """Column reductions over one outer loop share a kernel with each other and with pointwise values over
+    that loop (scheduler._may_join: BatchNorm's sum, mean, sum of squares, rstd; its backward's two sums),
+    and such a kernel with few programs is split (partials, then a final kernel running the pointwise
+    steps); values and gradients against float64 PyTorch."""
+    monkeypatch.setattr(config, "layout_optimization", True)
+    monkeypatch.setattr(config, "triton_split_min", 64)
+    monkeypatch.setattr(config, "triton_interpret_block", 16)
+    monkeypatch.setattr(config, "triton_interpret_split_programs", 16)
+    monkeypatch.setattr(config, "triton_column_block", (4, 8))
+    vals = _values(3, n=3, c=6)
+    graphs = _train_once_vs_torch(monkeypatch, vals)
     fused = [k for g in graphs for k in g.artifact.kernels if k.column and sum(n.is_reduction for n in k.nodes) >= 2]
     assert len(fused) >= 3, "BatchNorm's column reductions were not fused"
     assert all(any(k.column and f"def {k.name}_final(" in g.source for k in g.artifact.kernels) for g in graphs), \
@@ -172,17 +179,7 @@ def test_column_reductions_are_not_persistent_over_few_outputs(triton_backend, m
     monkeypatch.setattr(config, "triton_interpret_block", 256)     # a persistent block: [256 // 256 = 1, 256]
     monkeypatch.setattr(config, "triton_column_block", (8, 16))
     vals = _values(5, n=2, c=6)
-    graphs = spy_compile_fx(monkeypatch, [])
-    args = [fl.tensor(v, requires_grad=True) for v in vals]
-    with no_unexpected_fallbacks({"max_pool2d_with_indices", "_max_pool_backward"}):
-        out = fl.compile(lambda *a: net(fl, *a))(*args)
-        out.sum().backward()
-    targs = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in vals]
-    want = net(torch, *targs)
-    want.sum().backward()
-    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-4)
-    for a, t in zip(args, targs):
-        np.testing.assert_allclose(a.grad.numpy(), t.grad.numpy(), rtol=1e-3, atol=1e-4)
+    graphs = _train_once_vs_torch(monkeypatch, vals)
     column = [(g, k) for g in graphs for k in g.artifact.kernels if k.column and any(n.is_reduction for n in k.nodes)]
     assert column, "no column reduction"
     for g, k in column:

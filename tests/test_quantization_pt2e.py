@@ -267,14 +267,7 @@ def test_pt2e_int8_flows_through_pooling_cat_and_flatten_compiled(reference, mon
     converted = convert_pt2e(fp)
     x = flambeau.tensor(data[1] * 3)
 
-    def compiled_externs():
-        flambeau._dynamo.reset()
-        made = spy_compile_fx(monkeypatch, [])
-        with flambeau.no_grad():
-            out = flambeau.compile(converted)(x).numpy()
-        return out, [(getattr(e.op, "name", str(e.op)), getattr(getattr(e.args[0], "layout", None), "dtype", None))
-                     for c in made for e in c.artifact.externs]
-    got, externs = compiled_externs()
+    got, externs = _compiled_externs(monkeypatch, converted, x)
     names = [n for n, _ in externs]
     pools = [dt for n, dt in externs if n == "max_pool2d_with_indices"]
     assert pools == [flambeau.uint8, flambeau.uint8], externs
@@ -286,7 +279,7 @@ def test_pt2e_int8_flows_through_pooling_cat_and_flatten_compiled(reference, mon
     want = reference["pool_cnn/output"]
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
     monkeypatch.setattr(inductor_config, "quantized_pooling", False)
-    off, externs = compiled_externs()
+    off, externs = _compiled_externs(monkeypatch, converted, x)
     assert [dt for n, dt in externs if n == "max_pool2d_with_indices"] == [flambeau.float32] * 2, externs
     np.testing.assert_allclose(off, eager, rtol=0, atol=1e-5 * np.abs(eager).max())
 
