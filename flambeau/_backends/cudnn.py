@@ -575,11 +575,8 @@ class _GraphPlan:
         call only (benchmarking candidates)."""
         if not self.ws:
             key = ptrs + (0,)
-        elif keep or self.ws <= cublaslt.WORKSPACE_BYTES:
-            key = ptrs + (_workspace(self.ws, dev, stream).data.ptr,)
         else:
-            import cupy  # deferred: optional dependency, present only where cuda is used
-            ws = cupy.empty(self.ws, dtype=cupy.uint8)
+            ws = _workspace(self.ws, dev, stream, keep=keep)     # (referenced until the call has queued)
             key = ptrs + (ws.data.ptr,)
         packs = self.__dict__.setdefault("packs", {})
         pack = packs.pop(key, None)
@@ -739,14 +736,18 @@ def record_calls():
         _recorded.remove(seen)
 
 
-def _workspace(nbytes: int, dev=None, stream=None):
+def _workspace(nbytes: int, dev=None, stream=None, keep: bool = True):
     """Scratch of `nbytes` for one convolution on stream `stream` of device `dev` (the current ones by
     default): the stream's cuBLASLt workspace (`cublaslt.WORKSPACE_BYTES`, made once per device and
     stream; the convolutions and products queued on one stream run one after another, so they may share
     it) when it is large enough, else the stream's large convolution workspace, kept and grown to the
     largest size asked for (`_large_workspaces`): its pointer stays the same call after call, so the
-    plans' variant packs keep matching, and no call allocates. `release_workspaces` gives it back."""
+    plans' variant packs keep matching, and no call allocates. `release_workspaces` gives it back.
+    `keep=False`: a scratch over cuBLASLt's size is a fresh allocation for this call only (benchmarking
+    candidates)."""
     import cupy  # deferred: optional dependency, present only where cuda is used
+    if nbytes > cublaslt.WORKSPACE_BYTES and not keep:
+        return cupy.empty(nbytes, dtype=cupy.uint8)
     if dev is None:
         dev = _device_id()
     if stream is None:

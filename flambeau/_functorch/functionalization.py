@@ -30,6 +30,7 @@ from typing import Callable
 
 from .. import _dispatch
 from .._decomp._table import aten
+from .._decomp.decompositions_nn import batch_norm_update_running
 from .._tensor import Tensor
 from ..utils._python_dispatch import TorchDispatchMode
 
@@ -335,7 +336,6 @@ class FunctionalTensorMode(TorchDispatchMode):
         and one pointwise pass, the input saved), then the running statistics written from its mean and
         rstd (variance = rstd^-2 - eps) as a hidden mutation (no gradient)."""
         out = func(x, weight, bias, None, None, training, momentum, eps)
-        from .._decomp.decompositions_nn import batch_norm_update_running
         mean, rstd = out[1].detach(), out[2].detach()
         self._hidden = True
         try:

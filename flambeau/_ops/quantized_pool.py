@@ -24,6 +24,7 @@ import numpy as np
 from .. import _dtype as D
 from .._backends import cpu_kernels
 from ._registry import defop, TensorSpec, Tag
+from . import _batching
 from .memory_format import meta_strides, suggest_memory_format
 from .._tensor import channels_last, contiguous_format
 
@@ -183,3 +184,13 @@ def taps_windows_of(gm, node):
         return None
     out = tuple(taps_windows(i, w) for i, w in zip(tables[:2], tables[2:]))
     return None if None in out else out
+
+
+@_avg_pool2d_int8.def_batching_rule
+def _avg_pool2d_int8_batching(in_dims, self, *params):
+    """vmap: the batch joins N (the windows and the zero point are per plane, so unchanged)."""
+    if in_dims[0] is None:
+        return NotImplemented
+    x = _batching.front(self, in_dims[0])
+    out = _avg_pool2d_int8(x.reshape((-1,) + tuple(x.shape[2:])), *params)
+    return out.reshape(tuple(x.shape[:2]) + tuple(out.shape[1:])), 0

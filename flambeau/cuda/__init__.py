@@ -8,6 +8,8 @@ The synchronising calls raise what device-side checks recorded (`_backends.devic
 """
 from __future__ import annotations
 
+import sys
+
 
 from .. import _backends, _state
 from .._backends.cuda_graphs import CupyGraphs
@@ -139,8 +141,9 @@ def memory_reserved(device=None) -> int:
 
 def empty_cache() -> None:
     if is_available():
-        from .._backends import cudnn  # deferred: ctypes bindings, loaded on use
-        cudnn.release_workspaces()            # the kept large convolution workspaces, then the pool's free blocks
+        cudnn = sys.modules.get("flambeau._backends.cudnn")    # (not loaded: no convolution kept a workspace)
+        if cudnn is not None:
+            cudnn.release_workspaces()        # the kept large convolution workspaces, then the pool's free blocks
         _cupy().get_default_memory_pool().free_all_blocks()
 
 
