@@ -177,3 +177,28 @@ def test_indirect_index_names_of_the_analysis_are_not_reused():
     h = AnalysisHandler()
     v = _AVal(D.int64)
     assert h.indirect_indexing(v, 5).key() == h.indirect_indexing(v, 5).key()
+
+
+def test_compile_workers_are_prestarted_once_and_kept(monkeypatch):
+    """`prestart_workers` (called before a process's first cuda graph is lowered) starts min(PRESTART,
+    compile_threads) worker processes once and leaves them idle for the first batches; a second call
+    starts none."""
+    import queue
+
+    from flambeau._inductor import config as inductor_config
+    from flambeau._inductor import triton_runtime as rt
+    monkeypatch.setattr(rt, "_started", [0])
+    monkeypatch.setattr(rt, "_idle", queue.SimpleQueue())
+    monkeypatch.setattr(inductor_config, "compile_threads", 2)
+    rt.prestart_workers()
+    rt.prestart_workers()
+    workers = []
+    while not rt._idle.empty():
+        workers.append(rt._idle.get_nowait())
+    try:
+        assert rt._started[0] == 2 and len(workers) == 2
+        assert all(w.proc.poll() is None for w in workers), "a prestarted worker exited"
+    finally:
+        for w in workers:
+            w.proc.stdin.close()
+            w.proc.wait(timeout=60)

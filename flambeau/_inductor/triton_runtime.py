@@ -452,6 +452,7 @@ class _Worker:
         env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
         self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, env=env)
+        _started[0] += 1
 
     def run(self, spec: dict) -> int | None:
         """Kernels compiled, or None when the process is gone."""
@@ -465,6 +466,18 @@ class _Worker:
 
 
 _idle: queue.SimpleQueue = queue.SimpleQueue()
+_started = [0]          # worker processes started so far (prestart_workers)
+PRESTART = 8            # workers a process's first cuda graph starts before lowering
+
+
+def prestart_workers() -> None:
+    """Start up to PRESTART compile workers (no more than `config.compile_threads`) once per process,
+    before a cuda graph is lowered: each spends its first seconds importing Triton, which then overlaps
+    the lowering and code generation instead of delaying the first batch (a compiled MLP's first step on
+    the H100 waited ~3 s a batch for fresh workers)."""
+    want = min(PRESTART, config.compile_threads) if config.compile_threads > 1 else 0
+    while _started[0] < want:
+        _idle.put(_Worker())
 
 
 def _run_worker(path: str, capability: int, jobs: list) -> int:
