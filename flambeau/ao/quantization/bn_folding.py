@@ -104,16 +104,20 @@ def _finish(model: GraphModule, changed: int) -> int:
     return changed
 
 
+def _inference_bns(graph):
+    """(batch norm, its input node) for each inference batch norm whose input has no other user."""
+    for bn in list(graph.nodes):
+        if _is_batch_norm(bn) and bn.args[5] is False and len(bn.args[0].users) == 1:
+            yield bn, bn.args[0]
+
+
 def fold_conv_bn(model: GraphModule) -> int:
     """Fold each inference batch norm whose input is a convolution used by it alone; returns how many.
     The folded values are new buffers; the convolution's users read it where they read the batch norm."""
     graph = model.graph
     folded = 0
-    for bn in list(graph.nodes):
-        if not _is_batch_norm(bn) or bn.args[5] is not False:
-            continue
-        conv = bn.args[0]
-        if not _is_conv(conv) or len(conv.users) != 1:
+    for bn, conv in _inference_bns(graph):
+        if not _is_conv(conv):
             continue
         w, b, stats = constant_of(model, conv.args[1]), constant_of(model, conv.args[2]), _bn_statistics(model, bn)
         if w is None or (conv.args[2] is not None and b is None) or stats is None:
@@ -135,11 +139,8 @@ def fold_linear_bn(model: GraphModule) -> int:
     folded, as PyTorch's `_fuse_linear_bn_`); returns how many."""
     graph = model.graph
     folded = 0
-    for bn in list(graph.nodes):
-        if not _is_batch_norm(bn) or bn.args[5] is not False:
-            continue
-        lin = bn.args[0]
-        if lin.op != "call_function" or lin.target is not ops.aten.linear.default or len(lin.users) != 1:
+    for bn, lin in _inference_bns(graph):
+        if lin.op != "call_function" or lin.target is not ops.aten.linear.default:
             continue
         x = lin.args[0]
         val = x.meta.get("val") if hasattr(x, "meta") else None
