@@ -42,7 +42,9 @@ after the timed steps every rank of each configuration records PROFILE_STEPS mor
 (bench/stream_timeline.py: kernels by stream, the compute stream's idle gaps, CUDA API calls) into
 DIR/<system>-<mode>-<config>-<parallel>-r<rank>.json.gz; read them with `python bench/stream_timeline.py`.
 Every worker's host time per step is reported too (host_ms_per_rank: a slow rank's host holds the others'
-collectives back), its process CPU time per step (cpu_ms_per_rank: what a loaded machine's waits for a core
+collectives back), its main thread's CPU time and its voluntary/involuntary context switches per step
+(main_thread_cpu_ms_per_rank near host_ms and few involuntary switches: the Python itself ran that long, no
+other thread or process took its core); `BENCH_PIN_CPUS="0-3;16-19"` keeps rank i to the i-th CPU list. Its process CPU time per step (cpu_ms_per_rank: what a loaded machine's waits for a core
 do not inflate; MPI's busy waits count, gloo's blocking waits do not), with the garbage collector's time per step and its full collections in the timed steps
 (gc_ms_per_rank, gc_full_per_rank).
 A configuration that fails prints its error instead.
@@ -53,6 +55,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -152,6 +155,9 @@ def worker(args) -> None:
     cfg = SMALL if args.small else GPT2
     cuda = args.device == "cuda"
     local = int(os.environ.get("LOCAL_RANK", "0"))
+    pins = os.environ.get("BENCH_PIN_CPUS")          # "0-3;16-19": rank i keeps to the i-th CPU list
+    if pins:
+        os.sched_setaffinity(0, _cpu_list(pins.split(";")[local % len(pins.split(";"))]))
     if cuda:
         torch.cuda.set_device(local)
     device = f"cuda:{local}" if cuda else "cpu"
@@ -188,18 +194,22 @@ def worker(args) -> None:
     sync()
     gc_clock = _GcClock()
     start, cpu_start = time.perf_counter(), time.process_time()
+    thread_start, usage = time.thread_time(), resource.getrusage(resource.RUSAGE_SELF)
     for s in range(args.warmup, steps):
         losses.append(gpu_models.train_step(torch, model, opt, *batches[s], amp).detach())
     host_ms = (time.perf_counter() - start) / args.steps * 1e3
     sync()
     ms = (time.perf_counter() - start) / args.steps * 1e3
     cpu_ms = (time.process_time() - cpu_start) / args.steps * 1e3
+    thread_ms = (time.thread_time() - thread_start) / args.steps * 1e3
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    switches = [(after.ru_nvcsw - usage.ru_nvcsw) / args.steps, (after.ru_nivcsw - usage.ru_nivcsw) / args.steps]
     gc_clock.stop()
     if args.profile:
         _profile(args, torch, rank, lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp), sync)
     if args.trace:
         _trace(args, torch, rank, local, lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp))
-    host = [host_ms, gc_clock.ms / args.steps, gc_clock.full, cpu_ms]
+    host = [host_ms, gc_clock.ms / args.steps, gc_clock.full, cpu_ms, thread_ms, switches]
     per_rank = [host]
     if world_size > 1:
         per_rank = [None] * world_size
@@ -220,6 +230,8 @@ def worker(args) -> None:
                           "ms_per_step": ms, "host_ms_per_step": host_ms, "host_ms_per_rank": [r[0] for r in per_rank],
                           "gc_ms_per_rank": [r[1] for r in per_rank], "gc_full_per_rank": [r[2] for r in per_rank],
                           "cpu_ms_per_rank": [r[3] for r in per_rank],
+                          "main_thread_cpu_ms_per_rank": [r[4] for r in per_rank],
+                          "context_switches_per_step_per_rank": [r[5] for r in per_rank],
                           "tokens_per_s": (1 if args.parallel == "tp" else world_size) * rows * cfg["seq"] / ms * 1e3,
                           "cpus": len(os.sched_getaffinity(0)),
                           "losses": [float(v) for v in stacked.cpu().tolist()]}), flush=True)
@@ -280,6 +292,15 @@ def _trace(args, torch, rank: int, local: int, step) -> None:
     os.makedirs(args.trace, exist_ok=True)
     name = f"{_system(torch)}-{args.mode}-{args.config}-{args.parallel}-r{rank}.json.gz"
     stream_timeline.record(step, PROFILE_STEPS, os.path.join(args.trace, name), local)
+
+
+def _cpu_list(text: str) -> set:
+    """CPUs of a list like "0-3,8": the affinity a rank keeps to under BENCH_PIN_CPUS."""
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
 
 
 def _system(torch) -> str:
