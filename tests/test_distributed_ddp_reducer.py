@@ -8,6 +8,10 @@ the same operators as the model trained without DDP).
 """
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -103,6 +107,63 @@ def test_reducer_work_per_step(world1, monkeypatch, as_view, set_to_none, copies
     for b in reducer.buckets:
         for v in b.views:
             assert np.shares_memory(v._data, b.flat._data)
+
+
+@pytest.mark.parametrize("as_view", [False, True])
+def test_batched_copies_one_launch_per_bucket_and_one_back(world1, monkeypatch, as_view):
+    """On cuda a bucket's gradients are copied in by one batched launch when the bucket starts and every
+    averaged gradient is copied back by one launch per step (`_copy_pairs`, `triton_copy_many`); here the
+    batching is switched on for the CPU engine and each batch recorded and run pair by pair: the trained
+    weights equal the unbatched run's bit for bit."""
+    weights = []
+    for batched in (False, True):
+        log = []
+        if batched:
+            monkeypatch.setattr(ddp_module, "_batched_copies", lambda device: True)
+
+            def recording_pairs(pairs):
+                log.append([(id(d), id(s)) for d, s in pairs])
+                for d, s in pairs:
+                    d._data[...] = s._data
+                    d._version[0] += 1
+            monkeypatch.setattr(ddp_module, "_copy_pairs", recording_pairs)
+        model = ddp_module.DistributedDataParallel(_model(), bucket_cap_mb=BUCKET_CAP_MB,
+                                                   gradient_as_bucket_view=as_view)
+        opt = flambeau.optim.SGD(model.parameters(), lr=0.1)
+        for s in range(2):
+            _step(model, opt, True, s)
+        del log[:]
+        copies = _counted(monkeypatch)["copy"] if batched else []
+        for s in range(2, 2 + STEPS):
+            _step(model, opt, True, s)
+        weights.append([p.detach().numpy().copy() for p in model.parameters()])
+        if not batched:
+            continue
+        reducer = model.reducer
+        views = {id(v) for b in reducer.buckets for v in b.views}
+        ins = [batch for batch in log if batch and batch[0][0] in views]
+        backs = [batch for batch in log if batch and batch[0][0] not in views]
+        assert len(ins) == len(reducer.buckets) * STEPS           # one batch per bucket and step
+        assert sorted(len(b) for b in ins[:len(reducer.buckets)]) == sorted(len(b.params) for b in reducer.buckets)
+        assert all(d in views and s not in views for batch in ins for d, s in batch)
+        assert len(backs) == (0 if as_view else STEPS)            # one batch a step, outside view mode
+        assert all(len(b) == len(reducer.params) for b in backs)
+        assert copies == []                                       # no copy left to `_copy_into`
+    for a, b in zip(*weights):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_copy_many_kernel_under_the_interpreter():
+    """The batched copy kernel (`_backends/triton_copy_many.py`) under Triton's interpreter: float32,
+    bfloat16, int64 and uint8 tensors over several chunks, each copied exactly and nothing around it written."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    scripts = os.path.join(root, "tests", "scripts")
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([root, scripts, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, os.path.join(scripts, "triton_copy_many_interp.py")],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
 def test_reducer_issues_no_operators_of_its_own(world1):

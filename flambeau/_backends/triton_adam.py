@@ -19,7 +19,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from . import triton_launch as TL
+from . import multi_tensor, triton_launch as TL
 from .triton_pointwise import same_dense_layout
 
 CHUNK = 65536           # elements per program (as PyTorch's multi-tensor apply)
@@ -27,7 +27,6 @@ BLOCK = 2048            # elements per inner iteration of a program
 NUM_WARPS = 8
 ALIGN_BYTES = 16        # pointers promised 16-byte aligned when every tensor's address is
 ROWS = 5                # table rows of addresses: param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq
-_TABLE_CACHE_LIMIT = 8
 _tables: dict = {}
 
 
@@ -101,34 +100,18 @@ def _adam_chunks(TABLE, NUMEL, CHUNK_T, CHUNK_I, LR, lr, beta1, beta2, eps, weig
 
 
 def table(addresses: list, numels: list, chunk: int = CHUNK) -> np.ndarray:
-    """The int64 table the kernel reads: ROWS rows of one address per tensor, the element counts, then
-    per chunk its tensor index and its chunk index within the tensor (layout of `table_offsets`)."""
-    counts = [max(1, -(-n // chunk)) for n in numels]
-    chunk_t = np.repeat(np.arange(len(numels), dtype=np.int64), counts)
-    chunk_i = np.concatenate([np.arange(c, dtype=np.int64) for c in counts])
-    return np.concatenate([np.asarray(addresses, dtype=np.int64).reshape(-1), np.asarray(numels, dtype=np.int64),
-                           chunk_t, chunk_i])
+    """The int64 table the kernel reads (`multi_tensor.table`: ROWS address rows)."""
+    return multi_tensor.table(addresses, numels, chunk)
 
 
 def chunk_count(host_table: np.ndarray, n_tensors: int) -> int:
     """The number of chunks (programs) a table describes."""
-    return (len(host_table) - (ROWS + 1) * n_tensors) // 2
+    return multi_tensor.chunk_count(host_table, n_tensors, ROWS)
 
 
 def table_offsets(n_tensors: int, n_chunks: int) -> tuple:
     """Element offsets of (addresses, numels, chunk tensor, chunk index) in a table."""
-    return 0, ROWS * n_tensors, (ROWS + 1) * n_tensors, (ROWS + 1) * n_tensors + n_chunks
-
-
-def _device_table(key, addresses, numels):
-    import cupy  # deferred: optional dependency, present only where cuda is used
-    hit = _tables.get(key)
-    if hit is None:
-        host = table(addresses, numels)
-        if len(_tables) >= _TABLE_CACHE_LIMIT:
-            _tables.pop(next(iter(_tables)))
-        hit = _tables[key] = (cupy.asarray(host), chunk_count(host, len(numels)))
-    return hit
+    return multi_tensor.offsets(n_tensors, n_chunks, ROWS)
 
 
 def supported(p, g, *states) -> bool:
@@ -169,7 +152,8 @@ def launch(arrays: Arrays, grad_ptrs: list, *, lr, beta1: float, beta2: float, e
     addresses = (p, tuple(grad_ptrs), m, v, vmax)
     numels = arrays.numels
     device = cupy.cuda.Device().id
-    dev, n_chunks = _device_table((device, numels, *addresses), addresses, numels)
+    dev, n_chunks = multi_tensor.device_table(cupy, _tables, (device, numels, *addresses), addresses, numels, CHUNK,
+                                              ROWS)
     aligned = arrays.aligned and all(a % ALIGN_BYTES == 0 for a in grad_ptrs)
     on_device = isinstance(lr, cupy.ndarray)
     variant = (bool(amsgrad), bool(maximize), bool(decoupled), on_device, aligned, device)

@@ -7,7 +7,9 @@ flat gradient buffer made once. A hook after each gradient accumulation copies t
 bucket's view; a bucket whose parameters are all ready has its all-reduce started asynchronously while
 backward goes on (buckets start in the same order on every rank; on cuda NCCL runs on its own stream).
 When the last bucket has started, the reductions are waited for and the averaged gradients copied back
-(with `gradient_as_bucket_view=True` the parameters' `.grad` are views of the buckets: no copy back). `register_comm_hook` replaces the all-reduce (see
+(with `gradient_as_bucket_view=True` the parameters' `.grad` are views of the buckets: no copy back). On cuda the
+copies are batched: a bucket's gradients are copied in by one `triton_copy_many` launch when the bucket
+starts (the hook only notes the gradient), and every averaged gradient is copied back by one launch. `register_comm_hook` replaces the all-reduce (see
 `flambeau.distributed.algorithms.ddp_comm_hooks.default_hooks` for fp16/bf16 compression).
 
 As PyTorch's reducer: the order gradients arrive in during the first synced backward is recorded and, at the
@@ -34,6 +36,7 @@ FIRST_BUCKET_BYTES = 1024 * 1024
 MB = 1024 * 1024
 _ARRAY_NATIVE_KINDS = "biufc"     # NumPy dtype kinds whose copies CuPy and NumPy both run (not bfloat16's 'V')
 CUDA_MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyKind (driver_types.h)
+_COPY_MANY: list = []             # [the triton_copy_many module, or None without Triton], once looked up
 
 
 class GradBucket:
@@ -74,6 +77,8 @@ class _Bucket:
         self.numel = sum(p.numel() for p in params)
         self.pending = len(params)
         self.future = None
+        self.batched = _batched_copies(params[0].device)   # cuda: the copies of a bucket are one launch
+        self.copy_in: list = []                             # (gradient, view) pairs left for that launch
         with _no_grad():
             self.flat = torch.zeros(self.numel, dtype=params[0].dtype, device=params[0].device)
             self.views, start = [], 0
@@ -96,6 +101,36 @@ def _assign_buckets(ordered: list, cap_bytes: int, first_bytes: int) -> list:
             del open_[key]
     buckets.extend(c[0] for c in open_.values())
     return [_Bucket(i, ps) for i, ps in enumerate(buckets)]
+
+
+def _batched_copies(device) -> bool:
+    """Whether a bucket's gradient copies on `device` go through `triton_copy_many` (cuda with Triton)."""
+    if device.type != "cuda":
+        return False
+    if not _COPY_MANY:
+        try:
+            from ..._backends import triton_copy_many  # deferred: Triton, present only where cuda is used
+        except ImportError:
+            triton_copy_many = None
+        _COPY_MANY.append(triton_copy_many)
+    return _COPY_MANY[0] is not None
+
+
+def _copy_pairs(pairs: list) -> None:
+    """dst[...] = src for every (dst, src) of contiguous cuda tensors alike in size and element size, as
+    one `triton_copy_many` launch; the destinations' versions move as `_copy_into`'s do."""
+    if not pairs:
+        return
+    _COPY_MANY[0].copy_many([s._data for _, s in pairs], [d._data for d, _ in pairs])
+    for d, _ in pairs:
+        d._version[0] += 1
+
+
+def _pairable(dst, src) -> bool:
+    """Whether (dst, src) may join a `_copy_pairs` batch."""
+    d, s = dst._data, src._data
+    return (src._device == dst._device and d.flags.c_contiguous and s.flags.c_contiguous
+            and d.itemsize == s.itemsize and d.size == s.size and d.dtype == s.dtype)
 
 
 def _copy_into(dst, src) -> None:
@@ -196,7 +231,7 @@ class _Reducer:
 
     def prepare_for_backward(self, outputs: list) -> None:
         for b in self.buckets:
-            b.pending, b.future = len(b.params), None
+            b.pending, b.future, b.copy_in = len(b.params), None, []
         self.active, self.next_bucket, self.used = True, 0, set()
         if self.needs_graph_walk():
             reached = _reachable_leaves(outputs)
@@ -221,7 +256,10 @@ class _Reducer:
         bucket, view = self.slot_of[key]
         grad = param._grad
         if grad is not view:
-            _copy_into(view, grad)
+            if bucket.batched and _pairable(view, grad):
+                bucket.copy_in.append((view, grad))     # copied with the bucket's others, at its launch
+            else:
+                _copy_into(view, grad)
             if self.as_view:
                 param.grad = view
         bucket.pending -= 1
@@ -244,6 +282,9 @@ class _Reducer:
 
     def _launch(self, bucket: _Bucket) -> None:
         """Start the reduction of the bucket's flat buffer (its gradients are in it)."""
+        if bucket.copy_in:
+            _copy_pairs(bucket.copy_in)
+            bucket.copy_in = []
         grad_bucket = GradBucket(bucket.index, bucket.flat, bucket.params, bucket.index == len(self.buckets) - 1)
         bucket.future = self.hook(self.hook_state, grad_bucket)
 
@@ -257,6 +298,7 @@ class _Reducer:
             globally_used = used.tolist()
             if self.static_graph:
                 self.static_used_map = globally_used
+        copy_back = []
         for b in self.buckets:
             value = b.future.wait()
             flat = value[0] if isinstance(value, (list, tuple)) else value
@@ -273,8 +315,11 @@ class _Reducer:
                 elif grad is None:
                     with _no_grad():
                         p.grad = view.clone()
+                elif b.batched and _pairable(grad, view):
+                    copy_back.append((grad, view))
                 else:
                     _copy_into(grad, view)
+        _copy_pairs(copy_back)          # after every bucket's wait: one launch for all of them
 
 
 def _reachable_leaves(outputs: list) -> set:

@@ -1,0 +1,49 @@
+"""The address table of a multi-tensor kernel (PyTorch's multi-tensor apply): one launch over many tensors.
+
+The tensors are cut into chunks of `chunk` elements and each program of the grid handles one chunk of one
+tensor. A program finds its tensor through an int64 table in device memory: `rows` rows of one address
+per tensor (e.g. parameter, gradient, moments; or source, destination), the element counts, then per
+chunk its tensor index and its chunk index within the tensor. The table depends only on the addresses
+and counts, so it is uploaded once and reused while the caching allocator hands the tensors the same
+memory step after step (`device_table`'s cache).
+
+Used by the fused Adam step (`triton_adam`) and the batched copies of DDP's gradient buckets
+(`triton_copy_many`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+TABLE_CACHE_LIMIT = 16          # tables kept per user (keyed by addresses and counts)
+
+
+def table(addresses, numels: list, chunk: int) -> np.ndarray:
+    """The int64 table: the address rows (a sequence of rows, each one address per tensor), the element
+    counts, then per chunk its tensor index and its chunk index within the tensor (see `offsets`)."""
+    counts = [max(1, -(-n // chunk)) for n in numels]
+    chunk_t = np.repeat(np.arange(len(numels), dtype=np.int64), counts)
+    chunk_i = np.concatenate([np.arange(c, dtype=np.int64) for c in counts])
+    return np.concatenate([np.asarray(addresses, dtype=np.int64).reshape(-1), np.asarray(numels, dtype=np.int64),
+                           chunk_t, chunk_i])
+
+
+def chunk_count(host_table: np.ndarray, n_tensors: int, rows: int) -> int:
+    """The number of chunks (programs) a table of `rows` address rows describes."""
+    return (len(host_table) - (rows + 1) * n_tensors) // 2
+
+
+def offsets(n_tensors: int, n_chunks: int, rows: int) -> tuple:
+    """Element offsets of (addresses, numels, chunk tensor, chunk index) in a table."""
+    return 0, rows * n_tensors, (rows + 1) * n_tensors, (rows + 1) * n_tensors + n_chunks
+
+
+def device_table(cupy, cache: dict, key, addresses, numels, chunk: int, rows: int) -> tuple:
+    """(CuPy int64 table, chunk count) for `key`, made and uploaded by the `cupy` module on a miss; `cache`
+    keeps the last TABLE_CACHE_LIMIT tables (the oldest is dropped first)."""
+    hit = cache.get(key)
+    if hit is None:
+        host = table(addresses, numels, chunk)
+        if len(cache) >= TABLE_CACHE_LIMIT:
+            cache.pop(next(iter(cache)))
+        hit = cache[key] = (cupy.asarray(host), chunk_count(host, len(numels), rows))
+    return hit
