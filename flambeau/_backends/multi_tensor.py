@@ -37,13 +37,15 @@ def offsets(n_tensors: int, n_chunks: int, rows: int) -> tuple:
     return 0, rows * n_tensors, (rows + 1) * n_tensors, (rows + 1) * n_tensors + n_chunks
 
 
-def device_table(cupy, cache: dict, key, addresses, numels, chunk: int, rows: int) -> tuple:
+def device_table(cupy, cache: dict, key, addresses, numels, chunk: int, rows: int,
+                 limit: int = TABLE_CACHE_LIMIT) -> tuple:
     """(CuPy int64 table, chunk count) for `key`, made and uploaded by the `cupy` module on a miss; `cache`
-    keeps the last TABLE_CACHE_LIMIT tables (the oldest is dropped first)."""
+    keeps the last `limit` tables (the oldest is dropped first). An upload from pageable host memory waits
+    for the stream's queued work, so a user that needs N tables a step keeps at least N."""
     hit = cache.get(key)
     if hit is None:
         host = table(addresses, numels, chunk)
-        if len(cache) >= TABLE_CACHE_LIMIT:
+        if len(cache) >= limit:
             cache.pop(next(iter(cache)))
         hit = cache[key] = (cupy.asarray(host), chunk_count(host, len(numels), rows))
     return hit

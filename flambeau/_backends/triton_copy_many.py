@@ -20,6 +20,7 @@ CHUNK = 65536           # elements per program
 BLOCK = 2048            # elements per inner iteration of a program
 NUM_WARPS = 4
 ROWS = 2                # table rows of addresses: source, destination
+TABLE_LIMIT = 1024      # tables kept: DDP needs one per bucket and one for the copy back, every step
 _WORDS = {1: "i8", 2: "i16", 4: "i32", 8: "i64"}     # element size -> the integer type copied
 _tables: dict = {}
 _kernels: dict = {}
@@ -60,8 +61,8 @@ def copy_many(srcs: list, dsts: list) -> None:
     addresses = (tuple(s.data.ptr for s in srcs), tuple(d.data.ptr for d in dsts))
     numels = tuple(s.size for s in srcs)
     device = srcs[0].device.id
-    tab, n_chunks = multi_tensor.device_table(_cupy(srcs[0]), _tables, (device, item, numels, addresses), addresses, numels,
-                                              CHUNK, ROWS)
+    tab, n_chunks = multi_tensor.device_table(_cupy(srcs[0]), _tables, (device, item, numels, addresses), addresses,
+                                              numels, CHUNK, ROWS, TABLE_LIMIT)
     kern = _kernels.get((device, item))
     if kern is None:
         kern = _kernels[(device, item)] = TL.compile_kernel(
