@@ -320,3 +320,71 @@ def test_saved_values_the_backward_returns_are_marked_for_the_forward():
     outs = list(gm.graph.output_node().args[0])
     assert _returned(placeholders, outs) == {0, 2}
     assert _returned(placeholders[1:], outs) == {1}          # (c, now at position 1)
+
+
+# ---- common subexpression elimination of the joint graph ----------------------------------------------
+def _cross_entropy_bf16(m):
+    def f(x, w, y):
+        with m.autocast("cpu", dtype=m.bfloat16):
+            logits = x @ w.t()
+        return m.nn.functional.cross_entropy(logits, y)
+    return f
+
+
+@pytest.mark.parametrize("cse", [True, False])
+def test_cross_entropy_backward_reuses_the_forward_statistics(monkeypatch, cse):
+    """Cross-entropy's backward recomputes the softmax of the logits; with the joint graph's CSE
+    (`torch._functorch.config.cse`, on by default as in PyTorch) the duplicate cast, row maximum and sum
+    merge with the forward's, and the min-cut partitioner saves the (rows, 1) statistics: the backward
+    graph reads the logits once and computes no reduction over them. Gradients equal PyTorch's."""
+    from flambeau._functorch import config
+    monkeypatch.setattr(config, "cse", cse)
+    rng = np.random.default_rng(0)
+    x, w, y = rng.standard_normal((64, 16)), rng.standard_normal((300, 16)), rng.integers(0, 300, 64)
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = gm
+            return gm
+        return compiler
+    fx, fw = fl.tensor(x, dtype=fl.float32, requires_grad=True), fl.tensor(w, dtype=fl.float32, requires_grad=True)
+    out = aot_function(_cross_entropy_bf16(fl), keep("fw"), keep("bw"), partition_fn=min_cut_rematerialization_partition,
+                       decompositions=core_aten_decompositions())(fx, fw, fl.tensor(y))
+    out.backward()
+    tx, tw = torch.tensor(x, dtype=torch.float32, requires_grad=True), torch.tensor(w, dtype=torch.float32,
+                                                                                      requires_grad=True)
+    ref = _cross_entropy_bf16(torch)(tx, tw, torch.tensor(y))
+    ref.backward()
+    close(out.float(), ref.float(), rtol=1e-2, atol=1e-2)
+    close(fx.grad, tx.grad, rtol=2e-2, atol=2e-3)
+    close(fw.grad, tw.grad, rtol=2e-2, atol=2e-3)
+    bw_reductions = [n for n in calls(graphs["bw"]) if n.target._schema.name in ("amax", "sum", "logsumexp")
+                     and n.args[0].meta["val"].shape == (64, 300)]
+    fw_saved = [n.meta["val"].shape for n in graphs["fw"].graph.output_node().args[0][1:]]
+    if cse:
+        assert bw_reductions == []
+        assert (64, 1) in fw_saved
+    else:                                       # the pass is what removes them: without it they are there
+        assert len(bw_reductions) == 2
+
+
+def test_cse_never_merges_random_calls_or_signed_zeros():
+    """Two dropouts of the same input stay two draws (PyTorch's rand_ops are excluded the same way), and
+    `x + 0.0` / `x + -0.0` stay two calls (-0.0 + 0.0 is 0.0, -0.0 + -0.0 is -0.0); two equal casts merge."""
+    from flambeau._functorch.compile_utils import fx_graph_cse
+
+    def f(x):
+        a = fl.nn.functional.dropout(x, 0.5) + fl.nn.functional.dropout(x, 0.5)
+        return a, x + 0.0, x + -0.0, x.to(fl.float64) * x.to(fl.float64)
+    gm = make_fx(f)(fl.randn(8))
+    before = [n.target._schema.name for n in calls(gm)]
+    after = [n.target._schema.name for n in calls(fx_graph_cse(gm))]
+    random = [n for n in before if n in ("native_dropout", "bernoulli", "rand", "rand_like", "dropout")]
+    assert random and [n for n in after if n in random] == random
+    assert after.count("_to_copy") == 1 and before.count("_to_copy") == 2
+    assert after.count("add") == before.count("add") >= 3
+    x = fl.tensor([-0.0, 1.0])
+    _, z1, z2, _ = gm(x)
+    assert np.signbit(z1.numpy()[0]) == np.signbit(np.float32(-0.0) + np.float32(0.0))
+    assert np.signbit(z2.numpy()[0]) == np.signbit(np.float32(-0.0) + np.float32(-0.0))

@@ -58,6 +58,8 @@ from .._subclasses.fake_tensor import FakeTensorMode
 from ..nn.modules.module import Module
 from .functionalization import run_functionalized, flat_input_tensors, _apply_step
 from .partitioners import default_partition
+from . import config
+from .compile_utils import fx_graph_cse
 from .symbolic_zeros import prune_absent_tangents
 from ..autograd import grad
 from ..fx.node import Node
@@ -351,6 +353,8 @@ def _compile(flat_fn: Callable, flat_args: list, fw_compiler: Callable, bw_compi
                                    dynamic_dims=dynamic_dims, shape_env=shape_env)
     if decompositions:
         joint = retrace(joint, tr.symbolic, tr.fake_mode, decompositions)
+    if config.cse:
+        joint = fx_graph_cse(joint)
     _dump("AOT joint graph", joint)
     num_fwd = len(meta.graph_outs) + meta.n_bases + len(meta.mutated)
     fw_gm, bw_gm = partition_fn(joint, flat_args, num_fwd_outputs=num_fwd)

@@ -1,6 +1,7 @@
 """Settings of `flambeau.func`'s transforms (PyTorch's `torch._functorch.config`).
 
     FLAMBEAU_VMAP_CACHE_ALLOCATOR=0    turn off vmap_cache_allocator (below)
+    FLAMBEAU_AOT_CSE=0                 turn off cse (below)
 """
 from __future__ import annotations
 
@@ -13,3 +14,9 @@ import os
 # bench/func.py's CNN gives its ~9 MB of freed heap back to the system and faults it in again at the
 # next (~2200 minor faults, a third of the step's process CPU time).
 vmap_cache_allocator: bool = os.environ.get("FLAMBEAU_VMAP_CACHE_ALLOCATOR", "1") not in ("", "0")
+
+# AOT autograd merges duplicate pure calls of a joint forward+backward graph before partitioning it
+# (`compile_utils.fx_graph_cse`, PyTorch's `torch._functorch.config.cse`): a backward formula that
+# recomputes a forward value (cross-entropy's softmax) then shares it, and the partitioner saves its small
+# statistics instead of reading the logits again.
+cse: bool = os.environ.get("FLAMBEAU_AOT_CSE", "1") not in ("", "0")
