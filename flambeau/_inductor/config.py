@@ -65,6 +65,7 @@ write_inputs_in_place: bool = os.environ.get("FLAMBEAU_INDUCTOR_WRITE_INPUTS", "
 max_inline_ops: int = 200         # realise a pointwise value whose expression grows beyond this
 inline_ops_multi_use: int = 12    # ... or that has several users and costs more than this
 realize_saved_outputs: bool = True  # ... or that has several users, one of them the graph's output (graph.py)
+realize_reads_threshold: int = 4   # ... or that has several users and reads more buffers than this
 parallel_threshold: int = 1 << 15  # elements of work below which a kernel runs on one thread (with
 #   GOMP_SPINCOUNT=10000, set by _cpp_builder for libgomp's load only, the team is still spinning
 #   between kernels: 2 threads win from ~16K up)

@@ -403,7 +403,11 @@ class GraphLowering:
         A value with several users of which one is the graph's output (an activation the forward saves
         for the backward: a residual stream) is stored anyway, so it is stored where it is computed and
         the other users read it (PyTorch's GraphLowering.run_node does the same) instead of recomputing
-        it: otherwise every layer norm of a residual stream re-adds all earlier layers' outputs."""
+        it: otherwise every layer norm of a residual stream re-adds all earlier layers' outputs. For the
+        same reason a value with several users that reads more than `config.realize_reads_threshold`
+        buffers is stored (PyTorch's realize_reads_threshold): GPT-2's residual stream, which its layer
+        norms' backward does not need (they save the normalized values), grows by two buffers a layer,
+        and every consumer inlining it re-read the embeddings and all earlier layers' outputs."""
         x = self.env[node]
         if not isinstance(x, Pointwise) or x.realized is not None:
             return
@@ -412,6 +416,7 @@ class GraphLowering:
         heavy = st.heavy > 0 and not self.triton
         if st.ops > config.max_inline_ops or \
                 (users > 1 and (heavy or st.ops > config.inline_ops_multi_use
+                                or len({id(b) for b, _ in st.loads}) > config.realize_reads_threshold
                                 or (config.realize_saved_outputs and any(u.op == "output" for u in node.users)))):
             self.realize(x, channels_last=True if self.layout_opt and _feeds_convolution(node) else None)
 
