@@ -87,13 +87,16 @@ def test_unused_parameter_leaves_its_grad_none(ranks):
 
 def test_reduce_scatters_overlap_the_rest_of_backward(ranks):
     """Every group's reduce-scatter starts during backward and is waited for only after the input's
-    gradient (the last node of backward) has been computed."""
+    gradient (the last node of backward) has been computed; every gather of a group is one collective."""
     for res in ranks:
         timeline = res["overlap/timeline"].tolist()
         last = timeline.index("input gradient")
         assert timeline[:last].count("reduce_scatter started") >= 2, timeline     # the blocks at least
         assert "reduce_scatter waited" not in timeline[:last], timeline
         assert timeline.count("reduce_scatter waited") == timeline.count("reduce_scatter started") == 3
+        # one all_gather_into_tensor a group, uneven pieces too (the head's 5 rows): the root and both
+        # blocks in forward, the blocks again before their backward
+        assert timeline.count("all_gather") == 5, timeline
 
 
 def test_mixed_precision_computes_in_bfloat16(ranks):
@@ -105,30 +108,132 @@ def test_mixed_precision_computes_in_bfloat16(ranks):
         assert str(res["mixed/dtypes"]) == "torch.float32,torch.float32"       # shards and their grads stay fp32
 
 
-def test_even_pieces_are_gathered_into_one_buffer(monkeypatch):
-    """A group whose pieces are the same size on every rank is all-gathered straight into one flat buffer
-    (no per-rank buffers copied out after the collective); at world size 1 every split is even. The
-    gradients equal the unsharded model's."""
+def test_every_group_is_gathered_into_one_buffer(monkeypatch):
+    """Each group's parameters are all-gathered by one all_gather_into_tensor (the padded flat layout); the
+    gradients equal the unsharded model's (PyTorch, same weights)."""
     import flambeau
     import flambeau.distributed as dist
     from flambeau.distributed.fsdp import _fully_shard as fs
     gathered = []
     into_tensor = fs.all_gather_into_tensor
     monkeypatch.setattr(fs, "all_gather_into_tensor", lambda *a, **k: gathered.append(1) or into_tensor(*a, **k))
-    monkeypatch.setattr(fs, "all_gather", lambda *a, **k: pytest.fail("even pieces took the per-rank path"))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        flambeau.manual_seed(0)
-        plain = flambeau.nn.Sequential(flambeau.nn.Linear(4, 6), flambeau.nn.Tanh(), flambeau.nn.Linear(6, 2))
+        torch.manual_seed(0)
+        plain = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
         sharded = flambeau.nn.Sequential(flambeau.nn.Linear(4, 6), flambeau.nn.Tanh(), flambeau.nn.Linear(6, 2))
-        sharded.load_state_dict(plain.state_dict())
+        sharded.load_state_dict({k: flambeau.tensor(v.numpy()) for k, v in plain.state_dict().items()})
         fs.fully_shard(sharded[0])
         fs.fully_shard(sharded)
-        x = flambeau.tensor(np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32))
-        for m in (plain, sharded):
-            (m(x) ** 2).sum().backward()
-        assert gathered
+        x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+        (plain(torch.from_numpy(x)) ** 2).sum().backward()
+        (sharded(flambeau.tensor(x)) ** 2).sum().backward()
+        assert len(gathered) == 3       # forward: the block's group and the root's; backward: the block's again
         for p, q in zip(plain.parameters(), sharded.parameters()):
             np.testing.assert_allclose(q.grad.full_tensor().numpy(), p.grad.numpy(), rtol=1e-6, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
+
+
+class _Shard:
+    """What `_FlatLayout` reads of a managed parameter: its gathered shape and this rank's local piece."""
+
+    def __init__(self, shape, local):
+        self.shape = shape
+        self.sharded = type("Sharded", (), {"_local_tensor": local})()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_flat_layout_gathers_and_scatters_torch_chunk_pieces(n):
+    """The padded flat layout against torch.chunk: every rank packs its chunk of each parameter (uneven
+    chunks, ranks with no rows, a 0-row matrix), the ranks' pieces joined (what all_gather_into_tensor
+    gives) hold each whole parameter in its columns; a packed whole gradient gives rank r, at its offsets,
+    torch.chunk's piece r."""
+    import flambeau
+    from flambeau.distributed.fsdp._fully_shard import _FlatLayout
+    shapes = [(5, 3), (7,), (1, 4), (12, 2), (3,), (2, 3, 2)]
+    rng = np.random.default_rng(n)
+    full = [torch.from_numpy(rng.standard_normal(s)) for s in shapes]
+
+    def chunk(t, r):
+        pieces = torch.chunk(t, n)
+        return pieces[r] if r < len(pieces) else t[:0]
+    layouts = [_FlatLayout([_Shard(s, flambeau.tensor(chunk(t, r).numpy())) for s, t in zip(shapes, full)], n)
+               for r in range(n)]
+    assert len({lay.width for lay in layouts}) == 1
+    gathered = np.concatenate([lay.pack([p.sharded._local_tensor for p in
+                                         [_Shard(s, flambeau.tensor(chunk(t, r).numpy())) for s, t in zip(shapes, full)]],
+                                        1).numpy() for r, lay in enumerate(layouts)]).reshape(n, -1)
+    lay = layouts[0]
+    for i, t in enumerate(full):
+        cols = gathered[:, lay.offsets[i]:lay.offsets[i] + lay.widths[i]].copy().reshape(-1)
+        np.testing.assert_array_equal(cols[:lay.numels[i]].reshape(t.shape), t.numpy())
+        assert lay.even[i] == (cols.size == t.numel())
+    grads = [torch.from_numpy(rng.standard_normal(s)) for s in shapes]
+    flat = lay.pack([flambeau.tensor(g.numpy()) for g in grads], n).numpy().reshape(n, -1)
+    for r, mine in enumerate(layouts):
+        for i, g in enumerate(grads):
+            piece = flat[r, mine.offsets[i]:mine.offsets[i] + mine.mine[i]].reshape(mine.local_shapes[i])
+            np.testing.assert_array_equal(piece, chunk(g, r).numpy())
+
+
+def _world_of_one():
+    import flambeau.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def test_groups_gathering_at_once_keep_their_own_buffers():
+    """Two groups of the same layout all-gather at once (two async unshards, then the waits): each gets its
+    own parameters, so the buffer a group gathers into and copies out of is its own."""
+    import flambeau
+    import flambeau.distributed as dist
+    from flambeau.distributed.fsdp import fully_shard
+    _world_of_one()
+    try:
+        flambeau.manual_seed(0)
+        model = flambeau.nn.Sequential(flambeau.nn.Linear(3, 4), flambeau.nn.Linear(3, 4))
+        want = [m.weight.detach().numpy().copy() for m in model]
+        for m in model:
+            fully_shard(m)
+        handles = [m.unshard(async_op=True) for m in model]
+        for h in handles:
+            h.wait()
+        for m, w in zip(model, want):
+            m.unshard()
+            assert type(m.weight).__name__ == "Tensor"
+            np.testing.assert_array_equal(m.weight.detach().numpy(), w)
+            m.reshard()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_reshard_frees_the_gathered_memory():
+    """After a block's forward (reshard_after_forward) nothing keeps its gathered parameters' arrays alive
+    (a `[:0]` view of them would): weak references to them die. Under no_grad, so autograd saves nothing;
+    the output is PyTorch's on the same weights."""
+    import gc
+    import weakref
+    import flambeau
+    import flambeau.distributed as dist
+    from flambeau.distributed.fsdp import fully_shard
+    _world_of_one()
+    try:
+        torch.manual_seed(0)
+        plain = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 2))
+        model = flambeau.nn.Sequential(flambeau.nn.Linear(4, 6), flambeau.nn.Linear(6, 2))
+        model.load_state_dict({k: flambeau.tensor(v.numpy()) for k, v in plain.state_dict().items()})
+        for m in model:
+            fully_shard(m)
+        fully_shard(model)
+        seen = []
+        owner = lambda a: a if a.base is None else a.base            # noqa: E731  the array owning the memory
+        model[0].register_forward_pre_hook(lambda m, a: seen.extend(weakref.ref(owner(p._data)) for p in (m.weight, m.bias)
+                                                                     if type(p).__name__ == "Tensor"))
+        x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+        with flambeau.no_grad():
+            out = model(flambeau.tensor(x))
+        gc.collect()
+        assert len(seen) == 2 and all(r() is None for r in seen)
+        np.testing.assert_allclose(out.numpy(), plain(torch.from_numpy(x)).detach().numpy(), rtol=1e-6, atol=1e-6)
     finally:
         dist.destroy_process_group()

@@ -95,11 +95,12 @@ def record_reduce_scatter(real):
 
 
 def overlap():
-    """The order of events in one backward: reduce-scatters started, the input's gradient computed (the
-    last node of backward), reduce-scatters waited for."""
+    """The order of events in one step: all-gathers, reduce-scatters started, the input's gradient computed
+    (the last node of backward), reduce-scatters waited for."""
     fs = torch.distributed.fsdp._fully_shard
-    real = fs.reduce_scatter
-    fs.reduce_scatter = record_reduce_scatter(real)
+    real, real_gather = fs.reduce_scatter_tensor, fs.all_gather_into_tensor
+    fs.reduce_scatter_tensor = record_reduce_scatter(real)
+    fs.all_gather_into_tensor = lambda *a, **k: timeline.append("all_gather") or real_gather(*a, **k)
     try:
         torch.manual_seed(0)
         model = Model().double()
@@ -111,7 +112,7 @@ def overlap():
         x.register_hook(lambda g: timeline.append("input gradient"))
         ((model(x) - y) ** 2).mean().backward()
     finally:
-        fs.reduce_scatter = real
+        fs.reduce_scatter_tensor, fs.all_gather_into_tensor = real, real_gather
     res["overlap/timeline"] = np.array(timeline)
 
 

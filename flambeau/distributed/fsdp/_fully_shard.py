@@ -39,7 +39,7 @@ from ..._ops.shape import cat
 from ..._tensor import Tensor
 from ...autograd import engine
 from ...nn.parameter import Parameter
-from ..collectives import all_gather, all_gather_into_tensor, all_reduce, reduce_scatter
+from ..collectives import all_gather_into_tensor, all_reduce, reduce_scatter_tensor
 from ..device_mesh import DeviceMesh, init_device_mesh
 from ..distributed_c10d import ReduceOp, _xp, get_world_size
 from ..tensor._api import DTensor
@@ -81,12 +81,14 @@ class _Param:
     gathered leaf, (tp mesh, placement, global shape), or None when the leaf is a plain tensor. `slots` are
     the (module, attribute name) pairs holding it: more than one for a tied parameter (GPT-2's wte and
     lm_head weight), which stays one parameter, sharded, gathered and reduced once."""
-    __slots__ = ("slots", "sharded", "shape", "unsharded", "layout", "tp")
+    __slots__ = ("slots", "sharded", "shape", "unsharded", "layout", "tp", "ready", "empty")
 
     def __init__(self, owner, name: str, sharded: DTensor, shape: tuple, layout: tuple, tp=None) -> None:
         self.slots, self.sharded, self.shape = [(owner, name)], sharded, shape
         self.layout, self.tp = layout, tp
         self.unsharded = None
+        self.ready = False                # its gradient accumulated in the backward now running
+        self.empty = None                 # the holder's array while resharded
 
     def install(self, t: Tensor) -> None:
         """Make `t` the parameter in every module slot holding this one."""
@@ -103,6 +105,14 @@ class _Param:
     def holder(self) -> Tensor:
         """The plain tensor whose memory a reshard drops and an unshard refills."""
         return self.unsharded._local_tensor if self.tp is not None else self.unsharded
+
+    def free(self) -> None:
+        """Drop the gathered memory: the holder gets an empty array of its own (a `[:0]` view would keep the
+        whole gathered array alive), made once and kept."""
+        holder = self.holder()
+        if self.empty is None or self.empty.dtype != holder._data.dtype:
+            self.empty = _xp(holder._data).empty((0,) + holder._data.shape[1:], dtype=holder._data.dtype)
+        holder._data = self.empty
 
     def local_grad(self) -> Tensor:
         """This rank's gradient of the gathered piece, in the piece's TP placement (PyTorch's
@@ -122,16 +132,16 @@ class _Param:
 class UnshardHandle:
     """An all-gather in flight (`unshard(async_op=True)`); `wait()` installs the gathered parameters."""
 
-    def __init__(self, group: "_ParamGroup", work, buffers) -> None:
-        self._group, self._work, self._buffers = group, work, buffers
+    def __init__(self, group: "_ParamGroup", work) -> None:
+        self._group, self._work = group, work
 
     def wait(self) -> None:
         if self._group._pending is self:
             self._work.wait()
-            self._group._finish_unshard(self._buffers)
+            self._group._finish_unshard()
 
 
-def _raw_ok(tensors: list, dtype) -> bool:
+def _raw_ok(tensors: list, dtype=None) -> bool:
     """Whether `tensors` can be flattened, cut and joined as arrays (off the dispatcher): one dtype that
     NumPy and CuPy both copy, and no cast to another dtype asked for."""
     if not tensors or tensors[0]._data.dtype.kind not in _ARRAY_NATIVE_KINDS:
@@ -154,6 +164,53 @@ def _no_grad(fn, *args):
         _state.tls.grad_enabled = prev
 
 
+class _FlatLayout:
+    """Where a group's parameters sit in its flat all-gather and reduce-scatter buffers (PyTorch FSDP2's
+    padded layout), worked out once by `fully_shard`. Each rank's piece of a flat buffer holds, parameter
+    after parameter, that rank's rows of it (torch.chunk's cut: chunks of ceil(rows / n) rows) padded to a
+    whole chunk, so every piece has `width` elements and a group needs one all_gather_into_tensor and one
+    reduce_scatter_tensor, whatever the sizes. Seen as an (n, width) array, parameter i's chunks are the
+    columns `offsets[i]:offsets[i] + widths[i]`, whose first `numels[i]` elements in row-major order are
+    the whole parameter (all of them when `even[i]`); this rank's shard is the first `mine[i]` elements of
+    its chunk, of shape `local_shapes[i]`."""
+
+    def __init__(self, params: list, n: int) -> None:
+        self.offsets, self.widths, self.numels, self.mine, self.local_shapes = [], [], [], [], []
+        at = 0
+        for fp in params:
+            rows, row_numel = (fp.shape[0] if fp.shape else 1), 1
+            for s in fp.shape[1:]:
+                row_numel *= s
+            local = fp.sharded._local_tensor
+            self.offsets.append(at)
+            self.widths.append(-(-rows // n) * row_numel)
+            self.numels.append(rows * row_numel)
+            self.mine.append(local.numel())
+            self.local_shapes.append(tuple(local.shape))
+            at += self.widths[-1]
+        self.width = at
+        self.even = [k == n * w for k, w in zip(self.numels, self.widths)]
+
+    def pack(self, tensors: list, n: int) -> Tensor:
+        """The flat buffer of `tensors`, one a parameter: each its local shard (n = 1: this rank's piece of
+        the all-gather) or its whole gradient (the reduce-scatter's input), zero-padded to its n chunks, laid
+        out as the (n, width) array, flattened. One array concatenation where NumPy and CuPy copy the dtype,
+        else through the dispatcher."""
+        widths = self.widths
+        if _raw_ok(tensors):
+            xp = _xp(tensors[0]._data)
+            cols = []
+            for t, w in zip(tensors, widths):
+                a = t._data.reshape(-1)
+                if a.size != n * w:
+                    a = xp.concatenate([a, xp.zeros(n * w - a.size, a.dtype)])
+                cols.append(a.reshape(n, w))
+            return _array_tensor(xp.concatenate(cols, axis=1).reshape(-1), tensors[0])
+        return _no_grad(lambda: cat([(t.reshape(-1) if t.numel() == n * w else cat(
+            [t.reshape(-1), t.new_zeros(n * w - t.numel())])).reshape(n, w) for t, w in zip(tensors, widths)],
+            1).reshape(-1))
+
+
 class _ParamGroup:
     """The parameters one `fully_shard` call manages, and their gather / reduce-scatter (module docstring)."""
 
@@ -161,13 +218,17 @@ class _ParamGroup:
         self.module, self.mesh, self.mp = module, mesh, mp
         self.reshard_after_forward = reshard_after_forward
         self.params: list = []
+        self.layout = None                    # _FlatLayout, once every parameter is added
         self.unsharded = False
         self.sync_grads = True
         self.is_root = None
         self.forward_prefetch = None          # groups to gather when this one's forward starts
         self.backward_prefetch = None
         self._pending = None
-        self._grads_ready: set = set()
+        self._gathered = None                 # the all-gather's output, kept from gather to gather
+        self._chunks = None                   # per parameter: its columns of `_gathered` as an (n, width) array
+        self._n_ready = 0                     # parameters whose gradient this backward has accumulated
+        self._n_wanted = 0
         shard_dim = mesh.ndim - 1           # HSDP (2-D mesh): replicate over mesh dim 0, shard over dim 1
         self.placements = (Replicate(),) * shard_dim + (Shard(0),)
         self.group = mesh.get_group(shard_dim)
@@ -209,69 +270,52 @@ class _ParamGroup:
         return fp
 
     # -- all-gather ------------------------------------------------------------------------------------
-    def _rows(self, fp: _Param, r: int) -> int:
-        return Shard.local_range(fp.shape[0], self.n, r)[1] if fp.shape else 1
-
-    def _row_numel(self, fp: _Param) -> int:
-        n = 1
-        for s in fp.shape[1:]:
-            n *= s
-        return n
-
     def unshard(self, async_op: bool = False):
         if self._pending is not None and not async_op:
             self._pending.wait()
         if self.unsharded or self._pending is not None:
             return self._pending
-        dtype = self.mp.param_dtype
-        locals_ = [fp.sharded._local_tensor for fp in self.params]
-        if _raw_ok(locals_, dtype):          # one array concatenation, off the dispatcher
-            flat = _array_tensor(_xp(locals_[0]._data).concatenate([t._data.reshape(-1) for t in locals_]),
-                                 locals_[0])
-        else:
-            shards = [t.to(dtype) if dtype is not None else t for t in locals_]
-            flat = _no_grad(lambda: cat([s.reshape(-1) for s in shards]) if shards else empty(0))
-        counts = [sum(self._rows(fp, r) * self._row_numel(fp) for fp in self.params) for r in range(self.n)]
-        if len(set(counts)) == 1:            # even pieces: gathered into one buffer, no copy out per rank
-            out = empty((counts[0] * self.n,), dtype=flat.dtype, device=flat.device)
-            work = all_gather_into_tensor(out, flat, group=self.group, async_op=True)
-            buffers = [_array_tensor(out._data[r * counts[0]:(r + 1) * counts[0]], out) for r in range(self.n)]
-        else:
-            buffers = [empty((c,), dtype=flat.dtype, device=flat.device) for c in counts]
-            work = all_gather(buffers, flat, group=self.group, async_op=True)
-        self._pending = UnshardHandle(self, work, buffers)
+        if not self.params:
+            self.unsharded = True
+            return None
+        flat = self._flat_shards()
+        out = self._gathered
+        if out is None or out._dtype != flat._dtype or out._device != flat._device:
+            out = self._gathered = empty((self.n * self.layout.width,), dtype=flat.dtype, device=flat.device)
+            grid = out._data.reshape(self.n, self.layout.width)
+            self._chunks = [grid[:, o:o + w] for o, w in zip(self.layout.offsets, self.layout.widths)]
+        work = all_gather_into_tensor(out, flat, group=self.group, async_op=True)
+        self._pending = UnshardHandle(self, work)
         if not async_op:
             self._pending.wait()
             return None
         return self._pending
 
-    def _finish_unshard(self, buffers) -> None:
+    def _flat_shards(self) -> Tensor:
+        """This rank's piece of the all-gather (`_FlatLayout`): its shards in param_dtype."""
+        dtype = self.mp.param_dtype
+        flat = self.layout.pack([fp.sharded._local_tensor for fp in self.params], 1)
+        return _no_grad(flat.to, dtype) if dtype is not None and flat.dtype != dtype else flat
+
+    def _finish_unshard(self) -> None:
+        """Copy each parameter's chunks out of the gathered buffer into its own memory (one strided copy a
+        parameter), installed in the gathered leaf (made on the first gather, refilled after)."""
         self._pending = None
-        offsets = [0] * self.n
-        arrays = [b._data for b in buffers]
-        raw = bool(arrays) and arrays[0].dtype.kind in _ARRAY_NATIVE_KINDS
-        for fp in self.params:
-            counts = [self._rows(fp, r) * self._row_numel(fp) for r in range(self.n)]
-            if raw:                             # one array copy per rank's piece, off the dispatcher
-                data = _xp(arrays[0]).empty((sum(counts),), dtype=arrays[0].dtype)
-                at = 0
-                for r, k in enumerate(counts):
-                    data[at:at + k] = arrays[r][offsets[r]:offsets[r] + k]
-                    at += k
-                full = Tensor._make(data.reshape(fp.shape), buffers[0]._device, buffers[0]._dtype)
+        out, lay = self._gathered, self.layout
+        raw = out._data.dtype.kind in _ARRAY_NATIVE_KINDS
+        for fp, chunks, numel, even in zip(self.params, self._chunks, lay.numels, lay.even):
+            if raw:
+                data = chunks.copy()
             else:
-                pieces = [buffers[r].narrow(0, offsets[r], k).reshape((self._rows(fp, r),) + fp.shape[1:])
-                          for r, k in enumerate(counts)]
-                full = _no_grad(lambda: cat(pieces, 0).reshape(fp.shape).contiguous())
-            for r, k in enumerate(counts):
-                offsets[r] += k
+                data = _no_grad(lambda: _array_tensor(chunks, out).clone().contiguous())._data
+            data = data.reshape(fp.shape) if even else data.reshape(-1)[:numel].reshape(fp.shape)
             if fp.unsharded is None:
-                fp.unsharded = fp.leaf(full)
+                fp.unsharded = fp.leaf(Tensor._make(data, out._device, out._dtype))
                 if fp.sharded.requires_grad:
                     fp.unsharded.register_post_accumulate_grad_hook(self._on_grad(fp))
             else:                               # same tensor (autograd saved it): new memory, same version
-                fp.holder()._data = full._data
-                fp.holder()._dtype = full._dtype
+                fp.holder()._data = data
+                fp.holder()._dtype = out._dtype
         self.unsharded = True
 
     def use_unsharded(self) -> None:
@@ -289,67 +333,63 @@ class _ParamGroup:
         self.use_sharded()
         if self.unsharded:
             for fp in self.params:
-                fp.holder()._data = fp.holder()._data[:0]
+                fp.free()
             self.unsharded = False
 
     # -- gradients -----------------------------------------------------------------------------------------
     def _on_grad(self, fp: _Param):
         def reduce_when_group_ready(t: Tensor) -> None:
-            if not self.sync_grads:          # accumulating locally: the synchronised backward counts afresh
+            if not self.sync_grads or fp.ready:   # accumulating locally: the synchronised backward counts afresh
                 return
-            _BACKWARD.track(self)
-            self._grads_ready.add(id(fp))
-            wanted = {id(p) for p in self.params if p.sharded.requires_grad}
-            if self._grads_ready >= wanted:
-                self._grads_ready = set()
+            if not self._n_ready:
+                _BACKWARD.track(self)
+                self._n_wanted = sum(p.sharded.requires_grad for p in self.params)
+            fp.ready = True
+            self._n_ready += 1
+            if self._n_ready >= self._n_wanted:
                 self.reduce_grads()
         return reduce_when_group_ready
 
     def reduce_grads(self) -> None:
-        """Start the reduce-scatter of the gathered gradients (finished by `_BACKWARD` at the end of backward)."""
-        ps = [fp for fp in self.params if fp.unsharded is not None and fp.unsharded.grad is not None]
-        if not ps:
+        """Start the reduce-scatter of the gathered gradients (finished by `_BACKWARD` at the end of backward):
+        one flat buffer in the `_FlatLayout` (the whole gradient of a parameter is its n chunks; a parameter
+        without a gradient contributes zeros), cast to reduce_dtype."""
+        self._n_ready = 0
+        for fp in self.params:
+            fp.ready = False
+        has = [fp.unsharded is not None and fp.unsharded.grad is not None for fp in self.params]
+        if not any(has):
             return
+        grads = [fp.local_grad() if h else None for fp, h in zip(self.params, has)]
+        first, n = next(g for g in grads if g is not None), self.n
+        grads = [g if g is not None else first.new_zeros((n * w,)) for g, w in zip(grads, self.layout.widths)]
+        flat = self.layout.pack(grads, n)
         dtype = self.mp.reduce_dtype or self.mp.param_dtype
-        grads = [fp.local_grad() for fp in ps]
-        raw = _raw_ok(grads, dtype)
-        inputs = []
-        for r in range(self.n):
-            pieces = []
-            for fp, grad in zip(ps, grads):
-                start, rows = Shard.local_range(fp.shape[0], self.n, r) if fp.shape else (0, 1)
-                if raw:                      # array views and one concatenation per rank
-                    pieces.append(grad._data.reshape((-1,) + fp.shape[1:])[start:start + rows].reshape(-1))
-                    continue
-                g = grad.reshape((-1,) + fp.shape[1:]) if fp.shape else grad.reshape(1)
-                g = g.narrow(0, start, rows)
-                pieces.append((g.to(dtype) if dtype is not None else g).reshape(-1))
-            if raw:
-                inputs.append(_array_tensor(_xp(pieces[0]).concatenate(pieces), grads[0]))
-            else:
-                inputs.append(_no_grad(lambda: cat(pieces).contiguous()))
-        out = empty(tuple(inputs[self.rank].shape), dtype=inputs[0].dtype, device=inputs[0].device)
-        work = reduce_scatter(out, inputs, op=ReduceOp.AVG, group=self.group, async_op=True)
-        for fp in ps:
-            fp.unsharded.grad = None
+        if dtype is not None and flat.dtype != dtype:
+            flat = _no_grad(flat.to, dtype)
+        out = empty((self.layout.width,), dtype=flat.dtype, device=flat.device)
+        work = reduce_scatter_tensor(out, flat, op=ReduceOp.AVG, group=self.group, async_op=True)
+        for fp, h in zip(self.params, has):
+            if h:
+                fp.unsharded.grad = None
         self.reshard()
-        _BACKWARD.pending.append((self, work, out, ps))
+        _BACKWARD.pending.append((self, work, out, has))
 
-    def finish_reduce(self, work, out, ps: list) -> None:
-        """Wait for a reduce-scatter (on cuda: the current stream waits) and accumulate the shards' `.grad`."""
+    def finish_reduce(self, work, out, has: list) -> None:
+        """Wait for a reduce-scatter (on cuda: the current stream waits) and accumulate the shards' `.grad`
+        (views of the reduced buffer, cast once to the shards' dtype where it differs)."""
         work.wait()
         if self.replicate_group is not None:           # HSDP: then the mean over the replicas of the shard
             all_reduce(out, op=ReduceOp.AVG, group=self.replicate_group)
-        offset = 0
-        for fp in ps:
-            local = fp.sharded._local_tensor
-            k = local.numel()
-            if _raw_ok([out], local.dtype):  # a view of the reduced array
-                g = _array_tensor(out._data[offset:offset + k].reshape(local._data.shape), out)
-            else:
-                g = _no_grad(lambda: out.narrow(0, offset, k).reshape(tuple(local.shape)).to(local.dtype).contiguous())
-            offset += k
-            sharded_grad = DTensor._make(g, *fp.layout)
+        lay, cast = self.layout, {out._dtype: out}
+        for fp, h, o, m, shape in zip(self.params, has, lay.offsets, lay.mine, lay.local_shapes):
+            if not h:
+                continue
+            dtype = fp.sharded._local_tensor._dtype
+            if dtype not in cast:
+                cast[dtype] = _no_grad(out.to, dtype)
+            src = cast[dtype]
+            sharded_grad = DTensor._make(_array_tensor(src._data[o:o + m].reshape(shape), src), *fp.layout)
             if fp.sharded.grad is None:
                 fp.sharded.grad = sharded_grad
             else:
@@ -376,8 +416,7 @@ class _BackwardReductions:
     def finish(self) -> None:
         groups, self.groups, self.queued_on = self.groups, [], None
         for g in groups:
-            if g._grads_ready:               # parameters without a gradient this time: reduce what came
-                g._grads_ready = set()
+            if g._n_ready:                   # parameters without a gradient this time: reduce what came
                 g.reduce_grads()
         pending, self.pending = self.pending, []
         for group, work, out, ps in pending:
@@ -524,6 +563,7 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None, reshard_after_forward
                 else group.add(owner, name, p)
     for fp in group.params:
         setattr(fp.sharded, FSDP_SHARDED_ATTR, True)
+    group.layout = _FlatLayout(group.params, group.n)
     cls = type(module)
     if cls not in _FSDP_CLASSES:
         _FSDP_CLASSES[cls] = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
