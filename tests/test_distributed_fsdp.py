@@ -237,3 +237,48 @@ def test_reshard_frees_the_gathered_memory():
         np.testing.assert_allclose(out.numpy(), plain(torch.from_numpy(x)).detach().numpy(), rtol=1e-6, atol=1e-6)
     finally:
         dist.destroy_process_group()
+
+
+def test_shards_live_in_the_gather_buffer_and_replaced_ones_are_taken_back(monkeypatch):
+    """After the first gather the shards are views of their group's all-gather input: later gathers pack
+    nothing (the optimizer stepped the views in place: the second step's loss is PyTorch's after one AdamW
+    step); a shard replaced by `p.data = ...` is copied in again: the forward then uses the new weights."""
+    import flambeau
+    import flambeau.distributed as dist
+    from flambeau.distributed.fsdp import _fully_shard as fs
+    from flambeau.distributed.tensor import Shard, distribute_tensor
+    packed = []
+    pack = fs._FlatLayout.pack
+    monkeypatch.setattr(fs._FlatLayout, "pack", lambda self, ts, n: packed.append(
+        any(t is q._local_tensor for t in ts for q in model.parameters())) or pack(self, ts, n))
+    _world_of_one()
+    try:
+        torch.manual_seed(0)
+        plain = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+        model = flambeau.nn.Sequential(flambeau.nn.Linear(4, 6), flambeau.nn.Tanh(), flambeau.nn.Linear(6, 2))
+        model.load_state_dict({k: flambeau.tensor(v.numpy()) for k, v in plain.state_dict().items()})
+        fs.fully_shard(model[0])
+        fs.fully_shard(model)
+        x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+        opts = torch.optim.AdamW(plain.parameters(), lr=0.1), flambeau.optim.AdamW(model.parameters(), lr=0.1)
+        for step in range(2):
+            packed.clear()
+            losses = []
+            for m, opt, t in ((plain, opts[0], torch.from_numpy), (model, opts[1], flambeau.tensor)):
+                loss = (m(t(x)) ** 2).sum()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+            np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+        assert packed == [False, False]       # the two groups' gradients; no shards
+        new = np.random.default_rng(1).standard_normal((6, 4)).astype(np.float32)
+        with torch.no_grad():
+            plain[0].weight.copy_(torch.from_numpy(new))
+        mesh = model[0]._fsdp_group.mesh
+        model[0].weight.data = distribute_tensor(flambeau.tensor(new), mesh, [Shard(0)])
+        with flambeau.no_grad():
+            out = model(flambeau.tensor(x))
+        np.testing.assert_allclose(out.numpy(), plain(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+    finally:
+        dist.destroy_process_group()

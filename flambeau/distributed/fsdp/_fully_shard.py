@@ -31,6 +31,7 @@ plain parameters (the gathered TP piece in param_dtype, its gradient reduced in 
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from ... import _state
@@ -48,6 +49,7 @@ from ..tensor.placement_types import Partial, Replicate, Shard, _StridedShard
 
 PARTIAL_PARAMETER_OPS = ("sum", "avg")   # Partial TP parameters FSDP shards: their pieces' sum or mean
 _ARRAY_NATIVE_KINDS = "biufc"     # NumPy dtype kinds NumPy and CuPy both copy (not bfloat16's 'V')
+_data_of = operator.attrgetter("_data")
 
 __all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "CPUOffloadPolicy", "UnshardHandle"]
 
@@ -227,6 +229,9 @@ class _ParamGroup:
         self._pending = None
         self._gathered = None                 # the all-gather's output, kept from gather to gather
         self._chunks = None                   # per parameter: its columns of `_gathered` as an (n, width) array
+        self._shards = None                   # this rank's piece of the all-gather, holding the shards
+        self._shard_views = None              # the shards' arrays: views of `_shards`
+        self._installed_sharded = True        # which parameters the modules hold now
         self._n_ready = 0                     # parameters whose gradient this backward has accumulated
         self._n_wanted = 0
         shard_dim = mesh.ndim - 1           # HSDP (2-D mesh): replicate over mesh dim 0, shard over dim 1
@@ -292,9 +297,20 @@ class _ParamGroup:
         return self._pending
 
     def _flat_shards(self) -> Tensor:
-        """This rank's piece of the all-gather (`_FlatLayout`): its shards in param_dtype."""
+        """This rank's piece of the all-gather (`_FlatLayout`) in param_dtype. The shards live in it: after
+        the first gather their arrays are views of one flat buffer (the optimizer steps them in place), so
+        a gather copies nothing in; a shard whose array was replaced since (`p.data = ...`) is copied back
+        in and viewed again."""
+        locals_ = [fp.sharded._local_tensor for fp in self.params]
+        flat = self._shards
+        if flat is None or not all(map(operator.is_, map(_data_of, locals_), self._shard_views)):
+            flat = self.layout.pack(locals_, 1)
+            if _raw_ok(locals_):
+                self._shards = flat
+                for t, o, m, shape in zip(locals_, self.layout.offsets, self.layout.mine, self.layout.local_shapes):
+                    t._data = flat._data[o:o + m].reshape(shape)
+                self._shard_views = list(map(_data_of, locals_))
         dtype = self.mp.param_dtype
-        flat = self.layout.pack([fp.sharded._local_tensor for fp in self.params], 1)
         return _no_grad(flat.to, dtype) if dtype is not None and flat.dtype != dtype else flat
 
     def _finish_unshard(self) -> None:
@@ -314,17 +330,20 @@ class _ParamGroup:
                 if fp.sharded.requires_grad:
                     fp.unsharded.register_post_accumulate_grad_hook(self._on_grad(fp))
             else:                               # same tensor (autograd saved it): new memory, same version
-                fp.holder()._data = data
-                fp.holder()._dtype = out._dtype
+                holder = fp.holder()
+                holder._data, holder._dtype = data, out._dtype
         self.unsharded = True
 
     def use_unsharded(self) -> None:
+        self._installed_sharded = False
         for fp in self.params:
             fp.install(fp.unsharded)
 
     def use_sharded(self) -> None:
-        for fp in self.params:
-            fp.install(fp.sharded)
+        if not self._installed_sharded:
+            self._installed_sharded = True
+            for fp in self.params:
+                fp.install(fp.sharded)
 
     def reshard(self) -> None:
         """Drop the gathered memory (the tensors stay, for autograd's saved references)."""
