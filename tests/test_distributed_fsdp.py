@@ -144,13 +144,18 @@ class _Shard:
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_flat_layout_gathers_and_scatters_torch_chunk_pieces(n):
+def test_flat_layout_gathers_and_scatters_torch_chunk_pieces(n, monkeypatch):
     """The padded flat layout against torch.chunk: every rank packs its chunk of each parameter (uneven
     chunks, ranks with no rows, a 0-row matrix), the ranks' pieces joined (what all_gather_into_tensor
     gives) hold each whole parameter in its columns; a packed whole gradient gives rank r, at its offsets,
-    torch.chunk's piece r."""
+    torch.chunk's piece r. Packing copies into columns without `concatenate` (on CuPy its one-kernel path
+    uploads a pointer table from pageable memory, a stream synchronisation): the array namespace here has
+    none."""
+    import types
     import flambeau
+    from flambeau.distributed.fsdp import _fully_shard as fs
     from flambeau.distributed.fsdp._fully_shard import _FlatLayout
+    monkeypatch.setattr(fs, "_xp", lambda a: types.SimpleNamespace(empty=np.empty, zeros=np.zeros))
     shapes = [(5, 3), (7,), (1, 4), (12, 2), (3,), (2, 3, 2)]
     rng = np.random.default_rng(n)
     full = [torch.from_numpy(rng.standard_normal(s)) for s in shapes]

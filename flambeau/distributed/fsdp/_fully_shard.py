@@ -196,18 +196,25 @@ class _FlatLayout:
     def pack(self, tensors: list, n: int) -> Tensor:
         """The flat buffer of `tensors`, one a parameter: each its local shard (n = 1: this rank's piece of
         the all-gather) or its whole gradient (the reduce-scatter's input), zero-padded to its n chunks, laid
-        out as the (n, width) array, flattened. One array concatenation where NumPy and CuPy copy the dtype,
-        else through the dispatcher."""
+        out as the (n, width) array, flattened. Where NumPy and CuPy copy the dtype: one array copy each
+        into its columns (not `concatenate`, whose one-kernel path for small arrays on CuPy uploads a table
+        of pointers from pageable memory: a stream synchronisation); else through the dispatcher."""
         widths = self.widths
         if _raw_ok(tensors):
-            xp = _xp(tensors[0]._data)
-            cols = []
-            for t, w in zip(tensors, widths):
-                a = t._data.reshape(-1)
-                if a.size != n * w:
-                    a = xp.concatenate([a, xp.zeros(n * w - a.size, a.dtype)])
-                cols.append(a.reshape(n, w))
-            return _array_tensor(xp.concatenate(cols, axis=1).reshape(-1), tensors[0])
+            first = tensors[0]._data
+            out = _xp(first).empty((n, self.width), dtype=first.dtype)
+            for t, o, w in zip(tensors, self.offsets, widths):
+                a, dst = t._data.reshape(-1), out[:, o:o + w]
+                if a.size == n * w:
+                    dst[...] = a.reshape(n, w)
+                    continue
+                rows, rest = divmod(a.size, w)      # a short piece: its elements first, zeros after
+                dst[:rows] = a[:rows * w].reshape(rows, w)
+                if rest:
+                    dst[rows, :rest] = a[rows * w:]
+                    dst[rows, rest:] = 0
+                dst[rows + bool(rest):] = 0
+            return _array_tensor(out.reshape(-1), tensors[0])
         return _no_grad(lambda: cat([(t.reshape(-1) if t.numel() == n * w else cat(
             [t.reshape(-1), t.new_zeros(n * w - t.numel())])).reshape(n, w) for t, w in zip(tensors, widths)],
             1).reshape(-1))
