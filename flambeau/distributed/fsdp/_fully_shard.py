@@ -43,7 +43,7 @@ from ...nn.parameter import Parameter
 from ..collectives import all_gather_into_tensor, all_reduce, reduce_scatter_tensor
 from ..device_mesh import DeviceMesh, init_device_mesh
 from ..distributed_c10d import ReduceOp, _xp, get_world_size
-from ..tensor._api import DTensor
+from ..tensor._api import DTensor, DTensorSpec
 from ..tensor._redistribute import redistribute_local
 from ..tensor.placement_types import Partial, Replicate, Shard, _StridedShard
 
@@ -83,7 +83,7 @@ class _Param:
     gathered leaf, (tp mesh, placement, global shape), or None when the leaf is a plain tensor. `slots` are
     the (module, attribute name) pairs holding it: more than one for a tied parameter (GPT-2's wte and
     lm_head weight), which stays one parameter, sharded, gathered and reduced once."""
-    __slots__ = ("slots", "sharded", "shape", "unsharded", "layout", "tp", "ready", "empty")
+    __slots__ = ("slots", "sharded", "shape", "unsharded", "layout", "tp", "ready", "empty", "spec", "held")
 
     def __init__(self, owner, name: str, sharded: DTensor, shape: tuple, layout: tuple, tp=None) -> None:
         self.slots, self.sharded, self.shape = [(owner, name)], sharded, shape
@@ -91,6 +91,8 @@ class _Param:
         self.unsharded = None
         self.ready = False                # its gradient accumulated in the backward now running
         self.empty = None                 # the holder's array while resharded
+        self.spec = DTensorSpec(*layout)  # the sharded layout, shared by each step's `.grad`
+        self.held = None                  # `holder()`, once gathered
 
     def install(self, t: Tensor) -> None:
         """Make `t` the parameter in every module slot holding this one."""
@@ -107,14 +109,6 @@ class _Param:
     def holder(self) -> Tensor:
         """The plain tensor whose memory a reshard drops and an unshard refills."""
         return self.unsharded._local_tensor if self.tp is not None else self.unsharded
-
-    def free(self) -> None:
-        """Drop the gathered memory: the holder gets an empty array of its own (a `[:0]` view would keep the
-        whole gathered array alive), made once and kept."""
-        holder = self.holder()
-        if self.empty is None or self.empty.dtype != holder._data.dtype:
-            self.empty = _xp(holder._data).empty((0,) + holder._data.shape[1:], dtype=holder._data.dtype)
-        holder._data = self.empty
 
     def local_grad(self) -> Tensor:
         """This rank's gradient of the gathered piece, in the piece's TP placement (PyTorch's
@@ -334,11 +328,12 @@ class _ParamGroup:
             data = data.reshape(fp.shape) if even else data.reshape(-1)[:numel].reshape(fp.shape)
             if fp.unsharded is None:
                 fp.unsharded = fp.leaf(Tensor._make(data, out._device, out._dtype))
+                fp.held = fp.holder()
                 if fp.sharded.requires_grad:
                     fp.unsharded.register_post_accumulate_grad_hook(self._on_grad(fp))
             else:                               # same tensor (autograd saved it): new memory, same version
-                holder = fp.holder()
-                holder._data, holder._dtype = data, out._dtype
+                held = fp.held
+                held._data, held._dtype = data, out._dtype
         self.unsharded = True
 
     def use_unsharded(self) -> None:
@@ -357,9 +352,12 @@ class _ParamGroup:
         if self._pending is not None:
             self._pending.wait()
         self.use_sharded()
-        if self.unsharded:
-            for fp in self.params:
-                fp.free()
+        if self.unsharded:                  # each holder gets an empty array of its own, made once (a `[:0]`
+            for fp in self.params:          # view would keep the whole gathered array alive)
+                held, empty_ = fp.held, fp.empty
+                if empty_ is None or empty_.dtype != held._data.dtype:
+                    empty_ = fp.empty = _xp(held._data).empty((0,) + held._data.shape[1:], dtype=held._data.dtype)
+                held._data = empty_
             self.unsharded = False
 
     # -- gradients -----------------------------------------------------------------------------------------
@@ -397,7 +395,7 @@ class _ParamGroup:
         work = reduce_scatter_tensor(out, flat, op=ReduceOp.AVG, group=self.group, async_op=True)
         for fp, h in zip(self.params, has):
             if h:
-                fp.unsharded.grad = None
+                fp.unsharded._grad = None
         self.reshard()
         _BACKWARD.pending.append((self, work, out, has))
 
@@ -415,9 +413,9 @@ class _ParamGroup:
             if dtype not in cast:
                 cast[dtype] = _no_grad(out.to, dtype)
             src = cast[dtype]
-            sharded_grad = DTensor._make(_array_tensor(src._data[o:o + m].reshape(shape), src), *fp.layout)
-            if fp.sharded.grad is None:
-                fp.sharded.grad = sharded_grad
+            sharded_grad = DTensor._of_spec(_array_tensor(src._data[o:o + m].reshape(shape), src), fp.spec)
+            if fp.sharded._grad is None:
+                fp.sharded._grad = sharded_grad     # made to match: the setter's checks cost more than the rest
             else:
                 _no_grad(fp.sharded.grad.add_, sharded_grad)
 

@@ -72,9 +72,14 @@ class DTensor(Tensor):
     @staticmethod
     def _make(local: Tensor, mesh: DeviceMesh, placements: tuple, shape: tuple,
               requires_grad: bool = False) -> "DTensor":
+        return DTensor._of_spec(local, DTensorSpec(mesh, placements, shape), requires_grad)
+
+    @staticmethod
+    def _of_spec(local: Tensor, spec: DTensorSpec, requires_grad: bool = False) -> "DTensor":
+        """A DTensor of `local` laid out as `spec` (shared: specs are never changed in place)."""
         t = object.__new__(DTensor)
         t._local_tensor = local
-        t._spec = DTensorSpec(mesh, placements, shape)
+        t._spec = spec
         t._dtype = local._dtype
         t._device = WRAPPER_DEVICE
         t._version = [0]
