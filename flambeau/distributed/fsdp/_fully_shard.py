@@ -4,8 +4,9 @@ Each call makes one parameter group: the parameters of `module` not already in a
 sharded before it (shard the blocks, then the root). Between uses the module holds the sharded
 parameters, so `module.parameters()` are DTensors, the optimizer steps shards and its state is sharded.
 Around the group's forward:
-  - pre-forward: all-gather (one collective for the group's flat shards, uneven pieces as torch.chunk
-    cuts them, cast to `mp_policy.param_dtype` first) into plain leaf tensors swapped in as the
+  - pre-forward: all-gather (one collective for the group's flat shards in the padded layout of
+    `_FlatLayout`, whose buffer holds the shards themselves, cast to `mp_policy.param_dtype` first;
+    uneven pieces as torch.chunk cuts them) into plain leaf tensors swapped in as the
     module's parameters; floating inputs cast to the param dtype; the next group's all-gather started
     asynchronously (forward prefetch: `set_modules_to_forward_prefetch`, by default the group that ran
     next in the first iteration);
