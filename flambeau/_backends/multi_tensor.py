@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 TABLE_CACHE_LIMIT = 16          # tables kept per user (keyed by addresses and counts)
+_COPY_MANY: list = []           # [the triton_copy_many module, or None without Triton], looked up once
 
 
 def table(addresses, numels: list, chunk: int) -> np.ndarray:
@@ -49,3 +50,17 @@ def device_table(cupy, cache: dict, key, addresses, numels, chunk: int, rows: in
             cache.pop(next(iter(cache)))
         hit = cache[key] = (cupy.asarray(host), chunk_count(host, len(numels), rows))
     return hit
+
+
+def copy_many_for(device):
+    """The `triton_copy_many` module when `device` is a cuda device and Triton imports, else None: the
+    batched copies of DDP's buckets and FSDP2's gathered parameters."""
+    if device.type != "cuda":
+        return None
+    if not _COPY_MANY:
+        try:
+            from . import triton_copy_many  # deferred: Triton, present only where cuda is used
+        except ImportError:
+            triton_copy_many = None
+        _COPY_MANY.append(triton_copy_many)
+    return _COPY_MANY[0]

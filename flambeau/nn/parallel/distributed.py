@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 
 from ... import _backends, _dtype, _state
+from ..._backends import multi_tensor
 from ..._ops import functions as torch       # the operator functions flambeau exports
 from ..._tensor import Tensor
 from ...autograd.graph import reachable_leaves
@@ -36,7 +37,6 @@ FIRST_BUCKET_BYTES = 1024 * 1024
 MB = 1024 * 1024
 _ARRAY_NATIVE_KINDS = "biufc"     # NumPy dtype kinds whose copies CuPy and NumPy both run (not bfloat16's 'V')
 CUDA_MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyKind (driver_types.h)
-_COPY_MANY: list = []             # [the triton_copy_many module, or None without Triton], once looked up
 
 
 class GradBucket:
@@ -105,15 +105,7 @@ def _assign_buckets(ordered: list, cap_bytes: int, first_bytes: int) -> list:
 
 def _batched_copies(device) -> bool:
     """Whether a bucket's gradient copies on `device` go through `triton_copy_many` (cuda with Triton)."""
-    if device.type != "cuda":
-        return False
-    if not _COPY_MANY:
-        try:
-            from ..._backends import triton_copy_many  # deferred: Triton, present only where cuda is used
-        except ImportError:
-            triton_copy_many = None
-        _COPY_MANY.append(triton_copy_many)
-    return _COPY_MANY[0] is not None
+    return multi_tensor.copy_many_for(device) is not None
 
 
 def _copy_pairs(pairs: list) -> None:
@@ -121,7 +113,7 @@ def _copy_pairs(pairs: list) -> None:
     one `triton_copy_many` launch; the destinations' versions move as `_copy_into`'s do."""
     if not pairs:
         return
-    _COPY_MANY[0].copy_many([s._data for _, s in pairs], [d._data for d, _ in pairs])
+    multi_tensor.copy_many_for(pairs[0][0]._device).copy_many([s._data for _, s in pairs], [d._data for d, _ in pairs])
     for d, _ in pairs:
         d._version[0] += 1
 
