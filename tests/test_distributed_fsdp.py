@@ -287,3 +287,80 @@ def test_shards_live_in_the_gather_buffer_and_replaced_ones_are_taken_back(monke
         np.testing.assert_allclose(out.numpy(), plain(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
     finally:
         dist.destroy_process_group()
+
+
+class _RecordingCopyMany:
+    """A stand-in for `triton_copy_many` (the batched copies of the cuda path) on NumPy arrays: each call
+    recorded, every pair copied."""
+
+    def __init__(self):
+        self.calls = []
+
+    def copy_many(self, srcs, dsts):
+        self.calls.append(len(srcs))
+        for s, d in zip(srcs, dsts):
+            assert s.flags.c_contiguous and d.flags.c_contiguous and s.size == d.size
+            d[...] = s
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_batched_pieces_pack_and_gather_as_the_column_copies(n, monkeypatch):
+    """On cuda a group's copies are one batched launch over `_FlatLayout.pieces` (contiguous runs: rank r's
+    chunk of each parameter): the reduce-scatter input packed that way equals the column-by-column pack,
+    and the pieces of a gathered buffer give back every whole parameter (uneven chunks, a rank without rows,
+    a 0-row matrix)."""
+    import types
+    import flambeau
+    from flambeau._backends import multi_tensor
+    from flambeau.distributed.fsdp import _fully_shard as fs
+    from flambeau.distributed.fsdp._fully_shard import _FlatLayout
+    monkeypatch.setattr(fs, "_xp", lambda a: np)
+    shapes = [(5, 3), (7,), (1, 4), (12, 2), (3,), (2, 3, 2), (0, 3)]
+    rng = np.random.default_rng(n)
+    full = [rng.standard_normal(s) for s in shapes]
+    lay = _FlatLayout([_Shard(s, flambeau.tensor(np.array_split(t, n)[0] if t.shape[0] else t)) for s, t in
+                       zip(shapes, full)], n)
+    columns = lay.pack([flambeau.tensor(g) for g in full], n).numpy()
+    fake = _RecordingCopyMany()
+    monkeypatch.setattr(multi_tensor, "copy_many_for", lambda device: fake if n > 1 else None)
+    batched = lay.pack([flambeau.tensor(g) for g in full], n).numpy()
+    assert fake.calls == ([sum(1 for _ in lay.pieces(n)[0])] if n > 1 else [])
+    np.testing.assert_array_equal(batched, columns)
+    index, flat_at, param_at, lengths = lay.pieces(n)
+    whole = [np.full(t.size, np.nan) for t in full]
+    for i, a, b, k in zip(index, flat_at, param_at, lengths):
+        whole[i][b:b + k] = columns[a:a + k]
+    for w, t in zip(whole, full):
+        np.testing.assert_array_equal(w.reshape(t.shape), t)
+
+
+def test_batched_unshard_trains_as_pytorch(monkeypatch):
+    """The gathered parameters copied out by one batched call per group and gather (the cuda path, here
+    with a NumPy stand-in): two training steps equal PyTorch's unsharded model."""
+    import flambeau
+    import flambeau.distributed as dist
+    from flambeau._backends import multi_tensor
+    from flambeau.distributed.fsdp import _fully_shard as fs
+    fake = _RecordingCopyMany()
+    monkeypatch.setattr(multi_tensor, "copy_many_for", lambda device: fake)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        plain = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+        sharded = flambeau.nn.Sequential(flambeau.nn.Linear(4, 6), flambeau.nn.Tanh(), flambeau.nn.Linear(6, 2))
+        sharded.load_state_dict({k: flambeau.tensor(v.numpy()) for k, v in plain.state_dict().items()})
+        fs.fully_shard(sharded[0])
+        fs.fully_shard(sharded)
+        opts = (torch.optim.AdamW(plain.parameters(), lr=0.1), flambeau.optim.AdamW(sharded.parameters(), lr=0.1))
+        for step in range(2):
+            x = np.random.default_rng(step).standard_normal((5, 4)).astype(np.float32)
+            (plain(torch.from_numpy(x)) ** 2).sum().backward()
+            (sharded(flambeau.tensor(x)) ** 2).sum().backward()
+            for o in opts:
+                o.step()
+                o.zero_grad()
+        assert fake.calls == [2, 2, 2] * 2          # per step: the block's and the root's gathers, the block's again
+        for p, q in zip(plain.parameters(), sharded.parameters()):
+            np.testing.assert_allclose(q.full_tensor().detach().numpy(), p.detach().numpy(), rtol=1e-5, atol=1e-6)
+    finally:
+        dist.destroy_process_group()

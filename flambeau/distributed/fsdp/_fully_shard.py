@@ -36,6 +36,7 @@ import operator
 from dataclasses import dataclass
 
 from ... import _state
+from ..._backends import multi_tensor
 from ..._ops.creation import empty
 from ..._ops.shape import cat
 from ..._tensor import Tensor
@@ -187,6 +188,25 @@ class _FlatLayout:
             at += self.widths[-1]
         self.width = at
         self.even = [k == n * w for k, w in zip(self.numels, self.widths)]
+        self._pieces = None
+
+    def pieces(self, n: int) -> tuple:
+        """Every non-empty piece of the (n, width) buffer, parameter by parameter and rank by rank, as four
+        lists: the parameter's index, the piece's offset in the flat buffer, its offset in the parameter's
+        elements (rank r's chunk holds elements r * width_i onwards) and its length (made once)."""
+        if self._pieces is None or self._pieces[0] != n:
+            index, flat_at, param_at, lengths = [], [], [], []
+            for i, (o, w, k) in enumerate(zip(self.offsets, self.widths, self.numels)):
+                for r in range(n):
+                    length = min(w, k - r * w)
+                    if length <= 0:
+                        break
+                    index.append(i)
+                    flat_at.append(r * self.width + o)
+                    param_at.append(r * w)
+                    lengths.append(length)
+            self._pieces = (n, index, flat_at, param_at, lengths)
+        return self._pieces[1:]
 
     def pack(self, tensors: list, n: int) -> Tensor:
         """The flat buffer of `tensors`, one a parameter: each its local shard (n = 1: this rank's piece of
@@ -198,6 +218,15 @@ class _FlatLayout:
         if _raw_ok(tensors):
             first = tensors[0]._data
             out = _xp(first).empty((n, self.width), dtype=first.dtype)
+            batched = multi_tensor.copy_many_for(tensors[0]._device) if n > 1 else None
+            if batched is not None and all(t._data.flags.c_contiguous for t in tensors):
+                if not all(self.even):
+                    out.fill(0)                 # the padding after short pieces
+                flat, arrays = out.reshape(-1), [t._data.reshape(-1) for t in tensors]
+                index, flat_at, param_at, lengths = self.pieces(n)
+                batched.copy_many([arrays[i][b:b + k] for i, b, k in zip(index, param_at, lengths)],
+                                  [flat[a:a + k] for a, k in zip(flat_at, lengths)])
+                return _array_tensor(flat, tensors[0])
             for t, o, w in zip(tensors, self.offsets, widths):
                 a, dst = t._data.reshape(-1), out[:, o:o + w]
                 if a.size == n * w:
@@ -231,6 +260,7 @@ class _ParamGroup:
         self._pending = None
         self._gathered = None                 # the all-gather's output, kept from gather to gather
         self._chunks = None                   # per parameter: its columns of `_gathered` as an (n, width) array
+        self._gather_srcs = None              # cuda: the pieces of `_gathered` (`_FlatLayout.pieces`), made once
         self._shards = None                   # this rank's piece of the all-gather, holding the shards
         self._shard_views = None              # the shards' arrays: views of `_shards`
         self._installed_sharded = True        # which parameters the modules hold now
@@ -291,6 +321,7 @@ class _ParamGroup:
             out = self._gathered = empty((self.n * self.layout.width,), dtype=flat.dtype, device=flat.device)
             grid = out._data.reshape(self.n, self.layout.width)
             self._chunks = [grid[:, o:o + w] for o, w in zip(self.layout.offsets, self.layout.widths)]
+            self._gather_srcs = None
         work = all_gather_into_tensor(out, flat, group=self.group, async_op=True)
         self._pending = UnshardHandle(self, work)
         if not async_op:
@@ -316,13 +347,26 @@ class _ParamGroup:
         return _no_grad(flat.to, dtype) if dtype is not None and flat.dtype != dtype else flat
 
     def _finish_unshard(self) -> None:
-        """Copy each parameter's chunks out of the gathered buffer into its own memory (one strided copy a
+        """Copy each parameter's chunks out of the gathered buffer into its own memory (on cuda one
+        `triton_copy_many` launch for the whole group over `_FlatLayout.pieces`; else one strided copy a
         parameter), installed in the gathered leaf (made on the first gather, refilled after)."""
         self._pending = None
         out, lay = self._gathered, self.layout
         raw = out._data.dtype.kind in _ARRAY_NATIVE_KINDS
-        for fp, chunks, numel, even in zip(self.params, self._chunks, lay.numels, lay.even):
-            if raw:
+        batched = multi_tensor.copy_many_for(out._device) if raw else None
+        if batched is not None:                 # cuda: every piece of the group in one launch
+            index, flat_at, param_at, lengths = lay.pieces(self.n)
+            if self._gather_srcs is None:
+                src = out._data
+                self._gather_srcs = [src[a:a + k] for a, k in zip(flat_at, lengths)]
+            xp, dtype = _xp(out._data), out._data.dtype
+            arrays = [xp.empty((k,), dtype=dtype) for k in lay.numels]
+            batched.copy_many(self._gather_srcs, [arrays[i][b:b + k] for i, b, k in zip(index, param_at, lengths)])
+        for j, (fp, chunks, numel, even) in enumerate(zip(self.params, self._chunks, lay.numels, lay.even)):
+            if batched is not None:
+                data = arrays[j]
+                even = True
+            elif raw:
                 data = chunks.copy()
             else:
                 data = _no_grad(lambda: _array_tensor(chunks, out).clone().contiguous())._data
