@@ -76,14 +76,14 @@ def launcher(repeats: int):
     class Arr:
         def __init__(self, ptr):
             self.data = types.SimpleNamespace(ptr=ptr)
-    fn = types.SimpleNamespace(src="def k(): pass", __name__="k")
+    fn = types.SimpleNamespace(src="def k(): pass", __name__="k", name="k", key="k")
     bufs = [InputBuffer(n, Layout((10,), D.float32)) for n in "abc"]
     saved = TL._driver[:], rt.Launcher._kernel
     TL._driver[:] = [lambda *a: None, lambda: 0]
     rt.Launcher._kernel = lambda self, la, f, aligned: TL.kernel_of(
         types.SimpleNamespace(ptr=1), None, tuple(t for t in la.signature().values() if t != "constexpr"), 4, 0, 0)
     try:
-        L = rt.Launcher(types.SimpleNamespace(k1=fn), Launch("k1", bufs, [], 100000, 1024), device("cuda"))
+        L = rt.Launcher(types.SimpleNamespace(k1=fn, kernel=lambda name: fn), Launch("k1", bufs, [], 100000, 1024), device("cuda"))
         call = L.entry() if hasattr(L, "entry") else L          # what the generated wrapper calls
         args = [Arr(0x1000 * (i + 1)) for i in range(3)]
         call(*args)

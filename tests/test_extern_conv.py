@@ -441,13 +441,13 @@ def test_static_launcher_writes_pointers_and_grids_as_the_general_path(monkeypat
     class Arr:
         def __init__(self, ptr):
             self.data = types.SimpleNamespace(ptr=ptr)
-    fn = types.SimpleNamespace(src="def k(): pass", __name__="k")
+    fn = types.SimpleNamespace(name="k", key="k")               # a generated module's KernelRef
     a, b = InputBuffer("a", Layout((10,), D.float32)), InputBuffer("b", Layout((10,), D.float32))
 
     def make(sizes, numel):
         second = Launch("k2", [a, b], sizes, numel, 4, error_flag=True)
         return Launch("k1", [a, b], sizes, numel, 4, workspace=[("ws0", D.float32, 8)], then=second)
-    module = types.SimpleNamespace(k1=fn, k2=fn)
+    module = types.SimpleNamespace(kernel=lambda name: fn)
     launched = []
 
     def driver(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):

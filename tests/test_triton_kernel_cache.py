@@ -8,7 +8,8 @@
   from the disk cache (`triton_runtime.stats`), counted through the real cubin loader
   (`load_or_compile`) with `triton.compile` and CuPy replaced by recorders (no GPU here);
 - the cubin cache is keyed per kernel (`triton_runtime.kernel_key`): a module that differs in one
-  kernel compiles only that one.
+  kernel compiles only that one;
+- a warm process loads every cubin without importing the generated module: no `@triton.jit` runs.
 """
 from __future__ import annotations
 
@@ -97,19 +98,20 @@ def fake_gpu(monkeypatch, tmp_path):
         built.append(fn.__name__)
         return b"cubin", {"name": fn.__name__, "num_warps": num_warps, "shared": 0, "global_scratch": 0}
     monkeypatch.setattr(_cpp_builder, "cache_dir", str(tmp_path))
-    monkeypatch.setattr(triton_runtime, "_cupy", lambda: Cupy)
+    monkeypatch.setattr(triton_runtime.TL, "_cupy", lambda: Cupy)
     monkeypatch.setattr(triton_runtime, "build_cubin", build_cubin)
     return built
 
 
-def _load_all(source: str, launches: dict) -> int:
-    """Load every kernel of a generated module as a launch on 'sm90' would; the number of cache hits."""
+def _load_all(source: str, launches: dict, device=None) -> int:
+    """Load every kernel of a generated module as a launch on 'sm90' would; the number of cache hits.
+    The module is made for `device` (default cpu: imported for the interpreter at once)."""
     from flambeau._device import CPU
-    mod, _ = triton_runtime.load_module(source, CPU)
+    mod, _ = triton_runtime.load_module(source, device or CPU)
     before = triton_runtime.stats["cubin_cache_hits"]
     for la in launches.values():
         while la is not None:
-            triton_runtime.load_or_compile(getattr(mod, la.name), la.signature(), la.constexprs, la.num_warps,
+            triton_runtime.load_or_compile(mod.kernel(la.name), la.signature(), la.constexprs, la.num_warps,
                                            triton_runtime._arg_names(la), "sm90")
             la = la.then
     return triton_runtime.stats["cubin_cache_hits"] - before
@@ -161,6 +163,27 @@ def test_cubins_are_keyed_per_kernel(monkeypatch, fake_gpu):
     hits = _load_all(edited, changed)
     assert len(fake_gpu) - built == 1 and fake_gpu[-1] == name
     assert hits == _n_functions(launches) - 1
+
+
+def test_a_warm_process_loads_every_cubin_without_importing_the_module(monkeypatch, fake_gpu):
+    import triton
+
+    class Cuda:
+        type = "cuda"
+    monkeypatch.setattr(triton_runtime, "device_key", lambda d: "interpret" if d.type == "cpu" else "sm90")
+    graphs = _graphs_of_a_step(monkeypatch)
+    assert sum(_load_all(s, la, Cuda()) for s, la in graphs) == 0        # cold: every kernel built
+    n = len(fake_gpu)
+    monkeypatch.setattr(triton_runtime, "_modules", {})                 # another process
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a jit function was made or compiled on a warm cache")
+    monkeypatch.setattr(triton, "jit", refuse)
+    monkeypatch.setattr(triton_runtime, "build_cubin", refuse)
+    imported = triton_runtime.stats["modules_imported"]
+    assert sum(_load_all(s, la, Cuda()) for s, la in graphs) == n
+    assert triton_runtime.stats["modules_imported"] == imported
+    assert all(m._module is None for m in triton_runtime._modules.values())
 
 
 def test_indirect_index_names_of_the_analysis_are_not_reused():

@@ -6,8 +6,9 @@ current device's compute capability from an explicit signature (argument types, 
 16-byte divisibility hints), loads it as a CuPy module, and `launch` calls it on CuPy's current
 stream with Triton's calling convention: the non-constexpr arguments in order, then the two
 scratch pointers Triton 3.x appends (global and profile scratch, null when the kernel needs none).
-Compiled kernels are cached per (function, signature, constexprs, options) in this process, and
-Triton's on-disk cache makes a second process cheap.
+Compiled kernels are cached per (function, signature, constexprs, options) in this process, and their
+cubins on disk (`cubin_cache`): a second process loads a kernel's cubin from there without calling Triton's
+compiler, whose own cache lookup first hashes Triton's sources and libtriton (~0.4 s a process).
 
 Pointer arguments are passed as CuPy arrays (their data pointers are taken), `Ptr(address)` or None
 (a null pointer); integers and floats by their signature type. A launch goes straight to the driver's
@@ -27,6 +28,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import cubin_cache
+
 _SMEM_STATIC_LIMIT = 48 * 1024     # bytes of shared memory a launch may use without opting in
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _THREADS_PER_WARP = 32
@@ -37,6 +40,8 @@ _SCRATCH_POINTERS = 2               # Triton 3.x appends the global and the prof
 _MULTIPROCESSOR_COUNT = 16          # cudaDevAttrMultiProcessorCount
 _cache: dict = {}
 _sm_counts: dict = {}
+_capabilities: dict = {}            # device index -> compute capability (90)
+stats = {"compiled": 0, "cache_hits": 0}    # kernels from triton.compile / from the disk cache (cubin_cache)
 _lock = threading.Lock()
 
 
@@ -197,12 +202,14 @@ def multiprocessors() -> int:
     return n
 
 
-def _target():
-    cupy = _cupy()
-    from triton.backends.compiler import GPUTarget  # deferred: optional dependency (cuda only)
-    dev = cupy.cuda.Device()
-    major, minor = dev.compute_capability[:-1], dev.compute_capability[-1]
-    return GPUTarget("cuda", int(major) * 10 + int(minor), _THREADS_PER_WARP)
+def _capability() -> int:
+    """The current device's compute capability as Triton numbers its targets (sm_90: 90), read once per
+    device."""
+    dev = current_device()
+    cc = _capabilities.get(dev)
+    if cc is None:
+        cc = _capabilities[dev] = int(_cupy().cuda.Device(dev).compute_capability)
+    return cc
 
 
 def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int = 4, num_stages: int = 3,
@@ -222,22 +229,57 @@ def compile_kernel(fn, signature: dict, constexprs: dict, *, num_warps: int = 4,
     return k
 
 
+def cubin_key(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int, aligned: tuple,
+              capability: int) -> str:
+    """The disk-cache key (`cubin_cache`) of `fn` compiled with these facts: Triton's hash of its source
+    and of the jit functions and global constexprs it uses (`JITFunction.cache_key`), the signature,
+    constexprs, options, compute capability and the Triton version."""
+    import triton  # deferred: optional dependency (already imported by the module defining `fn`)
+    return cubin_cache.key("triton_launch", f"{fn.__module__}.{fn.__qualname__}", fn.cache_key,
+                           list(signature.items()), sorted([n, repr(v)] for n, v in constexprs.items()),
+                           num_warps, num_stages, sorted(aligned), capability, triton.__version__)
+
+
 def _build(fn, signature, constexprs, num_warps, num_stages, aligned) -> Kernel:
-    cupy = _cupy()
+    """The kernel's cubin from the disk cache (`cubin_cache`: no Triton compiler involved), else from
+    `triton.compile`, stored there."""
+    capability = _capability()
+    ck = cubin_key(fn, signature, constexprs, num_warps, num_stages, aligned, capability)
+    entry = cubin_cache.read(ck)
+    if entry is None:
+        entry = _triton_compile(fn, signature, constexprs, num_warps, num_stages, aligned, capability)
+        cubin_cache.write(ck, *entry)
+        stats["compiled"] += 1
+    else:
+        stats["cache_hits"] += 1
+    arg_types = tuple(signature[n] for n in fn.arg_names if signature[n] != "constexpr")
+    return load_cubin(*entry, arg_types)
+
+
+def _triton_compile(fn, signature, constexprs, num_warps, num_stages, aligned, capability) -> tuple:
+    """(cubin, launch metadata) of `fn` from `triton.compile` for sm_<capability>."""
     import triton  # deferred: optional dependency, present only where cuda is used
-    from triton.compiler import ASTSource  # deferred: optional dependency, present only where cuda is used
+    from triton.backends.compiler import GPUTarget  # deferred: optional dependency (cuda only)
     names = list(fn.arg_names)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    src = ASTSource(fn, dict(signature), dict(constexprs), attrs)
-    compiled = triton.compile(src, target=_target(), options={"num_warps": num_warps, "num_stages": num_stages})
+    src = triton.compiler.ASTSource(fn, dict(signature), dict(constexprs), attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", capability, _THREADS_PER_WARP),
+                              options={"num_warps": num_warps, "num_stages": num_stages})
     md = compiled.metadata
+    return compiled.asm["cubin"], {"name": md.name, "num_warps": md.num_warps, "shared": md.shared,
+                                   "global_scratch": md.global_scratch_size}
+
+
+def load_cubin(cubin: bytes, meta: dict, arg_types: tuple) -> Kernel:
+    """Load a cubin (CuPy's module: cuModuleLoadData) and make the `Kernel` launching its function
+    `meta["name"]` with `meta`'s warps, shared memory and global scratch (`cubin_cache`'s metadata)."""
+    cupy = _cupy()
     module = cupy.cuda.Module()
-    module.load(compiled.asm["cubin"])
-    function = module.get_function(md.name)
-    if md.shared > _SMEM_STATIC_LIMIT:
-        cupy.cuda.driver.funcSetAttribute(function.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, md.shared)
-    arg_types = tuple(signature[n] for n in names if signature[n] != "constexpr")
-    return kernel_of(function, module, arg_types, md.num_warps, md.shared, md.global_scratch_size)
+    module.load(cubin)
+    function = module.get_function(meta["name"])
+    if meta["shared"] > _SMEM_STATIC_LIMIT:
+        cupy.cuda.driver.funcSetAttribute(function.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, meta["shared"])
+    return kernel_of(function, module, arg_types, meta["num_warps"], meta["shared"], meta["global_scratch"])
 
 
 def kernel_of(function, module, arg_types: tuple, num_warps: int, shared: int, global_scratch: int) -> Kernel:

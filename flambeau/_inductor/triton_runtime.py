@@ -1,16 +1,20 @@
 """Load and launch the Triton kernels of a compiled graph (codegen_triton.py), on cuda or on the CPU.
 
 The generated module is written to the on-disk cache (`<flambeau cache dir>/triton/`) under a key
-hashing its source, the device (GPU compute capability, or "interpret") and the Triton version,
-and imported from there (Triton's `@triton.jit` reads a function's source from its file).
+hashing its source, the device (GPU compute capability, or "interpret") and the Triton version
+(`GeneratedModule`), and imported from there (Triton's `@triton.jit` reads a function's source from its
+file) only when one of its functions is needed as a `JITFunction`: to run in the interpreter, or to
+compile a kernel whose cubin the disk cache lacks.
 
 On cuda each kernel is built for the current device with `triton.compile` on first launch and
 launched through CuPy on its current stream (`flambeau._backends.triton_launch`: no PyTorch, no
-Triton launcher). Its cubin and launch metadata are cached on disk next to the module, keyed by the
-kernel's own source (`kernel_key`: the function and the module prelude it calls, not the whole
-module, so a graph that differs in one kernel reuses the others' cubins), signature, block sizes,
-pointer alignment, compute capability and Triton version, so a second process, or a second compile
-of the same model, loads the cubin without compiling.
+Triton launcher). Its cubin and launch metadata are cached on disk (`flambeau._backends.cubin_cache`),
+keyed by the kernel's own source text cut from the module's (`kernel_key`: the function and the module
+prelude it calls, not the whole module, so a graph that differs in one kernel reuses the others'
+cubins), signature, block sizes, pointer alignment, compute capability and Triton version, so a second
+process, or a second compile of the same model, loads every cubin without importing the module: no
+`@triton.jit` decoration (~1 ms a kernel) and no Python compile of its source (GPT-2's forward and
+backward: 322 kernels).
 
 On cpu tensors the kernels run in Triton's interpreter, which `TRITON_INTERPRET=1` turns on (it
 must be set before Triton is imported), and each NumPy array is passed wrapped in `HostArray`,
@@ -24,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import inspect
 import json
 import math
 import os
@@ -37,19 +40,17 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from triton.runtime.interpreter import TensorHandle
 
 from .. import _backends, _cpp_builder
-from .._backends import triton_launch as TL
+from .._backends import cubin_cache, triton_launch as TL
 from . import autotune as autotune_mod, config
 from .codegen_triton import HEADER, REDUCE_HELPERS, TL as TL_NAMES, TRITON_HELPERS
 
 ALIGN = 16                          # bytes: pointers promised aligned to Triton (vectorised access)
 _modules: dict = {}
 _lock = threading.Lock()
-stats = {"launches": 0, "compiled": 0, "cubin_cache_hits": 0, "compiled_in_workers": 0}
+stats = {"launches": 0, "compiled": 0, "cubin_cache_hits": 0, "compiled_in_workers": 0, "modules_imported": 0}
 
 
 def triton_version() -> str:
@@ -72,15 +73,26 @@ def device_key(device) -> str:
 
 
 _PRELUDE = HEADER + TRITON_HELPERS + REDUCE_HELPERS    # what a generated kernel may call besides itself
+_PRELUDE_HASH = hashlib.sha256(_PRELUDE.encode())
+_JIT_DEF = "\n@triton.jit\ndef "               # how codegen_triton begins each function (`_function`)
 
 
-def kernel_key(fn) -> str:
-    """The cache identity of one generated `@triton.jit` function: a hash of its source and the
-    module prelude (helpers, imports) it calls into; the module's other kernels don't enter it."""
-    src = getattr(fn, "src", None)          # a JITFunction's; Triton's interpreter keeps the plain function
-    if src is None:
-        src = inspect.getsource(fn.fn)
-    return hashlib.sha256(f"{_PRELUDE}\n{src}".encode()).hexdigest()
+def kernel_key(source: str) -> str:
+    """The cache identity of one generated kernel, from its source text (`kernel_sources`): a hash of it
+    and of the module prelude (helpers, imports) it calls into; the module's other kernels don't enter it."""
+    h = _PRELUDE_HASH.copy()
+    h.update(source.encode())
+    return h.hexdigest()
+
+
+def kernel_sources(module_source: str) -> dict:
+    """{function name: its source text, from `def` to its last line} of a generated module's jit
+    functions (the prelude's helpers too), cut from the text: each begins at `@triton.jit` at the start
+    of a line and ends before the next (a function's own lines are indented)."""
+    out = {}
+    for piece in module_source.split(_JIT_DEF)[1:]:
+        out[piece[:piece.index("(")]] = "def " + piece.rstrip()
+    return out
 
 
 def _write_atomic(path: str, data, mode="w"):
@@ -91,8 +103,61 @@ def _write_atomic(path: str, data, mode="w"):
     os.replace(tmp, path)
 
 
+class KernelRef:
+    """One kernel of a `GeneratedModule`: its name and cache key without its `JITFunction`, which `jit`
+    makes (importing the module) only when asked."""
+    __slots__ = ("module", "name", "key")
+
+    def __init__(self, module: "GeneratedModule", name: str, key: str):
+        self.module, self.name, self.key = module, name, key
+
+    @property
+    def jit(self):
+        """The kernel's `@triton.jit` function (the module imported at the first use)."""
+        return getattr(self.module.load(), self.name)
+
+
+class GeneratedModule:
+    """A generated module of Triton kernels, written to disk (`__file__`) and imported at the first
+    `load()` (every `@triton.jit` of it run then); `kernel(name)` needs only its text."""
+
+    def __init__(self, source: str, path: str, name: str, interpret: bool):
+        self.source, self.__file__, self.name, self.interpret = source, path, name, interpret
+        self._module = None
+        self._refs = None
+        self._sources = None
+
+    def kernel(self, name: str) -> KernelRef:
+        refs = self._refs
+        if refs is None:
+            refs = self._refs = {}
+            self._sources = kernel_sources(self.source)
+        ref = refs.get(name)
+        if ref is None:
+            ref = refs[name] = KernelRef(self, name, kernel_key(self._sources[name]))
+        return ref
+
+    def load(self):
+        """The imported module (Python module object), imported once."""
+        mod = self._module
+        if mod is None:
+            with _lock:
+                mod = self._module
+                if mod is None:
+                    spec = importlib.util.spec_from_file_location(self.name, self.__file__)
+                    mod = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(mod)
+                    if self.interpret:
+                        mod.libdevice = InterpreterLibdevice()
+                    sys.modules[self.name] = mod
+                    self._module = mod
+                    stats["modules_imported"] += 1
+        return mod
+
+
 def load_module(source: str, device):
-    """The generated module, from the on-disk cache (written on a miss), imported once per process."""
+    """The generated module (`GeneratedModule`) of `source`, written to the on-disk cache on a miss, made
+    once per process; imported at once only for the interpreter (cpu tensors)."""
     dkey = device_key(device)
     key = hashlib.sha256(f"{source}\n{dkey}\n{triton.__version__}".encode()).hexdigest()
     with _lock:
@@ -102,15 +167,9 @@ def load_module(source: str, device):
         path = os.path.join(cache_dir(), key[:2], f"k{key[:40]}.py")
         if not os.path.exists(path):
             _write_atomic(path, source)
-        name = f"flambeau_triton_{key[:40]}_{dkey}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        interpret = dkey == "interpret"
-        spec.loader.exec_module(mod)
-        if interpret:
-            mod.libdevice = InterpreterLibdevice()
-        sys.modules[name] = mod
-        _modules[key] = mod
+        mod = _modules[key] = GeneratedModule(source, path, f"flambeau_triton_{key[:40]}_{dkey}", dkey == "interpret")
+    if mod.interpret:
+        mod.load()
     return mod, key
 
 
@@ -169,12 +228,12 @@ class Launcher:
         self.chain = []
         la = launch
         while la is not None:
-            self.chain.append((la, getattr(module, la.name)))
+            self.chain.append((la, module.kernel(la.name)))
             la = la.then
         self.launch = launch
         self.error_flag = any(la.error_flag for la, _ in self.chain)
         self.device = device
-        self.kernel_key = kernel_key(self.chain[0][1])   # what autotuning results are cached under
+        self.kernel_key = self.chain[0][1].key        # what autotuning results are cached under
         self.interpret = device.type == "cpu"
         self.n_bufs = len(launch.buffers)
         self.size_names = launch.size_names
@@ -221,7 +280,7 @@ class Launcher:
                 arrays = [HostArray(a, t) for a, t in zip(bufs, self.tl_dtypes)]
                 extra = [HostArray(x, tl.int32) for x in e] + \
                     [HostArray(x, _tl_dtype(dt)) for x, (_, dt, _) in zip(ws, la.workspace)]
-                fn[g](*arrays, *map(_interpreter_int, sizes), *extra, **la.constexprs)
+                fn.jit[g](*arrays, *map(_interpreter_int, sizes), *extra, **la.constexprs)
                 continue
             ptrs = [a.data.ptr for a in bufs] + [x.data.ptr for x in tuple(e) + tuple(ws)]
             if self.autotune:
@@ -339,62 +398,37 @@ class Launcher:
                                device_key(self.device))
 
 
-def _cubin_key(fn, name, sig, constexprs, num_warps, aligned, dkey) -> str:
-    blob = json.dumps([kernel_key(fn), name, sorted(sig.items()), sorted(constexprs.items()), num_warps,
-                       list(aligned), dkey, triton_version()])
-    return hashlib.sha256(blob.encode()).hexdigest()
+def _cubin_key(kernel: KernelRef, sig, constexprs, num_warps, aligned, dkey) -> str:
+    return cubin_cache.key("inductor", kernel.key, kernel.name, sorted(sig.items()), sorted(constexprs.items()),
+                           num_warps, list(aligned), dkey, triton_version())
 
 
 def build_cubin(fn, sig: dict, constexprs: dict, num_warps: int, aligned: tuple, capability: int):
-    """(cubin bytes, launch metadata) of `fn` compiled by `triton.compile` for sm_<capability>
-    (needs no GPU: tests compile generated kernels on the CPU machine too)."""
-    names = list(fn.arg_names)
-    attrs = {(names.index(n),): [["tt.divisibility", ALIGN]] for n in aligned}
-    src = ASTSource(fn, dict(sig), dict(constexprs), attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32),
-                              options={"num_warps": num_warps, "num_stages": 1})
-    md = compiled.metadata
-    meta = {"name": md.name, "num_warps": md.num_warps, "shared": md.shared,
-            "global_scratch": md.global_scratch_size}
-    return compiled.asm["cubin"], meta
+    """(cubin bytes, launch metadata) of jit function `fn` compiled by `triton.compile` for
+    sm_<capability> (needs no GPU: tests compile generated kernels on the CPU machine too)."""
+    return TL._triton_compile(fn, sig, constexprs, num_warps, 1, aligned, capability)
 
 
-def _cubin_base(key: str) -> str:
-    return os.path.join(cache_dir(), key[:2], key)
-
-
-def load_or_compile(fn, sig, constexprs, num_warps, aligned, dkey):
-    """The loaded kernel of `fn` for these launch facts: its cubin from the disk cache (a hit counts in
-    `stats["cubin_cache_hits"]`), else compiled (`stats["compiled"]`) and cached."""
-    cupy = _cupy()
-    key = _cubin_key(fn, fn.__name__, sig, constexprs, num_warps, aligned, dkey)
-    base = _cubin_base(key)
-    pending = _pending.pop(base, None)
+def load_or_compile(kernel: KernelRef, sig, constexprs, num_warps, aligned, dkey):
+    """The loaded kernel of `kernel` for these launch facts: its cubin from the disk cache (a hit counts in
+    `stats["cubin_cache_hits"]`; the module is not imported), else compiled (`stats["compiled"]`) and cached."""
+    key = _cubin_key(kernel, sig, constexprs, num_warps, aligned, dkey)
+    pending = _pending.pop(key, None)
     if pending is not None:                  # a worker is compiling it (`precompile`): wait for its batch
         with contextlib.suppress(Exception):
             pending.result()
-    if os.path.exists(base + ".json") and os.path.exists(base + ".cubin"):
-        with open(base + ".json") as f:
-            meta = json.load(f)
-        with open(base + ".cubin", "rb") as f:
-            cubin = f.read()
+    entry = cubin_cache.read(key)
+    if entry is not None:
         stats["cubin_cache_hits"] += 1
     else:
-        cubin, meta = build_cubin(fn, sig, constexprs, num_warps, aligned, int(dkey[2:]))
-        _write_atomic(base + ".cubin", cubin, "wb")
-        _write_atomic(base + ".json", json.dumps(meta))
+        entry = build_cubin(kernel.jit, sig, constexprs, num_warps, aligned, int(dkey[2:]))
+        cubin_cache.write(key, *entry)
         stats["compiled"] += 1
-    module = cupy.cuda.Module()
-    module.load(cubin)
-    function = module.get_function(meta["name"])
-    if meta["shared"] > TL._SMEM_STATIC_LIMIT:
-        cupy.cuda.driver.funcSetAttribute(function.ptr, TL._MAX_DYNAMIC_SHARED_SIZE_BYTES, meta["shared"])
-    arg_types = tuple(t for t in sig.values() if t != "constexpr")
-    return TL.kernel_of(function, module, arg_types, meta["num_warps"], meta["shared"], meta["global_scratch"])
+    return TL.load_cubin(*entry, tuple(t for t in sig.values() if t != "constexpr"))
 
 
 # ---- compiling in parallel -------------------------------------------------------------------------
-_pending: dict = {}                 # cubin cache path (no suffix) -> Future of the worker batch compiling it
+_pending: dict = {}                 # cubin cache key -> Future of the worker batch compiling it
 _executor: list = []
 
 
@@ -420,9 +454,9 @@ def precompile_for(module, launches, dkey: str) -> list:
     for la in launches:
         while la is not None:
             names, sig = _arg_names(la), la.signature()
-            base = _cubin_base(_cubin_key(getattr(module, la.name), la.name, sig, la.constexprs, la.num_warps, names, dkey))
-            if base not in _pending and not os.path.exists(base + ".json"):
-                jobs.append([la.name, sig, la.constexprs, la.num_warps, list(names), base])
+            key = _cubin_key(module.kernel(la.name), sig, la.constexprs, la.num_warps, names, dkey)
+            if key not in _pending and not cubin_cache.exists(key):
+                jobs.append([la.name, sig, la.constexprs, la.num_warps, list(names), key])
             la = la.then
     if len(jobs) < MIN_PARALLEL_JOBS:
         return []
@@ -432,7 +466,7 @@ def precompile_for(module, launches, dkey: str) -> list:
     futures = []
     for i in range(n):
         batch = jobs[i::n]
-        fut = _executor[0].submit(_run_worker, module.__file__, int(dkey[2:]), batch)
+        fut = _executor[0].submit(_run_worker, module.__file__, int(dkey[2:]), batch, _cpp_builder.cache_dir)
         futures.append(fut)
         for job in batch:
             _pending[job[-1]] = fut
@@ -480,13 +514,14 @@ def prestart_workers() -> None:
         _idle.put(_Worker())
 
 
-def _run_worker(path: str, capability: int, jobs: list) -> int:
-    """Compile `jobs` in an idle worker process (started on demand); the number of kernels it compiled."""
+def _run_worker(path: str, capability: int, jobs: list, cache: str) -> int:
+    """Compile `jobs` in an idle worker process (started on demand) into the cache under directory `cache`
+    (`_cpp_builder.cache_dir`); the number of kernels it compiled."""
     try:
         w = _idle.get_nowait()
     except queue.Empty:
         w = _Worker()
-    n = w.run({"path": path, "capability": capability, "jobs": jobs})
+    n = w.run({"path": path, "capability": capability, "jobs": jobs, "cache_dir": cache})
     if n is None:                    # the worker died: the launching process compiles what is missing
         return 0
     _idle.put(w)
@@ -496,20 +531,20 @@ def _run_worker(path: str, capability: int, jobs: list) -> int:
 
 def _compile_jobs(spec: dict) -> int:
     """A worker's batch: import the generated module from its file, compile each kernel, write its cubin."""
+    _cpp_builder.cache_dir = spec["cache_dir"]       # the launching process's (the worker's own process)
     mod_spec = importlib.util.spec_from_file_location("flambeau_triton_worker", spec["path"])
     mod = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(mod)
     n = 0
-    for name, sig, constexprs, num_warps, aligned, base in spec["jobs"]:
-        if os.path.exists(base + ".json"):
+    for name, sig, constexprs, num_warps, aligned, key in spec["jobs"]:
+        if cubin_cache.exists(key):
             continue
         try:
             cubin, meta = build_cubin(getattr(mod, name), sig, constexprs, num_warps, tuple(aligned),
                                       spec["capability"])
         except Exception:           # left to the launching process, which reports the error
             continue
-        _write_atomic(base + ".cubin", cubin, "wb")
-        _write_atomic(base + ".json", json.dumps(meta))
+        cubin_cache.write(key, cubin, meta)
         n += 1
     return n
 

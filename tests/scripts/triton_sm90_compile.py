@@ -39,7 +39,7 @@ def sm90_compile_fx(gm, example_inputs, **kwargs):
         la = launches[k.name]
         while la is not None:
             names = triton_runtime._arg_names(la)
-            k = triton_runtime.load_or_compile(getattr(mod, la.name), la.signature(), la.constexprs,
+            k = triton_runtime.load_or_compile(mod.kernel(la.name), la.signature(), la.constexprs,
                                                la.num_warps, tuple(names), "sm90")
             _launch_once(k, la.name)
             la = la.then
@@ -102,7 +102,7 @@ class _FakeCupy:
                 pass
 
 
-triton_runtime._cupy = lambda: _FakeCupy
+triton_runtime._cupy = TL._cupy = lambda: _FakeCupy
 
 
 class _Sm90:
@@ -167,11 +167,9 @@ def eager_kernels():
     """flambeau's eager max-pooling kernels (`_backends/triton_max_pool.py`), one-program-per-channel
     BatchNorm pair and channels-last BatchNorm kernels (`_backends/triton_batch_norm.py`) compiled by `triton_launch.compile_kernel` for
     sm_90 with the signatures their launches use, per dtype (BatchNorm: the smallest and largest block)."""
-    from triton.backends.compiler import GPUTarget
     from flambeau._backends import triton_batch_norm as BN
     from flambeau._backends import triton_max_pool as MP
-    TL._cupy = lambda: _FakeCupy
-    TL._target = lambda: GPUTarget("cuda", 90, TL._THREADS_PER_WARP)
+    TL._capability = lambda: 90
     TL.current_device = lambda: 0
     for dtype in (ml_dtypes.bfloat16, np.float16, np.float32, np.float64):
         for fn, signature in ((MP._max_pool_fwd, MP.forward_signature), (MP._max_pool_bwd, MP.backward_signature)):
