@@ -108,6 +108,14 @@ class Index:
         self.const = _size(const)
         self._key = None
 
+    @classmethod
+    def _made(cls, terms: dict, const) -> "Index":
+        """An Index of `terms` (no zero coefficient; the dict is not copied: indices are immutable) and a
+        `const` already an int or SizeExpr: the arithmetic below builds these."""
+        e = object.__new__(cls)
+        e.terms, e.const, e._key = terms, const, None
+        return e
+
     # -- construction -------------------------------------------------------------------------
     @staticmethod
     def of(x) -> "Index":
@@ -126,14 +134,19 @@ class Index:
         return not self.terms
 
     def __add__(self, other) -> "Index":
-        o = Index.of(other)
+        o = other if type(other) is Index else Index.of(other)
         terms = dict(self.terms)
-        for k, (a, c) in o.terms.items():
-            if k in terms:
-                terms[k] = (a, terms[k][1] + c)
+        for k, t in o.terms.items():
+            old = terms.get(k)
+            if old is None:
+                terms[k] = t
             else:
-                terms[k] = (a, c)
-        return _combine_divmod(Index(terms, self.const + o.const))
+                c = old[1] + t[1]
+                if c != 0:
+                    terms[k] = (t[0], c)
+                else:
+                    del terms[k]
+        return _combine_divmod(Index._made(terms, self.const + o.const))
 
     __radd__ = __add__
 
@@ -145,7 +158,9 @@ class Index:
                 return k * self.const
             else:
                 raise TypeError("index expressions are linear: cannot multiply two variable indices")
-        k = _size(k)
+        k = k if type(k) is int else _size(k)
+        if type(k) is int and k != 0:       # a nonzero int keeps every coefficient nonzero
+            return Index._made({key: (a, c * k) for key, (a, c) in self.terms.items()}, self.const * k)
         return Index({key: (a, c * k) for key, (a, c) in self.terms.items()}, self.const * k)
 
     __rmul__ = __mul__
@@ -353,11 +368,17 @@ def dense_strides(shape: tuple, strides: tuple) -> bool:
 
 def offset_of(index, strides, offset: int = 0) -> Index:
     """`offset + sum(index_i * stride_i)`."""
-    out = Index(None, offset)
+    terms, const = {}, _size(offset)
     for i, s in zip(index, strides):
-        if s != 0:
-            out = out + Index.of(i) * s
-    return out
+        if s == 0:
+            continue
+        s = s if type(s) is int else _size(s)
+        e = i if type(i) is Index else Index.of(i)
+        const = const + e.const * s
+        for k, (a, c) in e.terms.items():
+            old = terms.get(k)
+            terms[k] = (a, c * s if old is None else old[1] + c * s)
+    return _combine_divmod(Index(terms, const))
 
 
 def _size(x):
