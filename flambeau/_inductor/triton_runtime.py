@@ -447,8 +447,9 @@ def precompile(module, launches, device) -> None:
 
 
 def precompile_for(module, launches, dkey: str) -> list:
-    """`precompile` for device key `dkey` ("sm90"); returns the batches' futures."""
-    if config.compile_threads <= 1:
+    """`precompile` for device key `dkey` ("sm90"); returns the batches' futures. Nothing with the cubin
+    cache off (`cubin_cache.enabled`): the workers hand their cubins over through it."""
+    if config.compile_threads <= 1 or not cubin_cache.enabled:
         return []
     jobs = []
     for la in launches:
