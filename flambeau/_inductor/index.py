@@ -122,7 +122,9 @@ class Index:
         if isinstance(x, Index):
             return x
         if isinstance(x, Atom):
-            return Index({x.key(): (x, 1)})
+            return Index._made({x.key(): (x, 1)}, 0)
+        if type(x) is int:
+            return Index._made({}, x)
         return Index(None, x)
 
     def key(self):
