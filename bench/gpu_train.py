@@ -167,7 +167,7 @@ def run(name, lib, mode, steps, profile, top=0, gc_freeze=False, gc_report=0):
 def _flambeau_compiled_facts(step) -> dict:
     """Generated Triton kernels launched in one step, and what ran eagerly inside compiled code
     (whole graphs, single ops) since the process started, by reason."""
-    from flambeau._backends import cublaslt
+    from flambeau._backends import cublaslt, triton_launch
     from flambeau._counters import FALLBACKS, counters
     from flambeau._inductor import cudagraphs, triton_runtime, wrapper
     before, gemms = triton_runtime.stats["launches"], cublaslt.calls["gemm"]
@@ -183,6 +183,8 @@ def _flambeau_compiled_facts(step) -> dict:
             "kernels_compiled": triton_runtime.stats["compiled"],
             "kernels_compiled_in_workers": triton_runtime.stats.get("compiled_in_workers", 0),
             "cubin_cache_hits": triton_runtime.stats["cubin_cache_hits"],
+            "modules_imported": triton_runtime.stats.get("modules_imported"),
+            "handwritten_kernels": getattr(triton_launch, "stats", None),   # compiled / from the cubin cache
             "eager_fallbacks": dict(list(fallbacks.items())[:8])}
 
 
