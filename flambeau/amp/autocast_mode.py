@@ -56,32 +56,41 @@ def _eligible(t, dev_type) -> bool:
 
 
 def _cast(t, dev_type, dtype):
-    if not _eligible(t, dev_type) or t._dtype is dtype:
+    """Tensor `t` cast to `dtype` when it is eligible (`_eligible`) and not of it already; the
+    lower-precision cast of a float32 leaf that requires grad is made once per region (cache_enabled)."""
+    tdt = t._dtype
+    if tdt is dtype or tdt.category != D.FLOATING or tdt is D.float64 or t.device.type != dev_type:
         return t
-    cache = _thread.cache
-    cacheable = (_thread.cache_enabled and _state.tls.grad_enabled and dtype is not D.float32 and t._dtype is D.float32
-                 and t._requires_grad and t.grad_fn is None and t._base is None)
-    if cacheable:
+    # cacheable: a float32 leaf that requires grad (`grad_fn is None` of a tensor that is not a view)
+    if (tdt is D.float32 and t._requires_grad and t._base is None and t._grad_fn is None
+            and dtype is not D.float32 and _thread.cache_enabled and _state.tls.grad_enabled):
+        cache = _thread.cache
         hit = cache.get(id(t))
         if hit is not None and hit[0] is t and hit[1] == t._version[0] and hit[2] is dtype:
             return hit[3]
-    out = t.to(dtype)
-    if cacheable:
+        out = t.to(dtype)
         cache[id(t)] = (t, t._version[0], dtype, out)
-    return out
+        return out
+    return t.to(dtype)
+
+
+def _cast_seq(a, dev_type, dtype):
+    return type(a)([_cast(x, dev_type, dtype) if isinstance(x, Tensor) else x for x in a])
 
 
 def _cast_all(args, kwargs, dev_type, dtype):
-    def conv(a):
+    out = []
+    for a in args:                     # a loop, not a generator of a closure: this runs per autocast op
         if isinstance(a, Tensor):
-            return _cast(a, dev_type, dtype)
-        if type(a) in (list, tuple) and any(isinstance(x, Tensor) for x in a):
-            return type(a)(_cast(x, dev_type, dtype) for x in a)
-        return a
-    args = tuple(conv(a) for a in args)
+            a = _cast(a, dev_type, dtype)
+        elif (type(a) is list or type(a) is tuple) and _dispatch._has_tensor(a):
+            a = _cast_seq(a, dev_type, dtype)
+        out.append(a)
     if kwargs:
-        kwargs = {k: conv(v) for k, v in kwargs.items()}
-    return args, kwargs
+        kwargs = {k: _cast(v, dev_type, dtype) if isinstance(v, Tensor) else
+                  _cast_seq(v, dev_type, dtype) if (type(v) is list or type(v) is tuple) and _dispatch._has_tensor(v)
+                  else v for k, v in kwargs.items()}
+    return tuple(out), kwargs
 
 
 def _tensors(args, kwargs):
@@ -137,27 +146,27 @@ _CPU_RULES = {Tag.cpu_autocast_lower_precision: _lower, Tag.cpu_autocast_fp32: _
               Tag.cpu_autocast_promote: _promote}
 
 
-_rule_cache: dict = {}              # (op, on cpu) -> rule or None
+_rule_cache: dict = {}              # op -> (its rule on every device but cpu, its rule on cpu); None: no rule
+
+
+def _rules(op) -> tuple:
+    rules = tuple(next((r for tag, r in table.items() if tag in op.tags), None) for table in (_RULES, _CPU_RULES))
+    _rule_cache[op] = rules
+    return rules
 
 
 def _rule(op, dev_type):
     """The cast rule `op`'s tags give it on `dev_type`, or None."""
-    key = (op, dev_type == "cpu")
-    try:
-        return _rule_cache[key]
-    except KeyError:
-        pass
-    rule = next((r for tag, r in (_CPU_RULES if key[1] else _RULES).items() if tag in op.tags), None)
-    _rule_cache[key] = rule
-    return rule
+    return (_rule_cache.get(op) or _rules(op))[dev_type == "cpu"]
 
 
 def cast_inputs(op, args, kwargs):
     """The dispatcher's autocast layer: return (args, kwargs) cast by the op's policy on each device."""
     if kwargs and "out" in kwargs:
         return args, kwargs            # out= variants are not autocast (PyTorch's rule)
+    rules = _rule_cache.get(op) or _rules(op)
     for dev_type, dtype in _state.tls.autocast.items():
-        rule = _rule(op, dev_type)
+        rule = rules[dev_type == "cpu"]
         if rule is not None:
             args, kwargs = rule(op, dev_type, dtype, args, kwargs)
     return args, kwargs

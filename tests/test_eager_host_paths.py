@@ -1,0 +1,132 @@
+"""Session 15's cuts of the host cost of an eager cuda training step (issue 11), on CPU: against
+PyTorch on cpu tensors, and on the fake cuda device of `bench/eager_host_calls.py` (a fake CuPy
+namespace whose arrays are NumPy arrays, a recording cuLaunchKernel) for the cuda branches.
+
+- `Tensor.to(dtype)` (autocast's cast of weights and activations) runs `_to_copy`'s kernel and records
+  its node without the dispatcher's frames when nothing would see the call (`views._cast_to`); a
+  dispatch mode, a forward-mode tangent or a view whose base changed in place still dispatch.
+"""
+import numpy as np
+import pytest
+import torch
+
+import flambeau as fl
+from bench import eager_host_calls as E
+from flambeau import _dispatch
+from flambeau._backends import triton_launch as TL
+from flambeau.utils._python_dispatch import TorchDispatchMode as FlMode
+
+
+@pytest.fixture
+def fake_cuda():
+    xp, restore = E.install()
+    launches = []
+    TL._driver[:] = [lambda *a: launches.append(a), lambda: 0]
+    try:
+        yield launches
+    finally:
+        restore()
+
+
+def _x(shape=(3, 5), seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+class _Names(FlMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func._schema.name.split("::")[-1])
+        return func(*args, **(kwargs or {}))
+
+
+# ---- Tensor.to(dtype) ---------------------------------------------------------------------------------
+_CASTS = {
+    "leaf": lambda m, x: x.to(m.bfloat16),
+    "activation": lambda m, x: (x * 2).to(m.float16),
+    "view": lambda m, x: x[1:].to(m.bfloat16),
+    "stale_view": lambda m, x: _stale_view(m, x).to(m.bfloat16),
+    "view_gains_grad": lambda m, x: _view_gains_grad(m, x).to(m.bfloat16),
+    "widen": lambda m, x: x.to(m.bfloat16).to(m.float64),
+    "to_int": lambda m, x: (x * 3).to(m.int32).to(m.float32) * x,
+    "no_grad": lambda m, x: _no_grad(m, x),
+    "overflow": lambda m, x: (x * 1e30).to(m.float16).float() * 0 + x,      # inf silently, as PyTorch
+}
+
+
+def _stale_view(m, x):
+    y = x * 1
+    v = y[:2]
+    y.mul_(3)                        # v's base changed in place after v's node was recorded
+    return v
+
+
+def _view_gains_grad(m, x):
+    b = m.zeros(3, 5)
+    v = b[1:]
+    b.add_(x)                        # v requires grad from here on, through its base
+    return v
+
+
+def _no_grad(m, x):
+    with m.no_grad():
+        c = x.to(m.float16)
+    assert not c.requires_grad and c.grad_fn is None
+    return c.float() + x
+
+
+@pytest.mark.parametrize("name", sorted(_CASTS))
+def test_to_dtype_values_and_gradients_as_pytorch(name):
+    a = _x()
+    g = _x(seed=1)
+    out = {}
+    for m in (fl, torch):
+        x = m.tensor(a, requires_grad=True)
+        y = _CASTS[name](m, x)
+        y.float().mul(m.tensor(g)[:y.shape[0]]).sum().backward()
+        out[m.__name__] = (y, x.grad)
+    (fy, fg), (ty, tg) = out["flambeau"], out["torch"]
+    assert str(fy.dtype).split(".")[-1] == str(ty.dtype).split(".")[-1]
+    assert (fy.grad_fn is None) == (ty.grad_fn is None)
+    if ty.grad_fn is not None:
+        assert fy.grad_fn.name() == ty.grad_fn.name()
+    np.testing.assert_array_equal(fy.detach().float().numpy(), ty.detach().float().numpy())
+    np.testing.assert_allclose(fg.numpy(), tg.numpy(), rtol=1.3e-6, atol=1e-5)
+
+
+def test_to_dtype_skips_the_dispatcher_unless_a_mode_watches(monkeypatch):
+    x = fl.tensor(_x(), requires_grad=True)
+    real = _dispatch.call_functional
+    calls = []
+    monkeypatch.setattr(_dispatch, "call_functional", lambda op, *a, **k: calls.append(op.name) or real(op, *a, **k))
+    y = x.to(fl.bfloat16)
+    assert calls == [] and y.grad_fn.name() == "ToCopyBackward0"
+    with _Names() as mode:
+        x.to(fl.float16)
+    assert mode.names == ["_to_copy"]
+
+
+def test_to_dtype_propagates_a_forward_tangent_as_pytorch():
+    a, t = _x(), _x(seed=2)
+    res = {}
+    for m in (fl, torch):
+        fwAD = m.autograd.forward_ad
+        with fwAD.dual_level():
+            d = fwAD.make_dual(m.tensor(a), m.tensor(t))
+            res[m.__name__] = fwAD.unpack_dual(d.to(m.float64)).tangent.numpy()
+    np.testing.assert_array_equal(res["flambeau"], res["torch"])
+
+
+def test_to_dtype_on_cuda_launches_one_cast_and_records_its_node(fake_cuda):
+    x = E.cuda_tensor((4, 6), requires_grad=True)
+    act = x * 2
+    y = act.to(fl.bfloat16)
+    assert len(fake_cuda) == 1 and y.dtype is fl.bfloat16 and type(y._data) is E.DevArray
+    assert y.device is x.device and y.grad_fn.name() == "ToCopyBackward0"
+    assert y.grad_fn.next_functions[0][0] is act.grad_fn
+    # the node's derivative casts back on the same device: a second launch, float32 again
+    with fl.no_grad():
+        (gx,) = y.grad_fn.apply([E.cuda_tensor((4, 6), E.BF16, seed=3)])
+    assert len(fake_cuda) == 2 and gx.dtype is fl.float32 and gx.device is x.device
