@@ -210,6 +210,21 @@ def test_cast_launches_the_kernel_of_its_dtype_pair(fake_cupy, monkeypatch):
     assert len(fake_cupy.sources) == 1                               # one module, compiled once
 
 
+def test_cast_finds_the_kernel_of_each_pair_seen_before_by_one_lookup(fake_cupy):
+    """A pair seen before is found by one (source, target, device) lookup: each target of one source
+    keeps its own kernel, and a same-type or integer cast still goes to CuPy after float pairs are cached."""
+    bf16, f16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
+    a = _FakeArray((4, 4), np.float32)
+    for dt in (bf16, f16, bf16, f16):
+        assert cuda_cast.cast(fake_cupy, a, dt).dtype == dt
+    assert [n for n, *_ in fake_cupy.launches] == ["flm_cast_f32_bf16", "flm_cast_f32_f16"] * 2
+    assert set(cuda_cast._functions) == {(f32, bf16, 0), (f32, f16, 0)}
+    assert cuda_cast.cast(fake_cupy, a, f32) is None
+    assert cuda_cast.cast(fake_cupy, a, np.dtype(np.int32)) is None
+    assert cuda_cast.cast(fake_cupy, _FakeArray((4,), np.int64), bf16) is None
+    assert len(fake_cupy.launches) == 4
+
+
 def test_cast_keeps_a_channels_last_layout(fake_cupy):
     """A dense permuted array (channels-last activations under autocast) casts in the same one kernel,
     its result in its layout: element i of the output at offset i, as of the input."""

@@ -52,6 +52,7 @@ _namespace: list = [None, None]   # the CuPy namespace `cast` last checked, and 
 
 
 def _function(cupy, src: np.dtype, dst: np.dtype, dev: int) -> TL.Kernel:
+    """The kernel casting `src` to `dst` (two different types of TYPES) on device `dev`, made once."""
     key = (src, dst, dev)
     f = _functions.get(key)
     if f is None:
@@ -76,7 +77,7 @@ def cast(cupy, a, dtype, device_index=None):
         return None
     src = a.dtype
     n = a.size
-    if src == dtype or src not in TYPES or dtype not in TYPES or not n:
+    if not n:
         return None
     strides = None if a.flags.c_contiguous else dense_strides(a)
     if strides is False:
@@ -87,8 +88,13 @@ def cast(cupy, a, dtype, device_index=None):
     data = a.data
     if data.device_id != dev or (device_index is not None and device_index != dev):
         return None
+    # one lookup for a pair seen before: only pairs of two different float types get a kernel
+    kernel = _functions.get((src, dtype, dev))
+    if kernel is None:
+        if src == dtype or src not in TYPES or dtype not in TYPES:
+            return None
+        kernel = _function(cupy, src, dtype, dev)
     out = _namespace[1](a.shape, dtype) if strides is None else new_in_layout(cupy, a.shape, dtype, strides)
-    kernel = _functions.get((src, out.dtype, dev)) or _function(cupy, src, out.dtype, dev)
     blocks = (n + THREADS - 1) // THREADS
     # the kernel's (pointer, pointer, int64) parameters as their slots take them: no per-argument conversion
     TL.launch_values(kernel, (blocks if blocks < MAX_BLOCKS else MAX_BLOCKS,), (data.ptr, out.data.ptr, n))
