@@ -6,6 +6,8 @@ is flambeau's Python around the kernels as an eager cuda step runs it. One JSON 
 - `cast_forward`: autocast's cast of an activation that requires grad, float32 -> bfloat16
   (`autocast_mode._cast`: `Tensor.to`, the dispatcher, the cast kernel's launch, the graph node);
 - `cast_backward`: that cast's derivative with grad mode off (the engine's call: bfloat16 -> float32);
+- `autocast_inputs`: autocast's casts of linear's inputs (a bfloat16 activation, a cached weight and bias);
+- `launch_values`: one Triton-convention launch of 5 runtime arguments (cuLaunchKernel a no-op);
 - `record`: `autograd.graph.record` of a binary op on two tensors that require grad;
 - `gemm`: `cublaslt.gemm` of a cached layout against a fake cuBLASLt library (the ctypes call no-op).
 
@@ -148,6 +150,10 @@ def benches(xp):
     cargs, _ = autocast_inputs()
     assert cargs[0] is xb and cargs[1].dtype is fl.bfloat16 and cargs[1] is autocast_inputs()[0][1]
     out["autocast_inputs"] = (autocast_inputs, 5000)
+
+    kernel = TL.raw_kernel(types.SimpleNamespace(ptr=1), ("*fp32", "*fp32", "*fp32", "i64", "i64"), 128)
+    values = (0x10000, 0x20000, 0x30000, 4096, 7)
+    out["launch_values"] = (lambda: TL.launch_values(kernel, (32,), values), 10000)
 
     a, b = cuda_tensor((4,), requires_grad=True), cuda_tensor((4,), requires_grad=True, seed=1)
     prod = a * b

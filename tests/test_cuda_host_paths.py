@@ -93,6 +93,22 @@ def test_launch_reuses_its_parameter_block_per_thread(fake_driver):
     assert other[0] is not TL.param_block(k) and len(k.blocks) == 2
 
 
+def test_launch_passes_a_global_scratch_of_the_grid_size_after_the_arguments(fake_driver, monkeypatch):
+    k, d = fake_driver(("*fp32", "i32", "i64"), global_scratch=48)
+    sizes = []
+
+    class Cupy:
+        @staticmethod
+        def empty(n, dtype):
+            sizes.append(n)
+            return _Array(0xABC00 + n)
+    monkeypatch.setattr(TL, "_cupy", lambda: Cupy)
+    TL.launch(k, (3, 2), _Array(8192), 5, 2 ** 40)
+    TL.launch_values(k, (2,), (4096, 6, 7))
+    assert sizes == [48 * 6, 48 * 2]
+    assert [c[2] for c in d.calls] == [[8192, 5, 2 ** 40, 0xABC00 + 288, 0], [4096, 6, 7, 0xABC00 + 96, 0]]
+
+
 def test_launch_takes_a_float_beyond_float32_as_infinity_without_a_warning(fake_driver):
     k, d = fake_driver(("fp32", "fp32"))
     with warnings.catch_warnings():

@@ -432,7 +432,9 @@ def _to_copy_derivative(grad, self_meta):
     dispatch (`direct_device`), the kernel on the array (autocast's casts: one per weight and activation)."""
     dev = direct_device(grad)
     if dev is not None and (dev is self_meta.device or dev == self_meta.device):
-        return direct_call(_to_copy, dev, grad._data, dtype=self_meta.dtype, device=self_meta.device)
+        # no device=: on the array's own device the kernel casts there (`cuda_cast.cast` checks it is the
+        # current one either way), as it would with device= naming it
+        return direct_call(_to_copy, dev, grad._data, dtype=self_meta.dtype)
     return _to_copy(grad, dtype=self_meta.dtype, device=self_meta.device)
 
 
