@@ -130,3 +130,19 @@ def test_to_dtype_on_cuda_launches_one_cast_and_records_its_node(fake_cuda):
     with fl.no_grad():
         (gx,) = y.grad_fn.apply([E.cuda_tensor((4, 6), E.BF16, seed=3)])
     assert len(fake_cuda) == 2 and gx.dtype is fl.float32 and gx.device is x.device
+
+
+# ---- matmul's output shape: x @ W directly ----------------------------------------------------------
+@pytest.mark.parametrize("sa,sb", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (4, 1)), ((1, 4), (4, 6)),
+                                   ((3, 4), (5, 6)), ((2, 3, 4), (3, 5)), ((4,), (4, 5)), ((3, 4), (4,)),
+                                   ((2, 3, 4), (2, 4, 5)), ((2, 3, 4), (1, 4, 5)), ((0, 4), (4, 3))])
+def test_matmul_shapes_and_errors_as_pytorch(sa, sb):
+    a, b = np.ones(sa, np.float32), np.ones(sb, np.float32)
+    try:
+        want = tuple(torch.matmul(torch.tensor(a), torch.tensor(b)).shape)
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError, match=str(e).split("(")[0].strip()):
+            fl.matmul(fl.tensor(a), fl.tensor(b))
+        return
+    assert tuple(fl.matmul(fl.tensor(a), fl.tensor(b)).shape) == want
+    assert tuple(fl.matmul(fl.empty(sa, device="meta"), fl.empty(sb, device="meta")).shape) == want

@@ -91,6 +91,8 @@ def _mshape(s) -> str:
 
 
 def matmul_shape(a, b):
+    if len(b) == 2 and len(a) >= 2 and a[-1] == b[0]:
+        return tuple(a[:-1]) + (b[1],)         # x @ W (linear's gradients): the general case's result, directly
     if a == () or b == ():
         raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {len(a)}D and {len(b)}D")
     if len(a) == 1 and len(b) == 1:
