@@ -166,8 +166,9 @@ def benches(xp):
     return out
 
 
-def gemm_bench():
-    """`cublaslt.gemm` of one layout, seen before, against a fake library (every entry point a no-op)."""
+def fake_cublaslt():
+    """Make `cublaslt.gemm` run against a fake library (every entry point a no-op, the heuristic finding
+    one algorithm) and the fake CuPy as `import cupy`; returns a function putting back what was there."""
     from flambeau._backends import cublaslt as L
 
     class Lib:
@@ -187,11 +188,6 @@ def gemm_bench():
     sys.modules["cupy"] = xp
     saved = dict(L._lib_state)
     L._lib_state.update(lib=Lib(), tried=True)
-    x = DevArray((64, 96), BF16)
-    w = DevArray((80, 96), BF16)
-
-    def call():
-        return L.gemm(x, w.T)
 
     def restore():
         L._lib_state.clear()
@@ -200,6 +196,18 @@ def gemm_bench():
             sys.modules.pop("cupy", None)
         else:
             sys.modules["cupy"] = real
+    return restore
+
+
+def gemm_bench():
+    """`cublaslt.gemm` of one layout, seen before, against the fake library."""
+    from flambeau._backends import cublaslt as L
+    restore = fake_cublaslt()
+    x = DevArray((64, 96), BF16)
+    w = DevArray((80, 96), BF16)
+
+    def call():
+        return L.gemm(x, w.T)
     call()
     return call, restore
 

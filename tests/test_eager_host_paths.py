@@ -146,3 +146,32 @@ def test_matmul_shapes_and_errors_as_pytorch(sa, sb):
         return
     assert tuple(fl.matmul(fl.tensor(a), fl.tensor(b)).shape) == want
     assert tuple(fl.matmul(fl.empty(sa, device="meta"), fl.empty(sb, device="meta")).shape) == want
+
+
+# ---- cuBLASLt products: its output array itself, no reshape view on top ----------------------------
+@pytest.fixture
+def fake_cublaslt(fake_cuda, monkeypatch):
+    from flambeau._backends import cublaslt as L
+    for name in ("_handles", "_workspaces", "_plans", "_plan_cache", "_misaligned_cache", "_layouts"):
+        monkeypatch.setattr(L, name, {})
+    monkeypatch.setattr(L, "WORKSPACE_BYTES", 256)
+    monkeypatch.setattr(L, "calls", dict.fromkeys(L.calls, 0))
+    restore = E.fake_cublaslt()
+    yield L
+    restore()
+
+
+@pytest.mark.parametrize("lead", [(6,), (2, 3)])
+def test_linear_and_its_gradients_take_the_cublaslt_output_as_it_is(fake_cublaslt, lead):
+    x = E.cuda_tensor(lead + (16,), requires_grad=True)
+    w, b = E.cuda_tensor((8, 16), requires_grad=True, seed=1), E.cuda_tensor((8,), requires_grad=True, seed=2)
+    y = fl.nn.functional.linear(x, w, b)
+    assert tuple(y.shape) == lead + (8,) and fake_cublaslt.calls["gemm"] == 1
+    assert y._data.base is None                   # gemm's array, not a view of it
+    with fl.no_grad():
+        gx, gw, gb = y.grad_fn.apply([E.cuda_tensor(lead + (8,), seed=3)])
+    assert fake_cublaslt.calls["gemm"] == 3
+    assert tuple(gx.shape) == lead + (16,) and gx._data.base is None
+    assert tuple(gw.shape) == (8, 16) and gw._data.base is None
+    z = fl.matmul(x, w.mT)
+    assert tuple(z.shape) == lead + (8,) and z._data.base is None and fake_cublaslt.calls["gemm"] == 4

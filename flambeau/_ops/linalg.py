@@ -128,7 +128,7 @@ def matmul(xp, self, other):
         r = lt_gemm(xp, self.reshape(1, -1) if self.ndim == 1 else self,
                     other.reshape(-1, 1) if other.ndim == 1 else other)
         if r is not None:
-            return r.reshape(shape)
+            return r if r.shape == shape else r.reshape(shape)     # (a CuPy reshape is a new view object)
     return _prod(xp, matmul_for(xp), self, other).reshape(shape)
 
 

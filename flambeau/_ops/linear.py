@@ -36,7 +36,8 @@ def linear(xp, input, weight, bias=None):
     if weight.ndim == 2:
         r = lt_gemm(xp, input.reshape(1, -1) if input.ndim == 1 else input, weight.T, bias=bias)
         if r is not None:
-            return r.reshape(tuple(input.shape[:-1]) + (weight.shape[0],))
+            shape = tuple(input.shape[:-1]) + (weight.shape[0],)
+            return r if r.shape == shape else r.reshape(shape)     # (a CuPy reshape is a new view object)
     dt = D.FROM_NP[input.dtype]
     if dt is D.bfloat16 and weight.ndim == 2 and input.ndim >= 2 and (bias is None or bias.ndim <= 1) and \
             matmul_for(xp) is cpu_kernels.matmul:       # the CPU's BF16 dot products, bias before the rounding
