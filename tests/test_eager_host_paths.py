@@ -175,3 +175,36 @@ def test_linear_and_its_gradients_take_the_cublaslt_output_as_it_is(fake_cublasl
     assert tuple(gw.shape) == (8, 16) and gw._data.base is None
     z = fl.matmul(x, w.mT)
     assert tuple(z.shape) == lead + (8,) and z._data.base is None and fake_cublaslt.calls["gemm"] == 4
+
+
+# ---- LayerNorm's fused backward: parameter gradients are the rows of its sums, as they are ---------
+class _Rows:
+    """The fused backward's (2, cols) sums as the kernel reads them: row 0 (weight), row 1 (bias)."""
+
+    def __init__(self, w, b):
+        self.rows = (w, b)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+@pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+def test_layer_norm_backward_takes_the_fused_sums_rows_as_parameter_gradients(monkeypatch, param_dtype):
+    from flambeau._ops import norm_loss
+    rng = np.random.default_rng(4)
+    x, g = rng.standard_normal((2, 3, 8)).astype(np.float32), rng.standard_normal((2, 3, 8)).astype(np.float32)
+    gw_row, gb_row = (g * x).sum((0, 1)), g.sum((0, 1))
+    gx = np.empty_like(x)
+    fused = type("Fused", (), {"backward": staticmethod(lambda *a: (gx, _Rows(gw_row, gb_row)))})
+    monkeypatch.setattr(norm_loss, "_cuda_norm", lambda xp, x, ndims, *others: fused)
+    pdt = np.dtype(getattr(fl, param_dtype).np)
+    w, b = np.ones(8, pdt), np.zeros(8, pdt)
+    mean, rstd = np.zeros((2, 3, 1), np.float32), np.ones((2, 3, 1), np.float32)
+    rx, rw, rb = norm_loss.native_layer_norm_backward.kernel(np, g, x, (8,), mean, rstd, w, b)
+    assert rx is gx
+    if param_dtype == "float32":
+        assert rw is gw_row and rb is gb_row
+    else:
+        ref = torch.tensor(np.stack([gw_row, gb_row])).to(torch.bfloat16).float().numpy()
+        assert rw.dtype == pdt and rb.dtype == pdt
+        np.testing.assert_array_equal(np.stack([rw, rb]).astype(np.float32), ref)

@@ -139,8 +139,8 @@ def native_layer_norm_backward(xp, grad_out, input, normalized_shape, mean, rstd
     if fused is not None:
         gx, part = fused.backward(grad_out, input, mean, rstd, _contig(xp, weight), _cols(input, axes))
         # float32 parameters take the rows of the fresh (2, cols) float32 sums as they are (no copy kernel)
-        gw = None if weight is None else part[0].reshape(weight.shape).astype(weight.dtype, copy=False)
-        gb = None if bias is None else part[1].reshape(bias.shape).astype(bias.dtype, copy=False)
+        gw = None if weight is None else _as_param_grad(part[0], weight)
+        gb = None if bias is None else _as_param_grad(part[1], bias)
         return gx, gw, gb
     if xp is np and cd == input.dtype and input.flags.c_contiguous and grad_out.dtype == input.dtype:
         r = cpu_kernels.layer_norm_backward(np.ascontiguousarray(grad_out), input, _cols(input, axes), mean, rstd,
@@ -156,6 +156,14 @@ def native_layer_norm_backward(xp, grad_out, input, normalized_shape, mean, rstd
     gw = None if weight is None else (g * xhat).sum(axis=outer).astype(weight.dtype)
     gb = None if bias is None else g.sum(axis=outer).astype(bias.dtype)
     return gx.astype(dt.np), gw, gb
+
+
+def _as_param_grad(row, param):
+    """A row of the fused backward's partial sums as the gradient of 1-D `param`: the row itself when it
+    has the parameter's shape and dtype (a CuPy reshape or astype call costs a new array object)."""
+    if row.shape != param.shape:
+        row = row.reshape(param.shape)
+    return row if row.dtype == param.dtype else row.astype(param.dtype)
 
 
 @native_layer_norm_backward.def_meta
