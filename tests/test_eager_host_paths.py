@@ -119,6 +119,36 @@ def test_to_dtype_propagates_a_forward_tangent_as_pytorch():
     np.testing.assert_array_equal(res["flambeau"], res["torch"])
 
 
+class _Through(FlMode):
+    """A dispatch mode that changes nothing: with it active every op takes the dispatcher's path."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_autocast_layer_step_bit_for_bit_as_the_dispatched_casts(device):
+    """A bfloat16 autocast linear + layer norm step: output and every gradient the same bits with the
+    casts taken directly and through the dispatcher (a pass-through mode), and close to PyTorch."""
+    rng = np.random.default_rng(5)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((4, 6, 16), (12, 16), (12,)))
+    runs = {}
+    for name, mod, ctx in (("direct", fl, None), ("dispatched", fl, _Through), ("torch", torch, None)):
+        dev = device if mod is fl or device == "cpu" else "cuda"
+        xt, wt, bt = (mod.tensor(a, device=dev, requires_grad=True) for a in (x, w, b))
+        with mod.autocast(device, dtype=mod.bfloat16):
+            if ctx is not None:
+                with ctx():
+                    y = mod.nn.functional.layer_norm(mod.nn.functional.linear(xt, wt, bt), (12,))
+            else:
+                y = mod.nn.functional.layer_norm(mod.nn.functional.linear(xt, wt, bt), (12,))
+        (y.float() ** 2).sum().backward()
+        runs[name] = [t.detach().float().cpu().numpy() for t in (y, xt.grad, wt.grad, bt.grad)]
+    for a, d, t in zip(runs["direct"], runs["dispatched"], runs["torch"]):
+        np.testing.assert_array_equal(a, d)
+        np.testing.assert_allclose(a, t, rtol=5e-2, atol=5e-2)
+
+
 def test_to_dtype_on_cuda_launches_one_cast_and_records_its_node(fake_cuda):
     x = E.cuda_tensor((4, 6), requires_grad=True)
     act = x * 2
