@@ -136,12 +136,9 @@ def c_types(arg_types: tuple) -> tuple:
         (_POINTER,) * _SCRATCH_POINTERS
 
 
-_get_ident = threading.get_ident
-
-
 def param_block(kernel: Kernel) -> ParamBlock:
     """The calling thread's parameter block of `kernel`."""
-    tid = _get_ident()
+    tid = threading.get_ident()
     blk = kernel.blocks.get(tid)
     if blk is None:
         blk = kernel.blocks[tid] = ParamBlock(c_types(kernel.arg_types))
@@ -328,14 +325,17 @@ def launch_values(kernel: Kernel, grid: tuple, values) -> None:
     g2 = int(grid[2]) if n > 2 else 1
     if not (g0 and g1 and g2):
         return
-    blk = kernel.blocks.get(_get_ident()) or param_block(kernel)
-    for slot, v in zip(blk.slots, values):     # zip: no index arithmetic per argument
-        slot.value = v
+    blk = kernel.blocks.get(threading.get_ident()) or param_block(kernel)
+    slots = blk.slots
+    i = 0
+    for v in values:
+        slots[i].value = v
+        i += 1
     scratch = None
     if kernel.global_scratch:           # kept alive until the launch is queued (the pool orders reuse)
         cupy = _cupy()
         scratch = cupy.empty(kernel.global_scratch * g0 * g1 * g2, dtype=np.uint8)
-        blk.slots[len(kernel.arg_types)].value = scratch.data.ptr
+        slots[i].value = scratch.data.ptr
     # the profile scratch pointer stays null: no instrumentation
     run, stream = _driver or _driver_calls()
     run(kernel.function.ptr, g0, g1, g2, kernel.num_warps * _THREADS_PER_WARP, 1, 1, kernel.shared, stream(),
