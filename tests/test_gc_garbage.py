@@ -240,3 +240,42 @@ def test_next_functions_pairs_match_pytorch():
                        [(type(n).__name__, nr) for n, nr in z.grad_fn.next_functions[0][0].next_functions])
     assert [nr for _, nr in results[0]] == [nr for _, nr in results[1]]
     assert [n is None for n, _ in results[0]] == [n is None for n, _ in results[1]]
+
+
+@pytest.mark.parametrize("setting", ["paused", "off_by_env", "disabled_by_program"])
+def test_collector_is_paused_while_a_frame_and_its_backward_compile(monkeypatch, setting):
+    """`flambeau._compile_lock.gc_paused` around the capture + AOT + lowering of a frame and around the lazy compile of
+    its backward: the collector is off inside both (a compile's long-lived IR objects triggered a full
+    collection of the heap per graph), back on after; FLAMBEAU_GC_PAUSE_COMPILE=0 leaves it on; a program
+    that disabled it keeps it disabled. The compiled step still matches eager."""
+    import gc
+    seen = []
+
+    def backend(gm, example_inputs):
+        from flambeau._functorch.aot_autograd import aot_module_simplified
+
+        def compiler(g, ex):
+            seen.append(gc.isenabled())
+            return g
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler)
+    if setting == "off_by_env":
+        monkeypatch.setenv("FLAMBEAU_GC_PAUSE_COMPILE", "0")
+    was = gc.isenabled()
+    if setting == "disabled_by_program":
+        gc.disable()
+    try:
+        w = flambeau.randn(5, 3, requires_grad=True)
+        x = flambeau.randn(4, 5)
+        f = flambeau.compile(lambda x, w: (x @ w).tanh().sum(), backend=backend)
+        out = f(x, w)
+        out.backward()
+        enabled_after = gc.isenabled()
+    finally:
+        if was:
+            gc.enable()
+    ref_w = w.detach().clone().requires_grad_(True)
+    (x @ ref_w).tanh().sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), ref_w.grad.numpy(), rtol=1e-6)
+    assert len(seen) == 2                           # the forward's and the backward's compile
+    assert seen == [setting == "off_by_env"] * 2
+    assert enabled_after == (setting != "disabled_by_program")

@@ -24,7 +24,7 @@ from typing import Callable
 
 from ..nn.modules.module import Module
 from . import config, _logging, resume
-from .._compile_lock import compile_lock
+from .._compile_lock import compile_lock, gc_paused
 from .._counters import counters, record_fallback
 from .backends.distributed import ddp_optimizer_for
 from .backends.registry import lookup_backend
@@ -194,9 +194,10 @@ class CompiledFunction(CompiledWrapper):
         _thread.tracing += 1
         counters["frames"]["total"] += 1
         try:
-            entry = convert_frame(self.fn, self.code, values, self.backend, one_graph=self.fullgraph,
-                                  dynamic=self.dynamic, cache=cache, compile_resume=self._compile_resume,
-                                  compile_callee=self._compile_callee, stats=self.stats)
+            with gc_paused():
+                entry = convert_frame(self.fn, self.code, values, self.backend, one_graph=self.fullgraph,
+                                      dynamic=self.dynamic, cache=cache, compile_resume=self._compile_resume,
+                                      compile_callee=self._compile_callee, stats=self.stats)
         except SkipFrame as e:
             self._record_skip(e)
             cache.skip = e.permanent

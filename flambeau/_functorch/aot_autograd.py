@@ -36,7 +36,7 @@ backends use (compile once for these inputs).
 from __future__ import annotations
 
 from .. import _logging, _state
-from .._compile_lock import compile_lock
+from .._compile_lock import compile_lock, gc_paused
 
 from typing import Callable
 
@@ -490,7 +490,8 @@ class _TrainingRuntime:
         with compile_lock:
             hit = self.compiled_bw.get(absent)
             if hit is None:
-                hit = self.compiled_bw[absent] = self._compile_backward(absent, saved, tangents)
+                with gc_paused():
+                    hit = self.compiled_bw[absent] = self._compile_backward(absent, saved, tangents)
         return hit
 
     def _compile_backward(self, absent: frozenset, saved: list, tangents: list) -> tuple:
