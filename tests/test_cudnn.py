@@ -187,6 +187,7 @@ def test_bfloat16_runs_in_cudnn_without_casts(xs, ws, kw, monkeypatch):
     seen = []
     real = cudnn._plan
     monkeypatch.setattr(cudnn, "_plan", lambda kind, *a: seen.append((kind, a[7])) or real(kind, *a))
+    monkeypatch.setattr(cudnn, "_calls", {})          # (a call remembered from an earlier test makes no plan)
     res = []
     for m in (torch, flambeau):
         xt = m.tensor(x, device="cuda").to(m.bfloat16).requires_grad_()

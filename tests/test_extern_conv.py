@@ -94,6 +94,7 @@ def fake_cuda(monkeypatch):
         plans.append(kind)
         return _FakePlan(kind, xs, ws, ys, st, pad, dil, groups)
     monkeypatch.setattr(cudnn, "_plan", plan)
+    monkeypatch.setattr(cudnn, "_calls", {})               # (calls remembered with these fakes stay here)
     monkeypatch.setattr(cudnn, "available", lambda: True)
     monkeypatch.setattr(cudnn, "_supported", lambda a, b: True)
     monkeypatch.setattr(cudnn, "_handle", lambda *a: None)
@@ -219,6 +220,83 @@ def test_a_first_call_that_copied_an_operand_is_not_planned(fake_cuda):
     got = fn(*[_dev(a) for a in arrays])
     np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5)
     assert extern_conv.stats["planned"] == before["planned"] and extern_conv.stats["eager"] == before["eager"] + 2
+
+
+def _channels_last(a) -> DevArray:
+    """A channels-last (NHWC-packed) device copy of NCHW array `a`."""
+    out = np.empty((a.shape[0],) + a.shape[2:] + (a.shape[1],), a.dtype).view(DevArray).transpose(0, 3, 1, 2)
+    out[...] = a
+    return out
+
+
+def test_eager_cudnn_calls_remember_their_layout_and_plan(fake_cuda, monkeypatch):
+    """cudnn.forward / backward_data / backward_filter remember a call's layout, result shape and plan
+    (`cudnn._calls`): the same call again makes no plan and skips the checks (`_supported` not called),
+    with PyTorch's values each time. An operand in another layout (channels-last: an NHWC result), a
+    changed flag, other parameters are other calls (their own plan); a misaligned operand (same layout)
+    takes the full path, which copies it aligned, each time."""
+    xp, plans = fake_cuda
+    checked = []
+    monkeypatch.setattr(cudnn, "_supported", lambda a, b: checked.append(1) or True)
+    x, w, gy = _rand(2, 4, 9, 9), _rand(6, 4, 3, 3, seed=1), _rand(2, 6, 5, 5, seed=3)
+    st, pad, dil = (2, 2), (1, 1), (1, 1)
+    T = lambda a: torch.from_numpy(np.asarray(a)).double()          # noqa: E731
+    ref = [torch.nn.functional.conv2d(T(x), T(w), None, st, pad, dil).numpy(),
+           torch.nn.grad.conv2d_input(x.shape, T(w), T(gy), st, pad, dil).numpy(),
+           torch.nn.grad.conv2d_weight(T(x), w.shape, T(gy), st, pad, dil).numpy()]
+
+    def three(xd, wd, gyd):
+        return [cudnn.forward(xd, wd, None, st, pad, dil, 1), cudnn.backward_data(gyd, wd, st, pad, dil, 1, (9, 9)),
+                cudnn.backward_filter(xd, gyd, w.shape, st, pad, dil, 1)]
+    xd, wd, gyd = _dev(x), _dev(w), _dev(gy)
+    for _ in range(3):
+        for got, want in zip(three(xd, wd, gyd), ref):
+            assert got.flags.c_contiguous
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    assert plans == ["forward", "backward_data", "backward_filter"] and len(checked) == 3
+    for _ in range(2):                                   # channels-last operands: NHWC results, their own plans
+        for got, want in zip(three(_channels_last(x), _channels_last(w), _channels_last(gy)), ref):
+            assert not got.flags.c_contiguous and got.strides[1] == got.itemsize
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    assert len(plans) == 6 and len(checked) == 6
+    raw = np.empty(x.size + 1, np.float32).view(DevArray)
+    x_off = raw[1:].reshape(x.shape)
+    x_off[...] = x
+    copies = cudnn.copies["forward"]
+    for _ in range(2):
+        np.testing.assert_allclose(np.asarray(cudnn.forward(x_off, wd, None, st, pad, dil, 1)), ref[0], rtol=1e-5,
+                                   atol=1e-5)
+    assert cudnn.copies["forward"] == copies + 2 and len(checked) == 8
+    monkeypatch.setattr(cudnn, "allow_tf32", not cudnn.allow_tf32)
+    three(xd, wd, gyd)
+    three(xd, wd, gyd)
+    assert len(plans) == 9 + 2 and len(checked) == 11          # (the misaligned calls made plans too)
+    for _ in range(2):
+        got = cudnn.forward(xd, wd, None, st, (0, 0), dil, 1)
+    np.testing.assert_allclose(np.asarray(got), torch.nn.functional.conv2d(T(x), T(w), None, st).numpy(), rtol=1e-5,
+                               atol=1e-5)
+    assert len(plans) == 12 and len(checked) == 12
+
+
+def test_eager_convolution_kernels_make_no_astype_calls_on_cuda(fake_cuda, monkeypatch):
+    """The eager kernels of `convolution` (forward, transposed) and `_convolution_weight_grad` on cuda
+    operands of one dtype call no `astype` (a no-op cast costs a CuPy call each: six a convolution's
+    training step), and give PyTorch's values."""
+    xp, plans = fake_cuda
+    cast = []
+    monkeypatch.setattr(DevArray, "astype", lambda self, *a, **k: cast.append(a) or np.ndarray.astype(self, *a, **k),
+                        raising=False)
+    x, w, gy = _rand(2, 4, 9, 9), _rand(6, 4, 3, 3, seed=1), _rand(2, 6, 5, 5, seed=3)
+    st, pad, dil = (2, 2), (1, 1), (1, 1)
+    T = lambda a: torch.from_numpy(np.asarray(a)).double()          # noqa: E731
+    y = nn_conv.convolution.kernel(xp, _dev(x), _dev(w), None, st, pad, dil, False, (0, 0), 1)
+    gx = nn_conv.convolution.kernel(xp, _dev(gy), _dev(w), None, st, pad, dil, True, (0, 0), 1)
+    gw = nn_conv._convolution_weight_grad.kernel(xp, _dev(x), _dev(gy), w.shape, st, pad, dil, 1)
+    assert cast == [] and plans == ["forward", "backward_data", "backward_filter"]
+    for got, want in ((y, torch.nn.functional.conv2d(T(x), T(w), None, st, pad, dil)),
+                      (gx, torch.nn.grad.conv2d_input(x.shape, T(w), T(gy), st, pad, dil)),
+                      (gw, torch.nn.grad.conv2d_weight(T(x), w.shape, T(gy), st, pad, dil))):
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_a_planned_convolution_reads_a_views_pointer_without_making_the_view(fake_cuda, monkeypatch):

@@ -331,6 +331,28 @@ def test_suggest_memory_format_is_c10s(shape, perm):
     assert (a.to(memory_format=getattr(flambeau, fmt)) is a) == (want == fmt)
 
 
+def test_suggest_memory_format_is_remembered_per_layout(monkeypatch):
+    """An array's (or a tensor's array's) suggested format is remembered per (shape, strides, itemsize):
+    asked again, the strides are not read again (`_channels_last_like` not called), and layouts that
+    share a shape keep their own answers, PyTorch's (`to(memory_format=)` returns the tensor itself)."""
+    from flambeau._ops import memory_format as M
+    monkeypatch.setattr(M, "_SUGGESTED", {})
+    read = []
+    real = M._channels_last_like
+    monkeypatch.setattr(M, "_channels_last_like", lambda shape, st: read.append(shape) or real(shape, st))
+    layouts = [((2, 3, 4, 5), (0, 1, 2, 3)), ((2, 3, 4, 5), (0, 2, 3, 1)), ((2, 3, 1, 1), (0, 2, 3, 1)),
+               ((2, 3, 1, 1), (0, 1, 2, 3)), ((2, 3, 4, 5), (1, 0, 2, 3))]
+    for _ in range(3):
+        for shape, perm in layouts:
+            f, t = _pair(tuple(shape[p] for p in perm))
+            inv = [int(i) for i in np.argsort(perm)]
+            a, b = f.permute(*inv), t.permute(*inv)
+            want = "channels_last" if b.to(memory_format=torch.channels_last) is b else "contiguous_format"
+            assert suggest_memory_format(a) is getattr(flambeau, want), (shape, perm)
+            assert suggest_memory_format(a._data) is getattr(flambeau, want), (shape, perm)
+    assert len(read) == len(layouts)              # once per layout
+
+
 def test_conv_format_is_input_or_weight():
     x, w = flambeau.randn(2, 3, 5, 5), flambeau.randn(4, 3, 3, 3)
     cl = flambeau.channels_last

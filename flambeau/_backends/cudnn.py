@@ -777,12 +777,15 @@ def run_pointers(kind, plan, pa: int, pb: int, pout: int, dev: int, stream: int)
     calls[kind] += 1
 
 
-def _run(kind, plan, a, b, out):
-    """Run one convolution call: `a`, `b` the two inputs in the call's order, `out` the result."""
+def _run(kind, plan, a, b, out, dev=None):
+    """Run one convolution call: `a`, `b` the two inputs in the call's order, `out` the result; `dev`
+    the current device when the caller has read it."""
     if _recorded:
         _recorded[-1].append((kind, plan, a, b, out))
     if isinstance(plan, _GraphPlan):
-        dev, stream = _device_id(), _current_stream()
+        if dev is None:
+            dev = _device_id()
+        stream = _current_stream()
         plan.execute(_handle(dev, stream), plan.roles(a.data.ptr, b.data.ptr, out.data.ptr), dev, stream)
         calls[kind] += 1
         return out
@@ -799,6 +802,46 @@ def _run(kind, plan, a, b, out):
 
 
 # ---- the three convolutions ----------------------------------------------------------------------
+# A call's layout, result shape and plan follow from what `_call_key` holds; a training loop repeats
+# each call every step, so the three entry points remember them (`_calls`) for a call that needed no
+# copy, and a repeated call is one dict hit, the device and alignment checks on its operands, the
+# result's allocation and `_run` (about a third of the full path's Python, bench/eager_conv_host.py).
+_calls: dict = {}
+_MAX_CALLS = 4096
+
+
+def _call_key(kind, a, b, extra, stride, padding, dilation, groups, channels_last, dev):
+    """What decides a call's layout, result shape and plan: both operands' types, shapes, strides and
+    dtypes, the parameters (`extra`: the result's shape where it is not implied), the flags, the device."""
+    return (kind, type(a), type(b), a.shape, a.strides, b.shape, b.strides, a.dtype, b.dtype, extra, stride,
+            padding, dilation, groups, channels_last, allow_tf32, deterministic, benchmark, use_graph_api, dev)
+
+
+def _remembered(key, a, b, dev):
+    """(channels_last, result shape, plan) of a call seen before, when both operands are on device
+    `dev` and 16-byte aligned (their layout is in `key`); None: take the full path."""
+    try:
+        hit = _calls.get(key)
+    except TypeError:                 # parameters given as lists
+        return None
+    if hit is None:
+        return None
+    da, db = a.data, b.data
+    if da.device_id != dev or db.device_id != dev or da.ptr % _ALIGNMENT or db.ptr % _ALIGNMENT:
+        return None
+    return hit
+
+
+def _remember(key, entry) -> None:
+    try:
+        hash(key)
+    except TypeError:
+        return
+    if len(_calls) >= _MAX_CALLS:
+        _calls.clear()
+    _calls[key] = entry
+
+
 def _call_layout(channels_last, *arrays) -> bool:
     """Whether a call runs channels-last: asked for, or an operand is (4-d/5-d only)."""
     if arrays[0].ndim not in (4, 5):
@@ -810,20 +853,37 @@ def forward(x, w, bias, stride, padding, dilation, groups, channels_last=False):
     """y = conv(x, w) + bias (cross-correlation, PyTorch's convolution), or None when cuDNN does not
     take this case (the caller then uses its own kernel). `channels_last`: y packed NHWC (see the
     module docstring)."""
-    if not (available() and _supported(x, w) and w.ndim == x.ndim):
+    if not enabled:
         return None
-    st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
-    y_shape = _out_shape(x.shape, w.shape, st, pad, dil)
-    if any(s <= 0 for s in y_shape[2:]):
-        return None
-    cl = _call_layout(channels_last, x, w)
-    x, w = _ready(x, cl, "forward"), _ready(w, cl, "forward")
-    y = _empty(y_shape, x.dtype, cl)
-    plan = _plan("forward", x.shape, w.shape, y_shape, st, pad, dil, groups, _dtype_name(x.dtype),
-                 lambda: (x.data.ptr, w.data.ptr, y.data.ptr), cl)
-    if plan is None:
-        return None
-    _run("forward", plan, x, w, y)
+    key = hit = None
+    if _calls:
+        dev = _device_id()
+        key = _call_key("forward", x, w, None, stride, padding, dilation, groups, channels_last, dev)
+        hit = _remembered(key, x, w, dev)
+    if hit is not None:
+        cl, y_shape, plan = hit
+        y = _empty(y_shape, x.dtype, cl)
+        _run("forward", plan, x, w, y, dev)
+    else:
+        if not (available() and _supported(x, w) and w.ndim == x.ndim):
+            return None
+        if key is None:
+            key = _call_key("forward", x, w, None, stride, padding, dilation, groups, channels_last, _device_id())
+        st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
+        y_shape = _out_shape(x.shape, w.shape, st, pad, dil)
+        if any(s <= 0 for s in y_shape[2:]):
+            return None
+        cl = _call_layout(channels_last, x, w)
+        x0, w0 = x, w
+        x, w = _ready(x, cl, "forward"), _ready(w, cl, "forward")
+        y = _empty(y_shape, x.dtype, cl)
+        plan = _plan("forward", x.shape, w.shape, y_shape, st, pad, dil, groups, _dtype_name(x.dtype),
+                     lambda: (x.data.ptr, w.data.ptr, y.data.ptr), cl)
+        if plan is None:
+            return None
+        _run("forward", plan, x, w, y)
+        if x is x0 and w is w0:
+            _remember(key, (cl, y_shape, plan))
     if bias is not None:
         y += bias.reshape((1, -1) + (1,) * (y.ndim - 2))
     return y
@@ -832,36 +892,71 @@ def forward(x, w, bias, stride, padding, dilation, groups, channels_last=False):
 def backward_data(gy, w, stride, padding, dilation, groups, size, channels_last=False):
     """The input gradient of conv (the transposed convolution): gy (N, O, *out) with w (O, Cg, *k)
     -> (N, Cg*groups, *size), or None when cuDNN does not take this case."""
+    if not enabled:
+        return None
+    key = hit = None
+    if _calls:
+        dev = _device_id()
+        key = _call_key("backward_data", gy, w, size, stride, padding, dilation, groups, channels_last, dev)
+        hit = _remembered(key, gy, w, dev)
+    if hit is not None:
+        cl, x_shape, plan = hit
+        gx = _empty(x_shape, gy.dtype, cl)
+        return _run("backward_data", plan, w, gy, gx, dev)
     if not (available() and _supported(gy, w) and w.ndim == gy.ndim):
         return None
+    if key is None:
+        key = _call_key("backward_data", gy, w, size, stride, padding, dilation, groups, channels_last, _device_id())
     st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
     x_shape = (gy.shape[0], w.shape[1] * groups) + tuple(size)
     if _out_shape(x_shape, w.shape, st, pad, dil) != tuple(gy.shape) or math.prod(x_shape) >= (1 << 31):
         return None
     cl = _call_layout(channels_last, gy, w)
+    gy0, w0 = gy, w
     gy, w = _ready(gy, cl, "backward_data"), _ready(w, cl, "backward_data")
     gx = _empty(x_shape, gy.dtype, cl)
     plan = _plan("backward_data", x_shape, w.shape, gy.shape, st, pad, dil, groups, _dtype_name(gy.dtype),
                  lambda: (w.data.ptr, gy.data.ptr, gx.data.ptr), cl)
     if plan is None:
         return None
-    return _run("backward_data", plan, w, gy, gx)
+    _run("backward_data", plan, w, gy, gx)
+    if gy is gy0 and w is w0:
+        _remember(key, (cl, x_shape, plan))
+    return gx
 
 
 def backward_filter(x, gy, w_shape, stride, padding, dilation, groups, channels_last=False):
     """The weight gradient of conv: x (N, C, *S), gy (N, O, *out) -> (O, C/groups, *k), or None when
     cuDNN does not take this case."""
+    if not enabled:
+        return None
+    key = hit = None
+    if _calls:
+        dev = _device_id()
+        key = _call_key("backward_filter", x, gy, w_shape, stride, padding, dilation, groups, channels_last, dev)
+        hit = _remembered(key, x, gy, dev)
+    if hit is not None:
+        cl, w_shape, plan = hit
+        gw = _empty(w_shape, x.dtype, cl)
+        return _run("backward_filter", plan, x, gy, gw, dev)
     if not (available() and _supported(x, gy) and len(w_shape) == x.ndim == gy.ndim):
         return None
+    if key is None:
+        key = _call_key("backward_filter", x, gy, w_shape, stride, padding, dilation, groups, channels_last,
+                        _device_id())
     st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
     w_shape = tuple(w_shape)
     if _out_shape(x.shape, w_shape, st, pad, dil) != tuple(gy.shape):
         return None
     cl = _call_layout(channels_last, x, gy)
+    x0, gy0 = x, gy
     x, gy = _ready(x, cl, "backward_filter"), _ready(gy, cl, "backward_filter")
     gw = _empty(w_shape, x.dtype, cl)
     plan = _plan("backward_filter", x.shape, w_shape, gy.shape, st, pad, dil, groups, _dtype_name(x.dtype),
                  lambda: (x.data.ptr, gy.data.ptr, gw.data.ptr), cl)
     if plan is None:
         return None
-    return _run("backward_filter", plan, x, gy, gw)
+    _run("backward_filter", plan, x, gy, gw)
+    if x is x0 and gy is gy0:
+        _remember(key, (cl, w_shape, plan))
+    return gw

@@ -1,0 +1,169 @@
+"""Host cost of an eager cuda convolution's Python, measured on CPU (issue 11, eager GPU speed).
+
+The eager ResNet-50 training step on an H100 is host-bound; this times the Python of its convolution
+calls with cuDNN and CuPy faked: CuPy arrays are NumPy arrays with CuPy's `.data.ptr`/`.device_id`, the
+cuDNN library is Python functions that succeed (counted), a graph plan is made without cuDNN (its
+`execute` is the real one, over the fake library). One JSON object per line, `us_per_call` the median
+of `--repeats` timeit runs over ResNet-50's convolution geometries (B 64, bf16, NCHW):
+
+- `memory_format`: `conv_memory_format(input, weight, on_cuda=True)` on arrays and on Tensors;
+- `cudnn_forward`, `cudnn_backward_data`, `cudnn_backward_filter`: one call of cudnn.forward / backward_data
+  / backward_filter (plan already made), `lib_calls` the fake library's calls per call;
+- `conv_kernel`, `weight_grad_kernel`: the eager kernels of `convolution` and `_convolution_weight_grad`
+  (`_ops/nn_conv.py`) on the fake cuda arrays, cuDNN path.
+
+Compare two checkouts by running this same script against each, alternating (the box is loaded):
+
+    PYTHONPATH=/path/to/tree python3 bench/eager_conv_host.py
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+import timeit
+import types
+
+import ml_dtypes
+import numpy as np
+
+import flambeau as fl
+from flambeau import _backends
+from flambeau._backends import cudnn
+from flambeau._ops import memory_format, nn_conv
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+# ResNet-50's distinct convolutions: (cin, cout, k, stride, input size), as bench/gpu_models.resnet50
+GEOMETRIES = [(3, 64, 7, 2, 224), (64, 64, 1, 1, 56), (64, 64, 3, 1, 56), (64, 256, 1, 1, 56),
+              (256, 128, 1, 1, 56), (128, 128, 3, 2, 56), (128, 512, 1, 1, 28), (256, 512, 1, 2, 56),
+              (512, 256, 1, 1, 28), (256, 256, 3, 2, 28), (256, 1024, 1, 1, 14), (1024, 512, 1, 1, 14),
+              (512, 512, 3, 1, 7)]
+
+
+class DevArray(np.ndarray):
+    """A NumPy array with CuPy's `.data.ptr` / `.data.device_id`."""
+
+    @property
+    def data(self):            # read once per array (CuPy's `.data` is a C attribute: cheap)
+        d = self.__dict__.get("_data")
+        if d is None:
+            d = self.__dict__["_data"] = types.SimpleNamespace(ptr=self.ctypes.data, device_id=0)
+        return d
+
+
+_BLOCK = np.empty(1 << 27, np.uint8)     # what a new array of the fake CuPy takes: as CuPy's pool in a
+                                         # training loop, the same block call after call
+
+
+def _empty(shape, dtype=np.float32):
+    return np.ndarray(shape, dtype, buffer=_BLOCK).view(DevArray)
+
+
+def _input(shape, dtype):
+    return np.empty(shape, dtype).view(DevArray)
+
+
+class FakeLib:
+    """cuDNN's entry points as Python functions that succeed; `calls` counts them."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __getattr__(self, name):
+        if not name.startswith("cudnn"):
+            raise AttributeError(name)
+
+        def fn(*args):
+            self.calls += 1
+            return 0
+        fn.__name__ = name
+        setattr(self, name, fn)
+        return fn
+
+
+def _fake_plan_init(self, x_shape, w_shape, y_shape, st, pad, dil, dtype, kind, h, ptrs=None, channels_last=False):
+    self.lib, self.kind, self.descs = cudnn._state["lib"], kind, []
+    self.scalar = "f"
+    self.uids = (ctypes.c_int64 * 3)(1, 2, 3)
+    self.plan, self.ws = ctypes.c_void_p(1), 1 << 20
+
+
+def install_fakes():
+    """Fake CuPy and cuDNN in place (for the rest of the process)."""
+    xp = types.ModuleType("cupy")
+    xp.ndarray, xp.empty, xp.float32, xp.uint8 = DevArray, _empty, np.float32, np.uint8
+    xp.ascontiguousarray = lambda a: a if a.flags.c_contiguous else np.ascontiguousarray(a).view(DevArray)
+    xp.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0),
+                                    device=types.SimpleNamespace(get_device_id=lambda: 0),
+                                    runtime=types.SimpleNamespace(getDevice=lambda: 0))
+    xp.lib = np.lib
+    sys.modules["cupy"] = xp
+    _backends._cupy_namespace[0] = xp
+    lib = FakeLib()
+    cudnn._state.update(lib=lib, tried=True)
+    cudnn._GraphPlan.__init__ = _fake_plan_init
+    cudnn._GraphPlan.__del__ = lambda self: None
+    cudnn.cudnn_version = 90000
+    return xp, lib
+
+
+def _median(fn, number, repeats) -> float:
+    return sorted(timeit.repeat(fn, number=number, repeat=repeats))[repeats // 2] / number * 1e6
+
+
+def _cases(dtype=BF16, n=64):
+    out = []
+    for cin, cout, k, s, size in GEOMETRIES:
+        x = _input((n, cin, size, size), dtype)
+        w = _input((cout, cin, k, k), dtype)
+        st, pad, dil = (s, s), (k // 2, k // 2), (1, 1)
+        osz = (size + 2 * (k // 2) - k) // s + 1
+        gy = _input((n, cout, osz, osz), dtype)
+        out.append((x, w, gy, st, pad, dil))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--number", type=int, default=200)
+    args = ap.parse_args()
+    xp, lib = install_fakes()
+    cases = _cases()
+    R, N = args.repeats, args.number
+    rows = []
+
+    def each(fn):
+        return lambda: [fn(*c) for c in cases]
+
+    dev = fl.device("cuda")
+    tensors = [(fl.Tensor._make(x, dev), fl.Tensor._make(w, dev)) for x, w, *_ in cases]
+    rows.append(("memory_format", "arrays", each(lambda x, w, *r: memory_format.conv_memory_format(x, w, True))))
+    rows.append(("memory_format", "tensors",
+                 lambda: [memory_format.conv_memory_format(x, w, True) for x, w in tensors]))
+    rows.append(("cudnn_forward", "", each(lambda x, w, gy, st, pad, dil: cudnn.forward(x, w, None, st, pad, dil, 1))))
+    rows.append(("cudnn_backward_data", "", each(
+        lambda x, w, gy, st, pad, dil: cudnn.backward_data(gy, w, st, pad, dil, 1, x.shape[2:]))))
+    rows.append(("cudnn_backward_filter", "", each(
+        lambda x, w, gy, st, pad, dil: cudnn.backward_filter(x, gy, w.shape, st, pad, dil, 1))))
+    conv, wgrad = nn_conv.convolution.kernel, nn_conv._convolution_weight_grad.kernel
+    rows.append(("conv_kernel", "forward", each(
+        lambda x, w, gy, st, pad, dil: conv(xp, x, w, None, st, pad, dil, False, (0, 0), 1))))
+    rows.append(("conv_kernel", "transposed", each(
+        lambda x, w, gy, st, pad, dil: conv(xp, gy, w, None, st, pad, dil, True,
+                                            nn_conv._adjoint_output_padding(x.shape[2:], gy.shape[2:], w.shape[2:],
+                                                                            st, pad, dil), 1))))
+    rows.append(("weight_grad_kernel", "", each(
+        lambda x, w, gy, st, pad, dil: wgrad(xp, x, gy, w.shape, st, pad, dil, 1))))
+    for bench, variant, fn in rows:
+        fn()                                         # plans, caches
+        before = lib.calls
+        fn()
+        per = (lib.calls - before) / len(cases)
+        us = _median(fn, max(1, N // len(cases)), R) / len(cases)
+        print(json.dumps({"bench": bench, "variant": variant, "us_per_call": round(us, 3), "lib_calls": per}))
+
+
+if __name__ == "__main__":
+    main()
