@@ -4,13 +4,16 @@ The eager ResNet-50 training step on an H100 is host-bound; this times the Pytho
 calls with cuDNN and CuPy faked: CuPy arrays are NumPy arrays with CuPy's `.data.ptr`/`.device_id`, the
 cuDNN library is Python functions that succeed (counted), a graph plan is made without cuDNN (its
 `execute` is the real one, over the fake library). One JSON object per line, `us_per_call` the median
-of `--repeats` timeit runs over ResNet-50's convolution geometries (B 64, bf16, NCHW):
+of `--repeats` timeit runs (CPU time of the process) over ResNet-50's convolution geometries (B 64, bf16, NCHW):
 
 - `memory_format`: `conv_memory_format(input, weight, on_cuda=True)` on arrays and on Tensors;
 - `cudnn_forward`, `cudnn_backward_data`, `cudnn_backward_filter`: one call of cudnn.forward / backward_data
   / backward_filter (plan already made), `lib_calls` the fake library's calls per call;
 - `conv_kernel`, `weight_grad_kernel`: the eager kernels of `convolution` and `_convolution_weight_grad`
-  (`_ops/nn_conv.py`) on the fake cuda arrays, cuDNN path.
+  (`_ops/nn_conv.py`) on the fake cuda arrays, cuDNN path;
+- `conv_derivative`: the convolution's derivative (input and weight gradients: two convolution calls) in
+  a backward without create_graph on the fake cuda tensors, `direct` as it runs (`direct_device`: the
+  kernels on the arrays, where the tree has it) and `dispatched` with `direct_device` answering None.
 
 Compare two checkouts by running this same script against each, alternating (the box is loaded):
 
@@ -22,6 +25,7 @@ import argparse
 import ctypes
 import json
 import sys
+import time
 import timeit
 import types
 
@@ -109,7 +113,9 @@ def install_fakes():
 
 
 def _median(fn, number, repeats) -> float:
-    return sorted(timeit.repeat(fn, number=number, repeat=repeats))[repeats // 2] / number * 1e6
+    """Median us per call of CPU time of this process (on a loaded box wall time counts other processes)."""
+    t = timeit.Timer(fn, timer=time.process_time)
+    return sorted(t.repeat(number=number, repeat=repeats))[repeats // 2] / number * 1e6
 
 
 def _cases(dtype=BF16, n=64):
@@ -122,6 +128,32 @@ def _cases(dtype=BF16, n=64):
         gy = _input((n, cout, osz, osz), dtype)
         out.append((x, w, gy, st, pad, dil))
     return out
+
+
+def _derivative_rows(cases):
+    """The derivative on the fake cuda tensors of `cases` (see `main`), as it runs and dispatched."""
+    from flambeau import _dispatch
+    from flambeau._ops import _helpers
+    dev = fl.device("cuda")
+    _backends.array_namespaces["cuda"] = sys.modules["cupy"]
+    _dispatch.device_array_types.add(DevArray)
+    deriv = nn_conv.convolution.derivative
+    tensors = [tuple(fl.Tensor._make(a, dev) for a in (gy, x, w)) + (st, pad, dil) for x, w, gy, st, pad, dil in cases]
+
+    def call():
+        with fl.no_grad():
+            for g, x, w, st, pad, dil in tensors:
+                deriv(g, x, w, None, st, pad, dil, False, 1, (True, True, False))
+    mod = nn_conv if hasattr(nn_conv, "direct_device") else _helpers
+
+    def dispatched():
+        real = getattr(mod, "direct_device", None)
+        mod.direct_device = lambda *ts: None
+        try:
+            call()
+        finally:
+            mod.direct_device = real
+    return [("conv_derivative", "direct", call), ("conv_derivative", "dispatched", dispatched)]
 
 
 def main():
@@ -156,6 +188,7 @@ def main():
                                                                             st, pad, dil), 1))))
     rows.append(("weight_grad_kernel", "", each(
         lambda x, w, gy, st, pad, dil: wgrad(xp, x, gy, w.shape, st, pad, dil, 1))))
+    rows += _derivative_rows(cases)
     for bench, variant, fn in rows:
         fn()                                         # plans, caches
         before = lib.calls

@@ -280,3 +280,94 @@ def test_reduction_backward_on_arrays_equals_the_dispatched_derivative_and_pytor
     assert not {"unsqueeze", "expand"} & set(fast), fast
     assert "expand" in slow, slow
     _same_grads(got, ref, run(torch), dict(rtol=1e-12, atol=1e-12))
+
+
+# ---- the convolution's backward ----------------------------------------------------------------------
+_CONV_CASES = {  # x shape, w shape, bias, kwargs, transposed
+    "3x3_stride2": ((2, 4, 9, 9), (6, 4, 3, 3), False, dict(stride=2, padding=1), False),
+    "1x1_bias": ((2, 4, 5, 5), (6, 4, 1, 1), True, {}, False),
+    "groups_dilation": ((2, 4, 9, 9), (6, 2, 3, 3), False, dict(padding=2, dilation=2, groups=2), False),
+    "transposed": ((2, 4, 5, 5), (4, 3, 3, 3), True, dict(stride=2, padding=1, output_padding=1), True),
+}
+
+
+def _conv_grads(m, arrays, case, channels_last=False, device="cpu", dtype="float64"):
+    xs, ws, has_b, kw, transposed = _CONV_CASES[case]
+    x, w, b, g = arrays
+    dt = getattr(m, dtype)
+    ts = [m.tensor(a, device=device).to(dt).requires_grad_() for a in (x, w) + ((b,) if has_b else ())]
+    if channels_last:
+        ts[0] = ts[0].detach().contiguous(memory_format=m.channels_last).requires_grad_()
+    fn = m.nn.functional.conv_transpose2d if transposed else m.nn.functional.conv2d
+    out = fn(ts[0], ts[1], ts[2] if has_b else None, **kw)
+    out.backward(m.tensor(g, device=device).to(dt))
+    return [t.grad for t in ts]
+
+
+def _conv_case(case, channels_last, device="cpu", dtype="float64"):
+    """(flambeau's gradients, the dispatched derivative's, PyTorch's, ops dispatched in each flambeau run)."""
+    from flambeau._ops import nn_conv
+    xs, ws, has_b, kw, transposed = _CONV_CASES[case]
+    rng = np.random.default_rng(0)
+    x, w, b = rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[1] if transposed else ws[0])
+    with torch.no_grad():
+        fn = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
+        g = rng.standard_normal(tuple(fn(torch.tensor(x), torch.tensor(w), None, **kw).shape))
+    arrays = (x, w, b, g)
+    with _Names() as fast:
+        got = _conv_grads(flambeau, arrays, case, channels_last, device, dtype)
+    orig = nn_conv.direct_device
+    nn_conv.direct_device = lambda *ts: None         # the dispatched derivative
+    try:
+        with _Names() as slow:
+            ref = _conv_grads(flambeau, arrays, case, channels_last, device, dtype)
+    finally:
+        nn_conv.direct_device = orig
+    return got, ref, _conv_grads(torch, arrays, case, channels_last, device, dtype), fast.names, slow.names
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("case", list(_CONV_CASES))
+def test_conv_backward_on_arrays_equals_the_dispatched_derivative_and_pytorch(case, channels_last):
+    """The convolution's derivative runs its input- and weight-gradient kernels on the arrays in a backward
+    without create_graph: no `convolution` or `_convolution_weight_grad` reaches the dispatcher there, and
+    the gradients (values and layouts) equal the dispatched derivative's, bit for bit, and PyTorch's (the
+    strides of dims of size 1 aside)."""
+    got, ref, want, fast, slow = _conv_case(case, channels_last)
+    assert fast.count("convolution") == 1 and "_convolution_weight_grad" not in fast, fast     # (the forward's)
+    assert slow.count("convolution") == 2 and "_convolution_weight_grad" in slow, slow
+    for f, r, t in zip(got, ref, want):
+        assert f.stride() == r.stride()
+        assert [s for s, n in zip(f.stride(), f.shape) if n != 1] == [s for s, n in zip(t.stride(), t.shape) if n != 1]
+        np.testing.assert_array_equal(f.numpy(), r.numpy())
+        np.testing.assert_allclose(f.numpy(), t.numpy(), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("case", list(_CONV_CASES))
+def test_conv_backward_on_cuda_arrays_equals_the_dispatched_derivative_and_pytorch(case, channels_last, dtype):
+    from flambeau.backends import cudnn
+    with cudnn.flags(deterministic=True):
+        got, ref, want, fast, slow = _conv_case(case, channels_last, "cuda", dtype)
+    assert fast.count("convolution") == 1 and "_convolution_weight_grad" not in fast, fast
+    for f, r, t in zip(got, ref, want):
+        assert f.stride() == r.stride() and f.dtype == r.dtype
+        np.testing.assert_array_equal(f.float().cpu().numpy(), r.float().cpu().numpy())
+        np.testing.assert_allclose(f.float().cpu().numpy(), t.float().cpu().numpy(),
+                                   **(dict(rtol=3e-2, atol=5e-2) if dtype == "bfloat16" else dict(rtol=1e-4, atol=1e-4)))
+
+
+def test_conv_double_backward_takes_the_dispatched_path_and_matches_pytorch():
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((2, 3, 6, 6)), rng.standard_normal((4, 3, 3, 3))
+    res = {}
+    for m in (flambeau, torch):
+        X, W = m.tensor(x, requires_grad=True), m.tensor(w, requires_grad=True)
+        out = (m.nn.functional.conv2d(X, W, padding=1) ** 2).sum()
+        gx, gw = m.autograd.grad(out, (X, W), create_graph=True)
+        (gx.square().sum() + gw.square().sum()).backward()
+        res[m.__name__] = [t.detach().numpy() for t in (gx, gw, X.grad, W.grad)]
+    for f, t in zip(res["flambeau"], res["torch"]):
+        np.testing.assert_allclose(f, t, rtol=1e-10, atol=1e-10)

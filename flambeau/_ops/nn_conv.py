@@ -28,7 +28,7 @@ import numpy as np
 from .. import _dtype as D
 from .._backends import cpu_kernels, cudnn, is_cupy
 from ._registry import defop, export, TensorSpec, Tag
-from ._helpers import opmath
+from ._helpers import direct_call, direct_device, opmath
 from .memory_format import as_format, conv_memory_format, meta_strides
 from .._tensor import contiguous_format
 from .._dispatch import type_name
@@ -584,24 +584,37 @@ def _convolution_derivative(grad, input, weight, bias_meta, stride, padding, dil
                             output_mask):
     """Only the gradients `output_mask` asks for (PyTorch's convolution_backward): the first layer of a
     network computes no input gradient. The input and weight gradients take the forward's memory
-    format (channels-last when the input or the weight is), whatever the incoming gradient's."""
+    format (channels-last when the input or the weight is), whatever the incoming gradient's. When
+    nothing observes dispatch (`direct_device`: a backward without create_graph), the two convolution
+    kernels run on the arrays (`direct_call`), skipping two dispatches per layer."""
     nd = weight.ndim - 2
     mf = conv_memory_format(input, weight, input.device.type == "cuda")
     ks = tuple(weight.shape[2:])
     gi = gw = gb = None
+    dev = direct_device(grad, input, weight)
+    if dev is not None:      # nothing observes dispatch (a backward without create_graph): the kernels on the arrays
+        def conv(a, w, *rest):
+            return direct_call(convolution, dev, a._data, w._data, None, *rest)
+
+        def weight_grad(a, g, *rest):
+            return direct_call(_convolution_weight_grad, dev, a._data, g._data, *rest)
+    else:
+        def conv(a, w, *rest):
+            return convolution(a, w, None, *rest)
+        weight_grad = _convolution_weight_grad
     if not transposed:
         if output_mask[0]:
             op = _adjoint_output_padding(input.shape[2:], grad.shape[2:], ks, stride, padding, dilation)
-            gi = convolution(grad, weight, None, stride, padding, dilation, True, op, groups)
+            gi = conv(grad, weight, stride, padding, dilation, True, op, groups)
         if output_mask[1]:
-            gw = _convolution_weight_grad(input, grad, tuple(weight.shape), stride, padding, dilation, groups)
+            gw = weight_grad(input, grad, tuple(weight.shape), stride, padding, dilation, groups)
     else:
         if output_mask[0]:
-            gi = convolution(grad, weight, None, stride, padding, dilation, False, [0] * nd, groups)
+            gi = conv(grad, weight, stride, padding, dilation, False, [0] * nd, groups)
             if tuple(gi.shape[2:]) != tuple(input.shape[2:]):  # output_padding with stride 1: trailing rows unused
                 gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in input.shape[2:])]
         if output_mask[1]:
-            gw = _convolution_weight_grad(grad, input, tuple(weight.shape), stride, padding, dilation, groups)
+            gw = weight_grad(grad, input, tuple(weight.shape), stride, padding, dilation, groups)
     if bias_meta is not None and output_mask[2]:
         gb = grad.sum([0] + list(range(2, grad.ndim)))
     if mf is not contiguous_format:        # (no copy when it already is; symbolic sizes are always contiguous)
