@@ -865,3 +865,19 @@ def test_grad_of_a_deep_chain_settles_the_needed_nodes_in_linear_time(monkeypatc
     (tg,) = torch.autograd.grad(ty.sum(), tx)
     np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1e-6)
     assert 0 < visits[0] <= 3 * 302, visits[0]
+
+
+def test_backward_from_roots_that_feed_each_other_as_pytorch():
+    """Roots where one is computed from another (and outputs sharing a node): each node's gradient count is
+    its consumers' edges once, so every node runs and the gradients are PyTorch's."""
+    res = []
+    for m in BOTH:
+        x = m.tensor([1.5, -2.0, 0.5], requires_grad=True)
+        w = m.tensor([0.5, 3.0, -1.0], requires_grad=True)
+        y = (x * w).sin()
+        z = (y * y).sum()
+        a, b = (y * 2).unbind(0)[:2]
+        m.autograd.backward([y, z, a, b], [m.ones(3), None, m.tensor(2.0), m.tensor(-1.0)])
+        res.append((x.grad, w.grad))
+    for f, t in zip(*res):
+        close(f, t, rtol=1e-6, atol=1e-6)
