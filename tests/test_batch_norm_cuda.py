@@ -165,3 +165,44 @@ def test_bias_gradient_column_sum_on_cuda(dtype, monkeypatch):
     np.testing.assert_allclose(s.double().cpu().numpy(), ref, **tol)
     np.testing.assert_allclose(lin.bias.grad.double().cpu().numpy(), ref, **tol)
     np.testing.assert_allclose(k.double().cpu().numpy()[0], g.double().sum(0).numpy(), **tol)
+
+
+def test_eager_triton_wrappers_find_their_kernels_without_hashing_a_jit_function(monkeypatch):
+    """The BatchNorm and activation wrappers find their compiled kernels by the JITFunction's id: a lookup
+    hashes no JITFunction (its __hash__ is a Python call taking a lock, about a microsecond; a BatchNorm
+    makes four or five lookups each way) and each call launches its own kernel (split and one-program
+    BatchNorm, ReLU both ways, a half-precision add), the same on a second round."""
+    import types
+    from flambeau._backends import triton_batch_norm as BN, triton_launch as TL, triton_pointwise as TP
+    hashed, launched = [], []
+    kernel_type = type(BN._bn_stats)         # JITFunction (InterpretedFunction under TRITON_INTERPRET)
+    real_hash = kernel_type.__hash__
+    monkeypatch.setattr(kernel_type, "__hash__", lambda self: hashed.append(self) or real_hash(self))
+    monkeypatch.setattr(TL, "launch", lambda k, grid, *a: launched.append(k))
+    monkeypatch.setattr(TL, "compile_kernel", lambda fn, sig, const, **kw: (fn.__name__, tuple(sorted(const.items()))))
+    monkeypatch.setattr(TL, "multiprocessors", lambda: 132)
+    monkeypatch.setattr(TL, "current_device", lambda: 0)
+    fake = types.SimpleNamespace(ndarray=lambda shape, dtype: np.empty(shape, dtype))
+    for mod in (BN, TP):
+        monkeypatch.setattr(mod, "cupy", fake)
+        monkeypatch.setattr(mod, "_kernels", {})
+    bf16 = np.dtype(flambeau.bfloat16.np)
+
+    def one_round():
+        launched.clear()
+        for shape in ((4, 8, 64, 64), (4, 200, 8, 8)):             # split kernels; one program per channel
+            C = shape[1]
+            x = np.ones(shape, bf16)
+            w, b, rm, rv = (np.ones(C, np.float32) for _ in range(4))
+            y, mean, rstd = BN.forward(x, w, b, rm, rv, 0.1, 1e-5)
+            BN.backward(y, x, w, b, mean, rstd)
+        x = np.ones((3, 5), bf16)
+        TP.backward(x, TP.forward(x, TP.RELU), TP.RELU)
+        TP.binary(x, x, "add", bf16)
+        return [k[0] for k in launched]
+
+    first = one_round()
+    assert first == ["_bn_stats", "_bn_finalize", "_bn_apply", "_bn_bwd_reduce", "_bn_bwd_finalize", "_bn_bwd_apply",
+                     "_bn_fwd_onchip", "_bn_bwd_onchip", "_act_fwd", "_act_bwd", "_binary"]
+    hashed.clear()
+    assert one_round() == first and hashed == []

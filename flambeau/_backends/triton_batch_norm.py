@@ -394,12 +394,14 @@ def _dt(a):
     return None if a is None else a.dtype
 
 
-_kernels: dict = {}     # (kernel, dtypes and flags, device) -> compiled kernel: a launch builds no signature
+_kernels: dict = {}     # (id of the kernel, dtypes and flags, device) -> compiled kernel: a launch builds no signature
 
 
 def _kernel(fn, key: tuple, make):
-    """The compiled `fn` for `key`; `make()` -> (signature, constexprs, num_warps) on the first use."""
-    full = (fn, key, TL.current_device())
+    """The compiled `fn` for `key`; `make()` -> (signature, constexprs, num_warps) on the first use. The
+    key holds the JITFunction's id (the module keeps each one alive), not the function: hashing a
+    JITFunction is a Python call taking a lock (`cache_key`), about a microsecond a lookup."""
+    full = (id(fn), key, TL.current_device())
     k = _kernels.get(full)
     if k is None:
         sig, const, warps = make()

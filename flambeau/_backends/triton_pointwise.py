@@ -142,10 +142,12 @@ def _sig(names):
 
 
 _kernels: dict = {}     # (direction, dtypes, kind, device) -> compiled kernel, so a launch builds no signature
+# (a key holds a JITFunction's id, which the module keeps alive, not the function: hashing a JITFunction is a
+# Python call taking a lock, `cache_key`, about a microsecond a lookup)
 
 
 def _act_kernel(fn, names, dtypes, kind):
-    key = (fn, dtypes, kind, TL.current_device())
+    key = (id(fn), dtypes, kind, TL.current_device())
     k = _kernels.get(key)
     if k is None:
         k = _kernels[key] = TL.compile_kernel(fn, _sig({n: "*" + TL.type_of(d) for n, d in zip(names, dtypes)}),
@@ -229,7 +231,7 @@ def binary(a, b, op: str, out_dtype):
     arr = b if sa else a
     y = new_like(arr, out_dtype)
     da, db = (b if sa else a).dtype, (a if sb else b).dtype
-    key = (_binary, da, db, y.dtype, op, sa, sb, TL.current_device())
+    key = ("binary", da, db, y.dtype, op, sa, sb, TL.current_device())
     kern = _kernels.get(key)
     if kern is None:
         sig = {"A": "*" + TL.type_of(da), "B": "*" + TL.type_of(db), "Y": "*" + TL.type_of(y.dtype),
