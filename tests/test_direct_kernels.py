@@ -347,8 +347,10 @@ def test_conv_backward_on_arrays_equals_the_dispatched_derivative_and_pytorch(ca
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("case", list(_CONV_CASES))
-def test_conv_backward_on_cuda_arrays_equals_the_dispatched_derivative_and_pytorch(case, channels_last, dtype):
+def test_conv_backward_on_cuda_arrays_equals_the_dispatched_derivative_and_pytorch(case, channels_last, dtype,
+                                                                                    monkeypatch):
     from flambeau.backends import cudnn
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)      # exact float32, as flambeau's here
     with cudnn.flags(deterministic=True):
         got, ref, want, fast, slow = _conv_case(case, channels_last, "cuda", dtype)
     assert fast.count("convolution") == 1 and "_convolution_weight_grad" not in fast, fast
