@@ -46,7 +46,11 @@ GEOMETRIES = [(3, 64, 7, 2, 224), (64, 64, 1, 1, 56), (64, 64, 3, 1, 56), (64, 2
 
 
 class DevArray(np.ndarray):
-    """A NumPy array with CuPy's `.data.ptr` / `.data.device_id`."""
+    """A NumPy array with CuPy's `.data.ptr` / `.data.device_id`; constructed as CuPy's `ndarray(shape,
+    dtype)`, a new array over the kept block (see `_empty`)."""
+
+    def __new__(cls, shape, dtype=np.float32):
+        return np.ndarray(shape, dtype, buffer=_BLOCK).view(cls)
 
     @property
     def data(self):            # read once per array (CuPy's `.data` is a C attribute: cheap)

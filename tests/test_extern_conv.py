@@ -234,10 +234,13 @@ def test_eager_cudnn_calls_remember_their_layout_and_plan(fake_cuda, monkeypatch
     (`cudnn._calls`): the same call again makes no plan and skips the checks (`_supported` not called),
     with PyTorch's values each time. An operand in another layout (channels-last: an NHWC result), a
     changed flag, other parameters are other calls (their own plan); a misaligned operand (same layout)
-    takes the full path, which copies it aligned, each time."""
+    takes the full path, which copies it aligned, each time. Results are made by CuPy's ndarray constructor
+    (`cupy.empty` is a Python function around it: one frame more a convolution)."""
     xp, plans = fake_cuda
     checked = []
     monkeypatch.setattr(cudnn, "_supported", lambda a, b: checked.append(1) or True)
+    # results come from CuPy's ndarray constructor (`cupy.empty` is a Python function around it)
+    monkeypatch.setattr(xp, "empty", lambda *a, **k: pytest.fail("cupy.empty called"))
     x, w, gy = _rand(2, 4, 9, 9), _rand(6, 4, 3, 3, seed=1), _rand(2, 6, 5, 5, seed=3)
     st, pad, dil = (2, 2), (1, 1), (1, 1)
     T = lambda a: torch.from_numpy(np.asarray(a)).double()          # noqa: E731

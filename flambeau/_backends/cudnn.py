@@ -664,12 +664,13 @@ def _is_channels_last(a) -> bool:
 
 
 def _empty(shape, dtype, channels_last: bool):
-    """A new CuPy array packed in the call's layout."""
+    """A new CuPy array packed in the call's layout (the `ndarray` constructor: `cupy.empty` is a Python
+    function around it, one frame more per convolution)."""
     import cupy  # deferred: optional dependency, present only where cuda is used
     if not channels_last:
-        return cupy.empty(shape, dtype)
+        return cupy.ndarray(shape, dtype)
     nd = len(shape)
-    packed = cupy.empty((shape[0],) + tuple(shape[2:]) + (shape[1],), dtype)     # N, *spatial, C
+    packed = cupy.ndarray((shape[0],) + tuple(shape[2:]) + (shape[1],), dtype)     # N, *spatial, C
     return packed.transpose((0, nd - 1) + tuple(range(1, nd - 1)))
 
 
