@@ -171,7 +171,9 @@ def test_eager_triton_wrappers_find_their_kernels_without_hashing_a_jit_function
     """The BatchNorm and activation wrappers find their compiled kernels by the JITFunction's id: a lookup
     hashes no JITFunction (its __hash__ is a Python call taking a lock, about a microsecond; a BatchNorm
     makes four or five lookups each way) and each call launches its own kernel (split and one-program
-    BatchNorm, ReLU both ways, a half-precision add), the same on a second round."""
+    BatchNorm, ReLU both ways, a half-precision add), the same on a second round. A BatchNorm call's
+    launches are planned once per layout and dtypes (`_plans`); an input that needs a copy is planned
+    each call."""
     import types
     from flambeau._backends import triton_batch_norm as BN, triton_launch as TL, triton_pointwise as TP
     hashed, launched = [], []
@@ -201,8 +203,22 @@ def test_eager_triton_wrappers_find_their_kernels_without_hashing_a_jit_function
         TP.binary(x, x, "add", bf16)
         return [k[0] for k in launched]
 
+    monkeypatch.setattr(BN, "_plans", {})
+    planned = []
+    real_geometry = BN._geometry
+    monkeypatch.setattr(BN, "_geometry", lambda x, cl=False: planned.append(x.shape) or real_geometry(x, cl))
     first = one_round()
     assert first == ["_bn_stats", "_bn_finalize", "_bn_apply", "_bn_bwd_reduce", "_bn_bwd_finalize", "_bn_bwd_apply",
                      "_bn_fwd_onchip", "_bn_bwd_onchip", "_act_fwd", "_act_bwd", "_binary"]
+    assert len(planned) == 4                 # each BatchNorm call planned once (`_plans`), not again below
     hashed.clear()
-    assert one_round() == first and hashed == []
+    assert one_round() == first and hashed == [] and len(planned) == 4
+    # an input in neither layout is copied (counted) and planned at each call, its plan not kept
+    x = np.ones((4, 8, 64, 128), bf16)[..., ::2]
+    w, b, rm, rv = (np.ones(8, np.float32) for _ in range(4))
+    copies, kept = BN.copies["forward"], len(BN._plans)
+    for _ in range(2):
+        launched.clear()
+        BN.forward(x, w, b, rm, rv, 0.1, 1e-5)
+        assert [k[0] for k in launched] == ["_bn_stats", "_bn_finalize", "_bn_apply"]
+    assert BN.copies["forward"] == copies + 2 and len(planned) == 6 and len(BN._plans) == kept

@@ -449,73 +449,141 @@ def _f32(shape):
     return cupy.ndarray(shape, _FLOAT32)
 
 
+# A call's launches follow from its input's layout and the operands' dtypes: `forward` and `backward` keep
+# them per (shapes, strides, dtypes, device) in `_plans` (the layout test, the chunking and the kernel lookups
+# ran for each of ResNet-50's 106 BatchNorm calls a step), for inputs that need no copy.
+_plans: dict = {}
+_MAX_PLANS = 4096
+
+
+def _remember(key, plan) -> None:
+    if len(_plans) >= _MAX_PLANS:
+        _plans.clear()
+    _plans[key] = plan
+
+
 def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: float):
     """(y, save_mean, save_rstd) of a training-mode BatchNorm of CuPy array `x`; the running
     statistics (both or neither) are updated in place; the saved statistics are float32."""
-    cl = is_channels_last(x)
-    x = _packed(x, cl, "forward")
-    C, HW, M, S, chunk = _geometry(x, cl)
     has_run = running_mean is not None and running_var is not None
     rm, rv = (running_mean, running_var) if has_run else (None, None)
-    if not cl and _onchip(C, M):
-        return _forward_onchip(x, weight, bias, rm, rv, momentum, eps, C, HW, M)
+    key = ("forward", x.shape, x.strides, x.dtype, _dt(weight), _dt(bias), _dt(rm), _dt(rv), TL.current_device())
+    plan = _plans.get(key)
+    if plan is None:
+        cl = is_channels_last(x)
+        if cl or x.flags.c_contiguous:
+            plan = _forward_plan(x, cl, weight, bias, rm, rv)
+            _remember(key, plan)
+        else:                                     # a copy first (counted), each call
+            x = _packed(x, cl, "forward")
+            plan = _forward_plan(x, cl, weight, bias, rm, rv)
+    onchip, cl, C, HW, M, S, chunk, stats, fin, apply = plan
+    if onchip:
+        y, mean, rstd = cupy.ndarray(x.shape, x.dtype), _f32((C,)), _f32((C,))
+        TL.launch(stats, (C,), x, y, mean, rstd, weight, bias, rm, rv, C, HW, M, momentum, eps)
+        return y, mean, rstd
     part = _f32((S, 3, C))
     if cl:
-        stats = _kernel(_bn_stats_cl, (x.dtype,), lambda: stats_cl_signature(x.dtype))
         TL.launch(stats, (-(-C // BLOCK_CL), S), x, part, C, M, chunk)
     else:
-        stats = _kernel(_bn_stats, (x.dtype,), lambda: (
-            {"X": _ty(x), "PART": "*fp32", "C": "i32", "HW": "i32", "M": "i32", "chunk": "i32",
-             "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), NUM_WARPS))
         TL.launch(stats, (C, S), x, part, C, HW, M, chunk)
     mean = _f32((C,))
     rstd = _f32((C,))
     coef = _f32((2, C))
+    TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, mean, rstd, coef, weight, bias, rm, rv,
+              momentum, eps)
+    y = _like(x, cl)
+    TL.launch(apply, ((x.size + BLOCK - 1) // BLOCK,), x, y, mean, coef, C, HW, x.size)
+    return y, mean, rstd
+
+
+def _forward_plan(x, cl, weight, bias, rm, rv) -> tuple:
+    """`forward`'s plan for packed `x`: (one program per channel?, channels-last, C, HW, M, S, chunk, and
+    the kernels: the one-program kernel, or the stats, finalize and apply kernels)."""
+    C, HW, M, S, chunk = _geometry(x, cl)
+    if not cl and _onchip(C, M):
+        key = (x.dtype, _dt(weight), _dt(bias), _dt(rm), _dt(rv), onchip_block(M))
+        return True, False, C, HW, M, S, chunk, _kernel(_bn_fwd_onchip, key, lambda: fwd_onchip_signature(*key)), \
+            None, None
+    if cl:
+        stats = _kernel(_bn_stats_cl, (x.dtype,), lambda: stats_cl_signature(x.dtype))
+    else:
+        stats = _kernel(_bn_stats, (x.dtype,), lambda: (
+            {"X": _ty(x), "PART": "*fp32", "C": "i32", "HW": "i32", "M": "i32", "chunk": "i32",
+             "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), NUM_WARPS))
     fin = _kernel(_bn_finalize, (_dt(weight), _dt(bias), _dt(rm), _dt(rv)), lambda: (
         {"PART": "*fp32", "S": "i32", "C": "i32", "MEAN": "*fp32", "RSTD": "*fp32", "COEF": "*fp32",
          "W": _ty(weight), "B": _ty(bias), "RM": _ty(rm), "RV": _ty(rv), "momentum": "fp32",
          "eps": "fp32", "HAS_W": "constexpr", "HAS_B": "constexpr", "HAS_RUN": "constexpr", "BLOCK_C": "constexpr"},
-        dict(HAS_W=weight is not None, HAS_B=bias is not None, HAS_RUN=has_run, BLOCK_C=BLOCK_C), 4))
-    TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, mean, rstd, coef, weight, bias, rm, rv,
-              momentum, eps)
-    y = _like(x, cl)
+        dict(HAS_W=weight is not None, HAS_B=bias is not None, HAS_RUN=rm is not None, BLOCK_C=BLOCK_C), 4))
     apply = _kernel(_bn_apply, (x.dtype, cl), lambda: apply_signature(x.dtype, cl))
-    TL.launch(apply, ((x.size + BLOCK - 1) // BLOCK,), x, y, mean, coef, C, HW, x.size)
-    return y, mean, rstd
+    return False, cl, C, HW, M, S, chunk, stats, fin, apply
 
 
 def backward(grad_out, x, weight, bias, save_mean, save_rstd):
     """(dx, grad_weight or None, grad_bias or None) of `forward` (training mode), the parameter
     gradients in their parameters' dtypes."""
-    cl = is_channels_last(x)
-    x = _packed(x, cl, "backward")
-    dy = _packed(grad_out, cl, "backward")
+    key = ("backward", x.shape, x.strides, grad_out.strides, x.dtype, grad_out.dtype, save_mean.dtype,
+           save_rstd.dtype, _dt(weight), _dt(bias), TL.current_device())
+    plan = _plans.get(key)
+    if plan is None:
+        cl = is_channels_last(x)
+        if _packed_as(x, cl) and _packed_as(grad_out, cl):
+            plan = _backward_plan(grad_out, x, cl, weight, bias, save_mean, save_rstd)
+            _remember(key, plan)
+        else:                                     # copies first (counted), each call
+            x = _packed(x, cl, "backward")
+            grad_out = _packed(grad_out, cl, "backward")
+            plan = _backward_plan(grad_out, x, cl, weight, bias, save_mean, save_rstd)
+    dy = grad_out
+    onchip, cl, C, HW, M, S, chunk, red, fin, apply = plan
+    gw = None if weight is None else cupy.ndarray((C,), weight.dtype)
+    gb = None if bias is None else cupy.ndarray((C,), bias.dtype)
+    if onchip:
+        dx = cupy.ndarray(x.shape, x.dtype)
+        TL.launch(red, (C,), dy, x, save_mean, save_rstd, weight, dx, gw, gb, C, HW, M)
+        return dx, gw, gb
+    part = _f32((S, 2, C))
+    if cl:
+        TL.launch(red, (-(-C // BLOCK_CL), S), dy, x, save_mean, part, C, M, chunk)
+    else:
+        TL.launch(red, (C, S), dy, x, save_mean, part, C, HW, M, chunk)
+    coef = _f32((3, C))
+    TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, float(M), save_rstd, weight, coef, gw, gb)
+    dx = _like(x, cl)
+    TL.launch(apply, ((x.size + BLOCK - 1) // BLOCK,), dy, x, save_mean, coef, dx, C, HW, x.size)
+    return dx, gw, gb
+
+
+def _packed_as(a, cl: bool) -> bool:
+    """Whether `_packed(a, cl)` would return `a` itself."""
+    return _has_strides(a, channels_last_strides(a.shape)) if cl else a.flags.c_contiguous
+
+
+def _backward_plan(dy, x, cl, weight, bias, save_mean, save_rstd) -> tuple:
+    """`backward`'s plan for packed `dy`, `x`: as `_forward_plan`'s, with the reduce, finalize and apply
+    kernels."""
     C, HW, M, S, chunk = _geometry(x, cl)
     if not cl and _onchip(C, M):
-        return _backward_onchip(dy, x, weight, bias, save_mean, save_rstd, C, HW, M)
-    part = _f32((S, 2, C))
+        key = (dy.dtype, x.dtype, save_mean.dtype, save_rstd.dtype, _dt(weight), _dt(bias), onchip_block(M))
+        return True, False, C, HW, M, S, chunk, _kernel(_bn_bwd_onchip, key, lambda: bwd_onchip_signature(*key)), \
+            None, None
     if cl:
         red = _kernel(_bn_bwd_reduce_cl, (dy.dtype, x.dtype, save_mean.dtype),
                       lambda: bwd_reduce_cl_signature(dy.dtype, x.dtype, save_mean.dtype))
-        TL.launch(red, (-(-C // BLOCK_CL), S), dy, x, save_mean, part, C, M, chunk)
     else:
         red = _kernel(_bn_bwd_reduce, (dy.dtype, x.dtype, save_mean.dtype), lambda: (
             {"DY": _ty(dy), "X": _ty(x), "MEAN": _ty(save_mean), "PART": "*fp32", "C": "i32", "HW": "i32",
              "M": "i32", "chunk": "i32", "BLOCK": "constexpr"}, dict(BLOCK=BLOCK), NUM_WARPS))
-        TL.launch(red, (C, S), dy, x, save_mean, part, C, HW, M, chunk)
-    gw = None if weight is None else cupy.ndarray((C,), weight.dtype)
-    gb = None if bias is None else cupy.ndarray((C,), bias.dtype)
-    coef = _f32((3, C))
-    fin = _kernel(_bn_bwd_finalize, (save_rstd.dtype, _dt(weight), _dt(gw), _dt(gb)), lambda: (
+    gw_dt = None if weight is None else weight.dtype
+    gb_dt = None if bias is None else bias.dtype
+    fin = _kernel(_bn_bwd_finalize, (save_rstd.dtype, _dt(weight), gw_dt, gb_dt), lambda: (
         {"PART": "*fp32", "S": "i32", "C": "i32", "M": "fp32", "RSTD": _ty(save_rstd), "W": _ty(weight),
-         "COEF": "*fp32", "GW": _ty(gw), "GB": _ty(gb), "HAS_W": "constexpr", "HAS_B": "constexpr",
+         "COEF": "*fp32", "GW": _ptr(gw_dt), "GB": _ptr(gb_dt), "HAS_W": "constexpr", "HAS_B": "constexpr",
          "BLOCK_C": "constexpr"}, dict(HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_C=BLOCK_C), 4))
-    TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, float(M), save_rstd, weight, coef, gw, gb)
-    dx = _like(x, cl)
     apply = _kernel(_bn_bwd_apply, (dy.dtype, x.dtype, save_mean.dtype, cl),
                     lambda: bwd_apply_signature(dy.dtype, x.dtype, save_mean.dtype, cl))
-    TL.launch(apply, ((x.size + BLOCK - 1) // BLOCK,), dy, x, save_mean, coef, dx, C, HW, x.size)
-    return dx, gw, gb
+    return False, cl, C, HW, M, S, chunk, red, fin, apply
 
 
 def _ptr(dtype) -> str:
@@ -540,23 +608,3 @@ def bwd_onchip_signature(dy, x, mean, rstd, weight, bias, block: int) -> tuple:
             dict(HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_M=block), onchip_warps(block))
 
 
-def _forward_onchip(x, weight, bias, rm, rv, momentum, eps, C, HW, M):
-    """`forward` of channels of at most ONCHIP_MAX elements: one `_bn_fwd_onchip` program per channel."""
-    key = (x.dtype, _dt(weight), _dt(bias), _dt(rm), _dt(rv), onchip_block(M))
-    k = _kernel(_bn_fwd_onchip, key, lambda: fwd_onchip_signature(*key))
-    y = cupy.ndarray(x.shape, x.dtype)
-    mean = _f32((C,))
-    rstd = _f32((C,))
-    TL.launch(k, (C,), x, y, mean, rstd, weight, bias, rm, rv, C, HW, M, momentum, eps)
-    return y, mean, rstd
-
-
-def _backward_onchip(dy, x, weight, bias, save_mean, save_rstd, C, HW, M):
-    """`backward` of channels of at most ONCHIP_MAX elements: one `_bn_bwd_onchip` program per channel."""
-    key = (dy.dtype, x.dtype, save_mean.dtype, save_rstd.dtype, _dt(weight), _dt(bias), onchip_block(M))
-    k = _kernel(_bn_bwd_onchip, key, lambda: bwd_onchip_signature(*key))
-    gw = None if weight is None else cupy.ndarray((C,), weight.dtype)
-    gb = None if bias is None else cupy.ndarray((C,), bias.dtype)
-    dx = cupy.ndarray(x.shape, x.dtype)
-    TL.launch(k, (C,), dy, x, save_mean, save_rstd, weight, dx, gw, gb, C, HW, M)
-    return dx, gw, gb
