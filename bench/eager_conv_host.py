@@ -15,9 +15,12 @@ of `--repeats` timeit runs (CPU time of the process) over ResNet-50's convolutio
   a backward without create_graph on the fake cuda tensors, `direct` as it runs (`direct_device`: the
   kernels on the arrays, where the tree has it) and `dispatched` with `direct_device` answering None.
 
-Compare two checkouts by running this same script against each, alternating (the box is loaded):
+Compare two checkouts by running this same script against each, alternating (the box is loaded), or
+count instructions (`--callgrind N`: each row's instructions a call over N rounds):
 
     PYTHONPATH=/path/to/tree python3 bench/eager_conv_host.py
+    CALLGRIND_OUT=/tmp/cg.out PYTHONPATH=/path/to/tree valgrind --tool=callgrind --instr-atstart=no \
+        --callgrind-out-file=/tmp/cg.out python3.11 bench/eager_conv_host.py --callgrind 30
 """
 from __future__ import annotations
 
@@ -116,6 +119,35 @@ def install_fakes():
     return xp, lib
 
 
+def _instructions(fn, rounds) -> int:
+    """Instructions callgrind counts for `rounds` calls of fn: the count with them less the count without
+    (the callgrind_control calls' own share); each count zeroed, switched on, switched off and dumped
+    (the newest file of `--callgrind-out-file`, named by CALLGRIND_OUT)."""
+    import glob
+    import os
+    import subprocess
+    pid = str(os.getpid())
+    base = os.environ["CALLGRIND_OUT"]
+
+    def ctl(*what):
+        subprocess.run(["callgrind_control", *what, pid], capture_output=True)
+
+    def count(n):
+        ctl("-z")
+        ctl("-i", "on")
+        for _ in range(n):
+            fn()
+        ctl("-i", "off")
+        ctl("-d")
+        dumps = [f for f in glob.glob(base + ".*") if f.rsplit(".", 1)[1].isdigit()]
+        with open(max(dumps, key=lambda f: int(f.rsplit(".", 1)[1]))) as f:
+            for line in f:
+                if line.startswith("totals:"):
+                    return int(line.split()[1])
+        raise RuntimeError("no totals in the callgrind dump")
+    return count(rounds) - count(0)
+
+
 def _median(fn, number, repeats) -> float:
     """Median us per call of CPU time of this process (on a loaded box wall time counts other processes)."""
     t = timeit.Timer(fn, timer=time.process_time)
@@ -164,6 +196,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--number", type=int, default=200)
+    ap.add_argument("--callgrind", type=int, default=0, help="N: under `valgrind --tool=callgrind "
+                    "--instr-atstart=no --callgrind-out-file=$CALLGRIND_OUT`, each row's instructions a call over "
+                    "N rounds (callgrind_control)")
     args = ap.parse_args()
     xp, lib = install_fakes()
     cases = _cases()
@@ -193,6 +228,12 @@ def main():
     rows.append(("weight_grad_kernel", "", each(
         lambda x, w, gy, st, pad, dil: wgrad(xp, x, gy, w.shape, st, pad, dil, 1))))
     rows += _derivative_rows(cases)
+    if args.callgrind:
+        for bench, variant, fn in rows:
+            fn()
+            print(json.dumps({"bench": bench, "variant": variant,
+                              "instructions_per_call": _instructions(fn, args.callgrind) // (args.callgrind * len(cases))}))
+        return
     for bench, variant, fn in rows:
         fn()                                         # plans, caches
         before = lib.calls
