@@ -144,20 +144,18 @@ def _residual_net(lib, width, depth):
 
 @pytest.mark.parametrize("cse,saved_rule,reads_rule,bound", [
     (False, True, 10 ** 6, 5),      # without CSE the layer norms' backward saves the stream: stored as an output
-    (True, True, 4, 7),             # with it they save the normalized values; the reads rule stores the stream
-    (True, False, 10 ** 6, None)],  # every two or three layers (a stream point is re-read by two layers at most)
+    (True, True, 2, 7),             # with it they save the normalized values; the reads rule (large reads) stores
+    (True, False, 10 ** 6, None)],  # the stream every other layer (a stream point is re-read by two layers at most)
     ids=["stored_as_output", "stored_by_reads", "recomputed"])
 def test_a_saved_residual_stream_is_read_not_recomputed(monkeypatch, cse, saved_rule, reads_rule, bound):
     """A residual stream is stored where it is computed, not recomputed from every earlier layer by each
     layer norm: as a saved output with other users (`realize_saved_outputs`), or as a value with several
-    users reading more than `realize_reads_threshold` buffers; with neither it is recomputed."""
+    users reading more than `realize_reads_threshold` large buffers; with neither it is recomputed."""
     from flambeau._functorch import config as aot_config
     monkeypatch.setattr(aot_config, "cse", cse)
     monkeypatch.setattr(config, "realize_saved_outputs", saved_rule)
     monkeypatch.setattr(config, "realize_reads_threshold", reads_rule)
     warnings.simplefilter("ignore")
-    monkeypatch.setattr(config, "realize_saved_outputs", saved_rule)
-    monkeypatch.setattr(config, "realize_reads_threshold", reads_rule)
     depth = 6
     graphs = spy_compile_fx(monkeypatch, [])
     model = _residual_net(flambeau, 32, depth)

@@ -64,8 +64,11 @@ saved_arena: bool = os.environ.get("FLAMBEAU_INDUCTOR_SAVED_ARENA", "1") != "0"
 write_inputs_in_place: bool = os.environ.get("FLAMBEAU_INDUCTOR_WRITE_INPUTS", "1") != "0"
 max_inline_ops: int = 200         # realise a pointwise value whose expression grows beyond this
 inline_ops_multi_use: int = 12    # ... or that has several users and costs more than this
+realize_opcount_threshold: int = 30  # ... the same for the Triton generator (PyTorch's value: memory-bound kernels)
 realize_saved_outputs: bool = True  # ... or that has several users, one of them the graph's output (graph.py)
-realize_reads_threshold: int = 4   # ... or that has several users and reads more buffers than this
+realize_reads_threshold: int = 2   # ... or that has several users and reads more large buffers than this
+#   (large: at least 1/8 of the value's elements; for 2 users, storing costs 1 write + 2 reads of the value and
+#   computing it once more re-reads its r large inputs: cheaper to store from r = 3)
 parallel_threshold: int = 1 << 15  # elements of work below which a kernel runs on one thread (with
 #   GOMP_SPINCOUNT=10000, set by _cpp_builder for libgomp's load only, the team is still spinning
 #   between kernels: 2 threads win from ~16K up)

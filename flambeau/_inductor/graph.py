@@ -404,10 +404,13 @@ class GraphLowering:
         for the backward: a residual stream) is stored anyway, so it is stored where it is computed and
         the other users read it (PyTorch's GraphLowering.run_node does the same) instead of recomputing
         it: otherwise every layer norm of a residual stream re-adds all earlier layers' outputs. For the
-        same reason a value with several users that reads more than `config.realize_reads_threshold`
-        buffers is stored (PyTorch's realize_reads_threshold): GPT-2's residual stream, which its layer
+        same reason a value with several users that reads more than `config.realize_reads_threshold` large
+        buffers (`_large_reads`; PyTorch has a threshold on all reads) is stored: GPT-2's residual stream, which its layer
         norms' backward does not need (they save the normalized values), grows by two buffers a layer,
-        and every consumer inlining it re-read the embeddings and all earlier layers' outputs."""
+        and every consumer inlining it re-read the embeddings and all earlier layers' outputs. The op count
+        above which a value with several users is stored is `config.realize_opcount_threshold` (30, PyTorch's)
+        for the Triton generator: with 12, GELU's tanh, recomputed in the backward for its two uses in one
+        kernel, was stored as float32 for all twelve GPT-2 layers at the backward's start (1.2 GB, 0.6 ms)."""
         x = self.env[node]
         if not isinstance(x, Pointwise) or x.realized is not None:
             return
@@ -415,8 +418,9 @@ class GraphLowering:
         users = len(node.users)
         heavy = st.heavy > 0 and not self.triton
         if st.ops > config.max_inline_ops or \
-                (users > 1 and (heavy or st.ops > config.inline_ops_multi_use
-                                or len({id(b) for b, _ in st.loads}) > config.realize_reads_threshold
+                (users > 1 and (heavy or st.ops > (config.realize_opcount_threshold if self.triton
+                                                       else config.inline_ops_multi_use)
+                                or _large_reads(st.loads, x.ranges) > config.realize_reads_threshold
                                 or (config.realize_saved_outputs and any(u.op == "output" for u in node.users)))):
             self.realize(x, channels_last=True if self.layout_opt and _feeds_convolution(node) else None)
 
@@ -444,6 +448,28 @@ class GraphLowering:
             return x
         vals = [one(n, _map_nodes(n, self.env), i) for i, n in enumerate(nodes)]
         return vals if flat else vals[0]
+
+
+def _large_reads(loads: list, ranges: tuple) -> int:
+    """How many distinct buffers of at least an eighth of the value's element count `loads` reads: the
+    reads that cost a pass (a residual stream's earlier products and embeddings), not per-channel or
+    per-row vectors (BatchNorm's statistics and weights). A symbolic size counts as large."""
+    def numel(shape):
+        n = 1
+        for d in shape:
+            if not isinstance(d, int):
+                return None
+            n *= d
+        return n
+    want = numel(ranges)
+    seen = set()
+    for b, _ in loads:
+        if id(b) in seen:
+            continue
+        have = numel(b.layout.shape) if want is not None else None
+        if have is None or 8 * have >= want:
+            seen.add(id(b))
+    return len(seen)
 
 
 def _feeds_convolution(node) -> bool:
