@@ -229,3 +229,41 @@ def test_forward_does_not_walk_the_module_for_buffers(world1, monkeypatch):
     for s in range(3):
         _step(model, opt, True, s)
     assert walks == [] and model.modules_buffers == [] and not model.will_sync_module_buffers()
+
+
+def test_multi_tensor_tables_upload_without_a_stream_synchronisation():
+    """A multi-tensor table (fused AdamW, DDP's batched copies) missing from the cache is staged in pinned
+    host memory and copied by cudaMemcpyAsync on the current stream (an upload from pageable memory,
+    `cupy.asarray`, waits for the stream; a compiled DDP backward missed several times a step); a hit makes
+    no copy; the staged bytes are the table (`multi_tensor.table`)."""
+    from flambeau._backends import multi_tensor
+
+    class Pinned(bytearray):
+        ptr = 0x7000
+
+    copies = []
+
+    class Dev:
+        def __init__(self, n):
+            self.size, self.data = n, types.SimpleNamespace(ptr=0x9000)
+
+    staged = []
+
+    def alloc_pinned(n):
+        staged.append(Pinned(n))
+        return staged[-1]
+    fake = types.SimpleNamespace(
+        empty=lambda n, dtype: Dev(n),
+        asarray=lambda *a, **k: pytest.fail("a pageable upload synchronises the stream"),
+        cuda=types.SimpleNamespace(alloc_pinned_memory=alloc_pinned,
+                                   get_current_stream=lambda: types.SimpleNamespace(ptr=55),
+                                   runtime=types.SimpleNamespace(memcpyAsync=lambda *a: copies.append(a))))
+    cache = {}
+    addresses, numels = ((0x100, 0x200), (0x300, 0x400)), (5, 70)
+    dev, n = multi_tensor.device_table(fake, cache, ("k",), addresses, numels, 64, 2)
+    want = multi_tensor.table(addresses, numels, 64)
+    assert n == multi_tensor.chunk_count(want, 2, 2) == 3
+    assert copies == [(0x9000, 0x7000, want.nbytes, multi_tensor.CUDA_MEMCPY_HOST_TO_DEVICE, 55)]
+    np.testing.assert_array_equal(np.frombuffer(staged[0], dtype=np.int64), want)
+    again, _ = multi_tensor.device_table(fake, cache, ("k",), addresses, numels, 64, 2)
+    assert again is dev and len(copies) == 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 TABLE_CACHE_LIMIT = 16          # tables kept per user (keyed by addresses and counts)
+CUDA_MEMCPY_HOST_TO_DEVICE = 1  # cudaMemcpyKind (driver_types.h)
 _COPY_MANY: list = []           # [the triton_copy_many module, or None without Triton], looked up once
 
 
@@ -40,16 +41,25 @@ def offsets(n_tensors: int, n_chunks: int, rows: int) -> tuple:
 
 def device_table(cupy, cache: dict, key, addresses, numels, chunk: int, rows: int,
                  limit: int = TABLE_CACHE_LIMIT) -> tuple:
-    """(CuPy int64 table, chunk count) for `key`, made and uploaded by the `cupy` module on a miss; `cache`
-    keeps the last `limit` tables (the oldest is dropped first). An upload from pageable host memory waits
-    for the stream's queued work, so a user that needs N tables a step keeps at least N."""
+    """(CuPy int64 table, chunk count) for `key`, made by the `cupy` module on a miss; `cache` keeps the
+    last `limit` tables (the oldest is dropped first). A miss stages the table in pinned host memory and
+    copies it with cudaMemcpyAsync on the current stream: an upload from pageable memory (`cupy.asarray`)
+    waits for the stream's queued work, and a compiled DDP backward, whose gradients do not come back at
+    the same addresses every step, missed several times a step (each a synchronisation in the middle of the
+    overlapped all-reduces). The pinned buffer stays with the table in the cache (the copy may still be
+    in flight when this returns)."""
     hit = cache.get(key)
     if hit is None:
         host = table(addresses, numels, chunk)
+        pinned = cupy.cuda.alloc_pinned_memory(host.nbytes)
+        np.frombuffer(pinned, dtype=np.int64, count=host.size)[...] = host
+        dev = cupy.empty(host.size, dtype=np.int64)
+        cupy.cuda.runtime.memcpyAsync(dev.data.ptr, pinned.ptr, host.nbytes, CUDA_MEMCPY_HOST_TO_DEVICE,
+                                      cupy.cuda.get_current_stream().ptr)
         if len(cache) >= limit:
             cache.pop(next(iter(cache)))
-        hit = cache[key] = (cupy.asarray(host), chunk_count(host, len(numels), rows))
-    return hit
+        hit = cache[key] = (dev, chunk_count(host, len(numels), rows), pinned)
+    return hit[0], hit[1]
 
 
 def copy_many_for(device):
