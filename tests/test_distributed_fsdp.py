@@ -108,6 +108,19 @@ def test_mixed_precision_computes_in_bfloat16(ranks):
         assert str(res["mixed/dtypes"]) == "torch.float32,torch.float32"       # shards and their grads stay fp32
 
 
+def _plain_and_sharded():
+    """A PyTorch MLP and flambeau's copy of it with `fully_shard` on its first layer and on the root."""
+    import flambeau
+    from flambeau.distributed.fsdp import _fully_shard as fs
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+    sharded = flambeau.nn.Sequential(flambeau.nn.Linear(4, 6), flambeau.nn.Tanh(), flambeau.nn.Linear(6, 2))
+    sharded.load_state_dict({k: flambeau.tensor(v.numpy()) for k, v in plain.state_dict().items()})
+    fs.fully_shard(sharded[0])
+    fs.fully_shard(sharded)
+    return plain, sharded
+
+
 def test_every_group_is_gathered_into_one_buffer(monkeypatch):
     """Each group's parameters are all-gathered by one all_gather_into_tensor (the padded flat layout); the
     gradients equal the unsharded model's (PyTorch, same weights)."""
@@ -119,12 +132,7 @@ def test_every_group_is_gathered_into_one_buffer(monkeypatch):
     monkeypatch.setattr(fs, "all_gather_into_tensor", lambda *a, **k: gathered.append(1) or into_tensor(*a, **k))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        torch.manual_seed(0)
-        plain = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
-        sharded = flambeau.nn.Sequential(flambeau.nn.Linear(4, 6), flambeau.nn.Tanh(), flambeau.nn.Linear(6, 2))
-        sharded.load_state_dict({k: flambeau.tensor(v.numpy()) for k, v in plain.state_dict().items()})
-        fs.fully_shard(sharded[0])
-        fs.fully_shard(sharded)
+        plain, sharded = _plain_and_sharded()
         x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
         (plain(torch.from_numpy(x)) ** 2).sum().backward()
         (sharded(flambeau.tensor(x)) ** 2).sum().backward()
@@ -345,12 +353,7 @@ def test_batched_unshard_trains_as_pytorch(monkeypatch):
     monkeypatch.setattr(multi_tensor, "copy_many_for", lambda device: fake)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        torch.manual_seed(0)
-        plain = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
-        sharded = flambeau.nn.Sequential(flambeau.nn.Linear(4, 6), flambeau.nn.Tanh(), flambeau.nn.Linear(6, 2))
-        sharded.load_state_dict({k: flambeau.tensor(v.numpy()) for k, v in plain.state_dict().items()})
-        fs.fully_shard(sharded[0])
-        fs.fully_shard(sharded)
+        plain, sharded = _plain_and_sharded()
         opts = (torch.optim.AdamW(plain.parameters(), lr=0.1), flambeau.optim.AdamW(sharded.parameters(), lr=0.1))
         for step in range(2):
             x = np.random.default_rng(step).standard_normal((5, 4)).astype(np.float32)

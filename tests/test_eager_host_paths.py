@@ -15,6 +15,7 @@ from bench import eager_host_calls as E
 from flambeau import _dispatch
 from flambeau._backends import triton_launch as TL
 from flambeau.utils._python_dispatch import TorchDispatchMode as FlMode
+from tests.conftest import op_names_mode
 
 
 @pytest.fixture
@@ -30,16 +31,6 @@ def fake_cuda():
 
 def _x(shape=(3, 5), seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-class _Names(FlMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func._schema.name.split("::")[-1])
-        return func(*args, **(kwargs or {}))
 
 
 # ---- Tensor.to(dtype) ---------------------------------------------------------------------------------
@@ -103,7 +94,7 @@ def test_to_dtype_skips_the_dispatcher_unless_a_mode_watches(monkeypatch):
     monkeypatch.setattr(_dispatch, "call_functional", lambda op, *a, **k: calls.append(op.name) or real(op, *a, **k))
     y = x.to(fl.bfloat16)
     assert calls == [] and y.grad_fn.name() == "ToCopyBackward0"
-    with _Names() as mode:
+    with op_names_mode() as mode:
         x.to(fl.float16)
     assert mode.names == ["_to_copy"]
 

@@ -850,42 +850,64 @@ def _call_layout(channels_last, *arrays) -> bool:
     return bool(channels_last) or any(_is_channels_last(a) for a in arrays)
 
 
+def _call(kind, a, b, extra, stride, padding, dilation, groups, channels_last, shapes, order):
+    """One convolution call of `kind` on the operands `a`, `b` (forward: x, w; backward_data: gy, w;
+    backward_filter: x, gy), its result made here, or None when cuDNN does not take the case. A call seen
+    before (same operand types, shapes, strides, dtypes, parameters, flags, device: `_call_key`) reuses its
+    layout, result shape and plan; otherwise `shapes(a, b)` gives (x shape, w shape, y shape, result shape)
+    or None for a case cuDNN refuses, `order(a, b, out)` the (input, input, output) order of `_run` and the
+    plan's pointers. A call whose operands needed a copy (`_ready`) is planned again every time."""
+    key = hit = None
+    if _calls:
+        dev = _device_id()
+        key = _call_key(kind, a, b, extra, stride, padding, dilation, groups, channels_last, dev)
+        hit = _remembered(key, a, b, dev)
+    if hit is not None:
+        cl, out_shape, plan = hit
+        out = _empty(out_shape, a.dtype, cl)
+        _run(kind, plan, *order(a, b, out), dev)
+        return out
+    if not (available() and _supported(a, b)):
+        return None
+    shaped = shapes(a, b)
+    if shaped is None:
+        return None
+    if key is None:
+        key = _call_key(kind, a, b, extra, stride, padding, dilation, groups, channels_last, _device_id())
+    x_shape, w_shape, y_shape, out_shape = shaped
+    cl = _call_layout(channels_last, a, b)
+    a0, b0 = a, b
+    a, b = _ready(a, cl, kind), _ready(b, cl, kind)
+    out = _empty(out_shape, a.dtype, cl)
+    if kind != "forward":               # the backward kinds plan on the operands' (ready) shapes
+        x_shape, w_shape, y_shape = ((x_shape, b.shape, a.shape) if kind == "backward_data"
+                                     else (a.shape, w_shape, b.shape))
+    else:
+        x_shape, w_shape = a.shape, b.shape
+    plan = _plan(kind, x_shape, w_shape, y_shape, tuple(stride), tuple(padding), tuple(dilation), groups,
+                 _dtype_name(a.dtype), lambda: tuple(t.data.ptr for t in order(a, b, out)), cl)
+    if plan is None:
+        return None
+    _run(kind, plan, *order(a, b, out))
+    if a is a0 and b is b0:
+        _remember(key, (cl, out_shape, plan))
+    return out
+
+
 def forward(x, w, bias, stride, padding, dilation, groups, channels_last=False):
     """y = conv(x, w) + bias (cross-correlation, PyTorch's convolution), or None when cuDNN does not
     take this case (the caller then uses its own kernel). `channels_last`: y packed NHWC (see the
     module docstring)."""
     if not enabled:
         return None
-    key = hit = None
-    if _calls:
-        dev = _device_id()
-        key = _call_key("forward", x, w, None, stride, padding, dilation, groups, channels_last, dev)
-        hit = _remembered(key, x, w, dev)
-    if hit is not None:
-        cl, y_shape, plan = hit
-        y = _empty(y_shape, x.dtype, cl)
-        _run("forward", plan, x, w, y, dev)
-    else:
-        if not (available() and _supported(x, w) and w.ndim == x.ndim):
+
+    def shapes(x, w):
+        if w.ndim != x.ndim:
             return None
-        if key is None:
-            key = _call_key("forward", x, w, None, stride, padding, dilation, groups, channels_last, _device_id())
-        st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
-        y_shape = _out_shape(x.shape, w.shape, st, pad, dil)
-        if any(s <= 0 for s in y_shape[2:]):
-            return None
-        cl = _call_layout(channels_last, x, w)
-        x0, w0 = x, w
-        x, w = _ready(x, cl, "forward"), _ready(w, cl, "forward")
-        y = _empty(y_shape, x.dtype, cl)
-        plan = _plan("forward", x.shape, w.shape, y_shape, st, pad, dil, groups, _dtype_name(x.dtype),
-                     lambda: (x.data.ptr, w.data.ptr, y.data.ptr), cl)
-        if plan is None:
-            return None
-        _run("forward", plan, x, w, y)
-        if x is x0 and w is w0:
-            _remember(key, (cl, y_shape, plan))
-    if bias is not None:
+        y_shape = _out_shape(x.shape, w.shape, tuple(stride), tuple(padding), tuple(dilation))
+        return None if any(s <= 0 for s in y_shape[2:]) else (x.shape, w.shape, y_shape, y_shape)
+    y = _call("forward", x, w, None, stride, padding, dilation, groups, channels_last, shapes, _in_order)
+    if y is not None and bias is not None:
         y += bias.reshape((1, -1) + (1,) * (y.ndim - 2))
     return y
 
@@ -895,35 +917,17 @@ def backward_data(gy, w, stride, padding, dilation, groups, size, channels_last=
     -> (N, Cg*groups, *size), or None when cuDNN does not take this case."""
     if not enabled:
         return None
-    key = hit = None
-    if _calls:
-        dev = _device_id()
-        key = _call_key("backward_data", gy, w, size, stride, padding, dilation, groups, channels_last, dev)
-        hit = _remembered(key, gy, w, dev)
-    if hit is not None:
-        cl, x_shape, plan = hit
-        gx = _empty(x_shape, gy.dtype, cl)
-        return _run("backward_data", plan, w, gy, gx, dev)
-    if not (available() and _supported(gy, w) and w.ndim == gy.ndim):
-        return None
-    if key is None:
-        key = _call_key("backward_data", gy, w, size, stride, padding, dilation, groups, channels_last, _device_id())
-    st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
-    x_shape = (gy.shape[0], w.shape[1] * groups) + tuple(size)
-    if _out_shape(x_shape, w.shape, st, pad, dil) != tuple(gy.shape) or math.prod(x_shape) >= (1 << 31):
-        return None
-    cl = _call_layout(channels_last, gy, w)
-    gy0, w0 = gy, w
-    gy, w = _ready(gy, cl, "backward_data"), _ready(w, cl, "backward_data")
-    gx = _empty(x_shape, gy.dtype, cl)
-    plan = _plan("backward_data", x_shape, w.shape, gy.shape, st, pad, dil, groups, _dtype_name(gy.dtype),
-                 lambda: (w.data.ptr, gy.data.ptr, gx.data.ptr), cl)
-    if plan is None:
-        return None
-    _run("backward_data", plan, w, gy, gx)
-    if gy is gy0 and w is w0:
-        _remember(key, (cl, x_shape, plan))
-    return gx
+
+    def shapes(gy, w):
+        if w.ndim != gy.ndim:
+            return None
+        x_shape = (gy.shape[0], w.shape[1] * groups) + tuple(size)
+        if _out_shape(x_shape, w.shape, tuple(stride), tuple(padding), tuple(dilation)) != tuple(gy.shape) \
+                or math.prod(x_shape) >= (1 << 31):
+            return None
+        return x_shape, w.shape, gy.shape, x_shape
+    return _call("backward_data", gy, w, size, stride, padding, dilation, groups, channels_last, shapes,
+                 _weight_first)
 
 
 def backward_filter(x, gy, w_shape, stride, padding, dilation, groups, channels_last=False):
@@ -931,33 +935,21 @@ def backward_filter(x, gy, w_shape, stride, padding, dilation, groups, channels_
     cuDNN does not take this case."""
     if not enabled:
         return None
-    key = hit = None
-    if _calls:
-        dev = _device_id()
-        key = _call_key("backward_filter", x, gy, w_shape, stride, padding, dilation, groups, channels_last, dev)
-        hit = _remembered(key, x, gy, dev)
-    if hit is not None:
-        cl, w_shape, plan = hit
-        gw = _empty(w_shape, x.dtype, cl)
-        return _run("backward_filter", plan, x, gy, gw, dev)
-    if not (available() and _supported(x, gy) and len(w_shape) == x.ndim == gy.ndim):
-        return None
-    if key is None:
-        key = _call_key("backward_filter", x, gy, w_shape, stride, padding, dilation, groups, channels_last,
-                        _device_id())
-    st, pad, dil = tuple(stride), tuple(padding), tuple(dilation)
-    w_shape = tuple(w_shape)
-    if _out_shape(x.shape, w_shape, st, pad, dil) != tuple(gy.shape):
-        return None
-    cl = _call_layout(channels_last, x, gy)
-    x0, gy0 = x, gy
-    x, gy = _ready(x, cl, "backward_filter"), _ready(gy, cl, "backward_filter")
-    gw = _empty(w_shape, x.dtype, cl)
-    plan = _plan("backward_filter", x.shape, w_shape, gy.shape, st, pad, dil, groups, _dtype_name(x.dtype),
-                 lambda: (x.data.ptr, gy.data.ptr, gw.data.ptr), cl)
-    if plan is None:
-        return None
-    _run("backward_filter", plan, x, gy, gw)
-    if x is x0 and gy is gy0:
-        _remember(key, (cl, w_shape, plan))
-    return gw
+
+    def shapes(x, gy):
+        shape = tuple(w_shape)
+        if not len(shape) == x.ndim == gy.ndim or \
+                _out_shape(x.shape, shape, tuple(stride), tuple(padding), tuple(dilation)) != tuple(gy.shape):
+            return None
+        return x.shape, shape, gy.shape, shape
+    return _call("backward_filter", x, gy, w_shape, stride, padding, dilation, groups, channels_last, shapes,
+                 _in_order)
+
+
+def _in_order(a, b, out) -> tuple:
+    return a, b, out
+
+
+def _weight_first(gy, w, gx) -> tuple:
+    """backward_data runs on (w, gy) -> gx."""
+    return w, gy, gx
