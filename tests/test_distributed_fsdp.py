@@ -332,9 +332,9 @@ def test_batched_pieces_pack_and_gather_as_the_column_copies(n, monkeypatch):
     fake = _RecordingCopyMany()
     monkeypatch.setattr(multi_tensor, "copy_many_for", lambda device: fake if n > 1 else None)
     batched = lay.pack([flambeau.tensor(g) for g in full], n).numpy()
-    assert fake.calls == ([sum(1 for _ in lay.pieces(n)[0])] if n > 1 else [])
+    assert fake.calls == ([len(lay.pieces[0])] if n > 1 else [])
     np.testing.assert_array_equal(batched, columns)
-    index, flat_at, param_at, lengths = lay.pieces(n)
+    index, flat_at, param_at, lengths = lay.pieces
     whole = [np.full(t.size, np.nan) for t in full]
     for i, a, b, k in zip(index, flat_at, param_at, lengths):
         whole[i][b:b + k] = columns[a:a + k]

@@ -21,7 +21,7 @@ BLOCK = 2048            # elements per inner iteration of a program
 NUM_WARPS = 4
 ROWS = 2                # table rows of addresses: source, destination
 TABLE_LIMIT = 1024      # tables kept: DDP needs one per bucket and one for the copy back, every step
-_WORDS = {1: "i8", 2: "i16", 4: "i32", 8: "i64"}     # element size -> the integer type copied
+_WORDS = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}     # element size -> the integer type copied
 _tables: dict = {}
 _kernels: dict = {}
 
@@ -41,15 +41,9 @@ def _copy_chunks(TABLE, NUMEL, CHUNK_T, CHUNK_I, N_TENSORS, CHUNK: tl.constexpr,
         tl.store(dst + idx, tl.load(src + idx, mask=mask), mask=mask)
 
 
-def supported(src, dst) -> bool:
-    """Whether one (source, destination) pair of CuPy arrays can be copied by `copy_many`."""
-    return (src.flags.c_contiguous and dst.flags.c_contiguous and src.itemsize == dst.itemsize
-            and src.size == dst.size and src.itemsize in _WORDS)
-
-
 def copy_many(srcs: list, dsts: list) -> None:
     """dsts[i][...] = srcs[i] for every i, on the current stream, as one launch per element size (each pair
-    must pass `supported`)."""
+    C-contiguous, of one element size and count; sizes of 1, 2, 4 or 8 bytes)."""
     if not srcs:
         return
     item = srcs[0].itemsize
@@ -66,7 +60,7 @@ def copy_many(srcs: list, dsts: list) -> None:
     kern = _kernels.get((device, item))
     if kern is None:
         kern = _kernels[(device, item)] = TL.compile_kernel(
-            _copy_chunks, SIGNATURE, dict(CHUNK=CHUNK, BLOCK=BLOCK, WORD=_word(item)), num_warps=NUM_WARPS,
+            _copy_chunks, SIGNATURE, dict(CHUNK=CHUNK, BLOCK=BLOCK, WORD=_WORDS[item]), num_warps=NUM_WARPS,
             num_stages=1)
     base = tab.data.ptr
     rows, num, ct, ci = (TL.Ptr(base + 8 * o) for o in multi_tensor.offsets(len(numels), n_chunks, ROWS))
@@ -76,10 +70,6 @@ def copy_many(srcs: list, dsts: list) -> None:
 def _cupy(array):
     """The CuPy module of a CuPy array (found through its type: no import here)."""
     return sys.modules[type(array).__module__.split(".")[0]]
-
-
-def _word(itemsize: int):
-    return {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}[itemsize]
 
 
 SIGNATURE = {"TABLE": "*i64", "NUMEL": "*i64", "CHUNK_T": "*i64", "CHUNK_I": "*i64", "N_TENSORS": "i32",

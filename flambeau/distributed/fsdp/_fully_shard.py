@@ -188,32 +188,28 @@ class _FlatLayout:
             at += self.widths[-1]
         self.width = at
         self.even = [k == n * w for k, w in zip(self.numels, self.widths)]
-        self._pieces = None
-
-    def pieces(self, n: int) -> tuple:
-        """Every non-empty piece of the (n, width) buffer, parameter by parameter and rank by rank, as four
-        lists: the parameter's index, the piece's offset in the flat buffer, its offset in the parameter's
-        elements (rank r's chunk holds elements r * width_i onwards) and its length (made once)."""
-        if self._pieces is None or self._pieces[0] != n:
-            index, flat_at, param_at, lengths = [], [], [], []
-            for i, (o, w, k) in enumerate(zip(self.offsets, self.widths, self.numels)):
-                for r in range(n):
-                    length = min(w, k - r * w)
-                    if length <= 0:
-                        break
-                    index.append(i)
-                    flat_at.append(r * self.width + o)
-                    param_at.append(r * w)
-                    lengths.append(length)
-            self._pieces = (n, index, flat_at, param_at, lengths)
-        return self._pieces[1:]
+        # every non-empty piece of the (n, width) buffer, parameter by parameter and rank by rank, as four
+        # lists: the parameter's index, the piece's offset in the flat buffer, its offset in the parameter's
+        # elements (rank r's chunk holds elements r * width_i onwards) and its length: the contiguous runs
+        # one batched copy (`triton_copy_many`) moves on cuda
+        self.pieces = index, flat_at, param_at, lengths = [], [], [], []
+        for i, (o, w, k) in enumerate(zip(self.offsets, self.widths, self.numels)):
+            for r in range(n):
+                length = min(w, k - r * w)
+                if length <= 0:
+                    break
+                index.append(i)
+                flat_at.append(r * self.width + o)
+                param_at.append(r * w)
+                lengths.append(length)
 
     def pack(self, tensors: list, n: int) -> Tensor:
         """The flat buffer of `tensors`, one a parameter: each its local shard (n = 1: this rank's piece of
         the all-gather) or its whole gradient (the reduce-scatter's input), zero-padded to its n chunks, laid
-        out as the (n, width) array, flattened. Where NumPy and CuPy copy the dtype: one array copy each
-        into its columns (not `concatenate`, whose one-kernel path for small arrays on CuPy uploads a table
-        of pointers from pageable memory: a stream synchronisation); else through the dispatcher."""
+        out as the (n, width) array, flattened. Where NumPy and CuPy copy the dtype: on cuda (n > 1) one
+        batched copy of the `pieces`, else one array copy each into its columns (not `concatenate`, whose
+        one-kernel path for small arrays on CuPy uploads a table of pointers from pageable memory: a stream
+        synchronisation); else through the dispatcher."""
         widths = self.widths
         if _raw_ok(tensors):
             first = tensors[0]._data
@@ -223,7 +219,7 @@ class _FlatLayout:
                 if not all(self.even):
                     out.fill(0)                 # the padding after short pieces
                 flat, arrays = out.reshape(-1), [t._data.reshape(-1) for t in tensors]
-                index, flat_at, param_at, lengths = self.pieces(n)
+                index, flat_at, param_at, lengths = self.pieces
                 batched.copy_many([arrays[i][b:b + k] for i, b, k in zip(index, param_at, lengths)],
                                   [flat[a:a + k] for a, k in zip(flat_at, lengths)])
                 return _array_tensor(flat, tensors[0])
@@ -355,7 +351,7 @@ class _ParamGroup:
         raw = out._data.dtype.kind in _ARRAY_NATIVE_KINDS
         batched = multi_tensor.copy_many_for(out._device) if raw else None
         if batched is not None:                 # cuda: every piece of the group in one launch
-            index, flat_at, param_at, lengths = lay.pieces(self.n)
+            index, flat_at, param_at, lengths = lay.pieces
             if self._gather_srcs is None:
                 src = out._data
                 self._gather_srcs = [src[a:a + k] for a, k in zip(flat_at, lengths)]

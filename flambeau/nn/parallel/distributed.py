@@ -121,8 +121,8 @@ def _copy_pairs(pairs: list) -> None:
 def _pairable(dst, src) -> bool:
     """Whether (dst, src) may join a `_copy_pairs` batch."""
     d, s = dst._data, src._data
-    return (src._device == dst._device and d.flags.c_contiguous and s.flags.c_contiguous
-            and d.itemsize == s.itemsize and d.size == s.size and d.dtype == s.dtype)
+    return (src._device == dst._device and d.dtype == s.dtype and d.size == s.size and d.flags.c_contiguous
+            and s.flags.c_contiguous)
 
 
 def _copy_into(dst, src) -> None:
