@@ -279,3 +279,28 @@ def test_collector_is_paused_while_a_frame_and_its_backward_compile(monkeypatch,
     assert len(seen) == 2                           # the forward's and the backward's compile
     assert seen == [setting == "off_by_env"] * 2
     assert enabled_after == (setting != "disabled_by_program")
+
+
+def test_compile_collects_the_objects_it_left_at_its_end(monkeypatch):
+    """The collections a compile's objects need run at the end of its outermost collector pause, inside the
+    compile, not in the program's next steps (a compiled ResNet-50's timed steps on the H100 paid ~70 ms for
+    them: young collections over the compile's objects, then a full one). Right after a compiled step's first
+    call the young generations are nearly empty (the inductor compile of this small graph leaves ~2400 new
+    tracked objects: without the collection they wait in generations 0-1 for the program's collections),
+    and values match PyTorch."""
+    from flambeau import _compile_lock
+    monkeypatch.setattr(_compile_lock, "COLLECT_AFTER", 1000)
+    before = dict(_compile_lock.stats)
+    w = flambeau.randn(6, 4, requires_grad=True)
+    x = flambeau.randn(3, 6)
+    f = flambeau.compile(lambda x, w: ((x @ w).sigmoid() * 3).logsumexp(1).sum())
+    out = f(x, w)
+    young = len(gc.get_objects(0)) + len(gc.get_objects(1))
+    out.backward()
+    assert _compile_lock.stats["young"] >= before["young"] + 1
+    assert young < 1000, young                 # left nothing for the program's young collections
+    tw = torch.tensor(w.detach().numpy(), requires_grad=True)
+    tout = ((torch.tensor(x.numpy()) @ tw).sigmoid() * 3).logsumexp(1).sum()
+    tout.backward()
+    np.testing.assert_allclose(out.item(), tout.item(), rtol=1e-5)
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-6)
