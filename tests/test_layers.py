@@ -75,8 +75,9 @@ PUBLIC_NAMESPACE_USERS: dict[str, str] = {
 # collective engine, `_nccl_backend.nccl_library`, imports CuPy's NCCL module, optional, only where NCCL runs;
 # 79: the Triton launcher's seven CuPy imports are one `triton_launch._cupy()`; 77: main had 80 (the
 # eager max-pooling Triton module, `nn_pool._triton_max_pool`, is imported at first use), and the cuDNN
-# wrapper's three calls now allocate through `cudnn._empty`).
-MAX_DEFERRED = 76
+# wrapper's three calls now allocate through `cudnn._empty`; 75: `triton.compile` moved with its two
+# Triton imports into `_backends/compile_worker.py`, whose Triton modules come from one `_triton()`).
+MAX_DEFERRED = 75
 
 # The largest strongly connected component of the module-level import graph (imports executed at
 # import time: function bodies and `if TYPE_CHECKING:` blocks left out). May only shrink. The one

@@ -186,28 +186,6 @@ def test_a_warm_process_loads_every_cubin_without_importing_the_module(monkeypat
     assert all(m._module is None for m in triton_runtime._modules.values())
 
 
-def test_no_compile_workers_with_the_cubin_cache_off(monkeypatch, fake_gpu):
-    """Workers hand their cubins over through the disk cache: with it off (FLAMBEAU_KERNEL_CACHE=0) their
-    work would be lost and every kernel compiled twice, so `precompile_for` submits nothing."""
-    from flambeau._backends import cubin_cache
-    from flambeau._device import CPU
-    from flambeau._inductor import config as inductor_config
-    submitted = []
-    monkeypatch.setattr(inductor_config, "compile_threads", 2)
-    monkeypatch.setattr(triton_runtime, "_run_worker", lambda *args: submitted.append(args) or 0)
-    (source, launches), _ = _graphs_of_a_step(monkeypatch)
-    mod, _ = triton_runtime.load_module(source, CPU)
-    monkeypatch.setattr(cubin_cache, "enabled", False)
-    assert triton_runtime.precompile_for(mod, list(launches.values()), "sm90") == [] and not submitted
-    monkeypatch.setattr(cubin_cache, "enabled", True)
-    futures = triton_runtime.precompile_for(mod, list(launches.values()), "sm90")
-    for f in futures:
-        f.result()
-    assert futures and submitted
-    for key in [k for k, f in triton_runtime._pending.items() if f in futures]:
-        triton_runtime._pending.pop(key)
-
-
 def test_indirect_index_names_of_the_analysis_are_not_reused():
     """The analysis named an indirect index after id() of its value, which a freed value gives to the
     next one: distinct gathers then compared equal or not by memory layout (GPT-2's forward module
@@ -222,28 +200,3 @@ def test_indirect_index_names_of_the_analysis_are_not_reused():
     h = AnalysisHandler()
     v = _AVal(D.int64)
     assert h.indirect_indexing(v, 5).key() == h.indirect_indexing(v, 5).key()
-
-
-def test_compile_workers_are_prestarted_once_and_kept(monkeypatch):
-    """`prestart_workers` (called before a process's first cuda graph is lowered) starts min(PRESTART,
-    compile_threads) worker processes once and leaves them idle for the first batches; a second call
-    starts none."""
-    import queue
-
-    from flambeau._inductor import config as inductor_config
-    from flambeau._inductor import triton_runtime as rt
-    monkeypatch.setattr(rt, "_started", [0])
-    monkeypatch.setattr(rt, "_idle", queue.SimpleQueue())
-    monkeypatch.setattr(inductor_config, "compile_threads", 2)
-    rt.prestart_workers()
-    rt.prestart_workers()
-    workers = []
-    while not rt._idle.empty():
-        workers.append(rt._idle.get_nowait())
-    try:
-        assert rt._started[0] == 2 and len(workers) == 2
-        assert all(w.proc.poll() is None for w in workers), "a prestarted worker exited"
-    finally:
-        for w in workers:
-            w.proc.stdin.close()
-            w.proc.wait(timeout=60)

@@ -23,12 +23,14 @@ the writes and the driver call, which copies them.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import cubin_cache
+from .. import _cpp_builder
+from . import compile_worker, cubin_cache
 
 _SMEM_STATIC_LIMIT = 48 * 1024     # bytes of shared memory a launch may use without opting in
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -257,17 +259,10 @@ def _build(fn, signature, constexprs, num_warps, num_stages, aligned) -> Kernel:
 
 
 def _triton_compile(fn, signature, constexprs, num_warps, num_stages, aligned, capability) -> tuple:
-    """(cubin, launch metadata) of `fn` from `triton.compile` for sm_<capability>."""
-    import triton  # deferred: optional dependency, present only where cuda is used
-    from triton.backends.compiler import GPUTarget  # deferred: optional dependency (cuda only)
-    names = list(fn.arg_names)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    src = triton.compiler.ASTSource(fn, dict(signature), dict(constexprs), attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", capability, _THREADS_PER_WARP),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
-    md = compiled.metadata
-    return compiled.asm["cubin"], {"name": md.name, "num_warps": md.num_warps, "shared": md.shared,
-                                   "global_scratch": md.global_scratch_size}
+    """(cubin, launch metadata) of `fn` from `triton.compile` for sm_<capability>, Triton's own cache key
+    kept on disk (`compile_worker.prime_triton_key`) rather than hashed again in each process."""
+    compile_worker.prime_triton_key(os.path.join(_cpp_builder.cache_dir, "triton"))
+    return compile_worker.triton_compile(fn, signature, constexprs, num_warps, num_stages, aligned, capability)
 
 
 def load_cubin(cubin: bytes, meta: dict, arg_types: tuple) -> Kernel:

@@ -25,6 +25,7 @@ functions on the interpreter's NumPy blocks.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import importlib.util
@@ -35,7 +36,8 @@ import queue
 import subprocess
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import Future
 
 import numpy as np
 import triton
@@ -43,7 +45,7 @@ import triton.language as tl
 from triton.runtime.interpreter import TensorHandle
 
 from .. import _backends, _cpp_builder
-from .._backends import cubin_cache, triton_launch as TL
+from .._backends import compile_worker, cubin_cache, triton_launch as TL
 from . import autotune as autotune_mod, config
 from .codegen_triton import HEADER, REDUCE_HELPERS, TL as TL_NAMES, TRITON_HELPERS
 
@@ -414,9 +416,8 @@ def load_or_compile(kernel: KernelRef, sig, constexprs, num_warps, aligned, dkey
     `stats["cubin_cache_hits"]`; the module is not imported), else compiled (`stats["compiled"]`) and cached."""
     key = _cubin_key(kernel, sig, constexprs, num_warps, aligned, dkey)
     pending = _pending.pop(key, None)
-    if pending is not None:                  # a worker is compiling it (`precompile`): wait for its batch
-        with contextlib.suppress(Exception):
-            pending.result()
+    if pending is not None:                  # a worker is compiling it (`precompile`): wait for its job
+        pending.result()
     entry = cubin_cache.read(key)
     if entry is not None:
         stats["cubin_cache_hits"] += 1
@@ -428,8 +429,13 @@ def load_or_compile(kernel: KernelRef, sig, constexprs, num_warps, aligned, dkey
 
 
 # ---- compiling in parallel -------------------------------------------------------------------------
-_pending: dict = {}                 # cubin cache key -> Future of the worker batch compiling it
-_executor: list = []
+_pending: dict = {}                 # cubin cache key -> Future of the worker job compiling it
+_jobs: queue.SimpleQueue = queue.SimpleQueue()      # (job, cubin cache key, Future) for the worker threads
+_workers: list = []                 # the worker threads started (`_start_workers`), each with its process
+_busy = [0]                         # workers compiling a job now
+_workers_lock = threading.Lock()
+compile_times: list = []            # (kernel, seconds its worker spent, worker thread, done at perf_counter)
+MIN_PARALLEL_JOBS = 2               # kernels missing at least, for a process's first workers to start
 
 
 def _arg_names(la) -> tuple:
@@ -438,17 +444,19 @@ def _arg_names(la) -> tuple:
 
 
 def precompile(module, launches, device) -> None:
-    """Start compiling a cuda module's kernels in up to `config.compile_threads` worker processes
-    (`_Worker`s, kept for later graphs, each writing cubins into the disk cache), with
-    every pointer assumed 16-byte aligned (CuPy's allocations are); a launch waits in
-    `load_or_compile` for the batch holding its kernel, and compiles itself what a worker could not."""
+    """Start compiling a cuda module's kernels in worker processes (`precompile_for`)."""
     if device.type == "cuda":
         precompile_for(module, launches, device_key(device))
 
 
 def precompile_for(module, launches, dkey: str) -> list:
-    """`precompile` for device key `dkey` ("sm90"); returns the batches' futures. Nothing with the cubin
-    cache off (`cubin_cache.enabled`): the workers hand their cubins over through it."""
+    """Queue each kernel of `launches` whose cubin the disk cache lacks as one job for the compile workers
+    (`_worker_thread`), in launch order, with every pointer assumed 16-byte aligned (CuPy's allocations
+    are), and start workers for them (up to `config.compile_threads`; none while nothing misses: a warm
+    start runs none); returns the jobs' futures. A launch waits in `load_or_compile` for its kernel's job
+    only. Nothing with the cubin cache off (`cubin_cache.enabled`: the workers' cubins go through it), and
+    nothing for fewer than MIN_PARALLEL_JOBS missing kernels while no worker runs (one kernel compiles
+    faster in this process than a worker starts)."""
     if config.compile_threads <= 1 or not cubin_cache.enabled:
         return []
     jobs = []
@@ -457,97 +465,98 @@ def precompile_for(module, launches, dkey: str) -> list:
             names, sig = _arg_names(la), la.signature()
             key = _cubin_key(module.kernel(la.name), sig, la.constexprs, la.num_warps, names, dkey)
             if key not in _pending and not cubin_cache.exists(key):
-                jobs.append([la.name, sig, la.constexprs, la.num_warps, list(names), key])
+                jobs.append(({"path": module.__file__, "name": la.name, "sig": sig, "constexprs": la.constexprs,
+                              "num_warps": la.num_warps, "aligned": list(names), "capability": int(dkey[2:])}, key))
             la = la.then
-    if len(jobs) < MIN_PARALLEL_JOBS:
+    if not jobs or (len(jobs) < MIN_PARALLEL_JOBS and not _workers):
         return []
-    if not _executor:
-        _executor.append(ThreadPoolExecutor(max_workers=config.compile_threads, thread_name_prefix="flambeau-compile"))
-    n = min(config.compile_threads, -(-len(jobs) // MIN_PARALLEL_JOBS))
     futures = []
-    for i in range(n):
-        batch = jobs[i::n]
-        fut = _executor[0].submit(_run_worker, module.__file__, int(dkey[2:]), batch, _cpp_builder.cache_dir)
+    for job, key in jobs:
+        fut = _pending[key] = Future()
+        _jobs.put((job, key, fut))
         futures.append(fut)
-        for job in batch:
-            _pending[job[-1]] = fut
+    compile_worker.start_triton_key(cache_dir())
+    _start_workers(int(dkey[2:]))
     return futures
 
 
-MIN_PARALLEL_JOBS = 2               # kernels per worker process at least (a process costs an import of Triton)
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+def start_triton_key() -> None:
+    """Before a process's first cuda graph is lowered: Triton's cache key (`compile_worker.triton_key`: a
+    hash of libtriton on a cold cache, ~0.4 s on the H100 host) begins in the background, for the compile
+    workers (sent to each before its first job) and for this process's own `triton.compile`."""
+    compile_worker.start_triton_key(cache_dir())
+
+
+def _start_workers(capability: int) -> None:
+    """Start worker threads (each starting its process) for the jobs queued and running, up to
+    `config.compile_threads` in all."""
+    with _workers_lock:
+        want = min(config.compile_threads, _jobs.qsize() + _busy[0])
+        while len(_workers) < want:
+            t = threading.Thread(target=_worker_thread, args=(capability,), name=f"flambeau-compile-{len(_workers)}",
+                                 daemon=True)
+            _workers.append(t)
+            t.start()
 
 
 class _Worker:
-    """One compile worker process (`python -m flambeau._inductor.triton_runtime`), kept for the next
-    batch: a batch is one JSON line in, the number of kernels compiled one line out."""
+    """One compile worker process (`flambeau/_backends/compile_worker.py`, which imports Triton and nothing
+    of flambeau): a job is one JSON line in, its cubin or error one JSON line out."""
 
-    def __init__(self):
+    def __init__(self, capability: int):
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, env=env)
-        _started[0] += 1
+        self.proc = subprocess.Popen([sys.executable, "-P", compile_worker.__file__, str(capability)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=env)
+        self.has_key = False
 
-    def run(self, spec: dict) -> int | None:
-        """Kernels compiled, or None when the process is gone."""
+    def send_key(self) -> None:
+        """Triton's cache key, once (`start_triton_key`), unless it could not be computed."""
+        self.has_key = True
         try:
-            self.proc.stdin.write(json.dumps(spec) + "\n")
+            key = compile_worker.start_triton_key(cache_dir()).result()
+        except Exception:           # the worker's Triton computes it itself
+            return
+        with contextlib.suppress(OSError):
+            self.proc.stdin.write(json.dumps({"triton_key": key}) + "\n")
+
+    def run(self, job: dict) -> dict | None:
+        """The worker's answer to `job`, or None when the process is gone."""
+        try:
+            if not self.has_key:
+                self.send_key()
+            self.proc.stdin.write(json.dumps(job) + "\n")
             self.proc.stdin.flush()
             line = self.proc.stdout.readline()
         except OSError:
             return None
-        return int(line) if line.strip() else None
+        return json.loads(line) if line.strip() else None
 
 
-_idle: queue.SimpleQueue = queue.SimpleQueue()
-_started = [0]          # worker processes started so far (prestart_workers)
-PRESTART = 8            # workers a process's first cuda graph starts before lowering
-
-
-def prestart_workers() -> None:
-    """Start up to PRESTART compile workers (no more than `config.compile_threads`) once per process,
-    before a cuda graph is lowered: each spends its first seconds importing Triton, which then overlaps
-    the lowering and code generation instead of delaying the first batch (a compiled MLP's first step on
-    the H100 waited ~3 s a batch for fresh workers)."""
-    want = min(PRESTART, config.compile_threads) if config.compile_threads > 1 else 0
-    while _started[0] < want:
-        _idle.put(_Worker())
-
-
-def _run_worker(path: str, capability: int, jobs: list, cache: str) -> int:
-    """Compile `jobs` in an idle worker process (started on demand) into the cache under directory `cache`
-    (`_cpp_builder.cache_dir`); the number of kernels it compiled."""
-    try:
-        w = _idle.get_nowait()
-    except queue.Empty:
-        w = _Worker()
-    n = w.run({"path": path, "capability": capability, "jobs": jobs, "cache_dir": cache})
-    if n is None:                    # the worker died: the launching process compiles what is missing
-        return 0
-    _idle.put(w)
-    stats["compiled_in_workers"] += n
-    return n
-
-
-def _compile_jobs(spec: dict) -> int:
-    """A worker's batch: import the generated module from its file, compile each kernel, write its cubin."""
-    _cpp_builder.cache_dir = spec["cache_dir"]       # the launching process's (the worker's own process)
-    mod_spec = importlib.util.spec_from_file_location("flambeau_triton_worker", spec["path"])
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
-    n = 0
-    for name, sig, constexprs, num_warps, aligned, key in spec["jobs"]:
-        if cubin_cache.exists(key):
-            continue
+def _worker_thread(capability: int) -> None:
+    """Take queued jobs one at a time, have this thread's worker process compile each, write the cubin into
+    the disk cache and complete the job's future; a worker that dies is replaced (its job is left to the
+    launching thread, which compiles what the cache lacks itself)."""
+    worker = _Worker(capability)
+    while True:
+        job, key, fut = _jobs.get()
+        with _workers_lock:
+            _busy[0] += 1
         try:
-            cubin, meta = build_cubin(getattr(mod, name), sig, constexprs, num_warps, tuple(aligned),
-                                      spec["capability"])
-        except Exception:           # left to the launching process, which reports the error
-            continue
-        cubin_cache.write(key, cubin, meta)
-        n += 1
-    return n
+            answer = worker.run(job)
+            if answer is None:
+                worker = _Worker(capability)
+            elif "cubin" in answer:
+                cubin_cache.write(key, base64.b64decode(answer["cubin"]), answer["meta"])
+                stats["compiled_in_workers"] += 1
+                compile_times.append((job["name"], round(answer["seconds"], 4), threading.current_thread().name,
+                                      round(time.perf_counter(), 4)))
+        except Exception:           # never leave a launch waiting: it compiles the kernel itself
+            pass
+        finally:
+            with _workers_lock:
+                _busy[0] -= 1
+            fut.set_result(None)
 
 
 # ---- libdevice for the interpreter ---------------------------------------------------------------
@@ -599,7 +608,3 @@ class InterpreterLibdevice:
         call.__name__ = name
         return call
 
-
-if __name__ == "__main__":          # a compile worker (`precompile`): a batch per line in, its count out
-    for _line in sys.stdin:
-        print(_compile_jobs(json.loads(_line)), flush=True)
