@@ -19,6 +19,7 @@ import re
 import weakref
 
 from .. import _state
+from .._code_cache import compile_source
 from .._device import canonical
 from .._tensor import Tensor
 from ..nn.modules.module import Module
@@ -252,7 +253,7 @@ class GuardSet:
                f"        return False\n")
         ns = dict(self.consts)
         ns["G"] = globals_dict
-        exec(compile(src, "<flambeau._dynamo guards>", "exec"), ns)
+        exec(compile_source(src, "<flambeau._dynamo guards>"), ns)
         # kept for recompile reasons and explain() only: each check as its condition text and description,
         # strings the garbage collector never walks (not the Source objects, nor the set of seen keys)
         self.checks = tuple((None, cond.replace("{S}", f"({s.expr})") if s is not None else cond, desc)

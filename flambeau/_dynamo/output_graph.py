@@ -17,6 +17,7 @@ import types
 from inspect import CO_VARARGS, CO_VARKEYWORDS
 
 from .. import _state
+from .._code_cache import compile_source
 from .._backends import MetaArray, contiguous_strides
 from .._device import META
 from .._tensor import Tensor
@@ -574,7 +575,7 @@ class OutputGraph:
         src = cg.render(argnames, graph_call, tail)
         ns = cg.ns
         ns["G"] = self.f_globals
-        exec(compile(src, f"<flambeau._dynamo entry of {self.code.co_name}>", "exec"), ns)
+        exec(compile_source(src, f"<flambeau._dynamo entry of {self.code.co_name}>"), ns)
         _logging.trace("bytecode", "entry of %s:\n%s", self.code.co_name, src)
         _logging.trace("guards", "guards of %s:\n%s", self.code.co_name,
                        "\n".join(d for _, _, d in self.guards.checks))

@@ -26,6 +26,7 @@ Everything that runs eagerly (a whole graph, a call sent to eager) is recorded a
 from __future__ import annotations
 
 from .. import _fp_errors, _logging
+from .._code_cache import compile_source
 from .._compile_lock import compile_lock
 from .._counters import record_fallback
 
@@ -326,7 +327,7 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
         wc = WrapperCodegen(graph, order, memory, backend, kernels_ns, size_names, _eager_runner(gm), device, writes,
                             saved)
     wrapper_source = wc.generate()
-    exec(compile(wrapper_source, f"<flambeau-inductor-wrapper-{gid}>", "exec"), wc.ns)
+    exec(compile_source(wrapper_source, f"<flambeau-inductor-wrapper-{gid}>"), wc.ns)
     art = CompiledArtifact(graph, order, wc.ns["call"], source, wrapper_source, backend, source_path, size_names,
                            cpp_wrapper="fl_graph_run_obj" in kernels_ns)
     art.device = device

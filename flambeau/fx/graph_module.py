@@ -13,6 +13,7 @@ import linecache
 
 from ..nn.modules.module import Module
 from ..nn.parameter import Parameter
+from .._code_cache import compile_source
 from .._tensor import Tensor
 from . import packed_graph
 from .graph import Graph, PythonCode
@@ -44,7 +45,7 @@ def _exec_with_source(src: str, globals_: dict) -> dict:
     key = f"<eval_with_key>.{next(_keys)}"
     linecache.cache[key] = (len(src), None, src.splitlines(True), key)
     env = dict(globals_)
-    exec(compile(src, key, "exec"), env)
+    exec(compile_source(src, key), env)
     return env
 
 
