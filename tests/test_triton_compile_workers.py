@@ -61,7 +61,8 @@ def cache(monkeypatch, tmp_path):
     monkeypatch.setattr(triton_runtime, "_workers", [])
     monkeypatch.setattr(triton_runtime, "_modules", {})
     monkeypatch.setattr(_inductor.config, "compile_threads", 2)
-    return tmp_path
+    yield tmp_path
+    triton_runtime.shutdown_workers()
 
 
 def _generated(monkeypatch, fn, *args):
@@ -146,6 +147,10 @@ def test_workers_start_for_the_jobs_queued_up_to_compile_threads(monkeypatch, ca
 
         def run(self, job):
             return {"error": "not compiled here"}
+
+        def close(self):
+            closed.append(True)
+    closed = []
     monkeypatch.setattr(triton_runtime, "_Worker", FakeWorker)
     mod, launches = _generated(monkeypatch, _two_kernels, *_args())
     futures = triton_runtime.precompile_for(mod, launches, "sm90")
@@ -155,6 +160,9 @@ def test_workers_start_for_the_jobs_queued_up_to_compile_threads(monkeypatch, ca
     for la in _functions(launches):                 # the failed jobs: no cubin, no waiting left
         assert not cubin_cache.exists(triton_runtime._cubin_key(mod.kernel(la.name), la.signature(), la.constexprs,
                                                                 la.num_warps, triton_runtime._arg_names(la), "sm90"))
+    threads = list(triton_runtime._workers)
+    triton_runtime.shutdown_workers()
+    assert not triton_runtime._workers and not any(t.is_alive() for t in threads) and len(closed) == len(threads)
 
 
 def _job(mod, la) -> dict:

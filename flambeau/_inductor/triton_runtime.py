@@ -493,10 +493,22 @@ def _start_workers(capability: int) -> None:
     with _workers_lock:
         want = min(config.compile_threads, _jobs.qsize() + _busy[0])
         while len(_workers) < want:
-            t = threading.Thread(target=_worker_thread, args=(capability,), name=f"flambeau-compile-{len(_workers)}",
-                                 daemon=True)
+            t = threading.Thread(target=_worker_thread, args=(capability, _jobs),
+                                 name=f"flambeau-compile-{len(_workers)}", daemon=True)
             _workers.append(t)
             t.start()
+
+
+def shutdown_workers() -> None:
+    """End every compile worker (its thread and process) once the jobs queued before have been taken; a later
+    miss starts new ones. (At exit nothing needs it: a worker ends when its stdin closes.)"""
+    with _workers_lock:
+        threads = list(_workers)
+        _workers.clear()
+        for _ in threads:
+            _jobs.put(None)
+    for t in threads:
+        t.join()
 
 
 class _Worker:
@@ -520,6 +532,12 @@ class _Worker:
         with contextlib.suppress(OSError):
             self.proc.stdin.write(json.dumps({"triton_key": key}) + "\n")
 
+    def close(self) -> None:
+        """End the process: its stdin closed, it exits after the job in hand."""
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        self.proc.wait()
+
     def run(self, job: dict) -> dict | None:
         """The worker's answer to `job`, or None when the process is gone."""
         try:
@@ -533,13 +551,18 @@ class _Worker:
         return json.loads(line) if line.strip() else None
 
 
-def _worker_thread(capability: int) -> None:
+def _worker_thread(capability: int, jobs: queue.SimpleQueue) -> None:
     """Take queued jobs one at a time, have this thread's worker process compile each, write the cubin into
     the disk cache and complete the job's future; a worker that dies is replaced (its job is left to the
-    launching thread, which compiles what the cache lacks itself)."""
+    launching thread, which compiles what the cache lacks itself). None in the queue ends the thread and
+    its process (`shutdown_workers`)."""
     worker = _Worker(capability)
     while True:
-        job, key, fut = _jobs.get()
+        item = jobs.get()
+        if item is None:
+            worker.close()
+            return
+        job, key, fut = item
         with _workers_lock:
             _busy[0] += 1
         try:
