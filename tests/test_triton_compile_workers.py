@@ -60,6 +60,7 @@ def cache(monkeypatch, tmp_path):
     monkeypatch.setattr(triton_runtime, "_pending", {})
     monkeypatch.setattr(triton_runtime, "_workers", [])
     monkeypatch.setattr(triton_runtime, "_modules", {})
+    monkeypatch.setattr(triton_runtime, "broken", [None])
     monkeypatch.setattr(_inductor.config, "compile_threads", 2)
     yield tmp_path
     triton_runtime.shutdown_workers()
@@ -163,6 +164,36 @@ def test_workers_start_for_the_jobs_queued_up_to_compile_threads(monkeypatch, ca
     threads = list(triton_runtime._workers)
     triton_runtime.shutdown_workers()
     assert not triton_runtime._workers and not any(t.is_alive() for t in threads) and len(closed) == len(threads)
+
+
+def test_workers_that_cannot_start_turn_workers_off_and_release_every_launch(monkeypatch, cache):
+    """A worker process that exits before its first answer (a Python that can't run it): no launch is left
+    waiting for a job, and later graphs queue none (their kernels compile in the launching process)."""
+    class Unborn:
+        answered = 0
+
+        def __init__(self, capability):
+            self.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True)
+
+        def run(self, job):
+            self.proc.wait()
+            return None
+
+        def close(self):
+            pass
+    monkeypatch.setattr(triton_runtime, "_Worker", Unborn)
+    mod, launches = _generated(monkeypatch, _two_kernels, *_args())
+    monkeypatch.setattr(_inductor.config, "compile_threads", 2)
+    futures = triton_runtime.precompile_for(mod, launches, "sm90")
+    assert len(futures) > 2                     # more jobs than workers: some are still queued when they die
+    for f in futures:
+        f.result(timeout=30)
+    assert "code 3" in triton_runtime.broken[0]
+    monkeypatch.setattr(triton_runtime, "_modules", {})
+    monkeypatch.setattr(triton_runtime, "_pending", {})
+    mod, launches = _generated(monkeypatch, lambda a: (a * 3).sum(0) + a.sum(1).sum(), fl.randn(8, 32))
+    assert triton_runtime.precompile_for(mod, launches, "sm90") == []
 
 
 def _job(mod, la) -> dict:

@@ -44,11 +44,12 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import TensorHandle
 
-from .. import _backends, _cpp_builder
+from .. import _backends, _cpp_builder, _logging
 from .._backends import compile_worker, cubin_cache, triton_launch as TL
 from . import autotune as autotune_mod, config
 from .codegen_triton import HEADER, REDUCE_HELPERS, TL as TL_NAMES, TRITON_HELPERS
 
+log = _logging.get_logger("flambeau._inductor")
 ALIGN = 16                          # bytes: pointers promised aligned to Triton (vectorised access)
 _modules: dict = {}
 _lock = threading.Lock()
@@ -433,6 +434,7 @@ _pending: dict = {}                 # cubin cache key -> Future of the worker jo
 _jobs: queue.SimpleQueue = queue.SimpleQueue()      # (job, cubin cache key, Future) for the worker threads
 _workers: list = []                 # the worker threads started (`_start_workers`), each with its process
 _busy = [0]                         # workers compiling a job now
+broken = [None]                     # why compile workers are off in this process (one died unborn), or None
 _workers_lock = threading.Lock()
 compile_times: list = []            # (kernel, seconds its worker spent, worker thread, done at perf_counter)
 MIN_PARALLEL_JOBS = 2               # kernels missing at least, for a process's first workers to start
@@ -457,7 +459,7 @@ def precompile_for(module, launches, dkey: str) -> list:
     only. Nothing with the cubin cache off (`cubin_cache.enabled`: the workers' cubins go through it), and
     nothing for fewer than MIN_PARALLEL_JOBS missing kernels while no worker runs (one kernel compiles
     faster in this process than a worker starts)."""
-    if config.compile_threads <= 1 or not cubin_cache.enabled:
+    if config.compile_threads <= 1 or not cubin_cache.enabled or broken[0]:
         return []
     jobs = []
     for la in launches:
@@ -521,6 +523,7 @@ class _Worker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, env=env)
         self.has_key = False
+        self.answered = 0
 
     def send_key(self) -> None:
         """Triton's cache key, once (`start_triton_key`), unless it could not be computed."""
@@ -548,7 +551,27 @@ class _Worker:
             line = self.proc.stdout.readline()
         except OSError:
             return None
-        return json.loads(line) if line.strip() else None
+        if not line.strip():
+            return None
+        self.answered += 1
+        return json.loads(line)
+
+
+def _release_queued(jobs: queue.SimpleQueue) -> None:
+    """Complete the future of every job still queued (their launches compile the kernels themselves); the
+    queued ends of threads (`shutdown_workers`) stay queued."""
+    ends = 0
+    while True:
+        try:
+            item = jobs.get_nowait()
+        except queue.Empty:
+            break
+        if item is None:
+            ends += 1
+        else:
+            item[2].set_result(None)
+    for _ in range(ends):
+        jobs.put(None)
 
 
 def _worker_thread(capability: int, jobs: queue.SimpleQueue) -> None:
@@ -567,6 +590,11 @@ def _worker_thread(capability: int, jobs: queue.SimpleQueue) -> None:
             _busy[0] += 1
         try:
             answer = worker.run(job)
+            if answer is None and not worker.answered:     # it could not even start: workers are off
+                broken[0] = f"a compile worker process exited before its first answer (code {worker.proc.poll()})"
+                log.warning("flambeau inductor: %s; Triton kernels now compile in the launching process", broken[0])
+                _release_queued(jobs)
+                return
             if answer is None:
                 worker = _Worker(capability)
             elif "cubin" in answer:
