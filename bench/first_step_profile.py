@@ -29,9 +29,25 @@ def main():
     flambeau.cuda.synchronize()
     prof.disable()
     print(f"== {name}: first compiled step {time.perf_counter() - t0:.2f} s (profiled)", flush=True)
+    _worker_summary(t0)
     st = pstats.Stats(prof)
     st.sort_stats("cumulative").print_stats(rows)
     st.sort_stats("tottime").print_stats(rows // 2)
+
+
+def _worker_summary(t0: float) -> None:
+    """The compile workers' jobs of the step: how many, their seconds, when the first and last were done."""
+    import sys as _sys
+    rt = _sys.modules.get("flambeau._inductor.triton_runtime")
+    times = getattr(rt, "compile_times", None) if rt is not None else None
+    if not times:
+        print("== compile workers: no job", flush=True)
+        return
+    done = sorted(t - t0 for _, _, _, t in times)
+    secs = sorted(s for _, s, _, _ in times)
+    print(f"== compile workers: {len(times)} kernels in {len({w for _, _, w, _ in times})} workers, "
+          f"{sum(secs):.2f} s of compiling (median {secs[len(secs) // 2]:.3f} s, max {secs[-1]:.3f} s), "
+          f"first done at {done[0]:.2f} s, last at {done[-1]:.2f} s of the step", flush=True)
 
 
 if __name__ == "__main__":
