@@ -196,6 +196,47 @@ def test_workers_that_cannot_start_turn_workers_off_and_release_every_launch(mon
     assert triton_runtime.precompile_for(mod, launches, "sm90") == []
 
 
+def test_a_forked_child_starts_its_own_workers(monkeypatch, cache):
+    """The parent's worker threads don't exist in a forked child: it forgets them (and the parent's queue and
+    jobs, and a Triton key still being computed by a parent thread) and starts its own at its first miss, whose
+    jobs then complete."""
+    made = []
+
+    class FakeWorker:
+        answered = 0
+
+        def __init__(self, capability):
+            made.append(os.getpid())
+
+        def run(self, job):
+            self.answered += 1
+            return {"error": "not compiled here"}
+
+        def close(self):
+            pass
+    monkeypatch.setattr(triton_runtime, "_Worker", FakeWorker)
+    mod, launches = _generated(monkeypatch, _two_kernels, *_args())
+    for f in triton_runtime.precompile_for(mod, launches, "sm90"):
+        f.result(timeout=60)
+    assert triton_runtime._workers
+    mod2, launches2 = _generated(monkeypatch, lambda a: (a * 3).sum(0) + a.sum(1).sum(), fl.randn(8, 32))
+    from concurrent.futures import Future
+    monkeypatch.setattr(compile_worker, "_key", [Future()])      # Triton's key still being computed
+    pid = os.fork()
+    if pid == 0:                                      # the child: its own workers, its jobs done
+        ok = False
+        try:
+            ok = not triton_runtime._workers and not triton_runtime._pending and compile_worker._key == []
+            futures = triton_runtime.precompile_for(mod2, launches2, "sm90")
+            for f in futures:
+                f.result(timeout=60)
+            ok = ok and bool(futures) and os.getpid() in made and len(triton_runtime._workers) >= 1
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def _job(mod, la) -> dict:
     return {"path": mod.__file__, "name": la.name, "sig": la.signature(), "constexprs": la.constexprs,
             "num_warps": la.num_warps, "aligned": list(triton_runtime._arg_names(la)), "capability": 90}

@@ -117,6 +117,18 @@ def start_triton_key(cache_dir: str) -> Future:
     return _key[0]
 
 
+def _forget_key_after_fork() -> None:
+    """In a forked child the thread computing the key (`start_triton_key`) does not exist: start afresh (a
+    finished key is kept)."""
+    global _key_lock
+    _key_lock = threading.Lock()
+    if _key and not _key[0].done():
+        _key.clear()
+
+
+os.register_at_fork(after_in_child=_forget_key_after_fork)
+
+
 def use_triton_key(key: str) -> None:
     """Hand Triton its cache key computed elsewhere (`triton_key`): `triton.compile` then reads no file for it."""
     _triton().runtime.cache.triton_key = lambda: key

@@ -557,6 +557,19 @@ class _Worker:
         return json.loads(line)
 
 
+def _forget_workers_after_fork() -> None:
+    """In a forked child: the parent's worker threads do not exist there and its queued jobs are the parent's;
+    the child starts its own workers at its first miss."""
+    global _jobs, _workers_lock
+    _jobs, _workers_lock = queue.SimpleQueue(), threading.Lock()
+    _workers.clear()
+    _pending.clear()
+    _busy[0] = 0
+
+
+os.register_at_fork(after_in_child=_forget_workers_after_fork)
+
+
 def _release_queued(jobs: queue.SimpleQueue) -> None:
     """Complete the future of every job still queued (their launches compile the kernels themselves); the
     queued ends of threads (`shutdown_workers`) stay queued."""
