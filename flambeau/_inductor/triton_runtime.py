@@ -604,6 +604,8 @@ def _worker_thread(capability: int, jobs: queue.SimpleQueue) -> None:
         try:
             answer = worker.run(job)
             if answer is None and not worker.answered:     # it could not even start: workers are off
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    worker.proc.wait(timeout=10)
                 broken[0] = f"a compile worker process exited before its first answer (code {worker.proc.poll()})"
                 log.warning("flambeau inductor: %s; Triton kernels now compile in the launching process", broken[0])
                 _release_queued(jobs)
