@@ -50,8 +50,8 @@ def child(model_name: str) -> dict:
         g = "fwd" if n_graph[0] == 0 else f"g{n_graph[0]}"
         n_graph[0] += 1
         mark(f"{g}_enter")
-        if hasattr(rt, "start_triton_key"):
-            rt.start_triton_key()
+        if hasattr(rt, "begin_cuda_compile"):
+            rt.begin_cuda_compile(dev)
             rt.compile_worker._key[0].add_done_callback(lambda f: marks.get("triton_key") or mark("triton_key"))
         else:
             rt.prestart_workers()

@@ -166,6 +166,33 @@ def test_workers_start_for_the_jobs_queued_up_to_compile_threads(monkeypatch, ca
     assert not triton_runtime._workers and not any(t.is_alive() for t in threads) and len(closed) == len(threads)
 
 
+def test_workers_start_before_lowering_only_on_an_empty_cubin_cache(monkeypatch, cache):
+    """`begin_cuda_compile` (compile_fx calls it before lowering a cuda graph) starts workers at once where the
+    cubin cache holds nothing (every kernel will miss), and none where it holds an entry (a warm start)."""
+    made = []
+
+    class FakeWorker:
+        answered = 0
+
+        def __init__(self, capability):
+            made.append(capability)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(triton_runtime, "_Worker", FakeWorker)
+    monkeypatch.setattr(triton_runtime, "PRESTART", 8)
+    triton_runtime.begin_cuda_compile(Cuda())                    # empty cache: min(PRESTART, compile_threads)
+    assert len(triton_runtime._workers) == 2
+    triton_runtime.begin_cuda_compile(Cuda())                    # once
+    assert len(triton_runtime._workers) == 2
+    triton_runtime.shutdown_workers()
+    assert made == [90, 90]
+    cubin_cache.write(cubin_cache.key("any"), b"cubin", {"name": "k", "num_warps": 4, "shared": 0,
+                                                         "global_scratch": 0})
+    triton_runtime.begin_cuda_compile(Cuda())                    # an entry there: no worker before a miss
+    assert not triton_runtime._workers and made == [90, 90]
+
+
 def test_workers_that_cannot_start_turn_workers_off_and_release_every_launch(monkeypatch, cache):
     """A worker process that exits before its first answer (a Python that can't run it): no launch is left
     waiting for a job, and later graphs queue none (their kernels compile in the launching process)."""

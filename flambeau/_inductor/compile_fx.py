@@ -270,7 +270,7 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     dtypes = {"triton": codegen_triton.DTYPES, "cpp": codegen_cpp.DTYPES}.get(backend, SUPPORTED_DTYPES)
     if backend == "triton":
         if device.type == "cuda":
-            _triton_runtime().start_triton_key()    # hashing libtriton (cold cache) overlaps the lowering below
+            _triton_runtime().begin_cuda_compile(device)    # overlaps the lowering below
         pad_mm.pad_matrix_products(gm)
     graph = GraphLowering(gm, ex, device, dtypes).run()
     size_names = _size_names(graph)

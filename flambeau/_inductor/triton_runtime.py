@@ -482,18 +482,34 @@ def precompile_for(module, launches, dkey: str) -> list:
     return futures
 
 
-def start_triton_key() -> None:
-    """Before a process's first cuda graph is lowered: Triton's cache key (`compile_worker.triton_key`: a
-    hash of libtriton on a cold cache, ~0.4 s on the H100 host) begins in the background, for the compile
-    workers (sent to each before its first job) and for this process's own `triton.compile`."""
+PRESTART = 8                        # workers a cuda compile starts before lowering on an empty cubin cache
+
+
+def begin_cuda_compile(device) -> None:
+    """Before a cuda graph is lowered: Triton's cache key (`compile_worker.triton_key`: a hash of libtriton on
+    a cold cache, ~0.4 s on the H100 host) begins in the background, for the compile workers (sent to each
+    before its first job) and for this process's own `triton.compile`; and where the cubin cache holds no
+    entry at all (every kernel will miss), up to PRESTART workers start now, their start overlapping the
+    lowering. With any entry there, workers wait for the first miss (`precompile_for`)."""
     compile_worker.start_triton_key(cache_dir())
+    if config.compile_threads > 1 and cubin_cache.enabled and not broken[0] and not _workers and \
+            _cubin_cache_empty():
+        _start_workers(int(device_key(device)[2:]), at_least=min(PRESTART, config.compile_threads))
 
 
-def _start_workers(capability: int) -> None:
-    """Start worker threads (each starting its process) for the jobs queued and running, up to
-    `config.compile_threads` in all."""
+def _cubin_cache_empty() -> bool:
+    try:
+        with os.scandir(cubin_cache.root()) as entries:
+            return next(entries, None) is None
+    except OSError:                 # no directory yet
+        return True
+
+
+def _start_workers(capability: int, at_least: int = 0) -> None:
+    """Start worker threads (each starting its process) for the jobs queued and running (at least
+    `at_least`), up to `config.compile_threads` in all."""
     with _workers_lock:
-        want = min(config.compile_threads, _jobs.qsize() + _busy[0])
+        want = min(config.compile_threads, max(at_least, _jobs.qsize() + _busy[0]))
         while len(_workers) < want:
             t = threading.Thread(target=_worker_thread, args=(capability, _jobs),
                                  name=f"flambeau-compile-{len(_workers)}", daemon=True)
