@@ -9,7 +9,7 @@ CPU (not timed apart). Each run is a fresh process with fresh FLAMBEAU_CACHE_DIR
 step_s (the step: trace, compile, wait for kernels, the eager CPU run of the graphs), and a timeline in
 seconds from the step's start (fwd/bwd: compile_fx entered, lowered and generated, every kernel loaded),
 kernels compiled in workers and in the process. `--warm` runs every process after the first on the same
-cache directories."""
+cache directories (of its tree). Rounds interleave the trees."""
 import argparse
 import json
 import os
@@ -156,24 +156,25 @@ def main():
     if a.child:
         print(json.dumps(child(a.model)), flush=True)
         return
-    for tree in a.trees:
-        steps = []
-        cache = None
-        for i in range(a.runs):
-            if cache is None or not a.warm:
-                cache = tempfile.mkdtemp(prefix="flambeau-cold-")
+    steps = {tree: [] for tree in a.trees}
+    caches: dict = {}
+    for i in range(a.runs):                 # rounds interleave the trees (the box's load moves)
+        for tree in a.trees:
+            if tree not in caches or not a.warm:
+                caches[tree] = tempfile.mkdtemp(prefix="flambeau-cold-")
             env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-            env.update(PYTHONPATH=tree, FLAMBEAU_CACHE_DIR=os.path.join(cache, "fl"),
-                       TRITON_CACHE_DIR=os.path.join(cache, "triton"))
+            env.update(PYTHONPATH=tree, FLAMBEAU_CACHE_DIR=os.path.join(caches[tree], "fl"),
+                       TRITON_CACHE_DIR=os.path.join(caches[tree], "triton"))
             r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--model", a.model],
                                env=env, capture_output=True, text=True, cwd=tree)
             if r.returncode:
                 sys.exit(r.stderr[-3000:])
             row = {"tree": tree, "run": i, **json.loads(r.stdout.strip().splitlines()[-1])}
             print(json.dumps(row), flush=True)
-            steps.append(row["step_s"])
-        print(json.dumps({"tree": tree, "model": a.model, "median_step_s": statistics.median(steps),
-                          "load": os.getloadavg()[0]}), flush=True)
+            steps[tree].append(row["step_s"])
+    for tree in a.trees:
+        print(json.dumps({"tree": tree, "model": a.model, "median_step_s": statistics.median(steps[tree]),
+                          "runs": steps[tree], "load": os.getloadavg()[0]}), flush=True)
 
 
 if __name__ == "__main__":
