@@ -13,6 +13,7 @@ import base64
 import hashlib
 import json
 import os
+import pathlib
 import queue
 import subprocess
 import sys
@@ -343,23 +344,29 @@ def test_a_real_worker_fills_the_cache_and_the_launches_compile_nothing(monkeypa
                                        triton_runtime._arg_names(la), "sm90")
 
 
-def test_triton_key_is_kept_equal_to_tritons_and_recomputed_when_its_files_change(monkeypatch, tmp_path):
+def test_triton_key_is_read_from_file_stats_without_hashing_triton_and_moves_with_them(monkeypatch):
+    """The key handed to Triton's cache comes from the paths, sizes and modification times of the files Triton's
+    own `triton_key()` hashes (libtriton among them: 0.4 s of hashing on the H100 host, on a cold first step's
+    critical path), never from Triton's hash; the same in another process, and another when a file's size or
+    time changes."""
     from triton.runtime import cache as triton_cache
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    tritons = subprocess.run([sys.executable, "-c", "from triton.runtime.cache import triton_key; print(triton_key())"],
-                             capture_output=True, text=True, env=env, timeout=300).stdout.strip()
-    assert tritons and compile_worker.triton_key(str(tmp_path)) == tritons    # computed, kept
-    assert os.path.exists(tmp_path / compile_worker.KEY_FILE)
 
     def hashing(*args):
-        raise AssertionError("Triton's files hashed again")
+        raise AssertionError("Triton's files hashed")
     monkeypatch.setattr(triton_cache, "triton_key", hashing)
-    assert compile_worker.triton_key(str(tmp_path)) == tritons                # read back
+    key = compile_worker.triton_key()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(compile_worker.__file__).parent)] +
+                                        [p for p in [env.get("PYTHONPATH")] if p])
+    other = subprocess.run([sys.executable, "-P", "-c", "import compile_worker; print(compile_worker.triton_key())"],
+                           capture_output=True, text=True, env=env, timeout=300).stdout.strip()
+    assert key.startswith("flambeau-files-") and other == key
     inputs = compile_worker._key_inputs()
-    inputs[2][-1][2] += 1                           # libtriton's modification time moved
-    monkeypatch.setattr(compile_worker, "_key_inputs", lambda: inputs)
-    monkeypatch.setattr(triton_cache, "triton_key", lambda: "recomputed")
-    assert compile_worker.triton_key(str(tmp_path)) == "recomputed"
-    (tmp_path / compile_worker.KEY_FILE).write_text("{not json")               # damaged: computed again
-    monkeypatch.setattr(triton_cache, "triton_key", lambda: "again")
-    assert compile_worker.triton_key(str(tmp_path)) == "again"
+    assert any(row[0].startswith("_C") and "libtriton" in row[0] for row in inputs[2])
+    for where in (1, 2):                            # libtriton's size, then its modification time, moved
+        moved = json.loads(json.dumps(inputs))
+        lib = next(row for row in moved[2] if "libtriton" in row[0])
+        lib[where] += 1
+        monkeypatch.setattr(compile_worker, "_key_inputs", lambda m=moved: m)
+        assert compile_worker.triton_key() != key
+

@@ -2,12 +2,13 @@
 
 `triton_compile` is the one call of Triton's compiler (the hand-written kernels of `triton_launch` and the
 generated ones of `flambeau._inductor.triton_runtime`). Before it compiles, `triton.compile` computes
-its own cache key from `triton_key()`, a hash of Triton's compiler sources and of libtriton (a ~400 MB
-shared library: 0.4 s a process on the H100 host). `triton_key` keeps that value in the cache directory
-beside the sizes and modification times of the files it hashes and reads it back while they are unchanged;
-`start_triton_key` gets it once per process in a background thread (hashing releases the GIL, so a cold
-cache's hash overlaps the lowering), and `use_triton_key` hands it to Triton (`triton.runtime.cache.
-triton_key`, the function its cache lookup calls): the same string Triton would compute.
+its own cache key from `triton_key()`, a hash of the contents of Triton's compiler sources and of libtriton
+(a ~400 MB shared library: 0.4 s a process on the H100 host, on the critical path of a cold first step).
+flambeau hands it another key instead (`use_triton_key`, replacing `triton.runtime.cache.triton_key`, the
+function Triton's cache lookup calls): `triton_key` here, a hash of Triton's version and of the paths, sizes
+and modification times of those same files, read in milliseconds, which changes whenever one of them does (a
+reinstall, an edit). It keys Triton's own cache (TRITON_CACHE_DIR) only: flambeau's cubins are kept under
+flambeau's keys (`cubin_cache`). `start_triton_key` gets it once per process in a background thread.
 
 Run as a script (`python -P compile_worker.py <capability>`), this file is a compile worker of
 `triton_runtime`: it imports Triton and nothing of flambeau (the package's import is ~1 s of a worker's
@@ -20,6 +21,7 @@ or {"error": message}. The launching process writes the cubin into its cache.
 from __future__ import annotations
 
 import base64
+import hashlib
 import importlib.util
 import json
 import os
@@ -29,7 +31,6 @@ import time
 from concurrent.futures import Future
 
 _THREADS_PER_WARP = 32
-KEY_FILE = "triton_key.json"        # the kept `triton_key()` under the cache directory
 _primed: list = []                  # True once this process's Triton has its key (`prime_triton_key`)
 _key: list = []                     # the Future of this process's `triton_key` (`start_triton_key`)
 _key_lock = threading.Lock()
@@ -78,31 +79,15 @@ def _key_inputs() -> list:
     return [root, triton.__version__, rows]
 
 
-def triton_key(cache_dir: str) -> str:
-    """Triton's `triton_key()`: kept in `<cache_dir>/triton_key.json` beside the sizes and modification times
-    of the files it hashes, and read from there while they are unchanged, else computed by Triton and kept."""
-    triton_cache = _triton().runtime.cache
-    inputs = _key_inputs()
-    path = os.path.join(cache_dir, KEY_FILE)
-    try:
-        with open(path) as f:
-            entry = json.load(f)
-        if entry.get("inputs") == inputs and isinstance(entry.get("key"), str):
-            return entry["key"]
-    except (OSError, ValueError, AttributeError):
-        pass
-    key = triton_cache.triton_key()
-    os.makedirs(cache_dir, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"inputs": inputs, "key": key}, f)
-    os.replace(tmp, path)
-    return key
+def triton_key() -> str:
+    """The key Triton's cache gets from this process: a sha256 of `_key_inputs()` (Triton's version, the paths,
+    sizes and modification times of every file its own `triton_key()` hashes)."""
+    return "flambeau-files-" + hashlib.sha256(json.dumps(_key_inputs()).encode()).hexdigest()
 
 
-def start_triton_key(cache_dir: str) -> Future:
-    """`triton_key(cache_dir)` computed once per process in a background thread (hashing releases the GIL), so
-    that it overlaps what the process does next; the future of its value."""
+def start_triton_key() -> Future:
+    """`triton_key()` computed once per process in a background thread (it walks Triton's package: a few ms),
+    so that it overlaps what the process does next; the future of its value."""
     with _key_lock:
         if not _key:
             fut = Future()
@@ -110,7 +95,7 @@ def start_triton_key(cache_dir: str) -> Future:
 
             def compute():
                 try:
-                    fut.set_result(triton_key(cache_dir))
+                    fut.set_result(triton_key())
                 except Exception as e:      # no key kept: each compile lets Triton hash for itself
                     fut.set_exception(e)
             threading.Thread(target=compute, name="flambeau-triton-key", daemon=True).start()
@@ -134,12 +119,12 @@ def use_triton_key(key: str) -> None:
     _triton().runtime.cache.triton_key = lambda: key
 
 
-def prime_triton_key(cache_dir: str) -> None:
+def prime_triton_key() -> None:
     """Before this process's first `triton.compile`: Triton's key from `start_triton_key`, once."""
     if _primed:
         return
     try:
-        use_triton_key(start_triton_key(cache_dir).result())
+        use_triton_key(start_triton_key().result())
     except Exception:               # Triton computes it as it would have
         pass
     _primed.append(True)

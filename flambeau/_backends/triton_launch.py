@@ -29,7 +29,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import _cpp_builder
 from . import compile_worker, cubin_cache
 
 _SMEM_STATIC_LIMIT = 48 * 1024     # bytes of shared memory a launch may use without opting in
@@ -261,7 +260,7 @@ def _build(fn, signature, constexprs, num_warps, num_stages, aligned) -> Kernel:
 def _triton_compile(fn, signature, constexprs, num_warps, num_stages, aligned, capability) -> tuple:
     """(cubin, launch metadata) of `fn` from `triton.compile` for sm_<capability>, Triton's own cache key
     kept on disk (`compile_worker.prime_triton_key`) rather than hashed again in each process."""
-    compile_worker.prime_triton_key(os.path.join(_cpp_builder.cache_dir, "triton"))
+    compile_worker.prime_triton_key()
     return compile_worker.triton_compile(fn, signature, constexprs, num_warps, num_stages, aligned, capability)
 
 

@@ -477,7 +477,7 @@ def precompile_for(module, launches, dkey: str) -> list:
         fut = _pending[key] = Future()
         _jobs.put((job, key, fut))
         futures.append(fut)
-    compile_worker.start_triton_key(cache_dir())
+    compile_worker.start_triton_key()
     _start_workers(int(dkey[2:]))
     return futures
 
@@ -486,12 +486,12 @@ PRESTART = 8                        # workers a cuda compile starts before lower
 
 
 def begin_cuda_compile(device) -> None:
-    """Before a cuda graph is lowered: Triton's cache key (`compile_worker.triton_key`: a hash of libtriton on
-    a cold cache, ~0.4 s on the H100 host) begins in the background, for the compile workers (sent to each
-    before its first job) and for this process's own `triton.compile`; and where the cubin cache holds no
+    """Before a cuda graph is lowered: Triton's cache key (`compile_worker.triton_key`: from the sizes and
+    times of Triton's files) begins in the background, for the compile workers (sent to each before its first
+    job) and for this process's own `triton.compile`; and where the cubin cache holds no
     entry at all (every kernel will miss), up to PRESTART workers start now, their start overlapping the
     lowering. With any entry there, workers wait for the first miss (`precompile_for`)."""
-    compile_worker.start_triton_key(cache_dir())
+    compile_worker.start_triton_key()
     if config.compile_threads > 1 and cubin_cache.enabled and not broken[0] and not _workers and \
             _cubin_cache_empty():
         _start_workers(int(device_key(device)[2:]), at_least=min(PRESTART, config.compile_threads))
@@ -545,7 +545,7 @@ class _Worker:
         """Triton's cache key, once (`start_triton_key`), unless it could not be computed."""
         self.has_key = True
         try:
-            key = compile_worker.start_triton_key(cache_dir()).result()
+            key = compile_worker.start_triton_key().result()
         except Exception:           # the worker's Triton computes it itself
             return
         with contextlib.suppress(OSError):
