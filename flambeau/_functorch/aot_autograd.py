@@ -46,7 +46,7 @@ from .._decomp import DecompositionMode
 from .._device import META
 from .._tensor import Tensor
 from .._dispatch import write_into
-from .._ops.creation import zeros
+from .._ops.creation import empty_strided, zeros
 from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
 from ..fx.experimental.proxy_tensor import ProxyTorchDispatchMode, _Recorder
@@ -362,7 +362,10 @@ def _compile(flat_fn: Callable, flat_args: list, fw_compiler: Callable, bw_compi
     _dump("AOT backward graph", bw_gm)
     fw_gm.meta["input_writes"] = _input_writes(meta)
     compiled_fw = fw_compiler(fw_gm, list(flat_args))
-    return _TrainingRuntime(compiled_fw, bw_gm, bw_compiler or fw_compiler, meta, num_fwd, joint.meta.get("fake_mode"))
+    rt = _TrainingRuntime(compiled_fw, bw_gm, bw_compiler or fw_compiler, meta, num_fwd, joint.meta.get("fake_mode"))
+    if config.force_non_lazy_backward_lowering:
+        rt.compile_backward_now(getattr(compiled_fw, "output_strides", None), num_fwd)
+    return rt
 
 
 def _input_writes(meta: _Meta) -> dict:
@@ -493,6 +496,37 @@ class _TrainingRuntime:
                 with gc_paused():
                     hit = self.compiled_bw[absent] = self._compile_backward(absent, saved, tangents)
         return hit
+
+    def compile_backward_now(self, fw_strides, num_fwd: int) -> bool:
+        """Compile the backward for every tangent present before its first use (`config.
+        force_non_lazy_backward_lowering`), from the traced values of its inputs, a saved value taking the
+        strides the compiled forward gives it (`fw_strides`: each forward output's, None where unknown).
+        Whether it did: not for symbolic sizes or a graph without its values, nor when the compile fails or
+        its compiler would run it eagerly (the first use then compiles it from the real values, as usual).
+        A first use whose inputs are laid out otherwise is compiled again by the graph's compiler."""
+        vals = [n.meta.get("val") for n in self.bw_gm.graph.find_nodes(op="placeholder")]
+        if self.bw_gm.meta.get(VALUES_DROPPED) or not all(
+                isinstance(v, Tensor) and all(type(d) is int for d in tuple(v.shape) + tuple(v.stride()))
+                for v in vals):
+            return False
+        n_saved = self.bw_gm.meta["num_saved"]
+        saved, tangents = vals[:n_saved], vals[n_saved:]
+        if fw_strides is not None and self.fake_mode is not None:
+            for j, v in enumerate(saved):
+                st = fw_strides[num_fwd + j] if num_fwd + j < len(fw_strides) else None
+                if st is not None and st != tuple(v.stride()):
+                    with self.fake_mode:
+                        saved[j] = empty_strided(tuple(v.shape), st, dtype=v.dtype, device=v.device)
+        try:
+            compiled, _ = self.compile_backward(frozenset(), saved, tangents)
+        except Exception as e:          # compiled at its first use instead, from the real values
+            _logging.trace("aot", "backward not compiled ahead of its first use: %s: %s", type(e).__name__, e)
+            self.compiled_bw.pop(frozenset(), None)
+            return False
+        if getattr(compiled, "artifact", True) is None:     # its compiler would run it eagerly: decide on real values
+            self.compiled_bw.pop(frozenset(), None)
+            return False
+        return True
 
     def _compile_backward(self, absent: frozenset, saved: list, tangents: list) -> tuple:
         if absent:

@@ -82,6 +82,9 @@ class CompiledArtifact:
         self.fallback_ops = list(graph.fallback_ops)
         self.input_strides = [tuple(st * b.dtype.itemsize for st in b.layout.strides) for b in graph.inputs]
         self.input_shapes = [tuple(b.layout.shape) for b in graph.inputs]
+        # each graph output's element strides (None: not known statically), what its caller receives
+        self.output_strides = None if graph.dynamic else [_static_strides(o) for o in (
+            graph.outputs if isinstance(graph.outputs, list) else [graph.outputs])]
         self.size_names = list(size_names)      # the size symbols its kernels take (dynamic graphs)
         self.dynamic = graph.dynamic            # traced with symbolic sizes: the wrapper checks its inputs
         self.mutated_inputs = sorted(graph.mutations)   # input positions the graph writes (copy_)
@@ -119,6 +122,12 @@ class CompiledGraph:
             self._fast_key = tuple(zip(art.input_shapes, art.input_strides))
             self.variants[self._fast_key] = art
             self._fast = art.call
+
+    @property
+    def output_strides(self) -> list | None:
+        """The element strides of each output as the compiled code returns it (None where not static or
+        not compiled): what AOT autograd gives the backward's example inputs when it compiles it at once."""
+        return self.artifact.output_strides if self.artifact else None
 
     # introspection used by tests and debugging
     @property
@@ -166,6 +175,14 @@ class CompiledGraph:
                 if art is None:
                     art = self.variants[key] = _compile_again(self.gm, list(args), self.id)
         return art.call(args)
+
+
+def _static_strides(out):
+    layout = getattr(out, "layout", None)
+    strides = getattr(layout, "strides", None)
+    if strides is None or not all(isinstance(st, int) for st in strides):
+        return None
+    return tuple(strides)
 
 
 def _compile_again(gm, args: list, gid: int) -> CompiledArtifact:

@@ -497,6 +497,12 @@ def begin_cuda_compile(device) -> None:
         _start_workers(int(device_key(device)[2:]), at_least=min(PRESTART, config.compile_threads))
 
 
+def cold_cache() -> bool:
+    """Whether a cuda compile now starts from nothing: compile workers in use and the cubin cache empty (every
+    kernel will be compiled)."""
+    return config.compile_threads > 1 and cubin_cache.enabled and not broken[0] and _cubin_cache_empty()
+
+
 def _cubin_cache_empty() -> bool:
     try:
         with os.scandir(cubin_cache.root()) as entries:

@@ -8,11 +8,13 @@ from __future__ import annotations
 import contextlib
 
 from ..._decomp import core_aten_decompositions
+from ..._functorch import config as functorch_config
 from ..._functorch.aot_autograd import aot_module_simplified, named_state
 from ..._functorch.partitioners import min_cut_rematerialization_partition
 from ... import _inductor
 from ..._inductor import config as inductor_config, freezing, quantization, quantization_int8_io
 from ..._inductor.decompositions import decomposition_table
+from ..._tensor import Tensor
 from ...fx.passes.example_values import drop_values
 from ..repro.after_aot import wrap_compiler_debug
 from .registry import register_builtin
@@ -76,10 +78,31 @@ def inductor(gm, example_inputs, options=None):
         if python_externs:                  # int8 layers and pooling, before AOT decomposes their q/dq ops
             quantization_int8_io.fuse_int8_in_int8_out(gm)
             quantization.fuse_quantized_linear(gm)
-    return aot_module_simplified(gm, example_inputs, fw_compiler=compile_forward, bw_compiler=compile_graph,
-                                 partition_fn=min_cut_rematerialization_partition,
-                                 decompositions=decomposition_table(core_aten_decompositions(), python_externs),
-                                 inference_compiler=wrap_compiler_debug(compile_inference, "inductor"))
+    eager_backward = functorch_config.force_non_lazy_backward_lowering or _cold_cuda(example_inputs)
+    was = functorch_config.force_non_lazy_backward_lowering
+    functorch_config.force_non_lazy_backward_lowering = eager_backward
+    try:
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compile_forward, bw_compiler=compile_graph,
+                                     partition_fn=min_cut_rematerialization_partition,
+                                     decompositions=decomposition_table(core_aten_decompositions(), python_externs),
+                                     inference_compiler=wrap_compiler_debug(compile_inference, "inductor"))
+    finally:
+        functorch_config.force_non_lazy_backward_lowering = was
+
+
+def _cold_cuda(example_inputs) -> bool:
+    """A cuda graph compiled while the kernel cache holds nothing (a cold start): AOT autograd then compiles its
+    backward right after its forward (`functorch_config.force_non_lazy_backward_lowering`), so the backward's
+    kernels go to the compile workers beside the forward's, not after the forward has run (the MLP's first
+    step waited for 11 backward kernels after its 9 forward ones). FLAMBEAU_EAGER_BACKWARD=0: never."""
+    if not functorch_config.eager_backward_on_cold_cuda or not any(
+            isinstance(a, Tensor) and a.device.type == "cuda" for a in example_inputs):
+        return False
+    try:
+        from ..._inductor.triton_runtime import cold_cache  # deferred: imports Triton (optional, cuda only)
+    except ImportError:
+        return False
+    return cold_cache()
 
 
 register_builtin("inductor", inductor)
