@@ -13,6 +13,7 @@ from ..._functorch.aot_autograd import aot_module_simplified, named_state
 from ..._functorch.partitioners import min_cut_rematerialization_partition
 from ... import _inductor
 from ..._inductor import config as inductor_config, freezing, quantization, quantization_int8_io
+from ..._inductor.compile_fx import _triton_runtime as triton_runtime
 from ..._inductor.decompositions import decomposition_table
 from ..._tensor import Tensor
 from ...fx.passes.example_values import drop_values
@@ -99,10 +100,10 @@ def _cold_cuda(example_inputs) -> bool:
             isinstance(a, Tensor) and a.device.type == "cuda" for a in example_inputs):
         return False
     try:
-        from ..._inductor.triton_runtime import cold_cache  # deferred: imports Triton (optional, cuda only)
+        rt = triton_runtime()           # imports Triton (optional, cuda only) at the first cuda compile
     except ImportError:
         return False
-    return cold_cache()
+    return rt.cold_cache()
 
 
 register_builtin("inductor", inductor)
