@@ -226,3 +226,36 @@ def test_batched_and_folded_layouts(fake):
     assert (L.LAYOUT_BATCH_COUNT, 3) in [(a, v) for a, v, _ in batch]
     assert sorted(v for a, v, _ in batch if a == L.LAYOUT_STRIDED_BATCH_OFFSET) == [64, 128, 128]
     assert len(lib.named("cublasLtMatmul")) == 3 and len(lib.named("cublasLtMatmulDescCreate")) == 2
+
+
+def test_preload_makes_the_handle_once_in_a_background_thread(fake, monkeypatch):
+    """`preload` (started by the inductor backend when a graph's inputs are on cuda) loads cuBLASLt and makes the
+    device's handle in a thread of its own, so a compiled graph's first product finds them made (~0.5 s of a
+    cold first step on the H100 host); once per device, and the product then uses that handle: one
+    cublasLtCreate in all."""
+    import threading
+    cupy, lib = fake
+    devices = []
+
+    class _Device:
+        def __init__(self, d):
+            devices.append((d, threading.current_thread().name))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+    cupy.cuda.Device = _Device
+    cupy.cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0)
+    monkeypatch.setattr(L, "_preloading", {})
+    t = L.preload()
+    assert t is not None
+    t.join(5)
+    assert devices == [(0, "flambeau-cublaslt-preload")]
+    assert len(lib.named("cublasLtCreate")) == 1 and 0 in L._handles
+    assert L.preload() is None and L.preload(0) is None          # once per device
+    x, w = _operands(cupy)
+    L.gemm(x, w.T)
+    assert len(lib.named("cublasLtCreate")) == 1                 # the product took the preloaded handle
+    assert lib.named("cublasLtMatmul")[0][0] == L._handles[0].value

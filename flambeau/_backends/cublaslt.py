@@ -279,10 +279,54 @@ def _check(status, what):
 def _handle(dev):
     h = _handles.get(dev)
     if h is None:
-        h = ctypes.c_void_p()
-        _check(_lib_state["lib"].cublasLtCreate(ctypes.byref(h)), "cublasLtCreate(&handle)")
-        _handles[dev] = h
+        with _lock:                 # (`preload` may be making it in its thread)
+            h = _handles.get(dev)
+            if h is None:
+                h = ctypes.c_void_p()
+                _check(_lib_state["lib"].cublasLtCreate(ctypes.byref(h)), "cublasLtCreate(&handle)")
+                _handles[dev] = h
     return h
+
+
+_preloading: dict = {}      # device -> the thread of `preload`
+
+
+def preload(dev: int | None = None):
+    """Load libcublasLt and make device `dev`'s (None: the current device's) handle in a background thread
+    (the library's load and the handle's creation, ~0.5 s of a cold compiled step's first product on the H100
+    host, release the GIL), so they overlap what the caller does next (a cuda graph's capture, AOT autograd
+    and lowering). Once per device; the thread, or None where nothing is to do."""
+    if not enabled:
+        return None
+    cupy = sys.modules.get("cupy")    # (imported by then: the caller holds cuda tensors)
+    if cupy is None:
+        return None
+    if dev is None:
+        dev = cupy.cuda.runtime.getDevice()
+    if dev in _preloading or dev in _handles:
+        return None
+
+    def run():
+        try:
+            if _lib() is None:
+                return
+            with cupy.cuda.Device(dev):
+                _handle(dev)
+        except Exception:           # the first product then loads or fails the usual way, and says why
+            pass
+    t = _preloading[dev] = threading.Thread(target=run, name="flambeau-cublaslt-preload", daemon=True)
+    t.start()
+    return t
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no `preload` thread: a lock it held would never be released there."""
+    global _lock
+    _lock = threading.Lock()
+    _preloading.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _workspace(cupy, dev, stream):

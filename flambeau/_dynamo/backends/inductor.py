@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 
 from ..._decomp import core_aten_decompositions
+from ..._backends import cublaslt
 from ..._functorch import config as functorch_config
 from ..._functorch.aot_autograd import aot_module_simplified, named_state
 from ..._functorch.partitioners import min_cut_rematerialization_partition
@@ -79,6 +80,9 @@ def inductor(gm, example_inputs, options=None):
         if python_externs:                  # int8 layers and pooling, before AOT decomposes their q/dq ops
             quantization_int8_io.fuse_int8_in_int8_out(gm)
             quantization.fuse_quantized_linear(gm)
+    cuda = [a.device.index for a in example_inputs if isinstance(a, Tensor) and a.device.type == "cuda"]
+    if cuda:
+        cublaslt.preload(cuda[0])           # the graph's products need it: loaded while AOT traces and lowers
     eager_backward = functorch_config.force_non_lazy_backward_lowering or _cold_cuda(example_inputs)
     was = functorch_config.force_non_lazy_backward_lowering
     functorch_config.force_non_lazy_backward_lowering = eager_backward
