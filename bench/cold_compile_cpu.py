@@ -123,24 +123,8 @@ def _compile_adam():
 def _fake_cupy(rt):
     """The kernel loader's CuPy (module load, function lookup, attribute set) as recorders; device "sm90"."""
     from flambeau._backends import triton_launch as TL
-
-    class Function:
-        ptr = 1
-
-    class Module:
-        def load(self, cubin):
-            assert cubin
-
-        def get_function(self, name):
-            return Function()
-
-    class Cupy:
-        class cuda:
-            pass
-
-        class driver:
-            funcSetAttribute = staticmethod(lambda *a: None)
-    Cupy.cuda.Module, Cupy.cuda.driver = Module, Cupy.driver
+    from bench.fake_cuda_loader import loader_cupy
+    Cupy = loader_cupy()
     rt._cupy = TL._cupy = lambda: Cupy
     rt.device_key = lambda d: "interpret" if d.type == "cpu" else "sm90"
 

@@ -26,6 +26,7 @@ def child(layers: int) -> dict:
     from triton.runtime import jit as triton_jit
 
     from bench import gpu_models
+    from bench.fake_cuda_loader import loader_cupy
     from flambeau import _inductor
     from flambeau._backends import triton_adam, triton_launch as TL
     from flambeau._inductor import codegen_triton, config, pad_mm, triton_runtime, triton_schedule
@@ -48,24 +49,7 @@ def child(layers: int) -> dict:
     with fl.autocast(device_type="cpu", dtype=fl.bfloat16):
         loss = model(fl.randint(0, 64, (2, 16)), fl.randint(0, 64, (2, 16)))
     loss.backward()
-
-    class Function:
-        ptr = 1
-
-    class Module:
-        def load(self, cubin):
-            assert cubin
-
-        def get_function(self, name):
-            return Function()
-
-    class Cupy:
-        class cuda:
-            pass
-
-        class driver:
-            funcSetAttribute = staticmethod(lambda *a: None)
-    Cupy.cuda.Module, Cupy.cuda.driver = Module, Cupy.driver
+    Cupy = loader_cupy()
     triton_runtime._cupy = TL._cupy = lambda: Cupy
     TL.current_device = lambda: 0
     if hasattr(TL, "_capability"):

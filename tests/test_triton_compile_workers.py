@@ -21,6 +21,7 @@ import sys
 import pytest
 
 import flambeau as fl
+from bench.fake_cuda_loader import loader_cupy
 from flambeau import _cpp_builder, _inductor
 from flambeau._inductor import codegen_triton, triton_schedule
 from flambeau._inductor.compile_fx import _size_names
@@ -40,20 +41,7 @@ class Cuda:
 @pytest.fixture
 def cache(monkeypatch, tmp_path):
     """A fresh cubin cache, worker pool and job queue; the device is 'sm90', CuPy's loader a recorder."""
-    class Function:
-        ptr = 1
-
-    class Module:
-        def load(self, cubin):
-            assert cubin
-
-        def get_function(self, name):
-            return Function()
-
-    class Cupy:
-        class cuda:
-            pass
-    Cupy.cuda.Module = Module
+    Cupy = loader_cupy()
     monkeypatch.setattr(_cpp_builder, "cache_dir", str(tmp_path))
     monkeypatch.setattr(triton_runtime.TL, "_cupy", lambda: Cupy)
     monkeypatch.setattr(triton_runtime, "device_key", lambda d: "interpret" if d.type == "cpu" else "sm90")

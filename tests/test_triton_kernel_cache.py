@@ -19,6 +19,7 @@ import pytest
 
 import flambeau as fl
 from bench import gpu_models
+from bench.fake_cuda_loader import loader_cupy
 from flambeau import _cpp_builder, _inductor
 from flambeau._functorch import partitioners
 from flambeau._inductor import codegen_triton, pad_mm, triton_schedule
@@ -78,20 +79,7 @@ def _graphs_of_a_step(monkeypatch, seed=0, layers=2) -> list:
 def fake_gpu(monkeypatch, tmp_path):
     """The cubin loader of a cuda device 'sm90' in a fresh cache directory, with `build_cubin`
     (triton.compile) and CuPy's module loading replaced by recorders."""
-    class Function:
-        ptr = 1
-
-    class Module:
-        def load(self, cubin):
-            assert cubin == b"cubin"
-
-        def get_function(self, name):
-            return Function()
-
-    class Cupy:
-        class cuda:
-            pass
-    Cupy.cuda.Module = Module
+    Cupy = loader_cupy(lambda cubin: cubin == b"cubin")
     built = []
 
     def build_cubin(fn, sig, constexprs, num_warps, aligned, capability):
