@@ -27,6 +27,8 @@ import numpy as np
 from .. import _dtype as D, _state, random as R
 from .._device import canonical
 from .._backends import cudnn_attention, triton_launch
+from .._tensor import Tensor
+from ._helpers import direct_device
 from ._registry import defop, export, TensorSpec, Tag
 from . import attention as A
 from .attention import SDPBackend
@@ -237,6 +239,17 @@ def _sdpa_fused_backward_meta(grad_out, query, key, value, out, lse, rng, attn_m
 
 @_sdpa_fused.def_derivative
 def _sdpa_fused_derivative(grad, query, key, value, attn_mask, dropout_p, is_causal, scale, impl, result):
+    if impl == SDPBackend.CUDNN_ATTENTION and (dev := direct_device(grad[0], query, key, value)) is not None \
+            and dev.type == "cuda" and isinstance(result[0], Tensor):
+        # nothing sees the call (`direct_device`): cuDNN's backward on the arrays, its gradients laid out as
+        # the pieces of one buffer when q, k and v are (GPT-2's split qkv projection), so the split's
+        # backward takes their concatenation without a copy (`cudnn_attention.claim_joined`)
+        go = grad[0]._data
+        out = result[0]._data
+        grads = cudnn_attention.backward(go.astype(out.dtype, copy=False), query._data, key._data, value._data, out,
+                                         result[1]._data, dropout_p, result[2]._data, is_causal,
+                                         _softmax_scale(query, scale), joint=True)
+        return tuple(Tensor._make(g, dev) for g in grads) + (None,)
     dq, dk, dv = _sdpa_fused_backward(grad[0], query, key, value, result[0], result[1], result[2], attn_mask,
                                       dropout_p, is_causal, scale, impl)
     return dq, dk, dv, None

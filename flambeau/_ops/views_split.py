@@ -10,7 +10,7 @@ import math
 from .._dtype import INTEGER
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec
-from ._helpers import wrap_dim
+from ._helpers import direct_device, wrap_dim
 from .views import _sel, take_view, _view, _permute, reshape, transpose, infer_size, slice_
 from .shape import cat, stack
 from . import _batching, _sharding
@@ -55,7 +55,16 @@ def _(self, split_sizes, dim=0):
 
 @split_with_sizes.def_derivative
 def _(grad, dim):
-    return cat(list(_grads_tuple(grad)), dim)
+    grads = _grads_tuple(grad)
+    dev = direct_device(*grads)
+    if dev is not None and dev.type == "cuda" and all(g is not None for g in grads):
+        # the pieces of one new buffer in order (cuDNN attention's gradients of GPT-2's split qkv): the
+        # buffer is their concatenation, no copy (`cudnn_attention.claim_joined` checks it)
+        from .._backends import cudnn_attention     # deferred: the attention backend, cuda only
+        joined = cudnn_attention.claim_joined([g._data for g in grads], wrap_dim(dim, grads[0].ndim))
+        if joined is not None:
+            return Tensor._make(joined, dev)
+    return cat(list(grads), dim)
 
 
 @defop("unbind.int(Tensor(a) self, int dim=0) -> Tensor(a)[]", method=True)
