@@ -561,3 +561,52 @@ def test_column_sum_compiles_its_kernels_once_and_launches_both(monkeypatch):
     assert a1[1].shape == (S, 300) and a1[1].dtype == np.float32
     assert k2[1] is T._colsum_final and g2 == (blocks,) and a2[0] is a1[1] and a2[2:] == (S, 300)
     assert a2[1] is y
+
+
+def test_layer_norm_compiles_its_kernels_once_per_signature(monkeypatch):
+    """triton_norm.forward/backward and triton_sum.sum_partials on the host: each kernel is found once
+    per (dtypes, columns, device) by one lookup, not rebuilt from its signature dict on each call (that
+    cost ~4 us a call); the signatures are those of the operands (weight/bias types, or fp32 for None), a
+    new column count or dtype gets its own kernel, and the launches get the kernels of their call."""
+    pytest.importorskip("triton")
+    from flambeau._backends import triton_norm as N, triton_sum as T
+    compiled, launches = [], []
+
+    class Array:
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype, self.size = tuple(shape), np.dtype(dtype), int(np.prod(shape))
+
+    cp = type("C", (), {"ndarray": Array, "ascontiguousarray": staticmethod(lambda a: a)})
+    monkeypatch.setattr(N, "cupy", cp)
+    monkeypatch.setattr(T, "cupy", cp)
+    monkeypatch.setattr(N, "_kernels", {})
+    monkeypatch.setattr(T, "_kernels", {})
+    monkeypatch.setattr(TL, "compile_kernel", lambda fn, sig, consts, **kw: compiled.append((fn, sig, consts, kw))
+                        or ("kernel", fn, tuple(sig.values()), tuple(sorted(consts.items())), kw["num_warps"]))
+    monkeypatch.setattr(TL, "launch", lambda k, grid, *args: launches.append((k, grid, args)))
+    monkeypatch.setattr(TL, "multiprocessors", lambda: 4)
+    monkeypatch.setattr(TL, "current_device", lambda: 0)
+    slow = []
+    for mod, name in ((N, "_forward_kernel"), (N, "_backward_kernel"), (T, "_final_kernel")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _r=real, _n=name: slow.append(_n) or _r(*a))
+    bf = ml_dtypes.bfloat16
+    x, w = Array((64, 768), bf), Array((768,), np.float32)
+    for _ in range(3):
+        y, mean, rstd = N.forward(x, w, None, 768, 1e-5)
+        dx, part = N.backward(y, x, mean, rstd, w, 768)
+    assert y.shape == (64, 768) and y.dtype == bf and mean.shape == rstd.shape == (64,) and part.shape == (2, 768)
+    assert [(fn, sig.get("W"), sig.get("B"), consts) for fn, sig, consts, _ in compiled] == [
+        (N._ln_fwd, "*fp32", "*fp32", dict(HAS_W=True, HAS_B=False, BLOCK_N=1024)),
+        (N._ln_bwd, "*fp32", None, dict(HAS_W=True, BLOCK_N=1024)),
+        (T._colsum_final, None, None, dict(BLOCK_N=T.BLOCK_N))]
+    assert compiled[0][1]["X"] == compiled[0][1]["Y"] == compiled[0][1]["MEAN"] == "*bf16"
+    assert compiled[1][1]["DY"] == compiled[1][1]["DX"] == "*bf16" and compiled[0][3]["num_warps"] == 4
+    assert len(launches) == 9 and [k[1] for k, _, _ in launches[-3:]] == [N._ln_fwd, N._ln_bwd, T._colsum_final]
+    assert slow == ["_forward_kernel", "_backward_kernel", "_final_kernel"], "a call seen before took the slow path"
+    N.forward(x, w, w, 768, 1e-5)                                # a bias: another kernel
+    N.forward(Array((64, 96), bf), w, w, 96, 1e-5)               # other columns: another kernel
+    N.forward(Array((64, 768), np.float32), w, None, 768, 1e-5)   # another dtype: another kernel
+    assert len(compiled) == 6 and compiled[3][2] == dict(HAS_W=True, HAS_B=True, BLOCK_N=1024)
+    assert compiled[4][2] == dict(HAS_W=True, HAS_B=True, BLOCK_N=128)
+    assert compiled[5][1]["X"] == "*fp32" and launches[-1][0][1] is N._ln_fwd and launches[-1][0][2][0] == "*fp32"

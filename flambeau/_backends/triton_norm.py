@@ -99,21 +99,53 @@ def _ty(a, default="fp32"):
     return "*" + (default if a is None else TL.type_of(a.dtype))
 
 
+_kernels: dict = {}     # (direction, dtypes of the operands, columns, device) -> the compiled kernel
+
+
+def _dtype_of(a):
+    return None if a is None else a.dtype
+
+
+def _forward_kernel(x, weight, bias, cols: int):
+    """The forward kernel for these dtypes and columns on the current device, compiled (or found in
+    `TL.compile_kernel`'s cache, whose key costs a signature dict and a sort to build) once here."""
+    key = ("fwd", x.dtype, _dtype_of(weight), _dtype_of(bias), cols, TL.current_device())
+    kern = _kernels.get(key)
+    if kern is None:
+        block = block_cols(cols)
+        sig = {"X": _ty(x), "W": _ty(weight), "B": _ty(bias), "Y": _ty(x), "MEAN": _ty(x), "RSTD": _ty(x),
+               "N": "i32", "eps": "fp32", "HAS_W": "constexpr", "HAS_B": "constexpr", "BLOCK_N": "constexpr"}
+        kern = _kernels[key] = TL.compile_kernel(_ln_fwd, sig, dict(HAS_W=weight is not None, HAS_B=bias is not None,
+                                                                    BLOCK_N=block),
+                                                 num_warps=_warps(block), num_stages=1)
+    return kern
+
+
 def forward(x, weight, bias, cols: int, eps: float):
     """(y, mean, rstd) of a LayerNorm of CuPy array `x` over its last `cols` elements; mean and rstd
     have one value per row, in x's dtype."""
     x = cupy.ascontiguousarray(x)
     rows = x.size // cols
-    y = cupy.empty(x.shape, dtype=x.dtype)
-    mean = cupy.empty(rows, dtype=x.dtype)
-    rstd = cupy.empty(rows, dtype=x.dtype)
-    block = block_cols(cols)
-    sig = {"X": _ty(x), "W": _ty(weight), "B": _ty(bias), "Y": _ty(y), "MEAN": _ty(mean), "RSTD": _ty(rstd),
-           "N": "i32", "eps": "fp32", "HAS_W": "constexpr", "HAS_B": "constexpr", "BLOCK_N": "constexpr"}
-    kern = TL.compile_kernel(_ln_fwd, sig, dict(HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_N=block),
-                             num_warps=_warps(block), num_stages=1)
+    y = cupy.ndarray(x.shape, x.dtype)
+    mean = cupy.ndarray((rows,), x.dtype)
+    rstd = cupy.ndarray((rows,), x.dtype)
+    kern = _kernels.get(("fwd", x.dtype, _dtype_of(weight), _dtype_of(bias), cols, TL.current_device())) or \
+        _forward_kernel(x, weight, bias, cols)
     TL.launch(kern, (rows,), x, weight, bias, y, mean, rstd, cols, eps)
     return y, mean, rstd
+
+
+def _backward_kernel(dy, x, weight, mean, rstd, cols: int):
+    key = ("bwd", dy.dtype, x.dtype, _dtype_of(weight), mean.dtype, rstd.dtype, cols, TL.current_device())
+    kern = _kernels.get(key)
+    if kern is None:
+        block = block_cols(cols)
+        sig = {"DY": _ty(dy), "X": _ty(x), "W": _ty(weight), "MEAN": _ty(mean), "RSTD": _ty(rstd), "DX": _ty(x),
+               "PART": "*fp32", "M": "i32", "N": "i32", "rows_per_program": "i32", "HAS_W": "constexpr",
+               "BLOCK_N": "constexpr"}
+        kern = _kernels[key] = TL.compile_kernel(_ln_bwd, sig, dict(HAS_W=weight is not None, BLOCK_N=block),
+                                                 num_warps=_warps(block), num_stages=1)
+    return kern
 
 
 def backward(grad_out, x, mean, rstd, weight, cols: int):
@@ -125,13 +157,9 @@ def backward(grad_out, x, mean, rstd, weight, cols: int):
     programs = int(min(rows, PROGRAMS_PER_SM * TL.multiprocessors()))
     per = -(-rows // programs)
     programs = -(-rows // per)
-    dx = cupy.empty(x.shape, dtype=x.dtype)
-    part = cupy.empty((programs, 2, cols), dtype=np.float32)
-    block = block_cols(cols)
-    sig = {"DY": _ty(dy), "X": _ty(x), "W": _ty(weight), "MEAN": _ty(mean), "RSTD": _ty(rstd), "DX": _ty(dx),
-           "PART": "*fp32", "M": "i32", "N": "i32", "rows_per_program": "i32", "HAS_W": "constexpr",
-           "BLOCK_N": "constexpr"}
-    kern = TL.compile_kernel(_ln_bwd, sig, dict(HAS_W=weight is not None, BLOCK_N=block), num_warps=_warps(block),
-                             num_stages=1)
+    dx = cupy.ndarray(x.shape, x.dtype)
+    part = cupy.ndarray((programs, 2, cols), np.float32)
+    kern = _kernels.get(("bwd", dy.dtype, x.dtype, _dtype_of(weight), mean.dtype, rstd.dtype, cols,
+                         TL.current_device())) or _backward_kernel(dy, x, weight, mean, rstd, cols)
     TL.launch(kern, (programs,), dy, x, weight, mean, rstd, dx, part, rows, cols, per)
     return dx, triton_sum.sum_partials(part)

@@ -71,7 +71,8 @@ def splits(M: int, N: int, sms: int) -> tuple:
     return -(-M // rows_per), rows_per
 
 
-_kernels: dict = {}      # (input dtype, output dtype, device) -> (partial kernel, final kernel)
+_kernels: dict = {}      # (input dtype, output dtype, device) -> (partial kernel, final kernel);
+#   ("final", output dtype, device) -> the final kernel alone (`sum_partials`)
 
 
 def _column_kernels(x_dtype, out_dtype) -> tuple:
@@ -89,6 +90,14 @@ def _column_kernels(x_dtype, out_dtype) -> tuple:
 
 
 def _final_kernel(out_dtype):
+    key = ("final", np.dtype(out_dtype), TL.current_device())
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = _compile_final(key[1])
+    return k
+
+
+def _compile_final(out_dtype):
     return TL.compile_kernel(_colsum_final, {"PART": "*fp32", "Y": "*" + TL.type_of(out_dtype), "S": "i32",
                                              "N": "i32", "BLOCK_N": "constexpr"}, dict(BLOCK_N=BLOCK_N),
                              num_warps=NUM_WARPS, num_stages=1)
@@ -112,6 +121,7 @@ def sum_partials(part, out_dtype=np.float32):
     time, 15 to 60 us a call)."""
     S = part.shape[0]
     N = part.size // S
-    y = cupy.empty(part.shape[1:], dtype=out_dtype)
-    TL.launch(_final_kernel(y.dtype), ((N + BLOCK_N - 1) // BLOCK_N,), part, y, S, N)
+    y = cupy.ndarray(part.shape[1:], out_dtype)
+    TL.launch(_kernels.get(("final", y.dtype, TL.current_device())) or _final_kernel(y.dtype),
+              ((N + BLOCK_N - 1) // BLOCK_N,), part, y, S, N)
     return y
