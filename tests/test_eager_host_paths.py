@@ -153,6 +153,25 @@ def test_to_dtype_on_cuda_launches_one_cast_and_records_its_node(fake_cuda):
     assert len(fake_cuda) == 2 and gx.dtype is fl.float32 and gx.device is x.device
 
 
+def test_cuda_casts_call_the_cast_kernel_without_to_copys_frames(fake_cuda, monkeypatch):
+    """On cuda, `Tensor.to(dtype)` (autocast's cast) and the cast's derivative call `cuda_cast.cast`
+    directly (the first thing `_to_copy`'s kernel would do), not `_to_copy`'s kernel; each launches one
+    cast into the dtype asked for. Fails when either goes back through `_to_copy.kernel`."""
+    from flambeau._ops import views
+    kernel_calls = []
+    real = views._to_copy.kernel
+    monkeypatch.setattr(views._to_copy, "kernel", lambda *a, **k: kernel_calls.append(1) or real(*a, **k))
+    x = E.cuda_tensor((4, 6), requires_grad=True)
+    y = (x * 2).to(fl.bfloat16)
+    with fl.no_grad():
+        (gx,) = y.grad_fn.apply([E.cuda_tensor((4, 6), E.BF16, seed=3)])
+    assert kernel_calls == [] and len(fake_cuda) == 2
+    assert y.dtype is fl.bfloat16 and y._data.dtype == E.BF16 and gx.dtype is fl.float32
+    assert gx._data.dtype == np.float32 and type(gx._data) is E.DevArray and gx.device is x.device
+    z = (x * 2).to(fl.int32)                    # not a cast cuda_cast takes: _to_copy's kernel (CuPy's copy)
+    assert kernel_calls == [1] and z.dtype is fl.int32
+
+
 # ---- matmul's output shape: x @ W directly ----------------------------------------------------------
 @pytest.mark.parametrize("sa,sb", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (4, 1)), ((1, 4), (4, 6)),
                                    ((3, 4), (5, 6)), ((2, 3, 4), (3, 5)), ((4,), (4, 5)), ((3, 4), (4,)),

@@ -433,7 +433,11 @@ def _to_copy_derivative(grad, self_meta):
     dev = direct_device(grad)
     if dev is not None and (dev is self_meta.device or dev == self_meta.device):
         # no device=: on the array's own device the kernel casts there (`cuda_cast.cast` checks it is the
-        # current one either way), as it would with device= naming it
+        # current one either way), as it would with device= naming it; on cuda the kernel's first case,
+        # `cuda_cast.cast`, without its frames
+        if dev.type == "cuda" and (r := cuda_cast.cast(array_namespaces["cuda"], grad._data,
+                                                       self_meta.dtype.np)) is not None:
+            return Tensor._make(r, dev)
         return direct_call(_to_copy, dev, grad._data, dtype=self_meta.dtype)
     return _to_copy(grad, dtype=self_meta.dtype, device=self_meta.device)
 
@@ -490,7 +494,10 @@ def _cast_to(self: Tensor, dtype: D.dtype) -> Tensor:
         finally:
             _fp_errors.restore(token)
     else:
-        r = _to_copy.kernel(xp, self._data, dtype=dtype)
+        # `_to_copy`'s kernel without its frame for the case it would take first: `cuda_cast.cast`
+        r = cuda_cast.cast(xp, self._data, dtype.np)
+        if r is None:
+            r = _to_copy.kernel(xp, self._data, dtype=dtype)
     tr = type(r)
     out = Tensor._make(r, dev) if tr is np.ndarray or tr in device_array_types else _dispatch._wrap(r, dev)
     if self._requires_grad and _state.tls.grad_enabled:
