@@ -604,9 +604,36 @@ def test_layer_norm_compiles_its_kernels_once_per_signature(monkeypatch):
     assert compiled[1][1]["DY"] == compiled[1][1]["DX"] == "*bf16" and compiled[0][3]["num_warps"] == 4
     assert len(launches) == 9 and [k[1] for k, _, _ in launches[-3:]] == [N._ln_fwd, N._ln_bwd, T._colsum_final]
     assert slow == ["_forward_kernel", "_backward_kernel", "_final_kernel"], "a call seen before took the slow path"
-    N.forward(x, w, w, 768, 1e-5)                                # a bias: another kernel
+    _, m2, r2 = N.forward(x, w, w, 768, 1e-5, (2, 32, 1))        # a bias: another kernel; stats in their shape
+    assert m2.shape == r2.shape == (2, 32, 1)
     N.forward(Array((64, 96), bf), w, w, 96, 1e-5)               # other columns: another kernel
     N.forward(Array((64, 768), np.float32), w, None, 768, 1e-5)   # another dtype: another kernel
     assert len(compiled) == 6 and compiled[3][2] == dict(HAS_W=True, HAS_B=True, BLOCK_N=1024)
     assert compiled[4][2] == dict(HAS_W=True, HAS_B=True, BLOCK_N=128)
     assert compiled[5][1]["X"] == "*fp32" and launches[-1][0][1] is N._ln_fwd and launches[-1][0][2][0] == "*fp32"
+
+
+def test_column_sum_returns_the_kernels_array_and_reshapes_only_to_another_shape(monkeypatch):
+    """reduction's cuda column sum (a linear layer's bias gradient): the (N,) result of
+    `triton_sum.column_sum` is returned as it is (no reshape view), a keepdim or multi-dim sum is
+    reshaped; the module is looked up once (no `from` import per call)."""
+    from flambeau._ops import reduction as R
+    made = []
+
+    class Array:
+        def __init__(self, shape, dtype=np.float32):
+            self.shape, self.dtype, self.size, self.ndim = tuple(shape), np.dtype(dtype), int(np.prod(shape)), len(shape)
+
+        def reshape(self, shape):
+            made.append(("reshape", tuple(shape)))
+            return Array(shape, self.dtype)
+
+    fake = type("TS", (), {"supported": staticmethod(lambda x, rows, out: True),
+                           "column_sum": staticmethod(lambda x, rows, out: made.append(Array((x.size // rows,), out))
+                                                      or made[-1])})
+    monkeypatch.setattr(R, "_triton_sum", [fake])
+    monkeypatch.setattr(R.triton_launch, "available", lambda: True)
+    r = R._cuda_column_sum(Array((64, 8)), [0], False, None)
+    assert r is made[0] and len(made) == 1
+    r = R._cuda_column_sum(Array((4, 16, 8)), [0, 1], True, None)
+    assert made[-1] == ("reshape", (1, 1, 8)) and r.shape == (1, 1, 8)

@@ -121,14 +121,14 @@ def _forward_kernel(x, weight, bias, cols: int):
     return kern
 
 
-def forward(x, weight, bias, cols: int, eps: float):
+def forward(x, weight, bias, cols: int, eps: float, stat_shape=None):
     """(y, mean, rstd) of a LayerNorm of CuPy array `x` over its last `cols` elements; mean and rstd
-    have one value per row, in x's dtype."""
+    have one value per row, in x's dtype, shaped `stat_shape` (C-contiguous; default (rows,))."""
     x = cupy.ascontiguousarray(x)
     rows = x.size // cols
     y = cupy.ndarray(x.shape, x.dtype)
-    mean = cupy.ndarray((rows,), x.dtype)
-    rstd = cupy.ndarray((rows,), x.dtype)
+    mean = cupy.ndarray(stat_shape or (rows,), x.dtype)
+    rstd = cupy.ndarray(stat_shape or (rows,), x.dtype)
     kern = _kernels.get(("fwd", x.dtype, _dtype_of(weight), _dtype_of(bias), cols, TL.current_device())) or \
         _forward_kernel(x, weight, bias, cols)
     TL.launch(kern, (rows,), x, weight, bias, y, mean, rstd, cols, eps)

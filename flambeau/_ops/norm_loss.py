@@ -94,9 +94,18 @@ def _cuda_norm(xp, x, ndims, *others):
     else None (other devices, float64, no Triton, rows wider than it takes)."""
     if getattr(xp, "__name__", "") != "cupy" or not triton_launch.available():
         return None
-    from .._backends import triton_norm  # deferred: imports Triton, optional (cuda only)
+    triton_norm = _triton_norm[0] if _triton_norm else _import_triton_norm()
     cols = math.prod(x.shape[x.ndim - ndims:])
     return triton_norm if triton_norm.supported(x, cols, *others) else None
+
+
+_triton_norm: list = []     # the module, imported at its first use (`from` inside a function costs ~0.4 us a call)
+
+
+def _import_triton_norm():
+    from .._backends import triton_norm  # deferred: imports Triton, optional (cuda only)
+    _triton_norm.append(triton_norm)
+    return triton_norm
 
 
 @defop("native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) "
@@ -106,9 +115,9 @@ def native_layer_norm(xp, input, normalized_shape, weight, bias, eps):
     dt, cd = _float("LayerNorm", input)
     fused = _cuda_norm(xp, input, len(axes), weight, bias)
     if fused is not None:
-        y, mean, rstd = fused.forward(input, _contig(xp, weight), _contig(xp, bias), _cols(input, axes), eps)
-        st = _stat_shape(input.shape, axes)
-        return y, mean.reshape(st), rstd.reshape(st)
+        # mean and rstd made in their (..., 1) shape: the kernel writes one value per row either way
+        return fused.forward(input, _contig(xp, weight), _contig(xp, bias), _cols(input, axes), eps,
+                             _stat_shape(input.shape, axes))
     if xp is np and cd == input.dtype and (r := cpu_kernels.layer_norm(input, _cols(input, axes), weight, bias, eps)):
         st = _stat_shape(input.shape, axes)            # one C++ pass per row (float32/float64, contiguous)
         return r[0], r[1].reshape(st), r[2].reshape(st)

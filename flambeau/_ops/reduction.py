@@ -153,11 +153,21 @@ def _cuda_column_sum(x, dim, keepdim, dtype):
         return None
     out = _sum_dtype(D.FROM_NP[x.dtype], dtype)
     rows = math.prod(x.shape[:k])
-    from .._backends import triton_sum  # deferred: imports Triton, optional (cuda only)
+    triton_sum = _triton_sum[0] if _triton_sum else _import_triton_sum()
     if not triton_sum.supported(x, rows, out.np):
         return None
     r = triton_sum.column_sum(x, rows, out.np)
-    return r.reshape(((1,) * k if keepdim else ()) + tuple(x.shape[k:]))
+    shape = ((1,) * k if keepdim else ()) + tuple(x.shape[k:])
+    return r if r.shape == shape else r.reshape(shape)         # (a bias gradient: (N,) already)
+
+
+_triton_sum: list = []      # the module, imported at its first use (`from` inside a function costs ~0.4 us a call)
+
+
+def _import_triton_sum():
+    from .._backends import triton_sum  # deferred: imports Triton, optional (cuda only)
+    _triton_sum.append(triton_sum)
+    return triton_sum
 
 
 _FAST_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
