@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from .._backends import cudnn_attention
 from .._dtype import INTEGER
 from .._tensor import Tensor
 from ._registry import defop, export, TensorSpec
@@ -60,7 +61,6 @@ def _(grad, dim):
     if dev is not None and dev.type == "cuda" and all(g is not None for g in grads):
         # the pieces of one new buffer in order (cuDNN attention's gradients of GPT-2's split qkv): the
         # buffer is their concatenation, no copy (`cudnn_attention.claim_joined` checks it)
-        from .._backends import cudnn_attention     # deferred: the attention backend, cuda only
         joined = cudnn_attention.claim_joined([g._data for g in grads], wrap_dim(dim, grads[0].ndim))
         if joined is not None:
             return Tensor._make(joined, dev)
