@@ -239,3 +239,31 @@ def test_claim_joined_takes_the_buffer_once_and_only_in_order(fake_cudnn):
     assert out is not None and out.shape == (2, 4, 18) and out.flags.c_contiguous
     assert CA.claim_joined(list(grads), 2) is None
     assert CA._joint_layout(pieces[0], pieces[2], pieces[1]) is None
+
+
+@pytest.mark.cuda
+def test_gpt_split_qkv_on_cuda_takes_the_joint_gradient_as_pytorch(monkeypatch):
+    """On the GPU: GPT-2's attention block (qkv split, heads view, causal cuDNN attention, bf16 autocast)
+    forward and backward vs PyTorch's, with the split's gradient taken from cuDNN's joint buffer (a claim
+    that returned it). Fails when cuDNN's backward writes wrong strides into the joint buffer (values) or
+    when the joint path is not taken (no claim)."""
+    if not CA.available():
+        pytest.skip(f"cuDNN frontend not available: {CA.load_error()}")
+    claims = []
+    real = CA.claim_joined
+    monkeypatch.setattr(CA, "claim_joined", lambda *a: claims.append(r := real(*a)) or r)
+    B, T, H, E_ = 2, 128, 4, 64
+    rng = np.random.default_rng(0)
+    a, g = rng.standard_normal((B, T, 3 * H * E_)).astype(np.float32), rng.standard_normal((B, T, H * E_))
+    res = {}
+    for m in (fl, torch):
+        x = m.tensor(a, device="cuda", requires_grad=True)
+        with m.autocast("cuda", dtype=m.bfloat16):
+            q, k, v = (z.view(B, T, H, E_).transpose(1, 2) for z in x.to(m.bfloat16).split(H * E_, 2))
+            y = m.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = y.transpose(1, 2).contiguous().view(B, T, H * E_)
+        y.float().backward(m.tensor(g.astype(np.float32), device="cuda"))
+        res[m.__name__] = (y.float().cpu().detach().numpy(), x.grad.float().cpu().numpy())
+    assert any(c is not None for c in claims), "the split's backward did not take cuDNN's joint buffer"
+    for f, t in zip(res["flambeau"], res["torch"]):
+        np.testing.assert_allclose(f, t, rtol=3e-2, atol=3e-2)
