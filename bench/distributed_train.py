@@ -3,7 +3,7 @@
     python bench/distributed_train.py [--device cuda] [--nproc 2] [--systems flambeau,torch]
                                       [--modes eager,compiled] [--steps 10] [--warmup 3] [--small]
                                       [--parallel ddp|fsdp2|tp] [--checkpoint DIR] [--profile DIR]
-                                      [--trace DIR]
+                                      [--trace DIR] [--layers N] [--count-calls]
 
 Each configuration is a launch of this file as a worker: under `python -m flambeau.distributed.run`
 (`import torch` is flambeau there) or `python -m torch.distributed.run` (PyTorch), one process per GPU
@@ -37,7 +37,8 @@ ddp step time over PyTorch's. Each worker also reports host_ms_per_step (the hos
 steps, before the closing synchronisation: near ms_per_step means the host is the bottleneck). `--profile
 DIR`: after the timed steps, rank 0 of each configuration runs PROFILE_STEPS more under cProfile timed by the
 process's CPU clock (a loaded machine's waits for the CPU do not count; MPI's busy waits do) and writes the
-top functions (by own time, and by cumulative time) to DIR/<system>-<mode>-<config>.txt. `--trace DIR`:
+top functions (by own time, and by cumulative time) to DIR/<system>-<mode>-<config>-<parallel>.txt (all of them
+to .pstats beside it: `python3 -m pstats`, or diff two configurations' call counts). `--trace DIR`:
 after the timed steps every rank of each configuration records PROFILE_STEPS more under PyTorch's profiler
 (bench/stream_timeline.py: kernels by stream, the compute stream's idle gaps, CUDA API calls) into
 DIR/<system>-<mode>-<config>-<parallel>-r<rank>.json.gz; read them with `python bench/stream_timeline.py`.
@@ -47,6 +48,10 @@ collectives back), its main thread's CPU time and its voluntary/involuntary cont
 other thread or process took its core); `BENCH_PIN_CPUS="0-3;16-19"` keeps rank i to the i-th CPU list. Its process CPU time per step (cpu_ms_per_rank: what a loaded machine's waits for a core
 do not inflate; MPI's busy waits count, gloo's blocking waits do not), with the garbage collector's time per step and its full collections in the timed steps
 (gc_ms_per_rank, gc_full_per_rank).
+`--count-calls`: after the timed steps rank 0 runs PROFILE_STEPS more counting the Python-level calls (functions
+and builtins, `sys.setprofile`) and reports calls_per_step: the ddp/fsdp2 count less single's is what the wrapper
+adds a step. `--layers N` sets the block count (`--small --layers 12`: GPT-2's 148 parameters at width 64, the
+per-parameter costs of the real model on CPU).
 A configuration that fails prints its error instead.
 """
 from __future__ import annotations
@@ -152,7 +157,7 @@ def worker(args) -> None:
     import torch.distributed as dist
     sys.path.insert(0, ROOT)
     from bench import gpu_models
-    cfg = SMALL if args.small else GPT2
+    cfg = dict(SMALL if args.small else GPT2, **({"layers": args.layers} if args.layers else {}))
     cuda = args.device == "cuda"
     local = int(os.environ.get("LOCAL_RANK", "0"))
     pins = os.environ.get("BENCH_PIN_CPUS")          # "0-3;16-19": rank i keeps to the i-th CPU list
@@ -207,6 +212,8 @@ def worker(args) -> None:
     gc_clock.stop()
     if args.profile:
         _profile(args, torch, rank, lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp), sync)
+    calls = _count_calls(lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp), sync) \
+        if args.count_calls else None
     if args.trace:
         _trace(args, torch, rank, local, lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp))
     host = [host_ms, gc_clock.ms / args.steps, gc_clock.full, cpu_ms, thread_ms, switches]
@@ -234,6 +241,7 @@ def worker(args) -> None:
                           "context_switches_per_step_per_rank": [r[5] for r in per_rank],
                           "tokens_per_s": (1 if args.parallel == "tp" else world_size) * rows * cfg["seq"] / ms * 1e3,
                           "cpus": len(os.sched_getaffinity(0)),
+                          **({"calls_per_step": calls} if calls is not None else {}),
                           "losses": [float(v) for v in stacked.cpu().tolist()]}), flush=True)
     if world_size > 1:
         dist.destroy_process_group()
@@ -261,6 +269,23 @@ def _profile(args, torch, rank: int, step, sync) -> None:
     name = f"{_system(torch)}-{args.mode}-{args.config}-{args.parallel}.txt"
     with open(os.path.join(args.profile, name), "w") as f:
         f.write(f"{PROFILE_STEPS} steps, times are process CPU seconds\n" + out.getvalue())
+    prof.dump_stats(os.path.join(args.profile, name[:-len(".txt")] + ".pstats"))
+
+
+def _count_calls(step, sync) -> float:
+    """Python-level calls (Python functions and builtins) per step over PROFILE_STEPS steps."""
+    n = [0]
+
+    def count(frame, event, arg):
+        if event == "call" or event == "c_call":
+            n[0] += 1
+    sync()
+    sys.setprofile(count)
+    for _ in range(PROFILE_STEPS):
+        step()
+    sys.setprofile(None)
+    sync()
+    return n[0] / PROFILE_STEPS
 
 
 class _GcClock:
@@ -321,6 +346,7 @@ def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
            "--parallel", args.parallel] + (["--small"] if args.small else []) + \
         (["--profile", os.path.abspath(args.profile)] if args.profile else []) + \
         (["--trace", os.path.abspath(args.trace)] if args.trace else []) + \
+        (["--layers", str(args.layers)] if args.layers else []) + (["--count-calls"] if args.count_calls else []) + \
         (["--checkpoint", os.path.join(args.checkpoint, system)] if args.checkpoint else [])
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NCCL_NVLS_ENABLE="0",
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
@@ -378,6 +404,8 @@ def main() -> None:
     p.add_argument("--parallel", choices=("ddp", "fsdp2", "tp"), default="ddp")
     p.add_argument("--profile", default="", help="cProfile tables of rank 0 of each configuration into DIR")
     p.add_argument("--trace", default="", help="every rank's device timeline (PyTorch's profiler) into DIR")
+    p.add_argument("--layers", type=int, default=0, help="blocks of the GPT (default: 12, --small: 2)")
+    p.add_argument("--count-calls", action="store_true", help="rank 0's Python-level calls per step")
     p.add_argument("--checkpoint", default="", help="save after the N-process run, resume in 1 process (DIR)")
     p.add_argument("--budget-s", type=float, default=1e9, help="skip configurations once this much time is spent")
     p.add_argument("--timeout-s", type=float, default=600)

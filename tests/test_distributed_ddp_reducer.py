@@ -58,13 +58,20 @@ def _step(model, opt, set_to_none: bool, step: int):
 
 
 def _counted(monkeypatch):
-    """Wrap the reducer's copy and the all-reduce: the log of what each step did."""
-    log = {"copy": [], "all_reduce": []}
-    copy, all_reduce = ddp_module._copy_into, dist.all_reduce
+    """Wrap the reducer's copies (one by one, and the batched ones pair by pair, by array) and the
+    all-reduce: the log of what each step did."""
+    log = {"copy": [], "all_reduce": [], "batches": []}
+    copy, copy_many, all_reduce = ddp_module._copy_into, ddp_module._HostCopier.copy_many, dist.all_reduce
 
     def counting_copy(dst, src):
-        log["copy"].append((dst, src))
+        log["copy"].append((dst._data, src._data))
         copy(dst, src)
+
+    def counting_copy_many(srcs, dsts):
+        log["copy"].extend(zip(dsts, srcs))
+        log["batches"].append(len(srcs))
+        copy_many(srcs, dsts)
+    monkeypatch.setattr(ddp_module._HostCopier, "copy_many", staticmethod(counting_copy_many))
 
     def counting_all_reduce(tensor, *args, **kwargs):
         log["all_reduce"].append(tensor)
@@ -87,6 +94,7 @@ def test_reducer_work_per_step(world1, monkeypatch, as_view, set_to_none, copies
     reducer = model.reducer
     params = reducer.params
     views = {id(v) for b in reducer.buckets for v in b.views}
+    view_arrays = {id(v._data) for b in reducer.buckets for v in b.views}
     flats = [(b.flat, b.flat._data) for b in reducer.buckets]
     assert len(flats) > 1
     log = _counted(monkeypatch)
@@ -96,8 +104,8 @@ def test_reducer_work_per_step(world1, monkeypatch, as_view, set_to_none, copies
             assert all(id(p.grad) in views for p in params)
         else:
             assert not any(id(p.grad) in views for p in params)
-    ins = [c for c in log["copy"] if id(c[0]) in views]
-    backs = [c for c in log["copy"] if id(c[1]) in views]
+    ins = [c for c in log["copy"] if id(c[0]) in view_arrays]
+    backs = [c for c in log["copy"] if id(c[1]) in view_arrays]
     assert len(ins) == copies_in * len(params) * STEPS
     assert len(backs) == copies_back * len(params) * STEPS
     assert len(log["copy"]) == len(ins) + len(backs)
@@ -110,44 +118,46 @@ def test_reducer_work_per_step(world1, monkeypatch, as_view, set_to_none, copies
 
 
 @pytest.mark.parametrize("as_view", [False, True])
-def test_batched_copies_one_launch_per_bucket_and_one_back(world1, monkeypatch, as_view):
-    """On cuda a bucket's gradients are copied in by one batched launch when the bucket starts and every
-    averaged gradient is copied back by one launch per step (`_copy_pairs`, `triton_copy_many`); here the
-    batching is switched on for the CPU engine and each batch recorded and run pair by pair: the trained
-    weights equal the unbatched run's bit for bit."""
+def test_batched_copies_one_call_per_bucket_in_and_one_back(world1, monkeypatch, as_view):
+    """A bucket's gradients are copied in by one `copier.copy_many` call when the bucket starts (on cuda one
+    `triton_copy_many` launch; on the host the array copies) and all are copied back by one call a step; here
+    the copier records each batch and runs it pair by pair: the trained weights equal those of the run
+    with no copier (a copy per gradient) bit for bit."""
     weights = []
     for batched in (False, True):
         log = []
         if batched:
-            monkeypatch.setattr(ddp_module, "_batched_copies", lambda device: True)
-
-            def recording_pairs(pairs):
-                log.append([(id(d), id(s)) for d, s in pairs])
-                for d, s in pairs:
-                    d._data[...] = s._data
-                    d._version[0] += 1
-            monkeypatch.setattr(ddp_module, "_copy_pairs", recording_pairs)
+            def recording_copy_many(srcs, dsts):
+                log.append([(id(d), id(s)) for s, d in zip(srcs, dsts)])
+                for s, d in zip(srcs, dsts):
+                    d[...] = s
+            monkeypatch.setattr(ddp_module._HostCopier, "copy_many", staticmethod(recording_copy_many))
+        else:
+            monkeypatch.setattr(ddp_module, "_copier_for", lambda flat: None)
         model = ddp_module.DistributedDataParallel(_model(), bucket_cap_mb=BUCKET_CAP_MB,
                                                    gradient_as_bucket_view=as_view)
         opt = flambeau.optim.SGD(model.parameters(), lr=0.1)
         for s in range(2):
             _step(model, opt, True, s)
         del log[:]
-        copies = _counted(monkeypatch)["copy"] if batched else []
+        copies, copy_into = [], ddp_module._copy_into
+        monkeypatch.setattr(ddp_module, "_copy_into", lambda d, s: copies.append(d) or copy_into(d, s))
         for s in range(2, 2 + STEPS):
             _step(model, opt, True, s)
         weights.append([p.detach().numpy().copy() for p in model.parameters()])
+        monkeypatch.undo()
         if not batched:
             continue
         reducer = model.reducer
-        views = {id(v) for b in reducer.buckets for v in b.views}
+        views = {id(v._data) for b in reducer.buckets for v in b.views}
         ins = [batch for batch in log if batch and batch[0][0] in views]
         backs = [batch for batch in log if batch and batch[0][0] not in views]
         assert len(ins) == len(reducer.buckets) * STEPS           # one batch per bucket and step
         assert sorted(len(b) for b in ins[:len(reducer.buckets)]) == sorted(len(b.params) for b in reducer.buckets)
         assert all(d in views and s not in views for batch in ins for d, s in batch)
-        assert len(backs) == (0 if as_view else STEPS)            # one batch a step, outside view mode
+        assert len(backs) == (0 if as_view else STEPS)            # one a step, outside view mode
         assert all(len(b) == len(reducer.params) for b in backs)
+        assert all(s in views and d not in views for batch in backs for d, s in batch)
         assert copies == []                                       # no copy left to `_copy_into`
     for a, b in zip(*weights):
         np.testing.assert_array_equal(a, b)
@@ -267,3 +277,126 @@ def test_multi_tensor_tables_upload_without_a_stream_synchronisation():
     np.testing.assert_array_equal(np.frombuffer(staged[0], dtype=np.int64), want)
     again, _ = multi_tensor.device_table(fake, cache, ("k",), addresses, numels, 64, 2)
     assert again is dev and len(copies) == 1
+
+
+class _TwoBranches(flambeau.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = flambeau.nn.Linear(4, 3), flambeau.nn.Linear(4, 3)
+
+    def forward(self, x, use_b: bool):
+        return self.a(x) + self.b(x) if use_b else self.a(x)
+
+
+def test_unused_parameter_reduces_zeros_not_its_stale_gradient(world1):
+    """find_unused_parameters: a parameter this rank did not use contributes zeros to its bucket's
+    reduction even when its `.grad` still holds an earlier step's gradient (accumulating, no zero_grad),
+    and keeps that `.grad`; the used ones' gradients equal PyTorch's (one process: the average is the
+    local gradient)."""
+    import torch
+    flambeau.manual_seed(0)
+    fl_model = _TwoBranches()
+    ref = torch.nn.ModuleDict({"a": torch.nn.Linear(4, 3), "b": torch.nn.Linear(4, 3)})
+    with torch.no_grad():
+        for p, q in zip(fl_model.parameters(), ref.parameters()):
+            q.copy_(torch.from_numpy(p.detach().numpy()))
+    model = ddp_module.DistributedDataParallel(fl_model, find_unused_parameters=True, bucket_cap_mb=1)
+    seen = []
+
+    def recording_hook(state, bucket):
+        seen.append({id(p): g.detach().numpy().copy() for p, g in zip(bucket.parameters(), bucket.gradients())})
+        return ddp_module._default_allreduce(state, bucket)
+    model.register_comm_hook(flambeau.distributed.GroupMember.WORLD, recording_hook)
+    g = np.random.default_rng(0)
+    for step, use_b in enumerate([True, False, False]):
+        x = g.standard_normal((5, 4)).astype(np.float32)
+        (model(flambeau.tensor(x), use_b) ** 2).sum().backward()
+        xt = torch.from_numpy(x)
+        ((ref["a"](xt) + ref["b"](xt) if use_b else ref["a"](xt)) ** 2).sum().backward()
+        for p, q in zip(fl_model.parameters(), ref.parameters()):
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-6, atol=1e-6)
+        if not use_b:
+            for p in fl_model.b.parameters():
+                assert np.abs(p.grad.numpy()).max() > 0                 # a stale gradient it keeps
+                assert not np.any(seen[-1][id(p)])                       # reduced as zeros
+
+
+def _python_calls(fn) -> int:
+    """Python function calls made while `fn()` runs (`sys.setprofile` "call" events)."""
+    n = [0]
+
+    def count(frame, event, arg):
+        if event == "call":
+            n[0] += 1
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return n[0]
+
+
+@pytest.mark.parametrize("as_view", [False, True])
+def test_reducer_runs_no_python_per_parameter_but_its_hook(world1, as_view):
+    """What DDP adds to a training step in Python calls: each parameter's hook, and per bucket a bounded
+    number (copy in, all-reduce, wait, copy back: maps over the bucket's lists), not a call per parameter
+    (GPT-2 has ~150 parameters; each call is host time a GPU step waits for). Counted against the same step
+    without DDP, at world size 1, on a model of many small parameters in a few buckets."""
+    def mlp():
+        flambeau.manual_seed(0)
+        return flambeau.nn.Sequential(*[flambeau.nn.Linear(2, 2) for _ in range(60)])
+    counts = []
+    for wrap in (False, True):
+        model = mlp()
+        if wrap:
+            model = ddp_module.DistributedDataParallel(model, bucket_cap_mb=0.001, gradient_as_bucket_view=as_view)
+        opt = flambeau.optim.SGD(model.parameters(), lr=0.1)
+        for s in range(3):
+            _step2(model, opt, s)
+        counts.append(_python_calls(lambda: _step2(model, opt, 3)))
+    n_params, n_buckets = len(model.reducer.params), len(model.reducer.buckets)
+    assert n_params == 120 and 2 <= n_buckets <= 4
+    added = counts[1] - counts[0]
+    assert n_params <= added <= n_params + PYTHON_CALLS_PER_BUCKET * n_buckets + PYTHON_CALLS_PER_STEP, \
+        (added, n_params, n_buckets)
+
+
+PYTHON_CALLS_PER_BUCKET = 60    # launch, copy in, all-reduce (its Work and Future), wait, copy back
+PYTHON_CALLS_PER_STEP = 20      # prepare_for_backward, the forward's wrapper
+
+
+def _step2(model, opt, step: int):
+    x = flambeau.tensor(np.random.default_rng(step).standard_normal((3, 2)).astype(np.float32))
+    opt.zero_grad(set_to_none=True)
+    (model(x) ** 2).mean().backward()
+    opt.step()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_copy_many_tables_each_pairs_addresses_and_sizes(monkeypatch):
+    """`triton_copy_many.copy_many`'s host side on fake device arrays: one table and launch per element size,
+    holding the sources' then the destinations' addresses and the element counts, in the given order."""
+    from flambeau._backends import triton_copy_many as C
+
+    class Arr:
+        def __init__(self, ptr, size, itemsize):
+            self.data, self.size, self.itemsize = types.SimpleNamespace(ptr=ptr), size, itemsize
+            self.device = types.SimpleNamespace(id=0)
+    tables, launches = [], []
+
+    def device_table(cupy, cache, key, addresses, numels, chunk, rows, limit):
+        tables.append((addresses, numels))
+        return types.SimpleNamespace(data=types.SimpleNamespace(ptr=0x1000)), 1
+    monkeypatch.setattr(C.multi_tensor, "device_table", device_table)
+    monkeypatch.setattr(C, "_cupy", lambda a: None)
+    monkeypatch.setattr(C.TL, "compile_kernel", lambda *a, **k: "kernel")
+    monkeypatch.setattr(C.TL, "launch", lambda kern, grid, *args: launches.append((kern, grid, args[-1])))
+    monkeypatch.setattr(C, "_kernels", {})
+    srcs = [Arr(100, 5, 4), Arr(200, 7, 2), Arr(300, 9, 4)]
+    dsts = [Arr(1100, 5, 4), Arr(1200, 7, 2), Arr(1300, 9, 4)]
+    C.copy_many(srcs, dsts)
+    assert sorted(tables) == sorted([(((100, 300), (1100, 1300)), (5, 9)), (((200,), (1200,)), (7,))])
+    assert sorted(n for _, _, n in launches) == [1, 2]
+    tables.clear()
+    C.copy_many(srcs[::2], dsts[::2])
+    assert tables == [(((100, 300), (1100, 1300)), (5, 9))]

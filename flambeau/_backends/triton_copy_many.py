@@ -9,6 +9,7 @@ one launch per bucket instead of one cudaMemcpyAsync (and its Python) per parame
 """
 from __future__ import annotations
 
+import operator
 import sys
 
 import triton
@@ -22,6 +23,8 @@ NUM_WARPS = 4
 ROWS = 2                # table rows of addresses: source, destination
 TABLE_LIMIT = 1024      # tables kept: DDP needs one per bucket and one for the copy back, every step
 _WORDS = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}     # element size -> the integer type copied
+_ptr_of, _size_of, _itemsize_of = operator.attrgetter("data.ptr"), operator.attrgetter("size"), \
+    operator.attrgetter("itemsize")
 _tables: dict = {}
 _kernels: dict = {}
 
@@ -47,13 +50,13 @@ def copy_many(srcs: list, dsts: list) -> None:
     if not srcs:
         return
     item = srcs[0].itemsize
-    if any(s.itemsize != item for s in srcs):
-        for size in {s.itemsize for s in srcs}:
+    if len(set(map(_itemsize_of, srcs))) > 1:
+        for size in set(map(_itemsize_of, srcs)):
             pairs = [(s, d) for s, d in zip(srcs, dsts) if s.itemsize == size]
             copy_many([s for s, _ in pairs], [d for _, d in pairs])
         return
-    addresses = (tuple(s.data.ptr for s in srcs), tuple(d.data.ptr for d in dsts))
-    numels = tuple(s.size for s in srcs)
+    addresses = (tuple(map(_ptr_of, srcs)), tuple(map(_ptr_of, dsts)))    # maps: no Python per array
+    numels = tuple(map(_size_of, srcs))
     device = srcs[0].device.id
     tab, n_chunks = multi_tensor.device_table(_cupy(srcs[0]), _tables, (device, item, numels, addresses), addresses,
                                               numels, CHUNK, ROWS, TABLE_LIMIT)

@@ -3,13 +3,15 @@
 At construction the parameters are checked to agree across ranks and rank 0's parameters and buffers are
 broadcast. Parameters (in reverse registration order, roughly the order backward produces their
 gradients) are packed into buckets of `bucket_cap_mb` (the first bucket 1 MiB, as PyTorch's), each with a
-flat gradient buffer made once. A hook after each gradient accumulation copies the gradient into its
-bucket's view; a bucket whose parameters are all ready has its all-reduce started asynchronously while
-backward goes on (buckets start in the same order on every rank; on cuda NCCL runs on its own stream).
-When the last bucket has started, the reductions are waited for and the averaged gradients copied back
-(with `gradient_as_bucket_view=True` the parameters' `.grad` are views of the buckets: no copy back). On cuda the
-copies are batched: a bucket's gradients are copied in by one `triton_copy_many` launch when the bucket
-starts (the hook only notes the gradient), and every averaged gradient is copied back by one launch. `register_comm_hook` replaces the all-reduce (see
+flat gradient buffer made once. A hook after each gradient accumulation counts the parameter ready; a bucket
+whose parameters are all ready has their gradients copied into its buffer (one batched copy: one
+`triton_copy_many` launch on cuda, array copies on the host; nothing for gradients that already are its views)
+and its all-reduce started asynchronously while backward goes on (buckets start in the same order on every
+rank; on cuda NCCL runs on its own stream). When the last bucket has started, the reductions are waited for and
+the averaged gradients copied back (one batched copy for all buckets; with `gradient_as_bucket_view=True` the
+parameters' `.grad` are views of the buckets: no copy back, and with `zero_grad(set_to_none=False)` no copy in
+either). Per step the reducer runs no Python per parameter besides its hook: the checks are maps over lists
+made with the buckets. `register_comm_hook` replaces the all-reduce (see
 `flambeau.distributed.algorithms.ddp_comm_hooks.default_hooks` for fp16/bf16 compression).
 
 As PyTorch's reducer: the order gradients arrive in during the first synced backward is recorded and, at the
@@ -21,6 +23,8 @@ no used-map all-reduce, the unused ones marked ready as backward starts.
 from __future__ import annotations
 
 import contextlib
+import operator
+from itertools import repeat
 
 from ... import _backends, _dtype, _state
 from ..._backends import multi_tensor
@@ -37,6 +41,9 @@ FIRST_BUCKET_BYTES = 1024 * 1024
 MB = 1024 * 1024
 _ARRAY_NATIVE_KINDS = "biufc"     # NumPy dtype kinds whose copies CuPy and NumPy both run (not bfloat16's 'V')
 CUDA_MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyKind (driver_types.h)
+_NONES = repeat(None)             # compared against a list of gradients: which are missing
+_data_of, _grad_of, _version_of = (operator.attrgetter(a) for a in ("_data", "_grad", "_version"))
+_layout_of = operator.attrgetter("dtype", "shape", "strides")
 
 
 class GradBucket:
@@ -68,69 +75,81 @@ class GradBucket:
         self._buffer = buffer
 
 
-class _Bucket:
-    """One bucket: its parameters, the flat buffer their gradients are reduced in (made once) and views
-    of that buffer in the parameters' shapes."""
+class _HostCopier:
+    """The host engine's `copy_many`: one array copy per pair (the cuda one is `triton_copy_many`)."""
 
-    def __init__(self, index: int, params: list) -> None:
-        self.index, self.params = index, params
+    @staticmethod
+    def copy_many(srcs: list, dsts: list) -> None:
+        for s, d in zip(srcs, dsts):
+            d[...] = s
+
+
+def _copier_for(flat):
+    """What copies a bucket's gradients in and out as one call: `triton_copy_many` on cuda (one launch),
+    array copies on the host; None (a `copy_` per gradient) for host dtypes NumPy has no copy kernels for."""
+    batched = multi_tensor.copy_many_for(flat._device)
+    if batched is not None:
+        return batched
+    if flat._device.type == "cpu" and flat._data.dtype.kind in _ARRAY_NATIVE_KINDS:
+        return _HostCopier
+    return None
+
+
+class _Bucket:
+    """One bucket: its parameters, the flat buffer their gradients are reduced in (made once), views of
+    that buffer in the parameters' shapes, and what the per-step copies compare against and use, worked
+    out once: the views' arrays, their (dtype, shape, strides) and version counters."""
+
+    def __init__(self, index: int, params: list, indices: list) -> None:
+        self.index, self.params, self.indices = index, params, indices
         self.numel = sum(p.numel() for p in params)
         self.pending = len(params)
         self.future = None
-        self.batched = _batched_copies(params[0].device)   # cuda: the copies of a bucket are one launch
-        self.copy_in: list = []                             # (gradient, view) pairs left for that launch
         with _no_grad():
             self.flat = torch.zeros(self.numel, dtype=params[0].dtype, device=params[0].device)
             self.views, start = [], 0
             for p in params:
                 self.views.append(self.flat[start:start + p.numel()].view(p.shape))
                 start += p.numel()
+        self.copier = _copier_for(self.flat)
+        self.arrays = list(map(_data_of, self.views))
+        self.layouts = list(map(_layout_of, self.arrays))
+        self.array_type = type(self.flat._data)
+        self.versions = [v._version for v in self.views]
+
+    def batchable(self, grads: list) -> bool:
+        """Whether `grads` (one per parameter, none missing) have exactly the views' array layouts: then
+        one `copier.copy_many` moves all of them (checked by maps over the list: no Python per gradient)."""
+        if self.copier is None:
+            return False
+        arrays = list(map(_data_of, grads))
+        return list(map(_layout_of, arrays)) == self.layouts and all(map(operator.is_, map(type, arrays),
+                                                                         repeat(self.array_type)))
 
 
-def _assign_buckets(ordered: list, cap_bytes: int, first_bytes: int) -> list:
-    """Parameters, in the order given, into buckets of one dtype and device, closing each at its byte cap."""
+def _assign_buckets(params: list, order: list, cap_bytes: int, first_bytes: int) -> list:
+    """Parameters (indices into `params`), in the order given, into buckets of one dtype and device, closing
+    each at its byte cap."""
     buckets, open_ = [], {}
-    for p in ordered:
+    for i in order:
+        p = params[i]
         key = (p.dtype, str(p.device))
         cur = open_.setdefault(key, [[], 0])
-        cur[0].append(p)
+        cur[0].append(i)
         cur[1] += p.numel() * p.element_size()
         limit = first_bytes if not buckets else cap_bytes
         if cur[1] >= limit:
             buckets.append(cur[0])
             del open_[key]
     buckets.extend(c[0] for c in open_.values())
-    return [_Bucket(i, ps) for i, ps in enumerate(buckets)]
-
-
-def _batched_copies(device) -> bool:
-    """Whether a bucket's gradient copies on `device` go through `triton_copy_many` (cuda with Triton)."""
-    return multi_tensor.copy_many_for(device) is not None
-
-
-def _copy_pairs(pairs: list) -> None:
-    """dst[...] = src for every (dst, src) of contiguous cuda tensors alike in size and element size, as
-    one `triton_copy_many` launch; the destinations' versions move as `_copy_into`'s do."""
-    if not pairs:
-        return
-    multi_tensor.copy_many_for(pairs[0][0]._device).copy_many([s._data for _, s in pairs], [d._data for d, _ in pairs])
-    for d, _ in pairs:
-        d._version[0] += 1
-
-
-def _pairable(dst, src) -> bool:
-    """Whether (dst, src) may join a `_copy_pairs` batch."""
-    d, s = dst._data, src._data
-    return (src._device == dst._device and d.dtype == s.dtype and d.size == s.size and d.flags.c_contiguous
-            and s.flags.c_contiguous)
+    return [_Bucket(b, [params[i] for i in idx], idx) for b, idx in enumerate(buckets)]
 
 
 def _copy_into(dst, src) -> None:
     """dst[...] = src (same shape and dtype) on the arrays themselves, off the dispatcher: the reducer's copies
-    run once per parameter per step, where an operator call's host cost would add up. Contiguous device arrays
-    are one cudaMemcpyAsync on the current stream (any dtype, bfloat16 too: the fewest host microseconds per
-    copy); host arrays are a NumPy copy; what is left (strided device arrays of dtypes CuPy has no kernels
-    for) goes through `copy_`."""
+    that do not go through a bucket's batched copy (a gradient of another layout). Contiguous device arrays
+    are one cudaMemcpyAsync on the current stream (any dtype, bfloat16 too); host arrays are a NumPy copy;
+    what is left (strided device arrays of dtypes CuPy has no kernels for) goes through `copy_`."""
     d, s = dst._data, src._data
     if dst._device.type == "cuda" and d.flags.c_contiguous and s.flags.c_contiguous and d.dtype == s.dtype:
         cuda = _backends.get("cuda").xp.cuda
@@ -157,28 +176,50 @@ def _default_allreduce(group, bucket: GradBucket):
 class _Reducer:
     """The per-iteration state: which parameters are ready, which buckets have started.
 
-    As each parameter's gradient is accumulated its hook copies it into its bucket's view (nothing to copy
-    when the gradient already is that view); a bucket whose gradients are all in is reduced at once,
-    asynchronously (on cuda the engine runs it on its NCCL stream, so it overlaps the rest of backward).
-    When the last bucket has started the reductions are waited for (on cuda: the compute stream waits,
-    the host goes on) and the averaged gradients copied back, or with `gradient_as_bucket_view` the
-    parameters' `.grad` are the bucket views themselves."""
+    Each parameter's hook (after its gradient is accumulated) only counts it ready in its bucket; a bucket
+    whose gradients are all in has them copied into its flat buffer (one batched copy, none for gradients
+    that already are its views) and its reduction started at once, asynchronously (on cuda the engine runs
+    it on its NCCL stream, so it overlaps the rest of backward). When the last bucket has started the
+    reductions are waited for (on cuda: the compute stream waits, the host goes on) and the averaged
+    gradients copied back (one batched copy), or with `gradient_as_bucket_view` the parameters' `.grad`
+    are the bucket views themselves. Nothing is done per parameter in Python on the usual path: the
+    per-step work is a few maps over each bucket's lists."""
 
     def __init__(self, params: list, group, cap_bytes: int, first_bytes: int, find_unused: bool,
                  as_view: bool, static_graph: bool = False) -> None:
         self.params, self.group, self.find_unused, self.as_view = params, group, find_unused, as_view
         self.cap_bytes, self.first_bytes, self.static_graph = cap_bytes, first_bytes, static_graph
-        self._set_buckets(_assign_buckets(list(reversed(params)), cap_bytes, first_bytes))
+        self._set_buckets(_assign_buckets(params, list(reversed(range(len(params)))), cap_bytes, first_bytes))
         self.index_of = {id(p): i for i, p in enumerate(params)}
         self.arrival, self.has_rebuilt = [], False       # gradient arrival order (param indices), once
+        self.recording = self.should_rebuild()           # whether hooks note the arrival order
         self.static_unused, self.static_used_map = None, None   # static_graph: the first iteration's answer
         self.hook_state, self.hook = group, _default_allreduce
-        self.active, self.next_bucket, self.used = False, 0, set()
-        self.handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+        self.active, self.next_bucket, self.ready = False, 0, [False] * len(params)
+        self.some_unused = False                          # parameters marked ready without a gradient
+        self.handles = [p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(params)]
 
     def _set_buckets(self, buckets: list) -> None:
         self.buckets = buckets
         self.slot_of = {id(p): (b, v) for b in buckets for p, v in zip(b.params, b.views)}
+        self.bucket_of = [None] * len(self.params)       # parameter index -> its bucket
+        for b in buckets:
+            for i in b.indices:
+                self.bucket_of[i] = b
+
+    def _hook(self, i: int):
+        """Parameter i's post-accumulate-grad hook: it is ready; its bucket starts when it is complete."""
+        def ddp_gradient_ready(param) -> None:
+            if not self.active:
+                return
+            self.ready[i] = True
+            if self.recording:
+                self.arrival.append(i)
+            bucket = self.bucket_of[i]
+            bucket.pending -= 1
+            if not bucket.pending:          # the bucket is complete: it and the ones after it may start
+                self._launch_ready()
+        return ddp_gradient_ready
 
     def should_rebuild(self) -> bool:
         """PyTorch's `should_rebuild_buckets`: once, unless unused parameters are searched every iteration."""
@@ -199,8 +240,7 @@ class _Reducer:
         order_t = torch.tensor(order, dtype=_dtype.int64, device=self.params[0].device)
         dist.broadcast(order_t, src=dist.get_global_rank(self.group, 0), group=self.group)
         old = self.slot_of
-        self._set_buckets(_assign_buckets([self.params[i] for i in order_t.tolist()], self.cap_bytes,
-                                          self.first_bytes))
+        self._set_buckets(_assign_buckets(self.params, order_t.tolist(), self.cap_bytes, self.first_bytes))
         if self.as_view:                 # the .grad that were views of the old buckets move into the new ones
             for p in self.params:
                 if p.grad is not None and p.grad is old[id(p)][1]:
@@ -208,6 +248,7 @@ class _Reducer:
                     _copy_into(view, p.grad)
                     p.grad = view
         self.arrival, self.has_rebuilt = [], True
+        self.recording = self.should_rebuild()
         return True
 
     def prepare_for_forward(self) -> None:
@@ -218,13 +259,14 @@ class _Reducer:
                 "unused parameter detection by passing the keyword argument `find_unused_parameters=True` to "
                 "`torch.nn.parallel.DistributedDataParallel`, and by making sure all `forward` function outputs "
                 "participate in calculating loss. Parameters that did not receive a gradient: "
-                + ", ".join(str(i) for i, p in enumerate(self.params) if self.slot_of[id(p)][0].pending
-                            and id(p) not in self.used))
+                + ", ".join(str(i) for i, p in enumerate(self.params) if self.bucket_of[i].pending
+                            and not self.ready[i]))
 
     def prepare_for_backward(self, outputs: list) -> None:
         for b in self.buckets:
-            b.pending, b.future, b.copy_in = len(b.params), None, []
-        self.active, self.next_bucket, self.used = True, 0, set()
+            b.pending, b.future = len(b.params), None
+        self.active, self.next_bucket, self.ready = True, 0, [False] * len(self.params)
+        self.some_unused = False
         if self.needs_graph_walk():
             reached = _reachable_leaves(outputs)
             unused = [p for p in self.params if id(p) not in reached]
@@ -234,29 +276,10 @@ class _Reducer:
             unused = self.static_unused
         else:
             return
+        self.some_unused = bool(unused)
         for p in unused:
             _zero(self.slot_of[id(p)][1])
             self._mark_ready(p)
-
-    def _on_grad(self, param) -> None:
-        if not self.active:
-            return
-        key = id(param)
-        self.used.add(key)
-        if self.should_rebuild():
-            self.arrival.append(self.index_of[key])
-        bucket, view = self.slot_of[key]
-        grad = param._grad
-        if grad is not view:
-            if bucket.batched and _pairable(view, grad):
-                bucket.copy_in.append((view, grad))     # copied with the bucket's others, at its launch
-            else:
-                _copy_into(view, grad)
-            if self.as_view:
-                param.grad = view
-        bucket.pending -= 1
-        if not bucket.pending:              # the bucket is complete: it and the ones after it may start
-            self._launch_ready()
 
     def _mark_ready(self, param) -> None:
         bucket = self.slot_of[id(param)][0]
@@ -273,45 +296,99 @@ class _Reducer:
             self._finalize()
 
     def _launch(self, bucket: _Bucket) -> None:
-        """Start the reduction of the bucket's flat buffer (its gradients are in it)."""
-        if bucket.copy_in:
-            _copy_pairs(bucket.copy_in)
-            bucket.copy_in = []
+        """Copy the bucket's gradients into its flat buffer and start its reduction."""
+        self._copy_in(bucket)
         grad_bucket = GradBucket(bucket.index, bucket.flat, bucket.params, bucket.index == len(self.buckets) - 1)
         bucket.future = self.hook(self.hook_state, grad_bucket)
+
+    def _copy_in(self, bucket: _Bucket) -> None:
+        """The bucket's gradients into its views: nothing for those that are the views, one batched copy
+        when every one is laid out as its view, else a copy each (an unused parameter, with no gradient,
+        has its view zeroed already). With `gradient_as_bucket_view` the views become the `.grad`."""
+        grads = list(map(_grad_of, bucket.params))
+        if self.some_unused:            # those marked ready without a gradient keep the `.grad` they have
+            ready = self.ready
+            grads = [g if ready[i] else None for g, i in zip(grads, bucket.indices)]
+        elif all(map(operator.is_, grads, bucket.views)):
+            return
+        if not any(map(operator.is_, grads, _NONES)) and not any(map(operator.is_, grads, bucket.views)) \
+                and bucket.batchable(grads):
+            bucket.copier.copy_many(list(map(_data_of, grads)), bucket.arrays)
+            for version in bucket.versions:
+                version[0] += 1
+        else:
+            for g, view in zip(grads, bucket.views):
+                if g is not None and g is not view:
+                    _copy_into(view, g)
+        if self.as_view:
+            for p, g, view in zip(bucket.params, grads, bucket.views):
+                if g is not None:
+                    p._grad = view          # the view has the parameter's dtype, shape and device
 
     def _finalize(self) -> None:
         self.active = False
         globally_used = self.static_used_map
         if self.find_unused and not self.static_graph or self.static_graph and globally_used is None:
-            used = torch.tensor([id(p) in self.used for p in self.params], dtype=_dtype.int32,
-                                device=self.params[0].device)
+            used = torch.tensor(self.ready, dtype=_dtype.int32, device=self.params[0].device)
             dist.all_reduce(used, group=self.group)
             globally_used = used.tolist()
             if self.static_graph:
                 self.static_used_map = globally_used
-        copy_back = []
+        back: dict = {}                 # copier -> (sources, destinations, versions): one batched copy each
         for b in self.buckets:
             value = b.future.wait()
             flat = value[0] if isinstance(value, (list, tuple)) else value
             if flat is not b.flat:
                 _copy_into(b.flat, flat)
-            for p, view in zip(b.params, b.views):
-                if globally_used is not None and not globally_used[self.index_of[id(p)]]:
-                    continue
-                grad = p.grad
-                if grad is view:
-                    continue
-                if self.as_view:
-                    p.grad = view
-                elif grad is None:
-                    with _no_grad():
-                        p.grad = view.clone()
-                elif b.batched and _pairable(grad, view):
-                    copy_back.append((grad, view))
-                else:
-                    _copy_into(grad, view)
-        _copy_pairs(copy_back)          # after every bucket's wait: one launch for all of them
+            if globally_used is None:
+                self._copy_out(b, back)
+            else:
+                self._copy_out_used(b, globally_used)
+        for copier, (srcs, dsts, versions) in back.items():
+            copier.copy_many(srcs, dsts)
+            for version in versions:
+                version[0] += 1
+
+    def _copy_out(self, bucket: _Bucket, back: dict) -> None:
+        """Every parameter of the bucket had its gradient reduced: the averaged views become the `.grad`
+        (`gradient_as_bucket_view`), or are copied back into them (added to `back`, the step's one batched
+        copy back, when every gradient is laid out as its view), or cloned for a parameter that has none."""
+        params, views = bucket.params, bucket.views
+        grads = list(map(_grad_of, params))
+        if self.as_view:
+            if not all(map(operator.is_, grads, views)):
+                for p, view in zip(params, views):
+                    p._grad = view
+            return
+        if not any(map(operator.is_, grads, _NONES)) and not any(map(operator.is_, grads, views)) \
+                and bucket.batchable(grads):
+            srcs, dsts, versions = back.setdefault(bucket.copier, ([], [], []))
+            srcs.extend(bucket.arrays)
+            dsts.extend(map(_data_of, grads))
+            versions.extend(map(_version_of, grads))
+            return
+        for p, g, view in zip(params, grads, views):
+            if g is None:
+                with _no_grad():
+                    p.grad = view.clone()
+            elif g is not view:
+                _copy_into(g, view)
+
+    def _copy_out_used(self, bucket: _Bucket, globally_used: list) -> None:
+        """`_copy_out` when unused parameters are searched: those no rank used keep the `.grad` they had."""
+        for p, view in zip(bucket.params, bucket.views):
+            if not globally_used[self.index_of[id(p)]]:
+                continue
+            grad = p.grad
+            if grad is view:
+                continue
+            if self.as_view:
+                p.grad = view
+            elif grad is None:
+                with _no_grad():
+                    p.grad = view.clone()
+            else:
+                _copy_into(grad, view)
 
 
 def _reachable_leaves(outputs: list) -> set:
@@ -439,6 +516,7 @@ class DistributedDataParallel(Module):
     def _set_static_graph(self) -> None:
         """PyTorch's: declare the graph static after construction (before the first iteration)."""
         self.static_graph = self.reducer.static_graph = True
+        self.reducer.recording = self.reducer.should_rebuild()
 
 
 # the rebuild (a one-time host decision with a broadcast) and the buffer broadcast run eagerly under flambeau.compile,
