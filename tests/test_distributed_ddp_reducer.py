@@ -400,3 +400,34 @@ def test_copy_many_tables_each_pairs_addresses_and_sizes(monkeypatch):
     tables.clear()
     C.copy_many(srcs[::2], dsts[::2])
     assert tables == [(((100, 300), (1100, 1300)), (5, 9))]
+
+
+@pytest.mark.parametrize("as_view", [False, True])
+@pytest.mark.parametrize("zero", ["none", "zeros", "accumulate"])
+def test_gradients_each_step_equal_pytorchs(world1, as_view, zero):
+    """Every step's `.grad` (world size 1: the average is the local gradient) equal PyTorch's for the same
+    weights and data, with gradient_as_bucket_view or not, zero_grad(set_to_none=True / False) or no
+    zero_grad at all (gradients accumulate: in view mode straight into the buckets), across the bucket
+    rebuild; with gradient_as_bucket_view the `.grad` are the bucket views after every step."""
+    import torch
+    fl_model = _model()
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
+                              torch.nn.Linear(32, 4))
+    with torch.no_grad():
+        for p, q in zip(fl_model.parameters(), ref.parameters()):
+            q.copy_(torch.from_numpy(p.detach().numpy()))
+    model = ddp_module.DistributedDataParallel(fl_model, bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=as_view)
+    opt, ref_opt = flambeau.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(5):
+        x = np.random.default_rng(step).standard_normal((6, 8)).astype(np.float32)
+        if zero != "accumulate":
+            opt.zero_grad(set_to_none=zero == "none")
+            ref_opt.zero_grad(set_to_none=zero == "none")
+        (model(flambeau.tensor(x)) ** 2).mean().backward()
+        (ref(torch.from_numpy(x)) ** 2).mean().backward()
+        for p, q in zip(fl_model.parameters(), ref.parameters()):
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-6)
+        views = {id(v) for b in model.reducer.buckets for v in b.views}
+        assert all((id(p.grad) in views) == as_view for p in fl_model.parameters())
+        opt.step()
+        ref_opt.step()
