@@ -1,7 +1,9 @@
 """Many device-to-device copies as one Triton kernel launch (PyTorch's `_foreach_copy_`).
 
 `copy_many(srcs, dsts)` copies each contiguous CuPy array of `srcs` into the array of `dsts` at the same
-position (same element size and count; the bytes are moved, so any dtype goes, bfloat16 too). The
+position (same element size and count; the bytes are moved, so any dtype goes, bfloat16 too);
+`copy_addresses` does the same for runs given by device address (pieces of larger arrays: FSDP2's flat
+buffers, with no array made per piece). The
 programs find their pair through a `multi_tensor` table of (source, destination) addresses, uploaded
 once per set of addresses and reused while the caching allocator gives the arrays the same memory step
 after step: DDP's gradient buckets fill from, and copy back into, the same gradients every iteration,
@@ -49,16 +51,24 @@ def copy_many(srcs: list, dsts: list) -> None:
     C-contiguous, of one element size and count; sizes of 1, 2, 4 or 8 bytes)."""
     if not srcs:
         return
-    item = srcs[0].itemsize
     if len(set(map(_itemsize_of, srcs))) > 1:
         for size in set(map(_itemsize_of, srcs)):
             pairs = [(s, d) for s, d in zip(srcs, dsts) if s.itemsize == size]
             copy_many([s for s, _ in pairs], [d for _, d in pairs])
         return
-    addresses = (tuple(map(_ptr_of, srcs)), tuple(map(_ptr_of, dsts)))    # maps: no Python per array
-    numels = tuple(map(_size_of, srcs))
-    device = srcs[0].device.id
-    tab, n_chunks = multi_tensor.device_table(_cupy(srcs[0]), _tables, (device, item, numels, addresses), addresses,
+    copy_addresses(srcs[0], tuple(map(_ptr_of, srcs)), tuple(map(_ptr_of, dsts)), tuple(map(_size_of, srcs)))
+
+
+address_of = _ptr_of           # a CuPy array's device address (what `copy_addresses` takes): no Python call
+
+
+def copy_addresses(like, srcs: tuple, dsts: tuple, numels: tuple) -> None:
+    """`numels[i]` elements of `like`'s element size from device address `srcs[i]` to `dsts[i]`, for every
+    i, as one launch on the current stream of `like`'s device (contiguous runs: pieces of larger arrays
+    given by address, with no array made for each)."""
+    item, device = like.itemsize, like.device.id
+    addresses = (srcs, dsts)
+    tab, n_chunks = multi_tensor.device_table(_cupy(like), _tables, (device, item, numels, addresses), addresses,
                                               numels, CHUNK, ROWS, TABLE_LIMIT)
     kern = _kernels.get((device, item))
     if kern is None:

@@ -17,6 +17,9 @@ from tp_models import B, STEPS, TIED_GPT, build_model, fsdp_batch, tied_batch  #
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 out_dir = sys.argv[1]
+if sys.argv[2:] == ["batched"]:     # the cuda path's batched copies, on host arrays
+    import host_batched
+    host_batched.install()
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 mesh = init_device_mesh("cpu", (world,))

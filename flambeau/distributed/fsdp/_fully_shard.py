@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from itertools import repeat
 
 from ... import _state
 from ..._backends import multi_tensor
@@ -51,7 +52,9 @@ from ..tensor.placement_types import Partial, Replicate, Shard, _StridedShard
 
 PARTIAL_PARAMETER_OPS = ("sum", "avg")   # Partial TP parameters FSDP shards: their pieces' sum or mean
 _ARRAY_NATIVE_KINDS = "biufc"     # NumPy dtype kinds NumPy and CuPy both copy (not bfloat16's 'V')
-_data_of = operator.attrgetter("_data")
+_data_of, _sharded_of, _unsharded_of = (operator.attrgetter(a) for a in ("_data", "sharded", "unsharded"))
+_requires_grad_of, _dtype_of = operator.attrgetter("_requires_grad"), operator.attrgetter("_dtype")
+_c_contiguous_of = operator.attrgetter("flags.c_contiguous")
 
 __all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "CPUOffloadPolicy", "UnshardHandle"]
 
@@ -145,7 +148,7 @@ def _raw_ok(tensors: list, dtype=None) -> bool:
     if not tensors or tensors[0]._data.dtype.kind not in _ARRAY_NATIVE_KINDS:
         return False
     first = tensors[0]._dtype
-    return (dtype is None or dtype == first) and all(t._dtype == first for t in tensors)
+    return (dtype is None or dtype == first) and all(map(operator.eq, map(_dtype_of, tensors), repeat(first)))
 
 
 def _array_tensor(arr, like: Tensor) -> Tensor:
@@ -202,27 +205,42 @@ class _FlatLayout:
                 flat_at.append(r * self.width + o)
                 param_at.append(r * w)
                 lengths.append(length)
+        # the gathered parameters side by side in one buffer (`_finish_unshard` on cuda): where each starts,
+        # and where each piece lands in it
+        self.starts, at = [], 0
+        for k in self.numels:
+            self.starts.append(at)
+            at += k
+        self.total = at
+        self.whole_at = [self.starts[i] + b for i, b in zip(index, param_at)]
+        self.lengths = tuple(lengths)
 
     def pack(self, tensors: list, n: int) -> Tensor:
         """The flat buffer of `tensors`, one a parameter: each its local shard (n = 1: this rank's piece of
         the all-gather) or its whole gradient (the reduce-scatter's input), zero-padded to its n chunks, laid
         out as the (n, width) array, flattened. Where NumPy and CuPy copy the dtype: on cuda (n > 1) one
-        batched copy of the `pieces`, else one array copy each into its columns (not `concatenate`, whose
+        batched copy of the `pieces` given by address (`copy_addresses`: no array made per piece), else one
+        array copy each into its columns (not `concatenate`, whose
         one-kernel path for small arrays on CuPy uploads a table of pointers from pageable memory: a stream
         synchronisation); else through the dispatcher."""
         widths = self.widths
         if _raw_ok(tensors):
             first = tensors[0]._data
-            out = _xp(first).empty((n, self.width), dtype=first.dtype)
             batched = multi_tensor.copy_many_for(tensors[0]._device) if n > 1 else None
-            if batched is not None and all(t._data.flags.c_contiguous for t in tensors):
-                if not all(self.even):
-                    out.fill(0)                 # the padding after short pieces
-                flat, arrays = out.reshape(-1), [t._data.reshape(-1) for t in tensors]
-                index, flat_at, param_at, lengths = self.pieces
-                batched.copy_many([arrays[i][b:b + k] for i, b, k in zip(index, param_at, lengths)],
-                                  [flat[a:a + k] for a, k in zip(flat_at, lengths)])
-                return _array_tensor(flat, tensors[0])
+            if batched is not None:
+                arrays = list(map(_data_of, tensors))
+                if all(map(_c_contiguous_of, arrays)):
+                    flat = _xp(first).empty((n * self.width,), dtype=first.dtype)
+                    if not all(self.even):
+                        flat.fill(0)            # the padding after short pieces
+                    item, address_of = first.itemsize, batched.address_of
+                    base, sources = address_of(flat), list(map(address_of, arrays))
+                    index, flat_at, param_at, _ = self.pieces
+                    if self.lengths:
+                        batched.copy_addresses(first, tuple([sources[i] + b * item for i, b in zip(index, param_at)]),
+                                               tuple([base + a * item for a in flat_at]), self.lengths)
+                    return _array_tensor(flat, tensors[0])
+            out = _xp(first).empty((n, self.width), dtype=first.dtype)
             for t, o, w in zip(tensors, self.offsets, widths):
                 a, dst = t._data.reshape(-1), out[:, o:o + w]
                 if a.size == n * w:
@@ -256,12 +274,14 @@ class _ParamGroup:
         self._pending = None
         self._gathered = None                 # the all-gather's output, kept from gather to gather
         self._chunks = None                   # per parameter: its columns of `_gathered` as an (n, width) array
-        self._gather_srcs = None              # cuda: the pieces of `_gathered` (`_FlatLayout.pieces`), made once
+        self._gather_srcs = None              # cuda: the addresses of `_gathered`'s pieces (`_FlatLayout.pieces`)
         self._shards = None                   # this rank's piece of the all-gather, holding the shards
         self._shard_views = None              # the shards' arrays: views of `_shards`
         self._installed_sharded = True        # which parameters the modules hold now
         self._n_ready = 0                     # parameters whose gradient this backward has accumulated
         self._n_wanted = 0
+        self._slot_list = None                # (parameter dict, name, _Param) per slot: `_slots`
+        self._tensor_parallel = False         # whether a parameter is a tensor-parallel piece (FSDP x TP)
         shard_dim = mesh.ndim - 1           # HSDP (2-D mesh): replicate over mesh dim 0, shard over dim 1
         self.placements = (Replicate(),) * shard_dim + (Shard(0),)
         self.group = mesh.get_group(shard_dim)
@@ -299,6 +319,7 @@ class _ParamGroup:
         sharded = Parameter(DTensor._make(piece.contiguous(), *layout), p.requires_grad)
         fp = _Param(owner, name, sharded, tuple(local.shape), layout, tp)
         self.params.append(fp)
+        self._tensor_parallel = True
         owner._parameters[name] = sharded
         return fp
 
@@ -344,23 +365,27 @@ class _ParamGroup:
 
     def _finish_unshard(self) -> None:
         """Copy each parameter's chunks out of the gathered buffer into its own memory (on cuda one
-        `triton_copy_many` launch for the whole group over `_FlatLayout.pieces`; else one strided copy a
-        parameter), installed in the gathered leaf (made on the first gather, refilled after)."""
+        `triton_copy_many` launch for the whole group over `_FlatLayout.pieces`, by address, into one new
+        buffer of the group's parameters side by side, each a view of it; else one strided copy a parameter),
+        installed in the gathered leaf (made on the first gather, refilled after)."""
         self._pending = None
         out, lay = self._gathered, self.layout
         raw = out._data.dtype.kind in _ARRAY_NATIVE_KINDS
         batched = multi_tensor.copy_many_for(out._device) if raw else None
-        if batched is not None:                 # cuda: every piece of the group in one launch
-            index, flat_at, param_at, lengths = lay.pieces
+        if batched is not None:                 # cuda: every piece of the group in one launch, into one buffer
+            src = out._data
+            item = src.itemsize
+            whole = _xp(src).empty((lay.total,), dtype=src.dtype)
             if self._gather_srcs is None:
-                src = out._data
-                self._gather_srcs = [src[a:a + k] for a, k in zip(flat_at, lengths)]
-            xp, dtype = _xp(out._data), out._data.dtype
-            arrays = [xp.empty((k,), dtype=dtype) for k in lay.numels]
-            batched.copy_many(self._gather_srcs, [arrays[i][b:b + k] for i, b, k in zip(index, param_at, lengths)])
-        for j, (fp, chunks, numel, even) in enumerate(zip(self.params, self._chunks, lay.numels, lay.even)):
+                base = batched.address_of(src)
+                self._gather_srcs = tuple([base + a * item for a in lay.pieces[1]])
+            base = batched.address_of(whole)
+            if lay.lengths:
+                batched.copy_addresses(src, self._gather_srcs, tuple([base + a * item for a in lay.whole_at]),
+                                       lay.lengths)
+        for fp, chunks, numel, even, start in zip(self.params, self._chunks, lay.numels, lay.even, lay.starts):
             if batched is not None:
-                data = arrays[j]
+                data = whole[start:start + numel]
                 even = True
             elif raw:
                 data = chunks.copy()
@@ -377,16 +402,23 @@ class _ParamGroup:
                 held._data, held._dtype = data, out._dtype
         self.unsharded = True
 
+    def _slots(self) -> list:
+        """(module's parameter dict, name, _Param) of every slot of the group's parameters, made once (tied
+        parameters have several): installing is then a loop of dict stores, no call per parameter."""
+        if self._slot_list is None:
+            self._slot_list = [(owner._parameters, name, fp) for fp in self.params for owner, name in fp.slots]
+        return self._slot_list
+
     def use_unsharded(self) -> None:
         self._installed_sharded = False
-        for fp in self.params:
-            fp.install(fp.unsharded)
+        for params, name, fp in self._slots():
+            params[name] = fp.unsharded
 
     def use_sharded(self) -> None:
         if not self._installed_sharded:
             self._installed_sharded = True
-            for fp in self.params:
-                fp.install(fp.sharded)
+            for params, name, fp in self._slots():
+                params[name] = fp.sharded
 
     def reshard(self) -> None:
         """Drop the gathered memory (the tensors stay, for autograd's saved references)."""
@@ -408,7 +440,7 @@ class _ParamGroup:
                 return
             if not self._n_ready:
                 _BACKWARD.track(self)
-                self._n_wanted = sum(p.sharded.requires_grad for p in self.params)
+                self._n_wanted = sum(map(_requires_grad_of, map(_sharded_of, self.params)))
             fp.ready = True
             self._n_ready += 1
             if self._n_ready >= self._n_wanted:
@@ -422,21 +454,25 @@ class _ParamGroup:
         self._n_ready = 0
         for fp in self.params:
             fp.ready = False
-        has = [fp.unsharded is not None and fp.unsharded.grad is not None for fp in self.params]
+        grads = [None if u is None else u._grad for u in map(_unsharded_of, self.params)]
+        has = [g is not None for g in grads]
         if not any(has):
             return
-        grads = [fp.local_grad() if h else None for fp, h in zip(self.params, has)]
-        first, n = next(g for g in grads if g is not None), self.n
-        grads = [g if g is not None else first.new_zeros((n * w,)) for g, w in zip(grads, self.layout.widths)]
+        if self._tensor_parallel:
+            grads = [fp.local_grad() if h else None for fp, h in zip(self.params, has)]
+        n = self.n
+        if not all(has):
+            first = next(g for g in grads if g is not None)
+            grads = [g if g is not None else first.new_zeros((n * w,)) for g, w in zip(grads, self.layout.widths)]
         flat = self.layout.pack(grads, n)
         dtype = self.mp.reduce_dtype or self.mp.param_dtype
         if dtype is not None and flat.dtype != dtype:
             flat = _no_grad(flat.to, dtype)
         out = empty((self.layout.width,), dtype=flat.dtype, device=flat.device)
         work = reduce_scatter_tensor(out, flat, op=ReduceOp.AVG, group=self.group, async_op=True)
-        for fp, h in zip(self.params, has):
-            if h:
-                fp.unsharded._grad = None
+        for u in map(_unsharded_of, self.params):
+            if u is not None:
+                u._grad = None
         self.reshard()
         _BACKWARD.pending.append((self, work, out, has))
 
@@ -447,18 +483,20 @@ class _ParamGroup:
         if self.replicate_group is not None:           # HSDP: then the mean over the replicas of the shard
             all_reduce(out, op=ReduceOp.AVG, group=self.replicate_group)
         lay, cast = self.layout, {out._dtype: out}
+        make, of_spec = Tensor._make, DTensor._of_spec
         for fp, h, o, m, shape in zip(self.params, has, lay.offsets, lay.mine, lay.local_shapes):
             if not h:
                 continue
-            dtype = fp.sharded._local_tensor._dtype
-            if dtype not in cast:
-                cast[dtype] = _no_grad(out.to, dtype)
-            src = cast[dtype]
-            sharded_grad = DTensor._of_spec(_array_tensor(src._data[o:o + m].reshape(shape), src), fp.spec)
-            if fp.sharded._grad is None:
-                fp.sharded._grad = sharded_grad     # made to match: the setter's checks cost more than the rest
+            sharded = fp.sharded
+            dtype = sharded._local_tensor._dtype
+            src = cast.get(dtype)
+            if src is None:
+                src = cast[dtype] = _no_grad(out.to, dtype)
+            sharded_grad = of_spec(make(src._data[o:o + m].reshape(shape), src._device, dtype), fp.spec)
+            if sharded._grad is None:
+                sharded._grad = sharded_grad        # made to match: the setter's checks cost more than the rest
             else:
-                _no_grad(fp.sharded.grad.add_, sharded_grad)
+                _no_grad(sharded._grad.add_, sharded_grad)
 
 
 class _BackwardReductions:
