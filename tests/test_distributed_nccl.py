@@ -166,8 +166,13 @@ def test_collectives_run_on_the_nccl_stream_after_the_callers_stream(monkeypatch
     del req
     assert engine._inflight[0].keep == (buf,)           # dropped unwaited, its buffer is still held
     fake.events[1].done = True
+    fake.log.clear()
     engine.all_reduce(buf, "SUM")
     assert len(engine._inflight) == 1 and engine._inflight[0].event is fake.events[-1]
+    # the caller's-stream event is made once and recorded again (a stream wait keeps the record it was
+    # given); each operation's completion event is its own
+    assert len(fake.events) == 3 and fake.log == [("record", 0, "compute"), ("wait", "nccl", 0),
+                                                  ("allReduce", nccl_ptr), ("record", 2, "nccl")]
 
 
 def _logging_engine(monkeypatch, rank: int, size: int):
