@@ -9,7 +9,7 @@ read it (blocking, bounded by the store's timeout). So any init_method that give
 
 Every operation runs on the engine's own NCCL stream of the tensor's device (as PyTorch's ProcessGroupNCCL),
 after the caller's current stream has reached it (an event recorded there, waited for by the NCCL stream;
-no host synchronisation; one such event per device, recorded again for each operation: a stream wait holds
+no host synchronisation; one such event per device and thread, recorded again for each operation: a stream wait holds
 the record it was given), so communication overlaps the computation the caller queues next. A CUDA event
 recorded after it is the `DeviceRequest`: `wait()` makes the then-current stream wait on the event, `test()`
 asks whether it has happened. The buffers of a request stay referenced until its event has happened (also
@@ -24,6 +24,7 @@ Keep NVLink multicast off where the machine says so (NCCL_NVLS_ENABLE=0): nothin
 from __future__ import annotations
 
 import pickle
+from threading import get_ident
 
 from .. import _backends
 from .store import DistBackendError
@@ -149,7 +150,7 @@ class NCCLBackend:
         self._library, self.comm, self.device, self.made, self.splits, self.object_rounds = library, None, None, 0, 0, 0
         self._grouped: list | None = None
         self._streams: dict = {}          # device -> the NCCL stream of this engine
-        self._ready: dict = {}            # device -> the event each operation's stream wait is recorded on
+        self._ready: dict = {}            # (device, thread) -> the event each operation's stream wait is on
         self._inflight: list = []         # requests whose event has not happened yet (their buffers kept)
 
     # ---- the communicator -----------------------------------------------------------------------
@@ -220,9 +221,10 @@ class NCCLBackend:
         comm = self.communicator(device)
         stream = self.nccl_stream(device)
         with cupy.cuda.Device(device):
-            ready = self._ready.get(device)
+            key = (device, get_ident())   # per thread: another's record cannot come between this one and the wait
+            ready = self._ready.get(key)
             if ready is None:
-                ready = self._ready[device] = cupy.cuda.Event(disable_timing=True)
+                ready = self._ready[key] = cupy.cuda.Event(disable_timing=True)
             ready.record(cupy.cuda.get_current_stream())
         stream.wait_event(ready)        # waits for this record: the event may be recorded again at once
         while self._inflight and self._inflight[0].test():
