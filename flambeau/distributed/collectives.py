@@ -111,13 +111,15 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     if not _member(group):
         return None
     g = _group(group)
-    _same_dtype([output_tensor, input_tensor], "all_gather_into_tensor")
-    if output_tensor.numel() != input_tensor.numel() * g.size():
+    if output_tensor._dtype is not input_tensor._dtype:
+        _same_dtype([output_tensor, input_tensor], "all_gather_into_tensor")
+    size, n_in = g.size(), input_tensor.numel()
+    if output_tensor.numel() != n_in * size:
         raise ValueError(f"all_gather_into_tensor: output size {tuple(output_tensor.shape)} must hold world_size "
-                         f"({g.size()}) times the input size {tuple(input_tensor.shape)}")
+                         f"({size}) times the input size {tuple(input_tensor.shape)}")
     engine = _engine(g, output_tensor)
     out = _buf(engine, output_tensor)
-    req = engine.all_gather(_buf(engine, input_tensor), out, [input_tensor.numel()] * g.size())
+    req = engine.all_gather(_buf(engine, input_tensor), out, [n_in] * size)
     return _run(g, req, lambda: _write_back(output_tensor, out), [output_tensor], async_op)
 
 
@@ -160,13 +162,15 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
     if not _member(group):
         return None
     g = _group(group)
-    _same_dtype([output, input], "reduce_scatter_tensor")
-    if input.numel() != output.numel() * g.size():
-        raise ValueError(f"reduce_scatter_tensor: input size {tuple(input.shape)} must be world_size ({g.size()}) "
+    if output._dtype is not input._dtype:
+        _same_dtype([output, input], "reduce_scatter_tensor")
+    size, n_out = g.size(), output.numel()
+    if input.numel() != n_out * size:
+        raise ValueError(f"reduce_scatter_tensor: input size {tuple(input.shape)} must be world_size ({size}) "
                          f"times the output size {tuple(output.shape)}")
     engine = _engine(g, output)
     out = _buf(engine, output)
-    return _reduce_scatter_flat(g, engine, _buf(engine, input), out, [output.numel()] * g.size(), op, async_op,
+    return _reduce_scatter_flat(g, engine, _buf(engine, input), out, [n_out] * size, op, async_op,
                                 lambda: _write_back(output, out), [output])
 
 
