@@ -88,14 +88,13 @@ class _Param:
     gathered leaf, (tp mesh, placement, global shape), or None when the leaf is a plain tensor. `slots` are
     the (module, attribute name) pairs holding it: more than one for a tied parameter (GPT-2's wte and
     lm_head weight), which stays one parameter, sharded, gathered and reduced once."""
-    __slots__ = ("slots", "sharded", "shape", "unsharded", "layout", "tp", "ready", "empty", "spec", "held")
+    __slots__ = ("slots", "sharded", "shape", "unsharded", "layout", "tp", "ready", "spec", "held")
 
     def __init__(self, owner, name: str, sharded: DTensor, shape: tuple, layout: tuple, tp=None) -> None:
         self.slots, self.sharded, self.shape = [(owner, name)], sharded, shape
         self.layout, self.tp = layout, tp
         self.unsharded = None
         self.ready = False                # its gradient accumulated in the backward now running
-        self.empty = None                 # the holder's array while resharded
         self.spec = DTensorSpec(*layout)  # the sharded layout, shared by each step's `.grad`
         self.held = None                  # `holder()`, once gathered
 
@@ -156,6 +155,13 @@ def _array_tensor(arr, like: Tensor) -> Tensor:
     return Tensor._make(arr, like._device, like._dtype)
 
 
+def _copied_out(chunks, out: Tensor, numel: int, even: bool, shape: tuple):
+    """A parameter's array copied out of its columns `chunks` of the gathered (n, width) buffer `out` through
+    the dispatcher (a dtype NumPy/CuPy do not copy), the padding cut off."""
+    data = _no_grad(lambda: _array_tensor(chunks, out).clone().contiguous())._data
+    return data.reshape(shape) if even else data.reshape(-1)[:numel].reshape(shape)
+
+
 def _no_grad(fn, *args):
     prev = _state.tls.grad_enabled
     _state.tls.grad_enabled = False
@@ -212,6 +218,7 @@ class _FlatLayout:
             self.starts.append(at)
             at += k
         self.total = at
+        self.shapes = [fp.shape for fp in params]
         self.whole_at = [self.starts[i] + b for i, b in zip(index, param_at)]
         self.lengths = tuple(lengths)
 
@@ -281,6 +288,8 @@ class _ParamGroup:
         self._n_ready = 0                     # parameters whose gradient this backward has accumulated
         self._n_wanted = 0
         self._slot_list = None                # (parameter dict, name, _Param) per slot: `_slots`
+        self._helds = None                    # each parameter's `holder()`, once gathered
+        self._empties = None                  # the holders' arrays while resharded, made once per dtype
         self._tensor_parallel = False         # whether a parameter is a tensor-parallel piece (FSDP x TP)
         shard_dim = mesh.ndim - 1           # HSDP (2-D mesh): replicate over mesh dim 0, shard over dim 1
         self.placements = (Replicate(),) * shard_dim + (Shard(0),)
@@ -383,23 +392,26 @@ class _ParamGroup:
             if lay.lengths:
                 batched.copy_addresses(src, self._gather_srcs, tuple([base + a * item for a in lay.whole_at]),
                                        lay.lengths)
-        for fp, chunks, numel, even, start in zip(self.params, self._chunks, lay.numels, lay.even, lay.starts):
-            if batched is not None:
-                data = whole[start:start + numel]
-                even = True
-            elif raw:
-                data = chunks.copy()
-            else:
-                data = _no_grad(lambda: _array_tensor(chunks, out).clone().contiguous())._data
-            data = data.reshape(fp.shape) if even else data.reshape(-1)[:numel].reshape(fp.shape)
-            if fp.unsharded is None:
+            datas = [whole[start:start + numel].reshape(shape)
+                     for start, numel, shape in zip(lay.starts, lay.numels, lay.shapes)]
+        elif raw:                               # one array copy a parameter, the padding cut off
+            datas = [chunks.copy().reshape(shape) if even else chunks.copy().reshape(-1)[:numel].reshape(shape)
+                     for chunks, numel, even, shape in zip(self._chunks, lay.numels, lay.even, lay.shapes)]
+        else:
+            datas = [_copied_out(chunks, out, numel, even, shape)
+                     for chunks, numel, even, shape in zip(self._chunks, lay.numels, lay.even, lay.shapes)]
+        if self._helds is not None:         # the same tensors (autograd saved them): new memory, same version
+            dtype = out._dtype
+            for held, data in zip(self._helds, datas):
+                held._data = data
+                held._dtype = dtype
+        else:
+            for fp, data in zip(self.params, datas):
                 fp.unsharded = fp.leaf(Tensor._make(data, out._device, out._dtype))
                 fp.held = fp.holder()
                 if fp.sharded.requires_grad:
                     fp.unsharded.register_post_accumulate_grad_hook(self._on_grad(fp))
-            else:                               # same tensor (autograd saved it): new memory, same version
-                held = fp.held
-                held._data, held._dtype = data, out._dtype
+            self._helds = [fp.held for fp in self.params]
         self.unsharded = True
 
     def _slots(self) -> list:
@@ -425,11 +437,12 @@ class _ParamGroup:
         if self._pending is not None:
             self._pending.wait()
         self.use_sharded()
-        if self.unsharded:                  # each holder gets an empty array of its own, made once (a `[:0]`
-            for fp in self.params:          # view would keep the whole gathered array alive)
-                held, empty_ = fp.held, fp.empty
-                if empty_ is None or empty_.dtype != held._data.dtype:
-                    empty_ = fp.empty = _xp(held._data).empty((0,) + held._data.shape[1:], dtype=held._data.dtype)
+        if self.unsharded:                  # each holder gets an empty array of its own, made once per dtype
+            helds, empties = self._helds, self._empties     # (a `[:0]` view would keep the gathered array alive)
+            if empties is None or empties[0].dtype != helds[0]._data.dtype:
+                empties = self._empties = [_xp(h._data).empty((0,) + h._data.shape[1:], dtype=h._data.dtype)
+                                           for h in helds]
+            for held, empty_ in zip(helds, empties):
                 held._data = empty_
             self.unsharded = False
 
@@ -468,7 +481,7 @@ class _ParamGroup:
         dtype = self.mp.reduce_dtype or self.mp.param_dtype
         if dtype is not None and flat.dtype != dtype:
             flat = _no_grad(flat.to, dtype)
-        out = empty((self.layout.width,), dtype=flat.dtype, device=flat.device)
+        out = _array_tensor(_xp(flat._data).empty((self.layout.width,), dtype=flat._data.dtype), flat)   # no dispatch
         work = reduce_scatter_tensor(out, flat, op=ReduceOp.AVG, group=self.group, async_op=True)
         for u in map(_unsharded_of, self.params):
             if u is not None:
