@@ -8,10 +8,11 @@ whose parameters are all ready has their gradients copied into its buffer (one b
 `triton_copy_many` launch on cuda, array copies on the host; nothing for gradients that already are its views)
 and its all-reduce started asynchronously while backward goes on (buckets start in the same order on every
 rank; on cuda NCCL runs on its own stream). When the last bucket has started, the reductions are waited for and
-the averaged gradients copied back (one batched copy for all buckets; with `gradient_as_bucket_view=True` the
-parameters' `.grad` are views of the buckets: no copy back, and with `zero_grad(set_to_none=False)` no copy in
-either). Per step the reducer runs no Python per parameter besides its hook: the checks are maps over lists
-made with the buckets. `register_comm_hook` replaces the all-reduce (see
+the averaged gradients copied back (two batched copies a step: every bucket's but the last, issued before the
+last reduction is waited for so that on cuda it overlaps that reduction, then the last's; with
+`gradient_as_bucket_view=True` the parameters' `.grad` are views of the buckets: no copy back, and with
+`zero_grad(set_to_none=False)` no copy in either). Per step the reducer runs no Python per parameter besides its
+hook: the checks are maps over lists made with the buckets. `register_comm_hook` replaces the all-reduce (see
 `flambeau.distributed.algorithms.ddp_comm_hooks.default_hooks` for fp16/bf16 compression).
 
 As PyTorch's reducer: the order gradients arrive in during the first synced backward is recorded and, at the
@@ -335,7 +336,10 @@ class _Reducer:
             if self.static_graph:
                 self.static_used_map = globally_used
         back: dict = {}                 # copier -> (sources, destinations, versions): one batched copy each
+        last = self.buckets[-1]
         for b in self.buckets:
+            if b is last:               # the copy back of the others runs while the last reduction still does
+                _copy_back(back)
             value = b.future.wait()
             flat = value[0] if isinstance(value, (list, tuple)) else value
             if flat is not b.flat:
@@ -344,10 +348,7 @@ class _Reducer:
                 self._copy_out(b, back)
             else:
                 self._copy_out_used(b, globally_used)
-        for copier, (srcs, dsts, versions) in back.items():
-            copier.copy_many(srcs, dsts)
-            for version in versions:
-                version[0] += 1
+        _copy_back(back)
 
     def _copy_out(self, bucket: _Bucket, back: dict) -> None:
         """Every parameter of the bucket had its gradient reduced: the averaged views become the `.grad`
@@ -389,6 +390,15 @@ class _Reducer:
                     p.grad = view.clone()
             else:
                 _copy_into(grad, view)
+
+
+def _copy_back(back: dict) -> None:
+    """Run and empty the batched copies `_copy_out` gathered (copier -> sources, destinations, versions)."""
+    for copier, (srcs, dsts, versions) in back.items():
+        copier.copy_many(srcs, dsts)
+        for version in versions:
+            version[0] += 1
+    back.clear()
 
 
 def _reachable_leaves(outputs: list) -> set:
