@@ -36,6 +36,8 @@ import operator
 from dataclasses import dataclass
 from itertools import repeat
 
+import numpy as np
+
 from ... import _state
 from ..._backends import multi_tensor
 from ..._ops.creation import empty
@@ -225,28 +227,28 @@ class _FlatLayout:
     def pack(self, tensors: list, n: int) -> Tensor:
         """The flat buffer of `tensors`, one a parameter: each its local shard (n = 1: this rank's piece of
         the all-gather) or its whole gradient (the reduce-scatter's input), zero-padded to its n chunks, laid
-        out as the (n, width) array, flattened. Where NumPy and CuPy copy the dtype: on cuda (n > 1) one
-        batched copy of the `pieces` given by address (`copy_addresses`: no array made per piece), else one
-        array copy each into its columns (not `concatenate`, whose
+        out as the (n, width) array, flattened. On cuda (n > 1, one dtype, no cast: any dtype, the kernel moves
+        bytes) one batched copy of the `pieces` given by address (`copy_addresses`: no array made per piece);
+        else where NumPy and CuPy copy the dtype one array copy each into its columns (not `concatenate`, whose
         one-kernel path for small arrays on CuPy uploads a table of pointers from pageable memory: a stream
         synchronisation); else through the dispatcher."""
         widths = self.widths
+        first = tensors[0]._data if tensors else None
+        batched = multi_tensor.copy_many_for(tensors[0]._device) if n > 1 and tensors else None
+        if batched is not None and all(map(operator.is_, map(_dtype_of, tensors), repeat(tensors[0]._dtype))):
+            arrays = list(map(_data_of, tensors))
+            if all(map(_c_contiguous_of, arrays)):
+                flat = _xp(first).empty((n * self.width,), dtype=first.dtype)
+                if not all(self.even):
+                    flat.view(np.uint8).fill(0)     # the padding after short pieces (as bytes: any dtype)
+                item, address_of = first.itemsize, batched.address_of
+                base, sources = address_of(flat), list(map(address_of, arrays))
+                index, flat_at, param_at, _ = self.pieces
+                if self.lengths:
+                    batched.copy_addresses(first, tuple([sources[i] + b * item for i, b in zip(index, param_at)]),
+                                           tuple([base + a * item for a in flat_at]), self.lengths)
+                return _array_tensor(flat, tensors[0])
         if _raw_ok(tensors):
-            first = tensors[0]._data
-            batched = multi_tensor.copy_many_for(tensors[0]._device) if n > 1 else None
-            if batched is not None:
-                arrays = list(map(_data_of, tensors))
-                if all(map(_c_contiguous_of, arrays)):
-                    flat = _xp(first).empty((n * self.width,), dtype=first.dtype)
-                    if not all(self.even):
-                        flat.fill(0)            # the padding after short pieces
-                    item, address_of = first.itemsize, batched.address_of
-                    base, sources = address_of(flat), list(map(address_of, arrays))
-                    index, flat_at, param_at, _ = self.pieces
-                    if self.lengths:
-                        batched.copy_addresses(first, tuple([sources[i] + b * item for i, b in zip(index, param_at)]),
-                                               tuple([base + a * item for a in flat_at]), self.lengths)
-                    return _array_tensor(flat, tensors[0])
             out = _xp(first).empty((n, self.width), dtype=first.dtype)
             for t, o, w in zip(tensors, self.offsets, widths):
                 a, dst = t._data.reshape(-1), out[:, o:o + w]
@@ -380,7 +382,7 @@ class _ParamGroup:
         self._pending = None
         out, lay = self._gathered, self.layout
         raw = out._data.dtype.kind in _ARRAY_NATIVE_KINDS
-        batched = multi_tensor.copy_many_for(out._device) if raw else None
+        batched = multi_tensor.copy_many_for(out._device)      # cuda: bytes moved, any dtype
         if batched is not None:                 # cuda: every piece of the group in one launch, into one buffer
             src = out._data
             item = src.itemsize
