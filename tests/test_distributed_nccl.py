@@ -328,3 +328,36 @@ def test_ddp_gradients_equal_the_unwrapped_model_on_nccl(nccl_world1, dtype, as_
             (m(x).float() ** 2).sum().backward()
         for p, q in zip(plain.parameters(), ddp.module.parameters()):
             np.testing.assert_array_equal(q.grad.float().cpu().numpy(), p.grad.float().cpu().numpy())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mixed", [False, True])
+def test_fsdp_gradients_equal_the_unwrapped_model_on_nccl(nccl_world1, mixed):
+    """FSDP2 on cuda at world size 1 (the average is the gradient itself): the gathered parameters, copied out
+    by address (`triton_copy_many.copy_addresses`) into one buffer per group, and the sharded gradients give
+    the unwrapped model's gradients, for two steps; with MixedPrecisionPolicy(param_dtype=bfloat16,
+    reduce_dtype=float32) the bf16 copies go the same way and equal the model run in bfloat16."""
+    from flambeau.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    def model(dtype=flambeau.float32):
+        flambeau.manual_seed(0)
+        return flambeau.nn.Sequential(flambeau.nn.Linear(16, 64), flambeau.nn.Tanh(), flambeau.nn.Linear(64, 8)
+                                      ).to(device="cuda", dtype=dtype)
+    plain = model(flambeau.bfloat16 if mixed else flambeau.float32)
+    sharded = model()
+    mp = MixedPrecisionPolicy(param_dtype=flambeau.bfloat16, reduce_dtype=flambeau.float32) if mixed \
+        else MixedPrecisionPolicy()
+    fully_shard(sharded[0], mp_policy=mp)
+    fully_shard(sharded, mp_policy=mp)
+    rng = np.random.default_rng(0)
+    for step in range(2):
+        x = flambeau.tensor(rng.standard_normal((4, 16)), device="cuda", dtype=flambeau.float32)
+        for m, inp in ((plain, x.to(plain[0].weight.dtype)), (sharded, x)):
+            m.zero_grad(set_to_none=True)
+            (m(inp).float() ** 2).sum().backward()
+        for p, q in zip(plain.parameters(), sharded.parameters()):
+            got, want = q.grad.full_tensor().float().cpu().numpy(), p.grad.float().cpu().numpy()
+            if mixed:
+                np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
+            else:
+                np.testing.assert_array_equal(got, want)
