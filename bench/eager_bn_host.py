@@ -2,7 +2,8 @@
 backward), measured on CPU: CuPy's array constructor is a NumPy array over one kept block, the kernel
 build and launch are no-ops, 132 multiprocessors (an H100). ResNet-50's BatchNorm inputs at B 64, bf16,
 NCHW (split kernels and one-program-per-channel ones). One JSON line per direction, `us_per_call` the
-median of `--repeats` timeit runs (CPU time of the process).
+median of `--repeats` timeit runs (CPU time of the process), `arrays_per_call` the CuPy arrays it
+allocates (each a pool allocation, a free and an array object on the GPU, which this fake makes cheap).
 
     PYTHONPATH=/path/to/tree python3 bench/eager_bn_host.py [--callgrind N]
 
@@ -36,11 +37,17 @@ def main():
     ap.add_argument("--callgrind", type=int, default=0)
     args = ap.parse_args()
     block = np.empty(1 << 27, np.uint8)
-    BN.cupy = types.SimpleNamespace(ndarray=lambda shape, dtype: np.ndarray(shape, dtype, buffer=block))
+    made = [0]
+
+    def ndarray(shape, dtype):
+        made[0] += 1
+        return np.ndarray(shape, dtype, buffer=block)
+    BN.cupy = types.SimpleNamespace(ndarray=ndarray)
     TL.launch = lambda kernel, grid, *a: None
     TL.compile_kernel = lambda fn, sig, const, **kw: fn
     TL.multiprocessors = lambda: 132
     TL.current_device = lambda: 0
+    TL.current_stream = lambda: 0
     bf16 = np.dtype(ml_dtypes.bfloat16)
     cases = []
     for C, H in SHAPES:
@@ -64,9 +71,13 @@ def main():
         ctl("off")
         return
     for fn in (forward, backward):
+        made[0] = 0
+        fn()
+        arrays = made[0] / len(cases)
         t = timeit.Timer(fn, timer=time.process_time)
         us = sorted(t.repeat(number=args.number, repeat=args.repeats))[args.repeats // 2] / args.number / len(cases)
-        print(json.dumps({"bench": "batch_norm_" + fn.__name__, "us_per_call": round(us * 1e6, 3)}))
+        print(json.dumps({"bench": "batch_norm_" + fn.__name__, "us_per_call": round(us * 1e6, 3),
+                          "arrays_per_call": arrays}))
 
 
 if __name__ == "__main__":

@@ -184,6 +184,7 @@ def test_eager_triton_wrappers_find_their_kernels_without_hashing_a_jit_function
     monkeypatch.setattr(TL, "compile_kernel", lambda fn, sig, const, **kw: (fn.__name__, tuple(sorted(const.items()))))
     monkeypatch.setattr(TL, "multiprocessors", lambda: 132)
     monkeypatch.setattr(TL, "current_device", lambda: 0)
+    monkeypatch.setattr(TL, "current_stream", lambda: 0)
     fake = types.SimpleNamespace(ndarray=lambda shape, dtype: np.empty(shape, dtype))
     for mod in (BN, TP):
         monkeypatch.setattr(mod, "cupy", fake)
@@ -222,3 +223,58 @@ def test_eager_triton_wrappers_find_their_kernels_without_hashing_a_jit_function
         BN.forward(x, w, b, rm, rv, 0.1, 1e-5)
         assert [k[0] for k in launched] == ["_bn_stats", "_bn_finalize", "_bn_apply"]
     assert BN.copies["forward"] == copies + 2 and len(planned) == 6 and len(BN._plans) == kept
+
+
+def test_split_batch_norm_keeps_its_partial_buffers_per_stream(monkeypatch):
+    """The split BatchNorm's partial statistics and coefficients are scratch read only by the call's own
+    launches: each (device, stream) keeps one buffer per role, grown to the largest size asked for, so a
+    repeated call allocates only its results (forward: y, mean, rstd; backward: dx and the parameter
+    gradients), not 5 arrays each way. Another stream gets buffers of its own (its calls may overlap the
+    first stream's); `flambeau.cuda.empty_cache` drops them. The wrappers' results through these buffers
+    are checked against float64 PyTorch by the interpreter script (`triton_batch_norm_interp.py`)."""
+    import types
+    from flambeau._backends import triton_batch_norm as BN, triton_launch as TL
+    launched, made, stream = [], [], [0x100]
+    monkeypatch.setattr(TL, "launch", lambda k, grid, *a: launched.append(a))
+    monkeypatch.setattr(TL, "compile_kernel", lambda fn, sig, const, **kw: fn.__name__)
+    monkeypatch.setattr(TL, "multiprocessors", lambda: 132)
+    monkeypatch.setattr(TL, "current_device", lambda: 0)
+    monkeypatch.setattr(TL, "current_stream", lambda: stream[0])
+    monkeypatch.setattr(BN, "cupy", types.SimpleNamespace(ndarray=lambda shape, dtype: made.append(shape) or
+                                                          np.empty(shape, dtype)))
+    for name in ("_kernels", "_plans", "_scratch"):
+        monkeypatch.setattr(BN, name, {})
+    bf16 = np.dtype(flambeau.bfloat16.np)
+
+    def call(C):
+        x = np.ones((4, C, 64, 64), bf16)
+        w, b, rm, rv = (np.ones(C, np.float32) for _ in range(4))
+        made.clear(), launched.clear()
+        y, mean, rstd = BN.forward(x, w, b, rm, rv, 0.1, 1e-5)
+        fwd = list(made)
+        made.clear()
+        BN.backward(y, x, w, b, mean, rstd)
+        # the scratch each launch got: forward's stats (part) and finalize (part, coef); backward's alike
+        part_f, coef_f, part_b, coef_b = launched[0][1], launched[1][5], launched[3][3], launched[4][6]
+        return fwd, list(made), (part_f, coef_f, part_b, coef_b)
+
+    call(8)                                           # (backward's coefficients grow the forward's buffer)
+    _, _, first = call(8)
+    fwd, bwd, again = call(8)
+    assert fwd == [(8,), (8,), (4, 8, 64, 64)] and bwd == [(8,), (8,), (4, 8, 64, 64)]
+    assert all(a is b for a, b in zip(first, again))
+    part_f, coef_f, part_b, coef_b = again
+    assert part_f is part_b and coef_f is coef_b and part_f is not coef_f
+    S, _ = BN.splits(8, 4 * 64 * 64, 132)
+    assert part_f.size >= S * 3 * 8 and coef_f.size >= 3 * 8 and part_f.dtype == np.float32
+    _, _, wider = call(64)                            # more channels: the buffers grow
+    S64, _ = BN.splits(64, 4 * 64 * 64, 132)
+    assert wider[0].size >= S64 * 3 * 64 and wider[1].size >= 2 * 64 and wider[3].size >= 3 * 64
+    assert wider[0] is not part_f
+    stream[0] = 0x200                                 # another stream: buffers of its own
+    _, _, other = call(64)
+    assert not any(a is b for a, b in zip(other, wider))
+    stream[0] = 0x100
+    assert call(64)[2][0] is wider[0]
+    BN.release_scratch()
+    assert BN._scratch == {}

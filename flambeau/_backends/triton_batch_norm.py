@@ -449,6 +449,27 @@ def _f32(shape):
     return cupy.ndarray(shape, _FLOAT32)
 
 
+_scratch: dict = {}     # (device, stream, role) -> a float32 buffer kept and grown (`_scratch_f32`)
+
+
+def _scratch_f32(role: str, n: int):
+    """A float32 buffer of at least n elements for a call's partial statistics or coefficients (`role`),
+    read only by this call's own launches: the calls queued on one stream run one after another, so the
+    stream's buffer is reused call after call (no allocation or free per BatchNorm), grown to the
+    largest size asked for. `release_scratch` drops them."""
+    key = (TL.current_device(), TL.current_stream(), role)
+    a = _scratch.get(key)
+    if a is None or a.size < n:
+        _scratch.pop(key, None)             # (the old one back to the pool first)
+        a = _scratch[key] = cupy.ndarray((n,), _FLOAT32)
+    return a
+
+
+def release_scratch() -> None:
+    """Drop the kept scratch buffers (`flambeau.cuda.empty_cache`)."""
+    _scratch.clear()
+
+
 # A call's launches follow from its input's layout and the operands' dtypes: `forward` and `backward` keep
 # them per (shapes, strides, dtypes, device) in `_plans` (the layout test, the chunking and the kernel lookups
 # ran for each of ResNet-50's 106 BatchNorm calls a step), for inputs that need no copy.
@@ -482,14 +503,14 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
         y, mean, rstd = cupy.ndarray(x.shape, x.dtype), _f32((C,)), _f32((C,))
         TL.launch(stats, (C,), x, y, mean, rstd, weight, bias, rm, rv, C, HW, M, momentum, eps)
         return y, mean, rstd
-    part = _f32((S, 3, C))
+    part = _scratch_f32("part", S * 3 * C)        # (S, 3, C)
     if cl:
         TL.launch(stats, (-(-C // BLOCK_CL), S), x, part, C, M, chunk)
     else:
         TL.launch(stats, (C, S), x, part, C, HW, M, chunk)
     mean = _f32((C,))
     rstd = _f32((C,))
-    coef = _f32((2, C))
+    coef = _scratch_f32("coef", 2 * C)           # (2, C)
     TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, mean, rstd, coef, weight, bias, rm, rv,
               momentum, eps)
     y = _like(x, cl)
@@ -543,12 +564,12 @@ def backward(grad_out, x, weight, bias, save_mean, save_rstd):
         dx = cupy.ndarray(x.shape, x.dtype)
         TL.launch(red, (C,), dy, x, save_mean, save_rstd, weight, dx, gw, gb, C, HW, M)
         return dx, gw, gb
-    part = _f32((S, 2, C))
+    part = _scratch_f32("part", S * 2 * C)        # (S, 2, C)
     if cl:
         TL.launch(red, (-(-C // BLOCK_CL), S), dy, x, save_mean, part, C, M, chunk)
     else:
         TL.launch(red, (C, S), dy, x, save_mean, part, C, HW, M, chunk)
-    coef = _f32((3, C))
+    coef = _scratch_f32("coef", 3 * C)           # (3, C)
     TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, float(M), save_rstd, weight, coef, gw, gb)
     dx = _like(x, cl)
     TL.launch(apply, ((x.size + BLOCK - 1) // BLOCK,), dy, x, save_mean, coef, dx, C, HW, x.size)

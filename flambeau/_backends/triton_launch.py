@@ -156,6 +156,11 @@ def _driver_calls():
     return _driver
 
 
+def current_stream() -> int:
+    """The pointer of CuPy's current stream (the one `launch` queues on)."""
+    return (_driver or _driver_calls())[1]()
+
+
 def type_of(dtype) -> str:
     """The Triton pointer element type of a NumPy dtype (float32 -> "fp32"), from a table keyed by the
     dtype object (NumPy's `dtype.name` costs a few microseconds per read)."""

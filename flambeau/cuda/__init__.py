@@ -144,6 +144,9 @@ def empty_cache() -> None:
         cudnn = sys.modules.get("flambeau._backends.cudnn")    # (not loaded: no convolution kept a workspace)
         if cudnn is not None:
             cudnn.release_workspaces()        # the kept large convolution workspaces, then the pool's free blocks
+        bn = sys.modules.get("flambeau._backends.triton_batch_norm")
+        if bn is not None:
+            bn.release_scratch()              # the BatchNorm calls' kept partial-statistics buffers
         _cupy().get_default_memory_pool().free_all_blocks()
 
 

@@ -58,6 +58,7 @@ class HostLauncher:
         fn[tuple(grid)](*passed, **const)
 
     current_device = staticmethod(lambda: 0)
+    current_stream = staticmethod(lambda: 0)
     multiprocessors = staticmethod(lambda: 8)
 
     @staticmethod
