@@ -248,3 +248,49 @@ def test_layer_norm_backward_takes_the_fused_sums_rows_as_parameter_gradients(mo
         ref = torch.tensor(np.stack([gw_row, gb_row])).to(torch.bfloat16).float().numpy()
         assert rw.dtype == pdt and rb.dtype == pdt
         np.testing.assert_array_equal(np.stack([rw, rb]).astype(np.float32), ref)
+
+
+# ---- BatchNorm's num_batches_tracked += 1 -------------------------------------------------------------
+def test_batch_norm_counts_a_cuda_batch_with_one_in_place_kernel(fake_cuda, monkeypatch):
+    """A training BatchNorm's num_batches_tracked += 1 on cuda is one int64 add kernel writing over the
+    counter itself (`_count_batch`: no dispatched add_, no new array, no copy back), the version counter
+    bumped as by add_; with a dispatch mode on (graph capture, fake tensors) add_ is dispatched as before.
+    On cpu the count after training steps is PyTorch's."""
+    from flambeau._backends import cuda_binary
+    from flambeau.nn.modules import batchnorm
+    ran = []
+
+    def launch(f, n, args):                          # the kernel: z = x + s, recorded
+        ran.append((f, args))
+        args[2][...] = args[0] + args[1]
+    monkeypatch.setattr(cuda_binary, "_launch", launch)
+    monkeypatch.setattr(cuda_binary, "_function", lambda cupy, name, dt, kind, dev: (name, dt.name, kind))
+    counter = E.cuda_tensor((), np.int64)
+    counter._data[...] = 5
+    version = counter._version[0]
+    copies = []
+    monkeypatch.setattr(_dispatch, "_copy_same_dtype", lambda dst, src: copies.append(dst) or dst.__setitem__(..., src))
+    with fl.no_grad():
+        assert batchnorm._count_batch(counter)
+    (f, (a, b, out, n)), = ran
+    assert f == ("add", "int64", "ts") and a is counter._data and out is a and b == 1 and n == 1
+    assert int(counter._data) == 6 and counter._version[0] == version + 1 and not copies
+    mode = op_names_mode()
+    with fl.no_grad(), mode:
+        assert not batchnorm._count_batch(counter)
+        counter.add_(1)
+    assert "add_" in mode.names and int(counter._data) == 7 and counter._version[0] == version + 2
+    assert len(ran) == 1 and copies == [counter._data]          # the functional add's result, copied back
+
+    seen = []
+    real = batchnorm._count_batch
+    monkeypatch.setattr(batchnorm, "_count_batch", lambda t: seen.append(t) or real(t))
+    x = _x((4, 3, 5, 5))
+    counts = []
+    for m in (fl, torch):
+        bn = m.nn.BatchNorm2d(3)
+        for _ in range(3):
+            bn(m.tensor(x))
+        bn.eval()(m.tensor(x))
+        counts.append(int(bn.num_batches_tracked))
+    assert counts == [3, 3] and len(seen) == 3          # (cpu: False, add_ taken)

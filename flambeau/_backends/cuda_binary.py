@@ -159,13 +159,15 @@ def new_in_layout(cupy, shape, dtype, strides):
     return cupy.lib.stride_tricks.as_strided(cupy.ndarray((n,), dtype), tuple(shape), tuple(s * it for s in strides))
 
 
-def binary(cupy, a, b, name: str):
+def binary(cupy, a, b, name: str, into=None):
     """`a <name> b` for CuPy array `a` and a CuPy array `b` of its shape and dtype, or a Python
     int/float `b`, both C-contiguous or of one dense layout (channels-last), on the current device;
     the result in that layout; None when these operands are not handled here (the caller computes it the general way). `cupy` is the cuda array namespace the
-    dispatcher passes to kernels (this module imports no CuPy, so CPU-only machines load it too)."""
+    dispatcher passes to kernels (this module imports no CuPy, so CPU-only machines load it too).
+    `into=a`: the result written over `a` itself (each element reads and writes its own position, so the
+    kernel may alias them; BatchNorm's num_batches_tracked += 1), `a` returned; any other array: None."""
     _ndarray = getattr(cupy, "ndarray", None)
-    if type(a) is not _ndarray:
+    if type(a) is not _ndarray or (into is not None and into is not a):
         return None
     dt = a.dtype
     spec = TYPES.get(dt)
@@ -187,13 +189,15 @@ def binary(cupy, a, b, name: str):
         if b.dtype != dt or b.shape != a.shape or b.data.device_id != dev or \
                 not (b.flags.c_contiguous if strides is None else dense_strides(b) == strides):
             return None
-        out = _ndarray(a.shape, dt) if strides is None else new_in_layout(cupy, a.shape, dt, strides)
+        out = into if into is not None else _ndarray(a.shape, dt) if strides is None else \
+            new_in_layout(cupy, a.shape, dt, strides)
         _launch(_function(cupy, name, dt, "tt", dev), n, (a, b, out, n))
         return out
     if spec is _INT_SPEC:             # an int64 array with a Python int in its range (a float promotes)
         if tb is not int or not _INT64_MIN <= b <= _INT64_MAX:
             return None
-        out = _ndarray(a.shape, dt) if strides is None else new_in_layout(cupy, a.shape, dt, strides)
+        out = into if into is not None else _ndarray(a.shape, dt) if strides is None else \
+            new_in_layout(cupy, a.shape, dt, strides)
         _launch(_function(cupy, name, dt, "ts", dev), n, (a, b, out, n))
         return out
     if tb is float or (tb is int and -_SCALAR_LIMIT <= b <= _SCALAR_LIMIT):
@@ -216,7 +220,8 @@ def binary(cupy, a, b, name: str):
         if c is np.float32 and not -_FLOAT32_MAX <= v <= _FLOAT32_MAX:
             return None
         s = c(v)
-        out = _ndarray(a.shape, dt) if strides is None else new_in_layout(cupy, a.shape, dt, strides)
+        out = into if into is not None else _ndarray(a.shape, dt) if strides is None else \
+            new_in_layout(cupy, a.shape, dt, strides)
         _launch(_function(cupy, name, dt, "ts", dev), n, (a, s, out, n))
         return out
     return None
