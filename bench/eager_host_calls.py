@@ -8,6 +8,8 @@ is flambeau's Python around the kernels as an eager cuda step runs it. One JSON 
 - `cast_backward`: that cast's derivative with grad mode off (the engine's call: bfloat16 -> float32);
 - `autocast_inputs`: autocast's casts of linear's inputs (a bfloat16 activation, a cached weight and bias);
 - `launch_values`: one Triton-convention launch of 5 runtime arguments (cuLaunchKernel a no-op);
+- `launch`: `triton_launch.launch` of BatchNorm's apply kernel (4 arrays, 3 i32 sizes: the eager
+  Triton kernels' path, about 400 launches a ResNet-50 step);
 - `record`: `autograd.graph.record` of a binary op on two tensors that require grad;
 - `gemm`: `cublaslt.gemm` of a cached layout against a fake cuBLASLt library (the ctypes call no-op).
 
@@ -154,6 +156,10 @@ def benches(xp):
     kernel = TL.raw_kernel(types.SimpleNamespace(ptr=1), ("*fp32", "*fp32", "*fp32", "i64", "i64"), 128)
     values = (0x10000, 0x20000, 0x30000, 4096, 7)
     out["launch_values"] = (lambda: TL.launch_values(kernel, (32,), values), 10000)
+    apply = TL.kernel_of(types.SimpleNamespace(ptr=1), None, ("*bf16", "*bf16", "*fp32", "*fp32", "i32", "i32", "i32"),
+                         8, 0, 0)
+    arrays = [xp.empty((4,), np.float32) for _ in range(4)]
+    out["launch"] = (lambda: TL.launch(apply, (98,), *arrays, 64, 3136, 200704), 10000)
 
     a, b = cuda_tensor((4,), requires_grad=True), cuda_tensor((4,), requires_grad=True, seed=1)
     prod = a * b

@@ -71,13 +71,18 @@ class Kernel(NamedTuple):
 
 class ParamBlock:
     """cuLaunchKernel's `kernelParams` for one kernel: a ctypes slot per parameter (its C type) and the
-    array of the slots' addresses, made once and rewritten by each launch."""
-    __slots__ = ("slots", "array", "address")
+    array of the slots' addresses, made once and rewritten by each launch; with the kernel's function
+    address, threads per block and shared memory bytes, read once (`_submit` takes them from here)."""
+    __slots__ = ("slots", "array", "address", "function", "threads", "shared")
 
-    def __init__(self, c_types: tuple):
+    def __init__(self, c_types: tuple, kernel=None):
         self.slots = tuple(t() for t in c_types)
         self.array = (ctypes.c_void_p * len(c_types))(*[ctypes.addressof(v) for v in self.slots])
         self.address = ctypes.addressof(self.array)
+        if kernel is not None:
+            self.function = kernel.function.ptr
+            self.threads = kernel.num_warps * _THREADS_PER_WARP
+            self.shared = kernel.shared
 
 
 class PointerBlock:
@@ -137,12 +142,15 @@ def c_types(arg_types: tuple) -> tuple:
         (_POINTER,) * _SCRATCH_POINTERS
 
 
+_get_ident = threading.get_ident
+
+
 def param_block(kernel: Kernel) -> ParamBlock:
     """The calling thread's parameter block of `kernel`."""
-    tid = threading.get_ident()
+    tid = _get_ident()
     blk = kernel.blocks.get(tid)
     if blk is None:
-        blk = kernel.blocks[tid] = ParamBlock(c_types(kernel.arg_types))
+        blk = kernel.blocks[tid] = ParamBlock(c_types(kernel.arg_types), kernel)
     return blk
 
 
@@ -300,13 +308,19 @@ def launch(kernel: Kernel, grid: tuple, *args) -> None:
     conv = kernel.converters
     if len(args) != len(conv):
         raise TypeError(f"{kernel.function} takes {len(kernel.arg_types)} runtime arguments, got {len(args)}")
-    values = []
+    blk = kernel.blocks.get(_get_ident()) or param_block(kernel)
+    slots = blk.slots
     i = 0
-    for a in args:                      # `_address` inlined for arrays (most arguments), else the converter
+    for a in args:          # each argument straight into its slot: arrays' pointers and i32 checks inline
         f = conv[i]
-        values.append(a.data.ptr if f is _address and a is not None and type(a) is not Ptr else f(a))
+        if f is _address:
+            slots[i].value = a.data.ptr if a is not None and type(a) is not Ptr else _address(a)
+        elif f is _int32 and not _I32_MIN <= a <= _I32_MAX:
+            _int32(a)                   # raises
+        else:
+            slots[i].value = a
         i += 1
-    launch_values(kernel, grid, values)
+    _submit(kernel, grid, blk, i)
 
 
 def takes_values(kernel: Kernel) -> bool:
@@ -318,25 +332,30 @@ def takes_values(kernel: Kernel) -> bool:
 def launch_values(kernel: Kernel, grid: tuple, values) -> None:
     """`launch` with the runtime arguments already as their slots take them (pointers as int addresses,
     integers in range), as many as the kernel's signature has."""
+    blk = kernel.blocks.get(_get_ident()) or param_block(kernel)
+    slots = blk.slots
+    i = 0
+    for v in values:
+        slots[i].value = v
+        i += 1
+    _submit(kernel, grid, blk, i)
+
+
+def _submit(kernel: Kernel, grid: tuple, blk: ParamBlock, nargs: int) -> None:
+    """cuLaunchKernel of `kernel` over `grid` with its parameter block `blk`, whose first `nargs` slots
+    hold this launch's arguments; an empty grid launches nothing."""
     n = len(grid)
     g0 = int(grid[0])
     g1 = int(grid[1]) if n > 1 else 1
     g2 = int(grid[2]) if n > 2 else 1
     if not (g0 and g1 and g2):
         return
-    blk = kernel.blocks.get(threading.get_ident()) or param_block(kernel)
-    slots = blk.slots
-    i = 0
-    for v in values:
-        slots[i].value = v
-        i += 1
     scratch = None
     if kernel.global_scratch:           # kept alive until the launch is queued (the pool orders reuse)
         cupy = _cupy()
         scratch = cupy.empty(kernel.global_scratch * g0 * g1 * g2, dtype=np.uint8)
-        slots[i].value = scratch.data.ptr
+        blk.slots[nargs].value = scratch.data.ptr
     # the profile scratch pointer stays null: no instrumentation
     run, stream = _driver or _driver_calls()
-    run(kernel.function.ptr, g0, g1, g2, kernel.num_warps * _THREADS_PER_WARP, 1, 1, kernel.shared, stream(),
-        blk.address, 0)
+    run(blk.function, g0, g1, g2, blk.threads, 1, 1, blk.shared, stream(), blk.address, 0)
     del scratch
