@@ -361,6 +361,32 @@ def test_conv_format_is_input_or_weight():
     assert conv_memory_format(x, w.contiguous(memory_format=cl)) is cl
 
 
+def test_conv_memory_format_is_remembered_per_pair_of_layouts(monkeypatch):
+    """conv_memory_format of tensors or arrays is remembered per (input layout, weight layout, on_cuda):
+    asked again, neither operand's format is worked out again, and pairs sharing shapes keep their own
+    answers, PyTorch's (channels-last when the input or the weight is; 5-d only on cuda)."""
+    from flambeau._ops import memory_format as M
+    monkeypatch.setattr(M, "_CONV_FORMATS", {})
+    asked = []
+    real = M.suggest_memory_format
+    monkeypatch.setattr(M, "suggest_memory_format", lambda t, *a: asked.append(1) or real(t, *a))
+    cl, cl3, cont = flambeau.channels_last, flambeau.channels_last_3d, flambeau.contiguous_format
+    x, w = flambeau.randn(2, 3, 5, 5), flambeau.randn(4, 3, 3, 3)
+    x5, w5 = flambeau.randn(2, 3, 4, 5, 5), flambeau.randn(4, 3, 3, 3, 3)
+    cases = [((x, w, False), cont), ((x.contiguous(memory_format=cl), w, False), cl),
+             ((x, w.contiguous(memory_format=cl), True), cl), ((x._data, w._data, True), cont),
+             ((x.contiguous(memory_format=cl)._data, w._data, True), cl),
+             ((x5.contiguous(memory_format=cl3), w5, True), cl3), ((x5.contiguous(memory_format=cl3), w5, False), cont),
+             ((x5, w5.contiguous(memory_format=cl3), True), cl3)]
+    for _ in range(3):
+        for args, want in cases:
+            assert conv_memory_format(*args) is want, args[2]
+    first_round = len(asked)
+    for args, want in cases:
+        assert conv_memory_format(*args) is want
+    assert len(asked) == first_round and len(M._CONV_FORMATS) == len(cases)
+
+
 @pytest.mark.parametrize("name", ["relu", "conv2d", "max_pool2d", "batch_norm", "avg_pool2d", "interpolate"])
 def test_meta_strides_match_the_kernels(name):
     x = flambeau.randn(2, 3, 6, 6).contiguous(memory_format=flambeau.channels_last)
