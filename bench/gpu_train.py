@@ -98,6 +98,7 @@ def _layout_copies(lib) -> dict:
         return {}
     from flambeau._backends import cudnn
     out = {f"cudnn_{k}": v for k, v in cudnn.copies.items()}
+    out["cudnn_variant_packs_built"] = cudnn.variant_packs["built"]
     bn = sys.modules.get("flambeau._backends.triton_batch_norm")
     if bn is not None:
         out.update({f"batch_norm_{k}": v for k, v in bn.copies.items()})

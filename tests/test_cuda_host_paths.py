@@ -637,3 +637,37 @@ def test_column_sum_returns_the_kernels_array_and_reshapes_only_to_another_shape
     assert r is made[0] and len(made) == 1
     r = R._cuda_column_sum(Array((4, 16, 8)), [0, 1], True, None)
     assert made[-1] == ("reshape", (1, 1, 8)) and r.shape == (1, 1, 8)
+
+
+def test_cudnn_graph_plan_keeps_a_variant_pack_per_pointer_set_least_recently_used_out(monkeypatch):
+    """A graph-API plan's `execute` builds a variant pack only for pointers (x, w, y, workspace) none of its
+    kept packs has (`cudnn.variant_packs` counts the builds: bench/gpu_train.py reports them a step),
+    keeps the last `_VARIANT_PACKS` used, and destroys the least recently used one when a new one comes."""
+    from flambeau._backends import cudnn
+    executed, destroyed = [], []
+
+    class Lib:
+        def cudnnBackendExecute(self, h, plan, pack):
+            executed.append(pack)
+            return 0
+
+        def cudnnBackendDestroyDescriptor(self, d):
+            destroyed.append(d)
+            return 0
+    monkeypatch.setattr(cudnn._GraphPlan, "_variant_pack", lambda self, key: ("pack",) + key)
+    monkeypatch.setattr(cudnn._GraphPlan, "__del__", lambda self: None)
+    monkeypatch.setitem(cudnn.variant_packs, "built", 0)
+    plan = cudnn._GraphPlan.__new__(cudnn._GraphPlan)
+    plan.lib, plan.plan, plan.ws = Lib(), 1, 0
+    plan.execute(None, (16, 32, 48))
+    plan.execute(None, (16, 32, 48))
+    assert executed == [("pack", 16, 32, 48, 0)] * 2 and cudnn.variant_packs["built"] == 1
+    n = cudnn._VARIANT_PACKS
+    for i in range(n - 1):                      # fills the kept packs; the first stays the most recently used
+        plan.execute(None, (64 * i + 1024, 32, 48))
+        plan.execute(None, (16, 32, 48))
+    assert cudnn.variant_packs["built"] == n and not destroyed
+    plan.execute(None, (9999, 32, 48))          # a new one: the least recently used goes, not the first
+    assert destroyed == [("pack", 1024, 32, 48, 0)] and cudnn.variant_packs["built"] == n + 1
+    plan.execute(None, (16, 32, 48))
+    assert cudnn.variant_packs["built"] == n + 1 and executed[-1] == ("pack", 16, 32, 48, 0)

@@ -29,7 +29,9 @@ Flags, as torch.backends.cudnn (exported as flambeau.backends.cudnn):
 - `deterministic`: only algorithms cuDNN reports as deterministic.
 - `benchmark`: time the candidate algorithms once per shape and keep the fastest.
 `flags(enabled=, benchmark=, deterministic=, allow_tf32=)` sets them for a `with` block.
-`calls` counts the cuDNN convolutions run (forward, backward_data, backward_filter).
+`calls` counts the cuDNN convolutions run (forward, backward_data, backward_filter), `variant_packs` the
+graph-API variant packs built (pointer sets no kept pack matched: each costs a descriptor, three attributes
+and a finalize).
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ benchmark = False
 workspace_limit = 1 << 30     # bytes an algorithm's workspace may take at most
 calls = {"forward": 0, "backward_data": 0, "backward_filter": 0}
 copies = {"forward": 0, "backward_data": 0, "backward_filter": 0}   # operands re-laid out before a call
+variant_packs = {"built": 0}  # graph-API variant packs made (a call whose pointers no kept pack has)
 
 _SUB_LIBS = ("libcudnn_engines_precompiled", "libcudnn_engines_runtime_compiled", "libcudnn_heuristic",
              "libcudnn_graph", "libcudnn_ops", "libcudnn_cnn", "libcudnn_adv")
@@ -582,6 +585,7 @@ class _GraphPlan:
         pack = packs.pop(key, None)
         if pack is None:
             pack = self._variant_pack(key)
+            variant_packs["built"] += 1
             if len(packs) >= _VARIANT_PACKS:
                 self.lib.cudnnBackendDestroyDescriptor(packs.pop(next(iter(packs))))
         packs[key] = pack             # most recently used last
