@@ -671,3 +671,28 @@ def test_cudnn_graph_plan_keeps_a_variant_pack_per_pointer_set_least_recently_us
     assert destroyed == [("pack", 1024, 32, 48, 0)] and cudnn.variant_packs["built"] == n + 1
     plan.execute(None, (16, 32, 48))
     assert cudnn.variant_packs["built"] == n + 1 and executed[-1] == ("pack", 16, 32, 48, 0)
+
+
+def test_triton_launch_available_is_answered_once(monkeypatch):
+    """`triton_launch.available()` imports Triton and CuPy once per process (the eager cuda ops ask before
+    every fused kernel; a missing package would be searched for on the whole path at each call), and
+    answers as the imports did."""
+    import builtins
+    tried = []
+    real = builtins.__import__
+
+    def counting(name, *a, **k):
+        if name in ("triton", "cupy"):
+            tried.append(name)
+        return real(name, *a, **k)
+    monkeypatch.setattr(TL, "_available", [])
+    monkeypatch.setattr(builtins, "__import__", counting)
+    first = TL.available()
+    n = len(tried)
+    assert [TL.available() for _ in range(3)] == [first] * 3 and len(tried) == n and n >= 1
+    try:
+        import triton, cupy  # noqa: F401,E401
+        expected = True
+    except ImportError:
+        expected = False
+    assert first is expected

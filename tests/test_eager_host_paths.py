@@ -12,7 +12,7 @@ import torch
 
 import flambeau as fl
 from bench import eager_host_calls as E
-from flambeau import _dispatch
+from flambeau import _backends, _dispatch
 from flambeau._backends import triton_launch as TL
 from flambeau.utils._python_dispatch import TorchDispatchMode as FlMode
 from tests.conftest import op_names_mode
@@ -294,3 +294,28 @@ def test_batch_norm_counts_a_cuda_batch_with_one_in_place_kernel(fake_cuda, monk
         bn.eval()(m.tensor(x))
         counts.append(int(bn.num_batches_tracked))
     assert counts == [3, 3] and len(seen) == 3          # (cpu: False, add_ taken)
+
+
+# ---- the fused activation kernels' lookup ------------------------------------------------------------
+def test_relu_on_cuda_takes_the_fused_kernel_each_way(fake_cuda, monkeypatch):
+    """ReLU of a cuda bfloat16 activation runs triton_pointwise's kernel forward and backward (one launch
+    each, of kind RELU: `activation._fused_pointwise` found the module and it took the arrays), the same
+    on a second call; an int64 tensor (not a kernel dtype) takes the general path. The kernels' values
+    are checked under Triton's interpreter (tests/scripts/triton_pointwise_interp.py)."""
+    from flambeau._backends import triton_launch as TL, triton_pointwise as TP
+    launched = []
+    monkeypatch.setattr(TL, "_available", [True])
+    monkeypatch.setattr(TL, "current_device", lambda: 0)
+    monkeypatch.setattr(TL, "compile_kernel", lambda fn, sig, const, **kw: (fn.__name__, const["KIND"]))
+    monkeypatch.setattr(TL, "launch", lambda k, grid, *a: launched.append(k) or a[-2].__setitem__(..., 0))
+    monkeypatch.setattr(TP, "cupy", _backends.array_namespaces["cuda"])
+    monkeypatch.setattr(TP, "_kernels", {})
+    for _ in range(2):
+        launched.clear()
+        x = E.cuda_tensor((4, 6), E.BF16, requires_grad=True)
+        fl.nn.functional.relu(x).backward(E.cuda_tensor((4, 6), E.BF16, seed=1))     # a dense gradient
+        assert launched == [("_act_fwd", TP.RELU), ("_act_bwd", TP.RELU)]
+    launched.clear()
+    with fl.no_grad():
+        fl.nn.functional.relu(E.cuda_tensor((4, 6), np.int64))
+    assert launched == []

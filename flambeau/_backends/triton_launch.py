@@ -196,13 +196,21 @@ def current_device() -> int:
 
 
 def available() -> bool:
-    """Whether Triton and CuPy can be imported (no GPU is touched)."""
-    try:
-        import triton  # noqa: F401  deferred: optional dependency, present only where cuda is used
-        import cupy  # noqa: F401  deferred: optional dependency, present only where cuda is used
-    except ImportError:
-        return False
-    return True
+    """Whether Triton and CuPy can be imported (no GPU is touched). Answered once per process: the eager
+    cuda ops ask before each fused kernel (about 240 times a ResNet-50 step), and where a package is
+    missing each import attempt searches the whole path again."""
+    if not _available:
+        try:
+            import triton  # noqa: F401  deferred: optional dependency, present only where cuda is used
+            import cupy  # noqa: F401  deferred: optional dependency, present only where cuda is used
+        except ImportError:
+            _available.append(False)
+        else:
+            _available.append(True)
+    return _available[0]
+
+
+_available: list = []
 
 
 def multiprocessors() -> int:

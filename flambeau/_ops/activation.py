@@ -75,10 +75,18 @@ def _fused_pointwise(xp, kind, arrays):
     """`_backends.triton_pointwise` when kernel `kind` can take these arrays on cuda, else None."""
     if kind is None or getattr(xp, "__name__", "") != "cupy" or not triton_launch.available():
         return None
-    if not all(isinstance(a, xp.ndarray) for a in arrays):
-        return None
-    from .._backends import triton_pointwise  # deferred: imports Triton, optional (cuda only)
-    return triton_pointwise if triton_pointwise.supported(*arrays) else None
+    nd = xp.ndarray
+    for a in arrays:
+        if not isinstance(a, nd):
+            return None
+    if not _triton_pointwise:
+        from .._backends import triton_pointwise  # deferred: imports Triton, optional (cuda only)
+        _triton_pointwise.append(triton_pointwise)
+    tp = _triton_pointwise[0]
+    return tp if tp.supported(*arrays) else None
+
+
+_triton_pointwise: list = []      # the module, imported at the first fused call
 
 
 def pointwise_family(name, params="", *, fwd, bwd, tensors=("self",), ints=False, method=False,
