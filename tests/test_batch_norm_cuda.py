@@ -278,3 +278,37 @@ def test_split_batch_norm_keeps_its_partial_buffers_per_stream(monkeypatch):
     assert call(64)[2][0] is wider[0]
     BN.release_scratch()
     assert BN._scratch == {}
+
+
+@pytest.mark.cuda
+def test_batch_norm_module_on_cuda_counts_batches_in_place_and_matches_torch(monkeypatch):
+    """A BatchNorm2d module trained on cuda (split and one-program layers, bfloat16 input): three training
+    forwards then one in eval mode give PyTorch's num_batches_tracked (counted in place: the counter's
+    array stays the same, no add_ dispatched), running statistics and outputs; the split layer's scratch
+    buffers are reused across the calls."""
+    from flambeau._backends import triton_batch_norm as BN
+    from tests.conftest import op_names_mode
+    rng = np.random.default_rng(3)
+    for shape in ((8, 16, 20, 20), (4, 256, 7, 7)):
+        x = rng.standard_normal(shape).astype(np.float32) * 2 + 1
+        res = []
+        for lib in (torch, flambeau):
+            bn = lib.nn.BatchNorm2d(shape[1]).to("cuda")
+            counter = bn.num_batches_tracked
+            arr = counter._data if lib is flambeau else None
+            outs = [bn(lib.tensor(x, device="cuda").to(lib.bfloat16).float()) for _ in range(3)]
+            outs.append(bn.eval()(lib.tensor(x, device="cuda")))
+            res.append([o.float().cpu().numpy() for o in outs] + [bn.running_mean.cpu().numpy(),
+                                                                 bn.running_var.cpu().numpy(),
+                                                                 int(bn.num_batches_tracked.item())])
+            if lib is flambeau:
+                assert bn.num_batches_tracked is counter and counter._data is arr
+                mode = op_names_mode()
+                with mode:
+                    bn.train()(lib.tensor(x, device="cuda"))
+                assert "add_" in mode.names and int(counter.item()) == 4     # a mode still sees add_
+        t, f = res
+        assert f[-1] == t[-1] == 3
+        for a, b in zip(f[:-1], t[:-1]):
+            np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2)
+    assert len(BN._scratch) >= 1
