@@ -131,7 +131,8 @@ def single(args):
             tx = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
             tw = torch.randn(w.shape, device="cuda", dtype=torch.bfloat16)
             if cl:
-                tx, tw = tx.contiguous(memory_format=torch.channels_last), tw.contiguous(memory_format=torch.channels_last)
+                cl_format = torch.channels_last
+                tx, tw = tx.contiguous(memory_format=cl_format), tw.contiguous(memory_format=cl_format)
             tgy = torch.nn.functional.conv2d(tx, tw, None, st, pad, dil)
             bwd = torch.ops.aten.convolution_backward
             tcalls = {
