@@ -1,4 +1,4 @@
-"""The compile stack's lock: one thread at a time translates a frame, traces and compiles a graph
+"""The compile stack's lock and per-thread state (`is_compiling`), below the library layers. The lock: one thread at a time translates a frame, traces and compiles a graph
 (a forward at a compiled function's cache miss, a backward at its first use, an inductor variant for
 new strides). Compiled code runs without it, so several threads may call one compiled function at
 once, as in PyTorch (whose dynamo serializes compilation with its own `compile_lock`). Reentrant: a
@@ -10,6 +10,24 @@ import os
 import threading
 
 compile_lock = threading.RLock()
+
+
+class _ThreadCompileState(threading.local):
+    """One thread's counts: frames being translated, `flambeau._dynamo.disable`d functions running (dynamo
+    keeps them, `flambeau._dynamo.compiled_state`; here, below the library, so that library code can ask
+    `is_compiling()` without importing dynamo)."""
+
+    def __init__(self) -> None:
+        self.tracing = 0              # > 0 while a frame is being translated (nested compiled calls run eagerly)
+        self.disabled = 0             # > 0 inside a disabled function (compiled calls run eagerly)
+
+
+thread = _ThreadCompileState()
+
+
+def is_compiling() -> bool:
+    """Whether this thread is translating a frame (PyTorch's `torch.compiler.is_compiling`)."""
+    return thread.tracing > 0
 
 
 class gc_paused:

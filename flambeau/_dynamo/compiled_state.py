@@ -6,24 +6,9 @@ calling the wrapper). eval_frame's wrappers derive from `CompiledWrapper` and co
 compiled function meanwhile runs its compiled code, and `is_compiling()` is False there, as in PyTorch."""
 from __future__ import annotations
 
-import threading
 from typing import Callable
 
-
-class _ThreadCompileState(threading.local):
-    """One thread's counts: frames being translated, `flambeau._dynamo.disable`d functions running."""
-
-    def __init__(self) -> None:
-        self.tracing = 0              # > 0 while a frame is being translated (nested compiled calls run eagerly)
-        self.disabled = 0             # > 0 inside a disabled function (compiled calls run eagerly)
-
-
-thread = _ThreadCompileState()
-
-
-def is_compiling() -> bool:
-    return thread.tracing > 0
-
+from .._compile_lock import _ThreadCompileState, is_compiling, thread  # noqa: F401  (the state lives below the library)
 
 class CompiledWrapper:
     """Base of the callables eval_frame makes of a function or a module."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ... import _ops
 from ..._backends import array_namespaces, cuda_binary
-from ..._dynamo.compiled_state import is_compiling
+from ..._compile_lock import is_compiling
 from ..._ops._helpers import direct_device
 from ...autograd.grad_mode import no_grad
 from ... import _dtype as D
