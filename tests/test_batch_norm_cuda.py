@@ -298,7 +298,7 @@ def test_batch_norm_module_on_cuda_counts_batches_in_place_and_matches_torch(mon
             arr = counter._data if lib is flambeau else None
             outs = [bn(lib.tensor(x, device="cuda").to(lib.bfloat16).float()) for _ in range(3)]
             outs.append(bn.eval()(lib.tensor(x, device="cuda")))
-            res.append([o.float().cpu().numpy() for o in outs] + [bn.running_mean.cpu().numpy(),
+            res.append([o.detach().float().cpu().numpy() for o in outs] + [bn.running_mean.cpu().numpy(),
                                                                  bn.running_var.cpu().numpy(),
                                                                  int(bn.num_batches_tracked.item())])
             if lib is flambeau:
