@@ -39,20 +39,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench.measure import host_us  # noqa: E402
+
 GEOMETRIES = [  # (cin, cout, k, stride, size)
     (64, 64, 3, 1, 56), (256, 64, 1, 1, 56), (128, 128, 3, 2, 56), (256, 256, 3, 1, 14), (1024, 256, 1, 1, 14)]
-
-
-def _host_us(fn, number, repeats, sync):
-    runs = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        runs.append((time.perf_counter() - t0) / number * 1e6)
-        sync()
-    return round(statistics.median(runs), 2)
 
 
 def _single_us(fn, reps, sync, before=None):
@@ -210,7 +200,7 @@ def main():
             row["error"] = f"cuDNN did not take it: {cudnn.load_error() or cudnn._state['plan_error']}"
             print(json.dumps(row))
             continue
-        row["wrapper"] = _host_us(lambda: cudnn.forward(x, w, None, st, pad, dil, 1), N, R, sync)
+        row["wrapper"] = host_us(lambda: cudnn.forward(x, w, None, st, pad, dil, 1), N, R, sync)
         plan = cudnn._plans[next(key for key in reversed(list(cudnn._plans)) if key[0] == "forward")]
         if not isinstance(plan, cudnn._GraphPlan):
             row["error"] = f"a legacy-API plan ({cudnn._state['plan_error']})"
@@ -218,10 +208,10 @@ def main():
             continue
         ptrs = (x.data.ptr, w.data.ptr, y.data.ptr)
         h = cudnn._handle()
-        row["execute_same_pack"] = _host_us(lambda: plan.execute(h, ptrs), N, R, sync)
+        row["execute_same_pack"] = host_us(lambda: plan.execute(h, ptrs), N, R, sync)
         pack = plan.packs[next(iter(key for key in plan.packs if key[:3] == ptrs))]
         lib = plan.lib
-        row["backend_execute"] = _host_us(lambda: lib.cudnnBackendExecute(h, plan.plan, pack), N, R, sync)
+        row["backend_execute"] = host_us(lambda: lib.cudnnBackendExecute(h, plan.plan, pack), N, R, sync)
         ws = cudnn._workspace(plan.ws) if plan.ws else None
         key = ptrs + ((ws.data.ptr,) if ws is not None else (0,))
 
@@ -229,12 +219,12 @@ def main():
             p = plan._variant_pack(key)
             lib.cudnnBackendExecute(h, plan.plan, p)
             lib.cudnnBackendDestroyDescriptor(p)
-        row["execute_new_pack"] = _host_us(new_pack, N, R, sync)
+        row["execute_new_pack"] = host_us(new_pack, N, R, sync)
         if torch is not None and torch.cuda.is_available():
             tx = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
             tw = torch.randn(w.shape, device="cuda", dtype=torch.bfloat16)
             tsync = torch.cuda.synchronize
-            row["torch_conv2d"] = _host_us(lambda: torch.nn.functional.conv2d(tx, tw, None, st, pad, dil), N, R, tsync)
+            row["torch_conv2d"] = host_us(lambda: torch.nn.functional.conv2d(tx, tw, None, st, pad, dil), N, R, tsync)
         print(json.dumps(row))
 
 

@@ -24,25 +24,13 @@ import argparse
 import ctypes
 import json
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench.measure import host_us  # noqa: E402
+
 SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]       # (k, n) of GPT-2's linears
-
-
-def _host_us(fn, number, repeats, sync):
-    runs = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        runs.append((time.perf_counter() - t0) / number * 1e6)
-        sync()
-    return round(statistics.median(runs), 2)
 
 
 def main():
@@ -69,10 +57,10 @@ def main():
         bt = fl.randn(n, device="cuda").to(fl.bfloat16)
         x, w, b = xt._data, wt._data, bt._data
         row = {"bench": "gemm_host", "rows": args.rows, "k": k, "n": n}
-        row["wrapper"] = _host_us(lambda: L.gemm(x, w.T), N, R, sync)
-        row["wrapper_bias"] = _host_us(lambda: L.gemm(x, w.T, bias=b), N, R, sync)
+        row["wrapper"] = host_us(lambda: L.gemm(x, w.T), N, R, sync)
+        row["wrapper_bias"] = host_us(lambda: L.gemm(x, w.T, bias=b), N, R, sync)
         shape, dt = (args.rows, n), x.dtype
-        row["alloc"] = _host_us(lambda: cupy.ndarray(shape, dt), N, R, sync)
+        row["alloc"] = host_us(lambda: cupy.ndarray(shape, dt), N, R, sync)
         lay = L._layouts[(x.shape, x.strides, w.T.shape, w.T.strides, x.dtype)]
         comp = next(c for key, c in lay.compiled.items() if key[4] == L.EPILOGUE_DEFAULT)
         d = cupy.ndarray(shape, dt)
@@ -87,21 +75,21 @@ def main():
             return fn(handle, comp.desc, L._BY_ONE, pa, comp.la, pb, comp.lb, L._BY_ZERO, pd, comp.ld, pd, comp.ld,
                       comp.by_algo, pw, comp.ws, stream)
         assert bare() == 0
-        row["ctypes_matmul"] = _host_us(bare, N, R, sync)
+        row["ctypes_matmul"] = host_us(bare, N, R, sync)
         prebuilt = (handle, comp.desc, L._BY_ONE, ctypes.c_void_p(pa), comp.la, ctypes.c_void_p(pb), comp.lb,
                     L._BY_ZERO, ctypes.c_void_p(pd), comp.ld, ctypes.c_void_p(pd), comp.ld, comp.by_algo,
                     ctypes.c_void_p(pw), ctypes.c_size_t(comp.ws), ctypes.c_void_p(stream))
-        row["ctypes_prebuilt"] = _host_us(lambda: fn(*prebuilt), N, R, sync)
+        row["ctypes_prebuilt"] = host_us(lambda: fn(*prebuilt), N, R, sync)
         with fl.no_grad():
-            row["flambeau_linear"] = _host_us(lambda: fl.nn.functional.linear(xt, wt, bt), N, R, sync)
+            row["flambeau_linear"] = host_us(lambda: fl.nn.functional.linear(xt, wt, bt), N, R, sync)
         if torch is not None and torch.cuda.is_available():
             tx = torch.randn(args.rows, k, device="cuda", dtype=torch.bfloat16)
             tw = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
             tb = torch.randn(n, device="cuda", dtype=torch.bfloat16)
             tsync = torch.cuda.synchronize
             with torch.no_grad():
-                row["torch_matmul"] = _host_us(lambda: torch.matmul(tx, tw.t()), N, R, tsync)
-                row["torch_linear"] = _host_us(lambda: torch.nn.functional.linear(tx, tw, tb), N, R, tsync)
+                row["torch_matmul"] = host_us(lambda: torch.matmul(tx, tw.t()), N, R, tsync)
+                row["torch_linear"] = host_us(lambda: torch.nn.functional.linear(tx, tw, tb), N, R, tsync)
         print(json.dumps(row), flush=True)
 
 

@@ -64,6 +64,20 @@ def median_event_ms(fn, warmup: int, reps: int, events: tuple | None = None, syn
     return statistics.median(times)
 
 
+def host_us(fn, number: int, repeats: int, sync) -> float:
+    """Host microseconds a call of `fn` (the device synchronised before and after each run of `number`
+    calls, not inside it): the median over `repeats` runs."""
+    runs = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        runs.append((time.perf_counter() - t0) / number * 1e6)
+        sync()
+    return round(statistics.median(runs), 2)
+
+
 def cpu_has(extensions: tuple, cpuinfo: str = CPUINFO) -> list:
     """Those of `extensions` (flag names such as "avx512_bf16") among the words of the first flags line of
     `cpuinfo` (whole words: "avx512f" is not found in "avx512fp16")."""

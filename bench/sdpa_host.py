@@ -25,25 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench.measure import host_us  # noqa: E402
+
 H, E = 12, 64
-
-
-def _host_us(fn, number, repeats, sync):
-    runs = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        runs.append((time.perf_counter() - t0) / number * 1e6)
-        sync()
-    return round(statistics.median(runs), 2)
 
 
 def main():
@@ -75,9 +63,9 @@ def main():
         return
     out, stats = CA.forward(q, k, v, 0.0, rng, True, scale)
     do = cupy.ones_like(out)
-    row["fwd_wrapper"] = _host_us(lambda: CA.forward(q, k, v, 0.0, rng, True, scale), N, R, sync)
-    row["bwd_wrapper"] = _host_us(lambda: CA.backward(do, q, k, v, out, stats, 0.0, rng, True, scale), N, R, sync)
-    row["bwd_joint"] = _host_us(lambda: CA.backward(do, q, k, v, out, stats, 0.0, rng, True, scale, joint=True),
+    row["fwd_wrapper"] = host_us(lambda: CA.forward(q, k, v, 0.0, rng, True, scale), N, R, sync)
+    row["bwd_wrapper"] = host_us(lambda: CA.backward(do, q, k, v, out, stats, 0.0, rng, True, scale), N, R, sync)
+    row["bwd_joint"] = host_us(lambda: CA.backward(do, q, k, v, out, stats, 0.0, rng, True, scale, joint=True),
                                 N, R, sync)
     cudnn = CA._module()
     handle = CA._handle(cudnn)
@@ -90,12 +78,12 @@ def main():
               *(a.data.ptr for a in grads), 0, 0))):
         wsp = CA._workspace(cupy, nbytes)
         pack = {t: p for t, p in zip(_graph_tensors(CA, g, kind), ptrs) if t is not None}
-        row[f"{kind}_execute"] = _host_us(lambda: g.execute(pack, wsp, handle=handle), N, R, sync)
+        row[f"{kind}_execute"] = host_us(lambda: g.execute(pack, wsp, handle=handle), N, R, sync)
         if run is not None:
             uids = {u: p for u, p in zip(keys, ptrs) if u is not None}
-            row[f"{kind}_uid_execute"] = _host_us(lambda: run(uids, wsp, handle), N, R, sync)
+            row[f"{kind}_uid_execute"] = host_us(lambda: run(uids, wsp, handle), N, R, sync)
     pieces = [a.transpose(0, 2, 1, 3).reshape(B, T, C) for a in grads]
-    row["cat"] = _host_us(lambda: cupy.concatenate(pieces, axis=2), N, R, sync)
+    row["cat"] = host_us(lambda: cupy.concatenate(pieces, axis=2), N, R, sync)
     try:
         import torch
     except ImportError:
@@ -108,9 +96,9 @@ def main():
         sdpa = torch.nn.functional.scaled_dot_product_attention
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             with torch.no_grad():
-                row["torch_fwd"] = _host_us(lambda: sdpa(tq, tk, tv, is_causal=True), N, R, tsync)
+                row["torch_fwd"] = host_us(lambda: sdpa(tq, tk, tv, is_causal=True), N, R, tsync)
             tdo = torch.ones(B, H, T, E, device="cuda", dtype=torch.bfloat16)
-            row["torch_fwd_bwd"] = _host_us(
+            row["torch_fwd_bwd"] = host_us(
                 lambda: torch.autograd.grad(sdpa(tq, tk, tv, is_causal=True), (tq, tk, tv), tdo), N, R, tsync)
     print(json.dumps(row), flush=True)
 

@@ -99,3 +99,18 @@ def triton_backend(monkeypatch):
     fl._dynamo.reset()
     yield triton_runtime.stats
     fl._dynamo.reset()
+
+
+def python_calls(fn) -> int:
+    """Python function calls made while `fn()` runs (`sys.setprofile` "call" events)."""
+    n = [0]
+
+    def count(frame, event, arg):
+        if event == "call":
+            n[0] += 1
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return n[0]

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import flambeau
+from tests.conftest import python_calls
 import flambeau.distributed as dist
 from flambeau.nn.parallel import distributed as ddp_module
 from flambeau.utils._python_dispatch import TorchDispatchMode
@@ -323,21 +324,6 @@ def test_unused_parameter_reduces_zeros_not_its_stale_gradient(world1):
                 assert not np.any(seen[-1][id(p)])                       # reduced as zeros
 
 
-def _python_calls(fn) -> int:
-    """Python function calls made while `fn()` runs (`sys.setprofile` "call" events)."""
-    n = [0]
-
-    def count(frame, event, arg):
-        if event == "call":
-            n[0] += 1
-    sys.setprofile(count)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return n[0]
-
-
 @pytest.mark.parametrize("as_view", [False, True])
 def test_reducer_runs_no_python_per_parameter_but_its_hook(world1, as_view):
     """What DDP adds to a training step in Python calls: each parameter's hook, and per bucket a bounded
@@ -355,7 +341,7 @@ def test_reducer_runs_no_python_per_parameter_but_its_hook(world1, as_view):
         opt = flambeau.optim.SGD(model.parameters(), lr=0.1)
         for s in range(3):
             _step2(model, opt, s)
-        counts.append(_python_calls(lambda: _step2(model, opt, 3)))
+        counts.append(python_calls(lambda: _step2(model, opt, 3)))
     n_params, n_buckets = len(model.reducer.params), len(model.reducer.buckets)
     assert n_params == 120 and 2 <= n_buckets <= 4
     added = counts[1] - counts[0]

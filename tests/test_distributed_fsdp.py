@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import python_calls
 from tests.dist_helpers import launch
 from bench import gpu_models
 from tests.dist_workers.tp_models import B, STEPS, TIED_GPT, build_model, fsdp_batch, tied_batch
@@ -429,20 +430,6 @@ def test_adamw_over_sharded_parameters_is_one_fused_launch_on_the_local_shards(m
         dist.destroy_process_group()
 
 
-def _python_calls(fn) -> int:
-    """Python function calls made while `fn()` runs (`sys.setprofile` "call" events)."""
-    import sys
-    n = [0]
-
-    def count(frame, event, arg):
-        if event == "call":
-            n[0] += 1
-    sys.setprofile(count)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return n[0]
 
 
 FSDP_PYTHON_CALLS_PER_PARAMETER = 8.5   # its hook, its sharded .grad (Tensor and DTensor), AdamW reading a DTensor
@@ -481,7 +468,7 @@ def test_fsdp_python_calls_per_parameter_per_step():
                 opt = flambeau.optim.AdamW(m.parameters(), lr=0.1)
                 for s in range(3):
                     step(m, opt, s)
-                counts.append(_python_calls(lambda: step(m, opt, 3)))
+                counts.append(python_calls(lambda: step(m, opt, 3)))
             added.append(counts[1] - counts[0])
             n_params.append(len(list(m.parameters())))
         per_parameter = (added[1] - added[0]) / (n_params[1] - n_params[0])
