@@ -156,7 +156,7 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
     sys.path.insert(0, ROOT)
-    from bench import gpu_models
+    from bench import gpu_models, measure
     cfg = dict(SMALL if args.small else GPT2, **({"layers": args.layers} if args.layers else {}))
     cuda = args.device == "cuda"
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -197,6 +197,7 @@ def worker(args) -> None:
     for s in range(args.warmup):
         losses.append(gpu_models.train_step(torch, model, opt, *batches[s], amp).detach())
     sync()
+    calibration = measure.host_calibration_ms(repeats=3)   # this rank's Python speed, beside the others'
     gc_clock = _GcClock()
     start, cpu_start = time.perf_counter(), time.process_time()
     thread_start, usage = time.thread_time(), resource.getrusage(resource.RUSAGE_SELF)
@@ -216,7 +217,7 @@ def worker(args) -> None:
         if args.count_calls else None
     if args.trace:
         _trace(args, torch, rank, local, lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp))
-    host = [host_ms, gc_clock.ms / args.steps, gc_clock.full, cpu_ms, thread_ms, switches]
+    host = [host_ms, gc_clock.ms / args.steps, gc_clock.full, cpu_ms, thread_ms, switches, calibration]
     per_rank = [host]
     if world_size > 1:
         per_rank = [None] * world_size
@@ -239,6 +240,7 @@ def worker(args) -> None:
                           "cpu_ms_per_rank": [r[3] for r in per_rank],
                           "main_thread_cpu_ms_per_rank": [r[4] for r in per_rank],
                           "context_switches_per_step_per_rank": [r[5] for r in per_rank],
+                          "host_calibration_ms_per_rank": [r[6] for r in per_rank],
                           "tokens_per_s": (1 if args.parallel == "tp" else world_size) * rows * cfg["seq"] / ms * 1e3,
                           "cpus": len(os.sched_getaffinity(0)),
                           **({"calls_per_step": calls} if calls is not None else {}),

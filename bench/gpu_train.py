@@ -39,6 +39,9 @@ step that holds one is slower by all of it. A measuring process imports only its
 torch's profiler after the timed steps, unless --no-profile); `--gc-freeze` calls
 `gc.freeze()` after the warm-up (both systems), so full collections skip what exists by then;
 `--gc-report N` adds what a full collection walks after the timed steps (`measure.heap_report`).
+`host_calibration_ms` is the process's time for a fixed Python workload (`measure.host_calibration_ms`) before
+the model is built and after the timed steps: the device host's Python speed moves up to 2x between
+processes, so two lines' step times compare only where their calibrations agree.
 """
 from __future__ import annotations
 
@@ -106,6 +109,7 @@ def _layout_copies(lib) -> dict:
 
 
 def run(name, lib, mode, steps, profile, top=0, gc_freeze=False, gc_report=0):
+    calibration = [measure.host_calibration_ms(repeats=3)]
     m = library(lib)
     spec = WORKLOADS[name]
     rng = np.random.default_rng(0)
@@ -145,12 +149,14 @@ def run(name, lib, mode, steps, profile, top=0, gc_freeze=False, gc_report=0):
             loss = step()
         _sync(m)
     ms = (time.perf_counter() - t0) * 1e3 / steps
+    calibration.append(measure.host_calibration_ms(repeats=3))
     copies = {k: round((v - copies0.get(k, 0)) / steps, 2) for k, v in _layout_copies(lib).items()}
     res = {"workload": name, "system": lib, "mode": mode, "first_step_ms": round(first, 1),
            "ms_per_step": round(ms, 2), "peak_mb": round(_peak(m), 1), "loss": round(float(loss.item()), 4),
            "gc_ms_per_step": round(meter.seconds * 1e3 / steps, 2),
            "gc_collections": dict(enumerate(meter.collections)),
-           "gc_tracked_objects": len(gc.get_objects())}
+           "gc_tracked_objects": len(gc.get_objects()),
+           "host_calibration_ms": calibration}
     if copies:
         res["layout_copies_per_step"] = copies
     if lib == "flambeau" and mode != "eager":

@@ -64,6 +64,37 @@ def median_event_ms(fn, warmup: int, reps: int, events: tuple | None = None, syn
     return statistics.median(times)
 
 
+def _calibration_work(n: int) -> int:
+    """A fixed pure-Python workload shaped like flambeau's host path: calls, attribute and dict lookups,
+    small tuples and lists made and dropped."""
+    class Node:
+        __slots__ = ("a", "b")
+
+        def __init__(self, a, b):
+            self.a, self.b = a, b
+    table, acc = {}, 0
+    for i in range(n):
+        node = Node(i, (i, i + 1))
+        table[i & 1023] = node
+        got = table.get((i * 7) & 1023)
+        if got is not None:
+            acc += got.b[1] - got.a
+        acc += len([node.a, node.b])
+    return acc
+
+
+def host_calibration_ms(n: int = 200_000, repeats: int = 5) -> float:
+    """Milliseconds this process takes for `_calibration_work(n)`, the best of `repeats`: how fast this
+    process's host runs Python. The GPU machine's host speed moves up to 2x between processes; a bench line
+    carrying it shows whether two processes' step times are comparable."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _calibration_work(n)
+        best = min(best, time.perf_counter() - t0)
+    return round(best * 1e3, 2)
+
+
 def host_us(fn, number: int, repeats: int, sync) -> float:
     """Host microseconds a call of `fn` (the device synchronised before and after each run of `number`
     calls, not inside it): the median over `repeats` runs."""

@@ -105,3 +105,18 @@ def test_gc_meter_counts_the_collections_of_its_block_per_generation():
     assert meter.collections == [1, 0, 2]
     assert meter.seconds > 0
     assert meter._hook not in gc.callbacks
+
+
+def test_host_calibration_runs_its_fixed_workload():
+    """`measure.host_calibration_ms` times `_calibration_work(n)`, a fixed Python workload (its result checked
+    against the same count done directly: each lookup that finds a node adds b[1] - a = 1, each step adds 2)
+    and gives milliseconds (no assertion on how many)."""
+    from bench import measure
+    n = 3000
+    stored, hits = set(), 0
+    for i in range(n):
+        stored.add(i & 1023)
+        hits += ((i * 7) & 1023) in stored
+    assert measure._calibration_work(n) == hits + 2 * n
+    ms = measure.host_calibration_ms(n=1000, repeats=2)
+    assert isinstance(ms, float) and ms > 0
