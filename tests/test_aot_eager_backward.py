@@ -53,9 +53,11 @@ def test_backward_compiled_with_the_forward_runs_as_compiled(monkeypatch, eager)
 def test_only_a_cold_cuda_compile_turns_it_on(monkeypatch):
     from flambeau._dynamo.backends import inductor as backend
     from flambeau._inductor import triton_runtime
-    assert not backend._cold_cuda([fl.randn(2)])                       # cpu inputs
+    monkeypatch.setattr(functorch_config, "eager_backward_on_cold_cuda", False)
+    assert not backend._cold_cuda()                                    # FLAMBEAU_EAGER_BACKWARD=0
+    monkeypatch.setattr(functorch_config, "eager_backward_on_cold_cuda", True)
     monkeypatch.setattr(triton_runtime, "_cubin_cache_empty", lambda: True)
     monkeypatch.setattr(triton_runtime.config, "compile_threads", 8)
-    assert triton_runtime.cold_cache()
+    assert triton_runtime.cold_cache() and backend._cold_cuda()
     monkeypatch.setattr(triton_runtime, "_cubin_cache_empty", lambda: False)
     assert not triton_runtime.cold_cache()

@@ -83,7 +83,7 @@ def inductor(gm, example_inputs, options=None):
     cuda = [a.device.index for a in example_inputs if isinstance(a, Tensor) and a.device.type == "cuda"]
     if cuda:
         cublaslt.preload(cuda[0])           # the graph's products need it: loaded while AOT traces and lowers
-    eager_backward = functorch_config.force_non_lazy_backward_lowering or _cold_cuda(example_inputs)
+    eager_backward = functorch_config.force_non_lazy_backward_lowering or (bool(cuda) and _cold_cuda())
     was = functorch_config.force_non_lazy_backward_lowering
     functorch_config.force_non_lazy_backward_lowering = eager_backward
     try:
@@ -95,13 +95,12 @@ def inductor(gm, example_inputs, options=None):
         functorch_config.force_non_lazy_backward_lowering = was
 
 
-def _cold_cuda(example_inputs) -> bool:
-    """A cuda graph compiled while the kernel cache holds nothing (a cold start): AOT autograd then compiles its
-    backward right after its forward (`functorch_config.force_non_lazy_backward_lowering`), so the backward's
+def _cold_cuda() -> bool:
+    """For a cuda graph: whether the kernel cache holds nothing (a cold start). AOT autograd then compiles its
+    backward right after its forward (`functorch_config.force_non_lazy_backward_lowering`), and the backward's
     kernels go to the compile workers beside the forward's, not after the forward has run (the MLP's first
     step waited for 11 backward kernels after its 9 forward ones). FLAMBEAU_EAGER_BACKWARD=0: never."""
-    if not functorch_config.eager_backward_on_cold_cuda or not any(
-            isinstance(a, Tensor) and a.device.type == "cuda" for a in example_inputs):
+    if not functorch_config.eager_backward_on_cold_cuda:
         return False
     try:
         rt = triton_runtime()           # imports Triton (optional, cuda only) at the first cuda compile
