@@ -26,24 +26,14 @@ def child(layers: int) -> dict:
     from triton.runtime import jit as triton_jit
 
     from bench import gpu_models
-    from bench.fake_cuda_loader import loader_cupy
+    from bench.fake_cuda_loader import generating_compile_fx, loader_cupy
     from flambeau import _inductor
     from flambeau._backends import triton_adam, triton_launch as TL
-    from flambeau._inductor import codegen_triton, config, pad_mm, triton_runtime, triton_schedule
-    from flambeau._inductor.compile_fx import _size_names
-    from flambeau._inductor.graph import GraphLowering
-    from flambeau._inductor.scheduler import Kernel, schedule
+    from flambeau._inductor import config, triton_runtime
 
     config.compile_threads = 1
     generated = []
-
-    def capture(gm, example_inputs, **kwargs):
-        pad_mm.pad_matrix_products(gm)
-        graph = GraphLowering(gm, list(example_inputs), example_inputs[0].device, codegen_triton.DTYPES).run()
-        kernels = [k for k in triton_schedule.split_for_grid(schedule(graph), graph) if isinstance(k, Kernel)]
-        generated.append(codegen_triton.generate(kernels, _size_names(graph)))
-        return gm
-    _inductor.compile_fx = capture
+    _inductor.compile_fx = generating_compile_fx(generated)
     fl.manual_seed(0)
     model = fl.compile(gpu_models.gpt(fl, vocab=64, block=16, d=32, layers=layers, heads=2))
     with fl.autocast(device_type="cpu", dtype=fl.bfloat16):

@@ -269,12 +269,7 @@ def test_shards_live_in_the_gather_buffer_and_replaced_ones_are_taken_back(monke
         any(t is q._local_tensor for t in ts for q in model.parameters())) or pack(self, ts, n))
     _world_of_one()
     try:
-        torch.manual_seed(0)
-        plain = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
-        model = flambeau.nn.Sequential(flambeau.nn.Linear(4, 6), flambeau.nn.Tanh(), flambeau.nn.Linear(6, 2))
-        model.load_state_dict({k: flambeau.tensor(v.numpy()) for k, v in plain.state_dict().items()})
-        fs.fully_shard(model[0])
-        fs.fully_shard(model)
+        plain, model = _plain_and_sharded()
         x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
         opts = torch.optim.AdamW(plain.parameters(), lr=0.1), flambeau.optim.AdamW(model.parameters(), lr=0.1)
         for step in range(2):

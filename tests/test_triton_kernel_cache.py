@@ -19,13 +19,9 @@ import pytest
 
 import flambeau as fl
 from bench import gpu_models
-from bench.fake_cuda_loader import loader_cupy
+from bench.fake_cuda_loader import generating_compile_fx, loader_cupy
 from flambeau import _cpp_builder, _inductor
 from flambeau._functorch import partitioners
-from flambeau._inductor import codegen_triton, pad_mm, triton_schedule
-from flambeau._inductor.compile_fx import _size_names
-from flambeau._inductor.graph import GraphLowering
-from flambeau._inductor.scheduler import Kernel, schedule
 
 triton_runtime = pytest.importorskip("flambeau._inductor.triton_runtime")
 
@@ -48,14 +44,7 @@ def _capture(monkeypatch) -> list:
     """Make compile_fx record (source, launches) of the Triton code generated for cuda (without
     running it: the graph itself runs), as compile_fx builds them."""
     modules = []
-
-    def capture(gm, example_inputs, **kwargs):
-        pad_mm.pad_matrix_products(gm)
-        graph = GraphLowering(gm, list(example_inputs), example_inputs[0].device, codegen_triton.DTYPES).run()
-        kernels = [k for k in triton_schedule.split_for_grid(schedule(graph), graph) if isinstance(k, Kernel)]
-        modules.append(codegen_triton.generate(kernels, _size_names(graph)))
-        return gm
-    monkeypatch.setattr(_inductor, "compile_fx", capture)
+    monkeypatch.setattr(_inductor, "compile_fx", generating_compile_fx(modules))
     return modules
 
 
