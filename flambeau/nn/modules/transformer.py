@@ -5,8 +5,15 @@ Parameter names, registration order (hence state_dict keys) and defaults follow 
 from __future__ import annotations
 
 import copy
+import warnings
 
+import numpy as np
+
+from ... import _compile_lock, _dtype as D
 from ..._ops import functions as torch   # the operator functions flambeau exports
+from ...amp.autocast_mode import is_autocast_enabled
+from ...autograd.grad_mode import is_grad_enabled
+from ...backends import mha
 from .. import functional as F
 from .. import init
 from .activation import ReLU, GELU, MultiheadAttention
@@ -114,19 +121,104 @@ class TransformerDecoderLayer(Module):
         return x
 
 
+def _not_nested_because(layer) -> str:
+    """Why a TransformerEncoder of copies of `layer` cannot take the inference fast path ('' when it can):
+    PyTorch's conditions, in its order and words."""
+    name = "encoder_layer"
+    if not isinstance(layer, TransformerEncoderLayer):
+        return f"{name} was not TransformerEncoderLayer"
+    attn = layer.self_attn
+    if layer.norm_first:
+        return f"{name}.norm_first was True"
+    if not attn.batch_first:
+        return f"{name}.self_attn.batch_first was not True(use batch_first for better inference performance)"
+    if not attn._qkv_same_embed_dim:
+        return f"{name}.self_attn._qkv_same_embed_dim was not True"
+    if attn.in_proj_bias is None:
+        return f"{name}.self_attn was passed bias=False"
+    if not layer.activation_relu_or_gelu:
+        return f"{name}.activation_relu_or_gelu was not True"
+    if layer.norm1.eps != layer.norm2.eps:
+        return f"{name}.norm1.eps was not equal to {name}.norm2.eps"
+    if attn.num_heads % 2 == 1:
+        return f"{name}.self_attn.num_heads is odd"
+    return ""
+
+
+def _padding(mask):
+    """The key padding mask as a bool tensor (True: padded): a float mask pads where it is not 0."""
+    return mask if mask.dtype == D.bool else mask != 0
+
+
+def _left_aligned(pad) -> bool:
+    """Whether every row of `pad` (batch, seq; True: padded) is its tokens first, then padding only."""
+    p = np.asarray(pad.detach().cpu().numpy(), dtype=bool)
+    return bool((p[:, 1:] >= p[:, :-1]).all())
+
+
 class TransformerEncoder(Module):
+    """PyTorch's encoder stack. In inference (eval, no gradient needed, no autocast, batch_first layers and
+    PyTorch's other conditions, `backends.mha` fast path on) with a key padding mask whose tokens come first,
+    PyTorch runs the layers on a nested tensor of the unpadded tokens and pads the result with zeros: the
+    same values for every token, zeros at the padded positions. Here the layers run on the padded batch under
+    the mask (the tokens' values do not depend on the padding) and the padded positions are set to zero."""
+
     def __init__(self, encoder_layer, num_layers, norm=None, enable_nested_tensor=True, mask_check=True):
         super().__init__()
         self.layers = ModuleList([copy.deepcopy(encoder_layer) for _ in range(num_layers)])
         self.num_layers = num_layers
         self.norm = norm
         self.enable_nested_tensor = enable_nested_tensor
+        self.use_nested_tensor = enable_nested_tensor
         self.mask_check = mask_check
+        why = _not_nested_because(encoder_layer)
+        if enable_nested_tensor and why:
+            warnings.warn(f"enable_nested_tensor is True, but self.use_nested_tensor is False because {why}",
+                          stacklevel=2)
+            self.use_nested_tensor = False
+
+    def _not_fast_because(self, src, mask, src_key_padding_mask) -> str:
+        """Why this call cannot take the inference fast path ('' when it takes it), as PyTorch decides."""
+        first = self.layers[0]
+        if not mha.get_fastpath_enabled():
+            return "torch.backends.mha.get_fastpath_enabled() was not True"
+        if not getattr(self, "use_nested_tensor", False):
+            return "self.use_nested_tensor (set in init) was not True"
+        if first.training:
+            return "self.layers[0] was in training mode"
+        if src.dim() != 3:
+            return f"input not batched; expected src.dim() of 3 but got {src.dim()}"
+        if src_key_padding_mask is None:
+            return "src_key_padding_mask was None"
+        check = getattr(self, "mask_check", True)
+        if check and _compile_lock.is_compiling():
+            return "mask_check enabled with torch.compile or torch.export"
+        if check and not _left_aligned(_padding(src_key_padding_mask)):
+            return "mask_check enabled, and src and src_key_padding_mask was not left aligned"
+        if mask is not None:
+            return "src_key_padding_mask and mask were both supplied"
+        if is_autocast_enabled():
+            return "autocast is enabled"
+        attn = first.self_attn
+        args = (src, attn.in_proj_weight, attn.in_proj_bias, attn.out_proj.weight, attn.out_proj.bias,
+                first.norm1.weight, first.norm1.bias, first.norm2.weight, first.norm2.bias,
+                first.linear1.weight, first.linear1.bias, first.linear2.weight, first.linear2.bias)
+        if src.device.type not in ("cpu", "cuda"):
+            return "src device is neither one of ['cpu', 'cuda']"
+        if is_grad_enabled() and any(a is not None and a.requires_grad for a in args):
+            return ("grad is enabled and at least one of query or the input/output projection weights or biases "
+                    "requires_grad")
+        return ""
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
+        nested = self._not_fast_because(src, mask, src_key_padding_mask) == ""
         out = src
         for mod in self.layers:
             out = mod(out, src_mask=mask, is_causal=bool(is_causal), src_key_padding_mask=src_key_padding_mask)
+        if nested:      # PyTorch's nested result padded back with zeros
+            pad = _padding(src_key_padding_mask)
+            out = out.masked_fill(pad.unsqueeze(-1) if self.layers[0].self_attn.batch_first else
+                                  pad.t().unsqueeze(-1), 0.0)
         if self.norm is not None:
             out = self.norm(out)
         return out
