@@ -52,8 +52,8 @@ class DevArray(np.ndarray):
     """A NumPy array with CuPy's `.data.ptr` / `.data.device_id`; constructed as CuPy's `ndarray(shape,
     dtype)`, a new array over the kept block (see `_empty`)."""
 
-    def __new__(cls, shape, dtype=np.float32):
-        return np.ndarray(shape, dtype, buffer=_BLOCK).view(cls)
+    def __new__(cls, shape, dtype=np.float32, memptr=None, strides=None):
+        return np.ndarray(shape, dtype, buffer=_BLOCK, strides=strides).view(cls)
 
     @property
     def data(self):            # read once per array (CuPy's `.data` is a C attribute: cheap)
@@ -107,7 +107,7 @@ def install_fakes():
     xp.ascontiguousarray = lambda a: a if a.flags.c_contiguous else np.ascontiguousarray(a).view(DevArray)
     xp.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0),
                                     device=types.SimpleNamespace(get_device_id=lambda: 0),
-                                    runtime=types.SimpleNamespace(getDevice=lambda: 0))
+                                    runtime=types.SimpleNamespace(getDevice=lambda: 0), alloc=lambda nbytes: None)
     xp.lib = np.lib
     sys.modules["cupy"] = xp
     _backends._cupy_namespace[0] = xp

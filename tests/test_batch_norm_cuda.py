@@ -312,3 +312,25 @@ def test_batch_norm_module_on_cuda_counts_batches_in_place_and_matches_torch(mon
         for a, b in zip(f[:-1], t[:-1]):
             np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2)
     assert len(BN._scratch) >= 1
+
+
+def test_a_channels_last_result_is_one_array_over_its_own_block(monkeypatch):
+    """The BatchNorm wrappers' channels-last results (`_like`) are one array each: CuPy's constructor over a
+    `cuda.alloc` block with PyTorch's channels-last strides, not an NHWC array and its transposed view."""
+    import types
+    from flambeau._backends import triton_batch_norm as BN
+    made = []
+
+    def ndarray(shape, dtype, memptr=None, strides=None):
+        made.append(shape)
+        return np.ndarray(shape, dtype, buffer=memptr, strides=strides)
+    monkeypatch.setattr(BN, "cupy", types.SimpleNamespace(ndarray=ndarray, cuda=types.SimpleNamespace(
+        alloc=lambda n: np.empty(n, np.uint8))))
+    for shape in ((4, 8, 5, 6), (2, 3, 4, 5, 6)):
+        t = torch.empty(shape, dtype=torch.bfloat16,
+                        memory_format=torch.channels_last if len(shape) == 4 else torch.channels_last_3d)
+        x = np.empty(shape, np.dtype(flambeau.bfloat16.np))
+        made.clear()
+        y = BN._like(x, True)
+        assert made == [shape] and y.shape == shape and y.strides == tuple(2 * s for s in t.stride())
+        assert y.base.nbytes == 2 * t.numel()

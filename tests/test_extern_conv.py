@@ -33,6 +33,10 @@ class DevArray(np.ndarray):
     wrapper's output check reads as "a device array")."""
     __cuda_array_interface__: dict = {}
 
+    def __new__(cls, shape, dtype=float, memptr=None, strides=None):
+        """CuPy's constructor: a new array, or one over `memptr` (a `cuda.alloc` block) with byte strides."""
+        return np.ndarray.__new__(cls, shape, dtype, buffer=memptr, strides=strides)
+
     def __array_finalize__(self, obj):
         _live.append(self)
 
@@ -85,7 +89,8 @@ def fake_cuda(monkeypatch):
     xp = types.SimpleNamespace(empty=lambda shape, dtype=np.float32: np.empty(shape, dtype).view(DevArray),
                                ascontiguousarray=lambda a: a if a.flags.c_contiguous else _dev(a), float32=np.float32,
                                uint8=np.uint8, ndarray=DevArray)
-    xp.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0))
+    xp.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0),
+                                    alloc=lambda nbytes: np.empty(nbytes, np.uint8))
     monkeypatch.setitem(__import__("sys").modules, "cupy", xp)
     monkeypatch.setattr(_backends, "_cupy_namespace", [xp])
     plans = []
@@ -279,6 +284,23 @@ def test_eager_cudnn_calls_remember_their_layout_and_plan(fake_cuda, monkeypatch
     np.testing.assert_allclose(np.asarray(got), torch.nn.functional.conv2d(T(x), T(w), None, st).numpy(), rtol=1e-5,
                                atol=1e-5)
     assert len(plans) == 12 and len(checked) == 12
+
+
+def test_a_channels_last_result_is_one_array_over_its_own_block(fake_cuda):
+    """cudnn._empty of a channels-last result makes one array (CuPy's constructor over a `cuda.alloc`
+    block with the NHWC byte strides: `torch.empty(..., memory_format=torch.channels_last)`'s strides),
+    not an NHWC array and its transposed view; NCHW results keep the plain constructor."""
+    for shape, dt in (((2, 3, 4, 5), np.dtype(np.float32)), ((2, 3, 4, 5, 6), np.dtype(np.float16))):
+        want = torch.empty(shape, dtype=getattr(torch, dt.name),
+                           memory_format=torch.channels_last if len(shape) == 4 else torch.channels_last_3d)
+        _live.clear()
+        out = cudnn._empty(shape, dt, True)
+        assert len(_live) == 1 and out is _live[0] and out.base.dtype == np.uint8
+        assert out.shape == shape and out.dtype == dt and out.strides == tuple(s * dt.itemsize for s in want.stride())
+        assert out.base.nbytes == want.numel() * dt.itemsize
+    _live.clear()
+    out = cudnn._empty((2, 3, 4, 5), np.dtype(np.float32), False)
+    assert len(_live) == 1 and out.flags.c_contiguous
 
 
 def test_eager_convolution_kernels_make_no_astype_calls_on_cuda(fake_cuda, monkeypatch):

@@ -44,6 +44,7 @@ import sys
 import threading
 
 from . import cublaslt
+from .channels_last import empty as _empty_channels_last, strides as _channels_last_strides
 from .cudnn_enums import (BackendAttributeName as A, BackendAttributeType as T, BackendDescriptorType as BE,
                           ConvolutionMode, DataType, Determinism, HeurMode, MathType, NumericalNote, Status,
                           TensorFormat)
@@ -282,16 +283,6 @@ def _packed_strides(shape):
         st.append(acc)
         acc *= s
     return tuple(reversed(st))
-
-
-def _channels_last_strides(shape):
-    """Packed NHWC (NDHWC) element strides of an N, C, *spatial shape: C fastest, then the last
-    spatial dim, ..., N slowest (PyTorch's channels_last / channels_last_3d strides)."""
-    st, acc = [0] * len(shape), 1
-    for d in (1,) + tuple(range(len(shape) - 1, 1, -1)) + (0,):
-        st[d] = acc
-        acc *= shape[d]
-    return tuple(st)
 
 
 def tensor_strides(shape, channels_last: bool):
@@ -669,13 +660,11 @@ def _is_channels_last(a) -> bool:
 
 def _empty(shape, dtype, channels_last: bool):
     """A new CuPy array packed in the call's layout (the `ndarray` constructor: `cupy.empty` is a Python
-    function around it, one frame more per convolution)."""
+    function around it, one frame more per convolution; channels-last: one array, `_backends.channels_last.empty`)."""
     import cupy  # deferred: optional dependency, present only where cuda is used
     if not channels_last:
         return cupy.ndarray(shape, dtype)
-    nd = len(shape)
-    packed = cupy.ndarray((shape[0],) + tuple(shape[2:]) + (shape[1],), dtype)     # N, *spatial, C
-    return packed.transpose((0, nd - 1) + tuple(range(1, nd - 1)))
+    return _empty_channels_last(cupy, shape, dtype)
 
 
 def _ready(a, channels_last: bool, kind: str):

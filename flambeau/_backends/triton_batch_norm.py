@@ -46,6 +46,7 @@ except ImportError:     # the interpreter tests (tests/scripts) run these kernel
     cupy = None
 
 from . import triton_launch as TL
+from .channels_last import empty as _empty_channels_last, strides as channels_last_strides
 
 BLOCK = 2048              # elements per block of a reduction or pointwise program
 ONCHIP_MAX = 16384        # channels of at most this many elements run as one program each way
@@ -353,27 +354,16 @@ def _has_strides(a, want) -> bool:
     return all(b == w * it for b, w, n in zip(a.strides, want, a.shape) if n != 1)
 
 
-def channels_last_strides(shape) -> tuple:
-    """Element strides of a packed channels-last (N, C, *spatial) array: C fastest, N slowest."""
-    st, acc = [0] * len(shape), 1
-    for d in (1,) + tuple(range(len(shape) - 1, 1, -1)) + (0,):
-        st[d] = acc
-        acc *= shape[d]
-    return tuple(st)
-
-
 def is_channels_last(a) -> bool:
     """Whether array `a` (4-d or 5-d) is packed channels-last and not also C-contiguous."""
     return a.ndim in (4, 5) and not a.flags.c_contiguous and _has_strides(a, channels_last_strides(a.shape))
 
 
 def _like(x, cl: bool):
-    """A new CuPy array of x's shape and dtype, packed channels-last when `cl`."""
+    """A new CuPy array of x's shape and dtype, packed channels-last when `cl` (`_backends.channels_last.empty`)."""
     if not cl:
         return cupy.ndarray(x.shape, x.dtype)
-    nd = x.ndim
-    packed = cupy.ndarray((x.shape[0],) + tuple(x.shape[2:]) + (x.shape[1],), x.dtype)
-    return packed.transpose((0, nd - 1) + tuple(range(1, nd - 1)))
+    return _empty_channels_last(cupy, x.shape, x.dtype)
 
 
 def _packed(a, cl: bool, kind: str):

@@ -70,9 +70,16 @@ class HostLauncher:
 class HostCupy:
     """What the eager Triton wrappers use of CuPy, on NumPy."""
     @staticmethod
-    def ndarray(shape, dtype):
+    def ndarray(shape, dtype, memptr=None, strides=None):
+        """CuPy's constructor: a new array, or one over `memptr` (a `cuda.alloc` block) with byte strides."""
         import numpy as np
-        return np.empty(shape, dtype)
+        return np.ndarray(shape, dtype, buffer=memptr, strides=strides)
+
+    class cuda:
+        @staticmethod
+        def alloc(nbytes):
+            import numpy as np
+            return np.empty(nbytes, np.uint8)
 
     @staticmethod
     def ascontiguousarray(a):
