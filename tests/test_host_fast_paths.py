@@ -261,11 +261,11 @@ def test_linear_backward_of_2d_input_dispatches_no_view_and_matches_pytorch():
 
 
 def test_convolution_geometry_remembered_per_shapes_and_parameters_as_pytorch():
-    """The eager convolution remembers a validated geometry (`nn_conv._eager_geometry`): calls on the
-    same shapes with each parameter changed in turn still give PyTorch's results, and an invalid call
-    raises PyTorch's error every time."""
+    """The eager convolution remembers a validated call (`nn_conv._conv_call`: geometry, dtypes, layout):
+    calls on the same shapes with each parameter changed in turn still give PyTorch's results, and an
+    invalid call raises PyTorch's error every time."""
     from flambeau._ops import nn_conv
-    nn_conv._GEOMETRIES.clear()
+    nn_conv._CALLS.clear()
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 4, 9, 9))
     w = rng.standard_normal((4, 2, 3, 3))
@@ -285,4 +285,56 @@ def test_convolution_geometry_remembered_per_shapes_and_parameters_as_pytorch():
     for _ in range(2):
         with pytest.raises(RuntimeError, match="expected weight to be divisible by 3 at dimension 0"):
             flambeau.nn.functional.conv2d(flambeau.tensor(x), flambeau.tensor(w), groups=3)
-    assert len(nn_conv._GEOMETRIES) == 7          # 5 + 2 geometries; the invalid call is not kept
+    assert len(nn_conv._CALLS) == 7               # 5 + 2 geometries; the invalid call is not kept
+
+
+def test_remembered_convolution_calls_follow_the_operands_layout_and_dtype():
+    """`nn_conv._CALLS` keys a call by its operands' strides and dtypes too: the same shapes channels-last
+    give PyTorch's channels-last result, in float64 a float64 one, each its own entry."""
+    from flambeau._ops import nn_conv
+    nn_conv._CALLS.clear()
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((2, 4, 9, 9)), rng.standard_normal((6, 4, 3, 3))
+    for _ in range(2):
+        for dt, tdt in ((flambeau.float32, torch.float32), (flambeau.float64, torch.float64)):
+            for mf, tmf in ((flambeau.contiguous_format, torch.contiguous_format),
+                            (flambeau.channels_last, torch.channels_last)):
+                f = flambeau.nn.functional.conv2d(flambeau.tensor(x, dtype=dt).contiguous(memory_format=mf),
+                                                  flambeau.tensor(w, dtype=dt), padding=1)
+                t = torch.nn.functional.conv2d(torch.tensor(x, dtype=tdt).contiguous(memory_format=tmf),
+                                               torch.tensor(w, dtype=tdt), padding=1)
+                assert f.dtype == dt and f.stride() == t.stride(), (dt, mf, f.stride(), t.stride())
+                np.testing.assert_allclose(f.numpy(), t.numpy(), rtol=1e-5, atol=1e-5)
+    assert len(nn_conv._CALLS) == 4
+
+
+def test_remembered_convolution_gradients_follow_the_layout_as_pytorch():
+    """The convolution's derivative on the direct path (the adjoint's output padding remembered,
+    `nn_conv._PADDINGS`) and the weight-gradient kernel's remembered calls (`_WEIGHT_GRAD_CALLS`, keyed by
+    the operands' strides too): channels-last and contiguous operands of the same shapes, alternately,
+    give PyTorch's gradients with PyTorch's strides."""
+    from flambeau._ops import nn_conv
+    nn_conv._PADDINGS.clear()
+    nn_conv._WEIGHT_GRAD_CALLS.clear()
+    rng = np.random.default_rng(5)
+    x, w, g = rng.standard_normal((2, 4, 9, 9)), rng.standard_normal((6, 4, 3, 3)), rng.standard_normal((2, 6, 5, 5))
+    for _ in range(2):
+        for mf, tmf in ((flambeau.channels_last, torch.channels_last),
+                        (flambeau.contiguous_format, torch.contiguous_format)):
+            fx = flambeau.tensor(x).contiguous(memory_format=mf).requires_grad_()
+            fw = flambeau.tensor(w).requires_grad_()
+            flambeau.nn.functional.conv2d(fx, fw, stride=2, padding=1).backward(flambeau.tensor(g))
+            tx = torch.tensor(x).contiguous(memory_format=tmf).requires_grad_()
+            tw = torch.tensor(w).requires_grad_()
+            torch.nn.functional.conv2d(tx, tw, stride=2, padding=1).backward(torch.tensor(g))
+            assert fx.grad.stride() == tx.grad.stride() and fw.grad.stride() == tw.grad.stride()
+            np.testing.assert_allclose(fx.grad.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(fw.grad.numpy(), tw.grad.numpy(), rtol=1e-10, atol=1e-12)
+            # the weight-gradient kernel alone gives aten.convolution_backward's layout (the input's)
+            _, tgw, _ = torch.ops.aten.convolution_backward(torch.tensor(g), tx.detach(), tw.detach(), None, (2, 2),
+                                                            (1, 1), (1, 1), False, (0, 0), 1, (False, True, False))
+            r = nn_conv._convolution_weight_grad.kernel(np, fx.detach()._data, g, (6, 4, 3, 3), (2, 2), (1, 1),
+                                                        (1, 1), 1)
+            assert r.strides == tuple(8 * s for s in tgw.stride())
+            np.testing.assert_allclose(r, tgw.numpy(), rtol=1e-10, atol=1e-12)
+    assert len(nn_conv._PADDINGS) == 1 and len(nn_conv._WEIGHT_GRAD_CALLS) == 2

@@ -125,28 +125,27 @@ def conv_output_shape(inp, weight, bias, stride, padding, dilation, transposed, 
     return (ish[0], nout) + tuple(spatial)
 
 
-_GEOMETRIES: dict = {}       # an eager call's shapes and parameters -> (output shape, stride, padding, dilation)
-_MAX_GEOMETRIES = 4096
+_CALLS: dict = {}       # an eager call's operand layouts, dtypes and parameters -> `_conv_call`'s answer
+_MAX_CALLS = 4096
 
 
 def _key(v):
     return tuple(v) if type(v) is list else v
 
 
-def _eager_geometry(inp, weight, bias, stride, padding, dilation, transposed, output_padding, groups) -> tuple:
-    """`conv_output_shape` and the normalised stride, padding and dilation of an eager call (arrays:
-    concrete sizes), remembered per geometry once validated (the checks cost ~10 us a call)."""
-    key = (inp.shape, weight.shape, None if bias is None else bias.shape, _key(stride), _key(padding),
-           _key(dilation), transposed, _key(output_padding), groups)
-    g = _GEOMETRIES.get(key)
-    if g is None:
-        shape = conv_output_shape(inp, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
-        nd = weight.ndim - 2
-        g = (shape, ntuple(stride, nd, "stride"), ntuple(padding, nd, "padding"), ntuple(dilation, nd, "dilation"))
-        if len(_GEOMETRIES) >= _MAX_GEOMETRIES:
-            _GEOMETRIES.clear()
-        _GEOMETRIES[key] = g
-    return g
+def _conv_call(xp, inp, weight, bias, stride, padding, dilation, transposed, output_padding, groups) -> tuple:
+    """What an eager convolution call's operands and parameters decide: (result dtype, compute dtype,
+    `conv_output_shape`, normalised stride, padding, dilation, memory format, whether an operand needs a
+    cast), after the dtype and geometry checks (PyTorch's errors). `convolution` remembers it per call
+    (`_CALLS`: operand shapes, strides, dtypes, parameters, device kind): the checks, the geometry and the
+    layout rule cost ~10 us a call and a training loop repeats each call every step."""
+    dt = _dtype_checks(inp, weight, bias)
+    shape = conv_output_shape(inp, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    nd = weight.ndim - 2
+    cd = opmath(dt) if xp is np else dt.np      # cuda: half/bfloat16 stay so (conv_*_arrays cast where needed)
+    cast = inp.dtype != cd or weight.dtype != cd or (bias is not None and bias.dtype != cd)
+    return (dt.np, cd, shape, ntuple(stride, nd, "stride"), ntuple(padding, nd, "padding"),
+            ntuple(dilation, nd, "dilation"), conv_memory_format(inp, weight, xp is not np), cast)
 
 
 def _dtype_checks(inp, weight, bias):
@@ -544,17 +543,28 @@ def conv_weight_grad_arrays(xp, x, gy, wshape, st, pad, dil, groups, memory_form
        "SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor",
        tags=(Tag.core, Tag.extern, Tag.autocast_lower_precision))
 def convolution(xp, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    dt = _dtype_checks(input, weight, bias)
-    shape, st, pd, dl = _eager_geometry(input, weight, bias, stride, padding, dilation, transposed, output_padding,
-                                        groups)
-    cd = opmath(dt) if xp is np else dt.np      # cuda: half/bfloat16 stay so (conv_*_arrays cast where needed)
-    x, w, b = _as_dtype(input, cd), _as_dtype(weight, cd), _as_dtype(bias, cd)
-    mf = conv_memory_format(input, weight, xp is not np)
+    if type(output_padding) is list or type(stride) is list or type(padding) is list or type(dilation) is list:
+        stride, padding, dilation, output_padding = _key(stride), _key(padding), _key(dilation), _key(output_padding)
+    try:
+        key = (input.shape, input.strides, input.dtype, weight.shape, weight.strides, weight.dtype,
+               None if bias is None else (bias.shape, bias.dtype), stride, padding, dilation, transposed,
+               output_padding, groups, xp is np)
+        call = _CALLS.get(key)
+    except TypeError:                 # unhashable parameters (lists of lists, symbolic sizes)
+        key = call = None
+    if call is None:
+        call = _conv_call(xp, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+        if key is not None:
+            if len(_CALLS) >= _MAX_CALLS:
+                _CALLS.clear()
+            _CALLS[key] = call
+    rdt, cd, shape, st, pd, dl, mf, cast = call
+    x, w, b = (_as_dtype(input, cd), _as_dtype(weight, cd), _as_dtype(bias, cd)) if cast else (input, weight, bias)
     if transposed:
         r = conv_adjoint_arrays(xp, x, w, st, pd, dl, groups, shape[2:], b, memory_format=mf)
     else:
         r = conv_forward_arrays(xp, x, w, st, pd, dl, groups, b, memory_format=mf)
-    return as_format(xp, _as_dtype(r, dt.np), mf)
+    return as_format(xp, r if r.dtype is rdt else r.astype(rdt, copy=False), mf)
 
 
 def _as_dtype(a, dtype):
@@ -586,35 +596,26 @@ def _convolution_derivative(grad, input, weight, bias_meta, stride, padding, dil
     network computes no input gradient. The input and weight gradients take the forward's memory
     format (channels-last when the input or the weight is), whatever the incoming gradient's. When
     nothing observes dispatch (`direct_device`: a backward without create_graph), the two convolution
-    kernels run on the arrays (`direct_call`), skipping two dispatches per layer."""
+    kernels run on the arrays (`_direct_grads`), skipping two dispatches per layer."""
     nd = weight.ndim - 2
     mf = conv_memory_format(input, weight, input.device.type == "cuda")
-    ks = tuple(weight.shape[2:])
     gi = gw = gb = None
     dev = direct_device(grad, input, weight)
     if dev is not None:      # nothing observes dispatch (a backward without create_graph): the kernels on the arrays
-        def conv(a, w, *rest):
-            return direct_call(convolution, dev, a._data, w._data, None, *rest)
-
-        def weight_grad(a, g, *rest):
-            return direct_call(_convolution_weight_grad, dev, a._data, g._data, *rest)
-    else:
-        def conv(a, w, *rest):
-            return convolution(a, w, None, *rest)
-        weight_grad = _convolution_weight_grad
-    if not transposed:
+        gi, gw = _direct_grads(dev, grad, input._data, weight._data, stride, padding, dilation, transposed, groups,
+                               output_mask)
+    elif not transposed:
         if output_mask[0]:
+            ks = tuple(weight.shape[2:])
             op = _adjoint_output_padding(input.shape[2:], grad.shape[2:], ks, stride, padding, dilation)
-            gi = conv(grad, weight, stride, padding, dilation, True, op, groups)
+            gi = convolution(grad, weight, None, stride, padding, dilation, True, op, groups)
         if output_mask[1]:
-            gw = weight_grad(input, grad, tuple(weight.shape), stride, padding, dilation, groups)
+            gw = _convolution_weight_grad(input, grad, tuple(weight.shape), stride, padding, dilation, groups)
     else:
         if output_mask[0]:
-            gi = conv(grad, weight, stride, padding, dilation, False, [0] * nd, groups)
-            if tuple(gi.shape[2:]) != tuple(input.shape[2:]):  # output_padding with stride 1: trailing rows unused
-                gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in input.shape[2:])]
+            gi = _crop(convolution(grad, weight, None, stride, padding, dilation, False, [0] * nd, groups), input)
         if output_mask[1]:
-            gw = weight_grad(grad, input, tuple(weight.shape), stride, padding, dilation, groups)
+            gw = _convolution_weight_grad(grad, input, tuple(weight.shape), stride, padding, dilation, groups)
     if bias_meta is not None and output_mask[2]:
         gb = grad.sum([0] + list(range(2, grad.ndim)))
     if mf is not contiguous_format:        # (no copy when it already is; symbolic sizes are always contiguous)
@@ -623,17 +624,78 @@ def _convolution_derivative(grad, input, weight, bias_meta, stride, padding, dil
     return gi, gw, gb
 
 
+def _crop(gi, input):
+    """A transposed convolution's input gradient cut to the input's size (output_padding with stride 1:
+    trailing rows unused)."""
+    if tuple(gi.shape[2:]) != tuple(input.shape[2:]):
+        gi = gi[(slice(None), slice(None)) + tuple(slice(0, s) for s in input.shape[2:])]
+    return gi
+
+
+_PADDINGS: dict = {}     # (sizes, kernel, parameters) -> the input gradient's output_padding (`_direct_grads`)
+
+
+def _direct_grads(dev, grad, x, w, stride, padding, dilation, transposed, groups, output_mask) -> tuple:
+    """(input gradient, weight gradient) of a convolution, as asked by `output_mask`, by its kernels on
+    the arrays (`direct_call`) of x, w and of Tensor `grad`: concrete sizes, the adjoint's output padding
+    remembered (`_PADDINGS`) and given as a tuple, so the kernels' remembered calls (`_CALLS`) match."""
+    g = grad._data
+    gi = gw = None
+    if not transposed:
+        if output_mask[0]:
+            key = (x.shape, g.shape, w.shape, stride, padding, dilation)
+            try:
+                op = _PADDINGS.get(key)
+            except TypeError:                 # parameters given as lists
+                key = op = None
+            if op is None:
+                op = tuple(_adjoint_output_padding(x.shape[2:], g.shape[2:], w.shape[2:], stride, padding, dilation))
+                if key is not None:
+                    if len(_PADDINGS) >= _MAX_CALLS:
+                        _PADDINGS.clear()
+                    _PADDINGS[key] = op
+            gi = direct_call(convolution, dev, g, w, None, stride, padding, dilation, True, op, groups)
+        if output_mask[1]:
+            gw = direct_call(_convolution_weight_grad, dev, x, g, w.shape, stride, padding, dilation, groups)
+    else:
+        if output_mask[0]:
+            gi = direct_call(convolution, dev, g, w, None, stride, padding, dilation, False, (0,) * (w.ndim - 2),
+                             groups)
+            gi = _crop(gi, x)
+        if output_mask[1]:
+            gw = direct_call(_convolution_weight_grad, dev, g, x, w.shape, stride, padding, dilation, groups)
+    return gi, gw
+
+
+_WEIGHT_GRAD_CALLS: dict = {}    # as `_CALLS`, for `_convolution_weight_grad`
+
+
 @defop("_convolution_weight_grad(Tensor input, Tensor grad_output, SymInt[] weight_size, SymInt[] stride, "
        "SymInt[] padding, SymInt[] dilation, SymInt groups) -> Tensor", function=False, tags=(Tag.core, Tag.extern))
 def _convolution_weight_grad(xp, input, grad_output, weight_size, stride, padding, dilation, groups):
-    nd = len(weight_size) - 2
-    st, pd, dl = ntuple(stride, nd, "stride"), ntuple(padding, nd, "padding"), ntuple(dilation, nd, "dilation")
-    dt = D.FROM_NP[input.dtype]
-    cd = opmath(dt) if xp is np else dt.np
-    mf = conv_memory_format(input, grad_output, xp is not np)    # channels-last activations: a channels-last gradient
-    r = conv_weight_grad_arrays(xp, _as_dtype(input, cd), _as_dtype(grad_output, cd),
-                                tuple(weight_size), st, pd, dl, groups, memory_format=mf)
-    return as_format(xp, _as_dtype(r, dt.np), mf)
+    if type(weight_size) is list or type(stride) is list or type(padding) is list or type(dilation) is list:
+        weight_size, stride, padding, dilation = _key(weight_size), _key(stride), _key(padding), _key(dilation)
+    try:
+        key = (input.shape, input.strides, input.dtype, grad_output.shape, grad_output.strides, grad_output.dtype,
+               weight_size, stride, padding, dilation, groups, xp is np)
+        call = _WEIGHT_GRAD_CALLS.get(key)
+    except TypeError:                 # unhashable parameters
+        key = call = None
+    if call is None:
+        nd = len(weight_size) - 2
+        dt = D.FROM_NP[input.dtype]
+        cd = opmath(dt) if xp is np else dt.np
+        # channels-last activations: a channels-last gradient
+        call = (dt.np, cd, tuple(weight_size), ntuple(stride, nd, "stride"), ntuple(padding, nd, "padding"),
+                ntuple(dilation, nd, "dilation"), conv_memory_format(input, grad_output, xp is not np))
+        if key is not None:
+            if len(_WEIGHT_GRAD_CALLS) >= _MAX_CALLS:
+                _WEIGHT_GRAD_CALLS.clear()
+            _WEIGHT_GRAD_CALLS[key] = call
+    rdt, cd, wsize, st, pd, dl, mf = call
+    r = conv_weight_grad_arrays(xp, _as_dtype(input, cd), _as_dtype(grad_output, cd), wsize, st, pd, dl, groups,
+                                memory_format=mf)
+    return as_format(xp, r if r.dtype is rdt else r.astype(rdt, copy=False), mf)
 
 
 @_convolution_weight_grad.def_meta
