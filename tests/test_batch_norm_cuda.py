@@ -334,3 +334,26 @@ def test_a_channels_last_result_is_one_array_over_its_own_block(monkeypatch):
         y = BN._like(x, True)
         assert made == [shape] and y.shape == shape and y.strides == tuple(2 * s for s in t.stride())
         assert y.base.nbytes == 2 * t.numel()
+
+
+def test_the_cuda_batch_norm_choice_imports_nothing_after_its_first_call(monkeypatch):
+    """`norm_loss._cuda_batch_norm` (two calls per BatchNorm a training step) finds the Triton module
+    kept from its first call, with no import statement each call; it still answers per call (a float64
+    input is not the Triton kernels', a CuPy namespace only)."""
+    import builtins
+    import types
+    from flambeau._backends import triton_batch_norm as BN, triton_launch as TL
+    monkeypatch.setattr(TL, "available", lambda: True)
+    xp = types.SimpleNamespace(__name__="cupy")
+    x = np.ones((4, 8, 3, 3), np.dtype(flambeau.bfloat16.np))
+    per = tuple(np.ones(8, np.float32) for _ in range(4))
+    assert norm_loss._cuda_batch_norm(xp, x, per) is BN
+    x64 = x.astype(np.float64)
+    real, seen = builtins.__import__, []
+    monkeypatch.setattr(builtins, "__import__", lambda *a, **k: seen.append(a) or real(*a, **k))
+    for _ in range(3):
+        assert norm_loss._cuda_batch_norm(xp, x, per) is BN
+        assert norm_loss._cuda_batch_norm(xp, x64, per) is None
+        assert norm_loss._cuda_batch_norm(np, x, per) is None
+    monkeypatch.setattr(builtins, "__import__", real)
+    assert not [a for a in seen if "triton_batch_norm" in (a[3] if len(a) > 3 and a[3] else ())], seen

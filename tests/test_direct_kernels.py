@@ -373,3 +373,27 @@ def test_conv_double_backward_takes_the_dispatched_path_and_matches_pytorch():
         res[m.__name__] = [t.detach().numpy() for t in (gx, gw, X.grad, W.grad)]
     for f, t in zip(res["flambeau"], res["torch"]):
         np.testing.assert_allclose(f, t, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dt", ["float32", "bfloat16"])
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_backward_on_arrays_equals_the_dispatched_derivative_and_pytorch(dt, affine):
+    """BatchNorm's derivative runs native_batch_norm_backward's kernel on the arrays (no dispatch: one per
+    BatchNorm layer a step), with the dispatched path's gradients bit for bit and PyTorch's values; the
+    statistics' gradient term (a use of the saved mean) still flows."""
+    from flambeau._ops import norm_loss
+    rng = np.random.default_rng(6)
+    x, g = rng.standard_normal((4, 3, 5, 5)), rng.standard_normal((4, 3, 5, 5))
+
+    def run(m, names=None):
+        bn = m.nn.BatchNorm2d(3, affine=affine)
+        X = m.tensor(x, dtype=getattr(m, dt), requires_grad=True)
+        if dt == "bfloat16":
+            bn = bn.to(m.bfloat16)
+        y = bn(X)
+        with names or _Names():
+            y.backward(m.tensor(g, dtype=getattr(m, dt)))
+        return [X.grad] + ([bn.weight.grad, bn.bias.grad] if affine else [])
+    got, ref, fast, slow = _fast_and_dispatched(run, norm_loss)
+    assert "native_batch_norm_backward" not in fast and "native_batch_norm_backward" in slow, (fast, slow)
+    _same_grads(got, ref, run(torch), dict(rtol=1.6e-2, atol=1e-3) if dt == "bfloat16" else dict(rtol=1e-5, atol=1e-5))
