@@ -673,6 +673,61 @@ def test_cudnn_graph_plan_keeps_a_variant_pack_per_pointer_set_least_recently_us
     assert cudnn.variant_packs["built"] == n + 1 and executed[-1] == ("pack", 16, 32, 48, 0)
 
 
+@pytest.mark.parametrize("fail", [None, "ids", "pointers", "workspace", "finalize"])
+def test_cudnn_variant_pack_sets_its_ids_pointers_and_workspace_and_reports_a_failure(monkeypatch, fail):
+    """`_GraphPlan._variant_pack` makes a variant pack descriptor with the plan's unique ids (x, w, y), the
+    pointers of `key` and its workspace pointer (none: a null pointer), then finalizes it; a failing
+    call destroys the descriptor and raises RuntimeError naming cuDNN's message."""
+    import ctypes
+    from flambeau._backends import cudnn
+    from flambeau._backends.cudnn_enums import (BackendAttributeName as A, BackendAttributeType as T,
+                                                BackendDescriptorType as BE)
+    calls, destroyed = [], []
+    names = {A.VARIANT_PACK_UNIQUE_IDS: "ids", A.VARIANT_PACK_DATA_POINTERS: "pointers",
+             A.VARIANT_PACK_WORKSPACE: "workspace"}
+
+    class Lib:
+        def cudnnBackendCreateDescriptor(self, kind, out):
+            assert kind == BE.VARIANT_PACK_DESCRIPTOR
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = 0x5000
+            return 0
+
+        def cudnnBackendSetAttribute(self, d, attr, typ, n, arr):
+            name = names[attr]
+            vals = [arr[i] for i in range(n)]
+            calls.append((name, typ, vals))
+            return 3 if name == fail else 0
+
+        def cudnnBackendFinalize(self, d):
+            calls.append(("finalize",))
+            return 3 if fail == "finalize" else 0
+
+        def cudnnBackendDestroyDescriptor(self, d):
+            destroyed.append(d.value)
+            return 0
+
+        def cudnnGetErrorString(self, status):
+            return b"CUDNN_STATUS_BAD_PARAM"
+    monkeypatch.setitem(cudnn._state, "lib", Lib())
+    monkeypatch.setattr(cudnn._GraphPlan, "__del__", lambda self: None)
+    plan = cudnn._GraphPlan.__new__(cudnn._GraphPlan)
+    plan.lib, plan.uids = cudnn._state["lib"], (ctypes.c_int64 * 3)(1, 2, 3)
+    for ws in (0x9000, 0):
+        calls.clear()
+        if fail is None:
+            pack = plan._variant_pack((0x1000, 0x2000, 0x3000, ws))
+            assert pack.value == 0x5000 and not destroyed
+        else:
+            with pytest.raises(RuntimeError, match="cuDNN error: CUDNN_STATUS_BAD_PARAM"):
+                plan._variant_pack((0x1000, 0x2000, 0x3000, ws))
+            assert destroyed == [0x5000]
+            destroyed.clear()
+        want = [("ids", T.INT64, [1, 2, 3]), ("pointers", T.VOID_PTR, [0x1000, 0x2000, 0x3000]),
+                ("workspace", T.VOID_PTR, [ws or None]), ("finalize",)]
+        stop = [w[0] for w in want].index(fail) + 1 if fail else len(want)
+        assert calls == want[:stop]
+
+
 def test_triton_launch_available_is_answered_once(monkeypatch):
     """`triton_launch.available()` imports Triton and CuPy once per process (the eager cuda ops ask before
     every fused kernel; a missing package would be searched for on the whole path at each call), and

@@ -403,8 +403,14 @@ use_graph_api = True          # False: always the legacy API
 heuristic_modes = (HeurMode.INSTANT, HeurMode.FALLBACK)   # tried in order until one yields a plan
 
 
+# `_GraphPlan._variant_pack`'s constant arguments: attribute ids, descriptor type, attribute types, array types
+_PACK_ARGS = (int(A.VARIANT_PACK_UNIQUE_IDS), int(A.VARIANT_PACK_DATA_POINTERS), int(A.VARIANT_PACK_WORKSPACE), int(BE.VARIANT_PACK_DESCRIPTOR),
+              int(T.INT64), int(T.VOID_PTR), ctypes.c_void_p * 3, ctypes.c_void_p * 1)
+
+
 class _GraphPlan:
     """One convolution geometry as a cuDNN graph-API execution plan (`None` engines -> RuntimeError)."""
+    packs = None          # pointers (x, w, y, workspace) -> variant pack, least recently used first (`execute`)
 
     def __init__(self, x_shape, w_shape, y_shape, st, pad, dil, dtype, kind, h, ptrs=None, channels_last=False):
         self.lib = _state["lib"]
@@ -572,7 +578,9 @@ class _GraphPlan:
         else:
             ws = _workspace(self.ws, dev, stream, keep=keep)     # (referenced until the call has queued)
             key = ptrs + (ws.data.ptr,)
-        packs = self.__dict__.setdefault("packs", {})
+        packs = self.packs
+        if packs is None:
+            packs = self.packs = {}
         pack = packs.pop(key, None)
         if pack is None:
             pack = self._variant_pack(key)
@@ -580,32 +588,34 @@ class _GraphPlan:
             if len(packs) >= _VARIANT_PACKS:
                 self.lib.cudnnBackendDestroyDescriptor(packs.pop(next(iter(packs))))
         packs[key] = pack             # most recently used last
-        _check(self.lib.cudnnBackendExecute(h, self.plan, pack), "cudnnBackendExecute")
+        status = self.lib.cudnnBackendExecute(h, self.plan, pack)
+        if status:
+            _check(status, "cudnnBackendExecute")
 
     def _variant_pack(self, key):
+        """A finalized variant pack of pointers `key` (x, w, y, workspace): the ids and enum values as
+        plain ints and the pointer array types made once (`_PACK_ARGS`), statuses checked inline (a pack
+        is built for each pointer set no kept pack has: ~40 a ResNet-50 step)."""
+        lib = self.lib
+        ids, ptrs, ws, vp_type, i64, vptr, ptrs3, ptr1 = _PACK_ARGS
         pack = ctypes.c_void_p()
-        _check(self.lib.cudnnBackendCreateDescriptor(BE.VARIANT_PACK_DESCRIPTOR, ctypes.byref(pack)),
-               "cudnnBackendCreateDescriptor(variant pack)")
-        try:
-            data = (ctypes.c_void_p * 3)(*key[:3])
-            _check(self.lib.cudnnBackendSetAttribute(pack, A.VARIANT_PACK_UNIQUE_IDS, T.INT64, 3, self.uids),
-                   "variant pack ids")
-            _check(self.lib.cudnnBackendSetAttribute(pack, A.VARIANT_PACK_DATA_POINTERS, T.VOID_PTR, 3, data),
-                   "variant pack pointers")
-            wsp = (ctypes.c_void_p * 1)(key[3] or None)
-            _check(self.lib.cudnnBackendSetAttribute(pack, A.VARIANT_PACK_WORKSPACE, T.VOID_PTR, 1, wsp),
-                   "variant pack workspace")
-            _check(self.lib.cudnnBackendFinalize(pack), "cudnnBackendFinalize(variant pack)")
-        except RuntimeError:
-            self.lib.cudnnBackendDestroyDescriptor(pack)
-            raise
+        status = lib.cudnnBackendCreateDescriptor(vp_type, ctypes.byref(pack))
+        if status:
+            _check(status, "cudnnBackendCreateDescriptor(variant pack)")
+        status = (lib.cudnnBackendSetAttribute(pack, ids, i64, 3, self.uids)
+                  or lib.cudnnBackendSetAttribute(pack, ptrs, vptr, 3, ptrs3(key[0], key[1], key[2]))
+                  or lib.cudnnBackendSetAttribute(pack, ws, vptr, 1, ptr1(key[3] or None))
+                  or lib.cudnnBackendFinalize(pack))
+        if status:
+            lib.cudnnBackendDestroyDescriptor(pack)
+            _check(status, "variant pack (ids, pointers, workspace, finalize)")
         return pack
 
     def __del__(self):
         try:
             if sys.is_finalizing():
                 return
-            for d in list(self.__dict__.get("packs", {}).values()) + list(reversed(self.descs)):
+            for d in list((self.packs or {}).values()) + list(reversed(self.descs)):
                 self.lib.cudnnBackendDestroyDescriptor(d)
         except Exception:
             pass
@@ -796,7 +806,8 @@ def _run(kind, plan, a, b, out, dev=None):
 
 
 # ---- the three convolutions ----------------------------------------------------------------------
-# A call's layout, result shape and plan follow from what `_call_key` holds; a training loop repeats
+# A call's layout, result shape and plan follow from what `_call_key` holds (`_call` builds that key
+# inline on its hit path); a training loop repeats
 # each call every step, so the three entry points remember them (`_calls`) for a call that needed no
 # copy, and a repeated call is one dict hit, the device and alignment checks on its operands, the
 # result's allocation and `_run` (about a third of the full path's Python, bench/eager_conv_host.py).
@@ -809,21 +820,6 @@ def _call_key(kind, a, b, extra, stride, padding, dilation, groups, channels_las
     dtypes, the parameters (`extra`: the result's shape where it is not implied), the flags, the device."""
     return (kind, type(a), type(b), a.shape, a.strides, b.shape, b.strides, a.dtype, b.dtype, extra, stride,
             padding, dilation, groups, channels_last, allow_tf32, deterministic, benchmark, use_graph_api, dev)
-
-
-def _remembered(key, a, b, dev):
-    """(channels_last, result shape, plan) of a call seen before, when both operands are on device
-    `dev` and 16-byte aligned (their layout is in `key`); None: take the full path."""
-    try:
-        hit = _calls.get(key)
-    except TypeError:                 # parameters given as lists
-        return None
-    if hit is None:
-        return None
-    da, db = a.data, b.data
-    if da.device_id != dev or db.device_id != dev or da.ptr % _ALIGNMENT or db.ptr % _ALIGNMENT:
-        return None
-    return hit
 
 
 def _remember(key, entry) -> None:
@@ -847,19 +843,34 @@ def _call(kind, a, b, extra, stride, padding, dilation, groups, channels_last, s
     """One convolution call of `kind` on the operands `a`, `b` (forward: x, w; backward_data: gy, w;
     backward_filter: x, gy), its result made here, or None when cuDNN does not take the case. A call seen
     before (same operand types, shapes, strides, dtypes, parameters, flags, device: `_call_key`) reuses its
-    layout, result shape and plan; otherwise `shapes(a, b)` gives (x shape, w shape, y shape, result shape)
+    layout, result shape and plan (a graph plan runs here, its pointers put in its roles' order without
+    `order`, `_run` or `roles` calls); otherwise `shapes(a, b)` gives (x shape, w shape, y shape, result shape)
     or None for a case cuDNN refuses, `order(a, b, out)` the (input, input, output) order of `_run` and the
     plan's pointers. A call whose operands needed a copy (`_ready`) is planned again every time."""
     key = hit = None
     if _calls:
         dev = _device_id()
-        key = _call_key(kind, a, b, extra, stride, padding, dilation, groups, channels_last, dev)
-        hit = _remembered(key, a, b, dev)
-    if hit is not None:
-        cl, out_shape, plan = hit
-        out = _empty(out_shape, a.dtype, cl)
-        _run(kind, plan, *order(a, b, out), dev)
-        return out
+        key = (kind, type(a), type(b), a.shape, a.strides, b.shape, b.strides, a.dtype, b.dtype, extra, stride,
+               padding, dilation, groups, channels_last, allow_tf32, deterministic, benchmark, use_graph_api, dev)
+        try:
+            hit = _calls.get(key)
+        except TypeError:             # parameters given as lists
+            pass
+    if hit is not None:               # a call seen before: its operands on `dev` and aligned (layout: in `key`)
+        da, db = a.data, b.data
+        pa, pb = da.ptr, db.ptr
+        if da.device_id == dev and db.device_id == dev and not (pa % _ALIGNMENT or pb % _ALIGNMENT):
+            cl, out_shape, plan, graph = hit
+            out = _empty(out_shape, a.dtype, cl)
+            if not graph or _recorded:
+                _run(kind, plan, *order(a, b, out), dev)
+                return out
+            po = out.data.ptr          # the plan's (x, w, y) pointers (`_GraphPlan.roles`) from (a, b, out)
+            ptrs = (pa, pb, po) if kind == "forward" else ((po, pb, pa) if kind == "backward_data" else (pa, po, pb))
+            stream = _current_stream()
+            plan.execute(_handle(dev, stream), ptrs, dev, stream)
+            calls[kind] += 1
+            return out
     if not (available() and _supported(a, b)):
         return None
     shaped = shapes(a, b)
@@ -883,7 +894,7 @@ def _call(kind, a, b, extra, stride, padding, dilation, groups, channels_last, s
         return None
     _run(kind, plan, *order(a, b, out))
     if a is a0 and b is b0:
-        _remember(key, (cl, out_shape, plan))
+        _remember(key, (cl, out_shape, plan, isinstance(plan, _GraphPlan)))
     return out
 
 
