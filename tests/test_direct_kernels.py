@@ -397,3 +397,31 @@ def test_batch_norm_backward_on_arrays_equals_the_dispatched_derivative_and_pyto
     got, ref, fast, slow = _fast_and_dispatched(run, norm_loss)
     assert "native_batch_norm_backward" not in fast and "native_batch_norm_backward" in slow, (fast, slow)
     _same_grads(got, ref, run(torch), dict(rtol=1.6e-2, atol=1e-3) if dt == "bfloat16" else dict(rtol=1e-5, atol=1e-5))
+
+
+def test_batch_norm_module_reads_its_parameters_and_buffers_from_their_stores(monkeypatch):
+    """BatchNorm's forward reads weight, bias and the running buffers from `_parameters`/`_buffers`, not
+    through Module.__getattr__ (the fallback of a failed lookup, ~0.9 us a name): none of those names
+    reaches it; a weight moved out of `_parameters` (weight_norm) is still found as PyTorch finds it."""
+    from flambeau.nn.modules.module import Module
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((4, 3, 5, 5)).astype(np.float32)
+
+    def run(m, norm):
+        bn = m.nn.BatchNorm2d(3)
+        with (m.no_grad()):
+            bn.weight.copy_(m.tensor([0.5, 2.0, -1.0])), bn.bias.copy_(m.tensor([0.1, 0.2, 0.3]))
+        if norm:
+            bn = m.nn.utils.weight_norm(bn, name="weight", dim=0)
+        xt = m.tensor(x)
+        seen.clear()
+        y = bn(xt)
+        names = set(seen)
+        return (y, bn.running_mean, bn.running_var, bn.num_batches_tracked), names
+    real, seen = Module.__getattr__, []
+    monkeypatch.setattr(Module, "__getattr__", lambda self, name: seen.append(name) or real(self, name))
+    for norm in (False, True):
+        got, names = run(flambeau, norm)
+        assert not {"weight", "bias", "running_mean", "running_var", "num_batches_tracked"} & names, names
+        for g, t in zip(got, run(torch, norm)[0]):
+            np.testing.assert_allclose(g.detach().numpy(), t.detach().numpy(), rtol=1e-5, atol=1e-6)
