@@ -357,3 +357,17 @@ def test_the_cuda_batch_norm_choice_imports_nothing_after_its_first_call(monkeyp
         assert norm_loss._cuda_batch_norm(np, x, per) is None
     monkeypatch.setattr(builtins, "__import__", real)
     assert not [a for a in seen if "triton_batch_norm" in (a[3] if len(a) > 3 and a[3] else ())], seen
+
+
+@pytest.mark.parametrize("bad", ["weight", "bias", "running_mean", "running_var"])
+def test_batch_norm_per_channel_size_errors_as_pytorch(bad):
+    """`_bn_check` compares the per-channel arrays' shapes without a tuple() each (arrays' shapes are
+    tuples) and still raises PyTorch's RuntimeError, naming the argument, for a wrong size."""
+    errors = []
+    for m in (flambeau, torch):
+        kw = dict(running_mean=m.zeros(3), running_var=m.ones(3), weight=m.ones(3), bias=m.zeros(3))
+        kw[bad] = m.ones(5)
+        with pytest.raises(RuntimeError) as e:
+            m.nn.functional.batch_norm(m.ones(2, 3, 4, 4), training=True, **kw)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] == f"{bad} should contain 3 elements not 5", errors

@@ -283,10 +283,13 @@ def _import_triton_batch_norm():
 def _bn_check(input, weight, bias, running_mean, running_var):
     if len(input.shape) < 2:
         raise RuntimeError(f"batch_norm: expected input to have at least 2 dims, got {len(input.shape)}")
-    c = input.shape[1]
-    for t, n in ((weight, "weight"), (bias, "bias"), (running_mean, "running_mean"), (running_var, "running_var")):
-        if t is not None and tuple(t.shape) != (c,):
-            raise RuntimeError(f"{n} should contain {c} elements not {int(np.prod(t.shape))}")
+    c = (input.shape[1],)
+    for t, n in zip((weight, bias, running_mean, running_var), _BN_ARGS):   # (arrays' shapes are tuples)
+        if t is not None and t.shape != c and tuple(t.shape) != c:
+            raise RuntimeError(f"{n} should contain {c[0]} elements not {int(np.prod(t.shape))}")
+
+
+_BN_ARGS = ("weight", "bias", "running_mean", "running_var")
 
 
 @defop("native_batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, "
