@@ -371,3 +371,30 @@ def test_batch_norm_per_channel_size_errors_as_pytorch(bad):
             m.nn.functional.batch_norm(m.ones(2, 3, 4, 4), training=True, **kw)
         errors.append(str(e.value))
     assert errors[0] == errors[1] == f"{bad} should contain 3 elements not 5", errors
+
+
+def test_split_batch_norm_asks_for_the_device_and_stream_once_a_call(monkeypatch):
+    """A remembered split BatchNorm call (forward, backward) reads the current device and stream once each
+    (its plan key and both scratch buffers), not once per buffer."""
+    import types
+    from flambeau._backends import triton_batch_norm as BN, triton_launch as TL
+    asked = []
+    monkeypatch.setattr(TL, "launch", lambda k, grid, *a: None)
+    monkeypatch.setattr(TL, "compile_kernel", lambda fn, sig, const, **kw: fn.__name__)
+    monkeypatch.setattr(TL, "multiprocessors", lambda: 132)
+    monkeypatch.setattr(TL, "current_device", lambda: asked.append("device") or 0)
+    monkeypatch.setattr(TL, "current_stream", lambda: asked.append("stream") or 0x100)
+    monkeypatch.setattr(BN, "cupy", types.SimpleNamespace(ndarray=lambda shape, dtype: np.empty(shape, dtype)))
+    for name in ("_kernels", "_plans", "_scratch"):
+        monkeypatch.setattr(BN, name, {})
+    x = np.ones((4, 8, 64, 64), np.dtype(flambeau.bfloat16.np))
+    w, b, rm, rv = (np.ones(8, np.float32) for _ in range(4))
+    y, mean, rstd = BN.forward(x, w, b, rm, rv, 0.1, 1e-5)
+    BN.backward(y, x, w, b, mean, rstd)
+    asked.clear()
+    y, mean, rstd = BN.forward(x, w, b, rm, rv, 0.1, 1e-5)
+    assert sorted(asked) == ["device", "stream"]
+    asked.clear()
+    BN.backward(y, x, w, b, mean, rstd)
+    assert sorted(asked) == ["device", "stream"]
+    assert {k[:2] for k in BN._scratch} == {(0, 0x100)}

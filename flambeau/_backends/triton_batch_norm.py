@@ -442,12 +442,13 @@ def _f32(shape):
 _scratch: dict = {}     # (device, stream, role) -> a float32 buffer kept and grown (`_scratch_f32`)
 
 
-def _scratch_f32(role: str, n: int):
+def _scratch_f32(role: str, n: int, dev=None, stream=None):
     """A float32 buffer of at least n elements for a call's partial statistics or coefficients (`role`),
     read only by this call's own launches: the calls queued on one stream run one after another, so the
     stream's buffer is reused call after call (no allocation or free per BatchNorm), grown to the
-    largest size asked for. `release_scratch` drops them."""
-    key = (TL.current_device(), TL.current_stream(), role)
+    largest size asked for. `release_scratch` drops them. `dev`, `stream`: the current ones, where the
+    caller has read them."""
+    key = (TL.current_device() if dev is None else dev, TL.current_stream() if stream is None else stream, role)
     a = _scratch.get(key)
     if a is None or a.size < n:
         _scratch.pop(key, None)             # (the old one back to the pool first)
@@ -478,7 +479,9 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
     statistics (both or neither) are updated in place; the saved statistics are float32."""
     has_run = running_mean is not None and running_var is not None
     rm, rv = (running_mean, running_var) if has_run else (None, None)
-    key = ("forward", x.shape, x.strides, x.dtype, _dt(weight), _dt(bias), _dt(rm), _dt(rv), TL.current_device())
+    dev = TL.current_device()
+    key = ("forward", x.shape, x.strides, x.dtype, None if weight is None else weight.dtype,
+           None if bias is None else bias.dtype, None if rm is None else rm.dtype, None if rv is None else rv.dtype, dev)
     plan = _plans.get(key)
     if plan is None:
         cl = is_channels_last(x)
@@ -493,14 +496,15 @@ def forward(x, weight, bias, running_mean, running_var, momentum: float, eps: fl
         y, mean, rstd = cupy.ndarray(x.shape, x.dtype), _f32((C,)), _f32((C,))
         TL.launch(stats, (C,), x, y, mean, rstd, weight, bias, rm, rv, C, HW, M, momentum, eps)
         return y, mean, rstd
-    part = _scratch_f32("part", S * 3 * C)        # (S, 3, C)
+    stream = TL.current_stream()
+    part = _scratch_f32("part", S * 3 * C, dev, stream)        # (S, 3, C)
     if cl:
         TL.launch(stats, (-(-C // BLOCK_CL), S), x, part, C, M, chunk)
     else:
         TL.launch(stats, (C, S), x, part, C, HW, M, chunk)
     mean = _f32((C,))
     rstd = _f32((C,))
-    coef = _scratch_f32("coef", 2 * C)           # (2, C)
+    coef = _scratch_f32("coef", 2 * C, dev, stream)           # (2, C)
     TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, mean, rstd, coef, weight, bias, rm, rv,
               momentum, eps)
     y = _like(x, cl)
@@ -534,8 +538,9 @@ def _forward_plan(x, cl, weight, bias, rm, rv) -> tuple:
 def backward(grad_out, x, weight, bias, save_mean, save_rstd):
     """(dx, grad_weight or None, grad_bias or None) of `forward` (training mode), the parameter
     gradients in their parameters' dtypes."""
+    dev = TL.current_device()
     key = ("backward", x.shape, x.strides, grad_out.strides, x.dtype, grad_out.dtype, save_mean.dtype,
-           save_rstd.dtype, _dt(weight), _dt(bias), TL.current_device())
+           save_rstd.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype, dev)
     plan = _plans.get(key)
     if plan is None:
         cl = is_channels_last(x)
@@ -554,12 +559,13 @@ def backward(grad_out, x, weight, bias, save_mean, save_rstd):
         dx = cupy.ndarray(x.shape, x.dtype)
         TL.launch(red, (C,), dy, x, save_mean, save_rstd, weight, dx, gw, gb, C, HW, M)
         return dx, gw, gb
-    part = _scratch_f32("part", S * 2 * C)        # (S, 2, C)
+    stream = TL.current_stream()
+    part = _scratch_f32("part", S * 2 * C, dev, stream)        # (S, 2, C)
     if cl:
         TL.launch(red, (-(-C // BLOCK_CL), S), dy, x, save_mean, part, C, M, chunk)
     else:
         TL.launch(red, (C, S), dy, x, save_mean, part, C, HW, M, chunk)
-    coef = _scratch_f32("coef", 3 * C)           # (3, C)
+    coef = _scratch_f32("coef", 3 * C, dev, stream)           # (3, C)
     TL.launch(fin, ((C + BLOCK_C - 1) // BLOCK_C,), part, S, C, float(M), save_rstd, weight, coef, gw, gb)
     dx = _like(x, cl)
     TL.launch(apply, ((x.size + BLOCK - 1) // BLOCK,), dy, x, save_mean, coef, dx, C, HW, x.size)
