@@ -279,6 +279,7 @@ class Launch:
     then: "Launch | None" = None     # a second kernel launched after this one, on the same arguments
     splits: int = 1                  # programs along the grid's second axis (a split reduction's parts)
     workspace: list = field(default_factory=list)   # [(name, dtype, numel)]: scratch arrays passed last
+    num_stages: int = 1              # software pipelining stages (mm_template.py's products use more)
 
     def grid(self, sizes: dict) -> tuple:
         """The launch grid, given the size symbols' values."""

@@ -41,7 +41,8 @@ from .._tensor import Tensor
 from .. import _cpp_builder
 from .._backends import cpu_allocator
 from ..fx.passes.example_values import drop_values, restore_values
-from . import codegen_cpp, codegen_numpy, codegen_triton, config, cpp_wrapper, cudagraphs, pad_mm, triton_schedule
+from . import codegen_cpp, codegen_numpy, codegen_triton, config, cpp_wrapper, cudagraphs, mm_template, pad_mm, \
+    triton_schedule
 from .graph import GraphLowering, graph_device
 from .ir import SUPPORTED_DTYPES, Unsupported
 from .scheduler import Kernel, plan_memory, schedule
@@ -294,17 +295,21 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
     order = schedule(graph)
     if backend == "triton":
         order = triton_schedule.split_for_grid(order, graph, interpret=device.type == "cpu")
+        if config.max_autotune:
+            order = mm_template.fuse_products(order, graph)     # products as Triton templates (mm_template.py)
     memory = plan_memory(order, graph)
     kernels = [k for k in order if isinstance(k, Kernel)]
     source_path = None
     if backend == "triton":
-        source, launches = codegen_triton.generate(kernels, size_names, interpret=device.type == "cpu")
+        source, launches = mm_template.generate_module(kernels, size_names, interpret=device.type == "cpu")
         kernels_ns = {}
         if kernels:
             rt = _triton_runtime()
             mod, _ = rt.load_module(source, device)
-            kernels_ns = {k.name: rt.Launcher(mod, launches[k.name], device, config.max_autotune) for k in kernels}
-            rt.precompile(mod, [launches[k.name] for k in kernels], device)
+            templates = {k.name for k in kernels if isinstance(k, mm_template.TemplateKernel)}
+            kernels_ns = {k.name: mm_template.launcher(rt, mod, k, launches, device) if k.name in templates else
+                          rt.Launcher(mod, launches[k.name], device, config.max_autotune) for k in kernels}
+            rt.precompile(mod, [launches[k.name] for k in kernels if k.name not in templates], device)
             source_path = mod.__file__
     elif backend == "cpp":
         info = dict(_cpp_builder.detect_flags())

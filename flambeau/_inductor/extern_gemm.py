@@ -47,24 +47,29 @@ def planned_product(args, index: dict, operands, eager):
     """fn(*arrays) -> the product of the extern `args` (two Buffers/StridedViews; `index` maps a base
     buffer's name to its position in the arrays), planned at its first call. `operands(arrays)` gives
     the two operand arrays as the eager kernel takes them; `eager(*arrays)` is the extern's general
-    call, which the first call and any call failing a check runs."""
+    call, which the first call and any call failing a check runs. `call(*arrays, out=d)` writes the
+    product into `d` (a contiguous array of its shape and dtype: mm_template.py's extern choice)."""
     ops = [_Operand(a, index[a.base.name if isinstance(a, StridedView) else a.name]) for a in args]
     state: dict = {}
 
-    def call(*arrays):
+    def call(*arrays, out=None):
         fast = state.get("fast")
         if fast is not None:
-            d = fast(arrays)
+            d = fast(arrays, out)
             if d is not None:
                 return d
         elif "fast" not in state:
             state["fast"] = _plan(ops, operands(arrays), arrays)
-        return eager(*arrays)
+        d = eager(*arrays)
+        if out is None:
+            return d
+        out[...] = d
+        return out
     return call
 
 
 def _plan(ops, operands, arrays):
-    """The per-call function (arrays -> output, or None where a check fails) of a product whose
+    """The per-call function ((arrays, out) -> output, or None where a check fails) of a product whose
     operands are laid out as `operands`, or None when the direct path does not take it."""
     cupy = _backends.get("cuda").xp
     a, b = operands
@@ -97,13 +102,13 @@ def _plan(ops, operands, arrays):
     desc, la, lb, ld, ws_bytes = comp.desc, comp.la, comp.lb, comp.ld, comp.ws
     workspaces, calls = LT._workspaces, LT.calls
 
-    def fast(arrays):
+    def fast(arrays, out=None):
         x, y = arrays[ia], arrays[ib]
         pa, pb = x.data.ptr + oa, y.data.ptr + ob
         if pa % ALIGN != ra or pb % ALIGN != rb or (sa is not None and x.strides != sa) or \
                 (sb is not None and y.strides != sb) or _precision() != precision:
             return None
-        d = empty(shape, dtype)
+        d = empty(shape, dtype) if out is None else out
         pd = d.data.ptr
         if pd % ALIGN:
             return None

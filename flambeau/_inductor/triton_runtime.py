@@ -398,24 +398,26 @@ class Launcher:
         """The cubin for these pointer alignments: from the disk cache, else compiled and cached."""
         names = _arg_names(la)
         return load_or_compile(fn, la.signature(), la.constexprs, la.num_warps, tuple(names[i] for i in aligned),
-                               device_key(self.device))
+                               device_key(self.device), la.num_stages)
 
 
-def _cubin_key(kernel: KernelRef, sig, constexprs, num_warps, aligned, dkey) -> str:
+def _cubin_key(kernel: KernelRef, sig, constexprs, num_warps, aligned, dkey, num_stages: int = 1) -> str:
+    stages = [num_stages] if num_stages != 1 else []
     return cubin_cache.key("inductor", kernel.key, kernel.name, sorted(sig.items()), sorted(constexprs.items()),
-                           num_warps, list(aligned), dkey, triton_version())
+                           num_warps, list(aligned), dkey, triton_version(), *stages)
 
 
-def build_cubin(fn, sig: dict, constexprs: dict, num_warps: int, aligned: tuple, capability: int):
+def build_cubin(fn, sig: dict, constexprs: dict, num_warps: int, aligned: tuple, capability: int, num_stages: int = 1):
     """(cubin bytes, launch metadata) of jit function `fn` compiled by `triton.compile` for
     sm_<capability> (needs no GPU: tests compile generated kernels on the CPU machine too)."""
-    return TL._triton_compile(fn, sig, constexprs, num_warps, 1, aligned, capability)
+    return TL._triton_compile(fn, sig, constexprs, num_warps, num_stages, aligned, capability)
 
 
-def load_or_compile(kernel: KernelRef, sig, constexprs, num_warps, aligned, dkey):
+def load_or_compile(kernel: KernelRef, sig, constexprs, num_warps, aligned, dkey, num_stages: int = 1):
     """The loaded kernel of `kernel` for these launch facts: its cubin from the disk cache (a hit counts in
-    `stats["cubin_cache_hits"]`; the module is not imported), else compiled (`stats["compiled"]`) and cached."""
-    key = _cubin_key(kernel, sig, constexprs, num_warps, aligned, dkey)
+    `stats["cubin_cache_hits"]`; the module is not imported), else compiled (`stats["compiled"]`) and cached.
+    (`num_stages` reaches `build_cubin` only when it is not 1: mm_template.py's products.)"""
+    key = _cubin_key(kernel, sig, constexprs, num_warps, aligned, dkey, num_stages)
     pending = _pending.pop(key, None)
     if pending is not None:                  # a worker is compiling it (`precompile`): wait for its job
         pending.result()
@@ -423,7 +425,8 @@ def load_or_compile(kernel: KernelRef, sig, constexprs, num_warps, aligned, dkey
     if entry is not None:
         stats["cubin_cache_hits"] += 1
     else:
-        entry = build_cubin(kernel.jit, sig, constexprs, num_warps, aligned, int(dkey[2:]))
+        entry = build_cubin(kernel.jit, sig, constexprs, num_warps, aligned, int(dkey[2:]),
+                            **({"num_stages": num_stages} if num_stages != 1 else {}))
         cubin_cache.write(key, *entry)
         stats["compiled"] += 1
     return TL.load_cubin(*entry, tuple(t for t in sig.values() if t != "constexpr"))
