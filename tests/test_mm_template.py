@@ -1,0 +1,209 @@
+"""Triton matrix-product templates with fused epilogues (`flambeau._inductor.mm_template`, mode="max-autotune").
+
+Without a GPU: graphs on cpu tensors with the Triton backend (`triton_backend`, Triton's interpreter) compiled
+under mode="max-autotune", whose products become templates (the interpreter runs the first configuration,
+here small blocks so that a product spans many programs and the grouped ordering, the row/column clamps and
+the masked K tail all run) against float64 PyTorch; the extern choice (the eager product, then the epilogue
+kernel alone); the choice between configurations and the extern with a fake timer (the fastest wins, a second
+"process" reads the disk cache, a capture never times). GPU checks: tests/test_mm_template_cuda.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import flambeau as fl
+from flambeau._inductor import mm_template
+from flambeau._inductor.mm_template import Config
+from tests.conftest import spy_compile_fx
+
+F = fl.nn.functional
+TF = torch.nn.functional
+SMALL = (Config(16, 32, 16, 2, 4, 1), Config(32, 16, 32, 4, 4, 1))
+TOL = {fl.float32: (1e-5, 1e-5), fl.bfloat16: (1.6e-2, 1e-2)}
+
+
+@pytest.fixture
+def small_blocks(triton_backend, monkeypatch):
+    monkeypatch.setattr(mm_template, "CONFIGS", SMALL)
+    return triton_backend
+
+
+def _mk(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _compiled_vs_torch(fn, tfn, shapes, dtype=fl.float32, mode="max-autotune"):
+    """(flambeau's compiled result as float64, PyTorch's float64 result, template stats deltas)."""
+    xs = [_mk(s, i) for i, s in enumerate(shapes)]
+    fx = [fl.tensor(x).to(dtype) for x in xs]
+    tx = [torch.tensor(x).to(torch.bfloat16 if dtype is fl.bfloat16 else torch.float32).double() for x in xs]
+    before = dict(mm_template.stats)
+    out = fl.compile(fn, mode=mode)(*fx)
+    got = out.to(fl.float64).numpy()
+    return got, tfn(*tx).numpy(), {k: mm_template.stats[k] - before[k] for k in before}, out.dtype
+
+
+def _close(got, ref, dtype):
+    rtol, atol = TOL[dtype]
+    scale = max(1.0, float(np.abs(ref).max()))
+    np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * scale)
+
+
+# (name, flambeau fn, torch fn, shapes): products with and without epilogues, transposed operands,
+# sizes that are no multiple of the blocks (M 37, N 29/45, K 45/20 against 16/32 blocks)
+CASES = [
+    ("mm", lambda a, b: a @ b, lambda a, b: a @ b, [(37, 45), (45, 29)]),
+    ("mm_transposed", lambda a, b: a.t() @ b.t(), lambda a, b: a.t() @ b.t(), [(45, 37), (29, 45)]),
+    ("linear_bias", lambda x, w, b: F.linear(x, w, b), lambda x, w, b: TF.linear(x, w, b),
+     [(37, 45), (29, 45), (29,)]),
+    ("bias_relu", lambda x, w, b: fl.relu(F.linear(x, w, b)), lambda x, w, b: torch.relu(TF.linear(x, w, b)),
+     [(37, 45), (29, 45), (29,)]),
+    ("bias_gelu_residual", lambda x, w, b, r: F.gelu(F.linear(x, w, b)) + r,
+     lambda x, w, b, r: TF.gelu(TF.linear(x, w, b)) + r, [(37, 45), (29, 45), (29,), (37, 29)]),
+    ("silu_3d", lambda x, w: F.silu(x @ w), lambda x, w: TF.silu(x @ w), [(2, 19, 20), (20, 33)]),
+    ("bmm_tanh_gelu", lambda a, b: F.gelu(fl.bmm(a, b), approximate="tanh"),
+     lambda a, b: TF.gelu(torch.bmm(a, b), approximate="tanh"), [(3, 37, 20), (3, 20, 33)]),
+]
+
+
+@pytest.mark.parametrize("dtype", [fl.float32, fl.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("name,fn,tfn,shapes", CASES, ids=[c[0] for c in CASES])
+def test_template_matches_float64(small_blocks, name, fn, tfn, shapes, dtype):
+    got, ref, d, _ = _compiled_vs_torch(fn, tfn, shapes, dtype)
+    _close(got, ref, dtype)
+    assert d["template_calls"] == 1 and d["extern_calls"] == 0
+    assert d["fused_epilogues"] == (0 if name in ("mm", "mm_transposed") else 1)
+
+
+def test_epilogue_casts_to_the_output_dtype(small_blocks):
+    got, ref, d, dt = _compiled_vs_torch(lambda x, w: F.silu(x @ w).to(fl.bfloat16),
+                                         lambda x, w: TF.silu(x @ w).to(torch.bfloat16).double(),
+                                         [(37, 45), (45, 29)])
+    assert dt is fl.bfloat16 and d["fused_epilogues"] == 1 and d["template_calls"] == 1
+    _close(got, ref, fl.bfloat16)
+
+
+def test_outside_max_autotune_nothing_changes(small_blocks):
+    got, ref, d, _ = _compiled_vs_torch(lambda x, w, b: fl.relu(F.linear(x, w, b)),
+                                        lambda x, w, b: torch.relu(TF.linear(x, w, b)),
+                                        [(37, 45), (29, 45), (29,)], mode=None)
+    _close(got, ref, fl.float32)
+    assert d == {k: 0 for k in d}
+
+
+def _choices_of(compiled) -> list:
+    return [v for v in compiled.artifact.call.__globals__.values() if isinstance(v, mm_template.TemplateChoice)]
+
+
+def test_the_extern_choice_runs_the_product_then_the_epilogue_alone(small_blocks, monkeypatch):
+    """The extern choice (what cuBLASLt + the epilogue kernel do on cuda): the eager product, then the
+    epilogue printed as its own kernel, gives the template's result; so does a product without epilogue
+    (an output of the graph)."""
+    made = spy_compile_fx(monkeypatch, [])
+    xs = [fl.tensor(_mk(s, i)) for i, s in enumerate([(37, 45), (29, 45), (29,), (37, 29)])]
+
+    def f(x, w, b, r):
+        return F.gelu(F.linear(x, w, b)) + r, x @ w.t()
+    cf = fl.compile(f, mode="max-autotune")
+    first = [o.numpy() for o in cf(*xs)]
+    (graph,) = made
+    choices = _choices_of(graph)
+    assert sorted(c.epilogue is None for c in choices) == [False, True]
+    assert all(c.choice == 0 for c in choices)         # the interpreter: the first configuration
+    for c in choices:
+        c.choice = len(c.templates)
+    before = dict(mm_template.stats)
+    again = [o.numpy() for o in cf(*xs)]
+    assert mm_template.stats["extern_calls"] - before["extern_calls"] == 2
+    assert mm_template.stats["template_calls"] == before["template_calls"]
+    tx = [torch.tensor(x.numpy()).double() for x in xs]
+    refs = [(TF.gelu(TF.linear(*tx[:3])) + tx[3]).numpy(), (tx[0] @ tx[1].t()).numpy()]
+    for a, b, r in zip(first, again, refs):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(b, r, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_mlp_training_under_max_autotune(small_blocks):
+    """A model's forward and backward under mode="max-autotune": every product a template (the forward's
+    with their bias/GELU/residual epilogues), the loss and gradients PyTorch's."""
+    fl.manual_seed(0)
+    m = fl.nn.Sequential(fl.nn.Linear(24, 40), fl.nn.GELU(), fl.nn.Linear(40, 24))
+    tm = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 24))
+    with torch.no_grad():
+        for p, q in zip(m.parameters(), tm.parameters()):
+            q.copy_(torch.tensor(p.detach().numpy()))
+    x = _mk((33, 24), 7)
+
+    def step(model, x):
+        y = model(x) + x
+        return (y * y).mean()
+    before = dict(mm_template.stats)
+    loss = fl.compile(step, mode="max-autotune")(m, fl.tensor(x))
+    loss.backward()
+    tloss = step(tm, torch.tensor(x))
+    tloss.backward()
+    np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-5)
+    for p, q in zip(m.parameters(), tm.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-4, atol=1e-5)
+    assert mm_template.stats["fused_epilogues"] - before["fused_epilogues"] >= 2
+    assert mm_template.stats["template_calls"] - before["template_calls"] >= 5     # 2 forward, 3 backward
+
+
+# ---- the choice ------------------------------------------------------------------------------------
+def _write(path, text):
+    import os
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def test_the_fastest_choice_is_kept_and_read_back_from_disk(tmp_path):
+    times = [3.0, 1.5, 2.0]                      # configs 0, 1 and the extern (last)
+    ran = []
+
+    def timer(fn):
+        fn()
+        return times[ran[-1]]
+    path = mm_template.cache_path(str(tmp_path), "key", "kernel0", "sm90")
+    assert mm_template.select(3, ran.append, timer, path, False, _write) == 1
+    assert sorted(set(ran)) == [0, 1, 2]
+
+    def never(fn):
+        raise AssertionError("timed although the choice is on disk")
+    assert mm_template.select(3, ran.append, never, path, False, _write) == 1     # a second process
+    other = mm_template.cache_path(str(tmp_path), "key", "kernel1", "sm90")
+    times[:] = [3.0, 2.5, 1.0]
+    assert mm_template.select(3, ran.append, timer, other, False, _write) == 2    # the extern wins
+
+
+def test_a_capture_never_times(tmp_path):
+    def never(fn):
+        raise AssertionError("timed while capturing")
+    path = mm_template.cache_path(str(tmp_path), "key", "kernel0", "sm90")
+    assert mm_template.select(3, lambda i: None, never, path, True, _write) is None
+    assert not (tmp_path / "autotune").exists()
+    _write(path, '{"choice": 0}')
+    assert mm_template.select(3, lambda i: None, never, path, True, _write) == 0
+
+
+class _FakeTK:
+    loads = ["a", "b"]
+
+
+def test_template_choice_takes_the_extern_while_nothing_is_known():
+    """`choose` returning None (capturing, nothing cached): that call runs the extern and nothing is kept;
+    a later call chooses and keeps its choice."""
+    calls = []
+    templates = [lambda *a: calls.append("t0"), lambda *a: calls.append("t1")]
+    answers = [None, 1]
+    tc = mm_template.TemplateChoice.__new__(mm_template.TemplateChoice)
+    tc.tk, tc.templates, tc.epilogue, tc.n_loads = _FakeTK(), templates, None, 2
+    tc.product = lambda arrays, out: calls.append(("extern", arrays, out))
+    tc.choose, tc.choice = (lambda self, args: answers.pop(0)), None
+    tc("A", "B", "C")
+    assert calls == [("extern", ("A", "B"), "C")] and tc.choice is None
+    tc("A", "B", "C")
+    tc("A", "B", "C")
+    assert calls[1:] == ["t1", "t1"] and tc.choice == 1 and answers == []
