@@ -207,3 +207,47 @@ def test_template_choice_takes_the_extern_while_nothing_is_known():
     tc("A", "B", "C")
     tc("A", "B", "C")
     assert calls[1:] == ["t1", "t1"] and tc.choice == 1 and answers == []
+
+
+def test_a_configuration_that_fails_is_skipped(tmp_path):
+    def timer(fn):
+        i = fn()
+        if i == 0:
+            raise RuntimeError("out of shared memory")
+        return {1: 4.0, 2: 3.0}[i]
+    path = mm_template.cache_path(str(tmp_path), "key", "kernel0", "sm90")
+    assert mm_template.select(3, lambda i: i, timer, path, False, _write) == 2
+
+    def extern_fails(fn):
+        if fn() == 2:
+            raise RuntimeError("the extern fails")
+        return 1.0
+    with pytest.raises(RuntimeError, match="the extern fails"):
+        mm_template.select(3, lambda i: i, extern_fails, str(tmp_path / "other.json"), False, _write)
+
+
+def test_a_call_whose_store_is_a_load_is_not_repeated():
+    a, b, c = np.zeros(4), np.zeros(4), np.zeros(4)
+    assert mm_template.aliases_inputs((a, b, a), 2) and not mm_template.aliases_inputs((a, b, c), 2)
+
+
+def test_a_dynamic_graph_keeps_its_externs(small_blocks):
+    """A graph with symbolic sizes: its kernels take the sizes, a template none; a product of two parameters
+    (static sizes) in it stays the extern."""
+    class M(fl.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.u = fl.nn.Parameter(fl.tensor(_mk((12, 16), 1)))
+            self.v = fl.nn.Parameter(fl.tensor(_mk((16, 7), 2)))
+
+        def forward(self, x):
+            return x @ fl.relu(self.u @ self.v)
+    m = M()
+    before = dict(mm_template.stats)
+    cf = fl.compile(m, mode="max-autotune", dynamic=True)
+    ref = np.maximum(m.u.detach().numpy() @ m.v.detach().numpy(), 0)
+    with fl.no_grad():
+        for n in (5, 9):
+            x = _mk((n, 12), n)
+            np.testing.assert_allclose(cf(fl.tensor(x)).numpy(), x @ ref, rtol=1e-5, atol=1e-5)
+    assert mm_template.stats["template_calls"] == before["template_calls"]

@@ -22,20 +22,19 @@ first configuration, so the template is what CPU tests check.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
 
 import numpy as np
 
-from .. import _dtype as D, _state
-from .codegen_triton import (INT32_LIMIT, LOWP, TL, Launch, LaunchBuffer, TritonHandler, TritonKernelPrinter,
-                             TVar, compute_dtype)
+from .. import _dtype as D, _logging, _state
+from .codegen_triton import INT32_LIMIT, LOWP, TL, Launch, LaunchBuffer, TritonHandler, TritonKernelPrinter, TVar
 from .index import contiguous_strides
 from .ir import Buffer, StridedView, set_handler
 from .scheduler import ExternStep, Kernel, SNode
 
+log = _logging.get_logger("flambeau._inductor")
 PRODUCTS = ("mm", "bmm")
 TEMPLATE_DTYPES = (D.bfloat16, D.float16, D.float32)
 TIMED_LAUNCHES = 5                  # calls timed per choice (after one untimed)
@@ -124,7 +123,10 @@ def _identity_epilogue(k, prod) -> bool:
 
 
 def fuse_products(order: list, graph) -> list:
-    """The schedule with each templatable product extern replaced by a TemplateKernel (see the docstring)."""
+    """The schedule with each templatable product extern replaced by a TemplateKernel (see the docstring);
+    a graph with symbolic sizes keeps its externs (its kernels take the sizes, a template takes none)."""
+    if graph.dynamic:
+        return order
     outputs = {getattr(o.base if isinstance(o, StridedView) else o, "name", None) for o in graph.flat_outputs()}
     readers: dict = {}
     for step in order:
@@ -252,9 +254,17 @@ def select(n_choices: int, run, timer, path: str, capturing: bool, write) -> int
             return json.load(f)["choice"]
     if capturing:
         return None
-    times = [(timer(lambda i=i: run(i)), i) for i in range(n_choices)]
+    times = []
+    for i in range(n_choices):
+        try:
+            times.append((timer(lambda i=i: run(i)), i))
+        except Exception as e:     # a configuration this GPU can't compile or launch (shared memory): skipped
+            if i == n_choices - 1:
+                raise
+            log.info("mm template %s: configuration %d skipped: %s", path, i, e)
+            times.append((math.inf, i))
     best = min(times)[1]
-    write(path, json.dumps({"choice": best, "ms": [t for t, _ in times]}))
+    write(path, json.dumps({"choice": best, "ms": [t if math.isfinite(t) else None for t, _ in times]}))
     stats["tuned"] += 1
     return best
 
