@@ -251,3 +251,18 @@ def test_a_dynamic_graph_keeps_its_externs(small_blocks):
             x = _mk((n, 12), n)
             np.testing.assert_allclose(cf(fl.tensor(x)).numpy(), x @ ref, rtol=1e-5, atol=1e-5)
     assert mm_template.stats["template_calls"] == before["template_calls"]
+
+
+def test_templates_compile_for_sm90():
+    """Every configuration of the templates (and each epilogue alone) compiles with `triton.compile` for
+    sm_90 (tests/scripts/mm_template_sm90_compile.py, without the interpreter, in a subprocess)."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, os.path.join(root, "tests", "scripts", "mm_template_sm90_compile.py")],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "OK" in r.stdout
