@@ -14,9 +14,9 @@ Run as a script (`python -P compile_worker.py <capability>`), this file is a com
 `triton_runtime`: it imports Triton and nothing of flambeau (the package's import is ~1 s of a worker's
 start), makes Triton's cuda backend at once, then reads one JSON line at a time: {"triton_key": key}, the
 launching process's key (sent before the first job), or a job {"path", "name", "sig", "constexprs",
-"num_warps", "aligned", "capability"}: the jit function `name` of the generated module at `path` (imported
-once per worker) to compile, answered by one line, {"cubin": base64, "meta": launch metadata, "seconds"}
-or {"error": message}. The launching process writes the cubin into its cache.
+"num_warps", "num_stages" (optional: 1), "aligned", "capability"}: the jit function `name` of the generated
+module at `path` (imported once per worker) to compile, answered by one line, {"cubin": base64, "meta": launch
+metadata, "seconds"} or {"error": message}. The launching process writes the cubin into its cache.
 """
 from __future__ import annotations
 
@@ -145,8 +145,8 @@ def _answer(job: dict, modules: dict) -> dict:
     t0 = time.perf_counter()
     try:
         fn = getattr(_import(job["path"], modules), job["name"])
-        cubin, meta = triton_compile(fn, job["sig"], job["constexprs"], job["num_warps"], 1, tuple(job["aligned"]),
-                                     job["capability"])
+        cubin, meta = triton_compile(fn, job["sig"], job["constexprs"], job["num_warps"], job.get("num_stages", 1),
+                                     tuple(job["aligned"]), job["capability"])
     except Exception as e:          # the launching process compiles it itself and reports the error
         return {"error": f"{type(e).__name__}: {e}"}
     return {"cubin": base64.b64encode(cubin).decode("ascii"), "meta": meta, "seconds": time.perf_counter() - t0}

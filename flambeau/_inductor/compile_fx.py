@@ -309,7 +309,7 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
             templates = {k.name for k in kernels if isinstance(k, mm_template.TemplateKernel)}
             kernels_ns = {k.name: mm_template.launcher(rt, mod, k, launches, device) if k.name in templates else
                           rt.Launcher(mod, launches[k.name], device, config.max_autotune) for k in kernels}
-            rt.precompile(mod, [launches[k.name] for k in kernels if k.name not in templates], device)
+            rt.precompile(mod, mm_template.all_launches(kernels, launches), device)
             source_path = mod.__file__
     elif backend == "cpp":
         info = dict(_cpp_builder.detect_flags())

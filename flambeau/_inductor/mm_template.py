@@ -349,6 +349,18 @@ def generate_module(kernels, size_names=(), interpret: bool = False) -> tuple:
     return source, launches
 
 
+def all_launches(kernels, launches: dict) -> list:
+    """Every Launch of `generate_module`'s kernels (each template configuration, each epilogue alone), in order:
+    what the compile workers build ahead (`triton_runtime.precompile`)."""
+    out = []
+    for k in kernels:
+        la = launches[k.name]
+        out += la if isinstance(la, list) else [la]
+        if isinstance(k, TemplateKernel) and k.epilogue is not None:
+            out.append(launches[k.name + "_epilogue"])
+    return out
+
+
 def _renamed(k: Kernel, name: str) -> Kernel:
     """A shallow copy of Kernel `k` under another name."""
     copy = object.__new__(type(k))

@@ -468,10 +468,11 @@ def precompile_for(module, launches, dkey: str) -> list:
     for la in launches:
         while la is not None:
             names, sig = _arg_names(la), la.signature()
-            key = _cubin_key(module.kernel(la.name), sig, la.constexprs, la.num_warps, names, dkey)
+            key = _cubin_key(module.kernel(la.name), sig, la.constexprs, la.num_warps, names, dkey, la.num_stages)
             if key not in _pending and not cubin_cache.exists(key):
                 jobs.append(({"path": module.__file__, "name": la.name, "sig": sig, "constexprs": la.constexprs,
-                              "num_warps": la.num_warps, "aligned": list(names), "capability": int(dkey[2:])}, key))
+                              "num_warps": la.num_warps, "num_stages": la.num_stages, "aligned": list(names),
+                              "capability": int(dkey[2:])}, key))
             la = la.then
     if not jobs or (len(jobs) < MIN_PARALLEL_JOBS and not _workers):
         return []
