@@ -266,3 +266,18 @@ def test_templates_compile_for_sm90():
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert "OK" in r.stdout
+
+
+def test_an_operand_is_never_written_in_place(small_blocks):
+    """x.copy_(relu(x @ w)) under max-autotune-no-cudagraphs (inputs written in place allowed): the template's
+    tiles read whole rows of x, so its store must not land in x while other tiles still read it."""
+    x0, w = _mk((64, 64), 1), _mk((64, 64), 2)
+    x = fl.tensor(x0.copy())
+
+    def f(x, w):
+        x.copy_(fl.relu(x @ w))
+        return x.sum()
+    before = dict(mm_template.stats)
+    fl.compile(f, mode="max-autotune-no-cudagraphs")(x, fl.tensor(w))
+    np.testing.assert_allclose(x.numpy(), np.maximum(x0 @ w, 0), rtol=1e-5, atol=1e-4)
+    assert mm_template.stats["fused_epilogues"] - before["fused_epilogues"] == 1

@@ -81,6 +81,7 @@ class TemplateKernel(Kernel):
         self.outer, self.outer_groups, self.column, self.scatter = (), [], False, None
         self.product, self.epilogue = product, epilogue
         self.a, self.b = Operand(product.args[0]), Operand(product.args[1])
+        self.operand_names = {self.a.name, self.b.name}     # read whole by every tile: never written in place
         self.batch, self.m, self.k = (1, *self.a.shape) if len(self.a.shape) == 2 else self.a.shape
         self.n = self.b.shape[-1]
         bases = {}

@@ -407,7 +407,8 @@ def in_place_writes(graph, order, input_writes: dict) -> dict:
         later = (k.node.inputs() if hasattr(k, "node") else k.loads for k in order[i + 1:])
         if any(inp.name == b.name for reads in later for b in reads):
             continue
-        if any(n.buf is not o and inp.name in n.read_names for n in order[i].nodes):
+        if any(n.buf is not o and inp.name in n.read_names for n in order[i].nodes) or \
+                inp.name in getattr(order[i], "operand_names", ()):     # a product template's operands (mm_template.py)
             continue
         own = [idx.key() for b, idx in o.data.reads() if b.name == inp.name]
         aligned = analyse(inp.make_loader(), o.data.ranges).loads[0][1].key()
