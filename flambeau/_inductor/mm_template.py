@@ -9,7 +9,8 @@ whose tile, once accumulated, is handed to its *epilogue*: the scheduler's point
 product (a bias add, an activation, a residual add, a cast: whatever the flat pointwise kernel computes),
 printed by the Triton code generator over the tile's element indices with the product's value taken from
 the accumulator (rounded to the product's dtype first, as the extern's output would be). The product is then
-never stored. A product whose only reader is not such a kernel (or that is an output) is templated alone.
+never stored. A product whose only reader is not such a kernel (or is an epilogue already taken by an earlier
+product: x @ w + y @ v), or that is an output, is templated alone.
 
 Each template is one source (strides and offsets are literals); its block configurations (`CONFIGS`) are
 launches of it with other constexprs. At the first call on cuda `TemplateChoice` times every configuration
@@ -32,7 +33,7 @@ from .. import _dtype as D, _logging, _state
 from .codegen_triton import INT32_LIMIT, LOWP, TL, Launch, LaunchBuffer, TritonHandler, TritonKernelPrinter, TVar
 from .index import contiguous_strides
 from .ir import Buffer, StridedView, set_handler
-from .scheduler import ExternStep, Kernel, SNode
+from .scheduler import ExternStep, Kernel
 
 log = _logging.get_logger("flambeau._inductor")
 PRODUCTS = ("mm", "bmm")
@@ -138,8 +139,8 @@ def fuse_products(order: list, graph) -> list:
         if isinstance(step, ExternStep) and templatable(step.node):
             prod = step.node
             users = readers.get(prod.name, [])
-            if len(users) == 1 and isinstance(users[0], Kernel) and prod.name not in outputs and \
-                    _identity_epilogue(users[0], prod) and all(isinstance(n, SNode) for n in users[0].nodes):
+            if len(users) == 1 and isinstance(users[0], Kernel) and id(users[0]) not in replaced and \
+                    prod.name not in outputs and _identity_epilogue(users[0], prod):
                 replaced[id(users[0])] = TemplateKernel(prod, users[0])
                 stats["fused_epilogues"] += 1
                 continue
