@@ -86,9 +86,10 @@ def _flambeau(case, args):
                 ns[name] = record
     cf(*xs)
     for name, (choice, call_args) in seen.items():
-        for i, cfg in enumerate(mm_template.CONFIGS):
-            _line(case, f"flambeau-template[{cfg.block_m}x{cfg.block_n}x{cfg.block_k},w{cfg.num_warps},"
-                        f"s{cfg.num_stages}]", _time(lambda i=i: choice.run(i, call_args), events, args),
+        for i, t in enumerate(choice.templates):
+            la, c = t.launch, t.launch.constexprs
+            _line(case, f"flambeau-template[{c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']},w{la.num_warps},"
+                        f"s{la.num_stages}]", _time(lambda i=i: choice.run(i, call_args), events, args),
                   chosen=choice.choice == i)
         n = len(choice.templates)
         _line(case, "flambeau-cublaslt+epilogue", _time(lambda: choice.run(n, call_args), events, args),

@@ -52,8 +52,17 @@ class Config:
     num_stages: int = 3
 
 
-CONFIGS = (Config(128, 128, 64, 8, 8, 3), Config(64, 128, 32, 8, 4, 4), Config(128, 64, 32, 8, 4, 4),
-           Config(64, 64, 32, 8, 4, 3))
+CONFIGS = (Config(128, 128, 64, 8, 8, 3), Config(128, 256, 64, 8, 8, 3), Config(64, 128, 32, 8, 4, 4),
+           Config(128, 64, 32, 8, 4, 4), Config(64, 64, 32, 8, 4, 3))
+SMEM_BUDGET = 200 * 1024            # bytes of operand tiles in flight (stages x (A + B tile)) a config may use
+
+
+def configs_for(dtype) -> list:
+    """The configurations whose pipelined operand tiles fit in an H100's shared memory for inputs of `dtype`
+    (the first is always kept: the interpreter's)."""
+    it = dtype.itemsize
+    return [c for i, c in enumerate(CONFIGS)
+            if i == 0 or c.num_stages * (c.block_m + c.block_n) * c.block_k * it <= SMEM_BUDGET]
 
 
 class Operand:
@@ -230,7 +239,7 @@ def generate(tk: TemplateKernel, interpret: bool = False) -> tuple:
     src = f"@triton.jit\ndef {tk.name}({', '.join(params)}):\n" + "\n".join(p.lines) + "\n"
     bufs = [LaunchBuffer(x.name, x.dtype) for x in tk.loads + tk.stores]
     launches = []
-    for c in CONFIGS:
+    for c in configs_for(a.dtype):
         tiles = -(-M // c.block_m) * -(-N // c.block_n)
         consts = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
                       EVEN_K=K % c.block_k == 0)
