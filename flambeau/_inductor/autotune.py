@@ -10,7 +10,8 @@ so a later process reads it without timing anything.
 Only kernels whose repeated launches are harmless are tuned: one launch (no chain of a split
 reduction or a scatter's copy), a real grid (not a single serial program), no workspace. A launch
 while the stream is being captured into a CUDA graph is never tuned (timing synchronises); it takes
-the generator's configuration unless a choice is already known.
+the generator's configuration unless a choice is already known. (Matrix-product templates choose between
+their block configurations and the cuBLASLt extern in mm_template.py, cached under this module's `_path`.)
 """
 from __future__ import annotations
 

@@ -275,7 +275,9 @@ def select(n_choices: int, run, timer, path: str, capturing: bool, write) -> int
             log.info("mm template %s: configuration %d skipped: %s", path, i, e)
             times.append((math.inf, i))
     best = min(times)[1]
-    write(path, json.dumps({"choice": best, "ms": [t if math.isfinite(t) else None for t, _ in times]}))
+    ms = [t if math.isfinite(t) else None for t, _ in times]
+    write(path, json.dumps({"choice": best, "ms": ms}))
+    log.info("mm template %s: choice %d of %d (the last: the extern), ms %s", path, best, n_choices, ms)
     stats["tuned"] += 1
     return best
 
