@@ -283,3 +283,91 @@ def test_an_operand_is_never_written_in_place(small_blocks):
     fl.compile(f, mode="max-autotune-no-cudagraphs")(x, fl.tensor(w))
     np.testing.assert_allclose(x.numpy(), np.maximum(x0 @ w, 0), rtol=1e-5, atol=1e-4)
     assert mm_template.stats["fused_epilogues"] - before["fused_epilogues"] == 1
+
+
+class _Arr:
+    """A device array as the choice reads it: its pointer."""
+
+    def __init__(self, ptr):
+        self.data = type("Mem", (), {"ptr": ptr})()
+
+
+class _FakeGpu:
+    """What `mm_template.launcher` uses of triton_runtime and CuPy on cuda: a Launcher per configuration
+    recording its calls, CUDA events whose elapsed time is that of the candidate run last, a capture flag."""
+
+    def __init__(self, tmp_path, times):
+        self.times, self.ran, self.capturing, self.dir = times, [], False, str(tmp_path)
+        gpu = self
+
+        class Launcher:
+            def __init__(self, module, la, device):
+                self.launch, self.error_flag, self.kernel_key = la, False, "key"
+
+            def __call__(self, *args):
+                gpu.ran.append(self.launch)
+
+        class Event:
+            def record(self, stream=None):
+                pass
+
+            def synchronize(self):
+                pass
+
+        class Stream:
+            def is_capturing(self):
+                return gpu.capturing
+
+        class Cuda:
+            def get_current_stream(self):
+                return Stream()
+
+            def get_elapsed_time(self, a, b):
+                return gpu.times[gpu.ran[-1]] * mm_template.TIMED_LAUNCHES
+        Cuda.Event = Event
+        self.Launcher, self.cupy = Launcher, type("Cupy", (), {"cuda": Cuda()})()
+
+    def _cupy(self):
+        return self.cupy
+
+    def cache_dir(self):
+        return self.dir
+
+    def device_key(self, device):
+        return "sm90"
+
+    def _write_atomic(self, path, text):
+        _write(path, text)
+
+
+class _Cuda:
+    type = "cuda"
+
+
+def test_the_choice_on_a_fake_gpu(tmp_path, monkeypatch):
+    """`launcher`'s cuda path: a call while capturing runs the extern and keeps nothing; the next call times
+    every configuration and the extern and keeps the fastest; a fresh launcher (another process) reads it
+    from disk; a call whose output is one of its inputs takes the extern without timing."""
+    tk = type("TK", (), {"name": "kernel0", "loads": ["a", "b"], "epilogue": None})()
+    gpu = _FakeGpu(tmp_path, {"c0": 3.0, "c1": 1.0, "c2": 2.0, "extern": 1.5})
+    monkeypatch.setattr(mm_template, "extern_product",
+                        lambda tk, device: lambda arrays, out: gpu.ran.append("extern"))
+    launches = {"kernel0": ["c0", "c1", "c2"]}
+    args = (_Arr(0), _Arr(256), _Arr(512))
+    choice = mm_template.launcher(gpu, None, tk, launches, _Cuda())
+    gpu.capturing = True
+    choice(*args)
+    assert gpu.ran == ["extern"] and choice.choice is None and not (tmp_path / "autotune").exists()
+    gpu.capturing, gpu.ran = False, []
+    choice(*args)
+    assert choice.choice == 1 and gpu.ran[-1] == "c1"
+    assert sorted(set(gpu.ran)) == ["c0", "c1", "c2", "extern"]
+    gpu.ran = []
+    fresh = mm_template.launcher(gpu, None, tk, launches, _Cuda())
+    fresh(*args)
+    assert gpu.ran == ["c1"] and fresh.choice == 1
+    gpu.ran = []
+    other = mm_template.launcher(gpu, None, type("TK", (), {"name": "kernel1", "loads": ["a", "b"],
+                                                            "epilogue": None})(), {"kernel1": ["c0"]}, _Cuda())
+    other(_Arr(0), _Arr(256), _Arr(0))
+    assert gpu.ran == ["extern"]
