@@ -372,3 +372,14 @@ def test_the_choice_on_a_fake_gpu(tmp_path, monkeypatch):
                                                             "epilogue": None})(), {"kernel1": ["c0"]}, _Cuda())
     other(_Arr(0), _Arr(256), _Arr(0))
     assert gpu.ran == ["extern"]
+
+
+def test_the_epilogue_indexes_the_tile_by_its_rows_and_columns(small_blocks, monkeypatch):
+    """The epilogue of a bias add reads the bias at the tile's columns `rn` and stores at rows * N + columns,
+    no division of a flat index (the GPU compiler then vectorises the columns); values as PyTorch's."""
+    made = spy_compile_fx(monkeypatch, [])
+    got, ref, d, _ = _compiled_vs_torch(lambda x, w, b: fl.relu(F.linear(x, w, b)),
+                                        lambda x, w, b: torch.relu(TF.linear(x, w, b)), [(37, 45), (29, 45), (29,)])
+    _close(got, ref, fl.float32)
+    (src,) = [f for f in made[0].source.split("@triton.jit") if "BLOCK_M: tl.constexpr" in f]   # the template
+    assert d["fused_epilogues"] == 1 and "x1 = rn[None, :]" in src and "xindex //" not in src and "xindex %" not in src

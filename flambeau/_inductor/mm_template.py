@@ -31,9 +31,9 @@ import numpy as np
 
 from .. import _dtype as D, _logging, _state
 from .codegen_triton import INT32_LIMIT, LOWP, TL, Launch, LaunchBuffer, TritonHandler, TritonKernelPrinter, TVar
-from .index import contiguous_strides
+from .index import Index, Sym, contiguous_strides
 from .ir import Buffer, StridedView, set_handler
-from .scheduler import ExternStep, Kernel
+from .scheduler import ExternStep, Kernel, expand_groups
 
 log = _logging.get_logger("flambeau._inductor")
 PRODUCTS = ("mm", "bmm")
@@ -233,7 +233,7 @@ def generate(tk: TemplateKernel, interpret: bool = False) -> tuple:
         else:
             p.locals[prod.name] = TVar("acc", prod.dtype)
             step = tk.epilogue.steps[0]
-            p._store_step(step, [], p._split("x", "xindex", step.inner_groups, p.x_names))
+            p._store_step(step, [], _tile_index(p, tk, step.inner_groups))
     params = [x.name for x in tk.loads + tk.stores] + (["fl_err"] if p.uses_error_flag else []) + \
         [f"{c}: tl.constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "EVEN_K")]
     src = f"@triton.jit\ndef {tk.name}({', '.join(params)}):\n" + "\n".join(p.lines) + "\n"
@@ -246,6 +246,24 @@ def generate(tk: TemplateKernel, interpret: bool = False) -> tuple:
         launches.append(Launch(tk.name, bufs, [], tiles, 1, consts, c.num_warps, error_flag=p.uses_error_flag,
                                splits=tk.batch, num_stages=c.num_stages))
     return src, launches
+
+
+def _tile_index(p, tk: TemplateKernel, groups: list) -> list:
+    """The epilogue's per-dim indices over the tile. Where its loop groups are the product's own (batch,) rows,
+    columns, they are `bid`, `rm`, `rn` themselves (no division of the flat index: the compiler then sees the
+    columns contiguous and vectorises loads and stores); else the flat index split as the code generator does."""
+    sizes = [math.prod(g) for g in groups]
+    dims = {(tk.batch * tk.m, tk.n): (f"bid * {tk.m} + rm[:, None]", "rn[None, :]"),
+            (tk.batch, tk.m, tk.n): ("bid", "rm[:, None]", "rn[None, :]"),
+            (tk.m, tk.n): ("rm[:, None]", "rn[None, :]")}.get(tuple(sizes))       # (the last wins for an mm)
+    if dims is None or len(sizes) == 1:
+        return p._split("x", "xindex", groups, p.x_names)
+    syms = []
+    for j, (e, size) in enumerate(zip(dims, sizes)):
+        p.line(f"x{j} = {e}")
+        p.x_names.add(f"x{j}")
+        syms.append(Index.of(Sym(f"x{j}", size)))
+    return expand_groups(groups, syms)
 
 
 # ---- choosing between the configurations and the extern -----------------------------------------------
