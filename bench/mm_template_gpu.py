@@ -1,9 +1,9 @@
 """Matrix-product templates (mode="max-autotune", flambeau/_inductor/mm_template.py) at GPT-2's sizes, bfloat16,
 on one GPU: each template configuration alone, cuBLASLt + the epilogue kernel (the extern choice), what
-flambeau's max-autotune chose, beside torch.compile(mode=--torch-mode) and PyTorch eager of the same function.
+flambeau's max-autotune chose, beside torch.compile(mode=--mode) and PyTorch eager of the same function.
 
     python bench/mm_template_gpu.py [--cases qkv,fc_gelu,proj_residual] [--reps 10] [--inner 10]
-                                    [--torch-mode max-autotune-no-cudagraphs]
+                                    [--mode max-autotune]
 
 Cases (x: 8192x768 or 8192x3072 activations, w as nn.Linear stores it, bias, residual r):
   qkv            x @ w.t()                 8192x768 @ 768x2304
@@ -11,8 +11,8 @@ Cases (x: 8192x768 or 8192x3072 activations, w as nn.Linear stores it, bias, res
   proj_residual  x @ w.t() + r             8192x3072 @ 3072x768
 One JSON line per (case, system): ms per call (median over --reps of --inner calls back to back between CUDA
 events, after warm-up), and TFLOP/s of the product. flambeau's per-choice lines call the chosen kernel(s)
-directly (`TemplateChoice.run`), without the wrapper; "flambeau-max-autotune" and the torch lines are whole
-compiled calls (no CUDA graphs).
+directly (`TemplateChoice.run`), without the wrapper; "flambeau-<mode>" and the torch lines are whole
+compiled calls (flambeau's once without CUDA graphs, where it chooses, once in --mode).
 """
 from __future__ import annotations
 
@@ -68,12 +68,13 @@ def _flambeau(case, args):
     import flambeau as fl
     from flambeau._inductor import mm_template
     fl._dynamo.reset()
+    _graphs.clear()
     xs = _args(fl, case)
     before = dict(mm_template.stats)
     cf = fl.compile(_fn(fl, case), mode="max-autotune-no-cudagraphs")
     cf(*xs)
     events = measure.cupy_events()
-    _line(case, "flambeau-max-autotune", _time(lambda: cf(*xs), events, args),
+    _line(case, "flambeau-max-autotune-no-cudagraphs", _time(lambda: cf(*xs), events, args),
           timed_now=mm_template.stats["tuned"] - before["tuned"])
     seen = {}                              # the template's TemplateChoice and the arrays a call passes it
     for g in _graphs:
@@ -94,6 +95,10 @@ def _flambeau(case, args):
         n = len(choice.templates)
         _line(case, "flambeau-cublaslt+epilogue", _time(lambda: choice.run(n, call_args), events, args),
               chosen=choice.choice == n)
+    if args.mode != "max-autotune-no-cudagraphs":      # the whole call in the peer's mode (the choice: from disk)
+        fl._dynamo.reset()
+        cm = fl.compile(_fn(fl, case), mode=args.mode)
+        _line(case, f"flambeau-{args.mode}", _time(lambda: cm(*xs), events, args))
 
 
 _graphs: list = []                 # the CompiledGraphs made (`_spy`)
@@ -118,9 +123,9 @@ def _torch(case, args):
     events = measure.torch_events()
     _line(case, "torch-eager", _time(lambda: fn(*xs), events, args))
     torch._dynamo.reset()
-    tf = torch.compile(fn, mode=args.torch_mode)
+    tf = torch.compile(fn, mode=args.mode)
     tf(*xs)
-    _line(case, f"torch-compile-{args.torch_mode}", _time(lambda: tf(*xs), events, args))
+    _line(case, f"torch-compile-{args.mode}", _time(lambda: tf(*xs), events, args))
 
 
 def main():
@@ -128,11 +133,10 @@ def main():
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--inner", type=int, default=10)
-    p.add_argument("--torch-mode", default="max-autotune-no-cudagraphs")
+    p.add_argument("--mode", default="max-autotune", help="torch.compile's mode, and flambeau's whole-call line")
     args = p.parse_args()
     _spy()
     for case in args.cases.split(","):
-        _graphs.clear()
         _flambeau(case, args)
         _torch(case, args)
 
