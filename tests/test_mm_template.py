@@ -383,3 +383,27 @@ def test_the_epilogue_indexes_the_tile_by_its_rows_and_columns(small_blocks, mon
     _close(got, ref, fl.float32)
     (src,) = [f for f in made[0].source.split("@triton.jit") if "BLOCK_M: tl.constexpr" in f]   # the template
     assert d["fused_epilogues"] == 1 and "x1 = rn[None, :]" in src and "xindex //" not in src and "xindex %" not in src
+
+
+def test_a_product_that_is_also_an_output_is_stored_by_its_template(small_blocks, monkeypatch):
+    """y = x @ w returned and read by relu(y + b): one template stores y and runs the epilogue (the extern
+    choice writes y and runs the epilogue on it); both outputs PyTorch's."""
+    made = spy_compile_fx(monkeypatch, [])
+    xs = [fl.tensor(_mk(s, i)) for i, s in enumerate([(37, 45), (45, 29), (29,)])]
+    tx = [torch.tensor(x.numpy()).double() for x in xs]
+    refs = [(tx[0] @ tx[1]).numpy(), torch.relu(tx[0] @ tx[1] + tx[2]).numpy()]
+
+    def f(x, w, b):
+        y = x @ w
+        return y, fl.relu(y + b)
+    before = dict(mm_template.stats)
+    cf = fl.compile(f, mode="max-autotune")
+    for o, r in zip(cf(*xs), refs):
+        np.testing.assert_allclose(o.numpy(), r, rtol=1e-5, atol=1e-5)
+    assert {k: mm_template.stats[k] - before[k] for k in ("template_calls", "fused_epilogues")} == \
+        {"template_calls": 1, "fused_epilogues": 1}
+    (choice,) = _choices_of(made[0])
+    assert choice.tk.store_product
+    choice.choice = len(choice.templates)
+    for o, r in zip(cf(*xs), refs):
+        np.testing.assert_allclose(o.numpy(), r, rtol=1e-5, atol=1e-5)

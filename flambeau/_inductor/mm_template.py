@@ -9,8 +9,8 @@ whose tile, once accumulated, is handed to its *epilogue*: the scheduler's point
 product (a bias add, an activation, a residual add, a cast: whatever the flat pointwise kernel computes),
 printed by the Triton code generator over the tile's element indices with the product's value taken from
 the accumulator (rounded to the product's dtype first, as the extern's output would be). The product is then
-never stored. A product whose only reader is not such a kernel (or is an epilogue already taken by an earlier
-product: x @ w + y @ v), or that is an output, is templated alone.
+never stored, unless later kernels read it too or it is an output. A product whose first reader is not such
+a kernel (or is an epilogue already taken by an earlier product: x @ w + y @ v) is templated alone.
 
 Each template is one source (strides and offsets are literals); its block configurations (`CONFIGS`) are
 launches of it with other constexprs. At the first call on cuda `TemplateChoice` times every configuration
@@ -81,15 +81,18 @@ class Operand:
 
 class TemplateKernel(Kernel):
     """A scheduled matrix product with its epilogue (`epilogue`: the pointwise Kernel it replaces, or None:
-    then the product itself is stored). `loads`: the operands' bases, then the epilogue's other loads."""
+    then the product itself is stored; with `store_product` it is stored too, for its later readers or as an
+    output). `loads`: the operands' bases, then the epilogue's other loads; `stores`: the product's, then
+    the epilogue's."""
 
-    def __init__(self, product, epilogue):
+    def __init__(self, product, epilogue, store_product: bool = False):
         # (Kernel's own constructor wants a node: a product alone has none)
         self.name = epilogue.name if epilogue is not None else f"template_{product.name}"
         self.nodes, self.steps, self.locals = (epilogue.nodes, epilogue.steps, epilogue.locals) if epilogue \
             is not None else ([], [], set())
         self.outer, self.outer_groups, self.column, self.scatter = (), [], False, None
         self.product, self.epilogue = product, epilogue
+        self.store_product = store_product or epilogue is None
         self.a, self.b = Operand(product.args[0]), Operand(product.args[1])
         self.operand_names = {self.a.name, self.b.name}     # read whole by every tile: never written in place
         self.batch, self.m, self.k = (1, *self.a.shape) if len(self.a.shape) == 2 else self.a.shape
@@ -100,7 +103,7 @@ class TemplateKernel(Kernel):
             if x.name != product.name:
                 bases.setdefault(x.name, x)
         self.loads = list(bases.values())
-        self.stores = list(epilogue.stores) if epilogue is not None else [product]
+        self.stores = ([product] if self.store_product else []) + (list(epilogue.stores) if epilogue else [])
 
 
 def templatable(ek) -> bool:
@@ -147,10 +150,10 @@ def fuse_products(order: list, graph) -> list:
     for step in order:
         if isinstance(step, ExternStep) and templatable(step.node):
             prod = step.node
-            users = readers.get(prod.name, [])
-            if len(users) == 1 and isinstance(users[0], Kernel) and id(users[0]) not in replaced and \
-                    prod.name not in outputs and _identity_epilogue(users[0], prod):
-                replaced[id(users[0])] = TemplateKernel(prod, users[0])
+            users = readers.get(prod.name, [])       # (in order: the template runs where the first reads)
+            if users and isinstance(users[0], Kernel) and id(users[0]) not in replaced and \
+                    _identity_epilogue(users[0], prod):
+                replaced[id(users[0])] = TemplateKernel(prod, users[0], len(users) > 1 or prod.name in outputs)
                 stats["fused_epilogues"] += 1
                 continue
             out.append(TemplateKernel(prod, None))
@@ -222,15 +225,14 @@ def generate(tk: TemplateKernel, interpret: bool = False) -> tuple:
     p.line(f"xindex = bid * {M * N} + rm[:, None] * {N} + rn[None, :]")
     if prod.dtype in LOWP:
         p.line(f"acc = acc.to({TL[prod.dtype]}).to(tl.float32)")
+    if tk.store_product:
+        st = prod.layout.strides
+        off = f"bid * {st[0]} + rm[:, None] * {st[-2]} + rn[None, :] * {st[-1]}" if len(st) == 3 else \
+            f"rm[:, None] * {st[0]} + rn[None, :] * {st[1]}"
+        val = "acc" if prod.dtype not in LOWP else f"acc.to({TL[prod.dtype]})"
+        p.line(f"tl.store({prod.name} + ({off}), {val}, mask=xmask)")
     with set_handler(TritonHandler(p)):
-        if tk.epilogue is None:
-            p.x_names = {"xindex"}
-            st = prod.layout.strides
-            off = f"bid * {st[0]} + rm[:, None] * {st[-2]} + rn[None, :] * {st[-1]}" if len(st) == 3 else \
-                f"rm[:, None] * {st[0]} + rn[None, :] * {st[1]}"
-            val = "acc" if prod.dtype not in LOWP else f"acc.to({TL[prod.dtype]})"
-            p.line(f"tl.store({prod.name} + ({off}), {val}, mask=xmask)")
-        else:
+        if tk.epilogue is not None:
             p.locals[prod.name] = TVar("acc", prod.dtype)
             step = tk.epilogue.steps[0]
             p._store_step(step, [], _tile_index(p, tk, step.inner_groups))
@@ -345,7 +347,10 @@ class TemplateChoice:
         if self.epilogue is None:
             self.product(loads, rest[0])
             return None
-        c = self.product(loads, None)
+        if self.tk.store_product:                   # into its own output, then the epilogue's stores
+            c, rest = self.product(loads, rest[0]), rest[1:]
+        else:
+            c = self.product(loads, None)
         return self.epilogue(*[c if j < 0 else loads[j] for j in self.epi_args], *rest)
 
     def __call__(self, *args):
