@@ -407,3 +407,15 @@ def test_a_product_that_is_also_an_output_is_stored_by_its_template(small_blocks
     choice.choice = len(choice.templates)
     for o, r in zip(cf(*xs), refs):
         np.testing.assert_allclose(o.numpy(), r, rtol=1e-5, atol=1e-5)
+
+
+def test_contiguity_hints_only_where_wraps_fall_on_vector_boundaries(small_blocks, monkeypatch):
+    """`rm % M` is hinted contiguous (vectorised loads along M) only for M a multiple of 16: with M = 37 a
+    vector of a column-major operand could straddle the wrap and read past it."""
+    made = spy_compile_fx(monkeypatch, [])
+    for m in (37, 64):
+        a, b = _mk((45, m), m), _mk((45, 32), 1)
+        out = fl.compile(lambda a, b: a.t() @ b, mode="max-autotune")(fl.tensor(a), fl.tensor(b))
+        np.testing.assert_allclose(out.numpy(), a.T @ b, rtol=1e-5, atol=1e-4)
+    src37, src64 = (g.source for g in made)
+    assert "ram = rm % 37\n" in src37 and "tl.multiple_of(rm % 64, BLOCK_M)" in src64

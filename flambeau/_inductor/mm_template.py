@@ -176,6 +176,15 @@ def _dot_precision(dtype) -> str:
     return ""
 
 
+def _clamped(r: str, size: int, block: str) -> str:
+    """Row (column) indices wrapped into the operand (`r % size`: the tile past its edge reads valid rows, whose
+    results the store masks), hinted contiguous where every wrap falls on a 16-element boundary (no vector of
+    the loads then straddles one)."""
+    if size % 16:
+        return f"{r} % {size}"
+    return f"tl.max_contiguous(tl.multiple_of({r} % {size}, {block}), {block})"
+
+
 def generate(tk: TemplateKernel, interpret: bool = False) -> tuple:
     """(source of the template's jit function, [Launch per config]) of a TemplateKernel."""
     a, b = tk.a, tk.b
@@ -198,8 +207,8 @@ def generate(tk: TemplateKernel, interpret: bool = False) -> tuple:
               "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
               "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
               "rk = tl.arange(0, BLOCK_K)",
-              f"ram = tl.max_contiguous(tl.multiple_of(rm % {M}, BLOCK_M), BLOCK_M)",
-              f"rbn = tl.max_contiguous(tl.multiple_of(rn % {N}, BLOCK_N), BLOCK_N)",
+              f"ram = {_clamped('rm', M, 'BLOCK_M')}",
+              f"rbn = {_clamped('rn', N, 'BLOCK_N')}",
               f"a_ptrs = {a.name} + ({a.offset} + bid * {a.strides[0]} + ram[:, None] * {a.strides[1]} + "
               f"rk[None, :] * {a.strides[2]})",
               f"b_ptrs = {b.name} + ({b.offset} + bid * {b.strides[0]} + rk[:, None] * {b.strides[1]} + "
