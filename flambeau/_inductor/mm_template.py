@@ -29,11 +29,14 @@ import os
 
 import numpy as np
 
-from .. import _dtype as D, _logging, _state
+from .. import _backends, _dtype as D, _logging, _state
+from . import codegen_triton, extern_gemm
+from .autotune import _path
 from .codegen_triton import INT32_LIMIT, LOWP, TL, Launch, LaunchBuffer, TritonHandler, TritonKernelPrinter, TVar
 from .index import Index, Sym, contiguous_strides
 from .ir import Buffer, StridedView, set_handler
 from .scheduler import ExternStep, Kernel, expand_groups
+from .wrapper import strided_array
 
 log = _logging.get_logger("flambeau._inductor")
 PRODUCTS = ("mm", "bmm")
@@ -280,7 +283,6 @@ def _tile_index(p, tk: TemplateKernel, groups: list) -> list:
 # ---- choosing between the configurations and the extern -----------------------------------------------
 def cache_path(cache_dir: str, kernel_key: str, name: str, dkey: str) -> str:
     """Where a template's choice is cached: autotune.py's scheme, under the precision it was timed with."""
-    from .autotune import _path
     return _path(cache_dir, kernel_key, name, {"precision": _state.float32_matmul_precision}, dkey)
 
 
@@ -383,7 +385,6 @@ def generate_module(kernels, size_names=(), interpret: bool = False) -> tuple:
     """`codegen_triton.generate` of a graph's kernels, its TemplateKernels printed here: (module source,
     {kernel name: Launch, or for a template [Launch per config]}); a template's epilogue is also printed
     alone, as `<name>_epilogue` (the extern choice's second kernel)."""
-    from . import codegen_triton
     templates = [k for k in kernels if isinstance(k, TemplateKernel)]
     alone = [_renamed(t.epilogue, t.name + "_epilogue") for t in templates if t.epilogue is not None]
     source, launches = codegen_triton.generate([k for k in kernels if not isinstance(k, TemplateKernel)] + alone,
@@ -434,8 +435,6 @@ def launcher(rt, module, tk: TemplateKernel, launches: dict, device) -> Template
 def extern_product(tk: TemplateKernel, device):
     """product(arrays of tk.loads, out) -> the product as the extern computes it (cuBLASLt on cuda,
     `extern_gemm.planned_product`; the op's eager kernel on cpu), written into `out` when given."""
-    from . import extern_gemm
-    from .wrapper import strided_array
     ek = tk.product
     where = {x.name: i for i, x in enumerate(tk.loads)}
 
@@ -447,7 +446,6 @@ def extern_product(tk: TemplateKernel, device):
         return lambda arrays: arrays[i]
     fa, fb = operand(ek.args[0]), operand(ek.args[1])
     if device.type == "cuda":
-        from .. import _backends
         xp = _backends.get("cuda").xp
         call = extern_gemm.planned_product(ek.args, where, lambda arrays: (fa(arrays), fb(arrays)),
                                            lambda *arrays: ek.op.kernel(xp, fa(arrays), fb(arrays)))
