@@ -22,7 +22,7 @@ from .. import _state
 from .._tensor import Tensor
 from .._ops.creation import tensor as _tensor, zeros, ones
 from .._ops.views import storage_positions
-from .._dispatch import WRAPPER_DEVICE, type_name
+from .._dispatch import WRAPPER_DEVICE, type_name, device_array_types
 
 _seq = itertools.count()
 
@@ -279,6 +279,49 @@ def _meta_of(t):
     if t._device is WRAPPER_DEVICE:
         return t._wrapper_meta()       # (global shape, dtype, layout): the engine hands the layout back
     return (t._data.shape, t._dtype, t._device)
+
+
+# Interned metadata. A training step records a few hundred nodes over a few dozen distinct (shape, dtype,
+# device) triples; a node of one output kept its own `((shape, dtype, device),)` (three tuples the garbage
+# collector counts, alive until backward), a cast node its own TensorMeta of the input (two objects), every
+# node a tuple of output numbers, nearly always all zeros. These tables hand out one shared object per
+# value instead, for tensors of NumPy or device arrays (shapes of ints: a fake or meta tensor's may hold
+# SymInts, which a comparison would guard). Keys hold the device's id (its `__hash__` is Python code); the
+# value keeps the device alive, so the id stays its own. Bounded: cleared when full (shapes that vary
+# without end).
+_OUT_METAS: dict = {}          # (shape, dtype, id(device)) -> ((shape, dtype, device),)
+_TENSOR_METAS: dict = {}       # (shape, dtype, id(device)) -> TensorMeta
+_INTERNED_MAX = 4096
+_ZERO_NRS = tuple((0,) * n for n in range(17))     # output numbers of edges that all start at output 0
+
+
+def _single_out_meta(t) -> tuple:
+    """`(_meta_of(t),)` for a tensor on a device of arrays, one shared tuple per (shape, dtype, device)."""
+    data = t._data
+    shape, dt, dev = data.shape, t._dtype, t._device
+    if type(data) is not np.ndarray and type(data) not in device_array_types:
+        return ((shape, dt, dev),)
+    key = (shape, dt, id(dev))
+    m = _OUT_METAS.get(key)
+    if m is None:
+        if len(_OUT_METAS) >= _INTERNED_MAX:
+            _OUT_METAS.clear()
+        m = _OUT_METAS[key] = ((shape, dt, dev),)
+    return m
+
+
+def _tensor_meta(t) -> TensorMeta:
+    """`TensorMeta(t)`, one shared (never modified) instance per (shape, dtype, device) of an array tensor."""
+    dev, data = t._device, t._data
+    if dev is WRAPPER_DEVICE or (type(data) is not np.ndarray and type(data) not in device_array_types):
+        return TensorMeta(t)
+    key = (data.shape, t._dtype, id(dev))
+    m = _TENSOR_METAS.get(key)
+    if m is None:
+        if len(_TENSOR_METAS) >= _INTERNED_MAX:
+            _TENSOR_METAS.clear()
+        m = _TENSOR_METAS[key] = TensorMeta(t)
+    return m
 
 
 _NO_GRAD_VIEW_HINT = ("Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify "
@@ -551,6 +594,7 @@ def record(op, args, kwargs, out, node_cls=None):
     # leaf's (`AccumulateGrad.meta`): shared, not one new tuple per use; an input that needs no gradient
     # has none (the engine reads the metadata of an edge only).
     nodes, nrs, in_meta = [], [], []
+    nonzero_nr = False  # an edge into an output other than 0: `nrs` becomes its own tuple, else a shared one
     layout = None       # per Tensor argument, None (one tensor) or a list's length; None throughout: no list
     for k, i in enumerate(op.tensor_args):
         v = bound[i]
@@ -560,9 +604,12 @@ def record(op, args, kwargs, out, node_cls=None):
             if (v._base is None or v._version[0] == v._view_version) and v._device is not WRAPPER_DEVICE:
                 fn = v._grad_fn
                 if fn is not None:
+                    nr = v._output_nr
+                    if nr:
+                        nonzero_nr = True
                     nodes.append(fn)
-                    nrs.append(v._output_nr)
-                    in_meta.append(fn._out_meta[v._output_nr] if type(fn) is OpNode else
+                    nrs.append(nr)
+                    in_meta.append(fn._out_meta[nr] if type(fn) is OpNode else
                                    (v._data.shape, v._dtype, v._device))
                 elif v._requires_grad:
                     fn = accumulator(v)
@@ -575,6 +622,8 @@ def record(op, args, kwargs, out, node_cls=None):
                     in_meta.append(None)
             else:
                 fn, nr = _edge(v)
+                if nr:
+                    nonzero_nr = True
                 nodes.append(fn)
                 nrs.append(nr)
                 in_meta.append(_input_meta(v, fn, nr))
@@ -587,6 +636,8 @@ def record(op, args, kwargs, out, node_cls=None):
             for x in v:
                 if isinstance(x, Tensor):
                     fn, nr = _edge(x)
+                    if nr:
+                        nonzero_nr = True
                     nodes.append(fn)
                     nrs.append(nr)
                     in_meta.append(_input_meta(x, fn, nr))
@@ -600,6 +651,8 @@ def record(op, args, kwargs, out, node_cls=None):
             in_meta.append(None)
             if layout is not None:
                 layout.append(None)
+    if not nonzero_nr and len(nrs) < len(_ZERO_NRS):
+        nrs = _ZERO_NRS[len(nrs)]
     single = isinstance(out, Tensor)
     outs = (out,) if single else out
     node_name = plan.node_name
@@ -628,18 +681,18 @@ def record(op, args, kwargs, out, node_cls=None):
             saved[n] = _output_mask(nodes, layout)
         else:
             v = bound[i]
-            saved[n] = TensorMeta(v) if isinstance(v, Tensor) else \
-                [TensorMeta(x) if isinstance(x, Tensor) else None for x in v] if isinstance(v, (list, tuple)) else v
+            saved[n] = _tensor_meta(v) if isinstance(v, Tensor) else \
+                [_tensor_meta(x) if isinstance(x, Tensor) else None for x in v] if isinstance(v, (list, tuple)) else v
     if single:                                              # `_meta_of` and `_differentiable`, inlined
-        out_meta = ((out._data.shape, out._dtype, out._device) if out._device is not WRAPPER_DEVICE else
-                    _meta_of(out),)
+        out_meta = _single_out_meta(out) if out._device is not WRAPPER_DEVICE else (_meta_of(out),)
         node = (node_cls or OpNode)(op, saved, nodes, nrs, in_meta, out_meta, layout)
         if out._dtype.category >= FLOATING:
             out._grad_fn = node
             out._output_nr = 0
             out._requires_grad = True
         return node
-    out_meta = tuple(_meta_of(o) if isinstance(o, Tensor) else None for o in outs)
+    out_meta = tuple([(_single_out_meta(o)[0] if o._device is not WRAPPER_DEVICE else _meta_of(o))
+                      if isinstance(o, Tensor) else None for o in outs])
     node = (node_cls or OpNode)(op, saved, nodes, nrs, in_meta, out_meta, layout)
     for k, o in enumerate(outs):
         if _differentiable(o):
