@@ -94,6 +94,17 @@ def test_larger_arrays_take_the_general_path_as_pytorch():
 
 
 @pytest.mark.cuda
+def test_larger_float32_arrays_take_the_raw_kernel_as_pytorch():
+    from flambeau._backends import cuda_binary
+    ta, tb, fa, fb = _pair("float32", (2, cuda_binary.MAX_ELEMENTS + 3), seed=5)
+    cuda_binary._functions.clear()
+    _same(fa + fb, ta + tb)
+    _same(fa * 0.5, ta * 0.5)
+    assert {(k[0], k[1].name, k[2]) for k in cuda_binary._functions} == {("add", "float32", "tt"),
+                                                                          ("mul", "float32", "ts")}
+
+
+@pytest.mark.cuda
 def test_float32_subnormals_are_kept_as_pytorch():
     ta = torch.tensor([1e-38, 3e-39, -2e-39, 1e-45], device="cuda")
     fa = fl.tensor(ta.cpu().numpy(), device="cuda")

@@ -272,6 +272,28 @@ def test_raw_binary_kernel_keeps_one_dense_layout(fake_cupy, monkeypatch):
     assert len(launched) == 2
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_raw_binary_kernel_takes_large_arrays_of_four_bytes_and_more(fake_cupy, monkeypatch, dtype):
+    """Beyond MAX_ELEMENTS, float32/float64 operands (GPT-2's residual-gradient sums) still take the raw kernel,
+    over the whole array in one launch; float16/bfloat16 ones go the general way (CuPy's ufunc)."""
+    from flambeau._backends import cuda_binary
+    launched = []
+    monkeypatch.setattr(cuda_binary, "MAX_ELEMENTS", 16)
+    monkeypatch.setattr(cuda_binary, "_device_id", [])
+    monkeypatch.setattr(cuda_binary, "_function", lambda cupy, name, dt, kind, dev: (name, dt, kind))
+    monkeypatch.setattr(cuda_binary, "_launch", lambda f, n, args: launched.append((f, n, args)))
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    a, b = _FakeArray((3, 7), dt), _FakeArray((3, 7), dt)
+    out = cuda_binary.binary(fake_cupy, a, b, "add")
+    scaled = cuda_binary.binary(fake_cupy, a, 0.5, "mul")
+    if dt.itemsize < 4:
+        assert out is None and scaled is None and not launched
+        return
+    assert out.shape == (3, 7) and out.dtype == dt and scaled.dtype == dt
+    assert launched == [(("add", dt, "tt"), 21, (a, b, out, 21)), (("mul", dt, "ts"), 21, (a, 0.5, scaled, 21))]
+    assert cuda_binary.binary(fake_cupy, _FakeArray((4,), dt), b, "add") is None       # shapes differ: general
+
+
 @pytest.mark.parametrize("case", ["same dtype", "not contiguous", "integer source", "integer target", "empty",
                                   "other device", "to another device", "not a cupy array"])
 def test_cast_leaves_other_operands_to_cupy(fake_cupy, case):

@@ -4,7 +4,7 @@ CuPy's ufunc machinery costs about 13.6 us of host time per call on an H200 (typ
 broadcasting, output allocation, argument packing; `bench/cuda_host_profile.py micro`), two thirds of
 flambeau's whole 8x8 add. A `RawKernel` launch with a given output costs about 6.4 us. `binary` takes
 the common case of a training step — two C-contiguous arrays of one shape and dtype, or one array and
-a Python number on the right — for float32/float64/float16/bfloat16 arrays of at most
+a Python number on the right — for float32/float64 arrays and float16/bfloat16 arrays of at most
 `MAX_ELEMENTS` (and int64 add/sub/mul with an int64 array or a Python int, wrapping around as
 PyTorch's: BatchNorm's `num_batches_tracked += 1` each step), and launches a kernel compiled
 once per (op, dtype, operand kind). Arithmetic as PyTorch's cuda kernels: float32 for the half types
@@ -85,9 +85,11 @@ _INT_SPEC = ("i64", "long long", "long long", np.int64)     # as TYPES (not amon
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 THREADS = 256
 MAX_BLOCKS = 1 << 16          # grid-stride loop beyond this many blocks
-# Larger arrays take the general path: there the launch cost is small beside the kernel's time, and
-# these one-element-per-thread kernels are not tuned for bandwidth (a GPT-2 step, bf16 activations of
-# 6.3M elements, was not faster with them on an H200)
+# Larger float16/bfloat16 arrays take the general path: these one-element-per-thread kernels move 2 bytes
+# a thread (a GPT-2 step, bf16 activations of 6.3M elements, was not faster with them on an H200). Float32,
+# float64 and int64 arrays of any size take the kernel: CuPy's own elementwise kernels walk them the same
+# way, one element a thread, after ~14 us of ufunc host time (GPT-2's residual-gradient sums: 25 float32
+# adds of 6.3M elements a step)
 MAX_ELEMENTS = 1 << 20
 _SCALAR_LIMIT = 1 << 53       # a Python int beyond this is not exactly a float: the general path takes it
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -174,7 +176,7 @@ def binary(cupy, a, b, name: str, into=None):
     if spec is None and dt == INT64 and name in INT_OPS:
         spec = _INT_SPEC
     n = a.size
-    if spec is None or not n or n > MAX_ELEMENTS:
+    if spec is None or not n or (n > MAX_ELEMENTS and a.itemsize < 4):
         return None
     strides = None if a.flags.c_contiguous else dense_strides(a)
     if strides is False:
