@@ -99,6 +99,37 @@ def test_to_dtype_skips_the_dispatcher_unless_a_mode_watches(monkeypatch):
     assert mode.names == ["_to_copy"]
 
 
+def test_to_dtype_records_its_node_without_the_general_recorder(monkeypatch):
+    """A cast of a leaf, of an activation and of an up-to-date view records its node in `graph.record_cast`
+    (the edges and metadata `record` would make); a view whose base changed in place since goes to `record`,
+    which refreshes the view first. Gradients as PyTorch's."""
+    from flambeau.autograd import graph
+    general = []
+    real = graph.record
+    monkeypatch.setattr(graph, "record", lambda op, *a, **k: general.append(op.name) or real(op, *a, **k))
+    a, g = _x(), _x(seed=1)
+    grads = []
+    for m in (fl, torch):
+        x = m.tensor(a, requires_grad=True)
+        h = x * 2
+        casts = [x.to(m.bfloat16), h.to(m.float16), h[1:].to(m.bfloat16)]
+        if m is fl:
+            assert "_to_copy" not in general, general   # the casts took record_cast
+            leaf, act, view = (c.grad_fn for c in casts)
+            assert leaf._next_nodes[0] is graph.accumulator(x) and leaf._next_nrs == (0,)
+            assert act._next_nodes == (h.grad_fn,) and act._in_meta == (h.grad_fn._out_meta[0],)
+            assert act._saved["self_meta"].dtype is fl.float32 and tuple(view._saved["self_meta"].shape) == (2, 5)
+            assert act._out_meta[0][1] is fl.float16
+        v = h[1:]
+        h.mul_(1)                                       # v's base changed in place: its node is refreshed
+        casts.append(v.to(m.bfloat16))
+        if m is fl:
+            assert general[-1] == "_to_copy", general
+        sum(c.float().mul(m.tensor(g)[:c.shape[0]]).sum() for c in casts).backward()
+        grads.append(x.grad.numpy())
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1.3e-6, atol=1e-5)
+
+
 def test_to_dtype_propagates_a_forward_tangent_as_pytorch():
     a, t = _x(), _x(seed=2)
     res = {}

@@ -502,7 +502,7 @@ def _cast_to(self: Tensor, dtype: D.dtype) -> Tensor:
     out = Tensor._make(r, dev) if tr is np.ndarray or tr in device_array_types else _dispatch._wrap(r, dev)
     if self._requires_grad and _state.tls.grad_enabled:
         # all four schema arguments positionally: `record` takes them as bound, as it would bind the call's
-        _dispatch._graph.record(_to_copy, (self, dtype, None, False), None, out)
+        _dispatch._graph.record_cast(_to_copy, (self, dtype, None, False), out)
     return out
 
 

@@ -651,7 +651,7 @@ def record(op, args, kwargs, out, node_cls=None):
             in_meta.append(None)
             if layout is not None:
                 layout.append(None)
-    if not nonzero_nr and len(nrs) < len(_ZERO_NRS):
+    if not nonzero_nr and len(nrs) < 17:                  # len(_ZERO_NRS)
         nrs = _ZERO_NRS[len(nrs)]
     single = isinstance(out, Tensor)
     outs = (out,) if single else out
@@ -683,8 +683,12 @@ def record(op, args, kwargs, out, node_cls=None):
             v = bound[i]
             saved[n] = _tensor_meta(v) if isinstance(v, Tensor) else \
                 [_tensor_meta(x) if isinstance(x, Tensor) else None for x in v] if isinstance(v, (list, tuple)) else v
-    if single:                                              # `_meta_of` and `_differentiable`, inlined
-        out_meta = _single_out_meta(out) if out._device is not WRAPPER_DEVICE else (_meta_of(out),)
+    if single:                                      # `_single_out_meta` and `_differentiable`, inlined
+        data = out._data
+        if type(data) is np.ndarray or type(data) in device_array_types:
+            out_meta = _OUT_METAS.get((data.shape, out._dtype, id(out._device))) or _single_out_meta(out)
+        else:
+            out_meta = (_meta_of(out),)
         node = (node_cls or OpNode)(op, saved, nodes, nrs, in_meta, out_meta, layout)
         if out._dtype.category >= FLOATING:
             out._grad_fn = node
@@ -699,6 +703,39 @@ def record(op, args, kwargs, out, node_cls=None):
             o._grad_fn = node
             o._output_nr = k
             o._requires_grad = True
+    return node
+
+
+_META_OF_FIRST = (("self_meta", _SAVE_META, 0),)
+
+
+def record_cast(op, args: tuple, out: Tensor):
+    """`record(op, args, None, out)` for a cast (`_to_copy` with all its arguments positional: `Tensor.to(dtype)`,
+    autocast's ~120 casts a GPT-2 step): one Tensor argument, args[0], whose metadata alone the derivative
+    saves, one floating output. The edge of a tensor that needs no view refresh and the node are made here;
+    anything else (a view to refresh, a wrapper subclass, another saved set) goes to `record`."""
+    plan = op.__dict__.get("_record_plan")
+    if plan is None or plan.saved_names is not op.saved_names:
+        plan = _plan(op)
+    t = args[0]
+    if (plan.saved != _META_OF_FIRST
+            or len(args) != plan.nargs or t._device is WRAPPER_DEVICE or out._device is WRAPPER_DEVICE
+            or (t._base is not None and t._version[0] != t._view_version) or out._dtype.category < FLOATING):
+        return record(op, args, None, out)
+    fn = t._grad_fn
+    if fn is not None:
+        nr = t._output_nr
+        meta = fn._out_meta[nr] if type(fn) is OpNode else (t._data.shape, t._dtype, t._device)
+        nrs = (nr,) if nr else _ZERO_NRS[1]
+    elif t._requires_grad:
+        fn = accumulator(t)
+        meta, nrs = fn.meta(), _ZERO_NRS[1]
+    else:
+        fn, meta, nrs = None, None, _ZERO_NRS[1]
+    node = OpNode(op, {"self_meta": _tensor_meta(t)}, (fn,), nrs, (meta,), _single_out_meta(out), None)
+    out._grad_fn = node
+    out._output_nr = 0
+    out._requires_grad = True
     return node
 
 
