@@ -56,6 +56,10 @@ class DevArray(np.ndarray):
         return np.ndarray(shape, dtype, buffer=_BLOCK, strides=strides).view(cls)
 
     @property
+    def _c_contiguous(self):   # CuPy's attribute behind `flags.c_contiguous`
+        return self.flags.c_contiguous
+
+    @property
     def data(self):            # read once per array (CuPy's `.data` is a C attribute: cheap)
         d = self.__dict__.get("_data")
         if d is None:

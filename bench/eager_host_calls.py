@@ -55,6 +55,11 @@ class DevArray(np.ndarray):
     __cuda_array_interface__: dict = {}
 
     @property
+    def _c_contiguous(self):
+        """CuPy's attribute behind `flags.c_contiguous`."""
+        return self.flags.c_contiguous
+
+    @property
     def data(self):
         p = self.__dict__.get("_p")
         if p is None:

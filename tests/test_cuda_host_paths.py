@@ -159,6 +159,7 @@ class _FakeArray:
                 np.zeros(self.shape[:-1] + (2 * self.shape[-1],), self.dtype)[..., ::2].strides
         self.strides = tuple(strides)
         self.flags = type("F", (), {"c_contiguous": contiguous})()
+        self._c_contiguous = contiguous       # CuPy's attribute behind `flags.c_contiguous`
         self._next_ptr[0] += 0x1000
         self.data = type("D", (), {"device_id": device, "ptr": self._next_ptr[0]})()
 
@@ -292,6 +293,27 @@ def test_raw_binary_kernel_takes_large_arrays_of_four_bytes_and_more(fake_cupy, 
     assert out.shape == (3, 7) and out.dtype == dt and scaled.dtype == dt
     assert launched == [(("add", dt, "tt"), 21, (a, b, out, 21)), (("mul", dt, "ts"), 21, (a, 0.5, scaled, 21))]
     assert cuda_binary.binary(fake_cupy, _FakeArray((4,), dt), b, "add") is None       # shapes differ: general
+
+
+def test_cast_and_binary_kernels_read_cupys_contiguity_attribute_not_flags(fake_cupy, monkeypatch):
+    """CuPy's `flags` makes a new Flags object per read; the cast and binary kernels read `_c_contiguous`."""
+    from flambeau._backends import cuda_binary
+
+    class NoFlags(_FakeArray):
+        @property
+        def flags(self):
+            raise AssertionError("flags read")
+
+        @flags.setter
+        def flags(self, value):
+            pass
+    fake_cupy.ndarray = NoFlags
+    monkeypatch.setattr(cuda_binary, "_device_id", [])
+    monkeypatch.setattr(cuda_binary, "_function", lambda *a: "kernel")
+    monkeypatch.setattr(cuda_binary, "_launch", lambda f, n, args: None)
+    a, b = NoFlags((4, 4), np.float32), NoFlags((4, 4), np.float32)
+    assert cuda_cast.cast(fake_cupy, a, np.dtype(np.float16)).dtype == np.float16
+    assert cuda_binary.binary(fake_cupy, a, b, "add").shape == (4, 4)
 
 
 @pytest.mark.parametrize("case", ["same dtype", "not contiguous", "integer source", "integer target", "empty",

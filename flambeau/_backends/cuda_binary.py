@@ -178,7 +178,7 @@ def binary(cupy, a, b, name: str, into=None):
     n = a.size
     if spec is None or not n or (n > MAX_ELEMENTS and a.itemsize < 4):
         return None
-    strides = None if a.flags.c_contiguous else dense_strides(a)
+    strides = None if a._c_contiguous else dense_strides(a)      # CuPy's attribute (`flags`: a new object)
     if strides is False:
         return None
     if not _device_id:
@@ -189,7 +189,7 @@ def binary(cupy, a, b, name: str, into=None):
     tb = type(b)
     if tb is _ndarray:
         if b.dtype != dt or b.shape != a.shape or b.data.device_id != dev or \
-                not (b.flags.c_contiguous if strides is None else dense_strides(b) == strides):
+                not (b._c_contiguous if strides is None else dense_strides(b) == strides):
             return None
         out = into if into is not None else _ndarray(a.shape, dt) if strides is None else \
             new_in_layout(cupy, a.shape, dt, strides)

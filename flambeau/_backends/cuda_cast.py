@@ -79,7 +79,8 @@ def cast(cupy, a, dtype, device_index=None):
     n = a.size
     if not n:
         return None
-    strides = None if a.flags.c_contiguous else dense_strides(a)
+    # CuPy's own attribute: `a.flags` makes a Flags object per call
+    strides = None if a._c_contiguous else dense_strides(a)
     if strides is False:
         return None
     if not _device_id:
