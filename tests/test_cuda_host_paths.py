@@ -586,15 +586,18 @@ def test_column_sum_compiles_its_kernels_once_and_launches_both(monkeypatch):
 
     monkeypatch.setattr(T, "cupy", type("C", (), {"ndarray": Array}))
     monkeypatch.setattr(T, "_kernels", {})
+    monkeypatch.setattr(T, "_plans", {})
     monkeypatch.setattr(TL, "compile_kernel", lambda fn, sig, consts, **kw: compiled.append((fn, sig)) or
                         ("kernel", fn, sig["X" if "X" in sig else "Y"]))
     monkeypatch.setattr(TL, "launch", lambda k, grid, *args: launches.append((k, grid, args)))
-    monkeypatch.setattr(TL, "multiprocessors", lambda: 4)
+    sm_queries = []
+    monkeypatch.setattr(TL, "multiprocessors", lambda: sm_queries.append(1) or 4)
     monkeypatch.setattr(TL, "current_device", lambda: 0)
     x = Array((1000, 300), ml_dtypes.bfloat16)
     for _ in range(3):
         y = T.column_sum(x, 1000, np.dtype(np.float32))
         assert y.shape == (300,) and y.dtype == np.float32
+    assert len(sm_queries) == 1                   # the row chunks of a shape seen before: no device query
     assert [(fn, sig.get("X", sig.get("Y"))) for fn, sig in compiled] == \
         [(T._colsum_partial, "*bf16"), (T._colsum_final, "*fp32")]
     S, rows_per = T.splits(1000, 300, 4)
@@ -605,6 +608,9 @@ def test_column_sum_compiles_its_kernels_once_and_launches_both(monkeypatch):
     assert a1[1].shape == (S, 300) and a1[1].dtype == np.float32
     assert k2[1] is T._colsum_final and g2 == (blocks,) and a2[0] is a1[1] and a2[2:] == (S, 300)
     assert a2[1] is y
+    T.column_sum(Array((64, 300), ml_dtypes.bfloat16), 64, np.dtype(np.float32))     # other rows: their own chunks
+    assert len(sm_queries) == 2 and len(compiled) == 2
+    assert launches[-2][1] == (blocks, T.splits(64, 300, 4)[0]) and launches[-2][2][4] == T.splits(64, 300, 4)[1]
 
 
 def test_layer_norm_compiles_its_kernels_once_per_signature(monkeypatch):

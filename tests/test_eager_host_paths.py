@@ -248,6 +248,40 @@ def test_linear_and_its_gradients_take_the_cublaslt_output_as_it_is(fake_cublasl
     assert tuple(z.shape) == lead + (8,) and z._data.base is None and fake_cublaslt.calls["gemm"] == 4
 
 
+def test_linear_bias_gradient_on_cuda_is_the_column_sums_array(fake_cublaslt, monkeypatch):
+    """A cuda linear layer's bias gradient is the Triton column sum of the (rows, out) gradient, its array as it
+    is (`reduction.cuda_rows_sum`: no dispatch of `sum`'s arguments); where the column sum declines, `sum`'s
+    kernel computes it (NumPy's here), and both are the sum PyTorch gives."""
+    from flambeau import _backends as B
+    from flambeau._ops import reduction as R
+    calls = []
+
+    def column_sum(x, rows, out_dtype):
+        calls.append((x.shape, rows, out_dtype))
+        return np.asarray(x, np.float64).sum(0).astype(out_dtype).view(E.DevArray)
+    accept = [True]
+    fake = type("TS", (), {"supported": staticmethod(lambda x, rows, out: accept[0] and x.flags.c_contiguous),
+                           "column_sum": staticmethod(column_sum)})
+    monkeypatch.setattr(R, "_triton_sum", [fake])
+    monkeypatch.setattr(R.triton_launch, "available", lambda: True)
+    monkeypatch.setattr(B, "_cupy_namespace", [B.array_namespaces["cuda"]])
+    entered, real = [], R._cuda_column_sum              # `sum`'s cuda kernel, entered through dispatch's frames
+    monkeypatch.setattr(R, "_cuda_column_sum", lambda *a: entered.append(a[1]) or real(*a))
+    x = E.cuda_tensor((2, 3, 16), requires_grad=True)
+    w, b = E.cuda_tensor((8, 16), requires_grad=True, seed=1), E.cuda_tensor((8,), requires_grad=True, seed=2)
+    g = E.cuda_tensor((2, 3, 8), seed=3)
+    want = torch.tensor(np.asarray(g._data)).sum((0, 1)).numpy()
+    for taken in (True, False):
+        accept[0] = taken
+        y = fl.nn.functional.linear(x, w, b)
+        with fl.no_grad():
+            gb = y.grad_fn.apply([g])[2]
+        assert tuple(gb.shape) == (8,) and gb.dtype is fl.float32
+        np.testing.assert_allclose(np.asarray(gb._data), want, rtol=1.3e-6, atol=1e-5)
+        assert calls == [((6, 8), 6, np.dtype(np.float32))]
+        assert entered == ([] if taken else [0])
+
+
 # ---- LayerNorm's fused backward: parameter gradients are the rows of its sums, as they are ---------
 class _Rows:
     """The fused backward's (2, cols) sums as the kernel reads them: row 0 (weight), row 1 (bias)."""

@@ -103,15 +103,33 @@ def _compile_final(out_dtype):
                              num_warps=NUM_WARPS, num_stages=1)
 
 
-def column_sum(x, rows: int, out_dtype):
-    """The (x.size // rows,) sums of CuPy array `x` seen as (rows, x.size // rows), in `out_dtype`."""
-    N = x.size // rows
+_plans: dict = {}        # (input dtype, output dtype, device, rows, N) -> `_column_plan`'s tuple
+_PLANS_MAX = 1024
+
+
+def _column_plan(key) -> tuple:
+    """(partial kernel, final kernel, S, rows_per, partial grid, final grid) of `column_sum` for `key`."""
+    x_dtype, out_dtype, _, rows, N = key
     S, rows_per = splits(rows, N, TL.multiprocessors())
-    kern, fin = _kernels.get((x.dtype, out_dtype, TL.current_device())) or _column_kernels(x.dtype, out_dtype)
+    kern, fin = _column_kernels(x_dtype, out_dtype)
+    blocks = (N + BLOCK_N - 1) // BLOCK_N
+    if len(_plans) >= _PLANS_MAX:
+        _plans.clear()
+    p = _plans[key] = (kern, fin, S, rows_per, (blocks, S), (blocks,))
+    return p
+
+
+def column_sum(x, rows: int, out_dtype):
+    """The (x.size // rows,) sums of CuPy array `x` seen as (rows, x.size // rows), in `out_dtype`. The
+    kernels, row chunks and grids of a (dtypes, device, rows, N) seen before are one lookup (each linear
+    layer's bias gradient of a training step: the device's multiprocessor count is a runtime query)."""
+    N = x.size // rows
+    key = (x.dtype, out_dtype, TL.current_device(), rows, N)
+    kern, fin, S, rows_per, grid, final_grid = _plans.get(key) or _column_plan(key)
     part = cupy.ndarray((S, N), np.float32)
-    TL.launch(kern, ((N + BLOCK_N - 1) // BLOCK_N, S), x, part, rows, N, rows_per)
+    TL.launch(kern, grid, x, part, rows, N, rows_per)
     y = cupy.ndarray((N,), out_dtype)
-    TL.launch(fin, ((N + BLOCK_N - 1) // BLOCK_N,), part, y, S, N)
+    TL.launch(fin, final_grid, part, y, S, N)
     return y
 
 

@@ -9,7 +9,8 @@ from .._backends.cpu_kernels import matmul_for
 from ._registry import defop, export, TensorSpec, Tag
 from ._helpers import opmath, direct_device, direct_call
 from .linalg import einsum, lt_gemm, matmul
-from .reduction import sum as sum_op
+from .reduction import sum as sum_op, cuda_rows_sum
+from .._tensor import Tensor
 from .._dispatch import type_name
 from . import _batching, _sharding
 
@@ -97,8 +98,12 @@ def _linear_backward_direct(dev, grad, input, weight, bias, output_mask):
             x = input._data
             gw = direct_call(matmul, dev, g2.T, x if x.ndim == 2 else x.reshape(-1, w.shape[1]))
         if bias is not None and output_mask[2]:
-            gb = direct_call(sum_op, dev, g2 if bias.ndim == 1 else g.reshape(-1, *bias.shape), 0) \
-                if g.ndim > bias.ndim else grad
+            if g.ndim <= bias.ndim:
+                gb = grad
+            elif bias.ndim == 1 and dev.type == "cuda" and (r := cuda_rows_sum(g2)) is not None:
+                gb = Tensor._make(r, dev)             # `sum`'s cuda kernel for dim 0, without its frames
+            else:
+                gb = direct_call(sum_op, dev, g2 if bias.ndim == 1 else g.reshape(-1, *bias.shape), 0)
     return gi, gw, gb
 
 

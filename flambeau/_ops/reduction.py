@@ -20,7 +20,7 @@ from .. import _dtype as D
 from .. import _state
 from .._tensor import Tensor
 from .._dispatch import type_name, resize_out
-from .._backends import triton_launch, is_cupy
+from .._backends import triton_launch, is_cupy, array_namespaces
 from ._registry import defop, export, EXPORTS, LINALG, TensorSpec, Tag
 from ._helpers import wrap_dim, wrap_dims, opmath, PAR_MIN, parallel_blocks, direct_device, direct_call
 from .views import _expand, unsqueeze
@@ -159,6 +159,19 @@ def _cuda_column_sum(x, dim, keepdim, dtype):
     r = triton_sum.column_sum(x, rows, out.np)
     shape = ((1,) * k if keepdim else ()) + tuple(x.shape[k:])
     return r if r.shape == shape else r.reshape(shape)         # (a bias gradient: (N,) already)
+
+
+def cuda_rows_sum(x):
+    """The column sums of a 2-D CuPy array in its dtype (a linear layer's bias gradient: `x.sum(0)`) through
+    the Triton column sum, or None where `_cuda_column_sum` would not take it: what `sum`'s cuda kernel
+    computes for dim 0, without the dispatch of its arguments."""
+    if not is_cupy(array_namespaces.get("cuda")) or not triton_launch.available():
+        return None
+    triton_sum = _triton_sum[0] if _triton_sum else _import_triton_sum()
+    rows = x.shape[0]
+    if not triton_sum.supported(x, rows, x.dtype):
+        return None
+    return triton_sum.column_sum(x, rows, x.dtype)
 
 
 _triton_sum: list = []      # the module, imported at its first use (`from` inside a function costs ~0.4 us a call)
