@@ -91,9 +91,7 @@ class Tensor:
         t._dtype = dtype if dtype is not None else D.FROM_NP[data.dtype]
         t._device = device
         t._version = [0]
-        t._requires_grad = False
-        t._fw_grad = None
-        return t
+        return t                    # _requires_grad, _fw_grad...: the class defaults
 
     # --- basic metadata -----------------------------------------------------------------
     @property

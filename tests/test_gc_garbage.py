@@ -279,6 +279,14 @@ def test_graph_tensors_carry_no_dictionary_object():
     assert len(keep) == 200
 
 
+def test_a_new_tensor_stores_only_what_differs_from_the_class_defaults():
+    """`Tensor._make` (every op's output) stores its array, dtype, device and version counter; requires_grad
+    and the forward tangent are the class's defaults until set, and read as PyTorch's."""
+    t = flambeau.Tensor._make(np.ones(3, np.float32), flambeau.device("cpu"))
+    assert set(vars(t)) == {"_data", "_dtype", "_device", "_version"}
+    assert t.requires_grad is False and t.grad_fn is None and t._fw_grad is None and t.is_leaf
+
+
 def test_next_functions_pairs_match_pytorch():
     """The edges stored as nodes + output numbers read back as PyTorch's ((node, nr), ...) pairs."""
     results = []
