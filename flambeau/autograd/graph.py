@@ -298,6 +298,8 @@ _ZERO_NRS = tuple((0,) * n for n in range(17))     # output numbers of edges tha
 def _single_out_meta(t) -> tuple:
     """`(_meta_of(t),)` for a tensor on a device of arrays, one shared tuple per (shape, dtype, device)."""
     data = t._data
+    if t._device is WRAPPER_DEVICE:
+        return (_meta_of(t),)
     shape, dt, dev = data.shape, t._dtype, t._device
     if type(data) is not np.ndarray and type(data) not in device_array_types:
         return ((shape, dt, dev),)
@@ -685,7 +687,7 @@ def record(op, args, kwargs, out, node_cls=None):
                 [_tensor_meta(x) if isinstance(x, Tensor) else None for x in v] if isinstance(v, (list, tuple)) else v
     if single:                                      # `_single_out_meta` and `_differentiable`, inlined
         data = out._data
-        if type(data) is np.ndarray or type(data) in device_array_types:
+        if out._device is not WRAPPER_DEVICE and (type(data) is np.ndarray or type(data) in device_array_types):
             out_meta = _OUT_METAS.get((data.shape, out._dtype, id(out._device))) or _single_out_meta(out)
         else:
             out_meta = (_meta_of(out),)
