@@ -130,6 +130,16 @@ def test_to_dtype_records_its_node_without_the_general_recorder(monkeypatch):
     np.testing.assert_allclose(grads[0], grads[1], rtol=1.3e-6, atol=1e-5)
 
 
+def test_shared_output_metadata_names_each_outputs_own_device(fake_cuda):
+    """Output metadata is shared per (shape, dtype) and checked for its device: outputs of one shape and dtype on
+    cpu and on (fake) cuda, alternately, each keep their own device (a zero gradient is made there)."""
+    devices = []
+    for _ in range(2):
+        for x in (fl.ones(2, 3, requires_grad=True), E.cuda_tensor((2, 3), requires_grad=True)):
+            devices.append((x * 2).grad_fn._out_meta[0][2])
+    assert [d.type for d in devices] == ["cpu", "cuda"] * 2
+
+
 def test_to_dtype_propagates_a_forward_tangent_as_pytorch():
     a, t = _x(), _x(seed=2)
     res = {}

@@ -286,26 +286,27 @@ def _meta_of(t):
 # collector counts, alive until backward), a cast node its own TensorMeta of the input (two objects), every
 # node a tuple of output numbers, nearly always all zeros. These tables hand out one shared object per
 # value instead, for tensors of NumPy or device arrays (shapes of ints: a fake or meta tensor's may hold
-# SymInts, which a comparison would guard). Keys hold the device's id (its `__hash__` is Python code); the
-# value keeps the device alive, so the id stays its own. Bounded: cleared when full (shapes that vary
-# without end).
-_OUT_METAS: dict = {}          # (shape, dtype, id(device)) -> ((shape, dtype, device),)
+# SymInts, which a comparison would guard). No key hashes the device (its `__hash__` is Python code): output
+# metadata is keyed by (shape, dtype) and checked for its device object, replaced when another device comes
+# (one device per process is the common case); a TensorMeta key holds the device's id, its value keeps the
+# device alive, so the id stays its own. Bounded: cleared when full (shapes that vary without end).
+_OUT_METAS: dict = {}          # (shape, dtype) -> ((shape, dtype, device),) of the device last seen with them
 _TENSOR_METAS: dict = {}       # (shape, dtype, id(device)) -> TensorMeta
 _INTERNED_MAX = 4096
 _ZERO_NRS = tuple((0,) * n for n in range(17))     # output numbers of edges that all start at output 0
 
 
 def _single_out_meta(t) -> tuple:
-    """`(_meta_of(t),)` for a tensor on a device of arrays, one shared tuple per (shape, dtype, device)."""
+    """`(_meta_of(t),)` for a tensor on a device of arrays, one shared tuple per (shape, dtype) on its device."""
     data = t._data
     if t._device is WRAPPER_DEVICE:
         return (_meta_of(t),)
     shape, dt, dev = data.shape, t._dtype, t._device
     if type(data) is not np.ndarray and type(data) not in device_array_types:
         return ((shape, dt, dev),)
-    key = (shape, dt, id(dev))
+    key = (shape, dt)
     m = _OUT_METAS.get(key)
-    if m is None:
+    if m is None or m[0][2] is not dev:
         if len(_OUT_METAS) >= _INTERNED_MAX:
             _OUT_METAS.clear()
         m = _OUT_METAS[key] = ((shape, dt, dev),)
@@ -688,7 +689,9 @@ def record(op, args, kwargs, out, node_cls=None):
     if single:                                      # `_single_out_meta` and `_differentiable`, inlined
         data = out._data
         if out._device is not WRAPPER_DEVICE and (type(data) is np.ndarray or type(data) in device_array_types):
-            out_meta = _OUT_METAS.get((data.shape, out._dtype, id(out._device))) or _single_out_meta(out)
+            out_meta = _OUT_METAS.get((data.shape, out._dtype))
+            if out_meta is None or out_meta[0][2] is not out._device:
+                out_meta = _single_out_meta(out)
         else:
             out_meta = (_meta_of(out),)
         node = (node_cls or OpNode)(op, saved, nodes, nrs, in_meta, out_meta, layout)
