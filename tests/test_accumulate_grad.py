@@ -75,3 +75,28 @@ def test_a_fresh_gradient_and_disjoint_slices_are_kept_without_a_copy():
     finally:
         engine._stealable_or_copy = real
     assert copies == [False, False, False], copies
+
+
+def test_leaves_made_ready_together_accumulate_most_recent_first():
+    """One node (cat) makes five leaves ready at once: they accumulate most recently created AccumulateGrad
+    first (the queue's order: every AccumulateGrad outranks other nodes, ties by sequence number; PyTorch's
+    ties among leaves are its heap's), hooked and plain leaves alike: a post-accumulate hook sees exactly the
+    leaves before it in that order with their gradient. The engine runs such leaves without queueing them
+    (`engine._run_leaves`); the gradients are PyTorch's."""
+    def run(lib):
+        ws = [lib.full((2,), float(k), requires_grad=True) for k in range(5)]
+        log = []
+        for k in (1, 3):
+            ws[k].register_post_accumulate_grad_hook(
+                lambda p, k=k: log.append((k, [w.grad is not None for w in ws])))
+        ws[2].register_hook(lambda g: g * 3)
+        out = lib.cat(ws)
+        nodes = [n for n, _ in out.grad_fn.next_functions]
+        out.mul(lib.arange(10.0)).sum().backward()
+        return log, [w.grad.tolist() for w in ws], nodes
+    log, grads, nodes = run(flambeau)
+    assert grads == run(torch)[1]
+    order = sorted(range(5), key=lambda k: -nodes[k]._sequence_nr)
+    assert order != list(range(5))
+    expected = [(k, [j in order[:order.index(k) + 1] for j in range(5)]) for k in order if k in (1, 3)]
+    assert log == expected

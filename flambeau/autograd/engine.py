@@ -138,25 +138,8 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
             buf = buffers.pop(node, None)
             if buf is None:
                 buf = {}
-            if node._tensor_hooks:
-                for nr, hooks in node._tensor_hooks.items():
-                    if buf.get(nr) is not None:
-                        buf[nr] = _run_hooks(hooks, buf[nr])
-            if node._retain_hooks:
-                for nr, ref in node._retain_hooks.items():
-                    t = ref()
-                    if t is not None and buf.get(nr) is not None:
-                        g = buf[nr]
-                        t._grad = g.detach().clone() if t._grad is None else t._grad + g.detach()
-            if capture:
-                for nr, g in buf.items():
-                    slot = capture.get((node, nr))
-                    if slot is not None:
-                        captured[slot] = g
-            for _, fn in node._pre_hooks:
-                r = fn(tuple(buf.get(i) for i in range(max(buf, default=-1) + 1)))
-                if r is not None:
-                    buf = {i: x for i, x in enumerate(r)}
+            if node._tensor_hooks or node._retain_hooks or capture or node._pre_hooks:
+                buf = _before_apply(node, buf, capture, captured)
             if type(node) is AccumulateGrad:
                 if accumulate and (only_leaves is None or node in only_leaves) and buf.get(0) is not None:
                     _accumulate(node.variable, buf[0], create_graph, stored)
@@ -184,11 +167,14 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                     node.release()
             in_meta = node._in_meta
             n_meta = len(in_meta)
+            leaves = None
             i = -1
             for nx, nr, g in zip(next_nodes, node._next_nrs, outs):
                 i += 1
                 if nx is None:
                     continue
+                left = deps[nx] - 1
+                deps[nx] = left
                 if g is not None:
                     meta = in_meta[i] if i < n_meta else None
                     # the common case, a gradient already of the input's device, shape and dtype, skips the
@@ -198,13 +184,25 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                         g = _reduce_to(g, meta[0], meta[1], meta[2], node, i)
                     b = buffers.get(nx)
                     if b is None:
+                        if left == 0 and type(nx) is AccumulateGrad:    # a leaf's only gradient: no buffer
+                            if leaves is None:
+                                leaves = [(nx, g)]
+                            else:
+                                leaves.append((nx, g))
+                            continue
                         buffers[nx] = {nr: g}
                     else:
                         b[nr] = g if b.get(nr) is None else _sum_grads(b[nr], g)
-                left = deps[nx] - 1
-                deps[nx] = left
                 if left == 0:
-                    heappush(ready, (-nx._sequence_nr, id(nx), nx))
+                    if type(nx) is AccumulateGrad:
+                        if leaves is None:
+                            leaves = [(nx, None)]
+                        else:
+                            leaves.append((nx, None))
+                    else:
+                        heappush(ready, (-nx._sequence_nr, id(nx), nx))
+            if leaves is not None:
+                _run_leaves(leaves, buffers, capture, captured, accumulate, only_leaves, create_graph, stored)
         callbacks = final_callbacks[-1]
         while callbacks:
             callbacks.pop(0)()
@@ -213,6 +211,71 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
         _state.tls.grad_enabled = prev
         _state.set_autocast(prev_autocast)
     return captured
+
+
+def _before_apply(node, buf: dict, capture, captured: dict) -> dict:
+    """What runs on a node's gathered gradients before it is applied: its tensors' hooks, retain_grad,
+    autograd.grad's capture, the node's pre-hooks. Returns the (maybe replaced) gradients."""
+    if node._tensor_hooks:
+        for nr, hooks in node._tensor_hooks.items():
+            if buf.get(nr) is not None:
+                buf[nr] = _run_hooks(hooks, buf[nr])
+    if node._retain_hooks:
+        for nr, ref in node._retain_hooks.items():
+            t = ref()
+            if t is not None and buf.get(nr) is not None:
+                g = buf[nr]
+                t._grad = g.detach().clone() if t._grad is None else t._grad + g.detach()
+    if capture:
+        for nr, g in buf.items():
+            slot = capture.get((node, nr))
+            if slot is not None:
+                captured[slot] = g
+    for _, fn in node._pre_hooks:
+        r = fn(tuple(buf.get(i) for i in range(max(buf, default=-1) + 1)))
+        if r is not None:
+            buf = {i: x for i, x in enumerate(r)}
+    return buf
+
+
+def _sequence_of(entry) -> int:
+    return entry[0]._sequence_nr
+
+
+def _run_leaves(leaves: list, buffers: dict, capture, captured: dict, accumulate: bool, only_leaves,
+                create_graph: bool, stored: dict) -> None:
+    """Run the leaves (AccumulateGrad nodes) that one node's gradients made ready: [(node, its gradient,
+    or None: in `buffers`)]. Every AccumulateGrad outranks every other node, so the queue would run these
+    next, highest sequence number first: they run here in that order, without a queue entry, and a
+    leaf's single gradient without a buffer (a compiled backward hands one to each of ~160 parameters).
+    A leaf without hooks takes its first gradient in `_first_grad` under one hold of the lock."""
+    if len(leaves) > 1:
+        leaves.sort(key=_sequence_of, reverse=True)
+    lock = _accumulate_lock
+    held = False
+    try:
+        for node, g in leaves:
+            if g is None or node._tensor_hooks or node._retain_hooks or capture or node._pre_hooks:
+                buf = buffers.pop(node, None) if g is None else {0: g}
+                buf = _before_apply(node, buf or {}, capture, captured)
+                g = buf.get(0)
+            if g is None or not accumulate or (only_leaves is not None and node not in only_leaves):
+                continue
+            t = node.variable
+            if t._grad is None and not create_graph and not t._hooks and "_post_acc_hooks" not in t.__dict__:
+                if not held:
+                    lock.acquire()
+                    held = True
+                if t._grad is None:         # (another thread may have set it before the lock was taken)
+                    _first_grad(t, g, stored)
+                    continue
+            if held:                        # hooks run without the lock, as in `_accumulate`
+                lock.release()
+                held = False
+            _accumulate(t, g, create_graph, stored)
+    finally:
+        if held:
+            lock.release()
 
 
 def queue_callback(callback) -> None:
@@ -319,14 +382,6 @@ def _overlaps(a, taken) -> bool:
     return False
 
 
-def _dense_arrays(*tensors) -> bool:
-    """Whether each tensor is a strided one holding a NumPy/CuPy array (not sparse, a wrapper or meta)."""
-    for t in tensors:          # a loop, not all() over a generator: this runs for every leaf's first gradient
-        if t._device is WRAPPER_DEVICE or t.layout is not strided or not hasattr(t._data, "strides"):
-            return False
-    return True
-
-
 def _non_overlapping_and_dense(shape, strides) -> bool:
     expected = 1
     for st, n in sorted((st, n) for n, st in zip(shape, strides) if n != 1):
@@ -355,9 +410,13 @@ def _stealable_or_copy(var: Tensor, grad: Tensor, stored: dict) -> Tensor:
     follows the leaf's, else a copy in the leaf's layout (an expanded `sum` gradient, a transposed leaf).
     Later accumulation adds into it in place, so it must own its memory and have no overlapping elements."""
     a = grad._data
-    taken = stored.get(id(_owner(a)))
-    if (taken is None or not _overlaps(a, taken)) and _obeys_layout(grad, var):
-        _keep(a, stored, taken)
+    owner = id(_owner(a))
+    taken = stored.get(owner)
+    if (taken is None or not _overlaps(a, taken)) and (a.strides == var._data.strides or _obeys_layout(grad, var)):
+        if taken is None:           # `_keep`, inlined: the common case, a leaf's first gradient
+            stored[owner] = [a]
+        else:
+            taken.append(a)
         return grad
     if _non_overlapping_and_dense(var.shape, var.stride()):
         out = empty_strided(var.shape, var.stride(), dtype=grad.dtype, device=grad.device)
@@ -390,11 +449,10 @@ def _accumulate_locked(t: Tensor, g: Tensor, create_graph: bool, stored: dict | 
     """`t.grad` = g, or += g: one thread at a time (backward passes of several threads may reach one
     leaf at once; PyTorch holds a mutex per AccumulateGrad), so no update is lost."""
     if t._grad is None:
-        t._grad = g if create_graph else (g.detach() if not g._requires_grad else g.detach())
-        if not create_graph and getattr(g, "_is_root_grad", False):
-            t._grad = g.detach().clone()
-        elif not create_graph and stored is not None and _dense_arrays(t, g):
-            t._grad = _stealable_or_copy(t, t._grad, stored)
+        if create_graph:
+            t._grad = g
+        else:
+            _first_grad(t, g, stored)
     elif create_graph or t._grad._requires_grad:
         t._grad = t._grad + g
     elif t._grad.layout is not strided or g.layout is not strided:
@@ -406,6 +464,20 @@ def _accumulate_locked(t: Tensor, g: Tensor, create_graph: bool, stored: dict | 
             t._grad.add_(g.detach())
         finally:
             _state.tls.grad_enabled = prev
+
+
+def _first_grad(t: Tensor, g: Tensor, stored: dict | None) -> None:
+    """`t.grad` = g, the first gradient of leaf `t` without create_graph (the lock held): a root's given
+    gradient is copied; a dense one is kept or copied per `_stealable_or_copy`."""
+    if "_is_root_grad" in g.__dict__:
+        t._grad = g.detach().clone()
+        return
+    d = g.detach()
+    if stored is not None and t._device is not WRAPPER_DEVICE and g._device is not WRAPPER_DEVICE:
+        a = d._data
+        if hasattr(a, "strides") and hasattr(t._data, "strides"):     # (not meta)
+            d = _stealable_or_copy(t, d, stored)
+    t._grad = d
 
 
 def _make_roots(tensors, grad_tensors, what="backward"):
