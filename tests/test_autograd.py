@@ -213,6 +213,43 @@ def test_inplace_on_saved_tensor_errors():
     assert re.sub(r"output 0 of \w+", "", a) == re.sub(r"output 0 of \w+", "", b)
 
 
+@pytest.mark.parametrize("which", ["input", "intermediate", "output"])
+def test_function_saved_tensor_modified_in_place_errors(which):
+    """A Function saving its input, an intermediate, its output and a non-tensor (`function._save`): one of
+    them changed in place after its forward makes backward raise PyTorch's error (version numbers included);
+    unchanged, the gradients are PyTorch's (`ctx.saved_tensors` checks each version)."""
+    def run(m, modify):
+        kept = {}
+
+        class Scaled(m.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, w):
+                inner = kept["intermediate"] = x * 2
+                out = inner * w
+                ctx.save_for_backward(x, inner, out, None)
+                return out
+
+            @staticmethod
+            def backward(ctx, g):
+                x, inner, out, nothing = ctx.saved_tensors
+                assert nothing is None
+                return g * 2 * (out / inner), g * x * 2
+        x = m.tensor([1.0, 2.0], requires_grad=True)
+        w = m.tensor([3.0, 4.0], requires_grad=True)
+        xx = x * 1
+        out = kept["output"] = Scaled.apply(xx, w)
+        kept["input"] = xx
+        if modify:
+            kept[which].add_(1)
+        (out * 1).sum().backward()
+        return x.grad.tolist(), w.grad.tolist()
+    assert run(fl, False) == run(torch, False)
+    a, b = same_error(lambda m: run(m, True))
+    assert "modified by an inplace operation" in a
+    # (which node's output the tensor is: PyTorch names its own grad_fn, flambeau the saving node)
+    assert re.sub(r", which is output 0 of \w+,", "", a) == re.sub(r", which is output 0 of \w+,", "", b)
+
+
 def test_inplace_on_unsaved_tensor_is_fine():
     for mod in BOTH:
         x = mod.tensor([1.0, 2.0], requires_grad=True)

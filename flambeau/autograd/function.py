@@ -12,7 +12,8 @@ import weakref
 
 from .. import _state
 from .._tensor import Tensor
-from .graph import Node, _edge, _meta_of, SavedTensor, _differentiable
+from .graph import Node, _edge, _meta_of, SavedTensor, _differentiable, _saved_hooks, accumulator
+from .._dispatch import WRAPPER_DEVICE
 from .._ops.creation import zeros_like, zeros
 from .._dispatch import check_inplace_autograd
 
@@ -20,6 +21,7 @@ from .._dispatch import check_inplace_autograd
 class FunctionCtx:
     def __init__(self):
         self._saved = ()
+        self._versions = None        # per `_saved` entry kept as the tensor itself, its version when saved
         self.to_save = ()
         self._dirty = set()
         self._non_diff = set()
@@ -48,7 +50,19 @@ class FunctionCtx:
                                "values of the graph are freed when you call .backward() or autograd.grad(). "
                                "Specify retain_graph=True if you need to backward through the graph a "
                                "second time or if you need to access saved tensors after calling backward.")
-        return tuple(s.unpack(self._node) if isinstance(s, SavedTensor) else s for s in self._saved)
+        versions = self._versions
+        if versions is None:
+            return tuple(s.unpack(self._node) if isinstance(s, SavedTensor) else s for s in self._saved)
+        node = self._node
+        out = []
+        for s, v in zip(self._saved, versions):
+            if v is None:
+                out.append(s.unpack(node) if type(s) is SavedTensor else s)
+            elif s._version[0] != v:
+                _raise_modified(s, v, node)
+            else:
+                out.append(s)
+        return tuple(out)
 
     def mark_dirty(self, *tensors):
         self._dirty = {id(t) for t in tensors}
@@ -66,14 +80,14 @@ class BackwardCFunction(Node):
         self._cls = cls
         self._ctx = ctx
         self._out_meta = out_meta
-        self._arg_slots = arg_slots      # forward-arg positions of each edge
+        self._arg_slots = arg_slots      # forward-arg positions of each edge (None: every argument's)
 
     def name(self):
         return self._cls.__name__ + "Backward"
 
     def release(self):
         # the forward's tensors are freed after backward, whoever still holds the ctx
-        self._ctx._saved = None
+        self._ctx._saved = self._ctx._versions = None
         self._ctx.to_save = ()
 
     def apply(self, grads):
@@ -88,10 +102,10 @@ class BackwardCFunction(Node):
         if len(res) != nargs and not (len(res) > nargs and all(r is None for r in res[nargs:])):
             raise RuntimeError(f"function {self.name()} returned an incorrect number of gradients "
                                f"(expected {nargs}, got {len(res)})")
-        out = []
-        for slot in self._arg_slots:
-            out.append(res[slot])
-        return out
+        slots = self._arg_slots
+        if slots is None:               # every argument a tensor
+            return list(res[:nargs]) if len(res) != nargs else list(res)
+        return [res[slot] for slot in slots]
 
 
 class _FunctionMeta(type):
@@ -131,9 +145,15 @@ class Function(metaclass=_FunctionMeta):
     @classmethod
     def apply(cls, *args, **kwargs):
         ctx = FunctionCtx()
-        tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, Tensor)]
-        record = _state.tls.grad_enabled and any(a.requires_grad for _, a in tensors)
-        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        tensors = [a for a in args if isinstance(a, Tensor)]
+        slots = None if len(tensors) == len(args) else [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+        needs = [a.requires_grad for a in tensors]
+        record = _state.tls.grad_enabled and True in needs
+        if slots is None:
+            ctx.needs_input_grad = tuple(needs)
+        else:
+            flags = iter(needs)
+            ctx.needs_input_grad = tuple(next(flags) if isinstance(a, Tensor) else False for a in args)
         uses_setup = cls.setup_context is not Function.setup_context
         prev = _state.tls.grad_enabled
         _state.tls.grad_enabled = False
@@ -150,19 +170,18 @@ class Function(metaclass=_FunctionMeta):
         outs = (out,) if single else out
         if not record:
             ctx._saved = tuple(ctx.to_save)
-            if cls.jvp is not Function.jvp and any(a._fw_grad is not None for _, a in tensors):
+            if cls.jvp is not Function.jvp and any(a._fw_grad is not None for a in tensors):
                 _forward_jvp(cls, ctx, args, outs)
             return out
-        input_ids = {id(a) for _, a in tensors}
+        input_ids = set(map(id, tensors))
         outs = list(outs)
         for k, o in enumerate(outs):
             if isinstance(o, Tensor) and id(o) in input_ids and id(o) not in ctx._dirty:
                 # returning an input unchanged: PyTorch returns a view of it
                 outs[k] = o.view_as(o)
-        next_fns = [_edge(a) for _, a in tensors]
-        in_meta = [_meta_of(a) for _, a in tensors]
-        out_meta = [_meta_of(o) if isinstance(o, Tensor) else None for o in outs]
-        node = BackwardCFunction(cls, ctx, next_fns, in_meta, out_meta, [i for i, _ in tensors])
+        node = BackwardCFunction(cls, ctx, (), (), [_meta_of(o) if isinstance(o, Tensor) else None for o in outs],
+                                 slots)
+        node._next_nodes, node._next_nrs, node._in_meta = _edges(tensors)
         node._nargs = len(args)
         ctx._node_ref = weakref.ref(node)
         for k, o in enumerate(outs):
@@ -173,19 +192,63 @@ class Function(metaclass=_FunctionMeta):
                 o._grad_fn = node
                 o._output_nr = k
                 o._requires_grad = True
-        out_ids = {id(o): k for k, o in enumerate(outs) if isinstance(o, Tensor)}
-        saved = []
-        name = node.name()               # (once: a compiled graph's forward saves hundreds of tensors)
-        for t in ctx.to_save:
-            if isinstance(t, Tensor):
-                if id(t) in out_ids:
-                    saved.append(SavedTensor(t, True, name, out_ids[id(t)]))
-                else:
-                    saved.append(SavedTensor(t, False, name))
-            else:
-                saved.append(t)
-        ctx._saved = tuple(saved)
+        _save(ctx, node, outs)
         return outs[0] if single else tuple(outs)
+
+
+def _edges(tensors: list) -> tuple:
+    """(next nodes, their output numbers, input metadata) of a Function's tensor arguments: `graph._edge`
+    and `_meta_of` of each, a leaf's edge and metadata (its AccumulateGrad's, kept across steps) found
+    without either call (a compiled graph's Function takes every parameter of the model)."""
+    nodes, nrs, meta = [], [], []
+    for a in tensors:
+        if a._base is None and a._grad_fn is None and a._device is not WRAPPER_DEVICE:
+            if a._requires_grad:
+                acc = accumulator(a)
+                nodes.append(acc)
+                meta.append(acc.meta())
+            else:
+                nodes.append(None)
+                meta.append((a._data.shape, a._dtype, a._device))
+            nrs.append(0)
+        else:
+            n, nr = _edge(a)
+            nodes.append(n)
+            nrs.append(nr)
+            meta.append(_meta_of(a))
+    return tuple(nodes), tuple(nrs), tuple(meta)
+
+
+def _save(ctx: FunctionCtx, node: Node, outs: list) -> None:
+    """Keep what `ctx.save_for_backward` named: a tensor that is neither an output of this call nor a wrapper
+    as itself, with its version in `ctx._versions` (checked when unpacked); an output (whose node holds the
+    ctx: no reference back to it) or a wrapper as a SavedTensor, as is any tensor under saved_tensors_hooks."""
+    out_ids = {id(o): k for k, o in enumerate(outs) if isinstance(o, Tensor)}
+    hooked = bool(_saved_hooks.stack)
+    name = None
+    saved, versions = [], []
+    for t in ctx.to_save:
+        if isinstance(t, Tensor):
+            k = out_ids.get(id(t))
+            if k is None and not hooked and t._device is not WRAPPER_DEVICE:
+                saved.append(t)
+                versions.append(t._version[0])
+                continue
+            if name is None:
+                name = node.name()        # (once: a compiled graph's forward saves hundreds of tensors)
+            saved.append(SavedTensor(t, k is not None, name, k or 0))
+        else:
+            saved.append(t)
+        versions.append(None)
+    ctx._saved = tuple(saved)
+    ctx._versions = versions
+
+
+def _raise_modified(t: Tensor, version: int, node) -> None:
+    """The error of a saved tensor (kept as itself, at `version` when saved) modified in place since."""
+    s = SavedTensor(t, False, node.name() if node is not None else "")
+    s.version = version
+    s._raise_modified(t._dtype, t.shape, t._version[0])
 
 
 def _forward_jvp(cls, ctx, args, outs):
