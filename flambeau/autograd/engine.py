@@ -248,7 +248,7 @@ def _run_leaves(leaves: list, buffers: dict, capture, captured: dict, accumulate
     or None: in `buffers`)]. Every AccumulateGrad outranks every other node, so the queue would run these
     next, highest sequence number first: they run here in that order, without a queue entry, and a
     leaf's single gradient without a buffer (a compiled backward hands one to each of ~160 parameters).
-    A leaf without hooks takes its first gradient in `_first_grad` under one hold of the lock."""
+    Leaves without hooks take their gradients under one hold of the lock."""
     if len(leaves) > 1:
         leaves.sort(key=_sequence_of, reverse=True)
     lock = _accumulate_lock
@@ -261,18 +261,25 @@ def _run_leaves(leaves: list, buffers: dict, capture, captured: dict, accumulate
                 g = buf.get(0)
             if g is None or not accumulate or (only_leaves is not None and node not in only_leaves):
                 continue
-            t = node.variable
-            if t._grad is None and not create_graph and not t._hooks and "_post_acc_hooks" not in t.__dict__:
-                if not held:
-                    lock.acquire()
-                    held = True
-                if t._grad is None:         # (another thread may have set it before the lock was taken)
-                    _first_grad(t, g, stored)
-                    continue
-            if held:                        # hooks run without the lock, as in `_accumulate`
+            t = node.variable               # `_accumulate`, inlined: hooks run without the lock
+            if t._hooks:
+                if held:
+                    lock.release()
+                    held = False
+                g = _run_hooks(t._hooks, g)
+            if not held:
+                lock.acquire()
+                held = True
+            if t._grad is None and not create_graph:
+                _first_grad(t, g, stored)
+            else:
+                _accumulate_locked(t, g, create_graph, stored)
+            post = t.__dict__.get("_post_acc_hooks")
+            if post:
                 lock.release()
                 held = False
-            _accumulate(t, g, create_graph, stored)
+                for _, fn in post:
+                    fn(t)
     finally:
         if held:
             lock.release()
