@@ -141,12 +141,14 @@ def _fake_kernel(monkeypatch):
     return register, launches, made
 
 
-def test_fused_step_keeps_its_plan_while_the_arrays_stay_and_matches_torch(monkeypatch):
+@pytest.mark.parametrize("step_on", ["host", "device"])
+def test_fused_step_keeps_its_plan_while_the_arrays_stay_and_matches_torch(monkeypatch, step_on):
     """AdamW over fake cuda tensors: each step's new gradients go through one launch, the parameters'
     and states' arrays worked out once (one `Arrays`) while they stay; a parameter given new memory makes
     a new plan; a transposed gradient sends its parameter the usual way for that step; uneven step
     counts take one launch per count; a state tensor replaced makes a new plan. Parameters as
-    torch.optim.AdamW's (cpu, float32) throughout."""
+    torch.optim.AdamW's (cpu, float32) throughout. The step counts on the host (as made: one flat array
+    behind them, `_FusedPlan.advance_steps`) or on the device (as a PyTorch fused checkpoint has them)."""
     from flambeau._device import device
     from flambeau._tensor import Tensor
     register, launches, made = _fake_kernel(monkeypatch)
@@ -165,7 +167,8 @@ def test_fused_step_keeps_its_plan_while_the_arrays_stay_and_matches_torch(monke
     fopt = flambeau.optim.AdamW(fp, **hyper)
     topt = torch.optim.AdamW(tp, **hyper, foreach=False)
     for p in fp:                                       # the states, made on the fake device
-        fopt.state[p].update(step=flambeau.tensor(0.0), exp_avg=dev(np.zeros(p.shape)),
+        fopt.state[p].update(step=flambeau.tensor(0.0) if step_on == "host" else dev(np.zeros(())),
+                             exp_avg=dev(np.zeros(p.shape)),
                              exp_avg_sq=dev(np.zeros(p.shape)))
 
     def step(transposed=None):
@@ -194,7 +197,7 @@ def test_fused_step_keeps_its_plan_while_the_arrays_stay_and_matches_torch(monke
     assert made == [1, 1] and launches[-1] == (3, 4.0)
     step(transposed=0)                                  # its gradient column-major: the usual path this step
     assert made == [1, 1] and launches[-1] == (2, 5.0)
-    assert float(fopt.state[fp[0]]["step"]) == 5.0
+    assert float(fopt.state[fp[0]]["step"]._data) == 5.0
     fopt.state[fp[2]]["step"].fill_(9.0)                # uneven step counts
     topt.state[tp[2]]["step"].fill_(9.0)
     step()
@@ -206,3 +209,53 @@ def test_fused_step_keeps_its_plan_while_the_arrays_stay_and_matches_torch(monke
     n = len(made)
     step()
     assert len(made) == n + 1 and launches[-1] == (3, 7.0)
+
+
+def test_launch_uploads_the_table_once_and_a_gradient_row_per_new_addresses(monkeypatch):
+    """triton_adam.launch over a fake CuPy (host memory, cudaMemcpyAsync a memmove) and a recording launcher:
+    the table of the arrays that stay (parameters, moments) is uploaded once per `Arrays`; the gradients'
+    address row once per new set of addresses (a compiled backward may hand them elsewhere each step),
+    not again when they come back; the kernel is handed a table whose rows hold the parameters' and moments'
+    addresses and a row holding the gradients' (read back through the pointers it was given)."""
+    import ctypes
+    from flambeau._backends import triton_adam, triton_launch as TL
+    pytest.importorskip("triton")
+    uploads, launches = [], []
+
+    class Pinned(bytearray):
+        @property
+        def ptr(self):
+            return ctypes.addressof((ctypes.c_char * len(self)).from_buffer(self))
+
+    def memcpy(dst, src, n, kind, stream):
+        uploads.append(n)
+        ctypes.memmove(dst, src, n)
+
+    fake = types.SimpleNamespace(
+        ndarray=_DevArray, empty=lambda n, dtype: np.zeros(n, dtype).view(_DevArray),
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0), alloc_pinned_memory=Pinned,
+                                   get_current_stream=lambda: types.SimpleNamespace(ptr=0),
+                                   runtime=types.SimpleNamespace(memcpyAsync=memcpy)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(triton_adam, "_grad_rows", {})
+    monkeypatch.setattr(TL, "compile_kernel", lambda *a, **k: "kernel")
+    monkeypatch.setattr(TL, "launch", lambda kern, grid, *args: launches.append((grid, args)))
+
+    def read(ptr, n):
+        return list(np.ctypeslib.as_array(ctypes.cast(ptr.address, ctypes.POINTER(ctypes.c_int64)), (n,)))
+    sizes = (70000, 3, 65536)
+    dev = [[np.zeros(n, np.float32).view(_DevArray) for n in sizes] for _ in range(4)]
+    arrays = triton_adam.Arrays(*dev)
+    kw = dict(lr=0.1, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.0, step=1.0, amsgrad=False, maximize=False,
+              decoupled=True)
+    grads_a = [np.zeros(n, np.float32).view(_DevArray) for n in sizes]
+    grads_b = [np.zeros(n, np.float32).view(_DevArray) for n in sizes]
+    for grads, new_uploads in ((grads_a, 2), (grads_a, 0), (grads_b, 1), (grads_a, 0)):
+        before = len(uploads)
+        triton_adam.launch(arrays, [g.data.ptr for g in grads], **kw)
+        assert len(uploads) - before == new_uploads
+        (n_chunks,), (rows, grad_row, numel, chunk_t, chunk_i, *_rest) = launches[-1]
+        assert n_chunks == 2 + 1 + 1
+        assert read(grad_row, 3) == [g.data.ptr for g in grads]
+        assert read(rows, 12) == [a.data.ptr for row in (dev[0], dev[1], dev[2], dev[3]) for a in row]
+        assert read(numel, 3) == list(sizes) and read(chunk_t, 4) == [0, 0, 1, 2] and read(chunk_i, 4) == [0, 1, 0, 0]

@@ -22,9 +22,10 @@ _COPY_MANY: list = []           # [the triton_copy_many module, or None without 
 def table(addresses, numels: list, chunk: int) -> np.ndarray:
     """The int64 table: the address rows (a sequence of rows, each one address per tensor), the element
     counts, then per chunk its tensor index and its chunk index within the tensor (see `offsets`)."""
-    counts = [max(1, -(-n // chunk)) for n in numels]
+    counts = np.maximum(1, -(-np.asarray(numels, dtype=np.int64) // chunk))
     chunk_t = np.repeat(np.arange(len(numels), dtype=np.int64), counts)
-    chunk_i = np.concatenate([np.arange(c, dtype=np.int64) for c in counts])
+    starts = np.cumsum(counts) - counts              # each tensor's first chunk
+    chunk_i = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
     return np.concatenate([np.asarray(addresses, dtype=np.int64).reshape(-1), np.asarray(numels, dtype=np.int64),
                            chunk_t, chunk_i])
 
@@ -51,15 +52,21 @@ def device_table(cupy, cache: dict, key, addresses, numels, chunk: int, rows: in
     hit = cache.get(key)
     if hit is None:
         host = table(addresses, numels, chunk)
-        pinned = cupy.cuda.alloc_pinned_memory(host.nbytes)
-        np.frombuffer(pinned, dtype=np.int64, count=host.size)[...] = host
-        dev = cupy.empty(host.size, dtype=np.int64)
-        cupy.cuda.runtime.memcpyAsync(dev.data.ptr, pinned.ptr, host.nbytes, CUDA_MEMCPY_HOST_TO_DEVICE,
-                                      cupy.cuda.get_current_stream().ptr)
         if len(cache) >= limit:
             cache.pop(next(iter(cache)))
-        hit = cache[key] = (dev, chunk_count(host, len(numels), rows), pinned)
-    return hit[0], hit[1]
+        hit = cache[key] = (*upload(cupy, host), chunk_count(host, len(numels), rows))
+    return hit[0], hit[2]
+
+
+def upload(cupy, host: np.ndarray) -> tuple:
+    """(a CuPy copy of int64 array `host`, the pinned staging buffer to keep with it): the copy runs with
+    cudaMemcpyAsync on the current stream (see `device_table`), so the buffer must outlive it."""
+    pinned = cupy.cuda.alloc_pinned_memory(host.nbytes)
+    np.frombuffer(pinned, dtype=np.int64, count=host.size)[...] = host
+    dev = cupy.empty(host.size, dtype=np.int64)
+    cupy.cuda.runtime.memcpyAsync(dev.data.ptr, pinned.ptr, host.nbytes, CUDA_MEMCPY_HOST_TO_DEVICE,
+                                  cupy.cuda.get_current_stream().ptr)
+    return dev, pinned
 
 
 def copy_many_for(device):

@@ -2,10 +2,11 @@
 
 Like PyTorch's multi-tensor apply, the tensors are cut into chunks of `CHUNK` elements and each
 program of the grid updates one chunk of one tensor. The program finds its tensor through a table in
-device memory: the addresses of every tensor's parameter, gradient, first and second moments (and
-the amsgrad maximum), its element count, and per chunk the tensor index and the chunk's index in
-the tensor. The table depends only on those addresses, so it is uploaded once and reused while the
-caching allocator hands the gradients the same memory step after step.
+device memory: the addresses of every tensor's parameter, first and second moments (and the amsgrad
+maximum), its element count, and per chunk the tensor index and the chunk's index in the tensor; and
+through a row of the gradients' addresses. The table depends only on arrays that stay from step to
+step, so it is uploaded once per `Arrays`; the gradient row is uploaded when the gradients come at
+other addresses (a compiled backward's may, every step): 8 bytes a tensor, not the whole table.
 
 The update is PyTorch's fused one, in float32: maximize negates the gradient; weight decay scales
 the parameter by (1 - lr * wd) (AdamW) or adds wd * p to the gradient (Adam); m = b1 m + (1-b1) g,
@@ -26,8 +27,8 @@ CHUNK = 65536           # elements per program (as PyTorch's multi-tensor apply)
 BLOCK = 2048            # elements per inner iteration of a program
 NUM_WARPS = 8
 ALIGN_BYTES = 16        # pointers promised 16-byte aligned when every tensor's address is
-ROWS = 5                # table rows of addresses: param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq
-_tables: dict = {}
+ROWS = 4                # table rows of addresses: param, exp_avg, exp_avg_sq, max_exp_avg_sq
+_grad_rows: dict = {}   # (device, gradient addresses) -> (their device row, its pinned staging buffer, aligned)
 
 
 @triton.jit
@@ -69,7 +70,7 @@ def _adam_block(P, G, M, V, VMAX, idx, n, lr, beta1, beta2, eps, weight_decay, s
 
 
 @triton.jit
-def _adam_chunks(TABLE, NUMEL, CHUNK_T, CHUNK_I, LR, lr, beta1, beta2, eps, weight_decay, bc1, bc2_sqrt,
+def _adam_chunks(TABLE, GRADS, NUMEL, CHUNK_T, CHUNK_I, LR, lr, beta1, beta2, eps, weight_decay, bc1, bc2_sqrt,
                  N_TENSORS, CHUNK: tl.constexpr, BLOCK: tl.constexpr, AMSGRAD: tl.constexpr,
                  MAXIMIZE: tl.constexpr, DECOUPLED: tl.constexpr, LR_ON_DEVICE: tl.constexpr,
                  ALIGNED: tl.constexpr):
@@ -78,10 +79,10 @@ def _adam_chunks(TABLE, NUMEL, CHUNK_T, CHUNK_I, LR, lr, beta1, beta2, eps, weig
     start = tl.load(CHUNK_I + c) * CHUNK
     n = tl.load(NUMEL + t)
     P = _address(TABLE, 0, t, N_TENSORS, tl.float32, ALIGNED)
-    G = _address(TABLE, 1, t, N_TENSORS, tl.float32, ALIGNED)
-    M = _address(TABLE, 2, t, N_TENSORS, tl.float32, ALIGNED)
-    V = _address(TABLE, 3, t, N_TENSORS, tl.float32, ALIGNED)
-    VMAX = _address(TABLE, 4, t, N_TENSORS, tl.float32, ALIGNED)
+    G = _address(GRADS, 0, t, N_TENSORS, tl.float32, ALIGNED)
+    M = _address(TABLE, 1, t, N_TENSORS, tl.float32, ALIGNED)
+    V = _address(TABLE, 2, t, N_TENSORS, tl.float32, ALIGNED)
+    VMAX = _address(TABLE, 3, t, N_TENSORS, tl.float32, ALIGNED)
     if LR_ON_DEVICE:
         rate = tl.load(LR).to(tl.float32)
     else:
@@ -124,15 +125,17 @@ def supported(p, g, *states) -> bool:
 
 class Arrays:
     """What a step needs of the arrays that stay from step to step (parameters, moments, amsgrad maxima):
-    their address rows, element counts and alignment, read once (a CuPy array's memory never moves), and
-    the kernels compiled per variant. `launch` adds each step's gradient addresses."""
-    __slots__ = ("rows", "numels", "aligned", "kernels")
+    their address rows, element counts and alignment, read once (a CuPy array's memory never moves), the
+    kernels compiled per variant and the device table per device. `launch` adds each step's gradient
+    addresses."""
+    __slots__ = ("rows", "numels", "aligned", "kernels", "tables")
 
     def __init__(self, params, exp_avgs, exp_avg_sqs, vmaxs):
         self.rows = [tuple(a.data.ptr for a in arrays) for arrays in (params, exp_avgs, exp_avg_sqs, vmaxs)]
         self.numels = tuple(int(p.size) for p in params)
         self.aligned = all(a % ALIGN_BYTES == 0 for row in self.rows for a in row)
         self.kernels: dict = {}
+        self.tables: dict = {}      # device id -> (device table, its pinned staging buffer, chunk count)
 
 
 def step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, lr, beta1: float, beta2: float,
@@ -148,13 +151,22 @@ def launch(arrays: Arrays, grad_ptrs: list, *, lr, beta1: float, beta2: float, e
            step: float, amsgrad: bool, maximize: bool, decoupled: bool) -> None:
     """`step` on the arrays `arrays` describes and gradients at `grad_ptrs` (one a parameter)."""
     import cupy  # deferred: optional dependency, present only where cuda is used
-    p, m, v, vmax = arrays.rows
-    addresses = (p, tuple(grad_ptrs), m, v, vmax)
     numels = arrays.numels
     device = cupy.cuda.Device().id
-    dev, n_chunks = multi_tensor.device_table(cupy, _tables, (device, numels, *addresses), addresses, numels, CHUNK,
-                                              ROWS)
-    aligned = arrays.aligned and all(a % ALIGN_BYTES == 0 for a in grad_ptrs)
+    tab = arrays.tables.get(device)
+    if tab is None:
+        host = table(arrays.rows, numels)
+        tab = arrays.tables[device] = (*multi_tensor.upload(cupy, host), chunk_count(host, len(numels)))
+    dev, _, n_chunks = tab
+    key = (device, tuple(grad_ptrs))
+    row = _grad_rows.get(key)
+    if row is None:
+        host = np.asarray(grad_ptrs, dtype=np.int64)
+        if len(_grad_rows) >= multi_tensor.TABLE_CACHE_LIMIT:
+            _grad_rows.pop(next(iter(_grad_rows)))
+        row = _grad_rows[key] = (*multi_tensor.upload(cupy, host), not (host % ALIGN_BYTES).any())
+    grads, _, grads_aligned = row
+    aligned = arrays.aligned and grads_aligned
     on_device = isinstance(lr, cupy.ndarray)
     variant = (bool(amsgrad), bool(maximize), bool(decoupled), on_device, aligned, device)
     kern = arrays.kernels.get(variant)
@@ -165,14 +177,14 @@ def launch(arrays: Arrays, grad_ptrs: list, *, lr, beta1: float, beta2: float, e
             num_warps=NUM_WARPS, num_stages=1)
     T = len(numels)
     base = dev.data.ptr
-    tab, num, ct, ci = (TL.Ptr(base + 8 * o) for o in table_offsets(T, n_chunks))
+    rows, num, ct, ci = (TL.Ptr(base + 8 * o) for o in table_offsets(T, n_chunks))
     lr_ptr = TL.Ptr(lr.astype(np.float32, copy=False).data.ptr) if on_device else TL.Ptr(0)
-    TL.launch(kern, (n_chunks,), tab, num, ct, ci, lr_ptr,
+    TL.launch(kern, (n_chunks,), rows, TL.Ptr(grads.data.ptr), num, ct, ci, lr_ptr,
               0.0 if on_device else float(lr), beta1, beta2, eps, weight_decay, 1.0 - beta1 ** step,
               (1.0 - beta2 ** step) ** 0.5, T)
 
 
-SIGNATURE = {"TABLE": "*i64", "NUMEL": "*i64", "CHUNK_T": "*i64", "CHUNK_I": "*i64", "LR": "*fp32",
+SIGNATURE = {"TABLE": "*i64", "GRADS": "*i64", "NUMEL": "*i64", "CHUNK_T": "*i64", "CHUNK_I": "*i64", "LR": "*fp32",
              "lr": "fp32", "beta1": "fp32", "beta2": "fp32", "eps": "fp32", "weight_decay": "fp32", "bc1": "fp32",
              "bc2_sqrt": "fp32", "N_TENSORS": "i32", **dict.fromkeys(
                  ("CHUNK", "BLOCK", "AMSGRAD", "MAXIMIZE", "DECOUPLED", "LR_ON_DEVICE", "ALIGNED"), "constexpr")}

@@ -12,6 +12,7 @@ import numpy as np
 from .._backends import cpu_kernels, triton_launch
 from .._tensor import Tensor
 from .optimizer import Optimizer, _scalar_tensor, per_tensor
+from . import _foreach as FE
 from .._ops.creation import zeros_like
 
 __all__ = ["Adam", "AdamW", "Adamax", "NAdam", "RAdam"]
@@ -62,6 +63,15 @@ class _FusedPlan:
     def __init__(self, params, state, amsgrad: bool, triton_adam):
         self.ids = tuple(map(id, params))
         self.amsgrad = amsgrad
+        # (the parameter standing in for its gradient: each step's gradients are checked in `gradients`)
+        self.taken = [p for p in params if p.device.type == "cuda" and triton_adam.supported(
+            p._data, p._data, *(v._data for k, v in state[p].items() if k != "step"))]
+        self.states = [state[p] for p in self.taken]
+        # the step counters of those parameters; host ones (as `_init_state` makes them) as views of one array
+        # (`FlatState`), so that a step adds one to all of them in one operation
+        steps = [st["step"] for st in self.states]
+        self.steps = FE.FlatState().get(np, steps) if steps and all(
+            type(t._data) is np.ndarray for t in steps) else [t._data for t in steps]
         self.params = list(params)
         self.datas = list(map(_data_of, params))
         self.dicts = list(map(state.get, params))
@@ -72,18 +82,13 @@ class _FusedPlan:
         whole = all(n in st for st in self.dicts for n in self.names)
         self.tensors = {n: list(map(get[n], self.dicts)) for n in self.names} if whole else None
         self.arrays_of = {n: list(map(_data_of, t)) for n, t in self.tensors.items()} if whole else None
-        # (the parameter standing in for its gradient: each step's gradients are checked in `gradients`)
-        self.taken = [p for p in params if p.device.type == "cuda" and triton_adam.supported(
-            p._data, p._data, *(v._data for k, v in state[p].items() if k != "step"))]
         self.one_device = len({str(p.device) for p in self.taken}) <= 1
         taken = set(map(id, self.taken))
         self.rest = [p for p in params if id(p) not in taken]
-        self.states = [state[p] for p in self.taken]
         self.layouts = [(np.dtype(np.float32), p._data.shape, p._data.strides) for p in self.taken]
-        self.steps = [st["step"]._data for st in self.states]
-        self.step_versions = [st["step"]._version for st in self.states]
         self.versions = [p._version for p in self.taken] + [
-            st[n]._version for st in self.states for n in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if n in st]
+            st[n]._version for st in self.states for n in ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+            if n in st]
         rows = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq" if amsgrad else "exp_avg")
         self.arrays = triton_adam.Arrays([p._data for p in self.taken], *(
             [st[n]._data for st in self.states] for n in rows)) if self.taken else None
@@ -105,6 +110,21 @@ class _FusedPlan:
             if not all(map(is_, tensors, self.tensors[n])) or not all(map(is_, map(_data_of, tensors), self.arrays_of[n])):
                 return False
         return True
+
+    def advance_steps(self) -> float | None:
+        """Add one to every taken parameter's step count and return the new count; None (nothing changed)
+        when the counts differ."""
+        steps = self.steps
+        if type(steps) is np.ndarray:
+            if (steps != steps[0]).any():
+                return None
+            steps += 1
+            return float(steps[0])
+        if len(set(map(float, steps))) != 1:
+            return None
+        for st in steps:
+            st[...] += 1
+        return float(steps[0])
 
     def gradients(self, triton_adam) -> tuple:
         """(the taken parameters' gradient arrays, ids of the taken parameters whose gradient the kernel
@@ -164,15 +184,10 @@ class Adam(Optimizer):
             self._fused_groups(group, fused, triton_adam)
             fused = set(map(id, fused))
             return [p for p in params if id(p) not in fused]
-        steps = plan.steps
-        if len(set(map(float, steps))) != 1:           # uneven step counts: one launch per count
+        first = plan.advance_steps()
+        if first is None:                               # uneven step counts: one launch per count
             self._fused_groups(group, plan.taken, triton_adam)
             return plan.rest
-        for st in steps:
-            st[...] += 1
-        first = float(steps[0])
-        for ver in plan.step_versions:
-            ver[0] += 1
         triton_adam.launch(plan.arrays, [g.data.ptr for g in grads], lr=self._fused_lr(group), beta1=group["betas"][0],
                            beta2=group["betas"][1], eps=group["eps"], weight_decay=group["weight_decay"], step=first,
                            amsgrad=group["amsgrad"], maximize=group["maximize"],

@@ -1,6 +1,6 @@
 """Run flambeau's fused Adam kernel (flambeau/_backends/triton_adam.py) under Triton's interpreter
 (TRITON_INTERPRET=1, set by the caller) on float32 CPU tensors of uneven sizes, several steps, and
-compare with the update computed in float64 NumPy. Prints one line per case and exits non-zero on a
+compare with the update computed in float64 NumPy (the gradients found through their own address row). Prints one line per case and exits non-zero on a
 mismatch. Used by tests/test_optim_fused.py."""
 import itertools
 import sys
@@ -39,12 +39,13 @@ def run(amsgrad, maximize, decoupled, lr_on_device, seed=0):
     lr_t = torch.tensor([lr], dtype=torch.float32)
     for t in range(1, STEPS + 1):
         gs = [torch.tensor(rng.standard_normal(n), dtype=torch.float32) for n in SIZES]
-        addresses = [[a.data_ptr() for a in arrays] for arrays in (ps, gs, ms, vs, vx)]
+        addresses = [[a.data_ptr() for a in arrays] for arrays in (ps, ms, vs, vx)]
+        grads = torch.tensor([g.data_ptr() for g in gs], dtype=torch.int64)
         tab = torch.from_numpy(A.table(addresses, list(SIZES), CHUNK))
         n_chunks = A.chunk_count(tab.numpy(), len(SIZES))
         o = A.table_offsets(len(SIZES), n_chunks)
         views = [tab[o[i]:(o[i + 1] if i < 3 else None)] for i in range(4)]
-        A._adam_chunks[(n_chunks,)](*views, lr_t, 0.0 if lr_on_device else lr, b1, b2, eps, wd, 1 - b1 ** t,
+        A._adam_chunks[(n_chunks,)](views[0], grads, *views[1:], lr_t, 0.0 if lr_on_device else lr, b1, b2, eps, wd, 1 - b1 ** t,
                                     (1 - b2 ** t) ** 0.5, len(SIZES), CHUNK=CHUNK, BLOCK=BLOCK, AMSGRAD=amsgrad,
                                     MAXIMIZE=maximize, DECOUPLED=decoupled, LR_ON_DEVICE=lr_on_device, ALIGNED=True)
         for r, g in zip(ref, gs):
