@@ -259,3 +259,40 @@ def test_launch_uploads_the_table_once_and_a_gradient_row_per_new_addresses(monk
         assert read(grad_row, 3) == [g.data.ptr for g in grads]
         assert read(rows, 12) == [a.data.ptr for row in (dev[0], dev[1], dev[2], dev[3]) for a in row]
         assert read(numel, 3) == list(sizes) and read(chunk_t, 4) == [0, 0, 1, 2] and read(chunk_i, 4) == [0, 1, 0, 0]
+
+
+def test_default_fuses_only_a_group_all_on_cuda(monkeypatch):
+    """fused unset: a group whose parameters are all on (fake) cuda takes the fused launch every step; one
+    with a cpu parameter never does (the devices checked when the plan is made, `_FusedPlan.all_cuda`
+    afterwards); both match torch.optim.AdamW."""
+    from flambeau._device import device
+    from flambeau._tensor import Tensor
+    register, launches, _ = _fake_kernel(monkeypatch)
+    cuda = device("cuda")
+    rng = np.random.default_rng(1)
+    for mixed in (False, True):
+        init = [rng.standard_normal(s).astype(np.float32) for s in ((4, 3), (3,))]
+        fp = [Tensor._make(register(a.copy().view(_DevArray)), cuda) for a in init]
+        if mixed:
+            fp[1] = flambeau.tensor(init[1])
+        for p in fp:
+            p.requires_grad_(True)
+        tp = [torch.tensor(a, requires_grad=True) for a in init]
+        fopt, topt = flambeau.optim.AdamW(fp, lr=0.01), torch.optim.AdamW(tp, lr=0.01)
+        for p in fp:
+            if p.device.type == "cuda":
+                fopt.state[p].update(step=flambeau.tensor(0.0), exp_avg=Tensor._make(register(
+                    np.zeros(p.shape, np.float32).view(_DevArray)), cuda), exp_avg_sq=Tensor._make(register(
+                        np.zeros(p.shape, np.float32).view(_DevArray)), cuda))
+        del launches[:]
+        for _ in range(3):
+            for f, t in zip(fp, tp):
+                g = rng.standard_normal(f.shape).astype(np.float32)
+                t.grad = torch.tensor(g)
+                f.grad = Tensor._make(register(g.copy().view(_DevArray)), cuda) if f.device.type == "cuda" \
+                    else flambeau.tensor(g)
+            fopt.step()
+            topt.step()
+        assert launches == ([] if mixed else [(2, 1.0), (2, 2.0), (2, 3.0)])
+        for f, t in zip(fp, tp):
+            np.testing.assert_allclose(np.asarray(f._data), t.detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -83,6 +83,7 @@ class _FusedPlan:
         self.tensors = {n: list(map(get[n], self.dicts)) for n in self.names} if whole else None
         self.arrays_of = {n: list(map(_data_of, t)) for n, t in self.tensors.items()} if whole else None
         self.one_device = len({str(p.device) for p in self.taken}) <= 1
+        self.all_cuda = all(p.device.type == "cuda" for p in params)
         taken = set(map(id, self.taken))
         self.rest = [p for p in params if id(p) not in taken]
         self.layouts = [(np.dtype(np.float32), p._data.shape, p._data.strides) for p in self.taken]
@@ -166,16 +167,19 @@ class Adam(Optimizer):
         What stays from step to step (which parameters the kernel takes, their and their states' arrays
         and addresses) is kept per group (`_FusedPlan`) while the same tensors and arrays come back."""
         fused = group.get("fused")
-        if fused is None:
-            fused = group.get("foreach") is None and not group.get("differentiable") and all(
-                p.device.type == "cuda" for p in params)
-        if not fused or not triton_launch.available():
+        if fused is None and (group.get("foreach") is not None or group.get("differentiable")):
+            fused = False
+        if not (fused or fused is None) or not triton_launch.available():
             return params
         from .._backends import triton_adam  # deferred: imports Triton, optional (cuda only)
         plans = self.__dict__.setdefault("_fused_plans", {})
         plan = plans.get(id(group))
         if plan is None or not plan.holds(params, self.state, group["amsgrad"]):
+            if fused is None and not all(p.device.type == "cuda" for p in params):
+                return params
             plan = plans[id(group)] = _FusedPlan(params, self.state, group["amsgrad"], triton_adam)
+        elif fused is None and not plan.all_cuda:      # (the plan's parameters: their devices checked once)
+            return params
         if not plan.taken:
             return params
         grads, others = plan.gradients(triton_adam)
