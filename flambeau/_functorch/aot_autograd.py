@@ -444,6 +444,9 @@ class _TrainingRuntime:
         saved_is_tensor = [isinstance(n.meta.get("val"), Tensor)
                            for n in bw_gm.graph.find_nodes(op="placeholder")[:n_saved]]
         mutated = set(meta.mutated)
+        all_tensors = all(saved_is_tensor)      # (the usual case: no per-value sorting of what is saved)
+        grad_inputs = list(meta.grad_inputs)
+        every_input = grad_inputs == list(range(len(grad_inputs)))      # input k takes gradient k
 
         class CompiledFunction(Function):
             @staticmethod
@@ -453,8 +456,12 @@ class _TrainingRuntime:
                 if mutated:             # a saved input the forward also mutates keeps its old value for the backward
                     written = {id(args[i]) for i in mutated}
                     saved = [s.clone() if id(s) in written and isinstance(s, Tensor) else s for s in saved]
-                ctx.save_for_backward(*[s for s, t in zip(saved, saved_is_tensor) if t])
-                ctx.scalars = [s for s, t in zip(saved, saved_is_tensor) if not t]
+                if all_tensors:
+                    ctx.to_save = saved         # (`save_for_backward(*saved)`)
+                    ctx.scalars = ()
+                else:
+                    ctx.save_for_backward(*[s for s, t in zip(saved, saved_is_tensor) if t])
+                    ctx.scalars = [s for s, t in zip(saved, saved_is_tensor) if not t]
                 outs = vals[:num_fwd]
                 ctx.mark_non_differentiable(*[outs[j] for j in meta.nondiff_outs])
                 # an output that receives no gradient gets no zero tangent: the backward is specialised on it
@@ -464,8 +471,11 @@ class _TrainingRuntime:
 
             @staticmethod
             def backward(ctx, *grads):
-                tensors, scalars = iter(ctx.saved_tensors), iter(ctx.scalars)
-                saved = [next(tensors) if t else next(scalars) for t in saved_is_tensor]
+                if all_tensors:
+                    saved = list(ctx.saved_tensors)
+                else:
+                    tensors, scalars = iter(ctx.saved_tensors), iter(ctx.scalars)
+                    saved = [next(tensors) if t else next(scalars) for t in saved_is_tensor]
                 # ctx and its graph node refer to each other, so ctx lives until a garbage collection:
                 # drop its own references to the saved activations now (they are packed in _saved)
                 ctx.to_save = ()
@@ -480,8 +490,10 @@ class _TrainingRuntime:
                 if hit is None:
                     hit = rt.compile_backward(absent, saved, tangents)
                 compiled_bw, kept = hit
-                res = list(compiled_bw(*saved, *[tangents[k] for k in kept]))
-                for i, g in zip(meta.grad_inputs, res):
+                res = compiled_bw(*saved, *[tangents[k] for k in kept])
+                if every_input and len(out) == len(grad_inputs) == len(res):
+                    return tuple(res)
+                for i, g in zip(grad_inputs, res):
                     out[i] = g
                 return tuple(out)
 
