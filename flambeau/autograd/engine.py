@@ -96,21 +96,25 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
     only_leaves: when accumulating, restrict accumulation to these AccumulateGrad nodes.
     Returns the captured gradients as a dict slot -> grad.
     """
-    deps: dict = {}
-    nodes = []
+    deps: dict = {}             # node -> its number of incoming edges; a node is found when first entered
     stack = list(dict.fromkeys(e[0] for e, _ in roots if e[0] is not None))   # outputs may share a node
-    seen = set(stack)
+    starts = set(stack)
+    nodes = [] if capture is not None or only_leaves is not None else None     # (for `_needed` only)
     while stack:
         n = stack.pop()
-        nodes.append(n)
+        if nodes is not None:
+            nodes.append(n)
         for nx in n._next_nodes:
             if nx is not None:
-                deps[nx] = deps.get(nx, 0) + 1
-                if nx not in seen:
-                    seen.add(nx)
-                    stack.append(nx)
+                c = deps.get(nx)
+                if c is None:
+                    deps[nx] = 1
+                    if nx not in starts:
+                        stack.append(nx)
+                else:
+                    deps[nx] = c + 1
     needed = None
-    if capture is not None or only_leaves is not None:
+    if nodes is not None:
         targets = set(k[0] for k in capture) if capture else set()
         if only_leaves is not None:
             targets |= only_leaves
