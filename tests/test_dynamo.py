@@ -296,6 +296,39 @@ def test_recompile_on_dtype_change(lib):
     assert cnt.frame_count == 2
 
 
+def test_module_constants_recompile_only_when_their_value_changes(lib, monkeypatch):
+    """A conv's stride/padding and a BatchNorm's eps: given a new but equal object, no recompile; given another
+    value, one recompile, whose output is eager's; a class-held constant shadowed on the instance, likewise
+    (as TorchDynamo). flambeau checks such constants as one identity pass (`guards.ModuleConstants`) and runs
+    the full guard only when it fails."""
+    results = []
+    if lib.__name__ == "flambeau":
+        from flambeau._dynamo import guards
+        real = guards.ModuleConstants.__call__
+        monkeypatch.setattr(guards.ModuleConstants, "__call__", lambda self: results.append(real(self)) or results[-1])
+    lib.manual_seed(0)
+    conv, bn = lib.nn.Conv2d(2, 3, 3, padding=1), lib.nn.BatchNorm2d(3)
+    model = lib.nn.Sequential(conv, bn).eval()
+    x = lib.randn(1, 2, 6, 6)
+    cf, cnt = compiled(lib, model)
+    cf(x)
+    cf(x)
+    conv.stride, conv.padding, bn.eps = (1, 1), (1, 1), float("1e-5")       # equal values, new objects
+    same(lib, cf(x), model(x))
+    assert cnt.frame_count == 1
+    conv.stride = (2, 2)
+    same(lib, cf(x), model(x))
+    assert cnt.frame_count == 2
+    bn.eps = 0.5
+    same(lib, cf(x), model(x))
+    assert cnt.frame_count == 3
+    if lib.__name__ == "flambeau":
+        assert results[0] is True and False in results      # the one pass on a hit; the full guard after a change
+        conv.__dict__["_n"] = type(conv)._n + 0               # a class-held constant shadowed: equal, no recompile
+        cf(x)
+        assert cnt.frame_count == 3 and results[-1] is False
+
+
 def test_recompile_on_requires_grad_change(lib):
     def f(x):
         return x * 2

@@ -107,6 +107,7 @@ class GuardSet:
         self._const_ids: dict = {}
         self.weak: list = []              # weakrefs to the objects identity-guarded by weak reference
         self._module_state = None
+        self._modules: dict = {}          # source expr -> weakref of the module identity-guarded there
 
     def const(self, obj) -> str:
         k = id(obj)
@@ -144,6 +145,7 @@ class GuardSet:
     def id_match(self, src: Source, obj) -> None:
         if isinstance(obj, _WEAKLY_HELD):      # a model: its compiled code must not keep its weights alive
             self.add(src, f"{{S}} is {self.weak_const(obj)}()", f"ID_MATCH: {src.name()} is {_short(obj)}")
+            self._modules.setdefault(src.expr, weakref.ref(obj))
             return
         self.add(src, f"{{S}} is {self.const(obj)}", f"ID_MATCH: {src.name()} is {_short(obj)}")
 
@@ -237,22 +239,42 @@ class GuardSet:
             t = temps[src.expr] = f"___t{next(counter)}"
             return f"({t} := {src.expr_with(expr_of(src.base))})"
 
-        for src, cond, _ in self.checks:
-            if src is None:
-                conds.append(cond)
-                continue
-            first = expr_of(src)
-            cond = cond.replace("{S}", first, 1)
-            conds.append(cond.replace("{S}", temps.get(src.expr, first)))
-        body = " and\n            ".join(f"({c})" for c in conds) or "True"
+        def body_of(checks) -> str:
+            temps.clear()
+            conds = []
+            for src, cond, _ in checks:
+                if src is None:
+                    conds.append(cond)
+                    continue
+                first = expr_of(src)
+                cond = cond.replace("{S}", first, 1)
+                conds.append(cond.replace("{S}", temps.get(src.expr, first)))
+            return " and\n            ".join(f"({c})" for c in conds) or "True"
         params = ", ".join(["F"] + argnames)
         src = (f"def ___guard({params}):\n"
                f"    try:\n"
-               f"        return ({body})\n"
+               f"        return ({body_of(self.checks)})\n"
                f"    except Exception:\n"
                f"        return False\n")
         ns = dict(self.consts)
         ns["G"] = globals_dict
+        kept, held = self._fold_module_constants()
+        if held is not None:
+            # the checks on constants held by guarded modules as one identity check (`ModuleConstants`); when
+            # it fails (an attribute given another object, maybe an equal one), the full guard decides
+            ns["___held"] = held
+            src = (f"def ___guard({params}):\n"
+                   f"    try:\n"
+                   f"        if not ({body_of(kept)}):\n"
+                   f"            return False\n"
+                   f"    except Exception:\n"
+                   f"        return False\n"
+                   f"    return ___held() or ___guard_full({params})\n"
+                   f"def ___guard_full({params}):\n"
+                   f"    try:\n"
+                   f"        return ({body_of(self.checks)})\n"
+                   f"    except Exception:\n"
+                   f"        return False\n")
         exec(compile_source(src, "<flambeau._dynamo guards>"), ns)
         # kept for recompile reasons and explain() only: each check as its condition text and description,
         # strings the garbage collector never walks (not the Source objects, nor the set of seen keys)
@@ -260,6 +282,60 @@ class GuardSet:
                             for s, cond, desc in self.checks)
         self._seen = set()
         return ns["___guard"], src
+
+    def _fold_module_constants(self) -> tuple:
+        """(the checks left, a `ModuleConstants` standing for the others, or None when none fold). A check
+        folds when its source is an attribute of an identity-guarded module, or an item of one (a conv's
+        `stride[0]`), whose value is immutable (numbers, strings, None, tuples of them) and kept in the
+        module's `__dict__` or its class's (`_plain_attribute`): while that attribute holds the same object,
+        every check on it gives what it gave when the guard was built. An attribute folds only if all the
+        checks below it do and they hold now (they are evaluated here on its current value)."""
+        if not self._modules:
+            return self.checks, None
+        units: dict = {}                  # attribute source expr -> [(check, item steps below it)], or None
+        order = []
+        for check in self.checks:
+            src = check[0]
+            steps = []
+            while src is not None and src.base is not None and src.base.expr not in self._modules:
+                steps.append(src.tmpl)
+                src = src.base
+            if src is None or src.base is None:
+                continue
+            attr = src.tmpl[4:] if src.tmpl.startswith("{B}.") else None
+            if attr is None or not all(t.startswith("{B}[") for t in steps):
+                units[src.expr] = None
+                continue
+            if src.expr not in units:
+                order.append((src.expr, src.base.expr, attr))
+                units[src.expr] = []
+            if units[src.expr] is not None:
+                units[src.expr].append((check, steps[::-1]))
+        held = ModuleConstants()
+        folded = set()
+        for expr, base, attr in order:
+            checks = units[expr]
+            module = self._modules[base]()
+            if checks is None or module is None or not _plain_attribute(module, attr):
+                continue
+            value = getattr(module, attr)
+            if not _immutable(value) or not all(self._holds(cond, value, steps) for (_, cond, _), steps in checks):
+                continue
+            held.add(module, attr, value)
+            folded.update(id(c) for c, _ in checks)
+        if not folded:
+            return self.checks, None
+        return [c for c in self.checks if id(c) not in folded], held
+
+    def _holds(self, cond: str, value, steps: list) -> bool:
+        """Whether check `cond` holds on the value reached from `value` by the item `steps` (templates)."""
+        expr = "___v"
+        for tmpl in steps:
+            expr = tmpl.replace("{B}", expr)
+        try:
+            return bool(eval(cond.replace("{S}", f"({expr})"), dict(self.consts, ___v=value)))
+        except Exception:
+            return False
 
     def failures(self, argnames: list, globals_dict: dict, F, args) -> list:
         """Descriptions of the checks that fail for these arguments (for recompile reasons)."""
@@ -316,6 +392,56 @@ class ModuleState:
         return (list(map(_get_training, self.dicts)) == self.training and not any(self.hooks_t)
                 and all(map(operator.is_, map(operator.getitem, self.slot_dicts, self.slot_keys), self.members))
                 and list(map(_requires_grad, self.tensors)) == self.requires_grad)
+
+
+_MISSING = object()           # what ModuleConstants reads for an attribute no longer in the module's __dict__
+
+
+class ModuleConstants:
+    """Attributes of guarded modules that must still hold the same (immutable) objects, checked in C-level
+    passes over the modules' `__dict__`s (held here: they hold what the modules' other guards already keep;
+    the entry is dropped with its modules, `GuardSet.drop_with`) and, for an attribute the class holds
+    (a conv's `_n`), over the classes, the instance dicts not shadowing it."""
+
+    def __init__(self):
+        self.dicts, self.names, self.values = [], [], []
+        self.classes, self.class_dicts, self.class_names, self.class_values = [], [], [], []
+
+    def add(self, module, name: str, value) -> None:
+        if name in module.__dict__:
+            self.dicts.append(module.__dict__)
+            self.names.append(name)
+            self.values.append(value)
+        else:
+            self.classes.append(type(module))
+            self.class_dicts.append(module.__dict__)
+            self.class_names.append(name)
+            self.class_values.append(value)
+
+    def __call__(self) -> bool:
+        is_ = operator.is_
+        return all(map(is_, map(dict.get, self.dicts, self.names, itertools.repeat(_MISSING)), self.values)) and \
+            all(map(is_, map(getattr, self.classes, self.class_names), self.class_values)) and \
+            not any(map(dict.__contains__, self.class_dicts, self.class_names))
+
+
+def _plain_attribute(obj, attr: str) -> bool:
+    """Whether `getattr(obj, attr)` reads `obj.__dict__[attr]`, or the class's value when the instance has none:
+    no `__getattribute__` of the class's own, no data descriptor of that name on the class (a property) and,
+    for a class-held value, no descriptor at all."""
+    cls = type(obj)
+    if cls.__getattribute__ is not object.__getattribute__:
+        return False
+    found = getattr(cls, attr, _MISSING)
+    if attr in obj.__dict__:
+        return found is _MISSING or not (hasattr(type(found), "__set__") or hasattr(type(found), "__delete__"))
+    return found is not _MISSING and not hasattr(type(found), "__get__")
+
+
+def _immutable(v) -> bool:
+    if type(v) in (int, float, bool, str, bytes, type(None), complex):
+        return True
+    return type(v) is tuple and all(_immutable(x) for x in v)
 
 
 def _is_contiguous(t) -> bool:
