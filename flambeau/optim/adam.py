@@ -169,17 +169,19 @@ class Adam(Optimizer):
         fused = group.get("fused")
         if fused is None and (group.get("foreach") is not None or group.get("differentiable")):
             fused = False
-        if not (fused or fused is None) or not triton_launch.available():
+        if not (fused or fused is None):
             return params
-        from .._backends import triton_adam  # deferred: imports Triton, optional (cuda only)
         plans = self.__dict__.setdefault("_fused_plans", {})
         plan = plans.get(id(group))
         if plan is None or not plan.holds(params, self.state, group["amsgrad"]):
-            if fused is None and not all(p.device.type == "cuda" for p in params):
+            # (the devices first: a cpu model never imports Triton)
+            if fused is None and not all(p.device.type == "cuda" for p in params) or not triton_launch.available():
                 return params
+            from .._backends import triton_adam  # deferred: imports Triton, optional (cuda only)
             plan = plans[id(group)] = _FusedPlan(params, self.state, group["amsgrad"], triton_adam)
         elif fused is None and not plan.all_cuda:      # (the plan's parameters: their devices checked once)
             return params
+        from .._backends import triton_adam
         if not plan.taken:
             return params
         grads, others = plan.gradients(triton_adam)
