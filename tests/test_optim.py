@@ -259,3 +259,27 @@ def test_cuda_foreach_matches_loop_and_cpu(name, kw):
         losses.append(run)
     assert losses[0] == losses[1]
     np.testing.assert_allclose(losses[0], losses[2], rtol=1e-9)
+
+
+def test_a_parameter_class_with_its_own_grad_property_is_stepped_and_zeroed_through_it():
+    """The optimizer reads and clears `.grad` without Tensor's property when the parameter's class keeps it
+    (`optimizer._TENSOR_GRAD`); a class defining its own `grad` is read and cleared through that one."""
+    import flambeau
+
+    class Shadow(flambeau.nn.Parameter):
+        @property
+        def grad(self):
+            return self.__dict__.get("_shadow")
+
+        @grad.setter
+        def grad(self, g):
+            self.__dict__["_shadow"] = g
+    p = Shadow(flambeau.tensor([1.0, 2.0]))
+    q = flambeau.nn.Parameter(flambeau.tensor([1.0, 2.0]))
+    opt = flambeau.optim.AdamW([p, q], lr=0.5, weight_decay=0.0)
+    p.grad = flambeau.tensor([1.0, -1.0])
+    q.grad = flambeau.tensor([1.0, -1.0])
+    opt.step()
+    assert p.tolist() == q.tolist() != [1.0, 2.0]
+    opt.zero_grad()
+    assert p.grad is None and q.grad is None and "_shadow" in p.__dict__

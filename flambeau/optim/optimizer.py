@@ -77,6 +77,9 @@ def _uniform_or(expand):
     return ex
 
 
+_TENSOR_GRAD = Tensor.grad           # the property; a subclass may define its own `.grad`
+
+
 def _scalar_tensor(value, dtype=None):
     return tensor(value, dtype=dtype or D.float32)
 
@@ -169,7 +172,13 @@ class Optimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is None:
+                if type(p).grad is _TENSOR_GRAD:        # `.grad` as Tensor's (read and set without its property)
+                    if p._grad is None:
+                        continue
+                    if set_to_none:
+                        p._grad = None
+                        continue
+                elif p.grad is None:
                     continue
                 if set_to_none:
                     p.grad = None
@@ -302,7 +311,7 @@ class Optimizer:
 
     def _step_groups(self):
         for gi, group in enumerate(self.param_groups):
-            params = [p for p in group["params"] if p.grad is not None]
+            params = [p for p in group["params"] if (p._grad if type(p).grad is _TENSOR_GRAD else p.grad) is not None]
             if not params:
                 continue
             for p in params:
