@@ -147,7 +147,7 @@ class Function(metaclass=_FunctionMeta):
         ctx = FunctionCtx()
         tensors = [a for a in args if isinstance(a, Tensor)]
         slots = None if len(tensors) == len(args) else [i for i, a in enumerate(args) if isinstance(a, Tensor)]
-        needs = [a.requires_grad for a in tensors]
+        needs = [a._requires_grad if a._base is None else a.requires_grad for a in tensors]   # (a view may refresh)
         record = _state.tls.grad_enabled and True in needs
         if slots is None:
             ctx.needs_input_grad = tuple(needs)
