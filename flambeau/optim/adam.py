@@ -173,15 +173,15 @@ class Adam(Optimizer):
             return params
         plans = self.__dict__.setdefault("_fused_plans", {})
         plan = plans.get(id(group))
-        if plan is None or not plan.holds(params, self.state, group["amsgrad"]):
-            # (the devices first: a cpu model never imports Triton)
+        fresh = plan is None or not plan.holds(params, self.state, group["amsgrad"])
+        if fresh:       # (the devices first: a cpu model never imports Triton)
             if fused is None and not all(p.device.type == "cuda" for p in params) or not triton_launch.available():
                 return params
-            from .._backends import triton_adam  # deferred: imports Triton, optional (cuda only)
-            plan = plans[id(group)] = _FusedPlan(params, self.state, group["amsgrad"], triton_adam)
         elif fused is None and not plan.all_cuda:      # (the plan's parameters: their devices checked once)
             return params
-        from .._backends import triton_adam
+        from .._backends import triton_adam  # deferred: imports Triton, optional (cuda only)
+        if fresh:
+            plan = plans[id(group)] = _FusedPlan(params, self.state, group["amsgrad"], triton_adam)
         if not plan.taken:
             return params
         grads, others = plan.gradients(triton_adam)
