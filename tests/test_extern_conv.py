@@ -592,6 +592,69 @@ def test_static_launcher_writes_pointers_and_grids_as_the_general_path(monkeypat
     assert launched == []
 
 
+@pytest.mark.parametrize("error_flag", [False, True], ids=["buffers", "error_flag"])
+def test_a_single_kernels_entry_launches_as_the_general_path(monkeypatch, error_flag):
+    """What the wrapper calls for a static one-kernel launch on cuda (`Launcher.entry`: a function of the
+    arrays made for their number) hands the driver the grid and parameters the general path with sizes
+    does: at the first call (which prepares), later aligned calls (which skip `_direct_call`), a
+    misaligned call and a call from another thread (both through `_direct_call`)."""
+    import ctypes
+    import threading
+
+    from flambeau._backends import triton_launch as TL
+    from flambeau._device import device
+    from flambeau._inductor import triton_runtime as rt
+    from flambeau._inductor.codegen_triton import Launch
+
+    class Arr:
+        def __init__(self, ptr):
+            self.data = types.SimpleNamespace(ptr=ptr)
+    fn = types.SimpleNamespace(name="k", key="k")
+    a, b, c = (InputBuffer(n, Layout((10,), D.float32)) for n in "abc")
+    module = types.SimpleNamespace(kernel=lambda name: fn)
+    launched, kernels = [], {}
+
+    def driver(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        k = kernels[f]
+        types_ = TL.c_types(k.arg_types)
+        addresses = (ctypes.c_void_p * len(types_)).from_address(params)
+        launched.append(((gx, gy, gz), [t.from_address(p).value for t, p in zip(types_, addresses)]))
+    monkeypatch.setattr(TL, "_driver", [driver, lambda: 0])
+
+    def kernel(self, la, fn, aligned):
+        k = TL.kernel_of(types.SimpleNamespace(ptr=len(kernels) + 1), None,
+                         tuple(t for t in la.signature().values() if t != "constexpr"), 4, 0, 0)
+        kernels[k.function.ptr] = k
+        return k
+    monkeypatch.setattr(rt.Launcher, "_kernel", kernel)
+    general_calls = []
+    real = rt.Launcher._direct_call
+    monkeypatch.setattr(rt.Launcher, "_direct_call", lambda self, *a: general_calls.append(1) or real(self, *a))
+    cuda = device("cuda")
+    static = rt.Launcher(module, Launch("k1", [a, b, c], [], 5000, 1024, error_flag=error_flag), cuda)
+    general = rt.Launcher(module, Launch("k1", [a, b, c], ["s0"], SizeExpr.symbol("s0"), 1024,
+                                         error_flag=error_flag), cuda)
+    call = static.entry()
+    calls = [[Arr(0x1000), Arr(0x2000), Arr(0x3000)], [Arr(0x1100), Arr(0x2100), Arr(0x3100)],
+             [Arr(0x1000), Arr(0x2004), Arr(0x3000)], [Arr(0x4000), Arr(0x5000), Arr(0x6000)]]
+    err = [Arr(0xE000)] if error_flag else []
+    call(*calls[0], *err)
+    call(*calls[1], *err)
+    assert len(general_calls) == 1                      # the second call: the entry's own launch
+    call(*calls[2], *err)                               # misaligned
+    t = threading.Thread(target=call, args=(*calls[3], *err))
+    t.start()
+    t.join()
+    call(*calls[3], *err)
+    assert len(general_calls) == 3
+    got = launched[:]
+    launched.clear()
+    for arrays in calls + calls[3:]:
+        general(*arrays, 5000, *err)
+    want = [(g, [x for i, x in enumerate(v) if i != 3]) for g, v in launched]       # (minus s0)
+    assert got == want and got[0] == ((5, 1, 1), [0x1000, 0x2000, 0x3000] + ([0xE000] if error_flag else []) + [0, 0])
+
+
 class _Mem:
     """A CuPy MemoryPointer over a NumPy buffer: `.ptr`, `+ bytes`."""
 

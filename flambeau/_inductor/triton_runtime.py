@@ -223,6 +223,42 @@ def _tl_dtype(dt):
     return getattr(tl, TL_NAMES[dt].split(".")[1])
 
 
+_SINGLE_LAUNCH = """
+def make(one, general):
+    def call({args}):
+        {ptrs} = {reads}
+        if ({ors}) % ALIGN or not one:
+            return general({args})
+        fptr, g0, g1, g2, threads, shared, blocks = one[0]
+        blk = blocks.get(get_ident())
+        if blk is None:
+            return general({args})
+        stats["launches"] += 1
+        blk.values[:{n}] = {ptrs},
+        run, stream = TL._driver or TL._driver_calls()
+        run(fptr, g0, g1, g2, threads, 1, 1, shared, stream(), blk.address, 0)
+    return call
+"""
+_single_launch_makers: dict = {}       # number of arguments -> `make` of _SINGLE_LAUNCH for it
+
+
+def _single_launch(n: int, one: list, general):
+    """call(*n arrays): the Launcher call of a static graph's kernel on cuda, made for `n` arguments. Once
+    `general` (`Launcher._direct_call`) has prepared a chain of one kernel taking just the call's pointers
+    (`Launcher._one`), an aligned call on a thread that launched before reads the pointers into locals,
+    writes them into its `PointerBlock` and calls cuLaunchKernel: no argument tuple or list, no loop; any
+    other call is `general`'s."""
+    make = _single_launch_makers.get(n)
+    if make is None:
+        names, ptrs = [f"a{i}" for i in range(n)], [f"p{i}" for i in range(n)]
+        src = _SINGLE_LAUNCH.format(args=", ".join(names), ptrs=", ".join(ptrs),
+                                    reads=", ".join(f"{a}.data.ptr" for a in names), ors=" | ".join(ptrs), n=n)
+        ns = {"ALIGN": ALIGN, "get_ident": threading.get_ident, "stats": stats, "TL": TL}
+        exec(compile(src, f"<flambeau-launch-{n}>", "exec"), ns)
+        make = _single_launch_makers[n] = ns["make"]
+    return make(one, general)
+
+
 class Launcher:
     """Calls one scheduled kernel's generated function(s) (`Launch`, then `Launch.then`):
     `launcher(*arrays, *sizes[, err])`, the grid computed from the sizes."""
@@ -247,6 +283,9 @@ class Launcher:
         self._tuned: dict = {}               # size values -> the Launch variant chosen (autotune.py)
         self._static = None                  # [(launch, fn, grid, scratch pointers, kernels)] (`_static_call`)
         self._direct = None                  # the aligned static launches (`_direct_call`); False: none
+        # the one launch of `_direct` when the chain is a single kernel of the call's pointers and nothing
+        # else: (function, grid x/y/z, threads, shared bytes, per-thread blocks), read by `_single_launch`
+        self._one: list = []
 
     def workspace(self, la) -> list:
         """The scratch arrays of a launch (a split reduction's partial results), by name, shared by
@@ -261,9 +300,10 @@ class Launcher:
         return out
 
     def entry(self):
-        """What a wrapper calls: `_direct_call` for a graph with static sizes on cuda, else the Launcher."""
+        """What a wrapper calls: for a graph with static sizes on cuda a function of the call's arrays made
+        for their number (`_single_launch`), else the Launcher."""
         if not self.size_names and not self.interpret and not self.autotune:
-            return self._direct_call
+            return _single_launch(self.n_bufs + (1 if self.error_flag else 0), self._one, self._direct_call)
         return self
 
     def __call__(self, *args):
@@ -307,6 +347,9 @@ class Launcher:
             direct = self._direct = self._prepare_direct(len(ptrs))
             if direct is False:
                 return self._static_call(args)
+            if len(direct) == 1 and direct[0][6] is None:
+                fptr, g0, g1, g2, threads, shared, _, _, _, blocks = direct[0]
+                self._one.append((fptr, g0, g1, g2, threads, shared, blocks))
         stats["launches"] += len(direct)
         run, stream = TL._driver or TL._driver_calls()
         s, tid = stream(), threading.get_ident()
