@@ -694,3 +694,19 @@ def test_device_view_is_the_layouts_view_of_the_base(shape, strides, offset):
     wide = _CupyLike((20,), np.float64, _Mem(np.zeros(160, np.uint8)))
     w, s = wrapper.device_view(lay, 4)(wide), wrapper._strided_device(wide, lay)
     assert (w.shape, w.strides) == (s.shape, s.strides) and (w.data.ptr == s.data.ptr or not all(shape))
+
+
+def test_unaliased_device_finds_inputs_sharing_an_allocation():
+    """The cuda wrapper's in-place check (`wrapper.unaliased_device`, reading each array's `data.mem`):
+    True only when the written inputs have allocations of their own, apart from each other and from every
+    other input; the same answers as `wrapper.unaliased` (whose owner of a device array is `data.mem`)."""
+    def arr(mem):
+        return types.SimpleNamespace(data=types.SimpleNamespace(mem=mem, ptr=0))
+    m = [object() for _ in range(5)]
+    cases = [(((arr(m[0]), arr(m[1])), (arr(m[2]), arr(m[3]))), True),
+             (((arr(m[0]), arr(m[0])), (arr(m[2]),)), False),             # two written inputs, one allocation
+             (((arr(m[0]), arr(m[1])), (arr(m[2]), arr(m[1]))), False),    # another input on a written one's
+             (((arr(m[4]),), ()), True)]
+    for (written, others), want in cases:
+        assert wrapper.unaliased_device(written, others) is want
+        assert wrapper.unaliased(written, others) is want
