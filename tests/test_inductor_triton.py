@@ -504,3 +504,29 @@ def test_extern_output_layout_follows_its_inputs_as_laid_out_in_the_graph(triton
     ty = (torch.tensor(x).t() + (1 if realised else 0)) * 2
     for g, w in zip(got, (ty + 1, ty.sum(0))):
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_whole_buffer_view_output_is_allocated_in_its_shape(triton_backend, monkeypatch):
+    """A batch norm's training statistics, computed as (1, C, 1, 1) buffers and returned as (C,) views (the
+    saved mean and inverse std of the forward; the weight and bias gradients of the backward), are allocated
+    by the Triton wrapper in the (C,) shape and returned as they are: no view made per call
+    (`WrapperCodegen._allocate_in_output_shape`). A view of part of a buffer, or of a buffer returned
+    itself too, is still made. Values and shapes are PyTorch's."""
+    made = spy_compile_fx(monkeypatch, [])
+    rng = np.random.default_rng(0)
+    x, w, b = rng.standard_normal((4, 3, 5, 5)).astype(np.float32), rng.standard_normal(3).astype(np.float32), \
+        rng.standard_normal(3).astype(np.float32)
+
+    def f(T, x, w, b):
+        s = (x * 2).sum((0, 2, 3), keepdim=True)
+        q = (x * x).sum((0, 2, 3), keepdim=True)
+        return s.view(-1) + w, q.view(-1), s[:, :2].reshape(-1), q.flatten() * b
+    got = fl.compile(lambda *a: f(fl, *a))(*(fl.tensor(a) for a in (x, w, b)))
+    ref = f(torch, *(torch.from_numpy(a) for a in (x, w, b)))
+    for g, r in zip(got, ref):
+        assert tuple(g.shape) == tuple(r.shape)
+        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-5, atol=1e-5)
+    src = made[-1].artifact.wrapper_source
+    ret = src[src.index("return ("):]
+    assert made[-1].artifact.backend == "triton" and ret.count("_layout_") == 1, src   # s[:, :2]'s view only
+    assert re.search(r"= _empty\(\(3,\), ", src), src

@@ -500,6 +500,8 @@ class WrapperCodegen:
         self.saved = saved
         self.saved_arena: dict = {}     # saved activation -> byte offset in the call's saved arena
         self._stored: dict = {}         # buffer a kernel stores -> its shape
+        self._fresh: dict = {}          # buffer allocated by a line `name = _empty(...)` -> (line index, dtype source)
+        self._reshaped: set = set()     # id of each output view made by allocating its base in its shape
         # output buffer -> the graph input its value is written into (`_in_place`)
         self.in_place: dict = in_place_writes(graph, order, input_writes or {}) if input_writes else {}
 
@@ -672,6 +674,7 @@ class WrapperCodegen:
                 same = tuple(self._stored[other]) == tuple(b.layout.shape)
                 self.lines.append(f"    {b.name} = {other}" if same else f"    {b.name} = {other}.reshape({shape})")
             else:
+                self._fresh[b.name] = (len(self.lines), dtype)
                 self.lines.append(f"    {b.name} = _empty({shape}, {dtype})")
             self._stored[b.name] = b.layout.shape
         args = [self._ptr(b.name) for b in k.loads] + [self._ptr(b.name) for b in k.stores]
@@ -711,6 +714,8 @@ class WrapperCodegen:
                 return f"_in{pos}"
         if isinstance(o, SizeExpr):
             return _src(o)
+        if isinstance(o, StridedView) and id(o) in self._reshaped:
+            return f"_T({o.base.name}, _dev)"
         if isinstance(o, StridedView):
             lay = o.layout
             name = f"_layout_{len(self.ns)}"
@@ -727,7 +732,33 @@ class WrapperCodegen:
         self.ns[name] = o
         return name
 
+    def _allocate_in_output_shape(self):
+        """A Triton graph's kernels take their buffers as pointers only, so a buffer allocated here (`_empty`)
+        whose one appearance among the outputs is a view of all of it in C order (a batch norm's (1, C, 1, 1)
+        statistics returned as (C,)), and that no extern reads nor a `copy_` copies, is allocated in the
+        view's shape and returned as it is: no view made per call (on cuda a CuPy array each)."""
+        if self.backend != "triton" or self.g.dynamic:
+            return
+        flat = self.g.flat_outputs()
+        seen: dict = {}
+        for o in flat:
+            base = o.base if isinstance(o, StridedView) else o
+            seen[id(base)] = seen.get(id(base), 0) + 1
+        extern_reads = {b.name for s in self.order if isinstance(s, ExternStep) for b in s.node.inputs()}
+        copied = {b.name for b in self.g.mutations.values()}
+        for o in flat:
+            if not isinstance(o, StridedView) or o.base.name not in self._fresh or seen[id(o.base)] != 1:
+                continue
+            lay, base = o.layout, o.base
+            if lay.is_symbolic() or not lay.is_contiguous() or lay.numel != base.layout.numel or \
+                    lay.dtype != base.layout.dtype or base.name in extern_reads or base.name in copied:
+                continue
+            at, dtype = self._fresh[base.name]
+            self.lines[at] = f"    {base.name} = _empty({_tuple_src(lay.shape)}, {dtype})"
+            self._reshaped.add(id(o))
+
     def _outputs(self) -> str:
+        self._allocate_in_output_shape()
         outs = self.g.outputs
         if isinstance(outs, list):
             return "(" + "".join(self._out_expr(o) + ", " for o in outs) + ")"
