@@ -710,3 +710,23 @@ def test_unaliased_device_finds_inputs_sharing_an_allocation():
     for (written, others), want in cases:
         assert wrapper.unaliased_device(written, others) is want
         assert wrapper.unaliased(written, others) is want
+
+
+def test_a_repeated_device_view_is_kept_for_its_base():
+    """wrapper.device_view(repeated=True) (a view of a small graph input: a batch norm weight returned
+    for the backward) hands out the same view while the base is the same array, and a new view, at the
+    new base's memory, for another base; each is the layout's view of its base's memory."""
+    lay = Layout((1, 4, 1, 1), D.float32, (4, 1, 1, 1), 0)
+    fn = wrapper.device_view(lay, 4, repeated=True)
+    bufs = [np.arange(4, dtype=np.float32) + 10 * i for i in range(2)]
+    bases = [_CupyLike((4,), np.float32, _Mem(b.view(np.uint8))) for b in bufs]
+    first = fn(bases[0])
+    assert fn(bases[0]) is first
+    other = fn(bases[1])
+    assert other is not first and other.data.ptr == bufs[1].ctypes.data and other.shape == (1, 4, 1, 1)
+    np.testing.assert_array_equal(other.a.ravel(), bufs[1])
+    again = fn(bases[0])
+    assert again is not other and again.data.ptr == bufs[0].ctypes.data
+    np.testing.assert_array_equal(again.a.ravel(), bufs[0])
+    plain = wrapper.device_view(lay, 4)
+    assert plain(bases[0]) is not plain(bases[0])               # (not repeated: a view per call)

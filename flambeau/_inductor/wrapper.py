@@ -75,9 +75,11 @@ def empty_of(xp):
     return xp.empty
 
 
-def device_view(layout, itemsize: int):
+def device_view(layout, itemsize: int, repeated: bool = False):
     """fn(base) -> `_strided_device(base, layout)` for a static layout, its byte strides and offset worked
-    out once here (for `itemsize`; a base of another item size takes `_strided_device`)."""
+    out once here (for `itemsize`; a base of another item size takes `_strided_device`). `repeated`: the
+    base is usually the same array call after call (a graph input that is a parameter, updated in place),
+    so the last view is kept with its base and handed out again for that same base."""
     shape, strides, off = tuple(layout.shape), tuple(st * itemsize for st in layout.strides), layout.offset * itemsize
     if not all(shape):
         return lambda base: _strided_device(base, layout)
@@ -86,7 +88,17 @@ def device_view(layout, itemsize: int):
         if base.itemsize != itemsize:
             return _strided_device(base, layout)
         return type(base)(shape, base.dtype, base.data + off if off else base.data, strides=strides)
-    return view
+    if not repeated:
+        return view
+    last = [(None, None)]               # (base, its view) of the last call, replaced as one item
+
+    def same_base_view(base):
+        seen, v = last[0]
+        if seen is not base:
+            v = view(base)
+            last[0] = (base, v)
+        return v
+    return same_base_view
 
 
 stats = {"extern_output_copies": 0}     # extern outputs copied into the layout the graph assumed
@@ -723,7 +735,7 @@ class WrapperCodegen:
             if lay.is_symbolic():
                 return f"_T(_strided({o.base.name}, _Concrete({name}, _S)), _dev)"
             if self.xp is not np:         # a device array's view: strides and offset in bytes worked out once
-                self.ns[name] = device_view(lay, o.base.dtype.itemsize)
+                self.ns[name] = device_view(lay, o.base.dtype.itemsize, _small_input(o.base))
                 return f"_T({name}({o.base.name}), _dev)"
             return f"_T(_strided({o.base.name}, {name}), _dev)"
         if isinstance(o, (Buffer, MultiOutput)):
@@ -763,6 +775,17 @@ class WrapperCodegen:
         if isinstance(outs, list):
             return "(" + "".join(self._out_expr(o) + ", " for o in outs) + ")"
         return self._out_expr(outs)
+
+
+KEPT_VIEW_BYTES = 1 << 16     # a graph input at most this large may be kept from one call to the next (`device_view`)
+
+
+def _small_input(b) -> bool:
+    """Whether an output view's base is a small graph input of a static layout (a batch norm's weight,
+    returned as (1, C, 1, 1) for the backward): the same array call after call when it is a parameter, so
+    its view is kept (`device_view(repeated=True)`), which keeps the input alive until the next call."""
+    lay = b.layout
+    return isinstance(b, InputBuffer) and not lay.is_symbolic() and lay.numel * b.dtype.itemsize <= KEPT_VIEW_BYTES
 
 
 def _src(e) -> str:
