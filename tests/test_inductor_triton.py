@@ -530,3 +530,21 @@ def test_a_whole_buffer_view_output_is_allocated_in_its_shape(triton_backend, mo
     ret = src[src.index("return ("):]
     assert made[-1].artifact.backend == "triton" and ret.count("_layout_") == 1, src   # s[:, :2]'s view only
     assert re.search(r"= _empty\(\(3,\), ", src), src
+
+
+def test_output_tensors_get_their_dtype_from_the_wrapper(monkeypatch):
+    """The wrapper hands `Tensor._make` the dtype of each output a kernel stores (`_known_dtype`), bool,
+    int64, bfloat16 and float32 ones and a view of one; the outputs' dtypes and values are PyTorch's."""
+    made = spy_compile_fx(monkeypatch, [])
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+
+    def f(T, x):
+        y = x * 3
+        return x > 0, (x * 4).to(T.int64) * 2, (x + 1).to(T.bfloat16), y, y.t()
+    got = fl.compile(lambda x: f(fl, x))(fl.tensor(x))
+    ref = f(torch, torch.from_numpy(x))
+    for g, r in zip(got, ref):
+        assert str(g.dtype) == str(r.dtype) and g.shape == r.shape
+        np.testing.assert_allclose(g.float().numpy(), r.float().numpy(), rtol=1e-6)
+    src = made[-1].artifact.wrapper_source
+    assert all(f"_fl_{n}" in src for n in ("bool", "int64", "bfloat16", "float32")), src

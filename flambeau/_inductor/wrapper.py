@@ -727,22 +727,33 @@ class WrapperCodegen:
         if isinstance(o, SizeExpr):
             return _src(o)
         if isinstance(o, StridedView) and id(o) in self._reshaped:
-            return f"_T({o.base.name}, _dev)"
+            return f"_T({o.base.name}, _dev{self._known_dtype(o.base)})"
         if isinstance(o, StridedView):
             lay = o.layout
             name = f"_layout_{len(self.ns)}"
             self.ns[name] = lay
             if lay.is_symbolic():
                 return f"_T(_strided({o.base.name}, _Concrete({name}, _S)), _dev)"
+            dt = self._known_dtype(o.base)        # (a view's array has its base's dtype)
             if self.xp is not np:         # a device array's view: strides and offset in bytes worked out once
                 self.ns[name] = device_view(lay, o.base.dtype.itemsize, _small_input(o.base))
-                return f"_T({name}({o.base.name}), _dev)"
-            return f"_T(_strided({o.base.name}, {name}), _dev)"
+                return f"_T({name}({o.base.name}), _dev{dt})"
+            return f"_T(_strided({o.base.name}, {name}), _dev{dt})"
         if isinstance(o, (Buffer, MultiOutput)):
-            return f"_T({o.name}, _dev)"
+            return f"_T({o.name}, _dev{self._known_dtype(o)})"
         name = f"_const_{len(self.ns)}"
         self.ns[name] = o
         return name
+
+    def _known_dtype(self, b) -> str:
+        """", <name>" of the flambeau dtype of a buffer a kernel stores (its array made here of that dtype, or an
+        input of it), passed to `Tensor._make` so that it need not look the array's dtype up; "" otherwise."""
+        dt = getattr(b, "dtype", None)
+        if b.name not in self._stored or dt is None or D.FROM_NP.get(dt.np) is not dt:
+            return ""
+        name = f"_fl_{dt.name}"
+        self.ns[name] = dt
+        return f", {name}"
 
     def _allocate_in_output_shape(self):
         """A Triton graph's kernels take their buffers as pointers only, so a buffer allocated here (`_empty`)
