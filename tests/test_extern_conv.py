@@ -190,6 +190,32 @@ def test_planned_convolution_runs_the_first_calls_plan_and_matches_pytorch(fake_
         np.testing.assert_allclose(np.asarray(second), ref2.numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_a_planned_channels_last_convolution_allocates_its_output_channels_last(fake_cuda, monkeypatch):
+    """Channels-last operands (NHWC-packed): the first call's cuDNN output is channels-last, and the planned
+    calls allocate theirs the same way (`_layout_of`: the NHWC shape, then the NCHW permutation), run the
+    plan without the eager kernel, and give PyTorch's values."""
+    xp, plans = fake_cuda
+    op, kind, arrays, make, ref = _case("forward", CASES[0][1])
+    x, w = arrays
+    bufs = [_buf(f"arg{i}", a) for i, a in enumerate(arrays)]
+    n, c, h, wd = ref.shape
+    ek = types.SimpleNamespace(op=op, args=make(bufs), kwargs={}, inputs=lambda: bufs, name="buf9",
+                               layout=Layout(ref.shape, D.float32, (c * h * wd, 1, wd * c, c)))
+    fn, _, _ = wrapper.make_extern(ek, xp)
+    first = fn(_channels_last(x), _channels_last(w))
+    np.testing.assert_allclose(np.asarray(first), ref, rtol=1e-5, atol=1e-5)
+    assert extern_conv.stats["planned"] and first.strides[1] == first.itemsize
+    eager = []
+    real = cudnn.forward
+    monkeypatch.setattr(cudnn, "forward", lambda *a, **k: eager.append(1) or real(*a, **k))
+    before = dict(extern_conv.stats)
+    for scale in (0.5, 2.0):
+        got = fn(_channels_last(x * scale), _channels_last(w))
+        np.testing.assert_allclose(np.asarray(got), ref * scale, rtol=1e-5, atol=1e-5)
+        assert got.strides == first.strides and got.shape == first.shape
+    assert not eager and extern_conv.stats["fast"] == before["fast"] + 2 and plans == [kind]
+
+
 def test_a_misaligned_operand_or_changed_flags_run_the_eager_kernel(fake_cuda, monkeypatch):
     """An operand 4 bytes past an aligned address (the plan promised 16) and a cuDNN flag changed since
     the plan: those calls run the eager kernel (which copies the operand aligned), still right."""
@@ -730,3 +756,37 @@ def test_a_repeated_device_view_is_kept_for_its_base():
     np.testing.assert_array_equal(again.a.ravel(), bufs[0])
     plain = wrapper.device_view(lay, 4)
     assert plain(bases[0]) is not plain(bases[0])               # (not repeated: a view per call)
+
+
+def test_run_pointers_binds_each_threads_handle_to_the_stream_once(monkeypatch):
+    """cudnn.run_pointers (a planned convolution's call) runs the plan on this thread's handle of the device
+    bound to the given stream: the handle made once per thread and device, cudnnSetStream called only
+    when the stream changes; the pointers handed over in the plan's roles (x, w, y)."""
+    import threading
+
+    class Lib:
+        def __init__(self):
+            self.created, self.bound = 0, []
+
+        def cudnnCreate(self, out):
+            self.created += 1
+            out._obj.value = 0x100 * self.created
+            return 0
+
+        def cudnnSetStream(self, h, stream):
+            self.bound.append((h.value, stream))
+            return 0
+    lib = Lib()
+    monkeypatch.setitem(cudnn._state, "lib", lib)
+    monkeypatch.setattr(cudnn, "_local", threading.local())
+    ran = []
+    plan = types.SimpleNamespace(roles=cudnn._GraphPlan.roles.__get__(types.SimpleNamespace(kind="backward_data")),
+                                 execute=lambda h, ptrs, dev, stream: ran.append((h.value, ptrs, dev, stream)))
+    for stream in (7, 7, 9, 9):
+        cudnn.run_pointers("backward_data", plan, 1, 2, 3, 0, stream)
+    assert lib.created == 1 and lib.bound == [(0x100, 7), (0x100, 9)]
+    assert ran == [(0x100, (3, 1, 2), 0, 7)] * 2 + [(0x100, (3, 1, 2), 0, 9)] * 2
+    t = threading.Thread(target=cudnn.run_pointers, args=("backward_data", plan, 1, 2, 3, 0, 9))
+    t.start()
+    t.join()
+    assert lib.created == 2 and lib.bound[-1] == (0x200, 9) and ran[-1][0] == 0x200

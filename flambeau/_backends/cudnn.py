@@ -776,8 +776,13 @@ def release_workspaces() -> None:
 
 def run_pointers(kind, plan, pa: int, pb: int, pout: int, dev: int, stream: int) -> None:
     """`_run` of a graph-API plan on data pointers, on stream `stream` of device `dev` (a compiled
-    graph's planned convolution, _inductor/extern_conv.py: its operands checked there)."""
-    plan.execute(_handle(dev, stream), plan.roles(pa, pb, pout), dev, stream)
+    graph's planned convolution, _inductor/extern_conv.py: its operands checked there). This thread's
+    handle of `dev`, when it is bound to `stream` already, is read here (`_handle` makes or rebinds it)."""
+    handles = getattr(_local, "handles", None)
+    h = handles.get(dev) if handles is not None else None
+    if h is None or h.stream != stream:
+        h = _handle(dev, stream)
+    plan.execute(h, plan.roles(pa, pb, pout), dev, stream)
     calls[kind] += 1
 
 

@@ -35,20 +35,21 @@ def planned_convolution(op_name: str, arguments, eager, empty, sources=()):
     where kernel argument j comes from (wrapper.operand_source: the index of its array in the call's
     arrays, and for a view of it the byte offset and strides; None: unknown): a planned operand that
     has one is read as a pointer, without making its view."""
-    state: dict = {}
     bias_at = 2 if op_name == "convolution" else None
+    fast, first = None, True
 
     def call(*arrays):
-        fast = state.get("fast")
+        nonlocal fast, first
         if fast is not None:
             r = fast(arrays)
             if r is not None:
                 return r
-        elif "fast" not in state:
+        elif first:
+            first = False
             with C.record_calls() as seen:
                 r = eager(*arrays)
-            state["fast"] = _plan(seen, r, arguments, arrays, bias_at, empty, sources)
-            stats["planned"] += state["fast"] is not None
+            fast = _plan(seen, r, arguments, arrays, bias_at, empty, sources)
+            stats["planned"] += fast is not None
             stats["eager"] += 1
             return r
         stats["eager"] += 1
@@ -60,17 +61,29 @@ def _same_memory(p, q) -> bool:
     return p.data.ptr == q.data.ptr and p.shape == q.shape and p.strides == q.strides and p.dtype == q.dtype
 
 
-def _allocator(out, empty):
-    """fn() -> a new array laid out as `out` (a dense layout: C order, or its dims permuted), or None."""
+def _layout_of(out, empty):
+    """(shape to allocate, dims permutation or None, dtype) making a new array laid out as `out` (a dense
+    layout: C order, or its dims permuted: `empty(shape, dtype)`, then `.transpose(permutation)`), or None."""
     shape, dtype, strides = tuple(out.shape), out.dtype, tuple(out.strides)
     if out.flags.c_contiguous:
-        return lambda: empty(shape, dtype)
+        return shape, None, dtype
     order = sorted(range(len(shape)), key=lambda d: -strides[d])
     back = tuple(order.index(d) for d in range(len(shape)))
     permuted = tuple(shape[d] for d in order)
     if tuple(empty(permuted, dtype).transpose(back).strides) != strides:
         return None
-    return lambda: empty(permuted, dtype).transpose(back)
+    return permuted, back, dtype
+
+
+def _allocator(out, empty):
+    """fn() -> a new array laid out as `out` (`_layout_of`), or None."""
+    layout = _layout_of(out, empty)
+    if layout is None:
+        return None
+    shape, back, dtype = layout
+    if back is None:
+        return lambda: empty(shape, dtype)
+    return lambda: empty(shape, dtype).transpose(back)
 
 
 def _plan(seen, result, arguments, arrays, bias_at, empty, sources=()):
@@ -94,12 +107,13 @@ def _plan(seen, result, arguments, arrays, bias_at, empty, sources=()):
     alloc = _allocator(out, empty)
     if alloc is None or a.data.ptr % ALIGN or b.data.ptr % ALIGN:
         return None
+    layout = _layout_of(out, empty) + (empty,)
     bias = vals[bias_at] if bias_at is not None else None
     bshape = (1, -1) + (1,) * (out.ndim - 2)
     flags, dev = _flags(), C._device_id()
     run, device_id = C._run, C._device_id
     pointers = isinstance(plan, C._GraphPlan) and _pointer_fast(
-        kind, plan, [sources[j] if j < len(sources) else None for j in where], (sa, sb), alloc,
+        kind, plan, [sources[j] if j < len(sources) else None for j in where], (sa, sb), layout,
         None if bias is None else (lambda arrays: arguments(arrays, None)[0][bias_at]), bshape, flags, dev)
     if pointers:
         return pointers
@@ -119,12 +133,13 @@ def _plan(seen, result, arguments, arrays, bias_at, empty, sources=()):
     return fast
 
 
-def _pointer_fast(kind, plan, sources, strides, alloc, bias_of, bshape, flags, dev):
+def _pointer_fast(kind, plan, sources, strides, layout, bias_of, bshape, flags, dev):
     """The per-call function of a graph-API plan whose two operands both have a known source
     (`planned_convolution`'s `sources`): the operands' pointers read from the call's arrays (a view's
     at its byte offset, with its fixed strides; an array itself checked for the first call's strides),
-    no view and no argument list made; None when an operand's source is unknown or disagrees with
-    what the first call saw."""
+    no view and no argument list made; the output allocated inline (`layout`: `_layout_of` and the
+    `empty`), the cuDNN flags compared inline; None when an operand's source is unknown or disagrees
+    with what the first call saw."""
     if any(s is None for s in sources):
         return None
     (ia, oa, va), (ib, ob, vb) = sources
@@ -133,15 +148,17 @@ def _pointer_fast(kind, plan, sources, strides, alloc, bias_of, bshape, flags, d
         return None                     # (a view's strides are its layout's: what the first call saw)
     check_a, check_b = va is None, vb is None
     oa, ob = oa or 0, ob or 0
+    shape, back, dtype, empty = layout
     run, device_id, stream = C.run_pointers, C._device_id, C._current_stream
 
     def fast(arrays):
         x, y = arrays[ia], arrays[ib]
         px, py = x.data.ptr + oa, y.data.ptr + ob
         if (px | py) % ALIGN or (check_a and x.strides != sa) or (check_b and y.strides != sb) or \
-                _flags() != flags or device_id() != dev:
+                (C.enabled, C.allow_tf32, C.deterministic, C.benchmark, C.use_graph_api) != flags or \
+                device_id() != dev:
             return None
-        r = alloc()
+        r = empty(shape, dtype) if back is None else empty(shape, dtype).transpose(back)
         run(kind, plan, px, py, r.data.ptr, dev, stream())
         if bias_of is not None:
             r += bias_of(arrays).reshape(bshape)
