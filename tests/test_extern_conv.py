@@ -790,3 +790,76 @@ def test_run_pointers_binds_each_threads_handle_to_the_stream_once(monkeypatch):
     t.start()
     t.join()
     assert lib.created == 2 and lib.bound[-1] == (0x200, 9) and ran[-1][0] == 0x200
+
+
+def test_arena_temporaries_reach_the_kernels_as_addresses(monkeypatch):
+    """A static graph on cuda (fake CuPy, kernels not run: the driver records each launch's parameters)
+    passes the arena temporaries that only direct Triton launches use as addresses (`_aptr + offset`,
+    wrapper._raw_temporaries): the kernels get the same parameters as when each is an array view of the
+    arena: the same offsets into it, the same inputs, the same outputs."""
+    import ctypes
+
+    from bench import compiled_host_calls as H
+    from flambeau._backends import triton_launch as TL
+    from flambeau._decomp import DecompositionMode
+    from flambeau._device import device
+    from flambeau._inductor import compile_fx, config
+    from flambeau._inductor import triton_runtime as rt
+    from flambeau._tensor import Tensor
+    from flambeau.fx.experimental.proxy_tensor import make_fx
+    F = fl.nn.functional
+    xp = H._fake_cupy()
+    arenas, kernels, launched = [], {}, []
+    empty = xp.empty
+    xp.empty = lambda shape, dtype=np.float32: arenas.append(empty(shape, dtype)) or arenas[-1]
+    xp.ndarray = lambda shape, dtype, memptr=None: H._fake_cupy().ndarray(shape, dtype, memptr) if memptr is not None \
+        else xp.empty(shape, dtype)
+    monkeypatch.setitem(_backends._backends, "cuda", _backends.Backend("cuda", xp))
+
+    def driver(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        n = len(kernels[f].arg_types)
+        addresses = (ctypes.c_void_p * n).from_address(params)
+        launched.append((f, [ctypes.c_uint64.from_address(p).value for p in addresses]))
+    monkeypatch.setattr(TL, "_driver", [driver, lambda: 0])
+    monkeypatch.setattr(TL, "available", lambda: True)
+
+    def kernel(self, la, fn, aligned):
+        k = TL.kernel_of(types.SimpleNamespace(ptr=hash(la.name) & 0xFFFF), None,
+                         tuple(t for t in la.signature().values() if t != "constexpr"), 4, 0, 0)
+        kernels[k.function.ptr] = k
+        return k
+    monkeypatch.setattr(rt.Launcher, "_kernel", kernel)
+    monkeypatch.setattr(config, "backend", "triton")
+    monkeypatch.setattr(config, "compile_threads", 1)
+    monkeypatch.setattr(rt.triton.knobs.runtime, "interpret", False)      # (code for cuda: not run)
+
+    def fn(x, w, b):
+        with DecompositionMode():
+            h = F.gelu(F.layer_norm(x, (x.shape[-1],), w, b)) * w + b
+            return h.sum(-1), h.amax(0) + 1
+    cuda = device("cuda")
+    rng = np.random.default_rng(0)
+    args = [Tensor._make(rng.standard_normal(s).astype(np.float32).view(H._DevArray), cuda)
+            for s in ((64, 128), (128,), (128,))]
+    inputs = {a._data.ctypes.data: f"in{i}" for i, a in enumerate(args)}
+
+    def run():
+        c = compile_fx(make_fx(fn, tracing_mode="fake")(*args), args)
+        assert c.artifact is not None and c.artifact.backend == "triton", c.eager_reason
+        out = []
+        for _ in range(2):                           # (the first call prepares the launches)
+            arenas.clear()
+            launched.clear()
+            c(*args)
+            arena = next(a for a in arenas if a.dtype == np.uint8)
+            base, names = arena.ctypes.data, {}
+            norm = lambda p: inputs.get(p) or (("arena", p - base) if 0 <= p - base < arena.nbytes else  # noqa: E731
+                                                names.setdefault(p, f"new{len(names)}"))
+            out.append([(f, [norm(p) for p in ps]) for f, ps in launched])
+        return c.artifact.wrapper_source, out
+    src, got = run()
+    assert "_aptr + " in src and got[0] == got[1], src
+    monkeypatch.setattr(wrapper.WrapperCodegen, "_raw_temporaries", lambda self: None)
+    src_views, want = run()
+    assert "_aptr" not in src_views and "_nd(" in src_views
+    assert got == want and any(isinstance(p, tuple) for _, ps in got[1] for p in ps)

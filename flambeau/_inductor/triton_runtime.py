@@ -228,34 +228,50 @@ def make(one, general):
     def call({args}):
         {ptrs} = {reads}
         if ({ors}) % ALIGN or not one:
-            return general({args})
+            return general({wrapped})
         fptr, g0, g1, g2, threads, shared, blocks = one[0]
         blk = blocks.get(get_ident())
         if blk is None:
-            return general({args})
+            return general({wrapped})
         stats["launches"] += 1
         blk.values[:{n}] = {ptrs},
         run, stream = TL._driver or TL._driver_calls()
         run(fptr, g0, g1, g2, threads, 1, 1, shared, stream(), blk.address, 0)
     return call
 """
-_single_launch_makers: dict = {}       # number of arguments -> `make` of _SINGLE_LAUNCH for it
+_single_launch_makers: dict = {}       # (number of arguments, raw positions) -> `make` of _SINGLE_LAUNCH for them
 
 
-def _single_launch(n: int, one: list, general):
-    """call(*n arrays): the Launcher call of a static graph's kernel on cuda, made for `n` arguments. Once
-    `general` (`Launcher._direct_call`) has prepared a chain of one kernel taking just the call's pointers
-    (`Launcher._one`), an aligned call on a thread that launched before reads the pointers into locals,
-    writes them into its `PointerBlock` and calls cuLaunchKernel: no argument tuple or list, no loop; any
-    other call is `general`'s."""
-    make = _single_launch_makers.get(n)
+class RawPointer:
+    """A device address where a launch reads an array's `.data.ptr` (`_single_launch`'s raw arguments,
+    handed to the general path)."""
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    @property
+    def data(self):
+        return self
+
+
+def _single_launch(n: int, one: list, general, raw: tuple = ()):
+    """call(*n arguments): the Launcher call of a static graph's kernel on cuda, made for `n` arguments,
+    those at positions `raw` device addresses (ints: the wrapper's arena temporaries) and the others
+    arrays. Once `general` (`Launcher._direct_call`) has prepared a chain of one kernel taking just the
+    call's pointers (`Launcher._one`), an aligned call on a thread that launched before reads the pointers
+    into locals, writes them into its `PointerBlock` and calls cuLaunchKernel: no argument tuple or list,
+    no loop; any other call is `general`'s (the raw addresses as `RawPointer`s)."""
+    make = _single_launch_makers.get((n, raw))
     if make is None:
         names, ptrs = [f"a{i}" for i in range(n)], [f"p{i}" for i in range(n)]
-        src = _SINGLE_LAUNCH.format(args=", ".join(names), ptrs=", ".join(ptrs),
-                                    reads=", ".join(f"{a}.data.ptr" for a in names), ors=" | ".join(ptrs), n=n)
-        ns = {"ALIGN": ALIGN, "get_ident": threading.get_ident, "stats": stats, "TL": TL}
+        src = _SINGLE_LAUNCH.format(
+            args=", ".join(names), ptrs=", ".join(ptrs), ors=" | ".join(ptrs), n=n,
+            reads=", ".join(a if i in raw else f"{a}.data.ptr" for i, a in enumerate(names)),
+            wrapped=", ".join(f"RawPointer({a})" if i in raw else a for i, a in enumerate(names)))
+        ns = {"ALIGN": ALIGN, "get_ident": threading.get_ident, "stats": stats, "TL": TL, "RawPointer": RawPointer}
         exec(compile(src, f"<flambeau-launch-{n}>", "exec"), ns)
-        make = _single_launch_makers[n] = ns["make"]
+        make = _single_launch_makers[n, raw] = ns["make"]
     return make(one, general)
 
 
@@ -299,11 +315,19 @@ class Launcher:
             out.append(a)
         return out
 
-    def entry(self):
+    def direct(self) -> bool:
+        """Whether `entry` is a function of the call's pointers (a graph with static sizes on cuda, not
+        autotuned): what may take raw addresses."""
+        return not self.size_names and not self.interpret and not self.autotune
+
+    def entry(self, raw: tuple = ()):
         """What a wrapper calls: for a graph with static sizes on cuda a function of the call's arrays made
-        for their number (`_single_launch`), else the Launcher."""
-        if not self.size_names and not self.interpret and not self.autotune:
-            return _single_launch(self.n_bufs + (1 if self.error_flag else 0), self._one, self._direct_call)
+        for their number (`_single_launch`; the arguments at positions `raw` device addresses), else the
+        Launcher (`raw` must then be empty)."""
+        if self.direct():
+            return _single_launch(self.n_bufs + (1 if self.error_flag else 0), self._one, self._direct_call, raw)
+        if raw:
+            raise ValueError("Launcher.entry: raw addresses need a static launch on cuda (Launcher.direct())")
         return self
 
     def __call__(self, *args):

@@ -507,6 +507,7 @@ class WrapperCodegen:
         self.size_names = list(size_names)
         self.eager = eager
         self.arena: dict = {}           # kernel temporary -> byte offset in the call's arena (`_plan_arena`)
+        self.raw: set = set()           # arena temporaries passed as addresses (`_raw_temporaries`)
         # a forward graph's (first output saved for the backward only, positions among the saved ones that
         # its backward returns as gradients), or None
         self.saved = saved
@@ -634,7 +635,27 @@ class WrapperCodegen:
             self.ns["_u8"], self.ns["_nd"] = np.uint8, self.xp.ndarray
             self.lines.append(f"    _arena = _empty(({total},), _u8)")
             self.lines.append("    _amem = _arena" if self.xp is np else "    _amem = _arena.data")
+            self._raw_temporaries()
         self._plan_saved_arena()
+
+    def _raw_temporaries(self):
+        """The arena temporaries that only Triton kernels launched straight from their pointers
+        (`Launcher.direct`) store and read are their device addresses (ints), not arrays: no CuPy array
+        made per temporary per call (`self.raw`; the launches take them as raw arguments)."""
+        if self.backend != "triton" or self.xp is np:
+            return
+        users: dict = {}
+        for step in self.order:
+            if isinstance(step, Kernel):
+                ok = self.kernels_ns[step.name].direct()
+                for b in list(step.loads) + list(step.stores):
+                    users[b.name] = users.get(b.name, True) and ok
+            else:
+                for b in step.node.inputs():
+                    users[b.name] = False
+        self.raw = {n for n in self.arena if users.get(n) and n not in self.in_place}
+        if self.raw:
+            self.lines.append("    _aptr = _amem.ptr")
 
     def _plan_saved_arena(self):
         """A training forward's activations saved for the backward only (outputs from `saved[0]` on that no
@@ -675,6 +696,8 @@ class WrapperCodegen:
             inp = self.in_place.get(b.name)
             if inp is not None:          # stored into the input that receives it, when no other input aliases it
                 self.lines.append(f"    {b.name} = {inp.name} if _own else _empty({shape}, {dtype})")
+            elif b.name in self.raw:       # an address in the arena (`_raw_temporaries`)
+                self.lines.append(f"    {b.name} = _aptr + {off}")
             elif off is not None:          # a view of the arena (NumPy: buffer and offset; CuPy: a memory pointer)
                 at = f"_amem, {off}" if self.xp is np else f"_amem + {off}"
                 self.lines.append(f"    {b.name} = _nd({shape}, {dtype}, {at})")
@@ -692,7 +715,8 @@ class WrapperCodegen:
         args = [self._ptr(b.name) for b in k.loads] + [self._ptr(b.name) for b in k.stores]
         if self.backend == "triton":
             launcher = self.kernels_ns[k.name]
-            self.ns[k.name] = launcher.entry()
+            names = [b.name for b in k.loads] + [b.name for b in k.stores]
+            self.ns[k.name] = launcher.entry(tuple(i for i, n in enumerate(names) if n in self.raw))
             err = ["_err"] if launcher.error_flag else []
             self.lines.append(f"    {k.name}({', '.join(args + self.size_names + err)})")
             return
