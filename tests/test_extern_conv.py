@@ -192,8 +192,8 @@ def test_planned_convolution_runs_the_first_calls_plan_and_matches_pytorch(fake_
 
 def test_a_planned_channels_last_convolution_allocates_its_output_channels_last(fake_cuda, monkeypatch):
     """Channels-last operands (NHWC-packed): the first call's cuDNN output is channels-last, and the planned
-    calls allocate theirs the same way (`_layout_of`: the NHWC shape, then the NCHW permutation), run the
-    plan without the eager kernel, and give PyTorch's values."""
+    calls allocate theirs the same way, as one array over a `cuda.alloc` block with its byte strides (no
+    NHWC array transposed), run the plan without the eager kernel, and give PyTorch's values."""
     xp, plans = fake_cuda
     op, kind, arrays, make, ref = _case("forward", CASES[0][1])
     x, w = arrays
@@ -209,8 +209,10 @@ def test_a_planned_channels_last_convolution_allocates_its_output_channels_last(
     real = cudnn.forward
     monkeypatch.setattr(cudnn, "forward", lambda *a, **k: eager.append(1) or real(*a, **k))
     before = dict(extern_conv.stats)
-    for scale in (0.5, 2.0):
-        got = fn(_channels_last(x * scale), _channels_last(w))
+    operands = [(_channels_last(x * scale), _channels_last(w)) for scale in (0.5, 2.0)]
+    monkeypatch.setattr(DevArray, "transpose", lambda *a: pytest.fail("a transposed output"))
+    for scale, (xs, ws) in zip((0.5, 2.0), operands):
+        got = fn(xs, ws)
         np.testing.assert_allclose(np.asarray(got), ref * scale, rtol=1e-5, atol=1e-5)
         assert got.strides == first.strides and got.shape == first.shape
     assert not eager and extern_conv.stats["fast"] == before["fast"] + 2 and plans == [kind]

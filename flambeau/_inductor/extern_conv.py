@@ -17,6 +17,8 @@ plan (cuDNN unavailable or not taking it, the CuPy im2col path, an operand copie
 """
 from __future__ import annotations
 
+import math
+
 from .._backends import cudnn as C
 
 CONVOLUTIONS = ("convolution", "_convolution_weight_grad")
@@ -73,6 +75,17 @@ def _layout_of(out, empty):
     if tuple(empty(permuted, dtype).transpose(back).strides) != strides:
         return None
     return permuted, back, dtype
+
+
+def strides_of(shape, back, itemsize: int) -> list:
+    """Byte strides of the array of `shape` that `empty(permuted shape).transpose(back)` makes: packed with
+    its dims in the order `order` (back's inverse), the first slowest."""
+    order = sorted(range(len(back)), key=lambda d: back[d])
+    st, acc = [0] * len(shape), itemsize
+    for d in reversed(order):
+        st[d] = acc
+        acc *= shape[d]
+    return st
 
 
 def _allocator(out, empty):
@@ -149,6 +162,12 @@ def _pointer_fast(kind, plan, sources, strides, layout, bias_of, bshape, flags, 
     check_a, check_b = va is None, vb is None
     oa, ob = oa or 0, ob or 0
     shape, back, dtype, empty = layout
+    if back is not None:                # one array over a block with the output's byte strides (no transpose)
+        import cupy  # deferred: optional dependency, present only where cuda is used
+        nd, cuda_alloc = cupy.ndarray, cupy.cuda.alloc
+        shape = tuple(shape[d] for d in back)
+        nbytes = math.prod(shape) * dtype.itemsize
+        byte_strides = tuple(strides_of(shape, back, dtype.itemsize))
     run, device_id, stream = C.run_pointers, C._device_id, C._current_stream
 
     def fast(arrays):
@@ -158,7 +177,7 @@ def _pointer_fast(kind, plan, sources, strides, layout, bias_of, bshape, flags, 
                 (C.enabled, C.allow_tf32, C.deterministic, C.benchmark, C.use_graph_api) != flags or \
                 device_id() != dev:
             return None
-        r = empty(shape, dtype) if back is None else empty(shape, dtype).transpose(back)
+        r = empty(shape, dtype) if back is None else nd(shape, dtype, memptr=cuda_alloc(nbytes), strides=byte_strides)
         run(kind, plan, px, py, r.data.ptr, dev, stream())
         if bias_of is not None:
             r += bias_of(arrays).reshape(bshape)
