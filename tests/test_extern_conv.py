@@ -620,12 +620,14 @@ def test_static_launcher_writes_pointers_and_grids_as_the_general_path(monkeypat
     assert launched == []
 
 
-@pytest.mark.parametrize("error_flag", [False, True], ids=["buffers", "error_flag"])
-def test_a_single_kernels_entry_launches_as_the_general_path(monkeypatch, error_flag):
-    """What the wrapper calls for a static one-kernel launch on cuda (`Launcher.entry`: a function of the
-    arrays made for their number) hands the driver the grid and parameters the general path with sizes
-    does: at the first call (which prepares), later aligned calls (which skip `_direct_call`), a
-    misaligned call and a call from another thread (both through `_direct_call`)."""
+@pytest.mark.parametrize("case", ["buffers", "error_flag", "chain"])
+def test_a_single_kernels_entry_launches_as_the_general_path(monkeypatch, case):
+    """What the wrapper calls for a static launch on cuda (`Launcher.entry`: a function of the arrays made
+    for their number) hands the driver the grid and parameters the general path with sizes does: at the
+    first call (which prepares), later aligned calls (which skip `_direct_call`), a misaligned call and,
+    for one kernel, a call from another thread (both through `_direct_call`); `chain`: two kernels, the
+    first with a scratch array, the second with the error flag (`_chained`)."""
+    error_flag = case != "buffers"
     import ctypes
     import threading
 
@@ -658,10 +660,16 @@ def test_a_single_kernels_entry_launches_as_the_general_path(monkeypatch, error_
     general_calls = []
     real = rt.Launcher._direct_call
     monkeypatch.setattr(rt.Launcher, "_direct_call", lambda self, *a: general_calls.append(1) or real(self, *a))
+    monkeypatch.setattr(rt, "_cupy", lambda: types.SimpleNamespace(empty=lambda n, dt: Arr(0xA000)))
     cuda = device("cuda")
-    static = rt.Launcher(module, Launch("k1", [a, b, c], [], 5000, 1024, error_flag=error_flag), cuda)
-    general = rt.Launcher(module, Launch("k1", [a, b, c], ["s0"], SizeExpr.symbol("s0"), 1024,
-                                         error_flag=error_flag), cuda)
+
+    def make(sizes, numel):
+        if case != "chain":
+            return Launch("k1", [a, b, c], sizes, numel, 1024, error_flag=error_flag)
+        second = Launch("k2", [a, b, c], sizes, numel, 1024, error_flag=True)
+        return Launch("k1", [a, b, c], sizes, numel, 1024, workspace=[("ws0", D.float32, 8)], then=second)
+    static = rt.Launcher(module, make([], 5000), cuda)
+    general = rt.Launcher(module, make(["s0"], SizeExpr.symbol("s0")), cuda)
     call = static.entry()
     calls = [[Arr(0x1000), Arr(0x2000), Arr(0x3000)], [Arr(0x1100), Arr(0x2100), Arr(0x3100)],
              [Arr(0x1000), Arr(0x2004), Arr(0x3000)], [Arr(0x4000), Arr(0x5000), Arr(0x6000)]]
@@ -674,13 +682,18 @@ def test_a_single_kernels_entry_launches_as_the_general_path(monkeypatch, error_
     t.start()
     t.join()
     call(*calls[3], *err)
-    assert len(general_calls) == 3
+    assert len(general_calls) == (3 if case != "chain" else 2)      # (a chain makes a new thread's blocks itself)
     got = launched[:]
     launched.clear()
     for arrays in calls + calls[3:]:
         general(*arrays, 5000, *err)
     want = [(g, [x for i, x in enumerate(v) if i != 3]) for g, v in launched]       # (minus s0)
-    assert got == want and got[0] == ((5, 1, 1), [0x1000, 0x2000, 0x3000] + ([0xE000] if error_flag else []) + [0, 0])
+    assert got == want and len(got) == 5 * (2 if case == "chain" else 1)
+    if case == "chain":
+        assert got[0] == ((5, 1, 1), [0x1000, 0x2000, 0x3000, 0xA000, 0, 0])
+        assert got[1] == ((5, 1, 1), [0x1000, 0x2000, 0x3000, 0xE000, 0, 0])
+    else:
+        assert got[0] == ((5, 1, 1), [0x1000, 0x2000, 0x3000] + ([0xE000] if error_flag else []) + [0, 0])
 
 
 class _Mem:

@@ -229,7 +229,10 @@ def make(one, general):
         {ptrs} = {reads}
         if ({ors}) % ALIGN or not one:
             return general({wrapped})
-        fptr, g0, g1, g2, threads, shared, blocks = one[0]
+        single = one[0]
+        if single is None:
+            return chained(one[1], ({ptrs},))
+        fptr, g0, g1, g2, threads, shared, blocks = single
         blk = blocks.get(get_ident())
         if blk is None:
             return general({wrapped})
@@ -239,6 +242,20 @@ def make(one, general):
         run(fptr, g0, g1, g2, threads, 1, 1, shared, stream(), blk.address, 0)
     return call
 """
+
+
+def _chained(chain: tuple, ptrs: tuple) -> None:
+    """The launches of a prepared chain (`Launcher._one`'s second item) for aligned pointers `ptrs`: what
+    `Launcher._direct_call` does once prepared, without building the pointer list."""
+    run, stream = TL._driver or TL._driver_calls()
+    s, tid = stream(), threading.get_ident()
+    stats["launches"] += len(chain)
+    for fptr, g0, g1, g2, threads, shared, take, ws, n, blocks in chain:
+        blk = blocks.get(tid)
+        if blk is None:
+            blk = blocks[tid] = TL.PointerBlock(n)
+        blk.values[:n] = ptrs[:take] + ws if take is not None else ptrs
+        run(fptr, g0, g1, g2, threads, 1, 1, shared, s, blk.address, 0)
 _single_launch_makers: dict = {}       # (number of arguments, raw positions) -> `make` of _SINGLE_LAUNCH for them
 
 
@@ -258,10 +275,11 @@ class RawPointer:
 def _single_launch(n: int, one: list, general, raw: tuple = ()):
     """call(*n arguments): the Launcher call of a static graph's kernel on cuda, made for `n` arguments,
     those at positions `raw` device addresses (ints: the wrapper's arena temporaries) and the others
-    arrays. Once `general` (`Launcher._direct_call`) has prepared a chain of one kernel taking just the
-    call's pointers (`Launcher._one`), an aligned call on a thread that launched before reads the pointers
-    into locals, writes them into its `PointerBlock` and calls cuLaunchKernel: no argument tuple or list,
-    no loop; any other call is `general`'s (the raw addresses as `RawPointer`s)."""
+    arrays. Once `general` (`Launcher._direct_call`) has prepared the launches (`Launcher._one`), an
+    aligned call reads the pointers into locals; a chain of one kernel taking just the call's pointers, on
+    a thread that launched before, writes them into its `PointerBlock` and calls cuLaunchKernel (no
+    argument tuple or list, no loop); a longer chain runs `_chained`; any other call is `general`'s (the
+    raw addresses as `RawPointer`s)."""
     make = _single_launch_makers.get((n, raw))
     if make is None:
         names, ptrs = [f"a{i}" for i in range(n)], [f"p{i}" for i in range(n)]
@@ -269,7 +287,8 @@ def _single_launch(n: int, one: list, general, raw: tuple = ()):
             args=", ".join(names), ptrs=", ".join(ptrs), ors=" | ".join(ptrs), n=n,
             reads=", ".join(a if i in raw else f"{a}.data.ptr" for i, a in enumerate(names)),
             wrapped=", ".join(f"RawPointer({a})" if i in raw else a for i, a in enumerate(names)))
-        ns = {"ALIGN": ALIGN, "get_ident": threading.get_ident, "stats": stats, "TL": TL, "RawPointer": RawPointer}
+        ns = {"ALIGN": ALIGN, "get_ident": threading.get_ident, "stats": stats, "TL": TL, "RawPointer": RawPointer,
+              "chained": _chained}
         exec(compile(src, f"<flambeau-launch-{n}>", "exec"), ns)
         make = _single_launch_makers[n, raw] = ns["make"]
     return make(one, general)
@@ -299,8 +318,9 @@ class Launcher:
         self._tuned: dict = {}               # size values -> the Launch variant chosen (autotune.py)
         self._static = None                  # [(launch, fn, grid, scratch pointers, kernels)] (`_static_call`)
         self._direct = None                  # the aligned static launches (`_direct_call`); False: none
-        # the one launch of `_direct` when the chain is a single kernel of the call's pointers and nothing
-        # else: (function, grid x/y/z, threads, shared bytes, per-thread blocks), read by `_single_launch`
+        # `_direct` as `_single_launch` reads it, once prepared: [the one launch (function, grid x/y/z, threads,
+        # shared bytes, per-thread blocks) when the chain is a single kernel of just the call's pointers, else
+        # None; else the launches, scratch pointers as tuples (`_chained`)]
         self._one: list = []
 
     def workspace(self, la) -> list:
@@ -373,7 +393,9 @@ class Launcher:
                 return self._static_call(args)
             if len(direct) == 1 and direct[0][6] is None:
                 fptr, g0, g1, g2, threads, shared, _, _, _, blocks = direct[0]
-                self._one.append((fptr, g0, g1, g2, threads, shared, blocks))
+                self._one[:] = [(fptr, g0, g1, g2, threads, shared, blocks), None]
+            elif direct:
+                self._one[:] = [None, tuple(d[:7] + (tuple(d[7]),) + d[8:] for d in direct)]
         stats["launches"] += len(direct)
         run, stream = TL._driver or TL._driver_calls()
         s, tid = stream(), threading.get_ident()
