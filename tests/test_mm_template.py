@@ -419,3 +419,15 @@ def test_contiguity_hints_only_where_wraps_fall_on_vector_boundaries(small_block
         np.testing.assert_allclose(out.numpy(), a.T @ b, rtol=1e-5, atol=1e-4)
     src37, src64 = (g.source for g in made)
     assert "ram = rm % 37\n" in src37 and "tl.multiple_of(rm % 64, BLOCK_M)" in src64
+
+
+def test_a_template_choice_takes_arrays_never_raw_addresses():
+    """The wrapper passes arena temporaries as raw addresses only to launchers that say `direct()`; a
+    template's choice (the extern product views its operands) must refuse them (broken: no `direct`, or an
+    `entry` without the `raw` parameter -> the cuda wrapper fails to build)."""
+    from flambeau._inductor.mm_template import TemplateChoice
+    choice = TemplateChoice.__new__(TemplateChoice)
+    assert choice.direct() is False
+    assert choice.entry(()) is choice
+    with pytest.raises(ValueError):
+        choice.entry((0,))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from .._backends import cudnn as C
+from .._backends import cudnn as C, triton_launch as TL
 
 CONVOLUTIONS = ("convolution", "_convolution_weight_grad")
 ALIGN = 16                      # bytes: the operand alignment the plans' descriptors promise cuDNN
@@ -163,7 +163,7 @@ def _pointer_fast(kind, plan, sources, strides, layout, bias_of, bshape, flags, 
     oa, ob = oa or 0, ob or 0
     shape, back, dtype, empty = layout
     if back is not None:                # one array over a block with the output's byte strides (no transpose)
-        import cupy  # deferred: optional dependency, present only where cuda is used
+        cupy = TL._cupy()              # (imported where CuPy is first used: an optional dependency)
         nd, cuda_alloc = cupy.ndarray, cupy.cuda.alloc
         shape = tuple(shape[d] for d in back)
         nbytes = math.prod(shape) * dtype.itemsize

@@ -346,7 +346,14 @@ class TemplateChoice:
             self.epi_args = [where.get(x.name, -1) for x in tk.epilogue.loads]
         self.n_loads = n
 
-    def entry(self):
+    def direct(self) -> bool:
+        """False: a template's choice takes arrays (the extern product views them), never raw addresses, so
+        the wrapper keeps its operands' temporaries as arrays (`wrapper._raw_temporaries`)."""
+        return False
+
+    def entry(self, raw: tuple = ()):
+        if raw:
+            raise ValueError("TemplateChoice.entry: a template takes arrays, not raw addresses")
         return self
 
     def run(self, i: int, args):
