@@ -85,7 +85,9 @@ class _BatchNorm(_NormBase):
         eaf = 0.0 if self.momentum is None else self.momentum
         # the parameters and buffers read from their stores (`_stored`): Module.__getattr__, the fallback of a
         # failed attribute lookup, costs ~0.9 us a name, six names a call
-        params, bufs = self._parameters, self._buffers
+        # (while a frame is captured, the attributes: capture knows `self.weight` as the module's parameter,
+        # which freezing folds as a constant; an entry read from `_parameters` becomes a graph input)
+        params, bufs = (None, None) if is_compiling() else (self._parameters, self._buffers)
         rm, rv = _stored(self, bufs, "running_mean"), _stored(self, bufs, "running_var")
         if self.training and self.track_running_stats:
             nbt = _stored(self, bufs, "num_batches_tracked")
@@ -119,8 +121,11 @@ class _BatchNorm(_NormBase):
 
 def _stored(module, store: dict, name: str):
     """`getattr(module, name)` for a parameter or buffer: its entry in `store` (the module's `_parameters`
-    or `_buffers`), else the attribute lookup (a name moved out of the store, e.g. by parametrize)."""
-    return store[name] if name in store else getattr(module, name)
+    or `_buffers`; None while a frame is captured), else the attribute lookup (a name moved out of the store,
+    e.g. by parametrize)."""
+    if store is not None and name in store:
+        return store[name]
+    return getattr(module, name)
 
 
 def _count_batch(counter) -> bool:
