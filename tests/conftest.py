@@ -114,3 +114,16 @@ def python_calls(fn) -> int:
     finally:
         sys.setprofile(None)
     return n[0]
+
+
+def run_sm90_compile_script(name: str) -> None:
+    """Run tests/scripts/<name> in a fresh Python without Triton's interpreter (it compiles generated Triton
+    kernels for sm_90 with `triton.compile`, no GPU needed) and assert it ended with OK."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, os.path.join(root, "tests", "scripts", name)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "OK" in r.stdout

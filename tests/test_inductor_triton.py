@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -30,7 +29,7 @@ triton = pytest.importorskip("triton")
 from flambeau._inductor import config, triton_runtime  # noqa: E402
 from flambeau._device import CPU  # noqa: E402
 from flambeau._dynamo.testing import no_unexpected_fallbacks  # noqa: E402
-from tests.conftest import spy_compile_fx  # noqa: E402
+from tests.conftest import run_sm90_compile_script, spy_compile_fx  # noqa: E402
 from tests.opdb import all_opinfos, check_compiled_or_expected_failure  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,12 +189,7 @@ def test_no_read_of_memory_stored_by_another_lane(triton_backend, monkeypatch):
 
 
 def test_generated_kernels_compile_for_sm90():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", "triton_sm90_compile.py")],
-                       env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "OK" in r.stdout
+    run_sm90_compile_script("triton_sm90_compile.py")
 
 
 def _gpu_launches(monkeypatch) -> list:

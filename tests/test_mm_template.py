@@ -16,7 +16,7 @@ import torch
 import flambeau as fl
 from flambeau._inductor import mm_template
 from flambeau._inductor.mm_template import Config
-from tests.conftest import spy_compile_fx
+from tests.conftest import run_sm90_compile_script, spy_compile_fx
 
 F = fl.nn.functional
 TF = torch.nn.functional
@@ -259,16 +259,7 @@ def test_a_dynamic_graph_keeps_its_externs(small_blocks):
 def test_templates_compile_for_sm90():
     """Every configuration of the templates (and each epilogue alone) compiles with `triton.compile` for
     sm_90 (tests/scripts/mm_template_sm90_compile.py, without the interpreter, in a subprocess)."""
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, os.path.join(root, "tests", "scripts", "mm_template_sm90_compile.py")],
-                       env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert "OK" in r.stdout
+    run_sm90_compile_script("mm_template_sm90_compile.py")
 
 
 def test_an_operand_is_never_written_in_place(small_blocks):
@@ -415,7 +406,7 @@ def test_contiguity_hints_only_where_wraps_fall_on_vector_boundaries(small_block
     made = spy_compile_fx(monkeypatch, [])
     for m in (37, 64):
         a, b = _mk((45, m), m), _mk((45, 32), 1)
-        out = fl.compile(lambda a, b: a.t() @ b, mode="max-autotune")(fl.tensor(a), fl.tensor(b))
+        out = fl.compile(lambda a, b: a.t() @ b, mode="max-autotune", dynamic=False)(fl.tensor(a), fl.tensor(b))
         np.testing.assert_allclose(out.numpy(), a.T @ b, rtol=1e-5, atol=1e-4)
     src37, src64 = (g.source for g in made)
     assert "ram = rm % 37\n" in src37 and "tl.multiple_of(rm % 64, BLOCK_M)" in src64

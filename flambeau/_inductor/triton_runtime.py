@@ -245,8 +245,8 @@ def make(one, general):
 
 
 def _chained(chain: tuple, ptrs: tuple) -> None:
-    """The launches of a prepared chain (`Launcher._one`'s second item) for aligned pointers `ptrs`: what
-    `Launcher._direct_call` does once prepared, without building the pointer list."""
+    """The launches of a prepared chain (`Launcher._prepare_direct`; `Launcher._one`'s second item) for aligned
+    pointers `ptrs`: run by `_direct_call`, and straight from the generated entry (`_single_launch`)."""
     run, stream = TL._driver or TL._driver_calls()
     s, tid = stream(), threading.get_ident()
     stats["launches"] += len(chain)
@@ -395,25 +395,17 @@ class Launcher:
                 fptr, g0, g1, g2, threads, shared, _, _, _, blocks = direct[0]
                 self._one[:] = [(fptr, g0, g1, g2, threads, shared, blocks), None]
             elif direct:
-                self._one[:] = [None, tuple(d[:7] + (tuple(d[7]),) + d[8:] for d in direct)]
-        stats["launches"] += len(direct)
-        run, stream = TL._driver or TL._driver_calls()
-        s, tid = stream(), threading.get_ident()
-        for fptr, g0, g1, g2, threads, shared, take, ws, n, blocks in direct:
-            blk = blocks.get(tid)
-            if blk is None:
-                blk = blocks[tid] = TL.PointerBlock(n)
-            blk.values[:n] = ptrs[:take] + ws if take is not None else ptrs
-            run(fptr, g0, g1, g2, threads, 1, 1, shared, s, blk.address, 0)
+                self._one[:] = [None, direct]
+        _chained(direct, tuple(ptrs))
 
     def _prepare_direct(self, n_args: int):
-        """[(function, grid x/y/z, threads, shared bytes, pointers taken of the call's (None: all),
-        scratch pointers, parameter count, per-thread blocks)] of the chain's non-empty launches for
+        """((function, grid x/y/z, threads, shared bytes, pointers taken of the call's (None: all),
+        scratch pointers (a tuple), parameter count, per-thread blocks), ...) of the chain's non-empty launches for
         aligned pointers, or False when one needs `_static_call` (misaligned scratch, a parameter
         that is no pointer, global scratch)."""
         out = []
         for la, fn in self.chain:
-            ws = [a.data.ptr for a in self.workspace(la)]
+            ws = tuple(a.data.ptr for a in self.workspace(la))
             take = n_args if la.error_flag else self.n_bufs
             n = take + len(ws)
             if any(p % ALIGN for p in ws):
@@ -425,7 +417,7 @@ class Launcher:
             if g[0] and g[1] and g[2]:
                 out.append((k.function.ptr, g[0], g[1], g[2], k.num_warps * TL._THREADS_PER_WARP, k.shared,
                             None if take == n_args and not ws else take, ws, n, {}))
-        return out
+        return tuple(out)
 
     def _static_call(self, args):
         """A call of a graph with static sizes on cuda: each launch's grid, scratch pointers and kernels
