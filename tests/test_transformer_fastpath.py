@@ -2,6 +2,9 @@
 PyTorch runs the layers on a nested tensor of the tokens and pads the result with zeros. flambeau must give
 PyTorch's numbers: equal tokens, zeros at padded positions, and the slow path's values whenever PyTorch
 does not take the fast path (training, grad needed, mask not left aligned, a src mask too, fast path off)."""
+import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -11,6 +14,20 @@ import torch
 import flambeau as fl
 
 D, H, FF, LAYERS = 32, 4, 64, 2
+_ISOLATED = "FLAMBEAU_TEST_ISOLATED"
+
+
+def _ran_in_a_fresh_process(request) -> bool:
+    """Run this test alone in a new interpreter (True: it ran there and passed). PyTorch's choice of its fast
+    path reads process-wide state (autocast, torch-function modes, ...) that other tests of a long run may leave
+    set; the comparison needs PyTorch as a user starts it."""
+    if os.environ.get(_ISOLATED) == "1":
+        return False
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                        f"{__file__}::{request.node.name}"], env={**os.environ, _ISOLATED: "1"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    return True
 
 
 def _pair(norm=False, batch_first=True, **kw):
@@ -45,7 +62,9 @@ def _run(te, fe, x, pad, grad=False, **kw):
 
 
 @pytest.mark.parametrize("norm", [False, True])
-def test_eval_with_padding_gives_pytorchs_zeros_at_padded_positions(norm):
+def test_eval_with_padding_gives_pytorchs_zeros_at_padded_positions(norm, request):
+    if _ran_in_a_fresh_process(request):
+        return
     te, fe = _pair(norm=norm)
     te.eval(), fe.eval()
     x, pad = _batch()
@@ -54,7 +73,9 @@ def test_eval_with_padding_gives_pytorchs_zeros_at_padded_positions(norm):
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_float_padding_mask_takes_the_fast_path_too():
+def test_float_padding_mask_takes_the_fast_path_too(request):
+    if _ran_in_a_fresh_process(request):
+        return
     te, fe = _pair()
     te.eval(), fe.eval()
     x, pad = _batch()
@@ -65,7 +86,9 @@ def test_float_padding_mask_takes_the_fast_path_too():
 
 
 @pytest.mark.parametrize("case", ["training", "grad", "not_left_aligned", "fastpath_off", "not_batch_first"])
-def test_without_the_fast_path_padded_positions_keep_the_slow_values(case):
+def test_without_the_fast_path_padded_positions_keep_the_slow_values(case, request):
+    if _ran_in_a_fresh_process(request):
+        return
     te, fe = _pair(batch_first=case != "not_batch_first")
     te.eval(), fe.eval()
     if case == "training":      # dropout: compare with dropout off via p=0 modules
