@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import flambeau as fl
-from flambeau import _inductor
 from flambeau._functorch import config as functorch_config
+from tests.conftest import spy_compile_fx
 
 
 def _models():
@@ -27,14 +27,7 @@ def _models():
 @pytest.mark.parametrize("eager", [True, False])
 def test_backward_compiled_with_the_forward_runs_as_compiled(monkeypatch, eager):
     monkeypatch.setattr(functorch_config, "force_non_lazy_backward_lowering", eager)
-    compiled = []
-    real = _inductor.compile_fx
-
-    def spy(gm, ex=None, **kw):
-        g = real(gm, ex, **kw)
-        compiled.append(g)
-        return g
-    monkeypatch.setattr(_inductor, "compile_fx", spy)
+    compiled = spy_compile_fx(monkeypatch, [])
     m, tm = _models()
     x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
     loss = fl.compile(m)(fl.tensor(x)).logsumexp(1).sum()
