@@ -27,7 +27,9 @@ the same model, its output features permuted). `--checkpoint DIR` runs two confi
 `resume` (1 process) loads that checkpoint into a fresh model and optimizer (`set_state_dict`) and trains the
 same RESUME_STEPS steps on the whole global batch; the driver compares their losses.
 
-`compiled` wraps the model in `compile` before DDP (after sharding for FSDP2). Each worker prints one JSON
+`compiled` wraps the model in `compile` before DDP (after sharding for FSDP2); `--compile-order outer`
+compiles the DDP module instead (PyTorch's recommended order: its DDPOptimizer splits the graph at bucket
+boundaries so gradient all-reduces overlap the backward). Each worker prints one JSON
 line: ms per step (mean
 over --steps after --warmup steps, wall clock between device synchronisations; losses are read after the
 timing) and the losses of every step (in DDP the mean over ranks). The driver adds, per system and mode:
@@ -125,11 +127,24 @@ def _parallelize(torch, model, args, cfg: dict, world_size: int, cuda: bool, loc
         for block in model.h:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    if args.mode == "compiled":
+    outer = args.compile_order == "outer"
+    if args.mode == "compiled" and not outer:
         model = torch.compile(model)
     if world_size > 1 and args.parallel == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None)
+    if args.mode == "compiled" and outer:           # the DDP module compiled: the DDPOptimizer's graph split
+        model = torch.compile(model)
     return model
+
+
+def _param_groups(torch, model) -> list:
+    """The optimizer's parameter groups: under TP the DTensor parameters (the sharded layers) apart from the
+    replicated plain ones, since a foreach optimizer step cannot mix DTensors and Tensors in one group
+    (PyTorch's AdamW raises "got mixed torch.Tensor and DTensor" on cuda, where foreach is its default)."""
+    from torch.distributed.tensor import DTensor
+    params = list(model.parameters())
+    groups = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
+    return [{"params": g} for g in groups if g]
 
 
 def _checkpoint_state(torch, model, opt):
@@ -174,7 +189,7 @@ def worker(args) -> None:
     model = gpu_models.gpt(torch, vocab=cfg["vocab"], block=cfg["block"], d=cfg["d"], layers=cfg["layers"],
                            heads=cfg["heads"]).to(device)
     model = _parallelize(torch, model, args, cfg, world_size, cuda, local)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
+    opt = torch.optim.AdamW(_param_groups(torch, model), lr=LR, weight_decay=0.1)
     rows = cfg["batch"] * args.batch_factor
     rng = np.random.default_rng(DATA_SEED)
     steps = args.warmup + args.steps
@@ -345,7 +360,7 @@ def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
            "--worker", "--device", args.device, "--mode", mode, "--config", config, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--batch-factor", str(factor),
            "--global-batch", str(args.nproc * (SMALL if args.small else GPT2)["batch"]),
-           "--parallel", args.parallel] + (["--small"] if args.small else []) + \
+           "--parallel", args.parallel, "--compile-order", args.compile_order] + (["--small"] if args.small else []) + \
         (["--profile", os.path.abspath(args.profile)] if args.profile else []) + \
         (["--trace", os.path.abspath(args.trace)] if args.trace else []) + \
         (["--layers", str(args.layers)] if args.layers else []) + (["--count-calls"] if args.count_calls else []) + \
@@ -404,6 +419,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--small", action="store_true")
     p.add_argument("--parallel", choices=("ddp", "fsdp2", "tp"), default="ddp")
+    p.add_argument("--compile-order", choices=("inner", "outer"), default="inner",
+                   help="compiled mode: compile the model before wrapping it in DDP (inner) or the DDP module "
+                        "(outer: PyTorch's recommended order, where the DDPOptimizer splits the graph at buckets)")
     p.add_argument("--profile", default="", help="cProfile tables of rank 0 of each configuration into DIR")
     p.add_argument("--trace", default="", help="every rank's device timeline (PyTorch's profiler) into DIR")
     p.add_argument("--layers", type=int, default=0, help="blocks of the GPT (default: 12, --small: 2)")
