@@ -73,6 +73,46 @@ def test_gpt_training_step_makes_no_host_syncs():
 
 
 @pytest.mark.cuda
+def test_nanogpt_style_step_makes_no_host_syncs():
+    """nanoGPT's train.py loop on cuda: batches cut from a NumPy array (from_numpy, stack, pin_memory,
+    non-blocking copies), a disabled GradScaler, clip_grad_norm_ (its norm and factor stay on the device:
+    it read both on the host before), a fused AdamW step, lr set in every param group."""
+    _torch_cuda()
+    from bench import gpu_models
+    from bench.gpu_profile import counts
+    flambeau.manual_seed(0)
+    model = gpu_models.gpt(flambeau, vocab=96, block=64, d=64, layers=2, heads=4, dropout=0.1).to("cuda")
+    opt = flambeau.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=True)
+    scaler = flambeau.amp.GradScaler("cuda", enabled=False)
+    data = np.random.default_rng(0).integers(0, 96, 10_000).astype(np.uint16)
+
+    def batch():
+        ix = flambeau.randint(len(data) - 65, (4,))
+        x = flambeau.stack([flambeau.from_numpy(data[i:i + 64].astype(np.int64)) for i in ix])
+        y = flambeau.stack([flambeau.from_numpy(data[i + 1:i + 65].astype(np.int64)) for i in ix])
+        return x.pin_memory().to("cuda", non_blocking=True), y.pin_memory().to("cuda", non_blocking=True)
+
+    def step():
+        for group in opt.param_groups:
+            group["lr"] = 1e-3
+        x, y = batch()
+        with flambeau.autocast(device_type="cuda", dtype=flambeau.bfloat16):
+            loss = model(x, y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        norm = flambeau.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        return norm
+    step()
+    step()
+    c = counts(step, steps=2, stacks=True)
+    assert c["d2h"] == 0, c["d2h_sites"]
+    assert 0 < float(step()) < float("inf")
+
+
+@pytest.mark.cuda
 def test_sync_counter_sees_a_loss_read():
     _torch_cuda()
     from bench.gpu_profile import counts

@@ -565,7 +565,7 @@ def test_manual_seed_reproducible():
 
 
 # ---- nn.utils ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 0.0, 3.0, -math.inf])
 @pytest.mark.parametrize("foreach", [None, False])
 def test_clip_grad_norm_matches(norm_type, foreach):
     torch.manual_seed(0)
@@ -583,6 +583,26 @@ def test_clip_grad_norm_matches(norm_type, foreach):
     fnn.utils.clip_grad_value_(fm.parameters(), 0.01, foreach=foreach)
     for tp, fp in zip(tm.parameters(), fm.parameters()):
         close(tp.grad, fp.grad, 1e-10, 1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_clip_grad_norm_mixed_dtypes_and_result_dtype(dtype):
+    """Two dtype groups: the total norm is the norm of every tensor's norm (PyTorch's stack of per-tensor
+    norms), returned as a 0-d tensor of the first gradient's dtype; grads rescaled in their own dtype."""
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(np.float32) * 3 for s in [(3, 4), (5,), (2, 2, 2)]]
+    dtypes = [dtype, "float64", dtype]
+    tp = [torch.zeros(a.shape, dtype=getattr(torch, d), requires_grad=True) for a, d in zip(arrays, dtypes)]
+    fp = [fnn.Parameter(fl.zeros(a.shape, dtype=getattr(fl, d))) for a, d in zip(arrays, dtypes)]
+    for t, f, a in zip(tp, fp, arrays):
+        t.grad, f.grad = torch.tensor(a).to(t.dtype), fl.tensor(a).to(f.dtype)
+    tn = torch.nn.utils.clip_grad_norm_(tp, 1.0)
+    fn = fnn.utils.clip_grad_norm_(fp, 1.0)
+    assert str(fn.dtype).split(".")[-1] == dtype and fn.shape == ()
+    tol = 2e-2 if dtype == "bfloat16" else 1e-6
+    close(tn.float(), fn.float(), tol)
+    for t, f in zip(tp, fp):
+        close(t.grad.float(), f.grad.float(), tol, tol)
 
 
 def test_clip_grad_norm_nonfinite_error():

@@ -1,7 +1,8 @@
 """Gradient clipping: clip_grad_norm_ (total norm over all gradients) and clip_grad_value_.
 
-The foreach path concatenates the gradients of each (device, dtype) group into one array, so the norm
-and the rescale are a few vectorised operations; the per-tensor path loops."""
+The foreach path concatenates the gradients of each (device, dtype) group into one array for the norm (a
+few vectorised operations), the per-tensor path takes each gradient's norm; the rescale multiplies each
+gradient in place. Norms and the clip factor stay on the gradients' device (no host read)."""
 from __future__ import annotations
 
 import math
@@ -34,46 +35,54 @@ def _norm(xp, a, norm_type):
 
 
 def get_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = False, foreach=None):
+    """The norm of the norms of `tensors`' (device, dtype) groups, as a tensor on the first tensor's device.
+    Computed where the tensors are, without reading a value on the host (a cuda training step that clips its
+    gradients has no host synchronisation, as PyTorch's), except to raise for `error_if_nonfinite`."""
     if isinstance(tensors, Tensor):
         tensors = [tensors]
     tensors = [t for t in tensors if t is not None]
     norm_type = float(norm_type)
     if not tensors:
         return tensor(0.0)
-    per = []
+    first = tensors[0]
+    xp = FE.xp_of(first)
+    per = []                                      # 0-d arrays on the first tensor's device
     for idx in FE.group_by_device_dtype(range(len(tensors)), tensors):
         ts = [tensors[i] for i in idx]
-        xp = FE.xp_of(ts[0])
-        if foreach is False:
-            per += [float(_norm(xp, t._data, norm_type)) for t in ts]
-        else:
-            per.append(float(_norm(xp, FE.gather(xp, [t._data for t in ts]), norm_type)))
-    total = _norm(np, np.asarray(per), norm_type)
-    res = tensor(float(total), dtype=tensors[0].dtype, device=tensors[0].device)
-    if error_if_nonfinite and not math.isfinite(float(total)):
+        gxp = FE.xp_of(ts[0])
+        per_tensor = foreach is False or norm_type == 0    # a 0-norm counts the tensors with nonzero norms
+        norms = [_norm(gxp, t._data, norm_type) for t in ts] if per_tensor else \
+            [_norm(gxp, FE.gather(gxp, [t._data for t in ts]), norm_type)]
+        if ts[0].device != first.device:
+            norms = [Tensor._make(gxp.asarray(n), ts[0].device).to(first.device)._data for n in norms]
+        per += [n.astype(np.float64) if n.dtype != np.float64 else n for n in norms]
+    total = _norm(xp, xp.stack(per), norm_type)
+    if error_if_nonfinite and not bool(xp.isfinite(total)):
         raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so "
                            "it cannot be clipped. To disable this error and scale the gradients by the non-finite "
                            "norm anyway, set `error_if_nonfinite=False`")
-    return res
+    return Tensor._make(xp.asarray(total).astype(first._data.dtype), first.device, first.dtype)
 
 
 def clip_grads_with_norm_(parameters, max_norm: float, total_norm, foreach=None) -> None:
+    """Every gradient times min(max_norm / (total_norm + 1e-6), 1), the factor computed where `total_norm` is
+    (a device tensor stays on the device: no host read) and cast to each gradient's dtype."""
     grads = _grads(parameters)
     if not grads:
         return
-    coef = min(float(max_norm) / (float(total_norm) + 1e-6), 1.0)
+    if isinstance(total_norm, Tensor):
+        txp = FE.xp_of(total_norm)
+        coef = txp.minimum(float(max_norm) / (total_norm._data.astype(np.float64) + 1e-6), 1.0)
+        coef = Tensor._make(txp.asarray(coef), total_norm.device)
+    else:
+        coef = Tensor._make(np.asarray(min(float(max_norm) / (float(total_norm) + 1e-6), 1.0)), tensor(0.0).device)
     with _no_grad():
         for idx in FE.group_by_device_dtype(range(len(grads)), grads):
             gs = [grads[i] for i in idx]
-            xp = FE.xp_of(gs[0])
-            if foreach is False:
-                for g in gs:
-                    g._data *= g._data.dtype.type(coef) if hasattr(g._data.dtype, "type") else coef
-                    g._version[0] += 1
-            else:
-                flat = FE.gather(xp, [g._data for g in gs])
-                flat *= flat.dtype.type(coef)
-                FE.scatter(flat, gs)
+            c = (coef if coef.device == gs[0].device else coef.to(gs[0].device))._data.astype(gs[0]._data.dtype)
+            for g in gs:
+                g._data *= c
+                g._version[0] += 1
 
 
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
