@@ -5,6 +5,7 @@ few vectorised operations), the per-tensor path takes each gradient's norm; the 
 gradient in place. Norms and the clip factor stay on the gradients' device (no host read)."""
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -13,6 +14,7 @@ import numpy as np
 from ..._tensor import Tensor, _no_grad
 from ...optim import _foreach as FE
 from ..._ops.creation import tensor
+from ..._dtype import promote_types
 
 __all__ = ["clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "get_total_norm", "clip_grads_with_norm_"]
 
@@ -61,7 +63,8 @@ def get_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = F
         raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so "
                            "it cannot be clipped. To disable this error and scale the gradients by the non-finite "
                            "norm anyway, set `error_if_nonfinite=False`")
-    return Tensor._make(xp.asarray(total).astype(first._data.dtype), first.device, first.dtype)
+    dtype = functools.reduce(promote_types, {t.dtype for t in tensors})   # PyTorch stacks per-dtype norms
+    return Tensor._make(xp.asarray(total).astype(dtype.np), first.device, dtype)
 
 
 def clip_grads_with_norm_(parameters, max_norm: float, total_norm, foreach=None) -> None:
