@@ -79,11 +79,17 @@ def _fused_pointwise(xp, kind, arrays):
     for a in arrays:
         if not isinstance(a, nd):
             return None
+    tp = pointwise_kernels()
+    return tp if tp.supported(*arrays) else None
+
+
+def pointwise_kernels():
+    """`_backends.triton_pointwise` (activations, half-precision arithmetic, dropout), imported at the
+    first fused call: it imports Triton."""
     if not _triton_pointwise:
         from .._backends import triton_pointwise  # deferred: imports Triton, optional (cuda only)
         _triton_pointwise.append(triton_pointwise)
-    tp = _triton_pointwise[0]
-    return tp if tp.supported(*arrays) else None
+    return _triton_pointwise[0]
 
 
 _triton_pointwise: list = []      # the module, imported at the first fused call

@@ -13,14 +13,15 @@ import math
 import ml_dtypes
 import numpy as np
 
-from .. import _dtype as D, _fp_errors
+from .. import _dtype as D, _fp_errors, random as R
+from .._device import canonical
 from .._backends import array_namespaces, cpu_kernels, triton_launch
 from ._registry import defop, export, TensorSpec, Tag
 from .memory_format import as_format, meta_strides, in_layout_of, like_strides, suggest_memory_format
 from ._helpers import direct_device, opmath, undefined_grad as _undefined_grad
 from .._dispatch import device_array_types, type_name
 from .._tensor import Tensor
-from .activation import _rng as rng
+from .activation import _rng as rng, pointwise_kernels
 from .creation import ones_like, ones
 from . import _batching, _sharding
 
@@ -544,6 +545,9 @@ def native_dropout(xp, input, p, train):
     scale = 1.0 / (1.0 - p) if p < 1 else 0.0
     cd = opmath(dt)
     if xp is not np:
+        fused = _fused_dropout(input) if 0 < p < 1 else None
+        if fused is not None:
+            return fused.dropout_forward(input, p, int(_cuda_seeds().integers(0, _DROPOUT_SEED_BOUND)))
         keep = in_layout_of(xp, _rng(xp).random(input.shape) >= p if p > 0 else xp.ones(input.shape, dtype=bool),
                             input)
         return (input.astype(cd, copy=False) * keep * scale).astype(dt.np), keep
@@ -566,7 +570,29 @@ def _native_dropout_meta(input, p, train):
 def _(grad, p, train, result1):
     if train is False:
         return grad[0]
-    return grad[0] * result1 * (1.0 / (1.0 - p) if p < 1 else 0.0)
+    scale = 1.0 / (1.0 - p) if p < 1 else 0.0
+    g = grad[0]
+    if (dev := direct_device(g, result1)) is not None and dev.type == "cuda":
+        fused = _fused_dropout(g._data)
+        if fused is not None and fused.dropout_backward_supported(g._data, result1._data):
+            return Tensor._make(fused.dropout_backward(g._data, result1._data, scale), dev, g.dtype)
+    return g * result1 * scale
+
+
+_DROPOUT_SEED_BOUND = 2 ** 62
+
+
+def _cuda_seeds():
+    """The host stream seeding cuda kernels: the cuda generator's (manual_seed replays it; no device read)."""
+    return R.generator_for(canonical("cuda")).xp_generator(np)
+
+
+def _fused_dropout(x):
+    """`_backends.triton_pointwise` when its dropout kernels can take CuPy array `x`, else None."""
+    if not type(x).__module__.startswith("cupy") or not triton_launch.available():
+        return None
+    tp = pointwise_kernels()
+    return tp if tp.dropout_supported(x) else None
 
 
 def _check_p(p):

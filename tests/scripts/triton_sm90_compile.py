@@ -164,7 +164,7 @@ if "--gpt" in sys.argv:              # a small GPT-2 training step under bf16 au
     loss.backward()
 
 def eager_kernels():
-    """flambeau's eager max-pooling kernels (`_backends/triton_max_pool.py`), one-program-per-channel
+    """flambeau's eager max-pooling kernels (`_backends/triton_max_pool.py`), dropout kernels, one-program-per-channel
     BatchNorm pair and channels-last BatchNorm kernels (`_backends/triton_batch_norm.py`) compiled by `triton_launch.compile_kernel` for
     sm_90 with the signatures their launches use, per dtype (BatchNorm: the smallest and largest block)."""
     from flambeau._backends import triton_batch_norm as BN
@@ -185,6 +185,11 @@ def eager_kernels():
                                         (BN._bn_bwd_onchip, BN.bwd_onchip_signature(f32, f32, f32, f32, None, None, block))):
             _launch_once(TL.compile_kernel(fn, sig, const, num_warps=warps, num_stages=1),
                          f"{fn.__name__}[{sig['X']}, block {block}, {warps} warps]")
+    from flambeau._backends import triton_pointwise as PW
+    for dt in (bf16, np.dtype(np.float16), f32):      # dropout, forward and backward
+        for fn, sig in zip((PW._dropout_fwd, PW._dropout_bwd), PW.dropout_signatures(dt)):
+            _launch_once(TL.compile_kernel(fn, {**sig, "BLOCK": "constexpr"}, dict(BLOCK=PW.BLOCK),
+                                           num_warps=PW.NUM_WARPS, num_stages=1), f"{fn.__name__}[{sig['M']}, {dt.name}]")
     for dt in (bf16, f32):                 # the split kernels' channels-last forms
         for fn, (sig, const, warps) in ((BN._bn_stats_cl, BN.stats_cl_signature(dt)),
                                         (BN._bn_apply, BN.apply_signature(dt, True)),
