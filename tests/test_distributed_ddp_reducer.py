@@ -60,9 +60,11 @@ def _step(model, opt, set_to_none: bool, step: int):
 
 def _counted(monkeypatch):
     """Wrap the reducer's copies (one by one, and the batched ones pair by pair, by array) and the
-    all-reduce: the log of what each step did."""
+    all-reduces (the group engine's, which the reducer calls directly, by array): the log of what each
+    step did."""
     log = {"copy": [], "all_reduce": [], "batches": []}
-    copy, copy_many, all_reduce = ddp_module._copy_into, ddp_module._HostCopier.copy_many, dist.all_reduce
+    engine = dist.GroupMember.WORLD.engine_for("cpu")
+    copy, copy_many, all_reduce = ddp_module._copy_into, ddp_module._HostCopier.copy_many, engine.all_reduce
 
     def counting_copy(dst, src):
         log["copy"].append((dst._data, src._data))
@@ -74,11 +76,11 @@ def _counted(monkeypatch):
         copy_many(srcs, dsts)
     monkeypatch.setattr(ddp_module._HostCopier, "copy_many", staticmethod(counting_copy_many))
 
-    def counting_all_reduce(tensor, *args, **kwargs):
-        log["all_reduce"].append(tensor)
-        return all_reduce(tensor, *args, **kwargs)
+    def counting_all_reduce(buf, op_name):
+        log["all_reduce"].append(buf)
+        return all_reduce(buf, op_name)
     monkeypatch.setattr(ddp_module, "_copy_into", counting_copy)
-    monkeypatch.setattr(dist, "all_reduce", counting_all_reduce)
+    monkeypatch.setattr(engine, "all_reduce", counting_all_reduce)
     return log
 
 
@@ -111,7 +113,7 @@ def test_reducer_work_per_step(world1, monkeypatch, as_view, set_to_none, copies
     assert len(backs) == copies_back * len(params) * STEPS
     assert len(log["copy"]) == len(ins) + len(backs)
     assert len(log["all_reduce"]) == len(reducer.buckets) * STEPS
-    assert [id(t) for t in log["all_reduce"]] == [id(b.flat) for b in reducer.buckets] * STEPS
+    assert [id(a) for a in log["all_reduce"]] == [id(b.flat._data) for b in reducer.buckets] * STEPS
     assert [(b.flat, b.flat._data) for b in reducer.buckets] == flats        # no bucket made again
     for b in reducer.buckets:
         for v in b.views:
@@ -349,8 +351,8 @@ def test_reducer_runs_no_python_per_parameter_but_its_hook(world1, as_view):
         (added, n_params, n_buckets)
 
 
-PYTHON_CALLS_PER_BUCKET = 60    # launch, copy in, all-reduce (its Work and Future), wait, copy back
-PYTHON_CALLS_PER_STEP = 20      # prepare_for_backward, the forward's wrapper
+PYTHON_CALLS_PER_BUCKET = 12    # launch, copy in, the engine's all-reduce and its request's wait, copy back
+PYTHON_CALLS_PER_STEP = 24      # prepare_for_backward, the forward's wrapper, the batched copy back
 
 
 def _step2(model, opt, step: int):
@@ -419,3 +421,65 @@ def test_gradients_each_step_equal_pytorchs(world1, as_view, zero):
         assert all((id(p.grad) in views) == as_view for p in fl_model.parameters())
         opt.step()
         ref_opt.step()
+
+
+class _AveragingEngine:
+    """The group's host engine with a native average (as NCCL's ncclAvg): records each all-reduce's buffer
+    and op and runs it as the host engine's SUM (world size 1: the sum is the average); the rest delegates."""
+    native_avg = True
+
+    def __init__(self, engine) -> None:
+        self.engine, self.calls, self.waits = engine, [], 0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def all_reduce(self, buf, op_name: str):
+        self.calls.append((buf, op_name))
+        request, outer = self.engine.all_reduce(buf, "SUM"), self
+
+        class Waited:
+            def wait(self) -> None:
+                outer.waits += 1
+                request.wait()
+        return Waited()
+
+
+def test_default_all_reduce_runs_on_the_engine_with_its_native_average(world1, monkeypatch):
+    """Without a comm hook each bucket's all-reduce is issued on the group's engine itself (PyTorch's reducer
+    calls its ProcessGroup), on the bucket's flat memory in place: with an engine that averages natively (NCCL)
+    the op is AVG and no host division follows; each request is waited for once per step; gradients equal
+    the unwrapped model's (world size 1). A comm hook still receives GradBuckets."""
+    group = dist.GroupMember.WORLD
+    fake = _AveragingEngine(group.engine_for("cpu"))
+    monkeypatch.setattr(group, "engine_for", lambda device_type: fake)
+    divisions = []
+    monkeypatch.setattr(ddp_module, "_avg", lambda arr, n: divisions.append(n))
+    plain = _model()
+    model = ddp_module.DistributedDataParallel(_model(), bucket_cap_mb=BUCKET_CAP_MB)
+    opts = [flambeau.optim.SGD(m.parameters(), lr=0.1) for m in (plain, model)]
+    for s in range(3):
+        for m, opt in zip((plain, model), opts):
+            _step(m, opt, True, s)
+        for p, q in zip(plain.parameters(), model.module.parameters()):
+            np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy())
+    buckets = model.reducer.buckets
+    assert len(buckets) > 1
+    assert [(id(buf), op) for buf, op in fake.calls[-len(buckets):]] == [(id(b.flat._data), "AVG") for b in buckets]
+    assert len(fake.calls) == 3 * len(buckets) and fake.waits == len(fake.calls) and divisions == []
+    seen = []
+    model.register_comm_hook(None, lambda state, bucket: seen.append(bucket.index()) or
+                             ddp_module._default_allreduce(group, bucket))
+    _step(model, opts[1], True, 3)
+    assert sorted(seen) == list(range(len(buckets)))
+
+
+def test_cuda_buckets_on_a_host_engine_go_through_the_collective():
+    """A cuda bucket in a group whose engine for cuda is a host engine (plain "gloo") is not bound: that engine
+    reduces a host copy, which `dist.all_reduce` writes back; an engine of the bucket's device is bound."""
+    flat = types.SimpleNamespace(_data=object(), _device=types.SimpleNamespace(type="cuda"))
+    for engine, bound in ((types.SimpleNamespace(device_type="cpu"), False),
+                          (types.SimpleNamespace(device_type="cuda", native_avg=True, buffer=lambda t: t._data), True)):
+        bucket = types.SimpleNamespace(flat=flat, engine=None, buf=None, avg_n=0)
+        ddp_module._bind_engine(bucket, types.SimpleNamespace(engine_for=lambda device_type: engine, size=lambda: 2))
+        assert (bucket.buf is flat._data and bucket.engine is engine) == bound and bucket.avg_n == 0

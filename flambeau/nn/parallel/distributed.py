@@ -7,7 +7,8 @@ flat gradient buffer made once. A hook after each gradient accumulation counts t
 whose parameters are all ready has their gradients copied into its buffer (one batched copy: one
 `triton_copy_many` launch on cuda, array copies on the host; nothing for gradients that already are its views)
 and its all-reduce started asynchronously while backward goes on (buckets start in the same order on every
-rank; on cuda NCCL runs on its own stream). When the last bucket has started, the reductions are waited for and
+rank; on cuda NCCL runs on its own stream). Without a comm hook the all-reduce is issued on the group's engine
+itself, as PyTorch's reducer calls its ProcessGroup: no collective argument checks, Work or Future per bucket. When the last bucket has started, the reductions are waited for and
 the averaged gradients copied back (two batched copies a step: every bucket's but the last, issued before the
 last reduction is waited for so that on cuda it overlaps that reduction, then the last's; with
 `gradient_as_bucket_view=True` the parameters' `.grad` are views of the buckets: no copy back, and with
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from itertools import repeat
 
 from ... import _backends, _dtype, _state
 from ..._backends import multi_tensor
@@ -33,6 +33,7 @@ from ..._ops import functions as torch       # the operator functions flambeau e
 from ..._tensor import Tensor
 from ...autograd.graph import reachable_leaves
 from ... import distributed as dist
+from ...distributed.distributed_c10d import _avg, _buf
 from ..modules.module import Module
 
 __all__ = ["DistributedDataParallel", "GradBucket"]
@@ -42,9 +43,8 @@ FIRST_BUCKET_BYTES = 1024 * 1024
 MB = 1024 * 1024
 _ARRAY_NATIVE_KINDS = "biufc"     # NumPy dtype kinds whose copies CuPy and NumPy both run (not bfloat16's 'V')
 CUDA_MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyKind (driver_types.h)
-_NONES = repeat(None)             # compared against a list of gradients: which are missing
 _data_of, _grad_of, _version_of = (operator.attrgetter(a) for a in ("_data", "_grad", "_version"))
-_layout_of = operator.attrgetter("dtype", "shape", "strides")
+_layout_of = operator.attrgetter("__class__", "dtype", "shape", "strides")
 
 
 class GradBucket:
@@ -99,13 +99,15 @@ def _copier_for(flat):
 class _Bucket:
     """One bucket: its parameters, the flat buffer their gradients are reduced in (made once), views of
     that buffer in the parameters' shapes, and what the per-step copies compare against and use, worked
-    out once: the views' arrays, their (dtype, shape, strides) and version counters."""
+    out once: the views' arrays and their (array type, dtype, shape, strides). The views share the flat
+    buffer's version counter (as PyTorch's views their base's)."""
 
     def __init__(self, index: int, params: list, indices: list) -> None:
         self.index, self.params, self.indices = index, params, indices
         self.numel = sum(p.numel() for p in params)
         self.pending = len(params)
-        self.future = None
+        self.future = self.request = None    # the comm hook's Future, or the default all-reduce's engine request
+        self.buf = None                      # flat's memory as the group's engine takes it (None: not directly)
         with _no_grad():
             self.flat = torch.zeros(self.numel, dtype=params[0].dtype, device=params[0].device)
             self.views, start = [], 0
@@ -115,17 +117,20 @@ class _Bucket:
         self.copier = _copier_for(self.flat)
         self.arrays = list(map(_data_of, self.views))
         self.layouts = list(map(_layout_of, self.arrays))
-        self.array_type = type(self.flat._data)
-        self.versions = [v._version for v in self.views]
+        self.engine = self.buf = None        # set by `_Reducer`: the default all-reduce's engine and buffer
+        self.avg_n = 0
 
-    def batchable(self, grads: list) -> bool:
-        """Whether `grads` (one per parameter, none missing) have exactly the views' array layouts: then
-        one `copier.copy_many` moves all of them (checked by maps over the list: no Python per gradient)."""
+    def batch(self, grads: list) -> list | None:
+        """The arrays of `grads` (one per parameter) when one `copier.copy_many` moves all of them: every
+        gradient present and laid out exactly as its view (checked by maps over the list: no Python per
+        gradient; a gradient that is its view is copied onto itself, which changes nothing); else None."""
         if self.copier is None:
-            return False
-        arrays = list(map(_data_of, grads))
-        return list(map(_layout_of, arrays)) == self.layouts and all(map(operator.is_, map(type, arrays),
-                                                                         repeat(self.array_type)))
+            return None
+        try:
+            arrays = list(map(_data_of, grads))
+        except AttributeError:               # a parameter without a gradient (None has no _data)
+            return None
+        return arrays if list(map(_layout_of, arrays)) == self.layouts else None
 
 
 def _assign_buckets(params: list, order: list, cap_bytes: int, first_bytes: int) -> list:
@@ -174,6 +179,24 @@ def _default_allreduce(group, bucket: GradBucket):
     return dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.AVG, group=group, async_op=True).get_future()
 
 
+def _bind_engine(bucket: _Bucket, group) -> None:
+    """Prepare `bucket`'s default all-reduce to run straight on `group`'s engine for its device, as PyTorch's
+    reducer calls its ProcessGroup rather than the Python collective (no argument checks, Work or Future per
+    bucket and step): the engine, the flat buffer's memory as that engine takes it, and the group size to
+    divide by after a SUM when the engine has no native average (0: it averages). Left unset where the engine
+    would reduce a copy (cuda tensors on a host engine): that bucket goes through `dist.all_reduce`."""
+    try:
+        engine = group.engine_for(bucket.flat._device.type)
+    except RuntimeError:
+        return
+    if getattr(engine, "device_type", "cpu") != bucket.flat._device.type:
+        return
+    buf = _buf(engine, bucket.flat)
+    if buf is bucket.flat._data:
+        bucket.engine, bucket.buf = engine, buf
+        bucket.avg_n = 0 if getattr(engine, "native_avg", False) else group.size()
+
+
 class _Reducer:
     """The per-iteration state: which parameters are ready, which buckets have started.
 
@@ -202,6 +225,8 @@ class _Reducer:
 
     def _set_buckets(self, buckets: list) -> None:
         self.buckets = buckets
+        for b in buckets:
+            _bind_engine(b, self.group)
         self.slot_of = {id(p): (b, v) for b in buckets for p, v in zip(b.params, b.views)}
         self.bucket_of = [None] * len(self.params)       # parameter index -> its bucket
         for b in buckets:
@@ -265,7 +290,7 @@ class _Reducer:
 
     def prepare_for_backward(self, outputs: list) -> None:
         for b in self.buckets:
-            b.pending, b.future = len(b.params), None
+            b.pending, b.future, b.request = len(b.params), None, None
         self.active, self.next_bucket, self.ready = True, 0, [False] * len(self.params)
         self.some_unused = False
         if self.needs_graph_walk():
@@ -297,8 +322,12 @@ class _Reducer:
             self._finalize()
 
     def _launch(self, bucket: _Bucket) -> None:
-        """Copy the bucket's gradients into its flat buffer and start its reduction."""
+        """Copy the bucket's gradients into its flat buffer and start its reduction: the default average on
+        the engine itself (`_bind_engine`), else the comm hook (or `dist.all_reduce`) on a GradBucket."""
         self._copy_in(bucket)
+        if bucket.buf is not None and self.hook is _default_allreduce:
+            bucket.request = bucket.engine.all_reduce(bucket.buf, "SUM" if bucket.avg_n else "AVG")
+            return
         grad_bucket = GradBucket(bucket.index, bucket.flat, bucket.params, bucket.index == len(self.buckets) - 1)
         bucket.future = self.hook(self.hook_state, grad_bucket)
 
@@ -312,11 +341,10 @@ class _Reducer:
             grads = [g if ready[i] else None for g, i in zip(grads, bucket.indices)]
         elif all(map(operator.is_, grads, bucket.views)):
             return
-        if not any(map(operator.is_, grads, _NONES)) and not any(map(operator.is_, grads, bucket.views)) \
-                and bucket.batchable(grads):
-            bucket.copier.copy_many(list(map(_data_of, grads)), bucket.arrays)
-            for version in bucket.versions:
-                version[0] += 1
+        arrays = bucket.batch(grads)
+        if arrays is not None:
+            bucket.copier.copy_many(arrays, bucket.arrays)
+            bucket.flat._version[0] += 1    # the views' counter
         else:
             for g, view in zip(grads, bucket.views):
                 if g is not None and g is not view:
@@ -340,10 +368,17 @@ class _Reducer:
         for b in self.buckets:
             if b is last:               # the copy back of the others runs while the last reduction still does
                 _copy_back(back)
-            value = b.future.wait()
-            flat = value[0] if isinstance(value, (list, tuple)) else value
-            if flat is not b.flat:
-                _copy_into(b.flat, flat)
+            request = b.request
+            if request is not None:     # the default average on the engine (`_launch`)
+                request.wait()
+                if b.avg_n:
+                    _avg(b.buf, b.avg_n)
+                b.flat._version[0] += 1
+            else:
+                value = b.future.wait()
+                flat = value[0] if isinstance(value, (list, tuple)) else value
+                if flat is not b.flat:
+                    _copy_into(b.flat, flat)
             if globally_used is None:
                 self._copy_out(b, back)
             else:
@@ -361,11 +396,11 @@ class _Reducer:
                 for p, view in zip(params, views):
                     p._grad = view
             return
-        if not any(map(operator.is_, grads, _NONES)) and not any(map(operator.is_, grads, views)) \
-                and bucket.batchable(grads):
+        arrays = bucket.batch(grads)
+        if arrays is not None:
             srcs, dsts, versions = back.setdefault(bucket.copier, ([], [], []))
             srcs.extend(bucket.arrays)
-            dsts.extend(map(_data_of, grads))
+            dsts.extend(arrays)
             versions.extend(map(_version_of, grads))
             return
         for p, g, view in zip(params, grads, views):
