@@ -1,6 +1,6 @@
 """Host time DDP's reducer adds to a training step, without the model's forward and backward.
 
-    python bench/ddp_reducer_host.py [--device cuda] [--small] [--as-view] [--steps 50] [--reps 7]
+    python bench/ddp_reducer_host.py [--device cuda] [--small] [--as-view] [--steps 50] [--reps 7] [--train]
 
 One process (world size 1: NCCL on cuda, the host engine on cpu) wraps GPT-2 124M (`--small`: the 12-layer
 GPT of width 64, GPT-2's 148 parameters; on cpu the default) in DistributedDataParallel with the default
@@ -12,6 +12,12 @@ On cuda nothing is synchronised inside the timed steps, so the time is the host'
 CUDA and NCCL calls. Prints one JSON line: the median over `--reps` of the fastest of `--steps` steps (host
 us per step), buckets, parameters. PyTorch's reducer cannot be driven this way (its hooks are C++), so there
 is no peer: compare against `bench/distributed_train.py`'s ddp and single host_ms.
+
+`--train`: whole training steps instead (bf16 autocast on cuda, AdamW, batch 1 x 128 tokens so the device
+keeps up; --small: 32 tokens), the model with and without DDP alternating in this one process (one host speed for both), the
+device synchronised before each step and not inside it: the host ms of each, their difference (what DDP adds
+to the host's step), and on cuda the batched-copy address tables built during the timed DDP steps (0 when
+the gradients come back at the same addresses every step: no table upload per step).
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 SMALL = dict(vocab=96, block=32, d=64, layers=12, heads=2)
 GPT2 = dict(vocab=50257, block=1024, d=768, layers=12, heads=12)
 WARMUP = 5
+TRAIN_BATCH, TRAIN_SEQ = 1, 128
 
 
 def main() -> None:
@@ -36,6 +43,7 @@ def main() -> None:
     p.add_argument("--as-view", action="store_true", help="gradient_as_bucket_view=True")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--train", action="store_true", help="whole training steps, with and without DDP")
     args = p.parse_args()
     import flambeau as torch
     import flambeau.distributed as dist
@@ -45,6 +53,8 @@ def main() -> None:
         torch.cuda.set_device(0)
     dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     cfg = SMALL if args.small or not cuda else GPT2
+    if args.train:
+        return _train(args, torch, gpu_models, cfg)
     torch.manual_seed(0)
     model = gpu_models.gpt(torch, **cfg).to(args.device)
     ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=args.as_view)
@@ -80,6 +90,62 @@ def main() -> None:
                       "host_us_per_step": statistics.median(fastest), "reps_us": [round(v, 1) for v in fastest],
                       "buckets": len(reducer.buckets), "params": len(params)}), flush=True)
     dist.destroy_process_group()
+
+
+def _train(args, torch, gpu_models, cfg) -> None:
+    import numpy as np
+    cuda = args.device == "cuda"
+    runs = []
+    for wrap in (False, True):
+        torch.manual_seed(0)
+        model = gpu_models.gpt(torch, **cfg).to(args.device)
+        if wrap:
+            model = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=args.as_view)
+        runs.append((model, torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)))
+    rng = np.random.default_rng(0)
+    seq = min(TRAIN_SEQ, cfg["block"])
+    x, y = (torch.tensor(rng.integers(0, cfg["vocab"], (TRAIN_BATCH, seq)), device=args.device)
+            for _ in range(2))
+    amp = torch.bfloat16 if cuda else None
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for model, opt in runs:
+        for _ in range(WARMUP):
+            gpu_models.train_step(torch, model, opt, x, y, amp)
+    sync()
+    uploads = _count_table_uploads(cuda)
+    times, built = [[], []], [0, 0]
+    for _ in range(args.reps * args.steps // 5):
+        for i, (model, opt) in enumerate(runs):
+            sync()
+            before = uploads[0]
+            t = time.perf_counter()
+            gpu_models.train_step(torch, model, opt, x, y, amp)
+            times[i].append(time.perf_counter() - t)
+            built[i] += uploads[0] - before
+    sync()
+    single, ddp = (statistics.median(t) * 1e3 for t in times)
+    print(json.dumps({"workload": "ddp-train-host", "system": "flambeau-eager", "device": args.device,
+                      "model": "gpt-small-12" if cfg is SMALL else "gpt2-124m", "as_view": args.as_view,
+                      "batch": TRAIN_BATCH, "seq": seq, "single_host_ms": single, "ddp_host_ms": ddp,
+                      "ddp_added_host_ms": ddp - single, "steps": len(times[0]),
+                      "table_uploads_per_step": {"single": built[0] / len(times[0]), "ddp": built[1] / len(times[1])}}),
+          flush=True)
+    torch.distributed.destroy_process_group()
+
+
+def _count_table_uploads(cuda: bool) -> list:
+    """[n]: counts the multi-tensor address tables uploaded from now on (`multi_tensor.upload`: a table cache
+    miss of the batched copies or the fused AdamW); stays 0 on cpu."""
+    n = [0]
+    if cuda:
+        from flambeau._backends import multi_tensor
+        upload = multi_tensor.upload
+
+        def counting_upload(cupy, host):
+            n[0] += 1
+            return upload(cupy, host)
+        multi_tensor.upload = counting_upload
+    return n
 
 
 if __name__ == "__main__":
