@@ -428,35 +428,48 @@ class _AveragingEngine:
     and op and runs it as the host engine's SUM (world size 1: the sum is the average); the rest delegates."""
     native_avg = True
 
-    def __init__(self, engine) -> None:
-        self.engine, self.calls, self.waits = engine, [], 0
+    def __init__(self, engine, in_order: bool, log: list) -> None:
+        self.engine, self.calls, self.waited, self.in_order_per_device, self.log = engine, [], [], in_order, log
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
     def all_reduce(self, buf, op_name: str):
         self.calls.append((buf, op_name))
+        self.log.append(("reduce", id(buf)))
         request, outer = self.engine.all_reduce(buf, "SUM"), self
 
         class Waited:
             def wait(self) -> None:
-                outer.waits += 1
+                outer.waited.append(buf)
+                outer.log.append(("wait", id(buf)))
                 request.wait()
         return Waited()
 
 
-def test_default_all_reduce_runs_on_the_engine_with_its_native_average(world1, monkeypatch):
+@pytest.mark.parametrize("in_order", [False, True])
+def test_default_all_reduce_runs_on_the_engine_with_its_native_average(world1, monkeypatch, in_order):
     """Without a comm hook each bucket's all-reduce is issued on the group's engine itself (PyTorch's reducer
     calls its ProcessGroup), on the bucket's flat memory in place: with an engine that averages natively (NCCL)
-    the op is AVG and no host division follows; each request is waited for once per step; gradients equal
-    the unwrapped model's (world size 1). A comm hook still receives GradBuckets."""
+    the op is AVG and no host division follows; each request is waited for once per step, or, on an engine
+    whose operations complete in issue order (NCCL's one stream), only the last-but-one (covering those before
+    it) and the last; the copy back of every bucket but the last is issued after the waits covering them and
+    before the last's wait; gradients equal the unwrapped model's (world size 1). A comm hook still receives
+    GradBuckets."""
     group = dist.GroupMember.WORLD
-    fake = _AveragingEngine(group.engine_for("cpu"))
+    log = []
+    fake = _AveragingEngine(group.engine_for("cpu"), in_order, log)
+    copy_many = ddp_module._HostCopier.copy_many
+
+    def logged_copy_many(srcs, dsts):
+        log.append(("copy", len(srcs)))
+        copy_many(srcs, dsts)
+    monkeypatch.setattr(ddp_module._HostCopier, "copy_many", staticmethod(logged_copy_many))
     monkeypatch.setattr(group, "engine_for", lambda device_type: fake)
     divisions = []
     monkeypatch.setattr(ddp_module, "_avg", lambda arr, n: divisions.append(n))
     plain = _model()
-    model = ddp_module.DistributedDataParallel(_model(), bucket_cap_mb=BUCKET_CAP_MB)
+    model = ddp_module.DistributedDataParallel(_model(), bucket_cap_mb=0.0005)
     opts = [flambeau.optim.SGD(m.parameters(), lr=0.1) for m in (plain, model)]
     for s in range(3):
         for m, opt in zip((plain, model), opts):
@@ -464,9 +477,16 @@ def test_default_all_reduce_runs_on_the_engine_with_its_native_average(world1, m
         for p, q in zip(plain.parameters(), model.module.parameters()):
             np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy())
     buckets = model.reducer.buckets
-    assert len(buckets) > 1
-    assert [(id(buf), op) for buf, op in fake.calls[-len(buckets):]] == [(id(b.flat._data), "AVG") for b in buckets]
-    assert len(fake.calls) == 3 * len(buckets) and fake.waits == len(fake.calls) and divisions == []
+    assert len(buckets) > 2
+    flats = [id(b.flat._data) for b in buckets]
+    assert [(id(buf), op) for buf, op in fake.calls[-len(buckets):]] == [(f, "AVG") for f in flats]
+    assert len(fake.calls) == 3 * len(buckets) and divisions == []
+    waited = flats[-2:] if in_order else flats
+    assert [id(buf) for buf in fake.waited[-len(waited):]] == waited and len(fake.waited) == 3 * len(waited)
+    finish = log[max(i for i, e in enumerate(log) if e[0] == "reduce") + 1:]     # the last step's, after backward
+    n_last = len(buckets[-1].params)
+    assert finish == [("wait", f) for f in waited[:-1]] + [("copy", len(model.reducer.params) - n_last),
+                                                          ("wait", flats[-1]), ("copy", n_last)]
     seen = []
     model.register_comm_hook(None, lambda state, bucket: seen.append(bucket.index()) or
                              ddp_module._default_allreduce(group, bucket))

@@ -141,6 +141,7 @@ class NCCLBackend:
     """One process group on NCCL: collectives over contiguous CuPy arrays, each returning a `DeviceRequest`."""
     device_type = "cuda"
     native_avg = True
+    in_order_per_device = True     # one NCCL stream per device: its operations complete in the order issued
 
     def __init__(self, store, rank: int, world_size: int, timeout=None, key: str = "0", library=None) -> None:
         if store is None:

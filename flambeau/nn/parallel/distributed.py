@@ -8,7 +8,9 @@ whose parameters are all ready has their gradients copied into its buffer (one b
 `triton_copy_many` launch on cuda, array copies on the host; nothing for gradients that already are its views)
 and its all-reduce started asynchronously while backward goes on (buckets start in the same order on every
 rank; on cuda NCCL runs on its own stream). Without a comm hook the all-reduce is issued on the group's engine
-itself, as PyTorch's reducer calls its ProcessGroup: no collective argument checks, Work or Future per bucket. When the last bucket has started, the reductions are waited for and
+itself, as PyTorch's reducer calls its ProcessGroup: no collective argument checks, Work or Future per bucket;
+on NCCL, whose one stream per device completes them in order, two are waited for a step (the last-but-one
+bucket's, covering those before it, and the last's), not one per bucket. When the last bucket has started, the reductions are waited for and
 the averaged gradients copied back (two batched copies a step: every bucket's but the last, issued before the
 last reduction is waited for so that on cuda it overlaps that reduction, then the last's; with
 `gradient_as_bucket_view=True` the parameters' `.grad` are views of the buckets: no copy back, and with
@@ -197,6 +199,16 @@ def _bind_engine(bucket: _Bucket, group) -> None:
         bucket.avg_n = 0 if getattr(engine, "native_avg", False) else group.size()
 
 
+def _one_ordered_engine(buckets: list) -> bool:
+    """Whether every bucket's default all-reduce runs on one engine that completes the operations on a device
+    in the order they were issued (`in_order_per_device`: NCCL's one stream per device), on one device, averaged
+    by the engine itself (no host division to wait for): then a wait for a later bucket covers the earlier."""
+    engine = buckets[0].engine
+    return len(buckets) > 2 and getattr(engine, "in_order_per_device", False) and all(
+        b.engine is engine and b.buf is not None and not b.avg_n and b.flat._device == buckets[0].flat._device
+        for b in buckets)
+
+
 class _Reducer:
     """The per-iteration state: which parameters are ready, which buckets have started.
 
@@ -227,6 +239,7 @@ class _Reducer:
         self.buckets = buckets
         for b in buckets:
             _bind_engine(b, self.group)
+        self.ordered_waits = _one_ordered_engine(buckets)
         self.slot_of = {id(p): (b, v) for b in buckets for p, v in zip(b.params, b.views)}
         self.bucket_of = [None] * len(self.params)       # parameter index -> its bucket
         for b in buckets:
@@ -364,26 +377,36 @@ class _Reducer:
             if self.static_graph:
                 self.static_used_map = globally_used
         back: dict = {}                 # copier -> (sources, destinations, versions): one batched copy each
-        last = self.buckets[-1]
-        for b in self.buckets:
-            if b is last:               # the copy back of the others runs while the last reduction still does
-                _copy_back(back)
-            request = b.request
-            if request is not None:     # the default average on the engine (`_launch`)
-                request.wait()
-                if b.avg_n:
-                    _avg(b.buf, b.avg_n)
-                b.flat._version[0] += 1
-            else:
-                value = b.future.wait()
-                flat = value[0] if isinstance(value, (list, tuple)) else value
-                if flat is not b.flat:
-                    _copy_into(b.flat, flat)
-            if globally_used is None:
-                self._copy_out(b, back)
-            else:
-                self._copy_out_used(b, globally_used)
+        *head, last = self.buckets
+        covered = self.ordered_waits and self.hook is _default_allreduce
+        if covered:                     # the engine completes a device's operations in issue order: waiting for
+            head[-1].request.wait()     # the last-but-one bucket's all-reduce covers the ones before it
+        for b in head:
+            self._reduced(b, not covered, globally_used, back)
+        _copy_back(back)                # the copy back of these runs while the last reduction still does
+        self._reduced(last, True, globally_used, back)
         _copy_back(back)
+
+    def _reduced(self, b: _Bucket, wait: bool, globally_used: list | None, back: dict) -> None:
+        """Bucket `b`'s reduction has completed (after its wait when `wait`): its averaged gradients go back
+        to the parameters (`_copy_out`, batched into `back`) or, with unused parameters searched, to those some
+        rank used (`_copy_out_used`)."""
+        request = b.request
+        if request is not None:         # the default average on the engine (`_launch`)
+            if wait:
+                request.wait()
+            if b.avg_n:
+                _avg(b.buf, b.avg_n)
+            b.flat._version[0] += 1
+        else:
+            value = b.future.wait()
+            flat = value[0] if isinstance(value, (list, tuple)) else value
+            if flat is not b.flat:
+                _copy_into(b.flat, flat)
+        if globally_used is None:
+            self._copy_out(b, back)
+        else:
+            self._copy_out_used(b, globally_used)
 
     def _copy_out(self, bucket: _Bucket, back: dict) -> None:
         """Every parameter of the bucket had its gradient reduced: the averaged views become the `.grad`
