@@ -16,8 +16,9 @@ is no peer: compare against `bench/distributed_train.py`'s ddp and single host_m
 `--train`: whole training steps instead (bf16 autocast on cuda, AdamW, batch 1 x 128 tokens so the device
 keeps up; --small: 32 tokens), the model with and without DDP alternating in this one process (one host speed for both), the
 device synchronised before each step and not inside it: the host ms of each, their difference (what DDP adds
-to the host's step), and on cuda the batched-copy address tables built during the timed DDP steps (0 when
-the gradients come back at the same addresses every step: no table upload per step).
+to the host's step), on cuda the multi-tensor address tables uploaded per step (0 for DDP when the gradients
+come back at the same addresses every step), and the reducer's gradient copies made one by one (0 when every
+gradient is laid out as its bucket view: one batched copy per bucket).
 """
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ def _train(args, torch, gpu_models, cfg) -> None:
         for _ in range(WARMUP):
             gpu_models.train_step(torch, model, opt, x, y, amp)
     sync()
-    uploads = _count_table_uploads(cuda)
+    uploads, single_copies = _count_table_uploads(cuda), _count_single_copies()
     times, built = [[], []], [0, 0]
     for _ in range(args.reps * args.steps // 5):
         for i, (model, opt) in enumerate(runs):
@@ -128,9 +129,23 @@ def _train(args, torch, gpu_models, cfg) -> None:
                       "model": "gpt-small-12" if cfg is SMALL else "gpt2-124m", "as_view": args.as_view,
                       "batch": TRAIN_BATCH, "seq": seq, "single_host_ms": single, "ddp_host_ms": ddp,
                       "ddp_added_host_ms": ddp - single, "steps": len(times[0]),
-                      "table_uploads_per_step": {"single": built[0] / len(times[0]), "ddp": built[1] / len(times[1])}}),
+                      "table_uploads_per_step": {"single": built[0] / len(times[0]), "ddp": built[1] / len(times[1])},
+                      "unbatched_gradient_copies_per_step": single_copies[0] / len(times[1])}),
           flush=True)
     torch.distributed.destroy_process_group()
+
+
+def _count_single_copies() -> list:
+    """[n]: counts the reducer's gradient copies made one by one from now on (`_copy_into`: a gradient not laid
+    out as its bucket view falls off the batched copy; 0 expected)."""
+    from flambeau.nn.parallel import distributed as ddp_module
+    n, copy = [0], ddp_module._copy_into
+
+    def counting_copy(dst, src) -> None:
+        n[0] += 1
+        copy(dst, src)
+    ddp_module._copy_into = counting_copy
+    return n
 
 
 def _count_table_uploads(cuda: bool) -> list:
