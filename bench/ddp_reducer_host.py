@@ -14,8 +14,8 @@ us per step), buckets, parameters. PyTorch's reducer cannot be driven this way (
 is no peer: compare against `bench/distributed_train.py`'s ddp and single host_ms.
 
 `--train`: whole training steps instead (bf16 autocast on cuda, AdamW, batch 1 x 128 tokens so the device
-keeps up; --small: 32 tokens), the model with and without DDP alternating in this one process (one host speed for both), the
-device synchronised before each step and not inside it: the host ms of each, their difference (what DDP adds
+keeps up; --small: 32 tokens), the model with and without DDP alternating in this one process (one host
+speed for both), the device synchronised before each step and not inside it: the host ms of each, their difference (what DDP adds
 to the host's step), on cuda the multi-tensor address tables uploaded per step (0 for DDP when the gradients
 come back at the same addresses every step), and the reducer's gradient copies made one by one (0 when every
 gradient is laid out as its bucket view: one batched copy per bucket).

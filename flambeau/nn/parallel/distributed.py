@@ -8,9 +8,9 @@ whose parameters are all ready has their gradients copied into its buffer (one b
 `triton_copy_many` launch on cuda, array copies on the host; nothing for gradients that already are its views)
 and its all-reduce started asynchronously while backward goes on (buckets start in the same order on every
 rank; on cuda NCCL runs on its own stream). Without a comm hook the all-reduce is issued on the group's engine
-itself, as PyTorch's reducer calls its ProcessGroup: no collective argument checks, Work or Future per bucket;
-on NCCL, whose one stream per device completes them in order, two are waited for a step (the last-but-one
-bucket's, covering those before it, and the last's), not one per bucket. When the last bucket has started, the reductions are waited for and
+itself, as PyTorch's reducer calls its ProcessGroup: no collective argument checks, Work or Future per bucket.
+When the last bucket has started, the reductions are waited for (on NCCL, whose one stream per device completes
+them in order, two waits a step: the last-but-one bucket's, covering those before it, and the last's) and
 the averaged gradients copied back (two batched copies a step: every bucket's but the last, issued before the
 last reduction is waited for so that on cuda it overlaps that reduction, then the last's; with
 `gradient_as_bucket_view=True` the parameters' `.grad` are views of the buckets: no copy back, and with
