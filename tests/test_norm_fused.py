@@ -26,6 +26,8 @@ def test_kernels_under_the_interpreter(script):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", script)], capture_output=True,
                        text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    if script == "triton_cross_entropy_interp.py":      # every case ran: kernels, wrappers, through flambeau
+        assert r.stdout.count(" ok") == 20, r.stdout
 
 
 TOL = {"float32": dict(rtol=1e-4, atol=1e-5), "bfloat16": dict(rtol=2e-2, atol=2e-2)}
@@ -114,3 +116,33 @@ def test_cross_entropy_matches_torch_on_cuda(reduction, monkeypatch):
     assert calls == ["forward", "backward"]
     for f, t_ in zip(res[1], res[0]):
         np.testing.assert_allclose(f, t_, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("ignored", ["some", "all"])
+def test_cross_entropy_reduces_in_its_kernels_on_cuda(reduction, dtype, ignored, monkeypatch):
+    """A mean or sum cross-entropy on cuda is two Triton launches forward (row losses, one reduction
+    program) and one or two backward (mean: the shared g / count first), no CuPy reduction: the values,
+    NaN of a mean over no target, and the gradients as PyTorch's on cuda."""
+    from flambeau._backends import triton_cross_entropy as X
+    launched = []
+    real = X.TL.launch
+    monkeypatch.setattr(X.TL, "launch", lambda k, *a: launched.append(k) or real(k, *a))
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((64, 256)) * 3).astype(np.float32)
+    t = rng.integers(0, 256, 64)
+    t[[3, 40] if ignored == "some" else slice(None)] = -100
+    res = []
+    for lib in (torch, flambeau):
+        xl = lib.tensor(x, device="cuda").to(getattr(lib, dtype)).requires_grad_()
+        loss = lib.nn.functional.cross_entropy(xl, lib.tensor(t, device="cuda"), reduction=reduction)
+        n_fwd = len(launched)
+        loss.backward()
+        res.append((loss.detach().float().cpu().numpy(), xl.grad.float().cpu().numpy(), loss.dtype))
+    assert (n_fwd, len(launched)) == (2, 4 if reduction == "mean" else 3)
+    assert str(res[1][2]).split(".")[-1] == str(res[0][2]).split(".")[-1] == dtype
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(res[1][0], res[0][0], **tol)         # (NaN where PyTorch has NaN)
+    np.testing.assert_allclose(res[1][1], res[0][1], **tol)

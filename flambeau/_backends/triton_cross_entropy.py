@@ -1,23 +1,41 @@
 """Cross-entropy with class-index targets on cuda as Triton kernels (launched through CuPy by
-`triton_launch`): no log-softmax or one-hot matrix is materialised.
+`triton_launch`): no log-softmax or one-hot matrix is materialised, and no CuPy reduction runs.
 
 Rows are samples, columns classes (input (N, C), C-contiguous, float32/bfloat16/float16; targets
 int64). Forward: one program per row walks the classes in blocks with an online maximum and sum,
-giving lse = log(sum(exp(x))) and the row loss lse - x[target] (0 where target == ignore_index).
-Backward: one program per row recomputes lse and writes g * (exp(x - lse) - onehot(target)), g being
-the row's incoming gradient (0 for ignored rows). Arithmetic in float32. The caller reduces.
+giving lse = log(sum(exp(x))) and the row loss lse - x[target] (0 where target == ignore_index),
+stored in the input's dtype for reduction='none'. For 'mean' and 'sum' the row losses stay float32
+and one more program (`_ce_reduce`) adds them in a fixed order (deterministic, no atomics), counts
+the targets that are not ignore_index and stores sum / count ('mean': 0 / 0 = NaN when every target
+is ignored, as PyTorch) or the sum, in the input's dtype: two launches. Backward: one program per
+row recomputes lse and writes g * (exp(x - lse) - onehot(target)), g being the row's incoming
+gradient read in its own dtype with its own stride (0: one shared value) and 0 for ignored rows; for
+'mean' one program first (`_ce_scale`) stores g / count as float32, which the rows then share. Arithmetic
+in float32.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import triton
 import triton.language as tl
 
+try:
+    import cupy
+except ImportError:     # the interpreter tests (tests/scripts) run these kernels on cpu without CuPy
+    cupy = None
+
 from . import triton_launch as TL
 
 BLOCK_C = 2048
+BLOCK_N = 1024          # rows per step of the one-program reductions (`_ce_reduce`, `_ce_scale`)
 NUM_WARPS = 8
-_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+REDUCE_WARPS = 4
+_DTYPES = frozenset((np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)))
+_INT64 = np.dtype(np.int64)
+_FLOAT32 = np.dtype(np.float32)
+NONE, MEAN, SUM = 0, 1, 2   # the `reduction` codes of cross_entropy_loss
+_kernels: dict = {}     # (kernel, dtypes, reduction, device) -> compiled kernel
 
 
 @triton.jit
@@ -45,8 +63,42 @@ def _ce_fwd(X, T, LOSS, C, ignore_index, BLOCK_C: tl.constexpr):
     lse = _row_lse(X, row, C, BLOCK_C)
     t = tl.load(T + row)
     valid = t != ignore_index
-    xt = tl.load(X + row * C + t, mask=valid, other=0.0).to(tl.float32)
-    tl.store(LOSS + row, tl.where(valid, lse - xt, 0.0))
+    # (an out-of-range target is reported by the caller's device check; it must not fault meanwhile)
+    xt = tl.load(X + row * C + t, mask=valid & (t >= 0) & (t < C), other=0.0).to(tl.float32)
+    tl.store(LOSS + row, tl.where(valid, lse - xt, 0.0).to(LOSS.dtype.element_ty))
+
+
+@triton.jit
+def _valid_count(T, N, ignore_index, BLOCK_N: tl.constexpr):
+    """The number of targets among T[0:N] that are not ignore_index, as float32."""
+    offs = tl.arange(0, BLOCK_N)
+    n = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        i = start + offs
+        t = tl.load(T + i, mask=i < N, other=ignore_index)
+        n += tl.where(t != ignore_index, 1.0, 0.0)
+    return tl.sum(n, axis=0)
+
+
+@triton.jit
+def _ce_reduce(LOSS, T, OUT, N, ignore_index, MEAN: tl.constexpr, BLOCK_N: tl.constexpr):
+    """OUT[0] = sum(LOSS[0:N]) (/ the count of targets not ignored, when MEAN): one program."""
+    offs = tl.arange(0, BLOCK_N)
+    s = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        i = start + offs
+        s += tl.load(LOSS + i, mask=i < N, other=0.0)
+    total = tl.sum(s, axis=0)
+    if MEAN:
+        total = total / _valid_count(T, N, ignore_index, BLOCK_N)
+    tl.store(OUT, total.to(OUT.dtype.element_ty))
+
+
+@triton.jit
+def _ce_scale(T, G, S, N, ignore_index, BLOCK_N: tl.constexpr):
+    """S[0] = G[0] / the count of targets not ignored (float32): the shared row gradient of a mean."""
+    g = tl.load(G).to(tl.float32)
+    tl.store(S, g / _valid_count(T, N, ignore_index, BLOCK_N))
 
 
 @triton.jit
@@ -68,35 +120,79 @@ def _ce_bwd(X, T, G, DX, C, ignore_index, g_stride, BLOCK_C: tl.constexpr):
 def supported(x, target, weight, label_smoothing: float) -> bool:
     """Whether cross_entropy(x, target) of CuPy arrays can run here: 2-D input, 1-D int64 targets."""
     return (weight is None and not label_smoothing and x.ndim == 2 and target.ndim == 1 and x.shape[0] > 0
-            and x.shape[1] > 0 and x.dtype.name in _TYPES and target.dtype == np.int64)
+            and x.shape[1] > 0 and x.dtype in _DTYPES and target.dtype == _INT64)
 
 
-def _compile(fn, sig):
-    return TL.compile_kernel(fn, {**sig, "BLOCK_C": "constexpr"}, dict(BLOCK_C=BLOCK_C), num_warps=NUM_WARPS,
-                             num_stages=1)
+def _type(dtype) -> str:
+    return "*" + TL.type_of(dtype)
 
 
-def forward(x, target, ignore_index: int):
-    """Per-row losses (float32, one per row) of CuPy `x` (N, C) against int64 `target` (N,)."""
-    import cupy  # deferred: CuPy, optional (cuda only)
-    x, target = cupy.ascontiguousarray(x), cupy.ascontiguousarray(target)
-    loss = cupy.empty(x.shape[0], dtype=np.float32)
-    kern = _compile(_ce_fwd, {"X": "*" + _TYPES[x.dtype.name], "T": "*i64", "LOSS": "*fp32", "C": "i64",
-                              "ignore_index": "i64"})
-    TL.launch(kern, (x.shape[0],), TL.Ptr(x.data.ptr), TL.Ptr(target.data.ptr), TL.Ptr(loss.data.ptr), x.shape[1],
+def _kernel(fn, types: tuple, mean: bool = False):
+    """`fn` compiled for the pointer element types `types` (its pointer parameters in order) and, for
+    `_ce_reduce`, the reduction; made once per device."""
+    key = (fn, types, mean, TL.current_device())
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = _build(fn, types, mean)
+    return k
+
+
+def _build(fn, types: tuple, mean: bool):
+    it = iter(types)
+    sig = {n: next(it) if n in _POINTERS else "i64" for n in fn.arg_names if n not in _CONSTEXPRS}
+    rows = fn is _ce_fwd or fn is _ce_bwd
+    const = dict(BLOCK_C=BLOCK_C) if rows else dict(BLOCK_N=BLOCK_N)
+    if fn is _ce_reduce:
+        const["MEAN"] = mean
+    sig.update(dict.fromkeys(const, "constexpr"))
+    return TL.compile_kernel(fn, sig, const, num_warps=NUM_WARPS if rows else REDUCE_WARPS, num_stages=1)
+
+
+_POINTERS = frozenset(("X", "T", "LOSS", "OUT", "G", "S", "DX"))
+_CONSTEXPRS = frozenset(("BLOCK_C", "BLOCK_N", "MEAN"))
+
+
+def _contiguous(a):
+    return a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
+
+
+def forward(x, target, ignore_index: int, reduction: int = NONE):
+    """cross_entropy of CuPy `x` (N, C) against int64 `target` (N,) in x's dtype: the N row losses
+    (reduction NONE) or their mean over the targets not ignored (MEAN) or sum (SUM), a 0-d array."""
+    x, target = _contiguous(x), _contiguous(target)
+    n, c = x.shape
+    t = _type(x.dtype)
+    loss = cupy.ndarray((n,), x.dtype if reduction == NONE else _FLOAT32)
+    TL.launch(_kernel(_ce_fwd, (t, "*i64", t if reduction == NONE else "*fp32")), (n,), x, target, loss, c,
               ignore_index)
-    return loss
+    if reduction == NONE:
+        return loss
+    out = cupy.ndarray((), x.dtype)
+    TL.launch(_kernel(_ce_reduce, ("*fp32", "*i64", t), reduction == MEAN), (1,), loss, target, out, n,
+              ignore_index)
+    return out
 
 
-def backward(g_rows, x, target, ignore_index: int):
-    """d loss / d x for incoming per-row gradients `g_rows` (float32, N values or one shared value)."""
-    import cupy  # deferred: CuPy, optional (cuda only)
-    x, target = cupy.ascontiguousarray(x), cupy.ascontiguousarray(target)
-    g_rows = cupy.ascontiguousarray(g_rows, dtype=np.float32)
-    dx = cupy.empty_like(x)
-    kern = _compile(_ce_bwd, {"X": "*" + _TYPES[x.dtype.name], "T": "*i64", "G": "*fp32",
-                              "DX": "*" + _TYPES[dx.dtype.name], "C": "i64", "ignore_index": "i64",
-                              "g_stride": "i64"})
-    TL.launch(kern, (x.shape[0],), TL.Ptr(x.data.ptr), TL.Ptr(target.data.ptr), TL.Ptr(g_rows.data.ptr),
-              TL.Ptr(dx.data.ptr), x.shape[1], ignore_index, 1 if g_rows.size > 1 else 0)
+def backward(grad, x, target, ignore_index: int, reduction: int = NONE):
+    """d loss / d x (x's dtype) for the loss's gradient `grad`: N values (reduction NONE, any stride) or
+    one (MEAN, SUM), float32/bfloat16/float16, else taken as float32."""
+    x, target = _contiguous(x), _contiguous(target)
+    n, c = x.shape
+    if grad.dtype not in _DTYPES:
+        grad = grad.astype(_FLOAT32)
+    if grad.ndim == 1 and grad.size > 1:
+        if grad.strides[0] < 0:
+            grad = cupy.ascontiguousarray(grad)
+        g_stride = grad.strides[0] // grad.itemsize
+    else:
+        g_stride = 0
+    if reduction == MEAN:
+        scale = cupy.ndarray((1,), _FLOAT32)
+        TL.launch(_kernel(_ce_scale, ("*i64", _type(grad.dtype), "*fp32")), (1,), target, grad, scale, n,
+                  ignore_index)
+        grad, g_stride = scale, 0
+    dx = cupy.ndarray(x.shape, x.dtype)
+    t = _type(x.dtype)
+    TL.launch(_kernel(_ce_bwd, (t, "*i64", _type(grad.dtype), t)), (n,), x, target, grad, dx, c, ignore_index,
+              g_stride)
     return dx

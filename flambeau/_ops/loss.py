@@ -274,14 +274,6 @@ def _ce_backward(xp, grad, self, target, weight, reduction, ignore_index, ls, fu
     return gx, gt, gw
 
 
-_SUM = 2        # the `reduction` code of 'sum' (0: none, 1: mean)
-
-
-def _count(target, ignore_index):
-    """The number of targets that are not ignore_index, as a float32 device scalar."""
-    return (target != ignore_index).sum().astype(np.float32)
-
-
 def _cuda_ce(xp, x, target, weight, label_smoothing):
     """`_backends.triton_cross_entropy` when cross_entropy of these CuPy arrays can run there, else None."""
     if getattr(xp, "__name__", "") != "cupy" or not triton_launch.available():
@@ -299,9 +291,7 @@ def cross_entropy_loss(xp, self, target, weight=None, reduction=1, ignore_index=
         _ce_check(self, target, weight, False)
         device_checks.check_range(xp, target, 0, self.shape[1], IndexError, "Target {} is out of bounds.",
                                   skip=ignore_index)
-        per = fused.forward(self, target, ignore_index)
-        out = per if reduction == 0 else per.sum() if reduction == _SUM else per.sum() / _count(target, ignore_index)
-        return xp.asarray(out).astype(self.dtype)
+        return fused.forward(self, target, ignore_index, reduction)     # mean and sum reduced there
     return _ce_forward(xp, self, target, weight, reduction, ignore_index, label_smoothing, True)
 
 
@@ -315,10 +305,7 @@ cross_entropy_loss.def_meta(lambda self, target, weight=None, reduction=1, ignor
 def cross_entropy_loss_backward(xp, grad, self, target, weight, reduction, ignore_index, label_smoothing):
     fused = _cuda_ce(xp, self, target, weight, label_smoothing)
     if fused is not None:
-        g = grad.astype(np.float32).reshape(-1)
-        if reduction not in (0, _SUM):
-            g = g / _count(target, ignore_index)
-        return fused.backward(g, self, target, ignore_index), None, None
+        return fused.backward(grad, self, target, ignore_index, reduction), None, None
     return _ce_backward(xp, grad, self, target, weight, reduction, ignore_index, label_smoothing, True)
 
 
