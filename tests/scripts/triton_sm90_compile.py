@@ -166,7 +166,8 @@ if "--gpt" in sys.argv:              # a small GPT-2 training step under bf16 au
 def eager_kernels():
     """flambeau's eager max-pooling kernels (`_backends/triton_max_pool.py`), dropout kernels, one-program-per-channel
     BatchNorm pair and channels-last BatchNorm kernels (`_backends/triton_batch_norm.py`) compiled by `triton_launch.compile_kernel` for
-    sm_90 with the signatures their launches use, per dtype (BatchNorm: the smallest and largest block)."""
+    sm_90 with the signatures their launches use, per dtype (BatchNorm: the smallest and largest block), and
+    the fused cross-entropy's (`_backends/triton_cross_entropy.py`) with each dtype and reduction they take."""
     from flambeau._backends import triton_batch_norm as BN
     from flambeau._backends import triton_max_pool as MP
     TL._capability = lambda: 90
@@ -197,6 +198,13 @@ def eager_kernels():
                                         (BN._bn_bwd_apply, BN.bwd_apply_signature(dt, dt, f32, True))):
             _launch_once(TL.compile_kernel(fn, sig, const, num_warps=warps, num_stages=1),
                          f"{fn.__name__}[{sig['X']}, channels-last]")
+    from flambeau._backends import triton_cross_entropy as CE     # the fused cross-entropy's kernels
+    for t in ("*bf16", "*fp16", "*fp32"):
+        for fn, types, mean in ((CE._ce_fwd, (t, "*i64", t), False), (CE._ce_fwd, (t, "*i64", "*fp32"), False),
+                                (CE._ce_reduce, ("*fp32", "*i64", t), True),
+                                (CE._ce_reduce, ("*fp32", "*i64", t), False), (CE._ce_scale, ("*i64", t, "*fp32"), False),
+                                (CE._ce_bwd, (t, "*i64", t, t), False), (CE._ce_bwd, (t, "*i64", "*fp32", t), False)):
+            _launch_once(CE._kernel(fn, types, mean), f"{fn.__name__}[{', '.join(types)}{', mean' if mean else ''}]")
 
 
 eager_kernels()
