@@ -27,7 +27,7 @@ def test_kernels_under_the_interpreter(script):
                        text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     if script == "triton_cross_entropy_interp.py":      # every case ran: kernels, wrappers, through flambeau
-        assert r.stdout.count(" ok") == 20, r.stdout
+        assert r.stdout.count(" ok") == 25, r.stdout
 
 
 TOL = {"float32": dict(rtol=1e-4, atol=1e-5), "bfloat16": dict(rtol=2e-2, atol=2e-2)}

@@ -81,6 +81,19 @@ def check_range(xp, x, lo: int, hi: int, exc: type, message: str, skip=None) -> 
     _pending.add(dev)
 
 
+def error_slot(xp, dev: int, exc: type, message: str):
+    """For a kernel on cuda device `dev` that checks its values itself: (the device's uint64[2] error buffer,
+    the code of `exc(message)`). On its first failure the kernel stores the code in element 0 if that is 0
+    (a compare-and-swap, as `check_range`'s kernel) and then the bad value in element 1; the device is marked
+    pending, so the failure is raised at the next synchronisation as `check_range`'s."""
+    buf = _buffers.get(dev)
+    if buf is None:
+        with xp.cuda.Device(dev):
+            buf = _buffers[dev] = xp.zeros(2, dtype=xp.uint64)
+    _pending.add(dev)
+    return buf, _code(exc, message)
+
+
 def graph_error_flag(xp, dev: int, raise_code):
     """The error flag that compiled graphs' kernels on cuda device `dev` set (an int32 code, 0: no
     error), one per device, zero at rest; the graph calls `flag_pending` after its kernels, and the

@@ -4,7 +4,8 @@
 Rows are samples, columns classes (input (N, C), C-contiguous, float32/bfloat16/float16; targets
 int64). Forward: one program per row walks the classes in blocks with an online maximum and sum,
 giving lse = log(sum(exp(x))) and the row loss lse - x[target] (0 where target == ignore_index),
-stored in the input's dtype for reduction='none'. For 'mean' and 'sum' the row losses stay float32
+stored in the input's dtype for reduction='none'; a target outside [0, C) (not ignore_index) is
+recorded in `device_checks`' error buffer there, raised at the next synchronisation. For 'mean' and 'sum' the row losses stay float32
 and one more program (`_ce_reduce`) adds them in a fixed order (deterministic, no atomics), counts
 the targets that are not ignore_index and stores sum / count ('mean': 0 / 0 = NaN when every target
 is ignored, as PyTorch) or the sum, in the input's dtype: two launches. Backward: one program per
@@ -25,7 +26,7 @@ try:
 except ImportError:     # the interpreter tests (tests/scripts) run these kernels on cpu without CuPy
     cupy = None
 
-from . import triton_launch as TL
+from . import device_checks, triton_launch as TL
 
 BLOCK_C = 2048
 BLOCK_N = 1024          # rows per step of the one-program reductions (`_ce_reduce`, `_ce_scale`)
@@ -58,13 +59,17 @@ def _row_lse(X, row, C, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def _ce_fwd(X, T, LOSS, C, ignore_index, BLOCK_C: tl.constexpr):
+def _ce_fwd(X, T, LOSS, ERR, C, ignore_index, code, BLOCK_C: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     lse = _row_lse(X, row, C, BLOCK_C)
     t = tl.load(T + row)
     valid = t != ignore_index
-    # (an out-of-range target is reported by the caller's device check; it must not fault meanwhile)
-    xt = tl.load(X + row * C + t, mask=valid & (t >= 0) & (t < C), other=0.0).to(tl.float32)
+    inside = (t >= 0) & (t < C)
+    if valid & (inside == 0):       # the first bad target: its code and value into `device_checks`' buffer
+        old = tl.atomic_cas(ERR, tl.zeros_like(t).to(tl.uint64, bitcast=True), code.to(tl.int64).to(tl.uint64, bitcast=True))
+        if old == 0:
+            tl.store(ERR + 1, t.to(tl.uint64, bitcast=True))
+    xt = tl.load(X + row * C + t, mask=valid & inside, other=0.0).to(tl.float32)     # (a bad one must not fault)
     tl.store(LOSS + row, tl.where(valid, lse - xt, 0.0).to(LOSS.dtype.element_ty))
 
 
@@ -148,7 +153,7 @@ def _build(fn, types: tuple, mean: bool):
     return TL.compile_kernel(fn, sig, const, num_warps=NUM_WARPS if rows else REDUCE_WARPS, num_stages=1)
 
 
-_POINTERS = frozenset(("X", "T", "LOSS", "OUT", "G", "S", "DX"))
+_POINTERS = frozenset(("X", "T", "LOSS", "ERR", "OUT", "G", "S", "DX"))
 _CONSTEXPRS = frozenset(("BLOCK_C", "BLOCK_N", "MEAN"))
 
 
@@ -156,15 +161,21 @@ def _contiguous(a):
     return a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
 
 
+TARGET_ERROR = (IndexError, "Target {} is out of bounds.")   # PyTorch's message for a target outside [0, C)
+
+
 def forward(x, target, ignore_index: int, reduction: int = NONE):
     """cross_entropy of CuPy `x` (N, C) against int64 `target` (N,) in x's dtype: the N row losses
-    (reduction NONE) or their mean over the targets not ignored (MEAN) or sum (SUM), a 0-d array."""
+    (reduction NONE) or their mean over the targets not ignored (MEAN) or sum (SUM), a 0-d array. A
+    target outside [0, C) other than ignore_index is raised as PyTorch's IndexError at the next
+    synchronisation (`device_checks`: the kernel records it; no separate check launch)."""
     x, target = _contiguous(x), _contiguous(target)
     n, c = x.shape
     t = _type(x.dtype)
     loss = cupy.ndarray((n,), x.dtype if reduction == NONE else _FLOAT32)
-    TL.launch(_kernel(_ce_fwd, (t, "*i64", t if reduction == NONE else "*fp32")), (n,), x, target, loss, c,
-              ignore_index)
+    kernel = _kernel(_ce_fwd, (t, "*i64", t if reduction == NONE else "*fp32", "*u64"))
+    err, code = device_checks.error_slot(cupy, TL.current_device(), *TARGET_ERROR)
+    TL.launch(kernel, (n,), x, target, loss, err, c, ignore_index, code)
     if reduction == NONE:
         return loss
     out = cupy.ndarray((), x.dtype)

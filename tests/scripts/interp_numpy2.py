@@ -29,7 +29,7 @@ def report(cases, run, label: str, tol: float) -> int:
 
 
 _TL_TYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64", "i64": "int64",
-             "i32": "int32"}
+             "i32": "int32", "u64": "uint64"}
 
 
 class HostLauncher:

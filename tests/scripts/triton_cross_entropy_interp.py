@@ -9,6 +9,8 @@ Triton's interpreter (TRITON_INTERPRET=1, set by the caller) and compare them wi
   gradient for 'none', a bfloat16 incoming gradient; the kernels each launches (mean: the row kernel
   and one reduction program forward, one scaling program and the row kernel backward; none of CuPy's
   reductions);
+- the forward's bounds check: a target outside [0, C) (not ignore_index) recorded with the check's
+  code in the error buffer `device_checks.error_slot` gives (stubbed), the other rows' losses right;
 - flambeau's F.cross_entropy forward and backward with the cuda dispatch taken through them, and
   weighted / label-smoothed calls, which must not take them (the NumPy path, as before).
 
@@ -36,7 +38,10 @@ def run(rows, classes, block):
     t[1] = IGNORE
     gr = torch.randn(rows, generator=g)
     loss, dx = torch.empty(rows), torch.empty(rows, classes)
-    X._ce_fwd[(rows,)](x, t, loss, classes, IGNORE, BLOCK_C=block)
+    err = torch.zeros(2, dtype=torch.uint64)
+    X._ce_fwd[(rows,)](x, t, loss, err, classes, IGNORE, 5, BLOCK_C=block)
+    if err.tolist() != [0, 0]:
+        return float("inf")
     X._ce_bwd[(rows,)](x, t, gr, dx, classes, IGNORE, 1, BLOCK_C=block)
     xd = x.double().requires_grad_()
     ref = torch.nn.functional.cross_entropy(xd, t, reduction="none", ignore_index=IGNORE)
@@ -64,6 +69,39 @@ WRAPPER_CASES = (
     (6, 11, "float32", "sum", "all", "contiguous"),
 )
 TOL = {"float32": 2e-5, "bfloat16": 2e-2, "float16": 2e-3}
+
+
+class Checks:
+    """`device_checks.error_slot` on the host: one uint64[2] buffer per call, kept in `made`."""
+    made: list = []
+
+    @classmethod
+    def error_slot(cls, xp, dev, exc, message):
+        assert (exc, message) == (IndexError, "Target {} is out of bounds.")
+        cls.made.append(np.zeros(2, np.uint64))
+        return cls.made[-1], 9
+
+
+# (rows, classes, reduction, targets): the error buffer holds (code, first bad value) or stays (0, 0)
+BOUNDS_CASES = ((5, 7, "mean", (1, 7, 3, -100, 0)), (5, 7, "none", (-100, -3, 3, 6, 0)),
+                (4, 7, "sum", (-100, 0, 2, 6)), (3, 7, "mean", (-100, 2, 1)), (4, 7, "none", (6, 7, -1, 8)))
+
+
+def run_bounds(rows, classes, reduction, targets):
+    """The forward row kernel records a target outside [0, C) other than ignore_index (the first such
+    value, with the check's code) and computes the good rows' losses; the number of mismatching checks."""
+    x = np.random.default_rng(rows).standard_normal((rows, classes)).astype(np.float32)
+    t = np.array(targets, np.int64)
+    out = X.forward(x, t, IGNORE, RED[reduction])
+    bad_t = [v for v in targets if v != IGNORE and not 0 <= v < classes]
+    want = [9, int(np.array(bad_t[0]).astype(np.uint64))] if bad_t else [0, 0]
+    bad = int(Checks.made[-1].tolist() != want)
+    if reduction == "none":
+        ok = np.array([v == IGNORE or 0 <= v < classes for v in targets])
+        ref = torch.nn.functional.cross_entropy(torch.tensor(x[ok]), torch.tensor(t[ok]), reduction="none",
+                                                ignore_index=IGNORE)
+        bad += int(not np.allclose(out[ok], ref.numpy(), rtol=1e-5, atol=1e-6))
+    return float(bad)
 
 
 def run_wrapper(rows, classes, dtype, reduction, ignored, grad_kind):
@@ -143,8 +181,9 @@ def run_glue(reduction, ignored, weighted, smoothing):
 
 def main() -> int:
     status = report(CASES, run, "rows, classes, block", 1e-4)
-    X.TL, X.cupy = HostLauncher, HostCupy
+    X.TL, X.cupy, X.device_checks = HostLauncher, HostCupy, Checks
     status |= report(WRAPPER_CASES, run_wrapper, "wrappers: rows, classes, dtype, reduction, ignored, grad", 0.5)
+    status |= report(BOUNDS_CASES, run_bounds, "target bounds: rows, classes, reduction, targets", 0.5)
     from flambeau._ops import loss
     loss._cuda_ce = lambda xp, x, t, w, ls: X if X.supported(x, t, w, ls) else None
     return status | report(GLUE_CASES, run_glue, "through flambeau: reduction, ignored, weight, smoothing", 0.5)

@@ -200,7 +200,8 @@ def eager_kernels():
                          f"{fn.__name__}[{sig['X']}, channels-last]")
     from flambeau._backends import triton_cross_entropy as CE     # the fused cross-entropy's kernels
     for t in ("*bf16", "*fp16", "*fp32"):
-        for fn, types, mean in ((CE._ce_fwd, (t, "*i64", t), False), (CE._ce_fwd, (t, "*i64", "*fp32"), False),
+        for fn, types, mean in ((CE._ce_fwd, (t, "*i64", t, "*u64"), False),
+                                (CE._ce_fwd, (t, "*i64", "*fp32", "*u64"), False),
                                 (CE._ce_reduce, ("*fp32", "*i64", t), True),
                                 (CE._ce_reduce, ("*fp32", "*i64", t), False), (CE._ce_scale, ("*i64", t, "*fp32"), False),
                                 (CE._ce_bwd, (t, "*i64", t, t), False), (CE._ce_bwd, (t, "*i64", "*fp32", t), False)):
