@@ -36,7 +36,7 @@ _DTYPES = frozenset((np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtyp
 _INT64 = np.dtype(np.int64)
 _FLOAT32 = np.dtype(np.float32)
 NONE, MEAN, SUM = 0, 1, 2   # the `reduction` codes of cross_entropy_loss
-_kernels: dict = {}     # (kernel, dtypes, reduction, device) -> compiled kernel
+_kernels: dict = {}     # (kernel name, dtypes, reduction, device) -> compiled kernel
 
 
 @triton.jit
@@ -132,14 +132,27 @@ def _type(dtype) -> str:
     return "*" + TL.type_of(dtype)
 
 
-def _kernel(fn, types: tuple, mean: bool = False):
-    """`fn` compiled for the pointer element types `types` (its pointer parameters in order) and, for
-    `_ce_reduce`, the reduction; made once per device."""
-    key = (fn, types, mean, TL.current_device())
+def _kernel(name: str, dtypes: tuple, reduction: int = NONE):
+    """Kernel `name` ("fwd", "reduce", "scale", "bwd") compiled for its arrays' dtypes (`_types`) and the
+    reduction, made once per device (the key holds no JITFunction: its hash is a Python call)."""
+    key = (name, dtypes, reduction, TL.current_device())
     k = _kernels.get(key)
     if k is None:
-        k = _kernels[key] = _build(fn, types, mean)
+        k = _kernels[key] = _build(_FUNCTIONS[name], _types(name, dtypes, reduction), reduction == MEAN)
     return k
+
+
+def _types(name: str, dtypes: tuple, reduction: int) -> tuple:
+    """The element types of kernel `name`'s pointer parameters, in order, for the dtypes it is keyed by:
+    the input's (fwd, reduce), the incoming gradient's (scale), both (bwd)."""
+    t = _type(dtypes[0])
+    if name == "fwd":
+        return t, "*i64", t if reduction == NONE else "*fp32", "*u64"
+    if name == "reduce":
+        return "*fp32", "*i64", t
+    if name == "scale":
+        return "*i64", t, "*fp32"
+    return t, "*i64", _type(dtypes[1]), t
 
 
 def _build(fn, types: tuple, mean: bool):
@@ -153,6 +166,7 @@ def _build(fn, types: tuple, mean: bool):
     return TL.compile_kernel(fn, sig, const, num_warps=NUM_WARPS if rows else REDUCE_WARPS, num_stages=1)
 
 
+_FUNCTIONS = {"fwd": _ce_fwd, "reduce": _ce_reduce, "scale": _ce_scale, "bwd": _ce_bwd}
 _POINTERS = frozenset(("X", "T", "LOSS", "ERR", "OUT", "G", "S", "DX"))
 _CONSTEXPRS = frozenset(("BLOCK_C", "BLOCK_N", "MEAN"))
 
@@ -171,16 +185,15 @@ def forward(x, target, ignore_index: int, reduction: int = NONE):
     synchronisation (`device_checks`: the kernel records it; no separate check launch)."""
     x, target = _contiguous(x), _contiguous(target)
     n, c = x.shape
-    t = _type(x.dtype)
+    dt = (x.dtype,)
     loss = cupy.ndarray((n,), x.dtype if reduction == NONE else _FLOAT32)
-    kernel = _kernel(_ce_fwd, (t, "*i64", t if reduction == NONE else "*fp32", "*u64"))
+    kernel = _kernel("fwd", dt, reduction)
     err, code = device_checks.error_slot(cupy, TL.current_device(), *TARGET_ERROR)
     TL.launch(kernel, (n,), x, target, loss, err, c, ignore_index, code)
     if reduction == NONE:
         return loss
     out = cupy.ndarray((), x.dtype)
-    TL.launch(_kernel(_ce_reduce, ("*fp32", "*i64", t), reduction == MEAN), (1,), loss, target, out, n,
-              ignore_index)
+    TL.launch(_kernel("reduce", dt, reduction), (1,), loss, target, out, n, ignore_index)
     return out
 
 
@@ -199,11 +212,8 @@ def backward(grad, x, target, ignore_index: int, reduction: int = NONE):
         g_stride = 0
     if reduction == MEAN:
         scale = cupy.ndarray((1,), _FLOAT32)
-        TL.launch(_kernel(_ce_scale, ("*i64", _type(grad.dtype), "*fp32")), (1,), target, grad, scale, n,
-                  ignore_index)
+        TL.launch(_kernel("scale", (grad.dtype,)), (1,), target, grad, scale, n, ignore_index)
         grad, g_stride = scale, 0
     dx = cupy.ndarray(x.shape, x.dtype)
-    t = _type(x.dtype)
-    TL.launch(_kernel(_ce_bwd, (t, "*i64", _type(grad.dtype), t)), (n,), x, target, grad, dx, c, ignore_index,
-              g_stride)
+    TL.launch(_kernel("bwd", (x.dtype, grad.dtype)), (n,), x, target, grad, dx, c, ignore_index, g_stride)
     return dx

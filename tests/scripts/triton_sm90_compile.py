@@ -199,13 +199,12 @@ def eager_kernels():
             _launch_once(TL.compile_kernel(fn, sig, const, num_warps=warps, num_stages=1),
                          f"{fn.__name__}[{sig['X']}, channels-last]")
     from flambeau._backends import triton_cross_entropy as CE     # the fused cross-entropy's kernels
-    for t in ("*bf16", "*fp16", "*fp32"):
-        for fn, types, mean in ((CE._ce_fwd, (t, "*i64", t, "*u64"), False),
-                                (CE._ce_fwd, (t, "*i64", "*fp32", "*u64"), False),
-                                (CE._ce_reduce, ("*fp32", "*i64", t), True),
-                                (CE._ce_reduce, ("*fp32", "*i64", t), False), (CE._ce_scale, ("*i64", t, "*fp32"), False),
-                                (CE._ce_bwd, (t, "*i64", t, t), False), (CE._ce_bwd, (t, "*i64", "*fp32", t), False)):
-            _launch_once(CE._kernel(fn, types, mean), f"{fn.__name__}[{', '.join(types)}{', mean' if mean else ''}]")
+    for dt in (bf16, np.dtype(np.float16), f32):
+        for name, dtypes, red in (("fwd", (dt,), CE.NONE), ("fwd", (dt,), CE.MEAN), ("reduce", (dt,), CE.MEAN),
+                                  ("reduce", (dt,), CE.SUM), ("scale", (dt,), CE.NONE), ("bwd", (dt, dt), CE.NONE),
+                                  ("bwd", (dt, f32), CE.NONE)):
+            k = CE._kernel(name, dtypes, red)
+            _launch_once(k, f"_ce_{name}[{', '.join(k.arg_types)}{', mean' if red == CE.MEAN else ''}]")
 
 
 eager_kernels()
