@@ -172,7 +172,8 @@ _CONSTEXPRS = frozenset(("BLOCK_C", "BLOCK_N", "MEAN"))
 
 
 def _contiguous(a):
-    return a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
+    c = getattr(a, "_c_contiguous", None)       # CuPy's own flag: `a.flags` makes an object per read
+    return a if (a.flags.c_contiguous if c is None else c) else cupy.ascontiguousarray(a)
 
 
 TARGET_ERROR = (IndexError, "Target {} is out of bounds.")   # PyTorch's message for a target outside [0, C)

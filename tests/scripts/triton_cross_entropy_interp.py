@@ -6,7 +6,7 @@ Triton's interpreter (TRITON_INTERPRET=1, set by the caller) and compare them wi
 - the wrappers `forward`/`backward` on NumPy arrays (HostCupy, HostLauncher stand in for CuPy and
   the launcher): reductions none/mean/sum in float32/bfloat16/float16, ignored targets, every target
   ignored (mean: NaN, sum: 0, gradient 0, as PyTorch), a strided and a stride-0 (expanded) incoming
-  gradient for 'none', a bfloat16 incoming gradient; the kernels each launches (mean: the row kernel
+  gradient for 'none' (the strided case with a column-major input), a bfloat16 incoming gradient; the kernels each launches (mean: the row kernel
   and one reduction program forward, one scaling program and the row kernel backward; none of CuPy's
   reductions);
 - the forward's bounds check: a target outside [0, C) (not ignore_index) recorded with the check's
@@ -128,6 +128,8 @@ def run_wrapper(rows, classes, dtype, reduction, ignored, grad_kind):
         g = np.array(1.5, NP["bfloat16"] if grad_kind == "bf16" else NP[dtype])
         g64 = np.float64(g.astype(np.float32))
     ref.backward(torch.tensor(g64))
+    if grad_kind == "strided":
+        x = np.asfortranarray(x)                    # a column-major input: copied to rows first
     before = len(HostLauncher.launches)
     out = X.forward(x, t, IGNORE, RED[reduction])
     mid = len(HostLauncher.launches)
