@@ -259,3 +259,18 @@ def test_preload_makes_the_handle_once_in_a_background_thread(fake, monkeypatch)
     L.gemm(x, w.T)
     assert len(lib.named("cublasLtCreate")) == 1                 # the product took the preloaded handle
     assert lib.named("cublasLtMatmul")[0][0] == L._handles[0].value
+
+
+def test_a_failed_bias_pointer_set_raises_naming_the_call(fake):
+    """The bias pointer's attribute call (made per changed pointer through a slot kept on the descriptor's
+    entry) still checks its status: a failure is PyTorch's CUDA error message naming the call."""
+    cupy, lib = fake
+    x, w = _operands(cupy)
+    L.gemm(x, w.T, bias=FakeArray(80, BF16))
+    real = lib.__getattr__("cublasLtMatmulDescSetAttribute")
+
+    def refuse_bias(desc, attr, *rest):
+        return 7 if attr == L.DESC_BIAS_POINTER else real(desc, attr, *rest)
+    lib.cublasLtMatmulDescSetAttribute = refuse_bias
+    with pytest.raises(RuntimeError, match=r"CUBLAS_STATUS_INVALID_VALUE when calling `cublasLtMatmulDescSetAttribute"):
+        L.gemm(x, w.T, bias=FakeArray(80, BF16))

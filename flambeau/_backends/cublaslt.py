@@ -342,7 +342,7 @@ def _set(fn, obj, attr, value):
 
 class _Compiled:
     """Descriptors and the heuristic's algorithm for one layout key."""
-    __slots__ = ("desc", "la", "lb", "ld", "algo", "ws", "bias_ptr", "by_algo")
+    __slots__ = ("desc", "la", "lb", "ld", "algo", "ws", "bias_ptr", "by_algo", "bias_slot", "by_bias")
 
     def __init__(self, lib, handle, p: Plan, dtype_name, epilogue, aligns, mask):
         dt = DATA_TYPES[dtype_name]
@@ -354,6 +354,8 @@ class _Compiled:
         _set(sd, self.desc, DESC_TRANSB, ctypes.c_int32(p.b[0]))
         _set(sd, self.desc, DESC_EPILOGUE, ctypes.c_uint32(epilogue))
         self.bias_ptr = None
+        self.bias_slot = ctypes.c_void_p()              # the bias pointer attribute's value, written in place
+        self.by_bias = ctypes.byref(self.bias_slot)
         layouts = []
         for op in (p.a, p.b, (OP_N, p.n, p.m, p.n, p.n * p.m)):
             lay = ctypes.c_void_p()
@@ -393,9 +395,17 @@ class _Compiled:
         lib.cublasLtMatmulDescDestroy(self.desc)
 
     def set_bias(self, sd, ptr):
+        """Point the descriptor's bias epilogue at `ptr` when it changed: one attribute call with the slot
+        made once (layers of one layout share the descriptor, so the pointer changes at every layer)."""
         if ptr != self.bias_ptr:
-            _set(sd, self.desc, DESC_BIAS_POINTER, ctypes.c_void_p(ptr))
+            self.bias_slot.value = ptr
+            status = sd(self.desc, DESC_BIAS_POINTER, self.by_bias, _POINTER_BYTES)
+            if status:
+                _check(status, f"cublasLtMatmulDescSetAttribute(attr={DESC_BIAS_POINTER})")
             self.bias_ptr = ptr
+
+
+_POINTER_BYTES = ctypes.sizeof(ctypes.c_void_p)
 
 
 _ONE = ctypes.c_float(1.0)
