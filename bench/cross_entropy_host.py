@@ -7,9 +7,13 @@ On the GPU machine (default): flambeau's `F.cross_entropy(x, t)` forward alone a
 MLP bench's shape (64 x 256 float32) and --shape. With --fake (no GPU): the kernel wrappers alone
 (`forward`/`backward` of the module) with a stand-in CuPy (arrays are metadata) and a driver call that does
 nothing, so what is timed is their Python: argument checks, allocations' bookkeeping, kernel lookups and
-the parameter-block writes of `triton_launch.launch`.
+the parameter-block writes of `triton_launch.launch`. With --fake-device (no GPU): flambeau's whole
+`F.cross_entropy` forward + backward on the fake cuda device of `bench/eager_host_calls.py` (NumPy arrays
+standing in for CuPy's, kernel launches no-ops, Triton compiles stubbed): run it with PYTHONPATH set to each
+of two trees, alternating, to compare them (NumPy's reductions stand in for CuPy's, which cost ~40 us of
+host each on the H100 machine, so a path with CuPy reductions looks cheaper here than it is there).
 
-    python bench/cross_entropy_host.py [--shape 64,256] [--reduction mean,sum,none] [--fake]
+    python bench/cross_entropy_host.py [--shape 64,256] [--reduction mean,sum,none] [--fake | --fake-device]
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import os
 import sys
 import types
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # (PYTHONPATH's tree first)
 
 import numpy as np  # noqa: E402
 
@@ -107,6 +111,55 @@ def fake(shape, reductions, number, repeats):
         print(json.dumps(row), flush=True)
 
 
+def _on_device(f):
+    """NumPy's function `f` returning its new arrays as the fake device's (`eager_host_calls.DevArray`)."""
+    if not callable(f) or isinstance(f, (type, np.ufunc)):
+        return f
+    from bench.eager_host_calls import DevArray
+
+    def call(*args, **kwargs):
+        r = f(*args, **kwargs)
+        return r.view(DevArray) if type(r) is np.ndarray else r
+    return call
+
+
+def fake_device(shape, reductions, number, repeats):
+    import contextlib
+    import flambeau as fl
+    from bench import eager_host_calls as E
+    from flambeau._backends import device_checks, triton_launch as TL
+    from flambeau._device import canonical
+    from flambeau._tensor import Tensor
+    xp, restore = E.install()
+    xp.cuda.Device = lambda dev: contextlib.nullcontext()
+    xp.__getattr__ = lambda name: _on_device(getattr(np, name))     # NumPy's functions making fake device arrays
+    E.DevArray.device = property(lambda self: types.SimpleNamespace(id=0))        # (check_range reads it)
+    sys.modules["cupy"] = xp
+    TL._available[:] = [True]
+    fn = types.SimpleNamespace(ptr=1)
+
+    def compile_kernel(f, sig, const, num_warps=4, num_stages=3, aligned=()):
+        return TL.kernel_of(fn, None, tuple(sig[n] for n in f.arg_names if sig[n] != "constexpr"), num_warps, 0, 0)
+    TL.compile_kernel = compile_kernel
+    device_checks._module[:] = [lambda *a: None]        # check_range's raw kernel (trees that launch it)
+    from flambeau._backends import triton_cross_entropy as X
+    X.cupy = xp
+    x = E.cuda_tensor(shape, requires_grad=True)
+    t = Tensor._make(np.random.default_rng(1).integers(0, shape[1], shape[0]).view(E.DevArray), canonical("cuda"))
+    F = fl.nn.functional
+    try:
+        for red in reductions:
+            def step():
+                x.grad = None
+                F.cross_entropy(x, t, reduction=red).backward()
+            step()
+            print(json.dumps({"bench": "cross_entropy_host", "fake_device": True, "tree": os.path.dirname(
+                os.path.dirname(os.path.abspath(fl.__file__))), "shape": list(shape), "reduction": red,
+                "forward_backward": host_us(step, number, repeats, lambda: None)}), flush=True)
+    finally:
+        restore()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="64,256")
@@ -114,9 +167,10 @@ def main():
     ap.add_argument("--number", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--fake", action="store_true")
+    ap.add_argument("--fake-device", action="store_true")
     a = ap.parse_args()
     shape = tuple(int(v) for v in a.shape.split(","))
-    (fake if a.fake else gpu)(shape, a.reduction.split(","), a.number, a.repeats)
+    (fake if a.fake else fake_device if a.fake_device else gpu)(shape, a.reduction.split(","), a.number, a.repeats)
 
 
 if __name__ == "__main__":
