@@ -1,18 +1,17 @@
-"""Cross-entropy with class-index targets on cuda as Triton kernels (launched through CuPy by
-`triton_launch`): no log-softmax or one-hot matrix is materialised, and no CuPy reduction runs.
+"""Cross-entropy with class-index targets on cuda as Triton kernels (launched through CuPy by `triton_launch`):
+no log-softmax or one-hot matrix is materialised, and no CuPy reduction runs.
 
-Rows are samples, columns classes (input (N, C), C-contiguous, float32/bfloat16/float16; targets
-int64). Forward: one program per row walks the classes in blocks with an online maximum and sum,
-giving lse = log(sum(exp(x))) and the row loss lse - x[target] (0 where target == ignore_index),
-stored in the input's dtype for reduction='none'; a target outside [0, C) (not ignore_index) is
-recorded in `device_checks`' error buffer there, raised at the next synchronisation. For 'mean' and 'sum' the row losses stay float32
-and one more program (`_ce_reduce`) adds them in a fixed order (deterministic, no atomics), counts
-the targets that are not ignore_index and stores sum / count ('mean': 0 / 0 = NaN when every target
-is ignored, as PyTorch) or the sum, in the input's dtype: two launches. Backward: one program per
-row recomputes lse and writes g * (exp(x - lse) - onehot(target)), g being the row's incoming
-gradient read in its own dtype with its own stride (0: one shared value) and 0 for ignored rows; for
-'mean' one program first (`_ce_scale`) stores g / count as float32, which the rows then share. Arithmetic
-in float32.
+Rows are samples, columns classes (input (N, C), C-contiguous, float32/bfloat16/float16; targets int64).
+Forward: one program per row walks the classes in blocks with an online maximum and sum, giving lse =
+log(sum(exp(x))) and the row loss lse - x[target] (0 where target == ignore_index), stored in the input's
+dtype for reduction='none'; a target outside [0, C) (not ignore_index) is recorded in `device_checks`' error
+buffer there, raised at the next synchronisation. For 'mean' and 'sum' the row losses stay float32 and one
+more program (`_ce_reduce`) adds them in a fixed order (deterministic, no atomics), counts the targets that
+are not ignore_index and stores sum / count ('mean': 0 / 0 = NaN when every target is ignored, as PyTorch) or
+the sum, in the input's dtype: two launches. Backward: one program per row recomputes lse and writes g *
+(exp(x - lse) - onehot(target)), g being the row's incoming gradient read in its own dtype with its own stride
+(0: one shared value) and 0 for ignored rows; for 'mean' one program first (`_ce_scale`) stores g / count as
+float32, which the rows then share. Arithmetic in float32.
 """
 from __future__ import annotations
 
@@ -66,7 +65,8 @@ def _ce_fwd(X, T, LOSS, ERR, C, ignore_index, code, BLOCK_C: tl.constexpr):
     valid = t != ignore_index
     inside = (t >= 0) & (t < C)
     if valid & (inside == 0):       # the first bad target: its code and value into `device_checks`' buffer
-        old = tl.atomic_cas(ERR, tl.zeros_like(t).to(tl.uint64, bitcast=True), code.to(tl.int64).to(tl.uint64, bitcast=True))
+        zero = tl.zeros_like(t).to(tl.uint64, bitcast=True)
+        old = tl.atomic_cas(ERR, zero, code.to(tl.int64).to(tl.uint64, bitcast=True))
         if old == 0:
             tl.store(ERR + 1, t.to(tl.uint64, bitcast=True))
     xt = tl.load(X + row * C + t, mask=valid & inside, other=0.0).to(tl.float32)     # (a bad one must not fault)
@@ -132,10 +132,10 @@ def _type(dtype) -> str:
     return "*" + TL.type_of(dtype)
 
 
-def _kernel(name: str, dtypes: tuple, reduction: int = NONE):
+def _kernel(name: str, dtypes: tuple, dev: int, reduction: int = NONE):
     """Kernel `name` ("fwd", "reduce", "scale", "bwd") compiled for its arrays' dtypes (`_types`) and the
-    reduction, made once per device (the key holds no JITFunction: its hash is a Python call)."""
-    key = (name, dtypes, reduction, TL.current_device())
+    reduction, made once per device `dev` (the key holds no JITFunction: its hash is a Python call)."""
+    key = (name, dtypes, reduction, dev)
     k = _kernels.get(key)
     if k is None:
         k = _kernels[key] = _build(_FUNCTIONS[name], _types(name, dtypes, reduction), reduction == MEAN)
@@ -186,15 +186,15 @@ def forward(x, target, ignore_index: int, reduction: int = NONE):
     synchronisation (`device_checks`: the kernel records it; no separate check launch)."""
     x, target = _contiguous(x), _contiguous(target)
     n, c = x.shape
-    dt = (x.dtype,)
+    dt, dev = (x.dtype,), TL.current_device()
     loss = cupy.ndarray((n,), x.dtype if reduction == NONE else _FLOAT32)
-    kernel = _kernel("fwd", dt, reduction)
-    err, code = device_checks.error_slot(cupy, TL.current_device(), *TARGET_ERROR)
+    kernel = _kernel("fwd", dt, dev, reduction)
+    err, code = device_checks.error_slot(cupy, dev, *TARGET_ERROR)
     TL.launch(kernel, (n,), x, target, loss, err, c, ignore_index, code)
     if reduction == NONE:
         return loss
     out = cupy.ndarray((), x.dtype)
-    TL.launch(_kernel("reduce", dt, reduction), (1,), loss, target, out, n, ignore_index)
+    TL.launch(_kernel("reduce", dt, dev, reduction), (1,), loss, target, out, n, ignore_index)
     return out
 
 
@@ -203,6 +203,7 @@ def backward(grad, x, target, ignore_index: int, reduction: int = NONE):
     one (MEAN, SUM), float32/bfloat16/float16, else taken as float32."""
     x, target = _contiguous(x), _contiguous(target)
     n, c = x.shape
+    dev = TL.current_device()
     if grad.dtype not in _DTYPES:
         grad = grad.astype(_FLOAT32)
     if grad.ndim == 1 and grad.size > 1:
@@ -213,8 +214,8 @@ def backward(grad, x, target, ignore_index: int, reduction: int = NONE):
         g_stride = 0
     if reduction == MEAN:
         scale = cupy.ndarray((1,), _FLOAT32)
-        TL.launch(_kernel("scale", (grad.dtype,)), (1,), target, grad, scale, n, ignore_index)
+        TL.launch(_kernel("scale", (grad.dtype,), dev), (1,), target, grad, scale, n, ignore_index)
         grad, g_stride = scale, 0
     dx = cupy.ndarray(x.shape, x.dtype)
-    TL.launch(_kernel("bwd", (x.dtype, grad.dtype)), (n,), x, target, grad, dx, c, ignore_index, g_stride)
+    TL.launch(_kernel("bwd", (x.dtype, grad.dtype), dev), (n,), x, target, grad, dx, c, ignore_index, g_stride)
     return dx

@@ -1,21 +1,21 @@
-"""Run flambeau's Triton cross-entropy kernels (flambeau/_backends/triton_cross_entropy.py) under
-Triton's interpreter (TRITON_INTERPRET=1, set by the caller) and compare them with float64 PyTorch:
+"""Run flambeau's Triton cross-entropy kernels (flambeau/_backends/triton_cross_entropy.py) under Triton's
+interpreter (TRITON_INTERPRET=1, set by the caller) and compare them with float64 PyTorch:
 
-- the row kernels on float32 CPU tensors: per-row losses and the input gradient (classes ending
-  mid-block, a row of large negative logits, an ignored row);
-- the wrappers `forward`/`backward` on NumPy arrays (HostCupy, HostLauncher stand in for CuPy and
-  the launcher): reductions none/mean/sum in float32/bfloat16/float16, ignored targets, every target
-  ignored (mean: NaN, sum: 0, gradient 0, as PyTorch), a strided and a stride-0 (expanded) incoming
-  gradient for 'none' (the strided case with a column-major input), a bfloat16 incoming gradient; the kernels each launches (mean: the row kernel
-  and one reduction program forward, one scaling program and the row kernel backward; none of CuPy's
-  reductions);
-- the forward's bounds check: a target outside [0, C) (not ignore_index) recorded with the check's
-  code in the error buffer `device_checks.error_slot` gives (stubbed), the other rows' losses right;
-- flambeau's F.cross_entropy forward and backward with the cuda dispatch taken through them, and
-  weighted / label-smoothed calls, which must not take them (the NumPy path, as before).
+- the row kernels on float32 CPU tensors: per-row losses and the input gradient (classes ending mid-block, a
+  row of large negative logits, an ignored row);
+- the wrappers `forward`/`backward` on NumPy arrays (HostCupy, HostLauncher stand in for CuPy and the
+  launcher): reductions none/mean/sum in float32/bfloat16/float16, ignored targets, every target ignored
+  (mean: NaN, sum: 0, gradient 0, as PyTorch), a strided and a stride-0 (expanded) incoming gradient for
+  'none' (the strided case with a column-major input), a bfloat16 incoming gradient; the kernels each launches
+  (mean: the row kernel and one reduction program forward, one scaling program and the row kernel backward;
+  none of CuPy's reductions);
+- the forward's bounds check: a target outside [0, C) (not ignore_index) recorded with the check's code in the
+  error buffer `device_checks.error_slot` gives (stubbed), the other rows' losses right;
+- flambeau's F.cross_entropy forward and backward with the cuda dispatch taken through them, and weighted /
+  label-smoothed calls, which must not take them (the NumPy path, as before).
 
-Prints one line per case (its error, or number of mismatching checks) and exits non-zero on a
-mismatch. Used by tests/test_norm_fused.py."""
+Prints one line per case (its error, or number of mismatching checks) and exits non-zero on a mismatch. Used
+by tests/test_norm_fused.py."""
 import sys
 
 import ml_dtypes

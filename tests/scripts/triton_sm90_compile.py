@@ -203,7 +203,7 @@ def eager_kernels():
         for name, dtypes, red in (("fwd", (dt,), CE.NONE), ("fwd", (dt,), CE.MEAN), ("reduce", (dt,), CE.MEAN),
                                   ("reduce", (dt,), CE.SUM), ("scale", (dt,), CE.NONE), ("bwd", (dt, dt), CE.NONE),
                                   ("bwd", (dt, f32), CE.NONE)):
-            k = CE._kernel(name, dtypes, red)
+            k = CE._kernel(name, dtypes, 0, red)
             _launch_once(k, f"_ce_{name}[{', '.join(k.arg_types)}{', mean' if red == CE.MEAN else ''}]")
 
 
