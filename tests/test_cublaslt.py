@@ -320,6 +320,21 @@ def test_linear_bias_goes_through_the_epilogue():
 
 
 @pytest.mark.cuda
+def test_layers_of_one_layout_alternate_their_biases():
+    """Four same-shape linears (one cuBLASLt descriptor, its bias pointer re-pointed through a slot kept with
+    it at every call) each add their own bias, twice round, as float64 references."""
+    x = flambeau.randn(64, 96, device="cuda", dtype=flambeau.bfloat16)
+    w = flambeau.randn(80, 96, device="cuda", dtype=flambeau.bfloat16)
+    biases = [flambeau.randn(80, device="cuda", dtype=flambeau.bfloat16) for _ in range(4)]
+    ref = x.double().cpu().numpy() @ w.double().cpu().numpy().T
+    before = cublaslt.calls["bias_epilogue"]
+    outs = [flambeau.nn.functional.linear(x, w, b) for _ in range(2) for b in biases]
+    assert cublaslt.calls["bias_epilogue"] == before + 8
+    for y, b in zip(outs, biases * 2):
+        assert _rel(_np(y), ref + b.double().cpu().numpy()) < TOL["bfloat16"]
+
+
+@pytest.mark.cuda
 def test_bfloat16_product_makes_no_upcast_copies():
     n = 2048
     a = flambeau.randn(n, n, device="cuda", dtype=flambeau.bfloat16)
