@@ -78,7 +78,7 @@ PUBLIC_NAMESPACE_USERS: dict[str, str] = {
 # eager max-pooling Triton module, `nn_pool._triton_max_pool`, is imported at first use), and the cuDNN
 # wrapper's three calls now allocate through `cudnn._empty`; 75: `triton.compile` moved with its two
 # Triton imports into `_backends/compile_worker.py`, whose Triton modules come from one `_triton()`).
-MAX_DEFERRED = 75
+MAX_DEFERRED = 73
 
 # The largest strongly connected component of the module-level import graph (imports executed at
 # import time: function bodies and `if TYPE_CHECKING:` blocks left out). May only shrink. The one
