@@ -299,6 +299,9 @@ class _FakeGpu:
             def __call__(self, *args):
                 gpu.ran.append(self.launch)
 
+            def build(self):
+                gpu.ran.append("build " + self.launch)
+
         class Event:
             def record(self, stream=None):
                 pass
@@ -337,8 +340,8 @@ class _Cuda:
 
 
 def test_the_choice_on_a_fake_gpu(tmp_path, monkeypatch):
-    """`launcher`'s cuda path: a call while capturing runs the extern and keeps nothing; the next call times
-    every configuration and the extern and keeps the fastest; a fresh launcher (another process) reads it
+    """`launcher`'s cuda path: a call while capturing runs the extern and keeps nothing; the next call builds
+    every configuration, then times each and the extern and keeps the fastest (the other Launchers dropped); a fresh launcher (another process) reads it
     from disk; a call whose output is one of its inputs takes the extern without timing."""
     tk = type("TK", (), {"name": "kernel0", "loads": ["a", "b"], "epilogue": None})()
     gpu = _FakeGpu(tmp_path, {"c0": 3.0, "c1": 1.0, "c2": 2.0, "extern": 1.5})
@@ -353,7 +356,9 @@ def test_the_choice_on_a_fake_gpu(tmp_path, monkeypatch):
     gpu.capturing, gpu.ran = False, []
     choice(*args)
     assert choice.choice == 1 and gpu.ran[-1] == "c1"
-    assert sorted(set(gpu.ran)) == ["c0", "c1", "c2", "extern"]
+    assert gpu.ran[:3] == ["build c0", "build c1", "build c2"]       # every configuration built before timing
+    assert sorted(set(gpu.ran[3:])) == ["c0", "c1", "c2", "extern"]
+    assert choice.templates[1] is not None and choice.templates[0] is None is choice.templates[2]  # losers dropped
     gpu.ran = []
     fresh = mm_template.launcher(gpu, None, tk, launches, _Cuda())
     fresh(*args)

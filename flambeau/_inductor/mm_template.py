@@ -13,10 +13,11 @@ never stored, unless later kernels read it too or it is an output. A product who
 a kernel (or is an epilogue already taken by an earlier product: x @ w + y @ v) is templated alone.
 
 Each template is one source (strides and offsets are literals); its block configurations (`CONFIGS`) are
-launches of it with other constexprs. At the first call on cuda `TemplateChoice` times every configuration
-and the extern it replaced (cuBLASLt, then the epilogue as its own kernel) with CUDA events, keeps the
-fastest and caches the choice on disk next to autotune.py's block sizes (same key scheme), so a second
-process times nothing. A call while the stream is captured into a CUDA graph never times: it takes the
+launches of it with other constexprs, all compiled by the compile workers with the module's other kernels
+(`all_launches`). At the first call on cuda `TemplateChoice` waits until every configuration is built, times
+each and the extern it replaced (cuBLASLt, then the epilogue as its own kernel) with CUDA events, keeps the
+fastest (dropping the others' Launchers) and caches the choice on disk next to autotune.py's block sizes (same
+key scheme), so a second process times nothing. A call while the stream is captured into a CUDA graph never times: it takes the
 cached choice, else the extern. Triton's interpreter (cpu tensors) has nothing to time: it runs the
 first configuration, so the template is what CPU tests check.
 """
@@ -30,7 +31,7 @@ import os
 import numpy as np
 
 from .. import _backends, _dtype as D, _logging, _state
-from . import codegen_triton, extern_gemm
+from . import autotune, codegen_triton, config, extern_gemm
 from .autotune import _path
 from .codegen_triton import INT32_LIMIT, LOWP, TL, Launch, LaunchBuffer, TritonHandler, TritonKernelPrinter, TVar
 from .index import Index, Sym, contiguous_strides
@@ -286,18 +287,30 @@ def cache_path(cache_dir: str, kernel_key: str, name: str, dkey: str) -> str:
     return _path(cache_dir, kernel_key, name, {"precision": _state.float32_matmul_precision}, dkey)
 
 
-def select(n_choices: int, run, timer, path: str, capturing: bool, write) -> int | None:
+def select(n_choices: int, run, timer, path: str, capturing: bool, write, build=None) -> int | None:
     """The index of the fastest of `n_choices` (the last is the extern): from the disk cache at `path`, else
     timed with `timer(fn) -> ms` of `fn() = run(i)` and written there; None while capturing with nothing cached
-    (the caller then takes the extern, without keeping that)."""
+    (the caller then takes the extern, without keeping that). `build(i)` (optional) makes choice i's kernels
+    ready before any choice is timed (the compile workers' jobs awaited); a choice it fails for is skipped."""
     if os.path.exists(path):
         with open(path) as f:
             stats["from_disk"] += 1
             return json.load(f)["choice"]
     if capturing:
         return None
+    failed = set()
+    if build is not None:
+        for i in range(n_choices - 1):
+            try:
+                build(i)
+            except Exception as e:  # a configuration this GPU can't compile: skipped below
+                log.info("mm template %s: configuration %d skipped: %s", path, i, e)
+                failed.add(i)
     times = []
     for i in range(n_choices):
+        if i in failed:
+            times.append((math.inf, i))
+            continue
         try:
             times.append((timer(lambda i=i: run(i)), i))
         except Exception as e:     # a configuration this GPU can't compile or launch (shared memory): skipped
@@ -378,7 +391,15 @@ class TemplateChoice:
             if i is None:                    # capturing, nothing known: the extern, not kept
                 return self.run(len(self.templates), args)
             self.choice = i
+            self.release_losers()
         return self.run(i, args)
+
+    def release_losers(self) -> None:
+        """Once chosen, what the choice never runs is dropped: the other configurations' Launchers (their
+        loaded kernels, whose CuPy modules unload with them) and, for a template, the extern's epilogue."""
+        self.templates = [t if j == self.choice else None for j, t in enumerate(self.templates)]
+        if self.choice < len(self.templates):
+            self.epilogue = None
 
 
 def aliases_inputs(args, n_loads: int) -> bool:
@@ -403,12 +424,16 @@ def generate_module(kernels, size_names=(), interpret: bool = False) -> tuple:
 
 
 def all_launches(kernels, launches: dict) -> list:
-    """Every Launch of `generate_module`'s kernels (each template configuration, each epilogue alone), in order:
-    what the compile workers build ahead (`triton_runtime.precompile`)."""
+    """Every Launch of `generate_module`'s kernels (each template configuration, each epilogue alone, and under
+    `config.max_autotune` each block-size variant of a tuned kernel: `autotune.precompile_variants`), kernel by
+    kernel in order: what the compile workers build ahead (`triton_runtime.precompile`), all of a module at once."""
     out = []
     for k in kernels:
         la = launches[k.name]
-        out += la if isinstance(la, list) else [la]
+        if isinstance(la, list):
+            out += la
+        else:
+            out += [la] + (autotune.precompile_variants(la) if config.max_autotune else [])
         if isinstance(k, TemplateKernel) and k.epilogue is not None:
             out.append(launches[k.name + "_epilogue"])
     return out
@@ -435,7 +460,8 @@ def launcher(rt, module, tk: TemplateKernel, launches: dict, device) -> Template
             if aliases_inputs(args, tc.n_loads):     # never repeated: the extern, as without max-autotune
                 return len(tc.templates)
             return select(len(tc.templates) + 1, lambda i: tc.run(i, args), cuda_timer(cupy), path,
-                          cupy.cuda.get_current_stream().is_capturing(), rt._write_atomic)
+                          cupy.cuda.get_current_stream().is_capturing(), rt._write_atomic,
+                          lambda i: tc.templates[i].build())
     return TemplateChoice(tk, templates, extern_product(tk, device), epilogue, device, choose)
 
 

@@ -468,12 +468,22 @@ class Launcher:
         if best is None:
             def run(v):
                 self._launch(v, fn, v.grid(env), ptrs, sizes)
+            aligned = tuple(i for i, p in enumerate(ptrs) if p % ALIGN == 0)
             best = autotune_mod.choose(self, la, env, run, _cupy(), cache_dir(), device_key(self.device),
-                                       _write_atomic)
+                                       _write_atomic, lambda v: self._entry(v, fn, aligned))
             if best is None:                 # capturing, nothing known: the generator's choice, not kept
                 return la
             self._tuned[key] = best
+            kept = {(v.xblock, v.num_warps) for v in self._tuned.values()}
+            for k in [k for k in self._compiled if k[0] == la.name and k[1:3] not in kept]:
+                del self._compiled[k]       # the losers' kernels (their CuPy modules unload when unreferenced)
         return best
+
+    def build(self) -> None:
+        """Every kernel of the chain loaded for 16-byte aligned pointers (waiting for its compile worker job), as
+        a first call will need it: what a template's choice does before timing (mm_template.select)."""
+        for la, fn in self.chain:
+            self._entry(la, fn, tuple(range(len(_arg_names(la)))))
 
     def _kernel(self, la, fn, aligned: tuple):
         """The cubin for these pointer alignments: from the disk cache, else compiled and cached."""
