@@ -96,3 +96,27 @@ def test_max_autotune_on_cuda_matches_eager():
         torch.testing.assert_close(torch.from_numpy(c(x).cpu().numpy()), torch.from_numpy(f(x).cpu().numpy()),
                                    rtol=1e-5, atol=1e-5)
     assert autotune.stats["tuned"] + autotune.stats["from_disk"] > before["tuned"] + before["from_disk"]
+
+
+def test_candidates_compile_in_workers_and_losers_are_released():
+    """Under max-autotune every candidate of a cuda graph's tuned kernels and templates is compiled by the compile
+    workers (none in this process), and after each choice only the winner's kernel stays loaded: sm_90 compile
+    with fake CuPy, in a subprocess without the interpreter (tests/scripts/autotune_sm90_compile.py)."""
+    from tests.conftest import run_sm90_compile_script
+    run_sm90_compile_script("autotune_sm90_compile.py")
+
+
+def test_every_candidate_is_built_before_any_is_timed(tmp_path):
+    times = {(256, 4): 5.0, (128, 4): 6.0, (512, 4): 2.0, (256, 2): 9.0, (256, 8): 3.0}
+    cp = FakeCupy(times)
+    best = autotune.choose(Owner(), _launch(), {}, cp.run, cp, str(tmp_path), "sm90", _write,
+                           lambda v: cp.ran.append(("build", v.xblock, v.num_warps)))
+    assert cp.ran[:5] == [("build", xb, w) for xb, w in times] and ("build",) not in [r[:1] for r in cp.ran[5:]]
+    assert (best.xblock, best.num_warps) == (512, 4)
+
+
+def test_precompile_variants_are_the_candidates_but_the_generators():
+    la = _launch()
+    assert autotune.precompile_variants(la) == autotune.candidates(la, 100000)[1:]
+    assert autotune.precompile_variants(codegen_triton.Launch("k", [], [], 100000, 256, {"XBLOCK": 256}, 4,
+                                                              splits=2)) == []
