@@ -104,7 +104,8 @@ def child(layers: int, d: int, profile: int) -> dict:
         pad_mm.pad_matrix_products(gm)
         graph = GraphLowering(gm, list(example_inputs), example_inputs[0].device, codegen_triton.DTYPES).run()
         order = triton_schedule.split_for_grid(schedule(graph), graph, interpret=False)
-        order = mm_template.fuse_products(order, graph)
+        if config.max_autotune:
+            order = mm_template.fuse_products(order, graph)
         kernels = [k for k in order if isinstance(k, Kernel)]
         source, lmap = mm_template.generate_module(kernels, _size_names(graph), interpret=False)
         mod, _ = triton_runtime.load_module(source, dev)
@@ -113,7 +114,7 @@ def child(layers: int, d: int, profile: int) -> dict:
                 tc = mm_template.launcher(triton_runtime, mod, k, lmap, dev)
                 calls.append((tc, len(k.loads) + len(k.stores) + (1 if tc.error_flag else 0)))
             else:
-                la = triton_runtime.Launcher(mod, lmap[k.name], dev, True)
+                la = triton_runtime.Launcher(mod, lmap[k.name], dev, config.max_autotune)
                 calls.append((la, la.n_bufs + (1 if la.error_flag else 0) + len(la.size_names)))
         triton_runtime.precompile(mod, mm_template.all_launches(kernels, lmap), dev)
         return gm

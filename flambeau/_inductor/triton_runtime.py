@@ -9,9 +9,10 @@ compile a kernel whose cubin the disk cache lacks.
 On cuda each kernel is built for the current device with `triton.compile` on first launch and
 launched through CuPy on its current stream (`flambeau._backends.triton_launch`: no PyTorch, no
 Triton launcher). Its cubin and launch metadata are cached on disk (`flambeau._backends.cubin_cache`),
-keyed by the kernel's own source text cut from the module's (`kernel_key`: the function and the module
-prelude it calls, not the whole module, so a graph that differs in one kernel reuses the others'
-cubins), signature, block sizes, pointer alignment, compute capability and Triton version, so a second
+keyed by the kernel's own source text cut from the module's (`KernelRef.key`: the function, its own and its
+parameters' names replaced by positional ones, and the module prelude it calls, not the whole module, so a
+graph that differs in one kernel reuses the others' cubins, and identical kernels of a model's repeated layers
+share one), signature, block sizes, pointer alignment, compute capability and Triton version, so a second
 process, or a second compile of the same model, loads every cubin without importing the module: no
 `@triton.jit` decoration (~1 ms a kernel) and no Python compile of its source (GPT-2's forward and
 backward: 322 kernels).
@@ -33,6 +34,7 @@ import json
 import math
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -80,12 +82,20 @@ _PRELUDE_HASH = hashlib.sha256(_PRELUDE.encode())
 _JIT_DEF = "\n@triton.jit\ndef "               # how codegen_triton begins each function (`_function`)
 
 
-def kernel_key(source: str) -> str:
-    """The cache identity of one generated kernel, from its source text (`kernel_sources`): a hash of it
-    and of the module prelude (helpers, imports) it calls into; the module's other kernels don't enter it."""
-    h = _PRELUDE_HASH.copy()
-    h.update(source.encode())
-    return h.hexdigest()
+_DEF_LINE = re.compile(r"def (\w+)\(([^)]*)\):")
+
+
+def canonical_source(source: str) -> tuple:
+    """(text, {name: positional name}) of one kernel's source (`kernel_sources`) with its own name and its
+    parameters' renamed by position (`fl_kernel`, `fl_p0`, `fl_p1`, ...): the same computation under other
+    names (a GPT's identical layers read `arg5` in one kernel, `arg17` in the next) is the same text. The
+    binary does not depend on those names: a cubin's entry point is loaded by the name recorded with it."""
+    m = _DEF_LINE.match(source)
+    params = [p.split(":")[0].strip() for p in m.group(2).split(",") if p.strip()]
+    names = {n: f"fl_p{i}" for i, n in enumerate(params)}
+    every = {**names, m.group(1): "fl_kernel"}
+    text = re.sub(r"\b(" + "|".join(map(re.escape, every)) + r")\b", lambda w: every[w.group(1)], source)
+    return text, names
 
 
 def kernel_sources(module_source: str) -> dict:
@@ -107,12 +117,17 @@ def _write_atomic(path: str, data, mode="w"):
 
 
 class KernelRef:
-    """One kernel of a `GeneratedModule`: its name and cache key without its `JITFunction`, which `jit`
-    makes (importing the module) only when asked."""
-    __slots__ = ("module", "name", "key")
+    """One kernel of a `GeneratedModule`: its name, cache key (a hash of the module prelude and of its
+    `canonical_source`) and its parameters' positional names, without its `JITFunction`, which `jit` makes
+    (importing the module) only when asked."""
+    __slots__ = ("module", "name", "key", "params")
 
-    def __init__(self, module: "GeneratedModule", name: str, key: str):
-        self.module, self.name, self.key = module, name, key
+    def __init__(self, module: "GeneratedModule", name: str, source: str):
+        self.module, self.name = module, name
+        text, self.params = canonical_source(source)
+        h = _PRELUDE_HASH.copy()
+        h.update(text.encode())
+        self.key = h.hexdigest()
 
     @property
     def jit(self):
@@ -137,7 +152,7 @@ class GeneratedModule:
             self._sources = kernel_sources(self.source)
         ref = refs.get(name)
         if ref is None:
-            ref = refs[name] = KernelRef(self, name, kernel_key(self._sources[name]))
+            ref = refs[name] = KernelRef(self, name, self._sources[name])
         return ref
 
     def load(self):
@@ -493,9 +508,13 @@ class Launcher:
 
 
 def _cubin_key(kernel: KernelRef, sig, constexprs, num_warps, aligned, dkey, num_stages: int = 1) -> str:
+    """The cubin cache key of a kernel's build: its parameters named by position (`KernelRef.params`), so every
+    kernel of the same canonical source (a GPT's layers) shares one cubin."""
+    pos = kernel.params
     stages = [num_stages] if num_stages != 1 else []
-    return cubin_cache.key("inductor", kernel.key, kernel.name, sorted(sig.items()), sorted(constexprs.items()),
-                           num_warps, list(aligned), dkey, triton_version(), *stages)
+    return cubin_cache.key("inductor", kernel.key, sorted((pos[n], t) for n, t in sig.items()),
+                           sorted((pos[n], v) for n, v in constexprs.items()), num_warps, [pos[n] for n in aligned],
+                           dkey, triton_version(), *stages)
 
 
 def build_cubin(fn, sig: dict, constexprs: dict, num_warps: int, aligned: tuple, capability: int, num_stages: int = 1):
@@ -509,9 +528,10 @@ def load_or_compile(kernel: KernelRef, sig, constexprs, num_warps, aligned, dkey
     `stats["cubin_cache_hits"]`; the module is not imported), else compiled (`stats["compiled"]`) and cached.
     (`num_stages` reaches `build_cubin` only when it is not 1: mm_template.py's products.)"""
     key = _cubin_key(kernel, sig, constexprs, num_warps, aligned, dkey, num_stages)
-    pending = _pending.pop(key, None)
+    pending = _pending.get(key)
     if pending is not None:                  # a worker is compiling it (`precompile`): wait for its job
         pending.result()
+        _pending.pop(key, None)
     entry = cubin_cache.read(key)
     if entry is not None:
         stats["cubin_cache_hits"] += 1
@@ -555,12 +575,13 @@ def precompile_for(module, launches, dkey: str) -> list:
     faster in this process than a worker starts)."""
     if config.compile_threads <= 1 or not cubin_cache.enabled or broken[0]:
         return []
-    jobs = []
+    jobs, seen = [], set()
     for la in launches:
         while la is not None:
             names, sig = _arg_names(la), la.signature()
             key = _cubin_key(module.kernel(la.name), sig, la.constexprs, la.num_warps, names, dkey, la.num_stages)
-            if key not in _pending and not cubin_cache.exists(key):
+            if key not in _pending and key not in seen and not cubin_cache.exists(key):
+                seen.add(key)             # (identical kernels of one module: one job)
                 jobs.append(({"path": module.__file__, "name": la.name, "sig": sig, "constexprs": la.constexprs,
                               "num_warps": la.num_warps, "num_stages": la.num_stages, "aligned": list(names),
                               "capability": int(dkey[2:])}, key))

@@ -4,7 +4,11 @@ compiled as compile_fx does for cuda, then each kernel is called once as a first
 tuned kernel's block/warp variants, each template configuration) must be compiled by the compile workers, none in
 this process; after each choice only the winner's loaded kernel may stay alive (weakrefs of the recorded CuPy
 functions). The fake events time the second candidate of each choice fastest, so the generator's own
-configuration (a tuned kernel's first) loses too. Run without TRITON_INTERPRET; prints `OK <n>` at the end."""
+configuration (a tuned kernel's first) loses too. A kernel renamed (its own and its parameters' names, as in a
+GPT's next layer) loads the same cubin, by the entry point recorded with it. Run without TRITON_INTERPRET; prints
+`OK <n>` at the end."""
+import dataclasses
+import re
 import tempfile
 import weakref
 
@@ -31,9 +35,10 @@ class Function:
 
 class Module:
     def load(self, cubin):
-        assert cubin
+        self.cubin = cubin
 
     def get_function(self, name):
+        assert name.encode() in self.cubin, name           # the entry point is the cubin's own symbol
         return Function()
 
 
@@ -132,6 +137,27 @@ for fn, n in calls:
         continue
     assert alive == [k.function for k, _ in kept], (len(alive), len(made))   # the losers' kernels are released
     del alive, made, kept
+# The same kernel under other names (its own, its parameters': a GPT's next layer): two renamed copies (changed by a
+# line, so not cached yet) in one module are one worker job, and both load its cubin by its recorded entry point
+first = next(fn for fn, _ in calls if isinstance(fn, triton_runtime.Launcher))
+la, ref = first.chain[0]
+text = triton_runtime.kernel_sources(ref.module.source)[la.name]
+copies, source = [], ref.module.source
+for tag in ("a", "b"):
+    renames = {la.name: f"kernel_{tag}", **{b.name: f"{tag}_{b.name}" for b in la.buffers}}
+    head, body = re.sub(r"\b(" + "|".join(renames) + r")\b", lambda m: renames[m.group(1)], text).split("\n", 1)
+    source += f"\n\n@triton.jit\n{head}\n    fl_unused = 0\n{body}\n"
+    copies.append(dataclasses.replace(la, name=f"kernel_{tag}",
+                                      buffers=[type(b)(renames[b.name], b.dtype) for b in la.buffers]))
+other, _ = triton_runtime.load_module(source, DEV)
+hits, compiled = triton_runtime.stats["cubin_cache_hits"], triton_runtime.stats["compiled"]
+jobs = triton_runtime.precompile_for(other, copies, "sm90")
+assert len(jobs) == 1, len(jobs)
+for c in copies:
+    triton_runtime.load_or_compile(other.kernel(c.name), c.signature(), c.constexprs, c.num_warps,
+                                   triton_runtime._arg_names(c), "sm90")
+assert triton_runtime.stats["cubin_cache_hits"] == hits + 2 and triton_runtime.stats["compiled"] == compiled
+launches_queued[0] += 1
 stats = triton_runtime.stats
 print("queued", launches_queued[0], "tuned", tuned, stats)
 assert tuned >= 2 and mm_template.stats["tuned"] >= 1 and autotune.stats["tuned"] == tuned, (tuned, mm_template.stats)
