@@ -486,8 +486,12 @@ class Launcher:
             def run(v):
                 self._launch(v, fn, v.grid(env), ptrs, sizes)
             aligned = tuple(i for i, p in enumerate(ptrs) if p % ALIGN == 0)
+
+            def build(v):
+                await_jobs()
+                self._entry(v, fn, aligned)
             best = autotune_mod.choose(self, la, env, run, _cupy(), cache_dir(), device_key(self.device),
-                                       _write_atomic, lambda v: self._entry(v, fn, aligned))
+                                       _write_atomic, build)
             if best is None:                 # capturing, nothing known: the generator's choice, not kept
                 return la
             self._tuned[key] = best
@@ -497,8 +501,9 @@ class Launcher:
         return best
 
     def build(self) -> None:
-        """Every kernel of the chain loaded for 16-byte aligned pointers (waiting for its compile worker job), as
-        a first call will need it: what a template's choice does before timing (mm_template.select)."""
+        """Every kernel of the chain loaded for 16-byte aligned pointers, as a first call will need it, once every
+        queued compile job is done (`await_jobs`): what a template's choice does before timing (mm_template.select)."""
+        await_jobs()
         for la, fn in self.chain:
             self._entry(la, fn, tuple(range(len(_arg_names(la)))))
 
@@ -559,6 +564,14 @@ MIN_PARALLEL_JOBS = 2               # kernels missing at least, for a process's 
 def _arg_names(la) -> tuple:
     return tuple(b.name for b in la.buffers) + (("fl_err",) if la.error_flag else ()) + \
         tuple(w for w, _, _ in la.workspace)
+
+
+def await_jobs() -> None:
+    """Wait until every kernel queued for the compile workers is compiled. Autotuning calls it before it times
+    anything: the first step launches every kernel of its module anyway, so the wait costs little, and the
+    workers' compiles (all the host's cores) would otherwise slow the launches being timed."""
+    for fut in list(_pending.values()):
+        fut.result()
 
 
 def precompile(module, launches, device) -> None:

@@ -2,7 +2,7 @@
 events and launches replaced by recorders): a graph with block-size-tuned kernels and matrix-product templates is
 compiled as compile_fx does for cuda, then each kernel is called once as a first step would. Every candidate (each
 tuned kernel's block/warp variants, each template configuration) must be compiled by the compile workers, none in
-this process; after each choice only the winner's loaded kernel may stay alive (weakrefs of the recorded CuPy
+this process, and nothing is timed before every queued compile job is done; after each choice only the winner's loaded kernel may stay alive (weakrefs of the recorded CuPy
 functions). The fake events time the second candidate of each choice fastest, so the generator's own
 configuration (a tuned kernel's first) loses too. A kernel renamed (its own and its parameters' names, as in a
 GPT's next layer) loads the same cubin, by the entry point recorded with it. Run without TRITON_INTERPRET; prints
@@ -58,6 +58,7 @@ class Event:
 
 
 def elapsed(a, b):
+    assert all(f.done() for f in triton_runtime._pending.values()), "timed while kernels were still compiling"
     timings[0] += 1
     return 1.0 if timings[0] == 2 else 5.0
 
@@ -108,35 +109,42 @@ def sm90_compile_fx(gm, example_inputs, **kwargs):
     every = mm_template.all_launches(kernels, lmap)
     launches_queued[0] += len(every)
     triton_runtime.precompile(mod, every, DEV)
+    first_calls()                   # at once, as the graph's first call follows its compile
     return gm
+
+
+tuned = [0]
+
+
+def first_calls():
+    """Call each kernel once, checking which loaded kernels stay alive after each choice."""
+    for fn, n in calls:
+        timings[0] = 0
+        before = len(functions)
+        fn(*[triton_runtime.RawPointer(4096 * (i + 1)) for i in range(n)])
+        made = functions[before:]
+        alive = [f() for f in made if f() is not None]
+        if isinstance(fn, mm_template.TemplateChoice):
+            assert fn.choice == 1 and len(made) >= 3, (fn.choice, len(made))
+            kept = list(fn.templates[1]._compiled.values())
+            assert fn.epilogue is None and [t is None for t in fn.templates] == [False if i == 1 else True for i in
+                                                                                  range(len(fn.templates))]
+        elif fn.autotune:
+            assert len(made) >= 3, len(made)
+            (key, (kernel, _)), = fn._compiled.items()
+            assert (key[1], key[2]) != (fn.launch.xblock, fn.launch.num_warps), key     # the second candidate won
+            kept = list(fn._compiled.values())
+            tuned[0] += 1
+        else:
+            continue
+        assert alive == [k.function for k, _ in kept], (len(alive), len(made))   # the losers' kernels are released
+        del alive, made, kept
 
 
 _inductor.compile_fx = sm90_compile_fx
 F = fl.nn.functional
 x, w, b = fl.randn(256, 96), fl.randn(160, 96), fl.randn(160)
 fl.compile(lambda x, w, b: (F.gelu(F.linear(x, w, b)), (x.sin() * 2).softmax(-1), x.sum(0).exp()))(x, w, b)
-tuned = 0
-for fn, n in calls:
-    timings[0] = 0
-    before = len(functions)
-    fn(*[triton_runtime.RawPointer(4096 * (i + 1)) for i in range(n)])
-    made = functions[before:]
-    alive = [f() for f in made if f() is not None]
-    if isinstance(fn, mm_template.TemplateChoice):
-        assert fn.choice == 1 and len(made) >= 3, (fn.choice, len(made))
-        kept = list(fn.templates[1]._compiled.values())
-        assert fn.epilogue is None and [t is None for t in fn.templates] == [False if i == 1 else True for i in
-                                                                              range(len(fn.templates))]
-    elif fn.autotune:
-        assert len(made) >= 3, len(made)
-        (key, (kernel, _)), = fn._compiled.items()
-        assert (key[1], key[2]) != (fn.launch.xblock, fn.launch.num_warps), key     # the second candidate won
-        kept = list(fn._compiled.values())
-        tuned += 1
-    else:
-        continue
-    assert alive == [k.function for k, _ in kept], (len(alive), len(made))   # the losers' kernels are released
-    del alive, made, kept
 # The same kernel under other names (its own, its parameters': a GPT's next layer): two renamed copies (changed by a
 # line, so not cached yet) in one module are one worker job, and both load its cubin by its recorded entry point
 first = next(fn for fn, _ in calls if isinstance(fn, triton_runtime.Launcher))
@@ -159,8 +167,8 @@ for c in copies:
 assert triton_runtime.stats["cubin_cache_hits"] == hits + 2 and triton_runtime.stats["compiled"] == compiled
 launches_queued[0] += 1
 stats = triton_runtime.stats
-print("queued", launches_queued[0], "tuned", tuned, stats)
-assert tuned >= 2 and mm_template.stats["tuned"] >= 1 and autotune.stats["tuned"] == tuned, (tuned, mm_template.stats)
+print("queued", launches_queued[0], "tuned", tuned[0], stats)
+assert tuned[0] >= 2 and mm_template.stats["tuned"] >= 1 and autotune.stats["tuned"] == tuned[0], (tuned, mm_template.stats)
 assert stats["compiled"] == 0 and stats["compiled_in_workers"] == launches_queued[0], stats     # all by workers
 assert stats["modules_imported"] == 0, stats
 print("OK", stats["compiled_in_workers"])
