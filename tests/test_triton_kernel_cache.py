@@ -180,3 +180,24 @@ def test_indirect_index_names_of_the_analysis_are_not_reused():
     h = AnalysisHandler()
     v = _AVal(D.int64)
     assert h.indirect_indexing(v, 5).key() == h.indirect_indexing(v, 5).key()
+
+
+def test_the_cache_key_ignores_the_names_of_the_kernel_its_parameters_and_locals():
+    """`canonical_source`: kernels equal up to the names of the kernel, its parameters and its locals (a GPT's
+    layers: `arg5`/`buf28_v` in one, `arg17`/`buf55_v` in the next) share a key; any other difference (an
+    operation, a literal, the order of the parameters' uses) does not."""
+    def kernel(name, a, out, local, op="+", lit="768.0"):
+        return (f"def {name}({a}, {out}, XBLOCK: tl.constexpr):\n"
+                f"    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)\n"
+                f"    {local} = tl.load({a} + xindex).to(tl.float32)\n"
+                f"    tl.store({out} + xindex, {local} {op} tl.full([], {lit}, tl.float32))")
+    key = lambda src: triton_runtime.canonical_source(src)[0]       # noqa: E731
+    base = key(kernel("kernel3", "arg5", "buf9", "buf28_v"))
+    assert key(kernel("kernel40", "arg17", "buf90", "buf55_v")) == base
+    assert key(kernel("kernel3", "arg5", "buf9", "buf28_v", op="*")) != base
+    assert key(kernel("kernel3", "arg5", "buf9", "buf28_v", lit="767.0")) != base
+    assert key(kernel("kernel3", "buf9", "arg5", "buf28_v").replace("(buf9, arg5,", "(arg5, buf9,")) != base
+    assert ".to(tl.float32)" in base and "arg5" not in base and "buf28_v" not in base
+    assert ".to(tl.float32)" in key(kernel("kernel3", "arg5", "buf9", "to"))     # an attribute is never renamed
+    assert triton_runtime.canonical_source(kernel("k", "a", "b", "c"))[1] == {"a": "_fl_p0", "b": "_fl_p1",
+                                                                              "XBLOCK": "_fl_p2"}

@@ -84,19 +84,23 @@ _JIT_DEF = "\n@triton.jit\ndef "               # how codegen_triton begins each 
 
 _DEF_LINE = re.compile(r"def (\w+)\(([^)]*)\):")
 _WORD = re.compile(r"[A-Za-z_]\w*")
+_LOCAL = re.compile(r"^\s+([A-Za-z_]\w*)\s*=(?!=)|\bfor ([A-Za-z_]\w*) in\b", re.M)
 
 
 def canonical_source(source: str) -> tuple:
-    """(text, {name: positional name}) of one kernel's source (`kernel_sources`) with its own name and its
-    parameters' renamed by position (`fl_kernel`, `fl_p0`, `fl_p1`, ...): the same computation under other
-    names (a GPT's identical layers read `arg5` in one kernel, `arg17` in the next) is the same text. The
-    binary does not depend on those names: a cubin's entry point is loaded by the name recorded with it."""
+    """(text, {parameter: positional name}) of one kernel's source (`kernel_sources`), for its cache key: its own
+    name, its parameters (by position: `_fl_p0`, ...) and the locals it assigns (by first assignment: `_fl_v0`, ...)
+    renamed, attributes (`x.to`) never: the same computation under other names (a GPT's identical layers read
+    `arg5` and store `buf28_v` in one kernel, `arg17` and `buf55_v` in the next) is the same text. The binary does
+    not depend on those names: a cubin's entry point is loaded by the name recorded with it."""
     m = _DEF_LINE.match(source)
     params = [p.split(":")[0].strip() for p in m.group(2).split(",") if p.strip()]
-    names = {n: f"fl_p{i}" for i, n in enumerate(params)}
-    every = {**names, m.group(1): "fl_kernel"}.get
-    between = _WORD.split(source)         # (one pass over the identifiers: ~0.1 ms a kernel, ~30 ms a GPT-2 step)
-    text = "".join(b + every(w, w) for b, w in zip(between, _WORD.findall(source))) + between[-1]
+    names = {n: f"_fl_p{i}" for i, n in enumerate(params)}
+    every = {m.group(1): "_fl_kernel", **names}
+    for a, b in _LOCAL.findall(source):
+        every.setdefault(a or b, f"_fl_v{len(every)}")
+    between, words = _WORD.split(source), _WORD.findall(source)    # (one pass: ~0.2 ms a kernel)
+    text = "".join(b + (w if b.endswith(".") else every.get(w, w)) for b, w in zip(between, words)) + between[-1]
     return text, names
 
 
