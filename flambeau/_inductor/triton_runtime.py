@@ -9,10 +9,10 @@ compile a kernel whose cubin the disk cache lacks.
 On cuda each kernel is built for the current device with `triton.compile` on first launch and
 launched through CuPy on its current stream (`flambeau._backends.triton_launch`: no PyTorch, no
 Triton launcher). Its cubin and launch metadata are cached on disk (`flambeau._backends.cubin_cache`),
-keyed by the kernel's own source text cut from the module's (`KernelRef.key`: the function, its own and its
-parameters' names replaced by positional ones, and the module prelude it calls, not the whole module, so a
-graph that differs in one kernel reuses the others' cubins, and identical kernels of a model's repeated layers
-share one), signature, block sizes, pointer alignment, compute capability and Triton version, so a second
+keyed by the kernel's own source text cut from the module's (`KernelRef.key`: the function with its own, its
+parameters' and its locals' names replaced by positional ones, `canonical_source`, and the module prelude it
+calls, not the whole module, so a graph that differs in one kernel reuses the others' cubins, and identical
+kernels of a model's repeated layers share one), signature, block sizes, pointer alignment, compute capability and Triton version, so a second
 process, or a second compile of the same model, loads every cubin without importing the module: no
 `@triton.jit` decoration (~1 ms a kernel) and no Python compile of its source (GPT-2's forward and
 backward: 322 kernels).
