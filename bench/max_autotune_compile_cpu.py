@@ -146,6 +146,13 @@ def child(layers: int, d: int, profile: int) -> dict:
         import collections
         top = collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in objects).most_common(30)
         print("\n".join(f"{n:7d} {t}" for t, n in top), file=sys.stderr)
+    if os.environ.get("MAT_CELLS"):            # which functions own the live closure cells (investigation aid)
+        import collections
+        owners = collections.Counter()
+        for o in objects:
+            if type(o).__name__ == "function" and o.__closure__:
+                owners[f"{o.__module__}.{o.__qualname__}"] += len(o.__closure__)
+        print("\n".join(f"{n:7d} {t}" for t, n in owners.most_common(15)), file=sys.stderr)
     del objects
     t3 = time.perf_counter()
     gc.collect()

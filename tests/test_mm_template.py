@@ -191,10 +191,6 @@ def test_a_capture_never_times(tmp_path):
     assert mm_template.select(3, lambda i: None, never, path, True, _write) == 0
 
 
-class _FakeTK:
-    loads = ["a", "b"]
-
-
 def test_template_choice_takes_the_extern_while_nothing_is_known():
     """`choose` returning None (capturing, nothing cached): that call runs the extern and nothing is kept;
     a later call chooses and keeps its choice."""
@@ -202,7 +198,7 @@ def test_template_choice_takes_the_extern_while_nothing_is_known():
     templates = [lambda *a: calls.append("t0"), lambda *a: calls.append("t1")]
     answers = [None, 1]
     tc = mm_template.TemplateChoice.__new__(mm_template.TemplateChoice)
-    tc.tk, tc.templates, tc.epilogue, tc.n_loads = _FakeTK(), templates, None, 2
+    tc.store_product, tc.templates, tc.epilogue, tc.n_loads = False, templates, None, 2
     tc.product = lambda arrays, out: calls.append(("extern", arrays, out))
     tc.choose, tc.choice = (lambda self, args: answers.pop(0)), None
     tc("A", "B", "C")
@@ -340,10 +336,11 @@ class _Cuda:
 
 
 def test_the_choice_on_a_fake_gpu(tmp_path, monkeypatch):
-    """`launcher`'s cuda path: a call while capturing runs the extern and keeps nothing; the next call builds
-    every configuration, then times each and the extern and keeps the fastest (the other Launchers dropped); a fresh launcher (another process) reads it
-    from disk; a call whose output is one of its inputs takes the extern without timing."""
-    tk = type("TK", (), {"name": "kernel0", "loads": ["a", "b"], "epilogue": None})()
+    """`launcher`'s cuda path: a call while capturing runs the extern and keeps nothing; the next call builds every
+    configuration, then times each and the extern and keeps the fastest (the other Launchers dropped); a fresh
+    launcher (another process) reads it from disk; a call whose output is one of its inputs takes the extern
+    without timing."""
+    tk = type("TK", (), {"name": "kernel0", "loads": ["a", "b"], "epilogue": None, "store_product": True})()
     gpu = _FakeGpu(tmp_path, {"c0": 3.0, "c1": 1.0, "c2": 2.0, "extern": 1.5})
     monkeypatch.setattr(mm_template, "extern_product",
                         lambda tk, device: lambda arrays, out: gpu.ran.append("extern"))
@@ -364,8 +361,8 @@ def test_the_choice_on_a_fake_gpu(tmp_path, monkeypatch):
     fresh(*args)
     assert gpu.ran == ["c1"] and fresh.choice == 1
     gpu.ran = []
-    other = mm_template.launcher(gpu, None, type("TK", (), {"name": "kernel1", "loads": ["a", "b"],
-                                                            "epilogue": None})(), {"kernel1": ["c0"]}, _Cuda())
+    tk1 = type("TK", (), {"name": "kernel1", "loads": ["a", "b"], "epilogue": None, "store_product": True})()
+    other = mm_template.launcher(gpu, None, tk1, {"kernel1": ["c0"]}, _Cuda())
     other(_Arr(0), _Arr(256), _Arr(0))
     assert gpu.ran == ["extern"]
 
@@ -399,7 +396,7 @@ def test_a_product_that_is_also_an_output_is_stored_by_its_template(small_blocks
     assert {k: mm_template.stats[k] - before[k] for k in ("template_calls", "fused_epilogues")} == \
         {"template_calls": 1, "fused_epilogues": 1}
     (choice,) = _choices_of(made[0])
-    assert choice.tk.store_product
+    assert choice.store_product
     choice.choice = len(choice.templates)
     for o, r in zip(cf(*xs), refs):
         np.testing.assert_allclose(o.numpy(), r, rtol=1e-5, atol=1e-5)
@@ -427,3 +424,24 @@ def test_a_template_choice_takes_arrays_never_raw_addresses():
     assert choice.entry(()) is choice
     with pytest.raises(ValueError):
         choice.entry((0,))
+
+
+def test_a_template_choice_keeps_none_of_the_lowering(small_blocks, monkeypatch):
+    """Once compiled, nothing keeps the TemplateKernel alive (its epilogue's nodes hold the graph's lowering:
+    loaders and IR, which outlived the compile under max-autotune and weighed on every full collection)."""
+    import gc
+    import weakref
+    kept = []
+    real = mm_template.launcher
+
+    def spy(rt, module, tk, launches, device):
+        kept.extend((weakref.ref(tk), weakref.ref(tk.product)))
+        return real(rt, module, tk, launches, device)
+    monkeypatch.setattr(mm_template, "launcher", spy)
+    fl._dynamo.reset()
+    x, w, b = _mk((40, 24), 0), _mk((24, 16), 1), _mk((16,), 2)
+    out = fl.compile(lambda x, w, b: fl.relu(x @ w + b), mode="max-autotune")(*map(fl.tensor, (x, w, b)))
+    ref = TF.relu(torch.tensor(x).double() @ torch.tensor(w).double() + torch.tensor(b).double())
+    torch.testing.assert_close(torch.from_numpy(out.numpy()).double(), ref, rtol=1e-5, atol=1e-5)
+    gc.collect()
+    assert kept and all(k() is None for k in kept)

@@ -1,15 +1,15 @@
 """Block-size autotuning of generated Triton kernels (`config.max_autotune`, mode="max-autotune").
 
-A generated kernel takes its outer block (`XBLOCK`) as a constexpr and its grid from it, so the same
-source runs with other blocks and warp counts. Its configurations are the generator's own and a few
-around it (half and twice the block, half and twice the warps: `candidates`). When a cuda graph is
-compiled, every configuration of every tuned kernel goes to the compile workers with the module's other
-kernels (`precompile_variants`, through `mm_template.all_launches` and `triton_runtime.precompile`). At
-the kernel's first launch with given sizes, `choose` first has every candidate built (after every queued
-worker job is done, `triton_runtime.await_jobs`: nothing is timed while the host compiles), then times each over a few launches with
-CUDA events and keeps the fastest; the Launcher then drops the losers' loaded kernels. The choice is
-cached on disk (next to the cubins, keyed by the module's key, the kernel and its sizes), so a later
-process reads it without timing or building anything.
+A generated kernel takes its outer block (`XBLOCK`) as a constexpr and its grid from it, so the same source runs
+with other blocks and warp counts. Its configurations are the generator's own and a few around it (half and twice
+the block, half and twice the warps: `candidates`). When a cuda graph is compiled, every configuration of every
+tuned kernel goes to the compile workers with the module's other kernels (`precompile_variants`, through
+`mm_template.all_launches` and `triton_runtime.precompile`). At the kernel's first launch with given sizes,
+`choose` first has every candidate built (after every queued worker job is done, `triton_runtime.await_jobs`:
+nothing is timed while the host compiles), then times each over a few launches with CUDA events and keeps the
+fastest; the Launcher then drops the losers' loaded kernels. The choice is cached on disk (next to the cubins,
+keyed by the module's key, the kernel and its sizes), so a later process reads it without timing or building
+anything.
 
 Timing: one untimed launch (caches, clocks), then TIMED_LAUNCHES back to back between two events. A
 generated pointwise or reduction kernel of a training step runs for microseconds to a millisecond, so

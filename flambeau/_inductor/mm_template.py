@@ -12,14 +12,14 @@ the accumulator (rounded to the product's dtype first, as the extern's output wo
 never stored, unless later kernels read it too or it is an output. A product whose first reader is not such
 a kernel (or is an epilogue already taken by an earlier product: x @ w + y @ v) is templated alone.
 
-Each template is one source (strides and offsets are literals); its block configurations (`CONFIGS`) are
-launches of it with other constexprs, all compiled by the compile workers with the module's other kernels
-(`all_launches`). At the first call on cuda `TemplateChoice` waits until every configuration is built, times
-each and the extern it replaced (cuBLASLt, then the epilogue as its own kernel) with CUDA events, keeps the
-fastest (dropping the others' Launchers) and caches the choice on disk next to autotune.py's block sizes (same
-key scheme), so a second process times nothing. A call while the stream is captured into a CUDA graph never times: it takes the
-cached choice, else the extern. Triton's interpreter (cpu tensors) has nothing to time: it runs the
-first configuration, so the template is what CPU tests check.
+Each template is one source (strides and offsets are literals); its block configurations (`CONFIGS`) are launches
+of it with other constexprs, all compiled by the compile workers with the module's other kernels (`all_launches`).
+At the first call on cuda `TemplateChoice` waits until every configuration is built, times each and the extern it
+replaced (cuBLASLt, then the epilogue as its own kernel) with CUDA events, keeps the fastest (dropping the others'
+Launchers) and caches the choice on disk next to autotune.py's block sizes (same key scheme), so a second process
+times nothing. A call while the stream is captured into a CUDA graph never times: it takes the cached choice, else
+the extern. Triton's interpreter (cpu tensors) has nothing to time: it runs the first configuration, so the
+template is what CPU tests check.
 """
 from __future__ import annotations
 
@@ -345,10 +345,12 @@ class TemplateChoice:
     """What the wrapper calls for a TemplateKernel (`entry()(*loads, *stores[, err])`): the chosen template
     configuration, or the extern product followed by the epilogue kernel. `templates`: a Launcher per config;
     `product(arrays, out)`: the extern product of the arrays of `tk.loads` (into `out` when given); `epilogue`:
-    the Launcher of the epilogue kernel alone (None without one)."""
+    the Launcher of the epilogue kernel alone (None without one). It keeps none of the TemplateKernel (whose
+    nodes hold the graph's lowering: loaders, IR, tens of thousands of objects for a GPT-2 step)."""
 
     def __init__(self, tk, templates, product, epilogue, device, choose):
-        self.tk, self.templates, self.product, self.epilogue = tk, templates, product, epilogue
+        self.templates, self.product, self.epilogue = templates, product, epilogue
+        self.store_product = tk.store_product
         self.error_flag = templates[0].error_flag
         self.interpret = device.type == "cpu"
         self.choose = choose                 # fn(self, args) -> index of the choice or None (see select)
@@ -378,7 +380,7 @@ class TemplateChoice:
         if self.epilogue is None:
             self.product(loads, rest[0])
             return None
-        if self.tk.store_product:                   # into its own output, then the epilogue's stores
+        if self.store_product:                      # into its own output, then the epilogue's stores
             c, rest = self.product(loads, rest[0]), rest[1:]
         else:
             c = self.product(loads, None)
@@ -469,6 +471,7 @@ def extern_product(tk: TemplateKernel, device):
     """product(arrays of tk.loads, out) -> the product as the extern computes it (cuBLASLt on cuda,
     `extern_gemm.planned_product`; the op's eager kernel on cpu), written into `out` when given."""
     ek = tk.product
+    op = ek.op                               # (the closures keep the op, not the IR node)
     where = {x.name: i for i, x in enumerate(tk.loads)}
 
     def operand(a):
@@ -481,11 +484,11 @@ def extern_product(tk: TemplateKernel, device):
     if device.type == "cuda":
         xp = _backends.get("cuda").xp
         call = extern_gemm.planned_product(ek.args, where, lambda arrays: (fa(arrays), fb(arrays)),
-                                           lambda *arrays: ek.op.kernel(xp, fa(arrays), fb(arrays)))
+                                           lambda *arrays: op.kernel(xp, fa(arrays), fb(arrays)))
         return lambda arrays, out: call(*arrays, out=out)
 
     def product(arrays, out):
-        d = ek.op.kernel(np, fa(arrays), fb(arrays))
+        d = op.kernel(np, fa(arrays), fb(arrays))
         if out is None:
             return d
         out[...] = d

@@ -6,16 +6,15 @@ hashing its source, the device (GPU compute capability, or "interpret") and the 
 file) only when one of its functions is needed as a `JITFunction`: to run in the interpreter, or to
 compile a kernel whose cubin the disk cache lacks.
 
-On cuda each kernel is built for the current device with `triton.compile` on first launch and
-launched through CuPy on its current stream (`flambeau._backends.triton_launch`: no PyTorch, no
-Triton launcher). Its cubin and launch metadata are cached on disk (`flambeau._backends.cubin_cache`),
-keyed by the kernel's own source text cut from the module's (`KernelRef.key`: the function with its own, its
-parameters' and its locals' names replaced by positional ones, `canonical_source`, and the module prelude it
-calls, not the whole module, so a graph that differs in one kernel reuses the others' cubins, and identical
-kernels of a model's repeated layers share one), signature, block sizes, pointer alignment, compute capability and Triton version, so a second
-process, or a second compile of the same model, loads every cubin without importing the module: no
-`@triton.jit` decoration (~1 ms a kernel) and no Python compile of its source (GPT-2's forward and
-backward: 322 kernels).
+On cuda each kernel is built for the current device with `triton.compile` on first launch and launched through CuPy
+on its current stream (`flambeau._backends.triton_launch`: no PyTorch, no Triton launcher). Its cubin and launch
+metadata are cached on disk (`flambeau._backends.cubin_cache`), keyed by the kernel's own source text cut from the
+module's (`KernelRef.key`: the function with its own, its parameters' and its locals' names replaced by positional
+ones, `canonical_source`, and the module prelude it calls, not the whole module, so a graph that differs in one
+kernel reuses the others' cubins, and identical kernels of a model's repeated layers share one), signature, block
+sizes, pointer alignment, compute capability and Triton version, so a second process, or a second compile of the
+same model, loads every cubin without importing the module: no `@triton.jit` decoration (~1 ms a kernel) and no
+Python compile of its source (GPT-2's forward and backward: 322 kernels).
 
 On cpu tensors the kernels run in Triton's interpreter, which `TRITON_INTERPRET=1` turns on (it
 must be set before Triton is imported), and each NumPy array is passed wrapped in `HostArray`,

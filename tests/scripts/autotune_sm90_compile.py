@@ -1,12 +1,12 @@
-"""mode="max-autotune" for sm_90 on a machine without a GPU (Triton's compiler real, CuPy's module loading,
-events and launches replaced by recorders): a graph with block-size-tuned kernels and matrix-product templates is
-compiled as compile_fx does for cuda, then each kernel is called once as a first step would. Every candidate (each
-tuned kernel's block/warp variants, each template configuration) must be compiled by the compile workers, none in
-this process, and nothing is timed before every queued compile job is done; after each choice only the winner's loaded kernel may stay alive (weakrefs of the recorded CuPy
-functions). The fake events time the second candidate of each choice fastest, so the generator's own
-configuration (a tuned kernel's first) loses too. A kernel renamed (its own and its parameters' names, as in a
-GPT's next layer) loads the same cubin, by the entry point recorded with it. Run without TRITON_INTERPRET; prints
-`OK <n>` at the end."""
+"""mode="max-autotune" for sm_90 on a machine without a GPU (Triton's compiler real, CuPy's module loading, events
+and launches replaced by recorders): a graph with block-size-tuned kernels and matrix-product templates is compiled
+as compile_fx does for cuda, then each kernel is called once as a first step would. Every candidate (each tuned
+kernel's block/warp variants, each template configuration) must be compiled by the compile workers, none in this
+process, and nothing is timed before every queued compile job is done; after each choice only the winner's loaded
+kernel may stay alive (weakrefs of the recorded CuPy functions). The fake events time the second candidate of each
+choice fastest, so the generator's own configuration (a tuned kernel's first) loses too. A kernel renamed (its own
+and its parameters' names, as in a GPT's next layer) loads the same cubin, by the entry point recorded with it. Run
+without TRITON_INTERPRET; prints `OK <n>` at the end."""
 import dataclasses
 import re
 import tempfile
@@ -168,7 +168,8 @@ assert triton_runtime.stats["cubin_cache_hits"] == hits + 2 and triton_runtime.s
 launches_queued[0] += 1
 stats = triton_runtime.stats
 print("queued", launches_queued[0], "tuned", tuned[0], stats)
-assert tuned[0] >= 2 and mm_template.stats["tuned"] >= 1 and autotune.stats["tuned"] == tuned[0], (tuned, mm_template.stats)
+assert tuned[0] >= 2 and mm_template.stats["tuned"] >= 1 and autotune.stats["tuned"] == tuned[0], \
+    (tuned, mm_template.stats)
 assert stats["compiled"] == 0 and stats["compiled_in_workers"] == launches_queued[0], stats     # all by workers
 assert stats["modules_imported"] == 0, stats
 print("OK", stats["compiled_in_workers"])
