@@ -68,6 +68,18 @@ class DevArray(np.ndarray):
         return p
 
 
+def on_device(f):
+    """NumPy's function `f` returning its new arrays as the fake device's (`DevArray`): a fake CuPy
+    namespace's `__getattr__` (bench/cross_entropy_host.py, bench/mlp_fake_step.py)."""
+    if not callable(f) or isinstance(f, (type, np.ufunc)):
+        return f
+
+    def call(*args, **kwargs):
+        r = f(*args, **kwargs)
+        return r.view(DevArray) if type(r) is np.ndarray else r
+    return call
+
+
 def fake_cupy():
     """A namespace that `cuda_cast.cast` takes for CuPy, with every cast kernel pre-made."""
     xp = types.ModuleType("cupy")

@@ -24,18 +24,6 @@ sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")) 
 import numpy as np  # noqa: E402
 
 
-def _on_device(f):
-    """NumPy's function `f` returning its new arrays as the fake device's."""
-    from bench.eager_host_calls import DevArray
-    if not callable(f) or isinstance(f, (type, np.ufunc)):
-        return f
-
-    def call(*args, **kwargs):
-        r = f(*args, **kwargs)
-        return r.view(DevArray) if type(r) is np.ndarray else r
-    return call
-
-
 class _Device(contextlib.nullcontext):
     id = 0
 
@@ -48,7 +36,7 @@ def install():
     from bench import eager_host_calls as E
     from flambeau._backends import device_checks, triton_launch as TL
     xp, restore = E.install()
-    xp.__getattr__ = lambda name: _on_device(getattr(np, name))
+    xp.__getattr__ = lambda name: E.on_device(getattr(np, name))
     xp.cuda.Device = _Device
     xp.uint8 = np.uint8
     E.DevArray.device = property(lambda self: types.SimpleNamespace(id=0))      # (check_range reads it)
