@@ -29,6 +29,7 @@ def _fakes(TL, triton_runtime, mm_template):
     """CuPy as the runtime uses it on cuda, recorded: module loads, events (each timing a fixed 1 ms, so the
     first candidate wins), a stream that is not capturing; launches recorded by count; the extern product of
     a template does nothing (cuBLASLt is not here)."""
+    from bench.fake_cuda_loader import Event, Stream
     launches = [0]
 
     class Function:
@@ -41,19 +42,6 @@ def _fakes(TL, triton_runtime, mm_template):
 
         def get_function(self, name):
             return Function()
-
-    class Stream:
-        ptr = 0
-
-        def is_capturing(self):
-            return False
-
-    class Event:
-        def record(self, stream=None):
-            pass
-
-        def synchronize(self):
-            pass
 
     class Cupy:
         class cuda:

@@ -19,6 +19,7 @@ from flambeau._inductor import autotune, codegen_triton, config, mm_template, tr
 from flambeau._inductor.compile_fx import _size_names
 from flambeau._inductor.graph import GraphLowering
 from flambeau._inductor.scheduler import Kernel, schedule
+from bench.fake_cuda_loader import Event, Stream
 
 _cpp_builder.cache_dir = tempfile.mkdtemp(prefix="flambeau-autotune-sm90-")
 config.compile_threads = 2
@@ -40,21 +41,6 @@ class Module:
     def get_function(self, name):
         assert name.encode() in self.cubin, name           # the entry point is the cubin's own symbol
         return Function()
-
-
-class Stream:
-    ptr = 0
-
-    def is_capturing(self):
-        return False
-
-
-class Event:
-    def record(self, stream=None):
-        pass
-
-    def synchronize(self):
-        pass
 
 
 def elapsed(a, b):
