@@ -116,6 +116,18 @@ def python_calls(fn) -> int:
     return n[0]
 
 
+def run_interpreted_script(name: str, timeout: int = 900) -> str:
+    """Run tests/scripts/<name> in a fresh Python under Triton's interpreter (TRITON_INTERPRET=1: flambeau's
+    Triton kernels on CPU tensors), assert that it exited 0 and return what it printed."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(root, "tests", "scripts", name)], capture_output=True,
+                       text=True, env=env, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
+
+
 def run_sm90_compile_script(name: str) -> None:
     """Run tests/scripts/<name> in a fresh Python without Triton's interpreter (it compiles generated Triton
     kernels for sm_90 with `triton.compile`, no GPU needed) and assert it ended with OK."""

@@ -8,9 +8,6 @@ tests/test_norm_fused.py), and the derivative skipping the statistics' term. On 
 `cuda`): forward, running statistics and backward through flambeau's ops against PyTorch on cuda,
 float32 and bfloat16, with the kernels spied on."""
 import importlib.util
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,18 +15,14 @@ import torch
 
 import flambeau
 from flambeau._ops import norm_loss
+from tests.conftest import run_interpreted_script
 from tests.test_norm_fused import _spy
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 @pytest.mark.parametrize("script", ["triton_batch_norm_interp.py", "triton_sum_interp.py"])
 def test_kernels_under_the_interpreter(script):
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", script)], capture_output=True,
-                       text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_interpreted_script(script)
 
 
 def test_dropout_of_zero_is_the_input_itself():

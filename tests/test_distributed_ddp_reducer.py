@@ -9,16 +9,13 @@ the same operators as the model trained without DDP).
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 import types
 
 import numpy as np
 import pytest
 
 import flambeau
-from tests.conftest import python_calls
+from tests.conftest import python_calls, run_interpreted_script
 import flambeau.distributed as dist
 from flambeau.nn.parallel import distributed as ddp_module
 from flambeau.utils._python_dispatch import TorchDispatchMode
@@ -172,13 +169,7 @@ def test_batched_copies_one_call_per_bucket_in_and_one_back(world1, monkeypatch,
 def test_copy_many_kernel_under_the_interpreter():
     """The batched copy kernel (`_backends/triton_copy_many.py`) under Triton's interpreter: float32,
     bfloat16, int64 and uint8 tensors over several chunks, each copied exactly and nothing around it written."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    scripts = os.path.join(root, "tests", "scripts")
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([root, scripts, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, os.path.join(scripts, "triton_copy_many_interp.py")],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_interpreted_script("triton_copy_many_interp.py")
 
 
 def test_reducer_issues_no_operators_of_its_own(world1):

@@ -8,24 +8,17 @@ output and gradient against the float64 product with the mask they drew, the kep
 layout kept, and `manual_seed` replaying the mask."""
 import importlib.util
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import flambeau
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import run_interpreted_script
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_dropout_kernels_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", "triton_dropout_interp.py")],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_interpreted_script("triton_dropout_interp.py")
 
 
 def _spy(monkeypatch):

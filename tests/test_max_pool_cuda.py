@@ -13,9 +13,6 @@ indices and gradients through flambeau's ops against PyTorch on cuda with the ke
 kernel count of one forward and one backward (PyTorch's profiler), and a compiled function running
 them as its externs."""
 import importlib.util
-import os
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -23,18 +20,14 @@ import pytest
 import torch
 
 import flambeau
+from tests.conftest import run_interpreted_script
 from tests.test_norm_fused import _spy
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_kernels_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", "triton_max_pool_interp.py")],
-                       capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert r.stdout.count(" ok") == 18, r.stdout
+    out = run_interpreted_script("triton_max_pool_interp.py")
+    assert out.count(" ok") == 18, out
 
 
 def test_backward_op_batches_by_its_rule_as_torch_func():

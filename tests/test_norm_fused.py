@@ -5,29 +5,22 @@ On the CPU: the kernels under Triton's interpreter against float64 PyTorch (test
 triton_norm_interp.py, triton_pointwise_interp.py, triton_cross_entropy_interp.py). On the GPU (marked `cuda`): forward and backward
 through flambeau's ops against PyTorch on cuda, float32 and bfloat16, with the kernels spied on."""
 import importlib.util
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 import flambeau
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import run_interpreted_script
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 @pytest.mark.parametrize("script", ["triton_norm_interp.py", "triton_pointwise_interp.py",
                                     "triton_cross_entropy_interp.py"])
 def test_kernels_under_the_interpreter(script):
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", script)], capture_output=True,
-                       text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = run_interpreted_script(script)
     if script == "triton_cross_entropy_interp.py":      # every case ran: kernels, wrappers, through flambeau
-        assert r.stdout.count(" ok") == 25, r.stdout
+        assert out.count(" ok") == 25, out
 
 
 TOL = {"float32": dict(rtol=1e-4, atol=1e-5), "bfloat16": dict(rtol=2e-2, atol=2e-2)}

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import flambeau
+from tests.conftest import run_interpreted_script
 
 SHAPES = ((70001,), (3, 5), (768,), (300, 301), (1,), (65536,))
 STEPS = 4
@@ -23,11 +24,7 @@ STEPS = 4
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_kernel_under_the_interpreter():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, os.path.join(root, "tests", "scripts", "triton_adam_interp.py")],
-                       capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_interpreted_script("triton_adam_interp.py")
 
 
 @pytest.mark.parametrize("kw", [dict(foreach=True), dict(differentiable=True)])

@@ -18,6 +18,7 @@ import flambeau
 import flambeau.backends.cuda as C
 from flambeau._ops import attention as A
 from flambeau._ops import attention_fused as AF
+from tests.conftest import run_interpreted_script
 
 B = A.SDPBackend
 
@@ -181,11 +182,7 @@ def test_multihead_attention_without_weights_runs_sdpa(masks, monkeypatch):
 def test_triton_kernels_under_the_interpreter():
     """Forward and backward of the Triton kernels (causal, masks, odd lengths, grouped heads, dropout)
     against float64 PyTorch, run by Triton's interpreter on the CPU."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, os.path.join(root, "tests", "scripts", "triton_attention_interp.py")],
-                       capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_interpreted_script("triton_attention_interp.py")
 
 
 def test_transformer_encoder_layer_runs_sdpa(monkeypatch):
