@@ -29,27 +29,10 @@ def _fakes(TL, triton_runtime, mm_template):
     """CuPy as the runtime uses it on cuda, recorded: module loads, events (each timing a fixed 1 ms, so the
     first candidate wins), a stream that is not capturing; launches recorded by count; the extern product of
     a template does nothing (cuBLASLt is not here)."""
-    from bench.fake_cuda_loader import Event, Stream
+    from bench.fake_cuda_loader import Event, Stream, loader_cupy
     launches = [0]
-
-    class Function:
-        def __init__(self):
-            self.ptr = id(self)
-
-    class Module:
-        def load(self, cubin):
-            assert cubin
-
-        def get_function(self, name):
-            return Function()
-
-    class Cupy:
-        class cuda:
-            pass
-
-        class driver:
-            funcSetAttribute = staticmethod(lambda *a: None)
-    Cupy.cuda.Module, Cupy.cuda.Event, Cupy.cuda.driver = Module, Event, Cupy.driver
+    Cupy = loader_cupy()
+    Cupy.cuda.Event = Event
     Cupy.cuda.get_current_stream = staticmethod(lambda: Stream())
     Cupy.cuda.get_elapsed_time = staticmethod(lambda a, b: 1.0)
     Cupy.empty = staticmethod(lambda n, dtype: triton_runtime.RawPointer(1 << 20))     # scratch arrays
