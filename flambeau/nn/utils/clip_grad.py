@@ -75,14 +75,16 @@ def clip_grads_with_norm_(parameters, max_norm: float, total_norm, foreach=None)
         return
     if isinstance(total_norm, Tensor):
         txp = FE.xp_of(total_norm)
-        coef = txp.minimum(float(max_norm) / (total_norm._data.astype(np.float64) + 1e-6), 1.0)
-        coef = Tensor._make(txp.asarray(coef), total_norm.device)
+        coef = Tensor._make(txp.asarray(txp.minimum(float(max_norm) / (total_norm._data.astype(np.float64) + 1e-6),
+                                                    1.0)), total_norm.device)
     else:
-        coef = Tensor._make(np.asarray(min(float(max_norm) / (float(total_norm) + 1e-6), 1.0)), tensor(0.0).device)
+        coef = min(float(max_norm) / (float(total_norm) + 1e-6), 1.0)          # a number: no device involved
     with _no_grad():
         for idx in FE.group_by_device_dtype(range(len(grads)), grads):
             gs = [grads[i] for i in idx]
-            c = (coef if coef.device == gs[0].device else coef.to(gs[0].device))._data.astype(gs[0]._data.dtype)
+            dt = gs[0]._data.dtype
+            c = dt.type(coef) if not isinstance(coef, Tensor) else \
+                (coef if coef.device == gs[0].device else coef.to(gs[0].device))._data.astype(dt)
             for g in gs:
                 g._data *= c
                 g._version[0] += 1
