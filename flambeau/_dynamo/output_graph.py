@@ -37,6 +37,7 @@ from .variables.base import VariableTracker
 from .variables.tensor import np_wrappers
 from .variables.torch import _set_grad_enabled, _enter_autocast, _exit_autocast, GradModeExitVariable
 from .repro.after_dynamo import call_backend
+from .backends.distributed import for_active_ddp
 from ..nn.parameter import UninitializedParameter
 from .repro.debug_utils import AccuracyError
 from .variables.containers import DictVariable, SetVariable, SliceVariable
@@ -559,7 +560,7 @@ class OutputGraph:
                 self.stats.graphs.append(gm)
             counters["stats"]["unique_graphs"] += 1
             try:
-                compiled = call_backend(self.backend, gm, example_inputs)     # FLAMBEAU_REPRO_AFTER=dynamo
+                compiled = call_backend(for_active_ddp(self.backend), gm, example_inputs)  # FLAMBEAU_REPRO_AFTER=dynamo
             except AccuracyError:           # the minifier's accuracy check (FLAMBEAU_REPRO_LEVEL=4)
                 raise
             except Exception as e:

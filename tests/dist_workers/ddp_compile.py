@@ -1,6 +1,8 @@
 """DDP under flambeau.compile on 2 ranks (the DDPOptimizer): a 4-layer MLP whose buckets hold one layer each
 is trained 3 steps compiled (aot_eager, graph split at bucket boundaries), compiled with
-`optimize_ddp=False` (one graph) and eagerly, from the same weights on the same data slices; subgraph
+`optimize_ddp=False` (one graph), with the model compiled inside DDP (`DDP(compile(model))`: split
+too, as PyTorch's dynamo splits a graph captured inside an active DDP forward; whole without
+optimize_ddp) and eagerly, from the same weights on the same data slices; subgraph
 counts, losses, final weights and the order of the last step's bucket all-reduces and the input's gradient
 to <out>/rank<R>.npz. A flambeau script (the compiler has no PyTorch twin here)."""
 import os
@@ -31,24 +33,25 @@ def batch(step):
     return torch.from_numpy(x[rank * BATCH:(rank + 1) * BATCH]), torch.from_numpy(y[rank * BATCH:(rank + 1) * BATCH])
 
 
-def train(tag, compiled, optimize_ddp=True):
+def train(tag, compiled, optimize_ddp=True, inner=False):
     torch.manual_seed(0)
     model = nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.Tanh())])
-    ddp = DDP(model, bucket_cap_mb=LAYER_BYTES / 2 ** 20)
+    graphs = []
+
+    def counting_aot_eager(gm, example_inputs):
+        graphs.append(gm)
+        return lookup_backend("aot_eager")(gm, example_inputs)
+    wrapped = torch.compile(model, backend=counting_aot_eager) if inner else model
+    ddp = DDP(wrapped, bucket_cap_mb=LAYER_BYTES / 2 ** 20)
     events = []
 
     def recording_allreduce(state, bucket):
         events.append("bucket")
         return default_hooks.allreduce_hook(state, bucket)
     ddp.register_comm_hook(None, recording_allreduce)
-    graphs = []
-
-    def counting_aot_eager(gm, example_inputs):
-        graphs.append(gm)
-        return lookup_backend("aot_eager")(gm, example_inputs)
     config.optimize_ddp = optimize_ddp
     try:
-        run = torch.compile(ddp, backend=counting_aot_eager) if compiled else ddp
+        run = torch.compile(ddp, backend=counting_aot_eager) if compiled and not inner else ddp
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         losses = []
         for step in range(STEPS):
@@ -75,5 +78,14 @@ def train(tag, compiled, optimize_ddp=True):
 train("eager", False)
 train("split", True)
 train("whole", True, optimize_ddp=False)
+train("inner", True, inner=True)
+train("inner_whole", True, optimize_ddp=False, inner=True)
+res["active_after_training"] = np.array(DDP._get_active_ddp_module() is None)
+failing = DDP(nn.Linear(WIDTH, 1))
+try:
+    failing(torch.zeros(2, WIDTH + 1))           # a shape error inside DDP's forward
+except RuntimeError:
+    pass
+res["active_after_an_error"] = np.array(DDP._get_active_ddp_module() is None)
 np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **res)
 dist.destroy_process_group()

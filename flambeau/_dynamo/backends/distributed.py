@@ -3,7 +3,8 @@
 A compiled graph is one autograd Function: its backward returns every parameter's gradient at the end,
 so DDP's buckets could only start their all-reduces after the whole backward, with nothing left to
 overlap. Like PyTorch's `torch._dynamo.backends.distributed.DDPOptimizer`, when `flambeau.compile` is
-given a `DistributedDataParallel` module (and `config.optimize_ddp` is on), its graph is cut into
+given a `DistributedDataParallel` module, or compiles a graph inside one's forward (`DDP(compile(model))`),
+and `config.optimize_ddp` is on, the graph is cut into
 subgraphs holding about one bucket of parameters each, walking the graph from its end as DDP fills
 buckets from the last parameters (the first bucket `first_bucket_bytes`, then `bucket_bytes_cap`).
 Each subgraph is compiled by the real backend, so each is its own autograd Function: the gradients of
@@ -38,6 +39,16 @@ def ddp_optimizer_for(model, backend: Callable) -> Callable:
     if config.optimize_ddp and isinstance(model, DistributedDataParallel):
         return DDPOptimizer(model.bucket_bytes_cap, backend, first_bucket_bytes=model.first_bucket_bytes_cap)
     return backend
+
+
+def for_active_ddp(backend: Callable) -> Callable:
+    """The backend a graph captured now compiles with: wrapped by a DDPOptimizer for the DDP module whose
+    forward is running (`DDP(compile(model))`: the wrapped module's graph is captured inside DDP's
+    forward), as PyTorch's dynamo wraps its backend for `DistributedDataParallel._get_active_ddp_module()`."""
+    ddp = DistributedDataParallel._get_active_ddp_module()
+    if ddp is None or not config.optimize_ddp or isinstance(backend, DDPOptimizer):
+        return backend
+    return ddp_optimizer_for(ddp, backend)
 
 
 class DDPOptimizer:

@@ -27,6 +27,7 @@ no used-map all-reduce, the unused ones marked ready as backward starts.
 from __future__ import annotations
 
 import contextlib
+import threading
 import operator
 
 from ... import _backends, _dtype, _state
@@ -550,19 +551,36 @@ class DistributedDataParallel(Module):
                     start += b.numel()
 
     def _pre_forward(self, sync: bool) -> None:
-        """PyTorch's `_pre_forward`: the reducer's one-time bucket rebuild and the buffer broadcast."""
+        """PyTorch's `_pre_forward`: the reducer's one-time bucket rebuild and the buffer broadcast; from
+        here to `_post_forward` this module is the thread's active DDP module (`_get_active_ddp_module`):
+        a graph the compiler captures meanwhile (the wrapped module compiled, `DDP(compile(model))`) is
+        split at this module's bucket boundaries, as PyTorch's dynamo does."""
+        _ACTIVE.module = self
         if sync:
             self.reducer.prepare_for_forward()
             self.reducer.rebuild_buckets()
         if _state.tls.grad_enabled and self.will_sync_module_buffers():
             self._sync_buffers()
 
+    def _post_forward(self, sync: bool, out) -> None:
+        _ACTIVE.module = None
+        if sync:
+            self.reducer.prepare_for_backward(_tensors_in(out) if self.reducer.needs_graph_walk() else [])
+
+    @staticmethod
+    def _get_active_ddp_module():
+        """The DDP module whose forward is running in this thread, or None (PyTorch's, read by the compiler)."""
+        return getattr(_ACTIVE, "module", None)
+
     def forward(self, *inputs, **kwargs):
         sync = _state.tls.grad_enabled and self.require_backward_grad_sync
         self._pre_forward(sync)
-        out = self.module(*inputs, **kwargs)
-        if sync:
-            self.reducer.prepare_for_backward(_tensors_in(out) if self.reducer.needs_graph_walk() else [])
+        try:
+            out = self.module(*inputs, **kwargs)
+        except BaseException:
+            _ACTIVE.module = None
+            raise
+        self._post_forward(sync, out)
         return out
 
     @contextlib.contextmanager
@@ -591,6 +609,8 @@ class DistributedDataParallel(Module):
 # as PyTorch's dynamo-disabled `_pre_forward`: the state they flip is not guarded on, and the frame resumed after
 # the call guards on no value of it (it returns None), so the compiled forward is not recompiled
 DistributedDataParallel._pre_forward._flambeau_dynamo_disable = True
+DistributedDataParallel._post_forward._flambeau_dynamo_disable = True
+_ACTIVE = threading.local()
 
 
 @contextlib.contextmanager
