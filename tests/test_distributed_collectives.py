@@ -70,6 +70,17 @@ def test_broadcast_and_uneven_all_gather(run, name):
             _close(ranks[r][f"all_gather/{name}/{src}"], make(src, f"ag/{name}", (src + 1,), name), name)
 
 
+def test_nccl_all_reduce_many_averages_each_array_in_place(run):
+    world, ranks, backend = run
+    if backend != "nccl":
+        pytest.skip("NCCL's grouped all-reduce (DDP's in-place average)")
+    for i, (shape, name) in enumerate((((3,), "float32"), ((1000,), "float32"), ((5, 7), "float64"),
+                                       ((2, 3), "float32"))):
+        want = reduce_ref([make(r, f"arm/{i}", shape, name) for r in range(world)], "SUM") / world
+        for r in range(world):
+            _close(ranks[r][f"all_reduce_many/{i}"], want, name)
+
+
 def test_async_work_handles_and_future(run):
     world, ranks, _ = run
     for i in range(3):

@@ -77,6 +77,18 @@ def test_ddp_training_equals_one_pytorch_process_on_the_whole_batch(ranks):
     _assert_ranks_trained_as(ranks, "", ref, losses)
 
 
+def test_gradients_averaged_in_their_own_memory_train_the_same(ranks):
+    """On an engine with a native average and grouped all-reduces (NCCL's traits) each bucket is one grouped
+    operation over the `.grad` arrays themselves: no copy in or back, and the same training."""
+    init = _prefixed(ranks[0], "init/")
+    ref = _mlp(init)
+    _assert_ranks_trained_as(ranks, "in_place/", ref, _train_on_the_whole_batch(ref))
+    for r in range(WORLD):
+        assert float(ranks[r]["in_place/groups_per_step"]) == int(ranks[r]["n_buckets"])
+        assert bool(ranks[r]["in_place/last_step_reduced_the_grads"])
+        assert int(ranks[r]["in_place/copies"]) == 0
+
+
 def test_gradient_as_bucket_view_trains_the_same_with_grads_in_the_buckets(ranks):
     ref = _mlp(_prefixed(ranks[0], "init/"))
     losses = _train_on_the_whole_batch(ref)

@@ -494,3 +494,24 @@ def test_cuda_buckets_on_a_host_engine_go_through_the_collective():
         bucket = types.SimpleNamespace(flat=flat, engine=None, buf=None, avg_n=0)
         ddp_module._bind_engine(bucket, types.SimpleNamespace(engine_for=lambda device_type: engine, size=lambda: 2))
         assert (bucket.buf is flat._data and bucket.engine is engine) == bound and bucket.avg_n == 0
+
+
+def test_in_place_buffers_are_the_gradients_unless_they_share_memory_or_differ_in_layout(world1):
+    """A bucket reduced in place (NCCL's grouped all-reduce) reduces the `.grad` arrays themselves when each is
+    laid out as its view and no two overlap; otherwise every gradient goes through its view (copied in now,
+    copied back once reduced): the same operations, on the same sizes, on every rank either way."""
+    model = ddp_module.DistributedDataParallel(flambeau.nn.Linear(4, 3))
+    (bucket,) = model.reducer.buckets
+
+    def in_bucket_order(weight_grad, bias_grad):
+        return [weight_grad if p.dim() == 2 else bias_grad for p in bucket.params]
+    grads = in_bucket_order(flambeau.arange(12.0).view(3, 4), flambeau.arange(3.0) + 20)
+    arrays = bucket.in_place_buffers(grads)
+    assert [a is g._data for a, g in zip(arrays, grads)] == [True, True] and not bucket.staged
+    base = flambeau.arange(12.0)
+    for grads in (in_bucket_order(base.view(3, 4), base[:3]),                       # the bias's inside the weight's
+                  in_bucket_order(flambeau.arange(12.0).view(4, 3).t(), flambeau.ones(3))):   # a transposed one
+        arrays = bucket.in_place_buffers(grads)
+        assert arrays is bucket.arrays and bucket.staged and bucket.reducing is grads
+        for view, g in zip(bucket.views, grads):
+            np.testing.assert_array_equal(view.numpy(), g.numpy())

@@ -272,14 +272,21 @@ class NCCLBackend:
 
     # ---- collectives ----------------------------------------------------------------------------
     def all_reduce(self, buf, op_name: str) -> DeviceRequest:
-        name = _dtype_name(buf)
-        op = nccl_op(op_name, name)
-        count, dtype = buf.size, _DTYPES.get(name)
-        if name in _COMPLEX_PARTS:
-            count, dtype = 2 * buf.size, _DTYPES[_COMPLEX_PARTS[name]]
+        count, dtype, op = _reduction(buf, op_name)
         comm, stream, req = self._start(buf)
         comm.allReduce(buf.data.ptr, buf.data.ptr, count, dtype, op, stream.ptr)
         return self._finish(req, stream)
+
+    def all_reduce_many(self, bufs: list, op_name: str) -> DeviceRequest:
+        """Each array of `bufs` (contiguous, one device) all-reduced in place, in one NCCL group: NCCL runs
+        the group's operations as one kernel launch. DDP's reducer reduces a bucket's gradients so, in
+        their own memory, where PyTorch's copies them into a flat buffer and back. One request for all."""
+        ops = [(b.data.ptr, *_reduction(b, op_name)) for b in bufs]
+
+        def reduce_each(comm, stream):
+            for ptr, count, dtype, op in ops:
+                comm.allReduce(ptr, ptr, count, dtype, op, stream)
+        return self._grouped_calls(reduce_each, *bufs)
 
     def broadcast(self, buf, root: int) -> DeviceRequest:
         count, dtype = _count_type(buf)
@@ -432,6 +439,15 @@ class NCCLBackend:
                 raise DistBackendError(f"NCCL: destroying the communicator failed: {e}") from None
             self.comm = None
         self._inflight = []
+
+
+def _reduction(buf, op_name: str) -> tuple:
+    """(element count, NCCL dtype, NCCL op) of an all-reduce of `buf` (a complex array as its float pairs)."""
+    name = _dtype_name(buf)
+    op = nccl_op(op_name, name)
+    if name in _COMPLEX_PARTS:
+        return 2 * buf.size, _DTYPES[_COMPLEX_PARTS[name]], op
+    return buf.size, _DTYPES.get(name), op
 
 
 def _units(arr) -> int:

@@ -56,6 +56,15 @@ for name in DTYPES:
     for r, o in enumerate(outs):
         save(f"all_gather/{name}/{r}", o)
 
+# NCCL's grouped in-place average (DDP's reducer on the gradients themselves): arrays of several sizes and dtypes
+if backend == "nccl":
+    many = [T(make(rank, f"arm/{i}", shape, name)) for i, (shape, name) in
+            enumerate((((3,), "float32"), ((1000,), "float32"), ((5, 7), "float64"), ((2, 3), "float32")))]
+    dist.group.WORLD.engine_for("cuda").all_reduce_many([t._data for t in many], "AVG").wait()
+    torch.cuda.synchronize()
+    for i, t in enumerate(many):
+        save(f"all_reduce_many/{i}", t)
+
 # async work handles: several in flight, completed out of order of starting
 ts = [T(make(rank, f"async/{i}", (1000,), "float32")) for i in range(3)]
 works = [dist.all_reduce(t, async_op=True) for t in ts]

@@ -27,8 +27,9 @@ no used-map all-reduce, the unused ones marked ready as backward starts.
 from __future__ import annotations
 
 import contextlib
-import threading
+import itertools
 import operator
+import threading
 
 from ... import _backends, _dtype, _state
 from ..._backends import multi_tensor
@@ -48,6 +49,7 @@ _ARRAY_NATIVE_KINDS = "biufc"     # NumPy dtype kinds whose copies CuPy and NumP
 CUDA_MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyKind (driver_types.h)
 _data_of, _grad_of, _version_of = (operator.attrgetter(a) for a in ("_data", "_grad", "_version"))
 _layout_of = operator.attrgetter("__class__", "dtype", "shape", "strides")
+_nbytes_of = operator.attrgetter("nbytes")
 
 
 class GradBucket:
@@ -122,6 +124,10 @@ class _Bucket:
         self.layouts = list(map(_layout_of, self.arrays))
         self.engine = self.buf = None        # set by `_Reducer`: the default all-reduce's engine and buffer
         self.avg_n = 0
+        self.in_place = False                # set by `_Reducer`: the default all-reduce may run on the gradients
+        self.reducing = None                 # the gradients being reduced in their own memory this step
+        self.staged = False                  # ... or through the views (copied in, to be copied back)
+        self.address_of = operator.attrgetter("data.ptr" if hasattr(self.arrays[0].data, "ptr") else "ctypes.data")
 
     def batch(self, grads: list) -> list | None:
         """The arrays of `grads` (one per parameter) when one `copier.copy_many` moves all of them: every
@@ -134,6 +140,25 @@ class _Bucket:
         except AttributeError:               # a parameter without a gradient (None has no _data)
             return None
         return arrays if list(map(_layout_of, arrays)) == self.layouts else None
+
+    def in_place_buffers(self, grads: list) -> list:
+        """What a grouped all-reduce of this bucket reduces in place, one array per parameter (the same
+        operations on every rank): the gradients' own memory when every one is laid out as its view and no
+        two share memory; else the views, every gradient copied in (`staged`: copied back once reduced).
+        No Python per gradient: maps over the list, a sort of the address spans."""
+        arrays = self.batch(grads)
+        if arrays is not None:
+            starts = list(map(self.address_of, arrays))
+            spans = list(itertools.chain.from_iterable(sorted(zip(starts, map(operator.add, starts,
+                                                                             map(_nbytes_of, arrays))))))
+            if all(map(operator.le, spans[1:-1:2], spans[2::2])):     # each span ends before the next starts
+                self.reducing, self.staged = grads, False
+                return arrays
+        for g, view in zip(grads, self.views):
+            if g is not None and g is not view:
+                _copy_into(view, g)
+        self.reducing, self.staged = grads, True
+        return self.arrays
 
 
 def _assign_buckets(params: list, order: list, cap_bytes: int, first_bytes: int) -> list:
@@ -240,6 +265,8 @@ class _Reducer:
         self.buckets = buckets
         for b in buckets:
             _bind_engine(b, self.group)
+            b.in_place = b.buf is not None and not b.avg_n and hasattr(b.engine, "all_reduce_many") and \
+                not self.as_view and not self.find_unused
         self.ordered_waits = _one_ordered_engine(buckets)
         self.slot_of = {id(p): (b, v) for b in buckets for p, v in zip(b.params, b.views)}
         self.bucket_of = [None] * len(self.params)       # parameter index -> its bucket
@@ -337,7 +364,14 @@ class _Reducer:
 
     def _launch(self, bucket: _Bucket) -> None:
         """Copy the bucket's gradients into its flat buffer and start its reduction: the default average on
-        the engine itself (`_bind_engine`), else the comm hook (or `dist.all_reduce`) on a GradBucket."""
+        the engine itself (`_bind_engine`), else the comm hook (or `dist.all_reduce`) on a GradBucket. On an
+        engine that reduces many arrays in one operation (NCCL's group: one kernel) the default average runs
+        on the gradients themselves, no copy in or back (`_Bucket.in_place_buffers`); not with
+        `find_unused_parameters` or a static graph, whose unused parameters reduce their views' zeros."""
+        if bucket.in_place and self.hook is _default_allreduce and not self.static_graph:
+            bucket.request = bucket.engine.all_reduce_many(bucket.in_place_buffers(list(map(_grad_of, bucket.params))),
+                                                           "AVG")
+            return
         self._copy_in(bucket)
         if bucket.buf is not None and self.hook is _default_allreduce:
             bucket.request = bucket.engine.all_reduce(bucket.buf, "SUM" if bucket.avg_n else "AVG")
@@ -399,6 +433,11 @@ class _Reducer:
             if b.avg_n:
                 _avg(b.buf, b.avg_n)
             b.flat._version[0] += 1
+            grads, b.reducing = b.reducing, None
+            if grads is not None and not b.staged:      # reduced in the gradients' own memory
+                for version in map(_version_of, grads):
+                    version[0] += 1
+                return
         else:
             value = b.future.wait()
             flat = value[0] if isinstance(value, (list, tuple)) else value
