@@ -131,7 +131,8 @@ def _parallelize(torch, model, args, cfg: dict, world_size: int, cuda: bool, loc
     if args.mode == "compiled" and not outer:
         model = torch.compile(model)
     if world_size > 1 and args.parallel == "ddp":
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None)
+        cap = {"bucket_cap_mb": args.bucket_cap_mb} if args.bucket_cap_mb else {}
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None, **cap)
     if args.mode == "compiled" and outer:           # the DDP module compiled: the DDPOptimizer's graph split
         model = torch.compile(model)
     return model
@@ -364,6 +365,7 @@ def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
         (["--profile", os.path.abspath(args.profile)] if args.profile else []) + \
         (["--trace", os.path.abspath(args.trace)] if args.trace else []) + \
         (["--layers", str(args.layers)] if args.layers else []) + (["--count-calls"] if args.count_calls else []) + \
+        (["--bucket-cap-mb", str(args.bucket_cap_mb)] if args.bucket_cap_mb else []) + \
         (["--checkpoint", os.path.join(args.checkpoint, system)] if args.checkpoint else [])
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NCCL_NVLS_ENABLE="0",
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
@@ -426,6 +428,8 @@ def main() -> None:
     p.add_argument("--trace", default="", help="every rank's device timeline (PyTorch's profiler) into DIR")
     p.add_argument("--layers", type=int, default=0, help="blocks of the GPT (default: 12, --small: 2)")
     p.add_argument("--count-calls", action="store_true", help="rank 0's Python-level calls per step")
+    p.add_argument("--bucket-cap-mb", type=float, default=0.0, help="DDP's bucket_cap_mb (default: DDP's 25); a small "
+                   "cap on the --small model splits a compiled DDP graph in several pieces, as GPT-2's 25 MiB does")
     p.add_argument("--checkpoint", default="", help="save after the N-process run, resume in 1 process (DIR)")
     p.add_argument("--budget-s", type=float, default=1e9, help="skip configurations once this much time is spent")
     p.add_argument("--timeout-s", type=float, default=600)

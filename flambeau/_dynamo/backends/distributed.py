@@ -73,12 +73,15 @@ class DDPOptimizer:
         self.subgraphs = len(compiled)
         log.debug("DDPOptimizer: graph split in %d subgraphs at bucket boundaries", len(compiled))
 
+        graph_inputs = pieces[0].graph_inputs
+        steps = [(fn, piece.inputs, piece.outputs) for piece, fn in zip(pieces, compiled)]
+        result = _output_node(gm).args[0]       # found once: each call only looks its values up
+
         def run_ddp_subgraphs(*args):
-            env = dict(zip(pieces[0].graph_inputs, args))
-            for piece, fn in zip(pieces, compiled):
-                out = fn(*[env[n] for n in piece.inputs])
-                env.update(zip(piece.outputs, out))
-            return _final_output(gm, env)
+            env = dict(zip(graph_inputs, args))
+            for fn, inputs, outputs in steps:
+                env.update(zip(outputs, fn(*map(env.__getitem__, inputs))))
+            return map_arg(result, env.__getitem__)
         return run_ddp_subgraphs
 
     def _whole(self, gm, example_inputs, reason: str) -> Callable:
@@ -127,7 +130,7 @@ def _split(gm: GraphModule, parts: dict) -> list:
     partitions it uses, outputs the values later partitions or the graph's output use."""
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
-    out_node = next(n for n in nodes if n.op == "output")
+    out_node = _output_node(gm)
     count = max(parts.values()) + 1
     pieces = []
     for k in range(count):
@@ -169,7 +172,6 @@ def _detached(value):
     return value
 
 
-def _final_output(gm: GraphModule, env: dict):
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    return map_arg(out_node.args[0], lambda n: env[n])
+def _output_node(gm: GraphModule):
+    return next(n for n in reversed(gm.graph.nodes) if n.op == "output")
 
