@@ -282,3 +282,19 @@ def test_a_closed_tcp_store_server_leaves_no_garbage():
         gc.set_debug(0)
         gc.garbage.clear()
     assert loops == []
+
+
+def test_closing_the_server_with_a_client_connected_prints_nothing():
+    """A master store that goes away while another store is still connected (a rank's client at exit) ends
+    the client's connection quietly: Python 3.11's stream callback used to report the cancelled connection
+    task as "Exception in callback ... CancelledError" on stderr."""
+    import subprocess
+    import sys
+    code = ("import flambeau.distributed as dist\n"
+            "m = dist.TCPStore('127.0.0.1', 0, 2, True, wait_for_workers=False)\n"
+            "c = dist.TCPStore('127.0.0.1', m.port, 2, False)\n"
+            "c.set('k', b'v'); assert m.get('k') == b'v'\n"
+            "m._server.close(); print('closed')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "closed", p.stderr
+    assert "Traceback" not in p.stderr and "Exception in callback" not in p.stderr, p.stderr

@@ -92,6 +92,9 @@ class StoreServer:
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
+        except asyncio.CancelledError:      # the server closing (`_close_loop`): end as a finished task, since
+            writer.close()                  # Python 3.11's stream callback calls `task.exception()`, which raises
+                                            # for a cancelled task and printed "Exception in callback" at exit
 
     async def _answer(self, op: str, args: list) -> bytes:
         if op == "wait":
