@@ -20,9 +20,25 @@ class _ThreadCompileState(threading.local):
     def __init__(self) -> None:
         self.tracing = 0              # > 0 while a frame is being translated (nested compiled calls run eagerly)
         self.disabled = 0             # > 0 inside a disabled function (compiled calls run eagerly)
+        self.eager_frames: list = []  # compile_callee of each compiled frame running eagerly (skipped): the
+                                      # nn.Module calls it makes are compiled as their own frames
 
 
 thread = _ThreadCompileState()
+eager_frames_running = [0]      # all threads' eager_frames together: Module.__call__ reads this (a list item, cheaper
+_eager_count_lock = threading.Lock()   # than the thread-local) and the thread's own list only when it is not 0
+
+
+def enter_eager_frame(nested_call) -> None:
+    thread.eager_frames.append(nested_call)
+    with _eager_count_lock:
+        eager_frames_running[0] += 1
+
+
+def exit_eager_frame() -> None:
+    thread.eager_frames.pop()
+    with _eager_count_lock:
+        eager_frames_running[0] -= 1
 
 
 def is_compiling() -> bool:

@@ -532,3 +532,53 @@ def test_skipped_frame_is_reported():
     assert "skipped frame f" in reason.reason and "item()" in reason.reason
     assert reason.user_stack[-1][2] == "f"
     assert fl._dynamo.utils.counters["frames"]["skipped"] == skipped + 1
+
+
+def test_a_skipped_frame_compiles_the_modules_it_calls():
+    """A frame that runs eagerly (a graph break inside its loop) still has the modules it calls compiled as
+    their own frames, as PyTorch's frame hook compiles every nested frame: each block's forward is a graph
+    (relu, mul, add: both blocks share it); a block whose forward is `disable`d stays eager (no graph with its sin). Outputs and
+    gradients equal eager's; the frame is counted as skipped."""
+    from flambeau._counters import counters
+
+    class Blk(fl.nn.Module):
+        def forward(self, x):
+            return x.relu() * 2 + 1
+
+    class Off(fl.nn.Module):
+        @fl._dynamo.disable
+        def forward(self, x):
+            return x.sin()
+
+    note = fl._dynamo.disable(lambda: None)
+
+    class Net(fl.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = fl.nn.ModuleList([Blk(), Blk(), Off()])
+
+        def forward(self, x):
+            for b in self.blocks:
+                note()                  # a graph break inside the loop: this frame runs eagerly
+                x = b(x)
+            return x
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(sorted(str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")))
+        return gm.forward
+
+    fl._dynamo.reset()
+    counters.clear()
+    net, x = Net(), fl.randn(3, 4, requires_grad=True)
+    out = fl.compile(net, backend=backend)(x)
+    out.sum().backward()
+    ref_x = x.detach().clone().requires_grad_(True)
+    ref = net(ref_x)
+    ref.sum().backward()
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), ref_x.grad.numpy(), rtol=1e-6)
+    assert counters["frames"]["skipped"] >= 1
+    assert graphs and all(any("relu" in t for t in g) and any("mul" in t for t in g) for g in graphs), graphs
+    assert not any("sin" in t for g in graphs for t in g), graphs

@@ -16,6 +16,7 @@ parameters), reads and writes attributes through to it, has the original's `stat
 from __future__ import annotations
 
 import functools
+import itertools
 import types
 import weakref
 from inspect import CO_VARARGS, CO_VARKEYWORDS
@@ -24,7 +25,7 @@ from typing import Callable
 
 from ..nn.modules.module import Module
 from . import config, _logging, resume
-from .._compile_lock import compile_lock, gc_paused
+from .._compile_lock import compile_lock, enter_eager_frame, exit_eager_frame, gc_paused
 from .._counters import counters, record_fallback
 from .backends.distributed import ddp_optimizer_for
 from .backends.registry import lookup_backend
@@ -33,6 +34,7 @@ from .convert_frame import convert_frame, CompileStats
 from .compiled_state import CompiledWrapper, is_compiling, thread as _thread  # noqa: F401  (is_compiling: flambeau._dynamo's)
 from .repro.debug_utils import AccuracyError, check_config
 from .variables.tensor import tensor_method_name
+from .utils import is_disabled
 
 _caches: dict = {}            # (code, backend key) -> CodeCache
 WHOLE_FRAME = "whole frame"   # the op of a fallback that runs a frame eagerly (suppress_errors, cache_size_limit)
@@ -140,7 +142,7 @@ class CompiledFunction(CompiledWrapper):
         cache = _caches.get(self.key)
         if cache is not None:
             if cache.skip:
-                return self.fn(*args, **kwargs)
+                return self._eagerly(args, kwargs)
             fn = self.fn
             for e in cache.entries:
                 if e.guard(fn, *L):
@@ -156,8 +158,27 @@ class CompiledFunction(CompiledWrapper):
             if entry is None:
                 entry = self._compile(L)
         if entry is None:
-            return self.fn(*args, **kwargs)
+            return self._eagerly(args, kwargs)
         return entry.entry(self.fn, *L)
+
+    def _eagerly(self, args, kwargs):
+        """The frame run eagerly (skipped, or past its cache size limit); the nn.Module calls it makes are
+        compiled as their own frames with this frame's backend (`Module.__call__` asks `_nested_module_call`):
+        PyTorch's frame hook compiles every nested frame of a skipped one, so a model whose loop over its
+        blocks breaks the graph (an FSDP2 block's hooks) still has each block compiled."""
+        enter_eager_frame(self._nested_module_call)
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            exit_eager_frame()
+
+    def _nested_module_call(self, module):
+        """The compiled call of `module` made inside this frame's eager run, or None to call it eagerly: a
+        module whose forward is `disable`d, or a compiled wrapper already."""
+        fwd = getattr(type(module), "forward", None)
+        if fwd is None or is_disabled(fwd) or is_disabled(getattr(module, "forward", None)):
+            return None
+        return self._compile_callee(module)
 
     def _entry_after_waiting(self, L):
         cache = _caches.get(self.key)
@@ -314,8 +335,19 @@ class _ModuleCall(CompiledWrapper):
     def __call__(self, *args, **kwargs):
         m = self.module
         if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+            if not (m._backward_hooks or m._backward_pre_hooks) and all(
+                    map(is_disabled, itertools.chain(m._forward_pre_hooks.values(), m._forward_hooks.values()))):
+                return self._around_eager_hooks(args, kwargs)
             return self.call_impl(*args, **kwargs)
         return self.forward(*args, **kwargs)
+
+    def _around_eager_hooks(self, args, kwargs):
+        """Forward hooks that are all `disable`d (FSDP2's, as PyTorch's `skip_fsdp_hooks`) run eagerly around
+        the compiled forward: capturing `_call_impl` would break the graph at each of them, in loops."""
+        m = self.module
+        if m._forward_pre_hooks:
+            args, kwargs = m._run_pre_hooks(args, kwargs)
+        return m._run_forward_hooks(args, kwargs, self.forward(*args, **kwargs))
 
 
 def wrap_inline(fn):

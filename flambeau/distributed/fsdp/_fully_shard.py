@@ -646,6 +646,9 @@ def _register_pre_backward(g: _ParamGroup, output) -> None:
             t.register_hook(unshard_before_backward)
 
 
+# run eagerly under flambeau.compile, around the compiled forward (PyTorch's `skip_fsdp_hooks`): the unshard,
+# reshard and backward registration are host decisions and collectives, not graph operations
+_pre_forward._flambeau_dynamo_disable = _post_forward._flambeau_dynamo_disable = True
 _FSDP_CLASSES: dict = {}
 FSDP_SHARDED_ATTR = "_fsdp_sharded"     # set on the sharded parameters a fully_shard call made
 

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from typing import Callable
 
 from ..._tensor import Tensor, _no_grad
+from ..._compile_lock import thread as _compile_thread, eager_frames_running as _eager_frames_running
 from ... import _dtype as D, _state
 from ..parameter import Parameter, Buffer
 from ._module_utils import RemovableHandle, _IncompatibleKeys, _typename, _addindent, _parse_to
@@ -708,7 +709,12 @@ class Module:
         full_bw = (self._backward_hooks and self._is_full_backward_hook) or self._backward_pre_hooks
         if full_bw and _grad_enabled():
             args, wrap_outputs = self._wrap_backward_hooks(args)
-        result = self.forward(*args, **kwargs)
+        result = self._run_forward_hooks(args, kwargs, self.forward(*args, **kwargs))
+        if wrap_outputs is not None:
+            result = wrap_outputs(result)
+        return result
+
+    def _run_forward_hooks(self, args, kwargs, result):
         for hid, hook in list(self._forward_hooks.items()):
             if hid in self._forward_hooks_with_kwargs:
                 res = hook(self, args, kwargs, result)
@@ -716,16 +722,19 @@ class Module:
                 res = hook(self, args, result)
             if res is not None:
                 result = res
-        if wrap_outputs is not None:
-            result = wrap_outputs(result)
         return result
 
     def _wrapped_call_impl(self, *args, **kwargs):
         if not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
-                or self._backward_pre_hooks or self._compiled_call_impl):
+                or self._backward_pre_hooks or self._compiled_call_impl or _eager_frames_running[0]):
             return self.forward(*args, **kwargs)
         if self._compiled_call_impl is not None:
             return self._compiled_call_impl(*args, **kwargs)
+        frames = _compile_thread.eager_frames if _eager_frames_running[0] else None
+        if frames and not (_compile_thread.tracing or _compile_thread.disabled):
+            compiled = frames[-1](self)      # a compiled frame runs eagerly (skipped): its module calls compile
+            if compiled is not None:         # as their own frames, as PyTorch's frame hook sees every frame
+                return compiled(*args, **kwargs)
         return self._call_impl(*args, **kwargs)
 
     __call__ = _wrapped_call_impl
