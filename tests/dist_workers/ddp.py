@@ -14,6 +14,9 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from training import step_and_mean_loss  # noqa: E402
+
 out_dir = sys.argv[1]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -39,12 +42,7 @@ def train(ddp, steps: int = 4) -> list:
     for step in range(steps):
         x, y = batch(step, BATCH * world)
         loss = ((ddp(x[rank * BATCH:(rank + 1) * BATCH]) - y[rank * BATCH:(rank + 1) * BATCH]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean, op=dist.ReduceOp.AVG)
-        losses.append(mean.item())
+        losses.append(step_and_mean_loss(loss, opt, dist))
     return losses
 
 
@@ -69,12 +67,7 @@ losses = []
 for step in range(4):
     x, y = batch(step, BATCH * world)
     loss = ((ddp(x[rank * BATCH:(rank + 1) * BATCH]) - y[rank * BATCH:(rank + 1) * BATCH]) ** 2).mean()
-    opt.zero_grad(set_to_none=step % 2 == 0)
-    loss.backward()
-    opt.step()
-    mean = loss.detach().clone()
-    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
-    losses.append(mean.item())
+    losses.append(step_and_mean_loss(loss, opt, dist, set_to_none=step % 2 == 0))
 res["as_view/losses"] = np.array(losses)
 grads_are_views = []
 for b in ddp.reducer.buckets:

@@ -18,6 +18,9 @@ from flambeau._dynamo.backends.registry import lookup_backend
 from flambeau.distributed.algorithms.ddp_comm_hooks import default_hooks
 from flambeau.nn.parallel import DistributedDataParallel as DDP
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from training import step_and_mean_loss  # noqa: E402
+
 out_dir = sys.argv[1]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -60,12 +63,7 @@ def train(tag, compiled, optimize_ddp=True, inner=False):
             x.register_hook(lambda g: events.append("input_grad"))
             events.clear()
             loss = ((run(x) - y) ** 2).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total = loss.detach().clone()
-            dist.all_reduce(total, op=dist.ReduceOp.AVG)
-            losses.append(total.item())
+            losses.append(step_and_mean_loss(loss, opt, dist))
     finally:
         config.optimize_ddp = True
     res[f"{tag}/graphs"] = np.array(len(graphs))

@@ -14,6 +14,7 @@ from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tp_models import B, STEPS, TIED_GPT, build_model, fsdp_batch, tied_batch  # noqa: E402
+from training import step_and_mean_loss  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 out_dir = sys.argv[1]
@@ -134,13 +135,7 @@ def tied():
     losses = []
     for step in range(STEPS):
         idx, tgt = (torch.from_numpy(a[rank * B:(rank + 1) * B]) for a in tied_batch(step, world))
-        loss = model(idx, tgt)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        total = loss.detach().clone()
-        dist.all_reduce(total, op=dist.ReduceOp.AVG)
-        losses.append(total.item())
+        losses.append(step_and_mean_loss(model(idx, tgt), opt, dist))
     res["tied/losses"] = np.array(losses)
 
 

@@ -15,6 +15,9 @@ from flambeau._counters import counters
 from flambeau._dynamo.backends.registry import lookup_backend
 from flambeau.distributed.fsdp import fully_shard
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from training import step_and_mean_loss  # noqa: E402
+
 out_dir = sys.argv[1]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -62,12 +65,7 @@ def train(tag, compiled):
         x = g.standard_normal((BATCH * world, WIDTH)).astype(np.float32)[rank * BATCH:(rank + 1) * BATCH]
         y = g.standard_normal((BATCH * world, 2)).astype(np.float32)[rank * BATCH:(rank + 1) * BATCH]
         loss = ((run(torch.from_numpy(x)) - torch.from_numpy(y)) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        total = loss.detach().clone()
-        dist.all_reduce(total, op=dist.ReduceOp.AVG)
-        losses.append(total.item())
+        losses.append(step_and_mean_loss(loss, opt, dist))
     res[f"{tag}/losses"] = np.array(losses)
     res[f"{tag}/graph_ops"] = np.array(graphs, dtype=np.int64)
     res[f"{tag}/breaks"] = np.array(sorted(counters["graph_break"]) or [""])
