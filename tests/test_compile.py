@@ -582,3 +582,35 @@ def test_a_skipped_frame_compiles_the_modules_it_calls():
     assert counters["frames"]["skipped"] >= 1
     assert graphs and all(any("relu" in t for t in g) and any("mul" in t for t in g) for g in graphs), graphs
     assert not any("sin" in t for g in graphs for t in g), graphs
+
+
+def test_a_compiled_module_called_in_a_skipped_frame_keeps_its_own_backend():
+    """A module compiled on its own (`compile(block, backend=b)`), called inside a frame that runs eagerly,
+    compiles with its own backend, not with the skipped frame's."""
+    seen = {"outer": 0, "inner": 0}
+
+    def counting(name):
+        def backend(gm, example_inputs):
+            seen[name] += 1
+            return gm.forward
+        return backend
+
+    inner = fl.compile(fl.nn.Linear(4, 4), backend=counting("inner"))
+    note = fl._dynamo.disable(lambda: None)
+
+    class Net(fl.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = fl.nn.ModuleList([inner])
+
+        def forward(self, x):
+            for b in self.blocks:
+                note()
+                x = b(x)
+            return x
+
+    fl._dynamo.reset()
+    x = fl.randn(2, 4)
+    out = fl.compile(Net(), backend=counting("outer"))(x)
+    np.testing.assert_allclose(out.detach().numpy(), inner._orig_mod(x).detach().numpy(), rtol=1e-6)
+    assert seen == {"outer": 0, "inner": 1}, seen

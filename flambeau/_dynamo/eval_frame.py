@@ -173,10 +173,9 @@ class CompiledFunction(CompiledWrapper):
             exit_eager_frame()
 
     def _nested_module_call(self, module):
-        """The compiled call of `module` made inside this frame's eager run, or None to call it eagerly: a
-        module whose forward is `disable`d, or a compiled wrapper already."""
-        fwd = getattr(type(module), "forward", None)
-        if fwd is None or is_disabled(fwd) or is_disabled(getattr(module, "forward", None)):
+        """The compiled call of `module` made inside this frame's eager run, or None to call it as it is: a
+        module whose forward is `disable`d, or one compiled already (its own backend and settings)."""
+        if isinstance(module, OptimizedModule) or is_disabled(getattr(module, "forward", None)):
             return None
         return self._compile_callee(module)
 
