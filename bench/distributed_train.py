@@ -3,7 +3,8 @@
     python bench/distributed_train.py [--device cuda] [--nproc 2] [--systems flambeau,torch]
                                       [--modes eager,compiled] [--steps 10] [--warmup 3] [--small]
                                       [--parallel ddp|fsdp2|tp] [--checkpoint DIR] [--profile DIR]
-                                      [--trace DIR] [--layers N] [--count-calls]
+                                      [--trace DIR] [--layers N] [--count-calls] [--bucket-cap-mb MB]
+                                      [--repeat N]
 
 Each configuration is a launch of this file as a worker: under `python -m flambeau.distributed.run`
 (`import torch` is flambeau there) or `python -m torch.distributed.run` (PyTorch), one process per GPU
@@ -50,6 +51,10 @@ collectives back), its main thread's CPU time and its voluntary/involuntary cont
 other thread or process took its core); `BENCH_PIN_CPUS="0-3;16-19"` keeps rank i to the i-th CPU list. Its process CPU time per step (cpu_ms_per_rank: what a loaded machine's waits for a core
 do not inflate; MPI's busy waits count, gloo's blocking waits do not), with the garbage collector's time per step and its full collections in the timed steps
 (gc_ms_per_rank, gc_full_per_rank).
+`--repeat N`: N rounds of every configuration and system, interleaved; each round's summaries carry
+`even_hosts` (every process of that mode, both systems, within EVEN_HOSTS of the fastest's calibration: the
+GPU machines' Python speed moves 2x between processes), then the medians over all rounds and over the even
+ones (`across_rounds`).
 `--count-calls`: after the timed steps rank 0 runs PROFILE_STEPS more counting the Python-level calls (functions
 and builtins, `sys.setprofile`) and reports calls_per_step: the ddp/fsdp2 count less single's is what the wrapper
 adds a step. `--layers N` sets the block count (`--small --layers 12`: GPT-2's 148 parameters at width 64, the
@@ -63,6 +68,7 @@ import gc
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -431,6 +437,9 @@ def main() -> None:
     p.add_argument("--bucket-cap-mb", type=float, default=0.0, help="DDP's bucket_cap_mb (default: DDP's 25); a small "
                    "cap on the --small model splits a compiled DDP graph in several pieces, as GPT-2's 25 MiB does")
     p.add_argument("--checkpoint", default="", help="save after the N-process run, resume in 1 process (DIR)")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of every configuration and system, interleaved; "
+                   "each round's summaries say whether its hosts ran at one speed (even_hosts), and the medians "
+                   "over the rounds follow")
     p.add_argument("--budget-s", type=float, default=1e9, help="skip configurations once this much time is spent")
     p.add_argument("--timeout-s", type=float, default=600)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -444,19 +453,57 @@ def main() -> None:
         return
     systems, modes = args.systems.split(","), args.modes.split(",")
     configs = ["ddp", "resume"] if args.checkpoint else args.configs.split(",")
-    start, results = time.monotonic(), []
-    for mode in modes:
-        for config in configs:
-            for system in systems:
-                left = args.budget_s - (time.monotonic() - start)
-                if left <= 0:
-                    r = {"system": system, "mode": mode, "config": config, "error": "skipped: time budget spent"}
-                else:
-                    r = _launch(system, mode, config, args, min(args.timeout_s, left))
-                results.append(r)
-                print(json.dumps(r), flush=True)
-    for row in _summaries(results, systems, modes, args.parallel):
-        print(json.dumps(row), flush=True)
+    start, summaries = time.monotonic(), []
+    for rnd in range(args.repeat):
+        results = []
+        for mode in modes:
+            for config in configs:
+                for system in systems:
+                    left = args.budget_s - (time.monotonic() - start)
+                    if left <= 0:
+                        r = {"system": system, "mode": mode, "config": config, "error": "skipped: time budget spent"}
+                    else:
+                        r = _launch(system, mode, config, args, min(args.timeout_s, left))
+                    r["round"] = rnd
+                    results.append(r)
+                    print(json.dumps(r), flush=True)
+        for row in _summaries(results, systems, modes, args.parallel):
+            row["round"], row["even_hosts"] = rnd, _even_hosts(results, row.get("mode"))
+            summaries.append(row)
+            print(json.dumps(row), flush=True)
+    if args.repeat > 1:
+        for row in across_rounds(summaries):
+            print(json.dumps(row), flush=True)
+
+
+EVEN_HOSTS = 1.25       # a round's hosts are even when its slowest rank's calibration is within this of its fastest's
+
+
+def _even_hosts(results: list, mode: str | None) -> bool:
+    """Whether every process of the round's `mode` runs (both systems, every rank) had about one Python speed
+    (`host_calibration_ms_per_rank` within EVEN_HOSTS): only such rounds compare the systems' host-bound steps."""
+    cal = [c for r in results if r.get("mode") == mode for c in r.get("host_calibration_ms_per_rank") or ()]
+    return bool(cal) and max(cal) <= EVEN_HOSTS * min(cal)
+
+
+def across_rounds(summaries: list) -> list:
+    """Per (summary, system, mode): the median of each round's ratio or scaling efficiency, over all rounds
+    and over the rounds with even hosts (None when there were none), and the rounds' values."""
+    keys = ("ratio", "scaling_efficiency", "speedup_over_one_process")
+    groups: dict = {}
+    for row in summaries:
+        for k in keys:
+            if row.get(k) is not None:
+                groups.setdefault((row["summary"], row.get("system"), row.get("mode"), k), []).append(
+                    (row[k], row.get("even_hosts", False)))
+    out = []
+    for (summary, system, mode, k), vals in groups.items():
+        every = [v for v, _ in vals]
+        even = [v for v, e in vals if e]
+        out.append({"summary": f"{summary}-across-rounds", "system": system, "mode": mode, "value": k,
+                    "median": statistics.median(every), "median_even_hosts": statistics.median(even) if even else None,
+                    "rounds": every, "even_rounds": len(even)})
+    return out
 
 
 if __name__ == "__main__":

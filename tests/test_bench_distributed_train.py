@@ -1,0 +1,31 @@
+"""bench/distributed_train.py's rounds (`--repeat`) against known answers: a round's hosts are even only
+when every process's calibration is within EVEN_HOSTS of the fastest's, and the medians over the rounds
+take each round's value once, the even rounds' apart."""
+from __future__ import annotations
+
+from bench import distributed_train as D
+
+
+def _run(system, mode, cal):
+    return {"system": system, "mode": mode, "config": "ddp", "host_calibration_ms_per_rank": cal}
+
+
+def test_even_hosts_compares_every_process_of_the_mode():
+    rows = [_run("flambeau", "eager", [90, 95]), _run("torch", "eager", [100, 92]), _run("torch", "compiled", [200])]
+    assert D._even_hosts(rows, "eager")                 # 100 <= 1.25 * 90; the compiled run's 200 is another mode
+    rows.append(_run("flambeau", "eager", [120]))       # 120 > 1.25 * 90
+    assert not D._even_hosts(rows, "eager")
+    assert not D._even_hosts(rows, "nothing")
+
+
+def test_across_rounds_medians_over_all_and_even_rounds():
+    summaries = [{"summary": "flambeau-vs-torch", "mode": "eager", "ratio": r, "round": i, "even_hosts": e}
+                 for i, (r, e) in enumerate([(1.6, False), (1.0, True), (1.4, False), (1.04, True)])]
+    summaries.append({"summary": "ddp-vs-one-process", "system": "flambeau", "mode": "eager", "round": 0,
+                      "even_hosts": False, "scaling_efficiency": 0.8})
+    rows = {(r["summary"], r["value"]): r for r in D.across_rounds(summaries)}
+    ratio = rows[("flambeau-vs-torch-across-rounds", "ratio")]
+    assert ratio["rounds"] == [1.6, 1.0, 1.4, 1.04] and ratio["even_rounds"] == 2
+    assert abs(ratio["median"] - 1.22) < 1e-12 and abs(ratio["median_even_hosts"] - 1.02) < 1e-12
+    scaling = rows[("ddp-vs-one-process-across-rounds", "scaling_efficiency")]
+    assert scaling["median"] == 0.8 and scaling["median_even_hosts"] is None
