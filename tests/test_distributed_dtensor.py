@@ -173,3 +173,41 @@ def test_cast_backward_of_a_dtensor_stays_a_dtensor_on_its_local_device():
         np.testing.assert_array_equal(d.grad.full_tensor().numpy(), ref.grad.numpy())
     finally:
         dist.destroy_process_group()
+
+
+def test_sharding_decisions_are_kept_per_signature(monkeypatch):
+    """A DTensor call's sharding decision and global output shapes are worked out once per signature (op,
+    mesh, the DTensors' shapes, dtypes and placements, the other arguments' values) and reused, as PyTorch's
+    sharding propagator caches per op schema; another placement, shape or scalar is another signature."""
+    pytest.importorskip("mpi4py")
+    import flambeau
+    import flambeau.distributed as dist
+    from flambeau.distributed.device_mesh import init_device_mesh
+    from flambeau.distributed.tensor import Replicate, Shard, distribute_tensor
+    from flambeau.distributed.tensor import _dispatch as D
+    made = []
+    real = D._Plan.__init__
+
+    def counting(self, op, *args):
+        made.append(str(op))
+        real(self, op, *args)
+    monkeypatch.setattr(D._Plan, "__init__", counting)
+    monkeypatch.setattr(D, "_PLANS", {})
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        x = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+        a, b = (distribute_tensor(flambeau.tensor(x), mesh, [Shard(0)]) for _ in range(2))
+        for _ in range(3):
+            out = a * b + 1.0
+        assert made.count("aten.mul.Tensor") == 1 and made.count("aten.add.Tensor") == 1, made
+        np.testing.assert_array_equal(out.full_tensor().numpy(), x * x + 1)
+        r = distribute_tensor(flambeau.tensor(x), mesh, [Replicate()])
+        assert (a * r).placements == (Shard(0),) and made.count("aten.mul.Tensor") == 2
+        a * 2.0, a * 3.0
+        assert made.count("aten.mul.Tensor") == 4            # another scalar: another signature
+        c = distribute_tensor(flambeau.tensor(np.ones((5, 4), np.float32)), mesh, [Shard(0)])
+        c * c
+        assert made.count("aten.mul.Tensor") == 5
+    finally:
+        dist.destroy_process_group()

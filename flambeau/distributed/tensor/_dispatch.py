@@ -117,36 +117,84 @@ def _global_outputs(op, values):
     return _batching.call(op, _map(values, meta))
 
 
+class _Plan:
+    """What a call's sharding rule and meta function decided, a function of the op, the mesh, the DTensors'
+    global shapes, dtypes and placements and the other arguments' values only: kept per such signature
+    (`_PLANS`), as PyTorch's sharding propagator caches its decisions per op schema."""
+    __slots__ = ("mesh", "decisions", "want", "moves", "global_out", "outs", "out_placements")
+
+    def __init__(self, op, values, mesh, dts) -> None:
+        rule = rule_of(op)
+        if rule is None or op.meta is None:
+            rule = replicate_all
+        decisions = []
+        for i in range(mesh.ndim):
+            def spec(t, i=i, strided_as=Shard):
+                p = normalize(t.placements, t.ndim)[i]
+                if isinstance(p, _StridedShard):
+                    p = Shard(p.dim) if strided_as is Shard else REPLICATE
+                return ArgSpec(tuple(t.shape), p, mesh.size(i))
+            decision = rule(*_map(values, spec))
+            strided = {t.placements[i] for t in dts if isinstance(t.placements[i], _StridedShard)}
+            if strided:
+                decision = _strided(decision, dts, i, strided) or rule(*_map(values, lambda t: spec(t, strided_as=None)))
+            decisions.append(decision)
+        self.mesh, self.decisions = mesh, decisions
+        self.want = [tuple(d.inputs[k] for d in decisions) for k in range(len(dts))]
+        self.moves = [normalize(t.placements, t.ndim) != normalize(w, t.ndim) for t, w in zip(dts, self.want)]
+        self.global_out = _global_outputs(op, values)
+        self.outs = self.global_out if type(self.global_out) in (list, tuple) else [self.global_out]
+        self.out_placements = [tuple(d.output[k] if type(d.output) is tuple else d.output for d in decisions)
+                               for k in range(len(self.outs))]
+
+
+_PLANS: dict = {}
+PLAN_CACHE_LIMIT = 4096          # signatures kept (the oldest dropped first): scalars in the key vary
+
+
+def _signature(op, mesh, values):
+    """The key of a call's plan, or None when an argument cannot be part of one (an unhashable value)."""
+    key = [op, id(mesh)]
+    for v in values:
+        if isinstance(v, Tensor):
+            key.append((tuple(v.shape), v.placements, v.dtype))
+        elif type(v) in (list, tuple):
+            key.append(tuple((tuple(x.shape), x.placements, x.dtype) if isinstance(x, Tensor) else x for x in v))
+        else:
+            key.append(v)
+    key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _plan(op, values, mesh, dts) -> _Plan:
+    key = _signature(op, mesh, values)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None or plan.mesh is not mesh:
+        plan = _Plan(op, values, mesh, dts)
+        if key is not None:
+            if len(_PLANS) >= PLAN_CACHE_LIMIT:
+                _PLANS.pop(next(iter(_PLANS)))
+            _PLANS[key] = plan
+    return plan
+
+
 def dispatch(op, args: tuple, kwargs: dict, dtensor_cls):
     values, mesh = _as_dtensors(op, list(op.bind(*args, **kwargs)), dtensor_cls)
     dts = _flat(values)
-    rule = rule_of(op)
-    if rule is None or op.meta is None:
+    if rule_of(op) is None or op.meta is None:
         log.debug("DTensor: %s has no sharding rule; its inputs are replicated (fallback)", op)
         FALLBACK_COUNTS[op.name] += 1
-        rule = replicate_all
-    decisions = []
-    for i in range(mesh.ndim):
-        def spec(t, i=i, strided_as=Shard):
-            p = normalize(t.placements, t.ndim)[i]
-            if isinstance(p, _StridedShard):
-                p = Shard(p.dim) if strided_as is Shard else REPLICATE
-            return ArgSpec(tuple(t.shape), p, mesh.size(i))
-        decision = rule(*_map(values, spec))
-        strided = {t.placements[i] for t in dts if isinstance(t.placements[i], _StridedShard)}
-        if strided:
-            decision = _strided(decision, dts, i, strided) or rule(*_map(values, lambda t: spec(t, strided_as=None)))
-        decisions.append(decision)
-    want = [tuple(d.inputs[k] for d in decisions) for k in range(len(dts))]
+    plan = _plan(op, values, mesh, dts)
+    decisions, global_out, outs, out_placements = plan.decisions, plan.global_out, plan.outs, plan.out_placements
     locals_ = {}
-    for t, w in zip(dts, want):
-        locals_[id(t)] = redistribute_local(t._local_tensor, mesh, t.placements, w, tuple(t.shape))
+    for t, w, move in zip(dts, plan.want, plan.moves):
+        locals_[id(t)] = redistribute_local(t._local_tensor, mesh, t.placements, w, tuple(t.shape)) if move \
+            else t._local_tensor
     local_values = _map(values, lambda t: locals_[id(t)])
-    global_out = _global_outputs(op, values)
-    outs = global_out if type(global_out) in (list, tuple) else [global_out]
-    out_placements = []
-    for k in range(len(outs)):
-        out_placements.append(tuple(d.output[k] if type(d.output) is tuple else d.output for d in decisions))
     local_out = _run_local(op, local_values, decisions, mesh, outs, out_placements)
     locals_out = local_out if type(local_out) in (list, tuple) else [local_out]
     wrapped = []
