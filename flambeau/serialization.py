@@ -29,6 +29,7 @@ import mmap as _mmap
 import os
 import pickle
 import struct
+import warnings
 import zipfile
 
 import numpy as np
@@ -553,12 +554,38 @@ def _load_zip(src: _Source, weights_only: bool, place) -> object:
                            "is truncated or corrupt") from None
 
 
+_TRUE_VALUES = ("1", "y", "yes", "true")
+
+
+def _resolve_weights_only(weights_only: bool | None, pickle_module) -> bool:
+    """`load`'s weights_only as PyTorch settles it: unset means True unless a pickle_module is given;
+    TORCH_FORCE_WEIGHTS_ONLY_LOAD forces True, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD makes an unset one False."""
+    not_set = weights_only is None
+    if not_set:
+        weights_only = pickle_module is None
+    force = os.getenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE_VALUES
+    force_no = os.getenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE_VALUES
+    if force and force_no:
+        raise RuntimeError("flambeau.load: only one of `TORCH_FORCE_WEIGHTS_ONLY_LOAD` or "
+                           "`TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD` should be set, but both were set; unset one")
+    if force:
+        weights_only = True
+    elif force_no and not_set:
+        warnings.warn("Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected, since the `weights_only` "
+                      "argument was not explicitly passed to `flambeau.load`, forcing weights_only=False.",
+                      UserWarning, stacklevel=3)
+        weights_only = False
+    if weights_only and pickle_module is not None:
+        raise RuntimeError("flambeau.load: can not safely load weights when explicit pickle_module is specified; "
+                           "pass weights_only=False (only for a trusted file) or leave pickle_module out")
+    return bool(weights_only)
+
+
 def load(f, map_location=None, pickle_module=None, *, weights_only: bool | None = None, mmap: bool | None = None,
          **kw):
     """Load a checkpoint written by `save`, by PyTorch's `torch.save` (zip format), or a safetensors file.
     mmap=True maps the file's tensor bytes copy-on-write instead of reading them."""
-    if weights_only is None:
-        weights_only = True
+    weights_only = _resolve_weights_only(weights_only, pickle_module)
     src = _Source(f, bool(mmap))
     try:
         if src.size == 0:
