@@ -12,7 +12,8 @@ regular expression. A program passes when both runs exit 0, print the same numbe
 least one), and every loss is within `rtol` (10% unless the program says) of PyTorch's; it is
 "exact" when they agree to 0.1%. flambeau's random generator is not PyTorch's bit for bit, so
 initial weights and batches differ and losses agree statistically, not digit for digit; a program
-judged by its output (`output_regex`) samples deterministically from one checkpoint.
+judged by its output (`output_regex`) samples deterministically from one checkpoint; one that seeds
+nothing is judged by `check`, the program's own goal read from each run's output.
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ class Program:
     timeout_s: int = 900
     slow: bool = False                         # left out unless --slow
     output_regex: str = ""                     # instead of losses: this part of stdout must be identical
+    env: dict = dataclasses.field(default_factory=dict)      # extra environment variables, for both systems
+    check: Callable[[str], str] | None = None  # instead of losses: stdout -> "" when the run did its job, else why
 
 
 @dataclasses.dataclass
@@ -134,7 +137,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 
 
 def _run(cmd: list[str], cwd: pathlib.Path, timeout_s: int, log: pathlib.Path,
-         threads: int | None) -> tuple[int, str, str, float, float]:
+         threads: int | None, extra_env: dict | None = None) -> tuple[int, str, str, float, float]:
     """(exit status, stdout, stderr, wall seconds, CPU seconds); a timeout reads as exit status -9. The program's folder
     is on the path (as `pip install -e .` would put it), then flambeau's repository. `threads` caps
     both systems' OpenMP/BLAS threads alike (fairer timings on a shared machine)."""
@@ -142,6 +145,7 @@ def _run(cmd: list[str], cwd: pathlib.Path, timeout_s: int, log: pathlib.Path,
                PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
     if threads is not None:
         env.update({name: str(threads) for name in THREAD_VARIABLES})
+    env.update(extra_env or {})
     t0, cpu0 = time.perf_counter(), _children_cpu()
     try:
         proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -184,7 +188,7 @@ def run_program(p: Program, logs: pathlib.Path, network: bool = True, threads: i
             if p.setup is not None:
                 p.setup(work, sources)
             runs[system] = _run([*launcher, p.script, *p.args], work, p.timeout_s, logs / f"{p.name}.{system}.log",
-                                threads)
+                                threads, p.env)
     (rc_t, out_t, err_t, s_t, c_t), (rc_f, out_f, err_f, s_f, c_f) = runs["pytorch"], runs["flambeau"]
     times = dict(seconds=(s_t, s_f), cpu=(c_t, c_f))
     if rc_t != 0:
@@ -193,6 +197,8 @@ def run_program(p: Program, logs: pathlib.Path, network: bool = True, threads: i
         return Outcome(p.name, "FAIL", f"flambeau rc {rc_f}: {_last_line(err_f or out_f)}", **times)
     if p.output_regex:
         return _compare_output(p, out_t, out_f, times)
+    if p.check is not None:
+        return _check_both(p, out_t, out_f, times)
     lt, lf = _losses(out_t, p.loss_regex), _losses(out_f, p.loss_regex)
     base = dict(losses=(lt, lf), **times)
     if not lt:
@@ -213,3 +219,14 @@ def _compare_output(p: Program, out_t: str, out_f: str, times: dict) -> Outcome:
     if mf is None or mf.group(1) != mt.group(1):
         return Outcome(p.name, "FAIL", "generated text differs from PyTorch's", **times)
     return Outcome(p.name, "pass", "identical output", exact=True, max_rel=0.0, **times)
+
+
+def _check_both(p: Program, out_t: str, out_f: str, times: dict) -> Outcome:
+    """Programs whose result is random in both systems (no seed): each run must meet the program's own
+    goal, as `p.check` reads it from the output."""
+    why_t, why_f = p.check(out_t), p.check(out_f)
+    if why_t:
+        return Outcome(p.name, "FAIL", f"PyTorch's run failed the check: {why_t}", **times)
+    if why_f:
+        return Outcome(p.name, "FAIL", f"flambeau's run failed the check: {why_f}", **times)
+    return Outcome(p.name, "pass", "checked", **times)
