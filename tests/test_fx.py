@@ -439,3 +439,63 @@ def test_ops_aten_namespace_and_print_readable():
     assert 'relu: "f32[2, 3]" = flambeau.ops.aten.relu.default(arg0_1)' in out
     mapped = map_arg((gm.graph.output_node().args[0], 3), lambda n: n.name)
     assert mapped == ("add", 3)
+
+
+def _hand_built_graph(lib):
+    """pytorch/examples' fx/proxy_based_graph_creation: Proxies around a fresh graph's placeholders."""
+    graph = lib.fx.Graph()
+    tracer = lib.fx.proxy.GraphAppendingTracer(graph)
+    x, y = (lib.fx.Proxy(graph.placeholder(n), tracer) for n in ("x", "y"))
+    b = lib.tanh(lib.cat([x, y]))
+    c = lib.neg(b)
+    lib.add(b, c)                                 # recorded, unused: dead code in the module
+    graph.output(c.node)
+    return lib.fx.GraphModule(lib.nn.Module(), graph)
+
+
+def test_proxies_made_by_hand_record_calls_as_pytorch():
+    gt, gf = _hand_built_graph(torch), _hand_built_graph(fl)
+    ops = lambda g: [n.op for n in g.graph.nodes]      # noqa: E731
+    assert ops(gf) == ops(gt) == ["placeholder", "placeholder"] + ["call_function"] * 4 + ["output"]
+    a, b = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_allclose(N(gf(fl.tensor(a), fl.tensor(b))), N(gt(torch.tensor(a), torch.tensor(b))),
+                               rtol=1e-6)
+    from flambeau._ops import _registry
+    assert _registry._fx_hook is None             # the Proxies are gone: so is the hook (fast paths back on)
+    g = fl.fx.Graph()
+    p = fl.fx.Proxy(g.placeholder("x"))
+    assert _registry._fx_hook is not None         # installed while one lives
+    del p
+    assert _registry._fx_hook is None
+
+
+def _inline_relu(lib, M):
+    """pytorch/examples' fx/inline_function: a traced module's call_module node replaced by the module
+    called on Proxies of its arguments (no tracer given: the node's graph's)."""
+    m = lib.fx.symbolic_trace(M())
+    for node in list(m.graph.nodes):
+        if (node.op, node.target) == ("call_module", "relu"):
+            with m.graph.inserting_before(node):
+                args = lib.fx.node.map_arg(node.args, lambda n: lib.fx.Proxy(n))
+                out = m.relu(*args)
+                node.replace_all_uses_with(out.node)
+                m.graph.erase_node(node)
+    m.recompile()
+    return m
+
+
+def test_a_module_called_on_proxies_is_inlined_as_in_pytorch():
+    def make(nn):
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.relu = nn.ReLU()
+
+            def forward(self, x):
+                return self.relu(x) - 1.0
+        return M
+    mt, mf = _inline_relu(torch, make(torch.nn)), _inline_relu(fl, make(fnn))
+    assert [n.op for n in mf.graph.nodes] == [n.op for n in mt.graph.nodes]
+    assert "call_module" not in [n.op for n in mf.graph.nodes]
+    x = np.linspace(-2, 2, 9, dtype=np.float32)
+    np.testing.assert_array_equal(N(mf(fl.tensor(x))), N(mt(torch.tensor(x))))

@@ -9,7 +9,7 @@ below; the operators reach proxy tracing through `_ops._registry.set_fx_hook`.
 from .node import Node, map_arg, map_aggregate  # noqa: F401
 from .graph import Graph, PythonCode  # noqa: F401
 from .graph_module import GraphModule  # noqa: F401
-from .proxy import Proxy, Attribute, Tracer, TraceError, symbolic_trace, wrap  # noqa: F401
+from .proxy import Proxy, Attribute, Tracer, TraceError, GraphAppendingTracer, symbolic_trace, wrap  # noqa: F401
 from .interpreter import Interpreter, Transformer  # noqa: F401
 from ._aten import ops  # noqa: F401
 from . import experimental, passes  # noqa: F401

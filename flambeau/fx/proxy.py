@@ -6,7 +6,8 @@ call_method nodes, Python operators (`+`, `[]`) call_function nodes on `operator
 functions called with a Proxy argument call_function nodes on that function (the operator
 registry asks `_fx_hook` before dispatching), calls of leaf modules (those of `flambeau.nn`, except
 containers) call_module nodes, and parameters read inside forward get_attr nodes. Python control
-flow on a Proxy cannot be recorded and raises `TraceError`.
+flow on a Proxy cannot be recorded and raises `TraceError`. A Proxy can also be made by hand around a
+node of any graph (`Proxy(node)`, `GraphAppendingTracer(graph)`): operations on it append to that graph.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import builtins
 import dis
 import inspect
 import operator
+import weakref
 from typing import Any, Callable
 
 from .._ops import _registry
@@ -35,7 +37,9 @@ class Proxy:
 
     def __init__(self, node: Node, tracer: "Tracer | None" = None):
         self.node = node
-        self.tracer = tracer
+        self.tracer = tracer if tracer is not None else GraphAppendingTracer(node.graph)
+        if not _tracing:
+            _hold_hook(self)
 
     def __repr__(self) -> str:
         return f"Proxy({self.node.name})"
@@ -137,6 +141,27 @@ def _proxy_hook(target, args, kwargs):
 
 
 _wrapped: list = []          # (globals dict, name) registered by `wrap`
+
+# Proxies made outside symbolic_trace (graphs built by hand, a traced module inlined into another graph):
+# flambeau functions called on them must record nodes, as PyTorch's __torch_function__ makes them, so the
+# registry's hook is installed while any of them lives (operators' fast paths are off while it is).
+_tracing = 0                 # symbolic_trace calls under way
+_free_proxies = 0            # live Proxies made outside them
+
+
+def _hold_hook(proxy: Proxy) -> None:
+    global _free_proxies
+    if _free_proxies == 0 and _registry._fx_hook is None:
+        _registry.set_fx_hook(_proxy_hook)
+    _free_proxies += 1
+    weakref.finalize(proxy, _release_hook)
+
+
+def _release_hook() -> None:
+    global _free_proxies
+    _free_proxies -= 1
+    if _free_proxies == 0 and not _tracing and _registry._fx_hook is _proxy_hook:
+        _registry.set_fx_hook(None)
 
 
 def wrap(fn_or_name):
@@ -247,6 +272,16 @@ class Tracer:
         return self.graph
 
 
+class GraphAppendingTracer(Tracer):
+    """The tracer of Proxies made around an existing graph's nodes: operations on them append nodes to
+    `graph` (at its insertion point)."""
+
+    def __init__(self, graph: Graph):
+        super().__init__()
+        self.graph = graph
+        self.root = Module()
+
+
 class _patched:
     """While tracing: route Module calls, parameter reads, registry ops and wrapped functions here."""
 
@@ -254,6 +289,8 @@ class _patched:
         self.tracer = tracer
 
     def __enter__(self):
+        global _tracing
+        _tracing += 1
         tracer = self.tracer
         self.saved_call = Module.__call__
         self.saved_getattr = Module.__getattr__
@@ -276,9 +313,12 @@ class _patched:
         return self
 
     def __exit__(self, *exc):
+        global _tracing
+        _tracing -= 1
         Module.__call__ = self.saved_call
         Module.__getattr__ = self.saved_getattr
-        _registry.set_fx_hook(self.saved_hook)
+        released = self.saved_hook is _proxy_hook and _free_proxies == 0 and not _tracing
+        _registry.set_fx_hook(None if released else self.saved_hook)
         for g, name, old in reversed(self.saved_globals):
             if old is _MISSING:
                 del g[name]
