@@ -499,3 +499,43 @@ def test_a_module_called_on_proxies_is_inlined_as_in_pytorch():
     assert "call_module" not in [n.op for n in mf.graph.nodes]
     x = np.linspace(-2, 2, 9, dtype=np.float32)
     np.testing.assert_array_equal(N(mf(fl.tensor(x))), N(mt(torch.tensor(x))))
+
+
+def _rewrite(lib):
+    """pytorch/examples' fx/subgraph_rewriter_basic_use, plus a third use of neg(w1) the pattern must not
+    swallow (its value is used outside), and a pattern occurrence with other literals (no match)."""
+    class M(lib.nn.Module):
+        def forward(self, x, w1, w2):
+            m1 = lib.cat([lib.neg(w1), w2]).sum()
+            m2 = lib.cat([lib.neg(w1), w2]).sum()
+            v3 = lib.neg(w2)
+            m3 = lib.cat([v3, w1]).sum() + v3.sum()           # neg used outside: not a match
+            m4 = lib.cat([lib.neg(x), w1], 0).sum()          # dim given: other arguments, not a match
+            return x + lib.max(m1) + lib.max(m2) + m3 + m4
+
+    def pattern(a1, a2):
+        return lib.cat([lib.neg(a1), a2]).sum()
+
+    def replacement(w1, w2):
+        return lib.stack([w1, w2])
+
+    gm = lib.fx.symbolic_trace(M())
+    matches = lib.fx.replace_pattern(gm, pattern, replacement)
+    return gm, matches
+
+
+def test_replace_pattern_matches_torch_fx():
+    gt, mt = _rewrite(torch)
+    gf, mf = _rewrite(fl)
+    assert len(mf) == len(mt) == 2
+    assert [n.name for n in mf[0].nodes_map.values()] == [n.name for n in mt[0].nodes_map.values()]
+    shape = lambda g: [(n.op, getattr(n.target, "__name__", n.target)) for n in g.graph.nodes]  # noqa: E731
+    assert shape(gf) == shape(gt)
+    a, b, c = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(N(gf(*map(fl.tensor, (a, b, c)))), N(gt(*map(torch.tensor, (a, b, c)))), rtol=1e-5)
+
+
+def test_replace_pattern_refuses_mismatched_inputs():
+    gm = symbolic_trace(lambda x: fl.neg(x) + 1)
+    with pytest.raises(ValueError, match="the pattern takes 1 inputs and the replacement 2"):
+        fl.fx.replace_pattern(gm, lambda a: fl.neg(a), lambda a, b: a + b)

@@ -11,5 +11,6 @@ from .graph import Graph, PythonCode  # noqa: F401
 from .graph_module import GraphModule  # noqa: F401
 from .proxy import Proxy, Attribute, Tracer, TraceError, GraphAppendingTracer, symbolic_trace, wrap  # noqa: F401
 from .interpreter import Interpreter, Transformer  # noqa: F401
+from .subgraph_rewriter import replace_pattern  # noqa: F401
 from ._aten import ops  # noqa: F401
 from . import experimental, passes  # noqa: F401

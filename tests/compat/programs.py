@@ -123,7 +123,7 @@ def _ran_to_the_end(out: str) -> str:
 # differently (`flambeau.tanh`), so the text is not compared. wrap_output_dynamically asserts its values.
 FX_EXAMPLES = {"fx-wrap-output": "wrap_output_dynamically.py", "fx-inline-function": "inline_function.py",
                "fx-proxy-graph": "proxy_based_graph_creation.py", "fx-primitive-library": "primitive_library.py",
-               "fx-replace-op": "replace_op.py"}
+               "fx-replace-op": "replace_op.py", "fx-subgraph-rewriter": "subgraph_rewriter_basic_use.py"}
 
 
 NANOGPT_TRAIN_ARGS = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=3",
