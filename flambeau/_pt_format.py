@@ -12,6 +12,7 @@ Writing emits the same pickle opcodes PyTorch does, naming `torch._utils._rebuil
 """
 from __future__ import annotations
 
+import _compat_pickle
 import collections
 import io
 import pickle
@@ -203,6 +204,12 @@ class _Unpickler(pickle._Unpickler):
         return self.place(_rebuild_tensor_v2(*args))
 
     def find_class(self, module, name):
+        # Python 2 names (torch.save pickles with protocol 2, whose pickler writes `__builtin__.set`)
+        # read as their Python 3 ones before any allowlist is consulted, as PyTorch's unpickler does.
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
             return self.rebuild_tensor_placed
         if (module, name) in _ALLOWED:

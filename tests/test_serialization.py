@@ -514,3 +514,30 @@ def test_mmap_of_unaligned_records_gives_aligned_tensors(tmp_path):
     out = flambeau.load(p, mmap=True)
     for k, t in sd.items():
         assert out[k]._data.flags.aligned and out[k].tolist() == t.tolist()
+
+
+def test_whole_pytorch_modules_load_under_their_allowlisted_flambeau_classes(tmp_path):
+    """torch.save(model) of PyTorch modules (pickle protocol 2: `__builtin__.set` for their buffer-name sets),
+    loaded as pytorch/examples' word_language_model/generate.py does: `safe_globals` naming the classes
+    by their torch paths, which under `flambeau.run` are flambeau's. Outputs vs PyTorch's model."""
+    torch.manual_seed(0)
+    tm = torch.nn.ModuleList([torch.nn.Sequential(torch.nn.Embedding(10, 6), torch.nn.Dropout(0.2)),
+                              torch.nn.LSTM(6, 5, 1), torch.nn.Linear(5, 3)]).eval()
+    path = tmp_path / "model.pt"
+    with open(path, "wb") as f:
+        torch.save(tm, f)
+    nn = flambeau.nn
+    allow = [nn.modules.container.ModuleList, nn.modules.container.Sequential, nn.modules.sparse.Embedding,
+             nn.modules.dropout.Dropout, nn.modules.rnn.LSTM, nn.modules.linear.Linear]
+    with pytest.raises(pickle.UnpicklingError, match="torch.nn.modules.container.ModuleList"):
+        flambeau.load(str(path))
+    with flambeau.serialization.safe_globals(allow):
+        fm = flambeau.load(str(path))
+    assert type(fm) is nn.ModuleList and type(fm[1]) is nn.LSTM and not fm.training
+    ids = [[1, 4], [7, 2], [3, 3]]
+
+    def run(lib, m):
+        with lib.no_grad():
+            h, _ = m[1](m[0](lib.tensor(ids)))
+            return m[2](h).numpy()
+    np.testing.assert_allclose(run(flambeau, fm), run(torch, tm), rtol=1e-5, atol=1e-6)

@@ -114,6 +114,26 @@ def _regression_fitted(out: str) -> str:
     return f"learned {got} vs actual {want}" if bad or len(got) != len(want) else ""
 
 
+def _wlm_checkpoint(model: str):
+    """word_language_model/generate.py's input: main.py trained under PyTorch for one small epoch and
+    `torch.save(model)`d whole, so flambeau rebuilds PyTorch-pickled modules under the script's safe_globals."""
+    def setup(work: pathlib.Path, sources: dict) -> None:
+        _wikitext_small(work, sources)
+        subprocess.run([sys.executable, "main.py", *WLM_ARGS, "--model", model, *WLM_MODELS[model], "--save",
+                        "model.pt"], cwd=work, check=True, capture_output=True)
+    return setup
+
+
+def _generated_all(out: str) -> str:
+    """generate.py samples words (flambeau's generator is not PyTorch's: other words): its progress lines."""
+    done = re.findall(r"\| Generated (\d+)/(\d+) words", out)
+    want = [str(i) for i in range(0, GENERATE_WORDS, GENERATE_LOG)]
+    return "" if [d for d, _ in done] == want else f"progress lines {done}, want {want}"
+
+
+GENERATE_WORDS, GENERATE_LOG = 60, 20
+
+
 def _ran_to_the_end(out: str) -> str:
     """For programs whose own assertions are the test (or that only build graphs): exiting 0 suffices."""
     return ""
@@ -167,6 +187,10 @@ PROGRAMS = [
             env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}),   # PyTorch >= 2.6 refuses its NumPy pickle without it
     Program("regression-poly", _repo(EXAMPLES), _commit(EXAMPLES), "main.py", [], "", folder="regression",
             check=_regression_fitted, timeout_s=300),
+    *[Program(f"generate-{kind.lower()}", _repo(EXAMPLES), _commit(EXAMPLES), "generate.py",
+              ["--data", "data/small", "--words", str(GENERATE_WORDS), "--log-interval", str(GENERATE_LOG)], "",
+              folder="word_language_model", setup=_wlm_checkpoint(kind), check=_generated_all)
+      for kind in ("LSTM", "Transformer")],
     *[Program(name, _repo(EXAMPLES), _commit(EXAMPLES), script, [], "", folder="fx", check=_ran_to_the_end,
               timeout_s=120) for name, script in FX_EXAMPLES.items()],
 ]
