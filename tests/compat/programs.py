@@ -1,6 +1,7 @@
 """The public PyTorch programs of the compatibility suite, pinned, each shrunk through its own
 command line (never edited): GPT trainers and samplers, character-level language models of several
-kinds, and classic example scripts.
+kinds, classic example scripts (word language models and their sampler, LBFGS on sine waves, polynomial
+regression) and pytorch/examples' fx graph-rewriting recipes.
 
 Data files come from the repositories themselves (tinyshakespeare from ng-video-lecture, names from
 makemore, WikiText-2 from pytorch/examples, shortened here so a run takes seconds).
