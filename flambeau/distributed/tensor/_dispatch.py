@@ -84,7 +84,20 @@ def _flat(values) -> list:
 
 
 def _as_dtensors(op, values, dtensor_cls):
-    """`values` with 0-dim plain tensors made replicated DTensors; the common mesh."""
+    """`values` with 0-dim plain tensors made replicated DTensors; the common mesh. The usual call (every
+    tensor argument a DTensor of one mesh, none inside a list) passes `values` back as they are."""
+    mesh = None
+    for v in values:
+        if type(v) is dtensor_cls:
+            if mesh is None:
+                mesh = v.device_mesh
+            elif v.device_mesh is not mesh:
+                break
+        elif isinstance(v, Tensor) or type(v) in (list, tuple) and any(isinstance(x, Tensor) for x in v):
+            break
+    else:
+        if mesh is not None:
+            return values, mesh
     first = next(t for t in _flat(values) if isinstance(t, dtensor_cls))
     mesh = first.device_mesh
 
