@@ -62,6 +62,8 @@ from . import distributed  # noqa: E402,F401
 from .fx._aten import ops  # noqa: E402,F401
 from . import library  # noqa: E402,F401
 from . import jit  # noqa: E402,F401
+from . import profiler  # noqa: E402,F401
+from .autograd import profiler as _autograd_profiler  # noqa: E402,F401  (torch.autograd.profiler, the legacy API)
 from . import _decomp  # noqa: E402,F401  (sets op.decomposition: the compiler and derivative-less ops use it)
 from . import compiler  # noqa: E402,F401
 from . import func  # noqa: E402,F401

@@ -41,7 +41,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "flambeau.cpu", "flambeau.backends", "flambeau.accelerator",
                  "flambeau.distributions", "flambeau.distributed", "flambeau.jit", "flambeau.serialization",
                  "flambeau._pt_format", "flambeau._weights_only", "flambeau.testing",
-                 "flambeau._numpy", "flambeau.sparse")),
+                 "flambeau._numpy", "flambeau.sparse",
+                 "flambeau.profiler", "flambeau.autograd.profiler")),   # a dispatch mode times the ops
     ("tracing", ("flambeau._subclasses", "flambeau.fx", "flambeau.library",
                  "flambeau.utils.tensorboard",     # add_graph traces with fx
                  "flambeau.distributed.pipelining")),   # pipeline() cuts an fx trace into stages
