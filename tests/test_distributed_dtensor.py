@@ -209,5 +209,8 @@ def test_sharding_decisions_are_kept_per_signature(monkeypatch):
         c = distribute_tensor(flambeau.tensor(np.ones((5, 4), np.float32)), mesh, [Shard(0)])
         c * c
         assert made.count("aten.mul.Tensor") == 5
+        n = distribute_tensor(flambeau.tensor(np.arange(4)), mesh, [Shard(0)])
+        kinds = [(n * s).dtype for s in (1, 1.0, True)]       # equal as keys, other result dtypes
+        assert kinds == [flambeau.int64, flambeau.float32, flambeau.int64], kinds
     finally:
         dist.destroy_process_group()

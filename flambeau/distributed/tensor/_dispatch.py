@@ -168,13 +168,14 @@ PLAN_CACHE_LIMIT = 4096          # signatures kept (the oldest dropped first): s
 def _signature(op, mesh, values):
     """The key of a call's plan, or None when an argument cannot be part of one (an unhashable value)."""
     key = [op, id(mesh)]
-    for v in values:
+    for v in values:       # a value with its type: 1, 1.0 and True are equal keys but give other dtypes
         if isinstance(v, Tensor):
             key.append((tuple(v.shape), v.placements, v.dtype))
         elif type(v) in (list, tuple):
-            key.append(tuple((tuple(x.shape), x.placements, x.dtype) if isinstance(x, Tensor) else x for x in v))
+            key.append(tuple((tuple(x.shape), x.placements, x.dtype) if isinstance(x, Tensor) else (type(x), x)
+                             for x in v))
         else:
-            key.append(v)
+            key.append((type(v), v))
     key = tuple(key)
     try:
         hash(key)
