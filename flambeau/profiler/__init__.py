@@ -172,8 +172,7 @@ class EventList(list):
                 raise ValueError(f"table: sort_by must be one of {sorted(SORT_KEYS)}, got {sort_by!r}")
             rows = sorted(rows, key=lambda r: getattr(r, sort_by), reverse=True)
         rows = list(rows)[:row_limit] if row_limit is not None and row_limit >= 0 else list(rows)
-        self_total = sum(r.self_cpu_time_total for r in self.key_averages()) if self and not isinstance(
-            self[0], FunctionEventAvg) else sum(r.self_cpu_time_total for r in self)
+        self_total = sum(r.self_cpu_time_total for r in self)     # (events or their averages: the same sum)
         width = min(max_name_column_width, max([len("Name")] + [len(r.key) for r in rows]))
         cols = ["Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg", "# of Calls"]
         with_shapes = any(r.input_shapes for r in rows)
