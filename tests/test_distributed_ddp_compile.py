@@ -54,3 +54,58 @@ def test_split_graph_reduces_a_bucket_before_backward_reaches_the_input(ranks):
             events = [str(e) for e in res[f"{tag}/events"]]
             assert events.count("bucket") == LAYERS and events.count("input_grad") == 1, (tag, events)
             assert events[0] == first, (tag, events)
+
+
+def _pre_ln_transformer(m, d=32, layers=3):
+    nn, F = m.nn, m.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(d), nn.Linear(d, d), nn.LayerNorm(d)
+            self.c_fc, self.c_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+    return nn.Sequential(*[Block() for _ in range(layers)], nn.LayerNorm(d))
+
+
+@pytest.mark.parametrize("narrowest", [True, False])
+def test_split_moves_each_cut_earlier_to_where_one_value_crosses(monkeypatch, narrowest):
+    """With `ddp_split_narrowest` each cut moves back from inside the MLP (the cut where the bucket fills:
+    the GELU's 4x-wide output and the residual cross it) to after the attention's residual add, where
+    only the residual stream crosses; no parameter moves to an earlier subgraph (its bucket would be
+    ready later); the split graph computes what the model does."""
+    import flambeau as torch
+    from flambeau._dynamo import config
+    from flambeau._dynamo.backends.distributed import DDPOptimizer, _split
+    monkeypatch.setattr(config, "ddp_split_narrowest", narrowest)
+    torch.manual_seed(0)
+    model = _pre_ln_transformer(torch)
+    block_bytes = sum(p.numel() * 4 for p in model[0].parameters())
+    seen = {}
+
+    def backend(gm, example_inputs):
+        opt = DDPOptimizer(block_bytes, lambda g, ex: g.forward, first_bucket_bytes=block_bytes // 4)
+        seen["parts"] = opt.partitions(gm)
+        seen["pieces"] = _split(gm, seen["parts"])
+        with monkeypatch.context() as mp:
+            mp.setattr(config, "ddp_split_narrowest", False)
+            seen["at_bucket"] = opt.partitions(gm)
+        return opt(gm, example_inputs)
+
+    x = torch.randn(2, 5, 32)
+    out = torch.compile(model, backend=backend)(x)
+    np.testing.assert_allclose(out.detach().numpy(), model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    pieces = seen["pieces"]
+    assert len(pieces) == 4
+    passed = [[a.name for a in p.inputs if a.op != "get_attr"] for p in pieces[1:]]
+    widths = [len(names) for names in passed]
+    assert widths == ([1, 1, 1] if narrowest else [2, 2, 2]), passed
+    moved = [n.name for n, k in seen["parts"].items() if k != seen["at_bucket"][n]]
+    assert bool(moved) == narrowest
+    for node, k in seen["parts"].items():
+        if node.op == "get_attr":
+            assert k >= seen["at_bucket"][node], (node.name, k, seen["at_bucket"][node])

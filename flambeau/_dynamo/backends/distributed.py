@@ -108,7 +108,64 @@ class DDPOptimizer:
             tail = buckets.pop()              # no parameters left: fold into the partition after it
             buckets[-1][1].extend(tail[1])
         last = len(buckets) - 1
-        return {n: last - i for i, (_, nodes) in enumerate(buckets) for n in nodes}
+        parts = {n: last - i for i, (_, nodes) in enumerate(buckets) for n in nodes}
+        if config.ddp_split_narrowest and last > 0:
+            parts = _narrowest(gm, parts, self.bucket_bytes_cap // 2)
+        return parts
+
+
+def _narrowest(gm: GraphModule, parts: dict, slack: int) -> dict:
+    """`parts` with each cut moved earlier, to where the fewest bytes of values cross it (produced
+    before, used after), over at most `slack` bytes of parameters and not past the cut before: in a
+    transformer after a residual add, where only the residual stream crosses, rather than inside the MLP
+    (two values, one 4x wider). Each value that crosses is a subgraph output kept for backward and a
+    gradient passed back, and the fusions across a cut are lost. Only earlier: the parameters that change
+    sides join the later subgraph, whose backward runs first, so no bucket's gradients come later."""
+    order = [n for n in gm.graph.nodes if n.op not in SKIPPED_OPS]
+    index = {n: i for i, n in enumerate(order)}
+    end = len(order)
+    weights = [0] * end                         # parameter bytes of each position's node
+    crossing = [0] * (end + 1)                  # crossing[p]: bytes produced before position p, used at or after it
+    for i, n in enumerate(order):
+        size = _bytes(n)
+        if n.op == "get_attr":
+            value = _attr(gm, n.target)
+            if isinstance(value, Parameter) and value.requires_grad:
+                weights[i] = value.numel() * value.element_size()
+            size = 1                            # an attribute is no copy, but kept beside its users
+        last = max((index.get(u, end) for u in n.users), default=i)
+        if last > i:
+            crossing[i + 1] += size
+            crossing[last + 1 if last < end else end] -= size
+    for p in range(1, end + 1):
+        crossing[p] += crossing[p - 1]
+    cuts = [p for p in range(1, end) if parts[order[p]] != parts[order[p - 1]]]
+    moved = []
+    for cut in cuts:
+        lo = moved[-1] + 1 if moved else 1
+        best, p, carried = cut, cut, 0
+        while p - 1 >= lo:
+            carried += weights[p - 1]                 # the node changing sides
+            if carried > slack:
+                break
+            p -= 1
+            if crossing[p] < crossing[best]:
+                best = p
+        moved.append(best)
+    out, k = {}, 0
+    bounds = moved + [end]
+    for i, n in enumerate(order):
+        while i >= bounds[k]:
+            k += 1
+        out[n] = k
+    return out
+
+
+def _bytes(node) -> int:
+    """Bytes of a node's example value (tensors, and those in a tuple or list)."""
+    value = node.meta.get("example_value")
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, Tensor))
 
 
 class _Piece:
