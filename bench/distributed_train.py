@@ -81,6 +81,7 @@ LR = 3e-4
 DATA_SEED = 1234
 RESUME_STEPS = 2
 PROFILE_STEPS = 3
+PHASE_STEPS = 10        # steps whose phases (`--phases`) are timed
 PROFILE_ROWS = 40
 
 
@@ -239,7 +240,8 @@ def worker(args) -> None:
         if args.count_calls else None
     if args.trace:
         _trace(args, torch, rank, local, lambda: gpu_models.train_step(torch, model, opt, *batches[-1], amp))
-    host = [host_ms, gc_clock.ms / args.steps, gc_clock.full, cpu_ms, thread_ms, switches, calibration]
+    phases = _phases(torch, model, opt, batches[-1], amp, cuda) if args.phases else None
+    host = [host_ms, gc_clock.ms / args.steps, gc_clock.full, cpu_ms, thread_ms, switches, calibration, phases]
     per_rank = [host]
     if world_size > 1:
         per_rank = [None] * world_size
@@ -266,9 +268,60 @@ def worker(args) -> None:
                           "tokens_per_s": (1 if args.parallel == "tp" else world_size) * rows * cfg["seq"] / ms * 1e3,
                           "cpus": len(os.sched_getaffinity(0)),
                           **({"calls_per_step": calls} if calls is not None else {}),
+                          **({"phases_ms_per_rank": [r[7] for r in per_rank]} if args.phases else {}),
                           "losses": [float(v) for v in stacked.cpu().tolist()]}), flush=True)
     if world_size > 1:
         dist.destroy_process_group()
+
+
+def _phases(torch, model, opt, batch, amp, cuda: bool) -> dict:
+    """Device time of each phase of a step (median over PHASE_STEPS steps, ms), from CUDA events recorded
+    on the current stream (cpu: host clock readings): forward; backward until the last gradient is
+    accumulated (an event per post-accumulate hook, the last one kept: DDP's hooks, registered first, have
+    started its reduction); the rest of backward (DDP: the wait for the reductions still running);
+    optimizer step; zero_grad and the host's lead into the next step."""
+    from bench import gpu_models
+    Event = torch.cuda.Event if cuda else _HostMark
+    last = {}
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: last.__setitem__("grads", _recorded(Event)))
+             for p in model.parameters() if p.requires_grad]
+    marks = []
+    for _ in range(PHASE_STEPS + 1):
+        step = {"start": _recorded(Event)}
+        gpu_models.train_step(torch, model, opt, *batch, amp, mark=lambda name: step.__setitem__(name, _recorded(Event)))
+        step["grads"] = last.pop("grads")
+        marks.append(step)
+    if cuda:
+        torch.cuda.synchronize()
+    for h in hooks:
+        h.remove()
+    order = ("start", "forward", "grads", "backward", "step")
+    names = ("forward", "backward_compute", "backward_wait", "optimizer", "zero_grad_and_gap")
+    out = {n: [] for n in names}
+    for step, after in zip(marks, marks[1:]):
+        points = [step[k] for k in order] + [after["start"]]
+        for n, a, b in zip(names, points, points[1:]):
+            out[n].append(a.elapsed_time(b))
+    return {n: statistics.median(v) for n, v in out.items()}
+
+
+def _recorded(Event):
+    e = Event(enable_timing=True)
+    e.record()
+    return e
+
+
+class _HostMark:
+    """A cpu run's stand-in for a timing CUDA event: the host clock when recorded."""
+
+    def __init__(self, enable_timing: bool = True):
+        self.t = None
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end) -> float:
+        return (end.t - self.t) * 1e3
 
 
 def _profile(args, torch, rank: int, step, sync) -> None:
@@ -371,6 +424,7 @@ def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
         (["--profile", os.path.abspath(args.profile)] if args.profile else []) + \
         (["--trace", os.path.abspath(args.trace)] if args.trace else []) + \
         (["--layers", str(args.layers)] if args.layers else []) + (["--count-calls"] if args.count_calls else []) + \
+        (["--phases"] if args.phases else []) + \
         (["--bucket-cap-mb", str(args.bucket_cap_mb)] if args.bucket_cap_mb else []) + \
         (["--checkpoint", os.path.join(args.checkpoint, system)] if args.checkpoint else [])
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NCCL_NVLS_ENABLE="0",
@@ -434,6 +488,8 @@ def main() -> None:
     p.add_argument("--trace", default="", help="every rank's device timeline (PyTorch's profiler) into DIR")
     p.add_argument("--layers", type=int, default=0, help="blocks of the GPT (default: 12, --small: 2)")
     p.add_argument("--count-calls", action="store_true", help="rank 0's Python-level calls per step")
+    p.add_argument("--phases", action="store_true", help="cuda: every rank's device time per phase of a step "
+                   "(forward, backward compute, backward's wait for the reductions, optimizer; CUDA events)")
     p.add_argument("--bucket-cap-mb", type=float, default=0.0, help="DDP's bucket_cap_mb (default: DDP's 25); a small "
                    "cap on the --small model splits a compiled DDP graph in several pieces, as GPT-2's 25 MiB does")
     p.add_argument("--checkpoint", default="", help="save after the N-process run, resume in 1 process (DIR)")

@@ -128,12 +128,16 @@ def mlp(m, width=256, depth=4):
     return MLP()
 
 
-def train_step(m, model, opt, x, y, amp_dtype=None):
-    """One training step; returns the loss tensor (not read: reading it is a synchronisation)."""
+def train_step(m, model, opt, x, y, amp_dtype=None, mark=None):
+    """One training step; returns the loss tensor (not read: reading it is a synchronisation). `mark(name)`,
+    if given, is called after the forward, the backward and the optimizer step (bench phases)."""
     ctx = m.autocast(device_type="cuda", dtype=amp_dtype) if amp_dtype is not None else contextlib.nullcontext()
     with ctx:
         loss = model(x, y)
+    mark and mark("forward")
     loss.backward()
+    mark and mark("backward")
     opt.step()
+    mark and mark("step")
     opt.zero_grad(set_to_none=True)
     return loss

@@ -29,3 +29,23 @@ def test_across_rounds_medians_over_all_and_even_rounds():
     assert abs(ratio["median"] - 1.22) < 1e-12 and abs(ratio["median_even_hosts"] - 1.02) < 1e-12
     scaling = rows[("ddp-vs-one-process-across-rounds", "scaling_efficiency")]
     assert scaling["median"] == 0.8 and scaling["median_even_hosts"] is None
+
+
+def test_phases_cut_a_step_at_its_marks_and_the_last_gradient():
+    """`--phases` (cpu: host clock marks): every phase of a small GPT's step measured, the backward cut at
+    the last post-accumulate hook: its compute part is positive, and the phases sum to the steps' time."""
+    import time
+
+    import flambeau as torch
+    from bench import gpu_models
+    torch.manual_seed(0)
+    model = gpu_models.gpt(torch, vocab=64, block=16, d=16, layers=1, heads=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = (torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16)))
+    start = time.perf_counter()
+    phases = D._phases(torch, model, opt, batch, None, False)
+    total = (time.perf_counter() - start) * 1e3
+    assert list(phases) == ["forward", "backward_compute", "backward_wait", "optimizer", "zero_grad_and_gap"]
+    assert phases["forward"] > 0 and phases["backward_compute"] > 0 and phases["optimizer"] > 0
+    assert min(phases.values()) >= 0
+    assert sum(phases.values()) * D.PHASE_STEPS <= total
