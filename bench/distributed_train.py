@@ -16,6 +16,8 @@ tokens (B 8, T 1024; `--small`: B 2, T 32); configurations:
     ref     1 process on the whole global batch (the losses DDP must reproduce)
     single  1 process on B sequences (the 1-GPU throughput for scaling efficiency)
     ddp     nproc processes, DDP, each on its B sequences of the global batch
+    ddp1    1 process in DDP (a process group of one): DDP's own cost (hooks, buckets, a compiled graph's
+            split, launches of collectives with no peer) without the communication beside `single`
 
 `--parallel fsdp2` replaces DDP by FSDP2 (`fully_shard` on every block, then on the model, over a 1-D
 DeviceMesh). `--parallel tp` is 2-way (nproc-way) Megatron tensor parallelism (`parallelize_module`: per
@@ -137,7 +139,7 @@ def _parallelize(torch, model, args, cfg: dict, world_size: int, cuda: bool, loc
     outer = args.compile_order == "outer"
     if args.mode == "compiled" and not outer:
         model = torch.compile(model)
-    if world_size > 1 and args.parallel == "ddp":
+    if (world_size > 1 or args.config == "ddp1") and args.parallel == "ddp":
         cap = {"bucket_cap_mb": args.bucket_cap_mb} if args.bucket_cap_mb else {}
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None, **cap)
     if args.mode == "compiled" and outer:           # the DDP module compiled: the DDPOptimizer's graph split
@@ -190,8 +192,10 @@ def worker(args) -> None:
         torch.cuda.set_device(local)
     device = f"cuda:{local}" if cuda else "cpu"
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1:
-        dist.init_process_group("nccl" if cuda else "gloo")
+    if world_size > 1 or args.config == "ddp1":
+        options = {"pg_options": dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)} \
+            if cuda and args.nccl_high_priority else {}
+        dist.init_process_group("nccl" if cuda else "gloo", **options)
     rank = dist.get_rank() if world_size > 1 else 0
     torch.manual_seed(0)
     model = gpu_models.gpt(torch, vocab=cfg["vocab"], block=cfg["block"], d=cfg["d"], layers=cfg["layers"],
@@ -276,14 +280,14 @@ def worker(args) -> None:
 
 def _phases(torch, model, opt, batch, amp, cuda: bool) -> dict:
     """Device time of each phase of a step (median over PHASE_STEPS steps, ms), from CUDA events recorded
-    on the current stream (cpu: host clock readings): forward; backward until the last gradient is
-    accumulated (an event per post-accumulate hook, the last one kept: DDP's hooks, registered first, have
-    started its reduction); the rest of backward (DDP: the wait for the reductions still running);
-    optimizer step; zero_grad and the host's lead into the next step."""
+    on the current stream (cpu: host clock readings): forward; backward until the last parameter gradient
+    is computed (an event per gradient hook, the last one kept: before its accumulation and DDP's
+    post-accumulate hooks); the rest of backward (the accumulations and, in DDP, the last buckets'
+    reductions that are still running); optimizer step; zero_grad and the host's lead into the next step."""
     from bench import gpu_models
     Event = torch.cuda.Event if cuda else _HostMark
     last = {}
-    hooks = [p.register_post_accumulate_grad_hook(lambda p: last.__setitem__("grads", _recorded(Event)))
+    hooks = [p.register_hook(lambda g: last.__setitem__("grads", _recorded(Event)))
              for p in model.parameters() if p.requires_grad]
     marks = []
     for _ in range(PHASE_STEPS + 1):
@@ -424,7 +428,7 @@ def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
         (["--profile", os.path.abspath(args.profile)] if args.profile else []) + \
         (["--trace", os.path.abspath(args.trace)] if args.trace else []) + \
         (["--layers", str(args.layers)] if args.layers else []) + (["--count-calls"] if args.count_calls else []) + \
-        (["--phases"] if args.phases else []) + \
+        (["--phases"] if args.phases else []) + (["--nccl-high-priority"] if args.nccl_high_priority else []) + \
         (["--bucket-cap-mb", str(args.bucket_cap_mb)] if args.bucket_cap_mb else []) + \
         (["--checkpoint", os.path.join(args.checkpoint, system)] if args.checkpoint else [])
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NCCL_NVLS_ENABLE="0",
@@ -488,6 +492,8 @@ def main() -> None:
     p.add_argument("--trace", default="", help="every rank's device timeline (PyTorch's profiler) into DIR")
     p.add_argument("--layers", type=int, default=0, help="blocks of the GPT (default: 12, --small: 2)")
     p.add_argument("--count-calls", action="store_true", help="rank 0's Python-level calls per step")
+    p.add_argument("--nccl-high-priority", action="store_true", help="cuda: the NCCL group's collectives on a "
+                   "stream of the device's greatest priority (ProcessGroupNCCL.Options(is_high_priority_stream=True))")
     p.add_argument("--phases", action="store_true", help="cuda: every rank's device time per phase of a step "
                    "(forward, backward compute, backward's wait for the reductions, optimizer; CUDA events)")
     p.add_argument("--bucket-cap-mb", type=float, default=0.0, help="DDP's bucket_cap_mb (default: DDP's 25); a small "

@@ -361,3 +361,47 @@ def test_fsdp_gradients_equal_the_unwrapped_model_on_nccl(nccl_world1, mixed):
                 np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
             else:
                 np.testing.assert_array_equal(got, want)
+
+
+def _priority_cupy(log: list):
+    """A fake CuPy whose streams note their priority; the device's priorities run 0 (least) to -5 (greatest)."""
+    class Stream:
+        def __init__(self, non_blocking=False, priority=None):
+            self.ptr, self.priority = 100 + len(log), priority
+            log.append(priority)
+    runtime = types.SimpleNamespace(deviceGetStreamPriorityRange=lambda: (0, -5))
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda device=None: contextlib.nullcontext(),
+                                                            Stream=Stream, runtime=runtime))
+
+
+@pytest.mark.parametrize("high", [True, False])
+def test_nccl_options_high_priority_stream_acts(monkeypatch, high):
+    """init_process_group(pg_options=ProcessGroupNCCL.Options(is_high_priority_stream=...)): the group's NCCL
+    stream is made at the device's greatest priority, or the default one."""
+    log = []
+    monkeypatch.setattr(nb, "_cupy", lambda: _priority_cupy(log))
+    dist.init_process_group("nccl", store=dist.HashStore(), world_size=1, rank=0,
+                            pg_options=dist.ProcessGroupNCCL.Options(is_high_priority_stream=high))
+    try:
+        engine = dist.group.WORLD.engines["default"] if "default" in dist.group.WORLD.engines else \
+            dist.group.WORLD.engine
+        engine.nccl_stream(0)
+        assert log == ([-5] if high else [None])
+        sub = dist.new_group([0])                         # no options: a default stream, as PyTorch's
+        sub.engine.nccl_stream(0)
+        assert log[-1] is None
+    finally:
+        dist.destroy_process_group()
+
+
+def test_nccl_options_that_cannot_act_raise(monkeypatch):
+    monkeypatch.setattr(nb, "_cupy", lambda: _priority_cupy([]))
+    opts = dist.ProcessGroupNCCL.Options()
+    opts.config.max_ctas = 8
+    with pytest.raises(NotImplementedError, match=r"max_ctas.*NCCL_MAX_CTAS"):
+        dist.init_process_group("nccl", store=dist.HashStore(), world_size=1, rank=0, pg_options=opts)
+    with pytest.raises(TypeError, match="pg_options of type object"):
+        dist.init_process_group("nccl", store=dist.HashStore(), world_size=1, rank=0, pg_options=object())
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        dist.ProcessGroupNCCL(dist.HashStore(), 0, 1)

@@ -151,6 +151,7 @@ class NCCLBackend:
         self._library, self.comm, self.device, self.made, self.splits, self.object_rounds = library, None, None, 0, 0, 0
         self._grouped: list | None = None
         self._streams: dict = {}          # device -> the NCCL stream of this engine
+        self.high_priority = False        # ProcessGroupNCCL.Options.is_high_priority_stream (set before first use)
         self._ready: dict = {}            # (device, thread) -> the event each operation's stream wait is on
         self._inflight: list = []         # requests whose event has not happened yet (their buffers kept)
 
@@ -211,7 +212,12 @@ class NCCLBackend:
         if stream is None:
             cupy = _cupy()
             with cupy.cuda.Device(device):
-                stream = self._streams[device] = cupy.cuda.Stream(non_blocking=True)
+                if self.high_priority:      # the device's greatest priority: the lowest number of its range
+                    priority = cupy.cuda.runtime.deviceGetStreamPriorityRange()[1]
+                    stream = cupy.cuda.Stream(non_blocking=True, priority=priority)
+                else:
+                    stream = cupy.cuda.Stream(non_blocking=True)
+                self._streams[device] = stream
         return stream
 
     def _start(self, *arrays, source: int | None = None, host_wait: bool = False):

@@ -31,7 +31,7 @@ SPIN_TESTS = 200               # a waiting collective first polls this many time
 MAX_POLL_SLEEP_S = 1e-3        # then sleeps between polls, doubling up to this
 MIN_POLL_SLEEP_S = 1e-5
 
-__all__ = ["ReduceOp", "Backend", "ProcessGroup", "GroupMember", "Work", "init_process_group",
+__all__ = ["ReduceOp", "Backend", "ProcessGroup", "ProcessGroupNCCL", "GroupMember", "Work", "init_process_group",
            "destroy_process_group", "new_group", "is_initialized", "get_rank", "get_world_size", "get_backend",
            "get_process_group_ranks", "get_global_rank", "get_group_rank"]
 
@@ -116,6 +116,70 @@ def _device_backends(backend: str) -> dict:
             return {"cuda" if name == Backend.NCCL else "default": name}
         out[device] = name
     return out
+
+
+class _NCCLConfig:
+    """PyTorch's `ProcessGroupNCCL.NCCLConfig`: settings of the NCCL communicator, each NCCL's "undefined"
+    until set. flambeau's communicator is CuPy's, made without a config: a group given one with a setting
+    changed raises (NCCL's environment variables, NCCL_MAX_CTAS and the like, still act)."""
+    UNDEFINED = -2 ** 31                # NCCL_CONFIG_UNDEF_INT
+    FIELDS = ("blocking", "cga_cluster_size", "max_ctas", "min_ctas", "split_share")
+
+    def __init__(self):
+        for name in self.FIELDS:
+            setattr(self, name, self.UNDEFINED)
+        self.net_name = None
+
+    def changed(self) -> list:
+        return [n for n in self.FIELDS if getattr(self, n) != self.UNDEFINED] + \
+            (["net_name"] if self.net_name is not None else [])
+
+
+class _NCCLOptions:
+    """PyTorch's `ProcessGroupNCCL.Options`, passed as `pg_options` to `init_process_group` / `new_group`:
+    `is_high_priority_stream` puts the group's collectives on a stream of the device's greatest priority."""
+
+    def __init__(self, is_high_priority_stream: bool = False):
+        self.is_high_priority_stream = is_high_priority_stream
+        self.config = _NCCLConfig()
+        self.split_from = None
+        self.split_color = 0
+        self.global_ranks_in_group: list = []
+        self.group_name = ""
+        self._timeout = None            # init_process_group's timeout wins, as PyTorch's
+
+
+class ProcessGroupNCCL:
+    """The NCCL process group's options (`ProcessGroupNCCL.Options`, `.NCCLConfig`); groups themselves are
+    made by `init_process_group(backend="nccl")` and `new_group`."""
+    Options = _NCCLOptions
+    NCCLConfig = _NCCLConfig
+
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("flambeau: make an NCCL process group with init_process_group(backend='nccl') or "
+                           "new_group(...); ProcessGroupNCCL(store, rank, size, options) is not supported")
+
+
+def _apply_pg_options(caller: str, pg_options, engines: dict) -> None:
+    """`pg_options` acting on the engines it is for (`engines`: backend name -> engine, None where this
+    process is not in the group): NCCL options set the stream priority; what cannot act raises."""
+    if pg_options is None:
+        return
+    if not isinstance(pg_options, _NCCLOptions):
+        raise TypeError(f"{caller}: pg_options of type {type(pg_options).__name__} is not supported; flambeau "
+                        "takes ProcessGroupNCCL.Options for the 'nccl' backend")
+    if "nccl" not in engines:
+        raise ValueError(f"{caller}: pg_options is ProcessGroupNCCL.Options but the group's backends are "
+                         f"{sorted(engines)}")
+    changed = pg_options.config.changed()
+    if changed:
+        raise NotImplementedError(f"{caller}: ProcessGroupNCCL.Options.config sets {changed}: flambeau's NCCL "
+                                  "communicator (CuPy's) is made without a config; use NCCL's environment "
+                                  "variables (NCCL_MAX_CTAS, NCCL_MIN_CTAS, NCCL_CGA_CLUSTER_SIZE, ...) instead")
+    if pg_options.split_from is not None:
+        raise NotImplementedError(f"{caller}: ProcessGroupNCCL.Options.split_from is not supported by flambeau")
+    if engines["nccl"] is not None:
+        engines["nccl"].high_priority = bool(pg_options.is_high_priority_stream)
 
 
 class ProcessGroup:
@@ -220,6 +284,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         store.set_timeout(timeout)
         store = PrefixStore("default_pg", store)
     made = {n: Backend._factories[n](store, rank, world_size, timeout) for n in names}
+    _apply_pg_options("init_process_group", pg_options, made)
     engines = {d: made[n] for d, n in by_device.items()}
     engine = engines.get("cpu", engines.get("default", made[names[0]]))
     label = names[0] if len(names) == 1 else Backend(backend)
@@ -257,6 +322,7 @@ def new_group(ranks: list | None = None, timeout=None, backend: str | None = Non
     if bad or len(set(ranks)) != len(ranks):
         raise ValueError(f"new_group: ranks {ranks} must be distinct ranks of the world of size {world.size()}")
     split = {id(e): e.split(ranks) for e in world.engines.values()}
+    _apply_pg_options("new_group", pg_options, {_engine_name(e): split[id(e)] for e in world.engines.values()})
     _World.count += 1
     engine = split[id(world.engine)]
     if engine is None:
@@ -266,6 +332,10 @@ def new_group(ranks: list | None = None, timeout=None, backend: str | None = Non
                       {d: split[id(e)] for d, e in world.engines.items()})
     _World.groups.append(pg)
     return pg
+
+
+def _engine_name(engine) -> str:
+    return "nccl" if getattr(engine, "device_type", None) == "cuda" else type(engine).__name__
 
 
 def _member(group) -> bool:
