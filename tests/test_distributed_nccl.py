@@ -364,14 +364,15 @@ def test_fsdp_gradients_equal_the_unwrapped_model_on_nccl(nccl_world1, mixed):
 
 
 def _priority_cupy(log: list):
-    """A fake CuPy whose streams note their priority; the device's priorities run 0 (least) to -5 (greatest)."""
+    """A fake CuPy whose streams note their priority, clamped as CUDA does to a device range of 0 (least) to
+    -5 (greatest)."""
     class Stream:
         def __init__(self, non_blocking=False, priority=None):
-            self.ptr, self.priority = 100 + len(log), priority
-            log.append(priority)
-    runtime = types.SimpleNamespace(deviceGetStreamPriorityRange=lambda: (0, -5))
+            self.priority = None if priority is None else min(0, max(-5, priority))
+            self.ptr = 100 + len(log)
+            log.append(self.priority)
     return types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda device=None: contextlib.nullcontext(),
-                                                            Stream=Stream, runtime=runtime))
+                                                            Stream=Stream))
 
 
 @pytest.mark.parametrize("high", [True, False])

@@ -137,6 +137,9 @@ class DeviceRequest:
         return self.event.done
 
 
+HIGHEST_STREAM_PRIORITY = -(1 << 20)     # below every device's priority range (H100's is 0 to -5)
+
+
 class NCCLBackend:
     """One process group on NCCL: collectives over contiguous CuPy arrays, each returning a `DeviceRequest`."""
     device_type = "cuda"
@@ -212,9 +215,8 @@ class NCCLBackend:
         if stream is None:
             cupy = _cupy()
             with cupy.cuda.Device(device):
-                if self.high_priority:      # the device's greatest priority: the lowest number of its range
-                    priority = cupy.cuda.runtime.deviceGetStreamPriorityRange()[1]
-                    stream = cupy.cuda.Stream(non_blocking=True, priority=priority)
+                if self.high_priority:      # CUDA clamps a number below the device's range to its greatest
+                    stream = cupy.cuda.Stream(non_blocking=True, priority=HIGHEST_STREAM_PRIORITY)
                 else:
                     stream = cupy.cuda.Stream(non_blocking=True)
                 self._streams[device] = stream
