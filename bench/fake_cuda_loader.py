@@ -39,8 +39,11 @@ def generating_compile_fx(out: list):
     def capture(gm, example_inputs, **kwargs):
         pad_mm.pad_matrix_products(gm)
         graph = GraphLowering(gm, list(example_inputs), example_inputs[0].device, codegen_triton.DTYPES).run()
-        kernels = [k for k in triton_schedule.split_for_grid(schedule(graph), graph) if isinstance(k, Kernel)]
-        out.append(codegen_triton.generate(kernels, _size_names(graph)))
+        names = _size_names(graph)
+        order = triton_schedule.split_for_grid(schedule(graph), graph)
+        if not names:
+            order = triton_schedule.combine_pointwise(order, graph, lambda k: codegen_triton.plain_launch(k, names))
+        out.append(codegen_triton.generate([k for k in order if isinstance(k, Kernel)], names))
         return gm
     return capture
 

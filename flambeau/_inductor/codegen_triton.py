@@ -29,6 +29,7 @@ the wrapper reads after the kernels and raises as the C++ path does.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -40,7 +41,7 @@ from . import config
 from .index import FloorDiv, Index, Indirect, Sym, contiguous_strides, offset_of
 from .ir import CAST, Handler, Unsupported, ops, set_handler
 from .scheduler import expand_groups, strip
-from .triton_schedule import SPLIT_MAX_PARTS, SPLIT_MIN_BLOCKS, SplitPlan, split_programs, would_split
+from .triton_schedule import SPLIT_MAX_PARTS, SPLIT_MIN_BLOCKS, ComboKernel, SplitPlan, split_programs, would_split
 from .sizevars import SizeExpr, known_nonneg
 
 LOWP = (D.bfloat16, D.float16)
@@ -857,12 +858,45 @@ def _final(rt, acc) -> str:
             "any": f"tl.max({acc}.to(tl.int8), 1) != 0", "all": f"tl.min({acc}.to(tl.int8), 1) != 0"}[rt]
 
 
+def plain_launch(k, size_names=(), interpret: bool = False) -> bool:
+    """Whether kernel `k` prints as one launch of a flat grid with XBLOCK its only constexpr (no error flag,
+    second kernel, scratch or second grid axis): what a ComboKernel member must be."""
+    _, la = TritonKernelPrinter(k, size_names, interpret).generate()
+    return la.then is None and not la.error_flag and not la.workspace and la.splits == 1 and \
+        not la.single_program and isinstance(la.xnumel, int) and set(la.constexprs) == {"XBLOCK"}
+
+
+_COMBO_LOCALS = re.compile(r"\b(tmp\d+|xindex|xmask|x\d+)\b")
+
+
+def _combo(k, size_names, interpret: bool) -> tuple:
+    """(source, Launch) of a ComboKernel: one function whose programs [start_i, end_i) run member i's code
+    (its block size the constexpr XBLOCK<i>, its locals suffixed _<i>, its program id offset by start_i)."""
+    lines, consts, warps, start = ["    pid = tl.program_id(0)"], {}, 1, 0
+    for i, m in enumerate(k.members):
+        src, la = TritonKernelPrinter(m, size_names, interpret).generate()
+        body = src.split("):\n", 1)[1].rstrip("\n")
+        body = _COMBO_LOCALS.sub(lambda g: f"{g.group(1)}_{i}", body)
+        body = re.sub(r"\bXBLOCK\b", f"XBLOCK{i}", body.replace("tl.program_id(0)", f"(pid - {start})"))
+        end = start + -(-la.xnumel // la.xblock)
+        lines.append(f"    {'if' if i == 0 else 'elif'} pid < {end}:")
+        lines += ["    " + line for line in body.split("\n") if line.strip()]
+        consts[f"XBLOCK{i}"], warps, start = la.xblock, max(warps, la.num_warps), end
+    bufs = [LaunchBuffer(b.name, b.dtype) for b in (*k.loads, *k.stores)]
+    params = [b.name for b in bufs] + list(size_names) + [f"{c}: tl.constexpr" for c in consts]
+    src = f"@triton.jit\ndef {k.name}({', '.join(params)}):\n" + "\n".join(lines) + "\n"
+    return src, Launch(k.name, bufs, list(size_names), start, 1, consts, warps)
+
+
 def generate(kernels, size_names=(), interpret: bool = False) -> tuple:
     """(module source, {kernel name: Launch}) for the kernels of one graph."""
     parts = [HEADER, TRITON_HELPERS, REDUCE_HELPERS]
     launches = {}
     for k in kernels:
-        src, launch = TritonKernelPrinter(k, size_names, interpret).generate()
+        if isinstance(k, ComboKernel):
+            src, launch = _combo(k, size_names, interpret)
+        else:
+            src, launch = TritonKernelPrinter(k, size_names, interpret).generate()
         parts.append(src)
         launches[k.name] = launch
     return "\n\n".join(parts), launches

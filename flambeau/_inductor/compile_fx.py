@@ -297,6 +297,10 @@ def _compile(gm, example_inputs, gid) -> CompiledArtifact:
         order = triton_schedule.split_for_grid(order, graph, interpret=device.type == "cpu")
         if config.max_autotune:
             order = mm_template.fuse_products(order, graph)     # products as Triton templates (mm_template.py)
+        if not size_names:
+            interpret = device.type == "cpu"
+            order = triton_schedule.combine_pointwise(
+                order, graph, lambda k: codegen_triton.plain_launch(k, size_names, interpret))
     memory = plan_memory(order, graph)
     kernels = [k for k in order if isinstance(k, Kernel)]
     source_path = None

@@ -116,6 +116,15 @@ triton_split_min: int = 8192
 triton_split_min_column: int = 2048
 triton_split_programs: int = 512
 triton_interpret_split_programs: int = 4
+# Combo kernels (triton_schedule.combine_pointwise): independent flat pointwise kernels of one graph (the
+# autocast casts of a block's weights, of its weight gradients) launched as one kernel, each its own range of
+# programs; moved up to the first (they read graph inputs only) or down to the last (their values are only
+# graph outputs), extending at most this many bytes of lifetimes per combo (PyTorch's combo_kernels, off there
+# by default). A compiled DDP model's subgraphs each cast their own weights: without combos, ~8 small kernels
+# a GPT-2 block that one graph's horizontal fusion of same-shaped casts across blocks avoids.
+triton_combo_kernels: bool = True
+triton_combo_bytes: int = 64 << 20
+triton_combo_members: int = 32
 
 # Large bfloat16/float16 matrix products on cuda with a size off 16 bytes (GPT-2's vocabulary, 50257)
 # compute on operands zero-padded where they are produced (pad_mm.py; PyTorch's shape_padding).

@@ -85,3 +85,81 @@ def split_for_grid(order, graph, interpret: bool = False) -> list:
             out.append(nk)
     _assign_locals(out, graph)
     return out
+
+
+# ---- combo kernels ------------------------------------------------------------------------------
+class ComboKernel(Kernel):
+    """Independent flat pointwise kernels (`members`) launched as one: the grid is their program ranges one
+    after the other, and each program runs the code of the member whose range holds it (codegen_triton)."""
+
+    def __init__(self, members: list):
+        super().__init__(members[0].name + "_combo", [n for m in members for n in m.nodes], ())
+        self.members = members
+        self.locals = set().union(*(m.locals for m in members))
+        self.stores = [b for m in members for b in m.stores]
+        seen: set = set()
+        self.loads = [b for m in members for b in m.loads if not (b.name in seen or seen.add(b.name))]
+
+
+def flat_pointwise(k) -> bool:
+    """Whether kernel `k` is one pointwise step over static sizes without an outer loop: a combo member."""
+    return type(k) is Kernel and not k.outer and k.scatter is None and len(k.steps) == 1 and \
+        k.steps[0].kind == "pointwise" and isinstance(math.prod(k.steps[0].inner), int)
+
+
+def _nbytes(b) -> int:
+    n = b.layout.numel
+    return n * b.dtype.itemsize if isinstance(n, int) else 1 << 62
+
+
+def combine_pointwise(order: list, graph, printable=lambda k: True) -> list:
+    """The schedule with independent flat pointwise kernels launched as ComboKernels (`config.triton_combo_kernels`):
+    those that read only graph inputs join one at the first's place (hoisted), those whose values no later
+    step reads (graph outputs only) one at the last's place (sunk), each combo extending at most
+    `config.triton_combo_bytes` of buffer lifetimes (the hoisted ones' stores, the sunk ones' loads) and
+    holding at most `config.triton_combo_members` kernels. `printable(k)` says whether a kernel prints as
+    one plain launch (no error flag, no second kernel). Order and values are unchanged otherwise."""
+    if not config.triton_combo_kernels:
+        return order
+    produced: dict = {}
+    last_read: dict = {}
+    for i, k in enumerate(order):
+        if isinstance(k, Kernel):
+            outs, ins = [b.name for b in k.stores], [b.name for b in k.loads]
+        else:
+            outs = [b.name for b in [k.node] + list(k.node.outputs or [])]
+            ins = [b.name for b in k.node.inputs()]
+        for name in ins:
+            last_read[name] = i
+        for name in outs:
+            produced.setdefault(name, i)
+    hoist: list = []            # groups of (index, kernel)
+    sink: list = []
+    for i, k in enumerate(order):
+        if not flat_pointwise(k):
+            continue
+        if not any(b.name in produced for b in k.loads):
+            kind, groups, size = "hoist", hoist, sum(map(_nbytes, k.stores))
+        elif all(last_read.get(b.name, -1) < i for b in k.stores):
+            kind, groups, size = "sink", sink, sum(map(_nbytes, k.loads))
+        else:
+            continue
+        if size > config.triton_combo_bytes or not printable(k):
+            continue
+        g = groups[-1] if groups else None
+        if g is None or g[0] + size > config.triton_combo_bytes or len(g[1]) >= config.triton_combo_members:
+            groups.append([0, []])
+            g = groups[-1]
+        g[0] += size
+        g[1].append((i, k))
+    place: dict = {}            # index -> the ComboKernel standing there
+    drop: set = set()
+    for groups, at in ((hoist, 0), (sink, -1)):
+        for _, members in groups:
+            if len(members) < 2:
+                continue
+            place[members[at][0]] = ComboKernel([k for _, k in members])
+            drop.update(i for i, _ in members)
+    if not place:
+        return order
+    return [place[i] if i in place else k for i, k in enumerate(order) if i in place or i not in drop]
