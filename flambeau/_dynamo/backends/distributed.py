@@ -21,7 +21,9 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+from ... import _state
 from ..._tensor import Tensor
+from ...amp import autocast_mode
 from ...fx.graph import Graph
 from ...fx.graph_module import GraphModule
 from ...fx.interpreter import Interpreter
@@ -68,6 +70,7 @@ class DDPOptimizer:
         parts = self.partitions(gm)
         if max(parts.values(), default=0) == 0:
             return self._whole(gm, example_inputs, "its parameters fit one bucket")
+        _cast_shared_parameters(gm, parts)
         pieces = _split(gm, parts)
         compiled = _compile_pieces(pieces, example_inputs, self.backend_compile_fn)
         self.subgraphs = len(compiled)
@@ -149,7 +152,7 @@ def _narrowest(gm: GraphModule, parts: dict, slack: int) -> dict:
             if carried > slack:
                 break
             p -= 1
-            if crossing[p] < crossing[best]:
+            if crossing[p] < crossing[best] and order[p - 1].op != "get_attr":    # an attribute stays with its user
                 best = p
         moved.append(best)
     out, k = {}, 0
@@ -159,6 +162,35 @@ def _narrowest(gm: GraphModule, parts: dict, slack: int) -> dict:
             k += 1
         out[n] = k
     return out
+
+
+def _cast_shared_parameters(gm: GraphModule, parts: dict) -> None:
+    """A parameter that later subgraphs use only in ops autocast runs in its lower precision (a tied
+    embedding's output projection under bf16 autocast) is cast once, in its own subgraph, and the later
+    ones take the cast: their gradients then flow back into that subgraph's backward, which adds them to
+    its own (fused) and accumulates the parameter's gradient once; taking the parameter itself, each
+    subgraph's gradient would be accumulated apart (an eager add of the whole gradient, at the end of
+    backward, before the parameter's bucket can be reduced). The values are autocast's: the later op
+    casts a float32 parameter to the same dtype."""
+    lowp = _state.tls.autocast
+    if not lowp:
+        return
+    for node in [n for n in gm.graph.nodes if n.op == "get_attr"]:
+        value = _attr(gm, node.target)
+        if not isinstance(value, Parameter) or not value.requires_grad or not value.is_floating_point():
+            continue
+        dtype = lowp.get(value.device.type)
+        home = parts.get(node)
+        away = [u for u in node.users if parts.get(u, home) != home]
+        if dtype is None or value.dtype == dtype or not away or not all(
+                u.op == "call_function" and hasattr(u.target, "tags") and
+                autocast_mode._rule(u.target, value.device.type) is autocast_mode._lower for u in away):
+            continue
+        with gm.graph.inserting_after(node):
+            cast = gm.graph.call_method("to", (node, dtype))
+        parts[cast] = home
+        for u in away:
+            u.replace_input_with(node, cast)
 
 
 def _bytes(node) -> int:
