@@ -451,11 +451,18 @@ class NCCLBackend:
 
 def _reduction(buf, op_name: str) -> tuple:
     """(element count, NCCL dtype, NCCL op) of an all-reduce of `buf` (a complex array as its float pairs)."""
-    name = _dtype_name(buf)
-    op = nccl_op(op_name, name)
-    if name in _COMPLEX_PARTS:
-        return 2 * buf.size, _DTYPES[_COMPLEX_PARTS[name]], op
-    return buf.size, _DTYPES.get(name), op
+    key = (buf.dtype, op_name)
+    kind = _reductions.get(key)
+    if kind is None:                # a dtype's name is slow to make (NumPy builds it): once per dtype and op
+        name = _dtype_name(buf)
+        op = nccl_op(op_name, name)
+        kind = _reductions[key] = (2, _DTYPES[_COMPLEX_PARTS[name]], op) if name in _COMPLEX_PARTS else \
+            (1, _DTYPES.get(name), op)
+    units, dtype, op = kind
+    return units * buf.size, dtype, op
+
+
+_reductions: dict = {}              # (array dtype, op name) -> (NCCL elements per element, NCCL dtype, NCCL op)
 
 
 def _units(arr) -> int:
