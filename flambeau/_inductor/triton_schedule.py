@@ -139,9 +139,9 @@ def combine_pointwise(order: list, graph, printable=lambda k: True) -> list:
         if not flat_pointwise(k):
             continue
         if not any(b.name in produced for b in k.loads):
-            kind, groups, size = "hoist", hoist, sum(map(_nbytes, k.stores))
+            groups, size = hoist, sum(map(_nbytes, k.stores))
         elif all(last_read.get(b.name, -1) < i for b in k.stores):
-            kind, groups, size = "sink", sink, sum(map(_nbytes, k.loads))
+            groups, size = sink, sum(map(_nbytes, k.loads))
         else:
             continue
         if size > config.triton_combo_bytes or not printable(k):
