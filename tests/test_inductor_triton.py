@@ -552,41 +552,39 @@ def _mlp_step(m, combos_model, x):
     return loss
 
 
-@pytest.mark.parametrize("combos", [True, False])
-def test_independent_pointwise_kernels_launch_as_one_combo(triton_backend, monkeypatch, combos):
+def test_independent_pointwise_kernels_launch_as_one_combo(triton_backend, monkeypatch):
     """Under autocast each weight of a block (three shapes) is cast to bfloat16 by its own flat kernel, and in
     backward each weight gradient back to float32: with `triton_combo_kernels` the forward's casts (reading
     graph inputs only) launch as one ComboKernel, and so do the backward's gradient casts (graph outputs
-    only); losses and gradients equal those without combos bit for bit, and PyTorch's to bfloat16 rounding."""
+    only); losses and gradients equal those without combos bit for bit (both runs in this test), and
+    PyTorch's to bfloat16 rounding; fewer launches."""
     from flambeau._inductor.triton_schedule import ComboKernel
-    monkeypatch.setattr(config, "triton_combo_kernels", combos)
-    made = spy_compile_fx(monkeypatch, [])
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(16, 48), torch.nn.GELU(), torch.nn.Linear(48, 24),
                               torch.nn.Linear(24, 8))
-    model = fl.nn.Sequential(fl.nn.Linear(16, 48), fl.nn.GELU(), fl.nn.Linear(48, 24), fl.nn.Linear(24, 8))
-    model.load_state_dict({k: fl.tensor(v.detach().numpy()) for k, v in ref.state_dict().items()})
     x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
-    before = _launches()
-    loss = _mlp_step(fl, fl.compile(model), fl.tensor(x))
-    launches = _launches() - before
     want = _mlp_step(torch, ref, torch.tensor(x))
-    np.testing.assert_allclose(float(loss.detach()), float(want.detach()), rtol=5e-2)
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-1, atol=5e-3, err_msg=name)
-    combo = [k for g in made for k in g.artifact.kernels if isinstance(k, ComboKernel)]
-    if combos:
-        assert len(combo) == 2 and all(len(k.members) >= 3 for k in combo), [len(k.members) for k in combo]
-    else:
-        assert not combo
-    test_independent_pointwise_kernels_launch_as_one_combo.results[combos] = (
-        float(loss.detach()), [p.grad.numpy().copy() for p in model.parameters()], launches)
-    if len(test_independent_pointwise_kernels_launch_as_one_combo.results) == 2:
-        on, off = (test_independent_pointwise_kernels_launch_as_one_combo.results[c] for c in (True, False))
-        assert on[0] == off[0]
-        for a, b in zip(on[1], off[1]):
-            np.testing.assert_array_equal(a, b)
-        assert on[2] < off[2] - 4, (on[2], off[2])
-
-
-test_independent_pointwise_kernels_launch_as_one_combo.results = {}
+    results = {}
+    for combos in (True, False):
+        monkeypatch.setattr(config, "triton_combo_kernels", combos)
+        fl._dynamo.reset()
+        made = spy_compile_fx(monkeypatch, [])
+        model = fl.nn.Sequential(fl.nn.Linear(16, 48), fl.nn.GELU(), fl.nn.Linear(48, 24), fl.nn.Linear(24, 8))
+        model.load_state_dict({k: fl.tensor(v.detach().numpy()) for k, v in ref.state_dict().items()})
+        before = _launches()
+        loss = _mlp_step(fl, fl.compile(model), fl.tensor(x))
+        launches = _launches() - before
+        np.testing.assert_allclose(float(loss.detach()), float(want.detach()), rtol=5e-2)
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-1, atol=5e-3, err_msg=name)
+        combo = [k for g in made for k in g.artifact.kernels if isinstance(k, ComboKernel)]
+        if combos:
+            assert len(combo) == 2 and all(len(k.members) >= 3 for k in combo), [len(k.members) for k in combo]
+        else:
+            assert not combo
+        results[combos] = (float(loss.detach()), [p.grad.numpy().copy() for p in model.parameters()], launches)
+    on, off = results[True], results[False]
+    assert on[0] == off[0]
+    for a, b in zip(on[1], off[1]):
+        np.testing.assert_array_equal(a, b)
+    assert on[2] < off[2] - 4, (on[2], off[2])
