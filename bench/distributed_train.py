@@ -281,24 +281,28 @@ def worker(args) -> None:
 def _phases(torch, model, opt, batch, amp, cuda: bool) -> dict:
     """Device time of each phase of a step (median over PHASE_STEPS steps, ms), from CUDA events recorded
     on the current stream (cpu: host clock readings): forward; backward until the last parameter gradient
-    is computed (an event per gradient hook, the last one kept: before its accumulation and DDP's
-    post-accumulate hooks); the rest of backward (the accumulations and, in DDP, the last buckets'
-    reductions that are still running); optimizer step; zero_grad and the host's lead into the next step."""
+    is computed (an event after each backward node that hands gradients to parameters, the last one kept:
+    before those accumulations and DDP's post-accumulate hooks; hooks on the nodes, not the parameters, whose
+    hooks would keep DDP from leaving its last waits to the optimizer); the rest of backward (the
+    accumulations and, in DDP, the reductions waited for when backward ends); optimizer step (with the
+    reductions DDP left to it); zero_grad and the host's lead into the next step."""
     from bench import gpu_models
     Event = torch.cuda.Event if cuda else _HostMark
     last = {}
-    hooks = [p.register_hook(lambda g: last.__setitem__("grads", _recorded(Event)))
-             for p in model.parameters() if p.requires_grad]
+
+    def mark(step: dict, name: str, loss=None) -> None:
+        step[name] = _recorded(Event)
+        if loss is not None:
+            for node in _gradient_nodes(loss.grad_fn):
+                node.register_hook(lambda *args: last.__setitem__("grads", _recorded(Event)))
     marks = []
     for _ in range(PHASE_STEPS + 1):
         step = {"start": _recorded(Event)}
-        gpu_models.train_step(torch, model, opt, *batch, amp, mark=lambda name: step.__setitem__(name, _recorded(Event)))
+        gpu_models.train_step(torch, model, opt, *batch, amp, mark=lambda *a, step=step: mark(step, *a))
         step["grads"] = last.pop("grads")
         marks.append(step)
     if cuda:
         torch.cuda.synchronize()
-    for h in hooks:
-        h.remove()
     order = ("start", "forward", "grads", "backward", "step")
     names = ("forward", "backward_compute", "backward_wait", "optimizer", "zero_grad_and_gap")
     out = {n: [] for n in names}
@@ -307,6 +311,22 @@ def _phases(torch, model, opt, batch, amp, cuda: bool) -> dict:
         for n, a, b in zip(names, points, points[1:]):
             out[n].append(a.elapsed_time(b))
     return {n: statistics.median(v) for n, v in out.items()}
+
+
+def _gradient_nodes(root) -> list:
+    """The backward nodes under `root` that hand a gradient to a parameter (an AccumulateGrad among their
+    next functions)."""
+    seen, stack, out = set(), [root], []
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        nexts = [n for n, _ in node.next_functions]
+        if any(type(n).__name__ == "AccumulateGrad" for n in nexts if n is not None):
+            out.append(node)
+        stack.extend(n for n in nexts if n is not None and type(n).__name__ != "AccumulateGrad")
+    return out
 
 
 def _recorded(Event):

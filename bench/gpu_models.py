@@ -130,11 +130,12 @@ def mlp(m, width=256, depth=4):
 
 def train_step(m, model, opt, x, y, amp_dtype=None, mark=None):
     """One training step; returns the loss tensor (not read: reading it is a synchronisation). `mark(name)`,
-    if given, is called after the forward, the backward and the optimizer step (bench phases)."""
+    if given, is called after the forward (with the loss: `mark("forward", loss)`), the backward and the
+    optimizer step (bench phases)."""
     ctx = m.autocast(device_type="cuda", dtype=amp_dtype) if amp_dtype is not None else contextlib.nullcontext()
     with ctx:
         loss = model(x, y)
-    mark and mark("forward")
+    mark and mark("forward", loss)
     loss.backward()
     mark and mark("backward")
     opt.step()

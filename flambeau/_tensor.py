@@ -18,6 +18,7 @@ import copy
 
 from . import _dtype as D
 from . import _state
+from . import _pending_grads
 from ._device import device as Device
 from ._backends import MetaArray, contiguous_strides, device_checks, cupy_available, get as backend_of
 from ._tensor_str import tensor_repr
@@ -246,10 +247,14 @@ class Tensor:
 
     @property
     def grad(self):
+        if _pending_grads.waits:          # a gradient DDP still reduces: the current stream waits for it
+            _pending_grads.settle(self)
         return self._grad
 
     @grad.setter
     def grad(self, g):
+        if _pending_grads.waits:
+            _pending_grads.settle(self)
         if g is not None:
             if not isinstance(g, Tensor):
                 raise TypeError(f"assigned grad expected to be a Tensor or None but got grad of type {type(g).__name__}")
@@ -425,7 +430,7 @@ class Tensor:
             new = self.clone()
         new = type(self)._from(new) if type(self) is not Tensor else new
         new._requires_grad = self._requires_grad
-        if self._grad is not None:
+        if self.grad is not None:
             new._grad = self._grad.__deepcopy__(memo)
         for k, v in self.__dict__.items():
             if k not in new.__dict__:

@@ -515,3 +515,118 @@ def test_in_place_buffers_are_the_gradients_unless_they_share_memory_or_differ_i
         assert arrays is bucket.arrays and bucket.staged and bucket.reducing is grads
         for view, g in zip(bucket.views, grads):
             np.testing.assert_array_equal(view.numpy(), g.numpy())
+
+
+class _InFlightEngine(_AveragingEngine):
+    """`_AveragingEngine` with NCCL's grouped in-place all-reduce, whose results land only when waited for:
+    until then the reduced arrays hold NaN (a read of an unwaited gradient sees them, and so does an optimizer
+    stepping on one). Requests complete in issue order, as on NCCL's one stream: a wait completes every
+    request issued before it too."""
+
+    def __init__(self, engine, log: list) -> None:
+        super().__init__(engine, True, log)
+        self.in_flight = []                  # [(arrays, their results)] in issue order
+
+    def all_reduce_many(self, bufs: list, op_name: str):
+        assert op_name == "AVG"
+        self.log.append(("reduce", len(self.in_flight)))
+        self.in_flight.append((bufs, [b.copy() for b in bufs]))    # world size 1: the average is the array
+        for b in bufs:
+            b[...] = np.nan
+        request, outer = len(self.in_flight) - 1, self
+
+        class InFlight:
+            def wait(self) -> None:
+                outer.log.append(("wait", request))
+                for bufs, results in outer.in_flight[:request + 1]:
+                    for b, r in zip(bufs, results):
+                        b[...] = r
+                    results.clear()
+        return InFlight()
+
+
+def _finite(t) -> bool:
+    return bool(np.isfinite(t._data).all())
+
+
+@pytest.mark.parametrize("user_hook", [False, True])
+def test_last_buckets_are_waited_for_when_their_gradients_are_used(world1, monkeypatch, user_hook):
+    """The buckets that complete with the last gradients backward computes (here the first layer's, in a
+    bucket or two of their own) are not waited for when backward returns: their parameters are pending
+    (`flambeau._pending_grads`) and the first read of one of their `.grad` waits (one wait: the engine
+    completes in order); every other bucket was waited for at the end of backward. A second backward adds
+    into the pending gradients only after their wait, the optimizer steps on them only after it, and both
+    give the unwrapped model's values. With a hook of the user's on one of those parameters, or
+    FLAMBEAU_DDP_DEFER_WAIT=0, every bucket is waited for at the end of backward."""
+    from flambeau import _pending_grads
+    group = dist.GroupMember.WORLD
+    log = []
+    fake = _InFlightEngine(group.engine_for("cpu"), log)
+    monkeypatch.setattr(group, "engine_for", lambda device_type: fake)
+    plain, model = _model(), ddp_module.DistributedDataParallel(_model(), bucket_cap_mb=0.0005)
+    first = list(model.module[0].parameters())
+    if user_hook:
+        first[1].register_hook(lambda g: None)
+    opts = [flambeau.optim.SGD(m.parameters(), lr=0.1) for m in (plain, model)]
+    x = flambeau.tensor(np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32))
+    for s in range(3):              # (the buckets are rebuilt in arrival order after the first step)
+        for m, opt in zip((plain, model), opts):
+            opt.zero_grad()
+            (m(x) ** 2).mean().backward()
+        buckets = model.reducer.buckets
+        final = [b for b in buckets if {id(p) for p in first} & {id(p) for p in b.params}]
+        assert len(buckets) > 2 and final == buckets[-len(final):]
+        pending = set(_pending_grads.waits)
+        if user_hook:
+            assert not pending and all(_finite(p._grad) for p in model.parameters())
+        else:
+            assert pending == {id(p) for b in final for p in b.params}
+            assert all(_finite(p._grad) == (id(p) not in pending) for p in model.parameters())
+            assert log[-1] == ("wait", len(fake.in_flight) - len(final) - 1)    # the last of the others
+        if s == 1:                  # a second backward adds into them: after their wait
+            for m in (plain, model.module):
+                (m(x) ** 2).mean().backward()
+            assert not _pending_grads.waits
+        for p, q in zip(plain.parameters(), model.module.parameters()):
+            np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-6)   # `.grad` waits
+        assert not _pending_grads.waits and log[-1][0] == "wait"
+        for opt in opts:
+            opt.step()
+        for p, q in zip(plain.parameters(), model.module.parameters()):
+            np.testing.assert_allclose(q.detach().numpy(), p.detach().numpy(), rtol=1e-6)
+    opts[1].zero_grad()
+    (model(x) ** 2).mean().backward()
+    assert bool(_pending_grads.waits) != user_hook
+    opts[1].step()                  # the optimizer waits too
+    assert not _pending_grads.waits and all(_finite(p) for p in model.parameters())
+    model.reducer.defer = False
+    opts[1].zero_grad()
+    (model(x) ** 2).mean().backward()
+    assert not _pending_grads.waits and all(_finite(p._grad) for p in model.parameters())
+
+
+def test_defer_wait_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("FLAMBEAU_DDP_DEFER_WAIT", "yes")
+    with pytest.raises(ValueError, match="FLAMBEAU_DDP_DEFER_WAIT='yes'"):
+        ddp_module._defer_from_env()
+    monkeypatch.setenv("FLAMBEAU_DDP_DEFER_WAIT", "0")
+    assert ddp_module._defer_from_env() is False
+
+
+def test_pending_groups_partition_in_their_order_and_settle_once():
+    from flambeau import _pending_grads
+    a, b, c, d = (flambeau.zeros(1) for _ in range(4))
+    waited = []
+    late, early = (_pending_grads.Pending(ps, order, lambda n=name: waited.append(n))
+                   for ps, order, name in (([a, c], 5, "late"), ([d], 1, "early")))
+    try:
+        for g in (late, early):
+            _pending_grads.defer(g)
+        assert _pending_grads.partition([a, b, c, d]) == [(None, [b]), (early, [d]), (late, [a, c])]
+        _pending_grads.settle(c)
+        _pending_grads.settle(a)
+        assert waited == ["late"] and set(_pending_grads.waits) == {id(d)}
+        d.grad = None                   # replacing a pending gradient waits first
+        assert waited == ["late", "early"] and not _pending_grads.waits
+    finally:
+        _pending_grads.waits.clear()

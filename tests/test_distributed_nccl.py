@@ -307,6 +307,42 @@ def test_ddp_step_on_nccl_makes_no_host_syncs(nccl_world1):
 
 
 @pytest.mark.cuda
+def test_ddp_adamw_updates_the_reduced_buckets_before_waiting_for_the_last(nccl_world1, monkeypatch):
+    """The buckets completed by backward's last gradients (the embedding's and the first layer's) are left
+    pending when backward returns; the fused AdamW step updates every other parameter in one launch first,
+    then waits for those reductions and updates them in a second launch: both launches together update
+    every parameter once, as the unwrapped model's AdamW does (world size 1: bit for bit)."""
+    pytest.importorskip("torch")
+    from bench import gpu_models
+    from flambeau import _pending_grads
+    from flambeau._backends import triton_adam
+    log = []
+    launch, settle = triton_adam.launch, _pending_grads.Pending.settle
+    monkeypatch.setattr(triton_adam, "launch", lambda arrays, ptrs, **kw: (
+        log.append(("launch", len(arrays.numels), len(_pending_grads.waits))), launch(arrays, ptrs, **kw))[1])
+    monkeypatch.setattr(_pending_grads.Pending, "settle", lambda self: (
+        log.append(("settle", len(self.params))) if not self.done else None, settle(self))[1])
+
+    def model():
+        flambeau.manual_seed(0)
+        return gpu_models.gpt(flambeau, vocab=96, block=64, d=64, layers=2, heads=4).to("cuda")
+    plain, ddp = model(), flambeau.nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=0.05)
+    opts = [flambeau.optim.AdamW(m.parameters(), lr=1e-3) for m in (plain, ddp)]
+    rng = np.random.default_rng(0)
+    n = len(list(plain.parameters()))
+    for step in range(3):
+        x, y = (flambeau.tensor(rng.integers(0, 96, (4, 64)), device="cuda") for _ in range(2))
+        for m, opt in zip((plain, ddp), opts):
+            del log[:]
+            gpu_models.train_step(flambeau, m, opt, x, y, flambeau.bfloat16)
+        for p, q in zip(plain.parameters(), ddp.module.parameters()):
+            np.testing.assert_array_equal(q.detach().cpu().numpy(), p.detach().cpu().numpy())
+    (_, first, waiting), (_, deferred), (_, second, _) = log
+    assert log[0][0] == "launch" and log[1][0] == "settle" and log[2][0] == "launch"
+    assert first + second == n and second == deferred == waiting > 0 and not _pending_grads.waits
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype,as_view", [("float32", False), ("bfloat16", False), ("float32", True)])
 def test_ddp_gradients_equal_the_unwrapped_model_on_nccl(nccl_world1, dtype, as_view):
     """At world size 1 the average is the gradient itself: DDP's bucket copies (cudaMemcpyAsync, bf16 too)

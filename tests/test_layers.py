@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("flambeau._state", "flambeau._dtype", "flambeau._logging", "flambeau._png",
                     "flambeau._cpp_builder", "flambeau._counters", "flambeau._atomic", "flambeau._strict_zip",
                     "flambeau._tags", "flambeau._fp_errors", "flambeau._public", "flambeau._compile_lock", "flambeau._code_cache",
+                    "flambeau._pending_grads",
                     "flambeau.torch_version",
                     "flambeau.version", "flambeau.futures")),
     ("device", ("flambeau._device",)),

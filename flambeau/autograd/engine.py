@@ -15,6 +15,7 @@ import warnings
 
 from .._dtype import FLOATING
 from .. import _state
+from .. import _pending_grads
 from .._tensor import Tensor, strided, contiguous_format, _ptr
 from .._dispatch import WRAPPER_DEVICE
 from .graph import AccumulateGrad, OpNode, _edge
@@ -86,6 +87,9 @@ class _ThreadPasses(threading.local):
 
 _passes = _ThreadPasses()
 _accumulate_lock = threading.RLock()    # held while a leaf's .grad is set or added to (`_accumulate_locked`)
+# How many nodes other than AccumulateGrad backward passes have applied (all threads; DDP's reducer reads it
+# to tell which of its buckets completed with the last gradients a backward computed).
+nodes_applied = [0]
 
 
 def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accumulate=True,
@@ -148,6 +152,7 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None, accu
                 if accumulate and (only_leaves is None or node in only_leaves) and buf.get(0) is not None:
                     _accumulate(node.variable, buf[0], create_graph, stored)
                 continue
+            nodes_applied[0] += 1
             next_nodes = node._next_nodes
             if not buf or (needed is not None and node not in needed):
                 outs = [None] * len(next_nodes)
@@ -458,7 +463,10 @@ def _accumulate(t: Tensor, g: Tensor, create_graph: bool, stored: dict | None = 
 
 def _accumulate_locked(t: Tensor, g: Tensor, create_graph: bool, stored: dict | None) -> None:
     """`t.grad` = g, or += g: one thread at a time (backward passes of several threads may reach one
-    leaf at once; PyTorch holds a mutex per AccumulateGrad), so no update is lost."""
+    leaf at once; PyTorch holds a mutex per AccumulateGrad), so no update is lost. A gradient DDP still
+    reduces (`_pending_grads`) is waited for before anything adds into it or replaces it."""
+    if _pending_grads.waits:
+        _pending_grads.settle(t)
     if t._grad is None:
         if create_graph:
             t._grad = g

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from .. import _backends, _state
+from .. import _backends, _pending_grads, _state
 from .._ops.creation import from_numpy
 from .._tensor import Tensor
 from ..futures import Future
@@ -294,7 +294,10 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
-    """Forget `group` (or every group, with the default); the processes may init again."""
+    """Forget `group` (or every group, with the default); the processes may init again. Gradients DDP left
+    pending (`flambeau._pending_grads`) are waited for first: their reductions run on these engines."""
+    if _pending_grads.waits:
+        _pending_grads.settle_all()
     if group is None or group is _World.default:
         if _World.default is None:
             raise AssertionError("Process group cannot be None")

@@ -37,7 +37,7 @@ class Parameter(Tensor):
         with _no_grad():
             data = self.detach().clone()
         new = type(self)(data, self.requires_grad)
-        if self._grad is not None:
+        if self.grad is not None:
             new._grad = self._grad.__deepcopy__(memo)
         memo[id(self)] = new
         return new

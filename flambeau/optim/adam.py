@@ -11,6 +11,7 @@ import numpy as np
 
 from .._backends import cpu_kernels, triton_launch
 from .._tensor import Tensor
+from .. import _pending_grads
 from .optimizer import Optimizer, _scalar_tensor, per_tensor
 from . import _foreach as FE
 from .._ops.creation import zeros_like
@@ -50,6 +51,7 @@ def _weight_decay(p, g, group, decoupled):
 
 _data_of, _grad_of = operator.attrgetter("_data"), operator.attrgetter("_grad")
 _layout_of = operator.attrgetter("dtype", "shape", "strides")
+MAX_CUTS = 4        # `_FusedPlan.segments` keeps this many cuts of a group's parameters
 
 
 class _FusedPlan:
@@ -90,9 +92,31 @@ class _FusedPlan:
         self.versions = [p._version for p in self.taken] + [
             st[n]._version for st in self.states for n in ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
             if n in st]
-        rows = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq" if amsgrad else "exp_avg")
-        self.arrays = triton_adam.Arrays([p._data for p in self.taken], *(
-            [st[n]._data for st in self.states] for n in rows)) if self.taken else None
+        self.rows = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq" if amsgrad else "exp_avg")
+        self.arrays = self._arrays(range(len(self.taken)), triton_adam) if self.taken else None
+        self.cuts: dict = {}      # how DDP's pending reductions cut the taken parameters -> `segments`
+
+    def _arrays(self, indices, triton_adam):
+        return triton_adam.Arrays([self.taken[i]._data for i in indices], *(
+            [self.states[i][n]._data for i in indices] for n in self.rows))
+
+    def segments(self, triton_adam) -> list | None:
+        """The taken parameters in the order their gradients become final (`_pending_grads.partition`:
+        those DDP has finished reducing first, then each group still reducing), each part with its own
+        `triton_adam.Arrays` (made once per cut): [(group or None, Arrays, indices into `taken`)]; None
+        when no taken gradient is pending."""
+        parts = [(g, ps) for g, ps in _pending_grads.partition(self.taken) if ps]
+        if len(parts) == 1 and parts[0][0] is None:
+            return None
+        key = tuple(tuple(map(id, ps)) for _, ps in parts)
+        cut = self.cuts.get(key)
+        if cut is None:
+            if len(self.cuts) >= MAX_CUTS:
+                self.cuts.clear()
+            where = {id(p): i for i, p in enumerate(self.taken)}
+            indices = [[where[id(p)] for p in ps] for _, ps in parts]
+            cut = self.cuts[key] = [(self._arrays(idx, triton_adam), idx) for idx in indices]
+        return [(g, arrays, idx) for (g, _), (arrays, idx) in zip(parts, cut)]
 
     def holds(self, params, state, amsgrad: bool) -> bool:
         """Whether these are the planned parameters with the same arrays, state dicts and state tensors."""
@@ -194,10 +218,17 @@ class Adam(Optimizer):
         if first is None:                               # uneven step counts: one launch per count
             self._fused_groups(group, plan.taken, triton_adam)
             return plan.rest
-        triton_adam.launch(plan.arrays, [g.data.ptr for g in grads], lr=self._fused_lr(group), beta1=group["betas"][0],
-                           beta2=group["betas"][1], eps=group["eps"], weight_decay=group["weight_decay"], step=first,
-                           amsgrad=group["amsgrad"], maximize=group["maximize"],
-                           decoupled=group["decoupled_weight_decay"])
+        hyper = dict(lr=self._fused_lr(group), beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"],
+                     weight_decay=group["weight_decay"], step=first, amsgrad=group["amsgrad"],
+                     maximize=group["maximize"], decoupled=group["decoupled_weight_decay"])
+        segments = plan.segments(triton_adam) if _pending_grads.waits else None
+        if segments is None:
+            triton_adam.launch(plan.arrays, [g.data.ptr for g in grads], **hyper)
+        else:       # DDP's last reductions still run: the others' update first, each pending group after its wait
+            for pending, arrays, idx in segments:
+                if pending is not None:
+                    pending.settle()
+                triton_adam.launch(arrays, [grads[i].data.ptr for i in idx], **hyper)
         for ver in plan.versions:
             ver[0] += 1
         return plan.rest

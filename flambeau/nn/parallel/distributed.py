@@ -29,12 +29,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import operator
+import os
 import threading
 
-from ... import _backends, _dtype, _state
+from ... import _backends, _dtype, _pending_grads, _state
 from ..._backends import multi_tensor
 from ..._ops import functions as torch       # the operator functions flambeau exports
 from ..._tensor import Tensor
+from ...autograd import engine as _engine
 from ...autograd.graph import reachable_leaves
 from ... import distributed as dist
 from ...distributed.distributed_c10d import _avg, _buf
@@ -50,6 +52,18 @@ CUDA_MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyKind (driver_types.h)
 _data_of, _grad_of, _version_of = (operator.attrgetter(a) for a in ("_data", "_grad", "_version"))
 _layout_of = operator.attrgetter("__class__", "dtype", "shape", "strides")
 _nbytes_of = operator.attrgetter("nbytes")
+
+
+def _defer_from_env() -> bool:
+    value = os.environ.get("FLAMBEAU_DDP_DEFER_WAIT", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"FLAMBEAU_DDP_DEFER_WAIT={value!r}: expected 1 (leave the reductions of the buckets that "
+                         f"complete with backward's last gradients to be waited for when those gradients are "
+                         f"used) or 0 (wait for every bucket when backward ends, as PyTorch's reducer)")
+    return value == "1"
+
+
+DEFER_LAST_WAIT = _defer_from_env()
 
 
 class GradBucket:
@@ -126,6 +140,7 @@ class _Bucket:
         self.avg_n = 0
         self.in_place = False                # set by `_Reducer`: the default all-reduce may run on the gradients
         self.reducing = None                 # the gradients being reduced in their own memory this step
+        self.burst = 0                       # backward's count of applied nodes when this bucket started
         self.staged = False                  # ... or through the views (copied in, to be copied back)
         self.address_of = operator.attrgetter("data.ptr" if hasattr(self.arrays[0].data, "ptr") else "ctypes.data")
 
@@ -259,6 +274,8 @@ class _Reducer:
         self.hook_state, self.hook = group, _default_allreduce
         self.active, self.next_bucket, self.ready = False, 0, [False] * len(params)
         self.some_unused = False                          # parameters marked ready without a gradient
+        self.pending = None                  # the last step's buckets whose waits were left to their use
+        self.defer = DEFER_LAST_WAIT
         self.handles = [p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(params)]
 
     def _set_buckets(self, buckets: list) -> None:
@@ -318,7 +335,15 @@ class _Reducer:
         self.recording = self.should_rebuild()
         return True
 
+    def settle(self) -> None:
+        """Wait for the reductions the last backward left pending (`_finalize`), if not waited for yet."""
+        if self.pending is not None:
+            self.pending.settle()
+            self.pending = None
+
     def prepare_for_forward(self) -> None:
+        if self.pending is not None:
+            self.settle()
         if self.active:
             raise RuntimeError(
                 "Expected to have finished reduction in the prior iteration before starting a new one. This error "
@@ -330,6 +355,8 @@ class _Reducer:
                             and not self.ready[i]))
 
     def prepare_for_backward(self, outputs: list) -> None:
+        if self.pending is not None:
+            self.settle()
         for b in self.buckets:
             b.pending, b.future, b.request = len(b.params), None, None
         self.active, self.next_bucket, self.ready = True, 0, [False] * len(self.params)
@@ -368,6 +395,7 @@ class _Reducer:
         engine that reduces many arrays in one operation (NCCL's group: one kernel) the default average runs
         on the gradients themselves, no copy in or back (`_Bucket.in_place_buffers`); not with
         `find_unused_parameters` or a static graph, whose unused parameters reduce their views' zeros."""
+        bucket.burst = _engine.nodes_applied[0]
         if bucket.in_place and self.hook is _default_allreduce and not self.static_graph:
             bucket.request = bucket.engine.all_reduce_many(bucket.in_place_buffers(list(map(_grad_of, bucket.params))),
                                                            "AVG")
@@ -412,15 +440,61 @@ class _Reducer:
             if self.static_graph:
                 self.static_used_map = globally_used
         back: dict = {}                 # copier -> (sources, destinations, versions): one batched copy each
-        *head, last = self.buckets
-        covered = self.ordered_waits and self.hook is _default_allreduce
-        if covered:                     # the engine completes a device's operations in issue order: waiting for
-            head[-1].request.wait()     # the last-but-one bucket's all-reduce covers the ones before it
-        for b in head:
-            self._reduced(b, not covered, globally_used, back)
-        _copy_back(back)                # the copy back of these runs while the last reduction still does
-        self._reduced(last, True, globally_used, back)
-        _copy_back(back)
+        deferred = self._deferrable(globally_used)
+        waited = self.buckets[:len(self.buckets) - len(deferred)]
+        if waited:
+            *head, last = waited
+            covered = self.ordered_waits and self.hook is _default_allreduce and bool(head)
+            if covered:                 # the engine completes a device's operations in issue order: waiting for
+                head[-1].request.wait()     # the last-but-one bucket's all-reduce covers the ones before it
+            for b in head:
+                self._reduced(b, not covered, globally_used, back)
+            _copy_back(back)            # the copy back of these runs while the last reduction still does
+            self._reduced(last, True, globally_used, back)
+            _copy_back(back)
+        if deferred:
+            self._defer(deferred)
+
+    def _deferrable(self, globally_used: list | None) -> list:
+        """The buckets whose waits are left to the first use of their gradients (`_pending_grads`): those
+        started after the last node backward applied (with its gradients: GPT-2's embedding and first layer)
+        whose average ran on the gradients themselves. None with unused parameters searched, a comm hook,
+        `FLAMBEAU_DDP_DEFER_WAIT=0`, or a hook of the user's on one of their parameters (it may have kept
+        the gradient, which it would read unwaited)."""
+        last = self.buckets[-1]
+        if not self.defer or last.reducing is None or globally_used is not None or \
+                self.hook is not _default_allreduce:
+            return []
+        tail = []
+        for b in reversed(self.buckets):
+            if b.burst != last.burst:
+                break
+            if b.request is None or b.avg_n or b.staged or b.reducing is None or not all(
+                    not p._hooks and len(p.__dict__.get("_post_acc_hooks", ())) == 1 for p in b.params):
+                return []
+            tail.append(b)
+        return tail[::-1]
+
+    def _defer(self, buckets: list) -> None:
+        """List `buckets`' parameters as pending (`_pending_grads`): the first use of one of their gradients
+        waits for these reductions (one wait on an engine that completes them in order, else one each)."""
+        kept = []
+        for b in buckets:
+            b.flat._version[0] += 1
+            grads, b.reducing = b.reducing, None
+            for version in map(_version_of, grads):
+                version[0] += 1
+            kept.append(grads)
+        requests = [b.request for b in buckets]
+        if self.ordered_waits:
+            requests = requests[-1:]
+
+        def wait() -> None:
+            for r in requests:
+                r.wait()
+            kept.clear()                # the gradients' memory is released on the stream that waited
+        self.pending = _pending_grads.Pending([p for b in buckets for p in b.params], buckets[0].index, wait)
+        _pending_grads.defer(self.pending)
 
     def _reduced(self, b: _Bucket, wait: bool, globally_used: list | None, back: dict) -> None:
         """Bucket `b`'s reduction has completed (after its wait when `wait`): its averaged gradients go back
