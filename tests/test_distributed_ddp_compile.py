@@ -73,11 +73,12 @@ def _pre_ln_transformer(m, d=32, layers=3):
 
 
 @pytest.mark.parametrize("narrowest", [True, False])
-def test_split_moves_each_cut_earlier_to_where_one_value_crosses(monkeypatch, narrowest):
+def test_split_moves_each_cut_earlier_to_just_before_a_product(monkeypatch, narrowest):
     """With `ddp_split_narrowest` each cut moves back from inside the MLP (the cut where the bucket fills:
-    the GELU's 4x-wide output and the residual cross it) to after the attention's residual add, where
-    only the residual stream crosses; no parameter moves to an earlier subgraph (its bucket would be
-    ready later); the split graph computes what the model does."""
+    the GELU's 4x-wide output and the residual cross it) to just before a matrix product, here the MLP's
+    first, where layer norm's output and the residual cross (half the bytes; no fusion of layer norm with
+    the residual add is cut); no parameter moves to an earlier subgraph (its bucket would be ready later);
+    the split graph computes what the model does."""
     import flambeau as torch
     from flambeau._dynamo import config
     from flambeau._dynamo.backends.distributed import DDPOptimizer, _split
@@ -94,21 +95,61 @@ def test_split_moves_each_cut_earlier_to_where_one_value_crosses(monkeypatch, na
         with monkeypatch.context() as mp:
             mp.setattr(config, "ddp_split_narrowest", False)
             seen["at_bucket"] = opt.partitions(gm)
+            seen["bucket_pieces"] = _split(gm, seen["at_bucket"])
         return opt(gm, example_inputs)
 
     x = torch.randn(2, 5, 32)
     out = torch.compile(model, backend=backend)(x)
     np.testing.assert_allclose(out.detach().numpy(), model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+    def crossing(pieces):
+        return [sum(a.meta["example_value"].numel() for a in p.inputs if a.op != "get_attr") for p in pieces[1:]]
     pieces = seen["pieces"]
     assert len(pieces) == 4
-    passed = [[a.name for a in p.inputs if a.op != "get_attr"] for p in pieces[1:]]
-    widths = [len(names) for names in passed]
-    assert widths == ([1, 1, 1] if narrowest else [2, 2, 2]), passed
+    firsts = [next(n for n in p.gm.graph.nodes if n.op not in ("placeholder", "get_attr")) for p in pieces[1:]]
+    assert all(n.target is torch.nn.functional.linear for n in firsts), firsts
+    width = x.numel()                   # the residual stream's elements; the GELU's output has 4x
+    assert crossing(seen["bucket_pieces"]) == [5 * width] * 3
+    assert crossing(pieces) == [(2 if narrowest else 5) * width] * 3, crossing(pieces)
     moved = [n.name for n, k in seen["parts"].items() if k != seen["at_bucket"][n]]
     assert bool(moved) == narrowest
     for node, k in seen["parts"].items():
         if node.op == "get_attr":
             assert k >= seen["at_bucket"][node], (node.name, k, seen["at_bucket"][node])
+
+
+@pytest.mark.parametrize("autocast", [True, False])
+def test_value_crossing_to_a_product_under_autocast_crosses_cast(monkeypatch, autocast):
+    """Under bf16 autocast a value that a later subgraph uses only in a product (layer norm's output, before
+    the MLP's first linear) is cast in the subgraph that computes it (where the cast fuses with the norm)
+    and crosses in bf16; the residual stream, used by an add, crosses in float32. Without autocast both
+    cross in float32. The split model computes what the whole one does."""
+    import flambeau as torch
+    from flambeau._dynamo.backends.distributed import DDPOptimizer, _split
+    torch.manual_seed(0)
+    model = _pre_ln_transformer(torch)
+    block_bytes = sum(p.numel() * 4 for p in model[0].parameters())
+    seen = {}
+
+    def backend(gm, example_inputs):
+        opt = DDPOptimizer(block_bytes, lambda g, ex: g.forward, first_bucket_bytes=block_bytes // 4)
+        split = _split
+        monkeypatch.setattr("flambeau._dynamo.backends.distributed._split",
+                            lambda g, parts: seen.setdefault("pieces", split(g, parts)))
+        return opt(gm, example_inputs)
+
+    x = torch.randn(2, 5, 32)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = torch.compile(model, backend=backend)(x)
+        want = model(x)
+    np.testing.assert_allclose(out.detach().float().numpy(), want.detach().float().numpy(), rtol=1e-5, atol=1e-6)
+    for piece in seen["pieces"][1:]:
+        crossing = [a for a in piece.inputs if a.op != "get_attr"]
+        dtypes = sorted(str(a.meta["example_value"].dtype) if "example_value" in a.meta else
+                        str(a.args[1]) for a in crossing)
+        bf16, f32 = str(torch.bfloat16), str(torch.float32)
+        assert dtypes == ([bf16, f32] if autocast else [f32, f32]), \
+            [(a.name, dtypes) for a in crossing]
 
 
 def _tied_lm(m, vocab=40, d=16, layers=3):

@@ -311,7 +311,8 @@ def test_ddp_adamw_updates_the_reduced_buckets_before_waiting_for_the_last(nccl_
     """The buckets completed by backward's last gradients (the embedding's and the first layer's) are left
     pending when backward returns; the fused AdamW step updates every other parameter in one launch first,
     then waits for those reductions and updates them in a second launch: both launches together update
-    every parameter once, as the unwrapped model's AdamW does (world size 1: bit for bit)."""
+    every parameter once, as the unwrapped model's AdamW does (world size 1: the same values, up to the
+    embedding backward's atomic additions, whose order varies from run to run)."""
     pytest.importorskip("torch")
     from bench import gpu_models
     from flambeau import _pending_grads
@@ -336,7 +337,7 @@ def test_ddp_adamw_updates_the_reduced_buckets_before_waiting_for_the_last(nccl_
             del log[:]
             gpu_models.train_step(flambeau, m, opt, x, y, flambeau.bfloat16)
         for p, q in zip(plain.parameters(), ddp.module.parameters()):
-            np.testing.assert_array_equal(q.detach().cpu().numpy(), p.detach().cpu().numpy())
+            np.testing.assert_allclose(q.detach().cpu().numpy(), p.detach().cpu().numpy(), rtol=1e-5, atol=1e-7)
     (_, first, waiting), (_, deferred), (_, second, _) = log
     assert log[0][0] == "launch" and log[1][0] == "settle" and log[2][0] == "launch"
     assert first + second == n and second == deferred == waiting > 0 and not _pending_grads.waits

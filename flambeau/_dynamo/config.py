@@ -7,7 +7,8 @@ suppress_errors: bool = False        # True: an internal or backend error runs t
 max_inline_depth: int = 64           # nested inlined calls before the call breaks the graph
 inline_inbuilt_nn_modules: bool = True   # trace built-in layers' forwards (False: one call_module node each)
 optimize_ddp: bool = True           # compiled DDP modules: graph split at gradient-bucket boundaries (backends/distributed.py)
-# each DDP split moved, within half a bucket of parameters, to where the fewest bytes cross (a block's end);
+# each DDP split moved earlier, within half a bucket of parameters, to just before a matrix product where the
+# fewest bytes cross (backends/distributed.py `_narrowest`);
 # FLAMBEAU_DDP_SPLIT=bucket cuts exactly where the bucket fills, as PyTorch's DDPOptimizer
 _ddp_split = os.environ.get("FLAMBEAU_DDP_SPLIT", "narrowest")
 if _ddp_split not in ("narrowest", "bucket"):

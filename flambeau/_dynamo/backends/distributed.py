@@ -70,11 +70,12 @@ class DDPOptimizer:
         parts = self.partitions(gm)
         if max(parts.values(), default=0) == 0:
             return self._whole(gm, example_inputs, "its parameters fit one bucket")
-        _cast_shared_parameters(gm, parts)
+        _cast_before_cuts(gm, parts)
         pieces = _split(gm, parts)
         compiled = _compile_pieces(pieces, example_inputs, self.backend_compile_fn)
         self.subgraphs = len(compiled)
-        log.debug("DDPOptimizer: graph split in %d subgraphs at bucket boundaries", len(compiled))
+        log.debug("DDPOptimizer: graph split in %d subgraphs at bucket boundaries, each cut before: %s",
+                  len(compiled), ", ".join(_first_computed(gm, parts, k) for k in range(1, len(compiled))))
 
         graph_inputs = pieces[0].graph_inputs
         steps = [(fn, piece.inputs, piece.outputs) for piece, fn in zip(pieces, compiled)]
@@ -118,12 +119,17 @@ class DDPOptimizer:
 
 
 def _narrowest(gm: GraphModule, parts: dict, slack: int) -> dict:
-    """`parts` with each cut moved earlier, to where the fewest bytes of values cross it (produced
-    before, used after), over at most `slack` bytes of parameters and not past the cut before: in a
-    transformer after a residual add, where only the residual stream crosses, rather than inside the MLP
-    (two values, one 4x wider). Each value that crosses is a subgraph output kept for backward and a
-    gradient passed back, and the fusions across a cut are lost. Only earlier: the parameters that change
-    sides join the later subgraph, whose backward runs first, so no bucket's gradients come later."""
+    """`parts` with each cut moved earlier, over at most `slack` bytes of parameters and not past the cut
+    before, to just before a matrix product (an op autocast runs in lower precision: linear, matmul,
+    convolution, attention) where the fewest bytes of values cross it (produced before, used after); where
+    no product starts within reach, to where the fewest bytes cross. A product reads its inputs from memory
+    and writes its output there, inside one graph as across two, so a cut before one loses no fusion in
+    forward, nor in backward, where the product's input gradient is what crosses back: in a transformer,
+    before the attention's output projection (its input and the residual stream cross) rather than after
+    the residual add, where layer norm's fusion with the add and its backward's with the gradient casts are
+    lost. Each value that crosses is a subgraph output kept for backward and a gradient passed back. Only
+    earlier: the parameters that change sides join the later subgraph, whose backward runs first, so no
+    bucket's gradients come later."""
     order = [n for n in gm.graph.nodes if n.op not in SKIPPED_OPS]
     index = {n: i for i, n in enumerate(order)}
     end = len(order)
@@ -142,17 +148,22 @@ def _narrowest(gm: GraphModule, parts: dict, slack: int) -> dict:
             crossing[last + 1 if last < end else end] -= size
     for p in range(1, end + 1):
         crossing[p] += crossing[p - 1]
+    before_product = [False] * (end + 1)        # the first node from p on that is not an attribute is a product
+    for p in range(end - 1, -1, -1):
+        n = order[p]
+        before_product[p] = before_product[p + 1] if n.op == "get_attr" else _is_product(n)
     cuts = [p for p in range(1, end) if parts[order[p]] != parts[order[p - 1]]]
     moved = []
     for cut in cuts:
         lo = moved[-1] + 1 if moved else 1
+        key = lambda q: (not before_product[q], crossing[q])   # noqa: E731
         best, p, carried = cut, cut, 0
         while p - 1 >= lo:
             carried += weights[p - 1]                 # the node changing sides
             if carried > slack:
                 break
             p -= 1
-            if crossing[p] < crossing[best] and order[p - 1].op != "get_attr":    # an attribute stays with its user
+            if key(p) < key(best) and order[p - 1].op != "get_attr":    # an attribute stays with its user
                 best = p
         moved.append(best)
     out, k = {}, 0
@@ -164,33 +175,55 @@ def _narrowest(gm: GraphModule, parts: dict, slack: int) -> dict:
     return out
 
 
-def _cast_shared_parameters(gm: GraphModule, parts: dict) -> None:
-    """A parameter that later subgraphs use only in ops autocast runs in its lower precision (a tied
-    embedding's output projection under bf16 autocast) is cast once, in its own subgraph, and the later
-    ones take the cast: their gradients then flow back into that subgraph's backward, which adds them to
-    its own (fused) and accumulates the parameter's gradient once; taking the parameter itself, each
-    subgraph's gradient would be accumulated apart (an eager add of the whole gradient, at the end of
-    backward, before the parameter's bucket can be reduced). The values are autocast's: the later op
-    casts a float32 parameter to the same dtype."""
+def _first_computed(gm: GraphModule, parts: dict, k: int) -> str:
+    """The name of partition k's first node that is not an attribute (what a cut comes before, in logs)."""
+    return next((n.name for n in gm.graph.nodes if parts.get(n) == k and n.op != "get_attr"), "?")
+
+
+def _is_product(node) -> bool:
+    """Whether `node` is an op autocast runs in lower precision (a matrix product, convolution, attention):
+    one an extern kernel runs, reading its inputs from memory."""
+    return _runs_in_lower_precision(node, "cuda")
+
+
+def _cast_before_cuts(gm: GraphModule, parts: dict) -> None:
+    """A value that later subgraphs use only in ops autocast runs in its lower precision is cast once, in
+    the subgraph that has it, and the later ones take the cast. A layer norm's output that crosses to the
+    product after it is cast where the norm runs (the cast fuses into its kernel; across the cut it would
+    be a kernel of its own, reading the float32 value back), and the gradient comes back in that precision.
+    A tied embedding's weight used by the output projection under bf16 autocast: the later subgraphs'
+    gradients flow back into its own subgraph's backward, which adds them to its own (fused) and accumulates
+    the parameter's gradient once; taking the parameter itself, each subgraph's gradient would be accumulated
+    apart (an eager add of the whole gradient, at the end of backward, before the parameter's bucket can be
+    reduced). The values are autocast's: the later op casts a float32 value to the same dtype."""
     lowp = _state.tls.autocast
     if not lowp:
         return
-    for node in [n for n in gm.graph.nodes if n.op == "get_attr"]:
-        value = _attr(gm, node.target)
-        if not isinstance(value, Parameter) or not value.requires_grad or not value.is_floating_point():
+    for node in [n for n in gm.graph.nodes if n.op not in SKIPPED_OPS]:
+        if node.op == "get_attr":
+            value = _attr(gm, node.target)
+            if not isinstance(value, Parameter) or not value.requires_grad:
+                continue
+        else:
+            value = node.meta.get("example_value")
+        if not isinstance(value, Tensor) or not value.is_floating_point():
             continue
         dtype = lowp.get(value.device.type)
         home = parts.get(node)
         away = [u for u in node.users if parts.get(u, home) != home]
         if dtype is None or value.dtype == dtype or not away or not all(
-                u.op == "call_function" and hasattr(u.target, "tags") and
-                autocast_mode._rule(u.target, value.device.type) is autocast_mode._lower for u in away):
+                _runs_in_lower_precision(u, value.device.type) for u in away):
             continue
         with gm.graph.inserting_after(node):
             cast = gm.graph.call_method("to", (node, dtype))
         parts[cast] = home
         for u in away:
             u.replace_input_with(node, cast)
+
+
+def _runs_in_lower_precision(node, device_type: str) -> bool:
+    return node.op == "call_function" and hasattr(node.target, "tags") and \
+        autocast_mode._rule(node.target, device_type) is autocast_mode._lower
 
 
 def _bytes(node) -> int:
