@@ -50,7 +50,8 @@ DIR/<system>-<mode>-<config>-<parallel>-r<rank>.json.gz; read them with `python 
 Every worker's host time per step is reported too (host_ms_per_rank: a slow rank's host holds the others'
 collectives back), its main thread's CPU time and its voluntary/involuntary context switches per step
 (main_thread_cpu_ms_per_rank near host_ms and few involuntary switches: the Python itself ran that long, no
-other thread or process took its core); `BENCH_PIN_CPUS="0-3;16-19"` keeps rank i to the i-th CPU list. Its process CPU time per step (cpu_ms_per_rank: what a loaded machine's waits for a core
+other thread or process took its core); `BENCH_PIN_CPUS="0-3;16-19"` keeps rank i to the i-th CPU list
+(`--pin-fastest` sets it for each launch to the CPUs timed fastest just before, one per core). Its process CPU time per step (cpu_ms_per_rank: what a loaded machine's waits for a core
 do not inflate; MPI's busy waits count, gloo's blocking waits do not), with the garbage collector's time per step and its full collections in the timed steps
 (gc_ms_per_rank, gc_full_per_rank).
 `--repeat N`: N rounds of every configuration and system, interleaved; each round's summaries carry
@@ -454,6 +455,10 @@ def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NCCL_NVLS_ENABLE="0",
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     base = {"workload": _workload(args), "system": system, "mode": mode, "config": config}
+    if args.pin_fastest:
+        cpus = fastest_cpus(nproc)
+        env["BENCH_PIN_CPUS"] = ";".join(str(c) for c, _ in cpus)
+        base["pinned_cpus"] = cpus
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -463,7 +468,44 @@ def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
         text = (p.stderr or p.stdout).strip().splitlines()
         errors = [ln.strip() for ln in text if "Error" in ln and "error_file" not in ln][-2:]
         return dict(base, error=f"rc {p.returncode}: " + " | ".join(errors + text[-4:]))
-    return json.loads(lines[-1])
+    return dict(json.loads(lines[-1]), **({"pinned_cpus": base["pinned_cpus"]} if args.pin_fastest else {}))
+
+
+def fastest_cpus(n: int, work: int = 50_000) -> list:
+    """The `n` CPUs of this process's affinity on which `measure._calibration_work(work)` runs fastest now
+    (best of two runs each, this process moved onto each CPU in turn), no two hyperthreads of one core
+    where the affinity allows: [(cpu, ms)]. `--pin-fastest` keeps rank i to the i-th (BENCH_PIN_CPUS): the
+    GPU machine's CPUs run Python up to 2x apart, and the slowness moves between CPUs over minutes."""
+    from bench import measure
+    allowed = sorted(os.sched_getaffinity(0))
+    timed = []
+    try:
+        for cpu in allowed:
+            os.sched_setaffinity(0, {cpu})
+            best = float("inf")
+            for _ in range(2):
+                t0 = time.perf_counter()
+                measure._calibration_work(work)
+                best = min(best, time.perf_counter() - t0)
+            timed.append((round(best * 1e3, 3), cpu))
+    finally:
+        os.sched_setaffinity(0, allowed)
+    chosen, taken = [], set()
+    for ms, cpu in sorted(timed):
+        if cpu not in taken:
+            chosen.append((cpu, ms))
+            taken |= _siblings(cpu)
+    chosen += [(cpu, ms) for ms, cpu in sorted(timed) if all(cpu != c for c, _ in chosen)]
+    return chosen[:n]
+
+
+def _siblings(cpu: int) -> set:
+    """The CPUs sharing `cpu`'s core (its hyperthreads, itself included); {cpu} where the kernel does not say."""
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+            return _cpu_list(f.read().strip()) | {cpu}
+    except OSError:
+        return {cpu}
 
 
 def _summaries(results: list, systems: list, modes: list, parallel: str) -> list:
@@ -518,6 +560,8 @@ def main() -> None:
                    "(forward, backward compute, backward's wait for the reductions, optimizer; CUDA events)")
     p.add_argument("--bucket-cap-mb", type=float, default=0.0, help="DDP's bucket_cap_mb (default: DDP's 25); a small "
                    "cap on the --small model splits a compiled DDP graph in several pieces, as GPT-2's 25 MiB does")
+    p.add_argument("--pin-fastest", action="store_true", help="before each launch time every CPU and keep rank i "
+                   "to the i-th fastest (BENCH_PIN_CPUS), one per core; each line carries pinned_cpus [(cpu, ms)]")
     p.add_argument("--checkpoint", default="", help="save after the N-process run, resume in 1 process (DIR)")
     p.add_argument("--repeat", type=int, default=1, help="rounds of every configuration and system, interleaved; "
                    "each round's summaries say whether its hosts ran at one speed (even_hosts), and the medians "

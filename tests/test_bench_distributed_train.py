@@ -49,3 +49,13 @@ def test_phases_cut_a_step_at_its_marks_and_the_last_gradient():
     assert phases["forward"] > 0 and phases["backward_compute"] > 0 and phases["optimizer"] > 0
     assert min(phases.values()) >= 0
     assert sum(phases.values()) * D.PHASE_STEPS <= total
+
+
+def test_fastest_cpus_are_distinct_cpus_of_the_affinity_and_leave_it_as_it_was():
+    import os
+    allowed = os.sched_getaffinity(0)
+    chosen = D.fastest_cpus(2, work=2_000)
+    assert os.sched_getaffinity(0) == allowed
+    cpus = [c for c, _ in chosen]
+    assert len(cpus) == min(2, len(allowed)) == len(set(cpus)) and set(cpus) <= allowed
+    assert all(ms > 0 for _, ms in chosen)
