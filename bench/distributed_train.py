@@ -476,6 +476,7 @@ def fastest_cpus(n: int, work: int = 50_000) -> list:
     (best of two runs each, this process moved onto each CPU in turn), no two hyperthreads of one core
     where the affinity allows: [(cpu, ms)]. `--pin-fastest` keeps rank i to the i-th (BENCH_PIN_CPUS): the
     GPU machine's CPUs run Python up to 2x apart, and the slowness moves between CPUs over minutes."""
+    sys.path.insert(0, ROOT)
     from bench import measure
     allowed = sorted(os.sched_getaffinity(0))
     timed = []
