@@ -142,3 +142,16 @@ def test_worker_reads_open_mpi_ranks(monkeypatch):
     assert _worker._set_env() == 2
     env = _worker.os.environ
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("2", "4", "0", "2")
+
+
+def test_store_port_is_drawn_below_the_ephemeral_range_and_bindable():
+    """The launcher's store port is a bindable one below the kernel's ephemeral range (a port there can be
+    handed to a connecting socket between the pick and the store's bind: "Address already in use" under
+    many concurrent launches)."""
+    import socket
+
+    from flambeau.distributed._multinode import _ephemeral_low, free_port
+    ports = {free_port("localhost") for _ in range(20)}
+    assert all(1024 <= p < _ephemeral_low() for p in ports) and len(ports) > 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))

@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import queue
+import random
 import shutil
 import socket
 import subprocess
@@ -56,6 +57,9 @@ ROLE_NAME = "default"            # torchrun's worker role (one role: ROLE_RANK =
 INTERRUPTED = "interrupted"      # node 0's result of an attempt it ended for a new rendezvous round
 LAUNCH_PREFIX = "HYDRA_LAUNCH: "
 LAUNCH_END = "HYDRA_LAUNCH_END"
+EPHEMERAL_LOW = 32768            # Linux's default lowest ephemeral port (ip_local_port_range), where it is unreadable
+PORT_SPAN = 12000                # `free_port` draws from the this many ports below the ephemeral range
+PORT_TRIES = 64
 
 
 @dataclass(frozen=True)
@@ -237,10 +241,31 @@ def _worker_env(args, nproc: int, nnodes: int, node: int, host: str, master_port
                 **{LAUNCH_ID_VAR: launch_id})
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
+    """A port `host` can bind now for the store: drawn at random below the kernel's ephemeral range, whose
+    ports the kernel hands to connecting sockets (one handed out between this pick and the store's bind made
+    the store fail with "Address already in use" when many launches ran at once), else one the kernel picks."""
+    bind_host = "127.0.0.1" if host == "localhost" else host
+    low = _ephemeral_low()
+    for _ in range(PORT_TRIES):
+        port = random.randrange(max(1024, low - PORT_SPAN), low)
+        with socket.socket() as s:
+            try:
+                s.bind((bind_host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
-        s.bind((host, 0))
+        s.bind((bind_host, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_LOW
 
 
 def run_nodes(args, nproc: int, nnodes: int, host: str, port: int, run_id: str, mpi: MpiLauncher,
@@ -313,7 +338,7 @@ def attempt_on_node(store, args, node: int, nproc: int, nnodes: int, host: str, 
 def _lead_attempt(store, args, nproc: int, nnodes: int, host: str, run_id: str, mpi: MpiLauncher, target: list,
                   launch_id: str, attempt: int, folder: str, restarts: int,
                   interrupt: Callable[[], bool] | None) -> int | None:
-    master_port = _free_port(host)
+    master_port = free_port(host)
     env = _worker_env(args, nproc, nnodes, 0, host, master_port, run_id, restarts, folder, launch_id)
     if mpi.open_mpi:            # its mpiexec starts this node's workers; the agent hands out the others' daemons
         env.update({STORE_VAR: f"{store.underlying_store.host}:{store.underlying_store.port}",

@@ -20,7 +20,6 @@ import functools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -31,7 +30,7 @@ import uuid
 from .._backends import cuda_device_count
 from . import _parent_death as parent_death
 from ._elastic import LAST_CALL_TIMEOUT_S, run_elastic
-from ._multinode import DEFAULT_JOIN_TIMEOUT_S, ROLE_NAME, MpiLauncher, run_nodes
+from ._multinode import DEFAULT_JOIN_TIMEOUT_S, ROLE_NAME, MpiLauncher, free_port, run_nodes
 from ._processes import (LAUNCH_ID_VAR, MONITOR_INTERVAL_S, STOP_SIGNALS, Stopped, kill_tree,  # noqa: F401
                          process_tree, raise_stopped, read_failures, remove_shared_memory, summary)
 
@@ -90,12 +89,6 @@ def _is_open_mpi(path: str) -> bool:
         return False
     text = out.stdout + out.stderr
     return "Open MPI" in text or "OpenRTE" in text
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _nproc(value: str) -> int:
@@ -198,7 +191,7 @@ def _attempts(args, nproc: int, host: str, port: int, run_id: str, target: list,
     rc = 1
     for attempt in range(args.max_restarts + 1):
         folder = tempfile.mkdtemp(prefix="flambeau_run_")
-        env = dict(os.environ, MASTER_ADDR=host, MASTER_PORT=str(port or _free_port(host)),
+        env = dict(os.environ, MASTER_ADDR=host, MASTER_PORT=str(port or free_port(host)),
                    WORLD_SIZE=str(nproc), GROUP_RANK=str(args.node_rank), GROUP_WORLD_SIZE="1",
                    TORCHELASTIC_RUN_ID=run_id, TORCHELASTIC_RESTART_COUNT=str(attempt), ROLE_NAME=ROLE_NAME,
                    TORCHELASTIC_MAX_RESTARTS=str(args.max_restarts), FLAMBEAU_ERROR_DIR=folder,
