@@ -72,6 +72,15 @@ def _pre_ln_transformer(m, d=32, layers=3):
     return nn.Sequential(*[Block() for _ in range(layers)], nn.LayerNorm(d))
 
 
+def _transformer_split_per_block(m):
+    """The pre-LN transformer and a maker of DDPOptimizers (pieces run uncompiled) with a block's bytes a bucket."""
+    from flambeau._dynamo.backends.distributed import DDPOptimizer
+    m.manual_seed(0)
+    model = _pre_ln_transformer(m)
+    block_bytes = sum(p.numel() * 4 for p in model[0].parameters())
+    return model, lambda: DDPOptimizer(block_bytes, lambda g, ex: g.forward, first_bucket_bytes=block_bytes // 4)
+
+
 @pytest.mark.parametrize("narrowest", [True, False])
 def test_split_moves_each_cut_earlier_to_just_before_a_product(monkeypatch, narrowest):
     """With `ddp_split_narrowest` each cut moves back from inside the MLP (the cut where the bucket fills:
@@ -81,15 +90,13 @@ def test_split_moves_each_cut_earlier_to_just_before_a_product(monkeypatch, narr
     the split graph computes what the model does."""
     import flambeau as torch
     from flambeau._dynamo import config
-    from flambeau._dynamo.backends.distributed import DDPOptimizer, _split
+    from flambeau._dynamo.backends.distributed import _split
     monkeypatch.setattr(config, "ddp_split_narrowest", narrowest)
-    torch.manual_seed(0)
-    model = _pre_ln_transformer(torch)
-    block_bytes = sum(p.numel() * 4 for p in model[0].parameters())
+    model, optimizer = _transformer_split_per_block(torch)
     seen = {}
 
     def backend(gm, example_inputs):
-        opt = DDPOptimizer(block_bytes, lambda g, ex: g.forward, first_bucket_bytes=block_bytes // 4)
+        opt = optimizer()
         seen["parts"] = opt.partitions(gm)
         seen["pieces"] = _split(gm, seen["parts"])
         with monkeypatch.context() as mp:
@@ -125,14 +132,12 @@ def test_value_crossing_to_a_product_under_autocast_crosses_cast(monkeypatch, au
     and crosses in bf16; the residual stream, used by an add, crosses in float32. Without autocast both
     cross in float32. The split model computes what the whole one does."""
     import flambeau as torch
-    from flambeau._dynamo.backends.distributed import DDPOptimizer, _split
-    torch.manual_seed(0)
-    model = _pre_ln_transformer(torch)
-    block_bytes = sum(p.numel() * 4 for p in model[0].parameters())
+    from flambeau._dynamo.backends.distributed import _split
+    model, optimizer = _transformer_split_per_block(torch)
     seen = {}
 
     def backend(gm, example_inputs):
-        opt = DDPOptimizer(block_bytes, lambda g, ex: g.forward, first_bucket_bytes=block_bytes // 4)
+        opt = optimizer()
         split = _split
         monkeypatch.setattr("flambeau._dynamo.backends.distributed._split",
                             lambda g, parts: seen.setdefault("pieces", split(g, parts)))
