@@ -630,3 +630,50 @@ def test_pending_groups_partition_in_their_order_and_settle_once():
         assert waited == ["late", "early"] and not _pending_grads.waits
     finally:
         _pending_grads.waits.clear()
+
+
+def test_a_first_use_on_another_stream_makes_backwards_stream_wait_too(world1, monkeypatch):
+    """A pending gradient first read under another stream: that stream waits for the reduction, and so does
+    the stream backward ran on (where the optimizer will read it, as after PyTorch's backward); read under
+    backward's stream, one wait. (Fake cuda streams: the engine's requests wait on the current one.)"""
+    from flambeau import _pending_grads
+
+    class Stream:
+        current = None
+
+        def __init__(self, ptr: int) -> None:
+            self.ptr = ptr
+
+        def __enter__(self):
+            self.before, Stream.current = Stream.current, self
+            return self
+
+        def __exit__(self, *exc) -> None:
+            Stream.current = self.before
+    backward, side = Stream(1), Stream(2)
+    Stream.current = backward
+    cuda = types.SimpleNamespace(get_current_stream=lambda: Stream.current)
+    monkeypatch.setattr(ddp_module, "_backends", types.SimpleNamespace(get=lambda name: types.SimpleNamespace(
+        xp=types.SimpleNamespace(cuda=cuda))))
+    group = dist.GroupMember.WORLD
+    fake = _InFlightEngine(group.engine_for("cpu"), [])
+    monkeypatch.setattr(group, "engine_for", lambda device_type: fake)
+    many, waited = fake.all_reduce_many, []
+
+    def on_device(bufs, op_name):
+        request = many(bufs, op_name)
+        wait = request.wait
+        request.waits_on_device = True
+        request.wait = lambda: (waited.append(Stream.current.ptr), wait())
+        return request
+    monkeypatch.setattr(fake, "all_reduce_many", on_device)
+    model = ddp_module.DistributedDataParallel(_model(), bucket_cap_mb=0.0005)
+    x = flambeau.tensor(np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32))
+    for first_use in (side, backward, side):
+        model.zero_grad()
+        (model(x) ** 2).mean().backward()
+        assert _pending_grads.waits
+        del waited[:]
+        with first_use:
+            [p.grad for p in model.parameters()]
+        assert waited == ([2, 1] if first_use is side else [1]) and not _pending_grads.waits

@@ -488,11 +488,19 @@ class _Reducer:
         requests = [b.request for b in buckets]
         if self.ordered_waits:
             requests = requests[-1:]
+        cuda = _backends.get("cuda").xp.cuda if any(getattr(r, "waits_on_device", False) for r in requests) else None
+        backward_stream = cuda.get_current_stream() if cuda is not None else None
 
         def wait() -> None:
+            """The stream current at the first use waits, and backward's stream too: as after PyTorch's
+            backward, the gradients are final on the stream backward ran on, whichever stream used them first."""
             for r in requests:
                 r.wait()
-            kept.clear()                # the gradients' memory is released on the stream that waited
+            if backward_stream is not None and cuda.get_current_stream().ptr != backward_stream.ptr:
+                with backward_stream:
+                    for r in requests:
+                        r.wait()
+            kept.clear()                # the gradients' memory is released on the streams that waited
         self.pending = _pending_grads.Pending([p for b in buckets for p in b.params], buckets[0].index, wait)
         _pending_grads.defer(self.pending)
 
