@@ -457,10 +457,11 @@ def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NCCL_NVLS_ENABLE="0",
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     base = {"workload": _workload(args), "system": system, "mode": mode, "config": config}
+    pinned = {}
     if args.pin_fastest:
-        cpus = fastest_cpus(nproc)
-        env["BENCH_PIN_CPUS"] = ";".join(str(c) for c, _ in cpus)
-        base["pinned_cpus"] = cpus
+        pinned["pinned_cpus"] = fastest_cpus(nproc)
+        env["BENCH_PIN_CPUS"] = ";".join(str(c) for c, _ in pinned["pinned_cpus"])
+        base.update(pinned)
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -470,11 +471,11 @@ def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
         text = (p.stderr or p.stdout).strip().splitlines()
         errors = [ln.strip() for ln in text if "Error" in ln and "error_file" not in ln][-2:]
         return dict(base, error=f"rc {p.returncode}: " + " | ".join(errors + text[-4:]))
-    return dict(json.loads(lines[-1]), **({"pinned_cpus": base["pinned_cpus"]} if args.pin_fastest else {}))
+    return dict(json.loads(lines[-1]), **pinned)
 
 
 def fastest_cpus(n: int, work: int = 50_000) -> list:
-    """The `n` CPUs of this process's affinity on which `measure._calibration_work(work)` runs fastest now
+    """The `n` CPUs of this process's affinity on which `measure.host_calibration_ms(work)` runs fastest now
     (best of two runs each, this process moved onto each CPU in turn), no two hyperthreads of one core
     where the affinity allows: [(cpu, ms)]. `--pin-fastest` keeps rank i to the i-th (BENCH_PIN_CPUS): the
     GPU machine's CPUs run Python up to 2x apart, and the slowness moves between CPUs over minutes."""
@@ -485,12 +486,7 @@ def fastest_cpus(n: int, work: int = 50_000) -> list:
     try:
         for cpu in allowed:
             os.sched_setaffinity(0, {cpu})
-            best = float("inf")
-            for _ in range(2):
-                t0 = time.perf_counter()
-                measure._calibration_work(work)
-                best = min(best, time.perf_counter() - t0)
-            timed.append((round(best * 1e3, 3), cpu))
+            timed.append((measure.host_calibration_ms(work, repeats=2), cpu))
     finally:
         os.sched_setaffinity(0, allowed)
     chosen, taken = [], set()

@@ -74,8 +74,9 @@ class DDPOptimizer:
         pieces = _split(gm, parts)
         compiled = _compile_pieces(pieces, example_inputs, self.backend_compile_fn)
         self.subgraphs = len(compiled)
-        log.debug("DDPOptimizer: graph split in %d subgraphs at bucket boundaries, each cut before: %s",
-                  len(compiled), ", ".join(_first_computed(gm, parts, k) for k in range(1, len(compiled))))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("DDPOptimizer: graph split in %d subgraphs at bucket boundaries, each cut before: %s",
+                      len(compiled), ", ".join(_first_computed(gm, parts, k) for k in range(1, len(compiled))))
 
         graph_inputs = pieces[0].graph_inputs
         steps = [(fn, piece.inputs, piece.outputs) for piece, fn in zip(pieces, compiled)]
