@@ -1,13 +1,21 @@
-"""Host cost of the MLP bench's eager training step (bench/gpu_models.py `mlp`: 4 x Linear(256, 256), B64,
-bf16 autocast, cross-entropy; forward + backward, gradients dropped, no optimizer step) on CPU, on the fake
+"""Host cost of an eager training step of the GPU benches' models (bench/gpu_models.py; forward + backward under
+bf16 autocast, gradients dropped, no optimizer step) on CPU, on the fake
 cuda device of `bench/eager_host_calls.py`: NumPy arrays stand in for CuPy's (NumPy's functions return fake
 device arrays), kernel launches and cuBLASLt are no-ops, Triton compiles stubbed, so what is timed is
-flambeau's Python around the kernels, as `python3 bench/cuda_host_profile.py steps mlp` profiles it on the GPU
-machine. NumPy's reductions stand in for CuPy's (~40 us of host each there): a path using them looks cheaper
-here than it is there. Prints the median and the runs (us per step); --profile adds cProfile's top functions.
-Compare trees by running it with PYTHONPATH set to each, alternating (the box's load moves the times):
+flambeau's Python around the kernels, as `python3 bench/cuda_host_profile.py steps mlp|gpt` profiles it on
+the GPU machine. NumPy's reductions stand in for CuPy's (~40 us of host each there): a path using them looks
+cheaper here than it is there. Models (`--model`):
 
-    PYTHONPATH=/path/to/tree python3 bench/mlp_fake_step.py [--profile]
+    mlp   4 x Linear(256, 256), B64, cross-entropy (the bench's `mlp`)
+    gpt   GPT-2's layout as the bench runs it (12 blocks of 12 heads, tied embeddings, causal SDPA through the
+          cuDNN path with its two frontend calls no-ops) at a small width (d 96, vocab 512, B2 x T64): the same
+          ops and graph as GPT-2 124M's step (278 op calls, 349 backward nodes a step on the GPU), far less
+          NumPy work behind the fake device's allocations
+
+Prints the median and the runs (us per step); --profile adds cProfile's top functions. Compare trees by running
+it with PYTHONPATH set to each, alternating (the box's load moves the times):
+
+    PYTHONPATH=/path/to/tree python3 bench/mlp_fake_step.py [--model gpt] [--profile]
 """
 from __future__ import annotations
 
@@ -31,6 +39,37 @@ class _Device(contextlib.nullcontext):
         super().__init__()
 
 
+class _RawModule:
+    """CuPy's RawModule whose kernels launch nothing (the embedding's backward)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def get_function(self, name):
+        return lambda *args, **kwargs: None
+
+
+def _fake_cudnn_attention():
+    """cuDNN's attention as available, its forward and backward returning empty arrays of their outputs'
+    shapes (the frontend's execute calls skipped); returns the function putting the modules back."""
+    from bench import eager_host_calls as E
+    from flambeau._backends import cudnn_attention as C
+    from flambeau._ops import attention_fused as F
+    saved = C.available, C.supports, C.forward, C.backward, F._cuda_only
+
+    def forward(q, k, v, dropout_p, rng, is_causal, scale):
+        return E.DevArray(q.shape, q.dtype), E.DevArray(q.shape[:3], np.float32)
+
+    def backward(grad_out, q, k, v, out, stats, dropout_p, rng, is_causal, scale, joint=False):
+        return tuple(E.DevArray(a.shape, a.dtype) for a in (q, k, v))
+    C.available, C.supports, C.forward, C.backward = (lambda: True), (lambda *a: True), forward, backward
+    F._cuda_only = lambda *a: None          # (the fake device's arrays are NumPy's)
+
+    def undo():
+        C.available, C.supports, C.forward, C.backward, F._cuda_only = saved
+    return undo
+
+
 def install():
     """The fake device as far as the MLP step needs it; returns the function putting back what it can."""
     from bench import eager_host_calls as E
@@ -47,12 +86,20 @@ def install():
         return TL.kernel_of(fn, None, tuple(sig[n] for n in f.arg_names if sig[n] != "constexpr"), num_warps, 0, 0)
     TL.compile_kernel = compile_kernel
     device_checks._module[:] = [lambda *a: None]
+    TL._sm_counts[0] = 132
+    xp.RawModule = _RawModule
     gemm_restore = E.fake_cublaslt()
     sys.modules["cupy"] = xp
     from flambeau._backends import triton_cross_entropy as X
     X.cupy = xp
 
+    attention_restore = _fake_cudnn_attention()
+    from flambeau import cuda
+    cuda_available, cuda.is_available = cuda.is_available, lambda: True    # else autocast turns itself off
+
     def undo():
+        cuda.is_available = cuda_available
+        attention_restore()
         gemm_restore()
         restore()
     return undo
@@ -63,13 +110,18 @@ def main():
     from bench import eager_host_calls as E, gpu_models
     from flambeau._device import canonical
     from flambeau._tensor import Tensor
+    name = sys.argv[sys.argv.index("--model") + 1] if "--model" in sys.argv else "mlp"
     undo = install()
-    model = gpu_models.mlp(fl)
+    rng = np.random.default_rng(0)
+    if name == "gpt":
+        model = gpu_models.gpt(fl, vocab=512, block=64, d=96, layers=12, heads=12)
+        xs, ys = rng.integers(0, 512, (2, 64)), rng.integers(0, 512, (2, 64))
+    else:
+        model = gpu_models.mlp(fl)
+        xs, ys = rng.standard_normal((64, 256)).astype(np.float32), rng.integers(0, 256, 64)
     for p in model.parameters():
         p._data, p._device = p._data.view(E.DevArray), canonical("cuda")
-    rng = np.random.default_rng(0)
-    x = Tensor._make(rng.standard_normal((64, 256)).astype(np.float32).view(E.DevArray), canonical("cuda"))
-    y = Tensor._make(rng.integers(0, 256, 64).view(E.DevArray), canonical("cuda"))
+    x, y = (Tensor._make(a.view(E.DevArray), canonical("cuda")) for a in (xs, ys))
 
     def step():
         with fl.autocast(device_type="cuda", dtype=fl.bfloat16):
@@ -87,7 +139,7 @@ def main():
                 step()
             runs.append((time.perf_counter() - t0) / 30 * 1e6)
         tree = os.path.dirname(os.path.dirname(os.path.abspath(fl.__file__)))
-        print(json.dumps({"bench": "mlp_fake_step", "tree": tree, "us_per_step": round(statistics.median(runs), 1),
+        print(json.dumps({"bench": "mlp_fake_step", "model": name, "tree": tree, "us_per_step": round(statistics.median(runs), 1),
                           "runs": [round(r) for r in runs]}), flush=True)
         if "--profile" in sys.argv:
             import cProfile
