@@ -61,7 +61,9 @@ ones (`across_rounds`).
 `--count-calls`: after the timed steps rank 0 runs PROFILE_STEPS more counting the Python-level calls (functions
 and builtins, `sys.setprofile`) and reports calls_per_step: the ddp/fsdp2 count less single's is what the wrapper
 adds a step. `--layers N` sets the block count (`--small --layers 12`: GPT-2's 148 parameters at width 64, the
-per-parameter costs of the real model on CPU).
+per-parameter costs of the real model on CPU). `--batch B --seq T` set the sequences per rank and their length:
+GPT-2 at `--batch 1 --seq 64` runs the same kernels, launches and collectives (the gradients' sizes do not change)
+with little GPU work behind them, so its step time is what the host takes to issue a step.
 A configuration that fails prints its error instead.
 """
 from __future__ import annotations
@@ -183,7 +185,7 @@ def worker(args) -> None:
     import torch.distributed as dist
     sys.path.insert(0, ROOT)
     from bench import gpu_models, measure
-    cfg = dict(SMALL if args.small else GPT2, **({"layers": args.layers} if args.layers else {}))
+    cfg = _config(args)
     cuda = args.device == "cuda"
     local = int(os.environ.get("LOCAL_RANK", "0"))
     pins = os.environ.get("BENCH_PIN_CPUS")          # "0-3;16-19": rank i keeps to the i-th CPU list
@@ -440,17 +442,24 @@ def _workload(args) -> str:
     return ("gpt-small-" if args.small else "gpt2-") + args.parallel + ("-checkpoint" if args.checkpoint else "")
 
 
+def _config(args) -> dict:
+    """The model and batch sizes: GPT-2's (or --small's), with --layers, --batch and --seq applied."""
+    over = {k: getattr(args, k) for k in ("layers", "batch", "seq") if getattr(args, k)}
+    return dict(SMALL if args.small else GPT2, **over)
+
+
 def _launch(system: str, mode: str, config: str, args, timeout: float) -> dict:
     nproc = args.nproc if config == "ddp" else 1
     factor = args.nproc if config in ("ref", "resume") else 1
     cmd = [sys.executable, "-m", LAUNCHERS[system], "--nproc-per-node", str(nproc), os.path.abspath(__file__),
            "--worker", "--device", args.device, "--mode", mode, "--config", config, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--batch-factor", str(factor),
-           "--global-batch", str(args.nproc * (SMALL if args.small else GPT2)["batch"]),
+           "--global-batch", str(args.nproc * _config(args)["batch"]),
            "--parallel", args.parallel, "--compile-order", args.compile_order] + (["--small"] if args.small else []) + \
         (["--profile", os.path.abspath(args.profile)] if args.profile else []) + \
         (["--trace", os.path.abspath(args.trace)] if args.trace else []) + \
         (["--layers", str(args.layers)] if args.layers else []) + (["--count-calls"] if args.count_calls else []) + \
+        (["--batch", str(args.batch)] if args.batch else []) + (["--seq", str(args.seq)] if args.seq else []) + \
         (["--phases"] if args.phases else []) + (["--nccl-high-priority"] if args.nccl_high_priority else []) + \
         (["--bucket-cap-mb", str(args.bucket_cap_mb)] if args.bucket_cap_mb else []) + \
         (["--checkpoint", os.path.join(args.checkpoint, system)] if args.checkpoint else [])
@@ -552,6 +561,9 @@ def main() -> None:
     p.add_argument("--profile", default="", help="cProfile tables of rank 0 of each configuration into DIR")
     p.add_argument("--trace", default="", help="every rank's device timeline (PyTorch's profiler) into DIR")
     p.add_argument("--layers", type=int, default=0, help="blocks of the GPT (default: 12, --small: 2)")
+    p.add_argument("--batch", type=int, default=0, help="sequences per rank (default: 8, --small: 2)")
+    p.add_argument("--seq", type=int, default=0, help="tokens per sequence (default: 1024, --small: 32); a tiny batch "
+                   "(--batch 1 --seq 64) leaves the GPU little to do: the step time is then the host's cost of a step")
     p.add_argument("--count-calls", action="store_true", help="rank 0's Python-level calls per step")
     p.add_argument("--nccl-high-priority", action="store_true", help="cuda: the NCCL group's collectives on a "
                    "stream of the device's greatest priority (ProcessGroupNCCL.Options(is_high_priority_stream=True))")
