@@ -6,6 +6,7 @@
     python bench/cuda_host_profile.py ops             # cProfile of single small ops: where each one's host time goes
     python bench/cuda_host_profile.py steps mlp,resnet [compiled]  # cProfile of training steps: top functions, us per step
     python bench/cuda_host_profile.py conv            # per-call host cost of each layer of a cuDNN convolution
+    python bench/cuda_host_profile.py young gpt [compiled]  # what a step's objects give the garbage collector to walk
 
 `micro` prints one JSON line per piece: CuPy's own launch paths (ufunc, ElementwiseKernel, RawKernel
 with a preallocated output), the allocation, flambeau's binary kernel, the Tensor wrapper and the
@@ -343,6 +344,46 @@ def _gc_time(step, steps: int = 20) -> tuple:
     return spent[0] * 1e3 / steps, spent[1] / steps
 
 
+def young_objects(names: str, mode: str = "eager", steps: int = 10) -> None:
+    """For each workload of bench/gpu_train.py, after warm-up: the garbage collector's collections per step
+    by generation, the objects it tracks, and what the young generation holds when a collection starts
+    (summed over every generation-0 collection of `steps` steps, per type, per step): the objects a step
+    makes that the collector must walk, where a step that makes many triggers a collection every ~700."""
+    import gc
+    import flambeau
+    from bench import gpu_models, gpu_train
+    for name in names.split(","):
+        spec = gpu_train.WORKLOADS[name]
+        rng = np.random.default_rng(0)
+        model = spec["build"](flambeau).to("cuda")
+        if mode == "compiled":
+            model = flambeau.compile(model)
+        xs, ys = spec["batch"](rng)
+        x, y = flambeau.tensor(xs, device="cuda"), flambeau.tensor(ys, device="cuda")
+        opt = flambeau.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+        for _ in range(3):
+            gpu_models.train_step(flambeau, model, opt, x, y, flambeau.bfloat16)
+        flambeau.cuda.synchronize()
+        kinds: collections.Counter = collections.Counter()
+
+        def hook(phase, info):
+            if phase == "start" and info.get("generation") == 0:
+                kinds.update(type(o).__module__ + "." + type(o).__qualname__ for o in gc.get_objects(0))
+        before = [g["collections"] for g in gc.get_stats()]
+        gc.callbacks.append(hook)
+        try:
+            for _ in range(steps):
+                gpu_models.train_step(flambeau, model, opt, x, y, flambeau.bfloat16)
+        finally:
+            gc.callbacks.remove(hook)
+        flambeau.cuda.synchronize()
+        per_gen = [round((g["collections"] - b) / steps, 2) for g, b in zip(gc.get_stats(), before)]
+        print(f"== {name} ({mode}): collections per step by generation {per_gen}, {len(gc.get_objects())} tracked "
+              f"objects; the young generation at its collections, per step:", flush=True)
+        for kind, n in kinds.most_common(30):
+            print(f"  {n / steps:9.1f}  {kind}", flush=True)
+
+
 def _frame_name(frame: str) -> str:
     return frame.strip()
 
@@ -385,6 +426,8 @@ if __name__ == "__main__":
     elif what == "steps":
         steps_profile(sys.argv[2] if len(sys.argv) > 2 else "mlp,resnet",
                       sys.argv[3] if len(sys.argv) > 3 else "eager")
+    elif what == "young":
+        young_objects(sys.argv[2] if len(sys.argv) > 2 else "gpt", sys.argv[3] if len(sys.argv) > 3 else "eager")
     elif what == "conv":
         conv_micro()
     elif what == "summary":
