@@ -59,3 +59,12 @@ def test_fastest_cpus_are_distinct_cpus_of_the_affinity_and_leave_it_as_it_was()
     cpus = [c for c, _ in chosen]
     assert len(cpus) == min(2, len(allowed)) == len(set(cpus)) and set(cpus) <= allowed
     assert all(ms > 0 for _, ms in chosen)
+
+
+def test_batch_seq_and_layers_override_the_models_sizes_and_zero_keeps_them():
+    import types
+    args = types.SimpleNamespace(small=False, layers=0, batch=1, seq=64)
+    assert D._config(args) == dict(D.GPT2, batch=1, seq=64)
+    args = types.SimpleNamespace(small=True, layers=3, batch=0, seq=0)
+    assert D._config(args) == dict(D.SMALL, layers=3)
+    assert D.GPT2["batch"] == 8 and D.GPT2["seq"] == 1024         # the defaults themselves untouched
