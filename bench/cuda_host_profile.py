@@ -245,21 +245,34 @@ def add_loop() -> None:
     flambeau.cuda.synchronize()
 
 
-def train_loop(name: str) -> None:
+def _warm_step(name: str, mode: str = "eager"):
+    """One training step of bench/gpu_train.py's workload `name` (bf16 autocast, AdamW) as a function, after
+    three warm-up steps; `mode` "compiled" runs `flambeau.compile(model)` (default mode)."""
     import flambeau
     from bench import gpu_models, gpu_train
     spec = gpu_train.WORKLOADS[name]
     rng = np.random.default_rng(0)
     model = spec["build"](flambeau).to("cuda")
+    if mode == "compiled":
+        model = flambeau.compile(model)
     xs, ys = spec["batch"](rng)
     x, y = flambeau.tensor(xs, device="cuda"), flambeau.tensor(ys, device="cuda")
     opt = flambeau.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-    for _ in range(3):
+
+    def step():
         gpu_models.train_step(flambeau, model, opt, x, y, flambeau.bfloat16)
+    for _ in range(3):
+        step()
     flambeau.cuda.synchronize()
+    return step
+
+
+def train_loop(name: str) -> None:
+    import flambeau
+    step = _warm_step(name)
     t0 = time.perf_counter()
     for _ in range(TRAIN_STEPS):
-        gpu_models.train_step(flambeau, model, opt, x, y, flambeau.bfloat16)
+        step()
     flambeau.cuda.synchronize()
     print(json.dumps({"loop": name, "ms_per_step": round((time.perf_counter() - t0) * 1e3 / TRAIN_STEPS, 2)}))
 
@@ -276,22 +289,9 @@ def steps_profile(names: str, mode: str = "eager") -> None:
     import cProfile
     import pstats
     import flambeau
-    from bench import gpu_models, gpu_train, measure
+    from bench import measure
     for name in names.split(","):
-        spec = gpu_train.WORKLOADS[name]
-        rng = np.random.default_rng(0)
-        model = spec["build"](flambeau).to("cuda")
-        if mode == "compiled":
-            model = flambeau.compile(model)
-        xs, ys = spec["batch"](rng)
-        x, y = flambeau.tensor(xs, device="cuda"), flambeau.tensor(ys, device="cuda")
-        opt = flambeau.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-
-        def step():
-            gpu_models.train_step(flambeau, model, opt, x, y, flambeau.bfloat16)
-        for _ in range(3):
-            step()
-        flambeau.cuda.synchronize()
+        step = _warm_step(name, mode)
         t0 = time.perf_counter()
         for _ in range(TRAIN_STEPS):
             step()
@@ -335,13 +335,19 @@ def _gc_time(step, steps: int = 20) -> tuple:
             spent[1] += 1
             if info.get("generation") == 2:
                 print(f"  (full collection: {dt * 1e3:.1f} ms, {len(gc.get_objects())} tracked objects)", flush=True)
-    gc.callbacks.append(hook)
+    _steps_with_gc_callback(step, steps, hook)
+    return spent[0] * 1e3 / steps, spent[1] / steps
+
+
+def _steps_with_gc_callback(step, steps: int, callback) -> None:
+    """`steps` calls of `step` with `callback` among the garbage collector's callbacks."""
+    import gc
+    gc.callbacks.append(callback)
     try:
         for _ in range(steps):
             step()
     finally:
-        gc.callbacks.remove(hook)
-    return spent[0] * 1e3 / steps, spent[1] / steps
+        gc.callbacks.remove(callback)
 
 
 def young_objects(names: str, mode: str = "eager", steps: int = 10) -> None:
@@ -351,31 +357,15 @@ def young_objects(names: str, mode: str = "eager", steps: int = 10) -> None:
     makes that the collector must walk, where a step that makes many triggers a collection every ~700."""
     import gc
     import flambeau
-    from bench import gpu_models, gpu_train
     for name in names.split(","):
-        spec = gpu_train.WORKLOADS[name]
-        rng = np.random.default_rng(0)
-        model = spec["build"](flambeau).to("cuda")
-        if mode == "compiled":
-            model = flambeau.compile(model)
-        xs, ys = spec["batch"](rng)
-        x, y = flambeau.tensor(xs, device="cuda"), flambeau.tensor(ys, device="cuda")
-        opt = flambeau.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-        for _ in range(3):
-            gpu_models.train_step(flambeau, model, opt, x, y, flambeau.bfloat16)
-        flambeau.cuda.synchronize()
+        step = _warm_step(name, mode)
         kinds: collections.Counter = collections.Counter()
 
         def hook(phase, info):
             if phase == "start" and info.get("generation") == 0:
                 kinds.update(type(o).__module__ + "." + type(o).__qualname__ for o in gc.get_objects(0))
         before = [g["collections"] for g in gc.get_stats()]
-        gc.callbacks.append(hook)
-        try:
-            for _ in range(steps):
-                gpu_models.train_step(flambeau, model, opt, x, y, flambeau.bfloat16)
-        finally:
-            gc.callbacks.remove(hook)
+        _steps_with_gc_callback(step, steps, hook)
         flambeau.cuda.synchronize()
         per_gen = [round((g["collections"] - b) / steps, 2) for g, b in zip(gc.get_stats(), before)]
         print(f"== {name} ({mode}): collections per step by generation {per_gen}, {len(gc.get_objects())} tracked "
