@@ -8,9 +8,10 @@ cheaper here than it is there. Models (`--model`):
 
     mlp   4 x Linear(256, 256), B64, cross-entropy (the bench's `mlp`)
     gpt   GPT-2's layout as the bench runs it (12 blocks of 12 heads, tied embeddings, causal SDPA through the
-          cuDNN path with its two frontend calls no-ops) at a small width (d 96, vocab 512, B2 x T64): the same
-          ops and graph as GPT-2 124M's step (278 op calls, 349 backward nodes a step on the GPU), far less
-          NumPy work behind the fake device's allocations
+          cuDNN path with its two frontend calls no-ops) at a small width (d 96, vocab 512, B2 x T64): about the
+          ops and graph of GPT-2 124M's step (302 op calls and 370 backward nodes a step here, 278 and 349 on the
+          GPU: the fake attention's q, k, v gradients are not one buffer, so the split's backward concatenates
+          them), with far less NumPy work behind the fake device's arrays
 
 Prints the median and the runs (us per step); --profile adds cProfile's top functions. Compare trees by running
 it with PYTHONPATH set to each, alternating (the box's load moves the times):
@@ -71,7 +72,8 @@ def _fake_cudnn_attention():
 
 
 def install():
-    """The fake device as far as the MLP step needs it; returns the function putting back what it can."""
+    """The fake device as far as the models' steps need it; returns the function putting back what it can (the
+    multiprocessor count and the fake namespace's RawModule stay: this runs in a bench's own process)."""
     from bench import eager_host_calls as E
     from flambeau._backends import device_checks, triton_launch as TL
     xp, restore = E.install()
@@ -139,8 +141,9 @@ def main():
                 step()
             runs.append((time.perf_counter() - t0) / 30 * 1e6)
         tree = os.path.dirname(os.path.dirname(os.path.abspath(fl.__file__)))
-        print(json.dumps({"bench": "mlp_fake_step", "model": name, "tree": tree, "us_per_step": round(statistics.median(runs), 1),
-                          "runs": [round(r) for r in runs]}), flush=True)
+        print(json.dumps({"bench": "mlp_fake_step", "model": name, "tree": tree,
+                          "us_per_step": round(statistics.median(runs), 1), "runs": [round(r) for r in runs]}),
+              flush=True)
         if "--profile" in sys.argv:
             import cProfile
             import pstats
