@@ -5,7 +5,8 @@ run as it is on the CPU; every launch of every generated kernel counts (a split 
 `python3 bench/ddp_split_kernels.py [--layers 12] [--d 768] [--splits single,narrowest,bucket]`: one JSON line per
 split: `single` (one graph), `narrowest` (the DDPOptimizer's default: each cut moved to just before a matrix
 product), `bucket` (PyTorch's cut, where a 25 MiB bucket fills). bf16 autocast, B1xT64 (the kernel count does not
-depend on the batch). Each split runs in its own process. Extra kernels are what a split costs beyond the
+depend on the batch); each DDP subgraph holds `FLAMBEAU_DDP_SUBGRAPH_BUCKETS` buckets' worth (default 4; 1 is
+PyTorch's one a bucket). Each split runs in its own process. Extra kernels are what a split costs beyond the
 communication: lost fusions and each subgraph's own weight and gradient casts."""
 from __future__ import annotations
 

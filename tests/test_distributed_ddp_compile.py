@@ -2,7 +2,9 @@
 a compiled DDP module's graph is split at its bucket boundaries, one subgraph per bucket, and trains to
 eager DDP's losses and weights, and a bucket's all-reduce starts before backward reaches the input; so is
 the graph of a model compiled inside DDP (`DDP(compile(model))`); with `optimize_ddp=False` the graph stays
-whole."""
+whole. flambeau's default puts 4 buckets' worth in a subgraph (`config.ddp_subgraph_buckets`): the 2-rank
+worker trains with 1 (PyTorch's cut) and with 2.
+"""
 from __future__ import annotations
 
 import os
@@ -13,6 +15,14 @@ import pytest
 from tests.dist_helpers import launch
 
 WORLD, LAYERS = 2, 4
+
+
+@pytest.fixture(autouse=True)
+def pytorch_cut(monkeypatch):
+    """The in-process tests study where PyTorch's cut (a subgraph a bucket) falls: `ddp_subgraph_buckets` 1
+    (flambeau's default puts 4 buckets in a subgraph; `test_subgraph_buckets_make_fewer_larger_subgraphs`)."""
+    from flambeau._dynamo import config
+    monkeypatch.setattr(config, "ddp_subgraph_buckets", 1)
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +36,7 @@ def ranks(tmp_path_factory):
 def test_compiled_ddp_graph_is_split_one_subgraph_per_bucket(ranks):
     for res in ranks:
         assert int(res["split/graphs"]) == LAYERS
+        assert int(res["split2/graphs"]) == LAYERS // 2     # ddp_subgraph_buckets 2: two buckets a subgraph
         assert int(res["whole/graphs"]) == 1
         assert int(res["inner/graphs"]) == LAYERS       # DDP(compile(model)): split as well
         assert int(res["inner_whole/graphs"]) == 1
@@ -36,7 +47,7 @@ def test_ddp_forward_is_the_active_ddp_module_only_while_it_runs(ranks):
     for res in ranks:
         assert bool(res["active_after_training"]) and bool(res["active_after_an_error"])
 
-@pytest.mark.parametrize("tag", ["split", "whole", "inner", "inner_whole"])
+@pytest.mark.parametrize("tag", ["split", "split2", "whole", "inner", "inner_whole"])
 def test_compiled_ddp_trains_as_eager_ddp(ranks, tag):
     for res in ranks:
         np.testing.assert_allclose(res[f"{tag}/losses"], res["eager/losses"], rtol=1e-6)
@@ -49,8 +60,8 @@ def test_split_graph_reduces_a_bucket_before_backward_reaches_the_input(ranks):
     gradient (overlap). Whole: one backward node yields every gradient at once and the input's, made last,
     is accumulated first: no bucket can start earlier."""
     for res in ranks:
-        for tag, first in (("split", "bucket"), ("whole", "input_grad"), ("eager", "bucket"), ("inner", "bucket"),
-                           ("inner_whole", "input_grad")):
+        for tag, first in (("split", "bucket"), ("split2", "bucket"), ("whole", "input_grad"), ("eager", "bucket"),
+                           ("inner", "bucket"), ("inner_whole", "input_grad")):
             events = [str(e) for e in res[f"{tag}/events"]]
             assert events.count("bucket") == LAYERS and events.count("input_grad") == 1, (tag, events)
             assert events[0] == first, (tag, events)
@@ -123,6 +134,35 @@ def test_split_moves_each_cut_earlier_to_just_before_a_product(monkeypatch, narr
     for node, k in seen["parts"].items():
         if node.op == "get_attr":
             assert k >= seen["at_bucket"][node], (node.name, k, seen["at_bucket"][node])
+
+
+@pytest.mark.parametrize("k, pieces", [(1, 4), (2, 2), (4, 1)])
+def test_subgraph_buckets_make_fewer_larger_subgraphs(monkeypatch, k, pieces):
+    """`config.ddp_subgraph_buckets = k`: each subgraph holds k buckets' worth of parameters, the first one
+    (the graph's end) too, so 3 blocks with a block's bytes a bucket split in 4 (k 1: PyTorch's cut, the first
+    bucket a quarter), 2 (k 2) or none (k 4: the whole graph fits); the split graph computes the model's
+    outputs and gradients."""
+    import flambeau as torch
+    from flambeau._dynamo import config
+    monkeypatch.setattr(config, "ddp_subgraph_buckets", k)
+    model, optimizer = _transformer_split_per_block(torch)
+    made = []
+
+    def backend(gm, example_inputs):
+        made.append(optimizer())
+        return made[-1](gm, example_inputs)
+
+    x = torch.randn(2, 5, 32)
+    out = torch.compile(model, backend=backend)(x)
+    out.square().sum().backward()
+    grads = [p.grad.numpy().copy() for p in model.parameters()]
+    model.zero_grad()
+    ref = model(x)
+    ref.square().sum().backward()
+    assert made[0].subgraphs == pieces
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-6)
+    for g, p in zip(grads, model.parameters()):
+        np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("autocast", [True, False])

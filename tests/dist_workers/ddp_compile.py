@@ -1,5 +1,6 @@
 """DDP under flambeau.compile on 2 ranks (the DDPOptimizer): a 4-layer MLP whose buckets hold one layer each
-is trained 3 steps compiled (aot_eager, graph split at bucket boundaries), compiled with
+is trained 3 steps compiled (aot_eager, graph split at bucket boundaries: PyTorch's cut, one subgraph a
+bucket, `ddp_subgraph_buckets` 1; and 2 buckets a subgraph), compiled with
 `optimize_ddp=False` (one graph), with the model compiled inside DDP (`DDP(compile(model))`: split
 too, as PyTorch's dynamo splits a graph captured inside an active DDP forward; whole without
 optimize_ddp) and eagerly, from the same weights on the same data slices; subgraph
@@ -36,7 +37,7 @@ def batch(step):
     return torch.from_numpy(x[rank * BATCH:(rank + 1) * BATCH]), torch.from_numpy(y[rank * BATCH:(rank + 1) * BATCH])
 
 
-def train(tag, compiled, optimize_ddp=True, inner=False):
+def train(tag, compiled, optimize_ddp=True, inner=False, subgraph_buckets=1):
     torch.manual_seed(0)
     model = nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.Tanh())])
     graphs = []
@@ -52,7 +53,7 @@ def train(tag, compiled, optimize_ddp=True, inner=False):
         events.append("bucket")
         return default_hooks.allreduce_hook(state, bucket)
     ddp.register_comm_hook(None, recording_allreduce)
-    config.optimize_ddp = optimize_ddp
+    config.optimize_ddp, config.ddp_subgraph_buckets = optimize_ddp, subgraph_buckets
     try:
         run = torch.compile(ddp, backend=counting_aot_eager) if compiled and not inner else ddp
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -65,7 +66,7 @@ def train(tag, compiled, optimize_ddp=True, inner=False):
             loss = ((run(x) - y) ** 2).mean()
             losses.append(step_and_mean_loss(loss, opt, dist))
     finally:
-        config.optimize_ddp = True
+        config.optimize_ddp, config.ddp_subgraph_buckets = True, default_subgraph_buckets
     res[f"{tag}/graphs"] = np.array(len(graphs))
     res[f"{tag}/losses"] = np.array(losses)
     res[f"{tag}/events"] = np.array(events)
@@ -73,7 +74,9 @@ def train(tag, compiled, optimize_ddp=True, inner=False):
         res[f"{tag}/final/{k}"] = v.numpy().copy()
 
 
+default_subgraph_buckets = config.ddp_subgraph_buckets
 train("eager", False)
+train("split2", True, subgraph_buckets=2)
 train("split", True)
 train("whole", True, optimize_ddp=False)
 train("inner", True, inner=True)
