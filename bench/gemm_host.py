@@ -33,6 +33,13 @@ from bench.measure import host_us  # noqa: E402
 SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]       # (k, n) of GPT-2's linears
 
 
+def compiled_of(L, x, w):
+    """The cuBLASLt objects (`cublaslt._Compiled`) that `L.gemm(x, w.T)` made for this layout, bias-free
+    epilogue: what a bench calls `cublasLtMatmul` with directly, after one `L.gemm(x, w.T)`."""
+    lay = L._layouts[(x.shape, x.strides, w.T.shape, w.T.strides, x.dtype)]
+    return next(c for key, c in lay.compiled.items() if key[4] == L.EPILOGUE_DEFAULT)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=8192)
@@ -61,8 +68,7 @@ def main():
         row["wrapper_bias"] = host_us(lambda: L.gemm(x, w.T, bias=b), N, R, sync)
         shape, dt = (args.rows, n), x.dtype
         row["alloc"] = host_us(lambda: cupy.ndarray(shape, dt), N, R, sync)
-        lay = L._layouts[(x.shape, x.strides, w.T.shape, w.T.strides, x.dtype)]
-        comp = next(c for key, c in lay.compiled.items() if key[4] == L.EPILOGUE_DEFAULT)
+        comp = compiled_of(L, x, w)
         d = cupy.ndarray(shape, dt)
         dev = d.data.device_id
         stream = cupy.cuda.get_current_stream().ptr

@@ -42,6 +42,7 @@ def main():
     import cupy
     import flambeau as fl
     from flambeau._backends import cublaslt as L
+    from bench.gemm_host import compiled_of
     if not L.available():
         print(json.dumps({"bench": "gemm_pattern_host", "error": f"cuBLASLt not available: {L.load_error()}"}))
         return
@@ -57,8 +58,7 @@ def main():
             d = L.gemm(x, w.T)
             bufs.append((x, w, d))
         x, w, _ = bufs[0]
-        lay = L._layouts[(x.shape, x.strides, w.T.shape, w.T.strides, x.dtype)]
-        comp = next(c for key, c in lay.compiled.items() if key[4] == L.EPILOGUE_DEFAULT)
+        comp = compiled_of(L, x, w)
         products.append((comp, [(w.data.ptr, x.data.ptr, d.data.ptr) for x, w, d in bufs], bufs))
     handle = L._handles[dev.id]
     ws = L._workspaces[(dev.id, stream)]

@@ -43,6 +43,7 @@ def main():
     from cupy.cuda import nccl
     import flambeau as fl
     from flambeau._backends import cublaslt as L
+    from bench.gemm_host import compiled_of
 
     if not L.available():
         print(json.dumps({"bench": "side_stream_host", "error": f"cuBLASLt not available: {L.load_error()}"}))
@@ -50,8 +51,7 @@ def main():
     x = fl.randn(args.rows, 768, device="cuda").to(fl.bfloat16)._data
     w = fl.randn(2304, 768, device="cuda").to(fl.bfloat16)._data
     L.gemm(x, w.T)
-    lay = L._layouts[(x.shape, x.strides, w.T.shape, w.T.strides, x.dtype)]
-    comp = next(c for key, c in lay.compiled.items() if key[4] == L.EPILOGUE_DEFAULT)
+    comp = compiled_of(L, x, w)
     d = cupy.ndarray((args.rows, 2304), x.dtype)
     compute = cupy.cuda.get_current_stream()
     side = cupy.cuda.Stream(non_blocking=True)
