@@ -50,6 +50,7 @@ from .accelerator import get_device_module  # noqa: E402,F401
 from . import backends  # noqa: E402,F401
 from . import testing  # noqa: E402,F401
 from .cuda import amp as _cuda_amp  # noqa: E402,F401  (makes flambeau.cuda.amp an attribute)
+from ._backends import OutOfMemoryError  # noqa: E402,F401  (torch.OutOfMemoryError; also flambeau.cuda's)
 from .amp.autocast_mode import (autocast, is_autocast_enabled, set_autocast_enabled,  # noqa: E402,F401
                                 get_autocast_dtype, set_autocast_dtype, is_autocast_cache_enabled,
                                 set_autocast_cache_enabled, clear_autocast_cache, autocast_increment_nesting,
@@ -74,5 +75,6 @@ from . import onnx  # noqa: E402,F401
 from . import _higher_order_ops  # noqa: E402,F401
 from ._higher_order_ops import cond  # noqa: E402,F401
 
-from ._gc import freeze_import_objects as _freeze_import_objects  # noqa: E402
+from ._gc import freeze_import_objects as _freeze_import_objects, raise_young_threshold as _raise_young  # noqa: E402
 _freeze_import_objects()               # last: flambeau's import-time objects leave the collector's scans
+_raise_young()                         # and an eager step's transient objects stop triggering collections

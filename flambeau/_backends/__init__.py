@@ -65,6 +65,11 @@ class Backend:
         return arr
 
 
+class OutOfMemoryError(RuntimeError):
+    """A device allocation that failed even after the pool released its cached blocks and the garbage
+    collector ran (PyTorch's `torch.OutOfMemoryError`, also `torch.cuda.OutOfMemoryError`)."""
+
+
 peak_bytes: dict[int, int] = {}     # cuda device index -> most bytes in use at once
 extra_bytes: dict[int, int] = {}    # cuda device index -> bytes held by CUDA graph pools (cuda_graphs.py)
 _cupy_namespace: list = [None]      # the cupy module once the cuda backend exists (`is_cupy`)
@@ -82,9 +87,13 @@ def install_cuda_allocator() -> None:
 
     # bound once: this runs for every allocation (about 1200 a ResNet-50 training step)
     pool_malloc, used_bytes, extra, peak = pool.malloc, pool.used_bytes, extra_bytes.get, peak_bytes.get
+    out_of_memory = cupy.cuda.memory.OutOfMemoryError
 
     def malloc(size):
-        p = pool_malloc(size)
+        try:
+            p = pool_malloc(size)
+        except out_of_memory as e:
+            _out_of_memory(cupy, pool, size, e)
         dev = device_id()
         used = used_bytes() + extra(dev, 0)
         if used > peak(dev, 0):
@@ -93,6 +102,28 @@ def install_cuda_allocator() -> None:
 
     cupy.cuda.set_allocator(malloc)
     _allocator_installed.append(True)
+
+
+def _out_of_memory(cupy, pool, size: int, error):
+    """CuPy's pool could not allocate `size` bytes (`error`), having released its cached blocks and run the
+    garbage collector first (its `SingleDeviceMemoryPool._try_malloc`: cyclic garbage holding device arrays,
+    which flambeau's raised collector threshold (`_gc`) lets live longer, is freed there): raise PyTorch's
+    OutOfMemoryError, worded as PyTorch words it."""
+    dev = cupy.cuda.runtime.getDevice()
+    try:
+        free, total = cupy.cuda.runtime.memGetInfo()
+    except Exception:               # (the message does without them)
+        free = total = None
+    held = f"GPU {dev} has a total capacity of {_gib(total)} of which {_gib(free)} is free. " if total else ""
+    raise OutOfMemoryError(
+        f"CUDA out of memory. Tried to allocate {_gib(size)}. {held}Of the allocated memory "
+        f"{_gib(pool.used_bytes())} is allocated by flambeau, and {_gib(pool.total_bytes() - pool.used_bytes())} "
+        f"is reserved by flambeau but unallocated. Free tensors you no longer need (del, then "
+        f"flambeau.cuda.empty_cache()), or use a smaller batch.") from error
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.2f} MiB"
 
 
 def reset_peak_bytes(device_index: int, used: int) -> None:

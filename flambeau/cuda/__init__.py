@@ -8,12 +8,14 @@ The synchronising calls raise what device-side checks recorded (`_backends.devic
 """
 from __future__ import annotations
 
+import gc
 import sys
 
 
 from .. import _backends, _state
 from .._backends.cuda_graphs import CupyGraphs
-from .._backends import cupy_available, device_checks, extra_bytes, install_cuda_allocator, peak_bytes, reset_peak_bytes
+from .._backends import (OutOfMemoryError, cupy_available, device_checks, extra_bytes,  # noqa: F401
+                         install_cuda_allocator, peak_bytes, reset_peak_bytes)
 from .._device import cuda_index as _index, device as _Device, device as Device
 from ..random import generator_for
 from .._tensor_types import CUDA_TYPES
@@ -140,7 +142,10 @@ def memory_reserved(device=None) -> int:
 
 
 def empty_cache() -> None:
+    """Release the pool's cached blocks (and kept workspaces) to the driver, after a collection of cyclic
+    garbage, which flambeau's raised collector threshold (`flambeau._gc`) lets live longer."""
     if is_available():
+        gc.collect()
         cudnn = sys.modules.get("flambeau._backends.cudnn")    # (not loaded: no convolution kept a workspace)
         if cudnn is not None:
             cudnn.release_workspaces()        # the kept large convolution workspaces, then the pool's free blocks

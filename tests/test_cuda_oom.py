@@ -1,0 +1,80 @@
+"""A cuda allocation that CuPy's pool cannot make (flambeau/_backends `install_cuda_allocator`; CuPy's pool
+has released its cached blocks and run the garbage collector before it fails) raises
+`flambeau.OutOfMemoryError` (`flambeau.cuda.OutOfMemoryError`, a RuntimeError, as PyTorch's), saying how
+much was asked, what the device and the pool hold and what to do: never CuPy's bare error. Checked on CPU
+with a stand-in for CuPy's pool and allocator hook."""
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+import flambeau
+from flambeau import _backends
+
+
+class _OOM(Exception):
+    pass
+
+
+class _Pool:
+    def __init__(self, fail_times: int):
+        self.fail_times, self.freed_blocks, self.tries = fail_times, 0, 0
+
+    def malloc(self, size):
+        self.tries += 1
+        if self.tries <= self.fail_times:
+            raise _OOM(f"Out of memory allocating {size:,} bytes")
+        return ("ptr", size)
+
+    def used_bytes(self):
+        return 3 * 2 ** 30
+
+    def total_bytes(self):
+        return 5 * 2 ** 30
+
+    def free_all_blocks(self):
+        self.freed_blocks += 1
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """A CuPy stand-in whose `set_allocator` hands back flambeau's allocator: (pool holder, allocator)."""
+    holder = {}
+    cuda = types.SimpleNamespace(
+        memory=types.SimpleNamespace(OutOfMemoryError=_OOM),
+        device=types.SimpleNamespace(get_device_id=lambda: 0),
+        runtime=types.SimpleNamespace(getDevice=lambda: 0, memGetInfo=lambda: (512 * 2 ** 20, 80 * 2 ** 30)),
+        set_allocator=lambda fn: holder.__setitem__("malloc", fn))
+    cupy = types.SimpleNamespace(cuda=cuda, get_default_memory_pool=lambda: holder["pool"])
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(_backends, "_allocator_installed", [])
+    monkeypatch.setattr(_backends, "peak_bytes", {})
+
+    def install(fail_times):
+        holder["pool"] = _Pool(fail_times)
+        _backends._allocator_installed.clear()
+        _backends.install_cuda_allocator()
+        return holder["pool"], holder["malloc"]
+    return install
+
+
+def test_an_allocation_that_succeeds_returns_the_pools_pointer_and_records_the_peak(fake_cupy):
+    pool, malloc = fake_cupy(fail_times=0)
+    assert malloc(2 ** 20) == ("ptr", 2 ** 20)
+    assert _backends.peak_bytes[0] == pool.used_bytes()
+
+
+def test_a_failed_allocation_raises_pytorchs_out_of_memory_error(fake_cupy):
+    pool, malloc = fake_cupy(fail_times=1)
+    with pytest.raises(flambeau.OutOfMemoryError) as info:
+        malloc(2 ** 31)
+    e = info.value
+    assert isinstance(e, RuntimeError) and flambeau.cuda.OutOfMemoryError is flambeau.OutOfMemoryError
+    msg = str(e)
+    assert msg.startswith("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                          "80.00 GiB of which 512.00 MiB is free."), msg
+    assert "3.00 GiB is allocated by flambeau, and 2.00 GiB is reserved by flambeau but unallocated" in msg
+    assert "empty_cache" in msg and isinstance(e.__cause__, _OOM)
+    assert pool.tries == 1
