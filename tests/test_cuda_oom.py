@@ -78,3 +78,34 @@ def test_a_failed_allocation_raises_pytorchs_out_of_memory_error(fake_cupy):
     assert "3.00 GiB is allocated by flambeau, and 2.00 GiB is reserved by flambeau but unallocated" in msg
     assert "empty_cache" in msg and isinstance(e.__cause__, _OOM)
     assert pool.tries == 1
+
+
+def test_empty_cache_collects_cyclic_garbage_before_releasing_the_pool(fake_cupy, monkeypatch):
+    """The raised collector threshold lets a dropped cycle live longer: `flambeau.cuda.empty_cache()` collects
+    it before the pool releases its blocks (a cycle holding device arrays frees them there)."""
+    import gc
+    import weakref
+    pool, _ = fake_cupy(fail_times=0)
+    monkeypatch.setattr(flambeau.cuda, "is_available", lambda: True)
+    order = []
+    pool.free_all_blocks = lambda: order.append("released")
+
+    class Holder:
+        pass
+    a, b = Holder(), Holder()
+    a.other, b.other = b, a
+    weakref.finalize(a, order.append, "collected")
+    gc.disable()                        # (only empty_cache's collection may find it)
+    try:
+        del a, b
+        flambeau.cuda.empty_cache()
+    finally:
+        gc.enable()
+    assert order == ["collected", "released"], order
+
+
+@pytest.mark.parametrize("size, text", [(512, "512 bytes"), (3 * 2 ** 10, "3.00 KiB"), (20 * 2 ** 20, "20.00 MiB")])
+def test_small_sizes_are_worded_as_pytorch_words_them(fake_cupy, size, text):
+    _, malloc = fake_cupy(fail_times=1)
+    with pytest.raises(flambeau.OutOfMemoryError, match=f"Tried to allocate {text}\\."):
+        malloc(size)

@@ -123,7 +123,11 @@ def _out_of_memory(cupy, pool, size: int, error):
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.2f} MiB"
+    """`n` bytes as PyTorch's out-of-memory message writes sizes (bytes, KiB, MiB, GiB)."""
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} bytes"
 
 
 def reset_peak_bytes(device_index: int, used: int) -> None:

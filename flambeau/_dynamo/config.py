@@ -19,9 +19,10 @@ ddp_split_narrowest: bool = _ddp_split == "narrowest"
 # costing the host its wrappers and launches every step, against all-reduces that start later. 4 (GPT-2
 # 124M in 4 subgraphs, not 13; 2 H100s, session 23): 23.1 vs 22.9 ms a step on fast hosts, 23.7-26.8 vs
 # 27.0-28.9 where the hosts ran Python 2x slower; a slow interconnect may want 1
-ddp_subgraph_buckets: int = int(os.environ.get("FLAMBEAU_DDP_SUBGRAPH_BUCKETS", "4"))
-if ddp_subgraph_buckets < 1:
-    raise ValueError(f"FLAMBEAU_DDP_SUBGRAPH_BUCKETS={ddp_subgraph_buckets}: expected a positive integer")
+_subgraph_buckets = os.environ.get("FLAMBEAU_DDP_SUBGRAPH_BUCKETS", "4")
+if not _subgraph_buckets.isdigit() or int(_subgraph_buckets) < 1:
+    raise ValueError(f"FLAMBEAU_DDP_SUBGRAPH_BUCKETS={_subgraph_buckets!r}: expected a positive integer")
+ddp_subgraph_buckets: int = int(_subgraph_buckets)
 trace_numpy: bool = True             # NumPy arrays and np.* calls become graph nodes (flambeau._numpy); False: graph breaks
 
 # the minifier (flambeau._dynamo.repro; PyTorch's TORCHDYNAMO_REPRO_AFTER / _LEVEL)
