@@ -109,3 +109,22 @@ def test_small_sizes_are_worded_as_pytorch_words_them(fake_cupy, size, text):
     _, malloc = fake_cupy(fail_times=1)
     with pytest.raises(flambeau.OutOfMemoryError, match=f"Tried to allocate {text}\\."):
         malloc(size)
+
+
+@pytest.mark.cuda
+def test_a_real_allocation_larger_than_the_card_raises_and_leaves_the_device_usable():
+    """On a GPU: a tensor of 1 TiB raises flambeau.OutOfMemoryError, caught as PyTorch's would be (where the
+    machine's torch has cuda, its error is the same kind: a RuntimeError subclass named OutOfMemoryError),
+    and the next ordinary allocation works and holds the right values."""
+    with pytest.raises(flambeau.OutOfMemoryError, match="CUDA out of memory. Tried to allocate 1024.00 GiB"):
+        flambeau.empty(2 ** 40, dtype=flambeau.uint8, device="cuda")
+    x = flambeau.arange(1000, device="cuda", dtype=flambeau.float32)
+    assert float(x.sum().cpu()) == 499500.0
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        with pytest.raises(torch.cuda.OutOfMemoryError) as info:
+            torch.empty(2 ** 40, dtype=torch.uint8, device="cuda")
+        assert type(info.value).__name__ == "OutOfMemoryError" and isinstance(info.value, RuntimeError)
