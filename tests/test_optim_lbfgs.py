@@ -66,7 +66,10 @@ def test_lbfgs_matches_pytorch(kwargs):
     np.testing.assert_allclose(lf, lt, rtol=1e-9, atol=1e-12)
     assert cf == ct
     for (name, pt), pf in zip(tm.named_parameters(), fm.parameters()):
-        np.testing.assert_allclose(pf.detach().numpy(), pt.detach().numpy(), rtol=1e-7, atol=1e-10, err_msg=name)
+        # float64 rounding, amplified by four line searches, relative to the tensor's scale: an element near zero
+        # (2.weight[0, 5] = 0.0256 of a row up to 3.7) differs by ~1e-9 of that scale under NumPy 2.4.6's OpenBLAS 0.3.31
+        ref = pt.detach().numpy()
+        np.testing.assert_allclose(pf.detach().numpy(), ref, rtol=1e-7, atol=1e-8 * np.abs(ref).max(), err_msg=name)
     st, sf = to.state[next(tm.parameters())], fo.state[next(fm.parameters())]
     assert (sf["func_evals"], sf["n_iter"], len(sf["old_dirs"])) == (st["func_evals"], st["n_iter"],
                                                                       len(st["old_dirs"]))
