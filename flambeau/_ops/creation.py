@@ -169,7 +169,7 @@ def _like(fn, zero=False):
     def like(input, *args, dtype=None, device=None, requires_grad=False, layout=None, memory_format=None,
              pin_memory=False):
         if input._device is WRAPPER_DEVICE:      # a DTensor: its layout, filled locally
-            return input._wrapper_like(fn, args, dict(dtype=dtype, requires_grad=requires_grad))
+            return input._wrapper_like(fn, args, dict(dtype=dtype, device=device, requires_grad=requires_grad))
         dev = device if device is not None else input.device
         strides = like_strides_of(input, memory_format, fn.__name__ + "_like")
         if zero and strides is not None:          # a zeroed buffer in the layout asked for
@@ -188,7 +188,7 @@ empty_like = export("empty_like")(_like(empty, zero=True))
 def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False, layout=None,
               memory_format=None, pin_memory=False):
     if input._device is WRAPPER_DEVICE:
-        return input._wrapper_like(full, (fill_value,), dict(dtype=dtype, requires_grad=requires_grad))
+        return input._wrapper_like(full, (fill_value,), dict(dtype=dtype, device=device, requires_grad=requires_grad))
     strides = like_strides_of(input, memory_format, "full_like")
     t = full(input.shape, fill_value, dtype=dtype or input.dtype,
              device=device if device is not None else input.device)

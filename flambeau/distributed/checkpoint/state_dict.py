@@ -8,7 +8,9 @@ zero gradients) so a fresh optimizer has tensors to load into. `set_*` go back t
 
 Options (`StateDictOptions`): `full_state_dict` gathers DTensors into whole tensors, `cpu_offload` moves
 tensors to the cpu (with both, ranks other than 0 get empty dicts, as PyTorch), `ignore_frozen_params`
-drops parameters without requires_grad, `strict` is passed to `load_state_dict`.
+drops parameters without requires_grad, `strict` is passed to `load_state_dict`, `broadcast_from_rank0` (with
+`full_state_dict`) makes the `set_*` functions read rank 0's dict alone and broadcast it. A full state dict loaded
+into a model made on the meta device is assigned, on the default group's device (PyTorch's rule).
 """
 from __future__ import annotations
 
@@ -38,10 +40,67 @@ class StateDictOptions:
 
 def _options(options: StateDictOptions | None) -> StateDictOptions:
     options = options or StateDictOptions()
-    if options.broadcast_from_rank0 or options.flatten_optimizer_state_dict:
-        raise NotImplementedError("StateDictOptions: broadcast_from_rank0 and flatten_optimizer_state_dict are "
-                                  "not supported yet")
+    if options.flatten_optimizer_state_dict:
+        raise NotImplementedError("StateDictOptions: flatten_optimizer_state_dict is not supported yet")
+    if options.broadcast_from_rank0 and not options.full_state_dict:
+        raise ValueError("full_state_dict must be True when broadcast_from_rank0 is True.")
     return options
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """A tensor of rank 0's state dict, as the other ranks learn of it before its broadcast."""
+    index: int
+    shape: tuple
+    dtype: object
+
+
+def _group_device():
+    """The device the default group's collectives take: the current cuda device for an NCCL group, else
+    the cpu (PyTorch's `_get_pg_default_device`)."""
+    from ... import cuda
+    from ..._device import canonical
+    if "nccl" in c10d.get_backend() and cuda.is_available():
+        return canonical(f"cuda:{cuda.current_device()}")
+    return canonical("cpu")
+
+
+def _from_rank0(sd: dict, device) -> dict:
+    """Rank 0's full state dict `sd` on every rank (`broadcast_from_rank0`; the others' `sd` is not read, an
+    empty dict will do): its structure, tensors as shape and dtype, by `broadcast_object_list`, then each
+    tensor by a broadcast on `device`."""
+    from ..._ops.creation import empty
+    from ..collectives import broadcast, broadcast_object_list
+    rank, tensors = _rank(), []
+
+    def strip(v):
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [strip(x) for x in v]
+        if _is_dtensor(v):
+            raise ValueError("broadcast_from_rank0: rank 0's state dict must hold whole tensors, got a DTensor")
+        if isinstance(v, Tensor):
+            tensors.append(v)
+            return _Slot(len(tensors) - 1, tuple(v.shape), v.dtype)
+        return v
+
+    skeleton = [strip(sd) if rank == 0 else None]
+    broadcast_object_list(skeleton, src=0)
+
+    def fill(v):
+        if isinstance(v, dict):
+            return {k: fill(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fill(x) for x in v]
+        if isinstance(v, _Slot):
+            t = tensors[v.index].detach().to(device).contiguous() if rank == 0 else \
+                empty(v.shape, dtype=v.dtype, device=device)
+            broadcast(t, src=0)
+            return t
+        return v
+    with no_grad():
+        return fill(skeleton[0])
 
 
 def _clean_name(model: Module, name: str) -> str:
@@ -146,26 +205,50 @@ def get_state_dict(model: Module, optimizers, *, submodules=None, options: State
             get_optimizer_state_dict(model, optimizers, options=options))
 
 
-def _into_like(value, current):
-    """`value` made to fit where `current` lives: a whole tensor into a DTensor becomes its local shard."""
+def _into_like(value, current, device=None):
+    """`value` made to fit where `current` lives: a whole tensor into a DTensor becomes its local shard. A
+    `current` on the meta device (a model made there, loaded with assign) takes `device` instead."""
     if _is_dtensor(current) and isinstance(value, Tensor) and not _is_dtensor(value):
         piece = tensor_piece(current)
-        local = value[piece.region()].to(piece.local.device, piece.local.dtype)
+        where = device if device is not None and piece.local.device.type == "meta" else piece.local.device
+        local = value[piece.region()].to(where, piece.local.dtype).contiguous()
         return type(current).from_local(local, current.device_mesh, current.placements, shape=current.shape,
                                         stride=current.stride())
+    if device is not None and isinstance(current, Tensor) and isinstance(value, Tensor) and \
+            current.device.type == "meta":
+        return value.to(device, current.dtype)
     return value
 
 
+def _full_load_device(values) -> tuple:
+    """(device, assign) of a full state dict's load into tensors `values` (PyTorch's rule): their device, the
+    default group's where all are on the meta device; assign where some are (a model made on meta)."""
+    devices = {v.device for v in values if isinstance(v, Tensor) and v.dim() > 0}
+    meta = any(d.type == "meta" for d in devices)
+    devices = {d for d in devices if d.type != "meta"}
+    if len(devices) > 1:
+        raise ValueError(f"set_state_dict: the model's tensors are on several devices {sorted(map(str, devices))}; "
+                         "a full state dict loads onto one")
+    return (devices.pop() if devices else _group_device()), meta
+
+
 def set_model_state_dict(model: Module, model_state_dict: dict, *, options: StateDictOptions | None = None):
-    """Load a state dict keyed by clean names into the model; returns load_state_dict's result."""
+    """Load a state dict keyed by clean names into the model; returns load_state_dict's result. With
+    `full_state_dict`, a model on the meta device is loaded by assignment onto the group's device; with
+    `broadcast_from_rank0` too, only rank 0's dict is read."""
     options = _options(options)
     by_clean = {_clean_name(model, n): n for n in model.state_dict()}
     current = model.state_dict()
+    device, assign = None, False
+    if options.full_state_dict:
+        device, assign = _full_load_device(current.values())
+        if options.broadcast_from_rank0:
+            model_state_dict = _from_rank0(model_state_dict, device)
     sd = {}
     for clean, value in model_state_dict.items():
         name = by_clean.get(clean, clean)
-        sd[name] = _into_like(value, current.get(name))
-    return model.load_state_dict(sd, strict=options.strict and not options.ignore_frozen_params)
+        sd[name] = _into_like(value, current.get(name), device)
+    return model.load_state_dict(sd, strict=options.strict and not options.ignore_frozen_params, assign=assign)
 
 
 def set_optimizer_state_dict(model: Module, optimizers, optim_state_dict: dict, *,
@@ -173,6 +256,8 @@ def set_optimizer_state_dict(model: Module, optimizers, optim_state_dict: dict, 
     """Load a name-keyed optimizer state dict into each optimizer (its params matched by name)."""
     options = _options(options)
     names = _parameter_names(model)
+    if options.broadcast_from_rank0:
+        optim_state_dict = _from_rank0(optim_state_dict, _full_load_device(list(model.parameters()))[0])
     saved_groups = optim_state_dict["param_groups"]
     for optim in _optimizers(optimizers):
         _init_optim_state(optim)

@@ -357,6 +357,30 @@ class _ParamGroup:
             return None
         return self._pending
 
+    def adopt_loaded(self) -> None:
+        """After `load_state_dict(..., assign=True)` (a model made on the meta device, then loaded from
+        `distribute_tensor` pieces, as PyTorch's FSDP2 examples do): a module slot holding a new DTensor
+        parameter in place of the group's makes it the group's, its layout checked; the next gather packs its
+        local piece (`_flat_shards` sees new arrays)."""
+        if not self._installed_sharded:
+            return
+        for fp in self.params:
+            new = fp.slots[0][0]._parameters.get(fp.slots[0][1])
+            if new is fp.sharded:
+                continue
+            name = fp.slots[0][1]
+            if not isinstance(new, DTensor) or new.device_mesh is not fp.layout[0] or \
+                    tuple(new.placements) != tuple(fp.layout[1]) or tuple(new.shape) != tuple(fp.layout[2]):
+                got = (f"a DTensor on {new.device_mesh} with placements {new.placements} and shape "
+                       f"{list(new.shape)}" if isinstance(new, DTensor) else type(new).__name__)
+                raise RuntimeError(f"fully_shard: load_state_dict(assign=True) put {got} in parameter '{name}', "
+                                   f"which FSDP manages as a DTensor on {fp.layout[0]} with placements "
+                                   f"{fp.layout[1]} and shape {list(fp.layout[2])}: load `distribute_tensor(full, "
+                                   f"param.device_mesh, param.placements)` pieces (or assign=False to copy)")
+            setattr(new, FSDP_SHARDED_ATTR, True)
+            fp.sharded = new
+            fp.install(new)                   # a tied parameter's other slots too
+
     def _flat_shards(self) -> Tensor:
         """This rank's piece of the all-gather (`_FlatLayout`) in param_dtype. The shards live in it: after
         the first gather their arrays are views of one flat buffer (the optimizer steps them in place), so
@@ -692,4 +716,9 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None, reshard_after_forward
     module._fsdp_group = group
     module.register_forward_pre_hook(_pre_forward, with_kwargs=True)
     module.register_forward_hook(_post_forward)
+    module.register_load_state_dict_post_hook(_adopt_loaded)
     return module
+
+
+def _adopt_loaded(module, incompatible_keys) -> None:
+    module._fsdp_group.adopt_loaded()

@@ -259,7 +259,9 @@ class DTensor(Tensor):
 
     def _wrapper_like(self, fn, args: tuple, kwargs: dict) -> "DTensor":
         local = self._local_tensor
-        out = fn(tuple(local.shape), *args, dtype=kwargs.get("dtype") or self._dtype, device=local.device)
+        # a `device=` given moves the local piece there (`Module.to_empty(device=...)` of a model sharded on meta)
+        out = fn(tuple(local.shape), *args, dtype=kwargs.get("dtype") or self._dtype,
+                 device=kwargs.get("device") or local.device)
         placements = tuple(REPLICATE if isinstance(p, Partial) else p for p in self.placements)
         return DTensor._make(out, self.device_mesh, placements, self._spec.shape,
                              requires_grad=bool(kwargs.get("requires_grad")))
