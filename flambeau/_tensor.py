@@ -610,3 +610,32 @@ def _pin_memory(self, device=None) -> "Tensor":
 
 Tensor.pin_memory = _pin_memory
 Tensor.is_pinned = lambda self, device=None: bool(self.__dict__.get("_pinned", False))
+
+
+def _share_memory_(self) -> "Tensor":
+    """Move a cpu tensor's memory into a mapping other processes share (`flambeau.multiprocessing`): a forked
+    child writes the pages this process reads, and pickled for multiprocessing the tensor travels by the
+    mapping's name. A cuda or meta tensor is left as it is (PyTorch's: a no-op there)."""
+    if self._device.type != "cpu" or self.is_shared():
+        return self
+    if self._base is not None:
+        raise RuntimeError(f"share_memory_: this tensor (shape {list(self.shape)}) is a view of another one, whose "
+                           "memory it would have to move; call share_memory_() on the tensor it views (or on a "
+                           "clone of it) before taking views")
+    from . import multiprocessing                           # registers the shared tensors' pickling
+    from .multiprocessing._shared import shared_copy
+    self._data = shared_copy(np.ascontiguousarray(self._data))
+    return self
+
+
+def _is_shared(self) -> bool:
+    if self._device.type == "cuda":
+        return True
+    if self._device.type != "cpu":
+        return False
+    from .multiprocessing._shared import path_of
+    return path_of(self._data) is not None
+
+
+Tensor.share_memory_ = _share_memory_
+Tensor.is_shared = _is_shared

@@ -436,7 +436,8 @@ class Module:
         return self._apply(lambda t: empty_like(t, device=device), recurse=recurse)
 
     def share_memory(self) -> "Module":
-        return self
+        """Every parameter and buffer moved into memory other processes share (`Tensor.share_memory_`)."""
+        return self._apply(lambda t: t.share_memory_())
 
     # ---- state dict ---------------------------------------------------------------------
     def _save_to_state_dict(self, destination, prefix, keep_vars):
