@@ -31,6 +31,8 @@ LAYOUT_GAPS = {
     "pixel_unshuffle": "a reshape/permute copy made contiguous; PyTorch keeps channels-last",
     "channel_shuffle": "a reshape/permute copy made contiguous; PyTorch keeps channels-last",
     "group_norm": "the output is contiguous; PyTorch's follows the input's format",
+    "polar": "the input gradients follow the inputs' channels-last layout; PyTorch's are real views of a complex "
+             "product (strides doubled)",
     "scaled_dot_product_attention": "4-d q/k/v made channels-last: the key gradient's strides differ",
     "scaled_dot_product_attention_blocked": "4-d q/k/v made channels-last: the key gradient's strides differ",
     "interpolate": "bicubic's input gradient: PyTorch's CPU kernel gives it contiguous, ours follows the gradient",

@@ -19,7 +19,8 @@ from .. import _dtype as D, _state
 from .._tensor import Tensor
 from .._backends import is_cupy
 from ._registry import defop, export, TensorSpec, METHODS, EXPORTS, SPECIAL, Tag, PointwiseSpelling
-from ._helpers import opmath, pointwise_strides, result_type, broadcast_shapes, shape_of, round_to
+from ._helpers import (opmath, pointwise_strides, result_type, broadcast_shapes, shape_of, round_to,
+                       lay_out_pointwise)
 from .pointwise import _conj, _write, cast_wrap, require_tensors, pow as pointwise_pow
 from .._dispatch import type_name
 from .creation import zeros_like
@@ -500,6 +501,128 @@ def imag(input):
     if not input.is_complex():
         raise RuntimeError("imag is not implemented for tensors with non-complex dtypes.")
     return _imag_view(input)
+
+
+# ---- complex numbers as pairs of reals (rotary embeddings: llama's `precompute_freqs_cis`) -----------------
+def _as_real_spec(self):
+    if not self.dtype.is_complex:
+        raise RuntimeError("view_as_real is only supported for complex tensors")
+    return TensorSpec(tuple(self.shape) + (2,), self.dtype.to_real(), [2 * s for s in self.stride()] + [1],
+                      2 * self.storage_offset())
+
+
+def _as_complex_spec(self):
+    if self.dtype not in (D.float32, D.float64):
+        raise RuntimeError("view_as_complex is only supported for float and double tensors, but got a tensor of "
+                           f"scalar type: {type_name(self.dtype)}")
+    st = self.stride()
+    if self.dim() == 0 or self.shape[-1] != 2:
+        raise RuntimeError("Tensor must have a last dimension of size 2")
+    if st[-1] != 1:
+        raise RuntimeError("Tensor must have a last dimension with stride 1")
+    if any(s % 2 for s in st[:-1]):
+        raise RuntimeError("Tensor must have a stride divisible by 2 for all but last dimension")
+    if self.storage_offset() % 2:
+        raise RuntimeError("Tensor must have a storage_offset divisible by 2")
+    return TensorSpec(tuple(self.shape[:-1]), self.dtype.to_complex(), [s // 2 for s in st[:-1]],
+                      self.storage_offset() // 2)
+
+
+@defop("view_as_real(Tensor(a) self) -> Tensor(a)", function=False, tags=(Tag.core, Tag.extern))
+def _view_as_real(xp, self):
+    return self[..., None].view(self.real.dtype)
+
+
+_view_as_real.def_meta(_as_real_spec)
+
+
+@_view_as_real.def_derivative
+def _(grad):
+    return _view_as_complex(grad.contiguous())
+
+
+@defop("view_as_complex(Tensor(a) self) -> Tensor(a)", function=False, tags=(Tag.core, Tag.extern))
+def _view_as_complex(xp, self):
+    return self.view(xp.result_type(self.dtype, xp.complex64))[..., 0]
+
+
+_view_as_complex.def_meta(_as_complex_spec)
+
+
+@_view_as_complex.def_derivative
+def _(grad):
+    return _view_as_real(grad.contiguous())
+
+
+@export("view_as_real")
+def view_as_real(input):
+    """The complex tensor's memory seen as (..., 2) reals: real and imaginary parts side by side."""
+    _as_real_spec(input)
+    return _view_as_real(input)
+
+
+@export("view_as_complex", tags=(Tag.cpu_autocast_fp32,))
+def view_as_complex(input):
+    """A (..., 2) float tensor's pairs (last stride 1) seen as complex numbers, sharing its memory."""
+    _as_complex_spec(input)
+    return _view_as_complex(input)
+
+
+def _complex_parts_check(name, a, b):
+    if a.dtype not in (D.float32, D.float64) or b.dtype is not a.dtype:
+        raise RuntimeError(f"{name}: expected both inputs to be float or double tensors of one dtype, but got "
+                           f"{type_name(a.dtype)} and {type_name(b.dtype)}")
+    shape = broadcast_shapes(tuple(a.shape), tuple(b.shape))
+    return TensorSpec(shape, a.dtype.to_complex(), pointwise_strides(shape, a, b))
+
+
+@defop("complex(Tensor real, Tensor imag) -> Tensor", function=False, tags=(Tag.core, Tag.extern))
+def _complex(xp, real, imag):
+    out = xp.empty(xp.broadcast_shapes(real.shape, imag.shape), dtype=xp.result_type(real.dtype, xp.complex64))
+    out.real, out.imag = real, imag
+    return lay_out_pointwise(xp, out, real, imag)           # PyTorch's output follows its inputs' layout
+
+
+_complex.def_meta(lambda real, imag: _complex_parts_check("complex", real, imag))
+
+
+@_complex.def_derivative
+def _(grad, real, imag):
+    return (_sum_to(_real_view(grad), real.shape), _sum_to(_imag_view(grad), imag.shape))
+
+
+def _sum_to(g, shape):
+    """A broadcast input's gradient: summed over the dimensions it was broadcast along."""
+    shape = tuple(shape)
+    if tuple(g.shape) == shape:
+        return g                          # PyTorch's: the complex gradient's real (or imaginary) view itself
+    lead = g.dim() - len(shape)
+    dims = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1)
+    return g.sum(dims, keepdim=True).reshape(shape) if dims else g.reshape(shape)
+
+
+@export("complex")
+def complex(real, imag):
+    """real + i imag (float or double tensors of one dtype, broadcast)."""
+    _complex_parts_check("complex", real, imag)
+    return _complex(real, imag)
+
+
+@export("polar", tags=(Tag.cpu_autocast_fp32,))
+def polar(abs, angle):
+    """abs * (cos(angle) + i sin(angle))."""
+    _complex_parts_check("polar", abs, angle)
+    return _complex(abs * angle.cos(), abs * angle.sin())
+
+
+def _set_part(part):
+    def setter(self, value):
+        part(self).copy_(value)
+    return setter
+
+
+Tensor.real = property(real, _set_part(real), doc="The real part (the tensor itself when it is not complex).")
+Tensor.imag = property(imag, _set_part(imag), doc="The imaginary part of a complex tensor (a view).")
 
 
 @export("positive", method=True)
