@@ -253,3 +253,31 @@ def test_buckets_are_rebuilt_in_gradient_arrival_order_after_the_first_iteration
     for r in range(WORLD):
         for k, p in ref.named_parameters():
             np.testing.assert_allclose(ranks[r][f"{tag}/grad/layers.{k}"], p.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_ddp_moves_inputs_to_its_device_and_refuses_device_ids_on_the_cpu():
+    """PyTorch's DDP with `device_ids` moves the forward's tensor inputs (nested in tuples, named tuples, lists
+    and dicts) to that device (pytorch/examples distributed/ddp/example.py feeds it cpu tensors); `device_ids`
+    with a cpu module raises PyTorch's ValueError, as torch's own DDP does."""
+    import collections
+    import flambeau
+    import flambeau.distributed as fdist
+    from flambeau.nn.parallel.distributed import _to_device
+    P = collections.namedtuple("P", "a b")
+    moved = _to_device((flambeau.ones(2), [flambeau.zeros(1)], {"k": P(flambeau.ones(1), 3)}), flambeau.device("meta"))
+    assert moved[0].device.type == moved[1][0].device.type == moved[2]["k"].a.device.type == "meta"
+    assert isinstance(moved[2]["k"], P) and moved[2]["k"].b == 3
+    fdist.init_process_group("gloo", store=fdist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="device_ids and output_device arguments only work with"):
+            flambeau.nn.parallel.DistributedDataParallel(flambeau.nn.Linear(2, 2), device_ids=[0])
+    finally:
+        fdist.destroy_process_group()
+    import torch
+    import torch.distributed as tdist
+    tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="device_ids and output_device arguments only work with"):
+            torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), device_ids=[0])
+    finally:
+        tdist.destroy_process_group()

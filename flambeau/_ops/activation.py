@@ -594,7 +594,7 @@ def _rng(xp):
 def rrelu_with_noise_functional(xp, self, lower, upper):
     dt, cd = _float_check("rrelu", self)
     x = self.astype(cd, copy=False)
-    slope = _rng(xp).uniform(lower, upper, size=x.shape).astype(cd)
+    slope = (lower + (upper - lower) * _rng(xp).random(x.shape)).astype(cd)     # (CuPy's generator: no uniform)
     noise = xp.where(x > 0, 1, slope).astype(dt.np)
     return (x * noise).astype(dt.np), noise
 

@@ -52,6 +52,21 @@ def _write_dtensor(tensor, arr):
     return tensor
 
 
+def _uniform(g, a: float, b: float, shape: tuple):
+    """Uniform draws on [a, b) from NumPy's or CuPy's generator (CuPy's has no `uniform`): the same
+    `a + (b - a) * random()` NumPy's `uniform` computes, so cpu values are NumPy's."""
+    return a + (b - a) * g.random(shape)
+
+
+def _normal(g, mean: float, std: float, shape: tuple):
+    """Normal draws from NumPy's or CuPy's generator (CuPy's has no `normal`): NumPy's own formula."""
+    return mean + std * g.standard_normal(shape)
+
+
+def _on_host(arr) -> np.ndarray:
+    return arr.get() if hasattr(arr, "get") else np.asarray(arr)
+
+
 def _rng(tensor: Tensor, generator=None):
     xp = _backends.get(tensor.device.type).xp or np
     return xp, generator_for(tensor.device, generator).xp_generator(xp)
@@ -83,14 +98,14 @@ def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0, generator=None) -> 
     if tensor.device.type == "meta":
         return tensor
     xp, g = _rng(tensor, generator)
-    return _write(tensor, g.uniform(a, b, size=tuple(tensor.shape)))
+    return _write(tensor, _uniform(g, a, b, tuple(tensor.shape)))
 
 
 def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator=None) -> Tensor:
     if tensor.device.type == "meta":
         return tensor
     xp, g = _rng(tensor, generator)
-    return _write(tensor, g.normal(mean, std, size=tuple(tensor.shape)))
+    return _write(tensor, _normal(g, mean, std, tuple(tensor.shape)))
 
 
 def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
@@ -106,9 +121,7 @@ def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float 
                       "The distribution of values may be incorrect.", stacklevel=2)
     lo, hi = cdf((a - mean) / std), cdf((b - mean) / std)
     _, g = _rng(tensor, generator)
-    u = np.asarray(g.uniform(2 * lo - 1, 2 * hi - 1, size=tuple(tensor.shape)))
-    if hasattr(u, "get"):
-        u = u.get()
+    u = _on_host(_uniform(g, 2 * lo - 1, 2 * hi - 1, tuple(tensor.shape)))
     x = erfinv(u) * std * math.sqrt(2.0) + mean
     x = np.clip(x, a, b)
     xp = _backends.get(tensor.device.type).xp
@@ -207,9 +220,7 @@ def orthogonal_(tensor: Tensor, gain: float = 1, generator=None) -> Tensor:
     rows = tensor.shape[0]
     cols = tensor.numel() // rows
     _, g = _rng(tensor, generator)
-    flat = np.asarray(g.normal(0.0, 1.0, size=(rows, cols)))
-    if hasattr(flat, "get"):
-        flat = flat.get()
+    flat = _on_host(_normal(g, 0.0, 1.0, (rows, cols)))
     if rows < cols:
         flat = flat.T
     q, r = np.linalg.qr(flat)
@@ -226,9 +237,7 @@ def sparse_(tensor: Tensor, sparsity: float, std: float = 0.01, generator=None) 
     rows, cols = tensor.shape
     nz = int(math.ceil(sparsity * rows))
     _, g = _rng(tensor, generator)
-    a = np.asarray(g.normal(0.0, std, size=(rows, cols)))
-    if hasattr(a, "get"):
-        a = a.get()
+    a = _on_host(_normal(g, 0.0, std, (rows, cols)))
     npg = np.random.default_rng(int(generator_for(tensor.device, generator)._np.integers(0, 2**62)))
     for c in range(cols):
         a[npg.permutation(rows)[:nz], c] = 0

@@ -35,6 +35,7 @@ import threading
 from ... import _backends, _dtype, _pending_grads, _state
 from ..._backends import multi_tensor
 from ..._ops import functions as torch       # the operator functions flambeau exports
+from ..._device import device as Device
 from ..._tensor import Tensor
 from ...autograd import engine as _engine
 from ...autograd.graph import reachable_leaves
@@ -597,6 +598,20 @@ def _tensors_in(obj) -> list:
     return []
 
 
+def _to_device(obj, device):
+    """Every tensor in `obj` (tuples, named tuples, lists, dicts, nested) on `device`; the rest as it is."""
+    if isinstance(obj, Tensor):
+        return obj if obj.device == device else obj.to(device, non_blocking=True)
+    if isinstance(obj, tuple):
+        moved = [_to_device(x, device) for x in obj]
+        return type(obj)(*moved) if hasattr(obj, "_fields") else tuple(moved)
+    if isinstance(obj, list):
+        return [_to_device(x, device) for x in obj]
+    if isinstance(obj, dict):
+        return type(obj)((k, _to_device(v, device)) for k, v in obj.items())
+    return obj
+
+
 class DistributedDataParallel(Module):
     """Data parallelism over the processes of `process_group` (PyTorch's signature)."""
 
@@ -612,6 +627,11 @@ class DistributedDataParallel(Module):
                              "init_process_group.")
         self.module = module
         self.process_group = process_group or dist.GroupMember.WORLD
+        devices = {p.device for p in module.parameters()}
+        if device_ids and (len(devices) != 1 or next(iter(devices)).type == "cpu"):
+            raise ValueError("DistributedDataParallel device_ids and output_device arguments only work with "
+                             "single-device/multiple-device GPU modules or CPU modules, but got device_ids "
+                             f"{device_ids}, output_device {output_device}, and module parameters {devices}.")
         self.device_ids, self.output_device, self.dim = device_ids, output_device, dim
         self.broadcast_buffers, self.find_unused_parameters = broadcast_buffers, find_unused_parameters
         self.static_graph, self.gradient_as_bucket_view = static_graph, gradient_as_bucket_view
@@ -695,6 +715,8 @@ class DistributedDataParallel(Module):
 
     def forward(self, *inputs, **kwargs):
         sync = _state.tls.grad_enabled and self.require_backward_grad_sync
+        if self.device_ids:             # PyTorch's: the inputs go to the module's device first
+            inputs, kwargs = _to_device(inputs, self._input_device()), _to_device(kwargs, self._input_device())
         self._pre_forward(sync)
         try:
             out = self.module(*inputs, **kwargs)
@@ -703,6 +725,12 @@ class DistributedDataParallel(Module):
             raise
         self._post_forward(sync, out)
         return out
+
+    def _input_device(self):
+        d = self.device_ids[0]
+        if isinstance(d, int):
+            return Device("cuda", d)
+        return Device(d) if isinstance(d, str) else d
 
     @contextlib.contextmanager
     def no_sync(self):
