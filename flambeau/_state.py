@@ -24,6 +24,7 @@ default_dtype = _dtype.float32
 anomaly = False                # anomaly mode is process-wide in PyTorch too
 anomaly_check_nan = True
 cuda_device = 0                # the current cuda device index (flambeau.cuda.set_device)
+cuda_device_chosen = False     # set_device has run in this process (what cuda.is_initialized reports, with use)
 float32_matmul_precision = "highest"   # cuda float32 products: "highest" exact, "high"/"medium" TF32
 interposed = 0                 # threads whose mode stack or autocast map is non-empty (see docstring)
 _interposed_lock = threading.Lock()

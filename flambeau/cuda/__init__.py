@@ -45,6 +45,7 @@ def current_device() -> int:
 
 def set_device(device) -> None:
     _state.cuda_device = _index(device)
+    _state.cuda_device_chosen = True
     _cupy().cuda.Device(_state.cuda_device).use()
 
 
@@ -244,7 +245,9 @@ class Event:
 
 
 def is_initialized() -> bool:
-    return is_available()
+    """Whether this process has used cuda through flambeau yet (a device chosen, or memory taken): PyTorch's
+    lazy initialisation, which a DeviceMesh reads to decide whether to pick the process's device itself."""
+    return _state.cuda_device_chosen or bool(_backends._allocator_installed)
 
 
 def init() -> None:

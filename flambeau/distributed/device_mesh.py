@@ -147,6 +147,32 @@ class DeviceMesh:
         return f"DeviceMesh('{self.device_type}', {self.mesh.tolist()}{names})"
 
 
+def _choose_cuda_device() -> None:
+    """PyTorch's DeviceMesh rule: a process that has not used cuda yet takes device LOCAL_RANK (a launcher's),
+    else global rank % the host's device count, with PyTorch's warning; one that has keeps its choice."""
+    import os
+    import warnings
+    from .. import cuda
+    if cuda.is_initialized() or not cuda.is_available():
+        return
+    if "LOCAL_RANK" in os.environ:
+        cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        return
+    per_host = cuda.device_count()
+    world = c10d.get_world_size()
+    warnings.warn("It seems like you did not set/select the default device for the current process before the "
+                  "DeviceMesh initialization or use a launcher (i.e. torchrun) which populates `LOCAL_RANK` "
+                  "environment variable. It is recommended to set the current device for the process BEFORE the "
+                  "DeviceMesh initialization so that the underlying communicator (i.e. NCCL) can be initialized "
+                  "properly. Given that the current process has no default device selected, DeviceMesh will use a "
+                  "heuristic to set the device_id via `global_rank % num_devices_per_host`, assuming homogeneous "
+                  "hardware cluster. ", stacklevel=3)
+    if world > per_host and world % per_host:
+        raise RuntimeError(f"DeviceMesh only support homogeneous hardware, but found {world} ranks and {per_host} "
+                           "cuda devices!")
+    cuda.set_device(c10d.get_rank() % per_host)
+
+
 def init_device_mesh(device_type: str, mesh_shape: tuple, *, mesh_dim_names: tuple | None = None,
                      backend_override=None) -> DeviceMesh:
     """A mesh of the default group's ranks laid out row-major in `mesh_shape` (initialising the default
@@ -162,6 +188,8 @@ def init_device_mesh(device_type: str, mesh_shape: tuple, *, mesh_dim_names: tup
                            f"Found len(mesh_dim_names): {len(mesh_dim_names)} and len(mesh_shape):{len(mesh_shape)}.")
     if not c10d.is_initialized():
         c10d.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    if device_type == "cuda":
+        _choose_cuda_device()
     world = c10d.get_world_size()
     n = int(np.prod(mesh_shape)) if mesh_shape else 1
     if n != world:

@@ -254,6 +254,35 @@ def _seconds(timeout) -> float:
     return timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
 
 
+def _bind_device(device_id):
+    """`init_process_group(device_id=...)` checked as PyTorch checks it (an int is a cuda index; an accelerator
+    device needs an index in range). flambeau also makes a cuda `device_id` the current device: its eager ops run
+    on the current device, and the process's collectives and model are meant to live on `device_id`
+    (pytorch/examples' FSDP2 example binds its ranks this way and never calls set_device)."""
+    if device_id is None:
+        return None
+    from .. import cuda
+    from .._device import device as Device
+    if isinstance(device_id, int):
+        if not cuda.is_available():
+            raise ValueError("device_id is an int, but no accelerator support is found from the current "
+                             "compilation. Please use a different compiled version that supports your accelerator.")
+        device_id = Device("cuda", device_id)
+    device_id = device_id if isinstance(device_id, Device) else Device(device_id)
+    if device_id.type == "cpu":
+        return device_id
+    if device_id.type != "cuda" or not cuda.is_available():
+        raise ValueError(f"device_id {device_id} does not match the current compilation's accelerator support: "
+                         f"{'cuda' if cuda.is_available() else None}. Please use the correct accelerator type.")
+    if device_id.index is None:
+        raise ValueError("Please use a device_id with index.")
+    if device_id.index >= cuda.device_count():
+        raise ValueError(f"device_id {device_id} is out of range. Please use a device index less than "
+                         f"{cuda.device_count()}.")
+    cuda.set_device(device_id.index)
+    return device_id
+
+
 def init_process_group(backend: str | None = None, init_method: str | None = None, timeout=None,
                        world_size: int = -1, rank: int = -1, store: Store | None = None, group_name: str = "",
                        pg_options=None, device_id=None) -> None:
@@ -264,6 +293,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise ValueError("Cannot specify both init_method and store.")
     if store is not None and (world_size <= 0 or rank < 0):
         raise ValueError("world_size and rank must be given with store")
+    device_id = _bind_device(device_id)
+    if backend is None and device_id is not None:          # PyTorch: the backend of device_id's type
+        backend = _DEFAULT_BACKEND.get(device_id.type)
     by_device = _device_backends(backend or Backend.GLOO)
     by_device = {d: ("gloo" if n.startswith("cpu") else n) for d, n in by_device.items()}
     missing = sorted(set(by_device.values()) - set(Backend._factories))
