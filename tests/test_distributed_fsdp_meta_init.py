@@ -135,3 +135,23 @@ def test_options_and_layouts_that_cannot_load_raise():
             flambeau.nn.init.normal_(partial)
     finally:
         dist.destroy_process_group()
+
+
+def test_distribute_tensor_moves_the_whole_tensor_to_the_meshs_device_type():
+    """PyTorch's distribute_tensor puts a tensor of another device type on the mesh's (the FSDP2 example loads its
+    checkpoint with map_location="cpu", then distributes it over a cuda mesh: the broadcast found no cpu engine
+    in an NCCL group); a meta tensor is not broadcast (it holds no values)."""
+    import flambeau
+    import flambeau.distributed as dist
+    from flambeau.distributed.device_mesh import init_device_mesh
+    from flambeau.distributed.tensor import Shard, distribute_tensor
+    _world_of_one()
+    try:
+        moved = distribute_tensor(flambeau.ones(4, 2), init_device_mesh("meta", (1,)), [Shard(0)])
+        assert moved.to_local().device.type == "meta" and tuple(moved.shape) == (4, 2)
+        kept = distribute_tensor(flambeau.ones(4, 2, device="meta"), init_device_mesh("cpu", (1,)), [Shard(0)])
+        assert kept.to_local().device.type == "meta"
+        plain = distribute_tensor(flambeau.arange(8.0).reshape(4, 2), init_device_mesh("cpu", (1,)), [Shard(0)])
+        assert plain.to_local().tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
+    finally:
+        dist.destroy_process_group()

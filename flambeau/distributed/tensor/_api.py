@@ -402,7 +402,10 @@ def distribute_tensor(tensor: Tensor, device_mesh: DeviceMesh | None = None, pla
     _state.tls.grad_enabled = False
     try:
         full = tensor.detach().contiguous().clone()
-        if src_data_rank is not None:        # rank (0, ..., 0) of the mesh to every rank, a dimension at a time
+        if full.device.type != mesh.device_type and full.device.type != "meta":
+            full = full.to(mesh.device_type)  # PyTorch's: onto the mesh's device type (a checkpoint loaded on cpu)
+        if src_data_rank is not None and full.device.type != "meta":   # (a meta tensor holds nothing to send)
+            # rank (0, ..., 0) of the mesh to every rank, a dimension at a time
             for i in range(mesh.ndim):
                 broadcast(full, group_src=0, group=mesh.get_group(i))
         local = redistribute_local(full, mesh, (REPLICATE,) * mesh.ndim, placements, tuple(tensor.shape))
