@@ -73,6 +73,8 @@ def test_assigned_distribute_tensor_pieces_restore_the_trained_model(ranks):
         for k in _names():
             np.testing.assert_array_equal(res[f"assign/{k}"], res[f"trained/{k}"], err_msg=k)
         np.testing.assert_array_equal(res["assign_out"], res["next_out"])
+        assert str(res["default_mesh_type"]) == "cpu"        # fully_shard's default mesh: not the meta device
+        np.testing.assert_array_equal(res["default_mesh_out"], res["next_out"])
         assert res["next_out"].shape[0] == B
 
 

@@ -33,12 +33,13 @@ FULL = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 res = {}
 
 
-def meta_model():
+def meta_model(default_mesh=False):
     with torch.device("meta"):
         model = Model()
+    kw = {} if default_mesh else {"mesh": mesh}     # the default: the accelerator's mesh (here cpu), not meta
     for b in model.blocks:
-        fully_shard(b, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(b, **kw)
+    fully_shard(model, **kw)
     return model
 
 
@@ -86,6 +87,15 @@ m2.load_state_dict({k: torch.nn.Parameter(distribute_tensor(v, meta_sd[k].device
 record("assign", whole(m2))
 with torch.no_grad():
     res["assign_out"] = m2(x).numpy()
+
+# (a') the same into a model sharded over fully_shard's default mesh, as the example does
+m4 = meta_model(default_mesh=True)
+res["default_mesh_type"] = np.array(m4.blocks[0].q.weight.device_mesh.device_type)
+meta_sd = m4.state_dict()
+m4.load_state_dict({k: torch.nn.Parameter(distribute_tensor(v, meta_sd[k].device_mesh, meta_sd[k].placements))
+                    for k, v in saved.items()}, strict=False, assign=True)
+with torch.no_grad():
+    res["default_mesh_out"] = m4(x).numpy()
 
 # (b) --dcp-api: rank 0's full state dicts broadcast, rank 1's dicts empty
 m3 = meta_model()
