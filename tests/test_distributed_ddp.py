@@ -267,17 +267,11 @@ def test_ddp_moves_inputs_to_its_device_and_refuses_device_ids_on_the_cpu():
     moved = _to_device((flambeau.ones(2), [flambeau.zeros(1)], {"k": P(flambeau.ones(1), 3)}), flambeau.device("meta"))
     assert moved[0].device.type == moved[1][0].device.type == moved[2]["k"].a.device.type == "meta"
     assert isinstance(moved[2]["k"], P) and moved[2]["k"].b == 3
-    fdist.init_process_group("gloo", store=fdist.HashStore(), rank=0, world_size=1)
-    try:
-        with pytest.raises(ValueError, match="device_ids and output_device arguments only work with"):
-            flambeau.nn.parallel.DistributedDataParallel(flambeau.nn.Linear(2, 2), device_ids=[0])
-    finally:
-        fdist.destroy_process_group()
-    import torch
     import torch.distributed as tdist
-    tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)
-    try:
-        with pytest.raises(ValueError, match="device_ids and output_device arguments only work with"):
-            torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), device_ids=[0])
-    finally:
-        tdist.destroy_process_group()
+    for lib, d in ((flambeau, fdist), (torch, tdist)):
+        d.init_process_group("gloo", store=d.HashStore(), rank=0, world_size=1)
+        try:
+            with pytest.raises(ValueError, match="device_ids and output_device arguments only work with"):
+                lib.nn.parallel.DistributedDataParallel(lib.nn.Linear(2, 2), device_ids=[0])
+        finally:
+            d.destroy_process_group()
