@@ -43,6 +43,7 @@ from . import sparse  # noqa: E402,F401
 from .sparse import (sparse_coo_tensor, sparse_csr_tensor, sparse_csc_tensor, sparse_bsr_tensor,  # noqa: E402,F401
                      sparse_bsc_tensor, sparse_compressed_tensor)
 from .serialization import save, load  # noqa: E402,F401
+from . import multiprocessing  # noqa: E402,F401  (installs Tensor.share_memory_ / is_shared)
 from . import compat  # noqa: E402,F401
 from . import amp, cpu  # noqa: E402,F401
 from . import accelerator  # noqa: E402,F401

@@ -297,7 +297,8 @@ class Tensor:
         return self
 
     # backward, register_hook, register_post_accumulate_grad_hook and retain_grad are installed by
-    # flambeau.autograd, __reduce_ex__ by flambeau.serialization: the layers that implement them.
+    # flambeau.autograd, __reduce_ex__ by flambeau.serialization, share_memory_ and is_shared by
+    # flambeau.multiprocessing: the layers that implement them.
 
     @property
     def retains_grad(self) -> bool:
@@ -611,31 +612,3 @@ def _pin_memory(self, device=None) -> "Tensor":
 Tensor.pin_memory = _pin_memory
 Tensor.is_pinned = lambda self, device=None: bool(self.__dict__.get("_pinned", False))
 
-
-def _share_memory_(self) -> "Tensor":
-    """Move a cpu tensor's memory into a mapping other processes share (`flambeau.multiprocessing`): a forked
-    child writes the pages this process reads, and pickled for multiprocessing the tensor travels by the
-    mapping's name. A cuda or meta tensor is left as it is (PyTorch's: a no-op there)."""
-    if self._device.type != "cpu" or self.is_shared():
-        return self
-    if self._base is not None:
-        raise RuntimeError(f"share_memory_: this tensor (shape {list(self.shape)}) is a view of another one, whose "
-                           "memory it would have to move; call share_memory_() on the tensor it views (or on a "
-                           "clone of it) before taking views")
-    from . import multiprocessing                           # registers the shared tensors' pickling
-    from .multiprocessing._shared import shared_copy
-    self._data = shared_copy(np.ascontiguousarray(self._data))
-    return self
-
-
-def _is_shared(self) -> bool:
-    if self._device.type == "cuda":
-        return True
-    if self._device.type != "cpu":
-        return False
-    from .multiprocessing._shared import path_of
-    return path_of(self._data) is not None
-
-
-Tensor.share_memory_ = _share_memory_
-Tensor.is_shared = _is_shared

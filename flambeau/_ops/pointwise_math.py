@@ -861,6 +861,20 @@ addcdiv.def_derivative(lambda grad, tensor1, tensor2, value: (
     grad, grad * _conj(value / tensor2), -grad * _conj(value * tensor1 / (tensor2 * tensor2))))
 
 
+# ---- vmap of the complex views: the batch dimension stays where it is (moved to the front when it is the
+# pairs' dimension that view_as_complex consumes) --------------------------------------------------------------
+_view_as_real.def_batching_rule(_batching.unary_rule(_view_as_real))
+_complex.def_batching_rule(_batching.pointwise_rule(_complex))
+
+
+@_view_as_complex.def_batching_rule
+def _(in_dims, x):
+    d = in_dims[0]
+    if d == x.dim() - 1:
+        x, d = x.movedim(d, 0).contiguous(), 0
+    return _view_as_complex(x), d
+
+
 # ---- vmap: elementwise ops outside the pointwise tag batch as the tagged ones ----------------------
 for _op in (sgn, log2, log10, exp2, erfinv, digamma, i0, special_i1, sinc, deg2rad, rad2deg, frac, reciprocal,
             _round_dec, isnan, isinf, isfinite, isposinf, isneginf, angle, logit, nan_to_num, polygamma, _real_view,

@@ -10,8 +10,12 @@ groups already made); `get_group(dim)`, `size(dim)`, `get_local_rank(dim)` and
 """
 from __future__ import annotations
 
+import os
+import warnings
+
 import numpy as np
 
+from .. import cuda
 from . import distributed_c10d as c10d
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
@@ -150,9 +154,6 @@ class DeviceMesh:
 def _choose_cuda_device() -> None:
     """PyTorch's DeviceMesh rule: a process that has not used cuda yet takes device LOCAL_RANK (a launcher's),
     else global rank % the host's device count, with PyTorch's warning; one that has keeps its choice."""
-    import os
-    import warnings
-    from .. import cuda
     if cuda.is_initialized() or not cuda.is_available():
         return
     if "LOCAL_RANK" in os.environ:

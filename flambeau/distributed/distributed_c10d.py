@@ -19,7 +19,8 @@ import time
 
 import numpy as np
 
-from .. import _backends, _pending_grads, _state
+from .. import _backends, _pending_grads, _state, cuda
+from .._device import device as Device
 from .._ops.creation import from_numpy
 from .._tensor import Tensor
 from ..futures import Future
@@ -261,8 +262,6 @@ def _bind_device(device_id):
     (pytorch/examples' FSDP2 example binds its ranks this way and never calls set_device)."""
     if device_id is None:
         return None
-    from .. import cuda
-    from .._device import device as Device
     if isinstance(device_id, int):
         if not cuda.is_available():
             raise ValueError("device_id is an int, but no accelerator support is found from the current "

@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 
 __all__ = ["spawn", "start_processes", "ProcessContext", "SpawnContext", "ProcessException",
            "ProcessRaisedException", "ProcessExitedException"]
@@ -129,7 +130,6 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, daemon: bool
           start_method: str = "spawn"):
     """`fn(i, *args)` for i in range(nprocs), each in a new process started by `start_method`."""
     if start_method != "spawn":
-        import warnings
         warnings.warn(f"This method only supports start_method=spawn (got: {start_method}).\nTo use a different "
                       "start_method use:\n\t\t torch.multiprocessing.start_processes(...)", FutureWarning,
                       stacklevel=2)

@@ -24,31 +24,12 @@ def _write(tensor: Tensor, arr) -> Tensor:
     """Store `arr` (broadcastable to tensor's shape) into the tensor's memory, in place."""
     if tensor.device.type == "meta":
         return tensor
-    if tensor._device is WRAPPER_DEVICE:
-        return _write_dtensor(tensor, arr)
+    if tensor._device is WRAPPER_DEVICE:       # a DTensor: it keeps its piece of the whole tensor's values
+        tensor._wrapper_init(arr)
+        return tensor
     a = tensor._data
     a[...] = arr.astype(a.dtype, copy=False) if hasattr(arr, "astype") else arr
     tensor._version[0] += 1
-    return tensor
-
-
-def _write_dtensor(tensor, arr):
-    """A DTensor (a model sharded by FSDP2 or tensor parallel, initialised in place): `arr` holds the values
-    of the whole tensor; this rank keeps its piece of them. Ranks that seeded alike draw the same values, so
-    the sharded model starts as the one-process model would (PyTorch's DTensor random ops aim at that too)."""
-    from ..distributed.tensor import Partial
-    from ..distributed.tensor._utils import compute_local_shape_and_global_offset
-    if any(isinstance(p, Partial) for p in tensor.placements):
-        raise RuntimeError(f"nn.init: cannot initialise a DTensor with placements {tensor.placements}: a Partial "
-                           "tensor holds pending sums, not values; redistribute it to Replicate or Shard first")
-    local = tensor._local_tensor
-    if tensor.device_mesh.get_coordinate() is None:     # this rank is outside the mesh: it holds nothing
-        return tensor
-    shape, offset = compute_local_shape_and_global_offset(tuple(tensor.shape), tensor.device_mesh,
-                                                          tensor.placements)
-    xp = _backends.get(local.device.type).xp or np
-    full = xp.broadcast_to(xp.asarray(arr), tuple(tensor.shape))
-    _write(local, full[tuple(slice(o, o + n) for o, n in zip(offset, shape))])
     return tensor
 
 

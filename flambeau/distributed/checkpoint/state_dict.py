@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from ... import cuda
+from ..._device import canonical
+from ..._ops.creation import empty
 from ..._tensor import Tensor
 from ...autograd.grad_mode import no_grad
 from ...nn.modules.module import Module
 from ...optim.optimizer import Optimizer
 from .. import distributed_c10d as c10d
+from ..collectives import broadcast, broadcast_object_list
 from ._traverse import _is_dtensor, tensor_piece
 
 WRAPPER_ATTRS = ("module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
@@ -58,8 +62,6 @@ class _Slot:
 def _group_device():
     """The device the default group's collectives take: the current cuda device for an NCCL group, else
     the cpu (PyTorch's `_get_pg_default_device`)."""
-    from ... import cuda
-    from ..._device import canonical
     if "nccl" in c10d.get_backend() and cuda.is_available():
         return canonical(f"cuda:{cuda.current_device()}")
     return canonical("cpu")
@@ -69,8 +71,6 @@ def _from_rank0(sd: dict, device) -> dict:
     """Rank 0's full state dict `sd` on every rank (`broadcast_from_rank0`; the others' `sd` is not read, an
     empty dict will do): its structure, tensors as shape and dtype, by `broadcast_object_list`, then each
     tensor by a broadcast on `device`."""
-    from ..._ops.creation import empty
-    from ..collectives import broadcast, broadcast_object_list
     rank, tensors = _rank(), []
 
     def strip(v):

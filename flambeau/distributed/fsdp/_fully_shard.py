@@ -38,7 +38,7 @@ from itertools import repeat
 
 import numpy as np
 
-from ... import _state
+from ... import _state, cuda
 from ..._backends import multi_tensor
 from ..._ops.creation import empty
 from ..._ops.shape import cat
@@ -684,8 +684,8 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None, reshard_after_forward
     every rank on the parameters' device type); the module becomes an `FSDPModule` (module docstring)."""
     if shard_placement_fn is not None:
         raise NotImplementedError("fully_shard: shard_placement_fn is not supported (parameters shard on dim 0)")
-    if mesh is None:                    # PyTorch's default: the accelerator's type when there is one, else cpu
-        from ... import cuda            # (not the parameters': a model made on the meta device shards over it)
+    if mesh is None:    # PyTorch's default: the accelerator's type when there is one, else cpu (not the
+        #                 parameters': a model made on the meta device shards over the accelerator)
         mesh = init_device_mesh("cuda" if cuda.is_available() else "cpu", (get_world_size(),))
     if isinstance(offload_policy, CPUOffloadPolicy) and mesh.device_type != "cpu":
         raise NotImplementedError("fully_shard: CPUOffloadPolicy on a cuda mesh is not supported")
