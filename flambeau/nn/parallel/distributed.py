@@ -633,6 +633,9 @@ class DistributedDataParallel(Module):
                              "single-device/multiple-device GPU modules or CPU modules, but got device_ids "
                              f"{device_ids}, output_device {output_device}, and module parameters {devices}.")
         self.device_ids, self.output_device, self.dim = device_ids, output_device, dim
+        first = device_ids[0] if device_ids else None
+        self._input_device = None if first is None else Device("cuda", first) if isinstance(first, int) else \
+            first if isinstance(first, Device) else Device(first)
         self.broadcast_buffers, self.find_unused_parameters = broadcast_buffers, find_unused_parameters
         self.static_graph, self.gradient_as_bucket_view = static_graph, gradient_as_bucket_view
         self.require_backward_grad_sync = True
@@ -715,8 +718,8 @@ class DistributedDataParallel(Module):
 
     def forward(self, *inputs, **kwargs):
         sync = _state.tls.grad_enabled and self.require_backward_grad_sync
-        if self.device_ids:             # PyTorch's: the inputs go to the module's device first
-            inputs, kwargs = _to_device(inputs, self._input_device()), _to_device(kwargs, self._input_device())
+        if self._input_device is not None:      # PyTorch's: with device_ids, the inputs go to that device first
+            inputs, kwargs = _to_device(inputs, self._input_device), _to_device(kwargs, self._input_device)
         self._pre_forward(sync)
         try:
             out = self.module(*inputs, **kwargs)
@@ -725,12 +728,6 @@ class DistributedDataParallel(Module):
             raise
         self._post_forward(sync, out)
         return out
-
-    def _input_device(self):
-        d = self.device_ids[0]
-        if isinstance(d, int):
-            return Device("cuda", d)
-        return Device(d) if isinstance(d, str) else d
 
     @contextlib.contextmanager
     def no_sync(self):
