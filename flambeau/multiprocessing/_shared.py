@@ -52,23 +52,20 @@ def shared_copy(arr: np.ndarray) -> np.ndarray:
     return out
 
 
-def path_of(arr) -> str | None:
-    """The file a host array's memory maps, or None when it is private memory."""
-    base = arr
-    while base is not None:
-        if isinstance(base, mmap.mmap):
-            return _paths.get(id(base))
-        base = getattr(base, "base", None) if isinstance(base, np.ndarray) else getattr(base, "obj", None)
-    return None
-
-
 def _base_mmap(arr):
+    """The object at the bottom of an array's chain of bases (an mmap for a shared array)."""
     base = arr
     while isinstance(base, np.ndarray):
         base = base.base
     while isinstance(base, memoryview):
         base = base.obj
     return base
+
+
+def path_of(arr) -> str | None:
+    """The file a host array's memory maps, or None when it is private memory."""
+    base = _base_mmap(arr)
+    return _paths.get(id(base)) if isinstance(base, mmap.mmap) else None
 
 
 def describe(arr: np.ndarray) -> tuple:

@@ -24,8 +24,10 @@ def _write(tensor: Tensor, arr) -> Tensor:
     """Store `arr` (broadcastable to tensor's shape) into the tensor's memory, in place."""
     if tensor.device.type == "meta":
         return tensor
-    if tensor._device is WRAPPER_DEVICE:       # a DTensor: it keeps its piece of the whole tensor's values
-        tensor._wrapper_init(arr)
+    if tensor._device is WRAPPER_DEVICE:       # a DTensor: its local tensor keeps its piece of the whole's values
+        piece = tensor._wrapper_piece(arr)
+        if piece is not None:
+            _write(tensor._local_tensor, piece)
         return tensor
     a = tensor._data
     a[...] = arr.astype(a.dtype, copy=False) if hasattr(arr, "astype") else arr

@@ -257,23 +257,20 @@ class DTensor(Tensor):
                               g.device_mesh, want, g._spec.shape, requires_grad=g._requires_grad)
         return g
 
-    def _wrapper_init(self, arr) -> None:
+    def _wrapper_piece(self, arr):
         """`nn.init` on a DTensor (a model sharded by FSDP2 or tensor parallel, initialised in place): `arr` holds
-        the whole tensor's values (ranks that seeded alike drew the same ones), this rank keeps its piece, so the
-        sharded model starts as the one-process model would (PyTorch's DTensor random ops aim at that too)."""
+        the whole tensor's values (ranks that seeded alike drew the same ones); returns this rank's piece of
+        them, for its local tensor (None outside the mesh), so the sharded model starts as the one-process model
+        would (PyTorch's DTensor random ops aim at that too)."""
         if any(isinstance(p, Partial) for p in self.placements):
             raise RuntimeError(f"nn.init: cannot initialise a DTensor with placements {self.placements}: a Partial "
                                "tensor holds pending sums, not values; redistribute it to Replicate or Shard first")
         if self.device_mesh.get_coordinate() is None:      # this rank is outside the mesh: it holds nothing
-            return
-        local = self._local_tensor
+            return None
         shape, offset = compute_local_shape_and_global_offset(tuple(self.shape), self.device_mesh, self.placements)
-        xp = _backends.get(local.device.type).xp or np
-        piece = xp.broadcast_to(xp.asarray(arr), tuple(self.shape))[tuple(slice(o, o + n)
-                                                                          for o, n in zip(offset, shape))]
-        data = local._data
-        data[...] = piece.astype(data.dtype, copy=False) if hasattr(piece, "astype") else piece
-        local._version[0] += 1
+        xp = _backends.get(self._local_tensor.device.type).xp or np
+        return xp.broadcast_to(xp.asarray(arr), tuple(self.shape))[tuple(slice(o, o + n)
+                                                                           for o, n in zip(offset, shape))]
 
     def _wrapper_like(self, fn, args: tuple, kwargs: dict) -> "DTensor":
         local = self._local_tensor
