@@ -45,9 +45,17 @@ def test_a_process_that_chose_its_device_keeps_it(fake_cuda, monkeypatch):
     assert fake_cuda == []
 
 
-def test_set_device_marks_cuda_initialized(monkeypatch):
+def test_is_initialized_reports_use_not_availability(monkeypatch):
+    """Neither a device chosen nor cuda memory taken: not initialised (it used to be is_available()); a device
+    chosen (set_device) or the allocator installed (cuda memory taken): initialised."""
+    from flambeau import _backends
+    monkeypatch.setattr(flambeau.cuda, "is_available", lambda: True)
     monkeypatch.setattr(flambeau._state, "cuda_device_chosen", False)
-    assert not flambeau.cuda.is_initialized() or flambeau.cuda.is_available()
+    monkeypatch.setattr(_backends, "_allocator_installed", [])
+    assert not flambeau.cuda.is_initialized()
+    monkeypatch.setattr(_backends, "_allocator_installed", [True])
+    assert flambeau.cuda.is_initialized()
+    monkeypatch.setattr(_backends, "_allocator_installed", [])
     monkeypatch.setattr(flambeau._state, "cuda_device_chosen", True)
     assert flambeau.cuda.is_initialized()
 
